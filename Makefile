@@ -1,0 +1,45 @@
+# The two commands: `make demo` runs the main job, `make test` runs the checks and tests.
+# Both bootstrap what they need on a fresh machine (python3 + pip only).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test soak bench bench-quick lint typecheck clean redis-server
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hermes-actors demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check actors hermes_actors tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy actors hermes_actors bench
+
+# redis-server is needed by the Redis transport tests; installed when missing.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (apt-get)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+	  || echo "warning: could not install redis-server; Redis tests will be skipped"; }
+
+test: $(STAMP) lint typecheck
+	$(BIN)/python -m pytest -q -m "not soak" -p no:cacheprovider
+
+soak: $(STAMP)
+	$(BIN)/python -m pytest -q -m soak -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/hermes-actors bench
+
+bench-quick: $(STAMP)
+	$(BIN)/hermes-actors bench --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,248 @@
+"""Timers: tell an actor a message after a delay, or every interval.
+
+One :class:`Scheduler` thread serves every timer of a system (no thread per
+timer). Its lifetime is explicit: ``start()`` / ``stop()`` or a ``with`` block.
+:class:`ManualScheduler` runs no thread at all; tests move its clock with
+``advance()``, which fires what became due, in order, in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import pykka
+from loguru import logger
+
+Target = pykka.ActorRef[Any] | Callable[[], None]
+
+__all__ = ["ManualScheduler", "Scheduler", "TimerHandle", "TimerSet"]
+
+
+@dataclass(eq=False)
+class TimerHandle:
+    """A scheduled tell; ``cancel()`` makes sure it never fires again."""
+
+    target: Target
+    message: Any
+    interval: float | None
+    due: float
+    cancelled: bool = False
+    owner: TimerSet | None = field(default=None, repr=False)
+
+    def cancel(self) -> None:
+        """Cancel the timer; idempotent, safe from any thread."""
+        self.cancelled = True
+        if self.owner is not None:
+            self.owner.forget(self)
+
+
+class Scheduler:
+    """One thread that fires every timer of a system at its due time.
+
+    Args:
+        clock: monotonic clock in seconds; injectable for tests.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._heap: list[tuple[float, int, TimerHandle]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # ── lifetime ────────────────────────────────────────────────────────────
+
+    def start(self) -> Scheduler:
+        """Start the timer thread. Returns self."""
+        with self._cond:
+            if self._thread is None:
+                self._stopping = False
+                self._thread = threading.Thread(target=self._run, name="actors-scheduler", daemon=True)
+                self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread; pending timers are dropped."""
+        with self._cond:
+            self._stopping = True
+            self._heap.clear()
+            self._cond.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def __enter__(self) -> Scheduler:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # ── scheduling ──────────────────────────────────────────────────────────
+
+    def after(self, delay: float, target: Target, message: Any = None) -> TimerHandle:
+        """Tell ``message`` to ``target`` once, ``delay`` seconds from now.
+
+        Args:
+            delay: seconds (negative counts as 0).
+            target: an actor ref (told ``message``) or a plain callable (called).
+            message: what to tell.
+
+        Returns:
+            The handle to cancel it.
+        """
+        handle = TimerHandle(target, message, None, self.clock() + max(0.0, delay))
+        self._push(handle)
+        return handle
+
+    def every(self, interval: float, target: Target, message: Any = None) -> TimerHandle:
+        """Tell ``message`` to ``target`` every ``interval`` seconds until cancelled.
+
+        Raises:
+            ValueError: when ``interval`` is not positive.
+        """
+        if interval <= 0:
+            raise ValueError(f"timer interval must be > 0 seconds, got {interval!r}")
+        handle = TimerHandle(target, message, interval, self.clock() + interval)
+        self._push(handle)
+        return handle
+
+    def pending(self) -> int:
+        """How many live (not cancelled) timers are scheduled."""
+        with self._cond:
+            return sum(1 for _, _, h in self._heap if not h.cancelled)
+
+    def _push(self, handle: TimerHandle) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (handle.due, next(self._seq), handle))
+            self._cond.notify()
+
+    def _pop_due(self, now: float) -> list[TimerHandle]:
+        due: list[TimerHandle] = []
+        while self._heap and self._heap[0][0] <= now:
+            _, _, handle = heapq.heappop(self._heap)
+            if handle.cancelled:
+                continue
+            due.append(handle)
+            if handle.interval is not None:
+                handle.due += handle.interval
+                if handle.due <= now:  # fell behind (suspended machine): skip missed ticks
+                    handle.due = now + handle.interval
+                heapq.heappush(self._heap, (handle.due, next(self._seq), handle))
+        return due
+
+    def _fire(self, handles: list[TimerHandle]) -> None:
+        for handle in handles:
+            if handle.cancelled:
+                continue
+            if handle.interval is None and handle.owner is not None:
+                handle.owner.forget(handle)
+            try:
+                if isinstance(handle.target, pykka.ActorRef):
+                    handle.target.tell(handle.message)
+                else:
+                    handle.target()
+            except pykka.ActorDeadError:
+                handle.cancel()  # its actor is gone: the timer goes with it
+            except Exception:
+                logger.exception("timer callback failed")
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                now = self.clock()
+                due = self._pop_due(now)
+                if not due:
+                    wait = self._heap[0][0] - now if self._heap else None
+                    self._cond.wait(timeout=wait)
+                    continue
+            self._fire(due)
+
+
+class ManualScheduler(Scheduler):
+    """A scheduler whose time only moves when the test calls :meth:`advance`."""
+
+    def __init__(self, start_at: float = 0.0) -> None:
+        self.now = start_at
+        super().__init__(clock=lambda: self.now)
+
+    def start(self) -> ManualScheduler:
+        return self
+
+    def advance(self, seconds: float) -> int:
+        """Move time forward and fire, in order, what became due.
+
+        Returns:
+            How many timers fired.
+        """
+        target = self.now + seconds
+        fired = 0
+        while True:
+            with self._cond:
+                next_due = self._heap[0][0] if self._heap else None
+                if next_due is None or next_due > target:
+                    break
+                self.now = max(self.now, next_due)
+                due = self._pop_due(self.now)
+            self._fire(due)
+            fired += len(due)
+        self.now = target
+        return fired
+
+
+class TimerSet:
+    """The timers one actor owns: all cancelled together when it stops.
+
+    Args:
+        scheduler: the system's scheduler.
+        ref: the owning actor's ref (the default target).
+    """
+
+    def __init__(self, scheduler: Scheduler, ref: pykka.ActorRef[Any]) -> None:
+        self.scheduler = scheduler
+        self.ref = ref
+        self._live: set[TimerHandle] = set()
+        self._lock = threading.Lock()  # handles are cancelled from the scheduler thread too
+
+    def after(self, delay: float, message: Any) -> TimerHandle:
+        """Tell ``message`` to the owner after ``delay`` seconds."""
+        handle = self.scheduler.after(delay, self.ref, message)
+        self._adopt(handle)
+        return handle
+
+    def every(self, interval: float, message: Any) -> TimerHandle:
+        """Tell ``message`` to the owner every ``interval`` seconds."""
+        handle = self.scheduler.every(interval, self.ref, message)
+        self._adopt(handle)
+        return handle
+
+    def _adopt(self, handle: TimerHandle) -> None:
+        handle.owner = self
+        with self._lock:
+            self._live.add(handle)
+
+    def forget(self, handle: TimerHandle) -> None:
+        with self._lock:
+            self._live.discard(handle)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(1 for h in self._live if not h.cancelled)
+
+    def cancel_all(self) -> None:
+        """Cancel every timer of the owner (call from on_stop / on_crash)."""
+        with self._lock:
+            live, self._live = self._live, set()
+        for handle in live:
+            handle.cancelled = True

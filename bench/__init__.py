@@ -1,0 +1,1 @@
+"""Benchmark harness: hermes-actors against a model of the seed's design."""

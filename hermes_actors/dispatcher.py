@@ -1,0 +1,335 @@
+"""DispatcherActor: the one entry point of every DM.
+
+It validates (pure ``targets.plan_send``), applies the conversation guard,
+issues the delivery id, routes to the target's ProfileActor (started on first
+use, stopped when idle, supervised), to the relay or to a peer, and owns the
+table of pending and settled outcomes that ``wait_outcome`` reads.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actors import ActorGone, AskTimeout, Link, RestartPolicy, SupervisorActor, ask, handles
+from hermes_actors import outcomes
+from hermes_actors.guard import check_hops, check_pair_rate, pair_key
+from hermes_actors.messages import (
+    AwaitOutcome,
+    Deliver,
+    Delivery,
+    ExportOutcomes,
+    FinalizePending,
+    Notify,
+    Outcome,
+    OutcomeReady,
+    ProfileIdle,
+    ProfileInfo,
+    RelaySend,
+    RosterChanged,
+    RosterSnapshot,
+    SendRequest,
+    ShutdownProfiles,
+    StatsRequest,
+    StopAccepting,
+    StopProfile,
+    Turn,
+    WindDown,
+)
+from hermes_actors.profile import ProfileActor, ProfileDeps
+from hermes_actors.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
+
+__all__ = ["DispatcherActor", "ack_payload"]
+
+SETTLED_KEEP = 200_000  # settled outcomes remembered for wait_outcome (oldest dropped first)
+
+
+def ack_payload(delivery_id: str, label: str, *, now: float) -> dict[str, Any]:
+    """Pure: the tool's success JSON (DESIGN section 6)."""
+    return {
+        "status": "queued",
+        "delivery_id": delivery_id,
+        "to": label,
+        "reply_delivery": "notification",
+        "detail": (
+            f"Message queued for {label}: this acknowledges the hand-off, not a delivery receipt — "
+            "do NOT wait or poll. Finish your turn now; the outcome notification carries the reply "
+            "(relay it then, attributed to that agent) or the delivery failure (report it; the "
+            "message was NOT delivered)."
+        ),
+        "queued_at": int(now),
+    }
+
+
+@dataclass
+class _Pending:
+    delivery: Delivery
+    route: str  # "local" | "relay" | "peer"
+
+
+class DispatcherActor(SupervisorActor):
+    """Accepts DMs and owns their outcomes.
+
+    Args:
+        snapshot: the roster at start (then kept current by RosterChanged).
+        deps_factory: builds the ProfileActors' shared deps given this actor's ref
+            and the turn factory.
+        notifier: the Notifier actor (subscriber callbacks).
+        peer_submit: runs a peer delivery off-actor; called with (delivery, route, report).
+        relay: the RelayActor ref, when the file relay runs.
+    """
+
+    def __init__(
+        self,
+        snapshot: RosterSnapshot,
+        *,
+        deps_factory: Callable[[pykka.ActorRef[Any], Callable[[Delivery], Turn]], ProfileDeps],
+        notifier: pykka.ActorRef[Any],
+        peer_submit: Callable[[Delivery, PeerRoute, Callable[[Outcome], None]], None] | None = None,
+        relay: pykka.ActorRef[Any] | None = None,
+        policy: RestartPolicy | None = None,
+    ) -> None:
+        super().__init__(policy=policy or RestartPolicy(max_restarts=5, within_seconds=10.0))
+        self.snapshot = snapshot
+        self.notifier = notifier
+        self.peer_submit = peer_submit
+        self.relay = relay
+        self.deps = deps_factory(self.actor_ref, self._make_turn)
+        self.accepting = True
+        self.pending: dict[str, _Pending] = {}
+        self.settled: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.waiters: dict[str, list[pykka.ThreadingFuture[dict[str, Any]]]] = {}
+        self.sent: dict[str, int] = {}  # Deliver messages sent to each live ProfileActor
+        self.pairs: dict[tuple[str, str], deque[float]] = {}
+        self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
+
+    # ── turns ask back through us ───────────────────────────────────────────
+
+    def _make_turn(self, delivery: Delivery) -> Turn:
+        me = self.actor_ref
+        info = self.snapshot.index.get(delivery.target.lower())
+
+        def send(target: str, message: str) -> dict[str, Any]:
+            request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1)
+            answer: dict[str, Any] = ask(me, request, timeout=30, expect=dict)
+            return answer
+
+        return Turn(
+            profile=delivery.target,
+            content=delivery.content,
+            delivery_id=delivery.delivery_id,
+            handle=delivery.target_handle,
+            home=info.home if info else None,
+            root=self.deps.root,
+            sender=delivery.sender,
+            sender_handle=delivery.sender_handle,
+            hop=delivery.hop,
+            author=dict(delivery.author),
+            _send=send,
+        )
+
+    # ── accepting ───────────────────────────────────────────────────────────
+
+    @handles(RosterChanged)
+    def _on_roster(self, msg: RosterChanged) -> None:
+        self.snapshot = msg.snapshot
+
+    @handles(StopAccepting)
+    def _on_stop_accepting(self, msg: StopAccepting) -> None:
+        self.accepting = False
+
+    @handles(SendRequest)
+    def _on_send(self, msg: SendRequest) -> dict[str, Any]:
+        if not self.accepting:
+            raise RuntimeError("gateway is not running")
+        route = plan_send(self.snapshot, sender=msg.sender, target=msg.target, message=msg.message, session=msg.session)
+        if isinstance(route, Refusal):
+            self.counters["refused"] += 1
+            return route.as_dict()
+        hop = max(1, msg.hop)
+        refusal = check_hops(hop, self.deps.config.max_hops)
+        target_key = route.target.profile if isinstance(route, LocalRoute) else route.label
+        pair = pair_key(route.sender.profile, target_key)
+        history = self.pairs.setdefault(pair, deque())
+        now_mono = time.monotonic()
+        refusal = refusal or check_pair_rate(history, now_mono, self.deps.config.max_pair_rate, hop)
+        if refusal is not None:
+            self.counters["refused"] += 1
+            return refusal.as_dict()
+        if hop >= 2:
+            history.append(now_mono)
+        elif not history:
+            del self.pairs[pair]
+        now = time.time()
+        delivery = Delivery(
+            delivery_id=uuid.uuid4().hex,
+            sender=route.sender.profile,
+            sender_handle=route.sender.handle,
+            target=route.target.profile if isinstance(route, LocalRoute) else "",
+            target_handle=route.target.handle if isinstance(route, LocalRoute | RelayRoute) else "",
+            content=route.content,
+            author=route.author,
+            hop=hop,
+            accepted_at=now,
+            label=route.label,
+        )
+        if isinstance(route, LocalRoute):
+            self._deliver_local(route.target, delivery)
+        elif isinstance(route, PeerRoute):
+            if self.peer_submit is None:
+                return Refusal(
+                    f"Peer delivery to {route.label} is not available on this gateway.", "runtime_offline"
+                ).as_dict()
+            self.pending[delivery.delivery_id] = _Pending(delivery, "peer")
+            me = self.actor_ref
+            self.peer_submit(delivery, route, lambda outcome: me.tell(OutcomeReady(outcome)))
+        else:
+            return self._deliver_relay(route, delivery)
+        self.counters["accepted"] += 1
+        return ack_payload(delivery.delivery_id, route.label, now=now)
+
+    def _deliver_relay(self, route: RelayRoute, delivery: Delivery) -> dict[str, Any]:
+        if self.relay is None:
+            return Refusal(f"The file relay is not running; {route.label} is unreachable.", "runtime_offline").as_dict()
+        ack: dict[str, Any] = ask(self.relay, RelaySend(route, delivery), timeout=10, expect=dict)
+        if "delivery_id" in ack:
+            self.pending[ack["delivery_id"]] = _Pending(delivery, "relay")
+            self.counters["accepted"] += 1
+        return ack
+
+    def _profile_ref(self, info: ProfileInfo) -> pykka.ActorRef[Any]:
+        ref = self.child_ref(info.profile)
+        if ref is not None and ref.is_alive():
+            return ref
+        deps = self.deps
+
+        def factory(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
+            return ProfileActor.start(info, deps, link=link, salvage=salvage)
+
+        self.counters["profile_starts"] += 1
+        self.sent[info.profile] = 0
+        return self.start_child(info.profile, factory)
+
+    def _deliver_local(self, info: ProfileInfo, delivery: Delivery) -> None:
+        self.pending[delivery.delivery_id] = _Pending(delivery, "local")
+        ref = self._profile_ref(info)
+        try:
+            ref.tell(Deliver(delivery))
+        except pykka.ActorDeadError:  # it died between the check and the tell: start a fresh one
+            self.forget_child(info.profile)
+            ref = self._profile_ref(info)
+            ref.tell(Deliver(delivery))
+        self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
+
+    @handles(ProfileIdle)
+    def _on_profile_idle(self, msg: ProfileIdle) -> None:
+        if self.child_ref(msg.profile) is not msg.ref and self.child_ref(msg.profile) != msg.ref:
+            return
+        if self.sent.get(msg.profile, 0) != msg.handled:
+            return  # a Deliver is still in flight to it: it stays
+        self.forget_child(msg.profile)
+        self.sent.pop(msg.profile, None)
+        msg.ref.tell(StopProfile())
+
+    # ── outcomes ────────────────────────────────────────────────────────────
+
+    @handles(OutcomeReady)
+    def _on_outcome(self, msg: OutcomeReady) -> None:
+        self._settle(msg.outcome)
+
+    def _settle(self, outcome: Outcome) -> None:
+        key = outcome.delivery_id
+        if key in self.settled:
+            logger.debug("second outcome for {} dropped (first one wins)", key)
+            return
+        self.pending.pop(key, None)
+        record = outcome.as_dict()
+        self.settled[key] = record
+        if len(self.settled) > SETTLED_KEEP:
+            self.settled.popitem(last=False)
+        self.counters["settled"] += 1
+        for future in self.waiters.pop(key, ()):
+            future.set(record)
+        self.notifier.tell(Notify(record))
+
+    @handles(AwaitOutcome)
+    def _on_await(self, msg: AwaitOutcome) -> pykka.ThreadingFuture[dict[str, Any]]:
+        future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
+        record = self.settled.get(msg.delivery_id)
+        if record is not None:
+            future.set(record)
+        elif msg.delivery_id in self.pending:
+            self.waiters.setdefault(msg.delivery_id, []).append(future)
+        else:
+            raise KeyError(
+                f"unknown delivery id {msg.delivery_id!r}: this gateway did not issue it and no journal holds it"
+            )
+        return future
+
+    # ── shutdown ────────────────────────────────────────────────────────────
+
+    @handles(ShutdownProfiles)
+    def _on_shutdown(self, msg: ShutdownProfiles) -> list[str]:
+        """Cancel what is queued everywhere; answer the ids of turns still running."""
+        self.accepting = False
+        running: list[str] = []
+        for name in list(self.children):
+            ref = self.child_ref(name)
+            if ref is None:
+                continue
+            try:
+                current = ask(ref, WindDown(msg.timeout), timeout=10)
+            except (ActorGone, AskTimeout):
+                continue
+            if current:
+                running.append(current)
+        running += [k for k, p in self.pending.items() if p.route == "peer"]
+        return running
+
+    @handles(FinalizePending)
+    def _on_finalize(self, msg: FinalizePending) -> int:
+        """Settle what is still pending: ambiguous if it may have run."""
+        count = 0
+        for key, entry in list(self.pending.items()):
+            if entry.route == "relay":
+                continue  # relay envelopes stay in outbox/; the next start resumes waiting
+            self._settle(outcomes.ambiguous(key, entry.delivery.label, msg.why))
+            count += 1
+        return count
+
+    @handles(ExportOutcomes)
+    def _on_export(self, msg: ExportOutcomes) -> dict[str, dict[str, Any]]:
+        return dict(self.settled)
+
+    @handles(StatsRequest)
+    def _on_stats(self, msg: StatsRequest) -> dict[str, Any]:
+        return {
+            **self.counters,
+            "pending": len(self.pending),
+            "active_profiles": sum(1 for c in self.children.values() if c.ref.is_alive()),
+        }
+
+    def on_escalation(self, name: str, error: BaseException | None) -> None:
+        """A ProfileActor keeps crashing: fail what it held, keep the gateway up."""
+        for key, entry in list(self.pending.items()):
+            if entry.route == "local" and entry.delivery.target == name:
+                self._settle(
+                    outcomes.ambiguous(key, entry.delivery.label, f"The target's actor failed repeatedly ({error!r}).")
+                )
+        self.sent.pop(name, None)
+
+    def on_stop(self) -> None:
+        for name in list(self.children):
+            ref = self.child_ref(name)
+            if ref is not None:
+                try:
+                    ref.stop(block=True, timeout=5)
+                except pykka.Timeout:
+                    logger.warning("ProfileActor {} did not stop in time", name)

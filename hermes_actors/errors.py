@@ -1,0 +1,32 @@
+"""Exceptions of the hermes_actors public API."""
+
+from __future__ import annotations
+
+__all__ = ["HostileFileError", "StoreError", "TurnFailed", "ValidationError"]
+
+
+class TurnFailed(Exception):
+    """Raised by a runner to fail a turn with a typed reason.
+
+    Args:
+        text: the human-readable failure text the sender will read.
+        reason: a reason code from the vocabulary (``hermes_actors.reasons``).
+            When empty, the text is classified.
+    """
+
+    def __init__(self, text: str, *, reason: str = "") -> None:
+        super().__init__(text)
+        self.text = str(text)
+        self.reason = str(reason or "")
+
+
+class ValidationError(ValueError):
+    """Input (an id, a name, a record) is not of the accepted shape."""
+
+
+class StoreError(OSError):
+    """A durable write could not be completed (disk full, permissions, ...)."""
+
+
+class HostileFileError(ValidationError):
+    """A file on disk is refused: symlink, wrong owner, too big, corrupt."""

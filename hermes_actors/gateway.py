@@ -1,0 +1,304 @@
+"""The embedding facade: ``Gateway`` starts the actors and is the public API.
+
+    with Gateway(root="/path/to/hermes-root") as gw:
+        ack = gw.message_agent(sender="alice", target="bob", message="hi")
+        out = gw.wait_outcome(ack["delivery_id"], timeout=30)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actors import ActorGone, AskTimeout, RestartPolicy, Scheduler, WorkerPool, ask
+from hermes_actors.config import BotModeConfig, load_config
+from hermes_actors.dispatcher import DispatcherActor
+from hermes_actors.messages import (
+    BOT_CHAT_SESSION,
+    AddSubscriber,
+    AwaitOutcome,
+    Delivery,
+    ExportOutcomes,
+    FinalizePending,
+    Flush,
+    GetSnapshot,
+    Outcome,
+    RemoveSubscriber,
+    RosterChanged,
+    RosterSnapshot,
+    SendRequest,
+    ShutdownProfiles,
+    StatsRequest,
+    StopAccepting,
+    Subscribe,
+    Turn,
+)
+from hermes_actors.notifier import NotifierActor
+from hermes_actors.profile import ProfileDeps
+from hermes_actors.roster import RosterActor, roster_rows
+from hermes_actors.runners import TurnRunner, as_runner
+from hermes_actors.targets import PeerRoute
+from hermes_actors.transports.peer_cli import PeerCliTransport
+
+__all__ = ["Gateway"]
+
+_ASK_TIMEOUT = 30.0
+
+
+class Gateway:
+    """One gateway process's Bot Mode messaging.
+
+    Args:
+        root: the Hermes root (the default profile's home).
+        runner: how turns run: an object with ``run_turn(turn) -> str`` or a
+            callable ``fn(turn) -> str``. None: the built-in offline demo runner.
+        config: a dict shaped like ``config.yaml``, deep-merged over
+            ``<root>/config.yaml``.
+        connection_id: this gateway's connection id on a relay (None: local only).
+        workers: the turn worker thread cap.
+        cross_process_lock: hold ``bot_relay/locks/<profile>.lock`` for each turn.
+        peer_transport: how ``bot_peers`` targets are reached (default: the CLI).
+
+    Raises:
+        FileNotFoundError: from :meth:`start` when ``root`` is not a directory.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        runner: Any = None,
+        config: dict[str, Any] | None = None,
+        connection_id: str | None = None,
+        workers: int = 64,
+        cross_process_lock: bool = True,
+        peer_transport: PeerCliTransport | None = None,
+    ) -> None:
+        self.root = Path(root).expanduser()
+        if runner is None:
+            from hermes_actors.demo import DemoRunner
+
+            runner = DemoRunner()
+        self.runner: TurnRunner = as_runner(runner)
+        self.overrides = dict(config or {})
+        self.connection_id = connection_id
+        self.workers = workers
+        self.cross_process_lock = cross_process_lock
+        self.peer_transport = peer_transport
+        self.config: BotModeConfig | None = None
+        self._state = "new"  # new → running → stopping → stopped
+        self._state_lock = threading.Lock()  # guards the lifecycle only, never message traffic
+        self._tokens = itertools.count(1)
+        self._early_subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
+        self._final_outcomes: dict[str, dict[str, Any]] = {}
+        self._scheduler: Scheduler | None = None
+        self._pool: WorkerPool | None = None
+        self._notifier: pykka.ActorRef[Any] | None = None
+        self._roster: pykka.ActorRef[Any] | None = None
+        self._dispatcher: pykka.ActorRef[Any] | None = None
+
+    # ── lifetime ────────────────────────────────────────────────────────────
+
+    def start(self) -> Gateway:
+        """Start every actor. Returns self.
+
+        Raises:
+            FileNotFoundError: the root is not a directory.
+            RuntimeError: already started.
+        """
+        with self._state_lock:
+            if self._state != "new":
+                raise RuntimeError(f"gateway already {self._state}; create a new Gateway to start again")
+            if not self.root.is_dir():
+                raise FileNotFoundError(f"Hermes root {str(self.root)!r} does not exist or is not a directory")
+            self.config = cfg = load_config(self.root, self.overrides)
+            self._scheduler = Scheduler().start()
+            self._pool = WorkerPool(self.workers, name="turn")
+            self._notifier = NotifierActor.start()
+            for token, callback in self._early_subscribers.items():
+                self._notifier.tell(AddSubscriber(token, callback))
+            self._early_subscribers.clear()
+            self._roster = RosterActor.start(
+                self.root, overrides=self.overrides, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
+            )
+            snapshot = ask(self._roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
+            pool, scheduler, runner = self._pool, self._scheduler, self.runner
+            transport = self.peer_transport or PeerCliTransport()
+
+            def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: Callable[[Delivery], Turn]) -> ProfileDeps:
+                return ProfileDeps(
+                    root=self.root,
+                    config=cfg,
+                    runner=runner,
+                    pool=pool,
+                    scheduler=scheduler,
+                    dispatcher=dispatcher,
+                    make_turn=make_turn,
+                    cross_process_lock=self.cross_process_lock,
+                )
+
+            def peer_submit(delivery: Delivery, route: PeerRoute, report: Callable[[Outcome], None]) -> None:
+                pool.submit(lambda: report(transport.deliver(delivery, route)))
+
+            self._dispatcher = DispatcherActor.start(
+                snapshot,
+                deps_factory=deps_factory,
+                notifier=self._notifier,
+                peer_submit=peer_submit,
+                policy=RestartPolicy(max_restarts=5, within_seconds=10.0),
+            )
+            current = ask(self._roster, Subscribe(self._dispatcher), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
+            self._dispatcher.tell(RosterChanged(current))
+            self._state = "running"
+        logger.info("gateway started on {} ({} profiles)", self.root, len(snapshot.profiles))
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        """Stop accepting, let running turns finish within ``timeout``, stop every actor.
+
+        Queued deliveries that never ran get a ``cancelled`` outcome; a turn still
+        running after ``timeout`` is ``ambiguous``. Subscriber callbacks are
+        flushed before this returns. Idempotent.
+        """
+        with self._state_lock:
+            if self._state != "running":
+                self._state = "stopped" if self._state == "new" else self._state
+                return
+            self._state = "stopping"
+        dispatcher = self._dispatcher
+        assert dispatcher is not None and self._notifier is not None and self._pool is not None
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            ask(dispatcher, StopAccepting(), timeout=_ASK_TIMEOUT)
+            running = ask(dispatcher, ShutdownProfiles(timeout), timeout=_ASK_TIMEOUT, expect=list)
+            for delivery_id in running:
+                try:
+                    future = ask(dispatcher, AwaitOutcome(delivery_id), timeout=_ASK_TIMEOUT)
+                    future.get(timeout=max(0.0, deadline - time.monotonic()))
+                except (pykka.Timeout, KeyError):
+                    continue
+            ask(dispatcher, FinalizePending("The turn was still running when the gateway stopped."), timeout=30)
+            self._final_outcomes = ask(dispatcher, ExportOutcomes(), timeout=_ASK_TIMEOUT, expect=dict)
+            ask(self._notifier, Flush(), timeout=max(_ASK_TIMEOUT, timeout))
+        except (ActorGone, AskTimeout) as exc:
+            logger.error("gateway stop was not clean: {}", exc)
+        finally:
+            for ref in (self._dispatcher, self._roster, self._notifier):
+                if ref is not None:
+                    try:
+                        ref.stop(block=True, timeout=10)
+                    except pykka.Timeout:
+                        logger.warning("{} did not stop within 10s", ref)
+            self._pool.shutdown(timeout=max(1.0, deadline - time.monotonic()))
+            if self._scheduler is not None:
+                self._scheduler.stop()
+            with self._state_lock:
+                self._state = "stopped"
+        logger.info("gateway stopped")
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """True between start() and the beginning of stop()."""
+        return self._state == "running"
+
+    def _live_dispatcher(self) -> pykka.ActorRef[Any]:
+        if self._state != "running" or self._dispatcher is None:
+            raise RuntimeError("gateway is not running")
+        return self._dispatcher
+
+    # ── the API ─────────────────────────────────────────────────────────────
+
+    def message_agent(
+        self, *, sender: str, target: str, message: str, session: str = BOT_CHAT_SESSION
+    ) -> dict[str, Any]:
+        """Send a DM as ``sender``; returns the tool's ack or refusal dict at once.
+
+        Raises:
+            RuntimeError: the gateway is not running (before start, or once stop began).
+        """
+        dispatcher = self._live_dispatcher()
+        try:
+            answer: dict[str, Any] = ask(
+                dispatcher, SendRequest(sender, target, message, session=session), timeout=_ASK_TIMEOUT, expect=dict
+            )
+            return answer
+        except ActorGone as exc:
+            raise RuntimeError("gateway is not running") from exc
+
+    def wait_outcome(self, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
+        """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds.
+
+        Raises:
+            TimeoutError: no outcome arrived in time.
+            KeyError: this gateway never issued the id (and no journal holds it).
+        """
+        final = self._final_outcomes.get(delivery_id)
+        if final is not None:
+            return dict(final)
+        if self._state != "running" or self._dispatcher is None:
+            raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running)")
+        future = ask(self._dispatcher, AwaitOutcome(delivery_id), timeout=_ASK_TIMEOUT)
+        try:
+            return dict(future.get(timeout=timeout))
+        except pykka.Timeout:
+            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s") from None
+
+    def subscribe(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
+        """Call ``callback(outcome)`` for every later outcome, on the notifier thread.
+
+        Returns:
+            A function that unsubscribes.
+        """
+        if not callable(callback):
+            raise TypeError(f"subscribe needs a callable, got {type(callback).__name__}")
+        token = next(self._tokens)
+        notifier = self._notifier
+        if notifier is None:
+            self._early_subscribers[token] = callback
+        else:
+            notifier.tell(AddSubscriber(token, callback))
+
+        def unsubscribe() -> None:
+            self._early_subscribers.pop(token, None)
+            if self._notifier is not None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    self._notifier.tell(RemoveSubscriber(token))
+
+        return unsubscribe
+
+    def roster(self) -> list[dict[str, Any]]:
+        """Every agent this gateway can reach: local profiles, then relay agents."""
+        if self._roster is None or self._state != "running":
+            raise RuntimeError("gateway is not running")
+        return roster_rows(ask(self._roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot))
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: accepted, refused, settled, pending, active_profiles, profile_starts."""
+        out: dict[str, Any] = ask(self._live_dispatcher(), StatsRequest(), timeout=_ASK_TIMEOUT, expect=dict)
+        out["worker_threads"] = self._pool.thread_count if self._pool else 0
+        return out
+
+    def attach_live_owner(self, profile: str, owner: Any) -> None:
+        """Hand this profile's DMs to a live Bot Chat owner (DESIGN 4.3)."""
+        raise NotImplementedError("live-owner handoff is not implemented yet")
+
+    def detach_live_owner(self, profile: str) -> None:
+        """Return this profile's DMs to the normal turn path."""
+        raise NotImplementedError("live-owner handoff is not implemented yet")

@@ -1,0 +1,54 @@
+"""The conversation guard (DESIGN 4.5): pure checks against bot-to-bot loops.
+
+``hop`` is a DM's depth in its conversation: a DM a caller sends through
+``Gateway.message_agent`` is hop 1; a DM sent from inside the turn of a hop-N
+delivery is hop N+1. The per-pair rate applies to DMs sent from inside turns
+(hop >= 2), where loops happen; a person or program driving the gateway
+directly is not rate-limited by it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hermes_actors.reasons import LOOP_GUARD
+from hermes_actors.targets import Refusal
+
+__all__ = ["PAIR_WINDOW_SECONDS", "check_hops", "check_pair_rate", "pair_key"]
+
+PAIR_WINDOW_SECONDS = 60.0
+
+
+def pair_key(a: str, b: str) -> tuple[str, str]:
+    """The unordered pair two profiles form."""
+    return (a, b) if a <= b else (b, a)
+
+
+def check_hops(hop: int, max_hops: int) -> Refusal | None:
+    """Refuse a DM deeper than ``max_hops`` in its conversation."""
+    if max_hops > 0 and hop > max_hops:
+        return Refusal(
+            f"Conversation guard: this DM would be hop {hop} of a bot-to-bot chain (limit {max_hops}). "
+            "The message was NOT sent. Stop messaging teammates and answer your user now.",
+            LOOP_GUARD,
+        )
+    return None
+
+
+def check_pair_rate(history: deque[float], now: float, limit: int, hop: int) -> Refusal | None:
+    """Refuse when the pair exchanged ``limit`` DMs in the last minute.
+
+    ``history`` (monotonic send times of the pair) is trimmed in place; the
+    caller appends ``now`` when the DM is accepted.
+    """
+    while history and now - history[0] > PAIR_WINDOW_SECONDS:
+        history.popleft()
+    if hop < 2 or limit <= 0:
+        return None
+    if len(history) >= limit:
+        return Refusal(
+            f"Conversation guard: you and this teammate exchanged {len(history)} DMs in the last minute "
+            f"(limit {limit}). The message was NOT sent. Stop messaging and answer your user now.",
+            LOOP_GUARD,
+        )
+    return None

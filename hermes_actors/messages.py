@@ -1,0 +1,338 @@
+"""Every message and record type of the hermes_actors protocol.
+
+All types are frozen dataclasses: they cross actor boundaries and must never
+be mutated after they were sent. Reading this module top to bottom is reading
+the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BOT_CHAT_SESSION = "Bot Chat"
+
+# ── records ─────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileInfo:
+    """One local profile as the roster knows it."""
+
+    profile: str  # folder id ("default" for the root)
+    handle: str  # "hermes" for default, else the folder id
+    home: Path
+    display_name: str
+    title: str = ""
+    description: str = ""
+    managed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteAgent:
+    """One normalized row of ``bot_relay/roster.json``."""
+
+    profile: str
+    handle: str
+    connection_id: str
+    connection_label: str = ""
+    title: str = ""
+    description: str = ""
+    online: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A DM accepted for a local profile (the unit a ProfileActor queues)."""
+
+    delivery_id: str
+    sender: str  # folder id of the sender
+    sender_handle: str
+    target: str  # folder id of the target
+    target_handle: str
+    content: str  # the prefixed text the target reads
+    author: dict[str, Any] = field(default_factory=dict)
+    hop: int = 0
+    accepted_at: float = 0.0  # time.time() at acceptance
+    origin: str = "local"  # "local" | "relay" (drained envelope) | "recovered"
+    label: str = ""  # how the target is shown to the sender ("@bob")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The one final outcome of a delivery, as the sender sees it."""
+
+    delivery_id: str
+    status: str  # replied | failed | silent | ambiguous
+    reply: str = ""
+    error: str = ""
+    reason: str = ""
+    retryable: bool = False
+    from_: str = ""
+    text: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The public outcome dict (DESIGN section 3): all keys always present."""
+        return {
+            "delivery_id": self.delivery_id,
+            "status": self.status,
+            "reply": self.reply,
+            "error": self.error,
+            "reason": self.reason,
+            "retryable": self.retryable,
+            "from": self.from_,
+            "text": self.text,
+        }
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn a runner executes for a profile.
+
+    ``message_agent`` sends a DM as this profile from inside the turn, one hop
+    deeper in the conversation; it returns the same ack dict as
+    ``Gateway.message_agent``.
+    """
+
+    profile: str
+    content: str
+    delivery_id: str
+    session: str = BOT_CHAT_SESSION
+    attempt: int = 1
+    handle: str = ""
+    home: Path | None = None
+    root: Path | None = None
+    sender: str = ""
+    sender_handle: str = ""
+    hop: int = 0
+    author: dict[str, Any] = field(default_factory=dict)
+    retry_action: str = ""  # "" on attempt 1; "resume" / "compress_then_resume" on 2
+    _send: Callable[[str, str], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    def message_agent(self, target: str, message: str) -> dict[str, Any]:
+        """Send a DM as this profile, one hop deeper; returns the ack dict."""
+        if self._send is None:
+            raise RuntimeError("this turn cannot send messages (no gateway attached)")
+        return self._send(target, message)
+
+
+@dataclass(frozen=True, slots=True)
+class RosterSnapshot:
+    """An immutable view of who exists, published by the RosterActor."""
+
+    profiles: tuple[ProfileInfo, ...]
+    peers: tuple[str, ...] = ()
+    remote: tuple[RemoteAgent, ...] = ()
+    remote_age_seconds: float | None = None  # age of roster.json; None = no roster
+    managed: bool = False
+    version: int = 0
+    # Precomputed by ``roster.make_snapshot`` so resolving a target is O(1):
+    index: dict[str, ProfileInfo] = field(default_factory=dict)  # lowercase folder id → profile
+    aliases: dict[str, frozenset[str]] = field(default_factory=dict)  # friendly form → folder ids
+
+    def by_id(self) -> dict[str, ProfileInfo]:
+        """Profiles keyed by folder id."""
+        return {p.profile: p for p in self.profiles}
+
+
+# ── Dispatcher protocol ─────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class SendRequest:
+    """Ask the Dispatcher to accept a DM; answered with the ack/refusal dict."""
+
+    sender: str
+    target: str
+    message: str
+    hop: int = 0
+    session: str = BOT_CHAT_SESSION
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitOutcome:
+    """Ask for a future that resolves with the outcome dict of a delivery."""
+
+    delivery_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeReady:
+    """A delivery ended; told to the Dispatcher by whoever settled it."""
+
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class RosterChanged:
+    """The RosterActor published a new snapshot."""
+
+    snapshot: RosterSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class StopAccepting:
+    """Ask the Dispatcher to refuse new DMs from now on."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownProfiles:
+    """Ask the Dispatcher to wind every ProfileActor down within ``deadline``."""
+
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class StatsRequest:
+    """Ask the Dispatcher for counters (active profiles, pending deliveries)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttachOwner:
+    """Attach a live owner to a profile (forwarded to its ProfileActor)."""
+
+    profile: str
+    owner: Any
+
+
+@dataclass(frozen=True, slots=True)
+class DetachOwner:
+    """Detach the live owner of a profile."""
+
+    profile: str
+
+
+# ── ProfileActor protocol ───────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Queue one delivery for a turn."""
+
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFinished:
+    """A worker finished the turn of ``delivery_id`` (told to its ProfileActor)."""
+
+    delivery_id: str
+    reply: str | None  # None when the turn failed
+    error: str = ""
+    reason: str = ""
+    attempts: int = 1
+    ran: bool = True  # False when the turn never started (lock wait ran out)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitExpired:
+    """Timer: the queued delivery's wait budget ran out."""
+
+    delivery_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class IdleCheck:
+    """Timer: stop the ProfileActor if it stayed idle long enough."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindDown:
+    """Ask a ProfileActor to cancel what is queued and report what is running."""
+
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileIdle:
+    """Told to the Dispatcher by an idle ProfileActor that offers to stop.
+
+    The Dispatcher stops it only when ``handled`` equals the number of
+    Deliver messages it sent to ``ref``: then nothing is in flight to it.
+    """
+
+    profile: str
+    ref: Any
+    handled: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopProfile:
+    """Told by the Dispatcher to a ProfileActor it removed from its table."""
+
+
+# ── RosterActor protocol ────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class Reload:
+    """Re-read profiles and config from disk and publish if anything changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Subscribe ``ref`` to RosterChanged (answered with the current snapshot)."""
+
+    ref: Any
+
+
+@dataclass(frozen=True, slots=True)
+class GetSnapshot:
+    """Ask the RosterActor for its current snapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class RosterTick:
+    """Timer: look for profile changes on disk."""
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizePending:
+    """Ask the Dispatcher to settle every still-pending delivery as ambiguous (stop timeout)."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """Told to the Notifier: run subscriber callbacks for one outcome dict."""
+
+    outcome: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AddSubscriber:
+    """Ask the Notifier to call ``callback`` for every later outcome."""
+
+    token: int
+    callback: Callable[[dict[str, Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveSubscriber:
+    """Ask the Notifier to stop calling the subscriber ``token``."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Ask the Notifier to answer once everything told before it ran."""
+
+
+# ── RelayActor protocol ─────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySend:
+    """Ask the RelayActor to enqueue an envelope for ``route`` (answered with the ack/refusal)."""
+
+    route: Any  # targets.RelayRoute
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class ExportOutcomes:
+    """Ask the Dispatcher for its settled outcomes (kept by a stopped Gateway)."""

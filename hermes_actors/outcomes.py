@@ -1,0 +1,88 @@
+"""Pure constructors of the outcome a sender reads (DESIGN section 3).
+
+Every outcome has all keys; ``text`` is the one-line notification the sender's
+agent reads; ``retryable`` follows the policy in ``reasons.is_retryable``.
+"""
+
+from __future__ import annotations
+
+from hermes_actors.messages import Outcome
+from hermes_actors.reasons import is_intentional_silence, is_retryable, normalize_reason
+
+__all__ = [
+    "ambiguous",
+    "busy_text",
+    "cancelled",
+    "failed",
+    "from_reply",
+    "queue_full_text",
+]
+
+
+def from_reply(delivery_id: str, label: str, reply: str) -> Outcome:
+    """A finished turn's reply: ``replied``, or ``silent`` for an empty reply or a silence marker."""
+    if not reply.strip() or is_intentional_silence(reply):
+        return Outcome(
+            delivery_id,
+            "silent",
+            from_=label,
+            text=f"{label} read your message and chose not to reply (intentional silence). Nothing to relay.",
+        )
+    return Outcome(delivery_id, "replied", reply=reply, from_=label, text=f"Reply from {label}: {reply}")
+
+
+def failed(delivery_id: str, label: str, error: str, reason: str = "") -> Outcome:
+    """A delivery that failed; the reason is normalized to the vocabulary."""
+    code = normalize_reason(reason, error)
+    return Outcome(
+        delivery_id,
+        "failed",
+        error=error,
+        reason=code,
+        retryable=is_retryable(code, "failed"),
+        from_=label,
+        text=f"Delivery to {label} failed [reason: {code}]: {error}",
+    )
+
+
+def ambiguous(delivery_id: str, label: str, why: str, reason: str = "unknown") -> Outcome:
+    """The turn may have run but its result is unknown: the sender must not resend."""
+    error = f"{why} The message may have been delivered — do not resend."
+    code = normalize_reason(reason, why)
+    return Outcome(
+        delivery_id,
+        "ambiguous",
+        error=error,
+        reason=code,
+        retryable=False,
+        from_=label,
+        text=f"Delivery to {label} is ambiguous: {error}",
+    )
+
+
+def cancelled(delivery_id: str, label: str) -> Outcome:
+    """A delivery that never ran because the gateway stopped."""
+    return failed(
+        delivery_id,
+        label,
+        f"Delivery to {label} was cancelled before its turn ran (the gateway is stopping). "
+        "The message was NOT delivered; resend once the gateway is back.",
+        "cancelled",
+    )
+
+
+def busy_text(profile: str, waited_seconds: float) -> str:
+    """The seed's ``target_busy`` text after the bounded turn wait."""
+    return (
+        f"target_busy: another delivery turn is already running for profile '{profile}' — "
+        f"queued behind it for ~{round(waited_seconds)}s without it finishing. "
+        "The message was NOT delivered; retry shortly."
+    )
+
+
+def queue_full_text(profile: str, queued: int) -> str:
+    """Backpressure refusal: the profile's queue is at its bound."""
+    return (
+        f"target_busy: the queue for profile '{profile}' is full ({queued} DMs waiting). "
+        "The message was NOT delivered; retry shortly."
+    )

@@ -1,0 +1,242 @@
+"""ProfileActor: one per bot; owns its turn queue and runs one turn at a time.
+
+The mailbox never blocks on a turn: the turn runs on the shared worker pool
+and comes back as :class:`TurnFinished`. A queued delivery waits at most
+``turn_wait_seconds`` (a timer), then fails ``target_busy`` and is never run
+later. Every outcome goes to the Dispatcher as :class:`OutcomeReady`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pykka
+from loguru import logger
+from pykka._envelope import Envelope
+
+from actors import Link, Scheduler, TimerHandle, TimerSet, TypedActor, WorkerPool, handles
+from hermes_actors import outcomes
+from hermes_actors.config import BotModeConfig
+from hermes_actors.messages import (
+    Deliver,
+    Delivery,
+    IdleCheck,
+    Outcome,
+    OutcomeReady,
+    ProfileIdle,
+    ProfileInfo,
+    StopProfile,
+    Turn,
+    TurnFinished,
+    WaitExpired,
+    WindDown,
+)
+from hermes_actors.runners import TurnRunner
+from hermes_actors.store.turnlock import TurnLock, turn_lock_path
+from hermes_actors.turns import execute_turn
+
+__all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "outcome_of_turn"]
+
+
+@dataclass(frozen=True)
+class ProfileDeps:
+    """What every ProfileActor shares (given by the Dispatcher)."""
+
+    root: Path
+    config: BotModeConfig
+    runner: TurnRunner
+    pool: WorkerPool
+    scheduler: Scheduler
+    dispatcher: pykka.ActorRef[Any]
+    make_turn: Callable[[Delivery], Turn]
+    cross_process_lock: bool = True
+
+
+@dataclass(frozen=True)
+class ProfileSalvage:
+    """What a crashed ProfileActor hands to its restarted instance."""
+
+    queued: tuple[tuple[Delivery, float], ...]  # (delivery, monotonic enqueue time)
+    handled: int
+
+
+def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:
+    """Pure: the sender's outcome for a finished turn."""
+    if result.reply is not None:
+        reply = result.reply if isinstance(result.reply, str) else str(result.reply)
+        return outcomes.from_reply(delivery.delivery_id, delivery.label, reply)
+    return outcomes.failed(delivery.delivery_id, delivery.label, result.error, result.reason)
+
+
+class ProfileActor(TypedActor):
+    """Serializes the turns of one profile.
+
+    Args:
+        info: the profile.
+        deps: shared dependencies.
+        link: supervision link (set by the Dispatcher).
+        salvage: state of a crashed predecessor.
+    """
+
+    def __init__(
+        self, info: ProfileInfo, deps: ProfileDeps, *, link: Link | None = None, salvage: ProfileSalvage | None = None
+    ) -> None:
+        super().__init__(link=link)
+        self.info = info
+        self.deps = deps
+        self.timers = TimerSet(deps.scheduler, self.actor_ref)
+        self.queue: OrderedDict[str, tuple[Delivery, float, TimerHandle | None]] = OrderedDict()
+        self.running: Delivery | None = None
+        self.handled = salvage.handled if salvage else 0  # Deliver messages handled (idle-stop handshake)
+        self.seen: set[str] = set()
+        self.lock = TurnLock(turn_lock_path(deps.root, info.profile)) if deps.cross_process_lock else None
+        self.idle_timer: TimerHandle | None = None
+        self._salvage = salvage
+        self.winding_down = False
+
+    def on_start(self) -> None:
+        if self._salvage is not None:
+            for delivery, enqueued in self._salvage.queued:
+                self._enqueue(delivery, enqueued)
+            self._salvage = None
+            self._maybe_start()
+        else:
+            self._arm_idle()
+
+    def on_stop(self) -> None:
+        self.stop_timers()
+        if self.lock is not None:
+            self.lock.close()
+
+    def stop_timers(self) -> None:
+        self.timers.cancel_all()
+
+    # ── deliveries ──────────────────────────────────────────────────────────
+
+    @handles(Deliver)
+    def _on_deliver(self, msg: Deliver) -> None:
+        self.handled += 1
+        delivery = msg.delivery
+        key = delivery.delivery_id
+        if key in self.seen or key in self.queue or (self.running and self.running.delivery_id == key):
+            logger.debug("{}: duplicate delivery {} ignored", self.info.profile, key)
+            return
+        if self.winding_down:
+            self._settle(outcomes.cancelled(key, delivery.label))
+            return
+        if len(self.queue) >= self.deps.config.max_queued:
+            text = outcomes.queue_full_text(self.info.profile, len(self.queue))
+            self._settle(outcomes.failed(key, delivery.label, text, "target_busy"))
+            return
+        self._enqueue(delivery, time.monotonic())
+        self._maybe_start()
+
+    def _enqueue(self, delivery: Delivery, enqueued: float) -> None:
+        timer = None
+        if self.running is not None or self.queue:
+            remaining = self.deps.config.turn_wait_seconds - (time.monotonic() - enqueued)
+            timer = self.timers.after(remaining, WaitExpired(delivery.delivery_id))
+        self.queue[delivery.delivery_id] = (delivery, enqueued, timer)
+
+    def _maybe_start(self) -> None:
+        if self.running is not None or not self.queue:
+            return
+        key, (delivery, enqueued, timer) = self.queue.popitem(last=False)
+        if timer is not None:
+            timer.cancel()
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        self.running = delivery
+        self.seen.add(key)
+        deadline = enqueued + self.deps.config.turn_wait_seconds
+        me, deps, lock = self.actor_ref, self.deps, self.lock
+
+        def job() -> None:
+            result = execute_turn(
+                delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn
+            )
+            try:
+                me.tell(result)
+            except pykka.ActorDeadError:
+                logger.error("turn {} finished after its ProfileActor died", delivery.delivery_id)
+
+        self.deps.pool.submit(job)
+
+    @handles(TurnFinished)
+    def _on_turn_finished(self, msg: TurnFinished) -> None:
+        delivery = self.running
+        if delivery is None or delivery.delivery_id != msg.delivery_id:
+            logger.warning("{}: TurnFinished for unknown delivery {}", self.info.profile, msg.delivery_id)
+            return
+        outcome = outcome_of_turn(delivery, msg)  # before clearing: a crash here leaves it salvageable
+        self.running = None
+        self._settle(outcome)
+        self._maybe_start()
+        if self.running is None and not self.queue:
+            self._arm_idle()
+
+    @handles(WaitExpired)
+    def _on_wait_expired(self, msg: WaitExpired) -> None:
+        entry = self.queue.pop(msg.delivery_id, None)
+        if entry is None:
+            return  # it started in time
+        delivery, enqueued, _ = entry
+        text = outcomes.busy_text(self.info.profile, time.monotonic() - enqueued)
+        self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "target_busy"))
+
+    def _settle(self, outcome: Outcome) -> None:
+        self.deps.dispatcher.tell(OutcomeReady(outcome))
+
+    # ── idle stop and wind-down ─────────────────────────────────────────────
+
+    def _arm_idle(self) -> None:
+        if self.deps.config.idle_stop_seconds > 0 and self.idle_timer is None:
+            self.idle_timer = self.timers.after(self.deps.config.idle_stop_seconds, IdleCheck())
+
+    @handles(IdleCheck)
+    def _on_idle_check(self, msg: IdleCheck) -> None:
+        self.idle_timer = None
+        if self.running is None and not self.queue:
+            # The Dispatcher decides: it stops us only if no Deliver is in flight to us.
+            self.deps.dispatcher.tell(ProfileIdle(self.info.profile, self.actor_ref, self.handled))
+
+    @handles(StopProfile)
+    def _on_stop_profile(self, msg: StopProfile) -> None:
+        self.stop()
+
+    @handles(WindDown)
+    def _on_wind_down(self, msg: WindDown) -> str | None:
+        """Cancel every queued delivery; answer the id of the running one (or None)."""
+        self.winding_down = True
+        for key, (delivery, _, timer) in list(self.queue.items()):
+            if timer is not None:
+                timer.cancel()
+            self._settle(outcomes.cancelled(key, delivery.label))
+        self.queue.clear()
+        return self.running.delivery_id if self.running else None
+
+    # ── crash ───────────────────────────────────────────────────────────────
+
+    def salvage(self) -> ProfileSalvage:
+        if self.running is not None:
+            # The turn ran (or is running): its result is unknown, it must not run again.
+            self._settle(
+                outcomes.ambiguous(
+                    self.running.delivery_id, self.running.label, "The target's ProfileActor crashed during the turn."
+                )
+            )
+        return ProfileSalvage(tuple((d, t) for d, t, _ in self.queue.values()), self.handled)
+
+    def on_crash(self, error: BaseException | None, pending: list[Envelope[Any]]) -> None:
+        for _, _, timer in self.queue.values():
+            if timer is not None:
+                timer.cancel()
+        if self.lock is not None:
+            self.lock.close()
+        super().on_crash(error, pending)

@@ -1,0 +1,275 @@
+"""Profile discovery and local name resolution for a Hermes root.
+
+The root is the default profile's home; every other profile lives at
+``<root>/profiles/<name>``. A profile is known by its folder id, its handle
+(``hermes`` for the default profile), its ``display_name`` and its Bot Mode
+title, and by the Desktop @-slugs of those friendly names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.config import load_yaml_file
+from hermes_actors.messages import ProfileInfo
+
+__all__ = [
+    "DEFAULT_HANDLE",
+    "DEFAULT_PROFILE",
+    "HANDLE_RE",
+    "MANAGED_KEY",
+    "alias_forms",
+    "discover_profiles",
+    "handle_for",
+    "install_is_managed",
+    "is_managed",
+    "local_alias_map",
+    "read_profile_yaml",
+    "resolve_local_name",
+    "slugify",
+]
+
+HANDLE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
+DEFAULT_PROFILE = "default"
+DEFAULT_HANDLE = "hermes"
+MANAGED_KEY = "hermes-bots"
+
+_SLUG_RUN_RE = re.compile(r"[^a-z0-9]+")
+
+
+def handle_for(profile: str) -> str:
+    """The routing handle of a profile.
+
+    Args:
+        profile: the folder id.
+
+    Returns:
+        ``hermes`` for the default profile, else the folder id.
+    """
+    return DEFAULT_HANDLE if profile == DEFAULT_PROFILE else profile
+
+
+def read_profile_yaml(home: Path) -> dict[str, Any]:
+    """Read ``<home>/profile.yaml``.
+
+    Args:
+        home: the profile's home directory.
+
+    Returns:
+        Its top-level mapping, ``{}`` when missing or unusable (see
+        :func:`hermes_actors.config.load_yaml_file`).
+    """
+    return load_yaml_file(Path(home) / "profile.yaml")
+
+
+def _bot_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The Bot Mode block ``ui_meta["hermes-bots"]`` of a profile.yaml mapping.
+
+    Args:
+        meta: the profile.yaml mapping.
+
+    Returns:
+        The block when it is a dict, else None.
+    """
+    ui_meta = meta.get("ui_meta")
+    if not isinstance(ui_meta, dict):
+        return None
+    block = ui_meta.get(MANAGED_KEY)
+    return block if isinstance(block, dict) else None
+
+
+def is_managed(home: Path) -> bool:
+    """Whether a profile is managed by Bot Mode.
+
+    Args:
+        home: the profile's home directory.
+
+    Returns:
+        True when its profile.yaml has a dict at ``ui_meta["hermes-bots"]``.
+    """
+    return _bot_meta(read_profile_yaml(home)) is not None
+
+
+def _text(value: Any, fallback: str) -> str:
+    """Str-coerce and strip a profile.yaml value.
+
+    Args:
+        value: the raw value (None when absent).
+        fallback: used when the value is absent or blank.
+
+    Returns:
+        The stripped text, or ``fallback``.
+    """
+    if value is None:
+        return fallback
+    text = str(value).strip()
+    return text or fallback
+
+
+def _profile_info(profile: str, home: Path) -> ProfileInfo:
+    """Build the roster record of one profile from its profile.yaml.
+
+    Args:
+        profile: the folder id.
+        home: the profile's home directory.
+
+    Returns:
+        The record.
+    """
+    meta = read_profile_yaml(home)
+    block = _bot_meta(meta)
+    return ProfileInfo(
+        profile=profile,
+        handle=handle_for(profile),
+        home=home,
+        display_name=_text(meta.get("display_name"), profile),
+        title=_text(block.get("title") if block is not None else None, ""),
+        description=_text(meta.get("description"), ""),
+        managed=block is not None,
+    )
+
+
+def _profile_dirs(root: Path) -> list[tuple[str, Path]]:
+    """The valid non-default profile folders under ``<root>/profiles``, sorted by name.
+
+    Args:
+        root: the Hermes root.
+
+    Returns:
+        ``(folder id, home)`` pairs; symlinks, files, bad names and a folder
+        named ``default`` are skipped (logged at debug).
+    """
+    base = root / "profiles"
+    if base.is_symlink() or not base.is_dir():
+        return []
+    try:
+        entries = sorted(base.iterdir(), key=lambda entry: entry.name)
+    except OSError as exc:
+        logger.warning("cannot list profiles in {} ({})", base, exc)
+        return []
+    found: list[tuple[str, Path]] = []
+    for entry in entries:
+        name = entry.name
+        if entry.is_symlink():
+            logger.debug("skipping profile {}: symlink", entry)
+        elif not entry.is_dir():
+            logger.debug("skipping profile {}: not a directory", entry)
+        elif not HANDLE_RE.match(name):
+            logger.debug("skipping profile {}: invalid name", entry)
+        elif name == DEFAULT_PROFILE:
+            logger.debug("skipping profile {}: 'default' is the root profile", entry)
+        else:
+            found.append((name, entry))
+    return found
+
+
+def discover_profiles(root: Path) -> list[ProfileInfo]:
+    """Discover every local profile of a Hermes root.
+
+    Args:
+        root: the Hermes root (the default profile's home).
+
+    Returns:
+        The default profile first (home = root), then the profiles under
+        ``<root>/profiles/`` sorted by folder id.
+    """
+    root = Path(root)
+    profiles = [_profile_info(DEFAULT_PROFILE, root)]
+    profiles.extend(_profile_info(name, home) for name, home in _profile_dirs(root))
+    return profiles
+
+
+def install_is_managed(profiles: Iterable[ProfileInfo]) -> bool:
+    """Whether the install runs Bot Mode (any profile is managed).
+
+    Args:
+        profiles: the discovered profiles.
+
+    Returns:
+        True when at least one profile is managed.
+    """
+    return any(info.managed for info in profiles)
+
+
+def slugify(name: str) -> str:
+    """The Desktop @-slug of a friendly name.
+
+    Args:
+        name: a friendly name (``"Dr. Foo"``).
+
+    Returns:
+        Lowercased, runs outside ``[a-z0-9]`` turned into ``-``, trimmed of
+        leading/trailing ``-`` (``"dr-foo"``).
+    """
+    return _SLUG_RUN_RE.sub("-", str(name).lower()).strip("-")
+
+
+def alias_forms(name: str) -> set[str]:
+    """The forms a friendly name is known by.
+
+    Args:
+        name: a friendly name or a target as typed (``"@Scribe"``).
+
+    Returns:
+        The lowercased stripped text without a leading ``@``, and its slug;
+        empty forms dropped.
+    """
+    text = str(name).strip().lower().removeprefix("@").strip()
+    return {form for form in (text, slugify(text)) if form}
+
+
+def local_alias_map(profiles: Iterable[ProfileInfo]) -> dict[str, set[str]]:
+    """Map every friendly-name form to the folder ids known by it.
+
+    Built from each profile's ``display_name`` and ``title``; folder ids are
+    not added (a ``display_name`` that is just the folder-id fallback is
+    skipped), since exact folder matches are resolved before aliases.
+
+    Args:
+        profiles: the discovered profiles.
+
+    Returns:
+        form → set of folder ids.
+    """
+    aliases: dict[str, set[str]] = {}
+    for info in profiles:
+        names = [info.title]
+        if info.display_name != info.profile:
+            names.append(info.display_name)
+        for name in names:
+            for form in alias_forms(name):
+                aliases.setdefault(form, set()).add(info.profile)
+    return aliases
+
+
+def resolve_local_name(target: str, profiles: list[ProfileInfo]) -> str | None:
+    """Map a DM target to a local profile folder id.
+
+    Args:
+        target: as typed: ``hermes``, a folder id (any case), a friendly name,
+            its @-slug, or a Bot Mode title.
+        profiles: the discovered profiles.
+
+    Returns:
+        The folder id; None when the target is empty, unknown, or a friendly
+        name shared by several profiles (a DM must never land on the wrong bot).
+    """
+    want = str(target).strip().lower()
+    if not want:
+        return None
+    folders = [info.profile for info in profiles]
+    if want == DEFAULT_HANDLE:
+        return DEFAULT_PROFILE if DEFAULT_PROFILE in folders else None
+    exact = next((folder for folder in folders if folder.lower() == want), None)
+    if exact is not None:
+        return exact
+    aliases = local_alias_map(profiles)
+    hits: set[str] = set()
+    for form in alias_forms(want) | {want}:
+        hits |= aliases.get(form, set())
+    return next(iter(hits)) if len(hits) == 1 else None

@@ -1,0 +1,190 @@
+"""RosterActor: the one owner of "who exists" on this install.
+
+It discovers profiles and config from the Hermes root, builds an immutable
+:class:`RosterSnapshot` (with O(1) lookup maps) and publishes it to its
+subscribers (the Dispatcher) whenever it changes. Others never read
+``profiles/`` or ``config.yaml`` themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actors import Scheduler, TimerSet, TypedActor, handles
+from hermes_actors.config import BotModeConfig, load_config
+from hermes_actors.messages import (
+    GetSnapshot,
+    ProfileInfo,
+    Reload,
+    RemoteAgent,
+    RosterChanged,
+    RosterSnapshot,
+    RosterTick,
+    Subscribe,
+)
+from hermes_actors.profiles import alias_forms, discover_profiles, install_is_managed
+
+__all__ = ["RosterActor", "make_snapshot", "roster_rows"]
+
+
+def make_snapshot(
+    profiles: Iterable[ProfileInfo],
+    *,
+    peers: Iterable[str] = (),
+    remote: Iterable[RemoteAgent] = (),
+    remote_age_seconds: float | None = None,
+    version: int = 0,
+) -> RosterSnapshot:
+    """Pure: build a snapshot with its lookup maps."""
+    profiles = tuple(profiles)
+    index = {p.profile.lower(): p for p in profiles}
+    aliases: dict[str, set[str]] = {}
+    for p in profiles:
+        names = {p.title}
+        if p.display_name != p.profile:
+            names.add(p.display_name)
+        for name in names:
+            for form in alias_forms(name):
+                aliases.setdefault(form, set()).add(p.profile)
+    return RosterSnapshot(
+        profiles=profiles,
+        peers=tuple(peers),
+        remote=tuple(remote),
+        remote_age_seconds=remote_age_seconds,
+        managed=install_is_managed(profiles),
+        version=version,
+        index=index,
+        aliases={k: frozenset(v) for k, v in aliases.items()},
+    )
+
+
+def roster_rows(snapshot: RosterSnapshot) -> list[dict[str, Any]]:
+    """Pure: the public ``Gateway.roster()`` rows (DESIGN section 3)."""
+    rows: list[dict[str, Any]] = [
+        {
+            "profile": p.profile,
+            "handle": p.handle,
+            "display_name": p.display_name,
+            "title": p.title,
+            "description": p.description,
+            "connection_id": None,
+            "online": True,
+        }
+        for p in snapshot.profiles
+    ]
+    from hermes_actors.store.relay_files import liveness
+
+    remote = list(snapshot.remote)
+    for r in remote:
+        rows.append(
+            {
+                "profile": r.profile,
+                "handle": r.handle,
+                "display_name": r.title or r.handle,
+                "title": r.title,
+                "description": r.description,
+                "connection_id": r.connection_id,
+                "online": liveness(r, remote, snapshot.remote_age_seconds),
+            }
+        )
+    return rows
+
+
+def _signature(root: Path) -> tuple[float, ...]:
+    """Cheap change detector: mtimes of the profiles dir and the root's YAML files."""
+    out: list[float] = []
+    for path in (root / "profiles", root / "config.yaml", root / "profile.yaml"):
+        try:
+            out.append(os.stat(path).st_mtime)
+        except OSError:
+            out.append(-1.0)
+    return tuple(out)
+
+
+class RosterActor(TypedActor):
+    """Owns the local roster; publishes :class:`RosterChanged`.
+
+    Args:
+        root: the Hermes root.
+        config: config overrides (deep-merged over ``config.yaml``).
+        scheduler: for the periodic change check.
+        rescan_seconds: how often to look for profile changes (0: never).
+    """
+
+    def __init__(
+        self, root: Path, *, overrides: dict[str, Any] | None, scheduler: Scheduler, rescan_seconds: float = 2.0
+    ) -> None:
+        super().__init__()
+        self.root = root
+        self.overrides = overrides
+        self.timers = TimerSet(scheduler, self.actor_ref)
+        self.rescan_seconds = rescan_seconds
+        self.subscribers: list[pykka.ActorRef[Any]] = []
+        self.version = 0
+        self.signature: tuple[float, ...] = ()
+        self.config: BotModeConfig = load_config(root, overrides)
+        self.snapshot = self._load()
+
+    def on_start(self) -> None:
+        if self.rescan_seconds > 0:
+            self.timers.every(self.rescan_seconds, RosterTick())
+
+    def on_stop(self) -> None:
+        self.timers.cancel_all()
+
+    def stop_timers(self) -> None:
+        self.timers.cancel_all()
+
+    def _load(self) -> RosterSnapshot:
+        self.signature = _signature(self.root)
+        self.config = load_config(self.root, self.overrides)
+        self.version += 1
+        profiles = discover_profiles(self.root)
+        current = getattr(self, "snapshot", None)
+        return make_snapshot(
+            profiles,
+            peers=self.config.peers,
+            remote=current.remote if current else (),
+            remote_age_seconds=current.remote_age_seconds if current else None,
+            version=self.version,
+        )
+
+    def _publish(self) -> None:
+        for ref in list(self.subscribers):
+            try:
+                ref.tell(RosterChanged(self.snapshot))
+            except pykka.ActorDeadError:
+                self.subscribers.remove(ref)
+
+    @handles(Subscribe)
+    def _on_subscribe(self, msg: Subscribe) -> RosterSnapshot:
+        self.subscribers.append(msg.ref)
+        return self.snapshot
+
+    @handles(GetSnapshot)
+    def _on_get(self, msg: GetSnapshot) -> RosterSnapshot:
+        return self.snapshot
+
+    @handles(Reload)
+    def _on_reload(self, msg: Reload) -> RosterSnapshot:
+        before = self.snapshot
+        self.snapshot = self._load()
+        if (before.profiles, before.peers, before.managed) != (
+            self.snapshot.profiles,
+            self.snapshot.peers,
+            self.snapshot.managed,
+        ):
+            logger.info("roster reloaded: {} profiles", len(self.snapshot.profiles))
+            self._publish()
+        return self.snapshot
+
+    @handles(RosterTick)
+    def _on_tick(self, msg: RosterTick) -> None:
+        if _signature(self.root) != self.signature:
+            self._on_reload(Reload())

@@ -1,0 +1,417 @@
+"""How a turn actually runs (DESIGN 4.1).
+
+A runner is any object with ``run_turn(turn) -> str`` or a plain callable
+``fn(turn) -> str``; :func:`as_runner` turns either into a :class:`TurnRunner`.
+The return value is the reply; raising :class:`~hermes_actors.errors.TurnFailed`
+fails the turn with a typed reason.
+
+:class:`CommandRunner` runs the real ``hermes`` CLI for one turn, in the
+profile's "Bot Chat" session, with the message in a query file. It runs in the
+caller's thread (a ProfileActor's worker) and starts no threads of its own.
+
+Query-file lifetime: the file of a delivery is written on attempt 1 and kept
+when attempt 1 fails with a possibly retryable outcome, so the policy retry
+(attempt 2) replays the very same file. ``run_turn`` removes it after a
+success, after any attempt-2 outcome and after a final refusal
+(``target_busy``). When the caller decides NOT to retry a failed attempt 1,
+it must call :meth:`CommandRunner.release` with the delivery id;
+:meth:`CommandRunner.close` releases every file still kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from loguru import logger
+
+from hermes_actors import dmfiles
+from hermes_actors.errors import TurnFailed
+from hermes_actors.messages import BOT_CHAT_SESSION, Turn
+
+__all__ = [
+    "BOT_CHAT_TURN_ARGS",
+    "REFUSAL_MARKER",
+    "CallableRunner",
+    "CommandRunner",
+    "TurnRunner",
+    "as_runner",
+    "resolve_cli",
+]
+
+BOT_CHAT_TURN_ARGS: tuple[str, ...] = (
+    "chat", "--in", "~", "-c", BOT_CHAT_SESSION, "--create-if-missing", "-Q",
+)
+REFUSAL_MARKER = "hermes-refusal-reason: "
+_NOT_OWNED_CODE = "SESSION_NOT_OWNED"
+_NOT_OWNED_PROSE = "already has a live owner"
+_MAX_FAILURE_CHARS = 2000
+_REAP_SECONDS = 5.0
+# Turn-specific variables: never inherited from our own environment.
+_ENV_RESUME = "HERMES_RESUME_UNANSWERED_TURN"
+_ENV_COMPRESS = "HERMES_COMPRESS_BEFORE_TURN"
+_ENV_AUTHOR = "HERMES_TURN_AUTHOR"
+_ENV_HOME = "HERMES_HOME"
+# Outcomes that are final on attempt 1 (the policy never retries them).
+_FINAL_REASONS = frozenset({"target_busy"})
+
+
+@runtime_checkable
+class TurnRunner(Protocol):
+    """Runs one turn and returns the reply text."""
+
+    def run_turn(self, turn: Turn) -> str:
+        """Run ``turn`` and return the reply.
+
+        Args:
+            turn: the turn to run.
+
+        Returns:
+            The reply text ("" or a silence marker is a silent outcome).
+
+        Raises:
+            TurnFailed: the turn failed with a typed (or to-be-classified) reason.
+        """
+        ...
+
+
+class CallableRunner:
+    """A :class:`TurnRunner` around a plain callable ``fn(turn) -> str``.
+
+    Args:
+        fn: the callable; its return value is the reply.
+    """
+
+    def __init__(self, fn: Callable[[Turn], str]) -> None:
+        if not callable(fn):
+            raise TypeError(f"CallableRunner needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+
+    def run_turn(self, turn: Turn) -> str:
+        """Call ``fn(turn)`` and return its reply.
+
+        Args:
+            turn: the turn to run.
+
+        Returns:
+            The reply ``fn`` returned.
+
+        Raises:
+            TypeError: ``fn`` returned something other than a str.
+            Exception: whatever ``fn`` raised, unchanged.
+        """
+        reply = self.fn(turn)
+        if not isinstance(reply, str):
+            raise TypeError(f"runner {self.fn!r} returned {type(reply).__name__}, expected str")
+        return reply
+
+    def __repr__(self) -> str:
+        return f"CallableRunner({self.fn!r})"
+
+
+def as_runner(obj: object) -> TurnRunner:
+    """Return ``obj`` as a :class:`TurnRunner`.
+
+    Args:
+        obj: an object with a callable ``run_turn`` (returned as is) or a
+            plain callable (wrapped in :class:`CallableRunner`).
+
+    Returns:
+        The runner.
+
+    Raises:
+        TypeError: ``obj`` is neither.
+    """
+    if callable(getattr(obj, "run_turn", None)):
+        return obj  # type: ignore[return-value]
+    if callable(obj):
+        return CallableRunner(obj)
+    raise TypeError(
+        "runner must be an object with run_turn(turn) -> str or a callable fn(turn) -> str, "
+        f"got {type(obj).__name__}"
+    )
+
+
+def resolve_cli(name: str = "hermes") -> str:
+    """Find the ``hermes`` executable.
+
+    Service contexts often lack PATH, so the executable beside the running
+    interpreter (the same virtualenv) wins, then ``shutil.which``, then the
+    bare name.
+
+    Args:
+        name: the executable's name (``.exe`` is added on Windows for the sibling).
+
+    Returns:
+        The path (or bare name) to run.
+    """
+    if sys.executable:
+        sibling = Path(sys.executable).parent / (f"{name}.exe" if sys.platform == "win32" else name)
+        if sibling.is_file():
+            return str(sibling)
+    return shutil.which(name) or name
+
+
+def _strip_trailing_newlines(text: str) -> str:
+    return text.rstrip("\r\n")
+
+
+def _refused_not_owned(stderr: str) -> bool:
+    """True when the CLI refused the turn because another surface owns the session.
+
+    A marker line's code wins over prose (also an unknown code from a newer
+    CLI); only without a marker does the older CLIs' wording count.
+    """
+    for line in stderr.splitlines():
+        if line.startswith(REFUSAL_MARKER):
+            return line.removeprefix(REFUSAL_MARKER).strip() == _NOT_OWNED_CODE
+    return _NOT_OWNED_PROSE in stderr
+
+
+def _tail(text: str, limit: int = _MAX_FAILURE_CHARS) -> str:
+    """The last non-empty lines of ``text``, at most ``limit`` characters in all."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        extra = len(line) + (1 if kept else 0)
+        if size + extra > limit:
+            if not kept:
+                kept.append(line[-limit:])
+            break
+        kept.append(line)
+        size += extra
+    return "\n".join(reversed(kept))
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Kill the turn's whole process group (it was started in its own session)."""
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(OSError):
+            proc.kill()
+
+
+class CommandRunner:
+    """Runs one turn with the real CLI (``hermes -p <profile> chat ... --query-file <f>``).
+
+    Args:
+        cli: the executable; :func:`resolve_cli` when None.
+        timeout: seconds one turn may take before its process group is killed.
+        dm_base: the temp root for the DM directory (system temp when None).
+        env: variables set over ``os.environ`` for every turn.
+
+    Raises:
+        ValueError: ``timeout`` is not positive.
+    """
+
+    def __init__(
+        self,
+        cli: str | None = None,
+        *,
+        timeout: float = 600,
+        dm_base: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.cli = cli if cli else resolve_cli()
+        self.timeout = float(timeout)
+        self.dm_base = dm_base
+        self.env: dict[str, str] = dict(env or {})
+        self._kept: dict[str, Path] = {}
+        self._kept_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CommandRunner(cli={self.cli!r}, timeout={self.timeout:g})"
+
+    # ── query-file lifetime ─────────────────────────────────────────────────
+
+    def release(self, delivery_id: str) -> None:
+        """Remove the query file kept for ``delivery_id`` (no-op when none is kept).
+
+        Call it when a failed attempt 1 will not be retried.
+
+        Args:
+            delivery_id: the delivery whose file to remove.
+        """
+        with self._kept_lock:
+            path = self._kept.pop(delivery_id, None)
+        if path is not None:
+            dmfiles.remove_dm_file(path)
+
+    def kept(self) -> list[str]:
+        """Return the delivery ids whose query files are kept for a retry.
+
+        Returns:
+            The ids, in no particular order.
+        """
+        with self._kept_lock:
+            return list(self._kept)
+
+    def close(self) -> None:
+        """Release every kept query file (the runner stays usable)."""
+        for delivery_id in self.kept():
+            self.release(delivery_id)
+
+    def _keep(self, delivery_id: str, path: Path) -> None:
+        with self._kept_lock:
+            self._kept[delivery_id] = path
+
+    # ── one turn ────────────────────────────────────────────────────────────
+
+    def argv(self, turn: Turn, query_file: Path) -> list[str]:
+        """Return the command line of ``turn``.
+
+        Args:
+            turn: the turn.
+            query_file: the file holding the message.
+
+        Returns:
+            The argv list.
+        """
+        return [self.cli, "-p", turn.profile, *BOT_CHAT_TURN_ARGS, "--query-file", str(query_file)]
+
+    def environment(self, turn: Turn) -> dict[str, str]:
+        """Return the environment of ``turn``'s process.
+
+        Args:
+            turn: the turn.
+
+        Returns:
+            ``os.environ`` + the constructor's ``env`` + the turn's variables:
+            the attempt-2 resume (and compress) flags, the author as compact
+            JSON and ``HERMES_HOME`` when the turn has a home.
+        """
+        env = {**os.environ, **self.env}
+        for key in (_ENV_RESUME, _ENV_COMPRESS, _ENV_AUTHOR):
+            env.pop(key, None)
+        if turn.attempt >= 2:
+            env[_ENV_RESUME] = "1"
+            if turn.retry_action == "compress_then_resume":
+                env[_ENV_COMPRESS] = "1"
+        if turn.author:
+            env[_ENV_AUTHOR] = json.dumps(turn.author, separators=(",", ":"), default=str)
+        if turn.home is not None:
+            env[_ENV_HOME] = str(turn.home)
+        return env
+
+    def run_turn(self, turn: Turn) -> str:
+        """Run ``turn`` through the CLI and return its reply (stdout).
+
+        Args:
+            turn: the turn; ``turn.delivery_id`` names the query file.
+
+        Returns:
+            The CLI's stdout without trailing newlines.
+
+        Raises:
+            TurnFailed: ``target_busy`` (the session is owned by another
+                surface), ``delivery_timeout`` (killed after ``timeout``),
+                ``runtime_offline`` (the CLI is missing), or reason "" with
+                the CLI's last output lines for any other non-zero exit.
+            ValueError / PermissionError / OSError: the query file could not
+                be written.
+        """
+        path = dmfiles.write_dm_file(turn.delivery_id, turn.content, base=self.dm_base)
+        self._keep(turn.delivery_id, path)
+        try:
+            reply = self._run(turn, path)
+        except TurnFailed as failure:
+            if turn.attempt >= 2 or failure.reason in _FINAL_REASONS:
+                self.release(turn.delivery_id)
+            else:
+                logger.debug("keeping {} for a possible retry of {}", path, turn.delivery_id)
+            raise
+        except BaseException:
+            self.release(turn.delivery_id)
+            raise
+        self.release(turn.delivery_id)
+        return reply
+
+    def _run(self, turn: Turn, query_file: Path) -> str:
+        handle = turn.handle or turn.profile
+        argv = self.argv(turn, query_file)
+        logger.debug("turn {} attempt {}: {}", turn.delivery_id, turn.attempt, argv)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+                env=self.environment(turn),
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            raise TurnFailed(
+                f"hermes CLI not found at {self.cli} — install Hermes or pass cli=...",
+                reason="runtime_offline",
+            ) from None
+        except PermissionError:
+            raise TurnFailed(
+                f"hermes CLI at {self.cli} is not executable — fix its permissions or pass cli=...",
+                reason="runtime_offline",
+            ) from None
+        stdout, stderr, returncode = self._communicate(proc, handle)
+        if returncode == 0:
+            return _strip_trailing_newlines(stdout)
+        if _refused_not_owned(stderr):
+            raise TurnFailed(
+                f"Delivery failed: @{handle}'s Bot Chat is open on another surface right now, "
+                "so your message was NOT delivered. Try again later.",
+                reason="target_busy",
+            )
+        detail = _tail(stderr if stderr.strip() else stdout)
+        text = f"hermes exited with status {returncode}: {detail}" if detail else (
+            f"hermes exited with status {returncode} (no output)"
+        )
+        logger.info("turn {} for @{} failed: {}", turn.delivery_id, handle, text.splitlines()[0])
+        raise TurnFailed(text)
+
+    def _communicate(self, proc: subprocess.Popen[str], handle: str) -> tuple[str, str, int]:
+        """Wait for ``proc`` within the timeout; kill its process group beyond it."""
+        try:
+            stdout, stderr = proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            self._reap(proc)
+            raise TurnFailed(
+                f"hermes timed out after {self.timeout:g}s running @{handle}'s Bot Chat turn; "
+                "its process group was killed",
+                reason="delivery_timeout",
+            ) from None
+        except BaseException:
+            _kill_group(proc)
+            self._reap(proc)
+            raise
+        return stdout or "", stderr or "", proc.returncode
+
+    @staticmethod
+    def _reap(proc: subprocess.Popen[str]) -> None:
+        """Collect a killed process (bounded: an escaped grandchild may hold the pipes)."""
+        try:
+            proc.communicate(timeout=_REAP_SECONDS)
+        except subprocess.TimeoutExpired:
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_REAP_SECONDS)
+

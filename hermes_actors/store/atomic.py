@@ -1,0 +1,413 @@
+"""Safe file primitives: atomic private JSON writes and hostile-aware reads.
+
+Everything the store writes goes through :func:`atomic_write_json` or
+:func:`create_exclusive_json`: the bytes land in a private (0600) temp file in
+a dedicated temp directory on the same filesystem, and only a rename (or a
+hard link, for first-writer-wins) makes them visible. Readers therefore never
+see a partial file, and a watcher globbing ``*.json`` never sees a temp file.
+
+Everything the store reads from a directory other programs can write to goes
+through :func:`read_json_file`, which refuses symlinks, special files, huge
+files, files of another owner, files others may write and corrupt JSON.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any
+
+import orjson
+from loguru import logger
+
+from hermes_actors.errors import HostileFileError, StoreError
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "atomic_write_json",
+    "create_exclusive_json",
+    "ensure_private_dir",
+    "read_json_file",
+]
+
+DEFAULT_MAX_BYTES = 1 << 20
+"""Largest JSON file :func:`read_json_file` accepts by default (1 MiB)."""
+
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
+_WRITE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+# ── pure helpers ────────────────────────────────────────────────────────────
+
+
+def _os_error_text(exc: OSError) -> str:
+    """Render an OS error as ``"No space left on device (ENOSPC)"``.
+
+    Args:
+        exc: the error raised by the operating system.
+
+    Returns:
+        The human text with the symbolic errno when one is known.
+    """
+    code = exc.errno
+    if code is None:
+        return str(exc)
+    name = errno.errorcode.get(code, str(code))
+    return f"{exc.strerror or os.strerror(code)} ({name})"
+
+
+def _store_error(action: str, target: Path, exc: BaseException) -> StoreError:
+    """Build the :class:`StoreError` for a failed write of ``target``.
+
+    Args:
+        action: what was being done ("write", "create").
+        target: the file that could not be written.
+        exc: the underlying error.
+
+    Returns:
+        A StoreError whose text names the target and the OS error and whose
+        ``errno`` mirrors the underlying one (None for non-OS failures).
+    """
+    detail = _os_error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+    err = StoreError(f"cannot {action} {target}: {detail}")
+    err.errno = exc.errno if isinstance(exc, OSError) else None
+    return err
+
+
+def _temp_name(target: Path) -> str:
+    """The unique temp file name used while writing ``target``.
+
+    Args:
+        target: the final file.
+
+    Returns:
+        ``.<target.name>.<random>.tmp`` (hidden, never matching ``*.json``).
+    """
+    return f".{target.name}.{secrets.token_hex(8)}.tmp"
+
+
+def _serialize(payload: Any, *, sort_keys: bool) -> bytes:
+    """Serialize ``payload`` with orjson.
+
+    Args:
+        payload: any orjson-serializable value.
+        sort_keys: sort object keys (stable, diffable output).
+
+    Returns:
+        The UTF-8 JSON bytes.
+
+    Raises:
+        TypeError: the payload is not serializable (orjson.JSONEncodeError).
+    """
+    return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS if sort_keys else 0)
+
+
+def _why_hostile(st: os.stat_result, *, max_bytes: int, expect_uid: int | None) -> str | None:
+    """Decide whether a stat result describes a file we must refuse.
+
+    Args:
+        st: ``fstat`` of the opened file.
+        max_bytes: largest acceptable size.
+        expect_uid: required owner, or None to accept any owner.
+
+    Returns:
+        The reason the file is refused, or None when it is acceptable.
+    """
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_size > max_bytes:
+        return f"is too large ({st.st_size} bytes > {max_bytes})"
+    if expect_uid is not None and st.st_uid != expect_uid:
+        return f"is owned by uid {st.st_uid}, expected {expect_uid}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+# ── writes ──────────────────────────────────────────────────────────────────
+
+
+def _refuse_symlinked_parent(target: Path) -> None:
+    """Refuse to write into a directory reached through a symlink.
+
+    Args:
+        target: the file about to be written.
+
+    Raises:
+        HostileFileError: ``target.parent`` is a symlink.
+    """
+    try:
+        st = os.lstat(target.parent)
+    except FileNotFoundError:
+        return  # the write itself will fail and report it
+    if stat.S_ISLNK(st.st_mode):
+        raise HostileFileError(f"refusing to write {target}: its directory {target.parent} is a symlink")
+
+
+def _write_temp(target: Path, data: bytes, *, tmp_dir: Path, fsync: bool) -> Path:
+    """Write ``data`` to a fresh private temp file for ``target``.
+
+    Args:
+        target: the file the temp will become (only its name is used).
+        data: the bytes to write.
+        tmp_dir: where the temp file lives (same filesystem as ``target``).
+        fsync: flush the file to stable storage before returning.
+
+    Returns:
+        The temp file's path.
+
+    Raises:
+        OSError: the temp could not be created or written (it is removed).
+    """
+    tmp = tmp_dir / _temp_name(target)
+    fd = os.open(tmp, _WRITE_FLAGS, _FILE_MODE)
+    try:
+        try:
+            os.fchmod(fd, _FILE_MODE)  # umask cannot widen it, but be explicit
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        _discard(tmp)
+        raise
+    return tmp
+
+
+def _discard(path: Path) -> None:
+    """Remove ``path`` if it exists; never raises.
+
+    Args:
+        path: a temp file to clean up.
+    """
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("could not remove temp file {}: {}", path, _os_error_text(exc))
+
+
+def atomic_write_json(
+    target: Path,
+    payload: Any,
+    *,
+    tmp_dir: Path,
+    sort_keys: bool = False,
+    fsync: bool = False,
+) -> None:
+    """Atomically replace ``target`` with ``payload`` as JSON, mode 0600.
+
+    Args:
+        target: the file to (re)place.
+        payload: an orjson-serializable value.
+        tmp_dir: a directory on the same filesystem as ``target`` for the temp.
+        sort_keys: sort object keys in the output.
+        fsync: fsync the data before the rename.
+
+    Raises:
+        HostileFileError: ``target``'s directory is a symlink.
+        StoreError: serialization or any OS step failed (disk full, permission
+            denied, ...); the temp file is gone and ``target`` is untouched.
+    """
+    _refuse_symlinked_parent(target)
+    try:
+        data = _serialize(payload, sort_keys=sort_keys)
+    except TypeError as exc:
+        raise _store_error("write", target, exc) from exc
+    try:
+        tmp = _write_temp(target, data, tmp_dir=tmp_dir, fsync=fsync)
+    except OSError as exc:
+        raise _store_error("write", target, exc) from exc
+    try:
+        os.replace(tmp, target)
+    except OSError as exc:
+        _discard(tmp)
+        raise _store_error("write", target, exc) from exc
+    except BaseException:
+        _discard(tmp)
+        raise
+
+
+def create_exclusive_json(
+    target: Path,
+    payload: Any,
+    *,
+    tmp_dir: Path,
+    sort_keys: bool = False,
+    fsync: bool = False,
+) -> bool:
+    """Create ``target`` with ``payload`` only if it does not exist yet.
+
+    First writer wins: the complete temp file is hard-linked to ``target``,
+    which fails when any entry (even a dangling symlink) already has the name.
+
+    Args:
+        target: the file to create.
+        payload: an orjson-serializable value.
+        tmp_dir: a directory on the same filesystem as ``target`` for the temp.
+        sort_keys: sort object keys in the output.
+        fsync: fsync the data before linking.
+
+    Returns:
+        True when this call created ``target``; False when it already existed.
+
+    Raises:
+        HostileFileError: ``target``'s directory is a symlink.
+        StoreError: serialization or any OS step failed; no temp is left.
+    """
+    _refuse_symlinked_parent(target)
+    try:
+        data = _serialize(payload, sort_keys=sort_keys)
+    except TypeError as exc:
+        raise _store_error("create", target, exc) from exc
+    try:
+        tmp = _write_temp(target, data, tmp_dir=tmp_dir, fsync=fsync)
+    except OSError as exc:
+        raise _store_error("create", target, exc) from exc
+    try:
+        os.link(tmp, target, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise _store_error("create", target, exc) from exc
+    finally:
+        _discard(tmp)
+    return True
+
+
+# ── reads ───────────────────────────────────────────────────────────────────
+
+
+def _read_limited(fd: int, max_bytes: int) -> bytes:
+    """Read at most ``max_bytes + 1`` bytes from ``fd``.
+
+    Args:
+        fd: an open file descriptor.
+        max_bytes: the size limit (one more byte is read to detect growth).
+
+    Returns:
+        The bytes read.
+    """
+    chunks: list[bytes] = []
+    remaining = max_bytes + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 1 << 16))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_json_file(
+    path: Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    expect_uid: int | None = os.getuid(),
+) -> Any:
+    """Read and parse a JSON file that other programs could have tampered with.
+
+    Args:
+        path: the file to read.
+        max_bytes: refuse files larger than this.
+        expect_uid: required owner uid (default: this process's), None = any.
+
+    Returns:
+        The parsed JSON value (any JSON type; callers validate the shape).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        HostileFileError: ``path`` is a symlink, not a regular file, too large,
+            owned by another uid, writable by group/others, or not valid JSON.
+        OSError: any other OS failure opening or reading the file.
+    """
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise HostileFileError(f"{path} is a symlink") from exc
+        raise
+    try:
+        why = _why_hostile(os.fstat(fd), max_bytes=max_bytes, expect_uid=expect_uid)
+        if why is not None:
+            raise HostileFileError(f"{path} {why}")
+        data = _read_limited(fd, max_bytes)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise HostileFileError(f"{path} is too large (grew past {max_bytes} bytes while reading)")
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise HostileFileError(f"{path} is not valid JSON: {exc}") from exc
+
+
+# ── directories ─────────────────────────────────────────────────────────────
+
+
+def _check_private_dir(path: Path, st: os.stat_result) -> None:
+    """Refuse an existing directory entry that is not ours to use.
+
+    Args:
+        path: the directory path (for messages).
+        st: its ``lstat`` result.
+
+    Raises:
+        HostileFileError: a symlink, not a directory, or another owner's.
+    """
+    if stat.S_ISLNK(st.st_mode):
+        raise HostileFileError(f"{path} is a symlink, expected a directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise HostileFileError(f"{path} is not a directory")
+    uid = os.getuid()
+    if st.st_uid != uid:
+        raise HostileFileError(f"{path} is owned by uid {st.st_uid}, expected {uid}")
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Make sure ``path`` is a directory of ours; create it (and parents) 0700.
+
+    Only the directories this call creates get mode 0700; existing ancestors
+    are left alone (they may legitimately be shared or symlinked, like /tmp).
+
+    Args:
+        path: the directory to ensure.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        HostileFileError: ``path`` is a symlink, not a directory, or owned by
+            another uid.
+        StoreError: it could not be created.
+    """
+    try:
+        _check_private_dir(path, os.lstat(path))
+        return path
+    except FileNotFoundError:
+        pass
+    missing: list[Path] = []
+    probe = path
+    while not os.path.lexists(probe) and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, _DIR_MODE)
+            os.chmod(directory, _DIR_MODE)  # umask may have narrowed it
+        except FileExistsError:
+            continue  # a concurrent creator won; checked below
+        except OSError as exc:
+            raise _store_error("create directory", directory, exc) from exc
+    _check_private_dir(path, os.lstat(path))
+    return path

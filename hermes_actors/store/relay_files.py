@@ -1,0 +1,435 @@
+"""The ``<root>/bot_relay/`` protocol: paths and thin file I/O.
+
+Layout (every file 0600, every directory 0700, byte-compatible with the seed)::
+
+    bot_relay/roster.json        {"updated_at": int, "agents": [row...]}
+    bot_relay/outbox/<id>.json   queued envelopes (the Desktop drains them)
+    bot_relay/claimed/<id>.json  envelopes a drain won (rename decides)
+    bot_relay/replies/<id>.json  {id, at, reply, error, reason}; first wins
+    bot_relay/tmp/               temp files of atomic writes (never globbed)
+    bot_relay/quarantine/        refused (hostile) files, moved aside
+    bot_relay/locks/             per-profile turn locks
+
+The pure rules live in :mod:`hermes_actors.store.relay_protocol` (constants,
+envelopes, replies) and :mod:`hermes_actors.store.relay_roster` (roster rows,
+targets, liveness); both are re-exported here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.errors import HostileFileError, ValidationError
+from hermes_actors.messages import RemoteAgent
+from hermes_actors.store.atomic import (
+    atomic_write_json,
+    create_exclusive_json,
+    ensure_private_dir,
+    read_json_file,
+)
+from hermes_actors.store.relay_protocol import (
+    CLAIMED,
+    DEFAULT_ENVELOPE_TTL_SECONDS,
+    ENVELOPE_ID_RE,
+    ENVELOPE_KEYS,
+    HANDLE_RE,
+    LOCKS,
+    MAX_ENVELOPE_MESSAGE_CHARS,
+    OUTBOX,
+    QUARANTINE,
+    RELAY_DIR,
+    REPLIES,
+    REPLY_KEYS,
+    REPLY_WAIT_SECONDS,
+    ROSTER_FILE,
+    ROSTER_FRESH_SECONDS,
+    STALE_AFTER_SECONDS,
+    TMP,
+    expired_error_text,
+    is_expired,
+    make_envelope,
+    make_reply,
+    parse_envelope,
+    parse_reply,
+    validate_envelope_id,
+)
+from hermes_actors.store.relay_roster import (
+    Resolved,
+    liveness,
+    normalize_roster,
+    normalize_roster_row,
+    offline_error_text,
+    parse_roster_payload,
+    remote_target_forms,
+    resolve_remote_target,
+    roster_row_dict,
+    target_aliases,
+)
+
+# Re-exported: this module is the one place callers import the relay from.
+__all__ = [
+    "CLAIMED", "DEFAULT_ENVELOPE_TTL_SECONDS", "ENVELOPE_ID_RE", "ENVELOPE_KEYS", "HANDLE_RE", "LOCKS",
+    "MAX_ENVELOPE_MESSAGE_CHARS", "OUTBOX", "QUARANTINE", "RELAY_DIR", "REPLIES", "REPLY_KEYS",
+    "REPLY_WAIT_SECONDS", "ROSTER_FILE", "ROSTER_FRESH_SECONDS", "STALE_AFTER_SECONDS", "TMP",
+    "RelayPaths", "Resolved", "claim_envelope", "enqueue_envelope", "expired_error_text", "is_expired",
+    "list_ids", "liveness", "make_envelope", "make_reply", "normalize_roster", "normalize_roster_row",
+    "offline_error_text", "parse_envelope", "parse_reply", "parse_roster_payload", "quarantine",
+    "read_envelope", "read_reply", "read_roster", "remote_target_forms", "resolve_remote_target",
+    "roster_row_dict", "sweep_stale", "target_aliases", "validate_envelope_id", "write_reply",
+    "write_roster",
+]  # fmt: skip
+
+_ID_FILE_RE = re.compile(r"^([0-9a-f]{32})\.json$")
+
+
+@dataclass(frozen=True)
+class RelayPaths:
+    """Every path of one ``bot_relay`` directory."""
+
+    base: Path
+    outbox: Path
+    claimed: Path
+    replies: Path
+    locks: Path
+    tmp: Path
+    quarantine: Path
+    roster: Path
+
+    @classmethod
+    def from_root(cls, root: Path | str) -> RelayPaths:
+        """The relay paths under a Hermes root.
+
+        Args:
+            root: the Hermes root (the default profile's home).
+
+        Returns:
+            The paths (nothing is created).
+        """
+        base = Path(root) / RELAY_DIR
+        return cls(
+            base=base,
+            outbox=base / OUTBOX,
+            claimed=base / CLAIMED,
+            replies=base / REPLIES,
+            locks=base / LOCKS,
+            tmp=base / TMP,
+            quarantine=base / QUARANTINE,
+            roster=base / ROSTER_FILE,
+        )
+
+    def directories(self) -> tuple[Path, ...]:
+        """The directories of the layout, base first.
+
+        Returns:
+            base, outbox, claimed, replies, locks, tmp, quarantine.
+        """
+        return (self.base, self.outbox, self.claimed, self.replies, self.locks, self.tmp, self.quarantine)
+
+    def ensure(self) -> RelayPaths:
+        """Create every directory (0700), refusing hostile ones.
+
+        Returns:
+            self.
+
+        Raises:
+            HostileFileError: a directory is a symlink, a file, or not ours.
+            StoreError: a directory could not be created.
+        """
+        for directory in self.directories():
+            ensure_private_dir(directory)
+        return self
+
+    def id_file(self, directory: Path, envelope_id: str) -> Path:
+        """``<directory>/<id>.json`` for a validated id.
+
+        Args:
+            directory: one of the relay directories.
+            envelope_id: the envelope id.
+
+        Returns:
+            The file path.
+
+        Raises:
+            ValidationError: the id is not 32 lowercase hex chars.
+        """
+        return directory / f"{validate_envelope_id(envelope_id)}.json"
+
+
+# ── roster ──────────────────────────────────────────────────────────────────
+
+
+def write_roster(paths: RelayPaths, rows: Any, *, now: float) -> int:
+    """Normalize and atomically persist the Desktop-pushed remote roster.
+
+    Args:
+        paths: the relay layout.
+        rows: the raw, untrusted ``agents`` list.
+        now: the current time (``updated_at``).
+
+    Returns:
+        How many rows were kept.
+
+    Raises:
+        HostileFileError: a relay directory is hostile.
+        StoreError: the write failed.
+    """
+    agents = normalize_roster(rows)
+    ensure_private_dir(paths.base)
+    ensure_private_dir(paths.tmp)
+    payload = {"updated_at": int(now), "agents": [roster_row_dict(agent) for agent in agents]}
+    atomic_write_json(paths.roster, payload, tmp_dir=paths.tmp, sort_keys=True)
+    return len(agents)
+
+
+def read_roster(paths: RelayPaths, *, now: float | None = None) -> tuple[list[RemoteAgent], float | None]:
+    """The remote roster and its age. Never raises.
+
+    Args:
+        paths: the relay layout.
+        now: the current time (default ``time.time()``), for the age.
+
+    Returns:
+        ``(agents, age_seconds)``: age from the file's mtime, None when there
+        is no roster file; a hostile or unreadable roster gives ``[]`` with
+        its age (and a warning), which liveness treats as unknown.
+    """
+    try:
+        mtime = os.lstat(paths.roster).st_mtime
+    except FileNotFoundError:
+        return [], None
+    except OSError as exc:
+        logger.warning("cannot stat relay roster {}: {}", paths.roster, exc)
+        return [], None
+    age = (time.time() if now is None else now) - mtime
+    try:
+        return parse_roster_payload(read_json_file(paths.roster)), age
+    except FileNotFoundError:
+        return [], None
+    except (OSError, ValidationError) as exc:
+        logger.warning("ignoring relay roster {}: {}", paths.roster, exc)
+        return [], age
+
+
+# ── envelopes ───────────────────────────────────────────────────────────────
+
+
+def enqueue_envelope(paths: RelayPaths, envelope: dict[str, Any]) -> Path:
+    """Atomically write an envelope into ``outbox/`` (0600, via ``tmp/``).
+
+    Args:
+        paths: the relay layout.
+        envelope: an envelope (see ``make_envelope``).
+
+    Returns:
+        The outbox file.
+
+    Raises:
+        ValidationError: the envelope is invalid (nothing is written).
+        HostileFileError: a relay directory is hostile.
+        StoreError: the write failed.
+    """
+    env = parse_envelope(envelope)
+    target = paths.id_file(paths.outbox, env["id"])
+    ensure_private_dir(paths.outbox)
+    ensure_private_dir(paths.tmp)
+    atomic_write_json(target, env, tmp_dir=paths.tmp)
+    return target
+
+
+def claim_envelope(paths: RelayPaths, envelope_id: str) -> Path | None:
+    """Claim an outbox envelope by renaming it into ``claimed/``.
+
+    The rename decides: of several concurrent claimers exactly one renames
+    the file; the others find the source gone.
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope to claim.
+
+    Returns:
+        The claimed file, or None when someone else claimed it first (or it
+        was not a regular file, in which case it is quarantined).
+
+    Raises:
+        ValidationError: the id is invalid.
+        HostileFileError: the claimed directory is hostile.
+        StoreError: the claimed directory could not be created.
+        OSError: the rename failed for another reason than a missing source.
+    """
+    source = paths.id_file(paths.outbox, envelope_id)
+    claimed = paths.id_file(paths.claimed, envelope_id)
+    ensure_private_dir(paths.claimed)
+    try:
+        os.rename(source, claimed)
+    except FileNotFoundError:
+        return None
+    try:
+        mode = os.lstat(claimed).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode):
+        quarantine(paths, claimed, "claimed envelope is not a regular file")
+        return None
+    return claimed
+
+
+def read_envelope(path: Path) -> dict[str, Any]:
+    """Read and validate an envelope file (outbox or claimed).
+
+    Args:
+        path: ``<dir>/<id>.json``.
+
+    Returns:
+        The validated envelope.
+
+    Raises:
+        FileNotFoundError: the file is gone.
+        HostileFileError: the file is refused (see ``read_json_file``).
+        ValidationError: the content is not a valid envelope for this name.
+    """
+    match = _ID_FILE_RE.match(path.name)
+    if match is None:
+        raise ValidationError(f"not an envelope file name: {path.name!r}")
+    return parse_envelope(read_json_file(path), file_id=match.group(1))
+
+
+# ── replies ─────────────────────────────────────────────────────────────────
+
+
+def write_reply(paths: RelayPaths, reply: dict[str, Any]) -> bool:
+    """Persist a reply; the first reply written for an id wins.
+
+    Args:
+        paths: the relay layout.
+        reply: a reply record (see ``make_reply``).
+
+    Returns:
+        True when this reply was stored; False when one already existed.
+
+    Raises:
+        ValidationError: the reply is invalid (nothing is written).
+        HostileFileError: a relay directory is hostile.
+        StoreError: the write failed.
+    """
+    rec = parse_reply(reply)
+    target = paths.id_file(paths.replies, rec["id"])
+    ensure_private_dir(paths.replies)
+    ensure_private_dir(paths.tmp)
+    return create_exclusive_json(target, rec, tmp_dir=paths.tmp)
+
+
+def read_reply(paths: RelayPaths, envelope_id: str) -> dict[str, Any] | None:
+    """The reply for an envelope, if one was written.
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope id.
+
+    Returns:
+        The normalized reply, or None when there is none yet.
+
+    Raises:
+        ValidationError: the id is invalid, or the reply file's content is
+            not a valid reply for this id.
+        HostileFileError: the reply file is refused (the caller should
+            quarantine it).
+        OSError: the file could not be read.
+    """
+    path = paths.id_file(paths.replies, envelope_id)
+    try:
+        data = read_json_file(path)
+    except FileNotFoundError:
+        return None
+    return parse_reply(data, file_id=envelope_id)
+
+
+# ── housekeeping ────────────────────────────────────────────────────────────
+
+
+def quarantine(paths: RelayPaths, path: Path, why: str) -> Path | None:
+    """Move a refused file aside into ``quarantine/`` (a symlink moves as is).
+
+    Args:
+        paths: the relay layout.
+        path: the refused file (inside the relay directory).
+        why: the reason, logged with the move.
+
+    Returns:
+        The new path, or None when the file was already gone or could not be
+        moved (logged).
+    """
+    dest = paths.quarantine / f"{path.name}.{time.time_ns()}.{secrets.token_hex(4)}.quarantined"
+    try:
+        ensure_private_dir(paths.quarantine)
+        os.rename(path, dest)  # rename never follows a symlink
+    except FileNotFoundError:
+        return None
+    except (OSError, HostileFileError) as exc:
+        logger.warning("could not quarantine {} ({}): {}", path, why, exc)
+        return None
+    logger.warning("quarantined {} -> {}: {}", path, dest, why)
+    return dest
+
+
+def _sweep_directory(directory: Path, cutoff: float) -> int:
+    """Remove regular files with an mtime before ``cutoff`` (no symlinks).
+
+    Args:
+        directory: the directory to sweep (missing → nothing).
+        cutoff: the mtime limit.
+
+    Returns:
+        How many files were removed.
+    """
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                os.unlink(entry.path)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def sweep_stale(paths: RelayPaths, *, now: float) -> int:
+    """Remove stale artifacts (older than 6 h) from claimed/replies/outbox/tmp.
+
+    Args:
+        paths: the relay layout.
+        now: the current time.
+
+    Returns:
+        How many files were removed.
+    """
+    cutoff = now - STALE_AFTER_SECONDS
+    return sum(_sweep_directory(d, cutoff) for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
+
+
+def list_ids(directory: Path) -> list[str]:
+    """The envelope ids of the ``<32 hex>.json`` entries of a directory.
+
+    Args:
+        directory: a relay directory (missing → empty).
+
+    Returns:
+        The ids, sorted; every other name is ignored.
+    """
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(m.group(1) for m in map(_ID_FILE_RE.match, names) if m is not None)

@@ -1,0 +1,266 @@
+"""The ``bot_relay`` protocol, pure half: constants and record shapes.
+
+Nothing here touches the filesystem or the clock: every function takes what
+it needs (``now`` included) and returns a value. The roster rules are in
+:mod:`hermes_actors.store.relay_roster`; the I/O half is
+:mod:`hermes_actors.store.relay_files`, which re-exports both.
+
+Formats are byte-compatible with the seed: the same keys, the same texts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from hermes_actors.errors import ValidationError
+from hermes_actors.messages import RemoteAgent
+
+RELAY_DIR = "bot_relay"
+ROSTER_FILE = "roster.json"
+OUTBOX = "outbox"
+CLAIMED = "claimed"
+REPLIES = "replies"
+LOCKS = "locks"
+TMP = "tmp"
+QUARANTINE = "quarantine"
+
+STALE_AFTER_SECONDS = 6 * 3600
+ROSTER_FRESH_SECONDS = 600
+DEFAULT_ENVELOPE_TTL_SECONDS = 900
+REPLY_WAIT_SECONDS = 900
+MAX_ENVELOPE_MESSAGE_CHARS = 32000
+
+ENVELOPE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+HANDLE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
+
+ENVELOPE_KEYS = (
+    "id",
+    "created_at",
+    "from_profile",
+    "from_handle",
+    "target_connection",
+    "target_profile",
+    "target_handle",
+    "message",
+)
+REPLY_KEYS = ("id", "at", "reply", "error", "reason")
+
+_ENVELOPE_NAME_FIELDS = ("from_profile", "from_handle", "target_connection", "target_profile", "target_handle")
+_REPLY_TEXT_FIELDS = ("reply", "error", "reason")
+
+
+# ── envelopes and replies ───────────────────────────────────────────────────
+
+
+def validate_envelope_id(value: Any, *, file_id: str | None = None) -> str:
+    """Check an envelope id (also a reply id and a file stem).
+
+    Args:
+        value: the candidate id.
+        file_id: when given, the id must equal it (the file's stem).
+
+    Returns:
+        The id.
+
+    Raises:
+        ValidationError: not 32 lowercase hex chars, or not ``file_id``.
+    """
+    if not isinstance(value, str) or not ENVELOPE_ID_RE.match(value):
+        raise ValidationError(f"invalid envelope id: {value!r}")
+    if file_id is not None and value != file_id:
+        raise ValidationError(f"id {value!r} does not match its file name {file_id!r}")
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    """True for a finite int/float that is not a bool.
+
+    Args:
+        value: a decoded JSON value.
+
+    Returns:
+        Whether it is a usable timestamp.
+    """
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
+    """Validate a decoded envelope.
+
+    Args:
+        data: the decoded JSON document.
+        file_id: the stem of the file it came from, when it came from a file.
+
+    Returns:
+        A shallow copy of the envelope (unknown extra keys such as ``hop``
+        are kept; validating them is the reader's business).
+
+    Raises:
+        ValidationError: naming the first bad field.
+    """
+    if not isinstance(data, dict):
+        raise ValidationError(f"envelope is not a JSON object: {type(data).__name__}")
+    validate_envelope_id(data.get("id"), file_id=file_id)
+    if not _is_number(data.get("created_at")):
+        raise ValidationError(f"envelope field 'created_at' is not a number: {data.get('created_at')!r}")
+    for key in _ENVELOPE_NAME_FIELDS:
+        value = data.get(key)
+        if not isinstance(value, str) or not HANDLE_RE.match(value):
+            raise ValidationError(f"envelope field {key!r} is not a valid name: {value!r}")
+    message = data.get("message")
+    if not isinstance(message, str):
+        raise ValidationError(f"envelope field 'message' is not a string: {type(message).__name__}")
+    if len(message) > MAX_ENVELOPE_MESSAGE_CHARS:
+        raise ValidationError(
+            f"envelope field 'message' is too long ({len(message)} > {MAX_ENVELOPE_MESSAGE_CHARS} chars)"
+        )
+    return dict(data)
+
+
+def make_envelope(
+    *,
+    target: RemoteAgent,
+    message: str,
+    sender_profile: str,
+    sender_handle: str,
+    now: float,
+    envelope_id: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build an outbox envelope in the seed's format.
+
+    Args:
+        target: the resolved remote agent.
+        message: the text to deliver.
+        sender_profile: the sender's folder id.
+        sender_handle: the sender's handle.
+        now: the current time (``created_at`` is ``int(now)``).
+        envelope_id: a fixed id (default: a fresh uuid4 hex).
+        extra: additional keys (e.g. ``hop``) that seed readers ignore.
+
+    Returns:
+        The envelope dict, validated by :func:`parse_envelope`.
+
+    Raises:
+        ValidationError: a field is invalid or ``extra`` overrides a core key.
+    """
+    envelope: dict[str, Any] = {
+        "id": uuid.uuid4().hex if envelope_id is None else envelope_id,
+        "created_at": int(now),
+        "from_profile": sender_profile,
+        "from_handle": sender_handle,
+        "target_connection": target.connection_id,
+        "target_profile": target.profile,
+        "target_handle": target.handle,
+        "message": message,
+    }
+    clash = sorted(set(extra or {}) & set(envelope))
+    if clash:
+        raise ValidationError(f"extra envelope keys override core keys: {clash}")
+    envelope.update(extra or {})
+    return parse_envelope(envelope)
+
+
+def make_reply(
+    envelope_id: str, *, reply: str = "", error: str = "", reason: str = "", now: float
+) -> dict[str, Any]:
+    """Build a reply record in the seed's format.
+
+    Args:
+        envelope_id: the envelope answered.
+        reply: the reply text ("" on failure).
+        error: the human failure text ("" on success).
+        reason: the failure reason code ("" allowed; callers classify).
+        now: the current time (``at`` is ``int(now)``).
+
+    Returns:
+        ``{"id", "at", "reply", "error", "reason"}``.
+
+    Raises:
+        ValidationError: the id is invalid.
+    """
+    return {
+        "id": validate_envelope_id(envelope_id),
+        "at": int(now),
+        "reply": str(reply or ""),
+        "error": str(error or ""),
+        "reason": str(reason or ""),
+    }
+
+
+def parse_reply(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
+    """Validate a decoded reply record.
+
+    Lenient where the seed's reader is (a missing or null text is ""; a
+    missing ``at`` is 0) and strict about types and the id.
+
+    Args:
+        data: the decoded JSON document.
+        file_id: the stem of the file it came from, when it came from a file.
+
+    Returns:
+        The normalized ``{"id", "at", "reply", "error", "reason"}``.
+
+    Raises:
+        ValidationError: naming the first bad field.
+    """
+    if not isinstance(data, dict):
+        raise ValidationError(f"reply is not a JSON object: {type(data).__name__}")
+    reply_id = validate_envelope_id(data.get("id"), file_id=file_id)
+    at = data.get("at", 0)
+    if not _is_number(at):
+        raise ValidationError(f"reply field 'at' is not a number: {at!r}")
+    out: dict[str, Any] = {"id": reply_id, "at": at}
+    for key in _REPLY_TEXT_FIELDS:
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValidationError(f"reply field {key!r} is not a string: {type(value).__name__}")
+        out[key] = value or ""
+    return out
+
+
+def expired_error_text(handle: str, conn: str, ttl: float) -> str:
+    """The seed's ``queued_expired`` error text.
+
+    Args:
+        handle: the target's handle.
+        conn: the target connection id.
+        ttl: the TTL, interpolated as given (900 → "900s", 0.5 → "0.5s").
+
+    Returns:
+        The human text for the expired-envelope reply.
+    """
+    return (
+        f"queued message to @{handle} on {conn} expired after {ttl}s waiting for the "
+        "Desktop to drain it — it was NOT delivered. Resend once the Desktop reconnects."
+    )
+
+
+def is_expired(
+    envelope: Mapping[str, Any], ttl: float, now: float, *, fallback_created: float | None = None
+) -> bool:
+    """Whether an envelope waited longer than ``ttl``.
+
+    Args:
+        envelope: the (decoded) envelope.
+        ttl: the TTL in seconds; ``<= 0`` disables expiry.
+        now: the current time.
+        fallback_created: the time to use when ``created_at`` is missing or
+            zero (the seed falls back to the file's mtime).
+
+    Returns:
+        True when ``now - created_at > ttl``; also True when no creation time
+        is known at all (never deliver something of unknown age late).
+    """
+    if ttl <= 0:
+        return False
+    created = envelope.get("created_at")
+    if not _is_number(created) or not created:
+        created = fallback_created
+    if created is None:
+        return True
+    return bool(now - created > ttl)

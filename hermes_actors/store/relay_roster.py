@@ -1,0 +1,227 @@
+"""The remote roster, pure: row normalization, target resolution, liveness.
+
+Rows come from the Desktop (``bot_relay.roster.sync``) and are untrusted; the
+rules are exactly the seed's. Nothing here touches the filesystem: the caller
+passes the roster and its age (see ``relay_files.read_roster``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set as AbstractSet
+from typing import Any, Literal
+
+from hermes_actors.messages import RemoteAgent
+from hermes_actors.store.relay_protocol import HANDLE_RE, ROSTER_FRESH_SECONDS
+
+Resolved = RemoteAgent | Literal["ambiguous"] | None
+"""What ``resolve_remote_target`` returns."""
+
+
+# ── roster rows ─────────────────────────────────────────────────────────────
+
+
+def _text(value: Any) -> str:
+    """The seed's lenient text coercion: falsy → "", else ``str`` stripped.
+
+    Args:
+        value: a raw field value.
+
+    Returns:
+        The stripped string.
+    """
+    return str(value or "").strip()
+
+
+def normalize_roster_row(row: Any) -> RemoteAgent | None:
+    """Validate one untrusted roster row (seed rules, exactly).
+
+    Args:
+        row: one element of ``agents`` as pushed by the Desktop.
+
+    Returns:
+        The normalized agent, or None when the row is refused (not a dict,
+        missing profile/connection_id, or a name not matching ``HANDLE_RE``).
+    """
+    if not isinstance(row, dict):
+        return None
+    profile = _text(row.get("profile"))
+    connection_id = _text(row.get("connection_id"))
+    if not profile or not connection_id:
+        return None
+    handle = _text(row.get("handle")).lstrip("@") or ("hermes" if profile == "default" else profile)
+    if not all(HANDLE_RE.match(name) for name in (handle, profile, connection_id)):
+        return None
+    online = row.get("online")
+    return RemoteAgent(
+        profile=profile,
+        handle=handle,
+        connection_id=connection_id,
+        connection_label=_text(row.get("connection_label"))[:80],
+        title=_text(row.get("title"))[:120],
+        description=" ".join(str(row.get("description") or "").split())[:160],
+        online=online if isinstance(online, bool) else None,
+    )
+
+
+def roster_row_dict(agent: RemoteAgent) -> dict[str, Any]:
+    """The seed's on-disk row for ``agent``.
+
+    Args:
+        agent: a normalized agent.
+
+    Returns:
+        A dict with profile, handle, connection_id, connection_label, title,
+        description, and ``online`` only when the flag is known.
+    """
+    row: dict[str, Any] = {
+        "profile": agent.profile,
+        "handle": agent.handle,
+        "connection_id": agent.connection_id,
+        "connection_label": agent.connection_label,
+        "title": agent.title,
+        "description": agent.description,
+    }
+    if agent.online is not None:
+        row["online"] = agent.online
+    return row
+
+
+def normalize_roster(rows: Any) -> list[RemoteAgent]:
+    """Normalize a whole roster: drop bad rows, dedupe, sort.
+
+    Args:
+        rows: the raw ``agents`` list (anything else yields an empty roster).
+
+    Returns:
+        Agents deduplicated by ``(connection_id, profile)`` (first wins),
+        sorted by that key.
+    """
+    by_key: dict[tuple[str, str], RemoteAgent] = {}
+    for row in rows if isinstance(rows, list) else []:
+        agent = normalize_roster_row(row)
+        if agent is not None:
+            by_key.setdefault((agent.connection_id, agent.profile), agent)
+    return [by_key[key] for key in sorted(by_key)]
+
+
+def parse_roster_payload(data: Any) -> list[RemoteAgent]:
+    """The agents of a parsed ``roster.json``.
+
+    Args:
+        data: the decoded JSON document.
+
+    Returns:
+        The normalized roster; empty when the document is not
+        ``{"agents": [...]}``.
+    """
+    agents = data.get("agents") if isinstance(data, dict) else None
+    return normalize_roster(agents)
+
+
+# ── targets ─────────────────────────────────────────────────────────────────
+
+
+def resolve_remote_target(raw: str, roster: list[RemoteAgent]) -> Resolved:
+    """Resolve a ``message_agent`` target against the remote roster.
+
+    Accepted: ``name`` (a handle or profile, unique across connections) and
+    ``name@connection`` (exact connection); a leading ``@`` is ignored and all
+    comparisons are case-insensitive.
+
+    Args:
+        raw: the target as the sender typed it.
+        roster: the normalized remote roster.
+
+    Returns:
+        The matching agent, ``"ambiguous"`` when several match, None for none.
+    """
+    want = str(raw or "").strip().lstrip("@")
+    if not want:
+        return None
+    conn = ""
+    if "@" in want:
+        name, _, conn = want.partition("@")
+        want, conn = name.strip(), conn.strip()
+        if not want or not conn:
+            return None
+    want_l, conn_l = want.lower(), conn.lower()
+    matches = [
+        agent
+        for agent in roster
+        if want_l in target_aliases(agent) and (not conn_l or agent.connection_id.lower() == conn_l)
+    ]
+    if not matches:
+        return None
+    return matches[0] if len(matches) == 1 else "ambiguous"
+
+
+def target_aliases(agent: RemoteAgent) -> set[str]:
+    """The lowercase bare names ``agent`` answers to.
+
+    Args:
+        agent: a remote agent.
+
+    Returns:
+        Its lowercased handle and profile.
+    """
+    return {agent.handle.lower(), agent.profile.lower()}
+
+
+def remote_target_forms(roster: list[RemoteAgent], taken: AbstractSet[str] = frozenset()) -> list[str]:
+    """How each remote agent should be addressed, in roster order.
+
+    Args:
+        roster: the normalized remote roster.
+        taken: lowercase names a local profile already answers to.
+
+    Returns:
+        The bare handle when it resolves to exactly that agent and no local
+        profile claims it, else ``handle@connection_id``.
+    """
+    local = {name.lower() for name in taken}
+    forms: list[str] = []
+    for agent in roster:
+        bare = agent.handle
+        unique = resolve_remote_target(bare, roster) is agent
+        forms.append(bare if unique and bare.lower() not in local else f"{bare}@{agent.connection_id}")
+    return forms
+
+
+def liveness(
+    agent: RemoteAgent, roster: list[RemoteAgent], roster_age_seconds: float | None
+) -> bool | None:
+    """Tri-state liveness of ``agent`` (seed semantics).
+
+    Args:
+        agent: the resolved target.
+        roster: the current normalized roster.
+        roster_age_seconds: age of ``roster.json`` by mtime; None when missing.
+
+    Returns:
+        None (unknown, fail open) for a missing, stale or empty roster or a
+        row without a flag; False when the row says offline or a fresh roster
+        no longer lists the agent; True when the row says online.
+    """
+    if roster_age_seconds is None or roster_age_seconds > ROSTER_FRESH_SECONDS or not roster:
+        return None
+    key = (agent.connection_id, agent.profile)
+    for row in roster:
+        if (row.connection_id, row.profile) == key:
+            return row.online
+    return False
+
+
+def offline_error_text(agent: RemoteAgent) -> str:
+    """The seed's ``runtime_offline`` refusal text for ``agent``.
+
+    Args:
+        agent: the offline target.
+
+    Returns:
+        The human text; nothing was queued.
+    """
+    label = agent.connection_label or agent.connection_id
+    return (
+        f"@{agent.handle} on {label} is offline right now — the message was NOT queued. "
+        "Try again once that machine reconnects to the Desktop."
+    )

@@ -1,0 +1,253 @@
+"""Pure validation and routing of one ``message_agent`` call.
+
+``plan_send`` turns (roster snapshot, sender, target, message) into either a
+:class:`Refusal` (the seed's exact texts and reasons) or a route. No I/O, no
+clock, no actor: table-tested in ``tests/test_targets.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hermes_actors.messages import BOT_CHAT_SESSION, ProfileInfo, RemoteAgent, RosterSnapshot
+from hermes_actors.profiles import alias_forms
+from hermes_actors.reasons import classify_agent_error
+from hermes_actors.store.relay_files import (
+    liveness,
+    offline_error_text,
+    remote_target_forms,
+    resolve_remote_target,
+    target_aliases,
+)
+
+__all__ = [
+    "LOCAL_TARGET_RE",
+    "MESSAGE_MAX_CHARS",
+    "PEER_TARGET_RE",
+    "LocalRoute",
+    "PeerRoute",
+    "Refusal",
+    "RelayRoute",
+    "Route",
+    "local_taken_forms",
+    "plan_send",
+    "prefixed_content",
+    "refuse",
+    "resolve_local",
+]
+
+MESSAGE_MAX_CHARS = 16000
+# '<peer>/<agent>': peer names are lowercase (``hermes peer`` normalizes them).
+PEER_TARGET_RE = re.compile(r"^([a-z0-9][a-z0-9_-]{0,63})/([a-zA-Z0-9][a-zA-Z0-9_-]{0,63})$")
+LOCAL_TARGET_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A refused call: the tool's ``{"error", "reason", ...}`` payload."""
+
+    error: str
+    reason: str
+    teammates: tuple[str, ...] | None = None
+    peers: tuple[str, ...] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"error": self.error, "reason": self.reason}
+        if self.teammates is not None:
+            out["teammates"] = list(self.teammates)
+        if self.peers is not None:
+            out["peers"] = list(self.peers)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRoute:
+    """Deliver to a profile of this install."""
+
+    sender: ProfileInfo
+    target: ProfileInfo
+    content: str
+    author: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"@{self.target.handle}"
+
+
+@dataclass(frozen=True, slots=True)
+class RelayRoute:
+    """Deliver through the file relay to an agent on another connection."""
+
+    sender: ProfileInfo
+    target: RemoteAgent
+    content: str
+    author: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"@{self.target.handle} on {self.target.connection_label or self.target.connection_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRoute:
+    """Deliver to a registered peer gateway (``bot_peers``)."""
+
+    sender: ProfileInfo
+    peer: str
+    agent: str | None
+    content: str
+    author: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"@{self.agent or self.peer} on peer '{self.peer}'"
+
+
+Route = LocalRoute | RelayRoute | PeerRoute
+
+
+def refuse(text: str, *, teammates: tuple[str, ...] | None = None, peers: tuple[str, ...] | None = None) -> Refusal:
+    """A refusal whose reason is the classification of its text (as the seed does)."""
+    return Refusal(text, classify_agent_error(text), teammates, peers)
+
+
+def prefixed_content(sender: ProfileInfo, body: str) -> str:
+    """The text the target reads: the sender's signature, then the body."""
+    return f"Message from 🤖 {sender.display_name} (@{sender.handle}): {body}"
+
+
+def _find_sender(snapshot: RosterSnapshot, sender: str) -> ProfileInfo | None:
+    want = str(sender or "").strip().lstrip("@").lower()
+    return snapshot.index.get("default" if want == "hermes" else want)
+
+
+def resolve_local(raw: str, snapshot: RosterSnapshot) -> str | None:
+    """Map a target to a local folder id using the snapshot's precomputed maps.
+
+    'hermes' → 'default'; an exact folder id (case-insensitive); else a unique
+    friendly name or @-slug. Ambiguous friendly names resolve to None so a DM
+    never lands on the wrong bot.
+    """
+    want = raw.strip().lower()
+    if not want:
+        return None
+    if want == "hermes":
+        return "default" if "default" in snapshot.index else None
+    exact = snapshot.index.get(want)
+    if exact is not None:
+        return exact.profile
+    hits: set[str] = set()
+    for form in alias_forms(want) | {want}:
+        hits |= snapshot.aliases.get(form, frozenset())
+    return next(iter(hits)) if len(hits) == 1 else None
+
+
+def local_taken_forms(profiles: tuple[ProfileInfo, ...]) -> set[str]:
+    """Every lowercase form a local profile answers to (so relay forms avoid them)."""
+    taken: set[str] = set()
+    for p in profiles:
+        taken |= {p.profile.lower(), p.handle.lower()} | alias_forms(p.display_name) | alias_forms(p.title)
+    return taken
+
+
+def _try_relay(snapshot: RosterSnapshot, raw: str, me: ProfileInfo, content: str, author: dict[str, Any]) -> Any:
+    """A RelayRoute, a Refusal, or None when the relay roster does not know ``raw``."""
+    roster = list(snapshot.remote)
+    if not roster:
+        return None
+    match = resolve_remote_target(raw, roster)
+    if match is None:
+        return None
+    if match == "ambiguous":
+        want = raw.strip().lstrip("@").partition("@")[0].lower()
+        forms = remote_target_forms(roster, local_taken_forms(snapshot.profiles))
+        listed = ", ".join(form for row, form in zip(roster, forms, strict=True) if want in target_aliases(row))
+        return refuse(f"'{raw}' exists on several connected machines — disambiguate with one of: {listed}.")
+    assert isinstance(match, RemoteAgent)
+    if liveness(match, roster, snapshot.remote_age_seconds) is False:
+        return Refusal(offline_error_text(match), "runtime_offline")
+    return RelayRoute(me, match, content, author)
+
+
+def plan_send(
+    snapshot: RosterSnapshot,
+    *,
+    sender: str,
+    target: Any,
+    message: Any,
+    session: str = BOT_CHAT_SESSION,
+) -> Route | Refusal:
+    """Validate one call and decide where it goes.
+
+    Args:
+        snapshot: the roster as the RosterActor last published it.
+        sender: the sending profile (folder id or handle).
+        target: the raw target string from the tool call.
+        message: the raw message from the tool call.
+        session: the calling session's title (the tool is Bot Chat only).
+
+    Returns:
+        A route, or a :class:`Refusal` carrying the seed's text and reason.
+    """
+    if str(session or "").strip() != BOT_CHAT_SESSION:
+        return refuse(
+            "message_agent is only available in a Bot Mode 'Bot Chat' session. This session is not one; do not retry."
+        )
+    if not snapshot.managed:
+        return refuse(
+            "This install is not Bot-Mode-managed (no bot roster); message_agent is unavailable. Do not retry."
+        )
+    me = _find_sender(snapshot, sender)
+    peers = tuple(snapshot.peers)
+
+    def roster_refusal(text: str) -> Refusal:
+        teammates = tuple(p.handle for p in snapshot.profiles if me is None or p.profile != me.profile)
+        return refuse(text, teammates=teammates, peers=peers)
+
+    if me is None:
+        return roster_refusal(f"Unknown sender {str(sender or '')!r}: no profile with that name on this install.")
+    body = str(message or "").strip()
+    if not body:
+        return refuse("message is required — compose what you want to say to that agent.")
+    if len(body) > MESSAGE_MAX_CHARS:
+        return refuse(
+            f"message too long ({len(body)} chars > {MESSAGE_MAX_CHARS}). "
+            "Send the essentials; share large content as a file path instead."
+        )
+    raw = str(target or "").strip().lstrip("@")
+    if not raw:
+        return roster_refusal("target is required.")
+    content = prefixed_content(me, body)
+    author = {"id": f"bot:{me.profile}", "name": me.handle, "is_bot": True}
+
+    peer_match = PEER_TARGET_RE.match(raw)
+    if peer_match or raw.lower() in peers:
+        peer_name, peer_agent = peer_match.groups() if peer_match else (raw.lower(), None)
+        if peer_name not in peers:
+            return roster_refusal(f"No registered peer named '{peer_name}'.")
+        return PeerRoute(me, peer_name, peer_agent, content, author)
+
+    if "@" in raw:
+        relayed = _try_relay(snapshot, raw, me, content, author)
+        if relayed is not None:
+            return relayed
+
+    resolved = resolve_local(raw, snapshot)
+    if resolved is None and not LOCAL_TARGET_RE.match(raw) and "@" not in raw:
+        return roster_refusal(f"Invalid target: {raw!r}.")
+    if resolved is None or resolved == me.profile:
+        # Unknown here, or the same name on ANOTHER connection: the relay roster may know it.
+        relayed = _try_relay(snapshot, raw, me, content, author)
+        if relayed is not None:
+            return relayed
+        if resolved == me.profile:
+            return refuse("You can't message yourself. Pick a teammate from the roster.")
+        return roster_refusal(
+            f"No teammate named '{raw}' on this install, on a connected machine, or on a registered peer. "
+            "Pick a name from the roster (roles are listed in your system prompt)."
+        )
+    return LocalRoute(me, snapshot.index[resolved.lower()], content, author)
+
+

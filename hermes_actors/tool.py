@@ -1,0 +1,80 @@
+"""The ``message_agent`` tool: its OpenAI-format schema, the gate and the call."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from hermes_actors.messages import BOT_CHAT_SESSION
+from hermes_actors.targets import MESSAGE_MAX_CHARS
+
+if TYPE_CHECKING:
+    from hermes_actors.gateway import Gateway
+
+__all__ = ["MESSAGE_AGENT_TOOL_NAME", "message_agent_authorized", "message_agent_tool", "message_agent_tool_schema"]
+
+MESSAGE_AGENT_TOOL_NAME = "message_agent"
+
+
+def message_agent_tool_schema() -> dict[str, Any]:
+    """The schema injected into a managed install's Bot Chat session (never registered globally)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": MESSAGE_AGENT_TOOL_NAME,
+            "description": (
+                "Send a message to ANOTHER agent (teammate) on this install, or to an agent on a "
+                "registered peer gateway. This is FIRE-AND-FORGET and asynchronous, like texting: it "
+                "validates the target against the live roster, delivers your message into that agent's "
+                "own Bot Chat with your attribution automatically prefixed, and returns immediately with a "
+                "dispatch acknowledgement — status queued plus a delivery_id (a hand-off, not a delivery "
+                "receipt). It does NOT return their reply and you must not wait or poll for one — send it, "
+                "finish your turn, and the outcome notification wakes you with their reply or the delivery "
+                "failure. COMPOSE the message yourself: lead with the point; include the concrete ask or "
+                "result. Never paste the user's words verbatim. Message one clearly relevant teammate when "
+                "it genuinely helps the user's goal. Targets: a teammate name (e.g. 'researcher'), "
+                "'<peer>/<agent>' for an agent on a registered peer gateway (or just '<peer>' for the "
+                "peer's main agent), or an agent on another connected machine from your roster (use "
+                "'<handle>@<connection>' if the same handle exists on several)."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "target": {
+                        "type": "string",
+                        "description": (
+                            "Who to message: a teammate profile name from your roster ('researcher', "
+                            "'hermes' for the default agent), or '<peer>' / '<peer>/<agent>' for a "
+                            "registered peer gateway."
+                        ),
+                    },
+                    "message": {
+                        "type": "string",
+                        "description": (
+                            f"The message YOU composed for that agent (max {MESSAGE_MAX_CHARS} chars). Do not "
+                            "include the 'Message from …' prefix — it is added automatically."
+                        ),
+                    },
+                },
+                "required": ["target", "message"],
+            },
+        },
+    }
+
+
+def message_agent_authorized(session_title: str, install_managed: bool) -> bool:
+    """The gate: a managed install's canonical "Bot Chat" session. Pure, never raises."""
+    return str(session_title or "").strip() == BOT_CHAT_SESSION and bool(install_managed)
+
+
+def message_agent_tool(
+    gateway: Gateway, *, sender: str, target: str = "", message: str = "", session: str = BOT_CHAT_SESSION
+) -> str:
+    """Dispatch one tool call; returns the JSON text the model reads (ack or error)."""
+    try:
+        result = gateway.message_agent(sender=sender, target=target, message=message, session=session)
+    except RuntimeError as exc:
+        text = f"{exc}; message_agent is unavailable right now. Try again later."
+        result = {"error": text, "reason": "runtime_offline"}
+    return orjson.dumps(result).decode()

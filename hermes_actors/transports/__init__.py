@@ -1,0 +1,1 @@
+"""Ways to reach agents beyond this gateway's own profiles."""

@@ -1,0 +1,296 @@
+"""Tests for config loading, merging and coercion."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loguru import logger
+
+from hermes_actors import config as c
+
+
+@pytest.fixture
+def warnings() -> Iterator[list[str]]:
+    """Collect loguru WARNING+ messages emitted during the test."""
+    records: list[str] = []
+    sink_id = logger.add(lambda message: records.append(str(message)), level="WARNING", format="{message}")
+    yield records
+    logger.remove(sink_id)
+
+
+# ── deep_merge ──────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("base", "over", "expected"),
+    [
+        ({}, {}, {}),
+        ({"a": 1}, {}, {"a": 1}),
+        ({}, {"a": 1}, {"a": 1}),
+        ({"a": 1}, {"a": 2}, {"a": 2}),
+        ({"a": {"x": 1, "y": 2}}, {"a": {"y": 3, "z": 4}}, {"a": {"x": 1, "y": 3, "z": 4}}),
+        ({"a": {"b": {"c": 1, "d": 2}}}, {"a": {"b": {"d": 5}}}, {"a": {"b": {"c": 1, "d": 5}}}),
+        ({"a": {"x": 1}}, {"a": 7}, {"a": 7}),
+        ({"a": 7}, {"a": {"x": 1}}, {"a": {"x": 1}}),
+        ({"a": [1, 2]}, {"a": [3]}, {"a": [3]}),
+        ({"a": {"x": 1}}, {"a": None}, {"a": None}),
+    ],
+)
+def test_deep_merge(base: dict[str, Any], over: dict[str, Any], expected: dict[str, Any]) -> None:
+    base_before, over_before = copy.deepcopy(base), copy.deepcopy(over)
+    assert c.deep_merge(base, over) == expected
+    assert base == base_before
+    assert over == over_before
+
+
+def test_deep_merge_result_shares_no_nested_state() -> None:
+    base = {"a": {"x": [1]}}
+    over = {"b": {"y": [2]}}
+    merged = c.deep_merge(base, over)
+    merged["a"]["x"].append(9)
+    merged["b"]["y"].append(9)
+    assert base == {"a": {"x": [1]}}
+    assert over == {"b": {"y": [2]}}
+
+
+# ── load_yaml_file ──────────────────────────────────────────────────────────
+
+
+def test_missing_file_is_empty_without_warning(tmp_path: Path, warnings: list[str]) -> None:
+    assert c.load_yaml_file(tmp_path / "nope.yaml") == {}
+    assert warnings == []
+
+
+@pytest.mark.parametrize(("content", "expected"), [("", {}), ("# only a comment\n", {}), ("a: 1\n", {"a": 1})])
+def test_valid_or_empty_file(tmp_path: Path, warnings: list[str], content: str, expected: dict[str, Any]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(content)
+    assert c.load_yaml_file(path) == expected
+    assert warnings == []
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("a: [1, 2\n", "malformed"),
+        ("a: b: c\n", "malformed"),
+        ("- 1\n- 2\n", "list"),
+        ("just a string\n", "str"),
+        ("42\n", "int"),
+    ],
+)
+def test_bad_yaml_warns_and_is_empty(tmp_path: Path, warnings: list[str], content: str, needle: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(content)
+    assert c.load_yaml_file(path) == {}
+    assert len(warnings) == 1
+    assert str(path) in warnings[0]
+    assert needle in warnings[0]
+
+
+def test_invalid_utf8_warns(tmp_path: Path, warnings: list[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"a: \xff\xfe\n")
+    assert c.load_yaml_file(path) == {}
+    assert len(warnings) == 1 and str(path) in warnings[0]
+
+
+def test_huge_file_refused(tmp_path: Path, warnings: list[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("a: 1\n" + "#" * c.MAX_CONFIG_BYTES)
+    assert c.load_yaml_file(path) == {}
+    assert len(warnings) == 1
+    assert str(path) in warnings[0] and "too big" in warnings[0]
+
+
+def test_file_at_limit_accepted(tmp_path: Path, warnings: list[str]) -> None:
+    path = tmp_path / "config.yaml"
+    head = "a: 1\n"
+    path.write_text(head + "#" * (c.MAX_CONFIG_BYTES - len(head)))
+    assert c.load_yaml_file(path) == {"a": 1}
+    assert warnings == []
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_symlink_refused(tmp_path: Path, warnings: list[str], dangling: bool) -> None:
+    real = tmp_path / "real.yaml"
+    if not dangling:
+        real.write_text("a: 1\n")
+    link = tmp_path / "config.yaml"
+    link.symlink_to(real)
+    assert c.load_yaml_file(link) == {}
+    assert len(warnings) == 1
+    assert str(link) in warnings[0] and "symlink" in warnings[0]
+
+
+def test_directory_is_refused(tmp_path: Path, warnings: list[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.mkdir()
+    assert c.load_yaml_file(path) == {}
+    assert len(warnings) == 1 and str(path) in warnings[0]
+
+
+# ── BotModeConfig ───────────────────────────────────────────────────────────
+
+
+def test_defaults() -> None:
+    cfg = c.BotModeConfig.from_dict({})
+    assert cfg.turn_wait_seconds == 120
+    assert cfg.envelope_ttl_seconds == 900
+    assert cfg.reply_wait_seconds == 900
+    assert cfg.max_hops == 8
+    assert cfg.max_pair_rate == 30
+    assert cfg.max_queued == 256
+    assert cfg.turn_timeout_seconds == 600
+    assert cfg.idle_stop_seconds == 60
+    assert cfg.rescan_seconds == 2.0
+    assert cfg.peers == ()
+    assert cfg.expiry_enabled is True
+
+
+def test_defaults_dict_shape() -> None:
+    assert c.DEFAULTS["bot_mode"] == {
+        "turn_wait_seconds": 120, "envelope_ttl_seconds": 900, "reply_wait_seconds": 900, "max_hops": 8,
+        "max_pair_rate": 30, "max_queued": 256, "turn_timeout_seconds": 600, "idle_stop_seconds": 60,
+        "rescan_seconds": 2.0,
+    }
+    assert c.DEFAULTS["bot_peers"] == {}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("turn_wait_seconds", 0.3, 0.3),
+        ("turn_wait_seconds", "0.5", 0.5),
+        ("turn_wait_seconds", 0, 0.0),
+        ("turn_wait_seconds", 5, 5.0),
+        ("envelope_ttl_seconds", 0, 0.0),
+        ("envelope_ttl_seconds", -1, -1.0),
+        ("envelope_ttl_seconds", 1.5, 1.5),
+        ("reply_wait_seconds", 2.25, 2.25),
+        ("max_hops", 3, 3),
+        ("max_hops", 3.0, 3),
+        ("max_hops", "4", 4),
+        ("max_pair_rate", 1, 1),
+        ("max_queued", 10, 10),
+        ("turn_timeout_seconds", 0.1, 0.1),
+        ("idle_stop_seconds", 0, 0.0),
+        ("rescan_seconds", 0.05, 0.05),
+    ],
+)
+def test_good_values_coerced(key: str, value: Any, expected: float, warnings: list[str]) -> None:
+    cfg = c.BotModeConfig.from_dict({"bot_mode": {key: value}})
+    got = getattr(cfg, key)
+    assert got == pytest.approx(expected)
+    assert type(got) is type(expected)
+    assert warnings == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("turn_wait_seconds", "abc"),
+        ("turn_wait_seconds", -1),
+        ("turn_wait_seconds", None),
+        ("turn_wait_seconds", True),
+        ("turn_wait_seconds", [1]),
+        ("turn_wait_seconds", float("nan")),
+        ("envelope_ttl_seconds", "soon"),
+        ("envelope_ttl_seconds", float("inf")),
+        ("reply_wait_seconds", -0.5),
+        ("max_hops", 0),
+        ("max_hops", 2.5),
+        ("max_hops", "many"),
+        ("max_pair_rate", -3),
+        ("max_queued", 0),
+        ("turn_timeout_seconds", 0),
+        ("idle_stop_seconds", -1),
+        ("rescan_seconds", 0),
+        ("rescan_seconds", {"a": 1}),
+    ],
+)
+def test_bad_values_fall_back_with_warning(key: str, value: Any, warnings: list[str]) -> None:
+    cfg = c.BotModeConfig.from_dict({"bot_mode": {key: value}})
+    assert getattr(cfg, key) == c.DEFAULTS["bot_mode"][key]
+    assert len(warnings) == 1 and key in warnings[0]
+
+
+@pytest.mark.parametrize(("ttl", "enabled"), [(900, True), (0.5, True), (0, False), (-5, False)])
+def test_expiry_enabled(ttl: float, enabled: bool) -> None:
+    assert c.BotModeConfig.from_dict({"bot_mode": {"envelope_ttl_seconds": ttl}}).expiry_enabled is enabled
+
+
+@pytest.mark.parametrize("section", ["nope", [1, 2], 5])
+def test_non_dict_bot_mode_uses_defaults(section: Any, warnings: list[str]) -> None:
+    cfg = c.BotModeConfig.from_dict({"bot_mode": section})
+    assert cfg.max_hops == 8 and cfg.turn_wait_seconds == 120
+    assert len(warnings) == 1 and "bot_mode" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("peers", "expected", "n_warnings"),
+    [
+        (None, (), 0),
+        ({}, (), 0),
+        ([], (), 0),
+        ({"Mini": {"url": "x"}, "lab": {}}, ("mini", "lab"), 0),
+        (["mini", "LAB"], ("mini", "lab"), 0),
+        ([{"name": "Mini"}, {"name": "lab", "url": "y"}], ("mini", "lab"), 0),
+        (["mini", "Mini"], ("mini",), 0),
+        (["ok", "bad name", "-dash", "", 5, {"url": "no name"}], ("ok",), 5),
+        (["a" * 64, "a" * 65], ("a" * 64,), 1),
+        ("mini", (), 1),
+    ],
+)
+def test_peers(peers: Any, expected: tuple[str, ...], n_warnings: int, warnings: list[str]) -> None:
+    assert c.BotModeConfig.from_dict({"bot_peers": peers}).peers == expected
+    assert len(warnings) == n_warnings
+
+
+def test_raw_is_kept_and_config_is_frozen() -> None:
+    src = {"bot_mode": {"max_hops": 3}, "other": {"k": 1}}
+    cfg = c.BotModeConfig.from_dict(src)
+    assert cfg.raw == src
+    src["other"]["k"] = 2
+    assert cfg.raw["other"]["k"] == 1
+    with pytest.raises(AttributeError):
+        cfg.max_hops = 4  # type: ignore[misc]
+
+
+# ── load_config ─────────────────────────────────────────────────────────────
+
+
+def test_load_config_without_file(tmp_path: Path) -> None:
+    cfg = c.load_config(tmp_path)
+    assert cfg == c.BotModeConfig.from_dict(c.DEFAULTS)
+    assert cfg.raw["bot_mode"]["max_hops"] == 8
+
+
+def test_load_config_layers(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(
+        "bot_mode:\n  turn_wait_seconds: 5\n  max_hops: 4\nbot_peers:\n  mini: {url: 'http://x'}\nother: 1\n"
+    )
+    cfg = c.load_config(tmp_path, {"bot_mode": {"turn_wait_seconds": 0.3}})
+    assert cfg.turn_wait_seconds == 0.3  # override wins
+    assert cfg.max_hops == 4  # file wins over defaults
+    assert cfg.max_queued == 256  # default kept
+    assert cfg.peers == ("mini",)
+    assert cfg.raw["other"] == 1
+
+
+def test_load_config_malformed_file_uses_defaults(tmp_path: Path, warnings: list[str]) -> None:
+    (tmp_path / "config.yaml").write_text("bot_mode: [\n")
+    cfg = c.load_config(tmp_path, {"bot_mode": {"max_hops": 2}})
+    assert cfg.max_hops == 2
+    assert cfg.turn_wait_seconds == 120
+    assert len(warnings) == 1 and "config.yaml" in warnings[0]
+
+
+def test_load_config_does_not_mutate_defaults(tmp_path: Path) -> None:
+    before = copy.deepcopy(c.DEFAULTS)
+    c.load_config(tmp_path, {"bot_mode": {"max_hops": 1}, "bot_peers": {"x": {}}})
+    assert before == c.DEFAULTS

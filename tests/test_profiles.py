@@ -1,0 +1,247 @@
+"""Tests for profile discovery and local name resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hermes_actors import profiles as p
+from hermes_actors.messages import ProfileInfo
+
+
+def _write_profile(home: Path, meta: dict[str, Any] | None) -> Path:
+    """Create a profile home, with a profile.yaml when ``meta`` is given."""
+    home.mkdir(parents=True, exist_ok=True)
+    if meta is not None:
+        (home / "profile.yaml").write_text(yaml.safe_dump(meta))
+    return home
+
+
+def _info(profile: str, display_name: str = "", title: str = "") -> ProfileInfo:
+    return ProfileInfo(
+        profile=profile, handle=p.handle_for(profile), home=Path("/x") / profile,
+        display_name=display_name or profile, title=title,
+    )
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A Hermes root with a managed default profile and a handful of others."""
+    _write_profile(tmp_path, {"display_name": "Hermes Prime", "ui_meta": {"hermes-bots": {"title": "Lead"}}})
+    base = tmp_path / "profiles"
+    _write_profile(base / "bob", {"display_name": "  Bob  ", "description": " Reviews code "})
+    _write_profile(base / "alice", {"ui_meta": {"hermes-bots": {"title": "  Scribe  "}}, "display_name": 42})
+    _write_profile(base / "Carol_2", None)
+    _write_profile(base / "dave", {"ui_meta": {"hermes-bots": "not a dict"}, "display_name": ""})
+    _write_profile(base / "default", {"display_name": "Impostor"})
+    _write_profile(base / "bad name", {})
+    _write_profile(base / "-dash", {})
+    (base / "notes.txt").write_text("not a profile")
+    _write_profile(tmp_path / "elsewhere", {"display_name": "Linked"})
+    (base / "linked").symlink_to(tmp_path / "elsewhere")
+    return tmp_path
+
+
+# ── simple helpers ──────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(("profile", "handle"), [("default", "hermes"), ("bob", "bob"), ("Carol_2", "Carol_2")])
+def test_handle_for(profile: str, handle: str) -> None:
+    assert p.handle_for(profile) == handle
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("a", True), ("A1", True), ("a_b-c", True), ("a" * 64, True), ("a" * 65, False),
+     ("-a", False), ("_a", False), ("a b", False), ("", False), ("a.b", False)],
+)
+def test_handle_re(name: str, ok: bool) -> None:
+    assert bool(p.HANDLE_RE.match(name)) is ok
+
+
+@pytest.mark.parametrize(
+    ("meta", "managed"),
+    [
+        (None, False),
+        ({}, False),
+        ({"ui_meta": {}}, False),
+        ({"ui_meta": "x"}, False),
+        ({"ui_meta": {"hermes-bots": None}}, False),
+        ({"ui_meta": {"hermes-bots": ["title"]}}, False),
+        ({"ui_meta": {"other": {}}}, False),
+        ({"ui_meta": {"hermes-bots": {}}}, True),
+        ({"ui_meta": {"hermes-bots": {"title": "X"}}}, True),
+    ],
+)
+def test_is_managed(tmp_path: Path, meta: dict[str, Any] | None, managed: bool) -> None:
+    home = _write_profile(tmp_path / "h", meta)
+    assert p.is_managed(home) is managed
+
+
+def test_read_profile_yaml_tolerates_garbage(tmp_path: Path) -> None:
+    (tmp_path / "profile.yaml").write_text("display_name: [oops\n")
+    assert p.read_profile_yaml(tmp_path) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "slug"),
+    [("Dr. Foo", "dr-foo"), ("Scribe", "scribe"), ("  Mr   Big!! ", "mr-big"), ("@scribe", "scribe"),
+     ("a__b--c", "a-b-c"), ("---", ""), ("", ""), ("Bob 2", "bob-2")],
+)
+def test_slugify(name: str, slug: str) -> None:
+    assert p.slugify(name) == slug
+
+
+@pytest.mark.parametrize(
+    ("name", "forms"),
+    [
+        ("Scribe", {"scribe"}),
+        ("@scribe", {"scribe"}),
+        (" @Dr. Foo ", {"dr. foo", "dr-foo"}),
+        ("Dr. Foo", {"dr. foo", "dr-foo"}),
+        ("", set()),
+        ("@", set()),
+        ("!!!", {"!!!"}),
+    ],
+)
+def test_alias_forms(name: str, forms: set[str]) -> None:
+    assert p.alias_forms(name) == forms
+
+
+# ── discovery ───────────────────────────────────────────────────────────────
+
+
+def test_discover_order_and_skips(root: Path) -> None:
+    found = p.discover_profiles(root)
+    assert [info.profile for info in found] == ["default", "Carol_2", "alice", "bob", "dave"]
+    assert [info.handle for info in found] == ["hermes", "Carol_2", "alice", "bob", "dave"]
+
+
+def test_discover_records(root: Path) -> None:
+    by_id = {info.profile: info for info in p.discover_profiles(root)}
+    assert by_id["default"] == ProfileInfo(
+        profile="default", handle="hermes", home=root, display_name="Hermes Prime", title="Lead", managed=True,
+    )
+    assert by_id["bob"] == ProfileInfo(
+        profile="bob", handle="bob", home=root / "profiles" / "bob", display_name="Bob",
+        description="Reviews code", managed=False,
+    )
+    assert by_id["alice"].display_name == "42"
+    assert by_id["alice"].title == "Scribe"
+    assert by_id["alice"].managed is True
+    assert by_id["Carol_2"].display_name == "Carol_2"
+    assert by_id["Carol_2"].description == ""
+    assert by_id["dave"].display_name == "dave"
+    assert by_id["dave"].managed is False
+    assert by_id["dave"].title == ""
+
+
+@pytest.mark.parametrize("make_profiles", ["absent", "file", "empty"])
+def test_discover_root_only(tmp_path: Path, make_profiles: str) -> None:
+    if make_profiles == "file":
+        (tmp_path / "profiles").write_text("x")
+    elif make_profiles == "empty":
+        (tmp_path / "profiles").mkdir()
+    found = p.discover_profiles(tmp_path)
+    assert found == [ProfileInfo(profile="default", handle="hermes", home=tmp_path, display_name="default")]
+
+
+@pytest.mark.parametrize(("managed_ids", "expected"), [((), False), (("bob",), True), (("default", "bob"), True)])
+def test_install_is_managed(managed_ids: tuple[str, ...], expected: bool) -> None:
+    infos = [
+        ProfileInfo(profile=pid, handle=p.handle_for(pid), home=Path("/x"), display_name=pid,
+                    managed=pid in managed_ids)
+        for pid in ("default", "bob", "carol")
+    ]
+    assert p.install_is_managed(infos) is expected
+
+
+def test_install_is_managed_from_disk(root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert p.install_is_managed(p.discover_profiles(root)) is True
+    plain = tmp_path_factory.mktemp("plain")
+    _write_profile(plain / "profiles" / "bob", {"display_name": "Bob"})
+    assert p.install_is_managed(p.discover_profiles(plain)) is False
+
+
+# ── aliases and resolution ──────────────────────────────────────────────────
+
+ROSTER = [
+    _info("default", "Hermes Prime", "Lead"),
+    _info("bob", "Bob"),
+    _info("alice", "Alice", "Scribe"),
+    _info("drfoo", "Dr. Foo"),
+    _info("Carol_2"),
+    _info("twin1", "Twin"),
+    _info("twin2", "Twin"),
+    _info("x1", "Echo", "Shared Title"),
+    _info("x2", "Other", "Shared Title"),
+]
+
+
+def test_local_alias_map() -> None:
+    aliases = p.local_alias_map(ROSTER)
+    assert aliases["scribe"] == {"alice"}
+    assert aliases["dr-foo"] == {"drfoo"}
+    assert aliases["dr. foo"] == {"drfoo"}
+    assert aliases["twin"] == {"twin1", "twin2"}
+    assert aliases["shared-title"] == {"x1", "x2"}
+    assert aliases["hermes-prime"] == {"default"}
+    assert "carol_2" not in aliases  # a folder-id fallback is not an alias
+    assert "drfoo" not in aliases
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("hermes", "default"),
+        ("  HERMES ", "default"),
+        ("default", "default"),
+        ("bob", "bob"),
+        ("BOB", "bob"),
+        ("carol_2", "Carol_2"),
+        ("CAROL_2", "Carol_2"),
+        ("Alice", "alice"),
+        ("Scribe", "alice"),
+        ("@scribe", "alice"),
+        ("@Scribe", "alice"),
+        ("Dr. Foo", "drfoo"),
+        ("dr-foo", "drfoo"),
+        ("@dr-foo", "drfoo"),
+        ("Hermes Prime", "default"),
+        ("@hermes-prime", "default"),
+        ("lead", "default"),
+        ("Echo", "x1"),
+        ("Twin", None),
+        ("@twin", None),
+        ("Shared Title", None),
+        ("shared-title", None),
+        ("nobody", None),
+        ("@nobody", None),
+        ("", None),
+        ("   ", None),
+        ("@", None),
+    ],
+)
+def test_resolve_local_name(target: str, expected: str | None) -> None:
+    assert p.resolve_local_name(target, ROSTER) == expected
+
+
+def test_resolve_hermes_without_default() -> None:
+    assert p.resolve_local_name("hermes", [_info("bob")]) is None
+
+
+def test_exact_folder_beats_friendly_name() -> None:
+    roster = [_info("default"), _info("bob", "Robert"), _info("robert", "Bob")]
+    assert p.resolve_local_name("bob", roster) == "bob"
+    assert p.resolve_local_name("robert", roster) == "robert"
+
+
+def test_resolve_from_disk(root: Path) -> None:
+    found = p.discover_profiles(root)
+    assert p.resolve_local_name("@scribe", found) == "alice"
+    assert p.resolve_local_name("hermes", found) == "default"
+    assert p.resolve_local_name("linked", found) is None
+    assert p.resolve_local_name("Impostor", found) is None

@@ -1,0 +1,418 @@
+"""Runners: as_runner, CallableRunner, resolve_cli and CommandRunner against a fake ``hermes``."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes_actors import runners
+from hermes_actors.errors import TurnFailed
+from hermes_actors.messages import Turn
+from hermes_actors.runners import CallableRunner, CommandRunner, TurnRunner, as_runner, resolve_cli
+
+ID = "0123456789abcdef0123456789abcdef"
+ID2 = "fedcba9876543210fedcba9876543210"
+BUSY_TEXT = (
+    "Delivery failed: @bob's Bot Chat is open on another surface right now, "
+    "so your message was NOT delivered. Try again later."
+)
+
+# The fake CLI: records what it was given into $FAKE_HERMES_RECORD, then
+# behaves as $FAKE_HERMES_MODE says.
+FAKE_HERMES = """
+import json, os, stat, subprocess, sys, time
+
+argv = sys.argv[1:]
+record = {"argv": argv, "pid": os.getpid()}
+st, dn = os.fstat(0), os.stat("/dev/null")
+record["stdin_devnull"] = stat.S_ISCHR(st.st_mode) and st.st_rdev == dn.st_rdev
+record["env"] = {k: os.environ.get(k) for k in (
+    "HERMES_RESUME_UNANSWERED_TURN", "HERMES_COMPRESS_BEFORE_TURN", "HERMES_TURN_AUTHOR",
+    "HERMES_HOME", "FAKE_EXTRA")}
+qf = argv[argv.index("--query-file") + 1] if "--query-file" in argv else None
+if qf:
+    record["query_file"] = qf
+    with open(qf, encoding="utf-8") as f:
+        record["query"] = f.read()
+    record["file_mode"] = stat.S_IMODE(os.stat(qf).st_mode)
+    record["dir_mode"] = stat.S_IMODE(os.stat(os.path.dirname(qf)).st_mode)
+mode = os.environ.get("FAKE_HERMES_MODE", "reply")
+if mode == "hang_child":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    record["child_pid"] = child.pid
+path = os.environ["FAKE_HERMES_RECORD"]
+with open(path + ".tmp", "w") as f:
+    json.dump(record, f)
+os.replace(path + ".tmp", path)
+
+if mode == "reply":
+    sys.stdout.write("Hi from bob 🤖\\n\\n")
+elif mode == "reply_ws":
+    sys.stdout.write("  indented reply  \\n")
+elif mode == "not_owned":
+    sys.stderr.write("some log line\\nhermes-refusal-reason: SESSION_NOT_OWNED\\nsession refused\\n")
+    sys.exit(1)
+elif mode == "prose_owner":
+    sys.stderr.write("error: session 'Bot Chat' already has a live owner (desktop)\\n")
+    sys.exit(1)
+elif mode == "other_marker":
+    sys.stderr.write("hermes-refusal-reason: SESSION_ARCHIVED\\nalready has a live owner\\n")
+    sys.exit(1)
+elif mode == "rate_limit":
+    sys.stderr.write("Traceback noise\\n\\nprovider error: 429 rate limit exceeded\\n\\n")
+    sys.exit(1)
+elif mode == "stdout_only":
+    sys.stdout.write("only stdout explains: model not found\\n")
+    sys.exit(3)
+elif mode == "silent_fail":
+    sys.exit(2)
+elif mode == "long":
+    sys.stderr.write("\\n".join("line %04d " % i + "x" * 90 for i in range(100)) + "\\n")
+    sys.exit(1)
+elif mode in ("hang", "hang_child"):
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def fake_cli(tmp_path: Path) -> Path:
+    path = tmp_path / "bin" / "hermes"
+    path.parent.mkdir()
+    path.write_text(f"#!{sys.executable}\n{FAKE_HERMES}", encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+def dm_base(tmp_path: Path) -> Path:
+    base = tmp_path / "tmp"
+    base.mkdir(exist_ok=True)
+    return base
+
+
+@pytest.fixture
+def stdin_is_a_pipe() -> Iterator[None]:
+    """Put a pipe on our fd 0 so a child that inherited stdin would notice (pytest gives /dev/null)."""
+    read_end, write_end = os.pipe()
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+
+
+def make_runner(fake_cli: Path, tmp_path: Path, mode: str, **kwargs: Any) -> CommandRunner:
+    env = {"FAKE_HERMES_MODE": mode, "FAKE_HERMES_RECORD": str(tmp_path / "record.json")}
+    return CommandRunner(str(fake_cli), dm_base=dm_base(tmp_path), env=env, **kwargs)
+
+
+def record(tmp_path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((tmp_path / "record.json").read_text())
+    return data
+
+
+def turn(**kwargs: Any) -> Turn:
+    fields: dict[str, Any] = {"profile": "bob", "content": "Message from 🤖 Alice (@alice): hi", "delivery_id": ID}
+    fields.update(kwargs)
+    return Turn(**fields)
+
+
+def dm_files(tmp_path: Path) -> list[Path]:
+    directory = tmp_path / "tmp" / f"hermes-dm-{os.getuid()}"
+    return sorted(directory.iterdir()) if directory.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return text.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# ── as_runner / CallableRunner ──────────────────────────────────────────────
+
+
+def test_as_runner_wraps_a_callable() -> None:
+    runner = as_runner(lambda t: f"echo {t.profile}")
+    assert isinstance(runner, CallableRunner)
+    assert isinstance(runner, TurnRunner)
+    assert runner.run_turn(turn()) == "echo bob"
+
+
+def test_as_runner_passes_objects_with_run_turn_through() -> None:
+    class Mine:
+        def run_turn(self, t: Turn) -> str:
+            return "mine"
+
+        def __call__(self, t: Turn) -> str:
+            return "called"
+
+    obj = Mine()
+    assert as_runner(obj) is obj
+    assert as_runner(obj).run_turn(turn()) == "mine"
+
+
+@pytest.mark.parametrize("bad", [None, 42, "hermes", object()])
+def test_as_runner_refuses_anything_else(bad: object) -> None:
+    with pytest.raises(TypeError, match=r"runner must be .* got "):
+        as_runner(bad)
+
+
+def test_callable_runner_propagates_turn_failed_and_checks_the_type() -> None:
+    def fail(t: Turn) -> str:
+        raise TurnFailed("nope", reason="agent_blocked")
+
+    with pytest.raises(TurnFailed) as info:
+        CallableRunner(fail).run_turn(turn())
+    assert info.value.reason == "agent_blocked"
+    with pytest.raises(TypeError, match="expected str"):
+        CallableRunner(lambda t: None).run_turn(turn())  # type: ignore[arg-type,return-value]
+
+
+# ── resolve_cli ─────────────────────────────────────────────────────────────
+
+
+def test_resolve_cli_prefers_the_sibling_of_the_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    sibling = venv_bin / "hermes"
+    sibling.write_text("#!/bin/sh\n")
+    path_bin = tmp_path / "path-bin"
+    path_bin.mkdir()
+    on_path = path_bin / "hermes"
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", str(path_bin))
+    assert resolve_cli() == str(sibling)
+    assert CommandRunner().cli == str(sibling)
+
+
+def test_resolve_cli_falls_back_to_path_then_bare_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "hermes").mkdir()  # a directory named hermes is not the CLI
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    path_bin = tmp_path / "path-bin"
+    path_bin.mkdir()
+    on_path = path_bin / "hermes"
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    monkeypatch.setenv("PATH", str(path_bin))
+    assert resolve_cli() == str(on_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert resolve_cli() == "hermes"
+    assert resolve_cli("hermes-other") == "hermes-other"
+
+
+# ── CommandRunner ───────────────────────────────────────────────────────────
+
+
+def test_successful_turn_runs_the_bot_chat_command(
+    fake_cli: Path, tmp_path: Path, stdin_is_a_pipe: None
+) -> None:
+    runner = make_runner(fake_cli, tmp_path, "reply")
+    reply = runner.run_turn(turn())
+    assert reply == "Hi from bob 🤖"
+    rec = record(tmp_path)
+    query_file = rec["query_file"]
+    assert rec["argv"] == [
+        "-p", "bob", "chat", "--in", "~", "-c", "Bot Chat", "--create-if-missing", "-Q",
+        "--query-file", query_file,
+    ]
+    assert Path(query_file).name == f"dm-{ID}.txt"
+    assert rec["query"] == "Message from 🤖 Alice (@alice): hi"
+    assert rec["stdin_devnull"] is True
+    assert rec["file_mode"] == 0o600
+    assert rec["dir_mode"] == 0o700
+    assert rec["env"]["HERMES_RESUME_UNANSWERED_TURN"] is None
+    assert rec["env"]["HERMES_COMPRESS_BEFORE_TURN"] is None
+    assert rec["env"]["HERMES_TURN_AUTHOR"] is None
+    assert not Path(query_file).exists()  # removed after success
+    assert runner.kept() == []
+
+
+def test_only_trailing_newlines_are_stripped(fake_cli: Path, tmp_path: Path) -> None:
+    assert make_runner(fake_cli, tmp_path, "reply_ws").run_turn(turn()) == "  indented reply  "
+
+
+def test_turn_env_carries_author_home_and_constructor_env(
+    fake_cli: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HERMES_RESUME_UNANSWERED_TURN", "1")  # inherited: must not leak into attempt 1
+    monkeypatch.setenv("HERMES_TURN_AUTHOR", '{"stale":true}')
+    runner = make_runner(fake_cli, tmp_path, "reply")
+    runner.env["FAKE_EXTRA"] = "yes"
+    author = {"kind": "bot", "id": "alice", "name": "Alice Ä"}
+    home = tmp_path / "profiles" / "bob"
+    runner.run_turn(turn(author=author, home=home))
+    env = record(tmp_path)["env"]
+    assert env["HERMES_TURN_AUTHOR"] == json.dumps(author, separators=(",", ":"))
+    assert json.loads(env["HERMES_TURN_AUTHOR"]) == author
+    assert ", " not in env["HERMES_TURN_AUTHOR"] and '": ' not in env["HERMES_TURN_AUTHOR"]
+    assert env["HERMES_HOME"] == str(home)
+    assert env["FAKE_EXTRA"] == "yes"
+    assert env["HERMES_RESUME_UNANSWERED_TURN"] is None
+
+
+@pytest.mark.parametrize(
+    ("action", "compress"), [("resume", None), ("compress_then_resume", "1"), ("", None)]
+)
+def test_attempt_two_resumes_the_same_session(
+    fake_cli: Path, tmp_path: Path, action: str, compress: str | None
+) -> None:
+    make_runner(fake_cli, tmp_path, "reply").run_turn(turn(attempt=2, retry_action=action))
+    rec = record(tmp_path)
+    assert rec["env"]["HERMES_RESUME_UNANSWERED_TURN"] == "1"
+    assert rec["env"]["HERMES_COMPRESS_BEFORE_TURN"] == compress
+    assert "Bot Chat" in rec["argv"]
+
+
+@pytest.mark.parametrize("mode", ["not_owned", "prose_owner"])
+def test_live_owner_refusal_is_target_busy(fake_cli: Path, tmp_path: Path, mode: str) -> None:
+    runner = make_runner(fake_cli, tmp_path, mode)
+    with pytest.raises(TurnFailed) as info:
+        runner.run_turn(turn(handle="bob"))
+    assert info.value.reason == "target_busy"
+    assert info.value.text == BUSY_TEXT
+    assert dm_files(tmp_path) == []  # final outcome: file removed
+    assert runner.kept() == []
+
+
+def test_target_busy_names_the_profile_when_no_handle(fake_cli: Path, tmp_path: Path) -> None:
+    with pytest.raises(TurnFailed, match=r"@carol's Bot Chat is open"):
+        make_runner(fake_cli, tmp_path, "not_owned").run_turn(turn(profile="carol"))
+
+
+def test_a_different_marker_code_wins_over_prose(fake_cli: Path, tmp_path: Path) -> None:
+    with pytest.raises(TurnFailed) as info:
+        make_runner(fake_cli, tmp_path, "other_marker").run_turn(turn())
+    assert info.value.reason == ""
+    assert info.value.text.startswith("hermes exited with status 1: ")
+    assert "SESSION_ARCHIVED" in info.value.text
+
+
+def test_other_failure_carries_the_last_lines_unclassified(fake_cli: Path, tmp_path: Path) -> None:
+    runner = make_runner(fake_cli, tmp_path, "rate_limit")
+    with pytest.raises(TurnFailed) as info:
+        runner.run_turn(turn())
+    assert info.value.reason == ""
+    assert info.value.text == "hermes exited with status 1: Traceback noise\nprovider error: 429 rate limit exceeded"
+    # attempt 1 failed retryably: the file is kept so attempt 2 replays it
+    kept = dm_files(tmp_path)
+    assert [p.name for p in kept] == [f"dm-{ID}.txt"]
+    assert runner.kept() == [ID]
+    first_path = record(tmp_path)["query_file"]
+    with pytest.raises(TurnFailed):
+        runner.run_turn(turn(attempt=2, retry_action="resume"))
+    rec = record(tmp_path)
+    assert rec["query_file"] == first_path
+    assert rec["query"] == "Message from 🤖 Alice (@alice): hi"
+    assert dm_files(tmp_path) == []  # attempt 2 is final
+    assert runner.kept() == []
+
+
+def test_release_removes_a_kept_file(fake_cli: Path, tmp_path: Path) -> None:
+    runner = make_runner(fake_cli, tmp_path, "rate_limit")
+    with pytest.raises(TurnFailed):
+        runner.run_turn(turn())
+    with pytest.raises(TurnFailed):
+        runner.run_turn(turn(delivery_id=ID2))
+    assert len(dm_files(tmp_path)) == 2
+    runner.release(ID)
+    assert [p.name for p in dm_files(tmp_path)] == [f"dm-{ID2}.txt"]
+    runner.release(ID)  # unknown / already released: no-op
+    runner.close()
+    assert dm_files(tmp_path) == []
+
+
+def test_failure_falls_back_to_stdout_then_to_a_bare_status(fake_cli: Path, tmp_path: Path) -> None:
+    with pytest.raises(TurnFailed) as info:
+        make_runner(fake_cli, tmp_path, "stdout_only").run_turn(turn())
+    assert info.value.text == "hermes exited with status 3: only stdout explains: model not found"
+    with pytest.raises(TurnFailed) as info:
+        make_runner(fake_cli, tmp_path, "silent_fail").run_turn(turn(delivery_id=ID2))
+    assert info.value.text == "hermes exited with status 2 (no output)"
+
+
+def test_failure_text_is_bounded_to_the_last_2000_chars(fake_cli: Path, tmp_path: Path) -> None:
+    with pytest.raises(TurnFailed) as info:
+        make_runner(fake_cli, tmp_path, "long").run_turn(turn())
+    prefix = "hermes exited with status 1: "
+    detail = info.value.text.removeprefix(prefix)
+    assert info.value.text.startswith(prefix)
+    assert 1900 <= len(detail) <= 2000
+    assert detail.endswith("line 0099 " + "x" * 90)
+    assert "line 0000" not in detail
+
+
+def test_hang_times_out_as_delivery_timeout(fake_cli: Path, tmp_path: Path) -> None:
+    runner = make_runner(fake_cli, tmp_path, "hang", timeout=0.5)
+    with pytest.raises(TurnFailed) as info:
+        runner.run_turn(turn())
+    assert info.value.reason == "delivery_timeout"
+    assert "timed out after 0.5s" in info.value.text
+    assert runner.kept() == [ID]  # retryable on attempt 1
+
+
+def test_timeout_kills_the_whole_process_group(fake_cli: Path, tmp_path: Path) -> None:
+    # Generous timeout: the fake must get to record its child's pid first.
+    runner = make_runner(fake_cli, tmp_path, "hang_child", timeout=3)
+    with pytest.raises(TurnFailed) as info:
+        runner.run_turn(turn(attempt=2, retry_action="resume"))
+    assert info.value.reason == "delivery_timeout"
+    rec = record(tmp_path)
+    assert not _alive(rec["pid"])
+    assert not _alive(rec["child_pid"])
+    assert dm_files(tmp_path) == []  # attempt 2: final
+
+
+def test_missing_executable_is_runtime_offline(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "hermes"
+    runner = CommandRunner(str(missing), dm_base=dm_base(tmp_path))
+    with pytest.raises(TurnFailed) as info:
+        runner.run_turn(turn())
+    assert info.value.reason == "runtime_offline"
+    assert info.value.text == f"hermes CLI not found at {missing} — install Hermes or pass cli=..."
+
+
+def test_non_executable_cli_is_runtime_offline(tmp_path: Path) -> None:
+    cli = tmp_path / "hermes"
+    cli.write_text("not a program")
+    cli.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    if os.access(cli, os.X_OK):
+        pytest.skip("cannot make a non-executable file here")
+    with pytest.raises(TurnFailed) as info:
+        CommandRunner(str(cli), dm_base=dm_base(tmp_path)).run_turn(turn())
+    assert info.value.reason == "runtime_offline"
+
+
+def test_bad_delivery_id_fails_before_running(fake_cli: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        make_runner(fake_cli, tmp_path, "reply").run_turn(turn(delivery_id="not-hex"))
+    assert not (tmp_path / "record.json").exists()
+
+
+def test_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        CommandRunner("hermes", timeout=0)
+
+
+def test_refusal_detection_rules() -> None:
+    refused = runners._refused_not_owned
+    assert refused("x\nhermes-refusal-reason: SESSION_NOT_OWNED\n")
+    assert refused("hermes-refusal-reason:  SESSION_NOT_OWNED  ")
+    assert refused("Session already has a live owner")
+    assert not refused("hermes-refusal-reason: OTHER\nalready has a live owner")
+    assert not refused("  hermes-refusal-reason: SESSION_NOT_OWNED")  # must start the line
+    assert not refused("rate limited")
