@@ -1,0 +1,164 @@
+"""The ``hermes-actors`` command: demo, roster, send, serve, relay, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+from loguru import logger
+
+__all__ = ["main"]
+
+
+def _enable_logging(verbose: int) -> None:
+    logger.remove()
+    logger.add(sys.stderr, level="DEBUG" if verbose > 1 else "INFO" if verbose else "WARNING")
+    logger.enable("hermes_actors")
+    logger.enable("actors")
+
+
+def _runner_for(kind: str, cli: str | None) -> Any:
+    if kind == "demo":
+        from hermes_actors.demo import DemoRunner
+
+        return DemoRunner()
+    from hermes_actors.runners import CommandRunner
+
+    return CommandRunner(cli=cli)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from hermes_actors.demo_script import run_demo
+
+    return run_demo(keep=args.keep, out=sys.stdout)
+
+
+def _cmd_roster(args: argparse.Namespace) -> int:
+    from hermes_actors.gateway import Gateway
+
+    with Gateway(args.root, runner=lambda turn: "") as gw:
+        rows = gw.roster()
+    if args.json:
+        print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    print(f"{'handle':<20} {'profile':<20} {'title':<20} {'connection':<16} online")
+    for row in rows:
+        online = {True: "yes", False: "no", None: "unknown"}[row["online"]]
+        conn = row["connection_id"] or "local"
+        print(f"@{row['handle']:<19} {row['profile']:<20} {row['title'][:20]:<20} {conn:<16} {online}")
+    return 0
+
+
+def _cmd_send(args: argparse.Namespace) -> int:
+    from hermes_actors.gateway import Gateway
+
+    with Gateway(args.root, runner=_runner_for(args.runner, args.cli)) as gw:
+        ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
+        print(orjson.dumps(ack).decode())
+        if "error" in ack:
+            return 2
+        if args.wait is None:
+            return 0
+        try:
+            outcome = gw.wait_outcome(ack["delivery_id"], timeout=args.wait)
+        except TimeoutError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 3
+        print(outcome["text"])
+        return 0 if outcome["status"] in ("replied", "silent") else 1
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from hermes_actors.serve import serve
+
+    return serve(args.root, connection_id=args.connection_id, runner=_runner_for(args.runner, args.cli))
+
+
+def _cmd_relay(args: argparse.Namespace) -> int:
+    from hermes_actors.hub import run_hub
+
+    return run_hub([Path(r) for r in args.root], names=args.name or None)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from bench.harness import main as bench_main
+
+    argv: list[str] = []
+    if args.quick:
+        argv.append("--quick")
+    for name in args.scenario or ():
+        argv += ["--scenario", name]
+    if args.out:
+        argv += ["--out", str(args.out)]
+    result = bench_main(argv)
+    return result if isinstance(result, int) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(
+        prog="hermes-actors", description="Bot Mode agent-to-agent messaging as an actor system."
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="run a scripted conversation among four offline demo bots")
+    p.add_argument("--keep", action="store_true", help="keep the temporary Hermes root and print its path")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("roster", help="list the agents a root's gateway can reach")
+    p.add_argument("--root", required=True, type=Path, help="the Hermes root (default profile's home)")
+    p.add_argument("--json", action="store_true", help="print JSON rows")
+    p.set_defaults(func=_cmd_roster)
+
+    def runner_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--runner", choices=("command", "demo"), default="command", help="how turns run")
+        p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
+
+    p = sub.add_parser("send", help="send one DM on a real root")
+    p.add_argument("--root", required=True, type=Path, help="the Hermes root")
+    p.add_argument("--from", dest="sender", required=True, help="sending profile (folder id or handle)")
+    p.add_argument("target", help="teammate name, peer/agent, or handle@connection")
+    p.add_argument("message", help="the message text")
+    p.add_argument("--wait", nargs="?", type=float, const=120.0, default=None, help="wait for the outcome (seconds)")
+    runner_opts(p)
+    p.set_defaults(func=_cmd_send)
+
+    p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
+    p.add_argument("--root", required=True, type=Path, help="the Hermes root")
+    p.add_argument("--connection-id", default=None, help="this gateway's connection id on the relay")
+    runner_opts(p)
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("relay", help="play the Desktop relay hub for several local roots")
+    p.add_argument("--root", action="append", required=True, type=Path, help="a root to relay (repeat)")
+    p.add_argument("--name", action="append", help="connection id for the matching --root (default: folder name)")
+    p.set_defaults(func=_cmd_relay)
+
+    p = sub.add_parser("bench", help="benchmark against a model of the seed design")
+    p.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    p.add_argument("--scenario", action="append", help="run only this scenario (repeat)")
+    p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    _enable_logging(args.verbose)
+    try:
+        return int(args.func(args))
+    except (FileNotFoundError, PermissionError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""The scripted conversation ``hermes-actors demo`` runs, with a live transcript.
+
+Four offline demo bots on a temporary managed root: a question and reply, a
+DM sent from inside a turn, a fan-in of several DMs to one slow bot (one gets
+the bounded-wait ``target_busy`` refusal), an intentional silence, refusals of
+bad targets, and a closing summary table.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, TextIO
+
+from hermes_actors.demo import DemoRunner, create_demo_root
+from hermes_actors.gateway import Gateway
+
+__all__ = ["run_demo"]
+
+DEMO_CONFIG = {"bot_mode": {"turn_wait_seconds": 0.5, "max_pair_rate": 30}}
+
+
+class _Transcript:
+    """Prints each outcome as it arrives (on the notifier thread) with its latency."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.sent: dict[str, tuple[float, str]] = {}
+        self.latencies: list[float] = []
+        self.statuses: Counter[str] = Counter()
+        self.lock = threading.Condition()  # the script thread and the notifier thread both print
+        self.seen = 0
+        self.expected = 0
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            print(text, file=self.out, flush=True)
+
+    def on_outcome(self, outcome: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            started, who = self.sent.get(outcome["delivery_id"], (None, "(from inside a turn)"))
+            key = outcome["status"] if outcome["status"] != "failed" else f"failed:{outcome['reason']}"
+            self.statuses[key] += 1
+            if started is None:
+                latency = "   nested"
+            else:
+                ms = (now - started) * 1000
+                self.latencies.append(ms)
+                latency = f"{ms:7.1f} ms"
+            print(f"  [{latency}] {who:<22} ⇐ {outcome['text'][:110]}", file=self.out, flush=True)
+            self.seen += 1
+            self.lock.notify_all()
+
+    def await_seen(self, count: int, timeout: float = 10.0) -> None:
+        """Block until ``count`` outcomes were printed (bounded)."""
+        with self.lock:
+            self.lock.wait_for(lambda: self.seen >= count, timeout=timeout)
+
+
+def _send(gw: Gateway, t: _Transcript, sender: str, target: str, message: str) -> dict[str, Any]:
+    who = f"{sender} → {target}"
+    with t.lock:  # held across the call so the outcome line can't overtake the ack line
+        started = time.perf_counter()
+        ack = gw.message_agent(sender=sender, target=target, message=message)
+        if "error" in ack:
+            t.statuses[f"refused:{ack['reason']}"] += 1
+            print(f"  [refused ] {who:<22} ✗ {ack['reason']}: {ack['error'][:90]}", file=t.out, flush=True)
+            return ack
+        t.sent[ack["delivery_id"]] = (started, who)
+        ms = (time.perf_counter() - started) * 1000
+        print(f"  [ack {ms:4.1f}ms] {who:<22} → {message[:70]}", file=t.out, flush=True)
+    return ack
+
+
+def _wait_all(gw: Gateway, t: _Transcript, acks: list[dict[str, Any]], nested: int = 0) -> None:
+    """Wait until the outcomes of ``acks`` (and ``nested`` DMs sent inside turns) are printed."""
+    for ack in acks:
+        if "delivery_id" in ack:
+            gw.wait_outcome(ack["delivery_id"], timeout=30)
+    with t.lock:
+        t.expected += sum(1 for a in acks if "delivery_id" in a) + nested
+    t.await_seen(t.expected)
+
+
+def run_demo(*, keep: bool = False, out: TextIO) -> int:
+    """Run the scripted demo; returns the exit code (0 when every step behaved)."""
+    tmp = Path(tempfile.mkdtemp(prefix="hermes-actors-demo-"))
+    root = create_demo_root(tmp / "root")
+    t = _Transcript(out)
+    print(f"hermes-actors demo — a managed Hermes root with four bots at {root}", file=out)
+    gw = Gateway(root, runner=DemoRunner(delays={"scribe": 0.3}), config=DEMO_CONFIG)
+    gw.subscribe(t.on_outcome)
+    try:
+        with gw:
+            print("\nRoster:", file=out)
+            for row in gw.roster():
+                line = f"  @{row['handle']:<8} {row['display_name']:<8} {row['title']:<12} {row['description']}"
+                print(line, file=out)
+
+            t.say("\n1. A question and its reply")
+            _wait_all(gw, t, [_send(gw, t, "hermes", "scout", "What do we know about churn in the EU market?")])
+
+            t.say("\n2. A DM sent from inside a turn (@hermes asks @scout while answering)")
+            _wait_all(gw, t, [_send(gw, t, "scout", "hermes", "Can you make a plan for the launch review?")], nested=1)
+
+            t.say("\n3. Fan-in: four DMs to @scribe at once (one turn at a time, 0.5 s wait budget)")
+            acks: list[dict[str, Any]] = []
+            barrier = threading.Barrier(4)
+            senders = [("hermes", "Draft the intro."), ("scout", "Add the EU numbers."),
+                       ("critic", "Shorten para 2."), ("hermes", "And a title, please.")]
+
+            def fire(sender: str, text: str) -> None:
+                barrier.wait()
+                acks.append(_send(gw, t, sender, "scribe", text))
+
+            threads = [threading.Thread(target=fire, args=pair) for pair in senders]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            _wait_all(gw, t, acks)
+
+            t.say("\n4. An intentional silence")
+            _wait_all(gw, t, [_send(gw, t, "scout", "critic", "FYI: the draft moved to docs/launch.md")])
+
+            t.say("\n5. Refusals, answered at once")
+            _send(gw, t, "hermes", "nobody", "hello?")
+            _send(gw, t, "scout", "scout", "note to self")
+            _send(gw, t, "hermes", "a b!", "hi")
+        _summary(t, out)
+    finally:
+        if keep:
+            print(f"\nroot kept at {root}", file=out)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    expected = {"replied", "silent", "failed:target_busy"}
+    return 0 if expected <= set(t.statuses) else 1
+
+
+def _summary(t: _Transcript, out: TextIO) -> None:
+    lat = sorted(t.latencies)
+    print("\nSummary", file=out)
+    print(f"  {'outcome':<28} {'count':>5}", file=out)
+    for key, count in sorted(t.statuses.items()):
+        print(f"  {key:<28} {count:>5}", file=out)
+    if lat:
+        p50 = statistics.median(lat)
+        print(f"  {'latency p50 / max (ms)':<28} {p50:>5.1f} / {lat[-1]:.1f}", file=out)

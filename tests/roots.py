@@ -1,0 +1,159 @@
+"""Test helpers: a managed Hermes root on disk, and a recording turn runner.
+
+    root = make_root(tmp_path, {"alice": {}, "bob": {"title": "Builder"}})
+    rec = RecordingRunner()
+    with Gateway(root, runner=rec) as gw: ...
+
+The root is the ``default`` profile's home (handle ``hermes``); every other
+profile lives at ``<root>/profiles/<name>/profile.yaml`` with
+``ui_meta: {hermes-bots: {title: ...}}`` (managed) and optional
+``display_name`` / ``description``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from actors.testkit import await_condition
+from hermes_actors.messages import Turn
+
+__all__ = ["RecordingRunner", "TurnRecord", "body_of", "make_root", "write_profile"]
+
+def write_profile(
+    home: Path,
+    *,
+    title: str | None = "",
+    display_name: str | None = None,
+    description: str | None = None,
+    managed: bool = True,
+) -> Path:
+    """Write ``<home>/profile.yaml``; ``managed`` adds ``ui_meta["hermes-bots"]``."""
+    home.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {}
+    if display_name is not None:
+        meta["display_name"] = display_name
+    if description is not None:
+        meta["description"] = description
+    if managed:
+        meta["ui_meta"] = {"hermes-bots": {"title": title or ""}}
+    (home / "profile.yaml").write_text(yaml.safe_dump(meta, sort_keys=True), encoding="utf-8")
+    return home
+
+
+def make_root(
+    base: Path,
+    profiles: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    default: Mapping[str, Any] | None = None,
+    managed: bool = True,
+    config: Mapping[str, Any] | None = None,
+    name: str = "hermes-root",
+) -> Path:
+    """Create a Hermes root under ``base``.
+
+    Args:
+        base: a directory (usually ``tmp_path``).
+        profiles: folder id → ``write_profile`` keyword arguments (``title``,
+            ``display_name``, ``description``, ``managed``). Default: alice, bob, carol.
+        default: keyword arguments for the root's own (``default``) profile.
+        managed: the default for every profile's ``managed`` flag.
+        config: written to ``<root>/config.yaml`` when given.
+        name: the root's directory name under ``base``.
+
+    Returns:
+        The root.
+    """
+    root = base / name
+    root.mkdir(parents=True, exist_ok=True)
+    if profiles is None:
+        profiles = {"alice": {"title": "Researcher"}, "bob": {"title": "Builder"}, "carol": {"title": "Critic"}}
+    write_profile(root, **{"title": "Coordinator", "managed": managed, **(default or {})})
+    for folder, spec in profiles.items():
+        write_profile(root / "profiles" / folder, **{"managed": managed, **spec})
+    if config is not None:
+        (root / "config.yaml").write_text(yaml.safe_dump(dict(config)), encoding="utf-8")
+    return root
+
+
+def body_of(content: str) -> str:
+    """The DM body without the ``Message from 🤖 … (@x): `` signature."""
+    marker = "): "
+    return content.split(marker, 1)[1] if marker in content else content
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One runner call: the turn and its monotonic enter/exit times."""
+
+    turn: Turn
+    entered: float
+    exited: float
+    thread: str
+
+    @property
+    def body(self) -> str:
+        return body_of(self.turn.content)
+
+
+class RecordingRunner:
+    """A callable runner ``fn(turn) -> str`` that records every call, thread-safely.
+
+    Args:
+        behave: what a turn does (returns the reply or raises); default replies
+            ``"ok: <body>"``.
+    """
+
+    def __init__(self, behave: Callable[[Turn], Any] | None = None) -> None:
+        self.behave = behave or (lambda turn: f"ok: {body_of(turn.content)}")
+        self._lock = threading.Lock()
+        self._entered: list[tuple[Turn, float]] = []
+        self._records: list[TurnRecord] = []
+        self.active = 0
+        self.max_active = 0
+
+    def __call__(self, turn: Turn) -> Any:
+        entered = time.monotonic()
+        with self._lock:
+            self._entered.append((turn, entered))
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            return self.behave(turn)
+        finally:
+            exited = time.monotonic()
+            with self._lock:
+                self.active -= 1
+                self._records.append(TurnRecord(turn, entered, exited, threading.current_thread().name))
+
+    @property
+    def entered(self) -> list[Turn]:
+        """Turns entered so far, in entry order."""
+        with self._lock:
+            return [t for t, _ in self._entered]
+
+    @property
+    def records(self) -> list[TurnRecord]:
+        """Finished calls, in exit order."""
+        with self._lock:
+            return list(self._records)
+
+    def bodies(self) -> list[str]:
+        """The bodies of the entered turns, in entry order."""
+        return [body_of(t.content) for t in self.entered]
+
+    def wait_entered(self, count: int, timeout: float = 5.0) -> list[Turn]:
+        """Wait until at least ``count`` turns were entered."""
+        await_condition(lambda: len(self.entered) >= count, timeout=timeout, message=f"{count} turns entered")
+        return self.entered
+
+    def wait_records(self, count: int, timeout: float = 5.0) -> list[TurnRecord]:
+        """Wait until at least ``count`` calls finished."""
+        await_condition(lambda: len(self.records) >= count, timeout=timeout, message=f"{count} turns finished")
+        return self.records
