@@ -8,7 +8,9 @@ from loguru import logger
 
 from actors.asking import ask, tell
 from actors.errors import ActorGone, AskTimeout, EscalatedFailure, UnexpectedReply, UnknownMessageError
-from actors.supervision import ChildFailed, ChildRestarted, RestartPolicy, SupervisorActor
+from actors.fsbridge import FsBridge, default_ignore
+from actors.messages import ChildFailed, ChildRestarted, FileAppeared, FileRemoved, Rescan
+from actors.supervision import RestartPolicy, SupervisorActor
 from actors.testkit import Probe, await_condition
 from actors.timers import ManualScheduler, Scheduler, TimerHandle, TimerSet
 from actors.typed import Link, TypedActor, handles
@@ -22,9 +24,13 @@ __all__ = [
     "ChildFailed",
     "ChildRestarted",
     "EscalatedFailure",
+    "FileAppeared",
+    "FileRemoved",
+    "FsBridge",
     "Link",
     "ManualScheduler",
     "Probe",
+    "Rescan",
     "RestartPolicy",
     "Scheduler",
     "SupervisorActor",
@@ -36,6 +42,7 @@ __all__ = [
     "WorkerPool",
     "ask",
     "await_condition",
+    "default_ignore",
     "handles",
     "tell",
 ]

@@ -23,31 +23,13 @@ from loguru import logger
 from pykka._envelope import Envelope
 
 from actors.errors import EscalatedFailure
+from actors.messages import ChildFailed, ChildRestarted
 from actors.typed import Link, TypedActor, _fail_envelopes, handles
 
 __all__ = ["ChildFactory", "ChildFailed", "ChildRestarted", "RestartPolicy", "SupervisorActor"]
 
 # factory(link, salvage) -> a started child ref
 ChildFactory = Callable[[Link, Any], pykka.ActorRef[Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class ChildFailed:
-    """Told by a crashing child to its supervisor."""
-
-    name: str
-    generation: int
-    error: BaseException | None
-    pending: tuple[Envelope[Any], ...]
-    salvage: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChildRestarted:
-    """Told to the supervisor's watchers when a child got a new ref."""
-
-    name: str
-    ref: pykka.ActorRef[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +111,11 @@ class SupervisorActor(TypedActor):
             return
         child.restarts.append(now)
         logger.warning("restarting crashed child {} after {!r}", msg.name, msg.error)
-        ref = child.factory(Link(self.actor_ref, msg.name, child.generation + 1), msg.salvage)
+        try:
+            ref = child.factory(Link(self.actor_ref, msg.name, child.generation + 1), msg.salvage)
+        except Exception:
+            _fail_envelopes(self, list(msg.pending))  # nobody will ever answer them: fail, never hang
+            raise
         child.ref, child.generation = ref, child.generation + 1
         for envelope in msg.pending:  # the mailbox moves to the new instance, order kept
             _requeue(ref, envelope)

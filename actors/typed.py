@@ -147,7 +147,13 @@ class TypedActor(pykka.ThreadingActor):
         traceback: TracebackType | None,
     ) -> None:
         """Hand the mailbox to :meth:`on_crash`; never lose it silently."""
-        pending = [e for e in self.drain_mailbox() if not isinstance(e.message, pykka.messages._ActorStop)]
+        pending: list[Envelope[Any]] = []
+        for envelope in self.drain_mailbox():
+            if isinstance(envelope.message, pykka.messages._ActorStop):
+                if envelope.reply_to is not None:  # a blocking ref.stop() waits on this: it is stopped now
+                    envelope.reply_to.set(None)
+                continue
+            pending.append(envelope)
         try:
             self.on_crash(exception_value, pending)
         except Exception:
@@ -166,7 +172,7 @@ class TypedActor(pykka.ThreadingActor):
         """
         self.stop_timers()
         if self.link is not None:
-            from actors.supervision import ChildFailed
+            from actors.messages import ChildFailed
 
             try:
                 self.link.supervisor.tell(

@@ -8,9 +8,9 @@ count follows the load, not the number of actors.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -18,8 +18,6 @@ from typing import Any
 from loguru import logger
 
 __all__ = ["WorkerPool"]
-
-_STOP = object()
 
 
 class WorkerPool:
@@ -37,10 +35,10 @@ class WorkerPool:
         self.max_workers = max_workers
         self.idle_seconds = idle_seconds
         self.name = name
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._jobs: deque[Callable[[], Any]] = deque()
+        self._lock = threading.Condition()  # guards the queue, the thread set and the idle count
         self._threads: set[threading.Thread] = set()
-        self._idle_tokens = threading.Semaphore(0)
+        self._idle = 0  # threads waiting for a job right now
         self._closed = False
         self._counter = 0
 
@@ -53,37 +51,37 @@ class WorkerPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"worker pool {self.name!r} is shut down")
-            self._jobs.put(fn)
-            # An idle worker's token means "a thread is waiting": take it instead of spawning.
-            if self._idle_tokens.acquire(blocking=False):
-                return
-            if len(self._threads) < self.max_workers:
+            self._jobs.append(fn)
+            # Spawn only when the queued jobs outnumber the threads waiting for work.
+            # (Counted under the lock: a stale "idle" token must never stand in for a thread.)
+            if len(self._jobs) > self._idle and len(self._threads) < self.max_workers:
                 self._counter += 1
                 thread = threading.Thread(target=self._run, name=f"{self.name}-{self._counter}", daemon=True)
                 self._threads.add(thread)
                 thread.start()
+            self._lock.notify()
 
     def _run(self) -> None:
         me = threading.current_thread()
         while True:
-            try:
-                job = self._jobs.get(timeout=self.idle_seconds)
-            except queue.Empty:
-                # Exit only if our idle token is still ours; if a submitter took it a job is coming.
-                if self._idle_tokens.acquire(blocking=False):
-                    with self._lock:
+            with self._lock:
+                deadline = time.monotonic() + self.idle_seconds
+                while not self._jobs:
+                    remaining = deadline - time.monotonic()
+                    if self._closed or remaining <= 0:  # queued jobs are finished before shutdown exits
                         self._threads.discard(me)
-                    return
-                continue
-            if job is _STOP:
-                with self._lock:
-                    self._threads.discard(me)
-                return
+                        return
+                    self._idle += 1
+                    try:
+                        self._lock.wait(remaining)
+                    finally:
+                        self._idle -= 1
+                job = self._jobs.popleft()
             try:
                 job()
             except BaseException:  # a job must report its own errors; never kill the worker
                 logger.exception("worker job failed")
-            self._idle_tokens.release()
+            del job
 
     @property
     def thread_count(self) -> int:
@@ -100,8 +98,7 @@ class WorkerPool:
         with self._lock:
             self._closed = True
             threads = list(self._threads)
-        for _ in threads:
-            self._jobs.put(_STOP)
+            self._lock.notify_all()
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -22,6 +22,7 @@ from actors import ActorGone, AskTimeout, Link, RestartPolicy, SupervisorActor, 
 from hermes_actors import outcomes
 from hermes_actors.guard import check_hops, check_pair_rate, pair_key
 from hermes_actors.messages import (
+    AttachRelay,
     AwaitOutcome,
     Deliver,
     Delivery,
@@ -32,6 +33,9 @@ from hermes_actors.messages import (
     OutcomeReady,
     ProfileIdle,
     ProfileInfo,
+    RelayDeliver,
+    RelayOutcome,
+    RelayResumed,
     RelaySend,
     RosterChanged,
     RosterSnapshot,
@@ -71,7 +75,8 @@ def ack_payload(delivery_id: str, label: str, *, now: float) -> dict[str, Any]:
 @dataclass
 class _Pending:
     delivery: Delivery
-    route: str  # "local" | "relay" | "peer"
+    route: str  # "local" | "relay" (ours, awaiting a reply) | "relay-in" (drained, run here) | "peer"
+    reply_connection: str = ""
 
 
 class DispatcherActor(SupervisorActor):
@@ -141,6 +146,10 @@ class DispatcherActor(SupervisorActor):
     def _on_roster(self, msg: RosterChanged) -> None:
         self.snapshot = msg.snapshot
 
+    @handles(AttachRelay)
+    def _on_attach_relay(self, msg: AttachRelay) -> None:
+        self.relay = msg.ref
+
     @handles(StopAccepting)
     def _on_stop_accepting(self, msg: StopAccepting) -> None:
         self.accepting = False
@@ -149,7 +158,14 @@ class DispatcherActor(SupervisorActor):
     def _on_send(self, msg: SendRequest) -> dict[str, Any]:
         if not self.accepting:
             raise RuntimeError("gateway is not running")
-        route = plan_send(self.snapshot, sender=msg.sender, target=msg.target, message=msg.message, session=msg.session)
+        route = plan_send(
+            self.snapshot,
+            sender=msg.sender,
+            target=msg.target,
+            message=msg.message,
+            session=msg.session,
+            now=time.time(),
+        )
         if isinstance(route, Refusal):
             self.counters["refused"] += 1
             return route.as_dict()
@@ -217,8 +233,9 @@ class DispatcherActor(SupervisorActor):
         self.sent[info.profile] = 0
         return self.start_child(info.profile, factory)
 
-    def _deliver_local(self, info: ProfileInfo, delivery: Delivery) -> None:
-        self.pending[delivery.delivery_id] = _Pending(delivery, "local")
+    def _deliver_local(self, info: ProfileInfo, delivery: Delivery, *, register: bool = True) -> None:
+        if register:
+            self.pending[delivery.delivery_id] = _Pending(delivery, "local")
         ref = self._profile_ref(info)
         try:
             ref.tell(Deliver(delivery))
@@ -227,6 +244,50 @@ class DispatcherActor(SupervisorActor):
             ref = self._profile_ref(info)
             ref.tell(Deliver(delivery))
         self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
+
+    @handles(RelayDeliver)
+    def _on_relay_deliver(self, msg: RelayDeliver) -> None:
+        """A drained envelope for one of our profiles (idempotent by envelope id)."""
+        env = msg.envelope
+        key = env["id"]
+        if key in self.pending:
+            return
+        if key in self.settled:  # delivered before a crash, reply not written yet: write it again
+            if self.relay is not None:
+                record = self.settled[key]
+                outcome = Outcome(key, record["status"], record["reply"], record["error"], record["reason"])
+                self.relay.tell(RelayOutcome(outcome, msg.reply_connection))
+            return
+        label = f"@{env['target_handle']}"
+        info = self.snapshot.index.get(str(env["target_profile"]).lower())
+        if info is None:
+            text = f"No agent '{env['target_profile']}' on this gateway; the message was NOT delivered."
+            if self.relay is not None:
+                self.relay.tell(RelayOutcome(outcomes.failed(key, label, text, "unknown"), msg.reply_connection))
+            return
+        hop = env.get("hop")
+        delivery = Delivery(
+            delivery_id=key,
+            sender=str(env["from_profile"]),
+            sender_handle=str(env["from_handle"]),
+            target=info.profile,
+            target_handle=info.handle,
+            content=str(env["message"]),
+            author={"id": f"bot:{env['from_profile']}", "name": env["from_handle"], "is_bot": True},
+            hop=hop if isinstance(hop, int) and hop > 0 else 1,
+            accepted_at=time.time(),
+            origin="relay",
+            label=label,
+        )
+        self.pending[key] = _Pending(delivery, "relay-in", msg.reply_connection)
+        self._deliver_local(info, delivery, register=False)
+
+    @handles(RelayResumed)
+    def _on_relay_resumed(self, msg: RelayResumed) -> None:
+        for key, label in msg.entries:
+            if key not in self.pending and key not in self.settled:
+                placeholder = Delivery(key, "", "", "", "", "", label=label, origin="recovered")
+                self.pending[key] = _Pending(placeholder, "relay")
 
     @handles(ProfileIdle)
     def _on_profile_idle(self, msg: ProfileIdle) -> None:
@@ -249,7 +310,13 @@ class DispatcherActor(SupervisorActor):
         if key in self.settled:
             logger.debug("second outcome for {} dropped (first one wins)", key)
             return
-        self.pending.pop(key, None)
+        entry = self.pending.pop(key, None)
+        if entry is not None and entry.route == "relay-in":
+            # The sender is on another connection: the reply goes back through the relay files.
+            self.settled[key] = outcome.as_dict()
+            if self.relay is not None:
+                self.relay.tell(RelayOutcome(outcome, entry.reply_connection))
+            return
         record = outcome.as_dict()
         self.settled[key] = record
         if len(self.settled) > SETTLED_KEEP:
@@ -299,7 +366,7 @@ class DispatcherActor(SupervisorActor):
         count = 0
         for key, entry in list(self.pending.items()):
             if entry.route == "relay":
-                continue  # relay envelopes stay in outbox/; the next start resumes waiting
+                continue  # our envelopes stay in outbox/: the next start resumes waiting for replies
             self._settle(outcomes.ambiguous(key, entry.delivery.label, msg.why))
             count += 1
         return count

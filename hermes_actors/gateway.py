@@ -19,18 +19,20 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, RestartPolicy, Scheduler, WorkerPool, ask
+from actors import ActorGone, AskTimeout, FsBridge, RestartPolicy, Scheduler, WorkerPool, ask
 from hermes_actors.config import BotModeConfig, load_config
 from hermes_actors.dispatcher import DispatcherActor
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
+    AttachRelay,
     AwaitOutcome,
     Delivery,
     ExportOutcomes,
     FinalizePending,
     Flush,
     GetSnapshot,
+    Housekeep,
     Outcome,
     RemoveSubscriber,
     RosterChanged,
@@ -44,8 +46,10 @@ from hermes_actors.messages import (
 )
 from hermes_actors.notifier import NotifierActor
 from hermes_actors.profile import ProfileDeps
+from hermes_actors.relay import RelayActor
 from hermes_actors.roster import RosterActor, roster_rows
 from hermes_actors.runners import TurnRunner, as_runner
+from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.targets import PeerRoute
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
@@ -105,6 +109,8 @@ class Gateway:
         self._notifier: pykka.ActorRef[Any] | None = None
         self._roster: pykka.ActorRef[Any] | None = None
         self._dispatcher: pykka.ActorRef[Any] | None = None
+        self._relay: pykka.ActorRef[Any] | None = None
+        self._bridge: FsBridge | None = None
 
     # ── lifetime ────────────────────────────────────────────────────────────
 
@@ -158,6 +164,20 @@ class Gateway:
             )
             current = ask(self._roster, Subscribe(self._dispatcher), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
             self._dispatcher.tell(RosterChanged(current))
+            InboxPaths.from_root(self.root).ensure()  # before the watch starts: no events for our own mkdirs
+            self._relay = RelayActor.start(
+                self.root,
+                config=cfg,
+                dispatcher=self._dispatcher,
+                roster=self._roster,
+                scheduler=self._scheduler,
+                connection_id=self.connection_id,
+                local_profiles=frozenset(p.profile for p in current.profiles),
+            )
+            self._dispatcher.tell(AttachRelay(self._relay))
+            self._bridge = FsBridge(
+                self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
+            ).start()
             self._state = "running"
         logger.info("gateway started on {} ({} profiles)", self.root, len(snapshot.profiles))
         return self
@@ -177,6 +197,8 @@ class Gateway:
         dispatcher = self._dispatcher
         assert dispatcher is not None and self._notifier is not None and self._pool is not None
         deadline = time.monotonic() + max(0.0, timeout)
+        if self._bridge is not None:
+            self._bridge.stop()
         try:
             ask(dispatcher, StopAccepting(), timeout=_ASK_TIMEOUT)
             running = ask(dispatcher, ShutdownProfiles(timeout), timeout=_ASK_TIMEOUT, expect=list)
@@ -192,7 +214,7 @@ class Gateway:
         except (ActorGone, AskTimeout) as exc:
             logger.error("gateway stop was not clean: {}", exc)
         finally:
-            for ref in (self._dispatcher, self._roster, self._notifier):
+            for ref in (self._dispatcher, self._relay, self._roster, self._notifier):
                 if ref is not None:
                     try:
                         ref.stop(block=True, timeout=10)
@@ -288,6 +310,13 @@ class Gateway:
         if self._roster is None or self._state != "running":
             raise RuntimeError("gateway is not running")
         return roster_rows(ask(self._roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot))
+
+    def housekeep(self) -> int:
+        """Sweep stale relay artifacts (> 6 h) and orphaned DM files now; returns the count removed."""
+        if self._relay is None or self._state != "running":
+            raise RuntimeError("gateway is not running")
+        removed: int = ask(self._relay, Housekeep(), timeout=_ASK_TIMEOUT, expect=int)
+        return removed
 
     def stats(self) -> dict[str, Any]:
         """Counters: accepted, refused, settled, pending, active_profiles, profile_starts."""

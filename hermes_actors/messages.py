@@ -125,7 +125,7 @@ class RosterSnapshot:
     profiles: tuple[ProfileInfo, ...]
     peers: tuple[str, ...] = ()
     remote: tuple[RemoteAgent, ...] = ()
-    remote_age_seconds: float | None = None  # age of roster.json; None = no roster
+    remote_mtime: float | None = None  # roster.json's mtime (wall clock); None = no roster
     managed: bool = False
     version: int = 0
     # Precomputed by ``roster.make_snapshot`` so resolving a target is O(1):
@@ -336,3 +336,67 @@ class RelaySend:
 @dataclass(frozen=True, slots=True)
 class ExportOutcomes:
     """Ask the Dispatcher for its settled outcomes (kept by a stopped Gateway)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RelayDeliver:
+    """Told by the RelayActor to the Dispatcher: run this drained envelope on a local profile."""
+
+    envelope: dict[str, Any]
+    reply_connection: str
+
+
+@dataclass(frozen=True, slots=True)
+class RelayOutcome:
+    """Told by the Dispatcher to the RelayActor: a relayed-in delivery settled; write its reply."""
+
+    outcome: Outcome
+    reply_connection: str
+
+
+@dataclass(frozen=True, slots=True)
+class RelayResumed:
+    """Told by the RelayActor to the Dispatcher at start: envelopes of ours still awaiting replies."""
+
+    entries: tuple[tuple[str, str], ...]  # (envelope id, label)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyDeadline:
+    """Timer: the reply budget of an envelope of ours ran out."""
+
+    envelope_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TtlDeadline:
+    """Timer: an envelope of ours reached its TTL; expire it if nobody drained it."""
+
+    envelope_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RelayTick:
+    """Timer: write the heartbeat; now and then sweep stale artifacts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Housekeep:
+    """Ask the RelayActor to sweep stale relay artifacts and the DM cache now; answers the count."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRosterHint:
+    """Told to the RosterActor: ``roster.json`` may have changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttachRelay:
+    """Told to the Dispatcher once the RelayActor runs."""
+
+    ref: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RosterPush:
+    """Timer (hub): push every root the others' roster with online flags."""

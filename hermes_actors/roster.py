@@ -9,7 +9,9 @@ subscribers (the Dispatcher) whenever it changes. Others never read
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,14 @@ from hermes_actors.messages import (
     ProfileInfo,
     Reload,
     RemoteAgent,
+    RemoteRosterHint,
     RosterChanged,
     RosterSnapshot,
     RosterTick,
     Subscribe,
 )
 from hermes_actors.profiles import alias_forms, discover_profiles, install_is_managed
+from hermes_actors.store.relay_files import RelayPaths, liveness, read_roster
 
 __all__ = ["RosterActor", "make_snapshot", "roster_rows"]
 
@@ -38,7 +42,7 @@ def make_snapshot(
     *,
     peers: Iterable[str] = (),
     remote: Iterable[RemoteAgent] = (),
-    remote_age_seconds: float | None = None,
+    remote_mtime: float | None = None,
     version: int = 0,
 ) -> RosterSnapshot:
     """Pure: build a snapshot with its lookup maps."""
@@ -56,7 +60,7 @@ def make_snapshot(
         profiles=profiles,
         peers=tuple(peers),
         remote=tuple(remote),
-        remote_age_seconds=remote_age_seconds,
+        remote_mtime=remote_mtime,
         managed=install_is_managed(profiles),
         version=version,
         index=index,
@@ -64,7 +68,12 @@ def make_snapshot(
     )
 
 
-def roster_rows(snapshot: RosterSnapshot) -> list[dict[str, Any]]:
+def remote_age(snapshot: RosterSnapshot, now: float) -> float | None:
+    """Pure: how old the relay roster is at ``now`` (None: no roster file)."""
+    return None if snapshot.remote_mtime is None else max(0.0, now - snapshot.remote_mtime)
+
+
+def roster_rows(snapshot: RosterSnapshot, *, now: float | None = None) -> list[dict[str, Any]]:
     """Pure: the public ``Gateway.roster()`` rows (DESIGN section 3)."""
     rows: list[dict[str, Any]] = [
         {
@@ -78,8 +87,6 @@ def roster_rows(snapshot: RosterSnapshot) -> list[dict[str, Any]]:
         }
         for p in snapshot.profiles
     ]
-    from hermes_actors.store.relay_files import liveness
-
     remote = list(snapshot.remote)
     for r in remote:
         rows.append(
@@ -90,7 +97,7 @@ def roster_rows(snapshot: RosterSnapshot) -> list[dict[str, Any]]:
                 "title": r.title,
                 "description": r.description,
                 "connection_id": r.connection_id,
-                "online": liveness(r, remote, snapshot.remote_age_seconds),
+                "online": liveness(r, remote, remote_age(snapshot, time.time() if now is None else now)),
             }
         )
     return rows
@@ -129,6 +136,7 @@ class RosterActor(TypedActor):
         self.version = 0
         self.signature: tuple[float, ...] = ()
         self.config: BotModeConfig = load_config(root, overrides)
+        self.paths = RelayPaths.from_root(root)
         self.snapshot = self._load()
 
     def on_start(self) -> None:
@@ -146,14 +154,14 @@ class RosterActor(TypedActor):
         self.config = load_config(self.root, self.overrides)
         self.version += 1
         profiles = discover_profiles(self.root)
-        current = getattr(self, "snapshot", None)
-        return make_snapshot(
-            profiles,
-            peers=self.config.peers,
-            remote=current.remote if current else (),
-            remote_age_seconds=current.remote_age_seconds if current else None,
-            version=self.version,
-        )
+        remote, mtime = self._read_remote()
+        return make_snapshot(profiles, peers=self.config.peers, remote=remote, remote_mtime=mtime, version=self.version)
+
+    def _read_remote(self) -> tuple[list[RemoteAgent], float | None]:
+        """The relay roster (normalized, untrusted input) and its mtime."""
+        now = time.time()
+        rows, age = read_roster(self.paths, now=now)
+        return rows, None if age is None else now - age
 
     def _publish(self) -> None:
         for ref in list(self.subscribers):
@@ -188,3 +196,16 @@ class RosterActor(TypedActor):
     def _on_tick(self, msg: RosterTick) -> None:
         if _signature(self.root) != self.signature:
             self._on_reload(Reload())
+        else:
+            self._on_remote_hint(RemoteRosterHint())
+
+    @handles(RemoteRosterHint)
+    def _on_remote_hint(self, msg: RemoteRosterHint) -> None:
+        """roster.json may have changed: re-read it and publish when it did."""
+        remote, mtime = self._read_remote()
+        current = self.snapshot
+        if tuple(remote) == current.remote and mtime == current.remote_mtime:
+            return
+        self.snapshot = replace(current, remote=tuple(remote), remote_mtime=mtime, version=current.version + 1)
+        self.version = self.snapshot.version
+        self._publish()

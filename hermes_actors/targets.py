@@ -152,7 +152,9 @@ def local_taken_forms(profiles: tuple[ProfileInfo, ...]) -> set[str]:
     return taken
 
 
-def _try_relay(snapshot: RosterSnapshot, raw: str, me: ProfileInfo, content: str, author: dict[str, Any]) -> Any:
+def _try_relay(
+    snapshot: RosterSnapshot, raw: str, me: ProfileInfo, content: str, author: dict[str, Any], now: float
+) -> Any:
     """A RelayRoute, a Refusal, or None when the relay roster does not know ``raw``."""
     roster = list(snapshot.remote)
     if not roster:
@@ -166,7 +168,8 @@ def _try_relay(snapshot: RosterSnapshot, raw: str, me: ProfileInfo, content: str
         listed = ", ".join(form for row, form in zip(roster, forms, strict=True) if want in target_aliases(row))
         return refuse(f"'{raw}' exists on several connected machines — disambiguate with one of: {listed}.")
     assert isinstance(match, RemoteAgent)
-    if liveness(match, roster, snapshot.remote_age_seconds) is False:
+    age = None if snapshot.remote_mtime is None else max(0.0, now - snapshot.remote_mtime)
+    if liveness(match, roster, age) is False:
         return Refusal(offline_error_text(match), "runtime_offline")
     return RelayRoute(me, match, content, author)
 
@@ -178,6 +181,7 @@ def plan_send(
     target: Any,
     message: Any,
     session: str = BOT_CHAT_SESSION,
+    now: float = 0.0,
 ) -> Route | Refusal:
     """Validate one call and decide where it goes.
 
@@ -187,6 +191,7 @@ def plan_send(
         target: the raw target string from the tool call.
         message: the raw message from the tool call.
         session: the calling session's title (the tool is Bot Chat only).
+        now: wall-clock time, for the relay roster's freshness.
 
     Returns:
         A route, or a :class:`Refusal` carrying the seed's text and reason.
@@ -230,7 +235,7 @@ def plan_send(
         return PeerRoute(me, peer_name, peer_agent, content, author)
 
     if "@" in raw:
-        relayed = _try_relay(snapshot, raw, me, content, author)
+        relayed = _try_relay(snapshot, raw, me, content, author, now)
         if relayed is not None:
             return relayed
 
@@ -239,7 +244,7 @@ def plan_send(
         return roster_refusal(f"Invalid target: {raw!r}.")
     if resolved is None or resolved == me.profile:
         # Unknown here, or the same name on ANOTHER connection: the relay roster may know it.
-        relayed = _try_relay(snapshot, raw, me, content, author)
+        relayed = _try_relay(snapshot, raw, me, content, author, now)
         if relayed is not None:
             return relayed
         if resolved == me.profile:

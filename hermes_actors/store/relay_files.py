@@ -84,7 +84,7 @@ __all__ = [
     "list_ids", "liveness", "make_envelope", "make_reply", "normalize_roster", "normalize_roster_row",
     "offline_error_text", "parse_envelope", "parse_reply", "parse_roster_payload", "quarantine",
     "read_envelope", "read_reply", "read_roster", "remote_target_forms", "resolve_remote_target",
-    "roster_row_dict", "sweep_stale", "target_aliases", "validate_envelope_id", "write_reply",
+    "roster_row_dict", "sweep_directory", "sweep_stale", "target_aliases", "validate_envelope_id", "write_reply",
     "write_roster",
 ]  # fmt: skip
 
@@ -380,7 +380,7 @@ def quarantine(paths: RelayPaths, path: Path, why: str) -> Path | None:
     return dest
 
 
-def _sweep_directory(directory: Path, cutoff: float) -> int:
+def sweep_directory(directory: Path, cutoff: float) -> int:
     """Remove regular files with an mtime before ``cutoff`` (no symlinks).
 
     Args:
@@ -416,7 +416,7 @@ def sweep_stale(paths: RelayPaths, *, now: float) -> int:
         How many files were removed.
     """
     cutoff = now - STALE_AFTER_SECONDS
-    return sum(_sweep_directory(d, cutoff) for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
+    return sum(sweep_directory(d, cutoff) for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
 
 
 def list_ids(directory: Path) -> list[str]:

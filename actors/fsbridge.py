@@ -1,0 +1,163 @@
+"""Filesystem bridge: watchdog events become typed messages for one actor.
+
+Watch the common parent recursively (a rename into an unwatched leaf stalls
+events), report created and moved-in files as :class:`FileAppeared`, skip temp
+names, and send :class:`Rescan` at start and periodically: inotify can
+overflow and drop events without anyone hearing of it, so the listing is the
+truth and events only make things fast. If the observer thread dies, the next
+health check restarts it and asks for a rescan.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pykka
+from loguru import logger
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+
+from actors.messages import FileAppeared, FileRemoved, Rescan
+from actors.timers import Scheduler, TimerHandle
+
+__all__ = ["FsBridge", "default_ignore"]
+
+
+def default_ignore(name: str) -> bool:
+    """Temp and hidden names (``.x``, ``*.tmp``, ``*.part``, ``*~``) are never reported."""
+    return name.startswith(".") or name.endswith((".tmp", ".part", "~"))
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, bridge: FsBridge) -> None:
+        self.bridge = bridge
+
+    def on_created(self, event: FileSystemEvent) -> None:
+        if not event.is_directory:
+            self.bridge._report(FileAppeared, _str(event.src_path))
+
+    def on_moved(self, event: FileSystemEvent) -> None:
+        if not event.is_directory:
+            self.bridge._report(FileRemoved, _str(event.src_path))
+            self.bridge._report(FileAppeared, _str(event.dest_path))
+
+    def on_deleted(self, event: FileSystemEvent) -> None:
+        if not event.is_directory:
+            self.bridge._report(FileRemoved, _str(event.src_path))
+
+
+def _str(path: str | bytes) -> str:
+    return path.decode() if isinstance(path, bytes) else path
+
+
+class FsBridge:
+    """Feeds one actor with file events under ``root`` and periodic rescans.
+
+    Args:
+        root: the directory watched recursively (it must exist).
+        target: the actor told FileAppeared / FileRemoved / Rescan.
+        scheduler: drives the periodic rescan and the observer health check.
+        rescan_seconds: the reconcile period (0 disables the periodic rescan;
+            the start rescan still happens).
+        ignore: a name filter; True means "do not report".
+        observer_factory: builds the watchdog observer (tests inject faults here).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        target: pykka.ActorRef[Any],
+        *,
+        scheduler: Scheduler,
+        rescan_seconds: float = 2.0,
+        ignore: Callable[[str], bool] = default_ignore,
+        observer_factory: Callable[[], BaseObserver] = Observer,
+    ) -> None:
+        self.root = Path(root)
+        self.target = target
+        self.scheduler = scheduler
+        self.rescan_seconds = rescan_seconds
+        self.ignore = ignore
+        self.observer_factory = observer_factory
+        self._observer: BaseObserver | None = None
+        self._timers: list[TimerHandle] = []
+        self._lock = threading.Lock()  # start/stop/health-check may come from different threads
+        self.paused = False  # tests: drop events on the floor, as an overflowing inotify would
+        self.restarts = 0
+
+    def start(self) -> FsBridge:
+        """Start watching, then ask for the start rescan. Returns self.
+
+        Raises:
+            FileNotFoundError: ``root`` does not exist.
+        """
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"cannot watch {self.root}: not a directory")
+        with self._lock:
+            self._start_observer()
+            if self.rescan_seconds > 0:
+                self._timers.append(self.scheduler.every(self.rescan_seconds, self._periodic))
+        self.target.tell(Rescan("start"))
+        return self
+
+    def _start_observer(self) -> None:
+        observer = self.observer_factory()
+        observer.schedule(_Handler(self), str(self.root), recursive=True)
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+
+    def _periodic(self) -> None:
+        self.check_health()
+        try:
+            self.target.tell(Rescan("periodic"))
+        except pykka.ActorDeadError:
+            self.stop()
+
+    def check_health(self) -> bool:
+        """Restart a dead observer thread (and ask for a rescan). Returns True if it was alive."""
+        with self._lock:
+            observer = self._observer
+            if observer is None or observer.is_alive():
+                return True
+            logger.warning("watchdog observer for {} died; restarting it", self.root)
+            self.restarts += 1
+            self._start_observer()
+        self.target.tell(Rescan("observer-restarted"))
+        return False
+
+    def stop(self) -> None:
+        """Stop the timers and the observer; idempotent."""
+        with self._lock:
+            for timer in self._timers:
+                timer.cancel()
+            self._timers.clear()
+            observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            if observer is not threading.current_thread():
+                observer.join(timeout=5)
+
+    def _report(self, kind: type[FileAppeared] | type[FileRemoved], raw: str) -> None:
+        if self.paused:
+            return
+        path = Path(raw)
+        if self.ignore(path.name):
+            return
+        try:
+            self.target.tell(kind(path))
+        except pykka.ActorDeadError:
+            pass  # the actor is gone; stop() will follow
+
+    def __enter__(self) -> FsBridge:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

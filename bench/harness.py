@@ -1,0 +1,164 @@
+"""The benchmark harness: ``hermes-actors bench [--quick] [--scenario NAME ...] [--out DIR]``.
+
+Runs the registered scenarios (:mod:`bench.scenarios`), ours and the
+seed-design baseline side by side in one process, shows a progress bar on
+stderr, prints a table, and writes ``<out>/<UTC timestamp>.json`` shaped::
+
+    {"machine": {...},
+     "scenarios": {NAME: {"ours": M, "baseline": M | null,
+                          "ratio": {"p50": base_p50 / ours_p50,
+                                    "throughput": ours / base} | null}}}
+
+with ``M = {"n", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"}``
+(plus ``rss_mb``, ``threads`` … where measured), and a PNG plot next to it. A
+full (non ``--quick``) run also regenerates ``docs/benchmarks.md`` and
+``docs/benchmarks.png``.
+
+``HERMES_BENCH_TINY=1`` shrinks every count (for the smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import bench.scenarios  # noqa: F401  (registers every scenario)
+from bench.measure import machine_info
+from bench.plot import plot_results
+from bench.progress import NullProgress, Progress
+from bench.registry import REGISTRY, BenchContext
+from bench.report import render_table, write_docs
+
+__all__ = ["DEFAULT_OUT", "TINY_SCALE", "main", "run_bench"]
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_OUT = BENCH_DIR / "results"
+DEFAULT_DOCS = BENCH_DIR.parent / "docs"
+TINY_SCALE = 0.02
+
+
+def _scale_from_env() -> float:
+    """The count multiplier: ``HERMES_BENCH_TINY=1`` → :data:`TINY_SCALE`, else 1."""
+    return TINY_SCALE if os.environ.get("HERMES_BENCH_TINY", "").strip() not in ("", "0") else 1.0
+
+
+def _ratio(ours: dict[str, Any], base: dict[str, Any] | None) -> dict[str, float] | None:
+    if not base or ours["p50_ms"] <= 0 or base["throughput_per_s"] <= 0:
+        return None
+    return {
+        "p50": round(base["p50_ms"] / ours["p50_ms"], 3),
+        "throughput": round(ours["throughput_per_s"] / base["throughput_per_s"], 3),
+    }
+
+
+def _timestamp_path(out_dir: Path, stamp: str, suffix: str) -> Path:
+    path = out_dir / f"{stamp}{suffix}"
+    n = 1
+    while path.exists():
+        path, n = out_dir / f"{stamp}-{n}{suffix}", n + 1
+    return path
+
+
+def run_bench(
+    quick: bool,
+    scenarios: list[str] | None,
+    out_dir: Path,
+    progress: bool = True,
+    *,
+    scale: float | None = None,
+    docs_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Run scenarios, print the table, write the result JSON and the plot.
+
+    Args:
+        quick: small counts (the whole quick run stays under a minute on 2 cores).
+        scenarios: names to run, in registry order; None or empty: all.
+        out_dir: where ``<UTC timestamp>.json`` and ``.png`` go.
+        progress: draw the progress bar on stderr.
+        scale: count multiplier (default: from ``HERMES_BENCH_TINY``).
+        docs_dir: where a full run writes ``benchmarks.md`` / ``.png`` (default: ``docs/``).
+
+    Returns:
+        The result dict, as written to the JSON file.
+
+    Raises:
+        ValueError: an unknown scenario name.
+    """
+    wanted = list(scenarios or REGISTRY)
+    unknown = [name for name in wanted if name not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(REGISTRY)}")
+    names = [name for name in REGISTRY if name in wanted]
+    bar: Progress = Progress() if progress else NullProgress()
+    factor = _scale_from_env() if scale is None else scale
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    result: dict[str, Any] = {"machine": machine_info(), "scenarios": {}}
+    samples: dict[str, dict[str, list[float]]] = {}
+    started = time.perf_counter()
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix=f"hermes-bench-{name}-") as tmp:
+            ctx = BenchContext(quick=quick, scale=factor, workdir=Path(tmp), progress=bar)
+            outcome = REGISTRY[name].fn(ctx)
+        result["scenarios"][name] = {
+            "ours": outcome.ours,
+            "baseline": outcome.baseline,
+            "ratio": _ratio(outcome.ours, outcome.baseline),
+        }
+        samples[name] = outcome.samples
+    elapsed = time.perf_counter() - started
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = _timestamp_path(out_dir, stamp, ".json")
+    json_path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    png_path: Path | None = json_path.with_suffix(".png")
+    assert png_path is not None
+    if plot_results(result, samples, png_path) is None:
+        warnings.warn("matplotlib is not installed: skipping the plot (pip install 'hermes-actors[bench]')",
+                      stacklevel=2)
+        png_path = None
+
+    print(render_table(result))
+    print(f"\n{'quick' if quick else 'full'} run: {len(names)} scenario(s) in {elapsed:.1f}s", file=sys.stderr)
+    print(f"results: {json_path}" + (f"\nplot:    {png_path}" if png_path else ""), file=sys.stderr)
+    if not quick:
+        try:
+            source = str(json_path.relative_to(BENCH_DIR.parent))
+        except ValueError:
+            source = str(json_path)
+        page = write_docs(result, png_path, docs_dir or DEFAULT_DOCS, source)
+        print(f"docs:    {page}", file=sys.stderr)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``bench`` command's arguments."""
+    parser = argparse.ArgumentParser(
+        prog="hermes-actors bench",
+        description="Benchmark hermes-actors against a model of the seed design, side by side.",
+    )
+    parser.add_argument("--quick", action="store_true", help="small counts: finishes in under a minute")
+    parser.add_argument("--scenario", action="append", choices=list(REGISTRY), metavar="NAME",
+                        help=f"run only this scenario (repeatable): {', '.join(REGISTRY)}")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                        help=f"where the JSON and PNG go (default: {DEFAULT_OUT})")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: parse ``argv`` (default ``sys.argv[1:]``), run, return the exit code."""
+    args = build_parser().parse_args(argv)
+    run_bench(args.quick, args.scenario, args.out, progress=not args.no_progress)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

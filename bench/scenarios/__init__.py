@@ -1,0 +1,7 @@
+"""Benchmark scenarios. Importing this package registers them all (see :mod:`bench.registry`).
+
+To add one, write a ``@scenario``-decorated function in a module here and
+import that module below.
+"""
+
+from bench.scenarios import local  # noqa: F401  (registers local-roundtrip, local-throughput, fan-in, scale)

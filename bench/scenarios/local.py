@@ -1,0 +1,173 @@
+"""Scenarios on one machine, one process: ours vs the seed-design baseline.
+
+Ours is :class:`hermes_actors.Gateway` with an instant callable runner (the
+turn returns ``"ok"``) and :data:`bench.roots.BENCH_CONFIG`; the baseline is
+:class:`bench.baseline.BaselineGateway`, whose turn is an instant ``python -c``
+subprocess. Both run the same driver on equally shaped roots in the same run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.baseline import BaselineGateway
+from bench.drivers import Run, System, fan_in, pipelined, sequential_roundtrip
+from bench.measure import ResourceSampler, read_proc_status_kb, summarize
+from bench.registry import BenchContext, ScenarioResult, scenario
+from bench.roots import BENCH_CONFIG, write_root
+from hermes_actors import Gateway
+
+__all__ = ["baseline_system", "instant_reply", "our_system"]
+
+SystemFactory = Callable[[Path], AbstractContextManager[Any]]
+
+
+def instant_reply(turn: Any) -> str:
+    """Our runner for every benchmark: the turn answers at once."""
+    return "ok"
+
+
+def our_system(root: Path) -> Gateway:
+    """hermes-actors on ``root`` with the bench config and the instant runner."""
+    return Gateway(root, runner=instant_reply, config=BENCH_CONFIG)
+
+
+def baseline_system(root: Path) -> BaselineGateway:
+    """The seed-design model on ``root`` with the same turn budget."""
+    return BaselineGateway(root, turn_wait_seconds=float(BENCH_CONFIG["bot_mode"]["turn_wait_seconds"]))
+
+
+@contextmanager
+def _phase(ctx: BenchContext, label: str, total: int) -> Iterator[None]:
+    ctx.progress.start(label, total)
+    try:
+        yield
+    finally:
+        ctx.progress.finish()
+
+
+def _measure(
+    ctx: BenchContext, name: str, side: str, factory: SystemFactory, root: Path, total: int,
+    drive: Callable[[System], Run], samples: dict[str, list[float]],
+) -> dict[str, Any]:
+    """Start a system on ``root``, run ``drive`` on it under a progress phase, summarize.
+
+    The raw latencies are stored in ``samples[side]``.
+    """
+    with factory(root) as system, _phase(ctx, f"{name} {side}", total):
+        run = drive(system)
+    samples[side] = run.latencies_s
+    return summarize(run.latencies_s, run.wall_s)
+
+
+def _shares(pairs: list[tuple[str, str]], senders: int) -> list[list[tuple[str, str]]]:
+    return [pairs[i::senders] for i in range(senders)]
+
+
+# ── scenarios ────────────────────────────────────────────────────────────────
+
+
+@scenario("local-roundtrip", "one sender, one target, sequential: send, wait for the outcome, repeat")
+def local_roundtrip(ctx: BenchContext) -> ScenarioResult:
+    """Latency of one DM end to end, nothing else in flight."""
+    root = ctx.workdir / "root"
+    sender, target = write_root(root, 2)
+    results: dict[str, dict[str, Any]] = {}
+    samples: dict[str, list[float]] = {}
+    for side, factory, n in (
+        ("ours", our_system, ctx.count(2000, 20000, minimum=5)),
+        ("baseline", baseline_system, ctx.count(20, 150, minimum=3)),
+    ):
+        def drive(system: System, n: int = n) -> Run:
+            return sequential_roundtrip(system, sender, target, n, ctx.progress)
+
+        results[side] = _measure(ctx, "local-roundtrip", side, factory, root, n, drive, samples)
+    return ScenarioResult(results["ours"], results["baseline"], samples)
+
+
+@scenario("local-throughput", "8 sender threads x 100 profiles, pipelined; outcomes counted through subscribe")
+def local_throughput(ctx: BenchContext) -> ScenarioResult:
+    """Sustained DM rate with many profiles busy at once."""
+    root = ctx.workdir / "root"
+    profiles = write_root(root, 100)
+    senders = 8
+    results: dict[str, dict[str, Any]] = {}
+    samples: dict[str, list[float]] = {}
+    for side, factory, n in (
+        ("ours", our_system, ctx.count(2000, 20000, minimum=16)),
+        ("baseline", baseline_system, ctx.count(24, 160, minimum=8)),
+    ):
+        # DM i goes from profile i to profile i+1 (mod 100): every profile sends and receives.
+        pairs = [(profiles[i % 100], profiles[(i + 1) % 100]) for i in range(n)]
+
+        def drive(system: System, pairs: list[tuple[str, str]] = pairs) -> Run:
+            return pipelined(system, _shares(pairs, senders), ctx.progress)
+
+        results[side] = _measure(ctx, "local-throughput", side, factory, root, n, drive, samples)
+    return ScenarioResult(results["ours"], results["baseline"], samples)
+
+
+@scenario("fan-in", "64 senders DM one profile at the same moment, in rounds: turn serialization cost")
+def fan_in_scenario(ctx: BenchContext) -> ScenarioResult:
+    """Many senders contend for one profile's single turn at a time."""
+    root = ctx.workdir / "root"
+    profiles = write_root(root, 65)
+    target, senders = profiles[0], profiles[1:]
+    results: dict[str, dict[str, Any]] = {}
+    samples: dict[str, list[float]] = {}
+    for side, factory, rounds in (
+        ("ours", our_system, ctx.count(30, 300)),
+        ("baseline", baseline_system, ctx.count(1, 3)),
+    ):
+        def drive(system: System, rounds: int = rounds) -> Run:
+            return fan_in(system, senders, target, rounds, ctx.progress)
+
+        results[side] = _measure(ctx, "fan-in", side, factory, root, rounds * len(senders), drive, samples)
+    return ScenarioResult(results["ours"], results["baseline"], samples)
+
+
+def _wait_idle(gateway: Gateway, limit_s: float) -> None:
+    """Wait (bounded) until every idle ProfileActor has stopped."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and gateway.stats().get("active_profiles", 0) > 0:
+        time.sleep(0.1)
+
+
+@scenario("scale", "10,000 registered profiles, DMs to 1,000 distinct ones: throughput, peak RSS, threads")
+def scale(ctx: BenchContext) -> ScenarioResult:
+    """Ours only: does a large roster and a thousand active bots stay cheap?"""
+    registered = ctx.count(10_000, 10_000, minimum=20)
+    active = min(registered, ctx.count(1_000, 1_000, minimum=10))
+    n = max(active, ctx.count(2_000, 10_000, minimum=20))
+    root = ctx.workdir / "root"
+    with _phase(ctx, f"scale: write {registered} profiles", registered):
+        profiles = write_root(root, registered)
+    targets = profiles[:: max(1, registered // active)][:active]
+    pairs = [("default", targets[i % len(targets)]) for i in range(n)]
+    gateway = our_system(root)
+    t0 = time.perf_counter()
+    gateway.start()
+    start_s = time.perf_counter() - t0
+    try:
+        ctx.progress.note(f"scale: gateway start with {registered} profiles took {start_s:.2f}s")
+        with ResourceSampler() as sampler, _phase(ctx, "scale ours", n):
+            run = pipelined(gateway, _shares(pairs, 4), ctx.progress)
+        idle_limit = float(BENCH_CONFIG["bot_mode"]["idle_stop_seconds"]) + 3.0
+        _wait_idle(gateway, idle_limit)
+        threads_after = threading.active_count()
+        rss_after_kb = read_proc_status_kb("VmRSS")
+    finally:
+        gateway.stop()
+    ours = summarize(run.latencies_s, run.wall_s)
+    ours.update(
+        rss_mb=round(sampler.peak_rss_mb, 1),
+        threads=sampler.peak_threads,
+        rss_mb_after=round(rss_after_kb / 1024.0, 1) if rss_after_kb else None,
+        threads_after=threads_after,
+    )
+    return ScenarioResult(ours, None, {"ours": run.latencies_s})

@@ -1,0 +1,221 @@
+"""The relay hub: plays the Desktop for several local Hermes roots.
+
+``hermes-actors relay --root A --root B`` pushes each root the others' roster
+(with ``online`` from each gateway's heartbeat), drains every outbox (claim by
+rename — two hubs never both win), hands each envelope to the target root's
+``inbox/``, and copies the target's ``delivered/`` record back into the
+sender root's ``replies/`` (first write wins). All of it on filesystem events,
+with the periodic rescan as the fallback.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TimerSet, TypedActor, handles
+from hermes_actors.config import load_config
+from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.messages import RosterPush
+from hermes_actors.profiles import HANDLE_RE, discover_profiles
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store.relay_inbox import InboxPaths, gateway_alive, post_to_inbox, read_delivered
+
+__all__ = ["HubActor", "HubRoot", "run_hub"]
+
+ROSTER_REFRESH_SECONDS = 60.0  # rewrite unchanged rosters this often so they stay fresh (< 600 s)
+
+
+@dataclass(frozen=True)
+class HubRoot:
+    """One root the hub relays for, known by its connection id."""
+
+    name: str
+    root: Path
+    paths: InboxPaths
+    ttl: float
+
+    @classmethod
+    def make(cls, name: str, root: Path) -> HubRoot:
+        if not HANDLE_RE.match(name):
+            raise ValueError(f"connection id {name!r} must match {HANDLE_RE.pattern}")
+        if not root.is_dir():
+            raise FileNotFoundError(f"Hermes root {str(root)!r} does not exist")
+        paths = InboxPaths.from_root(root).ensure()
+        return cls(name, root, paths, load_config(root).envelope_ttl_seconds)
+
+
+def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) -> list[dict[str, Any]]:
+    """The rows ``target`` sees: every other root's profiles, with online flags."""
+    rows: list[dict[str, Any]] = []
+    for other in roots:
+        if other.name == target.name:
+            continue
+        for p in discover_profiles(other.root):
+            rows.append({
+                "profile": p.profile, "handle": p.handle, "connection_id": other.name,
+                "connection_label": other.name, "title": p.title or p.display_name,
+                "description": p.description, "online": alive[other.name],
+            })
+    return rows
+
+
+class HubActor(TypedActor):
+    """Owns the hub's routing between roots."""
+
+    def __init__(self, roots: list[HubRoot], *, scheduler: Scheduler, roster_seconds: float = 2.0) -> None:
+        super().__init__()
+        self.roots = roots
+        self.by_name = {r.name: r for r in roots}
+        self.by_base = {r.paths.relay.base: r for r in roots}
+        self.timers = TimerSet(scheduler, self.actor_ref)
+        self.roster_seconds = roster_seconds
+        self.last_roster: dict[str, tuple[Any, float]] = {}
+        self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0}
+
+    def on_start(self) -> None:
+        self._push_rosters()
+        self.timers.every(self.roster_seconds, RosterPush())
+
+    def on_stop(self) -> None:
+        self.timers.cancel_all()
+
+    @handles(RosterPush)
+    def _on_push(self, msg: RosterPush) -> None:
+        self._push_rosters()
+
+    def _push_rosters(self) -> None:
+        alive = {r.name: gateway_alive(r.paths) for r in self.roots}
+        now = time.time()
+        for root in self.roots:
+            rows = roster_for(root, self.roots, alive)
+            previous = self.last_roster.get(root.name)
+            if previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS:
+                continue
+            try:
+                rf.write_roster(root.paths.relay, rows, now=now)
+                self.last_roster[root.name] = (rows, now)
+            except (StoreError, OSError) as exc:
+                logger.warning("hub: roster push to {} failed: {}", root.name, exc)
+
+    def _drain(self, source: HubRoot, envelope_id: str) -> None:
+        try:
+            claimed = rf.claim_envelope(source.paths.relay, envelope_id)
+        except (OSError, ValidationError) as exc:
+            logger.warning("hub: claim of {} on {} failed: {}", envelope_id, source.name, exc)
+            return
+        if claimed is None:
+            return  # another drainer won the rename
+        try:
+            envelope = rf.read_envelope(claimed)
+        except ValidationError as exc:
+            rf.quarantine(source.paths.relay, claimed, str(exc))
+            return
+        if source.ttl > 0 and rf.is_expired(envelope, source.ttl, time.time()):
+            ttl = int(source.ttl) if float(source.ttl).is_integer() else source.ttl
+            text = rf.expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl)
+            self._reply(source, rf.make_reply(envelope_id, error=text, reason="queued_expired", now=time.time()))
+            self.counters["expired"] += 1
+            return
+        target = self.by_name.get(envelope["target_connection"])
+        if target is None:
+            conn = envelope["target_connection"]
+            text = f"connection '{conn}' is not known to this relay; the message was NOT delivered."
+            self._reply(source, rf.make_reply(envelope_id, error=text, reason="runtime_offline", now=time.time()))
+            self.counters["refused"] += 1
+            return
+        try:
+            post_to_inbox(target.paths, envelope, source.name)
+            self.counters["drained"] += 1
+        except (StoreError, OSError, ValidationError) as exc:
+            text = f"the relay could not hand the message to {target.name}: {exc}. It was NOT delivered."
+            self._reply(source, rf.make_reply(envelope_id, error=text, reason="unknown", now=time.time()))
+
+    def _forward(self, holder: HubRoot, envelope_id: str) -> None:
+        path = holder.paths.delivered / f"{envelope_id}.json"
+        try:
+            record, reply_connection = read_delivered(path)
+        except FileNotFoundError:
+            return
+        except ValidationError as exc:
+            rf.quarantine(holder.paths.relay, path, str(exc))
+            return
+        source = self.by_name.get(reply_connection)
+        if source is None:
+            rf.quarantine(holder.paths.relay, path, f"reply for unknown connection {reply_connection!r}")
+            return
+        if self._reply(source, record):
+            self.counters["forwarded"] += 1
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _reply(self, source: HubRoot, record: dict[str, Any]) -> bool:
+        try:
+            return rf.write_reply(source.paths.relay, record)
+        except (StoreError, OSError, ValidationError) as exc:
+            logger.error("hub: reply {} to {} failed: {}", record.get("id"), source.name, exc)
+            return False
+
+    @handles(FileAppeared)
+    def _on_file(self, msg: FileAppeared) -> None:
+        directory = msg.path.parent
+        root = self.by_base.get(directory.parent)
+        if root is None or not msg.path.name.endswith(".json"):
+            return
+        envelope_id = msg.path.name[:-5]
+        if not rf.ENVELOPE_ID_RE.match(envelope_id):
+            return
+        if directory == root.paths.relay.outbox:
+            self._drain(root, envelope_id)
+        elif directory == root.paths.delivered:
+            self._forward(root, envelope_id)
+
+    @handles(FileRemoved)
+    def _on_removed(self, msg: FileRemoved) -> None:
+        return None
+
+    @handles(Rescan)
+    def _on_rescan(self, msg: Rescan) -> None:
+        for root in self.roots:
+            for envelope_id in rf.list_ids(root.paths.relay.outbox):
+                self._drain(root, envelope_id)
+            for envelope_id in rf.list_ids(root.paths.delivered):
+                self._forward(root, envelope_id)
+
+
+def run_hub(
+    roots: list[Path], *, names: list[str] | None = None, rescan_seconds: float = 2.0,
+    stop: threading.Event | None = None,
+) -> int:
+    """Run the hub until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code."""
+    if names is not None and len(names) != len(roots):
+        raise ValueError(f"got {len(names)} --name for {len(roots)} --root; give one per root or none")
+    hub_roots = [HubRoot.make(n, r) for n, r in zip(names or [r.name for r in roots], roots, strict=True)]
+    if len({r.name for r in hub_roots}) != len(hub_roots):
+        raise ValueError("connection ids must be unique; pass --name for roots whose folder names collide")
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    with Scheduler() as scheduler:
+        hub = HubActor.start(hub_roots, scheduler=scheduler)
+        bridges = [
+            FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=rescan_seconds).start()
+            for r in hub_roots
+        ]
+        print(f"relay hub running for {', '.join(r.name for r in hub_roots)}", flush=True)
+        try:
+            stop.wait()
+        finally:
+            for bridge in bridges:
+                bridge.stop()
+            hub.stop(block=True, timeout=10)
+    return 0

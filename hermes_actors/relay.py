@@ -1,0 +1,367 @@
+"""RelayActor: the file relay under ``<root>/bot_relay/``, driven by filesystem events.
+
+Sender side: enqueue seed-format envelopes in ``outbox/``; when
+``replies/<id>.json`` appears (a watchdog event; the periodic rescan is only
+the fallback) report the outcome; expire our own undrained envelopes at the
+TTL (claim by rename first, then write the ``queued_expired`` reply); give up
+after the reply budget with ``delivery_timeout``.
+
+Drain side (what the Desktop's ``deliver`` RPC does, here through
+``inbox/`` files posted by the hub): claim by rename, refuse expired
+envelopes, run the turn through the Dispatcher, write ``delivered/<id>.json``.
+
+Hostile files are quarantined, never followed; the actor keeps running.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TimerHandle, TimerSet, TypedActor, handles
+from hermes_actors import outcomes
+from hermes_actors.config import BotModeConfig
+from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.messages import (
+    Housekeep,
+    OutcomeReady,
+    RelayDeliver,
+    RelayOutcome,
+    RelayResumed,
+    RelaySend,
+    RelayTick,
+    RemoteRosterHint,
+    ReplyDeadline,
+    TtlDeadline,
+)
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store.relay_inbox import (
+    InboxPaths,
+    is_consumed,
+    mark_consumed,
+    read_inbox_envelope,
+    remove_heartbeat,
+    take_from_inbox,
+    write_delivered,
+    write_heartbeat,
+)
+
+__all__ = ["RelayActor", "reply_from_outcome"]
+
+HOUSEKEEP_EVERY_SECONDS = 3600.0
+HEARTBEAT_SECONDS = 2.0
+
+
+@dataclass
+class _Waiting:
+    label: str
+    timers: list[TimerHandle]
+
+
+def reply_from_outcome(outcome: Any) -> dict[str, str]:
+    """Pure: the reply-record fields for a settled outcome (seed reply format)."""
+    if outcome.status == "replied":
+        return {"reply": outcome.reply, "error": "", "reason": ""}
+    if outcome.status == "silent":
+        return {"reply": "", "error": "", "reason": ""}
+    return {"reply": "", "error": outcome.error, "reason": outcome.reason}
+
+
+def _label_of(envelope: dict[str, Any]) -> str:
+    return f"@{envelope.get('target_handle', '')} on {envelope.get('target_connection', '')}"
+
+
+class RelayActor(TypedActor):
+    """Owns this root's relay files.
+
+    Args:
+        root: the Hermes root.
+        config: bot_mode settings (TTL, reply budget).
+        dispatcher: where outcomes and drained envelopes go.
+        roster: the RosterActor (hinted when ``roster.json`` changes).
+        scheduler: timers.
+        connection_id: this gateway's id for the heartbeat (None: unknown).
+        local_profiles: folder ids of this root (to resume only our own envelopes).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        config: BotModeConfig,
+        dispatcher: pykka.ActorRef[Any],
+        roster: pykka.ActorRef[Any] | None,
+        scheduler: Scheduler,
+        connection_id: str | None = None,
+        local_profiles: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__()
+        self.paths = InboxPaths.from_root(root)
+        self.config = config
+        self.dispatcher = dispatcher
+        self.roster = roster
+        self.timers = TimerSet(scheduler, self.actor_ref)
+        self.connection_id = connection_id
+        self.local_profiles = local_profiles
+        self.waiting: dict[str, _Waiting] = {}
+        self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0}
+        self.last_housekeep = time.monotonic()
+
+    def on_start(self) -> None:
+        self.paths.ensure()
+        self._resume()
+        self.timers.every(HEARTBEAT_SECONDS, RelayTick())
+        self._heartbeat()
+
+    def on_stop(self) -> None:
+        self.timers.cancel_all()
+        remove_heartbeat(self.paths)
+
+    def stop_timers(self) -> None:
+        self.timers.cancel_all()
+
+    # ── sender side ─────────────────────────────────────────────────────────
+
+    @handles(RelaySend)
+    def _on_send(self, msg: RelaySend) -> dict[str, Any]:
+        route, delivery = msg.route, msg.delivery
+        envelope = rf.make_envelope(
+            target=route.target,
+            message=route.content,
+            sender_profile=route.sender.profile,
+            sender_handle=route.sender.handle,
+            now=time.time(),
+            extra={"hop": delivery.hop},
+        )
+        try:
+            rf.enqueue_envelope(self.paths.relay, envelope)
+        except (StoreError, ValidationError, OSError) as exc:
+            return {"error": f"Could not queue the message for {route.label}: {exc}. Nothing was sent.",
+                    "reason": "unknown"}
+        self._wait_for(envelope["id"], route.label, age=0.0)
+        self.counters["sent"] += 1
+        from hermes_actors.dispatcher import ack_payload
+
+        return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
+
+    def _wait_for(self, envelope_id: str, label: str, *, age: float) -> None:
+        timers = [self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id))]
+        if self.config.envelope_ttl_seconds > 0:
+            timers.append(self.timers.after(self.config.envelope_ttl_seconds - age, TtlDeadline(envelope_id)))
+        self.waiting[envelope_id] = _Waiting(label, timers)
+        self._check_reply(envelope_id)  # a reply may already be there (restart)
+
+    def _resume(self) -> None:
+        """After a restart: wait again for replies to our envelopes still in flight."""
+        resumed: list[tuple[str, str]] = []
+        now = time.time()
+        for directory in (self.paths.relay.outbox, self.paths.relay.claimed):
+            for envelope_id in rf.list_ids(directory):
+                if envelope_id in self.waiting or is_consumed(self.paths, envelope_id):
+                    continue
+                try:
+                    envelope = rf.read_envelope(directory / f"{envelope_id}.json")
+                except FileNotFoundError:
+                    continue
+                except ValidationError as exc:
+                    self._quarantine(directory / f"{envelope_id}.json", str(exc))
+                    continue
+                if self.local_profiles and envelope["from_profile"] not in self.local_profiles:
+                    continue
+                label = _label_of(envelope)
+                resumed.append((envelope_id, label))
+                self._wait_for(envelope_id, label, age=max(0.0, now - float(envelope["created_at"])))
+        if resumed:
+            logger.info("relay: resumed waiting for {} envelope(s) after restart", len(resumed))
+            self.dispatcher.tell(RelayResumed(tuple(resumed)))
+
+    def _check_reply(self, envelope_id: str) -> None:
+        entry = self.waiting.get(envelope_id)
+        if entry is None:
+            return  # not ours (a seed gateway on the same root), or already reported
+        try:
+            reply = rf.read_reply(self.paths.relay, envelope_id)
+        except ValidationError as exc:
+            self._quarantine(self.paths.relay.replies / f"{envelope_id}.json", str(exc))
+            return
+        if reply is None:
+            return
+        if reply["error"]:
+            outcome = outcomes.failed(envelope_id, entry.label, reply["error"], reply["reason"])
+        else:
+            outcome = outcomes.from_reply(envelope_id, entry.label, reply["reply"])
+        self._report(envelope_id, OutcomeReady(outcome))
+        self.counters["replies"] += 1
+
+    def _report(self, envelope_id: str, message: OutcomeReady) -> None:
+        entry = self.waiting.pop(envelope_id)
+        for timer in entry.timers:
+            timer.cancel()
+        self.dispatcher.tell(message)
+        try:
+            mark_consumed(self.paths, envelope_id, now=time.time())
+        except (StoreError, OSError) as exc:
+            logger.warning("relay: could not mark {} consumed: {}", envelope_id, exc)
+
+    @handles(TtlDeadline)
+    def _on_ttl(self, msg: TtlDeadline) -> None:
+        entry = self.waiting.get(msg.envelope_id)
+        if entry is None:
+            return
+        try:
+            claimed = rf.claim_envelope(self.paths.relay, msg.envelope_id)
+        except (OSError, ValidationError) as exc:
+            logger.warning("relay: could not expire {}: {}", msg.envelope_id, exc)
+            return
+        if claimed is None:
+            return  # a drain won the rename: it will deliver, we keep waiting for its reply
+        handle, _, conn = entry.label.removeprefix("@").partition(" on ")
+        ttl = self.config.envelope_ttl_seconds
+        text = rf.expired_error_text(handle, conn, int(ttl) if float(ttl).is_integer() else ttl)
+        rf.write_reply(self.paths.relay, rf.make_reply(msg.envelope_id, error=text, reason="queued_expired",
+                                                       now=time.time()))
+        self.counters["expired"] += 1
+        self._check_reply(msg.envelope_id)
+
+    @handles(ReplyDeadline)
+    def _on_reply_deadline(self, msg: ReplyDeadline) -> None:
+        entry = self.waiting.get(msg.envelope_id)
+        if entry is None:
+            return
+        budget = self.config.reply_wait_seconds
+        text = (f"No reply from {entry.label} within {budget:g}s. The message may still be delivered when the "
+                "Desktop reconnects; do not resend blindly.")
+        self._report(msg.envelope_id, OutcomeReady(outcomes.failed(msg.envelope_id, entry.label, text,
+                                                                   "delivery_timeout")))
+        self.counters["timeouts"] += 1
+
+    # ── drain side (the deliver RPC, through inbox/) ─────────────────────────
+
+    def _take(self, envelope_id: str) -> None:
+        try:
+            taken = take_from_inbox(self.paths, envelope_id)
+        except (OSError, ValidationError) as exc:
+            logger.warning("relay: could not take {} from the inbox: {}", envelope_id, exc)
+            return
+        if taken is None:
+            return
+        try:
+            envelope, reply_connection = read_inbox_envelope(taken)
+        except ValidationError as exc:
+            self._quarantine(taken, str(exc))
+            return
+        ttl = self.config.envelope_ttl_seconds
+        if ttl > 0 and rf.is_expired(envelope, ttl, time.time()):
+            text = rf.expired_error_text(envelope["target_handle"], envelope["target_connection"],
+                                         int(ttl) if float(ttl).is_integer() else ttl)
+            record = rf.make_reply(envelope["id"], error=text, reason="queued_expired", now=time.time())
+            self._write_delivered(record, reply_connection)
+            return
+        self.counters["drained"] += 1
+        self.dispatcher.tell(RelayDeliver(envelope, reply_connection))
+
+    @handles(RelayOutcome)
+    def _on_relay_outcome(self, msg: RelayOutcome) -> None:
+        fields = reply_from_outcome(msg.outcome)
+        record = rf.make_reply(msg.outcome.delivery_id, now=time.time(), **fields)
+        self._write_delivered(record, msg.reply_connection)
+
+    def _write_delivered(self, record: dict[str, Any], reply_connection: str) -> None:
+        try:
+            write_delivered(self.paths, record, reply_connection)
+        except (StoreError, OSError, ValidationError) as exc:
+            logger.error("relay: could not write the reply of {}: {}", record["id"], exc)
+            return
+        try:
+            os.unlink(self.paths.taken / f"{record['id']}.json")
+        except FileNotFoundError:
+            pass
+
+    # ── events and rescans ──────────────────────────────────────────────────
+
+    @handles(FileAppeared)
+    def _on_file(self, msg: FileAppeared) -> None:
+        path = msg.path
+        where = path.parent
+        if path == self.paths.relay.roster:
+            if self.roster is not None:
+                self.roster.tell(RemoteRosterHint())
+            return
+        if not path.name.endswith(".json"):
+            return
+        envelope_id = path.name[:-5]
+        if where == self.paths.relay.replies:
+            self._check_reply(envelope_id)
+        elif where == self.paths.inbox:
+            self._take(envelope_id)
+
+    @handles(FileRemoved)
+    def _on_removed(self, msg: FileRemoved) -> None:
+        return None  # removals need no action: the listing decides at the next rescan
+
+    @handles(Rescan)
+    def _on_rescan(self, msg: Rescan) -> None:
+        replies = set(rf.list_ids(self.paths.relay.replies))
+        for envelope_id in [e for e in self.waiting if e in replies]:
+            self._check_reply(envelope_id)
+        for envelope_id in rf.list_ids(self.paths.inbox):
+            self._take(envelope_id)
+        self._quarantine_strays()
+        if self.roster is not None:
+            self.roster.tell(RemoteRosterHint())
+
+    def _quarantine_strays(self) -> None:
+        """Move files that are not ``<32 hex>.json`` (or are symlinks) out of the watched dirs."""
+        for directory in (self.paths.inbox, self.paths.relay.replies):
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                bad = entry.is_symlink() or not rf.ENVELOPE_ID_RE.match(entry.name.removesuffix(".json")) \
+                    or not entry.name.endswith(".json")
+                if bad:
+                    self._quarantine(Path(entry.path), "not a <32 hex>.json regular file")
+
+    def _quarantine(self, path: Path, why: str) -> None:
+        self.counters["quarantined"] += 1
+        rf.quarantine(self.paths.relay, path, why)
+
+    # ── heartbeat and housekeeping ──────────────────────────────────────────
+
+    def _heartbeat(self) -> None:
+        try:
+            write_heartbeat(self.paths, self.connection_id, now=time.time())
+        except (StoreError, OSError) as exc:
+            logger.warning("relay: heartbeat write failed: {}", exc)
+
+    @handles(RelayTick)
+    def _on_tick(self, msg: RelayTick) -> None:
+        self._heartbeat()
+        if time.monotonic() - self.last_housekeep >= HOUSEKEEP_EVERY_SECONDS:
+            self._on_housekeep(Housekeep())
+
+    @handles(Housekeep)
+    def _on_housekeep(self, msg: Housekeep) -> int:
+        """Sweep stale relay artifacts (> 6 h) and orphaned DM files; returns the count removed."""
+        from hermes_actors.dmfiles import cleanup_bot_dm_cache
+
+        self.last_housekeep = time.monotonic()
+        removed = rf.sweep_stale(self.paths.relay, now=time.time())
+        for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken):
+            removed += rf.sweep_directory(directory, time.time() - rf.STALE_AFTER_SECONDS)
+        removed += cleanup_bot_dm_cache()
+        if removed:
+            logger.info("housekeeping removed {} stale file(s)", removed)
+        return removed
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, "waiting": len(self.waiting)}

@@ -1,0 +1,617 @@
+"""Supervision: restarts with fresh state, mailbox hand-over, bounded intensity, escalation."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+import pytest
+from pykka._envelope import Envelope
+
+from actors import (
+    ActorGone,
+    ChildFailed,
+    EscalatedFailure,
+    Link,
+    RestartPolicy,
+    SupervisorActor,
+    TypedActor,
+    ask,
+    await_condition,
+    handles,
+)
+
+# ── messages ────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Inc:
+    pass
+
+
+@dataclass(frozen=True)
+class Get:
+    pass
+
+
+@dataclass(frozen=True)
+class Record:
+    value: int
+
+
+@dataclass(frozen=True)
+class Seen:
+    pass
+
+
+@dataclass(frozen=True)
+class Crash:
+    pass
+
+
+@dataclass(frozen=True)
+class Fail:
+    pass
+
+
+@dataclass(frozen=True)
+class Block:
+    gate: threading.Event
+    entered: threading.Event
+
+
+@dataclass(frozen=True)
+class WhoAmI:
+    pass
+
+
+@dataclass(frozen=True)
+class StartChild:
+    name: str = "c"
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    name: str = "c"
+
+
+@dataclass(frozen=True)
+class Forget:
+    name: str = "c"
+
+
+@dataclass(frozen=True)
+class Escalated:
+    pass
+
+
+# ── actors ──────────────────────────────────────────────────────────────────
+
+
+class Counter(TypedActor):
+    """A child with state that a restart must rebuild."""
+
+    def __init__(self, *, link: Link | None = None, start: int = 0) -> None:
+        super().__init__(link=link)
+        self.count = start
+        self.seen: list[int] = []
+
+    @handles(Inc)
+    def inc(self, msg: Inc) -> int:
+        self.count += 1
+        return self.count
+
+    @handles(Get)
+    def get(self, msg: Get) -> int:
+        return self.count
+
+    @handles(Record)
+    def record(self, msg: Record) -> None:
+        self.seen.append(msg.value)
+
+    @handles(Seen)
+    def on_seen(self, msg: Seen) -> tuple[int, ...]:
+        return tuple(self.seen)
+
+    @handles(Crash)
+    def crash(self, msg: Crash) -> None:
+        raise RuntimeError("child crash on purpose")
+
+    @handles(Fail)
+    def fail(self, msg: Fail) -> None:
+        raise ValueError("an ask failure is not a crash")
+
+    @handles(Block)
+    def block(self, msg: Block) -> None:
+        msg.entered.set()
+        assert msg.gate.wait(10), "test forgot to open the gate"
+
+    @handles(WhoAmI)
+    def who(self, msg: WhoAmI) -> tuple[str, int]:
+        assert self.link is not None
+        return (self.link.name, self.link.generation)
+
+
+class SalvagingCounter(Counter):
+    """Hands its count to the next instance."""
+
+    def salvage(self) -> Any:
+        return self.count
+
+
+@dataclass
+class Factory:
+    """factory(link, salvage) -> ref, recording every call."""
+
+    actor_class: type[Counter] = Counter
+    calls: list[tuple[Link, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, link: Link, salvage: Any) -> pykka.ActorRef[Any]:
+        with self.lock:
+            self.calls.append((link, salvage))
+        return self.actor_class.start(link=link, start=salvage or 0)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.calls)
+
+
+class Sup(SupervisorActor):
+    def __init__(
+        self,
+        factory: Callable[[Link, Any], pykka.ActorRef[Any]],
+        *,
+        policy: RestartPolicy | None = None,
+        clock: Callable[[], float] | None = None,
+        link: Link | None = None,
+        restarted: list[tuple[str, str]] | None = None,
+    ) -> None:
+        if clock is None:
+            super().__init__(policy=policy, link=link)
+        else:
+            super().__init__(policy=policy, clock=clock, link=link)
+        self.factory = factory
+        self.restarted = restarted if restarted is not None else []
+
+    @handles(StartChild)
+    def on_start_child(self, msg: StartChild) -> pykka.ActorRef[Any]:
+        return self.start_child(msg.name, self.factory)
+
+    @handles(ChildRef)
+    def on_child_ref(self, msg: ChildRef) -> pykka.ActorRef[Any] | None:
+        return self.child_ref(msg.name)
+
+    @handles(Forget)
+    def on_forget(self, msg: Forget) -> None:
+        self.forget_child(msg.name)
+
+    @handles(Escalated)
+    def on_escalated(self, msg: Escalated) -> dict[str, BaseException | None]:
+        return dict(self.escalated)
+
+    def on_child_restarted(self, name: str, ref: pykka.ActorRef[Any]) -> None:
+        self.restarted.append((name, ref.actor_urn))
+
+
+class RecordingSup(Sup):
+    """Records escalations instead of crashing."""
+
+    def __init__(self, *args: Any, escalations: list[tuple[str, BaseException | None]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.escalations = escalations
+
+    def on_escalation(self, name: str, error: BaseException | None) -> None:
+        self.escalations.append((name, error))
+
+
+class Parent(Sup):
+    """A supervisor of supervisors that also records the ChildFailed reports it gets."""
+
+    def __init__(self, *args: Any, reports: list[ChildFailed], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reports = reports
+
+    def _on_child_failed(self, msg: ChildFailed) -> None:
+        self.reports.append(msg)
+        super()._on_child_failed(msg)
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ── fixtures & helpers ──────────────────────────────────────────────────────
+
+
+@pytest.fixture(autouse=True)
+def _stop_all_actors() -> Iterator[None]:
+    yield
+    pykka.ActorRegistry.stop_all(timeout=5)
+
+
+def _child(sup: pykka.ActorRef[Any], name: str = "c") -> pykka.ActorRef[Any] | None:
+    ref: pykka.ActorRef[Any] | None = ask(sup, ChildRef(name), timeout=5)
+    return ref
+
+
+def _await_new_child(sup: pykka.ActorRef[Any], old: pykka.ActorRef[Any], name: str = "c") -> pykka.ActorRef[Any]:
+    def fresh() -> pykka.ActorRef[Any] | None:
+        ref = _child(sup, name)
+        return ref if ref is not None and ref.actor_urn != old.actor_urn and ref.is_alive() else None
+
+    return await_condition(fresh, message=f"a restarted {name!r}")
+
+
+def _block(ref: pykka.ActorRef[Any]) -> threading.Event:
+    gate, entered = threading.Event(), threading.Event()
+    ref.tell(Block(gate, entered))
+    assert entered.wait(5)
+    return gate
+
+
+def _crash_once(sup: pykka.ActorRef[Any], child: pykka.ActorRef[Any]) -> pykka.ActorRef[Any]:
+    child.tell(Crash())
+    return _await_new_child(sup, child)
+
+
+# ── starting ────────────────────────────────────────────────────────────────
+
+
+def test_supervisor_starts_a_child_through_its_factory_with_a_link() -> None:
+    factory = Factory()
+    sup = Sup.start(factory)
+    child = ask(sup, StartChild(), timeout=5)
+    assert child.is_alive()
+    assert factory.count() == 1
+    link, salvage = factory.calls[0]
+    assert link.name == "c"
+    assert link.generation == 0
+    assert link.supervisor.actor_urn == sup.actor_urn
+    assert salvage is None
+    assert ask(child, WhoAmI(), timeout=5) == ("c", 0)
+    assert _child(sup).actor_urn == child.actor_urn  # type: ignore[union-attr]
+
+
+def test_start_child_returns_the_running_child() -> None:
+    factory = Factory()
+    sup = Sup.start(factory)
+    first = ask(sup, StartChild(), timeout=5)
+    again = ask(sup, StartChild(), timeout=5)
+    assert again.actor_urn == first.actor_urn
+    assert factory.count() == 1
+
+
+def test_start_child_after_the_child_stopped_starts_a_new_generation() -> None:
+    factory = Factory()
+    sup = Sup.start(factory)
+    first = ask(sup, StartChild(), timeout=5)
+    first.stop()
+    second = ask(sup, StartChild(), timeout=5)
+    assert second.actor_urn != first.actor_urn
+    assert ask(second, WhoAmI(), timeout=5) == ("c", 1)
+
+
+def test_forget_child_drops_it() -> None:
+    sup = Sup.start(Factory())
+    ask(sup, StartChild(), timeout=5)
+    ask(sup, Forget(), timeout=5)
+    assert _child(sup) is None
+    assert _child(sup, "never-started") is None
+
+
+# ── restart ─────────────────────────────────────────────────────────────────
+
+
+def test_a_crashing_child_is_restarted_with_fresh_state() -> None:
+    factory = Factory()
+    restarted: list[tuple[str, str]] = []
+    sup = Sup.start(factory, restarted=restarted)
+    child = ask(sup, StartChild(), timeout=5)
+    for _ in range(3):
+        child.tell(Inc())
+    assert ask(child, Get(), timeout=5) == 3
+    new = _crash_once(sup, child)
+    assert not child.is_alive()
+    assert ask(new, Get(), timeout=5) == 0  # state rebuilt from scratch
+    assert ask(new, WhoAmI(), timeout=5) == ("c", 1)
+    assert factory.count() == 2
+    assert factory.calls[1][1] is None
+    assert restarted == [("c", new.actor_urn)]
+
+
+def test_a_restarted_child_is_rebuilt_from_its_salvage() -> None:
+    factory = Factory(SalvagingCounter)
+    sup = Sup.start(factory)
+    child = ask(sup, StartChild(), timeout=5)
+    for _ in range(3):
+        child.tell(Inc())
+    new = _crash_once(sup, child)
+    assert factory.calls[1][1] == 3
+    assert ask(new, Get(), timeout=5) == 3
+    assert ask(new, Inc(), timeout=5) == 4
+
+
+def test_an_ask_failure_is_not_a_crash() -> None:
+    factory = Factory()
+    sup = Sup.start(factory)
+    child = ask(sup, StartChild(), timeout=5)
+    child.tell(Inc())
+    with pytest.raises(ValueError):
+        ask(child, Fail(), timeout=5)
+    assert ask(child, Get(), timeout=5) == 1
+    assert factory.count() == 1
+
+
+def test_the_crashed_childs_mailbox_moves_to_the_new_instance_in_order() -> None:
+    sup = Sup.start(Factory())
+    child = ask(sup, StartChild(), timeout=5)
+    child.tell(Record(0))  # handled by the old instance: lost with its state
+    gate = _block(child)
+    child.tell(Crash())
+    first_ask = child.ask(Seen(), block=False)
+    child.tell(Record(1))
+    child.tell(Record(2))
+    inc_ask = child.ask(Inc(), block=False)
+    child.tell(Record(3))
+    last_ask = child.ask(Seen(), block=False)
+    gate.set()
+    # the asks queued behind the crash are answered by the new instance, in mailbox order
+    assert first_ask.get(timeout=5) == ()
+    assert inc_ask.get(timeout=5) == 1
+    assert last_ask.get(timeout=5) == (1, 2, 3)
+    new = _await_new_child(sup, child)
+    assert ask(new, WhoAmI(), timeout=5) == ("c", 1)
+
+
+def test_asks_queued_behind_a_crash_through_ask_get_answers() -> None:
+    sup = Sup.start(Factory())
+    child = ask(sup, StartChild(), timeout=5)
+    gate = _block(child)
+    child.tell(Crash())
+    results: list[Any] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+    ready = threading.Barrier(2)
+
+    def asker() -> None:
+        try:
+            ready.wait(5)
+            results.append(ask(child, WhoAmI(), timeout=10))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=asker, daemon=True).start()
+    ready.wait(5)
+    await_condition(lambda: child.actor_inbox.qsize() == 2, message="crash + ask queued")  # type: ignore[attr-defined]
+    gate.set()
+    assert done.wait(10)
+    assert errors == []
+    assert results == [("c", 1)]
+
+
+def test_a_stale_generation_report_fails_its_asks_instead_of_hanging() -> None:
+    sup = Sup.start(Factory())
+    child = ask(sup, StartChild(), timeout=5)
+    future: pykka.Future[Any] = pykka.ThreadingFuture()
+    sup.tell(ChildFailed("c", 7, RuntimeError("old"), (Envelope(Get(), reply_to=future),)))
+    with pytest.raises(pykka.ActorDeadError):
+        future.get(timeout=5)
+    assert _child(sup).actor_urn == child.actor_urn  # type: ignore[union-attr]  # nothing restarted
+
+
+def test_requeue_into_a_dead_replacement_fails_the_asks() -> None:
+    calls = [0]
+
+    def factory(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
+        calls[0] += 1
+        ref = Counter.start(link=link)
+        if calls[0] > 1:
+            ref.stop()  # the replacement is dead on arrival
+        return ref
+
+    sup = Sup.start(factory)
+    child = ask(sup, StartChild(), timeout=5)
+    gate = _block(child)
+    child.tell(Crash())
+    queued = child.ask(Get(), block=False)
+    gate.set()
+    with pytest.raises(pykka.ActorDeadError):
+        queued.get(timeout=5)
+
+
+def test_a_factory_failing_on_restart_fails_the_queued_asks() -> None:
+    """Regression: the pending envelopes were lost with the supervisor, so those asks hung forever."""
+    calls = [0]
+
+    def factory(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
+        calls[0] += 1
+        if calls[0] > 1:
+            raise OSError("cannot start the replacement")
+        return Counter.start(link=link)
+
+    sup = Sup.start(factory)
+    child = ask(sup, StartChild(), timeout=5)
+    gate = _block(child)
+    child.tell(Crash())
+    queued = child.ask(Get(), block=False)
+    gate.set()
+    with pytest.raises(pykka.ActorDeadError):
+        queued.get(timeout=5)
+    await_condition(lambda: not sup.is_alive(), message="the supervisor to crash on the factory error")
+
+
+# ── intensity & escalation ──────────────────────────────────────────────────
+
+
+def test_more_restarts_than_allowed_escalate() -> None:
+    clock = FakeClock()
+    factory = Factory()
+    escalations: list[tuple[str, BaseException | None]] = []
+    sup = RecordingSup.start(
+        factory, policy=RestartPolicy(max_restarts=2, within_seconds=10), clock=clock, escalations=escalations
+    )
+    child = ask(sup, StartChild(), timeout=5)
+    for _ in range(2):  # two restarts are allowed
+        clock.now += 1
+        child = _crash_once(sup, child)
+    assert factory.count() == 3
+    # the third crash within the window escalates
+    gate = _block(child)
+    child.tell(Crash())
+    queued = [child.ask(Get(), block=False) for _ in range(3)]
+    clock.now += 1
+    gate.set()
+    for future in queued:
+        with pytest.raises(pykka.ActorDeadError):
+            future.get(timeout=5)
+    await_condition(lambda: escalations, message="on_escalation")
+    name, error = escalations[0]
+    assert name == "c"
+    assert isinstance(error, RuntimeError)
+    assert _child(sup) is None  # the child stays down
+    assert not child.is_alive()
+    assert factory.count() == 3  # and was not started again
+    assert set(ask(sup, Escalated(), timeout=5)) == {"c"}
+    assert sup.is_alive()  # this supervisor's hook did not crash it
+    with pytest.raises(ActorGone):
+        ask(child, Get(), timeout=5)
+
+
+def test_start_child_after_escalation_clears_it() -> None:
+    escalations: list[tuple[str, BaseException | None]] = []
+    sup = RecordingSup.start(
+        Factory(), policy=RestartPolicy(max_restarts=0, within_seconds=10), clock=FakeClock(), escalations=escalations
+    )
+    child = ask(sup, StartChild(), timeout=5)
+    child.tell(Crash())
+    await_condition(lambda: escalations, message="on_escalation")
+    again = ask(sup, StartChild(), timeout=5)
+    assert again.is_alive()
+    assert ask(sup, Escalated(), timeout=5) == {}
+    assert ask(again, WhoAmI(), timeout=5) == ("c", 0)
+
+
+@pytest.mark.parametrize(
+    ("gap", "crashes", "escalates"),
+    [
+        (0.0, 3, True),  # max_restarts=2: the 3rd crash in the window escalates
+        (0.0, 2, False),
+        (4.0, 3, True),  # crashes at 0, 4, 8: all within 10 s of each other
+        (6.0, 3, False),  # crashes at 0, 6, 12: the first one left the window
+        (11.0, 6, False),  # slow crashes never escalate
+    ],
+)
+def test_restart_window_with_an_injected_clock(gap: float, crashes: int, escalates: bool) -> None:
+    clock = FakeClock()
+    factory = Factory()
+    escalations: list[tuple[str, BaseException | None]] = []
+    sup = RecordingSup.start(
+        factory, policy=RestartPolicy(max_restarts=2, within_seconds=10), clock=clock, escalations=escalations
+    )
+    child = ask(sup, StartChild(), timeout=5)
+    for i in range(crashes):
+        if i:
+            clock.now += gap
+        last = i == crashes - 1
+        if last and escalates:
+            child.tell(Crash())
+            await_condition(lambda: escalations, message="on_escalation")
+        else:
+            child = _crash_once(sup, child)
+    assert bool(escalations) is escalates
+    assert factory.count() == (crashes if escalates else crashes + 1)
+
+
+def test_default_escalation_crashes_the_supervisor() -> None:
+    sup = Sup.start(Factory(), policy=RestartPolicy(max_restarts=0, within_seconds=10), clock=FakeClock())
+    child = ask(sup, StartChild(), timeout=5)
+    child.tell(Crash())
+    await_condition(lambda: not sup.is_alive(), message="the supervisor to crash")
+    with pytest.raises(ActorGone):
+        ask(sup, ChildRef(), timeout=5)
+
+
+def test_default_escalation_reports_to_the_parent_supervisor() -> None:
+    child_factory = Factory()
+    reports: list[ChildFailed] = []
+    restarted: list[tuple[str, str]] = []
+
+    def mid_factory(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
+        return Sup.start(
+            child_factory, policy=RestartPolicy(max_restarts=0, within_seconds=10), clock=FakeClock(), link=link
+        )
+
+    parent = Parent.start(mid_factory, reports=reports, restarted=restarted)
+    mid = ask(parent, StartChild("mid"), timeout=5)
+    child = ask(mid, StartChild(), timeout=5)
+    child.tell(Crash())  # mid allows no restart: it escalates, crashes, and reports to the parent
+    new_mid = _await_new_child(parent, mid, "mid")
+    assert not mid.is_alive()
+    assert not child.is_alive()
+    assert len(reports) == 1
+    report = reports[0]
+    assert (report.name, report.generation) == ("mid", 0)
+    assert isinstance(report.error, EscalatedFailure)
+    assert report.error.child == "c"
+    assert isinstance(report.error.cause, RuntimeError)
+    assert restarted == [("mid", new_mid.actor_urn)]
+    assert parent.is_alive()
+    # the restarted supervisor is a fresh one: it can start its child again
+    new_child = ask(new_mid, StartChild(), timeout=5)
+    assert ask(new_child, Inc(), timeout=5) == 1
+    assert child_factory.count() == 2
+
+
+# ── RestartPolicy ───────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("max_restarts", "within", "history", "now", "allowed"),
+    [
+        (3, 5.0, [], 0.0, True),
+        (3, 5.0, [1.0, 2.0], 3.0, True),
+        (3, 5.0, [1.0, 2.0, 3.0], 4.0, False),
+        (3, 5.0, [0.0, 1.0, 2.0], 5.0, False),  # the window is inclusive: 5 - 0 <= 5
+        (3, 5.0, [0.0, 1.0, 2.0], 5.001, True),  # the oldest left the window
+        (3, 5.0, [0.0, 0.5, 1.0, 7.0, 8.0], 9.0, True),  # only the recent ones count
+        (3, 5.0, [5.0, 6.0, 7.0, 8.0], 9.0, False),
+        (1, 10.0, [], 0.0, True),
+        (1, 10.0, [0.0], 10.0, False),
+        (1, 10.0, [0.0], 10.5, True),
+        (0, 10.0, [], 0.0, False),  # no restarts at all
+        (2, 0.0, [1.0, 1.0], 1.0, False),  # a zero window still counts same-instant restarts
+        (2, 0.0, [1.0, 1.0], 1.1, True),
+    ],
+)
+def test_restart_policy_allows(
+    max_restarts: int, within: float, history: list[float], now: float, allowed: bool
+) -> None:
+    policy = RestartPolicy(max_restarts=max_restarts, within_seconds=within)
+    before = list(history)
+    assert policy.allows(deque(history), now) is allowed
+    assert history == before  # pure: the history is not changed
+
+
+def test_restart_policy_defaults() -> None:
+    policy = RestartPolicy()
+    assert (policy.max_restarts, policy.within_seconds) == (3, 5.0)
+
+
+def test_escalated_failure_names_the_child_and_cause() -> None:
+    cause = RuntimeError("root cause")
+    error = EscalatedFailure("worker-1", cause)
+    assert error.child == "worker-1"
+    assert error.cause is cause
+    assert "worker-1" in str(error)
+    assert "root cause" in str(error)

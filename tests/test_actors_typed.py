@@ -1,0 +1,438 @@
+"""Typed dispatch, ask/tell and crash handling of ``actors.TypedActor``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import FrozenInstanceError, dataclass
+from typing import Any
+
+import pykka
+import pytest
+from loguru import logger
+from pykka._envelope import Envelope
+
+from actors import (
+    ActorGone,
+    AskTimeout,
+    TypedActor,
+    UnexpectedReply,
+    UnknownMessageError,
+    ask,
+    await_condition,
+    handles,
+    tell,
+)
+
+# ── messages ────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Base:
+    n: int = 0
+
+
+@dataclass(frozen=True)
+class Derived(Base):
+    pass
+
+
+@dataclass(frozen=True)
+class MoreDerived(Derived):
+    pass
+
+
+@dataclass(frozen=True)
+class Sibling(Base):
+    pass
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True)
+class Pong:
+    pass
+
+
+@dataclass(frozen=True)
+class Stranger:
+    pass
+
+
+@dataclass(frozen=True)
+class Inc:
+    pass
+
+
+@dataclass(frozen=True)
+class Get:
+    pass
+
+
+@dataclass(frozen=True)
+class Fail:
+    text: str = "handler failed"
+
+
+@dataclass(frozen=True)
+class Crash:
+    pass
+
+
+@dataclass(frozen=True)
+class Block:
+    gate: threading.Event
+    entered: threading.Event | None = None
+
+
+@dataclass(frozen=True)
+class Echo:
+    value: Any
+
+
+# ── actors ──────────────────────────────────────────────────────────────────
+
+
+class Router(TypedActor):
+    @handles(Base)
+    def on_base(self, msg: Base) -> tuple[str, str]:
+        return ("base", type(msg).__name__)
+
+    @handles(Derived)
+    def on_derived(self, msg: Derived) -> tuple[str, str]:
+        return ("derived", type(msg).__name__)
+
+    @handles(Ping, Pong)
+    def on_ping_or_pong(self, msg: Ping | Pong) -> tuple[str, str]:
+        return ("ping", type(msg).__name__)
+
+
+class SpecialRouter(Router):
+    """Inherits Router's handlers and adds a more specific one in the subclass."""
+
+    @handles(MoreDerived)
+    def on_more(self, msg: MoreDerived) -> tuple[str, str]:
+        return ("more", type(msg).__name__)
+
+
+class OverridingRouter(Router):
+    """Re-registers Derived under a new name: the subclass's registration wins."""
+
+    @handles(Derived)
+    def on_derived_v2(self, msg: Derived) -> tuple[str, str]:
+        return ("derived-v2", type(msg).__name__)
+
+
+class Empty(TypedActor):
+    pass
+
+
+class Worker(TypedActor):
+    def __init__(self, crashes: list[tuple[BaseException | None, list[Any]]] | None = None) -> None:
+        super().__init__()
+        self.count = 0
+        self.crashes = crashes if crashes is not None else []
+
+    @handles(Inc)
+    def inc(self, msg: Inc) -> int:
+        self.count += 1
+        return self.count
+
+    @handles(Get)
+    def get(self, msg: Get) -> int:
+        return self.count
+
+    @handles(Fail)
+    def fail(self, msg: Fail) -> None:
+        raise ValueError(msg.text)
+
+    @handles(Crash)
+    def crash(self, msg: Crash) -> None:
+        raise RuntimeError("crash on purpose")
+
+    @handles(Block)
+    def block(self, msg: Block) -> None:
+        if msg.entered is not None:
+            msg.entered.set()
+        assert msg.gate.wait(10), "test forgot to open the gate"
+
+    @handles(Echo)
+    def echo(self, msg: Echo) -> Any:
+        return msg.value
+
+
+class RecordingWorker(Worker):
+    """Records what on_crash was handed, then behaves like the default."""
+
+    def on_crash(self, error: BaseException | None, pending: list[Envelope[Any]]) -> None:
+        self.crashes.append((error, [e.message for e in pending]))
+        super().on_crash(error, pending)
+
+
+# ── fixtures ────────────────────────────────────────────────────────────────
+
+
+@pytest.fixture(autouse=True)
+def _stop_all_actors() -> Iterator[None]:
+    yield
+    pykka.ActorRegistry.stop_all(timeout=5)
+
+
+@pytest.fixture
+def log_records() -> Iterator[list[dict[str, Any]]]:
+    records: list[dict[str, Any]] = []
+    sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
+    yield records
+    logger.remove(sink)
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        yield pool
+
+
+def _inbox_size(ref: pykka.ActorRef[Any]) -> int:
+    return ref.actor_inbox.qsize()  # type: ignore[attr-defined, no-any-return]
+
+
+def _block(ref: pykka.ActorRef[Any]) -> threading.Event:
+    """Make ``ref`` busy until the returned gate is set (and wait until it is busy)."""
+    gate, entered = threading.Event(), threading.Event()
+    ref.tell(Block(gate, entered))
+    assert entered.wait(5)
+    return gate
+
+
+# ── dispatch ────────────────────────────────────────────────────────────────
+
+
+def test_messages_are_frozen_dataclasses() -> None:
+    with pytest.raises(FrozenInstanceError):
+        Base(1).n = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("actor_class", "message", "expected"),
+    [
+        (Router, Base(), ("base", "Base")),
+        (Router, Derived(), ("derived", "Derived")),  # most specific wins over Base
+        (Router, MoreDerived(), ("derived", "MoreDerived")),  # nearest registered base
+        (Router, Sibling(), ("base", "Sibling")),  # subclass without its own handler → base handler
+        (Router, Ping(), ("ping", "Ping")),  # one handler, several types
+        (Router, Pong(), ("ping", "Pong")),
+        (SpecialRouter, MoreDerived(), ("more", "MoreDerived")),  # subclass actor adds a specific one
+        (SpecialRouter, Derived(), ("derived", "Derived")),  # and inherits the rest
+        (SpecialRouter, Base(), ("base", "Base")),
+        (OverridingRouter, Derived(), ("derived-v2", "Derived")),
+        (OverridingRouter, MoreDerived(), ("derived-v2", "MoreDerived")),
+    ],
+)
+def test_handler_is_chosen_by_message_type(
+    actor_class: type[TypedActor], message: object, expected: tuple[str, str]
+) -> None:
+    ref = actor_class.start()
+    assert ask(ref, message, timeout=5) == expected
+
+
+def test_dispatch_is_stable_across_repeated_messages() -> None:
+    """The per-instance dispatch cache must not mix up types."""
+    ref = SpecialRouter.start()
+    sequence = [Base(), MoreDerived(), Derived(), Sibling(), MoreDerived(), Base(), Ping()]
+    answers = [ask(ref, m, timeout=5)[0] for m in sequence]
+    assert answers == ["base", "more", "derived", "base", "more", "base", "ping"]
+
+
+def test_unknown_message_raises_to_the_asker_naming_actor_type_and_handled() -> None:
+    ref = Router.start()
+    with pytest.raises(UnknownMessageError) as info:
+        ask(ref, Stranger(), timeout=5)
+    text = str(info.value)
+    assert "Router" in text
+    assert "Stranger" in text
+    assert "Base, Derived, Ping, Pong" in text
+    assert isinstance(info.value, TypeError)
+    assert ask(ref, Ping(), timeout=5) == ("ping", "Ping")  # still running
+
+
+def test_unknown_message_to_an_actor_with_no_handlers_says_nothing() -> None:
+    ref = Empty.start()
+    with pytest.raises(UnknownMessageError, match="Empty has no handler for Stranger; it handles: nothing"):
+        ask(ref, Stranger(), timeout=5)
+
+
+def test_unknown_told_message_is_logged_and_the_actor_keeps_running(log_records: list[dict[str, Any]]) -> None:
+    ref = Worker.start()
+    ask(ref, Inc(), timeout=5)
+    assert tell(ref, Stranger()) is True
+
+    def dropped() -> list[dict[str, Any]]:
+        return [r for r in log_records if "dropped a told message" in r["message"]]
+
+    found = await_condition(dropped, message="a 'dropped' warning")
+    assert found[0]["level"].name == "WARNING"
+    assert "Stranger" in found[0]["message"]
+    assert "Worker" in found[0]["message"]
+    assert ref.is_alive()
+    assert ask(ref, Get(), timeout=5) == 1  # state kept: it did not crash and restart
+
+
+def test_unknown_told_message_does_not_reach_on_crash() -> None:
+    crashes: list[tuple[BaseException | None, list[Any]]] = []
+    ref = RecordingWorker.start(crashes)
+    ref.tell(Stranger())
+    assert ask(ref, Inc(), timeout=5) == 1
+    assert crashes == []
+
+
+# ── ask / tell ──────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("value", [0, 42, "text", None, (1, 2), {"k": [1]}])
+def test_ask_returns_the_handlers_value(value: Any) -> None:
+    ref = Worker.start()
+    assert ask(ref, Echo(value), timeout=5) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "expect"),
+    [(42, int), ("x", str), (True, int), ((1,), tuple)],
+)
+def test_ask_expect_accepts_instances(value: Any, expect: type) -> None:
+    ref = Worker.start()
+    assert ask(ref, Echo(value), timeout=5, expect=expect) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "expect"),
+    [(42, str), ("x", int), (None, int), (1.5, int)],
+)
+def test_ask_expect_mismatch_raises_unexpected_reply(value: Any, expect: type) -> None:
+    ref = Worker.start()
+    with pytest.raises(UnexpectedReply) as info:
+        ask(ref, Echo(value), timeout=5, expect=expect)
+    text = str(info.value)
+    assert type(value).__name__ in text
+    assert expect.__name__ in text
+    assert "Echo" in text
+    assert isinstance(info.value, TypeError)
+    assert ask(ref, Get(), timeout=5) == 0
+
+
+def test_slow_handler_times_out_within_the_timeout() -> None:
+    ref = Worker.start()
+    gate = _block(ref)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AskTimeout) as info:
+            ask(ref, Get(), timeout=0.2)
+        elapsed = time.monotonic() - started
+        assert 0.2 <= elapsed < 2.0
+        assert "Get" in str(info.value)
+        assert isinstance(info.value, TimeoutError)
+    finally:
+        gate.set()
+    assert ask(ref, Inc(), timeout=5) == 1  # the actor is fine afterwards
+
+
+def test_ask_a_stopped_actor_raises_actor_gone() -> None:
+    ref = Worker.start()
+    ref.stop()
+    with pytest.raises(ActorGone, match="Get"):
+        ask(ref, Get(), timeout=5)
+
+
+def test_tell_reports_whether_the_actor_is_alive() -> None:
+    ref = Worker.start()
+    assert tell(ref, Inc()) is True
+    assert ask(ref, Get(), timeout=5) == 1
+    ref.stop()
+    assert tell(ref, Inc()) is False
+
+
+def test_handler_exception_is_reraised_at_the_asker_and_the_actor_survives() -> None:
+    ref = Worker.start()
+    assert ask(ref, Inc(), timeout=5) == 1
+    with pytest.raises(ValueError, match="boom-42"):
+        ask(ref, Fail("boom-42"), timeout=5)
+    assert ref.is_alive()
+    assert ask(ref, Inc(), timeout=5) == 2  # same instance, state kept
+
+
+def test_ask_queued_behind_a_stop_fails_with_actor_gone(executor: ThreadPoolExecutor) -> None:
+    ref = Worker.start()
+    gate = _block(ref)
+    ref.stop(block=False)
+    # ask() checks liveness first; the actor is still alive, so this ask is queued behind the stop.
+    future = executor.submit(ask, ref, Get(), timeout=10)
+    await_condition(lambda: _inbox_size(ref) == 2, message="stop + ask queued")
+    gate.set()
+    with pytest.raises(ActorGone):
+        future.result(timeout=5)
+
+
+# ── crashes ─────────────────────────────────────────────────────────────────
+
+
+def test_crash_on_a_tell_stops_the_actor(log_records: list[dict[str, Any]]) -> None:
+    ref = Worker.start()
+    ref.tell(Crash())
+    await_condition(lambda: not ref.is_alive(), message="the crashed actor to stop")
+    await_condition(
+        lambda: any("crashed unsupervised" in r["message"] for r in log_records),
+        message="the crash to be logged",
+    )
+    with pytest.raises(ActorGone):
+        ask(ref, Get(), timeout=5)
+
+
+def test_asks_queued_behind_a_crash_fail_promptly_when_unsupervised(executor: ThreadPoolExecutor) -> None:
+    ref = Worker.start()
+    gate = _block(ref)
+    ref.tell(Crash())
+    futures: list[Future[Any]] = [executor.submit(ask, ref, Get(), timeout=30) for _ in range(5)]
+    await_condition(lambda: _inbox_size(ref) == 6, message="crash + 5 asks queued")
+    started = time.monotonic()
+    gate.set()
+    for future in futures:
+        with pytest.raises(ActorGone):
+            future.result(timeout=5)
+    assert time.monotonic() - started < 5  # far from the asks' own 30 s timeout
+    assert not ref.is_alive()
+
+
+def test_on_crash_gets_the_error_and_the_pending_mailbox_in_order() -> None:
+    crashes: list[tuple[BaseException | None, list[Any]]] = []
+    ref = RecordingWorker.start(crashes)
+    gate = _block(ref)
+    ref.tell(Crash())
+    ref.tell(Inc())
+    pending_ask = ref.ask(Echo("queued"), block=False)
+    ref.tell(Get())
+    gate.set()
+    with pytest.raises(pykka.ActorDeadError):
+        pending_ask.get(timeout=5)
+    assert len(crashes) == 1
+    error, pending = crashes[0]
+    assert isinstance(error, RuntimeError)
+    assert pending == [Inc(), Echo("queued"), Get()]
+
+
+def test_blocking_stop_queued_behind_a_crash_is_answered() -> None:
+    """Regression: the crash path dropped queued stop requests, so ref.stop() hung forever."""
+    ref = Worker.start()
+    gate = _block(ref)
+    ref.tell(Crash())
+    stopped = ref.stop(block=False)
+    gate.set()
+    assert stopped.get(timeout=5) is True
+    assert not ref.is_alive()
+
+
+def test_salvage_defaults_to_none() -> None:
+    assert Worker().salvage() is None

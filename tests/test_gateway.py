@@ -1,0 +1,481 @@
+"""The Gateway facade: outcome shape, errors, stop, supervision, subscribers, the conversation guard."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+from roots import RecordingRunner, body_of, make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway, TurnFailed
+from hermes_actors.messages import Turn
+
+OUTCOME_KEYS = {"delivery_id", "status", "reply", "error", "reason", "retryable", "from", "text"}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return make_root(tmp_path)
+
+
+@pytest.fixture
+def gateways() -> Iterator[list[Gateway]]:
+    """Gateways a test started; stopped at teardown even when the test failed."""
+    started: list[Gateway] = []
+    yield started
+    for gw in started:
+        gw.stop(timeout=5)
+
+
+def start(gateways: list[Gateway], root: Path, runner: Any, config: dict[str, Any] | None = None) -> Gateway:
+    gw = Gateway(root, runner=runner, config=config)
+    gateways.append(gw)
+    return gw.start()
+
+
+def queued(ack: dict[str, Any]) -> str:
+    assert ack.get("status") == "queued", ack
+    assert ack["reply_delivery"] == "notification"
+    return str(ack["delivery_id"])
+
+
+class Recorder:
+    """A thread-safe subscriber callback."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.outcomes: list[dict[str, Any]] = []
+
+    def __call__(self, outcome: dict[str, Any]) -> None:
+        with self.lock:
+            self.outcomes.append(outcome)
+
+    def ids(self) -> list[str]:
+        with self.lock:
+            return [o["delivery_id"] for o in self.outcomes]
+
+    def by_id(self) -> dict[str, dict[str, Any]]:
+        with self.lock:
+            return {o["delivery_id"]: o for o in self.outcomes}
+
+
+def non_daemon_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if not t.daemon and t.is_alive()}
+
+
+# ── the outcome dict ────────────────────────────────────────────────────────
+
+
+def test_outcome_dicts_have_every_key(root: Path, gateways: list[Gateway]) -> None:
+    def behave(turn: Turn) -> str:
+        body = body_of(turn.content)
+        if body == "fail":
+            raise TurnFailed("Your credit balance is too low to run this model.")
+        return "" if body == "quiet" else "sure thing"
+
+    gw = start(gateways, root, behave)
+    ok, bad, quiet = (queued(gw.message_agent(sender="alice", target="bob", message=m)) for m in ("go", "fail", "quiet"))
+    replied = gw.wait_outcome(ok, timeout=10)
+    assert replied == {
+        "delivery_id": ok,
+        "status": "replied",
+        "reply": "sure thing",
+        "error": "",
+        "reason": "",
+        "retryable": False,
+        "from": "@bob",
+        "text": "Reply from @bob: sure thing",
+    }
+    failed = gw.wait_outcome(bad, timeout=10)
+    assert set(failed) == OUTCOME_KEYS
+    assert failed["status"] == "failed" and failed["reply"] == ""
+    assert failed["reason"] == "provider_quota_limit" and failed["retryable"] is False
+    assert failed["error"] == "Your credit balance is too low to run this model."
+    assert failed["text"] == (
+        "Delivery to @bob failed [reason: provider_quota_limit]: Your credit balance is too low to run this model."
+    )
+    silent = gw.wait_outcome(quiet, timeout=10)
+    assert set(silent) == OUTCOME_KEYS
+    assert silent["status"] == "silent" and silent["from"] == "@bob"
+    # Asking again returns the same settled outcome.
+    assert gw.wait_outcome(ok, timeout=1) == replied
+
+
+def test_default_profile_is_shown_as_hermes(root: Path, gateways: list[Gateway]) -> None:
+    gw = start(gateways, root, lambda turn: f"{turn.profile}/{turn.handle} here")
+    ack = gw.message_agent(sender="bob", target="hermes", message="hi")
+    assert ack["to"] == "@hermes"
+    out = gw.wait_outcome(queued(ack), timeout=10)
+    assert out["from"] == "@hermes" and out["reply"] == "default/hermes here"
+    assert out["text"] == "Reply from @hermes: default/hermes here"
+
+
+def test_roster_rows(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = make_root(
+        tmp_path,
+        {"scribe": {"title": "Writer", "display_name": "Dr. Foo", "description": "Drafts prose."}},
+        default={"title": "Coordinator", "display_name": "Hermes"},
+    )
+    gw = start(gateways, root, lambda turn: "x")
+    assert gw.roster() == [
+        {"profile": "default", "handle": "hermes", "display_name": "Hermes", "title": "Coordinator",
+         "description": "", "connection_id": None, "online": True},
+        {"profile": "scribe", "handle": "scribe", "display_name": "Dr. Foo", "title": "Writer",
+         "description": "Drafts prose.", "connection_id": None, "online": True},
+    ]
+
+
+# ── errors ──────────────────────────────────────────────────────────────────
+
+
+def test_message_agent_before_start_and_after_stop(root: Path) -> None:
+    gw = Gateway(root, runner=lambda turn: "x")
+    with pytest.raises(RuntimeError, match="^gateway is not running$"):
+        gw.message_agent(sender="alice", target="bob", message="hi")
+    gw.start()
+    try:
+        queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    finally:
+        gw.stop(timeout=5)
+    with pytest.raises(RuntimeError, match="^gateway is not running$"):
+        gw.message_agent(sender="alice", target="bob", message="hi")
+    gw.stop()  # idempotent
+
+
+def test_wait_outcome_unknown_id_and_timeout(root: Path, gateways: list[Gateway]) -> None:
+    release = threading.Event()
+    gw = start(gateways, root, lambda turn: "late" if release.wait(10) else "never")
+    try:
+        with pytest.raises(KeyError):
+            gw.wait_outcome("0" * 32, timeout=1)
+        with pytest.raises(KeyError):
+            gw.wait_outcome("not-an-id", timeout=1)
+        pending = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+        with pytest.raises(TimeoutError):
+            gw.wait_outcome(pending, timeout=0.2)
+    finally:
+        release.set()
+    assert gw.wait_outcome(pending, timeout=10)["reply"] == "late"
+
+
+def test_missing_root(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    gw = Gateway(missing, runner=lambda turn: "x")
+    with pytest.raises(FileNotFoundError):
+        gw.start()
+    with pytest.raises(FileNotFoundError), Gateway(missing):
+        pass
+    with pytest.raises(RuntimeError, match="^gateway is not running$"):
+        gw.message_agent(sender="alice", target="bob", message="hi")
+
+
+def test_a_root_that_is_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("", encoding="utf-8")
+    with pytest.raises(FileNotFoundError):
+        Gateway(path).start()
+
+
+# ── stop with DMs in flight ─────────────────────────────────────────────────
+
+
+def _blocking_runner(release: threading.Event, entered: threading.Event) -> RecordingRunner:
+    def behave(turn: Turn) -> str:
+        entered.set()
+        if not release.wait(10):
+            raise AssertionError("the test never released the turn")
+        return f"finished {body_of(turn.content)}"
+
+    return RecordingRunner(behave)
+
+
+def _assert_all_gone(threads_before: set[threading.Thread]) -> None:
+    await_condition(lambda: not pykka.ActorRegistry.get_all(), timeout=5, message="every actor stopped")
+    await_condition(lambda: non_daemon_threads() <= threads_before, timeout=5, message="no new non-daemon threads")
+
+
+def test_stop_lets_the_running_turn_finish_and_cancels_the_queue(root: Path) -> None:
+    threads_before = non_daemon_threads()
+    release, entered = threading.Event(), threading.Event()
+    runner = _blocking_runner(release, entered)
+    recorder = Recorder()
+    gw = Gateway(root, runner=runner)
+    gw.subscribe(recorder)  # before start: still sees every outcome
+    gw.start()
+    try:
+        first = queued(gw.message_agent(sender="alice", target="bob", message="running"))
+        assert entered.wait(5)
+        waiting = [queued(gw.message_agent(sender="carol", target="bob", message=f"q{n}")) for n in range(3)]
+        other = queued(gw.message_agent(sender="carol", target="alice", message="q-alice"))
+        acked = [first, *waiting, other]
+        # alice's turn is entered too (other profile), and blocks like bob's.
+        runner.wait_entered(2)
+
+        stopper = threading.Thread(target=gw.stop, kwargs={"timeout": 10})
+        stopper.start()
+        await_condition(lambda: set(waiting) <= set(recorder.ids()), timeout=5, message="queued DMs cancelled")
+        with pytest.raises(RuntimeError, match="^gateway is not running$"):
+            gw.message_agent(sender="alice", target="bob", message="too late")
+        assert stopper.is_alive()  # still waiting for the running turns
+    finally:
+        release.set()
+    stopper.join(timeout=15)
+    assert not stopper.is_alive()
+
+    # stop() flushed the callbacks: every acked DM has exactly one outcome, nothing more.
+    counts = Counter(recorder.ids())
+    assert set(counts) == set(acked) and set(counts.values()) == {1}
+    seen = recorder.by_id()
+    assert seen[first]["status"] == "replied" and seen[first]["reply"] == "finished running"
+    assert seen[other]["status"] == "replied" and seen[other]["reply"] == "finished q-alice"
+    for d in waiting:
+        out = seen[d]
+        assert out["status"] == "failed" and out["reason"] == "cancelled" and out["retryable"] is True
+        assert "NOT delivered" in out["error"]
+        assert out["text"] == f"Delivery to @bob failed [reason: cancelled]: {out['error']}"
+    # wait_outcome still answers after stop, from what the gateway kept.
+    assert gw.wait_outcome(first, timeout=1) == seen[first]
+    assert gw.wait_outcome(waiting[0], timeout=1) == seen[waiting[0]]
+    assert runner.bodies() == ["running", "q-alice"] or runner.bodies() == ["q-alice", "running"]
+    _assert_all_gone(threads_before)
+
+
+def test_stop_timeout_leaves_a_running_turn_ambiguous(root: Path) -> None:
+    threads_before = non_daemon_threads()
+    release, entered = threading.Event(), threading.Event()
+    runner = _blocking_runner(release, entered)
+    recorder = Recorder()
+    gw = Gateway(root, runner=runner).start()
+    try:
+        stuck = queued(gw.message_agent(sender="alice", target="bob", message="stuck"))
+        assert entered.wait(5)
+        waiting = [queued(gw.message_agent(sender="carol", target="bob", message=f"q{n}")) for n in range(2)]
+        gw.subscribe(recorder)
+        gw.stop(timeout=0.3)
+        counts = Counter(recorder.ids())
+        assert set(counts) == {stuck, *waiting} and set(counts.values()) == {1}
+        out = recorder.by_id()[stuck]
+        assert out["status"] == "ambiguous" and out["retryable"] is False
+        assert "do not resend" in out["error"] and "do not resend" in out["text"]
+        assert out["from"] == "@bob"
+        for d in waiting:
+            assert recorder.by_id()[d]["reason"] == "cancelled"
+        assert gw.wait_outcome(stuck, timeout=1)["status"] == "ambiguous"
+    finally:
+        release.set()
+    runner.wait_records(1)
+    assert runner.bodies() == ["stuck"]
+    # The late reply does not change the outcome the sender already got.
+    assert gw.wait_outcome(stuck, timeout=1)["status"] == "ambiguous"
+    assert Counter(recorder.ids())[stuck] == 1
+    _assert_all_gone(threads_before)
+
+
+def test_stop_with_nothing_in_flight_is_quick_and_clean(root: Path) -> None:
+    threads_before = non_daemon_threads()
+    with Gateway(root, runner=lambda turn: "x") as gw:
+        d = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+        gw.wait_outcome(d, timeout=10)
+    _assert_all_gone(threads_before)
+
+
+# ── supervision and subscribers ─────────────────────────────────────────────
+
+
+class Unprintable:
+    """A reply whose conversion to text raises: crashes whoever converts it."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this reply cannot be rendered")
+
+
+class ObjectRunner:
+    """A ``run_turn`` object runner (not a callable), so a non-str reply reaches the ProfileActor."""
+
+    def __init__(self) -> None:
+        self.turns: list[Turn] = []
+
+    def run_turn(self, turn: Turn) -> Any:
+        self.turns.append(turn)
+        return Unprintable() if body_of(turn.content) == "poison" else f"fine: {body_of(turn.content)}"
+
+
+def test_a_crashing_profile_actor_is_restarted(root: Path, gateways: list[Gateway]) -> None:
+    runner = ObjectRunner()
+    gw = start(gateways, root, runner)
+    poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
+    out = gw.wait_outcome(poison, timeout=10)
+    assert set(out) == OUTCOME_KEYS
+    assert out["status"] == "ambiguous" and out["retryable"] is False and "do not resend" in out["text"]
+    after = queued(gw.message_agent(sender="alice", target="bob", message="next"))
+    assert gw.wait_outcome(after, timeout=10) == {
+        "delivery_id": after, "status": "replied", "reply": "fine: next", "error": "", "reason": "",
+        "retryable": False, "from": "@bob", "text": "Reply from @bob: fine: next",
+    }
+    assert [body_of(t.content) for t in runner.turns] == ["poison", "next"]  # the poison never ran twice
+
+
+def test_crash_with_a_queue_keeps_the_queue(root: Path, gateways: list[Gateway]) -> None:
+    release, entered = threading.Event(), threading.Event()
+    bodies: list[str] = []
+
+    class Runner:
+        def run_turn(self, turn: Turn) -> Any:
+            body = body_of(turn.content)
+            bodies.append(body)
+            if body == "poison":
+                entered.set()
+                assert release.wait(10)
+                return Unprintable()
+            return f"fine: {body}"
+
+    gw = start(gateways, root, Runner())
+    try:
+        poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
+        assert entered.wait(5)
+        rest = [queued(gw.message_agent(sender="carol", target="bob", message=f"r{n}")) for n in range(3)]
+    finally:
+        release.set()
+    assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
+    assert [gw.wait_outcome(d, timeout=10)["reply"] for d in rest] == ["fine: r0", "fine: r1", "fine: r2"]
+    assert bodies == ["poison", "r0", "r1", "r2"]
+
+
+def test_raising_and_slow_subscribers_never_block_dms(root: Path) -> None:
+    gate = threading.Event()
+    raised: list[str] = []
+    slow_seen: list[str] = []
+
+    def raising(outcome: dict[str, Any]) -> None:
+        raised.append(outcome["delivery_id"])
+        raise RuntimeError("subscriber bug")
+
+    def slow(outcome: dict[str, Any]) -> None:
+        gate.wait(20)
+        slow_seen.append(outcome["delivery_id"])
+
+    recorder = Recorder()
+    gw = Gateway(root, runner=lambda turn: "pong").start()
+    try:
+        gw.subscribe(raising)
+        gw.subscribe(slow)
+        gw.subscribe(recorder)
+        ids = [queued(gw.message_agent(sender="alice", target="bob", message=f"ping {n}")) for n in range(5)]
+        for d in ids:
+            assert gw.wait_outcome(d, timeout=5)["reply"] == "pong"  # while the slow callback is stuck
+        assert slow_seen == []
+        more = queued(gw.message_agent(sender="carol", target="alice", message="still there?"))
+        assert gw.wait_outcome(more, timeout=5)["status"] == "replied"
+    finally:
+        gate.set()
+        gw.stop(timeout=5)
+    # Flushed by stop, in arrival order, and the raising callback stayed subscribed.
+    assert slow_seen == recorder.ids()
+    assert sorted(slow_seen) == sorted([*ids, more])
+    assert raised == slow_seen
+
+
+def test_unsubscribe(root: Path, gateways: list[Gateway]) -> None:
+    first, second = Recorder(), Recorder()
+    gw = start(gateways, root, lambda turn: "x")
+    stop_first = gw.subscribe(first)
+    gw.subscribe(second)
+    a = queued(gw.message_agent(sender="alice", target="bob", message="1"))
+    gw.wait_outcome(a, timeout=5)
+    await_condition(lambda: first.ids() == [a], timeout=5)
+    stop_first()
+    b = queued(gw.message_agent(sender="alice", target="bob", message="2"))
+    gw.wait_outcome(b, timeout=5)
+    await_condition(lambda: second.ids() == [a, b], timeout=5)
+    assert first.ids() == [a]
+    with pytest.raises(TypeError):
+        gw.subscribe("not callable")  # type: ignore[arg-type]
+
+
+# ── the conversation guard ──────────────────────────────────────────────────
+
+
+class PingPong:
+    """alice and bob answer every "ping" by DMing the other one back from inside their turn."""
+
+    PARTNER = {"alice": "bob", "bob": "alice"}
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sends: list[tuple[str, int, dict[str, Any]]] = []  # (profile, hop of the turn, ack)
+        self.turns: list[Turn] = []
+
+    def __call__(self, turn: Turn) -> str:
+        with self.lock:
+            self.turns.append(turn)
+        body = body_of(turn.content)
+        partner = self.PARTNER.get(turn.profile)
+        if partner is None or not body.startswith("ping"):
+            return f"{turn.profile} got: {body}"
+        ack = turn.message_agent(partner, f"ping from {turn.profile}")
+        with self.lock:
+            self.sends.append((turn.profile, turn.hop, ack))
+        return "pinged" if ack.get("status") == "queued" else f"stopped: {ack.get('reason')}"
+
+
+@pytest.mark.parametrize("max_hops", [3, None])
+def test_bot_loop_stops_at_the_hop_limit(root: Path, gateways: list[Gateway], max_hops: int | None) -> None:
+    limit = max_hops or 8  # the default
+    runner = PingPong()
+    gw = start(gateways, root, runner, {"bot_mode": {"max_hops": max_hops}} if max_hops else None)
+    recorder = Recorder()
+    gw.subscribe(recorder)
+    start_id = queued(gw.message_agent(sender="bob", target="alice", message="ping"))
+
+    await_condition(lambda: len(runner.sends) >= limit, timeout=10, message="the chain reached the limit")
+    sends = list(runner.sends)
+    assert [hop for _, hop, _ in sends] == list(range(1, limit + 1))
+    assert [p for p, _, _ in sends] == ["alice" if n % 2 == 0 else "bob" for n in range(limit)]
+    *accepted, (last_profile, _, refusal) = sends
+    assert all(ack["status"] == "queued" for _, _, ack in accepted)
+    assert refusal == {
+        "error": (
+            f"Conversation guard: this DM would be hop {limit + 1} of a bot-to-bot chain (limit {limit}). "
+            "The message was NOT sent. Stop messaging teammates and answer your user now."
+        ),
+        "reason": "loop_guard",
+    }
+    # Every delivered hop settles; the refused one was never delivered, so the chain is over.
+    ids = [start_id, *(ack["delivery_id"] for _, _, ack in accepted)]
+    outs = [gw.wait_outcome(d, timeout=10) for d in ids]
+    assert [o["reply"] for o in outs] == ["pinged"] * (limit - 1) + ["stopped: loop_guard"]
+    assert len(runner.turns) == limit
+    assert [t.hop for t in runner.turns] == list(range(1, limit + 1))
+
+    # Other DMs are unaffected, also between the same pair.
+    fresh = [
+        queued(gw.message_agent(sender="carol", target="alice", message="hello")),
+        queued(gw.message_agent(sender="alice", target="bob", message="hello")),
+    ]
+    assert [gw.wait_outcome(d, timeout=10)["reply"] for d in fresh] == ["alice got: hello", "bob got: hello"]
+    assert len(runner.turns) == limit + 2
+    await_condition(lambda: len(recorder.ids()) == limit + 2, timeout=5)
+    assert len(runner.sends) == limit
+
+
+def test_a_turn_can_message_from_inside_and_gets_the_reply_later(root: Path, gateways: list[Gateway]) -> None:
+    acks: list[dict[str, Any]] = []
+
+    def behave(turn: Turn) -> str:
+        if turn.profile == "alice":
+            acks.append(turn.message_agent("carol", "what do you think?"))
+            return "asked carol"
+        return f"{turn.profile}: {turn.content}"
+
+    gw = start(gateways, root, behave)
+    first = queued(gw.message_agent(sender="bob", target="alice", message="go"))
+    assert gw.wait_outcome(first, timeout=10)["reply"] == "asked carol"
+    (ack,) = acks
+    out = gw.wait_outcome(queued(ack), timeout=10)
+    assert out["reply"] == "carol: Message from 🤖 alice (@alice): what do you think?"

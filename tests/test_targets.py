@@ -1,0 +1,281 @@
+"""Validation refusals and target resolution: the seed's exact texts and reasons.
+
+Each refusal is checked twice: through the public ``Gateway.message_agent``
+and directly on the pure ``targets.plan_send``. The reason of a refusal is the
+classification of its text, as the seed does; for these texts that is
+``unknown`` (written out literally below, not recomputed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import RecordingRunner, make_root
+
+from hermes_actors import Gateway
+from hermes_actors.config import load_config
+from hermes_actors.messages import RosterSnapshot
+from hermes_actors.profiles import discover_profiles
+from hermes_actors.roster import make_snapshot
+from hermes_actors.targets import LocalRoute, PeerRoute, Refusal, plan_send
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "alice": {"title": "Researcher", "display_name": "Alice"},
+    "bob": {"title": "Builder"},
+    "carol": {"title": "Critic", "description": "Reviews drafts."},
+    "scribe": {"title": "Writer", "display_name": "Dr. Foo"},
+    "twin1": {"title": "Helper", "display_name": "Twin"},
+    "twin2": {"title": "Helper", "display_name": "Twin"},
+}
+CONFIG = {"bot_peers": {"spark": {"url": "http://spark.invalid"}}}
+ALL_HANDLES = ["hermes", "alice", "bob", "carol", "scribe", "twin1", "twin2"]
+PEERS = ["spark"]
+
+
+def roster_for(me: str | None) -> dict[str, Any]:
+    """The teammates/peers keys of a roster refusal sent by ``me``."""
+    return {"teammates": [h for h in ALL_HANDLES if h != me], "peers": PEERS}
+
+
+NOT_BOT_CHAT = (
+    "message_agent is only available in a Bot Mode 'Bot Chat' session. This session is not one; do not retry."
+)
+NOT_MANAGED = "This install is not Bot-Mode-managed (no bot roster); message_agent is unavailable. Do not retry."
+MESSAGE_REQUIRED = "message is required — compose what you want to say to that agent."
+TOO_LONG = (
+    "message too long (16001 chars > 16000). Send the essentials; share large content as a file path instead."
+)
+TARGET_REQUIRED = "target is required."
+YOURSELF = "You can't message yourself. Pick a teammate from the roster."
+
+
+def no_teammate(name: str) -> str:
+    return (
+        f"No teammate named '{name}' on this install, on a connected machine, or on a registered peer. "
+        "Pick a name from the roster (roles are listed in your system prompt)."
+    )
+
+
+# (id, kwargs for message_agent / plan_send, expected refusal dict)
+REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    (
+        "not-bot-chat",
+        {"sender": "alice", "target": "bob", "message": "hi", "session": "Telegram"},
+        {"error": NOT_BOT_CHAT, "reason": "unknown"},
+    ),
+    (
+        "no-session-title",
+        {"sender": "alice", "target": "bob", "message": "hi", "session": ""},
+        {"error": NOT_BOT_CHAT, "reason": "unknown"},
+    ),
+    (
+        "message-empty",
+        {"sender": "alice", "target": "bob", "message": ""},
+        {"error": MESSAGE_REQUIRED, "reason": "unknown"},
+    ),
+    (
+        "message-whitespace",
+        {"sender": "alice", "target": "bob", "message": "  \n\t  "},
+        {"error": MESSAGE_REQUIRED, "reason": "unknown"},
+    ),
+    (
+        "message-too-long",
+        {"sender": "alice", "target": "bob", "message": "x" * 16001},
+        {"error": TOO_LONG, "reason": "unknown"},
+    ),
+    (
+        "target-empty",
+        {"sender": "alice", "target": "", "message": "hi"},
+        {"error": TARGET_REQUIRED, "reason": "unknown", **roster_for("alice")},
+    ),
+    (
+        "target-whitespace-at",
+        {"sender": "alice", "target": "  @ ", "message": "hi"},
+        {"error": TARGET_REQUIRED, "reason": "unknown", **roster_for("alice")},
+    ),
+    (
+        "invalid-target",
+        {"sender": "alice", "target": "a b/c!", "message": "hi"},
+        {"error": "Invalid target: 'a b/c!'.", "reason": "unknown", **roster_for("alice")},
+    ),
+    (
+        "yourself",
+        {"sender": "alice", "target": "alice", "message": "hi"},
+        {"error": YOURSELF, "reason": "unknown"},
+    ),
+    (
+        "yourself-other-case",
+        {"sender": "alice", "target": "@ALICE", "message": "hi"},
+        {"error": YOURSELF, "reason": "unknown"},
+    ),
+    (
+        "yourself-by-display-name",
+        {"sender": "scribe", "target": "Dr. Foo", "message": "hi"},
+        {"error": YOURSELF, "reason": "unknown"},
+    ),
+    (
+        "yourself-hermes-from-default",
+        {"sender": "default", "target": "hermes", "message": "hi"},
+        {"error": YOURSELF, "reason": "unknown"},
+    ),
+    (
+        "yourself-default-from-hermes",
+        {"sender": "hermes", "target": "default", "message": "hi"},
+        {"error": YOURSELF, "reason": "unknown"},
+    ),
+    (
+        "no-teammate",
+        {"sender": "alice", "target": "zed", "message": "hi"},
+        {"error": no_teammate("zed"), "reason": "unknown", **roster_for("alice")},
+    ),
+    (
+        "ambiguous-friendly-name",
+        {"sender": "alice", "target": "Twin", "message": "hi"},
+        {"error": no_teammate("Twin"), "reason": "unknown", **roster_for("alice")},
+    ),
+    (
+        "unknown-peer",
+        {"sender": "alice", "target": "x/y", "message": "hi"},
+        {"error": "No registered peer named 'x'.", "reason": "unknown", **roster_for("alice")},
+    ),
+    (
+        "unknown-sender",
+        {"sender": "nobody", "target": "bob", "message": "hi"},
+        {
+            "error": "Unknown sender 'nobody': no profile with that name on this install.",
+            "reason": "unknown",
+            **roster_for(None),
+        },
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_root(tmp_path_factory.mktemp("targets"), PROFILES, config=CONFIG)
+
+
+@pytest.fixture(scope="module")
+def snapshot(root: Path) -> RosterSnapshot:
+    return make_snapshot(discover_profiles(root), peers=load_config(root).peers)
+
+
+@pytest.fixture(scope="module")
+def runner() -> RecordingRunner:
+    return RecordingRunner()
+
+
+@pytest.fixture(scope="module")
+def gateway(root: Path, runner: RecordingRunner) -> Iterator[Gateway]:
+    with Gateway(root, runner=runner) as gw:
+        yield gw
+
+
+# ── refusals ────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [(k, e) for _, k, e in REFUSALS], ids=[i for i, _, _ in REFUSALS])
+def test_refusal_through_gateway(gateway: Gateway, runner: RecordingRunner, kwargs: dict[str, Any],
+                                 expected: dict[str, Any]) -> None:
+    before = len(runner.entered)
+    assert gateway.message_agent(**kwargs) == expected
+    assert len(runner.entered) == before
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [(k, e) for _, k, e in REFUSALS], ids=[i for i, _, _ in REFUSALS])
+def test_refusal_from_plan_send(snapshot: RosterSnapshot, kwargs: dict[str, Any], expected: dict[str, Any]) -> None:
+    route = plan_send(snapshot, **kwargs)
+    assert isinstance(route, Refusal)
+    assert route.as_dict() == expected
+
+
+def test_unmanaged_install_is_refused(tmp_path: Path) -> None:
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, managed=False)
+    expected = {"error": NOT_MANAGED, "reason": "unknown"}
+    snap = make_snapshot(discover_profiles(root))
+    assert not snap.managed
+    route = plan_send(snap, sender="alice", target="bob", message="hi")
+    assert isinstance(route, Refusal) and route.as_dict() == expected
+    runner = RecordingRunner()
+    with Gateway(root, runner=runner) as gw:
+        assert gw.message_agent(sender="alice", target="bob", message="hi") == expected
+    assert runner.entered == []
+
+
+def test_one_managed_profile_makes_the_install_managed(tmp_path: Path) -> None:
+    root = make_root(tmp_path, {"alice": {}, "bob": {"managed": True, "title": "Builder"}}, managed=False)
+    route = plan_send(make_snapshot(discover_profiles(root)), sender="alice", target="bob", message="hi")
+    assert isinstance(route, LocalRoute) and route.target.profile == "bob"
+
+
+def test_exactly_max_chars_is_accepted(gateway: Gateway, snapshot: RosterSnapshot, runner: RecordingRunner) -> None:
+    body = "y" * 16000
+    route = plan_send(snapshot, sender="alice", target="bob", message=body)
+    assert isinstance(route, LocalRoute)
+    # the limit applies to the stripped body
+    assert isinstance(plan_send(snapshot, sender="alice", target="bob", message=f"  {body}\n"), LocalRoute)
+    ack = gateway.message_agent(sender="alice", target="bob", message=body)
+    assert ack["status"] == "queued"
+    out = gateway.wait_outcome(ack["delivery_id"], timeout=10)
+    assert out["status"] == "replied"
+    turn = next(t for t in runner.entered if t.delivery_id == ack["delivery_id"])
+    assert turn.content == f"Message from 🤖 Alice (@alice): {body}"
+
+
+# ── resolution ──────────────────────────────────────────────────────────────
+
+RESOLVES: list[tuple[str, str, str, str]] = [
+    # (sender, target as typed, folder id, label)
+    ("alice", "bob", "bob", "@bob"),
+    ("alice", "BOB", "bob", "@bob"),
+    ("alice", "@Bob", "bob", "@bob"),
+    ("alice", "  bob  ", "bob", "@bob"),
+    ("alice", "hermes", "default", "@hermes"),
+    ("alice", "HERMES", "default", "@hermes"),
+    ("alice", "default", "default", "@hermes"),
+    ("hermes", "bob", "bob", "@bob"),
+    ("alice", "Dr. Foo", "scribe", "@scribe"),
+    ("alice", "dr. foo", "scribe", "@scribe"),
+    ("alice", "@dr-foo", "scribe", "@scribe"),
+    ("alice", "dr-foo", "scribe", "@scribe"),
+    ("bob", "Alice", "alice", "@alice"),
+    ("alice", "Writer", "scribe", "@scribe"),
+    ("alice", "Critic", "carol", "@carol"),
+]
+
+
+@pytest.mark.parametrize(("sender", "target", "folder", "label"), RESOLVES)
+def test_resolution_from_plan_send(snapshot: RosterSnapshot, sender: str, target: str, folder: str,
+                                   label: str) -> None:
+    route = plan_send(snapshot, sender=sender, target=target, message=" hello ")
+    assert isinstance(route, LocalRoute)
+    assert route.target.profile == folder
+    assert route.label == label
+    me = snapshot.index["default" if sender == "hermes" else sender]
+    assert route.content == f"Message from 🤖 {me.display_name} (@{me.handle}): hello"
+    assert route.author == {"id": f"bot:{me.profile}", "name": me.handle, "is_bot": True}
+
+
+@pytest.mark.parametrize(("sender", "target", "folder", "label"), RESOLVES)
+def test_resolution_through_gateway(gateway: Gateway, runner: RecordingRunner, sender: str, target: str,
+                                    folder: str, label: str) -> None:
+    ack = gateway.message_agent(sender=sender, target=target, message="hello")
+    assert ack["status"] == "queued" and ack["to"] == label
+    out = gateway.wait_outcome(ack["delivery_id"], timeout=10)
+    assert out["status"] == "replied" and out["from"] == label
+    turn = next(t for t in runner.entered if t.delivery_id == ack["delivery_id"])
+    assert turn.profile == folder
+    assert turn.handle == ("hermes" if folder == "default" else folder)
+    assert turn.sender == ("default" if sender == "hermes" else sender)
+
+
+def test_registered_peer_routes_to_the_peer(snapshot: RosterSnapshot) -> None:
+    named = plan_send(snapshot, sender="alice", target="spark/researcher", message="hi")
+    assert isinstance(named, PeerRoute) and (named.peer, named.agent) == ("spark", "researcher")
+    assert named.label == "@researcher on peer 'spark'"
+    bare = plan_send(snapshot, sender="alice", target="Spark", message="hi")
+    assert isinstance(bare, PeerRoute) and (bare.peer, bare.agent) == ("spark", None)
+

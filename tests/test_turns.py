@@ -1,0 +1,392 @@
+"""Turns through the Gateway: serialization, bounded wait, retry policy, silence, the CLI runner."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import RecordingRunner, body_of, make_root
+
+from actors.testkit import await_condition
+from hermes_actors import CommandRunner, Gateway, TurnFailed
+from hermes_actors.messages import Turn
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return make_root(tmp_path)
+
+
+def running(root: Path, runner: Any, config: dict[str, Any] | None = None) -> Gateway:
+    return Gateway(root, runner=runner, config=config).start()
+
+
+@pytest.fixture
+def gateways() -> Iterator[list[Gateway]]:
+    """Gateways a test started; stopped at teardown even when the test failed."""
+    started: list[Gateway] = []
+    yield started
+    for gw in started:
+        gw.stop(timeout=5)
+
+
+def queued(ack: dict[str, Any]) -> str:
+    assert ack.get("status") == "queued", ack
+    delivery_id = ack["delivery_id"]
+    assert isinstance(delivery_id, str) and len(delivery_id) == 32
+    assert delivery_id == delivery_id.lower() and int(delivery_id, 16) >= 0
+    return delivery_id
+
+
+# ── one turn at a time, in arrival order, exactly one outcome each ─────────
+
+
+def _busy_turn(turn: Turn) -> str:
+    for _ in range(20):  # give other threads every chance to interleave
+        time.sleep(0)
+    return f"done {body_of(turn.content)}"
+
+
+def test_concurrent_dms_from_several_senders_never_overlap(root: Path, gateways: list[Gateway]) -> None:
+    runner = RecordingRunner(_busy_turn)
+    gw = running(root, runner)
+    gateways.append(gw)
+    seen: list[str] = []
+    seen_lock = threading.Lock()
+
+    def collect(outcome: dict[str, Any]) -> None:
+        with seen_lock:
+            seen.append(outcome["delivery_id"])
+
+    gw.subscribe(collect)
+    senders = ["alice", "carol", "hermes", "default", "CAROL"]
+    per_sender = 10
+    acked: dict[str, list[str]] = {s: [] for s in senders}
+    errors: list[BaseException] = []
+    go = threading.Barrier(len(senders))
+
+    def fire(sender: str) -> None:
+        try:
+            go.wait(timeout=5)
+            for n in range(per_sender):
+                ack = gw.message_agent(sender=sender, target="bob", message=f"{sender}#{n}")
+                acked[sender].append(queued(ack))
+        except BaseException as exc:  # reported in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fire, args=(s,)) for s in senders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    all_ids = [d for ids in acked.values() for d in ids]
+    assert len(all_ids) == len(set(all_ids)) == 50
+
+    outcomes = {d: gw.wait_outcome(d, timeout=20) for d in all_ids}
+    assert all(o["status"] == "replied" for o in outcomes.values())
+    for sender, ids in acked.items():
+        for n, d in enumerate(ids):
+            assert outcomes[d]["reply"] == f"done {sender}#{n}"
+
+    records = runner.wait_records(50)
+    assert len(records) == 50 and runner.max_active == 1
+    ordered = sorted(records, key=lambda r: r.entered)
+    for before, after in zip(ordered, ordered[1:], strict=False):
+        assert before.exited <= after.entered, "two turns of one profile overlapped"
+    # Each sender's DMs ran in the order their acks came back.
+    entry_order = [t.delivery_id for t in runner.entered]
+    for ids in acked.values():
+        positions = [entry_order.index(d) for d in ids]
+        assert positions == sorted(positions)
+    # Every DM got exactly one outcome (stop flushes the subscriber callbacks).
+    gw.stop(timeout=5)
+    counts = Counter(seen)
+    assert set(counts) == set(all_ids)
+    assert set(counts.values()) == {1}
+
+
+def test_global_arrival_order_is_kept(root: Path, gateways: list[Gateway]) -> None:
+    runner = RecordingRunner(_busy_turn)
+    gw = running(root, runner)
+    gateways.append(gw)
+    senders = ["alice", "carol", "hermes"]
+    ids = [
+        queued(gw.message_agent(sender=senders[n % 3], target="bob", message=f"m{n}")) for n in range(50)
+    ]
+    for d in ids:
+        assert gw.wait_outcome(d, timeout=20)["status"] == "replied"
+    assert [t.delivery_id for t in runner.entered] == ids
+    assert runner.bodies() == [f"m{n}" for n in range(50)]
+    assert runner.max_active == 1
+
+
+def test_different_profiles_run_in_parallel(root: Path, gateways: list[Gateway]) -> None:
+    both_in = threading.Barrier(2, timeout=5)
+
+    def meet(turn: Turn) -> str:
+        both_in.wait()  # only passes when alice's and bob's turns run at the same time
+        return "met"
+
+    gw = running(root, RecordingRunner(meet))
+    gateways.append(gw)
+    a = queued(gw.message_agent(sender="carol", target="alice", message="hi"))
+    b = queued(gw.message_agent(sender="carol", target="bob", message="hi"))
+    assert gw.wait_outcome(a, timeout=10)["reply"] == "met"
+    assert gw.wait_outcome(b, timeout=10)["reply"] == "met"
+
+
+# ── bounded wait: target_busy ───────────────────────────────────────────────
+
+
+def test_queued_dm_fails_target_busy_after_the_wait_budget(root: Path, gateways: list[Gateway]) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "first":
+            started.set()
+            assert release.wait(10)
+        return f"did {body_of(turn.content)}"
+
+    runner = RecordingRunner(behave)
+    gw = running(root, runner, {"bot_mode": {"turn_wait_seconds": 0.3}})
+    gateways.append(gw)
+    try:
+        first = queued(gw.message_agent(sender="alice", target="bob", message="first"))
+        assert started.wait(5)
+        t0 = time.monotonic()
+        second = queued(gw.message_agent(sender="carol", target="bob", message="second"))
+        out = gw.wait_outcome(second, timeout=5)
+        waited = time.monotonic() - t0
+    finally:
+        release.set()
+    assert waited >= 0.25
+    assert out["status"] == "failed"
+    assert out["reason"] == "target_busy"
+    assert out["retryable"] is True
+    assert out["error"] == (
+        "target_busy: another delivery turn is already running for profile 'bob' — "
+        "queued behind it for ~0s without it finishing. The message was NOT delivered; retry shortly."
+    )
+    assert out["text"] == f"Delivery to @bob failed [reason: target_busy]: {out['error']}"
+    assert out["reply"] == "" and out["from"] == "@bob"
+
+    assert gw.wait_outcome(first, timeout=5)["reply"] == "did first"
+    third = queued(gw.message_agent(sender="carol", target="bob", message="third"))
+    assert gw.wait_outcome(third, timeout=5)["reply"] == "did third"
+    # FIFO: had the second DM been kept, it would have run before the third.
+    assert runner.bodies() == ["first", "third"]
+
+
+# ── the retry policy ────────────────────────────────────────────────────────
+
+RETRIED = [
+    ("runtime_offline", "resume"),
+    ("delivery_timeout", "resume"),
+    ("provider_rate_limit", "resume"),
+    ("provider_server_error", "resume"),
+    ("context_overflow", "compress_then_resume"),
+]
+NOT_RETRIED = [
+    "provider_auth_or_access",
+    "provider_quota_limit",
+    "missing_config",
+    "model_unavailable",
+    "unknown",
+]
+RETRYABLE = {"runtime_offline", "provider_rate_limit", "provider_server_error"}
+
+
+class FailingFirst:
+    """Fails attempt 1 (or every attempt) with ``error``; records every turn."""
+
+    def __init__(self, error: BaseException, *, always: bool = False) -> None:
+        self.error, self.always = error, always
+        self.turns: list[Turn] = []
+
+    def __call__(self, turn: Turn) -> str:
+        self.turns.append(turn)
+        if turn.attempt == 1 or self.always:
+            raise self.error
+        return "recovered"
+
+
+def _run_one(root: Path, gateways: list[Gateway], runner: Any) -> tuple[str, dict[str, Any]]:
+    gw = running(root, runner)
+    gateways.append(gw)
+    delivery_id = queued(gw.message_agent(sender="alice", target="bob", message="please"))
+    return delivery_id, gw.wait_outcome(delivery_id, timeout=10)
+
+
+@pytest.mark.parametrize(("reason", "action"), RETRIED)
+def test_retried_once_in_the_same_session(root: Path, gateways: list[Gateway], reason: str, action: str) -> None:
+    runner = FailingFirst(TurnFailed(f"attempt failed ({reason})", reason=reason))
+    delivery_id, out = _run_one(root, gateways, runner)
+    assert [t.attempt for t in runner.turns] == [1, 2]
+    assert [t.retry_action for t in runner.turns] == ["", action]
+    assert [t.session for t in runner.turns] == ["Bot Chat", "Bot Chat"]
+    assert [t.delivery_id for t in runner.turns] == [delivery_id, delivery_id]
+    assert runner.turns[0].content == runner.turns[1].content
+    assert out["status"] == "replied" and out["reply"] == "recovered"
+    assert out["error"] == "" and out["reason"] == ""
+
+
+@pytest.mark.parametrize(("reason", "action"), RETRIED)
+def test_retried_once_then_fails(root: Path, gateways: list[Gateway], reason: str, action: str) -> None:
+    runner = FailingFirst(TurnFailed("still failing", reason=reason), always=True)
+    _, out = _run_one(root, gateways, runner)
+    assert [t.attempt for t in runner.turns] == [1, 2]
+    assert out["status"] == "failed"
+    assert out["reason"] == reason
+    assert out["error"] == "still failing"
+    assert out["retryable"] is (reason in RETRYABLE)
+    assert out["text"] == f"Delivery to @bob failed [reason: {reason}]: still failing"
+
+
+@pytest.mark.parametrize("reason", NOT_RETRIED)
+def test_not_retried(root: Path, gateways: list[Gateway], reason: str) -> None:
+    runner = FailingFirst(TurnFailed("nope", reason=reason))
+    _, out = _run_one(root, gateways, runner)
+    assert [t.attempt for t in runner.turns] == [1]
+    assert out["status"] == "failed"
+    assert out["reason"] == reason
+    assert out["retryable"] is False
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "attempts"),
+    [
+        (RuntimeError("429 Too Many Requests"), "provider_rate_limit", 2),
+        (OSError("upstream: 503 Service Unavailable"), "provider_server_error", 2),
+        (TurnFailed("Connection refused by the model host"), "runtime_offline", 2),  # no reason: classified
+        (ValueError("prompt is too long for the context window"), "context_overflow", 2),
+        (RuntimeError("401 Unauthorized"), "provider_auth_or_access", 1),
+        (KeyError("nothing to classify here"), "unknown", 1),
+        (RuntimeError("error 4290 in module"), "unknown", 1),  # status codes only as whole numbers
+    ],
+)
+def test_plain_exceptions_are_classified(root: Path, gateways: list[Gateway], error: BaseException, reason: str,
+                                         attempts: int) -> None:
+    runner = FailingFirst(error, always=True)
+    _, out = _run_one(root, gateways, runner)
+    assert len(runner.turns) == attempts
+    assert out["status"] == "failed" and out["reason"] == reason
+    if attempts == 2:
+        assert runner.turns[1].retry_action == ("compress_then_resume" if reason == "context_overflow" else "resume")
+
+
+def test_plain_exception_recovers_on_retry(root: Path, gateways: list[Gateway]) -> None:
+    runner = FailingFirst(RuntimeError("HTTP 429: rate limit exceeded"))
+    _, out = _run_one(root, gateways, runner)
+    assert [t.attempt for t in runner.turns] == [1, 2]
+    assert out["status"] == "replied" and out["reply"] == "recovered"
+
+
+# ── silence ─────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"),
+    [
+        ("[SILENT]", "silent"),
+        (" no reply ", "silent"),
+        ("NO_REPLY", "silent"),
+        ("silent", "silent"),
+        ("No   Reply", "silent"),
+        ("", "silent"),
+        ("  \n ", "silent"),
+        ("silently", "replied"),
+        ("[SILENT] but not really", "replied"),
+    ],
+)
+def test_silence(root: Path, gateways: list[Gateway], reply: str, status: str) -> None:
+    _, out = _run_one(root, gateways, lambda turn: reply)
+    assert out["status"] == status
+    if status == "silent":
+        assert out["reply"] == "" and out["error"] == "" and out["reason"] == ""
+        assert out["retryable"] is False
+        assert out["text"].startswith("@bob ") and "silence" in out["text"]
+    else:
+        assert out["reply"] == reply and out["text"] == f"Reply from @bob: {reply}"
+
+
+# ── the command runner through the Gateway ─────────────────────────────────
+
+FAKE_CLI = """#!{python}
+import json, os, sys
+argv = sys.argv[1:]
+query_file = argv[argv.index("--query-file") + 1]
+with open(query_file, encoding="utf-8") as f:
+    query = f.read()
+resume = os.environ.get("HERMES_RESUME_UNANSWERED_TURN") == "1"
+with open(os.environ["FAKE_LOG"], "a", encoding="utf-8") as log:
+    log.write(json.dumps({{"argv": argv, "query": query, "resume": resume}}) + "\\n")
+if query.endswith("busy"):
+    sys.stderr.write("lease check\\nhermes-refusal-reason: SESSION_NOT_OWNED\\n")
+    sys.exit(1)
+if query.endswith("rate") and not resume:
+    sys.stderr.write("provider said: 429 rate limit\\n")
+    sys.exit(1)
+sys.stdout.write("Hello from " + argv[argv.index("-p") + 1] + ("" if not resume else " (resumed)") + "\\n\\n")
+"""
+
+
+@pytest.fixture
+def fake_cli(tmp_path: Path) -> tuple[str, Path]:
+    script = tmp_path / "bin" / "hermes"
+    script.parent.mkdir()
+    script.write_text(FAKE_CLI.format(python=sys.executable), encoding="utf-8")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script), tmp_path / "cli.log"
+
+
+def _log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_command_runner_through_the_gateway(root: Path, gateways: list[Gateway], fake_cli: tuple[str, Path],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    cli, log = fake_cli
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    dm_base = root.parent / "tmp"  # the temp root the DM directory is made in (like /tmp)
+    dm_base.mkdir()
+    runner = CommandRunner(cli=cli, timeout=30, dm_base=dm_base)
+    gw = running(root, runner)
+    gateways.append(gw)
+
+    ok = queued(gw.message_agent(sender="alice", target="bob", message="hello"))
+    out = gw.wait_outcome(ok, timeout=20)
+    assert out["status"] == "replied" and out["reply"] == "Hello from bob", out
+    (call,) = _log(log)
+    assert call["argv"][:-1] == [
+        "-p", "bob", "chat", "--in", "~", "-c", "Bot Chat", "--create-if-missing", "-Q", "--query-file",
+    ]
+    assert call["query"] == "Message from 🤖 alice (@alice): hello"
+    assert call["resume"] is False
+    assert not Path(call["argv"][-1]).exists()  # the query file is removed after the turn
+
+    busy = queued(gw.message_agent(sender="alice", target="bob", message="are you busy"))
+    out = gw.wait_outcome(busy, timeout=20)
+    assert out["status"] == "failed" and out["reason"] == "target_busy"
+    assert "NOT delivered" in out["error"] and out["retryable"] is True
+    assert len(_log(log)) == 2  # refused by the session's owner: never retried
+
+    rate = queued(gw.message_agent(sender="carol", target="bob", message="check the rate"))
+    out = gw.wait_outcome(rate, timeout=20)
+    assert out["status"] == "replied" and out["reply"] == "Hello from bob (resumed)"
+    calls = _log(log)[2:]
+    assert [c["resume"] for c in calls] == [False, True]
+    assert calls[0]["argv"][-1] == calls[1]["argv"][-1]  # the retry replays the same query file
+    assert calls[0]["query"] == calls[1]["query"] == "Message from 🤖 carol (@carol): check the rate"
+    assert runner.kept() == []
+    assert not any(p.is_file() for p in dm_base.rglob("*"))
