@@ -123,8 +123,10 @@ class Scheduler:
 
     def _push(self, handle: TimerHandle) -> None:
         with self._cond:
+            earliest = self._heap[0][0] if self._heap else None
             heapq.heappush(self._heap, (handle.due, next(self._seq), handle))
-            self._cond.notify()
+            if earliest is None or handle.due < earliest:
+                self._cond.notify()  # only a new head changes how long the thread sleeps
 
     def _pop_due(self, now: float) -> list[TimerHandle]:
         due: list[TimerHandle] = []

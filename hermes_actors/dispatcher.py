@@ -9,30 +9,36 @@ table of pending and settled outcomes that ``wait_outcome`` reads.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, Link, RestartPolicy, SupervisorActor, ask, handles
+from actors import ActorGone, AskTimeout, Link, RestartPolicy, SupervisorActor, ask, handles, tell
 from hermes_actors import outcomes
+from hermes_actors.errors import StoreError
+from hermes_actors.faults import crashpoint
 from hermes_actors.guard import check_hops, check_pair_rate, pair_key
+from hermes_actors.ids import new_delivery_id
 from hermes_actors.messages import (
+    AcceptDurable,
     AttachRelay,
     AwaitOutcome,
     Deliver,
     Delivery,
     ExportOutcomes,
     FinalizePending,
+    FinishedDurable,
     Notify,
     Outcome,
     OutcomeReady,
+    PendingAck,
     ProfileIdle,
     ProfileInfo,
+    Recover,
     RelayDeliver,
     RelayOutcome,
     RelayResumed,
@@ -48,9 +54,10 @@ from hermes_actors.messages import (
     WindDown,
 )
 from hermes_actors.profile import ProfileActor, ProfileDeps
+from hermes_actors.store.journal import Journal
 from hermes_actors.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
 
-__all__ = ["DispatcherActor", "ack_payload"]
+__all__ = ["DispatcherActor", "ack_payload", "delivery_from_record", "delivery_record", "resolve_ack"]
 
 SETTLED_KEEP = 200_000  # settled outcomes remembered for wait_outcome (oldest dropped first)
 
@@ -70,6 +77,44 @@ def ack_payload(delivery_id: str, label: str, *, now: float) -> dict[str, Any]:
         ),
         "queued_at": int(now),
     }
+
+
+def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
+    """The ack dict from a SendRequest answer (waiting for the journal in durable mode)."""
+    if isinstance(answer, PendingAck):
+        try:
+            answer = answer.future.get(timeout=timeout)
+        except pykka.Timeout:
+            return {"error": f"The delivery journal did not confirm within {timeout}s; the message was NOT queued.",
+                    "reason": "unknown"}
+    if not isinstance(answer, dict):
+        raise TypeError(f"SendRequest answered {type(answer).__name__}, expected a dict")
+    return answer
+
+
+def delivery_record(delivery: Delivery) -> dict[str, Any]:
+    """Pure: a Delivery as the journal stores it."""
+    return asdict(delivery)
+
+
+def delivery_from_record(record: dict[str, Any]) -> Delivery:
+    """Pure: a journaled Delivery back (unknown keys from newer versions are ignored)."""
+    fields = Delivery.__dataclass_fields__
+    return Delivery(**{k: v for k, v in record.items() if k in fields})
+
+
+def _journal_refusal(error: BaseException) -> dict[str, Any]:
+    return {
+        "error": f"The delivery could not be recorded durably ({error}), so it was NOT queued. "
+        "Free disk space or fix the journal directory, then resend.",
+        "reason": "unknown",
+    }
+
+
+def _settled_future(value: dict[str, Any]) -> PendingAck:
+    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+    future.set(value)
+    return PendingAck(future)
 
 
 @dataclass
@@ -100,6 +145,7 @@ class DispatcherActor(SupervisorActor):
         peer_submit: Callable[[Delivery, PeerRoute, Callable[[Outcome], None]], None] | None = None,
         relay: pykka.ActorRef[Any] | None = None,
         policy: RestartPolicy | None = None,
+        journal: Journal | None = None,
     ) -> None:
         super().__init__(policy=policy or RestartPolicy(max_restarts=5, within_seconds=10.0))
         self.snapshot = snapshot
@@ -114,6 +160,9 @@ class DispatcherActor(SupervisorActor):
         self.sent: dict[str, int] = {}  # Deliver messages sent to each live ProfileActor
         self.pairs: dict[tuple[str, str], deque[float]] = {}
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
+        self.journal = journal
+        self.journaled: set[str] = set()  # ids whose lifecycle the journal records
+        self.awaiting_durable: dict[str, tuple[Delivery, ProfileInfo, pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
 
     # ── turns ask back through us ───────────────────────────────────────────
 
@@ -123,8 +172,7 @@ class DispatcherActor(SupervisorActor):
 
         def send(target: str, message: str) -> dict[str, Any]:
             request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1)
-            answer: dict[str, Any] = ask(me, request, timeout=30, expect=dict)
-            return answer
+            return resolve_ack(ask(me, request, timeout=30), timeout=30)
 
         return Turn(
             profile=delivery.target,
@@ -155,7 +203,7 @@ class DispatcherActor(SupervisorActor):
         self.accepting = False
 
     @handles(SendRequest)
-    def _on_send(self, msg: SendRequest) -> dict[str, Any]:
+    def _on_send(self, msg: SendRequest) -> dict[str, Any] | PendingAck:
         if not self.accepting:
             raise RuntimeError("gateway is not running")
         route = plan_send(
@@ -185,7 +233,7 @@ class DispatcherActor(SupervisorActor):
             del self.pairs[pair]
         now = time.time()
         delivery = Delivery(
-            delivery_id=uuid.uuid4().hex,
+            delivery_id=new_delivery_id(),
             sender=route.sender.profile,
             sender_handle=route.sender.handle,
             target=route.target.profile if isinstance(route, LocalRoute) else "",
@@ -197,8 +245,13 @@ class DispatcherActor(SupervisorActor):
             label=route.label,
         )
         if isinstance(route, LocalRoute):
+            ack = ack_payload(delivery.delivery_id, route.label, now=now)
+            if self.journal is not None:
+                return self._accept_durably(delivery, route.target, ack)
             self._deliver_local(route.target, delivery)
-        elif isinstance(route, PeerRoute):
+            self.counters["accepted"] += 1
+            return ack
+        if isinstance(route, PeerRoute):
             if self.peer_submit is None:
                 return Refusal(
                     f"Peer delivery to {route.label} is not available on this gateway.", "runtime_offline"
@@ -210,6 +263,102 @@ class DispatcherActor(SupervisorActor):
             return self._deliver_relay(route, delivery)
         self.counters["accepted"] += 1
         return ack_payload(delivery.delivery_id, route.label, now=now)
+
+    # ── durable mode ────────────────────────────────────────────────────────
+
+    def _accept_durably(self, delivery: Delivery, target: ProfileInfo, ack: dict[str, Any]) -> PendingAck:
+        """Journal the acceptance; the ack is released once the group commit covering it is on disk."""
+        assert self.journal is not None
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        key = delivery.delivery_id
+        me = self.actor_ref
+        try:
+            self.journal.append(
+                {"t": "accepted", "id": key, "d": delivery_record(delivery)},
+                callback=lambda error: tell(me, AcceptDurable(key, error)),
+            )
+        except StoreError as exc:
+            return _settled_future(_journal_refusal(exc))
+        self.awaiting_durable[key] = (delivery, target, future, ack)
+        return PendingAck(future)
+
+    @handles(AcceptDurable)
+    def _on_accept_durable(self, msg: AcceptDurable) -> None:
+        entry = self.awaiting_durable.pop(msg.delivery_id, None)
+        if entry is None:
+            return
+        delivery, target, future, ack = entry
+        if msg.error is not None:
+            future.set(_journal_refusal(msg.error))  # nothing acked, nothing queued
+            return
+        crashpoint("after-journal-before-ack")
+        self.journaled.add(delivery.delivery_id)
+        self._deliver_local(target, delivery)
+        self.counters["accepted"] += 1
+        future.set(ack)
+
+    @handles(FinishedDurable)
+    def _on_finished_durable(self, msg: FinishedDurable) -> None:
+        if msg.error is not None:
+            logger.error(
+                "outcome of {} could not be journaled ({}); publishing it anyway", msg.outcome.delivery_id, msg.error
+            )
+        self._publish(msg.outcome)
+        crashpoint("after-outcome-before-delivered")
+        self._journal_quietly({"t": "delivered", "id": msg.outcome.delivery_id})
+
+    def _journal_quietly(self, record: dict[str, Any]) -> None:
+        if self.journal is None:
+            return
+        try:
+            self.journal.append(record)
+        except StoreError as exc:
+            logger.error("journal append failed: {}", exc)
+
+    @handles(Recover)
+    def _on_recover(self, msg: Recover) -> dict[str, int]:
+        """Act on the journal of a previous run: re-offer, mark ambiguous, or re-deliver outcomes."""
+        counts = {"reoffered": 0, "ambiguous": 0, "redelivered": 0, "known": 0}
+        for key, state in msg.states.items():
+            if state.delivered:
+                if state.outcome is not None:
+                    self.settled[key] = state.outcome
+                    counts["known"] += 1
+                continue
+            delivery = delivery_from_record(state.delivery) if state.delivery else None
+            label = delivery.label if delivery else "the teammate"
+            if state.outcome is not None:
+                o = state.outcome
+                outcome = Outcome(
+                    key, o["status"], o["reply"], o["error"], o["reason"], bool(o["retryable"]), o["from"], o["text"]
+                )
+                self._publish(outcome)
+                self._journal_quietly({"t": "delivered", "id": key})
+                counts["redelivered"] += 1
+            elif delivery is None:
+                continue  # a torn record without its acceptance: nothing was acked
+            elif state.started and not msg.idempotent_runner:
+                self.journaled.add(key)
+                self.pending[key] = _Pending(delivery, "local")
+                self._settle(outcomes.ambiguous(key, label, "The gateway stopped or crashed during the turn."))
+                counts["ambiguous"] += 1
+            else:
+                info = self.snapshot.index.get(delivery.target.lower())
+                self.journaled.add(key)
+                if info is None:
+                    self.pending[key] = _Pending(delivery, "local")
+                    text = f"The profile '{delivery.target}' no longer exists."
+                    self._settle(outcomes.failed(key, label, text, "unknown"))
+                    continue
+                self._deliver_local(info, replace(delivery, origin="recovered"))
+                counts["reoffered"] += 1
+        if any(counts.values()):
+            logger.info(
+                "recovery: {reoffered} re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered, "
+                "{known} settled outcomes known",
+                **counts,
+            )
+        return counts
 
     def _deliver_relay(self, route: RelayRoute, delivery: Delivery) -> dict[str, Any]:
         if self.relay is None:
@@ -317,6 +466,24 @@ class DispatcherActor(SupervisorActor):
             if self.relay is not None:
                 self.relay.tell(RelayOutcome(outcome, entry.reply_connection))
             return
+        if self.journal is not None and key in self.journaled:
+            me = self.actor_ref
+            try:
+                self.journal.append(
+                    {"t": "finished", "id": key, "o": outcome.as_dict()},
+                    callback=lambda error: tell(me, FinishedDurable(outcome, error)),
+                )
+                self.settled[key] = outcome.as_dict()  # a second outcome is dropped from now on
+                return
+            except StoreError as exc:
+                logger.error("journal append failed for the outcome of {}: {}", key, exc)
+        self._publish(outcome)
+
+    def _publish(self, outcome: Outcome) -> None:
+        """Make an outcome visible: wait_outcome answers, subscribers are called."""
+        key = outcome.delivery_id
+        self.pending.pop(key, None)
+        self.journaled.discard(key)
         record = outcome.as_dict()
         self.settled[key] = record
         if len(self.settled) > SETTLED_KEEP:
@@ -330,7 +497,9 @@ class DispatcherActor(SupervisorActor):
     def _on_await(self, msg: AwaitOutcome) -> pykka.ThreadingFuture[dict[str, Any]]:
         future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
         record = self.settled.get(msg.delivery_id)
-        if record is not None:
+        if record is not None and msg.delivery_id in self.journaled:
+            self.waiters.setdefault(msg.delivery_id, []).append(future)  # its outcome is being journaled
+        elif record is not None:
             future.set(record)
         elif msg.delivery_id in self.pending:
             self.waiters.setdefault(msg.delivery_id, []).append(future)
@@ -352,7 +521,7 @@ class DispatcherActor(SupervisorActor):
             if ref is None:
                 continue
             try:
-                current = ask(ref, WindDown(msg.timeout), timeout=10)
+                current = ask(ref, WindDown(msg.timeout, keep_journaled=self.journal is not None), timeout=10)
             except (ActorGone, AskTimeout):
                 continue
             if current:
@@ -367,7 +536,15 @@ class DispatcherActor(SupervisorActor):
         for key, entry in list(self.pending.items()):
             if entry.route == "relay":
                 continue  # our envelopes stay in outbox/: the next start resumes waiting for replies
-            self._settle(outcomes.ambiguous(key, entry.delivery.label, msg.why))
+            if key in self.journaled and key not in msg.running:
+                continue  # never started: stays journaled and is re-offered by the next start
+            outcome = outcomes.ambiguous(key, entry.delivery.label, msg.why)
+            if self.journal is not None and key in self.journaled:
+                try:  # shutting down: write it now rather than through the async group commit
+                    self.journal.append_durably({"t": "finished", "id": key, "o": outcome.as_dict()})
+                except StoreError as exc:
+                    logger.error("could not journal the outcome of {}: {}", key, exc)
+            self._publish(outcome)
             count += 1
         return count
 

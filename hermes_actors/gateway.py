@@ -21,7 +21,7 @@ from loguru import logger
 
 from actors import ActorGone, AskTimeout, FsBridge, RestartPolicy, Scheduler, WorkerPool, ask
 from hermes_actors.config import BotModeConfig, load_config
-from hermes_actors.dispatcher import DispatcherActor
+from hermes_actors.dispatcher import DispatcherActor, resolve_ack
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
@@ -34,6 +34,7 @@ from hermes_actors.messages import (
     GetSnapshot,
     Housekeep,
     Outcome,
+    Recover,
     RemoveSubscriber,
     RosterChanged,
     RosterSnapshot,
@@ -49,6 +50,7 @@ from hermes_actors.profile import ProfileDeps
 from hermes_actors.relay import RelayActor
 from hermes_actors.roster import RosterActor, roster_rows
 from hermes_actors.runners import TurnRunner, as_runner
+from hermes_actors.store.journal import Journal
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.targets import PeerRoute
 from hermes_actors.transports.peer_cli import PeerCliTransport
@@ -71,6 +73,9 @@ class Gateway:
         workers: the turn worker thread cap.
         cross_process_lock: hold ``bot_relay/locks/<profile>.lock`` for each turn.
         peer_transport: how ``bot_peers`` targets are reached (default: the CLI).
+        durable: journal every local delivery before acking it (group commit) and
+            recover on the next start; False trades that for speed.
+        fsync: with ``durable``, fsync each group commit (False only for tests of speed).
 
     Raises:
         FileNotFoundError: from :meth:`start` when ``root`` is not a directory.
@@ -86,6 +91,8 @@ class Gateway:
         workers: int = 64,
         cross_process_lock: bool = True,
         peer_transport: PeerCliTransport | None = None,
+        durable: bool = True,
+        fsync: bool = True,
     ) -> None:
         self.root = Path(root).expanduser()
         if runner is None:
@@ -98,6 +105,10 @@ class Gateway:
         self.workers = workers
         self.cross_process_lock = cross_process_lock
         self.peer_transport = peer_transport
+        self.durable = durable
+        self.fsync = fsync
+        self._journal: Journal | None = None
+        self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
         self._state = "new"  # new → running → stopping → stopped
         self._state_lock = threading.Lock()  # guards the lifecycle only, never message traffic
@@ -127,6 +138,11 @@ class Gateway:
             if not self.root.is_dir():
                 raise FileNotFoundError(f"Hermes root {str(self.root)!r} does not exist or is not a directory")
             self.config = cfg = load_config(self.root, self.overrides)
+            InboxPaths.from_root(self.root).ensure()  # before the watch starts: no events for our own mkdirs
+            adopted = None
+            if self.durable:
+                self._journal = Journal(self.root / "bot_relay" / "journal", fsync=self.fsync)
+                adopted = self._journal.start()
             self._scheduler = Scheduler().start()
             self._pool = WorkerPool(self.workers, name="turn")
             self._notifier = NotifierActor.start()
@@ -150,6 +166,7 @@ class Gateway:
                     dispatcher=dispatcher,
                     make_turn=make_turn,
                     cross_process_lock=self.cross_process_lock,
+                    journal=self._journal,
                 )
 
             def peer_submit(delivery: Delivery, route: PeerRoute, report: Callable[[Outcome], None]) -> None:
@@ -161,10 +178,10 @@ class Gateway:
                 notifier=self._notifier,
                 peer_submit=peer_submit,
                 policy=RestartPolicy(max_restarts=5, within_seconds=10.0),
+                journal=self._journal,
             )
             current = ask(self._roster, Subscribe(self._dispatcher), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
             self._dispatcher.tell(RosterChanged(current))
-            InboxPaths.from_root(self.root).ensure()  # before the watch starts: no events for our own mkdirs
             self._relay = RelayActor.start(
                 self.root,
                 config=cfg,
@@ -178,6 +195,11 @@ class Gateway:
             self._bridge = FsBridge(
                 self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
             ).start()
+            if adopted is not None and adopted.states:
+                idempotent = bool(getattr(runner, "idempotent", False))
+                self.recovered = ask(
+                    self._dispatcher, Recover(adopted.states, idempotent), timeout=_ASK_TIMEOUT, expect=dict
+                )
             self._state = "running"
         logger.info("gateway started on {} ({} profiles)", self.root, len(snapshot.profiles))
         return self
@@ -208,7 +230,8 @@ class Gateway:
                     future.get(timeout=max(0.0, deadline - time.monotonic()))
                 except (pykka.Timeout, KeyError):
                     continue
-            ask(dispatcher, FinalizePending("The turn was still running when the gateway stopped."), timeout=30)
+            why = "The turn was still running when the gateway stopped."
+            ask(dispatcher, FinalizePending(why, tuple(running)), timeout=_ASK_TIMEOUT)
             self._final_outcomes = ask(dispatcher, ExportOutcomes(), timeout=_ASK_TIMEOUT, expect=dict)
             ask(self._notifier, Flush(), timeout=max(_ASK_TIMEOUT, timeout))
         except (ActorGone, AskTimeout) as exc:
@@ -221,6 +244,8 @@ class Gateway:
                     except pykka.Timeout:
                         logger.warning("{} did not stop within 10s", ref)
             self._pool.shutdown(timeout=max(1.0, deadline - time.monotonic()))
+            if self._journal is not None:
+                self._journal.stop()
             if self._scheduler is not None:
                 self._scheduler.stop()
             with self._state_lock:
@@ -257,10 +282,8 @@ class Gateway:
         """
         dispatcher = self._live_dispatcher()
         try:
-            answer: dict[str, Any] = ask(
-                dispatcher, SendRequest(sender, target, message, session=session), timeout=_ASK_TIMEOUT, expect=dict
-            )
-            return answer
+            answer = ask(dispatcher, SendRequest(sender, target, message, session=session), timeout=_ASK_TIMEOUT)
+            return resolve_ack(answer, timeout=_ASK_TIMEOUT)
         except ActorGone as exc:
             raise RuntimeError("gateway is not running") from exc
 
@@ -322,6 +345,9 @@ class Gateway:
         """Counters: accepted, refused, settled, pending, active_profiles, profile_starts."""
         out: dict[str, Any] = ask(self._live_dispatcher(), StatsRequest(), timeout=_ASK_TIMEOUT, expect=dict)
         out["worker_threads"] = self._pool.thread_count if self._pool else 0
+        if self._journal is not None:
+            out["journal_fsyncs"] = self._journal.fsyncs
+            out["journal_records"] = self._journal.records
         return out
 
     def attach_live_owner(self, profile: str, owner: Any) -> None:

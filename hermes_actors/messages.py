@@ -240,9 +240,14 @@ class IdleCheck:
 
 @dataclass(frozen=True, slots=True)
 class WindDown:
-    """Ask a ProfileActor to cancel what is queued and report what is running."""
+    """Ask a ProfileActor to cancel what is queued and report what is running.
+
+    With ``keep_journaled`` the queued deliveries the journal holds are dropped
+    without an outcome: the next start on the same root re-offers them.
+    """
 
     timeout: float
+    keep_journaled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,9 +295,13 @@ class RosterTick:
 
 @dataclass(frozen=True, slots=True)
 class FinalizePending:
-    """Ask the Dispatcher to settle every still-pending delivery as ambiguous (stop timeout)."""
+    """Ask the Dispatcher to settle still-pending deliveries as ambiguous (stop timeout).
+
+    Journaled deliveries that never started (not in ``running``) stay journaled.
+    """
 
     why: str
+    running: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,3 +409,37 @@ class AttachRelay:
 @dataclass(frozen=True, slots=True)
 class RosterPush:
     """Timer (hub): push every root the others' roster with online flags."""
+
+
+# ── durability ──────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAck:
+    """The Dispatcher's answer in durable mode: the ack arrives once the journal fsync'd it."""
+
+    future: Any  # pykka.ThreadingFuture[dict]
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptDurable:
+    """Told by the journal writer: the accepted record of ``delivery_id`` is on disk (or failed)."""
+
+    delivery_id: str
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedDurable:
+    """Told by the journal writer: the finished record of an outcome is on disk (or failed)."""
+
+    outcome: Outcome
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """Ask the Dispatcher to act on the journal state adopted at start; answers the counts."""
+
+    states: dict[str, Any]  # delivery id → store.journal.DeliveryState
+    idempotent_runner: bool = False

@@ -22,6 +22,7 @@ from pykka._envelope import Envelope
 from actors import Link, Scheduler, TimerHandle, TimerSet, TypedActor, WorkerPool, handles
 from hermes_actors import outcomes
 from hermes_actors.config import BotModeConfig
+from hermes_actors.faults import crashpoint
 from hermes_actors.messages import (
     Deliver,
     Delivery,
@@ -37,6 +38,7 @@ from hermes_actors.messages import (
     WindDown,
 )
 from hermes_actors.runners import TurnRunner
+from hermes_actors.store.journal import Journal
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 from hermes_actors.turns import execute_turn
 
@@ -55,6 +57,7 @@ class ProfileDeps:
     dispatcher: pykka.ActorRef[Any]
     make_turn: Callable[[Delivery], Turn]
     cross_process_lock: bool = True
+    journal: Journal | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class ProfileActor(TypedActor):
         self.seen: set[str] = set()
         self.lock = TurnLock(turn_lock_path(deps.root, info.profile)) if deps.cross_process_lock else None
         self.idle_timer: TimerHandle | None = None
+        self.last_active = time.monotonic()
         self._salvage = salvage
         self.winding_down = False
 
@@ -149,18 +153,19 @@ class ProfileActor(TypedActor):
         key, (delivery, enqueued, timer) = self.queue.popitem(last=False)
         if timer is not None:
             timer.cancel()
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
         self.running = delivery
         self.seen.add(key)
         deadline = enqueued + self.deps.config.turn_wait_seconds
         me, deps, lock = self.actor_ref, self.deps, self.lock
+        journal = deps.journal if delivery.origin != "relay" else None
 
         def job() -> None:
+            crashpoint("after-ack-before-turn")
             result = execute_turn(
-                delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn
+                delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,
+                journal=journal,
             )
+            crashpoint("after-turn-before-outcome")
             try:
                 me.tell(result)
             except pykka.ActorDeadError:
@@ -196,12 +201,20 @@ class ProfileActor(TypedActor):
     # ── idle stop and wind-down ─────────────────────────────────────────────
 
     def _arm_idle(self) -> None:
+        # One timer at a time, re-armed lazily: a busy profile does not touch the timer heap per DM.
+        self.last_active = time.monotonic()
         if self.deps.config.idle_stop_seconds > 0 and self.idle_timer is None:
             self.idle_timer = self.timers.after(self.deps.config.idle_stop_seconds, IdleCheck())
 
     @handles(IdleCheck)
     def _on_idle_check(self, msg: IdleCheck) -> None:
         self.idle_timer = None
+        idle_for = time.monotonic() - self.last_active
+        if idle_for < self.deps.config.idle_stop_seconds or self.running is not None or self.queue:
+            if self.running is None and not self.queue:
+                remaining = self.deps.config.idle_stop_seconds - idle_for
+                self.idle_timer = self.timers.after(remaining, IdleCheck())
+            return
         if self.running is None and not self.queue:
             # The Dispatcher decides: it stops us only if no Deliver is in flight to us.
             self.deps.dispatcher.tell(ProfileIdle(self.info.profile, self.actor_ref, self.handled))
@@ -217,6 +230,8 @@ class ProfileActor(TypedActor):
         for key, (delivery, _, timer) in list(self.queue.items()):
             if timer is not None:
                 timer.cancel()
+            if msg.keep_journaled and delivery.origin != "relay":
+                continue  # journaled: the next start on this root re-offers it
             self._settle(outcomes.cancelled(key, delivery.label))
         self.queue.clear()
         return self.running.delivery_id if self.running else None

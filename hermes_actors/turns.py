@@ -15,11 +15,13 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.errors import TurnFailed
+from hermes_actors.errors import StoreError, TurnFailed
+from hermes_actors.faults import crashpoint
 from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.outcomes import busy_text
-from hermes_actors.reasons import RETRY_NONE, classify_agent_error, retry_action
+from hermes_actors.reasons import RETRY_NONE, classify_agent_error, normalize_reason, retry_action
 from hermes_actors.runners import TurnRunner
+from hermes_actors.store.journal import Journal
 from hermes_actors.store.turnlock import TurnLock
 
 __all__ = ["attempt_turn", "execute_turn"]
@@ -30,7 +32,8 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[Any, str, str]:
     try:
         return runner.run_turn(turn), "", ""
     except TurnFailed as exc:
-        return None, exc.text or "turn failed", exc.reason or classify_agent_error(exc.text)
+        # Normalized here, not only in the outcome: the retry decision must see the same reason.
+        return None, exc.text or "turn failed", normalize_reason(exc.reason, exc.text)
     except Exception as exc:  # any runner error is a failed turn, classified from its text
         text = str(exc) or type(exc).__name__
         return None, text, classify_agent_error(text)
@@ -43,6 +46,7 @@ def execute_turn(
     lock: TurnLock | None,
     lock_deadline: float,
     make_turn: Callable[[Delivery], Turn],
+    journal: Journal | None = None,
 ) -> TurnFinished:
     """Run ``delivery``'s turn with at most one retry, under the profile's flock.
 
@@ -53,6 +57,8 @@ def execute_turn(
         lock_deadline: monotonic time after which waiting for the lock gives up
             with ``target_busy`` (the turn never runs).
         make_turn: builds the runner's ``Turn`` (attempt 1).
+        journal: in durable mode, the turn's start is on disk before it runs,
+            so a crash mid-turn is recovered as ``ambiguous``, never re-run.
 
     Returns:
         The result for the ProfileActor; ``reply`` is the raw runner value.
@@ -72,6 +78,13 @@ def execute_turn(
                 ran=False,
             )
     try:
+        if journal is not None:
+            try:
+                journal.append_durably({"t": "started", "id": delivery.delivery_id, "attempt": 1})
+            except StoreError as exc:
+                text = f"The turn could not be recorded durably ({exc}); it did NOT run. Resend shortly."
+                return TurnFinished(delivery.delivery_id, None, text, "unknown", 0, ran=False)
+        crashpoint("mid-turn")
         turn = make_turn(delivery)
         reply, error, reason = attempt_turn(runner, turn)
         attempts = 1
@@ -85,3 +98,9 @@ def execute_turn(
     finally:
         if lock is not None:
             lock.release()
+        release = getattr(runner, "release", None)
+        if callable(release):  # the delivery is settled: its DM file (if any) may go
+            try:
+                release(delivery.delivery_id)
+            except Exception:
+                logger.exception("runner release failed for {}", delivery.delivery_id)

@@ -248,7 +248,9 @@ def _await_new_child(sup: pykka.ActorRef[Any], old: pykka.ActorRef[Any], name: s
         ref = _child(sup, name)
         return ref if ref is not None and ref.actor_urn != old.actor_urn and ref.is_alive() else None
 
-    return await_condition(fresh, message=f"a restarted {name!r}")
+    ref = await_condition(fresh, message=f"a restarted {name!r}")
+    assert ref is not None
+    return ref
 
 
 def _block(ref: pykka.ActorRef[Any]) -> threading.Event:
@@ -393,7 +395,7 @@ def test_asks_queued_behind_a_crash_through_ask_get_answers() -> None:
 
     threading.Thread(target=asker, daemon=True).start()
     ready.wait(5)
-    await_condition(lambda: child.actor_inbox.qsize() == 2, message="crash + ask queued")  # type: ignore[attr-defined]
+    await_condition(lambda: child.actor_inbox.qsize() == 2, message="crash + ask queued")
     gate.set()
     assert done.wait(10)
     assert errors == []

@@ -88,8 +88,8 @@ def _stop_all_actors() -> Iterator[None]:
 
 
 @pytest.fixture
-def log_records() -> Iterator[list[dict[str, Any]]]:
-    records: list[dict[str, Any]] = []
+def log_records() -> Iterator[list[Any]]:
+    records: list[Any] = []
     sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
     yield records
     logger.remove(sink)
@@ -110,7 +110,7 @@ def _scheduler_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name == "actors-scheduler"}
 
 
-def _errors(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _errors(records: list[Any]) -> list[Any]:
     return [r for r in records if r["level"].no >= logger.level("ERROR").no]
 
 
@@ -224,9 +224,7 @@ def test_manual_timer_tells_an_actor(manual: ManualScheduler) -> None:
     assert probe.expect(Tick, count=4) == [Tick(7), Tick(8), Tick(7), Tick(7)]
 
 
-def test_timer_to_a_dead_actor_is_cancelled_automatically(
-    manual: ManualScheduler, log_records: list[dict[str, Any]]
-) -> None:
+def test_timer_to_a_dead_actor_is_cancelled_automatically(manual: ManualScheduler, log_records: list[Any]) -> None:
     ref, _ = Probe.spawn()
     periodic = manual.every(1, ref, Tick())
     ref.stop()
@@ -238,7 +236,7 @@ def test_timer_to_a_dead_actor_is_cancelled_automatically(
 
 
 def test_a_failing_callback_is_logged_and_other_timers_still_fire(
-    manual: ManualScheduler, log_records: list[dict[str, Any]]
+    manual: ManualScheduler, log_records: list[Any]
 ) -> None:
     rec = Recorder(manual)
 
@@ -299,9 +297,7 @@ def test_timerset_cancel_all_stops_every_timer_of_the_actor(manual: ManualSchedu
     timers.cancel_all()  # idempotent
 
 
-def test_an_actor_that_stops_cancels_its_timers(
-    manual: ManualScheduler, log_records: list[dict[str, Any]]
-) -> None:
+def test_an_actor_that_stops_cancels_its_timers(manual: ManualScheduler, log_records: list[Any]) -> None:
     ticks: list[Tick] = []
     ref = TimerOwner.start(manual, ticks)
     assert ref.ask(Arm(delay=5, every=1), timeout=5) == 2
@@ -324,7 +320,7 @@ def test_an_actor_that_crashes_cancels_its_timers(manual: ManualScheduler) -> No
 
 
 def test_timers_of_a_stopped_actor_that_did_not_cancel_never_raise(
-    manual: ManualScheduler, log_records: list[dict[str, Any]]
+    manual: ManualScheduler, log_records: list[Any]
 ) -> None:
     ref, _ = Probe.spawn()
     timers = TimerSet(manual, ref)
@@ -454,7 +450,8 @@ def test_scheduler_stop_from_a_timer_callback_does_not_deadlock() -> None:
 
 def test_manual_scheduler_runs_no_thread() -> None:
     before = _scheduler_threads()
-    with ManualScheduler() as manual:
+    manual = ManualScheduler()
+    with manual:
         manual.every(1, lambda: None)
         manual.advance(3)
         assert _scheduler_threads() == before

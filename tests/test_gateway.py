@@ -6,7 +6,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pykka
 import pytest
@@ -80,7 +80,9 @@ def test_outcome_dicts_have_every_key(root: Path, gateways: list[Gateway]) -> No
         return "" if body == "quiet" else "sure thing"
 
     gw = start(gateways, root, behave)
-    ok, bad, quiet = (queued(gw.message_agent(sender="alice", target="bob", message=m)) for m in ("go", "fail", "quiet"))
+    ok, bad, quiet = (
+        queued(gw.message_agent(sender="alice", target="bob", message=m)) for m in ("go", "fail", "quiet")
+    )
     replied = gw.wait_outcome(ok, timeout=10)
     assert replied == {
         "delivery_id": ok,
@@ -136,14 +138,14 @@ def test_roster_rows(tmp_path: Path, gateways: list[Gateway]) -> None:
 
 def test_message_agent_before_start_and_after_stop(root: Path) -> None:
     gw = Gateway(root, runner=lambda turn: "x")
-    with pytest.raises(RuntimeError, match="^gateway is not running$"):
+    with pytest.raises(RuntimeError, match=r"^gateway is not running$"):
         gw.message_agent(sender="alice", target="bob", message="hi")
     gw.start()
     try:
         queued(gw.message_agent(sender="alice", target="bob", message="hi"))
     finally:
         gw.stop(timeout=5)
-    with pytest.raises(RuntimeError, match="^gateway is not running$"):
+    with pytest.raises(RuntimeError, match=r"^gateway is not running$"):
         gw.message_agent(sender="alice", target="bob", message="hi")
     gw.stop()  # idempotent
 
@@ -171,7 +173,7 @@ def test_missing_root(tmp_path: Path) -> None:
         gw.start()
     with pytest.raises(FileNotFoundError), Gateway(missing):
         pass
-    with pytest.raises(RuntimeError, match="^gateway is not running$"):
+    with pytest.raises(RuntimeError, match=r"^gateway is not running$"):
         gw.message_agent(sender="alice", target="bob", message="hi")
 
 
@@ -205,7 +207,8 @@ def test_stop_lets_the_running_turn_finish_and_cancels_the_queue(root: Path) -> 
     release, entered = threading.Event(), threading.Event()
     runner = _blocking_runner(release, entered)
     recorder = Recorder()
-    gw = Gateway(root, runner=runner)
+    # Not durable: a queued DM is cancelled at stop (durable mode keeps it journaled for the next start).
+    gw = Gateway(root, runner=runner, durable=False)
     gw.subscribe(recorder)  # before start: still sees every outcome
     gw.start()
     try:
@@ -220,7 +223,7 @@ def test_stop_lets_the_running_turn_finish_and_cancels_the_queue(root: Path) -> 
         stopper = threading.Thread(target=gw.stop, kwargs={"timeout": 10})
         stopper.start()
         await_condition(lambda: set(waiting) <= set(recorder.ids()), timeout=5, message="queued DMs cancelled")
-        with pytest.raises(RuntimeError, match="^gateway is not running$"):
+        with pytest.raises(RuntimeError, match=r"^gateway is not running$"):
             gw.message_agent(sender="alice", target="bob", message="too late")
         assert stopper.is_alive()  # still waiting for the running turns
     finally:
@@ -251,7 +254,7 @@ def test_stop_timeout_leaves_a_running_turn_ambiguous(root: Path) -> None:
     release, entered = threading.Event(), threading.Event()
     runner = _blocking_runner(release, entered)
     recorder = Recorder()
-    gw = Gateway(root, runner=runner).start()
+    gw = Gateway(root, runner=runner, durable=False).start()
     try:
         stuck = queued(gw.message_agent(sender="alice", target="bob", message="stuck"))
         assert entered.wait(5)
@@ -404,7 +407,7 @@ def test_unsubscribe(root: Path, gateways: list[Gateway]) -> None:
 class PingPong:
     """alice and bob answer every "ping" by DMing the other one back from inside their turn."""
 
-    PARTNER = {"alice": "bob", "bob": "alice"}
+    PARTNER: ClassVar[dict[str, str]] = {"alice": "bob", "bob": "alice"}
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -437,7 +440,7 @@ def test_bot_loop_stops_at_the_hop_limit(root: Path, gateways: list[Gateway], ma
     sends = list(runner.sends)
     assert [hop for _, hop, _ in sends] == list(range(1, limit + 1))
     assert [p for p, _, _ in sends] == ["alice" if n % 2 == 0 else "bob" for n in range(limit)]
-    *accepted, (last_profile, _, refusal) = sends
+    *accepted, (_, _, refusal) = sends
     assert all(ack["status"] == "queued" for _, _, ack in accepted)
     assert refusal == {
         "error": (

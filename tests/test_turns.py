@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import stat
 import sys
@@ -15,7 +16,6 @@ from typing import Any
 import pytest
 from roots import RecordingRunner, body_of, make_root
 
-from actors.testkit import await_condition
 from hermes_actors import CommandRunner, Gateway, TurnFailed
 from hermes_actors.messages import Turn
 
@@ -100,7 +100,7 @@ def test_concurrent_dms_from_several_senders_never_overlap(root: Path, gateways:
     records = runner.wait_records(50)
     assert len(records) == 50 and runner.max_active == 1
     ordered = sorted(records, key=lambda r: r.entered)
-    for before, after in zip(ordered, ordered[1:], strict=False):
+    for before, after in itertools.pairwise(ordered):
         assert before.exited <= after.entered, "two turns of one profile overlapped"
     # Each sender's DMs ran in the order their acks came back.
     entry_order = [t.delivery_id for t in runner.entered]
@@ -390,3 +390,17 @@ def test_command_runner_through_the_gateway(root: Path, gateways: list[Gateway],
     assert calls[0]["query"] == calls[1]["query"] == "Message from 🤖 carol (@carol): check the rate"
     assert runner.kept() == []
     assert not any(p.is_file() for p in dm_base.rglob("*"))
+
+
+def test_an_out_of_vocabulary_reason_is_normalized_before_the_retry_decision(root: Path,
+                                                                           gateways: list[Gateway]) -> None:
+    # A newer runner's code the vocabulary does not know: the text decides, for the outcome AND the retry.
+    runner = FailingFirst(TurnFailed("upstream said 429 Too Many Requests", reason="provider_throttled_v2"))
+    _, out = _run_one(root, gateways, runner)
+    assert [t.attempt for t in runner.turns] == [1, 2]
+    assert out["status"] == "replied" and out["reply"] == "recovered"
+    runner = FailingFirst(TurnFailed("upstream said 429 Too Many Requests", reason="provider_throttled_v2"),
+                          always=True)
+    _, out = _run_one(root, gateways, runner)
+    assert [t.attempt for t in runner.turns] == [1, 2]
+    assert out["reason"] == "provider_rate_limit" and out["retryable"] is True

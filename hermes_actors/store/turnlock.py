@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +36,11 @@ class TurnLock:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
+        # acquire → release runs on a worker thread, close on the owning actor's: a close
+        # during that window is deferred to release, so the flock is never dropped mid-turn.
+        self._mutex = threading.Lock()
+        self._in_use = False
+        self._close_pending = False
 
     def _open(self) -> int:
         if self._fd is None:
@@ -48,27 +54,50 @@ class TurnLock:
         Returns:
             Seconds waited when acquired, or None when the deadline passed.
         """
-        fd = self._open()
+        with self._mutex:
+            fd = self._open()
+            self._in_use = True
         start = time.monotonic()
         delay = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return time.monotonic() - start
-            except BlockingIOError:
-                now = time.monotonic()
-                if now >= deadline:
-                    return None
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, 0.05)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return time.monotonic() - start
+                except BlockingIOError:
+                    now = time.monotonic()
+                    if now >= deadline:
+                        self._done()
+                        return None
+                    time.sleep(min(delay, deadline - now))
+                    delay = min(delay * 2, 0.05)
+        except BaseException:
+            self._done()
+            raise
 
     def release(self) -> None:
-        """Release the lock (the fd stays open for the next turn)."""
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        """Release the lock (the fd stays open for the next turn, unless a close is pending)."""
+        with self._mutex:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._done()
+
+    def _done(self) -> None:
+        with self._mutex:
+            self._in_use = False
+            if self._close_pending:
+                self._close_locked()
 
     def close(self) -> None:
-        """Close the fd (releases the lock if held)."""
+        """Close the fd; while a turn holds (or waits for) the lock, at its release instead."""
+        with self._mutex:
+            if self._in_use:
+                self._close_pending = True
+            else:
+                self._close_locked()
+
+    def _close_locked(self) -> None:
+        self._close_pending = False
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -1,0 +1,32 @@
+"""Named crash points for the crash-matrix tests.
+
+Set ``HERMES_ACTORS_CRASH_AT=<point>`` in a gateway process's environment and
+it kills itself with SIGKILL the first time it reaches that point. Unset (the
+normal case) every call is a dictionary-free string comparison.
+
+Points: ``after-journal-before-ack``, ``after-ack-before-turn``, ``mid-turn``,
+``after-turn-before-outcome``, ``after-outcome-before-delivered``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["CRASH_POINTS", "crashpoint"]
+
+CRASH_POINTS = (
+    "after-journal-before-ack",
+    "after-ack-before-turn",
+    "mid-turn",
+    "after-turn-before-outcome",
+    "after-outcome-before-delivered",
+)
+
+_ARMED = os.environ.get("HERMES_ACTORS_CRASH_AT", "")
+
+
+def crashpoint(name: str) -> None:
+    """Die here (SIGKILL, no cleanup) when this point is armed."""
+    if _ARMED and name == _ARMED:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,274 @@
+"""WorkerPool: bounded parallelism, idle exit, job failures, shutdown."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from loguru import logger
+
+from actors import WorkerPool, await_condition
+
+
+@pytest.fixture
+def log_records() -> Iterator[list[Any]]:
+    records: list[Any] = []
+    sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
+    yield records
+    logger.remove(sink)
+
+
+def _alive_threads(prefix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix + "-")]
+
+
+class Journal:
+    """Thread-safe event log for ordering assertions."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: list[str] = []
+
+    def add(self, event: str) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def snapshot(self) -> list[str]:
+        with self.lock:
+            return list(self.events)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_runs_up_to_max_workers_jobs_at_the_same_time_and_the_next_waits(workers: int) -> None:
+    pool = WorkerPool(workers, idle_seconds=5, name=f"par{workers}")
+    journal = Journal()
+    together = threading.Barrier(workers, timeout=5)  # breaks unless all N run at once
+    gates = [threading.Event() for _ in range(workers)]
+    broken: list[BaseException] = []
+
+    def job(i: int) -> None:
+        journal.add(f"start{i}")
+        try:
+            together.wait()
+        except threading.BrokenBarrierError as exc:
+            broken.append(exc)
+            return
+        journal.add(f"together{i}")
+        assert gates[i].wait(10)
+        journal.add(f"end{i}")
+
+    extra_started = threading.Event()
+
+    def extra() -> None:
+        journal.add("start-extra")
+        extra_started.set()
+
+    try:
+        for i in range(workers):
+            pool.submit(functools.partial(job, i))
+        await_condition(
+            lambda: broken or sum(e.startswith("together") for e in journal.snapshot()) == workers,
+            message="all N jobs past the barrier at once",
+        )
+        assert broken == []
+        pool.submit(extra)  # the N+1th job
+        assert pool.thread_count == workers  # capped: no extra thread for it
+        assert not extra_started.is_set()
+        gates[0].set()  # free one worker: the waiting job runs on it
+        assert extra_started.wait(5)
+        events = journal.snapshot()
+        assert events.index("end0") < events.index("start-extra")
+        assert pool.thread_count == workers
+    finally:
+        for gate in gates:
+            gate.set()
+        assert pool.shutdown(timeout=5)
+    assert broken == []
+
+
+def test_threads_exit_after_idle_seconds() -> None:
+    pool = WorkerPool(3, idle_seconds=0.05, name="idle")
+    gate = threading.Event()
+    done = threading.Barrier(4, timeout=5)
+    for _ in range(3):
+        pool.submit(lambda: (gate.wait(5), done.wait()))
+    assert pool.thread_count == 3
+    gate.set()
+    done.wait()
+    await_condition(lambda: pool.thread_count == 0, message="idle workers to exit")
+    await_condition(lambda: not _alive_threads("idle"), message="idle threads to be gone")
+    pool.shutdown()
+
+
+@pytest.mark.parametrize("backlog", [1, 3])
+def test_a_pool_whose_threads_idled_out_still_runs_new_jobs(backlog: int) -> None:
+    """Regression: jobs queued at the cap left stale idle tokens; once every thread idled out,
+    a new submit took a token instead of spawning a thread and the job never ran."""
+    pool = WorkerPool(1, idle_seconds=0.05, name="stale")
+    gate = threading.Event()
+    ran = threading.Semaphore(0)
+    pool.submit(gate.wait)
+    for _ in range(backlog):
+        pool.submit(ran.release)  # queued behind the busy worker, at the cap
+    gate.set()
+    for _ in range(backlog):
+        assert ran.acquire(timeout=5)
+    await_condition(lambda: pool.thread_count == 0, message="the worker to idle out")
+    later = threading.Event()
+    pool.submit(later.set)
+    assert later.wait(5), "a job submitted after the idle exit never ran"
+    assert pool.shutdown(timeout=5)
+
+
+def test_a_free_slot_is_used_while_another_worker_is_busy() -> None:
+    """A stale idle token must not stand in for a thread: with one worker busy and the other
+    idled out, a new job must get a thread of its own (it waits for the busy one otherwise)."""
+    pool = WorkerPool(2, idle_seconds=0.05, name="slot")
+    long_gate, short_gate = threading.Event(), threading.Event()
+    quick_done = threading.Event()
+    pool.submit(long_gate.wait)  # worker 1: busy until the end of the test
+    pool.submit(short_gate.wait)  # worker 2
+    pool.submit(quick_done.set)  # both busy: queued at the cap
+    assert pool.thread_count == 2
+    short_gate.set()
+    assert quick_done.wait(5)
+    await_condition(lambda: pool.thread_count == 1, message="worker 2 to idle out")
+    ran = threading.Event()
+    try:
+        pool.submit(ran.set)
+        assert ran.wait(5), "the job waited for the busy worker although a slot was free"
+    finally:
+        long_gate.set()
+        assert pool.shutdown(timeout=5)
+
+
+def test_an_idle_worker_is_reused_instead_of_spawning() -> None:
+    pool = WorkerPool(4, idle_seconds=5, name="reuse")
+    first = threading.Event()
+    pool.submit(first.set)
+    assert first.wait(5)
+    await_condition(lambda: pool._idle == 1, message="the worker to wait for work")
+    second = threading.Event()
+    pool.submit(second.set)
+    assert second.wait(5)
+    assert pool.thread_count == 1
+    assert pool.shutdown(timeout=5)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("job bug"), SystemExit(3), KeyboardInterrupt()])
+def test_a_raising_job_does_not_kill_the_worker(error: BaseException, log_records: list[Any]) -> None:
+    pool = WorkerPool(1, idle_seconds=5, name="raise")
+    idents: list[int] = []
+
+    def bad() -> None:
+        idents.append(threading.get_ident())
+        raise error
+
+    after = threading.Event()
+
+    def good() -> None:
+        idents.append(threading.get_ident())
+        after.set()
+
+    pool.submit(bad)
+    pool.submit(good)
+    assert after.wait(5)
+    assert len(idents) == 2
+    assert idents[0] == idents[1]  # the same worker thread survived and ran the next job
+    assert pool.thread_count == 1
+    await_condition(
+        lambda: any("worker job failed" in r["message"] for r in log_records), message="the failure to be logged"
+    )
+    assert pool.shutdown(timeout=5)
+
+
+def test_submit_after_shutdown_raises() -> None:
+    pool = WorkerPool(2, name="closed")
+    pool.submit(lambda: None)
+    assert pool.shutdown(timeout=5)
+    with pytest.raises(RuntimeError, match="'closed' is shut down"):
+        pool.submit(lambda: None)
+
+
+def test_submit_after_shutdown_of_an_unused_pool_raises() -> None:
+    pool = WorkerPool(2, name="unused")
+    assert pool.shutdown(timeout=5)
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)
+
+
+def test_shutdown_lets_queued_jobs_finish_and_joins_the_threads() -> None:
+    pool = WorkerPool(2, idle_seconds=30, name="join")
+    gate = threading.Event()
+    finished: list[int] = []
+    lock = threading.Lock()
+
+    def job(i: int) -> None:
+        gate.wait(5)
+        with lock:
+            finished.append(i)
+
+    for i in range(6):
+        pool.submit(functools.partial(job, i))
+    assert pool.thread_count == 2
+    gate.set()
+    assert pool.shutdown(timeout=5) is True
+    assert sorted(finished) == list(range(6))
+    assert pool.thread_count == 0
+    assert not _alive_threads("join")
+
+
+def test_shutdown_reports_threads_that_did_not_exit_in_time() -> None:
+    pool = WorkerPool(1, name="stuck")
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def stuck() -> None:
+        entered.set()
+        gate.wait(10)
+
+    pool.submit(stuck)
+    assert entered.wait(5)
+    try:
+        assert pool.shutdown(timeout=0.05) is False
+    finally:
+        gate.set()
+    assert pool.shutdown(timeout=5) is True
+    assert not _alive_threads("stuck")
+
+
+def test_context_manager_shuts_down() -> None:
+    ran = threading.Event()
+    with WorkerPool(2, name="ctx") as pool:
+        pool.submit(ran.set)
+    assert ran.is_set()
+    assert pool.thread_count == 0
+    assert not _alive_threads("ctx")
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_max_workers_must_be_positive(workers: int) -> None:
+    with pytest.raises(ValueError, match="max_workers must be >= 1"):
+        WorkerPool(workers)
+
+
+def test_many_jobs_all_run_with_few_workers() -> None:
+    pool = WorkerPool(3, idle_seconds=0.05, name="many")
+    count = [0]
+    lock = threading.Lock()
+
+    def job() -> None:
+        with lock:
+            count[0] += 1
+
+    for _ in range(500):
+        pool.submit(job)
+        assert pool.thread_count <= 3
+    await_condition(lambda: count[0] == 500, message="all jobs to run")
+    await_condition(lambda: pool.thread_count == 0, message="idle exit")
+    assert pool.shutdown(timeout=5)

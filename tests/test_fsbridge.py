@@ -1,0 +1,159 @@
+"""FsBridge: watchdog events become FileAppeared/FileRemoved; temp names are skipped;
+a dead observer is restarted with a Rescan; paused drops events but not rescans."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler
+from actors.fsbridge import default_ignore
+from actors.testkit import Probe, await_condition
+
+
+@pytest.fixture
+def probe() -> Iterator[tuple[pykka.ActorRef[Any], Probe]]:
+    ref, actor = Probe.spawn()
+    yield ref, actor
+    ref.stop()
+
+
+@pytest.fixture
+def scheduler() -> Iterator[Scheduler]:
+    with Scheduler() as s:
+        yield s
+
+
+def appeared(actor: Probe) -> list[Path]:
+    return [m.path for m in actor.records(FileAppeared)]
+
+
+def wait_appeared(actor: Probe, path: Path, timeout: float = 5.0) -> None:
+    await_condition(lambda: path in appeared(actor), timeout=timeout, message=f"FileAppeared({path})")
+
+
+def test_created_and_moved_in_files_appear_and_temp_names_do_not(
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+) -> None:
+    ref, actor = probe
+    watched = tmp_path / "watched"
+    (watched / "replies").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with FsBridge(watched, ref, scheduler=scheduler, rescan_seconds=0):
+        actor.expect(Rescan)  # the start rescan
+        created = watched / "replies" / "a.json"
+        created.write_text("{}")
+        wait_appeared(actor, created)
+
+        # The seed's atomic write: a hidden temp file in the same directory, then a rename.
+        temp = watched / "replies" / ".x.tmp"
+        temp.write_text("{}")
+        renamed = watched / "replies" / "b.json"
+        os.replace(temp, renamed)
+        wait_appeared(actor, renamed)
+
+        moved_in = outside / "c.json"
+        moved_in.write_text("{}")
+        target = watched / "replies" / "c.json"
+        os.rename(moved_in, target)  # from an unwatched directory
+        wait_appeared(actor, target)
+
+        for name in ("d.json.part", "e~", "f.tmp", ".hidden"):
+            (watched / "replies" / name).write_text("{}")
+        sentinel = watched / "replies" / "z.json"
+        sentinel.write_text("{}")
+        wait_appeared(actor, sentinel)  # events arrive in order: anything before it was already reported
+
+        created.unlink()
+        await_condition(lambda: created in [m.path for m in actor.records(FileRemoved)], timeout=5,
+                        message="FileRemoved(a.json)")
+    names = [p.name for p in appeared(actor)]
+    assert not [n for n in names if default_ignore(n)], names
+    assert names.count("b.json") == 1 and names.count("c.json") == 1
+    assert [m.reason for m in actor.records(Rescan)] == ["start"]  # rescan_seconds=0: no periodic rescans
+
+
+def test_a_killed_observer_is_restarted_and_a_rescan_is_told(
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+) -> None:
+    ref, actor = probe
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0) as bridge:
+        actor.expect(Rescan)
+        assert bridge.check_health() is True and bridge.restarts == 0
+        dead = bridge._observer
+        assert dead is not None
+        dead.stop()
+        dead.join(timeout=5)
+        assert not dead.is_alive()
+
+        assert bridge.check_health() is False
+        assert bridge.restarts == 1 and bridge._observer is not dead and bridge._observer is not None
+        actor.expect(Rescan, count=2)
+        assert [m.reason for m in actor.records(Rescan)] == ["start", "observer-restarted"]
+        after = tmp_path / "after.json"
+        after.write_text("{}")
+        wait_appeared(actor, after)  # the new observer reports events again
+        assert bridge.check_health() is True and bridge.restarts == 1
+
+
+def test_the_periodic_health_check_restarts_a_dead_observer(
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+) -> None:
+    ref, actor = probe
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0.05) as bridge:
+        dead = bridge._observer
+        assert dead is not None
+        dead.stop()
+        dead.join(timeout=5)
+        await_condition(lambda: bridge.restarts == 1, timeout=5, message="the periodic check restarted it")
+        await_condition(lambda: "observer-restarted" in [m.reason for m in actor.records(Rescan)], timeout=5)
+        after = tmp_path / "after.json"
+        after.write_text("{}")
+        wait_appeared(actor, after)
+
+
+def test_paused_drops_events_but_periodic_rescans_continue(
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+) -> None:
+    ref, actor = probe
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0.1) as bridge:
+        actor.expect(Rescan)
+        bridge.paused = True
+        dropped = tmp_path / "dropped.json"
+        dropped.write_text("{}")
+        periodic_before = len([m for m in actor.records(Rescan) if m.reason == "periodic"])
+        await_condition(
+            lambda: len([m for m in actor.records(Rescan) if m.reason == "periodic"]) >= periodic_before + 2,
+            timeout=5, message="two periodic rescans while paused",
+        )
+        bridge.paused = False
+        seen = tmp_path / "seen.json"
+        seen.write_text("{}")
+        wait_appeared(actor, seen)
+    assert dropped not in appeared(actor)
+
+
+def test_start_refuses_a_missing_root_and_stop_is_idempotent(
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+) -> None:
+    ref, _ = probe
+    with pytest.raises(FileNotFoundError):
+        FsBridge(tmp_path / "missing", ref, scheduler=scheduler).start()
+    bridge = FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0.05).start()
+    bridge.stop()
+    bridge.stop()
+    assert bridge._observer is None
+
+
+def test_a_dead_target_stops_the_periodic_rescan(tmp_path: Path, scheduler: Scheduler) -> None:
+    ref, _ = Probe.spawn()
+    bridge = FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0.05).start()
+    ref.stop()
+    await_condition(lambda: bridge._observer is None, timeout=5, message="the bridge stopped itself")
+    (tmp_path / "late.json").write_text("{}")  # no observer, no tell to a dead actor: nothing raises

@@ -1,0 +1,141 @@
+"""The relay hub (plays the Desktop for local roots): rosters, draining, forwarding, refusals."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from relay_helpers import LogCapture, hub_thread, seed_envelope, seed_write_json
+from roots import RecordingRunner, make_root
+
+from actors import FsBridge, Scheduler
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.hub import HubActor, HubRoot, run_hub
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store.relay_inbox import InboxPaths
+
+
+@pytest.fixture
+def two_roots(tmp_path: Path) -> tuple[Path, Path]:
+    return make_root(tmp_path, {"alice": {}}, name="alpha"), make_root(tmp_path, {"moxie": {}}, name="mini")
+
+
+def roster_rows(root: Path) -> list[dict[str, object]]:
+    path = root / "bot_relay" / "roster.json"
+    if not path.exists():
+        return []
+    return list(json.loads(path.read_text(encoding="utf-8"))["agents"])
+
+
+def reply_of(root: Path, envelope_id: str) -> dict[str, object] | None:
+    path = root / "bot_relay" / "replies" / f"{envelope_id}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def test_rosters_list_the_other_roots_with_online_from_heartbeats(two_roots: tuple[Path, Path]) -> None:
+    alpha, mini = two_roots
+    with hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition(lambda: roster_rows(alpha) and roster_rows(mini), timeout=10, message="both rosters")
+        rows = {(r["connection_id"], r["profile"]): r for r in roster_rows(alpha)}
+        assert set(rows) == {("mini", "default"), ("mini", "moxie")}
+        assert rows[("mini", "moxie")]["online"] is False  # no gateway runs on mini
+        assert rows[("mini", "default")]["handle"] == "hermes"
+        assert {r["connection_id"] for r in roster_rows(mini)} == {"alpha"}
+        with Gateway(mini, runner=RecordingRunner(), connection_id="mini"):
+            await_condition(
+                lambda: any(r["profile"] == "moxie" and r["online"] is True for r in roster_rows(alpha)),
+                timeout=10, message="moxie online once mini's gateway beats",
+            )
+        # A gateway that stops cleanly withdraws its heartbeat: offline again at the next push.
+        await_condition(
+            lambda: any(r["profile"] == "moxie" and r["online"] is False for r in roster_rows(alpha)),
+            timeout=10, message="moxie offline after mini's gateway stopped",
+        )
+
+
+def test_an_offline_target_is_refused_by_the_sender_with_nothing_queued(two_roots: tuple[Path, Path]) -> None:
+    alpha, mini = two_roots
+    with hub_thread({"alpha": alpha, "mini": mini}), Gateway(alpha, runner=RecordingRunner(),
+                                                             connection_id="alpha") as gw:
+        await_condition(lambda: any(r["handle"] == "moxie" for r in gw.roster()), timeout=10)
+        ack = gw.message_agent(sender="alice", target="moxie", message="hello")
+        assert ack["reason"] == "runtime_offline" and "the message was NOT queued" in ack["error"]
+        assert rf.list_ids(alpha / "bot_relay" / "outbox") == []
+
+
+def test_an_unknown_connection_and_an_expired_envelope_get_error_replies(two_roots: tuple[Path, Path]) -> None:
+    alpha, mini = two_roots
+    rec = RecordingRunner()
+    with Gateway(mini, runner=rec, connection_id="mini"), hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition((alpha / "bot_relay" / "roster.json").exists, timeout=10)
+        unknown = seed_envelope(target_connection="nowhere", target_profile="moxie")
+        expired = seed_envelope(target_connection="mini", target_profile="moxie", created_at=time.time() - 5000)
+        fresh = seed_envelope(target_connection="mini", target_profile="moxie")
+        for env in (unknown, expired, fresh):
+            seed_write_json(alpha / "bot_relay" / "outbox" / f"{env['id']}.json", env, prefix=".env-")
+        for env in (unknown, expired, fresh):
+            await_condition(lambda e=env: reply_of(alpha, e["id"]), timeout=10, message=f"reply to {env['id']}")
+    unknown_reply, expired_reply = reply_of(alpha, unknown["id"]), reply_of(alpha, expired["id"])
+    assert unknown_reply is not None and unknown_reply["reason"] == "runtime_offline"
+    assert "connection 'nowhere' is not known to this relay" in str(unknown_reply["error"])
+    assert expired_reply is not None and expired_reply["reason"] == "queued_expired"
+    assert str(expired_reply["error"]).startswith("queued message to @moxie on mini expired after 900s")
+    assert [t.delivery_id for t in rec.entered] == [fresh["id"]]  # neither refused envelope reached the target
+
+
+def test_forwarding_keeps_the_first_reply_and_quarantines_a_hostile_record(two_roots: tuple[Path, Path]) -> None:
+    alpha, mini = two_roots
+    paths_a, paths_m = InboxPaths.from_root(alpha).ensure(), InboxPaths.from_root(mini).ensure()
+    early = uuid.uuid4().hex
+    rf.write_reply(paths_a.relay, rf.make_reply(early, error="expired first", reason="queued_expired", now=time.time()))
+    late = {"id": early, "at": 1, "reply": "late reply", "error": "", "reason": "", "reply_connection": "alpha"}
+    seed_write_json(paths_m.delivered / f"{early}.json", late)
+    hostile = uuid.uuid4().hex
+    seed_write_json(paths_m.delivered / f"{hostile}.json", {"id": hostile, "reply_connection": "no such conn!"})
+    with LogCapture() as logs, hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition(lambda: not (paths_m.delivered / f"{early}.json").exists(), timeout=10)
+        await_condition(lambda: logs.matching("quarantined", hostile), timeout=10, message="hostile record logged")
+    kept = reply_of(alpha, early)
+    assert kept is not None
+    assert (kept["reply"], kept["error"], kept["reason"]) == ("", "expired first", "queued_expired")
+    assert reply_of(alpha, hostile) is None
+    assert list((paths_m.relay.quarantine).glob(f"{hostile}.json.*.quarantined"))
+
+
+def test_a_paused_hub_bridge_still_drains_and_forwards_on_rescans(two_roots: tuple[Path, Path]) -> None:
+    alpha, mini = two_roots
+    rec = RecordingRunner()
+    roots = [HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)]
+    with Gateway(mini, runner=rec, connection_id="mini"), Scheduler() as scheduler:
+        hub = HubActor.start(roots, scheduler=scheduler)
+        bridges = [FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=0.2) for r in roots]
+        for bridge in bridges:
+            bridge.paused = True
+            bridge.start()
+        try:
+            envs = [seed_envelope(target_connection="mini", target_profile="moxie") for _ in range(5)]
+            for env in envs:
+                seed_write_json(alpha / "bot_relay" / "outbox" / f"{env['id']}.json", env, prefix=".env-")
+            for env in envs:
+                await_condition(lambda e=env: reply_of(alpha, e["id"]), timeout=10, message="reply via rescans")
+        finally:
+            for bridge in bridges:
+                bridge.stop()
+            hub.stop()
+    assert sorted(t.delivery_id for t in rec.entered) == sorted(e["id"] for e in envs)
+
+
+def test_run_hub_validates_its_arguments(tmp_path: Path, two_roots: tuple[Path, Path]) -> None:
+    alpha, mini = two_roots
+    with pytest.raises(ValueError, match="--name"):
+        run_hub([alpha, mini], names=["alpha"])
+    with pytest.raises(ValueError, match="unique"):
+        run_hub([alpha, mini], names=["same", "same"])
+    with pytest.raises(ValueError, match="connection id"):
+        run_hub([alpha, mini], names=["bad name", "mini"])
+    with pytest.raises(FileNotFoundError):
+        run_hub([alpha, tmp_path / "missing"], names=["alpha", "mini"])

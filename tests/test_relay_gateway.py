@@ -1,0 +1,356 @@
+"""The file relay through the Gateway: seed interop, events vs rescans, liveness, TTL, budgets.
+
+Two roots stand for two connections: ``alpha`` (the sender here) and ``mini``
+(the target, a root whose gateway serves ``inbox/``). A hub in a thread plays
+the Desktop where a test needs the whole path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
+from roots import RecordingRunner, body_of, make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+
+REPLY_KEYS = {"id", "at", "reply", "error", "reason"}
+SEED_ENVELOPE_KEYS = {
+    "id", "created_at", "from_profile", "from_handle", "target_connection", "target_profile", "target_handle",
+    "message",
+}
+OFFLINE_TAIL = (
+    "is offline right now — the message was NOT queued. Try again once that machine reconnects to the Desktop."
+)
+
+
+@pytest.fixture
+def gateways() -> Iterator[list[Gateway]]:
+    started: list[Gateway] = []
+    yield started
+    for gw in reversed(started):
+        gw.stop(timeout=5)
+
+
+def start(gateways: list[Gateway], root: Path, runner: Any = None, *, config: dict[str, Any] | None = None,
+          connection_id: str | None = "alpha") -> Gateway:
+    gw = Gateway(root, runner=runner or RecordingRunner(), config=config, connection_id=connection_id)
+    gateways.append(gw)
+    return gw.start()
+
+
+def relay(root: Path) -> Path:
+    return root / "bot_relay"
+
+
+def outbox_ids(root: Path) -> list[str]:
+    return rf.list_ids(relay(root) / "outbox")
+
+
+def sender_root(tmp_path: Path, rows: list[dict[str, Any]] | None = None) -> Path:
+    root = make_root(tmp_path, name="alpha")
+    write_roster_file(root, rows if rows is not None else [remote_row("moxie", "mini", online=True)])
+    return root
+
+
+def queued(ack: dict[str, Any]) -> str:
+    assert ack.get("status") == "queued", ack
+    return str(ack["delivery_id"])
+
+
+def reply_record(envelope_id: str, reply: str = "", error: str = "", reason: str = "") -> dict[str, Any]:
+    return {"id": envelope_id, "at": int(time.time()), "reply": reply, "error": error, "reason": reason}
+
+
+# ── 1. seed interop and event-driven replies ────────────────────────────────
+
+
+def test_seed_written_envelope_is_drained_delivered_and_answered_in_seed_format(tmp_path: Path) -> None:
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {"title": "Builder"}}, name="mini")
+    rec = RecordingRunner(lambda turn: f"moxie here, got: {turn.content}")
+    with Gateway(mini, runner=rec, connection_id="mini"), hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition((relay(alpha) / "roster.json").exists, timeout=10, message="the hub pushed a roster")
+        env = seed_envelope(target_connection="mini", target_profile="moxie", message="status of the build?")
+        seed_write_json(relay(alpha) / "outbox" / f"{env['id']}.json", env, prefix=".env-")
+        reply_path = relay(alpha) / "replies" / f"{env['id']}.json"
+        await_condition(reply_path.exists, timeout=10, message="the reply file landed in alpha/replies")
+
+    turns = rec.entered
+    assert [t.delivery_id for t in turns] == [env["id"]]
+    assert turns[0].profile == "moxie" and turns[0].content == "status of the build?"
+    reply = json.loads(reply_path.read_text(encoding="utf-8"))
+    assert set(reply) == REPLY_KEYS  # exactly the seed's keys: no reply_connection leaks through
+    assert reply["id"] == env["id"] and isinstance(reply["at"], int)
+    assert reply["reply"] == "moxie here, got: status of the build?"
+    assert reply["error"] == "" and reply["reason"] == ""
+    assert stat.S_IMODE(reply_path.stat().st_mode) == 0o600
+    assert (relay(alpha) / "claimed" / f"{env['id']}.json").exists()
+    assert outbox_ids(alpha) == []
+
+
+def test_a_reply_written_by_another_process_resolves_the_outcome_without_polling(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config={"bot_mode": {"rescan_seconds": 300}})
+    ack = gw.message_agent(sender="alice", target="moxie", message="ping")
+    envelope_id = queued(ack)
+    assert ack["to"] == "@moxie on mini"
+    env = json.loads((relay(root) / "outbox" / f"{envelope_id}.json").read_text(encoding="utf-8"))
+    assert set(env) >= SEED_ENVELOPE_KEYS
+    assert env["target_connection"] == "mini" and env["target_profile"] == "moxie" and env["from_profile"] == "alice"
+    assert body_of(env["message"]) == "ping"
+
+    seed_write_json(relay(root) / "replies" / f"{envelope_id}.json", reply_record(envelope_id, reply="pong"))
+    written = time.monotonic()
+    out = gw.wait_outcome(envelope_id, timeout=2)  # the periodic rescan is 300 s away: only the event can do it
+    assert time.monotonic() - written < 2
+    assert out["status"] == "replied" and out["reply"] == "pong"
+    assert out["text"] == "Reply from @moxie on mini: pong"
+
+
+# ── 2. dropped events: the rescan is the truth ──────────────────────────────
+
+
+def test_with_events_dropped_the_rescan_delivers_every_reply_and_inbox_envelope(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    root = sender_root(tmp_path)
+    rec = RecordingRunner(lambda turn: f"ok {turn.delivery_id}")
+    gw = start(gateways, root, rec, config={"bot_mode": {"rescan_seconds": 0.2}})
+    assert gw._bridge is not None
+    gw._bridge.paused = True  # every watchdog event is now dropped, as an overflowing inotify would
+
+    sent = [queued(gw.message_agent(sender="alice", target="moxie", message=f"q{i}")) for i in range(5)]
+    for i, envelope_id in enumerate(sent):
+        seed_write_json(relay(root) / "replies" / f"{envelope_id}.json", reply_record(envelope_id, reply=f"a{i}"))
+    paths = InboxPaths.from_root(root)
+    incoming = [seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")
+                for _ in range(5)]
+    for env in incoming:
+        post_to_inbox(paths, env, "mini")
+
+    outs = [gw.wait_outcome(envelope_id, timeout=10) for envelope_id in sent]
+    assert [(o["status"], o["reply"]) for o in outs] == [("replied", f"a{i}") for i in range(5)]
+    for env in incoming:
+        delivered = paths.delivered / f"{env['id']}.json"
+        await_condition(delivered.exists, timeout=10, message=f"delivered/{env['id']}.json")
+        record = json.loads(delivered.read_text(encoding="utf-8"))
+        assert record["reply"] == f"ok {env['id']}" and record["reply_connection"] == "mini"
+    assert sorted(t.delivery_id for t in rec.entered) == sorted(e["id"] for e in incoming)
+    assert gw._bridge.paused and gw._bridge.restarts == 0
+
+
+# ── 4. liveness through the Gateway ─────────────────────────────────────────
+
+LIVENESS_CASES = {
+    # name: (rows or None = no roster file, roster age, target, expected: "queued" | "offline" | "unknown")
+    "online-true": ([remote_row("moxie", "mini", online=True)], 0, "moxie", "queued"),
+    "online-absent": ([remote_row("moxie", "mini")], 0, "moxie", "queued"),
+    "offline-row": ([remote_row("moxie", "mini", online=False, label="Mini Mac")], 0, "moxie", "offline"),
+    "absent-from-fresh": ([remote_row("other", "mini", online=True)], 0, "moxie", "unknown"),
+    "stale-offline-fails-open": ([remote_row("moxie", "mini", online=False)], 700, "moxie", "queued"),
+    "empty-roster": ([], 0, "moxie", "unknown"),
+    "missing-roster": (None, 0, "moxie", "unknown"),
+    "online-string": ([remote_row("moxie", "mini", online="false")], 0, "moxie", "queued"),
+    "online-int": ([remote_row("moxie", "mini", online=0)], 0, "moxie", "queued"),
+    "online-null": ([remote_row("moxie", "mini", online=None)], 0, "moxie", "queued"),
+    "handle-at-connection": (
+        [remote_row("moxie", "mini", online=True), remote_row("moxie", "maxi", online=True)], 0, "moxie@mini",
+        "queued"),
+}
+
+
+@pytest.mark.parametrize("case", list(LIVENESS_CASES))
+def test_liveness_table(case: str, tmp_path: Path, gateways: list[Gateway]) -> None:
+    rows, age, target, expected = LIVENESS_CASES[case]
+    root = make_root(tmp_path, name="alpha")
+    write_roster_file(root, rows, age_seconds=age)
+    gw = start(gateways, root)
+    ack = gw.message_agent(sender="alice", target=target, message="are you there?")
+    if expected == "queued":
+        envelope_id = queued(ack)
+        env = json.loads((relay(root) / "outbox" / f"{envelope_id}.json").read_text(encoding="utf-8"))
+        assert (env["target_connection"], env["target_profile"]) == ("mini", "moxie")
+        return
+    assert "delivery_id" not in ack, ack
+    if expected == "offline":
+        assert ack["reason"] == "runtime_offline"
+        assert ack["error"] == f"@moxie on Mini Mac {OFFLINE_TAIL}"
+    else:
+        assert ack["error"].startswith("No teammate named 'moxie' on this install, on a connected machine"), ack
+    assert outbox_ids(root) == []
+
+
+def test_ambiguous_bare_handle_lists_the_disambiguated_forms(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = sender_root(tmp_path, [remote_row("moxie", "mini", online=True), remote_row("moxie", "maxi", online=True)])
+    gw = start(gateways, root)
+    ack = gw.message_agent(sender="alice", target="moxie", message="hi")
+    assert ack["error"] == (
+        "'moxie' exists on several connected machines — disambiguate with one of: moxie@maxi, moxie@mini."
+    )
+    assert outbox_ids(root) == []
+    envelope_id = queued(gw.message_agent(sender="alice", target="@moxie@maxi", message="hi"))
+    env = json.loads((relay(root) / "outbox" / f"{envelope_id}.json").read_text(encoding="utf-8"))
+    assert env["target_connection"] == "maxi"
+
+
+def test_a_roster_rewritten_while_running_is_picked_up_from_its_event(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config={"bot_mode": {"rescan_seconds": 300}})
+    queued(gw.message_agent(sender="alice", target="moxie", message="one"))
+    write_roster_file(root, [remote_row("moxie", "mini", online=False)])
+
+    def refused() -> dict[str, Any] | None:
+        ack = gw.message_agent(sender="alice", target="moxie", message="two")
+        return ack if ack.get("reason") == "runtime_offline" else None
+
+    ack = await_condition(refused, timeout=3, interval=0.02, message="the offline roster took effect")
+    assert ack["error"] == f"@moxie on mini {OFFLINE_TAIL}"
+
+
+# ── 5. TTL, drain-side expiry, sweep, first reply wins ──────────────────────
+
+
+def test_an_undrained_envelope_expires_at_the_ttl_and_is_never_delivered_late(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    alpha = sender_root(tmp_path)
+    gw = start(gateways, alpha, config={"bot_mode": {"envelope_ttl_seconds": 0.5}})
+    expired_id = queued(gw.message_agent(sender="alice", target="moxie", message="anyone?"))
+    out = gw.wait_outcome(expired_id, timeout=5)
+    assert out["status"] == "failed" and out["reason"] == "queued_expired"
+    assert out["error"] == (
+        "queued message to @moxie on mini expired after 0.5s waiting for the Desktop to drain it — "
+        "it was NOT delivered. Resend once the Desktop reconnects."
+    )
+    assert outbox_ids(alpha) == []
+    assert (relay(alpha) / "claimed" / f"{expired_id}.json").exists()
+    reply = json.loads((relay(alpha) / "replies" / f"{expired_id}.json").read_text(encoding="utf-8"))
+    assert reply["reason"] == "queued_expired" and reply["error"] == out["error"] and reply["reply"] == ""
+
+    # A hub and the target gateway start later: a fresh DM flows, the expired one never arrives.
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    rec = RecordingRunner()
+    with Gateway(mini, runner=rec, connection_id="mini"), hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition(lambda: any(r["handle"] == "moxie" and r["online"] is True for r in gw.roster()),
+                        timeout=10, message="moxie online through the hub")
+        fresh = queued(gw.message_agent(sender="alice", target="moxie", message="now?"))
+        assert gw.wait_outcome(fresh, timeout=10)["status"] == "replied"
+    assert [t.delivery_id for t in rec.entered] == [fresh]
+
+
+def test_ttl_zero_disables_expiry(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config={"bot_mode": {"envelope_ttl_seconds": 0, "reply_wait_seconds": 0.6}})
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="hold on"))
+    out = gw.wait_outcome(envelope_id, timeout=5)
+    assert out["reason"] == "delivery_timeout"  # the reply budget ended it, not a TTL
+    assert outbox_ids(root) == [envelope_id]  # still queued for a late drain
+    assert not (relay(root) / "replies" / f"{envelope_id}.json").exists()
+
+
+def test_the_drain_side_refuses_an_expired_envelope_and_does_not_run_it(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    root = make_root(tmp_path, name="alpha")
+    rec = RecordingRunner()
+    start(gateways, root, rec)  # default TTL: 900 s
+    paths = InboxPaths.from_root(root)
+    old = seed_envelope(target_connection="alpha", target_profile="bob", created_at=time.time() - 10_000)
+    post_to_inbox(paths, old, "mini")
+    await_condition((paths.delivered / f"{old['id']}.json").exists, timeout=5, message="the refusal record")
+    record = json.loads((paths.delivered / f"{old['id']}.json").read_text(encoding="utf-8"))
+    assert record["reason"] == "queued_expired" and record["reply"] == ""
+    assert record["error"] == (
+        "queued message to @bob on alpha expired after 900s waiting for the Desktop to drain it — "
+        "it was NOT delivered. Resend once the Desktop reconnects."
+    )
+    fresh = seed_envelope(target_connection="alpha", target_profile="bob")
+    post_to_inbox(paths, fresh, "mini")
+    await_condition((paths.delivered / f"{fresh['id']}.json").exists, timeout=5, message="the fresh reply")
+    assert [t.delivery_id for t in rec.entered] == [fresh["id"]]
+    assert not (paths.taken / f"{old['id']}.json").exists()
+
+
+def test_housekeep_sweeps_only_stale_relay_files(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = make_root(tmp_path, name="alpha")
+    gw = start(gateways, root)
+    paths = rf.RelayPaths.from_root(root)
+    files: dict[str, list[Path]] = {"old": [], "new": []}
+    for age in ("old", "new"):
+        env = seed_envelope(target_connection="mini", target_profile="moxie", from_profile="zed")
+        files[age].append(rf.enqueue_envelope(paths, env))
+        claimed_env = seed_envelope(target_connection="mini", target_profile="moxie", from_profile="zed")
+        claimed = rf.claim_envelope(paths, claimed_env["id"]) if rf.enqueue_envelope(paths, claimed_env) else None
+        assert claimed is not None
+        files[age].append(claimed)
+        rid = uuid.uuid4().hex
+        rf.write_reply(paths, rf.make_reply(rid, reply="x", now=time.time()))
+        files[age].append(paths.replies / f"{rid}.json")
+    seven_hours_ago = time.time() - 7 * 3600
+    for path in files["old"]:
+        os.utime(path, (seven_hours_ago, seven_hours_ago))
+
+    removed = gw.housekeep()
+    assert removed >= 3
+    assert [p.exists() for p in files["old"]] == [False, False, False]
+    assert [p.exists() for p in files["new"]] == [True, True, True]
+
+
+def test_the_first_reply_written_wins(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config={"bot_mode": {"rescan_seconds": 300}})
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="who wins?"))
+    writer = (
+        "import sys, time\n"
+        "from hermes_actors.store import relay_files as rf\n"
+        "paths = rf.RelayPaths.from_root(sys.argv[1])\n"
+        "ok = rf.write_reply(paths, rf.make_reply(sys.argv[2], reply=sys.argv[3], now=time.time()))\n"
+        "print('stored' if ok else 'lost')\n"
+    )
+    results = [
+        subprocess.run([sys.executable, "-c", writer, str(root), envelope_id, text], capture_output=True, text=True,
+                       check=True, timeout=30).stdout.strip()
+        for text in ("first", "second")
+    ]
+    assert results == ["stored", "lost"]
+    out = gw.wait_outcome(envelope_id, timeout=5)
+    assert out["reply"] == "first"
+    stored = json.loads((relay(root) / "replies" / f"{envelope_id}.json").read_text(encoding="utf-8"))
+    assert stored["reply"] == "first"
+
+
+# ── 6. the reply budget ─────────────────────────────────────────────────────
+
+
+def test_no_reply_within_the_budget_is_a_non_retryable_delivery_timeout(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config={"bot_mode": {"reply_wait_seconds": 0.5}})
+    started = time.monotonic()
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="hello?"))
+    out = gw.wait_outcome(envelope_id, timeout=5)
+    assert time.monotonic() - started >= 0.45
+    assert out["status"] == "failed" and out["reason"] == "delivery_timeout"
+    assert out["retryable"] is False
+    assert "do not resend blindly" in out["text"] and "within 0.5s" in out["error"]
+    assert outbox_ids(root) == [envelope_id]  # the envelope may still be drained: hence "do not resend"
+    # A reply arriving after the budget changes nothing.
+    seed_write_json(relay(root) / "replies" / f"{envelope_id}.json", reply_record(envelope_id, reply="late"))
+    assert gw.wait_outcome(envelope_id, timeout=1)["reason"] == "delivery_timeout"

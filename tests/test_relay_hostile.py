@@ -1,0 +1,139 @@
+"""Hostile relay files in replies/ and inbox/: refused or quarantined, logged; the relay keeps working."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from relay_helpers import LogCapture, remote_row, seed_envelope, seed_write_json, write_roster_file
+from roots import RecordingRunner, make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+
+IS_ROOT = os.geteuid() == 0
+KINDS = ["non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid"]
+
+
+def _kind_param(kind: str) -> Any:
+    if kind == "other-uid":
+        return pytest.param(kind, marks=pytest.mark.skipif(not IS_ROOT, reason="chown to another uid needs root"))
+    return kind
+
+
+PARAMS = [_kind_param(k) for k in KINDS]
+
+
+@pytest.fixture
+def logs() -> Iterator[LogCapture]:
+    with LogCapture() as capture:
+        yield capture
+
+
+def plant(kind: str, directory: Path, file_id: str, valid: dict[str, Any], staging: Path) -> str:
+    """Put a hostile ``<file_id>.json`` (or a badly named file) into ``directory``; return the planted name.
+
+    Files are prepared in ``staging`` (same filesystem) and renamed in, so the
+    watcher sees a complete file, as it would from any atomic writer.
+    """
+    staging.mkdir(exist_ok=True)
+    name = f"{file_id}.json"
+    body: bytes = json.dumps(valid).encode()
+    mode = 0o600
+    if kind == "non-json":
+        body = b"{this is not json"
+    elif kind == "json-array":
+        body = json.dumps([valid]).encode()
+    elif kind == "huge":
+        body = json.dumps({**valid, "padding": "x" * (1 << 20)}).encode()
+    elif kind == "bad-name":
+        name = f"{file_id.upper()}.json"
+    elif kind == "id-mismatch":
+        body = json.dumps({**valid, "id": uuid.uuid4().hex}).encode()
+    elif kind == "group-writable":
+        mode = 0o666
+    prepared = staging / f"prep-{uuid.uuid4().hex}"
+    if kind == "symlink":
+        outside = staging / f"outside-{uuid.uuid4().hex}.json"
+        outside.write_bytes(body)
+        os.chmod(outside, 0o600)
+        os.symlink(outside, prepared)
+    else:
+        fd = os.open(prepared, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.chmod(prepared, mode)
+        if kind == "other-uid":
+            os.chown(prepared, 65534, 65534)
+    os.rename(prepared, directory / name)
+    return name
+
+
+def quarantined(relay: Path, name: str) -> Callable[[], list[Path]]:
+    def found() -> list[Path]:
+        q = relay / "quarantine"
+        return sorted(q.glob(f"{name}.*.quarantined")) if q.is_dir() else []
+
+    return found
+
+
+@pytest.mark.parametrize("kind", PARAMS)
+def test_hostile_reply_files_are_quarantined_and_valid_replies_still_flow(
+    kind: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    root = make_root(tmp_path, name="alpha")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    relay = root / "bot_relay"
+    with Gateway(root, runner=RecordingRunner(), config={"bot_mode": {"rescan_seconds": 0.2}},
+                 connection_id="alpha") as gw:
+        ack = gw.message_agent(sender="alice", target="moxie", message="hi")
+        envelope_id = ack["delivery_id"]
+        valid = {"id": envelope_id, "at": int(time.time()), "reply": "FROM THE HOSTILE FILE", "error": "",
+                 "reason": ""}
+        name = plant(kind, relay / "replies", envelope_id, valid, tmp_path / "staging")
+
+        moved = await_condition(quarantined(relay, name), timeout=5, message=f"{name} quarantined")
+        assert len(moved) == 1
+        await_condition(lambda: logs.matching("quarantined", name), timeout=5, message=f"a log line for {name}")
+        assert not (relay / "replies" / name).exists() and not (relay / "replies" / name).is_symlink()
+        if kind == "symlink":
+            assert moved[0].is_symlink()  # the link itself moved; its target was never touched
+            assert Path(os.readlink(moved[0])).read_text(encoding="utf-8") == json.dumps(valid)
+        with pytest.raises(TimeoutError):
+            gw.wait_outcome(envelope_id, timeout=0.05)  # the hostile content never became an outcome
+
+        assert gw._relay is not None and gw._relay.is_alive()
+        seed_write_json(relay / "replies" / f"{envelope_id}.json", {**valid, "reply": "the real reply"})
+        out = gw.wait_outcome(envelope_id, timeout=5)
+        assert (out["status"], out["reply"]) == ("replied", "the real reply")
+
+
+@pytest.mark.parametrize("kind", PARAMS)
+def test_hostile_inbox_files_are_quarantined_and_valid_envelopes_still_flow(
+    kind: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    root = make_root(tmp_path, name="alpha")
+    rec = RecordingRunner()
+    paths = InboxPaths.from_root(root)
+    with Gateway(root, runner=rec, config={"bot_mode": {"rescan_seconds": 0.2}}, connection_id="alpha") as gw:
+        bad = seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")
+        name = plant(kind, paths.inbox, bad["id"], {**bad, "reply_connection": "mini"}, tmp_path / "staging")
+
+        moved = await_condition(quarantined(paths.relay.base, name), timeout=5, message=f"{name} quarantined")
+        assert len(moved) == 1
+        await_condition(lambda: logs.matching("quarantined", name), timeout=5, message=f"a log line for {name}")
+        assert not (paths.inbox / name).exists() and not (paths.taken / name).exists()
+        assert gw._relay is not None and gw._relay.is_alive()
+
+        good = seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")
+        post_to_inbox(paths, good, "mini")
+        await_condition((paths.delivered / f"{good['id']}.json").exists, timeout=5, message="the valid envelope ran")
+    assert [t.delivery_id for t in rec.entered] == [good["id"]]  # the hostile one never ran
+    assert not list(paths.delivered.glob(f"{bad['id']}*"))
