@@ -109,7 +109,7 @@ class _Batch:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
-        self.callbacks: list[Callable[[BaseException | None], None]] = []
+        self.callbacks: list[Callable[[BaseException | None], object]] = []
 
 
 class Journal:
@@ -226,7 +226,7 @@ class Journal:
 
     # ── appending ───────────────────────────────────────────────────────────
 
-    def append(self, record: dict[str, Any], callback: Callable[[BaseException | None], None] | None = None) -> _Batch:
+    def append(self, record: dict[str, Any], callback: Callable[[BaseException | None], object] | None = None) -> _Batch:
         """Queue ``record``; the returned batch's ``done`` is set once it is durable.
 
         Args:
