@@ -25,10 +25,12 @@ from hermes_actors.guard import check_hops, check_pair_rate, pair_key
 from hermes_actors.ids import new_delivery_id
 from hermes_actors.messages import (
     AcceptDurable,
+    AttachOwner,
     AttachRelay,
     AwaitOutcome,
     Deliver,
     Delivery,
+    DetachOwner,
     ExportOutcomes,
     FinalizePending,
     FinishedDurable,
@@ -161,6 +163,7 @@ class DispatcherActor(SupervisorActor):
         self.pairs: dict[tuple[str, str], deque[float]] = {}
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
         self.journal = journal
+        self.owners: dict[str, Any] = {}  # profile → attached live owner
         self.journaled: set[str] = set()  # ids whose lifecycle the journal records
         self.awaiting_durable: dict[str, tuple[Delivery, ProfileInfo, pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
 
@@ -197,6 +200,27 @@ class DispatcherActor(SupervisorActor):
     @handles(AttachRelay)
     def _on_attach_relay(self, msg: AttachRelay) -> None:
         self.relay = msg.ref
+
+    @handles(AttachOwner)
+    def _on_attach_owner(self, msg: AttachOwner) -> None:
+        info = self._local(msg.profile)
+        self.owners[info.profile] = msg.owner
+        self._profile_ref(info).tell(AttachOwner(info.profile, msg.owner))
+
+    @handles(DetachOwner)
+    def _on_detach_owner(self, msg: DetachOwner) -> None:
+        info = self._local(msg.profile)
+        self.owners.pop(info.profile, None)
+        ref = self.child_ref(info.profile)
+        if ref is not None and ref.is_alive():
+            ref.tell(DetachOwner(info.profile))
+
+    def _local(self, profile: str) -> ProfileInfo:
+        want = str(profile or "").strip().lstrip("@").lower()
+        info = self.snapshot.index.get("default" if want == "hermes" else want)
+        if info is None:
+            raise KeyError(f"no local profile named {profile!r}")
+        return info
 
     @handles(StopAccepting)
     def _on_stop_accepting(self, msg: StopAccepting) -> None:
@@ -380,7 +404,11 @@ class DispatcherActor(SupervisorActor):
 
         self.counters["profile_starts"] += 1
         self.sent[info.profile] = 0
-        return self.start_child(info.profile, factory)
+        ref = self.start_child(info.profile, factory)
+        owner = self.owners.get(info.profile)
+        if owner is not None:  # a restarted (or re-started after idle) actor gets its live owner back
+            ref.tell(AttachOwner(info.profile, owner))
+        return ref
 
     def _deliver_local(self, info: ProfileInfo, delivery: Delivery, *, register: bool = True) -> None:
         if register:

@@ -25,9 +25,11 @@ from hermes_actors.dispatcher import DispatcherActor, resolve_ack
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
+    AttachOwner,
     AttachRelay,
     AwaitOutcome,
     Delivery,
+    DetachOwner,
     ExportOutcomes,
     FinalizePending,
     Flush,
@@ -313,6 +315,8 @@ class Gateway:
         """
         if not callable(callback):
             raise TypeError(f"subscribe needs a callable, got {type(callback).__name__}")
+        if self._state in ("stopping", "stopped"):
+            raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
         token = next(self._tokens)
         notifier = self._notifier
         if notifier is None:
@@ -351,9 +355,26 @@ class Gateway:
         return out
 
     def attach_live_owner(self, profile: str, owner: Any) -> None:
-        """Hand this profile's DMs to a live Bot Chat owner (DESIGN 4.3)."""
-        raise NotImplementedError("live-owner handoff is not implemented yet")
+        """Hand this profile's DMs to a live Bot Chat owner instead of running turns (DESIGN 4.3).
+
+        Args:
+            profile: the local profile (folder id or handle).
+            owner: the open Bot Chat session: an object with ``run_turn(turn) -> str``
+                or a callable; it receives each DM as a normal user turn and must
+                serialize it with its own turns. Raising ``TurnFailed`` fails the DM;
+                any other exception means it died mid-turn (``ambiguous``).
+
+        Raises:
+            KeyError: no such local profile.
+            TypeError: ``owner`` is neither a runner nor a callable.
+        """
+        as_runner(owner)
+        ask(self._live_dispatcher(), AttachOwner(profile, owner), timeout=_ASK_TIMEOUT)
 
     def detach_live_owner(self, profile: str) -> None:
-        """Return this profile's DMs to the normal turn path."""
-        raise NotImplementedError("live-owner handoff is not implemented yet")
+        """Return this profile's DMs (those not handed over yet) to the normal turn path.
+
+        Raises:
+            KeyError: no such local profile.
+        """
+        ask(self._live_dispatcher(), DetachOwner(profile), timeout=_ASK_TIMEOUT)

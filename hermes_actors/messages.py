@@ -224,6 +224,7 @@ class TurnFinished:
     reason: str = ""
     attempts: int = 1
     ran: bool = True  # False when the turn never started (lock wait ran out)
+    ambiguous: bool = False  # it may have run; the result is unknown (live owner died mid-turn)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,9 +23,12 @@ from actors import Link, Scheduler, TimerHandle, TimerSet, TypedActor, WorkerPoo
 from hermes_actors import outcomes
 from hermes_actors.config import BotModeConfig
 from hermes_actors.faults import crashpoint
+from hermes_actors.live import hand_to_owner
 from hermes_actors.messages import (
+    AttachOwner,
     Deliver,
     Delivery,
+    DetachOwner,
     IdleCheck,
     Outcome,
     OutcomeReady,
@@ -37,7 +40,7 @@ from hermes_actors.messages import (
     WaitExpired,
     WindDown,
 )
-from hermes_actors.runners import TurnRunner
+from hermes_actors.runners import TurnRunner, as_runner
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 from hermes_actors.turns import execute_turn
@@ -70,6 +73,8 @@ class ProfileSalvage:
 
 def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:
     """Pure: the sender's outcome for a finished turn."""
+    if result.ambiguous:
+        return outcomes.ambiguous(delivery.delivery_id, delivery.label, result.error, result.reason or "unknown")
     if result.reply is not None:
         reply = result.reply if isinstance(result.reply, str) else str(result.reply)
         return outcomes.from_reply(delivery.delivery_id, delivery.label, reply)
@@ -102,6 +107,7 @@ class ProfileActor(TypedActor):
         self.last_active = time.monotonic()
         self._salvage = salvage
         self.winding_down = False
+        self.owner: TurnRunner | None = None
 
     def on_start(self) -> None:
         if self._salvage is not None:
@@ -156,15 +162,19 @@ class ProfileActor(TypedActor):
         self.running = delivery
         self.seen.add(key)
         deadline = enqueued + self.deps.config.turn_wait_seconds
-        me, deps, lock = self.actor_ref, self.deps, self.lock
+        me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
         journal = deps.journal if delivery.origin != "relay" else None
+        home = self.info.home
 
         def job() -> None:
             crashpoint("after-ack-before-turn")
-            result = execute_turn(
-                delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,
-                journal=journal,
-            )
+            if owner is not None:  # the Bot Chat window holds the lease: hand it over, don't run a turn
+                result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn, journal=journal)
+            else:
+                result = execute_turn(
+                    delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,
+                    journal=journal,
+                )
             crashpoint("after-turn-before-outcome")
             try:
                 me.tell(result)
@@ -210,6 +220,8 @@ class ProfileActor(TypedActor):
     def _on_idle_check(self, msg: IdleCheck) -> None:
         self.idle_timer = None
         idle_for = time.monotonic() - self.last_active
+        if self.owner is not None:
+            return  # a live owner keeps the profile's actor alive; detach re-arms the idle timer
         if idle_for < self.deps.config.idle_stop_seconds or self.running is not None or self.queue:
             if self.running is None and not self.queue:
                 remaining = self.deps.config.idle_stop_seconds - idle_for
@@ -218,6 +230,17 @@ class ProfileActor(TypedActor):
         if self.running is None and not self.queue:
             # The Dispatcher decides: it stops us only if no Deliver is in flight to us.
             self.deps.dispatcher.tell(ProfileIdle(self.info.profile, self.actor_ref, self.handled))
+
+    @handles(AttachOwner)
+    def _on_attach(self, msg: AttachOwner) -> None:
+        self.owner = as_runner(msg.owner)
+
+    @handles(DetachOwner)
+    def _on_detach(self, msg: DetachOwner) -> None:
+        # Deliveries not yet handed over simply take the normal turn path from now on.
+        self.owner = None
+        if self.running is None and not self.queue:
+            self._arm_idle()
 
     @handles(StopProfile)
     def _on_stop_profile(self, msg: StopProfile) -> None:

@@ -40,6 +40,7 @@ from hermes_actors.store.atomic import ensure_private_dir
 __all__ = ["DeliveryState", "Journal", "JournalFolded", "fold_records", "parse_lines"]
 
 MAX_LINE_BYTES = 1 << 20
+DurableCallback = Callable[[BaseException | None], object]
 
 
 @dataclass
@@ -109,7 +110,7 @@ class _Batch:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
-        self.callbacks: list[Callable[[BaseException | None], object]] = []
+        self.callbacks: list[DurableCallback] = []
 
 
 class Journal:
@@ -226,7 +227,7 @@ class Journal:
 
     # ── appending ───────────────────────────────────────────────────────────
 
-    def append(self, record: dict[str, Any], callback: Callable[[BaseException | None], object] | None = None) -> _Batch:
+    def append(self, record: dict[str, Any], callback: DurableCallback | None = None) -> _Batch:
         """Queue ``record``; the returned batch's ``done`` is set once it is durable.
 
         Args:

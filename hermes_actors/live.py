@@ -1,0 +1,155 @@
+"""Live-owner handoff (DESIGN 4.3): a DM goes to the open Bot Chat window.
+
+While a live owner is attached, the ProfileActor does not run a turn; it hands
+the DM to the owner as a normal user turn, through a durable mailbox:
+
+    <profile_home>/runtime/bot_live_delivery/<delivery_id>.json
+    {"delivery_id", "state", "at", "reply", "error", "reason"}
+
+States: ``queued → claimed → settled | failed | cancelled | ambiguous``.
+Admission is idempotent by delivery id: a replay of a settled delivery returns
+its recorded result and never runs twice; one found ``claimed`` (the owner
+died mid-turn) is ``ambiguous`` — "may have been delivered, do not resend" —
+and is never retried. A file written by another uid is moved aside, never read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
+from hermes_actors.faults import crashpoint
+from hermes_actors.messages import Delivery, Turn, TurnFinished
+from hermes_actors.reasons import classify_agent_error
+from hermes_actors.runners import TurnRunner
+from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
+from hermes_actors.store.journal import Journal
+
+__all__ = ["LIVE_STATES", "LiveMailbox", "hand_to_owner"]
+
+LIVE_STATES = ("queued", "claimed", "settled", "failed", "cancelled", "ambiguous")
+TERMINAL = frozenset({"settled", "failed", "cancelled", "ambiguous"})
+
+
+class LiveMailbox:
+    """One profile's durable live-delivery mailbox.
+
+    Args:
+        home: the profile's home directory.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.directory = home / "runtime" / "bot_live_delivery"
+        self.tmp = self.directory / ".tmp"
+        self.quarantine = self.directory / ".quarantine"
+
+    def path(self, delivery_id: str) -> Path:
+        if len(delivery_id) != 32 or any(c not in "0123456789abcdef" for c in delivery_id):
+            raise ValidationError(f"invalid delivery id {delivery_id!r}")
+        return self.directory / f"{delivery_id}.json"
+
+    def read(self, delivery_id: str) -> dict[str, Any] | None:
+        """The record, or None. A foreign or corrupt file is moved aside and reads as None."""
+        path = self.path(delivery_id)
+        try:
+            record = read_json_file(path, max_bytes=1 << 20)
+        except FileNotFoundError:
+            return None
+        except HostileFileError as exc:
+            self._move_aside(path, str(exc))
+            return None
+        if not isinstance(record, dict) or record.get("state") not in LIVE_STATES:
+            self._move_aside(path, "not a live-delivery record")
+            return None
+        return record
+
+    def admit(self, delivery_id: str) -> dict[str, Any]:
+        """Create the record in state ``queued``, or return the one already there."""
+        for directory in (self.directory, self.tmp):
+            ensure_private_dir(directory)
+        existing = self.read(delivery_id)
+        if existing is not None:
+            return existing
+        record = {"delivery_id": delivery_id, "state": "queued", "at": int(time.time()), "reply": "", "error": "",
+                  "reason": ""}
+        if create_exclusive_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True):
+            return record
+        return self.read(delivery_id) or record
+
+    def transition(self, delivery_id: str, state: str, **fields: str) -> dict[str, Any]:
+        """Write the record in ``state`` (durably)."""
+        if state not in LIVE_STATES:
+            raise ValueError(f"unknown live-delivery state {state!r}")
+        record = {"delivery_id": delivery_id, "state": state, "at": int(time.time()), "reply": "", "error": "",
+                  "reason": "", **fields}
+        atomic_write_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True)
+        return record
+
+    def _move_aside(self, path: Path, why: str) -> None:
+        try:
+            ensure_private_dir(self.quarantine)
+            os.replace(path, self.quarantine / f"{path.name}.{time.time_ns()}")
+            logger.warning("live mailbox: moved {} aside: {}", path, why)
+        except OSError as exc:
+            logger.error("live mailbox: could not move {} aside ({}): {}", path, why, exc)
+
+
+def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:
+    """A replayed delivery: report what the mailbox recorded; never run it again."""
+    state = record["state"]
+    if state == "settled":
+        return TurnFinished(delivery_id, str(record.get("reply") or ""), ran=True)
+    if state == "failed":
+        return TurnFinished(delivery_id, None, str(record.get("error") or "the live owner failed the turn"),
+                            str(record.get("reason") or ""), ran=True)
+    if state == "cancelled":
+        return TurnFinished(delivery_id, None, "The live Bot Chat owner cancelled this DM; it was NOT delivered.",
+                            "cancelled", ran=False)
+    why = str(record.get("error") or "The live Bot Chat owner took this DM and never settled it.")
+    return TurnFinished(delivery_id, None, why, "unknown", ran=True, ambiguous=True)
+
+
+def hand_to_owner(
+    delivery: Delivery, *, owner: TurnRunner, home: Path, make_turn: Any, journal: Journal | None
+) -> TurnFinished:
+    """Run ``delivery`` as a user turn of the attached live owner (worker thread).
+
+    Returns:
+        The result for the ProfileActor; ``ambiguous`` when the owner died mid-turn.
+    """
+    box = LiveMailbox(home)
+    key = delivery.delivery_id
+    try:
+        record = box.admit(key)
+    except (StoreError, OSError, ValidationError) as exc:
+        return TurnFinished(key, None, f"Live delivery admission failed ({exc}); the DM was NOT delivered.",
+                            "unknown", 0, ran=False)
+    if record["state"] != "queued":
+        return _from_record(key, record)
+    if journal is not None:
+        try:
+            journal.append_durably({"t": "started", "id": key, "attempt": 1})
+        except StoreError as exc:
+            return TurnFinished(key, None, f"The turn could not be recorded durably ({exc}); it did NOT run.",
+                                "unknown", 0, ran=False)
+    box.transition(key, "claimed")
+    crashpoint("mid-turn")
+    turn: Turn = make_turn(delivery)
+    try:
+        reply = owner.run_turn(turn)
+    except TurnFailed as exc:
+        reason = exc.reason or classify_agent_error(exc.text)
+        box.transition(key, "failed", error=exc.text, reason=reason)
+        return TurnFinished(key, None, exc.text, reason)
+    except Exception as exc:  # the owner died mid-turn: it may have delivered — never re-run
+        why = f"The live Bot Chat owner failed mid-turn ({exc or type(exc).__name__})."
+        box.transition(key, "ambiguous", error=why, reason="unknown")
+        return TurnFinished(key, None, why, "unknown", ran=True, ambiguous=True)
+    text = reply if isinstance(reply, str) else str(reply)
+    box.transition(key, "settled", reply=text)
+    return TurnFinished(key, text)
