@@ -11,20 +11,24 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, Link, RestartPolicy, SupervisorActor, ask, handles, tell
+from actors import ActorGone, AskTimeout, Link, RestartPolicy, ask, handles, tell
 from hermes_actors import outcomes
+from hermes_actors.acks import (
+    ack_payload,
+    resolve_ack,
+)
+from hermes_actors.dispatch_base import Pending
+from hermes_actors.dispatch_durable import DurableDispatch
+from hermes_actors.dispatch_relay import RelayDispatch
 from hermes_actors.errors import StoreError
-from hermes_actors.faults import crashpoint
 from hermes_actors.guard import check_hops, check_pair_rate, pair_key
 from hermes_actors.ids import new_delivery_id
 from hermes_actors.messages import (
-    AcceptDurable,
     AttachOwner,
     AttachRelay,
     AwaitOutcome,
@@ -40,11 +44,7 @@ from hermes_actors.messages import (
     PendingAck,
     ProfileIdle,
     ProfileInfo,
-    Recover,
-    RelayDeliver,
     RelayOutcome,
-    RelayResumed,
-    RelaySend,
     RosterChanged,
     RosterSnapshot,
     SendRequest,
@@ -59,74 +59,12 @@ from hermes_actors.profile import ProfileActor, ProfileDeps
 from hermes_actors.store.journal import Journal
 from hermes_actors.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
 
-__all__ = ["DispatcherActor", "ack_payload", "delivery_from_record", "delivery_record", "resolve_ack"]
+__all__ = ["DispatcherActor"]
 
 SETTLED_KEEP = 200_000  # settled outcomes remembered for wait_outcome (oldest dropped first)
 
 
-def ack_payload(delivery_id: str, label: str, *, now: float) -> dict[str, Any]:
-    """Pure: the tool's success JSON (DESIGN section 6)."""
-    return {
-        "status": "queued",
-        "delivery_id": delivery_id,
-        "to": label,
-        "reply_delivery": "notification",
-        "detail": (
-            f"Message queued for {label}: this acknowledges the hand-off, not a delivery receipt — "
-            "do NOT wait or poll. Finish your turn now; the outcome notification carries the reply "
-            "(relay it then, attributed to that agent) or the delivery failure (report it; the "
-            "message was NOT delivered)."
-        ),
-        "queued_at": int(now),
-    }
-
-
-def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
-    """The ack dict from a SendRequest answer (waiting for the journal in durable mode)."""
-    if isinstance(answer, PendingAck):
-        try:
-            answer = answer.future.get(timeout=timeout)
-        except pykka.Timeout:
-            return {"error": f"The delivery journal did not confirm within {timeout}s; the message was NOT queued.",
-                    "reason": "unknown"}
-    if not isinstance(answer, dict):
-        raise TypeError(f"SendRequest answered {type(answer).__name__}, expected a dict")
-    return answer
-
-
-def delivery_record(delivery: Delivery) -> dict[str, Any]:
-    """Pure: a Delivery as the journal stores it."""
-    return asdict(delivery)
-
-
-def delivery_from_record(record: dict[str, Any]) -> Delivery:
-    """Pure: a journaled Delivery back (unknown keys from newer versions are ignored)."""
-    fields = Delivery.__dataclass_fields__
-    return Delivery(**{k: v for k, v in record.items() if k in fields})
-
-
-def _journal_refusal(error: BaseException) -> dict[str, Any]:
-    return {
-        "error": f"The delivery could not be recorded durably ({error}), so it was NOT queued. "
-        "Free disk space or fix the journal directory, then resend.",
-        "reason": "unknown",
-    }
-
-
-def _settled_future(value: dict[str, Any]) -> PendingAck:
-    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-    future.set(value)
-    return PendingAck(future)
-
-
-@dataclass
-class _Pending:
-    delivery: Delivery
-    route: str  # "local" | "relay" (ours, awaiting a reply) | "relay-in" (drained, run here) | "peer"
-    reply_connection: str = ""
-
-
-class DispatcherActor(SupervisorActor):
+class DispatcherActor(DurableDispatch, RelayDispatch):
     """Accepts DMs and owns their outcomes.
 
     Args:
@@ -156,7 +94,7 @@ class DispatcherActor(SupervisorActor):
         self.relay = relay
         self.deps = deps_factory(self.actor_ref, self._make_turn)
         self.accepting = True
-        self.pending: dict[str, _Pending] = {}
+        self.pending: dict[str, Pending] = {}
         self.settled: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.waiters: dict[str, list[pykka.ThreadingFuture[dict[str, Any]]]] = {}
         self.sent: dict[str, int] = {}  # Deliver messages sent to each live ProfileActor
@@ -280,118 +218,13 @@ class DispatcherActor(SupervisorActor):
                 return Refusal(
                     f"Peer delivery to {route.label} is not available on this gateway.", "runtime_offline"
                 ).as_dict()
-            self.pending[delivery.delivery_id] = _Pending(delivery, "peer")
+            self.pending[delivery.delivery_id] = Pending(delivery, "peer")
             me = self.actor_ref
             self.peer_submit(delivery, route, lambda outcome: me.tell(OutcomeReady(outcome)))
         else:
             return self._deliver_relay(route, delivery)
         self.counters["accepted"] += 1
         return ack_payload(delivery.delivery_id, route.label, now=now)
-
-    # ── durable mode ────────────────────────────────────────────────────────
-
-    def _accept_durably(self, delivery: Delivery, target: ProfileInfo, ack: dict[str, Any]) -> PendingAck:
-        """Journal the acceptance; the ack is released once the group commit covering it is on disk."""
-        assert self.journal is not None
-        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-        key = delivery.delivery_id
-        me = self.actor_ref
-        try:
-            self.journal.append(
-                {"t": "accepted", "id": key, "d": delivery_record(delivery)},
-                callback=lambda error: tell(me, AcceptDurable(key, error)),
-            )
-        except StoreError as exc:
-            return _settled_future(_journal_refusal(exc))
-        self.awaiting_durable[key] = (delivery, target, future, ack)
-        return PendingAck(future)
-
-    @handles(AcceptDurable)
-    def _on_accept_durable(self, msg: AcceptDurable) -> None:
-        entry = self.awaiting_durable.pop(msg.delivery_id, None)
-        if entry is None:
-            return
-        delivery, target, future, ack = entry
-        if msg.error is not None:
-            future.set(_journal_refusal(msg.error))  # nothing acked, nothing queued
-            return
-        crashpoint("after-journal-before-ack")
-        self.journaled.add(delivery.delivery_id)
-        self._deliver_local(target, delivery)
-        self.counters["accepted"] += 1
-        future.set(ack)
-
-    @handles(FinishedDurable)
-    def _on_finished_durable(self, msg: FinishedDurable) -> None:
-        if msg.error is not None:
-            logger.error(
-                "outcome of {} could not be journaled ({}); publishing it anyway", msg.outcome.delivery_id, msg.error
-            )
-        self._publish(msg.outcome)
-        crashpoint("after-outcome-before-delivered")
-        self._journal_quietly({"t": "delivered", "id": msg.outcome.delivery_id})
-
-    def _journal_quietly(self, record: dict[str, Any]) -> None:
-        if self.journal is None:
-            return
-        try:
-            self.journal.append(record)
-        except StoreError as exc:
-            logger.error("journal append failed: {}", exc)
-
-    @handles(Recover)
-    def _on_recover(self, msg: Recover) -> dict[str, int]:
-        """Act on the journal of a previous run: re-offer, mark ambiguous, or re-deliver outcomes."""
-        counts = {"reoffered": 0, "ambiguous": 0, "redelivered": 0, "known": 0}
-        for key, state in msg.states.items():
-            if state.delivered:
-                if state.outcome is not None:
-                    self.settled[key] = state.outcome
-                    counts["known"] += 1
-                continue
-            delivery = delivery_from_record(state.delivery) if state.delivery else None
-            label = delivery.label if delivery else "the teammate"
-            if state.outcome is not None:
-                o = state.outcome
-                outcome = Outcome(
-                    key, o["status"], o["reply"], o["error"], o["reason"], bool(o["retryable"]), o["from"], o["text"]
-                )
-                self._publish(outcome)
-                self._journal_quietly({"t": "delivered", "id": key})
-                counts["redelivered"] += 1
-            elif delivery is None:
-                continue  # a torn record without its acceptance: nothing was acked
-            elif state.started and not msg.idempotent_runner:
-                self.journaled.add(key)
-                self.pending[key] = _Pending(delivery, "local")
-                self._settle(outcomes.ambiguous(key, label, "The gateway stopped or crashed during the turn."))
-                counts["ambiguous"] += 1
-            else:
-                info = self.snapshot.index.get(delivery.target.lower())
-                self.journaled.add(key)
-                if info is None:
-                    self.pending[key] = _Pending(delivery, "local")
-                    text = f"The profile '{delivery.target}' no longer exists."
-                    self._settle(outcomes.failed(key, label, text, "unknown"))
-                    continue
-                self._deliver_local(info, replace(delivery, origin="recovered"))
-                counts["reoffered"] += 1
-        if any(counts.values()):
-            logger.info(
-                "recovery: {reoffered} re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered, "
-                "{known} settled outcomes known",
-                **counts,
-            )
-        return counts
-
-    def _deliver_relay(self, route: RelayRoute, delivery: Delivery) -> dict[str, Any]:
-        if self.relay is None:
-            return Refusal(f"The file relay is not running; {route.label} is unreachable.", "runtime_offline").as_dict()
-        ack: dict[str, Any] = ask(self.relay, RelaySend(route, delivery), timeout=10, expect=dict)
-        if "delivery_id" in ack:
-            self.pending[ack["delivery_id"]] = _Pending(delivery, "relay")
-            self.counters["accepted"] += 1
-        return ack
 
     def _profile_ref(self, info: ProfileInfo) -> pykka.ActorRef[Any]:
         ref = self.child_ref(info.profile)
@@ -412,7 +245,7 @@ class DispatcherActor(SupervisorActor):
 
     def _deliver_local(self, info: ProfileInfo, delivery: Delivery, *, register: bool = True) -> None:
         if register:
-            self.pending[delivery.delivery_id] = _Pending(delivery, "local")
+            self.pending[delivery.delivery_id] = Pending(delivery, "local")
         ref = self._profile_ref(info)
         try:
             ref.tell(Deliver(delivery))
@@ -421,50 +254,6 @@ class DispatcherActor(SupervisorActor):
             ref = self._profile_ref(info)
             ref.tell(Deliver(delivery))
         self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
-
-    @handles(RelayDeliver)
-    def _on_relay_deliver(self, msg: RelayDeliver) -> None:
-        """A drained envelope for one of our profiles (idempotent by envelope id)."""
-        env = msg.envelope
-        key = env["id"]
-        if key in self.pending:
-            return
-        if key in self.settled:  # delivered before a crash, reply not written yet: write it again
-            if self.relay is not None:
-                record = self.settled[key]
-                outcome = Outcome(key, record["status"], record["reply"], record["error"], record["reason"])
-                self.relay.tell(RelayOutcome(outcome, msg.reply_connection))
-            return
-        label = f"@{env['target_handle']}"
-        info = self.snapshot.index.get(str(env["target_profile"]).lower())
-        if info is None:
-            text = f"No agent '{env['target_profile']}' on this gateway; the message was NOT delivered."
-            if self.relay is not None:
-                self.relay.tell(RelayOutcome(outcomes.failed(key, label, text, "unknown"), msg.reply_connection))
-            return
-        hop = env.get("hop")
-        delivery = Delivery(
-            delivery_id=key,
-            sender=str(env["from_profile"]),
-            sender_handle=str(env["from_handle"]),
-            target=info.profile,
-            target_handle=info.handle,
-            content=str(env["message"]),
-            author={"id": f"bot:{env['from_profile']}", "name": env["from_handle"], "is_bot": True},
-            hop=hop if isinstance(hop, int) and hop > 0 else 1,
-            accepted_at=time.time(),
-            origin="relay",
-            label=label,
-        )
-        self.pending[key] = _Pending(delivery, "relay-in", msg.reply_connection)
-        self._deliver_local(info, delivery, register=False)
-
-    @handles(RelayResumed)
-    def _on_relay_resumed(self, msg: RelayResumed) -> None:
-        for key, label in msg.entries:
-            if key not in self.pending and key not in self.settled:
-                placeholder = Delivery(key, "", "", "", "", "", label=label, origin="recovered")
-                self.pending[key] = _Pending(placeholder, "relay")
 
     @handles(ProfileIdle)
     def _on_profile_idle(self, msg: ProfileIdle) -> None:

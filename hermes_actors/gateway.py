@@ -20,8 +20,9 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, FsBridge, RestartPolicy, Scheduler, WorkerPool, ask
+from hermes_actors.acks import resolve_ack
 from hermes_actors.config import BotModeConfig, load_config
-from hermes_actors.dispatcher import DispatcherActor, resolve_ack
+from hermes_actors.dispatcher import DispatcherActor
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,

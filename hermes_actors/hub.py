@@ -146,6 +146,9 @@ class HubActor(TypedActor):
         except ValidationError as exc:
             rf.quarantine(holder.paths.relay, path, str(exc))
             return
+        except OSError as exc:  # transient: the file stays in delivered/ and the next rescan retries
+            logger.warning("hub: could not read {}: {}", path, exc)
+            return
         source = self.by_name.get(reply_connection)
         if source is None:
             rf.quarantine(holder.paths.relay, path, f"reply for unknown connection {reply_connection!r}")

@@ -26,6 +26,7 @@ from loguru import logger
 
 from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TimerHandle, TimerSet, TypedActor, handles
 from hermes_actors import outcomes
+from hermes_actors.acks import ack_payload
 from hermes_actors.config import BotModeConfig
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import (
@@ -146,8 +147,6 @@ class RelayActor(TypedActor):
                     "reason": "unknown"}
         self._wait_for(envelope["id"], route.label, age=0.0)
         self.counters["sent"] += 1
-        from hermes_actors.dispatcher import ack_payload
-
         return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
 
     def _wait_for(self, envelope_id: str, label: str, *, age: float) -> None:
@@ -190,6 +189,9 @@ class RelayActor(TypedActor):
         except ValidationError as exc:
             self._quarantine(self.paths.relay.replies / f"{envelope_id}.json", str(exc))
             return
+        except OSError as exc:  # transient (EMFILE, EIO...): the next rescan retries; never crash the relay
+            logger.warning("relay: could not read the reply of {}: {}", envelope_id, exc)
+            return
         if reply is None:
             return
         if reply["error"]:
@@ -221,12 +223,23 @@ class RelayActor(TypedActor):
             return
         if claimed is None:
             return  # a drain won the rename: it will deliver, we keep waiting for its reply
-        handle, _, conn = entry.label.removeprefix("@").partition(" on ")
+        try:  # the seed's text names the envelope's target_connection (the label may be a display name)
+            envelope = rf.read_envelope(claimed)
+            handle, conn = envelope["target_handle"], envelope["target_connection"]
+        except (OSError, ValidationError):
+            handle, _, conn = entry.label.removeprefix("@").partition(" on ")
         ttl = self.config.envelope_ttl_seconds
         text = rf.expired_error_text(handle, conn, int(ttl) if float(ttl).is_integer() else ttl)
-        rf.write_reply(self.paths.relay, rf.make_reply(msg.envelope_id, error=text, reason="queued_expired",
-                                                       now=time.time()))
         self.counters["expired"] += 1
+        try:
+            rf.write_reply(self.paths.relay, rf.make_reply(msg.envelope_id, error=text, reason="queued_expired",
+                                                           now=time.time()))
+        except (OSError, ValidationError) as exc:
+            # We hold the claim, so it was certainly NOT delivered: report that rather than crash the relay.
+            logger.error("relay: could not write the expiry reply of {}: {}", msg.envelope_id, exc)
+            self._report(msg.envelope_id, OutcomeReady(outcomes.failed(msg.envelope_id, entry.label, text,
+                                                                       "queued_expired")))
+            return
         self._check_reply(msg.envelope_id)
 
     @handles(ReplyDeadline)
@@ -253,7 +266,7 @@ class RelayActor(TypedActor):
             return
         try:
             envelope, reply_connection = read_inbox_envelope(taken)
-        except ValidationError as exc:
+        except (OSError, ValidationError) as exc:  # taken/ is never rescanned: move it aside, logged
             self._quarantine(taken, str(exc))
             return
         ttl = self.config.envelope_ttl_seconds

@@ -336,6 +336,8 @@ def read_json_file(
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise HostileFileError(f"{path} is a symlink") from exc
+        if exc.errno == errno.ENXIO:  # a socket (or a device with nothing behind it): not a regular file
+            raise HostileFileError(f"{path} is not a regular file") from exc
         raise
     try:
         why = _why_hostile(os.fstat(fd), max_bytes=max_bytes, expect_uid=expect_uid)

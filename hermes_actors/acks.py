@@ -1,0 +1,97 @@
+"""Pure pieces of the send path: the ack payload, journal records of a Delivery."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import pykka
+
+from hermes_actors.messages import Delivery, Outcome, PendingAck
+
+__all__ = [
+    "ack_payload",
+    "delivery_from_record",
+    "delivery_record",
+    "journal_refusal",
+    "outcome_from_record",
+    "resolve_ack",
+    "settled_ack",
+]
+
+
+def ack_payload(delivery_id: str, label: str, *, now: float) -> dict[str, Any]:
+    """Pure: the tool's success JSON (DESIGN section 6)."""
+    return {
+        "status": "queued",
+        "delivery_id": delivery_id,
+        "to": label,
+        "reply_delivery": "notification",
+        "detail": (
+            f"Message queued for {label}: this acknowledges the hand-off, not a delivery receipt — "
+            "do NOT wait or poll. Finish your turn now; the outcome notification carries the reply "
+            "(relay it then, attributed to that agent) or the delivery failure (report it; the "
+            "message was NOT delivered)."
+        ),
+        "queued_at": int(now),
+    }
+
+
+def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
+    """The ack dict from a SendRequest answer (waiting for the journal in durable mode).
+
+    Raises:
+        TypeError: the answer is neither a dict nor a PendingAck.
+    """
+    if isinstance(answer, PendingAck):
+        try:
+            answer = answer.future.get(timeout=timeout)
+        except pykka.Timeout:
+            return {
+                "error": f"The delivery journal did not confirm within {timeout}s; the message was NOT queued.",
+                "reason": "unknown",
+            }
+    if not isinstance(answer, dict):
+        raise TypeError(f"SendRequest answered {type(answer).__name__}, expected a dict")
+    return answer
+
+
+def settled_ack(value: dict[str, Any]) -> PendingAck:
+    """A PendingAck that is already answered (a refusal found before anything was journaled)."""
+    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+    future.set(value)
+    return PendingAck(future)
+
+
+def journal_refusal(error: BaseException) -> dict[str, Any]:
+    """Pure: the refusal when the acceptance could not be made durable (nothing was acked)."""
+    return {
+        "error": f"The delivery could not be recorded durably ({error}), so it was NOT queued. "
+        "Free disk space or fix the journal directory, then resend.",
+        "reason": "unknown",
+    }
+
+
+def delivery_record(delivery: Delivery) -> dict[str, Any]:
+    """Pure: a Delivery as the journal stores it."""
+    return asdict(delivery)
+
+
+def delivery_from_record(record: dict[str, Any]) -> Delivery:
+    """Pure: a journaled Delivery back (unknown keys from newer versions are ignored)."""
+    fields = Delivery.__dataclass_fields__
+    return Delivery(**{k: v for k, v in record.items() if k in fields})
+
+
+def outcome_from_record(delivery_id: str, record: dict[str, Any]) -> Outcome:
+    """Pure: an outcome dict (as journaled or exported) back into an Outcome."""
+    return Outcome(
+        delivery_id,
+        str(record.get("status", "ambiguous")),
+        str(record.get("reply", "")),
+        str(record.get("error", "")),
+        str(record.get("reason", "")),
+        bool(record.get("retryable", False)),
+        str(record.get("from", "")),
+        str(record.get("text", "")),
+    )

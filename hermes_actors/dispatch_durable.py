@@ -1,0 +1,109 @@
+"""The Dispatcher's durable mode: journal before ack, journal before publish, recover at start.
+
+Acceptance is journaled with group commit and the ack is released only once
+that batch is on disk (``PendingAck``); an outcome is journaled before it is
+published; a previous run's journal is acted on by ``Recover``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actors import handles, tell
+from hermes_actors import outcomes
+from hermes_actors.acks import delivery_record, journal_refusal, settled_ack
+from hermes_actors.dispatch_base import DispatcherBase, Pending
+from hermes_actors.errors import StoreError
+from hermes_actors.faults import crashpoint
+from hermes_actors.messages import AcceptDurable, Delivery, FinishedDurable, PendingAck, ProfileInfo, Recover
+from hermes_actors.recovery import plan_recovery
+
+__all__ = ["DurableDispatch"]
+
+
+class DurableDispatch(DispatcherBase):
+    """Handlers of the durable mode (mixed into the DispatcherActor)."""
+
+    def _accept_durably(self, delivery: Delivery, target: ProfileInfo, ack: dict[str, Any]) -> PendingAck:
+        """Journal the acceptance; the ack is released once the group commit covering it is on disk."""
+        assert self.journal is not None
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        key = delivery.delivery_id
+        me = self.actor_ref
+        try:
+            self.journal.append(
+                {"t": "accepted", "id": key, "d": delivery_record(delivery)},
+                callback=lambda error: tell(me, AcceptDurable(key, error)),
+            )
+        except StoreError as exc:
+            return settled_ack(journal_refusal(exc))
+        self.awaiting_durable[key] = (delivery, target, future, ack)
+        return PendingAck(future)
+
+    @handles(AcceptDurable)
+    def _on_accept_durable(self, msg: AcceptDurable) -> None:
+        entry = self.awaiting_durable.pop(msg.delivery_id, None)
+        if entry is None:
+            return
+        delivery, target, future, ack = entry
+        if msg.error is not None:
+            future.set(journal_refusal(msg.error))  # nothing acked, nothing queued
+            return
+        crashpoint("after-journal-before-ack")
+        self.journaled.add(delivery.delivery_id)
+        self._deliver_local(target, delivery)
+        self.counters["accepted"] += 1
+        future.set(ack)
+
+    @handles(FinishedDurable)
+    def _on_finished_durable(self, msg: FinishedDurable) -> None:
+        if msg.error is not None:
+            logger.error(
+                "outcome of {} could not be journaled ({}); publishing it anyway", msg.outcome.delivery_id, msg.error
+            )
+        self._publish(msg.outcome)
+        crashpoint("after-outcome-before-delivered")
+        self._journal_quietly({"t": "delivered", "id": msg.outcome.delivery_id})
+
+    def _journal_quietly(self, record: dict[str, Any]) -> None:
+        if self.journal is None:
+            return
+        try:
+            self.journal.append(record)
+        except StoreError as exc:
+            logger.error("journal append failed: {}", exc)
+
+    @handles(Recover)
+    def _on_recover(self, msg: Recover) -> dict[str, int]:
+        """Act on the journal of a previous run (see ``recovery.plan_recovery``)."""
+        plan = plan_recovery(msg.states, idempotent_runner=msg.idempotent_runner)
+        self.settled.update(plan.known)
+        for outcome in plan.redeliver:
+            self._publish(outcome)
+            self._journal_quietly({"t": "delivered", "id": outcome.delivery_id})
+        for delivery, outcome in plan.ambiguous:
+            self.journaled.add(delivery.delivery_id)
+            self.pending[delivery.delivery_id] = Pending(delivery, "local")
+            self._settle(outcome)
+        for delivery in plan.reoffer:
+            key = delivery.delivery_id
+            self.journaled.add(key)
+            info = self.snapshot.index.get(delivery.target.lower())
+            if info is None:
+                self.pending[key] = Pending(delivery, "local")
+                text = f"The profile '{delivery.target}' no longer exists; the message was NOT delivered."
+                self._settle(outcomes.failed(key, delivery.label, text, "unknown"))
+            else:
+                self._deliver_local(info, delivery)
+        counts = plan.counts()
+        if any(counts.values()):
+            logger.info(
+                "recovery: {reoffered} re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered, "
+                "{known} settled outcomes known",
+                **counts,
+            )
+        return counts
+

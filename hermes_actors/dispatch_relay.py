@@ -1,0 +1,72 @@
+"""The Dispatcher's relay routing: DMs to other connections, and envelopes drained for us."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from actors import ask, handles
+from hermes_actors import outcomes
+from hermes_actors.acks import outcome_from_record
+from hermes_actors.dispatch_base import DispatcherBase, Pending
+from hermes_actors.messages import Delivery, RelayDeliver, RelayOutcome, RelayResumed, RelaySend
+from hermes_actors.targets import Refusal, RelayRoute
+
+__all__ = ["RelayDispatch"]
+
+
+class RelayDispatch(DispatcherBase):
+    """Handlers of relay routing (mixed into the DispatcherActor)."""
+
+    def _deliver_relay(self, route: RelayRoute, delivery: Delivery) -> dict[str, Any]:
+        if self.relay is None:
+            return Refusal(f"The file relay is not running; {route.label} is unreachable.", "runtime_offline").as_dict()
+        ack: dict[str, Any] = ask(self.relay, RelaySend(route, delivery), timeout=10, expect=dict)
+        if "delivery_id" in ack:
+            self.pending[ack["delivery_id"]] = Pending(delivery, "relay")
+            self.counters["accepted"] += 1
+        return ack
+
+    @handles(RelayDeliver)
+    def _on_relay_deliver(self, msg: RelayDeliver) -> None:
+        """A drained envelope for one of our profiles (idempotent by envelope id)."""
+        env = msg.envelope
+        key = env["id"]
+        if key in self.pending:
+            return
+        if key in self.settled:  # delivered before a crash, reply not written yet: write it again
+            if self.relay is not None:
+                outcome = outcome_from_record(key, self.settled[key])
+                self.relay.tell(RelayOutcome(outcome, msg.reply_connection))
+            return
+        label = f"@{env['target_handle']}"
+        info = self.snapshot.index.get(str(env["target_profile"]).lower())
+        if info is None:
+            text = f"No agent '{env['target_profile']}' on this gateway; the message was NOT delivered."
+            if self.relay is not None:
+                self.relay.tell(RelayOutcome(outcomes.failed(key, label, text, "unknown"), msg.reply_connection))
+            return
+        hop = env.get("hop")
+        delivery = Delivery(
+            delivery_id=key,
+            sender=str(env["from_profile"]),
+            sender_handle=str(env["from_handle"]),
+            target=info.profile,
+            target_handle=info.handle,
+            content=str(env["message"]),
+            author={"id": f"bot:{env['from_profile']}", "name": env["from_handle"], "is_bot": True},
+            hop=hop if isinstance(hop, int) and hop > 0 else 1,
+            accepted_at=time.time(),
+            origin="relay",
+            label=label,
+        )
+        self.pending[key] = Pending(delivery, "relay-in", msg.reply_connection)
+        self._deliver_local(info, delivery, register=False)
+
+    @handles(RelayResumed)
+    def _on_relay_resumed(self, msg: RelayResumed) -> None:
+        for key, label in msg.entries:
+            if key not in self.pending and key not in self.settled:
+                placeholder = Delivery(key, "", "", "", "", "", label=label, origin="recovered")
+                self.pending[key] = Pending(placeholder, "relay")
+

@@ -1,0 +1,62 @@
+"""Pure recovery planning: what to do with each delivery a previous run journaled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hermes_actors import outcomes
+from hermes_actors.acks import delivery_from_record, outcome_from_record
+from hermes_actors.messages import Delivery, Outcome
+
+__all__ = ["RecoveryPlan", "plan_recovery"]
+
+
+@dataclass
+class RecoveryPlan:
+    """Actions, per delivery, in journal order.
+
+    - ``known``: settled and delivered before; only remembered for ``wait_outcome``.
+    - ``redeliver``: finished but the sender may not have seen it; publish it again.
+    - ``ambiguous``: started, never finished: may have run; report "do not resend".
+    - ``reoffer``: accepted, never started: run it now, same delivery id.
+    """
+
+    known: dict[str, dict[str, Any]] = field(default_factory=dict)
+    redeliver: list[Outcome] = field(default_factory=list)
+    ambiguous: list[tuple[Delivery, Outcome]] = field(default_factory=list)
+    reoffer: list[Delivery] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "reoffered": len(self.reoffer),
+            "ambiguous": len(self.ambiguous),
+            "redelivered": len(self.redeliver),
+            "known": len(self.known),
+        }
+
+
+def plan_recovery(states: dict[str, Any], *, idempotent_runner: bool = False) -> RecoveryPlan:
+    """Pure: decide each journaled delivery's fate (``states``: id → ``DeliveryState``).
+
+    A started-not-finished turn is re-offered only when the runner declared itself
+    idempotent; otherwise it is ambiguous and never runs twice.
+    """
+    plan = RecoveryPlan()
+    for key, state in states.items():
+        if state.delivered:
+            if state.outcome is not None:
+                plan.known[key] = state.outcome
+            continue
+        if state.outcome is not None:
+            plan.redeliver.append(outcome_from_record(key, state.outcome))
+            continue
+        if state.delivery is None:
+            continue  # a torn record without its acceptance: nothing was acked
+        delivery = delivery_from_record(state.delivery)
+        if state.started and not idempotent_runner:
+            why = "The gateway stopped or crashed during the turn."
+            plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, why)))
+        else:
+            plan.reoffer.append(replace(delivery, origin="recovered"))
+    return plan
