@@ -54,6 +54,7 @@ _LINES = {
     ],
     "Writer": ["Draft ready: two paragraphs, plain tone.", "Tightened it to 120 words.", "Rewrote the intro."],
     "Reviewer": ["Looks solid; one unclear sentence in para 2.", "Approve with a nit: define 'churn'.", "Needs data."],
+    "Analyst": ["Q3 churn is 4.1%, down from 4.6%.", "The cohort table is in the shared sheet.", "Numbers attached."],
 }
 
 
@@ -108,6 +109,6 @@ class DemoRunner:
             ack = turn.message_agent("scout", f"Please research this for the plan: {body[:200]}")
             sent = "asked @scout to research it" if ack.get("status") == "queued" else "could not reach @scout"
             return f"On it — I {sent}; I'll share the plan once the research is in."
-        lines = _LINES[bot.title]
+        lines = _LINES.get(bot.title, _LINES["Coordinator"])
         pick = int(hashlib.sha256(body.encode()).hexdigest(), 16) % len(lines)
         return lines[pick]

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
-from hermes_actors.demo import DemoRunner, create_demo_root
+from hermes_actors.demo import DemoBot, DemoRunner, create_demo_root
 from hermes_actors.gateway import Gateway
 
 __all__ = ["run_demo"]
@@ -133,14 +133,41 @@ def run_demo(*, keep: bool = False, out: TextIO) -> int:
             _send(gw, t, "hermes", "nobody", "hello?")
             _send(gw, t, "scout", "scout", "note to self")
             _send(gw, t, "hermes", "a b!", "hi")
+
+            t.say("\n6. Across connections: a second gateway ('mini') and the relay hub, through bot_relay/ files")
+            _cross_connection(gw, t, root, tmp / "mini")
         _summary(t, out)
     finally:
         if keep:
             print(f"\nroot kept at {root}", file=out)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    expected = {"replied", "silent", "failed:target_busy"}
+    expected = {"replied", "silent", "failed:target_busy", "refused:unknown"}
     return 0 if expected <= set(t.statuses) else 1
+
+
+def _cross_connection(gw: Gateway, t: _Transcript, root: Path, mini_root: Path) -> None:
+    """Run a second gateway and the hub in this process; DM @dave on mini and wait for the reply."""
+    from hermes_actors.hub import run_hub
+
+    cast = (DemoBot("default", "Mini", "Coordinator", "Runs the mini box."),
+            DemoBot("dave", "Dave", "Analyst", "Crunches the numbers."))
+    create_demo_root(mini_root, cast)
+    stop = threading.Event()
+    hub = threading.Thread(
+        target=run_hub, args=([root, mini_root],), kwargs={"names": ["alpha", "mini"], "stop": stop, "quiet": True},
+        name="demo-hub", daemon=True,
+    )
+    with Gateway(mini_root, runner=DemoRunner(cast), connection_id="mini"):
+        hub.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(r["connection_id"] == "mini" for r in gw.roster()):
+                time.sleep(0.02)  # the hub pushes the roster on its first tick
+            _wait_all(gw, t, [_send(gw, t, "hermes", "dave@mini", "Can you pull the Q3 churn numbers?")])
+        finally:
+            stop.set()
+            hub.join(timeout=10)
 
 
 def _summary(t: _Transcript, out: TextIO) -> None:

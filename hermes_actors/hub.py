@@ -196,7 +196,7 @@ class HubActor(TypedActor):
 
 def run_hub(
     roots: list[Path], *, names: list[str] | None = None, rescan_seconds: float = 2.0,
-    stop: threading.Event | None = None,
+    stop: threading.Event | None = None, quiet: bool = False,
 ) -> int:
     """Run the hub until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code."""
     if names is not None and len(names) != len(roots):
@@ -214,7 +214,8 @@ def run_hub(
             FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=rescan_seconds).start()
             for r in hub_roots
         ]
-        print(f"relay hub running for {', '.join(r.name for r in hub_roots)}", flush=True)
+        if not quiet:
+            print(f"relay hub running for {', '.join(r.name for r in hub_roots)}", flush=True)
         try:
             stop.wait()
         finally:
