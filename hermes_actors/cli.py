@@ -21,14 +21,15 @@ def _enable_logging(verbose: int) -> None:
     logger.enable("actors")
 
 
-def _runner_for(kind: str, cli: str | None) -> Any:
+def _runner_for(kind: str, cli: str | None, root: Path) -> Any:
     if kind == "demo":
         from hermes_actors.demo import DemoRunner
 
         return DemoRunner()
+    from hermes_actors.config import load_config
     from hermes_actors.runners import CommandRunner
 
-    return CommandRunner(cli=cli)
+    return CommandRunner(cli=cli, timeout=load_config(root).turn_timeout_seconds)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -56,7 +57,7 @@ def _cmd_roster(args: argparse.Namespace) -> int:
 def _cmd_send(args: argparse.Namespace) -> int:
     from hermes_actors.gateway import Gateway
 
-    with Gateway(args.root, runner=_runner_for(args.runner, args.cli)) as gw:
+    with Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root)) as gw:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         print(orjson.dumps(ack).decode())
         if "error" in ack:
@@ -75,7 +76,7 @@ def _cmd_send(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.serve import serve
 
-    return serve(args.root, connection_id=args.connection_id, runner=_runner_for(args.runner, args.cli))
+    return serve(args.root, connection_id=args.connection_id, runner=_runner_for(args.runner, args.cli, args.root))
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:
