@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -139,3 +141,17 @@ def test_run_hub_validates_its_arguments(tmp_path: Path, two_roots: tuple[Path, 
         run_hub([alpha, mini], names=["bad name", "mini"])
     with pytest.raises(FileNotFoundError):
         run_hub([alpha, tmp_path / "missing"], names=["alpha", "mini"])
+
+
+def test_a_socket_in_delivered_is_quarantined_and_the_hub_keeps_forwarding(two_roots: tuple[Path, Path]) -> None:
+    alpha, mini = two_roots
+    paths_m = InboxPaths.from_root(mini).ensure()
+    InboxPaths.from_root(alpha).ensure()
+    socket_id = uuid.uuid4().hex
+    os.mknod(paths_m.delivered / f"{socket_id}.json", stat.S_IFSOCK | 0o600)  # open() fails with ENXIO
+    with LogCapture() as logs, hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition(lambda: logs.matching("quarantined", socket_id), timeout=10, message="socket quarantined")
+        good = uuid.uuid4().hex
+        seed_write_json(paths_m.delivered / f"{good}.json",
+                        {"id": good, "at": 1, "reply": "fine", "error": "", "reason": "", "reply_connection": "alpha"})
+        await_condition(lambda: reply_of(alpha, good), timeout=10, message="a later record still forwarded")

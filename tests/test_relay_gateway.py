@@ -354,3 +354,71 @@ def test_no_reply_within_the_budget_is_a_non_retryable_delivery_timeout(
     # A reply arriving after the budget changes nothing.
     seed_write_json(relay(root) / "replies" / f"{envelope_id}.json", reply_record(envelope_id, reply="late"))
     assert gw.wait_outcome(envelope_id, timeout=1)["reason"] == "delivery_timeout"
+
+
+def test_the_sender_side_expiry_text_names_the_connection_id_like_the_seed(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    root = sender_root(tmp_path, [remote_row("moxie", "mini", online=True, label="Mini Mac")])
+    gw = start(gateways, root, config={"bot_mode": {"envelope_ttl_seconds": 0.5}})
+    ack = gw.message_agent(sender="alice", target="moxie", message="anyone?")
+    assert ack["to"] == "@moxie on Mini Mac"  # the label is for people ...
+    out = gw.wait_outcome(queued(ack), timeout=5)
+    # ... the reply file carries the seed's text, built from the envelope (target_connection), as a drain writes it.
+    assert out["error"] == rf.expired_error_text("moxie", "mini", 0.5)
+
+
+@pytest.mark.parametrize(
+    ("behave", "expected"),
+    [
+        ("[SILENT]", ("silent", "", "")),
+        ("", ("silent", "", "")),
+        ("raise", ("failed", "", "target_busy")),
+    ],
+)
+def test_silence_and_failures_travel_back_through_the_relay(
+    behave: str, expected: tuple[str, str, str], tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    from hermes_actors import TurnFailed
+
+    alpha = make_root(tmp_path, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+
+    def runner(turn: Any) -> str:
+        if behave == "raise":
+            raise TurnFailed("moxie's session is owned elsewhere", reason="target_busy")
+        return behave
+
+    start(gateways, mini, runner, connection_id="mini")
+    gw = start(gateways, alpha)
+    with hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition(lambda: any(r["handle"] == "moxie" and r["online"] is True for r in gw.roster()),
+                        timeout=10, message="moxie online through the hub")
+        out = gw.wait_outcome(queued(gw.message_agent(sender="alice", target="moxie", message="fyi")), timeout=10)
+    assert (out["status"], out["reply"], out["reason"]) == expected
+    if behave == "raise":
+        assert "moxie's session is owned elsewhere" in out["error"]
+
+
+def test_a_failing_expiry_write_still_reports_queued_expired_and_the_relay_keeps_running(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hermes_actors.errors import StoreError
+
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config={"bot_mode": {"envelope_ttl_seconds": 0.3, "rescan_seconds": 300}})
+    real_write_reply = rf.write_reply
+
+    def disk_full(*args: Any, **kwargs: Any) -> bool:
+        raise StoreError("cannot create replies/x.json: No space left on device (ENOSPC)")
+
+    monkeypatch.setattr(rf, "write_reply", disk_full)
+    expired = queued(gw.message_agent(sender="alice", target="moxie", message="anyone?"))
+    out = gw.wait_outcome(expired, timeout=5)
+    assert (out["status"], out["reason"]) == ("failed", "queued_expired")
+    assert (relay(root) / "claimed" / f"{expired}.json").exists()  # we hold the claim: never delivered late
+    monkeypatch.setattr(rf, "write_reply", real_write_reply)
+    assert gw._relay is not None and gw._relay.is_alive()
+    later = queued(gw.message_agent(sender="alice", target="moxie", message="again"))
+    seed_write_json(relay(root) / "replies" / f"{later}.json", reply_record(later, reply="here"))
+    assert gw.wait_outcome(later, timeout=2)["reply"] == "here"

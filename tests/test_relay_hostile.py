@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,7 +20,10 @@ from hermes_actors import Gateway
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 
 IS_ROOT = os.geteuid() == 0
-KINDS = ["non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid"]
+KINDS = [
+    "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
+    "directory",
+]
 
 
 def _kind_param(kind: str) -> Any:
@@ -60,7 +64,12 @@ def plant(kind: str, directory: Path, file_id: str, valid: dict[str, Any], stagi
     elif kind == "group-writable":
         mode = 0o666
     prepared = staging / f"prep-{uuid.uuid4().hex}"
-    if kind == "symlink":
+    if kind == "socket":  # opening a socket fails with ENXIO: once an unhandled OSError that killed the relay
+        os.mknod(prepared, stat.S_IFSOCK | 0o600)
+    elif kind == "directory":
+        prepared.mkdir()
+        (prepared / "inner.json").write_bytes(body)
+    elif kind == "symlink":
         outside = staging / f"outside-{uuid.uuid4().hex}.json"
         outside.write_bytes(body)
         os.chmod(outside, 0o600)
