@@ -18,7 +18,15 @@ from typing import Any
 
 import pykka
 from loguru import logger
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirMovedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
@@ -107,7 +115,14 @@ class FsBridge:
 
     def _start_observer(self) -> None:
         observer = self.observer_factory()
-        observer.schedule(_Handler(self), str(self.root), recursive=True)
+        # Only the events we act on: the inotify mask shrinks with the filter, so a write no
+        # longer wakes the observer for open/modify/close noise.
+        observer.schedule(
+            _Handler(self),
+            str(self.root),
+            recursive=True,
+            event_filter=[FileCreatedEvent, FileMovedEvent, FileDeletedEvent, DirCreatedEvent, DirMovedEvent],
+        )
         observer.daemon = True
         observer.start()
         self._observer = observer
