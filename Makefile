@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test soak bench bench-quick lint typecheck clean redis-server
+.PHONY: demo test soak bench bench-quick lint typecheck clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,13 +21,6 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy actors hermes_actors bench
-
-# redis-server is needed by the Redis transport tests; installed when missing.
-redis-server:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing redis-server (apt-get)"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
-	  || echo "warning: could not install redis-server; Redis tests will be skipped"; }
 
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -m "not soak" -p no:cacheprovider
