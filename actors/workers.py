@@ -48,6 +48,7 @@ class WorkerPool:
         Raises:
             RuntimeError: after :meth:`shutdown`.
         """
+        thread = None
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"worker pool {self.name!r} is shut down")
@@ -58,8 +59,12 @@ class WorkerPool:
                 self._counter += 1
                 thread = threading.Thread(target=self._run, name=f"{self.name}-{self._counter}", daemon=True)
                 self._threads.add(thread)
-                thread.start()
-            self._lock.notify()
+            else:
+                self._lock.notify()
+        if thread is not None:
+            # Started outside the lock: Thread.start() waits for the new thread to boot, and the
+            # new thread's first act is to take this lock — the submitter must not hold it then.
+            thread.start()
 
     def _run(self) -> None:
         me = threading.current_thread()

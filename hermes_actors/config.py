@@ -20,6 +20,9 @@ from typing import Any
 import yaml
 from loguru import logger
 
+# The C parser (libyaml) is ~7x faster; 10,000 profile.yaml files are read at start.
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 __all__ = [
     "DEFAULTS",
     "MAX_CONFIG_BYTES",
@@ -131,7 +134,7 @@ def load_yaml_file(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     try:
-        loaded = yaml.safe_load(data.decode("utf-8"))
+        loaded = yaml.load(data.decode("utf-8"), Loader=_SafeLoader)  # a safe loader (the C one when present)
     except UnicodeDecodeError as exc:
         logger.warning("config file {} is not valid UTF-8 ({}); ignoring it", path, exc)
         return {}
@@ -155,7 +158,7 @@ _FIELDS: dict[str, tuple[str, float | None, bool]] = {
     "envelope_ttl_seconds": ("float", None, True),  # <= 0 disables expiry
     "reply_wait_seconds": ("float", 0.0, True),
     "max_hops": ("int", 1, True),
-    "max_pair_rate": ("int", 1, True),
+    "max_pair_rate": ("int", 0, True),  # 0 turns the per-pair rate limit off
     "max_queued": ("int", 1, True),
     "turn_timeout_seconds": ("float", 0.0, False),
     "idle_stop_seconds": ("float", 0.0, True),

@@ -356,12 +356,16 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             if key in self.journaled and key not in msg.running:
                 continue  # never started: stays journaled and is re-offered by the next start
             outcome = outcomes.ambiguous(key, entry.delivery.label, msg.why)
-            if self.journal is not None and key in self.journaled:
+            journal = self.journal if key in self.journaled else None
+            journaled = journal is not None
+            if journal is not None:
                 try:  # shutting down: write it now rather than through the async group commit
-                    self.journal.append_durably({"t": "finished", "id": key, "o": outcome.as_dict()})
+                    journal.append_durably({"t": "finished", "id": key, "o": outcome.as_dict()})
                 except StoreError as exc:
                     logger.error("could not journal the outcome of {}: {}", key, exc)
             self._publish(outcome)
+            if journaled:  # published now: the next start must not report it a second time
+                self._journal_quietly({"t": "delivered", "id": key})
             count += 1
         return count
 
