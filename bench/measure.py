@@ -196,9 +196,8 @@ def _cpu_model() -> str:
 def machine_info() -> dict[str, Any]:
     """Facts about the machine and software a result was measured on (no hostname)."""
     mem_kb = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            mem_kb = int(fh.readline().split()[1])
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo", encoding="ascii") as fh:
+        mem_kb = int(fh.readline().split()[1])
     return {
         "cpu_count": os.cpu_count(),
         "cpu_model": _cpu_model(),

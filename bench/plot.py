@@ -31,6 +31,7 @@ def plot_results(result: dict[str, Any], samples: dict[str, dict[str, list[float
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return None
 
@@ -48,6 +49,7 @@ def plot_results(result: dict[str, Any], samples: dict[str, dict[str, list[float
             ys = [(i + 1) / len(values) for i in range(len(values))]
             ax.step(values, ys, where="post", color=_COLORS[side], label=f"{side} (n={len(values)})")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(0, 1.02)
         ax.set_title(f"{name}: latency CDF", fontsize=10)
         ax.set_xlabel("latency (ms, log)")

@@ -73,7 +73,7 @@ class Progress:
 
     def _line(self) -> str:
         frac = (self._done / self._total) if self._total else 1.0
-        filled = int(round(frac * self.width))
+        filled = round(frac * self.width)
         bar = "#" * filled + "." * (self.width - filled)
         return f"[{bar}] {frac * 100:3.0f}%  {self._label}  {self._done}/{self._total}"
 

@@ -40,7 +40,7 @@ class BenchContext:
 
     def count(self, quick: int, full: int, minimum: int = 1) -> int:
         """The count for this mode, scaled, never below ``minimum``."""
-        return max(minimum, int(round((quick if self.quick else full) * self.scale)))
+        return max(minimum, round((quick if self.quick else full) * self.scale))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.registry import REGISTRY
+
 __all__ = ["render_markdown", "render_table", "write_docs"]
 
 _COLUMNS = (
@@ -60,7 +62,7 @@ def render_table(result: dict[str, Any]) -> str:
 
     lines = [fmt(rows[0]), "  ".join("-" * w for w in widths)] + [fmt(row) for row in rows[1:]]
     extras = _resource_lines(result)
-    return "\n".join(lines + ([""] + extras if extras else []))
+    return "\n".join(lines + (["", *extras] if extras else []))
 
 
 def _resource_lines(result: dict[str, Any]) -> list[str]:
@@ -97,10 +99,12 @@ def render_markdown(result: dict[str, Any], plot_path: str | None = "benchmarks.
         "delivery mechanism (`base`): one subprocess per delivery, the per-profile `flock` taken\n"
         "by non-blocking attempts polled every 100 ms, and the relay reply file polled every 250 ms.\n"
         "Both sides use an instant turn (ours: a callable returning `ok`; baseline: a `python -c`\n"
-        "stand-in for the CLI turn), so the numbers measure the messaging machinery, not a model.\n",
-        "> **Read the ratios, not the absolute numbers.** Every figure below was measured side by\n"
-        "> side in one run on a small, noisy 2-core machine; absolute latencies move from run to\n"
-        "> run, the ratios much less. `p50 ratio` = baseline p50 / ours p50; `thr ratio` = ours\n"
+        "stand-in for the CLI turn), so the numbers measure the messaging machinery, not a model.\n"
+        "The local scenarios run ours on its in-memory path (`durable=False`): the seed journals\n"
+        "nothing there either, and the journal's fsync cost belongs to its own scenario.\n",
+        "> **Read the ratios, not the absolute numbers.** Every figure below was measured\n"
+        "> side by side in one run on a small, noisy 2-core machine; absolute latencies move from\n"
+        "> run to run, the ratios much less. `p50 ratio` = baseline p50 / ours p50; `thr ratio` = ours\n"
         "> throughput / baseline throughput. Baseline runs use far fewer DMs (it spends a\n"
         "> subprocess per DM); `n` is reported for each side.\n",
         "## Results\n",
@@ -108,18 +112,21 @@ def render_markdown(result: dict[str, Any], plot_path: str | None = "benchmarks.
     ]
     if resources:
         parts.append("Resources (ours):\n\n" + "".join(f"- {line}\n" for line in resources))
+    described = [(name, REGISTRY[name].description) for name in result["scenarios"] if name in REGISTRY]
+    if described:
+        parts.append("Scenarios:\n\n" + "".join(f"- `{name}` — {text}\n" for name, text in described))
     parts.append(
-        "Scenarios: `local-roundtrip` — one sender, one target, send then wait, repeated (latency = ack call\n"
-        "start → outcome); `local-throughput` — 8 sender threads over 100 profiles, pipelined, outcomes\n"
-        "counted through `subscribe` (throughput = DMs / first send → last outcome); `fan-in` — 64 senders\n"
-        "DM one profile at the same moment, in rounds (turn serialization); `scale` — 10,000 registered\n"
-        "profiles, DMs to 1,000 distinct ones, with peak RSS and thread count (no baseline).\n"
+        "Latency is measured from the start of the `message_agent` call to the outcome. In the\n"
+        "pipelined scenarios (`local-throughput`, `scale`) every DM is sent up front, so latency\n"
+        "includes queueing behind the DMs sent before it and grows with `n`; since the baseline runs\n"
+        "a much smaller `n`, read the throughput ratio there, not the p50 ratio.\n"
     )
     if plot_path:
         parts.append(f"## Plot\n\n![latency CDFs and throughput]({plot_path})\n")
     rows = "".join(f"| {key} | {value} |\n" for key, value in machine.items())
-    parts.append("## Machine\n\n| | |\n|:---|:---|\n" + rows)
-    regen = "Regenerate with `hermes-actors bench` (full run, ≈ several minutes); `--quick` runs do not touch this page."
+    parts.append("## Machine\n\n| key | value |\n|:---|:---|\n" + rows)
+    regen = ("Regenerate with `hermes-actors bench` (a full run takes a few minutes); "
+             "`--quick` runs never touch this page.")
     parts.append(regen + (f" Source: `{source}`." if source else "") + "\n")
     return "\n".join(parts)
 
@@ -141,5 +148,7 @@ def write_docs(result: dict[str, Any], plot: Path | None, docs_dir: Path, source
 
 
 if __name__ == "__main__":  # pragma: no cover — manual regeneration
+    import bench.scenarios  # noqa: F401  (registers the scenario descriptions)
+
     with open(sys.argv[1], encoding="utf-8") as fh:
         sys.stdout.write(render_markdown(json.load(fh)))

@@ -117,7 +117,9 @@ class BaselineGateway:
         """Wait for the background runners (they are never killed)."""
         self.running = False
         deadline = time.monotonic() + timeout
-        for thread in list(self._runners):
+        with self._lock:
+            runners = list(self._runners)
+        for thread in runners:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> BaselineGateway:
