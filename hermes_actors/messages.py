@@ -444,3 +444,10 @@ class Recover:
 
     states: dict[str, Any]  # delivery id → store.journal.DeliveryState
     idempotent_runner: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTimeout:
+    """Timer: the running turn of ``delivery_id`` exceeded ``turn_timeout_seconds``."""
+
+    delivery_id: str

@@ -37,6 +37,7 @@ from hermes_actors.messages import (
     StopProfile,
     Turn,
     TurnFinished,
+    TurnTimeout,
     WaitExpired,
     WindDown,
 )
@@ -108,6 +109,8 @@ class ProfileActor(TypedActor):
         self._salvage = salvage
         self.winding_down = False
         self.owner: TurnRunner | None = None
+        self.turn_timer: TimerHandle | None = None
+        self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped
 
     def on_start(self) -> None:
         if self._salvage is not None:
@@ -182,16 +185,44 @@ class ProfileActor(TypedActor):
                 logger.error("turn {} finished after its ProfileActor died", delivery.delivery_id)
 
         self.deps.pool.submit(job)
+        timeout = self.deps.config.turn_timeout_seconds
+        self.turn_timer = self.timers.after(timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0 else None
 
     @handles(TurnFinished)
     def _on_turn_finished(self, msg: TurnFinished) -> None:
         delivery = self.running
         if delivery is None or delivery.delivery_id != msg.delivery_id:
-            logger.warning("{}: TurnFinished for unknown delivery {}", self.info.profile, msg.delivery_id)
+            if self.abandoned.pop(msg.delivery_id, None):
+                logger.warning("{}: the timed-out turn {} finished after all; its result is dropped",
+                               self.info.profile, msg.delivery_id)
+            else:
+                logger.warning("{}: TurnFinished for unknown delivery {}", self.info.profile, msg.delivery_id)
             return
         outcome = outcome_of_turn(delivery, msg)  # before clearing: a crash here leaves it salvageable
         self.running = None
+        if self.turn_timer is not None:
+            self.turn_timer.cancel()
+            self.turn_timer = None
         self._settle(outcome)
+        self._maybe_start()
+        if self.running is None and not self.queue:
+            self._arm_idle()
+
+    @handles(TurnTimeout)
+    def _on_turn_timeout(self, msg: TurnTimeout) -> None:
+        """A hung turn: report it, give up its lock, and serve the next DM."""
+        delivery = self.running
+        if delivery is None or delivery.delivery_id != msg.delivery_id:
+            return
+        seconds = self.deps.config.turn_timeout_seconds
+        text = (f"The turn of {delivery.label} did not finish within {seconds:g}s; it may still complete, "
+                "so do not resend blindly.")
+        self.running, self.turn_timer = None, None
+        self.abandoned[delivery.delivery_id] = True
+        if self.lock is not None:
+            self.lock.abandon()
+            self.lock = TurnLock(self.lock.path)
+        self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout"))
         self._maybe_start()
         if self.running is None and not self.queue:
             self._arm_idle()

@@ -88,6 +88,23 @@ class TurnLock:
             if self._close_pending:
                 self._close_locked()
 
+    def abandon(self) -> None:
+        """Give the lock up on behalf of a hung turn: unlock now, close once that turn returns.
+
+        The owner then uses a fresh ``TurnLock`` (a new open file description), so the
+        hung turn's eventual ``release`` can never unlock a later turn's flock.
+        """
+        with self._mutex:
+            if self._fd is not None:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                except OSError:
+                    pass
+            if self._in_use:
+                self._close_pending = True
+            else:
+                self._close_locked()
+
     def close(self) -> None:
         """Close the fd; while a turn holds (or waits for) the lock, at its release instead."""
         with self._mutex:
