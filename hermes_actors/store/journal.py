@@ -152,10 +152,15 @@ class Journal:
             StoreError: the directory or file cannot be used.
         """
         ensure_private_dir(self.directory)
+        # Created under a name outside the ``j-*.log`` glob and locked before it is renamed in:
+        # a gateway adopting at the same moment must never take (and remove) our new file.
+        fresh = self.directory / f".{self.path.name}.new"
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            self._fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(fresh, self.path)
         except OSError as exc:
+            fresh.unlink(missing_ok=True)
             raise StoreError(exc.errno, f"cannot open the delivery journal {self.path}: {exc.strerror}") from exc
         adopted = self._adopt()
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
@@ -164,7 +169,7 @@ class Journal:
 
     def _adopt(self) -> JournalFolded:
         folded = JournalFolded()
-        orphans: list[Path] = []
+        orphans: list[tuple[Path, int]] = []  # adopted files, still locked until they are removed
         for path in sorted(self.directory.glob("j-*.log")):
             if path == self.path or path.is_symlink():
                 continue
@@ -172,21 +177,27 @@ class Journal:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             except OSError:
                 continue
+            keep = False
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # a living gateway owns it
-                if os.fstat(fd).st_uid != os.getuid():
+                info = os.fstat(fd)
+                if info.st_nlink == 0:
+                    continue  # already adopted (or compacted away) by another gateway since we opened it
+                if info.st_uid != os.getuid():
                     logger.warning("journal {} is owned by another user; ignored", path)
                     continue
                 with os.fdopen(os.dup(fd), "rb") as stream:
                     records, bad = parse_lines(stream)
                 fold_records(records, folded)
                 folded.corrupt_lines += bad
-                orphans.append(path)
+                orphans.append((path, fd))
+                keep = True
             finally:
-                os.close(fd)
+                if not keep:
+                    os.close(fd)
         # Copy what still matters into our own file before the old files go.
         for key, state in folded.states.items():
             if state.delivered and state.outcome is not None:
@@ -195,14 +206,18 @@ class Journal:
                 self._fold.states[key] = DeliveryState(state.delivery, state.started, state.outcome)
         while len(self._recent) > self.keep_delivered:
             self._recent.popitem(last=False)
-        lines = self._state_lines()
-        if lines:
-            self._write_now(lines)
-        for path in orphans:
-            try:
-                path.unlink()
-            except OSError as exc:
-                logger.warning("could not remove adopted journal {}: {}", path, exc)
+        try:
+            lines = self._state_lines()
+            if lines:
+                self._write_now(lines)
+            for path, _ in orphans:
+                try:
+                    path.unlink()
+                except OSError as exc:
+                    logger.warning("could not remove adopted journal {}: {}", path, exc)
+        finally:
+            for _, fd in orphans:
+                os.close(fd)
         return folded
 
     def stop(self) -> None:

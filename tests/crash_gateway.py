@@ -1,0 +1,153 @@
+"""A gateway in its own process, for the crash-matrix and kill-loop tests.
+
+Every line on stdout is one JSON object, flushed at once, so a parent that
+SIGKILLs this process still has everything printed before the kill.
+
+    python tests/crash_gateway.py ROOT send [--selfkill]
+        start a Gateway on ROOT, send one DM hermes → bob, print the ack, wait
+        for its outcome and print it. The runner appends each turn's delivery
+        id to ROOT/turns.log; --selfkill makes it SIGKILL its own process right
+        after logging (a true mid-runner death). HERMES_ACTORS_CRASH_AT arms a
+        named crash point.
+    python tests/crash_gateway.py ROOT recover [--notify] ID [ID ...]
+        subscribe (before start), start, print gw.recovered, wait_outcome for
+        every ID; with --notify also wait until the subscriber saw each one;
+        print both, stop.
+    python tests/crash_gateway.py ROOT load TODO_JSON [--threads N]
+        send DM ``m<i>`` hermes → ``p<i % 20>`` for every index i in the JSON
+        list; print one ``ack`` line per acked DM; then wait for those outcomes.
+    python tests/crash_gateway.py ROOT final IDS_JSON
+        start, wait_outcome for every id in the JSON list, print them, stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from hermes_actors import Gateway
+
+_print_lock = threading.Lock()
+
+
+def emit(event: str, **fields: Any) -> None:
+    with _print_lock:
+        sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.flush()
+
+
+class LoggingRunner:
+    """Appends every turn's delivery id to ``turns.log`` (one write(2) per line), replies at once."""
+
+    def __init__(self, root: Path, *, selfkill: bool = False) -> None:
+        self.fd = os.open(root / "turns.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.selfkill = selfkill
+
+    def run_turn(self, turn: Any) -> str:
+        os.write(self.fd, f"{turn.delivery_id}\n".encode())
+        if self.selfkill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return f"reply to {turn.delivery_id}"
+
+
+def _wait_all(gw: Gateway, ids: list[str], timeout: float) -> None:
+    for key in ids:
+        try:
+            emit("outcome", **gw.wait_outcome(key, timeout=timeout))
+        except (TimeoutError, KeyError) as exc:
+            emit("no-outcome", delivery_id=key, error=f"{type(exc).__name__}: {exc}")
+
+
+def cmd_send(root: Path, args: list[str]) -> None:
+    gw = Gateway(root, runner=LoggingRunner(root, selfkill="--selfkill" in args)).start()
+    emit("ready", recovered=gw.recovered)
+    ack = gw.message_agent(sender="hermes", target="bob", message="hello from the crash test")
+    emit("ack", **ack)
+    if "delivery_id" in ack:
+        _wait_all(gw, [ack["delivery_id"]], 20)
+    gw.stop(timeout=10)
+    emit("stopped")
+
+
+def cmd_recover(root: Path, args: list[str]) -> None:
+    ids = [a for a in args if not a.startswith("--")]
+    seen: dict[str, dict[str, Any]] = {}
+    cond = threading.Condition()
+
+    def record(outcome: dict[str, Any]) -> None:
+        with cond:
+            seen.setdefault(outcome["delivery_id"], outcome)
+            cond.notify_all()
+
+    gw = Gateway(root, runner=LoggingRunner(root))
+    gw.subscribe(record)  # before start(): it must see the recovered outcomes too
+    gw.start()
+    emit("recovered", counts=gw.recovered)
+    _wait_all(gw, ids, 20)
+    with cond:
+        if "--notify" in args:
+            cond.wait_for(lambda: all(k in seen for k in ids), timeout=20)
+        emit("subscribed", outcomes=[seen[k] for k in ids if k in seen])
+    gw.stop(timeout=10)
+    emit("stopped")
+
+
+def cmd_load(root: Path, todo_file: str, args: list[str]) -> None:
+    todo: list[int] = json.loads(Path(todo_file).read_text())
+    threads = int(args[args.index("--threads") + 1]) if "--threads" in args else 8
+    gw = Gateway(root, runner=LoggingRunner(root)).start()
+    emit("ready", recovered=gw.recovered)
+    acked: list[str] = []
+    lock = threading.Lock()
+
+    def send(i: int) -> None:
+        ack = gw.message_agent(sender="hermes", target=f"p{i % 20:02d}", message=f"m{i}")
+        if "delivery_id" in ack:
+            emit("ack", i=i, id=ack["delivery_id"])
+            with lock:
+                acked.append(ack["delivery_id"])
+        else:
+            emit("refused", i=i, ack=ack)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(send, todo))
+    emit("sent", count=len(acked))
+    _wait_all(gw, acked, 60)
+    gw.stop(timeout=10)
+    emit("stopped")
+
+
+def cmd_final(root: Path, ids_file: str) -> None:
+    ids: list[str] = json.loads(Path(ids_file).read_text())
+    gw = Gateway(root, runner=LoggingRunner(root)).start()
+    emit("recovered", counts=gw.recovered)
+    _wait_all(gw, ids, 60)
+    emit("stats", **gw.stats())
+    gw.stop(timeout=10)
+    emit("stopped")
+
+
+def main(argv: list[str]) -> int:
+    root, command, rest = Path(argv[1]), argv[2], argv[3:]
+    if command == "send":
+        cmd_send(root, rest)
+    elif command == "recover":
+        cmd_recover(root, rest)
+    elif command == "load":
+        cmd_load(root, rest[0], rest[1:])
+    elif command == "final":
+        cmd_final(root, rest[0])
+    else:
+        print(f"unknown command {command!r}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,79 @@
+"""Crash matrix: a durable gateway SIGKILLed at each named point, then restarted on the same root.
+
+Each case runs ``tests/crash_gateway.py send`` in a child with
+``HERMES_ACTORS_CRASH_AT=<point>`` (or a runner that SIGKILLs its own process
+mid-turn), then a second child that starts a Gateway on the same root and
+waits the delivery's outcome. The expected outcome and the number of times the
+runner was entered (``turns.log``) are exact for every point.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from crash_procs import journal_ids, run_child, turns_logged
+from roots import make_root
+
+from hermes_actors.faults import CRASH_POINTS
+
+# case → (crash point env, runner self-kill, expected status, turns, recovered counter that moves)
+MATRIX = {
+    "after-journal-before-ack": ("after-journal-before-ack", False, "replied", 1, "reoffered"),
+    "after-ack-before-turn": ("after-ack-before-turn", False, "replied", 1, "reoffered"),
+    "mid-turn": ("mid-turn", False, "ambiguous", 0, "ambiguous"),
+    "runner-self-kill": (None, True, "ambiguous", 1, "ambiguous"),
+    "after-turn-before-outcome": ("after-turn-before-outcome", False, "ambiguous", 1, "ambiguous"),
+    "after-outcome-before-delivered": ("after-outcome-before-delivered", False, "replied", 1, "redelivered"),
+}
+
+
+def test_the_matrix_covers_every_named_crash_point() -> None:
+    assert {point for point, *_ in MATRIX.values() if point} == set(CRASH_POINTS)
+
+
+@pytest.mark.parametrize("case", list(MATRIX))
+def test_crash_then_restart(tmp_path: Path, case: str) -> None:
+    point, selfkill, status, turns, counter = MATRIX[case]
+    root = make_root(tmp_path)
+
+    first = run_child(root, "send", *(["--selfkill"] if selfkill else []), crash_at=point)
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    assert not first.of("outcome"), "the crash came before any outcome could be waited"
+    accepted = journal_ids(root)
+    assert len(accepted) == 1, f"exactly one DM was journaled: {accepted}"
+    key = accepted[0]
+    acks = first.of("ack")
+    if case == "after-journal-before-ack":
+        assert not acks, "the crash is between the journal write and the ack: no ack reached the sender"
+    if acks:
+        assert acks[0]["delivery_id"] == key
+    ran_before_crash = case in ("runner-self-kill", "after-turn-before-outcome", "after-outcome-before-delivered")
+    assert turns_logged(root) == ([key] if ran_before_crash else []), "runner entries before the crash"
+
+    second = run_child(root, "recover", "--notify", key)
+    assert second.returncode == 0, second.stderr[-2000:]
+    (recovered,) = second.of("recovered")
+    counts = recovered["counts"]
+    assert counts[counter] == 1, counts
+    assert sum(v for k, v in counts.items() if k != "known") == 1, counts
+    (event,) = second.of("outcome")  # wait_outcome answers for a delivery accepted before the restart
+    outcome = {k: v for k, v in event.items() if k != "event"}
+    assert outcome["delivery_id"] == key
+    assert outcome["status"] == status, outcome
+    if status == "ambiguous":
+        assert "do not resend" in outcome["error"] and "do not resend" in outcome["text"]
+        assert outcome["retryable"] is False
+    else:
+        assert outcome["reply"] == f"reply to {key}"
+    (subscribed,) = second.of("subscribed")  # a subscriber registered before start() saw it too
+    assert subscribed["outcomes"] == [outcome]
+    assert turns_logged(root) == [key] * turns, f"{case}: runner entries {turns_logged(root)}"
+
+    # A third start knows the settled outcome and neither re-runs nor re-reports it.
+    third = run_child(root, "recover", key)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert third.of("recovered")[0]["counts"] == {"reoffered": 0, "ambiguous": 0, "redelivered": 0, "known": 1}
+    assert [{k: v for k, v in e.items() if k != "event"} for e in third.of("outcome")] == [outcome]
+    assert third.of("subscribed")[0]["outcomes"] == []
+    assert turns_logged(root) == [key] * turns

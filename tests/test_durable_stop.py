@@ -1,0 +1,83 @@
+"""Durable stop: DMs queued behind a blocked turn stay journaled and the next start re-offers them."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import RecordingRunner, body_of, make_root
+
+from hermes_actors import Gateway
+from hermes_actors.messages import Turn
+
+
+def test_stop_keeps_queued_dms_journaled_and_the_next_start_runs_each_once(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    release = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "blocker":
+            assert release.wait(30), "never released"
+        return f"ok: {body_of(turn.content)}"
+
+    first_runner = RecordingRunner(behave)
+    outcomes: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def seen(outcome: dict[str, Any]) -> None:
+        with lock:
+            outcomes.append(outcome)
+        if outcome["status"] == "ambiguous":
+            release.set()  # the blocked turn is reported: let its worker finish so stop() returns promptly
+
+    gw = Gateway(root, runner=first_runner, durable=True)
+    gw.subscribe(seen)
+    gw.start()
+    blocker = gw.message_agent(sender="alice", target="bob", message="blocker")["delivery_id"]
+    first_runner.wait_entered(1)
+    queued = [gw.message_agent(sender="alice", target="bob", message=f"queued {n}")["delivery_id"] for n in range(3)]
+    also = gw.message_agent(sender="alice", target="carol", message="carol is idle")["delivery_id"]
+    assert gw.wait_outcome(also, timeout=10)["status"] == "replied"
+    gw.stop(timeout=0.3)
+    release.set()
+
+    with lock:
+        by_id = {o["delivery_id"]: o for o in outcomes}
+    assert by_id[blocker]["status"] == "ambiguous", "a turn still running after the stop timeout is ambiguous"
+    for key in queued:
+        assert key not in by_id, "a journaled DM that never ran gets no outcome at stop"
+        with pytest.raises(KeyError):
+            gw.wait_outcome(key, timeout=0.1)
+    assert first_runner.bodies() == ["blocker", "carol is idle"]
+
+    second_runner = RecordingRunner()
+    again = Gateway(root, runner=second_runner, durable=True)
+    later: list[dict[str, Any]] = []
+    again.subscribe(later.append)
+    again.start()
+    try:
+        assert again.recovered["reoffered"] == 3, again.recovered
+        assert again.recovered["ambiguous"] == 0
+        replies = [again.wait_outcome(k, timeout=10) for k in queued]
+        assert [o["status"] for o in replies] == ["replied"] * 3
+        assert [o["reply"] for o in replies] == ["ok: queued 0", "ok: queued 1", "ok: queued 2"]
+        assert again.wait_outcome(blocker, timeout=5)["status"] == "ambiguous"  # known, not re-run
+        assert again.wait_outcome(also, timeout=5)["reply"] == "ok: carol is idle"
+    finally:
+        again.stop()
+    assert second_runner.bodies() == ["queued 0", "queued 1", "queued 2"], "each re-offered DM ran exactly once"
+    assert Counter(o["delivery_id"] for o in later) == Counter(queued), (again.recovered, blocker, also)
+
+    third_runner = RecordingRunner()
+    third = Gateway(root, runner=third_runner, durable=True).start()
+    try:
+        assert third.recovered.get("reoffered", 0) == 0
+        assert [third.wait_outcome(k, timeout=5)["reply"] for k in queued] == [
+            "ok: queued 0", "ok: queued 1", "ok: queued 2"
+        ]
+    finally:
+        third.stop()
+    assert third_runner.entered == []

@@ -1,0 +1,337 @@
+"""The durable delivery journal: parsing, folding, adoption, compaction, write failures."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from roots import make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.store.journal import Journal, fold_records, parse_lines
+
+
+def _id(n: int) -> str:
+    return f"{n:032x}"
+
+
+def _delivery(key: str, target: str = "bob") -> dict[str, Any]:
+    return {
+        "delivery_id": key, "sender": "default", "sender_handle": "hermes", "target": target,
+        "target_handle": target, "content": f"Message from 🤖 default (@hermes): {key}", "author": {},
+        "hop": 1, "accepted_at": 1.0, "origin": "local", "label": f"@{target}",
+    }
+
+
+def _outcome(key: str, reply: str = "done") -> dict[str, Any]:
+    return {"delivery_id": key, "status": "replied", "reply": reply, "error": "", "reason": "",
+            "retryable": False, "from": "@bob", "text": f"Reply from @bob: {reply}"}
+
+
+def _lines(*records: dict[str, Any]) -> bytes:
+    return b"".join(orjson.dumps(r) + b"\n" for r in records)
+
+
+def _file_records(path: Path) -> list[dict[str, Any]]:
+    records, bad = parse_lines(path.read_bytes().splitlines())
+    assert bad == 0, f"{path} has {bad} corrupt line(s)"
+    return records
+
+
+def _journal_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("j-*.log"))
+
+
+# ── pure parts ──────────────────────────────────────────────────────────────
+
+
+def test_parse_lines_skips_torn_and_foreign_lines() -> None:
+    good = orjson.dumps({"t": "accepted", "id": _id(1), "d": _delivery(_id(1))})
+    lines = [
+        good,
+        b'{"t":"started","id":"' + _id(1)[:10].encode(),  # torn by a crash mid-write
+        b"",
+        b"   ",
+        b'{"t":"exploded","id":"x"}',  # unknown kind
+        b'{"t":"accepted"}',  # no id
+        b"[1, 2, 3]",  # not a record
+        b"\xff\xfe garbage",
+        orjson.dumps({"t": "delivered", "id": _id(1)}),
+    ]
+    records, bad = parse_lines(lines)
+    assert [r["t"] for r in records] == ["accepted", "delivered"]
+    assert bad == 5
+
+
+def test_fold_records_first_outcome_wins_and_tracks_the_lifecycle() -> None:
+    a, b = _id(1), _id(2)
+    folded = fold_records([
+        {"t": "accepted", "id": a, "d": _delivery(a)},
+        {"t": "started", "id": a, "attempt": 1},
+        {"t": "finished", "id": a, "o": _outcome(a, "first")},
+        {"t": "finished", "id": a, "o": _outcome(a, "second")},
+        {"t": "started", "id": a, "attempt": 2},
+        {"t": "accepted", "id": b, "d": _delivery(b)},
+        {"t": "delivered", "id": a},
+    ])
+    sa, sb = folded.states[a], folded.states[b]
+    assert sa.outcome is not None and sa.outcome["reply"] == "first"
+    assert sa.started == 2 and sa.delivered
+    assert sb.delivery == _delivery(b) and sb.started == 0 and sb.outcome is None and not sb.delivered
+    assert set(folded.live()) == {b}
+
+
+# ── adoption ────────────────────────────────────────────────────────────────
+
+
+def test_a_dead_gateways_journal_is_adopted_and_removed(tmp_path: Path) -> None:
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    queued, running, finished, done = _id(1), _id(2), _id(3), _id(4)
+    dead = directory / "j-deadbeefdeadbeefdeadbeefdeadbeef.log"
+    dead.write_bytes(
+        _lines(
+            {"t": "accepted", "id": queued, "d": _delivery(queued)},
+            {"t": "accepted", "id": running, "d": _delivery(running)},
+            {"t": "started", "id": running, "attempt": 1},
+            {"t": "accepted", "id": finished, "d": _delivery(finished)},
+            {"t": "started", "id": finished, "attempt": 1},
+            {"t": "finished", "id": finished, "o": _outcome(finished)},
+            {"t": "accepted", "id": done, "d": _delivery(done)},
+            {"t": "finished", "id": done, "o": _outcome(done, "old news")},
+            {"t": "delivered", "id": done},
+        )
+        + b'{"t":"accepted","id":"torn'  # the dead gateway was killed mid-write
+    )
+    dead.chmod(0o600)
+    journal = Journal(directory, fsync=False)
+    adopted = journal.start()
+    try:
+        assert set(adopted.states) == {queued, running, finished, done}
+        assert adopted.corrupt_lines == 1
+        assert set(adopted.live()) == {queued, running, finished}
+        assert not dead.exists(), "the adopted file must be removed"
+        assert _journal_files(directory) == [journal.path]
+        mine = fold_records(_file_records(journal.path))
+        assert mine.states[queued].delivery == _delivery(queued) and not mine.states[queued].started
+        assert mine.states[running].started == 1 and mine.states[running].outcome is None
+        assert mine.states[finished].outcome == _outcome(finished) and not mine.states[finished].delivered
+        assert mine.states[done].delivered and mine.states[done].outcome == _outcome(done, "old news")
+    finally:
+        journal.stop()
+    # And the next gateway adopts the adopter's file (it is dead now), with the same live state.
+    again = Journal(directory, fsync=False)
+    try:
+        assert set(again.start().live()) == {queued, running, finished}
+    finally:
+        again.stop()
+
+
+HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_journal_flocked_by_a_live_process_is_not_adopted(tmp_path: Path) -> None:
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    key = _id(7)
+    alive = directory / "j-0123456789abcdef0123456789abcdef.log"
+    alive.write_bytes(_lines({"t": "accepted", "id": key, "d": _delivery(key)}))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(alive)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        journal = Journal(directory, fsync=False)
+        adopted = journal.start()
+        try:
+            assert adopted.states == {}, "a living gateway's journal must not be adopted"
+            assert alive.exists()
+            assert key not in fold_records(_file_records(journal.path)).states
+        finally:
+            journal.stop()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()  # the holder exits: its lock goes with it
+        holder.wait(timeout=10)
+    later = Journal(directory, fsync=False)
+    try:
+        assert set(later.start().live()) == {key}, "once its owner is dead the journal is adopted"
+        assert not alive.exists()
+    finally:
+        later.stop()
+
+
+# ── compaction ──────────────────────────────────────────────────────────────
+
+
+def test_compaction_keeps_live_records_and_recent_outcomes(tmp_path: Path) -> None:
+    directory = tmp_path / "journal"
+    journal = Journal(directory, fsync=True)
+    journal.compact_after = 20
+    journal.keep_delivered = 5
+    journal.start()
+    live_queued, live_started = _id(1000), _id(1001)
+    try:
+        journal.append_durably({"t": "accepted", "id": live_queued, "d": _delivery(live_queued)})
+        journal.append_durably({"t": "accepted", "id": live_started, "d": _delivery(live_started)})
+        journal.append_durably({"t": "started", "id": live_started, "attempt": 1})
+        for n in range(40):
+            key = _id(n)
+            journal.append_durably({"t": "accepted", "id": key, "d": _delivery(key)})
+            journal.append_durably({"t": "started", "id": key, "attempt": 1})
+            journal.append_durably({"t": "finished", "id": key, "o": _outcome(key, f"r{n}")})
+            journal.append_durably({"t": "delivered", "id": key})
+        assert journal.compactions >= 5
+        lines = journal.path.read_bytes().splitlines()
+        assert len(lines) <= journal.compact_after + 4, "the file stays bounded"
+        # The compacted file is still ours: another journal on the same directory does not take it.
+        rival = Journal(directory, fsync=False)
+        assert rival.start().states == {}
+        rival.stop()
+        rival.path.unlink(missing_ok=True)
+    finally:
+        journal.stop()
+    folded = fold_records(_file_records(journal.path))
+    assert folded.states[live_queued].delivery == _delivery(live_queued)
+    assert folded.states[live_started].started == 1 and folded.states[live_started].outcome is None
+    assert set(folded.live()) == {live_queued, live_started}
+    delivered = [k for k, s in folded.states.items() if s.delivered]
+    assert _id(39) in delivered and folded.states[_id(39)].outcome == _outcome(_id(39), "r39")
+    assert all(_id(n) not in folded.states for n in range(25)), "old delivered outcomes were compacted away"
+    assert all(folded.states[k].outcome is not None for k in delivered)
+
+
+# ── write failures ──────────────────────────────────────────────────────────
+
+
+def test_enospc_refuses_the_dm_and_leaves_no_torn_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_root(tmp_path)
+    gw = Gateway(root, runner=lambda turn: "fine").start()
+    journal = gw._journal
+    assert journal is not None
+    real_write = os.write
+    armed = {"on": False, "calls": 0}
+    failed_data: list[bytes] = []
+
+    def write(fd: int, data: Any) -> int:
+        if armed["on"] and fd == journal._fd:
+            armed["calls"] += 1
+            if armed["calls"] == 1:  # the first half lands, then the disk is full
+                half = bytes(data)[: len(data) // 2]
+                failed_data.append(bytes(data))
+                return real_write(fd, half)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    try:
+        before = gw.message_agent(sender="alice", target="bob", message="before")
+        assert gw.wait_outcome(before["delivery_id"], timeout=10)["status"] == "replied"
+        # Its lazy "delivered" record is on disk too: the failing batch holds only the new DM.
+        await_condition(lambda: journal.records >= 4, timeout=10, message="4 records of the first DM written")
+        monkeypatch.setattr(os, "write", write)
+        armed["on"] = True
+        refused = gw.message_agent(sender="alice", target="bob", message="while the disk is full")
+        armed["on"] = False
+        assert "delivery_id" not in refused, f"a DM that was not journaled must not be acked: {refused}"
+        assert refused.get("status") != "queued"
+        assert "NOT queued" in refused["error"] and "No space left" in refused["error"], refused
+        assert refused["reason"] == "unknown"
+        assert failed_data, "the journal write was attempted"
+        (lost_id,) = set(re.findall(rb'"t":"accepted","id":"([0-9a-f]{32})"', failed_data[0]))
+        after = gw.message_agent(sender="alice", target="bob", message="after")
+        assert gw.wait_outcome(after["delivery_id"], timeout=10)["status"] == "replied"
+        with pytest.raises(KeyError):
+            gw.wait_outcome(lost_id.decode(), timeout=1)
+    finally:
+        gw.stop()
+    (path,) = _journal_files(root / "bot_relay" / "journal")
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    records = _file_records(path)  # no torn line was left behind
+    assert lost_id.decode() not in {r["id"] for r in records}
+    again = Gateway(root, runner=lambda turn: "fine").start()
+    try:
+        assert again.recovered.get("reoffered", 0) == 0 and again.recovered.get("ambiguous", 0) == 0
+        assert again.wait_outcome(after["delivery_id"], timeout=5)["status"] == "replied"
+        with pytest.raises(KeyError):
+            again.wait_outcome(lost_id.decode(), timeout=1)
+    finally:
+        again.stop()
+
+
+# ── two gateways starting at once on one root ───────────────────────────────
+
+
+def test_a_dead_journal_is_adopted_by_one_starting_gateway_only(tmp_path: Path) -> None:
+    """B starts while A is between reading a dead journal and removing it: only one may adopt it."""
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    key = _id(42)
+    dead = directory / "j-deaddeaddeaddeaddeaddeaddeaddead.log"
+    dead.write_bytes(_lines({"t": "accepted", "id": key, "d": _delivery(key)}))
+    dead.chmod(0o600)
+    a, b = Journal(directory, fsync=False), Journal(directory, fsync=False)
+    real_write_now = a._write_now
+    b_adopted: list[Any] = []
+
+    def write_now(lines: list[bytes]) -> None:
+        if not b_adopted:
+            b_adopted.append(b.start())  # B's start lands inside A's adoption
+        real_write_now(lines)
+
+    a._write_now = write_now  # type: ignore[method-assign]
+    try:
+        a_adopted = a.start()
+        assert b_adopted, "B started during A's adoption"
+        owners = [j for j, folded in ((a, a_adopted), (b, b_adopted[0])) if key in folded.live()]
+        assert len(owners) == 1, f"the dead journal was adopted {len(owners)} times: its DMs would run twice"
+    finally:
+        a.stop()
+        if b_adopted:
+            b.stop()
+    assert not dead.exists()
+
+
+def test_a_starting_journal_is_never_adopted_before_it_is_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B adopts while A has created its file but not locked it yet: A's file must survive."""
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    a, b = Journal(directory, fsync=False), Journal(directory, fsync=False)
+    real_flock = fcntl.flock
+    started: list[Journal] = []
+
+    def flock(fd: int, op: int) -> None:
+        if not started:  # A's first lock call, on the file it has just created
+            started.append(b)
+            b.start()
+        real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    try:
+        a.start()
+        assert started, "B started while A was starting"
+        key = _id(43)
+        a.append_durably({"t": "accepted", "id": key, "d": _delivery(key)})
+        assert a.path.exists(), "A's journal was removed by B while A was starting"
+        assert key in fold_records(_file_records(a.path)).states
+    finally:
+        a.stop()
+        if started:
+            b.stop()

@@ -1,0 +1,291 @@
+"""Live-owner handoff (DESIGN 4.3): DMs go to the open Bot Chat window through a durable mailbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import RecordingRunner, body_of, make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway, TurnFailed
+from hermes_actors.live import LiveMailbox, hand_to_owner
+from hermes_actors.messages import Delivery, Turn
+from hermes_actors.runners import as_runner
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return make_root(tmp_path)
+
+
+@pytest.fixture
+def gateways() -> Iterator[list[Gateway]]:
+    started: list[Gateway] = []
+    yield started
+    for gw in started:
+        gw.stop(timeout=5)
+
+
+def start(gateways: list[Gateway], root: Path, runner: Any) -> Gateway:
+    gw = Gateway(root, runner=runner)
+    gateways.append(gw)
+    return gw.start()
+
+
+def send(gw: Gateway, message: str, target: str = "bob") -> str:
+    ack = gw.message_agent(sender="alice", target=target, message=message)
+    assert ack.get("status") == "queued", ack
+    return str(ack["delivery_id"])
+
+
+def mailbox_file(root: Path, key: str, profile: str = "bob") -> Path:
+    return root / "profiles" / profile / "runtime" / "bot_live_delivery" / f"{key}.json"
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(record, handle)
+
+
+def record(key: str, state: str, **fields: str) -> dict[str, Any]:
+    return {"delivery_id": key, "state": state, "at": 1, "reply": "", "error": "", "reason": "", **fields}
+
+
+class Owner:
+    """A live Bot Chat owner that records its turns; ``behave`` decides the reply."""
+
+    def __init__(self, behave: Any = None) -> None:
+        self.turns: list[Turn] = []
+        self.lock = threading.Lock()
+        self.behave = behave or (lambda turn: f"owner: {body_of(turn.content)}")
+
+    def run_turn(self, turn: Turn) -> str:
+        with self.lock:
+            self.turns.append(turn)
+        return str(self.behave(turn))
+
+    def bodies(self) -> list[str]:
+        with self.lock:
+            return [body_of(t.content) for t in self.turns]
+
+
+# ── routing ─────────────────────────────────────────────────────────────────
+
+
+def test_dms_go_to_the_attached_owner_not_the_runner(root: Path, gateways: list[Gateway]) -> None:
+    runner, owner = RecordingRunner(), Owner()
+    gw = start(gateways, root, runner)
+    gw.attach_live_owner("bob", owner)
+    ids = [send(gw, f"dm {n}") for n in range(3)]
+    outs = [gw.wait_outcome(k, timeout=10) for k in ids]
+    assert [o["reply"] for o in outs] == ["owner: dm 0", "owner: dm 1", "owner: dm 2"]
+    assert all(o["status"] == "replied" for o in outs)
+    assert owner.bodies() == ["dm 0", "dm 1", "dm 2"]
+    assert runner.entered == []
+    # Another profile, without an owner, still runs turns normally.
+    other = send(gw, "to carol", target="carol")
+    assert gw.wait_outcome(other, timeout=10)["reply"] == "ok: to carol"
+    assert runner.bodies() == ["to carol"]
+
+
+def test_detach_with_dms_queued_sends_them_to_the_runner(root: Path, gateways: list[Gateway]) -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        assert release.wait(10), "the test never released the owner"
+        return "owner handled it"
+
+    runner, owner = RecordingRunner(), Owner(behave)
+    gw = start(gateways, root, runner)
+    gw.attach_live_owner("bob", owner)
+    first = send(gw, "first")
+    assert entered.wait(10)
+    queued = [send(gw, f"queued {n}") for n in range(3)]
+    gw.detach_live_owner("bob")
+    release.set()
+    assert gw.wait_outcome(first, timeout=10)["reply"] == "owner handled it"
+    replies = [gw.wait_outcome(k, timeout=10)["reply"] for k in queued]
+    assert replies == ["ok: queued 0", "ok: queued 1", "ok: queued 2"]
+    assert owner.bodies() == ["first"]
+    assert runner.bodies() == ["queued 0", "queued 1", "queued 2"]
+    for key in queued:
+        assert not mailbox_file(root, key).exists(), "a runner turn never goes through the live mailbox"
+
+
+def test_owner_dying_mid_turn_is_ambiguous_and_never_rerun(root: Path, gateways: list[Gateway]) -> None:
+    def behave(turn: Turn) -> str:
+        raise ConnectionResetError("window closed")
+
+    runner, owner = RecordingRunner(), Owner(behave)
+    gw = start(gateways, root, runner)
+    gw.attach_live_owner("bob", owner)
+    key = send(gw, "are you there")
+    out = gw.wait_outcome(key, timeout=10)
+    assert out["status"] == "ambiguous"
+    assert "do not resend" in out["error"] and "do not resend" in out["text"]
+    assert out["retryable"] is False
+    assert len(owner.turns) == 1 and runner.entered == []
+    saved = json.loads(mailbox_file(root, key).read_text())
+    assert saved["state"] == "ambiguous" and "window closed" in saved["error"]
+    gw.stop()
+    # A restart on the same root neither re-runs it nor reports it again as something else.
+    again = Gateway(root, runner=runner).start()
+    try:
+        assert again.recovered.get("reoffered", 0) == 0
+        assert again.wait_outcome(key, timeout=5)["status"] == "ambiguous"
+    finally:
+        again.stop()
+    assert len(owner.turns) == 1 and runner.entered == []
+
+
+def test_owner_raising_turn_failed_fails_with_that_reason(root: Path, gateways: list[Gateway]) -> None:
+    def behave(turn: Turn) -> str:
+        raise TurnFailed("The owner's provider account is out of credit.", reason="provider_quota_limit")
+
+    runner, owner = RecordingRunner(), Owner(behave)
+    gw = start(gateways, root, runner)
+    gw.attach_live_owner("bob", owner)
+    key = send(gw, "hello")
+    out = gw.wait_outcome(key, timeout=10)
+    assert out["status"] == "failed"
+    assert out["reason"] == "provider_quota_limit"
+    assert out["error"] == "The owner's provider account is out of credit."
+    assert len(owner.turns) == 1 and runner.entered == []
+    saved = json.loads(mailbox_file(root, key).read_text())
+    assert saved["state"] == "failed" and saved["reason"] == "provider_quota_limit"
+
+
+# ── the mailbox ─────────────────────────────────────────────────────────────
+
+
+def _delivery(key: str) -> Delivery:
+    return Delivery(key, "alice", "alice", "bob", "bob", "Message from 🤖 alice (@alice): again?", label="@bob")
+
+
+def _make_turn(delivery: Delivery) -> Turn:
+    return Turn(profile=delivery.target, content=delivery.content, delivery_id=delivery.delivery_id)
+
+
+def test_replaying_a_settled_delivery_returns_the_recorded_reply(root: Path) -> None:
+    home = root / "profiles" / "bob"
+    key = "ab" * 16
+    write_record(mailbox_file(root, key), record(key, "settled", reply="the recorded reply"))
+    owner = Owner()
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn, journal=None)
+    assert result.reply == "the recorded reply" and not result.ambiguous
+    assert owner.turns == [], "a replay must not run the owner again"
+    assert json.loads(mailbox_file(root, key).read_text())["state"] == "settled"
+
+
+@pytest.mark.parametrize(
+    ("state", "fields", "expect"),
+    [
+        ("claimed", {}, "ambiguous"),
+        ("ambiguous", {"error": "owner vanished"}, "ambiguous"),
+        ("failed", {"error": "quota gone", "reason": "provider_quota_limit"}, "failed"),
+        ("cancelled", {}, "cancelled"),
+    ],
+)
+def test_replaying_other_recorded_states_never_runs_the_owner(
+    root: Path, state: str, fields: dict[str, str], expect: str
+) -> None:
+    home = root / "profiles" / "bob"
+    key = "cd" * 16
+    write_record(mailbox_file(root, key), record(key, state, **fields))
+    owner = Owner()
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn, journal=None)
+    assert owner.turns == []
+    assert result.reply is None
+    if expect == "ambiguous":
+        assert result.ambiguous
+    elif expect == "failed":
+        assert not result.ambiguous and result.reason == "provider_quota_limit" and result.error == "quota gone"
+    else:
+        assert result.reason == "cancelled" and not result.ran
+
+
+def test_replaying_through_a_gateway_with_the_owner_attached_is_a_no_op(root: Path, gateways: list[Gateway]) -> None:
+    """The same delivery id handed over twice (e.g. a replayed Deliver) runs the owner once."""
+    runner, owner = RecordingRunner(), Owner()
+    gw = start(gateways, root, runner)
+    gw.attach_live_owner("bob", owner)
+    key = send(gw, "once")
+    assert gw.wait_outcome(key, timeout=10)["reply"] == "owner: once"
+    home = root / "profiles" / "bob"
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn, journal=None)
+    assert result.reply == "owner: once"
+    assert owner.bodies() == ["once"]
+
+
+def test_a_mailbox_file_of_another_uid_is_moved_aside_and_not_trusted(root: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown a file to another uid")
+    home = root / "profiles" / "bob"
+    key = "ef" * 16
+    path = mailbox_file(root, key)
+    write_record(path, record(key, "settled", reply="forged reply"))
+    os.chown(path, 65534, 65534)
+    owner = Owner(lambda turn: "the real reply")
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn, journal=None)
+    assert result.reply == "the real reply", "the forged record must not be trusted"
+    assert len(owner.turns) == 1
+    quarantined = list((path.parent / ".quarantine").iterdir())
+    assert len(quarantined) == 1 and "forged reply" in quarantined[0].read_text()
+    assert quarantined[0].stat().st_uid == 65534
+    info = os.stat(path)
+    assert info.st_uid == os.geteuid()
+    assert json.loads(path.read_text())["reply"] == "the real reply"
+
+
+def test_mailbox_records_go_queued_claimed_settled_on_disk(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    states: list[str] = []
+    real_admit, real_transition = LiveMailbox.admit, LiveMailbox.transition
+
+    def on_disk(box: LiveMailbox, key: str) -> str:
+        return str(json.loads((box.directory / f"{key}.json").read_text())["state"])
+
+    def admit(self: LiveMailbox, key: str) -> dict[str, Any]:
+        out = real_admit(self, key)
+        states.append(on_disk(self, key))
+        return out
+
+    def transition(self: LiveMailbox, key: str, state: str, **fields: str) -> dict[str, Any]:
+        out = real_transition(self, key, state, **fields)
+        states.append(on_disk(self, key))
+        return out
+
+    monkeypatch.setattr(LiveMailbox, "admit", admit)
+    monkeypatch.setattr(LiveMailbox, "transition", transition)
+    seen_during_turn: list[str] = []
+
+    def behave(turn: Turn) -> str:
+        seen_during_turn.append(json.loads(mailbox_file(root, turn.delivery_id).read_text())["state"])
+        return "settled it"
+
+    gw = start(gateways, root, RecordingRunner())
+    gw.attach_live_owner("bob", Owner(behave))
+    key = send(gw, "track me")
+    assert gw.wait_outcome(key, timeout=10)["reply"] == "settled it"
+    await_condition(lambda: len(states) >= 3, timeout=5, message="three mailbox writes")
+    assert states == ["queued", "claimed", "settled"]
+    assert seen_during_turn == ["claimed"]
+    path = mailbox_file(root, key)
+    final = json.loads(path.read_text())
+    assert final["delivery_id"] == key and final["state"] == "settled"
+    assert final["reply"] == "settled it" and final["error"] == "" and final["reason"] == ""
+    assert isinstance(final["at"], int)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    assert not list((path.parent / ".tmp").iterdir()), "no temp file left behind"
