@@ -92,15 +92,20 @@ def take_from_inbox(paths: InboxPaths, envelope_id: str) -> Path | None:
     return taken
 
 
-def read_inbox_envelope(path: Path) -> tuple[dict[str, Any], str]:
-    """The envelope and its reply connection; raises HostileFileError / ValidationError."""
+def _split_reply_connection(path: Path, what: str) -> tuple[dict[str, Any], str]:
+    """Read a record that carries ``reply_connection``; return (the seed-format core, the connection)."""
     data = read_json_file(path)
     if not isinstance(data, dict):
-        raise ValidationError(f"{path.name}: an inbox envelope must be a JSON object")
+        raise ValidationError(f"{path.name}: {what} must be a JSON object")
     reply_connection = str(data.get("reply_connection") or "")
     if not HANDLE_RE.match(reply_connection):
         raise ValidationError(f"{path.name}: invalid reply_connection {reply_connection!r}")
-    core = {k: v for k, v in data.items() if k != "reply_connection"}
+    return {k: v for k, v in data.items() if k != "reply_connection"}, reply_connection
+
+
+def read_inbox_envelope(path: Path) -> tuple[dict[str, Any], str]:
+    """Gateway side: the envelope and its reply connection; raises HostileFileError / ValidationError."""
+    core, reply_connection = _split_reply_connection(path, "an inbox envelope")
     return parse_envelope(core, file_id=path.stem), reply_connection
 
 
@@ -112,13 +117,7 @@ def write_delivered(paths: InboxPaths, reply: dict[str, Any], reply_connection: 
 
 def read_delivered(path: Path) -> tuple[dict[str, Any], str]:
     """Hub side: a delivered record and the connection whose replies/ it goes to."""
-    data = read_json_file(path)
-    if not isinstance(data, dict):
-        raise ValidationError(f"{path.name}: a delivered record must be a JSON object")
-    reply_connection = str(data.get("reply_connection") or "")
-    if not HANDLE_RE.match(reply_connection):
-        raise ValidationError(f"{path.name}: invalid reply_connection {reply_connection!r}")
-    core = {k: v for k, v in data.items() if k != "reply_connection"}
+    core, reply_connection = _split_reply_connection(path, "a delivered record")
     return parse_reply(core, file_id=path.stem), reply_connection
 
 
