@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 MAX_CONFIG_BYTES = 1024 * 1024
-PEER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+PEER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")  # \Z: "$" would accept a trailing newline
 
 DEFAULTS: dict[str, Any] = {
     "bot_mode": {

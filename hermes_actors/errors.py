@@ -14,7 +14,7 @@ class TurnFailed(Exception):
             When empty, the text is classified.
     """
 
-    def __init__(self, text: str, *, reason: str = "") -> None:
+    def __init__(self, text: str, reason: str = "") -> None:
         super().__init__(text)
         self.text = str(text)
         self.reason = str(reason or "")

@@ -34,7 +34,7 @@ __all__ = [
     "slugify",
 ]
 
-HANDLE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
+HANDLE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}\Z")  # \Z: "$" would accept a trailing newline
 DEFAULT_PROFILE = "default"
 DEFAULT_HANDLE = "hermes"
 MANAGED_KEY = "hermes-bots"

@@ -2,9 +2,11 @@
 
 See :mod:`bench.baseline.model` for what is modelled and why it is faithful in
 the parts that cost time (subprocess per delivery, 100 ms flock polling, 250 ms
-reply-file polling).
+reply-file polling), and :mod:`bench.baseline.relay` for the relay path
+(envelope files, a polling Desktop drain, the 250 ms reply waiter).
 """
 
 from bench.baseline.model import LOCK_POLL_S, REPLY_POLL_S, BaselineGateway, wait_reply_file
+from bench.baseline.relay import DRAIN_POLL_S, BaselineRelay
 
-__all__ = ["LOCK_POLL_S", "REPLY_POLL_S", "BaselineGateway", "wait_reply_file"]
+__all__ = ["DRAIN_POLL_S", "LOCK_POLL_S", "REPLY_POLL_S", "BaselineGateway", "BaselineRelay", "wait_reply_file"]

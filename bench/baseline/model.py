@@ -186,6 +186,27 @@ class BaselineGateway:
 
         return unsubscribe
 
+    def deliver_now(self, *, sender: str, target: str, message: str) -> dict[str, Any]:
+        """Run one delivery on the calling thread; its outcome (the relay's ``deliver`` RPC).
+
+        The seed's ``bot_relay.deliver`` handler on the target gateway writes the
+        DM file and runs the same locked CLI turn as a local delivery, then
+        answers the Desktop with the reply.
+        """
+        profile = "default" if target == "hermes" else target
+        if profile != "default" and profile not in self._profiles:
+            return _outcome("", profile, error=f"Unknown target {target!r}.", reason="unknown")
+        self._sweep_dm_cache()
+        fd, dm_file = tempfile.mkstemp(prefix="relay-dm-", suffix=".txt", dir=self.dm_dir, text=True)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"Message from 🤖 {sender}: {message}")
+        delivery_id = uuid.uuid4().hex
+        try:
+            return self._locked_turn(delivery_id, profile, dm_file)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(dm_file)
+
     # ── the background runner ───────────────────────────────────────────────
 
     def _sweep_dm_cache(self) -> None:

@@ -88,7 +88,7 @@ __all__ = [
     "write_roster",
 ]  # fmt: skip
 
-_ID_FILE_RE = re.compile(r"^([0-9a-f]{32})\.json$")
+_ID_FILE_RE = re.compile(r"^([0-9a-f]{32})\.json\Z")
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ DEFAULT_ENVELOPE_TTL_SECONDS = 900
 REPLY_WAIT_SECONDS = 900
 MAX_ENVELOPE_MESSAGE_CHARS = 32000
 
-ENVELOPE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
-HANDLE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
+ENVELOPE_ID_RE = re.compile(r"^[0-9a-f]{32}\Z")  # \Z: "$" would accept a trailing newline
+HANDLE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}\Z")
 
 ENVELOPE_KEYS = (
     "id",
