@@ -211,4 +211,13 @@ def machine_info() -> dict[str, Any]:
         "orjson": _version("orjson"),
         "hermes_actors": _version("hermes-actors"),
         "executable_is_venv": sys.prefix != sys.base_prefix,
+        "load_avg_1m_at_start": _load_average(),
     }
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average when the run started: other work on the machine skews every figure."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = ["plot_results"]
 
 _COLORS = {"ours": "#1f77b4", "baseline": "#d62728"}
+_EXTRA_COLORS = ("#2ca02c", "#9467bd", "#ff7f0e")  # further sample sets (``"ours durable"`` …)
 
 
 def plot_results(result: dict[str, Any], samples: dict[str, dict[str, list[float]]], path: Path) -> Path | None:
@@ -42,12 +43,16 @@ def plot_results(result: dict[str, Any], samples: dict[str, dict[str, list[float
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows), squeeze=False)
     flat = [ax for row in axes for ax in row]
     for ax, name in zip(flat, names, strict=False):
-        for side in ("ours", "baseline"):
-            values = sorted(v * 1000.0 for v in samples.get(name, {}).get(side, []))
+        runs = samples.get(name, {})
+        extra = [side for side in runs if side not in _COLORS]
+        colors = {**_COLORS, **dict(zip(extra, _EXTRA_COLORS, strict=False))}
+        for side in ["ours", *extra, "baseline"]:
+            values = sorted(v * 1000.0 for v in runs.get(side, []))
             if not values:
                 continue
             ys = [(i + 1) / len(values) for i in range(len(values))]
-            ax.step(values, ys, where="post", color=_COLORS[side], label=f"{side} (n={len(values)})")
+            ax.step(values, ys, where="post", color=colors.get(side, "#7f7f7f"),
+                    label=f"{side} (n={len(values)})")
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(0, 1.02)

@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.registry import REGISTRY
 
-__all__ = ["render_markdown", "render_table", "write_docs"]
+#: Hand-written notes on where the time goes (from a CPU profile), included in the page.
+LIMITS_FILE = Path(__file__).resolve().parent / "limits.md"
+
+__all__ = ["LIMITS_FILE", "TARGETS", "Target", "evaluate_targets", "render_markdown", "render_table", "write_docs"]
 
 _COLUMNS = (
     "scenario", "ours n", "ours p50 ms", "ours p99 ms", "ours /s",
@@ -61,7 +66,13 @@ def render_table(result: dict[str, Any]) -> str:
                                                                                                    strict=True)))
 
     lines = [fmt(rows[0]), "  ".join("-" * w for w in widths)] + [fmt(row) for row in rows[1:]]
-    extras = _resource_lines(result)
+    extras = _resource_lines(result) + _extra_lines(result)
+    targets = evaluate_targets(result)
+    if targets:
+        tw = max(len(t[0]) for t in targets)
+        mw = max(len(t[2]) for t in targets)
+        extras += ["", "targets:"] + [f"  {goal.ljust(tw)}  {measured.rjust(mw)}  {status}"
+                                      for goal, _, measured, status in targets]
     return "\n".join(lines + (["", *extras] if extras else []))
 
 
@@ -79,14 +90,156 @@ def _resource_lines(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _metrics_text(m: dict[str, Any]) -> str:
+    return (f"n {_num(m['n'])}, p50 {_num(m['p50_ms'], 3)} ms, p99 {_num(m['p99_ms'], 3)} ms, "
+            f"{_num(m['throughput_per_s'])}/s")
+
+
+def _extra_lines(result: dict[str, Any]) -> list[str]:
+    """Sub-metrics (``ours.<variant>`` dicts) and journal counters, one line each."""
+    out = []
+    for name, entry in result["scenarios"].items():
+        ours = entry["ours"]
+        if ours.get("fsyncs"):
+            out.append(
+                f"{name}: {_num(ours['fsyncs'])} fdatasyncs for {_num(ours['n'])} DMs "
+                f"({_num(ours.get('dms_per_fsync'))} DMs, {_num(ours.get('records_per_fsync'))} journal "
+                f"records per fdatasync)"
+            )
+        for key, value in ours.items():
+            if isinstance(value, dict) and {"n", "p50_ms", "p99_ms", "throughput_per_s"} <= set(value):
+                label = {"durable": "durable=True (journal on)", "nondurable": "durable=False"}.get(key, key)
+                out.append(f"{name}, ours with {label}: {_metrics_text(value)}")
+    return out
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal the design set for itself, checked against a result.
+
+    ``measure(result)`` returns ``(value, text)`` — None when the scenario did
+    not run — and ``met(value, result)`` decides.
+    """
+
+    goal: str
+    scenario: str
+    measure: Callable[[dict[str, Any]], tuple[float, str] | None]
+    met: Callable[[float, dict[str, Any]], bool]
+
+
+def _field(scenario: str, side: str, key: str, unit: str,
+           digits: int = 2) -> Callable[[dict[str, Any]], tuple[float, str] | None]:
+    def get(result: dict[str, Any]) -> tuple[float, str] | None:
+        entry = result["scenarios"].get(scenario) or {}
+        block = entry.get(side) or {}
+        if block.get(key) is None:
+            return None
+        value = float(block[key])
+        return value, f"{_num(value, digits)}{unit}"
+
+    return get
+
+
+def _scale_rss(result: dict[str, Any]) -> tuple[float, str] | None:
+    ours = (result["scenarios"].get("scale") or {}).get("ours") or {}
+    if ours.get("rss_mb") is None:
+        return None
+    registered = ours.get("registered")
+    where = f" at {registered:,} registered" if isinstance(registered, int) else ""
+    return float(ours["rss_mb"]), f"{_num(ours['rss_mb'], 1)} MB peak{where}"
+
+
+def _scale_rss_met(value: float, result: dict[str, Any]) -> bool:
+    registered = result["scenarios"]["scale"]["ours"].get("registered", 10_000)
+    return value <= 300 and registered >= 10_000
+
+
+def _scale_threads(result: dict[str, Any]) -> tuple[float, str] | None:
+    ours = (result["scenarios"].get("scale") or {}).get("ours") or {}
+    if ours.get("threads") is None or ours.get("threads_after") is None:
+        return None
+    active = ours.get("active_profiles")
+    start = ours.get("threads_at_start")
+    workers = ours.get("worker_threads_after")
+    text = (f"peak {_num(ours['threads'])}" + (f" with {_num(active)} active" if active is not None else "")
+            + f"; {_num(ours['threads_after'])} after idle stop"
+            + (f" ({_num(workers)} idle turn workers)" if workers else "")
+            + (f", {_num(start)} at start" if start is not None else ""))
+    return float(ours["threads"]), text
+
+
+#: Headroom above "one thread per active profile": the turn worker cap (64) and a few fixed threads.
+_THREAD_SLACK = 64 + 16
+
+
+def _scale_threads_met(value: float, result: dict[str, Any]) -> bool:
+    """Peak ≤ start + one per active profile + slack; after the idle stop, no profile thread is left.
+
+    Turn workers (capped at 64) retire on their own after 30 s idle, so they are
+    not counted against the after-idle figure.
+    """
+    ours = result["scenarios"]["scale"]["ours"]
+    start = int(ours.get("threads_at_start") or 0)
+    active = int(ours.get("active_profiles") or 0)
+    workers = int(ours.get("worker_threads_after") or 0)
+    return value <= start + active + _THREAD_SLACK and int(ours["threads_after"]) - workers <= start + 4
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("local round trip p50 ≤ 1 ms", "local-roundtrip", _field("local-roundtrip", "ours", "p50_ms", " ms", 3),
+           lambda v, r: v <= 1.0),
+    Target("local round trip p99 ≤ 5 ms", "local-roundtrip", _field("local-roundtrip", "ours", "p99_ms", " ms", 3),
+           lambda v, r: v <= 5.0),
+    Target("local round trip ≥ 100× baseline (p50)", "local-roundtrip",
+           _field("local-roundtrip", "ratio", "p50", "×", 1), lambda v, r: v >= 100),
+    Target("local throughput ≥ 10,000 DMs/s", "local-throughput",
+           _field("local-throughput", "ours", "throughput_per_s", "/s"), lambda v, r: v >= 10_000),
+    Target("local throughput ≥ 50× baseline", "local-throughput",
+           _field("local-throughput", "ratio", "throughput", "×", 1), lambda v, r: v >= 50),
+    Target("relay round trip p50 ≤ 5 ms", "relay-roundtrip", _field("relay-roundtrip", "ours", "p50_ms", " ms", 3),
+           lambda v, r: v <= 5.0),
+    Target("durable throughput ≥ 4,000 DMs/s", "durable-throughput",
+           _field("durable-throughput", "ours", "throughput_per_s", "/s"), lambda v, r: v >= 4_000),
+    Target("scale: RSS ≤ 300 MB at 10,000 registered", "scale", _scale_rss, _scale_rss_met),
+    Target("scale: threads follow active profiles", "scale", _scale_threads, _scale_threads_met),
+)
+
+
+def evaluate_targets(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Every target as ``(goal, scenario, measured text, "met" | "not met" | "not measured")``."""
+    rows = []
+    for target in TARGETS:
+        got = target.measure(result)
+        if got is None:
+            rows.append((target.goal, target.scenario, "—", "not measured"))
+            continue
+        value, text = got
+        rows.append((target.goal, target.scenario, text, "met" if target.met(value, result) else "not met"))
+    return rows
+
+
+def _targets_markdown(result: dict[str, Any]) -> str:
+    rows = evaluate_targets(result)
+    met = sum(1 for row in rows if row[3] == "met")
+    body = "".join(
+        f"| {goal} | `{name}` | {measured} | {'met' if status == 'met' else f'**{status}**'} |\n"
+        for goal, name, measured, status in rows
+    )
+    return (
+        f"## Targets\n\n{met} of {len(rows)} met in this run (computed from the result JSON by "
+        "`bench/report.py`).\n\n| target | scenario | measured | status |\n|:---|:---|---:|:---|\n" + body
+    )
+
+
 def render_markdown(result: dict[str, Any], plot_path: str | None = "benchmarks.png",
-                    source: str | None = None) -> str:
+                    source: str | None = None, limits: str | None = None) -> str:
     """The ``docs/benchmarks.md`` page for ``result``.
 
     Args:
         result: the result dict.
         plot_path: the plot's path relative to the page (None: no plot).
         source: the result JSON's path, named on the page.
+        limits: the "Limits" section's Markdown (default: :data:`LIMITS_FILE` when it exists).
     """
     machine = result.get("machine", {})
     head = "| " + " | ".join(_COLUMNS) + " |\n|" + "|".join(
@@ -101,7 +254,12 @@ def render_markdown(result: dict[str, Any], plot_path: str | None = "benchmarks.
         "Both sides use an instant turn (ours: a callable returning `ok`; baseline: a `python -c`\n"
         "stand-in for the CLI turn), so the numbers measure the messaging machinery, not a model.\n"
         "The local scenarios run ours on its in-memory path (`durable=False`): the seed journals\n"
-        "nothing there either, and the journal's fsync cost belongs to its own scenario.\n",
+        "nothing there either, and the journal's fsync cost belongs to its own scenario\n"
+        "(`durable-throughput`, journal on). `relay-roundtrip` runs ours as three processes, as in\n"
+        "production: the sending gateway, the relay hub (`hermes-actors relay`) and the far gateway\n"
+        "(`bench/relay_peer.py`); its baseline models the seed's envelope files, a Desktop that drains\n"
+        "the outbox every 50 ms (the seed leaves the cadence to the Desktop; 50 ms favours the baseline),\n"
+        "a subprocess turn on the far side and the 250 ms reply-file waiter.\n",
         "> **Read the ratios, not the absolute numbers.** Every figure below was measured\n"
         "> side by side in one run on a small, noisy 2-core machine; absolute latencies move from\n"
         "> run to run, the ratios much less. `p50 ratio` = baseline p50 / ours p50; `thr ratio` = ours\n"
@@ -110,19 +268,32 @@ def render_markdown(result: dict[str, Any], plot_path: str | None = "benchmarks.
         "## Results\n",
         head + body,
     ]
-    if resources:
-        parts.append("Resources (ours):\n\n" + "".join(f"- {line}\n" for line in resources))
+    load, cpus = machine.get("load_avg_1m_at_start"), machine.get("cpu_count")
+    if isinstance(load, int | float) and isinstance(cpus, int) and load > cpus:
+        parts.insert(-2, (
+            f"> **This run shared the machine:** the 1-minute load average was {load:.1f} on {cpus} CPUs\n"
+            "> when it started (other jobs were running), so absolute latencies and rates are pessimistic.\n"
+        ))
+    extras = resources + _extra_lines(result)
+    if extras:
+        parts.append("Details (ours):\n\n" + "".join(f"- {line}\n" for line in extras))
     described = [(name, REGISTRY[name].description) for name in result["scenarios"] if name in REGISTRY]
     if described:
         parts.append("Scenarios:\n\n" + "".join(f"- `{name}` — {text}\n" for name, text in described))
     parts.append(
         "Latency is measured from the start of the `message_agent` call to the outcome. In the\n"
-        "pipelined scenarios (`local-throughput`, `scale`) every DM is sent up front, so latency\n"
-        "includes queueing behind the DMs sent before it and grows with `n`; since the baseline runs\n"
-        "a much smaller `n`, read the throughput ratio there, not the p50 ratio.\n"
+        "pipelined scenarios (`local-throughput`, `durable-throughput`, `scale`) every DM is sent up\n"
+        "front, so latency includes queueing behind the DMs sent before it and grows with `n`; since\n"
+        "the baseline runs"
+        " a much smaller `n`, read the throughput ratio there, not the p50 ratio.\n"
     )
+    parts.append(_targets_markdown(result))
     if plot_path:
         parts.append(f"## Plot\n\n![latency CDFs and throughput]({plot_path})\n")
+    if limits is None and LIMITS_FILE.exists():
+        limits = LIMITS_FILE.read_text(encoding="utf-8")
+    if limits:
+        parts.append(limits.rstrip("\n") + "\n")
     rows = "".join(f"| {key} | {value} |\n" for key, value in machine.items())
     parts.append("## Machine\n\n| key | value |\n|:---|:---|\n" + rows)
     regen = ("Regenerate with `hermes-actors bench` (a full run takes a few minutes); "

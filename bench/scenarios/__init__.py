@@ -1,8 +1,10 @@
 """Benchmark scenarios. Importing this package registers them all (see :mod:`bench.registry`).
 
 To add one, write a ``@scenario``-decorated function in a module here and
-import that module below. Scenarios run in import (registration) order.
+import that module below. Scenarios run in registration order: ``local``
+first (the others import it), then the rest.
 """
 
-from bench.scenarios import local  # noqa: F401  (registers local-roundtrip, local-throughput, fan-in, scale)
+from bench.scenarios import local  # noqa: F401, I001  (registers local-roundtrip, local-throughput, fan-in, scale)
+from bench.scenarios import durable  # noqa: F401  (registers durable-throughput)
 from bench.scenarios import relay  # noqa: F401  (registers relay-roundtrip)

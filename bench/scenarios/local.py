@@ -173,6 +173,7 @@ def scale(ctx: BenchContext) -> ScenarioResult:
     t0 = time.perf_counter()
     gateway.start()
     start_s = time.perf_counter() - t0
+    threads_at_start = threading.active_count()
     try:
         ctx.progress.note(f"scale: gateway start with {registered} profiles took {start_s:.2f}s")
         with ResourceSampler() as sampler, _phase(ctx, "scale ours", n):
@@ -180,14 +181,20 @@ def scale(ctx: BenchContext) -> ScenarioResult:
         idle_limit = float(BENCH_CONFIG["bot_mode"]["idle_stop_seconds"]) + 3.0
         _wait_idle(gateway, idle_limit)
         threads_after = threading.active_count()
+        workers_after = int(gateway.stats().get("worker_threads", 0))
         rss_after_kb = read_proc_status_kb("VmRSS")
     finally:
         gateway.stop()
     ours = summarize(run.latencies_s, run.wall_s)
     ours.update(
+        registered=registered,
+        active_profiles=len(targets),
+        start_s=round(start_s, 3),
+        threads_at_start=threads_at_start,
         rss_mb=round(sampler.peak_rss_mb, 1),
         threads=sampler.peak_threads,
         rss_mb_after=round(rss_after_kb / 1024.0, 1) if rss_after_kb else None,
         threads_after=threads_after,
+        worker_threads_after=workers_after,
     )
     return ScenarioResult(ours, None, {"ours": run.latencies_s})
