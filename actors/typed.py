@@ -59,15 +59,32 @@ class Link:
     generation: int = 0
 
 
-class _TrackingInbox(queue.Queue[Envelope[Any]]):
-    """The pykka inbox, remembering the envelope being handled (ask or tell)."""
+class _TrackingInbox:
+    """The actor's mailbox: a C-level ``SimpleQueue`` (no Python-level Condition per put/get),
+    remembering the envelope being handled so a told unknown message can be told from an asked one."""
 
-    current: Envelope[Any] | None = None
+    __slots__ = ("_queue", "current")
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Envelope[Any]] = queue.SimpleQueue()
+        self.current: Envelope[Any] | None = None
+
+    def put(self, envelope: Envelope[Any], block: bool = True, timeout: float | None = None) -> None:
+        self._queue.put(envelope)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Envelope[Any]:
-        envelope = super().get(block, timeout)
+        envelope = self._queue.get(block, timeout)
         self.current = envelope
         return envelope
+
+    def get_nowait(self) -> Envelope[Any]:
+        return self.get(False)
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
 
 
 class TypedActor(pykka.ThreadingActor):
