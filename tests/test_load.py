@@ -1,0 +1,198 @@
+"""Load: many senders, many profiles, random latency and failures; exactly one outcome per acked DM.
+
+The main-suite variants are small enough for ``make test``; the ``soak``
+variant has the issue's full figures (32 senders × 5,000 DMs over 50
+profiles, latency 0–20 ms, 1 % failures) and runs with ``make soak``.
+Each run prints one ``LOAD {...}`` line with its figures (use ``-s``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+from roots import make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway, TurnFailed
+
+PROFILES = 50
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return 0
+
+
+class RandomRunner:
+    """Seeded per delivery: latency in [0, max_latency] s, ``fail_rate`` of turns raise TurnFailed."""
+
+    def __init__(self, seed: int, max_latency: float, fail_rate: float) -> None:
+        self.seed, self.max_latency, self.fail_rate = seed, max_latency, fail_rate
+        self.calls: Counter[str] = Counter()
+        self.failed = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, turn: Any) -> str:
+        with self._lock:
+            self.calls[turn.delivery_id] += 1
+        rng = random.Random(f"{self.seed}:{turn.delivery_id}")
+        time.sleep(rng.uniform(0.0, self.max_latency))
+        if rng.random() < self.fail_rate:
+            with self._lock:
+                self.failed += 1
+            raise TurnFailed("injected runner failure", reason="unknown")
+        return f"ok {turn.profile}"
+
+
+def run_load(tmp_path: Path, *, senders: int, per_sender: int, max_latency: float, fail_rate: float,
+             durable: bool, seed: int = 8) -> dict[str, Any]:
+    names = [f"p{i:02d}" for i in range(PROFILES)]
+    root = make_root(tmp_path, {name: {"title": f"Bot {name}"} for name in names})
+    runner = RandomRunner(seed, max_latency, fail_rate)
+    threads_before = {t.ident for t in threading.enumerate()}
+    non_daemon_before = {t.ident for t in threading.enumerate() if not t.daemon}
+    actors_before = set(pykka.ActorRegistry.get_all())
+    outcomes: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+
+    def on_outcome(outcome: dict[str, Any]) -> None:  # one notifier thread: no lock needed
+        outcomes[outcome["delivery_id"]] += 1
+        statuses[outcome["status"]] += 1
+        if outcome["status"] != "replied":
+            reasons[outcome["reason"]] += 1
+
+    gw = Gateway(root, runner=runner, durable=durable, config={"bot_mode": {"turn_wait_seconds": 600}})
+    gw.subscribe(on_outcome)
+    gw.start()
+    acked: list[list[str]] = [[] for _ in range(senders)]
+    refused: list[list[dict[str, Any]]] = [[] for _ in range(senders)]
+    errors: list[BaseException] = []
+
+    def sender(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        me = names[index % PROFILES]
+        try:
+            for n in range(per_sender):
+                target = rng.choice([x for x in names if x != me])
+                ack = gw.message_agent(sender=me, target=target, message=f"dm {index}-{n}")
+                if ack.get("status") == "queued":
+                    acked[index].append(ack["delivery_id"])
+                else:
+                    refused[index].append(ack)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    started = time.monotonic()
+    workers = [threading.Thread(target=sender, args=(i,), name=f"load-sender-{i}") for i in range(senders)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    sent_in = time.monotonic() - started
+    ids = [i for chunk in acked for i in chunk]
+    total = senders * per_sender
+    budget = 60 + total * max(max_latency, 0.001) / PROFILES * 2
+    try:
+        assert not errors, errors[:3]
+        await_condition(lambda: len(outcomes) >= len(ids), timeout=budget,
+                        message=f"an outcome for each of {len(ids)} acked DMs")
+        finished = time.monotonic() - started
+        time.sleep(0.3)  # a late duplicate would show up now
+    finally:
+        gw.stop(timeout=30)
+    peak_rss_kb = _status_kb("VmHWM")
+
+    # Exactly one outcome per acked DM, none for anything else, and no DM ran two turns.
+    assert len(set(ids)) == len(ids), "delivery ids are unique"
+    assert set(outcomes) == set(ids)
+    duplicated = sum(1 for k in ids if outcomes[k] > 1)
+    lost = sum(1 for k in ids if outcomes[k] == 0)
+    assert (lost, duplicated) == (0, 0)
+    assert max(runner.calls.values(), default=1) == 1, "a DM ran two turns"
+    assert set(runner.calls) <= set(ids)
+    assert sum(len(r) for r in refused) == 0, [r for chunk in refused for r in chunk][:3]
+    assert statuses["failed"] == sum(reasons.values())
+    assert reasons["unknown"] == runner.failed, (reasons, runner.failed)
+
+    # No leak after stop: every actor stopped, every thread the gateway started is gone.
+    assert [r for r in pykka.ActorRegistry.get_all() if r not in actors_before] == []
+    await_condition(lambda: {t.ident for t in threading.enumerate() if not t.daemon} <= non_daemon_before,
+                    timeout=10, message="non-daemon threads back to the baseline")
+    await_condition(lambda: {t.ident for t in threading.enumerate()} <= threads_before, timeout=10,
+                    message="every gateway thread exited")
+
+    figures = {
+        "durable": durable, "senders": senders, "dms_per_sender": per_sender, "profiles": PROFILES,
+        "latency_ms": [0, max_latency * 1000], "fail_rate": fail_rate,
+        "acked": len(ids), "outcomes": sum(outcomes.values()), "lost": lost, "duplicated": duplicated,
+        "turns_run": sum(runner.calls.values()), "statuses": dict(statuses), "failure_reasons": dict(reasons),
+        "injected_failures": runner.failed, "send_seconds": round(sent_in, 2),
+        "duration_seconds": round(finished, 2), "throughput_dms_per_s": round(len(ids) / finished, 1),
+        "peak_rss_mb": round(peak_rss_kb / 1024, 1),
+    }
+    print("LOAD " + json.dumps(figures, sort_keys=True))
+    return figures
+
+
+def test_load_8_senders_x_500_dms_over_50_profiles(tmp_path: Path) -> None:
+    figures = run_load(tmp_path, senders=8, per_sender=500, max_latency=0.005, fail_rate=0.01, durable=False)
+    assert figures["acked"] == 4000 and figures["injected_failures"] > 0
+
+
+def test_load_durable_4_senders_x_250_dms_over_50_profiles(tmp_path: Path) -> None:
+    figures = run_load(tmp_path, senders=4, per_sender=250, max_latency=0.005, fail_rate=0.01, durable=True)
+    assert figures["acked"] == 1000
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+def test_soak_32_senders_x_5000_dms_over_50_profiles(tmp_path: Path) -> None:
+    figures = run_load(tmp_path, senders=32, per_sender=5000, max_latency=0.020, fail_rate=0.01, durable=False)
+    assert figures["acked"] == 160_000
+    assert figures["peak_rss_mb"] < 2048, "memory stays bounded"
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_soak_durable_8_senders_x_2500_dms_over_50_profiles(tmp_path: Path) -> None:
+    figures = run_load(tmp_path, senders=8, per_sender=2500, max_latency=0.020, fail_rate=0.01, durable=True)
+    assert figures["acked"] == 20_000
+
+
+def test_a_full_queue_refuses_at_once_with_target_busy_and_memory_does_not_grow(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    release, entered = threading.Event(), threading.Event()
+    gate_runner = RandomRunner(0, 0.0, 0.0)
+
+    def runner(turn: Any) -> str:
+        entered.set()
+        release.wait(10)
+        return gate_runner(turn)
+
+    with Gateway(root, runner=runner, durable=False, config={"bot_mode": {"max_queued": 5}}) as gw:
+        first = gw.message_agent(sender="alice", target="bob", message="running")
+        assert first["status"] == "queued" and entered.wait(5), "the first DM is running"
+        queued = [gw.message_agent(sender="alice", target="bob", message=f"q{n}")["delivery_id"] for n in range(5)]
+        started = time.monotonic()
+        over = [gw.message_agent(sender="carol", target="bob", message=f"over{n}")["delivery_id"] for n in range(20)]
+        refusals = [gw.wait_outcome(key, timeout=5) for key in over]
+        assert time.monotonic() - started < 2, "a full queue answers at once, it does not wait for the turn"
+        for out in refusals:
+            assert (out["status"], out["reason"], out["retryable"]) == ("failed", "target_busy", True), out
+            assert "queue for profile 'bob' is full (5 DMs waiting)" in out["error"]
+            assert "NOT delivered" in out["error"]
+        release.set()
+        for key in [first["delivery_id"], *queued]:
+            assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+    assert set(gate_runner.calls) == {first["delivery_id"], *queued}, "a refused DM never ran"
