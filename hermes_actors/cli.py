@@ -76,7 +76,9 @@ def _cmd_send(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.serve import serve
 
-    return serve(args.root, connection_id=args.connection_id, runner=_runner_for(args.runner, args.cli, args.root))
+    config = {"bot_mode": {"transport": args.redis}} if args.redis else None
+    return serve(args.root, connection_id=args.connection_id, runner=_runner_for(args.runner, args.cli, args.root),
+                 config=config)
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:
@@ -132,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
     p.add_argument("--root", required=True, type=Path, help="the Hermes root")
     p.add_argument("--connection-id", default=None, help="this gateway's connection id on the relay")
+    p.add_argument("--redis", default=None, metavar="URL",
+                   help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for TLS, "
+                        "or 'redis' to read REDIS_URL); needs --connection-id")
     runner_opts(p)
     p.set_defaults(func=_cmd_serve)
 

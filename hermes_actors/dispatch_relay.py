@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actors import ask, handles
+from actors import UnknownMessageError, ask, handles
 from hermes_actors import outcomes
 from hermes_actors.acks import outcome_from_record
 from hermes_actors.dispatch_base import DispatcherBase, Pending
-from hermes_actors.messages import Delivery, RelayDeliver, RelayOutcome, RelayResumed, RelaySend
-from hermes_actors.targets import Refusal, RelayRoute
+from hermes_actors.messages import Delivery, PeerSend, RelayDeliver, RelayOutcome, RelayResumed, RelaySend
+from hermes_actors.targets import PeerRoute, Refusal, RelayRoute
 
 __all__ = ["RelayDispatch"]
 
@@ -23,6 +23,19 @@ class RelayDispatch(DispatcherBase):
             return Refusal(f"The file relay is not running; {route.label} is unreachable.", "runtime_offline").as_dict()
         ack: dict[str, Any] = ask(self.relay, RelaySend(route, delivery), timeout=10, expect=dict)
         if "delivery_id" in ack:
+            self.pending[ack["delivery_id"]] = Pending(delivery, "relay")
+            self.counters["accepted"] += 1
+        return ack
+
+    def _peer_via_relay(self, route: PeerRoute, delivery: Delivery) -> dict[str, Any] | None:
+        """The ack when the relay reaches this ``bot_peers`` peer itself (Redis); None: use the CLI transport."""
+        if self.relay is None:
+            return None
+        try:
+            ack: dict[str, Any] | None = ask(self.relay, PeerSend(route, delivery), timeout=10)
+        except UnknownMessageError:  # a relay without peer support
+            return None
+        if ack is not None and "delivery_id" in ack:
             self.pending[ack["delivery_id"]] = Pending(delivery, "relay")
             self.counters["accepted"] += 1
         return ack

@@ -214,6 +214,9 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             self.counters["accepted"] += 1
             return ack
         if isinstance(route, PeerRoute):
+            relayed = self._peer_via_relay(route, delivery)  # a peer that is a connection on our relay (Redis)
+            if relayed is not None:
+                return relayed
             if self.peer_submit is None:
                 return Refusal(
                     f"Peer delivery to {route.label} is not available on this gateway.", "runtime_offline"

@@ -141,6 +141,7 @@ class Gateway:
             if not self.root.is_dir():
                 raise FileNotFoundError(f"Hermes root {str(self.root)!r} does not exist or is not a directory")
             self.config = cfg = load_config(self.root, self.overrides)
+            redis_settings = self._redis_settings(cfg)  # ValueError (nothing started) when misconfigured
             InboxPaths.from_root(self.root).ensure()  # before the watch starts: no events for our own mkdirs
             adopted = None
             if self.durable:
@@ -157,6 +158,12 @@ class Gateway:
             )
             snapshot = ask(self._roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
             pool, scheduler, runner = self._pool, self._scheduler, self.runner
+            guard = None
+            if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
+                from hermes_actors.transports.redis import ClaimGuard
+
+                guard = ClaimGuard(redis_settings, ttl=cfg.envelope_ttl_seconds)
+                runner = guard.wrap(runner)
             transport = self.peer_transport or PeerCliTransport()
 
             def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: Callable[[Delivery], Turn]) -> ProfileDeps:
@@ -185,19 +192,34 @@ class Gateway:
             )
             current = ask(self._roster, Subscribe(self._dispatcher), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
             self._dispatcher.tell(RosterChanged(current))
-            self._relay = RelayActor.start(
-                self.root,
-                config=cfg,
-                dispatcher=self._dispatcher,
-                roster=self._roster,
-                scheduler=self._scheduler,
-                connection_id=self.connection_id,
-                local_profiles=frozenset(p.profile for p in current.profiles),
-            )
-            self._dispatcher.tell(AttachRelay(self._relay))
-            self._bridge = FsBridge(
-                self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
-            ).start()
+            if redis_settings is not None and guard is not None and self.connection_id:
+                from hermes_actors.transports.redis import RedisRelayActor
+
+                self._relay = RedisRelayActor.start(
+                    redis_settings,
+                    guard=guard,
+                    config=cfg,
+                    dispatcher=self._dispatcher,
+                    roster=self._roster,
+                    scheduler=self._scheduler,
+                    connection_id=self.connection_id,
+                    local_profiles=frozenset(p.profile for p in current.profiles),
+                )
+                self._dispatcher.tell(AttachRelay(self._relay))
+            else:
+                self._relay = RelayActor.start(
+                    self.root,
+                    config=cfg,
+                    dispatcher=self._dispatcher,
+                    roster=self._roster,
+                    scheduler=self._scheduler,
+                    connection_id=self.connection_id,
+                    local_profiles=frozenset(p.profile for p in current.profiles),
+                )
+                self._dispatcher.tell(AttachRelay(self._relay))
+                self._bridge = FsBridge(
+                    self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
+                ).start()
             if adopted is not None and adopted.states:
                 idempotent = bool(getattr(runner, "idempotent", False))
                 self.recovered = ask(
@@ -206,6 +228,22 @@ class Gateway:
             self._state = "running"
         logger.info("gateway started on {} ({} profiles)", self.root, len(snapshot.profiles))
         return self
+
+    def _redis_settings(self, cfg: BotModeConfig) -> Any:
+        """The Redis transport's settings when ``bot_mode.transport`` selects it (None: the file relay).
+
+        Raises:
+            ValueError: a bad transport value, or Redis without a ``connection_id``.
+        """
+        from hermes_actors.transports.redis_store import redis_settings, redis_url_from_config
+
+        url = redis_url_from_config(cfg.raw)
+        if url is None:
+            return None
+        if not self.connection_id:
+            raise ValueError("the Redis transport (bot_mode.transport) needs Gateway(..., connection_id=...): "
+                             "the connection id names this gateway's stream on Redis")
+        return redis_settings(cfg.raw, url)
 
     def stop(self, timeout: float = 30) -> None:
         """Stop accepting, let running turns finish within ``timeout``, stop every actor.

@@ -451,3 +451,38 @@ class TurnTimeout:
     """Timer: the running turn of ``delivery_id`` exceeded ``turn_timeout_seconds``."""
 
     delivery_id: str
+
+
+# ── Redis Streams transport ─────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRows:
+    """Told to the RosterActor by a transport that owns the remote roster (Redis): replaces it."""
+
+    rows: tuple[RemoteAgent, ...]
+    mtime: float  # wall-clock time the rows were read (their freshness)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSend:
+    """Ask the relay whether it reaches a ``bot_peers`` peer itself; answered with an ack/refusal dict or None.
+
+    None: the relay does not know that peer (the Dispatcher uses the CLI transport).
+    """
+
+    route: Any  # targets.PeerRoute
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class RedisEntries:
+    """Told by the Redis reader thread to its actor: entries read from one of our streams."""
+
+    stream: str  # "in" | "replies"
+    entries: tuple[tuple[str, dict[Any, Any]], ...]  # (entry id, fields)
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTick:
+    """Timer: the Redis actor's periodic work (heartbeat, roster, touch, reclaim, retries)."""

@@ -32,6 +32,7 @@ from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import (
     Housekeep,
     OutcomeReady,
+    PeerSend,
     RelayDeliver,
     RelayOutcome,
     RelayResumed,
@@ -148,6 +149,10 @@ class RelayActor(TypedActor):
         self._wait_for(envelope["id"], route.label, age=0.0)
         self.counters["sent"] += 1
         return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
+
+    @handles(PeerSend)
+    def _on_peer_send(self, msg: PeerSend) -> None:
+        return None  # the file relay does not reach bot_peers: the Dispatcher uses the CLI transport
 
     def _wait_for(self, envelope_id: str, label: str, *, age: float) -> None:
         timers = [self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id))]

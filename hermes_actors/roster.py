@@ -26,6 +26,7 @@ from hermes_actors.messages import (
     Reload,
     RemoteAgent,
     RemoteRosterHint,
+    RemoteRows,
     RosterChanged,
     RosterSnapshot,
     RosterTick,
@@ -35,6 +36,8 @@ from hermes_actors.profiles import alias_forms, discover_profiles, install_is_ma
 from hermes_actors.store.relay_files import RelayPaths, liveness, read_roster
 
 __all__ = ["RosterActor", "make_snapshot", "roster_rows"]
+
+REMOTE_REPUBLISH_SECONDS = 60.0  # pushed rows unchanged: republish their freshness this often (fresh = 600 s)
 
 
 def make_snapshot(
@@ -137,6 +140,7 @@ class RosterActor(TypedActor):
         self.signature: tuple[float, ...] = ()
         self.config: BotModeConfig = load_config(root, overrides)
         self.paths = RelayPaths.from_root(root)
+        self.pushed_remote: tuple[list[RemoteAgent], float] | None = None  # set by RemoteRows (Redis transport)
         self.snapshot = self._load()
 
     def on_start(self) -> None:
@@ -159,6 +163,8 @@ class RosterActor(TypedActor):
 
     def _read_remote(self) -> tuple[list[RemoteAgent], float | None]:
         """The relay roster (normalized, untrusted input) and its mtime."""
+        if self.pushed_remote is not None:  # a transport owns the remote roster: roster.json is not read
+            return self.pushed_remote
         now = time.time()
         rows, age = read_roster(self.paths, now=now)
         return rows, None if age is None else now - age
@@ -207,5 +213,17 @@ class RosterActor(TypedActor):
         if tuple(remote) == current.remote and mtime == current.remote_mtime:
             return
         self.snapshot = replace(current, remote=tuple(remote), remote_mtime=mtime, version=current.version + 1)
+        self.version = self.snapshot.version
+        self._publish()
+
+    @handles(RemoteRows)
+    def _on_remote_rows(self, msg: RemoteRows) -> None:
+        """A transport (Redis) pushed the remote roster: it replaces roster.json's from now on."""
+        current = self.snapshot
+        fresh_enough = current.remote_mtime is not None and msg.mtime - current.remote_mtime < REMOTE_REPUBLISH_SECONDS
+        if tuple(msg.rows) == current.remote and fresh_enough and self.pushed_remote is not None:
+            return  # same rows, and the published freshness is recent: no need to wake the subscribers
+        self.pushed_remote = (list(msg.rows), msg.mtime)
+        self.snapshot = replace(current, remote=tuple(msg.rows), remote_mtime=msg.mtime, version=current.version + 1)
         self.version = self.snapshot.version
         self._publish()

@@ -24,3 +24,6 @@ def _enable_library_logs() -> Iterator[None]:
 def pytest_configure(config: pytest.Config) -> None:
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
+
+
+from redis_fixture import redis_server  # noqa: E402, F401  (the real redis-server fixture for tests/test_redis_*.py)

@@ -1,0 +1,289 @@
+"""The Redis Streams transport, threads half: clients, the reader thread, the turn claim.
+
+- :func:`make_client`: a redis-py client that fails fast (1 s connect, one retry).
+- :class:`StreamReader`: the dedicated thread that runs the blocking
+  ``XREADGROUP`` on our inbox and replies streams and tells the actor each
+  batch; it reconnects with bounded exponential backoff (max 5 s).
+- :class:`ClaimGuard`: wraps the turn runner; before a relayed-in envelope's
+  turn runs it claims ``<p>:claim:<id>`` with ``SET NX``, so a reclaimed entry
+  never runs a second turn (and a turn the sender already expired never runs).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from hermes_actors.errors import TurnFailed
+from hermes_actors.messages import RedisEntries, Turn
+from hermes_actors.runners import TurnRunner
+from hermes_actors.store.relay_protocol import expired_error_text
+from hermes_actors.transports.redis_store import (
+    DONE_KEEP_SECONDS,
+    EXPIRED_CLAIM,
+    GROUP,
+    RedisKeys,
+    RedisSettings,
+    consumer_name,
+    is_redis_unreachable,
+)
+
+__all__ = ["BACKOFF_MAX_SECONDS", "ClaimGuard", "StreamReader", "ensure_groups", "make_client"]
+
+BACKOFF_MAX_SECONDS = 5.0
+READ_COUNT = 100
+
+
+def make_client(url: str, *, socket_timeout: float = 3.0) -> Any:
+    """A client that fails fast when Redis is down (1 s connect timeout, one reconnect retry)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(
+        url, socket_connect_timeout=1.0, socket_timeout=socket_timeout, retry=Retry(NoBackoff(), 1)
+    )
+
+
+def ensure_groups(client: Any, streams: list[str]) -> None:
+    """Create our consumer group on each stream (from the start, so nothing queued before is missed)."""
+    from redis.exceptions import ResponseError
+
+    for stream in streams:
+        try:
+            client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+
+def _batches(response: Any) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
+    """XREADGROUP's answer (RESP2 list or RESP3 dict) as (stream, [(id, fields)])."""
+    items = response.items() if isinstance(response, dict) else (response or [])
+    out = []
+    for stream, entries in items:
+        name = stream.decode() if isinstance(stream, bytes) else str(stream)
+        rows = []
+        for entry_id, fields in entries or []:
+            if fields is None:
+                continue
+            rows.append((entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id), dict(fields)))
+        out.append((name, rows))
+    return out
+
+
+class StreamReader:
+    """The blocking reader of one connection's inbox and replies streams.
+
+    Args:
+        settings: URL, block time.
+        keys: key names.
+        connection: our connection id.
+        consumer: our consumer name.
+        target: the actor told :class:`RedisEntries`.
+        paused: True while the actor holds enough inbound envelopes (the inbox is
+            then not read; replies still are).
+    """
+
+    def __init__(
+        self,
+        settings: RedisSettings,
+        keys: RedisKeys,
+        connection: str,
+        consumer: str,
+        target: pykka.ActorRef[Any],
+        *,
+        paused: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.settings = settings
+        self.inbox = keys.inbox(connection)
+        self.replies = keys.replies(connection)
+        self.consumer = consumer
+        self.target = target
+        self.paused = paused
+        self.reconnects = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> StreamReader:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"redis-reader-{self.consumer}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop within about one BLOCK period."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        from redis.exceptions import RedisError, ResponseError
+
+        client: Any = None
+        backoff = 0.1
+        down_since: str | None = None
+        while not self._stop.is_set():
+            try:
+                if client is None:
+                    client = make_client(self.settings.url, socket_timeout=self.settings.block_ms / 1000 + 3.0)
+                    ensure_groups(client, [self.inbox, self.replies])
+                    if down_since is not None:
+                        self.reconnects += 1
+                        logger.info("redis: reader reconnected to {}", self.settings.address)
+                        down_since = None
+                streams = {self.replies: ">"} if self.paused() else {self.inbox: ">", self.replies: ">"}
+                response = client.xreadgroup(GROUP, self.consumer, streams, count=READ_COUNT,
+                                             block=self.settings.block_ms)
+                backoff = 0.1
+                for stream, entries in _batches(response):
+                    if entries:
+                        kind = "in" if stream == self.inbox else "replies"
+                        self.target.tell(RedisEntries(kind, tuple(entries)))
+            except pykka.ActorDeadError:
+                break
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):  # the stream was deleted, or Redis restarted without its data
+                    client = self._drop(client)
+                    continue
+                logger.error("redis: XREADGROUP failed: {}", exc)
+                self._stop.wait(backoff)
+                backoff = min(BACKOFF_MAX_SECONDS, backoff * 2)
+            except (RedisError, OSError) as exc:
+                if down_since is None:
+                    down_since = str(exc)
+                    logger.warning("redis: {} is unreachable ({}); reconnecting with backoff",
+                                   self.settings.address, exc)
+                client = self._drop(client)
+                self._stop.wait(backoff)
+                backoff = min(BACKOFF_MAX_SECONDS, backoff * 2)
+        self._drop(client)
+
+    @staticmethod
+    def _drop(client: Any) -> None:
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # closing a dead connection may raise anything
+                pass
+        return None
+
+
+class _GuardedRunner:
+    """A runner that claims relayed-in turns before running them; everything else passes through."""
+
+    def __init__(self, inner: TurnRunner, guard: ClaimGuard) -> None:
+        self.inner = inner
+        self.guard = guard
+
+    def run_turn(self, turn: Turn) -> str:
+        self.guard.claim(turn.delivery_id)
+        return self.inner.run_turn(turn)
+
+    def __getattr__(self, name: str) -> Any:  # idempotent, release, ...
+        return getattr(self.inner, name)
+
+
+class ClaimGuard:
+    """The atomic "who runs this envelope's turn" decision, shared by the actor and the turn workers.
+
+    The actor ``admit``s an envelope id before handing it to the Dispatcher;
+    the runner wrapper then claims it (``SET <p>:claim:<id> <consumer> NX``)
+    just before the turn runs. A claim held by another consumer, or the
+    sender's ``expired`` mark, means the turn must not run.
+    """
+
+    def __init__(self, settings: RedisSettings, *, ttl: float = 900.0, consumer: str | None = None,
+                 claim_wait_seconds: float = 10.0) -> None:
+        self.settings = settings
+        self.claim_wait_seconds = claim_wait_seconds
+        self.ttl = int(ttl) if float(ttl).is_integer() else ttl
+        self.keys = RedisKeys(settings.prefix)
+        self.consumer = consumer or consumer_name()
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._admitted: dict[str, tuple[str, str]] = {}  # envelope id → (target handle, target connection)
+        self._mine: set[str] = set()
+        self._verdicts: dict[str, str] = {}  # envelope id → "lost" | "expired"
+
+    def wrap(self, runner: TurnRunner) -> TurnRunner:
+        return _GuardedRunner(runner, self)
+
+    @property
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = make_client(self.settings.url)
+            return self._client
+
+    def admit(self, envelope_id: str, handle: str, connection: str) -> None:
+        with self._lock:
+            self._admitted[envelope_id] = (handle, connection)
+
+    def forget(self, envelope_id: str) -> None:
+        with self._lock:
+            self._admitted.pop(envelope_id, None)
+            self._mine.discard(envelope_id)
+            self._verdicts.pop(envelope_id, None)
+
+    def verdict(self, envelope_id: str) -> str | None:
+        """``lost`` (another consumer runs it), ``expired`` (the sender expired it) or None."""
+        with self._lock:
+            return self._verdicts.get(envelope_id)
+
+    def claim(self, envelope_id: str) -> None:
+        """Claim the turn of ``envelope_id`` (no-op for local deliveries and for a retry attempt).
+
+        Raises:
+            TurnFailed: Redis is unreachable (the turn did NOT run), the sender
+                expired the envelope, or another consumer already took it.
+        """
+        with self._lock:
+            target = self._admitted.get(envelope_id)
+            if target is None or envelope_id in self._mine:
+                return
+        key = self.keys.claim(envelope_id)
+        deadline = time.monotonic() + self.claim_wait_seconds
+        pause = 0.1
+        while True:  # a short outage only delays the turn; a long one fails it (NOT run, retryable)
+            try:
+                won = self.client.set(key, self.consumer, nx=True, ex=DONE_KEEP_SECONDS)
+                holder = None if won else self.client.get(key)
+                break
+            except Exception as exc:
+                if not is_redis_unreachable(exc):
+                    raise
+                if time.monotonic() + pause >= deadline:
+                    raise TurnFailed(
+                        f"Redis at {self.settings.address} is unreachable, so the turn could not be claimed; it did "
+                        "NOT run. Retry shortly.",
+                        reason="runtime_offline",
+                    ) from exc
+                time.sleep(pause)
+                pause = min(BACKOFF_MAX_SECONDS, pause * 2)
+        holder_text = holder.decode() if isinstance(holder, bytes) else holder
+        if won or holder_text == self.consumer:
+            with self._lock:
+                self._mine.add(envelope_id)
+            return
+        with self._lock:
+            self._verdicts[envelope_id] = "expired" if holder_text == EXPIRED_CLAIM else "lost"
+        if holder_text == EXPIRED_CLAIM:
+            raise TurnFailed(expired_error_text(target[0], target[1], self.ttl), reason="queued_expired")
+        raise TurnFailed(f"this envelope's turn was already taken by {holder_text}; not running it twice.",
+                         reason="unknown")
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass

@@ -1,0 +1,324 @@
+"""The Redis Streams transport, pure half: settings, key names, records, decisions.
+
+Nothing here talks to Redis or reads the clock; the actor in
+:mod:`hermes_actors.transports.redis` does the I/O. Records are the file
+relay's envelope and reply records (``store.relay_protocol``), serialized
+with orjson into one stream field each.
+
+Keys (``<p>`` is ``bot_mode.redis_prefix``, default ``hermes:bot``):
+
+- ``<p>:in:<connection>``      stream of envelopes addressed to a connection
+- ``<p>:replies:<connection>`` stream of replies to a connection's envelopes
+- ``<p>:sent:<connection>``    hash envelope id → meta of our envelopes awaiting a reply
+- ``<p>:claim:<id>``           who took an envelope's turn (a consumer name) or ``expired``
+- ``<p>:done:<id>``            the reply of an envelope was written (dedupe)
+- ``<p>:roster:<connection>``  hash profile → roster row
+- ``<p>:alive:<connection>``   heartbeat key with expiry
+- ``<p>:consumer:<consumer>``  one gateway process's heartbeat (is a claim holder alive?)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import string
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from hermes_actors.errors import ValidationError
+from hermes_actors.messages import ProfileInfo, RemoteAgent
+from hermes_actors.store.relay_protocol import HANDLE_RE, parse_envelope, parse_reply
+from hermes_actors.store.relay_roster import normalize_roster_row, roster_row_dict
+
+__all__ = [
+    "EXPIRED_CLAIM",
+    "GROUP",
+    "RedisKeys",
+    "RedisSettings",
+    "consumer_name",
+    "decode_envelope_entry",
+    "decode_reply_entry",
+    "encode_envelope_entry",
+    "encode_reply_entry",
+    "local_roster_rows",
+    "mask_url",
+    "parse_remote_rows",
+    "redis_settings",
+    "redis_url_from_config",
+    "server_address",
+]
+
+GROUP = "hermes"  # the consumer group name, on every stream (groups are per stream)
+EXPIRED_CLAIM = "expired"  # the claim value the sender sets when it expired its own envelope
+DONE_KEEP_SECONDS = 24 * 3600  # dedupe memory (at least 2 × the envelope TTL)
+ROSTER_KEEP_SECONDS = 24 * 3600  # a connection gone for good drops out of the roster after this
+
+
+def redis_url_from_config(raw: dict[str, Any], env: dict[str, str] | None = None) -> str | None:
+    """The Redis URL selected by ``bot_mode.transport`` (None: the file relay).
+
+    ``transport`` is ``redis://…`` / ``rediss://…`` / ``unix://…``, or ``redis`` to
+    take the URL from ``REDIS_URL``; anything else (missing, ``file``) keeps the
+    file relay.
+
+    Raises:
+        ValueError: ``transport: redis`` but ``REDIS_URL`` is unset, or an unknown scheme.
+    """
+    env = dict(os.environ) if env is None else env
+    section = raw.get("bot_mode") if isinstance(raw, dict) else None
+    transport = section.get("transport") if isinstance(section, dict) else None
+    if transport is None or (isinstance(transport, str) and transport.strip().lower() in ("", "file", "relay")):
+        return None
+    text = str(transport).strip()
+    if text.lower() == "redis":
+        url = env.get("REDIS_URL", "").strip()
+        if not url:
+            raise ValueError("bot_mode.transport is 'redis' but REDIS_URL is not set")
+        text = url
+    scheme = urlsplit(text).scheme.lower()
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"bot_mode.transport {mask_url(text)!r} is neither 'file' nor a redis:// or rediss:// URL")
+    return text
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***`` (safe to log)."""
+    parts = urlsplit(url)
+    head, sep, query = url.partition("?")
+    if parts.password is not None:
+        masked = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
+        head = head.replace(parts.netloc, masked, 1)
+    if "password=" in query:
+        query = "&".join("password=***" if item.startswith("password=") else item for item in query.split("&"))
+    return head + sep + query
+
+
+def server_address(url: str) -> str:
+    """``host:port`` of a Redis URL (for messages; never the credentials)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+
+
+def _number(section: dict[str, Any], key: str, default: float, minimum: float) -> float:
+    value = section.get(key, default)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return default
+    return number if number >= minimum and number == number else default
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """The ``bot_mode.redis_*`` settings."""
+
+    url: str
+    claim_idle_seconds: float = 60.0
+    max_stream_len: int = 100_000
+    heartbeat_seconds: float = 5.0
+    prefix: str = "hermes:bot"
+    block_ms: int = 200
+    connection_label: str = ""
+
+    @property
+    def address(self) -> str:
+        return server_address(self.url)
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.url)
+
+    @property
+    def tick_seconds(self) -> float:
+        """How often the actor runs its periodic work (heartbeat, touch, reclaim, retries)."""
+        return max(0.05, min(self.heartbeat_seconds, self.claim_idle_seconds / 3.0, 1.0))
+
+
+def redis_settings(raw: dict[str, Any], url: str) -> RedisSettings:
+    """Pure: the typed settings from the raw config (bad values fall back to the defaults)."""
+    section = raw.get("bot_mode") if isinstance(raw, dict) else None
+    section = section if isinstance(section, dict) else {}
+    prefix = str(section.get("redis_prefix") or "hermes:bot").strip() or "hermes:bot"
+    return RedisSettings(
+        url=url,
+        claim_idle_seconds=_number(section, "redis_claim_idle_seconds", 60.0, 0.01),
+        max_stream_len=int(_number(section, "redis_max_stream_len", 100_000, 1)),
+        heartbeat_seconds=_number(section, "redis_heartbeat_seconds", 5.0, 0.05),
+        prefix=prefix,
+        block_ms=int(_number(section, "redis_block_ms", 200, 1)),
+        connection_label=str(section.get("connection_label") or "").strip()[:80],
+    )
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """Key names under one prefix."""
+
+    prefix: str = "hermes:bot"
+
+    def inbox(self, connection: str) -> str:
+        return f"{self.prefix}:in:{connection}"
+
+    def replies(self, connection: str) -> str:
+        return f"{self.prefix}:replies:{connection}"
+
+    def sent(self, connection: str) -> str:
+        return f"{self.prefix}:sent:{connection}"
+
+    def claim(self, envelope_id: str) -> str:
+        return f"{self.prefix}:claim:{envelope_id}"
+
+    def done(self, envelope_id: str) -> str:
+        return f"{self.prefix}:done:{envelope_id}"
+
+    def roster(self, connection: str) -> str:
+        return f"{self.prefix}:roster:{connection}"
+
+    def alive(self, connection: str) -> str:
+        return f"{self.prefix}:alive:{connection}"
+
+    def consumer_alive(self, consumer: str) -> str:
+        return f"{self.prefix}:consumer:{consumer}"
+
+    @property
+    def roster_pattern(self) -> str:
+        return f"{self.prefix}:roster:*"
+
+    def roster_connection(self, key: str) -> str | None:
+        """The connection of a roster key (None when it is not one or the name is invalid)."""
+        head = f"{self.prefix}:roster:"
+        if not key.startswith(head):
+            return None
+        conn = key[len(head):]
+        return conn if HANDLE_RE.match(conn) else None
+
+
+def consumer_name(pid: int | None = None) -> str:
+    """``<hostname>-<pid>-<random>``: unique per gateway process (and per start)."""
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())[:64] or "host"
+    tail = "".join(random.choices(string.ascii_lowercase + string.digits, k=8))
+    return f"{host}-{os.getpid() if pid is None else pid}-{tail}"
+
+
+# ── records ─────────────────────────────────────────────────────────────────
+
+
+def _text(fields: dict[Any, Any], key: str) -> bytes:
+    value = fields.get(key.encode(), fields.get(key))
+    if isinstance(value, str):
+        return value.encode()
+    if not isinstance(value, bytes):
+        raise ValidationError(f"stream entry has no {key!r} field")
+    return value
+
+
+def encode_envelope_entry(envelope: dict[str, Any], reply_to: str) -> dict[str, bytes]:
+    """The stream fields of an envelope: the orjson envelope and the sender's connection."""
+    return {"envelope": orjson.dumps(envelope), "reply_to": reply_to.encode()}
+
+
+def decode_envelope_entry(fields: dict[Any, Any]) -> tuple[dict[str, Any], str]:
+    """(envelope, reply connection) of an inbox entry.
+
+    Raises:
+        ValidationError: a missing field, bad JSON, a bad envelope or reply connection.
+    """
+    try:
+        data = orjson.loads(_text(fields, "envelope"))
+    except orjson.JSONDecodeError as exc:
+        raise ValidationError(f"envelope is not JSON: {exc}") from exc
+    envelope = parse_envelope(data)
+    reply_to = _text(fields, "reply_to").decode("utf-8", "replace")
+    if not HANDLE_RE.match(reply_to):
+        raise ValidationError(f"invalid reply connection: {reply_to!r}")
+    return envelope, reply_to
+
+
+def encode_reply_entry(record: dict[str, Any]) -> dict[str, bytes]:
+    """The stream fields of a reply record."""
+    return {"reply": orjson.dumps(record)}
+
+
+def decode_reply_entry(fields: dict[Any, Any]) -> dict[str, Any]:
+    """The reply record of a replies entry.
+
+    Raises:
+        ValidationError: a missing field, bad JSON or a bad record.
+    """
+    try:
+        data = orjson.loads(_text(fields, "reply"))
+    except orjson.JSONDecodeError as exc:
+        raise ValidationError(f"reply is not JSON: {exc}") from exc
+    return parse_reply(data)
+
+
+def sent_meta(envelope: dict[str, Any], label: str) -> bytes:
+    """What ``<p>:sent:<me>`` keeps of an envelope awaiting its reply (for a restart)."""
+    keys = ("created_at", "from_profile", "target_handle", "target_connection")
+    return orjson.dumps({"label": label, **{k: envelope[k] for k in keys}})
+
+
+def parse_sent_meta(value: bytes) -> dict[str, Any] | None:
+    """The meta back (None when unreadable)."""
+    try:
+        data = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("label"), str):
+        return None
+    created = data.get("created_at")
+    if not isinstance(created, int | float) or isinstance(created, bool):
+        return None
+    return data
+
+
+# ── roster ──────────────────────────────────────────────────────────────────
+
+
+def local_roster_rows(profiles: tuple[ProfileInfo, ...], connection: str, label: str = "") -> dict[str, bytes]:
+    """Our roster hash: profile → orjson row (the seed's roster row format, no online flag)."""
+    out: dict[str, bytes] = {}
+    for p in profiles:
+        agent = normalize_roster_row({
+            "profile": p.profile, "handle": p.handle, "connection_id": connection,
+            "connection_label": label, "title": p.title, "description": p.description,
+        })
+        if agent is not None:
+            out[agent.profile] = orjson.dumps(roster_row_dict(agent))
+    return out
+
+
+def parse_remote_rows(connection: str, hash_value: dict[Any, Any], online: bool) -> list[RemoteAgent]:
+    """The rows of one connection's roster hash (untrusted), with ``online`` from its heartbeat.
+
+    A row claiming another connection than its key is dropped: a gateway
+    publishes only for itself.
+    """
+    rows: list[RemoteAgent] = []
+    for value in hash_value.values():
+        try:
+            data = orjson.loads(value)
+        except (orjson.JSONDecodeError, TypeError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        agent = normalize_roster_row({**data, "online": online})
+        if agent is not None and agent.connection_id == connection:
+            rows.append(agent)
+    return rows
+
+
+def is_redis_unreachable(exc: BaseException) -> bool:
+    """Whether an exception from redis-py means "Redis is not reachable" (vs a command error)."""
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+    except ImportError:  # pragma: no cover
+        return isinstance(exc, OSError)
+    return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError)

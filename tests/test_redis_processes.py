@@ -1,0 +1,178 @@
+"""The Redis transport across real processes: two gateways × 500 DMs, SIGKILL reclaim, heartbeat, latency."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis_fixture import RedisServer
+from relay_procs import children
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.demo import create_demo_root
+
+pytestmark = pytest.mark.redis
+TESTS = Path(__file__).resolve().parent
+FAST = {"bot_mode": {"redis_heartbeat_seconds": 0.2, "redis_claim_idle_seconds": 0.5}}
+
+
+def peer_argv(root: Path, conn: str, url: str, *extra: str, config: dict[str, Any] | None = None) -> list[str]:
+    return [sys.executable, str(TESTS / "redis_peer.py"), "--root", str(root), "--connection-id", conn,
+            "--redis", url, "--config", json.dumps(config or FAST), *extra]
+
+
+def turn_counts(path: Path) -> Counter[str]:
+    if not path.exists():
+        return Counter()
+    return Counter(line.split()[0] for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+
+
+def wait_online(gw: Gateway, handle: str, conn: str, online: bool | None = True, timeout: float = 20) -> None:
+    await_condition(
+        lambda: any(r["handle"] == handle and r["connection_id"] == conn and r["online"] is online
+                    for r in gw.roster()),
+        timeout=timeout, interval=0.02, message=f"@{handle} on {conn} online={online}")
+
+
+def _two_way(tmp_path: Path, server: RedisServer, count: int, *extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    alpha = create_demo_root(tmp_path / "alpha")
+    mini = create_demo_root(tmp_path / "mini")
+    with children(tmp_path) as spawn:
+        a = spawn("alpha", peer_argv(alpha, "alpha", server.url, "--target", "scout@mini", "--count", str(count),
+                                     "--turn-log", str(tmp_path / "alpha.turns"), *extra))
+        b = spawn("mini", peer_argv(mini, "mini", server.url, "--target", "scout@alpha", "--count", str(count),
+                                    "--turn-log", str(tmp_path / "mini.turns"), *extra))
+        summary_a = a.wait_json("sent", timeout=180)
+        summary_b = b.wait_json("sent", timeout=180)
+        for child in (a, b):
+            assert child.proc.poll() is None, (child.name, child.stderr_tail())
+    return summary_a, summary_b
+
+
+def test_two_gateway_processes_exchange_500_dms_each_way(tmp_path: Path, redis_server: RedisServer) -> None:
+    started = time.monotonic()
+    summary_a, summary_b = _two_way(tmp_path, redis_server, 500)
+    for summary, served_by in ((summary_a, tmp_path / "mini.turns"), (summary_b, tmp_path / "alpha.turns")):
+        assert summary["refusals"] == []
+        sent = summary["sent"]
+        assert len(sent) == 500 and len(set(sent)) == 500
+        assert set(summary["statuses"]) == {"replied"}, Counter(summary["statuses"])
+        assert all(reply.startswith(f"done {d} by scout") for d, reply in zip(sent, summary["replies"], strict=True))
+        turns = turn_counts(served_by)
+        assert {i: n for i, n in turns.items() if n != 1} == {}  # none duplicated
+        assert set(turns) == set(sent)  # all delivered, nothing else ran there
+    client = redis_server.client()
+    for conn in ("alpha", "mini"):
+        assert client.xlen(f"hermes:bot:in:{conn}") == 0 and client.xlen(f"hermes:bot:replies:{conn}") == 0
+    print(f"\n500 DMs each way over Redis in {time.monotonic() - started:.1f}s")
+
+
+def test_report_redis_round_trip_latency(tmp_path: Path, redis_server: RedisServer,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Measures (does not assert on) 100 sequential DMs between two gateway processes."""
+    alpha = create_demo_root(tmp_path / "alpha")
+    mini = create_demo_root(tmp_path / "mini")
+    with children(tmp_path) as spawn:
+        spawn("mini", peer_argv(mini, "mini", redis_server.url)).wait_json("ready", timeout=30)
+        a = spawn("alpha", peer_argv(alpha, "alpha", redis_server.url, "--target", "scout@mini", "--count", "100",
+                                     "--sequential"))
+        summary = a.wait_json("sent", timeout=120)
+    assert set(summary["statuses"]) == {"replied"}
+    lat = summary["latency"]
+    with capsys.disabled():
+        print(f"\nredis round trip over {lat['n']} sequential DMs (appendfsync always): p50 {lat['p50_ms']:.1f} ms, "
+              f"p95 {lat['p95_ms']:.1f} ms, max {lat['max_ms']:.1f} ms, min {lat['min_ms']:.1f} ms")
+
+
+def test_sigkilled_consumer_entries_are_reclaimed_and_delivered_exactly_once(tmp_path: Path,
+                                                                             redis_server: RedisServer) -> None:
+    alpha_root = create_demo_root(tmp_path / "alpha")
+    log1, log2 = tmp_path / "mini1.turns", tmp_path / "mini2.turns"
+    config = {"bot_mode": {"transport": redis_server.url, "redis_heartbeat_seconds": 0.2}}
+    seen: Counter[str] = Counter()
+    with children(tmp_path) as spawn, \
+            Gateway(alpha_root, runner=lambda t: "", config=config, connection_id="alpha", durable=False) as alpha:
+        alpha.subscribe(lambda o: seen.update([o["delivery_id"]]))
+        mini1 = spawn("mini1", peer_argv(create_demo_root(tmp_path / "mini1"), "mini", redis_server.url,
+                                         "--turn-log", str(log1), "--turn-seconds", "0.3"))
+        mini1.wait_json("ready", timeout=30)
+        wait_online(alpha, "scout", "mini")
+        acks = [alpha.message_agent(sender="hermes", target="scout@mini", message=f"job {i}") for i in range(20)]
+        ids = [a["delivery_id"] for a in acks]
+        await_condition(lambda: sum(turn_counts(log1).values()) >= 3, timeout=20, message="mini1 ran 3 turns")
+        client = redis_server.client()
+        pending = client.xpending("hermes:bot:in:mini", "hermes")["pending"]
+        mini1.proc.send_signal(signal.SIGKILL)  # holding ~17 un-acked entries, one turn mid-way
+        mini1.proc.wait(timeout=10)
+        assert pending >= 10
+        mini2 = spawn("mini2", peer_argv(create_demo_root(tmp_path / "mini2"), "mini", redis_server.url,
+                                         "--turn-log", str(log2)))
+        outcomes = {d: alpha.wait_outcome(d, timeout=60) for d in ids}
+        await_condition(lambda: client.xlen("hermes:bot:in:mini") == 0, timeout=20, message="every entry acked")
+        time.sleep(1.0)  # a duplicate run or a second outcome would show up now
+        assert mini2.proc.poll() is None, mini2.stderr_tail()
+    first, second = turn_counts(log1), turn_counts(log2)
+    both = first + second
+    assert {d: n for d, n in both.items() if n != 1} == {}  # no turn ran twice, across both consumers
+    assert set(both) <= set(ids) and second  # the survivor did run the reclaimed ones
+    statuses = Counter(o["status"] for o in outcomes.values())
+    assert statuses["replied"] + statuses["silent"] >= 19 and statuses["ambiguous"] <= 1, statuses
+    for d, o in outcomes.items():
+        if o["status"] in ("replied", "silent"):
+            assert both[d] == 1
+        else:  # the turn that was running when mini1 died: reported "may have been delivered", never re-run
+            assert o["status"] == "ambiguous" and "do not resend" in o["error"] and second[d] == 0
+    assert {d: n for d, n in seen.items() if n != 1} == {} and set(seen) == set(ids)
+
+
+def test_heartbeat_expiry_is_runtime_offline_and_return_delivers(tmp_path: Path, redis_server: RedisServer) -> None:
+    config = {"bot_mode": {"transport": redis_server.url, "redis_heartbeat_seconds": 0.2}}
+    alpha_root = create_demo_root(tmp_path / "alpha")
+    with children(tmp_path) as spawn, \
+            Gateway(alpha_root, runner=lambda t: "", config=config, connection_id="alpha", durable=False) as alpha:
+        mini = spawn("mini", peer_argv(create_demo_root(tmp_path / "mini"), "mini", redis_server.url,
+                                       "--turn-log", str(tmp_path / "mini.turns")))
+        mini.wait_json("ready", timeout=30)
+        wait_online(alpha, "scout", "mini")
+        ack = alpha.message_agent(sender="hermes", target="scout@mini", message="before")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
+        os.kill(mini.proc.pid, signal.SIGSTOP)  # alive but silent: its heartbeat key expires (3 × 0.2 s)
+        try:
+            wait_online(alpha, "scout", "mini", online=False, timeout=10)
+            refusal = alpha.message_agent(sender="hermes", target="scout@mini", message="while frozen")
+            assert refusal["reason"] == "runtime_offline" and "offline" in refusal["error"]
+            assert "NOT queued" in refusal["error"] and "delivery_id" not in refusal
+        finally:
+            os.kill(mini.proc.pid, signal.SIGCONT)
+        wait_online(alpha, "scout", "mini", timeout=10)
+        ack = alpha.message_agent(sender="hermes", target="scout@mini", message="after")
+        out = alpha.wait_outcome(ack["delivery_id"], timeout=10)
+        assert out["status"] == "replied"
+    turns = turn_counts(tmp_path / "mini.turns")
+    assert len(turns) == 2 and set(turns.values()) == {1}  # the refused DM never reached mini
+
+
+def test_serve_cli_with_redis_flag(tmp_path: Path, redis_server: RedisServer) -> None:
+    root = create_demo_root(tmp_path / "served")
+    config = {"bot_mode": {"transport": redis_server.url, "redis_heartbeat_seconds": 0.2}}
+    with children(tmp_path) as spawn:
+        served = spawn("served", [sys.executable, "-m", "hermes_actors.cli", "serve", "--root", str(root),
+                                  "--connection-id", "studio", "--runner", "demo", "--redis", redis_server.url])
+        served.wait_line(lambda line: line.startswith("gateway serving"), timeout=30)
+        with Gateway(create_demo_root(tmp_path / "alpha"), runner=lambda t: "", config=config,
+                     connection_id="alpha", durable=False) as alpha:
+            wait_online(alpha, "scout", "studio")
+            ack = alpha.message_agent(sender="hermes", target="scout@studio", message="hello from alpha")
+            assert alpha.wait_outcome(ack["delivery_id"], timeout=15)["status"] == "replied"
+        bad = spawn("bad", [sys.executable, "-m", "hermes_actors.cli", "serve", "--root", str(root),
+                            "--redis", redis_server.url])
+        assert bad.proc.wait(timeout=30) == 2
+        assert "connection_id" in bad.stderr_tail()

@@ -1,0 +1,487 @@
+"""The Redis Streams transport against a real redis-server: gateways in this process.
+
+(The multi-process tests are in ``test_redis_processes.py``; the pure key/record
+helpers are tested at the end of this file.)
+"""
+
+from __future__ import annotations
+
+import stat
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from loguru import logger
+from redis_fixture import RedisServer
+from roots import RecordingRunner, make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway, TurnFailed
+from hermes_actors.config import deep_merge
+from hermes_actors.errors import ValidationError
+from hermes_actors.messages import ProfileInfo, Turn
+from hermes_actors.store.relay_protocol import make_envelope
+from hermes_actors.transports.peer_cli import PeerCliTransport
+from hermes_actors.transports.redis_store import (
+    RedisKeys,
+    decode_envelope_entry,
+    encode_envelope_entry,
+    local_roster_rows,
+    mask_url,
+    parse_remote_rows,
+    redis_settings,
+    redis_url_from_config,
+    server_address,
+)
+
+pytestmark = pytest.mark.redis
+KEYS = RedisKeys()
+
+
+def _config(server: RedisServer, **bot_mode: Any) -> dict[str, Any]:
+    base = {"transport": server.url, "redis_heartbeat_seconds": 0.2, "redis_claim_idle_seconds": 0.5}
+    return {"bot_mode": {**base, **bot_mode}}
+
+
+@contextmanager
+def gateway(tmp: Path, name: str, server: RedisServer, runner: Any = None, *, profiles: dict[str, Any] | None = None,
+            config: dict[str, Any] | None = None, **kwargs: Any) -> Iterator[Gateway]:
+    root = make_root(tmp, profiles if profiles is not None else {"alice": {}, "bob": {}}, name=name)
+    cfg = deep_merge(_config(server), config or {})
+    with Gateway(root, runner=runner or RecordingRunner(), config=cfg, connection_id=name, durable=False,
+                 **kwargs) as gw:
+        yield gw
+
+
+def wait_online(gw: Gateway, handle: str, conn: str, online: bool | None = True, timeout: float = 10) -> None:
+    await_condition(
+        lambda: any(r["handle"] == handle and r["connection_id"] == conn and r["online"] is online
+                    for r in gw.roster()),
+        timeout=timeout, interval=0.02, message=f"@{handle} on {conn} online={online}")
+
+
+def fake_connection(server: RedisServer, conn: str, profiles: tuple[str, ...] = ("bob",), alive: bool = True) -> None:
+    """Publish a roster (and a heartbeat) for a connection nobody consumes."""
+    client = server.client()
+    infos = tuple(ProfileInfo(p, p, Path("/nonexistent"), p) for p in profiles)
+    client.hset(KEYS.roster(conn), mapping=local_roster_rows(infos, conn))
+    if alive:
+        client.set(KEYS.alive(conn), b"x", ex=600)
+
+
+def inject(server: RedisServer, target_conn: str, reply_to: str, *, profile: str = "bob", created: float | None = None,
+           envelope_id: str | None = None) -> dict[str, Any]:
+    """XADD an envelope as a gateway on ``reply_to`` would."""
+    target = parse_remote_rows(target_conn, {b"x": orjson.dumps({"profile": profile, "handle": profile,
+                                                                  "connection_id": target_conn})}, True)[0]
+    envelope = make_envelope(target=target, message=f"Message from 🤖 probe (@probe): hello {profile}",
+                             sender_profile="probe", sender_handle="probe",
+                             now=time.time() if created is None else created, envelope_id=envelope_id)
+    server.client().xadd(KEYS.inbox(target_conn), encode_envelope_entry(envelope, reply_to))
+    return envelope
+
+
+def replies_to(server: RedisServer, conn: str) -> list[dict[str, Any]]:
+    return [orjson.loads(fields[b"reply"]) for _id, fields in server.client().xrange(KEYS.replies(conn))]
+
+
+# ── the basic path ──────────────────────────────────────────────────────────
+
+
+def test_round_trip_roster_and_outcome(tmp_path: Path, redis_server: RedisServer) -> None:
+    rec = RecordingRunner()
+    with gateway(tmp_path, "alpha", redis_server) as alpha, gateway(tmp_path, "mini", redis_server, rec):
+        wait_online(alpha, "bob", "mini")
+        rows = [r for r in alpha.roster() if r["connection_id"] == "mini"]
+        assert {r["profile"] for r in rows} == {"default", "alice", "bob"}
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="hi there")
+        assert ack["status"] == "queued" and ack["to"] == "@bob on mini"
+        out = alpha.wait_outcome(ack["delivery_id"], timeout=10)
+        assert (out["status"], out["reply"], out["from"]) == ("replied", "ok: hi there", "@bob on mini")
+        assert [t.delivery_id for t in rec.entered] == [ack["delivery_id"]]  # the envelope id, end to end
+        assert rec.entered[0].profile == "bob" and rec.entered[0].content.startswith("Message from 🤖 alice")
+        client = redis_server.client()
+        await_condition(lambda: client.xlen(KEYS.inbox("mini")) == 0 and client.xlen(KEYS.replies("alpha")) == 0,
+                        timeout=5, message="acked entries deleted (the streams keep only the backlog)")
+        assert client.exists(KEYS.done(ack["delivery_id"]))
+        assert client.hlen(KEYS.sent("alpha")) == 0
+
+
+def test_failed_and_silent_turns_come_back_with_their_reason(tmp_path: Path, redis_server: RedisServer) -> None:
+    def behave(turn: Turn) -> str:
+        if "quota" in turn.content:
+            raise TurnFailed("402 insufficient_quota", reason="provider_quota_limit")
+        return "[SILENT]"
+
+    with gateway(tmp_path, "alpha", redis_server) as alpha, \
+            gateway(tmp_path, "mini", redis_server, RecordingRunner(behave)):
+        wait_online(alpha, "bob", "mini")
+        failed = alpha.message_agent(sender="alice", target="bob@mini", message="quota please")
+        silent = alpha.message_agent(sender="alice", target="bob@mini", message="fyi")
+        out = alpha.wait_outcome(failed["delivery_id"], timeout=10)
+        assert (out["status"], out["reason"], out["retryable"]) == ("failed", "provider_quota_limit", False)
+        assert alpha.wait_outcome(silent["delivery_id"], timeout=10)["status"] == "silent"
+
+
+def test_a_clean_stop_is_offline_at_once_and_a_new_start_delivers(tmp_path: Path, redis_server: RedisServer) -> None:
+    with gateway(tmp_path, "alpha", redis_server) as alpha:
+        with gateway(tmp_path, "mini", redis_server):
+            wait_online(alpha, "bob", "mini")
+        wait_online(alpha, "bob", "mini", online=False, timeout=5)
+        refusal = alpha.message_agent(sender="alice", target="bob@mini", message="anyone?")
+        assert refusal["reason"] == "runtime_offline" and "NOT queued" in refusal["error"]
+        with gateway(tmp_path, "mini", redis_server):
+            wait_online(alpha, "bob", "mini")
+            ack = alpha.message_agent(sender="alice", target="bob@mini", message="back?")
+            assert alpha.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
+
+
+def test_a_restarted_sender_resumes_waiting_for_its_replies(tmp_path: Path, redis_server: RedisServer) -> None:
+    fake_connection(redis_server, "mini")  # online, not draining yet
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    cfg = _config(redis_server)
+    with Gateway(root, config=cfg, connection_id="alpha") as first:
+        wait_online(first, "bob", "mini")
+        ack = first.message_agent(sender="alice", target="bob@mini", message="across a restart")
+    assert redis_server.client().hexists(KEYS.sent("alpha"), ack["delivery_id"])
+    with Gateway(root, config=cfg, connection_id="alpha") as second, \
+            gateway(tmp_path, "mini", redis_server):
+        out = second.wait_outcome(ack["delivery_id"], timeout=10)
+    assert (out["status"], out["reply"]) == ("replied", "ok: across a restart")
+    assert redis_server.client().hlen(KEYS.sent("alpha")) == 0
+
+
+# ── configuration and refusals ──────────────────────────────────────────────
+
+
+def test_redis_needs_a_connection_id(tmp_path: Path, redis_server: RedisServer) -> None:
+    root = make_root(tmp_path)
+    gw = Gateway(root, config=_config(redis_server))
+    with pytest.raises(ValueError, match="connection_id"):
+        gw.start()
+    assert not gw.running
+    with pytest.raises(ValueError, match="neither 'file' nor"):
+        Gateway(root, config={"bot_mode": {"transport": "http://x"}}, connection_id="a").start()
+
+
+def test_redis_down_at_send_is_a_clear_refusal(tmp_path: Path, redis_server: RedisServer) -> None:
+    rec = RecordingRunner()
+    with gateway(tmp_path, "alpha", redis_server) as alpha, gateway(tmp_path, "mini", redis_server, rec):
+        wait_online(alpha, "bob", "mini")
+        redis_server.kill()
+        started = time.monotonic()
+        refusal = alpha.message_agent(sender="alice", target="bob@mini", message="is redis there?")
+        assert time.monotonic() - started < 5
+        assert refusal["reason"] == "runtime_offline"
+        assert f"Redis at 127.0.0.1:{redis_server.port} is unreachable" in refusal["error"]
+        assert "NOT queued" in refusal["error"] and "delivery_id" not in refusal
+        redis_server.start()
+        wait_online(alpha, "bob", "mini", timeout=15)
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="and now?")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=15)["status"] == "replied"
+    assert rec.bodies() == ["and now?"]
+
+
+def test_a_full_target_stream_refuses_target_busy(tmp_path: Path, redis_server: RedisServer) -> None:
+    fake_connection(redis_server, "ghost")  # online, but nobody consumes its stream
+    with gateway(tmp_path, "alpha", redis_server, config={"bot_mode": {"redis_max_stream_len": 5}}) as alpha:
+        wait_online(alpha, "bob", "ghost")
+        acks = [alpha.message_agent(sender="alice", target="bob@ghost", message=f"m{i}") for i in range(6)]
+        assert all("delivery_id" in a for a in acks[:5])
+        assert acks[5]["reason"] == "target_busy"
+        assert "queue for @bob on ghost is full" in acks[5]["error"] and "NOT delivered" in acks[5]["error"]
+        assert redis_server.client().xlen(KEYS.inbox("ghost")) == 5
+
+
+def test_sender_expires_an_undrained_envelope_and_it_never_runs_later(tmp_path: Path,
+                                                                      redis_server: RedisServer) -> None:
+    fake_connection(redis_server, "mini")
+    with gateway(tmp_path, "alpha", redis_server, config={"bot_mode": {"envelope_ttl_seconds": 0.5}}) as alpha:
+        wait_online(alpha, "bob", "mini")
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="too late")
+        out = alpha.wait_outcome(ack["delivery_id"], timeout=10)
+        assert (out["status"], out["reason"], out["retryable"]) == ("failed", "queued_expired", True)
+        assert "expired after 0.5s" in out["error"] and "NOT delivered" in out["error"]
+        rec = RecordingRunner()
+        with gateway(tmp_path, "mini", redis_server, rec, config={"bot_mode": {"envelope_ttl_seconds": 0}}):
+            client = redis_server.client()
+            await_condition(lambda: client.xlen(KEYS.inbox("mini")) == 0, timeout=5, message="expired entry acked")
+        assert rec.entered == []  # the sender's "expired" claim wins over a late drain
+
+
+def test_drain_side_expiry_replies_queued_expired(tmp_path: Path, redis_server: RedisServer) -> None:
+    rec = RecordingRunner()
+    with gateway(tmp_path, "mini", redis_server, rec, config={"bot_mode": {"envelope_ttl_seconds": 60}}):
+        envelope = inject(redis_server, "mini", "probe", created=time.time() - 120)
+        await_condition(lambda: replies_to(redis_server, "probe"), timeout=5, message="a reply to probe")
+    [reply] = replies_to(redis_server, "probe")
+    assert (reply["id"], reply["reason"], reply["reply"]) == (envelope["id"], "queued_expired", "")
+    assert "expired after 60s" in reply["error"]
+    assert rec.entered == []
+
+
+def test_duplicate_entries_of_one_envelope_run_one_turn(tmp_path: Path, redis_server: RedisServer) -> None:
+    rec = RecordingRunner(lambda turn: (time.sleep(0.2), "once")[1])
+    with gateway(tmp_path, "mini", redis_server, rec):
+        envelope = inject(redis_server, "mini", "probe")
+        inject(redis_server, "mini", "probe", envelope_id=envelope["id"])  # e.g. a retried XADD
+        await_condition(lambda: replies_to(redis_server, "probe"), timeout=5, message="a reply")
+        inject(redis_server, "mini", "probe", envelope_id=envelope["id"])  # after it was answered
+        client = redis_server.client()
+        await_condition(lambda: client.xlen(KEYS.inbox("mini")) == 0, timeout=5, message="all acked")
+        time.sleep(0.3)
+    assert [t.delivery_id for t in rec.entered] == [envelope["id"]]
+    assert [r["reply"] for r in replies_to(redis_server, "probe")] == ["once"]
+
+
+def test_an_entry_whose_turn_a_dead_consumer_claimed_is_ambiguous(tmp_path: Path, redis_server: RedisServer) -> None:
+    envelope_id = uuid.uuid4().hex
+    redis_server.client().set(KEYS.claim(envelope_id), b"deadhost-1-abc")  # claimed by a consumer with no heartbeat
+    rec = RecordingRunner()
+    with gateway(tmp_path, "mini", redis_server, rec):
+        inject(redis_server, "mini", "probe", envelope_id=envelope_id)
+        await_condition(lambda: replies_to(redis_server, "probe"), timeout=5, message="a reply")
+    [reply] = replies_to(redis_server, "probe")
+    assert reply["reason"] == "ambiguous" and "do not resend" in reply["error"]
+    assert rec.entered == []
+
+
+def test_entries_addressed_elsewhere_or_malformed_are_dropped(tmp_path: Path, redis_server: RedisServer) -> None:
+    rec = RecordingRunner()
+    client = redis_server.client()
+    with gateway(tmp_path, "mini", redis_server, rec):
+        envelope = inject(redis_server, "other", "probe")
+        client.xadd(KEYS.inbox("mini"), encode_envelope_entry(envelope, "probe"))  # target_connection "other"
+        client.xadd(KEYS.inbox("mini"), {"envelope": b"{not json", "reply_to": b"probe"})
+        client.xadd(KEYS.inbox("mini"), {"junk": b"1"})
+        await_condition(lambda: client.xlen(KEYS.inbox("mini")) == 0, timeout=5, message="dropped and acked")
+    assert rec.entered == [] and replies_to(redis_server, "probe") == []
+
+
+def test_credentials_never_reach_the_logs(tmp_path: Path) -> None:
+    from redis_fixture import redis_binary
+
+    if redis_binary() is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path / "redis", password="s3cret-pw").start()
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="DEBUG")
+    try:
+        with gateway(tmp_path, "alpha", server) as alpha, gateway(tmp_path, "mini", server):
+            wait_online(alpha, "bob", "mini")
+            ack = alpha.message_agent(sender="alice", target="bob@mini", message="auth works")
+            assert alpha.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
+            server.kill()
+            refusal = alpha.message_agent(sender="alice", target="bob@mini", message="down")
+            assert "s3cret" not in str(refusal)
+            time.sleep(0.5)
+    finally:
+        logger.remove(sink)
+        server.kill()
+    text = "\n".join(lines)
+    assert "redis://:***@127.0.0.1" in text
+    assert "s3cret" not in text
+
+
+def test_acl_user_in_the_url(tmp_path: Path, redis_server: RedisServer) -> None:
+    admin = redis_server.client()
+    admin.acl_setuser("gateway", enabled=True, passwords=["+gw-pass"], keys=["hermes:bot:*"],
+                      commands=["+@all", "-@dangerous", "+info"])
+    url = f"redis://gateway:gw-pass@127.0.0.1:{redis_server.port}/0"
+    cfg = {"bot_mode": {"transport": url}}
+    with gateway(tmp_path, "alpha", redis_server, config=cfg) as alpha, \
+            gateway(tmp_path, "mini", redis_server, config=cfg):
+        wait_online(alpha, "bob", "mini")
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="acl")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
+    bad = {"bot_mode": {"transport": f"redis://gateway:wrong@127.0.0.1:{redis_server.port}/0"}}
+    fake_connection(redis_server, "mini")
+    with gateway(tmp_path, "beta", redis_server, config=bad) as beta:
+        refusal = beta.message_agent(sender="alice", target="bob@mini", message="x")
+        assert "delivery_id" not in refusal  # never acked without Redis
+
+
+# ── bot_peers: over Redis, and over the CLI transport ───────────────────────
+
+
+def test_bot_peers_target_that_is_a_redis_connection(tmp_path: Path, redis_server: RedisServer) -> None:
+    rec = RecordingRunner()
+    peers = {"bot_peers": {"mini": {}, "elsewhere": {}}}
+    cli = tmp_path / "no-hermes-here"
+    transport = PeerCliTransport(cli=str(cli), timeout=5)
+    with gateway(tmp_path, "alpha", redis_server, config=peers, peer_transport=transport) as alpha, \
+            gateway(tmp_path, "mini", redis_server, rec):
+        wait_online(alpha, "bob", "mini")
+        main = alpha.message_agent(sender="alice", target="mini", message="to your main agent")
+        bob = alpha.message_agent(sender="alice", target="mini/bob", message="to bob")
+        assert main["to"] == "@mini on peer 'mini'" and bob["to"] == "@bob on peer 'mini'"
+        assert alpha.wait_outcome(main["delivery_id"], timeout=10)["reply"] == "ok: to your main agent"
+        assert alpha.wait_outcome(bob["delivery_id"], timeout=10)["reply"] == "ok: to bob"
+        assert sorted((t.profile, t.delivery_id) for t in rec.entered) == sorted(
+            [("default", main["delivery_id"]), ("bob", bob["delivery_id"])])
+        unknown = alpha.message_agent(sender="alice", target="mini/zed", message="?")
+        assert "No agent 'zed' on peer 'mini'" in unknown["error"]
+        # a peer that is not on Redis goes to the CLI transport (here: no such executable)
+        other = alpha.message_agent(sender="alice", target="elsewhere/bob", message="via cli")
+        out = alpha.wait_outcome(other["delivery_id"], timeout=10)
+        assert out["reason"] == "runtime_offline" and "hermes CLI not found" in out["error"]
+
+
+FAKE_HERMES = """#!{python}
+import json, os, sys
+body = sys.stdin.read()
+with open({log!r}, "a") as f:
+    f.write(json.dumps({{"argv": sys.argv[1:], "stdin": body,
+                        "author": json.loads(os.environ.get("HERMES_TURN_AUTHOR", "null"))}}) + "\\n")
+if "fail" in body:
+    print("peer is not running", file=sys.stderr)
+    sys.exit(3)
+print("peer says: " + body.rsplit(": ", 1)[-1])
+"""
+
+
+def test_bot_peers_over_the_cli_transport_with_a_fake_hermes(tmp_path: Path, redis_server: RedisServer) -> None:
+    log = tmp_path / "fake-hermes.log"
+    cli = tmp_path / "bin" / "hermes"
+    cli.parent.mkdir()
+    cli.write_text(FAKE_HERMES.format(python=sys.executable, log=str(log)), encoding="utf-8")
+    cli.chmod(cli.stat().st_mode | stat.S_IXUSR)
+    peers = {"bot_peers": {"studio": {}}}
+    with gateway(tmp_path, "alpha", redis_server, config=peers,
+                 peer_transport=PeerCliTransport(cli=str(cli), timeout=10)) as alpha:
+        ok = alpha.message_agent(sender="alice", target="studio/ray", message="hello ray")
+        main = alpha.message_agent(sender="alice", target="studio", message="hello main")
+        bad = alpha.message_agent(sender="alice", target="studio/ray", message="please fail")
+        out = alpha.wait_outcome(ok["delivery_id"], timeout=15)
+        assert (out["status"], out["reply"]) == ("replied", "peer says: hello ray")
+        assert out["from"] == "@ray on peer 'studio'"
+        assert alpha.wait_outcome(main["delivery_id"], timeout=15)["reply"] == "peer says: hello main"
+        failed = alpha.wait_outcome(bad["delivery_id"], timeout=15)
+        assert failed["status"] == "failed" and "peer is not running" in failed["error"]
+    calls = [orjson.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    by_body = {c["stdin"].rsplit(": ", 1)[-1]: c for c in calls}
+    assert by_body["hello ray"]["argv"] == ["-p", "default", "peer", "dm", "studio/ray"]
+    assert by_body["hello main"]["argv"] == ["-p", "default", "peer", "dm", "studio"]
+    assert by_body["hello ray"]["stdin"].startswith("Message from 🤖 alice (@alice): ")
+    assert by_body["hello ray"]["author"] == {"id": "bot:alice", "name": "alice", "is_bot": True}
+    assert len(calls) == 3  # no local retry: the peer retries on its own side
+
+
+# ── Redis killed and restarted mid-run ──────────────────────────────────────
+
+
+def test_redis_restart_mid_run_every_acked_dm_ends_in_exactly_one_outcome(tmp_path: Path,
+                                                                          redis_server: RedisServer) -> None:
+    turns: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def behave(turn: Turn) -> str:
+        with lock:
+            turns[turn.delivery_id] += 1
+        time.sleep(0.005)
+        return f"done {turn.delivery_id}"
+
+    seen: Counter[str] = Counter()
+    with ExitStack() as stack:
+        alpha = stack.enter_context(gateway(tmp_path, "alpha", redis_server))
+        stack.enter_context(gateway(tmp_path, "mini", redis_server, RecordingRunner(behave)))
+        alpha.subscribe(lambda o: seen.update([o["delivery_id"]]))
+        wait_online(alpha, "bob", "mini")
+        acked: list[str] = []
+        refused: list[dict[str, Any]] = []
+        for i in range(300):
+            if i == 100:
+                redis_server.kill()
+            if i == 150:
+                redis_server.start()
+                time.sleep(1.0)  # the heartbeats expired during the outage: the roster catches up
+                wait_online(alpha, "bob", "mini", timeout=15)
+            ack = alpha.message_agent(sender="alice", target="bob@mini", message=f"n{i}")
+            (acked.append(ack["delivery_id"]) if "delivery_id" in ack else refused.append(ack))
+            if 100 <= i < 150:
+                time.sleep(0.01)
+        outcomes = {d: alpha.wait_outcome(d, timeout=60) for d in acked}
+        await_condition(lambda: all(seen[d] >= 1 for d in acked), timeout=10, message="every outcome notified")
+        time.sleep(1.0)  # a second outcome would arrive now
+    assert len(acked) >= 200 and refused, (len(acked), Counter(r["error"][:60] for r in refused))
+    assert {r["reason"] for r in refused} <= {"runtime_offline", "target_busy"}
+    assert {d: n for d, n in seen.items() if n != 1} == {}
+    assert set(seen) == set(acked)
+    assert {d: n for d, n in turns.items() if n != 1} == {}  # no turn ran twice
+    statuses = Counter((o["status"], o["reason"]) for o in outcomes.values())
+    assert statuses[("replied", "")] >= len(acked) - 5, statuses
+    for d, o in outcomes.items():
+        if o["status"] == "replied":
+            assert o["reply"] == f"done {d}" and turns[d] == 1
+
+
+# ── the pure half ───────────────────────────────────────────────────────────
+
+
+def test_transport_selection_and_url_masking() -> None:
+    assert redis_url_from_config({}) is None
+    assert redis_url_from_config({"bot_mode": {"transport": "file"}}) is None
+    assert redis_url_from_config({"bot_mode": {"transport": "rediss://u:p@h:1/2"}}) == "rediss://u:p@h:1/2"
+    assert redis_url_from_config({"bot_mode": {"transport": "redis"}}, {"REDIS_URL": "redis://h"}) == "redis://h"
+    with pytest.raises(ValueError, match="REDIS_URL"):
+        redis_url_from_config({"bot_mode": {"transport": "redis"}}, {})
+    with pytest.raises(ValueError) as info:
+        redis_url_from_config({"bot_mode": {"transport": "http://u:secret@h"}})
+    assert "secret" not in str(info.value)
+    assert mask_url("redis://user:pw@host:6380/1") == "redis://user:***@host:6380/1"
+    assert mask_url("redis://:pw@host") == "redis://:***@host"
+    assert mask_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert mask_url("unix:///tmp/r.sock?password=pw&db=1") == "unix:///tmp/r.sock?password=***&db=1"
+    assert server_address("rediss://u:p@example.com:6390/0") == "example.com:6390"
+    assert server_address("redis://h") == "h:6379"
+
+
+def test_settings_defaults_and_bad_values() -> None:
+    s = redis_settings({}, "redis://h")
+    assert (s.claim_idle_seconds, s.max_stream_len, s.heartbeat_seconds, s.prefix) == (60.0, 100_000, 5.0,
+                                                                                        "hermes:bot")
+    bad = redis_settings({"bot_mode": {"redis_claim_idle_seconds": "soon", "redis_max_stream_len": -1,
+                                       "redis_heartbeat_seconds": None}}, "redis://h")
+    assert (bad.claim_idle_seconds, bad.max_stream_len, bad.heartbeat_seconds) == (60.0, 100_000, 5.0)
+    assert 0.05 <= redis_settings({"bot_mode": {"redis_claim_idle_seconds": 0.5}}, "redis://h").tick_seconds <= 0.17
+
+
+def test_remote_rows_are_untrusted() -> None:
+    rows = parse_remote_rows("mini", {
+        b"bob": orjson.dumps({"profile": "bob", "handle": "bob", "connection_id": "mini", "title": "B" * 500}),
+        b"evil": orjson.dumps({"profile": "eve", "handle": "eve", "connection_id": "alpha"}),  # not its own
+        b"bad": b"{nope", b"list": b"[1]", b"name": orjson.dumps({"profile": "../x", "connection_id": "mini"}),
+    }, online=False)
+    assert [(r.profile, r.online, len(r.title)) for r in rows] == [("bob", False, 120)]
+    assert KEYS.roster_connection("hermes:bot:roster:mini") == "mini"
+    assert KEYS.roster_connection("hermes:bot:roster:../x") is None
+
+
+def test_envelope_entry_round_trip_and_refusals() -> None:
+    target = parse_remote_rows("mini", {b"b": orjson.dumps({"profile": "bob", "connection_id": "mini"})}, True)[0]
+    envelope = make_envelope(target=target, message="hi", sender_profile="alice", sender_handle="alice", now=1.0,
+                             extra={"hop": 2})
+    fields = encode_envelope_entry(envelope, "alpha")
+    assert decode_envelope_entry(fields) == (envelope, "alpha")
+    assert decode_envelope_entry({k.encode(): v for k, v in fields.items()})[1] == "alpha"
+    for broken in ({**fields, "reply_to": b"../x"}, {"reply_to": b"alpha"}, {**fields, "envelope": b"[]"}):
+        with pytest.raises(ValidationError):
+            decode_envelope_entry(broken)
+
+
+def test_no_redis_keys_outside_the_prefix(tmp_path: Path, redis_server: RedisServer) -> None:
+    with gateway(tmp_path, "alpha", redis_server, config={"bot_mode": {"redis_prefix": "team1"}}) as alpha, \
+            gateway(tmp_path, "mini", redis_server, config={"bot_mode": {"redis_prefix": "team1"}}):
+        wait_online(alpha, "bob", "mini")
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="prefixed")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
+        keys = [k.decode() for k in redis_server.client().keys("*")]
+    assert keys and all(k.startswith("team1:") for k in keys), keys
