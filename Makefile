@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test soak bench bench-quick lint typecheck clean
+.PHONY: demo test soak bench bench-quick lint typecheck clean redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,7 +22,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy actors hermes_actors bench
 
-test: $(STAMP) lint typecheck
+# The Redis transport tests need a real redis-server; installed when missing (they skip, saying why, if
+# it cannot be installed, e.g. without root).
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server with apt-get (for the Redis transport tests)"; \
+	  (DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 && \
+	   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null 2>&1) \
+	  || echo "warning: could not install redis-server; the Redis tests will be skipped"; }
+
+test: $(STAMP) redis-server lint typecheck
 	$(BIN)/python -m pytest -q -m "not soak" -p no:cacheprovider
 
 soak: $(STAMP)
