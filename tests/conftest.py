@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from loguru import logger
 
 import hermes_actors  # noqa: F401  (imports first, so its logger.disable runs before we enable)
+from hermes_actors import Gateway
+
+pytest_plugins = ["redis_fixture"]  # the real redis-server fixture of tests/test_redis_*.py
 
 
 @pytest.fixture(autouse=True)
@@ -21,9 +25,24 @@ def _enable_library_logs() -> Iterator[None]:
     logger.disable("actors")
 
 
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A managed Hermes root with the default profiles of ``tests/roots.py``."""
+    from roots import make_root
+
+    return make_root(tmp_path)
+
+
+@pytest.fixture
+def gateways() -> Iterator[list[Gateway]]:
+    """Gateways a test started; stopped (newest first) at teardown even when the test failed."""
+    started: list[Gateway] = []
+    yield started
+    for gw in reversed(started):
+        gw.stop(timeout=5)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
 
-
-from redis_fixture import redis_server  # noqa: E402, F401  (the real redis-server fixture for tests/test_redis_*.py)

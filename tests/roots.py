@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from actors.testkit import await_condition
+from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 
 __all__ = ["RecordingRunner", "TurnRecord", "body_of", "make_root", "write_profile"]
@@ -157,3 +158,12 @@ class RecordingRunner:
         """Wait until at least ``count`` calls finished."""
         await_condition(lambda: len(self.records) >= count, timeout=timeout, message=f"{count} turns finished")
         return self.records
+
+
+def start_gateway(
+    gateways: list[Gateway], root: Path, runner: Any, config: dict[str, Any] | None = None
+) -> Gateway:
+    """Start a Gateway that the ``gateways`` fixture stops at teardown."""
+    gw = Gateway(root, runner=runner, config=config)
+    gateways.append(gw)
+    return gw.start()

@@ -14,7 +14,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,14 +91,6 @@ class OsFaults:
 
 def _temp_files(root: Path) -> list[Path]:
     return sorted(p for p in (root / "bot_relay" / "tmp").iterdir() if TEMP_OF_ID.match(p.name))
-
-
-@pytest.fixture
-def gateways() -> Iterator[list[Gateway]]:
-    started: list[Gateway] = []
-    yield started
-    for gw in reversed(started):
-        gw.stop(timeout=5)
 
 
 def _start(gateways: list[Gateway], root: Path, runner: Any = None, **config: Any) -> Gateway:

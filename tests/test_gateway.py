@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pykka
 import pytest
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
@@ -19,24 +18,7 @@ from hermes_actors.messages import Turn
 OUTCOME_KEYS = {"delivery_id", "status", "reply", "error", "reason", "retryable", "from", "text"}
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return make_root(tmp_path)
-
-
-@pytest.fixture
-def gateways() -> Iterator[list[Gateway]]:
-    """Gateways a test started; stopped at teardown even when the test failed."""
-    started: list[Gateway] = []
-    yield started
-    for gw in started:
-        gw.stop(timeout=5)
-
-
-def start(gateways: list[Gateway], root: Path, runner: Any, config: dict[str, Any] | None = None) -> Gateway:
-    gw = Gateway(root, runner=runner, config=config)
-    gateways.append(gw)
-    return gw.start()
+start = start_gateway
 
 
 def queued(ack: dict[str, Any]) -> str:

@@ -14,10 +14,9 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, body_of, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -80,11 +79,6 @@ class Holder:
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return make_root(tmp_path)
-
-
-@pytest.fixture
 def holders() -> Iterator[list[Holder]]:
     held: list[Holder] = []
     yield held
@@ -92,18 +86,7 @@ def holders() -> Iterator[list[Holder]]:
         h.kill()
 
 
-@pytest.fixture
-def gateways() -> Iterator[list[Gateway]]:
-    started: list[Gateway] = []
-    yield started
-    for gw in started:
-        gw.stop(timeout=5)
-
-
-def start(gateways: list[Gateway], root: Path, runner: Any, config: dict[str, Any] | None = None) -> Gateway:
-    gw = Gateway(root, runner=runner, config=config)
-    gateways.append(gw)
-    return gw.start()
+start = start_gateway
 
 
 def entering_runner() -> tuple[RecordingRunner, threading.Event]:

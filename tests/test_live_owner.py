@@ -6,31 +6,17 @@ import json
 import os
 import stat
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, body_of
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
 from hermes_actors.live import LiveMailbox, hand_to_owner
 from hermes_actors.messages import Delivery, Turn
 from hermes_actors.runners import as_runner
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return make_root(tmp_path)
-
-
-@pytest.fixture
-def gateways() -> Iterator[list[Gateway]]:
-    started: list[Gateway] = []
-    yield started
-    for gw in started:
-        gw.stop(timeout=5)
 
 
 def start(gateways: list[Gateway], root: Path, runner: Any) -> Gateway:

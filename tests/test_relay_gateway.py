@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +34,6 @@ SEED_ENVELOPE_KEYS = {
 OFFLINE_TAIL = (
     "is offline right now — the message was NOT queued. Try again once that machine reconnects to the Desktop."
 )
-
-
-@pytest.fixture
-def gateways() -> Iterator[list[Gateway]]:
-    started: list[Gateway] = []
-    yield started
-    for gw in reversed(started):
-        gw.stop(timeout=5)
 
 
 def start(gateways: list[Gateway], root: Path, runner: Any = None, *, config: dict[str, Any] | None = None,

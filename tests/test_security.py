@@ -56,14 +56,6 @@ def tree(base: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-@pytest.fixture
-def gateways() -> Iterator[list[Gateway]]:
-    started: list[Gateway] = []
-    yield started
-    for gw in reversed(started):
-        gw.stop(timeout=5)
-
-
 def _start(gateways: list[Gateway], root: Path, runner: Any = None, **kwargs: Any) -> Gateway:
     gw = Gateway(root, runner=runner or RecordingRunner(), connection_id="alpha", **kwargs)
     gateways.append(gw)

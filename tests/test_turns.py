@@ -9,33 +9,18 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, body_of
 
 from hermes_actors import CommandRunner, Gateway, TurnFailed
 from hermes_actors.messages import Turn
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return make_root(tmp_path)
-
-
 def running(root: Path, runner: Any, config: dict[str, Any] | None = None) -> Gateway:
     return Gateway(root, runner=runner, config=config).start()
-
-
-@pytest.fixture
-def gateways() -> Iterator[list[Gateway]]:
-    """Gateways a test started; stopped at teardown even when the test failed."""
-    started: list[Gateway] = []
-    yield started
-    for gw in started:
-        gw.stop(timeout=5)
 
 
 def queued(ack: dict[str, Any]) -> str:
