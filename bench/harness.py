@@ -11,8 +11,10 @@ stderr, prints a table, and writes ``<out>/<UTC timestamp>.json`` shaped::
 
 with ``M = {"n", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"}``
 (plus ``rss_mb``, ``threads`` … where measured), and a PNG plot next to it. A
-full (non ``--quick``) run also regenerates ``docs/benchmarks.md`` and
-``docs/benchmarks.png``.
+scenario that cannot run on this machine (``redis-roundtrip`` without
+``redis-server``) is written as ``{"ours": null, "baseline": null, "ratio": null,
+"skipped": REASON}``. Only a full run — not ``--quick``, and every scenario,
+no ``--scenario`` — regenerates ``docs/benchmarks.md`` and ``docs/benchmarks.png``.
 
 ``HERMES_BENCH_TINY=1`` shrinks every count (for the smoke test).
 """
@@ -80,11 +82,12 @@ def run_bench(
 
     Args:
         quick: small counts (the whole quick run stays under a minute on 2 cores).
-        scenarios: names to run, in registry order; None or empty: all.
+        scenarios: names to run, in registry order; None or empty: all. A run that
+            names scenarios never writes the docs page (it would drop the others).
         out_dir: where ``<UTC timestamp>.json`` and ``.png`` go.
         progress: draw the progress bar on stderr.
         scale: count multiplier (default: from ``HERMES_BENCH_TINY``).
-        docs_dir: where a full run writes ``benchmarks.md`` / ``.png`` (default: ``docs/``).
+        docs_dir: where a full run of all scenarios writes ``benchmarks.md`` / ``.png`` (default: ``docs/``).
 
     Returns:
         The result dict, as written to the JSON file.
@@ -107,11 +110,15 @@ def run_bench(
         with tempfile.TemporaryDirectory(prefix=f"hermes-bench-{name}-") as tmp:
             ctx = BenchContext(quick=quick, scale=factor, workdir=Path(tmp), progress=bar)
             outcome = REGISTRY[name].fn(ctx)
-        result["scenarios"][name] = {
-            "ours": outcome.ours,
-            "baseline": outcome.baseline,
-            "ratio": _ratio(outcome.ours, outcome.baseline),
-        }
+        if outcome.skipped is not None:
+            result["scenarios"][name] = {"ours": None, "baseline": None, "ratio": None, "skipped": outcome.skipped}
+            print(f"{name}: skipped — {outcome.skipped}", file=sys.stderr)
+        else:
+            result["scenarios"][name] = {
+                "ours": outcome.ours,
+                "baseline": outcome.baseline,
+                "ratio": _ratio(outcome.ours, outcome.baseline),
+            }
         samples[name] = outcome.samples
     elapsed = time.perf_counter() - started
 
@@ -128,7 +135,10 @@ def run_bench(
     print(render_table(result))
     print(f"\n{'quick' if quick else 'full'} run: {len(names)} scenario(s) in {elapsed:.1f}s", file=sys.stderr)
     print(f"results: {json_path}" + (f"\nplot:    {png_path}" if png_path else ""), file=sys.stderr)
-    if not quick:
+    if quick or scenarios:
+        print("docs:    not regenerated (only a full run of every scenario, without --quick or --scenario, "
+              "rewrites docs/benchmarks.md)", file=sys.stderr)
+    else:
         try:
             source = str(json_path.relative_to(BENCH_DIR.parent))
         except ValueError:

@@ -44,6 +44,10 @@ def plot_results(result: dict[str, Any], samples: dict[str, dict[str, list[float
     flat = [ax for row in axes for ax in row]
     for ax, name in zip(flat, names, strict=False):
         runs = samples.get(name, {})
+        if not any(runs.values()):  # a skipped scenario: say so instead of drawing empty axes
+            ax.text(0.5, 0.5, f"{name}: skipped", ha="center", va="center", fontsize=10, transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
         extra = [side for side in runs if side not in _COLORS]
         colors = {**_COLORS, **dict(zip(extra, _EXTRA_COLORS, strict=False))}
         for side in ["ours", *extra, "baseline"]:
@@ -64,6 +68,7 @@ def plot_results(result: dict[str, Any], samples: dict[str, dict[str, list[float
 
     bars = flat[len(names)]
     width = 0.38
+    drawn = 0
     for offset, side in ((-width / 2, "ours"), (width / 2, "baseline")):
         xs, heights = [], []
         for i, name in enumerate(names):
@@ -71,14 +76,21 @@ def plot_results(result: dict[str, Any], samples: dict[str, dict[str, list[float
             if metrics:
                 xs.append(i + offset)
                 heights.append(metrics["throughput_per_s"])
-        bars.bar(xs, heights, width=width, color=_COLORS[side], label=side)
-    bars.set_xticks(range(len(names)))
-    bars.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
-    bars.set_yscale("log")
-    bars.set_ylabel("DMs per second (log)")
-    bars.set_title("throughput", fontsize=10)
-    bars.grid(True, axis="y", which="both", alpha=0.3)
-    bars.legend(fontsize=8)
+        if heights:
+            bars.bar(xs, heights, width=width, color=_COLORS[side], label=side)
+            drawn += len(heights)
+    if drawn:
+        bars.set_xticks(range(len(names)))
+        bars.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+        bars.set_yscale("log")
+        bars.set_ylabel("DMs per second (log)")
+        bars.set_title("throughput", fontsize=10)
+        bars.grid(True, axis="y", which="both", alpha=0.3)
+        bars.legend(fontsize=8)
+    else:  # every scenario was skipped
+        bars.text(0.5, 0.5, "no throughput measured", ha="center", va="center", fontsize=10,
+                  transform=bars.transAxes)
+        bars.set_axis_off()
     for ax in flat[panels:]:
         ax.set_visible(False)
 

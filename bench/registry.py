@@ -7,7 +7,8 @@
 
 A scenario gets a :class:`BenchContext` (mode, count scaling, a private work
 directory, the progress bar) and returns metrics dicts built with
-:func:`bench.measure.summarize`. Scenarios run in registration order.
+:func:`bench.measure.summarize` — or ``ScenarioResult.skip(reason)`` when it
+cannot run on this machine. Scenarios run in registration order.
 """
 
 from __future__ import annotations
@@ -49,11 +50,19 @@ class ScenarioResult:
 
     ``samples`` holds the raw per-DM latencies in seconds under ``"ours"`` /
     ``"baseline"`` for the CDF plot; they are not written to the JSON.
+    ``skipped`` is set (and the metrics are empty) when the scenario could not
+    run here, e.g. a missing ``redis-server``: see :meth:`skip`.
     """
 
     ours: dict[str, Any]
     baseline: dict[str, Any] | None = None
     samples: dict[str, list[float]] = field(default_factory=dict)
+    skipped: str | None = None
+
+    @classmethod
+    def skip(cls, reason: str) -> ScenarioResult:
+        """The result of a scenario that did not run: ``reason`` goes to the table and the JSON."""
+        return cls(ours={}, skipped=reason)
 
 
 ScenarioFn = Callable[[BenchContext], ScenarioResult]

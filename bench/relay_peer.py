@@ -1,14 +1,15 @@
-"""The far side of the relay benchmark, as its own process: ``python -m bench.relay_peer``.
+"""The far side of the relay benchmarks, as its own process: ``python -m bench.relay_peer``.
 
-    python -m bench.relay_peer --root R --connection-id mini [--durable]
+    python -m bench.relay_peer --root R --connection-id mini [--durable] [--transport redis://…]
 
 Starts a :class:`hermes_actors.Gateway` on ``--root`` with the benchmarks'
 instant runner (every turn answers ``ok`` at once) and
 :data:`bench.roots.BENCH_CONFIG`, prints ``ready`` on stdout, and serves the
-root's relay ``inbox/`` until SIGTERM/SIGINT — or until stdin closes, so a
-benchmark process that dies never leaves it behind. The relay scenario runs
-this next to the hub process, so the far gateway has its own interpreter and
-GIL, as in production.
+root's relay ``inbox/`` (or, with ``--transport URL``, its Redis streams) until
+SIGTERM/SIGINT — or until stdin closes, so a benchmark process that dies never
+leaves it behind. The relay scenario runs this next to the hub process, the
+Redis scenario next to a ``redis-server``, so the far gateway has its own
+interpreter and GIL, as in production.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", required=True, type=Path)
     parser.add_argument("--connection-id", required=True)
     parser.add_argument("--durable", action="store_true", help="journal deliveries (fsync per group commit)")
+    parser.add_argument("--transport", default=None, metavar="URL",
+                        help="bot_mode.transport (a redis:// URL); default: the file relay")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -48,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     threading.Thread(target=watch_stdin, name="stdin-watch", daemon=True).start()
-    gateway = Gateway(args.root, runner=instant_reply, config=BENCH_CONFIG, connection_id=args.connection_id,
+    config: dict[str, dict[str, Any]] = {"bot_mode": {**BENCH_CONFIG["bot_mode"]}}
+    if args.transport:
+        config["bot_mode"]["transport"] = args.transport
+    gateway = Gateway(args.root, runner=instant_reply, config=config, connection_id=args.connection_id,
                       durable=args.durable, fsync=args.durable)
     with gateway:
         print("ready", flush=True)

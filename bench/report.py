@@ -43,7 +43,9 @@ def _num(value: Any, digits: int = 2) -> str:
 
 
 def _row(name: str, entry: dict[str, Any]) -> list[str]:
-    ours, base, ratio = entry["ours"], entry.get("baseline"), entry.get("ratio")
+    ours, base, ratio = entry.get("ours"), entry.get("baseline"), entry.get("ratio")
+    if not ours:  # skipped (the reason is on its own line below the table)
+        return [name, "skipped", *(["—"] * (len(_COLUMNS) - 2))]
     cells = [name, _num(ours["n"]), _num(ours["p50_ms"], 3), _num(ours["p99_ms"], 3), _num(ours["throughput_per_s"])]
     if base:
         cells += [_num(base["n"]), _num(base["p50_ms"]), _num(base["p99_ms"]), _num(base["throughput_per_s"])]
@@ -80,7 +82,7 @@ def _resource_lines(result: dict[str, Any]) -> list[str]:
     """One line per scenario that measured RSS / threads."""
     out = []
     for name, entry in result["scenarios"].items():
-        ours = entry["ours"]
+        ours = entry.get("ours") or {}
         if "rss_mb" in ours or "threads" in ours:
             out.append(
                 f"{name}: peak RSS {_num(ours.get('rss_mb'), 1)} MB, peak threads {_num(ours.get('threads'))}; "
@@ -96,10 +98,12 @@ def _metrics_text(m: dict[str, Any]) -> str:
 
 
 def _extra_lines(result: dict[str, Any]) -> list[str]:
-    """Sub-metrics (``ours.<variant>`` dicts) and journal counters, one line each."""
+    """Skipped scenarios, sub-metrics (``ours.<variant>`` dicts) and journal counters, one line each."""
     out = []
     for name, entry in result["scenarios"].items():
-        ours = entry["ours"]
+        if entry.get("skipped"):
+            out.append(f"{name}: skipped — {entry['skipped']}")
+        ours = entry.get("ours") or {}
         if ours.get("fsyncs"):
             out.append(
                 f"{name}: {_num(ours['fsyncs'])} fdatasyncs for {_num(ours['n'])} DMs "
@@ -297,7 +301,7 @@ def render_markdown(result: dict[str, Any], plot_path: str | None = "benchmarks.
     rows = "".join(f"| {key} | {value} |\n" for key, value in machine.items())
     parts.append("## Machine\n\n| key | value |\n|:---|:---|\n" + rows)
     regen = ("Regenerate with `hermes-actors bench` (a full run takes a few minutes); "
-             "`--quick` runs never touch this page.")
+             "`--quick` and `--scenario` runs never touch this page.")
     parts.append(regen + (f" Source: `{source}`." if source else "") + "\n")
     return "\n".join(parts)
 

@@ -31,7 +31,7 @@ from bench.scenarios.local import our_system
 from hermes_actors import Gateway
 from hermes_actors.demo import DemoBot, create_demo_root
 
-__all__ = ["hub_command", "relay_roots"]
+__all__ = ["await_target", "hub_command", "peer_process", "relay_roots"]
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 TARGET = "dave@mini"
@@ -58,7 +58,7 @@ def hub_command(roots: dict[str, Path]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _process(argv: list[str], log: Path, *, ready_line: str | None = None) -> Iterator[subprocess.Popen[str]]:
+def peer_process(argv: list[str], log: Path, *, ready_line: str | None = None) -> Iterator[subprocess.Popen[str]]:
     """Run ``argv`` (stderr to ``log``), optionally wait for ``ready_line`` on stdout; terminate it after."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_DIR),
                                                                      os.environ.get("PYTHONPATH")]))}
@@ -100,7 +100,7 @@ def _await_line(proc: subprocess.Popen[str], stream: IO[str], line: str, log: Pa
                      f"{log.read_text(encoding='utf-8', errors='replace')[-2000:]}")
 
 
-def _await_target(gateway: Gateway, target: str, logs: list[Path]) -> None:
+def await_target(gateway: Gateway, target: str, logs: list[Path]) -> None:
     """Wait until the hub pushed a roster in which ``target`` is online."""
     handle, _, connection = target.partition("@")
     deadline = time.monotonic() + _READY_S
@@ -110,7 +110,7 @@ def _await_target(gateway: Gateway, target: str, logs: list[Path]) -> None:
             return
         time.sleep(0.02)
     tails = "\n".join(f"{p.name}: {p.read_text(encoding='utf-8', errors='replace')[-1000:]}" for p in logs)
-    raise BenchError(f"{target} never became reachable through the relay hub\n{tails}")
+    raise BenchError(f"{target} never became reachable (never online in the roster)\n{tails}")
 
 
 def _peer_command(root: Path, durable: bool) -> list[str]:
@@ -125,11 +125,11 @@ def _ours(ctx: BenchContext, alpha: Path, mini: Path, *, durable: bool, n: int, 
     """
     label = "durable" if durable else "ours"
     peer_log, hub_log = ctx.workdir / f"peer-{label}.log", ctx.workdir / f"hub-{label}.log"
-    with (_process(_peer_command(mini, durable), peer_log, ready_line="ready"),
-          _process(hub_command({"alpha": alpha, "mini": mini}), hub_log)):
+    with (peer_process(_peer_command(mini, durable), peer_log, ready_line="ready"),
+          peer_process(hub_command({"alpha": alpha, "mini": mini}), hub_log)):
         gateway = our_system(alpha, connection_id="alpha", durable=durable, fsync=durable)
         with gateway:
-            _await_target(gateway, TARGET, [hub_log, peer_log])
+            await_target(gateway, TARGET, [hub_log, peer_log])
             ctx.progress.start(f"relay-roundtrip {label}", n)
             try:
                 return sequential_roundtrip(gateway, SENDER, TARGET, n, ctx.progress, warmup=warmup)

@@ -5,11 +5,10 @@ same messages (``RelaySend`` → ack dict, ``OutcomeReady``, ``RelayDeliver``,
 ``RelayOutcome``, ``RelayResumed``) and the records are the relay's envelope
 and reply records, orjson-serialized (key names: ``redis_store``).
 
-Sender side: one Lua call checks the target stream's backlog (``target_busy``
-past ``redis_max_stream_len``), ``XADD``s the envelope (``MAXLEN ~``) and
-records it in ``<p>:sent:<me>`` — all before the ack. The reply arrives on
-``<p>:replies:<me>``; the reply budget gives ``delivery_timeout``; at the TTL
-the sender expires its own envelope by winning ``SET <p>:claim:<id> expired NX``.
+The actor is split like the Dispatcher: :mod:`~hermes_actors.transports.redis_base`
+declares the shared state, :mod:`~hermes_actors.transports.redis_send` is the
+sender half (send, replies, TTL expiry, reply budget, resume after restart) and
+this module the actor shell: lifecycle, roster/heartbeat, reclaim and the drain.
 
 Drain side: the reader thread tells us each entry of ``<p>:in:<me>``. An
 entry whose reply was written (``<p>:done:<id>``) is only acked; an expired one
@@ -25,82 +24,41 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, Scheduler, TimerHandle, TimerSet, TypedActor, ask, handles
-from hermes_actors import outcomes
-from hermes_actors.acks import ack_payload
+from actors import ActorGone, AskTimeout, Scheduler, TimerSet, ask, handles
 from hermes_actors.config import BotModeConfig
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import (
     Housekeep,
-    Outcome,
-    OutcomeReady,
-    PeerSend,
     ProfileInfo,
     RedisEntries,
     RedisTick,
     RelayDeliver,
     RelayOutcome,
-    RelayResumed,
-    RelaySend,
     RemoteAgent,
     RemoteRows,
-    ReplyDeadline,
     RosterChanged,
     RosterSnapshot,
     Subscribe,
     TtlDeadline,
 )
 from hermes_actors.relay import reply_from_outcome
-from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_envelope, make_reply
-from hermes_actors.store.relay_roster import offline_error_text
-from hermes_actors.targets import Refusal
+from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
 from hermes_actors.transports import redis_store as rs
+from hermes_actors.transports.redis_base import Inbound, Waiting, as_text, ttl_text
 from hermes_actors.transports.redis_io import ClaimGuard, StreamReader, ensure_groups, make_client
+from hermes_actors.transports.redis_send import SEND_LUA, RedisSend
 
 __all__ = ["ClaimGuard", "RedisRelayActor"]
 
-REPORTED_KEEP = 100_000
 CONSUMER_GC_SECONDS = 3600.0  # drop group consumers idle this long with nothing pending
 
-_SEND_LUA = """
-local n = redis.call('XLEN', KEYS[1])
-if n >= tonumber(ARGV[1]) then return {0, n} end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'envelope', ARGV[2], 'reply_to', ARGV[3])
-redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
-return {1, id}
-"""
 
-
-@dataclass
-class _Waiting:
-    label: str
-    handle: str
-    connection: str
-    timers: list[TimerHandle]
-
-
-@dataclass
-class _Inbound:
-    reply_to: str
-    entry_ids: set[str] = field(default_factory=set)
-    record: dict[str, Any] | None = None  # the reply, once settled (kept until written)
-
-
-def _ttl_text(ttl: float) -> int | float:
-    return int(ttl) if float(ttl).is_integer() else ttl
-
-
-def _str(value: Any) -> str | None:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
-class RedisRelayActor(TypedActor):
+class RedisRelayActor(RedisSend):
     """Owns this connection's Redis streams, roster hash and heartbeat.
 
     Args:
@@ -138,11 +96,11 @@ class RedisRelayActor(TypedActor):
         self.me = connection_id
         self.local_profiles = local_profiles
         self.client: Any = make_client(settings.url)
-        self.send_script = self.client.register_script(_SEND_LUA)
+        self.send_script = self.client.register_script(SEND_LUA)
         self.reader: StreamReader | None = None
-        self.waiting: dict[str, _Waiting] = {}
+        self.waiting: dict[str, Waiting] = {}
         self.expire_due: set[str] = set()
-        self.inbound: dict[str, _Inbound] = {}
+        self.inbound: dict[str, Inbound] = {}
         self.reported: OrderedDict[str, None] = OrderedDict()
         self.profiles: tuple[ProfileInfo, ...] = ()
         self.published: dict[str, bytes] | None = None
@@ -187,184 +145,6 @@ class RedisRelayActor(TypedActor):
     def _paused(self) -> bool:
         return len(self.inbound) >= self.config.max_queued
 
-    def _unreachable(self, exc: BaseException) -> bool:
-        """Log an outage once; True when ``exc`` means Redis is unreachable."""
-        if not rs.is_redis_unreachable(exc):
-            logger.error("redis: command failed: {}", exc)
-            return False
-        if not self.down:
-            logger.warning("redis: {} is unreachable ({}); will retry", self.settings.address, exc)
-        self.down = True
-        self.groups_ok = False
-        return True
-
-    # ── sender side ─────────────────────────────────────────────────────────
-
-    @handles(RelaySend)
-    def _on_send(self, msg: RelaySend) -> dict[str, Any]:
-        route = msg.route
-        return self._send(route.target, route.sender, route.content, msg.delivery.hop, route.label)
-
-    @handles(PeerSend)
-    def _on_peer_send(self, msg: PeerSend) -> dict[str, Any] | None:
-        """A ``bot_peers`` peer that is a connection on this Redis: ``peer`` → its ``default`` agent."""
-        route = msg.route
-        rows = [r for r in self.remote if r.connection_id.lower() == route.peer.lower()]
-        if not rows:
-            return None
-        want = (route.agent or "default").lower()
-        match = [r for r in rows if want in (r.profile.lower(), r.handle.lower())]
-        if not match:
-            names = ", ".join(sorted(r.handle for r in rows))
-            return Refusal(f"No agent '{route.agent or 'default'}' on peer '{route.peer}'; its agents: {names}. "
-                           "The message was NOT sent.", "unknown").as_dict()
-        target = match[0]
-        if target.online is False:
-            return Refusal(offline_error_text(target), "runtime_offline").as_dict()
-        return self._send(target, route.sender, route.content, msg.delivery.hop, route.label)
-
-    def _send(self, target: RemoteAgent, sender: ProfileInfo, content: str, hop: int, label: str) -> dict[str, Any]:
-        envelope = make_envelope(target=target, message=content, sender_profile=sender.profile,
-                                 sender_handle=sender.handle, now=time.time(), extra={"hop": hop})
-        fields = rs.encode_envelope_entry(envelope, self.me)
-        try:
-            ok, detail = self.send_script(
-                keys=[self.keys.inbox(target.connection_id), self.keys.sent(self.me)],
-                args=[self.settings.max_stream_len, fields["envelope"], self.me, envelope["id"],
-                      rs.sent_meta(envelope, label)],
-            )
-        except Exception as exc:
-            if self._unreachable(exc):
-                return {"error": f"Could not queue the message for {label}: Redis at {self.settings.address} is "
-                                 "unreachable, so it was NOT queued. Retry once Redis is back.",
-                        "reason": "runtime_offline"}
-            return {"error": f"Could not queue the message for {label}: {exc}. Nothing was sent.", "reason": "unknown"}
-        if not ok:
-            self.counters["refused_full"] += 1
-            return {"error": f"target_busy: the queue for {label} is full ({detail} DMs waiting in Redis). "
-                             "The message was NOT delivered; retry shortly.", "reason": "target_busy"}
-        self.counters["sent"] += 1
-        self._wait_for(envelope["id"], label, target.handle, target.connection_id, age=0.0)
-        return ack_payload(envelope["id"], label, now=envelope["created_at"])
-
-    def _wait_for(self, envelope_id: str, label: str, handle: str, conn: str, *, age: float) -> None:
-        timers = [self.timers.after(max(0.0, self.config.reply_wait_seconds - age), ReplyDeadline(envelope_id))]
-        if self.config.envelope_ttl_seconds > 0:
-            timers.append(self.timers.after(max(0.0, self.config.envelope_ttl_seconds - age),
-                                            TtlDeadline(envelope_id)))
-        self.waiting[envelope_id] = _Waiting(label, handle, conn, timers)
-
-    def _resume(self) -> None:
-        """After a restart: wait again for the replies of our envelopes still in flight."""
-        stored = self.client.hgetall(self.keys.sent(self.me))
-        resumed: list[tuple[str, str]] = []
-        now = time.time()
-        for raw_id, value in stored.items():
-            envelope_id = _str(raw_id) or ""
-            meta = rs.parse_sent_meta(value)
-            if meta is None or envelope_id in self.waiting:
-                continue
-            if self.local_profiles and meta.get("from_profile") not in self.local_profiles:
-                continue
-            resumed.append((envelope_id, meta["label"]))
-            self._wait_for(envelope_id, meta["label"], str(meta.get("target_handle", "")),
-                           str(meta.get("target_connection", "")), age=max(0.0, now - float(meta["created_at"])))
-        self.resumed = True
-        if resumed:
-            logger.info("redis: resumed waiting for {} envelope(s) after restart", len(resumed))
-            self.dispatcher.tell(RelayResumed(tuple(resumed)))
-
-    def _on_reply_entry(self, entry_id: str, fields: dict[Any, Any]) -> None:
-        replies = self.keys.replies(self.me)
-        try:
-            record = rs.decode_reply_entry(fields)
-        except ValidationError as exc:
-            logger.warning("redis: dropping a malformed reply entry {}: {}", entry_id, exc)
-            self.counters["quarantined"] += 1
-            self._ack(replies, [entry_id])
-            return
-        envelope_id = record["id"]
-        entry = self.waiting.get(envelope_id)
-        if entry is None:
-            if envelope_id not in self.reported:
-                try:
-                    if self.client.hexists(self.keys.sent(self.me), envelope_id):
-                        return  # another process of our connection waits for it: left pending, it reclaims it
-                except Exception as exc:
-                    self._unreachable(exc)
-                    return
-            self._ack(replies, [entry_id], forget=envelope_id)  # late or second reply: the first one won
-            return
-        outcome = self._outcome_of(envelope_id, entry.label, record)
-        self.counters["replies"] += 1
-        self._report(envelope_id, outcome, [entry_id])
-
-    @staticmethod
-    def _outcome_of(envelope_id: str, label: str, record: dict[str, Any]) -> Outcome:
-        if record["reason"] == "ambiguous":
-            return Outcome(envelope_id, "ambiguous", error=record["error"], reason="unknown", retryable=False,
-                           from_=label, text=f"Delivery to {label} is ambiguous: {record['error']}")
-        if record["error"]:
-            return outcomes.failed(envelope_id, label, record["error"], record["reason"])
-        return outcomes.from_reply(envelope_id, label, record["reply"])
-
-    def _report(self, envelope_id: str, outcome: Outcome, reply_entries: tuple[str, ...] | list[str] = ()) -> None:
-        entry = self.waiting.pop(envelope_id, None)
-        if entry is None:
-            return
-        for timer in entry.timers:
-            timer.cancel()
-        self.expire_due.discard(envelope_id)
-        self.dispatcher.tell(OutcomeReady(outcome))
-        self.reported[envelope_id] = None
-        if len(self.reported) > REPORTED_KEEP:
-            self.reported.popitem(last=False)
-        self._ack(self.keys.replies(self.me), list(reply_entries), forget=envelope_id)
-
-    def _ack(self, stream: str, entry_ids: list[str], *, forget: str | None = None) -> None:
-        """XACK + XDEL (the stream keeps only the backlog); a failure is retried when the entry is re-offered."""
-        try:
-            pipe = self.client.pipeline(transaction=True)
-            if entry_ids:
-                pipe.xack(stream, rs.GROUP, *entry_ids)
-                pipe.xdel(stream, *entry_ids)
-            if forget is not None:
-                pipe.hdel(self.keys.sent(self.me), forget)
-            pipe.execute()
-        except Exception as exc:
-            self._unreachable(exc)
-
-    @handles(TtlDeadline)
-    def _on_ttl(self, msg: TtlDeadline) -> None:
-        entry = self.waiting.get(msg.envelope_id)
-        if entry is None:
-            return
-        key = self.keys.claim(msg.envelope_id)
-        try:
-            won = self.client.set(key, rs.EXPIRED_CLAIM, nx=True, ex=rs.DONE_KEEP_SECONDS)
-            holder = None if won else _str(self.client.get(key))
-        except Exception as exc:
-            self._unreachable(exc)
-            self.expire_due.add(msg.envelope_id)  # retried at the next tick
-            return
-        self.expire_due.discard(msg.envelope_id)
-        if not won and holder != rs.EXPIRED_CLAIM:
-            return  # the target took it: its reply will come
-        text = expired_error_text(entry.handle, entry.connection, _ttl_text(self.config.envelope_ttl_seconds))
-        self.counters["expired"] += 1
-        self._report(msg.envelope_id, outcomes.failed(msg.envelope_id, entry.label, text, "queued_expired"))
-
-    @handles(ReplyDeadline)
-    def _on_reply_deadline(self, msg: ReplyDeadline) -> None:
-        entry = self.waiting.get(msg.envelope_id)
-        if entry is None:
-            return
-        budget = self.config.reply_wait_seconds
-        text = (f"No reply from {entry.label} within {budget:g}s. The message may still be delivered when that "
-                "gateway comes back; do not resend blindly.")
-        self.counters["timeouts"] += 1
-        self._report(msg.envelope_id, outcomes.failed(msg.envelope_id, entry.label, text, "delivery_timeout"))
-
     # ── drain side ──────────────────────────────────────────────────────────
 
     @handles(RedisEntries)
@@ -397,7 +177,7 @@ class RedisRelayActor(TypedActor):
             return
         try:
             done, holder = self.client.mget(self.keys.done(envelope_id), self.keys.claim(envelope_id))
-            holder = _str(holder) or ""
+            holder = as_text(holder) or ""
             holder_alive = holder not in ("", rs.EXPIRED_CLAIM, self.consumer) and \
                 bool(self.client.exists(self.keys.consumer_alive(holder)))
         except Exception as exc:
@@ -410,7 +190,7 @@ class RedisRelayActor(TypedActor):
         if holder_alive:
             return  # a live consumer runs it and will ack it; if it dies, a later reclaim decides
         label = f"@{envelope['target_handle']}"
-        flight = self.inbound[envelope_id] = _Inbound(reply_to, {entry_id})
+        flight = self.inbound[envelope_id] = Inbound(reply_to, {entry_id})
         if holder and holder != self.consumer:
             self.counters["ambiguous"] += 1
             why = (f"The gateway process that was running this turn ({holder}) died before it replied. "
@@ -419,7 +199,7 @@ class RedisRelayActor(TypedActor):
             return
         ttl = self.config.envelope_ttl_seconds
         if ttl > 0 and is_expired(envelope, ttl, time.time()):
-            text = expired_error_text(envelope["target_handle"], envelope["target_connection"], _ttl_text(ttl))
+            text = expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl_text(ttl))
             try:
                 won = self.client.set(self.keys.claim(envelope_id), rs.EXPIRED_CLAIM, nx=True,
                                       ex=rs.DONE_KEEP_SECONDS)
@@ -551,7 +331,7 @@ class RedisRelayActor(TypedActor):
     def _read_remote(self) -> None:
         connections = []
         for raw in self.client.scan_iter(match=self.keys.roster_pattern, count=1000):
-            conn = self.keys.roster_connection(_str(raw) or "")
+            conn = self.keys.roster_connection(as_text(raw) or "")
             if conn is not None and conn != self.me:
                 connections.append(conn)
         pipe = self.client.pipeline(transaction=False)
@@ -580,8 +360,8 @@ class RedisRelayActor(TypedActor):
             start = "0-0"
             for _ in range(10):  # at most 1000 entries per tick
                 answer = self.client.xautoclaim(stream, rs.GROUP, self.consumer, idle_ms, start_id=start, count=100)
-                start = _str(answer[0]) or "0-0"
-                entries = [(_str(i) or "", dict(f)) for i, f in answer[1] if f is not None]
+                start = as_text(answer[0]) or "0-0"
+                entries = [(as_text(i) or "", dict(f)) for i, f in answer[1] if f is not None]
                 if len(answer) > 2 and answer[2]:
                     logger.warning("redis: {} pending entr(ies) of {} were trimmed before they were handled "
                                    "(the stream exceeded redis_max_stream_len); they are lost", len(answer[2]), stream)
@@ -594,7 +374,7 @@ class RedisRelayActor(TypedActor):
     def _gc_consumers(self) -> None:
         for stream in (self.keys.inbox(self.me), self.keys.replies(self.me)):
             for info in self.client.xinfo_consumers(stream, rs.GROUP):
-                name = _str(info.get("name")) or ""
+                name = as_text(info.get("name")) or ""
                 if name != self.consumer and not info.get("pending") and \
                         info.get("idle", 0) > CONSUMER_GC_SECONDS * 1000:
                     self.client.xgroup_delconsumer(stream, rs.GROUP, name)
