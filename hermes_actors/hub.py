@@ -153,19 +153,23 @@ class HubActor(TypedActor):
         if source is None:
             rf.quarantine(holder.paths.relay, path, f"reply for unknown connection {reply_connection!r}")
             return
-        if self._reply(source, record):
+        written = self._reply(source, record)
+        if written is None:
+            return  # the write failed: keep the record in delivered/ so the next rescan retries it
+        if written:
             self.counters["forwarded"] += 1
         try:
             path.unlink()
         except FileNotFoundError:
             pass
 
-    def _reply(self, source: HubRoot, record: dict[str, Any]) -> bool:
+    def _reply(self, source: HubRoot, record: dict[str, Any]) -> bool | None:
+        """Write a reply into ``source``'s replies/: True written, False one was there, None failed."""
         try:
             return rf.write_reply(source.paths.relay, record)
         except (StoreError, OSError, ValidationError) as exc:
             logger.error("hub: reply {} to {} failed: {}", record.get("id"), source.name, exc)
-            return False
+            return None
 
     @handles(FileAppeared)
     def _on_file(self, msg: FileAppeared) -> None:

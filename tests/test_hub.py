@@ -155,3 +155,32 @@ def test_a_socket_in_delivered_is_quarantined_and_the_hub_keeps_forwarding(two_r
         seed_write_json(paths_m.delivered / f"{good}.json",
                         {"id": good, "at": 1, "reply": "fine", "error": "", "reason": "", "reply_connection": "alpha"})
         await_condition(lambda: reply_of(alpha, good), timeout=10, message="a later record still forwarded")
+
+
+def test_a_failed_reply_write_keeps_the_delivered_record_for_the_next_rescan(
+    two_roots: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    alpha, mini = two_roots
+    paths_a, paths_m = InboxPaths.from_root(alpha).ensure(), InboxPaths.from_root(mini).ensure()
+    envelope_id = uuid.uuid4().hex
+    real_link = os.link
+    failing = {"on": True}
+
+    def link(src: object, dst: object, *args: object, **kwargs: object) -> None:
+        if failing["on"] and str(dst).startswith(str(paths_a.relay.replies)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_link(src, dst, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "link", link)
+    record = {"id": envelope_id, "at": 1, "reply": "the answer", "error": "", "reason": "", "reply_connection": "alpha"}
+    seed_write_json(paths_m.delivered / f"{envelope_id}.json", record)
+    with LogCapture() as logs, hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.2):
+        await_condition(lambda: logs.matching("reply", envelope_id, "failed"), timeout=10, message="write failure logged")
+        assert (paths_m.delivered / f"{envelope_id}.json").exists()  # not thrown away
+        failing["on"] = False  # the disk has room again: the next rescan forwards it
+        await_condition(lambda: reply_of(alpha, envelope_id) is not None, timeout=10, message="forwarded on retry")
+    kept = reply_of(alpha, envelope_id)
+    assert kept is not None and kept["reply"] == "the answer"
+    assert not (paths_m.delivered / f"{envelope_id}.json").exists()
