@@ -177,7 +177,9 @@ def test_a_failed_reply_write_keeps_the_delivered_record_for_the_next_rescan(
     record = {"id": envelope_id, "at": 1, "reply": "the answer", "error": "", "reason": "", "reply_connection": "alpha"}
     seed_write_json(paths_m.delivered / f"{envelope_id}.json", record)
     with LogCapture() as logs, hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.2):
-        await_condition(lambda: logs.matching("reply", envelope_id, "failed"), timeout=10, message="write failure logged")
+        await_condition(
+            lambda: logs.matching("reply", envelope_id, "failed"), timeout=10, message="write failure logged"
+        )
         assert (paths_m.delivered / f"{envelope_id}.json").exists()  # not thrown away
         failing["on"] = False  # the disk has room again: the next rescan forwards it
         await_condition(lambda: reply_of(alpha, envelope_id) is not None, timeout=10, message="forwarded on retry")
