@@ -80,7 +80,8 @@ class HubActor(TypedActor):
         self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0}
 
     def on_start(self) -> None:
-        self._push_rosters()
+        # The first push is told by run_hub once the watches are up: a sender that sees the
+        # roster must never be able to queue an envelope the hub is not yet watching for.
         self.timers.every(self.roster_seconds, RosterPush())
 
     def on_stop(self) -> None:
@@ -218,6 +219,7 @@ def run_hub(
             FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=rescan_seconds).start()
             for r in hub_roots
         ]
+        hub.tell(RosterPush())
         if not quiet:
             print(f"relay hub running for {', '.join(r.name for r in hub_roots)}", flush=True)
         try:
