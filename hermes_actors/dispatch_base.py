@@ -28,6 +28,7 @@ class Pending:
     delivery: Delivery
     route: str  # "local" | "relay" (ours, awaiting a reply) | "relay-in" (drained, run here) | "peer"
     reply_connection: str = ""
+    answer: Any = None  # the future of an in-process relay_deliver RPC
 
 
 class DispatcherBase(SupervisorActor):
@@ -55,3 +56,12 @@ class DispatcherBase(SupervisorActor):
 
     def _publish(self, outcome: Outcome) -> None:
         raise NotImplementedError
+
+    def _answer_relay_in(self, outcome: Outcome, reply_connection: str, answer: Any) -> None:
+        """Where a relayed-in delivery's outcome goes: the RPC caller, or back through the relay."""
+        if answer is not None:
+            answer.set(outcome)
+        elif self.relay is not None:
+            from hermes_actors.messages import RelayOutcome
+
+            self.relay.tell(RelayOutcome(outcome, reply_connection))

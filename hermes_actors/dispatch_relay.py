@@ -9,7 +9,7 @@ from actors import UnknownMessageError, ask, handles
 from hermes_actors import outcomes
 from hermes_actors.acks import outcome_from_record
 from hermes_actors.dispatch_base import DispatcherBase, Pending
-from hermes_actors.messages import Delivery, PeerSend, RelayDeliver, RelayOutcome, RelayResumed, RelaySend
+from hermes_actors.messages import Delivery, PeerSend, RelayDeliver, RelayResumed, RelaySend
 from hermes_actors.targets import PeerRoute, Refusal, RelayRoute
 
 __all__ = ["RelayDispatch"]
@@ -48,16 +48,13 @@ class RelayDispatch(DispatcherBase):
         if key in self.pending:
             return
         if key in self.settled:  # delivered before a crash, reply not written yet: write it again
-            if self.relay is not None:
-                outcome = outcome_from_record(key, self.settled[key])
-                self.relay.tell(RelayOutcome(outcome, msg.reply_connection))
+            self._answer_relay_in(outcome_from_record(key, self.settled[key]), msg.reply_connection, msg.answer)
             return
         label = f"@{env['target_handle']}"
         info = self.snapshot.index.get(str(env["target_profile"]).lower())
         if info is None:
             text = f"No agent '{env['target_profile']}' on this gateway; the message was NOT delivered."
-            if self.relay is not None:
-                self.relay.tell(RelayOutcome(outcomes.failed(key, label, text, "unknown"), msg.reply_connection))
+            self._answer_relay_in(outcomes.failed(key, label, text, "unknown"), msg.reply_connection, msg.answer)
             return
         hop = env.get("hop")
         delivery = Delivery(
@@ -73,7 +70,7 @@ class RelayDispatch(DispatcherBase):
             origin="relay",
             label=label,
         )
-        self.pending[key] = Pending(delivery, "relay-in", msg.reply_connection)
+        self.pending[key] = Pending(delivery, "relay-in", msg.reply_connection, msg.answer)
         self._deliver_local(info, delivery, register=False)
 
     @handles(RelayResumed)

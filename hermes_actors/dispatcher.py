@@ -44,7 +44,6 @@ from hermes_actors.messages import (
     PendingAck,
     ProfileIdle,
     ProfileInfo,
-    RelayOutcome,
     RosterChanged,
     RosterSnapshot,
     SendRequest,
@@ -283,8 +282,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         if entry is not None and entry.route == "relay-in":
             # The sender is on another connection: the reply goes back through the relay files.
             self.settled[key] = outcome.as_dict()
-            if self.relay is not None:
-                self.relay.tell(RelayOutcome(outcome, entry.reply_connection))
+            self._answer_relay_in(outcome, entry.reply_connection, entry.answer)
             return
         if self.journal is not None and key in self.journaled:
             me = self.actor_ref

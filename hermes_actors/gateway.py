@@ -51,6 +51,7 @@ from hermes_actors.messages import (
 from hermes_actors.notifier import NotifierActor
 from hermes_actors.profile import ProfileDeps
 from hermes_actors.relay import RelayActor
+from hermes_actors.relay_rpc import RelayRpcMixin
 from hermes_actors.roster import RosterActor, roster_rows
 from hermes_actors.runners import TurnRunner, as_runner
 from hermes_actors.store.journal import Journal
@@ -63,7 +64,7 @@ __all__ = ["Gateway"]
 _ASK_TIMEOUT = 30.0
 
 
-class Gateway:
+class Gateway(RelayRpcMixin):
     """One gateway process's Bot Mode messaging.
 
     Args:

@@ -350,10 +350,15 @@ class ExportOutcomes:
 
 @dataclass(frozen=True, slots=True)
 class RelayDeliver:
-    """Told by the RelayActor to the Dispatcher: run this drained envelope on a local profile."""
+    """Told by the RelayActor to the Dispatcher: run this drained envelope on a local profile.
+
+    ``answer`` (a future) is set for the in-process ``Gateway.relay_deliver`` RPC instead
+    of writing the reply through the relay files.
+    """
 
     envelope: dict[str, Any]
     reply_connection: str
+    answer: Any = None
 
 
 @dataclass(frozen=True, slots=True)
