@@ -228,8 +228,11 @@ class Journal:
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self._fd is not None:
+            empty = os.fstat(self._fd).st_size == 0
             os.close(self._fd)
             self._fd = None
+            if empty:  # nothing was ever journaled: leave no file behind
+                self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> Journal:
         self.start()
