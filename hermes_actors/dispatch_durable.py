@@ -16,8 +16,9 @@ from actors import handles, tell
 from hermes_actors import outcomes
 from hermes_actors.acks import delivery_record, journal_refusal, settled_ack
 from hermes_actors.dispatch_base import DispatcherBase, Pending
-from hermes_actors.errors import StoreError
+from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
+from hermes_actors.live import LiveMailbox
 from hermes_actors.messages import AcceptDurable, Delivery, FinishedDurable, PendingAck, ProfileInfo, Recover
 from hermes_actors.recovery import plan_recovery
 
@@ -76,12 +77,23 @@ class DurableDispatch(DispatcherBase):
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
 
+    def _live_record(self, delivery: Delivery) -> dict[str, Any] | None:
+        """The live-delivery mailbox record of ``delivery`` (None: it never went to a live owner)."""
+        info = self.snapshot.index.get(delivery.target.lower())
+        if info is None:
+            return None
+        try:
+            return LiveMailbox(info.home).read(delivery.delivery_id)
+        except (OSError, ValidationError):
+            return None
+
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:
         """Act on the journal of a previous run (see ``recovery.plan_recovery``)."""
-        plan = plan_recovery(msg.states, idempotent_runner=msg.idempotent_runner)
+        plan = plan_recovery(msg.states, idempotent_runner=msg.idempotent_runner, live_record=self._live_record)
         self.settled.update(plan.known)
         for outcome in plan.redeliver:
+            self._journal_quietly({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
             self._publish(outcome)
             self._journal_quietly({"t": "delivered", "id": outcome.delivery_id})
         for delivery, outcome in plan.ambiguous:

@@ -118,6 +118,8 @@ class Gateway(RelayRpcMixin):
         self._state_lock = threading.Lock()  # guards the lifecycle only, never message traffic
         self._tokens = itertools.count(1)
         self._early_subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
+        self._early_owners: dict[str, Any] = {}
+        self._profile_count = 0
         self._final_outcomes: dict[str, dict[str, Any]] = {}
         self._scheduler: Scheduler | None = None
         self._pool: WorkerPool | None = None
@@ -143,92 +145,123 @@ class Gateway(RelayRpcMixin):
                 raise FileNotFoundError(f"Hermes root {str(self.root)!r} does not exist or is not a directory")
             self.config = cfg = load_config(self.root, self.overrides)
             redis_settings = self._redis_settings(cfg)  # ValueError (nothing started) when misconfigured
-            InboxPaths.from_root(self.root).ensure()  # before the watch starts: no events for our own mkdirs
-            adopted = None
-            if self.durable:
-                self._journal = Journal(self.root / "bot_relay" / "journal", fsync=self.fsync)
-                adopted = self._journal.start()
-            self._scheduler = Scheduler().start()
-            self._pool = WorkerPool(self.workers, name="turn")
-            self._notifier = NotifierActor.start()
-            for token, callback in self._early_subscribers.items():
-                self._notifier.tell(AddSubscriber(token, callback))
-            self._early_subscribers.clear()
-            self._roster = RosterActor.start(
-                self.root, overrides=self.overrides, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
-            )
-            snapshot = ask(self._roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
-            pool, scheduler, runner = self._pool, self._scheduler, self.runner
-            guard = None
-            if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
-                from hermes_actors.transports.redis import ClaimGuard
+            try:
+                self._start_locked(cfg, redis_settings)
+            except BaseException:
+                self._teardown()  # a half-started gateway leaves no actor or thread behind
+                raise
+            self._state = "running"
+        logger.info("gateway started on {} ({} profiles)", self.root, self._profile_count)
+        return self
 
-                guard = ClaimGuard(redis_settings, ttl=cfg.envelope_ttl_seconds)
-                runner = guard.wrap(runner)
-            transport = self.peer_transport or PeerCliTransport()
+    def _teardown(self) -> None:
+        if self._bridge is not None:
+            self._bridge.stop()
+        for ref in (self._dispatcher, self._relay, self._roster, self._notifier):
+            if ref is not None:
+                try:
+                    ref.stop(block=True, timeout=10)
+                except pykka.Timeout:
+                    logger.warning("{} did not stop within 10s", ref)
+        if self._pool is not None:
+            self._pool.shutdown(timeout=5)
+        if self._scheduler is not None:
+            self._scheduler.stop()
+        if self._journal is not None:
+            self._journal.stop()
 
-            def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: Callable[[Delivery], Turn]) -> ProfileDeps:
-                return ProfileDeps(
-                    root=self.root,
-                    config=cfg,
-                    runner=runner,
-                    pool=pool,
-                    scheduler=scheduler,
-                    dispatcher=dispatcher,
-                    make_turn=make_turn,
-                    cross_process_lock=self.cross_process_lock,
-                    journal=self._journal,
-                )
+    def _start_locked(self, cfg: BotModeConfig, redis_settings: Any) -> None:
+        InboxPaths.from_root(self.root).ensure()  # before the watch starts: no events for our own mkdirs
+        adopted = None
+        if self.durable:
+            self._journal = Journal(self.root / "bot_relay" / "journal", fsync=self.fsync)
+            adopted = self._journal.start()
+        self._scheduler = Scheduler().start()
+        self._pool = WorkerPool(self.workers, name="turn")
+        self._notifier = NotifierActor.start()
+        for token, callback in self._early_subscribers.items():
+            self._notifier.tell(AddSubscriber(token, callback))
+        self._early_subscribers.clear()
+        self._roster = RosterActor.start(
+            self.root, overrides=self.overrides, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
+        )
+        snapshot = ask(self._roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
+        self._profile_count = len(snapshot.profiles)
+        for profile in self._early_owners:
+            want = profile.strip().lstrip("@").lower()
+            if ("default" if want == "hermes" else want) not in snapshot.index:
+                raise KeyError(f"attach_live_owner: no local profile named {profile!r} under {self.root}")
+        pool, scheduler, runner = self._pool, self._scheduler, self.runner
+        guard = None
+        if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
+            from hermes_actors.transports.redis import ClaimGuard
 
-            def peer_submit(delivery: Delivery, route: PeerRoute, report: Callable[[Outcome], None]) -> None:
-                pool.submit(lambda: report(transport.deliver(delivery, route)))
+            guard = ClaimGuard(redis_settings, ttl=cfg.envelope_ttl_seconds)
+            runner = guard.wrap(runner)
+        transport = self.peer_transport or PeerCliTransport()
 
-            self._dispatcher = DispatcherActor.start(
-                snapshot,
-                deps_factory=deps_factory,
-                notifier=self._notifier,
-                peer_submit=peer_submit,
-                policy=RestartPolicy(max_restarts=5, within_seconds=10.0),
+        def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: Callable[[Delivery], Turn]) -> ProfileDeps:
+            return ProfileDeps(
+                root=self.root,
+                config=cfg,
+                runner=runner,
+                pool=pool,
+                scheduler=scheduler,
+                dispatcher=dispatcher,
+                make_turn=make_turn,
+                cross_process_lock=self.cross_process_lock,
                 journal=self._journal,
             )
-            current = ask(self._roster, Subscribe(self._dispatcher), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
-            self._dispatcher.tell(RosterChanged(current))
-            if redis_settings is not None and guard is not None and self.connection_id:
-                from hermes_actors.transports.redis import RedisRelayActor
 
-                self._relay = RedisRelayActor.start(
-                    redis_settings,
-                    guard=guard,
-                    config=cfg,
-                    dispatcher=self._dispatcher,
-                    roster=self._roster,
-                    scheduler=self._scheduler,
-                    connection_id=self.connection_id,
-                    local_profiles=frozenset(p.profile for p in current.profiles),
-                )
-                self._dispatcher.tell(AttachRelay(self._relay))
-            else:
-                self._relay = RelayActor.start(
-                    self.root,
-                    config=cfg,
-                    dispatcher=self._dispatcher,
-                    roster=self._roster,
-                    scheduler=self._scheduler,
-                    connection_id=self.connection_id,
-                    local_profiles=frozenset(p.profile for p in current.profiles),
-                )
-                self._dispatcher.tell(AttachRelay(self._relay))
-                self._bridge = FsBridge(
-                    self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
-                ).start()
-            if adopted is not None and adopted.states:
-                idempotent = bool(getattr(runner, "idempotent", False))
-                self.recovered = ask(
-                    self._dispatcher, Recover(adopted.states, idempotent), timeout=_ASK_TIMEOUT, expect=dict
-                )
-            self._state = "running"
-        logger.info("gateway started on {} ({} profiles)", self.root, len(snapshot.profiles))
-        return self
+        def peer_submit(delivery: Delivery, route: PeerRoute, report: Callable[[Outcome], None]) -> None:
+            pool.submit(lambda: report(transport.deliver(delivery, route)))
+
+        self._dispatcher = DispatcherActor.start(
+            snapshot,
+            deps_factory=deps_factory,
+            notifier=self._notifier,
+            peer_submit=peer_submit,
+            policy=RestartPolicy(max_restarts=5, within_seconds=10.0),
+            journal=self._journal,
+        )
+        current = ask(self._roster, Subscribe(self._dispatcher), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
+        self._dispatcher.tell(RosterChanged(current))
+        if redis_settings is not None and guard is not None and self.connection_id:
+            from hermes_actors.transports.redis import RedisRelayActor
+
+            self._relay = RedisRelayActor.start(
+                redis_settings,
+                guard=guard,
+                config=cfg,
+                dispatcher=self._dispatcher,
+                roster=self._roster,
+                scheduler=self._scheduler,
+                connection_id=self.connection_id,
+                local_profiles=frozenset(p.profile for p in current.profiles),
+            )
+            self._dispatcher.tell(AttachRelay(self._relay))
+        else:
+            self._relay = RelayActor.start(
+                self.root,
+                config=cfg,
+                dispatcher=self._dispatcher,
+                roster=self._roster,
+                scheduler=self._scheduler,
+                connection_id=self.connection_id,
+                local_profiles=frozenset(p.profile for p in current.profiles),
+            )
+            self._dispatcher.tell(AttachRelay(self._relay))
+            self._bridge = FsBridge(
+                self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
+            ).start()
+        for profile, owner in self._early_owners.items():
+            ask(self._dispatcher, AttachOwner(profile, owner), timeout=_ASK_TIMEOUT)
+        self._early_owners.clear()
+        if adopted is not None and adopted.states:
+            idempotent = bool(getattr(self.runner, "idempotent", False))
+            self.recovered = ask(
+                self._dispatcher, Recover(adopted.states, idempotent), timeout=_ASK_TIMEOUT, expect=dict
+            )
 
     def _redis_settings(self, cfg: BotModeConfig) -> Any:
         """The Redis transport's settings when ``bot_mode.transport`` selects it (None: the file relay).
@@ -404,11 +437,17 @@ class Gateway(RelayRpcMixin):
                 serialize it with its own turns. Raising ``TurnFailed`` fails the DM;
                 any other exception means it died mid-turn (``ambiguous``).
 
+        May be called before ``start()``: the owner is then attached before the journal
+        of a previous run is recovered, so recovered DMs go to it too.
+
         Raises:
-            KeyError: no such local profile.
+            KeyError: no such local profile (from ``start()`` for an owner attached before it).
             TypeError: ``owner`` is neither a runner nor a callable.
         """
         as_runner(owner)
+        if self._state == "new":  # attached before start(): recovered DMs already go to it
+            self._early_owners[profile] = owner
+            return
         ask(self._live_dispatcher(), AttachOwner(profile, owner), timeout=_ASK_TIMEOUT)
 
     def detach_live_owner(self, profile: str) -> None:
@@ -417,4 +456,7 @@ class Gateway(RelayRpcMixin):
         Raises:
             KeyError: no such local profile.
         """
+        if self._state == "new":
+            self._early_owners.pop(profile, None)
+            return
         ask(self._live_dispatcher(), DetachOwner(profile), timeout=_ASK_TIMEOUT)

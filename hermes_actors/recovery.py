@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,11 +37,19 @@ class RecoveryPlan:
         }
 
 
-def plan_recovery(states: dict[str, Any], *, idempotent_runner: bool = False) -> RecoveryPlan:
-    """Pure: decide each journaled delivery's fate (``states``: id → ``DeliveryState``).
+def plan_recovery(
+    states: dict[str, Any],
+    *,
+    idempotent_runner: bool = False,
+    live_record: Callable[[Delivery], dict[str, Any] | None] | None = None,
+) -> RecoveryPlan:
+    """Decide each journaled delivery's fate (``states``: id → ``DeliveryState``).
 
     A started-not-finished turn is re-offered only when the runner declared itself
-    idempotent; otherwise it is ambiguous and never runs twice.
+    idempotent; otherwise it is ambiguous and never runs twice — unless it was handed
+    to a live owner and ``live_record`` (the live-delivery mailbox) knows better: a
+    ``settled`` or ``failed`` record is that turn's real result, and a ``queued`` one
+    never reached the owner, so it is safe to offer again.
     """
     plan = RecoveryPlan()
     for key, state in states.items():
@@ -54,6 +63,16 @@ def plan_recovery(states: dict[str, Any], *, idempotent_runner: bool = False) ->
         if state.delivery is None:
             continue  # a torn record without its acceptance: nothing was acked
         delivery = delivery_from_record(state.delivery)
+        record = live_record(delivery) if (state.started and live_record is not None) else None
+        if record is not None and record.get("state") in ("settled", "failed", "queued"):
+            if record["state"] == "settled":
+                plan.redeliver.append(outcomes.from_reply(key, delivery.label, str(record.get("reply") or "")))
+            elif record["state"] == "failed":
+                error = str(record.get("error") or "The live Bot Chat owner failed the turn.")
+                plan.redeliver.append(outcomes.failed(key, delivery.label, error, str(record.get("reason") or "")))
+            else:
+                plan.reoffer.append(replace(delivery, origin="recovered"))
+            continue
         if state.started and not idempotent_runner:
             why = "The gateway stopped or crashed during the turn."
             plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, why)))
