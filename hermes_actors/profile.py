@@ -49,6 +49,9 @@ from hermes_actors.turns import execute_turn
 __all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "outcome_of_turn"]
 
 
+SEEN_KEEP = 10_000
+
+
 @dataclass(frozen=True)
 class ProfileDeps:
     """What every ProfileActor shares (given by the Dispatcher)."""
@@ -102,7 +105,8 @@ class ProfileActor(TypedActor):
         self.queue: OrderedDict[str, tuple[Delivery, float, TimerHandle | None]] = OrderedDict()
         self.running: Delivery | None = None
         self.handled = salvage.handled if salvage else 0  # Deliver messages handled (idle-stop handshake)
-        self.seen: set[str] = set()
+        # Ids that already ran here (a second guard behind the Dispatcher's own dedupe), bounded.
+        self.seen: OrderedDict[str, None] = OrderedDict()
         self.lock = TurnLock(turn_lock_path(deps.root, info.profile)) if deps.cross_process_lock else None
         self.idle_timer: TimerHandle | None = None
         self.last_active = time.monotonic()
@@ -163,7 +167,9 @@ class ProfileActor(TypedActor):
         if timer is not None:
             timer.cancel()
         self.running = delivery
-        self.seen.add(key)
+        self.seen[key] = None
+        if len(self.seen) > SEEN_KEEP:
+            self.seen.popitem(last=False)
         deadline = enqueued + self.deps.config.turn_wait_seconds
         me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
         journal = deps.journal if delivery.origin != "relay" else None
