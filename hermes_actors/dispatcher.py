@@ -60,7 +60,7 @@ from hermes_actors.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, pl
 
 __all__ = ["DispatcherActor"]
 
-SETTLED_KEEP = 200_000  # settled outcomes remembered for wait_outcome (oldest dropped first)
+SETTLED_KEEP = 100_000  # settled outcomes remembered for wait_outcome (oldest dropped first; bounds memory)
 
 
 class DispatcherActor(DurableDispatch, RelayDispatch):
