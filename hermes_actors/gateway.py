@@ -226,30 +226,22 @@ class Gateway(RelayRpcMixin):
         )
         current = ask(self._roster, Subscribe(self._dispatcher), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
         self._dispatcher.tell(RosterChanged(current))
+        # Both relays speak the same messages to the Dispatcher; they differ in what carries them.
+        relay_args: dict[str, Any] = {
+            "config": cfg,
+            "dispatcher": self._dispatcher,
+            "roster": self._roster,
+            "scheduler": self._scheduler,
+            "connection_id": self.connection_id,
+            "local_profiles": frozenset(p.profile for p in current.profiles),
+        }
         if redis_settings is not None and guard is not None and self.connection_id:
             from hermes_actors.transports.redis import RedisRelayActor
 
-            self._relay = RedisRelayActor.start(
-                redis_settings,
-                guard=guard,
-                config=cfg,
-                dispatcher=self._dispatcher,
-                roster=self._roster,
-                scheduler=self._scheduler,
-                connection_id=self.connection_id,
-                local_profiles=frozenset(p.profile for p in current.profiles),
-            )
+            self._relay = RedisRelayActor.start(redis_settings, guard=guard, **relay_args)
             self._dispatcher.tell(AttachRelay(self._relay))
         else:
-            self._relay = RelayActor.start(
-                self.root,
-                config=cfg,
-                dispatcher=self._dispatcher,
-                roster=self._roster,
-                scheduler=self._scheduler,
-                connection_id=self.connection_id,
-                local_profiles=frozenset(p.profile for p in current.profiles),
-            )
+            self._relay = RelayActor.start(self.root, **relay_args)
             self._dispatcher.tell(AttachRelay(self._relay))
             self._bridge = FsBridge(
                 self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
