@@ -12,14 +12,14 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import handles, tell
+from actors import handles
 from hermes_actors import outcomes
 from hermes_actors.acks import delivery_record, journal_refusal, settled_ack
 from hermes_actors.dispatch_base import DispatcherBase, Pending
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.live import LiveMailbox
-from hermes_actors.messages import AcceptDurable, Delivery, FinishedDurable, PendingAck, ProfileInfo, Recover
+from hermes_actors.messages import Delivery, JournalDurable, Outcome, PendingAck, ProfileInfo, Recover
 from hermes_actors.recovery import plan_recovery
 
 __all__ = ["DurableDispatch"]
@@ -33,25 +33,29 @@ class DurableDispatch(DispatcherBase):
         assert self.journal is not None
         future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
         key = delivery.delivery_id
-        me = self.actor_ref
         try:
-            self.journal.append(
-                {"t": "accepted", "id": key, "d": delivery_record(delivery)},
-                callback=lambda error: tell(me, AcceptDurable(key, error)),
-            )
+            self.journal.append({"t": "accepted", "id": key, "d": delivery_record(delivery)}, token=("accepted", key))
         except StoreError as exc:
             return settled_ack(journal_refusal(exc))
         self.awaiting_durable[key] = (delivery, target, future, ack)
         return PendingAck(future)
 
-    @handles(AcceptDurable)
-    def _on_accept_durable(self, msg: AcceptDurable) -> None:
-        entry = self.awaiting_durable.pop(msg.delivery_id, None)
+    @handles(JournalDurable)
+    def _on_journal_durable(self, msg: JournalDurable) -> None:
+        """One group commit landed: release its acks, publish its outcomes."""
+        for kind, value in msg.tokens:
+            if kind == "accepted":
+                self._accepted_durably(value, msg.error)
+            else:
+                self._finished_durably(value, msg.error)
+
+    def _accepted_durably(self, delivery_id: str, error: BaseException | None) -> None:
+        entry = self.awaiting_durable.pop(delivery_id, None)
         if entry is None:
             return
         delivery, target, future, ack = entry
-        if msg.error is not None:
-            future.set(journal_refusal(msg.error))  # nothing acked, nothing queued
+        if error is not None:
+            future.set(journal_refusal(error))  # nothing acked, nothing queued
             return
         crashpoint("after-journal-before-ack")
         self.journaled.add(delivery.delivery_id)
@@ -59,15 +63,12 @@ class DurableDispatch(DispatcherBase):
         self.counters["accepted"] += 1
         future.set(ack)
 
-    @handles(FinishedDurable)
-    def _on_finished_durable(self, msg: FinishedDurable) -> None:
-        if msg.error is not None:
-            logger.error(
-                "outcome of {} could not be journaled ({}); publishing it anyway", msg.outcome.delivery_id, msg.error
-            )
-        self._publish(msg.outcome)
+    def _finished_durably(self, outcome: Outcome, error: BaseException | None) -> None:
+        if error is not None:
+            logger.error("outcome of {} could not be journaled ({}); publishing it anyway", outcome.delivery_id, error)
+        self._publish(outcome)
         crashpoint("after-outcome-before-delivered")
-        self._journal_quietly({"t": "delivered", "id": msg.outcome.delivery_id})
+        self._journal_quietly({"t": "delivered", "id": outcome.delivery_id})
 
     def _journal_quietly(self, record: dict[str, Any]) -> None:
         if self.journal is None:

@@ -37,7 +37,7 @@ from hermes_actors.messages import (
     DetachOwner,
     ExportOutcomes,
     FinalizePending,
-    FinishedDurable,
+    JournalDurable,
     Notify,
     Outcome,
     OutcomeReady,
@@ -100,6 +100,9 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         self.pairs: dict[tuple[str, str], deque[float]] = {}
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
         self.journal = journal
+        if journal is not None:  # one message per group commit, not one per record
+            me = self.actor_ref
+            journal.listener = lambda tokens, error: tell(me, JournalDurable(tuple(tokens), error))
         self.owners: dict[str, Any] = {}  # profile → attached live owner
         self.journaled: set[str] = set()  # ids whose lifecycle the journal records
         self.awaiting_durable: dict[str, tuple[Delivery, ProfileInfo, pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
@@ -285,12 +288,8 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             self._answer_relay_in(outcome, entry.reply_connection, entry.answer)
             return
         if self.journal is not None and key in self.journaled:
-            me = self.actor_ref
             try:
-                self.journal.append(
-                    {"t": "finished", "id": key, "o": outcome.as_dict()},
-                    callback=lambda error: tell(me, FinishedDurable(outcome, error)),
-                )
+                self.journal.append({"t": "finished", "id": key, "o": outcome.as_dict()}, token=("finished", outcome))
                 self.settled[key] = outcome.as_dict()  # a second outcome is dropped from now on
                 return
             except StoreError as exc:

@@ -428,18 +428,13 @@ class PendingAck:
 
 
 @dataclass(frozen=True, slots=True)
-class AcceptDurable:
-    """Told by the journal writer: the accepted record of ``delivery_id`` is on disk (or failed)."""
+class JournalDurable:
+    """Told by the journal writer once per group commit: these records are on disk (or failed).
 
-    delivery_id: str
-    error: BaseException | None
+    ``tokens`` are ``("accepted", delivery_id)`` and ``("finished", Outcome)`` pairs.
+    """
 
-
-@dataclass(frozen=True, slots=True)
-class FinishedDurable:
-    """Told by the journal writer: the finished record of an outcome is on disk (or failed)."""
-
-    outcome: Outcome
+    tokens: tuple[tuple[str, Any], ...]
     error: BaseException | None
 
 

@@ -105,12 +105,13 @@ def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None =
 
 
 class _Batch:
-    __slots__ = ("callbacks", "done", "error")
+    __slots__ = ("callbacks", "done", "error", "tokens")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.callbacks: list[DurableCallback] = []
+        self.tokens: list[Any] = []
 
 
 class Journal:
@@ -138,6 +139,8 @@ class Journal:
         self._stopping = False
         self.fsyncs = 0
         self.records = 0
+        # Called on the writer thread with the tokens of each durable batch (and its error).
+        self.listener: Callable[[list[Any], BaseException | None], object] | None = None
         self.compactions = 0
 
     # ── lifetime ────────────────────────────────────────────────────────────
@@ -245,13 +248,18 @@ class Journal:
 
     # ── appending ───────────────────────────────────────────────────────────
 
-    def append(self, record: dict[str, Any], callback: DurableCallback | None = None) -> _Batch:
+    def append(
+        self, record: dict[str, Any], callback: DurableCallback | None = None, *, token: Any = None
+    ) -> _Batch:
         """Queue ``record``; the returned batch's ``done`` is set once it is durable.
 
         Args:
             record: a journal record (see the module docstring).
             callback: called on the writer thread after the batch is durable
                 (with None) or failed (with the error). Must not block.
+            token: handed, with every other token of the same batch, to ``listener``
+                in ONE call once the batch is durable — one message per group commit
+                instead of one per record.
 
         Raises:
             StoreError: the journal is stopped.
@@ -264,6 +272,8 @@ class Journal:
             batch = self._batch
             if callback is not None:
                 batch.callbacks.append(callback)
+            if token is not None:
+                batch.tokens.append(token)
             self._cond.notify()
             return batch
 
@@ -302,6 +312,12 @@ class Journal:
                     callback(batch.error)
                 except Exception:
                     logger.exception("journal callback failed")
+            listener = self.listener
+            if batch.tokens and listener is not None:
+                try:
+                    listener(batch.tokens, batch.error)
+                except Exception:
+                    logger.exception("journal listener failed")
 
     def _write_now(self, lines: list[bytes]) -> None:
         assert self._fd is not None
