@@ -35,6 +35,8 @@ from actors.timers import Scheduler, TimerHandle
 
 __all__ = ["FsBridge", "default_ignore"]
 
+STARTUP_RESCAN_SECONDS = 0.25
+
 
 def default_ignore(name: str) -> bool:
     """Temp and hidden names (``.x``, ``*.tmp``, ``*.part``, ``*~``) are never reported."""
@@ -110,6 +112,9 @@ class FsBridge:
             self._start_observer()
             if self.rescan_seconds > 0:
                 self._timers.append(self.scheduler.every(self.rescan_seconds, self._periodic))
+            # watchdog adds its inotify watches on its own thread after start() returns: a file
+            # that lands in that window has no event, so a second look follows shortly.
+            self._timers.append(self.scheduler.after(STARTUP_RESCAN_SECONDS, self.target, Rescan("start")))
         self.target.tell(Rescan("start"))
         return self
 
