@@ -148,6 +148,11 @@ class TypedActor(pykka.ThreadingActor):
 
     # ── crash handling ──────────────────────────────────────────────────────
 
+    def mailbox_size(self) -> int:
+        """How many messages wait in this actor's mailbox (approximate, like any queue size)."""
+        inbox = self.actor_inbox
+        return inbox.qsize() if isinstance(inbox, _TrackingInbox) else 0
+
     def drain_mailbox(self) -> list[Envelope[Any]]:
         """Take every envelope still queued in the mailbox (used on crash)."""
         pending: list[Envelope[Any]] = []

@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
         "max_hops": 8,
         "max_pair_rate": 30,
         "max_queued": 256,
+        "max_notify_backlog": 100000,
         "turn_timeout_seconds": 600,
         "idle_stop_seconds": 60,
         "rescan_seconds": 2.0,
@@ -160,6 +161,7 @@ _FIELDS: dict[str, tuple[str, float | None, bool]] = {
     "max_hops": ("int", 1, True),
     "max_pair_rate": ("int", 0, True),  # 0 turns the per-pair rate limit off
     "max_queued": ("int", 1, True),
+    "max_notify_backlog": ("int", 1, True),
     "turn_timeout_seconds": ("float", 0.0, False),
     "idle_stop_seconds": ("float", 0.0, True),
     "rescan_seconds": ("float", 0.0, False),
@@ -254,6 +256,7 @@ class BotModeConfig:
     max_hops: int = 8
     max_pair_rate: int = 30
     max_queued: int = 256
+    max_notify_backlog: int = 100_000
     turn_timeout_seconds: float = 600.0
     idle_stop_seconds: float = 60.0
     rescan_seconds: float = 2.0

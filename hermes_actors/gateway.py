@@ -178,7 +178,7 @@ class Gateway(RelayRpcMixin):
             adopted = self._journal.start()
         self._scheduler = Scheduler().start()
         self._pool = WorkerPool(self.workers, name="turn")
-        self._notifier = NotifierActor.start()
+        self._notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog)
         for token, callback in self._early_subscribers.items():
             self._notifier.tell(AddSubscriber(token, callback))
         self._early_subscribers.clear()

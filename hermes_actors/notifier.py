@@ -3,6 +3,10 @@
 Callbacks see outcomes in arrival order. A slow callback only delays later
 callbacks, never an actor (the Dispatcher tells and moves on); a raising one is
 logged and the others still run.
+
+The backlog is bounded: when more than ``max_backlog`` notifications wait behind
+a slow subscriber, the oldest are skipped (counted and logged) until it catches
+up. The outcomes themselves are never lost: ``wait_outcome`` still answers.
 """
 
 from __future__ import annotations
@@ -19,12 +23,18 @@ __all__ = ["NotifierActor"]
 
 
 class NotifierActor(TypedActor):
-    """Owns the subscriber list."""
+    """Owns the subscriber list.
 
-    def __init__(self) -> None:
+    Args:
+        max_backlog: notifications allowed to wait behind a slow subscriber.
+    """
+
+    def __init__(self, max_backlog: int = 100_000) -> None:
         super().__init__()
         self.subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
         self.delivered = 0
+        self.skipped = 0
+        self.max_backlog = max_backlog
 
     @handles(AddSubscriber)
     def _on_add(self, msg: AddSubscriber) -> None:
@@ -36,6 +46,16 @@ class NotifierActor(TypedActor):
 
     @handles(Notify)
     def _on_notify(self, msg: Notify) -> None:
+        if self.subscribers and self.mailbox_size() > self.max_backlog:
+            self.skipped += 1  # shed load: a stuck subscriber must not grow memory without bound
+            if self.skipped == 1 or self.skipped % 1000 == 0:
+                logger.error(
+                    "subscribers are too slow: {} notification(s) skipped so far (backlog over {}); "
+                    "the outcomes stay available through wait_outcome",
+                    self.skipped,
+                    self.max_backlog,
+                )
+            return
         for token, callback in list(self.subscribers.items()):
             try:
                 callback(dict(msg.outcome))

@@ -155,8 +155,8 @@ def test_defaults() -> None:
 def test_defaults_dict_shape() -> None:
     assert c.DEFAULTS["bot_mode"] == {
         "turn_wait_seconds": 120, "envelope_ttl_seconds": 900, "reply_wait_seconds": 900, "max_hops": 8,
-        "max_pair_rate": 30, "max_queued": 256, "turn_timeout_seconds": 600, "idle_stop_seconds": 60,
-        "rescan_seconds": 2.0,
+        "max_pair_rate": 30, "max_queued": 256, "max_notify_backlog": 100000, "turn_timeout_seconds": 600,
+        "idle_stop_seconds": 60, "rescan_seconds": 2.0,
     }
     assert c.DEFAULTS["bot_peers"] == {}
 
