@@ -24,6 +24,7 @@ from hermes_actors.config import load_config
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import RosterPush
 from hermes_actors.profiles import HANDLE_RE, discover_profiles
+from hermes_actors.relay_rpc import expiry_text
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_inbox import InboxPaths, gateway_alive, post_to_inbox, read_delivered
 
@@ -119,8 +120,7 @@ class HubActor(TypedActor):
             rf.quarantine(source.paths.relay, claimed, str(exc))
             return
         if source.ttl > 0 and rf.is_expired(envelope, source.ttl, time.time()):
-            ttl = int(source.ttl) if float(source.ttl).is_integer() else source.ttl
-            text = rf.expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl)
+            text = expiry_text(envelope, source.ttl)
             self._reply(source, rf.make_reply(envelope_id, error=text, reason="queued_expired", now=time.time()))
             self.counters["expired"] += 1
             return

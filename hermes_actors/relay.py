@@ -234,7 +234,7 @@ class RelayActor(TypedActor):
         except (OSError, ValidationError):
             handle, _, conn = entry.label.removeprefix("@").partition(" on ")
         ttl = self.config.envelope_ttl_seconds
-        text = rf.expired_error_text(handle, conn, int(ttl) if float(ttl).is_integer() else ttl)
+        text = rf.expired_error_text(handle, conn, ttl)
         self.counters["expired"] += 1
         try:
             rf.write_reply(self.paths.relay, rf.make_reply(msg.envelope_id, error=text, reason="queued_expired",
@@ -276,8 +276,7 @@ class RelayActor(TypedActor):
             return
         ttl = self.config.envelope_ttl_seconds
         if ttl > 0 and rf.is_expired(envelope, ttl, time.time()):
-            text = rf.expired_error_text(envelope["target_handle"], envelope["target_connection"],
-                                         int(ttl) if float(ttl).is_integer() else ttl)
+            text = rf.expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl)
             record = rf.make_reply(envelope["id"], error=text, reason="queued_expired", now=time.time())
             self._write_delivered(record, reply_connection)
             return

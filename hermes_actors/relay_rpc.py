@@ -28,9 +28,8 @@ _ASK_TIMEOUT = 30.0
 
 def expiry_text(envelope: dict[str, Any], ttl: float) -> str:
     """The seed's ``queued_expired`` text for ``envelope``."""
-    shown: float | int = int(ttl) if float(ttl).is_integer() else ttl
     return rf.expired_error_text(str(envelope.get("target_handle") or "?"),
-                                 str(envelope.get("target_connection") or "?"), shown)
+                                 str(envelope.get("target_connection") or "?"), ttl)
 
 
 def reply_record(envelope_id: str, *, reply: str = "", error: str = "", reason: str = "", now: float) -> dict[str, Any]:

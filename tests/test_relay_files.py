@@ -483,6 +483,8 @@ def test_parse_reply_refuses(data: Any, file_id: str | None, match: str) -> None
               "it was NOT delivered. Resend once the Desktop reconnects."),
         (0.5, "queued message to @moxie on mini expired after 0.5s waiting for the Desktop to drain it — "
               "it was NOT delivered. Resend once the Desktop reconnects."),
+        (900.0, "queued message to @moxie on mini expired after 900s waiting for the Desktop to drain it — "
+                "it was NOT delivered. Resend once the Desktop reconnects."),
     ],
 )
 def test_expired_error_text(ttl: float, expected: str) -> None:

@@ -229,13 +229,15 @@ def expired_error_text(handle: str, conn: str, ttl: float) -> str:
     Args:
         handle: the target's handle.
         conn: the target connection id.
-        ttl: the TTL, interpolated as given (900 → "900s", 0.5 → "0.5s").
+        ttl: the TTL in seconds, shown as the seed shows its int config value:
+            900 or 900.0 → "900s", 0.5 → "0.5s".
 
     Returns:
         The human text for the expired-envelope reply.
     """
+    shown = int(ttl) if float(ttl).is_integer() else ttl  # config numbers arrive as floats
     return (
-        f"queued message to @{handle} on {conn} expired after {ttl}s waiting for the "
+        f"queued message to @{handle} on {conn} expired after {shown}s waiting for the "
         "Desktop to drain it — it was NOT delivered. Resend once the Desktop reconnects."
     )
 

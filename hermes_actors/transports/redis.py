@@ -49,7 +49,7 @@ from hermes_actors.messages import (
 from hermes_actors.relay import reply_from_outcome
 from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
 from hermes_actors.transports import redis_store as rs
-from hermes_actors.transports.redis_base import Inbound, Waiting, as_text, ttl_text
+from hermes_actors.transports.redis_base import Inbound, Waiting, as_text
 from hermes_actors.transports.redis_io import ClaimGuard, StreamReader, ensure_groups, make_client
 from hermes_actors.transports.redis_send import SEND_LUA, RedisSend
 
@@ -199,7 +199,7 @@ class RedisRelayActor(RedisSend):
             return
         ttl = self.config.envelope_ttl_seconds
         if ttl > 0 and is_expired(envelope, ttl, time.time()):
-            text = expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl_text(ttl))
+            text = expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl)
             try:
                 won = self.client.set(self.keys.claim(envelope_id), rs.EXPIRED_CLAIM, nx=True,
                                       ex=rs.DONE_KEEP_SECONDS)

@@ -22,7 +22,7 @@ from hermes_actors.messages import ProfileInfo, RemoteAgent
 from hermes_actors.transports import redis_store as rs
 from hermes_actors.transports.redis_io import ClaimGuard, StreamReader
 
-__all__ = ["Inbound", "RedisBase", "Waiting", "as_text", "ttl_text"]
+__all__ = ["Inbound", "RedisBase", "Waiting", "as_text"]
 
 
 @dataclass
@@ -44,9 +44,6 @@ class Inbound:
     record: dict[str, Any] | None = None  # the reply, once settled (kept until written)
 
 
-def ttl_text(ttl: float) -> int | float:
-    """The TTL as shown in texts: ``600`` rather than ``600.0``."""
-    return int(ttl) if float(ttl).is_integer() else ttl
 
 
 def as_text(value: Any) -> str | None:

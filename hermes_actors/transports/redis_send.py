@@ -34,7 +34,7 @@ from hermes_actors.store.relay_protocol import expired_error_text, make_envelope
 from hermes_actors.store.relay_roster import offline_error_text
 from hermes_actors.targets import Refusal
 from hermes_actors.transports import redis_store as rs
-from hermes_actors.transports.redis_base import RedisBase, Waiting, as_text, ttl_text
+from hermes_actors.transports.redis_base import RedisBase, Waiting, as_text
 
 __all__ = ["REPORTED_KEEP", "SEND_LUA", "RedisSend"]
 
@@ -190,7 +190,7 @@ class RedisSend(RedisBase):
         self.expire_due.discard(msg.envelope_id)
         if not won and holder != rs.EXPIRED_CLAIM:
             return  # the target took it: its reply will come
-        text = expired_error_text(entry.handle, entry.connection, ttl_text(self.config.envelope_ttl_seconds))
+        text = expired_error_text(entry.handle, entry.connection, self.config.envelope_ttl_seconds)
         self.counters["expired"] += 1
         self._report(msg.envelope_id, outcomes.failed(msg.envelope_id, entry.label, text, "queued_expired"))
 
