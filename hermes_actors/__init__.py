@@ -11,8 +11,8 @@ from loguru import logger
 
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.gateway import Gateway
+from hermes_actors.local.runners import CallableRunner, CommandRunner, TurnRunner
 from hermes_actors.messages import BOT_CHAT_SESSION, Outcome, Turn
-from hermes_actors.runners import CallableRunner, CommandRunner, TurnRunner
 from hermes_actors.tool import message_agent_tool, message_agent_tool_schema
 
 logger.disable("hermes_actors")

@@ -10,7 +10,7 @@ class TurnFailed(Exception):
 
     Args:
         text: the human-readable failure text the sender will read.
-        reason: a reason code from the vocabulary (``hermes_actors.reasons``).
+        reason: a reason code from the vocabulary (``hermes_actors.core.reasons``).
             When empty, the text is classified.
     """
 

@@ -20,9 +20,14 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, FsBridge, RestartPolicy, Scheduler, WorkerPool, ask
-from hermes_actors.acks import resolve_ack
-from hermes_actors.config import BotModeConfig, load_config
-from hermes_actors.dispatcher import DispatcherActor
+from hermes_actors.core.acks import resolve_ack
+from hermes_actors.core.config import BotModeConfig, load_config
+from hermes_actors.core.targets import PeerRoute
+from hermes_actors.local.dispatcher import DispatcherActor
+from hermes_actors.local.notifier import NotifierActor
+from hermes_actors.local.profile_actor import ProfileDeps
+from hermes_actors.local.roster import RosterActor, roster_rows
+from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
@@ -48,15 +53,10 @@ from hermes_actors.messages import (
     Subscribe,
     Turn,
 )
-from hermes_actors.notifier import NotifierActor
-from hermes_actors.profile import ProfileDeps
-from hermes_actors.relay import RelayActor
-from hermes_actors.relay_rpc import RelayRpcMixin
-from hermes_actors.roster import RosterActor, roster_rows
-from hermes_actors.runners import TurnRunner, as_runner
+from hermes_actors.relay.desktop_rpc import RelayRpcMixin
+from hermes_actors.relay.relay_actor import RelayActor
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.targets import PeerRoute
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["Gateway"]
@@ -100,7 +100,7 @@ class Gateway(RelayRpcMixin):
     ) -> None:
         self.root = Path(root).expanduser()
         if runner is None:
-            from hermes_actors.demo import DemoRunner
+            from hermes_actors.demo.bots import DemoRunner
 
             runner = DemoRunner()
         self.runner: TurnRunner = as_runner(runner)
@@ -194,7 +194,7 @@ class Gateway(RelayRpcMixin):
         pool, scheduler, runner = self._pool, self._scheduler, self.runner
         guard = None
         if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
-            from hermes_actors.transports.redis import ClaimGuard
+            from hermes_actors.transports.redis.actor import ClaimGuard
 
             guard = ClaimGuard(redis_settings, ttl=cfg.envelope_ttl_seconds)
             runner = guard.wrap(runner)
@@ -236,7 +236,7 @@ class Gateway(RelayRpcMixin):
             "local_profiles": frozenset(p.profile for p in current.profiles),
         }
         if redis_settings is not None and guard is not None and self.connection_id:
-            from hermes_actors.transports.redis import RedisRelayActor
+            from hermes_actors.transports.redis.actor import RedisRelayActor
 
             self._relay = RedisRelayActor.start(redis_settings, guard=guard, **relay_args)
             self._dispatcher.tell(AttachRelay(self._relay))
@@ -261,7 +261,7 @@ class Gateway(RelayRpcMixin):
         Raises:
             ValueError: a bad transport value, or Redis without a ``connection_id``.
         """
-        from hermes_actors.transports.redis_store import redis_settings, redis_url_from_config
+        from hermes_actors.transports.redis.store import redis_settings, redis_url_from_config
 
         url = redis_url_from_config(cfg.raw)
         if url is None:

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from hermes_actors.core.targets import MESSAGE_MAX_CHARS
 from hermes_actors.messages import BOT_CHAT_SESSION
-from hermes_actors.targets import MESSAGE_MAX_CHARS
 
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes_actors.config import deep_merge
-from hermes_actors.demo import DemoRunner
+from hermes_actors.core.config import deep_merge
+from hermes_actors.demo.bots import DemoRunner
 from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.hub import run_hub
+from hermes_actors.relay.hub import run_hub
 
 __all__ = [
     "LogCapture",

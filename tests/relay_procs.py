@@ -18,7 +18,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def hub_argv(roots: dict[str, Path], rescan: float | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "hermes_actors.cli", "relay"]
+    argv = [sys.executable, "-m", "hermes_actors.cli.main", "relay"]
     for name, root in roots.items():
         argv += ["--root", str(root), "--name", name]
     return argv

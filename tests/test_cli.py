@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hermes_actors.cli import build_parser, main
-from hermes_actors.demo import create_demo_root
+from hermes_actors.cli.main import build_parser, main
+from hermes_actors.demo.bots import create_demo_root
 
 COMMANDS = ["demo", "roster", "send", "serve", "relay", "bench"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from loguru import logger
 
-from hermes_actors import config as c
+from hermes_actors.core import config as c
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from roots import make_root
 
-from hermes_actors import Gateway, dmfiles
-from hermes_actors.runners import CommandRunner
+from hermes_actors import Gateway
+from hermes_actors.local import dm_files as dmfiles
+from hermes_actors.local.runners import CommandRunner
 
 KEY = "0123456789abcdef0123456789abcdef"
 

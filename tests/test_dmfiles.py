@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hermes_actors import dmfiles
+from hermes_actors.local import dm_files as dmfiles
 
 ID = "0123456789abcdef0123456789abcdef"
 ID2 = "fedcba9876543210fedcba9876543210"

@@ -16,7 +16,7 @@ from roots import RecordingRunner, make_root
 from actors import FsBridge, Scheduler
 from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors.hub import HubActor, HubRoot, run_hub
+from hermes_actors.relay.hub import HubActor, HubRoot, run_hub
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_inbox import InboxPaths
 

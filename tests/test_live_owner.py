@@ -14,9 +14,9 @@ from roots import RecordingRunner, body_of
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
-from hermes_actors.live import LiveMailbox, hand_to_owner
+from hermes_actors.local.live_handoff import LiveMailbox, hand_to_owner
+from hermes_actors.local.runners import as_runner
 from hermes_actors.messages import Delivery, Turn
-from hermes_actors.runners import as_runner
 
 
 def start(gateways: list[Gateway], root: Path, runner: Any) -> Gateway:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from hermes_actors import profiles as p
 from hermes_actors.messages import ProfileInfo
+from hermes_actors.store import hermes_root as p
 
 
 def _write_profile(home: Path, meta: dict[str, Any] | None) -> Path:

@@ -12,11 +12,8 @@ from pathlib import Path
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hermes_actors.messages import ProfileInfo, RemoteAgent
-from hermes_actors.profiles import alias_forms
-from hermes_actors.reasons import VOCABULARY
-from hermes_actors.roster import make_snapshot
-from hermes_actors.targets import (
+from hermes_actors.core.reasons import VOCABULARY
+from hermes_actors.core.targets import (
     LOCAL_TARGET_RE,
     MESSAGE_MAX_CHARS,
     LocalRoute,
@@ -25,6 +22,9 @@ from hermes_actors.targets import (
     RelayRoute,
     plan_send,
 )
+from hermes_actors.local.roster import make_snapshot
+from hermes_actors.messages import ProfileInfo, RemoteAgent
+from hermes_actors.store.hermes_root import alias_forms
 
 HOME = Path("/nonexistent/hermes-root")
 PROFILES = (

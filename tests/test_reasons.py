@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hermes_actors import reasons as r
+from hermes_actors.core import reasons as r
 
 ALL_CODES = [
     "runtime_offline", "queued_expired", "delivery_timeout", "agent_blocked", "cancelled",

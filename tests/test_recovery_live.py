@@ -11,11 +11,11 @@ import pytest
 from roots import make_root
 
 from hermes_actors import Gateway
-from hermes_actors.acks import delivery_record
-from hermes_actors.ids import new_delivery_id
-from hermes_actors.live import LiveMailbox
+from hermes_actors.core.acks import delivery_record
+from hermes_actors.core.ids import new_delivery_id
+from hermes_actors.core.recovery import plan_recovery
+from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.messages import Delivery
-from hermes_actors.recovery import plan_recovery
 from hermes_actors.store.journal import DeliveryState
 
 

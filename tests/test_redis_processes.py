@@ -17,7 +17,7 @@ from relay_procs import children
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors.demo import create_demo_root
+from hermes_actors.demo.bots import create_demo_root
 
 pytestmark = pytest.mark.redis
 TESTS = Path(__file__).resolve().parent
@@ -164,7 +164,7 @@ def test_serve_cli_with_redis_flag(tmp_path: Path, redis_server: RedisServer) ->
     root = create_demo_root(tmp_path / "served")
     config = {"bot_mode": {"transport": redis_server.url, "redis_heartbeat_seconds": 0.2}}
     with children(tmp_path) as spawn:
-        served = spawn("served", [sys.executable, "-m", "hermes_actors.cli", "serve", "--root", str(root),
+        served = spawn("served", [sys.executable, "-m", "hermes_actors.cli.main", "serve", "--root", str(root),
                                   "--connection-id", "studio", "--runner", "demo", "--redis", redis_server.url])
         served.wait_line(lambda line: line.startswith("gateway serving"), timeout=30)
         with Gateway(create_demo_root(tmp_path / "alpha"), runner=lambda t: "", config=config,
@@ -172,7 +172,7 @@ def test_serve_cli_with_redis_flag(tmp_path: Path, redis_server: RedisServer) ->
             wait_online(alpha, "scout", "studio")
             ack = alpha.message_agent(sender="hermes", target="scout@studio", message="hello from alpha")
             assert alpha.wait_outcome(ack["delivery_id"], timeout=15)["status"] == "replied"
-        bad = spawn("bad", [sys.executable, "-m", "hermes_actors.cli", "serve", "--root", str(root),
+        bad = spawn("bad", [sys.executable, "-m", "hermes_actors.cli.main", "serve", "--root", str(root),
                             "--redis", redis_server.url])
         assert bad.proc.wait(timeout=30) == 2
         assert "connection_id" in bad.stderr_tail()

@@ -25,12 +25,12 @@ from roots import RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
-from hermes_actors.config import deep_merge
+from hermes_actors.core.config import deep_merge
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import ProfileInfo, Turn
 from hermes_actors.store.relay_protocol import make_envelope
 from hermes_actors.transports.peer_cli import PeerCliTransport
-from hermes_actors.transports.redis_store import (
+from hermes_actors.transports.redis.store import (
     RedisKeys,
     decode_envelope_entry,
     encode_envelope_entry,

@@ -15,7 +15,7 @@ from roots import make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors.demo import create_demo_root
+from hermes_actors.demo.bots import create_demo_root
 from hermes_actors.messages import Turn
 from hermes_actors.store import relay_files as rf
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from hermes_actors import runners
 from hermes_actors.errors import TurnFailed
+from hermes_actors.local import runners
+from hermes_actors.local.runners import CallableRunner, CommandRunner, TurnRunner, as_runner, resolve_cli
 from hermes_actors.messages import Turn
-from hermes_actors.runners import CallableRunner, CommandRunner, TurnRunner, as_runner, resolve_cli
 
 ID = "0123456789abcdef0123456789abcdef"
 ID2 = "fedcba9876543210fedcba9876543210"

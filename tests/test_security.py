@@ -21,9 +21,9 @@ from roots import RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors.dmfiles import dm_file_path, write_dm_file
 from hermes_actors.errors import ValidationError
-from hermes_actors.live import LiveMailbox
+from hermes_actors.local.dm_files import dm_file_path, write_dm_file
+from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox, take_from_inbox
 from hermes_actors.store.relay_roster import normalize_roster_row

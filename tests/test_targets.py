@@ -16,11 +16,11 @@ import pytest
 from roots import RecordingRunner, make_root
 
 from hermes_actors import Gateway
-from hermes_actors.config import load_config
+from hermes_actors.core.config import load_config
+from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, plan_send
+from hermes_actors.local.roster import make_snapshot
 from hermes_actors.messages import RosterSnapshot
-from hermes_actors.profiles import discover_profiles
-from hermes_actors.roster import make_snapshot
-from hermes_actors.targets import LocalRoute, PeerRoute, Refusal, plan_send
+from hermes_actors.store.hermes_root import discover_profiles
 
 PROFILES: dict[str, dict[str, Any]] = {
     "alice": {"title": "Researcher", "display_name": "Alice"},

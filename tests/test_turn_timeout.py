@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from hermes_actors import Gateway
-from hermes_actors.demo import create_demo_root
+from hermes_actors.demo.bots import create_demo_root
 
 
 def test_a_hung_turn_times_out_and_the_next_dm_is_served(tmp_path: Path) -> None:

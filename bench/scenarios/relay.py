@@ -29,7 +29,7 @@ from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import BENCH_CONFIG
 from bench.scenarios.local import our_system
 from hermes_actors import Gateway
-from hermes_actors.demo import DemoBot, create_demo_root
+from hermes_actors.demo.bots import DemoBot, create_demo_root
 
 __all__ = ["await_target", "hub_command", "peer_process", "relay_roots"]
 
@@ -50,7 +50,7 @@ def relay_roots(base: Path) -> tuple[Path, Path]:
 def hub_command(roots: dict[str, Path]) -> list[str]:
     """``hermes-actors relay --root … --name …`` (the console script beside this interpreter when present)."""
     script = Path(sys.executable).with_name("hermes-actors")
-    argv = [str(script)] if script.exists() else [sys.executable, "-m", "hermes_actors.cli"]
+    argv = [str(script)] if script.exists() else [sys.executable, "-m", "hermes_actors.cli.main"]
     argv.append("relay")
     for name, root in roots.items():
         argv += ["--root", str(root), "--name", name]

@@ -12,10 +12,10 @@ import subprocess
 
 import orjson
 
-from hermes_actors import outcomes
+from hermes_actors.core import outcomes
+from hermes_actors.core.targets import PeerRoute
+from hermes_actors.local.runners import resolve_cli
 from hermes_actors.messages import Delivery, Outcome
-from hermes_actors.runners import resolve_cli
-from hermes_actors.targets import PeerRoute
 
 __all__ = ["PeerCliTransport"]
 

@@ -14,8 +14,8 @@ from typing import Any
 import pykka
 
 from actors import SupervisorActor
+from hermes_actors.local.profile_actor import ProfileDeps
 from hermes_actors.messages import Delivery, Outcome, ProfileInfo, RosterSnapshot
-from hermes_actors.profile import ProfileDeps
 from hermes_actors.store.journal import Journal
 
 __all__ = ["DispatcherBase", "Pending"]

@@ -6,11 +6,11 @@ import time
 from typing import Any
 
 from actors import UnknownMessageError, ask, handles
-from hermes_actors import outcomes
-from hermes_actors.acks import outcome_from_record
-from hermes_actors.dispatch_base import DispatcherBase, Pending
+from hermes_actors.core import outcomes
+from hermes_actors.core.acks import outcome_from_record
+from hermes_actors.core.targets import PeerRoute, Refusal, RelayRoute
+from hermes_actors.local.dispatch_base import DispatcherBase, Pending
 from hermes_actors.messages import Delivery, PeerSend, RelayDeliver, RelayResumed, RelaySend
-from hermes_actors.targets import PeerRoute, Refusal, RelayRoute
 
 __all__ = ["RelayDispatch"]
 

@@ -1,7 +1,7 @@
 """The Redis Streams transport, pure half: settings, key names, records, decisions.
 
 Nothing here talks to Redis or reads the clock; the actor in
-:mod:`hermes_actors.transports.redis` does the I/O. Records are the file
+:mod:`hermes_actors.transports.redis.actor` does the I/O. Records are the file
 relay's envelope and reply records (``store.relay_protocol``), serialized
 with orjson into one stream field each.
 

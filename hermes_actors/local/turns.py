@@ -15,12 +15,12 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.outcomes import busy_text
+from hermes_actors.core.reasons import RETRY_NONE, classify_agent_error, normalize_reason, retry_action
 from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
+from hermes_actors.local.runners import TurnRunner
 from hermes_actors.messages import Delivery, Turn, TurnFinished
-from hermes_actors.outcomes import busy_text
-from hermes_actors.reasons import RETRY_NONE, classify_agent_error, normalize_reason, retry_action
-from hermes_actors.runners import TurnRunner
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.turnlock import TurnLock
 

@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.messages import BOT_CHAT_SESSION, ProfileInfo, RemoteAgent, RosterSnapshot
-from hermes_actors.profiles import alias_forms
-from hermes_actors.reasons import classify_agent_error
+from hermes_actors.store.hermes_root import alias_forms
 from hermes_actors.store.relay_files import (
     liveness,
     offline_error_text,

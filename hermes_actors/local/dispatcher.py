@@ -17,17 +17,19 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, Link, RestartPolicy, ask, handles, tell
-from hermes_actors import outcomes
-from hermes_actors.acks import (
+from hermes_actors.core import outcomes
+from hermes_actors.core.acks import (
     ack_payload,
     resolve_ack,
 )
-from hermes_actors.dispatch_base import Pending
-from hermes_actors.dispatch_durable import DurableDispatch
-from hermes_actors.dispatch_relay import RelayDispatch
+from hermes_actors.core.guard import check_hops, check_pair_rate, pair_key
+from hermes_actors.core.ids import new_delivery_id
+from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
 from hermes_actors.errors import StoreError
-from hermes_actors.guard import check_hops, check_pair_rate, pair_key
-from hermes_actors.ids import new_delivery_id
+from hermes_actors.local.dispatch_base import Pending
+from hermes_actors.local.dispatch_durable import DurableDispatch
+from hermes_actors.local.dispatch_relay import RelayDispatch
+from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps
 from hermes_actors.messages import (
     AttachOwner,
     AttachRelay,
@@ -54,9 +56,7 @@ from hermes_actors.messages import (
     Turn,
     WindDown,
 )
-from hermes_actors.profile import ProfileActor, ProfileDeps
 from hermes_actors.store.journal import Journal
-from hermes_actors.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
 
 __all__ = ["DispatcherActor"]
 

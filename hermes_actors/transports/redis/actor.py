@@ -3,10 +3,10 @@
 A drop-in for the file relay's RelayActor: toward the Dispatcher it speaks the
 same messages (``RelaySend`` → ack dict, ``OutcomeReady``, ``RelayDeliver``,
 ``RelayOutcome``, ``RelayResumed``) and the records are the relay's envelope
-and reply records, orjson-serialized (key names: ``redis_store``).
+and reply records, orjson-serialized (key names: ``transports.redis.store``).
 
-The actor is split like the Dispatcher: :mod:`~hermes_actors.transports.redis_base`
-declares the shared state, :mod:`~hermes_actors.transports.redis_send` is the
+The actor is split like the Dispatcher: :mod:`~hermes_actors.transports.redis.base`
+declares the shared state, :mod:`~hermes_actors.transports.redis.send` is the
 sender half (send, replies, TTL expiry, reply budget, resume after restart) and
 this module the actor shell: lifecycle, roster/heartbeat, reclaim and the drain.
 
@@ -30,7 +30,7 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, Scheduler, TimerSet, ask, handles
-from hermes_actors.config import BotModeConfig
+from hermes_actors.core.config import BotModeConfig
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import (
     Housekeep,
@@ -46,12 +46,12 @@ from hermes_actors.messages import (
     Subscribe,
     TtlDeadline,
 )
-from hermes_actors.relay import reply_from_outcome
+from hermes_actors.relay.relay_actor import reply_from_outcome
 from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
-from hermes_actors.transports import redis_store as rs
-from hermes_actors.transports.redis_base import Inbound, Waiting, as_text
-from hermes_actors.transports.redis_io import ClaimGuard, StreamReader, ensure_groups, make_client
-from hermes_actors.transports.redis_send import SEND_LUA, RedisSend
+from hermes_actors.transports.redis import store as rs
+from hermes_actors.transports.redis.base import Inbound, Waiting, as_text
+from hermes_actors.transports.redis.io import ClaimGuard, StreamReader, ensure_groups, make_client
+from hermes_actors.transports.redis.send import SEND_LUA, RedisSend
 
 __all__ = ["ClaimGuard", "RedisRelayActor"]
 
@@ -382,7 +382,7 @@ class RedisRelayActor(RedisSend):
     @handles(Housekeep)
     def _on_housekeep(self, msg: Housekeep) -> int:
         """Sweep orphaned DM files (Redis keys expire on their own); returns the count removed."""
-        from hermes_actors.dmfiles import cleanup_bot_dm_cache
+        from hermes_actors.local.dm_files import cleanup_bot_dm_cache
 
         return cleanup_bot_dm_cache()
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hermes_actors import outcomes
-from hermes_actors.acks import delivery_from_record, outcome_from_record
+from hermes_actors.core import outcomes
+from hermes_actors.core.acks import delivery_from_record, outcome_from_record
 from hermes_actors.messages import Delivery, Outcome
 
 __all__ = ["RecoveryPlan", "plan_recovery"]

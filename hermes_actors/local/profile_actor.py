@@ -20,10 +20,12 @@ from loguru import logger
 from pykka._envelope import Envelope
 
 from actors import Link, Scheduler, TimerHandle, TimerSet, TypedActor, WorkerPool, handles
-from hermes_actors import outcomes
-from hermes_actors.config import BotModeConfig
+from hermes_actors.core import outcomes
+from hermes_actors.core.config import BotModeConfig
 from hermes_actors.faults import crashpoint
-from hermes_actors.live import hand_to_owner
+from hermes_actors.local.live_handoff import hand_to_owner
+from hermes_actors.local.runners import TurnRunner, as_runner
+from hermes_actors.local.turns import execute_turn
 from hermes_actors.messages import (
     AttachOwner,
     Deliver,
@@ -41,10 +43,8 @@ from hermes_actors.messages import (
     WaitExpired,
     WindDown,
 )
-from hermes_actors.runners import TurnRunner, as_runner
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
-from hermes_actors.turns import execute_turn
 
 __all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "outcome_of_turn"]
 

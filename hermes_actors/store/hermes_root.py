@@ -15,7 +15,7 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.config import load_yaml_file
+from hermes_actors.core.config import load_yaml_file
 from hermes_actors.messages import ProfileInfo
 
 __all__ = [
@@ -62,7 +62,7 @@ def read_profile_yaml(home: Path) -> dict[str, Any]:
 
     Returns:
         Its top-level mapping, ``{}`` when missing or unusable (see
-        :func:`hermes_actors.config.load_yaml_file`).
+        :func:`hermes_actors.core.config.load_yaml_file`).
     """
     return load_yaml_file(Path(home) / "profile.yaml")
 

@@ -6,8 +6,8 @@ agent reads; ``retryable`` follows the policy in ``reasons.is_retryable``.
 
 from __future__ import annotations
 
+from hermes_actors.core.reasons import is_intentional_silence, is_retryable, normalize_reason
 from hermes_actors.messages import Outcome
-from hermes_actors.reasons import is_intentional_silence, is_retryable, normalize_reason
 
 __all__ = [
     "ambiguous",

@@ -13,14 +13,14 @@ import pykka
 from loguru import logger
 
 from actors import handles
-from hermes_actors import outcomes
-from hermes_actors.acks import delivery_record, journal_refusal, settled_ack
-from hermes_actors.dispatch_base import DispatcherBase, Pending
+from hermes_actors.core import outcomes
+from hermes_actors.core.acks import delivery_record, journal_refusal, settled_ack
+from hermes_actors.core.recovery import plan_recovery
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
-from hermes_actors.live import LiveMailbox
+from hermes_actors.local.dispatch_base import DispatcherBase, Pending
+from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.messages import Delivery, JournalDurable, Outcome, PendingAck, ProfileInfo, Recover
-from hermes_actors.recovery import plan_recovery
 
 __all__ = ["DurableDispatch"]
 

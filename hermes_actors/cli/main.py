@@ -23,17 +23,17 @@ def _enable_logging(verbose: int) -> None:
 
 def _runner_for(kind: str, cli: str | None, root: Path) -> Any:
     if kind == "demo":
-        from hermes_actors.demo import DemoRunner
+        from hermes_actors.demo.bots import DemoRunner
 
         return DemoRunner()
-    from hermes_actors.config import load_config
-    from hermes_actors.runners import CommandRunner
+    from hermes_actors.core.config import load_config
+    from hermes_actors.local.runners import CommandRunner
 
     return CommandRunner(cli=cli, timeout=load_config(root).turn_timeout_seconds)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from hermes_actors.demo_script import run_demo
+    from hermes_actors.demo.script import run_demo
 
     return run_demo(keep=args.keep, out=sys.stdout)
 
@@ -74,7 +74,7 @@ def _cmd_send(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from hermes_actors.serve import serve
+    from hermes_actors.cli.serve import serve
 
     config = {"bot_mode": {"transport": args.redis}} if args.redis else None
     return serve(args.root, connection_id=args.connection_id, runner=_runner_for(args.runner, args.cli, args.root),
@@ -82,7 +82,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:
-    from hermes_actors.hub import run_hub
+    from hermes_actors.relay.hub import run_hub
 
     return run_hub([Path(r) for r in args.root], names=args.name or None)
 

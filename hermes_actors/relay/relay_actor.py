@@ -25,9 +25,9 @@ import pykka
 from loguru import logger
 
 from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TimerHandle, TimerSet, TypedActor, handles
-from hermes_actors import outcomes
-from hermes_actors.acks import ack_payload
-from hermes_actors.config import BotModeConfig
+from hermes_actors.core import outcomes
+from hermes_actors.core.acks import ack_payload
+from hermes_actors.core.config import BotModeConfig
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import (
     Housekeep,
@@ -369,7 +369,7 @@ class RelayActor(TypedActor):
     @handles(Housekeep)
     def _on_housekeep(self, msg: Housekeep) -> int:
         """Sweep stale relay artifacts (> 6 h) and orphaned DM files; returns the count removed."""
-        from hermes_actors.dmfiles import cleanup_bot_dm_cache
+        from hermes_actors.local.dm_files import cleanup_bot_dm_cache
 
         self.last_housekeep = time.monotonic()
         removed = rf.sweep_stale(self.paths.relay, now=time.time())

@@ -22,11 +22,11 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
+from hermes_actors.local.runners import TurnRunner
 from hermes_actors.messages import Delivery, Turn, TurnFinished
-from hermes_actors.reasons import classify_agent_error
-from hermes_actors.runners import TurnRunner
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
 from hermes_actors.store.journal import Journal
 

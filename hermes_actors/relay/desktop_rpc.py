@@ -14,10 +14,10 @@ import pykka
 from loguru import logger
 
 from actors import ask
-from hermes_actors.config import BotModeConfig
+from hermes_actors.core.config import BotModeConfig
+from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, ValidationError
 from hermes_actors.messages import Outcome, RelayDeliver, RemoteRosterHint
-from hermes_actors.reasons import classify_agent_error
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_files import RelayPaths, parse_envelope, write_reply, write_roster
 
@@ -117,7 +117,7 @@ class RelayRpcMixin:
             outcome = answer.get(timeout=timeout)
         except pykka.Timeout:
             raise TimeoutError(f"envelope {env['id']} did not settle within {timeout}s") from None
-        from hermes_actors.relay import reply_from_outcome
+        from hermes_actors.relay.relay_actor import reply_from_outcome
 
         return reply_from_outcome(outcome)
 

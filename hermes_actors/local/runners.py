@@ -34,8 +34,8 @@ from typing import Protocol, runtime_checkable
 
 from loguru import logger
 
-from hermes_actors import dmfiles
 from hermes_actors.errors import TurnFailed
+from hermes_actors.local import dm_files as dmfiles
 from hermes_actors.messages import BOT_CHAT_SESSION, Turn
 
 __all__ = [

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from hermes_actors.reasons import LOOP_GUARD
-from hermes_actors.targets import Refusal
+from hermes_actors.core.reasons import LOOP_GUARD
+from hermes_actors.core.targets import Refusal
 
 __all__ = ["PAIR_WINDOW_SECONDS", "check_hops", "check_pair_rate", "pair_key"]
 

@@ -16,8 +16,9 @@ from typing import Any
 from loguru import logger
 
 from actors import handles
-from hermes_actors import outcomes
-from hermes_actors.acks import ack_payload
+from hermes_actors.core import outcomes
+from hermes_actors.core.acks import ack_payload
+from hermes_actors.core.targets import Refusal
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import (
     Outcome,
@@ -32,9 +33,8 @@ from hermes_actors.messages import (
 )
 from hermes_actors.store.relay_protocol import expired_error_text, make_envelope
 from hermes_actors.store.relay_roster import offline_error_text
-from hermes_actors.targets import Refusal
-from hermes_actors.transports import redis_store as rs
-from hermes_actors.transports.redis_base import RedisBase, Waiting, as_text
+from hermes_actors.transports.redis import store as rs
+from hermes_actors.transports.redis.base import RedisBase, Waiting, as_text
 
 __all__ = ["REPORTED_KEEP", "SEND_LUA", "RedisSend"]
 

@@ -20,10 +20,10 @@ import pykka
 from loguru import logger
 
 from hermes_actors.errors import TurnFailed
+from hermes_actors.local.runners import TurnRunner
 from hermes_actors.messages import RedisEntries, Turn
-from hermes_actors.runners import TurnRunner
 from hermes_actors.store.relay_protocol import expired_error_text
-from hermes_actors.transports.redis_store import (
+from hermes_actors.transports.redis.store import (
     DONE_KEEP_SECONDS,
     EXPIRED_CLAIM,
     GROUP,

@@ -1,8 +1,8 @@
 """State and seams shared by the RedisRelayActor's parts (the sender half and the drain half).
 
 The RedisRelayActor is one actor; its handlers are split by concern across
-:mod:`hermes_actors.transports.redis_send` (our envelopes: send, replies,
-expiry, reply budget) and :mod:`hermes_actors.transports.redis` (the actor
+:mod:`hermes_actors.transports.redis.send` (our envelopes: send, replies,
+expiry, reply budget) and :mod:`hermes_actors.transports.redis.actor` (the actor
 shell, lifecycle, roster/heartbeat and the drain of our inbox). Everything
 here runs on the actor's own thread.
 """
@@ -17,10 +17,10 @@ import pykka
 from loguru import logger
 
 from actors import TimerHandle, TimerSet, TypedActor
-from hermes_actors.config import BotModeConfig
+from hermes_actors.core.config import BotModeConfig
 from hermes_actors.messages import ProfileInfo, RemoteAgent
-from hermes_actors.transports import redis_store as rs
-from hermes_actors.transports.redis_io import ClaimGuard, StreamReader
+from hermes_actors.transports.redis import store as rs
+from hermes_actors.transports.redis.io import ClaimGuard, StreamReader
 
 __all__ = ["Inbound", "RedisBase", "Waiting", "as_text"]
 

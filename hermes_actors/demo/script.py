@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
-from hermes_actors.demo import DemoBot, DemoRunner, create_demo_root
+from hermes_actors.demo.bots import DemoBot, DemoRunner, create_demo_root
 from hermes_actors.gateway import Gateway
 
 __all__ = ["run_demo"]
@@ -148,7 +148,7 @@ def run_demo(*, keep: bool = False, out: TextIO) -> int:
 
 def _cross_connection(gw: Gateway, t: _Transcript, root: Path, mini_root: Path) -> None:
     """Run a second gateway and the hub in this process; DM @dave on mini and wait for the reply."""
-    from hermes_actors.hub import run_hub
+    from hermes_actors.relay.hub import run_hub
 
     cast = (DemoBot("default", "Mini", "Coordinator", "Runs the mini box."),
             DemoBot("dave", "Dave", "Analyst", "Crunches the numbers."))

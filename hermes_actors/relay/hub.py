@@ -20,12 +20,12 @@ from typing import Any
 from loguru import logger
 
 from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TimerSet, TypedActor, handles
-from hermes_actors.config import load_config
+from hermes_actors.core.config import load_config
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import RosterPush
-from hermes_actors.profiles import HANDLE_RE, discover_profiles
-from hermes_actors.relay_rpc import expiry_text
+from hermes_actors.relay.desktop_rpc import expiry_text
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store.hermes_root import HANDLE_RE, discover_profiles
 from hermes_actors.store.relay_inbox import InboxPaths, gateway_alive, post_to_inbox, read_delivered
 
 __all__ = ["HubActor", "HubRoot", "run_hub"]

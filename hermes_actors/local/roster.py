@@ -19,7 +19,7 @@ import pykka
 from loguru import logger
 
 from actors import Scheduler, TimerSet, TypedActor, handles
-from hermes_actors.config import BotModeConfig, load_config
+from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.messages import (
     GetSnapshot,
     ProfileInfo,
@@ -32,7 +32,7 @@ from hermes_actors.messages import (
     RosterTick,
     Subscribe,
 )
-from hermes_actors.profiles import alias_forms, discover_profiles, install_is_managed
+from hermes_actors.store.hermes_root import alias_forms, discover_profiles, install_is_managed
 from hermes_actors.store.relay_files import RelayPaths, liveness, read_roster
 
 __all__ = ["RosterActor", "make_snapshot", "roster_rows"]

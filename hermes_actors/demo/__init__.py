@@ -1,0 +1,1 @@
+"""The offline demo: four scripted bots and the scripted conversation `make demo` shows."""

@@ -1,0 +1,1 @@
+"""Redis Streams transport between machines: the RedisRelayActor and its pieces."""
