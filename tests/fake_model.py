@@ -255,7 +255,9 @@ def _chunks(reply: str | ToolCall, include_usage: bool) -> list[dict[str, Any]]:
 def offline_config(base_url: str) -> dict[str, Any]:
     """The config.yaml mapping that points hermes at the fake model, offline."""
     return {
-        "model": {"provider": "custom", "default": MODEL_NAME, "base_url": base_url, "api_key": API_KEY},
+        # context_length: hermes otherwise asks openrouter.ai for model metadata (a network call)
+        "model": {"provider": "custom", "default": MODEL_NAME, "base_url": base_url, "api_key": API_KEY,
+                  "context_length": 128000},
         "security": {"tirith_enabled": False, "allow_lazy_installs": False},
     }
 
