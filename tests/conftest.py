@@ -13,7 +13,7 @@ from loguru import logger
 import hermes_actors  # noqa: F401  (imports first, so its logger.disable runs before we enable)
 from hermes_actors import Gateway
 
-pytest_plugins = ["redis_fixture"]  # the real redis-server fixture of tests/test_redis_*.py
+pytest_plugins = ["redis_fixture", "hermes_fixtures"]  # real redis-server; real hermes CLI + fake model
 
 
 @pytest.fixture(autouse=True)

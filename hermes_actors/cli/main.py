@@ -1,4 +1,4 @@
-"""The ``hermes-actors`` command: demo, roster, send, serve, relay, bench."""
+"""The ``hermes-actors`` command: demo, roster, send, serve, relay, bench, enable, disable."""
 
 from __future__ import annotations
 
@@ -81,6 +81,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                  config=config)
 
 
+def _cmd_enable(args: argparse.Namespace) -> int:
+    from hermes_actors.hermes.setup import enable
+
+    profiles = args.profiles.split(",") if args.profiles else None
+    report = enable(args.root, profiles, gateway=args.gateway, port=args.port, cli=args.cli)
+    print(f"hermes-actors enable on {args.root}:")
+    print("\n".join(report.lines()))
+    return 0
+
+
+def _cmd_disable(args: argparse.Namespace) -> int:
+    from hermes_actors.hermes.setup import disable
+
+    report = disable(args.root, args.profiles.split(",") if args.profiles else None)
+    print(f"hermes-actors disable on {args.root}:")
+    print("\n".join(report.lines()))
+    return 0
+
+
 def _cmd_relay(args: argparse.Namespace) -> int:
     from hermes_actors.relay.hub import run_hub
 
@@ -144,6 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", action="append", required=True, type=Path, help="a root to relay (repeat)")
     p.add_argument("--name", action="append", help="connection id for the matching --root (default: folder name)")
     p.set_defaults(func=_cmd_relay)
+
+    p = sub.add_parser("enable", help="make a hermes-agent root's profiles Bot-Mode-managed (idempotent)")
+    p.add_argument("--root", required=True, type=Path, help="the Hermes root")
+    p.add_argument("--profiles", default=None, help="comma-separated folder ids (default: every profile)")
+    p.add_argument("--gateway", action="store_true", help="also configure `hermes gateway run` to host the actors")
+    p.add_argument("--port", type=int, default=8642, help="the API server port --gateway configures")
+    p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
+    p.set_defaults(func=_cmd_enable)
+
+    p = sub.add_parser("disable", help="undo what enable changed")
+    p.add_argument("--root", required=True, type=Path, help="the Hermes root")
+    p.add_argument("--profiles", default=None, help="comma-separated folder ids (default: everything enable did)")
+    p.set_defaults(func=_cmd_disable)
 
     p = sub.add_parser("bench", help="benchmark against a model of the seed design")
     p.add_argument("--quick", action="store_true", help="a short run (under a minute)")

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -42,10 +43,15 @@ __all__ = [
     "BOT_CHAT_TURN_ARGS",
     "REFUSAL_MARKER",
     "CallableRunner",
+    "CliResult",
     "CommandRunner",
     "TurnRunner",
     "as_runner",
+    "busy_text",
+    "exit_failure_text",
+    "refused_not_owned",
     "resolve_cli",
+    "run_cli_process",
 ]
 
 BOT_CHAT_TURN_ARGS: tuple[str, ...] = (
@@ -165,16 +171,25 @@ def _strip_trailing_newlines(text: str) -> str:
     return text.rstrip("\r\n")
 
 
-def _refused_not_owned(stderr: str) -> bool:
+def refused_not_owned(stderr: str) -> bool:
     """True when the CLI refused the turn because another surface owns the session.
 
     A marker line's code wins over prose (also an unknown code from a newer
     CLI); only without a marker does the older CLIs' wording count.
+
+    Args:
+        stderr: the CLI's stderr.
+
+    Returns:
+        True for a ``SESSION_NOT_OWNED`` marker or the "already has a live owner" prose.
     """
     for line in stderr.splitlines():
         if line.startswith(REFUSAL_MARKER):
             return line.removeprefix(REFUSAL_MARKER).strip() == _NOT_OWNED_CODE
     return _NOT_OWNED_PROSE in stderr
+
+
+_refused_not_owned = refused_not_owned  # the name older tests use
 
 
 def _tail(text: str, limit: int = _MAX_FAILURE_CHARS) -> str:
@@ -346,72 +361,139 @@ class CommandRunner:
         handle = turn.handle or turn.profile
         argv = self.argv(turn, query_file)
         logger.debug("turn {} attempt {}: {}", turn.delivery_id, turn.attempt, argv)
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                encoding="utf-8",
-                errors="replace",
-                env=self.environment(turn),
-                start_new_session=True,
-            )
-        except FileNotFoundError:
-            raise TurnFailed(
-                f"hermes CLI not found at {self.cli} — install Hermes or pass cli=...",
-                reason="runtime_offline",
-            ) from None
-        except PermissionError:
-            raise TurnFailed(
-                f"hermes CLI at {self.cli} is not executable — fix its permissions or pass cli=...",
-                reason="runtime_offline",
-            ) from None
-        stdout, stderr, returncode = self._communicate(proc, handle)
-        if returncode == 0:
-            return _strip_trailing_newlines(stdout)
-        if _refused_not_owned(stderr):
-            raise TurnFailed(
-                f"Delivery failed: @{handle}'s Bot Chat is open on another surface right now, "
-                "so your message was NOT delivered. Try again later.",
-                reason="target_busy",
-            )
-        detail = _tail(stderr if stderr.strip() else stdout)
-        text = f"hermes exited with status {returncode}: {detail}" if detail else (
-            f"hermes exited with status {returncode} (no output)"
-        )
+        done = run_cli_process(argv, env=self.environment(turn), timeout=self.timeout, handle=handle)
+        if done.returncode == 0:
+            return _strip_trailing_newlines(done.stdout)
+        if _refused_not_owned(done.stderr):
+            raise TurnFailed(busy_text(handle), reason="target_busy")
+        text = exit_failure_text(done)
         logger.info("turn {} for @{} failed: {}", turn.delivery_id, handle, text.splitlines()[0])
         raise TurnFailed(text)
 
-    def _communicate(self, proc: subprocess.Popen[str], handle: str) -> tuple[str, str, int]:
-        """Wait for ``proc`` within the timeout; kill its process group beyond it."""
-        try:
-            stdout, stderr = proc.communicate(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            self._reap(proc)
+
+# ── one CLI process (shared by every CLI runner) ────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class CliResult:
+    """What one finished CLI process left: its output and exit status."""
+
+    stdout: str
+    stderr: str
+    returncode: int
+
+
+def busy_text(handle: str) -> str:
+    """The ``target_busy`` failure text of a turn another surface refused.
+
+    Args:
+        handle: the target's handle.
+
+    Returns:
+        The text the sender reads.
+    """
+    return (
+        f"Delivery failed: @{handle}'s Bot Chat is open on another surface right now, "
+        "so your message was NOT delivered. Try again later."
+    )
+
+
+def exit_failure_text(done: CliResult) -> str:
+    """The failure text of a CLI process that exited non-zero.
+
+    Args:
+        done: the finished process.
+
+    Returns:
+        ``hermes exited with status N: <last lines of stderr, else stdout>``.
+    """
+    detail = _tail(done.stderr if done.stderr.strip() else done.stdout)
+    if detail:
+        return f"hermes exited with status {done.returncode}: {detail}"
+    return f"hermes exited with status {done.returncode} (no output)"
+
+
+def run_cli_process(
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    handle: str,
+    cwd: Path | None = None,
+) -> CliResult:
+    """Run one turn's CLI process in its own process group, stdin = /dev/null.
+
+    Args:
+        argv: the command line (``argv[0]`` is the CLI).
+        env: the process's whole environment.
+        timeout: seconds before the whole process group is killed.
+        handle: the target's handle (for failure texts).
+        cwd: the working directory (inherited when None).
+
+    Returns:
+        The finished process's output and exit status.
+
+    Raises:
+        TurnFailed: ``runtime_offline`` (the CLI is missing or not
+            executable, or the directory is unusable) or ``delivery_timeout``
+            (killed after ``timeout``).
+    """
+    cli = argv[0]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            env=dict(env),
+            cwd=str(cwd) if cwd is not None else None,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        if cwd is not None and not cwd.is_dir():
             raise TurnFailed(
-                f"hermes timed out after {self.timeout:g}s running @{handle}'s Bot Chat turn; "
-                "its process group was killed",
-                reason="delivery_timeout",
+                f"@{handle}'s profile home {cwd} does not exist — the profile is gone or the root is wrong",
+                reason="runtime_offline",
             ) from None
-        except BaseException:
-            _kill_group(proc)
-            self._reap(proc)
-            raise
-        return stdout or "", stderr or "", proc.returncode
+        raise TurnFailed(
+            f"hermes CLI not found at {cli} — install Hermes or pass cli=...",
+            reason="runtime_offline",
+        ) from None
+    except PermissionError:
+        raise TurnFailed(
+            f"hermes CLI at {cli} is not executable — fix its permissions or pass cli=...",
+            reason="runtime_offline",
+        ) from None
+    except OSError as exc:
+        raise TurnFailed(f"hermes CLI at {cli} could not start: {exc}", reason="runtime_offline") from None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        _reap(proc)
+        raise TurnFailed(
+            f"hermes timed out after {timeout:g}s running @{handle}'s Bot Chat turn; "
+            "its process group was killed",
+            reason="delivery_timeout",
+        ) from None
+    except BaseException:
+        _kill_group(proc)
+        _reap(proc)
+        raise
+    return CliResult(stdout or "", stderr or "", proc.returncode)
 
-    @staticmethod
-    def _reap(proc: subprocess.Popen[str]) -> None:
-        """Collect a killed process (bounded: an escaped grandchild may hold the pipes)."""
-        try:
-            proc.communicate(timeout=_REAP_SECONDS)
-        except subprocess.TimeoutExpired:
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=_REAP_SECONDS)
 
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Collect a killed process (bounded: an escaped grandchild may hold the pipes)."""
+    try:
+        proc.communicate(timeout=_REAP_SECONDS)
+    except subprocess.TimeoutExpired:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_REAP_SECONDS)

@@ -1,0 +1,1 @@
+"""Bot Mode for the real hermes-agent: runners, install facts, setup and the plugin."""

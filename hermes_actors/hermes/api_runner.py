@@ -1,0 +1,273 @@
+"""Warm turns through a running ``hermes gateway run`` API server (no process per turn).
+
+hermes-agent 0.19's API server platform (``gateway/platforms/api_server.py``),
+with ``gateway.multiplex_profiles: true``, serves every profile of the root
+under ``/p/<profile>/`` (``default`` for the root profile), bearer
+``API_SERVER_KEY``:
+
+- ``GET  /p/<p>/api/sessions?limit=&offset=`` → ``{"data": [{"id", "title", "started_at", ...}], "has_more"}``
+  (no title filter: we list and match; ``limit`` ≤ 200);
+- ``POST /p/<p>/api/sessions {"title": ...}`` → 201 ``{"session": {"id", ...}}``,
+  400 ``invalid_title`` when the title is taken;
+- ``POST /p/<p>/api/sessions/<id>/chat {"message": ...}`` → ``{"session_id",
+  "message": {"role": "assistant", "content": <reply>}}``; 404 ``session_not_found``.
+
+The same ``state.db`` as the CLI. Nothing in hermes serializes turns on one
+session: the caller (a ProfileActor) runs one turn per profile at a time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.errors import TurnFailed
+from hermes_actors.hermes.install import cli_profile_name
+from hermes_actors.messages import Turn
+from hermes_actors.reasons import DELIVERY_TIMEOUT, MISSING_CONFIG, RUNTIME_OFFLINE, UNKNOWN, classify_agent_error
+
+__all__ = ["ApiRunner", "ApiServer", "pick_titled_session"]
+
+_PAGE = 200
+_MAX_PAGES = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ApiServer:
+    """Where a gateway's API server listens and the key it takes."""
+
+    host: str
+    port: int
+    key: str
+
+    def __repr__(self) -> str:  # never print the key
+        return f"ApiServer(host={self.host!r}, port={self.port})"
+
+
+def pick_titled_session(rows: list[dict[str, Any]], title: str) -> str | None:
+    """The session ``hermes chat -c TITLE`` would pick among listed sessions.
+
+    Args:
+        rows: session rows (``id``, ``title``, ``started_at``).
+        title: the title.
+
+    Returns:
+        The newest ``"<title> #N"`` continuation's id, else the exact
+        title's id, else None.
+    """
+    numbered = re.compile(rf"^{re.escape(title)} #\d+\Z")
+    continuations = [r for r in rows if isinstance(r.get("title"), str) and numbered.match(r["title"])]
+    if continuations:
+        newest = max(continuations, key=lambda r: float(r.get("started_at") or 0))
+        return str(newest["id"])
+    for row in rows:
+        if row.get("title") == title:
+            return str(row["id"])
+    return None
+
+
+class _HttpFailure(Exception):
+    def __init__(self, status: int, payload: Any) -> None:
+        super().__init__(status)
+        self.status = status
+        self.payload = payload
+
+    def message(self) -> str:
+        error = self.payload.get("error") if isinstance(self.payload, dict) else None
+        if isinstance(error, dict):
+            return str(error.get("message") or error.get("code") or "")
+        return str(error or self.payload)[:500]
+
+    def code(self) -> str:
+        error = self.payload.get("error") if isinstance(self.payload, dict) else None
+        return str(error.get("code") or "") if isinstance(error, dict) else ""
+
+
+class ApiRunner:
+    """Runs Bot Chat turns through a hermes gateway's API server.
+
+    Args:
+        server: the API server.
+        timeout: seconds one turn may take.
+        connect_timeout: seconds for the session lookups.
+
+    Raises:
+        ValueError: a timeout is not positive.
+    """
+
+    def __init__(self, server: ApiServer, *, timeout: float = 600, connect_timeout: float = 10) -> None:
+        if not timeout > 0 or not connect_timeout > 0:
+            raise ValueError(f"timeouts must be > 0 seconds, got {timeout!r} and {connect_timeout!r}")
+        self.server = server
+        self.timeout = float(timeout)
+        self.connect_timeout = float(connect_timeout)
+        self._sessions: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ApiRunner({self.server!r}, timeout={self.timeout:g})"
+
+    # ── HTTP ────────────────────────────────────────────────────────────────
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+        conn = http.client.HTTPConnection(self.server.host, self.server.port, timeout=timeout)
+        headers = {"Authorization": f"Bearer {self.server.key}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            response = conn.getresponse()
+            raw = response.read()
+        finally:
+            conn.close()
+        try:
+            payload = json.loads(raw) if raw else {}
+        except ValueError:
+            payload = {"error": raw[:500].decode("utf-8", "replace")}
+        if response.status >= 400:
+            raise _HttpFailure(response.status, payload)
+        return payload
+
+    def _call(self, handle: str, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+        """One request with transport failures mapped to typed turn failures."""
+        try:
+            return self._request(method, path, body, timeout)
+        except TimeoutError:
+            raise TurnFailed(
+                f"hermes API server timed out after {timeout:g}s on @{handle}'s Bot Chat turn",
+                reason=DELIVERY_TIMEOUT,
+            ) from None
+        except (ConnectionError, http.client.HTTPException, OSError) as exc:
+            raise TurnFailed(
+                f"hermes API server at {self.server.host}:{self.server.port} is not reachable ({exc}) — "
+                "is `hermes gateway run` running?",
+                reason=RUNTIME_OFFLINE,
+            ) from None
+
+    # ── sessions ────────────────────────────────────────────────────────────
+
+    def _prefix(self, profile: str) -> str:
+        return f"/p/{urllib.parse.quote(cli_profile_name(profile), safe='')}"
+
+    def _find_session(self, profile: str, title: str, handle: str) -> str | None:
+        rows: list[dict[str, Any]] = []
+        for page in range(_MAX_PAGES):
+            payload = self._call(
+                handle, "GET", f"{self._prefix(profile)}/api/sessions?limit={_PAGE}&offset={page * _PAGE}",
+                None, self.connect_timeout,
+            )
+            data = payload.get("data") if isinstance(payload, dict) else None
+            rows.extend(r for r in (data or []) if isinstance(r, dict))
+            if not (isinstance(payload, dict) and payload.get("has_more")):
+                break
+        return pick_titled_session(rows, title)
+
+    def session_id(self, profile: str, title: str, handle: str = "") -> str:
+        """The id of the profile's titled session, created when missing (cached).
+
+        Args:
+            profile: the folder id.
+            title: the session title.
+            handle: the handle for failure texts.
+
+        Returns:
+            The session id.
+
+        Raises:
+            TurnFailed: the server is unreachable or refused.
+        """
+        key = (profile, title)
+        with self._lock:
+            cached = self._sessions.get(key)
+        if cached:
+            return cached
+        found = self._find_session(profile, title, handle or profile)
+        if found is None:
+            try:
+                payload = self._call(
+                    handle, "POST", f"{self._prefix(profile)}/api/sessions", {"title": title}, self.connect_timeout
+                )
+                found = str(payload["session"]["id"])
+                logger.info("created the {!r} session {} for {} through the API server", title, found, profile)
+            except _HttpFailure as failure:
+                if failure.code() != "invalid_title":
+                    raise
+                found = self._find_session(profile, title, handle or profile)  # a concurrent creator won
+                if found is None:
+                    raise
+        with self._lock:
+            self._sessions[key] = found
+        return found
+
+    def forget(self, profile: str, title: str) -> None:
+        """Drop a cached session id (it was deleted or continued elsewhere).
+
+        Args:
+            profile: the folder id.
+            title: the session title.
+        """
+        with self._lock:
+            self._sessions.pop((profile, title), None)
+
+    # ── one turn ────────────────────────────────────────────────────────────
+
+    def run_turn(self, turn: Turn) -> str:
+        """Run ``turn`` through the API server and return the reply.
+
+        Args:
+            turn: the turn.
+
+        Returns:
+            ``message.content`` of the server's answer.
+
+        Raises:
+            TurnFailed: ``runtime_offline`` (unreachable, draining, unknown
+                profile), ``missing_config`` (the key was refused),
+                ``delivery_timeout``, or a classified reason.
+        """
+        handle = turn.handle or turn.profile
+        try:
+            return self._run(turn, handle, retry_missing=True)
+        except _HttpFailure as failure:
+            raise self._failure(failure, handle) from None
+        except ValueError as exc:  # a profile name hermes rejects
+            raise TurnFailed(str(exc), reason=UNKNOWN) from None
+
+    def _run(self, turn: Turn, handle: str, *, retry_missing: bool) -> str:
+        session = self.session_id(turn.profile, turn.session, handle)
+        path = f"{self._prefix(turn.profile)}/api/sessions/{urllib.parse.quote(session, safe='')}/chat"
+        try:
+            payload = self._call(handle, "POST", path, {"message": turn.content}, self.timeout)
+        except _HttpFailure as failure:
+            if failure.status == 404 and failure.code() == "session_not_found" and retry_missing:
+                self.forget(turn.profile, turn.session)
+                return self._run(turn, handle, retry_missing=False)
+            raise
+        effective = payload.get("session_id") if isinstance(payload, dict) else None
+        if effective and effective != session:  # compression continued the session under a new id
+            with self._lock:
+                self._sessions[(turn.profile, turn.session)] = str(effective)
+        message = payload.get("message") if isinstance(payload, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, str):
+            raise TurnFailed(f"hermes API server answered without a reply for @{handle}: {str(payload)[:300]}")
+        return content
+
+    def _failure(self, failure: _HttpFailure, handle: str) -> TurnFailed:
+        text = f"hermes API server answered {failure.status} on @{handle}'s Bot Chat turn: {failure.message()}"
+        if failure.status == 401:
+            return TurnFailed(text + " — the API_SERVER_KEY we use is not the gateway's", reason=MISSING_CONFIG)
+        if failure.status == 404 and failure.code() != "session_not_found":
+            return TurnFailed(text + f" — the gateway does not serve profile {handle}", reason=RUNTIME_OFFLINE)
+        if failure.status == 503:
+            return TurnFailed(text, reason=RUNTIME_OFFLINE)
+        return TurnFailed(text, reason=classify_agent_error(text))

@@ -1,0 +1,210 @@
+"""One turn with the installed ``hermes`` CLI, in the profile's "Bot Chat" session.
+
+The command line follows what the install supports (detected once per binary
+from ``hermes chat --help``):
+
+- hermes-agent 0.19: ``hermes -p NAME chat -c "Bot Chat" -Q --no-restore-cwd
+  --query=TEXT``, run with cwd = the profile home (the session's cwd is not
+  restored, so nothing is printed before the reply), the titled session
+  created first when missing (0.19's ``-c`` exits 1 on a missing title), the
+  text on the command line (one argument may not exceed 128 KiB on Linux, so
+  text over 100 KiB is refused clearly);
+- releases with ``--query-file``/``--create-if-missing``/``--in`` get those
+  flags instead (the query file's lifetime is :class:`CommandRunner`'s).
+
+``--query=TEXT`` (not ``-q TEXT``) keeps a message that starts with ``-`` a value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.errors import TurnFailed
+from hermes_actors.hermes.cli_output import reply_or_failure
+from hermes_actors.hermes.install import (
+    ChatFlags,
+    cli_profile_name,
+    detect_chat_flags,
+    find_hermes_cli,
+    profile_home,
+    root_of_home,
+)
+from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
+from hermes_actors.messages import Turn
+from hermes_actors.reasons import RUNTIME_OFFLINE, UNKNOWN
+from hermes_actors.runners import CommandRunner, run_cli_process
+
+__all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "turn_home"]
+
+MAX_ARGV_TEXT_BYTES = 100 * 1024
+
+
+def turn_home(turn: Turn) -> Path:
+    """The profile home a turn runs in.
+
+    Args:
+        turn: the turn (``home`` wins; else ``root`` + ``profile``).
+
+    Returns:
+        The home.
+
+    Raises:
+        TurnFailed: ``runtime_offline`` when the turn has neither.
+    """
+    if turn.home is not None:
+        return Path(turn.home)
+    if turn.root is not None:
+        return profile_home(Path(turn.root), turn.profile)
+    raise TurnFailed(f"@{turn.handle or turn.profile}'s turn names no profile home or root", reason=RUNTIME_OFFLINE)
+
+
+class HermesCliRunner(CommandRunner):
+    """Runs one Bot Chat turn with the installed hermes CLI (any supported release).
+
+    Args:
+        cli: the executable (path or name); found by
+            :func:`~hermes_actors.hermes.install.find_hermes_cli` when None.
+        timeout: seconds one turn may take before its process group is killed.
+        dm_base: the temp root for query files (releases with ``--query-file``).
+        env: variables set over ``os.environ`` for every turn.
+        flags: the chat flags to use; detected from ``hermes chat --help`` when None.
+
+    Raises:
+        ValueError: ``timeout`` is not positive.
+    """
+
+    def __init__(
+        self,
+        cli: str | None = None,
+        *,
+        timeout: float = 600,
+        dm_base: Path | None = None,
+        env: dict[str, str] | None = None,
+        flags: ChatFlags | None = None,
+    ) -> None:
+        found = find_hermes_cli(cli)
+        super().__init__(found or cli or "hermes", timeout=timeout, dm_base=dm_base, env=env)
+        self.cli_found = found is not None
+        self._flags = flags
+
+    def __repr__(self) -> str:
+        return f"HermesCliRunner(cli={self.cli!r}, timeout={self.timeout:g})"
+
+    def flags(self) -> ChatFlags:
+        """The chat flags of the CLI (detected on first use, then cached).
+
+        Returns:
+            The flags.
+
+        Raises:
+            TurnFailed: ``runtime_offline`` when the CLI is missing or its
+                help cannot be run.
+        """
+        if self._flags is None:
+            detected = detect_chat_flags(self.cli) if self.cli_found else None
+            if detected is None:
+                raise TurnFailed(
+                    f"hermes CLI not found or not working at {self.cli} — install hermes-agent "
+                    "(pip install 'hermes-actors[hermes]') or pass cli=...",
+                    reason=RUNTIME_OFFLINE,
+                )
+            self._flags = detected
+        return self._flags
+
+    def argv(self, turn: Turn, query_file: Path | None) -> list[str]:
+        """Return the command line of ``turn`` for the detected flags.
+
+        Args:
+            turn: the turn.
+            query_file: the file holding the message (releases with
+                ``--query-file``), or None to pass the text as ``--query=``.
+
+        Returns:
+            The argv list.
+
+        Raises:
+            ValueError: the profile name is one hermes rejects.
+        """
+        flags = self.flags()
+        argv = [self.cli, "-p", cli_profile_name(turn.profile), "chat"]
+        if flags.in_dir:
+            argv += ["--in", "~"]
+        argv += ["-c", turn.session]
+        if flags.create_if_missing:
+            argv.append("--create-if-missing")
+        argv.append("-Q")
+        if flags.no_restore_cwd:
+            argv.append("--no-restore-cwd")
+        if query_file is not None:
+            argv += ["--query-file", str(query_file)]
+        else:
+            argv.append(f"--query={turn.content}")
+        return argv
+
+    def environment(self, turn: Turn) -> dict[str, str]:
+        """The turn's environment: :meth:`CommandRunner.environment` with ``HERMES_HOME`` = the root.
+
+        ``-p NAME`` resolves the profile under ``HERMES_HOME``'s root, for the
+        default profile too.
+
+        Args:
+            turn: the turn.
+
+        Returns:
+            The environment.
+        """
+        env = super().environment(turn)
+        env["HERMES_HOME"] = str(Path(turn.root) if turn.root is not None else root_of_home(turn_home(turn)))
+        return env
+
+    def run_turn(self, turn: Turn) -> str:
+        """Run ``turn`` and return its reply.
+
+        Args:
+            turn: the turn.
+
+        Returns:
+            The reply, read cleanly from stdout.
+
+        Raises:
+            TurnFailed: ``runtime_offline`` (no CLI, no home, the session
+                cannot be created), ``target_busy``, ``delivery_timeout``,
+                a classified reason for any other failure, or ``unknown``
+                for text too long for the command line of this release.
+        """
+        flags = self.flags()
+        if flags.query_file:
+            return super().run_turn(turn)
+        size = len(turn.content.encode("utf-8", "surrogatepass"))
+        if size > MAX_ARGV_TEXT_BYTES:
+            raise TurnFailed(
+                f"the message to @{turn.handle or turn.profile} is {size} bytes; this hermes release takes "
+                f"the message on its command line, at most {MAX_ARGV_TEXT_BYTES} bytes — shorten it "
+                "(or upgrade hermes to a release with --query-file)",
+                reason=UNKNOWN,
+            )
+        return self._run(turn, None)
+
+    def _run(self, turn: Turn, query_file: Path | None) -> str:
+        handle = turn.handle or turn.profile
+        home = turn_home(turn)
+        try:
+            argv = self.argv(turn, query_file)
+        except ValueError as exc:
+            raise TurnFailed(str(exc), reason=UNKNOWN) from None
+        if not self.flags().create_if_missing:
+            self._ensure_session(turn, home, handle)
+        logger.debug("turn {} attempt {} for @{}: {}", turn.delivery_id, turn.attempt, handle, argv[:-1])
+        done = run_cli_process(argv, env=self.environment(turn), timeout=self.timeout, handle=handle, cwd=home)
+        return reply_or_failure(done, handle)
+
+    def _ensure_session(self, turn: Turn, home: Path, handle: str) -> Any:
+        try:
+            return ensure_bot_chat(home, cli=self.cli, title=turn.session)
+        except BotChatError as exc:
+            raise TurnFailed(
+                f"@{handle}'s {turn.session!r} session could not be prepared: {exc}", reason=RUNTIME_OFFLINE
+            ) from None

@@ -1,0 +1,211 @@
+"""Facts about an installed ``hermes-agent``: where its CLI is, what its ``chat`` accepts.
+
+Pure functions where possible; the two that run the CLI (:func:`detect_chat_flags`)
+or read its files (:func:`hermes_python`) cache or stay cheap.
+
+hermes-agent 0.19.0 (the PyPI release) knows ``-q/--query``, ``-Q``,
+``-c/--continue NAME`` and ``--no-restore-cwd``; it has no ``--query-file``,
+``--create-if-missing`` or ``--in``. Newer releases may add them; we detect,
+never assume.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+__all__ = [
+    "CLI_ENV_VAR",
+    "CLI_PROFILE_RE",
+    "ChatFlags",
+    "cli_profile_name",
+    "detect_chat_flags",
+    "find_hermes_cli",
+    "hermes_python",
+    "parse_chat_help",
+    "profile_home",
+    "root_of_home",
+]
+
+CLI_ENV_VAR = "HERMES_ACTORS_HERMES_CLI"
+# hermes' own profile-id rule (hermes_cli/main.py _apply_profile_override): lowercase only.
+CLI_PROFILE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")
+_HELP_TIMEOUT = 60.0
+_SHEBANG_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFlags:
+    """Which optional ``hermes chat`` flags an install supports."""
+
+    query_file: bool = False
+    create_if_missing: bool = False
+    in_dir: bool = False
+    no_restore_cwd: bool = False
+
+
+def parse_chat_help(text: str) -> ChatFlags:
+    """Read the supported flags from ``hermes chat --help`` output.
+
+    Args:
+        text: the help text.
+
+    Returns:
+        The flags found (a flag counts only as a whole option word).
+    """
+
+    def has(flag: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) is not None
+
+    return ChatFlags(
+        query_file=has("--query-file"),
+        create_if_missing=has("--create-if-missing"),
+        in_dir=has("--in"),
+        no_restore_cwd=has("--no-restore-cwd"),
+    )
+
+
+_flags_cache: dict[tuple[str, int], ChatFlags] = {}
+_flags_lock = threading.Lock()
+
+
+def detect_chat_flags(cli: str) -> ChatFlags | None:
+    """Run ``<cli> chat --help`` once per binary (path + mtime) and parse it.
+
+    Args:
+        cli: the hermes executable.
+
+    Returns:
+        The flags, or None when the help could not be run (missing CLI,
+        non-zero exit, timeout) — the caller treats the runtime as offline.
+    """
+    path = shutil.which(cli) or cli
+    try:
+        real = os.path.realpath(path)
+        key = (real, os.stat(real).st_mtime_ns)
+    except OSError:
+        return None
+    with _flags_lock:
+        cached = _flags_cache.get(key)
+    if cached is not None:
+        return cached
+    try:
+        done = subprocess.run(
+            [path, "chat", "--help"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            encoding="utf-8", errors="replace", timeout=_HELP_TIMEOUT, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("cannot run {} chat --help: {}", path, exc)
+        return None
+    if done.returncode != 0:
+        logger.warning("{} chat --help exited {}: {}", path, done.returncode, done.stderr.strip()[-300:])
+        return None
+    flags = parse_chat_help(done.stdout)
+    with _flags_lock:
+        _flags_cache[key] = flags
+    logger.debug("hermes at {} supports {}", path, flags)
+    return flags
+
+
+def find_hermes_cli(explicit: str | os.PathLike[str] | None = None) -> str | None:
+    """Locate the hermes executable.
+
+    Order: ``explicit``; the ``HERMES_ACTORS_HERMES_CLI`` variable; the
+    executable beside the running interpreter (same virtualenv — service
+    contexts often lack PATH); ``PATH``.
+
+    Args:
+        explicit: a path or a name to look up on PATH.
+
+    Returns:
+        The path, or None when nothing executable is found.
+    """
+    for candidate in (explicit, os.environ.get(CLI_ENV_VAR)):
+        if candidate:
+            found = shutil.which(str(candidate))
+            return found if found else None
+    if sys.executable:
+        name = "hermes.exe" if sys.platform == "win32" else "hermes"
+        sibling = Path(sys.executable).parent / name
+        if sibling.is_file() and os.access(sibling, os.X_OK):
+            return str(sibling)
+    return shutil.which("hermes")
+
+
+def hermes_python(cli: str) -> str | None:
+    """The interpreter of a hermes install, read from its CLI's shebang line.
+
+    Args:
+        cli: the hermes executable (a console-script wrapper).
+
+    Returns:
+        The interpreter path when the shebang names an existing file, else None.
+    """
+    try:
+        with open(cli, "rb") as handle:
+            first = handle.read(_SHEBANG_MAX).split(b"\n", 1)[0]
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    parts = first[2:].decode("utf-8", "replace").strip().split()
+    if not parts:
+        return None
+    if Path(parts[0]).name == "env" and len(parts) > 1:
+        return shutil.which(parts[1])
+    return parts[0] if Path(parts[0]).is_file() else None
+
+
+def cli_profile_name(profile: str) -> str:
+    """The profile name as ``hermes -p`` accepts it.
+
+    Args:
+        profile: our folder id (``default`` for the root profile).
+
+    Returns:
+        ``profile`` unchanged.
+
+    Raises:
+        ValueError: hermes would reject it (it takes lowercase letters,
+            digits, ``_`` and ``-`` only).
+    """
+    if not CLI_PROFILE_RE.match(profile):
+        raise ValueError(
+            f"profile {profile!r} cannot be run by hermes: its profile names are lowercase letters, "
+            "digits, '_' and '-' (at most 64)"
+        )
+    return profile
+
+
+def profile_home(root: Path, profile: str) -> Path:
+    """A profile's home under a Hermes root.
+
+    Args:
+        root: the root (the default profile's home).
+        profile: the folder id.
+
+    Returns:
+        ``root`` for ``default``, else ``root/profiles/<profile>``.
+    """
+    return Path(root) if profile == "default" else Path(root) / "profiles" / profile
+
+
+def root_of_home(home: Path) -> Path:
+    """The root a profile home belongs to (the inverse of :func:`profile_home`).
+
+    Args:
+        home: a profile home.
+
+    Returns:
+        The grandparent when the parent is named ``profiles``, else ``home``.
+    """
+    home = Path(home)
+    return home.parent.parent if home.parent.name == "profiles" else home

@@ -1,0 +1,94 @@
+"""The real hermes-agent CLI (0.19 or newer) against the fake model: CLI turns and enable/disable."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import yaml
+from fake_model import FakeModel, last_user_text
+from hermes_fixtures import OfflineRoot
+
+from hermes_actors.hermes.cli_runner import HermesCliRunner
+from hermes_actors.hermes.sessions import find_bot_chat
+from hermes_actors.hermes.setup import disable, enable
+from hermes_actors.messages import Turn
+from hermes_actors.profiles import is_managed
+
+
+def bot_chat_messages(home: Path) -> list[tuple[str, str]]:
+    conn = sqlite3.connect(home / "state.db")
+    try:
+        return [(str(role), str(content)) for role, content in conn.execute(
+            "SELECT m.role, m.content FROM messages m JOIN sessions s ON s.id = m.session_id "
+            "WHERE s.title = 'Bot Chat' ORDER BY m.id")]
+    finally:
+        conn.close()
+
+
+def test_cli_turn_for_bob_lands_in_his_bot_chat(hermes_cli: str, offline_root: OfflineRoot,
+                                                 fake_model: FakeModel) -> None:
+    fake_model.script = lambda messages: f"bob here, you said: {last_user_text(messages)}"
+    runner = HermesCliRunner(hermes_cli, env=offline_root.env, timeout=180)
+    bob = offline_root.home("bob")
+    turn = Turn(profile="bob", content="-hello bob", delivery_id="d1", root=offline_root.root, home=bob)
+
+    assert runner.run_turn(turn) == "bob here, you said: -hello bob"
+    first = find_bot_chat(bob)
+    assert first is not None
+    assert bot_chat_messages(bob) == [("user", "-hello bob"), ("assistant", "bob here, you said: -hello bob")]
+
+    # a second turn continues the same session (no new one)
+    assert runner.run_turn(Turn(profile="bob", content="again", delivery_id="d2", root=offline_root.root,
+                                home=bob)) == "bob here, you said: again"
+    assert find_bot_chat(bob) == first
+    assert [m for m in bot_chat_messages(bob) if m[0] == "user"] == [("user", "-hello bob"), ("user", "again")]
+    assert find_bot_chat(offline_root.home("alice")) is None  # alice's state is untouched
+
+
+def test_enable_then_disable_on_a_real_root(hermes_cli: str, offline_root: OfflineRoot) -> None:
+    root = offline_root.root
+    bob = offline_root.home("bob")
+    (bob / "profile.yaml").write_text("description: a builder\n", encoding="utf-8")
+    config_before = (root / "config.yaml").read_text(encoding="utf-8")
+
+    first = enable(root, gateway=True, port=8765, cli=hermes_cli, env={})
+    assert any("Bot Chat" in line for line in first.changed)
+    for profile in ("default", "alice", "bob"):
+        home = offline_root.home(profile)
+        assert is_managed(home), profile
+        assert find_bot_chat(home) is not None, profile
+        assert "hermes-actors" in yaml.safe_load((home / "config.yaml").read_text())["plugins"]["enabled"]
+    assert yaml.safe_load((bob / "profile.yaml").read_text())["description"] == "a builder"
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    assert config["platforms"]["api_server"] == {"enabled": True, "extra": {"host": "127.0.0.1", "port": 8765}}
+    assert config["platforms"]["hermes-actors"] == {"enabled": True}
+    assert config["gateway"]["multiplex_profiles"] is True
+    assert config["model"]["provider"] == "custom"  # other keys kept
+    assert any("API_SERVER_KEY" in line for line in first.todo)
+
+    sessions = {p: find_bot_chat(offline_root.home(p)) for p in ("default", "alice", "bob")}
+    again = enable(root, gateway=True, port=8765, cli=hermes_cli, env={})
+    assert again.changed == []
+    assert {p: find_bot_chat(offline_root.home(p)) for p in sessions} == sessions
+
+    undone = disable(root)
+    assert undone.changed
+    for profile in ("default", "alice", "bob"):
+        assert not is_managed(offline_root.home(profile)), profile
+    assert yaml.safe_load((bob / "profile.yaml").read_text()) == {"description": "a builder"}
+    assert yaml.safe_load((root / "config.yaml").read_text()) == yaml.safe_load(config_before)
+    assert find_bot_chat(bob) == sessions["bob"]  # conversations are kept
+    assert disable(root).changed == []
+
+
+def test_enable_named_profiles_only_and_keeps_existing_block(hermes_cli: str, offline_root: OfflineRoot) -> None:
+    alice = offline_root.home("alice")
+    (alice / "profile.yaml").write_text(yaml.safe_dump({"ui_meta": {"hermes-bots": {"title": "Scout"}}}))
+    report = enable(offline_root.root, ["alice"], cli=hermes_cli, env={})
+    assert not any("profile.yaml" in line for line in report.changed)  # alice's block was there already
+    assert yaml.safe_load((alice / "profile.yaml").read_text())["ui_meta"]["hermes-bots"] == {"title": "Scout"}
+    assert not is_managed(offline_root.home("bob"))
+    disable(offline_root.root, ["alice"])
+    assert yaml.safe_load((alice / "profile.yaml").read_text())["ui_meta"]["hermes-bots"] == {"title": "Scout"}
+    assert "plugins" not in yaml.safe_load((alice / "config.yaml").read_text())

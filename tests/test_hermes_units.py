@@ -1,0 +1,163 @@
+"""Pure parts of the hermes-agent integration: flag detection, reply reading, error mapping, discovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from hermes_actors.errors import TurnFailed
+from hermes_actors.hermes.api_runner import ApiServer, pick_titled_session
+from hermes_actors.hermes.cli_output import clean_reply, failure_of, reply_or_failure, session_id_of
+from hermes_actors.hermes.cli_runner import MAX_ARGV_TEXT_BYTES, HermesCliRunner
+from hermes_actors.hermes.install import ChatFlags, cli_profile_name, parse_chat_help, profile_home, root_of_home
+from hermes_actors.hermes.select import api_server_of
+from hermes_actors.messages import Turn
+from hermes_actors.runners import CliResult
+
+# The options block of `hermes chat --help` from hermes-agent 0.19.0 (abridged, verbatim lines).
+HELP_0_19 = """usage: hermes chat [-h] [-q QUERY] [--image IMAGE] [-m MODEL] [-t TOOLSETS]
+                   [--resume SESSION_ID] [--no-restore-cwd]
+                   [--continue [SESSION_NAME]] [--worktree] [--accept-hooks]
+                   [--pass-session-id] [--ignore-user-config] [--ignore-rules]
+  -Q, --quiet           Quiet mode for programmatic use: suppress banner,
+  --no-restore-cwd      Don't cd into a resumed session's recorded working
+  --ignore-user-config  Ignore ~/.hermes/config.yaml and fall back to built-in
+"""
+HELP_NEWER = HELP_0_19 + """  --in DIR              Run in DIR
+  --create-if-missing   Create the titled session when missing
+  --query-file FILE     Read the query from FILE
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (HELP_0_19, ChatFlags(no_restore_cwd=True)),
+        (HELP_NEWER, ChatFlags(query_file=True, create_if_missing=True, in_dir=True, no_restore_cwd=True)),
+        ("", ChatFlags()),
+        ("  --input X  --ignore-rules --query-files", ChatFlags()),  # only whole option words count
+    ],
+)
+def test_parse_chat_help(text: str, expected: ChatFlags) -> None:
+    assert parse_chat_help(text) == expected
+
+
+def make_runner(flags: ChatFlags) -> HermesCliRunner:
+    return HermesCliRunner("/bin/sh", flags=flags)
+
+
+def test_argv_for_0_19_passes_text_as_one_query_value() -> None:
+    turn = Turn(profile="bob", content="-starts with a dash", delivery_id="d1")
+    argv = make_runner(ChatFlags(no_restore_cwd=True)).argv(turn, None)
+    assert argv[1:] == ["-p", "bob", "chat", "-c", "Bot Chat", "-Q", "--no-restore-cwd",
+                        "--query=-starts with a dash"]
+
+
+def test_argv_for_newer_release_uses_its_flags(tmp_path) -> None:
+    flags = ChatFlags(query_file=True, create_if_missing=True, in_dir=True, no_restore_cwd=True)
+    argv = make_runner(flags).argv(Turn(profile="bob", content="x", delivery_id="d1"), tmp_path / "q")
+    assert argv[1:] == ["-p", "bob", "chat", "--in", "~", "-c", "Bot Chat", "--create-if-missing", "-Q",
+                        "--no-restore-cwd", "--query-file", str(tmp_path / "q")]
+
+
+def test_text_too_long_for_the_command_line_fails_clearly(tmp_path) -> None:
+    runner = make_runner(ChatFlags(no_restore_cwd=True))
+    turn = Turn(profile="bob", content="é" * (MAX_ARGV_TEXT_BYTES // 2 + 1), delivery_id="d1", home=tmp_path)
+    with pytest.raises(TurnFailed, match="at most 102400 bytes") as caught:
+        runner.run_turn(turn)
+    assert caught.value.reason == "unknown"
+
+
+@pytest.mark.parametrize("name", ["Bob", "a b", "-x", "é", ""])
+def test_profile_names_hermes_rejects(name: str) -> None:
+    with pytest.raises(ValueError, match="lowercase"):
+        cli_profile_name(name)
+
+
+def test_profile_home_round_trip(tmp_path) -> None:
+    assert profile_home(tmp_path, "default") == tmp_path
+    assert profile_home(tmp_path, "bob") == tmp_path / "profiles" / "bob"
+    assert root_of_home(tmp_path / "profiles" / "bob") == tmp_path
+    assert root_of_home(tmp_path) == tmp_path
+
+
+@pytest.mark.parametrize(
+    ("stdout", "reply"),
+    [
+        ("hello\n", "hello"),
+        ("↪ restored workspace dir: /tmp/x\nhello\nworld\n", "hello\nworld"),
+        ("  \x1b[2m⚠ tirith security scanner enabled but not available — x\x1b[0m\n\nreply\n", "reply"),
+        ("⚠ session's recorded dir is gone (/gone); staying in /h\nok\n", "ok"),
+        ("line one\n↪ restored workspace dir: /x\n", "line one\n↪ restored workspace dir: /x"),  # only leading
+        ("", ""),
+    ],
+)
+def test_clean_reply(stdout: str, reply: str) -> None:
+    assert clean_reply(stdout) == reply
+
+
+def test_session_id_on_stderr() -> None:
+    assert session_id_of("\nsession_id: 20260101_000000_abcdef\n") == "20260101_000000_abcdef"
+    assert session_id_of("nothing") == ""
+
+
+@pytest.mark.parametrize(
+    ("stdout", "stderr", "reason", "fragment"),
+    [
+        ("", "hermes-refusal-reason: SESSION_NOT_OWNED\n", "target_busy", "open on another surface"),
+        ("", "session already has a live owner", "target_busy", "NOT delivered"),
+        ("No session found matching 'Bot Chat'.\nUse 'hermes sessions list'\n", "", "runtime_offline",
+         "was not found"),
+        ("", "Error: HTTP 429 Too Many Requests\n", "provider_rate_limit", "429"),
+        ("", "Error: 401 invalid api key\n", "provider_auth_or_access", "invalid api key"),
+        ("", "something odd\n", "unknown", "something odd"),
+    ],
+)
+def test_failure_mapping(stdout: str, stderr: str, reason: str, fragment: str) -> None:
+    failure = failure_of(CliResult(stdout, stderr, 1), "bob")
+    assert failure.reason == reason
+    assert fragment in failure.text
+
+
+def test_exit_zero_without_reply_but_with_error_is_a_failure() -> None:
+    with pytest.raises(TurnFailed, match="overloaded") as caught:
+        reply_or_failure(CliResult("", "Error: provider overloaded\n\nsession_id: x\n", 0), "bob")
+    assert caught.value.reason == "provider_server_error"
+    assert reply_or_failure(CliResult("", "\nsession_id: x\n", 0), "bob") == ""  # silence stays silence
+
+
+def test_pick_titled_session_follows_hermes_resolution() -> None:
+    rows = [
+        {"id": "a", "title": "Bot Chat", "started_at": 1},
+        {"id": "b", "title": "Bot Chat #2", "started_at": 2},
+        {"id": "c", "title": "Bot Chat #3", "started_at": 3},
+        {"id": "d", "title": "Bot Chatter", "started_at": 4},
+    ]
+    assert pick_titled_session(rows, "Bot Chat") == "c"
+    assert pick_titled_session(rows[:1] + rows[3:], "Bot Chat") == "a"
+    assert pick_titled_session(rows[3:], "Bot Chat") is None
+
+
+KEY = "k" * 32
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "expected"),
+    [
+        ({"platforms": {"api_server": {"enabled": True, "extra": {"port": 9000}}},
+          "gateway": {"multiplex_profiles": True}}, {"API_SERVER_KEY": KEY}, ApiServer("127.0.0.1", 9000, KEY)),
+        ({"platforms": {"api_server": {"enabled": True, "extra": {"host": "0.0.0.0", "key": KEY}}},
+          "gateway": {"multiplex_profiles": True}}, {"API_SERVER_PORT": "9001"}, ApiServer("127.0.0.1", 9001, KEY)),
+        ({"gateway": {"multiplex_profiles": True, "platforms": {"api_server": {"enabled": True}}}},
+         {"API_SERVER_KEY": KEY}, ApiServer("127.0.0.1", 8642, KEY)),
+        # multiplexing off: /p/<profile>/ would be ignored, so no warm turns
+        ({"platforms": {"api_server": {"enabled": True}}}, {"API_SERVER_KEY": KEY}, None),
+        ({"platforms": {"api_server": {"enabled": True}}, "gateway": {"multiplex_profiles": True}},
+         {"API_SERVER_KEY": "short"}, None),
+        ({"platforms": {"api_server": {"enabled": False}}, "gateway": {"multiplex_profiles": True}}, {}, None),
+        ({"platforms": {"api_server": {"enabled": True}}}, {"API_SERVER_KEY": KEY,
+                                                            "GATEWAY_MULTIPLEX_PROFILES": "1"},
+         ApiServer("127.0.0.1", 8642, KEY)),
+    ],
+)
+def test_api_server_discovery(config: dict, env: dict, expected: ApiServer | None) -> None:
+    assert api_server_of(config, env) == expected
