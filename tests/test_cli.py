@@ -10,7 +10,7 @@ import pytest
 from hermes_actors.cli.main import build_parser, main
 from hermes_actors.demo.bots import create_demo_root
 
-COMMANDS = ["demo", "roster", "send", "serve", "relay", "bench"]
+COMMANDS = ["demo", "roster", "send", "serve", "relay", "bench", "enable", "disable"]
 
 
 @pytest.mark.parametrize("argv", [["--help"]] + [[c, "--help"] for c in COMMANDS])

@@ -13,7 +13,7 @@ from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.sessions import find_bot_chat
 from hermes_actors.hermes.setup import disable, enable
 from hermes_actors.messages import Turn
-from hermes_actors.profiles import is_managed
+from hermes_actors.store.hermes_root import is_managed
 
 
 def bot_chat_messages(home: Path) -> list[tuple[str, str]]:

@@ -10,8 +10,8 @@ from hermes_actors.hermes.cli_output import clean_reply, failure_of, reply_or_fa
 from hermes_actors.hermes.cli_runner import MAX_ARGV_TEXT_BYTES, HermesCliRunner
 from hermes_actors.hermes.install import ChatFlags, cli_profile_name, parse_chat_help, profile_home, root_of_home
 from hermes_actors.hermes.select import api_server_of
+from hermes_actors.local.runners import CliResult
 from hermes_actors.messages import Turn
-from hermes_actors.runners import CliResult
 
 # The options block of `hermes chat --help` from hermes-agent 0.19.0 (abridged, verbatim lines).
 HELP_0_19 = """usage: hermes chat [-h] [-q QUERY] [--image IMAGE] [-m MODEL] [-t TOOLSETS]

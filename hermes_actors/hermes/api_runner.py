@@ -28,10 +28,10 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.reasons import DELIVERY_TIMEOUT, MISSING_CONFIG, RUNTIME_OFFLINE, UNKNOWN, classify_agent_error
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.install import cli_profile_name
 from hermes_actors.messages import Turn
-from hermes_actors.reasons import DELIVERY_TIMEOUT, MISSING_CONFIG, RUNTIME_OFFLINE, UNKNOWN, classify_agent_error
 
 __all__ = ["ApiRunner", "ApiServer", "pick_titled_session"]
 

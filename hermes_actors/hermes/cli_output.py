@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 
+from hermes_actors.core.reasons import RUNTIME_OFFLINE, TARGET_BUSY, classify_agent_error
 from hermes_actors.errors import TurnFailed
-from hermes_actors.reasons import RUNTIME_OFFLINE, TARGET_BUSY, classify_agent_error
-from hermes_actors.runners import CliResult, busy_text, exit_failure_text, refused_not_owned
+from hermes_actors.local.runners import CliResult, busy_text, exit_failure_text, refused_not_owned
 
 __all__ = ["NO_SESSION_MARKER", "clean_reply", "failure_of", "reply_or_failure", "session_id_of"]
 
@@ -84,7 +84,7 @@ def failure_of(done: CliResult, handle: str) -> TurnFailed:
         ``target_busy`` for a lease refusal (marker or prose, on either
         stream); ``runtime_offline`` for a missing Bot Chat session (the
         runner recreates it on the retry); else the last output lines with
-        the reason :func:`~hermes_actors.reasons.classify_agent_error` gives.
+        the reason :func:`~hermes_actors.core.reasons.classify_agent_error` gives.
     """
     if refused_not_owned(done.stderr) or _LIVE_OWNER in done.stdout:
         return TurnFailed(busy_text(handle), reason=TARGET_BUSY)

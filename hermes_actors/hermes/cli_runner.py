@@ -22,6 +22,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.cli_output import reply_or_failure
 from hermes_actors.hermes.install import (
@@ -33,9 +34,8 @@ from hermes_actors.hermes.install import (
     root_of_home,
 )
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
+from hermes_actors.local.runners import CommandRunner, run_cli_process
 from hermes_actors.messages import Turn
-from hermes_actors.reasons import RUNTIME_OFFLINE, UNKNOWN
-from hermes_actors.runners import CommandRunner, run_cli_process
 
 __all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "turn_home"]
 

@@ -23,10 +23,10 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.config import load_yaml_file
+from hermes_actors.core.config import load_yaml_file
 from hermes_actors.hermes.api_runner import ApiRunner, ApiServer
 from hermes_actors.hermes.cli_runner import HermesCliRunner
-from hermes_actors.runners import TurnRunner
+from hermes_actors.local.runners import TurnRunner
 
 __all__ = ["api_server_of", "default_runner", "probe_api_server", "read_dotenv"]
 

@@ -36,8 +36,8 @@ import yaml
 from hermes_actors.hermes.install import find_hermes_cli, profile_home
 from hermes_actors.hermes.select import MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
-from hermes_actors.profiles import MANAGED_KEY, discover_profiles
 from hermes_actors.store.atomic import atomic_write_json, ensure_private_dir, read_json_file
+from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles
 
 __all__ = ["PLATFORM_NAME", "PLUGIN_NAME", "SetupError", "SetupReport", "disable", "enable"]
 
