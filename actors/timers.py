@@ -160,7 +160,8 @@ class Scheduler:
             if not handle.in_heap:
                 return
             self._cancelled_in_heap += 1
-            if self._cancelled_in_heap > _COMPACT_MIN and self._cancelled_in_heap * 2 > len(self._heap):
+            everything = self._cancelled_in_heap == len(self._heap)
+            if everything or (self._cancelled_in_heap > _COMPACT_MIN and self._cancelled_in_heap * 2 > len(self._heap)):
                 self._compact()
 
     def _compact(self) -> None:

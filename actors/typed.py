@@ -181,7 +181,9 @@ class TypedActor(pykka.ThreadingActor):
             message: a told message, or a :class:`Request` (an ask).
 
         Returns:
-            The handler's answer to an ask made with pykka's ``ref.ask``; None otherwise.
+            The handler's answer (pykka hands it to a ``ref.ask`` asker). A plain
+            ``ref.ask`` whose handler raises crashes the actor like a tell and gets
+            None: ask through :func:`actors.ask` to get errors back.
 
         Raises:
             Exception: only to a pykka asker of a :class:`Request`: the handler's error
@@ -196,7 +198,7 @@ class TypedActor(pykka.ThreadingActor):
             logger.warning("{} dropped a told message: {}", self, self._unknown(message))
             return None
         try:
-            handler(message)
+            return handler(message)  # answers a plain pykka ref.ask; ignored for a tell
         except BaseException as error:  # a crash of this actor only, never of the system
             self._begin_crash(error)
         return None

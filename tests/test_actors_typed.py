@@ -12,8 +12,8 @@ from typing import Any
 import pykka
 import pytest
 from loguru import logger
-from pykka._envelope import Envelope
 
+from actors.messages import Request
 from actors import (
     ActorGone,
     AskTimeout,
@@ -21,6 +21,7 @@ from actors import (
     UnexpectedReply,
     UnknownMessageError,
     ask,
+    ask_later,
     await_condition,
     handles,
     tell,
@@ -169,9 +170,9 @@ class Worker(TypedActor):
 class RecordingWorker(Worker):
     """Records what on_crash was handed, then behaves like the default."""
 
-    def on_crash(self, error: BaseException | None, pending: list[Envelope[Any]]) -> None:
-        self.crashes.append((error, [e.message for e in pending]))
-        super().on_crash(error, pending)
+    def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
+        self.crashes.append((error, [m.message if isinstance(m, Request) else m for m in pending]))
+        super().on_crash(error, pending, salvage)
 
 
 # ── fixtures ────────────────────────────────────────────────────────────────
@@ -412,10 +413,10 @@ def test_on_crash_gets_the_error_and_the_pending_mailbox_in_order() -> None:
     gate = _block(ref)
     ref.tell(Crash())
     ref.tell(Inc())
-    pending_ask = ref.ask(Echo("queued"), block=False)
+    pending_ask = ask_later(ref, Echo("queued"))
     ref.tell(Get())
     gate.set()
-    with pytest.raises(pykka.ActorDeadError):
+    with pytest.raises(ActorGone):
         pending_ask.get(timeout=5)
     assert len(crashes) == 1
     error, pending = crashes[0]
