@@ -11,7 +11,6 @@ from typing import Any
 import pykka
 import pytest
 
-from actors.messages import Request
 from actors import (
     ActorGone,
     ChildFailed,
@@ -25,6 +24,7 @@ from actors import (
     await_condition,
     handles,
 )
+from actors.messages import Request
 
 # ── messages ────────────────────────────────────────────────────────────────
 

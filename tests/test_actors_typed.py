@@ -13,10 +13,10 @@ import pykka
 import pytest
 from loguru import logger
 
-from actors.messages import Request
 from actors import (
     ActorGone,
     AskTimeout,
+    HandlerAborted,
     TypedActor,
     UnexpectedReply,
     UnknownMessageError,
@@ -26,6 +26,7 @@ from actors import (
     handles,
     tell,
 )
+from actors.messages import Request
 
 # ── messages ────────────────────────────────────────────────────────────────
 
@@ -437,3 +438,40 @@ def test_blocking_stop_queued_behind_a_crash_is_answered() -> None:
 
 def test_salvage_defaults_to_none() -> None:
     assert Worker().salvage() is None
+
+
+# ── BaseException from a handler: one actor's problem, never the system's ──
+
+
+@dataclass(frozen=True)
+class Exit:
+    error: BaseException
+
+
+class Exiter(Worker):
+    @handles(Exit)
+    def exit(self, msg: Exit) -> None:
+        raise msg.error
+
+
+@pytest.mark.parametrize("error", [SystemExit(2), KeyboardInterrupt(), GeneratorExit()])
+def test_a_told_base_exception_crashes_only_that_actor(error: BaseException) -> None:
+    """Regression (issue 11 item 2): pykka stopped every actor in the process on a SystemExit."""
+    bystander = Worker.start()
+    ref = Exiter.start()
+    ref.tell(Exit(error))
+    await_condition(lambda: not ref.is_alive(), timeout=10, message="the exiting actor to stop")
+    assert ask(bystander, Inc(), timeout=10) == 1  # the unrelated actor keeps answering
+    assert ask(bystander, Inc(), timeout=10) == 2
+    assert bystander.is_alive()
+
+
+@pytest.mark.parametrize("error", [SystemExit(2), KeyboardInterrupt(), GeneratorExit()])
+def test_an_asked_base_exception_comes_back_as_handler_aborted(error: BaseException) -> None:
+    bystander = Worker.start()
+    ref = Exiter.start()
+    with pytest.raises(HandlerAborted) as caught:
+        ask(ref, Exit(error), timeout=10)
+    assert caught.value.cause is error
+    assert ask(ref, Inc(), timeout=10) == 1  # the asked actor itself survives, like any ask error
+    assert ask(bystander, Inc(), timeout=10) == 1
