@@ -6,12 +6,19 @@ filesystem bridge and a test kit. Nothing here knows about bots.
 
 from loguru import logger
 
-from actors.asking import ask, tell
-from actors.errors import ActorGone, AskTimeout, EscalatedFailure, UnexpectedReply, UnknownMessageError
+from actors.asking import Reply, ask, ask_later, tell
+from actors.errors import (
+    ActorGone,
+    AskTimeout,
+    EscalatedFailure,
+    HandlerAborted,
+    UnexpectedReply,
+    UnknownMessageError,
+)
 from actors.fsbridge import FsBridge, default_ignore
-from actors.messages import ChildFailed, ChildRestarted, FileAppeared, FileRemoved, Rescan
+from actors.messages import ChildFailed, FileAppeared, FileRemoved, Rescan
 from actors.supervision import RestartPolicy, SupervisorActor
-from actors.testkit import Probe, await_condition
+from actors.testkit import Probe, ProbeLog, await_condition
 from actors.timers import ManualScheduler, Scheduler, TimerHandle, TimerSet
 from actors.typed import Link, TypedActor, handles
 from actors.workers import WorkerPool
@@ -22,14 +29,16 @@ __all__ = [
     "ActorGone",
     "AskTimeout",
     "ChildFailed",
-    "ChildRestarted",
     "EscalatedFailure",
     "FileAppeared",
     "FileRemoved",
     "FsBridge",
+    "HandlerAborted",
     "Link",
     "ManualScheduler",
     "Probe",
+    "ProbeLog",
+    "Reply",
     "Rescan",
     "RestartPolicy",
     "Scheduler",
@@ -41,6 +50,7 @@ __all__ = [
     "UnknownMessageError",
     "WorkerPool",
     "ask",
+    "ask_later",
     "await_condition",
     "default_ignore",
     "handles",

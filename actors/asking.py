@@ -1,16 +1,91 @@
-"""``ask`` and ``tell`` with timeouts and typed results."""
+"""``ask`` and ``tell`` with timeouts and typed results.
+
+An ask to a :class:`~actors.typed.TypedActor` travels as a :class:`~actors.messages.Request`
+through pykka's public ``ref.ask``; when the actor crashed before handling it, the
+answer comes from the restarted instance through a relay future. Other pykka actors
+are asked plainly.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any, TypeVar, overload
 
 import pykka
 
 from actors.errors import ActorGone, AskTimeout, UnexpectedReply
+from actors.messages import Relayed, Request
+from actors.typed import TypedActor
 
-__all__ = ["ask", "tell"]
+__all__ = ["Reply", "ask", "ask_later", "tell"]
 
 T = TypeVar("T")
+
+
+class Reply:
+    """The answer to come for :func:`ask_later`."""
+
+    __slots__ = ("_future", "_name", "_ref")
+
+    def __init__(self, ref: pykka.ActorRef[Any], name: str, future: pykka.Future[Any]) -> None:
+        self._ref = ref
+        self._name = name
+        self._future = future
+
+    def get(self, *, timeout: float, expect: type[T] | None = None) -> Any:
+        """Wait at most ``timeout`` seconds for the answer.
+
+        Args:
+            timeout: seconds; there is no "wait forever".
+            expect: when given, the answer must be an instance of this type.
+
+        Returns:
+            The handler's return value.
+
+        Raises:
+            AskTimeout: no answer in time.
+            ActorGone: the actor is dead, or died before answering.
+            UnexpectedReply: the answer is not an ``expect``.
+            Exception: whatever the handler raised, re-raised here.
+        """
+        deadline = time.monotonic() + timeout
+        result = self._wait(self._future, timeout)
+        if isinstance(result, Relayed):  # the actor crashed first; its successor answers
+            result = self._wait(result.future, max(0.0, deadline - time.monotonic()))
+        if expect is not None and not isinstance(result, expect):
+            raise UnexpectedReply(
+                f"{self._ref} answered {self._name} with {type(result).__name__}, expected {expect.__name__}"
+            )
+        return result
+
+    def _wait(self, future: pykka.Future[Any], timeout: float) -> Any:
+        try:
+            return future.get(timeout=timeout)
+        except pykka.Timeout as exc:
+            raise AskTimeout(f"{self._ref} did not answer {self._name} within {timeout:g}s") from exc
+        except pykka.ActorDeadError as exc:
+            raise ActorGone(f"{self._ref} died before answering {self._name}: {exc}") from exc
+
+
+def ask_later(ref: pykka.ActorRef[Any], message: Any) -> Reply:
+    """Send ``message`` as an ask without waiting; ``.get(timeout=...)`` the answer later.
+
+    Args:
+        ref: the actor to ask.
+        message: a typed message.
+
+    Returns:
+        The :class:`Reply` to wait on.
+
+    Raises:
+        ActorGone: the actor is dead.
+    """
+    envelope = Request(message) if issubclass(ref.actor_class, TypedActor) else message
+    try:
+        future = ref.ask(envelope, block=False)
+    except pykka.ActorDeadError as exc:
+        raise ActorGone(f"cannot ask {type(message).__name__}: {exc}") from exc
+    return Reply(ref, type(message).__name__, future)
 
 
 @overload
@@ -35,27 +110,22 @@ def ask(ref: pykka.ActorRef[Any], message: Any, *, timeout: float, expect: type[
         AskTimeout: no answer in time.
         ActorGone: the actor is dead, or died before answering.
         UnexpectedReply: the answer is not an ``expect``.
+        HandlerAborted: the handler raised SystemExit, KeyboardInterrupt or the like.
         Exception: whatever the handler raised, re-raised here.
     """
-    try:
-        future = ref.ask(message, block=False)
-    except pykka.ActorDeadError as exc:
-        raise ActorGone(f"cannot ask {type(message).__name__}: {exc}") from exc
-    try:
-        result = future.get(timeout=timeout)
-    except pykka.Timeout as exc:
-        raise AskTimeout(f"{ref} did not answer {type(message).__name__} within {timeout}s") from exc
-    except pykka.ActorDeadError as exc:
-        raise ActorGone(f"{ref} died before answering {type(message).__name__}: {exc}") from exc
-    if expect is not None and not isinstance(result, expect):
-        raise UnexpectedReply(
-            f"{ref} answered {type(message).__name__} with {type(result).__name__}, expected {expect.__name__}"
-        )
-    return result
+    return ask_later(ref, message).get(timeout=timeout, expect=expect)
 
 
 def tell(ref: pykka.ActorRef[Any], message: Any) -> bool:
-    """Tell ``message``; returns False (instead of raising) when the actor is gone."""
+    """Tell ``message``; returns False (instead of raising) when the actor is gone.
+
+    Args:
+        ref: the actor to tell.
+        message: a typed message.
+
+    Returns:
+        True when it was queued.
+    """
     try:
         ref.tell(message)
     except pykka.ActorDeadError:

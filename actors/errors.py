@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ActorGone", "AskTimeout", "EscalatedFailure", "UnexpectedReply", "UnknownMessageError"]
+__all__ = ["ActorGone", "AskTimeout", "EscalatedFailure", "HandlerAborted", "UnexpectedReply", "UnknownMessageError"]
 
 
 class UnknownMessageError(TypeError):
@@ -27,4 +27,16 @@ class EscalatedFailure(RuntimeError):
     def __init__(self, child: str, cause: BaseException | None) -> None:
         super().__init__(f"child {child!r} exceeded its restart intensity; last error: {cause!r}")
         self.child = child
+        self.cause = cause
+
+
+class HandlerAborted(RuntimeError):
+    """A handler raised a BaseException that is not an Exception (SystemExit, KeyboardInterrupt, ...).
+
+    The asker gets this instead of the raw BaseException, so user code can never
+    stop the actor system (pykka would stop every actor in the process).
+    """
+
+    def __init__(self, actor: str, cause: BaseException) -> None:
+        super().__init__(f"{actor} handler raised {cause!r}")
         self.cause = cause

@@ -7,28 +7,54 @@ from pathlib import Path
 from typing import Any
 
 import pykka
-from pykka._envelope import Envelope
 
-__all__ = ["ChildFailed", "ChildRestarted", "FileAppeared", "FileRemoved", "Rescan"]
+__all__ = ["ChildFailed", "FileAppeared", "FileRemoved", "Relayed", "Request", "Rescan"]
+
+
+class Request:
+    """An asked message (our own envelope, so no pykka internals are needed).
+
+    ``actors.ask`` sends it with pykka's public ``ref.ask``; the TypedActor answers
+    through pykka's reply. When the asked actor crashes before handling it, the
+    request is handed to the restarted instance with ``relay`` set: the asker then
+    waits on ``relay`` instead (see :class:`actors.asking.Reply`).
+    """
+
+    __slots__ = ("message", "relay")
+
+    def __init__(self, message: Any, relay: pykka.ThreadingFuture[Any] | None = None) -> None:
+        self.message = message
+        self.relay = relay
+
+    def fail(self, error: Exception) -> None:
+        """Answer a relayed request with ``error`` (no-op for one that was never relayed)."""
+        if self.relay is not None:
+            self.relay.set_exception(exc_info=(type(error), error, None))
+
+    def __repr__(self) -> str:
+        return f"Request({self.message!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """The first answer to an ask the actor could not handle itself: wait on ``future`` instead."""
+
+    future: pykka.ThreadingFuture[Any]
 
 
 @dataclass(frozen=True, slots=True)
 class ChildFailed:
-    """Told by a crashing child to its supervisor, with its unhandled mailbox."""
+    """Told by a crashed child to its supervisor, with its unhandled mailbox.
+
+    ``pending`` holds the told messages and :class:`Request` objects that were
+    queued behind the crash, in arrival order.
+    """
 
     name: str
     generation: int
     error: BaseException | None
-    pending: tuple[Envelope[Any], ...]
+    pending: tuple[Any, ...]
     salvage: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChildRestarted:
-    """A supervised child got a new ref."""
-
-    name: str
-    ref: pykka.ActorRef[Any]
 
 
 @dataclass(frozen=True, slots=True)

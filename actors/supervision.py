@@ -3,8 +3,9 @@
 A :class:`SupervisorActor` starts children through factories. When a child
 crashes it sends :class:`ChildFailed` (with its unhandled mailbox and any
 salvaged state); the supervisor starts a fresh instance from the same factory
-(state rebuilt from scratch or from the salvage) and re-queues the mailbox, so
-no ask hangs and no tell is silently lost. More than ``max_restarts`` crashes
+(state rebuilt from scratch or from the salvage) and tells it the mailbox, in
+order, so no ask hangs and no tell is silently lost (asks are answered by the new
+instance through their relay future). More than ``max_restarts`` crashes
 of one child within ``within_seconds`` escalate: the child stays down, its
 mailbox asks fail, and :meth:`SupervisorActor.on_escalation` decides (the
 default crashes the supervisor itself, handing the failure to *its* parent).
@@ -20,13 +21,12 @@ from typing import Any
 
 import pykka
 from loguru import logger
-from pykka._envelope import Envelope
 
 from actors.errors import EscalatedFailure
-from actors.messages import ChildFailed, ChildRestarted
-from actors.typed import Link, TypedActor, _fail_envelopes, handles
+from actors.messages import ChildFailed
+from actors.typed import Link, TypedActor, fail_pending, handles
 
-__all__ = ["ChildFactory", "ChildFailed", "ChildRestarted", "RestartPolicy", "SupervisorActor"]
+__all__ = ["ChildFactory", "ChildFailed", "RestartPolicy", "SupervisorActor"]
 
 # factory(link, salvage) -> a started child ref
 ChildFactory = Callable[[Link, Any], pykka.ActorRef[Any]]
@@ -99,14 +99,18 @@ class SupervisorActor(TypedActor):
     def _on_child_failed(self, msg: ChildFailed) -> None:
         child = self.children.get(msg.name)
         if child is None or child.generation != msg.generation:
-            _fail_envelopes(self, list(msg.pending))  # a stale generation: nobody to hand them to
+            # A stale generation: a newer instance already runs (started by start_child); it takes them.
+            if child is not None and child.ref.is_alive():
+                _hand_over(child.ref, msg.pending)
+            else:
+                fail_pending(f"child {msg.name!r}", msg.pending)
             return
         now = self.clock()
         if not self.policy.allows(child.restarts, now):
             logger.error("child {} crashed beyond its restart intensity; escalating", msg.name)
             del self.children[msg.name]
             self.escalated[msg.name] = msg.error
-            _fail_envelopes(self, list(msg.pending))
+            fail_pending(f"child {msg.name!r}", msg.pending)
             self.on_escalation(msg.name, msg.error)
             return
         child.restarts.append(now)
@@ -114,11 +118,10 @@ class SupervisorActor(TypedActor):
         try:
             ref = child.factory(Link(self.actor_ref, msg.name, child.generation + 1), msg.salvage)
         except Exception:
-            _fail_envelopes(self, list(msg.pending))  # nobody will ever answer them: fail, never hang
+            fail_pending(f"child {msg.name!r}", msg.pending)  # nobody will ever answer them: fail, never hang
             raise
         child.ref, child.generation = ref, child.generation + 1
-        for envelope in msg.pending:  # the mailbox moves to the new instance, order kept
-            _requeue(ref, envelope)
+        _hand_over(ref, msg.pending)  # the mailbox moves to the new instance, order kept
         self.on_child_restarted(msg.name, ref)
 
     def on_child_restarted(self, name: str, ref: pykka.ActorRef[Any]) -> None:
@@ -129,12 +132,11 @@ class SupervisorActor(TypedActor):
         raise EscalatedFailure(name, error)
 
 
-def _requeue(ref: pykka.ActorRef[Any], envelope: Envelope[Any]) -> None:
-    """Put an envelope (keeping its reply future) into another actor's mailbox."""
-    try:
-        if not ref.is_alive():
-            raise pykka.ActorDeadError(f"{ref} is not alive")
-        ref.actor_inbox.put(envelope)
-    except pykka.ActorDeadError as exc:
-        if envelope.reply_to is not None:
-            envelope.reply_to.set_exception(exc_info=(pykka.ActorDeadError, exc, None))
+def _hand_over(ref: pykka.ActorRef[Any], pending: tuple[Any, ...]) -> None:
+    """Tell the crashed child's mailbox to its successor, in order; fail what it cannot take."""
+    for index, message in enumerate(pending):
+        try:
+            ref.tell(message)
+        except pykka.ActorDeadError:
+            fail_pending(str(ref), pending[index:])
+            return

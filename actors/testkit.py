@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import pykka
 
-__all__ = ["Probe", "await_condition"]
+__all__ = ["Probe", "ProbeLog", "await_condition"]
 
 T = TypeVar("T")
 
@@ -41,38 +41,18 @@ def await_condition(
         time.sleep(interval)
 
 
-class Probe(pykka.ThreadingActor):
-    """An actor that records every message it receives, for assertions.
-
-    Use ``Probe.start()`` and read through the returned proxy-free helpers:
-    ``probe = Probe.start().proxy()`` is not needed; call :func:`Probe.records`
-    on the actor object via ``ref._actor`` or use :meth:`expect` through
-    ``Probe.spawn()`` which returns ``(ref, probe)``.
-    """
+class ProbeLog:
+    """What a :class:`Probe` received, readable from the test's thread."""
 
     def __init__(self) -> None:
-        super().__init__()
         self._cond = threading.Condition()
         self._records: list[Any] = []
 
-    @classmethod
-    def spawn(cls) -> tuple[pykka.ActorRef[Any], Probe]:
-        """Start a probe; returns its ref (to give to code under test) and itself (to assert)."""
-        probe = cls()
-        ref = cls._start_existing(probe)
-        return ref, probe
-
-    @classmethod
-    def _start_existing(cls, probe: Probe) -> pykka.ActorRef[Any]:
-        pykka.ActorRegistry.register(probe.actor_ref)
-        probe._start_actor_loop()
-        return probe.actor_ref
-
-    def on_receive(self, message: Any) -> Any:
+    def record(self, message: Any) -> None:
+        """Append one received message and wake waiters."""
         with self._cond:
             self._records.append(message)
             self._cond.notify_all()
-        return None
 
     def records(self, of_type: type | None = None) -> list[Any]:
         """A copy of what was received, optionally only messages of one type."""
@@ -97,3 +77,31 @@ class Probe(pykka.ThreadingActor):
                         f"probe got {len(found)} of {count} {of_type.__name__} within {timeout}s"
                     )
                 self._cond.wait(remaining)
+
+
+class Probe(pykka.ThreadingActor):
+    """An actor that records every message it receives (answering asks with None), for assertions.
+
+    ``ref, log = Probe.spawn()``: give ``ref`` to the code under test, assert on ``log``.
+
+    Args:
+        log: where the messages are recorded.
+    """
+
+    def __init__(self, log: ProbeLog) -> None:
+        super().__init__()
+        self.log = log
+
+    @classmethod
+    def spawn(cls) -> tuple[pykka.ActorRef[Any], ProbeLog]:
+        """Start a probe.
+
+        Returns:
+            Its ref (to give to code under test) and its :class:`ProbeLog` (to assert on).
+        """
+        log = ProbeLog()
+        return cls.start(log), log
+
+    def on_receive(self, message: Any) -> Any:
+        self.log.record(message)
+        return None

@@ -35,16 +35,29 @@ class TimerHandle:
     due: float
     cancelled: bool = False
     owner: TimerSet | None = field(default=None, repr=False)
+    scheduler: Scheduler | None = field(default=None, repr=False)
+    in_heap: bool = field(default=False, repr=False)
 
     def cancel(self) -> None:
         """Cancel the timer; idempotent, safe from any thread."""
-        self.cancelled = True
+        if self.scheduler is not None:
+            self.scheduler.cancel(self)
+        else:
+            self.cancelled = True
         if self.owner is not None:
             self.owner.forget(self)
 
 
+# The heap is rebuilt without its cancelled entries when they are more than half of it
+# (and at least this many): cancelled timers cost O(1) amortized and are never retained.
+_COMPACT_MIN = 64
+
+
 class Scheduler:
     """One thread that fires every timer of a system at its due time.
+
+    Cancelled timers do not stay in memory until their due time: the heap is
+    compacted once cancelled entries make up more than half of it.
 
     Args:
         clock: monotonic clock in seconds; injectable for tests.
@@ -57,6 +70,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._cancelled_in_heap = 0
 
     # ── lifetime ────────────────────────────────────────────────────────────
 
@@ -73,7 +87,10 @@ class Scheduler:
         """Stop the thread; pending timers are dropped."""
         with self._cond:
             self._stopping = True
+            for _, _, handle in self._heap:
+                handle.in_heap = False
             self._heap.clear()
+            self._cancelled_in_heap = 0
             self._cond.notify_all()
             thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
@@ -100,7 +117,7 @@ class Scheduler:
         Returns:
             The handle to cancel it.
         """
-        handle = TimerHandle(target, message, None, self.clock() + max(0.0, delay))
+        handle = TimerHandle(target, message, None, self.clock() + max(0.0, delay), scheduler=self)
         self._push(handle)
         return handle
 
@@ -112,18 +129,56 @@ class Scheduler:
         """
         if interval <= 0:
             raise ValueError(f"timer interval must be > 0 seconds, got {interval!r}")
-        handle = TimerHandle(target, message, interval, self.clock() + interval)
+        handle = TimerHandle(target, message, interval, self.clock() + interval, scheduler=self)
         self._push(handle)
         return handle
 
     def pending(self) -> int:
         """How many live (not cancelled) timers are scheduled."""
         with self._cond:
-            return sum(1 for _, _, h in self._heap if not h.cancelled)
+            return len(self._heap) - self._cancelled_in_heap
+
+    def heap_size(self) -> int:
+        """How many timer entries the scheduler holds in memory, cancelled ones included.
+
+        Stays below about twice :meth:`pending` (plus a small constant), however
+        many timers were cancelled.
+        """
+        with self._cond:
+            return len(self._heap)
+
+    def cancel(self, handle: TimerHandle) -> None:
+        """Cancel ``handle`` (what :meth:`TimerHandle.cancel` calls); idempotent, any thread.
+
+        Args:
+            handle: a timer of this scheduler.
+        """
+        with self._cond:
+            if handle.cancelled:
+                return
+            handle.cancelled = True
+            if not handle.in_heap:
+                return
+            self._cancelled_in_heap += 1
+            everything = self._cancelled_in_heap == len(self._heap)
+            if everything or (self._cancelled_in_heap > _COMPACT_MIN and self._cancelled_in_heap * 2 > len(self._heap)):
+                self._compact()
+
+    def _compact(self) -> None:
+        kept = []
+        for entry in self._heap:
+            if entry[2].cancelled:
+                entry[2].in_heap = False
+            else:
+                kept.append(entry)
+        heapq.heapify(kept)
+        self._heap = kept
+        self._cancelled_in_heap = 0
 
     def _push(self, handle: TimerHandle) -> None:
         with self._cond:
             earliest = self._heap[0][0] if self._heap else None
+            handle.in_heap = True
             heapq.heappush(self._heap, (handle.due, next(self._seq), handle))
             if earliest is None or handle.due < earliest:
                 self._cond.notify()  # only a new head changes how long the thread sleeps
@@ -132,10 +187,13 @@ class Scheduler:
         due: list[TimerHandle] = []
         while self._heap and self._heap[0][0] <= now:
             _, _, handle = heapq.heappop(self._heap)
+            handle.in_heap = False
             if handle.cancelled:
+                self._cancelled_in_heap -= 1
                 continue
             due.append(handle)
             if handle.interval is not None:
+                handle.in_heap = True
                 handle.due += handle.interval
                 if handle.due <= now:  # fell behind (suspended machine): skip missed ticks
                     handle.due = now + handle.interval
@@ -247,4 +305,4 @@ class TimerSet:
         with self._lock:
             live, self._live = self._live, set()
         for handle in live:
-            handle.cancelled = True
+            self.scheduler.cancel(handle)

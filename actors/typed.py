@@ -5,29 +5,35 @@ class (and its bases, most specific first) selects the handler. A message no
 handler accepts is an error: the asker gets :class:`UnknownMessageError`; for a
 tell it is logged and dropped, and the actor keeps running.
 
-A crash (an exception from a handler of a *tell*) stops the actor; before it
-stops, the messages still in its mailbox are handed to :meth:`on_crash`, so a
-supervisor can pass them to the restarted actor instead of losing them.
+Ask a TypedActor with :func:`actors.ask` (it sends a :class:`Request`, our own
+envelope, so an ask is told apart from a tell without pykka internals). An error
+from an asked handler goes back to the asker and the actor keeps running. An
+error from a *told* handler is a crash: the actor stops, and every message
+queued behind the crash is collected and handed to :meth:`TypedActor.on_crash`
+(by default to the supervisor, which passes it to the restarted actor). A
+``BaseException`` that is not an ``Exception`` (``SystemExit``...) is handled the
+same way and never reaches pykka, which would stop every actor in the process.
+
+Only pykka's public API is used.
 """
 
 from __future__ import annotations
 
-import queue
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
 import pykka
 from loguru import logger
-from pykka._envelope import Envelope
 
-from actors.errors import UnknownMessageError
+from actors.errors import HandlerAborted, UnknownMessageError
+from actors.messages import ChildFailed, Relayed, Request
+from actors.timers import Scheduler, TimerSet
 
 __all__ = ["Link", "TypedActor", "handles"]
 
-M = TypeVar("M")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _HANDLES_ATTR = "__handles_types__"
@@ -59,36 +65,38 @@ class Link:
     generation: int = 0
 
 
-class _TrackingInbox:
-    """The actor's mailbox: a C-level ``SimpleQueue`` (no Python-level Condition per put/get),
-    remembering the envelope being handled so a told unknown message can be told from an asked one."""
+@dataclass(frozen=True, slots=True)
+class _EndOfMailbox:
+    """Told by a crashed actor to itself: everything queued before it is the unhandled mailbox."""
 
-    __slots__ = ("_queue", "current")
 
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Envelope[Any]] = queue.SimpleQueue()
-        self.current: Envelope[Any] | None = None
+class _Crash:
+    """What a crashed actor collects until it stops."""
 
-    def put(self, envelope: Envelope[Any], block: bool = True, timeout: float | None = None) -> None:
-        self._queue.put(envelope)
+    __slots__ = ("error", "held", "salvage")
 
-    def get(self, block: bool = True, timeout: float | None = None) -> Envelope[Any]:
-        envelope = self._queue.get(block, timeout)
-        self.current = envelope
-        return envelope
+    def __init__(self, error: BaseException, salvage: Any) -> None:
+        self.error = error
+        self.salvage = salvage
+        self.held: list[Any] = []
 
-    def get_nowait(self) -> Envelope[Any]:
-        return self.get(False)
 
-    def empty(self) -> bool:
-        return self._queue.empty()
+def _wrap_on_stop(on_stop: Callable[[Any], None]) -> Callable[[Any], None]:
+    @functools.wraps(on_stop)
+    def on_stop_then_release(self: TypedActor) -> None:
+        try:
+            on_stop(self)
+        finally:
+            TypedActor.on_stop(self)
 
-    def qsize(self) -> int:
-        return self._queue.qsize()
+    return on_stop_then_release
 
 
 class TypedActor(pykka.ThreadingActor):
     """A pykka actor with handlers selected by message type.
+
+    Timers made with :meth:`own_timers` are cancelled when the actor stops or
+    crashes, whatever a subclass's ``on_stop`` does.
 
     Args:
         link: set by a supervisor; the child reports crashes through it.
@@ -104,15 +112,45 @@ class TypedActor(pykka.ThreadingActor):
                 for message_type in getattr(value, _HANDLES_ATTR, ()):
                     table[message_type] = attr
         cls._handler_table = table
-
-    @staticmethod
-    def _create_actor_inbox() -> _TrackingInbox:
-        return _TrackingInbox()
+        if "on_stop" in vars(cls):  # the base's release runs even when an override forgets super()
+            cls.on_stop = _wrap_on_stop(vars(cls)["on_stop"])  # type: ignore[method-assign,assignment]
 
     def __init__(self, *, link: Link | None = None) -> None:
         super().__init__()
         self.link = link
         self._dispatch_cache: dict[type, Callable[[Any], Any] | None] = {}
+        self._timer_sets: list[TimerSet] = []
+        self._crash: _Crash | None = None
+
+    # ── timers ──────────────────────────────────────────────────────────────
+
+    def own_timers(self, scheduler: Scheduler) -> TimerSet:
+        """A set of timers telling this actor, cancelled automatically when it stops or crashes.
+
+        Args:
+            scheduler: the system's scheduler.
+
+        Returns:
+            The :class:`TimerSet` (keep it, e.g. as ``self.timers``).
+        """
+        timers = TimerSet(scheduler, self.actor_ref)
+        self._timer_sets.append(timers)
+        return timers
+
+    def cancel_timers(self) -> None:
+        """Cancel every timer of every set made by :meth:`own_timers` (idempotent)."""
+        for timers in self._timer_sets:
+            timers.cancel_all()
+
+    def on_stop(self) -> None:
+        """Cancel the owned timers; a crashed actor reports its mailbox (see :meth:`on_crash`).
+
+        Subclasses may override without calling super(): this still runs after them.
+        """
+        self.cancel_timers()
+        crash, self._crash = self._crash, None
+        if crash is not None:
+            self._report_crash(crash)
 
     # ── dispatch ────────────────────────────────────────────────────────────
 
@@ -130,92 +168,136 @@ class TypedActor(pykka.ThreadingActor):
         self._dispatch_cache[message_type] = handler
         return handler
 
-    def on_receive(self, message: Any) -> Any:
-        """Route ``message`` to the handler registered for its type."""
-        handler = self._handler_for(type(message))
-        if handler is not None:
-            return handler(message)
+    def _unknown(self, message: Any) -> UnknownMessageError:
         known = ", ".join(sorted(t.__name__ for t in self._handler_table)) or "nothing"
-        error = UnknownMessageError(
+        return UnknownMessageError(
             f"{type(self).__name__} has no handler for {type(message).__name__}; it handles: {known}"
         )
-        inbox = self.actor_inbox
-        current = inbox.current if isinstance(inbox, _TrackingInbox) else None
-        if current is not None and current.reply_to is None:
-            logger.warning("{} dropped a told message: {}", self, error)
+
+    def on_receive(self, message: Any) -> Any:
+        """Route ``message`` to the handler registered for its type (pykka calls this).
+
+        Args:
+            message: a told message, or a :class:`Request` (an ask).
+
+        Returns:
+            The handler's answer (pykka hands it to a ``ref.ask`` asker). A plain
+            ``ref.ask`` whose handler raises crashes the actor like a tell and gets
+            None: ask through :func:`actors.ask` to get errors back.
+
+        Raises:
+            Exception: only to a pykka asker of a :class:`Request`: the handler's error
+                (a ``HandlerAborted`` for a BaseException). Told messages never raise.
+        """
+        if self._crash is not None:
+            return self._collect(message)
+        if isinstance(message, Request):
+            return self._answer(message)
+        handler = self._handler_for(type(message))
+        if handler is None:
+            logger.warning("{} dropped a told message: {}", self, self._unknown(message))
             return None
-        raise error
+        try:
+            return handler(message)  # answers a plain pykka ref.ask; ignored for a tell
+        except BaseException as error:  # a crash of this actor only, never of the system
+            self._begin_crash(error)
+        return None
+
+    def _answer(self, request: Request) -> Any:
+        handler = self._handler_for(type(request.message))
+        try:
+            if handler is None:
+                raise self._unknown(request.message)
+            value = handler(request.message)
+        except Exception as error:
+            if request.relay is None:
+                raise  # pykka hands it to the asker
+            request.relay.set_exception(exc_info=sys.exc_info())
+            logger.debug("{} answered a relayed ask with {!r}", self, error)
+            return None
+        except BaseException as error:
+            aborted = HandlerAborted(str(self), error)
+            if request.relay is None:
+                raise aborted from error
+            request.relay.set_exception(exc_info=(HandlerAborted, aborted, None))
+            return None
+        if request.relay is not None:
+            request.relay.set(value)
+        return value
 
     # ── crash handling ──────────────────────────────────────────────────────
 
-    def mailbox_size(self) -> int:
-        """How many messages wait in this actor's mailbox (approximate, like any queue size)."""
-        inbox = self.actor_inbox
-        return inbox.qsize() if isinstance(inbox, _TrackingInbox) else 0
-
-    def drain_mailbox(self) -> list[Envelope[Any]]:
-        """Take every envelope still queued in the mailbox (used on crash)."""
-        pending: list[Envelope[Any]] = []
-        while True:
-            try:
-                pending.append(self.actor_inbox.get_nowait())  # type: ignore[attr-defined]
-            except queue.Empty:
-                return pending
-
-    def on_failure(
-        self,
-        exception_type: type[BaseException] | None,
-        exception_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Hand the mailbox to :meth:`on_crash`; never lose it silently."""
-        pending: list[Envelope[Any]] = []
-        for envelope in self.drain_mailbox():
-            if isinstance(envelope.message, pykka.messages._ActorStop):
-                if envelope.reply_to is not None:  # a blocking ref.stop() waits on this: it is stopped now
-                    envelope.reply_to.set(None)
-                continue
-            pending.append(envelope)
+    def _begin_crash(self, error: BaseException) -> None:
+        logger.opt(exception=error).error("{} crashed", self)
+        self.cancel_timers()
         try:
-            self.on_crash(exception_value, pending)
+            salvage = self.salvage()
+        except Exception:
+            logger.opt(exception=sys.exc_info()).error("{} salvage() failed", self)
+            salvage = None
+        self._crash = _Crash(error, salvage)
+        self.actor_ref.tell(_EndOfMailbox())
+
+    def _collect(self, message: Any) -> Any:
+        if isinstance(message, _EndOfMailbox):
+            self.stop()  # what is queued before the stop is collected too; on_stop reports it all
+            return None
+        assert self._crash is not None
+        self._crash.held.append(message)
+        if not isinstance(message, Request):
+            return None
+        if message.relay is None:
+            message.relay = pykka.ThreadingFuture()
+        return Relayed(message.relay)  # the asker now waits on the relay
+
+    def _report_crash(self, crash: _Crash) -> None:
+        try:
+            self.on_crash(crash.error, crash.held, crash.salvage)
         except Exception:
             logger.opt(exception=sys.exc_info()).error("{} on_crash failed", self)
-            _fail_envelopes(self, pending)
+            fail_pending(str(self), crash.held)
 
-    def on_crash(self, error: BaseException | None, pending: list[Envelope[Any]]) -> None:
-        """Called in the actor's thread after a handler crashed, before it stops.
+    def mailbox_size(self) -> int:
+        """How many messages wait in this actor's mailbox (approximate, like any queue size)."""
+        qsize = getattr(self.actor_inbox, "qsize", None)
+        return int(qsize()) if qsize is not None else 0
 
-        The default reports to the supervisor (when linked), passing the
-        mailbox along; unsupervised, pending asks fail with ``ActorDeadError``.
+    def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
+        """Called in the actor's thread once a crashed actor has collected its mailbox, as it stops.
+
+        The default reports to the supervisor (when linked), passing the mailbox
+        and salvage along; unsupervised, pending asks fail with ``ActorDeadError``.
 
         Args:
             error: the exception that crashed the actor.
-            pending: the envelopes that were still in the mailbox.
+            pending: the told messages and :class:`Request` objects queued behind the crash.
+            salvage: what :meth:`salvage` returned at the crash.
         """
-        self.stop_timers()
         if self.link is not None:
-            from actors.messages import ChildFailed
-
             try:
                 self.link.supervisor.tell(
-                    ChildFailed(self.link.name, self.link.generation, error, tuple(pending), self.salvage())
+                    ChildFailed(self.link.name, self.link.generation, error, tuple(pending), salvage)
                 )
                 return
             except pykka.ActorDeadError:
                 logger.error("{} crashed and its supervisor is gone", self)
         logger.error("{} crashed unsupervised: {!r}", self, error)
-        _fail_envelopes(self, pending)
+        fail_pending(str(self), pending)
 
     def salvage(self) -> Any:
-        """State worth handing to the restarted instance (override). Default None."""
+        """State worth handing to the restarted instance (override); taken at the crash. Default None."""
         return None
 
-    def stop_timers(self) -> None:
-        """Cancel this actor's timers (override in actors that own timers)."""
 
+def fail_pending(who: str, pending: list[Any] | tuple[Any, ...]) -> None:
+    """Fail the asks among ``pending`` with ``ActorDeadError``; log the dropped tells.
 
-def _fail_envelopes(actor: pykka.Actor, pending: list[Envelope[Any]]) -> None:
-    for envelope in pending:
-        if envelope.reply_to is not None:
-            error = pykka.ActorDeadError(f"{actor} crashed before handling {type(envelope.message).__name__}")
-            envelope.reply_to.set_exception(exc_info=(pykka.ActorDeadError, error, None))
+    Args:
+        who: the actor that can no longer answer them (for the message).
+        pending: told messages and :class:`Request` objects.
+    """
+    for message in pending:
+        if isinstance(message, Request):
+            message.fail(pykka.ActorDeadError(f"{who} crashed before handling {type(message.message).__name__}"))
+        else:
+            logger.error("{} crashed; told {} dropped", who, type(message).__name__)

@@ -4,6 +4,10 @@ Actors must never block their mailbox; a blocking job (a subprocess, a model
 call) runs here and reports back with a tell. Threads are created on demand up
 to ``max_workers`` and exit after ``idle_seconds`` without work, so the thread
 count follows the load, not the number of actors.
+
+A job that raises (any ``BaseException``, ``SystemExit`` included) never kills
+its worker thread: the error goes to the job's ``on_error`` callback, is logged,
+and is counted in :attr:`WorkerPool.failed_jobs`.
 """
 
 from __future__ import annotations
@@ -35,15 +39,22 @@ class WorkerPool:
         self.max_workers = max_workers
         self.idle_seconds = idle_seconds
         self.name = name
-        self._jobs: deque[Callable[[], Any]] = deque()
+        self._jobs: deque[tuple[Callable[[], Any], Callable[[BaseException], Any] | None]] = deque()
         self._lock = threading.Condition()  # guards the queue, the thread set and the idle count
         self._threads: set[threading.Thread] = set()
         self._idle = 0  # threads waiting for a job right now
         self._closed = False
         self._counter = 0
+        self._failed = 0
 
-    def submit(self, fn: Callable[[], Any]) -> None:
+    def submit(self, fn: Callable[[], Any], *, on_error: Callable[[BaseException], Any] | None = None) -> None:
         """Queue ``fn`` to run on a worker thread.
+
+        Args:
+            fn: the job.
+            on_error: called on the worker thread with whatever ``fn`` raised (any
+                ``BaseException``), e.g. to tell the owning actor. Without it the error
+                is only logged. An error raised by ``on_error`` itself is logged.
 
         Raises:
             RuntimeError: after :meth:`shutdown`.
@@ -52,7 +63,7 @@ class WorkerPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"worker pool {self.name!r} is shut down")
-            self._jobs.append(fn)
+            self._jobs.append((fn, on_error))
             # Spawn only when the queued jobs outnumber the threads waiting for work.
             # (Counted under the lock: a stale "idle" token must never stand in for a thread.)
             if len(self._jobs) > self._idle and len(self._threads) < self.max_workers:
@@ -81,12 +92,29 @@ class WorkerPool:
                         self._lock.wait(remaining)
                     finally:
                         self._idle -= 1
-                job = self._jobs.popleft()
+                job, on_error = self._jobs.popleft()
             try:
                 job()
-            except BaseException:  # a job must report its own errors; never kill the worker
-                logger.exception("worker job failed")
-            del job
+            except BaseException as error:  # reported, never kills the worker
+                self._report(error, on_error)
+            del job, on_error
+
+    def _report(self, error: BaseException, on_error: Callable[[BaseException], Any] | None) -> None:
+        with self._lock:
+            self._failed += 1
+        logger.opt(exception=error).error("worker job failed: {!r}", error)
+        if on_error is None:
+            return
+        try:
+            on_error(error)
+        except BaseException:
+            logger.opt(exception=True).error("worker job on_error callback failed")
+
+    @property
+    def failed_jobs(self) -> int:
+        """How many jobs raised since the pool was made."""
+        with self._lock:
+            return self._failed
 
     @property
     def thread_count(self) -> int:

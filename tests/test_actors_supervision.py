@@ -10,7 +10,6 @@ from typing import Any
 
 import pykka
 import pytest
-from pykka._envelope import Envelope
 
 from actors import (
     ActorGone,
@@ -21,9 +20,11 @@ from actors import (
     SupervisorActor,
     TypedActor,
     ask,
+    ask_later,
     await_condition,
     handles,
 )
+from actors.messages import Request
 
 # ── messages ────────────────────────────────────────────────────────────────
 
@@ -359,12 +360,12 @@ def test_the_crashed_childs_mailbox_moves_to_the_new_instance_in_order() -> None
     child.tell(Record(0))  # handled by the old instance: lost with its state
     gate = _block(child)
     child.tell(Crash())
-    first_ask = child.ask(Seen(), block=False)
+    first_ask = ask_later(child, Seen())
     child.tell(Record(1))
     child.tell(Record(2))
-    inc_ask = child.ask(Inc(), block=False)
+    inc_ask = ask_later(child, Inc())
     child.tell(Record(3))
-    last_ask = child.ask(Seen(), block=False)
+    last_ask = ask_later(child, Seen())
     gate.set()
     # the asks queued behind the crash are answered by the new instance, in mailbox order
     assert first_ask.get(timeout=5) == ()
@@ -402,14 +403,21 @@ def test_asks_queued_behind_a_crash_through_ask_get_answers() -> None:
     assert results == [("c", 1)]
 
 
-def test_a_stale_generation_report_fails_its_asks_instead_of_hanging() -> None:
+def test_a_stale_generation_report_hands_its_asks_to_the_running_child() -> None:
     sup = Sup.start(Factory())
     child = ask(sup, StartChild(), timeout=5)
-    future: pykka.Future[Any] = pykka.ThreadingFuture()
-    sup.tell(ChildFailed("c", 7, RuntimeError("old"), (Envelope(Get(), reply_to=future),)))
+    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+    sup.tell(ChildFailed("c", 7, RuntimeError("old"), (Request(WhoAmI(), relay=future),)))
+    assert future.get(timeout=5) == ("c", 0)  # answered by the running instance
+    assert _child(sup).actor_urn == child.actor_urn  # type: ignore[union-attr]  # nothing restarted
+
+
+def test_a_report_for_an_unknown_child_fails_its_asks_instead_of_hanging() -> None:
+    sup = Sup.start(Factory())
+    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+    sup.tell(ChildFailed("nobody", 0, RuntimeError("old"), (Request(Get(), relay=future),)))
     with pytest.raises(pykka.ActorDeadError):
         future.get(timeout=5)
-    assert _child(sup).actor_urn == child.actor_urn  # type: ignore[union-attr]  # nothing restarted
 
 
 def test_requeue_into_a_dead_replacement_fails_the_asks() -> None:
@@ -426,9 +434,9 @@ def test_requeue_into_a_dead_replacement_fails_the_asks() -> None:
     child = ask(sup, StartChild(), timeout=5)
     gate = _block(child)
     child.tell(Crash())
-    queued = child.ask(Get(), block=False)
+    queued = ask_later(child, Get())
     gate.set()
-    with pytest.raises(pykka.ActorDeadError):
+    with pytest.raises(ActorGone):
         queued.get(timeout=5)
 
 
@@ -446,9 +454,9 @@ def test_a_factory_failing_on_restart_fails_the_queued_asks() -> None:
     child = ask(sup, StartChild(), timeout=5)
     gate = _block(child)
     child.tell(Crash())
-    queued = child.ask(Get(), block=False)
+    queued = ask_later(child, Get())
     gate.set()
-    with pytest.raises(pykka.ActorDeadError):
+    with pytest.raises(ActorGone):
         queued.get(timeout=5)
     await_condition(lambda: not sup.is_alive(), message="the supervisor to crash on the factory error")
 
@@ -471,11 +479,11 @@ def test_more_restarts_than_allowed_escalate() -> None:
     # the third crash within the window escalates
     gate = _block(child)
     child.tell(Crash())
-    queued = [child.ask(Get(), block=False) for _ in range(3)]
+    queued = [ask_later(child, Get()) for _ in range(3)]
     clock.now += 1
     gate.set()
     for future in queued:
-        with pytest.raises(pykka.ActorDeadError):
+        with pytest.raises(ActorGone):
             future.get(timeout=5)
     await_condition(lambda: escalations, message="on_escalation")
     name, error = escalations[0]

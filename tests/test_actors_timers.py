@@ -57,7 +57,7 @@ class TimerOwner(TypedActor):
 
     def __init__(self, scheduler: Scheduler, ticks: list[Tick]) -> None:
         super().__init__()
-        self.timers = TimerSet(scheduler, self.actor_ref)
+        self.timers = self.own_timers(scheduler)  # cancelled by the base when this actor stops or crashes
         self.ticks = ticks
 
     @handles(Arm)
@@ -74,11 +74,13 @@ class TimerOwner(TypedActor):
     def crash(self, msg: Crash) -> None:
         raise RuntimeError("crash on purpose")
 
-    def stop_timers(self) -> None:
-        self.timers.cancel_all()
+
+
+class ForgetfulTimerOwner(TimerOwner):
+    """Overrides on_stop without calling super(): its timers are cancelled all the same."""
 
     def on_stop(self) -> None:
-        self.timers.cancel_all()
+        self.ticks.append(Tick(99))
 
 
 @pytest.fixture(autouse=True)
@@ -309,13 +311,23 @@ def test_an_actor_that_stops_cancels_its_timers(manual: ManualScheduler, log_rec
     assert _errors(log_records) == []
 
 
+def test_an_on_stop_override_without_super_still_cancels_the_timers(manual: ManualScheduler) -> None:
+    ticks: list[Tick] = []
+    ref = ForgetfulTimerOwner.start(manual, ticks)
+    assert ref.ask(Arm(delay=5, every=1), timeout=5) == 2
+    ref.stop()
+    assert ticks == [Tick(99)]  # the override ran
+    assert manual.pending() == 0
+    assert manual.advance(10) == 0
+
+
 def test_an_actor_that_crashes_cancels_its_timers(manual: ManualScheduler) -> None:
     ticks: list[Tick] = []
     ref = TimerOwner.start(manual, ticks)
     ref.ask(Arm(delay=5, every=1), timeout=5)
     ref.tell(Crash())
     await_condition(lambda: not ref.is_alive(), message="the owner to crash")
-    await_condition(lambda: manual.pending() == 0, message="stop_timers() on crash")
+    await_condition(lambda: manual.pending() == 0, message="timers cancelled on crash")
     assert manual.advance(10) == 0
 
 
@@ -465,3 +477,44 @@ def test_stopped_scheduler_ignores_new_timers_without_a_thread() -> None:
     scheduler.after(0, lambda: fired.append(1))
     assert _scheduler_threads() == before
     assert fired == []
+
+
+# ── cancelled timers are not retained ───────────────────────────────────────
+
+
+@pytest.mark.parametrize("scheduler_class", [ManualScheduler, Scheduler])
+def test_cancelled_long_timers_do_not_stay_in_memory(scheduler_class: type[Scheduler]) -> None:
+    """Regression (issue 11 item 8): every DM left a cancelled 600 s turn timer in the heap."""
+    scheduler = scheduler_class()
+    keep = scheduler.after(600, lambda: None)
+    largest = 0
+    for _ in range(100_000):
+        scheduler.after(600, lambda: None).cancel()
+        largest = max(largest, scheduler.heap_size())
+    assert largest <= 200  # bounded: compacted long before 100k entries pile up
+    assert scheduler.pending() == 1
+    keep.cancel()
+    assert scheduler.pending() == 0
+
+
+def test_cancelling_timers_in_any_order_keeps_the_live_ones_firing_in_order(manual: ManualScheduler) -> None:
+    fired: list[int] = []
+    handles_ = [manual.after(i, lambda i=i: fired.append(i)) for i in range(1000)]  # type: ignore[misc]
+    for i, handle in enumerate(handles_):
+        if i % 3:
+            handle.cancel()
+    assert manual.heap_size() < 700  # compaction ran
+    assert manual.pending() == 334
+    assert manual.advance(1000) == 334
+    assert fired == list(range(0, 1000, 3))
+    assert manual.heap_size() == 0
+
+
+def test_timerset_cancel_all_releases_the_heap(manual: ManualScheduler) -> None:
+    ref, _ = Probe.spawn()
+    timers = TimerSet(manual, ref)
+    for _ in range(1000):
+        timers.after(600, Tick())
+    timers.cancel_all()
+    assert manual.pending() == 0
+    assert manual.heap_size() == 0

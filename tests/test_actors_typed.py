@@ -12,19 +12,21 @@ from typing import Any
 import pykka
 import pytest
 from loguru import logger
-from pykka._envelope import Envelope
 
 from actors import (
     ActorGone,
     AskTimeout,
+    HandlerAborted,
     TypedActor,
     UnexpectedReply,
     UnknownMessageError,
     ask,
+    ask_later,
     await_condition,
     handles,
     tell,
 )
+from actors.messages import Request
 
 # ── messages ────────────────────────────────────────────────────────────────
 
@@ -169,9 +171,9 @@ class Worker(TypedActor):
 class RecordingWorker(Worker):
     """Records what on_crash was handed, then behaves like the default."""
 
-    def on_crash(self, error: BaseException | None, pending: list[Envelope[Any]]) -> None:
-        self.crashes.append((error, [e.message for e in pending]))
-        super().on_crash(error, pending)
+    def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
+        self.crashes.append((error, [m.message if isinstance(m, Request) else m for m in pending]))
+        super().on_crash(error, pending, salvage)
 
 
 # ── fixtures ────────────────────────────────────────────────────────────────
@@ -412,10 +414,10 @@ def test_on_crash_gets_the_error_and_the_pending_mailbox_in_order() -> None:
     gate = _block(ref)
     ref.tell(Crash())
     ref.tell(Inc())
-    pending_ask = ref.ask(Echo("queued"), block=False)
+    pending_ask = ask_later(ref, Echo("queued"))
     ref.tell(Get())
     gate.set()
-    with pytest.raises(pykka.ActorDeadError):
+    with pytest.raises(ActorGone):
         pending_ask.get(timeout=5)
     assert len(crashes) == 1
     error, pending = crashes[0]
@@ -436,3 +438,40 @@ def test_blocking_stop_queued_behind_a_crash_is_answered() -> None:
 
 def test_salvage_defaults_to_none() -> None:
     assert Worker().salvage() is None
+
+
+# ── BaseException from a handler: one actor's problem, never the system's ──
+
+
+@dataclass(frozen=True)
+class Exit:
+    error: BaseException
+
+
+class Exiter(Worker):
+    @handles(Exit)
+    def exit(self, msg: Exit) -> None:
+        raise msg.error
+
+
+@pytest.mark.parametrize("error", [SystemExit(2), KeyboardInterrupt(), GeneratorExit()])
+def test_a_told_base_exception_crashes_only_that_actor(error: BaseException) -> None:
+    """Regression (issue 11 item 2): pykka stopped every actor in the process on a SystemExit."""
+    bystander = Worker.start()
+    ref = Exiter.start()
+    ref.tell(Exit(error))
+    await_condition(lambda: not ref.is_alive(), timeout=10, message="the exiting actor to stop")
+    assert ask(bystander, Inc(), timeout=10) == 1  # the unrelated actor keeps answering
+    assert ask(bystander, Inc(), timeout=10) == 2
+    assert bystander.is_alive()
+
+
+@pytest.mark.parametrize("error", [SystemExit(2), KeyboardInterrupt(), GeneratorExit()])
+def test_an_asked_base_exception_comes_back_as_handler_aborted(error: BaseException) -> None:
+    bystander = Worker.start()
+    ref = Exiter.start()
+    with pytest.raises(HandlerAborted) as caught:
+        ask(ref, Exit(error), timeout=10)
+    assert caught.value.cause is error
+    assert ask(ref, Inc(), timeout=10) == 1  # the asked actor itself survives, like any ask error
+    assert ask(bystander, Inc(), timeout=10) == 1

@@ -272,3 +272,54 @@ def test_many_jobs_all_run_with_few_workers() -> None:
     await_condition(lambda: count[0] == 500, message="all jobs to run")
     await_condition(lambda: pool.thread_count == 0, message="idle exit")
     assert pool.shutdown(timeout=5)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("job bug"), SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+def test_a_raising_job_reports_its_error_to_on_error(error: BaseException) -> None:
+    pool = WorkerPool(1, idle_seconds=5, name="report")
+    reported: list[BaseException] = []
+    done = threading.Event()
+
+    def record(exc: BaseException) -> None:
+        reported.append(exc)
+        done.set()
+
+    def bad() -> None:
+        raise error
+
+    pool.submit(bad, on_error=record)
+    assert done.wait(10)
+    assert reported == [error]
+    assert pool.failed_jobs == 1
+    assert pool.shutdown(timeout=5)
+
+
+def test_a_failing_on_error_callback_is_logged_and_the_worker_survives(log_records: list[Any]) -> None:
+    pool = WorkerPool(1, idle_seconds=5, name="report")
+    after = threading.Event()
+
+    def broken_callback(exc: BaseException) -> None:
+        raise SystemExit("callback bug")
+
+    def bad() -> None:
+        raise RuntimeError("job bug")
+
+    pool.submit(bad, on_error=broken_callback)
+    pool.submit(after.set)
+    assert after.wait(10)
+    await_condition(
+        lambda: any("on_error callback failed" in r["message"] for r in log_records), message="the callback failure"
+    )
+    assert pool.failed_jobs == 1
+    assert pool.shutdown(timeout=5)
+
+
+def test_a_job_that_succeeds_is_not_reported() -> None:
+    pool = WorkerPool(1, idle_seconds=5, name="report")
+    reported: list[BaseException] = []
+    ran = threading.Event()
+    pool.submit(ran.set, on_error=reported.append)
+    assert ran.wait(10)
+    assert pool.shutdown(timeout=5)
+    assert reported == []
+    assert pool.failed_jobs == 0

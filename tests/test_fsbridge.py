@@ -13,11 +13,11 @@ import pytest
 
 from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler
 from actors.fsbridge import default_ignore
-from actors.testkit import Probe, await_condition
+from actors.testkit import Probe, ProbeLog, await_condition
 
 
 @pytest.fixture
-def probe() -> Iterator[tuple[pykka.ActorRef[Any], Probe]]:
+def probe() -> Iterator[tuple[pykka.ActorRef[Any], ProbeLog]]:
     ref, actor = Probe.spawn()
     yield ref, actor
     ref.stop()
@@ -29,16 +29,16 @@ def scheduler() -> Iterator[Scheduler]:
         yield s
 
 
-def appeared(actor: Probe) -> list[Path]:
+def appeared(actor: ProbeLog) -> list[Path]:
     return [m.path for m in actor.records(FileAppeared)]
 
 
-def wait_appeared(actor: Probe, path: Path, timeout: float = 5.0) -> None:
+def wait_appeared(actor: ProbeLog, path: Path, timeout: float = 5.0) -> None:
     await_condition(lambda: path in appeared(actor), timeout=timeout, message=f"FileAppeared({path})")
 
 
 def test_created_and_moved_in_files_appear_and_temp_names_do_not(
-    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
 ) -> None:
     ref, actor = probe
     watched = tmp_path / "watched"
@@ -80,7 +80,7 @@ def test_created_and_moved_in_files_appear_and_temp_names_do_not(
 
 
 def test_a_killed_observer_is_restarted_and_a_rescan_is_told(
-    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
 ) -> None:
     ref, actor = probe
     with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0) as bridge:
@@ -103,7 +103,7 @@ def test_a_killed_observer_is_restarted_and_a_rescan_is_told(
 
 
 def test_the_periodic_health_check_restarts_a_dead_observer(
-    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
 ) -> None:
     ref, actor = probe
     with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0.05) as bridge:
@@ -119,7 +119,7 @@ def test_the_periodic_health_check_restarts_a_dead_observer(
 
 
 def test_paused_drops_events_but_periodic_rescans_continue(
-    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
 ) -> None:
     ref, actor = probe
     with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0.1) as bridge:
@@ -140,7 +140,7 @@ def test_paused_drops_events_but_periodic_rescans_continue(
 
 
 def test_start_refuses_a_missing_root_and_stop_is_idempotent(
-    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], Probe], scheduler: Scheduler
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
 ) -> None:
     ref, _ = probe
     with pytest.raises(FileNotFoundError):

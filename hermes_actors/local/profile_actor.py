@@ -17,9 +17,8 @@ from typing import Any
 
 import pykka
 from loguru import logger
-from pykka._envelope import Envelope
 
-from actors import Link, Scheduler, TimerHandle, TimerSet, TypedActor, WorkerPool, handles
+from actors import Link, Scheduler, TimerHandle, TypedActor, WorkerPool, handles
 from hermes_actors.core import outcomes
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.faults import crashpoint
@@ -101,7 +100,7 @@ class ProfileActor(TypedActor):
         super().__init__(link=link)
         self.info = info
         self.deps = deps
-        self.timers = TimerSet(deps.scheduler, self.actor_ref)
+        self.timers = self.own_timers(deps.scheduler)
         self.queue: OrderedDict[str, tuple[Delivery, float, TimerHandle | None]] = OrderedDict()
         self.running: Delivery | None = None
         self.handled = salvage.handled if salvage else 0  # Deliver messages handled (idle-stop handshake)
@@ -126,12 +125,8 @@ class ProfileActor(TypedActor):
             self._arm_idle()
 
     def on_stop(self) -> None:
-        self.stop_timers()
         if self.lock is not None:
             self.lock.close()
-
-    def stop_timers(self) -> None:
-        self.timers.cancel_all()
 
     # ── deliveries ──────────────────────────────────────────────────────────
 
@@ -308,10 +303,10 @@ class ProfileActor(TypedActor):
             )
         return ProfileSalvage(tuple((d, t) for d, t, _ in self.queue.values()), self.handled)
 
-    def on_crash(self, error: BaseException | None, pending: list[Envelope[Any]]) -> None:
+    def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
         for _, _, timer in self.queue.values():
             if timer is not None:
                 timer.cancel()
         if self.lock is not None:
             self.lock.close()
-        super().on_crash(error, pending)
+        super().on_crash(error, pending, salvage)

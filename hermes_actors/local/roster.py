@@ -18,7 +18,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import Scheduler, TimerSet, TypedActor, handles
+from actors import Scheduler, TypedActor, handles
 from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.messages import (
     GetSnapshot,
@@ -133,7 +133,7 @@ class RosterActor(TypedActor):
         super().__init__()
         self.root = root
         self.overrides = overrides
-        self.timers = TimerSet(scheduler, self.actor_ref)
+        self.timers = self.own_timers(scheduler)
         self.rescan_seconds = rescan_seconds
         self.subscribers: list[pykka.ActorRef[Any]] = []
         self.version = 0
@@ -146,12 +146,6 @@ class RosterActor(TypedActor):
     def on_start(self) -> None:
         if self.rescan_seconds > 0:
             self.timers.every(self.rescan_seconds, RosterTick())
-
-    def on_stop(self) -> None:
-        self.timers.cancel_all()
-
-    def stop_timers(self) -> None:
-        self.timers.cancel_all()
 
     def _load(self) -> RosterSnapshot:
         self.signature = _signature(self.root)

@@ -19,7 +19,7 @@ from typing import Any
 
 from loguru import logger
 
-from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TimerSet, TypedActor, handles
+from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TypedActor, handles
 from hermes_actors.core.config import load_config
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import RosterPush
@@ -75,7 +75,7 @@ class HubActor(TypedActor):
         self.roots = roots
         self.by_name = {r.name: r for r in roots}
         self.by_base = {r.paths.relay.base: r for r in roots}
-        self.timers = TimerSet(scheduler, self.actor_ref)
+        self.timers = self.own_timers(scheduler)
         self.roster_seconds = roster_seconds
         self.last_roster: dict[str, tuple[Any, float]] = {}
         self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0}
@@ -84,9 +84,6 @@ class HubActor(TypedActor):
         # The first push is told by run_hub once the watches are up: a sender that sees the
         # roster must never be able to queue an envelope the hub is not yet watching for.
         self.timers.every(self.roster_seconds, RosterPush())
-
-    def on_stop(self) -> None:
-        self.timers.cancel_all()
 
     @handles(RosterPush)
     def _on_push(self, msg: RosterPush) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TimerHandle, TimerSet, TypedActor, handles
+from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TimerHandle, TypedActor, handles
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
@@ -108,7 +108,7 @@ class RelayActor(TypedActor):
         self.config = config
         self.dispatcher = dispatcher
         self.roster = roster
-        self.timers = TimerSet(scheduler, self.actor_ref)
+        self.timers = self.own_timers(scheduler)
         self.connection_id = connection_id
         self.local_profiles = local_profiles
         self.waiting: dict[str, _Waiting] = {}
@@ -122,11 +122,7 @@ class RelayActor(TypedActor):
         self._heartbeat()
 
     def on_stop(self) -> None:
-        self.timers.cancel_all()
         remove_heartbeat(self.paths)
-
-    def stop_timers(self) -> None:
-        self.timers.cancel_all()
 
     # ── sender side ─────────────────────────────────────────────────────────
 

@@ -3,7 +3,7 @@
 A drop-in for the file relay's RelayActor: toward the Dispatcher it speaks the
 same messages (``RelaySend`` → ack dict, ``OutcomeReady``, ``RelayDeliver``,
 ``RelayOutcome``, ``RelayResumed``) and the records are the relay's envelope
-and reply records, orjson-serialized (key names: ``transports.redis.store``).
+and reply records, orjson-serialized (key names: ``redis_store``).
 
 The actor is split like the Dispatcher: :mod:`~hermes_actors.transports.redis.base`
 declares the shared state, :mod:`~hermes_actors.transports.redis.send` is the
@@ -29,7 +29,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, Scheduler, TimerSet, ask, handles
+from actors import ActorGone, AskTimeout, Scheduler, ask, handles
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import (
@@ -92,7 +92,7 @@ class RedisRelayActor(RedisSend):
         self.config = config
         self.dispatcher = dispatcher
         self.roster = roster
-        self.timers = TimerSet(scheduler, self.actor_ref)
+        self.timers = self.own_timers(scheduler)
         self.me = connection_id
         self.local_profiles = local_profiles
         self.client: Any = make_client(settings.url)
@@ -129,7 +129,6 @@ class RedisRelayActor(RedisSend):
         self.timers.every(self.settings.tick_seconds, RedisTick())
 
     def on_stop(self) -> None:
-        self.timers.cancel_all()
         if self.reader is not None:
             self.reader.stop()
         try:  # a clean stop is offline at once (no waiting for the heartbeat to expire)
@@ -138,9 +137,6 @@ class RedisRelayActor(RedisSend):
             logger.debug("redis: could not remove the heartbeat at stop: {}", exc)
         self.guard.close()
         self.client.close()
-
-    def stop_timers(self) -> None:
-        self.timers.cancel_all()
 
     def _paused(self) -> bool:
         return len(self.inbound) >= self.config.max_queued
