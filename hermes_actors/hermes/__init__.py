@@ -1,0 +1,1 @@
+"""hermes-actors inside the real ``hermes-agent``: the submit endpoint, the plugin, the runners."""
