@@ -100,7 +100,8 @@ def _open_dir(directory: Path) -> int:
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        # O_NOFOLLOW|O_DIRECTORY on a symlink fails with ELOOP or ENOTDIR, depending on the kernel
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(directory)):
             raise PermissionError(f"refusing {directory}: it is a symlink") from None
         raise
     st = os.fstat(fd)
@@ -315,8 +316,7 @@ class SubmitServer:
                 return
             conn.setblocking(True)
             if not self._slots.acquire(blocking=False):
-                self._answer(conn, {"error": "the Bot Mode host is busy; try again in a moment", "reason": UNKNOWN})
-                conn.close()
+                self._refuse_busy(conn)
                 continue
             thread = threading.Thread(target=self._serve_one, args=(conn,), name="submit-conn", daemon=True)
             with self._handlers_lock:
@@ -327,17 +327,17 @@ class SubmitServer:
         try:
             conn.settimeout(self.read_timeout)
             pid, uid = _peer_cred(conn)
-            if uid != self.allowed_uid:
-                logger.warning("submit endpoint refused pid {} of uid {}", pid, uid)
-                self._answer(conn, bad_request(f"this endpoint serves uid {self.allowed_uid} only, not uid {uid}"))
-                return
             try:
-                raw = _read_request(conn)
+                raw = _read_request(conn)  # read even a refused request: closing on unread data resets the answer
             except ValueError as exc:
                 self._answer(conn, bad_request(str(exc)))
                 return
             except TimeoutError:
                 self._answer(conn, bad_request(f"no complete request within {self.read_timeout:g}s"))
+                return
+            if uid != self.allowed_uid:
+                logger.warning("submit endpoint refused pid {} of uid {}", pid, uid)
+                self._answer(conn, bad_request(f"this endpoint serves uid {self.allowed_uid} only, not uid {uid}"))
                 return
             self._answer(conn, self._dispatch(raw))
         except OSError as exc:
@@ -376,6 +376,21 @@ class SubmitServer:
     def _answer(conn: socket.socket, answer: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             conn.sendall(encode(answer))
+            conn.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(TimeoutError):  # drain what the client still sends, so close() is no reset
+                while len(conn.recv(_RECV_CHUNK)) > 0:
+                    pass
+
+    def _refuse_busy(self, conn: socket.socket) -> None:
+        """Answer "busy" from the accept thread without ever blocking it."""
+        conn.setblocking(False)
+        with contextlib.suppress(OSError):
+            while len(conn.recv(MAX_REQUEST_BYTES + _RECV_CHUNK)) > 0:
+                pass
+        with contextlib.suppress(OSError):
+            conn.send(encode({"error": "the Bot Mode host is busy; try again in a moment", "reason": UNKNOWN}))
+            conn.shutdown(socket.SHUT_WR)
+        conn.close()
 
 
 # ── the client ──────────────────────────────────────────────────────────────
@@ -406,8 +421,9 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
             _pid, uid = _peer_cred(sock)
             if uid != os.getuid():
                 raise PermissionError(f"refusing {path}: it is served by uid {uid}, not by us (uid {os.getuid()})")
-            sock.sendall(encode(payload))
-            sock.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the host answered early: read it
+                sock.sendall(encode(payload))
+                sock.shutdown(socket.SHUT_WR)
             data = bytearray()
             while True:
                 chunk = sock.recv(_RECV_CHUNK)
