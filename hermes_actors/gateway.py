@@ -80,6 +80,9 @@ class Gateway(RelayRpcMixin):
         durable: journal every local delivery before acking it (group commit) and
             recover on the next start; False trades that for speed.
         fsync: with ``durable``, fsync each group commit (False only for tests of speed).
+        serve_submit: serve the root's local submit endpoint (``bot_relay/run/submit.sock``)
+            while running, so bots' ``hermes`` processes and ``hermes-actors send`` reach
+            this host (:mod:`hermes_actors.hermes.submit`).
 
     Raises:
         FileNotFoundError: from :meth:`start` when ``root`` is not a directory.
@@ -97,6 +100,7 @@ class Gateway(RelayRpcMixin):
         peer_transport: PeerCliTransport | None = None,
         durable: bool = True,
         fsync: bool = True,
+        serve_submit: bool = False,
     ) -> None:
         self.root = Path(root).expanduser()
         if runner is None:
@@ -111,6 +115,8 @@ class Gateway(RelayRpcMixin):
         self.peer_transport = peer_transport
         self.durable = durable
         self.fsync = fsync
+        self.serve_submit = serve_submit
+        self._submit: Any = None  # the submit endpoint while serve_submit runs
         self._journal: Journal | None = None
         self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
@@ -155,6 +161,8 @@ class Gateway(RelayRpcMixin):
         return self
 
     def _teardown(self) -> None:
+        if self._submit is not None:
+            self._submit.close()
         if self._bridge is not None:
             self._bridge.stop()
         for ref in (self._dispatcher, self._relay, self._roster, self._notifier):
@@ -254,6 +262,10 @@ class Gateway(RelayRpcMixin):
             self.recovered = ask(
                 self._dispatcher, Recover(adopted.states, idempotent), timeout=_ASK_TIMEOUT, expect=dict
             )
+        if self.serve_submit:  # last: a DM submitted from now on finds every actor up
+            from hermes_actors.hermes.host import open_submit_endpoint
+
+            self._submit = open_submit_endpoint(self)
 
     def _redis_settings(self, cfg: BotModeConfig) -> Any:
         """The Redis transport's settings when ``bot_mode.transport`` selects it (None: the file relay).
@@ -286,6 +298,8 @@ class Gateway(RelayRpcMixin):
         dispatcher = self._dispatcher
         assert dispatcher is not None and self._notifier is not None and self._pool is not None
         deadline = time.monotonic() + max(0.0, timeout)
+        if self._submit is not None:  # first: a DM submitted while stopping would only be cancelled
+            self._submit.close()
         if self._bridge is not None:
             self._bridge.stop()
         try:
@@ -340,16 +354,20 @@ class Gateway(RelayRpcMixin):
     # ── the API ─────────────────────────────────────────────────────────────
 
     def message_agent(
-        self, *, sender: str, target: str, message: str, session: str = BOT_CHAT_SESSION
+        self, *, sender: str, target: str, message: str, session: str = BOT_CHAT_SESSION, hop: int = 0
     ) -> dict[str, Any]:
         """Send a DM as ``sender``; returns the tool's ack or refusal dict at once.
+
+        ``hop`` is the DM's depth in its conversation for the guard (0 and 1: a first DM;
+        a DM sent from inside the turn of a hop-N delivery is hop N+1).
 
         Raises:
             RuntimeError: the gateway is not running (before start, or once stop began).
         """
         dispatcher = self._live_dispatcher()
         try:
-            answer = ask(dispatcher, SendRequest(sender, target, message, session=session), timeout=_ASK_TIMEOUT)
+            request = SendRequest(sender, target, message, hop=hop, session=session)
+            answer = ask(dispatcher, request, timeout=_ASK_TIMEOUT)
             return resolve_ack(answer, timeout=_ASK_TIMEOUT)
         except ActorGone as exc:
             raise RuntimeError("gateway is not running") from exc

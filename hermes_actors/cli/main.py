@@ -54,9 +54,55 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_outcome(outcome: dict[str, Any]) -> int:
+    print(outcome["text"])
+    return 0 if outcome["status"] in ("replied", "silent") else 1
+
+
+def _send_via_host(args: argparse.Namespace) -> int | None:
+    """Submit through the host serving the root; None when no host runs there."""
+    import time
+
+    from hermes_actors.hermes.submit import HostOffline, fetch_outcome, request
+
+    payload = {"op": "send", "sender": args.sender, "target": args.target, "message": args.message, "hop": 0}
+    try:
+        ack = request(args.root, payload, timeout=30.0)
+    except HostOffline:
+        return None
+    except TimeoutError:
+        print(f"error: the host of {args.root} did not answer within 30s; the DM may or may not be queued",
+              file=sys.stderr)
+        return 3
+    print(orjson.dumps(ack).decode())
+    if "error" in ack:
+        return 2
+    if args.wait is None:
+        return 0
+    deadline = time.monotonic() + args.wait
+    while True:  # the host waits for us, in slices it accepts
+        try:
+            wait = max(0.0, min(60.0, deadline - time.monotonic()))
+            outcome = fetch_outcome(args.root, ack["delivery_id"], wait=wait)
+        except (HostOffline, TimeoutError) as exc:
+            print(f"error: lost the host of {args.root} while waiting for the outcome: {exc}", file=sys.stderr)
+            return 3
+        if outcome.get("status") not in ("pending", "unknown"):
+            return _print_outcome(outcome)
+        if outcome.get("status") == "unknown" or time.monotonic() >= deadline:
+            why = outcome.get("error") or f"no outcome for delivery {ack['delivery_id']} within {args.wait}s"
+            print(f"error: {why}", file=sys.stderr)
+            return 3
+
+
 def _cmd_send(args: argparse.Namespace) -> int:
     from hermes_actors.gateway import Gateway
 
+    via_host = _send_via_host(args)
+    if via_host is not None:
+        return via_host
+    print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
+          "running this DM inside this command instead", file=sys.stderr)
     with Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root)) as gw:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         print(orjson.dumps(ack).decode())
@@ -69,16 +115,19 @@ def _cmd_send(args: argparse.Namespace) -> int:
         except TimeoutError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 3
-        print(outcome["text"])
-        return 0 if outcome["status"] in ("replied", "silent") else 1
+        return _print_outcome(outcome)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import serve
 
     config = {"bot_mode": {"transport": args.redis}} if args.redis else None
-    return serve(args.root, connection_id=args.connection_id, runner=_runner_for(args.runner, args.cli, args.root),
-                 config=config)
+    try:
+        return serve(args.root, connection_id=args.connection_id,
+                     runner=_runner_for(args.runner, args.cli, args.root), config=config)
+    except RuntimeError as exc:  # another process already hosts the root
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _cmd_enable(args: argparse.Namespace) -> int:

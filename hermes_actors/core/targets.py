@@ -25,6 +25,7 @@ from hermes_actors.store.relay_files import (
 __all__ = [
     "LOCAL_TARGET_RE",
     "MESSAGE_MAX_CHARS",
+    "NOT_BOT_CHAT_TEXT",
     "PEER_TARGET_RE",
     "LocalRoute",
     "PeerRoute",
@@ -38,6 +39,9 @@ __all__ = [
     "resolve_local",
 ]
 
+NOT_BOT_CHAT_TEXT = (
+    "message_agent is only available in a Bot Mode 'Bot Chat' session. This session is not one; do not retry."
+)
 MESSAGE_MAX_CHARS = 16000
 # '<peer>/<agent>': peer names are lowercase (``hermes peer`` normalizes them).
 PEER_TARGET_RE = re.compile(r"^([a-z0-9][a-z0-9_-]{0,63})/([a-zA-Z0-9][a-zA-Z0-9_-]{0,63})\Z")
@@ -197,9 +201,7 @@ def plan_send(
         A route, or a :class:`Refusal` carrying the seed's text and reason.
     """
     if str(session or "").strip() != BOT_CHAT_SESSION:
-        return refuse(
-            "message_agent is only available in a Bot Mode 'Bot Chat' session. This session is not one; do not retry."
-        )
+        return refuse(NOT_BOT_CHAT_TEXT)
     if not snapshot.managed:
         return refuse(
             "This install is not Bot-Mode-managed (no bot roster); message_agent is unavailable. Do not retry."

@@ -1,0 +1,149 @@
+"""Hosting the actors of a root in this process: the Gateway's submit endpoint and the shared hosts.
+
+- :func:`open_submit_endpoint` serves a running Gateway on its root's submit socket
+  (``Gateway(serve_submit=True)`` calls it) and records it as this process's host
+  of that root, so a ``message_agent`` call made in this very process (the hermes
+  gateway hosting us) skips the socket.
+- :func:`acquire_host` / :func:`release_host` share one Gateway per resolved root
+  among several users (the hermes gateway starts our platform once per profile):
+  the first acquire starts it, the last release stops it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from hermes_actors.hermes.submit import SubmitServer
+from hermes_actors.hermes.submit_protocol import OutcomeCall, SendCall, offline_refusal
+
+if TYPE_CHECKING:
+    from hermes_actors.gateway import Gateway
+
+__all__ = ["acquire_host", "hosted_gateway", "open_submit_endpoint", "release_host"]
+
+_serving: dict[Path, Gateway] = {}  # resolved root → the running Gateway serving its endpoint here
+_serving_lock = threading.Lock()
+
+
+def _key(root: str | Path) -> Path:
+    return Path(root).expanduser().resolve()
+
+
+def hosted_gateway(root: str | Path) -> Gateway | None:
+    """The Gateway that serves ``root``'s submit endpoint in this process, if any."""
+    with _serving_lock:
+        gw = _serving.get(_key(root))
+    return gw if gw is not None and gw.running else None
+
+
+def _send_via(gw: Gateway) -> Callable[[SendCall], dict[str, Any]]:
+    def send(call: SendCall) -> dict[str, Any]:
+        # ``author`` is not forwarded: the attribution is derived from the sender by the
+        # Dispatcher, so a client cannot sign a DM as someone else.
+        try:
+            return gw.message_agent(sender=call.sender, target=call.target, message=call.message, hop=call.hop)
+        except RuntimeError:  # the gateway began stopping: nothing would run the DM
+            return offline_refusal(gw.root)
+
+    return send
+
+
+def _outcome_via(gw: Gateway) -> Callable[[OutcomeCall], dict[str, Any]]:
+    def outcome(call: OutcomeCall) -> dict[str, Any]:
+        try:
+            return gw.wait_outcome(call.delivery_id, timeout=call.wait)
+        except TimeoutError:
+            return {"status": "pending", "delivery_id": call.delivery_id}
+        except KeyError as exc:
+            why = str(exc.args[0] if exc.args else exc)
+            return {"status": "unknown", "delivery_id": call.delivery_id, "error": why}
+
+    return outcome
+
+
+class _Endpoint:
+    """A Gateway's submit server plus its entry in this process's host table."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.key = _key(gw.root)
+        self.gw = gw
+        self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw))
+
+    def open(self) -> _Endpoint:
+        self.server.start()
+        with _serving_lock:
+            _serving[self.key] = self.gw
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        with _serving_lock:
+            if _serving.get(self.key) is self.gw:
+                del _serving[self.key]
+        self.server.close(timeout)
+
+
+def open_submit_endpoint(gw: Gateway) -> _Endpoint:
+    """Serve ``gw`` on its root's submit socket; returns the endpoint (``close()`` it before stopping).
+
+    Raises:
+        RuntimeError: another process already hosts this root.
+        HostileFileError: the run directory or socket path is not ours.
+    """
+    return _Endpoint(gw).open()
+
+
+# ── shared hosts (the hermes gateway's platform, once per root) ─────────────
+
+
+@dataclass
+class _Shared:
+    gateway: Gateway
+    refs: int
+
+
+_shared: dict[Path, _Shared] = {}
+_shared_lock = threading.Lock()  # held while a host starts or stops: acquire/release of one root never interleave
+
+
+def acquire_host(root: str | Path, factory: Callable[[Path], Gateway]) -> Gateway:
+    """The shared running Gateway of ``root``; the first call starts ``factory(root)``.
+
+    Raises:
+        Whatever ``factory(root).start()`` raises (nothing is counted then).
+    """
+    key = _key(root)
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None:
+            gw = factory(key)
+            gw.start()
+            entry = _shared[key] = _Shared(gw, 0)
+            logger.info("hosting the actors of {}", key)
+        entry.refs += 1
+        return entry.gateway
+
+
+def release_host(root: str | Path, timeout: float = 30.0) -> bool:
+    """Drop one reference to ``root``'s shared Gateway; the last one stops it.
+
+    Returns:
+        True when this call stopped the Gateway.
+    """
+    key = _key(root)
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None:
+            return False
+        entry.refs -= 1
+        if entry.refs > 0:
+            return False
+        del _shared[key]
+        entry.gateway.stop(timeout=timeout)
+        logger.info("stopped hosting the actors of {}", key)
+        return True

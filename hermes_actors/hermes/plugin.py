@@ -1,0 +1,237 @@
+"""The Hermes plugin: ``message_agent`` for bots, and the platform that hosts our actors in the gateway.
+
+Installed as the entry point ``hermes-actors = hermes_actors.hermes.plugin`` in the
+group ``hermes_agent.plugins``; hermes-agent 0.19 imports this module and calls
+:func:`register` only for a profile whose ``config.yaml`` lists ``hermes-actors``
+under ``plugins.enabled``.
+
+- The tool handler runs inside a bot's own ``hermes`` process. It knows no agent
+  object, so it finds the sender from the active profile home
+  (``hermes_constants.get_hermes_home()``: the ``HERMES_HOME`` of a CLI turn, the
+  per-turn profile override in a multiplexing gateway), checks the session is
+  that profile's "Bot Chat" in its ``state.db``, and submits the DM to the host
+  of the root (:mod:`hermes_actors.hermes.submit`), or straight to the Gateway
+  when this very process hosts it.
+- The platform ``hermes_actors`` (``platforms: {hermes_actors: {enabled: true}}``)
+  starts one shared ``Gateway(root, serve_submit=True)`` per root at gateway start
+  and stops it at gateway stop.
+
+This module imports nothing heavy at import time and never lets an error escape
+into hermes: a failing call returns a JSON error the model reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "HOP_ENV",
+    "PLATFORM_NAME",
+    "TOOLSET",
+    "is_bot_chat_lineage",
+    "message_agent_handler",
+    "register",
+    "root_and_profile",
+    "turn_hop_scope",
+]
+
+TOOLSET = "bot_mode"
+PLATFORM_NAME = "hermes_actors"
+HOP_ENV = "HERMES_ACTORS_HOP"  # set by our runners for the turns they start; a user's own turn has none (hop 0)
+_BOT_CHAT = "Bot Chat"
+_CONTINUATION_RE = re.compile(r"^Bot Chat #\d+$")  # hermes retitles a session continued after compression
+_MAX_LINEAGE = 64
+_SUBMIT_TIMEOUT = 10.0
+
+# session id → the hop of the turn running on it, for turns started inside this process
+# (warm turns through the hermes gateway), where an environment variable cannot be per turn.
+_turn_hops: dict[str, int] = {}
+
+
+# ── pure decisions ──────────────────────────────────────────────────────────
+
+
+def root_and_profile(home: Path) -> tuple[Path, str]:
+    """The Hermes root and the profile folder id of a profile home.
+
+    ``<root>/profiles/<name>`` is profile ``name`` of ``<root>``; any other home is
+    the root itself, profile ``default``.
+    """
+    if home.parent.name == "profiles" and home.name:
+        return home.parent.parent, home.name
+    return home, "default"
+
+
+def is_bot_chat_lineage(titles: Sequence[str]) -> bool:
+    """True when a session is a "Bot Chat": titled so, or a compression continuation of one.
+
+    Args:
+        titles: the session's title, then its compression ancestors' titles, oldest last.
+    """
+    clean = [str(t or "").strip() for t in titles]
+    if not clean:
+        return False
+    if clean[0] == _BOT_CHAT:
+        return True
+    return clean[-1] == _BOT_CHAT and all(t == _BOT_CHAT or _CONTINUATION_RE.match(t) for t in clean)
+
+
+def parse_hop(raw: str | None) -> int:
+    """The hop of the running turn from ``HERMES_ACTORS_HOP`` (absent or malformed: 0, a user's turn)."""
+    try:
+        value = int(str(raw or "0").strip())
+    except ValueError:
+        return 0
+    return value if 0 <= value <= 1000 else 0
+
+
+# ── the turn's context ──────────────────────────────────────────────────────
+
+
+def active_profile_home() -> Path:
+    """The home of the profile this call runs for (hermes' own resolution, else ``HERMES_HOME``)."""
+    try:
+        from hermes_constants import get_hermes_home
+
+        return Path(get_hermes_home())
+    except ImportError:  # outside hermes (tests, embedding)
+        return Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
+
+
+def session_lineage_titles(db_path: Path, session_id: str) -> list[str]:
+    """The titles of ``session_id`` and its compression ancestors, read from a profile's ``state.db``.
+
+    Returns:
+        Empty when the database or the session does not exist.
+    """
+    if not session_id or not db_path.is_file():
+        return []
+    from hermes_state import SessionDB
+
+    db = SessionDB(db_path=db_path, read_only=True)  # the default path is the process's home, not this profile's
+    try:
+        titles: list[str] = []
+        current: str | None = session_id
+        seen: set[str] = set()
+        while current and current not in seen and len(seen) < _MAX_LINEAGE:
+            seen.add(current)
+            row = db.get_session(current)
+            if row is None:
+                break
+            titles.append(str(row.get("title") or ""))
+            parent_id = row.get("parent_session_id")
+            parent = db.get_session(parent_id) if parent_id else None
+            current = parent_id if parent is not None and parent.get("end_reason") == "compression" else None
+        return titles
+    finally:
+        db.close()
+
+
+@contextlib.contextmanager
+def turn_hop_scope(session_id: str, hop: int) -> Iterator[None]:
+    """While a turn of hop ``hop`` runs on ``session_id`` in this process, DMs it sends are hop ``hop + 1``."""
+    _turn_hops[session_id] = hop
+    try:
+        yield
+    finally:
+        if _turn_hops.get(session_id) == hop:
+            del _turn_hops[session_id]
+
+
+def _current_hop(session_id: str) -> int:
+    hop = _turn_hops.get(session_id)
+    return hop if hop is not None else parse_hop(os.environ.get(HOP_ENV))
+
+
+# ── the tool ────────────────────────────────────────────────────────────────
+
+
+def _handle(args: dict[str, Any], session_id: str) -> dict[str, Any]:
+    from hermes_actors.core.targets import NOT_BOT_CHAT_TEXT, refuse
+
+    home = active_profile_home()
+    if not is_bot_chat_lineage(session_lineage_titles(home / "state.db", session_id)):
+        return refuse(NOT_BOT_CHAT_TEXT).as_dict()
+    root, sender = root_and_profile(home)
+    target = args.get("target")
+    message = args.get("message")
+    target = "" if target is None else str(target)
+    message = "" if message is None else str(message)
+    hop = _current_hop(session_id) + 1
+    from hermes_actors.hermes.host import hosted_gateway
+
+    gateway = hosted_gateway(root)
+    if gateway is not None:  # this process hosts the actors (the hermes gateway with our platform)
+        from hermes_actors.hermes.submit_protocol import offline_refusal
+
+        try:
+            return gateway.message_agent(sender=sender, target=target, message=message, hop=hop)
+        except RuntimeError:
+            return offline_refusal(root)
+    from hermes_actors.hermes.submit import submit_dm
+
+    return submit_dm(root, sender, target, message, hop=hop, timeout=_SUBMIT_TIMEOUT)
+
+
+def message_agent_handler(args: Any, **context: Any) -> str:
+    """The ``message_agent`` tool as hermes calls it: ``handler(args, task_id=, session_id=, user_task=)``.
+
+    Returns:
+        The seed's ack JSON, or a JSON error (never raises).
+    """
+    import orjson
+
+    try:
+        result = _handle(args if isinstance(args, dict) else {}, str(context.get("session_id") or ""))
+    except Exception as exc:  # never break the bot's turn
+        result = {
+            "error": f"message_agent failed in the hermes-actors plugin ({type(exc).__name__}: {exc}); "
+            "the message was NOT sent.",
+            "reason": "unknown",
+        }
+    return orjson.dumps(result).decode()
+
+
+# ── registration ────────────────────────────────────────────────────────────
+
+
+def _make_adapter(platform_config: Any) -> Any:
+    from hermes_actors.hermes.plugin_platform import HostAdapter
+
+    return HostAdapter(platform_config)
+
+
+def register(ctx: Any) -> None:
+    """Called by hermes' plugin loader with its ``PluginContext``."""
+    from hermes_actors.tool import message_agent_tool_schema
+
+    schema = message_agent_tool_schema()["function"]  # the registry wraps it in {"type": "function", ...}
+    ctx.register_tool(
+        name=schema["name"],
+        toolset=TOOLSET,
+        schema=schema,
+        handler=message_agent_handler,
+        description=schema["description"],
+        emoji="🤖",
+    )
+    register_platform = getattr(ctx, "register_platform", None)
+    if register_platform is None:  # a hermes without gateway platforms: the tool still works via serve
+        return
+    try:
+        register_platform(
+            name=PLATFORM_NAME,
+            label="hermes-actors host",
+            adapter_factory=_make_adapter,
+            check_fn=lambda: True,
+            validate_config=lambda _config: True,
+            emoji="🤖",
+        )
+    except Exception as exc:  # the tool matters more than hosting
+        from loguru import logger
+
+        logger.warning("could not register the hermes-actors host platform: {}", exc)

@@ -1,0 +1,96 @@
+"""The ``hermes_actors`` gateway platform: hosts our actors inside ``hermes gateway run``.
+
+Imported only by the hermes gateway (it subclasses hermes' ``BasePlatformAdapter``).
+It carries no chats: ``connect()`` (gateway start) acquires the shared
+``Gateway(root, serve_submit=True)`` of the root and ``disconnect()`` (gateway stop)
+releases it. With ``gateway.multiplex_profiles: true`` hermes starts a platform once
+per profile that enables it; the shared host is counted per resolved root, so the
+actors run once.
+
+Config (``platforms: {hermes_actors: {enabled: true, extra: {...}}}``), all optional:
+``root`` (default: the root of the profile starting the platform) and ``runner``
+(``demo`` for the offline demo bots; default: the ``hermes`` command).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from gateway.config import Platform
+from gateway.platforms.base import BasePlatformAdapter, SendResult
+from loguru import logger
+
+from hermes_actors.hermes.host import acquire_host, release_host
+from hermes_actors.hermes.plugin import PLATFORM_NAME, active_profile_home, root_and_profile
+
+__all__ = ["HostAdapter", "make_host_gateway"]
+
+_STOP_TIMEOUT = 20.0
+
+
+def make_host_gateway(root: Path, runner_kind: str = "") -> Any:
+    """The Gateway a hermes gateway hosts for ``root`` (not started)."""
+    from hermes_actors.gateway import Gateway
+
+    if runner_kind == "demo":
+        from hermes_actors.demo.bots import DemoRunner
+
+        return Gateway(root, runner=DemoRunner(), serve_submit=True)
+    from hermes_actors.core.config import load_config
+    from hermes_actors.local.runners import CommandRunner
+
+    runner = CommandRunner(timeout=load_config(root).turn_timeout_seconds)
+    return Gateway(root, runner=runner, serve_submit=True)
+
+
+class HostAdapter(BasePlatformAdapter):
+    """A chat-less platform whose lifetime is the lifetime of our shared host."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config, Platform(PLATFORM_NAME))
+        extra = getattr(config, "extra", None) or {}
+        self._configured_root = str(extra.get("root") or "")
+        self._runner_kind = str(extra.get("runner") or "")
+        self._root: Path | None = None
+
+    def _resolve_root(self) -> Path:
+        if self._configured_root:
+            return Path(self._configured_root).expanduser()
+        return root_and_profile(active_profile_home())[0]  # called inside hermes' per-profile scope
+
+    async def connect(self, *, is_reconnect: bool = False) -> bool:
+        """Start (or join) the host of this profile's root. False (logged) when it cannot start."""
+        if self._root is not None:
+            return True
+        root = self._resolve_root()
+        kind = self._runner_kind
+        try:
+            await asyncio.to_thread(acquire_host, root, lambda key: make_host_gateway(key, kind))
+        except Exception as exc:
+            logger.error("hermes-actors could not host the actors of {}: {}", root, exc)
+            return False
+        self._root = root
+        self._mark_connected()
+        return True
+
+    async def disconnect(self) -> None:
+        """Release the host; the last platform of the root stops it."""
+        root, self._root = self._root, None
+        if root is not None:
+            try:
+                await asyncio.to_thread(release_host, root, _STOP_TIMEOUT)
+            except Exception as exc:
+                logger.error("hermes-actors host of {} did not stop cleanly: {}", root, exc)
+        self._mark_disconnected()
+
+    async def send(
+        self, chat_id: str, content: str, reply_to: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> Any:
+        """This platform has no chats to send to."""
+        return SendResult(success=False, error="the hermes-actors host platform has no chats")
+
+    async def get_chat_info(self, chat_id: str) -> dict[str, Any]:
+        """A placeholder: this platform has no chats."""
+        return {"name": "hermes-actors", "type": "dm"}

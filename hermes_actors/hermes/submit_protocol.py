@@ -1,0 +1,172 @@
+"""The local submit endpoint's wire format and texts: pure functions, no I/O.
+
+One request per connection, one answer, both a single line of JSON::
+
+    {"op": "send", "sender": "alice", "target": "bob", "message": "hi", "hop": 1}
+        → the ack or refusal dict exactly as ``Gateway.message_agent`` returns it
+    {"op": "ping"}
+        → {"op": "pong", "pid": 1234, "root": "/path/to/root", "version": "0.1.0"}
+    {"op": "outcome", "delivery_id": "<32 hex>", "wait": 5}
+        → the outcome dict, or {"status": "pending" | "unknown", "delivery_id": ...}
+
+A malformed request is answered ``{"error": <what is wrong>, "reason": "unknown"}``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
+
+__all__ = [
+    "MAX_HOP",
+    "MAX_OUTCOME_WAIT",
+    "MAX_REQUEST_BYTES",
+    "OutcomeCall",
+    "Ping",
+    "SendCall",
+    "bad_request",
+    "encode",
+    "offline_refusal",
+    "parse_request",
+    "socket_path",
+]
+
+MAX_REQUEST_BYTES = 256 * 1024  # a 16,000-char message is at most 64 KiB of UTF-8; the rest is headroom
+MAX_OUTCOME_WAIT = 300.0
+MAX_HOP = 1000
+RUN_DIR = ("bot_relay", "run")
+SOCKET_NAME = "submit.sock"
+LOCK_NAME = "submit.lock"
+
+_NAME_MAX = 256
+_DELIVERY_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_FIELDS = {
+    "send": {"op", "sender", "target", "message", "hop", "author"},
+    "ping": {"op"},
+    "outcome": {"op", "delivery_id", "wait"},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SendCall:
+    """Send a DM as ``sender``; ``hop`` is its depth in the conversation (0 and 1 both mean "first")."""
+
+    sender: str
+    target: str
+    message: str
+    hop: int = 0
+    author: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeCall:
+    """Ask for a delivery's outcome, waiting at most ``wait`` seconds."""
+
+    delivery_id: str
+    wait: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Ask who serves the endpoint."""
+
+
+Request = SendCall | OutcomeCall | Ping
+
+
+def socket_path(root: str | Path) -> Path:
+    """Where the submit socket of ``root`` lives: ``<root>/bot_relay/run/submit.sock``."""
+    return Path(root).expanduser().joinpath(*RUN_DIR, SOCKET_NAME)
+
+
+def bad_request(what: str) -> dict[str, Any]:
+    """The answer to a malformed request."""
+    return {"error": f"bad submit request: {what}", "reason": UNKNOWN}
+
+
+def offline_refusal(root: str | Path) -> dict[str, Any]:
+    """The refusal when nothing hosts the actors on ``root`` (the message was not queued)."""
+    text = (
+        f"Bot Mode is not running on {root}: no process hosts the agents' actors, so the message was NOT "
+        f"sent. Start the host with `hermes-actors serve --root {root}` (or `hermes gateway run` with the "
+        "hermes-actors plugin enabled), then send it again."
+    )
+    return {"error": text, "reason": RUNTIME_OFFLINE}
+
+
+def encode(answer: dict[str, Any]) -> bytes:
+    """One answer or request line."""
+    return orjson.dumps(answer) + b"\n"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and value == value  # NaN is not a number here
+
+
+def _parse_send(data: dict[str, Any]) -> SendCall | dict[str, Any]:
+    sender, target, message = data.get("sender"), data.get("target"), data.get("message")
+    if not isinstance(sender, str) or not sender.strip() or len(sender) > _NAME_MAX:
+        return bad_request(f"'sender' must be a non-empty string of at most {_NAME_MAX} chars")
+    if not isinstance(target, str) or len(target) > _NAME_MAX:
+        return bad_request(f"'target' must be a string of at most {_NAME_MAX} chars")
+    if not isinstance(message, str):
+        return bad_request(f"'message' must be a string, got {type(message).__name__}")
+    hop = data.get("hop", 0)
+    if not _is_int(hop) or not 0 <= hop <= MAX_HOP:
+        return bad_request(f"'hop' must be an integer from 0 to {MAX_HOP}, got {hop!r}")
+    author = data.get("author")
+    if author is None:
+        author = {}
+    if not isinstance(author, dict):
+        return bad_request(f"'author' must be an object, got {type(author).__name__}")
+    return SendCall(sender=sender, target=target, message=message, hop=hop, author=author)
+
+
+def _parse_outcome(data: dict[str, Any]) -> OutcomeCall | dict[str, Any]:
+    delivery_id = data.get("delivery_id")
+    if not isinstance(delivery_id, str) or not _DELIVERY_ID_RE.match(delivery_id):
+        return bad_request("'delivery_id' must be a delivery id (1-128 letters, digits, '_' or '-')")
+    wait = data.get("wait", 0)
+    if not _is_number(wait) or not 0 <= wait <= MAX_OUTCOME_WAIT:
+        return bad_request(f"'wait' must be a number of seconds from 0 to {MAX_OUTCOME_WAIT:g}, got {wait!r}")
+    return OutcomeCall(delivery_id=delivery_id, wait=float(wait))
+
+
+def parse_request(raw: bytes) -> Request | dict[str, Any]:
+    """Decode one request line.
+
+    Args:
+        raw: the bytes the client sent (without the newline).
+
+    Returns:
+        The request, or the error dict to answer (naming what is wrong).
+    """
+    if len(raw) > MAX_REQUEST_BYTES:
+        return bad_request(f"the request is {len(raw)} bytes, the limit is {MAX_REQUEST_BYTES}")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return bad_request(f"the request is not valid JSON ({exc})")
+    if not isinstance(data, dict):
+        return bad_request(f"the request must be a JSON object, got {type(data).__name__}")
+    op = data.get("op")
+    if not isinstance(op, str) or op not in _FIELDS:
+        return bad_request(f"unknown op {op!r} (expected one of: {', '.join(sorted(_FIELDS))})")
+    unknown = sorted(str(key) for key in data if key not in _FIELDS[op])
+    if unknown:
+        return bad_request(f"unknown field(s) for op {op!r}: {', '.join(unknown)}")
+    if op == "send":
+        return _parse_send(data)
+    if op == "outcome":
+        return _parse_outcome(data)
+    return Ping()

@@ -1,0 +1,249 @@
+"""The Hermes plugin, loaded by hermes-agent's own plugin loader (needs ``hermes-agent`` importable).
+
+Until the project venv has the ``hermes`` extra, run with the scratch venv:
+``PYTHONPATH=$PWD /tmp/hv/bin/python -m pytest -q -p no:cacheprovider tests/test_hermes_plugin.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from roots import RecordingRunner, make_root
+
+from hermes_actors.core.targets import NOT_BOT_CHAT_TEXT
+from hermes_actors.gateway import Gateway
+from hermes_actors.hermes import plugin
+from hermes_actors.hermes.submit import SubmitServer, ping
+from hermes_actors.hermes.submit_protocol import SendCall
+from hermes_actors.tool import message_agent_tool_schema
+
+# ── pure pieces (no hermes needed) ──────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("home", "expected"),
+    [
+        ("/h/root/profiles/alice", ("/h/root", "alice")),
+        ("/h/root", ("/h/root", "default")),
+        ("/h/profiles", ("/h/profiles", "default")),
+    ],
+)
+def test_root_and_profile(home: str, expected: tuple[str, str]) -> None:
+    root, profile = plugin.root_and_profile(Path(home))
+    assert (str(root), profile) == expected
+
+
+@pytest.mark.parametrize(
+    ("titles", "expected"),
+    [
+        (["Bot Chat"], True),
+        ([" Bot Chat "], True),
+        (["Bot Chat #2", "Bot Chat"], True),  # continued after compression
+        (["Bot Chat #3", "Bot Chat #2", "Bot Chat"], True),
+        (["Bot Chat #2"], False),  # a numbered title that is no continuation
+        (["Scratch"], False),
+        (["Bot Chat #2", "Scratch"], False),
+        ([], False),
+    ],
+)
+def test_is_bot_chat_lineage(titles: list[str], expected: bool) -> None:
+    assert plugin.is_bot_chat_lineage(titles) is expected
+
+
+@pytest.mark.parametrize(("raw", "hop"), [(None, 0), ("", 0), ("3", 3), (" 2 ", 2), ("x", 0), ("-1", 0), ("5000", 0)])
+def test_parse_hop(raw: str | None, hop: int) -> None:
+    assert plugin.parse_hop(raw) == hop
+
+
+# ── through hermes' plugin loader ───────────────────────────────────────────
+
+_NO_HERMES = "hermes-agent is not installed in this venv (the `hermes` extra; or run with /tmp/hv/bin/python)"
+
+
+def _plugin_manager() -> Any:
+    """A fresh hermes PluginManager (the global one may have run already)."""
+    return pytest.importorskip("hermes_cli.plugins", reason=_NO_HERMES).PluginManager()
+
+
+@pytest.fixture
+def hermes_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A managed root whose alice enables our plugin, hermes pointed at alice, the entry point visible."""
+    pytest.importorskip("hermes_cli.plugins", reason=_NO_HERMES)
+    root = make_root(tmp_path)
+    alice = root / "profiles" / "alice"
+    (alice / "config.yaml").write_text(yaml.safe_dump({"plugins": {"enabled": ["hermes-actors"]}}))
+    dist = tmp_path / "ep" / "hermes_actors_under_test-0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hermes-actors-under-test\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[hermes_agent.plugins]\nhermes-actors = hermes_actors.hermes.plugin\n")
+    monkeypatch.syspath_prepend(str(dist.parent))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HERMES_HOME", str(alice))
+    monkeypatch.delenv(plugin.HOP_ENV, raising=False)
+    yield root
+
+
+@pytest.fixture
+def loaded(hermes_root: Path) -> Any:
+    """hermes' plugin manager after discovery."""
+    manager = _plugin_manager()
+    manager.discover_and_load()
+    return manager
+
+
+def _sessions(home: Path) -> dict[str, str]:
+    """Sessions in ``home/state.db``: a Bot Chat, its continuation after compression, and two others."""
+    from hermes_state import SessionDB
+
+    db = SessionDB(db_path=home / "state.db")
+    try:
+        db.create_session("s-bot", source="cli")
+        db.set_session_title("s-bot", "Bot Chat")  # titles are unique: one Bot Chat per profile
+        db.end_session("s-bot", "compression")
+        db.create_session("s-bot-now", source="cli", parent_session_id="s-bot")
+        db.set_session_title("s-bot-now", "Bot Chat #2")  # hermes' title for the continued Bot Chat
+        db.create_session("s-other", source="cli")
+        db.set_session_title("s-other", "Scratch")
+        db.create_session("s-old", source="cli")
+        db.set_session_title("s-old", "Old")
+        db.end_session("s-old", "compression")
+        db.create_session("s-cont", source="cli", parent_session_id="s-old")
+        db.set_session_title("s-cont", "Bot Chat #3")  # numbered, but continues no Bot Chat
+    finally:
+        db.close()
+    return {"bot": "s-bot", "bot_continued": "s-bot-now", "other": "s-other", "cont": "s-cont"}
+
+
+def _call(session_id: str, **args: Any) -> dict[str, Any]:
+    from tools.registry import registry
+
+    text = registry.dispatch("message_agent", args, task_id="t1", session_id=session_id, user_task=None)
+    assert isinstance(text, str)
+    answer: dict[str, Any] = json.loads(text)
+    return answer
+
+
+def test_hermes_loads_the_plugin_from_its_entry_point(loaded: Any) -> None:
+    from tools.registry import registry
+
+    state = loaded._plugins["hermes-actors"]
+    assert state.enabled and state.error is None
+    assert state.tools_registered == ["message_agent"]
+    entry = registry.get_entry("message_agent")
+    assert entry.toolset == plugin.TOOLSET
+    assert entry.schema == message_agent_tool_schema()["function"]
+    model_sees = registry.get_definitions({"message_agent"})
+    assert model_sees == [message_agent_tool_schema()]
+
+
+def test_a_profile_without_the_plugin_enabled_does_not_load_it(
+    hermes_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HERMES_HOME", str(hermes_root / "profiles" / "bob"))  # bob's config enables nothing
+    manager = _plugin_manager()
+    manager.discover_and_load()
+    state = manager._plugins["hermes-actors"]
+    assert not state.enabled and "not enabled" in (state.error or "")
+
+
+def test_a_session_that_is_not_bot_chat_is_refused_with_the_seed_text(loaded: Any, hermes_root: Path) -> None:
+    ids = _sessions(hermes_root / "profiles" / "alice")
+    rec = SendRecorder()
+    with SubmitServer(hermes_root, send=rec):
+        for session in (ids["other"], ids["cont"], "no-such-session", ""):
+            answer = _call(session, target="bob", message="hi")
+            assert answer["error"] == NOT_BOT_CHAT_TEXT, session
+    assert rec.calls == []
+
+
+class SendRecorder:
+    def __init__(self) -> None:
+        self.calls: list[SendCall] = []
+
+    def __call__(self, call: SendCall) -> dict[str, Any]:
+        self.calls.append(call)
+        return {"status": "queued", "delivery_id": "d1", "to": f"@{call.target}"}
+
+
+def test_a_bot_chat_call_is_submitted_to_the_host_as_the_active_profile(
+    loaded: Any, hermes_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = _sessions(hermes_root / "profiles" / "alice")
+    rec = SendRecorder()
+    with SubmitServer(hermes_root, send=rec):
+        first = _call(ids["bot"], target="bob", message="hi")
+        monkeypatch.setenv(plugin.HOP_ENV, "3")  # a turn our runner started for a hop-3 delivery
+        nested = _call(ids["bot_continued"], target="carol", message="deeper")
+    assert first == {"status": "queued", "delivery_id": "d1", "to": "@bob"}
+    assert nested["to"] == "@carol"
+    assert [(c.sender, c.target, c.message, c.hop) for c in rec.calls] == [
+        ("alice", "bob", "hi", 1),
+        ("alice", "carol", "deeper", 4),
+    ]
+
+
+def test_without_a_host_the_tool_refuses_runtime_offline(loaded: Any, hermes_root: Path) -> None:
+    ids = _sessions(hermes_root / "profiles" / "alice")
+    answer = _call(ids["bot"], target="bob", message="hi")
+    assert answer["reason"] == "runtime_offline"
+    assert f"hermes-actors serve --root {hermes_root}" in answer["error"]
+
+
+def test_in_the_hosting_process_the_dm_reaches_the_gateway(
+    loaded: Any, hermes_root: Path, gateways: list[Gateway]
+) -> None:
+    ids = _sessions(hermes_root / "profiles" / "alice")
+    rec = RecordingRunner()
+    gw = Gateway(hermes_root, runner=rec, serve_submit=True)
+    gateways.append(gw)
+    gw.start()
+    with plugin.turn_hop_scope(ids["bot"], 2):  # a warm turn of a hop-2 delivery, run in this process
+        ack = _call(ids["bot"], target="bob", message="hello bob")
+    assert ack["status"] == "queued" and ack["to"] == "@bob"
+    assert gw.wait_outcome(ack["delivery_id"], timeout=30)["text"] == "Reply from @bob: ok: hello bob"
+    turn = rec.entered[0]
+    assert turn.sender == "alice" and turn.hop == 3
+    assert turn.content.startswith("Message from 🤖 ") and turn.content.endswith("(@alice): hello bob")
+
+
+def test_a_broken_call_is_a_tool_error_not_a_crash(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def explode(*_args: Any) -> list[str]:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(plugin, "session_lineage_titles", explode)
+    answer = _call("s", target="bob", message="hi")
+    assert "OSError: disk on fire" in answer["error"] and "NOT sent" in answer["error"]
+
+
+def test_the_platform_hosts_one_gateway_per_root(
+    loaded: Any, hermes_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway.config import PlatformConfig
+    from gateway.platform_registry import platform_registry
+
+    monkeypatch.setenv("HERMES_HOME", str(hermes_root))
+    config = PlatformConfig(enabled=True, extra={"runner": "demo"})
+    first = platform_registry.create_adapter(plugin.PLATFORM_NAME, config)
+    second = platform_registry.create_adapter(plugin.PLATFORM_NAME, config)  # a second profile of the root
+
+    async def lifecycle() -> list[Any]:
+        seen = [await first.connect(), await second.connect(), ping(hermes_root)]
+        await first.disconnect()
+        seen.append(ping(hermes_root))
+        await second.disconnect()
+        seen.append(ping(hermes_root))
+        return seen
+
+    up1, up2, pong, after_one, after_both = asyncio.run(lifecycle())
+    assert up1 is True and up2 is True
+    assert pong is not None and pong["root"] == str(hermes_root.resolve())
+    assert after_one is not None and after_one["pid"] == pong["pid"]  # still hosted: one profile remains
+    assert after_both is None
+    assert sys.modules.get("hermes_actors.hermes.plugin_platform") is not None

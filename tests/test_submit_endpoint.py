@@ -1,0 +1,312 @@
+"""The local submit endpoint: protocol, server, client, and the Gateway serving it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import RecordingRunner, make_root
+
+from hermes_actors.cli import main
+from hermes_actors.errors import HostileFileError
+from hermes_actors.gateway import Gateway
+from hermes_actors.hermes.submit import SubmitServer, fetch_outcome, ping, request, submit_dm
+from hermes_actors.hermes.submit_protocol import (
+    MAX_REQUEST_BYTES,
+    OutcomeCall,
+    Ping,
+    SendCall,
+    encode,
+    parse_request,
+    socket_path,
+)
+
+# ── the protocol (pure) ─────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"op":"ping"}', Ping()),
+        (b'{"op":"send","sender":"alice","target":"bob","message":"hi","hop":2}', SendCall("alice", "bob", "hi", 2)),
+        (b'{"op":"send","sender":"alice","target":"bob","message":"hi"}', SendCall("alice", "bob", "hi", 0)),
+        (b'{"op":"outcome","delivery_id":"ab12","wait":1.5}', OutcomeCall("ab12", 1.5)),
+    ],
+)
+def test_well_formed_requests_parse(raw: bytes, expected: object) -> None:
+    assert parse_request(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "names"),
+    [
+        (b"{nope", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object, got list"),
+        (b'{"op":"fly"}', "unknown op 'fly'"),
+        (b'{"op":"ping","extra":1}', "unknown field(s) for op 'ping': extra"),
+        (b'{"op":"send","target":"bob","message":"hi"}', "'sender' must be a non-empty string"),
+        (b'{"op":"send","sender":"a","target":7,"message":"hi"}', "'target' must be a string"),
+        (b'{"op":"send","sender":"a","target":"b","message":null}', "'message' must be a string, got NoneType"),
+        (b'{"op":"send","sender":"a","target":"b","message":"m","hop":true}', "'hop' must be an integer"),
+        (b'{"op":"send","sender":"a","target":"b","message":"m","hop":-1}', "'hop' must be an integer"),
+        (b'{"op":"send","sender":"a","target":"b","message":"m","author":"x"}', "'author' must be an object"),
+        (b'{"op":"outcome","delivery_id":"../etc"}', "'delivery_id' must be a delivery id"),
+        (b'{"op":"outcome","delivery_id":"ab","wait":1e9}', "'wait' must be a number of seconds"),
+    ],
+)
+def test_bad_requests_name_what_is_wrong(raw: bytes, names: str) -> None:
+    answer = parse_request(raw)
+    assert isinstance(answer, dict)
+    assert answer["reason"] == "unknown"
+    assert answer["error"].startswith("bad submit request: ")
+    assert names in answer["error"]
+
+
+# ── the server with a recording send function ───────────────────────────────
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[SendCall] = []
+
+    def __call__(self, call: SendCall) -> dict[str, Any]:
+        self.calls.append(call)
+        return {"status": "queued", "delivery_id": f"id{len(self.calls)}", "to": f"@{call.target}"}
+
+
+@pytest.fixture
+def server_root(tmp_path: Path) -> Path:
+    root = tmp_path / "r"
+    root.mkdir()
+    return root
+
+
+def _raw_exchange(root: Path, data: bytes) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(socket_path(root)))
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    answer: dict[str, Any] = json.loads(out)
+    return answer
+
+
+def test_a_send_round_trips_to_the_send_function(server_root: Path) -> None:
+    rec = Recorder()
+    with SubmitServer(server_root, send=rec):
+        answer = submit_dm(server_root, "alice", "bob", "hi", hop=3)
+        pong = ping(server_root)
+    assert answer == {"status": "queued", "delivery_id": "id1", "to": "@bob"}
+    assert rec.calls == [SendCall("alice", "bob", "hi", 3)]
+    assert pong is not None and pong["pid"] == os.getpid() and pong["root"] == str(server_root)
+
+
+def test_the_socket_and_its_directory_are_owner_only(server_root: Path) -> None:
+    with SubmitServer(server_root, send=Recorder()) as server:
+        assert (server.path.stat().st_mode & 0o777) == 0o600
+        assert (server.path.parent.stat().st_mode & 0o777) == 0o700
+    assert not server.path.exists()  # close() removes the socket it bound
+
+
+def test_bad_and_oversized_requests_get_an_error_and_reach_nothing(server_root: Path) -> None:
+    rec = Recorder()
+    with SubmitServer(server_root, send=rec):
+        bad = _raw_exchange(server_root, b'{"op":"send","sender":"alice"}\n')
+        huge = _raw_exchange(server_root, b'{"op":"send","message":"' + b"x" * (MAX_REQUEST_BYTES + 10) + b'"}\n')
+        after = submit_dm(server_root, "alice", "bob", "after")  # the server still serves
+    assert "'target' must be a string" in bad["error"]
+    assert f"larger than {MAX_REQUEST_BYTES} bytes" in huge["error"]
+    assert [c.message for c in rec.calls] == ["after"] and after["delivery_id"] == "id1"
+
+
+def test_a_peer_of_another_uid_is_refused(server_root: Path) -> None:
+    rec = Recorder()
+    with SubmitServer(server_root, send=rec, allowed_uid=os.getuid() + 1):
+        answer = submit_dm(server_root, "alice", "bob", "hi")
+    assert f"serves uid {os.getuid() + 1} only, not uid {os.getuid()}" in answer["error"]
+    assert rec.calls == []
+
+
+def test_a_client_that_never_finishes_its_request_gets_a_timeout_error(server_root: Path) -> None:
+    with (
+        SubmitServer(server_root, send=Recorder(), read_timeout=0.2),
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock,
+    ):
+        sock.settimeout(30)
+        sock.connect(str(socket_path(server_root)))
+        sock.sendall(b'{"op":')  # and nothing more
+        answer = json.loads(sock.recv(65536))
+    assert "no complete request within 0.2s" in answer["error"]
+
+
+def test_beyond_max_connections_a_client_is_told_the_host_is_busy(server_root: Path) -> None:
+    with (
+        SubmitServer(server_root, send=Recorder(), max_connections=1, read_timeout=30) as server,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as holder,
+    ):
+        holder.connect(str(server.path))  # occupies the only slot, sending nothing
+        answer = submit_dm(server_root, "alice", "bob", "hi")
+        holder.sendall(b'{"op":"ping"}\n')
+        holder.shutdown(socket.SHUT_WR)
+        holder.settimeout(30)
+        assert json.loads(holder.recv(65536))["op"] == "pong"
+    assert "busy" in answer["error"]
+
+
+def test_a_handler_exception_is_an_error_answer_not_a_dead_server(server_root: Path) -> None:
+    def explode(call: SendCall) -> dict[str, Any]:
+        raise ValueError("boom")
+
+    with SubmitServer(server_root, send=explode):
+        first = submit_dm(server_root, "alice", "bob", "hi")
+        second = ping(server_root)
+    assert "ValueError: boom" in first["error"] and "not acknowledged" in first["error"]
+    assert second is not None
+
+
+def test_a_very_long_root_path_still_works(tmp_path: Path) -> None:
+    root = tmp_path / ("d" * 60) / ("e" * 60)
+    root.mkdir(parents=True)
+    assert len(str(socket_path(root))) > 108
+    with SubmitServer(root, send=Recorder()):
+        assert submit_dm(root, "alice", "bob", "hi")["status"] == "queued"
+
+
+# ── stale, hostile, twice ───────────────────────────────────────────────────
+
+
+def _leave_stale_socket(root: Path) -> Path:
+    path = socket_path(root)
+    path.parent.mkdir(parents=True, mode=0o700)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.close()  # a dead host leaves its socket file behind
+    return path
+
+
+def test_a_stale_socket_reads_as_offline_and_a_new_host_replaces_it(server_root: Path) -> None:
+    path = _leave_stale_socket(server_root)
+    offline = submit_dm(server_root, "alice", "bob", "hi")
+    assert offline["reason"] == "runtime_offline" and path.exists()
+    with SubmitServer(server_root, send=Recorder()):
+        assert submit_dm(server_root, "alice", "bob", "hi")["status"] == "queued"
+
+
+def test_something_else_at_the_socket_path_is_refused_not_deleted(server_root: Path) -> None:
+    path = socket_path(server_root)
+    path.parent.mkdir(parents=True, mode=0o700)
+    path.write_text("precious")
+    with pytest.raises(HostileFileError, match="not a socket of ours"):
+        SubmitServer(server_root, send=Recorder()).start()
+    assert path.read_text() == "precious"
+
+
+def test_a_symlinked_run_directory_is_refused(server_root: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (server_root / "bot_relay").mkdir(mode=0o700)
+    (server_root / "bot_relay" / "run").symlink_to(elsewhere)
+    with pytest.raises(HostileFileError, match="symlink"):
+        SubmitServer(server_root, send=Recorder()).start()
+    with pytest.raises(PermissionError, match="symlink"):
+        request(server_root, {"op": "ping"})
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_second_host_on_the_same_root_is_refused(server_root: Path) -> None:
+    with SubmitServer(server_root, send=Recorder()):
+        with pytest.raises(RuntimeError, match=f"pid {os.getpid()}"):
+            SubmitServer(server_root, send=Recorder()).start()
+        assert ping(server_root) is not None  # the first one is untouched
+
+
+def test_after_close_the_endpoint_is_offline(server_root: Path) -> None:
+    server = SubmitServer(server_root, send=Recorder()).start()
+    server.close()
+    server.close()  # idempotent
+    assert submit_dm(server_root, "alice", "bob", "hi")["reason"] == "runtime_offline"
+
+
+# ── the Gateway as host ─────────────────────────────────────────────────────
+
+
+def test_no_host_is_a_clear_refusal_and_nothing_is_queued(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    answer = submit_dm(root, "alice", "bob", "hi")
+    assert answer["reason"] == "runtime_offline"
+    assert f"hermes-actors serve --root {root}" in answer["error"] and "NOT sent" in answer["error"]
+    assert "delivery_id" not in answer
+    rec = RecordingRunner()
+    with Gateway(root, runner=rec) as gw:  # a host started afterwards finds nothing to recover or run
+        assert gw.recovered == {}
+        assert gw.stats()["accepted"] == 0
+    assert rec.entered == []
+
+
+def test_a_serving_gateway_takes_dms_and_answers_outcomes(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = make_root(tmp_path)
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: "ok" if release.wait(30) else "late")
+    gw = Gateway(root, runner=rec, serve_submit=True)
+    gateways.append(gw)
+    gw.start()
+    ack = submit_dm(root, "alice", "bob", "hi", hop=2)
+    assert ack["status"] == "queued" and ack["to"] == "@bob"
+    pending = fetch_outcome(root, ack["delivery_id"], wait=0)
+    assert pending == {"status": "pending", "delivery_id": ack["delivery_id"]}
+    release.set()
+    outcome = fetch_outcome(root, ack["delivery_id"], wait=30)
+    assert outcome["status"] == "replied" and outcome["text"] == "Reply from @bob: ok"
+    assert [t.hop for t in rec.entered] == [2]
+    assert fetch_outcome(root, "0" * 32, wait=0)["status"] == "unknown"
+    gw.stop()
+    assert submit_dm(root, "alice", "bob", "again")["reason"] == "runtime_offline"
+
+
+def test_a_submitted_hop_counts_for_the_conversation_guard(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = make_root(tmp_path, config={"bot_mode": {"max_hops": 3}})
+    gw = Gateway(root, runner=RecordingRunner(), serve_submit=True)
+    gateways.append(gw)
+    gw.start()
+    assert submit_dm(root, "alice", "bob", "deep", hop=3)["status"] == "queued"
+    refused = submit_dm(root, "alice", "bob", "too deep", hop=4)
+    assert refused["reason"] == "loop_guard" and "hop 4" in refused["error"]
+
+
+def test_send_goes_through_a_running_host(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = make_root(tmp_path)
+    rec = RecordingRunner()
+    gw = Gateway(root, runner=rec, serve_submit=True)
+    gateways.append(gw)
+    gw.start()
+    code = main(["send", "--root", str(root), "--from", "alice", "bob", "hello", "--wait", "30", "--runner", "demo"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert json.loads(lines[0])["status"] == "queued"
+    assert lines[1] == "Reply from @bob: ok: hello"
+    assert [t.sender for t in rec.entered] == ["alice"]  # the host's runner ran it, not the send process
+    assert "no host serves" not in err
+
+
+def test_send_without_a_host_says_it_runs_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path)
+    code = main(["send", "--root", str(root), "--from", "alice", "bob", "hello", "--wait", "30", "--runner", "demo"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "no host serves" in err and "hermes-actors serve --root" in err
+    assert out.strip().splitlines()[1].startswith("Reply from @bob: ")
+
+
+def test_encode_is_one_line() -> None:
+    assert encode({"text": "a\nb"}).count(b"\n") == 1
