@@ -1,56 +1,302 @@
-"""Configuration loading: ``<root>/config.yaml`` over defaults, then overrides.
+"""Configuration: every setting declared once, ``<root>/config.yaml`` over defaults, then overrides.
+
+Each setting is one dataclass field made with
+:func:`hermes_actors.core.settings.setting`: its name is the
+``config.yaml`` key, its annotation the type, and the call carries the
+default, the bounds and the one-line doc. The defaults (:data:`DEFAULTS`), the
+coercion and validation, the unknown-key check (:func:`unknown_keys`) and the
+table in ``docs/operations.md`` (:func:`docs_table`) are all derived from
+those fields.
 
 Loading never crashes the gateway: a missing, unreadable, malformed, huge or
-symlinked file is logged and treated as empty, and a bad value falls back to
-its default with a warning.
+symlinked file is logged and treated as empty, a bad value falls back to its
+default with a warning naming key and value, and an unknown key inside one of
+our sections gets one warning naming the closest known key.
 """
 
 from __future__ import annotations
 
 import copy
-import errno
-import math
-import os
+import difflib
 import re
-import stat
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from loguru import logger
 
-# The C parser (libyaml) is ~7x faster; 10,000 profile.yaml files are read at start.
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+from hermes_actors.core.settings import Setting, coerce, default_text, setting, settings_of
+from hermes_actors.store.yaml_file import MAX_CONFIG_BYTES, load_yaml_file, read_yaml_mapping
 
 __all__ = [
     "DEFAULTS",
     "MAX_CONFIG_BYTES",
     "PEER_NAME_RE",
+    "SETTINGS",
     "BotModeConfig",
+    "RedisConfig",
+    "Setting",
     "deep_merge",
+    "docs_table",
     "load_config",
     "load_yaml_file",
+    "parse_config",
+    "unknown_key_text",
+    "unknown_keys",
 ]
 
-MAX_CONFIG_BYTES = 1024 * 1024
 PEER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")  # \Z: "$" would accept a trailing newline
 
-DEFAULTS: dict[str, Any] = {
-    "bot_mode": {
-        "turn_wait_seconds": 120,
-        "envelope_ttl_seconds": 900,
-        "reply_wait_seconds": 900,
-        "max_hops": 8,
-        "max_pair_rate": 30,
-        "max_queued": 256,
-        "max_notify_backlog": 100000,
-        "turn_timeout_seconds": 600,
-        "idle_stop_seconds": 60,
-        "rescan_seconds": 2.0,
-    },
-    "bot_peers": {},
-}
+# ── the declaration ─────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """The ``bot_mode`` keys of the Redis Streams transport (read by ``transports.redis.store``)."""
+
+    transport: str = setting("file", "`redis://…` / `rediss://…` / `redis` (`REDIS_URL`): the Redis Streams "
+                                     "transport (see \"Multi-machine with Redis\")")
+    redis_claim_idle_seconds: float = setting(60.0, "a dead consumer's un-acked entries are reclaimed after this",
+                                              at_least=0.01)
+    redis_max_stream_len: int = setting(100_000, "backlog bound per target connection (see \"Slow consumers\")",
+                                        at_least=1)
+    redis_heartbeat_seconds: float = setting(5.0, "heartbeat period; the key expires after 3×", at_least=0.05)
+    redis_prefix: str = setting("hermes:bot", "key prefix (several teams on one Redis)")
+    redis_block_ms: int = setting(200, "how long one blocking stream read waits for new entries (milliseconds)",
+                                  at_least=1)
+    connection_label: str = setting("", "how senders see this machine (\"@scout on Mini\")", max_chars=80)
+
+
+@dataclass(frozen=True)
+class BotModeConfig:
+    """The typed ``bot_mode`` settings plus the peer names, the transport settings and the raw config."""
+
+    turn_wait_seconds: float = setting(
+        120.0, "how long a queued DM waits for its turn (and for another process's lock) before `target_busy`",
+        at_least=0)
+    envelope_ttl_seconds: float = setting(
+        900.0, "relay envelopes older than this are never delivered late (≤ 0 disables)")
+    reply_wait_seconds: float = setting(
+        900.0, "how long the sender waits for a relay reply before `delivery_timeout`", at_least=0)
+    max_hops: int = setting(8, "conversation depth limit (`loop_guard`)", at_least=1)
+    max_pair_rate: int = setting(
+        30, "DMs per minute between one pair from inside turns (`loop_guard`; 0 disables)", at_least=0)
+    max_queued: int = setting(256, "DMs waiting for one profile before new ones are refused `target_busy`",
+                              at_least=1)
+    max_notify_backlog: int = setting(
+        100_000, "notifications allowed to wait behind slow `subscribe` callbacks; beyond it the oldest are "
+                 "skipped (logged, counted) — outcomes stay available through `wait_outcome`", at_least=1)
+    turn_timeout_seconds: float = setting(
+        600.0, "a turn still running after this is reported `delivery_timeout` (\"may still complete — do not "
+               "resend blindly\"), its lock is given up and the profile serves the next DM; the command runner "
+               "also kills its process group then", above=0)
+    idle_stop_seconds: float = setting(60.0, "an idle ProfileActor stops after this long (0: never)", at_least=0)
+    rescan_seconds: float = setting(2.0, "the relay's reconcile rescan and the roster's change check", above=0)
+    peers: tuple[str, ...] = ()
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)
+
+    @property
+    def expiry_enabled(self) -> bool:
+        """Whether relay envelopes expire (``envelope_ttl_seconds`` > 0)."""
+        return self.envelope_ttl_seconds > 0
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> BotModeConfig:
+        """Build the typed config from a ``config.yaml``-shaped dict, logging every problem.
+
+        Args:
+            cfg: the (merged) config; missing keys take their defaults.
+
+        Returns:
+            The config; bad values are replaced by defaults with a warning.
+        """
+        config, problems = parse_config(cfg)
+        for problem in problems:
+            logger.warning("{}", problem)
+        return config
+
+
+PEERS_SECTION = "bot_peers"
+PEERS_DOC = ("peer gateway names (a mapping or a list), reached with `hermes -p default peer dm` "
+             "(or over Redis, see below)")  # its entries' fields belong to `hermes peer`: not checked
+
+
+CORE_SETTINGS = settings_of(BotModeConfig, "bot_mode")
+REDIS_SETTINGS = settings_of(RedisConfig, "bot_mode")
+SETTINGS: tuple[Setting, ...] = CORE_SETTINGS + REDIS_SETTINGS
+# Our sections and their keys; bot_peers is keyed by peer names, so its keys are never "unknown".
+KNOWN_KEYS: dict[str, tuple[str, ...]] = {"bot_mode": tuple(s.key for s in SETTINGS)}
+
+# Merged under config.yaml (and so visible in ``BotModeConfig.raw``); the transport keys are not,
+# they take their defaults when read.
+DEFAULTS: dict[str, Any] = {"bot_mode": {s.key: s.default for s in CORE_SETTINGS}, PEERS_SECTION: {}}
+
+
+# ── coercion ────────────────────────────────────────────────────────────────
+
+
+def _section(cfg: dict[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
+    section = cfg.get(name)
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        problems.append(f"config {name} is a {type(section).__name__}, not a mapping; using defaults")
+        return {}
+    return section
+
+
+def _coerce_all(specs: tuple[Setting, ...], section: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for spec in specs:
+        values[spec.key], problem = coerce(spec, section.get(spec.key, spec.default))
+        if problem is not None:
+            problems.append(problem)
+    return values
+
+
+def _peer_names(raw: Any, problems: list[str]) -> tuple[str, ...]:
+    """Valid, lowercased, de-duplicated peer names from ``bot_peers`` (a mapping, names, or dicts with ``name``)."""
+    if raw is None:
+        return ()
+    if isinstance(raw, dict):
+        candidates: list[Any] = list(raw.keys())
+    elif isinstance(raw, list):
+        candidates = [item.get("name") if isinstance(item, dict) else item for item in raw]
+    else:
+        problems.append(f"config bot_peers is a {type(raw).__name__}, not a mapping or list; ignoring it")
+        return ()
+    names: list[str] = []
+    for candidate in candidates:
+        name = candidate.strip().lower() if isinstance(candidate, str) else ""
+        if not PEER_NAME_RE.match(name):
+            problems.append(f"config bot_peers entry {candidate!r} is not a valid peer name; skipping it")
+            continue
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def parse_redis_config(cfg: dict[str, Any]) -> tuple[RedisConfig, list[str]]:
+    """Pure: the transport settings of a ``config.yaml``-shaped dict and the problems found.
+
+    Args:
+        cfg: the config (any value; a non-dict counts as empty).
+
+    Returns:
+        The settings (bad values replaced by defaults) and one line per problem.
+    """
+    problems: list[str] = []
+    section = _section(cfg if isinstance(cfg, dict) else {}, "bot_mode", problems)
+    return RedisConfig(**_coerce_all(REDIS_SETTINGS, section, problems)), problems
+
+
+def parse_config(cfg: dict[str, Any]) -> tuple[BotModeConfig, list[str]]:
+    """Pure: the typed config of a ``config.yaml``-shaped dict and the problems found (not logged).
+
+    Args:
+        cfg: the (merged) config; missing keys take their defaults; a non-dict counts as empty.
+
+    Returns:
+        The config (bad values replaced by defaults) and one line per problem, each naming key and value.
+    """
+    cfg = cfg if isinstance(cfg, dict) else {}
+    problems: list[str] = []
+    section = _section(cfg, "bot_mode", problems)
+    values = _coerce_all(CORE_SETTINGS, section, problems)
+    redis = RedisConfig(**_coerce_all(REDIS_SETTINGS, section, problems))
+    peers = _peer_names(cfg.get(PEERS_SECTION), problems)
+    return BotModeConfig(**values, peers=peers, redis=redis, raw=copy.deepcopy(cfg)), problems
+
+
+# ── unknown keys ────────────────────────────────────────────────────────────
+
+
+def unknown_keys(raw: Any) -> list[tuple[str, str | None]]:
+    """Pure: the keys inside our sections that no setting declares (other sections are Hermes's own).
+
+    Args:
+        raw: a ``config.yaml``-shaped dict (anything else has no keys).
+
+    Returns:
+        ``(section.key, closest known section.key or None)`` per unknown key, in file order.
+    """
+    found: list[tuple[str, str | None]] = []
+    if not isinstance(raw, dict):
+        return found
+    for section, known in KNOWN_KEYS.items():
+        block = raw.get(section)
+        if not isinstance(block, dict):
+            continue
+        for key in block:
+            name = str(key)
+            if name in known:
+                continue
+            close = difflib.get_close_matches(name, known, n=1)
+            found.append((f"{section}.{name}", f"{section}.{close[0]}" if close else None))
+    return found
+
+
+def unknown_key_text(source: str, key: str, suggestion: str | None) -> str:
+    """One line for an unknown key, e.g. ``config.yaml: unknown key bot_mode.x (did you mean bot_mode.y?)``.
+
+    Args:
+        source: where the key was written (a file path, or ``config override``).
+        key: ``section.key``.
+        suggestion: the closest known ``section.key``, or None.
+
+    Returns:
+        The line.
+    """
+    hint = f" (did you mean {suggestion}?)" if suggestion else ""
+    return f"{source}: unknown key {key}{hint}"
+
+
+# ── loading ─────────────────────────────────────────────────────────────────
+
+_reported_lock = threading.Lock()
+_reported: dict[str, frozenset[str]] = {}  # config file → the problems its last load found
+
+
+def _report_once(path: Path, problems: list[str]) -> None:
+    """Log the problems a file's previous load did not already log.
+
+    The CLI, the gateway and the roster each load ``config.yaml``; one bad key
+    must give one warning, and again only after the file changed and broke again.
+    """
+    with _reported_lock:
+        before = _reported.get(str(path), frozenset())
+        _reported[str(path)] = frozenset(problems)
+    for problem in dict.fromkeys(problems):
+        if problem not in before:
+            logger.warning("{}", problem)
+
+
+def load_config(root: Path, overrides: dict[str, Any] | None = None) -> BotModeConfig:
+    """Load ``<root>/config.yaml`` over :data:`DEFAULTS`, then ``overrides`` over that.
+
+    Each problem (bad file, bad value, unknown key) is logged once per process
+    while it persists, however often the file is loaded.
+
+    Args:
+        root: the Hermes root (the default profile's home).
+        overrides: a ``config.yaml``-shaped dict (e.g. ``Gateway(config=...)``).
+
+    Returns:
+        The typed config.
+    """
+    path = Path(root) / "config.yaml"
+    from_file, file_problem = read_yaml_mapping(path)
+    problems = [file_problem] if file_problem else []
+    problems += [unknown_key_text(str(path), key, hint) for key, hint in unknown_keys(from_file)]
+    problems += [unknown_key_text("config override", key, hint) for key, hint in unknown_keys(overrides)]
+    merged = deep_merge(DEFAULTS, from_file)
+    if overrides:
+        merged = deep_merge(merged, overrides)
+    config, value_problems = parse_config(merged)
+    _report_once(path, problems + value_problems)
+    return config
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -74,234 +320,17 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _read_capped(path: Path) -> bytes | None:
-    """Read a regular, non-symlink file of at most :data:`MAX_CONFIG_BYTES`.
-
-    Args:
-        path: the file to read.
-
-    Returns:
-        The bytes, or None when the file is refused (already logged).
-
-    Raises:
-        FileNotFoundError: when the file does not exist.
-        OSError: when it cannot be opened or read.
-    """
-    if path.is_symlink():
-        logger.warning("config file {} is a symlink; ignoring it", path)
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            logger.warning("config file {} is a symlink; ignoring it", path)
-            return None
-        raise
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            logger.warning("config file {} is not a regular file; ignoring it", path)
-            return None
-        if info.st_size > MAX_CONFIG_BYTES:
-            logger.warning("config file {} is too big ({} bytes > {}); ignoring it",
-                           path, info.st_size, MAX_CONFIG_BYTES)
-            return None
-        data = handle.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
-        logger.warning("config file {} grew past {} bytes while reading; ignoring it", path, MAX_CONFIG_BYTES)
-        return None
-    return data
+# ── docs ────────────────────────────────────────────────────────────────────
 
 
-def load_yaml_file(path: Path) -> dict[str, Any]:
-    """Load a YAML mapping, tolerating every kind of bad file.
-
-    Args:
-        path: the YAML file.
+def docs_table() -> str:
+    """The configuration table of ``docs/operations.md`` (a test keeps the two equal).
 
     Returns:
-        The top-level mapping; ``{}`` when the file is missing or empty, and
-        ``{}`` plus a warning naming the file and the problem when it is a
-        symlink, larger than 1 MiB, unreadable, malformed, or not a mapping.
+        Markdown table lines: key, accepted values, default, meaning.
     """
-    path = Path(path)
-    try:
-        data = _read_capped(path)
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        logger.warning("config file {} is unreadable ({}); ignoring it", path, exc)
-        return {}
-    if data is None:
-        return {}
-    try:
-        loaded = yaml.load(data.decode("utf-8"), Loader=_SafeLoader)  # a safe loader (the C one when present)
-    except UnicodeDecodeError as exc:
-        logger.warning("config file {} is not valid UTF-8 ({}); ignoring it", path, exc)
-        return {}
-    except yaml.YAMLError as exc:
-        logger.warning("config file {} is malformed YAML ({}); ignoring it", path, exc)
-        return {}
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        logger.warning("config file {} top level is a {}, not a mapping; ignoring it",
-                       path, type(loaded).__name__)
-        return {}
-    return loaded
-
-
-# ── typed bot_mode config ───────────────────────────────────────────────────
-
-# key → (kind, minimum, minimum inclusive); kind "float" or "int"; minimum None = any value.
-_FIELDS: dict[str, tuple[str, float | None, bool]] = {
-    "turn_wait_seconds": ("float", 0.0, True),
-    "envelope_ttl_seconds": ("float", None, True),  # <= 0 disables expiry
-    "reply_wait_seconds": ("float", 0.0, True),
-    "max_hops": ("int", 1, True),
-    "max_pair_rate": ("int", 0, True),  # 0 turns the per-pair rate limit off
-    "max_queued": ("int", 1, True),
-    "max_notify_backlog": ("int", 1, True),
-    "turn_timeout_seconds": ("float", 0.0, False),
-    "idle_stop_seconds": ("float", 0.0, True),
-    "rescan_seconds": ("float", 0.0, False),
-}
-
-
-def _to_number(value: Any, kind: str) -> float | int | None:
-    """Coerce a config value to a finite float or an integral int.
-
-    Args:
-        value: the raw value (number or numeric string; bools are refused).
-        kind: ``"float"`` or ``"int"``.
-
-    Returns:
-        The number, or None when the value is not of that kind.
-    """
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value.strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
-        return None
-    if not math.isfinite(number):
-        return None
-    if kind == "int":
-        return int(number) if number.is_integer() else None
-    return number
-
-
-def _coerce_field(key: str, value: Any) -> float | int:
-    """Coerce one bot_mode value, falling back to its default with a warning.
-
-    Args:
-        key: the bot_mode key (one of ``_FIELDS``).
-        value: the raw value.
-
-    Returns:
-        The coerced value, or the default when the value is bad.
-    """
-    kind, minimum, inclusive = _FIELDS[key]
-    default = DEFAULTS["bot_mode"][key]
-    number = _to_number(value, kind)
-    if number is None:
-        logger.warning("config bot_mode.{}={!r} is not a valid {}; using default {}", key, value, kind, default)
-        return float(default) if kind == "float" else int(default)
-    if minimum is not None and (number < minimum or (not inclusive and number == minimum)):
-        bound = ">=" if inclusive else ">"
-        logger.warning("config bot_mode.{}={!r} must be {} {}; using default {}",
-                       key, value, bound, minimum, default)
-        return float(default) if kind == "float" else int(default)
-    return number
-
-
-def _peer_names(raw: Any) -> tuple[str, ...]:
-    """Extract valid, lowercased, de-duplicated peer names from ``bot_peers``.
-
-    Args:
-        raw: ``bot_peers`` — a dict keyed by name, a list of names, or a list of
-            dicts with a ``name`` key.
-
-    Returns:
-        The peer names in order of appearance; invalid entries are skipped
-        with a warning.
-    """
-    if raw is None:
-        return ()
-    if isinstance(raw, dict):
-        candidates: list[Any] = list(raw.keys())
-    elif isinstance(raw, list):
-        candidates = [item.get("name") if isinstance(item, dict) else item for item in raw]
-    else:
-        logger.warning("config bot_peers is a {}, not a mapping or list; ignoring it", type(raw).__name__)
-        return ()
-    names: list[str] = []
-    for candidate in candidates:
-        name = candidate.strip().lower() if isinstance(candidate, str) else ""
-        if not PEER_NAME_RE.match(name):
-            logger.warning("config bot_peers entry {!r} is not a valid peer name; skipping it", candidate)
-            continue
-        if name not in names:
-            names.append(name)
-    return tuple(names)
-
-
-@dataclass(frozen=True)
-class BotModeConfig:
-    """The typed ``bot_mode`` settings plus the peer names and the raw config."""
-
-    turn_wait_seconds: float = 120.0
-    envelope_ttl_seconds: float = 900.0
-    reply_wait_seconds: float = 900.0
-    max_hops: int = 8
-    max_pair_rate: int = 30
-    max_queued: int = 256
-    max_notify_backlog: int = 100_000
-    turn_timeout_seconds: float = 600.0
-    idle_stop_seconds: float = 60.0
-    rescan_seconds: float = 2.0
-    peers: tuple[str, ...] = ()
-    raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)
-
-    @property
-    def expiry_enabled(self) -> bool:
-        """Whether relay envelopes expire (``envelope_ttl_seconds`` > 0)."""
-        return self.envelope_ttl_seconds > 0
-
-    @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> BotModeConfig:
-        """Build the typed config from a ``config.yaml``-shaped dict.
-
-        Args:
-            cfg: the (merged) config; missing keys take their defaults.
-
-        Returns:
-            The config; bad values are replaced by defaults with a warning.
-        """
-        cfg = cfg if isinstance(cfg, dict) else {}
-        section = cfg.get("bot_mode", {})
-        if section is None:
-            section = {}
-        if not isinstance(section, dict):
-            logger.warning("config bot_mode is a {}, not a mapping; using defaults", type(section).__name__)
-            section = {}
-        values: dict[str, Any] = {}
-        for key in _FIELDS:
-            values[key] = _coerce_field(key, section.get(key, DEFAULTS["bot_mode"][key]))
-        return cls(**values, peers=_peer_names(cfg.get("bot_peers")), raw=copy.deepcopy(cfg))
-
-
-def load_config(root: Path, overrides: dict[str, Any] | None = None) -> BotModeConfig:
-    """Load ``<root>/config.yaml`` over :data:`DEFAULTS`, then ``overrides`` over that.
-
-    Args:
-        root: the Hermes root (the default profile's home).
-        overrides: a ``config.yaml``-shaped dict (e.g. ``Gateway(config=...)``).
-
-    Returns:
-        The typed config.
-    """
-    merged = deep_merge(DEFAULTS, load_yaml_file(Path(root) / "config.yaml"))
-    if overrides:
-        merged = deep_merge(merged, overrides)
-    return BotModeConfig.from_dict(merged)
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{s.path}` | {s.type_text} | {default_text(s.default)} | {s.doc} |" for s in CORE_SETTINGS]
+    rows.append(f"| `{PEERS_SECTION}` | mapping or list | — | {PEERS_DOC} |")
+    rows += [f"| `{s.path}` | {s.type_text} | {default_text(s.default)} | {s.doc} |" for s in REDIS_SETTINGS]
+    return "\n".join(rows)

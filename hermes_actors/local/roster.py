@@ -138,7 +138,7 @@ class RosterActor(TypedActor):
         self.subscribers: list[pykka.ActorRef[Any]] = []
         self.version = 0
         self.signature: tuple[float, ...] = ()
-        self.config: BotModeConfig = load_config(root, overrides)
+        self.config: BotModeConfig = BotModeConfig()  # _load reads config.yaml (once per load, not twice)
         self.paths = RelayPaths.from_root(root)
         self.pushed_remote: tuple[list[RemoteAgent], float] | None = None  # set by RemoteRows (Redis transport)
         self.snapshot = self._load()

@@ -15,8 +15,8 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.config import load_yaml_file
 from hermes_actors.messages import ProfileInfo
+from hermes_actors.store.yaml_file import load_yaml_file
 
 __all__ = [
     "DEFAULT_HANDLE",
@@ -62,7 +62,7 @@ def read_profile_yaml(home: Path) -> dict[str, Any]:
 
     Returns:
         Its top-level mapping, ``{}`` when missing or unusable (see
-        :func:`hermes_actors.core.config.load_yaml_file`).
+        :func:`hermes_actors.store.yaml_file.load_yaml_file`).
     """
     return load_yaml_file(Path(home) / "profile.yaml")
 

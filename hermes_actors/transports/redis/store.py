@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from hermes_actors.core.config import parse_redis_config
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import ProfileInfo, RemoteAgent
 from hermes_actors.store.relay_protocol import HANDLE_RE, parse_envelope, parse_reply
@@ -105,26 +106,17 @@ def server_address(url: str) -> str:
     return f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
 
 
-def _number(section: dict[str, Any], key: str, default: float, minimum: float) -> float:
-    value = section.get(key, default)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return default
-    return number if number >= minimum and number == number else default
-
-
 @dataclass(frozen=True)
 class RedisSettings:
-    """The ``bot_mode.redis_*`` settings."""
+    """The ``bot_mode.redis_*`` settings (declared, with defaults and bounds, in ``core.config.RedisConfig``)."""
 
     url: str
-    claim_idle_seconds: float = 60.0
-    max_stream_len: int = 100_000
-    heartbeat_seconds: float = 5.0
-    prefix: str = "hermes:bot"
-    block_ms: int = 200
-    connection_label: str = ""
+    claim_idle_seconds: float
+    max_stream_len: int
+    heartbeat_seconds: float
+    prefix: str
+    block_ms: int
+    connection_label: str
 
     @property
     def address(self) -> str:
@@ -141,18 +133,19 @@ class RedisSettings:
 
 
 def redis_settings(raw: dict[str, Any], url: str) -> RedisSettings:
-    """Pure: the typed settings from the raw config (bad values fall back to the defaults)."""
-    section = raw.get("bot_mode") if isinstance(raw, dict) else None
-    section = section if isinstance(section, dict) else {}
-    prefix = str(section.get("redis_prefix") or "hermes:bot").strip() or "hermes:bot"
+    """Pure: the typed settings from the raw config (bad values fall back to the defaults).
+
+    ``load_config`` has already warned about bad values; this reads them again silently.
+    """
+    config, _problems = parse_redis_config(raw)
     return RedisSettings(
         url=url,
-        claim_idle_seconds=_number(section, "redis_claim_idle_seconds", 60.0, 0.01),
-        max_stream_len=int(_number(section, "redis_max_stream_len", 100_000, 1)),
-        heartbeat_seconds=_number(section, "redis_heartbeat_seconds", 5.0, 0.05),
-        prefix=prefix,
-        block_ms=int(_number(section, "redis_block_ms", 200, 1)),
-        connection_label=str(section.get("connection_label") or "").strip()[:80],
+        claim_idle_seconds=config.redis_claim_idle_seconds,
+        max_stream_len=config.redis_max_stream_len,
+        heartbeat_seconds=config.redis_heartbeat_seconds,
+        prefix=config.redis_prefix,
+        block_ms=config.redis_block_ms,
+        connection_label=config.connection_label,
     )
 
 

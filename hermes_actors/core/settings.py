@@ -1,0 +1,168 @@
+"""How a setting is declared, and the pure rules derived from one declaration.
+
+A setting is a dataclass field made with :func:`setting`: the field name is the
+``config.yaml`` key, the annotation (``float``, ``int`` or ``str``) the type, and
+the call holds the default, the bounds and the one-line doc.
+:func:`settings_of` reads them back as :class:`Setting` rows and :func:`coerce`
+turns a raw value into the declared type. The declarations themselves live in
+:mod:`hermes_actors.core.config`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal
+
+__all__ = ["Kind", "Setting", "coerce", "default_text", "setting", "settings_of"]
+
+Kind = Literal["float", "int", "text"]
+_KINDS: dict[str, Kind] = {"float": "float", "int": "int", "str": "text"}  # annotation → kind
+_SPEC = "hermes_actors.setting"  # the dataclass field metadata key
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What :func:`setting` records beside the default."""
+
+    doc: str
+    minimum: float | None
+    inclusive: bool
+    max_chars: int | None
+
+
+def setting(
+    default: float | str,
+    doc: str,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    max_chars: int | None = None,
+) -> Any:
+    """Declare one setting as a dataclass field.
+
+    Args:
+        default: the value when the key is missing or bad.
+        doc: one line for the docs table (say what ``0`` or ``≤ 0`` means when it disables something).
+        at_least: the smallest accepted number (inclusive).
+        above: numbers must be greater than this (exclusive).
+        max_chars: text longer than this is cut, with a warning.
+
+    Returns:
+        A dataclass field (typed ``Any`` so the annotation keeps its type for mypy).
+
+    Raises:
+        ValueError: both ``at_least`` and ``above`` given.
+    """
+    if at_least is not None and above is not None:
+        raise ValueError("give at_least or above, not both")
+    minimum = at_least if above is None else above
+    spec = _Spec(doc=doc, minimum=minimum, inclusive=above is None, max_chars=max_chars)
+    return field(default=default, metadata={_SPEC: spec})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One declared setting, as the rest of this module sees it."""
+
+    section: str
+    key: str
+    kind: Kind
+    default: float | int | str
+    minimum: float | None
+    inclusive: bool
+    max_chars: int | None
+    doc: str
+
+    @property
+    def path(self) -> str:
+        """``section.key``, as written in messages and docs."""
+        return f"{self.section}.{self.key}"
+
+    @property
+    def type_text(self) -> str:
+        """The accepted values in words, e.g. ``number > 0``."""
+        base = {"float": "number", "int": "integer", "text": "text"}[self.kind]
+        if self.max_chars is not None:
+            return f"{base} (≤ {self.max_chars} characters)"
+        if self.minimum is None:
+            return base
+        return f"{base} {'≥' if self.inclusive else '>'} {self.minimum:g}"
+
+
+def settings_of(cls: type, section: str) -> tuple[Setting, ...]:
+    """The settings a dataclass declares with :func:`setting`, in field order.
+
+    Args:
+        cls: the dataclass.
+        section: the ``config.yaml`` section its keys live in.
+
+    Returns:
+        One :class:`Setting` per declared field (other fields are skipped).
+
+    Raises:
+        TypeError: a declared field is not annotated ``float``, ``int`` or ``str``.
+    """
+    out: list[Setting] = []
+    for f in fields(cls):
+        spec = f.metadata.get(_SPEC)
+        if spec is None:
+            continue
+        kind = _KINDS.get(str(f.type))
+        if kind is None or f.default is MISSING:
+            raise TypeError(f"setting {cls.__name__}.{f.name}: annotate float, int or str and give a default")
+        out.append(Setting(section, f.name, kind, f.default, spec.minimum, spec.inclusive, spec.max_chars, spec.doc))
+    return tuple(out)
+
+
+def _to_number(value: Any, kind: Kind) -> float | int | None:
+    """A finite float or an integral int from a number or numeric string (bools refused); None when not."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value.strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(number):
+        return None
+    if kind == "int":
+        return int(number) if number.is_integer() else None
+    return number
+
+
+def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
+    """Pure: one raw value as its setting's type.
+
+    Args:
+        spec: the setting.
+        value: the raw value from the config.
+
+    Returns:
+        ``(value, None)``, or ``(default or cut text, problem)`` where ``problem``
+        is one line naming the key and the value.
+    """
+    default = spec.default
+    if spec.kind == "text":
+        if value is None:
+            return default, None
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            return default, f"config {spec.path}={value!r} is not valid text; using default {default!r}"
+        text = str(value).strip() or str(default)
+        if spec.max_chars is not None and len(text) > spec.max_chars:
+            return text[:spec.max_chars], f"config {spec.path} is longer than {spec.max_chars} characters; cut"
+        return text, None
+    number = _to_number(value, spec.kind)
+    if number is None:
+        return default, f"config {spec.path}={value!r} is not a valid {spec.kind}; using default {default}"
+    minimum = spec.minimum
+    if minimum is not None and (number < minimum or (not spec.inclusive and number == minimum)):
+        bound = ">=" if spec.inclusive else ">"
+        return default, f"config {spec.path}={value!r} must be {bound} {minimum:g}; using default {default}"
+    return number, None
+
+
+def default_text(value: float | int | str) -> str:
+    """A default as the docs show it: ``2.0`` → ``2``, empty text → ``—``."""
+    if isinstance(value, str):
+        return value or "—"
+    return f"{value:g}" if isinstance(value, float) else str(value)

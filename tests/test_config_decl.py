@@ -1,0 +1,248 @@
+"""Tests for the one-declaration config: derived defaults and docs, unknown keys, warnings said once."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loguru import logger
+from roots import RecordingRunner, start_gateway
+
+from hermes_actors import Gateway
+from hermes_actors.core import config as c
+from hermes_actors.core.settings import coerce, setting, settings_of
+from hermes_actors.transports.redis.store import redis_settings
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+
+
+@pytest.fixture
+def warnings() -> Iterator[list[str]]:
+    """Collect loguru WARNING+ messages emitted during the test."""
+    records: list[str] = []
+    sink_id = logger.add(lambda message: records.append(str(message).rstrip("\n")), level="WARNING",
+                         format="{message}")
+    yield records
+    logger.remove(sink_id)
+
+
+def _spec(key: str) -> c.Setting:
+    return next(s for s in c.SETTINGS if s.key == key)
+
+
+# ── derived from the declaration ────────────────────────────────────────────
+
+
+def test_docs_table_matches_the_declaration() -> None:
+    lines = DOCS.read_text(encoding="utf-8").splitlines()
+    start = lines.index("| key | type | default | meaning |")
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    documented = "\n".join(lines[start:end])
+    assert documented == c.docs_table(), (
+        "docs/operations.md's configuration table differs from hermes_actors/core/config.py; regenerate it with "
+        "python -c 'from hermes_actors.core.config import docs_table; print(docs_table())'"
+    )
+
+
+def test_every_setting_has_one_table_row_and_a_doc() -> None:
+    table = c.docs_table()
+    for spec in c.SETTINGS:
+        assert table.count(f"| `{spec.path}` |") == 1
+        assert spec.doc.strip() and "\n" not in spec.doc
+
+
+def test_defaults_are_the_declared_defaults() -> None:
+    typed = c.BotModeConfig()
+    for spec in c.CORE_SETTINGS:
+        assert c.DEFAULTS["bot_mode"][spec.key] == spec.default == getattr(typed, spec.key)
+    assert set(c.DEFAULTS["bot_mode"]) == {s.key for s in c.CORE_SETTINGS}
+    assert c.BotModeConfig.from_dict({}) == typed
+
+
+def test_kinds_come_from_the_annotations() -> None:
+    kinds = {s.key: s.kind for s in c.SETTINGS}
+    assert kinds["turn_wait_seconds"] == "float"
+    assert kinds["max_hops"] == "int"
+    assert kinds["redis_prefix"] == "text"
+    assert {f.name for f in dataclasses.fields(c.BotModeConfig)} - {s.key for s in c.CORE_SETTINGS} == {
+        "peers", "redis", "raw"}
+
+
+def test_a_setting_needs_a_known_annotation() -> None:
+    @dataclasses.dataclass
+    class Bad:
+        when: bytes = setting(1.0, "bytes is no setting type")
+
+    with pytest.raises(TypeError, match=r"Bad\.when"):
+        settings_of(Bad, "bot_mode")
+
+
+def test_a_setting_takes_one_bound() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        setting(1.0, "doc", at_least=0, above=0)
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [("turn_wait_seconds", "number ≥ 0"), ("turn_timeout_seconds", "number > 0"), ("envelope_ttl_seconds", "number"),
+     ("max_hops", "integer ≥ 1"), ("redis_claim_idle_seconds", "number ≥ 0.01"), ("redis_prefix", "text"),
+     ("connection_label", "text (≤ 80 characters)")],
+)
+def test_type_text(key: str, text: str) -> None:
+    assert _spec(key).type_text == text
+
+
+# ── coercion of the transport keys (the numeric rules are in test_config.py) ─
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected", "problem"),
+    [
+        ("transport", None, "file", None),
+        ("transport", "  redis://h  ", "redis://h", None),
+        ("transport", "", "file", None),
+        ("transport", ["redis://h"], "file", "bot_mode.transport=['redis://h'] is not valid text"),
+        ("transport", True, "file", "bot_mode.transport=True is not valid text"),
+        ("redis_prefix", 7, "7", None),
+        ("redis_prefix", "   ", "hermes:bot", None),
+        ("connection_label", "Mini", "Mini", None),
+        ("connection_label", "x" * 81, "x" * 80, "bot_mode.connection_label is longer than 80 characters"),
+        ("redis_max_stream_len", 1, 1, None),
+        ("redis_max_stream_len", -1, 100_000, "bot_mode.redis_max_stream_len=-1 must be >= 1"),
+        ("redis_claim_idle_seconds", "soon", 60.0, "bot_mode.redis_claim_idle_seconds='soon' is not a valid float"),
+        ("redis_heartbeat_seconds", 0.01, 5.0, "bot_mode.redis_heartbeat_seconds=0.01 must be >= 0.05"),
+    ],
+)
+def test_coerce_text_and_redis(key: str, value: Any, expected: Any, problem: str | None) -> None:
+    got, said = coerce(_spec(key), value)
+    assert got == expected and type(got) is type(expected)
+    if problem is None:
+        assert said is None
+    else:
+        assert said is not None and problem in said
+
+
+def test_redis_settings_read_the_declaration() -> None:
+    s = redis_settings({"bot_mode": {"redis_prefix": "team:a", "redis_block_ms": 50, "connection_label": " Mini "}},
+                       "redis://h")
+    assert (s.url, s.prefix, s.block_ms, s.connection_label) == ("redis://h", "team:a", 50, "Mini")
+    defaults = c.RedisConfig()
+    d = redis_settings({}, "redis://h")
+    assert (d.claim_idle_seconds, d.max_stream_len, d.heartbeat_seconds, d.prefix, d.block_ms, d.connection_label) == (
+        defaults.redis_claim_idle_seconds, defaults.redis_max_stream_len, defaults.redis_heartbeat_seconds,
+        defaults.redis_prefix, defaults.redis_block_ms, defaults.connection_label)
+
+
+def test_parse_config_reports_without_logging(warnings: list[str]) -> None:
+    cfg, problems = c.parse_config({"bot_mode": {"max_hops": 0, "redis_block_ms": "x"}, "bot_peers": "mini"})
+    assert cfg.max_hops == 8 and cfg.redis.redis_block_ms == 200 and cfg.peers == ()
+    assert len(problems) == 3
+    assert any("bot_mode.max_hops=0" in p for p in problems)
+    assert any("bot_mode.redis_block_ms='x'" in p for p in problems)
+    assert any("bot_peers" in p for p in problems)
+    assert warnings == []
+
+
+def test_from_dict_logs_transport_problems(warnings: list[str]) -> None:
+    cfg = c.BotModeConfig.from_dict({"bot_mode": {"redis_max_stream_len": 2.5}})
+    assert cfg.redis.redis_max_stream_len == 100_000
+    assert len(warnings) == 1 and "redis_max_stream_len=2.5" in warnings[0]
+
+
+# ── unknown keys ────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({}, []),
+        (None, []),
+        ("bot_mode: 1", []),
+        ({"bot_mode": None}, []),
+        ({"bot_mode": [1, 2]}, []),
+        ({"bot_mode": {"turn_wait_seconds": 1, "transport": "file", "connection_label": "x"}}, []),
+        ({"bot_mode": {"turn_wait_secs": 1}}, [("bot_mode.turn_wait_secs", "bot_mode.turn_wait_seconds")]),
+        ({"bot_mode": {"max_hop": 1}}, [("bot_mode.max_hop", "bot_mode.max_hops")]),
+        ({"bot_mode": {"redis_prefx": "a"}}, [("bot_mode.redis_prefx", "bot_mode.redis_prefix")]),
+        ({"bot_mode": {"zzz": 1}}, [("bot_mode.zzz", None)]),
+        ({"bot_mode": {3: 1}}, [("bot_mode.3", None)]),
+        ({"bot_mode": {"b_typo": 1, "a_typo": 2}}, [("bot_mode.b_typo", None), ("bot_mode.a_typo", None)]),
+        # Hermes's own sections and the fields of bot_peers entries are not ours to check
+        ({"model": {"turn_wait_secs": 1}, "platforms": {"x": 1}, "bot_peers": {"mini": {"urll": "x"}}}, []),
+        ({"bot_peers": ["mini", {"name": "lab", "whatever": 1}]}, []),
+    ],
+)
+def test_unknown_keys(raw: Any, expected: list[tuple[str, str | None]]) -> None:
+    assert c.unknown_keys(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion", "text"),
+    [
+        ("bot_mode.turn_wait_secs", "bot_mode.turn_wait_seconds",
+         "config.yaml: unknown key bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)"),
+        ("bot_mode.zzz", None, "config.yaml: unknown key bot_mode.zzz"),
+    ],
+)
+def test_unknown_key_text(key: str, suggestion: str | None, text: str) -> None:
+    assert c.unknown_key_text("config.yaml", key, suggestion) == text
+
+
+# ── warnings said once ──────────────────────────────────────────────────────
+
+
+def test_unknown_key_warned_once_over_repeated_loads(tmp_path: Path, warnings: list[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("bot_mode:\n  turn_wait_secs: 5\n  max_hops: 0\nmodel:\n  name: x\n")
+    for _ in range(3):  # the CLI, the gateway and the roster each load it
+        cfg = c.load_config(tmp_path)
+        assert cfg.turn_wait_seconds == 120 and cfg.max_hops == 8
+    assert warnings == [
+        f"{path}: unknown key bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)",
+        "config bot_mode.max_hops=0 must be >= 1; using default 8",
+    ]
+
+
+def test_a_problem_comes_back_after_the_file_was_fixed(tmp_path: Path, warnings: list[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("bot_mode:\n  max_hop: 3\n")
+    c.load_config(tmp_path)
+    path.write_text("bot_mode:\n  max_hop: 3\n  idle_stop_secs: 1\n")  # a second typo: only it is new
+    c.load_config(tmp_path)
+    path.write_text("bot_mode:\n  max_hops: 3\n")  # fixed
+    assert c.load_config(tmp_path).max_hops == 3
+    path.write_text("bot_mode:\n  max_hop: 3\n")  # broken again: said again
+    c.load_config(tmp_path)
+    unknown = [w for w in warnings if "unknown key" in w]
+    assert unknown == [
+        f"{path}: unknown key bot_mode.max_hop (did you mean bot_mode.max_hops?)",
+        f"{path}: unknown key bot_mode.idle_stop_secs (did you mean bot_mode.idle_stop_seconds?)",
+        f"{path}: unknown key bot_mode.max_hop (did you mean bot_mode.max_hops?)",
+    ]
+
+
+def test_malformed_file_warned_once(tmp_path: Path, warnings: list[str]) -> None:
+    (tmp_path / "config.yaml").write_text("bot_mode: [\n")
+    c.load_config(tmp_path)
+    c.load_config(tmp_path)
+    assert len(warnings) == 1 and "malformed" in warnings[0]
+
+
+def test_unknown_override_key_is_named_as_override(tmp_path: Path, warnings: list[str]) -> None:
+    c.load_config(tmp_path, {"bot_mode": {"max_queue": 3}})
+    assert warnings == ["config override: unknown key bot_mode.max_queue (did you mean bot_mode.max_queued?)"]
+
+
+def test_gateway_start_warns_once(root: Path, gateways: list[Gateway], warnings: list[str]) -> None:
+    (root / "config.yaml").write_text("bot_mode:\n  turn_wait_secs: 5\n  rescan_seconds: 0\n")
+    start_gateway(gateways, root, RecordingRunner())
+    unknown = [w for w in warnings if "turn_wait_secs" in w]
+    bad = [w for w in warnings if "rescan_seconds=0" in w]
+    assert unknown == [
+        f"{root / 'config.yaml'}: unknown key bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)"]
+    assert len(bad) == 1
