@@ -55,9 +55,11 @@ def _cmd_roster(args: argparse.Namespace) -> int:
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
+    from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
 
-    with Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root)) as gw:
+    gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root)).start()
+    try:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         print(orjson.dumps(ack).decode())
         if "error" in ack:
@@ -71,6 +73,8 @@ def _cmd_send(args: argparse.Namespace) -> int:
             return 3
         print(outcome["text"])
         return 0 if outcome["status"] in ("replied", "silent") else 1
+    finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)
+        stop_gateway(gw, again=False)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
