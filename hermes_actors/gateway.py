@@ -289,7 +289,7 @@ class Gateway(RelayRpcMixin):
         Args:
             timeout: seconds running turns get to finish; stop returns as soon as they have.
             abandon: set it (a second Ctrl-C) to stop waiting for running turns at once.
-            on_wait: called once with (running turns, seconds left) before waiting for them.
+            on_wait: called once with (running turns, ``timeout``) before waiting for them.
         """
         with self._state_lock:
             if self._state != "running":
@@ -304,7 +304,7 @@ class Gateway(RelayRpcMixin):
         try:
             ask(dispatcher, StopAccepting(), timeout=_ASK_TIMEOUT)
             running = ask(dispatcher, ShutdownProfiles(timeout), timeout=_ASK_TIMEOUT, expect=list)
-            await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait)
+            await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
             why = "The turn was still running when the gateway stopped."
             ask(dispatcher, FinalizePending(why, tuple(running)), timeout=_ASK_TIMEOUT)
             end_running_turns(self.runner, running)

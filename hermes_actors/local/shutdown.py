@@ -34,6 +34,7 @@ def await_running_turns(
     deadline: float,
     abandon: threading.Event | None = None,
     on_wait: Callable[[int, float], Any] | None = None,
+    grace: float | None = None,
 ) -> bool:
     """Wait until every delivery in ``running`` has an outcome, ``deadline`` passes or ``abandon`` is set.
 
@@ -42,7 +43,8 @@ def await_running_turns(
         running: delivery ids of the turns still running.
         deadline: monotonic time to give up at.
         abandon: when set, stop waiting at once.
-        on_wait: called once, before waiting, with (turns to wait for, seconds left); its errors are logged.
+        on_wait: called once, before waiting, with (turns to wait for, ``grace``); its errors are logged.
+        grace: the seconds to report to ``on_wait`` (default: the seconds left until ``deadline``).
 
     Returns:
         True when every one of them finished in time.
@@ -53,7 +55,7 @@ def await_running_turns(
             futures.append(ask(dispatcher, AwaitOutcome(delivery_id), timeout=_ASK_TIMEOUT))
     if futures and on_wait is not None:
         try:
-            on_wait(len(futures), max(0.0, deadline - time.monotonic()))
+            on_wait(len(futures), max(0.0, deadline - time.monotonic()) if grace is None else grace)
         except Exception:
             logger.exception("stop: the on_wait callback failed")
     for future in futures:
