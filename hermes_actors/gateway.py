@@ -28,6 +28,7 @@ from hermes_actors.local.notifier import NotifierActor
 from hermes_actors.local.profile_actor import ProfileDeps
 from hermes_actors.local.roster import RosterActor, roster_rows
 from hermes_actors.local.runners import TurnRunner, as_runner
+from hermes_actors.local.shutdown import await_running_turns, end_running_turns
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
@@ -283,12 +284,24 @@ class Gateway(RelayRpcMixin):
                              "the connection id names this gateway's stream on Redis")
         return redis_settings(cfg.raw, url)
 
-    def stop(self, timeout: float = 30) -> None:
+    def stop(
+        self,
+        timeout: float = 30,
+        *,
+        abandon: threading.Event | None = None,
+        on_wait: Callable[[int, float], Any] | None = None,
+    ) -> None:
         """Stop accepting, let running turns finish within ``timeout``, stop every actor.
 
         Queued deliveries that never ran get a ``cancelled`` outcome; a turn still
-        running after ``timeout`` is ``ambiguous``. Subscriber callbacks are
-        flushed before this returns. Idempotent.
+        running after ``timeout`` (or once ``abandon`` is set) is ``ambiguous``
+        (journaled), and the runner's ``stop_turns`` (if it has one) ends its
+        process group. Subscriber callbacks are flushed before this returns. Idempotent.
+
+        Args:
+            timeout: seconds running turns get to finish; stop returns as soon as they have.
+            abandon: set it (a second Ctrl-C) to stop waiting for running turns at once.
+            on_wait: called once with (running turns, ``timeout``) before waiting for them.
         """
         with self._state_lock:
             if self._state != "running":
@@ -305,14 +318,10 @@ class Gateway(RelayRpcMixin):
         try:
             ask(dispatcher, StopAccepting(), timeout=_ASK_TIMEOUT)
             running = ask(dispatcher, ShutdownProfiles(timeout), timeout=_ASK_TIMEOUT, expect=list)
-            for delivery_id in running:
-                try:
-                    future = ask(dispatcher, AwaitOutcome(delivery_id), timeout=_ASK_TIMEOUT)
-                    future.get(timeout=max(0.0, deadline - time.monotonic()))
-                except (pykka.Timeout, KeyError):
-                    continue
+            await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
             why = "The turn was still running when the gateway stopped."
             ask(dispatcher, FinalizePending(why, tuple(running)), timeout=_ASK_TIMEOUT)
+            end_running_turns(self.runner, running)
             self._final_outcomes = ask(dispatcher, ExportOutcomes(), timeout=_ASK_TIMEOUT, expect=dict)
             ask(self._notifier, Flush(), timeout=max(_ASK_TIMEOUT, timeout))
         except (ActorGone, AskTimeout) as exc:

@@ -109,6 +109,9 @@ class Turn:
     hop: int = 0
     author: dict[str, Any] = field(default_factory=dict)
     retry_action: str = ""  # "" on attempt 1; "resume" / "compress_then_resume" on 2
+    # The profile's turn-lock fd: a turn's process inherits it, so the flock stays held while that
+    # process lives, even if this gateway dies first (another process cannot start an overlapping turn).
+    lock_fd: int | None = field(default=None, repr=False, compare=False)
     _send: Callable[[str, str], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
     def message_agent(self, target: str, message: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from actors.testkit import await_condition
 from hermes_actors.errors import TurnFailed
 from hermes_actors.local import runners
 from hermes_actors.local.runners import CallableRunner, CommandRunner, TurnRunner, as_runner, resolve_cli
@@ -137,6 +138,11 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return text.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def assert_gone(pid: int, timeout: float = 10.0) -> None:
+    """``pid`` is gone or a zombie before the deadline (a SIGKILL is not delivered instantly)."""
+    await_condition(lambda: not _alive(pid), timeout=timeout, message=f"process {pid} is gone")
 
 
 # ── as_runner / CallableRunner ──────────────────────────────────────────────
@@ -372,8 +378,8 @@ def test_timeout_kills_the_whole_process_group(fake_cli: Path, tmp_path: Path) -
         runner.run_turn(turn(attempt=2, retry_action="resume"))
     assert info.value.reason == "delivery_timeout"
     rec = record(tmp_path)
-    assert not _alive(rec["pid"])
-    assert not _alive(rec["child_pid"])
+    assert_gone(rec["pid"])
+    assert_gone(rec["child_pid"])
     assert dm_files(tmp_path) == []  # attempt 2: final
 
 

@@ -96,6 +96,7 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
+    from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
 
     via_host = _send_via_host(args)
@@ -103,7 +104,8 @@ def _cmd_send(args: argparse.Namespace) -> int:
         return via_host
     print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
           "running this DM inside this command instead", file=sys.stderr)
-    with Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root)) as gw:
+    gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root)).start()
+    try:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         print(orjson.dumps(ack).decode())
         if "error" in ack:
@@ -116,6 +118,8 @@ def _cmd_send(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 3
         return _print_outcome(outcome)
+    finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)
+        stop_gateway(gw, again=False)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -1,30 +1,101 @@
-"""``hermes-actors serve``: run one gateway on a root until interrupted."""
+"""``hermes-actors serve``: run one gateway on a root until interrupted; the CLI's way to stop a gateway."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from hermes_actors.gateway import Gateway
 
-__all__ = ["serve"]
+__all__ = ["serve", "stop_gateway", "waiting_text"]
+
+STOP_GRACE_SECONDS = 30.0
+
+
+def waiting_text(count: int, seconds: float, *, again: bool) -> str:
+    """Pure: what a stopping CLI says while it waits for running turns.
+
+    Args:
+        count: how many turns are still running.
+        seconds: how long they may still take.
+        again: the stop came from a first Ctrl-C (so the next one is "again").
+
+    Returns:
+        e.g. "waiting for 2 running turns, up to 30 s; Ctrl-C again to abandon them".
+    """
+    turns, them = (f"{count} running turn", "it") if count == 1 else (f"{count} running turns", "them")
+    return f"waiting for {turns}, up to {seconds:.0f} s; Ctrl-C {'again ' if again else ''}to abandon {them}"
+
+
+@contextlib.contextmanager
+def _on_signals(handler: Callable[[], None]) -> Iterator[None]:
+    """Route SIGINT/SIGTERM to ``handler`` meanwhile (only the main thread can install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, lambda *_: handler()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
+
+
+def stop_gateway(gw: Gateway, *, again: bool, out: TextIO | None = None,
+                 timeout: float = STOP_GRACE_SECONDS) -> None:
+    """Stop ``gw``, saying what it waits for; a Ctrl-C (or SIGTERM) meanwhile abandons running turns.
+
+    Abandoned turns (and those still running after ``timeout``) end with an
+    ``ambiguous`` outcome and their processes are ended.
+
+    Args:
+        gw: the running gateway.
+        again: the stop came from a Ctrl-C (the message then says "Ctrl-C again").
+        out: where the messages go (stderr when None).
+        timeout: seconds running turns get to finish.
+    """
+    stream = out or sys.stderr
+    abandon = threading.Event()
+
+    def on_wait(count: int, seconds: float) -> None:
+        print(waiting_text(count, seconds, again=again), file=stream, flush=True)
+
+    with _on_signals(abandon.set):
+        gw.stop(timeout, abandon=abandon, on_wait=on_wait)
+    if abandon.is_set():
+        print("abandoned the running turns: their outcome is ambiguous", file=stream, flush=True)
 
 
 def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[str, Any] | None = None,
           stop: threading.Event | None = None) -> int:
     """Start a gateway serving the root's submit endpoint, block until SIGINT/SIGTERM (or ``stop``), then stop it.
 
+    Args:
+        root: the Hermes root.
+        connection_id: this gateway's connection id on the relay.
+        runner: how turns run.
+        config: overrides deep-merged over ``config.yaml``.
+        stop: set it to stop (besides the signals).
+
+    Returns:
+        The exit code (0).
+
     Raises:
         RuntimeError: another process already hosts the root.
     """
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-    with Gateway(root, runner=runner, config=config, connection_id=connection_id, serve_submit=True) as gw:
-        names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
-        print(f"gateway serving {root} as {connection_id or '(no connection id)'}: {names}", flush=True)
-        stop.wait()
+    gw = Gateway(root, runner=runner, config=config, connection_id=connection_id, serve_submit=True).start()
+    try:
+        with _on_signals(stop.set):
+            names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
+            print(f"gateway serving {root} as {connection_id or '(no connection id)'}: {names}", flush=True)
+            stop.wait()
+        print("stopping the gateway", file=sys.stderr, flush=True)
+    finally:
+        stop_gateway(gw, again=True)
     return 0

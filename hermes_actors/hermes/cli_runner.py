@@ -34,7 +34,7 @@ from hermes_actors.hermes.install import (
     root_of_home,
 )
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
-from hermes_actors.local.runners import CommandRunner, run_cli_process
+from hermes_actors.local.runners import CommandRunner
 from hermes_actors.messages import Turn
 
 __all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "turn_home"]
@@ -198,7 +198,7 @@ class HermesCliRunner(CommandRunner):
         if not self.flags().create_if_missing:
             self._ensure_session(turn, home, handle)
         logger.debug("turn {} attempt {} for @{}: {}", turn.delivery_id, turn.attempt, handle, argv[:-1])
-        done = run_cli_process(argv, env=self.environment(turn), timeout=self.timeout, handle=handle, cwd=home)
+        done = self._run_process(turn, argv, handle, cwd=home)
         return reply_or_failure(done, handle)
 
     def _ensure_session(self, turn: Turn, home: Path, handle: str) -> Any:

@@ -286,6 +286,8 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             # The sender is on another connection: the reply goes back through the relay files.
             self.settled[key] = outcome.as_dict()
             self._answer_relay_in(outcome, entry.reply_connection, entry.answer)
+            for future in self.waiters.pop(key, ()):  # a stopping gateway waits for its running turns
+                future.set(self.settled[key])
             return
         if self.journal is not None and key in self.journaled:
             try:
@@ -363,6 +365,8 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
                     journal.append_durably({"t": "finished", "id": key, "o": outcome.as_dict()})
                 except StoreError as exc:
                     logger.error("could not journal the outcome of {}: {}", key, exc)
+            if entry.route == "relay-in":  # its sender waits on another connection: tell it too
+                self._answer_relay_in(outcome, entry.reply_connection, entry.answer)
             self._publish(outcome)
             if journaled:  # published now: the next start must not report it a second time
                 self._journal_quietly({"t": "delivered", "id": key})

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -208,16 +208,18 @@ def _tail(text: str, limit: int = _MAX_FAILURE_CHARS) -> str:
     return "\n".join(reversed(kept))
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """Kill the turn's whole process group (it was started in its own session)."""
+def _kill_group(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
+    """Signal the turn's whole process group (it was started in its own session)."""
     try:
         if hasattr(os, "killpg"):
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:
+            os.killpg(proc.pid, sig)
+        elif sig == signal.SIGKILL:
             proc.kill()
+        else:
+            proc.terminate()
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(OSError):
-            proc.kill()
+            proc.send_signal(sig)
 
 
 class CommandRunner:
@@ -249,6 +251,10 @@ class CommandRunner:
         self.env: dict[str, str] = dict(env or {})
         self._kept: dict[str, Path] = {}
         self._kept_lock = threading.Lock()
+        # Turn processes not yet reaped (by delivery id), so stop_turns can end them; notified when one goes.
+        self._live: dict[str, subprocess.Popen[str]] = {}
+        self._live_changed = threading.Condition()
+        self._ended: set[str] = set()  # deliveries stop_turns ended: no further attempt until released
 
     def __repr__(self) -> str:
         return f"CommandRunner(cli={self.cli!r}, timeout={self.timeout:g})"
@@ -263,6 +269,8 @@ class CommandRunner:
         Args:
             delivery_id: the delivery whose file to remove.
         """
+        with self._live_changed:
+            self._ended.discard(delivery_id)
         with self._kept_lock:
             path = self._kept.pop(delivery_id, None)
         if path is not None:
@@ -285,6 +293,54 @@ class CommandRunner:
     def _keep(self, delivery_id: str, path: Path) -> None:
         with self._kept_lock:
             self._kept[delivery_id] = path
+
+    # ── ending running turns (gateway stop) ─────────────────────────────────
+
+    def running_turns(self) -> list[str]:
+        """Return the delivery ids whose turn process is running (started and not yet reaped).
+
+        Returns:
+            The ids, in no particular order.
+        """
+        with self._live_changed:
+            return list(self._live)
+
+    def stop_turns(self, delivery_ids: Iterable[str] | None = None, *, grace: float = 3.0) -> int:
+        """End running turns' whole process groups: SIGTERM, then SIGKILL after ``grace`` seconds.
+
+        Returns once each such turn process has been reaped (bounded: an escaped
+        grandchild holding the pipes is cut off as in a timeout). The ended
+        deliveries run no further attempt here until :meth:`release`; the caller
+        decides their outcome (a stopping gateway reports them ``ambiguous``).
+
+        Args:
+            delivery_ids: the deliveries whose turns to end (None: every running turn).
+            grace: seconds between SIGTERM and SIGKILL.
+
+        Returns:
+            How many turn processes were running among them.
+        """
+        with self._live_changed:
+            wanted = set(self._live) if delivery_ids is None else set(delivery_ids)
+            self._ended |= wanted
+            procs = [proc for key, proc in self._live.items() if key in wanted]
+        if not procs:
+            return 0
+        for proc in procs:
+            _kill_group(proc, signal.SIGTERM)
+        gone = self._wait_reaped(wanted, grace)
+        for proc in procs:  # also when the leader is gone: others of its group may still run
+            _kill_group(proc, signal.SIGKILL)
+        if not gone:
+            logger.warning("turn process(es) of {} ignored SIGTERM for {:g}s; killed", sorted(wanted), grace)
+            self._wait_reaped(wanted, 2 * _REAP_SECONDS)
+        return len(procs)
+
+    def _wait_reaped(self, delivery_ids: set[str], seconds: float) -> bool:
+        with self._live_changed:
+            return self._live_changed.wait_for(
+                lambda: not delivery_ids.intersection(self._live), timeout=max(0.0, seconds)
+            )
 
     # ── one turn ────────────────────────────────────────────────────────────
 
@@ -357,18 +413,56 @@ class CommandRunner:
         self.release(turn.delivery_id)
         return reply
 
+    def _was_ended(self, delivery_id: str) -> bool:
+        with self._live_changed:
+            return delivery_id in self._ended
+
     def _run(self, turn: Turn, query_file: Path) -> str:
         handle = turn.handle or turn.profile
         argv = self.argv(turn, query_file)
         logger.debug("turn {} attempt {}: {}", turn.delivery_id, turn.attempt, argv)
-        done = run_cli_process(argv, env=self.environment(turn), timeout=self.timeout, handle=handle)
+        done = self._run_process(turn, argv, handle)
         if done.returncode == 0:
             return _strip_trailing_newlines(done.stdout)
-        if _refused_not_owned(done.stderr):
+        if refused_not_owned(done.stderr):
             raise TurnFailed(busy_text(handle), reason="target_busy")
         text = exit_failure_text(done)
         logger.info("turn {} for @{} failed: {}", turn.delivery_id, handle, text.splitlines()[0])
         raise TurnFailed(text)
+
+    def _run_process(self, turn: Turn, argv: list[str], handle: str, cwd: Path | None = None) -> CliResult:
+        """Run the turn's process, tracked so :meth:`stop_turns` can end it; the turn lock's fd goes to the child.
+
+        Raises:
+            TurnFailed: ``cancelled`` when the gateway stopped the turn; else as :func:`run_cli_process`.
+        """
+        if self._was_ended(turn.delivery_id):
+            raise TurnFailed(f"@{handle}'s turn was ended because the gateway stopped", reason="cancelled")
+
+        def track(proc: subprocess.Popen[str]) -> None:
+            with self._live_changed:
+                self._live[turn.delivery_id] = proc
+                ended = turn.delivery_id in self._ended  # stop_turns ran while this one was being started
+            if ended:
+                _kill_group(proc, signal.SIGKILL)
+
+        try:
+            done = run_cli_process(
+                argv,
+                env=self.environment(turn),
+                timeout=self.timeout,
+                handle=handle,
+                cwd=cwd,
+                pass_fds=(turn.lock_fd,) if turn.lock_fd is not None else (),
+                on_start=track,
+            )
+        finally:
+            with self._live_changed:
+                self._live.pop(turn.delivery_id, None)
+                self._live_changed.notify_all()
+        if self._was_ended(turn.delivery_id):
+            raise TurnFailed(f"@{handle}'s turn was ended because the gateway stopped", reason="cancelled")
+        return done
 
 
 # ── one CLI process (shared by every CLI runner) ────────────────────────────
@@ -420,6 +514,8 @@ def run_cli_process(
     timeout: float,
     handle: str,
     cwd: Path | None = None,
+    pass_fds: tuple[int, ...] = (),
+    on_start: Callable[[subprocess.Popen[str]], None] | None = None,
 ) -> CliResult:
     """Run one turn's CLI process in its own process group, stdin = /dev/null.
 
@@ -429,6 +525,9 @@ def run_cli_process(
         timeout: seconds before the whole process group is killed.
         handle: the target's handle (for failure texts).
         cwd: the working directory (inherited when None).
+        pass_fds: descriptors the child inherits (the turn lock's: the flock lives as long as the child).
+        on_start: called with the started process before it is waited for (a runner tracks it to end it
+            at stop); if it raises, the process group is killed and the error propagates.
 
     Returns:
         The finished process's output and exit status.
@@ -451,6 +550,7 @@ def run_cli_process(
             env=dict(env),
             cwd=str(cwd) if cwd is not None else None,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     except FileNotFoundError:
         if cwd is not None and not cwd.is_dir():
@@ -470,6 +570,8 @@ def run_cli_process(
     except OSError as exc:
         raise TurnFailed(f"hermes CLI at {cli} could not start: {exc}", reason="runtime_offline") from None
     try:
+        if on_start is not None:
+            on_start(proc)
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)

@@ -86,6 +86,8 @@ def execute_turn(
                 return TurnFinished(delivery.delivery_id, None, text, "unknown", 0, ran=False)
         crashpoint("mid-turn")
         turn = make_turn(delivery)
+        if lock is not None and lock.fd is not None:
+            turn = replace(turn, lock_fd=lock.fd)  # the turn's process holds the flock as long as it lives
         reply, error, reason = attempt_turn(runner, turn)
         attempts = 1
         if reply is None:

@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+from loguru import logger
+
 __all__ = ["TurnLock", "turn_lock_path"]
 
 _SAFE = re.compile(r"[^a-zA-Z0-9_-]")
@@ -48,6 +50,14 @@ class TurnLock:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         return self._fd
 
+    @property
+    def fd(self) -> int | None:
+        """The open lock file's descriptor (None before the first acquire or after close).
+
+        A turn's process inherits it, so the flock stays held while that process lives.
+        """
+        return self._fd
+
     def acquire(self, deadline: float) -> float | None:
         """Take the lock, waiting until the monotonic ``deadline`` at most.
 
@@ -65,6 +75,8 @@ class TurnLock:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     return time.monotonic() - start
                 except BlockingIOError:
+                    if delay == 0.001:  # once per acquire: say why this turn has not started
+                        logger.info("waiting for the turn lock {}: another turn holds it", self.path)
                     now = time.monotonic()
                     if now >= deadline:
                         self._done()

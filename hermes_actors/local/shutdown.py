@@ -1,0 +1,87 @@
+"""Gateway stop, the part about turns still running: wait for them (abandonable), then end them.
+
+A stopping gateway gives its running turns until a deadline to finish, returns
+as soon as they have, and can be told to stop waiting (a second Ctrl-C). Turns
+still running then get an ``ambiguous`` outcome from the Dispatcher, and their
+processes are ended here (the runner's ``stop_turns``), so no turn of this
+gateway outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actors import ask
+from hermes_actors.messages import AwaitOutcome
+
+__all__ = ["await_running_turns", "end_running_turns"]
+
+_ASK_TIMEOUT = 30.0
+_SLICE_SECONDS = 0.1  # how soon a set ``abandon`` is noticed while waiting
+
+
+def await_running_turns(
+    dispatcher: pykka.ActorRef[Any],
+    running: list[str],
+    *,
+    deadline: float,
+    abandon: threading.Event | None = None,
+    on_wait: Callable[[int, float], Any] | None = None,
+    grace: float | None = None,
+) -> bool:
+    """Wait until every delivery in ``running`` has an outcome, ``deadline`` passes or ``abandon`` is set.
+
+    Args:
+        dispatcher: the Dispatcher (answers ``AwaitOutcome``).
+        running: delivery ids of the turns still running.
+        deadline: monotonic time to give up at.
+        abandon: when set, stop waiting at once.
+        on_wait: called once, before waiting, with (turns to wait for, ``grace``); its errors are logged.
+        grace: the seconds to report to ``on_wait`` (default: the seconds left until ``deadline``).
+
+    Returns:
+        True when every one of them finished in time.
+    """
+    futures = []
+    for delivery_id in running:
+        with contextlib.suppress(KeyError):  # already settled and forgotten: nothing to wait for
+            futures.append(ask(dispatcher, AwaitOutcome(delivery_id), timeout=_ASK_TIMEOUT))
+    if futures and on_wait is not None:
+        try:
+            on_wait(len(futures), max(0.0, deadline - time.monotonic()) if grace is None else grace)
+        except Exception:
+            logger.exception("stop: the on_wait callback failed")
+    for future in futures:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (abandon is not None and abandon.is_set()):
+                return False
+            try:  # pykka futures have no done-callback: wait in slices so ``abandon`` is seen promptly
+                future.get(timeout=min(remaining, _SLICE_SECONDS))
+                break
+            except pykka.Timeout:
+                continue
+    return True
+
+
+def end_running_turns(runner: Any, running: list[str]) -> None:
+    """End the processes of turns still running, through the runner's ``stop_turns`` when it has one.
+
+    Args:
+        runner: the gateway's runner (user code: its errors are logged, never raised).
+        running: delivery ids of the turns that were running when the stop began.
+    """
+    stop_turns = getattr(runner, "stop_turns", None)
+    if not running or not callable(stop_turns):
+        return
+    try:
+        stop_turns(running)
+    except Exception:
+        logger.exception("stop: the runner could not end its running turns")

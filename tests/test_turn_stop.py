@@ -1,0 +1,278 @@
+"""Stopping with turns running (issue 11, items 5 and 6), against a fake ``hermes`` CLI.
+
+The fake records a ``start`` line (its pid, its grandchild's pid, and which earlier
+turn processes are still alive: an overlap) and an ``end`` line into ``$FAKE_LOG``;
+it runs until ``$FAKE_RELEASE`` exists. Real ``hermes-actors`` processes are used
+where the bug was in the process's exit: ``send`` and ``serve``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from relay_helpers import seed_envelope
+from roots import make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.cli.serve import waiting_text
+from hermes_actors.local.runners import CommandRunner
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+
+FAKE_HERMES = r"""
+import json, os, subprocess, sys, time
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+log, tag = os.environ["FAKE_LOG"], os.environ.get("FAKE_TAG", "")
+with open(log, "a+", encoding="utf-8") as f:
+    f.seek(0)
+    earlier = [json.loads(line) for line in f if line.strip()]
+    running = [e["tag"] for e in earlier if e["ev"] == "start" and alive(e["pid"])]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    f.write(json.dumps({"ev": "start", "tag": tag, "pid": os.getpid(), "child_pid": child.pid,
+                        "overlaps": running}) + "\n")
+release = os.environ["FAKE_RELEASE"]
+deadline = time.monotonic() + 120
+while not os.path.exists(release) and time.monotonic() < deadline:
+    time.sleep(0.02)
+child.kill()
+child.wait()
+with open(log, "a", encoding="utf-8") as f:
+    f.write(json.dumps({"ev": "end", "tag": tag, "pid": os.getpid()}) + "\n")
+sys.stdout.write(f"done {tag}\n")
+"""
+
+WAIT = 30.0  # generous deadline for positive waits
+
+
+@pytest.fixture
+def fake_cli(tmp_path: Path) -> Path:
+    path = tmp_path / "bin" / "hermes"
+    path.parent.mkdir()
+    path.write_text(f"#!{sys.executable}\n{FAKE_HERMES}", encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def leftovers() -> Iterator[list[int]]:
+    """Pids a failing test might leave behind; killed at teardown."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def events(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def started(log: Path, tag: str) -> dict[str, Any] | None:
+    return next((e for e in events(log) if e["ev"] == "start" and e["tag"] == tag), None)
+
+
+def await_started(log: Path, tag: str, leftovers: list[int]) -> dict[str, Any]:
+    event = await_condition(lambda: started(log, tag), timeout=WAIT, message=f"turn {tag} started")
+    leftovers += [event["pid"], event["child_pid"]]
+    return event
+
+
+def alive(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def assert_gone(pid: int) -> None:
+    await_condition(lambda: not alive(pid), timeout=WAIT, message=f"process {pid} is gone")
+
+
+def fake_env(log: Path, release: Path, tag: str) -> dict[str, str]:
+    return {**os.environ, "FAKE_LOG": str(log), "FAKE_RELEASE": str(release), "FAKE_TAG": tag,
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+
+
+class Proc:
+    """A ``hermes-actors`` process with its own fake-CLI environment; stdout and stderr go to files."""
+
+    def __init__(self, name: str, args: list[str], tmp_path: Path, env: dict[str, str]) -> None:
+        self.out, self.err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        with self.out.open("wb") as out, self.err.open("wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "hermes_actors.cli.main", *args],
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
+
+    def stdout(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    def await_stderr(self, needle: str) -> None:
+        await_condition(lambda: needle in self.stderr() or self.proc.poll() is not None, timeout=WAIT,
+                        message=f"{needle!r} on stderr")
+        assert needle in self.stderr(), f"exit={self.proc.poll()} stderr={self.stderr()[-2000:]}"
+
+    def wait(self, timeout: float = WAIT) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=WAIT)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.kill()
+
+
+# ── item 5: no turn outlives its gateway, turns of one profile never overlap ─
+
+
+def test_a_stopping_gateway_ends_its_running_turns_process_group_as_ambiguous(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = make_root(tmp_path)
+    log, release = tmp_path / "turns.log", tmp_path / "release"
+    for key, value in fake_env(log, release, "A").items():
+        monkeypatch.setenv(key, value)
+    gw = Gateway(root, runner=CommandRunner(str(fake_cli))).start()
+    try:
+        ack = gw.message_agent(sender="alice", target="bob", message="a long one")
+        turn = await_started(log, "A", leftovers)
+    finally:
+        gw.stop(timeout=0.5)
+    assert gw.wait_outcome(ack["delivery_id"])["status"] == "ambiguous"
+    assert_gone(turn["pid"])
+    assert_gone(turn["child_pid"])  # the whole process group, not only the CLI
+    with Gateway(root, runner=lambda t: "") as again:  # journaled: the next start reports it the same way
+        assert again.wait_outcome(ack["delivery_id"], timeout=WAIT)["status"] == "ambiguous"
+
+
+def test_send_whose_wait_expired_ends_the_turn_on_a_ctrl_c_and_leaves_no_orphan(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> None:
+    root = make_root(tmp_path)
+    log, release = tmp_path / "turns.log", tmp_path / "release"
+    send = Proc("send", ["send", "--root", str(root), "--from", "alice", "bob", "hi", "--wait", "2",
+                         "--cli", str(fake_cli)], tmp_path, fake_env(log, release, "A"))
+    procs.append(send)
+    turn = await_started(log, "A", leftovers)
+    send.await_stderr("no outcome for delivery")  # --wait 2 expired while the turn runs
+    send.await_stderr("waiting for 1 running turn, up to 30 s; Ctrl-C to abandon it")
+    send.proc.send_signal(signal.SIGINT)
+    assert send.wait() == 3
+    assert "abandoned the running turns" in send.stderr()
+    assert_gone(turn["pid"])
+    assert_gone(turn["child_pid"])
+    delivery_id = json.loads(send.stdout().splitlines()[0])["delivery_id"]
+    with Gateway(root, runner=lambda t: "") as again:  # the abandoned turn is journaled ambiguous
+        assert again.wait_outcome(delivery_id, timeout=WAIT)["status"] == "ambiguous"
+
+
+def test_a_second_send_never_overlaps_a_turn_whose_gateway_was_killed(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> None:
+    root = make_root(tmp_path)
+    log = tmp_path / "turns.log"
+    release_a, release_b = tmp_path / "release-a", tmp_path / "release-b"
+    release_b.touch()  # B answers at once once it runs
+    first = Proc("first", ["send", "--root", str(root), "--from", "alice", "bob", "one", "--wait", "60",
+                           "--cli", str(fake_cli)], tmp_path, fake_env(log, release_a, "A"))
+    procs.append(first)
+    turn_a = await_started(log, "A", leftovers)
+    first.kill()  # SIGKILL: nothing of the gateway runs any more; the turn (its own session) lives on
+    assert alive(turn_a["pid"])
+    second = Proc("second", ["-v", "send", "--root", str(root), "--from", "carol", "bob", "two", "--wait", "60",
+                             "--cli", str(fake_cli)], tmp_path, fake_env(log, release_b, "B"))
+    procs.append(second)
+    await_condition(lambda: "waiting for the turn lock" in second.stderr() or started(log, "B"), timeout=WAIT,
+                    message="the second turn waits for the lock (or starts)")
+    assert started(log, "B") is None, "a second turn of @bob started while the first one still runs"
+    release_a.touch()
+    assert second.wait() == 0, second.stderr()[-2000:]
+    assert "done B" in second.stdout()
+    turn_b = started(log, "B")
+    assert turn_b is not None and turn_b["overlaps"] == []
+    assert [(e["ev"], e["tag"]) for e in events(log)] == [("start", "A"), ("end", "A"), ("start", "B"), ("end", "B")]
+
+
+# ── item 6: serve stops as soon as its turns end, says so, and a second Ctrl-C abandons them ─
+
+
+def start_serve_with_a_relayed_turn(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> tuple[Proc, dict[str, Any], Path, Path]:
+    root = make_root(tmp_path, {"moxie": {}}, name="mini")
+    log, release = tmp_path / "turns.log", tmp_path / "release"
+    serve = Proc("serve", ["serve", "--root", str(root), "--connection-id", "mini", "--cli", str(fake_cli)],
+                 tmp_path, fake_env(log, release, "A"))
+    procs.append(serve)
+    await_condition(lambda: "gateway serving" in serve.stdout() or serve.proc.poll() is not None, timeout=WAIT,
+                    message="serve is up")
+    envelope = seed_envelope(target_connection="mini", target_profile="moxie", message="relayed")
+    post_to_inbox(InboxPaths.from_root(root), envelope, "alpha")
+    turn = await_started(log, "A", leftovers)
+    return serve, turn, root / "bot_relay" / "delivered" / f"{envelope['id']}.json", release
+
+
+def test_serve_on_ctrl_c_says_what_it_waits_for_and_exits_once_the_turn_ends(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> None:
+    serve, turn, delivered, release = start_serve_with_a_relayed_turn(tmp_path, fake_cli, leftovers, procs)
+    serve.proc.send_signal(signal.SIGINT)
+    serve.await_stderr("waiting for 1 running turn, up to 30 s; Ctrl-C again to abandon it")
+    release.touch()
+    # The grace is 30 s from the Ctrl-C: an exit within 20 s of the release is the turn's end, not the grace.
+    assert serve.wait(timeout=20) == 0
+    record = json.loads(delivered.read_text(encoding="utf-8"))
+    assert record["reply"] == "done A" and record["error"] == ""
+    assert_gone(turn["child_pid"])
+
+
+def test_serve_on_a_second_ctrl_c_abandons_the_turn_as_ambiguous(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> None:
+    serve, turn, delivered, _ = start_serve_with_a_relayed_turn(tmp_path, fake_cli, leftovers, procs)
+    serve.proc.send_signal(signal.SIGINT)
+    serve.await_stderr("Ctrl-C again to abandon it")
+    serve.proc.send_signal(signal.SIGINT)
+    assert serve.wait(timeout=20) == 0  # well before the 30 s grace: the turn is never released
+    assert "abandoned the running turns" in serve.stderr()
+    assert_gone(turn["pid"])
+    assert_gone(turn["child_pid"])
+    record = json.loads(delivered.read_text(encoding="utf-8"))  # the sender's answer, on disk
+    assert record["reply"] == "" and "may have been delivered — do not resend" in record["error"]
+
+
+@pytest.mark.parametrize(("count", "seconds", "again", "text"), [
+    (2, 30.0, True, "waiting for 2 running turns, up to 30 s; Ctrl-C again to abandon them"),
+    (1, 29.6, True, "waiting for 1 running turn, up to 30 s; Ctrl-C again to abandon it"),
+    (1, 12.0, False, "waiting for 1 running turn, up to 12 s; Ctrl-C to abandon it"),
+])
+def test_waiting_text(count: int, seconds: float, again: bool, text: str) -> None:
+    assert waiting_text(count, seconds, again=again) == text
