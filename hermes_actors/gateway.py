@@ -82,6 +82,8 @@ class Gateway(RelayRpcMixin):
         fsync: with ``durable``, fsync each group commit (False only for tests of speed).
 
     Raises:
+        ValueError: ``root`` is empty (``Path("")`` is the current directory, where the
+            relay and journal directories would be created by accident).
         FileNotFoundError: from :meth:`start` when ``root`` is not a directory.
     """
 
@@ -98,6 +100,11 @@ class Gateway(RelayRpcMixin):
         durable: bool = True,
         fsync: bool = True,
     ) -> None:
+        if not str(root).strip():
+            raise ValueError(
+                f"Hermes root is empty ({str(root)!r}): pass the Hermes root directory "
+                "(the default profile's home, e.g. ~/.hermes), not the current directory by accident"
+            )
         self.root = Path(root).expanduser()
         if runner is None:
             from hermes_actors.demo.bots import DemoRunner
