@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test soak bench bench-quick lint typecheck clean redis-server
+.PHONY: demo test test-stress soak bench bench-quick lint typecheck clean redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +33,11 @@ redis-server:
 
 test: $(STAMP) redis-server lint typecheck
 	$(BIN)/python -m pytest -q -m "not soak" -p no:cacheprovider
+
+# `make test` RUNS times (default 5) on fresh clones of HEAD with two CPU-bound busy loops running; "N/N green".
+RUNS ?= 5
+test-stress:
+	scripts/test-stress $(RUNS)
 
 soak: $(STAMP)
 	$(BIN)/python -m pytest -q -m soak -p no:cacheprovider

@@ -86,6 +86,8 @@ class Gateway(RelayRpcMixin):
             this host (:mod:`hermes_actors.hermes.submit`).
 
     Raises:
+        ValueError: ``root`` is empty (``Path("")`` is the current directory, where the
+            relay and journal directories would be created by accident).
         FileNotFoundError: from :meth:`start` when ``root`` is not a directory.
     """
 
@@ -103,6 +105,11 @@ class Gateway(RelayRpcMixin):
         fsync: bool = True,
         serve_submit: bool = False,
     ) -> None:
+        if not str(root).strip():
+            raise ValueError(
+                f"Hermes root is empty ({str(root)!r}): pass the Hermes root directory "
+                "(the default profile's home, e.g. ~/.hermes), not the current directory by accident"
+            )
         self.root = Path(root).expanduser()
         if runner is None:
             from hermes_actors.demo.bots import DemoRunner

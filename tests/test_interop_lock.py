@@ -9,6 +9,7 @@ get the lock.
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
 import threading
@@ -99,18 +100,41 @@ def entering_runner() -> tuple[RecordingRunner, threading.Event]:
     return RecordingRunner(behave), entered
 
 
+class BusyFlocks:
+    """Counts this process's non-blocking flock attempts refused because another process holds the lock."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.refused = 0
+        self._lock = threading.Lock()
+        real = fcntl.flock
+
+        def flock(fd: int, operation: int) -> None:
+            try:
+                real(fd, operation)
+            except BlockingIOError:
+                with self._lock:
+                    self.refused += 1
+                raise
+
+        monkeypatch.setattr(fcntl, "flock", flock)
+
+
 def test_our_turn_waits_for_another_process_holding_the_lock(root: Path, gateways: list[Gateway],
-                                                             holders: list[Holder]) -> None:
+                                                             holders: list[Holder],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     runner, entered = entering_runner()
     gw = start(gateways, root, runner)
     holder = Holder(lock_path(root, "bob"))
     holders.append(holder)
+    busy = BusyFlocks(monkeypatch)
 
     ack = gw.message_agent(sender="alice", target="bob", message="after you")
     assert ack["status"] == "queued"  # the ack never waits for the lock
-    assert not entered.wait(0.5), "the turn ran while another process held the profile's lock"
-    with pytest.raises(TimeoutError):
-        gw.wait_outcome(ack["delivery_id"], timeout=0.05)
+    # Not "nothing happened for a while": the turn's worker has tried the lock and been refused several times,
+    # and the turn has not run meanwhile.
+    await_condition(lambda: busy.refused >= 3, timeout=10, message="bob's turn tried the held lock")
+    assert not entered.is_set(), "the turn ran while another process held the profile's lock"
+    assert gw.stats()["pending"] == 1
 
     # Other profiles are not held up by bob's lock.
     other = gw.message_agent(sender="alice", target="carol", message="meanwhile")

@@ -21,6 +21,7 @@ from roots import RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.cli.main import main as cli_main
 from hermes_actors.errors import ValidationError
 from hermes_actors.local.dm_files import dm_file_path, write_dm_file
 from hermes_actors.local.live_handoff import LiveMailbox
@@ -28,6 +29,7 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox, take_from_inbox
 from hermes_actors.store.relay_roster import normalize_roster_row
 from hermes_actors.store.turnlock import turn_lock_path
+from hermes_actors.tool import message_agent_tool
 
 IS_ROOT = os.geteuid() == 0
 HOSTILE_NAMES = [
@@ -68,7 +70,56 @@ def _assert_refused(answer: dict[str, Any]) -> None:
     assert isinstance(answer.get("reason"), str) and answer["reason"], answer
 
 
+def _assert_only_the_marker_runs(gw: Gateway, rec: RecordingRunner) -> None:
+    """A valid DM sent after refused ones runs, and is the only turn: nothing refused ran before it."""
+    marker = gw.message_agent(sender="alice", target="bob", message="the marker")
+    assert gw.wait_outcome(marker["delivery_id"], timeout=10)["status"] == "replied"
+    assert [(t.delivery_id, t.profile) for t in rec.entered] == [(marker["delivery_id"], "bob")]
+
+
 # ── the Gateway API ─────────────────────────────────────────────────────────
+
+
+def test_an_empty_root_is_refused_and_nothing_is_created_in_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", "   "):
+        with pytest.raises(ValueError, match="Hermes root is empty"):
+            Gateway(empty, runner=RecordingRunner())
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["roster", "--root", ""])
+    assert exited.value.code == 2
+    assert list(tmp_path.iterdir()) == [], "an empty root must not become the current directory"
+
+
+# Junk around a name (the friendly name "Bob" slugs to bob), non-text messages, unencodable text.
+JUNK_TARGETS: list[Any] = ["bob\x00", "\u202ebob", ["bob"], "bob\u200b", "<bob>", "\ud800bob", "bob\ud800@mini"]
+JUNK_MESSAGES: list[Any] = [5, b"hi", {"text": "hi"}, ["hi"], "\ud800", "hi \udfff there"]
+
+
+def test_junk_targets_and_non_text_messages_are_refused_and_create_nothing(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    root = make_root(tmp_path, {"alice": {"title": "Researcher"}, "bob": {"title": "Builder", "display_name": "Bob"}},
+                     name="alpha")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    rec = RecordingRunner()
+    gw = _start(gateways, root, rec)
+    before = tree(tmp_path)
+    calls = [{"target": t, "message": "hi"} for t in JUNK_TARGETS]
+    calls += [{"target": "bob", "message": m} for m in JUNK_MESSAGES]
+    for kwargs in calls:
+        answer = gw.message_agent(sender="alice", **kwargs)
+        _assert_refused(answer)
+        if not isinstance(kwargs["target"], str):
+            assert answer["error"] == f"Invalid target: {str(kwargs['target'])!r}.", answer
+        # The tool's JSON text is valid even for unencodable input (the refusal names it, escaped).
+        tool_answer = json.loads(message_agent_tool(gw, sender="alice", **kwargs))
+        assert tool_answer == answer
+    assert gw.stats()["accepted"] == 0 and gw.stats()["refused"] == 2 * len(calls)
+    assert tree(tmp_path) == before, "a refused call created or changed a file"
+    _assert_only_the_marker_runs(gw, rec)
 
 
 def test_hostile_targets_and_senders_are_refused_and_create_nothing(tmp_path: Path, gateways: list[Gateway]) -> None:
@@ -87,11 +138,11 @@ def test_hostile_targets_and_senders_are_refused_and_create_nothing(tmp_path: Pa
         answers.append(gw.message_agent(sender="alice", target=f"{name}/bob", message="hi"))
     for answer in answers:
         _assert_refused(answer)
-    time.sleep(0.2)
+    # stats() is an ask to the dispatcher, so every refusal above has been fully handled when it answers.
+    assert gw.stats()["accepted"] == 0 and gw.stats()["refused"] == len(answers)
     assert tree(tmp_path) == before, "a refused name created or changed a file"
     assert {p: p.exists() for p in WATCHED_ABSOLUTE} == absolute_before
-    assert rec.entered == []
-    assert gw.stats()["accepted"] == 0 and gw.stats()["refused"] == len(answers)
+    _assert_only_the_marker_runs(gw, rec)
     with pytest.raises(KeyError):
         gw.attach_live_owner("../x", lambda turn: "x")
     with pytest.raises(KeyError):

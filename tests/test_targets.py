@@ -52,6 +52,16 @@ TARGET_REQUIRED = "target is required."
 YOURSELF = "You can't message yourself. Pick a teammate from the roster."
 
 
+BAD_TEXT = (
+    "{what} is not valid text: it contains an unpaired surrogate ('{char}' at character {at}) that cannot be "
+    "encoded as UTF-8. Send plain UTF-8 text."
+)
+
+
+def not_text(type_name: str) -> str:
+    return f"message must be text (a string), not {type_name}. Compose it as plain text."
+
+
 def no_teammate(name: str) -> str:
     return (
         f"No teammate named '{name}' on this install, on a connected machine, or on a registered peer. "
@@ -141,6 +151,36 @@ REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"sender": "alice", "target": "x/y", "message": "hi"},
         {"error": "No registered peer named 'x'.", "reason": "unknown", **roster_for("alice")},
     ),
+    # Text that only slugs to a friendly name ("Alice" → alice, "Dr. Foo" → dr-foo) names nobody: the typed
+    # target is matched as typed, so NUL, bidi overrides, zero-width characters and str() of a list are refused.
+    *[
+        (
+            f"junk-around-a-friendly-name-{i}",
+            {"sender": "bob", "target": target, "message": "hi"},
+            {"error": f"Invalid target: {str(target).strip()!r}.", "reason": "unknown", **roster_for("bob")},
+        )
+        for i, target in enumerate(
+            ["alice\x00", "\u202ealice", ["alice"], ("alice",), "alice\u200b", "(alice)", "Dr. Foo\x00", "dr foo"]
+        )
+    ],
+    (
+        "target-lone-surrogate",
+        {"sender": "alice", "target": "\ud800@mini", "message": "hi"},
+        {"error": BAD_TEXT.format(what="target", char="\\ud800", at=0), "reason": "unknown", **roster_for("alice")},
+    ),
+    (
+        "message-lone-surrogate",
+        {"sender": "alice", "target": "bob", "message": "hi \udfff"},
+        {"error": BAD_TEXT.format(what="message", char="\\udfff", at=3), "reason": "unknown"},
+    ),
+    *[
+        (
+            f"message-not-text-{type(message).__name__}",
+            {"sender": "alice", "target": "bob", "message": message},
+            {"error": not_text(type(message).__name__), "reason": "unknown"},
+        )
+        for message in [5, 0, b"hi", {"text": "hi"}, ["hi"], True]
+    ],
     (
         "unknown-sender",
         {"sender": "nobody", "target": "bob", "message": "hi"},

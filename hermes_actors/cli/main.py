@@ -21,6 +21,23 @@ def _enable_logging(verbose: int) -> None:
     logger.enable("actors")
 
 
+def root_path(text: str) -> Path:
+    """An argparse ``type`` for ``--root``: an empty value is refused, not read as the current directory.
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        The path.
+
+    Raises:
+        argparse.ArgumentTypeError: the value is empty.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the Hermes root is empty; pass its directory (e.g. ~/.hermes)")
+    return Path(text)
+
+
 def _runner_for(kind: str, cli: str | None, root: Path) -> Any:
     if kind == "demo":
         from hermes_actors.demo.bots import DemoRunner
@@ -186,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("roster", help="list the agents a root's gateway can reach")
-    p.add_argument("--root", required=True, type=Path, help="the Hermes root (default profile's home)")
+    p.add_argument("--root", required=True, type=root_path, help="the Hermes root (default profile's home)")
     p.add_argument("--json", action="store_true", help="print JSON rows")
     p.set_defaults(func=_cmd_roster)
 
@@ -195,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
 
     p = sub.add_parser("send", help="send one DM on a real root")
-    p.add_argument("--root", required=True, type=Path, help="the Hermes root")
+    p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("--from", dest="sender", required=True, help="sending profile (folder id or handle)")
     p.add_argument("target", help="teammate name, peer/agent, or handle@connection")
     p.add_argument("message", help="the message text")
@@ -204,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_send)
 
     p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
-    p.add_argument("--root", required=True, type=Path, help="the Hermes root")
+    p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("--connection-id", default=None, help="this gateway's connection id on the relay")
     p.add_argument("--redis", default=None, metavar="URL",
                    help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for TLS, "
@@ -213,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("relay", help="play the Desktop relay hub for several local roots")
-    p.add_argument("--root", action="append", required=True, type=Path, help="a root to relay (repeat)")
+    p.add_argument("--root", action="append", required=True, type=root_path, help="a root to relay (repeat)")
     p.add_argument("--name", action="append", help="connection id for the matching --root (default: folder name)")
     p.set_defaults(func=_cmd_relay)
 

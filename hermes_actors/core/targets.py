@@ -37,6 +37,7 @@ __all__ = [
     "prefixed_content",
     "refuse",
     "resolve_local",
+    "text_problem",
 ]
 
 NOT_BOT_CHAT_TEXT = (
@@ -131,8 +132,17 @@ def resolve_local(raw: str, snapshot: RosterSnapshot) -> str | None:
     """Map a target to a local folder id using the snapshot's precomputed maps.
 
     'hermes' → 'default'; an exact folder id (case-insensitive); else a unique
-    friendly name or @-slug. Ambiguous friendly names resolve to None so a DM
-    never lands on the wrong bot.
+    friendly name or its @-slug, typed as it is (case-insensitive). The typed
+    text itself is never slugified: ``'bob\\x00'`` or ``"['bob']"`` would slug
+    to ``bob`` and slip past the shape check, so they name nobody. Ambiguous
+    friendly names resolve to None so a DM never lands on the wrong bot.
+
+    Args:
+        raw: the target with surrounding whitespace and leading ``@`` removed.
+        snapshot: the roster.
+
+    Returns:
+        The folder id, or None.
     """
     want = raw.strip().lower()
     if not want:
@@ -142,10 +152,32 @@ def resolve_local(raw: str, snapshot: RosterSnapshot) -> str | None:
     exact = snapshot.index.get(want)
     if exact is not None:
         return exact.profile
-    hits: set[str] = set()
-    for form in alias_forms(want) | {want}:
-        hits |= snapshot.aliases.get(form, frozenset())
+    hits = snapshot.aliases.get(want, frozenset())
     return next(iter(hits)) if len(hits) == 1 else None
+
+
+def text_problem(what: str, value: Any) -> str | None:
+    """Why ``value`` is not usable as the text of a DM field, or None when it is.
+
+    A lone surrogate (``"\\ud800"``) is a Python ``str`` that no file, journal or
+    JSON encoder can write as UTF-8, so it is refused here rather than failing
+    later, after the DM was accepted.
+
+    Args:
+        what: the field's name as the caller knows it (``"message"``, ``"target"``).
+        value: the stripped text.
+
+    Returns:
+        The refusal text, or None.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"{what} is not valid text: it contains an unpaired surrogate ({value[exc.start]!r} at character "
+            f"{exc.start}) that cannot be encoded as UTF-8. Send plain UTF-8 text."
+        )
+    return None
 
 
 def local_taken_forms(profiles: tuple[ProfileInfo, ...]) -> set[str]:
@@ -215,7 +247,13 @@ def plan_send(
 
     if me is None:
         return roster_refusal(f"Unknown sender {str(sender or '')!r}: no profile with that name on this install.")
-    body = str(message or "").strip()
+    if message is not None and not isinstance(message, str):
+        # The seed would str() it: an int, bytes or dict would reach the target as "5", "b'..'" or "{..}".
+        return refuse(f"message must be text (a string), not {type(message).__name__}. Compose it as plain text.")
+    body = (message or "").strip()
+    problem = text_problem("message", body)
+    if problem is not None:
+        return refuse(problem)
     if not body:
         return refuse("message is required — compose what you want to say to that agent.")
     if len(body) > MESSAGE_MAX_CHARS:
@@ -226,6 +264,9 @@ def plan_send(
     raw = str(target or "").strip().lstrip("@")
     if not raw:
         return roster_refusal("target is required.")
+    problem = text_problem("target", raw)
+    if problem is not None:
+        return roster_refusal(problem)
     content = prefixed_content(me, body)
     author = {"id": f"bot:{me.profile}", "name": me.handle, "is_bot": True}
 
