@@ -41,6 +41,7 @@ from hermes_actors.messages import (
     Flush,
     GetSnapshot,
     Housekeep,
+    NotifierStats,
     Outcome,
     Recover,
     RemoveSubscriber,
@@ -414,8 +415,11 @@ class Gateway(RelayRpcMixin):
         return removed
 
     def stats(self) -> dict[str, Any]:
-        """Counters: accepted, refused, settled, pending, active_profiles, profile_starts."""
+        """Counters: accepted, refused, settled, pending, active_profiles, profile_starts, and the
+        notifier's notified, notify_skipped and subscriber_errors (callbacks that raised)."""
         out: dict[str, Any] = ask(self._live_dispatcher(), StatsRequest(), timeout=_ASK_TIMEOUT, expect=dict)
+        if self._notifier is not None:
+            out.update(ask(self._notifier, NotifierStats(), timeout=_ASK_TIMEOUT, expect=dict))
         out["worker_threads"] = self._pool.thread_count if self._pool else 0
         if self._journal is not None:
             out["journal_fsyncs"] = self._journal.fsyncs
