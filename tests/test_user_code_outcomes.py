@@ -19,10 +19,13 @@ from roots import RecordingRunner, body_of, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.core.targets import PeerRoute
 from hermes_actors.errors import StoreError
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.live_handoff import LiveMailbox
-from hermes_actors.messages import Delivery, Turn
+from hermes_actors.local.profile_actor import turn_escaped
+from hermes_actors.local.turns import describe_error, never_ran
+from hermes_actors.messages import Delivery, Outcome, Turn
 
 WAIT = 10.0
 
@@ -213,6 +216,75 @@ def test_building_the_turn_raising_fails_the_dm_at_once_retryable(
     assert reply == ("owner: fine" if with_owner else "ok: fine")
     assert (owner.bodies, rec.bodies()) == ((["fine"], []) if with_owner else ([], ["fine"]))
     assert_serves(other, "unaffected")
+
+
+class RaisingPeerTransport:
+    """A ``bot_peers`` transport that raises instead of returning an outcome."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.calls = 0
+
+    def deliver(self, delivery: Delivery, route: PeerRoute) -> Outcome:
+        self.calls += 1
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [OSError("exec format error"), SystemExit(2)], ids=["OSError", "SystemExit"])
+def test_a_raising_peer_transport_settles_the_peer_dm_at_once(
+    error: BaseException, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    other = bystander(tmp_path, gateways)
+    transport = RaisingPeerTransport(error)
+    gw = Gateway(make_root(tmp_path), runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
+                 peer_transport=transport)  # type: ignore[arg-type]
+    gateways.append(gw.start())
+    out = gw.wait_outcome(send(gw, "to the peer", target="mini/bob"), timeout=WAIT)
+    assert out["status"] == "ambiguous" and out["retryable"] is False, out
+    assert type(error).__name__ in out["error"] and transport.calls == 1
+    assert_serves(gw, "local still fine")
+    assert_serves(other, "unaffected")
+
+
+# ── the pure decisions ──────────────────────────────────────────────────────
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@pytest.mark.parametrize(("error", "text"), [
+    (SystemExit(3), "SystemExit: 3"),
+    (SystemExit(), "SystemExit"),
+    (KeyboardInterrupt(), "KeyboardInterrupt"),
+    (GeneratorExit(), "GeneratorExit"),
+    (StoreError("disk on fire"), "StoreError: disk on fire"),
+    (UnprintableError(), "UnprintableError"),
+])
+def test_describe_error(error: BaseException, text: str) -> None:
+    assert describe_error(error) == text
+
+
+@pytest.mark.parametrize(("step", "error", "expected"), [
+    ("taking the turn lock", OSError("EBADF"), "Taking the turn lock failed (OSError: EBADF); the DM was NOT "
+                                               "delivered. Resend shortly."),
+    ("building the turn", RuntimeError("429 too many requests"), "Building the turn failed (RuntimeError: 429 too "
+                                                                 "many requests); the DM was NOT delivered. "
+                                                                 "Resend shortly."),
+    ("recording the turn durably", "ENOSPC", "Recording the turn durably failed (ENOSPC); the DM was NOT delivered. "
+                                             "Resend shortly."),
+])
+def test_never_ran_is_retryable_runtime_offline_whatever_the_text(step: str, error: Any, expected: str) -> None:
+    result = never_ran("d" * 32, step, error)
+    assert (result.reply, result.error, result.reason, result.ran, result.ambiguous) == (
+        None, expected, "runtime_offline", False, False)
+
+
+def test_an_escaped_turn_error_is_ambiguous() -> None:
+    result = turn_escaped("d" * 32, ValueError("bug"))
+    assert (result.reply, result.reason, result.ran, result.ambiguous) == (None, "unknown", True, True)
+    assert "ValueError: bug" in result.error
 
 
 # ── item 4: the live owner survives a supervised restart ────────────────────
