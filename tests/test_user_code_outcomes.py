@@ -158,6 +158,37 @@ def test_a_live_owner_raising_base_exceptions_is_ambiguous_at_once(
     assert_serves(other, "unaffected")
 
 
+class ExitingReply:
+    """A reply object whose ``__str__`` raises a BaseException (it is converted in the ProfileActor)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __str__(self) -> str:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", USER_STOPS, ids=USER_STOP_IDS)
+def test_a_reply_whose_str_raises_base_exceptions_crashes_only_its_profile_actor(
+    error: BaseException, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    other = bystander(tmp_path, gateways)
+    bodies: list[str] = []
+
+    class Runner:
+        def run_turn(self, turn: Turn) -> Any:
+            bodies.append(body_of(turn.content))
+            return ExitingReply(error) if body_of(turn.content) == "poison" else f"fine: {body_of(turn.content)}"
+
+    gw = start(gateways, make_root(tmp_path), Runner())
+    poison = send(gw, "poison")
+    out = gw.wait_outcome(poison, timeout=WAIT)
+    assert out["status"] == "ambiguous" and "do not resend" in out["text"], out
+    assert gw.wait_outcome(send(gw, "next"), timeout=WAIT)["reply"] == "fine: next"
+    assert bodies == ["poison", "next"]
+    assert_serves(other, "unaffected")
+
+
 # ── item 3: failures outside the runner ─────────────────────────────────────
 
 

@@ -90,7 +90,12 @@ def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:
     if result.ambiguous:
         return outcomes.ambiguous(delivery.delivery_id, delivery.label, result.error, result.reason or "unknown")
     if result.reply is not None:
-        reply = result.reply if isinstance(result.reply, str) else str(result.reply)
+        try:
+            reply = result.reply if isinstance(result.reply, str) else str(result.reply)
+        except Exception:
+            raise  # crashes this ProfileActor only: its supervisor restarts it, the DM is ambiguous
+        except BaseException as exc:  # the reply's __str__ is user code: SystemExit must not stop every actor
+            raise RuntimeError(f"the turn's reply could not be rendered ({describe_error(exc)})") from exc
         return outcomes.from_reply(delivery.delivery_id, delivery.label, reply)
     return outcomes.failed(delivery.delivery_id, delivery.label, result.error, result.reason)
 

@@ -55,7 +55,7 @@ def describe_error(exc: BaseException) -> str:
     """
     try:
         text = str(exc)
-    except Exception:  # user-defined __str__
+    except BaseException:  # a user-defined __str__: whatever it raises, the type name still describes it
         text = ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
