@@ -20,6 +20,7 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, FsBridge, RestartPolicy, Scheduler, WorkerPool, ask
+from hermes_actors.core import outcomes
 from hermes_actors.core.acks import resolve_ack
 from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.core.targets import PeerRoute
@@ -42,6 +43,7 @@ from hermes_actors.messages import (
     Flush,
     GetSnapshot,
     Housekeep,
+    NotifierStats,
     Outcome,
     Recover,
     RemoveSubscriber,
@@ -230,7 +232,16 @@ class Gateway(RelayRpcMixin):
             )
 
         def peer_submit(delivery: Delivery, route: PeerRoute, report: Callable[[Outcome], None]) -> None:
-            pool.submit(lambda: report(transport.deliver(delivery, route)))
+            def job() -> None:
+                try:
+                    outcome = transport.deliver(delivery, route)
+                except BaseException as exc:  # a peer DM has no turn timer: without this it would wait forever
+                    logger.opt(exception=exc).error("peer transport raised for {}", delivery.delivery_id)
+                    why = f"The peer transport failed ({type(exc).__name__}: {exc})."
+                    outcome = outcomes.ambiguous(delivery.delivery_id, route.label, why)
+                report(outcome)
+
+            pool.submit(job)
 
         self._dispatcher = DispatcherActor.start(
             snapshot,
@@ -412,6 +423,9 @@ class Gateway(RelayRpcMixin):
     def subscribe(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
         """Call ``callback(outcome)`` for every later outcome, on the notifier thread.
 
+        A callback that raises (even ``SystemExit``) is logged and counted in
+        ``stats()["subscriber_errors"]``; it stays subscribed and no actor stops.
+
         Returns:
             A function that unsubscribes.
         """
@@ -448,8 +462,11 @@ class Gateway(RelayRpcMixin):
         return removed
 
     def stats(self) -> dict[str, Any]:
-        """Counters: accepted, refused, settled, pending, active_profiles, profile_starts."""
+        """Counters: accepted, refused, settled, pending, active_profiles, profile_starts, and the
+        notifier's notified, notify_skipped and subscriber_errors (callbacks that raised)."""
         out: dict[str, Any] = ask(self._live_dispatcher(), StatsRequest(), timeout=_ASK_TIMEOUT, expect=dict)
+        if self._notifier is not None:
+            out.update(ask(self._notifier, NotifierStats(), timeout=_ASK_TIMEOUT, expect=dict))
         out["worker_threads"] = self._pool.thread_count if self._pool else 0
         if self._journal is not None:
             out["journal_fsyncs"] = self._journal.fsyncs

@@ -335,6 +335,11 @@ class Flush:
     """Ask the Notifier to answer once everything told before it ran."""
 
 
+@dataclass(frozen=True, slots=True)
+class NotifierStats:
+    """Ask the Notifier for its counters (notified, notify_skipped, subscriber_errors)."""
+
+
 # ── RelayActor protocol ─────────────────────────────────────────────────────
 
 

@@ -238,15 +238,13 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         deps = self.deps
 
         def factory(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
-            return ProfileActor.start(info, deps, link=link, salvage=salvage)
+            # Called here and by the supervisor on a crash restart (both in this actor's thread):
+            # every instance starts with the profile's current live owner, before its first message.
+            return ProfileActor.start(info, deps, link=link, salvage=salvage, owner=self.owners.get(info.profile))
 
         self.counters["profile_starts"] += 1
         self.sent[info.profile] = 0
-        ref = self.start_child(info.profile, factory)
-        owner = self.owners.get(info.profile)
-        if owner is not None:  # a restarted (or re-started after idle) actor gets its live owner back
-            ref.tell(AttachOwner(info.profile, owner))
-        return ref
+        return self.start_child(info.profile, factory)
 
     def _deliver_local(self, info: ProfileInfo, delivery: Delivery, *, register: bool = True) -> None:
         if register:

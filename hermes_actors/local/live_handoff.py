@@ -26,6 +26,7 @@ from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner
+from hermes_actors.local.turns import describe_error, never_ran
 from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
 from hermes_actors.store.journal import Journal
@@ -119,6 +120,14 @@ def hand_to_owner(
 ) -> TurnFinished:
     """Run ``delivery`` as a user turn of the attached live owner (worker thread).
 
+    Every path returns a result at once (docs/reliability.md): a failure before the
+    owner is called (admission, the journal, the move to ``claimed``, building the
+    turn) is ``failed`` with ``runtime_offline`` (retryable: it was NOT delivered);
+    the owner raising ``TurnFailed`` is ``failed`` with its reason; the owner raising
+    anything else, ``SystemExit`` and ``KeyboardInterrupt`` included, is ``ambiguous``
+    (it may have shown the DM). A mailbox write failing after the owner answered
+    does not change the answer (it is logged).
+
     Returns:
         The result for the ProfileActor; ``ambiguous`` when the owner died mid-turn.
     """
@@ -127,29 +136,46 @@ def hand_to_owner(
     try:
         record = box.admit(key)
     except (StoreError, OSError, ValidationError) as exc:
-        return TurnFinished(key, None, f"Live delivery admission failed ({exc}); the DM was NOT delivered.",
-                            "unknown", 0, ran=False)
+        return never_ran(key, "live delivery admission", exc)
     if record["state"] != "queued":
         return _from_record(key, record)
     if journal is not None:
         try:
             journal.append_durably({"t": "started", "id": key, "attempt": 1})
         except StoreError as exc:
-            return TurnFinished(key, None, f"The turn could not be recorded durably ({exc}); it did NOT run.",
-                                "unknown", 0, ran=False)
-    box.transition(key, "claimed")
-    crashpoint("mid-turn")
-    turn: Turn = make_turn(delivery)
+            return never_ran(key, "recording the turn durably", exc)
+    try:
+        box.transition(key, "claimed")
+        crashpoint("mid-turn")
+        turn: Turn = make_turn(delivery)
+    except Exception as exc:  # the owner never saw it: fail it now, and on disk so a replay never runs it
+        logger.exception("live handoff of {} failed before the owner was called", key)
+        result = never_ran(key, "handing the DM to the live Bot Chat owner", exc)
+        _record_quietly(box, key, "failed", error=result.error, reason=result.reason)
+        return result
     try:
         reply = owner.run_turn(turn)
     except TurnFailed as exc:
         reason = exc.reason or classify_agent_error(exc.text)
-        box.transition(key, "failed", error=exc.text, reason=reason)
+        _record_quietly(box, key, "failed", error=exc.text, reason=reason)
         return TurnFinished(key, None, exc.text, reason)
-    except Exception as exc:  # the owner died mid-turn: it may have delivered — never re-run
-        why = f"The live Bot Chat owner failed mid-turn ({exc or type(exc).__name__})."
-        box.transition(key, "ambiguous", error=why, reason="unknown")
+    except BaseException as exc:  # the owner died mid-turn: it may have delivered, never re-run
+        why = f"The live Bot Chat owner failed mid-turn ({describe_error(exc)})."
+        _record_quietly(box, key, "ambiguous", error=why, reason="unknown")
         return TurnFinished(key, None, why, "unknown", ran=True, ambiguous=True)
-    text = reply if isinstance(reply, str) else str(reply)
-    box.transition(key, "settled", reply=text)
+    try:
+        text = reply if isinstance(reply, str) else str(reply)
+    except Exception as exc:  # an owner's reply object that cannot be rendered
+        why = f"The live Bot Chat owner's reply could not be read ({describe_error(exc)})."
+        _record_quietly(box, key, "ambiguous", error=why, reason="unknown")
+        return TurnFinished(key, None, why, "unknown", ran=True, ambiguous=True)
+    _record_quietly(box, key, "settled", reply=text)
     return TurnFinished(key, text)
+
+
+def _record_quietly(box: LiveMailbox, key: str, state: str, **fields: str) -> None:
+    """Write the mailbox record; a store error is logged: the sender's result must not depend on it."""
+    try:
+        box.transition(key, state, **fields)
+    except Exception:
+        logger.exception("live mailbox: could not record {} as {}", key, state)

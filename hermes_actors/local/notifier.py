@@ -1,8 +1,11 @@
 """NotifierActor: runs ``Gateway.subscribe`` callbacks on its own thread.
 
 Callbacks see outcomes in arrival order. A slow callback only delays later
-callbacks, never an actor (the Dispatcher tells and moves on); a raising one is
-logged and the others still run.
+callbacks, never an actor (the Dispatcher tells and moves on). A raising one is
+logged and counted (``callback_errors``) and the others still run: that holds
+for ``SystemExit``, ``KeyboardInterrupt`` and ``GeneratorExit`` too, because a
+``BaseException`` escaping an actor's handler makes pykka stop every actor in
+the process, other gateways included. User code never stops the actors.
 
 The backlog is bounded: when more than ``max_backlog`` notifications wait behind
 a slow subscriber, the oldest are skipped (counted and logged) until it catches
@@ -17,7 +20,7 @@ from typing import Any
 from loguru import logger
 
 from actors import TypedActor, handles
-from hermes_actors.messages import AddSubscriber, Flush, Notify, RemoveSubscriber
+from hermes_actors.messages import AddSubscriber, Flush, NotifierStats, Notify, RemoveSubscriber
 
 __all__ = ["NotifierActor"]
 
@@ -34,6 +37,7 @@ class NotifierActor(TypedActor):
         self.subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
         self.delivered = 0
         self.skipped = 0
+        self.callback_errors = 0  # subscriber calls that raised (any BaseException)
         self.max_backlog = max_backlog
 
     @handles(AddSubscriber)
@@ -59,10 +63,15 @@ class NotifierActor(TypedActor):
         for token, callback in list(self.subscribers.items()):
             try:
                 callback(dict(msg.outcome))
-            except Exception:
+            except BaseException:  # user code: even SystemExit must not stop the actors
+                self.callback_errors += 1
                 logger.exception("outcome subscriber {} raised; it stays subscribed", token)
         self.delivered += 1
 
     @handles(Flush)
     def _on_flush(self, msg: Flush) -> int:
         return self.delivered
+
+    @handles(NotifierStats)
+    def _on_stats(self, msg: NotifierStats) -> dict[str, int]:
+        return {"notified": self.delivered, "notify_skipped": self.skipped, "subscriber_errors": self.callback_errors}

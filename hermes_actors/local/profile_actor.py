@@ -24,7 +24,7 @@ from hermes_actors.core.config import BotModeConfig
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.live_handoff import hand_to_owner
 from hermes_actors.local.runners import TurnRunner, as_runner
-from hermes_actors.local.turns import execute_turn
+from hermes_actors.local.turns import describe_error, execute_turn
 from hermes_actors.messages import (
     AttachOwner,
     Deliver,
@@ -74,12 +74,27 @@ class ProfileSalvage:
     handled: int
 
 
+def turn_escaped(delivery_id: str, exc: BaseException) -> TurnFinished:
+    """The result when an exception escaped the turn's code (a bug: those paths return results).
+
+    Where it escaped is unknown, so the DM may have reached its target: ``ambiguous``.
+    """
+    logger.opt(exception=exc).error("the turn of {} raised outside its result paths", delivery_id)
+    why = f"The gateway failed while delivering this DM ({describe_error(exc)})."
+    return TurnFinished(delivery_id, None, why, "unknown", ran=True, ambiguous=True)
+
+
 def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:
     """Pure: the sender's outcome for a finished turn."""
     if result.ambiguous:
         return outcomes.ambiguous(delivery.delivery_id, delivery.label, result.error, result.reason or "unknown")
     if result.reply is not None:
-        reply = result.reply if isinstance(result.reply, str) else str(result.reply)
+        try:
+            reply = result.reply if isinstance(result.reply, str) else str(result.reply)
+        except Exception:
+            raise  # crashes this ProfileActor only: its supervisor restarts it, the DM is ambiguous
+        except BaseException as exc:  # the reply's __str__ is user code: SystemExit must not stop every actor
+            raise RuntimeError(f"the turn's reply could not be rendered ({describe_error(exc)})") from exc
         return outcomes.from_reply(delivery.delivery_id, delivery.label, reply)
     return outcomes.failed(delivery.delivery_id, delivery.label, result.error, result.reason)
 
@@ -92,10 +107,19 @@ class ProfileActor(TypedActor):
         deps: shared dependencies.
         link: supervision link (set by the Dispatcher).
         salvage: state of a crashed predecessor.
+        owner: the live owner attached to the profile (the Dispatcher knows it), set
+            before any message is handled: a restarted instance never hands a DM of
+            the crashed one's mailbox to the runner while an owner is attached.
     """
 
     def __init__(
-        self, info: ProfileInfo, deps: ProfileDeps, *, link: Link | None = None, salvage: ProfileSalvage | None = None
+        self,
+        info: ProfileInfo,
+        deps: ProfileDeps,
+        *,
+        link: Link | None = None,
+        salvage: ProfileSalvage | None = None,
+        owner: Any = None,
     ) -> None:
         super().__init__(link=link)
         self.info = info
@@ -111,7 +135,7 @@ class ProfileActor(TypedActor):
         self.last_active = time.monotonic()
         self._salvage = salvage
         self.winding_down = False
-        self.owner: TurnRunner | None = None
+        self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped
 
@@ -172,13 +196,16 @@ class ProfileActor(TypedActor):
 
         def job() -> None:
             crashpoint("after-ack-before-turn")
-            if owner is not None:  # the Bot Chat window holds the lease: hand it over, don't run a turn
-                result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn, journal=journal)
-            else:
-                result = execute_turn(
-                    delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,
-                    journal=journal,
-                )
+            try:
+                if owner is not None:  # the Bot Chat window holds the lease: hand it over, don't run a turn
+                    result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn, journal=journal)
+                else:
+                    result = execute_turn(
+                        delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,
+                        journal=journal,
+                    )
+            except BaseException as exc:  # a backstop: the DM gets its outcome now, not at the timeout
+                result = turn_escaped(delivery.delivery_id, exc)
             crashpoint("after-turn-before-outcome")
             try:
                 me.tell(result)

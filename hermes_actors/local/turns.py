@@ -4,6 +4,17 @@
 runs the runner, applies the one policy-gated retry in the same session, and
 returns a :class:`TurnFinished` for the ProfileActor. Exceptions never escape:
 a runner's error is a failed turn, not a crash.
+
+Failure paths and what the sender gets (docs/reliability.md):
+
+- the runner raises an ``Exception``: ``failed``, reason classified from its text,
+  the policy retry applies;
+- the runner raises ``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit`` (any
+  other ``BaseException``): ``failed`` at once, reason classified from
+  ``"<Type>: <text>"`` (usually ``unknown``, so not retryable: the turn started),
+  never retried automatically (the runner asked to stop, not to be run again);
+- anything failing before the runner is called (the turn lock, the journal, building
+  the turn): ``failed`` at once with ``runtime_offline`` (retryable), see :func:`never_ran`.
 """
 
 from __future__ import annotations
@@ -16,7 +27,13 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.outcomes import busy_text
-from hermes_actors.core.reasons import RETRY_NONE, classify_agent_error, normalize_reason, retry_action
+from hermes_actors.core.reasons import (
+    RETRY_NONE,
+    RUNTIME_OFFLINE,
+    classify_agent_error,
+    normalize_reason,
+    retry_action,
+)
 from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner
@@ -24,19 +41,58 @@ from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["attempt_turn", "execute_turn"]
+__all__ = ["attempt_turn", "describe_error", "execute_turn", "never_ran"]
 
 
-def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[Any, str, str]:
-    """Run one attempt; returns (raw reply or None, error text, reason)."""
+def describe_error(exc: BaseException) -> str:
+    """Pure: ``exc`` as one line for the sender, e.g. ``"SystemExit: 3"`` or ``"KeyboardInterrupt"``.
+
+    Args:
+        exc: any exception, including a ``BaseException`` raised by user code.
+
+    Returns:
+        The type name, then the text when there is one.
+    """
     try:
-        return runner.run_turn(turn), "", ""
+        text = str(exc)
+    except BaseException:  # a user-defined __str__: whatever it raises, the type name still describes it
+        text = ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def never_ran(delivery_id: str, step: str, exc: BaseException | str) -> TurnFinished:
+    """Pure: the result for a DM that failed before reaching its target.
+
+    The runner (or live owner) was never called, so resending is safe: the reason is
+    ``runtime_offline`` (retryable) whatever the error says; its text is kept in ``error``.
+
+    Args:
+        delivery_id: the delivery.
+        step: what failed, as a phrase ("the turn lock", "building the turn").
+        exc: the error (or its text).
+
+    Returns:
+        A failed, not-run :class:`TurnFinished`.
+    """
+    detail = exc if isinstance(exc, str) else describe_error(exc)
+    text = f"{step} failed ({detail}); the DM was NOT delivered. Resend shortly."
+    return TurnFinished(delivery_id, None, text[0].upper() + text[1:], RUNTIME_OFFLINE, 0, ran=False)
+
+
+def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[Any, str, str, bool]:
+    """Run one attempt; returns (raw reply or None, error text, reason, whether a retry may follow)."""
+    try:
+        return runner.run_turn(turn), "", "", True
     except TurnFailed as exc:
         # Normalized here, not only in the outcome: the retry decision must see the same reason.
-        return None, exc.text or "turn failed", normalize_reason(exc.reason, exc.text)
+        return None, exc.text or "turn failed", normalize_reason(exc.reason, exc.text), True
     except Exception as exc:  # any runner error is a failed turn, classified from its text
         text = str(exc) or type(exc).__name__
-        return None, text, classify_agent_error(text)
+        return None, text, classify_agent_error(text), True
+    except BaseException as exc:  # user code: SystemExit & co fail the DM, never the actors
+        text = f"The turn's runner raised {describe_error(exc)}; the turn was abandoned."
+        logger.warning("runner raised {} for {}; its DM fails", describe_error(exc), turn.delivery_id)
+        return None, text, classify_agent_error(describe_error(exc)), False
 
 
 def execute_turn(
@@ -67,7 +123,7 @@ def execute_turn(
         try:
             waited = lock.acquire(lock_deadline)
         except OSError as exc:
-            return TurnFinished(delivery.delivery_id, None, f"turn lock unavailable: {exc}", "unknown", 0, ran=False)
+            return never_ran(delivery.delivery_id, "taking the turn lock", exc)
         if waited is None:
             return TurnFinished(
                 delivery.delivery_id,
@@ -82,27 +138,33 @@ def execute_turn(
             try:
                 journal.append_durably({"t": "started", "id": delivery.delivery_id, "attempt": 1})
             except StoreError as exc:
-                text = f"The turn could not be recorded durably ({exc}); it did NOT run. Resend shortly."
-                return TurnFinished(delivery.delivery_id, None, text, "unknown", 0, ran=False)
+                return never_ran(delivery.delivery_id, "recording the turn durably", exc)
         crashpoint("mid-turn")
-        turn = make_turn(delivery)
+        try:
+            turn = make_turn(delivery)
+        except Exception as exc:  # our own code, but the DM must still get its outcome now
+            logger.exception("building the turn of {} failed", delivery.delivery_id)
+            return never_ran(delivery.delivery_id, "building the turn", exc)
         if lock is not None and lock.fd is not None:
             turn = replace(turn, lock_fd=lock.fd)  # the turn's process holds the flock as long as it lives
-        reply, error, reason = attempt_turn(runner, turn)
+        reply, error, reason, may_retry = attempt_turn(runner, turn)
         attempts = 1
-        if reply is None:
+        if reply is None and may_retry:
             action = retry_action(reason)
             if action != RETRY_NONE:
                 logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
-                reply, error, reason = attempt_turn(runner, replace(turn, attempt=2, retry_action=action))
+                reply, error, reason, _ = attempt_turn(runner, replace(turn, attempt=2, retry_action=action))
                 attempts = 2
         return TurnFinished(delivery.delivery_id, reply, error, reason, attempts)
     finally:
         if lock is not None:
-            lock.release()
+            try:
+                lock.release()
+            except Exception:  # the turn's result stands over an unlock error
+                logger.exception("releasing the turn lock of {} failed", delivery.delivery_id)
         release = getattr(runner, "release", None)
         if callable(release):  # the delivery is settled: its DM file (if any) may go
             try:
                 release(delivery.delivery_id)
-            except Exception:
+            except BaseException:  # runner code: it must not replace the turn's result
                 logger.exception("runner release failed for {}", delivery.delivery_id)

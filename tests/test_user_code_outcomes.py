@@ -1,0 +1,358 @@
+"""User code can never stop the actors, and every failure on a turn's path ends in one prompt outcome.
+
+Faults are injected through public seams only: a runner, a live owner or a
+subscriber that raises; ``LiveMailbox.transition`` or the Dispatcher's turn
+builder monkeypatched to raise. Every scenario keeps a second, unrelated
+Gateway in the same process and checks it still serves DMs afterwards.
+``turn_timeout_seconds`` stays at its default (600 s), so an outcome that only
+comes from the turn timer makes ``wait_outcome(timeout=10)`` fail.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import RecordingRunner, body_of, make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.core.targets import PeerRoute
+from hermes_actors.errors import StoreError
+from hermes_actors.local.dispatcher import DispatcherActor
+from hermes_actors.local.live_handoff import LiveMailbox
+from hermes_actors.local.profile_actor import turn_escaped
+from hermes_actors.local.turns import describe_error, never_ran
+from hermes_actors.messages import Delivery, Outcome, Turn
+
+WAIT = 10.0
+
+
+def start(gateways: list[Gateway], root: Path, runner: Any) -> Gateway:
+    gw = Gateway(root, runner=runner)
+    gateways.append(gw)
+    return gw.start()
+
+
+def send(gw: Gateway, message: str, target: str = "bob") -> str:
+    ack = gw.message_agent(sender="alice", target=target, message=message)
+    assert ack.get("status") == "queued", ack
+    return str(ack["delivery_id"])
+
+
+def bystander(tmp_path: Path, gateways: list[Gateway]) -> Gateway:
+    """A second, unrelated Gateway in the same process."""
+    return start(gateways, make_root(tmp_path, name="bystander-root"), RecordingRunner())
+
+
+def assert_serves(gw: Gateway, message: str) -> None:
+    out = gw.wait_outcome(send(gw, message, target="carol"), timeout=WAIT)
+    assert out["status"] == "replied" and out["reply"].endswith(message), out
+
+
+class Owner:
+    """A live Bot Chat owner recording the bodies it was handed."""
+
+    def __init__(self, behave: Any = None) -> None:
+        self.bodies: list[str] = []
+        self.behave = behave or (lambda turn: f"owner: {body_of(turn.content)}")
+
+    def run_turn(self, turn: Turn) -> str:
+        self.bodies.append(body_of(turn.content))
+        return str(self.behave(turn))
+
+
+USER_STOPS = [SystemExit(3), KeyboardInterrupt(), GeneratorExit()]
+USER_STOP_IDS = ["SystemExit", "KeyboardInterrupt", "GeneratorExit"]
+
+
+# ── item 2: subscribers ─────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("error", USER_STOPS, ids=USER_STOP_IDS)
+def test_a_subscriber_raising_base_exceptions_stops_no_actor(
+    error: BaseException, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    other = bystander(tmp_path, gateways)
+    gate = threading.Event()
+    other_rec = RecordingRunner(lambda turn: "late" if gate.wait(WAIT) else "gate never opened")
+    other_pending = start(gateways, make_root(tmp_path, name="pending-root"), other_rec)
+    pending_id = send(other_pending, "held")
+    other_rec.wait_entered(1, timeout=WAIT)  # a wait_outcome on another gateway is in flight meanwhile
+    pending_answer: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: pending_answer.append(other_pending.wait_outcome(pending_id, WAIT * 2)))
+    waiter.start()
+
+    gw = start(gateways, make_root(tmp_path), RecordingRunner())
+    raised = threading.Event()
+    seen: list[str] = []
+
+    def hostile(outcome: dict[str, Any]) -> None:
+        raised.set()
+        raise error
+
+    gw.subscribe(hostile)
+    gw.subscribe(lambda outcome: seen.append(outcome["delivery_id"]))
+    first = send(gw, "one")
+    assert raised.wait(WAIT)
+    second = send(gw, "two")
+    assert gw.wait_outcome(first, timeout=WAIT)["reply"] == "ok: one"
+    assert gw.wait_outcome(second, timeout=WAIT)["reply"] == "ok: two"
+    await_condition(lambda: seen == [first, second], timeout=WAIT, message="the second subscriber saw both")
+    await_condition(lambda: gw.stats()["subscriber_errors"] == 2, timeout=WAIT, message="both raises counted")
+    assert_serves(other, "still here")
+    gate.set()
+    waiter.join(WAIT * 2)
+    assert [o["reply"] for o in pending_answer] == ["late"]
+
+
+# ── item 2: runners and owners ──────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("error", USER_STOPS, ids=USER_STOP_IDS)
+def test_a_runner_raising_base_exceptions_fails_its_dm_at_once(
+    error: BaseException, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    other = bystander(tmp_path, gateways)
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "explode":
+            raise error
+        return f"ok: {body_of(turn.content)}"
+
+    rec = RecordingRunner(behave)
+    gw = start(gateways, make_root(tmp_path), rec)
+    bad, good = send(gw, "explode"), send(gw, "next")
+    out = gw.wait_outcome(bad, timeout=WAIT)
+    assert out["status"] == "failed" and out["reason"] == "unknown" and out["retryable"] is False, out
+    assert type(error).__name__ in out["error"], out
+    assert gw.wait_outcome(good, timeout=WAIT)["reply"] == "ok: next"
+    assert rec.bodies() == ["explode", "next"]  # no automatic retry of a runner that asked to stop
+    assert_serves(other, "unaffected")
+
+
+@pytest.mark.parametrize("error", USER_STOPS, ids=USER_STOP_IDS)
+def test_a_live_owner_raising_base_exceptions_is_ambiguous_at_once(
+    error: BaseException, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    other = bystander(tmp_path, gateways)
+    root = make_root(tmp_path)
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "explode":
+            raise error
+        return f"owner: {body_of(turn.content)}"
+
+    owner, rec = Owner(behave), RecordingRunner()
+    gw = start(gateways, root, rec)
+    gw.attach_live_owner("bob", owner)
+    bad, good = send(gw, "explode"), send(gw, "next")
+    out = gw.wait_outcome(bad, timeout=WAIT)
+    assert out["status"] == "ambiguous" and out["retryable"] is False and "do not resend" in out["text"], out
+    assert gw.wait_outcome(good, timeout=WAIT)["reply"] == "owner: next"
+    assert owner.bodies == ["explode", "next"] and rec.entered == []
+    record = LiveMailbox(root / "profiles" / "bob").read(bad)
+    assert record is not None and record["state"] == "ambiguous"
+    assert_serves(other, "unaffected")
+
+
+class ExitingReply:
+    """A reply object whose ``__str__`` raises a BaseException (it is converted in the ProfileActor)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __str__(self) -> str:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", USER_STOPS, ids=USER_STOP_IDS)
+def test_a_reply_whose_str_raises_base_exceptions_crashes_only_its_profile_actor(
+    error: BaseException, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    other = bystander(tmp_path, gateways)
+    bodies: list[str] = []
+
+    class Runner:
+        def run_turn(self, turn: Turn) -> Any:
+            bodies.append(body_of(turn.content))
+            return ExitingReply(error) if body_of(turn.content) == "poison" else f"fine: {body_of(turn.content)}"
+
+    gw = start(gateways, make_root(tmp_path), Runner())
+    poison = send(gw, "poison")
+    out = gw.wait_outcome(poison, timeout=WAIT)
+    assert out["status"] == "ambiguous" and "do not resend" in out["text"], out
+    assert gw.wait_outcome(send(gw, "next"), timeout=WAIT)["reply"] == "fine: next"
+    assert bodies == ["poison", "next"]
+    assert_serves(other, "unaffected")
+
+
+# ── item 3: failures outside the runner ─────────────────────────────────────
+
+
+def test_a_store_error_moving_the_live_mailbox_to_claimed_fails_the_dm_at_once_retryable(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = bystander(tmp_path, gateways)
+    root = make_root(tmp_path)
+    real_transition = LiveMailbox.transition
+    broken = threading.Event()
+    broken.set()
+
+    def transition(self: LiveMailbox, key: str, state: str, **fields: str) -> dict[str, Any]:
+        if state == "claimed" and broken.is_set():
+            raise StoreError("disk on fire")
+        return real_transition(self, key, state, **fields)
+
+    monkeypatch.setattr(LiveMailbox, "transition", transition)
+    owner, rec = Owner(), RecordingRunner()
+    gw = start(gateways, root, rec)
+    gw.attach_live_owner("bob", owner)
+    bad = send(gw, "lost?")
+    out = gw.wait_outcome(bad, timeout=WAIT)
+    assert out["status"] == "failed" and out["retryable"] is True, out
+    assert "disk on fire" in out["error"] and "NOT delivered" in out["error"], out
+    assert owner.bodies == [] and rec.entered == []
+    record = LiveMailbox(root / "profiles" / "bob").read(bad)
+    assert record is not None and record["state"] == "failed"  # a replay reports the failure, never runs it
+    broken.clear()
+    assert gw.wait_outcome(send(gw, "after"), timeout=WAIT)["reply"] == "owner: after"
+    assert_serves(other, "unaffected")
+
+
+@pytest.mark.parametrize("with_owner", [False, True], ids=["runner", "live-owner"])
+def test_building_the_turn_raising_fails_the_dm_at_once_retryable(
+    with_owner: bool, tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = bystander(tmp_path, gateways)
+    real_make_turn = DispatcherActor._make_turn
+
+    def make_turn(self: DispatcherActor, delivery: Delivery) -> Turn:
+        if body_of(delivery.content) == "unbuildable":
+            raise RuntimeError("turn builder broke")
+        return real_make_turn(self, delivery)
+
+    monkeypatch.setattr(DispatcherActor, "_make_turn", make_turn)
+    owner, rec = Owner(), RecordingRunner()
+    gw = start(gateways, make_root(tmp_path), rec)
+    if with_owner:
+        gw.attach_live_owner("bob", owner)
+    bad, good = send(gw, "unbuildable"), send(gw, "fine")
+    out = gw.wait_outcome(bad, timeout=WAIT)
+    assert out["status"] == "failed" and out["retryable"] is True, out
+    assert "turn builder broke" in out["error"] and "NOT delivered" in out["error"], out
+    reply = gw.wait_outcome(good, timeout=WAIT)["reply"]
+    assert reply == ("owner: fine" if with_owner else "ok: fine")
+    assert (owner.bodies, rec.bodies()) == ((["fine"], []) if with_owner else ([], ["fine"]))
+    assert_serves(other, "unaffected")
+
+
+class RaisingPeerTransport:
+    """A ``bot_peers`` transport that raises instead of returning an outcome."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.calls = 0
+
+    def deliver(self, delivery: Delivery, route: PeerRoute) -> Outcome:
+        self.calls += 1
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [OSError("exec format error"), SystemExit(2)], ids=["OSError", "SystemExit"])
+def test_a_raising_peer_transport_settles_the_peer_dm_at_once(
+    error: BaseException, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    other = bystander(tmp_path, gateways)
+    transport = RaisingPeerTransport(error)
+    gw = Gateway(make_root(tmp_path), runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
+                 peer_transport=transport)  # type: ignore[arg-type]
+    gateways.append(gw.start())
+    out = gw.wait_outcome(send(gw, "to the peer", target="mini/bob"), timeout=WAIT)
+    assert out["status"] == "ambiguous" and out["retryable"] is False, out
+    assert type(error).__name__ in out["error"] and transport.calls == 1
+    assert_serves(gw, "local still fine")
+    assert_serves(other, "unaffected")
+
+
+# ── the pure decisions ──────────────────────────────────────────────────────
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@pytest.mark.parametrize(("error", "text"), [
+    (SystemExit(3), "SystemExit: 3"),
+    (SystemExit(), "SystemExit"),
+    (KeyboardInterrupt(), "KeyboardInterrupt"),
+    (GeneratorExit(), "GeneratorExit"),
+    (StoreError("disk on fire"), "StoreError: disk on fire"),
+    (UnprintableError(), "UnprintableError"),
+])
+def test_describe_error(error: BaseException, text: str) -> None:
+    assert describe_error(error) == text
+
+
+@pytest.mark.parametrize(("step", "error", "expected"), [
+    ("taking the turn lock", OSError("EBADF"), "Taking the turn lock failed (OSError: EBADF); the DM was NOT "
+                                               "delivered. Resend shortly."),
+    ("building the turn", RuntimeError("429 too many requests"), "Building the turn failed (RuntimeError: 429 too "
+                                                                 "many requests); the DM was NOT delivered. "
+                                                                 "Resend shortly."),
+    ("recording the turn durably", "ENOSPC", "Recording the turn durably failed (ENOSPC); the DM was NOT delivered. "
+                                             "Resend shortly."),
+])
+def test_never_ran_is_retryable_runtime_offline_whatever_the_text(step: str, error: Any, expected: str) -> None:
+    result = never_ran("d" * 32, step, error)
+    assert (result.reply, result.error, result.reason, result.ran, result.ambiguous) == (
+        None, expected, "runtime_offline", False, False)
+
+
+def test_an_escaped_turn_error_is_ambiguous() -> None:
+    result = turn_escaped("d" * 32, ValueError("bug"))
+    assert (result.reply, result.reason, result.ran, result.ambiguous) == (None, "unknown", True, True)
+    assert "ValueError: bug" in result.error
+
+
+# ── item 4: the live owner survives a supervised restart ────────────────────
+
+
+class Unprintable:
+    """A reply whose conversion to text raises: crashes the ProfileActor that converts it."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this reply cannot be rendered")
+
+
+def test_the_live_owner_stays_attached_across_a_profile_actor_restart(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    other = bystander(tmp_path, gateways)
+    entered, release = threading.Event(), threading.Event()
+    runner_bodies: list[str] = []
+
+    class Runner:
+        def run_turn(self, turn: Turn) -> Any:
+            runner_bodies.append(body_of(turn.content))
+            entered.set()
+            assert release.wait(WAIT)
+            return Unprintable()
+
+    owner = Owner()
+    gw = start(gateways, make_root(tmp_path), Runner())
+    try:
+        poison = send(gw, "poison")  # runs on the runner: no owner yet
+        assert entered.wait(WAIT)
+        gw.attach_live_owner("bob", owner)  # told to the ProfileActor before the poison's result
+    finally:
+        release.set()
+    assert gw.wait_outcome(poison, timeout=WAIT)["status"] == "ambiguous"  # the actor crashed converting it
+    after = send(gw, "after the restart")
+    assert gw.wait_outcome(after, timeout=WAIT)["reply"] == "owner: after the restart"
+    assert owner.bodies == ["after the restart"] and runner_bodies == ["poison"]
+    assert gw.stats()["profile_starts"] == 1  # the same child, restarted by its supervisor
+    assert_serves(other, "unaffected")
