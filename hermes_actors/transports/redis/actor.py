@@ -106,6 +106,7 @@ class RedisRelayActor(RedisSend):
         self.published: dict[str, bytes] | None = None
         self.remote: list[RemoteAgent] = []
         self.resumed = False
+        self.resumed_entries = ()
         self.down = False
         self.groups_ok = False
         self.due = {"heartbeat": 0.0, "reclaim": 0.0, "gc": time.monotonic() + CONSUMER_GC_SECONDS}
