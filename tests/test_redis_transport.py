@@ -159,6 +159,79 @@ def test_a_restarted_sender_resumes_waiting_for_its_replies(tmp_path: Path, redi
     assert redis_server.client().hlen(KEYS.sent("alpha")) == 0
 
 
+class KeyEvents:
+    """Redis keyspace notifications (set, expired, del) of the liveness keys, collected on a thread."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.client = server.client()  # kept: a collected client closes the pubsub connection
+        self.client.config_set("notify-keyspace-events", "Kg$x")
+        self.events: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self.pubsub = self.client.pubsub()
+        self.pubsub.psubscribe(**{f"__keyspace@0__:{KEYS.alive('*')}": self._on,
+                                  f"__keyspace@0__:{KEYS.consumer_alive('*')}": self._on})
+        self.thread = self.pubsub.run_in_thread(sleep_time=0.01, daemon=True)
+
+    def _on(self, message: dict[str, Any]) -> None:
+        key = message["channel"].decode().split(":", 1)[1]
+        with self.lock:
+            self.events.append((key, message["data"].decode()))
+
+    def count(self, key: str, event: str) -> int:
+        with self.lock:
+            return sum(1 for k, e in self.events if k == key and e == event)
+
+    def of(self, event: str) -> list[str]:
+        with self.lock:
+            return [k for k, e in self.events if e == event]
+
+    def close(self) -> None:
+        self.thread.stop()
+        self.thread.join(timeout=10)
+        self.pubsub.close()
+        self.client.close()
+
+
+def test_a_transport_actor_busy_longer_than_the_heartbeat_ttl_stays_online(
+        tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_actors.transports.redis.actor import RedisRelayActor
+    from hermes_actors.transports.redis.store import redis_settings
+
+    settings = redis_settings(_config(redis_server), redis_server.url)
+    beats_past_ttl = int(settings.heartbeat_ttl_seconds / settings.heartbeat_seconds) + 3
+    entered, release = threading.Event(), threading.Event()
+
+    def busy(self: Any, msg: Any) -> int:  # stands for a burst: the mailbox is stuck behind this message
+        entered.set()
+        release.wait(timeout=60)
+        return 0
+
+    events = KeyEvents(redis_server)
+    rec = RecordingRunner()
+    try:
+        with gateway(tmp_path, "alpha", redis_server) as alpha, gateway(tmp_path, "mini", redis_server, rec) as mini:
+            wait_online(alpha, "bob", "mini")
+            monkeypatch.setattr(RedisRelayActor, "_on_housekeep", busy)
+            blocker = threading.Thread(target=mini.housekeep, daemon=True)
+            blocker.start()
+            assert entered.wait(timeout=10), "mini's transport actor never got the blocking message"
+            try:
+                before = events.count(KEYS.alive("mini"), "set")
+                await_condition(lambda: events.of("expired") or
+                                events.count(KEYS.alive("mini"), "set") >= before + beats_past_ttl,
+                                timeout=30, interval=0.02, message=f"{beats_past_ttl} heartbeats or an expiry")
+                assert events.of("expired") == []  # no liveness key expired while mini's actor was busy
+                ack = alpha.message_agent(sender="alice", target="bob@mini", message="still there?")
+                assert ack.get("status") == "queued", ack  # alpha never saw mini offline
+            finally:
+                release.set()
+                blocker.join(timeout=30)
+            assert alpha.wait_outcome(ack["delivery_id"], timeout=10)["reply"] == "ok: still there?"
+    finally:
+        events.close()
+    assert events.of("expired") == []
+
+
 # ── configuration and refusals ──────────────────────────────────────────────
 
 
@@ -452,6 +525,8 @@ def test_settings_defaults_and_bad_values() -> None:
                                        "redis_heartbeat_seconds": None}}, "redis://h")
     assert (bad.claim_idle_seconds, bad.max_stream_len, bad.heartbeat_seconds) == (60.0, 100_000, 5.0)
     assert 0.05 <= redis_settings({"bot_mode": {"redis_claim_idle_seconds": 0.5}}, "redis://h").tick_seconds <= 0.17
+    assert s.heartbeat_ttl_seconds == 15.0  # three periods
+    assert redis_settings({"bot_mode": {"redis_heartbeat_seconds": 0.2}}, "redis://h").heartbeat_ttl_seconds == 2.0
 
 
 def test_remote_rows_are_untrusted() -> None:
