@@ -46,7 +46,9 @@ from hermes_actors.messages import (
     NotifierStats,
     Outcome,
     Recover,
+    RelayResumed,
     RemoveSubscriber,
+    ResumeRelay,
     RosterChanged,
     RosterSnapshot,
     SendRequest,
@@ -65,6 +67,7 @@ from hermes_actors.transports.peer_cli import PeerCliTransport
 __all__ = ["Gateway"]
 
 _ASK_TIMEOUT = 30.0
+_RESUME_TIMEOUT = 30.0  # how long start() waits for the relay to resume its in-flight envelopes
 
 
 class Gateway(RelayRpcMixin):
@@ -273,6 +276,7 @@ class Gateway(RelayRpcMixin):
             self._bridge = FsBridge(
                 self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
             ).start()
+        self._await_relay_resume()
         for profile, owner in self._early_owners.items():
             ask(self._dispatcher, AttachOwner(profile, owner), timeout=_ASK_TIMEOUT)
         self._early_owners.clear()
@@ -285,6 +289,30 @@ class Gateway(RelayRpcMixin):
             from hermes_actors.hermes.host import open_submit_endpoint
 
             self._submit = open_submit_endpoint(self)
+
+    def _await_relay_resume(self) -> None:
+        """Return once the Dispatcher knows every envelope the relay resumed (each id answerable).
+
+        The relay resumes on its own thread; registering its entries by an ask (not a
+        tell) is what keeps ``wait_outcome`` right after ``start()`` from a KeyError.
+
+        Raises:
+            RuntimeError: the relay did not finish resuming within ``_RESUME_TIMEOUT``, or died.
+        """
+        assert self._relay is not None and self._dispatcher is not None
+        try:
+            entries = ask(self._relay, ResumeRelay(), timeout=_RESUME_TIMEOUT)
+            if entries is None:
+                logger.warning("relay transport unreachable at start: the envelopes in flight before the restart "
+                               "become answerable once it is reachable again")
+                return
+            ask(self._dispatcher, RelayResumed(tuple(entries)), timeout=_RESUME_TIMEOUT)
+        except AskTimeout as exc:
+            raise RuntimeError(f"gateway start: the relay did not finish resuming its in-flight envelopes within "
+                               f"{_RESUME_TIMEOUT:g}s ({exc}); nothing was accepted, start again") from exc
+        except ActorGone as exc:
+            raise RuntimeError(f"gateway start: the relay stopped while resuming its in-flight envelopes ({exc}); "
+                               "nothing was accepted, see the log for its error") from exc
 
     def _redis_settings(self, cfg: BotModeConfig) -> Any:
         """The Redis transport's settings when ``bot_mode.transport`` selects it (None: the file relay).

@@ -385,6 +385,18 @@ class RelayResumed:
 
 
 @dataclass(frozen=True, slots=True)
+class ResumeRelay:
+    """Asked by the Gateway at start: finish resuming our in-flight envelopes now.
+
+    Answers the ``RelayResumed`` entries (already told to the Dispatcher, together
+    with the outcomes of replies that arrived while we were down), or None when the
+    transport is unreachable and the resume waits for it. The Gateway registers the
+    entries with the Dispatcher by an ask, so ``start()`` returns only once every
+    resumed id is answerable.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class ReplyDeadline:
     """Timer: the reply budget of an envelope of ours ran out."""
 

@@ -116,8 +116,10 @@ def test_sigkilled_consumer_entries_are_reclaimed_and_delivered_exactly_once(tmp
         mini2 = spawn("mini2", peer_argv(create_demo_root(tmp_path / "mini2"), "mini", redis_server.url,
                                          "--turn-log", str(log2)))
         outcomes = {d: alpha.wait_outcome(d, timeout=60) for d in ids}
-        await_condition(lambda: client.xlen("hermes:bot:in:mini") == 0, timeout=20, message="every entry acked")
-        time.sleep(1.0)  # a duplicate run or a second outcome would show up now
+        streams = ("hermes:bot:in:mini", "hermes:bot:replies:alpha")
+        await_condition(lambda: all(client.xlen(s) == 0 and client.xpending(s, "hermes")["pending"] == 0
+                                    for s in streams),
+                        timeout=20, message="every entry acked, nothing pending: none left to run or answer twice")
         assert mini2.proc.poll() is None, mini2.stderr_tail()
     first, second = turn_counts(log1), turn_counts(log2)
     both = first + second

@@ -89,6 +89,16 @@ def inject(server: RedisServer, target_conn: str, reply_to: str, *, profile: str
     return envelope
 
 
+def await_drained(server: RedisServer, *streams: str, timeout: float = 20) -> None:
+    """Wait until each stream is empty with nothing pending: no entry is left that could run a turn again."""
+    client = server.client()
+
+    def drained() -> bool:
+        return all(client.xlen(s) == 0 and client.xpending(s, "hermes")["pending"] == 0 for s in streams)
+
+    await_condition(drained, timeout=timeout, interval=0.02, message=f"{streams} drained, nothing pending")
+
+
 def replies_to(server: RedisServer, conn: str) -> list[dict[str, Any]]:
     return [orjson.loads(fields[b"reply"]) for _id, fields in server.client().xrange(KEYS.replies(conn))]
 
@@ -157,6 +167,79 @@ def test_a_restarted_sender_resumes_waiting_for_its_replies(tmp_path: Path, redi
         out = second.wait_outcome(ack["delivery_id"], timeout=10)
     assert (out["status"], out["reply"]) == ("replied", "ok: across a restart")
     assert redis_server.client().hlen(KEYS.sent("alpha")) == 0
+
+
+class KeyEvents:
+    """Redis keyspace notifications (set, expired, del) of the liveness keys, collected on a thread."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.client = server.client()  # kept: a collected client closes the pubsub connection
+        self.client.config_set("notify-keyspace-events", "Kg$x")
+        self.events: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self.pubsub = self.client.pubsub()
+        self.pubsub.psubscribe(**{f"__keyspace@0__:{KEYS.alive('*')}": self._on,
+                                  f"__keyspace@0__:{KEYS.consumer_alive('*')}": self._on})
+        self.thread = self.pubsub.run_in_thread(sleep_time=0.01, daemon=True)
+
+    def _on(self, message: dict[str, Any]) -> None:
+        key = message["channel"].decode().split(":", 1)[1]
+        with self.lock:
+            self.events.append((key, message["data"].decode()))
+
+    def count(self, key: str, event: str) -> int:
+        with self.lock:
+            return sum(1 for k, e in self.events if k == key and e == event)
+
+    def of(self, event: str) -> list[str]:
+        with self.lock:
+            return [k for k, e in self.events if e == event]
+
+    def close(self) -> None:
+        self.thread.stop()
+        self.thread.join(timeout=10)
+        self.pubsub.close()
+        self.client.close()
+
+
+def test_a_transport_actor_busy_longer_than_the_heartbeat_ttl_stays_online(
+        tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_actors.transports.redis.actor import RedisRelayActor
+    from hermes_actors.transports.redis.store import redis_settings
+
+    settings = redis_settings(_config(redis_server), redis_server.url)
+    beats_past_ttl = int(settings.heartbeat_ttl_seconds / settings.heartbeat_seconds) + 3
+    entered, release = threading.Event(), threading.Event()
+
+    def busy(self: Any, msg: Any) -> int:  # stands for a burst: the mailbox is stuck behind this message
+        entered.set()
+        release.wait(timeout=60)
+        return 0
+
+    events = KeyEvents(redis_server)
+    rec = RecordingRunner()
+    try:
+        with gateway(tmp_path, "alpha", redis_server) as alpha, gateway(tmp_path, "mini", redis_server, rec) as mini:
+            wait_online(alpha, "bob", "mini")
+            monkeypatch.setattr(RedisRelayActor, "_on_housekeep", busy)
+            blocker = threading.Thread(target=mini.housekeep, daemon=True)
+            blocker.start()
+            assert entered.wait(timeout=10), "mini's transport actor never got the blocking message"
+            try:
+                before = events.count(KEYS.alive("mini"), "set")
+                await_condition(lambda: events.of("expired") or
+                                events.count(KEYS.alive("mini"), "set") >= before + beats_past_ttl,
+                                timeout=30, interval=0.02, message=f"{beats_past_ttl} heartbeats or an expiry")
+                assert events.of("expired") == []  # no liveness key expired while mini's actor was busy
+                ack = alpha.message_agent(sender="alice", target="bob@mini", message="still there?")
+                assert ack.get("status") == "queued", ack  # alpha never saw mini offline
+            finally:
+                release.set()
+                blocker.join(timeout=30)
+            assert alpha.wait_outcome(ack["delivery_id"], timeout=10)["reply"] == "ok: still there?"
+    finally:
+        events.close()
+    assert events.of("expired") == []
 
 
 # ── configuration and refusals ──────────────────────────────────────────────
@@ -229,15 +312,20 @@ def test_drain_side_expiry_replies_queued_expired(tmp_path: Path, redis_server: 
 
 
 def test_duplicate_entries_of_one_envelope_run_one_turn(tmp_path: Path, redis_server: RedisServer) -> None:
-    rec = RecordingRunner(lambda turn: (time.sleep(0.2), "once")[1])
-    with gateway(tmp_path, "mini", redis_server, rec):
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: (release.wait(timeout=30), "once")[1])
+    client = redis_server.client()
+    with gateway(tmp_path, "mini", redis_server, rec) as mini:
         envelope = inject(redis_server, "mini", "probe")
-        inject(redis_server, "mini", "probe", envelope_id=envelope["id"])  # e.g. a retried XADD
-        await_condition(lambda: replies_to(redis_server, "probe"), timeout=5, message="a reply")
+        await_condition(lambda: len(rec.entered) == 1, timeout=10, message="the first turn is running")
+        inject(redis_server, "mini", "probe", envelope_id=envelope["id"])  # e.g. a retried XADD, while it runs
+        await_condition(lambda: client.xpending(KEYS.inbox("mini"), "hermes")["pending"] == 2, timeout=10,
+                        message="the duplicate was read by mini")
+        mini.housekeep()  # an ask: the transport actor's mailbox is flushed past the duplicate
+        release.set()
+        await_condition(lambda: replies_to(redis_server, "probe"), timeout=10, message="a reply")
         inject(redis_server, "mini", "probe", envelope_id=envelope["id"])  # after it was answered
-        client = redis_server.client()
-        await_condition(lambda: client.xlen(KEYS.inbox("mini")) == 0, timeout=5, message="all acked")
-        time.sleep(0.3)
+        await_drained(redis_server, KEYS.inbox("mini"))  # every entry acked: none left to run a turn
     assert [t.delivery_id for t in rec.entered] == [envelope["id"]]
     assert [r["reply"] for r in replies_to(redis_server, "probe")] == ["once"]
 
@@ -282,7 +370,8 @@ def test_credentials_never_reach_the_logs(tmp_path: Path) -> None:
             server.kill()
             refusal = alpha.message_agent(sender="alice", target="bob@mini", message="down")
             assert "s3cret" not in str(refusal)
-            time.sleep(0.5)
+            await_condition(lambda: sum("unreachable" in line for line in lines) >= 2, timeout=10,
+                            message="the outage logged (by the send and by a tick)")
     finally:
         logger.remove(sink)
         server.kill()
@@ -402,7 +491,6 @@ def test_redis_restart_mid_run_every_acked_dm_ends_in_exactly_one_outcome(tmp_pa
                 redis_server.kill()
             if i == 150:
                 redis_server.start()
-                time.sleep(1.0)  # the heartbeats expired during the outage: the roster catches up
                 wait_online(alpha, "bob", "mini", timeout=15)
             ack = alpha.message_agent(sender="alice", target="bob@mini", message=f"n{i}")
             (acked.append(ack["delivery_id"]) if "delivery_id" in ack else refused.append(ack))
@@ -410,7 +498,7 @@ def test_redis_restart_mid_run_every_acked_dm_ends_in_exactly_one_outcome(tmp_pa
                 time.sleep(0.01)
         outcomes = {d: alpha.wait_outcome(d, timeout=60) for d in acked}
         await_condition(lambda: all(seen[d] >= 1 for d in acked), timeout=10, message="every outcome notified")
-        time.sleep(1.0)  # a second outcome would arrive now
+        await_drained(redis_server, KEYS.inbox("mini"), KEYS.replies("alpha"))  # nothing left to answer twice
     assert len(acked) >= 200 and refused, (len(acked), Counter(r["error"][:60] for r in refused))
     assert {r["reason"] for r in refused} <= {"runtime_offline", "target_busy"}
     assert {d: n for d, n in seen.items() if n != 1} == {}
@@ -452,6 +540,8 @@ def test_settings_defaults_and_bad_values() -> None:
                                        "redis_heartbeat_seconds": None}}, "redis://h")
     assert (bad.claim_idle_seconds, bad.max_stream_len, bad.heartbeat_seconds) == (60.0, 100_000, 5.0)
     assert 0.05 <= redis_settings({"bot_mode": {"redis_claim_idle_seconds": 0.5}}, "redis://h").tick_seconds <= 0.17
+    assert s.heartbeat_ttl_seconds == 15.0  # three periods
+    assert redis_settings({"bot_mode": {"redis_heartbeat_seconds": 0.2}}, "redis://h").heartbeat_ttl_seconds == 2.0
 
 
 def test_remote_rows_are_untrusted() -> None:

@@ -40,6 +40,7 @@ from hermes_actors.messages import (
     RelayTick,
     RemoteRosterHint,
     ReplyDeadline,
+    ResumeRelay,
     TtlDeadline,
 )
 from hermes_actors.store import relay_files as rf
@@ -112,6 +113,7 @@ class RelayActor(TypedActor):
         self.connection_id = connection_id
         self.local_profiles = local_profiles
         self.waiting: dict[str, _Waiting] = {}
+        self.resumed: tuple[tuple[str, str], ...] = ()  # kept until the Gateway's ResumeRelay takes them
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0}
         self.last_housekeep = time.monotonic()
 
@@ -177,9 +179,16 @@ class RelayActor(TypedActor):
                 label = _label_of(envelope)
                 resumed.append((envelope_id, label))
                 self._wait_for(envelope_id, label, age=max(0.0, now - float(envelope["created_at"])))
+        self.resumed = tuple(resumed)
         if resumed:
             logger.info("relay: resumed waiting for {} envelope(s) after restart", len(resumed))
-            self.dispatcher.tell(RelayResumed(tuple(resumed)))
+            self.dispatcher.tell(RelayResumed(self.resumed))
+
+    @handles(ResumeRelay)
+    def _on_resume_relay(self, msg: ResumeRelay) -> tuple[tuple[str, str], ...]:
+        """The envelopes ``on_start`` resumed (it ran before any message, so the resume is complete)."""
+        resumed, self.resumed = self.resumed, ()
+        return resumed
 
     def _check_reply(self, envelope_id: str) -> None:
         entry = self.waiting.get(envelope_id)

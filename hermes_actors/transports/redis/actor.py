@@ -50,6 +50,7 @@ from hermes_actors.relay.relay_actor import reply_from_outcome
 from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.base import Inbound, Waiting, as_text
+from hermes_actors.transports.redis.heartbeat import Heartbeat
 from hermes_actors.transports.redis.io import ClaimGuard, StreamReader, ensure_groups, make_client
 from hermes_actors.transports.redis.send import SEND_LUA, RedisSend
 
@@ -98,6 +99,7 @@ class RedisRelayActor(RedisSend):
         self.client: Any = make_client(settings.url)
         self.send_script = self.client.register_script(SEND_LUA)
         self.reader: StreamReader | None = None
+        self.heartbeat: Heartbeat | None = None
         self.waiting: dict[str, Waiting] = {}
         self.expire_due: set[str] = set()
         self.inbound: dict[str, Inbound] = {}
@@ -106,6 +108,7 @@ class RedisRelayActor(RedisSend):
         self.published: dict[str, bytes] | None = None
         self.remote: list[RemoteAgent] = []
         self.resumed = False
+        self.resumed_entries = ()
         self.down = False
         self.groups_ok = False
         self.due = {"heartbeat": 0.0, "reclaim": 0.0, "gc": time.monotonic() + CONSUMER_GC_SECONDS}
@@ -123,6 +126,9 @@ class RedisRelayActor(RedisSend):
                 self.profiles = tuple(snapshot.profiles)
             except (ActorGone, AskTimeout) as exc:
                 logger.warning("redis: could not subscribe to the roster: {}", exc)
+        # Liveness from its own thread: it must not starve behind a burst in this mailbox.
+        self.heartbeat = Heartbeat(self.settings, self.keys, self.me, self.consumer,
+                                   owner_alive=self.actor_ref.is_alive).start()
         self._on_tick(RedisTick())
         self.reader = StreamReader(self.settings, self.keys, self.me, self.consumer, self.actor_ref,
                                    paused=self._paused).start()
@@ -131,10 +137,8 @@ class RedisRelayActor(RedisSend):
     def on_stop(self) -> None:
         if self.reader is not None:
             self.reader.stop()
-        try:  # a clean stop is offline at once (no waiting for the heartbeat to expire)
-            self.client.delete(self.keys.alive(self.me), self.keys.consumer_alive(self.consumer))
-        except Exception as exc:
-            logger.debug("redis: could not remove the heartbeat at stop: {}", exc)
+        if self.heartbeat is not None:
+            self.heartbeat.stop(delete=True)  # a clean stop is offline at once (no waiting for the expiry)
         self.guard.close()
         self.client.close()
 
@@ -309,11 +313,9 @@ class RedisRelayActor(RedisSend):
                 self.groups_ok = False
 
     def _heartbeat(self) -> None:
-        expiry = max(1, round(3 * self.settings.heartbeat_seconds * 1000))
+        """Publish our roster rows and read the peers' (liveness itself is the Heartbeat thread's)."""
         rows = rs.local_roster_rows(self.profiles, self.me, self.settings.connection_label)
         pipe = self.client.pipeline(transaction=True)
-        pipe.set(self.keys.alive(self.me), self.consumer, px=expiry)
-        pipe.set(self.keys.consumer_alive(self.consumer), b"1", px=expiry)
         roster_key = self.keys.roster(self.me)
         if rows != self.published:
             pipe.delete(roster_key)
@@ -383,4 +385,5 @@ class RedisRelayActor(RedisSend):
         return cleanup_bot_dm_cache()
 
     def stats(self) -> dict[str, int]:
-        return {**self.counters, "waiting": len(self.waiting), "inbound": len(self.inbound)}
+        beats = self.heartbeat.beats if self.heartbeat is not None else 0
+        return {**self.counters, "waiting": len(self.waiting), "inbound": len(self.inbound), "heartbeats": beats}

@@ -75,6 +75,7 @@ class RedisBase(TypedActor):
     published: dict[str, bytes] | None
     remote: list[RemoteAgent]
     resumed: bool
+    resumed_entries: tuple[tuple[str, str], ...]  # kept until the Gateway's ResumeRelay takes them
     down: bool
     groups_ok: bool
     due: dict[str, float]

@@ -29,6 +29,7 @@ from hermes_actors.messages import (
     RelaySend,
     RemoteAgent,
     ReplyDeadline,
+    ResumeRelay,
     TtlDeadline,
 )
 from hermes_actors.store.relay_protocol import expired_error_text, make_envelope
@@ -123,9 +124,22 @@ class RedisSend(RedisBase):
             self._wait_for(envelope_id, meta["label"], str(meta.get("target_handle", "")),
                            str(meta.get("target_connection", "")), age=max(0.0, now - float(meta["created_at"])))
         self.resumed = True
+        self.resumed_entries = tuple(resumed)
         if resumed:
             logger.info("redis: resumed waiting for {} envelope(s) after restart", len(resumed))
-            self.dispatcher.tell(RelayResumed(tuple(resumed)))
+            self.dispatcher.tell(RelayResumed(self.resumed_entries))
+
+    @handles(ResumeRelay)
+    def _on_resume_relay(self, msg: ResumeRelay) -> tuple[tuple[str, str], ...] | None:
+        """Resume now if ``on_start`` could not (Redis was down); the resumed entries, None while unreachable."""
+        if not self.resumed:
+            try:
+                self._resume()
+            except Exception as exc:
+                self._unreachable(exc)
+                return None
+        entries, self.resumed_entries = self.resumed_entries, ()
+        return entries
 
     def _on_reply_entry(self, entry_id: str, fields: dict[Any, Any]) -> None:
         replies = self.keys.replies(self.me)

@@ -38,6 +38,7 @@ from hermes_actors.store.relay_roster import normalize_roster_row, roster_row_di
 __all__ = [
     "EXPIRED_CLAIM",
     "GROUP",
+    "HEARTBEAT_TTL_MIN_SECONDS",
     "RedisKeys",
     "RedisSettings",
     "consumer_name",
@@ -57,6 +58,7 @@ GROUP = "hermes"  # the consumer group name, on every stream (groups are per str
 EXPIRED_CLAIM = "expired"  # the claim value the sender sets when it expired its own envelope
 DONE_KEEP_SECONDS = 24 * 3600  # dedupe memory (at least 2 × the envelope TTL)
 ROSTER_KEEP_SECONDS = 24 * 3600  # a connection gone for good drops out of the roster after this
+HEARTBEAT_TTL_MIN_SECONDS = 2.0  # a heartbeat never expires sooner, whatever redis_heartbeat_seconds says
 
 
 def redis_url_from_config(raw: dict[str, Any], env: dict[str, str] | None = None) -> str | None:
@@ -125,6 +127,14 @@ class RedisSettings:
     @property
     def masked_url(self) -> str:
         return mask_url(self.url)
+
+    @property
+    def heartbeat_ttl_seconds(self) -> float:
+        """How long one heartbeat keeps us online: three periods, never under ``HEARTBEAT_TTL_MIN_SECONDS``.
+
+        A scheduling stall of a loaded machine (a second or so) is not an outage.
+        """
+        return max(3 * self.heartbeat_seconds, HEARTBEAT_TTL_MIN_SECONDS)
 
     @property
     def tick_seconds(self) -> float:

@@ -1,0 +1,111 @@
+"""The liveness heartbeat of one gateway process on Redis, on its own thread.
+
+The heartbeat says "this process is alive"; it used to be written by the
+transport actor's periodic tick, so a burst of traffic in the actor's mailbox
+delayed it past its expiry and peers refused DMs as "offline … NOT queued"
+(issue 11, item 9). Here it never waits behind traffic: a small thread with its
+own client refreshes ``<p>:alive:<connection>`` and ``<p>:consumer:<consumer>``
+every ``redis_heartbeat_seconds``, for as long as the actor lives. The roster
+rows (slow-changing, long expiry) stay with the actor.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.transports.redis.io import make_client
+from hermes_actors.transports.redis.store import RedisKeys, RedisSettings, is_redis_unreachable
+
+__all__ = ["Heartbeat"]
+
+
+class Heartbeat:
+    """Refreshes this process's liveness keys from a dedicated thread.
+
+    Args:
+        settings: URL, heartbeat period and expiry.
+        keys: key names.
+        connection: our connection id.
+        consumer: our consumer name (the value of the connection's alive key).
+        owner_alive: False once the transport actor is gone (the thread then stops
+            beating, so a dead actor never looks online).
+
+    Counters (read by tests and stats): ``beats`` written, ``failures``.
+    """
+
+    def __init__(self, settings: RedisSettings, keys: RedisKeys, connection: str, consumer: str, *,
+                 owner_alive: Callable[[], bool] = lambda: True) -> None:
+        self.settings = settings
+        self.alive_key = keys.alive(connection)
+        self.consumer_key = keys.consumer_alive(consumer)
+        self.consumer = consumer
+        self.owner_alive = owner_alive
+        self.beats = 0
+        self.failures = 0
+        self._lock = threading.Lock()  # a beat never lands after stop() deleted the keys
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._client: Any = None
+
+    def start(self) -> Heartbeat:
+        """Beat now (on this thread: the caller starts online), then every period on the heartbeat thread."""
+        self._client = make_client(self.settings.url)
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name=f"redis-heartbeat-{self.consumer}", daemon=True)
+        self._thread.start()
+        return self
+
+    def beat(self) -> bool:
+        """Write both keys with the heartbeat expiry; True when Redis took them."""
+        expiry_ms = max(1, round(self.settings.heartbeat_ttl_seconds * 1000))
+        with self._lock:
+            if self._stopped.is_set() or not self.owner_alive():
+                return False
+            try:
+                pipe = self._client.pipeline(transaction=True)
+                pipe.set(self.alive_key, self.consumer, px=expiry_ms)
+                pipe.set(self.consumer_key, b"1", px=expiry_ms)
+                pipe.execute()
+            except Exception as exc:  # the actor's tick logs outages; here only count them
+                self.failures += 1
+                if not is_redis_unreachable(exc):
+                    logger.error("redis: heartbeat failed: {}", exc)
+                return False
+            self.beats += 1
+            return True
+
+    def _run(self) -> None:
+        period = self.settings.heartbeat_seconds
+        next_beat = time.monotonic() + period
+        while not self._stopped.wait(max(0.0, next_beat - time.monotonic())):
+            if not self.owner_alive():
+                return
+            self.beat()
+            next_beat = max(next_beat + period, time.monotonic())  # no burst of catch-up beats after a stall
+
+    def stop(self, *, delete: bool = True) -> None:
+        """Stop beating; with ``delete``, remove both keys so peers see us offline at once.
+
+        Args:
+            delete: remove the keys (a clean stop), or leave them to expire.
+        """
+        with self._lock:
+            self._stopped.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            if delete:
+                client.delete(self.alive_key, self.consumer_key)
+        except Exception as exc:
+            logger.debug("redis: could not remove the heartbeat at stop: {}", exc)
+        finally:
+            client.close()
