@@ -232,7 +232,7 @@ def test_snapshot_alias_map() -> None:
         ("@", None),
     ],
 )
-def test_resolve_local_name(target: str, expected: str | None) -> None:
+def test_resolve_local(target: str, expected: str | None) -> None:
     assert _resolve(target, ROSTER) == expected
 
 

@@ -59,3 +59,17 @@ def test_drain_expires_old_envelopes_and_reply_classifies_a_missing_reason(tmp_p
             gw.relay_reply("../../etc", reply="x")
         with pytest.raises(ValidationError):
             gw.relay_deliver({"id": "nope"})
+
+
+def test_deliver_to_an_unknown_profile_answers_the_call_with_the_failure(tmp_path: Path) -> None:
+    root = make_root(tmp_path / "b")
+    target = normalize_roster_row({"profile": "nobody", "connection_id": "mini"})
+    assert target is not None
+    envelope = rp.make_envelope(target=target, message="hi", sender_profile="alice", sender_handle="alice",
+                                now=time.time())
+    runner = RecordingRunner(lambda turn: "never")
+    with Gateway(root, runner=runner, durable=False) as gw:
+        fields = gw.relay_deliver(envelope, timeout=10)
+    assert fields["reply"] == "" and fields["reason"] == "unknown"
+    assert fields["error"] == "No agent 'nobody' on this gateway; the message was NOT delivered."
+    assert runner.entered == []
