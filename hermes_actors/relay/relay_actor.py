@@ -6,13 +6,10 @@ the fallback) report the outcome; expire our own undrained envelopes at the
 TTL (claim by rename first, then write the ``queued_expired`` reply); give up
 after the reply budget with ``delivery_timeout``.
 
-Drain side (what the Desktop's ``deliver`` RPC does, here through
-``inbox/`` files posted by the hub): claim by rename, refuse expired
-envelopes (:mod:`hermes_actors.relay.drain`), run the turn through the
-Dispatcher, write ``delivered/<id>.json``.
-
-Desktop RPC (``Gateway.relay_*`` through :class:`~hermes_actors.relay.desktop_rpc.DesktopRpc`):
-the same files, on this actor's thread; a ``deliver`` call is answered once its turn settled.
+Drain side (``inbox/`` files posted by the hub): claim, refuse expired envelopes
+(:mod:`hermes_actors.relay.drain`), run the turn through the Dispatcher, write
+``delivered/<id>.json``. The Desktop RPC (``Gateway.relay_*``) works on the same
+files here, on this thread; a ``deliver`` call is answered once its turn settled.
 
 Hostile files are quarantined, never followed; the actor keeps running.
 """
