@@ -23,6 +23,7 @@ from actors import ActorGone, AskTimeout, FsBridge, RestartPolicy, Scheduler, Wo
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import resolve_ack
 from hermes_actors.core.config import BotModeConfig, load_config
+from hermes_actors.core.names import profile_key
 from hermes_actors.core.targets import PeerRoute
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.notifier import NotifierActor
@@ -58,7 +59,7 @@ from hermes_actors.messages import (
     Subscribe,
     Turn,
 )
-from hermes_actors.relay.desktop_rpc import RelayRpcMixin
+from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.relay.relay_actor import RelayActor
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -70,7 +71,7 @@ _ASK_TIMEOUT = 30.0
 _RESUME_TIMEOUT = 30.0  # how long start() waits for the relay to resume its in-flight envelopes
 
 
-class Gateway(RelayRpcMixin):
+class Gateway:
     """One gateway process's Bot Mode messaging.
 
     Args:
@@ -147,6 +148,7 @@ class Gateway(RelayRpcMixin):
         self._dispatcher: pykka.ActorRef[Any] | None = None
         self._relay: pykka.ActorRef[Any] | None = None
         self._bridge: FsBridge | None = None
+        self._desktop: DesktopRpc | None = None  # the Desktop's relay RPC, served by the file RelayActor
 
     # ── lifetime ────────────────────────────────────────────────────────────
 
@@ -209,8 +211,7 @@ class Gateway(RelayRpcMixin):
         snapshot = ask(self._roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
         self._profile_count = len(snapshot.profiles)
         for profile in self._early_owners:
-            want = profile.strip().lstrip("@").lower()
-            if ("default" if want == "hermes" else want) not in snapshot.index:
+            if profile_key(profile) not in snapshot.index:
                 raise KeyError(f"attach_live_owner: no local profile named {profile!r} under {self.root}")
         pool, scheduler, runner = self._pool, self._scheduler, self.runner
         guard = None
@@ -273,6 +274,7 @@ class Gateway(RelayRpcMixin):
         else:
             self._relay = RelayActor.start(self.root, **relay_args)
             self._dispatcher.tell(AttachRelay(self._relay))
+            self._desktop = DesktopRpc(self._relay, self._roster)
             self._bridge = FsBridge(
                 self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
             ).start()
@@ -534,3 +536,27 @@ class Gateway(RelayRpcMixin):
             self._early_owners.pop(profile, None)
             return
         ask(self._live_dispatcher(), DetachOwner(profile), timeout=_ASK_TIMEOUT)
+
+    # ── the Desktop's relay RPC (bot_relay.*): thin delegations to DesktopRpc ──
+
+    def _desktop_rpc(self) -> DesktopRpc:
+        self._live_dispatcher()
+        if self._desktop is None:
+            raise RuntimeError("the relay RPC serves the file relay; this gateway runs the Redis transport")
+        return self._desktop
+
+    def relay_sync_roster(self, rows: Any) -> int:
+        """``bot_relay.roster.sync``: see :meth:`DesktopRpc.sync_roster`. Raises RuntimeError when not running."""
+        return self._desktop_rpc().sync_roster(rows)
+
+    def relay_drain_outbox(self) -> list[dict[str, Any]]:
+        """``bot_relay.outbox.drain``: see :meth:`DesktopRpc.drain_outbox`. Raises RuntimeError when not running."""
+        return self._desktop_rpc().drain_outbox()
+
+    def relay_deliver(self, envelope: dict[str, Any], *, timeout: float = 900) -> dict[str, str]:
+        """``bot_relay.deliver``: see :meth:`DesktopRpc.deliver`. Raises RuntimeError when not running."""
+        return self._desktop_rpc().deliver(envelope, timeout=timeout)
+
+    def relay_reply(self, envelope_id: str, *, reply: str = "", error: str = "", reason: str = "") -> bool:
+        """``bot_relay.reply``: see :meth:`DesktopRpc.reply`. Raises RuntimeError when not running."""
+        return self._desktop_rpc().reply(envelope_id, reply=reply, error=error, reason=reason)

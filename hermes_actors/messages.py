@@ -360,13 +360,13 @@ class ExportOutcomes:
 class RelayDeliver:
     """Told by the RelayActor to the Dispatcher: run this drained envelope on a local profile.
 
-    ``answer`` (a future) is set for the in-process ``Gateway.relay_deliver`` RPC instead
-    of writing the reply through the relay files.
+    The outcome goes back to the relay as :class:`RelayOutcome` with the same
+    ``reply_connection`` ("" for an envelope the Desktop RPC delivered).
     """
 
     envelope: dict[str, Any]
     reply_connection: str
-    answer: Any = None
+    answer: Any = None  # never set any more (the Desktop RPC waits in the RelayActor); dropped with dispatch_base
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,6 +435,42 @@ class AttachRelay:
 @dataclass(frozen=True, slots=True)
 class RosterPush:
     """Timer (hub): push every root the others' roster with online flags."""
+
+
+# The Desktop's relay RPC (``Gateway.relay_*``), asked of the RelayActor, which owns the files.
+
+
+@dataclass(frozen=True, slots=True)
+class DesktopSyncRoster:
+    """``bot_relay.roster.sync``: store these untrusted roster rows; answered with how many were kept."""
+
+    rows: Any
+
+
+@dataclass(frozen=True, slots=True)
+class DesktopDrainOutbox:
+    """``bot_relay.outbox.drain``: claim the queued envelopes; answered with the fresh ones (a list)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DesktopDeliver:
+    """``bot_relay.deliver``: run this validated envelope here; answered with a :class:`PendingReply`."""
+
+    envelope: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReply:
+    """The RelayActor's answer to :class:`DesktopDeliver`: the reply fields arrive once the turn settled."""
+
+    future: Any  # pykka.ThreadingFuture[dict[str, str]]: {"reply", "error", "reason"}
+
+
+@dataclass(frozen=True, slots=True)
+class DesktopReply:
+    """``bot_relay.reply``: write this reply record (first write wins); answered True when it was stored."""
+
+    record: dict[str, Any]
 
 
 # ── durability ──────────────────────────────────────────────────────────────

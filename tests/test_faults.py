@@ -25,6 +25,7 @@ from roots import RecordingRunner, body_of, make_root
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 
 TEMP_OF_ID = re.compile(r"^\.[0-9a-f]{32}\.json\.[0-9a-f]+\.tmp$")
@@ -188,7 +189,7 @@ def test_a_failing_reply_write_on_the_drain_side_keeps_the_relay_running(
     post_to_inbox(paths, second, "mini")
     done = paths.delivered / f"{second['id']}.json"
     await_condition(done.exists, timeout=10, message="a later valid envelope flows")
-    record, connection = rf.parse_reply({k: v for k, v in _read(done).items() if k != "reply_connection"}), "mini"
+    record, connection = rp.parse_reply({k: v for k, v in _read(done).items() if k != "reply_connection"}), "mini"
     assert record["reply"] == "ok: two" and connection == "mini"
     assert [t.delivery_id for t in rec.entered] == [first["id"], second["id"]]
 

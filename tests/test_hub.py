@@ -18,6 +18,7 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.relay.hub import HubActor, HubRoot, run_hub
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths
 
 
@@ -93,7 +94,7 @@ def test_forwarding_keeps_the_first_reply_and_quarantines_a_hostile_record(two_r
     alpha, mini = two_roots
     paths_a, paths_m = InboxPaths.from_root(alpha).ensure(), InboxPaths.from_root(mini).ensure()
     early = uuid.uuid4().hex
-    rf.write_reply(paths_a.relay, rf.make_reply(early, error="expired first", reason="queued_expired", now=time.time()))
+    rf.write_reply(paths_a.relay, rp.make_reply(early, error="expired first", reason="queued_expired", now=time.time()))
     late = {"id": early, "at": 1, "reply": "late reply", "error": "", "reason": "", "reply_connection": "alpha"}
     seed_write_json(paths_m.delivered / f"{early}.json", late)
     hostile = uuid.uuid4().hex

@@ -1,4 +1,4 @@
-"""Tests for profile discovery and local name resolution."""
+"""Tests for profile discovery, and local name resolution over the roster snapshot."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
+from hermes_actors.core.names import HANDLE_RE, handle_for
+from hermes_actors.core.targets import resolve_local
+from hermes_actors.local.roster import make_snapshot
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store import hermes_root as p
 
@@ -22,7 +25,7 @@ def _write_profile(home: Path, meta: dict[str, Any] | None) -> Path:
 
 def _info(profile: str, display_name: str = "", title: str = "") -> ProfileInfo:
     return ProfileInfo(
-        profile=profile, handle=p.handle_for(profile), home=Path("/x") / profile,
+        profile=profile, handle=handle_for(profile), home=Path("/x") / profile,
         display_name=display_name or profile, title=title,
     )
 
@@ -50,7 +53,7 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(("profile", "handle"), [("default", "hermes"), ("bob", "bob"), ("Carol_2", "Carol_2")])
 def test_handle_for(profile: str, handle: str) -> None:
-    assert p.handle_for(profile) == handle
+    assert handle_for(profile) == handle
 
 
 @pytest.mark.parametrize(
@@ -59,7 +62,7 @@ def test_handle_for(profile: str, handle: str) -> None:
      ("-a", False), ("_a", False), ("a b", False), ("", False), ("a.b", False)],
 )
 def test_handle_re(name: str, ok: bool) -> None:
-    assert bool(p.HANDLE_RE.match(name)) is ok
+    assert bool(HANDLE_RE.match(name)) is ok
 
 
 @pytest.mark.parametrize(
@@ -152,7 +155,7 @@ def test_discover_root_only(tmp_path: Path, make_profiles: str) -> None:
 @pytest.mark.parametrize(("managed_ids", "expected"), [((), False), (("bob",), True), (("default", "bob"), True)])
 def test_install_is_managed(managed_ids: tuple[str, ...], expected: bool) -> None:
     infos = [
-        ProfileInfo(profile=pid, handle=p.handle_for(pid), home=Path("/x"), display_name=pid,
+        ProfileInfo(profile=pid, handle=handle_for(pid), home=Path("/x"), display_name=pid,
                     managed=pid in managed_ids)
         for pid in ("default", "bob", "carol")
     ]
@@ -181,8 +184,12 @@ ROSTER = [
 ]
 
 
-def test_local_alias_map() -> None:
-    aliases = p.local_alias_map(ROSTER)
+def _resolve(target: str, profiles: list[ProfileInfo]) -> str | None:
+    return resolve_local(target, make_snapshot(profiles))
+
+
+def test_snapshot_alias_map() -> None:
+    aliases = make_snapshot(ROSTER).aliases
     assert aliases["scribe"] == {"alice"}
     assert aliases["dr-foo"] == {"drfoo"}
     assert aliases["dr. foo"] == {"drfoo"}
@@ -225,23 +232,23 @@ def test_local_alias_map() -> None:
         ("@", None),
     ],
 )
-def test_resolve_local_name(target: str, expected: str | None) -> None:
-    assert p.resolve_local_name(target, ROSTER) == expected
+def test_resolve_local(target: str, expected: str | None) -> None:
+    assert _resolve(target, ROSTER) == expected
 
 
 def test_resolve_hermes_without_default() -> None:
-    assert p.resolve_local_name("hermes", [_info("bob")]) is None
+    assert _resolve("hermes", [_info("bob")]) is None
 
 
 def test_exact_folder_beats_friendly_name() -> None:
     roster = [_info("default"), _info("bob", "Robert"), _info("robert", "Bob")]
-    assert p.resolve_local_name("bob", roster) == "bob"
-    assert p.resolve_local_name("robert", roster) == "robert"
+    assert _resolve("bob", roster) == "bob"
+    assert _resolve("robert", roster) == "robert"
 
 
 def test_resolve_from_disk(root: Path) -> None:
     found = p.discover_profiles(root)
-    assert p.resolve_local_name("@scribe", found) == "alice"
-    assert p.resolve_local_name("hermes", found) == "default"
-    assert p.resolve_local_name("linked", found) is None
-    assert p.resolve_local_name("Impostor", found) is None
+    assert _resolve("@scribe", found) == "alice"
+    assert _resolve("hermes", found) == "default"
+    assert _resolve("linked", found) is None
+    assert _resolve("Impostor", found) is None

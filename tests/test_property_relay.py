@@ -12,11 +12,11 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from hermes_actors.core.ids import DELIVERY_ID_RE
+from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import RemoteAgent
 from hermes_actors.store.relay_protocol import (
-    ENVELOPE_ID_RE,
-    HANDLE_RE,
     MAX_ENVELOPE_MESSAGE_CHARS,
     make_envelope,
     make_reply,
@@ -114,7 +114,7 @@ def test_parse_envelope_only_raises_validation_error(data: Any, file_id: str | N
         env = parse_envelope(data, file_id=file_id)
     except ValidationError:
         return
-    assert ENVELOPE_ID_RE.fullmatch(env["id"]) and (file_id is None or env["id"] == file_id)
+    assert DELIVERY_ID_RE.fullmatch(env["id"]) and (file_id is None or env["id"] == file_id)
     for key in ("from_profile", "from_handle", "target_connection", "target_profile", "target_handle"):
         assert HANDLE_RE.fullmatch(env[key])
     assert isinstance(env["message"], str) and len(env["message"]) <= MAX_ENVELOPE_MESSAGE_CHARS
@@ -170,7 +170,7 @@ def test_parse_reply_only_raises_validation_error(data: Any) -> None:
     except ValidationError:
         return
     assert set(rec) == {"id", "at", "reply", "error", "reason"}
-    assert ENVELOPE_ID_RE.fullmatch(rec["id"])
+    assert DELIVERY_ID_RE.fullmatch(rec["id"])
     assert all(isinstance(rec[k], str) for k in ("reply", "error", "reason"))
     assert parse_reply(rec) == rec
 
@@ -186,7 +186,7 @@ def test_make_then_parse_reply_round_trips(envelope_id: str, reply: str | None, 
 
 
 @settings(max_examples=200, deadline=None)
-@given(envelope_id=name_like.filter(lambda v: not (isinstance(v, str) and ENVELOPE_ID_RE.match(v))))
+@given(envelope_id=name_like.filter(lambda v: not (isinstance(v, str) and DELIVERY_ID_RE.match(v))))
 def test_make_reply_refuses_bad_ids(envelope_id: Any) -> None:
     try:
         make_reply(envelope_id, reply="x", now=1.0)

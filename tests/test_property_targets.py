@@ -12,9 +12,9 @@ from pathlib import Path
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.core.reasons import VOCABULARY
 from hermes_actors.core.targets import (
-    LOCAL_TARGET_RE,
     MESSAGE_MAX_CHARS,
     LocalRoute,
     PeerRoute,
@@ -153,7 +153,7 @@ def test_targets_outside_the_handle_grammar_route_only_by_a_friendly_name(target
     result = plan_send(SNAPSHOT, sender="alice", target=target, message="hi", now=NOW)
     _check(result)
     raw = target.strip().lstrip("@")
-    if isinstance(result, LocalRoute) and not LOCAL_TARGET_RE.match(raw):
+    if isinstance(result, LocalRoute) and not HANDLE_RE.match(raw):
         # Outside the grammar only a friendly-name form (title / display name or its slug) may resolve.
         friendly = alias_forms(result.target.title) | alias_forms(result.target.display_name)
         assert raw.lower() in friendly, (target, result.target)

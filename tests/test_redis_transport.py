@@ -541,7 +541,7 @@ def test_settings_defaults_and_bad_values() -> None:
     assert (bad.claim_idle_seconds, bad.max_stream_len, bad.heartbeat_seconds) == (60.0, 100_000, 5.0)
     assert 0.05 <= redis_settings({"bot_mode": {"redis_claim_idle_seconds": 0.5}}, "redis://h").tick_seconds <= 0.17
     assert s.heartbeat_ttl_seconds == 15.0  # three periods
-    assert redis_settings({"bot_mode": {"redis_heartbeat_seconds": 0.2}}, "redis://h").heartbeat_ttl_seconds == 5.0  # the floor
+    assert redis_settings({"bot_mode": {"redis_heartbeat_seconds": 0.2}}, "redis://h").heartbeat_ttl_seconds == 5.0
 
 
 def test_remote_rows_are_untrusted() -> None:

@@ -24,6 +24,7 @@ from roots import RecordingRunner, body_of, make_root
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 
 REPLY_KEYS = {"id", "at", "reply", "error", "reason"}
@@ -291,7 +292,7 @@ def test_housekeep_sweeps_only_stale_relay_files(tmp_path: Path, gateways: list[
         assert claimed is not None
         files[age].append(claimed)
         rid = uuid.uuid4().hex
-        rf.write_reply(paths, rf.make_reply(rid, reply="x", now=time.time()))
+        rf.write_reply(paths, rp.make_reply(rid, reply="x", now=time.time()))
         files[age].append(paths.replies / f"{rid}.json")
     seven_hours_ago = time.time() - 7 * 3600
     for path in files["old"]:
@@ -309,9 +310,9 @@ def test_the_first_reply_written_wins(tmp_path: Path, gateways: list[Gateway]) -
     envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="who wins?"))
     writer = (
         "import sys, time\n"
-        "from hermes_actors.store import relay_files as rf\n"
+        "from hermes_actors.store import relay_files as rf, relay_protocol as rp\n"
         "paths = rf.RelayPaths.from_root(sys.argv[1])\n"
-        "ok = rf.write_reply(paths, rf.make_reply(sys.argv[2], reply=sys.argv[3], now=time.time()))\n"
+        "ok = rf.write_reply(paths, rp.make_reply(sys.argv[2], reply=sys.argv[3], now=time.time()))\n"
         "print('stored' if ok else 'lost')\n"
     )
     results = [
@@ -356,7 +357,7 @@ def test_the_sender_side_expiry_text_names_the_connection_id_like_the_seed(
     assert ack["to"] == "@moxie on Mini Mac"  # the label is for people ...
     out = gw.wait_outcome(queued(ack), timeout=5)
     # ... the reply file carries the seed's text, built from the envelope (target_connection), as a drain writes it.
-    assert out["error"] == rf.expired_error_text("moxie", "mini", 0.5)
+    assert out["error"] == rp.expired_error_text("moxie", "mini", 0.5)
 
 
 @pytest.mark.parametrize(

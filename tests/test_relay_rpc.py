@@ -11,6 +11,8 @@ from roots import RecordingRunner, make_root
 
 from hermes_actors import Gateway, ValidationError
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_roster import normalize_roster_row
 
 
 def test_a_desktop_style_round_trip_through_the_rpc_methods(tmp_path: Path) -> None:
@@ -43,7 +45,7 @@ def test_a_desktop_style_round_trip_through_the_rpc_methods(tmp_path: Path) -> N
 def test_drain_expires_old_envelopes_and_reply_classifies_a_missing_reason(tmp_path: Path) -> None:
     root = make_root(tmp_path / "a")
     paths = rf.RelayPaths.from_root(root).ensure()
-    old = rf.make_envelope(target=rf.normalize_roster_row({"profile": "bob", "connection_id": "mini"}),  # type: ignore[arg-type]
+    old = rp.make_envelope(target=normalize_roster_row({"profile": "bob", "connection_id": "mini"}),  # type: ignore[arg-type]
                            message="stale", sender_profile="alice", sender_handle="alice", now=time.time() - 3600)
     rf.enqueue_envelope(paths, old)
     with Gateway(root, runner=lambda t: "x", durable=False) as gw:
@@ -57,3 +59,17 @@ def test_drain_expires_old_envelopes_and_reply_classifies_a_missing_reason(tmp_p
             gw.relay_reply("../../etc", reply="x")
         with pytest.raises(ValidationError):
             gw.relay_deliver({"id": "nope"})
+
+
+def test_deliver_to_an_unknown_profile_answers_the_call_with_the_failure(tmp_path: Path) -> None:
+    root = make_root(tmp_path / "b")
+    target = normalize_roster_row({"profile": "nobody", "connection_id": "mini"})
+    assert target is not None
+    envelope = rp.make_envelope(target=target, message="hi", sender_profile="alice", sender_handle="alice",
+                                now=time.time())
+    runner = RecordingRunner(lambda turn: "never")
+    with Gateway(root, runner=runner, durable=False) as gw:
+        fields = gw.relay_deliver(envelope, timeout=10)
+    assert fields["reply"] == "" and fields["reason"] == "unknown"
+    assert fields["error"] == "No agent 'nobody' on this gateway; the message was NOT delivered."
+    assert runner.entered == []

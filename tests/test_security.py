@@ -22,10 +22,12 @@ from roots import RecordingRunner, make_root
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main as cli_main
+from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import ValidationError
 from hermes_actors.local.dm_files import dm_file_path, write_dm_file
 from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox, take_from_inbox
 from hermes_actors.store.relay_roster import normalize_roster_row
 from hermes_actors.store.turnlock import turn_lock_path
@@ -176,11 +178,11 @@ def test_relay_ids_are_validated_before_any_path_is_built(bad: str, tmp_path: Pa
         lambda: rf.read_reply(relay, bad),
         lambda: rf.claim_envelope(relay, bad),
         lambda: rf.write_reply(relay, {"id": bad, "at": 1, "reply": "x", "error": "", "reason": ""}),
-        lambda: rf.make_reply(bad, reply="x", now=1.0),
+        lambda: rp.make_reply(bad, reply="x", now=1.0),
         lambda: rf.enqueue_envelope(relay, {**good, "id": bad}),
         lambda: post_to_inbox(paths, {**good, "id": bad}, "mini"),
         lambda: take_from_inbox(paths, bad),
-        lambda: rf.parse_envelope(good, file_id=bad),
+        lambda: rp.parse_envelope(good, file_id=bad),
     ]
     for call in calls:
         with pytest.raises(ValidationError):
@@ -197,7 +199,7 @@ def test_hostile_names_in_envelope_bodies_are_refused(field: str, bad: str, tmp_
     envelope = {**seed_envelope(target_connection="mini", target_profile="moxie"), field: bad}
     before = tree(tmp_path)
     with pytest.raises(ValidationError):
-        rf.parse_envelope(envelope)
+        rp.parse_envelope(envelope)
     with pytest.raises(ValidationError):
         rf.enqueue_envelope(paths.relay, envelope)
     with pytest.raises(ValidationError):
@@ -280,7 +282,7 @@ def test_relay_and_journal_files_are_0600_and_dirs_0700(tmp_path: Path, gateways
         assert gw.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
     relay_ack = gw.message_agent(sender="alice", target="moxie", message="to the relay")
     assert relay_ack["status"] == "queued"
-    rf.write_reply(paths.relay, rf.make_reply(relay_ack["delivery_id"], reply="pong", now=time.time()))
+    rf.write_reply(paths.relay, rp.make_reply(relay_ack["delivery_id"], reply="pong", now=time.time()))
     assert gw.wait_outcome(relay_ack["delivery_id"], timeout=10)["reply"] == "pong"
     drained = seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")
     post_to_inbox(paths, drained, "mini")
@@ -331,7 +333,7 @@ def test_roster_rows_cannot_inject_targets_outside_the_handle_grammar(tmp_path: 
     assert sorted((r["connection_id"], r["profile"]) for r in remote) == [("mini", "moxie"), ("mini", "ok")]
     for row in remote:
         for key in ("profile", "handle", "connection_id"):
-            assert rf.HANDLE_RE.fullmatch(row[key]), row
+            assert HANDLE_RE.fullmatch(row[key]), row
     before = tree(tmp_path)
     for target in ["../x", "x@../mini", "/etc/passwd", "a\x00b", "a" * 65, "x\ny", "['list']"]:
         _assert_refused(gw.message_agent(sender="alice", target=target, message="hi"))

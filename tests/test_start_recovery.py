@@ -84,7 +84,7 @@ def _send_while_up(root: Path, count: int) -> list[str]:
 def _desktop_replies(root: Path, ids: list[str]) -> None:
     """What the Desktop does while the gateway is down: write the replies of these envelopes."""
     for envelope_id in ids:
-        rf.write_reply(rf.RelayPaths.from_root(root), rf.make_reply(envelope_id, reply=f"re {envelope_id}",
+        rf.write_reply(rf.RelayPaths.from_root(root), make_reply(envelope_id, reply=f"re {envelope_id}",
                                                                     now=time.time()))
 
 

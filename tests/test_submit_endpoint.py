@@ -35,7 +35,8 @@ from hermes_actors.hermes.submit_protocol import (
         (b'{"op":"ping"}', Ping()),
         (b'{"op":"send","sender":"alice","target":"bob","message":"hi","hop":2}', SendCall("alice", "bob", "hi", 2)),
         (b'{"op":"send","sender":"alice","target":"bob","message":"hi"}', SendCall("alice", "bob", "hi", 0)),
-        (b'{"op":"outcome","delivery_id":"ab12","wait":1.5}', OutcomeCall("ab12", 1.5)),
+        (b'{"op":"outcome","delivery_id":"ab12ab12ab12ab12ab12ab12ab12ab12","wait":1.5}',
+         OutcomeCall("ab12ab12ab12ab12ab12ab12ab12ab12", 1.5)),
     ],
 )
 def test_well_formed_requests_parse(raw: bytes, expected: object) -> None:
@@ -56,7 +57,9 @@ def test_well_formed_requests_parse(raw: bytes, expected: object) -> None:
         (b'{"op":"send","sender":"a","target":"b","message":"m","hop":-1}', "'hop' must be an integer"),
         (b'{"op":"send","sender":"a","target":"b","message":"m","author":"x"}', "'author' must be an object"),
         (b'{"op":"outcome","delivery_id":"../etc"}', "'delivery_id' must be a delivery id"),
-        (b'{"op":"outcome","delivery_id":"ab","wait":1e9}', "'wait' must be a number of seconds"),
+        (b'{"op":"outcome","delivery_id":"AB12AB12AB12AB12AB12AB12AB12AB12"}', "'delivery_id' must be a delivery id"),
+        (b'{"op":"outcome","delivery_id":"ab12ab12ab12ab12ab12ab12ab12ab12","wait":1e9}',
+         "'wait' must be a number of seconds"),
     ],
 )
 def test_bad_requests_name_what_is_wrong(raw: bytes, names: str) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.names import PEER_NAME_RE
 from hermes_actors.core.settings import Setting, coerce, default_text, setting, settings_of
 from hermes_actors.store.yaml_file import MAX_CONFIG_BYTES, load_yaml_file, read_yaml_mapping
 
@@ -46,7 +46,6 @@ __all__ = [
     "unknown_keys",
 ]
 
-PEER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")  # \Z: "$" would accept a trailing newline
 
 # ── the declaration ─────────────────────────────────────────────────────────
 

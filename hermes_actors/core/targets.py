@@ -11,10 +11,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hermes_actors.core.names import HANDLE_PATTERN, HANDLE_RE, PEER_NAME_PATTERN, profile_key
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.messages import BOT_CHAT_SESSION, ProfileInfo, RemoteAgent, RosterSnapshot
 from hermes_actors.store.hermes_root import alias_forms
-from hermes_actors.store.relay_files import (
+from hermes_actors.store.relay_roster import (
     liveness,
     offline_error_text,
     remote_target_forms,
@@ -23,7 +24,6 @@ from hermes_actors.store.relay_files import (
 )
 
 __all__ = [
-    "LOCAL_TARGET_RE",
     "MESSAGE_MAX_CHARS",
     "NOT_BOT_CHAT_TEXT",
     "PEER_TARGET_RE",
@@ -45,8 +45,7 @@ NOT_BOT_CHAT_TEXT = (
 )
 MESSAGE_MAX_CHARS = 16000
 # '<peer>/<agent>': peer names are lowercase (``hermes peer`` normalizes them).
-PEER_TARGET_RE = re.compile(r"^([a-z0-9][a-z0-9_-]{0,63})/([a-zA-Z0-9][a-zA-Z0-9_-]{0,63})\Z")
-LOCAL_TARGET_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}\Z")
+PEER_TARGET_RE = re.compile(rf"^({PEER_NAME_PATTERN})/({HANDLE_PATTERN})\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +123,13 @@ def prefixed_content(sender: ProfileInfo, body: str) -> str:
 
 
 def _find_sender(snapshot: RosterSnapshot, sender: str) -> ProfileInfo | None:
-    want = str(sender or "").strip().lstrip("@").lower()
-    return snapshot.index.get("default" if want == "hermes" else want)
+    return snapshot.index.get(profile_key(sender))
 
 
 def resolve_local(raw: str, snapshot: RosterSnapshot) -> str | None:
     """Map a target to a local folder id using the snapshot's precomputed maps.
 
-    'hermes' → 'default'; an exact folder id (case-insensitive); else a unique
+    A folder id (case-insensitive) or handle ('hermes' → 'default'); else a unique
     friendly name or its @-slug, typed as it is (case-insensitive). The typed
     text itself is never slugified: ``'bob\\x00'`` or ``"['bob']"`` would slug
     to ``bob`` and slip past the shape check, so they name nobody. Ambiguous
@@ -147,9 +145,7 @@ def resolve_local(raw: str, snapshot: RosterSnapshot) -> str | None:
     want = raw.strip().lower()
     if not want:
         return None
-    if want == "hermes":
-        return "default" if "default" in snapshot.index else None
-    exact = snapshot.index.get(want)
+    exact = snapshot.index.get(profile_key(want))
     if exact is not None:
         return exact.profile
     hits = snapshot.aliases.get(want, frozenset())
@@ -283,7 +279,7 @@ def plan_send(
             return relayed
 
     resolved = resolve_local(raw, snapshot)
-    if resolved is None and not LOCAL_TARGET_RE.match(raw) and "@" not in raw:
+    if resolved is None and not HANDLE_RE.match(raw) and "@" not in raw:
         return roster_refusal(f"Invalid target: {raw!r}.")
     if resolved is None or resolved == me.profile:
         # Unknown here, or the same name on ANOTHER connection: the relay roster may know it.

@@ -14,13 +14,13 @@ A malformed request is answered ``{"error": <what is wrong>, "reason": "unknown"
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
 
 __all__ = [
@@ -45,7 +45,6 @@ SOCKET_NAME = "submit.sock"
 LOCK_NAME = "submit.lock"
 
 _NAME_MAX = 256
-_DELIVERY_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _FIELDS = {
     "send": {"op", "sender", "target", "message", "hop", "author"},
     "ping": {"op"},
@@ -134,8 +133,8 @@ def _parse_send(data: dict[str, Any]) -> SendCall | dict[str, Any]:
 
 def _parse_outcome(data: dict[str, Any]) -> OutcomeCall | dict[str, Any]:
     delivery_id = data.get("delivery_id")
-    if not isinstance(delivery_id, str) or not _DELIVERY_ID_RE.match(delivery_id):
-        return bad_request("'delivery_id' must be a delivery id (1-128 letters, digits, '_' or '-')")
+    if not is_delivery_id(delivery_id):
+        return bad_request(f"'delivery_id' must be a delivery id (32 lowercase hex characters), got {delivery_id!r}")
     wait = data.get("wait", 0)
     if not _is_number(wait) or not 0 <= wait <= MAX_OUTCOME_WAIT:
         return bad_request(f"'wait' must be a number of seconds from 0 to {MAX_OUTCOME_WAIT:g}, got {wait!r}")

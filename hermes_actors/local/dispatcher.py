@@ -24,6 +24,7 @@ from hermes_actors.core.acks import (
 )
 from hermes_actors.core.guard import check_hops, check_pair_rate, pair_key
 from hermes_actors.core.ids import new_delivery_id
+from hermes_actors.core.names import profile_key
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
 from hermes_actors.errors import StoreError
 from hermes_actors.local.dispatch_base import Pending
@@ -156,8 +157,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             ref.tell(DetachOwner(info.profile))
 
     def _local(self, profile: str) -> ProfileInfo:
-        want = str(profile or "").strip().lstrip("@").lower()
-        info = self.snapshot.index.get("default" if want == "hermes" else want)
+        info = self.snapshot.index.get(profile_key(profile))
         if info is None:
             raise KeyError(f"no local profile named {profile!r}")
         return info

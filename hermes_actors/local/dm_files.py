@@ -19,13 +19,14 @@ import contextlib
 import errno
 import fnmatch
 import os
-import re
 import stat
 import tempfile
 import time
 from pathlib import Path
 
 from loguru import logger
+
+from hermes_actors.core.ids import validate_delivery_id
 
 __all__ = [
     "DM_DIR_PREFIX",
@@ -37,7 +38,6 @@ __all__ = [
 ]
 
 DM_DIR_PREFIX = "hermes-dm"
-_DELIVERY_ID_RE = re.compile(r"[0-9a-f]{32}")
 _DM_DIR_PATTERNS = ("*.txt", "*.live.json")
 _LEGACY_PATTERNS = ("hermes-dm-*.txt", "hermes-relay-dm-*.txt")
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -110,11 +110,6 @@ def dm_dir(base: Path | None = None) -> Path:
     return path
 
 
-def _check_delivery_id(delivery_id: str) -> None:
-    if not isinstance(delivery_id, str) or _DELIVERY_ID_RE.fullmatch(delivery_id) is None:
-        raise ValueError(f"delivery_id must be 32 lowercase hex characters, got {delivery_id!r}")
-
-
 def dm_file_path(delivery_id: str, *, base: Path | None = None) -> Path:
     """Return where the query file of ``delivery_id`` lives (the file may not exist).
 
@@ -126,10 +121,10 @@ def dm_file_path(delivery_id: str, *, base: Path | None = None) -> Path:
         ``<dm_dir>/dm-<delivery_id>.txt``.
 
     Raises:
-        ValueError: ``delivery_id`` is not 32 lowercase hex characters.
+        ValueError: (a ValidationError) ``delivery_id`` is not 32 lowercase hex characters.
         PermissionError: the DM directory is refused (see :func:`dm_dir`).
     """
-    _check_delivery_id(delivery_id)
+    validate_delivery_id(delivery_id)  # a ValidationError is a ValueError
     return dm_dir(base) / f"dm-{delivery_id}.txt"
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.ids import validate_delivery_id
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
@@ -50,9 +51,7 @@ class LiveMailbox:
         self.quarantine = self.directory / ".quarantine"
 
     def path(self, delivery_id: str) -> Path:
-        if len(delivery_id) != 32 or any(c not in "0123456789abcdef" for c in delivery_id):
-            raise ValidationError(f"invalid delivery id {delivery_id!r}")
-        return self.directory / f"{delivery_id}.json"
+        return self.directory / f"{validate_delivery_id(delivery_id)}.json"
 
     def read(self, delivery_id: str) -> dict[str, Any] | None:
         """The record, or None. A foreign or corrupt file is moved aside and reads as None."""

@@ -1,133 +1,128 @@
-"""The seed's relay RPC operations (what a Desktop calls), as plain functions over the files.
+"""The seed's relay RPC (what a Desktop calls), as an object the Gateway composes.
 
-``Gateway.relay_sync_roster`` / ``relay_drain_outbox`` / ``relay_deliver`` /
-``relay_reply`` wrap these; the hub uses the same rules through its own actor.
+:class:`DesktopRpc` validates the caller's input on the caller's thread (pure) and
+asks the RelayActor, which owns the relay files, to do the file work on its own
+thread. ``deliver`` is answered with a :class:`~hermes_actors.messages.PendingReply`:
+the RelayActor keeps the call's future until the Dispatcher reports the
+envelope's outcome, then sets it (the reply-later pattern of durable acks).
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pykka
-from loguru import logger
 
 from actors import ask
-from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.reasons import classify_agent_error
-from hermes_actors.errors import HostileFileError, ValidationError
-from hermes_actors.messages import Outcome, RelayDeliver, RemoteRosterHint
-from hermes_actors.store import relay_files as rf
-from hermes_actors.store.relay_files import RelayPaths, parse_envelope, write_reply, write_roster
+from hermes_actors.messages import (
+    DesktopDeliver,
+    DesktopDrainOutbox,
+    DesktopReply,
+    DesktopSyncRoster,
+    PendingReply,
+    RemoteRosterHint,
+)
+from hermes_actors.store import relay_protocol as rp
 
-__all__ = ["RelayRpcMixin", "drain_outbox", "expiry_text", "reply_record"]
+__all__ = ["DESKTOP_CALLER", "DesktopRpc", "reply_record"]
+
+DESKTOP_CALLER = ""
+"""The ``reply_connection`` of an envelope the Desktop RPC delivered: its reply goes to the call, not to a file."""
 
 _ASK_TIMEOUT = 30.0
 
 
-def expiry_text(envelope: dict[str, Any], ttl: float) -> str:
-    """The seed's ``queued_expired`` text for ``envelope``."""
-    return rf.expired_error_text(str(envelope.get("target_handle") or "?"),
-                                 str(envelope.get("target_connection") or "?"), ttl)
-
-
 def reply_record(envelope_id: str, *, reply: str = "", error: str = "", reason: str = "", now: float) -> dict[str, Any]:
-    """A seed reply record; a missing reason is classified from the error text (as the seed does)."""
-    code = reason or (classify_agent_error(error) if error else "")
-    return rf.make_reply(envelope_id, reply=reply, error=error, reason=code, now=now)
+    """Pure: a seed reply record; a missing reason is classified from the error text (as the seed does).
 
+    Args:
+        envelope_id: the envelope answered.
+        reply: the reply text.
+        error: the failure text.
+        reason: the reason code ("" with an error: classified).
+        now: the current time.
 
-def drain_outbox(paths: rf.RelayPaths, *, ttl: float, now: float | None = None) -> list[dict[str, Any]]:
-    """``bot_relay.outbox.drain``: claim every pending envelope by rename and return them.
+    Returns:
+        The record.
 
-    Envelopes older than ``ttl`` (> 0) are not returned: each gets a ``queued_expired``
-    reply instead. Stale artifacts are swept first; hostile files are quarantined.
+    Raises:
+        ValidationError: the id is not 32 lowercase hex chars.
     """
-    now = time.time() if now is None else now
-    rf.sweep_stale(paths, now=now)
-    drained: list[dict[str, Any]] = []
-    for envelope_id in rf.list_ids(paths.outbox):
-        try:
-            claimed = rf.claim_envelope(paths, envelope_id)
-        except (OSError, ValidationError) as exc:
-            logger.warning("drain: could not claim {}: {}", envelope_id, exc)
-            continue
-        if claimed is None:
-            continue  # another drainer won the rename
-        try:
-            envelope = rf.read_envelope(claimed)
-        except (HostileFileError, ValidationError) as exc:
-            rf.quarantine(paths, claimed, str(exc))
-            continue
-        if ttl > 0 and rf.is_expired(envelope, ttl, now):
-            rf.write_reply(paths, reply_record(envelope_id, error=expiry_text(envelope, ttl),
-                                               reason="queued_expired", now=now))
-            continue
-        drained.append(envelope)
-    return drained
+    code = reason or (classify_agent_error(error) if error else "")
+    return rp.make_reply(envelope_id, reply=reply, error=error, reason=code, now=now)
 
 
-class RelayRpcMixin:
-    """The seed's relay RPC operations as ``Gateway`` methods (what a Desktop calls)."""
+class DesktopRpc:
+    """The four relay RPC operations of one running gateway.
 
-    root: Path
-    config: BotModeConfig | None
-    _roster: pykka.ActorRef[Any] | None
+    Args:
+        relay: the RelayActor (the file relay; it handles the ``Desktop*`` messages).
+        roster: the RosterActor, hinted after a roster sync (None: no hint).
+    """
 
-    def _live_dispatcher(self) -> pykka.ActorRef[Any]:
-        raise NotImplementedError
+    def __init__(self, relay: pykka.ActorRef[Any], roster: pykka.ActorRef[Any] | None) -> None:
+        self.relay = relay
+        self.roster = roster
 
-    def relay_sync_roster(self, rows: Any) -> int:
+    def sync_roster(self, rows: Any) -> int:
         """``bot_relay.roster.sync``: store the remote roster (untrusted rows, normalized as the seed does).
+
+        Args:
+            rows: the raw ``agents`` list.
 
         Returns:
             How many rows were kept.
         """
-        self._live_dispatcher()
-        count = write_roster(RelayPaths.from_root(self.root), rows, now=time.time())
-        if self._roster is not None:  # asked, not told: the next message_agent sees the new roster
-            ask(self._roster, RemoteRosterHint(), timeout=_ASK_TIMEOUT)
+        count: int = ask(self.relay, DesktopSyncRoster(rows), timeout=_ASK_TIMEOUT, expect=int)
+        if self.roster is not None:  # asked, not told: the next message_agent sees the new roster
+            ask(self.roster, RemoteRosterHint(), timeout=_ASK_TIMEOUT)
         return count
 
-    def relay_drain_outbox(self) -> list[dict[str, Any]]:
+    def drain_outbox(self) -> list[dict[str, Any]]:
         """``bot_relay.outbox.drain``: claim (by rename) and return the queued envelopes.
 
-        Envelopes past ``bot_mode.envelope_ttl_seconds`` get a ``queued_expired`` reply instead.
+        Returns:
+            The fresh envelopes; those past ``bot_mode.envelope_ttl_seconds`` got a
+            ``queued_expired`` reply instead.
         """
-        self._live_dispatcher()
-        assert self.config is not None
-        return drain_outbox(RelayPaths.from_root(self.root), ttl=self.config.envelope_ttl_seconds)
+        drained: list[dict[str, Any]] = ask(self.relay, DesktopDrainOutbox(), timeout=_ASK_TIMEOUT, expect=list)
+        return drained
 
-    def relay_deliver(self, envelope: dict[str, Any], *, timeout: float = 900) -> dict[str, str]:
-        """``bot_relay.deliver``: run a drained envelope on the target profile here; its reply fields.
+    def deliver(self, envelope: dict[str, Any], *, timeout: float) -> dict[str, str]:
+        """``bot_relay.deliver``: run a drained envelope on the target profile here.
 
-        Idempotent by envelope id. Returns ``{"reply", "error", "reason"}`` (the seed's reply
-        fields) once the turn settled.
+        Idempotent by envelope id.
+
+        Args:
+            envelope: the envelope as drained.
+            timeout: seconds to wait for the turn to settle.
+
+        Returns:
+            ``{"reply", "error", "reason"}`` (the seed's reply fields).
 
         Raises:
             ValidationError: the envelope is malformed.
             TimeoutError: no outcome within ``timeout``.
         """
-        dispatcher = self._live_dispatcher()
-        env = parse_envelope(envelope)
-        answer: pykka.ThreadingFuture[Outcome] = pykka.ThreadingFuture()
-        dispatcher.tell(RelayDeliver(env, "", answer))
+        env = rp.parse_envelope(envelope)
+        pending = ask(self.relay, DesktopDeliver(env), timeout=_ASK_TIMEOUT, expect=PendingReply)
         try:
-            outcome = answer.get(timeout=timeout)
+            fields: dict[str, str] = pending.future.get(timeout=timeout)
         except pykka.Timeout:
             raise TimeoutError(f"envelope {env['id']} did not settle within {timeout}s") from None
-        from hermes_actors.relay.relay_actor import reply_from_outcome
+        return fields
 
-        return reply_from_outcome(outcome)
-
-    def relay_reply(self, envelope_id: str, *, reply: str = "", error: str = "", reason: str = "") -> bool:
+    def reply(self, envelope_id: str, *, reply: str = "", error: str = "", reason: str = "") -> bool:
         """``bot_relay.reply``: write ``replies/<id>.json`` (first write wins; reason classified if empty).
+
+        Returns:
+            True when this reply was stored; False when one already existed.
 
         Raises:
             ValidationError: the id is not 32 lowercase hex chars.
         """
-        self._live_dispatcher()
         record = reply_record(envelope_id, reply=reply, error=error, reason=reason, now=time.time())
-        return write_reply(RelayPaths.from_root(self.root), record)
-
+        written: bool = ask(self.relay, DesktopReply(record), timeout=_ASK_TIMEOUT, expect=bool)
+        return written

@@ -21,11 +21,14 @@ from loguru import logger
 
 from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TypedActor, handles
 from hermes_actors.core.config import load_config
+from hermes_actors.core.ids import id_of_file_name
+from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import RosterPush
-from hermes_actors.relay.desktop_rpc import expiry_text
+from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
 from hermes_actors.store import relay_files as rf
-from hermes_actors.store.hermes_root import HANDLE_RE, discover_profiles
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.relay_inbox import InboxPaths, gateway_alive, post_to_inbox, read_delivered
 
 __all__ = ["HubActor", "HubRoot", "run_hub"]
@@ -104,28 +107,19 @@ class HubActor(TypedActor):
                 logger.warning("hub: roster push to {} failed: {}", root.name, exc)
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
-        try:
-            claimed = rf.claim_envelope(source.paths.relay, envelope_id)
-        except (OSError, ValidationError) as exc:
-            logger.warning("hub: claim of {} on {} failed: {}", envelope_id, source.name, exc)
-            return
-        if claimed is None:
-            return  # another drainer won the rename
-        try:
-            envelope = rf.read_envelope(claimed)
-        except ValidationError as exc:
-            rf.quarantine(source.paths.relay, claimed, str(exc))
-            return
-        if source.ttl > 0 and rf.is_expired(envelope, source.ttl, time.time()):
-            text = expiry_text(envelope, source.ttl)
-            self._reply(source, rf.make_reply(envelope_id, error=text, reason="queued_expired", now=time.time()))
+        result = drain_envelope(source.paths, "outbox", envelope_id, ttl=source.ttl, now=time.time())
+        if isinstance(result, Expired):
+            self._reply(source, result.reply)
             self.counters["expired"] += 1
             return
+        if not isinstance(result, ToDeliver):
+            return  # another drainer won the rename, or the file was quarantined
+        envelope = result.envelope
         target = self.by_name.get(envelope["target_connection"])
         if target is None:
             conn = envelope["target_connection"]
             text = f"connection '{conn}' is not known to this relay; the message was NOT delivered."
-            self._reply(source, rf.make_reply(envelope_id, error=text, reason="runtime_offline", now=time.time()))
+            self._reply(source, rp.make_reply(envelope_id, error=text, reason="runtime_offline", now=time.time()))
             self.counters["refused"] += 1
             return
         try:
@@ -133,7 +127,7 @@ class HubActor(TypedActor):
             self.counters["drained"] += 1
         except (StoreError, OSError, ValidationError) as exc:
             text = f"the relay could not hand the message to {target.name}: {exc}. It was NOT delivered."
-            self._reply(source, rf.make_reply(envelope_id, error=text, reason="unknown", now=time.time()))
+            self._reply(source, rp.make_reply(envelope_id, error=text, reason="unknown", now=time.time()))
 
     def _forward(self, holder: HubRoot, envelope_id: str) -> None:
         path = holder.paths.delivered / f"{envelope_id}.json"
@@ -173,10 +167,8 @@ class HubActor(TypedActor):
     def _on_file(self, msg: FileAppeared) -> None:
         directory = msg.path.parent
         root = self.by_base.get(directory.parent)
-        if root is None or not msg.path.name.endswith(".json"):
-            return
-        envelope_id = msg.path.name[:-5]
-        if not rf.ENVELOPE_ID_RE.match(envelope_id):
+        envelope_id = id_of_file_name(msg.path.name)
+        if root is None or envelope_id is None:
             return
         if directory == root.paths.relay.outbox:
             self._drain(root, envelope_id)

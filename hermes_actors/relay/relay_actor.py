@@ -6,9 +6,10 @@ the fallback) report the outcome; expire our own undrained envelopes at the
 TTL (claim by rename first, then write the ``queued_expired`` reply); give up
 after the reply budget with ``delivery_timeout``.
 
-Drain side (what the Desktop's ``deliver`` RPC does, here through
-``inbox/`` files posted by the hub): claim by rename, refuse expired
-envelopes, run the turn through the Dispatcher, write ``delivered/<id>.json``.
+Drain side (``inbox/`` files posted by the hub): claim, refuse expired envelopes
+(:mod:`hermes_actors.relay.drain`), run the turn through the Dispatcher, write
+``delivered/<id>.json``. The Desktop RPC (``Gateway.relay_*``) works on the same
+files here, on this thread; a ``deliver`` call is answered once its turn settled.
 
 Hostile files are quarantined, never followed; the actor keeps running.
 """
@@ -28,11 +29,17 @@ from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TimerHandle, Ty
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
+from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import (
+    DesktopDeliver,
+    DesktopDrainOutbox,
+    DesktopReply,
+    DesktopSyncRoster,
     Housekeep,
     OutcomeReady,
     PeerSend,
+    PendingReply,
     RelayDeliver,
     RelayOutcome,
     RelayResumed,
@@ -43,14 +50,15 @@ from hermes_actors.messages import (
     ResumeRelay,
     TtlDeadline,
 )
+from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
+from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import (
     InboxPaths,
     is_consumed,
     mark_consumed,
-    read_inbox_envelope,
     remove_heartbeat,
-    take_from_inbox,
     write_delivered,
     write_heartbeat,
 )
@@ -114,6 +122,7 @@ class RelayActor(TypedActor):
         self.local_profiles = local_profiles
         self.waiting: dict[str, _Waiting] = {}
         self.resumed: tuple[tuple[str, str], ...] = ()  # kept until the Gateway's ResumeRelay takes them
+        self.desktop_calls: dict[str, list[pykka.ThreadingFuture[dict[str, str]]]] = {}  # deliver RPCs by id
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0}
         self.last_housekeep = time.monotonic()
 
@@ -131,7 +140,7 @@ class RelayActor(TypedActor):
     @handles(RelaySend)
     def _on_send(self, msg: RelaySend) -> dict[str, Any]:
         route, delivery = msg.route, msg.delivery
-        envelope = rf.make_envelope(
+        envelope = rp.make_envelope(
             target=route.target,
             message=route.content,
             sender_profile=route.sender.profile,
@@ -239,10 +248,10 @@ class RelayActor(TypedActor):
         except (OSError, ValidationError):
             handle, _, conn = entry.label.removeprefix("@").partition(" on ")
         ttl = self.config.envelope_ttl_seconds
-        text = rf.expired_error_text(handle, conn, ttl)
+        text = rp.expired_error_text(handle, conn, ttl)
         self.counters["expired"] += 1
         try:
-            rf.write_reply(self.paths.relay, rf.make_reply(msg.envelope_id, error=text, reason="queued_expired",
+            rf.write_reply(self.paths.relay, rp.make_reply(msg.envelope_id, error=text, reason="queued_expired",
                                                            now=time.time()))
         except (OSError, ValidationError) as exc:
             # We hold the claim, so it was certainly NOT delivered: report that rather than crash the relay.
@@ -267,31 +276,24 @@ class RelayActor(TypedActor):
     # ── drain side (the deliver RPC, through inbox/) ─────────────────────────
 
     def _take(self, envelope_id: str) -> None:
-        try:
-            taken = take_from_inbox(self.paths, envelope_id)
-        except (OSError, ValidationError) as exc:
-            logger.warning("relay: could not take {} from the inbox: {}", envelope_id, exc)
-            return
-        if taken is None:
-            return
-        try:
-            envelope, reply_connection = read_inbox_envelope(taken)
-        except (OSError, ValidationError) as exc:  # taken/ is never rescanned: move it aside, logged
-            self._quarantine(taken, str(exc))
-            return
-        ttl = self.config.envelope_ttl_seconds
-        if ttl > 0 and rf.is_expired(envelope, ttl, time.time()):
-            text = rf.expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl)
-            record = rf.make_reply(envelope["id"], error=text, reason="queued_expired", now=time.time())
-            self._write_delivered(record, reply_connection)
-            return
-        self.counters["drained"] += 1
-        self.dispatcher.tell(RelayDeliver(envelope, reply_connection))
+        result = drain_envelope(self.paths, "inbox", envelope_id, ttl=self.config.envelope_ttl_seconds,
+                                now=time.time())
+        if isinstance(result, ToDeliver):
+            self.counters["drained"] += 1
+            self.dispatcher.tell(RelayDeliver(result.envelope, result.reply_connection))
+        elif isinstance(result, Expired):
+            self._write_delivered(result.reply, result.reply_connection)
+        elif isinstance(result, Quarantined):
+            self.counters["quarantined"] += 1
 
     @handles(RelayOutcome)
     def _on_relay_outcome(self, msg: RelayOutcome) -> None:
         fields = reply_from_outcome(msg.outcome)
-        record = rf.make_reply(msg.outcome.delivery_id, now=time.time(), **fields)
+        if msg.reply_connection == DESKTOP_CALLER:  # delivered by the Desktop RPC: the call gets the reply
+            for future in self.desktop_calls.pop(msg.outcome.delivery_id, []):
+                future.set(fields)
+            return
+        record = rp.make_reply(msg.outcome.delivery_id, now=time.time(), **fields)
         self._write_delivered(record, msg.reply_connection)
 
     def _write_delivered(self, record: dict[str, Any], reply_connection: str) -> None:
@@ -305,6 +307,29 @@ class RelayActor(TypedActor):
         except FileNotFoundError:
             pass
 
+    # ── the Desktop's RPC (asked by DesktopRpc on the caller's behalf) ───────
+
+    @handles(DesktopSyncRoster)
+    def _on_desktop_roster(self, msg: DesktopSyncRoster) -> int:
+        return rf.write_roster(self.paths.relay, msg.rows, now=time.time())
+
+    @handles(DesktopDrainOutbox)
+    def _on_desktop_drain(self, msg: DesktopDrainOutbox) -> list[dict[str, Any]]:
+        return drain_outbox(self.paths, ttl=self.config.envelope_ttl_seconds)
+
+    @handles(DesktopDeliver)
+    def _on_desktop_deliver(self, msg: DesktopDeliver) -> PendingReply:
+        future: pykka.ThreadingFuture[dict[str, str]] = pykka.ThreadingFuture()
+        self.desktop_calls.setdefault(msg.envelope["id"], []).append(future)
+        self.dispatcher.tell(RelayDeliver(msg.envelope, DESKTOP_CALLER))
+        return PendingReply(future)
+
+    @handles(DesktopReply)
+    def _on_desktop_reply(self, msg: DesktopReply) -> bool:
+        written = rf.write_reply(self.paths.relay, msg.record)
+        self._check_reply(msg.record["id"])  # one of ours: report it now rather than at the file event
+        return written
+
     # ── events and rescans ──────────────────────────────────────────────────
 
     @handles(FileAppeared)
@@ -315,9 +340,9 @@ class RelayActor(TypedActor):
             if self.roster is not None:
                 self.roster.tell(RemoteRosterHint())
             return
-        if not path.name.endswith(".json"):
-            return
-        envelope_id = path.name[:-5]
+        envelope_id = id_of_file_name(path.name)
+        if envelope_id is None:
+            return  # a stray name: the rescan quarantines it
         if where == self.paths.relay.replies:
             self._check_reply(envelope_id)
         elif where == self.paths.inbox:
@@ -348,9 +373,7 @@ class RelayActor(TypedActor):
             for entry in entries:
                 if entry.name.startswith("."):
                     continue
-                bad = entry.is_symlink() or not rf.ENVELOPE_ID_RE.match(entry.name.removesuffix(".json")) \
-                    or not entry.name.endswith(".json")
-                if bad:
+                if entry.is_symlink() or id_of_file_name(entry.name) is None:
                     self._quarantine(Path(entry.path), "not a <32 hex>.json regular file")
 
     def _quarantine(self, path: Path, why: str) -> None:
@@ -379,7 +402,7 @@ class RelayActor(TypedActor):
         self.last_housekeep = time.monotonic()
         removed = rf.sweep_stale(self.paths.relay, now=time.time())
         for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken):
-            removed += rf.sweep_directory(directory, time.time() - rf.STALE_AFTER_SECONDS)
+            removed += rf.sweep_directory(directory, time.time() - rp.STALE_AFTER_SECONDS)
         removed += cleanup_bot_dm_cache()
         if removed:
             logger.info("housekeeping removed {} stale file(s)", removed)

@@ -1,9 +1,10 @@
-"""Profile discovery and local name resolution for a Hermes root.
+"""Profile discovery for a Hermes root, and the friendly-name forms resolution uses.
 
 The root is the default profile's home; every other profile lives at
 ``<root>/profiles/<name>``. A profile is known by its folder id, its handle
 (``hermes`` for the default profile), its ``display_name`` and its Bot Mode
-title, and by the Desktop @-slugs of those friendly names.
+title, and by the Desktop @-slugs of those friendly names (resolution itself is
+:func:`hermes_actors.core.targets.resolve_local`, over the roster snapshot).
 """
 
 from __future__ import annotations
@@ -15,43 +16,23 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.names import DEFAULT_PROFILE, HANDLE_RE, handle_for
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store.yaml_file import load_yaml_file
 
 __all__ = [
-    "DEFAULT_HANDLE",
-    "DEFAULT_PROFILE",
-    "HANDLE_RE",
     "MANAGED_KEY",
     "alias_forms",
     "discover_profiles",
-    "handle_for",
     "install_is_managed",
     "is_managed",
-    "local_alias_map",
     "read_profile_yaml",
-    "resolve_local_name",
     "slugify",
 ]
 
-HANDLE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}\Z")  # \Z: "$" would accept a trailing newline
-DEFAULT_PROFILE = "default"
-DEFAULT_HANDLE = "hermes"
 MANAGED_KEY = "hermes-bots"
 
 _SLUG_RUN_RE = re.compile(r"[^a-z0-9]+")
-
-
-def handle_for(profile: str) -> str:
-    """The routing handle of a profile.
-
-    Args:
-        profile: the folder id.
-
-    Returns:
-        ``hermes`` for the default profile, else the folder id.
-    """
-    return DEFAULT_HANDLE if profile == DEFAULT_PROFILE else profile
 
 
 def read_profile_yaml(home: Path) -> dict[str, Any]:
@@ -221,55 +202,3 @@ def alias_forms(name: str) -> set[str]:
     """
     text = str(name).strip().lower().removeprefix("@").strip()
     return {form for form in (text, slugify(text)) if form}
-
-
-def local_alias_map(profiles: Iterable[ProfileInfo]) -> dict[str, set[str]]:
-    """Map every friendly-name form to the folder ids known by it.
-
-    Built from each profile's ``display_name`` and ``title``; folder ids are
-    not added (a ``display_name`` that is just the folder-id fallback is
-    skipped), since exact folder matches are resolved before aliases.
-
-    Args:
-        profiles: the discovered profiles.
-
-    Returns:
-        form → set of folder ids.
-    """
-    aliases: dict[str, set[str]] = {}
-    for info in profiles:
-        names = [info.title]
-        if info.display_name != info.profile:
-            names.append(info.display_name)
-        for name in names:
-            for form in alias_forms(name):
-                aliases.setdefault(form, set()).add(info.profile)
-    return aliases
-
-
-def resolve_local_name(target: str, profiles: list[ProfileInfo]) -> str | None:
-    """Map a DM target to a local profile folder id.
-
-    Args:
-        target: as typed: ``hermes``, a folder id (any case), a friendly name,
-            its @-slug, or a Bot Mode title.
-        profiles: the discovered profiles.
-
-    Returns:
-        The folder id; None when the target is empty, unknown, or a friendly
-        name shared by several profiles (a DM must never land on the wrong bot).
-    """
-    want = str(target).strip().lower()
-    if not want:
-        return None
-    folders = [info.profile for info in profiles]
-    if want == DEFAULT_HANDLE:
-        return DEFAULT_PROFILE if DEFAULT_PROFILE in folders else None
-    exact = next((folder for folder in folders if folder.lower() == want), None)
-    if exact is not None:
-        return exact
-    aliases = local_alias_map(profiles)
-    hits: set[str] = set()
-    for form in alias_forms(want) | {want}:
-        hits |= aliases.get(form, set())
-    return next(iter(hits)) if len(hits) == 1 else None

@@ -1,4 +1,4 @@
-"""The ``<root>/bot_relay/`` protocol: paths and thin file I/O.
+"""The ``<root>/bot_relay/`` files: paths and thin file I/O (the impure half of the relay).
 
 Layout (every file 0600, every directory 0700, byte-compatible with the seed)::
 
@@ -10,15 +10,16 @@ Layout (every file 0600, every directory 0700, byte-compatible with the seed)::
     bot_relay/quarantine/        refused (hostile) files, moved aside
     bot_relay/locks/             per-profile turn locks
 
-The pure rules live in :mod:`hermes_actors.store.relay_protocol` (constants,
-envelopes, replies) and :mod:`hermes_actors.store.relay_roster` (roster rows,
-targets, liveness); both are re-exported here.
+Only I/O lives here. The pure rules are imported from where they are defined:
+:mod:`hermes_actors.store.relay_protocol` (constants, envelopes, replies; the
+Redis transport shares these records without the files),
+:mod:`hermes_actors.store.relay_roster` (roster rows, targets, liveness), and
+ids and handles from :mod:`hermes_actors.core.ids` / :mod:`hermes_actors.core.names`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import stat
 import time
@@ -28,6 +29,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
 from hermes_actors.errors import HostileFileError, ValidationError
 from hermes_actors.messages import RemoteAgent
 from hermes_actors.store.atomic import (
@@ -38,57 +40,33 @@ from hermes_actors.store.atomic import (
 )
 from hermes_actors.store.relay_protocol import (
     CLAIMED,
-    DEFAULT_ENVELOPE_TTL_SECONDS,
-    ENVELOPE_ID_RE,
-    ENVELOPE_KEYS,
-    HANDLE_RE,
     LOCKS,
-    MAX_ENVELOPE_MESSAGE_CHARS,
     OUTBOX,
     QUARANTINE,
     RELAY_DIR,
     REPLIES,
-    REPLY_KEYS,
-    REPLY_WAIT_SECONDS,
     ROSTER_FILE,
-    ROSTER_FRESH_SECONDS,
     STALE_AFTER_SECONDS,
     TMP,
-    expired_error_text,
-    is_expired,
-    make_envelope,
-    make_reply,
     parse_envelope,
     parse_reply,
-    validate_envelope_id,
 )
-from hermes_actors.store.relay_roster import (
-    Resolved,
-    liveness,
-    normalize_roster,
-    normalize_roster_row,
-    offline_error_text,
-    parse_roster_payload,
-    remote_target_forms,
-    resolve_remote_target,
-    roster_row_dict,
-    target_aliases,
-)
+from hermes_actors.store.relay_roster import normalize_roster, parse_roster_payload, roster_row_dict
 
-# Re-exported: this module is the one place callers import the relay from.
 __all__ = [
-    "CLAIMED", "DEFAULT_ENVELOPE_TTL_SECONDS", "ENVELOPE_ID_RE", "ENVELOPE_KEYS", "HANDLE_RE", "LOCKS",
-    "MAX_ENVELOPE_MESSAGE_CHARS", "OUTBOX", "QUARANTINE", "RELAY_DIR", "REPLIES", "REPLY_KEYS",
-    "REPLY_WAIT_SECONDS", "ROSTER_FILE", "ROSTER_FRESH_SECONDS", "STALE_AFTER_SECONDS", "TMP",
-    "RelayPaths", "Resolved", "claim_envelope", "enqueue_envelope", "expired_error_text", "is_expired",
-    "list_ids", "liveness", "make_envelope", "make_reply", "normalize_roster", "normalize_roster_row",
-    "offline_error_text", "parse_envelope", "parse_reply", "parse_roster_payload", "quarantine",
-    "read_envelope", "read_reply", "read_roster", "remote_target_forms", "resolve_remote_target",
-    "roster_row_dict", "sweep_directory", "sweep_stale", "target_aliases", "validate_envelope_id", "write_reply",
+    "RelayPaths",
+    "claim_envelope",
+    "enqueue_envelope",
+    "list_ids",
+    "quarantine",
+    "read_envelope",
+    "read_reply",
+    "read_roster",
+    "sweep_directory",
+    "sweep_stale",
+    "write_reply",
     "write_roster",
-]  # fmt: skip
-
-_ID_FILE_RE = re.compile(r"^([0-9a-f]{32})\.json\Z")
+]
 
 
 @dataclass(frozen=True)
@@ -161,7 +139,7 @@ class RelayPaths:
         Raises:
             ValidationError: the id is not 32 lowercase hex chars.
         """
-        return directory / f"{validate_envelope_id(envelope_id)}.json"
+        return directory / f"{validate_delivery_id(envelope_id, what='envelope id')}.json"
 
 
 # ── roster ──────────────────────────────────────────────────────────────────
@@ -296,10 +274,10 @@ def read_envelope(path: Path) -> dict[str, Any]:
         HostileFileError: the file is refused (see ``read_json_file``).
         ValidationError: the content is not a valid envelope for this name.
     """
-    match = _ID_FILE_RE.match(path.name)
-    if match is None:
+    file_id = id_of_file_name(path.name)
+    if file_id is None:
         raise ValidationError(f"not an envelope file name: {path.name!r}")
-    return parse_envelope(read_json_file(path), file_id=match.group(1))
+    return parse_envelope(read_json_file(path), file_id=file_id)
 
 
 # ── replies ─────────────────────────────────────────────────────────────────
@@ -432,4 +410,4 @@ def list_ids(directory: Path) -> list[str]:
         names = os.listdir(directory)
     except OSError:
         return []
-    return sorted(m.group(1) for m in map(_ID_FILE_RE.match, names) if m is not None)
+    return sorted(i for i in map(id_of_file_name, names) if i is not None)

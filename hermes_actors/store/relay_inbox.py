@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
-from hermes_actors.store.relay_files import HANDLE_RE, RelayPaths, parse_envelope, parse_reply, validate_envelope_id
+from hermes_actors.store.relay_files import RelayPaths
+from hermes_actors.store.relay_protocol import parse_envelope, parse_reply
 
 __all__ = [
     "HEARTBEAT_DIR",
@@ -68,23 +70,19 @@ class InboxPaths:
         return self
 
 
-def _id_file(directory: Path, envelope_id: str) -> Path:
-    return directory / f"{validate_envelope_id(envelope_id)}.json"
-
-
 def post_to_inbox(paths: InboxPaths, envelope: dict[str, Any], reply_connection: str) -> Path:
     """Hub side: hand an envelope to the target gateway."""
     if not HANDLE_RE.match(reply_connection or ""):
         raise ValidationError(f"invalid reply connection id: {reply_connection!r}")
     record = {**parse_envelope(envelope), "reply_connection": reply_connection}
-    target = _id_file(paths.inbox, record["id"])
+    target = paths.relay.id_file(paths.inbox, record["id"])
     atomic_write_json(target, record, tmp_dir=paths.relay.tmp)
     return target
 
 
 def take_from_inbox(paths: InboxPaths, envelope_id: str) -> Path | None:
     """Gateway side: claim an inbox envelope by rename; None when another taker won."""
-    source, taken = _id_file(paths.inbox, envelope_id), _id_file(paths.taken, envelope_id)
+    source, taken = paths.relay.id_file(paths.inbox, envelope_id), paths.relay.id_file(paths.taken, envelope_id)
     try:
         os.rename(source, taken)
     except FileNotFoundError:
@@ -112,7 +110,7 @@ def read_inbox_envelope(path: Path) -> tuple[dict[str, Any], str]:
 def write_delivered(paths: InboxPaths, reply: dict[str, Any], reply_connection: str) -> bool:
     """Gateway side: the delivery's reply record; first write wins."""
     record = {**parse_reply(reply), "reply_connection": reply_connection}
-    return create_exclusive_json(_id_file(paths.delivered, record["id"]), record, tmp_dir=paths.relay.tmp)
+    return create_exclusive_json(paths.relay.id_file(paths.delivered, record["id"]), record, tmp_dir=paths.relay.tmp)
 
 
 def read_delivered(path: Path) -> tuple[dict[str, Any], str]:
@@ -123,12 +121,12 @@ def read_delivered(path: Path) -> tuple[dict[str, Any], str]:
 
 def mark_consumed(paths: InboxPaths, envelope_id: str, *, now: float) -> None:
     """Sender side: remember that this reply was reported to the sender."""
-    create_exclusive_json(_id_file(paths.consumed, envelope_id), {"id": envelope_id, "at": int(now)},
+    create_exclusive_json(paths.relay.id_file(paths.consumed, envelope_id), {"id": envelope_id, "at": int(now)},
                           tmp_dir=paths.relay.tmp)
 
 
 def is_consumed(paths: InboxPaths, envelope_id: str) -> bool:
-    return _id_file(paths.consumed, envelope_id).exists()
+    return paths.relay.id_file(paths.consumed, envelope_id).exists()
 
 
 def write_heartbeat(paths: InboxPaths, connection_id: str | None, *, now: float) -> None:

@@ -11,11 +11,11 @@ Formats are byte-compatible with the seed: the same keys, the same texts.
 from __future__ import annotations
 
 import math
-import re
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from hermes_actors.core.ids import new_delivery_id, validate_delivery_id
+from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import RemoteAgent
 
@@ -34,8 +34,6 @@ DEFAULT_ENVELOPE_TTL_SECONDS = 900
 REPLY_WAIT_SECONDS = 900
 MAX_ENVELOPE_MESSAGE_CHARS = 32000
 
-ENVELOPE_ID_RE = re.compile(r"^[0-9a-f]{32}\Z")  # \Z: "$" would accept a trailing newline
-HANDLE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}\Z")
 
 ENVELOPE_KEYS = (
     "id",
@@ -54,26 +52,6 @@ _REPLY_TEXT_FIELDS = ("reply", "error", "reason")
 
 
 # ── envelopes and replies ───────────────────────────────────────────────────
-
-
-def validate_envelope_id(value: Any, *, file_id: str | None = None) -> str:
-    """Check an envelope id (also a reply id and a file stem).
-
-    Args:
-        value: the candidate id.
-        file_id: when given, the id must equal it (the file's stem).
-
-    Returns:
-        The id.
-
-    Raises:
-        ValidationError: not 32 lowercase hex chars, or not ``file_id``.
-    """
-    if not isinstance(value, str) or not ENVELOPE_ID_RE.match(value):
-        raise ValidationError(f"invalid envelope id: {value!r}")
-    if file_id is not None and value != file_id:
-        raise ValidationError(f"id {value!r} does not match its file name {file_id!r}")
-    return value
 
 
 def _is_number(value: Any) -> bool:
@@ -104,7 +82,7 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise ValidationError(f"envelope is not a JSON object: {type(data).__name__}")
-    validate_envelope_id(data.get("id"), file_id=file_id)
+    validate_delivery_id(data.get("id"), what="envelope id", file_id=file_id)
     if not _is_number(data.get("created_at")):
         raise ValidationError(f"envelope field 'created_at' is not a number: {data.get('created_at')!r}")
     for key in _ENVELOPE_NAME_FIELDS:
@@ -139,7 +117,7 @@ def make_envelope(
         sender_profile: the sender's folder id.
         sender_handle: the sender's handle.
         now: the current time (``created_at`` is ``int(now)``).
-        envelope_id: a fixed id (default: a fresh uuid4 hex).
+        envelope_id: a fixed id (default: a fresh delivery id).
         extra: additional keys (e.g. ``hop``) that seed readers ignore.
 
     Returns:
@@ -149,7 +127,7 @@ def make_envelope(
         ValidationError: a field is invalid or ``extra`` overrides a core key.
     """
     envelope: dict[str, Any] = {
-        "id": uuid.uuid4().hex if envelope_id is None else envelope_id,
+        "id": new_delivery_id() if envelope_id is None else envelope_id,
         "created_at": int(now),
         "from_profile": sender_profile,
         "from_handle": sender_handle,
@@ -184,7 +162,7 @@ def make_reply(
         ValidationError: the id is invalid.
     """
     return {
-        "id": validate_envelope_id(envelope_id),
+        "id": validate_delivery_id(envelope_id, what="envelope id"),
         "at": int(now),
         "reply": str(reply or ""),
         "error": str(error or ""),
@@ -210,7 +188,7 @@ def parse_reply(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise ValidationError(f"reply is not a JSON object: {type(data).__name__}")
-    reply_id = validate_envelope_id(data.get("id"), file_id=file_id)
+    reply_id = validate_delivery_id(data.get("id"), what="envelope id", file_id=file_id)
     at = data.get("at", 0)
     if not _is_number(at):
         raise ValidationError(f"reply field 'at' is not a number: {at!r}")

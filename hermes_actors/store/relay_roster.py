@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 from typing import Any, Literal
 
+from hermes_actors.core.names import HANDLE_RE, handle_for
 from hermes_actors.messages import RemoteAgent
-from hermes_actors.store.relay_protocol import HANDLE_RE, ROSTER_FRESH_SECONDS
+from hermes_actors.store.relay_protocol import ROSTER_FRESH_SECONDS
 
 Resolved = RemoteAgent | Literal["ambiguous"] | None
 """What ``resolve_remote_target`` returns."""
@@ -48,7 +49,7 @@ def normalize_roster_row(row: Any) -> RemoteAgent | None:
     connection_id = _text(row.get("connection_id"))
     if not profile or not connection_id:
         return None
-    handle = _text(row.get("handle")).lstrip("@") or ("hermes" if profile == "default" else profile)
+    handle = _text(row.get("handle")).lstrip("@") or handle_for(profile)
     if not all(HANDLE_RE.match(name) for name in (handle, profile, connection_id)):
         return None
     online = row.get("online")

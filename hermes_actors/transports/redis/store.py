@@ -58,7 +58,8 @@ GROUP = "hermes"  # the consumer group name, on every stream (groups are per str
 EXPIRED_CLAIM = "expired"  # the claim value the sender sets when it expired its own envelope
 DONE_KEEP_SECONDS = 24 * 3600  # dedupe memory (at least 2 × the envelope TTL)
 ROSTER_KEEP_SECONDS = 24 * 3600  # a connection gone for good drops out of the roster after this
-HEARTBEAT_TTL_MIN_SECONDS = 5.0  # a heartbeat never expires sooner: a loaded 2-core machine can stall a process for seconds
+# A heartbeat never expires sooner: a loaded 2-core machine can stall a process for seconds.
+HEARTBEAT_TTL_MIN_SECONDS = 5.0
 
 
 def redis_url_from_config(raw: dict[str, Any], env: dict[str, str] | None = None) -> str | None:

@@ -1,0 +1,171 @@
+"""The one drain of relay envelopes: claim by rename → read → quarantine → expire.
+
+Three places take envelopes off the relay files, with the same rules:
+
+- the Desktop's ``bot_relay.outbox.drain`` RPC (served by the RelayActor) and
+  the hub take them from a root's ``outbox/`` (claimed into ``claimed/``);
+- the RelayActor takes the ones the hub posted to its ``inbox/`` (into ``taken/``).
+
+The rename decides who owns an envelope; a file that cannot be read as an
+envelope is quarantined, never followed; an envelope older than the TTL is not
+delivered but answered ``queued_expired``. :func:`drain_envelope` does the
+claim, the read and the quarantine, and *decides* the rest: it returns what the
+caller must do (deliver, or write the expiry reply where its replies go), so
+each caller keeps its own reply path and counters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from loguru import logger
+
+from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_inbox import InboxPaths, read_inbox_envelope, take_from_inbox
+
+__all__ = [
+    "Box",
+    "DrainResult",
+    "Expired",
+    "NotOurs",
+    "Quarantined",
+    "ToDeliver",
+    "drain_envelope",
+    "drain_outbox",
+    "expiry_reply",
+]
+
+Box = Literal["outbox", "inbox"]
+"""Where the envelope waits: ``outbox/`` (queued by a sender) or ``inbox/`` (posted by the hub)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToDeliver:
+    """The envelope is ours and fresh: deliver it (``reply_connection`` is "" for an outbox envelope)."""
+
+    envelope: dict[str, Any]
+    reply_connection: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """The envelope is ours but older than the TTL: write ``reply`` (``queued_expired``), do not deliver."""
+
+    envelope: dict[str, Any]
+    reply: dict[str, Any]
+    reply_connection: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    """We claimed a file that is not a valid envelope; it was moved to ``quarantine/``."""
+
+    envelope_id: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotOurs:
+    """Nothing to do: another drainer won the rename, or the claim failed (``why``, logged)."""
+
+    envelope_id: str
+    why: str = ""
+
+
+DrainResult = ToDeliver | Expired | Quarantined | NotOurs
+
+
+def expiry_reply(envelope: dict[str, Any], ttl: float, now: float) -> dict[str, Any]:
+    """Pure: the seed's ``queued_expired`` reply record for an envelope that waited past ``ttl``.
+
+    Args:
+        envelope: a validated envelope.
+        ttl: the TTL in seconds (shown in the text).
+        now: the current time (the record's ``at``).
+
+    Returns:
+        The reply record.
+    """
+    text = rp.expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl)
+    return rp.make_reply(envelope["id"], error=text, reason="queued_expired", now=now)
+
+
+def _claim(paths: InboxPaths, box: Box, envelope_id: str) -> Path | None:
+    if box == "outbox":
+        return rf.claim_envelope(paths.relay, envelope_id)
+    return take_from_inbox(paths, envelope_id)
+
+
+def _read(box: Box, path: Path) -> tuple[dict[str, Any], str]:
+    if box == "outbox":
+        return rf.read_envelope(path), ""
+    return read_inbox_envelope(path)
+
+
+def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float, now: float) -> DrainResult:
+    """Claim one envelope by rename, read it, quarantine it when hostile, and decide what it needs.
+
+    Args:
+        paths: the relay layout of the root the envelope waits in.
+        box: ``"outbox"`` or ``"inbox"``.
+        envelope_id: the envelope (a file stem seen in ``box``).
+        ttl: the TTL in seconds; ``<= 0`` never expires.
+        now: the current time.
+
+    Returns:
+        :class:`ToDeliver`, :class:`Expired` (the caller writes ``reply``),
+        :class:`Quarantined` or :class:`NotOurs`. Never raises for a bad or
+        vanished file: a claimed file that cannot be read is quarantined (the
+        claimed and taken directories are never rescanned).
+    """
+    try:
+        claimed = _claim(paths, box, envelope_id)
+    except (OSError, ValidationError) as exc:  # StoreError and HostileFileError included
+        logger.warning("relay: could not claim {} from {}/: {}", envelope_id, box, exc)
+        return NotOurs(envelope_id, str(exc))
+    if claimed is None:
+        return NotOurs(envelope_id)
+    try:
+        envelope, reply_connection = _read(box, claimed)
+    except FileNotFoundError:
+        return NotOurs(envelope_id, "the claimed file vanished")
+    except (OSError, ValidationError) as exc:
+        rf.quarantine(paths.relay, claimed, str(exc))
+        return Quarantined(envelope_id, str(exc))
+    if ttl > 0 and rp.is_expired(envelope, ttl, now):
+        return Expired(envelope, expiry_reply(envelope, ttl, now), reply_connection)
+    return ToDeliver(envelope, reply_connection)
+
+
+def drain_outbox(paths: InboxPaths, *, ttl: float, now: float | None = None) -> list[dict[str, Any]]:
+    """``bot_relay.outbox.drain``: claim every queued envelope and return the fresh ones.
+
+    Stale artifacts are swept first; an expired envelope gets its ``queued_expired``
+    reply in ``replies/`` instead of being returned; hostile files are quarantined.
+
+    Args:
+        paths: the relay layout.
+        ttl: the TTL in seconds (``<= 0``: never expire).
+        now: the current time (default ``time.time()``).
+
+    Returns:
+        The claimed envelopes, in id order.
+    """
+    now = time.time() if now is None else now
+    rf.sweep_stale(paths.relay, now=now)
+    drained: list[dict[str, Any]] = []
+    for envelope_id in rf.list_ids(paths.relay.outbox):
+        result = drain_envelope(paths, "outbox", envelope_id, ttl=ttl, now=now)
+        if isinstance(result, ToDeliver):
+            drained.append(result.envelope)
+        elif isinstance(result, Expired):
+            try:
+                rf.write_reply(paths.relay, result.reply)
+            except (StoreError, OSError, ValidationError) as exc:  # claimed: it is certainly NOT delivered
+                logger.error("relay: could not write the expiry reply of {}: {}", envelope_id, exc)
+    return drained
