@@ -136,13 +136,13 @@ def wake_for(
         return None
     if not outcome.text.strip():
         return None
-    return WakeRequest(
-        wake_id=wake_id(delivery.delivery_id),
+    return WakeRequest(  # keyed by the outcome's id: a relay DM's id is its envelope's
+        wake_id=wake_id(outcome.delivery_id),
         profile=delivery.sender,
         handle=delivery.sender_handle or delivery.sender,
         text=outcome.text,
         hop=max(0, delivery.hop),
-        source_id=delivery.delivery_id,
+        source_id=outcome.delivery_id,
         source_target=delivery.target,
         source_label=outcome.from_ or delivery.label,
     )

@@ -286,6 +286,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             logger.debug("second outcome for {} dropped (first one wins)", key)
             return
         entry = self.pending.pop(key, None)
+        self.waker.settling(key, entry)
         if entry is not None and entry.route == "relay-in":
             # The sender is on another connection: the reply goes back through the relay files.
             self.settled[key] = outcome.as_dict()

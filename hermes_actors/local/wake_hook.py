@@ -46,7 +46,8 @@ class SenderWaker:
         self.mode = mode
         self.runner_is_hermes = runner_is_hermes
         self.wake_ids: dict[str, None] = {}  # every wake id created here or found in the journal (insertion order)
-        self.sources: dict[str, Delivery] = {}  # journaled DMs whose outcome a restart re-publishes
+        # DMs whose outcome is on its way to being published (being journaled, or re-published after a restart)
+        self.sources: dict[str, Delivery] = {}
         owner.counters.setdefault("wakes_sent", 0)
         owner.counters.setdefault("wakes_failed", 0)
 
@@ -64,6 +65,14 @@ class SenderWaker:
             elif state.outcome is not None and not state.delivered:
                 self.sources[key] = delivery_from_record(state.delivery)
 
+    def settling(self, key: str, entry: Pending | None) -> None:
+        """Called when the outcome of ``key`` arrives for ``entry``, before it is journaled and published.
+
+        Remembers the DM until :meth:`after_publish` (the pending entry is gone by then).
+        """
+        if entry is not None and entry.route != "relay-in":
+            self.sources[key] = entry.delivery
+
     def after_publish(self, outcome: Outcome, entry: Pending | None) -> bool:
         """Called for each published outcome, after ``wait_outcome`` waiters got it.
 
@@ -75,7 +84,8 @@ class SenderWaker:
             True when the outcome is a wake turn's own: it is not a DM outcome and
             must not reach subscribers.
         """
-        delivery = entry.delivery if entry is not None else self.sources.pop(outcome.delivery_id, None)
+        remembered = self.sources.pop(outcome.delivery_id, None)
+        delivery = entry.delivery if entry is not None else remembered
         if is_wake(delivery) or (delivery is None and outcome.delivery_id in self.wake_ids):
             self._wake_settled(outcome, delivery)
             return True
