@@ -179,7 +179,7 @@ def test_send_whose_wait_expired_ends_the_turn_on_a_ctrl_c_and_leaves_no_orphan(
     root = make_root(tmp_path)
     log, release = tmp_path / "turns.log", tmp_path / "release"
     send = Proc("send", ["send", "--root", str(root), "--from", "alice", "bob", "hi", "--wait", "2",
-                         "--cli", str(fake_cli)], tmp_path, fake_env(log, release, "A"))
+                         "--cli", str(fake_cli), "--runner", "command"], tmp_path, fake_env(log, release, "A"))
     procs.append(send)
     turn = await_started(log, "A", leftovers)
     send.await_stderr("no outcome for delivery")  # --wait 2 expired while the turn runs
@@ -202,13 +202,13 @@ def test_a_second_send_never_overlaps_a_turn_whose_gateway_was_killed(
     release_a, release_b = tmp_path / "release-a", tmp_path / "release-b"
     release_b.touch()  # B answers at once once it runs
     first = Proc("first", ["send", "--root", str(root), "--from", "alice", "bob", "one", "--wait", "60",
-                           "--cli", str(fake_cli)], tmp_path, fake_env(log, release_a, "A"))
+                           "--cli", str(fake_cli), "--runner", "command"], tmp_path, fake_env(log, release_a, "A"))
     procs.append(first)
     turn_a = await_started(log, "A", leftovers)
     first.kill()  # SIGKILL: nothing of the gateway runs any more; the turn (its own session) lives on
     assert alive(turn_a["pid"])
     second = Proc("second", ["-v", "send", "--root", str(root), "--from", "carol", "bob", "two", "--wait", "60",
-                             "--cli", str(fake_cli)], tmp_path, fake_env(log, release_b, "B"))
+                             "--cli", str(fake_cli), "--runner", "command"], tmp_path, fake_env(log, release_b, "B"))
     procs.append(second)
     await_condition(lambda: "waiting for the turn lock" in second.stderr() or started(log, "B"), timeout=WAIT,
                     message="the second turn waits for the lock (or starts)")
@@ -229,7 +229,7 @@ def start_serve_with_a_relayed_turn(
 ) -> tuple[Proc, dict[str, Any], Path, Path]:
     root = make_root(tmp_path, {"moxie": {}}, name="mini")
     log, release = tmp_path / "turns.log", tmp_path / "release"
-    serve = Proc("serve", ["serve", "--root", str(root), "--connection-id", "mini", "--cli", str(fake_cli)],
+    serve = Proc("serve", ["serve", "--root", str(root), "--connection-id", "mini", "--cli", str(fake_cli), "--runner", "command"],
                  tmp_path, fake_env(log, release, "A"))
     procs.append(serve)
     await_condition(lambda: "gateway serving" in serve.stdout() or serve.proc.poll() is not None, timeout=WAIT,

@@ -27,6 +27,7 @@ from loguru import logger
 
 from hermes_actors.core.names import PEER_NAME_RE
 from hermes_actors.core.settings import Setting, coerce, default_text, setting, settings_of
+from hermes_actors.core.wake import parse_wake_mode
 from hermes_actors.store.yaml_file import MAX_CONFIG_BYTES, load_yaml_file, read_yaml_mapping
 
 __all__ = [
@@ -92,6 +93,10 @@ class BotModeConfig:
                "also kills its process group then", above=0)
     idle_stop_seconds: float = setting(60.0, "an idle ProfileActor stops after this long (0: never)", at_least=0)
     rescan_seconds: float = setting(2.0, "the relay's reconcile rescan and the roster's change check", above=0)
+    wake_sender: str = setting(
+        "auto", "deliver each outcome into the sender's Bot Chat as a new turn: `auto` (on when turns run on the "
+                "real Hermes), `true` or `false` (for embedders that consume outcomes themselves)",
+        choice=parse_wake_mode)
     peers: tuple[str, ...] = ()
     redis: RedisConfig = field(default_factory=RedisConfig)
     raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)

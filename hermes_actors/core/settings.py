@@ -11,6 +11,7 @@ turns a raw value into the declared type. The declarations themselves live in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
@@ -29,6 +30,7 @@ class _Spec:
     minimum: float | None
     inclusive: bool
     max_chars: int | None
+    choice: Callable[[Any], str | None] | None
 
 
 def setting(
@@ -38,6 +40,7 @@ def setting(
     at_least: float | None = None,
     above: float | None = None,
     max_chars: int | None = None,
+    choice: Callable[[Any], str | None] | None = None,
 ) -> Any:
     """Declare one setting as a dataclass field.
 
@@ -47,6 +50,8 @@ def setting(
         at_least: the smallest accepted number (inclusive).
         above: numbers must be greater than this (exclusive).
         max_chars: text longer than this is cut, with a warning.
+        choice: for text with a fixed set of values: maps a raw value (bools included) to its canonical
+            text, or None when it is not one of them (then the default is used, with a warning).
 
     Returns:
         A dataclass field (typed ``Any`` so the annotation keeps its type for mypy).
@@ -57,7 +62,7 @@ def setting(
     if at_least is not None and above is not None:
         raise ValueError("give at_least or above, not both")
     minimum = at_least if above is None else above
-    spec = _Spec(doc=doc, minimum=minimum, inclusive=above is None, max_chars=max_chars)
+    spec = _Spec(doc=doc, minimum=minimum, inclusive=above is None, max_chars=max_chars, choice=choice)
     return field(default=default, metadata={_SPEC: spec})
 
 
@@ -73,6 +78,7 @@ class Setting:
     inclusive: bool
     max_chars: int | None
     doc: str
+    choice: Callable[[Any], str | None] | None = None
 
     @property
     def path(self) -> str:
@@ -82,6 +88,8 @@ class Setting:
     @property
     def type_text(self) -> str:
         """The accepted values in words, e.g. ``number > 0``."""
+        if self.choice is not None:
+            return "one of the values named in the description"
         base = {"float": "number", "int": "integer", "text": "text"}[self.kind]
         if self.max_chars is not None:
             return f"{base} (≤ {self.max_chars} characters)"
@@ -111,7 +119,8 @@ def settings_of(cls: type, section: str) -> tuple[Setting, ...]:
         kind = _KINDS.get(str(f.type))
         if kind is None or f.default is MISSING:
             raise TypeError(f"setting {cls.__name__}.{f.name}: annotate float, int or str and give a default")
-        out.append(Setting(section, f.name, kind, f.default, spec.minimum, spec.inclusive, spec.max_chars, spec.doc))
+        out.append(Setting(section, f.name, kind, f.default, spec.minimum, spec.inclusive, spec.max_chars, spec.doc,
+                           spec.choice))
     return tuple(out)
 
 
@@ -142,6 +151,11 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
         is one line naming the key and the value.
     """
     default = spec.default
+    if spec.choice is not None:
+        picked = spec.choice(value) if value is not None else str(default)
+        if picked is None:
+            return default, f"config {spec.path}={value!r} is not one of the accepted values; using {default!r}"
+        return picked, None
     if spec.kind == "text":
         if value is None:
             return default, None

@@ -34,6 +34,7 @@ from hermes_actors.core.reasons import (
     normalize_reason,
     retry_action,
 )
+from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner
@@ -139,7 +140,7 @@ def execute_turn(
                 journal.append_durably({"t": "started", "id": delivery.delivery_id, "attempt": 1})
             except StoreError as exc:
                 return never_ran(delivery.delivery_id, "recording the turn durably", exc)
-        crashpoint("mid-turn")
+        crashpoint("mid-wake" if delivery.origin == WAKE_ORIGIN else "mid-turn")
         try:
             turn = make_turn(delivery)
         except Exception as exc:  # our own code, but the DM must still get its outcome now
