@@ -5,7 +5,9 @@ it kills itself with SIGKILL the first time it reaches that point. Unset (the
 normal case) every call is a dictionary-free string comparison.
 
 Points: ``after-journal-before-ack``, ``after-ack-before-turn``, ``mid-turn``,
-``after-turn-before-outcome``, ``after-outcome-before-delivered``.
+``after-turn-before-outcome``, ``after-outcome-before-delivered``; of the sender
+wake-up (:data:`WAKE_CRASH_POINTS`): ``after-outcome-before-wake`` (the DM's outcome
+is durable, its wake not written yet), ``mid-wake`` (the wake turn's start is durable).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["CRASH_POINTS", "crashpoint"]
+__all__ = ["CRASH_POINTS", "WAKE_CRASH_POINTS", "crashpoint"]
 
 CRASH_POINTS = (
     "after-journal-before-ack",
@@ -22,6 +24,7 @@ CRASH_POINTS = (
     "after-turn-before-outcome",
     "after-outcome-before-delivered",
 )
+WAKE_CRASH_POINTS = ("after-outcome-before-wake", "mid-wake")
 
 _ARMED = os.environ.get("HERMES_ACTORS_CRASH_AT", "")
 

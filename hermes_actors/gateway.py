@@ -64,13 +64,41 @@ __all__ = ["Gateway"]
 _ASK_TIMEOUT = 30.0
 
 
+def _explicit_runner(runner: Any) -> TurnRunner | None:
+    """The runner given to ``Gateway(runner=...)``; None stays None (the real Hermes, chosen at start).
+
+    Raises:
+        ValueError: an unknown runner name.
+        TypeError: neither a runner nor a callable.
+    """
+    if runner is None:
+        return None
+    if isinstance(runner, str):
+        if runner == "demo":
+            from hermes_actors.demo.bots import DemoRunner
+
+            return DemoRunner()
+        raise ValueError(f"unknown runner {runner!r}: pass None (the real Hermes), 'demo', a runner or a callable")
+    return as_runner(runner)
+
+
+def is_real_hermes(runner: Any) -> bool:
+    """Whether ``runner`` runs turns on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then)."""
+    return getattr(runner, "real_hermes", False) is True
+
+
 class Gateway(RelayRpcMixin):
     """One gateway process's Bot Mode messaging.
 
     Args:
         root: the Hermes root (the default profile's home).
-        runner: how turns run: an object with ``run_turn(turn) -> str`` or a
-            callable ``fn(turn) -> str``. None: the built-in offline demo runner.
+        runner: how turns run. None (the default): the real Hermes, chosen at
+            :meth:`start` by :func:`hermes_actors.hermes.select.default_runner` — warm
+            turns through the hermes gateway's API server when one serves the root,
+            else the ``hermes`` CLI (no CLI installed: every turn fails
+            ``runtime_offline`` saying how to install it). ``"demo"``: the built-in
+            offline demo bots. Else an object with ``run_turn(turn) -> str`` or a
+            callable ``fn(turn) -> str``.
         config: a dict shaped like ``config.yaml``, deep-merged over
             ``<root>/config.yaml``.
         connection_id: this gateway's connection id on a relay (None: local only).
@@ -103,11 +131,7 @@ class Gateway(RelayRpcMixin):
         serve_submit: bool = False,
     ) -> None:
         self.root = Path(root).expanduser()
-        if runner is None:
-            from hermes_actors.demo.bots import DemoRunner
-
-            runner = DemoRunner()
-        self.runner: TurnRunner = as_runner(runner)
+        self.runner: TurnRunner | None = _explicit_runner(runner)  # None: the real Hermes, chosen at start()
         self.overrides = dict(config or {})
         self.connection_id = connection_id
         self.workers = workers
@@ -199,6 +223,11 @@ class Gateway(RelayRpcMixin):
             want = profile.strip().lstrip("@").lower()
             if ("default" if want == "hermes" else want) not in snapshot.index:
                 raise KeyError(f"attach_live_owner: no local profile named {profile!r} under {self.root}")
+        if self.runner is None:
+            from hermes_actors.hermes.select import default_runner
+
+            self.runner = default_runner(self.root, cfg.raw, timeout=cfg.turn_timeout_seconds)
+        runner_is_hermes = is_real_hermes(self.runner)
         pool, scheduler, runner = self._pool, self._scheduler, self.runner
         guard = None
         if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
@@ -231,6 +260,7 @@ class Gateway(RelayRpcMixin):
             peer_submit=peer_submit,
             policy=RestartPolicy(max_restarts=5, within_seconds=10.0),
             journal=self._journal,
+            runner_is_hermes=runner_is_hermes,
         )
         current = ask(self._roster, Subscribe(self._dispatcher), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
         self._dispatcher.tell(RosterChanged(current))

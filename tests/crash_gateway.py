@@ -3,16 +3,19 @@
 Every line on stdout is one JSON object, flushed at once, so a parent that
 SIGKILLs this process still has everything printed before the kill.
 
-    python tests/crash_gateway.py ROOT send [--selfkill]
+    python tests/crash_gateway.py ROOT send [--selfkill] [--wake]
         start a Gateway on ROOT, send one DM hermes → bob, print the ack, wait
         for its outcome and print it. The runner appends each turn's delivery
         id to ROOT/turns.log; --selfkill makes it SIGKILL its own process right
         after logging (a true mid-runner death). HERMES_ACTORS_CRASH_AT arms a
-        named crash point.
-    python tests/crash_gateway.py ROOT recover [--notify] ID [ID ...]
+        named crash point. --wake turns on ``bot_mode.wake_sender`` (hermes is
+        woken with the outcome) and also waits for the wake's own outcome.
+    python tests/crash_gateway.py ROOT recover [--notify] [--wake] ID [ID ...]
         subscribe (before start), start, print gw.recovered, wait_outcome for
         every ID; with --notify also wait until the subscriber saw each one;
-        print both, stop.
+        print both, stop. --wake: as for send, and also wait_outcome for each
+        ID's wake; the subscriber's outcomes are printed after stop() (which
+        flushes them), all of them, so a wake outcome reported by mistake shows.
     python tests/crash_gateway.py ROOT load TODO_JSON [--threads N]
         send DM ``m<i>`` hermes → ``p<i % 20>`` for every index i in the JSON
         list; print one ``ack`` line per acked DM; then wait for those outcomes.
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_actors import Gateway
+from hermes_actors.core.wake import wake_id
 
 _print_lock = threading.Lock()
 
@@ -64,13 +68,19 @@ def _wait_all(gw: Gateway, ids: list[str], timeout: float) -> None:
             emit("no-outcome", delivery_id=key, error=f"{type(exc).__name__}: {exc}")
 
 
+def _config(args: list[str]) -> dict[str, Any] | None:
+    return {"bot_mode": {"wake_sender": True}} if "--wake" in args else None
+
+
 def cmd_send(root: Path, args: list[str]) -> None:
-    gw = Gateway(root, runner=LoggingRunner(root, selfkill="--selfkill" in args)).start()
+    gw = Gateway(root, runner=LoggingRunner(root, selfkill="--selfkill" in args), config=_config(args)).start()
     emit("ready", recovered=gw.recovered)
     ack = gw.message_agent(sender="hermes", target="bob", message="hello from the crash test")
     emit("ack", **ack)
     if "delivery_id" in ack:
         _wait_all(gw, [ack["delivery_id"]], 20)
+        if "--wake" in args:
+            _wait_all(gw, [wake_id(ack["delivery_id"])], 20)
     gw.stop(timeout=10)
     emit("stopped")
 
@@ -85,11 +95,17 @@ def cmd_recover(root: Path, args: list[str]) -> None:
             seen.setdefault(outcome["delivery_id"], outcome)
             cond.notify_all()
 
-    gw = Gateway(root, runner=LoggingRunner(root))
+    gw = Gateway(root, runner=LoggingRunner(root), config=_config(args))
     gw.subscribe(record)  # before start(): it must see the recovered outcomes too
     gw.start()
     emit("recovered", counts=gw.recovered)
     _wait_all(gw, ids, 20)
+    if "--wake" in args:
+        _wait_all(gw, [wake_id(key) for key in ids], 20)
+        gw.stop(timeout=10)  # flushes the subscriber: every outcome it would ever see is in ``seen`` now
+        emit("subscribed", outcomes=list(seen.values()))
+        emit("stopped")
+        return
     with cond:
         if "--notify" in args:
             cond.wait_for(lambda: all(k in seen for k in ids), timeout=20)

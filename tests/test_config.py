@@ -150,13 +150,23 @@ def test_defaults() -> None:
     assert cfg.rescan_seconds == 2.0
     assert cfg.peers == ()
     assert cfg.expiry_enabled is True
+    assert cfg.wake_sender == "auto"
+
+
+@pytest.mark.parametrize(
+    ("raw", "mode"),
+    [(True, "true"), (False, "false"), ("auto", "auto"), (" TRUE ", "true"), ("off", "false"), ("yes", "true"),
+     ("maybe", "auto"), (3, "auto"), (None, "auto")],
+)
+def test_wake_sender_values(raw: object, mode: str) -> None:
+    assert c.BotModeConfig.from_dict({"bot_mode": {"wake_sender": raw}}).wake_sender == mode
 
 
 def test_defaults_dict_shape() -> None:
     assert c.DEFAULTS["bot_mode"] == {
         "turn_wait_seconds": 120, "envelope_ttl_seconds": 900, "reply_wait_seconds": 900, "max_hops": 8,
         "max_pair_rate": 30, "max_queued": 256, "max_notify_backlog": 100000, "turn_timeout_seconds": 600,
-        "idle_stop_seconds": 60, "rescan_seconds": 2.0,
+        "idle_stop_seconds": 60, "rescan_seconds": 2.0, "wake_sender": "auto",
     }
     assert c.DEFAULTS["bot_peers"] == {}
 

@@ -148,11 +148,11 @@ def test_a_restarted_sender_resumes_waiting_for_its_replies(tmp_path: Path, redi
     fake_connection(redis_server, "mini")  # online, not draining yet
     root = make_root(tmp_path, {"alice": {}}, name="alpha")
     cfg = _config(redis_server)
-    with Gateway(root, config=cfg, connection_id="alpha") as first:
+    with Gateway(root, runner="demo", config=cfg, connection_id="alpha") as first:
         wait_online(first, "bob", "mini")
         ack = first.message_agent(sender="alice", target="bob@mini", message="across a restart")
     assert redis_server.client().hexists(KEYS.sent("alpha"), ack["delivery_id"])
-    with Gateway(root, config=cfg, connection_id="alpha") as second, \
+    with Gateway(root, runner="demo", config=cfg, connection_id="alpha") as second, \
             gateway(tmp_path, "mini", redis_server):
         out = second.wait_outcome(ack["delivery_id"], timeout=10)
     assert (out["status"], out["reply"]) == ("replied", "ok: across a restart")

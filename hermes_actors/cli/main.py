@@ -22,14 +22,21 @@ def _enable_logging(verbose: int) -> None:
 
 
 def _runner_for(kind: str, cli: str | None, root: Path) -> Any:
+    """The ``Gateway(runner=...)`` of ``--runner``: None (the real Hermes, chosen at start), ``"demo"`` or a runner."""
     if kind == "demo":
-        from hermes_actors.demo.bots import DemoRunner
-
-        return DemoRunner()
+        return "demo"
     from hermes_actors.core.config import load_config
+
+    timeout = load_config(root).turn_timeout_seconds
+    if kind == "hermes":
+        if cli is None:
+            return None
+        from hermes_actors.hermes.select import default_runner
+
+        return default_runner(root, cli=cli, timeout=timeout)
     from hermes_actors.local.runners import CommandRunner
 
-    return CommandRunner(cli=cli, timeout=load_config(root).turn_timeout_seconds)
+    return CommandRunner(cli=cli, timeout=timeout)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -103,7 +110,9 @@ def _cmd_send(args: argparse.Namespace) -> int:
         return via_host
     print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
           "running this DM inside this command instead", file=sys.stderr)
-    with Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root)) as gw:
+    # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
+    no_wake = {"bot_mode": {"wake_sender": False}}
+    with Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root), config=no_wake) as gw:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         print(orjson.dumps(ack).decode())
         if "error" in ack:
@@ -187,7 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_roster)
 
     def runner_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--runner", choices=("command", "demo"), default="command", help="how turns run")
+        p.add_argument("--runner", choices=("hermes", "command", "demo"), default="hermes",
+                       help="how turns run: hermes = the real Hermes (warm through the gateway's API server when "
+                            "one serves the root, else the CLI); command = the CLI of a Bot-Mode hermes release; "
+                            "demo = offline demo bots")
         p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
 
     p = sub.add_parser("send", help="send one DM on a real root")

@@ -48,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
         "turn_timeout_seconds": 600,
         "idle_stop_seconds": 60,
         "rescan_seconds": 2.0,
+        "wake_sender": "auto",  # auto | true | false (hermes_actors.core.wake)
     },
     "bot_peers": {},
 }
@@ -215,6 +216,17 @@ def _coerce_field(key: str, value: Any) -> float | int:
     return number
 
 
+def _wake_mode(value: Any) -> str:
+    """``bot_mode.wake_sender`` parsed, falling back to ``auto`` with a warning."""
+    from hermes_actors.core.wake import parse_wake_mode
+
+    mode = parse_wake_mode(value)
+    if mode is None:
+        logger.warning("config bot_mode.wake_sender={!r} is not auto, true or false; using auto", value)
+        return "auto"
+    return mode
+
+
 def _peer_names(raw: Any) -> tuple[str, ...]:
     """Extract valid, lowercased, de-duplicated peer names from ``bot_peers``.
 
@@ -260,6 +272,7 @@ class BotModeConfig:
     turn_timeout_seconds: float = 600.0
     idle_stop_seconds: float = 60.0
     rescan_seconds: float = 2.0
+    wake_sender: str = "auto"
     peers: tuple[str, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)
 
@@ -288,6 +301,7 @@ class BotModeConfig:
         values: dict[str, Any] = {}
         for key in _FIELDS:
             values[key] = _coerce_field(key, section.get(key, DEFAULTS["bot_mode"][key]))
+        values["wake_sender"] = _wake_mode(section.get("wake_sender", DEFAULTS["bot_mode"]["wake_sender"]))
         return cls(**values, peers=_peer_names(cfg.get("bot_peers")), raw=copy.deepcopy(cfg))
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record, outcome_from_record
+from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.messages import Delivery, Outcome
 
 __all__ = ["RecoveryPlan", "plan_recovery"]
@@ -35,6 +36,11 @@ class RecoveryPlan:
             "redelivered": len(self.redeliver),
             "known": len(self.known),
         }
+
+
+def _reoffered(delivery: Delivery) -> Delivery:
+    """A delivery offered again after a restart (a wake stays a wake: its outcome is not a DM's)."""
+    return delivery if delivery.origin == WAKE_ORIGIN else replace(delivery, origin="recovered")
 
 
 def plan_recovery(
@@ -71,11 +77,11 @@ def plan_recovery(
                 error = str(record.get("error") or "The live Bot Chat owner failed the turn.")
                 plan.redeliver.append(outcomes.failed(key, delivery.label, error, str(record.get("reason") or "")))
             else:
-                plan.reoffer.append(replace(delivery, origin="recovered"))
+                plan.reoffer.append(_reoffered(delivery))
             continue
         if state.started and not idempotent_runner:
             why = "The gateway stopped or crashed during the turn."
             plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, why)))
         else:
-            plan.reoffer.append(replace(delivery, origin="recovered"))
+            plan.reoffer.append(_reoffered(delivery))
     return plan

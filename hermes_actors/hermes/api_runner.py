@@ -31,6 +31,7 @@ from loguru import logger
 from hermes_actors.core.reasons import DELIVERY_TIMEOUT, MISSING_CONFIG, RUNTIME_OFFLINE, UNKNOWN, classify_agent_error
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.install import cli_profile_name
+from hermes_actors.hermes.plugin import turn_hop_scope
 from hermes_actors.messages import Turn
 
 __all__ = ["ApiRunner", "ApiServer", "pick_titled_session"]
@@ -101,6 +102,8 @@ class ApiRunner:
     Raises:
         ValueError: a timeout is not positive.
     """
+
+    real_hermes = True  # turns run on the real Hermes: ``bot_mode.wake_sender: auto`` wakes senders
 
     def __init__(self, server: ApiServer, *, timeout: float = 600, connect_timeout: float = 10) -> None:
         if not timeout > 0 or not connect_timeout > 0:
@@ -246,7 +249,10 @@ class ApiRunner:
         session = self.session_id(turn.profile, turn.session, handle)
         path = f"{self._prefix(turn.profile)}/api/sessions/{urllib.parse.quote(session, safe='')}/chat"
         try:
-            payload = self._call(handle, "POST", path, {"message": turn.content}, self.timeout)
+            # When this process is the hermes gateway (our actors hosted in it), the tool call of
+            # this turn runs here too: the scope tells it the turn's hop (an env var can't be per turn).
+            with turn_hop_scope(session, turn.hop):
+                payload = self._call(handle, "POST", path, {"message": turn.content}, self.timeout)
         except _HttpFailure as failure:
             if failure.status == 404 and failure.code() == "session_not_found" and retry_missing:
                 self.forget(turn.profile, turn.session)

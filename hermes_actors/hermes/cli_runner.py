@@ -33,6 +33,7 @@ from hermes_actors.hermes.install import (
     profile_home,
     root_of_home,
 )
+from hermes_actors.hermes.plugin import HOP_ENV
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.local.runners import CommandRunner, run_cli_process
 from hermes_actors.messages import Turn
@@ -75,6 +76,8 @@ class HermesCliRunner(CommandRunner):
     Raises:
         ValueError: ``timeout`` is not positive.
     """
+
+    real_hermes = True  # turns run on the real Hermes: ``bot_mode.wake_sender: auto`` wakes senders
 
     def __init__(
         self,
@@ -148,7 +151,8 @@ class HermesCliRunner(CommandRunner):
         """The turn's environment: :meth:`CommandRunner.environment` with ``HERMES_HOME`` = the root.
 
         ``-p NAME`` resolves the profile under ``HERMES_HOME``'s root, for the
-        default profile too.
+        default profile too. ``HERMES_ACTORS_HOP`` is the turn's hop, so a DM our
+        plugin sends from this turn is one hop deeper.
 
         Args:
             turn: the turn.
@@ -158,6 +162,7 @@ class HermesCliRunner(CommandRunner):
         """
         env = super().environment(turn)
         env["HERMES_HOME"] = str(Path(turn.root) if turn.root is not None else root_of_home(turn_home(turn)))
+        env[HOP_ENV] = str(max(0, turn.hop))
         return env
 
     def run_turn(self, turn: Turn) -> str:

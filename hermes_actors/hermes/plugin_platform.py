@@ -9,7 +9,8 @@ actors run once.
 
 Config (``platforms: {hermes_actors: {enabled: true, extra: {...}}}``), all optional:
 ``root`` (default: the root of the profile starting the platform) and ``runner``
-(``demo`` for the offline demo bots; default: the ``hermes`` command).
+(``demo`` for the offline demo bots; default: the real Hermes — warm turns through
+this gateway's API server when it serves the root, else the ``hermes`` CLI).
 """
 
 from __future__ import annotations
@@ -31,18 +32,16 @@ _STOP_TIMEOUT = 20.0
 
 
 def make_host_gateway(root: Path, runner_kind: str = "") -> Any:
-    """The Gateway a hermes gateway hosts for ``root`` (not started)."""
+    """The Gateway a hermes gateway hosts for ``root`` (not started).
+
+    Args:
+        root: the Hermes root.
+        runner_kind: ``demo`` for the offline demo bots; anything else: the real
+            Hermes (``Gateway``'s default runner, chosen when it starts).
+    """
     from hermes_actors.gateway import Gateway
 
-    if runner_kind == "demo":
-        from hermes_actors.demo.bots import DemoRunner
-
-        return Gateway(root, runner=DemoRunner(), serve_submit=True)
-    from hermes_actors.core.config import load_config
-    from hermes_actors.local.runners import CommandRunner
-
-    runner = CommandRunner(timeout=load_config(root).turn_timeout_seconds)
-    return Gateway(root, runner=runner, serve_submit=True)
+    return Gateway(root, runner="demo" if runner_kind == "demo" else None, serve_submit=True)
 
 
 class HostAdapter(BasePlatformAdapter):

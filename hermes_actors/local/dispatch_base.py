@@ -45,6 +45,7 @@ class DispatcherBase(SupervisorActor):
     sent: dict[str, int]
     pairs: dict[tuple[str, str], deque[float]]
     counters: dict[str, int]
+    accepting: bool
     owners: dict[str, Any]
     awaiting_durable: dict[str, tuple[Delivery, ProfileInfo, pykka.ThreadingFuture[Any], dict[str, Any]]]
 

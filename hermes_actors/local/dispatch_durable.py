@@ -20,6 +20,7 @@ from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.dispatch_base import DispatcherBase, Pending
 from hermes_actors.local.live_handoff import LiveMailbox
+from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import Delivery, JournalDurable, Outcome, PendingAck, ProfileInfo, Recover
 
 __all__ = ["DurableDispatch"]
@@ -27,6 +28,8 @@ __all__ = ["DurableDispatch"]
 
 class DurableDispatch(DispatcherBase):
     """Handlers of the durable mode (mixed into the DispatcherActor)."""
+
+    waker: SenderWaker
 
     def _accept_durably(self, delivery: Delivery, target: ProfileInfo, ack: dict[str, Any]) -> PendingAck:
         """Journal the acceptance; the ack is released once the group commit covering it is on disk."""
@@ -91,6 +94,7 @@ class DurableDispatch(DispatcherBase):
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:
         """Act on the journal of a previous run (see ``recovery.plan_recovery``)."""
+        self.waker.adopt(msg.states)
         plan = plan_recovery(msg.states, idempotent_runner=msg.idempotent_runner, live_record=self._live_record)
         self.settled.update(plan.known)
         for outcome in plan.redeliver:

@@ -30,6 +30,7 @@ from hermes_actors.local.dispatch_base import Pending
 from hermes_actors.local.dispatch_durable import DurableDispatch
 from hermes_actors.local.dispatch_relay import RelayDispatch
 from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps
+from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import (
     AttachOwner,
     AttachRelay,
@@ -73,6 +74,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         notifier: the Notifier actor (subscriber callbacks).
         peer_submit: runs a peer delivery off-actor; called with (delivery, route, report).
         relay: the RelayActor ref, when the file relay runs.
+        runner_is_hermes: turns run on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         relay: pykka.ActorRef[Any] | None = None,
         policy: RestartPolicy | None = None,
         journal: Journal | None = None,
+        runner_is_hermes: bool = False,
     ) -> None:
         super().__init__(policy=policy or RestartPolicy(max_restarts=5, within_seconds=10.0))
         self.snapshot = snapshot
@@ -106,6 +109,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         self.owners: dict[str, Any] = {}  # profile → attached live owner
         self.journaled: set[str] = set()  # ids whose lifecycle the journal records
         self.awaiting_durable: dict[str, tuple[Delivery, ProfileInfo, pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
+        self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
 
     # ── turns ask back through us ───────────────────────────────────────────
 
@@ -282,6 +286,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             logger.debug("second outcome for {} dropped (first one wins)", key)
             return
         entry = self.pending.pop(key, None)
+        self.waker.settling(key, entry)
         if entry is not None and entry.route == "relay-in":
             # The sender is on another connection: the reply goes back through the relay files.
             self.settled[key] = outcome.as_dict()
@@ -299,15 +304,17 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
     def _publish(self, outcome: Outcome) -> None:
         """Make an outcome visible: wait_outcome answers, subscribers are called."""
         key = outcome.delivery_id
-        self.pending.pop(key, None)
+        entry = self.pending.pop(key, None)
         self.journaled.discard(key)
         record = outcome.as_dict()
         self.settled[key] = record
         if len(self.settled) > SETTLED_KEEP:
             self.settled.popitem(last=False)
-        self.counters["settled"] += 1
         for future in self.waiters.pop(key, ()):
             future.set(record)
+        if self.waker.after_publish(outcome, entry):  # a wake turn's own outcome is nobody's DM outcome
+            return
+        self.counters["settled"] += 1
         self.notifier.tell(Notify(record))
 
     @handles(AwaitOutcome)

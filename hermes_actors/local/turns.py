@@ -17,6 +17,7 @@ from loguru import logger
 
 from hermes_actors.core.outcomes import busy_text
 from hermes_actors.core.reasons import RETRY_NONE, classify_agent_error, normalize_reason, retry_action
+from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner
@@ -84,7 +85,7 @@ def execute_turn(
             except StoreError as exc:
                 text = f"The turn could not be recorded durably ({exc}); it did NOT run. Resend shortly."
                 return TurnFinished(delivery.delivery_id, None, text, "unknown", 0, ran=False)
-        crashpoint("mid-turn")
+        crashpoint("mid-wake" if delivery.origin == WAKE_ORIGIN else "mid-turn")
         turn = make_turn(delivery)
         reply, error, reason = attempt_turn(runner, turn)
         attempts = 1

@@ -1,0 +1,174 @@
+"""Pure decisions of the sender wake-up: which outcome wakes whom, with what turn.
+
+When a DM settles, its sender (a bot on this root) learns the outcome as a new
+turn in its own "Bot Chat" whose user message is exactly the outcome's
+``text`` (``Reply from @bob: …``). The wake is a local delivery of origin
+``"wake"``: it queues behind the sender's other turns (one turn per bot), is
+journaled like any delivery in durable mode, and never goes through
+``message_agent``. Its id is derived from the DM's id, so whatever path reaches
+the decision twice (a restart re-publishing an outcome, a relay reply read
+again) names the same wake and it runs at most once.
+
+Config: ``bot_mode.wake_sender`` — ``auto`` (on when turns run on the real
+Hermes, off for custom runners, callables and the demo runner), ``true`` or
+``false``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Container
+from dataclasses import dataclass
+from typing import Any
+
+from hermes_actors.messages import Delivery, Outcome
+
+__all__ = [
+    "WAKE_MODES",
+    "WAKE_ORIGIN",
+    "WakeRequest",
+    "is_wake",
+    "parse_wake_mode",
+    "wake_delivery",
+    "wake_enabled",
+    "wake_for",
+    "wake_id",
+]
+
+WAKE_ORIGIN = "wake"
+WAKE_MODES = ("auto", "true", "false")
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+
+
+@dataclass(frozen=True, slots=True)
+class WakeRequest:
+    """A wake turn to queue: ``text`` into ``profile``'s Bot Chat."""
+
+    wake_id: str  # derived from source_id (see :func:`wake_id`)
+    profile: str  # the DM's sender (folder id): who wakes
+    handle: str  # its handle
+    text: str  # the outcome's text, the wake turn's whole user message
+    hop: int  # the DM's hop: a DM sent from the wake turn is hop + 1
+    source_id: str  # the DM whose outcome this is
+    source_target: str  # the DM's target folder id ("" when remote)
+    source_label: str  # how the DM's target is shown ("@bob", "@dave on Mini")
+
+
+def parse_wake_mode(value: Any) -> str | None:
+    """The ``bot_mode.wake_sender`` mode of a raw config value.
+
+    Args:
+        value: a bool or a string (``auto``, ``true``/``yes``/``on``/``1``, ``false``/``no``/``off``/``0``).
+
+    Returns:
+        ``"auto"``, ``"true"`` or ``"false"``; None when the value is none of those.
+    """
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if not isinstance(value, str):
+        return None
+    text = value.strip().lower()
+    if text == "auto":
+        return "auto"
+    if text in _TRUE:
+        return "true"
+    if text in _FALSE:
+        return "false"
+    return None
+
+
+def wake_enabled(mode: str, runner_is_hermes: bool) -> bool:
+    """Whether senders are woken with their outcomes.
+
+    Args:
+        mode: the parsed ``bot_mode.wake_sender`` (``auto``, ``true``, ``false``).
+        runner_is_hermes: turns run on the real Hermes (not a custom runner, callable or the demo).
+
+    Returns:
+        True for ``true``; for ``auto``, ``runner_is_hermes``; else False.
+    """
+    if mode == "true":
+        return True
+    if mode == "auto":
+        return runner_is_hermes
+    return False
+
+
+def wake_id(source_id: str) -> str:
+    """The id of the wake of DM ``source_id``: 32 lowercase hex chars, the same every time."""
+    return hashlib.sha256(f"hermes-actors-wake:{source_id}".encode()).hexdigest()[:32]
+
+
+def is_wake(delivery: Delivery | None) -> bool:
+    """Whether a delivery is a wake turn (its outcome is nobody's DM outcome)."""
+    return delivery is not None and delivery.origin == WAKE_ORIGIN
+
+
+def wake_for(
+    outcome: Outcome,
+    delivery: Delivery | None,
+    *,
+    mode: str,
+    runner_is_hermes: bool,
+    local_profiles: Container[str],
+) -> WakeRequest | None:
+    """The wake an outcome calls for, if any.
+
+    Args:
+        outcome: the DM's final outcome.
+        delivery: the DM it settles (None: unknown, e.g. a relay envelope resumed after a restart).
+        mode: ``bot_mode.wake_sender``.
+        runner_is_hermes: see :func:`wake_enabled`.
+        local_profiles: folder ids of this root's profiles.
+
+    Returns:
+        The wake, or None: waking is off, the DM is unknown or is itself a wake
+        (no echo loops), it was relayed in (its sender is on another
+        connection and learns the outcome there), its sender is not a local
+        profile, or the outcome has no text.
+    """
+    if not wake_enabled(mode, runner_is_hermes) or delivery is None:
+        return None
+    if delivery.origin in (WAKE_ORIGIN, "relay") or not delivery.sender or delivery.sender not in local_profiles:
+        return None
+    if not outcome.text.strip():
+        return None
+    return WakeRequest(  # keyed by the outcome's id: a relay DM's id is its envelope's
+        wake_id=wake_id(outcome.delivery_id),
+        profile=delivery.sender,
+        handle=delivery.sender_handle or delivery.sender,
+        text=outcome.text,
+        hop=max(0, delivery.hop),
+        source_id=outcome.delivery_id,
+        source_target=delivery.target,
+        source_label=outcome.from_ or delivery.label,
+    )
+
+
+def wake_delivery(request: WakeRequest, *, now: float) -> Delivery:
+    """The local delivery that runs a wake turn.
+
+    Args:
+        request: the wake.
+        now: ``time.time()`` at creation.
+
+    Returns:
+        A delivery of origin ``"wake"`` to the sender, its content exactly the outcome text.
+    """
+    shown = request.source_label.lstrip("@")
+    return Delivery(
+        delivery_id=request.wake_id,
+        sender=request.source_target,
+        sender_handle=shown,
+        target=request.profile,
+        target_handle=request.handle,
+        content=request.text,
+        author={},
+        hop=request.hop,
+        accepted_at=now,
+        origin=WAKE_ORIGIN,
+        label=f"@{request.handle}",
+    )

@@ -1,0 +1,149 @@
+"""The Dispatcher's sender wake-up: an outcome becomes a turn in the sender's Bot Chat.
+
+:class:`SenderWaker` is owned by the DispatcherActor and runs on its thread.
+The Dispatcher calls :meth:`SenderWaker.after_publish` for every outcome it
+publishes and :meth:`SenderWaker.adopt` with the journal of a previous run;
+the decisions are :mod:`hermes_actors.core.wake`'s.
+
+Exactly once, in durable mode: the wake is journaled as an ``accepted`` local
+delivery (origin ``"wake"``, its id derived from the DM's) right after the DM's
+outcome is durable and before the DM is marked ``delivered``. A restart then
+either finds the wake in the journal (re-offered if it never started; a wake
+that may have started is NOT run again) or, when the crash came before it was
+written, re-publishes the DM's outcome, which creates it once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.core.acks import delivery_from_record, delivery_record
+from hermes_actors.core.wake import WAKE_ORIGIN, WakeRequest, is_wake, wake_delivery, wake_for
+from hermes_actors.errors import StoreError
+from hermes_actors.faults import crashpoint
+from hermes_actors.local.dispatch_base import DispatcherBase, Pending
+from hermes_actors.messages import Delivery, Outcome
+
+__all__ = ["SenderWaker"]
+
+_KNOWN_KEEP = 100_000  # wake ids remembered against a second creation (bounded like the settled table)
+
+
+class SenderWaker:
+    """Creates wake turns from published outcomes and keeps wake outcomes out of the DM outcomes.
+
+    Args:
+        owner: the Dispatcher (its state is read and changed on its own thread).
+        mode: ``bot_mode.wake_sender`` (``auto``, ``true``, ``false``).
+        runner_is_hermes: turns run on the real Hermes (``auto`` is on then).
+    """
+
+    def __init__(self, owner: DispatcherBase, *, mode: str, runner_is_hermes: bool) -> None:
+        self.owner = owner
+        self.mode = mode
+        self.runner_is_hermes = runner_is_hermes
+        self.wake_ids: dict[str, None] = {}  # every wake id created here or found in the journal (insertion order)
+        # DMs whose outcome is on its way to being published (being journaled, or re-published after a restart)
+        self.sources: dict[str, Delivery] = {}
+        owner.counters.setdefault("wakes_sent", 0)
+        owner.counters.setdefault("wakes_failed", 0)
+
+    def adopt(self, states: dict[str, Any]) -> None:
+        """Learn a previous run's wakes and the DMs whose outcomes will be re-published.
+
+        Args:
+            states: the journal's delivery states (id → ``DeliveryState``).
+        """
+        for key, state in states.items():
+            if not isinstance(state.delivery, dict):
+                continue
+            if state.delivery.get("origin") == WAKE_ORIGIN:
+                self._remember(key)
+            elif state.outcome is not None and not state.delivered:
+                self.sources[key] = delivery_from_record(state.delivery)
+
+    def settling(self, key: str, entry: Pending | None) -> None:
+        """Called when the outcome of ``key`` arrives for ``entry``, before it is journaled and published.
+
+        Remembers the DM until :meth:`after_publish` (the pending entry is gone by then).
+        """
+        if entry is not None and entry.route != "relay-in":
+            self.sources[key] = entry.delivery
+
+    def after_publish(self, outcome: Outcome, entry: Pending | None) -> bool:
+        """Called for each published outcome, after ``wait_outcome`` waiters got it.
+
+        Args:
+            outcome: the outcome.
+            entry: its pending entry (None: a re-published outcome of a previous run).
+
+        Returns:
+            True when the outcome is a wake turn's own: it is not a DM outcome and
+            must not reach subscribers.
+        """
+        remembered = self.sources.pop(outcome.delivery_id, None)
+        delivery = entry.delivery if entry is not None else remembered
+        if is_wake(delivery) or (delivery is None and outcome.delivery_id in self.wake_ids):
+            self._wake_settled(outcome, delivery)
+            return True
+        request = wake_for(
+            outcome,
+            delivery,
+            mode=self.mode,
+            runner_is_hermes=self.runner_is_hermes,
+            local_profiles=self.owner.snapshot.index,
+        )
+        if request is not None and request.wake_id not in self.wake_ids:
+            self._start(request)
+        return False
+
+    # ── internals ───────────────────────────────────────────────────────────
+
+    def _remember(self, wake_id: str) -> None:
+        self.wake_ids[wake_id] = None
+        if len(self.wake_ids) > _KNOWN_KEEP:
+            del self.wake_ids[next(iter(self.wake_ids))]
+
+    def _failed(self, why: str, *args: Any) -> None:
+        self.owner.counters["wakes_failed"] += 1
+        logger.warning(why, *args)
+
+    def _start(self, request: WakeRequest) -> None:
+        owner = self.owner
+        crashpoint("after-outcome-before-wake")
+        self._remember(request.wake_id)
+        info = owner.snapshot.index.get(request.profile.lower())
+        if info is None:
+            self._failed("@{} is gone: the outcome of {} wakes nobody", request.handle, request.source_id)
+            return
+        delivery = wake_delivery(request, now=time.time())
+        key = delivery.delivery_id
+        if owner.journal is not None:
+            try:  # durable before the DM is marked delivered, so a restart finds one or the other
+                owner.journal.append({"t": "accepted", "id": key, "d": delivery_record(delivery)})
+            except StoreError as exc:
+                self._failed("could not journal the wake of @{} for {}: {}", request.handle, request.source_id, exc)
+                return
+            owner.journaled.add(key)
+        owner.counters["wakes_sent"] += 1
+        if not owner.accepting:  # stopping: a journaled wake runs at the next start, else it is lost
+            if owner.journal is not None:
+                owner.pending[key] = Pending(delivery, "local")
+                logger.info("wake of @{} for {} journaled; the next start runs it", request.handle, request.source_id)
+            else:
+                self._failed("the gateway is stopping: @{} is not woken with the outcome of {}",
+                             request.handle, request.source_id)
+            return
+        logger.debug("waking @{} with the outcome of {} (wake {})", request.handle, request.source_id, key)
+        owner._deliver_local(info, delivery)
+
+    def _wake_settled(self, outcome: Outcome, delivery: Delivery | None) -> None:
+        who = f"@{delivery.target_handle}" if delivery is not None else "the sender"
+        if outcome.status in ("replied", "silent"):
+            logger.info("{} was woken with an outcome (wake {}: {})", who, outcome.delivery_id, outcome.status)
+        else:
+            self._failed("waking {} failed (wake {}, {}): {}", who, outcome.delivery_id,
+                         outcome.reason or outcome.status, outcome.error)

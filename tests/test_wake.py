@@ -1,0 +1,114 @@
+"""The pure wake-up decisions (hermes_actors.core.wake): table tests."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hermes_actors.core import outcomes
+from hermes_actors.core.recovery import plan_recovery
+from hermes_actors.core.wake import (
+    WAKE_ORIGIN,
+    is_wake,
+    parse_wake_mode,
+    wake_delivery,
+    wake_enabled,
+    wake_for,
+    wake_id,
+)
+from hermes_actors.messages import Delivery
+from hermes_actors.store.journal import DeliveryState
+
+DM = Delivery(
+    delivery_id="a" * 32,
+    sender="alice",
+    sender_handle="alice",
+    target="bob",
+    target_handle="bob",
+    content="Message from 🤖 Alice (@alice): hi",
+    hop=3,
+    label="@bob",
+)
+REPLIED = outcomes.from_reply(DM.delivery_id, "@bob", "hello alice")
+LOCAL = frozenset({"default", "alice", "bob"})
+
+
+@pytest.mark.parametrize(
+    ("mode", "runner_is_hermes", "enabled"),
+    [
+        ("auto", True, True),
+        ("auto", False, False),
+        ("true", False, True),
+        ("true", True, True),
+        ("false", True, False),
+        ("false", False, False),
+    ],
+)
+def test_wake_enabled(mode: str, runner_is_hermes: bool, enabled: bool) -> None:
+    assert wake_enabled(mode, runner_is_hermes) is enabled
+
+
+@pytest.mark.parametrize(
+    ("raw", "mode"),
+    [(True, "true"), (False, "false"), ("Auto", "auto"), ("on", "true"), ("0", "false"), ("", None), (1, None)],
+)
+def test_parse_wake_mode(raw: object, mode: str | None) -> None:
+    assert parse_wake_mode(raw) == mode
+
+
+# case → (delivery, outcome, mode, runner_is_hermes, wakes)
+CASES = {
+    "a local DM, switch on": (DM, REPLIED, "true", False, True),
+    "auto with the real Hermes": (DM, REPLIED, "auto", True, True),
+    "auto with a custom runner": (DM, REPLIED, "auto", False, False),
+    "switch off": (DM, REPLIED, "false", True, False),
+    "a failure wakes too": (DM, outcomes.failed(DM.delivery_id, "@bob", "boom", "unknown"), "true", False, True),
+    "a relayed-in DM: its sender is remote": (replace(DM, origin="relay"), REPLIED, "true", True, False),
+    "a wake's own outcome: no echo": (replace(DM, origin=WAKE_ORIGIN), REPLIED, "true", True, False),
+    "a sender not on this root": (replace(DM, sender="zed"), REPLIED, "true", True, False),
+    "a resumed relay placeholder": (replace(DM, sender=""), REPLIED, "true", True, False),
+    "an unknown delivery": (None, REPLIED, "true", True, False),
+    "an outcome without text": (DM, replace(REPLIED, text="  "), "true", True, False),
+    "a re-offered DM after a restart": (replace(DM, origin="recovered"), REPLIED, "true", False, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_wake_for(case: str) -> None:
+    delivery, outcome, mode, runner_is_hermes, wakes = CASES[case]
+    request = wake_for(outcome, delivery, mode=mode, runner_is_hermes=runner_is_hermes, local_profiles=LOCAL)
+    assert (request is not None) is wakes
+    if request is not None:
+        assert request.profile == "alice" and request.text == outcome.text
+        assert request.hop == 3 and request.wake_id == wake_id(DM.delivery_id)
+
+
+def test_the_wake_delivery_carries_exactly_the_outcome_text_and_the_hop() -> None:
+    request = wake_for(REPLIED, DM, mode="true", runner_is_hermes=False, local_profiles=LOCAL)
+    assert request is not None
+    wake = wake_delivery(request, now=12.0)
+    assert wake.content == "Reply from @bob: hello alice" == REPLIED.text
+    assert (wake.target, wake.target_handle, wake.hop, wake.origin) == ("alice", "alice", 3, WAKE_ORIGIN)
+    assert wake.delivery_id == wake_id(DM.delivery_id) != DM.delivery_id
+    assert is_wake(wake) and not is_wake(DM) and not is_wake(None)
+
+
+def test_wake_ids_are_stable_and_distinct() -> None:
+    assert wake_id("a" * 32) == wake_id("a" * 32)
+    assert wake_id("a" * 32) != wake_id("b" * 32)
+    assert len(wake_id("x")) == 32 and int(wake_id("x"), 16) >= 0 and wake_id("x") == wake_id("x").lower()
+
+
+def test_a_reoffered_wake_stays_a_wake_and_a_started_one_is_not_rerun() -> None:
+    request = wake_for(REPLIED, DM, mode="true", runner_is_hermes=False, local_profiles=LOCAL)
+    assert request is not None
+    record = wake_delivery(request, now=1.0)
+    from hermes_actors.core.acks import delivery_record
+
+    never_started = DeliveryState(delivery=delivery_record(record))
+    plan = plan_recovery({record.delivery_id: never_started})
+    assert [d.origin for d in plan.reoffer] == [WAKE_ORIGIN]
+    started = DeliveryState(delivery=delivery_record(record), started=1)
+    plan = plan_recovery({record.delivery_id: started})
+    assert plan.reoffer == [] and [d.delivery_id for d, _ in plan.ambiguous] == [record.delivery_id]

@@ -1,0 +1,186 @@
+"""Waking the sender through the Gateway: a callable runner with ``bot_mode.wake_sender: true``.
+
+Each DM's outcome becomes a new turn in the sender's "Bot Chat" whose content
+is exactly the outcome text, queued behind the sender's other turns; the hop
+rides along; the wake's own outcome is nobody's DM outcome.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
+from roots import RecordingRunner, body_of, make_root, start_gateway
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.core.wake import wake_id
+from hermes_actors.messages import BOT_CHAT_SESSION, Turn
+
+WAKE_ON = {"bot_mode": {"wake_sender": True}}
+
+
+def is_wake_turn(turn: Turn) -> bool:
+    return turn.content.startswith(("Reply from ", "Delivery to "))
+
+
+def queued(ack: dict[str, Any]) -> str:
+    assert ack.get("status") == "queued", ack
+    return str(ack["delivery_id"])
+
+
+def test_the_outcome_wakes_the_sender_in_its_bot_chat_with_exactly_the_outcome_text(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    rec = RecordingRunner(
+        lambda turn: "noted" if is_wake_turn(turn) else f"{turn.profile} got: {body_of(turn.content)}"
+    )
+    gw = start_gateway(gateways, make_root(tmp_path), rec, config=WAKE_ON)
+    seen: list[dict[str, Any]] = []
+    gw.subscribe(seen.append)
+
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="status?"))
+    outcome = gw.wait_outcome(dm, timeout=10)
+    assert outcome["text"] == "Reply from @bob: bob got: status?"
+    wake = gw.wait_outcome(wake_id(dm), timeout=10)  # the wake turn settled
+    assert wake["status"] == "replied" and wake["reply"] == "noted"
+
+    (turn,) = [t for t in rec.entered if t.profile == "alice"]
+    assert turn.content == outcome["text"]  # no wrapper, no "Message from" prefix
+    assert turn.session == BOT_CHAT_SESSION and turn.delivery_id == wake_id(dm)
+    assert turn.hop == 1  # the DM's hop: a DM sent from this turn is hop 2
+
+    marker = queued(gw.message_agent(sender="carol", target="bob", message="marker"))
+    gw.wait_outcome(marker, timeout=10)
+    gw.wait_outcome(wake_id(marker), timeout=10)
+    await_condition(lambda: len(seen) >= 2, timeout=10, message="the subscriber saw both DM outcomes")
+    assert [o["delivery_id"] for o in seen] == [dm, marker]  # wake outcomes are not DM outcomes
+    stats = gw.stats()
+    assert (stats["wakes_sent"], stats["wakes_failed"], stats["settled"]) == (2, 0, 2)
+
+
+def test_the_wake_queues_behind_the_senders_turns_one_turn_at_a_time(tmp_path: Path, gateways: list[Gateway]) -> None:
+    gate = threading.Event()
+    lock = threading.Lock()
+    active: dict[str, int] = {}
+    overlap: list[str] = []
+
+    def behave(turn: Turn) -> str:
+        with lock:
+            active[turn.profile] = active.get(turn.profile, 0) + 1
+            if active[turn.profile] > 1:
+                overlap.append(turn.profile)
+        try:
+            if turn.profile == "alice" and body_of(turn.content) == "first":
+                assert gate.wait(30), "the test never opened the gate"
+            return "ok"
+        finally:
+            with lock:
+                active[turn.profile] -= 1
+
+    rec = RecordingRunner(behave)
+    gw = start_gateway(gateways, make_root(tmp_path), rec, config=WAKE_ON)
+    first = queued(gw.message_agent(sender="carol", target="alice", message="first"))
+    rec.wait_entered(1, timeout=10)  # alice is busy with "first"
+    second = queued(gw.message_agent(sender="carol", target="alice", message="second"))
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+    assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+    assert gw.stats()["wakes_sent"] == 1  # alice's wake is queued now, behind "second"
+    gate.set()
+    for key in (first, second, wake_id(dm)):
+        assert gw.wait_outcome(key, timeout=20)["status"] == "replied"
+
+    alice = [t for t in rec.entered if t.profile == "alice"]
+    assert [t.delivery_id for t in alice] == [first, second, wake_id(dm)]
+    assert alice[2].content == "Reply from @bob: ok"
+    assert overlap == []
+
+
+@pytest.mark.parametrize(
+    "config", [{"bot_mode": {"wake_sender": False}}, {"bot_mode": {"wake_sender": "auto"}}, None],
+    ids=["off", "auto-with-a-callable", "default"],
+)
+def test_no_wake_when_the_switch_is_off_or_auto_with_a_custom_runner(
+    tmp_path: Path, gateways: list[Gateway], config: dict[str, Any] | None
+) -> None:
+    rec = RecordingRunner()
+    gw = start_gateway(gateways, make_root(tmp_path), rec, config=config)
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+    assert gw.stats()["wakes_sent"] == 0  # decided when the outcome was published, before wait_outcome answered
+    with pytest.raises(KeyError):
+        gw.wait_outcome(wake_id(dm), timeout=1)
+    assert [t.profile for t in rec.entered] == ["bob"]
+
+
+def test_a_dm_sent_from_the_wake_turn_is_one_hop_deeper(tmp_path: Path, gateways: list[Gateway]) -> None:
+    acks: list[dict[str, Any]] = []
+
+    def behave(turn: Turn) -> str:
+        if turn.profile == "alice" and is_wake_turn(turn) and not acks:
+            acks.append(turn.message_agent("bob", "follow-up"))
+        return "ok"
+
+    rec = RecordingRunner(behave)
+    gw = start_gateway(gateways, make_root(tmp_path), rec, config=WAKE_ON)
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="start"))
+    gw.wait_outcome(dm, timeout=10)  # published: its wake exists from now on
+    gw.wait_outcome(wake_id(dm), timeout=10)
+    follow_up = queued(acks[0])
+    gw.wait_outcome(follow_up, timeout=10)
+    bob = {body_of(t.content): t.hop for t in rec.entered if t.profile == "bob"}
+    assert bob == {"start": 1, "follow-up": 2}
+
+
+def test_the_hop_limit_refuses_a_deep_chain_of_replies_to_replies(tmp_path: Path, gateways: list[Gateway]) -> None:
+    refusals: list[dict[str, Any]] = []
+    done = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if turn.profile == "alice" and is_wake_turn(turn):  # every wake answers bob again
+            ack = turn.message_agent("bob", f"again after hop {turn.hop}")
+            if "error" in ack:
+                refusals.append(ack)
+                done.set()
+        return "ok"
+
+    rec = RecordingRunner(behave)
+    gw = start_gateway(gateways, make_root(tmp_path), rec, config={"bot_mode": {"wake_sender": True, "max_hops": 3}})
+    queued(gw.message_agent(sender="alice", target="bob", message="start"))
+    assert done.wait(30), "the chain was never refused"
+    assert refusals[0]["reason"] == "loop_guard" and "hop 4" in refusals[0]["error"]
+    assert sorted(t.hop for t in rec.entered if t.profile == "bob") == [1, 2, 3]
+
+
+def test_a_relay_reply_wakes_the_local_sender(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = make_root(tmp_path, name="alpha")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    rec = RecordingRunner(lambda turn: "noted")
+    gw = Gateway(root, runner=rec, config=WAKE_ON, connection_id="alpha")
+    gateways.append(gw)
+    gw.start()
+    envelope = queued(gw.message_agent(sender="alice", target="moxie", message="ping"))
+    reply = {"id": envelope, "at": 1, "reply": "pong", "error": "", "reason": ""}
+    seed_write_json(root / "bot_relay" / "replies" / f"{envelope}.json", reply)
+    assert gw.wait_outcome(envelope, timeout=10)["text"] == "Reply from @moxie on mini: pong"
+    gw.wait_outcome(wake_id(envelope), timeout=10)
+    (turn,) = rec.entered
+    assert (turn.profile, turn.content) == ("alice", "Reply from @moxie on mini: pong")
+
+
+def test_a_dm_from_a_remote_sender_wakes_nobody_here(tmp_path: Path) -> None:
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    rec = RecordingRunner(lambda turn: "moxie here")
+    with Gateway(mini, runner=rec, config=WAKE_ON, connection_id="mini") as gw, \
+            hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition((alpha / "bot_relay" / "roster.json").exists, timeout=10, message="the hub pushed a roster")
+        env = seed_envelope(target_connection="mini", target_profile="moxie", message="hello from afar")
+        seed_write_json(alpha / "bot_relay" / "outbox" / f"{env['id']}.json", env, prefix=".env-")
+        reply_path = alpha / "bot_relay" / "replies" / f"{env['id']}.json"
+        await_condition(reply_path.exists, timeout=10, message="the reply went back to alpha")
+        assert gw.stats()["wakes_sent"] == 0
+    assert [t.profile for t in rec.entered] == ["moxie"]
