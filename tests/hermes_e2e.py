@@ -183,6 +183,8 @@ def make_e2e_root(base: Path, model: FakeModel, profiles: list[str], cli: str) -
         The root (not yet enabled).
     """
     root = make_offline_root(base / "hermes", model.base_url, profiles)
+    for name in profiles:  # the name hermes shows ("Alice"); DMs are signed with it
+        (root / "profiles" / name / "profile.yaml").write_text(f"display_name: {name.title()}\n", encoding="utf-8")
     scratch_home = base / "home"
     scratch_home.mkdir(parents=True, exist_ok=True)
     logs = base / "logs"
