@@ -60,6 +60,9 @@ Script = Callable[[list[dict[str, Any]]], "str | ToolCall"]
 
 PROFILE_MARKER = "Fake-model profile marker:"
 _MARKER_RE = re.compile(re.escape(PROFILE_MARKER) + r" ([A-Za-z0-9_-]+)\.")
+# hermes-agent 0.19's platform hint in the system prompt (agent/prompt_builder.py PLATFORM_HINTS):
+# tells a CLI turn from a warm turn through the gateway's API server
+_PLATFORM_HINTS = {"cli": "You are a CLI AI Agent.", "api_server": "You're responding through an API server."}
 _HOLD_LIMIT = 600.0  # a held request never outlives a broken test by more than this
 
 
@@ -87,6 +90,12 @@ class ModelCall:
     messages: list[dict[str, Any]]
     received: float  # time.monotonic() on arrival
     answered: float | None = None  # time.monotonic() once the reply was written
+
+    @property
+    def platform(self) -> str:
+        """Where the turn runs, from hermes' platform hint: ``cli``, ``api_server`` or "" (unknown)."""
+        system = "".join(text_of(m) for m in self.messages if m.get("role") == "system")
+        return next((name for name, hint in _PLATFORM_HINTS.items() if hint in system), "")
 
     @property
     def last(self) -> dict[str, Any]:

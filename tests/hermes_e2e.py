@@ -1,4 +1,4 @@
-"""Helpers for the end-to-end tests against the real hermes-agent (tests/test_hermes_e2e.py, bench/hermes_round_trip.py).
+"""Helpers for the end-to-end tests with the real hermes-agent (test_hermes_e2e.py, bench/hermes_round_trip.py).
 
 Everything is offline: hermes talks to the fake model (tests/fake_model.py) on
 127.0.0.1, the profiles are the ones :func:`make_offline_root` lays out, and
