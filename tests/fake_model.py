@@ -93,7 +93,11 @@ class ModelCall:
 
     @property
     def platform(self) -> str:
-        """Where the turn runs, from hermes' platform hint: ``cli``, ``api_server`` or "" (unknown)."""
+        """The platform of the session's first turn, from hermes' hint: ``cli``, ``api_server`` or "" (unknown).
+
+        hermes stores a session's system prompt with its first turn and reuses it, so
+        this tells where a turn runs only on a session that began with it.
+        """
         system = "".join(text_of(m) for m in self.messages if m.get("role") == "system")
         return next((name for name, hint in _PLATFORM_HINTS.items() if hint in system), "")
 
