@@ -7,9 +7,11 @@ makes a bot call ``message_agent`` when its turn says ``DM <target>: <text>``.
 Assertions are on what the fake model received (per profile, read from each
 profile's SOUL.md marker) and on the profiles' ``state.db``.
 
-Where the real turns of the hosted bots are needed (bob's turn, alice's wake-up)
-the tests need the real-Hermes default runner and the wake-up (branch
-``hermes-wake``); see the ``WAKE`` notes.
+The hosts run the real Hermes by default (``serve``: CLI turns; inside the
+hermes gateway: warm turns through its API server) and wake each sender with the
+outcome (``bot_mode.wake_sender: auto``); assertions on the wake-up are marked
+``WAKE``. The DM round trip, warm and with CLI turns, is measured by
+``python -m bench.hermes_round_trip`` (timings stay out of the tests).
 """
 
 from __future__ import annotations
