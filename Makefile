@@ -7,10 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-stress soak bench bench-quick lint typecheck clean redis-server
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m pip install -q -e '.[dev,bench,hermes]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -13,12 +13,21 @@ The reply is decided by a script: ``script(messages) -> str | ToolCall``. The
 default script answers ``fake reply to: <last user text>``; once a tool result
 is the last message it answers ``tool said: <result>`` so a tool-calling turn
 ends. Every request body is recorded in :attr:`FakeModel.requests`.
+
+For end-to-end tests each chat request is also recorded as a :class:`ModelCall`
+naming the profile it came from: :func:`make_offline_root` writes a ``SOUL.md``
+per profile whose marker hermes puts in the system prompt
+(:func:`profile_of`). The model can hold matching requests until the test
+releases them (:meth:`FakeModel.hold`), and it records every request that
+arrives while another one of the same profile is still being answered
+(:attr:`FakeModel.overlaps`) — the proof that two turns ran at once on one bot.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -48,6 +57,93 @@ def message_agent_call(target: str, message: str) -> ToolCall:
 
 
 Script = Callable[[list[dict[str, Any]]], "str | ToolCall"]
+
+PROFILE_MARKER = "Fake-model profile marker:"
+_MARKER_RE = re.compile(re.escape(PROFILE_MARKER) + r" ([A-Za-z0-9_-]+)\.")
+# hermes-agent 0.19's platform hint in the system prompt (agent/prompt_builder.py PLATFORM_HINTS):
+# tells a CLI turn from a warm turn through the gateway's API server
+_PLATFORM_HINTS = {"cli": "You are a CLI AI Agent.", "api_server": "You're responding through an API server."}
+_HOLD_LIMIT = 600.0  # a held request never outlives a broken test by more than this
+
+
+def soul_text(profile: str) -> str:
+    """The ``SOUL.md`` of a test profile: its marker, which hermes injects into the system prompt."""
+    return f"{PROFILE_MARKER} {profile}.\n"
+
+
+def profile_of(messages: list[dict[str, Any]]) -> str:
+    """The profile a request came from, read from the marker in its system prompt ("" when none)."""
+    for message in messages:
+        if message.get("role") == "system":
+            found = _MARKER_RE.search(text_of(message))
+            if found:
+                return found.group(1)
+    return ""
+
+
+@dataclass
+class ModelCall:
+    """One chat request as the fake model saw it."""
+
+    index: int
+    profile: str
+    messages: list[dict[str, Any]]
+    received: float  # time.monotonic() on arrival
+    answered: float | None = None  # time.monotonic() once the reply was written
+
+    @property
+    def platform(self) -> str:
+        """The platform of the session's first turn, from hermes' hint: ``cli``, ``api_server`` or "" (unknown).
+
+        hermes stores a session's system prompt with its first turn and reuses it, so
+        this tells where a turn runs only on a session that began with it.
+        """
+        system = "".join(text_of(m) for m in self.messages if m.get("role") == "system")
+        return next((name for name, hint in _PLATFORM_HINTS.items() if hint in system), "")
+
+    @property
+    def last(self) -> dict[str, Any]:
+        """The last message of the request."""
+        return self.messages[-1] if self.messages else {}
+
+    @property
+    def user_text(self) -> str:
+        """The text of the last user message (the turn's input)."""
+        return last_user_text(self.messages)
+
+    @property
+    def tool_result(self) -> str | None:
+        """The tool result this request carries as its last message, else None."""
+        return text_of(self.last) if self.last.get("role") == "tool" else None
+
+
+class Hold:
+    """Requests matching ``predicate`` wait in the fake model until :meth:`release`.
+
+    Args:
+        predicate: which calls to hold.
+        count: how many calls to hold at most (later matches pass).
+    """
+
+    def __init__(self, predicate: Callable[[ModelCall], bool], count: int = 1) -> None:
+        self.predicate = predicate
+        self.remaining = count
+        self.held: list[ModelCall] = []
+        self.entered = threading.Event()
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        """Let every held (and any later matching) request through."""
+        self._released.set()
+
+    def wait_entered(self, timeout: float) -> ModelCall:
+        """The first held call, once one arrived.
+
+        Raises:
+            AssertionError: none arrived within ``timeout`` seconds.
+        """
+        assert self.entered.wait(timeout), f"no request matching the hold arrived within {timeout:g}s"
+        return self.held[0]
 
 
 def text_of(message: dict[str, Any]) -> str:
@@ -85,7 +181,12 @@ class FakeModel:
     def __init__(self, script: Script = default_script) -> None:
         self.script: Script = script
         self.requests: list[dict[str, Any]] = []
+        self.calls: list[ModelCall] = []
+        self.overlaps: list[tuple[str, int]] = []  # (profile, index of the call that arrived during another)
+        self._active: dict[str, int] = {}
+        self._holds: list[Hold] = []
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -105,9 +206,68 @@ class FakeModel:
         with self._lock:
             return list(self.requests)
 
-    def record(self, body: dict[str, Any]) -> None:
+    def hold(self, predicate: Callable[[ModelCall], bool], count: int = 1) -> Hold:
+        """Hold the next ``count`` requests matching ``predicate`` until the returned hold is released."""
+        hold = Hold(predicate, count)
+        with self._lock:
+            self._holds.append(hold)
+        return hold
+
+    def begin_call(self, body: dict[str, Any]) -> tuple[ModelCall, Hold | None]:
+        """Record a chat request as a call (and as overlapping when its profile is mid-answer)."""
+        messages = list(body.get("messages") or [])
         with self._lock:
             self.requests.append(body)
+            call = ModelCall(len(self.calls), profile_of(messages), messages, time.monotonic())
+            self.calls.append(call)
+            if call.profile and self._active.get(call.profile, 0) > 0:
+                self.overlaps.append((call.profile, call.index))
+            self._active[call.profile] = self._active.get(call.profile, 0) + 1
+            hold = next((h for h in self._holds if h.remaining > 0 and h.predicate(call)), None)
+            if hold is not None:
+                hold.remaining -= 1
+                hold.held.append(call)
+            self._changed.notify_all()
+        if hold is not None:
+            hold.entered.set()
+        return call, hold
+
+    def end_call(self, call: ModelCall) -> None:
+        """The reply to ``call`` was written (or failed)."""
+        with self._lock:
+            call.answered = time.monotonic()
+            self._active[call.profile] -= 1
+            self._changed.notify_all()
+
+    def calls_where(self, predicate: Callable[[ModelCall], bool]) -> list[ModelCall]:
+        """The recorded calls matching ``predicate``, oldest first."""
+        with self._lock:
+            return [c for c in self.calls if predicate(c)]
+
+    def wait_for(self, predicate: Callable[[ModelCall], bool], timeout: float, answered: bool = False) -> ModelCall:
+        """The first call matching ``predicate`` (once answered, with ``answered``), waiting up to ``timeout``.
+
+        Raises:
+            AssertionError: none within ``timeout`` seconds (the message lists what did arrive).
+        """
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                for call in self.calls:
+                    if predicate(call) and (not answered or call.answered is not None):
+                        return call
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    seen = [(c.profile, c.user_text[:80], c.tool_result is not None) for c in self.calls]
+                    raise AssertionError(f"no matching model call within {timeout:g}s; calls so far: {seen}")
+                self._changed.wait(min(left, 1.0))
+
+    def release_all(self) -> None:
+        """Release every hold (the server is stopping)."""
+        with self._lock:
+            holds = list(self._holds)
+        for hold in holds:
+            hold.release()
 
     def start(self) -> FakeModel:
         """Bind 127.0.0.1 on a free port and serve in a daemon thread."""
@@ -123,7 +283,8 @@ class FakeModel:
         return self
 
     def stop(self) -> None:
-        """Stop serving and close the socket."""
+        """Release held requests, stop serving and close the socket."""
+        self.release_all()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -176,16 +337,23 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
             return
-        self.fake.record(body)
+        call, hold = self.fake.begin_call(body)
         try:
-            reply = self.fake.script(list(body.get("messages") or []))
-        except Exception as exc:  # a broken script answers 500, it never kills the server
-            self._json(500, {"error": {"message": f"fake script failed: {exc!r}", "type": "server_error"}})
-            return
-        if body.get("stream"):
-            self._stream(reply, bool((body.get("stream_options") or {}).get("include_usage")))
-        else:
-            self._json(200, _completion(reply))
+            if hold is not None:
+                hold._released.wait(_HOLD_LIMIT)
+            try:
+                reply = self.fake.script(list(call.messages))
+            except Exception as exc:  # a broken script answers 500, it never kills the server
+                self._json(500, {"error": {"message": f"fake script failed: {exc!r}", "type": "server_error"}})
+                return
+            if body.get("stream"):
+                self._stream(reply, bool((body.get("stream_options") or {}).get("include_usage")))
+            else:
+                self._json(200, _completion(reply))
+        except OSError:
+            return  # the client went away (a killed hermes process): nothing to answer
+        finally:
+            self.fake.end_call(call)
 
     def _stream(self, reply: str | ToolCall, include_usage: bool) -> None:
         self.send_response(200)
@@ -284,7 +452,8 @@ def make_offline_root(root: Path, base_url: str, profiles: list[str]) -> Path:
 
     Profiles are laid out the way ``hermes profile create --no-alias`` does it
     for the parts hermes reads (a directory with its own config.yaml and .env);
-    creating them with the real CLI costs seconds each.
+    creating them with the real CLI costs seconds each. Every profile gets a
+    ``SOUL.md`` carrying its marker (:func:`profile_of`).
 
     Args:
         root: the root directory (created).
@@ -295,8 +464,10 @@ def make_offline_root(root: Path, base_url: str, profiles: list[str]) -> Path:
         ``root``.
     """
     write_offline_home(root, base_url)
+    (root / "SOUL.md").write_text(soul_text("default"), encoding="utf-8")
     for name in profiles:
         home = write_offline_home(root / "profiles" / name, base_url)
+        (home / "SOUL.md").write_text(soul_text(name), encoding="utf-8")
         (home / ".env").write_text("", encoding="utf-8")
         (home / ".env").chmod(0o600)
     return root

@@ -1,0 +1,309 @@
+"""End to end with the real hermes-agent (0.19), offline: bots DM each other through our plugin and host.
+
+Each test starts what a user starts — ``hermes -p alice chat -c "Bot Chat" -q …``,
+``hermes-actors serve --root R`` or ``hermes gateway run`` — against the fake
+model on 127.0.0.1 (tests/fake_model.py), whose script (:func:`hermes_e2e.bot_script`)
+makes a bot call ``message_agent`` when its turn says ``DM <target>: <text>``.
+Assertions are on what the fake model received (per profile, read from each
+profile's SOUL.md marker) and on the profiles' ``state.db``.
+
+The hosts run the real Hermes by default (``serve``: CLI turns; inside the
+hermes gateway: warm turns through its API server) and wake each sender with the
+outcome (``bot_mode.wake_sender: auto``); assertions on the wake-up are marked
+``WAKE``. The DM round trip, warm and with CLI turns, is measured by
+``python -m bench.hermes_round_trip`` (timings stay out of the tests).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_model import FakeModel
+from hermes_e2e import (
+    FLOW_TIMEOUT,
+    E2ERoot,
+    Processes,
+    bot_chat_messages,
+    dm_text,
+    free_port,
+    journal_files,
+    make_e2e_root,
+    run_cli_turn,
+    start_cli_turn,
+    start_hermes_gateway,
+    start_serve,
+    tool_result_of,
+    turn_of,
+    wait_until,
+    wake_calls,
+)
+from hermes_fixtures import locate_hermes_cli
+
+from hermes_actors.core.targets import NOT_BOT_CHAT_TEXT
+from hermes_actors.hermes.submit import fetch_outcome, submit_dm
+
+_CLI = locate_hermes_cli()
+if _CLI is None:
+    pytest.skip("hermes-agent is not installed (no hermes CLI beside python or on PATH; "
+                "`make test` installs the `hermes` extra, or set HERMES_ACTORS_HERMES_CLI)", allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(900)  # several real hermes processes per test on a loaded 2-core machine
+
+
+@pytest.fixture
+def model() -> Iterator[FakeModel]:
+    from hermes_e2e import bot_script
+
+    fake = FakeModel(bot_script).start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    started = Processes()
+    yield started
+    started.close()
+
+
+@pytest.fixture
+def e2e(tmp_path: Path, model: FakeModel) -> E2ERoot:
+    """A root with alice and bob, Bot-Mode-enabled with ``hermes-actors enable`` (no host yet)."""
+    assert _CLI is not None
+    root = make_e2e_root(tmp_path, model, ["alice", "bob"], _CLI)
+    root.enable()
+    return root
+
+
+def ack_of(model: FakeModel, profile: str, text: str) -> dict[str, Any]:
+    """The ``message_agent`` answer ``profile``'s turn on ``text`` got (as the model received it)."""
+    call = model.wait_for(tool_result_of(profile, text), FLOW_TIMEOUT)
+    assert call.tool_result is not None
+    answer: dict[str, Any] = json.loads(call.tool_result)
+    return answer
+
+
+def wait_bot_chat_has(home: Path, message: tuple[str, str]) -> list[tuple[str, str]]:
+    """The Bot Chat of ``home`` once it holds ``message``."""
+    return wait_until(lambda: message in bot_chat_messages(home) and bot_chat_messages(home),
+                      FLOW_TIMEOUT, f"{message!r} in {home.name}'s Bot Chat")
+
+
+# ── refusals (no host needed) ───────────────────────────────────────────────
+
+
+def test_without_a_host_the_tool_refuses_runtime_offline_and_nothing_is_queued(
+    e2e: E2ERoot, model: FakeModel
+) -> None:
+    text = "DM bob: is anyone hosting us?"
+    stdout = run_cli_turn(e2e, "alice", text)
+    answer = ack_of(model, "alice", text)
+    assert answer["reason"] == "runtime_offline"
+    assert f"hermes-actors serve --root {e2e.root}" in answer["error"] and "NOT sent" in answer["error"]
+    assert "runtime_offline" in stdout  # the bot's own reply relays the refusal to the user
+    assert journal_files(e2e.root) == []  # nothing queued: no journal, outbox or live-delivery entry
+    assert model.calls_where(lambda c: c.profile == "bob") == []
+    assert bot_chat_messages(e2e.home("bob")) == []
+
+
+def test_a_dm_from_a_session_that_is_not_bot_chat_is_refused(e2e: E2ERoot, model: FakeModel) -> None:
+    text = "DM bob: psst, from my scratch session"
+    run_cli_turn(e2e, "alice", text, session=None)  # a plain `hermes chat -q`: a new, untitled session
+    answer = ack_of(model, "alice", text)
+    # the gate answers before anything else: not the runtime_offline refusal, though no host runs
+    assert answer["error"] == NOT_BOT_CHAT_TEXT
+    assert journal_files(e2e.root) == []
+    assert bot_chat_messages(e2e.home("alice")) == []  # the scratch turn is not in her Bot Chat
+
+
+# ── the round trip with `hermes-actors serve` and CLI turns ─────────────────
+
+
+def test_round_trip_with_serve_and_cli_turns(e2e: E2ERoot, model: FakeModel, procs: Processes) -> None:
+    start_serve(procs, e2e)
+    text = "DM bob: hi bob, what is the build status?"
+    bob_reads = dm_text("Alice", "alice", "hi bob, what is the build status?")
+    # bob's turn waits in the model until alice's own CLI turn has ended: a user's CLI turn on
+    # her Bot Chat is outside our one-turn-per-bot lock (docs/hermes.md), her wake-up is not
+    bob_turn = model.hold(turn_of("bob", bob_reads))
+    alice = start_cli_turn(procs, e2e, "alice", text)
+
+    ack = ack_of(model, "alice", text)
+    assert ack["status"] == "queued" and ack["to"] == "@bob", ack
+    held = bob_turn.wait_entered(FLOW_TIMEOUT)  # bob's real turn, started by the host, reads the signed DM
+    assert held.platform == "cli"
+    assert alice.wait(timeout=FLOW_TIMEOUT) == 0
+    bob_turn.release()
+
+    # WAKE: alice's Bot Chat gets the outcome as a new turn whose user message is exactly its text
+    wake_text = "Reply from @bob: bob got: " + bob_reads
+    wake = model.wait_for(turn_of("alice", wake_text), FLOW_TIMEOUT, answered=True)
+    assert wake.messages[-1] == {"role": "user", "content": wake_text}
+    alice_chat = wait_bot_chat_has(e2e.home("alice"), ("assistant", f"alice noted: {wake_text}"))
+    assert [m for m in alice_chat if m[0] == "user"] == [("user", text), ("user", wake_text)]
+    assert ("assistant", f"bob got: {bob_reads}") in bot_chat_messages(e2e.home("bob"))
+    assert len(wake_calls(model, "alice", wake_text)) == 1
+    assert model.overlaps == []
+
+
+# ── kill -9 of the host mid-delivery ────────────────────────────────────────
+
+
+def test_host_killed_mid_delivery_gives_one_outcome_and_one_wake(
+    e2e: E2ERoot, model: FakeModel, procs: Processes
+) -> None:
+    host = start_serve(procs, e2e, name="serve-1")
+    bob_reads = dm_text("Alice", "alice", "survive this")
+    bob_turn = model.hold(turn_of("bob", bob_reads))
+    ack = submit_dm(e2e.root, "alice", "bob", "survive this", hop=1)  # what alice's message_agent sends
+    assert ack["status"] == "queued", ack
+    bob_turn.wait_entered(FLOW_TIMEOUT)
+
+    procs.kill_group(host)  # SIGKILL to the host and the bob turn it started
+    assert host.wait(timeout=60) != 0
+    bob_turn.release()  # the held request's client is gone; the model drops it
+    start_serve(procs, e2e, name="serve-2")
+
+    outcome = fetch_outcome(e2e.root, ack["delivery_id"], wait=FLOW_TIMEOUT, timeout=FLOW_TIMEOUT + 30)
+    assert outcome["status"] in ("replied", "ambiguous"), outcome  # never lost, never "pending"
+    assert outcome["delivery_id"] == ack["delivery_id"]
+    # WAKE: alice is woken with that one outcome
+    model.wait_for(turn_of("alice", outcome["text"]), FLOW_TIMEOUT, answered=True)
+
+    # a later DM's wake-up is the marker: alice's turns run one at a time, in order
+    later = submit_dm(e2e.root, "alice", "bob", "after the restart", hop=1)
+    assert later["status"] == "queued", later
+    later_reads = dm_text("Alice", "alice", "after the restart")
+    model.wait_for(turn_of("alice", f"Reply from @bob: bob got: {later_reads}"), FLOW_TIMEOUT, answered=True)
+    assert fetch_outcome(e2e.root, ack["delivery_id"]) == outcome  # the same one outcome
+    assert len(wake_calls(model, "alice", outcome["text"])) == 1
+    first_wakes = model.calls_where(lambda c: c.profile == "alice" and c.tool_result is None
+                                    and c.user_text.startswith(("Reply from @bob", "Delivery to @bob"))
+                                    and "after the restart" not in c.user_text)
+    assert len(first_wakes) == 1, [c.user_text for c in first_wakes]
+
+
+# ── hosted inside `hermes gateway run`, warm turns ──────────────────────────
+
+
+@pytest.fixture(scope="module")
+def warm_model() -> Iterator[FakeModel]:
+    from hermes_e2e import bot_script
+
+    fake = FakeModel(bot_script).start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory, warm_model: FakeModel) -> Iterator[E2ERoot]:
+    """One hermes gateway for the warm tests: our actors hosted inside it, its API server on a free port.
+
+    ``bot_mode.max_hops`` is 1: a bot's DM is hop 1, a DM sent from inside the turn it starts is hop 2.
+    """
+    assert _CLI is not None
+    e2e = make_e2e_root(tmp_path_factory.mktemp("warm"), warm_model, ["alice", "bob", "carol", "dave", "erin"], _CLI)
+    port = free_port()
+    report = e2e.enable("--gateway", "--port", str(port))
+    assert "multiplex_profiles" in report
+    e2e.set_bot_mode(max_hops=1)
+    started = Processes()
+    try:
+        start_hermes_gateway(started, e2e, port)
+        yield e2e
+    finally:
+        started.close()
+
+
+def test_round_trip_hosted_in_the_hermes_gateway_with_warm_turns(
+    warm: E2ERoot, warm_model: FakeModel, procs: Processes
+) -> None:
+    model = warm_model
+    text = "DM bob: warm hello"
+    bob_reads = dm_text("Alice", "alice", "warm hello")
+    bob_turn = model.hold(turn_of("bob", bob_reads))
+    alice = start_cli_turn(procs, warm, "alice", text)  # the user's own turn; bob's and the wake-up run warm
+
+    ack = ack_of(model, "alice", text)
+    assert ack["status"] == "queued" and ack["to"] == "@bob", ack
+    held = bob_turn.wait_entered(FLOW_TIMEOUT)
+    # a warm turn through the gateway's API server, not a CLI process. (Only bob's fresh session tells:
+    # hermes keeps a session's system prompt from its first turn, and alice's began in the CLI. The host
+    # has one runner for every bot, so alice's wake-up runs warm too.)
+    assert held.platform == "api_server"
+    assert alice.wait(timeout=FLOW_TIMEOUT) == 0
+    bob_turn.release()
+
+    wake_text = f"Reply from @bob: bob got: {bob_reads}"  # WAKE
+    wake = model.wait_for(turn_of("alice", wake_text), FLOW_TIMEOUT, answered=True)
+    assert wake.messages[-1] == {"role": "user", "content": wake_text}
+    alice_chat = wait_bot_chat_has(warm.home("alice"), ("assistant", f"alice noted: {wake_text}"))
+    assert ("user", text) in alice_chat
+    assert ("assistant", f"bob got: {bob_reads}") in bot_chat_messages(warm.home("bob"))
+    assert len(wake_calls(model, "alice", wake_text)) == 1
+    assert [p for p, _ in model.overlaps if p in ("alice", "bob")] == []
+
+
+def test_nested_dm_is_refused_past_the_hop_limit(warm: E2ERoot, warm_model: FakeModel, procs: Processes) -> None:
+    model = warm_model
+    text = "DM dave: DM bob: the deep question"
+    dave_reads = dm_text("Alice", "alice", "DM bob: the deep question")
+    dave_turn = model.hold(turn_of("dave", dave_reads))
+    alice = start_cli_turn(procs, warm, "alice", text)
+
+    assert ack_of(model, "alice", text)["status"] == "queued"  # alice → dave is hop 1: within the limit
+    dave_turn.wait_entered(FLOW_TIMEOUT)
+    assert alice.wait(timeout=FLOW_TIMEOUT) == 0
+    dave_turn.release()
+
+    refusal = ack_of(model, "dave", dave_reads)  # dave → bob, sent from inside dave's turn, is hop 2
+    assert "error" in refusal and "status" not in refusal, refusal
+    assert "Conversation guard" in refusal["error"] and "hop 2" in refusal["error"], refusal
+    # WAKE: alice hears dave's reply, which relays the refusal
+    wake = model.wait_for(lambda c: c.profile == "alice" and c.tool_result is None
+                          and c.user_text.startswith("Reply from @dave: dave sent it: "), FLOW_TIMEOUT, answered=True)
+    assert "Conversation guard" in wake.user_text
+    assert model.calls_where(lambda c: c.profile == "bob" and "the deep question" in c.user_text) == []
+
+
+def test_two_dms_to_bob_at_once_run_one_turn_at_a_time(warm: E2ERoot, warm_model: FakeModel) -> None:
+    model = warm_model
+    first_bodies = {"alice": "first of two", "carol": "second of two"}
+    reads = {sender: dm_text(sender.title(), sender, body) for sender, body in first_bodies.items()}
+    bob_first = model.hold(lambda c: c.profile == "bob" and c.tool_result is None and c.user_text in reads.values())
+    acks: dict[str, dict[str, Any]] = {}
+    start = threading.Barrier(2)
+
+    def send(sender: str) -> None:
+        start.wait(timeout=30)
+        acks[sender] = submit_dm(warm.root, sender, "bob", first_bodies[sender], hop=1)
+
+    threads = [threading.Thread(target=send, args=(s,)) for s in first_bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert all(a.get("status") == "queued" for a in acks.values()) and len(acks) == 2, acks
+    held = bob_first.wait_entered(FLOW_TIMEOUT)
+
+    # marker: a DM accepted after both, to a bot nobody else talks to, runs its turn and wakes its sender;
+    # had bob's second DM been started beside the first, its turn would have reached the model by then
+    marker = submit_dm(warm.root, "dave", "erin", "marker", hop=1)
+    assert marker["status"] == "queued", marker
+    model.wait_for(turn_of("dave", "Reply from @erin: erin got: " + dm_text("Dave", "dave", "marker")),
+                   FLOW_TIMEOUT, answered=True)
+    bob_so_far = model.calls_where(lambda c: c.profile == "bob" and c.user_text in reads.values())
+    assert [c.user_text for c in bob_so_far] == [held.user_text]
+    bob_first.release()
+
+    for sender in first_bodies:  # WAKE: each sender hears bob's reply to its own DM
+        model.wait_for(turn_of(sender, f"Reply from @bob: bob got: {reads[sender]}"), FLOW_TIMEOUT, answered=True)
+    bob_turns = model.calls_where(lambda c: c.profile == "bob" and c.user_text in reads.values())
+    assert len(bob_turns) == 2
+    assert bob_turns[0].answered is not None and bob_turns[0].answered <= bob_turns[1].received
+    assert [p for p, _ in model.overlaps if p == "bob"] == []
