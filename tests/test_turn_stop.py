@@ -229,7 +229,8 @@ def start_serve_with_a_relayed_turn(
 ) -> tuple[Proc, dict[str, Any], Path, Path]:
     root = make_root(tmp_path, {"moxie": {}}, name="mini")
     log, release = tmp_path / "turns.log", tmp_path / "release"
-    serve = Proc("serve", ["serve", "--root", str(root), "--connection-id", "mini", "--cli", str(fake_cli), "--runner", "command"],
+    serve = Proc("serve", ["serve", "--root", str(root), "--connection-id", "mini", "--cli", str(fake_cli),
+                           "--runner", "command"],
                  tmp_path, fake_env(log, release, "A"))
     procs.append(serve)
     await_condition(lambda: "gateway serving" in serve.stdout() or serve.proc.poll() is not None, timeout=WAIT,
