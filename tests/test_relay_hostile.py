@@ -115,15 +115,14 @@ def test_hostile_reply_files_are_quarantined_and_valid_replies_still_flow(
         if kind == "symlink":
             assert moved[0].is_symlink()  # the link itself moved; its target was never touched
             assert Path(os.readlink(moved[0])).read_text(encoding="utf-8") == json.dumps(valid)
-        assert gw._relay is not None
-        assert gw._relay.proxy().stats().get(timeout=10)["replies"] == 0  # handled in the relay: no reply taken
+        assert gw.stats()["relay"]["replies"] == 0  # handled in the relay: no reply taken
 
         # The positive marker: the real reply, through the same path. An outcome settles once, so had the hostile
         # content become the outcome, this would read "FROM THE HOSTILE FILE".
         seed_write_json(relay / "replies" / f"{envelope_id}.json", {**valid, "reply": "the real reply"})
         out = gw.wait_outcome(envelope_id, timeout=10)
         assert (out["status"], out["reply"]) == ("replied", "the real reply")
-        assert gw._relay.proxy().stats().get(timeout=10)["replies"] == 1
+        assert gw.stats()["relay"]["replies"] == 1
 
 
 @pytest.mark.parametrize("kind", PARAMS)
@@ -141,7 +140,7 @@ def test_hostile_inbox_files_are_quarantined_and_valid_envelopes_still_flow(
         assert len(moved) == 1
         await_condition(lambda: logs.matching("quarantined", name), timeout=10, message=f"a log line for {name}")
         assert not (paths.inbox / name).exists() and not (paths.taken / name).exists()
-        assert gw._relay is not None and gw._relay.is_alive()
+        assert gw.stats()["relay_alive"]
 
         good = seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")
         post_to_inbox(paths, good, "mini")
