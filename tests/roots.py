@@ -25,7 +25,7 @@ from actors.testkit import await_condition
 from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 
-__all__ = ["RecordingRunner", "TurnRecord", "body_of", "make_root", "write_profile"]
+__all__ = ["RecordingRunner", "TurnRecord", "body_of", "make_root", "send_dm", "start_gateway", "write_profile"]
 
 def write_profile(
     home: Path,
@@ -81,6 +81,13 @@ def make_root(
     if config is not None:
         (root / "config.yaml").write_text(yaml.safe_dump(dict(config)), encoding="utf-8")
     return root
+
+
+def send_dm(gw: Gateway, message: str, target: str = "bob", sender: str = "alice") -> str:
+    """Send a DM that must be queued; returns its delivery id."""
+    ack = gw.message_agent(sender=sender, target=target, message=message)
+    assert ack.get("status") == "queued", ack
+    return str(ack["delivery_id"])
 
 
 def body_of(content: str) -> str:
@@ -161,9 +168,21 @@ class RecordingRunner:
 
 
 def start_gateway(
-    gateways: list[Gateway], root: Path, runner: Any, config: dict[str, Any] | None = None
+    gateways: list[Gateway], root: Path, runner: Any = None, config: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> Gateway:
-    """Start a Gateway that the ``gateways`` fixture stops at teardown."""
-    gw = Gateway(root, runner=runner, config=config)
+    """Start a Gateway that the ``gateways`` fixture stops at teardown (even when the test failed).
+
+    Args:
+        gateways: the ``gateways`` fixture's list.
+        root: the Hermes root to serve.
+        runner: the turn runner; default a fresh :class:`RecordingRunner`.
+        config: the config override (``{"bot_mode": {...}}``).
+        **kwargs: any other ``Gateway`` keyword argument (``connection_id``, ``durable``, ...).
+
+    Returns:
+        The started Gateway.
+    """
+    gw = Gateway(root, runner=RecordingRunner() if runner is None else runner,
+                 config=dict(config) if config is not None else None, **kwargs)
     gateways.append(gw)
     return gw.start()

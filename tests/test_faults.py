@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from relay_helpers import remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
@@ -93,11 +93,10 @@ def _temp_files(root: Path) -> list[Path]:
     return sorted(p for p in (root / "bot_relay" / "tmp").iterdir() if TEMP_OF_ID.match(p.name))
 
 
-def _start(gateways: list[Gateway], root: Path, runner: Any = None, **config: Any) -> Gateway:
-    gw = Gateway(root, runner=runner or RecordingRunner(), config={"bot_mode": config} if config else None,
-                 connection_id="alpha", durable=False)
-    gateways.append(gw)
-    return gw.start()
+def _start(gateways: list[Gateway], root: Path, runner: Any = None, **bot_mode: Any) -> Gateway:
+    """Connection ``alpha``, not durable, ``bot_mode`` settings as keywords."""
+    return start_gateway(gateways, root, runner, {"bot_mode": bot_mode} if bot_mode else None,
+                         connection_id="alpha", durable=False)
 
 
 # ── envelope writes (sender side) ───────────────────────────────────────────

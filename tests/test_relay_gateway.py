@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -38,9 +38,7 @@ OFFLINE_TAIL = (
 
 def start(gateways: list[Gateway], root: Path, runner: Any = None, *, config: dict[str, Any] | None = None,
           connection_id: str | None = "alpha") -> Gateway:
-    gw = Gateway(root, runner=runner or RecordingRunner(), config=config, connection_id=connection_id)
-    gateways.append(gw)
-    return gw.start()
+    return start_gateway(gateways, root, runner, config, connection_id=connection_id)
 
 
 def relay(root: Path) -> Path:
