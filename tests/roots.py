@@ -1,4 +1,5 @@
-"""Test helpers: a managed Hermes root on disk, and a recording turn runner.
+"""Test helpers: a managed Hermes root on disk, recording and logging turn runners, starting a Gateway,
+capturing log lines.
 
     root = make_root(tmp_path, {"alice": {}, "bob": {"title": "Builder"}})
     rec = RecordingRunner()
@@ -20,12 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from loguru import logger
 
 from actors.testkit import await_condition
 from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 
-__all__ = ["RecordingRunner", "TurnRecord", "body_of", "make_root", "send_dm", "start_gateway", "write_profile"]
+__all__ = [
+    "LogCapture", "RecordingRunner", "TurnRecord", "body_of", "make_root", "send_dm", "start_gateway", "write_profile",
+]
+
 
 def write_profile(
     home: Path,
@@ -186,3 +191,36 @@ def start_gateway(
                  config=dict(config) if config is not None else None, **kwargs)
     gateways.append(gw)
     return gw.start()
+
+
+class LogCapture:
+    """Collects loguru records at ``level`` and above while active (a context manager).
+
+    ``records`` holds loguru's record dicts (``r["message"]``, ``r["level"]``...), ``lines`` the message
+    texts; both are live lists, appended to by the sink from any thread.
+    """
+
+    def __init__(self, level: str = "WARNING") -> None:
+        self.level = level
+        self.records: list[Any] = []
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._sink: int | None = None
+
+    def __enter__(self) -> LogCapture:
+        self._sink = logger.add(self._add, level=self.level, format="{message}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sink is not None:
+            logger.remove(self._sink)
+            self._sink = None
+
+    def _add(self, message: Any) -> None:
+        with self._lock:
+            self.records.append(message.record)
+            self.lines.append(str(message).rstrip("\n"))
+
+    def matching(self, *needles: str) -> list[str]:
+        """The lines containing every one of ``needles``."""
+        return [line for line in list(self.lines) if all(n in line for n in needles)]

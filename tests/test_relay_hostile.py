@@ -7,13 +7,13 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from relay_helpers import LogCapture, remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import RecordingRunner, make_root
+from relay_helpers import remote_row, seed_envelope, seed_write_json, write_roster_file
+from roots import LogCapture, RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -33,12 +33,6 @@ def _kind_param(kind: str) -> Any:
 
 
 PARAMS = [_kind_param(k) for k in KINDS]
-
-
-@pytest.fixture
-def logs() -> Iterator[LogCapture]:
-    with LogCapture() as capture:
-        yield capture
 
 
 def plant(kind: str, directory: Path, file_id: str, valid: dict[str, Any], staging: Path) -> str:
