@@ -13,6 +13,7 @@ profile lives at ``<root>/profiles/<name>/profile.yaml`` with
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,7 +29,8 @@ from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 
 __all__ = [
-    "LogCapture", "RecordingRunner", "TurnRecord", "body_of", "make_root", "send_dm", "start_gateway", "write_profile",
+    "LogCapture", "RecordingRunner", "TurnLog", "TurnRecord", "body_of", "is_online", "logged_turns", "make_root",
+    "send_dm", "start_gateway", "wait_online", "write_profile",
 ]
 
 
@@ -224,3 +226,47 @@ class LogCapture:
     def matching(self, *needles: str) -> list[str]:
         """The lines containing every one of ``needles``."""
         return [line for line in list(self.lines) if all(n in line for n in needles)]
+
+
+class TurnLog:
+    """A runner that logs each turn as one ``<delivery_id> <profile>`` line as it starts, then replies.
+
+    One ``O_APPEND`` write(2) per line: lines from several threads or processes never interleave, and a
+    SIGKILL right after the write leaves the line whole. Read it back with :func:`logged_turns`.
+
+    Args:
+        path: the log file (created 0600); None logs nothing.
+        reply: what a turn returns (or raises); default ``done <delivery_id>``.
+    """
+
+    def __init__(self, path: Path | None, reply: Callable[[Turn], str] | None = None) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if path is not None else None
+        self.reply = reply or (lambda turn: f"done {turn.delivery_id}")
+
+    def __call__(self, turn: Turn) -> str:
+        if self.fd is not None:
+            os.write(self.fd, f"{turn.delivery_id} {turn.profile}\n".encode())
+        return self.reply(turn)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def logged_turns(path: Path) -> list[str]:
+    """The delivery ids a :class:`TurnLog` wrote to ``path``, in order; none when there is no file."""
+    if not path.exists():
+        return []
+    return [line.split()[0] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def is_online(gw: Gateway, handle: str, conn: str, online: bool | None = True) -> bool:
+    """Whether ``gw``'s roster lists ``@handle`` on connection ``conn`` with this ``online`` state."""
+    return any(r["handle"] == handle and r["connection_id"] == conn and r["online"] is online for r in gw.roster())
+
+
+def wait_online(gw: Gateway, handle: str, conn: str, online: bool | None = True, timeout: float = 20) -> None:
+    """Wait until :func:`is_online`; TimeoutError naming the agent otherwise."""
+    await_condition(lambda: is_online(gw, handle, conn, online), timeout=timeout, interval=0.02,
+                    message=f"@{handle} on {conn} online={online}")
