@@ -29,8 +29,8 @@ from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 
 __all__ = [
-    "LogCapture", "RecordingRunner", "TurnLog", "TurnRecord", "body_of", "is_online", "logged_turns", "make_root",
-    "send_dm", "start_gateway", "wait_online", "write_profile",
+    "LogCapture", "RecordingRunner", "TurnLog", "TurnRecord", "assert_gone", "body_of", "is_online", "logged_turns",
+    "make_root", "process_alive", "send_dm", "start_gateway", "wait_online", "write_fake_cli", "write_profile",
 ]
 
 
@@ -270,3 +270,26 @@ def wait_online(gw: Gateway, handle: str, conn: str, online: bool | None = True,
     """Wait until :func:`is_online`; TimeoutError naming the agent otherwise."""
     await_condition(lambda: is_online(gw, handle, conn, online), timeout=timeout, interval=0.02,
                     message=f"@{handle} on {conn} online={online}")
+
+
+def write_fake_cli(base: Path, script: str) -> Path:
+    """Write ``script`` (starting with its ``#!`` line) as an executable ``<base>/bin/hermes``; returns its path."""
+    path = base / "bin" / "hermes"
+    path.parent.mkdir()
+    path.write_text(script, encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone: it only waits to be reaped)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def assert_gone(pid: int, timeout: float = 30.0) -> None:
+    """``pid`` is gone or a zombie before the deadline (a SIGKILL is not delivered instantly)."""
+    await_condition(lambda: not process_alive(pid), timeout=timeout, message=f"process {pid} is gone")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import stat
 import sys
 import threading
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, start_gateway
+from roots import RecordingRunner, body_of, start_gateway, write_fake_cli
 
 from hermes_actors import CommandRunner, Gateway, TurnFailed
 from hermes_actors.messages import Turn
@@ -317,11 +316,7 @@ sys.stdout.write("Hello from " + argv[argv.index("-p") + 1] + ("" if not resume 
 
 @pytest.fixture
 def fake_cli(tmp_path: Path) -> tuple[str, Path]:
-    script = tmp_path / "bin" / "hermes"
-    script.parent.mkdir()
-    script.write_text(FAKE_CLI.format(python=sys.executable), encoding="utf-8")
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return str(script), tmp_path / "cli.log"
+    return str(write_fake_cli(tmp_path, FAKE_CLI.format(python=sys.executable))), tmp_path / "cli.log"
 
 
 def _log(path: Path) -> list[dict[str, Any]]:
