@@ -522,8 +522,19 @@ class Gateway:
         return removed
 
     def stats(self) -> dict[str, Any]:
-        """Counters: accepted, refused, settled, pending, active_profiles, profile_starts, and the
-        notifier's notified, notify_skipped and subscriber_errors (callbacks that raised)."""
+        """Counters of the running gateway, each from the actor that owns it (an ask: it answers once
+        every message that actor received before has been handled).
+
+        Returns:
+            accepted, refused, settled, pending, active_profiles, profile_starts (the Dispatcher);
+            notified, notify_skipped (shed behind a slow subscriber) and subscriber_errors (callbacks
+            that raised) (the notifier); worker_threads; journal_fsyncs and journal_records when
+            durable; and with a relay (file or Redis): relay_alive, and while it is alive ``relay``,
+            its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...).
+
+        Raises:
+            RuntimeError: the gateway is not running.
+        """
         out: dict[str, Any] = ask(self._live_dispatcher(), StatsRequest(), timeout=_ASK_TIMEOUT, expect=dict)
         if self._notifier is not None:
             out.update(ask(self._notifier, NotifierStats(), timeout=_ASK_TIMEOUT, expect=dict))
@@ -531,6 +542,11 @@ class Gateway:
         if self._journal is not None:
             out["journal_fsyncs"] = self._journal.fsyncs
             out["journal_records"] = self._journal.records
+        if self._relay is not None:
+            out["relay_alive"] = False
+            with contextlib.suppress(pykka.ActorDeadError):
+                out["relay"] = dict(self._relay.proxy().stats().get(timeout=_ASK_TIMEOUT))
+                out["relay_alive"] = True
         return out
 
     def attach_live_owner(self, profile: str, owner: Any) -> None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pykka
 import pytest
 from loguru import logger
+from roots import LogCapture
 
 import hermes_actors  # noqa: F401  (imports first, so its logger.disable runs before we enable)
 from hermes_actors import Gateway
@@ -23,6 +26,33 @@ def _enable_library_logs() -> Iterator[None]:
     yield
     logger.disable("hermes_actors")
     logger.disable("actors")
+
+
+@pytest.fixture
+def logs() -> Iterator[LogCapture]:
+    """Log lines at WARNING and above during the test (``logs.lines``, ``logs.matching(...)``)."""
+    with LogCapture("WARNING") as capture:
+        yield capture
+
+
+@pytest.fixture
+def warnings(logs: LogCapture) -> list[str]:
+    """The text of every log line at WARNING and above during the test (a live list)."""
+    return logs.lines
+
+
+@pytest.fixture
+def log_records() -> Iterator[list[Any]]:
+    """Every loguru record (a dict: ``r["message"]``, ``r["level"]``) at DEBUG and above during the test."""
+    with LogCapture("DEBUG") as capture:
+        yield capture.records
+
+
+@pytest.fixture
+def stop_all_actors() -> Iterator[None]:
+    """Stop every pykka actor still running after the test (the actors/ tests start bare actors)."""
+    yield
+    pykka.ActorRegistry.stop_all(timeout=5)
 
 
 @pytest.fixture

@@ -34,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from roots import TurnLog
+
 from hermes_actors import Gateway
 from hermes_actors.core.wake import wake_id
 
@@ -46,18 +48,15 @@ def emit(event: str, **fields: Any) -> None:
         sys.stdout.flush()
 
 
-class LoggingRunner:
-    """Appends every turn's delivery id to ``turns.log`` (one write(2) per line), replies at once."""
+def logging_runner(root: Path, *, selfkill: bool = False) -> TurnLog:
+    """Logs every turn to ``ROOT/turns.log``, then replies at once (or, with ``selfkill``, SIGKILLs this process)."""
 
-    def __init__(self, root: Path, *, selfkill: bool = False) -> None:
-        self.fd = os.open(root / "turns.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.selfkill = selfkill
-
-    def run_turn(self, turn: Any) -> str:
-        os.write(self.fd, f"{turn.delivery_id}\n".encode())
-        if self.selfkill:
+    def reply(turn: Any) -> str:
+        if selfkill:
             os.kill(os.getpid(), signal.SIGKILL)
         return f"reply to {turn.delivery_id}"
+
+    return TurnLog(root / "turns.log", reply)
 
 
 def _wait_all(gw: Gateway, ids: list[str], timeout: float) -> None:
@@ -73,7 +72,7 @@ def _config(args: list[str]) -> dict[str, Any] | None:
 
 
 def cmd_send(root: Path, args: list[str]) -> None:
-    gw = Gateway(root, runner=LoggingRunner(root, selfkill="--selfkill" in args), config=_config(args)).start()
+    gw = Gateway(root, runner=logging_runner(root, selfkill="--selfkill" in args), config=_config(args)).start()
     emit("ready", recovered=gw.recovered)
     ack = gw.message_agent(sender="hermes", target="bob", message="hello from the crash test")
     emit("ack", **ack)
@@ -95,7 +94,7 @@ def cmd_recover(root: Path, args: list[str]) -> None:
             seen.setdefault(outcome["delivery_id"], outcome)
             cond.notify_all()
 
-    gw = Gateway(root, runner=LoggingRunner(root), config=_config(args))
+    gw = Gateway(root, runner=logging_runner(root), config=_config(args))
     gw.subscribe(record)  # before start(): it must see the recovered outcomes too
     gw.start()
     emit("recovered", counts=gw.recovered)
@@ -117,7 +116,7 @@ def cmd_recover(root: Path, args: list[str]) -> None:
 def cmd_load(root: Path, todo_file: str, args: list[str]) -> None:
     todo: list[int] = json.loads(Path(todo_file).read_text())
     threads = int(args[args.index("--threads") + 1]) if "--threads" in args else 8
-    gw = Gateway(root, runner=LoggingRunner(root)).start()
+    gw = Gateway(root, runner=logging_runner(root)).start()
     emit("ready", recovered=gw.recovered)
     acked: list[str] = []
     lock = threading.Lock()
@@ -141,7 +140,7 @@ def cmd_load(root: Path, todo_file: str, args: list[str]) -> None:
 
 def cmd_final(root: Path, ids_file: str) -> None:
     ids: list[str] = json.loads(Path(ids_file).read_text())
-    gw = Gateway(root, runner=LoggingRunner(root)).start()
+    gw = Gateway(root, runner=logging_runner(root)).start()
     emit("recovered", counts=gw.recovered)
     _wait_all(gw, ids, 60)
     emit("stats", **gw.stats())

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from roots import logged_turns
 
 HELPER = Path(__file__).with_name("crash_gateway.py")
 REPO = Path(__file__).resolve().parent.parent
@@ -82,5 +83,5 @@ def journal_ids(root: Path, kind: str = "accepted") -> list[str]:
 
 
 def turns_logged(root: Path) -> list[str]:
-    path = root / "turns.log"
-    return path.read_text().split() if path.exists() else []
+    """The delivery ids the child's runner (a ``TurnLog`` on ``ROOT/turns.log``) was entered with, in order."""
+    return logged_turns(root / "turns.log")

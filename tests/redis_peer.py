@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import sys
@@ -24,29 +23,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+from roots import TurnLog, is_online
+
 from hermes_actors.core.config import deep_merge
-from hermes_actors.demo.bots import DemoRunner
 from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 
 
-class LoggingRunner:
-    def __init__(self, log: Path | None, turn_seconds: float) -> None:
-        self.inner = DemoRunner()
-        self.turn_seconds = turn_seconds
-        self.fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log else None
+def logging_runner(log: Path | None, turn_seconds: float) -> TurnLog:
+    """Logs each turn as it starts, then takes ``turn_seconds`` (a turn's length, simulated) to reply."""
 
-    def run_turn(self, turn: Turn) -> str:
-        if self.fd is not None:
-            os.write(self.fd, f"{turn.delivery_id} {turn.profile}\n".encode())
-        if self.turn_seconds:
-            time.sleep(self.turn_seconds)
+    def reply(turn: Turn) -> str:
+        if turn_seconds:
+            time.sleep(turn_seconds)
         return f"done {turn.delivery_id} by {turn.profile}"
+
+    return TurnLog(log, reply)
 
 
 def _target_ready(gw: Gateway, target: str) -> bool:
     handle, _, conn = target.partition("@")
-    return any(r["handle"] == handle and r["connection_id"] == conn and r["online"] is True for r in gw.roster())
+    return is_online(gw, handle, conn)
 
 
 def _pct(ordered: list[float], q: float) -> float:
@@ -75,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config = deep_merge({"bot_mode": {"transport": args.redis, "max_queued": max(256, args.count + 10),
                                       "redis_heartbeat_seconds": 0.5}}, json.loads(args.config))
-    runner = LoggingRunner(args.turn_log, args.turn_seconds)
+    runner = logging_runner(args.turn_log, args.turn_seconds)
     with Gateway(args.root, runner=runner, config=config, connection_id=args.connection_id, durable=False) as gw:
         deadline = time.monotonic() + args.wait
         while args.target and not _target_ready(gw, args.target):

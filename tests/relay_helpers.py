@@ -1,4 +1,4 @@
-"""Helpers for the relay tests: seed-style writers, roster files, a hub thread, log capture.
+"""Helpers for the relay tests: seed-style writers, roster files, a hub thread.
 
 Not a test module. The "seed-style" writers run in a separate ``python -c``
 process and use only json/os/tempfile, exactly like the seed's
@@ -20,12 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
-
 from hermes_actors.relay.hub import run_hub
 
 __all__ = [
-    "LogCapture",
     "hub_thread",
     "seed_envelope",
     "seed_write_json",
@@ -98,37 +95,6 @@ def remote_row(profile: str, conn: str, *, handle: str | None = None, label: str
                            "connection_label": label, "title": "", "description": ""}
     row.update(extra)
     return row
-
-
-class LogCapture:
-    """Collects loguru records (message text) at WARNING and above while active."""
-
-    def __init__(self, level: str = "WARNING") -> None:
-        self.level = level
-        self._lock = threading.Lock()
-        self._lines: list[str] = []
-        self._sink: int | None = None
-
-    def __enter__(self) -> LogCapture:
-        self._sink = logger.add(self._add, level=self.level, format="{message}")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._sink is not None:
-            logger.remove(self._sink)
-            self._sink = None
-
-    def _add(self, message: Any) -> None:
-        with self._lock:
-            self._lines.append(str(message).rstrip("\n"))
-
-    @property
-    def lines(self) -> list[str]:
-        with self._lock:
-            return list(self._lines)
-
-    def matching(self, *needles: str) -> list[str]:
-        return [line for line in self.lines if all(n in line for n in needles)]
 
 
 @contextmanager

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import sys
@@ -26,29 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from roots import TurnLog, is_online
+
 from hermes_actors.demo.bots import DemoRunner
 from hermes_actors.gateway import Gateway
-from hermes_actors.messages import Turn
-
-
-class LoggingRunner:
-    """The demo runner, logging every turn (one ``O_APPEND`` write per line)."""
-
-    def __init__(self, log: Path | None) -> None:
-        self.inner = DemoRunner()
-        self.fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log else None
-
-    def run_turn(self, turn: Turn) -> str:
-        if self.fd is not None:
-            os.write(self.fd, f"{turn.delivery_id} {turn.profile}\n".encode())
-        return self.inner.run_turn(turn)
 
 
 def _target_ready(gw: Gateway, target: str) -> bool:
     handle, _, conn = target.partition("@")
-    return any(
-        r["handle"] == handle and r["connection_id"] == conn and r["online"] is True for r in gw.roster()
-    )
+    return is_online(gw, handle, conn)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 
     config = {"bot_mode": {"rescan_seconds": args.rescan, "max_queued": max(256, args.count + 10)}}
-    runner = LoggingRunner(args.turn_log)
+    runner = TurnLog(args.turn_log, DemoRunner().run_turn)  # the demo runner, logging every turn
     with Gateway(args.root, runner=runner, config=config, connection_id=args.connection_id) as gw:
         deadline = time.monotonic() + args.wait
         while not _target_ready(gw, args.target):

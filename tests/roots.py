@@ -1,4 +1,5 @@
-"""Test helpers: a managed Hermes root on disk, and a recording turn runner.
+"""Test helpers: a managed Hermes root on disk, recording and logging turn runners, starting a Gateway,
+capturing log lines.
 
     root = make_root(tmp_path, {"alice": {}, "bob": {"title": "Builder"}})
     rec = RecordingRunner()
@@ -12,6 +13,7 @@ profile lives at ``<root>/profiles/<name>/profile.yaml`` with
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -20,12 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from loguru import logger
 
 from actors.testkit import await_condition
 from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 
-__all__ = ["RecordingRunner", "TurnRecord", "body_of", "make_root", "write_profile"]
+__all__ = [
+    "LogCapture", "RecordingRunner", "TurnLog", "TurnRecord", "assert_gone", "body_of", "is_online", "logged_turns",
+    "make_root", "process_alive", "send_dm", "start_gateway", "wait_online", "write_fake_cli", "write_profile",
+]
+
 
 def write_profile(
     home: Path,
@@ -81,6 +88,13 @@ def make_root(
     if config is not None:
         (root / "config.yaml").write_text(yaml.safe_dump(dict(config)), encoding="utf-8")
     return root
+
+
+def send_dm(gw: Gateway, message: str, target: str = "bob", sender: str = "alice") -> str:
+    """Send a DM that must be queued; returns its delivery id."""
+    ack = gw.message_agent(sender=sender, target=target, message=message)
+    assert ack.get("status") == "queued", ack
+    return str(ack["delivery_id"])
 
 
 def body_of(content: str) -> str:
@@ -161,9 +175,121 @@ class RecordingRunner:
 
 
 def start_gateway(
-    gateways: list[Gateway], root: Path, runner: Any, config: dict[str, Any] | None = None
+    gateways: list[Gateway], root: Path, runner: Any = None, config: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> Gateway:
-    """Start a Gateway that the ``gateways`` fixture stops at teardown."""
-    gw = Gateway(root, runner=runner, config=config)
+    """Start a Gateway that the ``gateways`` fixture stops at teardown (even when the test failed).
+
+    Args:
+        gateways: the ``gateways`` fixture's list.
+        root: the Hermes root to serve.
+        runner: the turn runner; default a fresh :class:`RecordingRunner`.
+        config: the config override (``{"bot_mode": {...}}``).
+        **kwargs: any other ``Gateway`` keyword argument (``connection_id``, ``durable``, ...).
+
+    Returns:
+        The started Gateway.
+    """
+    gw = Gateway(root, runner=RecordingRunner() if runner is None else runner,
+                 config=dict(config) if config is not None else None, **kwargs)
     gateways.append(gw)
     return gw.start()
+
+
+class LogCapture:
+    """Collects loguru records at ``level`` and above while active (a context manager).
+
+    ``records`` holds loguru's record dicts (``r["message"]``, ``r["level"]``...), ``lines`` the message
+    texts; both are live lists, appended to by the sink from any thread.
+    """
+
+    def __init__(self, level: str = "WARNING") -> None:
+        self.level = level
+        self.records: list[Any] = []
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._sink: int | None = None
+
+    def __enter__(self) -> LogCapture:
+        self._sink = logger.add(self._add, level=self.level, format="{message}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sink is not None:
+            logger.remove(self._sink)
+            self._sink = None
+
+    def _add(self, message: Any) -> None:
+        with self._lock:
+            self.records.append(message.record)
+            self.lines.append(str(message).rstrip("\n"))
+
+    def matching(self, *needles: str) -> list[str]:
+        """The lines containing every one of ``needles``."""
+        return [line for line in list(self.lines) if all(n in line for n in needles)]
+
+
+class TurnLog:
+    """A runner that logs each turn as one ``<delivery_id> <profile>`` line as it starts, then replies.
+
+    One ``O_APPEND`` write(2) per line: lines from several threads or processes never interleave, and a
+    SIGKILL right after the write leaves the line whole. Read it back with :func:`logged_turns`.
+
+    Args:
+        path: the log file (created 0600); None logs nothing.
+        reply: what a turn returns (or raises); default ``done <delivery_id>``.
+    """
+
+    def __init__(self, path: Path | None, reply: Callable[[Turn], str] | None = None) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if path is not None else None
+        self.reply = reply or (lambda turn: f"done {turn.delivery_id}")
+
+    def __call__(self, turn: Turn) -> str:
+        if self.fd is not None:
+            os.write(self.fd, f"{turn.delivery_id} {turn.profile}\n".encode())
+        return self.reply(turn)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def logged_turns(path: Path) -> list[str]:
+    """The delivery ids a :class:`TurnLog` wrote to ``path``, in order; none when there is no file."""
+    if not path.exists():
+        return []
+    return [line.split()[0] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def is_online(gw: Gateway, handle: str, conn: str, online: bool | None = True) -> bool:
+    """Whether ``gw``'s roster lists ``@handle`` on connection ``conn`` with this ``online`` state."""
+    return any(r["handle"] == handle and r["connection_id"] == conn and r["online"] is online for r in gw.roster())
+
+
+def wait_online(gw: Gateway, handle: str, conn: str, online: bool | None = True, timeout: float = 20) -> None:
+    """Wait until :func:`is_online`; TimeoutError naming the agent otherwise."""
+    await_condition(lambda: is_online(gw, handle, conn, online), timeout=timeout, interval=0.02,
+                    message=f"@{handle} on {conn} online={online}")
+
+
+def write_fake_cli(base: Path, script: str) -> Path:
+    """Write ``script`` (starting with its ``#!`` line) as an executable ``<base>/bin/hermes``; returns its path."""
+    path = base / "bin" / "hermes"
+    path.parent.mkdir()
+    path.write_text(script, encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone: it only waits to be reaped)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def assert_gone(pid: int, timeout: float = 30.0) -> None:
+    """``pid`` is gone or a zombie before the deadline (a SIGKILL is not delivered instantly)."""
+    await_condition(lambda: not process_alive(pid), timeout=timeout, message=f"process {pid} is gone")

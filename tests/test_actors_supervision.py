@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,8 @@ from actors import (
     handles,
 )
 from actors.messages import Request
+
+pytestmark = pytest.mark.usefixtures("stop_all_actors")  # conftest: stops the bare actors
 
 # ── messages ────────────────────────────────────────────────────────────────
 
@@ -231,12 +233,6 @@ class FakeClock:
 
 
 # ── fixtures & helpers ──────────────────────────────────────────────────────
-
-
-@pytest.fixture(autouse=True)
-def _stop_all_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all(timeout=5)
 
 
 def _child(sup: pykka.ActorRef[Any], name: str = "c") -> pykka.ActorRef[Any] | None:

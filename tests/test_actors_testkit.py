@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pykka
 import pytest
 
 from actors import Probe, await_condition
+
+pytestmark = pytest.mark.usefixtures("stop_all_actors")  # conftest: stops the bare actors
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,6 @@ class A:
 @dataclass(frozen=True)
 class B:
     n: int
-
-
-@pytest.fixture(autouse=True)
-def _stop_all_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all(timeout=5)
 
 
 # ── await_condition ─────────────────────────────────────────────────────────

@@ -7,11 +7,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pykka
 import pytest
 from loguru import logger
 
 from actors import ManualScheduler, Probe, Scheduler, TimerSet, TypedActor, await_condition, handles
+
+pytestmark = pytest.mark.usefixtures("stop_all_actors")  # conftest: stops the bare actors
 
 # ── helpers ─────────────────────────────────────────────────────────────────
 
@@ -81,20 +82,6 @@ class ForgetfulTimerOwner(TimerOwner):
 
     def on_stop(self) -> None:
         self.ticks.append(Tick(99))
-
-
-@pytest.fixture(autouse=True)
-def _stop_all_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all(timeout=5)
-
-
-@pytest.fixture
-def log_records() -> Iterator[list[Any]]:
-    records: list[Any] = []
-    sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
-    yield records
-    logger.remove(sink)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from typing import Any
 
 import pykka
 import pytest
-from loguru import logger
 
 from actors import (
     ActorGone,
@@ -27,6 +26,8 @@ from actors import (
     tell,
 )
 from actors.messages import Request
+
+pytestmark = pytest.mark.usefixtures("stop_all_actors")  # conftest: stops the bare actors
 
 # ── messages ────────────────────────────────────────────────────────────────
 
@@ -177,20 +178,6 @@ class RecordingWorker(Worker):
 
 
 # ── fixtures ────────────────────────────────────────────────────────────────
-
-
-@pytest.fixture(autouse=True)
-def _stop_all_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all(timeout=5)
-
-
-@pytest.fixture
-def log_records() -> Iterator[list[Any]]:
-    records: list[Any] = []
-    sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
-    yield records
-    logger.remove(sink)
 
 
 @pytest.fixture

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from loguru import logger
 
 from actors import WorkerPool, await_condition
-
-
-@pytest.fixture
-def log_records() -> Iterator[list[Any]]:
-    records: list[Any] = []
-    sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
-    yield records
-    logger.remove(sink)
 
 
 def _alive_threads(prefix: str) -> list[threading.Thread]:

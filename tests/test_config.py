@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from loguru import logger
 
 from hermes_actors.core import config as c
-
-
-@pytest.fixture
-def warnings() -> Iterator[list[str]]:
-    """Collect loguru WARNING+ messages emitted during the test."""
-    records: list[str] = []
-    sink_id = logger.add(lambda message: records.append(str(message)), level="WARNING", format="{message}")
-    yield records
-    logger.remove(sink_id)
-
 
 # ── deep_merge ──────────────────────────────────────────────────────────────
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from loguru import logger
 from roots import RecordingRunner, start_gateway
 
 from hermes_actors import Gateway
@@ -17,16 +15,6 @@ from hermes_actors.core.settings import coerce, setting, settings_of
 from hermes_actors.transports.redis.store import redis_settings
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
-
-
-@pytest.fixture
-def warnings() -> Iterator[list[str]]:
-    """Collect loguru WARNING+ messages emitted during the test."""
-    records: list[str] = []
-    sink_id = logger.add(lambda message: records.append(str(message).rstrip("\n")), level="WARNING",
-                         format="{message}")
-    yield records
-    logger.remove(sink_id)
 
 
 def _spec(key: str) -> c.Setting:

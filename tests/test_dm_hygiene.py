@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import make_root
+from roots import make_root, write_fake_cli
 
 from hermes_actors import Gateway
 from hermes_actors.local import dm_files as dmfiles
@@ -111,11 +111,7 @@ print("reply: " + entry["body"].split("): ", 1)[-1])
 
 @pytest.fixture
 def fake_cli(tmp_path: Path) -> Path:
-    path = tmp_path / "bin" / "hermes"
-    path.parent.mkdir()
-    path.write_text(FAKE_HERMES.format(python=sys.executable))
-    path.chmod(0o755)
-    return path
+    return write_fake_cli(tmp_path, FAKE_HERMES.format(python=sys.executable))
 
 
 def _log(path: Path) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from relay_helpers import remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
@@ -94,11 +94,10 @@ def _temp_files(root: Path) -> list[Path]:
     return sorted(p for p in (root / "bot_relay" / "tmp").iterdir() if TEMP_OF_ID.match(p.name))
 
 
-def _start(gateways: list[Gateway], root: Path, runner: Any = None, **config: Any) -> Gateway:
-    gw = Gateway(root, runner=runner or RecordingRunner(), config={"bot_mode": config} if config else None,
-                 connection_id="alpha", durable=False)
-    gateways.append(gw)
-    return gw.start()
+def _start(gateways: list[Gateway], root: Path, runner: Any = None, **bot_mode: Any) -> Gateway:
+    """Connection ``alpha``, not durable, ``bot_mode`` settings as keywords."""
+    return start_gateway(gateways, root, runner, {"bot_mode": bot_mode} if bot_mode else None,
+                         connection_id="alpha", durable=False)
 
 
 # ── envelope writes (sender side) ───────────────────────────────────────────
@@ -178,10 +177,10 @@ def test_a_failing_reply_write_on_the_drain_side_keeps_the_relay_running(
     assert [t.delivery_id for t in rec.wait_entered(1)] == [first["id"]]
     # The reply is written inside one relay-actor message: a call queued behind it returns once the failure was
     # handled (and answers only if the actor survived it).
-    assert gw._relay is not None
-    assert gw._relay.proxy().stats().get(timeout=10)["drained"] == 1
+    stats = gw.stats()
+    assert stats["relay_alive"], "the relay actor survived the failed write"
+    assert stats["relay"]["drained"] == 1
     faults.armed = False
-    assert gw._relay is not None and gw._relay.is_alive(), "the relay actor survived the failed write"
     assert not (paths.delivered / f"{first['id']}.json").exists(), "nothing half-written is visible"
     assert _temp_files(root) == [], "no temp file is left behind"
 

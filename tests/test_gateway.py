@@ -18,7 +18,6 @@ from hermes_actors.messages import Turn
 OUTCOME_KEYS = {"delivery_id", "status", "reply", "error", "reason", "retryable", "from", "text"}
 
 
-start = start_gateway
 
 
 def queued(ack: dict[str, Any]) -> str:
@@ -61,7 +60,7 @@ def test_outcome_dicts_have_every_key(root: Path, gateways: list[Gateway]) -> No
             raise TurnFailed("Your credit balance is too low to run this model.")
         return "" if body == "quiet" else "sure thing"
 
-    gw = start(gateways, root, behave)
+    gw = start_gateway(gateways, root, behave)
     ok, bad, quiet = (
         queued(gw.message_agent(sender="alice", target="bob", message=m)) for m in ("go", "fail", "quiet")
     )
@@ -92,7 +91,7 @@ def test_outcome_dicts_have_every_key(root: Path, gateways: list[Gateway]) -> No
 
 
 def test_default_profile_is_shown_as_hermes(root: Path, gateways: list[Gateway]) -> None:
-    gw = start(gateways, root, lambda turn: f"{turn.profile}/{turn.handle} here")
+    gw = start_gateway(gateways, root, lambda turn: f"{turn.profile}/{turn.handle} here")
     ack = gw.message_agent(sender="bob", target="hermes", message="hi")
     assert ack["to"] == "@hermes"
     out = gw.wait_outcome(queued(ack), timeout=10)
@@ -106,7 +105,7 @@ def test_roster_rows(tmp_path: Path, gateways: list[Gateway]) -> None:
         {"scribe": {"title": "Writer", "display_name": "Dr. Foo", "description": "Drafts prose."}},
         default={"title": "Coordinator", "display_name": "Hermes"},
     )
-    gw = start(gateways, root, lambda turn: "x")
+    gw = start_gateway(gateways, root, lambda turn: "x")
     assert gw.roster() == [
         {"profile": "default", "handle": "hermes", "display_name": "Hermes", "title": "Coordinator",
          "description": "", "connection_id": None, "online": True},
@@ -134,7 +133,7 @@ def test_message_agent_before_start_and_after_stop(root: Path) -> None:
 
 def test_wait_outcome_unknown_id_and_timeout(root: Path, gateways: list[Gateway]) -> None:
     release = threading.Event()
-    gw = start(gateways, root, lambda turn: "late" if release.wait(10) else "never")
+    gw = start_gateway(gateways, root, lambda turn: "late" if release.wait(10) else "never")
     try:
         with pytest.raises(KeyError):
             gw.wait_outcome("0" * 32, timeout=1)
@@ -293,7 +292,7 @@ class ObjectRunner:
 
 def test_a_crashing_profile_actor_is_restarted(root: Path, gateways: list[Gateway]) -> None:
     runner = ObjectRunner()
-    gw = start(gateways, root, runner)
+    gw = start_gateway(gateways, root, runner)
     poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
     out = gw.wait_outcome(poison, timeout=10)
     assert set(out) == OUTCOME_KEYS
@@ -320,7 +319,7 @@ def test_crash_with_a_queue_keeps_the_queue(root: Path, gateways: list[Gateway])
                 return Unprintable()
             return f"fine: {body}"
 
-    gw = start(gateways, root, Runner())
+    gw = start_gateway(gateways, root, Runner())
     try:
         poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
         assert entered.wait(5)
@@ -368,7 +367,7 @@ def test_raising_and_slow_subscribers_never_block_dms(root: Path) -> None:
 
 def test_unsubscribe(root: Path, gateways: list[Gateway]) -> None:
     first, second = Recorder(), Recorder()
-    gw = start(gateways, root, lambda turn: "x")
+    gw = start_gateway(gateways, root, lambda turn: "x")
     stop_first = gw.subscribe(first)
     gw.subscribe(second)
     a = queued(gw.message_agent(sender="alice", target="bob", message="1"))
@@ -413,7 +412,7 @@ class PingPong:
 def test_bot_loop_stops_at_the_hop_limit(root: Path, gateways: list[Gateway], max_hops: int | None) -> None:
     limit = max_hops or 8  # the default
     runner = PingPong()
-    gw = start(gateways, root, runner, {"bot_mode": {"max_hops": max_hops}} if max_hops else None)
+    gw = start_gateway(gateways, root, runner, {"bot_mode": {"max_hops": max_hops}} if max_hops else None)
     recorder = Recorder()
     gw.subscribe(recorder)
     start_id = queued(gw.message_agent(sender="bob", target="alice", message="ping"))
@@ -458,7 +457,7 @@ def test_a_turn_can_message_from_inside_and_gets_the_reply_later(root: Path, gat
             return "asked carol"
         return f"{turn.profile}: {turn.content}"
 
-    gw = start(gateways, root, behave)
+    gw = start_gateway(gateways, root, behave)
     first = queued(gw.message_agent(sender="bob", target="alice", message="go"))
     assert gw.wait_outcome(first, timeout=10)["reply"] == "asked carol"
     (ack,) = acks

@@ -10,8 +10,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from relay_helpers import LogCapture, hub_thread, seed_envelope, seed_write_json
-from roots import RecordingRunner, make_root
+from relay_helpers import hub_thread, seed_envelope, seed_write_json
+from roots import LogCapture, RecordingRunner, make_root
 
 from actors import FsBridge, Scheduler
 from actors.testkit import await_condition

@@ -87,7 +87,6 @@ def holders() -> Iterator[list[Holder]]:
         h.kill()
 
 
-start = start_gateway
 
 
 def entering_runner() -> tuple[RecordingRunner, threading.Event]:
@@ -123,7 +122,7 @@ def test_our_turn_waits_for_another_process_holding_the_lock(root: Path, gateway
                                                              holders: list[Holder],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     runner, entered = entering_runner()
-    gw = start(gateways, root, runner)
+    gw = start_gateway(gateways, root, runner)
     holder = Holder(lock_path(root, "bob"))
     holders.append(holder)
     busy = BusyFlocks(monkeypatch)
@@ -150,7 +149,7 @@ def test_our_turn_waits_for_another_process_holding_the_lock(root: Path, gateway
 def test_lock_held_past_the_wait_budget_is_target_busy(root: Path, gateways: list[Gateway],
                                                        holders: list[Holder]) -> None:
     runner, _ = entering_runner()
-    gw = start(gateways, root, runner, {"bot_mode": {"turn_wait_seconds": 0.3}})
+    gw = start_gateway(gateways, root, runner, {"bot_mode": {"turn_wait_seconds": 0.3}})
     holder = Holder(lock_path(root, "bob"))
     holders.append(holder)
 
@@ -176,7 +175,7 @@ def test_another_process_cannot_take_the_lock_during_our_turn(root: Path, gatewa
         assert release.wait(10)
         return "done"
 
-    gw = start(gateways, root, behave)
+    gw = start_gateway(gateways, root, behave)
     try:
         ack = gw.message_agent(sender="alice", target="bob", message="hold it")
         assert inside.wait(5)

@@ -10,25 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of
+from roots import RecordingRunner, body_of, send_dm, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
 from hermes_actors.local.live_handoff import LiveMailbox, hand_to_owner
 from hermes_actors.local.runners import as_runner
 from hermes_actors.messages import Delivery, Turn
-
-
-def start(gateways: list[Gateway], root: Path, runner: Any) -> Gateway:
-    gw = Gateway(root, runner=runner)
-    gateways.append(gw)
-    return gw.start()
-
-
-def send(gw: Gateway, message: str, target: str = "bob") -> str:
-    ack = gw.message_agent(sender="alice", target=target, message=message)
-    assert ack.get("status") == "queued", ack
-    return str(ack["delivery_id"])
 
 
 def mailbox_file(root: Path, key: str, profile: str = "bob") -> Path:
@@ -69,16 +57,16 @@ class Owner:
 
 def test_dms_go_to_the_attached_owner_not_the_runner(root: Path, gateways: list[Gateway]) -> None:
     runner, owner = RecordingRunner(), Owner()
-    gw = start(gateways, root, runner)
+    gw = start_gateway(gateways, root, runner)
     gw.attach_live_owner("bob", owner)
-    ids = [send(gw, f"dm {n}") for n in range(3)]
+    ids = [send_dm(gw, f"dm {n}") for n in range(3)]
     outs = [gw.wait_outcome(k, timeout=10) for k in ids]
     assert [o["reply"] for o in outs] == ["owner: dm 0", "owner: dm 1", "owner: dm 2"]
     assert all(o["status"] == "replied" for o in outs)
     assert owner.bodies() == ["dm 0", "dm 1", "dm 2"]
     assert runner.entered == []
     # Another profile, without an owner, still runs turns normally.
-    other = send(gw, "to carol", target="carol")
+    other = send_dm(gw, "to carol", target="carol")
     assert gw.wait_outcome(other, timeout=10)["reply"] == "ok: to carol"
     assert runner.bodies() == ["to carol"]
 
@@ -92,11 +80,11 @@ def test_detach_with_dms_queued_sends_them_to_the_runner(root: Path, gateways: l
         return "owner handled it"
 
     runner, owner = RecordingRunner(), Owner(behave)
-    gw = start(gateways, root, runner)
+    gw = start_gateway(gateways, root, runner)
     gw.attach_live_owner("bob", owner)
-    first = send(gw, "first")
+    first = send_dm(gw, "first")
     assert entered.wait(10)
-    queued = [send(gw, f"queued {n}") for n in range(3)]
+    queued = [send_dm(gw, f"queued {n}") for n in range(3)]
     gw.detach_live_owner("bob")
     release.set()
     assert gw.wait_outcome(first, timeout=10)["reply"] == "owner handled it"
@@ -113,9 +101,9 @@ def test_owner_dying_mid_turn_is_ambiguous_and_never_rerun(root: Path, gateways:
         raise ConnectionResetError("window closed")
 
     runner, owner = RecordingRunner(), Owner(behave)
-    gw = start(gateways, root, runner)
+    gw = start_gateway(gateways, root, runner)
     gw.attach_live_owner("bob", owner)
-    key = send(gw, "are you there")
+    key = send_dm(gw, "are you there")
     out = gw.wait_outcome(key, timeout=10)
     assert out["status"] == "ambiguous"
     assert "do not resend" in out["error"] and "do not resend" in out["text"]
@@ -139,9 +127,9 @@ def test_owner_raising_turn_failed_fails_with_that_reason(root: Path, gateways: 
         raise TurnFailed("The owner's provider account is out of credit.", reason="provider_quota_limit")
 
     runner, owner = RecordingRunner(), Owner(behave)
-    gw = start(gateways, root, runner)
+    gw = start_gateway(gateways, root, runner)
     gw.attach_live_owner("bob", owner)
-    key = send(gw, "hello")
+    key = send_dm(gw, "hello")
     out = gw.wait_outcome(key, timeout=10)
     assert out["status"] == "failed"
     assert out["reason"] == "provider_quota_limit"
@@ -203,9 +191,9 @@ def test_replaying_other_recorded_states_never_runs_the_owner(
 def test_replaying_through_a_gateway_with_the_owner_attached_is_a_no_op(root: Path, gateways: list[Gateway]) -> None:
     """The same delivery id handed over twice (e.g. a replayed Deliver) runs the owner once."""
     runner, owner = RecordingRunner(), Owner()
-    gw = start(gateways, root, runner)
+    gw = start_gateway(gateways, root, runner)
     gw.attach_live_owner("bob", owner)
-    key = send(gw, "once")
+    key = send_dm(gw, "once")
     assert gw.wait_outcome(key, timeout=10)["reply"] == "owner: once"
     home = root / "profiles" / "bob"
     result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn, journal=None)
@@ -260,9 +248,9 @@ def test_mailbox_records_go_queued_claimed_settled_on_disk(
         seen_during_turn.append(json.loads(mailbox_file(root, turn.delivery_id).read_text())["state"])
         return "settled it"
 
-    gw = start(gateways, root, RecordingRunner())
+    gw = start_gateway(gateways, root, RecordingRunner())
     gw.attach_live_owner("bob", Owner(behave))
-    key = send(gw, "track me")
+    key = send_dm(gw, "track me")
     assert gw.wait_outcome(key, timeout=10)["reply"] == "settled it"
     await_condition(lambda: len(states) >= 3, timeout=5, message="three mailbox writes")
     assert states == ["queued", "claimed", "settled"]

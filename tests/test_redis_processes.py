@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from redis_fixture import RedisServer
 from relay_procs import children
+from roots import logged_turns, wait_online
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -27,19 +28,6 @@ FAST = {"bot_mode": {"redis_heartbeat_seconds": 0.2, "redis_claim_idle_seconds":
 def peer_argv(root: Path, conn: str, url: str, *extra: str, config: dict[str, Any] | None = None) -> list[str]:
     return [sys.executable, str(TESTS / "redis_peer.py"), "--root", str(root), "--connection-id", conn,
             "--redis", url, "--config", json.dumps(config or FAST), *extra]
-
-
-def turn_counts(path: Path) -> Counter[str]:
-    if not path.exists():
-        return Counter()
-    return Counter(line.split()[0] for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-
-
-def wait_online(gw: Gateway, handle: str, conn: str, online: bool | None = True, timeout: float = 20) -> None:
-    await_condition(
-        lambda: any(r["handle"] == handle and r["connection_id"] == conn and r["online"] is online
-                    for r in gw.roster()),
-        timeout=timeout, interval=0.02, message=f"@{handle} on {conn} online={online}")
 
 
 def _two_way(tmp_path: Path, server: RedisServer, count: int, *extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -66,7 +54,7 @@ def test_two_gateway_processes_exchange_500_dms_each_way(tmp_path: Path, redis_s
         assert len(sent) == 500 and len(set(sent)) == 500
         assert set(summary["statuses"]) == {"replied"}, Counter(summary["statuses"])
         assert all(reply.startswith(f"done {d} by scout") for d, reply in zip(sent, summary["replies"], strict=True))
-        turns = turn_counts(served_by)
+        turns = Counter(logged_turns(served_by))
         assert {i: n for i, n in turns.items() if n != 1} == {}  # none duplicated
         assert set(turns) == set(sent)  # all delivered, nothing else ran there
     client = redis_server.client()
@@ -107,7 +95,7 @@ def test_sigkilled_consumer_entries_are_reclaimed_and_delivered_exactly_once(tmp
         wait_online(alpha, "scout", "mini")
         acks = [alpha.message_agent(sender="hermes", target="scout@mini", message=f"job {i}") for i in range(20)]
         ids = [a["delivery_id"] for a in acks]
-        await_condition(lambda: sum(turn_counts(log1).values()) >= 3, timeout=20, message="mini1 ran 3 turns")
+        await_condition(lambda: sum(Counter(logged_turns(log1)).values()) >= 3, timeout=20, message="mini1 ran 3 turns")
         client = redis_server.client()
         pending = client.xpending("hermes:bot:in:mini", "hermes")["pending"]
         mini1.proc.send_signal(signal.SIGKILL)  # holding ~17 un-acked entries, one turn mid-way
@@ -121,7 +109,7 @@ def test_sigkilled_consumer_entries_are_reclaimed_and_delivered_exactly_once(tmp
                                     for s in streams),
                         timeout=20, message="every entry acked, nothing pending: none left to run or answer twice")
         assert mini2.proc.poll() is None, mini2.stderr_tail()
-    first, second = turn_counts(log1), turn_counts(log2)
+    first, second = Counter(logged_turns(log1)), Counter(logged_turns(log2))
     both = first + second
     assert {d: n for d, n in both.items() if n != 1} == {}  # no turn ran twice, across both consumers
     assert set(both) <= set(ids) and second  # the survivor did run the reclaimed ones
@@ -158,7 +146,7 @@ def test_heartbeat_expiry_is_runtime_offline_and_return_delivers(tmp_path: Path,
         ack = alpha.message_agent(sender="hermes", target="scout@mini", message="after")
         out = alpha.wait_outcome(ack["delivery_id"], timeout=10)
         assert out["status"] == "replied"
-    turns = turn_counts(tmp_path / "mini.turns")
+    turns = Counter(logged_turns(tmp_path / "mini.turns"))
     assert len(turns) == 2 and set(turns.values()) == {1}  # the refused DM never reached mini
 
 

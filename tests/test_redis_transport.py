@@ -21,7 +21,7 @@ import orjson
 import pytest
 from loguru import logger
 from redis_fixture import RedisServer
-from roots import RecordingRunner, make_root
+from roots import RecordingRunner, make_root, wait_online
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
@@ -59,13 +59,6 @@ def gateway(tmp: Path, name: str, server: RedisServer, runner: Any = None, *, pr
     with Gateway(root, runner=runner or RecordingRunner(), config=cfg, connection_id=name, durable=False,
                  **kwargs) as gw:
         yield gw
-
-
-def wait_online(gw: Gateway, handle: str, conn: str, online: bool | None = True, timeout: float = 10) -> None:
-    await_condition(
-        lambda: any(r["handle"] == handle and r["connection_id"] == conn and r["online"] is online
-                    for r in gw.roster()),
-        timeout=timeout, interval=0.02, message=f"@{handle} on {conn} online={online}")
 
 
 def fake_connection(server: RedisServer, conn: str, profiles: tuple[str, ...] = ("bob",), alive: bool = True) -> None:

@@ -10,13 +10,12 @@ import sys
 import textwrap
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from loguru import logger
 
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.messages import RemoteAgent
@@ -69,19 +68,6 @@ def agent(profile: str, handle: str, conn: str, online: bool | None = None, labe
 @pytest.fixture()
 def paths(tmp_path: Path) -> RelayPaths:
     return RelayPaths.from_root(tmp_path).ensure()
-
-
-@pytest.fixture()
-def warnings() -> Iterator[list[str]]:
-    """Collect loguru warnings of the store (the package disables its logger by default)."""
-    seen: list[str] = []
-    logger.enable("hermes_actors")
-    sink = logger.add(lambda m: seen.append(str(m)), level="WARNING", format="{message}")
-    try:
-        yield seen
-    finally:
-        logger.remove(sink)
-        logger.disable("hermes_actors")  # the library default
 
 
 # ── normalization ───────────────────────────────────────────────────────────

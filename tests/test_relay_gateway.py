@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -39,9 +39,7 @@ OFFLINE_TAIL = (
 
 def start(gateways: list[Gateway], root: Path, runner: Any = None, *, config: dict[str, Any] | None = None,
           connection_id: str | None = "alpha") -> Gateway:
-    gw = Gateway(root, runner=runner or RecordingRunner(), config=config, connection_id=connection_id)
-    gateways.append(gw)
-    return gw.start()
+    return start_gateway(gateways, root, runner, config, connection_id=connection_id)
 
 
 def relay(root: Path) -> Path:
@@ -410,7 +408,7 @@ def test_a_failing_expiry_write_still_reports_queued_expired_and_the_relay_keeps
     assert (out["status"], out["reason"]) == ("failed", "queued_expired")
     assert (relay(root) / "claimed" / f"{expired}.json").exists()  # we hold the claim: never delivered late
     monkeypatch.setattr(rf, "write_reply", real_write_reply)
-    assert gw._relay is not None and gw._relay.is_alive()
+    assert gw.stats()["relay_alive"]
     # The relay still works once the disk does: the next expiry writes its reply file. (Not a reply race
     # against the 0.3 s TTL, which a loaded machine can lose.)
     later = queued(gw.message_agent(sender="alice", target="moxie", message="again"))

@@ -7,13 +7,13 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from relay_helpers import LogCapture, remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import RecordingRunner, make_root
+from relay_helpers import remote_row, seed_envelope, seed_write_json, write_roster_file
+from roots import LogCapture, RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -33,12 +33,6 @@ def _kind_param(kind: str) -> Any:
 
 
 PARAMS = [_kind_param(k) for k in KINDS]
-
-
-@pytest.fixture
-def logs() -> Iterator[LogCapture]:
-    with LogCapture() as capture:
-        yield capture
 
 
 def plant(kind: str, directory: Path, file_id: str, valid: dict[str, Any], staging: Path) -> str:
@@ -115,15 +109,14 @@ def test_hostile_reply_files_are_quarantined_and_valid_replies_still_flow(
         if kind == "symlink":
             assert moved[0].is_symlink()  # the link itself moved; its target was never touched
             assert Path(os.readlink(moved[0])).read_text(encoding="utf-8") == json.dumps(valid)
-        assert gw._relay is not None
-        assert gw._relay.proxy().stats().get(timeout=10)["replies"] == 0  # handled in the relay: no reply taken
+        assert gw.stats()["relay"]["replies"] == 0  # handled in the relay: no reply taken
 
         # The positive marker: the real reply, through the same path. An outcome settles once, so had the hostile
         # content become the outcome, this would read "FROM THE HOSTILE FILE".
         seed_write_json(relay / "replies" / f"{envelope_id}.json", {**valid, "reply": "the real reply"})
         out = gw.wait_outcome(envelope_id, timeout=10)
         assert (out["status"], out["reply"]) == ("replied", "the real reply")
-        assert gw._relay.proxy().stats().get(timeout=10)["replies"] == 1
+        assert gw.stats()["relay"]["replies"] == 1
 
 
 @pytest.mark.parametrize("kind", PARAMS)
@@ -141,7 +134,7 @@ def test_hostile_inbox_files_are_quarantined_and_valid_envelopes_still_flow(
         assert len(moved) == 1
         await_condition(lambda: logs.matching("quarantined", name), timeout=10, message=f"a log line for {name}")
         assert not (paths.inbox / name).exists() and not (paths.taken / name).exists()
-        assert gw._relay is not None and gw._relay.is_alive()
+        assert gw.stats()["relay_alive"]
 
         good = seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")
         post_to_inbox(paths, good, "mini")

@@ -4,41 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 from relay_helpers import seed_envelope
 from relay_procs import children, hub_argv, peer_argv
-from roots import make_root
+from roots import TurnLog, logged_turns, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.demo.bots import create_demo_root
-from hermes_actors.messages import Turn
 from hermes_actors.store import relay_files as rf
-
-
-class TurnLog:
-    """A runner that appends ``<delivery_id>`` to a file for every turn it runs."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.lock = threading.Lock()
-
-    def __call__(self, turn: Turn) -> str:
-        with self.lock:
-            os.write(self.fd, f"{turn.delivery_id}\n".encode())
-        return f"done {turn.delivery_id}"
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def count_lines(path: Path) -> Counter[str]:
-    return Counter(line.split()[0] for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
 
 
 def test_two_drainer_processes_deliver_each_of_500_envelopes_exactly_once(tmp_path: Path) -> None:
@@ -71,7 +48,7 @@ def test_two_drainer_processes_deliver_each_of_500_envelopes_exactly_once(tmp_pa
         log.close()
 
     ids = [env["id"] for env in envelopes]
-    turns = count_lines(tmp_path / "turns.log")
+    turns = Counter(logged_turns(tmp_path / "turns.log"))
     assert set(turns) == set(ids)
     assert [i for i, n in turns.items() if n != 1] == []  # each delivered exactly once
     assert sorted(rf.list_ids(replies)) == sorted(ids)  # each exactly one reply (one file per id, first wins)
@@ -114,7 +91,7 @@ def test_two_gateway_processes_and_a_hub_process_exchange_200_dms_each_way(tmp_p
         assert len(sent) == 200 and len(set(sent)) == 200
         assert set(summary["statuses"]) == {"replied"}, Counter(summary["statuses"])
         assert all(isinstance(r, str) and r for r in summary["replies"])
-        turns = count_lines(served_by)
+        turns = Counter(logged_turns(served_by))
         assert {i: turns[i] for i in sent if turns[i] != 1} == {}  # each delivered exactly once on the far side
         assert set(turns) == set(sent)  # and nothing else ran there
         with served_by.open(encoding="utf-8") as f:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from roots import assert_gone, write_fake_cli
 
-from actors.testkit import await_condition
 from hermes_actors.errors import TurnFailed
 from hermes_actors.local import runners
 from hermes_actors.local.runners import CallableRunner, CommandRunner, TurnRunner, as_runner, resolve_cli
@@ -84,11 +84,7 @@ elif mode in ("hang", "hang_child"):
 
 @pytest.fixture
 def fake_cli(tmp_path: Path) -> Path:
-    path = tmp_path / "bin" / "hermes"
-    path.parent.mkdir()
-    path.write_text(f"#!{sys.executable}\n{FAKE_HERMES}", encoding="utf-8")
-    path.chmod(0o755)
-    return path
+    return write_fake_cli(tmp_path, f"#!{sys.executable}\n{FAKE_HERMES}")
 
 
 def dm_base(tmp_path: Path) -> Path:
@@ -130,19 +126,6 @@ def turn(**kwargs: Any) -> Turn:
 def dm_files(tmp_path: Path) -> list[Path]:
     directory = tmp_path / "tmp" / f"hermes-dm-{os.getuid()}"
     return sorted(directory.iterdir()) if directory.exists() else []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return text.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def assert_gone(pid: int, timeout: float = 10.0) -> None:
-    """``pid`` is gone or a zombie before the deadline (a SIGKILL is not delivered instantly)."""
-    await_condition(lambda: not _alive(pid), timeout=timeout, message=f"process {pid} is gone")
 
 
 # ── as_runner / CallableRunner ──────────────────────────────────────────────

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from relay_helpers import remote_row, seed_envelope, write_roster_file
-from roots import RecordingRunner, make_root
+from roots import RecordingRunner, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -61,9 +61,7 @@ def tree(base: Path) -> dict[str, tuple[int, int]]:
 
 
 def _start(gateways: list[Gateway], root: Path, runner: Any = None, **kwargs: Any) -> Gateway:
-    gw = Gateway(root, runner=runner or RecordingRunner(), connection_id="alpha", **kwargs)
-    gateways.append(gw)
-    return gw.start()
+    return start_gateway(gateways, root, runner, connection_id="alpha", **kwargs)
 
 
 def _assert_refused(answer: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, make_root
+from roots import RecordingRunner, make_root, start_gateway
 
 from hermes_actors.cli import main
 from hermes_actors.errors import HostileFileError
@@ -258,9 +258,7 @@ def test_a_serving_gateway_takes_dms_and_answers_outcomes(tmp_path: Path, gatewa
     root = make_root(tmp_path)
     release = threading.Event()
     rec = RecordingRunner(lambda turn: "ok" if release.wait(30) else "late")
-    gw = Gateway(root, runner=rec, serve_submit=True)
-    gateways.append(gw)
-    gw.start()
+    gw = start_gateway(gateways, root, rec, serve_submit=True)
     ack = submit_dm(root, "alice", "bob", "hi", hop=2)
     assert ack["status"] == "queued" and ack["to"] == "@bob"
     pending = fetch_outcome(root, ack["delivery_id"], wait=0)
@@ -276,9 +274,7 @@ def test_a_serving_gateway_takes_dms_and_answers_outcomes(tmp_path: Path, gatewa
 
 def test_a_submitted_hop_counts_for_the_conversation_guard(tmp_path: Path, gateways: list[Gateway]) -> None:
     root = make_root(tmp_path, config={"bot_mode": {"max_hops": 3}})
-    gw = Gateway(root, runner=RecordingRunner(), serve_submit=True)
-    gateways.append(gw)
-    gw.start()
+    start_gateway(gateways, root, RecordingRunner(), serve_submit=True)
     assert submit_dm(root, "alice", "bob", "deep", hop=3)["status"] == "queued"
     refused = submit_dm(root, "alice", "bob", "too deep", hop=4)
     assert refused["reason"] == "loop_guard" and "hop 4" in refused["error"]
@@ -289,9 +285,7 @@ def test_send_goes_through_a_running_host(
 ) -> None:
     root = make_root(tmp_path)
     rec = RecordingRunner()
-    gw = Gateway(root, runner=rec, serve_submit=True)
-    gateways.append(gw)
-    gw.start()
+    start_gateway(gateways, root, rec, serve_submit=True)
     code = main(["send", "--root", str(root), "--from", "alice", "bob", "hello", "--wait", "30", "--runner", "demo"])
     out, err = capsys.readouterr()
     assert code == 0, err

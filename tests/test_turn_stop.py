@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from relay_helpers import seed_envelope
-from roots import make_root
+from roots import assert_gone, make_root, process_alive, write_fake_cli
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -61,11 +61,7 @@ WAIT = 30.0  # generous deadline for positive waits
 
 @pytest.fixture
 def fake_cli(tmp_path: Path) -> Path:
-    path = tmp_path / "bin" / "hermes"
-    path.parent.mkdir()
-    path.write_text(f"#!{sys.executable}\n{FAKE_HERMES}", encoding="utf-8")
-    path.chmod(0o755)
-    return path
+    return write_fake_cli(tmp_path, f"#!{sys.executable}\n{FAKE_HERMES}")
 
 
 @pytest.fixture
@@ -94,18 +90,6 @@ def await_started(log: Path, tag: str, leftovers: list[int]) -> dict[str, Any]:
     event = await_condition(lambda: started(log, tag), timeout=WAIT, message=f"turn {tag} started")
     leftovers += [event["pid"], event["child_pid"]]
     return event
-
-
-def alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def assert_gone(pid: int) -> None:
-    await_condition(lambda: not alive(pid), timeout=WAIT, message=f"process {pid} is gone")
 
 
 def fake_env(log: Path, release: Path, tag: str) -> dict[str, str]:
@@ -206,7 +190,7 @@ def test_a_second_send_never_overlaps_a_turn_whose_gateway_was_killed(
     procs.append(first)
     turn_a = await_started(log, "A", leftovers)
     first.kill()  # SIGKILL: nothing of the gateway runs any more; the turn (its own session) lives on
-    assert alive(turn_a["pid"])
+    assert process_alive(turn_a["pid"])
     second = Proc("second", ["-v", "send", "--root", str(root), "--from", "carol", "bob", "two", "--wait", "60",
                              "--cli", str(fake_cli), "--runner", "command"], tmp_path, fake_env(log, release_b, "B"))
     procs.append(second)

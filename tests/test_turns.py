@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import stat
 import sys
 import threading
 import time
@@ -13,14 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of
+from roots import RecordingRunner, body_of, start_gateway, write_fake_cli
 
 from hermes_actors import CommandRunner, Gateway, TurnFailed
 from hermes_actors.messages import Turn
-
-
-def running(root: Path, runner: Any, config: dict[str, Any] | None = None) -> Gateway:
-    return Gateway(root, runner=runner, config=config).start()
 
 
 def queued(ack: dict[str, Any]) -> str:
@@ -42,8 +37,7 @@ def _busy_turn(turn: Turn) -> str:
 
 def test_concurrent_dms_from_several_senders_never_overlap(root: Path, gateways: list[Gateway]) -> None:
     runner = RecordingRunner(_busy_turn)
-    gw = running(root, runner)
-    gateways.append(gw)
+    gw = start_gateway(gateways, root, runner)
     seen: list[str] = []
     seen_lock = threading.Lock()
 
@@ -101,8 +95,7 @@ def test_concurrent_dms_from_several_senders_never_overlap(root: Path, gateways:
 
 def test_global_arrival_order_is_kept(root: Path, gateways: list[Gateway]) -> None:
     runner = RecordingRunner(_busy_turn)
-    gw = running(root, runner)
-    gateways.append(gw)
+    gw = start_gateway(gateways, root, runner)
     senders = ["alice", "carol", "hermes"]
     ids = [
         queued(gw.message_agent(sender=senders[n % 3], target="bob", message=f"m{n}")) for n in range(50)
@@ -121,8 +114,7 @@ def test_different_profiles_run_in_parallel(root: Path, gateways: list[Gateway])
         both_in.wait()  # only passes when alice's and bob's turns run at the same time
         return "met"
 
-    gw = running(root, RecordingRunner(meet))
-    gateways.append(gw)
+    gw = start_gateway(gateways, root, RecordingRunner(meet))
     a = queued(gw.message_agent(sender="carol", target="alice", message="hi"))
     b = queued(gw.message_agent(sender="carol", target="bob", message="hi"))
     assert gw.wait_outcome(a, timeout=10)["reply"] == "met"
@@ -142,8 +134,7 @@ def test_queued_dm_fails_target_busy_after_the_wait_budget(root: Path, gateways:
         return f"did {body_of(turn.content)}"
 
     runner = RecordingRunner(behave)
-    gw = running(root, runner, {"bot_mode": {"turn_wait_seconds": 0.3}})
-    gateways.append(gw)
+    gw = start_gateway(gateways, root, runner, {"bot_mode": {"turn_wait_seconds": 0.3}})
     try:
         first = queued(gw.message_agent(sender="alice", target="bob", message="first"))
         assert started.wait(5)
@@ -205,8 +196,7 @@ class FailingFirst:
 
 
 def _run_one(root: Path, gateways: list[Gateway], runner: Any) -> tuple[str, dict[str, Any]]:
-    gw = running(root, runner)
-    gateways.append(gw)
+    gw = start_gateway(gateways, root, runner)
     delivery_id = queued(gw.message_agent(sender="alice", target="bob", message="please"))
     return delivery_id, gw.wait_outcome(delivery_id, timeout=10)
 
@@ -326,11 +316,7 @@ sys.stdout.write("Hello from " + argv[argv.index("-p") + 1] + ("" if not resume 
 
 @pytest.fixture
 def fake_cli(tmp_path: Path) -> tuple[str, Path]:
-    script = tmp_path / "bin" / "hermes"
-    script.parent.mkdir()
-    script.write_text(FAKE_CLI.format(python=sys.executable), encoding="utf-8")
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return str(script), tmp_path / "cli.log"
+    return str(write_fake_cli(tmp_path, FAKE_CLI.format(python=sys.executable))), tmp_path / "cli.log"
 
 
 def _log(path: Path) -> list[dict[str, Any]]:
@@ -346,8 +332,7 @@ def test_command_runner_through_the_gateway(root: Path, gateways: list[Gateway],
     dm_base = root.parent / "tmp"  # the temp root the DM directory is made in (like /tmp)
     dm_base.mkdir()
     runner = CommandRunner(cli=cli, timeout=30, dm_base=dm_base)
-    gw = running(root, runner)
-    gateways.append(gw)
+    gw = start_gateway(gateways, root, runner)
 
     ok = queued(gw.message_agent(sender="alice", target="bob", message="hello"))
     out = gw.wait_outcome(ok, timeout=20)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, body_of, make_root, send_dm, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -30,25 +30,13 @@ from hermes_actors.messages import Delivery, Outcome, Turn
 WAIT = 10.0
 
 
-def start(gateways: list[Gateway], root: Path, runner: Any) -> Gateway:
-    gw = Gateway(root, runner=runner)
-    gateways.append(gw)
-    return gw.start()
-
-
-def send(gw: Gateway, message: str, target: str = "bob") -> str:
-    ack = gw.message_agent(sender="alice", target=target, message=message)
-    assert ack.get("status") == "queued", ack
-    return str(ack["delivery_id"])
-
-
 def bystander(tmp_path: Path, gateways: list[Gateway]) -> Gateway:
     """A second, unrelated Gateway in the same process."""
-    return start(gateways, make_root(tmp_path, name="bystander-root"), RecordingRunner())
+    return start_gateway(gateways, make_root(tmp_path, name="bystander-root"), RecordingRunner())
 
 
 def assert_serves(gw: Gateway, message: str) -> None:
-    out = gw.wait_outcome(send(gw, message, target="carol"), timeout=WAIT)
+    out = gw.wait_outcome(send_dm(gw, message, target="carol"), timeout=WAIT)
     assert out["status"] == "replied" and out["reply"].endswith(message), out
 
 
@@ -78,14 +66,14 @@ def test_a_subscriber_raising_base_exceptions_stops_no_actor(
     other = bystander(tmp_path, gateways)
     gate = threading.Event()
     other_rec = RecordingRunner(lambda turn: "late" if gate.wait(WAIT) else "gate never opened")
-    other_pending = start(gateways, make_root(tmp_path, name="pending-root"), other_rec)
-    pending_id = send(other_pending, "held")
+    other_pending = start_gateway(gateways, make_root(tmp_path, name="pending-root"), other_rec)
+    pending_id = send_dm(other_pending, "held")
     other_rec.wait_entered(1, timeout=WAIT)  # a wait_outcome on another gateway is in flight meanwhile
     pending_answer: list[dict[str, Any]] = []
     waiter = threading.Thread(target=lambda: pending_answer.append(other_pending.wait_outcome(pending_id, WAIT * 2)))
     waiter.start()
 
-    gw = start(gateways, make_root(tmp_path), RecordingRunner())
+    gw = start_gateway(gateways, make_root(tmp_path), RecordingRunner())
     raised = threading.Event()
     seen: list[str] = []
 
@@ -95,9 +83,9 @@ def test_a_subscriber_raising_base_exceptions_stops_no_actor(
 
     gw.subscribe(hostile)
     gw.subscribe(lambda outcome: seen.append(outcome["delivery_id"]))
-    first = send(gw, "one")
+    first = send_dm(gw, "one")
     assert raised.wait(WAIT)
-    second = send(gw, "two")
+    second = send_dm(gw, "two")
     assert gw.wait_outcome(first, timeout=WAIT)["reply"] == "ok: one"
     assert gw.wait_outcome(second, timeout=WAIT)["reply"] == "ok: two"
     await_condition(lambda: seen == [first, second], timeout=WAIT, message="the second subscriber saw both")
@@ -123,8 +111,8 @@ def test_a_runner_raising_base_exceptions_fails_its_dm_at_once(
         return f"ok: {body_of(turn.content)}"
 
     rec = RecordingRunner(behave)
-    gw = start(gateways, make_root(tmp_path), rec)
-    bad, good = send(gw, "explode"), send(gw, "next")
+    gw = start_gateway(gateways, make_root(tmp_path), rec)
+    bad, good = send_dm(gw, "explode"), send_dm(gw, "next")
     out = gw.wait_outcome(bad, timeout=WAIT)
     assert out["status"] == "failed" and out["reason"] == "unknown" and out["retryable"] is False, out
     assert type(error).__name__ in out["error"], out
@@ -146,9 +134,9 @@ def test_a_live_owner_raising_base_exceptions_is_ambiguous_at_once(
         return f"owner: {body_of(turn.content)}"
 
     owner, rec = Owner(behave), RecordingRunner()
-    gw = start(gateways, root, rec)
+    gw = start_gateway(gateways, root, rec)
     gw.attach_live_owner("bob", owner)
-    bad, good = send(gw, "explode"), send(gw, "next")
+    bad, good = send_dm(gw, "explode"), send_dm(gw, "next")
     out = gw.wait_outcome(bad, timeout=WAIT)
     assert out["status"] == "ambiguous" and out["retryable"] is False and "do not resend" in out["text"], out
     assert gw.wait_outcome(good, timeout=WAIT)["reply"] == "owner: next"
@@ -180,11 +168,11 @@ def test_a_reply_whose_str_raises_base_exceptions_crashes_only_its_profile_actor
             bodies.append(body_of(turn.content))
             return ExitingReply(error) if body_of(turn.content) == "poison" else f"fine: {body_of(turn.content)}"
 
-    gw = start(gateways, make_root(tmp_path), Runner())
-    poison = send(gw, "poison")
+    gw = start_gateway(gateways, make_root(tmp_path), Runner())
+    poison = send_dm(gw, "poison")
     out = gw.wait_outcome(poison, timeout=WAIT)
     assert out["status"] == "ambiguous" and "do not resend" in out["text"], out
-    assert gw.wait_outcome(send(gw, "next"), timeout=WAIT)["reply"] == "fine: next"
+    assert gw.wait_outcome(send_dm(gw, "next"), timeout=WAIT)["reply"] == "fine: next"
     assert bodies == ["poison", "next"]
     assert_serves(other, "unaffected")
 
@@ -208,9 +196,9 @@ def test_a_store_error_moving_the_live_mailbox_to_claimed_fails_the_dm_at_once_r
 
     monkeypatch.setattr(LiveMailbox, "transition", transition)
     owner, rec = Owner(), RecordingRunner()
-    gw = start(gateways, root, rec)
+    gw = start_gateway(gateways, root, rec)
     gw.attach_live_owner("bob", owner)
-    bad = send(gw, "lost?")
+    bad = send_dm(gw, "lost?")
     out = gw.wait_outcome(bad, timeout=WAIT)
     assert out["status"] == "failed" and out["retryable"] is True, out
     assert "disk on fire" in out["error"] and "NOT delivered" in out["error"], out
@@ -218,7 +206,7 @@ def test_a_store_error_moving_the_live_mailbox_to_claimed_fails_the_dm_at_once_r
     record = LiveMailbox(root / "profiles" / "bob").read(bad)
     assert record is not None and record["state"] == "failed"  # a replay reports the failure, never runs it
     broken.clear()
-    assert gw.wait_outcome(send(gw, "after"), timeout=WAIT)["reply"] == "owner: after"
+    assert gw.wait_outcome(send_dm(gw, "after"), timeout=WAIT)["reply"] == "owner: after"
     assert_serves(other, "unaffected")
 
 
@@ -236,10 +224,10 @@ def test_building_the_turn_raising_fails_the_dm_at_once_retryable(
 
     monkeypatch.setattr(DispatcherActor, "_make_turn", make_turn)
     owner, rec = Owner(), RecordingRunner()
-    gw = start(gateways, make_root(tmp_path), rec)
+    gw = start_gateway(gateways, make_root(tmp_path), rec)
     if with_owner:
         gw.attach_live_owner("bob", owner)
-    bad, good = send(gw, "unbuildable"), send(gw, "fine")
+    bad, good = send_dm(gw, "unbuildable"), send_dm(gw, "fine")
     out = gw.wait_outcome(bad, timeout=WAIT)
     assert out["status"] == "failed" and out["retryable"] is True, out
     assert "turn builder broke" in out["error"] and "NOT delivered" in out["error"], out
@@ -267,10 +255,9 @@ def test_a_raising_peer_transport_settles_the_peer_dm_at_once(
 ) -> None:
     other = bystander(tmp_path, gateways)
     transport = RaisingPeerTransport(error)
-    gw = Gateway(make_root(tmp_path), runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
-                 peer_transport=transport)  # type: ignore[arg-type]
-    gateways.append(gw.start())
-    out = gw.wait_outcome(send(gw, "to the peer", target="mini/bob"), timeout=WAIT)
+    gw = start_gateway(gateways, make_root(tmp_path), RecordingRunner(), {"bot_peers": {"mini": {}}},
+                       peer_transport=transport)
+    out = gw.wait_outcome(send_dm(gw, "to the peer", target="mini/bob"), timeout=WAIT)
     assert out["status"] == "ambiguous" and out["retryable"] is False, out
     assert type(error).__name__ in out["error"] and transport.calls == 1
     assert_serves(gw, "local still fine")
@@ -343,15 +330,15 @@ def test_the_live_owner_stays_attached_across_a_profile_actor_restart(
             return Unprintable()
 
     owner = Owner()
-    gw = start(gateways, make_root(tmp_path), Runner())
+    gw = start_gateway(gateways, make_root(tmp_path), Runner())
     try:
-        poison = send(gw, "poison")  # runs on the runner: no owner yet
+        poison = send_dm(gw, "poison")  # runs on the runner: no owner yet
         assert entered.wait(WAIT)
         gw.attach_live_owner("bob", owner)  # told to the ProfileActor before the poison's result
     finally:
         release.set()
     assert gw.wait_outcome(poison, timeout=WAIT)["status"] == "ambiguous"  # the actor crashed converting it
-    after = send(gw, "after the restart")
+    after = send_dm(gw, "after the restart")
     assert gw.wait_outcome(after, timeout=WAIT)["reply"] == "owner: after the restart"
     assert owner.bodies == ["after the restart"] and runner_bodies == ["poison"]
     assert gw.stats()["profile_starts"] == 1  # the same child, restarted by its supervisor
