@@ -136,13 +136,14 @@ def resolve_local(raw: str, snapshot: RosterSnapshot) -> str | None:
     friendly names resolve to None so a DM never lands on the wrong bot.
 
     Args:
-        raw: the target with surrounding whitespace and leading ``@`` removed.
+        raw: the target as typed; surrounding whitespace and one leading ``@``
+            (``@scribe``) are ignored.
         snapshot: the roster.
 
     Returns:
         The folder id, or None.
     """
-    want = raw.strip().lower()
+    want = raw.strip().removeprefix("@").lower()
     if not want:
         return None
     exact = snapshot.index.get(profile_key(want))
