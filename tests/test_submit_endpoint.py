@@ -290,10 +290,27 @@ def test_send_goes_through_a_running_host(
     out, err = capsys.readouterr()
     assert code == 0, err
     lines = out.strip().splitlines()
-    assert json.loads(lines[0])["status"] == "queued"
+    assert lines[0].startswith("queued for @bob: delivery ")
     assert lines[1] == "Reply from @bob: ok: hello"
     assert [t.sender for t in rec.entered] == ["alice"]  # the host's runner ran it, not the send process
     assert "no host serves" not in err
+
+
+def test_send_without_wait_returns_right_after_the_ack(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = make_root(tmp_path)
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: "done" if release.wait(30) else "")
+    start_gateway(gateways, root, rec, serve_submit=True)
+    try:
+        code = main(["send", "--root", str(root), "--from", "alice", "bob", "hello", "--json"])
+        finished = len(rec.records)
+    finally:
+        release.set()
+    assert code == 0
+    assert finished == 0  # the turn was still running when send returned
+    assert json.loads(capsys.readouterr().out)["status"] == "queued"
 
 
 def test_send_without_a_host_says_it_runs_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

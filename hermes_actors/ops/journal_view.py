@@ -12,10 +12,14 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
+from hermes_actors.core import outcomes
+from hermes_actors.errors import ValidationError
 from hermes_actors.store.journal import MAX_LINE_BYTES, JournalFolded, fold_records, parse_lines
+from hermes_actors.store.relay_files import RelayPaths, list_ids, read_reply
 
-__all__ = ["journal_dir", "read_journals"]
+__all__ = ["find_outcome", "journal_dir", "read_journals"]
 
 
 def journal_dir(root: str | Path) -> Path:
@@ -82,3 +86,43 @@ def read_journals(root: str | Path) -> tuple[JournalFolded, list[str]]:
         fold_records(records, folded)
         folded.corrupt_lines += bad + too_long
     return folded, problems
+
+
+def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
+    """What the root's files know of ``delivery_id``. Never raises for a valid id.
+
+    Local DMs are in the journals; DMs relayed to another connection are in the
+    relay directories (``outbox/``/``claimed/`` while waiting, ``replies/`` once answered).
+
+    Args:
+        root: the Hermes root.
+        delivery_id: a delivery id (32 lowercase hex characters).
+
+    Returns:
+        The outcome dict (DESIGN section 3), or ``{"status": "pending" | "unknown",
+        "delivery_id", "error"?}``.
+    """
+    folded, problems = read_journals(root)
+    state = folded.states.get(delivery_id)
+    if state is not None and state.outcome is not None:
+        return dict(state.outcome)
+    if state is not None:
+        began = "its turn began" if state.started else "it has not started"
+        return {"status": "pending", "delivery_id": delivery_id, "error": f"accepted; {began}, no outcome yet"}
+    paths = RelayPaths.from_root(Path(root).expanduser())
+    try:
+        reply = read_reply(paths, delivery_id)
+    except (OSError, ValidationError) as exc:
+        problems.append(f"cannot read the relay reply of {delivery_id}: {exc}")
+        reply = None
+    if reply is not None:
+        label = "the relayed target"
+        if reply.get("error"):
+            return outcomes.failed(delivery_id, label, reply["error"], reply.get("reason", "")).as_dict()
+        return outcomes.from_reply(delivery_id, label, reply.get("reply", "")).as_dict()
+    if any(delivery_id in list_ids(d) for d in (paths.outbox, paths.claimed)):
+        return {"status": "pending", "delivery_id": delivery_id, "error": "relayed; waiting for the reply"}
+    why = "no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries)"
+    if problems:
+        why += "; " + "; ".join(problems)
+    return {"status": "unknown", "delivery_id": delivery_id, "error": why}
