@@ -9,7 +9,8 @@ import pytest
 from roots import make_root
 
 from hermes_actors.cli.main import build_parser, main
-from hermes_actors.demo.bots import create_demo_root
+from hermes_actors.demo.bots import DemoRunner, create_demo_root
+from hermes_actors.messages import Turn
 
 COMMANDS = ["demo", "roster", "send", "outcome", "status", "doctor", "serve", "relay", "bench", "enable", "disable"]
 
@@ -122,3 +123,16 @@ def test_the_demo_runs_its_script_and_prints_the_summary(capsys: pytest.CaptureF
     for needle in ("Reply from @scout", "target_busy", "intentional silence", "Invalid target",
                    "Reply from @dave on mini", "Summary"):
         assert needle in out
+    assert "[reason: " not in out and "target_busy: another" not in out  # the reason is said once
+    assert "refused [unknown]: no teammate named 'nobody'" in out
+
+
+@pytest.mark.parametrize(
+    ("request_text", "answer"),
+    [("Shorten para 2.", "Shortened para 2"), ("Draft the intro.", "intro"), ("And a title, please.", "Title:"),
+     ("Add the EU numbers.", "EU numbers")],
+)
+def test_the_demo_writer_answers_the_request_it_got(request_text: str, answer: str) -> None:
+    runner = DemoRunner(delays={"scribe": 0.0})
+    turn = Turn(profile="scribe", content=f"Message from 🤖 Critic (@critic): {request_text}", delivery_id="c" * 32)
+    assert answer in runner.run_turn(turn)

@@ -109,7 +109,7 @@ def outcome_line(outcome: dict[str, Any]) -> str:
         reason = str(outcome.get("reason") or "unknown")
         error = _without_reason_prefix(str(outcome.get("error") or outcome.get("text") or ""), reason)
         who = outcome.get("from") or "?"
-        return f"{status} [{reason}]: {who}: {' '.join(error.split())}"
+        return f"{status} [{reason}] {who}: {' '.join(error.split())}"
     if status == "pending":
         return f"pending: delivery {outcome.get('delivery_id')} has no outcome yet"
     if status == "unknown":
