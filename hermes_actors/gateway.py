@@ -532,7 +532,9 @@ class Gateway:
             notified, notify_skipped (shed behind a slow subscriber) and subscriber_errors (callbacks
             that raised) (the notifier); worker_threads; journal_fsyncs and journal_records when
             durable; and with a relay (file or Redis): relay_alive, and while it is alive ``relay``,
-            its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...).
+            its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...);
+            ``deliveries``: the oldest 200 in flight, in-flight counts per profile, the profiles with a
+            live owner and the settled DMs by status and reason (what ``hermes-actors status`` shows).
 
         Raises:
             RuntimeError: the gateway is not running.
