@@ -185,3 +185,22 @@ def test_doctor_plugin_missing_for_one_profile_is_a_warning(tmp_path: Path) -> N
 )
 def test_connection_id_check(own: set[str], remote: set[str], routed: set[str], level: str) -> None:
     assert check_connection_ids(own, remote, routed).level == level
+
+
+def test_doctor_tells_a_wrong_redis_password_from_a_good_one(tmp_path: Path) -> None:
+    from redis_fixture import RedisServer, redis_binary
+
+    if redis_binary() is None:
+        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
+    server = RedisServer(tmp_path / "redis", password="right-password").start()
+    try:
+        cli = str(write_fake_cli(tmp_path, FAKE_HERMES))
+        for password, level in (("wrong-password", BLOCK), ("right-password", OK)):
+            root = _enabled_root(tmp_path / password,
+                                 {"bot_mode": {"transport": f"redis://:{password}@127.0.0.1:{server.port}/0"}})
+            checks = {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}
+            assert checks["redis"].level == level, checks["redis"]
+            if level == BLOCK:
+                assert "credentials" in checks["redis"].detail and password not in checks["redis"].detail
+    finally:
+        server.kill()
