@@ -28,5 +28,31 @@ def test_the_hub_and_both_gateways_log_one_line_per_relayed_dm(tmp_path: Path) -
     assert len(hub) == 1 and "@alice@alpha → @moxie@mini: replied in " in hub[0], hub
     sender_side = [line for line in logs.matching(f"delivery {key}") if "hub:" not in line]
     assert len(sender_side) == 2, sender_side  # alpha (the sender's gateway) and mini (it ran the turn)
-    assert any(line.endswith(" s") and "alice → @moxie on mini: replied" in line for line in sender_side)
+    assert any(line.endswith(" s") and "@alice → @moxie on mini: replied" in line for line in sender_side)
     assert not any("secret" in line for line in logs.lines)
+
+
+def test_serve_with_v_after_the_subcommand_logs_each_delivery(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from hermes_actors.demo.bots import create_demo_root
+    from hermes_actors.hermes.submit import fetch_outcome, submit_dm
+
+    root = create_demo_root(tmp_path / "root")
+    proc = subprocess.Popen([sys.executable, "-c", "from hermes_actors.cli.main import main; raise SystemExit(main())",
+                             "serve", "--root", str(root), "--runner", "demo", "-v"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("gateway serving")  # the endpoint is up before this line
+        ack = submit_dm(root, "hermes", "scout", "the secret question")
+        outcome = fetch_outcome(root, ack["delivery_id"], wait=30)
+        assert outcome["status"] == "replied"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if f"delivery {ack['delivery_id']}" in line]
+    assert len(lines) == 1 and "INFO" in lines[0] and "@hermes → @scout: replied in " in lines[0], err
+    assert "secret" not in err

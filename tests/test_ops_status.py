@@ -90,7 +90,7 @@ def test_serve_logs_one_info_line_per_delivery_without_text(root: Path, gateways
         gw.stats()  # the outcome was published (and logged) before stats answers
     lines = logs.matching(f"delivery {key}")
     assert len(lines) == 1, logs.lines
-    assert "alice → @bob: replied in " in lines[0]
+    assert "@alice → @bob: replied in " in lines[0]
     assert not any("secret" in line for line in logs.lines)
 
 

@@ -329,7 +329,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
     def _log_settled(delivery: Delivery | None, outcome: Outcome) -> None:
         """Log a DM's one INFO line (never its text)."""
         latency = time.time() - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
-        sender = delivery.sender if delivery is not None else ""
+        sender = f"@{delivery.sender_handle or delivery.sender}" if delivery is not None else ""
         logger.info("{}", delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status,
                                         outcome.reason, latency))
 
