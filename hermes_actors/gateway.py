@@ -159,6 +159,7 @@ class Gateway:
         self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
         self._state = "new"  # new → running → stopping → stopped
+        self.started_at: float | None = None  # time.time() once start() finished (``status`` shows the uptime)
         self._state_lock = threading.Lock()  # guards the lifecycle only, never message traffic
         self._tokens = itertools.count(1)
         self._early_subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
@@ -196,6 +197,7 @@ class Gateway:
                 self._teardown()  # a half-started gateway leaves no actor or thread behind
                 raise
             self._state = "running"
+            self.started_at = time.time()
         logger.info("gateway started on {} ({} profiles)", self.root, self._profile_count)
         return self
 
@@ -530,7 +532,9 @@ class Gateway:
             notified, notify_skipped (shed behind a slow subscriber) and subscriber_errors (callbacks
             that raised) (the notifier); worker_threads; journal_fsyncs and journal_records when
             durable; and with a relay (file or Redis): relay_alive, and while it is alive ``relay``,
-            its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...).
+            its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...);
+            ``deliveries``: the oldest 200 in flight, in-flight counts per profile, the profiles with a
+            live owner and the settled DMs by status and reason (what ``hermes-actors status`` shows).
 
         Raises:
             RuntimeError: the gateway is not running.
