@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 from loguru import logger
 
+from hermes_actors.errors import TransportError
+
 __all__ = ["main"]
 
 
@@ -62,11 +64,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(keep=args.keep, out=sys.stdout)
 
 
+def _transport_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config overrides of ``--redis`` (empty without it: ``config.yaml`` decides)."""
+    return {"bot_mode": {"transport": args.redis}} if args.redis else {}
+
+
 def _cmd_roster(args: argparse.Namespace) -> int:
     from hermes_actors.gateway import Gateway
+    from hermes_actors.hermes.submit import HostOffline, fetch_roster
 
-    with Gateway(args.root, runner=lambda turn: "") as gw:
-        rows = gw.roster()
+    try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
+        rows = fetch_roster(args.root)
+    except HostOffline:
+        with Gateway(args.root, runner=lambda turn: "", config=_transport_config(args),
+                     connection_id=args.connection_id) as gw:
+            rows = gw.roster()
     if args.json:
         print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
         return 0
@@ -121,6 +133,7 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
 
 def _cmd_send(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import stop_gateway
+    from hermes_actors.core.config import deep_merge
     from hermes_actors.gateway import Gateway
 
     via_host = _send_via_host(args)
@@ -129,8 +142,9 @@ def _cmd_send(args: argparse.Namespace) -> int:
     print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
           "running this DM inside this command instead", file=sys.stderr)
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
-    no_wake = {"bot_mode": {"wake_sender": False}}
-    gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root), config=no_wake).start()
+    config = deep_merge({"bot_mode": {"wake_sender": False}}, _transport_config(args))
+    gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root), config=config,
+                 connection_id=args.connection_id).start()
     try:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         print(orjson.dumps(ack).decode())
@@ -151,10 +165,9 @@ def _cmd_send(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import serve
 
-    config = {"bot_mode": {"transport": args.redis}} if args.redis else None
     try:
         return serve(args.root, connection_id=args.connection_id,
-                     runner=_runner_for(args.runner, args.cli, args.root), config=config)
+                     runner=_runner_for(args.runner, args.cli, args.root), config=_transport_config(args) or None)
     except RuntimeError as exc:  # another process already hosts the root
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -211,9 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the temporary Hermes root and print its path")
     p.set_defaults(func=_cmd_demo)
 
+    def transport_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--connection-id", default=None,
+                       help="this gateway's connection id on the relay or Redis (default: bot_mode.connection_id)")
+        p.add_argument("--redis", default=None, metavar="URL",
+                       help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for "
+                            "TLS, or 'redis' to read REDIS_URL); needs a connection id")
+
     p = sub.add_parser("roster", help="list the agents a root's gateway can reach")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root (default profile's home)")
     p.add_argument("--json", action="store_true", help="print JSON rows")
+    transport_opts(p)
     p.set_defaults(func=_cmd_roster)
 
     def runner_opts(p: argparse.ArgumentParser) -> None:
@@ -230,14 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("message", help="the message text")
     p.add_argument("--wait", nargs="?", type=float, const=120.0, default=None, help="wait for the outcome (seconds)")
     runner_opts(p)
+    transport_opts(p)
     p.set_defaults(func=_cmd_send)
 
     p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
-    p.add_argument("--connection-id", default=None, help="this gateway's connection id on the relay")
-    p.add_argument("--redis", default=None, metavar="URL",
-                   help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for TLS, "
-                        "or 'redis' to read REDIS_URL); needs --connection-id")
+    transport_opts(p)
     runner_opts(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -273,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _enable_logging(args.verbose)
     try:
         return int(args.func(args))
-    except (FileNotFoundError, PermissionError, ValueError) as exc:
+    except (FileNotFoundError, PermissionError, ValueError, TransportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

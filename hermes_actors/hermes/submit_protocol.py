@@ -8,6 +8,8 @@ One request per connection, one answer, both a single line of JSON::
         → {"op": "pong", "pid": 1234, "root": "/path/to/root", "version": "0.1.0"}
     {"op": "outcome", "delivery_id": "<32 hex>", "wait": 5}
         → the outcome dict, or {"status": "pending" | "unknown", "delivery_id": ...}
+    {"op": "roster"}
+        → {"rows": [...]}: ``Gateway.roster()`` of the host (local, relay/Redis and peer agents)
 
 A malformed request is answered ``{"error": <what is wrong>, "reason": "unknown"}``.
 """
@@ -29,6 +31,7 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "OutcomeCall",
     "Ping",
+    "RosterCall",
     "SendCall",
     "bad_request",
     "encode",
@@ -49,6 +52,7 @@ _FIELDS = {
     "send": {"op", "sender", "target", "message", "hop", "author"},
     "ping": {"op"},
     "outcome": {"op", "delivery_id", "wait"},
+    "roster": {"op"},
 }
 
 
@@ -76,7 +80,12 @@ class Ping:
     """Ask who serves the endpoint."""
 
 
-Request = SendCall | OutcomeCall | Ping
+@dataclass(frozen=True, slots=True)
+class RosterCall:
+    """Ask for the host's roster (what ``hermes-actors roster`` prints)."""
+
+
+Request = SendCall | OutcomeCall | Ping | RosterCall
 
 
 def socket_path(root: str | Path) -> Path:
@@ -168,4 +177,6 @@ def parse_request(raw: bytes) -> Request | dict[str, Any]:
         return _parse_send(data)
     if op == "outcome":
         return _parse_outcome(data)
+    if op == "roster":
+        return RosterCall()
     return Ping()

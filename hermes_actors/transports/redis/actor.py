@@ -282,6 +282,7 @@ class RedisRelayActor(RedisSend):
             return
         if self.down:
             self.down = False
+            self.due["heartbeat"] = 0.0  # read the remote roster now: it also clears "unreachable" in the roster
             logger.info("redis: {} is reachable again", self.settings.address)
         try:
             if not self.groups_ok:

@@ -9,6 +9,7 @@ here runs on the actor's own thread.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from loguru import logger
 
 from actors import TimerHandle, TimerSet, TypedActor
 from hermes_actors.core.config import BotModeConfig
-from hermes_actors.messages import ProfileInfo, RemoteAgent
+from hermes_actors.messages import ProfileInfo, RemoteAgent, RemoteRows
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import ClaimGuard, StreamReader
 
@@ -88,6 +89,8 @@ class RedisBase(TypedActor):
             return False
         if not self.down:
             logger.warning("redis: {} is unreachable ({}); will retry", self.settings.address, exc)
+            if self.roster is not None:  # DMs to other machines are refused "unreachable", not "no teammate"
+                self.roster.tell(RemoteRows(tuple(self.remote), time.time(), unreachable=self.settings.address))
         self.down = True
         self.groups_ok = False
         return True

@@ -18,7 +18,7 @@ from loguru import logger
 from actors import handles
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
-from hermes_actors.core.targets import Refusal
+from hermes_actors.core.targets import Refusal, transport_unreachable_text
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import (
     Outcome,
@@ -89,9 +89,7 @@ class RedisSend(RedisBase):
             )
         except Exception as exc:
             if self._unreachable(exc):
-                return {"error": f"Could not queue the message for {label}: Redis at {self.settings.address} is "
-                                 "unreachable, so it was NOT queued. Retry once Redis is back.",
-                        "reason": "runtime_offline"}
+                return Refusal(transport_unreachable_text(label, self.settings.address), "runtime_offline").as_dict()
             return {"error": f"Could not queue the message for {label}: {exc}. Nothing was sent.", "reason": "unknown"}
         if not ok:
             self.counters["refused_full"] += 1
