@@ -375,9 +375,9 @@ def test_acl_user_in_the_url(tmp_path: Path, redis_server: RedisServer) -> None:
         ack = alpha.message_agent(sender="alice", target="bob@mini", message="acl")
         assert alpha.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
     bad = {"bot_mode": {"transport": f"redis://gateway:wrong@127.0.0.1:{redis_server.port}/0"}}
-    with pytest.raises(TransportError, match="refused our credentials"):  # not retried forever: the start fails
-        with gateway(tmp_path, "beta", redis_server, config=bad):
-            pass
+    with pytest.raises(TransportError, match="refused our credentials"), \
+            gateway(tmp_path, "beta", redis_server, config=bad):  # not retried forever: the start fails
+        pytest.fail("a gateway started with a wrong password")
 
 
 # ── bot_peers: over Redis, and over the CLI transport ───────────────────────
