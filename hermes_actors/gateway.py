@@ -183,6 +183,9 @@ class Gateway:
         Raises:
             FileNotFoundError: the root is not a directory.
             RuntimeError: already started.
+            ValueError: a bad ``bot_mode.transport``, or the Redis transport without a valid connection id.
+            TransportError: the Redis transport cannot be used: credentials refused, another live
+                process serves the connection id, or the ``[redis]`` extra is missing (nothing is left running).
         """
         with self._state_lock:
             if self._state != "new":
@@ -248,8 +251,11 @@ class Gateway:
         guard = None
         if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
             from hermes_actors.transports.redis.actor import ClaimGuard
+            from hermes_actors.transports.redis.lease import claim_connection
 
             guard = ClaimGuard(redis_settings, ttl=cfg.envelope_ttl_seconds)
+            assert self.connection_id is not None
+            claim_connection(redis_settings, self.connection_id, guard.consumer)  # one process per connection id
             runner = guard.wrap(runner)
         transport = self.peer_transport or PeerCliTransport()
 
@@ -333,14 +339,16 @@ class Gateway:
         Raises:
             RuntimeError: the relay did not finish resuming within ``_RESUME_TIMEOUT``, or died.
         """
-        assert self._relay is not None and self._dispatcher is not None
+        assert self._relay is not None and self._dispatcher is not None and self._roster is not None
         try:
             entries = ask(self._relay, ResumeRelay(), timeout=_RESUME_TIMEOUT)
+            # The relay read the remote roster before it answered; these two asks flush it through the
+            # RosterActor into the Dispatcher, so a DM right after start() finds the other machines' agents.
+            ask(self._roster, GetSnapshot(), timeout=_RESUME_TIMEOUT, expect=RosterSnapshot)
+            ask(self._dispatcher, RelayResumed(tuple(entries or ())), timeout=_RESUME_TIMEOUT)
             if entries is None:
                 logger.warning("relay transport unreachable at start: the envelopes in flight before the restart "
                                "become answerable once it is reachable again")
-                return
-            ask(self._dispatcher, RelayResumed(tuple(entries)), timeout=_RESUME_TIMEOUT)
         except AskTimeout as exc:
             raise RuntimeError(f"gateway start: the relay did not finish resuming its in-flight envelopes within "
                                f"{_RESUME_TIMEOUT:g}s ({exc}); nothing was accepted, start again") from exc
@@ -352,16 +360,25 @@ class Gateway:
         """The Redis transport's settings when ``bot_mode.transport`` selects it (None: the file relay).
 
         Raises:
-            ValueError: a bad transport value, or Redis without a ``connection_id``.
+            ValueError: a bad transport value, or Redis without a valid connection id.
+            TransportError: the ``[redis]`` extra is not installed.
         """
+        from hermes_actors.core.names import HANDLE_RE
+        from hermes_actors.transports.redis.io import require_redis
         from hermes_actors.transports.redis.store import redis_settings, redis_url_from_config
 
         url = redis_url_from_config(cfg.raw)
         if url is None:
             return None
+        require_redis()
+        self.connection_id = self.connection_id or cfg.redis.connection_id or None
         if not self.connection_id:
-            raise ValueError("the Redis transport (bot_mode.transport) needs Gateway(..., connection_id=...): "
-                             "the connection id names this gateway's stream on Redis")
+            raise ValueError("the Redis transport (bot_mode.transport) needs this gateway's connection id, the name "
+                             "of its stream on Redis: pass --connection-id NAME (CLI) or Gateway(..., "
+                             "connection_id=NAME), or set bot_mode.connection_id in config.yaml")
+        if not HANDLE_RE.match(self.connection_id):
+            raise ValueError(f"connection id {self.connection_id!r} must be 1-64 letters, digits, '_' or '-' "
+                             "(starting with a letter or digit)")
         return redis_settings(cfg.raw, url)
 
     def stop(

@@ -129,6 +129,7 @@ class RosterSnapshot:
     peers: tuple[str, ...] = ()
     remote: tuple[RemoteAgent, ...] = ()
     remote_mtime: float | None = None  # roster.json's mtime (wall clock); None = no roster
+    remote_unreachable: str = ""  # the Redis address while the transport cannot reach it ("" = reachable)
     managed: bool = False
     version: int = 0
     # Precomputed by ``roster.make_snapshot`` so resolving a target is O(1):
@@ -518,6 +519,7 @@ class RemoteRows:
 
     rows: tuple[RemoteAgent, ...]
     mtime: float  # wall-clock time the rows were read (their freshness)
+    unreachable: str = ""  # the Redis address while it is unreachable (the rows are the last ones read)
 
 
 @dataclass(frozen=True, slots=True)

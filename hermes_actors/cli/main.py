@@ -27,6 +27,7 @@ from hermes_actors.cli.render import (
     outcome_line,
     refusal_line,
 )
+from hermes_actors.errors import TransportError
 
 __all__ = ["main"]
 
@@ -79,13 +80,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(keep=args.keep, out=sys.stdout)
 
 
+def _transport_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config overrides of ``--redis`` (empty without it: ``config.yaml`` decides)."""
+    return {"bot_mode": {"transport": args.redis}} if args.redis else {}
+
+
 def _cmd_roster(args: argparse.Namespace) -> int:
     from hermes_actors.core.config import load_config
     from hermes_actors.gateway import Gateway
+    from hermes_actors.hermes.submit import HostOffline, fetch_roster
     from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
-    with Gateway(args.root, runner=lambda turn: "") as gw:
-        rows = gw.roster()
+    try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
+        rows = fetch_roster(args.root)
+    except HostOffline:
+        with Gateway(args.root, runner=lambda turn: "", config=_transport_config(args),
+                     connection_id=args.connection_id) as gw:
+            rows = gw.roster()
     if args.json:
         print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
         return 0
@@ -156,7 +167,7 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
 
 def _cmd_send(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import stop_gateway
-    from hermes_actors.core.config import load_config
+    from hermes_actors.core.config import deep_merge, load_config
     from hermes_actors.gateway import Gateway
 
     via_host = _send_via_host(args)
@@ -168,8 +179,9 @@ def _cmd_send(args: argparse.Namespace) -> int:
     cfg = load_config(args.root)
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
-    no_wake = {"bot_mode": {"wake_sender": False}}
-    gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root), config=no_wake).start()
+    config = deep_merge({"bot_mode": {"wake_sender": False}}, _transport_config(args))
+    gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root), config=config,
+                 connection_id=args.connection_id).start()
     try:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         code = _print_answer(ack, args)
@@ -188,10 +200,9 @@ def _cmd_send(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import serve
 
-    config = {"bot_mode": {"transport": args.redis}} if args.redis else None
     try:
         return serve(args.root, connection_id=args.connection_id,
-                     runner=_runner_for(args.runner, args.cli, args.root), config=config)
+                     runner=_runner_for(args.runner, args.cli, args.root), config=_transport_config(args) or None)
     except RuntimeError as exc:  # another process already hosts the root
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -251,9 +262,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the temporary Hermes root and print its path")
     p.set_defaults(func=_cmd_demo)
 
+    def transport_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--connection-id", default=None,
+                       help="this gateway's connection id on the relay or Redis (default: bot_mode.connection_id)")
+        p.add_argument("--redis", default=None, metavar="URL",
+                       help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for "
+                            "TLS, or 'redis' to read REDIS_URL); needs a connection id")
+
     p = sub.add_parser("roster", help="list the agents a root's gateway can reach")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root (default profile's home)")
     p.add_argument("--json", action="store_true", help="print JSON rows")
+    transport_opts(p)
     p.set_defaults(func=_cmd_roster)
 
     def runner_opts(p: argparse.ArgumentParser) -> None:
@@ -272,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wait for the outcome (seconds, default 120)")
     p.add_argument("--json", action="store_true", help="print the raw ack/refusal and outcome dicts")
     runner_opts(p)
+    transport_opts(p)
     p.set_defaults(func=_cmd_send)
 
     p = sub.add_parser("outcome", help="the outcome of a delivery the root knows (exit 0 replied, 1 failed, "
@@ -295,10 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
-    p.add_argument("--connection-id", default=None, help="this gateway's connection id on the relay")
-    p.add_argument("--redis", default=None, metavar="URL",
-                   help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for TLS, "
-                        "or 'redis' to read REDIS_URL); needs --connection-id")
+    transport_opts(p)
     runner_opts(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -348,6 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, PermissionError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except TransportError as exc:  # the transport can't be used as configured (credentials, lease, extra)
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 

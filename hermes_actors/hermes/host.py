@@ -82,7 +82,8 @@ class _Endpoint:
     def __init__(self, gw: Gateway) -> None:
         self.key = _key(gw.root)
         self.gw = gw
-        self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw))
+        self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw),
+                                   roster=gw.roster)
 
     def open(self) -> _Endpoint:
         self.server.start()

@@ -43,6 +43,7 @@ from hermes_actors.hermes.submit_protocol import (
     SOCKET_NAME,
     OutcomeCall,
     Ping,
+    RosterCall,
     SendCall,
     StatusCall,
     bad_request,
@@ -57,6 +58,7 @@ __all__ = [
     "HostOffline",
     "SubmitServer",
     "fetch_outcome",
+    "fetch_roster",
     "fetch_status",
     "ping",
     "request",
@@ -147,6 +149,7 @@ class SubmitServer:
         outcome: takes an :class:`OutcomeCall`, returns the outcome dict or
             ``{"status": "pending" | "unknown", ...}``; None: the op is refused.
         status: returns the host's status dict; None: the op is refused.
+        roster: returns the host's roster rows (``Gateway.roster()``); None: the op is refused.
         allowed_uid: the only peer uid served (default: ours).
         max_connections: connections handled at once.
         read_timeout: seconds a client has to send its request.
@@ -160,6 +163,7 @@ class SubmitServer:
         send: SendFn,
         outcome: OutcomeFn | None = None,
         status: StatusFn | None = None,
+        roster: Callable[[], list[dict[str, Any]]] | None = None,
         allowed_uid: int | None = None,
         max_connections: int = 32,
         read_timeout: float = 5.0,
@@ -170,6 +174,7 @@ class SubmitServer:
         self._send = send
         self._outcome = outcome
         self._status = status
+        self._roster = roster
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self.read_timeout = read_timeout
         self._info = dict(info or {})
@@ -370,6 +375,10 @@ class SubmitServer:
                 if self._status is None:
                     return bad_request("this endpoint does not serve 'status'")
                 answer = self._status()
+            elif isinstance(call, RosterCall):
+                if self._roster is None:
+                    return bad_request("this endpoint does not serve 'roster'")
+                answer = {"rows": self._roster()}
             elif self._outcome is None:
                 return bad_request("this endpoint does not serve 'outcome'")
             else:
@@ -486,6 +495,21 @@ def ping(root: str | Path, timeout: float = 2.0) -> dict[str, Any] | None:
         return request(root, {"op": "ping"}, timeout=timeout)
     except (HostOffline, TimeoutError, PermissionError, ValueError, OSError):
         return None
+
+
+def fetch_roster(root: str | Path, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The roster rows of the host serving ``root``.
+
+    Raises:
+        HostOffline: nothing serves ``root``.
+        TimeoutError: the host did not answer within ``timeout``.
+        ValueError: the host answered something else than rows (e.g. an older host without the op).
+    """
+    answer = request(root, {"op": "roster"}, timeout=timeout)
+    rows = answer.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError(answer.get("error") or f"the host of {root} answered no roster rows")
+    return rows
 
 
 def fetch_outcome(

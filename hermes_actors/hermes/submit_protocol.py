@@ -10,6 +10,8 @@ One request per connection, one answer, both a single line of JSON::
         → the outcome dict, or {"status": "pending" | "unknown", "delivery_id": ...}
     {"op": "status"}
         → the host's status (:func:`hermes_actors.ops.status.live_status`)
+    {"op": "roster"}
+        → {"rows": [...]}: ``Gateway.roster()`` of the host (local, relay/Redis and peer agents)
 
 A malformed request is answered ``{"error": <what is wrong>, "reason": "unknown"}``.
 """
@@ -31,6 +33,7 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "OutcomeCall",
     "Ping",
+    "RosterCall",
     "SendCall",
     "StatusCall",
     "bad_request",
@@ -53,6 +56,7 @@ _FIELDS = {
     "ping": {"op"},
     "outcome": {"op", "delivery_id", "wait"},
     "status": {"op"},
+    "roster": {"op"},
 }
 
 
@@ -85,7 +89,12 @@ class StatusCall:
     """Ask the host what it is doing (profiles, in-flight deliveries, counters, relay)."""
 
 
-Request = SendCall | OutcomeCall | Ping | StatusCall
+@dataclass(frozen=True, slots=True)
+class RosterCall:
+    """Ask for the host's roster (what ``hermes-actors roster`` prints)."""
+
+
+Request = SendCall | OutcomeCall | Ping | StatusCall | RosterCall
 
 
 def socket_path(root: str | Path) -> Path:
@@ -179,4 +188,6 @@ def parse_request(raw: bytes) -> Request | dict[str, Any]:
         return _parse_outcome(data)
     if op == "status":
         return StatusCall()
+    if op == "roster":
+        return RosterCall()
     return Ping()
