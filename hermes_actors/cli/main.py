@@ -148,14 +148,31 @@ def _cmd_send(args: argparse.Namespace) -> int:
         stop_gateway(gw, again=False)
 
 
+def _http_settings(args: argparse.Namespace) -> Any:
+    """``serve --http``'s settings (None without --http). Raises ValueError naming what is wrong."""
+    if args.http is None:
+        if args.http_token is not None:
+            raise ValueError("--http-token needs --http HOST:PORT")
+        return None
+    from hermes_actors.ops.http_config import http_settings
+
+    settings = http_settings(args.http, args.http_token)
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ValueError("--http needs the prometheus_client package: pip install 'hermes-actors[ops]'") from None
+    return settings
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import serve
 
     config = {"bot_mode": {"transport": args.redis}} if args.redis else None
+    http = _http_settings(args)  # before anything starts: a refused --http starts nothing
     try:
         return serve(args.root, connection_id=args.connection_id,
-                     runner=_runner_for(args.runner, args.cli, args.root), config=config)
-    except RuntimeError as exc:  # another process already hosts the root
+                     runner=_runner_for(args.runner, args.cli, args.root), config=config, http=http)
+    except RuntimeError as exc:  # another process already hosts the root, or --http cannot be bound
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -238,6 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis", default=None, metavar="URL",
                    help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for TLS, "
                         "or 'redis' to read REDIS_URL); needs --connection-id")
+    p.add_argument("--http", default=None, metavar="HOST:PORT",
+                   help="serve /metrics (Prometheus), /status (JSON) and a live page at / (default: off; "
+                        "':9464' binds 127.0.0.1; any non-loopback host needs a bearer token)")
+    p.add_argument("--http-token", default=None, metavar="TOKEN",
+                   help="the bearer token --http requires (default: $HERMES_ACTORS_HTTP_TOKEN; prefer the variable: "
+                        "options show in ps)")
     runner_opts(p)
     p.set_defaults(func=_cmd_serve)
 
