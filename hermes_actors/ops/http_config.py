@@ -52,6 +52,8 @@ def parse_http_address(text: str) -> tuple[str, int]:
     value = text.strip()
     if not value:
         raise ValueError(f"--http is empty: pass HOST:PORT ({_EXAMPLE})")
+    if "://" in value:
+        raise ValueError(f"--http {text!r}: pass HOST:PORT, not a URL ({_EXAMPLE})")
     if value.startswith("["):  # [IPv6]:PORT
         host, sep, port_text = value[1:].partition("]:")
         if not sep or not host:
