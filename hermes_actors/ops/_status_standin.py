@@ -5,7 +5,7 @@ A small private ``live_status(gateway)`` built from ``Gateway.stats()`` and
 live page) works before the real one lands. It has the same top-level keys
 (``running``, ``profiles``, ``in_flight``, ``counters``, ``relay``); it cannot
 see per-profile queues or individual in-flight deliveries, so ``in_flight`` is
-empty and each profile's ``queued`` is 0 (``counters["pending"]`` counts them all).
+empty, profiles have no ``state`` and each one's ``queued`` is 0 (``counters["pending"]`` counts them all).
 The only import of this module is in ``hermes_actors/ops/http_server.py``.
 """
 
@@ -37,7 +37,7 @@ def live_status(gateway: Gateway) -> dict[str, Any]:
     stats = gateway.stats()
     relay = {"alive": bool(stats.pop("relay_alive", False)), **stats.pop("relay", {})}
     rows = gateway.roster()
-    profiles = [{"profile": r["profile"], "handle": r["handle"], "state": "unknown", "queued": 0}
+    profiles = [{"profile": r["profile"], "handle": r["handle"], "queued": 0}
                 for r in rows if r["connection_id"] is None]
     peers = [{"handle": r["handle"], "connection_id": r["connection_id"], "online": r["online"]}
              for r in rows if r["connection_id"] is not None]
