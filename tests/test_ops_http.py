@@ -192,6 +192,29 @@ def test_failed_outcomes_are_counted_by_reason(root: Path, gateways: list[Gatewa
                         interval=0.05, message=f"failed/{outcome['reason']} counted")
 
 
+def test_a_failing_metric_never_reaches_the_notifier(endpoint: OpsHttpServer, logs: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(outcome: Any) -> None:
+        raise ValueError("metrics bug")
+
+    monkeypatch.setattr(endpoint.metrics, "observe", broken)
+    gw = endpoint.gateway
+    ids = [send_dm(gw, "a"), send_dm(gw, "b")]
+    await_condition(lambda: len(endpoint.feed.snapshot()[0]) == 2, timeout=30, message="both outcomes on the page")
+    assert {e["delivery_id"] for e in endpoint.feed.snapshot()[0]} == set(ids)
+    assert gw.stats()["subscriber_errors"] == 0  # caught in the endpoint: the notifier never saw it
+    assert logs.matching("could not record outcome")
+
+
+def test_a_scrape_after_the_gateway_stopped_says_down(endpoint: OpsHttpServer) -> None:
+    endpoint.gateway.stop(timeout=5)
+    after = samples(get(endpoint.url + "metrics")[2].decode())
+    assert after[("hermes_actors_up", ())] == 0
+    assert ("hermes_actors_accepted_total", ()) not in after
+    status, _, body = get(endpoint.url + "status")
+    assert status in (200, 503) and orjson.loads(body)["running"] is False
+
+
 def test_status_is_the_live_status_json(endpoint: OpsHttpServer) -> None:
     delivery_id = send_dm(endpoint.gateway, "hello")
     endpoint.gateway.wait_outcome(delivery_id, timeout=30)

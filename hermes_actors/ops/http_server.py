@@ -126,17 +126,17 @@ class OpsHttpServer:
         self.close()
 
     def _on_outcome(self, outcome: dict[str, Any]) -> None:
-        try:
-            self.metrics.observe(outcome)
-            self.feed.publish(outcome)
-        except Exception:  # a metrics bug must not cost the notifier anything but a log line
-            logger.exception("operator endpoint could not record outcome {}", outcome.get("delivery_id"))
+        for record in (self.metrics.observe, self.feed.publish):  # each on its own: one failing spares the other
+            try:
+                record(outcome)
+            except Exception:  # a bug here costs a log line, never the notifier or another subscriber
+                logger.exception("operator endpoint could not record outcome {}", outcome.get("delivery_id"))
 
     def view(self) -> dict[str, Any]:
         """What the page shows besides outcomes: the status and the roster with liveness."""
         try:
             return {"status": self.status(self.gateway), "roster": self.gateway.roster()}
-        except RuntimeError:  # stopping
+        except (RuntimeError, TimeoutError):  # stopping, or an actor gone or stuck
             return {"status": {"running": False}, "roster": []}
 
     def authorized(self, headers: Any, query_token: str | None) -> bool:
@@ -218,7 +218,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _status(self) -> None:
         ops = self.server.ops
-        self._reply(HTTPStatus.OK, orjson.dumps(ops.status(ops.gateway), default=str), "application/json")
+        try:
+            status, code = ops.status(ops.gateway), HTTPStatus.OK
+        except (RuntimeError, TimeoutError) as exc:  # stopping, or an actor gone or stuck
+            status, code = {"running": False, "error": str(exc)}, HTTPStatus.SERVICE_UNAVAILABLE
+        self._reply(code, orjson.dumps(status, default=str), "application/json")
 
     def _events(self) -> None:
         """Server-Sent Events: ``snapshot`` first, then ``outcome`` as each arrives and ``status`` refreshes."""

@@ -101,7 +101,7 @@ class _GatewayCollector:
     def collect(self) -> Iterable[Metric]:
         try:
             stats, status = self.stats(), self.status()
-        except RuntimeError:  # not running (stopping or stopped): say so, nothing else
+        except (RuntimeError, TimeoutError):  # not running (stopping, stopped, an actor gone): say so only
             yield GaugeMetricFamily("hermes_actors_up", METRIC_NAMES["hermes_actors_up"], value=0)
             return
         yield GaugeMetricFamily("hermes_actors_up", METRIC_NAMES["hermes_actors_up"], value=1)
