@@ -101,3 +101,16 @@ def test_live_page_shows_dms_as_they_happen(root: Path, gateways: list[Gateway],
         shot = Path(os.environ.get("HERMES_ACTORS_SCREENSHOT") or tmp_path / "live-page.png")
         assert browser.save_screenshot(str(shot))
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_live_page_with_a_token_opens_from_the_token_link(root: Path, gateways: list[Gateway], browser: Any) -> None:
+    gw = start_gateway(gateways, root)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0, "page-token"), stream_interval=0.2) as server:
+        browser.get(server.url)
+        assert "unauthorized" in browser.find_element(By.TAG_NAME, "body").text
+        browser.get(server.url + "?token=page-token")  # → an HttpOnly cookie, redirected to /
+        wait = WebDriverWait(browser, WAIT)
+        wait.until(ec.url_to_be(server.url))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "conn-state"), "live"))  # /events got the cookie
+        delivery_id = send_dm(gw, "with a token")
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{delivery_id}"]')))

@@ -19,11 +19,11 @@ from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.ops.feed import LiveFeed
 from hermes_actors.ops.http_config import TOKEN_ENV, HttpSettings, http_settings, is_loopback_host, parse_http_address
-from hermes_actors.ops.metrics import METRIC_NAMES, profile_gauges, relay_samples
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser", reason="the [ops] extra (prometheus_client)")
 
 from hermes_actors.ops.http_server import TOKEN_COOKIE, OpsHttpServer, host_of  # noqa: E402
+from hermes_actors.ops.metrics import METRIC_NAMES, profile_gauges, relay_samples  # noqa: E402
 
 TOKEN = "s3cret-Token_1"
 
@@ -256,7 +256,8 @@ def test_a_token_is_required_when_set(root: Path, gateways: list[Gateway]) -> No
             assert headers["WWW-Authenticate"].startswith("Bearer") and b"bearer token" in body
             assert get(server.url + path, {"Authorization": "Bearer wrong"})[0] == 401
             assert get(server.url + path, {"Cookie": f"{TOKEN_COOKIE}=wrong"})[0] == 401
-        assert get(server.url + "status?token=wrong")[0] == 401
+        assert get(server.url + "?token=wrong")[0] == 401
+        assert get(server.url + f"status?token={TOKEN}")[0] == 401  # in the address only to open the page
         assert get(server.url + "status", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
         assert get(server.url + "metrics", {"Cookie": f"{TOKEN_COOKIE}={TOKEN}"})[0] == 200
         # opening /?token=... moves the token into an HttpOnly cookie and out of the address bar

@@ -140,7 +140,7 @@ class OpsHttpServer:
             return {"status": {"running": False}, "roster": []}
 
     def authorized(self, headers: Any, query_token: str | None) -> bool:
-        """Whether a request carries the bearer token (header, cookie or ``?token=``); True when none is set."""
+        """Whether a request carries the bearer token (header, cookie or the page's ``?token=``); True without one."""
         token = self.settings.token
         if token is None:
             return True
@@ -163,7 +163,7 @@ class OpsHttpServer:
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
-    timeout = 30  # a client that stops reading cannot hold a request thread (and close()) forever
+    timeout = 10  # a client that stops reading cannot hold a request thread (and close()) for long
     server_version = "hermes-actors"
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -172,7 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         ops = self.server.ops
         url = urlsplit(self.path)
-        query_token = parse_qs(url.query).get("token", [None])[-1]
+        # ?token= only on the page, where it becomes a cookie; elsewhere it would linger in logs and histories
+        query_token = parse_qs(url.query).get("token", [None])[-1] if url.path == "/" else None
         if ops.settings.token is None and not is_loopback_host(host_of(self.headers.get("Host", ""))):
             # no token means loopback only: a page elsewhere that rebinds its DNS name to 127.0.0.1 is refused
             self._text(HTTPStatus.FORBIDDEN, "forbidden: this endpoint answers loopback host names only\n")
