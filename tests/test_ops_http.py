@@ -257,6 +257,7 @@ def test_a_token_is_required_when_set(root: Path, gateways: list[Gateway]) -> No
             assert get(server.url + path, {"Authorization": "Bearer wrong"})[0] == 401
             assert get(server.url + path, {"Cookie": f"{TOKEN_COOKIE}=wrong"})[0] == 401
         assert get(server.url + "?token=wrong")[0] == 401
+        assert get(server.url + "?token=wrong", {"Cookie": f"{TOKEN_COOKIE}={TOKEN}"})[0] == 401  # no cookie swap
         assert get(server.url + f"status?token={TOKEN}")[0] == 401  # in the address only to open the page
         assert get(server.url + "status", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
         assert get(server.url + "metrics", {"Cookie": f"{TOKEN_COOKIE}={TOKEN}"})[0] == 200

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -139,10 +139,14 @@ class OpsHttpServer:
         except (RuntimeError, TimeoutError):  # stopping, or an actor gone or stuck
             return {"status": {"running": False}, "roster": []}
 
-    def authorized(self, headers: Any, query_token: str | None) -> bool:
-        """Whether a request carries the bearer token (header, cookie or the page's ``?token=``); True without one."""
+    def token_matches(self, offered: str) -> bool:
+        """Whether ``offered`` is the bearer token (in constant time); always True when none is set."""
         token = self.settings.token
-        if token is None:
+        return token is None or hmac.compare_digest(offered.encode(), token.encode())
+
+    def authorized(self, headers: Any) -> bool:
+        """Whether a request carries the bearer token (``Authorization: Bearer`` or the cookie); True without one."""
+        if self.settings.token is None:
             return True
         offered: list[str] = []
         auth = headers.get("Authorization", "")
@@ -151,14 +155,11 @@ class OpsHttpServer:
         cookie = SimpleCookie()
         try:
             cookie.load(headers.get("Cookie", ""))
-        except Exception:
+        except CookieError:
             pass
         if TOKEN_COOKIE in cookie:
             offered.append(cookie[TOKEN_COOKIE].value)
-        if query_token is not None:
-            offered.append(query_token)
-        expected = token.encode()
-        return any(hmac.compare_digest(o.encode(), expected) for o in offered)
+        return any(self.token_matches(o) for o in offered)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -178,7 +179,15 @@ class _Handler(BaseHTTPRequestHandler):
             # no token means loopback only: a page elsewhere that rebinds its DNS name to 127.0.0.1 is refused
             self._text(HTTPStatus.FORBIDDEN, "forbidden: this endpoint answers loopback host names only\n")
             return
-        if not ops.authorized(self.headers, query_token):
+        if query_token is not None and ops.settings.token is not None and ops.token_matches(query_token):
+            # the token moves into a cookie, out of the address bar
+            self.send_response(HTTPStatus.SEE_OTHER)
+            self.send_header("Location", "/")
+            self.send_header("Set-Cookie", f"{TOKEN_COOKIE}={query_token}; HttpOnly; SameSite=Strict; Path=/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if not ops.authorized(self.headers) or (query_token is not None and not ops.token_matches(query_token)):
             self._text(HTTPStatus.UNAUTHORIZED, "unauthorized: send the bearer token (Authorization: Bearer TOKEN)\n",
                        {"WWW-Authenticate": 'Bearer realm="hermes-actors"'})
             return
@@ -186,13 +195,6 @@ class _Handler(BaseHTTPRequestHandler):
         handler = route.get(url.path)
         if handler is None:
             self._text(HTTPStatus.NOT_FOUND, f"not found: {url.path} (try /, /metrics, /status, /events)\n")
-            return
-        if url.path == "/" and query_token is not None:  # the token moves into a cookie, out of the address bar
-            self.send_response(HTTPStatus.SEE_OTHER)
-            self.send_header("Location", "/")
-            self.send_header("Set-Cookie", f"{TOKEN_COOKIE}={query_token}; HttpOnly; SameSite=Strict; Path=/")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
             return
         handler()
 
