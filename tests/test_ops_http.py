@@ -329,7 +329,7 @@ def test_serve_refuses_a_token_without_http(root: Path, capsys: pytest.CaptureFi
     assert "--http-token needs --http" in capsys.readouterr().err
 
 
-def test_serve_with_http_serves_until_stopped(root: Path) -> None:
+def test_serve_with_http_serves_until_stopped(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from hermes_actors.cli.serve import serve
 
     ready: list[Any] = []
@@ -347,11 +347,13 @@ def test_serve_with_http_serves_until_stopped(root: Path) -> None:
     thread.start()
     try:
         assert up.wait(60), "serve did not come up"
-        status, _, body = get(ready[0].url + "status")
+        url = ready[0].url
+        status, _, body = get(url + "status")
         assert status == 200 and orjson.loads(body)["running"] is True
     finally:
         stop.set()
         thread.join(60)
     assert result == [0]
+    assert f"live page, /metrics and /status on {url}" in capsys.readouterr().out
     with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(ready[0].url + "status", timeout=5)
+        urllib.request.urlopen(url + "status", timeout=5)

@@ -79,6 +79,7 @@ class OpsHttpServer:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._port = settings.port  # the bound one once started (settings may say 0)
 
     def start(self) -> OpsHttpServer:
         """Subscribe to outcomes, bind and start serving. Returns self.
@@ -92,6 +93,7 @@ class OpsHttpServer:
         except OSError:
             self._unsubscribe()
             raise
+        self._port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="ops-http", daemon=True)
         self._thread.start()
@@ -101,8 +103,7 @@ class OpsHttpServer:
     @property
     def url(self) -> str:
         """The base URL actually bound (the real port when 0 was asked)."""
-        port = self._server.server_address[1] if self._server is not None else self.settings.port
-        host = self.settings.host
+        port, host = self._port, self.settings.host
         return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
     def close(self) -> None:
