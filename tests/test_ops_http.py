@@ -306,6 +306,15 @@ def test_events_stream_outcomes_and_close_ends_the_stream(endpoint: OpsHttpServe
     response.close()
 
 
+def test_open_streams_are_capped(endpoint: OpsHttpServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(endpoint, "streams", threading.BoundedSemaphore(1))
+    first = urllib.request.urlopen(endpoint.url + "events", timeout=30)
+    assert first.readline().startswith(b"event: snapshot")  # the first stream holds the only slot
+    status, headers, body = get(endpoint.url + "events")
+    assert status == 503 and b"too many live pages" in body and headers["Retry-After"] == "10"
+    first.close()
+
+
 # ── the CLI ──────────────────────────────────────────────────────────────────
 
 @pytest.mark.parametrize(("value", "says"), [

@@ -31,9 +31,10 @@ from hermes_actors.ops.feed import LiveFeed
 from hermes_actors.ops.http_config import HttpSettings, is_loopback_host
 from hermes_actors.ops.metrics import DeliveryMetrics
 
-__all__ = ["TOKEN_COOKIE", "OpsHttpServer", "host_of"]
+__all__ = ["MAX_STREAMS", "TOKEN_COOKIE", "OpsHttpServer", "host_of"]
 
 TOKEN_COOKIE = "hermes_actors_token"
+MAX_STREAMS = 16  # open /events streams (live pages) at once
 _PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
              "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
@@ -74,6 +75,7 @@ class OpsHttpServer:
         self.status = status
         self.stream_interval = stream_interval
         self.feed = LiveFeed()
+        self.streams = threading.BoundedSemaphore(MAX_STREAMS)  # each open page holds a request thread
         self.metrics = DeliveryMetrics(gateway.stats, lambda: status(gateway))
         self.page = resources.files("hermes_actors.ops").joinpath("live_page.html").read_bytes()
         self._server: _Server | None = None
@@ -231,6 +233,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _events(self) -> None:
         """Server-Sent Events: ``snapshot`` first, then ``outcome`` as each arrives and ``status`` refreshes."""
         ops = self.server.ops
+        if not ops.streams.acquire(blocking=False):
+            self._text(HTTPStatus.SERVICE_UNAVAILABLE, f"too many live pages open (at most {MAX_STREAMS})\n",
+                       {"Retry-After": "10"})
+            return
+        try:
+            self._stream(ops)
+        finally:
+            ops.streams.release()
+
+    def _stream(self, ops: OpsHttpServer) -> None:
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-store")
