@@ -19,9 +19,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-__all__ = ["LATENCY_BUCKETS", "METRIC_NAMES", "DeliveryMetrics", "profile_gauges", "relay_samples"]
+__all__ = ["LATENCY_BUCKETS", "METRIC_NAMES", "RELAY_DIRS", "DeliveryMetrics", "profile_gauges", "relay_files",
+           "relay_samples"]
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0)
+RELAY_DIRS = ("outbox", "claimed", "replies", "inbox", "taken", "quarantine")
 _RELAY_GAUGES = frozenset({"waiting", "inbound"})  # relay stats that go up and down; the rest only count
 
 METRIC_NAMES = {  # name → help (docs/operations.md lists these; tests check every one is served)
@@ -32,29 +34,36 @@ METRIC_NAMES = {  # name → help (docs/operations.md lists these; tests check e
     "hermes_actors_refused_total": "DMs refused at send time.",
     "hermes_actors_settled_total": "Deliveries that reached their final outcome.",
     "hermes_actors_pending": "Accepted deliveries without an outcome yet (queued or running).",
-    "hermes_actors_in_flight": "Deliveries in flight to each local profile.",
-    "hermes_actors_queued": "Deliveries queued for each local profile.",
+    "hermes_actors_in_flight": "Deliveries in flight to each local profile (running or queued).",
+    "hermes_actors_queued": "Deliveries queued for each local profile (in flight, not running yet).",
     "hermes_actors_relay_up": "1 while the relay actor is alive.",
     "hermes_actors_relay_events_total": "Relay counters by event (sent, replies, expired, timeouts, drained, ...).",
     "hermes_actors_relay_waiting": "Relay envelopes of ours waiting for a reply.",
+    "hermes_actors_relay_files": "Files in each relay directory (outbox, claimed, replies, inbox, taken, quarantine).",
     "hermes_actors_journal_records_total": "Records appended to the delivery journal.",
     "hermes_actors_journal_fsyncs_total": "Group commits (fsyncs) of the delivery journal.",
     "hermes_actors_subscriber_errors_total": "Outcome subscriber callbacks that raised.",
 }
 
 
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def profile_gauges(status: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """Pure: each local profile's (in-flight, queued) from a ``live_status`` dict.
 
     Args:
-        status: ``live_status(gateway)``; ``profiles`` rows name a ``profile`` (else ``handle``)
-            and may carry ``queued``; ``in_flight`` rows name their ``target`` profile or handle.
+        status: ``live_status(gateway)``; ``profiles`` rows name a ``profile`` (else ``handle``) and may
+            carry ``in_flight`` (its accepted DMs without an outcome, running or queued) and ``queued``;
+            without ``in_flight`` the ``in_flight`` rows naming it (``profile``, else ``target``) are counted.
 
     Returns:
-        profile → (deliveries in flight to it, deliveries queued for it); every listed profile appears.
+        profile → (deliveries in flight to it, of which queued); every listed profile appears.
     """
     names: dict[str, str] = {}  # profile or handle → profile
     queued: dict[str, int] = {}
+    given: dict[str, int] = {}
     for row in status.get("profiles") or ():
         profile = str(row.get("profile") or row.get("handle") or "")
         if not profile:
@@ -62,15 +71,29 @@ def profile_gauges(status: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
         names[profile] = profile
         if row.get("handle"):
             names[str(row["handle"])] = profile
-        value = row.get("queued", 0)
-        queued[profile] = value if isinstance(value, int) and not isinstance(value, bool) else 0
-    flying = dict.fromkeys(queued, 0)
+        queued[profile] = _count(row.get("queued")) or 0
+        flying = _count(row.get("in_flight"))
+        if flying is not None:
+            given[profile] = flying
+    counted = dict.fromkeys(queued, 0)
     for row in status.get("in_flight") or ():
-        target = str(row.get("target") or "").lstrip("@")
-        known = names.get(target)
+        known = names.get(str(row.get("profile") or row.get("target") or "").lstrip("@"))
         if known is not None:
-            flying[known] += 1
-    return {p: (flying[p], queued[p]) for p in sorted(queued)}
+            counted[known] += 1
+    return {p: (given.get(p, counted[p]), queued[p]) for p in sorted(queued)}
+
+
+def relay_files(relay: Mapping[str, Any]) -> dict[str, int]:
+    """Pure: the relay directory counts a ``live_status`` relay dict carries (missing or unknown ones left out).
+
+    Args:
+        relay: ``live_status(gateway)["relay"]``.
+
+    Returns:
+        {directory: entries} for outbox, claimed, replies, inbox, taken and quarantine.
+    """
+    counts = {name: _count(relay.get(name)) for name in RELAY_DIRS}
+    return {name: n for name, n in counts.items() if n is not None}
 
 
 def relay_samples(relay: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
@@ -116,6 +139,12 @@ class _GatewayCollector:
         yield queued
         if "relay_alive" in stats:
             yield from _relay(bool(stats["relay_alive"]), stats.get("relay") or {})
+        files = GaugeMetricFamily("hermes_actors_relay_files", METRIC_NAMES["hermes_actors_relay_files"],
+                                  labels=["dir"])
+        relay = status.get("relay")
+        for directory, count in relay_files(relay if isinstance(relay, Mapping) else {}).items():
+            files.add_metric([directory], count)
+        yield files
 
 
 def _counters(stats: Mapping[str, Any]) -> Iterator[Metric]:
