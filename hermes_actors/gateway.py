@@ -162,7 +162,7 @@ class Gateway:
         self.started_at: float | None = None  # time.time() once start() finished (``status`` shows the uptime)
         self._state_lock = threading.Lock()  # guards the lifecycle only, never message traffic
         self._tokens = itertools.count(1)
-        self._early_subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
+        self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]] = {}
         self._early_owners: dict[str, Any] = {}
         self._profile_count = 0
         self._final_outcomes: dict[str, dict[str, Any]] = {}
@@ -231,8 +231,8 @@ class Gateway:
         self._scheduler = Scheduler().start()
         self._pool = WorkerPool(self.workers, name="turn")
         self._notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog)
-        for token, callback in self._early_subscribers.items():
-            self._notifier.tell(AddSubscriber(token, callback))
+        for token, (callback, details) in self._early_subscribers.items():
+            self._notifier.tell(AddSubscriber(token, callback, details))
         self._early_subscribers.clear()
         self._roster = RosterActor.start(
             self.root, overrides=self.overrides, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
@@ -499,11 +499,16 @@ class Gateway:
         except pykka.Timeout:
             raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s") from None
 
-    def subscribe(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False) -> Callable[[], None]:
         """Call ``callback(outcome)`` for every later outcome, on the notifier thread.
 
         A callback that raises (even ``SystemExit``) is logged and counted in
         ``stats()["subscriber_errors"]``; it stays subscribed and no actor stops.
+
+        Args:
+            callback: called with a copy of each outcome dict.
+            details: also put ``sender`` and ``target`` (handles) and ``latency_seconds`` (acceptance
+                to outcome, None when unknown) in the dicts this callback receives (for metrics and logs).
 
         Returns:
             A function that unsubscribes.
@@ -515,9 +520,9 @@ class Gateway:
         token = next(self._tokens)
         notifier = self._notifier
         if notifier is None:
-            self._early_subscribers[token] = callback
+            self._early_subscribers[token] = (callback, details)
         else:
-            notifier.tell(AddSubscriber(token, callback))
+            notifier.tell(AddSubscriber(token, callback, details))
 
         def unsubscribe() -> None:
             self._early_subscribers.pop(token, None)

@@ -311,17 +311,22 @@ class FinalizePending:
 
 @dataclass(frozen=True, slots=True)
 class Notify:
-    """Told to the Notifier: run subscriber callbacks for one outcome dict."""
+    """Told to the Notifier: run subscriber callbacks for one outcome dict.
+
+    ``details`` (sender, target, latency_seconds) go only to subscribers that asked for them.
+    """
 
     outcome: dict[str, Any]
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class AddSubscriber:
-    """Ask the Notifier to call ``callback`` for every later outcome."""
+    """Ask the Notifier to call ``callback`` for every later outcome (with its details when ``details``)."""
 
     token: int
     callback: Callable[[dict[str, Any]], Any]
+    details: bool = False
 
 
 @dataclass(frozen=True, slots=True)

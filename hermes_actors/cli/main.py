@@ -197,13 +197,31 @@ def _cmd_send(args: argparse.Namespace) -> int:
         stop_gateway(gw, again=False)
 
 
+def _http_settings(args: argparse.Namespace) -> Any:
+    """``serve --http``'s settings (None without --http). Raises ValueError naming what is wrong."""
+    if args.http is None:
+        if args.http_token is not None:
+            raise ValueError("--http-token needs --http HOST:PORT")
+        return None
+    from hermes_actors.ops.http_config import http_settings
+
+    settings = http_settings(args.http, args.http_token)
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ValueError("--http needs the prometheus_client package: pip install 'hermes-actors[ops]'") from None
+    return settings
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import serve
 
+    http = _http_settings(args)  # before anything starts: a refused --http starts nothing
     try:
         return serve(args.root, connection_id=args.connection_id,
-                     runner=_runner_for(args.runner, args.cli, args.root), config=_transport_config(args) or None)
-    except RuntimeError as exc:  # another process already hosts the root
+                     runner=_runner_for(args.runner, args.cli, args.root), config=_transport_config(args) or None,
+                     http=http)
+    except RuntimeError as exc:  # another process already hosts the root, or --http cannot be bound
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
@@ -316,6 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     transport_opts(p)
+    p.add_argument("--http", default=None, metavar="HOST:PORT",
+                   help="serve /metrics (Prometheus), /status (JSON) and a live page at / (default: off; "
+                        "':9464' binds 127.0.0.1; any non-loopback host needs a bearer token)")
+    p.add_argument("--http-token", default=None, metavar="TOKEN",
+                   help="the bearer token --http requires (default: $HERMES_ACTORS_HTTP_TOKEN; prefer the variable: "
+                        "options show in ps)")
     runner_opts(p)
     p.set_defaults(func=_cmd_serve)
 

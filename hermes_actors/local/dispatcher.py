@@ -26,6 +26,7 @@ from hermes_actors.core.acks import (
 from hermes_actors.core.guard import check_hops, check_pair_rate, pair_key
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.names import profile_key
+from hermes_actors.core.outcomes import delivery_details
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
 from hermes_actors.errors import StoreError
 from hermes_actors.local.dispatch_base import Pending
@@ -113,6 +114,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             journal.listener = lambda tokens, error: tell(me, JournalDurable(tuple(tokens), error))
         self.owners: dict[str, Any] = {}  # profile → attached live owner
         self.journaled: set[str] = set()  # ids whose lifecycle the journal records
+        self.finishing: dict[str, Delivery] = {}  # settled, outcome being journaled: kept for subscribers' details
         self.awaiting_durable: dict[str, tuple[Delivery, ProfileInfo, pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
 
@@ -298,6 +300,8 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
                 future.set(self.settled[key])
             return
         if self.journal is not None and key in self.journaled:
+            if entry is not None:
+                self.finishing[key] = entry.delivery
             try:
                 self.journal.append({"t": "finished", "id": key, "o": outcome.as_dict()}, token=("finished", outcome))
                 self.settled[key] = outcome.as_dict()  # a second outcome is dropped from now on
@@ -310,6 +314,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         """Make an outcome visible: wait_outcome answers, subscribers are called."""
         key = outcome.delivery_id
         entry = self.pending.pop(key, None)
+        finished = self.finishing.pop(key, None)  # settled before its outcome was journaled
         self.journaled.discard(key)
         record = outcome.as_dict()
         self.settled[key] = record
@@ -321,9 +326,10 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         if self.waker.after_publish(outcome, entry):  # a wake turn's own outcome is nobody's DM outcome
             return
         self.counters["settled"] += 1
+        delivery = delivery or finished  # a durable DM's entry left pending before its outcome was journaled
         self.by_outcome[(outcome.status, outcome.reason)] += 1
         self._log_settled(delivery, outcome)
-        self.notifier.tell(Notify(record))
+        self.notifier.tell(Notify(record, delivery_details(delivery, time.time())))
 
     @staticmethod
     def _log_settled(delivery: Delivery | None, outcome: Outcome) -> None:
