@@ -62,7 +62,7 @@ class NotifierActor(TypedActor):
             return
         for token, callback in list(self.subscribers.items()):
             try:
-                callback(dict(msg.outcome))
+                callback({"kind": "dm", **msg.outcome})  # a room event carries its own kind
             except BaseException:  # user code: even SystemExit must not stop the actors
                 self.callback_errors += 1
                 logger.exception("outcome subscriber {} raised; it stays subscribed", token)
