@@ -1,4 +1,4 @@
-"""The ``hermes-actors`` command: demo, roster, send, serve, relay, bench, enable, disable."""
+"""The ``hermes-actors`` command: demo, roster, send, room, serve, relay, bench, enable, disable."""
 
 from __future__ import annotations
 
@@ -231,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", nargs="?", type=float, const=120.0, default=None, help="wait for the outcome (seconds)")
     runner_opts(p)
     p.set_defaults(func=_cmd_send)
+
+    from hermes_actors.cli.room import add_room_parser
+
+    add_room_parser(sub, root_path, runner_opts)
 
     p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
