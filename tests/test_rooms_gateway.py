@@ -292,7 +292,7 @@ def test_rooms_survive_a_restart(room_root: Path) -> None:
         gw.room_send("plan", "user", "hi")
         assert gw.wait_room_idle("plan", timeout=10) == "idle"
         before = gw.room_transcript("plan")
-    files = list((room_root / "bot_relay" / "rooms").iterdir())
+    files = sorted((room_root / "bot_relay" / "rooms").glob("*.json"))
     assert [f.name for f in files] == [f"{room['room_id']}.json"]
     assert files[0].stat().st_mode & 0o777 == 0o600
     runner = RecordingRunner(Script(bob=["second"]))
@@ -305,3 +305,15 @@ def test_rooms_survive_a_restart(room_root: Path) -> None:
         # alice read everything up to her last turn before the restart: her news is only the new messages
         alice = [t for t in runner.entered if t.profile == "alice"]
         assert alice[0].content.splitlines()[1:-1] == ["user: again"]
+
+
+def test_one_gateway_at_a_time_drives_a_roots_rooms(room_root: Path, gateways: list[Gateway]) -> None:
+    first = start_gateway(gateways, room_root, Script())
+    first.create_room("plan", ["alice", "bob"])
+    second = start_gateway(gateways, room_root, Script())
+    with pytest.raises(RuntimeError, match="rooms are unavailable: another gateway process drives the rooms"):
+        second.list_rooms()
+    assert first.room_send("plan", "user", "hi")["status"] == "queued"
+    first.stop()
+    third = start_gateway(gateways, room_root, Script())  # the lock went with the first gateway
+    assert [r["name"] for r in third.list_rooms()] == ["plan"]

@@ -4,6 +4,10 @@ It resolves a room reference (its id, or its name case-insensitively) to the
 room's RoomActor and asks it; it creates, resumes and ends RoomActors. The
 lock guards only the table of rooms (create / disband / lookup), never a
 room's traffic, which each RoomActor serializes itself.
+
+One gateway process drives a root's rooms: :meth:`Rooms.start` takes the flock
+``bot_relay/rooms/.owner.lock`` for the gateway's lifetime; a second gateway on
+the same root finds it held and its room calls raise, naming why.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from hermes_actors.rooms.protocol import AwaitIdle, Disband, GetSummary, GetTran
 from hermes_actors.rooms.room_actor import RoomActor
 from hermes_actors.rooms.rules import name_problem, plan_members
 from hermes_actors.rooms.store import RoomFiles, RoomRecord
+from hermes_actors.store.turnlock import TurnLock
 
 __all__ = ["Rooms"]
 
@@ -54,6 +59,7 @@ class Rooms:
         self._lock = threading.Lock()
         self._rooms: dict[str, tuple[str, pykka.ActorRef[Any]]] = {}  # room id → (name, RoomActor)
         self._broken: str | None = None  # why the room directory is refused
+        self._owner: TurnLock | None = None  # held while this gateway drives the root's rooms
 
     def _snapshot(self) -> RosterSnapshot:
         return ask(self.roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
@@ -66,19 +72,28 @@ class Rooms:
         """Resume every room on disk (a round cut short by a crash goes on); returns how many."""
         try:
             self.files.ensure()
-        except (HostileFileError, StoreError) as exc:
-            self._broken = str(exc)
+            owner = TurnLock(self.files.directory / ".owner.lock")
+            if owner.acquire(time.monotonic()) is None:
+                owner.close()
+                self._broken = f"another gateway process drives the rooms of {self.files.relay.base.parent}"
+                return 0
+        except (HostileFileError, StoreError, OSError) as exc:
+            self._broken = f"the room directory is refused ({exc})"
             return 0
+        self._owner = owner
         snapshot = self._snapshot()
         with self._lock:
             for record in self.files.load_all():
                 self._rooms[record.room_id] = (record.name, self._start_actor(record, snapshot))
         return len(self._rooms)
 
+    def _usable(self) -> None:
+        if self._broken is not None:
+            raise RuntimeError(f"rooms are unavailable: {self._broken}")
+
     def _ref(self, room: Any) -> pykka.ActorRef[Any]:
         """The RoomActor of ``room`` (its id or name). Raises KeyError naming the room."""
-        if self._broken is not None:
-            raise RuntimeError(f"rooms are unavailable: the room directory is refused ({self._broken})")
+        self._usable()
         with self._lock:
             if isinstance(room, str):
                 if is_delivery_id(room) and room in self._rooms:
@@ -91,8 +106,7 @@ class Rooms:
 
     def create(self, name: Any, members: Any) -> dict[str, Any]:
         """See :meth:`hermes_actors.gateway.Gateway.create_room`."""
-        if self._broken is not None:
-            raise RuntimeError(f"rooms are unavailable: the room directory is refused ({self._broken})")
+        self._usable()
         problem = name_problem(name)
         if problem is not None:
             raise ValueError(problem)
@@ -138,8 +152,7 @@ class Rooms:
 
     def list(self) -> list[dict[str, Any]]:
         """See :meth:`hermes_actors.gateway.Gateway.list_rooms`."""
-        if self._broken is not None:
-            raise RuntimeError(f"rooms are unavailable: the room directory is refused ({self._broken})")
+        self._usable()
         with self._lock:
             refs = [ref for _, ref in self._rooms.values()]
         rows = []
@@ -178,3 +191,7 @@ class Rooms:
                 ref.stop(block=True, timeout=10)
             except (pykka.Timeout, pykka.ActorDeadError):
                 continue
+        if self._owner is not None:
+            self._owner.release()
+            self._owner.close()
+            self._owner = None
