@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -317,3 +318,88 @@ def test_one_gateway_at_a_time_drives_a_roots_rooms(room_root: Path, gateways: l
     first.stop()
     third = start_gateway(gateways, room_root, Script())  # the lock went with the first gateway
     assert [r["name"] for r in third.list_rooms()] == ["plan"]
+
+
+# ── graceful stop ───────────────────────────────────────────────────────────
+
+
+def test_a_member_turn_queued_at_stop_runs_at_the_next_start(room_root: Path) -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if turn.session == "Bot Chat":
+            entered.set()
+            release.wait(10)
+            return "dm done"
+        return "bob here" if turn.profile == "bob" else "[SILENT]"
+
+    first = RecordingRunner(behave)
+    gw = Gateway(room_root, runner=first)
+    gw.start()
+    try:
+        gw.create_room("plan", ["alice", "bob"])
+        gw.message_agent(sender="alice", target="bob", message="long job")
+        assert entered.wait(10)
+        gw.room_send("plan", "user", "@bob status?")  # bob's room turn queues behind the DM
+    finally:
+        # on_wait runs once the queues were wound down: only then may the DM finish (within the grace)
+        gw.stop(timeout=10, on_wait=lambda running, grace: release.set())
+        release.set()
+    assert [t.session for t in first.entered] == ["Bot Chat"]  # the queued room turn was cancelled, not run
+
+    second = RecordingRunner(behave)
+    with Gateway(room_root, runner=second) as gw:
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        entries = gw.room_transcript("plan")
+    assert [(e["author"], e["status"]) for e in entries] == [("user", "said"), ("bob", "said")]
+    assert [t.profile for t in room_turns(second)] == ["bob", "alice"]  # run once each, after the restart
+
+
+def test_a_member_turn_running_past_the_stop_grace_is_interrupted_and_not_run_again(room_root: Path) -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    def hang(turn: Turn) -> str:
+        entered.set()
+        release.wait(10)
+        return "too late"
+
+    gw = Gateway(room_root, runner=hang)
+    gw.start()
+    try:
+        gw.create_room("plan", ["alice", "bob"])
+        gw.room_send("plan", "user", "@bob status?")
+        assert entered.wait(10)
+    finally:
+        gw.stop(timeout=0.2)  # bob's turn is still running: it ends ambiguous
+        release.set()
+    second = RecordingRunner(Script())
+    with Gateway(room_root, runner=second) as gw:
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        entries = gw.room_transcript("plan")
+    assert [(e["author"], e["status"], e["round"]) for e in entries] == [
+        ("user", "said", 0), ("bob", "interrupted", 1)]
+    assert room_turns(second) == []
+
+
+def test_stop_returns_once_a_running_member_turn_finishes(room_root: Path) -> None:
+    # Regression: the Dispatcher never answered the stop's AwaitOutcome for a room turn, so a stop
+    # with a member turn running always waited out its whole grace.
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        release.wait(10)
+        return "done"
+
+    gw = Gateway(room_root, runner=behave)
+    gw.start()
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "@bob go")
+    assert entered.wait(10)
+    began = time.monotonic()
+    gw.stop(timeout=60, on_wait=lambda running, grace: release.set())
+    assert time.monotonic() - began < 30, "stop waited out the grace of a turn that had finished"
+    with Gateway(room_root, runner=behave) as again:
+        assert again.wait_room_idle("plan", timeout=10) == "idle"
+        assert [(e["author"], e["status"]) for e in again.room_transcript("plan")][:2] == [
+            ("user", "said"), ("bob", "said")]

@@ -290,9 +290,11 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         if entry is None or entry.route != "room":
             return False
         del self.pending[outcome.delivery_id]
-        self.settled[outcome.delivery_id] = outcome.as_dict()  # a second outcome is dropped from now on
+        record = self.settled[outcome.delivery_id] = outcome.as_dict()  # a second outcome is dropped from now on
         if len(self.settled) > SETTLED_KEEP:
             self.settled.popitem(last=False)
+        for future in self.waiters.pop(outcome.delivery_id, ()):  # a stopping gateway waits for its running turns
+            future.set(record)
         self._answer_room(entry.answer, outcome)
         return True
 
