@@ -520,8 +520,8 @@ class RoomTurn:
     """Told by a RoomActor to the Dispatcher: run this member turn on the member's ProfileActor.
 
     It queues behind the member's DMs like any delivery; its outcome goes to ``reply``
-    (called on the Dispatcher's thread), never to ``wait_outcome`` waiters' subscribers
-    as a DM outcome, and the Dispatcher's journal does not record it (the room file does).
+    (called on the Dispatcher's thread), never to ``subscribe`` callbacks as a DM outcome,
+    and the Dispatcher's journal does not record it (the room file does).
     """
 
     delivery: Delivery
