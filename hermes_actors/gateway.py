@@ -61,6 +61,8 @@ from hermes_actors.messages import (
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.relay.relay_actor import RelayActor
+from hermes_actors.rooms import Rooms
+from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.transports.peer_cli import PeerCliTransport
@@ -174,6 +176,7 @@ class Gateway:
         self._relay: pykka.ActorRef[Any] | None = None
         self._bridge: FsBridge | None = None
         self._desktop: DesktopRpc | None = None  # the Desktop's relay RPC, served by the file RelayActor
+        self._rooms: Rooms | None = None  # the group rooms (docs/rooms.md)
 
     # ── lifetime ────────────────────────────────────────────────────────────
 
@@ -207,6 +210,8 @@ class Gateway:
     def _teardown(self) -> None:
         if self._submit is not None:
             self._submit.close()
+        if self._rooms is not None:
+            self._rooms.stop()
         if self._bridge is not None:
             self._bridge.stop()
         for ref in (self._dispatcher, self._relay, self._roster, self._notifier):
@@ -325,6 +330,9 @@ class Gateway:
             self.recovered = ask(
                 self._dispatcher, Recover(adopted.states, idempotent), timeout=_ASK_TIMEOUT, expect=dict
             )
+        self._rooms = Rooms(RoomFiles(self.root, fsync=self.fsync), dispatcher=self._dispatcher,
+                            roster=self._roster, notifier=self._notifier)
+        self._rooms.start()  # after recovery: a resumed round's member turns queue behind recovered DMs
         if self.serve_submit:  # last: a DM submitted from now on finds every actor up
             from hermes_actors.hermes.host import open_submit_endpoint
 
@@ -413,6 +421,8 @@ class Gateway:
         if self._bridge is not None:
             self._bridge.stop()
         try:
+            if self._rooms is not None:
+                self._rooms.halt()  # no new member turns; running ones still post or show as interrupted
             ask(dispatcher, StopAccepting(), timeout=_ASK_TIMEOUT)
             running = ask(dispatcher, ShutdownProfiles(timeout), timeout=_ASK_TIMEOUT, expect=list)
             await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
@@ -420,10 +430,14 @@ class Gateway:
             ask(dispatcher, FinalizePending(why, tuple(running)), timeout=_ASK_TIMEOUT)
             end_running_turns(self.runner, running)
             self._final_outcomes = ask(dispatcher, ExportOutcomes(), timeout=_ASK_TIMEOUT, expect=dict)
+            if self._rooms is not None:
+                self._rooms.stop()  # after the last member-turn outcomes reached them, before the notifier flush
             ask(self._notifier, Flush(), timeout=max(_ASK_TIMEOUT, timeout))
         except (ActorGone, AskTimeout) as exc:
             logger.error("gateway stop was not clean: {}", exc)
         finally:
+            if self._rooms is not None:
+                self._rooms.stop()  # idempotent: already stopped above unless the stop was not clean
             for ref in (self._dispatcher, self._relay, self._roster, self._notifier):
                 if ref is not None:
                     try:
@@ -608,6 +622,59 @@ class Gateway:
             self._early_owners.pop(profile, None)
             return
         ask(self._live_dispatcher(), DetachOwner(profile), timeout=_ASK_TIMEOUT)
+
+    # ── group rooms (docs/rooms.md): thin delegations to Rooms ──────────────
+
+    def _live_rooms(self) -> Rooms:
+        self._live_dispatcher()
+        assert self._rooms is not None
+        return self._rooms
+
+    def create_room(self, name: str, members: list[str]) -> dict[str, Any]:
+        """Create a room of 2–6 local bots; returns ``{room_id, name, members}``.
+
+        Args:
+            name: the room's name (unique, case-insensitive); members' turns run in ``Group: <name>``.
+            members: names as ``message_agent`` targets accept them (handles, friendly names).
+
+        Raises:
+            ValueError: a bad name, a name taken, an unknown member, fewer than 2 or more than 6.
+            RuntimeError: the gateway is not running.
+        """
+        return self._live_rooms().create(name, members)
+
+    def room_send(self, room: str, sender: str, text: str) -> dict[str, Any]:
+        """Post ``text`` to ``room`` as ``sender`` (``"user"`` or a member); it is on disk before the ack.
+
+        Returns:
+            ``{status: "queued", room_id, message_id}``, or a refusal ``{error, reason}`` like ``message_agent``'s.
+        """
+        return self._live_rooms().send(room, sender, text)
+
+    def room_transcript(self, room: str) -> list[dict[str, Any]]:
+        """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``.
+
+        Raises:
+            KeyError: no such room.
+        """
+        return self._live_rooms().transcript(room)
+
+    def wait_room_idle(self, room: str, timeout: float = 60) -> str:
+        """Wait until the room settled; returns its state, ``idle`` or ``needs_you``.
+
+        Raises:
+            TimeoutError: still busy after ``timeout`` seconds.
+            KeyError: no such room.
+        """
+        return self._live_rooms().wait_idle(room, timeout)
+
+    def list_rooms(self) -> list[dict[str, Any]]:
+        """Every room: ``{room_id, name, members, state}``."""
+        return self._live_rooms().list()
+
+    def disband_room(self, room: str) -> dict[str, Any]:
+        """Delete the room (its file too); its members' sessions stay. Raises KeyError: no such room."""
+        return self._live_rooms().disband(room)
 
     # ── the Desktop's relay RPC (bot_relay.*): thin delegations to DesktopRpc ──
 

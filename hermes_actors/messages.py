@@ -56,8 +56,9 @@ class Delivery:
     author: dict[str, Any] = field(default_factory=dict)
     hop: int = 0
     accepted_at: float = 0.0  # time.time() at acceptance
-    origin: str = "local"  # "local" | "relay" (drained envelope) | "recovered"
+    origin: str = "local"  # "local" | "relay" (drained envelope) | "recovered" | "room" (a member turn)
     label: str = ""  # how the target is shown to the sender ("@bob")
+    session: str = BOT_CHAT_SESSION  # the target's session the turn runs in ("Group: <name>" for a room)
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,6 +514,24 @@ class TurnTimeout:
     """Timer: the running turn of ``delivery_id`` exceeded ``turn_timeout_seconds``."""
 
     delivery_id: str
+
+
+# ── group rooms (the Dispatcher's side; the RoomActor's messages are in rooms/protocol.py) ──
+
+ROOM_ORIGIN = "room"  # Delivery.origin of a room member's turn
+
+
+@dataclass(frozen=True, slots=True)
+class RoomTurn:
+    """Told by a RoomActor to the Dispatcher: run this member turn on the member's ProfileActor.
+
+    It queues behind the member's DMs like any delivery; its outcome goes to ``reply``
+    (called on the Dispatcher's thread), never to ``subscribe`` callbacks as a DM outcome,
+    and the Dispatcher's journal does not record it (the room file does).
+    """
+
+    delivery: Delivery
+    reply: Callable[[Outcome], None]
 
 
 # ── Redis Streams transport ─────────────────────────────────────────────────

@@ -12,7 +12,8 @@ from hermes_actors.cli.main import build_parser, main
 from hermes_actors.demo.bots import DemoRunner, create_demo_root
 from hermes_actors.messages import Turn
 
-COMMANDS = ["demo", "roster", "send", "outcome", "status", "doctor", "serve", "relay", "bench", "enable", "disable"]
+COMMANDS = ["demo", "roster", "send", "outcome", "status", "doctor", "room", "serve", "relay", "bench", "enable",
+            "disable"]
 
 
 @pytest.mark.parametrize("argv", [["--help"]] + [[c, "--help"] for c in COMMANDS])
@@ -136,3 +137,42 @@ def test_the_demo_writer_answers_the_request_it_got(request_text: str, answer: s
     runner = DemoRunner(delays={"scribe": 0.0})
     turn = Turn(profile="scribe", content=f"Message from 🤖 Critic (@critic): {request_text}", delivery_id="c" * 32)
     assert answer in runner.run_turn(turn)
+
+
+def test_room_commands_create_send_show_list_disband(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    base = ["--root", str(root), "--runner", "demo"]
+    assert main(["room", "create", "launch", "hermes", "scout", "critic", *base]) == 0
+    room = json.loads(capsys.readouterr().out)
+    assert room["name"] == "launch" and room["members"] == ["hermes", "scout", "critic"]
+
+    assert main(["room", "send", "launch", "What do we need for Friday?", *base, "--wait", "30"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(lines[0])["status"] == "queued"
+    assert lines[1].startswith("[1] hermes: ") and lines[-1] == "room is needs_you"
+    assert any(line.startswith("[2] hermes: @user") for line in lines)
+
+    assert main(["room", "show", "launch", *base]) == 0
+    shown = capsys.readouterr().out.strip().splitlines()
+    assert shown[0] == "[0] user: What do we need for Friday?" and shown[1:] == lines[1:-1]
+
+    assert main(["room", "list", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out) == [{**room, "state": "needs_you"}]
+
+    assert main(["room", "disband", "launch", *base]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "disbanded"
+    assert main(["room", "list", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_room_command_errors_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    base = ["--root", str(root), "--runner", "demo"]
+    assert main(["room", "create", "solo", "hermes", *base]) == 2
+    assert "a room has 2 to 6 members, not 1" in capsys.readouterr().err
+    assert main(["room", "show", "nowhere", *base]) == 2
+    assert "no room 'nowhere'" in capsys.readouterr().err
+    assert main(["room", "create", "duo", "hermes", "scout", *base]) == 0
+    capsys.readouterr()
+    assert main(["room", "send", "duo", "   ", *base]) == 1  # a refusal (docs/operations.md, exit codes)
+    assert capsys.readouterr().out.startswith("refused [unknown]: text is required")

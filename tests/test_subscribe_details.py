@@ -22,7 +22,7 @@ def test_details_name_sender_target_and_latency(root: Path, gateways: list[Gatew
     gw.subscribe(detailed.append, details=True)
     delivery_id = send_dm(gw, "hi", target="bob", sender="alice")
     await_condition(lambda: len(plain) == 1 and len(detailed) == 1, message="both subscribers called")
-    assert set(plain[0]) == {"delivery_id", "status", "reply", "error", "reason", "retryable", "from", "text"}
+    assert set(plain[0]) == {"kind", "delivery_id", "status", "reply", "error", "reason", "retryable", "from", "text"}
     assert detailed[0]["delivery_id"] == delivery_id
     assert detailed[0]["sender"] == "alice"
     assert detailed[0]["target"] == "bob"

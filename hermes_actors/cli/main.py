@@ -1,4 +1,5 @@
-"""The ``hermes-actors`` command: demo, roster, send, outcome, status, doctor, serve, relay, bench, enable, disable.
+"""The ``hermes-actors`` command: demo, roster, send, outcome, status, doctor, room, serve, relay, bench,
+enable, disable.
 
 Exit codes (every command): 0 ok / replied, 1 refused, failed or ambiguous (a
 doctor that found a blocker), 2 usage error; ``outcome`` adds 3 pending and 4
@@ -330,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
+
+    from hermes_actors.cli.room import add_room_parser
+
+    add_room_parser(sub, root_path, runner_opts)
 
     p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")

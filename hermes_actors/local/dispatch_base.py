@@ -26,9 +26,9 @@ class Pending:
     """A delivery the Dispatcher accepted and that has no outcome yet."""
 
     delivery: Delivery
-    route: str  # "local" | "relay" (ours, awaiting a reply) | "relay-in" (drained, run here) | "peer"
+    route: str  # "local" | "relay" (ours, awaiting a reply) | "relay-in" (drained, run here) | "peer" | "room"
     reply_connection: str = ""
-    answer: Any = None  # the future of an in-process relay_deliver RPC
+    answer: Any = None  # the future of an in-process relay_deliver RPC; a room turn's reply callback
 
 
 class DispatcherBase(SupervisorActor):

@@ -50,6 +50,7 @@ from hermes_actors.messages import (
     PendingAck,
     ProfileIdle,
     ProfileInfo,
+    RoomTurn,
     RosterChanged,
     RosterSnapshot,
     SendRequest,
@@ -132,6 +133,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             profile=delivery.target,
             content=delivery.content,
             delivery_id=delivery.delivery_id,
+            session=delivery.session,
             handle=delivery.target_handle,
             home=info.home if info else None,
             root=self.deps.root,
@@ -268,6 +270,40 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             ref.tell(Deliver(delivery))
         self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
 
+    @handles(RoomTurn)
+    def _on_room_turn(self, msg: RoomTurn) -> None:
+        """A room member's turn: queued on its ProfileActor like a DM; the outcome goes back to the room."""
+        delivery = msg.delivery
+        info = self.snapshot.index.get(profile_key(delivery.target))
+        if not self.accepting or info is None:
+            why = (outcomes.cancelled(delivery.delivery_id, delivery.label) if not self.accepting else
+                   outcomes.failed(delivery.delivery_id, delivery.label,
+                                   f"No local profile named {delivery.target!r} any more.", "runtime_offline"))
+            self._answer_room(msg.reply, why)
+            return
+        self.pending[delivery.delivery_id] = Pending(delivery, "room", answer=msg.reply)
+        self._deliver_local(info, delivery, register=False)
+
+    def _answer_room(self, reply: Callable[[Outcome], None], outcome: Outcome) -> None:
+        try:
+            reply(outcome)
+        except Exception:  # our own callback (a tell); it must not crash the Dispatcher
+            logger.exception("could not hand the outcome of room turn {} back", outcome.delivery_id)
+
+    def _settled_in_room(self, outcome: Outcome) -> bool:
+        """Route the outcome of a room member's turn to its room (True), not to DM subscribers."""
+        entry = self.pending.get(outcome.delivery_id)
+        if entry is None or entry.route != "room":
+            return False
+        del self.pending[outcome.delivery_id]
+        record = self.settled[outcome.delivery_id] = outcome.as_dict()  # a second outcome is dropped from now on
+        if len(self.settled) > SETTLED_KEEP:
+            self.settled.popitem(last=False)
+        for future in self.waiters.pop(outcome.delivery_id, ()):  # a stopping gateway waits for its running turns
+            future.set(record)
+        self._answer_room(entry.answer, outcome)
+        return True
+
     @handles(ProfileIdle)
     def _on_profile_idle(self, msg: ProfileIdle) -> None:
         if self.child_ref(msg.profile) is not msg.ref and self.child_ref(msg.profile) != msg.ref:
@@ -288,6 +324,8 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         key = outcome.delivery_id
         if key in self.settled:
             logger.debug("second outcome for {} dropped (first one wins)", key)
+            return
+        if self._settled_in_room(outcome):
             return
         entry = self.pending.pop(key, None)
         self.waker.settling(key, entry)
@@ -312,6 +350,8 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
 
     def _publish(self, outcome: Outcome) -> None:
         """Make an outcome visible: wait_outcome answers, subscribers are called."""
+        if self._settled_in_room(outcome):
+            return
         key = outcome.delivery_id
         entry = self.pending.pop(key, None)
         finished = self.finishing.pop(key, None)  # settled before its outcome was journaled
@@ -432,7 +472,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
     def on_escalation(self, name: str, error: BaseException | None) -> None:
         """A ProfileActor keeps crashing: fail what it held, keep the gateway up."""
         for key, entry in list(self.pending.items()):
-            if entry.route == "local" and entry.delivery.target == name:
+            if entry.route in ("local", "room") and entry.delivery.target == name:
                 self._settle(
                     outcomes.ambiguous(key, entry.delivery.label, f"The target's actor failed repeatedly ({error!r}).")
                 )

@@ -66,7 +66,8 @@ class NotifierActor(TypedActor):
             return
         for token, callback in list(self.subscribers.items()):
             try:
-                callback({**msg.outcome, **msg.details} if token in self.wants_details else dict(msg.outcome))
+                payload = {"kind": "dm", **msg.outcome}  # a room event carries its own kind
+                callback({**payload, **msg.details} if token in self.wants_details else payload)
             except BaseException:  # user code: even SystemExit must not stop the actors
                 self.callback_errors += 1
                 logger.exception("outcome subscriber {} raised; it stays subscribed", token)
