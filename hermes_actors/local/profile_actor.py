@@ -42,7 +42,8 @@ from hermes_actors.messages import (
     WaitExpired,
     WindDown,
 )
-from hermes_actors.store.journal import Journal
+from hermes_actors.store.journal import Journal, StartRecorder
+from hermes_actors.store.relay_inbox import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 
 __all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "outcome_of_turn"]
@@ -191,7 +192,8 @@ class ProfileActor(TypedActor):
             self.seen.popitem(last=False)
         deadline = enqueued + self.deps.config.turn_wait_seconds
         me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
-        journal = deps.journal if delivery.origin != "relay" else None
+        # A relayed-in turn is not in the journal: its start is marked beside the envelope it came in.
+        journal: StartRecorder | None = deps.journal if delivery.origin != "relay" else TurnStartMarks(deps.root)
         home = self.info.home
 
         def job() -> None:
