@@ -53,6 +53,7 @@ from hermes_actors.messages import (
 from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
 from hermes_actors.relay.restart import recover_taken, scan_sent
+from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import (
@@ -378,32 +379,9 @@ class RelayActor(TypedActor):
             self._check_reply(envelope_id)
         for envelope_id in rf.list_ids(self.paths.inbox):
             self._take(envelope_id)
-        self._quarantine_strays()
+        self.counters["quarantined"] += quarantine_strays(self.paths)
         if self.roster is not None:
             self.roster.tell(RemoteRosterHint())
-
-    def _quarantine_strays(self) -> None:
-        """Move relay directories swapped for symlinks, and files that are not ``<32 hex>.json``, aside."""
-        swapped = [d for d in (self.paths.inbox, self.paths.relay.replies, self.paths.relay.outbox,
-                               self.paths.relay.claimed, self.paths.delivered, self.paths.taken_parent,
-                               self.paths.started, self.paths.sent) if os.path.islink(d)]
-        for directory in swapped:  # every use refuses them anyway (dir fds); this puts a real directory back
-            self._quarantine(directory, "a relay directory was replaced by a symlink")
-        if swapped:
-            try:
-                self.paths.ensure()
-            except (StoreError, ValidationError) as exc:
-                logger.error("relay: could not recreate the relay directories: {}", exc)
-        for directory in (self.paths.inbox, self.paths.relay.replies):
-            try:
-                entries = list(os.scandir(directory))
-            except OSError:
-                continue
-            for entry in entries:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_symlink() or id_of_file_name(entry.name) is None:
-                    self._quarantine(Path(entry.path), "not a <32 hex>.json regular file")
 
     def _quarantine(self, path: Path, why: str) -> None:
         self.counters["quarantined"] += 1
