@@ -32,6 +32,7 @@ from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import (
+    AttachRelay,
     DesktopDeliver,
     DesktopDrainOutbox,
     DesktopReply,
@@ -147,6 +148,8 @@ class RelayActor(TypedActor):
         if not (adopted.ids or adopted.legacy):
             return
         recovery = recover_taken(self.paths, adopted)
+        if recovery.rerun:  # the replies come back to us: make sure the Dispatcher knows where before it runs them
+            self.dispatcher.tell(AttachRelay(self.actor_ref))
         for envelope, reply_connection in recovery.rerun:
             self.counters["drained"] += 1
             self.dispatcher.tell(RelayDeliver(envelope, reply_connection))

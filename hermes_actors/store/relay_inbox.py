@@ -242,9 +242,9 @@ def gateway_alive(paths: InboxPaths, *, now: float | None = None) -> bool:
 # ── relayed-in turns: the "started" mark ────────────────────────────────────
 
 
-def _write_mark(directory: Path, envelope_id: str, payload: dict[str, Any], *, tmp_dir: Path) -> bool:
+def _write_mark(directory: Path, envelope_id: str, payload: dict[str, Any], *, tmp_dir: Path, fsync: bool) -> bool:
     name = f"{validate_delivery_id(envelope_id, what='envelope id')}.json"
-    return create_exclusive_json(directory / name, payload, tmp_dir=tmp_dir, fsync=True)
+    return create_exclusive_json(directory / name, payload, tmp_dir=tmp_dir, fsync=fsync)
 
 
 def was_started(paths: InboxPaths, envelope_id: str) -> bool:
@@ -289,7 +289,7 @@ class TurnStartMarks:
             return
         envelope_id = str(record.get("id"))
         _write_mark(self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
-                    tmp_dir=self.paths.relay.tmp)
+                    tmp_dir=self.paths.relay.tmp, fsync=True)  # one fsync per turn, like the journal's "started"
 
 
 # ── sender side: the record of our own envelopes ────────────────────────────
@@ -305,14 +305,14 @@ class SentRecord:
 
 
 def record_sent(paths: InboxPaths, envelope_id: str, label: str, *, now: float) -> None:
-    """Record (durably, before the envelope is queued) that this envelope is ours.
+    """Record (before the envelope is queued) that this envelope is ours.
 
     Raises:
         ValidationError: the id is invalid.
         StoreError: the record could not be written (then nothing must be queued).
     """
     _write_mark(paths.sent, envelope_id, {"id": envelope_id, "at": int(now), "label": label},
-                tmp_dir=paths.relay.tmp)
+                tmp_dir=paths.relay.tmp, fsync=False)  # as durable as the envelope it precedes
 
 
 def clear_sent(paths: InboxPaths, envelope_id: str) -> None:
