@@ -8,8 +8,10 @@ whole life, so a shelf whose lock can be taken belongs to a dead process (killed
 adopted by the next process that starts on the same root. A living process's
 shelf is never touched.
 
-The shelf is created under a name outside the ``s-*`` pattern and locked before
-it is renamed in, so no process can adopt (and empty) a shelf being born.
+A shelf's lock file is created under another name and locked before it is
+renamed to ``.lock``, and an adopter skips a shelf without ``.lock``, so no
+process can adopt (and remove) a shelf being born. (The directory itself is not
+renamed in: a directory moved into a watched tree makes watchdog re-register it.)
 Flat ``<id>.json`` files directly in the parent (written by versions without
 shelves) are adopted too, flagged ``legacy`` because nothing says whether their
 turn started.
@@ -68,15 +70,15 @@ class Shelf:
             StoreError: the shelf could not be created or locked.
         """
         ensure_private_dir(self.parent)
-        fresh = self.parent / f".new-{self.path.name}"
+        fresh = self.path / f"{LOCK_NAME}.new"
         try:
-            os.mkdir(fresh, 0o700)
-            fd = os.open(fresh / LOCK_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.mkdir(self.path, 0o700)
+            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise StoreError(exc.errno, f"cannot create the shelf {fresh}: {exc.strerror}") from exc
+            raise StoreError(exc.errno, f"cannot create the shelf {self.path}: {exc.strerror}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.rename(fresh, self.path)
+            os.rename(fresh, self.path / LOCK_NAME)  # adopters open only ``.lock``: it is locked from birth
         except OSError as exc:
             os.close(fd)
             raise StoreError(exc.errno, f"cannot lock the shelf {self.path}: {exc.strerror}") from exc
@@ -175,7 +177,7 @@ def find_on_shelves(parent: Path, file_name: str) -> bool:
     if os.path.lexists(parent / file_name):
         return True
     try:
-        shelves = [n for n in os.listdir(parent) if n.startswith((SHELF_PREFIX, ".new-"))]
+        shelves = [n for n in os.listdir(parent) if n.startswith(SHELF_PREFIX)]
     except OSError:
         return False
     return any(os.path.lexists(parent / shelf / file_name) for shelf in shelves)
