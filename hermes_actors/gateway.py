@@ -159,9 +159,10 @@ class Gateway:
         self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
         self._state = "new"  # new → running → stopping → stopped
+        self.started_at: float | None = None  # time.time() once start() finished (``status`` shows the uptime)
         self._state_lock = threading.Lock()  # guards the lifecycle only, never message traffic
         self._tokens = itertools.count(1)
-        self._early_subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
+        self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]] = {}
         self._early_owners: dict[str, Any] = {}
         self._profile_count = 0
         self._final_outcomes: dict[str, dict[str, Any]] = {}
@@ -182,6 +183,9 @@ class Gateway:
         Raises:
             FileNotFoundError: the root is not a directory.
             RuntimeError: already started.
+            ValueError: a bad ``bot_mode.transport``, or the Redis transport without a valid connection id.
+            TransportError: the Redis transport cannot be used: credentials refused, another live
+                process serves the connection id, or the ``[redis]`` extra is missing (nothing is left running).
         """
         with self._state_lock:
             if self._state != "new":
@@ -196,6 +200,7 @@ class Gateway:
                 self._teardown()  # a half-started gateway leaves no actor or thread behind
                 raise
             self._state = "running"
+            self.started_at = time.time()
         logger.info("gateway started on {} ({} profiles)", self.root, self._profile_count)
         return self
 
@@ -226,8 +231,8 @@ class Gateway:
         self._scheduler = Scheduler().start()
         self._pool = WorkerPool(self.workers, name="turn")
         self._notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog)
-        for token, callback in self._early_subscribers.items():
-            self._notifier.tell(AddSubscriber(token, callback))
+        for token, (callback, details) in self._early_subscribers.items():
+            self._notifier.tell(AddSubscriber(token, callback, details))
         self._early_subscribers.clear()
         self._roster = RosterActor.start(
             self.root, overrides=self.overrides, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
@@ -246,8 +251,11 @@ class Gateway:
         guard = None
         if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
             from hermes_actors.transports.redis.actor import ClaimGuard
+            from hermes_actors.transports.redis.lease import claim_connection
 
             guard = ClaimGuard(redis_settings, ttl=cfg.envelope_ttl_seconds)
+            assert self.connection_id is not None
+            claim_connection(redis_settings, self.connection_id, guard.consumer)  # one process per connection id
             runner = guard.wrap(runner)
         transport = self.peer_transport or PeerCliTransport()
 
@@ -331,14 +339,16 @@ class Gateway:
         Raises:
             RuntimeError: the relay did not finish resuming within ``_RESUME_TIMEOUT``, or died.
         """
-        assert self._relay is not None and self._dispatcher is not None
+        assert self._relay is not None and self._dispatcher is not None and self._roster is not None
         try:
             entries = ask(self._relay, ResumeRelay(), timeout=_RESUME_TIMEOUT)
+            # The relay read the remote roster before it answered; these two asks flush it through the
+            # RosterActor into the Dispatcher, so a DM right after start() finds the other machines' agents.
+            ask(self._roster, GetSnapshot(), timeout=_RESUME_TIMEOUT, expect=RosterSnapshot)
+            ask(self._dispatcher, RelayResumed(tuple(entries or ())), timeout=_RESUME_TIMEOUT)
             if entries is None:
                 logger.warning("relay transport unreachable at start: the envelopes in flight before the restart "
                                "become answerable once it is reachable again")
-                return
-            ask(self._dispatcher, RelayResumed(tuple(entries)), timeout=_RESUME_TIMEOUT)
         except AskTimeout as exc:
             raise RuntimeError(f"gateway start: the relay did not finish resuming its in-flight envelopes within "
                                f"{_RESUME_TIMEOUT:g}s ({exc}); nothing was accepted, start again") from exc
@@ -350,16 +360,25 @@ class Gateway:
         """The Redis transport's settings when ``bot_mode.transport`` selects it (None: the file relay).
 
         Raises:
-            ValueError: a bad transport value, or Redis without a ``connection_id``.
+            ValueError: a bad transport value, or Redis without a valid connection id.
+            TransportError: the ``[redis]`` extra is not installed.
         """
+        from hermes_actors.core.names import HANDLE_RE
+        from hermes_actors.transports.redis.io import require_redis
         from hermes_actors.transports.redis.store import redis_settings, redis_url_from_config
 
         url = redis_url_from_config(cfg.raw)
         if url is None:
             return None
+        require_redis()
+        self.connection_id = self.connection_id or cfg.redis.connection_id or None
         if not self.connection_id:
-            raise ValueError("the Redis transport (bot_mode.transport) needs Gateway(..., connection_id=...): "
-                             "the connection id names this gateway's stream on Redis")
+            raise ValueError("the Redis transport (bot_mode.transport) needs this gateway's connection id, the name "
+                             "of its stream on Redis: pass --connection-id NAME (CLI) or Gateway(..., "
+                             "connection_id=NAME), or set bot_mode.connection_id in config.yaml")
+        if not HANDLE_RE.match(self.connection_id):
+            raise ValueError(f"connection id {self.connection_id!r} must be 1-64 letters, digits, '_' or '-' "
+                             "(starting with a letter or digit)")
         return redis_settings(cfg.raw, url)
 
     def stop(
@@ -480,11 +499,16 @@ class Gateway:
         except pykka.Timeout:
             raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s") from None
 
-    def subscribe(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False) -> Callable[[], None]:
         """Call ``callback(outcome)`` for every later outcome, on the notifier thread.
 
         A callback that raises (even ``SystemExit``) is logged and counted in
         ``stats()["subscriber_errors"]``; it stays subscribed and no actor stops.
+
+        Args:
+            callback: called with a copy of each outcome dict.
+            details: also put ``sender`` and ``target`` (handles) and ``latency_seconds`` (acceptance
+                to outcome, None when unknown) in the dicts this callback receives (for metrics and logs).
 
         Returns:
             A function that unsubscribes.
@@ -496,9 +520,9 @@ class Gateway:
         token = next(self._tokens)
         notifier = self._notifier
         if notifier is None:
-            self._early_subscribers[token] = callback
+            self._early_subscribers[token] = (callback, details)
         else:
-            notifier.tell(AddSubscriber(token, callback))
+            notifier.tell(AddSubscriber(token, callback, details))
 
         def unsubscribe() -> None:
             self._early_subscribers.pop(token, None)
@@ -530,7 +554,9 @@ class Gateway:
             notified, notify_skipped (shed behind a slow subscriber) and subscriber_errors (callbacks
             that raised) (the notifier); worker_threads; journal_fsyncs and journal_records when
             durable; and with a relay (file or Redis): relay_alive, and while it is alive ``relay``,
-            its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...).
+            its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...);
+            ``deliveries``: the oldest 200 in flight, in-flight counts per profile, the profiles with a
+            live owner and the settled DMs by status and reason (what ``hermes-actors status`` shows).
 
         Raises:
             RuntimeError: the gateway is not running.

@@ -129,6 +129,7 @@ class RosterSnapshot:
     peers: tuple[str, ...] = ()
     remote: tuple[RemoteAgent, ...] = ()
     remote_mtime: float | None = None  # roster.json's mtime (wall clock); None = no roster
+    remote_unreachable: str = ""  # the Redis address while the transport cannot reach it ("" = reachable)
     managed: bool = False
     version: int = 0
     # Precomputed by ``roster.make_snapshot`` so resolving a target is O(1):
@@ -310,17 +311,22 @@ class FinalizePending:
 
 @dataclass(frozen=True, slots=True)
 class Notify:
-    """Told to the Notifier: run subscriber callbacks for one outcome dict."""
+    """Told to the Notifier: run subscriber callbacks for one outcome dict.
+
+    ``details`` (sender, target, latency_seconds) go only to subscribers that asked for them.
+    """
 
     outcome: dict[str, Any]
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class AddSubscriber:
-    """Ask the Notifier to call ``callback`` for every later outcome."""
+    """Ask the Notifier to call ``callback`` for every later outcome (with its details when ``details``)."""
 
     token: int
     callback: Callable[[dict[str, Any]], Any]
+    details: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,6 +524,7 @@ class RemoteRows:
 
     rows: tuple[RemoteAgent, ...]
     mtime: float  # wall-clock time the rows were read (their freshness)
+    unreachable: str = ""  # the Redis address while it is unreachable (the rows are the last ones read)
 
 
 @dataclass(frozen=True, slots=True)

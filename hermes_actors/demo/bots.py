@@ -58,6 +58,14 @@ _LINES = {
 }
 
 
+# What a bot says to a request that names its subject (first match wins); else a line of its role.
+_ANSWERS = {
+    "Writer": (("shorten", "Shortened para 2 to three sentences."), ("intro", "Draft ready: a two-paragraph intro, "
+               "plain tone."), ("title", "Title: \"Why EU churn fell in Q3\"."), ("number", "Added the EU numbers "
+               "to para 1, with sources.")),
+}
+
+
 def message_body(content: str) -> str:
     """The DM text without the ``Message from 🤖 …: `` signature."""
     return _PREFIX_RE.sub("", content, count=1)
@@ -109,6 +117,9 @@ class DemoRunner:
             ack = turn.message_agent("scout", f"Please research this for the plan: {body[:200]}")
             sent = "asked @scout to research it" if ack.get("status") == "queued" else "could not reach @scout"
             return f"On it — I {sent}; I'll share the plan once the research is in."
+        for keyword, answer in _ANSWERS.get(bot.title, ()):
+            if keyword in body.lower():
+                return answer
         lines = _LINES.get(bot.title, _LINES["Coordinator"])
         pick = int(hashlib.sha256(body.encode()).hexdigest(), 16) % len(lines)
         return lines[pick]

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
+from hermes_actors.cli.render import clip, outcome_line, refusal_line
 from hermes_actors.demo.bots import DemoBot, DemoRunner, create_demo_root
 from hermes_actors.gateway import Gateway
 
@@ -53,7 +54,7 @@ class _Transcript:
                 ms = (now - started) * 1000
                 self.latencies.append(ms)
                 latency = f"{ms:7.1f} ms"
-            print(f"  [{latency}] {who:<22} ⇐ {outcome['text'][:110]}", file=self.out, flush=True)
+            print(f"  [{latency}] {who:<22} ⇐ {clip(outcome_line(outcome), 110)}", file=self.out, flush=True)
             self.seen += 1
             self.lock.notify_all()
 
@@ -70,11 +71,11 @@ def _send(gw: Gateway, t: _Transcript, sender: str, target: str, message: str) -
         ack = gw.message_agent(sender=sender, target=target, message=message)
         if "error" in ack:
             t.statuses[f"refused:{ack['reason']}"] += 1
-            print(f"  [refused ] {who:<22} ✗ {ack['reason']}: {ack['error'][:90]}", file=t.out, flush=True)
+            print(f"  [refused ] {who:<22} ✗ {clip(refusal_line(ack), 110)}", file=t.out, flush=True)
             return ack
         t.sent[ack["delivery_id"]] = (started, who)
         ms = (time.perf_counter() - started) * 1000
-        print(f"  [ack {ms:4.1f}ms] {who:<22} → {message[:70]}", file=t.out, flush=True)
+        print(f"  [ack {ms:4.1f}ms] {who:<22} → {clip(message, 70)}", file=t.out, flush=True)
     return ack
 
 

@@ -43,7 +43,9 @@ from hermes_actors.hermes.submit_protocol import (
     SOCKET_NAME,
     OutcomeCall,
     Ping,
+    RosterCall,
     SendCall,
+    StatusCall,
     bad_request,
     encode,
     offline_refusal,
@@ -56,6 +58,8 @@ __all__ = [
     "HostOffline",
     "SubmitServer",
     "fetch_outcome",
+    "fetch_roster",
+    "fetch_status",
     "ping",
     "request",
     "submit_dm",
@@ -63,6 +67,7 @@ __all__ = [
 
 SendFn = Callable[[SendCall], dict[str, Any]]
 OutcomeFn = Callable[[OutcomeCall], dict[str, Any]]
+StatusFn = Callable[[], dict[str, Any]]
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _SUN_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
@@ -143,6 +148,8 @@ class SubmitServer:
             for a refusal; an exception becomes an error answer).
         outcome: takes an :class:`OutcomeCall`, returns the outcome dict or
             ``{"status": "pending" | "unknown", ...}``; None: the op is refused.
+        status: returns the host's status dict; None: the op is refused.
+        roster: returns the host's roster rows (``Gateway.roster()``); None: the op is refused.
         allowed_uid: the only peer uid served (default: ours).
         max_connections: connections handled at once.
         read_timeout: seconds a client has to send its request.
@@ -155,6 +162,8 @@ class SubmitServer:
         *,
         send: SendFn,
         outcome: OutcomeFn | None = None,
+        status: StatusFn | None = None,
+        roster: Callable[[], list[dict[str, Any]]] | None = None,
         allowed_uid: int | None = None,
         max_connections: int = 32,
         read_timeout: float = 5.0,
@@ -164,6 +173,8 @@ class SubmitServer:
         self.path = socket_path(self.root)
         self._send = send
         self._outcome = outcome
+        self._status = status
+        self._roster = roster
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self.read_timeout = read_timeout
         self._info = dict(info or {})
@@ -360,6 +371,14 @@ class SubmitServer:
         try:
             if isinstance(call, SendCall):
                 answer = self._send(call)
+            elif isinstance(call, StatusCall):
+                if self._status is None:
+                    return bad_request("this endpoint does not serve 'status'")
+                answer = self._status()
+            elif isinstance(call, RosterCall):
+                if self._roster is None:
+                    return bad_request("this endpoint does not serve 'roster'")
+                answer = {"rows": self._roster()}
             elif self._outcome is None:
                 return bad_request("this endpoint does not serve 'outcome'")
             else:
@@ -478,6 +497,21 @@ def ping(root: str | Path, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
+def fetch_roster(root: str | Path, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The roster rows of the host serving ``root``.
+
+    Raises:
+        HostOffline: nothing serves ``root``.
+        TimeoutError: the host did not answer within ``timeout``.
+        ValueError: the host answered something else than rows (e.g. an older host without the op).
+    """
+    answer = request(root, {"op": "roster"}, timeout=timeout)
+    rows = answer.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError(answer.get("error") or f"the host of {root} answered no roster rows")
+    return rows
+
+
 def fetch_outcome(
     root: str | Path, delivery_id: str, wait: float = 0.0, timeout: float | None = None
 ) -> dict[str, Any]:
@@ -492,3 +526,15 @@ def fetch_outcome(
     """
     payload = {"op": "outcome", "delivery_id": delivery_id, "wait": wait}
     return request(root, payload, timeout=wait + 10.0 if timeout is None else timeout)
+
+
+def fetch_status(root: str | Path, timeout: float = 10.0) -> dict[str, Any]:
+    """The status of the host serving ``root`` (see :mod:`hermes_actors.ops.status`).
+
+    Raises:
+        HostOffline: nothing serves ``root``.
+        TimeoutError: the host did not answer within ``timeout``.
+        PermissionError: the endpoint is not ours.
+        ValueError: the answer is not a JSON object.
+    """
+    return request(root, {"op": "status"}, timeout=timeout)

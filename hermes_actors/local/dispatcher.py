@@ -8,8 +8,9 @@ table of pending and settled outcomes that ``wait_outcome`` reads.
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from hermes_actors.core.acks import (
 from hermes_actors.core.guard import check_hops, check_pair_rate, pair_key
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.names import profile_key
+from hermes_actors.core.outcomes import delivery_details
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
 from hermes_actors.errors import StoreError
 from hermes_actors.local.dispatch_base import Pending
@@ -58,11 +60,13 @@ from hermes_actors.messages import (
     Turn,
     WindDown,
 )
+from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.store.journal import Journal
 
 __all__ = ["DispatcherActor"]
 
 SETTLED_KEEP = 100_000  # settled outcomes remembered for wait_outcome (oldest dropped first; bounds memory)
+IN_FLIGHT_ROWS = 200  # in-flight deliveries listed by stats() (the oldest; all are counted per profile)
 
 
 class DispatcherActor(DurableDispatch, RelayDispatch):
@@ -103,12 +107,14 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         self.sent: dict[str, int] = {}  # Deliver messages sent to each live ProfileActor
         self.pairs: dict[tuple[str, str], deque[float]] = {}
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
+        self.by_outcome: Counter[tuple[str, str]] = Counter()  # what "settled" counts, by (status, reason)
         self.journal = journal
         if journal is not None:  # one message per group commit, not one per record
             me = self.actor_ref
             journal.listener = lambda tokens, error: tell(me, JournalDurable(tuple(tokens), error))
         self.owners: dict[str, Any] = {}  # profile → attached live owner
         self.journaled: set[str] = set()  # ids whose lifecycle the journal records
+        self.finishing: dict[str, Delivery] = {}  # settled, outcome being journaled: kept for subscribers' details
         self.awaiting_durable: dict[str, tuple[Delivery, ProfileInfo, pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
 
@@ -288,11 +294,14 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         if entry is not None and entry.route == "relay-in":
             # The sender is on another connection: the reply goes back through the relay files.
             self.settled[key] = outcome.as_dict()
+            self._log_settled(entry.delivery, outcome)
             self._answer_relay_in(outcome, entry.reply_connection, entry.answer)
             for future in self.waiters.pop(key, ()):  # a stopping gateway waits for its running turns
                 future.set(self.settled[key])
             return
         if self.journal is not None and key in self.journaled:
+            if entry is not None:
+                self.finishing[key] = entry.delivery
             try:
                 self.journal.append({"t": "finished", "id": key, "o": outcome.as_dict()}, token=("finished", outcome))
                 self.settled[key] = outcome.as_dict()  # a second outcome is dropped from now on
@@ -305,6 +314,7 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         """Make an outcome visible: wait_outcome answers, subscribers are called."""
         key = outcome.delivery_id
         entry = self.pending.pop(key, None)
+        finished = self.finishing.pop(key, None)  # settled before its outcome was journaled
         self.journaled.discard(key)
         record = outcome.as_dict()
         self.settled[key] = record
@@ -312,10 +322,22 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             self.settled.popitem(last=False)
         for future in self.waiters.pop(key, ()):
             future.set(record)
+        delivery = entry.delivery if entry is not None else self.waker.sources.get(key)  # before after_publish
         if self.waker.after_publish(outcome, entry):  # a wake turn's own outcome is nobody's DM outcome
             return
         self.counters["settled"] += 1
-        self.notifier.tell(Notify(record))
+        delivery = delivery or finished  # a durable DM's entry left pending before its outcome was journaled
+        self.by_outcome[(outcome.status, outcome.reason)] += 1
+        self._log_settled(delivery, outcome)
+        self.notifier.tell(Notify(record, delivery_details(delivery, time.time())))
+
+    @staticmethod
+    def _log_settled(delivery: Delivery | None, outcome: Outcome) -> None:
+        """Log a DM's one INFO line (never its text)."""
+        latency = time.time() - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
+        sender = f"@{delivery.sender_handle or delivery.sender}" if delivery is not None else ""
+        logger.info("{}", delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status,
+                                        outcome.reason, latency))
 
     @handles(AwaitOutcome)
     def _on_await(self, msg: AwaitOutcome) -> pykka.ThreadingFuture[dict[str, Any]]:
@@ -388,6 +410,23 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             **self.counters,
             "pending": len(self.pending),
             "active_profiles": sum(1 for c in self.children.values() if c.ref.is_alive()),
+            "deliveries": self._deliveries_view(),
+        }
+
+    def _deliveries_view(self) -> dict[str, Any]:
+        """What ``hermes-actors status`` shows of the DMs: the oldest in flight, counts per profile, outcomes."""
+        by_outcome: dict[str, dict[str, int]] = {}
+        for (status, reason), count in self.by_outcome.items():
+            by_outcome.setdefault(status, {})[reason] = count
+        return {
+            "in_flight": [
+                {"delivery_id": key, "sender": p.delivery.sender, "target": p.delivery.label,
+                 "profile": p.delivery.target, "route": p.route, "accepted_at": p.delivery.accepted_at}
+                for key, p in itertools.islice(self.pending.items(), IN_FLIGHT_ROWS)
+            ],
+            "per_profile": dict(Counter(p.delivery.target for p in self.pending.values() if p.delivery.target)),
+            "live_owners": sorted(self.owners),
+            "by_outcome": by_outcome,
         }
 
     def on_escalation(self, name: str, error: BaseException | None) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.messages import RosterPush
+from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -40,6 +42,7 @@ from hermes_actors.store.relay_shelf import Shelf
 __all__ = ["HubActor", "HubRoot", "run_hub"]
 
 ROSTER_REFRESH_SECONDS = 60.0  # rewrite unchanged rosters this often so they stay fresh (< 600 s)
+HANDED_KEEP = 10_000  # envelopes handed over and awaiting their reply, remembered for the log line (bounded)
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ class HubActor(TypedActor):
         self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0, "resumed": 0}
         self.shelves = {r.name: Shelf(r.paths.hubclaims) for r in roots}
         self.claiming: dict[str, InboxPaths] = {}  # each root's layout with ``claimed`` = our shelf there
+        # envelope id → (sender, target, created_at): what the reply's log line names (never the text)
+        self.handed: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
 
     def on_start(self) -> None:
         for root in self.roots:
@@ -166,6 +171,7 @@ class HubActor(TypedActor):
         if isinstance(result, Expired):
             self._reply(source, result.reply)
             self.counters["expired"] += 1
+            self._log(envelope_id, f"{source.name}: ?", "?", result.reply, None)
         elif isinstance(result, ToDeliver):
             crashpoint("hub-after-claim-before-post")
             self._route(source, result.envelope)
@@ -176,19 +182,37 @@ class HubActor(TypedActor):
     def _route(self, source: HubRoot, envelope: dict[str, Any]) -> None:
         """Hand a claimed envelope to its target's ``inbox/``, or answer why not."""
         envelope_id = envelope["id"]
+        sender = f"@{envelope['from_handle']}@{source.name}"
+        to = f"@{envelope['target_handle']}@{envelope['target_connection']}"
+        created = float(envelope["created_at"]) or None  # 0: a seed envelope without one (its age is the mtime's)
         target = self.by_name.get(envelope["target_connection"])
         if target is None:
             conn = envelope["target_connection"]
             text = f"connection '{conn}' is not known to this relay; the message was NOT delivered."
-            self._reply(source, rp.make_reply(envelope_id, error=text, reason="runtime_offline", now=time.time()))
+            reply = rp.make_reply(envelope_id, error=text, reason="runtime_offline", now=time.time())
+            self._reply(source, reply)
             self.counters["refused"] += 1
+            self._log(envelope_id, sender, to, reply, created)
             return
         try:
             post_to_inbox(target.paths, envelope, source.name)
             self.counters["drained"] += 1
+            self.handed[envelope_id] = (sender, to, created or time.time())
+            if len(self.handed) > HANDED_KEEP:
+                self.handed.popitem(last=False)
         except (StoreError, OSError, ValidationError) as exc:
             text = f"the relay could not hand the message to {target.name}: {exc}. It was NOT delivered."
-            self._reply(source, rp.make_reply(envelope_id, error=text, reason="unknown", now=time.time()))
+            reply = rp.make_reply(envelope_id, error=text, reason="unknown", now=time.time())
+            self._reply(source, reply)
+            self._log(envelope_id, sender, to, reply, created)
+
+    @staticmethod
+    def _log(envelope_id: str, sender: str, target: str, reply: dict[str, Any], created_at: float | None) -> None:
+        """The one INFO line of a relayed DM (never its text): failed with the reason, else replied."""
+        status = "failed" if reply.get("error") else "replied" if reply.get("reply") else "silent"
+        latency = None if created_at is None else time.time() - float(created_at)
+        logger.info("hub: {}", delivery_line(envelope_id, sender, target, status, str(reply.get("reason") or ""),
+                                             latency))
 
     def _forward(self, holder: HubRoot, envelope_id: str) -> None:
         path = holder.paths.delivered / f"{envelope_id}.json"
@@ -211,6 +235,8 @@ class HubActor(TypedActor):
             return  # the write failed: keep the record in delivered/ so the next rescan retries it
         if written:
             self.counters["forwarded"] += 1
+            sender, to, created_at = self.handed.pop(envelope_id, (f"?@{reply_connection}", f"?@{holder.name}", None))
+            self._log(envelope_id, sender, to, record, created_at)
         try:
             path.unlink()
         except FileNotFoundError:
