@@ -7,7 +7,8 @@ normal case) every call is a dictionary-free string comparison.
 Points: ``after-journal-before-ack``, ``after-ack-before-turn``, ``mid-turn``,
 ``after-turn-before-outcome``, ``after-outcome-before-delivered``; of the sender
 wake-up (:data:`WAKE_CRASH_POINTS`): ``after-outcome-before-wake`` (the DM's outcome
-is durable, its wake not written yet), ``mid-wake`` (the wake turn's start is durable).
+is durable, its wake not written yet), ``mid-wake`` (the wake turn's start is durable); of the
+relay hub (:data:`HUB_CRASH_POINTS`): ``hub-after-claim-before-post``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["CRASH_POINTS", "WAKE_CRASH_POINTS", "crashpoint"]
+__all__ = ["CRASH_POINTS", "HUB_CRASH_POINTS", "WAKE_CRASH_POINTS", "crashpoint"]
 
 CRASH_POINTS = (
     "after-journal-before-ack",
@@ -25,6 +26,7 @@ CRASH_POINTS = (
     "after-outcome-before-delivered",
 )
 WAKE_CRASH_POINTS = ("after-outcome-before-wake", "mid-wake")
+HUB_CRASH_POINTS = ("hub-after-claim-before-post",)  # the relay hub: an envelope claimed, not yet posted
 
 _ARMED = os.environ.get("HERMES_ACTORS_CRASH_AT", "")
 

@@ -1,7 +1,7 @@
 """A relay peer process for the multi-process relay tests (not a test module).
 
     python tests/relay_peer.py --root A --connection-id alpha --target scout@mini \
-        --count 200 [--sequential] [--turn-log FILE] [--wait 60]
+        --count 200 [--sequential] [--turn-log FILE] [--wait 60] [--turn-seconds 0.02]
 
 Runs a :class:`Gateway` on ``--root`` (so this process also serves the
 root's ``inbox/``: it is one of the gateways), waits until ``--target``
@@ -27,7 +27,7 @@ from typing import Any
 
 from roots import TurnLog, is_online
 
-from hermes_actors.demo.bots import DemoRunner
+from hermes_actors.demo.bots import DEMO_BOTS, DemoRunner
 from hermes_actors.gateway import Gateway
 
 
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turn-log", type=Path, default=None)
     p.add_argument("--wait", type=float, default=60.0)
     p.add_argument("--rescan", type=float, default=2.0)
+    p.add_argument("--turn-seconds", type=float, default=0.0, help="each turn of the demo bots takes this long")
     args = p.parse_args(argv)
 
     stop = threading.Event()
@@ -54,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 
-    config = {"bot_mode": {"rescan_seconds": args.rescan, "max_queued": max(256, args.count + 10)}}
-    runner = TurnLog(args.turn_log, DemoRunner().run_turn)  # the demo runner, logging every turn
+    config = {"bot_mode": {"rescan_seconds": args.rescan, "max_queued": max(1024, args.count + 10)}}
+    delays = {bot.profile: args.turn_seconds for bot in DEMO_BOTS} if args.turn_seconds else None
+    runner = TurnLog(args.turn_log, DemoRunner(delays=delays).run_turn)  # the demo runner, logging every turn
     with Gateway(args.root, runner=runner, config=config, connection_id=args.connection_id) as gw:
         deadline = time.monotonic() + args.wait
         while not _target_ready(gw, args.target):
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             "sent": [r.get("delivery_id") for r in results],
             "statuses": [r.get("status") for r in results],
             "replies": [r.get("reply") for r in results],
+            "errors": [r.get("error") for r in results],
             "refusals": [r["ack"] for r in results if "ack" in r],
             "elapsed": elapsed,
         }

@@ -388,7 +388,6 @@ ENVELOPE_FAILURES: list[tuple[str, Any, str | None, str]] = [
     ("short id", envelope(id=EID[:-1]), None, "invalid envelope id"),
     ("int id", envelope(id=12), None, "invalid envelope id"),
     ("file id mismatch", envelope(), "f" * 32, "does not match its file name"),
-    ("no created_at", _without("created_at"), None, "created_at"),
     ("str created_at", envelope(created_at="1700000000"), None, "created_at"),
     ("bool created_at", envelope(created_at=True), None, "created_at"),
     ("nan created_at", envelope(created_at=float("nan")), None, "created_at"),

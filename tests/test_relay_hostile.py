@@ -18,6 +18,7 @@ from roots import LogCapture, RecordingRunner, make_root
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+from hermes_actors.store.relay_shelf import find_on_shelves
 
 IS_ROOT = os.geteuid() == 0
 KINDS = [
@@ -133,7 +134,7 @@ def test_hostile_inbox_files_are_quarantined_and_valid_envelopes_still_flow(
         moved = await_condition(quarantined(paths.relay.base, name), timeout=10, message=f"{name} quarantined")
         assert len(moved) == 1
         await_condition(lambda: logs.matching("quarantined", name), timeout=10, message=f"a log line for {name}")
-        assert not (paths.inbox / name).exists() and not (paths.taken / name).exists()
+        assert not (paths.inbox / name).exists() and not find_on_shelves(paths.taken_parent, name)
         assert gw.stats()["relay_alive"]
 
         good = seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")

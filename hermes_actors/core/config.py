@@ -78,7 +78,8 @@ class BotModeConfig:
         120.0, "how long a queued DM waits for its turn (and for another process's lock) before `target_busy`",
         at_least=0)
     envelope_ttl_seconds: float = setting(
-        900.0, "relay envelopes older than this are never delivered late (≤ 0 disables)")
+        900.0, "relay envelopes older than this are never delivered late; whole seconds, `int()`-ed as the seed "
+               "does (≤ 0 disables, and so does 0.5)")
     reply_wait_seconds: float = setting(
         900.0, "how long the sender waits for a relay reply before `delivery_timeout`", at_least=0)
     max_hops: int = setting(8, "conversation depth limit (`loop_guard`)", at_least=1)

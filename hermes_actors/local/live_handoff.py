@@ -30,7 +30,7 @@ from hermes_actors.local.runners import TurnRunner
 from hermes_actors.local.turns import describe_error, never_ran
 from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
-from hermes_actors.store.journal import Journal
+from hermes_actors.store.journal import StartRecorder
 
 __all__ = ["LIVE_STATES", "LiveMailbox", "hand_to_owner"]
 
@@ -115,7 +115,7 @@ def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:
 
 
 def hand_to_owner(
-    delivery: Delivery, *, owner: TurnRunner, home: Path, make_turn: Any, journal: Journal | None
+    delivery: Delivery, *, owner: TurnRunner, home: Path, make_turn: Any, journal: StartRecorder | None
 ) -> TurnFinished:
     """Run ``delivery`` as a user turn of the attached live owner (worker thread).
 

@@ -43,7 +43,8 @@ from hermes_actors.messages import (
     WaitExpired,
     WindDown,
 )
-from hermes_actors.store.journal import Journal
+from hermes_actors.store.journal import Journal, StartRecorder
+from hermes_actors.store.relay_inbox import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 
 __all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "outcome_of_turn"]
@@ -192,7 +193,13 @@ class ProfileActor(TypedActor):
             self.seen.popitem(last=False)
         deadline = enqueued + self.deps.config.turn_wait_seconds
         me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
-        journal = deps.journal if delivery.origin not in ("relay", ROOM_ORIGIN) else None  # those have their own
+        # A relayed-in turn is not in the journal: its start is marked beside the envelope it came in;
+        # a room's member turn is journaled by its room.
+        journal: StartRecorder | None
+        if delivery.origin == "relay":
+            journal = TurnStartMarks(deps.root)
+        else:
+            journal = deps.journal if delivery.origin != ROOM_ORIGIN else None
         home = self.info.home
 
         def job() -> None:

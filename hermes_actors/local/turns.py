@@ -39,7 +39,7 @@ from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.messages import Delivery, Turn, TurnFinished
-from hermes_actors.store.journal import Journal
+from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.turnlock import TurnLock
 
 __all__ = ["attempt_turn", "describe_error", "execute_turn", "never_ran"]
@@ -103,7 +103,7 @@ def execute_turn(
     lock: TurnLock | None,
     lock_deadline: float,
     make_turn: Callable[[Delivery], Turn],
-    journal: Journal | None = None,
+    journal: StartRecorder | None = None,
 ) -> TurnFinished:
     """Run ``delivery``'s turn with at most one retry, under the profile's flock.
 

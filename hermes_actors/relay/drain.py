@@ -16,6 +16,7 @@ each caller keeps its own reply path and counters.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,14 @@ def _read(box: Box, path: Path) -> tuple[dict[str, Any], str]:
     return read_inbox_envelope(path)
 
 
+def _mtime(path: Path) -> float | None:
+    """The file's mtime (a rename keeps it): the seed's creation time for an envelope without one."""
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return None
+
+
 def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float, now: float) -> DrainResult:
     """Claim one envelope by rename, read it, quarantine it when hostile, and decide what it needs.
 
@@ -114,8 +123,11 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
         paths: the relay layout of the root the envelope waits in.
         box: ``"outbox"`` or ``"inbox"``.
         envelope_id: the envelope (a file stem seen in ``box``).
-        ttl: the TTL in seconds; ``<= 0`` never expires.
+        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
         now: the current time.
+
+    An envelope without a ``created_at`` (missing or zero) is aged from its
+    file's mtime, as the seed does.
 
     Returns:
         :class:`ToDeliver`, :class:`Expired` (the caller writes ``reply``),
@@ -137,7 +149,8 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
     except (OSError, ValidationError) as exc:
         rf.quarantine(paths.relay, claimed, str(exc))
         return Quarantined(envelope_id, str(exc))
-    if ttl > 0 and rp.is_expired(envelope, ttl, now):
+    ttl = rp.seed_ttl(ttl)
+    if ttl > 0 and rp.is_expired(envelope, ttl, now, fallback_created=_mtime(claimed)):
         return Expired(envelope, expiry_reply(envelope, ttl, now), reply_connection)
     return ToDeliver(envelope, reply_connection)
 

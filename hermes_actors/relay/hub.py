@@ -1,11 +1,14 @@
 """The relay hub: plays the Desktop for several local Hermes roots.
 
 ``hermes-actors relay --root A --root B`` pushes each root the others' roster
-(with ``online`` from each gateway's heartbeat), drains every outbox (claim by
-rename — two hubs never both win), hands each envelope to the target root's
-``inbox/``, and copies the target's ``delivered/`` record back into the
+(``online: true`` from a gateway's heartbeat, else unknown), drains every outbox
+(claim by rename onto this hub's shelf ``hubclaims/s-<token>/`` — two hubs never
+both win), hands each envelope to the target root's ``inbox/`` and then files it
+in ``claimed/``, and copies the target's ``delivered/`` record back into the
 sender root's ``replies/`` (first write wins). All of it on filesystem events,
-with the periodic rescan as the fallback.
+with the periodic rescan as the fallback. A hub killed between a claim and the
+post leaves the envelope on its shelf; the next hub adopts it and finishes the
+post unless the target already has it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +28,16 @@ from hermes_actors.core.config import load_config
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.faults import crashpoint
 from hermes_actors.messages import RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles
-from hermes_actors.store.relay_inbox import InboxPaths, gateway_alive, post_to_inbox, read_delivered
+from hermes_actors.store.relay_dirfd import rename_between
+from hermes_actors.store.relay_inbox import InboxPaths, already_posted, gateway_alive, post_to_inbox, read_delivered
+from hermes_actors.store.relay_shelf import Shelf
 
 __all__ = ["HubActor", "HubRoot", "run_hub"]
 
@@ -59,17 +65,26 @@ class HubRoot:
 
 
 def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) -> list[dict[str, Any]]:
-    """The rows ``target`` sees: every other root's profiles, with online flags."""
+    """The rows ``target`` sees: every other root's profiles.
+
+    ``online: true`` when a gateway of ours beats on that root; otherwise the flag
+    is left out (unknown), never ``false``: a root served by a seed-version gateway
+    writes no heartbeat, and a false "offline" would make it unreachable (senders
+    refuse ``runtime_offline``), while unknown enqueues and the TTL bounds the wait.
+    """
     rows: list[dict[str, Any]] = []
     for other in roots:
         if other.name == target.name:
             continue
         for p in discover_profiles(other.root):
-            rows.append({
+            row: dict[str, Any] = {
                 "profile": p.profile, "handle": p.handle, "connection_id": other.name,
                 "connection_label": other.name, "title": p.title or p.display_name,
-                "description": p.description, "online": alive[other.name],
-            })
+                "description": p.description,
+            }
+            if alive[other.name]:
+                row["online"] = True
+            rows.append(row)
     return rows
 
 
@@ -84,14 +99,54 @@ class HubActor(TypedActor):
         self.timers = self.own_timers(scheduler)
         self.roster_seconds = roster_seconds
         self.last_roster: dict[str, tuple[Any, float]] = {}
-        self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0}
+        self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0, "resumed": 0}
+        self.shelves = {r.name: Shelf(r.paths.hubclaims) for r in roots}
+        self.claiming: dict[str, InboxPaths] = {}  # each root's layout with ``claimed`` = our shelf there
         # envelope id → (sender, target, created_at): what the reply's log line names (never the text)
         self.handed: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
 
     def on_start(self) -> None:
+        for root in self.roots:
+            shelf = self.shelves[root.name].open()
+            self.claiming[root.name] = replace(root.paths, relay=replace(root.paths.relay, claimed=shelf))
+        self._finish_dead_claims()
         # The first push is told by run_hub once the watches are up: a sender that sees the
         # roster must never be able to queue an envelope the hub is not yet watching for.
         self.timers.every(self.roster_seconds, RosterPush())
+
+    def on_stop(self) -> None:
+        for shelf in self.shelves.values():
+            shelf.close()
+
+    def _finish_dead_claims(self) -> None:
+        """A hub killed between its claim and the inbox post left envelopes on its shelf: finish them."""
+        for source in self.roots:
+            adopted = self.shelves[source.name].adopt()
+            for envelope_id in (*adopted.ids, *adopted.legacy):
+                path = self.claiming[source.name].relay.claimed / f"{envelope_id}.json"
+                try:
+                    envelope = rf.read_envelope(path)
+                except FileNotFoundError:
+                    continue
+                except (OSError, ValidationError) as exc:
+                    rf.quarantine(source.paths.relay, path, str(exc))
+                    continue
+                target = self.by_name.get(envelope["target_connection"])
+                if target is None or not already_posted(source.paths, target.paths, envelope_id):
+                    self._route(source, envelope)
+                    self.counters["resumed"] += 1
+                self._file_claim(source, envelope_id)
+            if adopted.ids or adopted.legacy:
+                logger.info("hub: finished {} claim(s) a stopped hub left on {}", len(adopted.ids) +
+                            len(adopted.legacy), source.name)
+
+    def _file_claim(self, source: HubRoot, envelope_id: str) -> None:
+        """The envelope was handed on (or answered): move it from our shelf to ``claimed/``, as the seed keeps it."""
+        shelf = self.claiming[source.name].relay.claimed
+        try:
+            rename_between(source.paths.relay.base, shelf, source.paths.relay.claimed, f"{envelope_id}.json")
+        except (OSError, ValidationError) as exc:
+            logger.warning("hub: could not file the claim {} of {}: {}", envelope_id, source.name, exc)
 
     @handles(RosterPush)
     def _on_push(self, msg: RosterPush) -> None:
@@ -112,17 +167,24 @@ class HubActor(TypedActor):
                 logger.warning("hub: roster push to {} failed: {}", root.name, exc)
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
-        result = drain_envelope(source.paths, "outbox", envelope_id, ttl=source.ttl, now=time.time())
+        result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=time.time())
         if isinstance(result, Expired):
             self._reply(source, result.reply)
             self.counters["expired"] += 1
             self._log(envelope_id, f"{source.name}: ?", "?", result.reply, None)
-            return
-        if not isinstance(result, ToDeliver):
+        elif isinstance(result, ToDeliver):
+            crashpoint("hub-after-claim-before-post")
+            self._route(source, result.envelope)
+        else:
             return  # another drainer won the rename, or the file was quarantined
-        envelope = result.envelope
+        self._file_claim(source, envelope_id)
+
+    def _route(self, source: HubRoot, envelope: dict[str, Any]) -> None:
+        """Hand a claimed envelope to its target's ``inbox/``, or answer why not."""
+        envelope_id = envelope["id"]
         sender = f"@{envelope['from_handle']}@{source.name}"
         to = f"@{envelope['target_handle']}@{envelope['target_connection']}"
+        created = float(envelope["created_at"]) or None  # 0: a seed envelope without one (its age is the mtime's)
         target = self.by_name.get(envelope["target_connection"])
         if target is None:
             conn = envelope["target_connection"]
@@ -130,19 +192,19 @@ class HubActor(TypedActor):
             reply = rp.make_reply(envelope_id, error=text, reason="runtime_offline", now=time.time())
             self._reply(source, reply)
             self.counters["refused"] += 1
-            self._log(envelope_id, sender, to, reply, envelope["created_at"])
+            self._log(envelope_id, sender, to, reply, created)
             return
         try:
             post_to_inbox(target.paths, envelope, source.name)
             self.counters["drained"] += 1
-            self.handed[envelope_id] = (sender, to, float(envelope["created_at"]))
+            self.handed[envelope_id] = (sender, to, created or time.time())
             if len(self.handed) > HANDED_KEEP:
                 self.handed.popitem(last=False)
         except (StoreError, OSError, ValidationError) as exc:
             text = f"the relay could not hand the message to {target.name}: {exc}. It was NOT delivered."
             reply = rp.make_reply(envelope_id, error=text, reason="unknown", now=time.time())
             self._reply(source, reply)
-            self._log(envelope_id, sender, to, reply, envelope["created_at"])
+            self._log(envelope_id, sender, to, reply, created)
 
     @staticmethod
     def _log(envelope_id: str, sender: str, target: str, reply: dict[str, Any], created_at: float | None) -> None:

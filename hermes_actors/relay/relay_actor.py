@@ -32,6 +32,7 @@ from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import (
+    AttachRelay,
     DesktopDeliver,
     DesktopDrainOutbox,
     DesktopReply,
@@ -52,16 +53,21 @@ from hermes_actors.messages import (
 )
 from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
+from hermes_actors.relay.restart import recover_taken, scan_sent
+from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import (
     InboxPaths,
-    is_consumed,
+    clear_sent,
+    clear_started,
     mark_consumed,
+    record_sent,
     remove_heartbeat,
     write_delivered,
     write_heartbeat,
 )
+from hermes_actors.store.relay_shelf import Shelf
 
 __all__ = ["RelayActor", "reply_from_outcome"]
 
@@ -84,10 +90,6 @@ def reply_from_outcome(outcome: Any) -> dict[str, str]:
     return {"reply": "", "error": outcome.error, "reason": outcome.reason}
 
 
-def _label_of(envelope: dict[str, Any]) -> str:
-    return f"@{envelope.get('target_handle', '')} on {envelope.get('target_connection', '')}"
-
-
 class RelayActor(TypedActor):
     """Owns this root's relay files.
 
@@ -98,7 +100,8 @@ class RelayActor(TypedActor):
         roster: the RosterActor (hinted when ``roster.json`` changes).
         scheduler: timers.
         connection_id: this gateway's id for the heartbeat (None: unknown).
-        local_profiles: folder ids of this root (to resume only our own envelopes).
+        local_profiles: folder ids of this root (unused: which envelopes are ours is
+            recorded in ``sent/``, not guessed from ``from_profile``; kept for callers).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class RelayActor(TypedActor):
     ) -> None:
         super().__init__()
         self.paths = InboxPaths.from_root(root)
+        self.shelf = Shelf(self.paths.taken_parent)
         self.config = config
         self.dispatcher = dispatcher
         self.roster = roster
@@ -128,12 +132,31 @@ class RelayActor(TypedActor):
 
     def on_start(self) -> None:
         self.paths.ensure()
+        self.paths = self.paths.on_shelf(self.shelf.open())
+        self._recover_taken()
         self._resume()
         self.timers.every(HEARTBEAT_SECONDS, RelayTick())
         self._heartbeat()
 
     def on_stop(self) -> None:
         remove_heartbeat(self.paths)
+        self.shelf.close()
+
+    def _recover_taken(self) -> None:
+        """Envelopes a dead gateway on this root had taken: finish, answer ambiguous, or run them once."""
+        adopted = self.shelf.adopt()
+        if not (adopted.ids or adopted.legacy):
+            return
+        recovery = recover_taken(self.paths, adopted)
+        if recovery.rerun:  # the replies come back to us: make sure the Dispatcher knows where before it runs them
+            self.dispatcher.tell(AttachRelay(self.actor_ref))
+        for envelope, reply_connection in recovery.rerun:
+            self.counters["drained"] += 1
+            self.dispatcher.tell(RelayDeliver(envelope, reply_connection))
+        self.counters["quarantined"] += recovery.quarantined
+        logger.info("relay: adopted {} envelope(s) a stopped gateway had taken: {rerun} run now (never started), "
+                    "{ambiguous} answered ambiguous (may have run), {finished} already replied, "
+                    "{quarantined} quarantined", len(adopted.ids) + len(adopted.legacy), **recovery.counts())
 
     # ── sender side ─────────────────────────────────────────────────────────
 
@@ -148,9 +171,11 @@ class RelayActor(TypedActor):
             now=time.time(),
             extra={"hop": delivery.hop},
         )
-        try:
+        try:  # recorded as ours before it is queued: a restart resumes exactly what we sent
+            record_sent(self.paths, envelope["id"], route.label, now=envelope["created_at"])
             rf.enqueue_envelope(self.paths.relay, envelope)
         except (StoreError, ValidationError, OSError) as exc:
+            clear_sent(self.paths, envelope["id"])
             return {"error": f"Could not queue the message for {route.label}: {exc}. Nothing was sent.",
                     "reason": "unknown"}
         self._wait_for(envelope["id"], route.label, age=0.0)
@@ -163,34 +188,29 @@ class RelayActor(TypedActor):
 
     def _wait_for(self, envelope_id: str, label: str, *, age: float) -> None:
         timers = [self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id))]
-        if self.config.envelope_ttl_seconds > 0:
-            timers.append(self.timers.after(self.config.envelope_ttl_seconds - age, TtlDeadline(envelope_id)))
+        ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
+        if ttl > 0:
+            timers.append(self.timers.after(ttl - age, TtlDeadline(envelope_id)))
         self.waiting[envelope_id] = _Waiting(label, timers)
         self._check_reply(envelope_id)  # a reply may already be there (restart)
 
     def _resume(self) -> None:
-        """After a restart: wait again for replies to our envelopes still in flight."""
-        resumed: list[tuple[str, str]] = []
+        """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those)."""
+        scan = scan_sent(self.paths)
         now = time.time()
-        for directory in (self.paths.relay.outbox, self.paths.relay.claimed):
-            for envelope_id in rf.list_ids(directory):
-                if envelope_id in self.waiting or is_consumed(self.paths, envelope_id):
-                    continue
-                try:
-                    envelope = rf.read_envelope(directory / f"{envelope_id}.json")
-                except FileNotFoundError:
-                    continue
-                except ValidationError as exc:
-                    self._quarantine(directory / f"{envelope_id}.json", str(exc))
-                    continue
-                if self.local_profiles and envelope["from_profile"] not in self.local_profiles:
-                    continue
-                label = _label_of(envelope)
-                resumed.append((envelope_id, label))
-                self._wait_for(envelope_id, label, age=max(0.0, now - float(envelope["created_at"])))
+        resumed: list[tuple[str, str]] = []
+        for record in scan.ours:
+            if record.envelope_id not in self.waiting:
+                resumed.append((record.envelope_id, record.label))
+                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at))
+        self.counters["quarantined"] += scan.quarantined
         self.resumed = tuple(resumed)
+        if resumed or scan.not_ours or scan.quarantined:
+            logger.info("relay: resumed waiting for {} envelope(s) of ours after restart; left {} in outbox/ that "
+                        "this root did not record as sent by this gateway (a seed gateway's or forged: the Desktop "
+                        "or the hub deals with them); quarantined {} bad sent record(s)",
+                        len(resumed), scan.not_ours, scan.quarantined)
         if resumed:
-            logger.info("relay: resumed waiting for {} envelope(s) after restart", len(resumed))
             self.dispatcher.tell(RelayResumed(self.resumed))
 
     @handles(ResumeRelay)
@@ -229,6 +249,7 @@ class RelayActor(TypedActor):
             mark_consumed(self.paths, envelope_id, now=time.time())
         except (StoreError, OSError) as exc:
             logger.warning("relay: could not mark {} consumed: {}", envelope_id, exc)
+        clear_sent(self.paths, envelope_id)
 
     @handles(TtlDeadline)
     def _on_ttl(self, msg: TtlDeadline) -> None:
@@ -247,7 +268,7 @@ class RelayActor(TypedActor):
             handle, conn = envelope["target_handle"], envelope["target_connection"]
         except (OSError, ValidationError):
             handle, _, conn = entry.label.removeprefix("@").partition(" on ")
-        ttl = self.config.envelope_ttl_seconds
+        ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
         text = rp.expired_error_text(handle, conn, ttl)
         self.counters["expired"] += 1
         try:
@@ -290,6 +311,7 @@ class RelayActor(TypedActor):
     def _on_relay_outcome(self, msg: RelayOutcome) -> None:
         fields = reply_from_outcome(msg.outcome)
         if msg.reply_connection == DESKTOP_CALLER:  # delivered by the Desktop RPC: the call gets the reply
+            clear_started(self.paths, msg.outcome.delivery_id)
             for future in self.desktop_calls.pop(msg.outcome.delivery_id, []):
                 future.set(fields)
             return
@@ -302,6 +324,7 @@ class RelayActor(TypedActor):
         except (StoreError, OSError, ValidationError) as exc:
             logger.error("relay: could not write the reply of {}: {}", record["id"], exc)
             return
+        clear_started(self.paths, record["id"])  # the reply is on disk: a restart sees it as finished
         try:
             os.unlink(self.paths.taken / f"{record['id']}.json")
         except FileNotFoundError:
@@ -359,22 +382,9 @@ class RelayActor(TypedActor):
             self._check_reply(envelope_id)
         for envelope_id in rf.list_ids(self.paths.inbox):
             self._take(envelope_id)
-        self._quarantine_strays()
+        self.counters["quarantined"] += quarantine_strays(self.paths)
         if self.roster is not None:
             self.roster.tell(RemoteRosterHint())
-
-    def _quarantine_strays(self) -> None:
-        """Move files that are not ``<32 hex>.json`` (or are symlinks) out of the watched dirs."""
-        for directory in (self.paths.inbox, self.paths.relay.replies):
-            try:
-                entries = list(os.scandir(directory))
-            except OSError:
-                continue
-            for entry in entries:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_symlink() or id_of_file_name(entry.name) is None:
-                    self._quarantine(Path(entry.path), "not a <32 hex>.json regular file")
 
     def _quarantine(self, path: Path, why: str) -> None:
         self.counters["quarantined"] += 1
@@ -401,7 +411,7 @@ class RelayActor(TypedActor):
 
         self.last_housekeep = time.monotonic()
         removed = rf.sweep_stale(self.paths.relay, now=time.time())
-        for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken):
+        for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken, self.paths.started):
             removed += rf.sweep_directory(directory, time.time() - rp.STALE_AFTER_SECONDS)
         removed += cleanup_bot_dm_cache()
         if removed:

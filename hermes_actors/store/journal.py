@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from loguru import logger
@@ -37,10 +37,17 @@ from loguru import logger
 from hermes_actors.errors import StoreError
 from hermes_actors.store.atomic import ensure_private_dir
 
-__all__ = ["DeliveryState", "Journal", "JournalFolded", "fold_records", "parse_lines"]
+__all__ = ["DeliveryState", "Journal", "JournalFolded", "StartRecorder", "fold_records", "parse_lines"]
 
 MAX_LINE_BYTES = 1 << 20
 DurableCallback = Callable[[BaseException | None], object]
+
+
+class StartRecorder(Protocol):
+    """What a turn needs to record its start durably before it runs: a :class:`Journal`, or the
+    relay's ``TurnStartMarks`` for a turn that arrived through the file relay."""
+
+    def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None: ...
 
 
 @dataclass

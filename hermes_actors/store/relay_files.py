@@ -38,6 +38,7 @@ from hermes_actors.store.atomic import (
     ensure_private_dir,
     read_json_file,
 )
+from hermes_actors.store.relay_dirfd import rename_between
 from hermes_actors.store.relay_protocol import (
     CLAIMED,
     LOCKS,
@@ -239,16 +240,13 @@ def claim_envelope(paths: RelayPaths, envelope_id: str) -> Path | None:
 
     Raises:
         ValidationError: the id is invalid.
-        HostileFileError: the claimed directory is hostile.
+        HostileFileError: the outbox or claimed directory is hostile (a symlink now, not only at start).
         StoreError: the claimed directory could not be created.
         OSError: the rename failed for another reason than a missing source.
     """
-    source = paths.id_file(paths.outbox, envelope_id)
     claimed = paths.id_file(paths.claimed, envelope_id)
     ensure_private_dir(paths.claimed)
-    try:
-        os.rename(source, claimed)
-    except FileNotFoundError:
+    if not rename_between(paths.base, paths.outbox, paths.claimed, claimed.name):  # never through a swapped dir
         return None
     try:
         mode = os.lstat(claimed).st_mode

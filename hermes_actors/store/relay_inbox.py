@@ -8,6 +8,16 @@ processes on one machine our hub does the same through files:
     bot_relay/delivered/<id>.json  {id, at, reply, error, reason, reply_connection}; first wins
     bot_relay/consumed/<id>.json   sender side: this reply was reported (so a restart never reports twice)
     bot_relay/gateways/<pid>.json  {"pid", "connection_id", "at"}: each gateway process's heartbeat
+    bot_relay/started/<id>.json    {"id", "at"}: a relayed-in turn is about to run (written before it runs)
+    bot_relay/sent/<id>.json       {"id", "at", "label"}: this root's gateway queued envelope <id> (before the ack)
+    bot_relay/hubclaims/s-<token>/ the hub's claims between the outbox and the target's inbox
+
+``taken/`` holds one shelf per gateway process (``taken/s-<token>/<id>.json``, see
+:mod:`hermes_actors.store.relay_shelf`), so the envelopes of a gateway killed -9
+are adopted by the next one; ``started/`` tells the adopter which of them may have
+run. ``sent/`` is the sender side's record of its own envelopes: only those are
+resumed after a restart (an envelope a seed gateway queued on the same root, or a
+forged one, is never taken for ours).
 
 Same rules as the rest of the relay: 0600 files, 0700 dirs, temp files in
 ``tmp/``, ids validated before any path is built.
@@ -17,26 +27,37 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
+from hermes_actors.store.relay_dirfd import rename_between
 from hermes_actors.store.relay_files import RelayPaths
 from hermes_actors.store.relay_protocol import parse_envelope, parse_reply
+from hermes_actors.store.relay_shelf import find_on_shelves
 
 __all__ = [
     "HEARTBEAT_DIR",
     "InboxPaths",
+    "SentRecord",
+    "TurnStartMarks",
+    "already_posted",
+    "clear_sent",
+    "clear_started",
     "gateway_alive",
     "is_consumed",
+    "list_sent",
     "mark_consumed",
     "post_to_inbox",
     "read_delivered",
+    "record_sent",
     "remove_heartbeat",
     "take_from_inbox",
+    "was_started",
     "write_delivered",
     "write_heartbeat",
 ]
@@ -55,19 +76,29 @@ class InboxPaths:
     delivered: Path
     consumed: Path
     heartbeat: Path
+    started: Path
+    sent: Path
+    hubclaims: Path
+    taken_parent: Path  # ``taken`` is the process's own shelf once it has one; this stays ``bot_relay/taken``
 
     @classmethod
     def from_root(cls, root: Path | str) -> InboxPaths:
         relay = RelayPaths.from_root(root)
         base = relay.base
-        return cls(relay, base / "inbox", base / "taken", base / "delivered", base / "consumed", base / HEARTBEAT_DIR)
+        return cls(relay, base / "inbox", base / "taken", base / "delivered", base / "consumed", base / HEARTBEAT_DIR,
+                   base / "started", base / "sent", base / "hubclaims", base / "taken")
 
     def ensure(self) -> InboxPaths:
         """Create every directory (0700), refusing hostile ones."""
         self.relay.ensure()
-        for directory in (self.inbox, self.taken, self.delivered, self.consumed, self.heartbeat):
+        for directory in (self.inbox, self.taken_parent, self.delivered, self.consumed, self.heartbeat,
+                          self.started, self.sent, self.hubclaims):
             ensure_private_dir(directory)
         return self
+
+    def on_shelf(self, shelf: Path) -> InboxPaths:
+        """The same layout with ``taken`` pointing at this process's shelf."""
+        return replace(self, taken=shelf)
 
 
 def post_to_inbox(paths: InboxPaths, envelope: dict[str, Any], reply_connection: str) -> Path:
@@ -80,12 +111,42 @@ def post_to_inbox(paths: InboxPaths, envelope: dict[str, Any], reply_connection:
     return target
 
 
+def already_posted(source: InboxPaths, target: InboxPaths, envelope_id: str) -> bool:
+    """Whether an envelope claimed from ``source`` already reached ``target`` (hub restart).
+
+    The places are checked in the order an envelope moves through them (inbox →
+    a gateway's shelf → delivered → the sender's replies), each written before the
+    previous one is removed, so an envelope moving meanwhile is still seen.
+
+    Args:
+        source: the sender root's layout.
+        target: the target root's layout.
+        envelope_id: the envelope.
+
+    Returns:
+        True when it must not be posted again.
+    """
+    name = f"{validate_delivery_id(envelope_id, what='envelope id')}.json"
+    return (
+        os.path.lexists(target.inbox / name)
+        or find_on_shelves(target.taken_parent, name)
+        or os.path.lexists(target.delivered / name)
+        or os.path.lexists(source.relay.replies / name)
+    )
+
+
 def take_from_inbox(paths: InboxPaths, envelope_id: str) -> Path | None:
-    """Gateway side: claim an inbox envelope by rename; None when another taker won."""
-    source, taken = paths.relay.id_file(paths.inbox, envelope_id), paths.relay.id_file(paths.taken, envelope_id)
-    try:
-        os.rename(source, taken)
-    except FileNotFoundError:
+    """Gateway side: claim an inbox envelope by rename; None when another taker won.
+
+    The rename is done on directory descriptors opened without following symlinks,
+    so an ``inbox/`` (or ``taken/``) swapped for a symlink is refused, never followed.
+
+    Raises:
+        HostileFileError: a relay directory on the way is a symlink or not ours.
+        OSError: the rename failed for another reason.
+    """
+    taken = paths.relay.id_file(paths.taken, envelope_id)
+    if not rename_between(paths.relay.base, paths.inbox, paths.taken, taken.name):
         return None
     return taken
 
@@ -176,3 +237,117 @@ def gateway_alive(paths: InboxPaths, *, now: float | None = None) -> bool:
         if _beat_alive(beat, now):
             return True
     return False
+
+
+# ── relayed-in turns: the "started" mark ────────────────────────────────────
+
+
+def _write_mark(directory: Path, envelope_id: str, payload: dict[str, Any], *, tmp_dir: Path, fsync: bool) -> bool:
+    name = f"{validate_delivery_id(envelope_id, what='envelope id')}.json"
+    return create_exclusive_json(directory / name, payload, tmp_dir=tmp_dir, fsync=fsync)
+
+
+def was_started(paths: InboxPaths, envelope_id: str) -> bool:
+    """Whether a relayed-in turn for this envelope was about to run (it may have run)."""
+    return os.path.lexists(paths.relay.id_file(paths.started, envelope_id))
+
+
+def clear_started(paths: InboxPaths, envelope_id: str) -> None:
+    """Drop the mark once the envelope's reply is on disk."""
+    try:
+        os.unlink(paths.relay.id_file(paths.started, envelope_id))
+    except FileNotFoundError:
+        pass
+
+
+class TurnStartMarks:
+    """The journal-shaped recorder a ProfileActor hands to a relayed-in turn.
+
+    ``execute_turn`` calls ``append_durably({"t": "started", "id": …})`` before the
+    runner runs; here that writes (and fsyncs) ``started/<id>.json``, so a gateway
+    that adopts the envelope after a crash knows the turn may have run. Nothing is
+    written when the root has no ``started/`` directory (no file relay runs there).
+
+    Args:
+        root: the Hermes root.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.paths = InboxPaths.from_root(root)
+
+    def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
+        """Record a turn's start.
+
+        Args:
+            record: ``{"t": "started", "id": <envelope id>, ...}``; other kinds are ignored.
+            timeout: unused (the write is synchronous).
+
+        Raises:
+            StoreError: the mark could not be written (the turn must then not run).
+        """
+        if record.get("t") != "started" or not self.paths.started.is_dir():
+            return
+        envelope_id = str(record.get("id"))
+        _write_mark(self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
+                    tmp_dir=self.paths.relay.tmp, fsync=True)  # one fsync per turn, like the journal's "started"
+
+
+# ── sender side: the record of our own envelopes ────────────────────────────
+
+
+@dataclass(frozen=True)
+class SentRecord:
+    """One envelope this root's gateway queued and still waits a reply for."""
+
+    envelope_id: str
+    at: float
+    label: str
+
+
+def record_sent(paths: InboxPaths, envelope_id: str, label: str, *, now: float) -> None:
+    """Record (before the envelope is queued) that this envelope is ours.
+
+    Raises:
+        ValidationError: the id is invalid.
+        StoreError: the record could not be written (then nothing must be queued).
+    """
+    _write_mark(paths.sent, envelope_id, {"id": envelope_id, "at": int(now), "label": label},
+                tmp_dir=paths.relay.tmp, fsync=False)  # as durable as the envelope it precedes
+
+
+def clear_sent(paths: InboxPaths, envelope_id: str) -> None:
+    """Forget an envelope whose outcome was reported."""
+    try:
+        os.unlink(paths.relay.id_file(paths.sent, envelope_id))
+    except FileNotFoundError:
+        pass
+
+
+def list_sent(paths: InboxPaths) -> tuple[list[SentRecord], list[Path]]:
+    """The envelopes recorded as ours, and the files of ``sent/`` that are not valid records.
+
+    Returns:
+        ``(records, bad_files)``; bad files are for the caller to quarantine.
+    """
+    records: list[SentRecord] = []
+    bad: list[Path] = []
+    try:
+        names = sorted(os.listdir(paths.sent))
+    except OSError:
+        return [], []
+    for name in names:
+        path = paths.sent / name
+        stem = id_of_file_name(name) or ""
+        try:
+            data = read_json_file(path, max_bytes=4096)
+            if not isinstance(data, dict) or data.get("id") != stem or not isinstance(data.get("label"), str):
+                raise ValidationError(f"{name}: not a sent record")
+            at = data.get("at")
+            if isinstance(at, bool) or not isinstance(at, int | float):
+                raise ValidationError(f"{name}: 'at' is not a number")
+            records.append(SentRecord(stem, float(at), data["label"]))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValidationError):
+            bad.append(path)
+    return records, bad

@@ -75,7 +75,10 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
 
     Returns:
         A shallow copy of the envelope (unknown extra keys such as ``hop``
-        are kept; validating them is the reader's business).
+        are kept; validating them is the reader's business). A missing, null
+        or zero ``created_at`` is accepted as ``0`` (unknown: the seed uses the
+        file's mtime instead, and so does :func:`is_expired` given
+        ``fallback_created``).
 
     Raises:
         ValidationError: naming the first bad field.
@@ -83,8 +86,11 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValidationError(f"envelope is not a JSON object: {type(data).__name__}")
     validate_delivery_id(data.get("id"), what="envelope id", file_id=file_id)
-    if not _is_number(data.get("created_at")):
-        raise ValidationError(f"envelope field 'created_at' is not a number: {data.get('created_at')!r}")
+    created = data.get("created_at")
+    if not created:
+        created = 0  # missing, null, zero (any falsy value): the seed falls back to the file's mtime
+    elif not _is_number(created):
+        raise ValidationError(f"envelope field 'created_at' is not a number: {created!r}")
     for key in _ENVELOPE_NAME_FIELDS:
         value = data.get(key)
         if not isinstance(value, str) or not HANDLE_RE.match(value):
@@ -96,7 +102,7 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         raise ValidationError(
             f"envelope field 'message' is too long ({len(message)} > {MAX_ENVELOPE_MESSAGE_CHARS} chars)"
         )
-    return dict(data)
+    return {**data, "created_at": created}
 
 
 def make_envelope(
@@ -199,6 +205,22 @@ def parse_reply(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
             raise ValidationError(f"reply field {key!r} is not a string: {type(value).__name__}")
         out[key] = value or ""
     return out
+
+
+def seed_ttl(value: float) -> int:
+    """The TTL as the seed applies it: ``int()`` of the configured number.
+
+    ``bot_mode.envelope_ttl_seconds`` is shared with seed gateways on the same
+    root, and the seed reads it as ``int(val)``: 900.7 is 900 s and 0.5 is 0,
+    which disables expiry. We follow it so one config means one behaviour.
+
+    Args:
+        value: the configured ``envelope_ttl_seconds``.
+
+    Returns:
+        Whole seconds; ``<= 0`` disables expiry.
+    """
+    return int(value)
 
 
 def expired_error_text(handle: str, conn: str, ttl: float) -> str:

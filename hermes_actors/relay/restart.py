@@ -1,0 +1,170 @@
+"""What a starting RelayActor does with what the previous process left on this root.
+
+Drain side: the envelopes a dead gateway had taken (adopted from its shelf,
+:mod:`hermes_actors.store.relay_shelf`) are as durable as local deliveries:
+
+- a reply already in ``delivered/`` → the turn finished; the hub forwards that record;
+- a ``started/`` mark (or a legacy flat file, whose state nobody recorded) → the turn
+  may have run: an ``ambiguous`` reply is written back at once, it never runs twice;
+- otherwise → the turn never started: it is run now, once.
+
+Sender side: only the envelopes ``sent/`` records as ours are waited for again;
+anything else in ``outbox/`` or ``claimed/`` (a seed gateway's DM on the same
+root, or a forged file) is left for the Desktop or the hub and only counted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from loguru import logger
+
+from hermes_actors.core import outcomes
+from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_inbox import (
+    InboxPaths,
+    SentRecord,
+    clear_sent,
+    clear_started,
+    is_consumed,
+    list_sent,
+    read_inbox_envelope,
+    was_started,
+    write_delivered,
+)
+from hermes_actors.store.relay_shelf import Adopted
+
+__all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "taken_action"]
+
+TakenAction = Literal["finished", "ambiguous", "rerun"]
+
+AMBIGUOUS_WHY = "The receiving gateway stopped or crashed during the turn."
+
+
+def taken_action(*, replied: bool, started: bool, legacy: bool) -> TakenAction:
+    """Pure: the fate of one adopted envelope.
+
+    Args:
+        replied: its reply record is already in ``delivered/``.
+        started: a ``started/`` mark says its turn was about to run.
+        legacy: it came from a flat ``taken/`` file (no marks were kept then).
+
+    Returns:
+        ``"finished"`` (nothing to run, the reply is on its way), ``"ambiguous"``
+        (may have run: answer so, never run it again) or ``"rerun"`` (never started).
+    """
+    if replied:
+        return "finished"
+    if started or legacy:
+        return "ambiguous"
+    return "rerun"
+
+
+@dataclass
+class TakenRecovery:
+    """The adopted envelopes, sorted by fate."""
+
+    rerun: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (envelope, reply_connection)
+    ambiguous: int = 0
+    finished: int = 0
+    quarantined: int = 0
+
+    def counts(self) -> dict[str, int]:
+        return {"rerun": len(self.rerun), "ambiguous": self.ambiguous, "finished": self.finished,
+                "quarantined": self.quarantined}
+
+
+def recover_taken(paths: InboxPaths, adopted: Adopted, *, now: float | None = None) -> TakenRecovery:
+    """Act on the envelopes adopted onto our shelf (``paths.taken``).
+
+    Ambiguous replies are written to ``delivered/`` here; the never-started
+    envelopes are returned for the caller to run (they stay on our shelf).
+
+    Args:
+        paths: the relay layout, ``taken`` being our shelf.
+        adopted: what :meth:`Shelf.adopt` moved onto it.
+        now: the current time.
+
+    Returns:
+        The recovery, with the envelopes to run again.
+    """
+    result = TakenRecovery()
+    now = time.time() if now is None else now
+    legacy = set(adopted.legacy)
+    for envelope_id in (*adopted.ids, *adopted.legacy):
+        path = paths.taken / f"{envelope_id}.json"
+        try:
+            envelope, reply_connection = read_inbox_envelope(path)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValidationError) as exc:
+            rf.quarantine(paths.relay, path, str(exc))
+            result.quarantined += 1
+            continue
+        replied = os.path.lexists(paths.delivered / path.name)
+        action = taken_action(replied=replied, started=was_started(paths, envelope_id),
+                              legacy=envelope_id in legacy)
+        if action == "rerun":
+            result.rerun.append((envelope, reply_connection))
+            continue
+        if action == "ambiguous":
+            label = f"@{envelope['target_handle']}"
+            fields = outcomes.ambiguous(envelope_id, label, AMBIGUOUS_WHY)
+            record = rp.make_reply(envelope_id, error=fields.error, reason=fields.reason, now=now)
+            try:
+                write_delivered(paths, record, reply_connection)
+            except (StoreError, OSError, ValidationError) as exc:
+                logger.error("relay: could not write the ambiguous reply of {}: {}", envelope_id, exc)
+                continue  # it stays on our shelf: the next start tries again
+            result.ambiguous += 1
+        else:
+            result.finished += 1
+        clear_started(paths, envelope_id)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return result
+
+
+@dataclass
+class SentScan:
+    """The sender side at start."""
+
+    ours: list[SentRecord] = field(default_factory=list)  # still waiting for a reply
+    not_ours: int = 0  # envelopes waiting in outbox/ that sent/ does not record
+    quarantined: int = 0
+
+
+def scan_sent(paths: InboxPaths) -> SentScan:
+    """The envelopes to wait for again, from ``sent/`` only; count what is not ours.
+
+    An envelope whose reply was already reported (``consumed/``) is forgotten.
+    Invalid ``sent/`` records are quarantined. ``outbox/`` is only listed (names,
+    nothing read, nothing kept): a flood of forged files costs no memory.
+
+    Args:
+        paths: the relay layout.
+
+    Returns:
+        The scan.
+    """
+    records, bad = list_sent(paths)
+    scan = SentScan()
+    for path in bad:
+        rf.quarantine(paths.relay, path, "not a valid sent record")
+        scan.quarantined += 1
+    ours: set[str] = set()
+    for record in records:
+        if is_consumed(paths, record.envelope_id):
+            clear_sent(paths, record.envelope_id)
+            continue
+        scan.ours.append(record)
+        ours.add(record.envelope_id)
+    scan.not_ours = sum(1 for envelope_id in rf.list_ids(paths.relay.outbox) if envelope_id not in ours)
+    return scan

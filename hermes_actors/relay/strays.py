@@ -1,0 +1,54 @@
+"""The rescan's clean-up: relay directories swapped for symlinks, and stray files, moved aside."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from loguru import logger
+
+from hermes_actors.core.ids import id_of_file_name
+from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store.relay_inbox import InboxPaths
+
+__all__ = ["quarantine_strays"]
+
+
+def quarantine_strays(paths: InboxPaths) -> int:
+    """Quarantine relay directories replaced by symlinks (then recreate them) and stray files.
+
+    Every use of a relay directory already refuses a symlink (renames go through
+    ``O_NOFOLLOW`` directory descriptors, writes check the parent); this puts a real
+    directory back. In ``inbox/`` and ``replies/``, files that are not ``<32 hex>.json``
+    or are symlinks are moved aside too.
+
+    Args:
+        paths: the relay layout.
+
+    Returns:
+        How many entries were quarantined.
+    """
+    moved = 0
+    swapped = [d for d in (paths.inbox, paths.relay.replies, paths.relay.outbox, paths.relay.claimed,
+                           paths.delivered, paths.taken_parent, paths.started, paths.sent) if os.path.islink(d)]
+    for directory in swapped:
+        moved += 1
+        rf.quarantine(paths.relay, directory, "a relay directory was replaced by a symlink")
+    if swapped:
+        try:
+            paths.ensure()
+        except (StoreError, ValidationError) as exc:
+            logger.error("relay: could not recreate the relay directories: {}", exc)
+    for directory in (paths.inbox, paths.relay.replies):
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_symlink() or id_of_file_name(entry.name) is None:
+                moved += 1
+                rf.quarantine(paths.relay, Path(entry.path), "not a <32 hex>.json regular file")
+    return moved

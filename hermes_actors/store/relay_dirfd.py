@@ -1,0 +1,94 @@
+"""Moving relay files between relay directories without following a swapped directory.
+
+A path like ``bot_relay/inbox/<id>.json`` follows every symlink on the way, so an
+``inbox`` swapped for a symlink at runtime would let ``rename`` move a file in from
+anywhere. Here both directories are opened relative to the ``bot_relay`` directory
+with ``O_DIRECTORY | O_NOFOLLOW``, checked to be ours, and the rename is done on
+those descriptors: a directory that is a symlink (now, not at start) is refused.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from hermes_actors.errors import HostileFileError
+
+__all__ = ["open_relay_dir", "rename_between"]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_checked(path: Path | str, *, dir_fd: int | None = None, shown: Path) -> int:
+    try:
+        fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise HostileFileError(f"{shown} is a symlink or not a directory; refusing to use it") from exc
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        os.close(fd)
+        raise HostileFileError(f"{shown} is owned by uid {info.st_uid}, expected {os.getuid()}")
+    return fd
+
+
+def open_relay_dir(base: Path, relative: str) -> int:
+    """Open ``base/relative`` as a directory without following a symlink at any step below ``base``.
+
+    Args:
+        base: the ``bot_relay`` directory (itself refused when it is a symlink).
+        relative: a path inside it (``"inbox"``, ``"taken/s-…"``).
+
+    Returns:
+        A directory descriptor (the caller closes it).
+
+    Raises:
+        HostileFileError: a step is a symlink, not a directory, or not ours.
+        FileNotFoundError: a step does not exist.
+    """
+    fd = _open_checked(base, shown=base)
+    shown = base
+    try:
+        for part in Path(relative).parts:
+            shown = shown / part
+            child = _open_checked(part, dir_fd=fd, shown=shown)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def rename_between(base: Path, source_dir: Path, target_dir: Path, name: str) -> bool:
+    """Rename ``source_dir/name`` to ``target_dir/name``, both directories inside ``base``.
+
+    Args:
+        base: the ``bot_relay`` directory.
+        source_dir: where the file is (inside ``base``).
+        target_dir: where it goes (inside ``base``).
+        name: the file name (one component).
+
+    Returns:
+        True when this call moved the file; False when the source was gone
+        (another claimer won the rename).
+
+    Raises:
+        HostileFileError: a directory on the way is a symlink or not ours.
+        OSError: the rename failed for another reason.
+    """
+    src = open_relay_dir(base, str(source_dir.relative_to(base)))
+    try:
+        dst = open_relay_dir(base, str(target_dir.relative_to(base)))
+        try:
+            os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return True

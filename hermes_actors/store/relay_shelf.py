@@ -1,0 +1,183 @@
+"""Per-process shelves: where one process keeps the relay envelopes it holds, so a successor can adopt them.
+
+A gateway takes envelopes from ``inbox/`` into ``taken/s-<token>/``; the hub claims
+envelopes from an ``outbox/`` into ``hubclaims/s-<token>/``. Each shelf directory
+holds a ``.lock`` file that its process keeps under an exclusive ``flock`` for its
+whole life, so a shelf whose lock can be taken belongs to a dead process (killed
+-9 included: the kernel drops the flock with the process) and its envelopes are
+adopted by the next process that starts on the same root. A living process's
+shelf is never touched.
+
+A shelf's lock file is created under another name and locked before it is
+renamed to ``.lock``, and an adopter skips a shelf without ``.lock``, so no
+process can adopt (and remove) a shelf being born. (The directory itself is not
+renamed in: a directory moved into a watched tree makes watchdog re-register it.)
+Flat ``<id>.json`` files directly in the parent (written by versions without
+shelves) are adopted too, flagged ``legacy`` because nothing says whether their
+turn started.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+from hermes_actors.core.ids import id_of_file_name
+from hermes_actors.errors import StoreError
+from hermes_actors.store.atomic import ensure_private_dir
+
+__all__ = ["Adopted", "Shelf", "find_on_shelves"]
+
+LOCK_NAME = ".lock"
+SHELF_PREFIX = "s-"
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """Envelope ids moved onto our shelf at start."""
+
+    ids: tuple[str, ...] = ()
+    legacy: tuple[str, ...] = ()  # from flat files of an older version: their turn state is unknown
+    shelves: int = 0  # dead shelves emptied
+
+
+class Shelf:
+    """One process's shelf under ``parent`` (``bot_relay/taken`` or ``bot_relay/hubclaims``).
+
+    Args:
+        parent: the directory holding every process's shelf.
+    """
+
+    def __init__(self, parent: Path) -> None:
+        self.parent = parent
+        self.path = parent / f"{SHELF_PREFIX}{uuid.uuid4().hex}"
+        self._fd: int | None = None
+
+    def open(self) -> Path:
+        """Create and lock our shelf.
+
+        Returns:
+            The shelf directory.
+
+        Raises:
+            HostileFileError: ``parent`` is a symlink or not ours.
+            StoreError: the shelf could not be created or locked.
+        """
+        ensure_private_dir(self.parent)
+        fresh = self.path / f"{LOCK_NAME}.new"
+        try:
+            os.mkdir(self.path, 0o700)
+            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StoreError(exc.errno, f"cannot create the shelf {self.path}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(fresh, self.path / LOCK_NAME)  # adopters open only ``.lock``: it is locked from birth
+        except OSError as exc:
+            os.close(fd)
+            raise StoreError(exc.errno, f"cannot lock the shelf {self.path}: {exc.strerror}") from exc
+        self._fd = fd
+        return self.path
+
+    def adopt(self) -> Adopted:
+        """Move the envelopes of dead processes' shelves (and legacy flat files) onto ours.
+
+        Returns:
+            What was adopted. A shelf whose process still runs is left alone.
+        """
+        ids: list[str] = []
+        legacy: list[str] = []
+        emptied = 0
+        try:
+            names = sorted(os.listdir(self.parent))
+        except OSError as exc:
+            logger.warning("cannot list {}: {}", self.parent, exc)
+            return Adopted()
+        for name in names:
+            entry = self.parent / name
+            if name.startswith(SHELF_PREFIX) and entry != self.path:
+                moved = self._adopt_shelf(entry)
+                if moved is not None:
+                    ids += moved
+                    emptied += 1
+            elif id_of_file_name(name) is not None and self._move(entry, name):
+                legacy.append(name[:-5])
+        return Adopted(tuple(ids), tuple(legacy), emptied)
+
+    def _adopt_shelf(self, shelf: Path) -> list[str] | None:
+        try:
+            if not stat.S_ISDIR(os.lstat(shelf).st_mode):
+                return None
+            fd = os.open(shelf / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None  # its process lives
+            info = os.fstat(fd)
+            if info.st_nlink == 0 or info.st_uid != os.getuid():
+                return None  # adopted by another process meanwhile, or not ours
+            moved = [name[:-5] for name in sorted(os.listdir(shelf))
+                     if id_of_file_name(name) is not None and self._move(shelf / name, name)]
+            for leftover in os.listdir(shelf):
+                if leftover != LOCK_NAME:
+                    logger.warning("dead shelf {} holds a stray entry {!r}; left in place", shelf, leftover)
+                    return moved
+            os.unlink(shelf / LOCK_NAME)
+            os.rmdir(shelf)
+            return moved
+        except OSError as exc:
+            logger.warning("could not adopt the shelf {}: {}", shelf, exc)
+            return None
+        finally:
+            os.close(fd)
+
+    def _move(self, source: Path, name: str) -> bool:
+        try:
+            if not stat.S_ISREG(os.lstat(source).st_mode):
+                return False  # the caller's quarantine deals with it at read time: we only move regular files
+            os.rename(source, self.path / name)
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Release the lock; remove the shelf when it is empty (otherwise the next start adopts it)."""
+        if self._fd is None:
+            return
+        try:
+            if os.listdir(self.path) == [LOCK_NAME]:
+                os.unlink(self.path / LOCK_NAME)
+                os.rmdir(self.path)
+        except OSError as exc:
+            logger.warning("could not remove the shelf {}: {}", self.path, exc)
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+
+def find_on_shelves(parent: Path, file_name: str) -> bool:
+    """Whether ``file_name`` is on any shelf under ``parent`` (or flat in it).
+
+    Args:
+        parent: ``bot_relay/taken`` or ``bot_relay/hubclaims``.
+        file_name: ``<id>.json``.
+
+    Returns:
+        True when some process holds that envelope.
+    """
+    if os.path.lexists(parent / file_name):
+        return True
+    try:
+        shelves = [n for n in os.listdir(parent) if n.startswith(SHELF_PREFIX)]
+    except OSError:
+        return False
+    return any(os.path.lexists(parent / shelf / file_name) for shelf in shelves)

@@ -1,0 +1,318 @@
+"""issue 14: nothing stranded when the receiving gateway or the hub dies; the seed on the same root left alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
+from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.errors import HostileFileError
+from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope
+from hermes_actors.relay.restart import taken_action
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_inbox import InboxPaths, take_from_inbox
+from hermes_actors.store.relay_shelf import LOCK_NAME, Shelf
+
+
+def _dead_shelf(parent: Path) -> Path:
+    """A shelf as a gateway killed -9 leaves it: the lock file is there, nobody holds its flock."""
+    shelf = parent / f"s-{uuid.uuid4().hex}"
+    shelf.mkdir(parents=True, mode=0o700)
+    (shelf / LOCK_NAME).touch(mode=0o600)
+    return shelf
+
+
+def _write(path: Path, payload: Any) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(payload, f)
+
+
+def _inbound(target_profile: str, message: str = "hello") -> dict[str, Any]:
+    return {**seed_envelope(target_connection="mini", target_profile=target_profile, message=message),
+            "reply_connection": "alpha"}
+
+
+def _delivered(root: Path, envelope_id: str) -> dict[str, Any] | None:
+    path = root / "bot_relay" / "delivered" / f"{envelope_id}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+# ── item 1: the receiving gateway's taken envelopes ─────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("replied", "started", "legacy", "expected"),
+    [
+        (False, False, False, "rerun"),  # never started: run it now, once
+        (False, True, False, "ambiguous"),  # may have run: never run twice
+        (False, False, True, "ambiguous"),  # a flat file of an older version: nothing recorded its state
+        (True, True, False, "finished"),  # its reply is on disk: the hub forwards it
+        (True, False, True, "finished"),
+    ],
+)
+def test_taken_action(replied: bool, started: bool, legacy: bool, expected: str) -> None:
+    assert taken_action(replied=replied, started=started, legacy=legacy) == expected
+
+
+def test_a_restarted_gateway_runs_never_started_envelopes_once_and_answers_the_others_at_once(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini).ensure()
+    dead = _dead_shelf(paths.taken_parent)
+    never, midturn, finished, legacy = (_inbound("moxie", f"m{i}") for i in range(4))
+    for env in (never, midturn, finished):
+        _write(dead / f"{env['id']}.json", env)
+    _write(paths.taken_parent / f"{legacy['id']}.json", legacy)  # taken by a version without shelves
+    _write(paths.started / f"{midturn['id']}.json", {"id": midturn["id"], "at": int(time.time())})
+    done = rp.make_reply(finished["id"], reply="the real answer", now=time.time())
+    _write(paths.delivered / f"{finished['id']}.json", {**done, "reply_connection": "alpha"})
+    # A living gateway's shelf (its flock is held) is never touched.
+    alive = Shelf(paths.taken_parent)
+    alive_dir = alive.open()
+    other = _inbound("moxie", "someone else's")
+    _write(alive_dir / f"{other['id']}.json", other)
+    rec = RecordingRunner()
+    try:
+        start_gateway(gateways, mini, rec, connection_id="mini")
+        await_condition(lambda: _delivered(mini, never["id"]) is not None, timeout=10, message="never-run replied")
+        assert [t.delivery_id for t in rec.entered] == [never["id"]]  # only the never-started one ran
+        assert _delivered(mini, never["id"])["reply"] == "ok: m0"  # type: ignore[index]
+        for env in (midturn, legacy):
+            record = _delivered(mini, env["id"])
+            assert record is not None and record["reply"] == "" and "may have been delivered" in record["error"]
+            assert record["reply_connection"] == "alpha"
+        assert _delivered(mini, finished["id"]) == {**done, "reply_connection": "alpha"}  # untouched
+        assert not dead.exists()  # the dead shelf was emptied and removed
+        assert not (paths.taken_parent / f"{legacy['id']}.json").exists()
+        assert os.listdir(paths.started) == []  # every mark cleared once its reply was on disk
+        assert sorted(os.listdir(alive_dir)) == sorted([LOCK_NAME, f"{other['id']}.json"])
+    finally:
+        alive.close()
+
+
+def test_a_relayed_in_turn_is_marked_started_before_it_runs_and_unmarked_once_replied(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    seen: list[bool] = []
+    started_dir = mini / "bot_relay" / "started"
+
+    def runner(turn: Any) -> str:
+        seen.append((started_dir / f"{turn.delivery_id}.json").exists())
+        return "fine"
+
+    start_gateway(gateways, mini, runner, connection_id="mini")
+    env = seed_envelope(target_connection="mini", target_profile="moxie")
+    post_to_inbox(InboxPaths.from_root(mini), env, "alpha")
+    await_condition(lambda: _delivered(mini, env["id"]) is not None, timeout=10, message="the reply")
+    assert seen == [True]
+    assert os.listdir(started_dir) == []
+
+
+# ── item 2: the hub killed between its claim and the inbox post ─────────────
+
+
+def test_a_hub_finishes_the_claims_a_killed_hub_left_and_never_posts_one_twice(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    source = InboxPaths.from_root(alpha).ensure()
+    dead = _dead_shelf(source.hubclaims)
+    unposted = seed_envelope(target_connection="mini", target_profile="moxie", message="not posted yet")
+    posted = seed_envelope(target_connection="mini", target_profile="moxie", message="already answered")
+    for env in (unposted, posted):
+        _write(dead / f"{env['id']}.json", env)
+    answered = rp.make_reply(posted["id"], reply="answered before the crash", now=time.time())
+    rf.write_reply(source.relay, answered)  # the dead hub had posted it and forwarded the reply
+    rec = RecordingRunner()
+    start_gateway(gateways, mini, rec, connection_id="mini")
+    with hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition(lambda: rf.read_reply(source.relay, unposted["id"]) is not None, timeout=15,
+                        message="the unposted claim delivered and answered")
+        await_condition(lambda: not dead.exists(), timeout=10, message="the dead shelf emptied")
+    assert [t.delivery_id for t in rec.entered] == [unposted["id"]]
+    assert rf.read_reply(source.relay, unposted["id"])["reply"] == "ok: not posted yet"  # type: ignore[index]
+    assert rf.read_reply(source.relay, posted["id"]) == answered
+    assert sorted(rf.list_ids(source.relay.claimed)) == sorted([unposted["id"], posted["id"]])
+
+
+# ── item 3 and the done-when: a seed gateway's DMs on the same root ─────────
+
+
+def test_a_seed_senders_envelopes_on_our_root_are_left_to_the_desktop_and_never_reach_our_subscribers(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    alpha = make_root(tmp_path, {"alice": {}, "bob": {}}, name="alpha",
+                      config={"bot_mode": {"envelope_ttl_seconds": 60}})
+    write_roster_file(alpha, [remote_row("moxie", "mini", online=True)])
+    outbox, replies = alpha / "bot_relay" / "outbox", alpha / "bot_relay" / "replies"
+    # A seed gateway on this root queued two DMs from our local alice (the seed's way: mkstemp + replace):
+    # one old enough to be past the TTL, one the Desktop already answered.
+    stale = seed_envelope(target_connection="mini", target_profile="moxie", created_at=time.time() - 3600)
+    answered = seed_envelope(target_connection="mini", target_profile="moxie")
+    for env in (stale, answered):
+        seed_write_json(outbox / f"{env['id']}.json", env, prefix=".env-")
+    seed_reply = rp.make_reply(answered["id"], reply="for the seed gateway", now=time.time())
+    seed_write_json(replies / f"{answered['id']}.json", seed_reply)
+    seen: list[dict[str, Any]] = []
+    ours_seen = threading.Event()
+    gw = Gateway(alpha, runner=RecordingRunner(), connection_id="alpha")
+    gw.subscribe(lambda record: (seen.append(record), ours_seen.set()))
+    gateways.append(gw.start())
+    assert gw.stats()["relay"]["waiting"] == 0  # nothing of the seed's is waited for
+    ours = send_dm(gw, "ours", target="bob")  # a flush: everything told at start was notified before it
+    assert ours_seen.wait(10)
+    gw.wait_outcome(ours, timeout=10)
+    assert [r["delivery_id"] for r in seen] == [ours]
+    assert sorted(rf.list_ids(outbox)) == sorted([stale["id"], answered["id"]])  # left for the Desktop
+    assert rf.read_reply(rf.RelayPaths.from_root(alpha), stale["id"]) is None  # we did not expire it
+    assert rf.read_reply(rf.RelayPaths.from_root(alpha), answered["id"]) == seed_reply
+
+
+# ── item 7: a forged outbox flood ───────────────────────────────────────────
+
+
+def test_a_forged_outbox_flood_is_not_resumed_and_is_counted_in_one_log_line(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    outbox = alpha / "bot_relay" / "outbox"
+    outbox.mkdir(parents=True, mode=0o700)
+    for _ in range(20_000):
+        env = seed_envelope(target_connection="mini", target_profile="moxie")
+        _write(outbox / f"{env['id']}.json", env)
+    bad_sent = alpha / "bot_relay" / "sent"
+    bad_sent.mkdir(mode=0o700)
+    forged_record = uuid.uuid4().hex
+    _write(bad_sent / f"{forged_record}.json", {"id": "not-this-one", "at": 1, "label": "x"})
+    with LogCapture("INFO") as logs:
+        gw = start_gateway(gateways, alpha, connection_id="alpha")
+        relay = gw.stats()["relay"]
+    assert relay["waiting"] == 0
+    lines = [line for line in logs.lines if "in outbox/ that this root did not record as sent" in line]
+    assert len(lines) == 1 and "left 20000 in outbox/" in lines[0] and "quarantined 1 bad sent" in lines[0], lines
+    assert len(rf.list_ids(outbox)) == 20_000  # left alone: a Desktop or hub deals with them
+    assert not (bad_sent / f"{forged_record}.json").exists()
+
+
+def test_our_own_envelopes_are_resumed_from_the_sent_record_after_a_restart(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    write_roster_file(alpha, [remote_row("moxie", "mini", online=True)])
+    with Gateway(alpha, runner=RecordingRunner(), connection_id="alpha") as gw:
+        sent = gw.message_agent(sender="alice", target="moxie", message="still waiting?")["delivery_id"]
+    gw = start_gateway(gateways, alpha, connection_id="alpha")
+    assert gw.stats()["relay"]["waiting"] == 1
+    rf.write_reply(rf.RelayPaths.from_root(alpha), rp.make_reply(sent, reply="late but here", now=time.time()))
+    assert gw.wait_outcome(sent, timeout=10)["reply"] == "late but here"
+    await_condition(lambda: not (alpha / "bot_relay" / "sent" / f"{sent}.json").exists(), timeout=10,
+                    message="the sent record dropped once reported")
+
+
+# ── item 4: seed timestamps ─────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("created", ["missing", None, 0])
+@pytest.mark.parametrize(("mtime_age", "expected"), [(5000, Expired), (0, ToDeliver)])
+def test_an_envelope_without_created_at_is_aged_from_its_file_mtime_like_the_seed(
+    tmp_path: Path, created: Any, mtime_age: float, expected: type
+) -> None:
+    paths = InboxPaths.from_root(tmp_path).ensure()
+    env = seed_envelope(target_connection="mini", target_profile="moxie")
+    if created == "missing":
+        del env["created_at"]
+    else:
+        env["created_at"] = created
+    path = paths.relay.outbox / f"{env['id']}.json"
+    _write(path, env)
+    then = time.time() - mtime_age
+    os.utime(path, (then, then))
+    result = drain_envelope(paths, "outbox", env["id"], ttl=900, now=time.time())
+    assert isinstance(result, expected), result
+    assert not isinstance(result, Quarantined)
+
+
+def test_a_fractional_ttl_is_applied_as_the_seed_applies_it() -> None:
+    assert rp.seed_ttl(0.5) == 0  # 0.5 disables expiry, as in the seed
+    assert rp.seed_ttl(900.7) == 900
+
+
+def test_a_half_second_ttl_never_expires_an_envelope_like_the_seed(tmp_path: Path) -> None:
+    paths = InboxPaths.from_root(tmp_path).ensure()
+    env = seed_envelope(target_connection="mini", target_profile="moxie", created_at=time.time() - 5000)
+    _write(paths.relay.outbox / f"{env['id']}.json", env)
+    assert isinstance(drain_envelope(paths, "outbox", env["id"], ttl=0.5, now=time.time()), ToDeliver)
+
+
+# ── item 6: relay directories swapped for symlinks at runtime ───────────────
+
+
+def test_take_from_inbox_refuses_an_inbox_swapped_for_a_symlink(tmp_path: Path) -> None:
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    env = _inbound("moxie")
+    _write(outside / f"{env['id']}.json", env)
+    paths.inbox.rmdir()
+    paths.inbox.symlink_to(outside)
+    with pytest.raises(HostileFileError, match="symlink"):
+        take_from_inbox(paths, env["id"])
+    assert (outside / f"{env['id']}.json").exists()
+    assert os.listdir(paths.taken) == []
+
+
+def test_claim_envelope_refuses_an_outbox_swapped_for_a_symlink(tmp_path: Path) -> None:
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    env = seed_envelope(target_connection="mini", target_profile="moxie")
+    _write(outside / f"{env['id']}.json", env)
+    paths.relay.outbox.rmdir()
+    paths.relay.outbox.symlink_to(outside)
+    with pytest.raises(HostileFileError, match="symlink"):
+        rf.claim_envelope(paths.relay, env["id"])
+    assert (outside / f"{env['id']}.json").exists()
+
+
+def test_a_running_gateway_never_follows_an_inbox_swapped_for_a_symlink(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    rec = RecordingRunner()
+    start_gateway(gateways, mini, rec, connection_id="mini", config={"bot_mode": {"rescan_seconds": 0.2}})
+    paths = InboxPaths.from_root(mini)
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    planted = _inbound("moxie", "from outside the root")
+    _write(outside / f"{planted['id']}.json", planted)
+    paths.inbox.rmdir()
+    paths.inbox.symlink_to(outside)
+    # A rescan takes from inbox/ first, then puts a real directory back: once it is back, the take was refused.
+    await_condition(lambda: paths.inbox.is_dir() and not paths.inbox.is_symlink(), timeout=15,
+                    message="inbox/ restored as a real directory")
+    assert rec.entered == []
+    assert (outside / f"{planted['id']}.json").exists()
+    # The relay keeps working.
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    fresh = seed_envelope(target_connection="mini", target_profile="moxie", message="legit")
+    post_to_inbox(paths, fresh, "alpha")
+    await_condition(lambda: _delivered(mini, fresh["id"]) is not None, timeout=10, message="the legit one replied")
+    assert [t.delivery_id for t in rec.entered] == [fresh["id"]]
