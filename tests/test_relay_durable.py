@@ -316,3 +316,16 @@ def test_a_running_gateway_never_follows_an_inbox_swapped_for_a_symlink(
     post_to_inbox(paths, fresh, "alpha")
     await_condition(lambda: _delivered(mini, fresh["id"]) is not None, timeout=10, message="the legit one replied")
     assert [t.delivery_id for t in rec.entered] == [fresh["id"]]
+
+
+def test_starting_a_gateway_makes_no_watchdog_warning(tmp_path: Path) -> None:
+    """The relay's directories and shelf exist before the recursive watch starts (the demo's stray stderr line)."""
+    import warnings
+
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):  # each start makes a new shelf under taken/
+            with Gateway(root, runner=RecordingRunner(), durable=False) as gw:
+                assert gw.wait_outcome(send_dm(gw, "hi"), timeout=20)["status"] == "replied"
+    assert [str(w.message)[:120] for w in caught if issubclass(w.category, RuntimeWarning)] == []

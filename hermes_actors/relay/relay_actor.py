@@ -118,6 +118,10 @@ class RelayActor(TypedActor):
         super().__init__()
         self.paths = InboxPaths.from_root(root)
         self.shelf = Shelf(self.paths.taken_parent)
+        # Here, on the starting thread, not in on_start: the directories exist before the Gateway starts its
+        # recursive watch (a directory created while watchdog walks the tree makes it warn on stderr).
+        self.paths.ensure()
+        self.paths = self.paths.on_shelf(self.shelf.open())
         self.config = config
         self.dispatcher = dispatcher
         self.roster = roster
@@ -131,8 +135,6 @@ class RelayActor(TypedActor):
         self.last_housekeep = time.monotonic()
 
     def on_start(self) -> None:
-        self.paths.ensure()
-        self.paths = self.paths.on_shelf(self.shelf.open())
         self._recover_taken()
         self._resume()
         self.timers.every(HEARTBEAT_SECONDS, RelayTick())
