@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +37,18 @@ def emit(event: str, **fields: Any) -> None:
 def main(root: Path, command: str, args: list[str]) -> None:
     if command == "run":
         kill_at = args[0]
+        acked = threading.Event()  # the first member's turn may start before room_send returns
 
         def reply(turn: Turn) -> str:
             if turn.profile == kill_at:
+                acked.wait(timeout=60)  # the parent must see the ack line before we die
                 os.kill(os.getpid(), signal.SIGKILL)
             return f"{turn.profile} speaks"
 
         gw = Gateway(root, runner=TurnLog(root / "turns.log", reply)).start()
         gw.create_room("crash", ["alice", "bob", "carol"])
         emit("ack", **gw.room_send("crash", "user", "Everyone, report in."))
+        acked.set()
         emit("idle", state=gw.wait_room_idle("crash", timeout=20))
         gw.stop()
         return
