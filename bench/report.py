@@ -97,9 +97,74 @@ def _metrics_text(m: dict[str, Any]) -> str:
             f"{_num(m['throughput_per_s'])}/s")
 
 
-def _extra_lines(result: dict[str, Any]) -> list[str]:
-    """Skipped scenarios, sub-metrics (``ours.<variant>`` dicts) and journal counters, one line each."""
+def _floor_cpu(result: dict[str, Any]) -> float | None:
+    value = (result.get("floors") or {}).get("pykka_ask_cpu_us")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def _cpu_lines(result: dict[str, Any]) -> list[str]:
+    """The floor, and CPU per DM of every side that measured it (as a multiple of the floor for ours)."""
+    floors = result.get("floors") or {}
+    floor = _floor_cpu(result)
     out = []
+    if floor is not None:
+        samples = floors.get("samples_cpu_us") or []
+        wall, asks = _num(floors.get("pykka_ask_wall_us")), _num(floors.get("pykka_ask_n"))
+        out.append(f"floor: one pykka ask round trip costs {_num(floor)} µs of CPU ({wall} µs wall; {asks} asks, "
+                   "lowest of "
+                   f"{', '.join(_num(v) for v in samples)} µs measured before and after the scenarios)")
+    for name, entry in result["scenarios"].items():
+        for side in ("ours", "baseline"):
+            block = entry.get(side) or {}
+            cpu = block.get("cpu_per_dm_us")
+            if cpu is None:
+                continue
+            text = f"{name}, {side}: {_num(cpu)} µs CPU per DM in this process"
+            if block.get("cpu_per_dm_us_with_children") is not None:
+                text += f", {_num(block['cpu_per_dm_us_with_children'])} µs with the turn processes"
+            if side == "ours" and floor is not None:
+                text += f" = {cpu / floor:.2f}× one pykka ask"
+            out.append(text)
+    return out
+
+
+def _special_lines(result: dict[str, Any]) -> list[str]:
+    """The scale comparison, the sustained run's memory and the real-turn overhead ratio."""
+    out = []
+    scale = (result["scenarios"].get("scale") or {}).get("ours") or {}
+    fewer = scale.get("fewer_active") or {}
+    if fewer and scale.get("throughput_vs_fewer") is not None:
+        out.append(
+            f"scale: {_num(scale.get('active_profiles'))} active profiles ran at "
+            f"{_num(scale['throughput_per_s'])}/s, {_num(fewer.get('active_profiles'))} active at "
+            f"{_num(fewer['throughput_per_s'])}/s: {scale['throughput_vs_fewer']:.2f}× "
+            f"(peak threads {_num(scale.get('threads'))} vs {_num(fewer.get('threads'))}, "
+            f"peak RSS {_num(scale.get('rss_mb'), 1)} vs {_num(fewer.get('rss_mb'), 1)} MB)"
+        )
+    held = (result["scenarios"].get("sustained") or {}).get("ours") or {}
+    if held.get("rss_start_mb") is not None:
+        out.append(
+            f"sustained: {_num(held.get('target_rate_per_s'))}/s for {_num(held.get('duration_s'))} s "
+            f"({_num(held['n'])} DMs, achieved {_num(held['throughput_per_s'])}/s): RSS start "
+            f"{_num(held['rss_start_mb'], 1)} MB, mid {_num(held.get('rss_mid_mb'), 1)} MB, peak "
+            f"{_num(held['rss_peak_mb'], 1)} MB, end {_num(held['rss_end_mb'], 1)} MB; timers "
+            f"{_num(held.get('timers_start'))} at start, {_num(held.get('timers_end'))} at the end"
+        )
+    real = result["scenarios"].get("hermes-roundtrip") or {}
+    ours, base = real.get("ours") or {}, real.get("baseline") or {}
+    if ours.get("overhead_vs_seed") is not None:
+        out.append(
+            f"hermes-roundtrip: DM round trip (bob's turn + alice's wake-up) p50 {_num(ours['p50_ms'])} ms "
+            f"with warm turns vs {_num(base.get('p50_ms'))} ms for the seed's process per turn: "
+            f"ours = {ours['overhead_vs_seed']:.3f}× the seed's overhead; bob's turn reached the model after "
+            f"{_num(ours.get('bob_turn_p50_ms'))} ms vs {_num(base.get('bob_turn_p50_ms'))} ms"
+        )
+    return out
+
+
+def _extra_lines(result: dict[str, Any]) -> list[str]:
+    """Skipped scenarios, sub-metrics (``ours.<variant>`` dicts), journal counters, CPU, memory; one line each."""
+    out = _cpu_lines(result) + _special_lines(result)
     for name, entry in result["scenarios"].items():
         if entry.get("skipped"):
             out.append(f"{name}: skipped — {entry['skipped']}")
@@ -112,7 +177,8 @@ def _extra_lines(result: dict[str, Any]) -> list[str]:
             )
         for key, value in ours.items():
             if isinstance(value, dict) and {"n", "p50_ms", "p99_ms", "throughput_per_s"} <= set(value):
-                label = {"durable": "durable=True (journal on)", "nondurable": "durable=False"}.get(key, key)
+                label = {"durable": "durable=True (journal on)", "nondurable": "durable=False",
+                         "fewer_active": f"{value.get('active_profiles')} active profiles"}.get(key, key)
                 out.append(f"{name}, ours with {label}: {_metrics_text(value)}")
     return out
 
@@ -189,23 +255,66 @@ def _scale_threads_met(value: float, result: dict[str, Any]) -> bool:
     return value <= start + active + _THREAD_SLACK and int(ours["threads_after"]) - workers <= start + 4
 
 
+def _cpu_ratio(result: dict[str, Any]) -> tuple[float, str] | None:
+    ours = (result["scenarios"].get("local-throughput") or {}).get("ours") or {}
+    floor = _floor_cpu(result)
+    if floor is None or ours.get("cpu_per_dm_us") is None:
+        return None
+    ratio = float(ours["cpu_per_dm_us"]) / floor
+    return ratio, f"{ratio:.2f}× ({_num(ours['cpu_per_dm_us'])} / {_num(floor)} µs)"
+
+
+def _scale_ratio(result: dict[str, Any]) -> tuple[float, str] | None:
+    ours = (result["scenarios"].get("scale") or {}).get("ours") or {}
+    if ours.get("throughput_vs_fewer") is None:
+        return None
+    fewer = ours.get("fewer_active") or {}
+    return float(ours["throughput_vs_fewer"]), (
+        f"{ours['throughput_vs_fewer']:.2f}× ({_num(ours['throughput_per_s'])} vs "
+        f"{_num(fewer.get('throughput_per_s'))}/s)")
+
+
+def _flat_rss(result: dict[str, Any]) -> tuple[float, str] | None:
+    """RSS growth over the second half of the sustained run, as a fraction of its peak."""
+    ours = (result["scenarios"].get("sustained") or {}).get("ours") or {}
+    if ours.get("rss_growth_second_half_mb") is None or not ours.get("rss_peak_mb"):
+        return None
+    growth = float(ours["rss_growth_second_half_mb"])
+    return growth / float(ours["rss_peak_mb"]), (
+        f"{growth:+.1f} MB in the 2nd half of {_num(ours.get('duration_s'))} s (start {_num(ours['rss_start_mb'], 1)}, "
+        f"peak {_num(ours['rss_peak_mb'], 1)}, end {_num(ours['rss_end_mb'], 1)} MB)")
+
+
+def _flat_rss_met(value: float, result: dict[str, Any]) -> bool:
+    """Flat: the second half grows RSS by at most 5 % of the peak, on a run of at least 10 minutes."""
+    ours = result["scenarios"]["sustained"]["ours"]
+    return value <= 0.05 and float(ours.get("duration_s") or 0) >= 600
+
+
 TARGETS: tuple[Target, ...] = (
     Target("local round trip p50 ≤ 1 ms", "local-roundtrip", _field("local-roundtrip", "ours", "p50_ms", " ms", 3),
            lambda v, r: v <= 1.0),
     Target("local round trip p99 ≤ 5 ms", "local-roundtrip", _field("local-roundtrip", "ours", "p99_ms", " ms", 3),
            lambda v, r: v <= 5.0),
-    Target("local round trip ≥ 100× baseline (p50)", "local-roundtrip",
-           _field("local-roundtrip", "ratio", "p50", "×", 1), lambda v, r: v >= 100),
+    Target("machinery: local round trip ≥ 100× seed model (p50; in-process turn vs a process per DM)",
+           "local-roundtrip", _field("local-roundtrip", "ratio", "p50", "×", 1), lambda v, r: v >= 100),
+    Target("CPU per in-memory DM ≤ 1.5× one pykka ask (same run)", "local-throughput", _cpu_ratio,
+           lambda v, r: v <= 1.5),
     Target("local throughput ≥ 10,000 DMs/s", "local-throughput",
            _field("local-throughput", "ours", "throughput_per_s", "/s"), lambda v, r: v >= 10_000),
-    Target("local throughput ≥ 50× baseline", "local-throughput",
+    Target("machinery: local throughput ≥ 50× seed model", "local-throughput",
            _field("local-throughput", "ratio", "throughput", "×", 1), lambda v, r: v >= 50),
-    Target("relay round trip p50 ≤ 5 ms", "relay-roundtrip", _field("relay-roundtrip", "ours", "p50_ms", " ms", 3),
-           lambda v, r: v <= 5.0),
+    Target("relay round trip p50 ≤ 3 ms", "relay-roundtrip", _field("relay-roundtrip", "ours", "p50_ms", " ms", 3),
+           lambda v, r: v <= 3.0),
     Target("durable throughput ≥ 4,000 DMs/s", "durable-throughput",
            _field("durable-throughput", "ours", "throughput_per_s", "/s"), lambda v, r: v >= 4_000),
     Target("scale: RSS ≤ 300 MB at 10,000 registered", "scale", _scale_rss, _scale_rss_met),
     Target("scale: threads follow active profiles", "scale", _scale_threads, _scale_threads_met),
+    Target("scale: 1,000 active profiles ≥ 0.8× the throughput of 100", "scale", _scale_ratio,
+           lambda v, r: v >= 0.8),
+    Target("real turns: ours ≤ 0.1× the seed's round-trip overhead", "hermes-roundtrip",
+           _field("hermes-roundtrip", "ours", "overhead_vs_seed", "×", 3), lambda v, r: v <= 0.1),
+    Target("flat memory: RSS flat over a 10-minute sustained run", "sustained", _flat_rss, _flat_rss_met),
 )
 
 
