@@ -45,13 +45,13 @@ def hermes_roundtrip(ctx: BenchContext) -> ScenarioResult:
     rounds = ctx.count(3, 3, minimum=2)
     runs: dict[str, list[tuple[float, float]]] = {}
     for side, mode in (("ours", "warm"), ("baseline", "seed")):
-        ctx.progress.start(f"hermes-roundtrip {side} ({mode}): starting", rounds)
+        ctx.progress.start(f"hermes-roundtrip {side} ({mode}): setting up", rounds)
 
         def advance(_mode: str, _i: int, _bob: float, _wake: float) -> None:
             ctx.progress.advance()
 
         def ready(side: str = side, mode: str = mode) -> None:
-            ctx.progress.note(f"hermes-roundtrip {side} ({mode}): host up, measuring {rounds} round trips")
+            ctx.progress.start(f"hermes-roundtrip {side} ({mode}) round trips", rounds)
 
         try:
             # A warm host's first turn pays lazy imports: one unmeasured round. Every seed-side turn is a
