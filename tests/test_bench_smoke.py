@@ -112,7 +112,10 @@ def test_cpu_scale_and_sustained_figures_are_in_the_result(tmp_path: Path, monke
     goals = {goal: status for goal, _, _, status in evaluate_targets(result)}
     assert goals["CPU per in-memory DM ≤ 1.5× one pykka ask (same run)"] in ("met", "not met")
     assert goals["scale: 1,000 active profiles ≥ 0.8× the throughput of 100"] in ("met", "not met")
-    assert goals["flat memory: RSS flat over a 10-minute sustained run"] == "not met"  # 2 s is not 10 minutes
+    # two seconds never fill the bounded tables: flatness is not judged on that
+    assert held["rss_at_tables_full_mb"] is None and held["tables_full_s"] > 2
+    assert goals["flat memory: RSS flat over a 10-minute sustained run (once its bounded tables are full)"] == \
+        "not measured"
     assert goals["real turns: ours ≤ 0.1× the seed's round-trip overhead"] == "not measured"
     table = render_table(result)
     assert "one pykka ask" in table and "sustained: " in table and "active profiles ran at" in table

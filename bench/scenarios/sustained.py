@@ -8,10 +8,18 @@ outcomes are counted through ``subscribe``. The driver itself allocates
 nothing per DM that it keeps: latencies go to a preallocated ring of the last
 :data:`WINDOW` DMs, the send-time table holds only DMs in flight.
 
+Memory is bounded by design, not constant from the first DM: the Dispatcher
+remembers the last ``SETTLED_KEEP`` outcomes (for ``wait_outcome``) and each
+ProfileActor the last ``SEEN_KEEP`` delivery ids it took (duplicate refusal).
+Those tables grow until they are full — ``tables_full_s`` into the run at this
+rate over :data:`PROFILES` profiles — so flatness is judged after that point.
+
 Reported on ``ours``: ``rss_start_mb`` (when the load starts, after a warm-up),
 ``rss_mid_mb``, ``rss_peak_mb``, ``rss_end_mb`` (when the last outcome
-arrived), ``rss_growth_second_half_mb`` (end − mid), the achieved rate, and
-the gateway's ``timers`` / ``pending`` at the end. No baseline.
+arrived), ``rss_growth_second_half_mb`` (end − mid), ``rss_at_tables_full_mb``
+and ``rss_growth_after_tables_full_mb`` (end − that; None when the run is too
+short to fill them), ``rss_series_mb`` (every 10 s), the achieved rate, and the
+gateway's ``timers`` / ``pending`` at the end. No baseline.
 """
 
 from __future__ import annotations
@@ -26,12 +34,14 @@ from bench.measure import CpuClock, read_proc_status_kb, summarize
 from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import write_root
 from bench.scenarios.local import our_system
+from hermes_actors.local.dispatcher import SETTLED_KEEP
+from hermes_actors.local.profile_actor import SEEN_KEEP
 
 __all__ = ["RATE_PER_S", "WINDOW"]
 
 RATE_PER_S = 500  # well below what ours sustains on 2 loaded cores, so the run measures memory, not backlog
 WINDOW = 20_000  # latencies kept (the last ones): a fixed buffer, so the driver's own memory stays flat
-PROFILES = 20
+PROFILES = 4  # few targets, so each ProfileActor's table of seen ids fills early in the run
 _DRAIN_S = 60.0
 
 
@@ -122,6 +132,8 @@ def sustained(ctx: BenchContext) -> ScenarioResult:
     latencies = ledger.latencies()
     ours = summarize(latencies, wall, n=sent)
     mid = rss[len(rss) // 2]
+    tables_full_s = max(SETTLED_KEEP, SEEN_KEEP * PROFILES) / RATE_PER_S
+    at_full = rss[int(tables_full_s)] if int(tables_full_s) < len(rss) - 1 else None
     ours.update(
         duration_s=round(duration, 1),
         target_rate_per_s=RATE_PER_S,
@@ -132,6 +144,10 @@ def sustained(ctx: BenchContext) -> ScenarioResult:
         rss_peak_mb=round(max(rss), 1),
         rss_end_mb=round(rss[-1], 1),
         rss_growth_second_half_mb=round(rss[-1] - mid, 1),
+        tables_full_s=round(tables_full_s, 1),
+        rss_at_tables_full_mb=round(at_full, 1) if at_full is not None else None,
+        rss_growth_after_tables_full_mb=round(rss[-1] - at_full, 1) if at_full is not None else None,
+        rss_series_mb=[round(v, 1) for v in rss[::10]],
         rss_samples=len(rss),
         timers_start=stats_start.get("timers"),
         timers_end=stats_end.get("timers"),
