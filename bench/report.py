@@ -422,8 +422,9 @@ def render_markdown(result: dict[str, Any], plot_path: str | None = "benchmarks.
         parts.append(limits.rstrip("\n") + "\n")
     rows = "".join(f"| {key} | {value} |\n" for key, value in machine.items())
     parts.append("## Machine\n\n| key | value |\n|:---|:---|\n" + rows)
-    regen = ("Regenerate with `hermes-actors bench` (a full run takes a few minutes); "
-             "`--quick` and `--scenario` runs never touch this page.")
+    regen = ("Regenerate with `hermes-actors bench` (a full run takes about 20 minutes on 2 cores: 10 of them are "
+             "the `sustained` scenario, a few the real-Hermes one); `--quick` and `--scenario` runs never touch "
+             "this page.")
     parts.append(regen + (f" Source: `{source}`." if source else "") + "\n")
     return "\n".join(parts)
 
