@@ -1,16 +1,21 @@
-"""The benchmark harness: ``hermes-actors bench [--quick] [--scenario NAME ...] [--out DIR]``.
+"""The benchmark harness: ``hermes-actors bench [--quick] [--scenario NAME ...] [--sustained-seconds S] [--out DIR]``.
 
 Runs the registered scenarios (:mod:`bench.scenarios`), ours and the
 seed-design baseline side by side in one process, shows a progress bar on
 stderr, prints a table, and writes ``<out>/<UTC timestamp>.json`` shaped::
 
     {"machine": {...},
+     "floors": {"pykka_ask_cpu_us", "pykka_ask_wall_us", "pykka_ask_n", "samples_cpu_us"},
      "scenarios": {NAME: {"ours": M, "baseline": M | null,
                           "ratio": {"p50": base_p50 / ours_p50,
                                     "throughput": ours / base} | null}}}
 
 with ``M = {"n", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"}``
-(plus ``rss_mb``, ``threads`` … where measured), and a PNG plot next to it. A
+(plus ``cpu_per_dm_us``, ``rss_mb``, ``threads`` … where measured), and a PNG
+plot next to it. ``floors`` is the CPU of one pykka ``ask`` round trip, measured
+before and after the scenarios in the same process (the floor is the lower
+one), so ``local-throughput``'s ``cpu_per_dm_us`` can be read as a multiple of
+it. A
 scenario that cannot run on this machine (``redis-roundtrip`` without
 ``redis-server``) is written as ``{"ours": null, "baseline": null, "ratio": null,
 "skipped": REASON}``. Only a full run — not ``--quick``, and every scenario,
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import bench.scenarios  # noqa: F401  (registers every scenario)
+from bench.floors import measure_floors
 from bench.measure import machine_info
 from bench.plot import plot_results
 from bench.progress import NullProgress, Progress
@@ -77,6 +83,7 @@ def run_bench(
     *,
     scale: float | None = None,
     docs_dir: Path | None = None,
+    sustained_s: float | None = None,
 ) -> dict[str, Any]:
     """Run scenarios, print the table, write the result JSON and the plot.
 
@@ -88,6 +95,7 @@ def run_bench(
         progress: draw the progress bar on stderr.
         scale: count multiplier (default: from ``HERMES_BENCH_TINY``).
         docs_dir: where a full run of all scenarios writes ``benchmarks.md`` / ``.png`` (default: ``docs/``).
+        sustained_s: how long the ``sustained`` scenario holds its load (None: 600 s full, 10 s quick).
 
     Returns:
         The result dict, as written to the JSON file.
@@ -103,12 +111,14 @@ def run_bench(
     bar: Progress = Progress() if progress else NullProgress()
     factor = _scale_from_env() if scale is None else scale
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    result: dict[str, Any] = {"machine": machine_info(), "scenarios": {}}
+    result: dict[str, Any] = {"machine": machine_info(), "floors": {}, "scenarios": {}}
     samples: dict[str, dict[str, list[float]]] = {}
     started = time.perf_counter()
+    asks = max(500, round((5_000 if quick else 20_000) * factor))
+    floors = [measure_floors(asks)]
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"hermes-bench-{name}-") as tmp:
-            ctx = BenchContext(quick=quick, scale=factor, workdir=Path(tmp), progress=bar)
+            ctx = BenchContext(quick=quick, scale=factor, workdir=Path(tmp), progress=bar, sustained_s=sustained_s)
             outcome = REGISTRY[name].fn(ctx)
         if outcome.skipped is not None:
             result["scenarios"][name] = {"ours": None, "baseline": None, "ratio": None, "skipped": outcome.skipped}
@@ -120,6 +130,9 @@ def run_bench(
                 "ratio": _ratio(outcome.ours, outcome.baseline),
             }
         samples[name] = outcome.samples
+    floors.append(measure_floors(asks))
+    result["floors"] = {**min(floors, key=lambda f: f["pykka_ask_cpu_us"]),
+                        "samples_cpu_us": [f["pykka_ask_cpu_us"] for f in floors]}
     elapsed = time.perf_counter() - started
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -159,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"run only this scenario (repeatable): {', '.join(REGISTRY)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the JSON and PNG go (default: {DEFAULT_OUT})")
+    parser.add_argument("--sustained-seconds", type=float, default=None, metavar="S",
+                        help="how long the `sustained` scenario holds its fixed rate (default: 600 full, 10 quick)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
 
@@ -166,7 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: parse ``argv`` (default ``sys.argv[1:]``), run, return the exit code."""
     args = build_parser().parse_args(argv)
-    run_bench(args.quick, args.scenario, args.out, progress=not args.no_progress)
+    if args.sustained_seconds is not None and not args.sustained_seconds > 0:
+        parser_error = f"--sustained-seconds must be > 0, got {args.sustained_seconds:g}"
+        build_parser().error(parser_error)
+    run_bench(args.quick, args.scenario, args.out, progress=not args.no_progress, sustained_s=args.sustained_seconds)
     return 0
 
 

@@ -32,12 +32,14 @@ class BenchContext:
         scale: a multiplier on every count (``HERMES_BENCH_TINY=1`` shrinks it for tests).
         workdir: an empty directory private to this scenario (roots go here).
         progress: the progress bar to report to.
+        sustained_s: how long the ``sustained`` scenario holds its load (None: its default).
     """
 
     quick: bool
     scale: float
     workdir: Path
     progress: Progress
+    sustained_s: float | None = None
 
     def count(self, quick: int, full: int, minimum: int = 1) -> int:
         """The count for this mode, scaled, never below ``minimum``."""

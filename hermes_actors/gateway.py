@@ -566,7 +566,8 @@ class Gateway:
         Returns:
             accepted, refused, settled, pending, active_profiles, profile_starts (the Dispatcher);
             notified, notify_skipped (shed behind a slow subscriber) and subscriber_errors (callbacks
-            that raised) (the notifier); worker_threads; journal_fsyncs and journal_records when
+            that raised) (the notifier); worker_threads; timers (entries in the timer heap,
+            cancelled ones not yet compacted included); journal_fsyncs and journal_records when
             durable; and with a relay (file or Redis): relay_alive, and while it is alive ``relay``,
             its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...);
             ``deliveries``: the oldest 200 in flight, in-flight counts per profile, the profiles with a
@@ -579,6 +580,7 @@ class Gateway:
         if self._notifier is not None:
             out.update(ask(self._notifier, NotifierStats(), timeout=_ASK_TIMEOUT, expect=dict))
         out["worker_threads"] = self._pool.thread_count if self._pool else 0
+        out["timers"] = self._scheduler.heap_size() if self._scheduler else 0
         if self._journal is not None:
             out["journal_fsyncs"] = self._journal.fsyncs
             out["journal_records"] = self._journal.records

@@ -18,7 +18,7 @@ import pytest
 from bench.baseline import wait_reply_file
 from bench.harness import main, run_bench
 from bench.registry import REGISTRY
-from bench.report import render_markdown, render_table, write_docs
+from bench.report import evaluate_targets, render_markdown, render_table, write_docs
 
 METRIC_KEYS = {"n", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
 
@@ -47,7 +47,10 @@ def test_quick_local_roundtrip_writes_a_complete_result(
     assert files[0].stem.endswith("Z")
     on_disk = json.loads(files[0].read_text(encoding="utf-8"))
     assert on_disk == result
-    assert set(on_disk) == {"machine", "scenarios"}
+    assert set(on_disk) == {"machine", "floors", "scenarios"}
+    floors = on_disk["floors"]
+    assert _positive(floors["pykka_ask_cpu_us"]) and _positive(floors["pykka_ask_wall_us"])
+    assert floors["pykka_ask_cpu_us"] == min(floors["samples_cpu_us"]) and len(floors["samples_cpu_us"]) == 2
 
     machine = on_disk["machine"]
     for key in ("cpu_count", "platform", "python", "pykka", "watchdog", "orjson"):
@@ -59,6 +62,9 @@ def test_quick_local_roundtrip_writes_a_complete_result(
     assert set(entry) == {"ours", "baseline", "ratio"}
     _check_metrics(entry["ours"])
     _check_metrics(entry["baseline"])
+    assert _positive(entry["ours"]["cpu_per_dm_us"])
+    # the baseline's turn processes are reaped children: their CPU is counted on top of ours
+    assert entry["baseline"]["cpu_per_dm_us_with_children"] > entry["baseline"]["cpu_per_dm_us"]
     assert set(entry["ratio"]) == {"p50", "throughput"}
     assert all(_positive(v) for v in entry["ratio"].values())
 
@@ -75,7 +81,57 @@ def test_cli_entry_accepts_the_documented_flags(tmp_path: Path, monkeypatch: pyt
 
 
 def test_registry_lists_the_local_scenarios() -> None:
-    assert {"local-roundtrip", "local-throughput", "fan-in", "scale"} <= set(REGISTRY)
+    assert {"local-roundtrip", "local-roundtrip-subprocess", "local-throughput", "fan-in", "scale", "sustained",
+            "hermes-roundtrip"} <= set(REGISTRY)
+
+
+def test_cpu_scale_and_sustained_figures_are_in_the_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HERMES_BENCH_TINY", "1")
+    result = run_bench(True, ["local-throughput", "scale", "sustained", "hermes-roundtrip"], tmp_path,
+                       progress=False, sustained_s=2.0)
+    scenarios = result["scenarios"]
+    assert _positive(scenarios["local-throughput"]["ours"]["cpu_per_dm_us"])
+
+    scale = scenarios["scale"]["ours"]
+    _check_metrics(scale["fewer_active"])
+    assert scale["fewer_active"]["active_profiles"] < scale["active_profiles"]
+    assert scale["throughput_vs_fewer"] == pytest.approx(
+        scale["throughput_per_s"] / scale["fewer_active"]["throughput_per_s"], rel=1e-2)
+    assert _positive(scale["fewer_active"]["threads"]) and _positive(scale["fewer_active"]["rss_mb"])
+
+    held = scenarios["sustained"]["ours"]
+    _check_metrics(held)
+    assert held["duration_s"] == 2.0 and held["target_rate_per_s"] > 0
+    assert held["n"] >= held["target_rate_per_s"]  # two seconds at the rate, at least one second's worth sent
+    assert held["rss_start_mb"] <= held["rss_peak_mb"] and held["rss_end_mb"] <= held["rss_peak_mb"]
+    assert held["timers_end"] >= 1 and held["pending_end"] == 0
+
+    # the real-turn scenario runs only in a full run: a quick one records why it did not
+    assert scenarios["hermes-roundtrip"]["skipped"] and scenarios["hermes-roundtrip"]["ours"] is None
+
+    goals = {goal: status for goal, _, _, status in evaluate_targets(result)}
+    assert goals["CPU per in-memory DM ≤ 1.5× one pykka ask (same run)"] in ("met", "not met")
+    assert goals["scale: 1,000 active profiles ≥ 0.8× the throughput of 100"] in ("met", "not met")
+    # two seconds never fill the bounded tables: flatness is not judged on that
+    assert held["rss_at_tables_full_mb"] is None and held["tables_full_s"] > 2
+    assert goals["flat memory: RSS flat over a 10-minute sustained run (once its bounded tables are full)"] == \
+        "not measured"
+    assert goals["real turns: ours ≤ 0.1× the seed's round-trip overhead"] == "not measured"
+    table = render_table(result)
+    assert "one pykka ask" in table and "sustained: " in table and "active profiles ran at" in table
+
+
+def test_cpu_ratio_target_reads_both_figures_of_one_run() -> None:
+    metrics = {"n": 10, "throughput_per_s": 5.0, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0, "max_ms": 4.0}
+    result: dict[str, Any] = {"machine": {}, "floors": {"pykka_ask_cpu_us": 50.0},
+                              "scenarios": {"local-throughput": {"ours": {**metrics, "cpu_per_dm_us": 70.0},
+                                                                 "baseline": None, "ratio": None}}}
+    rows = {goal: (measured, status) for goal, _, measured, status in evaluate_targets(result)}
+    assert rows["CPU per in-memory DM ≤ 1.5× one pykka ask (same run)"] == ("1.40× (70.00 / 50.00 µs)", "met")
+    result["scenarios"]["local-throughput"]["ours"]["cpu_per_dm_us"] = 80.0
+    assert rows != {goal: (m, st) for goal, _, m, st in evaluate_targets(result)}
+    assert dict((g, st) for g, _, _, st in evaluate_targets(result))[
+        "CPU per in-memory DM ≤ 1.5× one pykka ask (same run)"] == "not met"
 
 
 def test_report_renders_markdown_and_docs(tmp_path: Path) -> None:

@@ -1,14 +1,26 @@
 """Scenarios on one machine, one process: ours vs the seed-design baseline.
 
 Ours is :class:`hermes_actors.Gateway` with an instant callable runner (the
-turn returns ``"ok"``) and :data:`bench.roots.BENCH_CONFIG`; the baseline is
-:class:`bench.baseline.BaselineGateway`, whose turn is an instant ``python -c``
-subprocess. Both run the same driver on equally shaped roots in the same run.
+turn returns ``"ok"`` in-process) and :data:`bench.roots.BENCH_CONFIG`; the
+baseline is :class:`bench.baseline.BaselineGateway`, whose turn is an instant
+``python -c`` subprocess. So these ratios compare the *messaging machinery*
+(ours with an in-process turn) against the seed model *including* its process
+per DM. ``local-roundtrip-subprocess`` is the like-for-like one: ours runs the
+very same turn process per DM. Both sides run the same driver on equally
+shaped roots in the same run.
+
+Every measured side also records ``cpu_per_dm_us``: the CPU (user + system,
+all threads of this process) spent while the driver ran, per DM;
+``cpu_per_dm_us_with_children`` adds the turn subprocesses' CPU.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.baseline import BaselineGateway
+from bench.baseline.model import TURN_CODE
 from bench.drivers import Run, System, fan_in, pipelined, sequential_roundtrip
-from bench.measure import ResourceSampler, read_proc_status_kb, summarize
+from bench.measure import CpuClock, ResourceSampler, read_proc_status_kb, summarize
 from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import BENCH_CONFIG, write_root
 from hermes_actors import Gateway
 
-__all__ = ["baseline_system", "instant_reply", "our_system"]
+__all__ = ["baseline_system", "instant_reply", "our_system", "subprocess_reply"]
 
 SystemFactory = Callable[[Path], AbstractContextManager[Any]]
 
@@ -31,6 +44,25 @@ SystemFactory = Callable[[Path], AbstractContextManager[Any]]
 def instant_reply(turn: Any) -> str:
     """Our runner for every benchmark: the turn answers at once."""
     return "ok"
+
+
+def subprocess_reply(turn: Any) -> str:
+    """Our runner for ``local-roundtrip-subprocess``: the baseline's very turn process.
+
+    Writes the turn's text to a query file and runs ``python -c TURN_CODE -p
+    <profile> --query-file <file>`` — the same command, interpreter and output
+    the seed model's :class:`~bench.baseline.BaselineGateway` spawns per DM.
+    """
+    fd, path = tempfile.mkstemp(prefix="bench-turn-", suffix=".txt", text=True)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(str(turn.content))
+        done = subprocess.run([sys.executable, "-c", TURN_CODE, "-p", str(turn.profile), "--query-file", path],
+                              check=True, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              encoding="utf-8", errors="replace")
+    finally:
+        os.unlink(path)
+    return done.stdout.strip()
 
 
 def _local_kwargs() -> dict[str, Any]:
@@ -45,8 +77,9 @@ def _local_kwargs() -> dict[str, Any]:
 
 
 def our_system(root: Path, **options: Any) -> Gateway:
-    """hermes-actors on ``root`` with the bench config, the instant runner, no journal."""
-    return Gateway(root, runner=instant_reply, config=BENCH_CONFIG, **{**_local_kwargs(), **options})
+    """hermes-actors on ``root`` with the bench config, the instant runner, no journal (``options`` override)."""
+    kwargs: dict[str, Any] = {"runner": instant_reply, "config": BENCH_CONFIG, **_local_kwargs(), **options}
+    return Gateway(root, **kwargs)
 
 
 def baseline_system(root: Path) -> BaselineGateway:
@@ -69,12 +102,21 @@ def _measure(
 ) -> dict[str, Any]:
     """Start a system on ``root``, run ``drive`` on it under a progress phase, summarize.
 
-    The raw latencies are stored in ``samples[side]``.
+    The raw latencies are stored in ``samples[side]``; the metrics carry
+    ``cpu_per_dm_us`` (this process's CPU while ``drive`` ran, per DM) and, when
+    turn subprocesses ran, ``cpu_per_dm_us_with_children``.
     """
     with factory(root) as system, _phase(ctx, f"{name} {side}", total):
+        clock = CpuClock().start()
         run = drive(system)
+        clock.stop()
     samples[side] = run.latencies_s
-    return summarize(run.latencies_s, run.wall_s)
+    metrics = summarize(run.latencies_s, run.wall_s)
+    n = int(metrics["n"])
+    metrics["cpu_per_dm_us"] = clock.per_item_us(n)
+    if clock.children_s > 0:
+        metrics["cpu_per_dm_us_with_children"] = clock.per_item_us(n, children=True)
+    return metrics
 
 
 def _shares(pairs: list[tuple[str, str]], senders: int) -> list[list[tuple[str, str]]]:
@@ -84,7 +126,11 @@ def _shares(pairs: list[tuple[str, str]], senders: int) -> list[list[tuple[str, 
 # ── scenarios ────────────────────────────────────────────────────────────────
 
 
-@scenario("local-roundtrip", "one sender, one target, sequential: send, wait for the outcome, repeat")
+@scenario(
+    "local-roundtrip",
+    "messaging machinery: one sender, one target, sequential (send, wait for the outcome, repeat); ours runs "
+    "an in-process turn, the seed model spawns a process per DM — so the ratio is machinery + process start",
+)
 def local_roundtrip(ctx: BenchContext) -> ScenarioResult:
     """Latency of one DM end to end, nothing else in flight."""
     root = ctx.workdir / "root"
@@ -103,9 +149,35 @@ def local_roundtrip(ctx: BenchContext) -> ScenarioResult:
 
 
 @scenario(
+    "local-roundtrip-subprocess",
+    "end to end, like for like: as `local-roundtrip`, but ours runs the very same `python -c` turn process "
+    "per DM as the seed model (same command, same query file); the ratio is what the machinery saves "
+    "when both sides pay a process per turn",
+)
+def local_roundtrip_subprocess(ctx: BenchContext) -> ScenarioResult:
+    """Latency of one DM end to end when both sides spawn the same turn process."""
+    root = ctx.workdir / "root"
+    sender, target = write_root(root, 2)
+    results: dict[str, dict[str, Any]] = {}
+    samples: dict[str, list[float]] = {}
+
+    def ours_factory(path: Path) -> Gateway:
+        return our_system(path, runner=subprocess_reply)
+
+    n = ctx.count(20, 150, minimum=3)
+    for side, factory in (("ours", ours_factory), ("baseline", baseline_system)):
+        def drive(system: System) -> Run:
+            return sequential_roundtrip(system, sender, target, n, ctx.progress)
+
+        results[side] = _measure(ctx, "local-roundtrip-subprocess", side, factory, root, n, drive, samples)
+    return ScenarioResult(results["ours"], results["baseline"], samples)
+
+
+@scenario(
     "local-throughput",
-    "8 sender threads over 100 profiles send without waiting; outcomes counted through `subscribe`; "
-    "throughput = DMs / (first send → last outcome)",
+    "messaging machinery (ours: in-process turn; seed model: a process per DM): 8 sender threads over "
+    "100 profiles send without waiting; outcomes counted through `subscribe`; "
+    "throughput = DMs / (first send → last outcome); `cpu_per_dm_us` = this process's CPU per DM",
 )
 def local_throughput(ctx: BenchContext) -> ScenarioResult:
     """Sustained DM rate with many profiles busy at once."""
@@ -154,20 +226,13 @@ def _wait_idle(gateway: Gateway, limit_s: float) -> None:
         time.sleep(0.1)
 
 
-@scenario(
-    "scale",
-    "10,000 registered profiles, pipelined DMs to 1,000 distinct ones: throughput, peak RSS and "
-    "thread count during the load and after idle ProfileActors stopped (ours only)",
-)
-def scale(ctx: BenchContext) -> ScenarioResult:
-    """Ours only: does a large roster and a thousand active bots stay cheap?"""
-    registered = ctx.count(10_000, 10_000, minimum=20)
-    active = min(registered, ctx.count(1_000, 1_000, minimum=10))
-    n = max(active, ctx.count(1_000, 10_000, minimum=20))
-    root = ctx.workdir / "root"
-    with _phase(ctx, f"scale: write {registered} profiles", registered):
-        profiles = write_root(root, registered)
-    targets = profiles[:: max(1, registered // active)][:active]
+def _scale_phase(ctx: BenchContext, root: Path, targets: list[str], n: int, label: str) -> tuple[Run, dict[str, Any]]:
+    """One scale phase on a fresh gateway: ``n`` pipelined DMs from ``default`` over ``targets``.
+
+    Returns:
+        The run and its resources: start time, threads at start, peak RSS / threads
+        during the load, CPU per DM, and RSS / threads once idle ProfileActors stopped.
+    """
     pairs = [("default", targets[i % len(targets)]) for i in range(n)]
     gateway = our_system(root)
     t0 = time.perf_counter()
@@ -175,9 +240,11 @@ def scale(ctx: BenchContext) -> ScenarioResult:
     start_s = time.perf_counter() - t0
     threads_at_start = threading.active_count()
     try:
-        ctx.progress.note(f"scale: gateway start with {registered} profiles took {start_s:.2f}s")
-        with ResourceSampler() as sampler, _phase(ctx, "scale ours", n):
+        ctx.progress.note(f"scale: gateway start with the root's profiles took {start_s:.2f}s")
+        with ResourceSampler() as sampler, _phase(ctx, f"scale ours, {label}", n):
+            clock = CpuClock().start()
             run = pipelined(gateway, _shares(pairs, 4), ctx.progress)
+            clock.stop()
         idle_limit = float(BENCH_CONFIG["bot_mode"]["idle_stop_seconds"]) + 3.0
         _wait_idle(gateway, idle_limit)
         threads_after = threading.active_count()
@@ -185,16 +252,41 @@ def scale(ctx: BenchContext) -> ScenarioResult:
         rss_after_kb = read_proc_status_kb("VmRSS")
     finally:
         gateway.stop()
+    return run, {
+        "active_profiles": len(targets),
+        "start_s": round(start_s, 3),
+        "threads_at_start": threads_at_start,
+        "rss_mb": round(sampler.peak_rss_mb, 1),
+        "threads": sampler.peak_threads,
+        "cpu_per_dm_us": clock.per_item_us(n),
+        "rss_mb_after": round(rss_after_kb / 1024.0, 1) if rss_after_kb else None,
+        "threads_after": threads_after,
+        "worker_threads_after": workers_after,
+    }
+
+
+@scenario(
+    "scale",
+    "10,000 registered profiles; the same pipelined load (4 senders) spread over 100 and then over 1,000 "
+    "distinct active profiles, each on a fresh gateway: throughput side by side, peak RSS and thread count "
+    "during the load and after idle ProfileActors stopped (ours only)",
+)
+def scale(ctx: BenchContext) -> ScenarioResult:
+    """Ours only: does a large roster and a thousand active bots stay cheap, and as fast as a hundred?"""
+    registered = ctx.count(10_000, 10_000, minimum=20)
+    active = min(registered, ctx.count(1_000, 1_000, minimum=10))
+    few = max(1, min(active, ctx.count(100, 100, minimum=2)))
+    n = max(active, ctx.count(2_000, 10_000, minimum=20))
+    root = ctx.workdir / "root"
+    with _phase(ctx, f"scale: write {registered} profiles", registered):
+        profiles = write_root(root, registered)
+    many_targets = profiles[:: max(1, registered // active)][:active]
+    few_targets = profiles[:: max(1, registered // few)][:few]
+    few_run, few_res = _scale_phase(ctx, root, few_targets, n, f"{few} active")
+    run, res = _scale_phase(ctx, root, many_targets, n, f"{active} active")
     ours = summarize(run.latencies_s, run.wall_s)
-    ours.update(
-        registered=registered,
-        active_profiles=len(targets),
-        start_s=round(start_s, 3),
-        threads_at_start=threads_at_start,
-        rss_mb=round(sampler.peak_rss_mb, 1),
-        threads=sampler.peak_threads,
-        rss_mb_after=round(rss_after_kb / 1024.0, 1) if rss_after_kb else None,
-        threads_after=threads_after,
-        worker_threads_after=workers_after,
-    )
-    return ScenarioResult(ours, None, {"ours": run.latencies_s})
+    ours.update(registered=registered, **res)
+    ours["fewer_active"] = {**summarize(few_run.latencies_s, few_run.wall_s), **few_res}
+    few_rate = float(ours["fewer_active"]["throughput_per_s"])
+    ours["throughput_vs_fewer"] = round(float(ours["throughput_per_s"]) / few_rate, 3) if few_rate > 0 else None
+    return ScenarioResult(ours, None, {"ours": run.latencies_s, f"ours {few} active": few_run.latencies_s})

@@ -262,6 +262,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         argv += ["--scenario", name]
     if args.out:
         argv += ["--out", str(args.out)]
+    if args.sustained_seconds is not None:
+        argv += ["--sustained-seconds", str(args.sustained_seconds)]
     result = bench_main(argv)
     return result if isinstance(result, int) else 0
 
@@ -370,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a short run (under a minute)")
     p.add_argument("--scenario", action="append", help="run only this scenario (repeat)")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
+    p.add_argument("--sustained-seconds", type=float, default=None,
+                   help="how long the flat-memory scenario holds its rate (default 600, 10 with --quick)")
     p.set_defaults(func=_cmd_bench)
     return parser
 
