@@ -300,7 +300,7 @@ class Gateway:
             from hermes_actors.transports.redis.actor import RedisRelayActor
 
             self._relay = RedisRelayActor.start(redis_settings, guard=guard, **relay_args)
-            self._dispatcher.tell(AttachRelay(self._relay))
+            self._dispatcher.tell(AttachRelay(self._relay, reaches_peers=True))  # bot_peers on this Redis too
         else:
             self._relay = RelayActor.start(self.root, **relay_args)
             self._dispatcher.tell(AttachRelay(self._relay))

@@ -250,7 +250,6 @@ class WindDown:
     without an outcome: the next start on the same root re-offers them.
     """
 
-    timeout: float
     keep_journaled: bool = False
 
 
@@ -366,7 +365,6 @@ class RelayDeliver:
 
     envelope: dict[str, Any]
     reply_connection: str
-    answer: Any = None  # never set any more (the Desktop RPC waits in the RelayActor); dropped with dispatch_base
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,9 +425,23 @@ class RemoteRosterHint:
 
 @dataclass(frozen=True, slots=True)
 class AttachRelay:
-    """Told to the Dispatcher once the RelayActor runs."""
+    """Told to the Dispatcher once the relay runs; ``reaches_peers``: it carries ``bot_peers`` DMs (Redis)."""
 
     ref: Any
+    reaches_peers: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RelayAccepted:
+    """Told by the relay to the Dispatcher: its answer to the ``RelaySend``/``PeerSend`` of ``delivery_id``.
+
+    ``ack`` is the ack or refusal dict; None answers a ``PeerSend`` for a peer the relay
+    does not reach. ``error``: the relay's handler raised it instead.
+    """
+
+    delivery_id: str
+    ack: dict[str, Any] | None
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,9 +490,10 @@ class DesktopReply:
 
 @dataclass(frozen=True, slots=True)
 class PendingAck:
-    """The Dispatcher's answer in durable mode: the ack arrives once the journal fsync'd it."""
+    """The Dispatcher's answer when the ack comes later: once the journal fsync'd it, or the relay took it."""
 
     future: Any  # pykka.ThreadingFuture[dict]
+    waiting_for: str = "The delivery journal"  # who must confirm (named when it does not in time)
 
 
 @dataclass(frozen=True, slots=True)

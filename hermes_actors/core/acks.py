@@ -48,7 +48,7 @@ def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
             answer = answer.future.get(timeout=timeout)
         except pykka.Timeout:
             return {
-                "error": f"The delivery journal did not confirm within {timeout}s; the message was NOT queued.",
+                "error": f"{answer.waiting_for} did not confirm within {timeout}s; the message was NOT queued.",
                 "reason": "unknown",
             }
     if not isinstance(answer, dict):

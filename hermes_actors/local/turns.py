@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -42,7 +43,7 @@ from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["attempt_turn", "describe_error", "execute_turn", "never_ran"]
+__all__ = ["attempt_turn", "describe_error", "execute_turn", "never_ran", "turn_for"]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -169,3 +170,29 @@ def execute_turn(
                 release(delivery.delivery_id)
             except BaseException:  # runner code: it must not replace the turn's result
                 logger.exception("runner release failed for {}", delivery.delivery_id)
+
+
+def turn_for(
+    delivery: Delivery, *, home: Path | None, root: Path | None, send: Callable[[str, str], dict[str, Any]]
+) -> Turn:
+    """Pure: the first-attempt :class:`Turn` of ``delivery``.
+
+    Args:
+        delivery: the delivery to run.
+        home: the target profile's home (None: it is gone).
+        root: the Hermes root.
+        send: sends a DM as the target, one hop deeper (``Turn.message_agent``).
+    """
+    return Turn(
+        profile=delivery.target,
+        content=delivery.content,
+        delivery_id=delivery.delivery_id,
+        handle=delivery.target_handle,
+        home=home,
+        root=root,
+        sender=delivery.sender,
+        sender_handle=delivery.sender_handle,
+        hop=delivery.hop,
+        author=dict(delivery.author),
+        _send=send,
+    )
