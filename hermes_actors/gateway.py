@@ -395,7 +395,7 @@ class Gateway:
             self._bridge.stop()
         try:
             ask(dispatcher, StopAccepting(), timeout=_ASK_TIMEOUT)
-            running = ask(dispatcher, ShutdownProfiles(timeout), timeout=_ASK_TIMEOUT, expect=list)
+            running = ask(dispatcher, ShutdownProfiles(), timeout=_ASK_TIMEOUT, expect=list)
             await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
             why = "The turn was still running when the gateway stopped."
             ask(dispatcher, FinalizePending(why, tuple(running)), timeout=_ASK_TIMEOUT)

@@ -8,6 +8,7 @@ from typing import Any
 import pykka
 
 from hermes_actors.messages import Delivery, Outcome, PendingAck
+from hermes_actors.records import outcome_status
 
 __all__ = [
     "ack_payload",
@@ -87,7 +88,7 @@ def outcome_from_record(delivery_id: str, record: dict[str, Any]) -> Outcome:
     """Pure: an outcome dict (as journaled or exported) back into an Outcome."""
     return Outcome(
         delivery_id,
-        str(record.get("status", "ambiguous")),
+        outcome_status(record.get("status", "ambiguous")),
         str(record.get("reply", "")),
         str(record.get("error", "")),
         str(record.get("reason", "")),

@@ -78,7 +78,7 @@ def never_ran(delivery_id: str, step: str, exc: BaseException | str) -> TurnFini
     """
     detail = exc if isinstance(exc, str) else describe_error(exc)
     text = f"{step} failed ({detail}); the DM was NOT delivered. Resend shortly."
-    return TurnFinished(delivery_id, None, text[0].upper() + text[1:], RUNTIME_OFFLINE, 0, ran=False)
+    return TurnFinished(delivery_id, None, text[0].upper() + text[1:], RUNTIME_OFFLINE)
 
 
 def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[Any, str, str, bool]:
@@ -132,8 +132,6 @@ def execute_turn(
                 None,
                 busy_text(delivery.target, time.time() - delivery.accepted_at),
                 "target_busy",
-                0,
-                ran=False,
             )
     try:
         if journal is not None:
@@ -150,14 +148,12 @@ def execute_turn(
         if lock is not None and lock.fd is not None:
             turn = replace(turn, lock_fd=lock.fd)  # the turn's process holds the flock as long as it lives
         reply, error, reason, may_retry = attempt_turn(runner, turn)
-        attempts = 1
         if reply is None and may_retry:
             action = retry_action(reason)
             if action != RETRY_NONE:
                 logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
                 reply, error, reason, _ = attempt_turn(runner, replace(turn, attempt=2, retry_action=action))
-                attempts = 2
-        return TurnFinished(delivery.delivery_id, reply, error, reason, attempts)
+        return TurnFinished(delivery.delivery_id, reply, error, reason)
     finally:
         if lock is not None:
             try:
