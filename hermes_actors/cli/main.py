@@ -51,7 +51,7 @@ def _runner_for(kind: str, cli: str | None, root: Path) -> Any:
         from hermes_actors.hermes.select import default_runner
 
         return default_runner(root, cli=cli, timeout=timeout)
-    from hermes_actors.local.runners import CommandRunner
+    from hermes_actors.local.command_runner import CommandRunner
 
     return CommandRunner(cli=cli, timeout=timeout)
 
