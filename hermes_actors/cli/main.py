@@ -87,7 +87,7 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
     """Submit through the host serving the root; None when no host runs there."""
     import time
 
-    from hermes_actors.hermes.submit import HostOffline, fetch_outcome, request
+    from hermes_actors.hermes.submit_client import HostOffline, fetch_outcome, request
 
     payload = {"op": "send", "sender": args.sender, "target": args.target, "message": args.message, "hop": 0}
     try:
