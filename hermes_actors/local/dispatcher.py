@@ -1,9 +1,17 @@
-"""DispatcherActor: the one entry point of every DM.
+"""DispatcherActor: the one entry point of every DM, and the owner of every outcome.
 
-It validates (pure ``targets.plan_send``), applies the conversation guard,
-issues the delivery id, routes to the target's ProfileActor (started on first
-use, stopped when idle, supervised), to the relay or to a peer, and owns the
-table of pending and settled outcomes that ``wait_outcome`` reads.
+One module of handlers; the state lives in composed objects, each used on this
+actor's thread only:
+
+- :class:`~hermes_actors.local.admission.Admission`: routing and the conversation guard;
+- :class:`~hermes_actors.local.outcome_book.OutcomeBook`: pending, journaling and settled
+  deliveries and the futures waiting for them (the only place that changes them);
+- a durability strategy (:mod:`hermes_actors.local.durability`: a journal, or none);
+- :class:`~hermes_actors.local.profile_table.ProfileTable`: the ProfileActors (started on
+  first use, stopped when idle, supervised);
+- :class:`~hermes_actors.local.relay_link.RelayLink`: sends to the relay, answered later
+  (``RelayAccepted``), never waited for here;
+- :class:`~hermes_actors.local.wake_hook.SenderWaker`: outcomes that wake their sender.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, Link, RestartPolicy, SupervisorActor, ask, handles
+from actors import RestartPolicy, SupervisorActor, ask, handles
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
 from hermes_actors.core.names import profile_key
@@ -25,7 +33,8 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.local.admission import Admission
 from hermes_actors.local.durability import durability_for, live_record
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
-from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps
+from hermes_actors.local.profile_actor import ProfileDeps
+from hermes_actors.local.profile_table import ProfileTable
 from hermes_actors.local.relay_link import RelayLink, delivery_from_envelope
 from hermes_actors.local.turns import turn_for
 from hermes_actors.local.wake_hook import SenderWaker
@@ -33,7 +42,6 @@ from hermes_actors.messages import (
     AttachOwner,
     AttachRelay,
     AwaitOutcome,
-    Deliver,
     Delivery,
     DetachOwner,
     ExportOutcomes,
@@ -55,9 +63,7 @@ from hermes_actors.messages import (
     ShutdownProfiles,
     StatsRequest,
     StopAccepting,
-    StopProfile,
     Turn,
-    WindDown,
 )
 from hermes_actors.store.journal import Journal
 
@@ -96,10 +102,9 @@ class DispatcherActor(SupervisorActor):
         self.book = OutcomeBook()
         self.durability = durability_for(journal, self.actor_ref)
         self.relay = RelayLink(self.actor_ref)
-        self.sent: dict[str, int] = {}  # Deliver messages sent to each live ProfileActor
         self.admission = Admission()
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
-        self.owners: dict[str, Any] = {}  # profile → attached live owner
+        self.profiles = ProfileTable(self, self.deps, self.counters)
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
 
     # ── turns ask back through us ───────────────────────────────────────────
@@ -126,17 +131,11 @@ class DispatcherActor(SupervisorActor):
 
     @handles(AttachOwner)
     def _on_attach_owner(self, msg: AttachOwner) -> None:
-        info = self._local(msg.profile)
-        self.owners[info.profile] = msg.owner
-        self._profile_ref(info).tell(AttachOwner(info.profile, msg.owner))
+        self.profiles.attach_owner(self._local(msg.profile), msg.owner)
 
     @handles(DetachOwner)
     def _on_detach_owner(self, msg: DetachOwner) -> None:
-        info = self._local(msg.profile)
-        self.owners.pop(info.profile, None)
-        ref = self.child_ref(info.profile)
-        if ref is not None and ref.is_alive():
-            ref.tell(DetachOwner(info.profile))
+        self.profiles.detach_owner(self._local(msg.profile))
 
     def _local(self, profile: str) -> ProfileInfo:
         info = self.snapshot.index.get(profile_key(profile))
@@ -204,21 +203,6 @@ class DispatcherActor(SupervisorActor):
             self.counters["accepted"] += 1
         future.set(ack)
 
-    def _profile_ref(self, info: ProfileInfo) -> pykka.ActorRef[Any]:
-        ref = self.child_ref(info.profile)
-        if ref is not None and ref.is_alive():
-            return ref
-        deps = self.deps
-
-        def factory(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
-            # Called here and by the supervisor on a crash restart (both in this actor's thread):
-            # every instance starts with the profile's current live owner, before its first message.
-            return ProfileActor.start(info, deps, link=link, salvage=salvage, owner=self.owners.get(info.profile))
-
-        self.counters["profile_starts"] += 1
-        self.sent[info.profile] = 0
-        return self.start_child(info.profile, factory)
-
     def deliver_local(self, info: ProfileInfo, delivery: Delivery, *, journaled: bool = False) -> None:
         """Book ``delivery`` as pending and queue it on the ProfileActor of ``info`` (started if needed).
 
@@ -228,27 +212,11 @@ class DispatcherActor(SupervisorActor):
             journaled: the journal records its lifecycle.
         """
         self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=journaled))
-        self._queue_on_profile(info, delivery)
-
-    def _queue_on_profile(self, info: ProfileInfo, delivery: Delivery) -> None:
-        ref = self._profile_ref(info)
-        try:
-            ref.tell(Deliver(delivery))
-        except pykka.ActorDeadError:  # it died between the check and the tell: start a fresh one
-            self.forget_child(info.profile)
-            ref = self._profile_ref(info)
-            ref.tell(Deliver(delivery))
-        self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
+        self.profiles.queue(info, delivery)
 
     @handles(ProfileIdle)
     def _on_profile_idle(self, msg: ProfileIdle) -> None:
-        if self.child_ref(msg.profile) is not msg.ref and self.child_ref(msg.profile) != msg.ref:
-            return
-        if self.sent.get(msg.profile, 0) != msg.handled:
-            return  # a Deliver is still in flight to it: it stays
-        self.forget_child(msg.profile)
-        self.sent.pop(msg.profile, None)
-        msg.ref.tell(StopProfile())
+        self.profiles.idle(msg)
 
     # ── the relay's side ────────────────────────────────────────────────────
 
@@ -271,7 +239,7 @@ class DispatcherActor(SupervisorActor):
             return
         delivery = delivery_from_envelope(env, info, label, now=time.time())
         self.book.add(key, Pending(delivery, "relay-in", msg.reply_connection))
-        self._queue_on_profile(info, delivery)
+        self.profiles.queue(info, delivery)
 
     @handles(RelayResumed)
     def _on_relay_resumed(self, msg: RelayResumed) -> None:
@@ -370,17 +338,7 @@ class DispatcherActor(SupervisorActor):
     def _on_shutdown(self, msg: ShutdownProfiles) -> list[str]:
         """Cancel what is queued everywhere; answer the ids of turns still running."""
         self.accepting = False
-        running: list[str] = []
-        for name in list(self.children):
-            ref = self.child_ref(name)
-            if ref is None:
-                continue
-            try:
-                current = ask(ref, WindDown(keep_journaled=self.durability.enabled), timeout=10)
-            except (ActorGone, AskTimeout):
-                continue
-            if current:
-                running.append(current)
+        running = self.profiles.wind_down(keep_journaled=self.durability.enabled)
         running += [k for k, p in self.book.pending() if p.route == "peer"]
         return running
 
@@ -413,7 +371,7 @@ class DispatcherActor(SupervisorActor):
         return {
             **self.counters,
             "pending": self.book.pending_count(),
-            "active_profiles": sum(1 for c in self.children.values() if c.ref.is_alive()),
+            "active_profiles": self.profiles.active(),
         }
 
     def on_escalation(self, name: str, error: BaseException | None) -> None:
@@ -423,14 +381,8 @@ class DispatcherActor(SupervisorActor):
                 self._settle(
                     outcomes.ambiguous(key, entry.delivery.label, f"The target's actor failed repeatedly ({error!r}).")
                 )
-        self.sent.pop(name, None)
+        self.profiles.forget(name)
 
     def on_stop(self) -> None:
         self.relay.abandon()
-        for name in list(self.children):
-            ref = self.child_ref(name)
-            if ref is not None:
-                try:
-                    ref.stop(block=True, timeout=5)
-                except pykka.Timeout:
-                    logger.warning("ProfileActor {} did not stop in time", name)
+        self.profiles.stop_all()
