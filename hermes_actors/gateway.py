@@ -140,6 +140,9 @@ class Gateway:
             system = ActorSystem(options, runner=self.runner)
             try:
                 system.start(cfg, redis_settings, subscribers=self._early_subscribers, owners=self._early_owners)
+            except BaseException:
+                system.teardown()  # a half-started gateway leaves no actor or thread behind
+                raise
             finally:
                 self.runner = system.runner  # the real Hermes, when chosen now
             self._system = system

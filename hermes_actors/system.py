@@ -148,7 +148,7 @@ class ActorSystem:
         subscribers: dict[int, Callable[[dict[str, Any]], Any]],
         owners: dict[str, Any],
     ) -> None:
-        """Start and wire every actor; on an error, what was started is torn down and the error raised.
+        """Start and wire every actor. After an error, call :meth:`teardown` to stop what was started.
 
         Args:
             cfg: the loaded ``bot_mode`` config.
@@ -159,19 +159,6 @@ class ActorSystem:
         Raises:
             KeyError: an owner names no local profile.
         """
-        try:
-            self._start(cfg, redis_settings, subscribers, owners)
-        except BaseException:
-            self.teardown()  # a half-started gateway leaves no actor or thread behind
-            raise
-
-    def _start(
-        self,
-        cfg: BotModeConfig,
-        redis_settings: Any,
-        subscribers: dict[int, Callable[[dict[str, Any]], Any]],
-        owners: dict[str, Any],
-    ) -> None:
         opts = self.options
         InboxPaths.from_root(opts.root).ensure()  # before the watch starts: no events for our own mkdirs
         adopted = None

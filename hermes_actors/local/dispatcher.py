@@ -111,7 +111,7 @@ class DispatcherActor(SupervisorActor):
 
     def _make_turn(self, delivery: Delivery) -> Turn:
         me = self.actor_ref
-        info = self.snapshot.index.get(delivery.target.lower())
+        info = self.snapshot.index.get(profile_key(delivery.target))
 
         def send(target: str, message: str) -> dict[str, Any]:
             request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1)
@@ -232,7 +232,7 @@ class DispatcherActor(SupervisorActor):
             self.relay.answer_relay_in(outcome_from_record(key, record), msg.reply_connection)
             return
         label = f"@{env['target_handle']}"
-        info = self.snapshot.index.get(str(env["target_profile"]).lower())
+        info = self.snapshot.index.get(profile_key(str(env["target_profile"])))
         if info is None:
             text = f"No agent '{env['target_profile']}' on this gateway; the message was NOT delivered."
             self.relay.answer_relay_in(outcomes.failed(key, label, text, "unknown"), msg.reply_connection)
@@ -316,7 +316,7 @@ class DispatcherActor(SupervisorActor):
             self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
             self._settle(outcome)
         for delivery in plan.reoffer:
-            info = index.get(delivery.target.lower())
+            info = index.get(profile_key(delivery.target))
             if info is not None:
                 self.deliver_local(info, delivery, journaled=True)
                 continue

@@ -18,6 +18,7 @@ from loguru import logger
 
 from actors import tell
 from hermes_actors.core.acks import delivery_record, journal_refusal, settled_ack
+from hermes_actors.core.names import profile_key
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.live_handoff import LiveMailbox
@@ -147,7 +148,7 @@ def durability_for(journal: Journal | None, dispatcher: pykka.ActorRef[Any]) -> 
 
 def live_record(index: dict[str, ProfileInfo], delivery: Delivery) -> dict[str, Any] | None:
     """The live-delivery mailbox record of ``delivery`` (None: it never went to a live owner)."""
-    info = index.get(delivery.target.lower())
+    info = index.get(profile_key(delivery.target))
     if info is None:
         return None
     try:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from hermes_actors.core.acks import delivery_from_record
+from hermes_actors.core.names import profile_key
 from hermes_actors.core.wake import WAKE_ORIGIN, WakeRequest, is_wake, wake_delivery, wake_for
 from hermes_actors.errors import StoreError
 from hermes_actors.faults import crashpoint
@@ -129,7 +130,7 @@ class SenderWaker:
         owner = self.owner
         crashpoint("after-outcome-before-wake")
         self._remember(request.wake_id)
-        info = owner.snapshot.index.get(request.profile.lower())
+        info = owner.snapshot.index.get(profile_key(request.profile))
         if info is None:
             self._failed("@{} is gone: the outcome of {} wakes nobody", request.handle, request.source_id)
             return
