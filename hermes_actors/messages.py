@@ -75,13 +75,10 @@ class ShutdownProfiles:
 
 @dataclass(frozen=True, slots=True)
 class FinalizePending:
-    """Ask the Dispatcher to settle still-pending deliveries as ambiguous (stop timeout).
-
-    Journaled deliveries that never started (not in ``running``) stay journaled.
-    """
+    """Ask the Dispatcher to settle still-pending deliveries as ambiguous (stop timeout)."""
 
     why: str
-    running: tuple[str, ...] = ()
+    running: tuple[str, ...] = ()  # journaled deliveries not in here never started: they stay journaled
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,15 +108,11 @@ class DetachOwner:
 
 @dataclass(frozen=True, slots=True)
 class ProfileIdle:
-    """Told to the Dispatcher by an idle ProfileActor that offers to stop.
-
-    The Dispatcher stops it only when ``handled`` equals the number of
-    Deliver messages it sent to ``ref``: then nothing is in flight to it.
-    """
+    """Told to the Dispatcher by an idle ProfileActor that offers to stop."""
 
     profile: str
     ref: pykka.ActorRef[Any]
-    handled: int
+    handled: int  # stopped only when this equals the Delivers sent to ``ref``: nothing is in flight to it
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,27 +132,19 @@ class AttachRelay:
 
 @dataclass(frozen=True, slots=True)
 class RelayAccepted:
-    """Told by the relay to the Dispatcher: its answer to the ``RelaySend``/``PeerSend`` of ``delivery_id``.
-
-    ``ack`` is the ack or refusal dict; None answers a ``PeerSend`` for a peer the relay
-    does not reach. ``error``: the relay's handler raised it instead.
-    """
+    """Told by the relay to the Dispatcher: its answer to the ``RelaySend``/``PeerSend`` of ``delivery_id``."""
 
     delivery_id: str
-    ack: dict[str, Any] | None
-    error: BaseException | None = None
+    ack: dict[str, Any] | None  # the ack or refusal dict; None: a PeerSend for a peer the relay does not reach
+    error: BaseException | None = None  # the relay's handler raised this instead
 
 
 @dataclass(frozen=True, slots=True)
 class RelayDeliver:
-    """Told by the RelayActor to the Dispatcher: run this drained envelope on a local profile.
-
-    The outcome goes back to the relay as :class:`RelayOutcome` with the same
-    ``reply_connection`` ("" for an envelope the Desktop RPC delivered).
-    """
+    """Told by the RelayActor to the Dispatcher: run this drained envelope on a local profile."""
 
     envelope: dict[str, Any]
-    reply_connection: str
+    reply_connection: str  # where the outcome goes back (as RelayOutcome); "": the Desktop RPC delivered it
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,12 +156,9 @@ class RelayResumed:
 
 @dataclass(frozen=True, slots=True)
 class JournalDurable:
-    """Told by the journal writer once per group commit: these records are on disk (or failed).
+    """Told by the journal writer once per group commit: these records are on disk (or failed)."""
 
-    ``tokens`` are ``("accepted", delivery_id)`` and ``("finished", Outcome)`` pairs.
-    """
-
-    tokens: tuple[tuple[str, Any], ...]
+    tokens: tuple[tuple[str, Any], ...]  # ("accepted", delivery_id) and ("finished", Outcome) pairs
     error: BaseException | None
 
 
@@ -230,13 +212,9 @@ class IdleCheck:
 
 @dataclass(frozen=True, slots=True)
 class WindDown:
-    """Ask a ProfileActor to cancel what is queued and report what is running.
+    """Ask a ProfileActor to cancel what is queued and report what is running."""
 
-    With ``keep_journaled`` the queued deliveries the journal holds are dropped
-    without an outcome: the next start on the same root re-offers them.
-    """
-
-    keep_journaled: bool = False
+    keep_journaled: bool = False  # drop journaled queued deliveries without an outcome: the next start re-offers them
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,10 +308,7 @@ class RelaySend:
 
 @dataclass(frozen=True, slots=True)
 class PeerSend:
-    """Ask the relay whether it reaches a ``bot_peers`` peer itself; answered with an ack/refusal dict or None.
-
-    None: the relay does not know that peer (the Dispatcher uses the CLI transport).
-    """
+    """Ask a relay that reaches peers (Redis) to carry a ``bot_peers`` DM; answered with an ack/refusal or None."""
 
     route: PeerRoute
     delivery: Delivery
