@@ -21,7 +21,7 @@ logger.disable("hermes_actors")
 logger.disable("actors")
 
 if TYPE_CHECKING:
-    from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
+    from hermes_actors.errors import HostileFileError, StoreError, TransportError, TurnFailed, ValidationError
     from hermes_actors.gateway import Gateway
     from hermes_actors.local.command_runner import CommandRunner
     from hermes_actors.local.runners import CallableRunner, TurnRunner
@@ -38,6 +38,7 @@ _LAZY = {
     "HostileFileError": "hermes_actors.errors",
     "Outcome": "hermes_actors.messages",
     "StoreError": "hermes_actors.errors",
+    "TransportError": "hermes_actors.errors",
     "Turn": "hermes_actors.messages",
     "TurnFailed": "hermes_actors.errors",
     "TurnRunner": "hermes_actors.local.runners",
@@ -54,6 +55,7 @@ __all__ = [
     "HostileFileError",
     "Outcome",
     "StoreError",
+    "TransportError",
     "Turn",
     "TurnFailed",
     "TurnRunner",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["HostileFileError", "StoreError", "TurnFailed", "ValidationError"]
+__all__ = ["HostileFileError", "StoreError", "TransportError", "TurnFailed", "ValidationError"]
 
 
 class TurnFailed(Exception):
@@ -30,3 +30,12 @@ class StoreError(OSError):
 
 class HostileFileError(ValidationError):
     """A file on disk is refused: symlink, wrong owner, too big, corrupt."""
+
+
+class TransportError(RuntimeError):
+    """A transport between gateways cannot be used as configured; the text says what to fix.
+
+    Raised by :meth:`hermes_actors.Gateway.start` (nothing is left running) for, e.g.,
+    a Redis password the server refuses, a connection id another live process
+    already serves, or the ``[redis]`` extra not installed.
+    """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +39,7 @@ from hermes_actors.messages import (
     StatsRequest,
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
+from hermes_actors.rooms import Rooms
 from hermes_actors.store.journal import Journal
 from hermes_actors.system import ASK_TIMEOUT as _ASK_TIMEOUT
 from hermes_actors.system import ActorSystem, SystemOptions, explicit_runner, redis_settings_for
@@ -45,8 +47,6 @@ from hermes_actors.system import is_real_hermes as is_real_hermes  # re-exported
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["Gateway"]
-
-
 
 class Gateway:
     """One gateway process's Bot Mode messaging.
@@ -112,9 +112,10 @@ class Gateway:
         self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
         self._state = "new"  # new → running → stopping → stopped
+        self.started_at: float | None = None  # time.time() once start() finished (``status`` shows the uptime)
         self._state_lock = threading.Lock()  # guards the lifecycle only, never message traffic
         self._tokens = itertools.count(1)
-        self._early_subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
+        self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]] = {}
         self._early_owners: dict[str, Any] = {}
         self._final_outcomes: dict[str, dict[str, Any]] = {}
         self._system: ActorSystem | None = None  # the actors and threads while started
@@ -127,6 +128,9 @@ class Gateway:
         Raises:
             FileNotFoundError: the root is not a directory.
             RuntimeError: already started.
+            ValueError: a bad ``bot_mode.transport``, or the Redis transport without a valid connection id.
+            TransportError: the Redis transport cannot be used: credentials refused, another live
+                process serves the connection id, or the ``[redis]`` extra is missing (nothing is left running).
         """
         with self._state_lock:
             if self._state != "new":
@@ -134,7 +138,8 @@ class Gateway:
             if not self.root.is_dir():
                 raise FileNotFoundError(f"Hermes root {str(self.root)!r} does not exist or is not a directory")
             self.config = cfg = load_config(self.root, self.overrides)
-            redis_settings = redis_settings_for(cfg, self.connection_id)  # ValueError (nothing started)
+            # ValueError/TransportError before anything started; Redis may take the id from the config
+            redis_settings, self.connection_id = redis_settings_for(cfg, self.connection_id)
             options = SystemOptions(self.root, self.overrides, self.connection_id, self.workers,
                                     self.cross_process_lock, self.peer_transport, self.durable, self.fsync)
             system = ActorSystem(options, runner=self.runner)
@@ -158,6 +163,7 @@ class Gateway:
                     system.teardown()
                     raise
             self._state = "running"
+            self.started_at = time.time()
         logger.info("gateway started on {} ({} profiles)", self.root, system.profile_count)
         return self
 
@@ -271,11 +277,16 @@ class Gateway:
         except pykka.Timeout:
             raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s") from None
 
-    def subscribe(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False) -> Callable[[], None]:
         """Call ``callback(outcome)`` for every later outcome, on the notifier thread.
 
         A callback that raises (even ``SystemExit``) is logged and counted in
         ``stats()["subscriber_errors"]``; it stays subscribed and no actor stops.
+
+        Args:
+            callback: called with a copy of each outcome dict.
+            details: also put ``sender`` and ``target`` (handles) and ``latency_seconds`` (acceptance
+                to outcome, None when unknown) in the dicts this callback receives (for metrics and logs).
 
         Returns:
             A function that unsubscribes.
@@ -287,9 +298,9 @@ class Gateway:
         token = next(self._tokens)
         notifier = self._notifier()
         if notifier is None:
-            self._early_subscribers[token] = callback
+            self._early_subscribers[token] = (callback, details)
         else:
-            notifier.tell(AddSubscriber(token, callback))
+            notifier.tell(AddSubscriber(token, callback, details))
 
         def unsubscribe() -> None:
             self._early_subscribers.pop(token, None)
@@ -322,7 +333,9 @@ class Gateway:
             notified, notify_skipped (shed behind a slow subscriber) and subscriber_errors (callbacks
             that raised) (the notifier); worker_threads; journal_fsyncs and journal_records when
             durable; and with a relay (file or Redis): relay_alive, and while it is alive ``relay``,
-            its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...).
+            its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...);
+            ``deliveries``: the oldest 200 in flight, in-flight counts per profile, the profiles with a
+            live owner and the settled DMs by status and reason (what ``hermes-actors status`` shows).
 
         Raises:
             RuntimeError: the gateway is not running.
@@ -376,6 +389,59 @@ class Gateway:
             self._early_owners.pop(profile, None)
             return
         ask(self._live_dispatcher(), DetachOwner(profile), timeout=_ASK_TIMEOUT)
+
+    # ── group rooms (docs/rooms.md): thin delegations to Rooms ──────────────
+
+    def _live_rooms(self) -> Rooms:
+        rooms = self._live().rooms
+        assert rooms is not None
+        return rooms
+
+    def create_room(self, name: str, members: list[str]) -> dict[str, Any]:
+        """Create a room of 2–6 local bots; returns ``{room_id, name, members}``.
+
+        Args:
+            name: the room's name (unique, case-insensitive); members' turns run in ``Group: <name>``.
+            members: names as ``message_agent`` targets accept them (handles, friendly names).
+
+        Raises:
+            ValueError: a bad name, a name taken, an unknown member, fewer than 2 or more than 6.
+            RuntimeError: the gateway is not running.
+        """
+        return self._live_rooms().create(name, members)
+
+    def room_send(self, room: str, sender: str, text: str) -> dict[str, Any]:
+        """Post ``text`` to ``room`` as ``sender`` (``"user"`` or a member); it is on disk before the ack.
+
+        Returns:
+            ``{status: "queued", room_id, message_id}``, or a refusal ``{error, reason}`` like ``message_agent``'s.
+        """
+        return self._live_rooms().send(room, sender, text)
+
+    def room_transcript(self, room: str) -> list[dict[str, Any]]:
+        """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``.
+
+        Raises:
+            KeyError: no such room.
+        """
+        return self._live_rooms().transcript(room)
+
+    def wait_room_idle(self, room: str, timeout: float = 60) -> str:
+        """Wait until the room settled; returns its state, ``idle`` or ``needs_you``.
+
+        Raises:
+            TimeoutError: still busy after ``timeout`` seconds.
+            KeyError: no such room.
+        """
+        return self._live_rooms().wait_idle(room, timeout)
+
+    def list_rooms(self) -> list[dict[str, Any]]:
+        """Every room: ``{room_id, name, members, state}``."""
+        return self._live_rooms().list()
+
+    def disband_room(self, room: str) -> dict[str, Any]:
+        """Delete the room (its file too); its members' sessions stay. Raises KeyError: no such room."""
+        return self._live_rooms().disband(room)
 
     # ── the Desktop's relay RPC (bot_relay.*): thin delegations to DesktopRpc ──
 

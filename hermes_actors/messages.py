@@ -11,12 +11,13 @@ dataclasses: they cross actor boundaries and are never mutated once sent.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pykka
 
 from hermes_actors.records import BOT_CHAT_SESSION, Delivery, Outcome, RemoteAgent, RosterSnapshot
+from hermes_actors.records import ROOM_ORIGIN as ROOM_ORIGIN
 from hermes_actors.records import Origin as Origin  # re-exported: the records travel inside these messages
 from hermes_actors.records import OutcomeStatus as OutcomeStatus
 from hermes_actors.records import ProfileInfo as ProfileInfo
@@ -140,6 +141,19 @@ class RelayAccepted:
 
 
 @dataclass(frozen=True, slots=True)
+class RoomTurn:
+    """Told by a RoomActor: run this member turn on the member's ProfileActor, queued behind its DMs.
+
+    Its outcome goes to ``reply`` (called on the Dispatcher's thread), never to ``subscribe``
+    callbacks as a DM outcome; the Dispatcher's journal does not record it (the room file does).
+    The RoomActor's own messages are in :mod:`hermes_actors.rooms.protocol`.
+    """
+
+    delivery: Delivery
+    reply: Callable[[Outcome], None]
+
+
+@dataclass(frozen=True, slots=True)
 class RelayDeliver:
     """Told by the RelayActor to the Dispatcher: run this drained envelope on a local profile."""
 
@@ -258,6 +272,7 @@ class RemoteRows:
 
     rows: tuple[RemoteAgent, ...]
     mtime: float  # wall-clock time the rows were read (their freshness)
+    unreachable: str = ""  # the Redis address while it is unreachable (the rows are the last ones read)
 
 
 # ── Notifier (local/notifier.py): subscriber callbacks ───────────────────
@@ -268,14 +283,16 @@ class Notify:
     """Told to the Notifier: run subscriber callbacks for one outcome dict."""
 
     outcome: dict[str, Any]
+    details: dict[str, Any] = field(default_factory=dict)  # sender, target, latency_seconds: opted-in only
 
 
 @dataclass(frozen=True, slots=True)
 class AddSubscriber:
-    """Ask the Notifier to call ``callback`` for every later outcome."""
+    """Ask the Notifier to call ``callback`` for every later outcome (with its details when ``details``)."""
 
     token: int
     callback: Callable[[dict[str, Any]], Any]
+    details: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 __all__ = [
     "BOT_CHAT_SESSION",
+    "ROOM_ORIGIN",
     "Delivery",
     "Origin",
     "Outcome",
@@ -31,8 +32,10 @@ BOT_CHAT_SESSION = "Bot Chat"
 OutcomeStatus = Literal["replied", "failed", "silent", "ambiguous"]
 
 #: Where a delivery came from: sent here, drained from the relay, re-offered after a
-#: restart, or a sender wake-up turn.
-Origin = Literal["local", "relay", "recovered", "wake"]
+#: restart, a sender wake-up turn, or a group room member's turn.
+Origin = Literal["local", "relay", "recovered", "wake", "room"]
+
+ROOM_ORIGIN: Origin = "room"  # Delivery.origin of a room member's turn
 
 
 def outcome_status(value: object) -> OutcomeStatus:
@@ -77,6 +80,7 @@ class RosterSnapshot:
     peers: tuple[str, ...] = ()
     remote: tuple[RemoteAgent, ...] = ()
     remote_mtime: float | None = None  # roster.json's mtime (wall clock); None = no roster
+    remote_unreachable: str = ""  # the Redis address while the transport cannot reach it ("" = reachable)
     managed: bool = False
     version: int = 0
     # Precomputed by ``roster.make_snapshot`` so resolving a target is O(1):
@@ -99,6 +103,7 @@ class Delivery:
     accepted_at: float = 0.0  # time.time() at acceptance
     origin: Origin = "local"
     label: str = ""  # how the target is shown to the sender ("@bob")
+    session: str = BOT_CHAT_SESSION  # the target's session the turn runs in ("Group: <name>" for a room)
 
 
 @dataclass(frozen=True, slots=True)

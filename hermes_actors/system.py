@@ -3,7 +3,8 @@
 :class:`ActorSystem` is what ``Gateway.start`` builds and ``Gateway.stop`` ends:
 the journal, the scheduler, the turn worker pool, the Notifier, RosterActor,
 DispatcherActor, the relay (file RelayActor with its filesystem bridge and the
-Desktop's relay RPC, or the Redis relay) and the recovery of a previous run.
+Desktop's relay RPC, or the Redis relay holding its connection lease), the
+recovery of a previous run and the group rooms.
 The Gateway keeps the lifecycle state and the public API.
 """
 
@@ -52,6 +53,8 @@ from hermes_actors.messages import (
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.relay.relay_actor import RelayActor
+from hermes_actors.rooms import Rooms
+from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.transports.peer_cli import PeerCliTransport
@@ -87,21 +90,37 @@ def is_real_hermes(runner: Any) -> bool:
     return getattr(runner, "real_hermes", False) is True
 
 
-def redis_settings_for(cfg: BotModeConfig, connection_id: str | None) -> Any:
-    """The Redis transport's settings when ``bot_mode.transport`` selects it (None: the file relay).
+def redis_settings_for(cfg: BotModeConfig, connection_id: str | None) -> tuple[Any, str | None]:
+    """The Redis transport's settings when ``bot_mode.transport`` selects it, and the connection id.
+
+    Args:
+        cfg: the loaded config.
+        connection_id: the one the Gateway was given (None: Redis takes ``bot_mode.connection_id``).
+
+    Returns:
+        (settings, connection id); settings None: the file relay (the connection id is unchanged).
 
     Raises:
-        ValueError: a bad transport value, or Redis without a ``connection_id``.
+        ValueError: a bad transport value, or Redis without a valid connection id.
+        TransportError: the ``[redis]`` extra is not installed.
     """
+    from hermes_actors.core.names import HANDLE_RE
+    from hermes_actors.transports.redis.io import require_redis
     from hermes_actors.transports.redis.store import redis_settings, redis_url_from_config
 
     url = redis_url_from_config(cfg.raw)
     if url is None:
-        return None
+        return None, connection_id
+    require_redis()
+    connection_id = connection_id or cfg.redis.connection_id or None
     if not connection_id:
-        raise ValueError("the Redis transport (bot_mode.transport) needs Gateway(..., connection_id=...): "
-                         "the connection id names this gateway's stream on Redis")
-    return redis_settings(cfg.raw, url)
+        raise ValueError("the Redis transport (bot_mode.transport) needs this gateway's connection id, the name "
+                         "of its stream on Redis: pass --connection-id NAME (CLI) or Gateway(..., "
+                         "connection_id=NAME), or set bot_mode.connection_id in config.yaml")
+    if not HANDLE_RE.match(connection_id):
+        raise ValueError(f"connection id {connection_id!r} must be 1-64 letters, digits, '_' or '-' "
+                         "(starting with a letter or digit)")
+    return redis_settings(cfg.raw, url), connection_id
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,7 @@ class ActorSystem:
     relay: pykka.ActorRef[Any] | None = None
     bridge: FsBridge | None = None
     desktop: DesktopRpc | None = None  # the Desktop's relay RPC, served by the file RelayActor
+    rooms: Rooms | None = None  # the group rooms (docs/rooms.md)
     profile_count: int = 0
     recovered: dict[str, int] = field(default_factory=dict)
 
@@ -145,7 +165,7 @@ class ActorSystem:
         cfg: BotModeConfig,
         redis_settings: Any,
         *,
-        subscribers: dict[int, Callable[[dict[str, Any]], Any]],
+        subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]],
         owners: dict[str, Any],
     ) -> None:
         """Start and wire every actor. After an error, call :meth:`teardown` to stop what was started.
@@ -153,11 +173,12 @@ class ActorSystem:
         Args:
             cfg: the loaded ``bot_mode`` config.
             redis_settings: from :func:`redis_settings_for` (None: the file relay).
-            subscribers: outcome callbacks subscribed before start (token → callback).
+            subscribers: outcome callbacks subscribed before start (token → (callback, details)).
             owners: live owners attached before start (profile → owner); attached before recovery.
 
         Raises:
             KeyError: an owner names no local profile.
+            TransportError: another live process serves the Redis connection id, or Redis refused us.
         """
         opts = self.options
         InboxPaths.from_root(opts.root).ensure()  # before the watch starts: no events for our own mkdirs
@@ -168,8 +189,8 @@ class ActorSystem:
         self.scheduler = scheduler = Scheduler().start()
         self.pool = pool = WorkerPool(opts.workers, name="turn")
         self.notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog)
-        for token, callback in subscribers.items():
-            self.notifier.tell(AddSubscriber(token, callback))
+        for token, (callback, details) in subscribers.items():
+            self.notifier.tell(AddSubscriber(token, callback, details))
         self.roster = RosterActor.start(
             opts.root, overrides=opts.overrides, scheduler=scheduler, rescan_seconds=cfg.rescan_seconds
         )
@@ -185,8 +206,11 @@ class ActorSystem:
         runner, guard = self.runner, None
         if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
             from hermes_actors.transports.redis.actor import ClaimGuard
+            from hermes_actors.transports.redis.lease import claim_connection
 
             guard = ClaimGuard(redis_settings, ttl=cfg.envelope_ttl_seconds)
+            assert opts.connection_id is not None
+            claim_connection(redis_settings, opts.connection_id, guard.consumer)  # one process per connection id
             runner = guard.wrap(runner)
         journal = self.journal
 
@@ -212,6 +236,9 @@ class ActorSystem:
         if adopted is not None and adopted.states:
             idempotent = bool(getattr(self.runner, "idempotent", False))
             self.recovered = ask(self.dispatcher, Recover(adopted.states, idempotent), timeout=ASK_TIMEOUT, expect=dict)
+        self.rooms = Rooms(RoomFiles(opts.root, fsync=opts.fsync), dispatcher=self.dispatcher,
+                           roster=self.roster, notifier=self.notifier)
+        self.rooms.start()  # after recovery: a resumed round's member turns queue behind recovered DMs
 
     def _start_relay(self, cfg: BotModeConfig, redis_settings: Any, guard: Any, current: RosterSnapshot) -> None:
         """Start the relay (Redis or file; both speak the same messages to the Dispatcher) and await its resume."""
@@ -248,14 +275,16 @@ class ActorSystem:
         Raises:
             RuntimeError: the relay did not finish resuming within ``_RESUME_TIMEOUT``, or died.
         """
-        assert self.relay is not None and self.dispatcher is not None
+        assert self.relay is not None and self.dispatcher is not None and self.roster is not None
         try:
             entries = ask(self.relay, ResumeRelay(), timeout=_RESUME_TIMEOUT)
+            # The relay read the remote roster before it answered; these two asks flush it through the
+            # RosterActor into the Dispatcher, so a DM right after start() finds the other machines' agents.
+            ask(self.roster, GetSnapshot(), timeout=_RESUME_TIMEOUT, expect=RosterSnapshot)
+            ask(self.dispatcher, RelayResumed(tuple(entries or ())), timeout=_RESUME_TIMEOUT)
             if entries is None:
                 logger.warning("relay transport unreachable at start: the envelopes in flight before the restart "
                                "become answerable once it is reachable again")
-                return
-            ask(self.dispatcher, RelayResumed(tuple(entries)), timeout=_RESUME_TIMEOUT)
         except AskTimeout as exc:
             raise RuntimeError(f"gateway start: the relay did not finish resuming its in-flight envelopes within "
                                f"{_RESUME_TIMEOUT:g}s ({exc}); nothing was accepted, start again") from exc
@@ -282,6 +311,8 @@ class ActorSystem:
         if self.bridge is not None:
             self.bridge.stop()
         try:
+            if self.rooms is not None:
+                self.rooms.halt()  # no new member turns; running ones still post or show as interrupted
             ask(dispatcher, StopAccepting(), timeout=ASK_TIMEOUT)
             running = ask(dispatcher, ShutdownProfiles(), timeout=ASK_TIMEOUT, expect=list)
             await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
@@ -289,10 +320,14 @@ class ActorSystem:
             ask(dispatcher, FinalizePending(why, tuple(running)), timeout=ASK_TIMEOUT)
             end_running_turns(self.runner, running)
             final = ask(dispatcher, ExportOutcomes(), timeout=ASK_TIMEOUT, expect=dict)
+            if self.rooms is not None:
+                self.rooms.stop()  # after the last member-turn outcomes reached them, before the notifier flush
             ask(notifier, Flush(), timeout=max(ASK_TIMEOUT, timeout))
         except (ActorGone, AskTimeout) as exc:
             logger.error("gateway stop was not clean: {}", exc)
         finally:
+            if self.rooms is not None:
+                self.rooms.stop()  # idempotent: already stopped above unless the stop was not clean
             self._stop_actors()
             pool.shutdown(timeout=max(1.0, deadline - time.monotonic()))
             if self.journal is not None:
@@ -303,6 +338,8 @@ class ActorSystem:
 
     def teardown(self) -> None:
         """Stop whatever was started (after a failed start)."""
+        if self.rooms is not None:
+            self.rooms.stop()
         if self.bridge is not None:
             self.bridge.stop()
         self._stop_actors()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["RedisServer", "redis_binary", "redis_server", "start_redis"]
+__all__ = ["RedisServer", "dead_consumer", "fake_connection", "redis_binary", "redis_server", "start_redis"]
 
 
 def redis_binary() -> str | None:
@@ -142,3 +142,31 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.kill()
+
+
+def dead_consumer() -> str:
+    """The consumer name of a process of this host that has exited (its Redis lease may be taken over)."""
+    import sys
+
+    from hermes_actors.transports.redis.store import consumer_name
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return consumer_name(pid=proc.pid)
+
+
+def fake_connection(server: RedisServer, conn: str, profiles: tuple[str, ...] = ("bob",), alive: bool = True) -> None:
+    """Publish a roster (and a heartbeat) for a connection nobody consumes.
+
+    The heartbeat names a process of this host that has exited, as one killed -9 leaves it: the
+    connection looks online until a real gateway on ``conn`` starts and takes its lease over.
+    """
+    from hermes_actors.messages import ProfileInfo
+    from hermes_actors.transports.redis.store import RedisKeys, local_roster_rows
+
+    keys = RedisKeys()
+    client = server.client()
+    infos = tuple(ProfileInfo(p, p, Path("/nonexistent"), p) for p in profiles)
+    client.hset(keys.roster(conn), mapping=local_roster_rows(infos, conn))
+    if alive:
+        client.set(keys.alive(conn), dead_consumer(), ex=600)

@@ -110,3 +110,21 @@ def test_baseline_reply_waiter_polls_the_reply_file(tmp_path: Path) -> None:
     writer.start()
     assert wait_reply_file(reply, 5) == {"id": "a" * 32, "reply": "ok"}
     writer.join()
+
+
+def test_the_polling_room_model_follows_the_room_rules() -> None:
+    from bench.baseline.room import PollingRoom
+
+    assert "room-settle" in REGISTRY
+    turns: list[str] = []
+
+    def turn(member: str, news: list[tuple[str, str]]) -> str:
+        turns.append(member)
+        return "@m2 ok" if member == "m0" and any(a == "user" for a, _ in news) else "[SILENT]"
+
+    with PollingRoom(["m0", "m1", "m2", "m3"], turn, poll_s=0.01) as room:
+        room.send("@m0 status?")
+        assert room.wait_idle(10)
+        # round 1: m0 (mentioned) replies mentioning m2; round 2: m2 passes; the silent round settles
+        assert room.transcript == [("user", "@m0 status?"), ("m0", "@m2 ok")]
+        assert turns == ["m0", "m2"]

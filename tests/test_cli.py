@@ -6,11 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from roots import make_root
 
 from hermes_actors.cli.main import build_parser, main
-from hermes_actors.demo.bots import create_demo_root
+from hermes_actors.demo.bots import DemoRunner, create_demo_root
+from hermes_actors.messages import Turn
 
-COMMANDS = ["demo", "roster", "send", "serve", "relay", "bench", "enable", "disable"]
+COMMANDS = ["demo", "roster", "send", "outcome", "status", "doctor", "room", "serve", "relay", "bench", "enable",
+            "disable"]
 
 
 @pytest.mark.parametrize("argv", [["--help"]] + [[c, "--help"] for c in COMMANDS])
@@ -41,23 +44,73 @@ def test_roster_lists_the_demo_bots_as_json(tmp_path: Path, capsys: pytest.Captu
 def test_send_waits_for_the_reply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = create_demo_root(tmp_path / "root")
     code = main(["send", "--root", str(root), "--from", "hermes", "scout", "what changed?", "--wait", "10",
-                 "--runner", "demo"])
+                 "--runner", "demo", "--json"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 0
     ack = json.loads(lines[0])
     assert ack["status"] == "queued" and ack["to"] == "@scout"
-    assert lines[1].startswith("Reply from @scout: ")
+    assert json.loads(lines[1])["text"].startswith("Reply from @scout: ")
 
 
-def test_send_to_an_unknown_target_prints_the_refusal_and_exits_2(
+def test_send_prints_human_lines_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    code = main(["send", "--root", str(root), "--from", "hermes", "scout", "what changed?", "--runner", "demo"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    assert lines[0].startswith("queued for @scout: delivery ") and "hermes-actors outcome --root" in lines[0]
+    assert lines[1].startswith("Reply from @scout: ")  # no host: the DM ran in this command, which waited for it
+
+
+def test_send_to_an_unknown_target_prints_one_refusal_line_and_exits_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = create_demo_root(tmp_path / "root")
     code = main(["send", "--root", str(root), "--from", "hermes", "nobody", "hi", "--runner", "demo"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out == "refused [unknown]: no teammate named 'nobody' — teammates: @critic, @scout, @scribe\n"
+
+
+def test_send_json_prints_the_raw_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    code = main(["send", "--root", str(root), "--from", "hermes", "nobody", "hi", "--runner", "demo", "--json"])
     refusal = json.loads(capsys.readouterr().out.strip())
-    assert code == 2
+    assert code == 1
     assert refusal["error"].startswith("No teammate named 'nobody'")
     assert "scout" in refusal["teammates"]
+
+
+def test_a_failed_turn_exits_1_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    missing = tmp_path / "no-such-hermes"
+    code = main(["send", "--root", str(root), "--from", "hermes", "scout", "hi", "--cli", str(missing),
+                 "--runner", "command", "--wait", "30"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 1
+    assert lines[-1].startswith("failed [") and "@scout" in lines[-1]
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["send", "--root"])
+    assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [["-v", "status"], ["status", "-v"], ["status", "-vv"], ["-v", "status", "-v"]])
+def test_verbose_is_accepted_anywhere(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    assert main([*argv, "--root", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["running"] is False
+
+
+def test_roster_shows_peers_and_says_when_the_install_is_not_managed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = make_root(tmp_path, {"alice": {}}, managed=False, config={"bot_peers": {"mini": {}}})
+    assert main(["roster", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "peers: mini" in out
+    assert "not Bot-Mode-managed" in out and f"hermes-actors enable --root {root}" in out
 
 
 def test_a_missing_root_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,3 +124,55 @@ def test_the_demo_runs_its_script_and_prints_the_summary(capsys: pytest.CaptureF
     for needle in ("Reply from @scout", "target_busy", "intentional silence", "Invalid target",
                    "Reply from @dave on mini", "Summary"):
         assert needle in out
+    assert "[reason: " not in out and "target_busy: another" not in out  # the reason is said once
+    assert "refused [unknown]: no teammate named 'nobody'" in out
+
+
+@pytest.mark.parametrize(
+    ("request_text", "answer"),
+    [("Shorten para 2.", "Shortened para 2"), ("Draft the intro.", "intro"), ("And a title, please.", "Title:"),
+     ("Add the EU numbers.", "EU numbers")],
+)
+def test_the_demo_writer_answers_the_request_it_got(request_text: str, answer: str) -> None:
+    runner = DemoRunner(delays={"scribe": 0.0})
+    turn = Turn(profile="scribe", content=f"Message from 🤖 Critic (@critic): {request_text}", delivery_id="c" * 32)
+    assert answer in runner.run_turn(turn)
+
+
+def test_room_commands_create_send_show_list_disband(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    base = ["--root", str(root), "--runner", "demo"]
+    assert main(["room", "create", "launch", "hermes", "scout", "critic", *base]) == 0
+    room = json.loads(capsys.readouterr().out)
+    assert room["name"] == "launch" and room["members"] == ["hermes", "scout", "critic"]
+
+    assert main(["room", "send", "launch", "What do we need for Friday?", *base, "--wait", "30"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(lines[0])["status"] == "queued"
+    assert lines[1].startswith("[1] hermes: ") and lines[-1] == "room is needs_you"
+    assert any(line.startswith("[2] hermes: @user") for line in lines)
+
+    assert main(["room", "show", "launch", *base]) == 0
+    shown = capsys.readouterr().out.strip().splitlines()
+    assert shown[0] == "[0] user: What do we need for Friday?" and shown[1:] == lines[1:-1]
+
+    assert main(["room", "list", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out) == [{**room, "state": "needs_you"}]
+
+    assert main(["room", "disband", "launch", *base]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "disbanded"
+    assert main(["room", "list", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_room_command_errors_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    base = ["--root", str(root), "--runner", "demo"]
+    assert main(["room", "create", "solo", "hermes", *base]) == 2
+    assert "a room has 2 to 6 members, not 1" in capsys.readouterr().err
+    assert main(["room", "show", "nowhere", *base]) == 2
+    assert "no room 'nowhere'" in capsys.readouterr().err
+    assert main(["room", "create", "duo", "hermes", "scout", *base]) == 0
+    capsys.readouterr()
+    assert main(["room", "send", "duo", "   ", *base]) == 1  # a refusal (docs/operations.md, exit codes)
+    assert capsys.readouterr().out.startswith("refused [unknown]: text is required")

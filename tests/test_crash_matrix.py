@@ -67,7 +67,7 @@ def test_crash_then_restart(tmp_path: Path, case: str) -> None:
     else:
         assert outcome["reply"] == f"reply to {key}"
     (subscribed,) = second.of("subscribed")  # a subscriber registered before start() saw it too
-    assert subscribed["outcomes"] == [outcome]
+    assert subscribed["outcomes"] == [{"kind": "dm", **outcome}]  # a subscriber event also says what it is
     assert turns_logged(root) == [key] * turns, f"{case}: runner entries {turns_logged(root)}"
 
     # A third start knows the settled outcome and neither re-runs nor re-reports it.

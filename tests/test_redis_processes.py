@@ -19,6 +19,7 @@ from roots import logged_turns, wait_online
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.demo.bots import create_demo_root
+from hermes_actors.transports.redis.lease import parse_consumer
 
 pytestmark = pytest.mark.redis
 TESTS = Path(__file__).resolve().parent
@@ -98,6 +99,7 @@ def test_sigkilled_consumer_entries_are_reclaimed_and_delivered_exactly_once(tmp
         await_condition(lambda: sum(Counter(logged_turns(log1)).values()) >= 3, timeout=20, message="mini1 ran 3 turns")
         client = redis_server.client()
         pending = client.xpending("hermes:bot:in:mini", "hermes")["pending"]
+        mini1_pid = mini1.proc.pid
         mini1.proc.send_signal(signal.SIGKILL)  # holding ~17 un-acked entries, one turn mid-way
         mini1.proc.wait(timeout=10)
         assert pending >= 10
@@ -114,12 +116,16 @@ def test_sigkilled_consumer_entries_are_reclaimed_and_delivered_exactly_once(tmp
     assert {d: n for d, n in both.items() if n != 1} == {}  # no turn ran twice, across both consumers
     assert set(both) <= set(ids) and second  # the survivor did run the reclaimed ones
     statuses = Counter(o["status"] for o in outcomes.values())
-    assert statuses["replied"] + statuses["silent"] >= 19 and statuses["ambiguous"] <= 1, statuses
+    # mini1 claimed the turns it logged plus at most the one running when it died; every other DM replied.
+    assert statuses["ambiguous"] <= len(first) + 1, (statuses, first)
     for d, o in outcomes.items():
         if o["status"] in ("replied", "silent"):
             assert both[d] == 1
-        else:  # the turn that was running when mini1 died: reported "may have been delivered", never re-run
-            assert o["status"] == "ambiguous" and "do not resend" in o["error"] and second[d] == 0
+        else:  # a turn mini1 had taken (running, or finished with its reply not yet written) when it died:
+            # reported "may have been delivered", never re-run. Under load more than one can be in that window.
+            assert o["status"] == "ambiguous" and "do not resend" in o["error"] and second[d] == 0, o
+            holder = parse_consumer((client.get(f"hermes:bot:claim:{d}") or b"").decode())
+            assert holder is not None and holder[1] == mini1_pid, (d, holder)
     assert {d: n for d, n in seen.items() if n != 1} == {} and set(seen) == set(ids)
 
 

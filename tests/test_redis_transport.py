@@ -20,21 +20,20 @@ from typing import Any
 import orjson
 import pytest
 from loguru import logger
-from redis_fixture import RedisServer
+from redis_fixture import RedisServer, fake_connection
 from roots import RecordingRunner, make_root, wait_online
 
 from actors.testkit import await_condition
-from hermes_actors import Gateway, TurnFailed
+from hermes_actors import Gateway, TransportError, TurnFailed
 from hermes_actors.core.config import deep_merge
 from hermes_actors.errors import ValidationError
-from hermes_actors.messages import ProfileInfo, Turn
+from hermes_actors.messages import Turn
 from hermes_actors.store.relay_protocol import make_envelope
 from hermes_actors.transports.peer_cli import PeerCliTransport
 from hermes_actors.transports.redis.store import (
     RedisKeys,
     decode_envelope_entry,
     encode_envelope_entry,
-    local_roster_rows,
     mask_url,
     parse_remote_rows,
     redis_settings,
@@ -59,15 +58,6 @@ def gateway(tmp: Path, name: str, server: RedisServer, runner: Any = None, *, pr
     with Gateway(root, runner=runner or RecordingRunner(), config=cfg, connection_id=name, durable=False,
                  **kwargs) as gw:
         yield gw
-
-
-def fake_connection(server: RedisServer, conn: str, profiles: tuple[str, ...] = ("bob",), alive: bool = True) -> None:
-    """Publish a roster (and a heartbeat) for a connection nobody consumes."""
-    client = server.client()
-    infos = tuple(ProfileInfo(p, p, Path("/nonexistent"), p) for p in profiles)
-    client.hset(KEYS.roster(conn), mapping=local_roster_rows(infos, conn))
-    if alive:
-        client.set(KEYS.alive(conn), b"x", ex=600)
 
 
 def inject(server: RedisServer, target_conn: str, reply_to: str, *, profile: str = "bob", created: float | None = None,
@@ -385,10 +375,9 @@ def test_acl_user_in_the_url(tmp_path: Path, redis_server: RedisServer) -> None:
         ack = alpha.message_agent(sender="alice", target="bob@mini", message="acl")
         assert alpha.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
     bad = {"bot_mode": {"transport": f"redis://gateway:wrong@127.0.0.1:{redis_server.port}/0"}}
-    fake_connection(redis_server, "mini")
-    with gateway(tmp_path, "beta", redis_server, config=bad) as beta:
-        refusal = beta.message_agent(sender="alice", target="bob@mini", message="x")
-        assert "delivery_id" not in refusal  # never acked without Redis
+    with pytest.raises(TransportError, match="refused our credentials"), \
+            gateway(tmp_path, "beta", redis_server, config=bad):  # not retried forever: the start fails
+        pytest.fail("a gateway started with a wrong password")
 
 
 # ── bot_peers: over Redis, and over the CLI transport ───────────────────────

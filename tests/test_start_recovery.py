@@ -17,19 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_fixture import RedisServer
+from redis_fixture import RedisServer, fake_connection
 from relay_helpers import remote_row, write_roster_file
 from roots import RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors import system as system_module
-from hermes_actors.messages import ProfileInfo
 from hermes_actors.relay.relay_actor import RelayActor
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_protocol import make_reply
 from hermes_actors.transports.redis.actor import RedisRelayActor
-from hermes_actors.transports.redis.store import RedisKeys, encode_reply_entry, local_roster_rows
+from hermes_actors.transports.redis.store import RedisKeys, encode_reply_entry
 
 SLOW_RESUME_SECONDS = 1.0
 REDIS_KEYS = RedisKeys()
@@ -141,18 +140,10 @@ def _redis_config(server: RedisServer) -> dict[str, Any]:
     return {"bot_mode": {"transport": server.url, "redis_heartbeat_seconds": 0.2, "redis_claim_idle_seconds": 0.5}}
 
 
-def _fake_connection(server: RedisServer, conn: str, profile: str = "bob") -> None:
-    """A connection that is online (roster + heartbeat) but drains nothing."""
-    client = server.client()
-    client.hset(REDIS_KEYS.roster(conn), mapping=local_roster_rows(
-        (ProfileInfo(profile, profile, Path("/nonexistent"), profile),), conn))
-    client.set(REDIS_KEYS.alive(conn), b"x", ex=600)
-
-
 @pytest.mark.redis
 def test_redis_every_in_flight_id_is_answerable_when_start_returns(tmp_path: Path, redis_server: RedisServer,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_connection(redis_server, "mini")
+    fake_connection(redis_server, "mini")
     root = make_root(tmp_path, {"alice": {}}, name="alpha")
     cfg = _redis_config(redis_server)
     with Gateway(root, runner=RecordingRunner(), config=cfg, connection_id="alpha", durable=False) as first:

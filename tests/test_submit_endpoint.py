@@ -15,12 +15,13 @@ from roots import RecordingRunner, make_root, start_gateway
 from hermes_actors.cli import main
 from hermes_actors.errors import HostileFileError
 from hermes_actors.gateway import Gateway
-from hermes_actors.hermes.submit import SubmitServer, fetch_outcome, ping, request, submit_dm
+from hermes_actors.hermes.submit import SubmitServer, fetch_outcome, fetch_status, ping, request, submit_dm
 from hermes_actors.hermes.submit_protocol import (
     MAX_REQUEST_BYTES,
     OutcomeCall,
     Ping,
     SendCall,
+    StatusCall,
     encode,
     parse_request,
     socket_path,
@@ -37,6 +38,7 @@ from hermes_actors.hermes.submit_protocol import (
         (b'{"op":"send","sender":"alice","target":"bob","message":"hi"}', SendCall("alice", "bob", "hi", 0)),
         (b'{"op":"outcome","delivery_id":"ab12ab12ab12ab12ab12ab12ab12ab12","wait":1.5}',
          OutcomeCall("ab12ab12ab12ab12ab12ab12ab12ab12", 1.5)),
+        (b'{"op":"status"}', StatusCall()),
     ],
 )
 def test_well_formed_requests_parse(raw: bytes, expected: object) -> None:
@@ -50,6 +52,7 @@ def test_well_formed_requests_parse(raw: bytes, expected: object) -> None:
         (b"[1, 2]", "must be a JSON object, got list"),
         (b'{"op":"fly"}', "unknown op 'fly'"),
         (b'{"op":"ping","extra":1}', "unknown field(s) for op 'ping': extra"),
+        (b'{"op":"status","verbose":1}', "unknown field(s) for op 'status': verbose"),
         (b'{"op":"send","target":"bob","message":"hi"}', "'sender' must be a non-empty string"),
         (b'{"op":"send","sender":"a","target":7,"message":"hi"}', "'target' must be a string"),
         (b'{"op":"send","sender":"a","target":"b","message":null}', "'message' must be a string, got NoneType"),
@@ -110,6 +113,15 @@ def test_a_send_round_trips_to_the_send_function(server_root: Path) -> None:
     assert answer == {"status": "queued", "delivery_id": "id1", "to": "@bob"}
     assert rec.calls == [SendCall("alice", "bob", "hi", 3)]
     assert pong is not None and pong["pid"] == os.getpid() and pong["root"] == str(server_root)
+
+
+def test_status_is_served_only_when_the_host_gives_a_status_function(server_root: Path) -> None:
+    with SubmitServer(server_root, send=Recorder()):
+        refused = fetch_status(server_root)
+    with SubmitServer(server_root, send=Recorder(), status=lambda: {"running": True, "profiles": []}):
+        served = fetch_status(server_root)
+    assert refused["error"] == "bad submit request: this endpoint does not serve 'status'"
+    assert served == {"running": True, "profiles": []}
 
 
 def test_the_socket_and_its_directory_are_owner_only(server_root: Path) -> None:
@@ -290,10 +302,27 @@ def test_send_goes_through_a_running_host(
     out, err = capsys.readouterr()
     assert code == 0, err
     lines = out.strip().splitlines()
-    assert json.loads(lines[0])["status"] == "queued"
+    assert lines[0].startswith("queued for @bob: delivery ")
     assert lines[1] == "Reply from @bob: ok: hello"
     assert [t.sender for t in rec.entered] == ["alice"]  # the host's runner ran it, not the send process
     assert "no host serves" not in err
+
+
+def test_send_without_wait_returns_right_after_the_ack(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = make_root(tmp_path)
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: "done" if release.wait(30) else "")
+    start_gateway(gateways, root, rec, serve_submit=True)
+    try:
+        code = main(["send", "--root", str(root), "--from", "alice", "bob", "hello", "--json"])
+        finished = len(rec.records)
+    finally:
+        release.set()
+    assert code == 0
+    assert finished == 0  # the turn was still running when send returned
+    assert json.loads(capsys.readouterr().out)["status"] == "queued"
 
 
 def test_send_without_a_host_says_it_runs_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,3 +9,4 @@ from bench.scenarios import local  # noqa: F401, I001  (registers local-roundtri
 from bench.scenarios import durable  # noqa: F401  (registers durable-throughput)
 from bench.scenarios import relay  # noqa: F401  (registers relay-roundtrip)
 from bench.scenarios import redis_roundtrip  # noqa: F401  (registers redis-roundtrip)
+from bench.scenarios import rooms  # noqa: F401  (registers room-settle)

@@ -1,4 +1,10 @@
-"""The ``hermes-actors`` command: demo, roster, send, serve, relay, bench, enable, disable."""
+"""The ``hermes-actors`` command: demo, roster, send, outcome, status, doctor, room, serve, relay, bench,
+enable, disable.
+
+Exit codes (every command): 0 ok / replied, 1 refused, failed or ambiguous (a
+doctor that found a blocker), 2 usage error; ``outcome`` adds 3 pending and 4
+unknown. Refusals and failures print one human line; ``--json`` prints the dict.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,19 @@ from typing import Any
 
 import orjson
 from loguru import logger
+
+from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
+from hermes_actors.cli.render import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    ack_line,
+    answer_exit_code,
+    clip,
+    outcome_exit_code,
+    outcome_line,
+    refusal_line,
+)
+from hermes_actors.errors import TransportError
 
 __all__ = ["main"]
 
@@ -62,11 +81,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(keep=args.keep, out=sys.stdout)
 
 
-def _cmd_roster(args: argparse.Namespace) -> int:
-    from hermes_actors.gateway import Gateway
+def _transport_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config overrides of ``--redis`` (empty without it: ``config.yaml`` decides)."""
+    return {"bot_mode": {"transport": args.redis}} if args.redis else {}
 
-    with Gateway(args.root, runner=lambda turn: "") as gw:
-        rows = gw.roster()
+
+def _cmd_roster(args: argparse.Namespace) -> int:
+    from hermes_actors.core.config import load_config
+    from hermes_actors.gateway import Gateway
+    from hermes_actors.hermes.submit_client import HostOffline, fetch_roster
+    from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
+
+    try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
+        rows = fetch_roster(args.root)
+    except HostOffline:
+        with Gateway(args.root, runner=lambda turn: "", config=_transport_config(args),
+                     connection_id=args.connection_id) as gw:
+            rows = gw.roster()
     if args.json:
         print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
         return 0
@@ -74,13 +105,29 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     for row in rows:
         online = {True: "yes", False: "no", None: "unknown"}[row["online"]]
         conn = row["connection_id"] or "local"
-        print(f"@{row['handle']:<19} {row['profile']:<20} {row['title'][:20]:<20} {conn:<16} {online}")
+        print(f"@{row['handle']:<19} {row['profile']:<20} {clip(row['title'], 20):<20} {conn:<16} {online}")
+    peers = load_config(args.root).peers
+    print(f"peers: {', '.join(peers)}" if peers else "peers: none (list peer gateways under bot_peers in config.yaml)")
+    if not install_is_managed(discover_profiles(args.root)):
+        print(f"note: this install is not Bot-Mode-managed (no profile has ui_meta.hermes-bots), so every DM is "
+              f"refused; fix: hermes-actors enable --root {args.root}")
     return 0
 
 
-def _print_outcome(outcome: dict[str, Any]) -> int:
-    print(outcome["text"])
-    return 0 if outcome["status"] in ("replied", "silent") else 1
+def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print a send's ack or refusal; the exit code when the command ends here."""
+    if args.json:
+        print(orjson.dumps(answer).decode())
+    elif "error" in answer:
+        print(refusal_line(answer))
+    else:
+        print(ack_line(answer, str(args.root)))
+    return answer_exit_code(answer)
+
+
+def _print_outcome(outcome: dict[str, Any], args: argparse.Namespace) -> int:
+    print(orjson.dumps(outcome).decode() if args.json else outcome_line(outcome))
+    return outcome_exit_code(outcome)
 
 
 def _send_via_host(args: argparse.Namespace) -> int | None:
@@ -95,69 +142,89 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
     except HostOffline:
         return None
     except TimeoutError:
-        print(f"error: the host of {args.root} did not answer within 30s; the DM may or may not be queued",
-              file=sys.stderr)
-        return 3
-    print(orjson.dumps(ack).decode())
-    if "error" in ack:
-        return 2
-    if args.wait is None:
-        return 0
+        print(f"ambiguous: the host of {args.root} did not answer within 30s; the DM may or may not be queued "
+              "(do not resend blindly)", file=sys.stderr)
+        return EXIT_FAILED
+    code = _print_answer(ack, args)
+    if "error" in ack or args.wait is None:
+        return code  # right after the ack: the host runs the turn
     deadline = time.monotonic() + args.wait
     while True:  # the host waits for us, in slices it accepts
         try:
             wait = max(0.0, min(60.0, deadline - time.monotonic()))
             outcome = fetch_outcome(args.root, ack["delivery_id"], wait=wait)
         except (HostOffline, TimeoutError) as exc:
-            print(f"error: lost the host of {args.root} while waiting for the outcome: {exc}", file=sys.stderr)
-            return 3
+            print(f"ambiguous: lost the host of {args.root} while waiting for the outcome ({exc}); look it up "
+                  f"later with: hermes-actors outcome --root {args.root} {ack['delivery_id']}", file=sys.stderr)
+            return EXIT_FAILED
         if outcome.get("status") not in ("pending", "unknown"):
-            return _print_outcome(outcome)
+            return _print_outcome(outcome, args)
         if outcome.get("status") == "unknown" or time.monotonic() >= deadline:
-            why = outcome.get("error") or f"no outcome for delivery {ack['delivery_id']} within {args.wait}s"
-            print(f"error: {why}", file=sys.stderr)
-            return 3
+            why = outcome.get("error") or f"no outcome for delivery {ack['delivery_id']} within {args.wait:g}s"
+            print(f"pending: {why}; look it up later with: hermes-actors outcome --root {args.root} "
+                  f"{ack['delivery_id']}", file=sys.stderr)
+            return EXIT_FAILED
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import stop_gateway
+    from hermes_actors.core.config import deep_merge, load_config
     from hermes_actors.gateway import Gateway
 
     via_host = _send_via_host(args)
     if via_host is not None:
         return via_host
+    # Without a host the turn runs inside this command, so it must wait for it (else it would be abandoned).
     print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
-          "running this DM inside this command instead", file=sys.stderr)
+          "running this DM inside this command and waiting for its outcome", file=sys.stderr)
+    cfg = load_config(args.root)
+    wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
-    no_wake = {"bot_mode": {"wake_sender": False}}
-    gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root), config=no_wake).start()
+    config = deep_merge({"bot_mode": {"wake_sender": False}}, _transport_config(args))
+    gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root), config=config,
+                 connection_id=args.connection_id).start()
     try:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
-        print(orjson.dumps(ack).decode())
+        code = _print_answer(ack, args)
         if "error" in ack:
-            return 2
-        if args.wait is None:
-            return 0
+            return code
         try:
-            outcome = gw.wait_outcome(ack["delivery_id"], timeout=args.wait)
+            outcome = gw.wait_outcome(ack["delivery_id"], timeout=wait)
         except TimeoutError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 3
-        return _print_outcome(outcome)
+            print(f"pending: {exc}; stopping makes its outcome ambiguous", file=sys.stderr)
+            return EXIT_FAILED
+        return _print_outcome(outcome, args)
     finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)
         stop_gateway(gw, again=False)
+
+
+def _http_settings(args: argparse.Namespace) -> Any:
+    """``serve --http``'s settings (None without --http). Raises ValueError naming what is wrong."""
+    if args.http is None:
+        if args.http_token is not None:
+            raise ValueError("--http-token needs --http HOST:PORT")
+        return None
+    from hermes_actors.ops.http_config import http_settings
+
+    settings = http_settings(args.http, args.http_token)
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ValueError("--http needs the prometheus_client package: pip install 'hermes-actors[ops]'") from None
+    return settings
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import serve
 
-    config = {"bot_mode": {"transport": args.redis}} if args.redis else None
+    http = _http_settings(args)  # before anything starts: a refused --http starts nothing
     try:
         return serve(args.root, connection_id=args.connection_id,
-                     runner=_runner_for(args.runner, args.cli, args.root), config=config)
-    except RuntimeError as exc:  # another process already hosts the root
+                     runner=_runner_for(args.runner, args.cli, args.root), config=_transport_config(args) or None,
+                     http=http)
+    except RuntimeError as exc:  # another process already hosts the root, or --http cannot be bound
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
 
 
 def _cmd_enable(args: argparse.Namespace) -> int:
@@ -205,15 +272,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hermes-actors", description="Bot Mode agent-to-agent messaging as an actor system."
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    verbose = argparse.ArgumentParser(add_help=False)  # -v also after the subcommand, where the docs put it
+    verbose.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
+                         help="more log output (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_sub_parser(verbose))
 
     p = sub.add_parser("demo", help="run a scripted conversation among four offline demo bots")
     p.add_argument("--keep", action="store_true", help="keep the temporary Hermes root and print its path")
     p.set_defaults(func=_cmd_demo)
 
+    def transport_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--connection-id", default=None,
+                       help="this gateway's connection id on the relay or Redis (default: bot_mode.connection_id)")
+        p.add_argument("--redis", default=None, metavar="URL",
+                       help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for "
+                            "TLS, or 'redis' to read REDIS_URL); needs a connection id")
+
     p = sub.add_parser("roster", help="list the agents a root's gateway can reach")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root (default profile's home)")
     p.add_argument("--json", action="store_true", help="print JSON rows")
+    transport_opts(p)
     p.set_defaults(func=_cmd_roster)
 
     def runner_opts(p: argparse.ArgumentParser) -> None:
@@ -223,21 +301,50 @@ def build_parser() -> argparse.ArgumentParser:
                             "demo = offline demo bots")
         p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
 
-    p = sub.add_parser("send", help="send one DM on a real root")
+    p = sub.add_parser("send", help="send one DM on a real root (returns after the ack unless --wait)")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("--from", dest="sender", required=True, help="sending profile (folder id or handle)")
     p.add_argument("target", help="teammate name, peer/agent, or handle@connection")
     p.add_argument("message", help="the message text")
-    p.add_argument("--wait", nargs="?", type=float, const=120.0, default=None, help="wait for the outcome (seconds)")
+    p.add_argument("--wait", nargs="?", type=float, const=120.0, default=None,
+                   help="wait for the outcome (seconds, default 120)")
+    p.add_argument("--json", action="store_true", help="print the raw ack/refusal and outcome dicts")
     runner_opts(p)
+    transport_opts(p)
     p.set_defaults(func=_cmd_send)
+
+    p = sub.add_parser("outcome", help="the outcome of a delivery the root knows (exit 0 replied, 1 failed, "
+                                       "3 pending, 4 unknown)")
+    p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
+    p.add_argument("delivery_id", help="the delivery id `send` printed")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait this long for a pending one")
+    p.add_argument("--json", action="store_true", help="print the outcome dict")
+    p.set_defaults(func=cmd_outcome)
+
+    p = sub.add_parser("status", help="what the root's gateway is doing (from the running serve, else the files)")
+    p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
+    p.add_argument("--json", action="store_true", help="print the status dict")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("doctor", help="check what Bot Mode needs on a root, with the fix for each problem")
+    p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
+    p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=cmd_doctor)
+
+    from hermes_actors.cli.room import add_room_parser
+
+    add_room_parser(sub, root_path, runner_opts)
 
     p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
-    p.add_argument("--connection-id", default=None, help="this gateway's connection id on the relay")
-    p.add_argument("--redis", default=None, metavar="URL",
-                   help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for TLS, "
-                        "or 'redis' to read REDIS_URL); needs --connection-id")
+    transport_opts(p)
+    p.add_argument("--http", default=None, metavar="HOST:PORT",
+                   help="serve /metrics (Prometheus), /status (JSON) and a live page at / (default: off; "
+                        "':9464' binds 127.0.0.1; any non-loopback host needs a bearer token)")
+    p.add_argument("--http-token", default=None, metavar="TOKEN",
+                   help="the bearer token --http requires (default: $HERMES_ACTORS_HTTP_TOKEN; prefer the variable: "
+                        "options show in ps)")
     runner_opts(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -267,15 +374,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser]:
+    """The subcommands' parser class: each inherits ``parent``'s options (``-v``)."""
+
+    class SubParser(argparse.ArgumentParser):
+        def __init__(self, **kwargs: Any) -> None:
+            kwargs["parents"] = [*kwargs.get("parents", ()), parent]
+            super().__init__(**kwargs)
+
+    return SubParser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
-    _enable_logging(args.verbose)
+    _enable_logging(args.verbose + getattr(args, "sub_verbose", 0))
     try:
         return int(args.func(args))
     except (FileNotFoundError, PermissionError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except TransportError as exc:  # the transport can't be used as configured (credentials, lease, extra)
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 

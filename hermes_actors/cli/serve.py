@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hermes_actors.gateway import Gateway
+from hermes_actors.ops.http_config import HttpSettings
 
 __all__ = ["serve", "stop_gateway", "waiting_text"]
 
@@ -72,7 +73,8 @@ def stop_gateway(gw: Gateway, *, again: bool, out: TextIO | None = None,
 
 
 def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[str, Any] | None = None,
-          stop: threading.Event | None = None) -> int:
+          stop: threading.Event | None = None, http: HttpSettings | None = None,
+          on_ready: Callable[[Any], None] | None = None) -> int:
     """Start a gateway serving the root's submit endpoint, block until SIGINT/SIGTERM (or ``stop``), then stop it.
 
     Args:
@@ -81,21 +83,38 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
         runner: how turns run.
         config: overrides deep-merged over ``config.yaml``.
         stop: set it to stop (besides the signals).
+        http: also serve ``/metrics``, ``/status`` and the live page there (None: no HTTP endpoint).
+        on_ready: called with the operator endpoint (or None) once everything serves (for tests).
 
     Returns:
         The exit code (0).
 
     Raises:
-        RuntimeError: another process already hosts the root.
+        RuntimeError: another process already hosts the root, or the HTTP address cannot be bound (the
+            gateway is stopped again first).
     """
     stop = stop or threading.Event()
     gw = Gateway(root, runner=runner, config=config, connection_id=connection_id, serve_submit=True).start()
+    endpoint = None
     try:
+        if http is not None:
+            from hermes_actors.ops.http_server import OpsHttpServer
+
+            try:
+                endpoint = OpsHttpServer(gw, http).start()
+            except OSError as exc:  # in use, not an address of this machine, ...
+                raise RuntimeError(f"cannot serve HTTP on {http.url}: {exc.strerror or exc}") from exc
         with _on_signals(stop.set):
             names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
             print(f"gateway serving {root} as {connection_id or '(no connection id)'}: {names}", flush=True)
+            if endpoint is not None:
+                print(f"live page, /metrics and /status on {endpoint.url}", flush=True)
+            if on_ready is not None:
+                on_ready(endpoint)
             stop.wait()
         print("stopping the gateway", file=sys.stderr, flush=True)
     finally:
+        if endpoint is not None:
+            endpoint.close()
         stop_gateway(gw, again=True)
     return 0

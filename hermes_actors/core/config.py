@@ -66,6 +66,8 @@ class RedisConfig:
     redis_block_ms: int = setting(200, "how long one blocking stream read waits for new entries (milliseconds)",
                                   at_least=1)
     connection_label: str = setting("", "how senders see this machine (\"@scout on Mini\")", max_chars=80)
+    connection_id: str = setting("", "this gateway's connection id on Redis when none is given "
+                                     "(`--connection-id`, `Gateway(connection_id=...)`)", max_chars=64)
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,16 @@ agent reads; ``retryable`` follows the policy in ``reasons.is_retryable``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hermes_actors.core.reasons import is_intentional_silence, is_retryable, normalize_reason
-from hermes_actors.messages import Outcome
+from hermes_actors.messages import Delivery, Outcome
 
 __all__ = [
     "ambiguous",
     "busy_text",
     "cancelled",
+    "delivery_details",
     "failed",
     "from_reply",
     "queue_full_text",
@@ -86,3 +89,24 @@ def queue_full_text(profile: str, queued: int) -> str:
         f"target_busy: the queue for profile '{profile}' is full ({queued} DMs waiting). "
         "The message was NOT delivered; retry shortly."
     )
+
+
+def delivery_details(delivery: Delivery | None, now: float) -> dict[str, Any]:
+    """What ``subscribe(details=True)`` adds to an outcome: who sent it to whom and how long it took.
+
+    Args:
+        delivery: the settled delivery (None when the Dispatcher no longer knew it).
+        now: ``time.time()`` when the outcome was published.
+
+    Returns:
+        ``sender`` and ``target`` (handles, "" when unknown) and ``latency_seconds`` (from acceptance to
+        the outcome; None when the acceptance time is unknown, e.g. a relay envelope resumed after a restart).
+    """
+    if delivery is None:
+        return {"sender": "", "target": "", "latency_seconds": None}
+    accepted = delivery.accepted_at
+    return {
+        "sender": delivery.sender_handle or delivery.sender,
+        "target": delivery.target_handle or delivery.target or delivery.label.lstrip("@"),
+        "latency_seconds": max(0.0, now - accepted) if accepted > 0 else None,
+    }

@@ -38,6 +38,7 @@ __all__ = [
     "refuse",
     "resolve_local",
     "text_problem",
+    "transport_unreachable_text",
 ]
 
 NOT_BOT_CHAT_TEXT = (
@@ -110,6 +111,12 @@ class PeerRoute:
 
 
 Route = LocalRoute | RelayRoute | PeerRoute
+
+
+def transport_unreachable_text(label: str, address: str) -> str:
+    """The refusal of a DM to another machine while Redis (at ``address``) is unreachable."""
+    return (f"Could not queue the message for {label}: Redis at {address} is unreachable, so it was NOT queued. "
+            "Retry once Redis is back.")
 
 
 def refuse(text: str, *, teammates: tuple[str, ...] | None = None, peers: tuple[str, ...] | None = None) -> Refusal:
@@ -289,6 +296,8 @@ def plan_send(
             return relayed
         if resolved == me.profile:
             return refuse("You can't message yourself. Pick a teammate from the roster.")
+        if "@" in raw and snapshot.remote_unreachable:  # 'dave@mini' may well exist: we cannot see Redis now
+            return Refusal(transport_unreachable_text(raw, snapshot.remote_unreachable), "runtime_offline")
         return roster_refusal(
             f"No teammate named '{raw}' on this install, on a connected machine, or on a registered peer. "
             "Pick a name from the roster (roles are listed in your system prompt)."

@@ -4,6 +4,10 @@
 character; the coordinator sometimes DMs a teammate from inside its turn
 (through ``turn.message_agent``, so the conversation guard applies); the
 reviewer stays silent on FYIs. Unknown profiles get a generic answer.
+
+In a group room (a turn in a ``Group: <name>`` session) each bot answers a new
+message from the user once, in character, and passes otherwise; the coordinator,
+once it has read the reviewer, asks ``@user`` whether to go ahead.
 """
 
 from __future__ import annotations
@@ -59,6 +63,14 @@ _LINES = {
 }
 
 
+# What a bot says to a request that names its subject (first match wins); else a line of its role.
+_ANSWERS = {
+    "Writer": (("shorten", "Shortened para 2 to three sentences."), ("intro", "Draft ready: a two-paragraph intro, "
+               "plain tone."), ("title", "Title: \"Why EU churn fell in Q3\"."), ("number", "Added the EU numbers "
+               "to para 1, with sources.")),
+}
+
+
 def message_body(content: str) -> str:
     """The DM text without the ``Message from 🤖 …: `` signature."""
     return _PREFIX_RE.sub("", content, count=1)
@@ -101,6 +113,8 @@ class DemoRunner:
         delay = self.delays.get(turn.profile, bot.turn_seconds if bot else 0.0)
         if delay > 0:
             time.sleep(delay)  # stands in for model latency
+        if turn.session.startswith("Group: "):
+            return self._room_turn(bot, turn)
         body = message_body(turn.content)
         if bot is None:
             return f"@{turn.handle or turn.profile} got your message: {body[:80]}"
@@ -110,6 +124,24 @@ class DemoRunner:
             ack = turn.message_agent("scout", f"Please research this for the plan: {body[:200]}")
             sent = "asked @scout to research it" if ack.get("status") == "queued" else "could not reach @scout"
             return f"On it — I {sent}; I'll share the plan once the research is in."
+        for keyword, answer in _ANSWERS.get(bot.title, ()):
+            if keyword in body.lower():
+                return answer
         lines = _LINES.get(bot.title, _LINES["Coordinator"])
         pick = int(hashlib.sha256(body.encode()).hexdigest(), 16) % len(lines)
+        return lines[pick]
+
+    def _room_turn(self, bot: DemoBot | None, turn: Turn) -> str:
+        """One group-room turn: the news is every line between the header and the footer."""
+        news = turn.content.splitlines()[1:-1]
+        if bot is None:
+            return "[SILENT]"
+        from_user = [line.removeprefix("user: ") for line in news if line.startswith("user: ")]
+        reviewer = next((b.profile for b in self.bots.values() if b.title == "Reviewer"), "")
+        if bot.title == "Coordinator" and not from_user and any(line.startswith(f"@{reviewer}:") for line in news):
+            return "@user the team is done and the review is in: shall we publish?"
+        if not from_user:
+            return "[SILENT]"
+        lines = _LINES.get(bot.title, _LINES["Coordinator"])
+        pick = int(hashlib.sha256(from_user[-1].encode()).hexdigest(), 16) % len(lines)
         return lines[pick]

@@ -3,7 +3,7 @@
 Four offline demo bots on a temporary managed root: a question and reply, a
 DM sent from inside a turn, a fan-in of several DMs to one slow bot (one gets
 the bounded-wait ``target_busy`` refusal), an intentional silence, refusals of
-bad targets, and a closing summary table.
+bad targets, a short group-room conversation, and a closing summary table.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
+from hermes_actors.cli.render import clip, outcome_line, refusal_line
 from hermes_actors.demo.bots import DemoBot, DemoRunner, create_demo_root
 from hermes_actors.gateway import Gateway
 
@@ -42,6 +43,9 @@ class _Transcript:
             print(text, file=self.out, flush=True)
 
     def on_outcome(self, outcome: dict[str, Any]) -> None:
+        if outcome.get("kind") == "room":
+            self.on_room_event(outcome)
+            return
         now = time.perf_counter()
         with self.lock:
             started, who = self.sent.get(outcome["delivery_id"], (None, "(from inside a turn)"))
@@ -53,9 +57,23 @@ class _Transcript:
                 ms = (now - started) * 1000
                 self.latencies.append(ms)
                 latency = f"{ms:7.1f} ms"
-            print(f"  [{latency}] {who:<22} ⇐ {outcome['text'][:110]}", file=self.out, flush=True)
+            print(f"  [{latency}] {who:<22} ⇐ {clip(outcome_line(outcome), 110)}", file=self.out, flush=True)
             self.seen += 1
             self.lock.notify_all()
+
+    def on_room_event(self, event: dict[str, Any]) -> None:
+        """A room's message or state change (the user's own messages are printed as they are sent)."""
+        with self.lock:
+            if event["event"] == "message" and event["message"]["author"] != "user":
+                entry = event["message"]
+                print(f"  [room {event['room']} · round {entry['round']}] @{entry['author']}: {entry['text'][:100]}",
+                      file=self.out, flush=True)
+            elif event["event"] == "state" and event["state"] == "disbanded":
+                print(f"  [room {event['room']}] disbanded", file=self.out, flush=True)
+            elif event["event"] == "state" and event["state"] != "busy":
+                self.statuses[f"room:{event['state']}"] += 1
+                print(f"  [room {event['room']}] settled: {event['state']}", file=self.out, flush=True)
+                self.lock.notify_all()
 
     def await_seen(self, count: int, timeout: float = 10.0) -> None:
         """Block until ``count`` outcomes were printed (bounded)."""
@@ -70,11 +88,11 @@ def _send(gw: Gateway, t: _Transcript, sender: str, target: str, message: str) -
         ack = gw.message_agent(sender=sender, target=target, message=message)
         if "error" in ack:
             t.statuses[f"refused:{ack['reason']}"] += 1
-            print(f"  [refused ] {who:<22} ✗ {ack['reason']}: {ack['error'][:90]}", file=t.out, flush=True)
+            print(f"  [refused ] {who:<22} ✗ {clip(refusal_line(ack), 110)}", file=t.out, flush=True)
             return ack
         t.sent[ack["delivery_id"]] = (started, who)
         ms = (time.perf_counter() - started) * 1000
-        print(f"  [ack {ms:4.1f}ms] {who:<22} → {message[:70]}", file=t.out, flush=True)
+        print(f"  [ack {ms:4.1f}ms] {who:<22} → {clip(message, 70)}", file=t.out, flush=True)
     return ack
 
 
@@ -134,7 +152,10 @@ def run_demo(*, keep: bool = False, out: TextIO) -> int:
             _send(gw, t, "scout", "scout", "note to self")
             _send(gw, t, "hermes", "a b!", "hi")
 
-            t.say("\n6. Across connections: a second gateway ('mini') and the relay hub, through bot_relay/ files")
+            t.say("\n6. A group room: one message, serial rounds, each bot answers or passes")
+            _room(gw, t)
+
+            t.say("\n7. Across connections: a second gateway ('mini') and the relay hub, through bot_relay/ files")
             _cross_connection(gw, t, root, tmp / "mini")
         _summary(t, out)
     finally:
@@ -142,8 +163,21 @@ def run_demo(*, keep: bool = False, out: TextIO) -> int:
             print(f"\nroot kept at {root}", file=out)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    expected = {"replied", "silent", "failed:target_busy", "refused:unknown"}
+    expected = {"replied", "silent", "failed:target_busy", "refused:unknown", "room:needs_you"}
     return 0 if expected <= set(t.statuses) else 1
+
+
+def _room(gw: Gateway, t: _Transcript) -> None:
+    """Create a room of the four bots, post one message, wait until it settles (the coordinator asks @user)."""
+    room = gw.create_room("launch", ["hermes", "scout", "scribe", "critic"])
+    t.say(f"  room '{room['name']}': " + ", ".join("@" + m for m in room["members"]))
+    text = "Launch post for Friday: what do we need?"
+    t.say(f"  [room launch · round 0] user: {text}")
+    gw.room_send("launch", "user", text)
+    state = gw.wait_room_idle("launch", timeout=30)
+    with t.lock:  # its events reach the transcript on the notifier thread: print them before going on
+        t.lock.wait_for(lambda: t.statuses[f"room:{state}"] > 0, timeout=10)
+    gw.disband_room("launch")
 
 
 def _cross_connection(gw: Gateway, t: _Transcript, root: Path, mini_root: Path) -> None:

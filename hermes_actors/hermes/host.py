@@ -67,13 +67,23 @@ def _outcome_via(gw: Gateway) -> Callable[[OutcomeCall], dict[str, Any]]:
     return outcome
 
 
+def _status_via(gw: Gateway) -> Callable[[], dict[str, Any]]:
+    def status() -> dict[str, Any]:
+        from hermes_actors.ops.status import live_status
+
+        return live_status(gw)
+
+    return status
+
+
 class _Endpoint:
     """A Gateway's submit server plus its entry in this process's host table."""
 
     def __init__(self, gw: Gateway) -> None:
         self.key = _key(gw.root)
         self.gw = gw
-        self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw))
+        self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw),
+                                   roster=gw.roster)
 
     def open(self) -> _Endpoint:
         self.server.start()

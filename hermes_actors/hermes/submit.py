@@ -36,14 +36,24 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.reasons import UNKNOWN
-from hermes_actors.hermes.submit_client import HostOffline, fetch_outcome, ping, request, submit_dm
+from hermes_actors.hermes.submit_client import (
+    HostOffline,
+    fetch_outcome,
+    fetch_roster,
+    fetch_status,
+    ping,
+    request,
+    submit_dm,
+)
 from hermes_actors.hermes.submit_protocol import (
     LOCK_NAME,
     MAX_REQUEST_BYTES,
     SOCKET_NAME,
     OutcomeCall,
     Ping,
+    RosterCall,
     SendCall,
+    StatusCall,
     bad_request,
     encode,
     parse_request,
@@ -56,6 +66,8 @@ __all__ = [
     "HostOffline",
     "SubmitServer",
     "fetch_outcome",
+    "fetch_roster",
+    "fetch_status",
     "ping",
     "request",
     "submit_dm",
@@ -63,6 +75,7 @@ __all__ = [
 
 SendFn = Callable[[SendCall], dict[str, Any]]
 OutcomeFn = Callable[[OutcomeCall], dict[str, Any]]
+StatusFn = Callable[[], dict[str, Any]]
 
 
 class SubmitServer:
@@ -74,6 +87,8 @@ class SubmitServer:
             for a refusal; an exception becomes an error answer).
         outcome: takes an :class:`OutcomeCall`, returns the outcome dict or
             ``{"status": "pending" | "unknown", ...}``; None: the op is refused.
+        status: returns the host's status dict; None: the op is refused.
+        roster: returns the host's roster rows (``Gateway.roster()``); None: the op is refused.
         allowed_uid: the only peer uid served (default: ours).
         max_connections: connections handled at once.
         read_timeout: seconds a client has to send its request.
@@ -86,6 +101,8 @@ class SubmitServer:
         *,
         send: SendFn,
         outcome: OutcomeFn | None = None,
+        status: StatusFn | None = None,
+        roster: Callable[[], list[dict[str, Any]]] | None = None,
         allowed_uid: int | None = None,
         max_connections: int = 32,
         read_timeout: float = 5.0,
@@ -95,6 +112,8 @@ class SubmitServer:
         self.path = socket_path(self.root)
         self._send = send
         self._outcome = outcome
+        self._status = status
+        self._roster = roster
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self.read_timeout = read_timeout
         self._info = dict(info or {})
@@ -291,6 +310,14 @@ class SubmitServer:
         try:
             if isinstance(call, SendCall):
                 answer = self._send(call)
+            elif isinstance(call, StatusCall):
+                if self._status is None:
+                    return bad_request("this endpoint does not serve 'status'")
+                answer = self._status()
+            elif isinstance(call, RosterCall):
+                if self._roster is None:
+                    return bad_request("this endpoint does not serve 'roster'")
+                answer = {"rows": self._roster()}
             elif self._outcome is None:
                 return bad_request("this endpoint does not serve 'outcome'")
             else:

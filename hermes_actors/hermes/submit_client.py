@@ -17,7 +17,7 @@ from hermes_actors.core.reasons import UNKNOWN
 from hermes_actors.hermes.submit_protocol import MAX_REQUEST_BYTES, encode, offline_refusal, socket_path
 from hermes_actors.hermes.submit_socket import RECV_CHUNK, HostOffline, open_dir, peer_cred, socket_address
 
-__all__ = ["HostOffline", "fetch_outcome", "ping", "request", "submit_dm"]
+__all__ = ["HostOffline", "fetch_outcome", "fetch_roster", "fetch_status", "ping", "request", "submit_dm"]
 
 
 def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0) -> dict[str, Any]:
@@ -116,3 +116,30 @@ def fetch_outcome(
     """
     payload = {"op": "outcome", "delivery_id": delivery_id, "wait": wait}
     return request(root, payload, timeout=wait + 10.0 if timeout is None else timeout)
+
+
+def fetch_roster(root: str | Path, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The roster rows of the host serving ``root``.
+
+    Raises:
+        HostOffline: nothing serves ``root``.
+        TimeoutError: the host did not answer within ``timeout``.
+        ValueError: the host answered something else than rows (e.g. an older host without the op).
+    """
+    answer = request(root, {"op": "roster"}, timeout=timeout)
+    rows = answer.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError(answer.get("error") or f"the host of {root} answered no roster rows")
+    return rows
+
+
+def fetch_status(root: str | Path, timeout: float = 10.0) -> dict[str, Any]:
+    """The status of the host serving ``root`` (see :mod:`hermes_actors.ops.status`).
+
+    Raises:
+        HostOffline: nothing serves ``root``.
+        TimeoutError: the host did not answer within ``timeout``.
+        PermissionError: the endpoint is not ours.
+        ValueError: the answer is not a JSON object.
+    """
+    return request(root, {"op": "status"}, timeout=timeout)

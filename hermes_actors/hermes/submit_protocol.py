@@ -8,6 +8,10 @@ One request per connection, one answer, both a single line of JSON::
         → {"op": "pong", "pid": 1234, "root": "/path/to/root", "version": "0.1.0"}
     {"op": "outcome", "delivery_id": "<32 hex>", "wait": 5}
         → the outcome dict, or {"status": "pending" | "unknown", "delivery_id": ...}
+    {"op": "status"}
+        → the host's status (:func:`hermes_actors.ops.status.live_status`)
+    {"op": "roster"}
+        → {"rows": [...]}: ``Gateway.roster()`` of the host (local, relay/Redis and peer agents)
 
 A malformed request is answered ``{"error": <what is wrong>, "reason": "unknown"}``.
 """
@@ -29,7 +33,9 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "OutcomeCall",
     "Ping",
+    "RosterCall",
     "SendCall",
+    "StatusCall",
     "bad_request",
     "encode",
     "offline_refusal",
@@ -49,6 +55,8 @@ _FIELDS = {
     "send": {"op", "sender", "target", "message", "hop", "author"},
     "ping": {"op"},
     "outcome": {"op", "delivery_id", "wait"},
+    "status": {"op"},
+    "roster": {"op"},
 }
 
 
@@ -76,7 +84,17 @@ class Ping:
     """Ask who serves the endpoint."""
 
 
-Request = SendCall | OutcomeCall | Ping
+@dataclass(frozen=True, slots=True)
+class StatusCall:
+    """Ask the host what it is doing (profiles, in-flight deliveries, counters, relay)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RosterCall:
+    """Ask for the host's roster (what ``hermes-actors roster`` prints)."""
+
+
+Request = SendCall | OutcomeCall | Ping | StatusCall | RosterCall
 
 
 def socket_path(root: str | Path) -> Path:
@@ -168,4 +186,8 @@ def parse_request(raw: bytes) -> Request | dict[str, Any]:
         return _parse_send(data)
     if op == "outcome":
         return _parse_outcome(data)
+    if op == "status":
+        return StatusCall()
+    if op == "roster":
+        return RosterCall()
     return Ping()

@@ -11,7 +11,11 @@ actor's thread only:
   first use, stopped when idle, supervised);
 - :class:`~hermes_actors.local.relay_link.RelayLink`: sends to the relay, answered later
   (``RelayAccepted``), never waited for here;
-- :class:`~hermes_actors.local.wake_hook.SenderWaker`: outcomes that wake their sender.
+- :class:`~hermes_actors.local.wake_hook.SenderWaker`: outcomes that wake their sender;
+- :class:`~hermes_actors.local.delivery_stats.DeliveryStats`: one log line per DM, the ``deliveries`` view.
+
+A group room's member turn (``RoomTurn``) is queued like a DM; its outcome goes
+back to its room, never to the journal or the DM subscribers.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from actors import RestartPolicy, SupervisorActor, ask, handles
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
 from hermes_actors.core.names import profile_key
+from hermes_actors.core.outcomes import delivery_details
 from hermes_actors.core.recovery import plan_recovery
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.admission import Admission
+from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
 from hermes_actors.local.durability import durability_for, live_record
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
 from hermes_actors.local.profile_actor import ProfileDeps
@@ -57,6 +63,7 @@ from hermes_actors.messages import (
     RelayAccepted,
     RelayDeliver,
     RelayResumed,
+    RoomTurn,
     RosterChanged,
     RosterSnapshot,
     SendRequest,
@@ -106,6 +113,7 @@ class DispatcherActor(SupervisorActor):
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
         self.profiles = ProfileTable(self, self.deps, self.counters)
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
+        self.stats = DeliveryStats()
 
     # ── turns ask back through us ───────────────────────────────────────────
 
@@ -214,6 +222,29 @@ class DispatcherActor(SupervisorActor):
         self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=journaled))
         self.profiles.queue(info, delivery)
 
+    @handles(RoomTurn)
+    def _on_room_turn(self, msg: RoomTurn) -> None:
+        """A room member's turn: queued on its ProfileActor like a DM; the outcome goes back to the room."""
+        delivery = msg.delivery
+        info = self.snapshot.index.get(profile_key(delivery.target))
+        if not self.accepting or info is None:
+            key, label = delivery.delivery_id, delivery.label
+            why = (outcomes.cancelled(key, label) if not self.accepting else
+                   outcomes.failed(key, label, f"No local profile named {delivery.target!r} any more.",
+                                   "runtime_offline"))
+            self._answer_room(msg.reply, why)
+            return
+        self.book.add(delivery.delivery_id, Pending(delivery, "room", room_reply=msg.reply))
+        self.profiles.queue(info, delivery)
+
+    @staticmethod
+    def _answer_room(reply: Callable[[Outcome], None] | None, outcome: Outcome) -> None:
+        try:
+            if reply is not None:
+                reply(outcome)
+        except Exception:  # our own callback (a tell); it must not crash the Dispatcher
+            logger.exception("could not hand the outcome of room turn {} back", outcome.delivery_id)
+
     @handles(ProfileIdle)
     def _on_profile_idle(self, msg: ProfileIdle) -> None:
         self.profiles.idle(msg)
@@ -259,26 +290,38 @@ class DispatcherActor(SupervisorActor):
         if self.book.has_outcome(key):
             logger.debug("second outcome for {} dropped (first one wins)", key)
             return
+        room = self.book.entry(key)
+        if room is not None and room.route == "room":  # never journaled here: the room file records it
+            self._publish(outcome)
+            return
         entry = self.book.take(key)
         self.waker.settling(key, entry)
         if entry is not None and entry.route == "relay-in":
             # The sender is on another connection: the reply goes back through the relay.
+            log_settled(entry.delivery, outcome)
             self.relay.answer_relay_in(outcome, entry.reply_connection)
             self.book.settle(key, outcome.as_dict())  # a stopping gateway waits for its running turns
             return
         if entry is not None and entry.journaled and self.durability.journal_outcome(outcome):
-            self.book.journaling(key, outcome.as_dict())  # published once durable (JournalDurable)
+            # published once durable (JournalDurable); the delivery is kept for the subscribers' details
+            self.book.journaling(key, outcome.as_dict(), entry.delivery)
             return
         self._publish(outcome)
 
     def _publish(self, outcome: Outcome) -> None:
-        """Make an outcome visible: wait_outcome answers, subscribers are called."""
+        """Make an outcome visible: wait_outcome answers, then the room or the DM subscribers get it."""
+        key = outcome.delivery_id
         record = outcome.as_dict()
-        entry = self.book.settle(outcome.delivery_id, record)
+        delivery = self.book.delivery(key) or self.waker.sources.get(key)  # before the book and waker drop it
+        entry = self.book.settle(key, record)
+        if entry is not None and entry.route == "room":  # a member turn's outcome goes back to its room
+            self._answer_room(entry.room_reply, outcome)
+            return
         if self.waker.after_publish(outcome, entry):  # a wake turn's own outcome is nobody's DM outcome
             return
         self.counters["settled"] += 1
-        self.notifier.tell(Notify(record))
+        self.stats.published(delivery, outcome)
+        self.notifier.tell(Notify(record, delivery_details(delivery, time.time())))
 
     @handles(AwaitOutcome)
     def _on_await(self, msg: AwaitOutcome) -> pykka.ThreadingFuture[dict[str, Any]]:
@@ -372,12 +415,13 @@ class DispatcherActor(SupervisorActor):
             **self.counters,
             "pending": self.book.pending_count(),
             "active_profiles": self.profiles.active(),
+            "deliveries": self.stats.view(self.book.pending(), self.profiles.owners),
         }
 
     def on_escalation(self, name: str, error: BaseException | None) -> None:
         """A ProfileActor keeps crashing: fail what it held, keep the gateway up."""
         for key, entry in self.book.pending():
-            if entry.route == "local" and entry.delivery.target == name:
+            if entry.route in ("local", "room") and entry.delivery.target == name:
                 self._settle(
                     outcomes.ambiguous(key, entry.delivery.label, f"The target's actor failed repeatedly ({error!r}).")
                 )

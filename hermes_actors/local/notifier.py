@@ -35,6 +35,7 @@ class NotifierActor(TypedActor):
     def __init__(self, max_backlog: int = 100_000) -> None:
         super().__init__()
         self.subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
+        self.wants_details: set[int] = set()  # subscribers whose dicts carry sender, target, latency_seconds
         self.delivered = 0
         self.skipped = 0
         self.callback_errors = 0  # subscriber calls that raised (any BaseException)
@@ -43,10 +44,13 @@ class NotifierActor(TypedActor):
     @handles(AddSubscriber)
     def _on_add(self, msg: AddSubscriber) -> None:
         self.subscribers[msg.token] = msg.callback
+        if msg.details:
+            self.wants_details.add(msg.token)
 
     @handles(RemoveSubscriber)
     def _on_remove(self, msg: RemoveSubscriber) -> None:
         self.subscribers.pop(msg.token, None)
+        self.wants_details.discard(msg.token)
 
     @handles(Notify)
     def _on_notify(self, msg: Notify) -> None:
@@ -62,7 +66,8 @@ class NotifierActor(TypedActor):
             return
         for token, callback in list(self.subscribers.items()):
             try:
-                callback(dict(msg.outcome))
+                payload = {"kind": "dm", **msg.outcome}  # a room event carries its own kind
+                callback({**payload, **msg.details} if token in self.wants_details else payload)
             except BaseException:  # user code: even SystemExit must not stop the actors
                 self.callback_errors += 1
                 logger.exception("outcome subscriber {} raised; it stays subscribed", token)

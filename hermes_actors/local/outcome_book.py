@@ -8,6 +8,7 @@ tables. Each delivery id is in exactly one :class:`DeliveryState`.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
@@ -19,8 +20,9 @@ __all__ = ["SETTLED_KEEP", "DeliveryState", "OutcomeBook", "Pending", "Route"]
 SETTLED_KEEP = 100_000  # settled outcomes remembered for wait_outcome (oldest dropped first; bounds memory)
 
 #: How a pending delivery travels: to a local profile, to another connection through the
-#: relay (ours, awaiting a reply), drained from the relay and run here, or to a bot_peers peer.
-Route = Literal["local", "relay", "relay-in", "peer"]
+#: relay (ours, awaiting a reply), drained from the relay and run here, to a bot_peers peer,
+#: or a group room member's turn (its outcome goes back to the room).
+Route = Literal["local", "relay", "relay-in", "peer", "room"]
 
 
 class DeliveryState(Enum):
@@ -41,12 +43,14 @@ class Pending:
         route: how it travels.
         reply_connection: for ``relay-in``, the connection that waits for the reply.
         journaled: the journal records its lifecycle (durable mode).
+        room_reply: for ``room``, called with the outcome (it goes back to the RoomActor).
     """
 
     delivery: Any  # messages.Delivery
     route: Route
     reply_connection: str = ""
     journaled: bool = False
+    room_reply: Callable[[Any], None] | None = None
 
 
 class OutcomeBook:
@@ -59,7 +63,7 @@ class OutcomeBook:
     def __init__(self, keep: int = SETTLED_KEEP) -> None:
         self.keep = keep
         self._pending: dict[str, Pending] = {}
-        self._journaling: dict[str, dict[str, Any]] = {}
+        self._journaling: dict[str, tuple[dict[str, Any], Any]] = {}  # id → (outcome dict, Delivery | None)
         self._settled: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._waiters: dict[str, list[pykka.ThreadingFuture[dict[str, Any]]]] = {}
 
@@ -81,7 +85,20 @@ class OutcomeBook:
 
     def record(self, key: str) -> dict[str, Any] | None:
         """The outcome dict of ``key`` (journaling or settled), or None."""
-        return self._journaling.get(key) or self._settled.get(key)
+        journaling = self._journaling.get(key)
+        return journaling[0] if journaling is not None else self._settled.get(key)
+
+    def entry(self, key: str) -> Pending | None:
+        """The pending entry of ``key`` (None unless it is pending)."""
+        return self._pending.get(key)
+
+    def delivery(self, key: str) -> Any:
+        """The ``Delivery`` of ``key`` while it is pending or journaling (None otherwise)."""
+        entry = self._pending.get(key)
+        if entry is not None:
+            return entry.delivery
+        journaling = self._journaling.get(key)
+        return journaling[1] if journaling is not None else None
 
     def pending(self) -> list[tuple[str, Pending]]:
         """A copy of the pending entries, oldest first."""
@@ -93,7 +110,7 @@ class OutcomeBook:
 
     def export(self) -> dict[str, dict[str, Any]]:
         """The outcome dicts a stopped Gateway keeps answering (journaling and settled)."""
-        return {**self._settled, **self._journaling}
+        return {**self._settled, **{key: record for key, (record, _) in self._journaling.items()}}
 
     # ── changing ────────────────────────────────────────────────────────────
 
@@ -105,10 +122,16 @@ class OutcomeBook:
         """An outcome for ``key`` arrived: remove and return its pending entry (None if it had none)."""
         return self._pending.pop(key, None)
 
-    def journaling(self, key: str, record: dict[str, Any]) -> None:
-        """The outcome of ``key`` is being journaled: held back until :meth:`settle`."""
+    def journaling(self, key: str, record: dict[str, Any], delivery: Any = None) -> None:
+        """The outcome of ``key`` is being journaled: held back until :meth:`settle`.
+
+        Args:
+            key: the delivery id.
+            record: its outcome dict.
+            delivery: its ``Delivery`` (kept for the subscribers' details until it is published).
+        """
         self._pending.pop(key, None)
-        self._journaling[key] = record
+        self._journaling[key] = (record, delivery)
 
     def settle(self, key: str, record: dict[str, Any]) -> Pending | None:
         """Publish the outcome of ``key``: its waiters get it.

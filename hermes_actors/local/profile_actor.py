@@ -26,6 +26,7 @@ from hermes_actors.local.live_handoff import hand_to_owner
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.local.turns import describe_error, execute_turn
 from hermes_actors.messages import (
+    ROOM_ORIGIN,
     AttachOwner,
     Deliver,
     Delivery,
@@ -191,7 +192,7 @@ class ProfileActor(TypedActor):
             self.seen.popitem(last=False)
         deadline = enqueued + self.deps.config.turn_wait_seconds
         me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
-        journal = deps.journal if delivery.origin != "relay" else None
+        journal = deps.journal if delivery.origin not in ("relay", ROOM_ORIGIN) else None  # those have their own
         home = self.info.home
 
         def job() -> None:
@@ -312,7 +313,7 @@ class ProfileActor(TypedActor):
         for key, (delivery, _, timer) in list(self.queue.items()):
             if timer is not None:
                 timer.cancel()
-            if msg.keep_journaled and delivery.origin != "relay":
+            if msg.keep_journaled and delivery.origin not in ("relay", ROOM_ORIGIN):
                 continue  # journaled: the next start on this root re-offers it
             self._settle(outcomes.cancelled(key, delivery.label))
         self.queue.clear()

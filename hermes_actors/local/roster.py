@@ -216,9 +216,12 @@ class RosterActor(TypedActor):
         """A transport (Redis) pushed the remote roster: it replaces roster.json's from now on."""
         current = self.snapshot
         fresh_enough = current.remote_mtime is not None and msg.mtime - current.remote_mtime < REMOTE_REPUBLISH_SECONDS
-        if tuple(msg.rows) == current.remote and fresh_enough and self.pushed_remote is not None:
+        same = tuple(msg.rows) == current.remote and msg.unreachable == current.remote_unreachable
+        if same and fresh_enough and self.pushed_remote is not None:
             return  # same rows, and the published freshness is recent: no need to wake the subscribers
         self.pushed_remote = (list(msg.rows), msg.mtime)
-        self.snapshot = replace(current, remote=tuple(msg.rows), remote_mtime=msg.mtime, version=current.version + 1)
+        mtime = current.remote_mtime if msg.unreachable and current.remote_mtime is not None else msg.mtime
+        self.snapshot = replace(current, remote=tuple(msg.rows), remote_mtime=mtime,
+                                remote_unreachable=msg.unreachable, version=current.version + 1)
         self.version = self.snapshot.version
         self._publish()

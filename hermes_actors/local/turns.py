@@ -183,6 +183,7 @@ def turn_for(
         profile=delivery.target,
         content=delivery.content,
         delivery_id=delivery.delivery_id,
+        session=delivery.session,
         handle=delivery.target_handle,
         home=home,
         root=root,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import RosterPush
+from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -34,6 +36,7 @@ from hermes_actors.store.relay_inbox import InboxPaths, gateway_alive, post_to_i
 __all__ = ["HubActor", "HubRoot", "run_hub"]
 
 ROSTER_REFRESH_SECONDS = 60.0  # rewrite unchanged rosters this often so they stay fresh (< 600 s)
+HANDED_KEEP = 10_000  # envelopes handed over and awaiting their reply, remembered for the log line (bounded)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ class HubActor(TypedActor):
         self.roster_seconds = roster_seconds
         self.last_roster: dict[str, tuple[Any, float]] = {}
         self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0}
+        # envelope id → (sender, target, created_at): what the reply's log line names (never the text)
+        self.handed: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
 
     def on_start(self) -> None:
         # The first push is told by run_hub once the watches are up: a sender that sees the
@@ -111,23 +116,41 @@ class HubActor(TypedActor):
         if isinstance(result, Expired):
             self._reply(source, result.reply)
             self.counters["expired"] += 1
+            self._log(envelope_id, f"{source.name}: ?", "?", result.reply, None)
             return
         if not isinstance(result, ToDeliver):
             return  # another drainer won the rename, or the file was quarantined
         envelope = result.envelope
+        sender = f"@{envelope['from_handle']}@{source.name}"
+        to = f"@{envelope['target_handle']}@{envelope['target_connection']}"
         target = self.by_name.get(envelope["target_connection"])
         if target is None:
             conn = envelope["target_connection"]
             text = f"connection '{conn}' is not known to this relay; the message was NOT delivered."
-            self._reply(source, rp.make_reply(envelope_id, error=text, reason="runtime_offline", now=time.time()))
+            reply = rp.make_reply(envelope_id, error=text, reason="runtime_offline", now=time.time())
+            self._reply(source, reply)
             self.counters["refused"] += 1
+            self._log(envelope_id, sender, to, reply, envelope["created_at"])
             return
         try:
             post_to_inbox(target.paths, envelope, source.name)
             self.counters["drained"] += 1
+            self.handed[envelope_id] = (sender, to, float(envelope["created_at"]))
+            if len(self.handed) > HANDED_KEEP:
+                self.handed.popitem(last=False)
         except (StoreError, OSError, ValidationError) as exc:
             text = f"the relay could not hand the message to {target.name}: {exc}. It was NOT delivered."
-            self._reply(source, rp.make_reply(envelope_id, error=text, reason="unknown", now=time.time()))
+            reply = rp.make_reply(envelope_id, error=text, reason="unknown", now=time.time())
+            self._reply(source, reply)
+            self._log(envelope_id, sender, to, reply, envelope["created_at"])
+
+    @staticmethod
+    def _log(envelope_id: str, sender: str, target: str, reply: dict[str, Any], created_at: float | None) -> None:
+        """The one INFO line of a relayed DM (never its text): failed with the reason, else replied."""
+        status = "failed" if reply.get("error") else "replied" if reply.get("reply") else "silent"
+        latency = None if created_at is None else time.time() - float(created_at)
+        logger.info("hub: {}", delivery_line(envelope_id, sender, target, status, str(reply.get("reason") or ""),
+                                             latency))
 
     def _forward(self, holder: HubRoot, envelope_id: str) -> None:
         path = holder.paths.delivered / f"{envelope_id}.json"
@@ -150,6 +173,8 @@ class HubActor(TypedActor):
             return  # the write failed: keep the record in delivered/ so the next rescan retries it
         if written:
             self.counters["forwarded"] += 1
+            sender, to, created_at = self.handed.pop(envelope_id, (f"?@{reply_connection}", f"?@{holder.name}", None))
+            self._log(envelope_id, sender, to, record, created_at)
         try:
             path.unlink()
         except FileNotFoundError:

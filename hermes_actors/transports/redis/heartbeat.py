@@ -7,6 +7,10 @@ delayed it past its expiry and peers refused DMs as "offline … NOT queued"
 own client refreshes ``<p>:alive:<connection>`` and ``<p>:consumer:<consumer>``
 every ``redis_heartbeat_seconds``, for as long as the actor lives. The roster
 rows (slow-changing, long expiry) stay with the actor.
+
+The alive key is also the connection's lease (:mod:`~hermes_actors.transports.redis.lease`):
+a beat refreshes it only while it is ours, and a clean stop deletes it only if it is ours,
+so a second process on our connection id can never delete or steal it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.transports.redis.io import make_client
+from hermes_actors.transports.redis.lease import REFRESH_LUA, RELEASE_LUA
 from hermes_actors.transports.redis.store import RedisKeys, RedisSettings, is_redis_unreachable
 
 __all__ = ["Heartbeat"]
@@ -35,7 +40,8 @@ class Heartbeat:
         owner_alive: False once the transport actor is gone (the thread then stops
             beating, so a dead actor never looks online).
 
-    Counters (read by tests and stats): ``beats`` written, ``failures``.
+    Counters (read by tests and stats): ``beats`` written, ``failures``; ``lease_lost`` is True
+    while another consumer holds our connection's lease (we are then not online under it).
     """
 
     def __init__(self, settings: RedisSettings, keys: RedisKeys, connection: str, consumer: str, *,
@@ -47,14 +53,17 @@ class Heartbeat:
         self.owner_alive = owner_alive
         self.beats = 0
         self.failures = 0
+        self.lease_lost = False
         self._lock = threading.Lock()  # a beat never lands after stop() deleted the keys
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._client: Any = None
+        self._refresh: Any = None
 
     def start(self) -> Heartbeat:
         """Beat now (on this thread: the caller starts online), then every period on the heartbeat thread."""
         self._client = make_client(self.settings.url)
+        self._refresh = self._client.register_script(REFRESH_LUA)
         self.beat()
         self._thread = threading.Thread(target=self._run, name=f"redis-heartbeat-{self.consumer}", daemon=True)
         self._thread.start()
@@ -67,15 +76,20 @@ class Heartbeat:
             if self._stopped.is_set() or not self.owner_alive():
                 return False
             try:
-                pipe = self._client.pipeline(transaction=True)
-                pipe.set(self.alive_key, self.consumer, px=expiry_ms)
-                pipe.set(self.consumer_key, b"1", px=expiry_ms)
-                pipe.execute()
+                ours = self._refresh(keys=[self.alive_key, self.consumer_key], args=[self.consumer, expiry_ms])
             except Exception as exc:  # the actor's tick logs outages; here only count them
                 self.failures += 1
                 if not is_redis_unreachable(exc):
                     logger.error("redis: heartbeat failed: {}", exc)
                 return False
+            if not ours:
+                self.failures += 1
+                if not self.lease_lost:
+                    logger.error("redis: {} is held by another process (a second gateway on our connection id); "
+                                 "this one is not online under it — stop one of them", self.alive_key)
+                self.lease_lost = True
+                return False
+            self.lease_lost = False
             self.beats += 1
             return True
 
@@ -103,8 +117,8 @@ class Heartbeat:
         if client is None:
             return
         try:
-            if delete:
-                client.delete(self.alive_key, self.consumer_key)
+            if delete:  # the alive key only if it is still ours (never another process's lease)
+                client.register_script(RELEASE_LUA)(keys=[self.alive_key, self.consumer_key], args=[self.consumer])
         except Exception as exc:
             logger.debug("redis: could not remove the heartbeat at stop: {}", exc)
         finally:

@@ -1,5 +1,6 @@
 """The Redis Streams transport, threads half: clients, the reader thread, the turn claim.
 
+- :func:`require_redis`: the ``[redis]`` extra is installed, or a one-line error.
 - :func:`make_client`: a redis-py client that fails fast (1 s connect, one retry).
 - :class:`StreamReader`: the dedicated thread that runs the blocking
   ``XREADGROUP`` on our inbox and replies streams and tells the actor each
@@ -19,7 +20,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from hermes_actors.errors import TurnFailed
+from hermes_actors.errors import TransportError, TurnFailed
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.messages import RedisEntries, Turn
 from hermes_actors.store.relay_protocol import expired_error_text
@@ -33,10 +34,23 @@ from hermes_actors.transports.redis.store import (
     is_redis_unreachable,
 )
 
-__all__ = ["BACKOFF_MAX_SECONDS", "ClaimGuard", "StreamReader", "ensure_groups", "make_client"]
+__all__ = ["BACKOFF_MAX_SECONDS", "ClaimGuard", "StreamReader", "ensure_groups", "make_client", "require_redis"]
 
 BACKOFF_MAX_SECONDS = 5.0
 READ_COUNT = 100
+
+
+def require_redis() -> None:
+    """Check that redis-py is installed.
+
+    Raises:
+        TransportError: it is not (the ``[redis]`` extra was not installed); the text says how to install it.
+    """
+    try:
+        import redis  # noqa: F401
+    except ImportError as exc:
+        raise TransportError("the Redis transport needs the redis package, which is not installed: "
+                             "pip install 'hermes-actors[redis]'") from exc
 
 
 def make_client(url: str, *, socket_timeout: float = 3.0) -> Any:

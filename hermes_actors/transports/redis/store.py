@@ -46,6 +46,7 @@ __all__ = [
     "decode_reply_entry",
     "encode_envelope_entry",
     "encode_reply_entry",
+    "host_label",
     "local_roster_rows",
     "mask_url",
     "parse_remote_rows",
@@ -203,11 +204,15 @@ class RedisKeys:
         return conn if HANDLE_RE.match(conn) else None
 
 
+def host_label() -> str:
+    """This host's name as consumer names carry it (``[A-Za-z0-9_.-]``, at most 64 chars)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())[:64] or "host"
+
+
 def consumer_name(pid: int | None = None) -> str:
     """``<hostname>-<pid>-<random>``: unique per gateway process (and per start)."""
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())[:64] or "host"
     tail = "".join(random.choices(string.ascii_lowercase + string.digits, k=8))
-    return f"{host}-{os.getpid() if pid is None else pid}-{tail}"
+    return f"{host_label()}-{os.getpid() if pid is None else pid}-{tail}"
 
 
 # ── records ─────────────────────────────────────────────────────────────────

@@ -1,0 +1,194 @@
+"""Pure: what the CLI prints for an ack, a refusal, an outcome or a status, and its exit code.
+
+The tool's dicts are written for an LLM (they name the roster "in your system
+prompt", tell it not to retry); a person at a terminal gets one line instead,
+and ``--json`` prints the dict itself.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_PENDING",
+    "EXIT_UNKNOWN",
+    "EXIT_USAGE",
+    "ack_line",
+    "answer_exit_code",
+    "clip",
+    "outcome_exit_code",
+    "outcome_line",
+    "refusal_line",
+    "status_text",
+]
+
+EXIT_OK = 0  # replied, silent, queued (send without --wait), a healthy doctor
+EXIT_FAILED = 1  # refused, failed, ambiguous (or no answer in time), a doctor that found a blocker
+EXIT_USAGE = 2  # bad arguments, a missing root
+EXIT_PENDING = 3  # outcome: accepted, no outcome yet
+EXIT_UNKNOWN = 4  # outcome: no journal or host knows the id
+
+# Sentences addressed to the model that called the tool, not to a person.
+_FOR_THE_MODEL = (
+    "Pick a name from the roster (roles are listed in your system prompt).",
+    "Pick a teammate from the roster.",
+    "Compose it as plain text.",
+    "Do not retry.",
+)
+_NO_TEAMMATE = re.compile(r"^No teammate named '(?P<name>.*)' on this install, on a connected machine, "
+                          r"or on a registered peer\.")
+
+
+def clip(text: str, width: int) -> str:
+    """Pure: ``text`` on one line, at most ``width`` characters, cut at a word boundary with "…".
+
+    Args:
+        text: any text (newlines become spaces).
+        width: the maximum length (at least 2).
+
+    Returns:
+        The text, or its longest prefix ending at a whole word plus "…".
+    """
+    flat = " ".join(str(text).split())
+    if len(flat) <= width:
+        return flat
+    cut = flat[: max(1, width - 1)]
+    space = cut.rfind(" ")
+    if space > width // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:—-") + "…"
+
+
+def _without_reason_prefix(text: str, reason: str) -> str:
+    """``target_busy: another turn…`` → ``another turn…`` (the reason is shown once, in brackets)."""
+    text = text.strip()
+    if reason and text.lower().startswith(f"{reason.lower()}:"):
+        return text[len(reason) + 1:].strip()
+    return text
+
+
+def refusal_line(answer: dict[str, Any]) -> str:
+    """Pure: one human line for a refusal dict (``{"error", "reason", "teammates"?, "peers"?}``).
+
+    Returns:
+        e.g. ``refused [unknown]: no teammate named 'nobody' — teammates: @hermes, @scout; peers: mini``.
+    """
+    reason = str(answer.get("reason") or "unknown")
+    text = _without_reason_prefix(str(answer.get("error") or "no reason given"), reason)
+    match = _NO_TEAMMATE.match(text)
+    if match:
+        text = f"no teammate named '{match['name']}'"
+    for sentence in _FOR_THE_MODEL:
+        text = text.replace(sentence, "")
+    text = " ".join(text.split()).rstrip(".")
+    extra = []
+    teammates = answer.get("teammates")
+    if isinstance(teammates, list):
+        extra.append("teammates: " + (", ".join(f"@{t}" for t in teammates) or "none"))
+    peers = answer.get("peers")
+    if isinstance(peers, list) and peers:
+        extra.append("peers: " + ", ".join(str(p) for p in peers))
+    return f"refused [{reason}]: {text}" + (f" — {'; '.join(extra)}" if extra else "")
+
+
+def ack_line(ack: dict[str, Any], root: str) -> str:
+    """Pure: one line for an accepted DM, naming how to look its outcome up."""
+    key = ack.get("delivery_id", "?")
+    return f"queued for {ack.get('to', '?')}: delivery {key} (hermes-actors outcome --root {root} {key})"
+
+
+def outcome_line(outcome: dict[str, Any]) -> str:
+    """Pure: one line for an outcome dict (replied and silent keep their sender-facing text)."""
+    status = str(outcome.get("status") or "")
+    if status in ("replied", "silent"):
+        return str(outcome.get("text") or status)
+    if status in ("failed", "ambiguous"):
+        reason = str(outcome.get("reason") or "unknown")
+        error = _without_reason_prefix(str(outcome.get("error") or outcome.get("text") or ""), reason)
+        who = outcome.get("from") or "?"
+        return f"{status} [{reason}] {who}: {' '.join(error.split())}"
+    if status == "pending":
+        return f"pending: delivery {outcome.get('delivery_id')} has no outcome yet"
+    if status == "unknown":
+        why = outcome.get("error") or "no journal on this root and no running host knows it"
+        return f"unknown: delivery {outcome.get('delivery_id')}: {why}"
+    return f"{status or 'error'}: {outcome.get('error') or outcome}"
+
+
+def answer_exit_code(answer: dict[str, Any]) -> int:
+    """Pure: the exit code of a ``send`` answer (ack or refusal) when not waiting."""
+    return EXIT_FAILED if "error" in answer else EXIT_OK
+
+
+def outcome_exit_code(outcome: dict[str, Any]) -> int:
+    """Pure: 0 replied/silent, 1 failed/ambiguous (or an error), 3 pending, 4 unknown."""
+    status = outcome.get("status")
+    if status in ("replied", "silent"):
+        return EXIT_OK
+    if status == "pending":
+        return EXIT_PENDING
+    if status == "unknown":
+        return EXIT_UNKNOWN
+    return EXIT_FAILED
+
+
+def _age(seconds: Any) -> str:
+    if not isinstance(seconds, int | float):
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _counts(mapping: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in mapping.items()) or "none"
+
+
+def status_text(status: dict[str, Any]) -> str:
+    """Pure: the human ``hermes-actors status`` report of a status dict (:mod:`hermes_actors.ops.status`)."""
+    lines = []
+    gw = status.get("gateway")
+    if status.get("running") and gw:
+        conn = gw.get("connection_id") or "no connection id"
+        lines.append(f"gateway: serving {status['root']} (pid {gw.get('pid')}, up {_age(gw.get('uptime_seconds'))}, "
+                     f"{conn}, {gw.get('transport')} transport)")
+    else:
+        lines.append(f"gateway: none serves {status['root']} (start one: hermes-actors serve --root {status['root']})")
+        procs = status.get("processes") or []
+        if procs:
+            lines.append("  other gateway processes (no submit endpoint): "
+                         + ", ".join(f"pid {p['pid']}" for p in procs))
+    if not status.get("managed", True):
+        lines.append(f"  not Bot-Mode-managed: every DM is refused; fix: hermes-actors enable --root {status['root']}")
+    lines.append("profiles:")
+    for p in status.get("profiles") or []:
+        owner = ", live owner attached" if p.get("live_owner") else ""
+        queued = f", {p['queued']} queued" if p.get("queued") else ""
+        lines.append(f"  @{p['handle']:<16} {p['state']}{queued}{owner}")
+    flying = status.get("in_flight") or []
+    lines.append(f"in flight: {len(flying)}")
+    for r in flying[:20]:
+        lines.append(f"  {r['delivery_id']} {r.get('sender')} → {r.get('target')} ({r.get('route')}, "
+                     f"{_age(r.get('age_seconds'))})")
+    if len(flying) > 20:
+        lines.append(f"  … and {len(flying) - 20} more (--json lists them)")
+    c = status.get("counters") or {}
+    known = ", ".join(f"{k} {c[k]}" for k in ("accepted", "refused", "settled", "pending") if c.get(k) is not None)
+    lines.append(f"counters: {known}")
+    lines.append(f"  by status: {_counts(c.get('by_status') or {})}")
+    lines.append(f"  by reason: {_counts(c.get('by_reason') or {})}")
+    relay = status.get("relay") or {}
+    dirs = ", ".join(f"{k} {relay[k]}" for k in ("outbox", "claimed", "replies", "inbox", "taken", "quarantine")
+                     if relay.get(k) is not None)
+    age = relay.get("roster_age_seconds")
+    roster = "no relay roster" if age is None else f"roster {_age(age)} old, {relay.get('remote_agents')} agents"
+    lines.append(f"relay: {relay.get('transport')}; {dirs or 'no relay directories'}; {roster}")
+    lines.append(f"peers: {', '.join(relay.get('peers') or []) or 'none (bot_peers in config.yaml)'}")
+    for problem in status.get("problems") or []:
+        lines.append(f"problem: {problem}")
+    return "\n".join(lines)

@@ -1,0 +1,283 @@
+"""``hermes-actors doctor``: check what Bot Mode on a root needs, and say how to fix each problem.
+
+Each check gives one :class:`Check`: ``ok``, ``warn`` (something is off but DMs
+flow) or ``block`` (DMs cannot flow until it is fixed), with the fix for anything
+not ok. The facts are gathered here (files, the ``hermes`` CLI, the submit
+endpoint, Redis); each verdict is a small function of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hermes_actors.core.config import unknown_keys
+from hermes_actors.core.ids import id_of_file_name
+from hermes_actors.errors import ValidationError
+from hermes_actors.hermes.install import find_hermes_cli, profile_home
+from hermes_actors.hermes.setup import PLUGIN_NAME
+from hermes_actors.messages import ProfileInfo
+from hermes_actors.store.atomic import read_json_file
+from hermes_actors.store.hermes_root import discover_profiles
+from hermes_actors.store.relay_files import read_roster
+from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.yaml_file import read_yaml_mapping
+
+__all__ = ["Check", "blocking", "run_doctor"]
+
+OK, WARN, BLOCK = "ok", "warn", "block"
+_VERSION_TIMEOUT = 20.0
+_REDIS_TIMEOUT = 3.0
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict: what was checked, how it stands, what was found, and the fix (when not ok)."""
+
+    name: str
+    level: str  # ok | warn | block
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "level": self.level, "detail": self.detail, "fix": self.fix}
+
+
+def blocking(checks: list[Check]) -> bool:
+    """Pure: whether anything blocks DMs."""
+    return any(c.level == BLOCK for c in checks)
+
+
+# ── the checks ──────────────────────────────────────────────────────────────
+
+
+def check_cli(cli: str | None, version: str | None, error: str | None) -> Check:
+    """Pure: the hermes CLI and its version."""
+    if cli is None:
+        return Check("hermes CLI", BLOCK, "no `hermes` executable found (beside python, $HERMES_ACTORS_HERMES_CLI, "
+                     "PATH): every turn fails runtime_offline",
+                     "install hermes-agent (pip install 'hermes-actors[hermes]') or pass --cli PATH")
+    if error is not None:
+        return Check("hermes CLI", BLOCK, f"{cli} does not run: {error}",
+                     "reinstall hermes-agent, or point --cli at a working hermes")
+    return Check("hermes CLI", OK, f"{cli} ({version or 'version unknown'})")
+
+
+def check_managed(root: Path, profiles: list[ProfileInfo]) -> Check:
+    """Pure: the install is Bot-Mode-managed, and which profiles are not."""
+    unmanaged = [p.profile for p in profiles if not p.managed]
+    if len(unmanaged) == len(profiles):
+        return Check("profiles managed", BLOCK, "no profile is Bot-Mode-managed: message_agent refuses every DM",
+                     f"hermes-actors enable --root {root}")
+    if unmanaged:
+        return Check("profiles managed", WARN, f"not managed (not on the roster): {', '.join(unmanaged)}",
+                     f"hermes-actors enable --root {root} --profiles {','.join(unmanaged)}")
+    return Check("profiles managed", OK, f"{len(profiles)} profile(s): {', '.join(p.profile for p in profiles)}")
+
+
+def check_plugin(root: Path, enabled: dict[str, bool]) -> Check:
+    """Pure: the hermes-actors plugin is listed in ``plugins.enabled`` of each managed profile."""
+    missing = [name for name, on in enabled.items() if not on]
+    if enabled and len(missing) == len(enabled):
+        return Check("plugin enabled", BLOCK, f"'{PLUGIN_NAME}' is in no profile's plugins.enabled: "
+                     "the bots have no message_agent tool", f"hermes-actors enable --root {root}")
+    if missing:
+        return Check("plugin enabled", WARN, f"not enabled for: {', '.join(missing)} (those bots cannot send DMs)",
+                     f"hermes-actors enable --root {root} --profiles {','.join(missing)}")
+    return Check("plugin enabled", OK, f"enabled for {len(enabled)} managed profile(s)")
+
+
+def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
+    """Pure: a host (``serve`` or the hermes gateway with the plugin) answers on the submit endpoint."""
+    if pong is None:
+        return Check("daemon running", BLOCK, "no process hosts the actors of this root: the bots' DMs are refused "
+                     "runtime_offline", f"hermes-actors serve --root {root}   (or: HERMES_HOME={root} hermes gateway "
+                     "run, after hermes-actors enable --gateway)")
+    return Check("daemon running", OK, f"pid {pong.get('pid')} serves {pong.get('root')} "
+                 f"(hermes-actors {pong.get('version')})")
+
+
+def check_config_keys(path: Path, raw: dict[str, Any], problem: str | None) -> Check:
+    """Pure: config.yaml reads, and has no unknown ``bot_mode`` key (with the closest known one)."""
+    if problem:
+        return Check("config keys", WARN, problem, f"fix {path} (the defaults are used meanwhile)")
+    unknown = unknown_keys(raw)
+    if unknown:
+        parts = [f"{key} (did you mean {hint}?)" if hint else key for key, hint in unknown]
+        fixes = [f"rename {key} to {hint}" if hint else f"remove {key}" for key, hint in unknown]
+        return Check("config keys", WARN, "unknown: " + "; ".join(parts), f"in {path}: " + "; ".join(fixes))
+    return Check("config keys", OK, f"{path.name}: no unknown bot_mode key")
+
+
+def check_redis_extra(wanted: bool, installed: bool) -> Check:
+    """Pure: the ``[redis]`` extra is installed when the Redis transport is configured."""
+    if not wanted:
+        return Check("redis extra", OK, "not needed (file transport)" + ("" if not installed else "; installed"))
+    if not installed:
+        return Check("redis extra", BLOCK, "bot_mode.transport selects Redis but the redis package is missing",
+                     "pip install 'hermes-actors[redis]'")
+    return Check("redis extra", OK, "installed")
+
+
+def check_redis(url_text: str | None, error: str | None) -> Check:
+    """Pure: the configured Redis answers PING with our credentials."""
+    if url_text is None:
+        return Check("redis", OK, "not configured (file transport)")
+    if error is None:
+        return Check("redis", OK, f"{url_text} answers")
+    if "auth" in error.lower() or "password" in error.lower() or "noperm" in error.lower():
+        return Check("redis", BLOCK, f"{url_text} refused our credentials: {error}",
+                     "put the right user:password in bot_mode.transport (or REDIS_URL)")
+    return Check("redis", BLOCK, f"{url_text} is unreachable: {error}",
+                 "start Redis or fix the host/port in bot_mode.transport (or REDIS_URL)")
+
+
+def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str]) -> Check:
+    """Pure: the names the relay hub uses for this root match the gateway's ``--connection-id``.
+
+    Args:
+        own: the connection ids of this root's running gateways (their heartbeats).
+        remote: the connection ids the relay roster lists (the other roots).
+        routed_as: the ``target_connection`` of envelopes the hub handed to this root.
+    """
+    if own & remote:
+        clash = ", ".join(sorted(own & remote))
+        return Check("connection ids", BLOCK, f"this root's gateway runs as {clash}, a name the hub gives ANOTHER "
+                     "root", "give every root a unique connection id: serve --connection-id X and relay --name X")
+    foreign = routed_as - own
+    if own and foreign:
+        return Check("connection ids", BLOCK, f"the hub routes to this root as {', '.join(sorted(foreign))} but its "
+                     f"gateway runs as {', '.join(sorted(own))}",
+                     "use the same name in serve --connection-id and the hub's --name for this root")
+    if not own:
+        return Check("connection ids", OK, "no running gateway announces a connection id (nothing to compare)")
+    return Check("connection ids", OK, f"gateway runs as {', '.join(sorted(own))}"
+                 + (f"; the hub routes here as {', '.join(sorted(routed_as))}" if routed_as else ""))
+
+
+# ── gathering the facts ─────────────────────────────────────────────────────
+
+
+def _cli_version(cli: str) -> tuple[str | None, str | None]:
+    """(version, error) of ``cli --version``."""
+    try:
+        done = subprocess.run([cli, "--version"], capture_output=True, text=True, timeout=_VERSION_TIMEOUT,
+                              check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    text = (done.stdout or done.stderr).strip().splitlines()
+    if done.returncode != 0:
+        return None, f"`{cli} --version` exited {done.returncode}: {text[0] if text else ''}".rstrip(": ")
+    return (text[0] if text else None), None
+
+
+def _plugin_enabled(home: Path) -> bool:
+    data, _problem = read_yaml_mapping(home / "config.yaml")
+    plugins = data.get("plugins") if isinstance(data, dict) else None
+    enabled = plugins.get("enabled") if isinstance(plugins, dict) else None
+    return isinstance(enabled, list) and PLUGIN_NAME in enabled
+
+
+def _redis_ping(url: str) -> str | None:
+    """None when Redis answers PING, else what went wrong."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=_REDIS_TIMEOUT, socket_connect_timeout=_REDIS_TIMEOUT)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        client.close()
+    return None
+
+
+def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
+    inbox = InboxPaths.from_root(root)
+    own: set[str] = set()
+    try:
+        beats = [n for n in os.listdir(inbox.heartbeat) if n.endswith(".json")]
+    except OSError:
+        beats = []
+    for name in beats:
+        try:
+            beat = read_json_file(inbox.heartbeat / name, max_bytes=4096)
+        except (OSError, ValidationError):
+            continue
+        if isinstance(beat, dict) and beat.get("connection_id"):
+            own.add(str(beat["connection_id"]))
+    agents, _age = read_roster(inbox.relay)
+    remote = {a.connection_id for a in agents}
+    routed: set[str] = set()
+    for directory in (inbox.inbox, inbox.taken):
+        try:
+            names = sorted(os.listdir(directory))[:50]
+        except OSError:
+            continue
+        for name in names:
+            if id_of_file_name(name) is None:
+                continue
+            try:
+                record = read_json_file(directory / name)
+            except (OSError, ValidationError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("target_connection"), str):
+                routed.add(record["target_connection"])
+    return own, remote, routed
+
+
+def run_doctor(
+    root: str | Path, *, cli: str | None = None, ping: Callable[[Path], dict[str, Any] | None] | None = None
+) -> list[Check]:
+    """Run every check on ``root``.
+
+    Args:
+        root: the Hermes root.
+        cli: the hermes executable (default: found as the runner finds it).
+        ping: how to reach the submit endpoint (default :func:`hermes_actors.hermes.submit.ping`).
+
+    Returns:
+        The checks, in a fixed order.
+
+    Raises:
+        FileNotFoundError: ``root`` is not a directory.
+    """
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"Hermes root {str(root)!r} does not exist or is not a directory")
+    if ping is None:
+        from hermes_actors.hermes.submit import ping as submit_ping
+
+        ping = submit_ping
+    found = find_hermes_cli(cli)
+    version, error = _cli_version(found) if found else (None, None)
+    profiles = discover_profiles(root)
+    enabled = {p.profile: _plugin_enabled(profile_home(root, p.profile)) for p in profiles if p.managed}
+    path = root / "config.yaml"
+    raw, problem = read_yaml_mapping(path)
+    checks = [
+        check_cli(found, version, error),
+        check_managed(root, profiles),
+        check_plugin(root, enabled),
+        check_daemon(root, ping(root)),
+        check_config_keys(path, raw, problem),
+    ]
+    from hermes_actors.transports.redis.store import mask_url, redis_url_from_config
+
+    try:
+        url = redis_url_from_config(raw)
+    except ValueError as exc:
+        checks.append(Check("redis", BLOCK, str(exc), "set bot_mode.transport to file, redis://… or rediss://…"))
+        url = None
+    else:
+        installed = importlib.util.find_spec("redis") is not None
+        checks.append(check_redis_extra(url is not None, installed))
+        if url is not None and installed:
+            checks.append(check_redis(mask_url(url), _redis_ping(url)))
+    checks.append(check_connection_ids(*_connection_facts(root)))
+    return checks

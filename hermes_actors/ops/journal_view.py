@@ -1,0 +1,128 @@
+"""Read-only view of a root's delivery journals, for ``status`` and ``outcome`` when no gateway answers.
+
+The journal files (``bot_relay/journal/j-*.log``) belong to the gateways that
+write them; this module only reads them, never takes their locks, and refuses
+what it must not follow: a symlinked journal directory or file, or a file of
+another uid. A line longer than the journal's own limit is skipped and counted
+as corrupt, so a hostile file can cost at most one bounded read per line.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from hermes_actors.core import outcomes
+from hermes_actors.errors import ValidationError
+from hermes_actors.store.journal import MAX_LINE_BYTES, JournalFolded, fold_records, parse_lines
+from hermes_actors.store.relay_files import RelayPaths, list_ids, read_reply
+
+__all__ = ["find_outcome", "journal_dir", "read_journals"]
+
+
+def journal_dir(root: str | Path) -> Path:
+    """``<root>/bot_relay/journal``."""
+    return Path(root).expanduser() / "bot_relay" / "journal"
+
+
+def _lines(fd: int) -> tuple[list[bytes], int]:
+    """The lines of an open journal; over-long lines are dropped and counted."""
+    lines: list[bytes] = []
+    too_long = 0
+    with os.fdopen(os.dup(fd), "rb") as stream:
+        while True:
+            line = stream.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return lines, too_long
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                too_long += 1
+                while line and not line.endswith(b"\n"):  # skip the rest of that line, a bounded chunk at a time
+                    line = stream.readline(MAX_LINE_BYTES + 1)
+                continue
+            lines.append(line)
+
+
+def read_journals(root: str | Path) -> tuple[JournalFolded, list[str]]:
+    """Fold every journal file of ``root`` (living gateways' and dead ones'). Never raises.
+
+    Args:
+        root: the Hermes root.
+
+    Returns:
+        ``(folded, problems)``: the deliveries the journals know, and one line per
+        file or directory that was refused or could not be read.
+    """
+    folded = JournalFolded()
+    problems: list[str] = []
+    directory = journal_dir(root)
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        return folded, problems
+    except OSError as exc:
+        return folded, [f"cannot read {directory}: {exc.strerror or exc}"]
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return folded, [f"refusing {directory}: not a directory of ours (a symlink, a file or another uid's)"]
+    for path in sorted(directory.glob("j-*.log")):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            problems.append(f"cannot read {path}: {exc.strerror or exc}")
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                problems.append(f"refusing {path}: not a regular file of ours")
+                continue
+            lines, too_long = _lines(fd)
+        except OSError as exc:
+            problems.append(f"cannot read {path}: {exc.strerror or exc}")
+            continue
+        finally:
+            os.close(fd)
+        records, bad = parse_lines(lines)
+        fold_records(records, folded)
+        folded.corrupt_lines += bad + too_long
+    return folded, problems
+
+
+def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
+    """What the root's files know of ``delivery_id``. Never raises for a valid id.
+
+    Local DMs are in the journals; DMs relayed to another connection are in the
+    relay directories (``outbox/``/``claimed/`` while waiting, ``replies/`` once answered).
+
+    Args:
+        root: the Hermes root.
+        delivery_id: a delivery id (32 lowercase hex characters).
+
+    Returns:
+        The outcome dict (DESIGN section 3), or ``{"status": "pending" | "unknown",
+        "delivery_id", "error"?}``.
+    """
+    folded, problems = read_journals(root)
+    state = folded.states.get(delivery_id)
+    if state is not None and state.outcome is not None:
+        return dict(state.outcome)
+    if state is not None:
+        began = "its turn began" if state.started else "it has not started"
+        return {"status": "pending", "delivery_id": delivery_id, "error": f"accepted; {began}, no outcome yet"}
+    paths = RelayPaths.from_root(Path(root).expanduser())
+    try:
+        reply = read_reply(paths, delivery_id)
+    except (OSError, ValidationError) as exc:
+        problems.append(f"cannot read the relay reply of {delivery_id}: {exc}")
+        reply = None
+    if reply is not None:
+        label = "the relayed target"
+        if reply.get("error"):
+            return outcomes.failed(delivery_id, label, reply["error"], reply.get("reason", "")).as_dict()
+        return outcomes.from_reply(delivery_id, label, reply.get("reply", "")).as_dict()
+    if any(delivery_id in list_ids(d) for d in (paths.outbox, paths.claimed)):
+        return {"status": "pending", "delivery_id": delivery_id, "error": "relayed; waiting for the reply"}
+    why = "no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries)"
+    if problems:
+        why += "; " + "; ".join(problems)
+    return {"status": "unknown", "delivery_id": delivery_id, "error": why}

@@ -1,0 +1,309 @@
+"""What a root's Bot Mode is doing: the ``status`` view, from a running gateway or from the files.
+
+:func:`live_status` asks a running :class:`~hermes_actors.gateway.Gateway` (its
+``stats()`` and ``roster()``); :func:`file_status` reads the root's files when no
+gateway answers. Both return the same shape (``source`` says which)::
+
+    {
+      "source": "gateway" | "files",
+      "root": "/path/to/root",
+      "running": True | False,            # a gateway answers for the root
+      "gateway": {"pid", "connection_id", "started_at", "uptime_seconds", "transport"} | None,
+      "processes": [{"pid", "connection_id", "age_seconds"}],   # fresh gateway heartbeats
+      "profiles": [{"profile", "handle", "title", "managed", "state", "queued", "in_flight", "live_owner"}],
+      "in_flight": [{"delivery_id", "sender", "target", "profile", "route", "age_seconds", "started"}],
+      "counters": {"accepted", "refused", "settled", "pending", "by_status", "by_reason", "by_outcome"},
+      "relay": {"transport", "outbox", "claimed", "replies", "inbox", "taken", "quarantine",
+                "roster_age_seconds", "remote_agents", "peers", "alive", "stats"},
+      "managed": True | False,
+      "problems": ["..."],
+    }
+
+``state`` is ``idle``, ``running`` (a DM is in its turn; ``queued`` more wait) or, from
+the files, ``offline`` (``queued`` then counts the journaled DMs waiting for the next
+start). ``by_outcome`` is ``{status: {reason: count}}``; ``by_status`` and ``by_reason``
+are its sums. A value the source cannot know is None.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hermes_actors.core.config import load_config
+from hermes_actors.ops.journal_view import read_journals
+from hermes_actors.store.atomic import read_json_file
+from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
+from hermes_actors.store.relay_files import list_ids, read_roster
+from hermes_actors.store.relay_inbox import InboxPaths
+
+if TYPE_CHECKING:
+    from hermes_actors.gateway import Gateway
+
+__all__ = ["STATUS_KEYS", "file_status", "live_status"]
+
+STATUS_KEYS = ("running", "profiles", "in_flight", "counters", "relay")
+HEARTBEAT_FRESH_SECONDS = 10.0
+
+
+# ── pure pieces ─────────────────────────────────────────────────────────────
+
+
+def outcome_counters(by_outcome: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Pure: ``by_outcome`` ({status: {reason: n}}) with its per-status and per-reason sums.
+
+    Args:
+        by_outcome: settled deliveries counted by status, then reason ("" when none).
+
+    Returns:
+        ``{"by_outcome", "by_status", "by_reason"}``; reasons of "" are left out of ``by_reason``.
+    """
+    by_status: Counter[str] = Counter()
+    by_reason: Counter[str] = Counter()
+    for status, reasons in by_outcome.items():
+        for reason, count in reasons.items():
+            by_status[status] += count
+            if reason:
+                by_reason[reason] += count
+    return {
+        "by_outcome": {s: dict(r) for s, r in sorted(by_outcome.items())},
+        "by_status": dict(sorted(by_status.items())),
+        "by_reason": dict(sorted(by_reason.items())),
+    }
+
+
+def profile_rows(
+    profiles: list[dict[str, Any]], per_profile: dict[str, int], live_owners: set[str], *, live: bool
+) -> list[dict[str, Any]]:
+    """Pure: one status row per local profile.
+
+    Args:
+        profiles: ``{"profile", "handle", "title", "managed"}`` per local profile.
+        per_profile: in-flight deliveries per profile (running + queued).
+        live_owners: profiles with a live Bot Chat owner attached.
+        live: a gateway answers (else every profile is ``offline``).
+
+    Returns:
+        The rows, in the order given.
+    """
+    rows = []
+    for p in profiles:
+        n = per_profile.get(p["profile"], 0)
+        if live:
+            state, queued = ("running", n - 1) if n else ("idle", 0)
+        else:
+            state, queued = "offline", n
+        rows.append({**p, "state": state, "queued": queued, "in_flight": n, "live_owner": p["profile"] in live_owners})
+    return rows
+
+
+def in_flight_rows(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Pure: in-flight rows (with ``accepted_at``) as the status shows them: ``age_seconds`` instead, oldest first."""
+    out = []
+    for row in rows:
+        accepted = row.get("accepted_at")
+        age = max(0.0, now - accepted) if isinstance(accepted, int | float) else None
+        item = {k: v for k, v in row.items() if k != "accepted_at"}
+        item["age_seconds"] = None if age is None else round(age, 3)
+        out.append(item)
+    out.sort(key=lambda r: -(r["age_seconds"] or 0.0))
+    return out
+
+
+# ── what the files say ──────────────────────────────────────────────────────
+
+
+def _count(directory: Path, *, ids_only: bool = True) -> int | None:
+    """Entries of a relay directory (None when it is missing or not a directory of ours)."""
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return None
+    if ids_only:
+        return len(list_ids(directory))
+    try:
+        return sum(1 for name in os.listdir(directory) if not name.startswith("."))
+    except OSError:
+        return None
+
+
+def relay_dir_counts(root: Path, now: float) -> dict[str, Any]:
+    """Counts of the root's relay directories and the relay roster's freshness. Never raises."""
+    inbox = InboxPaths.from_root(root)
+    paths = inbox.relay
+    agents, age = read_roster(paths, now=now)
+    return {
+        "outbox": _count(paths.outbox),
+        "claimed": _count(paths.claimed),
+        "replies": _count(paths.replies),
+        "inbox": _count(inbox.inbox),
+        "taken": _count(inbox.taken),
+        "quarantine": _count(paths.quarantine, ids_only=False),
+        "roster_age_seconds": None if age is None else round(max(0.0, age), 3),
+        "remote_agents": len(agents),
+    }
+
+
+def heartbeats(root: Path, now: float) -> list[dict[str, Any]]:
+    """The gateway processes whose heartbeat (``bot_relay/gateways/<pid>.json``) is fresh and alive."""
+    directory = InboxPaths.from_root(root).heartbeat
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and n[:-5].isdigit())
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        try:
+            beat = read_json_file(directory / name, max_bytes=4096)
+            pid, at = int(beat["pid"]), float(beat["at"])
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if now - at > HEARTBEAT_FRESH_SECONDS or pid <= 0:
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass
+        found.append({"pid": pid, "connection_id": str(beat.get("connection_id") or "") or None,
+                      "age_seconds": round(max(0.0, now - at), 3)})
+    return found
+
+
+def _profile_dicts(root: Path) -> list[dict[str, Any]]:
+    return [{"profile": p.profile, "handle": p.handle, "title": p.title, "managed": p.managed}
+            for p in discover_profiles(root)]
+
+
+def _transport(raw: dict[str, Any]) -> str:
+    from hermes_actors.transports.redis.store import redis_url_from_config
+
+    try:
+        return "file" if redis_url_from_config(raw) is None else "redis"
+    except ValueError:
+        return "invalid"
+
+
+def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]:
+    """The status of ``root`` read from its files (no gateway answers). Never raises for a readable root.
+
+    In-flight deliveries are the journaled ones without an outcome; counters count
+    the outcomes the journals still hold (``accepted`` and ``refused`` are None).
+
+    Args:
+        root: the Hermes root.
+        now: the current time (default ``time.time()``).
+
+    Returns:
+        The status dict (see the module docstring), ``running`` False.
+
+    Raises:
+        FileNotFoundError: ``root`` is not a directory.
+    """
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"Hermes root {str(root)!r} does not exist or is not a directory")
+    now = time.time() if now is None else now
+    config = load_config(root)
+    folded, problems = read_journals(root)
+    if folded.corrupt_lines:
+        problems.append(f"{folded.corrupt_lines} corrupt journal line(s) skipped")
+    pending: list[dict[str, Any]] = []
+    by_outcome: dict[str, dict[str, int]] = {}
+    per_profile: Counter[str] = Counter()
+    for key, state in folded.states.items():
+        if state.outcome is not None:
+            status, reason = str(state.outcome.get("status", "")), str(state.outcome.get("reason") or "")
+            by_outcome.setdefault(status, {}).setdefault(reason, 0)
+            by_outcome[status][reason] += 1
+        elif state.delivery is not None:
+            d = state.delivery
+            profile = str(d.get("target") or "")
+            per_profile[profile] += 1
+            pending.append({"delivery_id": key, "sender": d.get("sender"), "target": d.get("label") or profile,
+                            "profile": profile, "route": "local", "accepted_at": d.get("accepted_at"),
+                            "started": state.started > 0})
+    profiles = _profile_dicts(root)
+    settled = sum(sum(r.values()) for r in by_outcome.values())
+    return {
+        "source": "files",
+        "root": str(root),
+        "running": False,
+        "gateway": None,
+        "processes": heartbeats(root, now),
+        "profiles": profile_rows(profiles, dict(per_profile), set(), live=False),
+        "in_flight": in_flight_rows(pending, now),
+        "counters": {"accepted": None, "refused": None, "settled": settled, "pending": len(pending),
+                     **outcome_counters(by_outcome)},
+        "relay": {"transport": _transport(config.raw), **relay_dir_counts(root, now), "peers": list(config.peers),
+                  "alive": None, "stats": None},
+        "managed": install_is_managed(discover_profiles(root)),
+        "problems": problems,
+    }
+
+
+# ── what a running gateway says ─────────────────────────────────────────────
+
+
+def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]:
+    """The status of a running gateway: its counters, profiles, in-flight deliveries and relay.
+
+    Args:
+        gateway: a running gateway (in this process).
+        now: the current time (default ``time.time()``).
+
+    Returns:
+        The status dict (see the module docstring), ``running`` True.
+
+    Raises:
+        RuntimeError: the gateway is not running.
+    """
+    now = time.time() if now is None else now
+    stats = gateway.stats()
+    rows = gateway.roster()
+    root = gateway.root
+    deliveries = stats.get("deliveries") or {}
+    started_at = getattr(gateway, "started_at", None)
+    config = gateway.config
+    raw = config.raw if config is not None else {}
+    local = discover_profiles(root)
+    managed = {p.profile: p.managed for p in local}
+    profiles = [{"profile": r["profile"], "handle": r["handle"], "title": r["title"],
+                 "managed": managed.get(r["profile"], False)}
+                for r in rows if r["connection_id"] is None]
+    counters = {key: stats.get(key) for key in ("accepted", "refused", "settled", "pending")}
+    counters.update(outcome_counters(deliveries.get("by_outcome") or {}))
+    for key in ("notified", "notify_skipped", "subscriber_errors", "journal_fsyncs", "journal_records"):
+        if key in stats:
+            counters[key] = stats[key]
+    return {
+        "source": "gateway",
+        "root": str(root),
+        "running": True,
+        "gateway": {
+            "pid": os.getpid(),
+            "connection_id": gateway.connection_id,
+            "started_at": started_at,
+            "uptime_seconds": None if started_at is None else round(max(0.0, now - started_at), 3),
+            "transport": _transport(raw),
+            "active_profiles": stats.get("active_profiles"),
+            "worker_threads": stats.get("worker_threads"),
+        },
+        "processes": heartbeats(root, now),
+        "profiles": profile_rows(profiles, deliveries.get("per_profile") or {},
+                                 set(deliveries.get("live_owners") or ()), live=True),
+        "in_flight": in_flight_rows(list(deliveries.get("in_flight") or ()), now),
+        "counters": counters,
+        "relay": {"transport": _transport(raw), **relay_dir_counts(root, now),
+                  "peers": list(config.peers) if config is not None else [],
+                  "alive": stats.get("relay_alive"), "stats": stats.get("relay")},
+        "managed": install_is_managed(local),
+        "problems": [],
+    }

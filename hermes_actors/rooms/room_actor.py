@@ -1,0 +1,306 @@
+"""RoomActor: one per room; owns the room's record and file, and runs its rounds.
+
+The decisions are :mod:`hermes_actors.rooms.rules`; this actor applies them.
+Every member turn goes to the Dispatcher as a :class:`RoomTurn`, so it runs on
+the member's ProfileActor, queued behind its DMs (one turn at a time per bot),
+with the same runner. Nothing polls: a turn's outcome arrives as a message.
+
+Exactly once: a send is on disk before its ack; a member turn is on disk as
+``running`` before it is submitted; its reply, the member's read position and
+the round's next step are written in one atomic replace. After a crash a
+``running`` turn is never run again: it is shown as interrupted and the round
+goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actors import TypedActor, handles, tell
+from hermes_actors.core.ids import new_delivery_id
+from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, resolve_local
+from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.messages import ROOM_ORIGIN, Delivery, Notify, Outcome, RoomTurn, RosterSnapshot
+from hermes_actors.rooms.protocol import AwaitIdle, Disband, GetSummary, GetTranscript, Halt, MemberTurnDone, RoomSend
+from hermes_actors.rooms.rules import (
+    USER,
+    Round,
+    Spoken,
+    after_turn,
+    find_mentions,
+    open_round,
+    room_session,
+    send_refusal,
+    turn_text,
+)
+from hermes_actors.rooms.store import TRANSCRIPT_KEEP, RoomFiles, RoomRecord
+
+__all__ = ["INTERRUPTED_TEXT", "RoomActor", "round_of"]
+
+INTERRUPTED_TEXT = "(interrupted: the gateway stopped during this turn; it was not run again)"
+
+
+def round_of(active: dict[str, Any] | None) -> Round | None:
+    """Pure: the :class:`Round` a record's ``active`` dict holds."""
+    if active is None:
+        return None
+    return Round(active["send"], active["round"], tuple(active["queue"]), active["said"], active["posted"],
+                 tuple(active["mentioned"]), active["needs_you"])
+
+
+class RoomActor(TypedActor):
+    """Serializes everything that happens in one room.
+
+    Args:
+        record: the room (new, or loaded from its file).
+        files: the room directory.
+        dispatcher: the DispatcherActor (member turns).
+        notifier: the NotifierActor (room events for ``subscribe`` callbacks).
+        snapshot: the roster (names resolve against it; each send brings a fresh one).
+    """
+
+    def __init__(
+        self,
+        record: RoomRecord,
+        *,
+        files: RoomFiles,
+        dispatcher: pykka.ActorRef[Any],
+        notifier: pykka.ActorRef[Any],
+        snapshot: RosterSnapshot,
+    ) -> None:
+        super().__init__()
+        self.record = record
+        self.files = files
+        self.dispatcher = dispatcher
+        self.notifier = notifier
+        self.snapshot = snapshot
+        self.halted = False
+        self.waiters: list[pykka.ThreadingFuture[str]] = []
+        self.events: list[dict[str, Any]] = []  # published once the record holding them is on disk
+
+    def on_start(self) -> None:
+        running = self.record.running
+        if running is not None:  # the previous process died during this turn: never run it again
+            self.record.running = None
+            member = running["member"]
+            active = round_of(self.record.active)
+            self._post(self.record.handles[member], INTERRUPTED_TEXT, active.number if active else 0, "interrupted")
+            self.record.seen[member] = running["upto"]
+            if active is not None and member in active.queue:
+                self._step(active, member, Spoken(False))
+        self._advance()
+
+    # ── helpers ─────────────────────────────────────────────────────────────
+
+    def _resolve(self, name: str) -> str | None:
+        return resolve_local(name, self.snapshot)
+
+    def _post(self, author: str, text: str, number: int, status: str) -> dict[str, Any]:
+        entry = {"message_id": new_delivery_id(), "author": author, "text": text, "at": time.time(),
+                 "round": number, "status": status}
+        record = self.record
+        record.transcript.append(entry)
+        if len(record.transcript) > TRANSCRIPT_KEEP:
+            drop = len(record.transcript) - TRANSCRIPT_KEEP
+            del record.transcript[:drop]
+            record.base += drop
+        self.events.append({"event": "message", "message": dict(entry)})
+        return entry
+
+    def _end(self) -> int:
+        return self.record.base + len(self.record.transcript)
+
+    def _save(self) -> None:
+        self.files.write(self.record)
+        for event in self.events:
+            tell(self.notifier, Notify({"kind": "room", "room_id": self.record.room_id, "room": self.record.name,
+                                        **event}))
+        self.events.clear()
+
+    def _set_state(self, state: str) -> None:
+        if state != self.record.state:
+            self.record.state = state
+            self.events.append({"event": "state", "state": state})
+
+    def _step(self, active: Round, member: str, spoken: Spoken) -> None:
+        """Apply one member's turn (or pass) to the round; note ``@user`` for when the send settles."""
+        if spoken.mentions_user:
+            self.record.needs_you = True
+        nxt = after_turn(active, self.record.members, member, spoken)
+        self.record.active = nxt.as_dict() if nxt is not None else None
+
+    def _news(self, member: str) -> list[tuple[str, str]]:
+        """(author label, text) of the messages ``member`` has not read, its own excluded."""
+        record = self.record
+        start = max(record.seen.get(member, 0), record.base) - record.base
+        mine = record.handles[member]
+        return [(e["author"] if e["author"] == USER else f"@{e['author']}", e["text"])
+                for e in record.transcript[start:] if e.get("status") == "said" and e["author"] != mine]
+
+    # ── the rounds ──────────────────────────────────────────────────────────
+
+    def _advance(self) -> None:
+        """Start the next member turn, or settle; writes the record exactly once either way."""
+        record = self.record
+        while not self.halted and record.running is None:
+            active = round_of(record.active)
+            if active is None:
+                if not record.sends:
+                    self._set_state("needs_you" if record.needs_you else "idle")
+                    break
+                send = record.sends.pop(0)
+                record.active = open_round(send["message_id"], record.members, send["sender"],
+                                           send["mentioned"]).as_dict()
+                continue
+            member = active.queue[0]
+            news = self._news(member)
+            if not news:  # nothing new since its last turn: a pass without a turn
+                self._step(active, member, Spoken(False))
+                continue
+            self._start_turn(member, news)
+            return
+        self._save_quietly()
+        if record.state != "busy":
+            for future in self.waiters:
+                future.set(record.state)
+            self.waiters.clear()
+
+    def _save_quietly(self) -> None:
+        try:
+            self._save()
+        except (StoreError, HostileFileError) as exc:
+            logger.error("room {}: could not write its file ({}); it starts no more turns", self.record.name, exc)
+            self.halted = True
+
+    def _start_turn(self, member: str, news: list[tuple[str, str]]) -> None:
+        record = self.record
+        turn_id = new_delivery_id()
+        record.running = {"member": member, "turn_id": turn_id, "upto": self._end()}
+        self._set_state("busy")
+        try:
+            self._save()  # on disk before it runs: after a crash it is interrupted, never run twice
+        except (StoreError, HostileFileError) as exc:
+            record.running = None
+            logger.error("room {}: could not record the turn of {} ({}); it starts no more turns",
+                         record.name, member, exc)
+            self.halted = True
+            return
+        handle = record.handles[member]
+        handles = [record.handles[m] for m in record.members]
+        delivery = Delivery(
+            delivery_id=turn_id,
+            sender="",
+            sender_handle="",
+            target=member,
+            target_handle=handle,
+            content=turn_text(record.name, handles, news),
+            author={"id": f"room:{record.room_id}", "name": record.name, "is_bot": False},
+            accepted_at=time.time(),
+            origin=ROOM_ORIGIN,
+            label=f"@{handle} in room '{record.name}'",
+            session=room_session(record.name),
+        )
+        me = self.actor_ref
+
+        def reply(outcome: Outcome) -> None:
+            tell(me, MemberTurnDone(turn_id, outcome))
+
+        if not tell(self.dispatcher, RoomTurn(delivery, reply)):
+            self.halted = True  # the gateway is going away; the turn stays "running" → interrupted on restart
+
+    @handles(MemberTurnDone)
+    def _on_turn_done(self, msg: MemberTurnDone) -> None:
+        record = self.record
+        running = record.running
+        if running is None or running["turn_id"] != msg.turn_id:
+            logger.debug("room {}: outcome of an unknown turn {} ignored", record.name, msg.turn_id)
+            return
+        record.running = None
+        outcome = msg.outcome
+        if outcome.status == "failed" and outcome.reason == "cancelled":
+            self._advance()  # it never ran (the gateway is stopping): it stays first in the round, run next start
+            return
+        member = running["member"]
+        handle = record.handles[member]
+        active = round_of(record.active)
+        number = active.number if active else 0
+        record.seen[member] = running["upto"]
+        spoken = Spoken(False)
+        if outcome.status == "replied":
+            text = outcome.reply.strip()[:MESSAGE_MAX_CHARS]
+            self._post(handle, text, number, "said")
+            record.seen[member] = self._end()
+            mentioned, user = find_mentions(text, record.members, self._resolve)
+            spoken = Spoken(True, mentioned, user)
+        elif outcome.status == "ambiguous":
+            self._post(handle, INTERRUPTED_TEXT, number, "interrupted")
+        elif outcome.status == "failed":
+            self._post(handle, f"(turn failed [{outcome.reason}]: {outcome.error})", number, "failed")
+        if active is not None and member in active.queue:
+            self._step(active, member, spoken)
+        self._advance()
+
+    # ── the API ─────────────────────────────────────────────────────────────
+
+    @handles(RoomSend)
+    def _on_send(self, msg: RoomSend) -> dict[str, Any]:
+        if self.halted:
+            raise RuntimeError("gateway is not running")
+        record = self.record
+        self.snapshot = msg.snapshot
+        who = send_refusal(msg.sender, msg.text, record.members, self._resolve)
+        if isinstance(who, Refusal):
+            return who.as_dict()
+        text = str(msg.text).strip()
+        mentioned, _ = find_mentions(text, record.members, self._resolve)
+        entry = self._post(USER if who == USER else record.handles[who], text, 0, "said")
+        record.sends.append({"message_id": entry["message_id"], "sender": who, "mentioned": list(mentioned)})
+        if who == USER:
+            record.needs_you = False  # the human answered
+        else:
+            record.seen[who] = self._end()
+        self._set_state("busy")
+        if record.running is None:
+            self._advance()  # writes the send (and the first turn's start) before the ack below
+        else:
+            self._save_quietly()
+        if self.halted:  # the write failed: nothing was accepted
+            raise RuntimeError(f"room {record.name!r} could not record the message durably; it was NOT sent")
+        return {"status": "queued", "room_id": record.room_id, "message_id": entry["message_id"]}
+
+    @handles(GetTranscript)
+    def _on_transcript(self, msg: GetTranscript) -> list[dict[str, Any]]:
+        return [dict(e) for e in self.record.transcript]
+
+    @handles(GetSummary)
+    def _on_summary(self, msg: GetSummary) -> dict[str, Any]:
+        return self.record.summary()
+
+    @handles(AwaitIdle)
+    def _on_await_idle(self, msg: AwaitIdle) -> pykka.ThreadingFuture[str]:
+        future: pykka.ThreadingFuture[str] = pykka.ThreadingFuture()
+        if self.record.state != "busy":
+            future.set(self.record.state)
+        else:
+            self.waiters.append(future)
+        return future
+
+    @handles(Halt)
+    def _on_halt(self, msg: Halt) -> None:
+        self.halted = True
+
+    @handles(Disband)
+    def _on_disband(self, msg: Disband) -> dict[str, Any]:
+        self.files.remove(self.record.room_id)
+        self.halted = True
+        for future in self.waiters:
+            future.set("disbanded")
+        self.waiters.clear()
+        tell(self.notifier, Notify({"kind": "room", "room_id": self.record.room_id, "room": self.record.name,
+                                    "event": "state", "state": "disbanded"}))
+        self.stop()
+        return {**self.record.summary(), "state": "disbanded"}

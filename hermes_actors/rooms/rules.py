@@ -1,0 +1,275 @@
+"""Pure rules of a group room: who may be in it, what may be sent, who speaks next, when it settles.
+
+No I/O, no clock, no actor: the RoomActor feeds these functions and applies
+their answers. Table-tested in ``tests/test_rooms_rules.py``.
+
+A send opens up to :data:`MAX_ROUNDS` serial rounds. Round 1's responders are
+the members the sent text @-mentions (every member but the sender when it
+mentions none); round N+1's are the members mentioned by round N's replies
+(every member when they mention none). Each responder replies briefly or
+passes (a silence marker); a round in which nobody spoke settles the send, as
+do :data:`MAX_MESSAGES_PER_SEND` replies and a reply mentioning ``@user``
+(the room then "needs you" once the current round ends).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, refuse, text_problem
+
+__all__ = [
+    "MAX_MEMBERS",
+    "MAX_MESSAGES_PER_SEND",
+    "MAX_ROUNDS",
+    "MIN_MEMBERS",
+    "NAME_MAX_CHARS",
+    "USER",
+    "Round",
+    "Spoken",
+    "after_turn",
+    "find_mentions",
+    "name_problem",
+    "open_round",
+    "plan_members",
+    "room_session",
+    "send_refusal",
+    "turn_text",
+]
+
+MIN_MEMBERS = 2
+MAX_MEMBERS = 6
+MAX_ROUNDS = 3
+MAX_MESSAGES_PER_SEND = 10
+NAME_MAX_CHARS = 64
+USER = "user"  # the human's author name, and the mention that marks the room "needs you"
+
+# '@' not preceded by a word character (so 'a@b.c' mentions nobody), then a handle-like token.
+_MENTION_RE = re.compile(r"(?<![\w@])@([A-Za-z0-9][A-Za-z0-9_.-]*)")
+
+Resolve = Callable[[str], "str | None"]
+
+
+def room_session(name: str) -> str:
+    """The session every member's turns of room ``name`` run in."""
+    return f"Group: {name}"
+
+
+def name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a room, or None.
+
+    Args:
+        name: the name as given.
+
+    Returns:
+        The error text, or None when the (stripped) name is usable.
+    """
+    if not isinstance(name, str):
+        return f"room name must be text, not {type(name).__name__}"
+    text = name.strip()
+    if not text:
+        return "room name is required"
+    if len(text) > NAME_MAX_CHARS:
+        return f"room name too long ({len(text)} chars > {NAME_MAX_CHARS})"
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return "room name contains a control character"
+    return text_problem("room name", text)
+
+
+def plan_members(raw: Any, resolve: Resolve) -> tuple[str, ...] | str:
+    """Resolve the members of a new room.
+
+    Args:
+        raw: the members as given (names as ``message_agent`` targets accept them).
+        resolve: maps a name to a local profile's folder id (None: nobody).
+
+    Returns:
+        The folder ids in the given order, or the error text naming what is wrong.
+    """
+    if isinstance(raw, str) or not isinstance(raw, Sequence):
+        return f"members must be a list of names, not {type(raw).__name__}"
+    members: list[str] = []
+    for name in raw:
+        if not isinstance(name, str) or not name.strip():
+            return f"member {name!r} is not a name"
+        if name.strip().removeprefix("@").lower() == USER:
+            return f"'{USER}' is the human's name in a room; it cannot be a member"
+        folder = resolve(name)
+        if folder is None:
+            return f"unknown member {name!r}: no local profile with that name"
+        if folder in members:
+            return f"member {name!r} is listed twice"
+        members.append(folder)
+    if not MIN_MEMBERS <= len(members) <= MAX_MEMBERS:
+        return f"a room has {MIN_MEMBERS} to {MAX_MEMBERS} members, not {len(members)}"
+    return tuple(members)
+
+
+def send_refusal(sender: Any, text: Any, members: Sequence[str], resolve: Resolve) -> Refusal | str:
+    """Validate one ``room_send``: the sender's author name (``user`` or a member's folder id), or a refusal.
+
+    Args:
+        sender: ``"user"`` or a member's name.
+        text: the message.
+        members: the room's folder ids.
+        resolve: maps a name to a folder id.
+
+    Returns:
+        The sender's folder id (or ``"user"``), or a :class:`Refusal`.
+    """
+    if not isinstance(sender, str) or not sender.strip():
+        return refuse(f"sender is required: '{USER}' or a member of the room")
+    if sender.strip().lower() == USER:
+        who = USER
+    else:
+        folder = resolve(sender)
+        if folder is None or folder not in members:
+            return refuse(f"Unknown sender {sender!r}: not a member of this room (members: {', '.join(members)}).")
+        who = folder
+    if text is not None and not isinstance(text, str):
+        return refuse(f"text must be a string, not {type(text).__name__}")
+    body = (text or "").strip()
+    if not body:
+        return refuse("text is required — write what you want to say to the room.")
+    problem = text_problem("text", body)
+    if problem is not None:
+        return refuse(problem)
+    if len(body) > MESSAGE_MAX_CHARS:
+        return refuse(f"text too long ({len(body)} chars > {MESSAGE_MAX_CHARS}).")
+    return who
+
+
+def find_mentions(text: str, members: Sequence[str], resolve: Resolve) -> tuple[tuple[str, ...], bool]:
+    """The members ``text`` @-mentions (room order) and whether it mentions ``@user``.
+
+    Args:
+        text: a message.
+        members: the room's folder ids.
+        resolve: maps a name (handle, folder id, friendly-name slug) to a folder id.
+
+    Returns:
+        (mentioned folder ids in the room's order, True when ``@user`` is mentioned).
+    """
+    hit: set[str] = set()
+    user = False
+    for token in _MENTION_RE.findall(text):
+        token = token.rstrip(".-")
+        folder = resolve(token)
+        if folder is not None and folder in members:
+            hit.add(folder)
+        elif token.lower() == USER:
+            user = True
+    return tuple(m for m in members if m in hit), user
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """Where one send's deliberation stands.
+
+    Attributes:
+        send_id: the message id of the send.
+        number: the round (1 to :data:`MAX_ROUNDS`).
+        queue: members still to take their turn this round, in order.
+        said: replies posted this round.
+        posted: replies posted for this send.
+        mentioned: members the replies of this round mentioned (they answer next round).
+        needs_you: a reply mentioned ``@user``.
+    """
+
+    send_id: str
+    number: int
+    queue: tuple[str, ...]
+    said: int = 0
+    posted: int = 0
+    mentioned: tuple[str, ...] = ()
+    needs_you: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "send": self.send_id, "round": self.number, "queue": list(self.queue), "said": self.said,
+            "posted": self.posted, "mentioned": list(self.mentioned), "needs_you": self.needs_you,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Spoken:
+    """What one member's turn contributed: nothing (a pass), or a reply and its mentions."""
+
+    replied: bool
+    mentioned: tuple[str, ...] = ()
+    mentions_user: bool = False
+
+
+def _ordered(members: Sequence[str], chosen: Iterable[str]) -> tuple[str, ...]:
+    wanted = set(chosen)
+    return tuple(m for m in members if m in wanted)
+
+
+def open_round(send_id: str, members: Sequence[str], sender: str, mentioned: Sequence[str]) -> Round:
+    """Round 1 of a send: the mentioned members, else every member but the sender.
+
+    Args:
+        send_id: the sent message's id.
+        members: the room's folder ids, in order.
+        sender: ``"user"`` or the sending member's folder id.
+        mentioned: the members the sent text mentions.
+
+    Returns:
+        The first round.
+    """
+    chosen = [m for m in mentioned if m != sender] or [m for m in members if m != sender]
+    return Round(send_id, 1, _ordered(members, chosen))
+
+
+def after_turn(current: Round, members: Sequence[str], member: str, spoken: Spoken) -> Round | None:
+    """The round after ``member``'s turn, or None when the send has settled.
+
+    Args:
+        current: the round the turn belonged to (``member`` heads its queue).
+        members: the room's folder ids, in order.
+        member: who took the turn.
+        spoken: what the turn contributed.
+
+    Returns:
+        The next state (the same round with the queue advanced, or the next round),
+        or None: a full round stayed silent, the reply cap or the round cap was
+        reached, or ``@user`` was mentioned and the round is over.
+    """
+    queue = tuple(m for m in current.queue if m != member)
+    state = replace(current, queue=queue)
+    if spoken.replied:
+        mentioned = set(state.mentioned) | {m for m in spoken.mentioned if m != member}
+        state = replace(
+            state, said=state.said + 1, posted=state.posted + 1, mentioned=_ordered(members, mentioned),
+            needs_you=state.needs_you or spoken.mentions_user,
+        )
+        if state.posted >= MAX_MESSAGES_PER_SEND:
+            return None
+    if state.queue:
+        return state
+    if state.said == 0 or state.number >= MAX_ROUNDS or state.needs_you:
+        return None
+    return Round(state.send_id, state.number + 1, state.mentioned or tuple(members), posted=state.posted)
+
+
+def turn_text(name: str, handles: Sequence[str], entries: Sequence[tuple[str, str]]) -> str:
+    """The content of one member's turn: the room's messages since its last turn, attributed.
+
+    Args:
+        name: the room's name.
+        handles: the members' handles.
+        entries: (author label, text) of each new message, oldest first.
+
+    Returns:
+        The turn's text.
+    """
+    lines = [
+        f"Group room '{name}' (members: {', '.join('@' + h for h in handles)}). "
+        "New messages since your last turn:",
+        *(f"{author}: {text}" for author, text in entries),
+        "Reply briefly to the room, or answer [SILENT] to pass. Mention @user to ask the human.",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""One process per connection id: the lease on ``<p>:alive:<connection>``.
+
+The alive key says "connection X is online" and its value names the consumer
+(``<host>-<pid>-<random>``) of the process that serves X. Two processes on one
+connection id would share its inbox and reply streams: replies then sit pending
+on the wrong consumer, and the first one to exit deletes the other's alive key
+(issue 14). So the key is a lease:
+
+- :func:`claim_connection` (at :meth:`Gateway.start`, before any actor runs)
+  takes it with ``SET NX``, or refuses with :class:`TransportError` naming the
+  live holder. A holder on this host whose pid is gone (killed -9) is taken over
+  at once; elsewhere a dead holder's lease lapses after the heartbeat expiry.
+- the heartbeat thread refreshes it only while the value is still ours
+  (:data:`REFRESH_LUA`), and a clean stop deletes it only if it is ours
+  (:data:`RELEASE_LUA`).
+
+The decisions are pure functions (:func:`parse_consumer`, :func:`is_stale_here`);
+:func:`claim_connection` does the I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.errors import TransportError
+from hermes_actors.transports.redis.io import make_client
+from hermes_actors.transports.redis.store import RedisKeys, RedisSettings, host_label, is_redis_unreachable
+
+__all__ = [
+    "ACQUIRE_LUA",
+    "REFRESH_LUA",
+    "RELEASE_LUA",
+    "auth_error_text",
+    "claim_connection",
+    "is_auth_error",
+    "is_stale_here",
+    "parse_consumer",
+]
+
+#: KEYS: alive key; ARGV: our consumer, expiry ms, a stale holder we may replace ('' for none).
+#: Returns {1, ours} when the lease is ours now, {0, holder} when another holds it.
+ACQUIRE_LUA = """
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] or (ARGV[3] ~= '' and v == ARGV[3]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, ARGV[1]}
+end
+return {0, v}
+"""
+
+#: KEYS: alive key, consumer key; ARGV: our consumer, expiry ms. 1 while the lease is ours (or free), else 0.
+REFRESH_LUA = """
+local v = redis.call('GET', KEYS[1])
+if v ~= false and v ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+return 1
+"""
+
+#: KEYS: alive key, consumer key; ARGV: our consumer. Deletes the alive key only when it is ours.
+RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+
+def parse_consumer(name: str) -> tuple[str, int] | None:
+    """Pure: ``(host, pid)`` of a consumer name ``<host>-<pid>-<random>`` (None when it is not one).
+
+    The host may itself contain ``-``, so the name is read from the right.
+    """
+    head, sep, tail = name.rpartition("-")
+    if not sep or not tail:
+        return None
+    host, sep, pid = head.rpartition("-")
+    if not sep or not host or not pid.isdigit():
+        return None
+    return host, int(pid)
+
+
+def is_stale_here(holder: str, host: str, pid_alive: Any) -> bool:
+    """Pure: whether ``holder`` is a process of this ``host`` that no longer runs.
+
+    Args:
+        holder: the consumer name stored in the lease.
+        host: this host's name, as :func:`~hermes_actors.transports.redis.store.consumer_name` writes it.
+        pid_alive: ``pid_alive(pid) -> bool``.
+    """
+    parsed = parse_consumer(holder)
+    return parsed is not None and parsed[0] == host and not pid_alive(parsed[1])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing our credentials (``WRONGPASS``, ``NOAUTH``), not an outage."""
+    try:
+        from redis.exceptions import AuthenticationError, AuthenticationWrongNumberOfArgsError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, AuthenticationError | AuthenticationWrongNumberOfArgsError)
+
+
+def auth_error_text(settings: RedisSettings, exc: BaseException) -> str:
+    """The start error for refused credentials (the URL's password is never shown)."""
+    return (f"Redis at {settings.address} refused our credentials ({exc}). Fix the user/password in the Redis URL "
+            f"({settings.masked_url}, e.g. redis://:PASSWORD@host:port/0) and start again; nothing was started.")
+
+
+def claim_connection(settings: RedisSettings, connection: str, consumer: str, *, client: Any = None) -> bool:
+    """Take the lease of ``connection`` for ``consumer`` before the transport starts.
+
+    Args:
+        settings: URL and heartbeat expiry.
+        connection: this gateway's connection id.
+        consumer: this process's consumer name.
+        client: a redis-py client to use (default: a new one, closed here).
+
+    Returns:
+        True when the lease is ours; False when Redis is unreachable now (the start goes
+        on: DMs to other machines are refused as unreachable until it is back, and the
+        heartbeat takes the lease then, if it is still free).
+
+    Raises:
+        TransportError: Redis refused our credentials, or another live process serves
+            ``connection`` (the message names it and says what to do).
+    """
+    own = client is None
+    client = make_client(settings.url) if own else client
+    keys = RedisKeys(settings.prefix)
+    expiry_ms = max(1, round(settings.heartbeat_ttl_seconds * 1000))
+    try:
+        script = client.register_script(ACQUIRE_LUA)
+        ok, holder = script(keys=[keys.alive(connection)], args=[consumer, expiry_ms, ""])
+        holder_text = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
+        if not ok and is_stale_here(holder_text, host_label(), _pid_alive):
+            logger.info("redis: connection {} was held by {}, whose process is gone; taking it over",
+                        connection, holder_text)
+            ok, holder = script(keys=[keys.alive(connection)], args=[consumer, expiry_ms, holder_text])
+            holder_text = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
+    except Exception as exc:
+        if is_auth_error(exc):
+            raise TransportError(auth_error_text(settings, exc)) from exc
+        if is_redis_unreachable(exc):
+            logger.warning("redis: {} is unreachable at start ({}); will retry", settings.address, exc)
+            return False
+        raise TransportError(f"Redis at {settings.address} refused the start ({exc}); nothing was started.") from exc
+    finally:
+        if own:
+            client.close()
+    if not ok:
+        raise TransportError(
+            f"connection id {connection!r} is already served by another live process ({holder_text}) on Redis at "
+            f"{settings.address}. Stop that process or give this gateway its own connection id (--connection-id, "
+            f"bot_mode.connection_id); if that process is gone, its lease lapses within "
+            f"{settings.heartbeat_ttl_seconds:g}s. Nothing was started.")
+    return True

@@ -1,0 +1,206 @@
+"""``hermes-actors status``, ``outcome`` and ``doctor``: each command, each exit code."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from roots import RecordingRunner, make_root, send_dm, start_gateway, write_fake_cli
+
+from hermes_actors import Gateway
+from hermes_actors.cli.main import main
+from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, run_doctor
+
+
+def _json(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    return dict(json.loads(capsys.readouterr().out))
+
+
+# ── status ──────────────────────────────────────────────────────────────────
+
+
+def test_status_asks_the_running_serve(tmp_path: Path, gateways: list[Gateway],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path)
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: "done" if release.wait(30) else "")
+    gw = start_gateway(gateways, root, rec, serve_submit=True)
+    try:
+        key = send_dm(gw, "hello")
+        rec.wait_entered(1)
+        assert main(["status", "--root", str(root), "--json"]) == 0
+        status = _json(capsys)
+        assert status["running"] is True and status["source"] == "gateway"
+        assert [r["delivery_id"] for r in status["in_flight"]] == [key]  # type: ignore[union-attr]
+        assert main(["status", "--root", str(root)]) == 0
+        text = capsys.readouterr().out
+        assert f"gateway: serving {root}" in text and "@bob" in text and "running" in text and key in text
+    finally:
+        release.set()
+
+
+def test_status_without_a_serve_reads_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path)
+    with Gateway(root, runner=RecordingRunner()) as gw:
+        gw.wait_outcome(send_dm(gw, "hello"), timeout=10)
+    assert main(["status", "--root", str(root), "--json"]) == 0
+    status = _json(capsys)
+    assert status["running"] is False and status["source"] == "files"
+    assert status["counters"]["by_status"] == {"replied": 1}  # type: ignore[index]
+    assert main(["status", "--root", str(root)]) == 0
+    assert f"gateway: none serves {root}" in capsys.readouterr().out
+
+
+def test_status_of_a_missing_root_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--root", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+# ── outcome ─────────────────────────────────────────────────────────────────
+
+
+def test_outcome_exit_codes_through_the_host(tmp_path: Path, gateways: list[Gateway],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path)
+    release = threading.Event()
+
+    def behave(turn: object) -> str:
+        body = getattr(turn, "content", "")
+        if "fail" in body:
+            raise RuntimeError("boom")
+        return "done" if "slow" not in body or release.wait(30) else ""
+
+    gw = start_gateway(gateways, root, RecordingRunner(behave), serve_submit=True)
+    try:
+        done = send_dm(gw, "quick")
+        gw.wait_outcome(done, timeout=10)
+        assert main(["outcome", "--root", str(root), done]) == 0
+        assert capsys.readouterr().out == "Reply from @bob: done\n"
+        failed = send_dm(gw, "please fail")
+        gw.wait_outcome(failed, timeout=10)
+        assert main(["outcome", "--root", str(root), failed]) == 1
+        assert capsys.readouterr().out.startswith("failed [")
+        slow = send_dm(gw, "slow one", target="carol")
+        assert main(["outcome", "--root", str(root), slow]) == 3
+        assert capsys.readouterr().out == f"pending: delivery {slow} has no outcome yet\n"
+        waiter = threading.Thread(target=release.set)
+        waiter.start()
+        assert main(["outcome", "--root", str(root), slow, "--wait", "30", "--json"]) == 0
+        assert _json(capsys)["status"] == "replied"
+        waiter.join()
+        assert main(["outcome", "--root", str(root), "0" * 32]) == 4
+        assert capsys.readouterr().out.startswith(f"unknown: delivery {'0' * 32}")
+    finally:
+        release.set()
+
+
+def test_outcome_without_a_host_reads_the_journal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path)
+    with Gateway(root, runner=RecordingRunner()) as gw:
+        key = send_dm(gw, "hello")
+        gw.wait_outcome(key, timeout=10)
+    assert main(["outcome", "--root", str(root), key, "--json"]) == 0
+    assert _json(capsys)["text"] == "Reply from @bob: ok: hello"
+    assert main(["outcome", "--root", str(root), "f" * 32]) == 4
+
+
+def test_outcome_refuses_a_malformed_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path)
+    assert main(["outcome", "--root", str(root), "../../etc/passwd"]) == 2
+    assert "is not a delivery id" in capsys.readouterr().err
+
+
+# ── doctor ──────────────────────────────────────────────────────────────────
+
+FAKE_HERMES = "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Hermes Agent v0.19.0'; exit 0; fi\nexit 1\n"
+
+
+def _enabled_root(tmp_path: Path, config: dict[str, object] | None = None) -> Path:
+    root = make_root(tmp_path, {"alice": {}})
+    for home in (root, root / "profiles" / "alice"):
+        cfg = dict(config or {}) if home == root else {}
+        cfg["plugins"] = {"enabled": ["hermes-actors"]}
+        (home / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return root
+
+
+def test_doctor_passes_on_a_ready_root(tmp_path: Path, gateways: list[Gateway],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    root = _enabled_root(tmp_path)
+    cli = write_fake_cli(tmp_path, FAKE_HERMES)
+    start_gateway(gateways, root, serve_submit=True)
+    assert main(["doctor", "--root", str(root), "--cli", str(cli)]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Hermes Agent v0.19.0" in out and "nothing blocks DMs" in out and "[block]" not in out
+
+
+def test_doctor_names_each_blocker_with_its_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path, {"alice": {}}, managed=False,
+                     config={"bot_mode": {"turn_wait_secs": 3}})
+    assert main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"]) == 1
+    report = _json(capsys)
+    checks = {c["name"]: c for c in report["checks"]}  # type: ignore[union-attr]
+    assert report["blocking"] is True
+    assert checks["hermes CLI"]["level"] == BLOCK and "pip install" in checks["hermes CLI"]["fix"]
+    assert checks["profiles managed"]["level"] == BLOCK
+    assert checks["profiles managed"]["fix"] == f"hermes-actors enable --root {root}"
+    assert checks["daemon running"]["level"] == BLOCK and "hermes-actors serve" in checks["daemon running"]["fix"]
+    assert checks["config keys"]["level"] == WARN
+    assert "did you mean bot_mode.turn_wait_seconds?" in checks["config keys"]["detail"]
+
+
+def test_doctor_reports_an_unreachable_redis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    root = _enabled_root(tmp_path, {"bot_mode": {"transport": f"redis://user:secret@127.0.0.1:{port}/0"}})
+    checks = {c.name: c for c in run_doctor(root, cli=str(write_fake_cli(tmp_path, FAKE_HERMES)),
+                                            ping=lambda r: {"pid": 1, "root": str(r), "version": "x"})}
+    assert checks["redis extra"].level == OK
+    assert checks["redis"].level == BLOCK and "unreachable" in checks["redis"].detail
+    assert "secret" not in checks["redis"].detail  # the password is masked
+
+
+def test_doctor_plugin_missing_for_one_profile_is_a_warning(tmp_path: Path) -> None:
+    root = _enabled_root(tmp_path)
+    (root / "profiles" / "alice" / "config.yaml").write_text("plugins: {enabled: []}\n", encoding="utf-8")
+    checks = {c.name: c for c in run_doctor(root, cli=str(write_fake_cli(tmp_path, FAKE_HERMES)),
+                                            ping=lambda r: None)}
+    assert checks["plugin enabled"].level == WARN and "alice" in checks["plugin enabled"].detail
+    assert checks["plugin enabled"].fix.endswith("--profiles alice")
+
+
+@pytest.mark.parametrize(
+    ("own", "remote", "routed", "level"),
+    [
+        (set(), set(), set(), OK),
+        ({"alpha"}, {"mini"}, {"alpha"}, OK),
+        ({"alpha"}, {"alpha", "mini"}, set(), BLOCK),  # our name is another root's on the hub
+        ({"alpha"}, {"mini"}, {"alfa"}, BLOCK),  # the hub routes to us under another name
+    ],
+)
+def test_connection_id_check(own: set[str], remote: set[str], routed: set[str], level: str) -> None:
+    assert check_connection_ids(own, remote, routed).level == level
+
+
+def test_doctor_tells_a_wrong_redis_password_from_a_good_one(tmp_path: Path) -> None:
+    from redis_fixture import RedisServer, redis_binary
+
+    if redis_binary() is None:
+        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
+    server = RedisServer(tmp_path / "redis", password="right-password").start()
+    try:
+        cli = str(write_fake_cli(tmp_path, FAKE_HERMES))
+        for password, level in (("wrong-password", BLOCK), ("right-password", OK)):
+            root = _enabled_root(tmp_path / password,
+                                 {"bot_mode": {"transport": f"redis://:{password}@127.0.0.1:{server.port}/0"}})
+            checks = {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}
+            assert checks["redis"].level == level, checks["redis"]
+            if level == BLOCK:
+                assert "credentials" in checks["redis"].detail and password not in checks["redis"].detail
+    finally:
+        server.kill()

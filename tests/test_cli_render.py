@@ -1,0 +1,85 @@
+"""The CLI's pure renderers: one human line per refusal or outcome, exit codes, clipping at word boundaries."""
+
+from __future__ import annotations
+
+import pytest
+
+from hermes_actors.cli.render import (
+    ack_line,
+    answer_exit_code,
+    clip,
+    outcome_exit_code,
+    outcome_line,
+    refusal_line,
+    status_text,
+)
+from hermes_actors.core import outcomes
+from hermes_actors.ops.status import STATUS_KEYS
+
+
+@pytest.mark.parametrize(
+    ("text", "width", "expected"),
+    [
+        ("short", 10, "short"),
+        ("another delivery turn is already running for profile", 30, "another delivery turn is…"),
+        ("a\nb  c", 10, "a b c"),
+        ("x" * 20, 8, "xxxxxxx…"),  # one long word: cut inside it, there is no boundary
+        ("cut after the comma, here", 22, "cut after the comma…"),
+    ],
+)
+def test_clip(text: str, width: int, expected: str) -> None:
+    assert clip(text, width) == expected
+    assert len(clip(text, width)) <= width
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ({"error": "No teammate named 'nobody' on this install, on a connected machine, or on a registered peer. "
+                   "Pick a name from the roster (roles are listed in your system prompt).", "reason": "unknown",
+          "teammates": ["scout", "scribe"], "peers": []},
+         "refused [unknown]: no teammate named 'nobody' — teammates: @scout, @scribe"),
+        ({"error": "You can't message yourself. Pick a teammate from the roster.", "reason": "unknown"},
+         "refused [unknown]: You can't message yourself"),
+        ({"error": "target_busy: the queue is full.", "reason": "target_busy", "teammates": [], "peers": ["mini"]},
+         "refused [target_busy]: the queue is full — teammates: none; peers: mini"),
+        ({"error": "This install is not Bot-Mode-managed (no bot roster); message_agent is unavailable. Do not retry.",
+          "reason": "unknown"},
+         "refused [unknown]: This install is not Bot-Mode-managed (no bot roster); message_agent is unavailable"),
+    ],
+)
+def test_refusal_line(answer: dict[str, object], expected: str) -> None:
+    assert refusal_line(answer) == expected
+    assert answer_exit_code(answer) == 1
+
+
+def test_outcome_lines_and_exit_codes() -> None:
+    busy = outcomes.failed("a" * 32, "@scribe", outcomes.busy_text("scribe", 0.5), "target_busy").as_dict()
+    assert outcome_line(busy).startswith("failed [target_busy] @scribe: another delivery turn is already running")
+    assert outcome_exit_code(busy) == 1
+    replied = outcomes.from_reply("a" * 32, "@bob", "hi").as_dict()
+    assert (outcome_line(replied), outcome_exit_code(replied)) == ("Reply from @bob: hi", 0)
+    silent = outcomes.from_reply("a" * 32, "@bob", "").as_dict()
+    assert outcome_exit_code(silent) == 0
+    vague = outcomes.ambiguous("a" * 32, "@bob", "The host died.").as_dict()
+    assert outcome_line(vague).startswith("ambiguous [unknown] @bob: The host died.")
+    assert outcome_exit_code(vague) == 1
+    assert outcome_exit_code({"status": "pending", "delivery_id": "x"}) == 3
+    assert outcome_exit_code({"status": "unknown", "delivery_id": "x"}) == 4
+
+
+def test_ack_line_names_the_lookup_command() -> None:
+    ack = {"status": "queued", "delivery_id": "b" * 32, "to": "@bob"}
+    assert ack_line(ack, "/r") == f"queued for @bob: delivery {'b' * 32} (hermes-actors outcome --root /r {'b' * 32})"
+    assert answer_exit_code(ack) == 0
+
+
+def test_status_text_of_an_unmanaged_idle_root() -> None:
+    status = {key: None for key in STATUS_KEYS} | {
+        "root": "/r", "running": False, "managed": False, "profiles": [], "in_flight": [], "counters": {},
+        "relay": {"transport": "file", "outbox": 0, "peers": []}, "problems": ["1 corrupt journal line(s) skipped"],
+    }
+    text = status_text(status)
+    assert "gateway: none serves /r" in text
+    assert "fix: hermes-actors enable --root /r" in text
+    assert "problem: 1 corrupt journal line(s) skipped" in text

@@ -1,0 +1,116 @@
+"""The live page in a real headless browser (Debian's chromium + chromium-driver, installed by ``make browser``).
+
+Load the page, send DMs, see them appear: the roster, a DM in flight while its turn
+runs, then every outcome row and the latency chart. Skips, saying why, without
+selenium, chromium or chromedriver. Set ``HERMES_ACTORS_SCREENSHOT=path.png`` to
+keep a screenshot of the page with the DMs shown (docs/live-page.png is one).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import RecordingRunner, body_of, send_dm, start_gateway
+
+from hermes_actors import Gateway
+from hermes_actors.ops.http_config import HttpSettings
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the [browser] extra)")
+pytest.importorskip("prometheus_client", reason="the [ops] extra (prometheus_client) is not installed")
+
+from selenium.common.exceptions import WebDriverException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+from hermes_actors.ops.http_server import OpsHttpServer  # noqa: E402
+
+WAIT = 60  # seconds: a loaded 2-core machine starts chromium slowly
+
+
+def _binary(*names: str) -> str | None:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    chromium = _binary("chromium", "chromium-browser", "google-chrome")
+    driver_path = _binary("chromedriver", "chromium-driver")
+    if chromium is None or driver_path is None:
+        pytest.skip(f"no headless browser: chromium={chromium}, chromedriver={driver_path} "
+                    "(`make browser` installs Debian's chromium and chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    try:
+        driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
+    except WebDriverException as exc:
+        pytest.skip(f"chromium could not start under chromedriver: {exc.msg}")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_live_page_shows_dms_as_they_happen(root: Path, gateways: list[Gateway], browser: Any,
+                                            tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def behave(turn: Any) -> str:
+        body = body_of(turn.content)
+        if body == "hold":
+            assert release.wait(WAIT), "the test never released the held turn"
+        return f"ok: {body}"
+
+    gw = start_gateway(gateways, root, runner=RecordingRunner(behave))
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0), stream_interval=0.2) as server:
+        browser.get(server.url)
+        wait = WebDriverWait(browser, WAIT)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "conn-state"), "live"))
+        for handle in ("hermes", "alice", "bob", "carol"):
+            wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'#roster tr[data-handle="{handle}"]')))
+
+        held = send_dm(gw, "hold", target="carol", sender="alice")
+        wait.until(ec.text_to_be_present_in_element((By.ID, "in-flight-count"), "1"))
+        assert not browser.find_elements(By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{held}"]')
+
+        quick = [send_dm(gw, f"note {n}", target="bob", sender="alice") for n in range(3)]
+        release.set()
+        for delivery_id in [*quick, held]:
+            row = wait.until(ec.presence_of_element_located(
+                (By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{delivery_id}"]')))
+            assert row.get_attribute("data-status") == "replied"
+        held_row = browser.find_element(By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{held}"]')
+        assert "@alice → @carol" in held_row.text
+        wait.until(ec.text_to_be_present_in_element((By.ID, "latency-n"), "4"))
+        assert "p50" in browser.find_element(By.ID, "latency-summary").text
+        wait.until(ec.text_to_be_present_in_element((By.ID, "in-flight-count"), "0"))
+
+        shot = Path(os.environ.get("HERMES_ACTORS_SCREENSHOT") or tmp_path / "live-page.png")
+        assert browser.save_screenshot(str(shot))
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_live_page_with_a_token_opens_from_the_token_link(root: Path, gateways: list[Gateway], browser: Any) -> None:
+    gw = start_gateway(gateways, root)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0, "page-token"), stream_interval=0.2) as server:
+        browser.get(server.url)
+        assert "unauthorized" in browser.find_element(By.TAG_NAME, "body").text
+        browser.get(server.url + "?token=page-token")  # → an HttpOnly cookie, redirected to /
+        wait = WebDriverWait(browser, WAIT)
+        wait.until(ec.url_to_be(server.url))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "conn-state"), "live"))  # /events got the cookie
+        delivery_id = send_dm(gw, "with a token")
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{delivery_id}"]')))

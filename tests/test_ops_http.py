@@ -1,0 +1,397 @@
+"""``serve --http``: the address and token rules, /metrics, /status, /events, auth, and the CLI's refusals."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from roots import send_dm, start_gateway
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.cli.main import main
+from hermes_actors.ops.feed import LiveFeed
+from hermes_actors.ops.http_config import TOKEN_ENV, HttpSettings, http_settings, is_loopback_host, parse_http_address
+
+prometheus_parser = pytest.importorskip("prometheus_client.parser", reason="the [ops] extra (prometheus_client)")
+
+from hermes_actors.ops.http_server import TOKEN_COOKIE, OpsHttpServer, host_of  # noqa: E402
+from hermes_actors.ops.metrics import METRIC_NAMES, profile_gauges, relay_files, relay_samples  # noqa: E402
+
+TOKEN = "s3cret-Token_1"
+
+
+# ── pure rules ───────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+    (":9464", ("127.0.0.1", 9464)),
+    ("9464", ("127.0.0.1", 9464)),
+    ("0.0.0.0:80", ("0.0.0.0", 80)),
+    ("[::1]:9464", ("::1", 9464)),
+    ("localhost:0", ("localhost", 0)),
+    (" metrics.lan:9100 ", ("metrics.lan", 9100)),
+])
+def test_http_addresses(text: str, expected: tuple[str, int]) -> None:
+    assert parse_http_address(text) == expected
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("", "empty"),
+    ("127.0.0.1:", "is not a number"),
+    ("127.0.0.1:http", "'http' is not a number"),
+    ("127.0.0.1:99999", "out of range"),
+    ("127.0.0.1:-1", "is not a number"),
+    ("::1:80", "in brackets"),
+    ("[::1]", "brackets followed by :PORT"),
+    ("[nothost]:80", "not an IPv6 address"),
+    ("http://127.0.0.1:80", "not a URL"),
+    ("me@host:80", "not a host name"),
+])
+def test_bad_http_addresses_say_what_is_wrong(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match="--http") as err:
+        parse_http_address(text)
+    assert says in str(err.value)
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.8.9.1", True), ("::1", True), ("localhost", True), ("LOCALHOST", True),
+    ("0.0.0.0", False), ("::", False), ("192.168.1.5", False), ("metrics.lan", False), ("", False),
+])
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    assert is_loopback_host(host) is loopback
+
+
+def test_a_non_loopback_bind_needs_a_token() -> None:
+    with pytest.raises(ValueError, match=rf"0\.0\.0\.0, which is not loopback.*{TOKEN_ENV}"):
+        http_settings("0.0.0.0:9464", None, env={})
+    assert http_settings("0.0.0.0:9464", None, env={TOKEN_ENV: TOKEN}).token == TOKEN
+    assert http_settings("0.0.0.0:9464", TOKEN, env={}).token == TOKEN
+    assert http_settings(":9464", None, env={}) == HttpSettings("127.0.0.1", 9464, None)
+    with pytest.raises(ValueError, match="token is empty"):
+        http_settings(":9464", "  ", env={})
+    with pytest.raises(ValueError, match="token may only hold"):
+        http_settings(":9464", "a;b", env={})
+
+
+def test_host_header_table() -> None:
+    assert host_of("localhost:9464") == "localhost"
+    assert host_of("[::1]:80") == "::1"
+    assert host_of("127.0.0.1") == "127.0.0.1"
+    assert host_of("evil.example:80") == "evil.example"
+
+
+def test_profile_gauges_count_in_flight_per_target_and_keep_every_profile() -> None:
+    status = {
+        "profiles": [{"profile": "alice", "handle": "alice", "queued": 2}, {"profile": "default", "handle": "hermes"},
+                     {"handle": "bob", "queued": True}],
+        "in_flight": [{"target": "@hermes"}, {"target": "alice"}, {"target": "hermes"}, {"target": "dave@mini"}],
+    }
+    assert profile_gauges(status) == {"alice": (1, 2), "bob": (0, 0), "default": (2, 0)}
+    assert profile_gauges({}) == {}
+
+
+def test_profile_gauges_prefer_the_per_profile_count_then_the_rows_profile() -> None:
+    status = {  # the shape of hermes_actors.ops.status.live_status: rows count running + queued
+        "profiles": [{"profile": "default", "handle": "hermes", "in_flight": 3, "queued": 2},
+                     {"profile": "alice", "handle": "ally", "in_flight": None, "queued": None}],
+        "in_flight": [{"profile": "alice", "target": "@ally"}, {"profile": "default", "target": "@hermes"}],
+    }
+    assert profile_gauges(status) == {"alice": (1, 0), "default": (3, 2)}
+
+
+def test_relay_files_keep_known_directories_with_counts() -> None:
+    relay = {"outbox": 2, "claimed": 0, "replies": None, "quarantine": 1, "roster_age_seconds": 3.5, "alive": True}
+    assert relay_files(relay) == {"outbox": 2, "claimed": 0, "quarantine": 1}
+    assert relay_files({}) == {}
+
+
+def test_relay_files_are_served_when_the_status_has_them(root: Path, gateways: list[Gateway]) -> None:
+    from hermes_actors.ops.status import live_status
+
+    def with_dirs(gw: Gateway) -> dict[str, Any]:
+        status = live_status(gw)
+        return {**status, "relay": {**status["relay"], "outbox": 4, "quarantine": 1}}
+
+    gw = start_gateway(gateways, root)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0), status=with_dirs) as server:
+        scraped = samples(get(server.url + "metrics")[2].decode())
+    assert scraped[("hermes_actors_relay_files", (("dir", "outbox"),))] == 4
+    assert scraped[("hermes_actors_relay_files", (("dir", "quarantine"),))] == 1
+
+
+def test_relay_samples_split_counters_and_gauges() -> None:
+    counters, gauges = relay_samples({"sent": 3, "replies": 2, "waiting": 1, "inbound": 4, "alive": True, "x": "y"})
+    assert counters == {"sent": 3.0, "replies": 2.0}
+    assert gauges == {"waiting": 1.0, "inbound": 4.0}
+
+
+def test_feed_resyncs_a_stream_that_fell_behind() -> None:
+    feed = LiveFeed(keep=3)
+    for n in range(5):
+        feed.publish({"delivery_id": str(n), "status": "replied", "reply": "secret", "text": "secret"})
+    recent, seq = feed.snapshot()
+    assert seq == 5 and [e["delivery_id"] for e in recent] == ["2", "3", "4"]
+    assert all("reply" not in e and "text" not in e for e in recent)  # the page never sees message texts
+    assert feed.wait_after(1, 0).resync  # sequence numbers 1..5; 3..5 are kept, so a stream at 1 missed 2
+    batch = feed.wait_after(2, 0)
+    assert not batch.resync and [e["delivery_id"] for e in batch.events] == ["2", "3", "4"] and batch.seq == 5
+    assert [e["delivery_id"] for e in feed.wait_after(4, 0).events] == ["4"]
+    feed.close()
+    assert feed.wait_after(5, 10).closed
+
+
+# ── the server ───────────────────────────────────────────────────────────────
+
+@pytest.fixture
+def endpoint(root: Path, gateways: list[Gateway]) -> Iterator[OpsHttpServer]:
+    gw = start_gateway(gateways, root)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0)) as server:
+        yield server
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in prometheus_parser.text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_move_after_dms(endpoint: OpsHttpServer) -> None:
+    gw = endpoint.gateway
+    status, headers, body = get(endpoint.url + "metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    before = samples(body.decode())
+    assert before[("hermes_actors_up", ())] == 1
+    assert before[("hermes_actors_accepted_total", ())] == 0
+    assert before[("hermes_actors_in_flight", (("profile", "bob"),))] == 0
+    assert before[("hermes_actors_queued", (("profile", "alice"),))] == 0
+    assert before[("hermes_actors_delivery_latency_seconds_count", ())] == 0
+    ids = [send_dm(gw, f"m{n}") for n in range(3)]
+    for delivery_id in ids:
+        assert gw.wait_outcome(delivery_id, timeout=30)["status"] == "replied"
+    replied = ("hermes_actors_deliveries_total", (("reason", "none"), ("status", "replied")))
+
+    def scraped() -> dict[Any, float] | None:
+        now = samples(get(endpoint.url + "metrics")[2].decode())
+        return now if now.get(replied) == 3 else None
+
+    after = await_condition(scraped, timeout=30, interval=0.05, message="3 replied deliveries counted")
+    assert after[("hermes_actors_accepted_total", ())] == 3
+    assert after[("hermes_actors_settled_total", ())] == 3
+    assert after[("hermes_actors_delivery_latency_seconds_count", ())] == 3
+    assert after[("hermes_actors_delivery_latency_seconds_bucket", (("le", "+Inf"),))] == 3
+    assert after[("hermes_actors_journal_records_total", ())] > 0
+    assert after[("hermes_actors_relay_up", ())] == 1
+    text = get(endpoint.url + "metrics")[2].decode()
+    families = {f.name for f in prometheus_parser.text_string_to_metric_families(text)}
+    for name in METRIC_NAMES:  # every documented name is served (the parser names counters without _total)
+        assert name.removesuffix("_total") in families, name
+
+
+def test_failed_outcomes_are_counted_by_reason(root: Path, gateways: list[Gateway]) -> None:
+    from hermes_actors.errors import TurnFailed
+
+    def fail(turn: Any) -> str:
+        raise TurnFailed("no model", reason="provider_error")
+
+    gw = start_gateway(gateways, root, runner=fail)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0)) as server:
+        delivery_id = send_dm(gw, "x")
+        outcome = gw.wait_outcome(delivery_id, timeout=30)
+        key = ("hermes_actors_deliveries_total", (("reason", outcome["reason"]), ("status", "failed")))
+        await_condition(lambda: samples(get(server.url + "metrics")[2].decode()).get(key) == 1, timeout=30,
+                        interval=0.05, message=f"failed/{outcome['reason']} counted")
+
+
+def test_a_failing_metric_never_reaches_the_notifier(endpoint: OpsHttpServer, logs: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(outcome: Any) -> None:
+        raise ValueError("metrics bug")
+
+    monkeypatch.setattr(endpoint.metrics, "observe", broken)
+    gw = endpoint.gateway
+    ids = [send_dm(gw, "a"), send_dm(gw, "b")]
+    await_condition(lambda: len(endpoint.feed.snapshot()[0]) == 2, timeout=30, message="both outcomes on the page")
+    assert {e["delivery_id"] for e in endpoint.feed.snapshot()[0]} == set(ids)
+    assert gw.stats()["subscriber_errors"] == 0  # caught in the endpoint: the notifier never saw it
+    assert logs.matching("could not record outcome")
+
+
+def test_a_scrape_after_the_gateway_stopped_says_down(endpoint: OpsHttpServer) -> None:
+    endpoint.gateway.stop(timeout=5)
+    after = samples(get(endpoint.url + "metrics")[2].decode())
+    assert after[("hermes_actors_up", ())] == 0
+    assert ("hermes_actors_accepted_total", ()) not in after
+    status, _, body = get(endpoint.url + "status")
+    assert status in (200, 503) and orjson.loads(body)["running"] is False
+
+
+def test_status_is_the_live_status_json(endpoint: OpsHttpServer) -> None:
+    delivery_id = send_dm(endpoint.gateway, "hello")
+    endpoint.gateway.wait_outcome(delivery_id, timeout=30)
+    status, headers, body = get(endpoint.url + "status")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    data = orjson.loads(body)
+    assert {"running", "profiles", "in_flight", "counters", "relay"} <= set(data)
+    assert data["running"] is True
+    assert {p["handle"] for p in data["profiles"]} == {"hermes", "alice", "bob", "carol"}
+    assert data["counters"]["accepted"] == 1
+
+
+def test_the_page_is_self_contained(endpoint: OpsHttpServer) -> None:
+    status, headers, body = get(endpoint.url)
+    page = body.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    assert "EventSource(" in page and 'id="latency-chart"' in page
+    assert "<script src" not in page and "<link" not in page and "http://" not in page and "https://" not in page
+
+
+def test_unknown_path_is_404(endpoint: OpsHttpServer) -> None:
+    status, _, body = get(endpoint.url + "nope")
+    assert status == 404 and b"/metrics" in body
+
+
+def test_without_a_token_only_loopback_host_names_are_answered(endpoint: OpsHttpServer) -> None:
+    status, _, body = get(endpoint.url + "status", {"Host": "attacker.example:80"})  # a DNS-rebinding page
+    assert status == 403 and b"loopback" in body
+    assert get(endpoint.url + "status", {"Host": "localhost"})[0] == 200
+
+
+def test_a_token_is_required_when_set(root: Path, gateways: list[Gateway]) -> None:
+    gw = start_gateway(gateways, root)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0, TOKEN)) as server:
+        for path in ("", "metrics", "status", "events"):
+            status, headers, body = get(server.url + path)
+            assert status == 401, path
+            assert headers["WWW-Authenticate"].startswith("Bearer") and b"bearer token" in body
+            assert get(server.url + path, {"Authorization": "Bearer wrong"})[0] == 401
+            assert get(server.url + path, {"Cookie": f"{TOKEN_COOKIE}=wrong"})[0] == 401
+        assert get(server.url + "?token=wrong")[0] == 401
+        assert get(server.url + "?token=wrong", {"Cookie": f"{TOKEN_COOKIE}={TOKEN}"})[0] == 401  # no cookie swap
+        assert get(server.url + f"status?token={TOKEN}")[0] == 401  # in the address only to open the page
+        assert get(server.url + "status", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
+        assert get(server.url + "metrics", {"Cookie": f"{TOKEN_COOKIE}={TOKEN}"})[0] == 200
+        # opening /?token=... moves the token into an HttpOnly cookie and out of the address bar
+        conn = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1].strip("/")), timeout=30)
+        conn.request("GET", f"/?token={TOKEN}")
+        response = conn.getresponse()
+        assert response.status == 303 and response.headers["Location"] == "/"
+        assert f"{TOKEN_COOKIE}={TOKEN}" in response.headers["Set-Cookie"]
+        assert "HttpOnly" in response.headers["Set-Cookie"]
+        conn.close()
+
+
+def test_events_stream_outcomes_and_close_ends_the_stream(endpoint: OpsHttpServer) -> None:
+    response = urllib.request.urlopen(endpoint.url + "events", timeout=30)
+    assert response.headers["Content-Type"] == "text/event-stream"
+
+    def next_event() -> tuple[str, Any]:
+        name, data = "", None
+        while True:
+            line = response.readline().decode()
+            assert line, "the stream ended"
+            if line.startswith("event: "):
+                name = line[7:].strip()
+            elif line.startswith("data: "):
+                data = orjson.loads(line[6:])
+            elif line == "\n" and name:
+                return name, data
+
+    name, data = next_event()
+    assert name == "snapshot" and data["recent"] == [] and {r["handle"] for r in data["roster"]} >= {"alice", "bob"}
+    delivery_id = send_dm(endpoint.gateway, "hi there", target="bob", sender="alice")
+    while True:
+        name, data = next_event()
+        if name == "outcome":
+            break
+    assert data["delivery_id"] == delivery_id and data["status"] == "replied"
+    assert data["sender"] == "alice" and data["target"] == "bob" and data["latency_seconds"] >= 0
+    assert "hi there" not in orjson.dumps(data).decode()  # never the message text
+    closed = threading.Thread(target=endpoint.close)
+    closed.start()
+    assert response.read() is not None  # returns at EOF: close() ended the stream
+    closed.join(30)
+    assert not closed.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == "ops-http"]
+    response.close()
+
+
+def test_open_streams_are_capped(endpoint: OpsHttpServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(endpoint, "streams", threading.BoundedSemaphore(1))
+    first = urllib.request.urlopen(endpoint.url + "events", timeout=30)
+    assert first.readline().startswith(b"event: snapshot")  # the first stream holds the only slot
+    status, headers, body = get(endpoint.url + "events")
+    assert status == 503 and b"too many live pages" in body and headers["Retry-After"] == "10"
+    first.close()
+
+
+# ── the CLI ──────────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("nonsense", "'nonsense' is not a number"),
+    ("127.0.0.1:70000", "out of range"),
+    ("::1:80", "in brackets"),
+    ("0.0.0.0:9464", "not loopback"),
+])
+def test_serve_refuses_bad_http_values_before_starting(value: str, says: str, root: Path,
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert main(["serve", "--root", str(root), "--runner", "demo", "--http", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err
+    assert not (root / "bot_relay").exists()  # refused before the gateway started (it creates bot_relay/)
+
+
+def test_serve_refuses_a_token_without_http(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--root", str(root), "--runner", "demo", "--http-token", TOKEN]) == 2
+    assert "--http-token needs --http" in capsys.readouterr().err
+
+
+def test_serve_with_http_serves_until_stopped(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hermes_actors.cli.serve import serve
+
+    ready: list[Any] = []
+    up = threading.Event()
+    stop = threading.Event()
+    result: list[int] = []
+
+    def on_ready(endpoint: Any) -> None:
+        ready.append(endpoint)
+        up.set()
+
+    thread = threading.Thread(target=lambda: result.append(serve(
+        root, connection_id=None, runner=lambda turn: "ok", stop=stop, http=HttpSettings("127.0.0.1", 0),
+        on_ready=on_ready)))
+    thread.start()
+    try:
+        assert up.wait(60), "serve did not come up"
+        url = ready[0].url
+        status, _, body = get(url + "status")
+        assert status == 200 and orjson.loads(body)["running"] is True
+    finally:
+        stop.set()
+        thread.join(60)
+    assert result == [0]
+    assert f"live page, /metrics and /status on {url}" in capsys.readouterr().out
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "status", timeout=5)

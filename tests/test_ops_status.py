@@ -1,0 +1,132 @@
+"""``live_status`` (a running gateway) and ``file_status`` (the files) — the ``status`` view."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import orjson
+from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway
+
+from hermes_actors import Gateway
+from hermes_actors.ops.delivery_log import delivery_line
+from hermes_actors.ops.status import (
+    STATUS_KEYS,
+    file_status,
+    in_flight_rows,
+    live_status,
+    outcome_counters,
+    profile_rows,
+)
+
+
+def test_outcome_counters_sum_by_status_and_reason() -> None:
+    got = outcome_counters({"failed": {"target_busy": 2, "unknown": 1}, "replied": {"": 3}})
+    assert got["by_status"] == {"failed": 3, "replied": 3}
+    assert got["by_reason"] == {"target_busy": 2, "unknown": 1}
+
+
+def test_profile_rows_states() -> None:
+    profiles = [{"profile": "bob", "handle": "bob", "title": "", "managed": True},
+                {"profile": "carol", "handle": "carol", "title": "", "managed": True}]
+    live = profile_rows(profiles, {"bob": 3}, {"carol"}, live=True)
+    assert [(r["state"], r["queued"], r["live_owner"]) for r in live] == [("running", 2, False), ("idle", 0, True)]
+    offline = profile_rows(profiles, {"bob": 3}, set(), live=False)
+    assert [(r["state"], r["queued"]) for r in offline] == [("offline", 3), ("offline", 0)]
+
+
+def test_in_flight_rows_age_oldest_first() -> None:
+    rows = in_flight_rows([{"delivery_id": "a", "accepted_at": 95.0}, {"delivery_id": "b", "accepted_at": 80.0},
+                           {"delivery_id": "c", "accepted_at": None}], now=100.0)
+    assert [(r["delivery_id"], r["age_seconds"]) for r in rows] == [("b", 20.0), ("a", 5.0), ("c", None)]
+    assert all("accepted_at" not in r for r in rows)
+
+
+def test_delivery_line_never_has_text() -> None:
+    line = delivery_line("ab" * 16, "alice", "@bob", "failed", "target_busy", 1.234)
+    assert line == f"delivery {'ab' * 16} alice → @bob: failed [target_busy] in 1.23 s"
+    assert delivery_line("x", "alice", "@bob", "replied") == "delivery x alice → @bob: replied"
+
+
+def test_live_status_shows_running_queued_and_counters(root: Path, gateways: list[Gateway]) -> None:
+    release = threading.Event()
+    runner = RecordingRunner(lambda turn: release.wait(10) and "done")
+    gw = start_gateway(gateways, root, runner)
+    try:
+        first = send_dm(gw, "one")
+        second = send_dm(gw, "two")
+        runner.wait_entered(1)
+        status = live_status(gw)
+        assert set(STATUS_KEYS) <= set(status)
+        assert status["running"] is True and status["source"] == "gateway"
+        assert status["gateway"]["pid"] == os.getpid() and status["gateway"]["uptime_seconds"] >= 0
+        bob = next(p for p in status["profiles"] if p["profile"] == "bob")
+        assert (bob["state"], bob["queued"], bob["live_owner"]) == ("running", 1, False)
+        alice = next(p for p in status["profiles"] if p["profile"] == "alice")
+        assert alice["state"] == "idle"
+        assert {r["delivery_id"] for r in status["in_flight"]} == {first, second}
+        assert all(r["sender"] == "alice" and r["age_seconds"] >= 0 for r in status["in_flight"])
+        assert status["counters"]["accepted"] == 2 and status["counters"]["pending"] == 2
+        assert status["relay"]["outbox"] == 0 and status["relay"]["quarantine"] == 0
+        refused = gw.message_agent(sender="alice", target="nobody", message="hi")
+        assert "error" in refused
+    finally:
+        release.set()
+    gw.wait_outcome(first, timeout=10)
+    gw.wait_outcome(second, timeout=10)
+    status = live_status(gw)
+    assert status["in_flight"] == []
+    assert status["counters"]["refused"] == 1
+    assert status["counters"]["by_status"] == {"replied": 2}
+    orjson.dumps(status)  # JSON-able as it is
+
+
+def test_serve_logs_one_info_line_per_delivery_without_text(root: Path, gateways: list[Gateway]) -> None:
+    gw = start_gateway(gateways, root)
+    with LogCapture("INFO") as logs:
+        key = send_dm(gw, "the secret text")
+        gw.wait_outcome(key, timeout=10)
+        gw.stats()  # the outcome was published (and logged) before stats answers
+    lines = logs.matching(f"delivery {key}")
+    assert len(lines) == 1, logs.lines
+    assert "@alice → @bob: replied in " in lines[0]
+    assert not any("secret" in line for line in logs.lines)
+
+
+def test_file_status_reads_journals_and_relay_dirs(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    release = threading.Event()
+    runner = RecordingRunner(lambda turn: "done" if "second" not in turn.content or release.wait(10) else "")
+    gw = Gateway(root, runner=runner).start()
+    try:
+        done = send_dm(gw, "first", target="carol")
+        gw.wait_outcome(done, timeout=10)
+        waiting = send_dm(gw, "second")
+        runner.wait_entered(2)
+        status = file_status(root)
+    finally:
+        release.set()
+        gw.stop(timeout=10)
+    assert status["running"] is False and status["source"] == "files"
+    assert set(STATUS_KEYS) <= set(status)
+    assert [r["delivery_id"] for r in status["in_flight"]] == [waiting]
+    assert status["in_flight"][0]["started"] is True
+    bob = next(p for p in status["profiles"] if p["profile"] == "bob")
+    assert (bob["state"], bob["queued"]) == ("offline", 1)
+    assert status["counters"]["by_status"] == {"replied": 1}
+    assert status["relay"]["outbox"] == 0 and status["managed"] is True
+    assert status["profiles"][0]["profile"] == "default"
+    orjson.dumps(status)
+
+
+def test_file_status_refuses_a_symlinked_journal_dir(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "j-x.log").write_text('{"t":"accepted","id":"' + "a" * 32 + '","d":{}}\n')
+    (root / "bot_relay").mkdir()
+    (root / "bot_relay" / "journal").symlink_to(elsewhere)
+    status = file_status(root)
+    assert status["in_flight"] == []
+    assert any("refusing" in p for p in status["problems"])

@@ -1,0 +1,262 @@
+"""Starting on the Redis transport: what ``start()`` guarantees and how it refuses (issue 14, item 8).
+
+- the remote roster is loaded when ``start()`` returns (a DM right after it reaches another machine);
+- Redis down at start: DMs to other machines are refused "Redis at host:port is unreachable";
+- one process per connection id (a lease on the alive key), a dead holder on this host taken over;
+- refused credentials and a missing ``[redis]`` extra fail the start with one clear error.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from redis_fixture import RedisServer, dead_consumer
+from roots import RecordingRunner, make_root
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway, TransportError
+from hermes_actors.transports.redis.lease import is_stale_here, parse_consumer
+from hermes_actors.transports.redis.store import RedisKeys, consumer_name, host_label
+
+pytestmark = pytest.mark.redis
+KEYS = RedisKeys()
+
+
+def _config(url: str, **bot_mode: Any) -> dict[str, Any]:
+    return {"bot_mode": {"transport": url, "redis_heartbeat_seconds": 0.2, "redis_claim_idle_seconds": 0.5,
+                         **bot_mode}}
+
+
+def _gateway(tmp: Path, name: str, url: str, *, connection_id: str | None = None,
+             bot_mode: dict[str, Any] | None = None) -> Gateway:
+    root = tmp / name
+    if not root.exists():
+        make_root(tmp, {"alice": {}, "bob": {}}, name=name)
+    return Gateway(root, runner=RecordingRunner(), config=_config(url, **(bot_mode or {})),
+                   connection_id=connection_id if connection_id is not None else name, durable=False)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed when this returns: nothing listens there
+
+
+# ── the remote roster is there when start() returns ─────────────────────────
+
+
+def test_a_dm_right_after_start_reaches_an_agent_on_another_machine(tmp_path: Path,
+                                                                    redis_server: RedisServer) -> None:
+    with _gateway(tmp_path, "mini", redis_server.url):
+        for attempt in range(5):  # each new start must see mini's roster before it returns
+            alpha = _gateway(tmp_path, "alpha", redis_server.url).start()
+            try:
+                ack = alpha.message_agent(sender="alice", target="bob@mini", message=f"first words {attempt}")
+                assert ack.get("status") == "queued", ack
+                out = alpha.wait_outcome(ack["delivery_id"], timeout=20)
+                assert out["status"] == "replied", out
+            finally:
+                alpha.stop()
+
+
+def test_redis_down_at_start_refuses_remote_dms_as_unreachable(tmp_path: Path) -> None:
+    port = _closed_port()
+    with _gateway(tmp_path, "alpha", f"redis://127.0.0.1:{port}/0") as alpha:
+        ack = alpha.message_agent(sender="alice", target="dave@mini", message="hello")
+        assert ack["reason"] == "runtime_offline", ack
+        assert f"Redis at 127.0.0.1:{port} is unreachable, so it was NOT queued" in ack["error"]
+        local = alpha.message_agent(sender="alice", target="bob", message="local still works")
+        assert alpha.wait_outcome(local["delivery_id"], timeout=20)["status"] == "replied"
+        unknown = alpha.message_agent(sender="alice", target="nobody", message="hi")
+        assert unknown["reason"] == "unknown" and "No teammate named 'nobody'" in unknown["error"]
+
+
+def test_redis_back_after_a_down_start_clears_the_unreachable_refusal(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    server.port = _closed_port()  # started later on this very port
+    with _gateway(tmp_path, "alpha", server.url) as alpha:
+        assert "unreachable" in alpha.message_agent(sender="alice", target="bob@mini", message="x")["error"]
+        server.start()
+        try:
+            with _gateway(tmp_path, "mini", server.url):
+                def reachable() -> bool:
+                    ack = alpha.message_agent(sender="alice", target="bob@mini", message="now?")
+                    return ack.get("status") == "queued"
+
+                await_condition(reachable, timeout=20, interval=0.1, message="bob@mini reachable once Redis is up")
+        finally:
+            server.kill()
+
+
+# ── one process per connection id ───────────────────────────────────────────
+
+
+def test_a_second_gateway_on_the_same_connection_id_is_refused(tmp_path: Path, redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    with _gateway(tmp_path, "alpha", redis_server.url):
+        holder = client.get(KEYS.alive("alpha"))
+        assert holder is not None
+        other = _gateway(tmp_path, "beta", redis_server.url, connection_id="alpha")
+        with pytest.raises(TransportError) as err:
+            other.start()
+        text = str(err.value)
+        assert "connection id 'alpha' is already served by another live process" in text
+        assert holder.decode() in text and "--connection-id" in text
+        assert client.get(KEYS.alive("alpha")) == holder  # the refused one neither stole nor deleted the lease
+        other.stop()
+        assert client.get(KEYS.alive("alpha")) == holder
+    assert client.get(KEYS.alive("alpha")) is None  # a clean stop gives the lease back
+    with _gateway(tmp_path, "beta", redis_server.url, connection_id="alpha"):
+        assert client.get(KEYS.alive("alpha")) is not None
+
+
+def test_a_lease_left_by_a_killed_process_on_this_host_is_taken_over(tmp_path: Path,
+                                                                     redis_server: RedisServer) -> None:
+    stale = dead_consumer()
+    client = redis_server.client()
+    client.set(KEYS.alive("alpha"), stale, ex=600)  # as if that process had been killed -9 a moment ago
+    with _gateway(tmp_path, "alpha", redis_server.url) as alpha:
+        assert client.get(KEYS.alive("alpha")).decode() != stale
+        ack = alpha.message_agent(sender="alice", target="bob", message="hi")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=20)["status"] == "replied"
+
+
+def test_a_live_lease_of_another_host_is_not_taken_over(tmp_path: Path, redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    client.set(KEYS.alive("alpha"), "elsewhere-1-abcdefgh", ex=600)
+    with pytest.raises(TransportError, match="elsewhere-1-abcdefgh"):
+        _gateway(tmp_path, "alpha", redis_server.url).start()
+    assert client.get(KEYS.alive("alpha")) == b"elsewhere-1-abcdefgh"
+
+
+@pytest.mark.parametrize(
+    ("holder", "host", "alive", "stale"),
+    [
+        ("box-12-abcdefgh", "box", False, True),
+        ("box-12-abcdefgh", "box", True, False),  # still running
+        ("box-12-abcdefgh", "other", False, False),  # another machine: its pid says nothing here
+        ("my-box-7-abcdefgh", "my-box", False, True),  # a host name with dashes
+        ("expired", "box", False, False),
+        ("box-x-abcdefgh", "box", False, False),
+        ("", "box", False, False),
+    ],
+)
+def test_stale_holder_table(holder: str, host: str, alive: bool, stale: bool) -> None:
+    assert is_stale_here(holder, host, lambda pid: alive) is stale
+
+
+def test_consumer_names_parse_back() -> None:
+    assert parse_consumer(consumer_name(pid=4321)) == (host_label(), 4321)
+
+
+# ── start refusals ───────────────────────────────────────────────────────────
+
+
+def test_a_wrong_password_fails_the_start_with_a_clear_error(tmp_path: Path) -> None:
+    pytest.importorskip("redis")
+    server = RedisServer(tmp_path / "redis", password="right-one")
+    try:
+        server.start()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    try:
+        for url in (f"redis://:wrong-one@127.0.0.1:{server.port}/0", f"redis://127.0.0.1:{server.port}/0"):
+            gw = _gateway(tmp_path, "alpha", url)
+            with pytest.raises(TransportError) as err:
+                gw.start()
+            text = str(err.value)
+            assert f"Redis at 127.0.0.1:{server.port} refused our credentials" in text, text
+            assert "wrong-one" not in text  # never the password
+        with _gateway(tmp_path, "alpha", f"redis://:right-one@127.0.0.1:{server.port}/0") as ok:
+            assert ok.message_agent(sender="alice", target="bob", message="in")["status"] == "queued"
+    finally:
+        server.kill()
+
+
+def test_without_the_redis_extra_the_start_says_which_extra_to_install(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "redis", None)  # `import redis` raises ImportError, as when not installed
+    gw = _gateway(tmp_path, "alpha", "redis://127.0.0.1:6379/0")
+    with pytest.raises(TransportError, match=r"pip install 'hermes-actors\[redis\]'"):
+        gw.start()
+
+
+def test_the_connection_id_may_come_from_config_and_is_checked(tmp_path: Path, redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    with _gateway(tmp_path, "alpha", redis_server.url, connection_id="",
+                  bot_mode={"connection_id": "from-config"}) as gw:
+        assert gw.connection_id == "from-config" and client.get(KEYS.alive("from-config")) is not None
+    with pytest.raises(ValueError, match="needs this gateway's connection id") as err:
+        _gateway(tmp_path, "alpha", redis_server.url, connection_id="").start()
+    assert "--connection-id" in str(err.value) and "bot_mode.connection_id" in str(err.value)
+    with pytest.raises(ValueError, match="connection id 'two words' must be"):
+        _gateway(tmp_path, "alpha", redis_server.url, connection_id="two words").start()
+
+
+# ── the CLI on Redis ─────────────────────────────────────────────────────────
+
+
+def test_cli_roster_and_send_use_redis_with_a_connection_id(tmp_path: Path, redis_server: RedisServer,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from hermes_actors.cli.main import main
+
+    cli_root = make_root(tmp_path, {"alice": {}}, name="laptop")
+    with _gateway(tmp_path, "mini", redis_server.url):
+        assert main(["roster", "--root", str(cli_root), "--redis", redis_server.url, "--connection-id", "laptop",
+                     "--json"]) == 0
+        rows = orjson.loads(capsys.readouterr().out)
+        assert {(r["handle"], r["connection_id"], r["online"]) for r in rows} >= {("bob", "mini", True)}
+        code = main(["send", "--root", str(cli_root), "--from", "alice", "bob@mini", "over redis", "--redis",
+                     redis_server.url, "--connection-id", "laptop", "--wait", "30"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "ok: over redis" in out
+
+
+def test_cli_reads_the_transport_and_connection_id_from_config_yaml(tmp_path: Path, redis_server: RedisServer,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from hermes_actors.cli.main import main
+
+    with_id = make_root(tmp_path, {"alice": {}}, name="laptop",
+                        config={"bot_mode": {"transport": redis_server.url, "connection_id": "laptop"}})
+    without_id = make_root(tmp_path, {"alice": {}}, name="tablet", config={"bot_mode": {"transport": redis_server.url}})
+    with _gateway(tmp_path, "mini", redis_server.url):
+        assert main(["roster", "--root", str(with_id), "--json"]) == 0
+        assert any(r["connection_id"] == "mini" for r in orjson.loads(capsys.readouterr().out))
+        assert main(["roster", "--root", str(without_id)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--connection-id" in err and "Gateway(" in err
+
+
+def test_cli_roster_asks_the_running_host_instead_of_joining_its_connection(
+        tmp_path: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    from hermes_actors.cli.main import main
+
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="alpha",
+                     config={"bot_mode": {"transport": redis_server.url, "connection_id": "alpha"}})
+    with _gateway(tmp_path, "mini", redis_server.url), \
+            Gateway(root, runner=RecordingRunner(), durable=False, serve_submit=True,
+                    config=_config(redis_server.url)) as host:
+        assert host.connection_id == "alpha"
+        assert main(["roster", "--root", str(root), "--json"]) == 0  # a second process on 'alpha' would be refused
+        rows = orjson.loads(capsys.readouterr().out)
+        assert any(r["handle"] == "bob" and r["connection_id"] == "mini" for r in rows)
+
+
+def test_cli_serve_without_the_redis_extra_prints_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from hermes_actors.cli.main import main
+
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    monkeypatch.setitem(sys.modules, "redis", None)
+    code = main(["serve", "--root", str(root), "--redis", "redis://127.0.0.1:6379/0", "--connection-id", "alpha",
+                 "--runner", "demo"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1  # a failure, not a usage error (docs/operations.md, exit codes)
+    assert err.splitlines() == ["error: the Redis transport needs the redis package, which is not installed: "
+                                "pip install 'hermes-actors[redis]'"]

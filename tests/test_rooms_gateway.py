@@ -1,0 +1,405 @@
+"""Group rooms through the Gateway: rounds and caps, mentions, pass/settle, @user, refusals,
+serialization with DMs, subscriber events, restart."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import RecordingRunner, make_root, start_gateway
+
+from hermes_actors import Gateway
+from hermes_actors.messages import Turn
+
+ENTRY_KEYS = {"message_id", "author", "text", "at", "round", "status"}
+
+
+@pytest.fixture
+def room_root(tmp_path: Path) -> Path:
+    return make_root(tmp_path, {"alice": {}, "bob": {}, "carol": {}, "dave": {"display_name": "Dave the Critic"}})
+
+
+class Script:
+    """A runner: each profile answers its scripted replies in order, then passes (``[SILENT]``)."""
+
+    def __init__(self, **replies: list[str]) -> None:
+        self.replies = {k: list(v) for k, v in replies.items()}
+        self.lock = threading.Lock()
+
+    def __call__(self, turn: Turn) -> str:
+        with self.lock:
+            queue = self.replies.get(turn.profile, [])
+            return queue.pop(0) if queue else "[SILENT]"
+
+
+def said(transcript: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
+    return [(e["author"], e["text"], e["round"]) for e in transcript if e["status"] == "said"]
+
+
+def room_turns(runner: RecordingRunner) -> list[Turn]:
+    return [t for t in runner.entered if t.session.startswith("Group: ")]
+
+
+# ── creating, listing, disbanding, refusals ─────────────────────────────────
+
+
+def test_create_list_disband(room_root: Path, gateways: list[Gateway]) -> None:
+    gw = start_gateway(gateways, room_root, Script())
+    room = gw.create_room("plan", ["alice", "@bob", "Dave the Critic"])
+    assert set(room) == {"room_id", "name", "members"}
+    assert room["name"] == "plan" and room["members"] == ["alice", "bob", "dave"]
+    assert len(room["room_id"]) == 32
+    assert gw.list_rooms() == [{**room, "state": "idle"}]
+    assert gw.wait_room_idle("PLAN", timeout=1) == "idle"  # a name resolves case-insensitively
+    assert gw.disband_room(room["room_id"]) == {**room, "state": "disbanded"}
+    assert gw.list_rooms() == []
+    with pytest.raises(KeyError, match="no room 'plan'"):
+        gw.room_transcript("plan")
+    refused = gw.room_send("plan", "user", "anyone?")
+    assert refused["error"].startswith("no room 'plan'") and "reason" in refused
+
+
+@pytest.mark.parametrize(
+    ("name", "members", "error"),
+    [
+        ("solo", ["alice"], "a room has 2 to 6 members, not 1"),
+        ("crowd", ["alice", "bob", "carol", "dave", "hermes", "erin", "frank"], "a room has 2 to 6 members, not 7"),
+        ("ghost", ["alice", "nobody"], "unknown member 'nobody'"),
+        ("twice", ["alice", "@alice"], "member '@alice' is listed twice"),
+        ("", ["alice", "bob"], "room name is required"),
+    ],
+)
+def test_create_room_refusals(tmp_path: Path, gateways: list[Gateway], name: str, members: list[str],
+                              error: str) -> None:
+    root = make_root(tmp_path, {n: {} for n in ("alice", "bob", "carol", "dave", "erin", "frank")})
+    gw = start_gateway(gateways, root, Script())
+    with pytest.raises(ValueError, match=error):
+        gw.create_room(name, members)
+    assert gw.list_rooms() == []
+
+
+def test_room_names_are_unique(room_root: Path, gateways: list[Gateway]) -> None:
+    gw = start_gateway(gateways, room_root, Script())
+    gw.create_room("plan", ["alice", "bob"])
+    with pytest.raises(ValueError, match="a room named 'Plan' exists already"):
+        gw.create_room("Plan", ["carol", "dave"])
+
+
+@pytest.mark.parametrize(
+    ("sender", "text", "error"),
+    [
+        ("user", "", "text is required"),
+        ("user", "   ", "text is required"),
+        ("carol", "hi", "Unknown sender 'carol': not a member of this room"),
+        ("nobody", "hi", "Unknown sender 'nobody'"),
+    ],
+)
+def test_room_send_refusals(room_root: Path, gateways: list[Gateway], sender: str, text: str, error: str) -> None:
+    runner = RecordingRunner(Script())
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("plan", ["alice", "bob"])
+    refused = gw.room_send("plan", sender, text)
+    assert set(refused) == {"error", "reason"} and refused["error"].startswith(error), refused
+    assert gw.room_transcript("plan") == []
+    assert gw.wait_room_idle("plan", timeout=1) == "idle" and runner.entered == []
+
+
+# ── rounds ──────────────────────────────────────────────────────────────────
+
+
+def test_everyone_answers_when_nobody_is_mentioned_and_a_silent_round_settles(
+    room_root: Path, gateways: list[Gateway]
+) -> None:
+    runner = RecordingRunner(Script(alice=["I'd ship Friday."]))
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("plan", ["alice", "bob", "carol"])
+    ack = gw.room_send("plan", "user", "When do we ship?")
+    assert ack["status"] == "queued" and set(ack) == {"status", "room_id", "message_id"}
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    transcript = gw.room_transcript("plan")
+    assert all(set(e) == ENTRY_KEYS for e in transcript)
+    assert transcript[0]["message_id"] == ack["message_id"]
+    assert said(transcript) == [("user", "When do we ship?", 0), ("alice", "I'd ship Friday.", 1)]
+    # round 1: all three (bob and carol read alice's reply in their turns); round 2 has nobody with news
+    # since their last turn: each passes without a turn, and the silent round settles the room.
+    turns = room_turns(runner)
+    assert [t.profile for t in turns] == ["alice", "bob", "carol"]
+    assert turns[2].content.splitlines()[1:-1] == ["user: When do we ship?", "@alice: I'd ship Friday."]
+
+
+def test_mentions_scope_who_answers(room_root: Path, gateways: list[Gateway]) -> None:
+    runner = RecordingRunner(Script(bob=["@carol can you check the numbers?"], carol=["Numbers look right."]))
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("plan", ["alice", "bob", "carol", "dave"])
+    gw.room_send("plan", "user", "@bob, is the report ready?")
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    assert said(gw.room_transcript("plan")) == [
+        ("user", "@bob, is the report ready?", 0),
+        ("bob", "@carol can you check the numbers?", 1),
+        ("carol", "Numbers look right.", 2),
+    ]
+    # round 1: bob only; round 2: carol only (mentioned); round 3: everyone with news; all pass.
+    profiles = [t.profile for t in room_turns(runner)]
+    assert profiles[:2] == ["bob", "carol"]
+    assert sorted(profiles[2:]) == ["alice", "bob", "dave"]
+
+
+def test_friendly_name_mentions_resolve_like_message_agent_targets(room_root: Path, gateways: list[Gateway]) -> None:
+    runner = RecordingRunner(Script())
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("plan", ["alice", "bob", "dave"])
+    gw.room_send("plan", "alice", "@dave-the-critic please review")
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    assert [t.profile for t in room_turns(runner)] == ["dave"]
+
+
+def test_caps_three_rounds_and_ten_messages(room_root: Path, gateways: list[Gateway]) -> None:
+    chatty = {name: [f"{name} says {n}" for n in range(5)] for name in ("alice", "bob", "carol", "dave")}
+    runner = RecordingRunner(Script(**chatty))
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("plan", ["alice", "bob", "carol", "dave"])
+    gw.room_send("plan", "user", "Brainstorm!")
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    replies = said(gw.room_transcript("plan"))[1:]
+    assert len(replies) == 10  # 4 + 4 + 2: the cap ends round 3 early
+    assert [r for _, _, r in replies] == [1] * 4 + [2] * 4 + [3] * 2
+    assert len(room_turns(runner)) == 10
+
+    two = RecordingRunner(Script(alice=[f"a{n}" for n in range(9)], bob=[f"b{n}" for n in range(9)]))
+    gw2 = start_gateway(gateways, make_root(room_root.parent, {"alice": {}, "bob": {}}, name="two"), two)
+    gw2.create_room("duo", ["alice", "bob"])
+    gw2.room_send("duo", "user", "go")
+    assert gw2.wait_room_idle("duo", timeout=10) == "idle"
+    assert [r for _, _, r in said(gw2.room_transcript("duo"))[1:]] == [1, 1, 2, 2, 3, 3]  # 3 rounds, no more
+
+
+def test_user_mention_marks_needs_you_until_the_user_writes(room_root: Path, gateways: list[Gateway]) -> None:
+    runner = RecordingRunner(Script(alice=["@user which date do you prefer?"], bob=["Either works."]))
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "Pick a date.")
+    assert gw.wait_room_idle("plan", timeout=10) == "needs_you"
+    assert gw.list_rooms()[0]["state"] == "needs_you"
+    # the round finished (bob answered) but no round 2 started
+    assert [t.profile for t in room_turns(runner)] == ["alice", "bob"]
+    gw.room_send("plan", "user", "Friday.")
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+
+
+def test_member_turns_run_in_the_group_session_with_the_news_attributed(
+    room_root: Path, gateways: list[Gateway]
+) -> None:
+    runner = RecordingRunner(Script(alice=["Sounds good."]))
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("launch", ["alice", "bob"])
+    gw.room_send("launch", "bob", "Launch is Monday.")
+    assert gw.wait_room_idle("launch", timeout=10) == "idle"
+    turns = room_turns(runner)
+    assert [t.profile for t in turns] == ["alice", "bob"]
+    assert {t.session for t in turns} == {"Group: launch"}
+    assert turns[0].content.splitlines()[1:-1] == ["@bob: Launch is Monday."]
+    assert turns[1].content.splitlines()[1:-1] == ["@alice: Sounds good."]  # its own message is not news
+    gw.room_send("launch", "user", "Thanks both.")
+    assert gw.wait_room_idle("launch", timeout=10) == "idle"
+    later = room_turns(runner)[2:]
+    assert [t.content.splitlines()[1:-1] for t in later] == [["user: Thanks both."]] * 2
+
+
+def test_failed_member_turn_is_shown_and_counts_as_a_pass(room_root: Path, gateways: list[Gateway]) -> None:
+    def behave(turn: Turn) -> str:
+        if turn.profile == "bob":
+            raise RuntimeError("model exploded")
+        return "[SILENT]"
+
+    gw = start_gateway(gateways, room_root, RecordingRunner(behave))
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "hi")
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    failed = [e for e in gw.room_transcript("plan") if e["status"] == "failed"]
+    assert len(failed) == 1 and failed[0]["author"] == "bob" and "model exploded" in failed[0]["text"]
+
+
+# ── serialization with DMs ──────────────────────────────────────────────────
+
+
+def test_member_turns_queue_behind_the_members_dms(room_root: Path, gateways: list[Gateway]) -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if turn.session == "Bot Chat":
+            entered.set()
+            assert release.wait(10)
+            return "dm done"
+        return "room reply" if turn.profile == "bob" else "[SILENT]"
+
+    runner = RecordingRunner(behave)
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("plan", ["alice", "bob"])
+    dm = gw.message_agent(sender="alice", target="bob", message="long job")
+    assert entered.wait(10)
+    gw.room_send("plan", "user", "@bob status?")
+    release.set()
+    assert gw.wait_outcome(dm["delivery_id"], timeout=10)["status"] == "replied"
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    bob = [r for r in runner.records if r.turn.profile == "bob"]
+    assert [r.turn.session for r in sorted(bob, key=lambda r: r.entered)][:2] == ["Bot Chat", "Group: plan"]
+    ordered = sorted(bob, key=lambda r: r.entered)
+    for before, after in itertools.pairwise(ordered):
+        assert after.entered >= before.exited, "two turns of bob overlapped"
+
+
+# ── events ──────────────────────────────────────────────────────────────────
+
+
+def test_room_events_reach_subscribers_with_a_kind(room_root: Path, gateways: list[Gateway]) -> None:
+    events: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def collect(event: dict[str, Any]) -> None:
+        with lock:
+            events.append(event)
+
+    gw = Gateway(room_root, runner=Script(alice=["hello"]))
+    gw.subscribe(collect)
+    gateways.append(gw)
+    gw.start()
+    room = gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "hi")
+    gw.wait_room_idle("plan", timeout=10)
+    dm = gw.message_agent(sender="alice", target="bob", message="ping")
+    gw.wait_outcome(dm["delivery_id"], timeout=10)
+    gw.stop()  # flushes the subscribers
+    kinds = defaultdict(list)
+    for event in events:
+        kinds[event["kind"]].append(event)
+    assert [e["delivery_id"] for e in kinds["dm"]] == [dm["delivery_id"]]
+    room_events = kinds["room"]
+    assert {e["room_id"] for e in room_events} == {room["room_id"]} and {e["room"] for e in room_events} == {"plan"}
+    assert [e["message"]["text"] for e in room_events if e["event"] == "message"] == ["hi", "hello"]
+    assert [e["state"] for e in room_events if e["event"] == "state"] == ["busy", "idle"]
+
+
+# ── restart ─────────────────────────────────────────────────────────────────
+
+
+def test_rooms_survive_a_restart(room_root: Path) -> None:
+    with Gateway(room_root, runner=Script(alice=["first"])) as gw:
+        room = gw.create_room("plan", ["alice", "bob"])
+        gw.room_send("plan", "user", "hi")
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        before = gw.room_transcript("plan")
+    files = sorted((room_root / "bot_relay" / "rooms").glob("*.json"))
+    assert [f.name for f in files] == [f"{room['room_id']}.json"]
+    assert files[0].stat().st_mode & 0o777 == 0o600
+    runner = RecordingRunner(Script(bob=["second"]))
+    with Gateway(room_root, runner=runner) as gw:
+        assert gw.list_rooms() == [{**room, "state": "idle"}]
+        assert gw.room_transcript("plan") == before
+        gw.room_send("plan", "user", "again")
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        assert said(gw.room_transcript("plan"))[-2:] == [("user", "again", 0), ("bob", "second", 1)]
+        # alice read everything up to her last turn before the restart: her news is only the new messages
+        alice = [t for t in runner.entered if t.profile == "alice"]
+        assert alice[0].content.splitlines()[1:-1] == ["user: again"]
+
+
+def test_one_gateway_at_a_time_drives_a_roots_rooms(room_root: Path, gateways: list[Gateway]) -> None:
+    first = start_gateway(gateways, room_root, Script())
+    first.create_room("plan", ["alice", "bob"])
+    second = start_gateway(gateways, room_root, Script())
+    with pytest.raises(RuntimeError, match="rooms are unavailable: another gateway process drives the rooms"):
+        second.list_rooms()
+    assert first.room_send("plan", "user", "hi")["status"] == "queued"
+    first.stop()
+    third = start_gateway(gateways, room_root, Script())  # the lock went with the first gateway
+    assert [r["name"] for r in third.list_rooms()] == ["plan"]
+
+
+# ── graceful stop ───────────────────────────────────────────────────────────
+
+
+def test_a_member_turn_queued_at_stop_runs_at_the_next_start(room_root: Path) -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if turn.session == "Bot Chat":
+            entered.set()
+            release.wait(10)
+            return "dm done"
+        return "bob here" if turn.profile == "bob" else "[SILENT]"
+
+    first = RecordingRunner(behave)
+    gw = Gateway(room_root, runner=first)
+    gw.start()
+    try:
+        gw.create_room("plan", ["alice", "bob"])
+        gw.message_agent(sender="alice", target="bob", message="long job")
+        assert entered.wait(10)
+        gw.room_send("plan", "user", "@bob status?")  # bob's room turn queues behind the DM
+    finally:
+        # on_wait runs once the queues were wound down: only then may the DM finish (within the grace)
+        gw.stop(timeout=10, on_wait=lambda running, grace: release.set())
+        release.set()
+    assert [t.session for t in first.entered] == ["Bot Chat"]  # the queued room turn was cancelled, not run
+
+    second = RecordingRunner(behave)
+    with Gateway(room_root, runner=second) as gw:
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        entries = gw.room_transcript("plan")
+    assert [(e["author"], e["status"]) for e in entries] == [("user", "said"), ("bob", "said")]
+    assert [t.profile for t in room_turns(second)] == ["bob", "alice"]  # run once each, after the restart
+
+
+def test_a_member_turn_running_past_the_stop_grace_is_interrupted_and_not_run_again(room_root: Path) -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    def hang(turn: Turn) -> str:
+        entered.set()
+        release.wait(10)
+        return "too late"
+
+    gw = Gateway(room_root, runner=hang)
+    gw.start()
+    try:
+        gw.create_room("plan", ["alice", "bob"])
+        gw.room_send("plan", "user", "@bob status?")
+        assert entered.wait(10)
+    finally:
+        gw.stop(timeout=0.2)  # bob's turn is still running: it ends ambiguous
+        release.set()
+    second = RecordingRunner(Script())
+    with Gateway(room_root, runner=second) as gw:
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        entries = gw.room_transcript("plan")
+    assert [(e["author"], e["status"], e["round"]) for e in entries] == [
+        ("user", "said", 0), ("bob", "interrupted", 1)]
+    assert room_turns(second) == []
+
+
+def test_stop_returns_once_a_running_member_turn_finishes(room_root: Path) -> None:
+    # Regression: the Dispatcher never answered the stop's AwaitOutcome for a room turn, so a stop
+    # with a member turn running always waited out its whole grace.
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        release.wait(10)
+        return "done"
+
+    gw = Gateway(room_root, runner=behave)
+    gw.start()
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "@bob go")
+    assert entered.wait(10)
+    began = time.monotonic()
+    gw.stop(timeout=60, on_wait=lambda running, grace: release.set())
+    assert time.monotonic() - began < 30, "stop waited out the grace of a turn that had finished"
+    with Gateway(room_root, runner=behave) as again:
+        assert again.wait_room_idle("plan", timeout=10) == "idle"
+        assert [(e["author"], e["status"]) for e in again.room_transcript("plan")][:2] == [
+            ("user", "said"), ("bob", "said")]

@@ -1,0 +1,127 @@
+"""Hostile room files: refused and quarantined (never followed), the valid rooms still load and work."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import LogCapture, make_root
+
+from hermes_actors import Gateway
+from hermes_actors.rooms.store import ROOM_MAX_BYTES
+
+IS_ROOT = os.geteuid() == 0
+KINDS = [
+    "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
+    "directory", "bad-member", "running-stranger", "bad-version",
+]
+
+
+def _param(kind: str) -> Any:
+    if kind == "other-uid":
+        return pytest.param(kind, marks=pytest.mark.skipif(not IS_ROOT, reason="chown to another uid needs root"))
+    return kind
+
+
+def plant(kind: str, rooms: Path, valid: dict[str, Any], staging: Path) -> tuple[str, Path | None]:
+    """Put a hostile room file into ``rooms``; returns its name and, for a symlink, the file it points to."""
+    staging.mkdir(exist_ok=True)
+    file_id = uuid.uuid4().hex
+    record = {**valid, "room_id": file_id, "name": f"evil-{kind}"}
+    name = f"{file_id}.json"
+    mode = 0o600
+    if kind == "json-array":
+        record = [record]  # type: ignore[assignment]
+    elif kind == "bad-name":
+        name = f"{file_id.upper()}.json"
+    elif kind == "id-mismatch":
+        record = {**record, "room_id": uuid.uuid4().hex}
+    elif kind == "group-writable":
+        mode = 0o666
+    elif kind == "bad-member":
+        record = {**record, "members": ["alice", "alice"]}
+    elif kind == "running-stranger":
+        record = {**record, "running": {"member": "mallory", "turn_id": uuid.uuid4().hex, "upto": 0}}
+    elif kind == "bad-version":
+        record = {**record, "version": 99}
+    body = b"{this is not json" if kind == "non-json" else json.dumps(record).encode()
+    prepared = staging / f"prep-{uuid.uuid4().hex}"
+    target: Path | None = None
+    if kind == "socket":
+        os.mknod(prepared, stat.S_IFSOCK | 0o600)
+    elif kind == "directory":
+        prepared.mkdir()
+        (prepared / "inner.json").write_bytes(body)
+    elif kind == "symlink":
+        target = staging / f"outside-{uuid.uuid4().hex}.json"
+        target.write_bytes(body)
+        os.chmod(target, 0o600)
+        os.symlink(target, prepared)
+    else:
+        fd = os.open(prepared, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            if kind == "huge":
+                f.truncate(ROOM_MAX_BYTES + 1)  # sparse: refused by its size, never read
+        os.chmod(prepared, mode)
+        if kind == "other-uid":
+            os.chown(prepared, 65534, 65534)
+    os.rename(prepared, rooms / name)
+    return name, target
+
+
+@pytest.mark.parametrize("kind", [_param(k) for k in KINDS])
+def test_hostile_room_file_is_quarantined_and_the_valid_room_still_works(
+    tmp_path: Path, logs: LogCapture, kind: str
+) -> None:
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    with Gateway(root, runner=lambda turn: "[SILENT]") as gw:
+        room = gw.create_room("good", ["alice", "bob"])
+    rooms = root / "bot_relay" / "rooms"
+    valid = json.loads((rooms / f"{room['room_id']}.json").read_text())
+    name, target = plant(kind, rooms, valid, tmp_path / "staging")
+    target_bytes = target.read_bytes() if target else None
+
+    with Gateway(root, runner=lambda turn: "[SILENT]") as gw:
+        assert gw.list_rooms() == [{**room, "state": "idle"}]
+        assert gw.room_send("good", "user", "still here?")["status"] == "queued"
+        assert gw.wait_room_idle("good", timeout=10) == "idle"
+        with pytest.raises(KeyError):
+            gw.room_transcript(f"evil-{kind}")
+    assert not os.path.lexists(rooms / name), "the hostile file was left in rooms/"
+    assert sorted((root / "bot_relay" / "quarantine").glob(f"{name}.*.quarantined")), "not quarantined"
+    assert logs.matching("quarantined", name)
+    if target is not None:  # never followed: the file it pointed to is untouched and still outside
+        assert target.read_bytes() == target_bytes
+
+
+def test_a_swapped_rooms_directory_is_refused_and_dms_still_flow(tmp_path: Path) -> None:
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (root / "bot_relay").mkdir(mode=0o700, exist_ok=True)
+    os.symlink(elsewhere, root / "bot_relay" / "rooms")
+    with Gateway(root, runner=lambda turn: "pong") as gw:
+        with pytest.raises(RuntimeError, match=r"rooms are unavailable: the room directory is refused .*symlink"):
+            gw.create_room("plan", ["alice", "bob"])
+        with pytest.raises(RuntimeError, match="rooms are unavailable"):
+            gw.list_rooms()
+        ack = gw.message_agent(sender="alice", target="bob", message="ping")
+        assert gw.wait_outcome(ack["delivery_id"], timeout=10)["reply"] == "pong"
+    assert list(elsewhere.iterdir()) == []  # nothing was written through the symlink
+
+
+@pytest.mark.parametrize("ref", ["../../etc/passwd", "a" * 32 + "/../x", "A" * 32, "", None, 5])
+def test_path_tricks_in_room_references_name_no_room(tmp_path: Path, ref: Any) -> None:
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    with Gateway(root, runner=lambda turn: "[SILENT]") as gw:
+        gw.create_room("plan", ["alice", "bob"])
+        with pytest.raises(KeyError, match="no room"):
+            gw.room_transcript(ref)
+        refused = gw.room_send(ref, "user", "hi")
+        assert refused["error"].startswith("no room")

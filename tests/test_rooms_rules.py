@@ -1,0 +1,210 @@
+"""The pure rules of group rooms (hermes_actors/rooms/rules.py): table tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hermes_actors.core.targets import Refusal
+from hermes_actors.rooms.rules import (
+    MAX_MESSAGES_PER_SEND,
+    MAX_ROUNDS,
+    Round,
+    Spoken,
+    after_turn,
+    find_mentions,
+    name_problem,
+    open_round,
+    plan_members,
+    room_session,
+    send_refusal,
+    turn_text,
+)
+
+MEMBERS = ("alice", "bob", "carol", "dave")
+# handles and friendly forms, as resolve_local would map them (it strips one leading '@' itself)
+FORMS = {"alice": "alice", "bob": "bob", "carol": "carol", "dave": "dave", "the-critic": "carol",
+         "hermes": "default", "default": "default", "eve": "eve"}
+
+
+def resolve(name: str) -> str | None:
+    return FORMS.get(name.strip().removeprefix("@").lower())
+
+
+# ── membership and names ────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (["alice", "bob"], ("alice", "bob")),
+        (["@Alice", "the-critic", "hermes"], ("alice", "carol", "default")),
+        (["alice", "bob", "carol", "dave", "eve", "default"], ("alice", "bob", "carol", "dave", "eve", "default")),
+        (["alice"], "a room has 2 to 6 members, not 1"),
+        (["alice", "bob", "carol", "dave", "eve", "default", "x"], "unknown member 'x'"),
+        (["alice", "bob", "carol", "dave", "eve", "default", "the-critic"], "member 'the-critic' is listed twice"),
+        (["alice", "nobody"], "unknown member 'nobody'"),
+        (["alice", "alice"], "member 'alice' is listed twice"),
+        (["alice", "user"], "'user' is the human's name"),
+        ("alice,bob", "members must be a list of names, not str"),
+        (["alice", ""], "member '' is not a name"),
+        ([], "a room has 2 to 6 members, not 0"),
+    ],
+)
+def test_plan_members(raw: Any, expected: Any) -> None:
+    got = plan_members(raw, resolve)
+    if isinstance(expected, tuple):
+        assert got == expected
+    else:
+        assert isinstance(got, str) and got.startswith(expected), got
+
+
+def test_seven_known_members_are_refused() -> None:
+    forms = {f"b{i}": f"b{i}" for i in range(7)}
+    got = plan_members(list(forms), forms.get)
+    assert got == "a room has 2 to 6 members, not 7"
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [("planning", None), ("  Q3 launch  ", None), ("", "room name is required"), ("   ", "room name is required"),
+     ("x" * 65, "room name too long (65 chars > 64)"), ("a\nb", "room name contains a control character"),
+     (5, "room name must be text, not int")],
+)
+def test_name_problem(name: Any, problem: str | None) -> None:
+    assert name_problem(name) == problem
+
+
+def test_session_is_group_name() -> None:
+    assert room_session("planning") == "Group: planning"
+
+
+# ── sends ───────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("sender", "text", "expected"),
+    [
+        ("user", "hi all", "user"),
+        ("USER", "hi all", "user"),
+        ("@bob", "hi", "bob"),
+        ("the-critic", "hi", "carol"),
+        ("eve", "hi", "Unknown sender 'eve': not a member of this room"),
+        ("nobody", "hi", "Unknown sender 'nobody'"),
+        ("", "hi", "sender is required"),
+        ("user", "", "text is required"),
+        ("user", "   \n ", "text is required"),
+        ("user", None, "text is required"),
+        ("user", 5, "text must be a string, not int"),
+        ("user", "x" * 16001, "text too long (16001 chars > 16000)"),
+        ("user", "bad \ud800", "text is not valid text"),
+    ],
+)
+def test_send_refusal(sender: str, text: Any, expected: str) -> None:
+    got = send_refusal(sender, text, MEMBERS, resolve)
+    if expected in ("user", "bob", "carol"):
+        assert got == expected
+    else:
+        assert isinstance(got, Refusal) and got.error.startswith(expected), got
+        assert set(got.as_dict()) == {"error", "reason"}
+
+
+@pytest.mark.parametrize(
+    ("text", "members", "user"),
+    [
+        ("no mentions here", (), False),
+        ("@bob what do you think?", ("bob",), False),
+        ("@dave, @bob and @the-critic.", ("bob", "carol", "dave"), False),
+        ("ask @user please", (), True),
+        ("@User?", (), True),
+        ("mail me at bob@example.com", (), False),
+        ("@eve is not in the room", (), False),
+        ("@@bob", (), False),
+        ("@bob @bob @BOB", ("bob",), False),
+        ("@user and @alice", ("alice",), True),
+    ],
+)
+def test_find_mentions(text: str, members: tuple[str, ...], user: bool) -> None:
+    assert find_mentions(text, MEMBERS, resolve) == (members, user)
+
+
+# ── rounds ──────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("sender", "mentioned", "queue"),
+    [
+        ("user", (), MEMBERS),
+        ("user", ("carol", "alice"), ("alice", "carol")),
+        ("bob", (), ("alice", "carol", "dave")),
+        ("bob", ("bob",), ("alice", "carol", "dave")),  # a self-mention scopes nobody
+        ("bob", ("dave", "bob"), ("dave",)),
+    ],
+)
+def test_open_round_scopes_to_mentions(sender: str, mentioned: tuple[str, ...], queue: tuple[str, ...]) -> None:
+    first = open_round("s1", MEMBERS, sender, mentioned)
+    assert first == Round("s1", 1, queue)
+
+
+def run(first: Round, replies: dict[tuple[int, str], Spoken]) -> tuple[list[tuple[int, str]], Round | None]:
+    """Drive after_turn until the send settles; returns the turns taken (round, member)."""
+    taken: list[tuple[int, str]] = []
+    state: Round | None = first
+    last = first
+    while state is not None:
+        member = state.queue[0]
+        taken.append((state.number, member))
+        last = state
+        state = after_turn(state, MEMBERS, member, replies.get((state.number, member), Spoken(False)))
+    return taken, last
+
+
+def test_a_silent_round_settles() -> None:
+    taken, _ = run(open_round("s", MEMBERS, "user", ()), {})
+    assert taken == [(1, m) for m in MEMBERS]
+
+
+def test_a_reply_opens_the_next_round_for_everyone_then_silence_settles() -> None:
+    taken, _ = run(open_round("s", MEMBERS, "user", ("bob",)), {(1, "bob"): Spoken(True)})
+    assert taken == [(1, "bob"), *((2, m) for m in MEMBERS)]
+
+
+def test_mentions_in_a_reply_scope_the_next_round() -> None:
+    replies = {(1, "alice"): Spoken(True, ("carol",)), (2, "carol"): Spoken(True, ("alice", "carol"))}
+    taken, _ = run(open_round("s", MEMBERS, "user", ("alice",)), replies)
+    # carol's self-mention is dropped: round 3 is alice only; alice passes and the send settles.
+    assert taken == [(1, "alice"), (2, "carol"), (3, "alice")]
+
+
+def test_at_most_three_rounds() -> None:
+    chatty = {(n, m): Spoken(True) for n in range(1, 5) for m in ("alice", "bob")}
+    taken, _ = run(open_round("s", MEMBERS, "user", ("alice", "bob")), chatty)
+    assert max(n for n, _ in taken) == MAX_ROUNDS == 3
+    assert taken[:2] == [(1, "alice"), (1, "bob")] and taken[-1][0] == 3
+
+
+def test_at_most_ten_messages_per_send() -> None:
+    everyone = {(n, m): Spoken(True) for n in range(1, 4) for m in MEMBERS}
+    taken, last = run(open_round("s", MEMBERS, "user", ()), everyone)
+    assert len(taken) == MAX_MESSAGES_PER_SEND == 10  # 4 + 4 + 2: the cap cuts round 3 short
+    assert last.number == 3 and last.posted == 9
+
+
+def test_user_mention_settles_after_the_round() -> None:
+    replies = {(1, "alice"): Spoken(True, (), mentions_user=True), (1, "bob"): Spoken(True)}
+    first = open_round("s", MEMBERS, "user", ())
+    state = after_turn(first, MEMBERS, "alice", replies[(1, "alice")])
+    assert state is not None and state.needs_you and state.queue == ("bob", "carol", "dave")
+    taken, _ = run(first, replies)
+    assert taken == [(1, m) for m in MEMBERS]  # the round finishes, no round 2
+
+
+def test_turn_text_attributes_each_message() -> None:
+    text = turn_text("plan", ["alice", "bob"], [("user", "hi"), ("@bob", "hello")])
+    assert text.splitlines() == [
+        "Group room 'plan' (members: @alice, @bob). New messages since your last turn:",
+        "user: hi",
+        "@bob: hello",
+        "Reply briefly to the room, or answer [SILENT] to pass. Mention @user to ask the human.",
+    ]
