@@ -32,11 +32,9 @@ from hermes_actors.messages import (
     DetachOwner,
     GetSnapshot,
     Housekeep,
-    NotifierStats,
     RemoveSubscriber,
     RosterSnapshot,
     SendRequest,
-    StatsRequest,
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.rooms import Rooms
@@ -340,21 +338,7 @@ class Gateway:
         Raises:
             RuntimeError: the gateway is not running.
         """
-        system = self._live()
-        out: dict[str, Any] = ask(self._live_dispatcher(), StatsRequest(), timeout=_ASK_TIMEOUT, expect=dict)
-        if system.notifier is not None:
-            out.update(ask(system.notifier, NotifierStats(), timeout=_ASK_TIMEOUT, expect=dict))
-        out["worker_threads"] = system.pool.thread_count if system.pool else 0
-        if system.journal is not None:
-            out["journal_fsyncs"] = system.journal.fsyncs
-            out["journal_records"] = system.journal.records
-        relay = system.relay
-        if relay is not None:
-            out["relay_alive"] = False
-            with contextlib.suppress(pykka.ActorDeadError):
-                out["relay"] = dict(relay.proxy().stats().get(timeout=_ASK_TIMEOUT))
-                out["relay_alive"] = True
-        return out
+        return self._live().stats()
 
     def attach_live_owner(self, profile: str, owner: Any) -> None:
         """Hand this profile's DMs to a live Bot Chat owner instead of running turns (DESIGN 4.3).
@@ -398,11 +382,8 @@ class Gateway:
         return rooms
 
     def create_room(self, name: str, members: list[str]) -> dict[str, Any]:
-        """Create a room of 2–6 local bots; returns ``{room_id, name, members}``.
-
-        Args:
-            name: the room's name (unique, case-insensitive); members' turns run in ``Group: <name>``.
-            members: names as ``message_agent`` targets accept them (handles, friendly names).
+        """Create a room of 2–6 local bots named ``name`` (unique, case-insensitive; members' turns run in
+        ``Group: <name>``) of ``members`` (as ``message_agent`` targets); returns ``{room_id, name, members}``.
 
         Raises:
             ValueError: a bad name, a name taken, an unknown member, fewer than 2 or more than 6.
@@ -411,19 +392,12 @@ class Gateway:
         return self._live_rooms().create(name, members)
 
     def room_send(self, room: str, sender: str, text: str) -> dict[str, Any]:
-        """Post ``text`` to ``room`` as ``sender`` (``"user"`` or a member); it is on disk before the ack.
-
-        Returns:
-            ``{status: "queued", room_id, message_id}``, or a refusal ``{error, reason}`` like ``message_agent``'s.
-        """
+        """Post ``text`` to ``room`` as ``sender`` (``"user"`` or a member); it is on disk before the ack:
+        ``{status: "queued", room_id, message_id}``, or a refusal ``{error, reason}`` like ``message_agent``'s."""
         return self._live_rooms().send(room, sender, text)
 
     def room_transcript(self, room: str) -> list[dict[str, Any]]:
-        """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``.
-
-        Raises:
-            KeyError: no such room.
-        """
+        """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``. KeyError: no room."""
         return self._live_rooms().transcript(room)
 
     def wait_room_idle(self, room: str, timeout: float = 60) -> str:

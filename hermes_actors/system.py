@@ -10,6 +10,7 @@ The Gateway keeps the lifecycle state and the public API.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from hermes_actors.messages import (
     FinalizePending,
     Flush,
     GetSnapshot,
+    NotifierStats,
     Outcome,
     Recover,
     RelayResumed,
@@ -47,6 +49,7 @@ from hermes_actors.messages import (
     RosterChanged,
     RosterSnapshot,
     ShutdownProfiles,
+    StatsRequest,
     StopAccepting,
     Subscribe,
     Turn,
@@ -335,6 +338,23 @@ class ActorSystem:
             if self.scheduler is not None:
                 self.scheduler.stop()
         return final
+
+    def stats(self) -> dict[str, Any]:
+        """The counters of ``Gateway.stats()``, each asked of the actor that owns it."""
+        assert self.dispatcher is not None
+        out: dict[str, Any] = ask(self.dispatcher, StatsRequest(), timeout=ASK_TIMEOUT, expect=dict)
+        if self.notifier is not None:
+            out.update(ask(self.notifier, NotifierStats(), timeout=ASK_TIMEOUT, expect=dict))
+        out["worker_threads"] = self.pool.thread_count if self.pool else 0
+        if self.journal is not None:
+            out["journal_fsyncs"] = self.journal.fsyncs
+            out["journal_records"] = self.journal.records
+        if self.relay is not None:
+            out["relay_alive"] = False
+            with contextlib.suppress(pykka.ActorDeadError):
+                out["relay"] = dict(self.relay.proxy().stats().get(timeout=ASK_TIMEOUT))
+                out["relay_alive"] = True
+        return out
 
     def teardown(self) -> None:
         """Stop whatever was started (after a failed start)."""

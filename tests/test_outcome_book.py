@@ -84,3 +84,15 @@ def test_export_holds_journaling_and_settled_outcomes_and_remember_never_overrid
     book.remember({"b" * 32: {"status": "old"}, "d" * 32: {"status": "old"}})
     assert set(book.export()) == {KEY, "c" * 32, "d" * 32}
     assert book.state("b" * 32) is DeliveryState.PENDING
+
+
+def test_a_journaling_outcome_keeps_its_delivery_until_it_is_published() -> None:
+    book = OutcomeBook()
+    entry = _entry(journaled=True)
+    book.add(KEY, entry)
+    assert book.delivery(KEY) is entry.delivery
+    book.take(KEY)
+    book.journaling(KEY, _record(), entry.delivery)  # the subscribers' details still name its sender
+    assert book.delivery(KEY) is entry.delivery and book.record(KEY) == _record()
+    book.settle(KEY, _record())
+    assert book.delivery(KEY) is None and book.export() == {KEY: _record()}

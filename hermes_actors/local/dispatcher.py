@@ -226,24 +226,16 @@ class DispatcherActor(SupervisorActor):
     def _on_room_turn(self, msg: RoomTurn) -> None:
         """A room member's turn: queued on its ProfileActor like a DM; the outcome goes back to the room."""
         delivery = msg.delivery
+        key, label = delivery.delivery_id, delivery.label
         info = self.snapshot.index.get(profile_key(delivery.target))
-        if not self.accepting or info is None:
-            key, label = delivery.delivery_id, delivery.label
-            why = (outcomes.cancelled(key, label) if not self.accepting else
-                   outcomes.failed(key, label, f"No local profile named {delivery.target!r} any more.",
-                                   "runtime_offline"))
-            self._answer_room(msg.reply, why)
-            return
-        self.book.add(delivery.delivery_id, Pending(delivery, "room", room_reply=msg.reply))
-        self.profiles.queue(info, delivery)
-
-    @staticmethod
-    def _answer_room(reply: Callable[[Outcome], None] | None, outcome: Outcome) -> None:
-        try:
-            if reply is not None:
-                reply(outcome)
-        except Exception:  # our own callback (a tell); it must not crash the Dispatcher
-            logger.exception("could not hand the outcome of room turn {} back", outcome.delivery_id)
+        if self.accepting and info is not None:
+            self.book.add(key, Pending(delivery, "room", room_reply=msg.reply))
+            self.profiles.queue(info, delivery)
+        elif not self.accepting:
+            _answer_room(msg.reply, outcomes.cancelled(key, label))
+        else:
+            gone = f"No local profile named {delivery.target!r} any more."
+            _answer_room(msg.reply, outcomes.failed(key, label, gone, "runtime_offline"))
 
     @handles(ProfileIdle)
     def _on_profile_idle(self, msg: ProfileIdle) -> None:
@@ -315,7 +307,7 @@ class DispatcherActor(SupervisorActor):
         delivery = self.book.delivery(key) or self.waker.sources.get(key)  # before the book and waker drop it
         entry = self.book.settle(key, record)
         if entry is not None and entry.route == "room":  # a member turn's outcome goes back to its room
-            self._answer_room(entry.room_reply, outcome)
+            _answer_room(entry.room_reply, outcome)
             return
         if self.waker.after_publish(outcome, entry):  # a wake turn's own outcome is nobody's DM outcome
             return
@@ -430,3 +422,12 @@ class DispatcherActor(SupervisorActor):
     def on_stop(self) -> None:
         self.relay.abandon()
         self.profiles.stop_all()
+
+
+def _answer_room(reply: Callable[[Outcome], None] | None, outcome: Outcome) -> None:
+    """Hand a member turn's outcome back to its room (our own tell: it must never crash the Dispatcher)."""
+    try:
+        if reply is not None:
+            reply(outcome)
+    except Exception:
+        logger.exception("could not hand the outcome of room turn {} back", outcome.delivery_id)
