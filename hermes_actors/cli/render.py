@@ -189,6 +189,13 @@ def status_text(status: dict[str, Any]) -> str:
     roster = "no relay roster" if age is None else f"roster {_age(age)} old, {relay.get('remote_agents')} agents"
     lines.append(f"relay: {relay.get('transport')}; {dirs or 'no relay directories'}; {roster}")
     lines.append(f"peers: {', '.join(relay.get('peers') or []) or 'none (bot_peers in config.yaml)'}")
+    rooms = status.get("rooms") or []
+    if rooms:
+        lines.append(f"rooms: {len(rooms)}")
+    for room in rooms:
+        members = ", ".join("@" + str(m) for m in room.get("members") or ())
+        lines.append(f"  {room.get('name')} ({room.get('room_id')}) {room.get('state')}, "
+                     f"{room.get('messages')} messages, last {_age(room.get('idle_seconds'))} ago; {members}")
     for problem in status.get("problems") or []:
         lines.append(f"problem: {problem}")
     return "\n".join(lines)
