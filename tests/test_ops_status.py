@@ -11,6 +11,7 @@ import orjson
 from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway
 
 from hermes_actors import Gateway
+from hermes_actors.cli.render import status_text
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.status import (
     STATUS_KEYS,
@@ -21,7 +22,6 @@ from hermes_actors.ops.status import (
     profile_rows,
     room_rows,
 )
-from hermes_actors.cli.render import status_text
 
 
 def test_outcome_counters_sum_by_status_and_reason() -> None:
