@@ -121,8 +121,8 @@ def room_rows(rooms: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         last = room.get("last_activity")
         idle = round(max(0.0, now - last), 3) if isinstance(last, int | float) else None
         out.append({"name": room.get("name"), "room_id": room.get("room_id"),
-                    "members": list(room.get("members") or ()), "state": room.get("state"), "messages": room.get("messages"), "last_activity": last,
-                    "idle_seconds": idle})
+                    "members": list(room.get("members") or ()), "state": room.get("state"),
+                    "messages": room.get("messages"), "last_activity": last, "idle_seconds": idle})
     out.sort(key=lambda r: str(r["name"]).lower())
     return out
 
