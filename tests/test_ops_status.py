@@ -70,6 +70,8 @@ def test_live_status_shows_rooms_only_when_there_are_some(root: Path, gateways: 
         assert (busy["name"], busy["room_id"], busy["members"]) == ("plan", room["room_id"], ["alice", "bob"])
         assert (busy["state"], busy["messages"]) == ("busy", 1)
         assert busy["idle_seconds"] >= 0
+        [turn] = [r for r in live_status(gw)["in_flight"] if not r["sender"]]  # the member turn (no sender)
+        assert f"  {turn['delivery_id']} @alice in room 'plan' (" in status_text(live_status(gw))
     finally:
         release.set()
     assert gw.wait_room_idle("plan", timeout=30) == "idle"
