@@ -136,7 +136,9 @@ def test_every_room_command_goes_through_the_host(host: tuple[Path, Gateway, Mem
     assert main(["room", "list", "--json", *base]) == 0
     assert json.loads(capsys.readouterr().out) == gw.list_rooms()
     assert main(["room", "list", *base]) == 0
-    assert "launch" in capsys.readouterr().out
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert header.split() == ["name", "room_id", "state", "messages", "members"]
+    assert row.split() == ["launch", room["room_id"], "needs_you", "2", "@alice,", "@bob"]
 
     assert main(["room", "disband", "launch", *base]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "disbanded"

@@ -113,10 +113,11 @@ def _list(args: argparse.Namespace) -> int:
         if args.json:
             print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
             return 0
-        print(f"{'name':<24} {'room_id':<32} {'state':<10} members")
+        print(f"{'name':<24} {'room_id':<32} {'state':<10} {'messages':>8}  members")
         for row in rows:
             members = ", ".join("@" + m for m in row["members"])
-            print(f"{row['name'][:24]:<24} {row['room_id']:<32} {row['state']:<10} {members}")
+            print(f"{row['name'][:24]:<24} {row['room_id']:<32} {row['state']:<10} {row.get('messages', '?'):>8}  "
+                  f"{members}")
         return 0
 
     return _with_gateway(args, act)
