@@ -134,8 +134,8 @@ def test_live_page_shows_a_room_appear_and_settle(root: Path, gateways: list[Gat
 
         room = gw.create_room("launch", ["alice", "bob"])
         row = f'#rooms tr[data-room-id="{room["room_id"]}"]'
-        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
-        assert "@alice, @bob" in browser.find_element(By.CSS_SELECTOR, row).text
+        # the rows are rebuilt at each status refresh: read them through waits, never a kept element
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, row), "@alice, @bob"))
         wait.until(ec.text_to_be_present_in_element((By.ID, "rooms-count"), "1"))
 
         assert gw.room_send("launch", "user", "What do we need for Friday?")["status"] == "queued"

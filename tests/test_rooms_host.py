@@ -174,7 +174,7 @@ def test_room_send_wait_runs_out_in_slices_and_the_room_goes_on(
         out, err = capsys.readouterr()
         assert json.loads(out.splitlines()[0])["status"] == "queued"  # acked before the wait ran out
         assert "did not become idle within 0.3s" in err and "room show" in err
-        runner.wait_entered(1)
+        runner.wait_entered(1, timeout=30)
     finally:
         members.release.set()
     assert gw.wait_room_idle("slow", timeout=30) == "idle"
