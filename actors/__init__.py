@@ -6,7 +6,7 @@ filesystem bridge and a test kit. Nothing here knows about bots.
 
 from loguru import logger
 
-from actors.asking import Reply, ask, ask_later, tell
+from actors.asking import Reply, ask, ask_later, ask_reply_to, tell
 from actors.errors import (
     ActorGone,
     AskTimeout,
@@ -51,6 +51,7 @@ __all__ = [
     "WorkerPool",
     "ask",
     "ask_later",
+    "ask_reply_to",
     "await_condition",
     "default_ignore",
     "handles",

@@ -9,6 +9,7 @@ are asked plainly.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 import pykka
@@ -17,7 +18,7 @@ from actors.errors import ActorGone, AskTimeout, UnexpectedReply
 from actors.messages import Relayed, Request
 from actors.typed import TypedActor
 
-__all__ = ["Reply", "ask", "ask_later", "tell"]
+__all__ = ["Reply", "ask", "ask_later", "ask_reply_to", "tell"]
 
 T = TypeVar("T")
 
@@ -86,6 +87,41 @@ def ask_later(ref: pykka.ActorRef[Any], message: Any) -> Reply:
     except pykka.ActorDeadError as exc:
         raise ActorGone(f"cannot ask {type(message).__name__}: {exc}") from exc
     return Reply(ref, type(message).__name__, future)
+
+
+def ask_reply_to(
+    ref: pykka.ActorRef[Any],
+    message: Any,
+    *,
+    reply_to: pykka.ActorRef[Any],
+    make_reply: Callable[[Any, BaseException | None], Any],
+) -> None:
+    """Ask a TypedActor without waiting: its answer is told back to ``reply_to``.
+
+    The asked actor tells ``make_reply(answer, None)`` once its handler returned, or
+    ``make_reply(None, error)`` when the handler raised or the actor crashed without a
+    successor. This is the reply-later pattern: an actor asks another without blocking
+    its own mailbox.
+
+    Args:
+        ref: the TypedActor to ask.
+        message: a typed message.
+        reply_to: the actor that receives the reply message.
+        make_reply: builds the reply message (runs on the asked actor's thread: keep it a
+            plain constructor).
+
+    An actor that is *stopped* (not crashed) with the request still queued never
+    replies (pykka fails its queued asks): the asker keeps its own deadline.
+
+    Raises:
+        ActorGone: the actor is dead.
+        TypeError: ``ref`` is not a TypedActor (only those tell replies back).
+    """
+    if not issubclass(ref.actor_class, TypedActor):
+        raise TypeError(f"ask_reply_to needs a TypedActor, got {ref.actor_class.__name__}")
+    if not ref.is_alive():
+        raise ActorGone(f"cannot ask {type(message).__name__}: {ref} is not running")
+    ref.ask(Request(message, reply_to=reply_to, make_reply=make_reply), block=False)
 
 
 @overload

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,18 +19,50 @@ class Request:
     through pykka's reply. When the asked actor crashes before handling it, the
     request is handed to the restarted instance with ``relay`` set: the asker then
     waits on ``relay`` instead (see :class:`actors.asking.Reply`).
+
+    A request sent by :func:`actors.asking.ask_reply_to` has ``reply_to`` set: its
+    answer (or error) is told to that actor as ``make_reply(value, error)``, so
+    the asker never blocks.
     """
 
-    __slots__ = ("message", "relay")
+    __slots__ = ("make_reply", "message", "relay", "reply_to")
 
-    def __init__(self, message: Any, relay: pykka.ThreadingFuture[Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: Any,
+        relay: pykka.ThreadingFuture[Any] | None = None,
+        *,
+        reply_to: pykka.ActorRef[Any] | None = None,
+        make_reply: Callable[[Any, BaseException | None], Any] | None = None,
+    ) -> None:
         self.message = message
         self.relay = relay
+        self.reply_to = reply_to
+        self.make_reply = make_reply
+
+    def reply(self, value: Any, error: BaseException | None) -> bool:
+        """Tell ``reply_to`` the answer, when the asker asked for one; True when it was told.
+
+        Args:
+            value: the handler's answer (None on error).
+            error: the handler's error, or None.
+
+        Returns:
+            False for a request without ``reply_to`` (or whose asker is gone).
+        """
+        if self.reply_to is None or self.make_reply is None:
+            return False
+        try:
+            self.reply_to.tell(self.make_reply(value, error))
+        except pykka.ActorDeadError:
+            return False
+        return True
 
     def fail(self, error: Exception) -> None:
-        """Answer a relayed request with ``error`` (no-op for one that was never relayed)."""
+        """Answer the request with ``error``: through ``relay`` if relayed, to ``reply_to`` if set."""
         if self.relay is not None:
             self.relay.set_exception(exc_info=(type(error), error, None))
+        self.reply(None, error)
 
     def __repr__(self) -> str:
         return f"Request({self.message!r})"

@@ -210,6 +210,8 @@ class TypedActor(pykka.ThreadingActor):
                 raise self._unknown(request.message)
             value = handler(request.message)
         except Exception as error:
+            if request.reply(None, error):
+                return None  # the asker gets it as a told reply
             if request.relay is None:
                 raise  # pykka hands it to the asker
             request.relay.set_exception(exc_info=sys.exc_info())
@@ -217,10 +219,13 @@ class TypedActor(pykka.ThreadingActor):
             return None
         except BaseException as error:
             aborted = HandlerAborted(str(self), error)
+            if request.reply(None, aborted):
+                return None
             if request.relay is None:
                 raise aborted from error
             request.relay.set_exception(exc_info=(HandlerAborted, aborted, None))
             return None
+        request.reply(value, None)
         if request.relay is not None:
             request.relay.set(value)
         return value

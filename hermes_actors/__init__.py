@@ -23,7 +23,8 @@ logger.disable("actors")
 if TYPE_CHECKING:
     from hermes_actors.errors import HostileFileError, StoreError, TransportError, TurnFailed, ValidationError
     from hermes_actors.gateway import Gateway
-    from hermes_actors.local.runners import CallableRunner, CommandRunner, TurnRunner
+    from hermes_actors.local.command_runner import CommandRunner
+    from hermes_actors.local.runners import CallableRunner, TurnRunner
     from hermes_actors.messages import BOT_CHAT_SESSION, Outcome, Turn
     from hermes_actors.tool import message_agent_tool, message_agent_tool_schema
 
@@ -32,7 +33,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "BOT_CHAT_SESSION": "hermes_actors.messages",
     "CallableRunner": "hermes_actors.local.runners",
-    "CommandRunner": "hermes_actors.local.runners",
+    "CommandRunner": "hermes_actors.local.command_runner",
     "Gateway": "hermes_actors.gateway",
     "HostileFileError": "hermes_actors.errors",
     "Outcome": "hermes_actors.messages",

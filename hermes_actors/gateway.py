@@ -19,82 +19,32 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, FsBridge, RestartPolicy, Scheduler, WorkerPool, ask
-from hermes_actors.core import outcomes
+from actors import ActorGone, FsBridge, ask
 from hermes_actors.core.acks import resolve_ack
 from hermes_actors.core.config import BotModeConfig, load_config
-from hermes_actors.core.names import profile_key
-from hermes_actors.core.targets import PeerRoute
-from hermes_actors.local.dispatcher import DispatcherActor
-from hermes_actors.local.notifier import NotifierActor
-from hermes_actors.local.profile_actor import ProfileDeps
-from hermes_actors.local.roster import RosterActor, roster_rows
+from hermes_actors.local.roster import roster_rows
 from hermes_actors.local.runners import TurnRunner, as_runner
-from hermes_actors.local.shutdown import await_running_turns, end_running_turns
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
     AttachOwner,
-    AttachRelay,
     AwaitOutcome,
-    Delivery,
     DetachOwner,
-    ExportOutcomes,
-    FinalizePending,
-    Flush,
     GetSnapshot,
     Housekeep,
-    NotifierStats,
-    Outcome,
-    Recover,
-    RelayResumed,
     RemoveSubscriber,
-    ResumeRelay,
-    RosterChanged,
     RosterSnapshot,
     SendRequest,
-    ShutdownProfiles,
-    StatsRequest,
-    StopAccepting,
-    Subscribe,
-    Turn,
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
-from hermes_actors.relay.relay_actor import RelayActor
 from hermes_actors.rooms import Rooms
-from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.journal import Journal
-from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.system import ASK_TIMEOUT as _ASK_TIMEOUT
+from hermes_actors.system import ActorSystem, SystemOptions, explicit_runner, redis_settings_for
+from hermes_actors.system import is_real_hermes as is_real_hermes  # re-exported (tests, embedders)
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["Gateway"]
-
-_ASK_TIMEOUT = 30.0
-_RESUME_TIMEOUT = 30.0  # how long start() waits for the relay to resume its in-flight envelopes
-
-
-def _explicit_runner(runner: Any) -> TurnRunner | None:
-    """The runner given to ``Gateway(runner=...)``; None stays None (the real Hermes, chosen at start).
-
-    Raises:
-        ValueError: an unknown runner name.
-        TypeError: neither a runner nor a callable.
-    """
-    if runner is None:
-        return None
-    if isinstance(runner, str):
-        if runner == "demo":
-            from hermes_actors.demo.bots import DemoRunner
-
-            return DemoRunner()
-        raise ValueError(f"unknown runner {runner!r}: pass None (the real Hermes), 'demo', a runner or a callable")
-    return as_runner(runner)
-
-
-def is_real_hermes(runner: Any) -> bool:
-    """Whether ``runner`` runs turns on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then)."""
-    return getattr(runner, "real_hermes", False) is True
-
 
 class Gateway:
     """One gateway process's Bot Mode messaging.
@@ -147,7 +97,7 @@ class Gateway:
                 "(the default profile's home, e.g. ~/.hermes), not the current directory by accident"
             )
         self.root = Path(root).expanduser()
-        self.runner: TurnRunner | None = _explicit_runner(runner)  # None: the real Hermes, chosen at start()
+        self.runner: TurnRunner | None = explicit_runner(runner)  # None: the real Hermes, chosen at start()
         self.overrides = dict(config or {})
         self.connection_id = connection_id
         self.workers = workers
@@ -157,7 +107,6 @@ class Gateway:
         self.fsync = fsync
         self.serve_submit = serve_submit
         self._submit: Any = None  # the submit endpoint while serve_submit runs
-        self._journal: Journal | None = None
         self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
         self._state = "new"  # new → running → stopping → stopped
@@ -166,17 +115,8 @@ class Gateway:
         self._tokens = itertools.count(1)
         self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]] = {}
         self._early_owners: dict[str, Any] = {}
-        self._profile_count = 0
         self._final_outcomes: dict[str, dict[str, Any]] = {}
-        self._scheduler: Scheduler | None = None
-        self._pool: WorkerPool | None = None
-        self._notifier: pykka.ActorRef[Any] | None = None
-        self._roster: pykka.ActorRef[Any] | None = None
-        self._dispatcher: pykka.ActorRef[Any] | None = None
-        self._relay: pykka.ActorRef[Any] | None = None
-        self._bridge: FsBridge | None = None
-        self._desktop: DesktopRpc | None = None  # the Desktop's relay RPC, served by the file RelayActor
-        self._rooms: Rooms | None = None  # the group rooms (docs/rooms.md)
+        self._system: ActorSystem | None = None  # the actors and threads while started
 
     # ── lifetime ────────────────────────────────────────────────────────────
 
@@ -196,198 +136,34 @@ class Gateway:
             if not self.root.is_dir():
                 raise FileNotFoundError(f"Hermes root {str(self.root)!r} does not exist or is not a directory")
             self.config = cfg = load_config(self.root, self.overrides)
-            redis_settings = self._redis_settings(cfg)  # ValueError (nothing started) when misconfigured
+            # ValueError/TransportError before anything started; Redis may take the id from the config
+            redis_settings, self.connection_id = redis_settings_for(cfg, self.connection_id)
+            options = SystemOptions(self.root, self.overrides, self.connection_id, self.workers,
+                                    self.cross_process_lock, self.peer_transport, self.durable, self.fsync)
+            system = ActorSystem(options, runner=self.runner)
             try:
-                self._start_locked(cfg, redis_settings)
+                system.start(cfg, redis_settings, subscribers=self._early_subscribers, owners=self._early_owners)
             except BaseException:
-                self._teardown()  # a half-started gateway leaves no actor or thread behind
+                system.teardown()  # a half-started gateway leaves no actor or thread behind
                 raise
+            finally:
+                self.runner = system.runner  # the real Hermes, when chosen now
+            self._system = system
+            self._early_subscribers.clear()
+            self._early_owners.clear()
+            self.recovered = system.recovered
+            if self.serve_submit:  # last: a DM submitted from now on finds every actor up
+                from hermes_actors.hermes.host import open_submit_endpoint
+
+                try:
+                    self._submit = open_submit_endpoint(self)
+                except BaseException:
+                    system.teardown()
+                    raise
             self._state = "running"
             self.started_at = time.time()
-        logger.info("gateway started on {} ({} profiles)", self.root, self._profile_count)
+        logger.info("gateway started on {} ({} profiles)", self.root, system.profile_count)
         return self
-
-    def _teardown(self) -> None:
-        if self._submit is not None:
-            self._submit.close()
-        if self._rooms is not None:
-            self._rooms.stop()
-        if self._bridge is not None:
-            self._bridge.stop()
-        for ref in (self._dispatcher, self._relay, self._roster, self._notifier):
-            if ref is not None:
-                try:
-                    ref.stop(block=True, timeout=10)
-                except pykka.Timeout:
-                    logger.warning("{} did not stop within 10s", ref)
-        if self._pool is not None:
-            self._pool.shutdown(timeout=5)
-        if self._scheduler is not None:
-            self._scheduler.stop()
-        if self._journal is not None:
-            self._journal.stop()
-
-    def _start_locked(self, cfg: BotModeConfig, redis_settings: Any) -> None:
-        InboxPaths.from_root(self.root).ensure()  # before the watch starts: no events for our own mkdirs
-        adopted = None
-        if self.durable:
-            self._journal = Journal(self.root / "bot_relay" / "journal", fsync=self.fsync)
-            adopted = self._journal.start()
-        self._scheduler = Scheduler().start()
-        self._pool = WorkerPool(self.workers, name="turn")
-        self._notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog)
-        for token, (callback, details) in self._early_subscribers.items():
-            self._notifier.tell(AddSubscriber(token, callback, details))
-        self._early_subscribers.clear()
-        self._roster = RosterActor.start(
-            self.root, overrides=self.overrides, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
-        )
-        snapshot = ask(self._roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
-        self._profile_count = len(snapshot.profiles)
-        for profile in self._early_owners:
-            if profile_key(profile) not in snapshot.index:
-                raise KeyError(f"attach_live_owner: no local profile named {profile!r} under {self.root}")
-        if self.runner is None:
-            from hermes_actors.hermes.select import default_runner
-
-            self.runner = default_runner(self.root, cfg.raw, timeout=cfg.turn_timeout_seconds)
-        runner_is_hermes = is_real_hermes(self.runner)
-        pool, scheduler, runner = self._pool, self._scheduler, self.runner
-        guard = None
-        if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
-            from hermes_actors.transports.redis.actor import ClaimGuard
-            from hermes_actors.transports.redis.lease import claim_connection
-
-            guard = ClaimGuard(redis_settings, ttl=cfg.envelope_ttl_seconds)
-            assert self.connection_id is not None
-            claim_connection(redis_settings, self.connection_id, guard.consumer)  # one process per connection id
-            runner = guard.wrap(runner)
-        transport = self.peer_transport or PeerCliTransport()
-
-        def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: Callable[[Delivery], Turn]) -> ProfileDeps:
-            return ProfileDeps(
-                root=self.root,
-                config=cfg,
-                runner=runner,
-                pool=pool,
-                scheduler=scheduler,
-                dispatcher=dispatcher,
-                make_turn=make_turn,
-                cross_process_lock=self.cross_process_lock,
-                journal=self._journal,
-            )
-
-        def peer_submit(delivery: Delivery, route: PeerRoute, report: Callable[[Outcome], None]) -> None:
-            def job() -> None:
-                try:
-                    outcome = transport.deliver(delivery, route)
-                except BaseException as exc:  # a peer DM has no turn timer: without this it would wait forever
-                    logger.opt(exception=exc).error("peer transport raised for {}", delivery.delivery_id)
-                    why = f"The peer transport failed ({type(exc).__name__}: {exc})."
-                    outcome = outcomes.ambiguous(delivery.delivery_id, route.label, why)
-                report(outcome)
-
-            pool.submit(job)
-
-        self._dispatcher = DispatcherActor.start(
-            snapshot,
-            deps_factory=deps_factory,
-            notifier=self._notifier,
-            peer_submit=peer_submit,
-            policy=RestartPolicy(max_restarts=5, within_seconds=10.0),
-            journal=self._journal,
-            runner_is_hermes=runner_is_hermes,
-        )
-        current = ask(self._roster, Subscribe(self._dispatcher), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
-        self._dispatcher.tell(RosterChanged(current))
-        # Both relays speak the same messages to the Dispatcher; they differ in what carries them.
-        relay_args: dict[str, Any] = {
-            "config": cfg,
-            "dispatcher": self._dispatcher,
-            "roster": self._roster,
-            "scheduler": self._scheduler,
-            "connection_id": self.connection_id,
-            "local_profiles": frozenset(p.profile for p in current.profiles),
-        }
-        if redis_settings is not None and guard is not None and self.connection_id:
-            from hermes_actors.transports.redis.actor import RedisRelayActor
-
-            self._relay = RedisRelayActor.start(redis_settings, guard=guard, **relay_args)
-            self._dispatcher.tell(AttachRelay(self._relay))
-        else:
-            self._relay = RelayActor.start(self.root, **relay_args)
-            self._dispatcher.tell(AttachRelay(self._relay))
-            self._desktop = DesktopRpc(self._relay, self._roster)
-            self._bridge = FsBridge(
-                self.root / "bot_relay", self._relay, scheduler=self._scheduler, rescan_seconds=cfg.rescan_seconds
-            ).start()
-        self._await_relay_resume()
-        for profile, owner in self._early_owners.items():
-            ask(self._dispatcher, AttachOwner(profile, owner), timeout=_ASK_TIMEOUT)
-        self._early_owners.clear()
-        if adopted is not None and adopted.states:
-            idempotent = bool(getattr(self.runner, "idempotent", False))
-            self.recovered = ask(
-                self._dispatcher, Recover(adopted.states, idempotent), timeout=_ASK_TIMEOUT, expect=dict
-            )
-        self._rooms = Rooms(RoomFiles(self.root, fsync=self.fsync), dispatcher=self._dispatcher,
-                            roster=self._roster, notifier=self._notifier)
-        self._rooms.start()  # after recovery: a resumed round's member turns queue behind recovered DMs
-        if self.serve_submit:  # last: a DM submitted from now on finds every actor up
-            from hermes_actors.hermes.host import open_submit_endpoint
-
-            self._submit = open_submit_endpoint(self)
-
-    def _await_relay_resume(self) -> None:
-        """Return once the Dispatcher knows every envelope the relay resumed (each id answerable).
-
-        The relay resumes on its own thread; registering its entries by an ask (not a
-        tell) is what keeps ``wait_outcome`` right after ``start()`` from a KeyError.
-
-        Raises:
-            RuntimeError: the relay did not finish resuming within ``_RESUME_TIMEOUT``, or died.
-        """
-        assert self._relay is not None and self._dispatcher is not None and self._roster is not None
-        try:
-            entries = ask(self._relay, ResumeRelay(), timeout=_RESUME_TIMEOUT)
-            # The relay read the remote roster before it answered; these two asks flush it through the
-            # RosterActor into the Dispatcher, so a DM right after start() finds the other machines' agents.
-            ask(self._roster, GetSnapshot(), timeout=_RESUME_TIMEOUT, expect=RosterSnapshot)
-            ask(self._dispatcher, RelayResumed(tuple(entries or ())), timeout=_RESUME_TIMEOUT)
-            if entries is None:
-                logger.warning("relay transport unreachable at start: the envelopes in flight before the restart "
-                               "become answerable once it is reachable again")
-        except AskTimeout as exc:
-            raise RuntimeError(f"gateway start: the relay did not finish resuming its in-flight envelopes within "
-                               f"{_RESUME_TIMEOUT:g}s ({exc}); nothing was accepted, start again") from exc
-        except ActorGone as exc:
-            raise RuntimeError(f"gateway start: the relay stopped while resuming its in-flight envelopes ({exc}); "
-                               "nothing was accepted, see the log for its error") from exc
-
-    def _redis_settings(self, cfg: BotModeConfig) -> Any:
-        """The Redis transport's settings when ``bot_mode.transport`` selects it (None: the file relay).
-
-        Raises:
-            ValueError: a bad transport value, or Redis without a valid connection id.
-            TransportError: the ``[redis]`` extra is not installed.
-        """
-        from hermes_actors.core.names import HANDLE_RE
-        from hermes_actors.transports.redis.io import require_redis
-        from hermes_actors.transports.redis.store import redis_settings, redis_url_from_config
-
-        url = redis_url_from_config(cfg.raw)
-        if url is None:
-            return None
-        require_redis()
-        self.connection_id = self.connection_id or cfg.redis.connection_id or None
-        if not self.connection_id:
-            raise ValueError("the Redis transport (bot_mode.transport) needs this gateway's connection id, the name "
-                             "of its stream on Redis: pass --connection-id NAME (CLI) or Gateway(..., "
-                             "connection_id=NAME), or set bot_mode.connection_id in config.yaml")
-        if not HANDLE_RE.match(self.connection_id):
-            raise ValueError(f"connection id {self.connection_id!r} must be 1-64 letters, digits, '_' or '-' "
-                             "(starting with a letter or digit)")
-        return redis_settings(cfg.raw, url)
 
     def stop(
         self,
@@ -413,42 +189,12 @@ class Gateway:
                 self._state = "stopped" if self._state == "new" else self._state
                 return
             self._state = "stopping"
-        dispatcher = self._dispatcher
-        assert dispatcher is not None and self._notifier is not None and self._pool is not None
-        deadline = time.monotonic() + max(0.0, timeout)
+        assert self._system is not None
         if self._submit is not None:  # first: a DM submitted while stopping would only be cancelled
             self._submit.close()
-        if self._bridge is not None:
-            self._bridge.stop()
         try:
-            if self._rooms is not None:
-                self._rooms.halt()  # no new member turns; running ones still post or show as interrupted
-            ask(dispatcher, StopAccepting(), timeout=_ASK_TIMEOUT)
-            running = ask(dispatcher, ShutdownProfiles(timeout), timeout=_ASK_TIMEOUT, expect=list)
-            await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
-            why = "The turn was still running when the gateway stopped."
-            ask(dispatcher, FinalizePending(why, tuple(running)), timeout=_ASK_TIMEOUT)
-            end_running_turns(self.runner, running)
-            self._final_outcomes = ask(dispatcher, ExportOutcomes(), timeout=_ASK_TIMEOUT, expect=dict)
-            if self._rooms is not None:
-                self._rooms.stop()  # after the last member-turn outcomes reached them, before the notifier flush
-            ask(self._notifier, Flush(), timeout=max(_ASK_TIMEOUT, timeout))
-        except (ActorGone, AskTimeout) as exc:
-            logger.error("gateway stop was not clean: {}", exc)
+            self._final_outcomes = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait)
         finally:
-            if self._rooms is not None:
-                self._rooms.stop()  # idempotent: already stopped above unless the stop was not clean
-            for ref in (self._dispatcher, self._relay, self._roster, self._notifier):
-                if ref is not None:
-                    try:
-                        ref.stop(block=True, timeout=10)
-                    except pykka.Timeout:
-                        logger.warning("{} did not stop within 10s", ref)
-            self._pool.shutdown(timeout=max(1.0, deadline - time.monotonic()))
-            if self._journal is not None:
-                self._journal.stop()
-            if self._scheduler is not None:
-                self._scheduler.stop()
             with self._state_lock:
                 self._state = "stopped"
         logger.info("gateway stopped")
@@ -467,9 +213,25 @@ class Gateway:
         return self._state == "running"
 
     def _live_dispatcher(self) -> pykka.ActorRef[Any]:
-        if self._state != "running" or self._dispatcher is None:
+        dispatcher = self._live().dispatcher
+        assert dispatcher is not None
+        return dispatcher
+
+    def _live(self) -> ActorSystem:
+        if self._state != "running" or self._system is None:
             raise RuntimeError("gateway is not running")
-        return self._dispatcher
+        return self._system
+
+    def _notifier(self) -> pykka.ActorRef[Any] | None:
+        return self._system.notifier if self._system is not None else None
+
+    @property
+    def _journal(self) -> Journal | None:
+        return self._system.journal if self._system is not None else None
+
+    @property
+    def _bridge(self) -> FsBridge | None:
+        return self._system.bridge if self._system is not None else None
 
     # ── the API ─────────────────────────────────────────────────────────────
 
@@ -505,9 +267,9 @@ class Gateway:
         final = self._final_outcomes.get(delivery_id)
         if final is not None:
             return dict(final)
-        if self._state != "running" or self._dispatcher is None:
+        if self._state != "running" or self._system is None or self._system.dispatcher is None:
             raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running)")
-        future = ask(self._dispatcher, AwaitOutcome(delivery_id), timeout=_ASK_TIMEOUT)
+        future = ask(self._system.dispatcher, AwaitOutcome(delivery_id), timeout=_ASK_TIMEOUT)
         try:
             return dict(future.get(timeout=timeout))
         except pykka.Timeout:
@@ -532,7 +294,7 @@ class Gateway:
         if self._state in ("stopping", "stopped"):
             raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
         token = next(self._tokens)
-        notifier = self._notifier
+        notifier = self._notifier()
         if notifier is None:
             self._early_subscribers[token] = (callback, details)
         else:
@@ -540,23 +302,24 @@ class Gateway:
 
         def unsubscribe() -> None:
             self._early_subscribers.pop(token, None)
-            if self._notifier is not None:
+            current = self._notifier()
+            if current is not None:
                 with contextlib.suppress(pykka.ActorDeadError):
-                    self._notifier.tell(RemoveSubscriber(token))
+                    current.tell(RemoveSubscriber(token))
 
         return unsubscribe
 
     def roster(self) -> list[dict[str, Any]]:
         """Every agent this gateway can reach: local profiles, then relay agents."""
-        if self._roster is None or self._state != "running":
-            raise RuntimeError("gateway is not running")
-        return roster_rows(ask(self._roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot))
+        roster = self._live().roster
+        assert roster is not None
+        return roster_rows(ask(roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot))
 
     def housekeep(self) -> int:
         """Sweep stale relay artifacts (> 6 h) and orphaned DM files now; returns the count removed."""
-        if self._relay is None or self._state != "running":
-            raise RuntimeError("gateway is not running")
-        removed: int = ask(self._relay, Housekeep(), timeout=_ASK_TIMEOUT, expect=int)
+        relay = self._live().relay
+        assert relay is not None
+        removed: int = ask(relay, Housekeep(), timeout=_ASK_TIMEOUT, expect=int)
         return removed
 
     def stats(self) -> dict[str, Any]:
@@ -576,20 +339,7 @@ class Gateway:
         Raises:
             RuntimeError: the gateway is not running.
         """
-        out: dict[str, Any] = ask(self._live_dispatcher(), StatsRequest(), timeout=_ASK_TIMEOUT, expect=dict)
-        if self._notifier is not None:
-            out.update(ask(self._notifier, NotifierStats(), timeout=_ASK_TIMEOUT, expect=dict))
-        out["worker_threads"] = self._pool.thread_count if self._pool else 0
-        out["timers"] = self._scheduler.heap_size() if self._scheduler else 0
-        if self._journal is not None:
-            out["journal_fsyncs"] = self._journal.fsyncs
-            out["journal_records"] = self._journal.records
-        if self._relay is not None:
-            out["relay_alive"] = False
-            with contextlib.suppress(pykka.ActorDeadError):
-                out["relay"] = dict(self._relay.proxy().stats().get(timeout=_ASK_TIMEOUT))
-                out["relay_alive"] = True
-        return out
+        return self._live().stats()
 
     def attach_live_owner(self, profile: str, owner: Any) -> None:
         """Hand this profile's DMs to a live Bot Chat owner instead of running turns (DESIGN 4.3).
@@ -628,16 +378,13 @@ class Gateway:
     # ── group rooms (docs/rooms.md): thin delegations to Rooms ──────────────
 
     def _live_rooms(self) -> Rooms:
-        self._live_dispatcher()
-        assert self._rooms is not None
-        return self._rooms
+        rooms = self._live().rooms
+        assert rooms is not None
+        return rooms
 
     def create_room(self, name: str, members: list[str]) -> dict[str, Any]:
-        """Create a room of 2–6 local bots; returns ``{room_id, name, members}``.
-
-        Args:
-            name: the room's name (unique, case-insensitive); members' turns run in ``Group: <name>``.
-            members: names as ``message_agent`` targets accept them (handles, friendly names).
+        """Create a room of 2–6 local bots named ``name`` (unique, case-insensitive; members' turns run in
+        ``Group: <name>``) of ``members`` (as ``message_agent`` targets); returns ``{room_id, name, members}``.
 
         Raises:
             ValueError: a bad name, a name taken, an unknown member, fewer than 2 or more than 6.
@@ -646,19 +393,12 @@ class Gateway:
         return self._live_rooms().create(name, members)
 
     def room_send(self, room: str, sender: str, text: str) -> dict[str, Any]:
-        """Post ``text`` to ``room`` as ``sender`` (``"user"`` or a member); it is on disk before the ack.
-
-        Returns:
-            ``{status: "queued", room_id, message_id}``, or a refusal ``{error, reason}`` like ``message_agent``'s.
-        """
+        """Post ``text`` to ``room`` as ``sender`` (``"user"`` or a member); it is on disk before the ack:
+        ``{status: "queued", room_id, message_id}``, or a refusal ``{error, reason}`` like ``message_agent``'s."""
         return self._live_rooms().send(room, sender, text)
 
     def room_transcript(self, room: str) -> list[dict[str, Any]]:
-        """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``.
-
-        Raises:
-            KeyError: no such room.
-        """
+        """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``. KeyError: no room."""
         return self._live_rooms().transcript(room)
 
     def wait_room_idle(self, room: str, timeout: float = 60) -> str:
@@ -671,7 +411,7 @@ class Gateway:
         return self._live_rooms().wait_idle(room, timeout)
 
     def list_rooms(self) -> list[dict[str, Any]]:
-        """Every room: ``{room_id, name, members, state}``."""
+        """Every room: ``{room_id, name, members, state, messages, last_activity}`` (docs/rooms.md)."""
         return self._live_rooms().list()
 
     def disband_room(self, room: str) -> dict[str, Any]:
@@ -681,10 +421,10 @@ class Gateway:
     # ── the Desktop's relay RPC (bot_relay.*): thin delegations to DesktopRpc ──
 
     def _desktop_rpc(self) -> DesktopRpc:
-        self._live_dispatcher()
-        if self._desktop is None:
+        desktop = self._live().desktop
+        if desktop is None:
             raise RuntimeError("the relay RPC serves the file relay; this gateway runs the Redis transport")
-        return self._desktop
+        return desktop
 
     def relay_sync_roster(self, rows: Any) -> int:
         """``bot_relay.roster.sync``: see :meth:`DesktopRpc.sync_roster`. Raises RuntimeError when not running."""

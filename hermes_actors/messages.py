@@ -1,148 +1,34 @@
-"""Every message and record type of the hermes_actors protocol.
+"""The hermes_actors protocol: every message, grouped by the actor that receives it.
 
-All types are frozen dataclasses: they cross actor boundaries and must never
-be mutated after they were sent. Reading this module top to bottom is reading
-the protocol.
+Reading this module top to bottom is reading the protocol. Each section names
+its receiver; a message's docstring says who sends it and what answers it
+("Ask" → answered, "Told" → no answer). The data records the messages carry
+(``Delivery``, ``Outcome``, ``RosterSnapshot``...) are in
+:mod:`hermes_actors.records` and re-exported here. All types are frozen
+dataclasses: they cross actor boundaries and are never mutated once sent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-BOT_CHAT_SESSION = "Bot Chat"
+import pykka
 
-# ── records ─────────────────────────────────────────────────────────────────
+from hermes_actors.records import BOT_CHAT_SESSION, Delivery, Outcome, RemoteAgent, RosterSnapshot
+from hermes_actors.records import ROOM_ORIGIN as ROOM_ORIGIN
+from hermes_actors.records import Origin as Origin  # re-exported: the records travel inside these messages
+from hermes_actors.records import OutcomeStatus as OutcomeStatus
+from hermes_actors.records import ProfileInfo as ProfileInfo
+from hermes_actors.records import Turn as Turn
 
-
-@dataclass(frozen=True, slots=True)
-class ProfileInfo:
-    """One local profile as the roster knows it."""
-
-    profile: str  # folder id ("default" for the root)
-    handle: str  # "hermes" for default, else the folder id
-    home: Path
-    display_name: str
-    title: str = ""
-    description: str = ""
-    managed: bool = False
+if TYPE_CHECKING:
+    from hermes_actors.core.targets import PeerRoute, RelayRoute
+    from hermes_actors.store.journal import DeliveryState
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteAgent:
-    """One normalized row of ``bot_relay/roster.json``."""
-
-    profile: str
-    handle: str
-    connection_id: str
-    connection_label: str = ""
-    title: str = ""
-    description: str = ""
-    online: bool | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A DM accepted for a local profile (the unit a ProfileActor queues)."""
-
-    delivery_id: str
-    sender: str  # folder id of the sender
-    sender_handle: str
-    target: str  # folder id of the target
-    target_handle: str
-    content: str  # the prefixed text the target reads
-    author: dict[str, Any] = field(default_factory=dict)
-    hop: int = 0
-    accepted_at: float = 0.0  # time.time() at acceptance
-    origin: str = "local"  # "local" | "relay" (drained envelope) | "recovered" | "room" (a member turn)
-    label: str = ""  # how the target is shown to the sender ("@bob")
-    session: str = BOT_CHAT_SESSION  # the target's session the turn runs in ("Group: <name>" for a room)
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """The one final outcome of a delivery, as the sender sees it."""
-
-    delivery_id: str
-    status: str  # replied | failed | silent | ambiguous
-    reply: str = ""
-    error: str = ""
-    reason: str = ""
-    retryable: bool = False
-    from_: str = ""
-    text: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The public outcome dict (DESIGN section 3): all keys always present."""
-        return {
-            "delivery_id": self.delivery_id,
-            "status": self.status,
-            "reply": self.reply,
-            "error": self.error,
-            "reason": self.reason,
-            "retryable": self.retryable,
-            "from": self.from_,
-            "text": self.text,
-        }
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One turn a runner executes for a profile.
-
-    ``message_agent`` sends a DM as this profile from inside the turn, one hop
-    deeper in the conversation; it returns the same ack dict as
-    ``Gateway.message_agent``.
-    """
-
-    profile: str
-    content: str
-    delivery_id: str
-    session: str = BOT_CHAT_SESSION
-    attempt: int = 1
-    handle: str = ""
-    home: Path | None = None
-    root: Path | None = None
-    sender: str = ""
-    sender_handle: str = ""
-    hop: int = 0
-    author: dict[str, Any] = field(default_factory=dict)
-    retry_action: str = ""  # "" on attempt 1; "resume" / "compress_then_resume" on 2
-    # The profile's turn-lock fd: a turn's process inherits it, so the flock stays held while that
-    # process lives, even if this gateway dies first (another process cannot start an overlapping turn).
-    lock_fd: int | None = field(default=None, repr=False, compare=False)
-    _send: Callable[[str, str], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
-
-    def message_agent(self, target: str, message: str) -> dict[str, Any]:
-        """Send a DM as this profile, one hop deeper; returns the ack dict."""
-        if self._send is None:
-            raise RuntimeError("this turn cannot send messages (no gateway attached)")
-        return self._send(target, message)
-
-
-@dataclass(frozen=True, slots=True)
-class RosterSnapshot:
-    """An immutable view of who exists, published by the RosterActor."""
-
-    profiles: tuple[ProfileInfo, ...]
-    peers: tuple[str, ...] = ()
-    remote: tuple[RemoteAgent, ...] = ()
-    remote_mtime: float | None = None  # roster.json's mtime (wall clock); None = no roster
-    remote_unreachable: str = ""  # the Redis address while the transport cannot reach it ("" = reachable)
-    managed: bool = False
-    version: int = 0
-    # Precomputed by ``roster.make_snapshot`` so resolving a target is O(1):
-    index: dict[str, ProfileInfo] = field(default_factory=dict)  # lowercase folder id → profile
-    aliases: dict[str, frozenset[str]] = field(default_factory=dict)  # friendly form → folder ids
-
-    def by_id(self) -> dict[str, ProfileInfo]:
-        """Profiles keyed by folder id."""
-        return {p.profile: p for p in self.profiles}
-
-
-# ── Dispatcher protocol ─────────────────────────────────────────────────────
+# ── DispatcherActor (local/dispatcher.py): every DM enters here ──────────
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +40,14 @@ class SendRequest:
     message: str
     hop: int = 0
     session: str = BOT_CHAT_SESSION
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAck:
+    """The Dispatcher's answer when the ack comes later: once the journal fsync'd it, or the relay took it."""
+
+    future: pykka.ThreadingFuture[dict[str, Any]]
+    waiting_for: str = "The delivery journal"  # who must confirm (named when it does not in time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,22 +65,26 @@ class OutcomeReady:
 
 
 @dataclass(frozen=True, slots=True)
-class RosterChanged:
-    """The RosterActor published a new snapshot."""
-
-    snapshot: RosterSnapshot
-
-
-@dataclass(frozen=True, slots=True)
 class StopAccepting:
     """Ask the Dispatcher to refuse new DMs from now on."""
 
 
 @dataclass(frozen=True, slots=True)
 class ShutdownProfiles:
-    """Ask the Dispatcher to wind every ProfileActor down within ``deadline``."""
+    """Ask the Dispatcher to cancel what is queued everywhere; answered with the ids of running turns."""
 
-    timeout: float
+
+@dataclass(frozen=True, slots=True)
+class FinalizePending:
+    """Ask the Dispatcher to settle still-pending deliveries as ambiguous (stop timeout)."""
+
+    why: str
+    running: tuple[str, ...] = ()  # journaled deliveries not in here never started: they stay journaled
+
+
+@dataclass(frozen=True, slots=True)
+class ExportOutcomes:
+    """Ask the Dispatcher for its settled outcomes (kept by a stopped Gateway)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +107,84 @@ class DetachOwner:
     profile: str
 
 
-# ── ProfileActor protocol ───────────────────────────────────────────────────
+@dataclass(frozen=True, slots=True)
+class ProfileIdle:
+    """Told to the Dispatcher by an idle ProfileActor that offers to stop."""
+
+    profile: str
+    ref: pykka.ActorRef[Any]
+    handled: int  # stopped only when this equals the Delivers sent to ``ref``: nothing is in flight to it
+
+
+@dataclass(frozen=True, slots=True)
+class RosterChanged:
+    """Told by the RosterActor to its subscribers: a new snapshot."""
+
+    snapshot: RosterSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class AttachRelay:
+    """Told to the Dispatcher once the relay runs; ``reaches_peers``: it carries ``bot_peers`` DMs (Redis)."""
+
+    ref: pykka.ActorRef[Any]
+    reaches_peers: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RelayAccepted:
+    """Told by the relay to the Dispatcher: its answer to the ``RelaySend``/``PeerSend`` of ``delivery_id``."""
+
+    delivery_id: str
+    ack: dict[str, Any] | None  # the ack or refusal dict; None: a PeerSend for a peer the relay does not reach
+    error: BaseException | None = None  # the relay's handler raised this instead
+
+
+@dataclass(frozen=True, slots=True)
+class RoomTurn:
+    """Told by a RoomActor: run this member turn on the member's ProfileActor, queued behind its DMs.
+
+    Its outcome goes to ``reply`` (called on the Dispatcher's thread), never to ``subscribe``
+    callbacks as a DM outcome; the Dispatcher's journal does not record it (the room file does).
+    The RoomActor's own messages are in :mod:`hermes_actors.rooms.protocol`.
+    """
+
+    delivery: Delivery
+    reply: Callable[[Outcome], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RelayDeliver:
+    """Told by the RelayActor to the Dispatcher: run this drained envelope on a local profile."""
+
+    envelope: dict[str, Any]
+    reply_connection: str  # where the outcome goes back (as RelayOutcome); "": the Desktop RPC delivered it
+
+
+@dataclass(frozen=True, slots=True)
+class RelayResumed:
+    """Told by the RelayActor to the Dispatcher at start: envelopes of ours still awaiting replies."""
+
+    entries: tuple[tuple[str, str], ...]  # (envelope id, label)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalDurable:
+    """Told by the journal writer once per group commit: these records are on disk (or failed)."""
+
+    tokens: tuple[tuple[str, Any], ...]  # ("accepted", delivery_id) and ("finished", Outcome) pairs
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """Ask the Dispatcher to act on the journal state adopted at start; answers the counts."""
+
+    states: dict[str, DeliveryState]  # delivery id → what the journal knows of it
+    idempotent_runner: bool = False
+
+
+# ── ProfileActor (local/profile_actor.py): one per local profile, runs its turns one at a time ───
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +202,6 @@ class TurnFinished:
     reply: str | None  # None when the turn failed
     error: str = ""
     reason: str = ""
-    attempts: int = 1
-    ran: bool = True  # False when the turn never started (lock wait ran out)
     ambiguous: bool = False  # it may have run; the result is unknown (live owner died mid-turn)
 
 
@@ -240,33 +213,22 @@ class WaitExpired:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnTimeout:
+    """Timer: the running turn of ``delivery_id`` exceeded ``turn_timeout_seconds``."""
+
+    delivery_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class IdleCheck:
     """Timer: stop the ProfileActor if it stayed idle long enough."""
 
 
 @dataclass(frozen=True, slots=True)
 class WindDown:
-    """Ask a ProfileActor to cancel what is queued and report what is running.
+    """Ask a ProfileActor to cancel what is queued and report what is running."""
 
-    With ``keep_journaled`` the queued deliveries the journal holds are dropped
-    without an outcome: the next start on the same root re-offers them.
-    """
-
-    timeout: float
-    keep_journaled: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileIdle:
-    """Told to the Dispatcher by an idle ProfileActor that offers to stop.
-
-    The Dispatcher stops it only when ``handled`` equals the number of
-    Deliver messages it sent to ``ref``: then nothing is in flight to it.
-    """
-
-    profile: str
-    ref: Any
-    handled: int
+    keep_journaled: bool = False  # drop journaled queued deliveries without an outcome: the next start re-offers them
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +236,7 @@ class StopProfile:
     """Told by the Dispatcher to a ProfileActor it removed from its table."""
 
 
-# ── RosterActor protocol ────────────────────────────────────────────────────
+# ── RosterActor (local/roster.py): who exists ────────────────────────────
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +248,7 @@ class Reload:
 class Subscribe:
     """Subscribe ``ref`` to RosterChanged (answered with the current snapshot)."""
 
-    ref: Any
+    ref: pykka.ActorRef[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,25 +262,28 @@ class RosterTick:
 
 
 @dataclass(frozen=True, slots=True)
-class FinalizePending:
-    """Ask the Dispatcher to settle still-pending deliveries as ambiguous (stop timeout).
+class RemoteRosterHint:
+    """Told to the RosterActor: ``roster.json`` may have changed."""
 
-    Journaled deliveries that never started (not in ``running``) stay journaled.
-    """
 
-    why: str
-    running: tuple[str, ...] = ()
+@dataclass(frozen=True, slots=True)
+class RemoteRows:
+    """Told to the RosterActor by a transport that owns the remote roster (Redis): replaces it."""
+
+    rows: tuple[RemoteAgent, ...]
+    mtime: float  # wall-clock time the rows were read (their freshness)
+    unreachable: str = ""  # the Redis address while it is unreachable (the rows are the last ones read)
+
+
+# ── Notifier (local/notifier.py): subscriber callbacks ───────────────────
 
 
 @dataclass(frozen=True, slots=True)
 class Notify:
-    """Told to the Notifier: run subscriber callbacks for one outcome dict.
-
-    ``details`` (sender, target, latency_seconds) go only to subscribers that asked for them.
-    """
+    """Told to the Notifier: run subscriber callbacks for one outcome dict."""
 
     outcome: dict[str, Any]
-    details: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)  # sender, target, latency_seconds: opted-in only
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,33 +312,23 @@ class NotifierStats:
     """Ask the Notifier for its counters (notified, notify_skipped, subscriber_errors)."""
 
 
-# ── RelayActor protocol ─────────────────────────────────────────────────────
+# ── RelayActor (relay/relay_actor.py) and RedisRelayActor (transports/redis/): DMs between connections ───
 
 
 @dataclass(frozen=True, slots=True)
 class RelaySend:
     """Ask the RelayActor to enqueue an envelope for ``route`` (answered with the ack/refusal)."""
 
-    route: Any  # targets.RelayRoute
+    route: RelayRoute
     delivery: Delivery
 
 
 @dataclass(frozen=True, slots=True)
-class ExportOutcomes:
-    """Ask the Dispatcher for its settled outcomes (kept by a stopped Gateway)."""
+class PeerSend:
+    """Ask a relay that reaches peers (Redis) to carry a ``bot_peers`` DM; answered with an ack/refusal or None."""
 
-
-@dataclass(frozen=True, slots=True)
-class RelayDeliver:
-    """Told by the RelayActor to the Dispatcher: run this drained envelope on a local profile.
-
-    The outcome goes back to the relay as :class:`RelayOutcome` with the same
-    ``reply_connection`` ("" for an envelope the Desktop RPC delivered).
-    """
-
-    envelope: dict[str, Any]
-    reply_connection: str
-    answer: Any = None  # never set any more (the Desktop RPC waits in the RelayActor); dropped with dispatch_base
+    route: PeerRoute
+    delivery: Delivery
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,21 +340,10 @@ class RelayOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class RelayResumed:
-    """Told by the RelayActor to the Dispatcher at start: envelopes of ours still awaiting replies."""
-
-    entries: tuple[tuple[str, str], ...]  # (envelope id, label)
-
-
-@dataclass(frozen=True, slots=True)
 class ResumeRelay:
-    """Asked by the Gateway at start: finish resuming our in-flight envelopes now.
+    """Asked by the Gateway at start: answers the ``RelayResumed`` entries (None: the transport is unreachable).
 
-    Answers the ``RelayResumed`` entries (already told to the Dispatcher, together
-    with the outcomes of replies that arrived while we were down), or None when the
-    transport is unreachable and the resume waits for it. The Gateway registers the
-    entries with the Dispatcher by an ask, so ``start()`` returns only once every
-    resumed id is answerable.
+    The Gateway registers them with the Dispatcher by an ask: ``start()`` returns once each resumed id is answerable.
     """
 
 
@@ -427,24 +371,7 @@ class Housekeep:
     """Ask the RelayActor to sweep stale relay artifacts and the DM cache now; answers the count."""
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteRosterHint:
-    """Told to the RosterActor: ``roster.json`` may have changed."""
-
-
-@dataclass(frozen=True, slots=True)
-class AttachRelay:
-    """Told to the Dispatcher once the RelayActor runs."""
-
-    ref: Any
-
-
-@dataclass(frozen=True, slots=True)
-class RosterPush:
-    """Timer (hub): push every root the others' roster with online flags."""
-
-
-# The Desktop's relay RPC (``Gateway.relay_*``), asked of the RelayActor, which owns the files.
+# ── the Desktop's relay RPC (``Gateway.relay_*``), asked of the RelayActor, which owns the files ───
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,7 +397,7 @@ class DesktopDeliver:
 class PendingReply:
     """The RelayActor's answer to :class:`DesktopDeliver`: the reply fields arrive once the turn settled."""
 
-    future: Any  # pykka.ThreadingFuture[dict[str, str]]: {"reply", "error", "reason"}
+    future: pykka.ThreadingFuture[dict[str, str]]  # {"reply", "error", "reason"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,81 +407,7 @@ class DesktopReply:
     record: dict[str, Any]
 
 
-# ── durability ──────────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True, slots=True)
-class PendingAck:
-    """The Dispatcher's answer in durable mode: the ack arrives once the journal fsync'd it."""
-
-    future: Any  # pykka.ThreadingFuture[dict]
-
-
-@dataclass(frozen=True, slots=True)
-class JournalDurable:
-    """Told by the journal writer once per group commit: these records are on disk (or failed).
-
-    ``tokens`` are ``("accepted", delivery_id)`` and ``("finished", Outcome)`` pairs.
-    """
-
-    tokens: tuple[tuple[str, Any], ...]
-    error: BaseException | None
-
-
-@dataclass(frozen=True, slots=True)
-class Recover:
-    """Ask the Dispatcher to act on the journal state adopted at start; answers the counts."""
-
-    states: dict[str, Any]  # delivery id → store.journal.DeliveryState
-    idempotent_runner: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class TurnTimeout:
-    """Timer: the running turn of ``delivery_id`` exceeded ``turn_timeout_seconds``."""
-
-    delivery_id: str
-
-
-# ── group rooms (the Dispatcher's side; the RoomActor's messages are in rooms/protocol.py) ──
-
-ROOM_ORIGIN = "room"  # Delivery.origin of a room member's turn
-
-
-@dataclass(frozen=True, slots=True)
-class RoomTurn:
-    """Told by a RoomActor to the Dispatcher: run this member turn on the member's ProfileActor.
-
-    It queues behind the member's DMs like any delivery; its outcome goes to ``reply``
-    (called on the Dispatcher's thread), never to ``subscribe`` callbacks as a DM outcome,
-    and the Dispatcher's journal does not record it (the room file does).
-    """
-
-    delivery: Delivery
-    reply: Callable[[Outcome], None]
-
-
-# ── Redis Streams transport ─────────────────────────────────────────────────
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteRows:
-    """Told to the RosterActor by a transport that owns the remote roster (Redis): replaces it."""
-
-    rows: tuple[RemoteAgent, ...]
-    mtime: float  # wall-clock time the rows were read (their freshness)
-    unreachable: str = ""  # the Redis address while it is unreachable (the rows are the last ones read)
-
-
-@dataclass(frozen=True, slots=True)
-class PeerSend:
-    """Ask the relay whether it reaches a ``bot_peers`` peer itself; answered with an ack/refusal dict or None.
-
-    None: the relay does not know that peer (the Dispatcher uses the CLI transport).
-    """
-
-    route: Any  # targets.PeerRoute
-    delivery: Delivery
+# ── RedisRelayActor only ─────────────────────────────────────────────────
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,3 +421,11 @@ class RedisEntries:
 @dataclass(frozen=True, slots=True)
 class RedisTick:
     """Timer: the Redis actor's periodic work (heartbeat, roster, touch, reclaim, retries)."""
+
+
+# ── HubActor (relay/hub.py) ──────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class RosterPush:
+    """Timer (hub): push every root the others' roster with online flags."""

@@ -16,11 +16,13 @@ from actors import (
     ActorGone,
     AskTimeout,
     HandlerAborted,
+    Probe,
     TypedActor,
     UnexpectedReply,
     UnknownMessageError,
     ask,
     ask_later,
+    ask_reply_to,
     await_condition,
     handles,
     tell,
@@ -462,3 +464,50 @@ def test_an_asked_base_exception_comes_back_as_handler_aborted(error: BaseExcept
     assert caught.value.cause is error
     assert ask(ref, Inc(), timeout=10) == 1  # the asked actor itself survives, like any ask error
     assert ask(bystander, Inc(), timeout=10) == 1
+
+
+# ── ask_reply_to: the reply-later pattern ───────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Answered:
+    tag: str
+    value: Any
+    error: BaseException | None
+
+
+def _reply_as(tag: str) -> Any:
+    return lambda value, error: Answered(tag, value, error)
+
+
+def test_ask_reply_to_tells_the_answer_back_without_blocking_the_asker() -> None:
+    worker = Worker.start()
+    probe, log = Probe.spawn()
+    gate = _block(worker)  # the worker is busy: the ask must still return at once
+    ask_reply_to(worker, Echo("hi"), reply_to=probe, make_reply=_reply_as("echo"))
+    assert log.records() == []
+    gate.set()
+    assert log.expect(Answered) == [Answered("echo", "hi", None)]
+
+
+def test_ask_reply_to_tells_the_handler_error_back_and_the_actor_keeps_running() -> None:
+    worker = Worker.start()
+    probe, log = Probe.spawn()
+    ask_reply_to(worker, Fail("no luck"), reply_to=probe, make_reply=_reply_as("fail"))
+    (answer,) = log.expect(Answered)
+    assert answer.value is None and isinstance(answer.error, ValueError) and str(answer.error) == "no luck"
+    assert ask(worker, Inc(), timeout=5) == 1
+
+
+def test_ask_reply_to_a_dead_actor_raises_actor_gone() -> None:
+    worker = Worker.start()
+    worker.stop()
+    probe, _log = Probe.spawn()
+    with pytest.raises(ActorGone):
+        ask_reply_to(worker, Inc(), reply_to=probe, make_reply=_reply_as("inc"))
+
+
+def test_ask_reply_to_needs_a_typed_actor() -> None:
+    probe, _log = Probe.spawn()
+    with pytest.raises(TypeError, match="TypedActor"):
+        ask_reply_to(probe, Inc(), reply_to=probe, make_reply=_reply_as("inc"))

@@ -124,6 +124,32 @@ def test_a_relayed_in_turn_is_marked_started_before_it_runs_and_unmarked_once_re
     assert os.listdir(started_dir) == []
 
 
+def test_a_replied_envelope_leaves_the_shelf_before_its_start_mark_is_cleared(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill between the two steps must never leave an unmarked envelope on the shelf: once the hub has
+    forwarded its reply, the next gateway would take it for never started and run the turn again."""
+    from hermes_actors.relay import relay_actor
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    on_shelf_when_unmarked: list[bool] = []
+    original = relay_actor.clear_started
+
+    def clear_started(paths: InboxPaths, envelope_id: str) -> None:
+        shelves = (mini / "bot_relay" / "taken").glob(f"s-*/{envelope_id}.json")
+        on_shelf_when_unmarked.append(any(True for _ in shelves))
+        original(paths, envelope_id)
+
+    monkeypatch.setattr(relay_actor, "clear_started", clear_started)
+    start_gateway(gateways, mini, lambda turn: "fine", connection_id="mini")
+    env = seed_envelope(target_connection="mini", target_profile="moxie")
+    post_to_inbox(InboxPaths.from_root(mini), env, "alpha")
+    await_condition(lambda: _delivered(mini, env["id"]) is not None and on_shelf_when_unmarked, timeout=10,
+                    message="the reply, and its start mark cleared")
+    assert on_shelf_when_unmarked == [False]
+
+
 # ── item 2: the hub killed between its claim and the inbox post ─────────────
 
 

@@ -14,7 +14,7 @@ from roots import RecordingRunner, make_root, start_gateway
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.cli.room import _after
-from hermes_actors.hermes.submit import HostOffline, request
+from hermes_actors.hermes.submit_client import HostOffline, request
 from hermes_actors.hermes.submit_protocol import RoomCall, parse_request, socket_path
 from hermes_actors.messages import Turn
 from hermes_actors.rooms.remote import HostRooms

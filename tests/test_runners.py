@@ -398,7 +398,7 @@ def test_timeout_must_be_positive() -> None:
 
 
 def test_refusal_detection_rules() -> None:
-    refused = runners._refused_not_owned
+    refused = runners.refused_not_owned
     assert refused("x\nhermes-refusal-reason: SESSION_NOT_OWNED\n")
     assert refused("hermes-refusal-reason:  SESSION_NOT_OWNED  ")
     assert refused("Session already has a live owner")

@@ -23,7 +23,7 @@ from roots import RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors import gateway as gateway_module
+from hermes_actors import system as system_module
 from hermes_actors.relay.relay_actor import RelayActor
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_protocol import make_reply
@@ -125,7 +125,7 @@ def test_a_relay_that_never_finishes_resuming_fails_start_clearly(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     root = _file_sender(tmp_path)
     _send_while_up(root, 1)
-    monkeypatch.setattr(gateway_module, "_RESUME_TIMEOUT", 0.3)
+    monkeypatch.setattr(system_module, "_RESUME_TIMEOUT", 0.3)
     with slow_resume(monkeypatch, RelayActor):
         gw = Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=False)
         with pytest.raises(RuntimeError, match=r"did not finish resuming .* within 0\.3s"):

@@ -34,7 +34,7 @@ from bench.measure import CpuClock, read_proc_status_kb, summarize
 from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import write_root
 from bench.scenarios.local import our_system
-from hermes_actors.local.dispatcher import SETTLED_KEEP
+from hermes_actors.local.outcome_book import SETTLED_KEEP
 from hermes_actors.local.profile_actor import SEEN_KEEP
 
 __all__ = ["RATE_PER_S", "WINDOW"]

@@ -70,7 +70,7 @@ def _runner_for(kind: str, cli: str | None, root: Path) -> Any:
         from hermes_actors.hermes.select import default_runner
 
         return default_runner(root, cli=cli, timeout=timeout)
-    from hermes_actors.local.runners import CommandRunner
+    from hermes_actors.local.command_runner import CommandRunner
 
     return CommandRunner(cli=cli, timeout=timeout)
 
@@ -89,7 +89,7 @@ def _transport_config(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_roster(args: argparse.Namespace) -> int:
     from hermes_actors.core.config import load_config
     from hermes_actors.gateway import Gateway
-    from hermes_actors.hermes.submit import HostOffline, fetch_roster
+    from hermes_actors.hermes.submit_client import HostOffline, fetch_roster
     from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
     try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
@@ -134,7 +134,7 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
     """Submit through the host serving the root; None when no host runs there."""
     import time
 
-    from hermes_actors.hermes.submit import HostOffline, fetch_outcome, request
+    from hermes_actors.hermes.submit_client import HostOffline, fetch_outcome, request
 
     payload = {"op": "send", "sender": args.sender, "target": args.target, "message": args.message, "hop": 0}
     try:

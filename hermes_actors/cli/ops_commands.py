@@ -43,7 +43,7 @@ def host_status(root: Any) -> tuple[dict[str, Any], str | None]:
     Raises:
         FileNotFoundError: no host answers and ``root`` is not a directory.
     """
-    from hermes_actors.hermes.submit import HostOffline, fetch_status
+    from hermes_actors.hermes.submit_client import HostOffline, fetch_status
     from hermes_actors.ops.status import file_status
 
     try:

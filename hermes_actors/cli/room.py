@@ -29,7 +29,7 @@ def _print_entry(entry: dict[str, Any]) -> None:
 
 def _act(act: Callable[[Any], int], rooms: Any) -> int:
     """Run ``act`` on a Gateway or the host's rooms; what they raise becomes one line and an exit code."""
-    from hermes_actors.hermes.submit import HostOffline
+    from hermes_actors.hermes.submit_client import HostOffline
 
     try:
         return act(rooms)

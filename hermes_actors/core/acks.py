@@ -8,6 +8,7 @@ from typing import Any
 import pykka
 
 from hermes_actors.messages import Delivery, Outcome, PendingAck
+from hermes_actors.records import outcome_status
 
 __all__ = [
     "ack_payload",
@@ -48,7 +49,7 @@ def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
             answer = answer.future.get(timeout=timeout)
         except pykka.Timeout:
             return {
-                "error": f"The delivery journal did not confirm within {timeout}s; the message was NOT queued.",
+                "error": f"{answer.waiting_for} did not confirm within {timeout}s; the message was NOT queued.",
                 "reason": "unknown",
             }
     if not isinstance(answer, dict):
@@ -87,7 +88,7 @@ def outcome_from_record(delivery_id: str, record: dict[str, Any]) -> Outcome:
     """Pure: an outcome dict (as journaled or exported) back into an Outcome."""
     return Outcome(
         delivery_id,
-        str(record.get("status", "ambiguous")),
+        outcome_status(record.get("status", "ambiguous")),
         str(record.get("reply", "")),
         str(record.get("error", "")),
         str(record.get("reason", "")),

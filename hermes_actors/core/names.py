@@ -7,6 +7,7 @@ every other profile's handle is its folder id. These rules exist once, here.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 __all__ = [
     "DEFAULT_HANDLE",
@@ -16,6 +17,7 @@ __all__ = [
     "PEER_NAME_PATTERN",
     "PEER_NAME_RE",
     "handle_for",
+    "profile_home",
     "profile_key",
 ]
 
@@ -53,3 +55,16 @@ def profile_key(name: str) -> str:
     """
     want = str(name or "").strip().lstrip("@").lower()
     return DEFAULT_PROFILE if want == DEFAULT_HANDLE else want
+
+
+def profile_home(root: Path, profile: str) -> Path:
+    """A profile's home directory.
+
+    Args:
+        root: the Hermes root (the default profile's home).
+        profile: the folder id.
+
+    Returns:
+        ``root`` for ``default``, else ``root/profiles/<profile>``.
+    """
+    return Path(root) if profile == DEFAULT_PROFILE else Path(root) / "profiles" / profile

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hermes_actors.messages import Delivery, Outcome
+from hermes_actors.records import Origin
 
 __all__ = [
     "WAKE_MODES",
@@ -35,7 +36,7 @@ __all__ = [
     "wake_id",
 ]
 
-WAKE_ORIGIN = "wake"
+WAKE_ORIGIN: Origin = "wake"
 WAKE_MODES = ("auto", "true", "false")
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})

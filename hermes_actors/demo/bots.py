@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from hermes_actors.core.names import profile_home
 from hermes_actors.messages import Turn
 
 __all__ = ["DEMO_BOTS", "DemoBot", "DemoRunner", "create_demo_root", "message_body"]
@@ -83,7 +84,7 @@ def create_demo_root(root: Path, bots: tuple[DemoBot, ...] = DEMO_BOTS) -> Path:
     """
     root.mkdir(parents=True, exist_ok=True)
     for bot in bots:
-        home = root if bot.profile == "default" else root / "profiles" / bot.profile
+        home = profile_home(root, bot.profile)
         home.mkdir(parents=True, exist_ok=True)
         meta = {
             "display_name": bot.display_name,

@@ -19,7 +19,7 @@ import re
 
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, TARGET_BUSY, classify_agent_error
 from hermes_actors.errors import TurnFailed
-from hermes_actors.local.runners import CliResult, busy_text, exit_failure_text, refused_not_owned
+from hermes_actors.local.cli_process import CliResult, busy_text, exit_failure_text, refused_not_owned
 
 __all__ = ["NO_SESSION_MARKER", "clean_reply", "failure_of", "reply_or_failure", "session_id_of"]
 

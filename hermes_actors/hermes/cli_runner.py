@@ -35,7 +35,7 @@ from hermes_actors.hermes.install import (
 )
 from hermes_actors.hermes.plugin import HOP_ENV
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
-from hermes_actors.local.runners import CommandRunner
+from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.messages import Turn
 
 __all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "turn_home"]

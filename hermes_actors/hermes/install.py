@@ -22,6 +22,8 @@ from pathlib import Path
 
 from loguru import logger
 
+from hermes_actors.core.names import PEER_NAME_RE, profile_home
+
 __all__ = [
     "CLI_ENV_VAR",
     "CLI_PROFILE_RE",
@@ -36,8 +38,9 @@ __all__ = [
 ]
 
 CLI_ENV_VAR = "HERMES_ACTORS_HERMES_CLI"
-# hermes' own profile-id rule (hermes_cli/main.py _apply_profile_override): lowercase only.
-CLI_PROFILE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")
+# hermes' own profile-id rule (hermes_cli/main.py _apply_profile_override): lowercase only, the same rule
+# hermes applies to peer names.
+CLI_PROFILE_RE = PEER_NAME_RE
 _HELP_TIMEOUT = 60.0
 _SHEBANG_MAX = 4096
 
@@ -183,19 +186,6 @@ def cli_profile_name(profile: str) -> str:
             "digits, '_' and '-' (at most 64)"
         )
     return profile
-
-
-def profile_home(root: Path, profile: str) -> Path:
-    """A profile's home under a Hermes root.
-
-    Args:
-        root: the root (the default profile's home).
-        profile: the folder id.
-
-    Returns:
-        ``root`` for ``default``, else ``root/profiles/<profile>``.
-    """
-    return Path(root) if profile == "default" else Path(root) / "profiles" / profile
 
 
 def root_of_home(home: Path) -> Path:

@@ -173,7 +173,7 @@ def _handle(args: dict[str, Any], session_id: str) -> dict[str, Any]:
             return gateway.message_agent(sender=sender, target=target, message=message, hop=hop)
         except RuntimeError:
             return offline_refusal(root)
-    from hermes_actors.hermes.submit import submit_dm
+    from hermes_actors.hermes.submit_client import submit_dm
 
     return submit_dm(root, sender, target, message, hop=hop, timeout=_SUBMIT_TIMEOUT)
 

@@ -14,29 +14,37 @@ Threads (of :class:`SubmitServer`): one accept thread, plus one short-lived thre
 per open connection (at most ``max_connections``; beyond that a client is told
 the host is busy). Nothing else runs in the background.
 
-Wire format and texts: :mod:`hermes_actors.hermes.submit_protocol`.
+Wire format and texts: :mod:`hermes_actors.hermes.submit_protocol`; the socket checks both ends
+make: :mod:`hermes_actors.hermes.submit_socket`; the client (re-exported here):
+:mod:`hermes_actors.hermes.submit_client`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import select
 import socket
 import stat
-import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import orjson
 from loguru import logger
 
 from hermes_actors.core.reasons import UNKNOWN
+from hermes_actors.hermes.submit_client import (
+    HostOffline,
+    fetch_outcome,
+    fetch_roster,
+    fetch_status,
+    ping,
+    request,
+    submit_dm,
+)
 from hermes_actors.hermes.submit_protocol import (
     LOCK_NAME,
     MAX_REQUEST_BYTES,
@@ -49,10 +57,10 @@ from hermes_actors.hermes.submit_protocol import (
     StatusCall,
     bad_request,
     encode,
-    offline_refusal,
     parse_request,
     socket_path,
 )
+from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, socket_address
 from hermes_actors.store.atomic import ensure_private_dir
 
 __all__ = [
@@ -70,75 +78,6 @@ SendFn = Callable[[SendCall], dict[str, Any]]
 OutcomeFn = Callable[[OutcomeCall], dict[str, Any]]
 StatusFn = Callable[[], dict[str, Any]]
 RoomFn = Callable[[RoomCall], dict[str, Any]]
-
-_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_SUN_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
-_RECV_CHUNK = 64 * 1024
-
-
-class HostOffline(ConnectionError):
-    """Nothing serves the submit endpoint of a root (no socket, or a stale one)."""
-
-
-def _peer_cred(sock: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the process at the other end of a connected Unix socket."""
-    pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return pid, uid
-
-
-def _address(dir_fd: int, path: Path) -> str:
-    """A bindable/connectable address for ``path`` whose directory is open as ``dir_fd``.
-
-    Long paths (pytest's tmp dirs, deep homes) exceed ``sun_path``; going through
-    ``/proc/self/fd`` also pins the directory we checked, whatever its path does later.
-    """
-    if len(os.fsencode(path)) < _SUN_PATH_MAX:
-        return str(path)
-    return f"/proc/self/fd/{dir_fd}/{path.name}"
-
-
-def _open_dir(directory: Path) -> int:
-    """Open a directory without following a symlink; check it is ours.
-
-    Raises:
-        FileNotFoundError / NotADirectoryError: it does not exist.
-        PermissionError: a symlink, or another uid's.
-    """
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        # O_NOFOLLOW|O_DIRECTORY on a symlink fails with ELOOP or ENOTDIR, depending on the kernel
-        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(directory)):
-            raise PermissionError(f"refusing {directory}: it is a symlink") from None
-        raise
-    st = os.fstat(fd)
-    if st.st_uid != os.getuid():
-        os.close(fd)
-        raise PermissionError(f"refusing {directory}: owned by uid {st.st_uid}, expected {os.getuid()}")
-    return fd
-
-
-def _read_request(conn: socket.socket) -> bytes:
-    """Bytes up to the first newline (or EOF), at most MAX_REQUEST_BYTES.
-
-    Raises:
-        ValueError: the request is larger than the cap.
-        TimeoutError: the client stopped sending before the end of its request.
-    """
-    buf = bytearray()
-    while True:
-        chunk = conn.recv(_RECV_CHUNK)
-        if not chunk:
-            return bytes(buf)
-        end = chunk.find(b"\n")
-        if end >= 0:
-            buf += chunk[:end]
-            if len(buf) > MAX_REQUEST_BYTES:
-                raise ValueError(f"the request is larger than {MAX_REQUEST_BYTES} bytes")
-            return bytes(buf)
-        buf += chunk
-        if len(buf) > MAX_REQUEST_BYTES:
-            raise ValueError(f"the request is larger than {MAX_REQUEST_BYTES} bytes")
 
 
 class SubmitServer:
@@ -228,7 +167,7 @@ class SubmitServer:
         run_dir = self.path.parent
         ensure_private_dir(run_dir.parent)
         ensure_private_dir(run_dir)
-        self._dir_fd = _open_dir(run_dir)
+        self._dir_fd = open_dir(run_dir)
         if stat.S_IMODE(os.fstat(self._dir_fd).st_mode) & 0o077:
             os.fchmod(self._dir_fd, 0o700)  # ours (checked); nobody else may even look up the socket
         self._lock_fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
@@ -256,7 +195,7 @@ class SubmitServer:
             logger.info("replaced the stale submit socket {}", self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self._sock = sock
-        sock.bind(_address(self._dir_fd, self.path))
+        sock.bind(socket_address(self._dir_fd, self.path))
         os.chmod(SOCKET_NAME, 0o600, dir_fd=self._dir_fd)
         self._sock_ino = os.lstat(SOCKET_NAME, dir_fd=self._dir_fd).st_ino
         sock.listen(64)
@@ -343,9 +282,9 @@ class SubmitServer:
     def _serve_one(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(self.read_timeout)
-            pid, uid = _peer_cred(conn)
+            pid, uid = peer_cred(conn)
             try:
-                raw = _read_request(conn)  # read even a refused request: closing on unread data resets the answer
+                raw = read_request(conn)  # read even a refused request: closing on unread data resets the answer
             except ValueError as exc:
                 self._answer(conn, bad_request(str(exc)))
                 return
@@ -407,144 +346,16 @@ class SubmitServer:
             conn.sendall(encode(answer))
             conn.shutdown(socket.SHUT_WR)
             with contextlib.suppress(TimeoutError):  # drain what the client still sends, so close() is no reset
-                while len(conn.recv(_RECV_CHUNK)) > 0:
+                while len(conn.recv(RECV_CHUNK)) > 0:
                     pass
 
     def _refuse_busy(self, conn: socket.socket) -> None:
         """Answer "busy" from the accept thread without ever blocking it."""
         conn.setblocking(False)
         with contextlib.suppress(OSError):
-            while len(conn.recv(MAX_REQUEST_BYTES + _RECV_CHUNK)) > 0:
+            while len(conn.recv(MAX_REQUEST_BYTES + RECV_CHUNK)) > 0:
                 pass
         with contextlib.suppress(OSError):
             conn.send(encode({"error": "the Bot Mode host is busy; try again in a moment", "reason": UNKNOWN}))
             conn.shutdown(socket.SHUT_WR)
         conn.close()
-
-
-# ── the client ──────────────────────────────────────────────────────────────
-
-
-def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0) -> dict[str, Any]:
-    """Send one request to the host of ``root`` and return its answer.
-
-    Raises:
-        HostOffline: nothing listens (no socket, a stale one, no run directory).
-        PermissionError: the run directory is a symlink or another uid's, or the
-            socket is served by another uid.
-        TimeoutError: the host did not answer within ``timeout``.
-        ValueError: the answer is not a JSON object.
-    """
-    path = socket_path(root)
-    try:
-        dir_fd = _open_dir(path.parent)
-    except (FileNotFoundError, NotADirectoryError):
-        raise HostOffline(f"no submit endpoint at {path}") from None
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-            sock.settimeout(timeout)
-            try:
-                sock.connect(_address(dir_fd, path))
-            except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
-                raise HostOffline(f"nothing listens on {path} ({exc.strerror or exc})") from None
-            _pid, uid = _peer_cred(sock)
-            if uid != os.getuid():
-                raise PermissionError(f"refusing {path}: it is served by uid {uid}, not by us (uid {os.getuid()})")
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the host answered early: read it
-                sock.sendall(encode(payload))
-                sock.shutdown(socket.SHUT_WR)
-            data = bytearray()
-            while True:
-                chunk = sock.recv(_RECV_CHUNK)
-                if not chunk:
-                    break
-                data += chunk
-                if len(data) > 4 * MAX_REQUEST_BYTES:
-                    raise ValueError(f"the answer from {path} is larger than {4 * MAX_REQUEST_BYTES} bytes")
-    finally:
-        os.close(dir_fd)
-    if not data:
-        raise HostOffline(f"the host on {path} closed the connection without answering (it is stopping)")
-    answer = orjson.loads(bytes(data))
-    if not isinstance(answer, dict):
-        raise ValueError(f"the answer from {path} is not a JSON object")
-    return answer
-
-
-def submit_dm(
-    root: str | Path,
-    sender: str,
-    target: str,
-    message: str,
-    hop: int = 0,
-    timeout: float = 10.0,
-    author: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Hand a DM to the host of ``root``; returns its ack or refusal dict, never raises.
-
-    When nothing hosts the actors, the answer is the ``runtime_offline`` refusal
-    naming the command to start one — never an ack nobody would process.
-    """
-    payload: dict[str, Any] = {"op": "send", "sender": sender, "target": target, "message": message, "hop": hop}
-    if author:
-        payload["author"] = author
-    try:
-        return request(root, payload, timeout=timeout)
-    except HostOffline:
-        return offline_refusal(root)
-    except TimeoutError:
-        return {"error": f"The Bot Mode host on {root} did not answer within {timeout:g}s; the message may or may "
-                         "not have been queued — do not resend it blindly.", "reason": UNKNOWN}
-    except (PermissionError, ValueError, OSError) as exc:
-        return {"error": f"Could not submit the message to the Bot Mode host on {root}: {exc}", "reason": UNKNOWN}
-
-
-def ping(root: str | Path, timeout: float = 2.0) -> dict[str, Any] | None:
-    """The host's ``ping`` answer (pid, root, version), or None when nothing serves ``root``."""
-    try:
-        return request(root, {"op": "ping"}, timeout=timeout)
-    except (HostOffline, TimeoutError, PermissionError, ValueError, OSError):
-        return None
-
-
-def fetch_roster(root: str | Path, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """The roster rows of the host serving ``root``.
-
-    Raises:
-        HostOffline: nothing serves ``root``.
-        TimeoutError: the host did not answer within ``timeout``.
-        ValueError: the host answered something else than rows (e.g. an older host without the op).
-    """
-    answer = request(root, {"op": "roster"}, timeout=timeout)
-    rows = answer.get("rows")
-    if not isinstance(rows, list):
-        raise ValueError(answer.get("error") or f"the host of {root} answered no roster rows")
-    return rows
-
-
-def fetch_outcome(
-    root: str | Path, delivery_id: str, wait: float = 0.0, timeout: float | None = None
-) -> dict[str, Any]:
-    """The outcome of ``delivery_id`` from the host, waiting up to ``wait`` seconds there.
-
-    Returns:
-        The outcome dict, or ``{"status": "pending" | "unknown", ...}``.
-
-    Raises:
-        HostOffline: nothing serves ``root``.
-        TimeoutError: the host did not answer within ``timeout`` (default ``wait`` + 10 s).
-    """
-    payload = {"op": "outcome", "delivery_id": delivery_id, "wait": wait}
-    return request(root, payload, timeout=wait + 10.0 if timeout is None else timeout)
-
-
-def fetch_status(root: str | Path, timeout: float = 10.0) -> dict[str, Any]:
-    """The status of the host serving ``root`` (see :mod:`hermes_actors.ops.status`).
-
-    Raises:
-        HostOffline: nothing serves ``root``.
-        TimeoutError: the host did not answer within ``timeout``.
-        PermissionError: the endpoint is not ours.
-        ValueError: the answer is not a JSON object.
-    """
-    return request(root, {"op": "status"}, timeout=timeout)

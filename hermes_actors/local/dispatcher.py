@@ -1,44 +1,53 @@
-"""DispatcherActor: the one entry point of every DM.
+"""DispatcherActor: the one entry point of every DM, and the owner of every outcome.
 
-It validates (pure ``targets.plan_send``), applies the conversation guard,
-issues the delivery id, routes to the target's ProfileActor (started on first
-use, stopped when idle, supervised), to the relay or to a peer, and owns the
-table of pending and settled outcomes that ``wait_outcome`` reads.
+One module of handlers; the state lives in composed objects, each used on this
+actor's thread only:
+
+- :class:`~hermes_actors.local.admission.Admission`: routing and the conversation guard;
+- :class:`~hermes_actors.local.outcome_book.OutcomeBook`: pending, journaling and settled
+  deliveries and the futures waiting for them (the only place that changes them);
+- a durability strategy (:mod:`hermes_actors.local.durability`: a journal, or none);
+- :class:`~hermes_actors.local.profile_table.ProfileTable`: the ProfileActors (started on
+  first use, stopped when idle, supervised);
+- :class:`~hermes_actors.local.relay_link.RelayLink`: sends to the relay, answered later
+  (``RelayAccepted``), never waited for here;
+- :class:`~hermes_actors.local.wake_hook.SenderWaker`: outcomes that wake their sender;
+- :class:`~hermes_actors.local.delivery_stats.DeliveryStats`: one log line per DM, the ``deliveries`` view.
+
+A group room's member turn (``RoomTurn``) is queued like a DM; its outcome goes
+back to its room, never to the journal or the DM subscribers.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, Link, RestartPolicy, ask, handles, tell
+from actors import RestartPolicy, SupervisorActor, ask, handles
 from hermes_actors.core import outcomes
-from hermes_actors.core.acks import (
-    ack_payload,
-    resolve_ack,
-)
-from hermes_actors.core.guard import check_hops, check_pair_rate, pair_key
-from hermes_actors.core.ids import new_delivery_id
+from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.outcomes import delivery_details
-from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
-from hermes_actors.errors import StoreError
-from hermes_actors.local.dispatch_base import Pending
-from hermes_actors.local.dispatch_durable import DurableDispatch
-from hermes_actors.local.dispatch_relay import RelayDispatch
-from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps
+from hermes_actors.core.recovery import plan_recovery
+from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal
+from hermes_actors.faults import crashpoint
+from hermes_actors.local.admission import Admission
+from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
+from hermes_actors.local.durability import durability_for, live_record
+from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
+from hermes_actors.local.profile_actor import ProfileDeps
+from hermes_actors.local.profile_table import ProfileTable
+from hermes_actors.local.relay_link import RelayLink, delivery_from_envelope
+from hermes_actors.local.turns import turn_for
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import (
     AttachOwner,
     AttachRelay,
     AwaitOutcome,
-    Deliver,
     Delivery,
     DetachOwner,
     ExportOutcomes,
@@ -50,6 +59,10 @@ from hermes_actors.messages import (
     PendingAck,
     ProfileIdle,
     ProfileInfo,
+    Recover,
+    RelayAccepted,
+    RelayDeliver,
+    RelayResumed,
     RoomTurn,
     RosterChanged,
     RosterSnapshot,
@@ -57,20 +70,14 @@ from hermes_actors.messages import (
     ShutdownProfiles,
     StatsRequest,
     StopAccepting,
-    StopProfile,
     Turn,
-    WindDown,
 )
-from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.store.journal import Journal
 
 __all__ = ["DispatcherActor"]
 
-SETTLED_KEEP = 100_000  # settled outcomes remembered for wait_outcome (oldest dropped first; bounds memory)
-IN_FLIGHT_ROWS = 200  # in-flight deliveries listed by stats() (the oldest; all are counted per profile)
 
-
-class DispatcherActor(DurableDispatch, RelayDispatch):
+class DispatcherActor(SupervisorActor):
     """Accepts DMs and owns their outcomes.
 
     Args:
@@ -79,7 +86,6 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
             and the turn factory.
         notifier: the Notifier actor (subscriber callbacks).
         peer_submit: runs a peer delivery off-actor; called with (delivery, route, report).
-        relay: the RelayActor ref, when the file relay runs.
         runner_is_hermes: turns run on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then).
     """
 
@@ -90,7 +96,6 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         deps_factory: Callable[[pykka.ActorRef[Any], Callable[[Delivery], Turn]], ProfileDeps],
         notifier: pykka.ActorRef[Any],
         peer_submit: Callable[[Delivery, PeerRoute, Callable[[Outcome], None]], None] | None = None,
-        relay: pykka.ActorRef[Any] | None = None,
         policy: RestartPolicy | None = None,
         journal: Journal | None = None,
         runner_is_hermes: bool = False,
@@ -99,50 +104,28 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
         self.snapshot = snapshot
         self.notifier = notifier
         self.peer_submit = peer_submit
-        self.relay = relay
         self.deps = deps_factory(self.actor_ref, self._make_turn)
         self.accepting = True
-        self.pending: dict[str, Pending] = {}
-        self.settled: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self.waiters: dict[str, list[pykka.ThreadingFuture[dict[str, Any]]]] = {}
-        self.sent: dict[str, int] = {}  # Deliver messages sent to each live ProfileActor
-        self.pairs: dict[tuple[str, str], deque[float]] = {}
+        self.book = OutcomeBook()
+        self.durability = durability_for(journal, self.actor_ref)
+        self.relay = RelayLink(self.actor_ref)
+        self.admission = Admission()
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
-        self.by_outcome: Counter[tuple[str, str]] = Counter()  # what "settled" counts, by (status, reason)
-        self.journal = journal
-        if journal is not None:  # one message per group commit, not one per record
-            me = self.actor_ref
-            journal.listener = lambda tokens, error: tell(me, JournalDurable(tuple(tokens), error))
-        self.owners: dict[str, Any] = {}  # profile → attached live owner
-        self.journaled: set[str] = set()  # ids whose lifecycle the journal records
-        self.finishing: dict[str, Delivery] = {}  # settled, outcome being journaled: kept for subscribers' details
-        self.awaiting_durable: dict[str, tuple[Delivery, ProfileInfo, pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
+        self.profiles = ProfileTable(self, self.deps, self.counters)
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
+        self.stats = DeliveryStats()
 
     # ── turns ask back through us ───────────────────────────────────────────
 
     def _make_turn(self, delivery: Delivery) -> Turn:
         me = self.actor_ref
-        info = self.snapshot.index.get(delivery.target.lower())
+        info = self.snapshot.index.get(profile_key(delivery.target))
 
         def send(target: str, message: str) -> dict[str, Any]:
             request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1)
             return resolve_ack(ask(me, request, timeout=30), timeout=30)
 
-        return Turn(
-            profile=delivery.target,
-            content=delivery.content,
-            delivery_id=delivery.delivery_id,
-            session=delivery.session,
-            handle=delivery.target_handle,
-            home=info.home if info else None,
-            root=self.deps.root,
-            sender=delivery.sender,
-            sender_handle=delivery.sender_handle,
-            hop=delivery.hop,
-            author=dict(delivery.author),
-            _send=send,
-        )
+        return turn_for(delivery, home=info.home if info else None, root=self.deps.root, send=send)
 
     # ── accepting ───────────────────────────────────────────────────────────
 
@@ -152,21 +135,15 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
 
     @handles(AttachRelay)
     def _on_attach_relay(self, msg: AttachRelay) -> None:
-        self.relay = msg.ref
+        self.relay.attach(msg.ref, reaches_peers=msg.reaches_peers)
 
     @handles(AttachOwner)
     def _on_attach_owner(self, msg: AttachOwner) -> None:
-        info = self._local(msg.profile)
-        self.owners[info.profile] = msg.owner
-        self._profile_ref(info).tell(AttachOwner(info.profile, msg.owner))
+        self.profiles.attach_owner(self._local(msg.profile), msg.owner)
 
     @handles(DetachOwner)
     def _on_detach_owner(self, msg: DetachOwner) -> None:
-        info = self._local(msg.profile)
-        self.owners.pop(info.profile, None)
-        ref = self.child_ref(info.profile)
-        if ref is not None and ref.is_alive():
-            ref.tell(DetachOwner(info.profile))
+        self.profiles.detach_owner(self._local(msg.profile))
 
     def _local(self, profile: str) -> ProfileInfo:
         info = self.snapshot.index.get(profile_key(profile))
@@ -182,137 +159,117 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
     def _on_send(self, msg: SendRequest) -> dict[str, Any] | PendingAck:
         if not self.accepting:
             raise RuntimeError("gateway is not running")
-        route = plan_send(
-            self.snapshot,
-            sender=msg.sender,
-            target=msg.target,
-            message=msg.message,
-            session=msg.session,
-            now=time.time(),
+        config = self.deps.config
+        admitted = self.admission.admit(
+            self.snapshot, msg, max_hops=config.max_hops, max_pair_rate=config.max_pair_rate
         )
-        if isinstance(route, Refusal):
+        if isinstance(admitted, Refusal):
             self.counters["refused"] += 1
-            return route.as_dict()
-        hop = max(1, msg.hop)
-        refusal = check_hops(hop, self.deps.config.max_hops)
-        target_key = route.target.profile if isinstance(route, LocalRoute) else route.label
-        pair = pair_key(route.sender.profile, target_key)
-        history = self.pairs.setdefault(pair, deque())
-        now_mono = time.monotonic()
-        refusal = refusal or check_pair_rate(history, now_mono, self.deps.config.max_pair_rate, hop)
-        if refusal is not None:
-            self.counters["refused"] += 1
-            return refusal.as_dict()
-        if hop >= 2:
-            history.append(now_mono)
-        elif not history:
-            del self.pairs[pair]
-        now = time.time()
-        delivery = Delivery(
-            delivery_id=new_delivery_id(),
-            sender=route.sender.profile,
-            sender_handle=route.sender.handle,
-            target=route.target.profile if isinstance(route, LocalRoute) else "",
-            target_handle=route.target.handle if isinstance(route, LocalRoute | RelayRoute) else "",
-            content=route.content,
-            author=route.author,
-            hop=hop,
-            accepted_at=now,
-            label=route.label,
-        )
+            return admitted.as_dict()
+        route, delivery = admitted
         if isinstance(route, LocalRoute):
-            ack = ack_payload(delivery.delivery_id, route.label, now=now)
-            if self.journal is not None:
-                return self._accept_durably(delivery, route.target, ack)
-            self._deliver_local(route.target, delivery)
-            self.counters["accepted"] += 1
-            return ack
-        if isinstance(route, PeerRoute):
-            relayed = self._peer_via_relay(route, delivery)  # a peer that is a connection on our relay (Redis)
-            if relayed is not None:
-                return relayed
-            if self.peer_submit is None:
-                return Refusal(
-                    f"Peer delivery to {route.label} is not available on this gateway.", "runtime_offline"
-                ).as_dict()
-            self.pending[delivery.delivery_id] = Pending(delivery, "peer")
-            me = self.actor_ref
-            self.peer_submit(delivery, route, lambda outcome: me.tell(OutcomeReady(outcome)))
-        else:
-            return self._deliver_relay(route, delivery)
+            target, journaled = route.target, self.durability.enabled
+
+            def proceed() -> None:
+                self.deliver_local(target, delivery, journaled=journaled)
+                self.counters["accepted"] += 1
+
+            ack = ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
+            return self.durability.accept(delivery, ack, proceed)
+        if isinstance(route, PeerRoute):  # a peer that is a connection on our relay (Redis), else the CLI transport
+            return self.relay.send_to_peer(route, delivery) or self._send_to_peer(route, delivery)
+        return self.relay.send(route, delivery)
+
+    def _send_to_peer(self, route: PeerRoute, delivery: Delivery) -> dict[str, Any]:
+        """Hand a ``bot_peers`` DM to the peer transport (off this thread); answers the ack or refusal."""
+        if self.peer_submit is None:
+            return Refusal(
+                f"Peer delivery to {route.label} is not available on this gateway.", "runtime_offline"
+            ).as_dict()
+        self.book.add(delivery.delivery_id, Pending(delivery, "peer"))
+        me = self.actor_ref
+        self.peer_submit(delivery, route, lambda outcome: me.tell(OutcomeReady(outcome)))
         self.counters["accepted"] += 1
-        return ack_payload(delivery.delivery_id, route.label, now=now)
+        return ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
 
-    def _profile_ref(self, info: ProfileInfo) -> pykka.ActorRef[Any]:
-        ref = self.child_ref(info.profile)
-        if ref is not None and ref.is_alive():
-            return ref
-        deps = self.deps
+    @handles(RelayAccepted)
+    def _on_relay_accepted(self, msg: RelayAccepted) -> None:
+        """The relay answered a send: book it, and release the caller's ack."""
+        waiting = self.relay.landed(msg.delivery_id)
+        if waiting is None:
+            return
+        delivery, route, future = waiting
+        if msg.error is not None:
+            future.set_exception(exc_info=(type(msg.error), msg.error, msg.error.__traceback__))
+            return
+        ack = msg.ack
+        if ack is None:  # the relay does not reach this peer: the peer transport carries it
+            assert isinstance(route, PeerRoute)
+            ack = self._send_to_peer(route, delivery)
+        elif "delivery_id" in ack:  # booked under the envelope's id: the relay reports its outcome by it
+            self.book.add(ack["delivery_id"], Pending(delivery, "relay"))
+            self.counters["accepted"] += 1
+        future.set(ack)
 
-        def factory(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
-            # Called here and by the supervisor on a crash restart (both in this actor's thread):
-            # every instance starts with the profile's current live owner, before its first message.
-            return ProfileActor.start(info, deps, link=link, salvage=salvage, owner=self.owners.get(info.profile))
+    def deliver_local(self, info: ProfileInfo, delivery: Delivery, *, journaled: bool = False) -> None:
+        """Book ``delivery`` as pending and queue it on the ProfileActor of ``info`` (started if needed).
 
-        self.counters["profile_starts"] += 1
-        self.sent[info.profile] = 0
-        return self.start_child(info.profile, factory)
-
-    def _deliver_local(self, info: ProfileInfo, delivery: Delivery, *, register: bool = True) -> None:
-        if register:
-            self.pending[delivery.delivery_id] = Pending(delivery, "local")
-        ref = self._profile_ref(info)
-        try:
-            ref.tell(Deliver(delivery))
-        except pykka.ActorDeadError:  # it died between the check and the tell: start a fresh one
-            self.forget_child(info.profile)
-            ref = self._profile_ref(info)
-            ref.tell(Deliver(delivery))
-        self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
+        Args:
+            info: the target profile.
+            delivery: the delivery.
+            journaled: the journal records its lifecycle.
+        """
+        self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=journaled))
+        self.profiles.queue(info, delivery)
 
     @handles(RoomTurn)
     def _on_room_turn(self, msg: RoomTurn) -> None:
         """A room member's turn: queued on its ProfileActor like a DM; the outcome goes back to the room."""
         delivery = msg.delivery
+        key, label = delivery.delivery_id, delivery.label
         info = self.snapshot.index.get(profile_key(delivery.target))
-        if not self.accepting or info is None:
-            why = (outcomes.cancelled(delivery.delivery_id, delivery.label) if not self.accepting else
-                   outcomes.failed(delivery.delivery_id, delivery.label,
-                                   f"No local profile named {delivery.target!r} any more.", "runtime_offline"))
-            self._answer_room(msg.reply, why)
-            return
-        self.pending[delivery.delivery_id] = Pending(delivery, "room", answer=msg.reply)
-        self._deliver_local(info, delivery, register=False)
-
-    def _answer_room(self, reply: Callable[[Outcome], None], outcome: Outcome) -> None:
-        try:
-            reply(outcome)
-        except Exception:  # our own callback (a tell); it must not crash the Dispatcher
-            logger.exception("could not hand the outcome of room turn {} back", outcome.delivery_id)
-
-    def _settled_in_room(self, outcome: Outcome) -> bool:
-        """Route the outcome of a room member's turn to its room (True), not to DM subscribers."""
-        entry = self.pending.get(outcome.delivery_id)
-        if entry is None or entry.route != "room":
-            return False
-        del self.pending[outcome.delivery_id]
-        record = self.settled[outcome.delivery_id] = outcome.as_dict()  # a second outcome is dropped from now on
-        if len(self.settled) > SETTLED_KEEP:
-            self.settled.popitem(last=False)
-        for future in self.waiters.pop(outcome.delivery_id, ()):  # a stopping gateway waits for its running turns
-            future.set(record)
-        self._answer_room(entry.answer, outcome)
-        return True
+        if self.accepting and info is not None:
+            self.book.add(key, Pending(delivery, "room", room_reply=msg.reply))
+            self.profiles.queue(info, delivery)
+        elif not self.accepting:
+            _answer_room(msg.reply, outcomes.cancelled(key, label))
+        else:
+            gone = f"No local profile named {delivery.target!r} any more."
+            _answer_room(msg.reply, outcomes.failed(key, label, gone, "runtime_offline"))
 
     @handles(ProfileIdle)
     def _on_profile_idle(self, msg: ProfileIdle) -> None:
-        if self.child_ref(msg.profile) is not msg.ref and self.child_ref(msg.profile) != msg.ref:
+        self.profiles.idle(msg)
+
+    # ── the relay's side ────────────────────────────────────────────────────
+
+    @handles(RelayDeliver)
+    def _on_relay_deliver(self, msg: RelayDeliver) -> None:
+        """A drained envelope for one of our profiles (idempotent by envelope id)."""
+        env = msg.envelope
+        key = env["id"]
+        if self.book.state(key) is DeliveryState.PENDING:
             return
-        if self.sent.get(msg.profile, 0) != msg.handled:
-            return  # a Deliver is still in flight to it: it stays
-        self.forget_child(msg.profile)
-        self.sent.pop(msg.profile, None)
-        msg.ref.tell(StopProfile())
+        record = self.book.record(key)
+        if record is not None:  # delivered before a crash, reply not written yet: write it again
+            self.relay.answer_relay_in(outcome_from_record(key, record), msg.reply_connection)
+            return
+        label = f"@{env['target_handle']}"
+        info = self.snapshot.index.get(profile_key(str(env["target_profile"])))
+        if info is None:
+            text = f"No agent '{env['target_profile']}' on this gateway; the message was NOT delivered."
+            self.relay.answer_relay_in(outcomes.failed(key, label, text, "unknown"), msg.reply_connection)
+            return
+        delivery = delivery_from_envelope(env, info, label, now=time.time())
+        self.book.add(key, Pending(delivery, "relay-in", msg.reply_connection))
+        self.profiles.queue(info, delivery)
+
+    @handles(RelayResumed)
+    def _on_relay_resumed(self, msg: RelayResumed) -> None:
+        for key, label in msg.entries:
+            if self.book.state(key) is DeliveryState.UNKNOWN:
+                placeholder = Delivery(key, "", "", "", "", "", label=label, origin="recovered")
+                self.book.add(key, Pending(placeholder, "relay"))
 
     # ── outcomes ────────────────────────────────────────────────────────────
 
@@ -322,78 +279,93 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
 
     def _settle(self, outcome: Outcome) -> None:
         key = outcome.delivery_id
-        if key in self.settled:
+        if self.book.has_outcome(key):
             logger.debug("second outcome for {} dropped (first one wins)", key)
             return
-        if self._settled_in_room(outcome):
+        room = self.book.entry(key)
+        if room is not None and room.route == "room":  # never journaled here: the room file records it
+            self._publish(outcome)
             return
-        entry = self.pending.pop(key, None)
+        entry = self.book.take(key)
         self.waker.settling(key, entry)
         if entry is not None and entry.route == "relay-in":
-            # The sender is on another connection: the reply goes back through the relay files.
-            self.settled[key] = outcome.as_dict()
-            self._log_settled(entry.delivery, outcome)
-            self._answer_relay_in(outcome, entry.reply_connection, entry.answer)
-            for future in self.waiters.pop(key, ()):  # a stopping gateway waits for its running turns
-                future.set(self.settled[key])
+            # The sender is on another connection: the reply goes back through the relay.
+            log_settled(entry.delivery, outcome)
+            self.relay.answer_relay_in(outcome, entry.reply_connection)
+            self.book.settle(key, outcome.as_dict())  # a stopping gateway waits for its running turns
             return
-        if self.journal is not None and key in self.journaled:
-            if entry is not None:
-                self.finishing[key] = entry.delivery
-            try:
-                self.journal.append({"t": "finished", "id": key, "o": outcome.as_dict()}, token=("finished", outcome))
-                self.settled[key] = outcome.as_dict()  # a second outcome is dropped from now on
-                return
-            except StoreError as exc:
-                logger.error("journal append failed for the outcome of {}: {}", key, exc)
+        if entry is not None and entry.journaled and self.durability.journal_outcome(outcome):
+            # published once durable (JournalDurable); the delivery is kept for the subscribers' details
+            self.book.journaling(key, outcome.as_dict(), entry.delivery)
+            return
         self._publish(outcome)
 
     def _publish(self, outcome: Outcome) -> None:
-        """Make an outcome visible: wait_outcome answers, subscribers are called."""
-        if self._settled_in_room(outcome):
-            return
+        """Make an outcome visible: wait_outcome answers, then the room or the DM subscribers get it."""
         key = outcome.delivery_id
-        entry = self.pending.pop(key, None)
-        finished = self.finishing.pop(key, None)  # settled before its outcome was journaled
-        self.journaled.discard(key)
         record = outcome.as_dict()
-        self.settled[key] = record
-        if len(self.settled) > SETTLED_KEEP:
-            self.settled.popitem(last=False)
-        for future in self.waiters.pop(key, ()):
-            future.set(record)
-        delivery = entry.delivery if entry is not None else self.waker.sources.get(key)  # before after_publish
+        delivery = self.book.delivery(key) or self.waker.sources.get(key)  # before the book and waker drop it
+        entry = self.book.settle(key, record)
+        if entry is not None and entry.route == "room":  # a member turn's outcome goes back to its room
+            _answer_room(entry.room_reply, outcome)
+            return
         if self.waker.after_publish(outcome, entry):  # a wake turn's own outcome is nobody's DM outcome
             return
         self.counters["settled"] += 1
-        delivery = delivery or finished  # a durable DM's entry left pending before its outcome was journaled
-        self.by_outcome[(outcome.status, outcome.reason)] += 1
-        self._log_settled(delivery, outcome)
+        self.stats.published(delivery, outcome)
         self.notifier.tell(Notify(record, delivery_details(delivery, time.time())))
-
-    @staticmethod
-    def _log_settled(delivery: Delivery | None, outcome: Outcome) -> None:
-        """Log a DM's one INFO line (never its text)."""
-        latency = time.time() - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
-        sender = f"@{delivery.sender_handle or delivery.sender}" if delivery is not None else ""
-        logger.info("{}", delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status,
-                                        outcome.reason, latency))
 
     @handles(AwaitOutcome)
     def _on_await(self, msg: AwaitOutcome) -> pykka.ThreadingFuture[dict[str, Any]]:
-        future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
-        record = self.settled.get(msg.delivery_id)
-        if record is not None and msg.delivery_id in self.journaled:
-            self.waiters.setdefault(msg.delivery_id, []).append(future)  # its outcome is being journaled
-        elif record is not None:
-            future.set(record)
-        elif msg.delivery_id in self.pending:
-            self.waiters.setdefault(msg.delivery_id, []).append(future)
-        else:
-            raise KeyError(
-                f"unknown delivery id {msg.delivery_id!r}: this gateway did not issue it and no journal holds it"
+        return self.book.wait(msg.delivery_id)
+
+    # ── durability ──────────────────────────────────────────────────────────
+
+    @handles(JournalDurable)
+    def _on_journal_durable(self, msg: JournalDurable) -> None:
+        """One group commit landed: release its acks, publish its outcomes."""
+        for kind, value in msg.tokens:
+            if kind == "accepted":
+                self.durability.accepted_landed(value, msg.error)
+                continue
+            if msg.error is not None:
+                logger.error("outcome of {} could not be journaled ({}); publishing it anyway",
+                             value.delivery_id, msg.error)
+            self._publish(value)
+            crashpoint("after-outcome-before-delivered")
+            self.durability.note({"t": "delivered", "id": value.delivery_id})
+
+    @handles(Recover)
+    def _on_recover(self, msg: Recover) -> dict[str, int]:
+        """Act on the journal of a previous run (see ``recovery.plan_recovery``)."""
+        self.waker.adopt(msg.states)
+        index = self.snapshot.index
+        plan = plan_recovery(msg.states, idempotent_runner=msg.idempotent_runner,
+                             live_record=lambda delivery: live_record(index, delivery))
+        self.book.remember(plan.known)
+        for outcome in plan.redeliver:
+            self.durability.note({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
+            self._publish(outcome)
+            self.durability.note({"t": "delivered", "id": outcome.delivery_id})
+        for delivery, outcome in plan.ambiguous:
+            self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
+            self._settle(outcome)
+        for delivery in plan.reoffer:
+            info = index.get(profile_key(delivery.target))
+            if info is not None:
+                self.deliver_local(info, delivery, journaled=True)
+                continue
+            self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
+            text = f"The profile '{delivery.target}' no longer exists; the message was NOT delivered."
+            self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "unknown"))
+        counts = plan.counts()
+        if any(counts.values()):
+            logger.info(
+                "recovery: {reoffered} re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered, "
+                "{known} settled outcomes known",
+                **counts,
             )
-        return future
+        return counts
 
     # ── shutdown ────────────────────────────────────────────────────────────
 
@@ -401,88 +373,61 @@ class DispatcherActor(DurableDispatch, RelayDispatch):
     def _on_shutdown(self, msg: ShutdownProfiles) -> list[str]:
         """Cancel what is queued everywhere; answer the ids of turns still running."""
         self.accepting = False
-        running: list[str] = []
-        for name in list(self.children):
-            ref = self.child_ref(name)
-            if ref is None:
-                continue
-            try:
-                current = ask(ref, WindDown(msg.timeout, keep_journaled=self.journal is not None), timeout=10)
-            except (ActorGone, AskTimeout):
-                continue
-            if current:
-                running.append(current)
-        running += [k for k, p in self.pending.items() if p.route == "peer"]
+        running = self.profiles.wind_down(keep_journaled=self.durability.enabled)
+        running += [k for k, p in self.book.pending() if p.route == "peer"]
         return running
 
     @handles(FinalizePending)
     def _on_finalize(self, msg: FinalizePending) -> int:
         """Settle what is still pending: ambiguous if it may have run."""
         count = 0
-        for key, entry in list(self.pending.items()):
+        for key, entry in self.book.pending():
             if entry.route == "relay":
                 continue  # our envelopes stay in outbox/: the next start resumes waiting for replies
-            if key in self.journaled and key not in msg.running:
+            if entry.journaled and key not in msg.running:
                 continue  # never started: stays journaled and is re-offered by the next start
             outcome = outcomes.ambiguous(key, entry.delivery.label, msg.why)
-            journal = self.journal if key in self.journaled else None
-            journaled = journal is not None
-            if journal is not None:
-                try:  # shutting down: write it now rather than through the async group commit
-                    journal.append_durably({"t": "finished", "id": key, "o": outcome.as_dict()})
-                except StoreError as exc:
-                    logger.error("could not journal the outcome of {}: {}", key, exc)
+            if entry.journaled:  # shutting down: write it now rather than through the async group commit
+                self.durability.write_now({"t": "finished", "id": key, "o": outcome.as_dict()})
             if entry.route == "relay-in":  # its sender waits on another connection: tell it too
-                self._answer_relay_in(outcome, entry.reply_connection, entry.answer)
+                self.relay.answer_relay_in(outcome, entry.reply_connection)
             self._publish(outcome)
-            if journaled:  # published now: the next start must not report it a second time
-                self._journal_quietly({"t": "delivered", "id": key})
+            if entry.journaled:  # published now: the next start must not report it a second time
+                self.durability.note({"t": "delivered", "id": key})
             count += 1
         return count
 
     @handles(ExportOutcomes)
     def _on_export(self, msg: ExportOutcomes) -> dict[str, dict[str, Any]]:
-        return dict(self.settled)
+        return self.book.export()
 
     @handles(StatsRequest)
     def _on_stats(self, msg: StatsRequest) -> dict[str, Any]:
         return {
             **self.counters,
-            "pending": len(self.pending),
-            "active_profiles": sum(1 for c in self.children.values() if c.ref.is_alive()),
-            "deliveries": self._deliveries_view(),
-        }
-
-    def _deliveries_view(self) -> dict[str, Any]:
-        """What ``hermes-actors status`` shows of the DMs: the oldest in flight, counts per profile, outcomes."""
-        by_outcome: dict[str, dict[str, int]] = {}
-        for (status, reason), count in self.by_outcome.items():
-            by_outcome.setdefault(status, {})[reason] = count
-        return {
-            "in_flight": [
-                {"delivery_id": key, "sender": p.delivery.sender, "target": p.delivery.label,
-                 "profile": p.delivery.target, "route": p.route, "accepted_at": p.delivery.accepted_at}
-                for key, p in itertools.islice(self.pending.items(), IN_FLIGHT_ROWS)
-            ],
-            "per_profile": dict(Counter(p.delivery.target for p in self.pending.values() if p.delivery.target)),
-            "live_owners": sorted(self.owners),
-            "by_outcome": by_outcome,
+            "pending": self.book.pending_count(),
+            "active_profiles": self.profiles.active(),
+            "deliveries": self.stats.view(self.book.pending(), self.profiles.owners),
         }
 
     def on_escalation(self, name: str, error: BaseException | None) -> None:
         """A ProfileActor keeps crashing: fail what it held, keep the gateway up."""
-        for key, entry in list(self.pending.items()):
+        for key, entry in self.book.pending():
             if entry.route in ("local", "room") and entry.delivery.target == name:
                 self._settle(
                     outcomes.ambiguous(key, entry.delivery.label, f"The target's actor failed repeatedly ({error!r}).")
                 )
-        self.sent.pop(name, None)
+        self.profiles.forget(name)
 
     def on_stop(self) -> None:
-        for name in list(self.children):
-            ref = self.child_ref(name)
-            if ref is not None:
-                try:
-                    ref.stop(block=True, timeout=5)
-                except pykka.Timeout:
-                    logger.warning("ProfileActor {} did not stop in time", name)
+        self.relay.abandon()
+        self.profiles.stop_all()
+
+
+def _answer_room(reply: Callable[[Outcome], None] | None, outcome: Outcome) -> None:
+    """Hand a member turn's outcome back to its room (our own tell: it must never crash the Dispatcher)."""
+    try:
+        if reply is not None:
+            reply(outcome)
+    except Exception:
+        logger.exception("could not hand the outcome of room turn {} back", outcome.delivery_id)

@@ -103,15 +103,15 @@ def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:
     """A replayed delivery: report what the mailbox recorded; never run it again."""
     state = record["state"]
     if state == "settled":
-        return TurnFinished(delivery_id, str(record.get("reply") or ""), ran=True)
+        return TurnFinished(delivery_id, str(record.get("reply") or ""))
     if state == "failed":
         return TurnFinished(delivery_id, None, str(record.get("error") or "the live owner failed the turn"),
-                            str(record.get("reason") or ""), ran=True)
+                            str(record.get("reason") or ""))
     if state == "cancelled":
         return TurnFinished(delivery_id, None, "The live Bot Chat owner cancelled this DM; it was NOT delivered.",
-                            "cancelled", ran=False)
+                            "cancelled")
     why = str(record.get("error") or "The live Bot Chat owner took this DM and never settled it.")
-    return TurnFinished(delivery_id, None, why, "unknown", ran=True, ambiguous=True)
+    return TurnFinished(delivery_id, None, why, "unknown", ambiguous=True)
 
 
 def hand_to_owner(
@@ -161,13 +161,13 @@ def hand_to_owner(
     except BaseException as exc:  # the owner died mid-turn: it may have delivered, never re-run
         why = f"The live Bot Chat owner failed mid-turn ({describe_error(exc)})."
         _record_quietly(box, key, "ambiguous", error=why, reason="unknown")
-        return TurnFinished(key, None, why, "unknown", ran=True, ambiguous=True)
+        return TurnFinished(key, None, why, "unknown", ambiguous=True)
     try:
         text = reply if isinstance(reply, str) else str(reply)
     except Exception as exc:  # an owner's reply object that cannot be rendered
         why = f"The live Bot Chat owner's reply could not be read ({describe_error(exc)})."
         _record_quietly(box, key, "ambiguous", error=why, reason="unknown")
-        return TurnFinished(key, None, why, "unknown", ran=True, ambiguous=True)
+        return TurnFinished(key, None, why, "unknown", ambiguous=True)
     _record_quietly(box, key, "settled", reply=text)
     return TurnFinished(key, text)
 

@@ -83,7 +83,7 @@ def turn_escaped(delivery_id: str, exc: BaseException) -> TurnFinished:
     """
     logger.opt(exception=exc).error("the turn of {} raised outside its result paths", delivery_id)
     why = f"The gateway failed while delivering this DM ({describe_error(exc)})."
-    return TurnFinished(delivery_id, None, why, "unknown", ran=True, ambiguous=True)
+    return TurnFinished(delivery_id, None, why, "unknown", ambiguous=True)
 
 
 def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -42,7 +43,7 @@ from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["attempt_turn", "describe_error", "execute_turn", "never_ran"]
+__all__ = ["attempt_turn", "describe_error", "execute_turn", "never_ran", "turn_for"]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -77,7 +78,7 @@ def never_ran(delivery_id: str, step: str, exc: BaseException | str) -> TurnFini
     """
     detail = exc if isinstance(exc, str) else describe_error(exc)
     text = f"{step} failed ({detail}); the DM was NOT delivered. Resend shortly."
-    return TurnFinished(delivery_id, None, text[0].upper() + text[1:], RUNTIME_OFFLINE, 0, ran=False)
+    return TurnFinished(delivery_id, None, text[0].upper() + text[1:], RUNTIME_OFFLINE)
 
 
 def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[Any, str, str, bool]:
@@ -131,8 +132,6 @@ def execute_turn(
                 None,
                 busy_text(delivery.target, time.time() - delivery.accepted_at),
                 "target_busy",
-                0,
-                ran=False,
             )
     try:
         if journal is not None:
@@ -149,14 +148,12 @@ def execute_turn(
         if lock is not None and lock.fd is not None:
             turn = replace(turn, lock_fd=lock.fd)  # the turn's process holds the flock as long as it lives
         reply, error, reason, may_retry = attempt_turn(runner, turn)
-        attempts = 1
         if reply is None and may_retry:
             action = retry_action(reason)
             if action != RETRY_NONE:
                 logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
                 reply, error, reason, _ = attempt_turn(runner, replace(turn, attempt=2, retry_action=action))
-                attempts = 2
-        return TurnFinished(delivery.delivery_id, reply, error, reason, attempts)
+        return TurnFinished(delivery.delivery_id, reply, error, reason)
     finally:
         if lock is not None:
             try:
@@ -169,3 +166,30 @@ def execute_turn(
                 release(delivery.delivery_id)
             except BaseException:  # runner code: it must not replace the turn's result
                 logger.exception("runner release failed for {}", delivery.delivery_id)
+
+
+def turn_for(
+    delivery: Delivery, *, home: Path | None, root: Path | None, send: Callable[[str, str], dict[str, Any]]
+) -> Turn:
+    """Pure: the first-attempt :class:`Turn` of ``delivery``.
+
+    Args:
+        delivery: the delivery to run.
+        home: the target profile's home (None: it is gone).
+        root: the Hermes root.
+        send: sends a DM as the target, one hop deeper (``Turn.message_agent``).
+    """
+    return Turn(
+        profile=delivery.target,
+        content=delivery.content,
+        delivery_id=delivery.delivery_id,
+        session=delivery.session,
+        handle=delivery.target_handle,
+        home=home,
+        root=root,
+        sender=delivery.sender,
+        sender_handle=delivery.sender_handle,
+        hop=delivery.hop,
+        author=dict(delivery.author),
+        _send=send,
+    )

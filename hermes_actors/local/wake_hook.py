@@ -16,18 +16,33 @@ written, re-publishes the DM's outcome, which creates it once.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from loguru import logger
 
-from hermes_actors.core.acks import delivery_from_record, delivery_record
+from hermes_actors.core.acks import delivery_from_record
+from hermes_actors.core.names import profile_key
 from hermes_actors.core.wake import WAKE_ORIGIN, WakeRequest, is_wake, wake_delivery, wake_for
 from hermes_actors.errors import StoreError
 from hermes_actors.faults import crashpoint
-from hermes_actors.local.dispatch_base import DispatcherBase, Pending
-from hermes_actors.messages import Delivery, Outcome
+from hermes_actors.local.durability import Durability
+from hermes_actors.local.outcome_book import OutcomeBook, Pending
+from hermes_actors.messages import Delivery, Outcome, ProfileInfo, RosterSnapshot
 
-__all__ = ["SenderWaker"]
+__all__ = ["SenderWaker", "WakeHost"]
+
+
+class WakeHost(Protocol):
+    """What the waker reads and uses of the Dispatcher (on the Dispatcher's thread)."""
+
+    snapshot: RosterSnapshot
+    counters: dict[str, int]
+    accepting: bool
+    book: OutcomeBook
+    durability: Durability
+
+    def deliver_local(self, info: ProfileInfo, delivery: Delivery, *, journaled: bool = False) -> None:
+        """Queue ``delivery`` on the ProfileActor of ``info`` and book it as pending."""
 
 _KNOWN_KEEP = 100_000  # wake ids remembered against a second creation (bounded like the settled table)
 
@@ -41,7 +56,7 @@ class SenderWaker:
         runner_is_hermes: turns run on the real Hermes (``auto`` is on then).
     """
 
-    def __init__(self, owner: DispatcherBase, *, mode: str, runner_is_hermes: bool) -> None:
+    def __init__(self, owner: WakeHost, *, mode: str, runner_is_hermes: bool) -> None:
         self.owner = owner
         self.mode = mode
         self.runner_is_hermes = runner_is_hermes
@@ -115,30 +130,28 @@ class SenderWaker:
         owner = self.owner
         crashpoint("after-outcome-before-wake")
         self._remember(request.wake_id)
-        info = owner.snapshot.index.get(request.profile.lower())
+        info = owner.snapshot.index.get(profile_key(request.profile))
         if info is None:
             self._failed("@{} is gone: the outcome of {} wakes nobody", request.handle, request.source_id)
             return
         delivery = wake_delivery(request, now=time.time())
         key = delivery.delivery_id
-        if owner.journal is not None:
-            try:  # durable before the DM is marked delivered, so a restart finds one or the other
-                owner.journal.append({"t": "accepted", "id": key, "d": delivery_record(delivery)})
-            except StoreError as exc:
-                self._failed("could not journal the wake of @{} for {}: {}", request.handle, request.source_id, exc)
-                return
-            owner.journaled.add(key)
+        try:  # durable before the DM is marked delivered, so a restart finds one or the other
+            journaled = owner.durability.journal_accepted_now(delivery)
+        except StoreError as exc:
+            self._failed("could not journal the wake of @{} for {}: {}", request.handle, request.source_id, exc)
+            return
         owner.counters["wakes_sent"] += 1
         if not owner.accepting:  # stopping: a journaled wake runs at the next start, else it is lost
-            if owner.journal is not None:
-                owner.pending[key] = Pending(delivery, "local")
+            if journaled:
+                owner.book.add(key, Pending(delivery, "local", journaled=True))
                 logger.info("wake of @{} for {} journaled; the next start runs it", request.handle, request.source_id)
             else:
                 self._failed("the gateway is stopping: @{} is not woken with the outcome of {}",
                              request.handle, request.source_id)
             return
         logger.debug("waking @{} with the outcome of {} (wake {})", request.handle, request.source_id, key)
-        owner._deliver_local(info, delivery)
+        owner.deliver_local(info, delivery, journaled=journaled)
 
     def _wake_settled(self, outcome: Outcome, delivery: Delivery | None) -> None:
         who = f"@{delivery.target_handle}" if delivery is not None else "the sender"

@@ -326,11 +326,14 @@ class RelayActor(TypedActor):
         except (StoreError, OSError, ValidationError) as exc:
             logger.error("relay: could not write the reply of {}: {}", record["id"], exc)
             return
-        clear_started(self.paths, record["id"])  # the reply is on disk: a restart sees it as finished
+        # The reply is on disk. Off our shelf first, its start mark last: a kill in between leaves a mark
+        # and no envelope (swept later). The other order could leave the envelope unmarked on the shelf
+        # after the hub already forwarded the reply, and the next gateway would run the turn again.
         try:
             os.unlink(self.paths.taken / f"{record['id']}.json")
         except FileNotFoundError:
             pass
+        clear_started(self.paths, record["id"])
 
     # ── the Desktop's RPC (asked by DesktopRpc on the caller's behalf) ───────
 

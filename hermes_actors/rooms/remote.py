@@ -108,12 +108,12 @@ class HostRooms:
     @classmethod
     def if_served(cls, root: str | Path) -> HostRooms | None:
         """The host's rooms when a host serves ``root``, else None."""
-        from hermes_actors.hermes.submit import ping
+        from hermes_actors.hermes.submit_client import ping
 
         return cls(root) if ping(root) is not None else None
 
     def _call(self, action: str, *, timeout: float = _TIMEOUT, **fields: Any) -> dict[str, Any]:
-        from hermes_actors.hermes.submit import request
+        from hermes_actors.hermes.submit_client import request
 
         answer = request(self.root, {"op": "room", "action": action, **fields}, timeout=timeout)
         kind = _RAISED.get(str(answer.get("error_type")))

@@ -1,4 +1,4 @@
-"""Safe file primitives: atomic private JSON writes and hostile-aware reads.
+"""Safe file primitives: atomic private JSON writes and private directories.
 
 Everything the store writes goes through :func:`atomic_write_json` or
 :func:`create_exclusive_json`: the bytes land in a private (0600) temp file in
@@ -6,9 +6,8 @@ a dedicated temp directory on the same filesystem, and only a rename (or a
 hard link, for first-writer-wins) makes them visible. Readers therefore never
 see a partial file, and a watcher globbing ``*.json`` never sees a temp file.
 
-Everything the store reads from a directory other programs can write to goes
-through :func:`read_json_file`, which refuses symlinks, special files, huge
-files, files of another owner, files others may write and corrupt JSON.
+The hostile-aware read, :func:`read_json_file`, is in :mod:`hermes_actors.store.safe_read`
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import orjson
 from loguru import logger
 
 from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.store.safe_read import DEFAULT_MAX_BYTES, read_json_file
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -33,13 +33,9 @@ __all__ = [
     "read_json_file",
 ]
 
-DEFAULT_MAX_BYTES = 1 << 20
-"""Largest JSON file :func:`read_json_file` accepts by default (1 MiB)."""
-
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _WRITE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 # ── pure helpers ────────────────────────────────────────────────────────────
@@ -105,28 +101,6 @@ def _serialize(payload: Any, *, sort_keys: bool) -> bytes:
         TypeError: the payload is not serializable (orjson.JSONEncodeError).
     """
     return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS if sort_keys else 0)
-
-
-def _why_hostile(st: os.stat_result, *, max_bytes: int, expect_uid: int | None) -> str | None:
-    """Decide whether a stat result describes a file we must refuse.
-
-    Args:
-        st: ``fstat`` of the opened file.
-        max_bytes: largest acceptable size.
-        expect_uid: required owner, or None to accept any owner.
-
-    Returns:
-        The reason the file is refused, or None when it is acceptable.
-    """
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file"
-    if st.st_size > max_bytes:
-        return f"is too large ({st.st_size} bytes > {max_bytes})"
-    if expect_uid is not None and st.st_uid != expect_uid:
-        return f"is owned by uid {st.st_uid}, expected {expect_uid}"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
 
 
 # ── writes ──────────────────────────────────────────────────────────────────
@@ -283,75 +257,6 @@ def create_exclusive_json(
     finally:
         _discard(tmp)
     return True
-
-
-# ── reads ───────────────────────────────────────────────────────────────────
-
-
-def _read_limited(fd: int, max_bytes: int) -> bytes:
-    """Read at most ``max_bytes + 1`` bytes from ``fd``.
-
-    Args:
-        fd: an open file descriptor.
-        max_bytes: the size limit (one more byte is read to detect growth).
-
-    Returns:
-        The bytes read.
-    """
-    chunks: list[bytes] = []
-    remaining = max_bytes + 1
-    while remaining > 0:
-        chunk = os.read(fd, min(remaining, 1 << 16))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_json_file(
-    path: Path,
-    *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    expect_uid: int | None = os.getuid(),
-) -> Any:
-    """Read and parse a JSON file that other programs could have tampered with.
-
-    Args:
-        path: the file to read.
-        max_bytes: refuse files larger than this.
-        expect_uid: required owner uid (default: this process's), None = any.
-
-    Returns:
-        The parsed JSON value (any JSON type; callers validate the shape).
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        HostileFileError: ``path`` is a symlink, not a regular file, too large,
-            owned by another uid, writable by group/others, or not valid JSON.
-        OSError: any other OS failure opening or reading the file.
-    """
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise HostileFileError(f"{path} is a symlink") from exc
-        if exc.errno == errno.ENXIO:  # a socket (or a device with nothing behind it): not a regular file
-            raise HostileFileError(f"{path} is not a regular file") from exc
-        raise
-    try:
-        why = _why_hostile(os.fstat(fd), max_bytes=max_bytes, expect_uid=expect_uid)
-        if why is not None:
-            raise HostileFileError(f"{path} {why}")
-        data = _read_limited(fd, max_bytes)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise HostileFileError(f"{path} is too large (grew past {max_bytes} bytes while reading)")
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise HostileFileError(f"{path} is not valid JSON: {exc}") from exc
 
 
 # ── directories ─────────────────────────────────────────────────────────────

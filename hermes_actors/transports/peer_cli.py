@@ -14,7 +14,7 @@ import orjson
 
 from hermes_actors.core import outcomes
 from hermes_actors.core.targets import PeerRoute
-from hermes_actors.local.runners import resolve_cli
+from hermes_actors.local.cli_process import resolve_cli
 from hermes_actors.messages import Delivery, Outcome
 
 __all__ = ["PeerCliTransport"]

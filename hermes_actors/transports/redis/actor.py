@@ -1,9 +1,12 @@
 """RedisRelayActor: the Redis Streams transport between gateways (DESIGN section 7).
 
 A drop-in for the file relay's RelayActor: toward the Dispatcher it speaks the
-same messages (``RelaySend`` → ack dict, ``OutcomeReady``, ``RelayDeliver``,
-``RelayOutcome``, ``RelayResumed``) and the records are the relay's envelope
-and reply records, orjson-serialized (key names: ``transports.redis.store``).
+same messages (``RelaySend``/``PeerSend``, answered later with ``RelayAccepted``
+through :func:`actors.ask_reply_to`, so the Dispatcher never waits on Redis;
+``OutcomeReady``, ``RelayDeliver``, ``RelayOutcome``, ``RelayResumed``) and the
+records are the relay's envelope and reply records, orjson-serialized (key
+names: ``transports.redis.store``). It is attached with
+``AttachRelay(reaches_peers=True)``: ``bot_peers`` peers on this Redis are its to carry.
 
 One actor, one module of handlers; its state lives in composed objects:
 
@@ -143,11 +146,13 @@ class RedisRelayActor(TypedActor):
 
     @handles(RelaySend)
     def _on_send(self, msg: RelaySend) -> dict[str, Any]:
+        """Publish the envelope; the ack or refusal goes back to the Dispatcher as ``RelayAccepted``."""
         route = msg.route
         return self.outbound.send(route.target, route.sender, route.content, msg.delivery.hop, route.label)
 
     @handles(PeerSend)
     def _on_peer_send(self, msg: PeerSend) -> dict[str, Any] | None:
+        """A ``bot_peers`` DM: the ack or refusal, or None when the peer is not on this Redis (the CLI carries it)."""
         return self.outbound.send_to_peer(msg.route, self.remote, msg.delivery.hop)
 
     def _resume(self) -> None:

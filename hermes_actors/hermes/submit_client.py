@@ -1,0 +1,145 @@
+"""The submit endpoint's client: how a bot's ``hermes`` process and ``hermes-actors send`` reach the host.
+
+The client talks only to a server of its own uid (see :mod:`hermes_actors.hermes.submit_socket`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from hermes_actors.core.reasons import UNKNOWN
+from hermes_actors.hermes.submit_protocol import MAX_REQUEST_BYTES, encode, offline_refusal, socket_path
+from hermes_actors.hermes.submit_socket import RECV_CHUNK, HostOffline, open_dir, peer_cred, socket_address
+
+__all__ = ["HostOffline", "fetch_outcome", "fetch_roster", "fetch_status", "ping", "request", "submit_dm"]
+
+
+def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0) -> dict[str, Any]:
+    """Send one request to the host of ``root`` and return its answer.
+
+    Raises:
+        HostOffline: nothing listens (no socket, a stale one, no run directory).
+        PermissionError: the run directory is a symlink or another uid's, or the
+            socket is served by another uid.
+        TimeoutError: the host did not answer within ``timeout``.
+        ValueError: the answer is not a JSON object.
+    """
+    path = socket_path(root)
+    try:
+        dir_fd = open_dir(path.parent)
+    except (FileNotFoundError, NotADirectoryError):
+        raise HostOffline(f"no submit endpoint at {path}") from None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.connect(socket_address(dir_fd, path))
+            except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
+                raise HostOffline(f"nothing listens on {path} ({exc.strerror or exc})") from None
+            _pid, uid = peer_cred(sock)
+            if uid != os.getuid():
+                raise PermissionError(f"refusing {path}: it is served by uid {uid}, not by us (uid {os.getuid()})")
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the host answered early: read it
+                sock.sendall(encode(payload))
+                sock.shutdown(socket.SHUT_WR)
+            data = bytearray()
+            while True:
+                chunk = sock.recv(RECV_CHUNK)
+                if not chunk:
+                    break
+                data += chunk
+                if len(data) > 4 * MAX_REQUEST_BYTES:
+                    raise ValueError(f"the answer from {path} is larger than {4 * MAX_REQUEST_BYTES} bytes")
+    finally:
+        os.close(dir_fd)
+    if not data:
+        raise HostOffline(f"the host on {path} closed the connection without answering (it is stopping)")
+    answer = orjson.loads(bytes(data))
+    if not isinstance(answer, dict):
+        raise ValueError(f"the answer from {path} is not a JSON object")
+    return answer
+
+
+def submit_dm(
+    root: str | Path,
+    sender: str,
+    target: str,
+    message: str,
+    hop: int = 0,
+    timeout: float = 10.0,
+    author: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Hand a DM to the host of ``root``; returns its ack or refusal dict, never raises.
+
+    When nothing hosts the actors, the answer is the ``runtime_offline`` refusal
+    naming the command to start one — never an ack nobody would process.
+    """
+    payload: dict[str, Any] = {"op": "send", "sender": sender, "target": target, "message": message, "hop": hop}
+    if author:
+        payload["author"] = author
+    try:
+        return request(root, payload, timeout=timeout)
+    except HostOffline:
+        return offline_refusal(root)
+    except TimeoutError:
+        return {"error": f"The Bot Mode host on {root} did not answer within {timeout:g}s; the message may or may "
+                         "not have been queued — do not resend it blindly.", "reason": UNKNOWN}
+    except (PermissionError, ValueError, OSError) as exc:
+        return {"error": f"Could not submit the message to the Bot Mode host on {root}: {exc}", "reason": UNKNOWN}
+
+
+def ping(root: str | Path, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The host's ``ping`` answer (pid, root, version), or None when nothing serves ``root``."""
+    try:
+        return request(root, {"op": "ping"}, timeout=timeout)
+    except (HostOffline, TimeoutError, PermissionError, ValueError, OSError):
+        return None
+
+
+def fetch_outcome(
+    root: str | Path, delivery_id: str, wait: float = 0.0, timeout: float | None = None
+) -> dict[str, Any]:
+    """The outcome of ``delivery_id`` from the host, waiting up to ``wait`` seconds there.
+
+    Returns:
+        The outcome dict, or ``{"status": "pending" | "unknown", ...}``.
+
+    Raises:
+        HostOffline: nothing serves ``root``.
+        TimeoutError: the host did not answer within ``timeout`` (default ``wait`` + 10 s).
+    """
+    payload = {"op": "outcome", "delivery_id": delivery_id, "wait": wait}
+    return request(root, payload, timeout=wait + 10.0 if timeout is None else timeout)
+
+
+def fetch_roster(root: str | Path, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The roster rows of the host serving ``root``.
+
+    Raises:
+        HostOffline: nothing serves ``root``.
+        TimeoutError: the host did not answer within ``timeout``.
+        ValueError: the host answered something else than rows (e.g. an older host without the op).
+    """
+    answer = request(root, {"op": "roster"}, timeout=timeout)
+    rows = answer.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError(answer.get("error") or f"the host of {root} answered no roster rows")
+    return rows
+
+
+def fetch_status(root: str | Path, timeout: float = 10.0) -> dict[str, Any]:
+    """The status of the host serving ``root`` (see :mod:`hermes_actors.ops.status`).
+
+    Raises:
+        HostOffline: nothing serves ``root``.
+        TimeoutError: the host did not answer within ``timeout``.
+        PermissionError: the endpoint is not ours.
+        ValueError: the answer is not a JSON object.
+    """
+    return request(root, {"op": "status"}, timeout=timeout)

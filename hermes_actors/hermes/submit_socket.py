@@ -1,0 +1,87 @@
+"""The submit endpoint's Unix socket: the ownership checks both ends make, and the framing.
+
+The ``run`` directory is opened without following a symlink and must be ours;
+a peer's uid is read with SO_PEERCRED; a long socket path is reached through
+``/proc/self/fd`` of the checked directory. A request is one line of JSON.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from pathlib import Path
+
+from hermes_actors.hermes.submit_protocol import MAX_REQUEST_BYTES
+
+__all__ = ["RECV_CHUNK", "HostOffline", "open_dir", "peer_cred", "read_request", "socket_address"]
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_SUN_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
+RECV_CHUNK = 64 * 1024
+
+
+class HostOffline(ConnectionError):
+    """Nothing serves the submit endpoint of a root (no socket, or a stale one)."""
+
+
+def peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a connected Unix socket."""
+    pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return pid, uid
+
+
+def socket_address(dir_fd: int, path: Path) -> str:
+    """A bindable/connectable address for ``path`` whose directory is open as ``dir_fd``.
+
+    Long paths (pytest's tmp dirs, deep homes) exceed ``sun_path``; going through
+    ``/proc/self/fd`` also pins the directory we checked, whatever its path does later.
+    """
+    if len(os.fsencode(path)) < _SUN_PATH_MAX:
+        return str(path)
+    return f"/proc/self/fd/{dir_fd}/{path.name}"
+
+
+def open_dir(directory: Path) -> int:
+    """Open a directory without following a symlink; check it is ours.
+
+    Raises:
+        FileNotFoundError / NotADirectoryError: it does not exist.
+        PermissionError: a symlink, or another uid's.
+    """
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        # O_NOFOLLOW|O_DIRECTORY on a symlink fails with ELOOP or ENOTDIR, depending on the kernel
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(directory)):
+            raise PermissionError(f"refusing {directory}: it is a symlink") from None
+        raise
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid():
+        os.close(fd)
+        raise PermissionError(f"refusing {directory}: owned by uid {st.st_uid}, expected {os.getuid()}")
+    return fd
+
+
+def read_request(conn: socket.socket) -> bytes:
+    """Bytes up to the first newline (or EOF), at most MAX_REQUEST_BYTES.
+
+    Raises:
+        ValueError: the request is larger than the cap.
+        TimeoutError: the client stopped sending before the end of its request.
+    """
+    buf = bytearray()
+    while True:
+        chunk = conn.recv(RECV_CHUNK)
+        if not chunk:
+            return bytes(buf)
+        end = chunk.find(b"\n")
+        if end >= 0:
+            buf += chunk[:end]
+            if len(buf) > MAX_REQUEST_BYTES:
+                raise ValueError(f"the request is larger than {MAX_REQUEST_BYTES} bytes")
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > MAX_REQUEST_BYTES:
+            raise ValueError(f"the request is larger than {MAX_REQUEST_BYTES} bytes")

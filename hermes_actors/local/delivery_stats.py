@@ -1,0 +1,67 @@
+"""What the Dispatcher tells operators about its DMs: one log line per outcome, the ``deliveries`` view.
+
+:class:`DeliveryStats` is owned by the DispatcherActor and used on its thread.
+It counts the published DM outcomes by status and reason, logs each DM's one
+INFO line (never its text), and builds the ``deliveries`` part of
+``Gateway.stats()`` that ``hermes-actors status`` shows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.local.outcome_book import Pending
+from hermes_actors.messages import Delivery, Outcome
+from hermes_actors.ops.delivery_log import delivery_line
+
+__all__ = ["IN_FLIGHT_ROWS", "DeliveryStats", "log_settled"]
+
+IN_FLIGHT_ROWS = 200  # in-flight deliveries listed by stats() (the oldest; all are counted per profile)
+
+
+def log_settled(delivery: Delivery | None, outcome: Outcome) -> None:
+    """Log a DM's one INFO line: who, to whom, how it ended, how long it took (never its text)."""
+    latency = time.time() - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
+    sender = f"@{delivery.sender_handle or delivery.sender}" if delivery is not None else ""
+    logger.info("{}", delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status,
+                                    outcome.reason, latency))
+
+
+class DeliveryStats:
+    """The published DM outcomes by (status, reason), and the in-flight view."""
+
+    def __init__(self) -> None:
+        self.by_outcome: Counter[tuple[str, str]] = Counter()  # what "settled" counts
+
+    def published(self, delivery: Delivery | None, outcome: Outcome) -> None:
+        """A DM outcome was published (``delivery``: None when the Dispatcher no longer knew it)."""
+        self.by_outcome[(outcome.status, outcome.reason)] += 1
+        log_settled(delivery, outcome)
+
+    def view(self, pending: Iterable[tuple[str, Pending]], live_owners: Iterable[str]) -> dict[str, Any]:
+        """The ``deliveries`` stats: the oldest in flight, counts per profile, live owners, outcomes.
+
+        Args:
+            pending: the pending entries, oldest first.
+            live_owners: the profiles with an attached live owner.
+        """
+        rows = list(pending)
+        by_outcome: dict[str, dict[str, int]] = {}
+        for (status, reason), count in self.by_outcome.items():
+            by_outcome.setdefault(status, {})[reason] = count
+        return {
+            "in_flight": [
+                {"delivery_id": key, "sender": p.delivery.sender, "target": p.delivery.label,
+                 "profile": p.delivery.target, "route": p.route, "accepted_at": p.delivery.accepted_at}
+                for key, p in itertools.islice(rows, IN_FLIGHT_ROWS)
+            ],
+            "per_profile": dict(Counter(p.delivery.target for _, p in rows if p.delivery.target)),
+            "live_owners": sorted(live_owners),
+            "by_outcome": by_outcome,
+        }

@@ -1,0 +1,157 @@
+"""The Dispatcher's durability strategy: a journal, or none, behind one interface.
+
+With a journal (durable mode) an acceptance is journaled with group commit and
+its ack is released only once that batch is on disk (``PendingAck``); an
+outcome is journaled before it is published. Without one, both happen at once.
+The DispatcherActor holds one strategy and never asks which one it is.
+Everything here runs on the Dispatcher's thread, except the journal's
+listener, which only tells the Dispatcher ``JournalDurable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actors import tell
+from hermes_actors.core.acks import delivery_record, journal_refusal, settled_ack
+from hermes_actors.core.names import profile_key
+from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.faults import crashpoint
+from hermes_actors.local.live_handoff import LiveMailbox
+from hermes_actors.messages import Delivery, JournalDurable, Outcome, PendingAck, ProfileInfo
+from hermes_actors.store.journal import Journal
+
+__all__ = ["Durability", "JournalDurability", "NoDurability", "durability_for", "live_record"]
+
+
+class NoDurability:
+    """No journal: acceptance and outcomes take effect at once; a stop loses what is queued."""
+
+    enabled = False
+
+    def accept(
+        self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None]
+    ) -> dict[str, Any] | PendingAck:
+        """Accept ``delivery`` now: ``proceed()`` queues it; answers ``ack``."""
+        proceed()
+        return ack
+
+    def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
+        """Nothing is ever journaled, so nothing lands."""
+
+    def journal_outcome(self, outcome: Outcome) -> bool:
+        """False: publish the outcome now."""
+        return False
+
+    def journal_accepted_now(self, delivery: Delivery) -> bool:
+        """False: ``delivery`` is not journaled (a stop loses it)."""
+        return False
+
+    def note(self, record: dict[str, Any]) -> None:
+        """Nothing to note."""
+
+    def write_now(self, record: dict[str, Any]) -> None:
+        """Nothing to write."""
+
+
+class JournalDurability:
+    """Durable mode: the journal records each delivery's lifecycle.
+
+    Args:
+        journal: the started journal.
+        dispatcher: told ``JournalDurable`` once per group commit.
+    """
+
+    enabled = True
+
+    def __init__(self, journal: Journal, dispatcher: pykka.ActorRef[Any]) -> None:
+        self.journal = journal
+        # one message per group commit, not one per record
+        journal.listener = lambda tokens, error: tell(dispatcher, JournalDurable(tuple(tokens), error))
+        self._parked: dict[str, tuple[Callable[[], None], pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
+
+    def accept(
+        self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None]
+    ) -> dict[str, Any] | PendingAck:
+        """Journal the acceptance; ``proceed()`` and the ack follow once its group commit is on disk.
+
+        Returns:
+            A :class:`PendingAck` (already answered with a refusal when the journal refused the record).
+        """
+        key = delivery.delivery_id
+        try:
+            self.journal.append({"t": "accepted", "id": key, "d": delivery_record(delivery)}, token=("accepted", key))
+        except StoreError as exc:
+            return settled_ack(journal_refusal(exc))
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        self._parked[key] = (proceed, future, ack)
+        return PendingAck(future)
+
+    def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
+        """The acceptance of ``delivery_id`` is on disk (or failed): queue it and release its ack."""
+        parked = self._parked.pop(delivery_id, None)
+        if parked is None:
+            return
+        proceed, future, ack = parked
+        if error is not None:
+            future.set(journal_refusal(error))  # nothing acked, nothing queued
+            return
+        crashpoint("after-journal-before-ack")
+        proceed()
+        future.set(ack)
+
+    def journal_outcome(self, outcome: Outcome) -> bool:
+        """Journal ``outcome`` (group commit); True: publish it once it landed, False: publish it now."""
+        key = outcome.delivery_id
+        try:
+            self.journal.append({"t": "finished", "id": key, "o": outcome.as_dict()}, token=("finished", outcome))
+        except StoreError as exc:
+            logger.error("journal append failed for the outcome of {}: {}", key, exc)
+            return False
+        return True
+
+    def journal_accepted_now(self, delivery: Delivery) -> bool:
+        """Journal the acceptance of ``delivery`` without waiting for its commit.
+
+        Raises:
+            StoreError: the journal refused the record.
+        """
+        self.journal.append({"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)})
+        return True
+
+    def note(self, record: dict[str, Any]) -> None:
+        """Journal ``record`` without waiting; a failure is logged (it only costs a repeat at restart)."""
+        try:
+            self.journal.append(record)
+        except StoreError as exc:
+            logger.error("journal append failed: {}", exc)
+
+    def write_now(self, record: dict[str, Any]) -> None:
+        """Journal ``record`` and wait for it (shutting down: no group commit to wait for)."""
+        try:
+            self.journal.append_durably(record)
+        except StoreError as exc:
+            logger.error("could not journal {} of {}: {}", record.get("t"), record.get("id"), exc)
+
+
+Durability = NoDurability | JournalDurability
+
+
+def durability_for(journal: Journal | None, dispatcher: pykka.ActorRef[Any]) -> Durability:
+    """The strategy for ``journal`` (None: no journal)."""
+    return NoDurability() if journal is None else JournalDurability(journal, dispatcher)
+
+
+def live_record(index: dict[str, ProfileInfo], delivery: Delivery) -> dict[str, Any] | None:
+    """The live-delivery mailbox record of ``delivery`` (None: it never went to a live owner)."""
+    info = index.get(profile_key(delivery.target))
+    if info is None:
+        return None
+    try:
+        return LiveMailbox(info.home).read(delivery.delivery_id)
+    except (OSError, ValidationError):
+        return None

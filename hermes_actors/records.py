@@ -1,0 +1,167 @@
+"""The data records of the hermes_actors protocol: who exists, what is delivered, how it ended.
+
+They travel inside the messages of :mod:`hermes_actors.messages` (which re-exports
+them). All are frozen: they cross actor boundaries and are never mutated after
+they were sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+__all__ = [
+    "BOT_CHAT_SESSION",
+    "ROOM_ORIGIN",
+    "Delivery",
+    "Origin",
+    "Outcome",
+    "OutcomeStatus",
+    "ProfileInfo",
+    "RemoteAgent",
+    "RosterSnapshot",
+    "Turn",
+    "outcome_status",
+]
+
+BOT_CHAT_SESSION = "Bot Chat"
+
+#: The one final status of a delivery (DESIGN section 3).
+OutcomeStatus = Literal["replied", "failed", "silent", "ambiguous"]
+
+#: Where a delivery came from: sent here, drained from the relay, re-offered after a
+#: restart, a sender wake-up turn, or a group room member's turn.
+Origin = Literal["local", "relay", "recovered", "wake", "room"]
+
+ROOM_ORIGIN: Origin = "room"  # Delivery.origin of a room member's turn
+
+
+def outcome_status(value: object) -> OutcomeStatus:
+    """``value`` as an :data:`OutcomeStatus`; anything else (a corrupt record) is ``ambiguous``."""
+    for status in get_args(OutcomeStatus):
+        if value == status:
+            return status
+    return "ambiguous"
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileInfo:
+    """One local profile as the roster knows it."""
+
+    profile: str  # folder id ("default" for the root)
+    handle: str  # "hermes" for default, else the folder id
+    home: Path
+    display_name: str
+    title: str = ""
+    description: str = ""
+    managed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteAgent:
+    """One normalized row of ``bot_relay/roster.json``."""
+
+    profile: str
+    handle: str
+    connection_id: str
+    connection_label: str = ""
+    title: str = ""
+    description: str = ""
+    online: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RosterSnapshot:
+    """An immutable view of who exists, published by the RosterActor."""
+
+    profiles: tuple[ProfileInfo, ...]
+    peers: tuple[str, ...] = ()
+    remote: tuple[RemoteAgent, ...] = ()
+    remote_mtime: float | None = None  # roster.json's mtime (wall clock); None = no roster
+    remote_unreachable: str = ""  # the Redis address while the transport cannot reach it ("" = reachable)
+    managed: bool = False
+    version: int = 0
+    # Precomputed by ``roster.make_snapshot`` so resolving a target is O(1):
+    index: dict[str, ProfileInfo] = field(default_factory=dict)  # lowercase folder id → profile
+    aliases: dict[str, frozenset[str]] = field(default_factory=dict)  # friendly form → folder ids
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A DM accepted for a local profile (the unit a ProfileActor queues)."""
+
+    delivery_id: str
+    sender: str  # folder id of the sender
+    sender_handle: str
+    target: str  # folder id of the target
+    target_handle: str
+    content: str  # the prefixed text the target reads
+    author: dict[str, Any] = field(default_factory=dict)
+    hop: int = 0
+    accepted_at: float = 0.0  # time.time() at acceptance
+    origin: Origin = "local"
+    label: str = ""  # how the target is shown to the sender ("@bob")
+    session: str = BOT_CHAT_SESSION  # the target's session the turn runs in ("Group: <name>" for a room)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The one final outcome of a delivery, as the sender sees it."""
+
+    delivery_id: str
+    status: OutcomeStatus
+    reply: str = ""
+    error: str = ""
+    reason: str = ""
+    retryable: bool = False
+    from_: str = ""
+    text: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The public outcome dict (DESIGN section 3): all keys always present."""
+        return {
+            "delivery_id": self.delivery_id,
+            "status": self.status,
+            "reply": self.reply,
+            "error": self.error,
+            "reason": self.reason,
+            "retryable": self.retryable,
+            "from": self.from_,
+            "text": self.text,
+        }
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn a runner executes for a profile.
+
+    ``message_agent`` sends a DM as this profile from inside the turn, one hop
+    deeper in the conversation; it returns the same ack dict as
+    ``Gateway.message_agent``.
+    """
+
+    profile: str
+    content: str
+    delivery_id: str
+    session: str = BOT_CHAT_SESSION
+    attempt: int = 1
+    handle: str = ""
+    home: Path | None = None
+    root: Path | None = None
+    sender: str = ""
+    sender_handle: str = ""
+    hop: int = 0
+    author: dict[str, Any] = field(default_factory=dict)
+    retry_action: str = ""  # "" on attempt 1; "resume" / "compress_then_resume" on 2
+    # The profile's turn-lock fd: a turn's process inherits it, so the flock stays held while that
+    # process lives, even if this gateway dies first (another process cannot start an overlapping turn).
+    lock_fd: int | None = field(default=None, repr=False, compare=False)
+    _send: Callable[[str, str], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    def message_agent(self, target: str, message: str) -> dict[str, Any]:
+        """Send a DM as this profile, one hop deeper; returns the ack dict."""
+        if self._send is None:
+            raise RuntimeError("this turn cannot send messages (no gateway attached)")
+        return self._send(target, message)

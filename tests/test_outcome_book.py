@@ -1,0 +1,98 @@
+"""The Dispatcher's OutcomeBook: each delivery id in exactly one state, waiters answered once."""
+
+from __future__ import annotations
+
+import pykka
+import pytest
+
+from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
+from hermes_actors.messages import Delivery
+
+KEY = "a" * 32
+
+
+def _entry(key: str = KEY, *, journaled: bool = False) -> Pending:
+    return Pending(Delivery(key, "alice", "alice", "bob", "bob", "hi", label="@bob"), "local", journaled=journaled)
+
+
+def _record(status: str = "replied") -> dict[str, str]:
+    return {"delivery_id": KEY, "status": status}
+
+
+def test_the_states_of_one_delivery_in_order() -> None:
+    book = OutcomeBook()
+    assert book.state(KEY) is DeliveryState.UNKNOWN
+    book.add(KEY, _entry())
+    assert book.state(KEY) is DeliveryState.PENDING and book.pending_count() == 1
+    book.journaling(KEY, _record())
+    assert book.state(KEY) is DeliveryState.JOURNALING and book.has_outcome(KEY) and book.pending_count() == 0
+    assert book.settle(KEY, _record()) is None  # its pending entry left when it started journaling
+    assert book.state(KEY) is DeliveryState.SETTLED and book.record(KEY) == _record()
+
+
+def test_settle_hands_back_a_pending_entry_still_held() -> None:
+    book = OutcomeBook()
+    entry = _entry()
+    book.add(KEY, entry)
+    assert book.settle(KEY, _record()) is entry
+    assert book.take(KEY) is None
+
+
+@pytest.mark.parametrize(
+    ("setup", "answered_at_once"),
+    [
+        ("pending", False),
+        ("journaling", False),  # the outcome exists but is not durable yet: the waiter waits for it
+        ("settled", True),
+    ],
+)
+def test_a_waiter_gets_the_outcome_only_once_it_is_published(setup: str, answered_at_once: bool) -> None:
+    book = OutcomeBook()
+    book.add(KEY, _entry())
+    if setup in ("journaling", "settled"):
+        book.journaling(KEY, _record())
+    if setup == "settled":
+        book.settle(KEY, _record())
+    future = book.wait(KEY)
+    if answered_at_once:
+        assert future.get(timeout=0) == _record()
+        return
+    with pytest.raises(pykka.Timeout):
+        future.get(timeout=0)
+    book.settle(KEY, _record("failed"))
+    assert future.get(timeout=0) == _record("failed")
+
+
+def test_waiting_for_an_unknown_id_is_a_key_error_naming_it() -> None:
+    with pytest.raises(KeyError, match=KEY):
+        OutcomeBook().wait(KEY)
+
+
+def test_the_oldest_settled_outcomes_are_forgotten_beyond_keep() -> None:
+    book = OutcomeBook(keep=2)
+    keys = [c * 32 for c in "abc"]
+    for key in keys:
+        book.settle(key, {"delivery_id": key})
+    assert [book.state(k) for k in keys] == [DeliveryState.UNKNOWN, DeliveryState.SETTLED, DeliveryState.SETTLED]
+
+
+def test_export_holds_journaling_and_settled_outcomes_and_remember_never_overrides_a_live_one() -> None:
+    book = OutcomeBook()
+    book.add("b" * 32, _entry("b" * 32))
+    book.journaling(KEY, _record())
+    book.settle("c" * 32, {"delivery_id": "c" * 32})
+    book.remember({"b" * 32: {"status": "old"}, "d" * 32: {"status": "old"}})
+    assert set(book.export()) == {KEY, "c" * 32, "d" * 32}
+    assert book.state("b" * 32) is DeliveryState.PENDING
+
+
+def test_a_journaling_outcome_keeps_its_delivery_until_it_is_published() -> None:
+    book = OutcomeBook()
+    entry = _entry(journaled=True)
+    book.add(KEY, entry)
+    assert book.delivery(KEY) is entry.delivery
+    book.take(KEY)
+    book.journaling(KEY, _record(), entry.delivery)  # the subscribers' details still name its sender
+    assert book.delivery(KEY) is entry.delivery and book.record(KEY) == _record()
+    book.settle(KEY, _record())
+    assert book.delivery(KEY) is None and book.export() == {KEY: _record()}
