@@ -411,7 +411,7 @@ class Gateway:
         return self._live_rooms().wait_idle(room, timeout)
 
     def list_rooms(self) -> list[dict[str, Any]]:
-        """Every room: ``{room_id, name, members, state}``."""
+        """Every room: ``{room_id, name, members, state, messages, last_activity}`` (docs/rooms.md)."""
         return self._live_rooms().list()
 
     def disband_room(self, room: str) -> dict[str, Any]:

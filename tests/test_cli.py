@@ -157,7 +157,8 @@ def test_room_commands_create_send_show_list_disband(tmp_path: Path, capsys: pyt
     assert shown[0] == "[0] user: What do we need for Friday?" and shown[1:] == lines[1:-1]
 
     assert main(["room", "list", "--json", *base]) == 0
-    assert json.loads(capsys.readouterr().out) == [{**room, "state": "needs_you"}]
+    rows = json.loads(capsys.readouterr().out)
+    assert rows == [{**room, "state": "needs_you", "messages": len(shown), "last_activity": rows[0]["last_activity"]}]
 
     assert main(["room", "disband", "launch", *base]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "disbanded"

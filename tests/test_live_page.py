@@ -114,3 +114,40 @@ def test_live_page_with_a_token_opens_from_the_token_link(root: Path, gateways: 
         wait.until(ec.text_to_be_present_in_element((By.ID, "conn-state"), "live"))  # /events got the cookie
         delivery_id = send_dm(gw, "with a token")
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{delivery_id}"]')))
+
+
+def test_live_page_shows_a_room_appear_and_settle(root: Path, gateways: list[Gateway], browser: Any) -> None:
+    release = threading.Event()
+
+    def behave(turn: Any) -> str:
+        if not turn.session.startswith("Group: "):
+            return "ok"
+        assert release.wait(WAIT), "the test never released the member turns"
+        return "On it." if turn.profile == "alice" else "[SILENT]"
+
+    gw = start_gateway(gateways, root, runner=RecordingRunner(behave))
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0), stream_interval=0.2) as server:
+        browser.get(server.url)
+        wait = WebDriverWait(browser, WAIT)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "conn-state"), "live"))
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#rooms tbody"), "no rooms"))
+
+        room = gw.create_room("launch", ["alice", "bob"])
+        row = f'#rooms tr[data-room-id="{room["room_id"]}"]'
+        # the rows are rebuilt at each status refresh: read them through waits, never a kept element
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, row), "@alice, @bob"))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "rooms-count"), "1"))
+
+        assert gw.room_send("launch", "user", "What do we need for Friday?")["status"] == "queued"
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'{row}[data-state="busy"]')))
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, f"{row} td.messages"), "1"))
+        release.set()
+        assert gw.wait_room_idle("launch", timeout=WAIT) == "idle"
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'{row}[data-state="idle"]')))
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, f"{row} td.messages"), "2"))
+        assert "What do we need" not in browser.find_element(By.TAG_NAME, "body").text  # no message text shown
+        assert not browser.find_elements(By.CSS_SELECTOR, "#outcomes tr[data-delivery-id]")  # rooms are no DMs
+
+        gw.disband_room("launch")
+        wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, row)))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "rooms-count"), "0"))

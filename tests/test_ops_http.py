@@ -12,18 +12,26 @@ from typing import Any
 
 import orjson
 import pytest
-from roots import send_dm, start_gateway
+from roots import RecordingRunner, send_dm, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
-from hermes_actors.ops.feed import LiveFeed
+from hermes_actors.messages import Turn
+from hermes_actors.ops.feed import LiveFeed, room_event
 from hermes_actors.ops.http_config import TOKEN_ENV, HttpSettings, http_settings, is_loopback_host, parse_http_address
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser", reason="the [ops] extra (prometheus_client)")
 
 from hermes_actors.ops.http_server import TOKEN_COOKIE, OpsHttpServer, host_of  # noqa: E402
-from hermes_actors.ops.metrics import METRIC_NAMES, profile_gauges, relay_files, relay_samples  # noqa: E402
+from hermes_actors.ops.metrics import (  # noqa: E402
+    METRIC_NAMES,
+    DeliveryMetrics,
+    profile_gauges,
+    relay_files,
+    relay_samples,
+    room_states,
+)
 
 TOKEN = "s3cret-Token_1"
 
@@ -131,6 +139,29 @@ def test_relay_samples_split_counters_and_gauges() -> None:
     counters, gauges = relay_samples({"sent": 3, "replies": 2, "waiting": 1, "inbound": 4, "alive": True, "x": "y"})
     assert counters == {"sent": 3.0, "replies": 2.0}
     assert gauges == {"waiting": 1.0, "inbound": 4.0}
+
+
+def test_room_states_count_every_known_state() -> None:
+    assert room_states({}) == {"idle": 0, "busy": 0, "needs_you": 0}
+    rooms = [{"state": "busy"}, {"state": "idle"}, {"state": "busy"}, {"state": "odd"}, {}]
+    assert room_states({"rooms": rooms}) == {"idle": 1, "busy": 2, "needs_you": 0, "odd": 1, "unknown": 1}
+
+
+def test_room_events_never_count_as_deliveries_nor_carry_text() -> None:
+    metrics = DeliveryMetrics(dict, dict)
+    message = {"message_id": "m" * 32, "author": "alice", "text": "secret plan", "at": 1.0, "round": 1,
+               "status": "said"}
+    metrics.observe({"kind": "room", "room_id": "r" * 32, "room": "plan", "event": "message", "message": message})
+    metrics.observe({"kind": "room", "room_id": "r" * 32, "room": "plan", "event": "state", "state": "idle"})
+    scraped = samples(metrics.render().decode())
+    assert scraped[("hermes_actors_room_messages_total", (("status", "said"),))] == 1
+    assert not [key for key in scraped if key[0] == "hermes_actors_deliveries_total"]  # was 2 "unknown" deliveries
+    event = room_event({"kind": "room", "room_id": "r" * 32, "room": "plan", "event": "message", "message": message},
+                       5.0)
+    assert event == {"kind": "room", "room_id": "r" * 32, "room": "plan", "event": "message", "at": 5.0,
+                     "message_id": "m" * 32, "author": "alice", "round": 1, "status": "said"}
+    state = room_event({"kind": "room", "room_id": "r" * 32, "room": "plan", "event": "state", "state": "busy"}, 6.0)
+    assert state == {"kind": "room", "room_id": "r" * 32, "room": "plan", "event": "state", "at": 6.0, "state": "busy"}
 
 
 def test_feed_resyncs_a_stream_that_fell_behind() -> None:
@@ -333,6 +364,56 @@ def test_events_stream_outcomes_and_close_ends_the_stream(endpoint: OpsHttpServe
     assert not closed.is_alive()
     assert not [t for t in threading.enumerate() if t.name == "ops-http"]
     response.close()
+
+
+def alice_answers_once() -> RecordingRunner:
+    """A runner: in a room alice replies once, every other turn passes."""
+    answered: list[str] = []
+
+    def behave(turn: Turn) -> str:
+        if turn.profile == "alice" and not answered:
+            answered.append(turn.delivery_id)
+            return "On it."
+        return "[SILENT]"
+
+    return RecordingRunner(behave)
+
+
+def test_rooms_on_metrics_and_status_and_events(root: Path, gateways: list[Gateway]) -> None:
+    gw = start_gateway(gateways, root, alice_answers_once())
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0), stream_interval=0.2) as server:
+        response = urllib.request.urlopen(server.url + "events", timeout=30)
+        assert response.readline() == b"event: snapshot\n"  # the stream's start: every later event comes after
+        room = gw.create_room("plan", ["alice", "bob"])
+        assert gw.room_send("plan", "user", "Plan Friday, secretly")["status"] == "queued"
+        assert gw.wait_room_idle("plan", timeout=30) == "idle"
+        said = ("hermes_actors_room_messages_total", (("status", "said"),))
+
+        def scraped() -> dict[Any, float] | None:
+            now = samples(get(server.url + "metrics")[2].decode())
+            return now if now.get(said) == 2 else None
+
+        after = await_condition(scraped, timeout=30, interval=0.05, message="2 room messages counted")
+        assert after[("hermes_actors_rooms", (("state", "idle"),))] == 1
+        assert after[("hermes_actors_rooms", (("state", "busy"),))] == 0
+        assert not [key for key in after if key[0] == "hermes_actors_deliveries_total"]  # no DM was sent
+        status = orjson.loads(get(server.url + "status")[2])
+        assert [(r["room_id"], r["state"], r["messages"]) for r in status["rooms"]] == [(room["room_id"], "idle", 2)]
+
+        seen: list[dict[str, Any]] = []
+        name = ""
+        while not (seen and seen[-1].get("state") == "idle"):  # the stream carries the room's events in order
+            line = response.readline().decode()
+            assert line, "the stream ended"
+            if line.startswith("event: "):
+                name = line[7:].strip()
+            elif line.startswith("data: ") and name == "room":
+                seen.append(orjson.loads(line[6:]))
+            assert "secretly" not in line and "On it." not in line  # never a message's text
+        assert [e["event"] for e in seen] == ["message", "state", "message", "state"]
+        assert [e.get("author") for e in seen if e["event"] == "message"] == ["user", "alice"]
+        assert all(e["room_id"] == room["room_id"] and e["room"] == "plan" for e in seen)
+        response.close()
 
 
 def test_open_streams_are_capped(endpoint: OpsHttpServer, monkeypatch: pytest.MonkeyPatch) -> None:

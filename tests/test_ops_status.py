@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import orjson
 from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway
 
 from hermes_actors import Gateway
+from hermes_actors.cli.render import status_text
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.status import (
     STATUS_KEYS,
@@ -18,6 +20,7 @@ from hermes_actors.ops.status import (
     live_status,
     outcome_counters,
     profile_rows,
+    room_rows,
 )
 
 
@@ -34,6 +37,53 @@ def test_profile_rows_states() -> None:
     assert [(r["state"], r["queued"], r["live_owner"]) for r in live] == [("running", 2, False), ("idle", 0, True)]
     offline = profile_rows(profiles, {"bob": 3}, set(), live=False)
     assert [(r["state"], r["queued"]) for r in offline] == [("offline", 3), ("offline", 0)]
+
+
+def test_room_rows_add_idle_seconds_and_sort_by_name() -> None:
+    rows = room_rows([
+        {"room_id": "b" * 32, "name": "Zeta", "members": ["alice", "bob"], "state": "busy", "messages": 3,
+         "last_activity": 90.0},
+        {"room_id": "a" * 32, "name": "alpha", "members": ["bob", "carol"], "state": "idle", "messages": 0,
+         "last_activity": 100.5},
+    ], now=100.0)
+    assert [r["name"] for r in rows] == ["alpha", "Zeta"]
+    assert rows[0]["idle_seconds"] == 0.0 and rows[1]["idle_seconds"] == 10.0  # never negative (clock skew)
+    assert rows[1] == {"name": "Zeta", "room_id": "b" * 32, "members": ["alice", "bob"], "state": "busy",
+                       "messages": 3, "last_activity": 90.0, "idle_seconds": 10.0}
+
+
+def test_live_status_shows_rooms_only_when_there_are_some(root: Path, gateways: list[Gateway]) -> None:
+    release = threading.Event()
+
+    def behave(turn: Any) -> str:
+        if turn.session.startswith("Group: "):
+            assert release.wait(10), "the test never released the member turn"
+            return "On it." if turn.profile == "alice" else "[SILENT]"
+        return "done"
+
+    gw = start_gateway(gateways, root, RecordingRunner(behave))
+    assert "rooms" not in live_status(gw)
+    room = gw.create_room("plan", ["alice", "bob"])
+    try:
+        assert gw.room_send("plan", "user", "Plan Friday")["status"] == "queued"
+        [busy] = live_status(gw)["rooms"]
+        assert (busy["name"], busy["room_id"], busy["members"]) == ("plan", room["room_id"], ["alice", "bob"])
+        assert (busy["state"], busy["messages"]) == ("busy", 1)
+        assert busy["idle_seconds"] >= 0
+        [turn] = [r for r in live_status(gw)["in_flight"] if not r["sender"]]  # the member turn (no sender)
+        assert f"  {turn['delivery_id']} @alice in room 'plan' (" in status_text(live_status(gw))
+    finally:
+        release.set()
+    assert gw.wait_room_idle("plan", timeout=30) == "idle"
+    status = live_status(gw)
+    [idle] = status["rooms"]
+    assert (idle["state"], idle["messages"]) == ("idle", 2)
+    assert idle["last_activity"] == gw.room_transcript("plan")[-1]["at"]
+    text = status_text(status)
+    assert "rooms: 1" in text and f"  plan ({room['room_id']}) idle, 2 messages, last " in text
+    assert text.endswith("; @alice, @bob")
+    gw.disband_room("plan")
+    assert "rooms" not in live_status(gw)
 
 
 def test_in_flight_rows_age_oldest_first() -> None:

@@ -54,7 +54,9 @@ def test_create_list_disband(room_root: Path, gateways: list[Gateway]) -> None:
     assert set(room) == {"room_id", "name", "members"}
     assert room["name"] == "plan" and room["members"] == ["alice", "bob", "dave"]
     assert len(room["room_id"]) == 32
-    assert gw.list_rooms() == [{**room, "state": "idle"}]
+    rows = gw.list_rooms()
+    assert rows == [{**room, "state": "idle", "messages": 0, "last_activity": rows[0]["last_activity"]}]
+    assert isinstance(rows[0]["last_activity"], float)  # created_at until a message is posted
     assert gw.wait_room_idle("PLAN", timeout=1) == "idle"  # a name resolves case-insensitively
     assert gw.disband_room(room["room_id"]) == {**room, "state": "disbanded"}
     assert gw.list_rooms() == []
@@ -298,7 +300,8 @@ def test_rooms_survive_a_restart(room_root: Path) -> None:
     assert files[0].stat().st_mode & 0o777 == 0o600
     runner = RecordingRunner(Script(bob=["second"]))
     with Gateway(room_root, runner=runner) as gw:
-        assert gw.list_rooms() == [{**room, "state": "idle"}]
+        assert gw.list_rooms() == [{**room, "state": "idle", "messages": len(before),
+                                    "last_activity": before[-1]["at"]}]
         assert gw.room_transcript("plan") == before
         gw.room_send("plan", "user", "again")
         assert gw.wait_room_idle("plan", timeout=10) == "idle"

@@ -88,7 +88,7 @@ def test_hostile_room_file_is_quarantined_and_the_valid_room_still_works(
     target_bytes = target.read_bytes() if target else None
 
     with Gateway(root, runner=lambda turn: "[SILENT]") as gw:
-        assert gw.list_rooms() == [{**room, "state": "idle"}]
+        assert [{k: r[k] for k in room} | {"state": r["state"]} for r in gw.list_rooms()] == [{**room, "state": "idle"}]
         assert gw.room_send("good", "user", "still here?")["status"] == "queued"
         assert gw.wait_room_idle("good", timeout=10) == "idle"
         with pytest.raises(KeyError):

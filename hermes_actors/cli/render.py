@@ -173,7 +173,9 @@ def status_text(status: dict[str, Any]) -> str:
     flying = status.get("in_flight") or []
     lines.append(f"in flight: {len(flying)}")
     for r in flying[:20]:
-        lines.append(f"  {r['delivery_id']} {r.get('sender')} → {r.get('target')} ({r.get('route')}, "
+        # a room member turn has no sender: its target is its label ("@alice in room 'plan'")
+        who = f"{r['sender']} → {r.get('target')}" if r.get("sender") else str(r.get("target"))
+        lines.append(f"  {r['delivery_id']} {who} ({r.get('route')}, "
                      f"{_age(r.get('age_seconds'))})")
     if len(flying) > 20:
         lines.append(f"  … and {len(flying) - 20} more (--json lists them)")
@@ -189,6 +191,13 @@ def status_text(status: dict[str, Any]) -> str:
     roster = "no relay roster" if age is None else f"roster {_age(age)} old, {relay.get('remote_agents')} agents"
     lines.append(f"relay: {relay.get('transport')}; {dirs or 'no relay directories'}; {roster}")
     lines.append(f"peers: {', '.join(relay.get('peers') or []) or 'none (bot_peers in config.yaml)'}")
+    rooms = status.get("rooms") or []
+    if rooms:
+        lines.append(f"rooms: {len(rooms)}")
+    for room in rooms:
+        members = ", ".join("@" + str(m) for m in room.get("members") or ())
+        lines.append(f"  {room.get('name')} ({room.get('room_id')}) {room.get('state')}, "
+                     f"{room.get('messages')} messages, last {_age(room.get('idle_seconds'))} ago; {members}")
     for problem in status.get("problems") or []:
         lines.append(f"problem: {problem}")
     return "\n".join(lines)

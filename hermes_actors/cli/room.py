@@ -1,8 +1,11 @@
 """``hermes-actors room create|send|show|list|disband``: group rooms on a root (docs/rooms.md).
 
-Each command runs its own gateway on the root for as long as it takes (``send``
-waits until the room settled, then stops it; a round cut short resumes at the next
-start). A root a host serves is refused: two gateways would race on its rooms.
+When a host serves the root (``hermes-actors serve``, or the hermes gateway with
+the plugin), every command goes through its submit endpoint (the ``room`` op,
+:mod:`hermes_actors.rooms.remote`): the host drives the root's rooms and runs the
+member turns with its runner. Without a host, each command runs its own gateway on
+the root for as long as it takes (``send`` waits until the room settled, then stops
+it; a round cut short resumes at the next start).
 """
 
 from __future__ import annotations
@@ -24,25 +27,43 @@ def _print_entry(entry: dict[str, Any]) -> None:
     print(f"[{entry['round']}] {entry['author']}{tag}: {entry['text']}")
 
 
+def _act(act: Callable[[Any], int], rooms: Any) -> int:
+    """Run ``act`` on a Gateway or the host's rooms; what they raise becomes one line and an exit code."""
+    from hermes_actors.hermes.submit_client import HostOffline
+
+    try:
+        return act(rooms)
+    except (KeyError, ValueError) as exc:  # no such room, a bad name or members: a bad argument
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (HostOffline, TimeoutError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
 def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int]) -> int:
     from hermes_actors.cli.main import _runner_for
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
-    from hermes_actors.hermes.submit import ping
+    from hermes_actors.rooms.remote import HostRooms
 
-    if ping(args.root) is not None:
-        print(f"error: a host serves {args.root}; stop it first (room commands run their own gateway on the root, "
-              "and two gateways would race on its rooms)", file=sys.stderr)
-        return EXIT_FAILED
+    host = HostRooms.if_served(args.root)
+    if host is not None:  # the host drives the root's rooms: ask it
+        return _act(act, host)
     runner = _runner_for(getattr(args, "runner", "demo"), getattr(args, "cli", None), args.root)
     gw = Gateway(args.root, runner=runner, config={"bot_mode": {"wake_sender": False}}).start()
     try:
-        return act(gw)
-    except KeyError as exc:  # no such room: a bad argument
-        print(f"error: {exc.args[0]}", file=sys.stderr)
-        return EXIT_USAGE
+        return _act(act, gw)
     finally:
         stop_gateway(gw, again=False)
+
+
+def _after(entries: list[dict[str, Any]], message_id: str) -> list[dict[str, Any]]:
+    """Pure: the entries after the one with ``message_id`` (all of them when it is not there)."""
+    for index, entry in enumerate(entries):
+        if entry.get("message_id") == message_id:
+            return entries[index + 1:]
+    return entries
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -55,7 +76,6 @@ def _create(args: argparse.Namespace) -> int:
 
 def _send(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
-        before = len(gw.room_transcript(args.room))
         ack = gw.room_send(args.room, args.sender, args.text)
         if "error" in ack:
             print(refusal_line(ack))
@@ -64,9 +84,10 @@ def _send(args: argparse.Namespace) -> int:
         try:
             state = gw.wait_room_idle(args.room, timeout=args.wait)
         except TimeoutError as exc:
-            print(f"error: {exc}; the rounds go on at the next start on this root", file=sys.stderr)
+            print(f"error: {exc}; the rounds go on (look later with: hermes-actors room show --root {args.root} "
+                  f"{args.room})", file=sys.stderr)
             return EXIT_FAILED
-        for entry in gw.room_transcript(args.room)[before + 1:]:
+        for entry in _after(gw.room_transcript(args.room), ack["message_id"]):
             _print_entry(entry)
         print(f"room is {state}")
         return 0
@@ -92,10 +113,11 @@ def _list(args: argparse.Namespace) -> int:
         if args.json:
             print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
             return 0
-        print(f"{'name':<24} {'room_id':<32} {'state':<10} members")
+        print(f"{'name':<24} {'room_id':<32} {'state':<10} {'messages':>8}  members")
         for row in rows:
             members = ", ".join("@" + m for m in row["members"])
-            print(f"{row['name'][:24]:<24} {row['room_id']:<32} {row['state']:<10} {members}")
+            print(f"{row['name'][:24]:<24} {row['room_id']:<32} {row['state']:<10} {row.get('messages', '?'):>8}  "
+                  f"{members}")
         return 0
 
     return _with_gateway(args, act)

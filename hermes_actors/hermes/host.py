@@ -82,8 +82,10 @@ class _Endpoint:
     def __init__(self, gw: Gateway) -> None:
         self.key = _key(gw.root)
         self.gw = gw
+        from hermes_actors.rooms.remote import room_handler
+
         self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw),
-                                   roster=gw.roster)
+                                   roster=gw.roster, room=room_handler(gw))
 
     def open(self) -> _Endpoint:
         self.server.start()

@@ -51,6 +51,7 @@ from hermes_actors.hermes.submit_protocol import (
     SOCKET_NAME,
     OutcomeCall,
     Ping,
+    RoomCall,
     RosterCall,
     SendCall,
     StatusCall,
@@ -76,6 +77,7 @@ __all__ = [
 SendFn = Callable[[SendCall], dict[str, Any]]
 OutcomeFn = Callable[[OutcomeCall], dict[str, Any]]
 StatusFn = Callable[[], dict[str, Any]]
+RoomFn = Callable[[RoomCall], dict[str, Any]]
 
 
 class SubmitServer:
@@ -89,6 +91,8 @@ class SubmitServer:
             ``{"status": "pending" | "unknown", ...}``; None: the op is refused.
         status: returns the host's status dict; None: the op is refused.
         roster: returns the host's roster rows (``Gateway.roster()``); None: the op is refused.
+        room: takes a :class:`RoomCall`, returns its answer (:mod:`hermes_actors.rooms.remote`);
+            None: the op is refused.
         allowed_uid: the only peer uid served (default: ours).
         max_connections: connections handled at once.
         read_timeout: seconds a client has to send its request.
@@ -103,6 +107,7 @@ class SubmitServer:
         outcome: OutcomeFn | None = None,
         status: StatusFn | None = None,
         roster: Callable[[], list[dict[str, Any]]] | None = None,
+        room: RoomFn | None = None,
         allowed_uid: int | None = None,
         max_connections: int = 32,
         read_timeout: float = 5.0,
@@ -114,6 +119,7 @@ class SubmitServer:
         self._outcome = outcome
         self._status = status
         self._roster = roster
+        self._room = room
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self.read_timeout = read_timeout
         self._info = dict(info or {})
@@ -318,6 +324,10 @@ class SubmitServer:
                 if self._roster is None:
                     return bad_request("this endpoint does not serve 'roster'")
                 answer = {"rows": self._roster()}
+            elif isinstance(call, RoomCall):
+                if self._room is None:
+                    return bad_request("this endpoint does not serve 'room'")
+                answer = self._room(call)
             elif self._outcome is None:
                 return bad_request("this endpoint does not serve 'outcome'")
             else:

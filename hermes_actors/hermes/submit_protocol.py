@@ -12,6 +12,8 @@ One request per connection, one answer, both a single line of JSON::
         → the host's status (:func:`hermes_actors.ops.status.live_status`)
     {"op": "roster"}
         → {"rows": [...]}: ``Gateway.roster()`` of the host (local, relay/Redis and peer agents)
+    {"op": "room", "action": "create" | "send" | "show" | "list" | "disband" | "wait", ...}
+        → the host's group rooms (:mod:`hermes_actors.rooms.remote` says what each action takes and answers)
 
 A malformed request is answered ``{"error": <what is wrong>, "reason": "unknown"}``.
 """
@@ -31,8 +33,10 @@ __all__ = [
     "MAX_HOP",
     "MAX_OUTCOME_WAIT",
     "MAX_REQUEST_BYTES",
+    "ROOM_ACTIONS",
     "OutcomeCall",
     "Ping",
+    "RoomCall",
     "RosterCall",
     "SendCall",
     "StatusCall",
@@ -57,7 +61,17 @@ _FIELDS = {
     "outcome": {"op", "delivery_id", "wait"},
     "status": {"op"},
     "roster": {"op"},
+    "room": {"op", "action", "name", "members", "room", "sender", "text", "wait"},
 }
+ROOM_ACTIONS = {  # action → the fields it takes besides ``op`` and ``action``
+    "create": {"name", "members"},
+    "send": {"room", "sender", "text"},
+    "show": {"room"},
+    "list": set(),
+    "disband": {"room"},
+    "wait": {"room", "wait"},
+}
+_MAX_MEMBERS_SENT = 64  # the room rules allow 2 to 6 and say so; this only bounds what is parsed
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +108,24 @@ class RosterCall:
     """Ask for the host's roster (what ``hermes-actors roster`` prints)."""
 
 
-Request = SendCall | OutcomeCall | Ping | StatusCall | RosterCall
+@dataclass(frozen=True, slots=True)
+class RoomCall:
+    """One call on the host's group rooms (``action`` names the ``Gateway`` room method it maps to).
+
+    ``room`` is a room id or name; ``sender`` is ``"user"`` or a member; ``wait`` is
+    the most seconds the host waits for the room to settle (``wait`` only).
+    """
+
+    action: str
+    room: str = ""
+    name: str = ""
+    members: tuple[str, ...] = ()
+    sender: str = "user"
+    text: str = ""
+    wait: float = 0.0
+
+
+Request = SendCall | OutcomeCall | Ping | StatusCall | RosterCall | RoomCall
 
 
 def socket_path(root: str | Path) -> Path:
@@ -159,6 +190,47 @@ def _parse_outcome(data: dict[str, Any]) -> OutcomeCall | dict[str, Any]:
     return OutcomeCall(delivery_id=delivery_id, wait=float(wait))
 
 
+def _short_string(data: dict[str, Any], key: str, default: str | None = None) -> str | dict[str, Any]:
+    """``data[key]`` when it is a non-empty string of at most ``_NAME_MAX`` chars, else the bad_request."""
+    value = data.get(key, default)
+    if not isinstance(value, str) or not value.strip() or len(value) > _NAME_MAX:
+        return bad_request(f"'{key}' must be a non-empty string of at most {_NAME_MAX} chars, got {value!r:.80}")
+    return value
+
+
+def _parse_room(data: dict[str, Any]) -> RoomCall | dict[str, Any]:
+    action = data.get("action")
+    if not isinstance(action, str) or action not in ROOM_ACTIONS:
+        return bad_request(f"unknown room action {action!r:.80} (expected one of: {', '.join(sorted(ROOM_ACTIONS))})")
+    extra = sorted(str(key) for key in data if key not in {"op", "action", *ROOM_ACTIONS[action]})
+    if extra:
+        return bad_request(f"unknown field(s) for room action {action!r}: {', '.join(extra)}")
+    fields: dict[str, Any] = {}
+    for key in ROOM_ACTIONS[action] & {"room", "name", "sender"}:
+        value = _short_string(data, key, "user" if key == "sender" else None)
+        if isinstance(value, dict):
+            return value
+        fields[key] = value
+    if action == "create":
+        members = data.get("members")
+        if (not isinstance(members, list) or len(members) > _MAX_MEMBERS_SENT
+                or not all(isinstance(m, str) and 0 < len(m) <= _NAME_MAX for m in members)):
+            return bad_request(f"'members' must be a list of at most {_MAX_MEMBERS_SENT} names (non-empty strings "
+                               f"of at most {_NAME_MAX} chars), got {members!r:.80}")
+        fields["members"] = tuple(members)
+    if action == "send":
+        text = data.get("text")
+        if not isinstance(text, str):
+            return bad_request(f"'text' must be a string, got {type(text).__name__}")
+        fields["text"] = text
+    if action == "wait":
+        wait = data.get("wait", 0)
+        if not _is_number(wait) or not 0 <= wait <= MAX_OUTCOME_WAIT:
+            return bad_request(f"'wait' must be a number of seconds from 0 to {MAX_OUTCOME_WAIT:g}, got {wait!r}")
+        fields["wait"] = float(wait)
+    return RoomCall(action=action, **fields)
+
+
 def parse_request(raw: bytes) -> Request | dict[str, Any]:
     """Decode one request line.
 
@@ -190,4 +262,6 @@ def parse_request(raw: bytes) -> Request | dict[str, Any]:
         return StatusCall()
     if op == "roster":
         return RosterCall()
+    if op == "room":
+        return _parse_room(data)
     return Ping()

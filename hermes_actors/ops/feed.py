@@ -1,6 +1,6 @@
-"""The live page's feed: recent outcomes, and waking every ``/events`` stream when one arrives.
+"""The live page's feed: recent outcomes and room events, and waking every ``/events`` stream when one arrives.
 
-Outcomes come from ``Gateway.subscribe(details=True)`` on the notifier thread;
+Outcomes and room events (``kind: "room"``) come from ``Gateway.subscribe(details=True)`` on the notifier thread;
 :meth:`LiveFeed.publish` only appends and notifies (never blocks on a client).
 Each stream remembers the sequence number it has sent; a stream that fell more
 than :data:`RECENT_KEEP` outcomes behind gets a fresh snapshot instead, so a
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RECENT_KEEP", "FeedBatch", "LiveFeed", "outcome_event"]
+__all__ = ["RECENT_KEEP", "FeedBatch", "LiveFeed", "outcome_event", "room_event"]
 
 RECENT_KEEP = 200
 
@@ -43,6 +43,28 @@ def outcome_event(outcome: Mapping[str, Any], now: float) -> dict[str, Any]:
     }
 
 
+def room_event(event: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """Pure: what the page shows of one room event — never a message's text.
+
+    Args:
+        event: a ``kind: "room"`` subscriber dict (``event`` is ``message`` or ``state``).
+        now: ``time.time()`` when it arrived.
+
+    Returns:
+        ``kind`` ("room"), ``room_id``, ``room``, ``event``, ``at``; a state change adds ``state``,
+        a message its ``message_id``, ``author``, ``round`` and ``status``.
+    """
+    out: dict[str, Any] = {"kind": "room", "room_id": str(event.get("room_id", "")), "room": str(event.get("room", "")),
+                           "event": str(event.get("event", "")), "at": round(now, 3)}
+    message = event.get("message")
+    if out["event"] == "state":
+        out["state"] = str(event.get("state", ""))
+    elif isinstance(message, Mapping):
+        out.update({"message_id": str(message.get("message_id", "")), "author": str(message.get("author", "")),
+                    "round": message.get("round"), "status": str(message.get("status", ""))})
+    return out
+
+
 @dataclass(frozen=True)
 class FeedBatch:
     """What a stream gets from :meth:`LiveFeed.wait_after`."""
@@ -63,8 +85,9 @@ class LiveFeed:
         self._closed = False
 
     def publish(self, outcome: Mapping[str, Any]) -> None:
-        """Add one outcome and wake the streams (called on the notifier thread; never blocks long)."""
-        event = outcome_event(outcome, time.time())
+        """Add one outcome or room event and wake the streams (called on the notifier thread; never blocks long)."""
+        now = time.time()
+        event = room_event(outcome, now) if outcome.get("kind") == "room" else outcome_event(outcome, now)
         with self._cond:
             self._seq += 1
             self._recent.append((self._seq, event))

@@ -231,7 +231,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(code, orjson.dumps(status, default=str), "application/json")
 
     def _events(self) -> None:
-        """Server-Sent Events: ``snapshot`` first, then ``outcome`` as each arrives and ``status`` refreshes."""
+        """Server-Sent Events: ``snapshot`` first, then ``outcome`` and ``room`` as each arrives, and ``status``
+        refreshes."""
         ops = self.server.ops
         if not ops.streams.acquire(blocking=False):
             self._text(HTTPStatus.SERVICE_UNAVAILABLE, f"too many live pages open (at most {MAX_STREAMS})\n",
@@ -261,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
                     last_status = time.monotonic()
                     continue
                 for event in batch.events:
-                    self._send("outcome", event)
+                    self._send("room" if event.get("kind") == "room" else "outcome", event)
                 if time.monotonic() - last_status >= min(0.25, ops.stream_interval) or not batch.events:
                     self._send("status", ops.view())
                     last_status = time.monotonic()
@@ -271,7 +272,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_snapshot(self, ops: OpsHttpServer) -> int:
         """Send the view and the kept outcomes; returns the sequence number they go up to."""
         recent, seq = ops.feed.snapshot()
-        self._send("snapshot", {**ops.view(), "recent": recent})
+        outcomes = [event for event in recent if event.get("kind") != "room"]  # rooms: the status has them
+        self._send("snapshot", {**ops.view(), "recent": outcomes})
         return seq
 
     def _send(self, event: str, data: Any) -> None:

@@ -2,10 +2,12 @@
 
 Two kinds of metric:
 
-* counted as outcomes arrive (``Gateway.subscribe(details=True)``): deliveries by
-  status and reason, and the acceptance-to-outcome latency histogram;
+* counted as events arrive (``Gateway.subscribe(details=True)``): deliveries by
+  status and reason, the acceptance-to-outcome latency histogram, and the
+  messages posted in group rooms (``kind: "room"`` events, never counted as deliveries);
 * read at each scrape from the gateway: accepted/refused/settled, pending, the
-  per-profile in-flight and queued gauges, the relay's and the journal's counters.
+  per-profile in-flight and queued gauges, the relay's and the journal's counters,
+  the rooms by state.
 
 The registry is this object's own (never prometheus_client's global one), so two
 gateways in one process never share or clash over series.
@@ -19,10 +21,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-__all__ = ["LATENCY_BUCKETS", "METRIC_NAMES", "RELAY_DIRS", "DeliveryMetrics", "profile_gauges", "relay_files",
-           "relay_samples"]
+__all__ = ["LATENCY_BUCKETS", "METRIC_NAMES", "RELAY_DIRS", "ROOM_STATES", "DeliveryMetrics", "profile_gauges",
+           "relay_files", "relay_samples", "room_states"]
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0)
+ROOM_STATES = ("idle", "busy", "needs_you")
 RELAY_DIRS = ("outbox", "claimed", "replies", "inbox", "taken", "quarantine")
 _RELAY_GAUGES = frozenset({"waiting", "inbound"})  # relay stats that go up and down; the rest only count
 
@@ -43,6 +46,8 @@ METRIC_NAMES = {  # name → help (docs/operations.md lists these; tests check e
     "hermes_actors_journal_records_total": "Records appended to the delivery journal.",
     "hermes_actors_journal_fsyncs_total": "Group commits (fsyncs) of the delivery journal.",
     "hermes_actors_subscriber_errors_total": "Outcome subscriber callbacks that raised.",
+    "hermes_actors_rooms": "Group rooms by state (idle, busy, needs_you).",
+    "hermes_actors_room_messages_total": "Messages posted in group rooms, by status (said, failed, interrupted).",
 }
 
 
@@ -81,6 +86,22 @@ def profile_gauges(status: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
         if known is not None:
             counted[known] += 1
     return {p: (given.get(p, counted[p]), queued[p]) for p in sorted(queued)}
+
+
+def room_states(status: Mapping[str, Any]) -> dict[str, int]:
+    """Pure: how many rooms a ``live_status`` dict shows in each state.
+
+    Args:
+        status: ``live_status(gateway)`` (its ``rooms`` rows; none when the key is missing).
+
+    Returns:
+        {state: rooms}; idle, busy and needs_you always (0 when none), any other state seen too.
+    """
+    counts = dict.fromkeys(ROOM_STATES, 0)
+    for room in status.get("rooms") or ():
+        state = str(room.get("state") or "unknown")
+        counts[state] = counts.get(state, 0) + 1
+    return counts
 
 
 def relay_files(relay: Mapping[str, Any]) -> dict[str, int]:
@@ -137,6 +158,10 @@ class _GatewayCollector:
             queued.add_metric([profile], waiting)
         yield in_flight
         yield queued
+        rooms = GaugeMetricFamily("hermes_actors_rooms", METRIC_NAMES["hermes_actors_rooms"], labels=["state"])
+        for state, count in room_states(status).items():
+            rooms.add_metric([state], count)
+        yield rooms
         if "relay_alive" in stats:
             yield from _relay(bool(stats["relay_alive"]), stats.get("relay") or {})
         files = GaugeMetricFamily("hermes_actors_relay_files", METRIC_NAMES["hermes_actors_relay_files"],
@@ -188,14 +213,22 @@ class DeliveryMetrics:
         self.latency = Histogram("hermes_actors_delivery_latency_seconds",
                                  METRIC_NAMES["hermes_actors_delivery_latency_seconds"],
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.room_messages = Counter("hermes_actors_room_messages", METRIC_NAMES["hermes_actors_room_messages_total"],
+                                     ["status"], registry=self.registry)
         self.registry.register(_GatewayCollector(stats, status))
 
     def observe(self, outcome: Mapping[str, Any]) -> None:
-        """Count one outcome (a ``subscribe(details=True)`` dict).
+        """Count one outcome or room event (a ``subscribe(details=True)`` dict).
 
         Args:
-            outcome: its ``status``, ``reason`` ("" is shown as ``none``) and ``latency_seconds`` (None: not timed).
+            outcome: a DM outcome: its ``status``, ``reason`` ("" is shown as ``none``) and ``latency_seconds``
+                (None: not timed); or a ``kind: "room"`` event: a posted ``message`` counts by its ``status``.
         """
+        if outcome.get("kind") == "room":
+            message = outcome.get("message")
+            if outcome.get("event") == "message" and isinstance(message, Mapping):
+                self.room_messages.labels(str(message.get("status") or "unknown")).inc()
+            return
         self.deliveries.labels(str(outcome.get("status") or "unknown"), str(outcome.get("reason") or "none")).inc()
         latency = outcome.get("latency_seconds")
         if isinstance(latency, int | float) and not isinstance(latency, bool):

@@ -17,7 +17,12 @@ gateway answers. Both return the same shape (``source`` says which)::
                 "roster_age_seconds", "remote_agents", "peers", "alive", "stats"},
       "managed": True | False,
       "problems": ["..."],
+      "rooms": [{"name", "room_id", "members", "state", "messages", "last_activity", "idle_seconds"}],
     }
+
+``rooms`` is there only from a running gateway that has group rooms (``state`` is
+``idle``, ``busy`` or ``needs_you``; ``messages`` counts every transcript entry
+posted; ``last_activity`` is the newest one's time, else the room's creation).
 
 ``state`` is ``idle``, ``running`` (a DM is in its turn; ``queued`` more wait) or, from
 the files, ``offline`` (``queued`` then counts the journaled DMs waiting for the next
@@ -99,6 +104,27 @@ def profile_rows(
             state, queued = "offline", n
         rows.append({**p, "state": state, "queued": queued, "in_flight": n, "live_owner": p["profile"] in live_owners})
     return rows
+
+
+def room_rows(rooms: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Pure: ``list_rooms()`` rows as the status shows them: ``idle_seconds`` since ``last_activity`` added, by name.
+
+    Args:
+        rooms: ``Gateway.list_rooms()``.
+        now: the current time.
+
+    Returns:
+        ``{name, room_id, members, state, messages, last_activity, idle_seconds}`` per room.
+    """
+    out = []
+    for room in rooms:
+        last = room.get("last_activity")
+        idle = round(max(0.0, now - last), 3) if isinstance(last, int | float) else None
+        out.append({"name": room.get("name"), "room_id": room.get("room_id"),
+                    "members": list(room.get("members") or ()), "state": room.get("state"),
+                    "messages": room.get("messages"), "last_activity": last, "idle_seconds": idle})
+    out.sort(key=lambda r: str(r["name"]).lower())
+    return out
 
 
 def in_flight_rows(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
@@ -283,7 +309,12 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
     for key in ("notified", "notify_skipped", "subscriber_errors", "journal_fsyncs", "journal_records"):
         if key in stats:
             counters[key] = stats[key]
-    return {
+    problems: list[str] = []
+    try:
+        rooms = room_rows(gateway.list_rooms(), now)
+    except RuntimeError as exc:  # the room directory is refused, or another process drives the rooms
+        rooms, problems = [], [str(exc)]
+    status: dict[str, Any] = {
         "source": "gateway",
         "root": str(root),
         "running": True,
@@ -305,5 +336,8 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
                   "peers": list(config.peers) if config is not None else [],
                   "alive": stats.get("relay_alive"), "stats": stats.get("relay")},
         "managed": install_is_managed(local),
-        "problems": [],
+        "problems": problems,
     }
+    if rooms:
+        status["rooms"] = rooms
+    return status

@@ -37,7 +37,8 @@ class GetTranscript:
 
 @dataclass(frozen=True, slots=True)
 class GetSummary:
-    """Ask for the public room dict (``room_id``, ``name``, ``members``, ``state``)."""
+    """Ask for the room's ``list_rooms`` row: ``room_id``, ``name``, ``members``, ``state``, ``messages``,
+    ``last_activity``."""
 
 
 @dataclass(frozen=True, slots=True)

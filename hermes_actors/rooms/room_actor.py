@@ -278,7 +278,7 @@ class RoomActor(TypedActor):
 
     @handles(GetSummary)
     def _on_summary(self, msg: GetSummary) -> dict[str, Any]:
-        return self.record.summary()
+        return {**self.record.summary(), **self.record.activity()}
 
     @handles(AwaitIdle)
     def _on_await_idle(self, msg: AwaitIdle) -> pykka.ThreadingFuture[str]:

@@ -78,6 +78,12 @@ class RoomRecord:
         return {"room_id": self.room_id, "name": self.name,
                 "members": [self.handles[m] for m in self.members], "state": self.state}
 
+    def activity(self) -> dict[str, Any]:
+        """``messages`` (every transcript entry ever posted, trimmed ones too) and ``last_activity``
+        (the newest entry's ``at``, else ``created_at``)."""
+        last = self.transcript[-1]["at"] if self.transcript else self.created_at
+        return {"messages": self.base + len(self.transcript), "last_activity": last}
+
 
 def _need(cond: bool, what: str) -> None:
     if not cond:

@@ -1,0 +1,215 @@
+"""Group rooms through the host of a root: the submit endpoint's ``room`` op and the ``room`` commands using it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from roots import RecordingRunner, make_root, start_gateway
+
+from hermes_actors import Gateway
+from hermes_actors.cli.main import main
+from hermes_actors.cli.room import _after
+from hermes_actors.hermes.submit_client import HostOffline, request
+from hermes_actors.hermes.submit_protocol import RoomCall, parse_request, socket_path
+from hermes_actors.messages import Turn
+from hermes_actors.rooms.remote import HostRooms
+
+# ── the op's parsing (pure) ─────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("payload", "call"),
+    [
+        ({"action": "create", "name": "plan", "members": ["alice", "bob"]},
+         RoomCall("create", name="plan", members=("alice", "bob"))),
+        ({"action": "send", "room": "plan", "text": "hi"}, RoomCall("send", room="plan", sender="user", text="hi")),
+        ({"action": "send", "room": "plan", "sender": "alice", "text": ""},
+         RoomCall("send", room="plan", sender="alice", text="")),  # an empty text is the room's refusal to make
+        ({"action": "show", "room": "plan"}, RoomCall("show", room="plan")),
+        ({"action": "list"}, RoomCall("list")),
+        ({"action": "disband", "room": "plan"}, RoomCall("disband", room="plan")),
+        ({"action": "wait", "room": "plan", "wait": 2}, RoomCall("wait", room="plan", wait=2.0)),
+        ({"action": "wait", "room": "plan"}, RoomCall("wait", room="plan", wait=0.0)),
+        ({"action": "create", "name": "solo", "members": ["alice"]},
+         RoomCall("create", name="solo", members=("alice",))),  # 2 to 6: the room rules say it, in their words
+    ],
+)
+def test_room_requests_parse(payload: dict[str, Any], call: RoomCall) -> None:
+    assert parse_request(orjson.dumps({"op": "room", **payload})) == call
+
+
+@pytest.mark.parametrize(
+    ("payload", "says"),
+    [
+        ({}, "unknown room action None (expected one of: create, disband, list, send, show, wait)"),
+        ({"action": "shout"}, "unknown room action 'shout'"),
+        ({"action": "list", "room": "plan"}, "unknown field(s) for room action 'list': room"),
+        ({"action": "show", "room": "plan", "text": "x"}, "unknown field(s) for room action 'show': text"),
+        ({"action": "show"}, "'room' must be a non-empty string of at most 256 chars, got None"),
+        ({"action": "show", "room": "  "}, "'room' must be a non-empty string"),
+        ({"action": "show", "room": "x" * 257}, "'room' must be a non-empty string of at most 256 chars"),
+        ({"action": "disband", "room": 7}, "'room' must be a non-empty string of at most 256 chars, got 7"),
+        ({"action": "create", "members": ["alice", "bob"]}, "'name' must be a non-empty string"),
+        ({"action": "create", "name": "plan", "members": "alice bob"}, "'members' must be a list of at most 64 names"),
+        ({"action": "create", "name": "plan", "members": ["alice", 3]}, "'members' must be a list"),
+        ({"action": "create", "name": "plan", "members": ["alice", ""]}, "'members' must be a list"),
+        ({"action": "create", "name": "plan", "members": ["a"] * 65}, "'members' must be a list of at most 64"),
+        ({"action": "send", "room": "plan"}, "'text' must be a string, got NoneType"),
+        ({"action": "send", "room": "plan", "text": ["hi"]}, "'text' must be a string, got list"),
+        ({"action": "send", "room": "plan", "sender": "", "text": "hi"}, "'sender' must be a non-empty string"),
+        ({"action": "wait", "room": "plan", "wait": -1}, "'wait' must be a number of seconds from 0 to 300"),
+        ({"action": "wait", "room": "plan", "wait": 301}, "'wait' must be a number of seconds from 0 to 300"),
+        ({"action": "wait", "room": "plan", "wait": True}, "'wait' must be a number of seconds"),
+        ({"action": "wait", "room": "plan", "wait": "5"}, "'wait' must be a number of seconds"),
+    ],
+)
+def test_bad_room_requests_say_what_is_wrong(payload: dict[str, Any], says: str) -> None:
+    answer = parse_request(orjson.dumps({"op": "room", **payload}))
+    assert isinstance(answer, dict) and answer["reason"] == "unknown"
+    assert answer["error"].startswith("bad submit request: ") and says in answer["error"], answer["error"]
+
+
+def test_after_a_message_id_table() -> None:
+    entries = [{"message_id": m} for m in ("a", "b", "c")]
+    assert _after(entries, "a") == entries[1:]
+    assert _after(entries, "c") == []
+    assert _after(entries, "gone") == entries  # trimmed off: show everything there is
+
+
+# ── through a host in this process ──────────────────────────────────────────
+
+
+class Members:
+    """A runner: in a room, alice answers once (``@user`` when told to), the others pass; ``hold`` blocks."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.answered: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, turn: Turn) -> str:
+        if "hold" in turn.content:
+            assert self.release.wait(30), "the test never released the held turn"
+        with self.lock:
+            if turn.profile != "alice" or not turn.session.startswith("Group: ") or "alice" in self.answered:
+                return "[SILENT]"
+            self.answered.add("alice")
+        return "@user Friday works for me." if "ask me" in turn.content else "Friday works for me."
+
+
+@pytest.fixture
+def host(tmp_path: Path, gateways: list[Gateway]) -> tuple[Path, Gateway, Members, RecordingRunner]:
+    root = make_root(tmp_path)
+    members = Members()
+    runner = RecordingRunner(members)
+    return root, start_gateway(gateways, root, runner, serve_submit=True), members, runner
+
+
+def test_every_room_command_goes_through_the_host(host: tuple[Path, Gateway, Members, RecordingRunner],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    root, gw, _members, runner = host
+    base = ["--root", str(root), "--runner", "demo"]  # the host's runner runs the turns, not the demo one
+    assert main(["room", "create", "launch", "alice", "bob", *base]) == 0
+    room = json.loads(capsys.readouterr().out)
+    assert room["members"] == ["alice", "bob"]
+    assert [r["room_id"] for r in gw.list_rooms()] == [room["room_id"]]  # the host holds it
+
+    assert main(["room", "send", "launch", "Friday? ask me", *base, "--wait", "30"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    ack = json.loads(lines[0])
+    assert ack["status"] == "queued" and ack["room_id"] == room["room_id"]
+    assert lines[1:] == ["[1] alice: @user Friday works for me.", "room is needs_you"]
+    assert {t.profile for t in runner.entered} == {"alice", "bob"}  # the host's runner ran the member turns
+    assert all(t.session == "Group: launch" for t in runner.entered)
+
+    assert main(["room", "show", "LAUNCH", *base]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "[0] user: Friday? ask me", "[1] alice: @user Friday works for me."]
+    assert main(["room", "show", "launch", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out) == gw.room_transcript("launch")
+
+    assert main(["room", "list", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out) == gw.list_rooms()
+    assert main(["room", "list", *base]) == 0
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert header.split() == ["name", "room_id", "state", "messages", "members"]
+    assert row.split() == ["launch", room["room_id"], "needs_you", "2", "@alice,", "@bob"]
+
+    assert main(["room", "disband", "launch", *base]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "disbanded"
+    assert gw.list_rooms() == []
+
+
+def test_room_command_errors_through_the_host_keep_their_exit_codes(
+        host: tuple[Path, Gateway, Members, RecordingRunner], capsys: pytest.CaptureFixture[str]) -> None:
+    root, gw, _members, _runner = host
+    base = ["--root", str(root)]
+    assert main(["room", "create", "solo", "alice", *base]) == 2
+    assert capsys.readouterr().err.strip() == "error: a room has 2 to 6 members, not 1"
+    assert main(["room", "show", "nowhere", *base]) == 2
+    assert "error: no room 'nowhere'" in capsys.readouterr().err
+    assert main(["room", "disband", "nowhere", *base]) == 2
+    assert "error: no room 'nowhere'" in capsys.readouterr().err
+    gw.create_room("duo", ["alice", "bob"])
+    assert main(["room", "create", "DUO", "alice", "carol", *base]) == 2
+    assert "a room named 'DUO' exists already" in capsys.readouterr().err
+    assert main(["room", "send", "duo", "   ", *base]) == 1  # a refusal: one human line
+    assert capsys.readouterr().out.startswith("refused [unknown]: text is required")
+    assert main(["room", "send", "duo", "hi", "--from", "mallory", *base]) == 1
+    assert capsys.readouterr().out.startswith("refused [")
+    assert gw.room_transcript("duo") == []  # nothing refused was posted
+
+
+def test_room_send_wait_runs_out_in_slices_and_the_room_goes_on(
+        host: tuple[Path, Gateway, Members, RecordingRunner], capsys: pytest.CaptureFixture[str]) -> None:
+    root, gw, members, runner = host
+    gw.create_room("slow", ["alice", "bob"])
+    try:
+        assert main(["room", "send", "slow", "hold on", "--root", str(root), "--wait", "0.3"]) == 1
+        out, err = capsys.readouterr()
+        assert json.loads(out.splitlines()[0])["status"] == "queued"  # acked before the wait ran out
+        assert "did not become idle within 0.3s" in err and "room show" in err
+        runner.wait_entered(1, timeout=30)
+    finally:
+        members.release.set()
+    assert gw.wait_room_idle("slow", timeout=30) == "idle"
+    assert [e["author"] for e in gw.room_transcript("slow")] == ["user", "alice"]
+
+
+def test_host_rooms_raise_what_the_gateway_raises(host: tuple[Path, Gateway, Members, RecordingRunner]) -> None:
+    root, gw, _members, _runner = host
+    rooms = HostRooms.if_served(root)
+    assert rooms is not None
+    with pytest.raises(ValueError, match="member 'alice' is listed twice"):
+        rooms.create_room("echo", ["alice", "alice"])
+    with pytest.raises(KeyError, match="no room 'x'"):
+        rooms.room_transcript("x")
+    with pytest.raises(KeyError, match="no room 'x'"):
+        rooms.wait_room_idle("x", timeout=1)
+    room = rooms.create_room("pair", ["alice", "bob"])
+    assert rooms.wait_room_idle("pair", timeout=1) == "idle"
+    rows = rooms.list_rooms()
+    assert rows == gw.list_rooms() == [{**room, "state": "idle", "messages": 0,
+                                        "last_activity": rows[0]["last_activity"]}]
+    answer = request(root, {"op": "room", "action": "show"})
+    assert answer == {"error": "bad submit request: 'room' must be a non-empty string of at most 256 chars, "
+                               "got None", "reason": "unknown"}
+
+
+def test_without_a_host_the_commands_run_their_own_gateway(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path)
+    assert HostRooms.if_served(root) is None
+    with pytest.raises(HostOffline):
+        request(root, {"op": "room", "action": "list"})
+    base = ["--root", str(root), "--runner", "demo"]
+    assert main(["room", "create", "own", "alice", "bob", *base]) == 0
+    capsys.readouterr()
+    assert main(["room", "list", "--json", *base]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["own"]
+    assert not socket_path(root).exists()  # no host was involved
