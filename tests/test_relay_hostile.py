@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile_files import kind_param, place
 from relay_helpers import remote_row, seed_envelope, seed_write_json, write_roster_file
 from roots import LogCapture, RecordingRunner, make_root
 
@@ -20,29 +20,20 @@ from hermes_actors import Gateway
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 from hermes_actors.store.relay_shelf import find_on_shelves
 
-IS_ROOT = os.geteuid() == 0
 KINDS = [
     "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
     "directory",
 ]
 
 
-def _kind_param(kind: str) -> Any:
-    if kind == "other-uid":
-        return pytest.param(kind, marks=pytest.mark.skipif(not IS_ROOT, reason="chown to another uid needs root"))
-    return kind
-
-
-PARAMS = [_kind_param(k) for k in KINDS]
+PARAMS = [kind_param(k) for k in KINDS]
 
 
 def plant(kind: str, directory: Path, file_id: str, valid: dict[str, Any], staging: Path) -> str:
     """Put a hostile ``<file_id>.json`` (or a badly named file) into ``directory``; return the planted name.
 
-    Files are prepared in ``staging`` (same filesystem) and renamed in, so the
-    watcher sees a complete file, as it would from any atomic writer.
+    Files are prepared in ``staging`` (same filesystem) and renamed in (``hostile_files.place``).
     """
-    staging.mkdir(exist_ok=True)
     name = f"{file_id}.json"
     body: bytes = json.dumps(valid).encode()
     mode = 0o600
@@ -58,25 +49,7 @@ def plant(kind: str, directory: Path, file_id: str, valid: dict[str, Any], stagi
         body = json.dumps({**valid, "id": uuid.uuid4().hex}).encode()
     elif kind == "group-writable":
         mode = 0o666
-    prepared = staging / f"prep-{uuid.uuid4().hex}"
-    if kind == "socket":  # opening a socket fails with ENXIO: once an unhandled OSError that killed the relay
-        os.mknod(prepared, stat.S_IFSOCK | 0o600)
-    elif kind == "directory":
-        prepared.mkdir()
-        (prepared / "inner.json").write_bytes(body)
-    elif kind == "symlink":
-        outside = staging / f"outside-{uuid.uuid4().hex}.json"
-        outside.write_bytes(body)
-        os.chmod(outside, 0o600)
-        os.symlink(outside, prepared)
-    else:
-        fd = os.open(prepared, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-        os.chmod(prepared, mode)
-        if kind == "other-uid":
-            os.chown(prepared, 65534, 65534)
-    os.rename(prepared, directory / name)
+    place(kind, body, directory / name, staging, mode=mode)
     return name
 
 

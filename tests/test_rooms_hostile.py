@@ -4,33 +4,25 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile_files import kind_param, place
 from roots import LogCapture, make_root
 
 from hermes_actors import Gateway
 from hermes_actors.rooms.store import ROOM_MAX_BYTES
 
-IS_ROOT = os.geteuid() == 0
 KINDS = [
     "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
     "directory", "bad-member", "running-stranger", "bad-version",
 ]
 
 
-def _param(kind: str) -> Any:
-    if kind == "other-uid":
-        return pytest.param(kind, marks=pytest.mark.skipif(not IS_ROOT, reason="chown to another uid needs root"))
-    return kind
-
-
 def plant(kind: str, rooms: Path, valid: dict[str, Any], staging: Path) -> tuple[str, Path | None]:
     """Put a hostile room file into ``rooms``; returns its name and, for a symlink, the file it points to."""
-    staging.mkdir(exist_ok=True)
     file_id = uuid.uuid4().hex
     record = {**valid, "room_id": file_id, "name": f"evil-{kind}"}
     name = f"{file_id}.json"
@@ -50,32 +42,12 @@ def plant(kind: str, rooms: Path, valid: dict[str, Any], staging: Path) -> tuple
     elif kind == "bad-version":
         record = {**record, "version": 99}
     body = b"{this is not json" if kind == "non-json" else json.dumps(record).encode()
-    prepared = staging / f"prep-{uuid.uuid4().hex}"
-    target: Path | None = None
-    if kind == "socket":
-        os.mknod(prepared, stat.S_IFSOCK | 0o600)
-    elif kind == "directory":
-        prepared.mkdir()
-        (prepared / "inner.json").write_bytes(body)
-    elif kind == "symlink":
-        target = staging / f"outside-{uuid.uuid4().hex}.json"
-        target.write_bytes(body)
-        os.chmod(target, 0o600)
-        os.symlink(target, prepared)
-    else:
-        fd = os.open(prepared, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-            if kind == "huge":
-                f.truncate(ROOM_MAX_BYTES + 1)  # sparse: refused by its size, never read
-        os.chmod(prepared, mode)
-        if kind == "other-uid":
-            os.chown(prepared, 65534, 65534)
-    os.rename(prepared, rooms / name)
+    target = place(kind, body, rooms / name, staging, mode=mode,
+                   sparse_size=ROOM_MAX_BYTES + 1 if kind == "huge" else None)
     return name, target
 
 
-@pytest.mark.parametrize("kind", [_param(k) for k in KINDS])
+@pytest.mark.parametrize("kind", [kind_param(k) for k in KINDS])
 def test_hostile_room_file_is_quarantined_and_the_valid_room_still_works(
     tmp_path: Path, logs: LogCapture, kind: str
 ) -> None:
