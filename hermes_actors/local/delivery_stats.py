@@ -26,11 +26,19 @@ IN_FLIGHT_ROWS = 200  # in-flight deliveries listed by stats() (the oldest; all 
 
 
 def log_settled(delivery: Delivery | None, outcome: Outcome) -> None:
-    """Log a DM's one INFO line: who, to whom, how it ended, how long it took (never its text)."""
-    latency = time.time() - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
-    sender = f"@{delivery.sender_handle or delivery.sender}" if delivery is not None else ""
-    logger.info("{}", delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status,
-                                    outcome.reason, latency))
+    """Log a DM's one INFO line: who, to whom, how it ended, how long it took (never its text).
+
+    Lazy: on the hot path of every DM, the line is built only when a sink takes INFO
+    (never while the library's logging is disabled, as it is for embedders by default).
+    """
+    now = time.time()
+
+    def line() -> str:
+        latency = now - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
+        sender = f"@{delivery.sender_handle or delivery.sender}" if delivery is not None else ""
+        return delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status, outcome.reason, latency)
+
+    logger.opt(lazy=True).info("{}", line)
 
 
 class DeliveryStats:
