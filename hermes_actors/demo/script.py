@@ -36,6 +36,7 @@ class _Transcript:
         self.statuses: Counter[str] = Counter()
         self.lock = threading.Condition()  # the script thread and the notifier thread both print
         self.seen = 0
+        self.disbanded: set[str] = set()  # rooms whose "disbanded" line is printed
         self.expected = 0
 
     def say(self, text: str) -> None:
@@ -70,6 +71,8 @@ class _Transcript:
                       file=self.out, flush=True)
             elif event["event"] == "state" and event["state"] == "disbanded":
                 print(f"  [room {event['room']}] disbanded", file=self.out, flush=True)
+                self.disbanded.add(event["room"])
+                self.lock.notify_all()
             elif event["event"] == "state" and event["state"] != "busy":
                 self.statuses[f"room:{event['state']}"] += 1
                 print(f"  [room {event['room']}] settled: {event['state']}", file=self.out, flush=True)
@@ -178,6 +181,8 @@ def _room(gw: Gateway, t: _Transcript) -> None:
     with t.lock:  # its events reach the transcript on the notifier thread: print them before going on
         t.lock.wait_for(lambda: t.statuses[f"room:{state}"] > 0, timeout=10)
     gw.disband_room("launch")
+    with t.lock:  # printed in this section, not under the next one's heading
+        t.lock.wait_for(lambda: "launch" in t.disbanded, timeout=10)
 
 
 def _cross_connection(gw: Gateway, t: _Transcript, root: Path, mini_root: Path) -> None:
