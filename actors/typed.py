@@ -191,8 +191,25 @@ class TypedActor(pykka.ThreadingActor):
         """
         if self._crash is not None:
             return self._collect(message)
-        if isinstance(message, Request):
-            return self._answer(message)
+        answer = self._answer(message) if isinstance(message, Request) else self._tell(message)
+        if self._crash is None:
+            try:
+                self.after_message(asked=isinstance(message, Request))
+            except BaseException as error:  # as a handler's error: this actor crashes, nothing else
+                self._begin_crash(error)
+        return answer
+
+    def after_message(self, *, asked: bool) -> None:
+        """Called after each message's handler (not once the actor crashed); a no-op here.
+
+        Override it to act on what the handlers gathered, e.g. hand on a batch once
+        :meth:`mailbox_size` is 0. An error raised here crashes this actor like a handler's.
+
+        Args:
+            asked: the message was an ask (its asker may rely on everything before the answer).
+        """
+
+    def _tell(self, message: Any) -> Any:
         handler = self._handler_for(type(message))
         if handler is None:
             logger.warning("{} dropped a told message: {}", self, self._unknown(message))

@@ -22,14 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.roots import BENCH_CONFIG
-from hermes_actors import Gateway
+from hermes_actors import CallableRunner, Gateway
 
 __all__ = ["main"]
 
 
-def instant_reply(turn: Any) -> str:
-    """The turn answers at once (the same runner the in-process scenarios use)."""
+def _reply_ok(turn: Any) -> str:
     return "ok"
+
+
+# The turn answers at once and never blocks (the same runner the in-process scenarios use).
+instant_reply = CallableRunner(_reply_ok, blocking=False)
 
 
 def main(argv: list[str] | None = None) -> int:

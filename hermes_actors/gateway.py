@@ -20,10 +20,10 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, FsBridge, ask
-from hermes_actors.core.acks import resolve_ack
 from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.local.roster import roster_rows
 from hermes_actors.local.runners import TurnRunner, as_runner
+from hermes_actors.local.sending import send_dm
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
@@ -246,11 +246,12 @@ class Gateway:
         Raises:
             RuntimeError: the gateway is not running (before start, or once stop began).
         """
-        dispatcher = self._live_dispatcher()
+        system = self._live()
+        assert system.dispatcher is not None
+        request = SendRequest(sender, target, message, hop=hop, session=session)
         try:
-            request = SendRequest(sender, target, message, hop=hop, session=session)
-            answer = ask(dispatcher, request, timeout=_ASK_TIMEOUT)
-            return resolve_ack(answer, timeout=_ASK_TIMEOUT)
+            return send_dm(system.dispatcher, request, admission=system.caller_admission,
+                           durable=system.journal is not None, timeout=_ASK_TIMEOUT)
         except ActorGone as exc:
             raise RuntimeError("gateway is not running") from exc
 

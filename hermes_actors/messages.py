@@ -43,6 +43,21 @@ class SendRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class AcceptLocal:
+    """Told by a sender's thread: a first-hop local DM it admitted itself (``CallerAdmission``).
+
+    In memory the sender returned ``ack`` already; in durable mode it waits on
+    ``reply``, answered with the ack (or the refusal) once the acceptance is on disk,
+    or failed with ``RuntimeError`` when the gateway stopped accepting first.
+    """
+
+    target: ProfileInfo
+    delivery: Delivery
+    ack: dict[str, Any]
+    reply: pykka.ThreadingFuture[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PendingAck:
     """The Dispatcher's answer when the ack comes later: once the journal fsync'd it, or the relay took it."""
 
@@ -207,9 +222,7 @@ class TurnFinished:
 
 @dataclass(frozen=True, slots=True)
 class WaitExpired:
-    """Timer: the queued delivery's wait budget ran out."""
-
-    delivery_id: str
+    """Timer (one per profile, re-armed): the oldest queued delivery's wait budget ran out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +297,17 @@ class Notify:
 
     outcome: dict[str, Any]
     details: dict[str, Any] = field(default_factory=dict)  # sender, target, latency_seconds: opted-in only
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyOutcomes:
+    """Told to the Notifier by the Dispatcher: DM outcomes, in the order they were published.
+
+    Each note is ``(outcome dict, its delivery or None, publish time)``; the Notifier builds
+    the ``details=True`` fields from the delivery only when a subscriber wants them.
+    """
+
+    notes: tuple[tuple[dict[str, Any], Delivery | None, float], ...]
 
 
 @dataclass(frozen=True, slots=True)

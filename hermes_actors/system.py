@@ -26,12 +26,14 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.targets import PeerRoute
+from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.notifier import NotifierActor
 from hermes_actors.local.profile_actor import ProfileDeps
 from hermes_actors.local.roster import RosterActor
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.local.shutdown import await_running_turns, end_running_turns
+from hermes_actors.local.turns import TurnFactory
 from hermes_actors.messages import (
     AddSubscriber,
     AttachOwner,
@@ -52,7 +54,6 @@ from hermes_actors.messages import (
     StatsRequest,
     StopAccepting,
     Subscribe,
-    Turn,
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.relay.relay_actor import RelayActor
@@ -160,6 +161,7 @@ class ActorSystem:
     bridge: FsBridge | None = None
     desktop: DesktopRpc | None = None  # the Desktop's relay RPC, served by the file RelayActor
     rooms: Rooms | None = None  # the group rooms (docs/rooms.md)
+    caller_admission: CallerAdmission | None = None  # first-hop local DMs admitted on the sender's thread
     profile_count: int = 0
     recovered: dict[str, int] = field(default_factory=dict)
 
@@ -216,8 +218,9 @@ class ActorSystem:
             claim_connection(redis_settings, opts.connection_id, guard.consumer)  # one process per connection id
             runner = guard.wrap(runner)
         journal = self.journal
+        caller_admission = CallerAdmission(snapshot, max_hops=cfg.max_hops)
 
-        def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: Callable[[Delivery], Turn]) -> ProfileDeps:
+        def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: TurnFactory) -> ProfileDeps:
             return ProfileDeps(root=opts.root, config=cfg, runner=runner, pool=pool, scheduler=scheduler,
                                dispatcher=dispatcher, make_turn=make_turn, cross_process_lock=opts.cross_process_lock,
                                journal=journal)
@@ -230,9 +233,11 @@ class ActorSystem:
             policy=RestartPolicy(max_restarts=5, within_seconds=10.0),
             journal=journal,
             runner_is_hermes=is_real_hermes(self.runner),
+            caller_admission=caller_admission,
         )
         current = ask(self.roster, Subscribe(self.dispatcher), timeout=ASK_TIMEOUT, expect=RosterSnapshot)
         self.dispatcher.tell(RosterChanged(current))
+        self.caller_admission = caller_admission
         self._start_relay(cfg, redis_settings, guard, current)
         for profile, owner in owners.items():
             ask(self.dispatcher, AttachOwner(profile, owner), timeout=ASK_TIMEOUT)

@@ -1,7 +1,7 @@
 """Bounded state: after many DMs the timer heap and the per-DM tables hold nothing per DM.
 
-Every DM arms timers (its turn-wait budget while it queues, its turn timeout
-while it runs) and cancels them when it moves on; the scheduler compacts
+A profile arms one re-armed timer for its queue's turn-wait budgets, and every
+turn run on a worker arms its turn timeout and cancels it when it ends; the scheduler compacts
 cancelled entries, so the heap's size follows the live timers (a few per
 active profile), not the number of DMs ever sent. The Dispatcher's table of
 pending DMs empties as outcomes settle. Read through ``Gateway.stats()``.
@@ -49,8 +49,9 @@ def send_batch(gw: Gateway) -> list[str]:
 
 
 def test_timer_heap_and_pending_table_stay_bounded_after_many_dms(root: Path, gateways: list[Gateway]) -> None:
+    # Sends are acked without waiting for any actor: a whole batch may queue on one profile at once.
     config = {"bot_mode": {"max_pair_rate": 0, "turn_wait_seconds": 300, "turn_timeout_seconds": 600,
-                           "idle_stop_seconds": 600}}
+                           "idle_stop_seconds": 600, "max_queued": SENDERS * PER_SENDER}}
     gw = start_gateway(gateways, root, instant, config=config, durable=False)
     heaps = []
     for batch in range(2):

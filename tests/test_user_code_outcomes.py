@@ -217,10 +217,10 @@ def test_building_the_turn_raising_fails_the_dm_at_once_retryable(
     other = bystander(tmp_path, gateways)
     real_make_turn = DispatcherActor._make_turn
 
-    def make_turn(self: DispatcherActor, delivery: Delivery) -> Turn:
+    def make_turn(self: DispatcherActor, delivery: Delivery, lock_fd: int | None = None) -> Turn:
         if body_of(delivery.content) == "unbuildable":
             raise RuntimeError("turn builder broke")
-        return real_make_turn(self, delivery)
+        return real_make_turn(self, delivery, lock_fd)
 
     monkeypatch.setattr(DispatcherActor, "_make_turn", make_turn)
     owner, rec = Owner(), RecordingRunner()

@@ -34,16 +34,20 @@ from bench.drivers import Run, System, fan_in, pipelined, sequential_roundtrip
 from bench.measure import CpuClock, ResourceSampler, read_proc_status_kb, summarize
 from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import BENCH_CONFIG, write_root
-from hermes_actors import Gateway
+from hermes_actors import CallableRunner, Gateway
 
 __all__ = ["baseline_system", "instant_reply", "our_system", "subprocess_reply"]
 
 SystemFactory = Callable[[Path], AbstractContextManager[Any]]
 
 
-def instant_reply(turn: Any) -> str:
-    """Our runner for every benchmark: the turn answers at once."""
+def _reply_ok(turn: Any) -> str:
     return "ok"
+
+
+# Our runner for every benchmark: the turn answers at once and never blocks, and says so
+# (``blocking=False``), so its turns run inline on the ProfileActor, as an embedder's would.
+instant_reply = CallableRunner(_reply_ok, blocking=False)
 
 
 def subprocess_reply(turn: Any) -> str:

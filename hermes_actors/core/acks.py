@@ -17,7 +17,6 @@ __all__ = [
     "journal_refusal",
     "outcome_from_record",
     "resolve_ack",
-    "settled_ack",
 ]
 
 
@@ -55,13 +54,6 @@ def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
     if not isinstance(answer, dict):
         raise TypeError(f"SendRequest answered {type(answer).__name__}, expected a dict")
     return answer
-
-
-def settled_ack(value: dict[str, Any]) -> PendingAck:
-    """A PendingAck that is already answered (a refusal found before anything was journaled)."""
-    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-    future.set(value)
-    return PendingAck(future)
 
 
 def journal_refusal(error: BaseException) -> dict[str, Any]:

@@ -1,7 +1,9 @@
-"""The Dispatcher's admission of a DM: route it, apply the conversation guard, issue its id.
+"""Admission of a DM: route it, apply the conversation guard, issue its id.
 
 :class:`Admission` is owned by the DispatcherActor and used on its thread; it
-holds the per-pair send history the guard needs. The decisions are the pure
+holds the per-pair send history the guard needs. :class:`CallerAdmission` is the
+part a sender's thread does itself (first-hop local DMs, from the published
+roster snapshot). Both decide with :func:`plan_delivery`, over the pure
 ``targets.plan_send`` and ``guard`` checks.
 """
 
@@ -12,10 +14,78 @@ from collections import deque
 
 from hermes_actors.core.guard import check_hops, check_pair_rate, pair_key
 from hermes_actors.core.ids import new_delivery_id
-from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, plan_send
+from hermes_actors.core.targets import LocalRoute, Refusal, RelayRoute, Route, plan_send
 from hermes_actors.messages import Delivery, RosterSnapshot, SendRequest
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "CallerAdmission", "plan_delivery"]
+
+
+def plan_delivery(snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int) -> Refusal | tuple[Route, Delivery]:
+    """Route ``msg`` against ``snapshot``, apply the hop guard, issue the delivery.
+
+    Everything but the per-pair rate (which needs the Dispatcher's history): a
+    function of the snapshot, the request and the clock, safe on any thread.
+
+    Args:
+        snapshot: the roster (immutable).
+        msg: the request.
+        max_hops: ``bot_mode.max_hops``.
+
+    Returns:
+        The refusal, or the route with the accepted delivery (its id newly issued).
+    """
+    route = plan_send(
+        snapshot, sender=msg.sender, target=msg.target, message=msg.message, session=msg.session, now=time.time()
+    )
+    if isinstance(route, Refusal):
+        return route
+    hop = max(1, msg.hop)
+    refusal = check_hops(hop, max_hops)
+    if refusal is not None:
+        return refusal
+    delivery = Delivery(
+        delivery_id=new_delivery_id(),
+        sender=route.sender.profile,
+        sender_handle=route.sender.handle,
+        target=route.target.profile if isinstance(route, LocalRoute) else "",
+        target_handle=route.target.handle if isinstance(route, LocalRoute | RelayRoute) else "",
+        content=route.content,
+        author=route.author,
+        hop=hop,
+        accepted_at=time.time(),
+        label=route.label,
+    )
+    return route, delivery
+
+
+class CallerAdmission:
+    """The admission a sender's own thread may do: first-hop DMs to a local profile.
+
+    Such a DM needs nothing but the roster snapshot (the pair-rate guard counts only
+    DMs sent from inside turns), so the caller plans it and hands the Dispatcher one
+    tell instead of asking it and waiting for the answer. Everything else (refusals
+    included, so they are counted in one place) goes the Dispatcher's way.
+
+    ``snapshot`` is published by the DispatcherActor (its owner) on every roster change:
+    one reference to an immutable object, replaced, never changed.
+
+    Args:
+        snapshot: the roster at start.
+        max_hops: ``bot_mode.max_hops``.
+    """
+
+    def __init__(self, snapshot: RosterSnapshot, *, max_hops: int) -> None:
+        self.snapshot = snapshot
+        self.max_hops = max_hops
+
+    def plan_local(self, msg: SendRequest) -> tuple[LocalRoute, Delivery] | None:
+        """The local route and accepted delivery of ``msg``; None: ask the Dispatcher."""
+        if msg.hop >= 2:
+            return None
+        planned = plan_delivery(self.snapshot, msg, max_hops=self.max_hops)
+        if isinstance(planned, Refusal) or not isinstance(planned[0], LocalRoute):
+            return None
+        return planned[0], planned[1]
 
 
 class Admission:
@@ -29,8 +99,8 @@ class Admission:
 
     def admit(
         self, snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int, max_pair_rate: int
-    ) -> Refusal | tuple[LocalRoute | RelayRoute | PeerRoute, Delivery]:
-        """Route ``msg`` against ``snapshot`` and guard it.
+    ) -> Refusal | tuple[Route, Delivery]:
+        """Route ``msg`` against ``snapshot`` and guard it (:func:`plan_delivery`, then the pair rate).
 
         Args:
             snapshot: the current roster.
@@ -41,34 +111,19 @@ class Admission:
         Returns:
             The refusal, or the route with the accepted delivery (its id newly issued).
         """
-        route = plan_send(
-            snapshot, sender=msg.sender, target=msg.target, message=msg.message, session=msg.session, now=time.time()
-        )
-        if isinstance(route, Refusal):
-            return route
-        hop = max(1, msg.hop)
+        planned = plan_delivery(snapshot, msg, max_hops=max_hops)
+        if isinstance(planned, Refusal):
+            return planned
+        route, delivery = planned
         target_key = route.target.profile if isinstance(route, LocalRoute) else route.label
         pair = pair_key(route.sender.profile, target_key)
         history = self.pairs.setdefault(pair, deque())
         now_mono = time.monotonic()
-        pair_refusal = check_pair_rate(history, now_mono, max_pair_rate, hop)  # trims the history either way
-        refusal = check_hops(hop, max_hops) or pair_refusal
+        refusal = check_pair_rate(history, now_mono, max_pair_rate, delivery.hop)  # trims the history either way
         if refusal is not None:
             return refusal
-        if hop >= 2:
+        if delivery.hop >= 2:
             history.append(now_mono)
         elif not history:
             del self.pairs[pair]
-        delivery = Delivery(
-            delivery_id=new_delivery_id(),
-            sender=route.sender.profile,
-            sender_handle=route.sender.handle,
-            target=route.target.profile if isinstance(route, LocalRoute) else "",
-            target_handle=route.target.handle if isinstance(route, LocalRoute | RelayRoute) else "",
-            content=route.content,
-            author=route.author,
-            hop=hop,
-            accepted_at=time.time(),
-            label=route.label,
-        )
-        return route, delivery
+        return planned

@@ -27,24 +27,24 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import RestartPolicy, SupervisorActor, ask, handles
+from actors import RestartPolicy, SupervisorActor, ask, handles, tell
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
 from hermes_actors.core.names import profile_key
-from hermes_actors.core.outcomes import delivery_details
 from hermes_actors.core.recovery import plan_recovery
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal
 from hermes_actors.faults import crashpoint
-from hermes_actors.local.admission import Admission
+from hermes_actors.local.admission import Admission, CallerAdmission
 from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
 from hermes_actors.local.durability import durability_for, live_record
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
 from hermes_actors.local.profile_actor import ProfileDeps
 from hermes_actors.local.profile_table import ProfileTable
 from hermes_actors.local.relay_link import RelayLink, delivery_from_envelope
-from hermes_actors.local.turns import turn_for
+from hermes_actors.local.turns import TurnFactory, turn_for
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import (
+    AcceptLocal,
     AttachOwner,
     AttachRelay,
     AwaitOutcome,
@@ -53,7 +53,7 @@ from hermes_actors.messages import (
     ExportOutcomes,
     FinalizePending,
     JournalDurable,
-    Notify,
+    NotifyOutcomes,
     Outcome,
     OutcomeReady,
     PendingAck,
@@ -76,6 +76,8 @@ from hermes_actors.store.journal import Journal
 
 __all__ = ["DispatcherActor"]
 
+NOTIFY_BATCH = 64  # outcomes per Notifier message at most: subscribers see them without waiting for a quiet moment
+
 
 class DispatcherActor(SupervisorActor):
     """Accepts DMs and owns their outcomes.
@@ -87,18 +89,20 @@ class DispatcherActor(SupervisorActor):
         notifier: the Notifier actor (subscriber callbacks).
         peer_submit: runs a peer delivery off-actor; called with (delivery, route, report).
         runner_is_hermes: turns run on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then).
+        caller_admission: where senders' threads read the roster snapshot (published here on every change).
     """
 
     def __init__(
         self,
         snapshot: RosterSnapshot,
         *,
-        deps_factory: Callable[[pykka.ActorRef[Any], Callable[[Delivery], Turn]], ProfileDeps],
+        deps_factory: Callable[[pykka.ActorRef[Any], TurnFactory], ProfileDeps],
         notifier: pykka.ActorRef[Any],
         peer_submit: Callable[[Delivery, PeerRoute, Callable[[Outcome], None]], None] | None = None,
         policy: RestartPolicy | None = None,
         journal: Journal | None = None,
         runner_is_hermes: bool = False,
+        caller_admission: CallerAdmission | None = None,
     ) -> None:
         super().__init__(policy=policy or RestartPolicy(max_restarts=5, within_seconds=10.0))
         self.snapshot = snapshot
@@ -114,10 +118,12 @@ class DispatcherActor(SupervisorActor):
         self.profiles = ProfileTable(self, self.deps, self.counters)
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
         self.stats = DeliveryStats()
+        self.caller_admission = caller_admission
+        self.notes: list[tuple[dict[str, Any], Delivery | None, float]] = []  # published, not yet told to the Notifier
 
     # ── turns ask back through us ───────────────────────────────────────────
 
-    def _make_turn(self, delivery: Delivery) -> Turn:
+    def _make_turn(self, delivery: Delivery, lock_fd: int | None = None) -> Turn:
         me = self.actor_ref
         info = self.snapshot.index.get(profile_key(delivery.target))
 
@@ -125,13 +131,15 @@ class DispatcherActor(SupervisorActor):
             request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1)
             return resolve_ack(ask(me, request, timeout=30), timeout=30)
 
-        return turn_for(delivery, home=info.home if info else None, root=self.deps.root, send=send)
+        return turn_for(delivery, home=info.home if info else None, root=self.deps.root, send=send, lock_fd=lock_fd)
 
     # ── accepting ───────────────────────────────────────────────────────────
 
     @handles(RosterChanged)
     def _on_roster(self, msg: RosterChanged) -> None:
         self.snapshot = msg.snapshot
+        if self.caller_admission is not None:
+            self.caller_admission.snapshot = msg.snapshot
 
     @handles(AttachRelay)
     def _on_attach_relay(self, msg: AttachRelay) -> None:
@@ -168,17 +176,37 @@ class DispatcherActor(SupervisorActor):
             return admitted.as_dict()
         route, delivery = admitted
         if isinstance(route, LocalRoute):
-            target, journaled = route.target, self.durability.enabled
-
-            def proceed() -> None:
-                self.deliver_local(target, delivery, journaled=journaled)
-                self.counters["accepted"] += 1
-
             ack = ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
-            return self.durability.accept(delivery, ack, proceed)
+            return self._accept_local(route.target, delivery, ack)
         if isinstance(route, PeerRoute):  # a peer that is a connection on our relay (Redis), else the CLI transport
             return self.relay.send_to_peer(route, delivery) or self._send_to_peer(route, delivery)
         return self.relay.send(route, delivery)
+
+    @handles(AcceptLocal)
+    def _on_accept_local(self, msg: AcceptLocal) -> None:
+        """A first-hop local DM its sender's thread admitted (in memory, already acked)."""
+        delivery = msg.delivery
+        if not self.accepting:  # the sender passed the running check just before stop began
+            if msg.reply is not None:
+                msg.reply.set_exception(exc_info=_not_running())
+                return
+            self.book.add(delivery.delivery_id, Pending(delivery, "local"))  # acked: it gets an outcome
+            self._settle(outcomes.cancelled(delivery.delivery_id, delivery.label))
+            return
+        self._accept_local(msg.target, delivery, msg.ack, msg.reply)
+
+    def _accept_local(
+        self, target: ProfileInfo, delivery: Delivery, ack: dict[str, Any],
+        reply: pykka.ThreadingFuture[dict[str, Any]] | None = None,
+    ) -> dict[str, Any] | PendingAck:
+        """Accept a local DM (journaled first in durable mode); the ack, or the PendingAck on ``reply``."""
+        journaled = self.durability.enabled
+
+        def proceed() -> None:
+            self.deliver_local(target, delivery, journaled=journaled)
+            self.counters["accepted"] += 1
+
+        return self.durability.accept(delivery, ack, proceed, reply)
 
     def _send_to_peer(self, route: PeerRoute, delivery: Delivery) -> dict[str, Any]:
         """Hand a ``bot_peers`` DM to the peer transport (off this thread); answers the ack or refusal."""
@@ -313,7 +341,17 @@ class DispatcherActor(SupervisorActor):
             return
         self.counters["settled"] += 1
         self.stats.published(delivery, outcome)
-        self.notifier.tell(Notify(record, delivery_details(delivery, time.time())))
+        self.notes.append((record, delivery, time.time()))
+
+    def after_message(self, *, asked: bool) -> None:
+        """Hand the published outcomes to the Notifier once the mailbox is drained (or the batch is full).
+
+        One message per burst instead of one per outcome; an ask flushes them too, so whoever
+        waits for its answer (``stop``'s Notifier flush) finds them told before it.
+        """
+        if self.notes and (asked or len(self.notes) >= NOTIFY_BATCH or self.mailbox_size() == 0):
+            notes, self.notes = tuple(self.notes), []
+            tell(self.notifier, NotifyOutcomes(notes))
 
     @handles(AwaitOutcome)
     def _on_await(self, msg: AwaitOutcome) -> pykka.ThreadingFuture[dict[str, Any]]:
@@ -420,8 +458,14 @@ class DispatcherActor(SupervisorActor):
         self.profiles.forget(name)
 
     def on_stop(self) -> None:
+        self.after_message(asked=True)
         self.relay.abandon()
         self.profiles.stop_all()
+
+
+def _not_running() -> tuple[type[BaseException], BaseException, None]:
+    error = RuntimeError("gateway is not running")
+    return type(error), error, None
 
 
 def _answer_room(reply: Callable[[Outcome], None] | None, outcome: Outcome) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 from loguru import logger
 
 from actors import TypedActor, handles
-from hermes_actors.messages import AddSubscriber, Flush, NotifierStats, Notify, RemoveSubscriber
+from hermes_actors.core.outcomes import delivery_details
+from hermes_actors.messages import AddSubscriber, Flush, NotifierStats, Notify, NotifyOutcomes, RemoveSubscriber
 
 __all__ = ["NotifierActor"]
 
@@ -54,20 +55,40 @@ class NotifierActor(TypedActor):
 
     @handles(Notify)
     def _on_notify(self, msg: Notify) -> None:
-        if self.subscribers and self.mailbox_size() > self.max_backlog:
-            self.skipped += 1  # shed load: a stuck subscriber must not grow memory without bound
-            if self.skipped == 1 or self.skipped % 1000 == 0:
-                logger.error(
-                    "subscribers are too slow: {} notification(s) skipped so far (backlog over {}); "
-                    "the outcomes stay available through wait_outcome",
-                    self.skipped,
-                    self.max_backlog,
-                )
+        if self._shed(1):
             return
+        self._call_all({"kind": "dm", **msg.outcome}, msg.details)  # a room event carries its own kind
+
+    @handles(NotifyOutcomes)
+    def _on_outcomes(self, msg: NotifyOutcomes) -> None:
+        if self._shed(len(msg.notes)):
+            return
+        details: dict[str, Any] | None = None
+        for outcome, delivery, published in msg.notes:
+            if self.wants_details:  # built only for a subscriber that asked for them
+                details = delivery_details(delivery, published)
+            self._call_all({"kind": "dm", **outcome}, details)
+
+    def _shed(self, count: int) -> bool:
+        """Skip ``count`` notifications when the backlog is over its bound (a stuck subscriber)."""
+        if not self.subscribers or self.mailbox_size() <= self.max_backlog:
+            return False
+        before, self.skipped = self.skipped, self.skipped + count  # memory must not grow without bound
+        if before == 0 or before // 1000 != self.skipped // 1000:
+            logger.error(
+                "subscribers are too slow: {} notification(s) skipped so far (backlog over {}); "
+                "the outcomes stay available through wait_outcome",
+                self.skipped,
+                self.max_backlog,
+            )
+        return True
+
+    def _call_all(self, payload: dict[str, Any], details: dict[str, Any] | None) -> None:
+        """Call every subscriber with a copy of ``payload`` (plus ``details`` for those that asked for them)."""
         for token, callback in list(self.subscribers.items()):
             try:
-                payload = {"kind": "dm", **msg.outcome}  # a room event carries its own kind
-                callback({**payload, **msg.details} if token in self.wants_details else payload)
+                wants = details is not None and token in self.wants_details
+                callback({**payload, **details} if wants and details is not None else dict(payload))
             except BaseException:  # user code: even SystemExit must not stop the actors
                 self.callback_errors += 1
                 logger.exception("outcome subscriber {} raised; it stays subscribed", token)

@@ -1,16 +1,19 @@
 """ProfileActor: one per bot; owns its turn queue and runs one turn at a time.
 
-The mailbox never blocks on a turn: the turn runs on the shared worker pool
-and comes back as :class:`TurnFinished`. A queued delivery waits at most
-``turn_wait_seconds`` (a timer), then fails ``target_busy`` and is never run
-later. Every outcome goes to the Dispatcher as :class:`OutcomeReady`.
+The mailbox never blocks on a turn that may block: such a turn runs on the
+shared worker pool and comes back as :class:`TurnFinished`. A runner that
+declared its turns never block (``runs_inline``) has them run right here, in
+the handler that queued them, when the profile's flock is free at once: no
+worker hop, no turn timer. A queued delivery waits at most
+``turn_wait_seconds`` (one re-armed timer per profile watches the oldest), then
+fails ``target_busy`` and is never run later. Every outcome goes to the
+Dispatcher as :class:`OutcomeReady`.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +26,8 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.live_handoff import hand_to_owner
-from hermes_actors.local.runners import TurnRunner, as_runner
-from hermes_actors.local.turns import describe_error, execute_turn
+from hermes_actors.local.runners import TurnRunner, as_runner, runs_inline
+from hermes_actors.local.turns import TurnFactory, describe_error, execute_turn
 from hermes_actors.messages import (
     ROOM_ORIGIN,
     AttachOwner,
@@ -37,7 +40,6 @@ from hermes_actors.messages import (
     ProfileIdle,
     ProfileInfo,
     StopProfile,
-    Turn,
     TurnFinished,
     TurnTimeout,
     WaitExpired,
@@ -63,7 +65,7 @@ class ProfileDeps:
     pool: WorkerPool
     scheduler: Scheduler
     dispatcher: pykka.ActorRef[Any]
-    make_turn: Callable[[Delivery], Turn]
+    make_turn: TurnFactory
     cross_process_lock: bool = True
     journal: Journal | None = None
 
@@ -127,7 +129,10 @@ class ProfileActor(TypedActor):
         self.info = info
         self.deps = deps
         self.timers = self.own_timers(deps.scheduler)
-        self.queue: OrderedDict[str, tuple[Delivery, float, TimerHandle | None]] = OrderedDict()
+        # queued deliveries in arrival order, with their monotonic enqueue time
+        self.queue: OrderedDict[str, tuple[Delivery, float]] = OrderedDict()
+        self.wait_timer: TimerHandle | None = None  # due when the oldest queued delivery's wait runs out
+        self.inline = runs_inline(deps.runner)
         self.running: Delivery | None = None
         self.handled = salvage.handled if salvage else 0  # Deliver messages handled (idle-stop handshake)
         # Ids that already ran here (a second guard behind the Dispatcher's own dedupe), bounded.
@@ -146,9 +151,7 @@ class ProfileActor(TypedActor):
             for delivery, enqueued in self._salvage.queued:
                 self._enqueue(delivery, enqueued)
             self._salvage = None
-            self._maybe_start()
-        else:
-            self._arm_idle()
+        self._pump()
 
     def on_stop(self) -> None:
         if self.lock is not None:
@@ -172,34 +175,77 @@ class ProfileActor(TypedActor):
             self._settle(outcomes.failed(key, delivery.label, text, "target_busy"))
             return
         self._enqueue(delivery, time.monotonic())
-        self._maybe_start()
+        self._pump()
 
     def _enqueue(self, delivery: Delivery, enqueued: float) -> None:
-        timer = None
-        if self.running is not None or self.queue:
-            remaining = self.deps.config.turn_wait_seconds - (time.monotonic() - enqueued)
-            timer = self.timers.after(remaining, WaitExpired(delivery.delivery_id))
-        self.queue[delivery.delivery_id] = (delivery, enqueued, timer)
+        self.queue[delivery.delivery_id] = (delivery, enqueued)
+        if self.running is not None or len(self.queue) > 1:
+            self._arm_wait()
+
+    def _arm_wait(self) -> None:
+        """Arm the one wait timer for the oldest queued delivery, unless it is armed already."""
+        if self.wait_timer is not None or not self.queue:
+            return
+        _, enqueued = next(iter(self.queue.values()))
+        remaining = self.deps.config.turn_wait_seconds - (time.monotonic() - enqueued)
+        self.wait_timer = self.timers.after(remaining, WaitExpired())
+
+    def _pump(self) -> None:
+        """Start what can start; arm the idle check once nothing is left."""
+        self._maybe_start()
+        if self.running is None and not self.queue:
+            self._arm_idle()
 
     def _maybe_start(self) -> None:
-        if self.running is not None or not self.queue:
-            return
-        key, (delivery, enqueued, timer) = self.queue.popitem(last=False)
-        if timer is not None:
-            timer.cancel()
-        self.running = delivery
-        self.seen[key] = None
-        if len(self.seen) > SEEN_KEEP:
-            self.seen.popitem(last=False)
-        deadline = enqueued + self.deps.config.turn_wait_seconds
-        me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
+        # A loop, not recursion: inline turns finish here, and the next queued one may start at once.
+        while self.running is None and self.queue:
+            key, (delivery, enqueued) = self.queue.popitem(last=False)
+            self.running = delivery
+            self.seen[key] = None
+            if len(self.seen) > SEEN_KEEP:
+                self.seen.popitem(last=False)
+            if self._take_inline():
+                self._run_inline(delivery)
+            else:
+                self._run_on_worker(delivery, enqueued)
+
+    def _start_recorder(self, delivery: Delivery) -> StartRecorder | None:
+        """Where the turn's start is recorded before it runs (None: nowhere)."""
         # A relayed-in turn is not in the journal: its start is marked beside the envelope it came in;
         # a room's member turn is journaled by its room.
-        journal: StartRecorder | None
         if delivery.origin == "relay":
-            journal = TurnStartMarks(deps.root)
-        else:
-            journal = deps.journal if delivery.origin != ROOM_ORIGIN else None
+            return TurnStartMarks(self.deps.root)
+        return self.deps.journal if delivery.origin != ROOM_ORIGIN else None
+
+    def _take_inline(self) -> bool:
+        """Whether the next turn runs here: a non-blocking runner, no live owner, the flock free right now."""
+        if not self.inline or self.owner is not None:
+            return False
+        if self.lock is None:
+            return True
+        try:
+            return self.lock.try_acquire()
+        except OSError:
+            return False  # the worker path takes the lock again and reports the error as the DM's outcome
+
+    def _run_inline(self, delivery: Delivery) -> None:
+        """Run a non-blocking runner's turn on this thread, holding the flock ``_take_inline`` took."""
+        crashpoint("after-ack-before-turn")
+        try:
+            result = execute_turn(
+                delivery, runner=self.deps.runner, lock=self.lock, lock_deadline=0.0, make_turn=self.deps.make_turn,
+                journal=self._start_recorder(delivery), held=True,
+            )
+        except BaseException as exc:  # a backstop, as on the worker path
+            result = turn_escaped(delivery.delivery_id, exc)
+        crashpoint("after-turn-before-outcome")
+        self._turn_done(delivery, result)
+
+    def _run_on_worker(self, delivery: Delivery, enqueued: float) -> None:
+        """Hand the turn to the worker pool; it comes back as :class:`TurnFinished`."""
+        deadline = enqueued + self.deps.config.turn_wait_seconds
+        me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
+        journal = self._start_recorder(delivery)
         home = self.info.home
 
         def job() -> None:
@@ -224,6 +270,14 @@ class ProfileActor(TypedActor):
         timeout = self.deps.config.turn_timeout_seconds
         self.turn_timer = self.timers.after(timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0 else None
 
+    def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
+        outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
+        self.running = None
+        if self.turn_timer is not None:
+            self.turn_timer.cancel()
+            self.turn_timer = None
+        self._settle(outcome)
+
     @handles(TurnFinished)
     def _on_turn_finished(self, msg: TurnFinished) -> None:
         delivery = self.running
@@ -234,15 +288,8 @@ class ProfileActor(TypedActor):
             else:
                 logger.warning("{}: TurnFinished for unknown delivery {}", self.info.profile, msg.delivery_id)
             return
-        outcome = outcome_of_turn(delivery, msg)  # before clearing: a crash here leaves it salvageable
-        self.running = None
-        if self.turn_timer is not None:
-            self.turn_timer.cancel()
-            self.turn_timer = None
-        self._settle(outcome)
-        self._maybe_start()
-        if self.running is None and not self.queue:
-            self._arm_idle()
+        self._turn_done(delivery, msg)
+        self._pump()
 
     @handles(TurnTimeout)
     def _on_turn_timeout(self, msg: TurnTimeout) -> None:
@@ -259,18 +306,22 @@ class ProfileActor(TypedActor):
             self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
         self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout"))
-        self._maybe_start()
-        if self.running is None and not self.queue:
-            self._arm_idle()
+        self._pump()
 
     @handles(WaitExpired)
     def _on_wait_expired(self, msg: WaitExpired) -> None:
-        entry = self.queue.pop(msg.delivery_id, None)
-        if entry is None:
-            return  # it started in time
-        delivery, enqueued, _ = entry
-        text = outcomes.busy_text(self.info.profile, time.monotonic() - enqueued)
-        self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "target_busy"))
+        """Fail every queued delivery whose wait ran out (the oldest first), then re-arm for the next."""
+        self.wait_timer = None
+        budget = self.deps.config.turn_wait_seconds
+        now = time.monotonic()
+        while self.queue:
+            key, (delivery, enqueued) = next(iter(self.queue.items()))
+            if now - enqueued < budget:
+                break
+            del self.queue[key]
+            text = outcomes.busy_text(self.info.profile, now - enqueued)
+            self._settle(outcomes.failed(key, delivery.label, text, "target_busy"))
+        self._arm_wait()
 
     def _settle(self, outcome: Outcome) -> None:
         self.deps.dispatcher.tell(OutcomeReady(outcome))
@@ -317,9 +368,7 @@ class ProfileActor(TypedActor):
     def _on_wind_down(self, msg: WindDown) -> str | None:
         """Cancel every queued delivery; answer the id of the running one (or None)."""
         self.winding_down = True
-        for key, (delivery, _, timer) in list(self.queue.items()):
-            if timer is not None:
-                timer.cancel()
+        for key, (delivery, _) in list(self.queue.items()):
             if msg.keep_journaled and delivery.origin not in ("relay", ROOM_ORIGIN):
                 continue  # journaled: the next start on this root re-offers it
             self._settle(outcomes.cancelled(key, delivery.label))
@@ -336,12 +385,11 @@ class ProfileActor(TypedActor):
                     self.running.delivery_id, self.running.label, "The target's ProfileActor crashed during the turn."
                 )
             )
-        return ProfileSalvage(tuple((d, t) for d, t, _ in self.queue.values()), self.handled)
+        return ProfileSalvage(tuple(self.queue.values()), self.handled)
 
     def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
-        for _, _, timer in self.queue.values():
-            if timer is not None:
-                timer.cancel()
+        if self.wait_timer is not None:
+            self.wait_timer.cancel()
         if self.lock is not None:
             self.lock.close()
         super().on_crash(error, pending, salvage)

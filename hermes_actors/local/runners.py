@@ -5,6 +5,13 @@ A runner is any object with ``run_turn(turn) -> str`` or a plain callable
 The return value is the reply; raising :class:`~hermes_actors.errors.TurnFailed`
 fails the turn with a typed reason.
 
+A runner whose turns never block (no I/O, no waiting: they compute and return)
+may say so with ``blocking = False`` (``CallableRunner(fn, blocking=False)`` for
+a callable): its turns then run inline on the ProfileActor's thread instead of
+a worker thread, saving two thread hand-offs and the turn timer per DM
+(:func:`runs_inline`). A runner that says so and then blocks stalls its own
+profile's queue (and its turn timeout cannot fire), never another profile's.
+
 The real ``hermes`` CLI runner is :class:`~hermes_actors.local.command_runner.CommandRunner`;
 the pieces of one CLI process it shares with the Hermes runners are in
 :mod:`hermes_actors.local.cli_process`. Both are re-exported here.
@@ -40,6 +47,7 @@ __all__ = [
     "refused_not_owned",
     "resolve_cli",
     "run_cli_process",
+    "runs_inline",
 ]
 
 
@@ -67,12 +75,20 @@ class CallableRunner:
 
     Args:
         fn: the callable; its return value is the reply.
+        blocking: False when ``fn`` never blocks (it computes and returns): its turns
+            then run inline on the ProfileActor (see the module docstring).
+
+    Raises:
+        TypeError: ``fn`` is not callable, or ``blocking`` is not a bool.
     """
 
-    def __init__(self, fn: Callable[[Turn], str]) -> None:
+    def __init__(self, fn: Callable[[Turn], str], *, blocking: bool = True) -> None:
         if not callable(fn):
             raise TypeError(f"CallableRunner needs a callable, got {type(fn).__name__}")
+        if not isinstance(blocking, bool):
+            raise TypeError(f"CallableRunner blocking must be True or False, got {blocking!r}")
         self.fn = fn
+        self.blocking = blocking
 
     def run_turn(self, turn: Turn) -> str:
         """Call ``fn(turn)`` and return its reply.
@@ -93,7 +109,15 @@ class CallableRunner:
         return reply
 
     def __repr__(self) -> str:
-        return f"CallableRunner({self.fn!r})"
+        return f"CallableRunner({self.fn!r})" if self.blocking else f"CallableRunner({self.fn!r}, blocking=False)"
+
+
+def runs_inline(runner: object) -> bool:
+    """Whether ``runner`` declared that its turns never block (``blocking = False``).
+
+    Only an explicit ``False`` counts: a runner that says nothing blocks.
+    """
+    return getattr(runner, "blocking", True) is False
 
 
 def as_runner(obj: object) -> TurnRunner:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from loguru import logger
 
@@ -43,7 +43,7 @@ from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["attempt_turn", "describe_error", "execute_turn", "never_ran", "turn_for"]
+__all__ = ["TurnFactory", "attempt_turn", "describe_error", "execute_turn", "never_ran", "turn_for"]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -103,8 +103,9 @@ def execute_turn(
     runner: TurnRunner,
     lock: TurnLock | None,
     lock_deadline: float,
-    make_turn: Callable[[Delivery], Turn],
+    make_turn: TurnFactory,
     journal: StartRecorder | None = None,
+    held: bool = False,
 ) -> TurnFinished:
     """Run ``delivery``'s turn with at most one retry, under the profile's flock.
 
@@ -114,14 +115,16 @@ def execute_turn(
         lock: the profile's cross-process lock (None: no cross-process lock).
         lock_deadline: monotonic time after which waiting for the lock gives up
             with ``target_busy`` (the turn never runs).
-        make_turn: builds the runner's ``Turn`` (attempt 1).
+        make_turn: builds the runner's ``Turn`` (attempt 1), given the flock's fd.
         journal: in durable mode, the turn's start is on disk before it runs,
             so a crash mid-turn is recovered as ``ambiguous``, never re-run.
+        held: the caller already holds ``lock`` (``TurnLock.try_acquire``); it is
+            released here all the same.
 
     Returns:
         The result for the ProfileActor; ``reply`` is the raw runner value.
     """
-    if lock is not None:
+    if lock is not None and not held:
         try:
             waited = lock.acquire(lock_deadline)
         except OSError as exc:
@@ -141,12 +144,11 @@ def execute_turn(
                 return never_ran(delivery.delivery_id, "recording the turn durably", exc)
         crashpoint("mid-wake" if delivery.origin == WAKE_ORIGIN else "mid-turn")
         try:
-            turn = make_turn(delivery)
+            # the turn's process (if any) inherits the flock's fd: it holds the flock as long as it lives
+            turn = make_turn(delivery, lock.fd if lock is not None else None)
         except Exception as exc:  # our own code, but the DM must still get its outcome now
             logger.exception("building the turn of {} failed", delivery.delivery_id)
             return never_ran(delivery.delivery_id, "building the turn", exc)
-        if lock is not None and lock.fd is not None:
-            turn = replace(turn, lock_fd=lock.fd)  # the turn's process holds the flock as long as it lives
         reply, error, reason, may_retry = attempt_turn(runner, turn)
         if reply is None and may_retry:
             action = retry_action(reason)
@@ -168,8 +170,17 @@ def execute_turn(
                 logger.exception("runner release failed for {}", delivery.delivery_id)
 
 
+class TurnFactory(Protocol):
+    """Builds the first-attempt :class:`Turn` of a delivery (the Dispatcher's ``_make_turn``)."""
+
+    def __call__(self, delivery: Delivery, lock_fd: int | None = None) -> Turn:
+        """The turn of ``delivery``; ``lock_fd`` is the profile's flock fd, when held."""
+        ...
+
+
 def turn_for(
-    delivery: Delivery, *, home: Path | None, root: Path | None, send: Callable[[str, str], dict[str, Any]]
+    delivery: Delivery, *, home: Path | None, root: Path | None, send: Callable[[str, str], dict[str, Any]],
+    lock_fd: int | None = None,
 ) -> Turn:
     """Pure: the first-attempt :class:`Turn` of ``delivery``.
 
@@ -178,6 +189,7 @@ def turn_for(
         home: the target profile's home (None: it is gone).
         root: the Hermes root.
         send: sends a DM as the target, one hop deeper (``Turn.message_agent``).
+        lock_fd: the profile's flock fd while the turn holds it (a turn's process inherits it).
     """
     return Turn(
         profile=delivery.target,
@@ -191,5 +203,6 @@ def turn_for(
         sender_handle=delivery.sender_handle,
         hop=delivery.hop,
         author=dict(delivery.author),
+        lock_fd=lock_fd,
         _send=send,
     )

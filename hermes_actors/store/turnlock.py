@@ -87,6 +87,28 @@ class TurnLock:
             self._done()
             raise
 
+    def try_acquire(self) -> bool:
+        """Take the lock only if it is free right now (never waits, never logs).
+
+        Returns:
+            True when acquired (release it with :meth:`release`).
+
+        Raises:
+            OSError: the lock file could not be opened or locked.
+        """
+        with self._mutex:
+            fd = self._open()
+            self._in_use = True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            self._done()
+            return False
+        except BaseException:
+            self._done()
+            raise
+
     def release(self) -> None:
         """Release the lock (the fd stays open for the next turn, unless a close is pending)."""
         with self._mutex:
