@@ -335,3 +335,18 @@ def test_a_starting_journal_is_never_adopted_before_it_is_locked(
         a.stop()
         if started:
             b.stop()
+
+
+def test_delivery_record_is_every_field_with_its_own_author_copy() -> None:
+    from dataclasses import asdict
+
+    from hermes_actors.core.acks import delivery_from_record, delivery_record
+    from hermes_actors.messages import Delivery
+
+    delivery = Delivery("d" * 32, "alice", "alice", "bob", "bob", "hi", author={"id": "bot:alice", "is_bot": True},
+                        hop=2, accepted_at=12.5, label="@bob")
+    record = delivery_record(delivery)
+    assert record == asdict(delivery)
+    record["author"]["id"] = "changed"
+    assert delivery.author["id"] == "bot:alice"  # the journal's record never aliases the live delivery
+    assert delivery_from_record(delivery_record(delivery)) == delivery
