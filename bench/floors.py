@@ -16,7 +16,7 @@ import pykka
 
 from bench.measure import CpuClock
 
-__all__ = ["measure_floors", "pykka_ask_cpu_us"]
+__all__ = ["measure_floors", "measure_spread_floor", "pykka_ask_cpu_us", "pykka_spread_rate"]
 
 
 class _Echo(pykka.ThreadingActor):
@@ -56,6 +56,35 @@ def pykka_ask_cpu_us(n: int, warmup: int = 200) -> tuple[float, float]:
     return clock.per_item_us(n), round(wall / max(1, n) * 1e6, 2)
 
 
+def pykka_spread_rate(actors: int, messages: int) -> float:
+    """Messages per second when ``messages`` tells are spread round-robin over ``actors`` fresh actors.
+
+    The bare-pykka shape of the ``scale`` scenario: every actor is started on first use
+    (inside the timed window, as a ProfileActor is) and each message is one ``ask``
+    sent without waiting, all answers collected at the end. Nothing but pykka runs.
+
+    Args:
+        actors: how many actors share the messages.
+        messages: how many messages in all.
+
+    Returns:
+        Messages per second (first start → last answer).
+    """
+    t0 = time.perf_counter()
+    refs: list[pykka.ActorRef[Any]] = []
+    futures = []
+    for i in range(messages):
+        if i < actors:
+            refs.append(_Echo.start())
+        futures.append(refs[i % actors].ask(i, block=False))
+    for future in futures:
+        future.get(timeout=120)
+    wall = time.perf_counter() - t0
+    for ref in refs:
+        ref.stop()
+    return messages / wall if wall > 0 else 0.0
+
+
 def measure_floors(n: int) -> dict[str, Any]:
     """The ``floors`` block of the result JSON.
 
@@ -67,3 +96,18 @@ def measure_floors(n: int) -> dict[str, Any]:
     """
     cpu_us, wall_us = pykka_ask_cpu_us(n)
     return {"pykka_ask_cpu_us": cpu_us, "pykka_ask_wall_us": wall_us, "pykka_ask_n": n}
+
+
+def measure_spread_floor(messages: int) -> dict[str, Any]:
+    """The scale scenario's floor: bare pykka actors, the same messages over 100 and over 1,000 of them.
+
+    Args:
+        messages: messages per side.
+
+    Returns:
+        ``{"pykka_spread_100_per_s", "pykka_spread_1000_per_s", "pykka_spread_1000_vs_100"}``.
+    """
+    few = pykka_spread_rate(100, messages)
+    many = pykka_spread_rate(1000, messages)
+    return {"pykka_spread_100_per_s": round(few, 1), "pykka_spread_1000_per_s": round(many, 1),
+            "pykka_spread_1000_vs_100": round(many / few, 3) if few > 0 else None, "pykka_spread_n": messages}

@@ -141,6 +141,14 @@ def _special_lines(result: dict[str, Any]) -> list[str]:
             f"(peak threads {_num(scale.get('threads'))} vs {_num(fewer.get('threads'))}, "
             f"peak RSS {_num(scale.get('rss_mb'), 1)} vs {_num(fewer.get('rss_mb'), 1)} MB)"
         )
+    floor = scale.get("pykka_floor") or {}
+    if floor.get("pykka_spread_1000_vs_100") is not None:
+        out.append(
+            f"scale floor: bare pykka actors (started on first use, one ask each without waiting, "
+            f"{_num(floor.get('pykka_spread_n'))} messages) ran {_num(floor['pykka_spread_1000_per_s'])}/s over "
+            f"1000 actors vs {_num(floor['pykka_spread_100_per_s'])}/s over 100: "
+            f"{floor['pykka_spread_1000_vs_100']:.2f}× — what a thread per actor costs by itself"
+        )
     held = (result["scenarios"].get("sustained") or {}).get("ours") or {}
     if held.get("rss_start_mb") is not None:
         out.append(
@@ -270,9 +278,11 @@ def _scale_ratio(result: dict[str, Any]) -> tuple[float, str] | None:
     if ours.get("throughput_vs_fewer") is None:
         return None
     fewer = ours.get("fewer_active") or {}
+    floor = (ours.get("pykka_floor") or {}).get("pykka_spread_1000_vs_100")
+    bare = f"; bare pykka actors: {floor:.2f}×" if floor is not None else ""
     return float(ours["throughput_vs_fewer"]), (
         f"{ours['throughput_vs_fewer']:.2f}× ({_num(ours['throughput_per_s'])} vs "
-        f"{_num(fewer.get('throughput_per_s'))}/s)")
+        f"{_num(fewer.get('throughput_per_s'))}/s{bare})")
 
 
 def _flat_rss(result: dict[str, Any]) -> tuple[float, str] | None:

@@ -31,6 +31,7 @@ from typing import Any
 from bench.baseline import BaselineGateway
 from bench.baseline.model import TURN_CODE
 from bench.drivers import Run, System, fan_in, pipelined, sequential_roundtrip
+from bench.floors import measure_spread_floor
 from bench.measure import CpuClock, ResourceSampler, read_proc_status_kb, summarize
 from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import BENCH_CONFIG, write_root
@@ -293,4 +294,7 @@ def scale(ctx: BenchContext) -> ScenarioResult:
     ours["fewer_active"] = {**summarize(few_run.latencies_s, few_run.wall_s), **few_res}
     few_rate = float(ours["fewer_active"]["throughput_per_s"])
     ours["throughput_vs_fewer"] = round(float(ours["throughput_per_s"]) / few_rate, 3) if few_rate > 0 else None
+    if few == 100 and active == 1_000:  # what a thread per actor costs by itself, under the same spread
+        with _phase(ctx, "scale: bare pykka actors, 100 vs 1000", 2 * n):
+            ours["pykka_floor"] = measure_spread_floor(n)
     return ScenarioResult(ours, None, {"ours": run.latencies_s, f"ours {few} active": few_run.latencies_s})
