@@ -511,3 +511,47 @@ def test_ask_reply_to_needs_a_typed_actor() -> None:
     probe, _log = Probe.spawn()
     with pytest.raises(TypeError, match="TypedActor"):
         ask_reply_to(probe, Inc(), reply_to=probe, make_reply=_reply_as("inc"))
+
+
+# ── after_message ───────────────────────────────────────────────────────────
+
+
+class Batcher(TypedActor):
+    """Gathers told Inc messages; after each message, records (what it gathered, whether it was an ask)."""
+
+    def __init__(self, fail_after: bool = False) -> None:
+        super().__init__()
+        self.gathered = 0
+        self.seen: list[tuple[int, bool]] = []
+        self.fail_after = fail_after
+
+    @handles(Inc)
+    def _inc(self, msg: Inc) -> None:
+        self.gathered += 1
+
+    @handles(Get)
+    def _get(self, msg: Get) -> list[tuple[int, bool]]:
+        return list(self.seen)
+
+    def after_message(self, *, asked: bool) -> None:
+        self.seen.append((self.gathered, asked))
+        if self.fail_after and self.gathered:
+            raise RuntimeError("after_message broke")
+
+
+def test_after_message_runs_after_every_handler_and_knows_an_ask() -> None:
+    ref = Batcher.start()
+    tell(ref, Inc())
+    tell(ref, Inc())
+    first = ask(ref, Get(), timeout=5)
+    second = ask(ref, Get(), timeout=5)
+    assert first == [(1, False), (2, False)]  # each told Inc, then the hook; the ask's hook runs after its answer
+    assert second == [(1, False), (2, False), (2, True)]
+
+
+def test_an_error_in_after_message_crashes_that_actor_only() -> None:
+    broken, bystander = Batcher.start(fail_after=True), Batcher.start()
+    tell(broken, Inc())
+    tell(bystander, Inc())
+    await_condition(lambda: not broken.is_alive(), timeout=10, message="the broken actor stopping")
+    assert ask(bystander, Get(), timeout=5) == [(1, False)]

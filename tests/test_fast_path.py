@@ -1,0 +1,194 @@
+"""The DM fast path: caller-side admission, inline turns, the re-armed wait timer, batched notifications.
+
+- A first-hop local DM is admitted on the sender's thread and told to the Dispatcher
+  (``AcceptLocal``); one that arrives after the Dispatcher stopped accepting still gets
+  an outcome (in memory it was acked already) or a clear error (durable: not acked yet).
+- A runner that declared ``blocking=False`` runs its turns on the ProfileActor's thread,
+  unless another process holds the profile's flock: then the turn waits on a worker.
+- One re-armed timer per profile expires every queued DM whose wait ran out.
+- Outcomes reach subscribers in batches, every one exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+from roots import LogCapture, send_dm, start_gateway
+
+from actors import ask, await_condition
+from hermes_actors import CallableRunner, Gateway
+from hermes_actors.core.acks import ack_payload
+from hermes_actors.local.runners import runs_inline
+from hermes_actors.messages import AcceptLocal, SendRequest, StopAccepting, Turn
+from hermes_actors.store.turnlock import turn_lock_path
+
+
+class ThreadRecorder:
+    """A runner that records the name of the thread each turn ran on."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def __call__(self, turn: Turn) -> str:
+        self.threads.append(threading.current_thread().name)
+        return f"ok {turn.delivery_id}"
+
+
+@pytest.mark.parametrize(
+    ("runner", "expected"),
+    [
+        (CallableRunner(lambda turn: "x", blocking=False), True),
+        (CallableRunner(lambda turn: "x"), False),
+        (lambda turn: "x", False),
+        (type("Obj", (), {"blocking": False, "run_turn": lambda self, turn: "x"})(), True),
+        (type("Obj", (), {"blocking": 0, "run_turn": lambda self, turn: "x"})(), False),  # only False counts
+        (type("Obj", (), {"run_turn": lambda self, turn: "x"})(), False),
+    ],
+)
+def test_runs_inline_only_for_an_explicit_blocking_false(runner: Any, expected: bool) -> None:
+    assert runs_inline(runner) is expected
+
+
+def test_callable_runner_refuses_a_blocking_flag_that_is_not_a_bool() -> None:
+    with pytest.raises(TypeError, match="blocking must be True or False"):
+        CallableRunner(lambda turn: "x", blocking="no")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_non_blocking_runner_runs_its_turns_on_the_profile_actor(
+    blocking: bool, root: Path, gateways: list[Gateway]
+) -> None:
+    recorder = ThreadRecorder()
+    gw = start_gateway(gateways, root, CallableRunner(recorder, blocking=blocking), durable=False)
+    ids = [send_dm(gw, f"dm {i}", target="bob") for i in range(5)]
+    assert [gw.wait_outcome(i, timeout=30)["status"] for i in ids] == ["replied"] * 5
+    on_actor = [name.startswith("ProfileActor") for name in recorder.threads]
+    assert on_actor == [not blocking] * 5, recorder.threads
+    if not blocking:
+        assert gw.stats()["worker_threads"] == 0  # no turn ever needed a worker
+
+
+def test_an_inline_turn_waits_on_a_worker_while_another_process_holds_the_flock(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    released = threading.Event()
+    ran: list[tuple[str, bool]] = []
+
+    def runner(turn: Turn) -> str:
+        ran.append((threading.current_thread().name, released.is_set()))
+        return "ok"
+
+    gw = start_gateway(gateways, root, CallableRunner(runner, blocking=False), durable=False,
+                       config={"bot_mode": {"turn_wait_seconds": 60}})
+    path = turn_lock_path(root, "bob")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # its own open file description: as another process
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with LogCapture(level="INFO") as logs:
+            key = send_dm(gw, "wait for the lock", target="bob")
+            # the turn found the flock taken and waits for it: only now is "released before it ran" a test
+            await_condition(lambda: logs.matching("waiting for the turn lock"), timeout=30,
+                            message="the turn waiting for the flock")
+        released.set()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    assert gw.wait_outcome(key, timeout=30)["status"] == "replied"
+    assert len(ran) == 1
+    thread, after_release = ran[0]
+    assert after_release, "the turn ran while another holder had the profile's flock"
+    assert not thread.startswith("ProfileActor"), "a turn that must wait for the flock waits on a worker"
+
+
+def test_a_dm_admitted_by_its_sender_after_the_dispatcher_stopped_accepting_still_ends(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    gw = start_gateway(gateways, root, ThreadRecorder(), durable=False)
+    system = gw._system
+    assert system is not None and system.dispatcher is not None and system.caller_admission is not None
+    planned = system.caller_admission.plan_local(SendRequest("alice", "bob", "late"))
+    assert planned is not None
+    route, delivery = planned
+    ask(system.dispatcher, StopAccepting(), timeout=10)  # stop began between the running check and the tell
+    ack = ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
+    system.dispatcher.tell(AcceptLocal(route.target, delivery, ack))
+    outcome = gw.wait_outcome(delivery.delivery_id, timeout=30)
+    assert (outcome["status"], outcome["reason"]) == ("failed", "cancelled"), outcome
+    assert "NOT delivered" in outcome["error"]
+
+    # Durable: the sender waits for the journal, so it is told instead, and nothing was acked.
+    planned = system.caller_admission.plan_local(SendRequest("alice", "bob", "late too"))
+    assert planned is not None
+    route, delivery = planned
+    reply: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
+    system.dispatcher.tell(AcceptLocal(route.target, delivery, ack, reply))
+    with pytest.raises(RuntimeError, match="gateway is not running"):
+        reply.get(timeout=30)
+
+
+def test_the_sender_side_admission_sees_the_roster_the_dispatcher_has(root: Path, gateways: list[Gateway]) -> None:
+    gw = start_gateway(gateways, root, ThreadRecorder(), durable=False)
+    system = gw._system
+    assert system is not None and system.caller_admission is not None
+    assert system.caller_admission.plan_local(SendRequest("alice", "nobody-yet", "hi")) is None
+    refused = gw.message_agent(sender="alice", target="nobody-yet", message="hi")
+    assert "error" in refused and gw.stats()["refused"] == 1  # refusals are counted by the Dispatcher
+    # DMs from inside turns (hop >= 2) are never admitted on the sender's thread: the pair rate needs history.
+    assert system.caller_admission.plan_local(SendRequest("alice", "bob", "deep", hop=2)) is None
+
+
+def test_every_queued_dm_expires_and_the_timer_is_armed_again_for_later_ones(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    gate = threading.Event()
+    started = threading.Event()
+
+    def runner(turn: Turn) -> str:
+        if "hold" in turn.content:
+            started.set()
+            assert gate.wait(60)
+        return "ok"
+
+    gw = start_gateway(gateways, root, runner, durable=False,
+                       config={"bot_mode": {"turn_wait_seconds": 1, "turn_timeout_seconds": 120}})
+    try:
+        holder = send_dm(gw, "hold the turn", target="bob")
+        assert started.wait(30)
+        for _batch in range(2):  # the second batch arrives after the timer fired and was cleared
+            queued = [send_dm(gw, f"queued {i}", target="bob") for i in range(5)]
+            outcomes = [gw.wait_outcome(key, timeout=30) for key in queued]
+            assert [(o["status"], o["reason"]) for o in outcomes] == [("failed", "target_busy")] * 5
+    finally:
+        gate.set()
+    assert gw.wait_outcome(holder, timeout=30)["status"] == "replied"
+
+
+def test_subscribers_get_every_outcome_once_in_order_with_details_when_asked(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    gw = start_gateway(gateways, root, CallableRunner(lambda turn: "ok", blocking=False), durable=False)
+    plain: list[dict[str, Any]] = []
+    detailed: list[dict[str, Any]] = []
+    gw.subscribe(plain.append)
+    gw.subscribe(detailed.append, details=True)
+    senders = [threading.Thread(target=lambda k=k: [send_dm(gw, f"{k}-{i}", target="bob", sender="alice")
+                                                     for i in range(100)]) for k in range(4)]
+    for thread in senders:
+        thread.start()
+    for thread in senders:
+        thread.join()
+    await_condition(lambda: len(plain) >= 400 and len(detailed) >= 400, timeout=60,
+                    message="400 outcomes at both subscribers")
+    gw.stop()
+    assert len(plain) == len(detailed) == 400
+    assert len({o["delivery_id"] for o in plain}) == 400
+    assert [o["delivery_id"] for o in plain] == [o["delivery_id"] for o in detailed]  # one order for all
+    assert all("sender" not in o for o in plain)
+    assert all(o["sender"] == "alice" and o["target"] == "bob" and o["latency_seconds"] >= 0 for o in detailed)
