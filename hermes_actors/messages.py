@@ -80,6 +80,13 @@ class OutcomeReady:
 
 
 @dataclass(frozen=True, slots=True)
+class OutcomesReady:
+    """Deliveries a ProfileActor ended while handling one message, in order (told to the Dispatcher)."""
+
+    outcomes: tuple[Outcome, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StopAccepting:
     """Ask the Dispatcher to refuse new DMs from now on."""
 
@@ -204,9 +211,9 @@ class Recover:
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
-    """Queue one delivery for a turn."""
+    """Queue deliveries for their turns, in this order (the Dispatcher hands a burst over at once)."""
 
-    delivery: Delivery
+    deliveries: tuple[Delivery, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -192,3 +192,14 @@ def test_subscribers_get_every_outcome_once_in_order_with_details_when_asked(
     assert [o["delivery_id"] for o in plain] == [o["delivery_id"] for o in detailed]  # one order for all
     assert all("sender" not in o for o in plain)
     assert all(o["sender"] == "alice" and o["target"] == "bob" and o["latency_seconds"] >= 0 for o in detailed)
+
+
+def test_a_burst_to_one_profile_runs_in_the_order_it_was_sent(root: Path, gateways: list[Gateway]) -> None:
+    """Deliveries are handed to a ProfileActor in batches: a batch never reorders them."""
+    order: list[str] = []
+    gw = start_gateway(gateways, root, CallableRunner(lambda turn: order.append(turn.delivery_id) or "ok",
+                                                      blocking=False), durable=False,
+                       config={"bot_mode": {"max_queued": 1000}})
+    ids = [send_dm(gw, f"burst {i}", target="bob") for i in range(300)]
+    assert [gw.wait_outcome(key, timeout=30)["status"] for key in ids] == ["replied"] * 300
+    assert order == ids

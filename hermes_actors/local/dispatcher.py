@@ -39,7 +39,7 @@ from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
 from hermes_actors.local.durability import durability_for, live_record
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
 from hermes_actors.local.profile_actor import ProfileDeps
-from hermes_actors.local.profile_table import ProfileTable
+from hermes_actors.local.profile_table import DELIVER_BATCH, ProfileTable
 from hermes_actors.local.relay_link import RelayLink, delivery_from_envelope
 from hermes_actors.local.turns import TurnFactory, turn_for
 from hermes_actors.local.wake_hook import SenderWaker
@@ -56,6 +56,7 @@ from hermes_actors.messages import (
     NotifyOutcomes,
     Outcome,
     OutcomeReady,
+    OutcomesReady,
     PendingAck,
     ProfileIdle,
     ProfileInfo,
@@ -305,6 +306,11 @@ class DispatcherActor(SupervisorActor):
     def _on_outcome(self, msg: OutcomeReady) -> None:
         self._settle(msg.outcome)
 
+    @handles(OutcomesReady)
+    def _on_outcomes(self, msg: OutcomesReady) -> None:
+        for outcome in msg.outcomes:
+            self._settle(outcome)
+
     def _settle(self, outcome: Outcome) -> None:
         key = outcome.delivery_id
         if self.book.has_outcome(key):
@@ -344,12 +350,18 @@ class DispatcherActor(SupervisorActor):
         self.notes.append((record, delivery, time.time()))
 
     def after_message(self, *, asked: bool) -> None:
-        """Hand the published outcomes to the Notifier once the mailbox is drained (or the batch is full).
+        """Hand on what the handlers gathered once the mailbox is drained (or a batch is full).
 
-        One message per burst instead of one per outcome; an ask flushes them too, so whoever
-        waits for its answer (``stop``'s Notifier flush) finds them told before it.
+        The deliveries go to their ProfileActors (``ProfileTable.flush``) and the published
+        outcomes to the Notifier: one message per burst instead of one per DM. An ask flushes
+        them too, so whoever waits for its answer finds them told before it.
         """
-        if self.notes and (asked or len(self.notes) >= NOTIFY_BATCH or self.mailbox_size() == 0):
+        if not (self.notes or self.profiles.gathered):
+            return
+        drained = asked or self.mailbox_size() == 0
+        if self.profiles.gathered and (drained or self.profiles.gathered_count >= DELIVER_BATCH):
+            self.profiles.flush()
+        if self.notes and (drained or len(self.notes) >= NOTIFY_BATCH):
             notes, self.notes = tuple(self.notes), []
             tell(self.notifier, NotifyOutcomes(notes))
 

@@ -21,7 +21,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import Link, Scheduler, TimerHandle, TypedActor, WorkerPool, handles
+from actors import Link, Scheduler, TimerHandle, TypedActor, WorkerPool, handles, tell
 from hermes_actors.core import outcomes
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.faults import crashpoint
@@ -37,6 +37,7 @@ from hermes_actors.messages import (
     IdleCheck,
     Outcome,
     OutcomeReady,
+    OutcomesReady,
     ProfileIdle,
     ProfileInfo,
     StopProfile,
@@ -145,6 +146,7 @@ class ProfileActor(TypedActor):
         self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped
+        self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
 
     def on_start(self) -> None:
         if self._salvage is not None:
@@ -154,6 +156,7 @@ class ProfileActor(TypedActor):
         self._pump()
 
     def on_stop(self) -> None:
+        self.after_message(asked=False)
         if self.lock is not None:
             self.lock.close()
 
@@ -162,7 +165,11 @@ class ProfileActor(TypedActor):
     @handles(Deliver)
     def _on_deliver(self, msg: Deliver) -> None:
         self.handled += 1
-        delivery = msg.delivery
+        for delivery in msg.deliveries:
+            self._accept(delivery)
+        self._pump()
+
+    def _accept(self, delivery: Delivery) -> None:
         key = delivery.delivery_id
         if key in self.seen or key in self.queue or (self.running and self.running.delivery_id == key):
             logger.debug("{}: duplicate delivery {} ignored", self.info.profile, key)
@@ -175,7 +182,6 @@ class ProfileActor(TypedActor):
             self._settle(outcomes.failed(key, delivery.label, text, "target_busy"))
             return
         self._enqueue(delivery, time.monotonic())
-        self._pump()
 
     def _enqueue(self, delivery: Delivery, enqueued: float) -> None:
         self.queue[delivery.delivery_id] = (delivery, enqueued)
@@ -324,7 +330,13 @@ class ProfileActor(TypedActor):
         self._arm_wait()
 
     def _settle(self, outcome: Outcome) -> None:
-        self.deps.dispatcher.tell(OutcomeReady(outcome))
+        self.settled.append(outcome)
+
+    def after_message(self, *, asked: bool) -> None:
+        """Hand the outcomes this message settled to the Dispatcher: one message for all of them."""
+        if self.settled:
+            settled, self.settled = tuple(self.settled), []
+            tell(self.deps.dispatcher, OutcomesReady(settled) if len(settled) > 1 else OutcomeReady(settled[0]))
 
     # ── idle stop and wind-down ─────────────────────────────────────────────
 
@@ -388,6 +400,7 @@ class ProfileActor(TypedActor):
         return ProfileSalvage(tuple(self.queue.values()), self.handled)
 
     def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
+        self.after_message(asked=False)  # what salvage() settled (the running turn: ambiguous)
         if self.wait_timer is not None:
             self.wait_timer.cancel()
         if self.lock is not None:

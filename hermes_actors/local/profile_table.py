@@ -5,6 +5,13 @@ It starts each ProfileActor as a supervised child of the Dispatcher (with the
 profile's current live owner), counts the ``Deliver`` messages sent to it so
 an idle one is stopped only when nothing is in flight to it, and winds them
 all down at stop.
+
+Deliveries are handed over in batches: :meth:`ProfileTable.queue` gathers them per
+profile and :meth:`ProfileTable.flush` sends one ``Deliver`` per profile. The
+Dispatcher flushes after every message its mailbox has nothing behind (and after
+an ask, or every ``DELIVER_BATCH`` deliveries), so a quiet gateway hands each DM
+over at once while a busy one wakes each ProfileActor once per burst. Every other
+message to a ProfileActor flushes first: it never overtakes a delivery queued before it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from hermes_actors.messages import (
     WindDown,
 )
 
-__all__ = ["ProfileTable"]
+__all__ = ["DELIVER_BATCH", "ProfileTable"]
+
+DELIVER_BATCH = 256  # deliveries gathered at most before they are handed over, however busy the Dispatcher
 
 
 class ProfileTable:
@@ -45,6 +54,8 @@ class ProfileTable:
         self.counters = counters
         self.sent: dict[str, int] = {}  # Deliver messages sent to each live ProfileActor
         self.owners: dict[str, Any] = {}  # profile → attached live owner
+        self.gathered: dict[str, tuple[ProfileInfo, list[Delivery]]] = {}  # profile → deliveries not yet sent
+        self.gathered_count = 0
 
     def ref(self, info: ProfileInfo) -> pykka.ActorRef[Any]:
         """The running ProfileActor of ``info``, started now when there is none."""
@@ -64,23 +75,39 @@ class ProfileTable:
         return sup.start_child(info.profile, factory)
 
     def queue(self, info: ProfileInfo, delivery: Delivery) -> None:
-        """Queue ``delivery`` on the ProfileActor of ``info``."""
-        ref = self.ref(info)
-        try:
-            ref.tell(Deliver(delivery))
-        except pykka.ActorDeadError:  # it died between the check and the tell: start a fresh one
-            self.supervisor.forget_child(info.profile)
+        """Queue ``delivery`` on the ProfileActor of ``info`` (sent at the next :meth:`flush`)."""
+        entry = self.gathered.get(info.profile)
+        if entry is None:
+            self.gathered[info.profile] = (info, [delivery])
+        else:
+            entry[1].append(delivery)
+        self.gathered_count += 1
+
+    def flush(self) -> None:
+        """Send what :meth:`queue` gathered: one ``Deliver`` per profile, deliveries in their order."""
+        if not self.gathered:
+            return
+        gathered, self.gathered, self.gathered_count = self.gathered, {}, 0
+        for info, deliveries in gathered.values():
+            message = Deliver(tuple(deliveries))
             ref = self.ref(info)
-            ref.tell(Deliver(delivery))
-        self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
+            try:
+                ref.tell(message)
+            except pykka.ActorDeadError:  # it died between the check and the tell: start a fresh one
+                self.supervisor.forget_child(info.profile)
+                ref = self.ref(info)
+                ref.tell(message)
+            self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
 
     def attach_owner(self, info: ProfileInfo, owner: Any) -> None:
         """Hand the DMs of ``info`` to a live owner (this instance and every restarted one)."""
+        self.flush()
         self.owners[info.profile] = owner
         self.ref(info).tell(AttachOwner(info.profile, owner))
 
     def detach_owner(self, info: ProfileInfo) -> None:
         """Return the DMs of ``info`` to the normal turn path."""
+        self.flush()
         self.owners.pop(info.profile, None)
         ref = self.supervisor.child_ref(info.profile)
         if ref is not None and ref.is_alive():
@@ -88,6 +115,8 @@ class ProfileTable:
 
     def idle(self, msg: ProfileIdle) -> None:
         """An idle ProfileActor offers to stop: stop it when nothing is in flight to it."""
+        if msg.profile in self.gathered:
+            return  # a delivery for it waits to be sent: it stays
         current = self.supervisor.child_ref(msg.profile)
         if current is not msg.ref and current != msg.ref:
             return
@@ -98,11 +127,16 @@ class ProfileTable:
         msg.ref.tell(StopProfile())
 
     def forget(self, profile: str) -> None:
-        """The ProfileActor of ``profile`` was given up (it kept crashing)."""
+        """The ProfileActor of ``profile`` was given up (it kept crashing); what was gathered for it is dropped
+        (the Dispatcher settled it)."""
         self.sent.pop(profile, None)
+        dropped = self.gathered.pop(profile, None)
+        if dropped is not None:
+            self.gathered_count -= len(dropped[1])
 
     def wind_down(self, *, keep_journaled: bool) -> list[str]:
         """Cancel what is queued on every ProfileActor; returns the ids of the turns still running."""
+        self.flush()
         running: list[str] = []
         for name in list(self.supervisor.children):
             ref = self.supervisor.child_ref(name)
@@ -122,6 +156,7 @@ class ProfileTable:
 
     def stop_all(self) -> None:
         """Stop every ProfileActor (the Dispatcher stops)."""
+        self.flush()
         for name in list(self.supervisor.children):
             ref = self.supervisor.child_ref(name)
             if ref is not None:
