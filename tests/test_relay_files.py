@@ -507,7 +507,7 @@ def test_relay_paths_layout_and_ensure(tmp_path: Path) -> None:
     base = tmp_path / "bot_relay"
     assert (p.base, p.outbox, p.claimed, p.replies) == (base, base / "outbox", base / "claimed", base / "replies")
     assert (p.locks, p.tmp, p.quarantine, p.roster) == (
-        base / "locks", base / "tmp", base / "quarantine", base / "roster.json"
+        base / "locks", tmp_path / ".bot_relay_tmp", base / "quarantine", base / "roster.json"
     )
     assert not base.exists()
     assert p.ensure() is p

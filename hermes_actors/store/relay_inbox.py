@@ -19,8 +19,9 @@ run. ``sent/`` is the sender side's record of its own envelopes: only those are
 resumed after a restart (an envelope a seed gateway queued on the same root, or a
 forged one, is never taken for ours).
 
-Same rules as the rest of the relay: 0600 files, 0700 dirs, temp files in
-``tmp/``, ids validated before any path is built.
+Same rules as the rest of the relay: 0600 files, 0700 dirs, temp files in the
+temp directory beside ``bot_relay/`` (``RelayPaths.tmp``), ids validated before
+any path is built.
 """
 
 from __future__ import annotations
