@@ -909,3 +909,28 @@ def test_relay_files_exports_only_its_io_and_defines_what_it_exports() -> None:
     # The pure rules are imported from relay_protocol / relay_roster, never re-exported here.
     for name in rf.__all__:
         assert getattr(rf, name).__module__ == rf.__name__, name
+
+
+# ── the started mark of a relayed-in turn ───────────────────────────────────
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_the_started_mark_is_written_before_the_turn_and_flushed_only_when_asked(
+    fsync: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hermes_actors.store import atomic
+    from hermes_actors.store.relay_inbox import InboxPaths, TurnStartMarks, was_started
+
+    paths = InboxPaths.from_root(tmp_path).ensure()
+    flushed: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (flushed.append(fd), real_fsync(fd))[1])
+    envelope_id = uuid.uuid4().hex
+    marks = TurnStartMarks(tmp_path, fsync=fsync)
+    marks.append_durably({"t": "finished", "id": envelope_id})  # not a start: nothing written
+    assert not was_started(paths, envelope_id)
+    marks.append_durably({"t": "started", "id": envelope_id})
+    assert was_started(paths, envelope_id)
+    assert json.loads((paths.started / f"{envelope_id}.json").read_text())["id"] == envelope_id
+    assert len(flushed) == (1 if fsync else 0)
+    assert list(paths.relay.tmp.iterdir()) == [] and not (paths.relay.base / "tmp").exists()

@@ -265,16 +265,23 @@ class TurnStartMarks:
     """The journal-shaped recorder a ProfileActor hands to a relayed-in turn.
 
     ``execute_turn`` calls ``append_durably({"t": "started", "id": …})`` before the
-    runner runs; here that writes (and fsyncs) ``started/<id>.json``, so a gateway
-    that adopts the envelope after a crash knows the turn may have run. Nothing is
-    written when the root has no ``started/`` directory (no file relay runs there).
+    runner runs; here that writes ``started/<id>.json``, so a gateway that adopts
+    the envelope after a crash knows the turn may have run. Nothing is written
+    when the root has no ``started/`` directory (no file relay runs there).
+
+    The mark is in place before the turn runs whatever ``fsync`` says, which is
+    what a kill -9 of the gateway needs (the kernel keeps the file); ``fsync``
+    adds a flush to stable storage against a power loss, as the journal's
+    ``started`` record has when the gateway runs with fsync.
 
     Args:
         root: the Hermes root.
+        fsync: flush the mark to stable storage before the turn runs.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self.paths = InboxPaths.from_root(root)
+        self.fsync = fsync
 
     def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
         """Record a turn's start.
@@ -290,7 +297,7 @@ class TurnStartMarks:
             return
         envelope_id = str(record.get("id"))
         _write_mark(self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
-                    tmp_dir=self.paths.relay.tmp, fsync=True)  # one fsync per turn, like the journal's "started"
+                    tmp_dir=self.paths.relay.tmp, fsync=self.fsync)
 
 
 # ── sender side: the record of our own envelopes ────────────────────────────
