@@ -116,12 +116,13 @@ def _refuse_symlinked_parent(target: Path) -> None:
     Raises:
         HostileFileError: ``target.parent`` is a symlink.
     """
+    parent = os.path.dirname(os.fspath(target))  # not pathlib: this runs for every relay write
     try:
-        st = os.lstat(target.parent)
+        st = os.lstat(parent)
     except FileNotFoundError:
         return  # the write itself will fail and report it
     if stat.S_ISLNK(st.st_mode):
-        raise HostileFileError(f"refusing to write {target}: its directory {target.parent} is a symlink")
+        raise HostileFileError(f"refusing to write {target}: its directory {parent} is a symlink")
 
 
 def _open_temp_dir(tmp_dir: Path) -> int:

@@ -45,14 +45,22 @@ def _relative_parts(base: Path, directory: Path) -> list[str]:
 
 def _descend(base_fd: int, parts: list[str], base: Path) -> int:
     """Open ``parts`` one by one below the open ``base_fd`` (left open), each checked; the last one's descriptor."""
-    fd, shown = base_fd, base
+    fd = base_fd
     try:
-        for part in parts:
-            shown = shown / part
-            child = _open_checked(part, dir_fd=fd, shown=shown)
+        for depth, part in enumerate(parts, 1):
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise HostileFileError(f"{base.joinpath(*parts[:depth])} is a symlink or not a directory; "
+                                           "refusing to use it") from exc
+                raise
             if fd != base_fd:
                 os.close(fd)
             fd = child
+            uid = os.fstat(fd).st_uid
+            if uid != os.getuid():
+                raise HostileFileError(f"{base.joinpath(*parts[:depth])} is owned by uid {uid}, expected {os.getuid()}")
     except BaseException:
         if fd != base_fd:
             os.close(fd)
