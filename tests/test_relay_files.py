@@ -934,3 +934,17 @@ def test_the_started_mark_is_written_before_the_turn_and_flushed_only_when_asked
     assert json.loads((paths.started / f"{envelope_id}.json").read_text())["id"] == envelope_id
     assert len(flushed) == (1 if fsync else 0)
     assert list(paths.relay.tmp.iterdir()) == [] and not (paths.relay.base / "tmp").exists()
+
+
+def test_a_refused_started_mark_is_a_store_error_so_the_turn_never_runs(tmp_path: Path) -> None:
+    from hermes_actors.store.relay_inbox import InboxPaths, TurnStartMarks, was_started
+
+    paths = InboxPaths.from_root(tmp_path).ensure()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    paths.relay.tmp.rmdir()
+    paths.relay.tmp.symlink_to(outside, target_is_directory=True)
+    envelope_id = uuid.uuid4().hex
+    with pytest.raises(StoreError, match="refused"):
+        TurnStartMarks(tmp_path).append_durably({"t": "started", "id": envelope_id})
+    assert not was_started(paths, envelope_id) and list(outside.iterdir()) == []

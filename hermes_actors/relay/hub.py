@@ -166,7 +166,7 @@ class HubActor(TypedActor):
             try:
                 rf.write_roster(root.paths.relay, rows, now=now)
                 self.last_roster[root.name] = (rows, now)
-            except (StoreError, OSError) as exc:
+            except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
                 logger.warning("hub: roster push to {} failed: {}", root.name, exc)
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:

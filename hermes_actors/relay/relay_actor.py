@@ -249,7 +249,7 @@ class RelayActor(TypedActor):
         self.dispatcher.tell(message)
         try:
             mark_consumed(self.paths, envelope_id, now=time.time())
-        except (StoreError, OSError) as exc:
+        except (StoreError, OSError, ValidationError) as exc:
             logger.warning("relay: could not mark {} consumed: {}", envelope_id, exc)
         clear_sent(self.paths, envelope_id)
 
@@ -400,7 +400,7 @@ class RelayActor(TypedActor):
     def _heartbeat(self) -> None:
         try:
             write_heartbeat(self.paths, self.connection_id, now=time.time())
-        except (StoreError, OSError) as exc:
+        except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
             logger.warning("relay: heartbeat write failed: {}", exc)
 
     @handles(RelayTick)

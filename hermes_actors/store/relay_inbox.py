@@ -34,7 +34,7 @@ from typing import Any
 
 from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
 from hermes_actors.core.names import HANDLE_RE
-from hermes_actors.errors import ValidationError
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
 from hermes_actors.store.relay_dirfd import rename_between
 from hermes_actors.store.relay_files import RelayPaths
@@ -291,13 +291,17 @@ class TurnStartMarks:
             timeout: unused (the write is synchronous).
 
         Raises:
-            StoreError: the mark could not be written (the turn must then not run).
+            StoreError: the mark could not be written, or was refused (a hostile
+                directory): the turn must then not run.
         """
         if record.get("t") != "started" or not self.paths.started.is_dir():
             return
         envelope_id = str(record.get("id"))
-        _write_mark(self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
-                    tmp_dir=self.paths.relay.tmp, fsync=self.fsync)
+        try:
+            _write_mark(self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
+                        tmp_dir=self.paths.relay.tmp, fsync=self.fsync)
+        except HostileFileError as exc:  # a started/ or temp directory swapped for a symlink: the turn must not run
+            raise StoreError(0, f"the start mark of {envelope_id} was refused: {exc}") from exc
 
 
 # ── sender side: the record of our own envelopes ────────────────────────────
