@@ -26,6 +26,7 @@ any path is built.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, replace
@@ -261,6 +262,11 @@ def clear_started(paths: InboxPaths, envelope_id: str) -> None:
         pass
 
 
+@functools.lru_cache(maxsize=64)
+def _layout_of(root: str) -> InboxPaths:
+    return InboxPaths.from_root(root)
+
+
 class TurnStartMarks:
     """The journal-shaped recorder a ProfileActor hands to a relayed-in turn.
 
@@ -280,7 +286,7 @@ class TurnStartMarks:
     """
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
-        self.paths = InboxPaths.from_root(root)
+        self.paths = _layout_of(os.fspath(root))  # one per relayed-in turn: the layout is built once per root
         self.fsync = fsync
 
     def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
