@@ -180,7 +180,10 @@ class RelayActor(TypedActor):
             clear_sent(self.paths, envelope["id"])
             return {"error": f"Could not queue the message for {route.label}: {exc}. Nothing was sent.",
                     "reason": "unknown"}
-        self._wait_for(envelope["id"], route.label, age=0.0)
+        # No look for a reply here: one that already landed (the relay beat this thread) is reported by its file
+        # event or the rescan, after this handler's ack was told: an outcome before its ack would settle an id
+        # the Dispatcher has not booked yet, and the ack would then book it as pending for ever.
+        self._wait_for(envelope["id"], route.label, age=0.0, check=False)
         self.counters["sent"] += 1
         return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
 
@@ -188,13 +191,14 @@ class RelayActor(TypedActor):
     def _on_peer_send(self, msg: PeerSend) -> None:
         return None  # the file relay does not reach bot_peers: the Dispatcher uses the CLI transport
 
-    def _wait_for(self, envelope_id: str, label: str, *, age: float) -> None:
+    def _wait_for(self, envelope_id: str, label: str, *, age: float, check: bool = True) -> None:
         timers = [self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id))]
         ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
         if ttl > 0:
             timers.append(self.timers.after(ttl - age, TtlDeadline(envelope_id)))
         self.waiting[envelope_id] = _Waiting(label, timers)
-        self._check_reply(envelope_id)  # a reply may already be there (restart)
+        if check:
+            self._check_reply(envelope_id)  # a reply may already be there (restart)
 
     def _resume(self) -> None:
         """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those)."""
