@@ -69,9 +69,12 @@ from hermes_actors.store.relay_inbox import (
 )
 from hermes_actors.store.relay_shelf import Shelf
 
-__all__ = ["RelayActor", "reply_from_outcome"]
+__all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]
 
 HOUSEKEEP_EVERY_SECONDS = 3600.0
+# The subdirectories of bot_relay/ whose new files _on_file acts on (roster.json is in bot_relay/ itself, which
+# an FsBridge always watches): FsBridge(..., subdirs=WATCHED_SUBDIRS) spares this actor every other event.
+WATCHED_SUBDIRS = ("replies", "inbox")
 HEARTBEAT_SECONDS = 2.0
 
 
