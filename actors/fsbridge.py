@@ -1,17 +1,21 @@
-"""Filesystem bridge: watchdog events become typed messages for one actor.
+"""Filesystem bridge: file events become typed messages for one actor.
 
-Watch the common parent recursively (a rename into an unwatched leaf stalls
-events), report created and moved-in files as :class:`FileAppeared`, skip temp
-names, and send :class:`Rescan` at start and periodically: inotify can
-overflow and drop events without anyone hearing of it, so the listing is the
-truth and events only make things fast. If the observer thread dies, the next
-health check restarts it and asks for a rescan.
+Report created and moved-in files as :class:`FileAppeared` (removed ones as
+:class:`FileRemoved` only when asked), skip temp names, and send
+:class:`Rescan` at start and periodically: inotify can overflow and drop
+events without anyone hearing of it, so the listing is the truth and events
+only make things fast. If the watcher thread dies, the next health check
+restarts it and asks for a rescan.
+
+On Linux the events come from :class:`actors.inotify.InotifyWatcher` (one
+thread, only the asked-for events, only the named subdirectories when given);
+elsewhere from a watchdog observer on the root, recursively.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,6 +34,7 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
+from actors import inotify
 from actors.messages import FileAppeared, FileRemoved, Rescan
 from actors.timers import Scheduler, TimerHandle
 
@@ -49,16 +54,17 @@ class _Handler(FileSystemEventHandler):
 
     def on_created(self, event: FileSystemEvent) -> None:
         if not event.is_directory:
-            self.bridge._report(FileAppeared, _str(event.src_path))
+            self.bridge._report(FileAppeared, Path(_str(event.src_path)))
 
     def on_moved(self, event: FileSystemEvent) -> None:
         if not event.is_directory:
-            self.bridge._report(FileRemoved, _str(event.src_path))
-            self.bridge._report(FileAppeared, _str(event.dest_path))
+            if self.bridge.removals:
+                self.bridge._report(FileRemoved, Path(_str(event.src_path)))
+            self.bridge._report(FileAppeared, Path(_str(event.dest_path)))
 
     def on_deleted(self, event: FileSystemEvent) -> None:
-        if not event.is_directory:
-            self.bridge._report(FileRemoved, _str(event.src_path))
+        if not event.is_directory and self.bridge.removals:
+            self.bridge._report(FileRemoved, Path(_str(event.src_path)))
 
 
 def _str(path: str | bytes) -> str:
@@ -75,7 +81,13 @@ class FsBridge:
         rescan_seconds: the reconcile period (0 disables the periodic rescan;
             the start rescan still happens).
         ignore: a name filter; True means "do not report".
-        observer_factory: builds the watchdog observer (tests inject faults here).
+        subdirs: watch only ``root`` and these subdirectories of it (names),
+            not every directory below ``root`` (inotify only; watchdog watches
+            recursively and the actor ignores what it does not act on).
+        removals: also report :class:`FileRemoved` (off: removals are not even
+            asked of the kernel).
+        observer_factory: use a watchdog observer built by this instead of
+            inotify (also where inotify is not available).
     """
 
     def __init__(
@@ -86,15 +98,21 @@ class FsBridge:
         scheduler: Scheduler,
         rescan_seconds: float = 2.0,
         ignore: Callable[[str], bool] = default_ignore,
-        observer_factory: Callable[[], BaseObserver] = Observer,
+        subdirs: Sequence[str] | None = None,
+        removals: bool = False,
+        observer_factory: Callable[[], BaseObserver] | None = None,
     ) -> None:
         self.root = Path(root)
         self.target = target
         self.scheduler = scheduler
         self.rescan_seconds = rescan_seconds
         self.ignore = ignore
+        self.subdirs = None if subdirs is None else tuple(subdirs)
+        self.removals = removals
+        if observer_factory is None and not inotify.AVAILABLE:
+            observer_factory = Observer
         self.observer_factory = observer_factory
-        self._observer: BaseObserver | None = None
+        self._observer: BaseObserver | inotify.InotifyWatcher | None = None
         self._timers: list[TimerHandle] = []
         self._lock = threading.Lock()  # start/stop/health-check may come from different threads
         self.paused = False  # tests: drop events on the floor, as an overflowing inotify would
@@ -112,13 +130,22 @@ class FsBridge:
             self._start_observer()
             if self.rescan_seconds > 0:
                 self._timers.append(self.scheduler.every(self.rescan_seconds, self._periodic))
-            # watchdog adds its inotify watches on its own thread after start() returns: a file
-            # that lands in that window has no event, so a second look follows shortly.
+            # watchdog may add its watches on its own thread after start() returns: a file that
+            # lands in that window has no event, so a second look follows shortly.
             self._timers.append(self.scheduler.after(STARTUP_RESCAN_SECONDS, self.target, Rescan("start")))
         self.target.tell(Rescan("start"))
         return self
 
     def _start_observer(self) -> None:
+        if self.observer_factory is None:
+            watcher = inotify.InotifyWatcher(
+                self.root, subdirs=self.subdirs, on_appeared=lambda path: self._report(FileAppeared, path),
+                on_removed=(lambda path: self._report(FileRemoved, path)) if self.removals else None,
+                on_lost=self._lost,
+            )
+            watcher.start()
+            self._observer = watcher
+            return
         observer = self.observer_factory()
         # Only the events we act on: the inotify mask shrinks with the filter, so a write no
         # longer wakes the observer for open/modify/close noise.
@@ -132,6 +159,13 @@ class FsBridge:
         observer.start()
         self._observer = observer
 
+    def _lost(self, reason: str) -> None:
+        """Events may have been missed (the kernel queue overflowed, a directory appeared): rescan."""
+        try:
+            self.target.tell(Rescan(reason))
+        except pykka.ActorDeadError:
+            pass  # the actor is gone; stop() will follow
+
     def _periodic(self) -> None:
         self.check_health()
         try:
@@ -140,12 +174,20 @@ class FsBridge:
             self.stop()
 
     def check_health(self) -> bool:
-        """Restart a dead observer thread (and ask for a rescan). Returns True if it was alive."""
+        """Restart a dead watcher thread (and ask for a rescan). Returns True if it was alive.
+
+        A live inotify watcher whose directories came back (deleted, recreated) watches
+        them again, and a rescan is asked for what landed there meanwhile.
+        """
         with self._lock:
             observer = self._observer
+            if isinstance(observer, inotify.InotifyWatcher) and observer.is_alive():
+                if observer.restore():
+                    self._lost("watch-restored")
+                return True
             if observer is None or observer.is_alive():
                 return True
-            logger.warning("watchdog observer for {} died; restarting it", self.root)
+            logger.warning("file watcher for {} died; restarting it", self.root)
             self.restarts += 1
             self._start_observer()
         self.target.tell(Rescan("observer-restarted"))
@@ -163,10 +205,9 @@ class FsBridge:
             if observer is not threading.current_thread():
                 observer.join(timeout=5)
 
-    def _report(self, kind: type[FileAppeared] | type[FileRemoved], raw: str) -> None:
+    def _report(self, kind: type[FileAppeared] | type[FileRemoved], path: Path) -> None:
         if self.paused:
             return
-        path = Path(raw)
         if self.ignore(path.name):
             return
         try:

@@ -141,14 +141,32 @@ def test_atomic_write_refuses_symlinked_parent(dirs: tuple[Path, Path], tmp_path
     assert list(tmp.iterdir()) == []
 
 
+@pytest.mark.parametrize("write", [atomic_write_json, create_exclusive_json])
+def test_a_symlinked_or_foreign_temp_dir_is_refused_and_nothing_is_written(
+    write: Any, dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    data, _ = dirs
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    swapped = tmp_path / "swapped-tmp"
+    swapped.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(HostileFileError, match="symlink"):
+        write(data / "x.json", 1, tmp_dir=swapped)
+    plain = tmp_path / "plain-file"
+    plain.write_text("")
+    with pytest.raises(HostileFileError, match="not a directory"):
+        write(data / "x.json", 1, tmp_dir=plain)
+    assert list(elsewhere.iterdir()) == [] and list(data.iterdir()) == []
+
+
 def test_temp_name_shape(dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     data, tmp = dirs
     seen: list[str] = []
     real = os.replace
 
-    def spy(src: Any, dst: Any) -> None:
+    def spy(src: Any, dst: Any, **kwargs: Any) -> None:
         seen.append(Path(src).name)
-        real(src, dst)
+        real(src, dst, **kwargs)
 
     monkeypatch.setattr(atomic.os, "replace", spy)
     atomic_write_json(data / "abc.json", 1, tmp_dir=tmp)

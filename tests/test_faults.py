@@ -91,7 +91,12 @@ class OsFaults:
 
 
 def _temp_files(root: Path) -> list[Path]:
-    return sorted(p for p in (root / "bot_relay" / "tmp").iterdir() if TEMP_OF_ID.match(p.name))
+    return sorted(p for p in rf.RelayPaths.from_root(root).tmp.iterdir() if TEMP_OF_ID.match(p.name))
+
+
+def _is_temp(path: str) -> bool:
+    """A temp file of an atomic write: created by its bare name in the open temp directory."""
+    return not os.path.isabs(path) and TEMP_OF_ID.match(path) is not None
 
 
 def _start(gateways: list[Gateway], root: Path, runner: Any = None, **bot_mode: Any) -> Gateway:
@@ -122,8 +127,7 @@ def test_a_failing_envelope_write_is_refused_clearly_and_leaves_nothing(
 
     def envelope_path(path: str) -> bool:
         p = Path(path)
-        return (p.parent == outbox and p.name.endswith(".json")) or (
-            p.parent.name == "tmp" and TEMP_OF_ID.match(p.name) is not None)
+        return (p.parent == outbox and p.name.endswith(".json")) or _is_temp(path)
 
     faults = OsFaults(monkeypatch, call, code, envelope_path)
     refused = gw.message_agent(sender="alice", target="moxie", message="while the disk is broken")
@@ -169,7 +173,7 @@ def test_a_failing_reply_write_on_the_drain_side_keeps_the_relay_running(
             return False
         p = Path(path)
         return (p.parent == paths.delivered and p.name == f"{first['id']}.json") or (
-            p.parent == paths.relay.tmp and p.name.startswith(f".{first['id']}.json."))
+            _is_temp(path) and p.name.startswith(f".{first['id']}.json."))
 
     faults = OsFaults(monkeypatch, call, code, delivered_path)
     post_to_inbox(paths, first, "mini")

@@ -1,5 +1,6 @@
-"""FsBridge: watchdog events become FileAppeared/FileRemoved; temp names are skipped;
-a dead observer is restarted with a Rescan; paused drops events but not rescans."""
+"""FsBridge: inotify (or watchdog) events become FileAppeared (FileRemoved when asked); temp names are
+skipped; only the named subdirectories are watched when given, never through a symlink; a dead watcher is
+restarted with a Rescan, a directory that comes back is watched again; paused drops events but not rescans."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ from typing import Any
 
 import pykka
 import pytest
+from watchdog.observers import Observer
 
-from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler
+from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, inotify
 from actors.fsbridge import default_ignore
+from actors.inotify import AVAILABLE as INOTIFY
 from actors.testkit import Probe, ProbeLog, await_condition
+
+needs_inotify = pytest.mark.skipif(not INOTIFY, reason="inotify is Linux only")
+WATCHERS = [pytest.param(None, id="inotify", marks=needs_inotify), pytest.param(Observer, id="watchdog")]
 
 
 @pytest.fixture
@@ -37,15 +43,16 @@ def wait_appeared(actor: ProbeLog, path: Path, timeout: float = 5.0) -> None:
     await_condition(lambda: path in appeared(actor), timeout=timeout, message=f"FileAppeared({path})")
 
 
+@pytest.mark.parametrize("factory", WATCHERS)
 def test_created_and_moved_in_files_appear_and_temp_names_do_not(
-    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
+    factory: Any, tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
 ) -> None:
     ref, actor = probe
     watched = tmp_path / "watched"
     (watched / "replies").mkdir(parents=True)
     outside = tmp_path / "outside"
     outside.mkdir()
-    with FsBridge(watched, ref, scheduler=scheduler, rescan_seconds=0):
+    with FsBridge(watched, ref, scheduler=scheduler, rescan_seconds=0, removals=True, observer_factory=factory):
         actor.expect(Rescan)  # the start rescan
         created = watched / "replies" / "a.json"
         created.write_text("{}")
@@ -79,11 +86,101 @@ def test_created_and_moved_in_files_appear_and_temp_names_do_not(
     assert [m.reason for m in actor.records(Rescan)] == ["start"]  # rescan_seconds=0: no periodic rescans
 
 
-def test_a_killed_observer_is_restarted_and_a_rescan_is_told(
+@pytest.mark.parametrize("factory", WATCHERS)
+def test_removals_are_reported_only_when_asked(
+    factory: Any, tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
+) -> None:
+    ref, actor = probe
+    gone = tmp_path / "gone.json"
+    gone.write_text("{}")
+    moved = tmp_path / "moved.json"
+    moved.write_text("{}")
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0, observer_factory=factory):
+        actor.expect(Rescan)
+        gone.unlink()
+        os.rename(moved, tmp_path / "moved-again.json")
+        sentinel = tmp_path / "z.json"
+        sentinel.write_text("{}")
+        wait_appeared(actor, sentinel)  # in order: the removal and the move were handled before it
+    assert actor.records(FileRemoved) == []
+    assert tmp_path / "moved-again.json" in appeared(actor)
+
+
+@needs_inotify
+def test_only_the_named_subdirectories_are_watched_and_a_symlinked_one_is_not_followed(
     tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
 ) -> None:
     ref, actor = probe
-    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0) as bridge:
+    for name in ("inbox", "sent", "elsewhere"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "replies").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0, subdirs=("inbox", "replies")) as bridge:
+        actor.expect(Rescan)
+        assert isinstance(bridge._observer, inotify.InotifyWatcher)
+        assert bridge._observer.watched() == {tmp_path, tmp_path / "inbox"}
+        (tmp_path / "sent" / "a.json").write_text("{}")
+        (tmp_path / "elsewhere" / "b.json").write_text("{}")  # what the symlinked replies/ points at
+        top = tmp_path / "roster.json"
+        top.write_text("{}")
+        sentinel = tmp_path / "inbox" / "z.json"
+        sentinel.write_text("{}")
+        wait_appeared(actor, sentinel)
+    assert appeared(actor) == [top, sentinel]
+
+
+@needs_inotify
+def test_a_watched_directory_that_comes_back_is_watched_again_with_a_rescan(
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
+) -> None:
+    ref, actor = probe
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0, subdirs=("inbox", "late")) as bridge:
+        actor.expect(Rescan)
+        watcher = bridge._observer
+        assert isinstance(watcher, inotify.InotifyWatcher)
+        os.rename(inbox, tmp_path / "inbox-old")  # moved away: its watch is dropped
+        await_condition(lambda: inbox not in watcher.watched(), timeout=5, message="the moved inbox unwatched")
+        inbox.mkdir()  # a new inbox/ appears at the watched name: watched at once, and a rescan for its files
+        await_condition(lambda: inbox in watcher.watched(), timeout=5, message="the new inbox watched")
+        (tmp_path / "late").mkdir()  # named but missing at start
+        await_condition(lambda: tmp_path / "late" in watcher.watched(), timeout=5, message="late/ watched")
+        os.rmdir(tmp_path / "late")
+        await_condition(lambda: tmp_path / "late" not in watcher.watched(), timeout=5, message="late/ dropped")
+        assert bridge.check_health() is True  # nothing to restore: late/ is missing
+        (tmp_path / "late").mkdir()
+        await_condition(lambda: tmp_path / "late" in watcher.watched(), timeout=5, message="late/ again")
+        after = inbox / "after.json"
+        after.write_text("{}")
+        wait_appeared(actor, after)
+    assert [m.reason for m in actor.records(Rescan)][1:] == ["new-directory"] * 3
+    assert (tmp_path / "inbox-old") not in appeared(actor)
+
+
+@needs_inotify
+def test_the_health_check_restores_a_watch_the_event_missed(
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
+) -> None:
+    ref, actor = probe
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0, subdirs=("inbox",)) as bridge:
+        actor.expect(Rescan)
+        watcher = bridge._observer
+        assert isinstance(watcher, inotify.InotifyWatcher)
+        with watcher._lock:
+            watcher._paths.clear()  # every watch forgotten: the inbox/ created next has no event for us
+        (tmp_path / "inbox").mkdir()
+        assert bridge.check_health() is True
+        assert watcher.watched() >= {tmp_path / "inbox"}
+        actor.expect(Rescan, count=2)
+        assert actor.records(Rescan)[-1].reason == "watch-restored"
+
+
+@pytest.mark.parametrize("factory", WATCHERS)
+def test_a_killed_observer_is_restarted_and_a_rescan_is_told(
+    factory: Any, tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
+) -> None:
+    ref, actor = probe
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0, observer_factory=factory) as bridge:
         actor.expect(Rescan)
         assert bridge.check_health() is True and bridge.restarts == 0
         dead = bridge._observer

@@ -121,7 +121,7 @@ def test_a_relayed_in_turn_is_marked_started_before_it_runs_and_unmarked_once_re
     post_to_inbox(InboxPaths.from_root(mini), env, "alpha")
     await_condition(lambda: _delivered(mini, env["id"]) is not None, timeout=10, message="the reply")
     assert seen == [True]
-    # the mark is cleared after the reply is written and the envelope left the shelf: wait for that step
+    # The mark is cleared right after the reply is written, in the same relay message: wait for it, not race it.
     await_condition(lambda: os.listdir(started_dir) == [], timeout=10, message="the start mark cleared")
 
 
@@ -343,6 +343,29 @@ def test_a_running_gateway_never_follows_an_inbox_swapped_for_a_symlink(
     post_to_inbox(paths, fresh, "alpha")
     await_condition(lambda: _delivered(mini, fresh["id"]) is not None, timeout=10, message="the legit one replied")
     assert [t.delivery_id for t in rec.entered] == [fresh["id"]]
+
+
+def test_a_temp_directory_swapped_for_a_symlink_is_never_written_through_and_is_put_back(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    rec = RecordingRunner()
+    start_gateway(gateways, mini, rec, connection_id="mini", config={"bot_mode": {"rescan_seconds": 0.2}})
+    paths = InboxPaths.from_root(mini)
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    paths.relay.tmp.rmdir()
+    paths.relay.tmp.symlink_to(outside)
+    await_condition(lambda: paths.relay.tmp.is_dir() and not paths.relay.tmp.is_symlink(), timeout=15,
+                    message="the temp directory restored as a real directory")
+    assert list(outside.iterdir()) == [], "no temp file was written through the symlink"
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    fresh = seed_envelope(target_connection="mini", target_profile="moxie", message="legit")
+    post_to_inbox(paths, fresh, "alpha")
+    await_condition(lambda: _delivered(mini, fresh["id"]) is not None, timeout=10, message="the legit one replied")
+    assert [t.delivery_id for t in rec.entered] == [fresh["id"]]
+    assert list(outside.iterdir()) == []
 
 
 def test_starting_a_gateway_makes_no_watchdog_warning(tmp_path: Path) -> None:

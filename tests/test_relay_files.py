@@ -507,7 +507,7 @@ def test_relay_paths_layout_and_ensure(tmp_path: Path) -> None:
     base = tmp_path / "bot_relay"
     assert (p.base, p.outbox, p.claimed, p.replies) == (base, base / "outbox", base / "claimed", base / "replies")
     assert (p.locks, p.tmp, p.quarantine, p.roster) == (
-        base / "locks", base / "tmp", base / "quarantine", base / "roster.json"
+        base / "locks", tmp_path / ".bot_relay_tmp", base / "quarantine", base / "roster.json"
     )
     assert not base.exists()
     assert p.ensure() is p
@@ -909,3 +909,42 @@ def test_relay_files_exports_only_its_io_and_defines_what_it_exports() -> None:
     # The pure rules are imported from relay_protocol / relay_roster, never re-exported here.
     for name in rf.__all__:
         assert getattr(rf, name).__module__ == rf.__name__, name
+
+
+# ── the started mark of a relayed-in turn ───────────────────────────────────
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_the_started_mark_is_written_before_the_turn_and_flushed_only_when_asked(
+    fsync: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hermes_actors.store import atomic
+    from hermes_actors.store.relay_inbox import InboxPaths, TurnStartMarks, was_started
+
+    paths = InboxPaths.from_root(tmp_path).ensure()
+    flushed: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (flushed.append(fd), real_fsync(fd))[1])
+    envelope_id = uuid.uuid4().hex
+    marks = TurnStartMarks(tmp_path, fsync=fsync)
+    marks.append_durably({"t": "finished", "id": envelope_id})  # not a start: nothing written
+    assert not was_started(paths, envelope_id)
+    marks.append_durably({"t": "started", "id": envelope_id})
+    assert was_started(paths, envelope_id)
+    assert json.loads((paths.started / f"{envelope_id}.json").read_text())["id"] == envelope_id
+    assert len(flushed) == (1 if fsync else 0)
+    assert list(paths.relay.tmp.iterdir()) == [] and not (paths.relay.base / "tmp").exists()
+
+
+def test_a_refused_started_mark_is_a_store_error_so_the_turn_never_runs(tmp_path: Path) -> None:
+    from hermes_actors.store.relay_inbox import InboxPaths, TurnStartMarks, was_started
+
+    paths = InboxPaths.from_root(tmp_path).ensure()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    paths.relay.tmp.rmdir()
+    paths.relay.tmp.symlink_to(outside, target_is_directory=True)
+    envelope_id = uuid.uuid4().hex
+    with pytest.raises(StoreError, match="refused"):
+        TurnStartMarks(tmp_path).append_durably({"t": "started", "id": envelope_id})
+    assert not was_started(paths, envelope_id) and list(outside.iterdir()) == []

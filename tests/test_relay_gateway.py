@@ -66,6 +66,29 @@ def reply_record(envelope_id: str, reply: str = "", error: str = "", reason: str
     return {"id": envelope_id, "at": int(time.time()), "reply": reply, "error": error, "reason": reason}
 
 
+def test_a_reply_that_lands_before_the_send_returns_still_settles_the_dm(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay answered faster than our own thread: the reply is there before the send handler returns.
+
+    The outcome must still reach ``wait_outcome``: the relay reports it only after the send's ack was told
+    (before the fix the outcome was settled first, the ack then booked the id as pending again, and
+    ``wait_outcome`` waited forever).
+    """
+    root = sender_root(tmp_path)
+    gw = start(gateways, root)
+    real_enqueue = rf.enqueue_envelope
+
+    def enqueue_and_answer_at_once(paths: rf.RelayPaths, envelope: dict[str, Any]) -> Path:
+        queued_at = real_enqueue(paths, envelope)
+        rf.write_reply(paths, reply_record(envelope["id"], reply="faster than you"))
+        return queued_at
+
+    monkeypatch.setattr(rf, "enqueue_envelope", enqueue_and_answer_at_once)
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="quick"))
+    assert gw.wait_outcome(envelope_id, timeout=10)["reply"] == "faster than you"
+
+
 # ── 1. seed interop and event-driven replies ────────────────────────────────
 
 

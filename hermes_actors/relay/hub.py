@@ -42,6 +42,9 @@ from hermes_actors.store.relay_shelf import Shelf
 __all__ = ["HubActor", "HubRoot", "run_hub"]
 
 ROSTER_REFRESH_SECONDS = 60.0  # rewrite unchanged rosters this often so they stay fresh (< 600 s)
+# The only directories whose new files the hub acts on (outbox/ → drain, delivered/ → forward): the rest
+# of bot_relay/ (the gateways' shelves and marks, our own claims) never wakes it.
+HUB_WATCHED = ("outbox", "delivered")
 HANDED_KEEP = 10_000  # envelopes handed over and awaiting their reply, remembered for the log line (bounded)
 
 
@@ -163,7 +166,7 @@ class HubActor(TypedActor):
             try:
                 rf.write_roster(root.paths.relay, rows, now=now)
                 self.last_roster[root.name] = (rows, now)
-            except (StoreError, OSError) as exc:
+            except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
                 logger.warning("hub: roster push to {} failed: {}", root.name, exc)
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
@@ -292,7 +295,8 @@ def run_hub(
     with Scheduler() as scheduler:
         hub = HubActor.start(hub_roots, scheduler=scheduler)
         bridges = [
-            FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=rescan_seconds).start()
+            FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=rescan_seconds,
+                     subdirs=HUB_WATCHED).start()
             for r in hub_roots
         ]
         hub.tell(RosterPush())

@@ -69,9 +69,12 @@ from hermes_actors.store.relay_inbox import (
 )
 from hermes_actors.store.relay_shelf import Shelf
 
-__all__ = ["RelayActor", "reply_from_outcome"]
+__all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]
 
 HOUSEKEEP_EVERY_SECONDS = 3600.0
+# The subdirectories of bot_relay/ whose new files _on_file acts on (roster.json is in bot_relay/ itself, which
+# an FsBridge always watches): FsBridge(..., subdirs=WATCHED_SUBDIRS) spares this actor every other event.
+WATCHED_SUBDIRS = ("replies", "inbox")
 HEARTBEAT_SECONDS = 2.0
 
 
@@ -180,7 +183,10 @@ class RelayActor(TypedActor):
             clear_sent(self.paths, envelope["id"])
             return {"error": f"Could not queue the message for {route.label}: {exc}. Nothing was sent.",
                     "reason": "unknown"}
-        self._wait_for(envelope["id"], route.label, age=0.0)
+        # No look for a reply here: one that already landed (the relay beat this thread) is reported by its file
+        # event or the rescan, after this handler's ack was told: an outcome before its ack would settle an id
+        # the Dispatcher has not booked yet, and the ack would then book it as pending for ever.
+        self._wait_for(envelope["id"], route.label, age=0.0, check=False)
         self.counters["sent"] += 1
         return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
 
@@ -188,13 +194,14 @@ class RelayActor(TypedActor):
     def _on_peer_send(self, msg: PeerSend) -> None:
         return None  # the file relay does not reach bot_peers: the Dispatcher uses the CLI transport
 
-    def _wait_for(self, envelope_id: str, label: str, *, age: float) -> None:
+    def _wait_for(self, envelope_id: str, label: str, *, age: float, check: bool = True) -> None:
         timers = [self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id))]
         ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
         if ttl > 0:
             timers.append(self.timers.after(ttl - age, TtlDeadline(envelope_id)))
         self.waiting[envelope_id] = _Waiting(label, timers)
-        self._check_reply(envelope_id)  # a reply may already be there (restart)
+        if check:
+            self._check_reply(envelope_id)  # a reply may already be there (restart)
 
     def _resume(self) -> None:
         """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those)."""
@@ -249,7 +256,7 @@ class RelayActor(TypedActor):
         self.dispatcher.tell(message)
         try:
             mark_consumed(self.paths, envelope_id, now=time.time())
-        except (StoreError, OSError) as exc:
+        except (StoreError, OSError, ValidationError) as exc:
             logger.warning("relay: could not mark {} consumed: {}", envelope_id, exc)
         clear_sent(self.paths, envelope_id)
 
@@ -400,7 +407,7 @@ class RelayActor(TypedActor):
     def _heartbeat(self) -> None:
         try:
             write_heartbeat(self.paths, self.connection_id, now=time.time())
-        except (StoreError, OSError) as exc:
+        except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
             logger.warning("relay: heartbeat write failed: {}", exc)
 
     @handles(RelayTick)

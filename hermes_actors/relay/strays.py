@@ -16,7 +16,7 @@ __all__ = ["quarantine_strays"]
 
 
 def quarantine_strays(paths: InboxPaths) -> int:
-    """Quarantine relay directories replaced by symlinks (then recreate them) and stray files.
+    """Quarantine relay directories (the temp directory too) replaced by symlinks (then recreate them) and stray files.
 
     Every use of a relay directory already refuses a symlink (renames go through
     ``O_NOFOLLOW`` directory descriptors, writes check the parent); this puts a real
@@ -31,7 +31,8 @@ def quarantine_strays(paths: InboxPaths) -> int:
     """
     moved = 0
     swapped = [d for d in (paths.inbox, paths.relay.replies, paths.relay.outbox, paths.relay.claimed,
-                           paths.delivered, paths.taken_parent, paths.started, paths.sent) if os.path.islink(d)]
+                           paths.delivered, paths.taken_parent, paths.started, paths.sent, paths.relay.tmp)
+               if os.path.islink(d)]
     for directory in swapped:
         moved += 1
         rf.quarantine(paths.relay, directory, "a relay directory was replaced by a symlink")

@@ -35,6 +35,7 @@ __all__ = [
 
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _WRITE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -115,31 +116,62 @@ def _refuse_symlinked_parent(target: Path) -> None:
     Raises:
         HostileFileError: ``target.parent`` is a symlink.
     """
+    parent = os.path.dirname(os.fspath(target))  # not pathlib: this runs for every relay write
     try:
-        st = os.lstat(target.parent)
+        st = os.lstat(parent)
     except FileNotFoundError:
         return  # the write itself will fail and report it
     if stat.S_ISLNK(st.st_mode):
-        raise HostileFileError(f"refusing to write {target}: its directory {target.parent} is a symlink")
+        raise HostileFileError(f"refusing to write {target}: its directory {parent} is a symlink")
 
 
-def _write_temp(target: Path, data: bytes, *, tmp_dir: Path, fsync: bool) -> Path:
+def _open_temp_dir(tmp_dir: Path) -> int:
+    """Open ``tmp_dir`` as a directory of ours, never through a symlink.
+
+    The temp file is then created relative to this descriptor, so a temp
+    directory swapped for a symlink (now, not only when it was ensured) is
+    refused instead of followed.
+
+    Args:
+        tmp_dir: the temp directory.
+
+    Returns:
+        A directory descriptor (the caller closes it).
+
+    Raises:
+        HostileFileError: ``tmp_dir`` is a symlink, not a directory, or another uid's.
+        OSError: it could not be opened (missing, permission).
+    """
+    try:
+        fd = os.open(tmp_dir, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise HostileFileError(f"temp directory {tmp_dir} is a symlink or not a directory; refusing it") from exc
+        raise
+    uid = os.fstat(fd).st_uid
+    if uid != os.getuid():
+        os.close(fd)
+        raise HostileFileError(f"temp directory {tmp_dir} is owned by uid {uid}, expected {os.getuid()}")
+    return fd
+
+
+def _write_temp(target: Path, data: bytes, *, dir_fd: int, fsync: bool) -> str:
     """Write ``data`` to a fresh private temp file for ``target``.
 
     Args:
         target: the file the temp will become (only its name is used).
         data: the bytes to write.
-        tmp_dir: where the temp file lives (same filesystem as ``target``).
+        dir_fd: the open temp directory (same filesystem as ``target``).
         fsync: flush the file to stable storage before returning.
 
     Returns:
-        The temp file's path.
+        The temp file's name in ``dir_fd``.
 
     Raises:
         OSError: the temp could not be created or written (it is removed).
     """
-    tmp = tmp_dir / _temp_name(target)
-    fd = os.open(tmp, _WRITE_FLAGS, _FILE_MODE)
+    name = _temp_name(target)
+    fd = os.open(name, _WRITE_FLAGS, _FILE_MODE, dir_fd=dir_fd)
     try:
         try:
             os.fchmod(fd, _FILE_MODE)  # umask cannot widen it, but be explicit
@@ -152,23 +184,24 @@ def _write_temp(target: Path, data: bytes, *, tmp_dir: Path, fsync: bool) -> Pat
         finally:
             os.close(fd)
     except BaseException:
-        _discard(tmp)
+        _discard(name, dir_fd)
         raise
-    return tmp
+    return name
 
 
-def _discard(path: Path) -> None:
-    """Remove ``path`` if it exists; never raises.
+def _discard(name: str, dir_fd: int) -> None:
+    """Remove the temp file ``name`` of ``dir_fd`` if it exists; never raises.
 
     Args:
-        path: a temp file to clean up.
+        name: a temp file to clean up.
+        dir_fd: its directory.
     """
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
     except OSError as exc:
-        logger.warning("could not remove temp file {}: {}", path, _os_error_text(exc))
+        logger.warning("could not remove temp file {}: {}", name, _os_error_text(exc))
 
 
 def atomic_write_json(
@@ -189,7 +222,8 @@ def atomic_write_json(
         fsync: fsync the data before the rename.
 
     Raises:
-        HostileFileError: ``target``'s directory is a symlink.
+        HostileFileError: ``target``'s directory or ``tmp_dir`` is a symlink
+            (``tmp_dir`` also: not a directory, or another uid's).
         StoreError: serialization or any OS step failed (disk full, permission
             denied, ...); the temp file is gone and ``target`` is untouched.
     """
@@ -199,17 +233,24 @@ def atomic_write_json(
     except TypeError as exc:
         raise _store_error("write", target, exc) from exc
     try:
-        tmp = _write_temp(target, data, tmp_dir=tmp_dir, fsync=fsync)
+        dir_fd = _open_temp_dir(tmp_dir)
     except OSError as exc:
         raise _store_error("write", target, exc) from exc
     try:
-        os.replace(tmp, target)
-    except OSError as exc:
-        _discard(tmp)
-        raise _store_error("write", target, exc) from exc
-    except BaseException:
-        _discard(tmp)
-        raise
+        try:
+            tmp = _write_temp(target, data, dir_fd=dir_fd, fsync=fsync)
+        except OSError as exc:
+            raise _store_error("write", target, exc) from exc
+        try:
+            os.replace(tmp, target, src_dir_fd=dir_fd)
+        except OSError as exc:
+            _discard(tmp, dir_fd)
+            raise _store_error("write", target, exc) from exc
+        except BaseException:
+            _discard(tmp, dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
 
 
 def create_exclusive_json(
@@ -236,7 +277,8 @@ def create_exclusive_json(
         True when this call created ``target``; False when it already existed.
 
     Raises:
-        HostileFileError: ``target``'s directory is a symlink.
+        HostileFileError: ``target``'s directory or ``tmp_dir`` is a symlink
+            (``tmp_dir`` also: not a directory, or another uid's).
         StoreError: serialization or any OS step failed; no temp is left.
     """
     _refuse_symlinked_parent(target)
@@ -245,17 +287,24 @@ def create_exclusive_json(
     except TypeError as exc:
         raise _store_error("create", target, exc) from exc
     try:
-        tmp = _write_temp(target, data, tmp_dir=tmp_dir, fsync=fsync)
+        dir_fd = _open_temp_dir(tmp_dir)
     except OSError as exc:
         raise _store_error("create", target, exc) from exc
     try:
-        os.link(tmp, target, follow_symlinks=False)
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        raise _store_error("create", target, exc) from exc
+        try:
+            tmp = _write_temp(target, data, dir_fd=dir_fd, fsync=fsync)
+        except OSError as exc:
+            raise _store_error("create", target, exc) from exc
+        try:
+            os.link(tmp, target, src_dir_fd=dir_fd, follow_symlinks=False)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise _store_error("create", target, exc) from exc
+        finally:
+            _discard(tmp, dir_fd)
     finally:
-        _discard(tmp)
+        os.close(dir_fd)
     return True
 
 

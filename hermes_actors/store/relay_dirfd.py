@@ -35,6 +35,39 @@ def _open_checked(path: Path | str, *, dir_fd: int | None = None, shown: Path) -
     return fd
 
 
+def _relative_parts(base: Path, directory: Path) -> list[str]:
+    """The components of ``directory`` below ``base`` (string work: this runs twice per relayed DM)."""
+    top, below = os.fspath(base), os.fspath(directory)
+    if not below.startswith(top + os.sep):
+        raise ValueError(f"{directory} is not inside {base}")
+    return below[len(top) + 1:].split(os.sep)
+
+
+def _descend(base_fd: int, parts: list[str], base: Path) -> int:
+    """Open ``parts`` one by one below the open ``base_fd`` (left open), each checked; the last one's descriptor."""
+    fd = base_fd
+    try:
+        for depth, part in enumerate(parts, 1):
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise HostileFileError(f"{base.joinpath(*parts[:depth])} is a symlink or not a directory; "
+                                           "refusing to use it") from exc
+                raise
+            if fd != base_fd:
+                os.close(fd)
+            fd = child
+            uid = os.fstat(fd).st_uid
+            if uid != os.getuid():
+                raise HostileFileError(f"{base.joinpath(*parts[:depth])} is owned by uid {uid}, expected {os.getuid()}")
+    except BaseException:
+        if fd != base_fd:
+            os.close(fd)
+        raise
+    return os.dup(fd) if fd == base_fd else fd
+
+
 def open_relay_dir(base: Path, relative: str) -> int:
     """Open ``base/relative`` as a directory without following a symlink at any step below ``base``.
 
@@ -49,18 +82,11 @@ def open_relay_dir(base: Path, relative: str) -> int:
         HostileFileError: a step is a symlink, not a directory, or not ours.
         FileNotFoundError: a step does not exist.
     """
-    fd = _open_checked(base, shown=base)
-    shown = base
+    base_fd = _open_checked(base, shown=base)
     try:
-        for part in Path(relative).parts:
-            shown = shown / part
-            child = _open_checked(part, dir_fd=fd, shown=shown)
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        return _descend(base_fd, list(Path(relative).parts), base)
+    finally:
+        os.close(base_fd)
 
 
 def rename_between(base: Path, source_dir: Path, target_dir: Path, name: str) -> bool:
@@ -80,15 +106,19 @@ def rename_between(base: Path, source_dir: Path, target_dir: Path, name: str) ->
         HostileFileError: a directory on the way is a symlink or not ours.
         OSError: the rename failed for another reason.
     """
-    src = open_relay_dir(base, str(source_dir.relative_to(base)))
+    base_fd = _open_checked(base, shown=base)
     try:
-        dst = open_relay_dir(base, str(target_dir.relative_to(base)))
+        src = _descend(base_fd, _relative_parts(base, source_dir), base)
         try:
-            os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)
-        except FileNotFoundError:
-            return False
+            dst = _descend(base_fd, _relative_parts(base, target_dir), base)
+            try:
+                os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)
+            except FileNotFoundError:
+                return False
+            finally:
+                os.close(dst)
         finally:
-            os.close(dst)
+            os.close(src)
     finally:
-        os.close(src)
+        os.close(base_fd)
     return True

@@ -6,9 +6,15 @@ Layout (every file 0600, every directory 0700, byte-compatible with the seed)::
     bot_relay/outbox/<id>.json   queued envelopes (the Desktop drains them)
     bot_relay/claimed/<id>.json  envelopes a drain won (rename decides)
     bot_relay/replies/<id>.json  {id, at, reply, error, reason}; first wins
-    bot_relay/tmp/               temp files of atomic writes (never globbed)
     bot_relay/quarantine/        refused (hostile) files, moved aside
     bot_relay/locks/             per-profile turn locks
+    .bot_relay_tmp/              temp files of atomic writes, beside bot_relay/
+
+The temp directory is ours, not the seed's (the seed writes its temps beside
+the target): it sits beside ``bot_relay/`` so that the half-written temps and
+their renames never wake the processes watching ``bot_relay/`` (the gateway's
+and the hub's recursive watches), and on the same filesystem (checked by
+:meth:`RelayPaths.ensure`) so the rename stays atomic.
 
 Only I/O lives here. The pure rules are imported from where they are defined:
 :mod:`hermes_actors.store.relay_protocol` (constants, envelopes, replies; the
@@ -19,6 +25,7 @@ ids and handles from :mod:`hermes_actors.core.ids` / :mod:`hermes_actors.core.na
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -30,7 +37,7 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
-from hermes_actors.errors import HostileFileError, ValidationError
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.messages import RemoteAgent
 from hermes_actors.store.atomic import (
     atomic_write_json,
@@ -100,7 +107,7 @@ class RelayPaths:
             claimed=base / CLAIMED,
             replies=base / REPLIES,
             locks=base / LOCKS,
-            tmp=base / TMP,
+            tmp=Path(root) / TMP,
             quarantine=base / QUARANTINE,
             roster=base / ROSTER_FILE,
         )
@@ -121,10 +128,15 @@ class RelayPaths:
 
         Raises:
             HostileFileError: a directory is a symlink, a file, or not ours.
-            StoreError: a directory could not be created.
+            StoreError: a directory could not be created, or the temp directory
+                is on another filesystem than ``bot_relay/`` (a rename from it
+                would not be atomic).
         """
         for directory in self.directories():
             ensure_private_dir(directory)
+        if os.lstat(self.tmp).st_dev != os.lstat(self.base).st_dev:
+            raise StoreError(errno.EXDEV, f"the relay temp directory {self.tmp} is on another filesystem than "
+                                          f"{self.base}: atomic renames between them are impossible")
         return self
 
     def id_file(self, directory: Path, envelope_id: str) -> Path:
@@ -202,7 +214,7 @@ def read_roster(paths: RelayPaths, *, now: float | None = None) -> tuple[list[Re
 
 
 def enqueue_envelope(paths: RelayPaths, envelope: dict[str, Any]) -> Path:
-    """Atomically write an envelope into ``outbox/`` (0600, via ``tmp/``).
+    """Atomically write an envelope into ``outbox/`` (0600, via the temp directory).
 
     Args:
         paths: the relay layout.

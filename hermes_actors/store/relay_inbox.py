@@ -19,12 +19,14 @@ run. ``sent/`` is the sender side's record of its own envelopes: only those are
 resumed after a restart (an envelope a seed gateway queued on the same root, or a
 forged one, is never taken for ours).
 
-Same rules as the rest of the relay: 0600 files, 0700 dirs, temp files in
-``tmp/``, ids validated before any path is built.
+Same rules as the rest of the relay: 0600 files, 0700 dirs, temp files in the
+temp directory beside ``bot_relay/`` (``RelayPaths.tmp``), ids validated before
+any path is built.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, replace
@@ -33,7 +35,7 @@ from typing import Any
 
 from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
 from hermes_actors.core.names import HANDLE_RE
-from hermes_actors.errors import ValidationError
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
 from hermes_actors.store.relay_dirfd import rename_between
 from hermes_actors.store.relay_files import RelayPaths
@@ -260,20 +262,32 @@ def clear_started(paths: InboxPaths, envelope_id: str) -> None:
         pass
 
 
+@functools.lru_cache(maxsize=64)
+def _layout_of(root: str) -> InboxPaths:
+    return InboxPaths.from_root(root)
+
+
 class TurnStartMarks:
     """The journal-shaped recorder a ProfileActor hands to a relayed-in turn.
 
     ``execute_turn`` calls ``append_durably({"t": "started", "id": …})`` before the
-    runner runs; here that writes (and fsyncs) ``started/<id>.json``, so a gateway
-    that adopts the envelope after a crash knows the turn may have run. Nothing is
-    written when the root has no ``started/`` directory (no file relay runs there).
+    runner runs; here that writes ``started/<id>.json``, so a gateway that adopts
+    the envelope after a crash knows the turn may have run. Nothing is written
+    when the root has no ``started/`` directory (no file relay runs there).
+
+    The mark is in place before the turn runs whatever ``fsync`` says, which is
+    what a kill -9 of the gateway needs (the kernel keeps the file); ``fsync``
+    adds a flush to stable storage against a power loss, as the journal's
+    ``started`` record has when the gateway runs with fsync.
 
     Args:
         root: the Hermes root.
+        fsync: flush the mark to stable storage before the turn runs.
     """
 
-    def __init__(self, root: Path) -> None:
-        self.paths = InboxPaths.from_root(root)
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self.paths = _layout_of(os.fspath(root))  # one per relayed-in turn: the layout is built once per root
+        self.fsync = fsync
 
     def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
         """Record a turn's start.
@@ -283,13 +297,17 @@ class TurnStartMarks:
             timeout: unused (the write is synchronous).
 
         Raises:
-            StoreError: the mark could not be written (the turn must then not run).
+            StoreError: the mark could not be written, or was refused (a hostile
+                directory): the turn must then not run.
         """
         if record.get("t") != "started" or not self.paths.started.is_dir():
             return
         envelope_id = str(record.get("id"))
-        _write_mark(self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
-                    tmp_dir=self.paths.relay.tmp, fsync=True)  # one fsync per turn, like the journal's "started"
+        try:
+            _write_mark(self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
+                        tmp_dir=self.paths.relay.tmp, fsync=self.fsync)
+        except HostileFileError as exc:  # a started/ or temp directory swapped for a symlink: the turn must not run
+            raise StoreError(0, f"the start mark of {envelope_id} was refused: {exc}") from exc
 
 
 # ── sender side: the record of our own envelopes ────────────────────────────

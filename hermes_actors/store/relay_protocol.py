@@ -25,7 +25,7 @@ OUTBOX = "outbox"
 CLAIMED = "claimed"
 REPLIES = "replies"
 LOCKS = "locks"
-TMP = "tmp"
+TMP = ".bot_relay_tmp"  # beside bot_relay/ (under the Hermes root), outside every watched tree
 QUARANTINE = "quarantine"
 
 STALE_AFTER_SECONDS = 6 * 3600
