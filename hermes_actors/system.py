@@ -56,7 +56,7 @@ from hermes_actors.messages import (
     Subscribe,
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
-from hermes_actors.relay.relay_actor import RelayActor
+from hermes_actors.relay.relay_actor import WATCHED_SUBDIRS, RelayActor
 from hermes_actors.rooms import Rooms
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.journal import Journal
@@ -270,7 +270,8 @@ class ActorSystem:
             self.dispatcher.tell(AttachRelay(self.relay))
             self.desktop = DesktopRpc(self.relay, self.roster)
             self.bridge = FsBridge(
-                opts.root / "bot_relay", self.relay, scheduler=self.scheduler, rescan_seconds=cfg.rescan_seconds
+                opts.root / "bot_relay", self.relay, scheduler=self.scheduler, rescan_seconds=cfg.rescan_seconds,
+                subdirs=WATCHED_SUBDIRS,  # the rest of bot_relay/ is the hub's business
             ).start()
         self._await_relay_resume()
 

@@ -236,7 +236,8 @@ class DispatcherActor(SupervisorActor):
             assert isinstance(route, PeerRoute)
             ack = self._send_to_peer(route, delivery)
         elif "delivery_id" in ack:  # booked under the envelope's id: the relay reports its outcome by it
-            self.book.add(ack["delivery_id"], Pending(delivery, "relay"))
+            if not self.book.has_outcome(ack["delivery_id"]):  # its reply may have beaten this ack here
+                self.book.add(ack["delivery_id"], Pending(delivery, "relay"))
             self.counters["accepted"] += 1
         future.set(ack)
 

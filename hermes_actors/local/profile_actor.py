@@ -219,8 +219,9 @@ class ProfileActor(TypedActor):
         """Where the turn's start is recorded before it runs (None: nowhere)."""
         # A relayed-in turn is not in the journal: its start is marked beside the envelope it came in;
         # a room's member turn is journaled by its room.
-        if delivery.origin == "relay":
-            return TurnStartMarks(self.deps.root)
+        if delivery.origin == "relay":  # flushed like the journal: a kill -9 finds the mark either way
+            journal = self.deps.journal
+            return TurnStartMarks(self.deps.root, fsync=journal is not None and journal.fsync_enabled)
         return self.deps.journal if delivery.origin != ROOM_ORIGIN else None
 
     def _take_inline(self) -> bool:
