@@ -187,7 +187,8 @@ def _extra_lines(result: dict[str, Any]) -> list[str]:
         for key, value in ours.items():
             if isinstance(value, dict) and {"n", "p50_ms", "p99_ms", "throughput_per_s"} <= set(value):
                 label = {"durable": "durable=True (journal on)", "nondurable": "durable=False",
-                         "fewer_active": f"{value.get('active_profiles')} active profiles"}.get(key, key)
+                         "fewer_active": f"{value.get('active_profiles')} active profiles",
+                         "roundtrip": "one sender, sequential DMs (durable round trip)"}.get(key, key)
                 out.append(f"{name}, ours with {label}: {_metrics_text(value)}")
     return out
 
@@ -217,6 +218,14 @@ def _field(scenario: str, side: str, key: str, unit: str,
         return value, f"{_num(value, digits)}{unit}"
 
     return get
+
+
+def _durable_roundtrip(result: dict[str, Any]) -> tuple[float, str] | None:
+    trip = ((result["scenarios"].get("durable-throughput") or {}).get("ours") or {}).get("roundtrip") or {}
+    if trip.get("p50_ms") is None:
+        return None
+    text = f"{_num(trip['p50_ms'], 3)} ms (p99 {_num(trip.get('p99_ms'), 3)} ms, n {trip.get('n')})"
+    return float(trip["p50_ms"]), text
 
 
 def _scale_rss(result: dict[str, Any]) -> tuple[float, str] | None:
@@ -320,6 +329,8 @@ TARGETS: tuple[Target, ...] = (
            lambda v, r: v <= 3.0),
     Target("durable throughput ≥ 4,000 DMs/s", "durable-throughput",
            _field("durable-throughput", "ours", "throughput_per_s", "/s"), lambda v, r: v >= 4_000),
+    Target("durable round trip p50 ≤ 1 ms (one sender, sequential, fsync on)", "durable-throughput",
+           _durable_roundtrip, lambda v, r: v <= 1.0),
     Target("scale: RSS ≤ 300 MB at 10,000 registered", "scale", _scale_rss, _scale_rss_met),
     Target("scale: threads follow active profiles", "scale", _scale_threads, _scale_threads_met),
     Target("scale: 1,000 active profiles ≥ 0.8× the throughput of 100", "scale", _scale_ratio,

@@ -6,7 +6,11 @@ outcome, and concurrent DMs share one fdatasync per group commit. The same
 load runs on ``durable=False`` as a reference (``ours.nondurable``); the
 baseline is the seed mechanism (a subprocess per delivery), which journals
 nothing. Extra fields on ``ours``: ``fsyncs`` and ``journal_records`` during
-the run, ``dms_per_fsync`` and ``records_per_fsync``.
+the run, ``dms_per_fsync`` and ``records_per_fsync``, and ``roundtrip``: one
+sender, sequential DMs (send, wait for the outcome) with the journal on — the
+latency of a durable DM with nothing else in flight (three group commits:
+``accepted`` before the ack, ``started`` before the turn, ``finished`` before
+the outcome).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.drivers import pipelined
+from bench.drivers import pipelined, sequential_roundtrip
 from bench.measure import summarize
 from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import BENCH_CONFIG, write_root
@@ -70,6 +74,18 @@ def durable_throughput(ctx: BenchContext) -> ScenarioResult:
         records_per_fsync=round(records / fsyncs, 2) if fsyncs else None,
     )
     samples["ours"] = run.latencies_s
+
+    trip_root = ctx.workdir / "roundtrip"
+    write_root(trip_root, 2)
+    trip_n = ctx.count(100, 2000, minimum=10)
+    with _system(trip_root, trip_n, durable=True) as gateway:
+        ctx.progress.start("durable round trip ours (journal on, sequential)", trip_n)
+        try:
+            trip = sequential_roundtrip(gateway, profiles[0], profiles[1], trip_n, ctx.progress)
+        finally:
+            ctx.progress.finish()
+    ours["roundtrip"] = summarize(trip.latencies_s, trip.wall_s)
+    samples["ours round trip"] = trip.latencies_s
 
     reference_root = ctx.workdir / "nondurable"
     write_root(reference_root, SENDERS)
