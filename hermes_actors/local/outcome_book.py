@@ -130,10 +130,8 @@ class SettledOutcomes:
         self._count = 0
 
     def __contains__(self, key: object) -> bool:
-        for generation in reversed(self._generations):  # newest first: the recent ids are the ones asked about
-            if key in generation:
-                return True
-        return False
+        # newest first: the recent ids are the ones asked about
+        return any(key in generation for generation in reversed(self._generations))
 
     def __len__(self) -> int:
         return self._count
