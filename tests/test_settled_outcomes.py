@@ -1,0 +1,123 @@
+"""The settled-outcome table: compact, bounded, and every read an equal outcome dict.
+
+The Dispatcher remembers up to ``SETTLED_KEEP`` settled outcomes for
+``wait_outcome``; they are stored packed (``pack_outcome``) and rebuilt on read
+(``unpack_outcome``), so what a reader gets must be the very dict that was
+settled: same keys in the same order, same values and types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hermes_actors.core import outcomes
+from hermes_actors.local.outcome_book import (
+    COMPRESS_OVER,
+    GENERATIONS,
+    OutcomeBook,
+    SettledOutcomes,
+    pack_outcome,
+    unpack_outcome,
+)
+
+KEY = "a" * 32
+
+OUTCOMES = {
+    "replied": outcomes.from_reply(KEY, "@bob", "pong"),
+    "silent": outcomes.from_reply(KEY, "@bob", ""),
+    "failed": outcomes.failed(KEY, "@bob", "No agent 'bob'.", "unknown"),
+    "ambiguous": outcomes.ambiguous(KEY, "@bob", "The turn process died."),
+    "cancelled": outcomes.cancelled(KEY, "@bob"),
+    "unicode": outcomes.from_reply(KEY, "@bøb", "héllo 🌍 \x00 \ud800 end"),
+}
+
+
+def _key(i: int) -> str:
+    return f"{i:032x}"
+
+
+@pytest.mark.parametrize("kind", sorted(OUTCOMES))
+def test_every_kind_of_outcome_comes_back_as_an_equal_dict_in_the_same_key_order(kind: str) -> None:
+    record = OUTCOMES[kind].as_dict()
+    packed = pack_outcome(KEY, record)
+    assert isinstance(packed, bytes)
+    back = unpack_outcome(KEY, packed)
+    assert list(back.items()) == list(record.items())
+    assert type(back["retryable"]) is bool
+
+
+def test_a_packed_outcome_is_smaller_than_its_text_and_leaves_the_delivery_id_out() -> None:
+    packed = pack_outcome(KEY, OUTCOMES["replied"].as_dict())
+    assert isinstance(packed, bytes) and KEY.encode() not in packed
+    assert len(packed) < len(OUTCOMES["replied"].text) + 40
+
+
+def test_a_long_reply_is_stored_compressed_and_comes_back_whole() -> None:
+    reply = "the same long paragraph again. " * 200
+    record = outcomes.from_reply(KEY, "@bob", reply).as_dict()
+    packed = pack_outcome(KEY, record)
+    assert isinstance(packed, bytes) and len(packed) < COMPRESS_OVER < len(reply)
+    assert unpack_outcome(KEY, packed) == record
+
+
+@pytest.mark.parametrize("record", [
+    {"status": "old"},  # remembered from a journal: any shape
+    {**OUTCOMES["replied"].as_dict(), "delivery_id": "b" * 32},  # stored under another id
+    {"status": "replied", "delivery_id": KEY, "reply": "x", "error": "", "reason": "", "retryable": False,
+     "from": "@bob", "text": "t"},  # the outcome's keys in another order
+    {"delivery_id": KEY, "status": "failed", "nested": {"n": [1, 2.5, None, True]}},
+])
+def test_any_other_dict_comes_back_equal_with_its_own_keys(record: dict[str, Any]) -> None:
+    back = unpack_outcome(KEY, pack_outcome(KEY, record))
+    assert list(back.items()) == list(record.items())
+
+
+def test_a_dict_marshal_cannot_store_is_kept_as_it_is() -> None:
+    record = {"delivery_id": KEY, "status": "replied", "odd": object()}
+    assert pack_outcome(KEY, record) is record
+    assert unpack_outcome(KEY, record) is record
+
+
+def test_every_read_is_a_new_dict_so_a_reader_cannot_change_the_next_readers_outcome() -> None:
+    book = OutcomeBook()
+    record = OUTCOMES["replied"].as_dict()
+    book.settle(KEY, dict(record))
+    first = book.record(KEY)
+    assert first == record
+    first["reply"] = "changed by a reader"
+    assert book.record(KEY) == record
+    assert book.wait(KEY).get(timeout=0) == record
+    assert book.export() == {KEY: record}
+
+
+def test_the_table_stays_bounded_after_many_times_keep_outcomes_and_keeps_the_newest() -> None:
+    keep = 80
+    table = SettledOutcomes(keep)
+    total = 20 * keep
+    for i in range(total):
+        table.put(_key(i), {"delivery_id": _key(i), "status": "replied"})
+    assert keep <= len(table) <= keep + keep // GENERATIONS
+    assert all(_key(i) in table for i in range(total - keep, total))  # the newest keep are all there
+    assert not any(_key(i) in table for i in range(total - 2 * keep))  # the old ones are gone
+    assert len(dict(table.items())) == len(table)
+    assert [key for key, _ in table.items()] == [_key(i) for i in range(total - len(table), total)]  # oldest first
+
+
+def test_a_rewritten_outcome_reads_as_its_newest_and_is_counted_once() -> None:
+    table = SettledOutcomes(16)
+    table.put(KEY, {"status": "first"})
+    table.put(KEY, {"status": "second"})  # same generation
+    assert len(table) == 1 and table.get(KEY) == {"status": "second"}
+    for i in range(5):
+        table.put(_key(i + 1), {"status": "filler"})  # KEY's generation (2 entries each) is sealed
+    table.put(KEY, {"status": "third"})  # a later generation
+    assert table.get(KEY) == {"status": "third"} and dict(table.items())[KEY] == {"status": "third"}
+
+
+def test_outcomes_remembered_from_a_journal_are_bounded_by_keep_too() -> None:
+    book = OutcomeBook(keep=8)
+    book.remember({_key(i): {"status": "old"} for i in range(100)})
+    kept = book.export()
+    assert 8 <= len(kept) <= 9 and _key(99) in kept and _key(0) not in kept
