@@ -136,8 +136,10 @@ class ProfileActor(TypedActor):
         self.inline = runs_inline(deps.runner)
         self.running: Delivery | None = None
         self.handled = salvage.handled if salvage else 0  # Deliver messages handled (idle-stop handshake)
-        # Ids that already ran here (a second guard behind the Dispatcher's own dedupe), bounded.
-        self.seen: OrderedDict[str, None] = OrderedDict()
+        # Ids that already ran here (a second guard behind the Dispatcher's own dedupe), bounded: the
+        # newest SEEN_KEEP/2 to SEEN_KEEP, in two sets swapped whole, so the table never rebuilds under churn.
+        self.seen: set[str] = set()
+        self.seen_before: set[str] = set()
         self.lock = TurnLock(turn_lock_path(deps.root, info.profile)) if deps.cross_process_lock else None
         self.idle_timer: TimerHandle | None = None
         self.last_active = time.monotonic()
@@ -171,7 +173,9 @@ class ProfileActor(TypedActor):
 
     def _accept(self, delivery: Delivery) -> None:
         key = delivery.delivery_id
-        if key in self.seen or key in self.queue or (self.running and self.running.delivery_id == key):
+        if key in self.seen or key in self.seen_before or key in self.queue or (
+            self.running and self.running.delivery_id == key
+        ):
             logger.debug("{}: duplicate delivery {} ignored", self.info.profile, key)
             return
         if self.winding_down:
@@ -207,9 +211,9 @@ class ProfileActor(TypedActor):
         while self.running is None and self.queue:
             key, (delivery, enqueued) = self.queue.popitem(last=False)
             self.running = delivery
-            self.seen[key] = None
-            if len(self.seen) > SEEN_KEEP:
-                self.seen.popitem(last=False)
+            self.seen.add(key)
+            if len(self.seen) >= SEEN_KEEP // 2:
+                self.seen_before, self.seen = self.seen, set()
             if self._take_inline():
                 self._run_inline(delivery)
             else:
