@@ -258,7 +258,7 @@ class Gateway:
     def wait_outcome(self, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
         """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds.
 
-        The outcomes of the last 100,000 settled deliveries are kept in memory (and, in
+        The outcomes of at least the last 100,000 settled deliveries are kept in memory (and, in
         durable mode, the last 10,000 across restarts in the journal).
 
         Raises:
