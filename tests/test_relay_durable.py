@@ -318,15 +318,20 @@ def test_claim_envelope_refuses_an_outbox_swapped_for_a_symlink(tmp_path: Path) 
     assert (outside / f"{env['id']}.json").exists()
 
 
-def test_a_running_gateway_never_follows_an_inbox_swapped_for_a_symlink(
-    tmp_path: Path, gateways: list[Gateway]
-) -> None:
+def _gateway_and_outside(tmp_path: Path, gateways: list[Gateway]) -> tuple[Path, RecordingRunner, InboxPaths, Path]:
+    """A running 'mini' gateway (fast rescans) and a directory outside its root to swap a symlink to."""
     mini = make_root(tmp_path, {"moxie": {}}, name="mini")
     rec = RecordingRunner()
     start_gateway(gateways, mini, rec, connection_id="mini", config={"bot_mode": {"rescan_seconds": 0.2}})
-    paths = InboxPaths.from_root(mini)
     outside = tmp_path / "outside"
     outside.mkdir(mode=0o700)
+    return mini, rec, InboxPaths.from_root(mini), outside
+
+
+def test_a_running_gateway_never_follows_an_inbox_swapped_for_a_symlink(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    mini, rec, paths, outside = _gateway_and_outside(tmp_path, gateways)
     planted = _inbound("moxie", "from outside the root")
     _write(outside / f"{planted['id']}.json", planted)
     paths.inbox.rmdir()
@@ -348,12 +353,7 @@ def test_a_running_gateway_never_follows_an_inbox_swapped_for_a_symlink(
 def test_a_temp_directory_swapped_for_a_symlink_is_never_written_through_and_is_put_back(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:
-    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
-    rec = RecordingRunner()
-    start_gateway(gateways, mini, rec, connection_id="mini", config={"bot_mode": {"rescan_seconds": 0.2}})
-    paths = InboxPaths.from_root(mini)
-    outside = tmp_path / "outside"
-    outside.mkdir(mode=0o700)
+    mini, rec, paths, outside = _gateway_and_outside(tmp_path, gateways)
     paths.relay.tmp.rmdir()
     paths.relay.tmp.symlink_to(outside)
     await_condition(lambda: paths.relay.tmp.is_dir() and not paths.relay.tmp.is_symlink(), timeout=15,
