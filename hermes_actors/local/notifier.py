@@ -87,8 +87,10 @@ class NotifierActor(TypedActor):
         """Call every subscriber with a copy of ``payload`` (plus ``details`` for those that asked for them)."""
         for token, callback in list(self.subscribers.items()):
             try:
-                wants = details is not None and token in self.wants_details
-                callback({**payload, **details} if wants and details is not None else dict(payload))
+                if details is not None and token in self.wants_details:
+                    callback({**payload, **details})
+                else:
+                    callback(dict(payload))
             except BaseException:  # user code: even SystemExit must not stop the actors
                 self.callback_errors += 1
                 logger.exception("outcome subscriber {} raised; it stays subscribed", token)

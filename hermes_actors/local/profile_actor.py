@@ -6,8 +6,9 @@ declared its turns never block (``runs_inline``) has them run right here, in
 the handler that queued them, when the profile's flock is free at once: no
 worker hop, no turn timer. A queued delivery waits at most
 ``turn_wait_seconds`` (one re-armed timer per profile watches the oldest), then
-fails ``target_busy`` and is never run later. Every outcome goes to the
-Dispatcher as :class:`OutcomeReady`.
+fails ``target_busy`` and is never run later. The outcomes settled while
+handling one message go to the Dispatcher after it, as one :class:`OutcomeReady`
+(or :class:`OutcomesReady` for several).
 """
 
 from __future__ import annotations
