@@ -216,6 +216,41 @@ def test_compaction_keeps_live_records_and_recent_outcomes(tmp_path: Path) -> No
     assert all(folded.states[k].outcome is not None for k in delivered)
 
 
+def test_a_lazy_record_is_written_at_once_and_flushed_by_the_next_batch_or_stop(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    first, second = _id(1), _id(2)
+    try:
+        journal.append({"t": "delivered", "id": first}, lazy=True)
+        # ``records`` counts a batch only after its write and its flush (if any) are done.
+        await_condition(lambda: journal.records == 1, timeout=10, message="the lazy record was not written")
+        assert _file_records(journal.path) == [{"t": "delivered", "id": first}], "written at once"
+        assert journal.fsyncs == 0, "a batch of lazy records only must not flush"
+        journal.append_durably({"t": "accepted", "id": second, "d": _delivery(second)})
+        assert journal.fsyncs == 1, "the next waited-for batch flushes (the lazy record with it)"
+        journal.append({"t": "delivered", "id": second}, lazy=True)
+        await_condition(lambda: journal.records == 3, timeout=10, message="the second lazy record was not written")
+        assert journal.fsyncs == 1
+    finally:
+        journal.stop()
+    assert journal.fsyncs == 2, "stop flushes lazy records written since the last flush"
+    assert [r["t"] for r in _file_records(journal.path)] == ["delivered", "accepted", "delivered"]
+
+
+def test_a_lazy_record_with_a_token_is_not_lazy(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    landed: list[list[Any]] = []
+    journal.listener = lambda tokens, error: landed.append(list(tokens))
+    journal.start()
+    try:
+        journal.append({"t": "delivered", "id": _id(1)}, token="t1", lazy=True)
+        await_condition(lambda: landed == [["t1"]], timeout=10, message="the token never landed")
+        assert journal.fsyncs == 1, "a token means someone waits for the flush"
+    finally:
+        journal.stop()
+    assert journal.fsyncs == 1, "nothing unflushed was left for stop"
+
+
 # ── write failures ──────────────────────────────────────────────────────────
 
 

@@ -384,7 +384,7 @@ class DispatcherActor(SupervisorActor):
                              value.delivery_id, msg.error)
             self._publish(value)
             crashpoint("after-outcome-before-delivered")
-            self.durability.note({"t": "delivered", "id": value.delivery_id})
+            self.durability.delivered(value.delivery_id)
 
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:
@@ -397,7 +397,7 @@ class DispatcherActor(SupervisorActor):
         for outcome in plan.redeliver:
             self.durability.note({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
             self._publish(outcome)
-            self.durability.note({"t": "delivered", "id": outcome.delivery_id})
+            self.durability.delivered(outcome.delivery_id)
         for delivery, outcome in plan.ambiguous:
             self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
             self._settle(outcome)
@@ -444,7 +444,7 @@ class DispatcherActor(SupervisorActor):
                 self.relay.answer_relay_in(outcome, entry.reply_connection)
             self._publish(outcome)
             if entry.journaled:  # published now: the next start must not report it a second time
-                self.durability.note({"t": "delivered", "id": key})
+                self.durability.delivered(key)
             count += 1
         return count
 

@@ -57,6 +57,9 @@ class NoDurability:
     def note(self, record: dict[str, Any]) -> None:
         """Nothing to note."""
 
+    def delivered(self, delivery_id: str) -> None:
+        """Nothing to note."""
+
     def write_now(self, record: dict[str, Any]) -> None:
         """Nothing to write."""
 
@@ -139,6 +142,16 @@ class JournalDurability:
         """Journal ``record`` without waiting; a failure is logged (it only costs a repeat at restart)."""
         try:
             self.journal.append(record)
+        except StoreError as exc:
+            logger.error("journal append failed: {}", exc)
+
+    def delivered(self, delivery_id: str) -> None:
+        """Journal that the outcome of ``delivery_id`` reached its sender: a lazy record (never flushed on its own).
+
+        Lost to a power cut, it costs the outcome published once more at restart.
+        """
+        try:
+            self.journal.append({"t": "delivered", "id": delivery_id}, lazy=True)
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
 
