@@ -21,12 +21,27 @@ import pykka
 import pytest
 from roots import LogCapture, send_dm, start_gateway
 
-from actors import ask, await_condition
+from actors import Scheduler, WorkerPool, ask, await_condition
 from hermes_actors import CallableRunner, Gateway
 from hermes_actors.core.acks import ack_payload
+from hermes_actors.core.config import load_config
+from hermes_actors.core.ids import new_delivery_id
+from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps
 from hermes_actors.local.runners import runs_inline
-from hermes_actors.messages import AcceptLocal, SendRequest, StopAccepting, Turn
-from hermes_actors.store.turnlock import turn_lock_path
+from hermes_actors.local.turns import turn_for
+from hermes_actors.messages import (
+    AcceptLocal,
+    Deliver,
+    Delivery,
+    Outcome,
+    OutcomeReady,
+    OutcomesReady,
+    ProfileInfo,
+    SendRequest,
+    StopAccepting,
+    Turn,
+)
+from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 
 
 class ThreadRecorder:
@@ -105,6 +120,88 @@ def test_an_inline_turn_waits_on_a_worker_while_another_process_holds_the_flock(
     thread, after_release = ran[0]
     assert after_release, "the turn ran while another holder had the profile's flock"
     assert not thread.startswith("ProfileActor"), "a turn that must wait for the flock waits on a worker"
+
+
+class OutcomeSink(pykka.ThreadingActor):
+    """Stands in for the Dispatcher: collects the outcomes a ProfileActor reports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outcomes: list[Outcome] = []
+        self.all_in = threading.Event()
+        self.expected = 0
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, OutcomeReady):
+            self.outcomes.append(message.outcome)
+        elif isinstance(message, OutcomesReady):
+            self.outcomes.extend(message.outcomes)
+        if len(self.outcomes) >= self.expected:
+            self.all_in.set()
+        return None
+
+
+def test_a_burst_of_inline_turns_holds_the_flock_once_across_them(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken: list[bool] = []
+    original = TurnLock.try_acquire
+
+    def counting_try_acquire(self: TurnLock) -> bool:
+        got = original(self)
+        taken.append(got)
+        return got
+
+    monkeypatch.setattr(TurnLock, "try_acquire", counting_try_acquire)
+    path = turn_lock_path(root, "bob")
+    probe: list[bool] = []
+
+    def runner(turn: Turn) -> str:
+        # Another open file description (as another process would have) cannot take the flock now.
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            probe.append(False)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            probe.append(True)
+        finally:
+            os.close(fd)
+        return f"ok {turn.delivery_id}"
+
+    scheduler = Scheduler().start()
+    pool = WorkerPool(1, name="turn")
+    sink = OutcomeSink.start()
+    profile = None
+    try:
+        deps = ProfileDeps(
+            root=root, config=load_config(root), runner=CallableRunner(runner, blocking=False), pool=pool,
+            scheduler=scheduler, dispatcher=sink, make_turn=lambda d, fd=None: turn_for(
+                d, home=root, root=root, send=lambda target, message: {}, lock_fd=fd),
+        )
+        info = ProfileInfo("bob", "bob", root / "profiles" / "bob", "Bob")
+        profile = ProfileActor.start(info, deps)
+        burst = tuple(Delivery(new_delivery_id(), "alice", "alice", "bob", "bob", f"dm {i}", label="@bob")
+                      for i in range(4))
+        sink.proxy().expected = len(burst)
+        profile.tell(Deliver(burst))
+        assert sink.proxy().all_in.get().wait(30), "the burst's outcomes never arrived"
+        outcomes = sink.proxy().outcomes.get()
+    finally:
+        if profile is not None:
+            profile.stop()
+        sink.stop()
+        pool.shutdown()
+        scheduler.stop()
+    assert [o.status for o in outcomes] == ["replied"] * 4
+    assert [o.delivery_id for o in outcomes] == [d.delivery_id for d in burst], "in order"
+    assert probe == [True] * 4, "every turn of the burst ran under the profile's flock"
+    assert taken == [True], "one flock acquisition for the whole burst"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if the burst left the flock held
+    finally:
+        os.close(fd)
 
 
 def test_a_dm_admitted_by_its_sender_after_the_dispatcher_stopped_accepting_still_ends(

@@ -209,16 +209,26 @@ class ProfileActor(TypedActor):
 
     def _maybe_start(self) -> None:
         # A loop, not recursion: inline turns finish here, and the next queued one may start at once.
-        while self.running is None and self.queue:
-            key, (delivery, enqueued) = self.queue.popitem(last=False)
-            self.running = delivery
-            self.seen.add(key)
-            if len(self.seen) >= SEEN_KEEP // 2:
-                self.seen_before, self.seen = self.seen, set()
-            if self._take_inline():
-                self._run_inline(delivery)
-            else:
-                self._run_on_worker(delivery, enqueued)
+        # The flock taken for the first inline turn is held across the inline turns queued behind it
+        # and released once the loop ends: one flock pair per burst, not per turn. A burst is what
+        # was queued, each turn non-blocking by the runner's word, so another process waits no longer
+        # than that for its own turn.
+        holding = False
+        try:
+            while self.running is None and self.queue:
+                key, (delivery, enqueued) = self.queue.popitem(last=False)
+                self.running = delivery
+                self.seen.add(key)
+                if len(self.seen) >= SEEN_KEEP // 2:
+                    self.seen_before, self.seen = self.seen, set()
+                if holding or self._take_inline():
+                    holding = True
+                    self._run_inline(delivery)
+                else:
+                    self._run_on_worker(delivery, enqueued)
+        finally:
+            if holding:
+                self._release_inline()
 
     def _start_recorder(self, delivery: Delivery) -> StartRecorder | None:
         """Where the turn's start is recorded before it runs (None: nowhere)."""
@@ -240,8 +250,17 @@ class ProfileActor(TypedActor):
         except OSError:
             return False  # the worker path takes the lock again and reports the error as the DM's outcome
 
+    def _release_inline(self) -> None:
+        """Release the flock a run of inline turns held (``_take_inline``)."""
+        if self.lock is None:
+            return
+        try:
+            self.lock.release()
+        except Exception:  # the turns' results stand over an unlock error
+            logger.exception("{}: releasing the turn lock failed", self.info.profile)
+
     def _run_inline(self, delivery: Delivery) -> None:
-        """Run a non-blocking runner's turn on this thread, holding the flock ``_take_inline`` took."""
+        """Run a non-blocking runner's turn on this thread, under the flock ``_take_inline`` took."""
         crashpoint("after-ack-before-turn")
         try:
             result = execute_turn(

@@ -118,8 +118,8 @@ def execute_turn(
         make_turn: builds the runner's ``Turn`` (attempt 1), given the flock's fd.
         journal: in durable mode, the turn's start is on disk before it runs,
             so a crash mid-turn is recovered as ``ambiguous``, never re-run.
-        held: the caller already holds ``lock`` (``TurnLock.try_acquire``); it is
-            released here all the same.
+        held: the caller holds ``lock`` (``TurnLock.try_acquire``) and releases it
+            (a ProfileActor holds it across a burst of inline turns).
 
     Returns:
         The result for the ProfileActor; ``reply`` is the raw runner value.
@@ -157,7 +157,7 @@ def execute_turn(
                 reply, error, reason, _ = attempt_turn(runner, replace(turn, attempt=2, retry_action=action))
         return TurnFinished(delivery.delivery_id, reply, error, reason)
     finally:
-        if lock is not None:
+        if lock is not None and not held:
             try:
                 lock.release()
             except Exception:  # the turn's result stands over an unlock error
