@@ -50,6 +50,7 @@ class Run:
 
     latencies_s: list[float]
     wall_s: float
+    sender_cpu_s: float = 0.0  # CPU the driver's own sender threads spent (0: not measured)
 
 
 def _delivery_id(ack: dict[str, Any]) -> str:
@@ -114,9 +115,12 @@ def pipelined(
 
     start_gate = threading.Barrier(len(shares) + 1)
 
+    sender_cpu: list[float] = []
+
     def send_share(share: Sequence[tuple[str, str]]) -> None:
         start_gate.wait()
         local: dict[str, float] = {}
+        cpu_start = time.thread_time()
         try:
             for sender, target in share:
                 t0 = time.perf_counter()
@@ -126,6 +130,7 @@ def pipelined(
             all_done.set()
         with lock:
             sent.update(local)
+            sender_cpu.append(time.thread_time() - cpu_start)
 
     unsubscribe = system.subscribe(on_outcome)
     threads = [threading.Thread(target=send_share, args=(share,), name=f"bench-sender-{i}") for i, share in
@@ -150,7 +155,7 @@ def pipelined(
     latencies = [t1 - sent[did] for did, t1, _ in done if did in sent]
     if len(latencies) != total:
         raise BenchError(f"{total - len(latencies)} outcomes did not match a sent DM")
-    return Run(latencies, wall)
+    return Run(latencies, wall, sum(sender_cpu))
 
 
 def fan_in(

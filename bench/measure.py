@@ -21,11 +21,13 @@ from typing import Any
 __all__ = [
     "CpuClock",
     "ResourceSampler",
+    "ThreadCpu",
     "machine_info",
     "percentile",
     "read_proc_status_kb",
     "reset_peak_rss",
     "summarize",
+    "thread_group",
 ]
 
 
@@ -201,6 +203,65 @@ class CpuClock:
         """Microseconds of CPU per item (this process, plus its children when ``children``)."""
         total = self.self_s + (self.children_s if children else 0.0)
         return round(total / max(1, n) * 1e6, 2)
+
+
+def thread_group(name: str) -> str:
+    """Pure: the group a thread's CPU is reported under: its name up to the first ``-``, space or ``(``.
+
+    ``"DispatcherActor-2 (urn:uuid:…)"`` → ``"DispatcherActor"``; ``"ProfileActor-17 (…)"`` →
+    ``"ProfileActor"``; ``"journal-writer"`` → ``"journal"``.
+    """
+    for separator in ("(", " ", "-"):
+        name = name.split(separator, 1)[0]
+    return name or "unnamed"
+
+
+@dataclass
+class ThreadCpu:
+    """CPU seconds per thread group of this process between :meth:`start` and :meth:`stop`.
+
+    Each living thread's own CPU clock (``time.pthread_getcpuclockid``, nanoseconds; the
+    ``/proc`` tick counters are too coarse for a hundred threads that each run a few ms).
+    A thread that ended before :meth:`stop` is not counted — the benchmark's sender threads
+    report their own CPU instead (``Run.sender_cpu_s``). :attr:`groups` stays empty where
+    the platform has no per-thread CPU clocks.
+    """
+
+    groups: dict[str, float] = field(default_factory=dict)
+    _mark: dict[int, float] = field(default_factory=dict)
+
+    @staticmethod
+    def _now() -> dict[int, tuple[str, float]]:
+        getclock = getattr(time, "pthread_getcpuclockid", None)
+        out: dict[int, tuple[str, float]] = {}
+        if getclock is None:
+            return out
+        for thread in threading.enumerate():
+            if thread.ident is None:
+                continue
+            try:
+                out[thread.ident] = (thread.name, time.clock_gettime(getclock(thread.ident)))
+            except (OSError, ValueError):  # it ended meanwhile
+                continue
+        return out
+
+    def start(self) -> ThreadCpu:
+        """Take the starting mark. Returns self."""
+        self._mark = {ident: cpu for ident, (_, cpu) in self._now().items()}
+        return self
+
+    def stop(self) -> ThreadCpu:
+        """Group the CPU every living thread spent since :meth:`start` by :func:`thread_group`. Returns self."""
+        self.groups = {}
+        for ident, (name, cpu) in self._now().items():
+            group = thread_group(name)
+            self.groups[group] = self.groups.get(group, 0.0) + cpu - self._mark.get(ident, 0.0)
+        return self
+
+    def per_item_us(self, n: int) -> dict[str, float]:
+        """Microseconds of CPU per item for each group that spent at least 0.1 µs per item, largest first."""
+        rows = sorted(((g, round(s / max(1, n) * 1e6, 1)) for g, s in self.groups.items()), key=lambda row: -row[1])
+        return {group: us for group, us in rows if us >= 0.1}
 
 
 @contextlib.contextmanager

@@ -125,6 +125,11 @@ def _cpu_lines(result: dict[str, Any]) -> list[str]:
             elif side == "ours" and floor is not None:  # in-process turns only: a turn process is no hop
                 text += f" = {cpu / floor:.2f}× one pykka ask"
             out.append(text)
+            split = block.get("cpu_split_us") or {}
+            if split:
+                parts = ", ".join(f"{group} {_num(us, 1)}" for group, us in split.items())
+                out.append(f"{name}, {side}, that CPU by thread (µs per DM; subscriber callbacks run on the "
+                           f"NotifierActor): {parts}")
     return out
 
 

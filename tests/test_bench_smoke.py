@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from bench.baseline import wait_reply_file
 from bench.harness import main, run_bench
+from bench.measure import thread_group
 from bench.registry import REGISTRY
 from bench.report import evaluate_targets, render_markdown, render_table, write_docs
 
@@ -91,6 +93,10 @@ def test_cpu_scale_and_sustained_figures_are_in_the_result(tmp_path: Path, monke
                        progress=False, sustained_s=2.0)
     scenarios = result["scenarios"]
     assert _positive(scenarios["local-throughput"]["ours"]["cpu_per_dm_us"])
+    if sys.platform.startswith("linux"):  # per-thread CPU comes from /proc (ticks: a tiny run may show few groups)
+        split = scenarios["local-throughput"]["ours"]["cpu_split_us"]
+        assert _positive(split["bench senders"]), split
+        assert all(_positive(us) for us in split.values()), split
 
     scale = scenarios["scale"]["ours"]
     _check_metrics(scale["fewer_active"])
@@ -119,6 +125,23 @@ def test_cpu_scale_and_sustained_figures_are_in_the_result(tmp_path: Path, monke
     assert goals["real turns: ours ≤ 0.1× the seed's round-trip overhead"] == "not measured"
     table = render_table(result)
     assert "one pykka ask" in table and "sustained: " in table and "active profiles ran at" in table
+    if sys.platform.startswith("linux"):
+        assert "that CPU by thread" in table and "bench senders" in table
+
+
+@pytest.mark.parametrize(
+    ("name", "group"),
+    [
+        ("DispatcherActor-2 (urn:uuid:0f3c)", "DispatcherActor"),
+        ("ProfileActor-17 (urn:uuid:aa)", "ProfileActor"),
+        ("journal-writer", "journal"),
+        ("MainThread", "MainThread"),
+        ("turn (worker 3)", "turn"),
+        ("", "unnamed"),
+    ],
+)
+def test_thread_cpu_is_grouped_by_the_thread_names_first_word(name: str, group: str) -> None:
+    assert thread_group(name) == group
 
 
 def test_cpu_ratio_target_reads_both_figures_of_one_run() -> None:
