@@ -9,14 +9,16 @@ measured minutes apart in one process, on the same loaded machine.
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pykka
 
 from bench.measure import CpuClock
 
-__all__ = ["measure_floors", "measure_spread_floor", "pykka_ask_cpu_us", "pykka_spread_rate"]
+__all__ = ["fdatasync_ms", "measure_floors", "measure_spread_floor", "pykka_ask_cpu_us", "pykka_spread_rate"]
 
 
 class _Echo(pykka.ThreadingActor):
@@ -111,3 +113,34 @@ def measure_spread_floor(messages: int) -> dict[str, Any]:
     many = pykka_spread_rate(1000, messages)
     return {"pykka_spread_100_per_s": round(few, 1), "pykka_spread_1000_per_s": round(many, 1),
             "pykka_spread_1000_vs_100": round(many / few, 3) if few > 0 else None, "pykka_spread_n": messages}
+
+
+def fdatasync_ms(directory: Path, n: int = 200) -> float:
+    """The median time of appending one journal-sized line to a file in ``directory`` and ``fdatasync``-ing it.
+
+    The durable floor: a durable DM waits for three such commits in a row. Measured in
+    the directory the scenario journals into, right next to the measurement it explains
+    (the disk of a shared VM can be three times slower one hour than the hour before).
+
+    Args:
+        directory: an existing directory on the disk under test.
+        n: appends timed.
+
+    Returns:
+        Milliseconds (median of ``n``).
+    """
+    path = Path(directory) / ".fdatasync-floor"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
+    line = b"x" * 199 + b"\n"
+    times: list[float] = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            os.write(fd, line)
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    times.sort()
+    return round(times[len(times) // 2] * 1e3, 3)

@@ -229,8 +229,11 @@ def _durable_roundtrip(result: dict[str, Any]) -> tuple[float, str] | None:
     trip = ((result["scenarios"].get("durable-throughput") or {}).get("ours") or {}).get("roundtrip") or {}
     if trip.get("p50_ms") is None:
         return None
-    text = f"{_num(trip['p50_ms'], 3)} ms (p99 {_num(trip.get('p99_ms'), 3)} ms, n {trip.get('n')})"
-    return float(trip["p50_ms"]), text
+    text = f"{_num(trip['p50_ms'], 3)} ms (p99 {_num(trip.get('p99_ms'), 3)} ms, n {trip.get('n')}"
+    sync = trip.get("fdatasync_p50_ms")
+    if isinstance(sync, int | float) and sync > 0:
+        text += f"; one fdatasync here: {_num(sync, 3)} ms, so {float(trip['p50_ms']) / sync:.1f} of them"
+    return float(trip["p50_ms"]), text + ")"
 
 
 def _scale_rss(result: dict[str, Any]) -> tuple[float, str] | None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from bench.baseline import wait_reply_file
+from bench.floors import fdatasync_ms
 from bench.harness import main, run_bench
 from bench.measure import thread_group
 from bench.registry import REGISTRY
@@ -142,6 +143,25 @@ def test_cpu_scale_and_sustained_figures_are_in_the_result(tmp_path: Path, monke
 )
 def test_thread_cpu_is_grouped_by_the_thread_names_first_word(name: str, group: str) -> None:
     assert thread_group(name) == group
+
+
+def test_the_durable_round_trip_is_read_against_the_disks_own_fdatasync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HERMES_BENCH_TINY", "1")
+    result = run_bench(True, ["durable-throughput"], tmp_path, progress=False)
+    trip = result["scenarios"]["durable-throughput"]["ours"]["roundtrip"]
+    _check_metrics(trip)
+    assert len(trip["fdatasync_samples_ms"]) == 2 and trip["fdatasync_p50_ms"] == min(trip["fdatasync_samples_ms"])
+    assert _positive(trip["fdatasync_p50_ms"])
+    texts = {goal: text for goal, _, text, _ in evaluate_targets(result)}
+    text = texts["durable round trip p50 ≤ 1 ms (one sender, sequential, fsync on)"]
+    assert f"one fdatasync here: {trip['fdatasync_p50_ms']:.3f} ms" in text, text
+
+
+def test_the_fdatasync_floor_leaves_nothing_behind(tmp_path: Path) -> None:
+    assert _positive(fdatasync_ms(tmp_path, n=5))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cpu_ratio_target_reads_both_figures_of_one_run() -> None:

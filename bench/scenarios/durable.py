@@ -10,7 +10,8 @@ the run, ``dms_per_fsync`` and ``records_per_fsync``, and ``roundtrip``: one
 sender, sequential DMs (send, wait for the outcome) with the journal on — the
 latency of a durable DM with nothing else in flight (three group commits:
 ``accepted`` before the ack, ``started`` before the turn, ``finished`` before
-the outcome).
+the outcome), with ``fdatasync_p50_ms``: one append + ``fdatasync`` in the same
+directory, timed before and after it (the lower median), the floor a commit costs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.drivers import pipelined, sequential_roundtrip
+from bench.floors import fdatasync_ms
 from bench.measure import summarize
 from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import BENCH_CONFIG, write_root
@@ -78,13 +80,16 @@ def durable_throughput(ctx: BenchContext) -> ScenarioResult:
     trip_root = ctx.workdir / "roundtrip"
     write_root(trip_root, 2)
     trip_n = ctx.count(100, 2000, minimum=10)
+    syncs = [fdatasync_ms(trip_root)]  # the disk's floor, before and after, beside the journal
     with _system(trip_root, trip_n, durable=True) as gateway:
         ctx.progress.start("durable round trip ours (journal on, sequential)", trip_n)
         try:
             trip = sequential_roundtrip(gateway, profiles[0], profiles[1], trip_n, ctx.progress)
         finally:
             ctx.progress.finish()
-    ours["roundtrip"] = summarize(trip.latencies_s, trip.wall_s)
+    syncs.append(fdatasync_ms(trip_root))
+    ours["roundtrip"] = {**summarize(trip.latencies_s, trip.wall_s), "fdatasync_p50_ms": min(syncs),
+                         "fdatasync_samples_ms": syncs}
     samples["ours round trip"] = trip.latencies_s
 
     reference_root = ctx.workdir / "nondurable"
