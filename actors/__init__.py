@@ -15,6 +15,7 @@ from actors.errors import (
     UnexpectedReply,
     UnknownMessageError,
 )
+from actors.frozen import fast_init
 from actors.fsbridge import FsBridge, default_ignore
 from actors.messages import ChildFailed, FileAppeared, FileRemoved, Rescan
 from actors.supervision import RestartPolicy, SupervisorActor
@@ -54,6 +55,7 @@ __all__ = [
     "ask_reply_to",
     "await_condition",
     "default_ignore",
+    "fast_init",
     "handles",
     "tell",
 ]

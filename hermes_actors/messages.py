@@ -6,6 +6,8 @@ its receiver; a message's docstring says who sends it and what answers it
 (``Delivery``, ``Outcome``, ``RosterSnapshot``...) are in
 :mod:`hermes_actors.records` and re-exported here. All types are frozen
 dataclasses: they cross actor boundaries and are never mutated once sent.
+The ones built for every DM are also ``actors.fast_init``: frozen all the same,
+but built without ``object.__setattr__`` per field (about 3× cheaper).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from actors import fast_init
 from hermes_actors.records import BOT_CHAT_SESSION, Delivery, Outcome, RemoteAgent, RosterSnapshot
 from hermes_actors.records import ROOM_ORIGIN as ROOM_ORIGIN
 from hermes_actors.records import Origin as Origin  # re-exported: the records travel inside these messages
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
 # ── DispatcherActor (local/dispatcher.py): every DM enters here ──────────
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SendRequest:
     """Ask the Dispatcher to accept a DM; answered with the ack/refusal dict."""
@@ -42,6 +46,7 @@ class SendRequest:
     session: str = BOT_CHAT_SESSION
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AcceptLocal:
     """Told by a sender's thread: a first-hop local DM it admitted itself (``CallerAdmission``).
@@ -72,6 +77,7 @@ class AwaitOutcome:
     delivery_id: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class OutcomeReady:
     """A delivery ended; told to the Dispatcher by whoever settled it."""
@@ -79,6 +85,7 @@ class OutcomeReady:
     outcome: Outcome
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class OutcomesReady:
     """Deliveries a ProfileActor ended while handling one message, in order (told to the Dispatcher)."""
@@ -209,6 +216,7 @@ class Recover:
 # ── ProfileActor (local/profile_actor.py): one per local profile, runs its turns one at a time ───
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Deliver:
     """Queue deliveries for their turns, in this order (the Dispatcher hands a burst over at once)."""
@@ -216,6 +224,7 @@ class Deliver:
     deliveries: tuple[Delivery, ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TurnFinished:
     """A worker finished the turn of ``delivery_id`` (told to its ProfileActor)."""
@@ -306,6 +315,7 @@ class Notify:
     details: dict[str, Any] = field(default_factory=dict)  # sender, target, latency_seconds: opted-in only
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NotifyOutcomes:
     """Told to the Notifier by the Dispatcher: DM outcomes, in the order they were published.

@@ -2,7 +2,8 @@
 
 They travel inside the messages of :mod:`hermes_actors.messages` (which re-exports
 them). All are frozen: they cross actor boundaries and are never mutated after
-they were sent.
+they were sent. The ones built for every DM are also ``actors.fast_init``
+(frozen all the same, built about 3× cheaper).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
+
+from actors import fast_init
 
 __all__ = [
     "BOT_CHAT_SESSION",
@@ -88,6 +91,7 @@ class RosterSnapshot:
     aliases: dict[str, frozenset[str]] = field(default_factory=dict)  # friendly form → folder ids
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """A DM accepted for a local profile (the unit a ProfileActor queues)."""
@@ -106,6 +110,7 @@ class Delivery:
     session: str = BOT_CHAT_SESSION  # the target's session the turn runs in ("Group: <name>" for a room)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The one final outcome of a delivery, as the sender sees it."""
@@ -133,7 +138,8 @@ class Outcome:
         }
 
 
-@dataclass(frozen=True)
+@fast_init
+@dataclass(frozen=True, slots=True)
 class Turn:
     """One turn a runner executes for a profile.
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors import fast_init
 from hermes_actors.core.names import HANDLE_PATTERN, HANDLE_RE, PEER_NAME_PATTERN, profile_key
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.messages import BOT_CHAT_SESSION, ProfileInfo, RemoteAgent, RosterSnapshot
@@ -67,6 +68,7 @@ class Refusal:
         return out
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LocalRoute:
     """Deliver to a profile of this install."""
