@@ -26,6 +26,7 @@ from hermes_actors.hermes.submit_protocol import (
     parse_request,
     socket_path,
 )
+from hermes_actors.hermes.submit_socket import open_dir, socket_address
 
 # ── the protocol (pure) ─────────────────────────────────────────────────────
 
@@ -160,6 +161,37 @@ def test_a_client_that_never_finishes_its_request_gets_a_timeout_error(server_ro
         sock.sendall(b'{"op":')  # and nothing more
         answer = json.loads(sock.recv(65536))
     assert "no complete request within 0.2s" in answer["error"]
+
+
+def test_an_answer_read_before_the_host_reset_the_connection_stands(tmp_path: Path) -> None:
+    # The host answers without reading the request and closes with it unread: Linux then resets
+    # the connection once the client has read the answer. Seen under load with the busy refusal.
+    root = tmp_path / "r"
+    path = socket_path(root)
+    path.parent.mkdir(mode=0o700, parents=True)
+    arrived = threading.Event()
+
+    def host(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1, socket.MSG_PEEK)  # the request is in our receive queue: closing now resets
+            arrived.set()
+            conn.sendall(encode({"error": "the Bot Mode host is busy; try again in a moment", "reason": "unknown"}))
+            conn.shutdown(socket.SHUT_WR)
+
+    dir_fd = open_dir(path.parent)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        try:
+            listener.bind(socket_address(dir_fd, path))  # as the server binds: long tmp paths go through /proc
+        finally:
+            os.close(dir_fd)
+        listener.listen(1)
+        thread = threading.Thread(target=host, args=(listener,), daemon=True)
+        thread.start()
+        answer = submit_dm(root, "alice", "bob", "hi")
+        thread.join(timeout=30)
+    assert arrived.is_set()
+    assert "busy" in answer["error"], answer
 
 
 def test_beyond_max_connections_a_client_is_told_the_host_is_busy(server_root: Path) -> None:

@@ -50,7 +50,14 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
                 sock.shutdown(socket.SHUT_WR)
             data = bytearray()
             while True:
-                chunk = sock.recv(RECV_CHUNK)
+                try:
+                    chunk = sock.recv(RECV_CHUNK)
+                except ConnectionResetError:
+                    # A host that answers before reading (a "busy" refusal) and closes with our request
+                    # still unread resets the connection once its answer is read: the answer stands.
+                    if not data:
+                        raise
+                    break
                 if not chunk:
                     break
                 data += chunk
