@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 import uuid
@@ -328,6 +329,19 @@ def _gateway_and_outside(tmp_path: Path, gateways: list[Gateway]) -> tuple[Path,
     return mini, rec, InboxPaths.from_root(mini), outside
 
 
+def _a_real_directory(path: Path) -> bool:
+    """Whether ``path`` is a directory itself, not a symlink to one, in ONE ``lstat``.
+
+    ``is_dir() and not is_symlink()`` is two looks: the first can see the symlink (followed)
+    and the second nothing at all, in the moment between the relay moving the symlink
+    aside and putting a real directory back — a wait on it could end with no directory.
+    """
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def test_a_running_gateway_never_follows_an_inbox_swapped_for_a_symlink(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:
@@ -337,7 +351,7 @@ def test_a_running_gateway_never_follows_an_inbox_swapped_for_a_symlink(
     paths.inbox.rmdir()
     paths.inbox.symlink_to(outside)
     # A rescan takes from inbox/ first, then puts a real directory back: once it is back, the take was refused.
-    await_condition(lambda: paths.inbox.is_dir() and not paths.inbox.is_symlink(), timeout=15,
+    await_condition(lambda: _a_real_directory(paths.inbox), timeout=15,
                     message="inbox/ restored as a real directory")
     assert rec.entered == []
     assert (outside / f"{planted['id']}.json").exists()
@@ -356,7 +370,7 @@ def test_a_temp_directory_swapped_for_a_symlink_is_never_written_through_and_is_
     mini, rec, paths, outside = _gateway_and_outside(tmp_path, gateways)
     paths.relay.tmp.rmdir()
     paths.relay.tmp.symlink_to(outside)
-    await_condition(lambda: paths.relay.tmp.is_dir() and not paths.relay.tmp.is_symlink(), timeout=15,
+    await_condition(lambda: _a_real_directory(paths.relay.tmp), timeout=15,
                     message="the temp directory restored as a real directory")
     assert list(outside.iterdir()) == [], "no temp file was written through the symlink"
     from hermes_actors.store.relay_inbox import post_to_inbox
