@@ -16,7 +16,7 @@ from typing import Any
 
 import pykka
 
-from bench.measure import CpuClock
+from bench.measure import CpuClock, percentile, us_per_item
 
 __all__ = ["fdatasync_ms", "measure_floors", "measure_spread_floor", "pykka_ask_cpu_us", "pykka_spread_rate"]
 
@@ -55,7 +55,7 @@ def pykka_ask_cpu_us(n: int, warmup: int = 200) -> tuple[float, float]:
         clock.stop()
     finally:
         ref.stop()
-    return clock.per_item_us(n), round(wall / max(1, n) * 1e6, 2)
+    return clock.per_item_us(n), us_per_item(wall, n)
 
 
 def pykka_spread_rate(actors: int, messages: int) -> float:
@@ -142,5 +142,4 @@ def fdatasync_ms(directory: Path, n: int = 200) -> float:
     finally:
         os.close(fd)
         path.unlink(missing_ok=True)
-    times.sort()
-    return round(times[len(times) // 2] * 1e3, 3)
+    return round(percentile(sorted(times), 50) * 1e3, 3)

@@ -28,6 +28,7 @@ __all__ = [
     "reset_peak_rss",
     "summarize",
     "thread_group",
+    "us_per_item",
 ]
 
 
@@ -48,6 +49,17 @@ def percentile(sorted_values: list[float], q: float) -> float:
     high = min(low + 1, len(sorted_values) - 1)
     frac = rank - low
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * frac
+
+
+def us_per_item(seconds: float, n: int, digits: int = 2) -> float:
+    """Pure: ``seconds`` spread over ``n`` items, in microseconds per item (``n`` below 1 counts as 1).
+
+    Args:
+        seconds: the total.
+        n: the items.
+        digits: decimals kept.
+    """
+    return round(seconds / max(1, n) * 1e6, digits)
 
 
 def summarize(latencies_s: Iterable[float], wall_s: float, n: int | None = None) -> dict[str, Any]:
@@ -201,8 +213,7 @@ class CpuClock:
 
     def per_item_us(self, n: int, *, children: bool = False) -> float:
         """Microseconds of CPU per item (this process, plus its children when ``children``)."""
-        total = self.self_s + (self.children_s if children else 0.0)
-        return round(total / max(1, n) * 1e6, 2)
+        return us_per_item(self.self_s + (self.children_s if children else 0.0), n)
 
 
 def thread_group(name: str) -> str:
@@ -260,7 +271,7 @@ class ThreadCpu:
 
     def per_item_us(self, n: int) -> dict[str, float]:
         """Microseconds of CPU per item for each group that spent at least 0.1 µs per item, largest first."""
-        rows = sorted(((g, round(s / max(1, n) * 1e6, 1)) for g, s in self.groups.items()), key=lambda row: -row[1])
+        rows = sorted(((g, us_per_item(s, n, 1)) for g, s in self.groups.items()), key=lambda row: -row[1])
         return {group: us for group, us in rows if us >= 0.1}
 
 

@@ -19,7 +19,7 @@ import pytest
 from bench.baseline import wait_reply_file
 from bench.floors import fdatasync_ms
 from bench.harness import main, run_bench
-from bench.measure import thread_group
+from bench.measure import thread_group, us_per_item
 from bench.registry import REGISTRY
 from bench.report import evaluate_targets, render_markdown, render_table, write_docs
 
@@ -128,6 +128,14 @@ def test_cpu_scale_and_sustained_figures_are_in_the_result(tmp_path: Path, monke
     assert "one pykka ask" in table and "sustained: " in table and "active profiles ran at" in table
     if sys.platform.startswith("linux"):
         assert "that CPU by thread" in table and "bench senders" in table
+
+
+@pytest.mark.parametrize(
+    ("seconds", "n", "digits", "expected"),
+    [(1.0, 1_000_000, 2, 1.0), (0.5, 4, 1, 125_000.0), (0.0123456, 1000, 2, 12.35), (3.0, 0, 2, 3_000_000.0)],
+)
+def test_us_per_item_spreads_seconds_over_items(seconds: float, n: int, digits: int, expected: float) -> None:
+    assert us_per_item(seconds, n, digits) == expected
 
 
 @pytest.mark.parametrize(

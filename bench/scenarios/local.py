@@ -32,7 +32,7 @@ from bench.baseline import BaselineGateway
 from bench.baseline.model import TURN_CODE
 from bench.drivers import Run, System, fan_in, pipelined, sequential_roundtrip
 from bench.floors import measure_spread_floor
-from bench.measure import CpuClock, ResourceSampler, ThreadCpu, read_proc_status_kb, summarize
+from bench.measure import CpuClock, ResourceSampler, ThreadCpu, read_proc_status_kb, summarize, us_per_item
 from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import BENCH_CONFIG, write_root
 from hermes_actors import CallableRunner, Gateway
@@ -109,9 +109,10 @@ def _measure(
 
     The raw latencies are stored in ``samples[side]``; the metrics carry
     ``cpu_per_dm_us`` (this process's CPU while ``drive`` ran, per DM), when
-    turn subprocesses ran ``cpu_per_dm_us_with_children``, and for ours, where
-    ``/proc`` has per-thread stats, ``cpu_split_us``: that CPU per DM by thread
-    group (``bench senders``: the driver's sender threads, measured by themselves).
+    turn subprocesses ran ``cpu_per_dm_us_with_children``, and for ours, where the
+    platform has per-thread CPU clocks (:class:`ThreadCpu`), ``cpu_split_us``: that CPU
+    per DM by thread group (``bench senders``: the driver's sender threads, measured by
+    themselves).
     """
     with factory(root) as system, _phase(ctx, f"{name} {side}", total):
         clock = CpuClock().start()
@@ -125,7 +126,7 @@ def _measure(
     metrics["cpu_per_dm_us"] = clock.per_item_us(n)
     split = threads.per_item_us(n)
     if side == "ours" and split and run.sender_cpu_s > 0:
-        metrics["cpu_split_us"] = {"bench senders": round(run.sender_cpu_s / max(1, n) * 1e6, 1), **split}
+        metrics["cpu_split_us"] = {"bench senders": us_per_item(run.sender_cpu_s, n, 1), **split}
     if clock.children_s > 0:
         metrics["cpu_per_dm_us_with_children"] = clock.per_item_us(n, children=True)
     return metrics
