@@ -251,7 +251,7 @@ class Gateway:
         request = SendRequest(sender, target, message, hop=hop, session=session)
         try:
             return send_dm(system.dispatcher, request, admission=system.caller_admission,
-                           durable=system.journal is not None, timeout=_ASK_TIMEOUT)
+                           journal=system.journal, timeout=_ASK_TIMEOUT)
         except ActorGone as exc:
             raise RuntimeError("gateway is not running") from exc
 

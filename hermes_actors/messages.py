@@ -51,15 +51,16 @@ class SendRequest:
 class AcceptLocal:
     """Told by a sender's thread: a first-hop local DM it admitted itself (``CallerAdmission``).
 
-    In memory the sender returned ``ack`` already; in durable mode it waits on
-    ``reply``, answered with the ack (or the refusal) once the acceptance is on disk,
-    or failed with ``RuntimeError`` when the gateway stopped accepting first.
+    The sender returns its ack right after this tell. In durable mode it first
+    journaled the acceptance and waited for it to be on disk (``journaled``), so a
+    Dispatcher that stopped accepting meanwhile leaves the DM to the next start,
+    which re-offers it; in memory such a DM is cancelled (it still gets an outcome).
     """
 
     target: ProfileInfo
     delivery: Delivery
     ack: dict[str, Any]
-    reply: pykka.ThreadingFuture[dict[str, Any]] | None = None
+    journaled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 - A first-hop local DM is admitted on the sender's thread and told to the Dispatcher
   (``AcceptLocal``); one that arrives after the Dispatcher stopped accepting still gets
-  an outcome (in memory it was acked already) or a clear error (durable: not acked yet).
+  an outcome (in memory it was acked already) or, durable, stays journaled and the next
+  start runs it. A durable one is on disk before its ack, committed by the sender's thread.
 - A runner that declared ``blocking=False`` runs its turns on the ProfileActor's thread,
   unless another process holds the profile's flock: then the turn waits on a worker.
 - One re-armed timer per profile expires every queued DM whose wait ran out.
@@ -23,7 +24,7 @@ from roots import LogCapture, send_dm, start_gateway
 
 from actors import Scheduler, WorkerPool, ask, await_condition
 from hermes_actors import CallableRunner, Gateway
-from hermes_actors.core.acks import ack_payload
+from hermes_actors.core.acks import accepted_record, ack_payload
 from hermes_actors.core.config import load_config
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps
@@ -38,6 +39,7 @@ from hermes_actors.messages import (
     OutcomesReady,
     ProfileInfo,
     SendRequest,
+    StatsRequest,
     StopAccepting,
     Turn,
 )
@@ -220,14 +222,54 @@ def test_a_dm_admitted_by_its_sender_after_the_dispatcher_stopped_accepting_stil
     assert (outcome["status"], outcome["reason"]) == ("failed", "cancelled"), outcome
     assert "NOT delivered" in outcome["error"]
 
-    # Durable: the sender waits for the journal, so it is told instead, and nothing was acked.
-    planned = system.caller_admission.plan_local(SendRequest("alice", "bob", "late too"))
+
+def test_a_journaled_dm_that_reaches_a_stopping_dispatcher_is_run_by_the_next_start(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    first = ThreadRecorder()
+    gw = start_gateway(gateways, root, first, durable=True)
+    system = gw._system
+    assert system is not None and system.dispatcher is not None and system.caller_admission is not None
+    assert system.journal is not None
+    planned = system.caller_admission.plan_local(SendRequest("alice", "bob", "late"))
     assert planned is not None
     route, delivery = planned
-    reply: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
-    system.dispatcher.tell(AcceptLocal(route.target, delivery, ack, reply))
-    with pytest.raises(RuntimeError, match="gateway is not running"):
-        reply.get(timeout=30)
+    # What the sender's thread does in durable mode: the acceptance is on disk, then the tell.
+    system.journal.append_durably(accepted_record(delivery))
+    ask(system.dispatcher, StopAccepting(), timeout=10)  # stop began between the journal write and the tell
+    ack = ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
+    system.dispatcher.tell(AcceptLocal(route.target, delivery, ack, journaled=True))
+    assert ask(system.dispatcher, StatsRequest(), timeout=10)["pending"] == 0, "not run by the stopping gateway"
+    gw.stop()
+    assert first.threads == []
+
+    second = ThreadRecorder()
+    again = start_gateway(gateways, root, second, durable=True)
+    outcome = again.wait_outcome(delivery.delivery_id, timeout=30)
+    assert outcome["status"] == "replied" and outcome["reply"] == f"ok {delivery.delivery_id}", outcome
+    assert len(second.threads) == 1, "the acked DM ran once, after the restart"
+
+
+def test_a_durable_dm_is_on_disk_before_its_ack_and_the_sender_commits_it_itself(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    gw = start_gateway(gateways, root, ThreadRecorder(), durable=True)
+    system = gw._system
+    assert system is not None and system.journal is not None
+    seen: list[tuple[str, bool]] = []
+    real_write_now = system.journal._write_now
+
+    def write_now(lines: list[bytes], *, flush: bool = True) -> None:
+        seen.append((threading.current_thread().name, any(b'"accepted"' in line for line in lines)))
+        real_write_now(lines, flush=flush)
+
+    system.journal._write_now = write_now  # type: ignore[method-assign]
+    ack = gw.message_agent(sender="alice", target="bob", message="hello")
+    assert ack["status"] == "queued", ack
+    # The ack came back only after the acceptance was written, and the sender's own thread wrote it:
+    # with no commit running, the caller leads its group commit instead of waiting for the writer.
+    assert (threading.current_thread().name, True) in seen, seen
+    assert gw.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
 
 
 def test_the_sender_side_admission_sees_the_roster_the_dispatcher_has(root: Path, gateways: list[Gateway]) -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,124 @@ def test_a_lazy_record_with_a_token_is_not_lazy(tmp_path: Path) -> None:
     finally:
         journal.stop()
     assert journal.fsyncs == 1, "nothing unflushed was left for stop"
+
+
+# ── who commits: a waiting caller leads, the writer thread compacts ─────────
+
+
+class WriteSpy:
+    """Wraps a journal's ``_write_now``: records (thread name, lines) per write; ``gate`` can hold the first."""
+
+    def __init__(self, journal: Journal, *, hold_first: bool = False) -> None:
+        self.writes: list[tuple[str, int]] = []
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        if not hold_first:
+            self.gate.set()
+        self._real = journal._write_now
+        journal._write_now = self  # type: ignore[method-assign]
+
+    def __call__(self, lines: list[bytes], *, flush: bool = True) -> None:
+        self.writes.append((threading.current_thread().name, len(lines)))
+        self.entered.set()
+        assert self.gate.wait(60), "the test never opened the gate"
+        self._real(lines, flush=flush)
+
+
+def test_a_caller_that_finds_no_commit_running_commits_its_record_on_its_own_thread(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    spy = WriteSpy(journal)
+    try:
+        caller = threading.Thread(target=journal.append_durably, args=({"t": "started", "id": _id(1), "attempt": 1},),
+                                  name="the-caller")
+        caller.start()
+        caller.join(timeout=30)
+        assert not caller.is_alive()
+        assert spy.writes == [("the-caller", 1)], "no hand-off to the writer thread and back"
+        assert journal.fsyncs == 1 and _file_records(journal.path)[0]["id"] == _id(1)
+    finally:
+        journal.stop()
+
+
+def test_callers_arriving_during_a_commit_share_the_next_one(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    spy = WriteSpy(journal, hold_first=True)
+    errors: list[BaseException] = []
+
+    def append(n: int) -> None:
+        try:
+            journal.append_durably({"t": "started", "id": _id(n), "attempt": 1})
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        first = threading.Thread(target=append, args=(0,), name="leader")
+        first.start()
+        assert spy.entered.wait(30), "the first caller never started its commit"
+        others = [threading.Thread(target=append, args=(n,)) for n in (1, 2, 3)]
+        for t in others:
+            t.start()
+        await_condition(lambda: len(journal._queue) == 3, timeout=30, message="the others never queued")
+        spy.gate.set()
+        for t in [first, *others]:
+            t.join(timeout=30)
+        assert not errors, errors
+        assert [lines for _, lines in spy.writes] == [1, 3], spy.writes
+        assert journal.fsyncs == 2, "four waited-for records, two syncs"
+    finally:
+        journal.stop()
+    assert sorted(r["id"] for r in _file_records(journal.path)) == [_id(n) for n in range(4)]
+
+
+def test_a_due_compaction_runs_on_the_writer_thread_before_the_next_caller_commits(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=False)
+    journal.compact_after = 6
+    compacted_on: list[str] = []
+    real_compact = journal._compact
+
+    def compact() -> None:
+        compacted_on.append(threading.current_thread().name)
+        real_compact()
+
+    journal._compact = compact  # type: ignore[method-assign]
+    journal.start()
+    try:
+        for n in range(30):
+            key = _id(n)
+            journal.append_durably({"t": "accepted", "id": key, "d": _delivery(key)})
+            journal.append_durably({"t": "delivered", "id": key})
+            assert journal._lines_in_file <= journal.compact_after + 2, "a caller never outran a due compaction"
+    finally:
+        journal.stop()
+    assert compacted_on and set(compacted_on) == {"journal-writer"}, compacted_on
+
+
+def test_stop_lets_a_leading_caller_finish_its_commit(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    spy = WriteSpy(journal, hold_first=True)
+    errors: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            journal.append_durably({"t": "started", "id": _id(7), "attempt": 1})
+        except BaseException as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=append)
+    leader.start()
+    assert spy.entered.wait(30)
+    stopper = threading.Thread(target=journal.stop)
+    stopper.start()
+    await_condition(lambda: not journal.running, timeout=30, message="stop never began")
+    spy.gate.set()
+    leader.join(timeout=30)
+    stopper.join(timeout=30)
+    assert not leader.is_alive() and not stopper.is_alive()
+    assert not errors, errors
+    assert _file_records(journal.path) == [{"t": "started", "id": _id(7), "attempt": 1}]
 
 
 # ── write failures ──────────────────────────────────────────────────────────

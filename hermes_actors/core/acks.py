@@ -11,6 +11,7 @@ from hermes_actors.messages import Delivery, Outcome, PendingAck
 from hermes_actors.records import outcome_status
 
 __all__ = [
+    "accepted_record",
     "ack_payload",
     "delivery_from_record",
     "delivery_record",
@@ -77,6 +78,11 @@ def delivery_record(delivery: Delivery) -> dict[str, Any]:
 
 
 _DELIVERY_FIELDS = tuple(f.name for f in fields(Delivery))
+
+
+def accepted_record(delivery: Delivery) -> dict[str, Any]:
+    """Pure: the journal's ``accepted`` record of ``delivery`` (on disk before its ack is given)."""
+    return {"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)}
 
 
 def delivery_from_record(record: dict[str, Any]) -> Delivery:

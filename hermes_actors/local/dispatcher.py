@@ -185,29 +185,29 @@ class DispatcherActor(SupervisorActor):
 
     @handles(AcceptLocal)
     def _on_accept_local(self, msg: AcceptLocal) -> None:
-        """A first-hop local DM its sender's thread admitted (in memory, already acked)."""
+        """A first-hop local DM its sender's thread admitted (and journaled, in durable mode): acked."""
         delivery = msg.delivery
         if not self.accepting:  # the sender passed the running check just before stop began
-            if msg.reply is not None:
-                msg.reply.set_exception(exc_info=_not_running())
+            if msg.journaled:  # on disk, never started: like the DMs a stop leaves queued
+                logger.info("{} arrived as the gateway stopped; the next start re-offers it", delivery.delivery_id)
                 return
             self.book.add(delivery.delivery_id, Pending(delivery, "local"))  # acked: it gets an outcome
             self._settle(outcomes.cancelled(delivery.delivery_id, delivery.label))
             return
-        self._accept_local(msg.target, delivery, msg.ack, msg.reply)
+        self.deliver_local(msg.target, delivery, journaled=msg.journaled)
+        self.counters["accepted"] += 1
 
     def _accept_local(
-        self, target: ProfileInfo, delivery: Delivery, ack: dict[str, Any],
-        reply: pykka.ThreadingFuture[dict[str, Any]] | None = None,
+        self, target: ProfileInfo, delivery: Delivery, ack: dict[str, Any]
     ) -> dict[str, Any] | PendingAck:
-        """Accept a local DM (journaled first in durable mode); the ack, or the PendingAck on ``reply``."""
+        """Accept a local DM (journaled first in durable mode); the ack, or the PendingAck on its commit."""
         journaled = self.durability.enabled
 
         def proceed() -> None:
             self.deliver_local(target, delivery, journaled=journaled)
             self.counters["accepted"] += 1
 
-        return self.durability.accept(delivery, ack, proceed, reply)
+        return self.durability.accept(delivery, ack, proceed)
 
     def _send_to_peer(self, route: PeerRoute, delivery: Delivery) -> dict[str, Any]:
         """Hand a ``bot_peers`` DM to the peer transport (off this thread); answers the ack or refusal."""
@@ -474,11 +474,6 @@ class DispatcherActor(SupervisorActor):
         self.after_message(asked=True)
         self.relay.abandon()
         self.profiles.stop_all()
-
-
-def _not_running() -> tuple[type[BaseException], BaseException, None]:
-    error = RuntimeError("gateway is not running")
-    return type(error), error, None
 
 
 def _answer_room(reply: Callable[[Outcome], None] | None, outcome: Outcome) -> None:

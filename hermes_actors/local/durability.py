@@ -17,7 +17,7 @@ import pykka
 from loguru import logger
 
 from actors import tell
-from hermes_actors.core.acks import delivery_record, journal_refusal
+from hermes_actors.core.acks import accepted_record, journal_refusal
 from hermes_actors.core.names import profile_key
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
@@ -33,14 +33,9 @@ class NoDurability:
 
     enabled = False
 
-    def accept(
-        self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None],
-        reply: pykka.ThreadingFuture[Any] | None = None,
-    ) -> dict[str, Any] | PendingAck:
-        """Accept ``delivery`` now: ``proceed()`` queues it; answers ``ack`` (and sets ``reply`` to it)."""
+    def accept(self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None]) -> dict[str, Any]:
+        """Accept ``delivery`` now: ``proceed()`` queues it; answers ``ack``."""
         proceed()
-        if reply is not None:
-            reply.set(ack)
         return ack
 
     def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
@@ -80,26 +75,22 @@ class JournalDurability:
         journal.listener = lambda tokens, error: tell(dispatcher, JournalDurable(tuple(tokens), error))
         self._parked: dict[str, tuple[Callable[[], None], pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
 
-    def accept(
-        self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None],
-        reply: pykka.ThreadingFuture[Any] | None = None,
-    ) -> dict[str, Any] | PendingAck:
+    def accept(self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None]) -> PendingAck:
         """Journal the acceptance; ``proceed()`` and the ack follow once its group commit is on disk.
 
         Args:
             delivery: the accepted delivery.
             ack: the sender's ack, released once the acceptance is durable.
             proceed: queues the delivery (called once it is durable).
-            reply: the future to answer (a new one when None).
 
         Returns:
-            A :class:`PendingAck` on that future (already answered with a refusal when the
-            journal refused the record).
+            A :class:`PendingAck` (already answered with a refusal when the journal refused
+            the record).
         """
         key = delivery.delivery_id
-        future: pykka.ThreadingFuture[Any] = reply if reply is not None else pykka.ThreadingFuture()
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
         try:
-            self.journal.append({"t": "accepted", "id": key, "d": delivery_record(delivery)}, token=("accepted", key))
+            self.journal.append(accepted_record(delivery), token=("accepted", key))
         except StoreError as exc:
             future.set(journal_refusal(exc))
             return PendingAck(future)
@@ -135,7 +126,7 @@ class JournalDurability:
         Raises:
             StoreError: the journal refused the record.
         """
-        self.journal.append({"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)})
+        self.journal.append(accepted_record(delivery))
         return True
 
     def note(self, record: dict[str, Any]) -> None:

@@ -3,9 +3,10 @@
 A first-hop DM to a local profile is admitted right here, on the sender's thread,
 from the published roster snapshot (:class:`CallerAdmission`), and reaches the
 Dispatcher as one tell (:class:`AcceptLocal`): in memory the sender has its ack
-without waiting for any actor; in durable mode it waits only for the journal.
-Every other request (DMs from inside turns, relay and peer targets, refusals) is
-asked of the Dispatcher, which owns the state those need.
+without waiting for any actor; in durable mode it journals the acceptance itself
+and waits only for that group commit, never for the Dispatcher. Every other
+request (DMs from inside turns, relay and peer targets, refusals) is asked of the
+Dispatcher, which owns the state those need.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from typing import Any
 import pykka
 
 from actors import ActorGone, ask, tell
-from hermes_actors.core.acks import ack_payload, resolve_ack
+from hermes_actors.core.acks import accepted_record, ack_payload, journal_refusal, resolve_ack
+from hermes_actors.errors import StoreError
+from hermes_actors.faults import crashpoint
 from hermes_actors.local.admission import CallerAdmission
-from hermes_actors.messages import AcceptLocal, PendingAck, SendRequest
+from hermes_actors.messages import AcceptLocal, SendRequest
+from hermes_actors.store.journal import Journal
 
 __all__ = ["send_dm"]
 
@@ -27,7 +31,7 @@ def send_dm(
     request: SendRequest,
     *,
     admission: CallerAdmission | None,
-    durable: bool,
+    journal: Journal | None,
     timeout: float,
 ) -> dict[str, Any]:
     """Send ``request``; the tool's ack or refusal dict.
@@ -36,22 +40,32 @@ def send_dm(
         dispatcher: the DispatcherActor.
         request: the DM.
         admission: the caller-side admission (None: always ask the Dispatcher).
-        durable: the gateway journals acceptances (the ack waits for the journal).
+        journal: the gateway's journal in durable mode (the acceptance is on disk
+            before the ack is returned), None in memory.
         timeout: seconds to wait for the Dispatcher or the journal.
 
     Returns:
         The ack (``delivery_id``...) or the refusal (``error``, ``reason``...).
 
     Raises:
-        ActorGone: the Dispatcher is gone (the gateway stopped).
+        ActorGone: the Dispatcher or the journal is gone (the gateway stopped).
         RuntimeError: the gateway stopped accepting.
     """
     planned = admission.plan_local(request) if admission is not None else None
     if planned is None:
         return resolve_ack(ask(dispatcher, request, timeout=timeout), timeout=timeout)
     route, delivery = planned
+    if journal is not None:
+        try:
+            journal.append_durably(accepted_record(delivery), timeout=timeout)
+        except StoreError as exc:
+            if not journal.running:
+                raise ActorGone("the delivery journal stopped: the gateway is stopping") from exc
+            return journal_refusal(exc)  # nothing was acked
+        crashpoint("after-journal-before-ack")
     ack = ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
-    reply: pykka.ThreadingFuture[dict[str, Any]] | None = pykka.ThreadingFuture() if durable else None
-    if not tell(dispatcher, AcceptLocal(route.target, delivery, ack, reply)):
+    told = tell(dispatcher, AcceptLocal(route.target, delivery, ack, journaled=journal is not None))
+    if not told and journal is None:
         raise ActorGone("cannot tell AcceptLocal: the Dispatcher is gone")
-    return ack if reply is None else resolve_ack(PendingAck(reply), timeout=timeout)
+    # Journaled, the DM is acked even if the Dispatcher is gone: the next start on this root re-offers it.
+    return ack

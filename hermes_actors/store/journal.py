@@ -9,9 +9,14 @@ is one orjson record::
     {"t": "finished",  "id", "o": {outcome dict}}       durable before the outcome is published
     {"t": "delivered", "id"}                            the outcome reached the sender (lazy)
 
-Group commit: writers enqueue records; one writer thread writes everything
-queued, calls ``fsync`` once, then wakes every waiter of that batch. So N
-concurrent DMs share one fsync instead of paying N.
+Group commit: writers enqueue records; one commit writes everything queued,
+calls ``fdatasync`` once, then wakes every waiter of that batch. So N
+concurrent DMs share one sync instead of paying N. One commit runs at a time
+(the *write turn*). The writer thread takes the turn for records nobody waits
+on; a caller that waits for its record (``append_durably``) and finds no commit
+running takes the turn itself and commits on its own thread, so an unloaded
+journal costs no hand-off to the writer and back. Callers that arrive during a
+commit queue behind it and share the next one.
 
 A *lazy* record (``delivered``) waits for nobody: it is written at once (so a
 killed process loses nothing the kernel has) but a batch of lazy records only
@@ -146,16 +151,19 @@ class Journal:
         self._fd: int | None = None
         self._cond = threading.Condition()
         self._queue: list[tuple[dict[str, Any], bytes]] = []
-        self._fold = JournalFolded()  # live state of OUR file, owned by the writer thread
+        # Owned by whoever holds the write turn (``_writing``): the writer thread or a leading caller.
+        self._fold = JournalFolded()  # live state of OUR file
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()  # delivered outcomes kept across compaction
         self._lines_in_file = 0
         self._batch = _Batch()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._writing = False  # a commit holds the write turn (guarded by ``_cond``)
+        self._compact_due = False  # a leading caller's commit grew the file past ``compact_after``
         self.fsyncs = 0
-        self._unflushed = False  # lazy records written since the last fdatasync (writer thread)
+        self._unflushed = False  # lazy records written since the last fdatasync
         self.records = 0
-        # Called on the writer thread with the tokens of each durable batch (and its error).
+        # Called by the committing thread with the tokens of each durable batch (and its error).
         self.listener: Callable[[list[Any], BaseException | None], object] | None = None
         self.compactions = 0
 
@@ -246,6 +254,8 @@ class Journal:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        with self._cond:  # a leading caller may still be committing its batch
+            self._cond.wait_for(lambda: not self._writing, timeout=10)
         if self._fd is not None:
             if self._unflushed:  # lazy records the last batches wrote without a flush
                 try:
@@ -258,6 +268,11 @@ class Journal:
             self._fd = None
             if empty:  # nothing was ever journaled: leave no file behind
                 self.path.unlink(missing_ok=True)
+
+    @property
+    def running(self) -> bool:
+        """Whether records are accepted (started, and ``stop`` has not begun)."""
+        return self._fd is not None and not self._stopping
 
     def __enter__(self) -> Journal:
         self.start()
@@ -278,7 +293,7 @@ class Journal:
 
         Args:
             record: a journal record (see the module docstring).
-            callback: called on the writer thread after the batch is durable
+            callback: called on the committing thread after the batch is durable
                 (with None) or failed (with the error). Must not block.
             token: handed, with every other token of the same batch, to ``listener``
                 in ONE call once the batch is durable — one message per group commit
@@ -308,32 +323,73 @@ class Journal:
     def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
         """Append and wait until the record is on disk.
 
+        With no commit running, the caller commits the queued batch itself (its own
+        record and any queued before it); otherwise it waits for the next commit.
+
+        Args:
+            record: a journal record (see the module docstring).
+            timeout: seconds to wait for another thread's commit (a commit the caller
+                runs itself is one write and one ``fdatasync``, not bounded here).
+
         Raises:
-            StoreError: the write or fsync failed (ENOSPC, EIO ...) or timed out.
+            StoreError: the journal is stopped, the write or fsync failed (ENOSPC,
+                EIO ...), or another thread's commit did not land in time.
         """
         batch = self.append(record)
-        if not batch.done.wait(timeout):
+        with self._cond:
+            # A due compaction is the writer thread's: waiting for it here keeps the file bounded.
+            idle = not self._writing and not self._compact_due
+            lead = self._take_turn() if idle and batch is self._batch else None
+        if lead is not None:
+            self._commit(*lead, compact=False)
+        elif not batch.done.wait(timeout):
             raise StoreError(0, f"the delivery journal did not confirm a write within {timeout}s")
         if batch.error is not None:
             raise StoreError(getattr(batch.error, "errno", 0) or 0, f"journal write failed: {batch.error}")
 
+    def _take_turn(self) -> tuple[list[tuple[dict[str, Any], bytes]], _Batch]:
+        """Take the write turn and everything queued (the caller holds ``_cond``)."""
+        self._writing = True
+        items, self._queue = self._queue, []
+        batch, self._batch = self._batch, _Batch()
+        return items, batch
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while self._writing or not (self._queue or self._compact_due or self._stopping):
                     self._cond.wait()
-                if not self._queue and self._stopping:
+                if self._stopping and not self._queue:
                     return
-                items, self._queue = self._queue, []
-                batch, self._batch = self._batch, _Batch()
+                items, batch = self._take_turn()
+            self._commit(items, batch, compact=True)
+
+    def _commit(self, items: list[tuple[dict[str, Any], bytes]], batch: _Batch, *, compact: bool) -> None:
+        """Write and sync one batch under the write turn, wake its waiters, then give the turn back.
+
+        Args:
+            items: the batch's records and lines (may be empty: a compaction only).
+            batch: their waiters, callbacks and tokens.
+            compact: compact here if the file grew too long (the writer thread); a leading
+                caller leaves that to the writer thread instead of making its sender wait.
+        """
+        try:
             try:
-                self._write_now([line for _, line in items], flush=batch.flush)
-                self._track(record for record, _ in items)
-                if self._lines_in_file > self.compact_after:
-                    self._compact()
+                if items:
+                    self._write_now([line for _, line in items], flush=batch.flush)
+                    self._track(record for record, _ in items)
             except OSError as exc:
                 batch.error = exc
                 logger.error("journal write failed for {} record(s): {}", len(items), exc)
+            if self._lines_in_file > self.compact_after:
+                self._compact_due = not compact
+                if compact:
+                    try:
+                        self._compact()
+                    except OSError as exc:  # the batch is on disk all the same; the next commit retries
+                        logger.error("journal compaction failed: {}", exc)
+        finally:
+            # The waiters, then the callbacks, then the turn: listeners see the batches in file order.
             batch.done.set()
             for callback in batch.callbacks:
                 try:
@@ -346,6 +402,9 @@ class Journal:
                     listener(batch.tokens, batch.error)
                 except Exception:
                     logger.exception("journal listener failed")
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
 
     def _write_now(self, lines: list[bytes], *, flush: bool = True) -> None:
         assert self._fd is not None
@@ -374,7 +433,7 @@ class Journal:
         self.records += len(lines)
         self._lines_in_file += len(lines)
 
-    # ── compaction (writer thread only) ─────────────────────────────────────
+    # ── compaction (the writer thread, under the write turn) ────────────────
 
     compact_after = 50_000  # lines in our file before it is rewritten with only what matters
     keep_delivered = 10_000  # delivered outcomes kept for wait_outcome after a restart
