@@ -377,7 +377,7 @@ class Journal:
             try:
                 if items:
                     self._write_now([line for _, line in items], flush=batch.flush)
-                    self._track(record for record, _ in items)
+                    self._track([record for record, _ in items])
             except OSError as exc:
                 batch.error = exc
                 logger.error("journal write failed for {} record(s): {}", len(items), exc)
@@ -438,12 +438,20 @@ class Journal:
     compact_after = 50_000  # lines in our file before it is rewritten with only what matters
     keep_delivered = 10_000  # delivered outcomes kept for wait_outcome after a restart
 
-    def _track(self, records: Iterable[dict[str, Any]]) -> None:
+    def _track(self, records: list[dict[str, Any]]) -> None:
+        """Fold one written batch into the live state; a delivered DM leaves it for the recent outcomes.
+
+        Only the batch's own ``delivered`` records are looked up: the cost follows the batch,
+        not the number of DMs in flight.
+        """
         fold_records(records, self._fold)
-        for key in [k for k, st in self._fold.states.items() if st.delivered]:
-            state = self._fold.states.pop(key)
-            if state.outcome is not None:
-                self._recent[key] = state.outcome
+        states = self._fold.states
+        for record in records:
+            if record["t"] != "delivered":
+                continue
+            state = states.pop(record["id"], None)
+            if state is not None and state.outcome is not None:
+                self._recent[record["id"]] = state.outcome
                 if len(self._recent) > self.keep_delivered:
                     self._recent.popitem(last=False)
 
