@@ -307,18 +307,26 @@ class Journal:
         """
         line = _line(record)
         with self._cond:
-            if self._stopping or self._fd is None:
-                raise StoreError(0, "the delivery journal is not running")
-            self._queue.append((record, line))
-            batch = self._batch
+            batch = self._enqueue(record, line, flush=not lazy or callback is not None or token is not None)
             if callback is not None:
                 batch.callbacks.append(callback)
             if token is not None:
                 batch.tokens.append(token)
-            if not lazy or callback is not None or token is not None:
-                batch.flush = True
             self._cond.notify()
             return batch
+
+    def _enqueue(self, record: dict[str, Any], line: bytes, *, flush: bool) -> _Batch:
+        """Queue one record in the open batch (the caller holds ``_cond``); the batch.
+
+        Raises:
+            StoreError: the journal is stopped.
+        """
+        if self._stopping or self._fd is None:
+            raise StoreError(0, "the delivery journal is not running")
+        self._queue.append((record, line))
+        batch = self._batch
+        batch.flush = batch.flush or flush
+        return batch
 
     def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
         """Append and wait until the record is on disk.
@@ -335,11 +343,14 @@ class Journal:
             StoreError: the journal is stopped, the write or fsync failed (ENOSPC,
                 EIO ...), or another thread's commit did not land in time.
         """
-        batch = self.append(record)
+        line = _line(record)
         with self._cond:
+            batch = self._enqueue(record, line, flush=True)
             # A due compaction is the writer thread's: waiting for it here keeps the file bounded.
-            idle = not self._writing and not self._compact_due
-            lead = self._take_turn() if idle and batch is self._batch else None
+            if not self._writing and not self._compact_due:
+                lead = self._take_turn()  # the writer thread is not woken for a batch it would not get
+            else:  # the commit running (or the due compaction) hands the turn to the writer as it ends
+                lead = None
         if lead is not None:
             self._commit(*lead, compact=False)
         elif not batch.done.wait(timeout):
