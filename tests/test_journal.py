@@ -18,6 +18,7 @@ from roots import make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.errors import StoreError
 from hermes_actors.store.journal import Journal, fold_records, parse_lines
 
 
@@ -368,6 +369,122 @@ def test_stop_lets_a_leading_caller_finish_its_commit(tmp_path: Path) -> None:
     assert not leader.is_alive() and not stopper.is_alive()
     assert not errors, errors
     assert _file_records(journal.path) == [{"t": "started", "id": _id(7), "attempt": 1}]
+
+
+# ── a commit that fails or stalls: nobody is told a record landed that did not, or the reverse ──
+
+
+def test_a_commit_failing_with_any_error_fails_its_waiters_and_the_writer_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal(tmp_path / "journal", fsync=False)
+    landed: list[tuple[list[Any], BaseException | None]] = []
+    journal.listener = lambda tokens, error: landed.append((list(tokens), error))
+    journal.start()
+    real_write_now = journal._write_now
+    failures = [RuntimeError("a bug in the write path"), RuntimeError("again, on the writer thread")]
+
+    def write_now(lines: list[bytes], *, flush: bool = True) -> None:
+        if failures:
+            raise failures.pop(0)
+        real_write_now(lines, flush=flush)
+
+    monkeypatch.setattr(journal, "_write_now", write_now)
+    try:
+        with pytest.raises(StoreError, match="a bug in the write path"):
+            journal.append_durably({"t": "started", "id": _id(1), "attempt": 1})  # the caller's own commit
+        journal.append({"t": "started", "id": _id(2), "attempt": 1}, token="t2")  # the writer thread's
+        await_condition(lambda: len(landed) == 1, timeout=10, message="the failed batch was never reported")
+        assert landed[0][0] == ["t2"] and isinstance(landed[0][1], RuntimeError), landed
+        journal.append({"t": "started", "id": _id(3), "attempt": 1}, token="t3")
+        await_condition(lambda: len(landed) == 2, timeout=10, message="the writer thread stopped committing")
+        assert landed[1] == (["t3"], None)
+    finally:
+        journal.stop()
+    assert [r["id"] for r in _file_records(journal.path)] == [_id(3)]
+
+
+def test_a_caller_that_gives_up_waiting_withdraws_its_record(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    spy = WriteSpy(journal, hold_first=True)
+    errors: list[BaseException] = []
+
+    def lead() -> None:
+        try:
+            journal.append_durably({"t": "started", "id": _id(1), "attempt": 1})
+        except BaseException as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    try:
+        assert spy.entered.wait(30), "the first commit never started"
+        # The commit in front is stalled: no commit takes the next record within its caller's deadline.
+        with pytest.raises(StoreError, match=re.escape("did not confirm a write within 0.2s")):
+            journal.append_durably({"t": "accepted", "id": _id(2), "d": _delivery(_id(2))}, timeout=0.2)
+    finally:
+        spy.gate.set()
+        leader.join(timeout=30)
+        journal.stop()
+    assert not errors, errors
+    assert [r["id"] for r in _file_records(journal.path)] == [_id(1)], "the refused record was never written"
+    assert [lines for _, lines in spy.writes] == [1], "no commit was left to write it"
+
+
+def test_records_whose_sync_failed_are_taken_back_out_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    real_fdatasync = os.fdatasync
+    failures = [OSError(errno.EIO, "Input/output error")]
+
+    def fdatasync(fd: int) -> None:
+        if failures:
+            raise failures.pop(0)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    try:
+        with pytest.raises(StoreError, match="Input/output error"):
+            journal.append_durably({"t": "accepted", "id": _id(1), "d": _delivery(_id(1))})
+        assert journal.path.stat().st_size == 0, "a refused record must not be found by the next start"
+        journal.append_durably({"t": "accepted", "id": _id(2), "d": _delivery(_id(2))})
+    finally:
+        journal.stop()
+    assert [r["id"] for r in _file_records(journal.path)] == [_id(2)]
+
+
+def test_a_stop_that_gives_up_on_a_stalled_commit_leaves_the_file_to_it(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=False)
+    journal.stop_wait = 0.2
+    journal.start()
+    spy = WriteSpy(journal, hold_first=True)
+    errors: list[BaseException] = []
+
+    def append(n: int) -> None:
+        try:
+            journal.append_durably({"t": "started", "id": _id(n), "attempt": 1})
+        except BaseException as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=append, args=(1,))
+    leader.start()
+    assert spy.entered.wait(30), "the first commit never started"
+    behind = threading.Thread(target=append, args=(2,))
+    behind.start()
+    await_condition(lambda: len(journal._queue) == 1, timeout=30, message="the second record never queued")
+    journal.stop()  # gives up on the stalled commit: the file must stay open under it
+    assert journal._fd is not None
+    spy.gate.set()
+    for thread in (leader, behind):
+        thread.join(timeout=30)
+    assert not errors, errors
+    assert journal._thread is not None
+    journal._thread.join(timeout=30)
+    assert journal._fd is None, "the last commit closed the file once it ended"
+    assert sorted(r["id"] for r in _file_records(journal.path)) == [_id(1), _id(2)]
 
 
 # ── write failures ──────────────────────────────────────────────────────────

@@ -160,6 +160,7 @@ class Journal:
         self._stopping = False
         self._writing = False  # a commit holds the write turn (guarded by ``_cond``)
         self._compact_due = False  # a leading caller's commit grew the file past ``compact_after``
+        self._close_after_commit = False  # ``stop`` gave up waiting for a commit: it closes the file
         self.fsyncs = 0
         self._unflushed = False  # lazy records written since the last fdatasync
         self.records = 0
@@ -189,7 +190,13 @@ class Journal:
         except OSError as exc:
             fresh.unlink(missing_ok=True)
             raise StoreError(exc.errno, f"cannot open the delivery journal {self.path}: {exc.strerror}") from exc
-        adopted = self._adopt()
+        with self._cond:  # adoption writes to our file: no caller may commit meanwhile
+            self._writing = True
+        try:
+            adopted = self._adopt()
+        finally:
+            with self._cond:
+                self._writing = False
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
         return adopted
@@ -253,9 +260,19 @@ class Journal:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=self.stop_wait)
         with self._cond:  # a leading caller may still be committing its batch
-            self._cond.wait_for(lambda: not self._writing, timeout=10)
+            if not self._cond.wait_for(lambda: not self._writing, timeout=self.stop_wait):
+                # Closing now could hand its descriptor number to another file mid-write: the commit
+                # closes the file when it ends instead.
+                logger.error("a journal commit is still running after {}s; the file closes when it ends",
+                             2 * self.stop_wait)
+                self._close_after_commit = True
+                return
+        self._close()
+
+    def _close(self) -> None:
+        """Flush lazy records, close the file, and remove it if nothing was ever journaled."""
         if self._fd is not None:
             if self._unflushed:  # lazy records the last batches wrote without a flush
                 try:
@@ -336,27 +353,42 @@ class Journal:
 
         Args:
             record: a journal record (see the module docstring).
-            timeout: seconds to wait for another thread's commit (a commit the caller
-                runs itself is one write and one ``fdatasync``, not bounded here).
+            timeout: seconds to wait for a commit to take the record; then it is withdrawn,
+                never written. Once a commit holds it (the caller's own, or another
+                thread's), its end is waited for: the record lands or is refused, never
+                both.
 
         Raises:
             StoreError: the journal is stopped, the write or fsync failed (ENOSPC,
-                EIO ...), or another thread's commit did not land in time.
+                EIO ...; the record is not in the file), or no commit took the record in time.
         """
         line = _line(record)
         with self._cond:
             batch = self._enqueue(record, line, flush=True)
-            # A due compaction is the writer thread's: waiting for it here keeps the file bounded.
-            if not self._writing and not self._compact_due:
-                lead = self._take_turn()  # the writer thread is not woken for a batch it would not get
-            else:  # the commit running (or the due compaction) hands the turn to the writer as it ends
-                lead = None
+            # A due compaction is the writer thread's: waiting for it here keeps the file bounded. No
+            # notify either way: the writer would not get a batch the caller commits, and a running
+            # commit (or the due compaction) hands the turn on to the writer as it ends.
+            lead = self._take_turn() if not self._writing and not self._compact_due else None
         if lead is not None:
             self._commit(*lead, compact=False)
-        elif not batch.done.wait(timeout):
+        elif not batch.done.wait(timeout) and self._withdraw(record, batch):
             raise StoreError(0, f"the delivery journal did not confirm a write within {timeout}s")
+        batch.done.wait()  # a commit holds the record: it lands or fails, and the caller is told which
         if batch.error is not None:
             raise StoreError(getattr(batch.error, "errno", 0) or 0, f"journal write failed: {batch.error}")
+
+    def _withdraw(self, record: dict[str, Any], batch: _Batch) -> bool:
+        """Take ``record`` back out of the queue if no commit took its batch yet; True if it was.
+
+        A caller that gives up waiting must not have its record written later: its sender is
+        told the DM was NOT queued, and a record landing afterwards would be re-offered by
+        the next start.
+        """
+        with self._cond:
+            if batch is not self._batch:
+                return False
+            self._queue = [item for item in self._queue if item[0] is not record]
+            return True
 
     def _take_turn(self) -> tuple[list[tuple[dict[str, Any], bytes]], _Batch]:
         """Take the write turn and everything queued (the caller holds ``_cond``)."""
@@ -371,9 +403,12 @@ class Journal:
                 while self._writing or not (self._queue or self._compact_due or self._stopping):
                     self._cond.wait()
                 if self._stopping and not self._queue:
-                    return
+                    close = self._close_after_commit
+                    break
                 items, batch = self._take_turn()
             self._commit(items, batch, compact=True)
+        if close:  # ``stop`` returned before the last commit ended
+            self._close()
 
     def _commit(self, items: list[tuple[dict[str, Any], bytes]], batch: _Batch, *, compact: bool) -> None:
         """Write and sync one batch under the write turn, wake its waiters, then give the turn back.
@@ -388,10 +423,19 @@ class Journal:
             try:
                 if items:
                     self._write_now([line for _, line in items], flush=batch.flush)
-                    self._track([record for record, _ in items])
             except OSError as exc:
                 batch.error = exc
                 logger.error("journal write failed for {} record(s): {}", len(items), exc)
+            except BaseException as exc:  # a bug or an interrupt: its waiters must not think it landed
+                batch.error = exc
+                logger.opt(exception=exc).error("journal write failed for {} record(s)", len(items))
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                try:
+                    self._track([record for record, _ in items])
+                except Exception:  # the records are on disk: their waiters are told so
+                    logger.exception("folding a written journal batch failed")
             if self._lines_in_file > self.compact_after:
                 self._compact_due = not compact
                 if compact:
@@ -400,22 +444,34 @@ class Journal:
                     except OSError as exc:  # the batch is on disk all the same; the next commit retries
                         logger.error("journal compaction failed: {}", exc)
         finally:
-            # The waiters, then the callbacks, then the turn: listeners see the batches in file order.
-            batch.done.set()
-            for callback in batch.callbacks:
-                try:
-                    callback(batch.error)
-                except Exception:
-                    logger.exception("journal callback failed")
-            listener = self.listener
-            if batch.tokens and listener is not None:
-                try:
-                    listener(batch.tokens, batch.error)
-                except Exception:
-                    logger.exception("journal listener failed")
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
+            try:
+                # The waiters, then the callbacks, then the turn: listeners see the batches in file order.
+                batch.done.set()
+                self._report(batch)
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+                    # ``stop`` gave up on this commit: the writer thread closes the file once it has
+                    # committed what is queued, or this commit does if the writer is gone.
+                    writer = self._thread
+                    close = self._close_after_commit and (writer is None or not writer.is_alive())
+                if close:
+                    self._close()
+
+    def _report(self, batch: _Batch) -> None:
+        """Hand a finished batch's result to its callbacks and the listener (they must not raise)."""
+        for callback in batch.callbacks:
+            try:
+                callback(batch.error)
+            except Exception:
+                logger.exception("journal callback failed")
+        listener = self.listener
+        if batch.tokens and listener is not None:
+            try:
+                listener(batch.tokens, batch.error)
+            except Exception:
+                logger.exception("journal listener failed")
 
     def _write_now(self, lines: list[bytes], *, flush: bool = True) -> None:
         assert self._fd is not None
@@ -426,26 +482,28 @@ class Journal:
             while view:
                 written = os.write(self._fd, view)
                 view = view[written:]
+            if self.fsync_enabled and flush:
+                # fdatasync: the data and the size needed to read it back, without the mtime (half the
+                # cost). It flushes every earlier write of this file too, lazy records included.
+                os.fdatasync(self._fd)
+                self.fsyncs += 1
+                self._unflushed = False
+            elif self.fsync_enabled:
+                self._unflushed = True
         except OSError:
-            # Never leave a torn record behind for the next batch to be glued onto.
+            # Never leave a torn record behind for the next batch to be glued onto, nor records whose
+            # sync failed: their callers are told they were NOT recorded, so no start may find them.
             try:
                 os.ftruncate(self._fd, before)
             except OSError:
                 pass
             raise
-        if self.fsync_enabled and flush:
-            # fdatasync: the data and the size needed to read it back, without the mtime (half the cost).
-            # It flushes every earlier write of this file too, lazy records included.
-            os.fdatasync(self._fd)
-            self.fsyncs += 1
-            self._unflushed = False
-        elif self.fsync_enabled:
-            self._unflushed = True
         self.records += len(lines)
         self._lines_in_file += len(lines)
 
     # ── compaction (the writer thread, under the write turn) ────────────────
 
+    stop_wait = 10.0  # seconds ``stop`` waits for the writer thread, then again for a running commit
     compact_after = 50_000  # lines in our file before it is rewritten with only what matters
     keep_delivered = 10_000  # delivered outcomes kept for wait_outcome after a restart
 
