@@ -275,6 +275,43 @@ class WriteSpy:
         self._real(lines, flush=flush)
 
 
+class Appenders:
+    """Callers of ``append_durably`` on their own threads (a ``started`` record of id ``n`` each); what they raised."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.errors: list[BaseException] = []
+        self.threads: list[threading.Thread] = []
+
+    def start(self, n: int, name: str | None = None) -> None:
+        def append() -> None:
+            try:
+                self.journal.append_durably({"t": "started", "id": _id(n), "attempt": 1})
+            except BaseException as exc:
+                self.errors.append(exc)
+
+        thread = threading.Thread(target=append, name=name)
+        self.threads.append(thread)
+        thread.start()
+
+    def join(self) -> None:
+        """Wait for every caller; none may still be waiting or have failed."""
+        for thread in self.threads:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in self.threads), "a caller never returned"
+        assert not self.errors, self.errors
+
+
+def _a_stalled_commit(journal: Journal) -> tuple[WriteSpy, Appenders]:
+    """Start ``journal`` with a caller's commit of record 1 held in its write (``spy.gate`` lets it go)."""
+    journal.start()
+    spy = WriteSpy(journal, hold_first=True)
+    callers = Appenders(journal)
+    callers.start(1)
+    assert spy.entered.wait(30), "the first commit never started"
+    return spy, callers
+
+
 def test_a_caller_that_finds_no_commit_running_commits_its_record_on_its_own_thread(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal", fsync=True)
     journal.start()
@@ -295,26 +332,15 @@ def test_callers_arriving_during_a_commit_share_the_next_one(tmp_path: Path) -> 
     journal = Journal(tmp_path / "journal", fsync=True)
     journal.start()
     spy = WriteSpy(journal, hold_first=True)
-    errors: list[BaseException] = []
-
-    def append(n: int) -> None:
-        try:
-            journal.append_durably({"t": "started", "id": _id(n), "attempt": 1})
-        except BaseException as exc:
-            errors.append(exc)
-
+    callers = Appenders(journal)
     try:
-        first = threading.Thread(target=append, args=(0,), name="leader")
-        first.start()
+        callers.start(0, name="leader")
         assert spy.entered.wait(30), "the first caller never started its commit"
-        others = [threading.Thread(target=append, args=(n,)) for n in (1, 2, 3)]
-        for t in others:
-            t.start()
+        for n in (1, 2, 3):
+            callers.start(n)
         await_condition(lambda: len(journal._queue) == 3, timeout=30, message="the others never queued")
         spy.gate.set()
-        for t in [first, *others]:
-            t.join(timeout=30)
-        assert not errors, errors
+        callers.join()
         assert [lines for _, lines in spy.writes] == [1, 3], spy.writes
         assert journal.fsyncs == 2, "four waited-for records, two syncs"
     finally:
@@ -347,28 +373,15 @@ def test_a_due_compaction_runs_on_the_writer_thread_before_the_next_caller_commi
 
 def test_stop_lets_a_leading_caller_finish_its_commit(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal", fsync=True)
-    journal.start()
-    spy = WriteSpy(journal, hold_first=True)
-    errors: list[BaseException] = []
-
-    def append() -> None:
-        try:
-            journal.append_durably({"t": "started", "id": _id(7), "attempt": 1})
-        except BaseException as exc:
-            errors.append(exc)
-
-    leader = threading.Thread(target=append)
-    leader.start()
-    assert spy.entered.wait(30)
+    spy, callers = _a_stalled_commit(journal)
     stopper = threading.Thread(target=journal.stop)
     stopper.start()
     await_condition(lambda: not journal.running, timeout=30, message="stop never began")
     spy.gate.set()
-    leader.join(timeout=30)
+    callers.join()
     stopper.join(timeout=30)
-    assert not leader.is_alive() and not stopper.is_alive()
-    assert not errors, errors
-    assert _file_records(journal.path) == [{"t": "started", "id": _id(7), "attempt": 1}]
+    assert not stopper.is_alive()
+    assert _file_records(journal.path) == [{"t": "started", "id": _id(1), "attempt": 1}]
 
 
 # ── a commit that fails or stalls: nobody is told a record landed that did not, or the reverse ──
@@ -406,28 +419,15 @@ def test_a_commit_failing_with_any_error_fails_its_waiters_and_the_writer_goes_o
 
 def test_a_caller_that_gives_up_waiting_withdraws_its_record(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal", fsync=True)
-    journal.start()
-    spy = WriteSpy(journal, hold_first=True)
-    errors: list[BaseException] = []
-
-    def lead() -> None:
-        try:
-            journal.append_durably({"t": "started", "id": _id(1), "attempt": 1})
-        except BaseException as exc:
-            errors.append(exc)
-
-    leader = threading.Thread(target=lead)
-    leader.start()
+    spy, callers = _a_stalled_commit(journal)
     try:
-        assert spy.entered.wait(30), "the first commit never started"
         # The commit in front is stalled: no commit takes the next record within its caller's deadline.
         with pytest.raises(StoreError, match=re.escape("did not confirm a write within 0.2s")):
             journal.append_durably({"t": "accepted", "id": _id(2), "d": _delivery(_id(2))}, timeout=0.2)
     finally:
         spy.gate.set()
-        leader.join(timeout=30)
+        callers.join()
         journal.stop()
-    assert not errors, errors
     assert [r["id"] for r in _file_records(journal.path)] == [_id(1)], "the refused record was never written"
     assert [lines for _, lines in spy.writes] == [1], "no commit was left to write it"
 
@@ -459,28 +459,13 @@ def test_records_whose_sync_failed_are_taken_back_out_of_the_file(
 def test_a_stop_that_gives_up_on_a_stalled_commit_leaves_the_file_to_it(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal", fsync=False)
     journal.stop_wait = 0.2
-    journal.start()
-    spy = WriteSpy(journal, hold_first=True)
-    errors: list[BaseException] = []
-
-    def append(n: int) -> None:
-        try:
-            journal.append_durably({"t": "started", "id": _id(n), "attempt": 1})
-        except BaseException as exc:
-            errors.append(exc)
-
-    leader = threading.Thread(target=append, args=(1,))
-    leader.start()
-    assert spy.entered.wait(30), "the first commit never started"
-    behind = threading.Thread(target=append, args=(2,))
-    behind.start()
+    spy, callers = _a_stalled_commit(journal)
+    callers.start(2)
     await_condition(lambda: len(journal._queue) == 1, timeout=30, message="the second record never queued")
     journal.stop()  # gives up on the stalled commit: the file must stay open under it
     assert journal._fd is not None
     spy.gate.set()
-    for thread in (leader, behind):
-        thread.join(timeout=30)
-    assert not errors, errors
+    callers.join()
     assert journal._thread is not None
     journal._thread.join(timeout=30)
     assert journal._fd is None, "the last commit closed the file once it ended"
