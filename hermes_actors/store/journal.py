@@ -18,6 +18,10 @@ running takes the turn itself and commits on its own thread, so an unloaded
 journal costs no hand-off to the writer and back. Callers that arrive during a
 commit queue behind it and share the next one.
 
+A record is either on disk and confirmed, or refused and absent, never both: a
+failed write or sync is truncated back and fails its whole batch, and a caller
+that no commit took within its timeout withdraws its record before it is told.
+
 A *lazy* record (``delivered``) waits for nobody: it is written at once (so a
 killed process loses nothing the kernel has) but a batch of lazy records only
 is not flushed on its own; the next flushed batch, or ``stop``, carries it to
@@ -139,7 +143,7 @@ class Journal:
 
     Args:
         directory: ``<root>/bot_relay/journal``.
-        fsync: call ``os.fsync`` per batch (tests of speed may turn it off).
+        fsync: call ``os.fdatasync`` per batch (tests of speed may turn it off).
 
     Use ``start()`` / ``stop()`` or ``with``.
     """
