@@ -206,6 +206,50 @@ def test_a_burst_of_inline_turns_holds_the_flock_once_across_them(
         os.close(fd)
 
 
+def test_a_profile_never_queues_a_second_copy_of_a_delivery_it_holds(root: Path) -> None:
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def runner(turn: Turn) -> str:
+        ran.append(turn.delivery_id)
+        assert gate.wait(60), "the test never let the turn finish"
+        return "ok"
+
+    scheduler = Scheduler().start()
+    pool = WorkerPool(1, name="turn")
+    sink = OutcomeSink.start()
+    profile = None
+    try:
+        deps = ProfileDeps(
+            root=root, config=load_config(root), runner=CallableRunner(runner, blocking=True), pool=pool,
+            scheduler=scheduler, dispatcher=sink, make_turn=lambda d, fd=None: turn_for(
+                d, home=root, root=root, send=lambda target, message: {}, lock_fd=fd),
+        )
+        profile = ProfileActor.start(ProfileInfo("bob", "bob", root / "profiles" / "bob", "Bob"), deps)
+        first, second = (Delivery(new_delivery_id(), "alice", "alice", "bob", "bob", f"dm {i}", label="@bob")
+                         for i in range(2))
+        sink.proxy().expected = 2
+        profile.tell(Deliver((first, first, second)))  # a copy of one already queued
+        await_condition(lambda: ran == [first.delivery_id], timeout=30, message="the first turn never started")
+        profile.tell(Deliver((first, second)))  # copies of the running one and of the queued one
+        gate.set()
+        assert sink.proxy().all_in.get().wait(30), "the outcomes never arrived"
+        # Read through the profile's mailbox, so after the handler that settled the second outcome:
+        # a copy accepted by mistake would be running (or queued) by then.
+        assert profile.proxy().running.get(timeout=30) is None
+        assert not profile.proxy().queue.get(timeout=30)
+        outcomes = sink.proxy().outcomes.get()
+    finally:
+        gate.set()
+        if profile is not None:
+            profile.stop()
+        sink.stop()
+        pool.shutdown()
+        scheduler.stop()
+    assert ran == [first.delivery_id, second.delivery_id], "each delivery ran once"
+    assert [o.delivery_id for o in outcomes] == [first.delivery_id, second.delivery_id]
+
+
 def test_a_dm_admitted_by_its_sender_after_the_dispatcher_stopped_accepting_still_ends(
     root: Path, gateways: list[Gateway]
 ) -> None:

@@ -2,17 +2,16 @@
 
 Ours is :class:`hermes_actors.Gateway` on the in-memory path with the instant
 runner (as in ``local-throughput``). One pacer thread sends at a fixed rate
-(:data:`RATE_PER_S`) round-robin between 20 profiles, for
+(:data:`RATE_PER_S`) round-robin between :data:`PROFILES` profiles, for
 ``--sustained-seconds`` (default 600 s in a full run, 10 s with ``--quick``);
 outcomes are counted through ``subscribe``. The driver itself allocates
 nothing per DM that it keeps: latencies go to a preallocated ring of the last
 :data:`WINDOW` DMs, the send-time table holds only DMs in flight.
 
 Memory is bounded by design, not constant from the first DM: the Dispatcher
-remembers the last ``SETTLED_KEEP`` outcomes (for ``wait_outcome``) and each
-ProfileActor the last ``SEEN_KEEP`` delivery ids it took (duplicate refusal).
-Those tables grow until they are full — ``tables_full_s`` into the run at this
-rate over :data:`PROFILES` profiles — so flatness is judged after that point.
+remembers the last ``SETTLED_KEEP`` outcomes (for ``wait_outcome``, dropped a
+generation at a time). That table grows until it is full — ``tables_full_s`` into
+the run at this rate — so flatness is judged after that point.
 
 Reported on ``ours``: ``rss_start_mb`` (when the load starts, after a warm-up),
 ``rss_mid_mb``, ``rss_peak_mb``, ``rss_end_mb`` (when the last outcome
@@ -35,13 +34,12 @@ from bench.registry import BenchContext, ScenarioResult, scenario
 from bench.roots import write_root
 from bench.scenarios.local import our_system
 from hermes_actors.local.outcome_book import GENERATIONS, SETTLED_KEEP
-from hermes_actors.local.profile_actor import SEEN_KEEP
 
 __all__ = ["RATE_PER_S", "WINDOW"]
 
 RATE_PER_S = 500  # well below what ours sustains on 2 loaded cores, so the run measures memory, not backlog
 WINDOW = 20_000  # latencies kept (the last ones): a fixed buffer, so the driver's own memory stays flat
-PROFILES = 4  # few targets, so each ProfileActor's table of seen ids fills early in the run
+PROFILES = 4  # a few targets, each ProfileActor busy for the whole run
 _DRAIN_S = 60.0
 
 
@@ -133,7 +131,7 @@ def sustained(ctx: BenchContext) -> ScenarioResult:
     ours = summarize(latencies, wall, n=sent)
     mid = rss[len(rss) // 2]
     settled_most = SETTLED_KEEP + SETTLED_KEEP // GENERATIONS  # the settled table drops its oldest generation whole
-    tables_full_s = max(settled_most, SEEN_KEEP * PROFILES) / RATE_PER_S
+    tables_full_s = settled_most / RATE_PER_S
     at_full = rss[int(tables_full_s)] if int(tables_full_s) < len(rss) - 1 else None
     ours.update(
         duration_s=round(duration, 1),

@@ -54,9 +54,6 @@ from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 __all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "outcome_of_turn"]
 
 
-SEEN_KEEP = 10_000
-
-
 @dataclass(frozen=True)
 class ProfileDeps:
     """What every ProfileActor shares (given by the Dispatcher)."""
@@ -137,10 +134,6 @@ class ProfileActor(TypedActor):
         self.inline = runs_inline(deps.runner)
         self.running: Delivery | None = None
         self.handled = salvage.handled if salvage else 0  # Deliver messages handled (idle-stop handshake)
-        # Ids that already ran here (a second guard behind the Dispatcher's own dedupe), bounded: the
-        # newest SEEN_KEEP/2 to SEEN_KEEP, in two sets swapped whole, so the table never rebuilds under churn.
-        self.seen: set[str] = set()
-        self.seen_before: set[str] = set()
         self.lock = TurnLock(turn_lock_path(deps.root, info.profile)) if deps.cross_process_lock else None
         self.idle_timer: TimerHandle | None = None
         self.last_active = time.monotonic()
@@ -174,9 +167,9 @@ class ProfileActor(TypedActor):
 
     def _accept(self, delivery: Delivery) -> None:
         key = delivery.delivery_id
-        if key in self.seen or key in self.seen_before or key in self.queue or (
-            self.running and self.running.delivery_id == key
-        ):
+        # The Dispatcher sends each delivery once (its OutcomeBook is the one dedupe); this only keeps
+        # the queue's invariant: one entry per id, never a second copy of the one running.
+        if key in self.queue or (self.running and self.running.delivery_id == key):
             logger.debug("{}: duplicate delivery {} ignored", self.info.profile, key)
             return
         if self.winding_down:
@@ -216,11 +209,8 @@ class ProfileActor(TypedActor):
         holding = False
         try:
             while self.running is None and self.queue:
-                key, (delivery, enqueued) = self.queue.popitem(last=False)
+                _, (delivery, enqueued) = self.queue.popitem(last=False)
                 self.running = delivery
-                self.seen.add(key)
-                if len(self.seen) >= SEEN_KEEP // 2:
-                    self.seen_before, self.seen = self.seen, set()
                 if holding or self._take_inline():
                     holding = True
                     self._run_inline(delivery)
