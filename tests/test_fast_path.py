@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +145,29 @@ class OutcomeSink(pykka.ThreadingActor):
         return None
 
 
+@contextlib.contextmanager
+def bob_alone(root: Path, runner: Any, *, blocking: bool) -> Iterator[tuple[pykka.ActorRef[Any], pykka.ActorRef[Any]]]:
+    """A real ProfileActor for bob, with an :class:`OutcomeSink` as its Dispatcher; (profile, sink)."""
+    scheduler = Scheduler().start()
+    pool = WorkerPool(1, name="turn")
+    sink = OutcomeSink.start()
+    profile = None
+    try:
+        deps = ProfileDeps(
+            root=root, config=load_config(root), runner=CallableRunner(runner, blocking=blocking), pool=pool,
+            scheduler=scheduler, dispatcher=sink, make_turn=lambda d, fd=None: turn_for(
+                d, home=root, root=root, send=lambda target, message: {}, lock_fd=fd),
+        )
+        profile = ProfileActor.start(ProfileInfo("bob", "bob", root / "profiles" / "bob", "Bob"), deps)
+        yield profile, sink
+    finally:
+        if profile is not None:
+            profile.stop()
+        sink.stop()
+        pool.shutdown()
+        scheduler.stop()
+
+
 def test_a_burst_of_inline_turns_holds_the_flock_once_across_them(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -171,30 +196,13 @@ def test_a_burst_of_inline_turns_holds_the_flock_once_across_them(
             os.close(fd)
         return f"ok {turn.delivery_id}"
 
-    scheduler = Scheduler().start()
-    pool = WorkerPool(1, name="turn")
-    sink = OutcomeSink.start()
-    profile = None
-    try:
-        deps = ProfileDeps(
-            root=root, config=load_config(root), runner=CallableRunner(runner, blocking=False), pool=pool,
-            scheduler=scheduler, dispatcher=sink, make_turn=lambda d, fd=None: turn_for(
-                d, home=root, root=root, send=lambda target, message: {}, lock_fd=fd),
-        )
-        info = ProfileInfo("bob", "bob", root / "profiles" / "bob", "Bob")
-        profile = ProfileActor.start(info, deps)
+    with bob_alone(root, runner, blocking=False) as (profile, sink):
         burst = tuple(Delivery(new_delivery_id(), "alice", "alice", "bob", "bob", f"dm {i}", label="@bob")
                       for i in range(4))
         sink.proxy().expected = len(burst)
         profile.tell(Deliver(burst))
         assert sink.proxy().all_in.get().wait(30), "the burst's outcomes never arrived"
         outcomes = sink.proxy().outcomes.get()
-    finally:
-        if profile is not None:
-            profile.stop()
-        sink.stop()
-        pool.shutdown()
-        scheduler.stop()
     assert [o.status for o in outcomes] == ["replied"] * 4
     assert [o.delivery_id for o in outcomes] == [d.delivery_id for d in burst], "in order"
     assert probe == [True] * 4, "every turn of the burst ran under the profile's flock"
@@ -215,37 +223,22 @@ def test_a_profile_never_queues_a_second_copy_of_a_delivery_it_holds(root: Path)
         assert gate.wait(60), "the test never let the turn finish"
         return "ok"
 
-    scheduler = Scheduler().start()
-    pool = WorkerPool(1, name="turn")
-    sink = OutcomeSink.start()
-    profile = None
-    try:
-        deps = ProfileDeps(
-            root=root, config=load_config(root), runner=CallableRunner(runner, blocking=True), pool=pool,
-            scheduler=scheduler, dispatcher=sink, make_turn=lambda d, fd=None: turn_for(
-                d, home=root, root=root, send=lambda target, message: {}, lock_fd=fd),
-        )
-        profile = ProfileActor.start(ProfileInfo("bob", "bob", root / "profiles" / "bob", "Bob"), deps)
+    with bob_alone(root, runner, blocking=True) as (profile, sink):
         first, second = (Delivery(new_delivery_id(), "alice", "alice", "bob", "bob", f"dm {i}", label="@bob")
                          for i in range(2))
         sink.proxy().expected = 2
-        profile.tell(Deliver((first, first, second)))  # a copy of one already queued
-        await_condition(lambda: ran == [first.delivery_id], timeout=30, message="the first turn never started")
-        profile.tell(Deliver((first, second)))  # copies of the running one and of the queued one
-        gate.set()
+        try:
+            profile.tell(Deliver((first, first, second)))  # a copy of one already queued
+            await_condition(lambda: ran == [first.delivery_id], timeout=30, message="the first turn never started")
+            profile.tell(Deliver((first, second)))  # copies of the running one and of the queued one
+        finally:
+            gate.set()
         assert sink.proxy().all_in.get().wait(30), "the outcomes never arrived"
         # Read through the profile's mailbox, so after the handler that settled the second outcome:
         # a copy accepted by mistake would be running (or queued) by then.
         assert profile.proxy().running.get(timeout=30) is None
         assert not profile.proxy().queue.get(timeout=30)
         outcomes = sink.proxy().outcomes.get()
-    finally:
-        gate.set()
-        if profile is not None:
-            profile.stop()
-        sink.stop()
-        pool.shutdown()
-        scheduler.stop()
     assert ran == [first.delivery_id, second.delivery_id], "each delivery ran once"
     assert [o.delivery_id for o in outcomes] == [first.delivery_id, second.delivery_id]
 
