@@ -194,8 +194,7 @@ class DispatcherActor(SupervisorActor):
             self.book.add(delivery.delivery_id, Pending(delivery, "local"))  # acked: it gets an outcome
             self._settle(outcomes.cancelled(delivery.delivery_id, delivery.label))
             return
-        self.deliver_local(msg.target, delivery, journaled=msg.journaled)
-        self.counters["accepted"] += 1
+        self._queue_accepted(msg.target, delivery, journaled=msg.journaled)
 
     def _accept_local(
         self, target: ProfileInfo, delivery: Delivery, ack: dict[str, Any]
@@ -204,10 +203,14 @@ class DispatcherActor(SupervisorActor):
         journaled = self.durability.enabled
 
         def proceed() -> None:
-            self.deliver_local(target, delivery, journaled=journaled)
-            self.counters["accepted"] += 1
+            self._queue_accepted(target, delivery, journaled=journaled)
 
         return self.durability.accept(delivery, ack, proceed)
+
+    def _queue_accepted(self, target: ProfileInfo, delivery: Delivery, *, journaled: bool) -> None:
+        """A newly accepted local DM (acked, or about to be): queue it and count it."""
+        self.deliver_local(target, delivery, journaled=journaled)
+        self.counters["accepted"] += 1
 
     def _send_to_peer(self, route: PeerRoute, delivery: Delivery) -> dict[str, Any]:
         """Hand a ``bot_peers`` DM to the peer transport (off this thread); answers the ack or refusal."""

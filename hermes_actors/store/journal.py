@@ -148,6 +148,8 @@ class Journal:
     Use ``start()`` / ``stop()`` or ``with``.
     """
 
+    stop_wait = 10.0  # seconds ``stop`` waits for the writer thread, then again for a running commit
+
     def __init__(self, directory: Path, *, fsync: bool = True) -> None:
         self.directory = directory
         self.fsync_enabled = fsync
@@ -507,7 +509,6 @@ class Journal:
 
     # ── compaction (the writer thread, under the write turn) ────────────────
 
-    stop_wait = 10.0  # seconds ``stop`` waits for the writer thread, then again for a running commit
     compact_after = 50_000  # lines in our file before it is rewritten with only what matters
     keep_delivered = 10_000  # delivered outcomes kept for wait_outcome after a restart
 
