@@ -9,7 +9,6 @@ get the lock.
 
 from __future__ import annotations
 
-import fcntl
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from roots import RecordingRunner, body_of, start_gateway
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.messages import Turn
+from hermes_actors.store import turnlock
 
 # Holds the lock until it reads a line on stdin (mode "hold"), or tries it once without blocking ("try").
 HOLDER = r"""
@@ -105,7 +105,7 @@ class BusyFlocks:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.refused = 0
         self._lock = threading.Lock()
-        real = fcntl.flock
+        real = turnlock.flock_now
 
         def flock(fd: int, operation: int) -> None:
             try:
@@ -115,7 +115,7 @@ class BusyFlocks:
                     self.refused += 1
                 raise
 
-        monkeypatch.setattr(fcntl, "flock", flock)
+        monkeypatch.setattr(turnlock, "flock_now", flock)
 
 
 def test_our_turn_waits_for_another_process_holding_the_lock(root: Path, gateways: list[Gateway],

@@ -4,22 +4,75 @@ Other programs on the same root (an old gateway, the ``hermes`` CLI) serialize
 their Bot Chat turns on this ``flock``. There is no notification when a flock
 is released, so waiting for one is the one place we poll — with a short,
 growing backoff, bounded by the delivery's wait budget.
+
+The lock is only ever tried (``LOCK_NB``) and released, and neither call can
+block, so they are made without releasing the GIL (through ``ctypes.PyDLL``):
+``fcntl.flock`` drops the GIL around the system call, and with a busy actor
+system on two cores a thread that drops it often waits for a thread switch to
+get it back. Where libc cannot be loaded, ``fcntl.flock`` is used. (On a
+network filesystem the call is a round trip to the server, which every thread
+of the process then waits for; a Hermes root is a local directory.)
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import os
 import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
-__all__ = ["TurnLock", "turn_lock_path"]
+__all__ = ["TurnLock", "flock_now", "turn_lock_path"]
 
 _SAFE = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def _load_flock() -> Any:
+    """libc's ``flock`` called with the GIL held, or None where it cannot be loaded."""
+    try:
+        libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the call keeps the GIL
+        flock = libc.flock
+    except (OSError, AttributeError):
+        return None
+    flock.argtypes = (ctypes.c_int, ctypes.c_int)
+    flock.restype = ctypes.c_int
+    return flock
+
+
+_FLOCK = _load_flock()
+
+
+def flock_now(fd: int, operation: int) -> None:
+    """``flock(fd, operation)`` for an operation that never waits, without releasing the GIL.
+
+    Args:
+        fd: an open file descriptor.
+        operation: ``LOCK_EX | LOCK_NB``, ``LOCK_SH | LOCK_NB`` or ``LOCK_UN``.
+
+    Raises:
+        ValueError: ``operation`` could wait for another holder (no ``LOCK_NB``): with the
+            GIL held, that wait would stop every thread of the process.
+        BlockingIOError: another open file holds the lock.
+        OSError: any other failure (``EBADF``...).
+    """
+    if operation & (fcntl.LOCK_EX | fcntl.LOCK_SH) and not operation & fcntl.LOCK_NB:
+        raise ValueError("flock_now only takes a lock with LOCK_NB: a waiting flock must release the GIL")
+    if _FLOCK is None:
+        fcntl.flock(fd, operation)
+        return
+    while _FLOCK(fd, operation) != 0:
+        code = ctypes.get_errno()
+        if code == errno.EINTR:  # a signal arrived during the call: retry, as fcntl.flock does (PEP 475)
+            continue
+        if code in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise BlockingIOError(code, os.strerror(code))
+        raise OSError(code, os.strerror(code))
 
 
 def turn_lock_path(root: Path, profile: str) -> Path:
@@ -72,7 +125,7 @@ class TurnLock:
         try:
             while True:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     return time.monotonic() - start
                 except BlockingIOError:
                     if delay == 0.001:  # once per acquire: say why this turn has not started
@@ -100,7 +153,7 @@ class TurnLock:
             fd = self._open()
             self._in_use = True
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             self._done()
@@ -113,7 +166,7 @@ class TurnLock:
         """Release the lock (the fd stays open for the next turn, unless a close is pending)."""
         with self._mutex:
             if self._fd is not None:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                flock_now(self._fd, fcntl.LOCK_UN)
         self._done()
 
     def _done(self) -> None:
@@ -131,7 +184,7 @@ class TurnLock:
         with self._mutex:
             if self._fd is not None:
                 try:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    flock_now(self._fd, fcntl.LOCK_UN)
                 except OSError:
                     pass
             if self._in_use:

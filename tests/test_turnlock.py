@@ -1,0 +1,90 @@
+"""The turn lock's flock calls: taken and released without dropping the GIL, same meaning as ``fcntl.flock``."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hermes_actors.store import turnlock
+from hermes_actors.store.turnlock import TurnLock, flock_now
+
+TRY = fcntl.LOCK_EX | fcntl.LOCK_NB
+
+
+@pytest.fixture
+def other_fd(tmp_path: Path) -> Iterator[int]:
+    """A second open file description of the lock file: another process's view of the flock."""
+    fd = os.open(tmp_path / "p.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    yield fd
+    os.close(fd)
+
+
+@pytest.fixture(params=["libc", "fcntl"])
+def flock_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways ``flock_now`` can run: libc without dropping the GIL, and ``fcntl.flock`` where libc is missing."""
+    if request.param == "fcntl":
+        monkeypatch.setattr(turnlock, "_FLOCK", None)
+    elif turnlock._FLOCK is None:
+        pytest.skip("libc's flock could not be loaded on this system")
+    return str(request.param)
+
+
+def test_the_libc_flock_is_loaded_here() -> None:
+    assert turnlock._FLOCK is not None  # Linux with glibc: the hot path must not fall back
+
+
+def test_a_taken_lock_excludes_another_open_file_until_released(tmp_path: Path, other_fd: int,
+                                                                   flock_impl: str) -> None:
+    lock = TurnLock(tmp_path / "p.lock")
+    assert lock.try_acquire()
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(other_fd, TRY)
+    lock.release()
+    fcntl.flock(other_fd, TRY)  # free now
+    fcntl.flock(other_fd, fcntl.LOCK_UN)
+    lock.close()
+
+
+def test_a_lock_held_elsewhere_is_not_taken(tmp_path: Path, other_fd: int, flock_impl: str) -> None:
+    fcntl.flock(other_fd, TRY)
+    lock = TurnLock(tmp_path / "p.lock")
+    assert lock.try_acquire() is False
+    fcntl.flock(other_fd, fcntl.LOCK_UN)
+    assert lock.try_acquire() is True
+    lock.release()
+    lock.close()
+
+
+def test_flock_now_says_would_block_as_fcntl_does(tmp_path: Path, other_fd: int, flock_impl: str) -> None:
+    fcntl.flock(other_fd, TRY)
+    fd = os.open(tmp_path / "p.lock", os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError) as caught:
+            flock_now(fd, TRY)
+        assert caught.value.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)
+
+
+def test_flock_now_raises_other_errors_as_oserror(tmp_path: Path, flock_impl: str) -> None:
+    fd = os.open(tmp_path / "gone.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)  # a closed descriptor: EBADF
+    with pytest.raises(OSError) as caught:
+        flock_now(fd, TRY)
+    assert caught.value.errno == errno.EBADF
+    assert not isinstance(caught.value, BlockingIOError)
+
+
+def test_flock_now_refuses_an_operation_that_could_wait(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "p.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        for operation in (fcntl.LOCK_EX, fcntl.LOCK_SH):
+            with pytest.raises(ValueError, match="LOCK_NB"):
+                flock_now(fd, operation)
+    finally:
+        os.close(fd)
