@@ -23,7 +23,7 @@ import pykka
 from loguru import logger
 
 from actors.errors import EscalatedFailure
-from actors.messages import ChildFailed
+from actors.messages import ChildFailed, Request
 from actors.typed import Link, TypedActor, fail_pending, handles
 
 __all__ = ["ChildFactory", "ChildFailed", "RestartPolicy", "SupervisorActor"]
@@ -51,6 +51,9 @@ class _Child:
     ref: pykka.ActorRef[Any]
     generation: int
     restarts: deque[float]
+    # A crashed instance's mailbox that could not be handed over (its successor died first): the
+    # successor's own ChildFailed or the next start hands it on, ahead of everything else.
+    held: tuple[Any, ...] = ()
 
 
 class SupervisorActor(TypedActor):
@@ -82,8 +85,11 @@ class SupervisorActor(TypedActor):
             return child.ref
         generation = child.generation + 1 if child else 0
         ref = factory(Link(self.actor_ref, name, generation), salvage)
-        self.children[name] = _Child(factory, ref, generation, child.restarts if child else deque(maxlen=64))
+        fresh = _Child(factory, ref, generation, child.restarts if child else deque(maxlen=64))
+        self.children[name] = fresh
         self.escalated.pop(name, None)
+        if child is not None and child.held:
+            fresh.held = _hand_over(ref, child.held)
         return ref
 
     def child_ref(self, name: str) -> pykka.ActorRef[Any] | None:
@@ -101,16 +107,19 @@ class SupervisorActor(TypedActor):
         if child is None or child.generation != msg.generation:
             # A stale generation: a newer instance already runs (started by start_child); it takes them.
             if child is not None and child.ref.is_alive():
-                _hand_over(child.ref, msg.pending)
+                self.on_stale_failure(msg.name, child.ref, msg)
+            elif child is not None:  # the newer one died too: what it would have taken waits for the next
+                child.held += _hand_over(child.ref, msg.pending)
             else:
                 fail_pending(f"child {msg.name!r}", msg.pending)
             return
+        pending, child.held = child.held + msg.pending, ()
         now = self.clock()
         if not self.policy.allows(child.restarts, now):
             logger.error("child {} crashed beyond its restart intensity; escalating", msg.name)
             del self.children[msg.name]
             self.escalated[msg.name] = msg.error
-            fail_pending(f"child {msg.name!r}", msg.pending)
+            fail_pending(f"child {msg.name!r}", pending)
             self.on_escalation(msg.name, msg.error)
             return
         child.restarts.append(now)
@@ -118,25 +127,54 @@ class SupervisorActor(TypedActor):
         try:
             ref = child.factory(Link(self.actor_ref, msg.name, child.generation + 1), msg.salvage)
         except Exception:
-            fail_pending(f"child {msg.name!r}", msg.pending)  # nobody will ever answer them: fail, never hang
+            fail_pending(f"child {msg.name!r}", pending)  # nobody will ever answer them: fail, never hang
             raise
         child.ref, child.generation = ref, child.generation + 1
-        _hand_over(ref, msg.pending)  # the mailbox moves to the new instance, order kept
+        child.held = _hand_over(ref, pending)  # the mailbox moves to the new instance, order kept
         self.on_child_restarted(msg.name, ref)
 
     def on_child_restarted(self, name: str, ref: pykka.ActorRef[Any]) -> None:
         """Hook: a child got a new ref (override to tell watchers)."""
+
+    def on_stale_failure(self, name: str, ref: pykka.ActorRef[Any], failure: ChildFailed) -> None:
+        """Hook: an instance of ``name`` crashed after a newer one (``ref``) was started.
+
+        That happens when the child was found dead and started again before its
+        ``ChildFailed`` arrived. The default hands its mailbox over to ``ref``; override
+        to hand over the salvage too (nothing restarts from it), then call this.
+
+        Args:
+            name: the child.
+            ref: the running, newer instance.
+            failure: the stale report (``pending``: its mailbox; ``salvage``: its state).
+        """
+        child = self.children.get(name)
+        held = _hand_over(ref, failure.pending)
+        if child is not None and child.ref is ref:
+            child.held += held
+        else:
+            fail_pending(f"child {name!r}", held)
 
     def on_escalation(self, name: str, error: BaseException | None) -> None:
         """Hook: a child exceeded its intensity. Default: crash this supervisor."""
         raise EscalatedFailure(name, error)
 
 
-def _hand_over(ref: pykka.ActorRef[Any], pending: tuple[Any, ...]) -> None:
-    """Tell the crashed child's mailbox to its successor, in order; fail what it cannot take."""
+def _hand_over(ref: pykka.ActorRef[Any], pending: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Tell the crashed child's mailbox to its successor, in order.
+
+    When the successor died first, the asks it could not take fail now (no ask ever
+    hangs on a child that may not come back), and its told messages are returned.
+
+    Returns:
+        The told messages it could not take: the caller holds them for the instance after
+        it (started by the successor's own ``ChildFailed``, or by the next ``start_child``).
+    """
     for index, message in enumerate(pending):
         try:
             ref.tell(message)
         except pykka.ActorDeadError:
-            fail_pending(str(ref), pending[index:])
-            return
+            left = pending[index:]
+            fail_pending(str(ref), [m for m in left if isinstance(m, Request)])
+            return tuple(m for m in left if not isinstance(m, Request))
+    return ()

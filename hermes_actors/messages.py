@@ -238,6 +238,15 @@ class TurnFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class RunSalvaged:
+    """A restarted ProfileActor tells itself to run the queue it took over.
+
+    Never from ``on_start``: a turn that crashes there would bypass the crash handling
+    (no salvage, no restart), and every DM behind it would wait for ever.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class WaitExpired:
     """Timer (one per profile, re-armed): the oldest queued delivery's wait budget ran out."""
 

@@ -436,6 +436,45 @@ def test_requeue_into_a_dead_replacement_fails_the_asks() -> None:
         queued.get(timeout=5)
 
 
+def test_tells_a_dead_replacement_could_not_take_reach_the_instance_after_it() -> None:
+    """Regression: the crashed child's told mailbox was dropped when its replacement died before taking it."""
+    calls = [0]
+
+    def factory(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
+        calls[0] += 1
+        ref = Counter.start(link=link)
+        if calls[0] == 2:
+            ref.stop()  # the first replacement is dead on arrival
+        return ref
+
+    sup = Sup.start(factory)
+    child = ask(sup, StartChild(), timeout=5)
+    gate = _block(child)
+    child.tell(Crash())
+    child.tell(Record(1))
+    child.tell(Record(2))
+    gate.set()
+    await_condition(lambda: calls[0] == 2, message="the crash restarted the child (dead on arrival)")
+    replacement = ask(sup, StartChild(), timeout=5)  # the next start: it takes what was held
+    assert calls[0] == 3
+    assert ask(replacement, Seen(), timeout=5) == (1, 2)
+
+
+def test_a_stale_report_hands_its_salvage_to_the_running_child_through_the_hook() -> None:
+    handed: list[tuple[str, Any]] = []
+
+    class Salvaging(Sup):
+        def on_stale_failure(self, name: str, ref: pykka.ActorRef[Any], failure: ChildFailed) -> None:
+            handed.append((name, failure.salvage))
+            super().on_stale_failure(name, ref, failure)
+
+    sup = Salvaging.start(Factory())
+    child = ask(sup, StartChild(), timeout=5)
+    sup.tell(ChildFailed("c", 7, RuntimeError("old"), (Record(5),), salvage="queued work"))
+    await_condition(lambda: handed == [("c", "queued work")], message="the hook saw the stale salvage")
+    assert ask(child, Seen(), timeout=5) == (5,)  # its mailbox too
+
+
 def test_a_factory_failing_on_restart_fails_the_queued_asks() -> None:
     """Regression: the pending envelopes were lost with the supervisor, so those asks hung forever."""
     calls = [0]

@@ -16,7 +16,8 @@ import contextlib
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pykka
 import pytest
 from roots import LogCapture, send_dm, start_gateway
 
-from actors import Scheduler, WorkerPool, ask, await_condition
+from actors import Link, Scheduler, SupervisorActor, WorkerPool, ask, await_condition, handles
 from hermes_actors import CallableRunner, Gateway
 from hermes_actors.core.acks import accepted_record, ack_payload
 from hermes_actors.core.config import load_config
@@ -145,22 +146,60 @@ class OutcomeSink(pykka.ThreadingActor):
         return None
 
 
+@dataclass(frozen=True)
+class StartBob:
+    """Ask the :class:`BobSupervisor` to start bob's ProfileActor (its child)."""
+
+
+class BobSupervisor(SupervisorActor):
+    """Restarts bob's crashed ProfileActor from its salvage, as the Dispatcher does."""
+
+    def __init__(self, factory: Callable[[Link, Any], pykka.ActorRef[Any]]) -> None:
+        super().__init__()
+        self.factory = factory
+
+    @handles(StartBob)
+    def _on_start_bob(self, msg: StartBob) -> pykka.ActorRef[Any]:
+        return self.start_child("bob", self.factory)
+
+    def on_stop(self) -> None:
+        for name in list(self.children):  # the restarted instances too: no actor thread outlives the test
+            ref = self.child_ref(name)
+            if ref is not None:
+                ref.stop()
+
+
 @contextlib.contextmanager
-def bob_alone(root: Path, runner: Any, *, blocking: bool) -> Iterator[tuple[pykka.ActorRef[Any], pykka.ActorRef[Any]]]:
-    """A real ProfileActor for bob, with an :class:`OutcomeSink` as its Dispatcher; (profile, sink)."""
+def bob_alone(
+    root: Path, runner: Any, *, blocking: bool, supervised: bool = False
+) -> Iterator[tuple[pykka.ActorRef[Any], pykka.ActorRef[Any]]]:
+    """A real ProfileActor for bob, with an :class:`OutcomeSink` as its Dispatcher; (profile, sink).
+
+    ``runner``: a callable (wrapped in a ``CallableRunner`` with ``blocking``), or a runner object.
+    ``supervised``: started by a :class:`BobSupervisor`, which restarts it when it crashes.
+    """
     scheduler = Scheduler().start()
     pool = WorkerPool(1, name="turn")
     sink = OutcomeSink.start()
-    profile = None
+    profile = supervisor = None
+    info = ProfileInfo("bob", "bob", root / "profiles" / "bob", "Bob")
     try:
         deps = ProfileDeps(
-            root=root, config=load_config(root), runner=CallableRunner(runner, blocking=blocking), pool=pool,
+            root=root, config=load_config(root), pool=pool,
+            runner=runner if hasattr(runner, "run_turn") else CallableRunner(runner, blocking=blocking),
             scheduler=scheduler, dispatcher=sink, make_turn=lambda d, fd=None: turn_for(
                 d, home=root, root=root, send=lambda target, message: {}, lock_fd=fd),
         )
-        profile = ProfileActor.start(ProfileInfo("bob", "bob", root / "profiles" / "bob", "Bob"), deps)
+        if supervised:
+            supervisor = BobSupervisor.start(
+                lambda link, salvage: ProfileActor.start(info, deps, link=link, salvage=salvage))
+            profile = ask(supervisor, StartBob(), timeout=5)
+        else:
+            profile = ProfileActor.start(info, deps)
         yield profile, sink
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         if profile is not None:
             profile.stop()
         sink.stop()
@@ -379,3 +418,33 @@ def test_a_burst_to_one_profile_runs_in_the_order_it_was_sent(root: Path, gatewa
     ids = [send_dm(gw, f"burst {i}", target="bob") for i in range(300)]
     assert [gw.wait_outcome(key, timeout=30)["status"] for key in ids] == ["replied"] * 300
     assert order == ids
+
+
+class Unprintable:
+    """A reply whose ``__str__`` raises: rendering it crashes the ProfileActor (a supervised restart)."""
+
+    def __str__(self) -> str:
+        raise ValueError("this reply cannot be rendered")
+
+
+def test_a_crash_while_running_a_salvaged_queue_is_salvaged_again(root: Path) -> None:
+    """Regression: the restarted ProfileActor ran its salvaged queue in ``on_start``, where a second crash
+    stopped it with no salvage and no restart: every DM behind it waited for ever."""
+    seen: list[str] = []
+
+    class PoisonRunner:  # not a CallableRunner: that one refuses a reply that is not a str
+        blocking = False
+
+        def run_turn(self, turn: Turn) -> Any:
+            seen.append(turn.content)
+            return Unprintable() if turn.content.startswith("poison") else f"got {turn.content}"
+
+    with bob_alone(root, PoisonRunner(), blocking=False, supervised=True) as (profile, sink):
+        burst = tuple(Delivery(new_delivery_id(), "alice", "alice", "bob", "bob", text, label="@bob")
+                      for text in ("poison 1", "poison 2", "after"))
+        sink.proxy().expected = len(burst)
+        profile.tell(Deliver(burst))  # one Deliver: the two DMs behind the first crash are its salvage
+        assert sink.proxy().all_in.get().wait(30), "a DM behind the crashes never got its outcome"
+        outcomes = {o.delivery_id: o for o in sink.proxy().outcomes.get(timeout=5)}
+    assert [outcomes[d.delivery_id].status for d in burst] == ["ambiguous", "ambiguous", "replied"]
+    assert seen == ["poison 1", "poison 2", "after"]  # each ran once, in order

@@ -27,7 +27,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import RestartPolicy, SupervisorActor, ask, handles, tell
+from actors import ChildFailed, RestartPolicy, SupervisorActor, ask, handles, tell
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
 from hermes_actors.core.names import profile_key
@@ -463,6 +463,10 @@ class DispatcherActor(SupervisorActor):
             "active_profiles": self.profiles.active(),
             "deliveries": self.stats.view(self.book.pending(), self.profiles.owners),
         }
+
+    def on_stale_failure(self, name: str, ref: pykka.ActorRef[Any], failure: ChildFailed) -> None:
+        """A ProfileActor crashed after a newer one was started: the newer one takes its queue and mailbox."""
+        super().on_stale_failure(name, ref, self.profiles.taken_over(name, failure))
 
     def on_escalation(self, name: str, error: BaseException | None) -> None:
         """A ProfileActor keeps crashing: fail what it held, keep the gateway up."""

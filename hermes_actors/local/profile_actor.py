@@ -41,6 +41,7 @@ from hermes_actors.messages import (
     OutcomesReady,
     ProfileIdle,
     ProfileInfo,
+    RunSalvaged,
     StopProfile,
     TurnFinished,
     TurnTimeout,
@@ -145,10 +146,18 @@ class ProfileActor(TypedActor):
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
 
     def on_start(self) -> None:
-        if self._salvage is not None:
+        if self._salvage is not None and self._salvage.queued:
             for delivery, enqueued in self._salvage.queued:
                 self._enqueue(delivery, enqueued)
-            self._salvage = None
+            # Run them in a handler, where a crash is salvaged again (see RunSalvaged). Whatever the supervisor
+            # hands over may come before it: the first handler that starts turns starts these first.
+            self.actor_ref.tell(RunSalvaged())
+        else:
+            self._arm_idle()
+        self._salvage = None
+
+    @handles(RunSalvaged)
+    def _on_run_salvaged(self, msg: RunSalvaged) -> None:
         self._pump()
 
     def on_stop(self) -> None:

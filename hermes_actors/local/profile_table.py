@@ -16,13 +16,14 @@ message to a ProfileActor flushes first: it never overtakes a delivery queued be
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, Link, SupervisorActor, ask
-from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps
+from actors import ActorGone, AskTimeout, ChildFailed, Link, SupervisorActor, ask
+from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps, ProfileSalvage
 from hermes_actors.messages import (
     AttachOwner,
     Deliver,
@@ -98,6 +99,24 @@ class ProfileTable:
                 ref = self.ref(info)
                 ref.tell(message)
             self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
+
+    def taken_over(self, profile: str, failure: ChildFailed) -> ChildFailed:
+        """What a newer ProfileActor of ``profile`` takes from one that crashed after it was started.
+
+        The crashed one was found dead (a delivery came in before its ``ChildFailed``), so
+        nothing restarts from its salvage: its queued deliveries go to the newer one as one
+        ``Deliver``, ahead of its mailbox, and every ``Deliver`` handed over is counted as
+        sent to the newer one, so that its idle stop still balances.
+
+        Returns:
+            ``failure`` with that ``Deliver`` put ahead of its mailbox.
+        """
+        pending = failure.pending
+        salvage = failure.salvage
+        if isinstance(salvage, ProfileSalvage) and salvage.queued:
+            pending = (Deliver(tuple(delivery for delivery, _ in salvage.queued)), *pending)
+        self.sent[profile] = self.sent.get(profile, 0) + sum(1 for m in pending if isinstance(m, Deliver))
+        return replace(failure, pending=pending)
 
     def attach_owner(self, info: ProfileInfo, owner: Any) -> None:
         """Hand the DMs of ``info`` to a live owner (this instance and every restarted one)."""
