@@ -131,7 +131,7 @@ def dm_file_path(delivery_id: str, *, base: Path | None = None) -> Path:
 def _read_existing(path: Path) -> str:
     """Read an existing query file without following a symlink; refuse odd files."""
     try:
-        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))  # a FIFO: refused
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise PermissionError(f"refusing DM file {path}: it is a symlink; remove it and retry") from exc

@@ -67,7 +67,7 @@ def read_journals(root: str | Path) -> tuple[JournalFolded, list[str]]:
         return folded, [f"refusing {directory}: not a directory of ours (a symlink, a file or another uid's)"]
     for path in sorted(directory.glob("j-*.log")):
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never hangs it
         except OSError as exc:
             problems.append(f"cannot read {path}: {exc.strerror or exc}")
             continue

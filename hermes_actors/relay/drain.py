@@ -38,6 +38,7 @@ __all__ = [
     "ToDeliver",
     "drain_envelope",
     "drain_outbox",
+    "expiry_of",
     "expiry_reply",
 ]
 
@@ -149,10 +150,25 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
     except (OSError, ValidationError) as exc:
         rf.quarantine(paths.relay, claimed, str(exc))
         return Quarantined(envelope_id, str(exc))
-    ttl = rp.seed_ttl(ttl)
-    if ttl > 0 and rp.is_expired(envelope, ttl, now, fallback_created=_mtime(claimed)):
-        return Expired(envelope, expiry_reply(envelope, ttl, now), reply_connection)
+    reply = expiry_of(envelope, claimed, ttl=ttl, now=now)
+    if reply is not None:
+        return Expired(envelope, reply, reply_connection)
     return ToDeliver(envelope, reply_connection)
+
+
+def expiry_of(envelope: dict[str, Any], path: Path, *, ttl: float, now: float) -> dict[str, Any] | None:
+    """The ``queued_expired`` reply when ``envelope`` (read from ``path``) waited past the TTL, else None.
+
+    Args:
+        envelope: the decoded envelope.
+        path: its file (its mtime ages an envelope without ``created_at``, as the seed does).
+        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
+        now: the current time.
+    """
+    ttl = rp.seed_ttl(ttl)
+    if ttl > 0 and rp.is_expired(envelope, ttl, now, fallback_created=_mtime(path)):
+        return expiry_reply(envelope, ttl, now)
+    return None
 
 
 def drain_outbox(paths: InboxPaths, *, ttl: float, now: float | None = None) -> list[dict[str, Any]]:

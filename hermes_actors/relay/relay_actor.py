@@ -17,6 +17,7 @@ Hostile files are quarantined, never followed; the actor keeps running.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +153,7 @@ class RelayActor(TypedActor):
         adopted = self.shelf.adopt()
         if not (adopted.ids or adopted.legacy):
             return
-        recovery = recover_taken(self.paths, adopted)
+        recovery = recover_taken(self.paths, adopted, ttl=self.config.envelope_ttl_seconds)
         if recovery.rerun:  # the replies come back to us: make sure the Dispatcher knows where before it runs them
             self.dispatcher.tell(AttachRelay(self.actor_ref))
         for envelope, reply_connection in recovery.rerun:
@@ -161,7 +162,8 @@ class RelayActor(TypedActor):
         self.counters["quarantined"] += recovery.quarantined
         logger.info("relay: adopted {} envelope(s) a stopped gateway had taken: {rerun} run now (never started), "
                     "{ambiguous} answered ambiguous (may have run), {finished} already replied, "
-                    "{quarantined} quarantined", len(adopted.ids) + len(adopted.legacy), **recovery.counts())
+                    "{expired} expired (waited past the TTL, never run), {quarantined} quarantined",
+                    len(adopted.ids) + len(adopted.legacy), **recovery.counts())
 
     # ── sender side ─────────────────────────────────────────────────────────
 
@@ -340,6 +342,9 @@ class RelayActor(TypedActor):
             os.unlink(self.paths.taken / f"{record['id']}.json")
         except FileNotFoundError:
             pass
+        except OSError as exc:  # our shelf was tampered with: the reply stands, the relay goes on
+            logger.warning("relay: could not take {} off our shelf: {}", record["id"], exc)
+            return  # keep the start mark: an adopter must not run the envelope again
         clear_started(self.paths, record["id"])
 
     # ── the Desktop's RPC (asked by DesktopRpc on the caller's behalf) ───────
@@ -389,14 +394,36 @@ class RelayActor(TypedActor):
 
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
+        self.counters["quarantined"] += quarantine_strays(self.paths)  # first: the listings below need the tree
+        self._keep_shelf()
         replies = set(rf.list_ids(self.paths.relay.replies))
         for envelope_id in [e for e in self.waiting if e in replies]:
             self._check_reply(envelope_id)
         for envelope_id in rf.list_ids(self.paths.inbox):
             self._take(envelope_id)
-        self.counters["quarantined"] += quarantine_strays(self.paths)
         if self.roster is not None:
             self.roster.tell(RemoteRosterHint())
+
+    def _keep_shelf(self) -> None:
+        """Take a new shelf when ours was removed or swapped: without one, nothing is taken from ``inbox/``."""
+        try:
+            if stat.S_ISDIR(os.lstat(self.paths.taken).st_mode):
+                return
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.warning("relay: cannot check our shelf {}: {}", self.paths.taken, exc)
+            return
+        shelf = Shelf(self.paths.taken_parent)
+        try:
+            path = shelf.open()
+        except (StoreError, ValidationError) as exc:  # HostileFileError included: the next rescan tries again
+            logger.error("relay: our shelf {} is gone and a new one could not be made: {}", self.paths.taken, exc)
+            return
+        logger.warning("relay: our shelf {} was removed or replaced; envelopes are now taken onto {}",
+                       self.paths.taken, path)
+        self.shelf.close()
+        self.shelf, self.paths = shelf, self.paths.on_shelf(path)
 
     def _quarantine(self, path: Path, why: str) -> None:
         self.counters["quarantined"] += 1

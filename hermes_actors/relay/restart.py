@@ -6,7 +6,8 @@ Drain side: the envelopes a dead gateway had taken (adopted from its shelf,
 - a reply already in ``delivered/`` → the turn finished; the hub forwards that record;
 - a ``started/`` mark (or a legacy flat file, whose state nobody recorded) → the turn
   may have run: an ``ambiguous`` reply is written back at once, it never runs twice;
-- otherwise → the turn never started: it is run now, once.
+- otherwise → the turn never started: it is run now, once — unless it waited past
+  the TTL meanwhile: then it is answered ``queued_expired``, as a drain would.
 
 Sender side: only the envelopes ``sent/`` records as ours are waited for again;
 anything else in ``outbox/`` or ``claimed/`` (a seed gateway's DM on the same
@@ -24,6 +25,7 @@ from loguru import logger
 
 from hermes_actors.core import outcomes
 from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.relay.drain import expiry_of
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import (
@@ -72,22 +74,24 @@ class TakenRecovery:
     rerun: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (envelope, reply_connection)
     ambiguous: int = 0
     finished: int = 0
+    expired: int = 0
     quarantined: int = 0
 
     def counts(self) -> dict[str, int]:
         return {"rerun": len(self.rerun), "ambiguous": self.ambiguous, "finished": self.finished,
-                "quarantined": self.quarantined}
+                "expired": self.expired, "quarantined": self.quarantined}
 
 
-def recover_taken(paths: InboxPaths, adopted: Adopted, *, now: float | None = None) -> TakenRecovery:
+def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float | None = None) -> TakenRecovery:
     """Act on the envelopes adopted onto our shelf (``paths.taken``).
 
-    Ambiguous replies are written to ``delivered/`` here; the never-started
-    envelopes are returned for the caller to run (they stay on our shelf).
+    Ambiguous and expiry replies are written to ``delivered/`` here; the
+    never-started envelopes are returned for the caller to run (they stay on our shelf).
 
     Args:
         paths: the relay layout, ``taken`` being our shelf.
         adopted: what :meth:`Shelf.adopt` moved onto it.
+        ttl: the configured ``envelope_ttl_seconds``: a never-started envelope older than that is not run.
         now: the current time.
 
     Returns:
@@ -109,19 +113,27 @@ def recover_taken(paths: InboxPaths, adopted: Adopted, *, now: float | None = No
         replied = os.path.lexists(paths.delivered / path.name)
         action = taken_action(replied=replied, started=was_started(paths, envelope_id),
                               legacy=envelope_id in legacy)
-        if action == "rerun":
+        expired = expiry_of(envelope, path, ttl=ttl, now=now) if action == "rerun" else None
+        if action == "rerun" and expired is None:
             result.rerun.append((envelope, reply_connection))
             continue
-        if action == "ambiguous":
-            label = f"@{envelope['target_handle']}"
-            fields = outcomes.ambiguous(envelope_id, label, AMBIGUOUS_WHY)
-            record = rp.make_reply(envelope_id, error=fields.error, reason=fields.reason, now=now)
+        if action != "finished":
+            if expired is None:
+                label = f"@{envelope['target_handle']}"
+                fields = outcomes.ambiguous(envelope_id, label, AMBIGUOUS_WHY)
+                record = rp.make_reply(envelope_id, error=fields.error, reason=fields.reason, now=now)
+            else:
+                record = expired
             try:
                 write_delivered(paths, record, reply_connection)
             except (StoreError, OSError, ValidationError) as exc:
-                logger.error("relay: could not write the ambiguous reply of {}: {}", envelope_id, exc)
+                logger.error("relay: could not write the {} reply of {}: {}", "ambiguous" if expired is None else
+                             "expiry", envelope_id, exc)
                 continue  # it stays on our shelf: the next start tries again
-            result.ambiguous += 1
+            if expired is None:
+                result.ambiguous += 1
+            else:
+                result.expired += 1
         else:
             result.finished += 1
         clear_started(paths, envelope_id)

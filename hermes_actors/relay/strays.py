@@ -1,4 +1,4 @@
-"""The rescan's clean-up: relay directories swapped for symlinks, and stray files, moved aside."""
+"""The rescan's clean-up: relay directories swapped for symlinks or files, and stray files, moved aside."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ __all__ = ["quarantine_strays"]
 
 
 def quarantine_strays(paths: InboxPaths) -> int:
-    """Quarantine relay directories (the temp directory too) replaced by symlinks (then recreate them) and stray files.
+    """Quarantine relay directories (the temp directory too) replaced by symlinks or files, and stray files.
+
+    Directories quarantined or removed are created again.
 
     Every use of a relay directory already refuses a symlink (renames go through
     ``O_NOFOLLOW`` directory descriptors, writes check the parent); this puts a real
@@ -30,13 +32,13 @@ def quarantine_strays(paths: InboxPaths) -> int:
         How many entries were quarantined.
     """
     moved = 0
-    swapped = [d for d in (paths.inbox, paths.relay.replies, paths.relay.outbox, paths.relay.claimed,
-                           paths.delivered, paths.taken_parent, paths.started, paths.sent, paths.relay.tmp)
-               if os.path.islink(d)]
+    directories = (paths.inbox, paths.relay.replies, paths.relay.outbox, paths.relay.claimed, paths.delivered,
+                   paths.taken_parent, paths.started, paths.sent, paths.relay.tmp)
+    swapped = [d for d in directories if os.path.islink(d) or (os.path.lexists(d) and not os.path.isdir(d))]
     for directory in swapped:
         moved += 1
-        rf.quarantine(paths.relay, directory, "a relay directory was replaced by a symlink")
-    if swapped:
+        rf.quarantine(paths.relay, directory, "a relay directory was replaced by a symlink or a file")
+    if swapped or not all(os.path.isdir(d) for d in directories):  # also put back what was removed
         try:
             paths.ensure()
         except (StoreError, ValidationError) as exc:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import threading
 import uuid
 from collections import OrderedDict
@@ -213,12 +214,15 @@ class Journal:
         for path in sorted(self.directory.glob("j-*.log")):
             if path == self.path or path.is_symlink():
                 continue
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:  # O_NONBLOCK: a FIFO planted under a journal's name must not hang the start
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:
                 continue
             keep = False
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    logger.warning("journal {} is not a regular file; ignored", path)
+                    continue
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:

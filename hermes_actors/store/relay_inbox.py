@@ -38,7 +38,7 @@ from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
 from hermes_actors.store.relay_dirfd import rename_between
-from hermes_actors.store.relay_files import RelayPaths
+from hermes_actors.store.relay_files import RelayPaths, quarantine
 from hermes_actors.store.relay_protocol import parse_envelope, parse_reply
 from hermes_actors.store.relay_shelf import find_on_shelves
 
@@ -206,21 +206,25 @@ def remove_heartbeat(paths: InboxPaths) -> None:
         pass
 
 
+_PID_MAX = 2**31 - 1  # a pid_t; a larger "pid" in a heartbeat file is refused before os.kill sees it
+
+
 def _beat_alive(beat: Any, now: float) -> bool:
     if not isinstance(beat, dict):
         return False
     try:
         at, pid = float(beat.get("at", 0)), int(beat.get("pid", 0))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return False
-    if now - at > HEARTBEAT_FRESH_SECONDS or pid <= 0:
+    # Fresh: written at most HEARTBEAT_FRESH_SECONDS ago, and not from the future ("not": NaN is refused too)
+    if not -HEARTBEAT_FRESH_SECONDS <= now - at <= HEARTBEAT_FRESH_SECONDS or not 0 < pid <= _PID_MAX:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except PermissionError:
-        return True
+        return True  # another user's process with that pid: it exists
+    except (OSError, OverflowError):  # ProcessLookupError: gone
+        return False
     return True
 
 
@@ -254,12 +258,19 @@ def was_started(paths: InboxPaths, envelope_id: str) -> bool:
     return os.path.lexists(paths.relay.id_file(paths.started, envelope_id))
 
 
-def clear_started(paths: InboxPaths, envelope_id: str) -> None:
-    """Drop the mark once the envelope's reply is on disk."""
+def _drop_mark(paths: InboxPaths, path: Path) -> None:
+    """Remove a mark file; what cannot be removed (a directory in its place...) is moved aside, never raised."""
     try:
-        os.unlink(paths.relay.id_file(paths.started, envelope_id))
+        os.unlink(path)
     except FileNotFoundError:
         pass
+    except OSError as exc:  # a hostile tree: the relay's actors must keep running (the rescan repairs it)
+        quarantine(paths.relay, path, f"could not remove it: {exc}")
+
+
+def clear_started(paths: InboxPaths, envelope_id: str) -> None:
+    """Drop the mark once the envelope's reply is on disk (never raises)."""
+    _drop_mark(paths, paths.relay.id_file(paths.started, envelope_id))
 
 
 @functools.lru_cache(maxsize=64)
@@ -272,8 +283,8 @@ class TurnStartMarks:
 
     ``execute_turn`` calls ``append_durably({"t": "started", "id": …})`` before the
     runner runs; here that writes ``started/<id>.json``, so a gateway that adopts
-    the envelope after a crash knows the turn may have run. Nothing is written
-    when the root has no ``started/`` directory (no file relay runs there).
+    the envelope after a crash knows the turn may have run. A ``started/`` that
+    is gone is created again; one that is not our directory refuses the turn.
 
     The mark is in place before the turn runs whatever ``fsync`` says, which is
     what a kill -9 of the gateway needs (the kernel keeps the file); ``fsync``
@@ -300,14 +311,19 @@ class TurnStartMarks:
             StoreError: the mark could not be written, or was refused (a hostile
                 directory): the turn must then not run.
         """
-        if record.get("t") != "started" or not self.paths.started.is_dir():
+        if record.get("t") != "started":
             return
         envelope_id = str(record.get("id"))
         try:
+            ensure_private_dir(self.paths.started)  # removed under us: without it the turn would run unmarked
             _write_mark(self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
                         tmp_dir=self.paths.relay.tmp, fsync=self.fsync)
         except HostileFileError as exc:  # a started/ or temp directory swapped for a symlink: the turn must not run
-            raise StoreError(0, f"the start mark of {envelope_id} was refused: {exc}") from exc
+            raise StoreError(f"the start mark of {envelope_id} was refused: {exc}") from exc
+        except StoreError:
+            raise
+        except OSError as exc:  # started/ swapped for a file meanwhile...: the turn never runs unmarked
+            raise StoreError(f"the start mark of {envelope_id} could not be written: {exc}") from exc
 
 
 # ── sender side: the record of our own envelopes ────────────────────────────
@@ -334,11 +350,8 @@ def record_sent(paths: InboxPaths, envelope_id: str, label: str, *, now: float) 
 
 
 def clear_sent(paths: InboxPaths, envelope_id: str) -> None:
-    """Forget an envelope whose outcome was reported."""
-    try:
-        os.unlink(paths.relay.id_file(paths.sent, envelope_id))
-    except FileNotFoundError:
-        pass
+    """Forget an envelope whose outcome was reported (never raises)."""
+    _drop_mark(paths, paths.relay.id_file(paths.sent, envelope_id))
 
 
 def list_sent(paths: InboxPaths) -> tuple[list[SentRecord], list[Path]]:

@@ -114,10 +114,14 @@ class Shelf:
         try:
             if not stat.S_ISDIR(os.lstat(shelf).st_mode):
                 return None
-            fd = os.open(shelf / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO planted as the lock file must not hang this open (it is refused below)
+            fd = os.open(shelf / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                logger.warning("the shelf {} has no regular lock file; left in place", shelf)
+                return None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -46,7 +46,8 @@ def _read_capped(path: Path) -> bytes:
     if path.is_symlink():
         raise _Refused("is a symlink")
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # O_NONBLOCK: a FIFO in the file's place must not hang the open (it is refused as not regular below)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _Refused("is a symlink") from None

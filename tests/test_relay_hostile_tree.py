@@ -1,0 +1,461 @@
+"""A hostile relay tree: FIFOs planted where files are opened, relay directories removed or swapped for files
+or symlinks, heartbeats with absurd values, envelopes adopted past their TTL. Nothing hangs, nothing raises out
+of the relay's actors, and the relay keeps taking, running and answering envelopes.
+
+A call that could block on a FIFO runs in a thread with a deadline (:func:`call_within`); when it is still
+blocked, the FIFO is opened for writing so the thread ends and the test fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from relay_helpers import hub_thread, remote_row, seed_envelope, write_roster_file
+from roots import LogCapture, RecordingRunner, make_root, start_gateway
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.core.config import DEFAULTS, load_config, parse_config
+from hermes_actors.errors import StoreError
+from hermes_actors.messages import Turn
+from hermes_actors.relay.restart import recover_taken
+from hermes_actors.relay.strays import quarantine_strays
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.atomic import ensure_private_dir
+from hermes_actors.store.journal import Journal
+from hermes_actors.store.relay_inbox import (
+    InboxPaths,
+    TurnStartMarks,
+    clear_sent,
+    clear_started,
+    gateway_alive,
+    post_to_inbox,
+)
+from hermes_actors.store.relay_shelf import LOCK_NAME, SHELF_PREFIX, Shelf
+from hermes_actors.store.yaml_file import read_yaml_mapping
+
+T = TypeVar("T")
+
+BLOCK_DEADLINE = 5.0  # a call that returns at once on a FIFO gets this long; a blocked open(2) never returns
+START_DEADLINE = 15.0  # a whole Gateway start
+
+
+# ── helpers ─────────────────────────────────────────────────────────────────
+
+
+def poke_fifos(fifos: Sequence[Path]) -> None:
+    """Open each FIFO for writing (and close it): a reader blocked in open(2) on it then returns."""
+    for fifo in fifos:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # ENXIO: no reader is blocked; gone: it was adopted meanwhile
+
+
+def release_fifos(fifos: Sequence[Path], done: threading.Event, timeout: float = 10.0) -> None:
+    """Poke the FIFOs until ``done`` is set (a reader may block again on the next one) or ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    while not done.is_set() and time.monotonic() < deadline:
+        poke_fifos(fifos)
+        done.wait(0.05)
+
+
+def call_within(fn: Callable[[], T], seconds: float, *, fifos: Sequence[Path], what: str) -> T:
+    """``fn()`` run in a thread; its result, or a test failure when it is still running after ``seconds``.
+
+    A call that blocked is released by opening ``fifos`` for writing (so no thread is left hanging).
+    """
+    done = threading.Event()
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"bounded {what}", daemon=True).start()
+    if not done.wait(seconds):
+        release_fifos(fifos, done)
+        pytest.fail(f"{what} was still blocked after {seconds}s (a FIFO in the tree)")
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def write_private_json(path: Path, payload: Any) -> None:
+    """A 0600 JSON file written in place (a dead process's leftover)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(payload, f)
+
+
+def dead_shelf(parent: Path) -> Path:
+    """An empty shelf directory (``s-<token>/``) under ``parent``, without its ``.lock``."""
+    shelf = parent / f"{SHELF_PREFIX}{uuid.uuid4().hex}"
+    shelf.mkdir(mode=0o700)
+    return shelf
+
+
+def quarantined(paths: InboxPaths, name: str) -> list[Path]:
+    return sorted(paths.relay.quarantine.glob(f"{name}.*.quarantined"))
+
+
+def delivered_record(paths: InboxPaths, envelope_id: str) -> dict[str, Any] | None:
+    path = paths.delivered / f"{envelope_id}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def mini_root(tmp_path: Path) -> tuple[Path, InboxPaths]:
+    root = make_root(tmp_path, {"moxie": {}}, name="mini")
+    return root, InboxPaths.from_root(root).ensure()
+
+
+def moxie_envelope(message: str, **kwargs: Any) -> dict[str, Any]:
+    return seed_envelope(target_connection="mini", target_profile="moxie", message=message, **kwargs)
+
+
+# ── 1. a FIFO as a shelf's .lock ────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("parent", ["taken", "hubclaims"])
+def test_shelf_adopt_skips_a_shelf_whose_lock_is_a_fifo(tmp_path: Path, parent: str) -> None:
+    """Opening the FIFO without O_NONBLOCK waited for a writer for ever; the shelf is now left in place."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    directory = paths.taken_parent if parent == "taken" else paths.hubclaims
+    bogus = dead_shelf(directory)
+    os.mkfifo(bogus / LOCK_NAME, 0o600)
+    held = moxie_envelope("on the bogus shelf")
+    write_private_json(bogus / f"{held['id']}.json", {**held, "reply_connection": "alpha"})
+    shelf = Shelf(directory)
+    shelf.open()
+    try:
+        adopted = call_within(shelf.adopt, BLOCK_DEADLINE, fifos=[bogus / LOCK_NAME], what="Shelf.adopt()")
+    finally:
+        shelf.close()
+    assert adopted.ids == () and adopted.shelves == 0
+    assert sorted(os.listdir(bogus)) == sorted([LOCK_NAME, f"{held['id']}.json"])  # left alone
+
+
+def test_gateway_starts_and_relays_beside_a_fifo_shelf_lock(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root, paths = mini_root(tmp_path)
+    bogus = dead_shelf(paths.taken_parent)
+    os.mkfifo(bogus / LOCK_NAME, 0o600)
+    rec = RecordingRunner()
+    gw = call_within(lambda: start_gateway(gateways, root, rec, connection_id="mini", durable=False),
+                     START_DEADLINE, fifos=[bogus / LOCK_NAME], what="Gateway.start()")
+    assert gw.stats()["relay_alive"]
+    env = moxie_envelope("after the start")
+    post_to_inbox(paths, env, "alpha")
+    await_condition(lambda: delivered_record(paths, env["id"]), timeout=10, message="the envelope answered")
+    assert [t.delivery_id for t in rec.entered] == [env["id"]]
+    assert (bogus / LOCK_NAME).exists()
+
+
+def test_hub_routes_beside_a_fifo_claim_lock(tmp_path: Path) -> None:
+    """The hub adopts dead ``hubclaims/`` shelves in its actor's on_start: a FIFO there stopped all routing."""
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini, pm = mini_root(tmp_path)
+    pa = InboxPaths.from_root(alpha).ensure()
+    bogus = dead_shelf(pa.hubclaims)
+    os.mkfifo(bogus / LOCK_NAME, 0o600)
+    env = moxie_envelope("through the hub")
+    with hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.5):
+        try:
+            rf.enqueue_envelope(pa.relay, env)
+            await_condition((pm.inbox / f"{env['id']}.json").exists, timeout=10,
+                            message="the envelope posted to mini's inbox")
+        finally:
+            poke_fifos([bogus / LOCK_NAME])  # a hub blocked in its on_start could not stop otherwise
+    assert (bogus / LOCK_NAME).exists()
+
+
+# ── 2. a FIFO in place of an old journal ────────────────────────────────────
+
+
+def test_journal_start_ignores_a_fifo_named_like_a_journal(tmp_path: Path) -> None:
+    directory = ensure_private_dir(tmp_path / "journal")
+    fifo = directory / f"j-{uuid.uuid4().hex}.log"
+    os.mkfifo(fifo, 0o600)
+    journal = Journal(directory, fsync=False)
+    try:
+        folded = call_within(journal.start, BLOCK_DEADLINE, fifos=[fifo], what="Journal.start()")
+    finally:
+        journal.stop()
+    assert folded.states == {}
+    assert fifo.exists()
+
+
+def test_durable_gateway_starts_beside_a_fifo_journal(tmp_path: Path, gateways: list[Gateway]) -> None:
+    root = make_root(tmp_path)
+    fifo = ensure_private_dir(root / "bot_relay" / "journal") / f"j-{uuid.uuid4().hex}.log"
+    os.mkfifo(fifo, 0o600)
+    gw = call_within(lambda: start_gateway(gateways, root, durable=True, fsync=False), START_DEADLINE,
+                     fifos=[fifo], what="a durable Gateway.start()")
+    ack = gw.message_agent(sender="alice", target="bob", message="still journaled")
+    assert gw.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
+
+
+# ── 3. a FIFO in place of config.yaml ───────────────────────────────────────
+
+
+def test_config_yaml_fifo_is_refused_not_waited_on(tmp_path: Path, logs: LogCapture) -> None:
+    root = make_root(tmp_path)
+    fifo = root / "config.yaml"
+    os.mkfifo(fifo, 0o600)
+    mapping, problem = call_within(lambda: read_yaml_mapping(fifo), BLOCK_DEADLINE, fifos=[fifo],
+                                   what="read_yaml_mapping(config.yaml)")
+    assert mapping == {}
+    assert problem is not None and "not a regular file" in problem and str(fifo) in problem
+    config = call_within(lambda: load_config(root), BLOCK_DEADLINE, fifos=[fifo], what="load_config(root)")
+    assert config == parse_config(DEFAULTS)[0]  # the defaults, nothing from the FIFO
+    assert logs.matching(str(fifo), "not a regular file")
+
+
+# ── 4. absurd heartbeats ────────────────────────────────────────────────────
+
+HUGE_PID = "1" * 20  # int() takes it; os.kill raised OverflowError
+
+
+@pytest.mark.parametrize(("pid", "at"), [
+    pytest.param(HUGE_PID, "fresh", id="huge-pid-string"),
+    pytest.param(int(HUGE_PID), "fresh", id="huge-pid-int"),
+    pytest.param(2**31, "fresh", id="pid-past-pid_t"),
+    pytest.param("self", "nan", id="nan-time"),
+])
+def test_gateway_alive_is_false_for_an_absurd_heartbeat(tmp_path: Path, pid: Any, at: str) -> None:
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    beat = {"pid": os.getpid() if pid == "self" else pid, "connection_id": "mini",
+            "at": time.time() if at == "fresh" else at}
+    write_private_json(paths.heartbeat / "123.json", beat)
+    assert gateway_alive(paths) is False
+    write_private_json(paths.heartbeat / "456.json", {"pid": os.getpid(), "connection_id": "mini", "at": time.time()})
+    assert gateway_alive(paths) is True  # the control: a sane heartbeat beside it is read past the bad one
+
+
+def test_hub_keeps_routing_with_a_huge_pid_heartbeat(tmp_path: Path) -> None:
+    """``gateway_alive`` raised OverflowError in the hub's roster push, and the (unsupervised) HubActor died."""
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini, pm = mini_root(tmp_path)
+    pa = InboxPaths.from_root(alpha).ensure()
+    write_private_json(pm.heartbeat / "123.json", {"pid": HUGE_PID, "connection_id": "mini", "at": time.time() + 60})
+    env = moxie_envelope("past the bad heartbeat")
+    with hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.5):
+        await_condition(pa.relay.roster.exists, timeout=10, message="the hub pushed alpha's roster")
+        rows = json.loads(pa.relay.roster.read_text(encoding="utf-8"))["agents"]
+        assert {r["handle"] for r in rows} == {"hermes", "moxie"}
+        assert not any("online" in r for r in rows)  # the bad heartbeat is not taken for a live gateway
+        rf.enqueue_envelope(pa.relay, env)
+        await_condition((pm.inbox / f"{env['id']}.json").exists, timeout=10,
+                        message="the envelope posted to mini's inbox")
+
+
+# ── 5. a directory where a mark is removed ──────────────────────────────────
+
+
+@pytest.mark.parametrize("which", ["sent", "started"])
+def test_clearing_a_mark_that_is_a_directory_moves_it_aside(tmp_path: Path, which: str) -> None:
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    envelope_id = uuid.uuid4().hex
+    mark = (paths.sent if which == "sent" else paths.started) / f"{envelope_id}.json"
+    mark.mkdir(mode=0o700)
+    (mark / "inner").write_text("x", encoding="utf-8")
+    (clear_sent if which == "sent" else clear_started)(paths, envelope_id)
+    assert not os.path.lexists(mark)
+    [moved] = quarantined(paths, mark.name)
+    assert (moved / "inner").read_text(encoding="utf-8") == "x"
+
+
+# ── 6. sent/ replaced by a file under a running sender ──────────────────────
+
+
+def test_sender_survives_sent_dir_replaced_by_a_file(tmp_path: Path, gateways: list[Gateway]) -> None:
+    """``clear_sent`` raised NotADirectoryError: out of ``message_agent``, and in the RelayActor at a reply."""
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    write_roster_file(alpha, [remote_row("moxie", "mini", online=True)])
+    # A slow rescan: it would repair sent/ (quarantine_strays) before the sends below; replies come by file event.
+    gw = start_gateway(gateways, alpha, connection_id="alpha", durable=False,
+                       config={"bot_mode": {"rescan_seconds": 60}})
+    first = gw.message_agent(sender="alice", target="moxie@mini", message="one")
+    second = gw.message_agent(sender="alice", target="moxie@mini", message="two")
+    assert first.get("status") == second.get("status") == "queued", (first, second)
+    paths = InboxPaths.from_root(alpha)
+    shutil.rmtree(paths.sent)
+    paths.sent.write_text("", encoding="utf-8")
+
+    refused = gw.message_agent(sender="alice", target="moxie@mini", message="three")
+    assert "error" in refused and "status" not in refused, refused
+
+    for ack, text in ((first, "r1"), (second, "r2")):
+        rf.write_reply(paths.relay, rp.make_reply(ack["delivery_id"], reply=text, now=time.time()))
+        out = gw.wait_outcome(ack["delivery_id"], timeout=10)
+        assert (out["status"], out["reply"]) == ("replied", text)
+    assert gw.stats()["relay_alive"]
+
+
+# ── 7. the start mark of a relayed-in turn ──────────────────────────────────
+
+
+def test_start_mark_recreates_a_removed_started_dir(tmp_path: Path) -> None:
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    os.rmdir(paths.started)
+    envelope_id = uuid.uuid4().hex
+    TurnStartMarks(tmp_path / "root", fsync=False).append_durably({"t": "started", "id": envelope_id})
+    assert paths.started.is_dir()
+    assert json.loads((paths.started / f"{envelope_id}.json").read_text(encoding="utf-8"))["id"] == envelope_id
+
+
+def test_start_mark_refuses_when_started_is_a_file(tmp_path: Path) -> None:
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    os.rmdir(paths.started)
+    paths.started.write_text("", encoding="utf-8")
+    with pytest.raises(StoreError):
+        TurnStartMarks(tmp_path / "root", fsync=False).append_durably({"t": "started", "id": uuid.uuid4().hex})
+
+
+def test_relayed_turn_is_marked_after_started_dir_was_removed(tmp_path: Path, gateways: list[Gateway]) -> None:
+    """The turn ran unmarked, so an adopter after a crash would have run it a second time."""
+    mini, paths = mini_root(tmp_path)
+    marked: list[bool] = []
+
+    def runner(turn: Turn) -> str:
+        marked.append((paths.started / f"{turn.delivery_id}.json").exists())
+        return "fine"
+
+    # A slow rescan: the turn itself must recreate started/, not quarantine_strays.
+    start_gateway(gateways, mini, runner, connection_id="mini", durable=False,
+                  config={"bot_mode": {"rescan_seconds": 60}})
+    os.rmdir(paths.started)
+    env = moxie_envelope("marked?")
+    post_to_inbox(paths, env, "alpha")
+    record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=10, message="the reply")
+    assert record["reply"] == "fine"
+    assert marked == [True]
+
+
+def test_relayed_turn_is_refused_when_started_is_a_file(tmp_path: Path, gateways: list[Gateway]) -> None:
+    """The turn ran unmarked, then clearing its mark raised in the RelayActor, which died."""
+    mini, paths = mini_root(tmp_path)
+    rec = RecordingRunner()
+    gw = start_gateway(gateways, mini, rec, connection_id="mini", durable=False,
+                       config={"bot_mode": {"rescan_seconds": 60}})  # slow: the rescan would repair started/
+    os.rmdir(paths.started)
+    paths.started.write_text("", encoding="utf-8")
+    env = moxie_envelope("unmarkable")
+    post_to_inbox(paths, env, "alpha")
+    record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=10, message="the refusal")
+    assert record["error"] and record["reply"] == "", record
+    assert rec.entered == []
+    assert gw.stats()["relay_alive"]
+
+
+# ── 8. the rescan repairs relay directories ─────────────────────────────────
+
+
+@pytest.mark.parametrize("which", ["started", "sent"])
+@pytest.mark.parametrize("how", ["file", "removed"])
+def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: str, how: str) -> None:
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    directory = paths.started if which == "started" else paths.sent
+    os.rmdir(directory)
+    if how == "file":
+        directory.write_text("planted", encoding="utf-8")
+    moved = quarantine_strays(paths)
+    assert directory.is_dir() and not directory.is_symlink()
+    if how == "file":
+        assert moved == 1
+        [aside] = quarantined(paths, which)
+        assert aside.read_text(encoding="utf-8") == "planted"
+    else:
+        assert moved == 0 and quarantined(paths, which) == []
+
+
+# ── 9. our shelf removed or swapped under a running gateway ─────────────────
+
+
+@pytest.mark.parametrize("how", ["symlink", "removed"])
+def test_receiver_takes_a_new_shelf_when_taken_is_replaced(
+    tmp_path: Path, gateways: list[Gateway], how: str
+) -> None:
+    mini, paths = mini_root(tmp_path)
+    rec = RecordingRunner()
+    start_gateway(gateways, mini, rec, connection_id="mini", durable=False,
+                  config={"bot_mode": {"rescan_seconds": 0.2}})
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    if how == "symlink":
+        os.rename(paths.taken_parent, tmp_path / "taken.moved")
+        paths.taken_parent.symlink_to(outside, target_is_directory=True)
+    else:
+        shutil.rmtree(paths.taken_parent)
+    env = moxie_envelope("after the swap")
+    post_to_inbox(paths, env, "alpha")
+    rec.wait_entered(1, timeout=10)
+    assert [t.delivery_id for t in rec.entered] == [env["id"]]
+    await_condition(lambda: delivered_record(paths, env["id"]), timeout=10, message="the reply")
+    assert paths.taken_parent.is_dir() and not paths.taken_parent.is_symlink()
+    assert os.listdir(outside) == []  # the symlink was never followed
+
+
+# ── 10. adopted envelopes past their TTL ────────────────────────────────────
+
+
+def plant_dead_shelf(paths: InboxPaths, *envelopes: dict[str, Any]) -> Path:
+    """A killed gateway's shelf: an unlocked ``.lock`` and its taken envelopes (reply to ``alpha``)."""
+    shelf = dead_shelf(paths.taken_parent)
+    write_private_json(shelf / LOCK_NAME, {})
+    for env in envelopes:
+        write_private_json(shelf / f"{env['id']}.json", {**env, "reply_connection": "alpha"})
+    return shelf
+
+
+def test_recover_taken_expires_a_never_started_envelope_past_the_ttl(tmp_path: Path) -> None:
+    now = time.time()
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    old = moxie_envelope("an hour ago", created_at=now - 3600)
+    fresh = moxie_envelope("a minute ago", created_at=now - 60)
+    plant_dead_shelf(paths, old, fresh)
+    shelf = Shelf(paths.taken_parent)
+    ours = paths.on_shelf(shelf.open())
+    try:
+        adopted = shelf.adopt()
+        assert sorted(adopted.ids) == sorted([old["id"], fresh["id"]])
+        recovery = recover_taken(ours, adopted, ttl=900, now=now)
+    finally:
+        shelf.close()
+    assert [(env["id"], conn) for env, conn in recovery.rerun] == [(fresh["id"], "alpha")]
+    assert (recovery.expired, recovery.ambiguous, recovery.finished) == (1, 0, 0)
+    record = delivered_record(paths, old["id"])
+    assert record is not None
+    assert (record["reason"], record["reply"], record["reply_connection"]) == ("queued_expired", "", "alpha")
+    assert not (ours.taken / f"{old['id']}.json").exists()
+    assert delivered_record(paths, fresh["id"]) is None
+
+
+def test_gateway_does_not_run_an_adopted_envelope_past_the_ttl(tmp_path: Path, gateways: list[Gateway]) -> None:
+    """The TTL applied to inbox envelopes only: one adopted an hour late ran although its sender had given up."""
+    mini, paths = mini_root(tmp_path)
+    old = moxie_envelope("from an hour ago", created_at=time.time() - 3600)
+    fresh = moxie_envelope("from just now")
+    plant_dead_shelf(paths, old, fresh)
+    rec = RecordingRunner()
+    start_gateway(gateways, mini, rec, connection_id="mini", durable=False,
+                  config={"bot_mode": {"envelope_ttl_seconds": 900}})
+    expired = await_condition(lambda: delivered_record(paths, old["id"]), timeout=10, message="the expiry reply")
+    assert expired["reason"] == "queued_expired" and expired["reply"] == ""
+    answered = await_condition(lambda: delivered_record(paths, fresh["id"]), timeout=10, message="the fresh reply")
+    assert answered["reply"] == "ok: from just now"  # adoption works: the fresh one ran
+    assert [t.delivery_id for t in rec.entered] == [fresh["id"]]
