@@ -112,6 +112,9 @@ class Gateway:
         self._state = "new"  # new → running → stopping → stopped
         self.started_at: float | None = None  # time.time() once start() finished (``status`` shows the uptime)
         self._state_lock = threading.Lock()  # guards the lifecycle only, never message traffic
+        # message_agent calls in flight: stop() waits for them, so no DM is acked after the stop began and then
+        # lost behind it. A set (add/discard are atomic) and no lock: the senders never contend on the hot path.
+        self._sending: set[object] = set()
         self._tokens = itertools.count(1)
         self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]] = {}
         self._early_owners: dict[str, Any] = {}
@@ -192,12 +195,29 @@ class Gateway:
         assert self._system is not None
         if self._submit is not None:  # first: a DM submitted while stopping would only be cancelled
             self._submit.close()
+        self._await_sends(_ASK_TIMEOUT)
         try:
             self._final_outcomes = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait)
         finally:
             with self._state_lock:
                 self._state = "stopped"
         logger.info("gateway stopped")
+
+    def _await_sends(self, timeout: float) -> None:
+        """Let the ``message_agent`` calls that began before the stop hand their DM over (a few µs each).
+
+        Their DMs are then accepted before the Dispatcher stops accepting, so each one gets its
+        outcome (``cancelled`` if it never ran) instead of an ack followed by nothing. Only a call
+        that waits for a stalled journal commit takes longer; ``timeout`` bounds that wait.
+        """
+        deadline = time.monotonic() + timeout
+        delay = 0.0001
+        while self._sending:  # no event to wait on: the senders take no lock, by design (see __init__)
+            if time.monotonic() >= deadline:
+                logger.warning("stopping with {} message_agent call(s) still in flight", len(self._sending))
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
 
     def __enter__(self) -> Gateway:
         return self.start()
@@ -246,14 +266,18 @@ class Gateway:
         Raises:
             RuntimeError: the gateway is not running (before start, or once stop began).
         """
-        system = self._live()
-        assert system.dispatcher is not None
-        request = SendRequest(sender, target, message, hop=hop, session=session)
+        call = object()
+        self._sending.add(call)  # before the state check: stop() sees this call, or this call sees the stop
         try:
+            system = self._live()
+            assert system.dispatcher is not None
+            request = SendRequest(sender, target, message, hop=hop, session=session)
             return send_dm(system.dispatcher, request, admission=system.caller_admission,
                            journal=system.journal, timeout=_ASK_TIMEOUT)
         except ActorGone as exc:
             raise RuntimeError("gateway is not running") from exc
+        finally:
+            self._sending.discard(call)
 
     def wait_outcome(self, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
         """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds.

@@ -28,7 +28,7 @@ from hermes_actors.core.names import profile_key
 from hermes_actors.core.targets import PeerRoute
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
-from hermes_actors.local.notifier import NotifierActor
+from hermes_actors.local.notifier import NotifierActor, in_subscriber_callback
 from hermes_actors.local.profile_actor import ProfileDeps
 from hermes_actors.local.roster import RosterActor
 from hermes_actors.local.runners import TurnRunner, as_runner
@@ -331,7 +331,10 @@ class ActorSystem:
             final = ask(dispatcher, ExportOutcomes(), timeout=ASK_TIMEOUT, expect=dict)
             if self.rooms is not None:
                 self.rooms.stop()  # after the last member-turn outcomes reached them, before the notifier flush
-            ask(notifier, Flush(), timeout=max(ASK_TIMEOUT, timeout))
+            if in_subscriber_callback():  # stop() from a callback: the Notifier is this very thread
+                logger.warning("gateway stopped from a subscriber callback: notifications still queued are dropped")
+            else:
+                ask(notifier, Flush(), timeout=max(ASK_TIMEOUT, timeout))
         except (ActorGone, AskTimeout) as exc:
             logger.error("gateway stop was not clean: {}", exc)
         finally:
@@ -379,11 +382,15 @@ class ActorSystem:
 
     def _stop_actors(self) -> None:
         for ref in (self.dispatcher, self.relay, self.roster, self.notifier):
-            if ref is not None:
-                try:
-                    ref.stop(block=True, timeout=10)
-                except pykka.Timeout:
-                    logger.warning("{} did not stop within 10s", ref)
+            if ref is None:
+                continue
+            if ref is self.notifier and in_subscriber_callback():
+                ref.stop(block=False)  # this thread is the Notifier's: it stops once the callback returns
+                continue
+            try:
+                ref.stop(block=True, timeout=10)
+            except pykka.Timeout:
+                logger.warning("{} did not stop within 10s", ref)
 
 
 def _peer_submitter(

@@ -464,3 +464,68 @@ def test_a_turn_can_message_from_inside_and_gets_the_reply_later(root: Path, gat
     (ack,) = acks
     out = gw.wait_outcome(queued(ack), timeout=10)
     assert out["reply"] == "carol: Message from 🤖 alice (@alice): what do you think?"
+
+
+def test_a_send_already_under_way_when_stop_begins_is_acked_and_gets_its_outcome(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: stop() ran its whole sequence while a message_agent call was between its running check and
+    its hand-over; that DM was acked and then lost (in memory)."""
+    from hermes_actors.local.admission import CallerAdmission
+    from hermes_actors.local.dispatcher import DispatcherActor
+
+    inside, release = threading.Event(), threading.Event()
+    plan_local, export = CallerAdmission.plan_local, DispatcherActor._on_export
+    await_sends = getattr(Gateway, "_await_sends", lambda self, timeout: None)
+
+    def paused_plan_local(self: CallerAdmission, request: Any) -> Any:
+        if request.message == "racer":
+            inside.set()
+            assert release.wait(10), "the test never released the sender"
+        return plan_local(self, request)
+
+    def export_then_release(self: DispatcherActor, msg: Any) -> Any:
+        release.set()  # a stop that did not wait for the sender got this far: its DM lands behind the export
+        return export(self, msg)
+
+    def release_then_await(self: Gateway, timeout: float) -> None:
+        release.set()  # the stop waits for the calls in flight: let this one finish
+        await_sends(self, timeout)
+
+    monkeypatch.setattr(CallerAdmission, "plan_local", paused_plan_local)
+    monkeypatch.setattr(DispatcherActor, "_on_export", export_then_release)
+    monkeypatch.setattr(Gateway, "_await_sends", release_then_await, raising=False)
+    gw = start_gateway(gateways, root, durable=False)
+    seen = Recorder()
+    gw.subscribe(seen)
+    result: dict[str, Any] = {}
+    sender = threading.Thread(target=lambda: result.update(ack=gw.message_agent(
+        sender="alice", target="bob", message="racer")))
+    sender.start()
+    assert inside.wait(5)  # past the running check
+    gw.stop()
+    sender.join(10)
+    key = queued(result["ack"])
+    assert gw.wait_outcome(key, timeout=5)["status"] in ("replied", "cancelled")  # known after the stop
+    assert key in seen.ids()  # and its subscriber heard of it
+
+
+def test_stop_called_from_a_subscriber_callback_returns_at_once(root: Path, gateways: list[Gateway]) -> None:
+    """Regression: stop() asked the Notifier to flush from the Notifier's own thread and waited 40 s for itself."""
+    gw = start_gateway(gateways, root, durable=False)
+    stopped = threading.Event()
+    errors: list[BaseException] = []
+
+    def stop_from_callback(outcome: dict[str, Any]) -> None:
+        try:
+            gw.stop(timeout=1)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            stopped.set()
+
+    gw.subscribe(stop_from_callback)
+    queued(gw.message_agent(sender="alice", target="bob", message="stop us"))
+    assert stopped.wait(10), "stop() from a subscriber callback did not return (it waited for its own thread)"
+    assert errors == []
+    assert not gw.running

@@ -14,6 +14,7 @@ up. The outcomes themselves are never lost: ``wait_outcome`` still answers.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,17 @@ from actors import TypedActor, handles
 from hermes_actors.core.outcomes import delivery_details
 from hermes_actors.messages import AddSubscriber, Flush, NotifierStats, Notify, NotifyOutcomes, RemoveSubscriber
 
-__all__ = ["NotifierActor"]
+__all__ = ["NotifierActor", "in_subscriber_callback"]
+
+_calling = threading.local()  # .active: this thread is running a subscriber callback
+
+
+def in_subscriber_callback() -> bool:
+    """Whether the calling thread is the Notifier's, running a subscriber callback.
+
+    ``Gateway.stop`` called from a callback must not wait for the Notifier: it is that thread.
+    """
+    return bool(getattr(_calling, "active", False))
 
 
 class NotifierActor(TypedActor):
@@ -86,6 +97,7 @@ class NotifierActor(TypedActor):
     def _call_all(self, payload: dict[str, Any], details: dict[str, Any] | None) -> None:
         """Call every subscriber with a copy of ``payload`` (plus ``details`` for those that asked for them)."""
         for token, callback in list(self.subscribers.items()):
+            _calling.active = True
             try:
                 if details is not None and token in self.wants_details:
                     callback({**payload, **details})
@@ -94,6 +106,8 @@ class NotifierActor(TypedActor):
             except BaseException:  # user code: even SystemExit must not stop the actors
                 self.callback_errors += 1
                 logger.exception("outcome subscriber {} raised; it stays subscribed", token)
+            finally:
+                _calling.active = False
         self.delivered += 1
 
     @handles(Flush)
