@@ -5,7 +5,8 @@ crashes it sends :class:`ChildFailed` (with its unhandled mailbox and any
 salvaged state); the supervisor starts a fresh instance from the same factory
 (state rebuilt from scratch or from the salvage) and tells it the mailbox, in
 order, so no ask hangs and no tell is silently lost (asks are answered by the new
-instance through their relay future). More than ``max_restarts`` crashes
+instance through their relay future; if it dies before taking them, the asks fail
+and the tells wait for the instance after it). More than ``max_restarts`` crashes
 of one child within ``within_seconds`` escalate: the child stays down, its
 mailbox asks fail, and :meth:`SupervisorActor.on_escalation` decides (the
 default crashes the supervisor itself, handing the failure to *its* parent).
