@@ -192,10 +192,25 @@ class RelayDeliver:
 
 
 @dataclass(frozen=True, slots=True)
+class ResumedSend:
+    """One envelope of ours a restarted relay waits for again.
+
+    ``sender`` (a local profile), ``sender_handle`` and ``hop`` are those of the DM that sent it, when
+    the relay recorded them: its outcome then wakes that sender as it would have before the restart.
+    """
+
+    envelope_id: str
+    label: str
+    sender: str = ""
+    sender_handle: str = ""
+    hop: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class RelayResumed:
     """Told by the RelayActor to the Dispatcher at start: envelopes of ours still awaiting replies."""
 
-    entries: tuple[tuple[str, str], ...]  # (envelope id, label)
+    entries: tuple[ResumedSend, ...]
 
 
 @dataclass(frozen=True, slots=True)

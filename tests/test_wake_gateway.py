@@ -184,3 +184,29 @@ def test_a_dm_from_a_remote_sender_wakes_nobody_here(tmp_path: Path) -> None:
         await_condition(reply_path.exists, timeout=10, message="the reply went back to alpha")
         assert gw.stats()["wakes_sent"] == 0
     assert [t.profile for t in rec.entered] == ["moxie"]
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_relay_dm_resumed_after_the_senders_restart_still_wakes_its_sender(
+    tmp_path: Path, gateways: list[Gateway], durable: bool
+) -> None:
+    """Regression: after a restart the resumed relay DM got its outcome, but its sender was never woken
+    (``sent/`` kept only the id and label, so the resumed DM had no sender)."""
+    from hermes_actors.store import relay_files as rf
+    from hermes_actors.store import relay_protocol as rp
+
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    write_roster_file(alpha, [remote_row("moxie", "mini", online=True)])
+    first = start_gateway(gateways, alpha, RecordingRunner(), config=WAKE_ON, connection_id="alpha", durable=durable)
+    dm = queued(first.message_agent(sender="alice", target="moxie@mini", message="hi"))
+    first.stop(timeout=5)
+
+    rec = RecordingRunner(lambda turn: "noted")
+    rf.write_reply(rf.RelayPaths.from_root(alpha), rp.make_reply(dm, reply="hello back", now=0.0))
+    gw = start_gateway(gateways, alpha, rec, config=WAKE_ON, connection_id="alpha", durable=durable)
+    assert gw.wait_outcome(dm, timeout=10)["reply"] == "hello back"
+    wake = gw.wait_outcome(wake_id(dm), timeout=10)  # the sender's wake turn ran and settled
+    assert wake["status"] == "replied"
+    (turn,) = [t for t in rec.entered if t.profile == "alice"]
+    assert is_wake_turn(turn) and "hello back" in turn.content
+    assert turn.hop == 1  # the DM's hop, as recorded when it was sent

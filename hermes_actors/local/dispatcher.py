@@ -299,9 +299,11 @@ class DispatcherActor(SupervisorActor):
 
     @handles(RelayResumed)
     def _on_relay_resumed(self, msg: RelayResumed) -> None:
-        for key, label in msg.entries:
-            if self.book.state(key) is DeliveryState.UNKNOWN:
-                placeholder = Delivery(key, "", "", "", "", "", label=label, origin="recovered")
+        for entry in msg.entries:
+            key = entry.envelope_id
+            if self.book.state(key) is DeliveryState.UNKNOWN:  # its sender (when recorded) is woken by the outcome
+                placeholder = Delivery(key, entry.sender, entry.sender_handle, "", "", "", label=entry.label,
+                                       hop=entry.hop, origin="recovered")
                 self.book.add(key, Pending(placeholder, "relay"))
 
     # ── outcomes ────────────────────────────────────────────────────────────

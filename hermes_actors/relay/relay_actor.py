@@ -49,6 +49,7 @@ from hermes_actors.messages import (
     RelayTick,
     RemoteRosterHint,
     ReplyDeadline,
+    ResumedSend,
     ResumeRelay,
     TtlDeadline,
 )
@@ -133,7 +134,7 @@ class RelayActor(TypedActor):
         self.connection_id = connection_id
         self.local_profiles = local_profiles
         self.waiting: dict[str, _Waiting] = {}
-        self.resumed: tuple[tuple[str, str], ...] = ()  # kept until the Gateway's ResumeRelay takes them
+        self.resumed: tuple[ResumedSend, ...] = ()  # kept until the Gateway's ResumeRelay takes them
         self.desktop_calls: dict[str, list[pykka.ThreadingFuture[dict[str, str]]]] = {}  # deliver RPCs by id
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0}
         self.last_housekeep = time.monotonic()
@@ -179,7 +180,8 @@ class RelayActor(TypedActor):
             extra={"hop": delivery.hop},
         )
         try:  # recorded as ours before it is queued: a restart resumes exactly what we sent
-            record_sent(self.paths, envelope["id"], route.label, now=envelope["created_at"])
+            record_sent(self.paths, envelope["id"], route.label, now=envelope["created_at"],
+                        sender=route.sender.profile, sender_handle=route.sender.handle, hop=delivery.hop)
             rf.enqueue_envelope(self.paths.relay, envelope)
         except (StoreError, ValidationError, OSError) as exc:
             clear_sent(self.paths, envelope["id"])
@@ -209,11 +211,12 @@ class RelayActor(TypedActor):
         """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those)."""
         scan = scan_sent(self.paths)
         now = time.time()
-        resumed: list[tuple[str, str]] = []
+        resumed: list[ResumedSend] = []
         for record in scan.ours:
             if record.envelope_id not in self.waiting:
-                resumed.append((record.envelope_id, record.label))
-                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at))
+                resumed.append(ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle,
+                                           record.hop))
+                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), check=False)
         self.counters["quarantined"] += scan.quarantined
         self.resumed = tuple(resumed)
         if resumed or scan.not_ours or scan.quarantined:
@@ -223,9 +226,11 @@ class RelayActor(TypedActor):
                         len(resumed), scan.not_ours, scan.quarantined)
         if resumed:
             self.dispatcher.tell(RelayResumed(self.resumed))
+        for entry in resumed:  # after RelayResumed: the Dispatcher knows whom a reply already here wakes
+            self._check_reply(entry.envelope_id)
 
     @handles(ResumeRelay)
-    def _on_resume_relay(self, msg: ResumeRelay) -> tuple[tuple[str, str], ...]:
+    def _on_resume_relay(self, msg: ResumeRelay) -> tuple[ResumedSend, ...]:
         """The envelopes ``on_start`` resumed (it ran before any message, so the resume is complete)."""
         resumed, self.resumed = self.resumed, ()
         return resumed

@@ -331,22 +331,53 @@ class TurnStartMarks:
 
 @dataclass(frozen=True)
 class SentRecord:
-    """One envelope this root's gateway queued and still waits a reply for."""
+    """One envelope this root's gateway queued and still waits a reply for.
+
+    ``sender``, ``sender_handle``, ``hop``: the DM that sent it ("" and 0 in a record of an older version).
+    """
 
     envelope_id: str
     at: float
     label: str
+    sender: str = ""
+    sender_handle: str = ""
+    hop: int = 0
 
 
-def record_sent(paths: InboxPaths, envelope_id: str, label: str, *, now: float) -> None:
-    """Record (before the envelope is queued) that this envelope is ours.
+_SENDER_MAX = 64  # a folder id or handle longer than this in a sent record is ignored (not one of ours)
+
+
+def record_sent(
+    paths: InboxPaths, envelope_id: str, label: str, *, now: float, sender: str = "", sender_handle: str = "",
+    hop: int = 0,
+) -> None:
+    """Record (before the envelope is queued) that this envelope is ours, and which DM sent it.
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+        label: how its target is shown to the sender.
+        now: the time it is sent.
+        sender: the sending profile's folder id (a restart wakes it with the outcome).
+        sender_handle: its handle.
+        hop: the DM's hop.
 
     Raises:
         ValidationError: the id is invalid.
         StoreError: the record could not be written (then nothing must be queued).
     """
-    _write_mark(paths.sent, envelope_id, {"id": envelope_id, "at": int(now), "label": label},
-                tmp_dir=paths.relay.tmp, fsync=False)  # as durable as the envelope it precedes
+    record = {"id": envelope_id, "at": int(now), "label": label, "from": sender, "from_handle": sender_handle,
+              "hop": hop}
+    _write_mark(paths.sent, envelope_id, record, tmp_dir=paths.relay.tmp, fsync=False)  # as durable as the envelope
+
+
+def _sender_of(data: dict[str, Any]) -> tuple[str, str, int]:
+    """The sending DM a sent record names; ("", "", 0) when it names none or not in the expected shape."""
+    sender, handle, hop = data.get("from", ""), data.get("from_handle", ""), data.get("hop", 0)
+    if (not isinstance(sender, str) or not isinstance(handle, str) or len(sender) > _SENDER_MAX
+            or len(handle) > _SENDER_MAX or isinstance(hop, bool) or not isinstance(hop, int) or not 0 <= hop <= 1000):
+        return "", "", 0
+    return sender, handle, hop
 
 
 def clear_sent(paths: InboxPaths, envelope_id: str) -> None:
@@ -376,7 +407,7 @@ def list_sent(paths: InboxPaths) -> tuple[list[SentRecord], list[Path]]:
             at = data.get("at")
             if isinstance(at, bool) or not isinstance(at, int | float):
                 raise ValidationError(f"{name}: 'at' is not a number")
-            records.append(SentRecord(stem, float(at), data["label"]))
+            records.append(SentRecord(stem, float(at), data["label"], *_sender_of(data)))
         except FileNotFoundError:
             continue
         except (OSError, ValidationError):

@@ -44,6 +44,7 @@ from hermes_actors.messages import (
     RemoteAgent,
     RemoteRows,
     ReplyDeadline,
+    ResumedSend,
     ResumeRelay,
     RosterChanged,
     RosterSnapshot,
@@ -162,7 +163,7 @@ class RedisRelayActor(TypedActor):
             self.dispatcher.tell(RelayResumed(entries))
 
     @handles(ResumeRelay)
-    def _on_resume_relay(self, msg: ResumeRelay) -> tuple[tuple[str, str], ...] | None:
+    def _on_resume_relay(self, msg: ResumeRelay) -> tuple[ResumedSend, ...] | None:
         """Resume now if ``on_start`` could not (Redis was down); the resumed entries, None while unreachable."""
         if not self.outbound.resumed:
             try:

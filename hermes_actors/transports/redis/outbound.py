@@ -27,7 +27,15 @@ from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.targets import PeerRoute, Refusal, transport_unreachable_text
 from hermes_actors.errors import ValidationError
-from hermes_actors.messages import Outcome, OutcomeReady, ProfileInfo, RemoteAgent, ReplyDeadline, TtlDeadline
+from hermes_actors.messages import (
+    Outcome,
+    OutcomeReady,
+    ProfileInfo,
+    RemoteAgent,
+    ReplyDeadline,
+    ResumedSend,
+    TtlDeadline,
+)
 from hermes_actors.store.relay_protocol import expired_error_text, make_envelope
 from hermes_actors.store.relay_roster import offline_error_text
 from hermes_actors.transports.redis import store as rs
@@ -82,7 +90,7 @@ class Outbound:
         self.expire_due: set[str] = set()  # TTL expiries that could not reach Redis: retried each tick
         self.reported: OrderedDict[str, None] = OrderedDict()
         self.resumed = False
-        self.resumed_entries: tuple[tuple[str, str], ...] = ()  # kept until the Gateway's ResumeRelay takes them
+        self.resumed_entries: tuple[ResumedSend, ...] = ()  # kept until the Gateway's ResumeRelay takes them
 
     # ── sending ─────────────────────────────────────────────────────────────
 
@@ -140,14 +148,16 @@ class Outbound:
 
     # ── after a restart ─────────────────────────────────────────────────────
 
-    def resume(self) -> tuple[tuple[str, str], ...]:
-        """Wait again for the replies of our envelopes still in flight; the (id, label) resumed.
+    def resume(self) -> tuple[ResumedSend, ...]:
+        """Wait again for the replies of our envelopes still in flight; those resumed.
+
+        Their senders are not woken by the outcome: the stored meta keeps no hop for the loop guard.
 
         Raises:
             Exception: from redis-py when Redis cannot be read (the caller retries).
         """
         stored = self.link.client.hgetall(self.link.keys.sent(self.link.me))
-        resumed: list[tuple[str, str]] = []
+        resumed: list[ResumedSend] = []
         now = time.time()
         for raw_id, value in stored.items():
             envelope_id = as_text(raw_id) or ""
@@ -156,7 +166,7 @@ class Outbound:
                 continue
             if self.local_profiles and meta.get("from_profile") not in self.local_profiles:
                 continue
-            resumed.append((envelope_id, meta["label"]))
+            resumed.append(ResumedSend(envelope_id, meta["label"]))
             self._wait_for(envelope_id, meta["label"], str(meta.get("target_handle", "")),
                            str(meta.get("target_connection", "")), age=max(0.0, now - float(meta["created_at"])))
         self.resumed = True
@@ -165,7 +175,7 @@ class Outbound:
             logger.info("redis: resumed waiting for {} envelope(s) after restart", len(resumed))
         return self.resumed_entries
 
-    def take_resumed(self) -> tuple[tuple[str, str], ...]:
+    def take_resumed(self) -> tuple[ResumedSend, ...]:
         """The resumed entries, once (the Gateway registers them with the Dispatcher)."""
         entries, self.resumed_entries = self.resumed_entries, ()
         return entries
