@@ -90,6 +90,7 @@ class SupervisorActor(TypedActor):
         self.children[name] = fresh
         self.escalated.pop(name, None)
         if child is not None and child.held:
+            self.on_held_handed_over(name, child.held)
             fresh.held = _hand_over(ref, child.held)
         return ref
 
@@ -106,11 +107,9 @@ class SupervisorActor(TypedActor):
     def _on_child_failed(self, msg: ChildFailed) -> None:
         child = self.children.get(msg.name)
         if child is None or child.generation != msg.generation:
-            # A stale generation: a newer instance already runs (started by start_child); it takes them.
-            if child is not None and child.ref.is_alive():
+            # A stale generation: a newer instance was started (by start_child); it takes them.
+            if child is not None:
                 self.on_stale_failure(msg.name, child.ref, msg)
-            elif child is not None:  # the newer one died too: what it would have taken waits for the next
-                child.held += _hand_over(child.ref, msg.pending)
             else:
                 fail_pending(f"child {msg.name!r}", msg.pending)
             return
@@ -137,16 +136,23 @@ class SupervisorActor(TypedActor):
     def on_child_restarted(self, name: str, ref: pykka.ActorRef[Any]) -> None:
         """Hook: a child got a new ref (override to tell watchers)."""
 
+    def on_held_handed_over(self, name: str, messages: tuple[Any, ...]) -> None:
+        """Hook: ``start_child`` hands a fresh instance of ``name`` the told messages an earlier one never took.
+
+        Override to count them (the fresh instance handles messages its starter did not send it).
+        """
+
     def on_stale_failure(self, name: str, ref: pykka.ActorRef[Any], failure: ChildFailed) -> None:
         """Hook: an instance of ``name`` crashed after a newer one (``ref``) was started.
 
         That happens when the child was found dead and started again before its
-        ``ChildFailed`` arrived. The default hands its mailbox over to ``ref``; override
-        to hand over the salvage too (nothing restarts from it), then call this.
+        ``ChildFailed`` arrived. The default hands its mailbox over to ``ref`` (what a
+        newer instance that died too cannot take waits for the instance after it);
+        override to hand over the salvage too (nothing restarts from it), then call this.
 
         Args:
             name: the child.
-            ref: the running, newer instance.
+            ref: the newer instance.
             failure: the stale report (``pending``: its mailbox; ``salvage``: its state).
         """
         child = self.children.get(name)

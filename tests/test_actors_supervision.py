@@ -447,7 +447,13 @@ def test_tells_a_dead_replacement_could_not_take_reach_the_instance_after_it() -
             ref.stop()  # the first replacement is dead on arrival
         return ref
 
-    sup = Sup.start(factory)
+    handed: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Counting(Sup):
+        def on_held_handed_over(self, name: str, messages: tuple[Any, ...]) -> None:
+            handed.append((name, messages))
+
+    sup = Counting.start(factory)
     child = ask(sup, StartChild(), timeout=5)
     gate = _block(child)
     child.tell(Crash())
@@ -458,6 +464,7 @@ def test_tells_a_dead_replacement_could_not_take_reach_the_instance_after_it() -
     replacement = ask(sup, StartChild(), timeout=5)  # the next start: it takes what was held
     assert calls[0] == 3
     assert ask(replacement, Seen(), timeout=5) == (1, 2)
+    assert handed == [("c", (Record(1), Record(2)))]  # the hook saw them (the Dispatcher counts its Delivers)
 
 
 def test_a_stale_report_hands_its_salvage_to_the_running_child_through_the_hook() -> None:

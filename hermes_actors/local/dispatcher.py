@@ -466,6 +466,10 @@ class DispatcherActor(SupervisorActor):
             "deliveries": self.stats.view(self.book.pending(), self.profiles.owners),
         }
 
+    def on_held_handed_over(self, name: str, messages: tuple[Any, ...]) -> None:
+        """A fresh ProfileActor takes what a crashed one never did: its Delivers count as sent to it."""
+        self.profiles.count_sent(name, messages)
+
     def on_stale_failure(self, name: str, ref: pykka.ActorRef[Any], failure: ChildFailed) -> None:
         """A ProfileActor crashed after a newer one was started: the newer one takes its queue and mailbox."""
         super().on_stale_failure(name, ref, self.profiles.taken_over(name, failure))

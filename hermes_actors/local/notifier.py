@@ -96,18 +96,19 @@ class NotifierActor(TypedActor):
 
     def _call_all(self, payload: dict[str, Any], details: dict[str, Any] | None) -> None:
         """Call every subscriber with a copy of ``payload`` (plus ``details`` for those that asked for them)."""
-        for token, callback in list(self.subscribers.items()):
-            _calling.active = True
-            try:
-                if details is not None and token in self.wants_details:
-                    callback({**payload, **details})
-                else:
-                    callback(dict(payload))
-            except BaseException:  # user code: even SystemExit must not stop the actors
-                self.callback_errors += 1
-                logger.exception("outcome subscriber {} raised; it stays subscribed", token)
-            finally:
-                _calling.active = False
+        _calling.active = True
+        try:
+            for token, callback in list(self.subscribers.items()):
+                try:
+                    if details is not None and token in self.wants_details:
+                        callback({**payload, **details})
+                    else:
+                        callback(dict(payload))
+                except BaseException:  # user code: even SystemExit must not stop the actors
+                    self.callback_errors += 1
+                    logger.exception("outcome subscriber {} raised; it stays subscribed", token)
+        finally:
+            _calling.active = False
         self.delivered += 1
 
     @handles(Flush)

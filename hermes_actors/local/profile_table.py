@@ -115,8 +115,12 @@ class ProfileTable:
         salvage = failure.salvage
         if isinstance(salvage, ProfileSalvage) and salvage.queued:
             pending = (Deliver(tuple(delivery for delivery, _ in salvage.queued)), *pending)
-        self.sent[profile] = self.sent.get(profile, 0) + sum(1 for m in pending if isinstance(m, Deliver))
+        self.count_sent(profile, pending)
         return replace(failure, pending=pending)
+
+    def count_sent(self, profile: str, messages: tuple[Any, ...]) -> None:
+        """The ``Deliver`` messages among ``messages`` go to the current ProfileActor of ``profile``: count them."""
+        self.sent[profile] = self.sent.get(profile, 0) + sum(1 for m in messages if isinstance(m, Deliver))
 
     def attach_owner(self, info: ProfileInfo, owner: Any) -> None:
         """Hand the DMs of ``info`` to a live owner (this instance and every restarted one)."""
