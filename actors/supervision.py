@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pykka
@@ -124,14 +124,31 @@ class SupervisorActor(TypedActor):
             return
         child.restarts.append(now)
         logger.warning("restarting crashed child {} after {!r}", msg.name, msg.error)
+        restart = self.on_restart(msg.name, replace(msg, pending=pending))
+        pending = restart.pending
         try:
-            ref = child.factory(Link(self.actor_ref, msg.name, child.generation + 1), msg.salvage)
+            ref = child.factory(Link(self.actor_ref, msg.name, child.generation + 1), restart.salvage)
         except Exception:
             fail_pending(f"child {msg.name!r}", pending)  # nobody will ever answer them: fail, never hang
             raise
         child.ref, child.generation = ref, child.generation + 1
         child.held = _hand_over(ref, pending)  # the mailbox moves to the new instance, order kept
         self.on_child_restarted(msg.name, ref)
+
+    def on_restart(self, name: str, failure: ChildFailed) -> ChildFailed:
+        """Hook: what the restarted instance of ``name`` is given; by default all of it.
+
+        Override to take part of it on this actor's thread first (e.g. work that must not
+        run any more); what is returned goes to the new instance.
+
+        Args:
+            name: the child.
+            failure: its report; ``pending``: the mailbox it is handed, held messages first.
+
+        Returns:
+            The report to restart from (its ``salvage`` and ``pending``).
+        """
+        return failure
 
     def on_child_restarted(self, name: str, ref: pykka.ActorRef[Any]) -> None:
         """Hook: a child got a new ref (override to tell watchers)."""

@@ -8,7 +8,7 @@ tell it is logged and dropped, and the actor keeps running.
 Ask a TypedActor with :func:`actors.ask` (it sends a :class:`Request`, our own
 envelope, so an ask is told apart from a tell without pykka internals). An error
 from an asked handler goes back to the asker and the actor keeps running. An
-error from a *told* handler is a crash: the actor stops, and every message
+error from a *told* handler (or from ``on_start``) is a crash: the actor stops, and every message
 queued behind the crash is collected and handed to :meth:`TypedActor.on_crash`
 (by default to the supervisor, which passes it to the restarted actor). A
 ``BaseException`` that is not an ``Exception`` (``SystemExit``...) is handled the
@@ -92,6 +92,23 @@ def _wrap_on_stop(on_stop: Callable[[Any], None]) -> Callable[[Any], None]:
     return on_stop_then_release
 
 
+def _wrap_on_start(on_start: Callable[[Any], None]) -> Callable[[Any], None]:
+    @functools.wraps(on_start)
+    def on_start_or_crash(self: TypedActor) -> None:
+        if self._starting:  # a subclass's on_start calling super(): the outermost one decides
+            on_start(self)
+            return
+        self._starting = True
+        try:
+            on_start(self)
+        except BaseException as error:  # pykka would stop the actor unreported: make it a crash like a handler's
+            self._begin_crash(error)
+        finally:
+            self._starting = False
+
+    return on_start_or_crash
+
+
 class TypedActor(pykka.ThreadingActor):
     """A pykka actor with handlers selected by message type.
 
@@ -114,6 +131,8 @@ class TypedActor(pykka.ThreadingActor):
         cls._handler_table = table
         if "on_stop" in vars(cls):  # the base's release runs even when an override forgets super()
             cls.on_stop = _wrap_on_stop(vars(cls)["on_stop"])  # type: ignore[method-assign,assignment]
+        if "on_start" in vars(cls):  # a failed start reports to the supervisor, as a handler's crash does
+            cls.on_start = _wrap_on_start(vars(cls)["on_start"])  # type: ignore[method-assign,assignment]
 
     def __init__(self, *, link: Link | None = None) -> None:
         super().__init__()
@@ -121,6 +140,8 @@ class TypedActor(pykka.ThreadingActor):
         self._dispatch_cache: dict[type, Callable[[Any], Any] | None] = {}
         self._timer_sets: list[TimerSet] = []
         self._crash: _Crash | None = None
+        self._starting = False
+        self._crash_reported = False  # the default on_crash ran (an override that fails before it is covered)
 
     # ── timers ──────────────────────────────────────────────────────────────
 
@@ -277,7 +298,8 @@ class TypedActor(pykka.ThreadingActor):
             self.on_crash(crash.error, crash.held, crash.salvage)
         except Exception:
             logger.opt(exception=sys.exc_info()).error("{} on_crash failed", self)
-            fail_pending(str(self), crash.held)
+            if not self._crash_reported:  # the override failed before the default ran: the supervisor still hears
+                TypedActor.on_crash(self, crash.error, crash.held, crash.salvage)
 
     def mailbox_size(self) -> int:
         """How many messages wait in this actor's mailbox (approximate, like any queue size)."""
@@ -295,6 +317,7 @@ class TypedActor(pykka.ThreadingActor):
             pending: the told messages and :class:`Request` objects queued behind the crash.
             salvage: what :meth:`salvage` returned at the crash.
         """
+        self._crash_reported = True
         if self.link is not None:
             try:
                 self.link.supervisor.tell(

@@ -327,6 +327,9 @@ class ActorSystem:
             await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
             why = "The turn was still running when the gateway stopped."
             ask(dispatcher, FinalizePending(why, tuple(running)), timeout=ASK_TIMEOUT)
+            if self.journal is not None and not self.journal.drain(timeout=ASK_TIMEOUT):
+                logger.warning("stop: the journal's last commits did not land in {}s; their outcomes are "
+                               "re-delivered by the next start", ASK_TIMEOUT)
             end_running_turns(self.runner, running)
             final = ask(dispatcher, ExportOutcomes(), timeout=ASK_TIMEOUT, expect=dict)
             if self.rooms is not None:

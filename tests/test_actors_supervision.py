@@ -146,6 +146,22 @@ class SalvagingCounter(Counter):
         return self.count
 
 
+class FailsFirstStart(Counter):
+    """Its first instance fails in ``on_start``; a restarted one starts."""
+
+    def on_start(self) -> None:
+        assert self.link is not None
+        if self.link.generation == 0:
+            raise RuntimeError("start failure on purpose")
+
+
+class FailsToReport(Counter):
+    """Its ``on_crash`` override fails before it reports (the supervisor must hear of the crash all the same)."""
+
+    def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
+        raise RuntimeError("on_crash failure on purpose")
+
+
 @dataclass
 class Factory:
     """factory(link, salvage) -> ref, recording every call."""
@@ -325,6 +341,29 @@ def test_a_crashing_child_is_restarted_with_fresh_state() -> None:
     assert factory.count() == 2
     assert factory.calls[1][1] is None
     assert restarted == [("c", new.actor_urn)]
+
+
+def test_a_child_that_fails_in_on_start_is_reported_and_restarted() -> None:
+    factory = Factory(actor_class=FailsFirstStart)
+    restarted: list[tuple[str, str]] = []
+    sup = Sup.start(factory, restarted=restarted)
+    child = ask(sup, StartChild(), timeout=5)
+    new = _await_new_child(sup, child)  # pykka alone would stop it unreported: never restarted
+    assert ask(new, WhoAmI(), timeout=5) == ("c", 1)
+    assert ask(new, Inc(), timeout=5) == 1
+    assert factory.count() == 2
+    assert restarted == [("c", new.actor_urn)]
+
+
+def test_a_child_whose_on_crash_fails_is_still_reported_with_its_mailbox() -> None:
+    sup = Sup.start(Factory(actor_class=FailsToReport))
+    child = ask(sup, StartChild(), timeout=5)
+    gate = _block(child)
+    child.tell(Crash())
+    child.tell(Record(7))  # queued behind the crash: handed to the restarted instance
+    gate.set()
+    new = _await_new_child(sup, child)
+    assert ask(new, Seen(), timeout=5) == (7,)
 
 
 def test_a_restarted_child_is_rebuilt_from_its_salvage() -> None:

@@ -13,7 +13,9 @@ from roots import RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
-from hermes_actors.messages import Turn
+from hermes_actors.local import profile_table
+from hermes_actors.local.profile_actor import ProfileActor
+from hermes_actors.messages import Turn, WindDown
 
 OUTCOME_KEYS = {"delivery_id", "status", "reply", "error", "reason", "retryable", "from", "text"}
 
@@ -330,6 +332,136 @@ def test_crash_with_a_queue_keeps_the_queue(root: Path, gateways: list[Gateway])
     assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
     assert [gw.wait_outcome(d, timeout=10)["reply"] for d in rest] == ["fine: r0", "fine: r1", "fine: r2"]
     assert bodies == ["poison", "r0", "r1", "r2"]
+
+
+def test_a_dm_sent_while_a_crashed_profile_actor_reports_runs_after_what_it_held(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r2 reaches the Dispatcher when bob is dead but its ChildFailed not sent yet: r2 waits for
+    the restart and runs after r0 and r1, which the crashed instance held (FIFO per profile)."""
+    release, entered, dead, report = (threading.Event() for _ in range(4))
+    bodies: list[str] = []
+    real_on_crash = ProfileActor.on_crash
+
+    def on_crash_when_told(actor: ProfileActor, *args: Any) -> None:
+        dead.set()  # on_crash runs as the actor stops: it is dead from here on
+        assert report.wait(10)
+        real_on_crash(actor, *args)
+
+    monkeypatch.setattr(ProfileActor, "on_crash", on_crash_when_told)
+
+    class Runner:
+        def run_turn(self, turn: Turn) -> Any:
+            body = body_of(turn.content)
+            bodies.append(body)
+            if body == "poison":
+                entered.set()
+                assert release.wait(10)
+                return Unprintable()
+            return f"fine: {body}"
+
+    gw = start_gateway(gateways, root, Runner())
+    try:
+        poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
+        assert entered.wait(5)
+        held = [queued(gw.message_agent(sender="carol", target="bob", message=f"r{n}")) for n in range(2)]
+        gw.stats()  # an ask: the Dispatcher handed r0 and r1 to bob before answering
+        release.set()
+        assert dead.wait(10), "bob did not crash"
+        late = queued(gw.message_agent(sender="carol", target="bob", message="r2"))
+        gw.stats()  # the Dispatcher tried to hand r2 over while bob was dead
+    finally:
+        release.set()
+        report.set()
+    assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
+    assert [gw.wait_outcome(d, timeout=10)["reply"] for d in [*held, late]] == ["fine: r0", "fine: r1", "fine: r2"]
+    assert bodies == ["poison", "r0", "r1", "r2"]
+
+
+class _CrashDuringStop:
+    """bob crashes just as stop begins: its WindDown finds it dead, its restart comes after.
+
+    A running turn ("poison") blocks until the stop asks bob to wind down; then it returns a
+    reply that crashes bob, and the WindDown is asked only once bob reported the crash, so the
+    Dispatcher (busy with the shutdown) handles the ChildFailed, and restarts bob, after the
+    stop began. ``bodies``: every turn the runner saw.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.release, self.entered, self.reported = threading.Event(), threading.Event(), threading.Event()
+        self.bodies: list[str] = []
+        self.crashed = False
+        real_ask, real_on_crash = profile_table.ask, ProfileActor.on_crash
+
+        def on_crash_reported(actor: ProfileActor, *args: Any) -> None:
+            real_on_crash(actor, *args)  # tells the Dispatcher ChildFailed
+            self.reported.set()
+
+        def ask_after_the_crash(ref: pykka.ActorRef[Any], message: Any, **kwargs: Any) -> Any:
+            if isinstance(message, WindDown) and not self.crashed:
+                self.crashed = True
+                self.release.set()
+                assert self.reported.wait(10), "bob did not crash"
+            return real_ask(ref, message, **kwargs)
+
+        monkeypatch.setattr(ProfileActor, "on_crash", on_crash_reported)
+        monkeypatch.setattr(profile_table, "ask", ask_after_the_crash)
+
+    def run_turn(self, turn: Turn) -> Any:
+        body = body_of(turn.content)
+        self.bodies.append(body)
+        if body == "poison":
+            self.entered.set()
+            assert self.release.wait(10)
+            return Unprintable()  # bob crashes rendering it
+        return f"fine: {body}"
+
+    def run(self, gw: Gateway) -> tuple[str, list[str]]:
+        """Send the poison, queue three DMs behind it, stop: (poison id, the three ids)."""
+        try:
+            poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
+            assert self.entered.wait(5)
+            rest = [queued(gw.message_agent(sender="carol", target="bob", message=f"r{n}")) for n in range(3)]
+        finally:
+            gw.stop(timeout=10)
+            self.release.set()
+        assert self.crashed, "stop never asked bob to wind down"
+        return poison, rest
+
+
+def test_a_crash_restart_during_stop_cancels_the_queue_instead_of_running_it(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crash = _CrashDuringStop(monkeypatch)
+    recorder = Recorder()
+    gw = Gateway(root, runner=crash, durable=False)
+    gw.subscribe(recorder)
+    gw.start()
+    poison, rest = crash.run(gw)
+    seen = recorder.by_id()
+    assert seen[poison]["status"] == "ambiguous"
+    for d in rest:
+        assert (seen[d]["status"], seen[d]["reason"]) == ("failed", "cancelled"), (seen[d]["error"], crash.bodies)
+    assert crash.bodies == ["poison"]  # nothing ran after stop began
+    assert Counter(recorder.ids()) == Counter([poison, *rest])
+
+
+def test_a_crash_restart_during_a_durable_stop_keeps_the_queue_for_the_next_start(
+    root: Path, monkeypatch: pytest.MonkeyPatch, gateways: list[Gateway]
+) -> None:
+    crash = _CrashDuringStop(monkeypatch)
+    first = Recorder()
+    gw = Gateway(root, runner=crash, durable=True)
+    gw.subscribe(first)
+    gw.start()
+    poison, rest = crash.run(gw)
+    assert first.ids() == [poison] and first.by_id()[poison]["status"] == "ambiguous"
+    assert crash.bodies == ["poison"]  # journaled, not run: the next start re-offers them
+
+    runner = RecordingRunner()
+    again = start_gateway(gateways, root, runner, durable=True)
+    assert [again.wait_outcome(d, timeout=10)["reply"] for d in rest] == ["ok: r0", "ok: r1", "ok: r2"]
+    assert runner.bodies() == ["r0", "r1", "r2"]
 
 
 def test_raising_and_slow_subscribers_never_block_dms(root: Path) -> None:

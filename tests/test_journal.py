@@ -253,6 +253,31 @@ def test_a_lazy_record_with_a_token_is_not_lazy(tmp_path: Path) -> None:
     assert journal.fsyncs == 1, "nothing unflushed was left for stop"
 
 
+def test_drain_returns_once_every_appended_record_landed_and_its_listener_was_told(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    inside, release = threading.Event(), threading.Event()
+    landed: list[list[Any]] = []
+
+    def listener(tokens: list[Any], error: BaseException | None) -> None:
+        inside.set()
+        assert release.wait(10)  # the commit cannot end while its listener runs
+        landed.append(list(tokens))
+
+    journal.listener = listener
+    journal.start()
+    try:
+        assert journal.drain(timeout=0), "nothing appended: nothing to wait for"
+        journal.append({"t": "delivered", "id": _id(1)}, token="t1")
+        assert inside.wait(10)
+        assert not journal.drain(timeout=0.05), "its listener is still running: the commit has not ended"
+        release.set()
+        assert journal.drain(timeout=10)
+        assert landed == [["t1"]]  # told before drain returned
+    finally:
+        release.set()
+        journal.stop()
+
+
 # ── who commits: a waiting caller leads, the writer thread compacts ─────────
 
 

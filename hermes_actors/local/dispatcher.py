@@ -466,6 +466,17 @@ class DispatcherActor(SupervisorActor):
             "deliveries": self.stats.view(self.book.pending(), self.profiles.owners),
         }
 
+    def on_restart(self, name: str, failure: ChildFailed) -> ChildFailed:
+        """A ProfileActor restarts after a crash: during a stop, what it held is cancelled here, not run."""
+        restart, cancel = self.profiles.restarting(name, failure)
+        for delivery in cancel:
+            self._settle(outcomes.cancelled(delivery.delivery_id, delivery.label))
+        return restart
+
+    def on_child_restarted(self, name: str, ref: pykka.ActorRef[Any]) -> None:
+        """A crashed ProfileActor is back, with what it held: the deliveries that waited for it follow."""
+        self.profiles.flush()
+
     def on_held_handed_over(self, name: str, messages: tuple[Any, ...]) -> None:
         """A fresh ProfileActor takes what a crashed one never did: its Delivers count as sent to it."""
         self.profiles.count_sent(name, messages)

@@ -52,7 +52,7 @@ from hermes_actors.store.journal import Journal, StartRecorder
 from hermes_actors.store.relay_inbox import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 
-__all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "outcome_of_turn"]
+__all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "kept_at_stop", "outcome_of_turn"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,16 @@ class ProfileSalvage:
 
     queued: tuple[tuple[Delivery, float], ...]  # (delivery, monotonic enqueue time)
     handled: int
+
+
+def kept_at_stop(delivery: Delivery, *, keep_journaled: bool) -> bool:
+    """Whether a delivery still queued when the gateway stops is left for the next start, not cancelled.
+
+    With ``keep_journaled`` (a durable gateway) a journaled delivery is dropped without an
+    outcome: the next start on this root re-offers it. Relay-in and room deliveries are
+    not in this root's journal: they are always cancelled.
+    """
+    return keep_journaled and delivery.origin not in ("relay", ROOM_ORIGIN)
 
 
 def turn_escaped(delivery_id: str, exc: BaseException) -> TurnFinished:
@@ -114,6 +124,9 @@ class ProfileActor(TypedActor):
         owner: the live owner attached to the profile (the Dispatcher knows it), set
             before any message is handled: a restarted instance never hands a DM of
             the crashed one's mailbox to the runner while an owner is attached.
+        wind_down: set when the gateway already stops (e.g. a crash restart whose
+            predecessor missed the ``WindDown``): the instance starts winding down, and
+            no delivery it is given starts a turn.
     """
 
     def __init__(
@@ -124,6 +137,7 @@ class ProfileActor(TypedActor):
         link: Link | None = None,
         salvage: ProfileSalvage | None = None,
         owner: Any = None,
+        wind_down: WindDown | None = None,
     ) -> None:
         super().__init__(link=link)
         self.info = info
@@ -139,6 +153,7 @@ class ProfileActor(TypedActor):
         self.idle_timer: TimerHandle | None = None
         self.last_active = time.monotonic()
         self._salvage = salvage
+        self._wind_down_at_start = wind_down
         self.winding_down = False
         self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
@@ -149,6 +164,15 @@ class ProfileActor(TypedActor):
         if self._salvage is not None and self._salvage.queued:
             for delivery, enqueued in self._salvage.queued:
                 self._enqueue(delivery, enqueued)
+        if self._wind_down_at_start is not None:
+            # Started after the gateway began to stop (a crash restart, whose held deliveries the Dispatcher
+            # already settled, or a first start): it winds down before any message, so nothing handed or
+            # sent to it starts a turn; anything salvaged is settled as its WindDown would have.
+            self._wind_down(self._wind_down_at_start)
+            self.after_message(asked=False)
+            self._salvage = self._wind_down_at_start = None
+            return
+        if self._salvage is not None and self._salvage.queued:
             # Run them in a handler, where a crash is salvaged again (see RunSalvaged). Whatever the supervisor
             # hands over may come before it: the first handler that starts turns starts these first.
             self.actor_ref.tell(RunSalvaged())
@@ -403,13 +427,20 @@ class ProfileActor(TypedActor):
     @handles(WindDown)
     def _on_wind_down(self, msg: WindDown) -> str | None:
         """Cancel every queued delivery; answer the id of the running one (or None)."""
+        self._wind_down(msg)
+        return self.running.delivery_id if self.running else None
+
+    def _wind_down(self, msg: WindDown) -> None:
+        """From now on every delivery is cancelled; settle what is queued (journaled ones stay in the journal)."""
         self.winding_down = True
         for key, (delivery, _) in list(self.queue.items()):
-            if msg.keep_journaled and delivery.origin not in ("relay", ROOM_ORIGIN):
-                continue  # journaled: the next start on this root re-offers it
+            if kept_at_stop(delivery, keep_journaled=msg.keep_journaled):
+                continue
             self._settle(outcomes.cancelled(key, delivery.label))
         self.queue.clear()
-        return self.running.delivery_id if self.running else None
+        if self.wait_timer is not None:
+            self.wait_timer.cancel()
+            self.wait_timer = None
 
     # ── crash ───────────────────────────────────────────────────────────────
 

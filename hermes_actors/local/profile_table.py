@@ -12,6 +12,8 @@ Dispatcher flushes after every message its mailbox has nothing behind (and after
 an ask, or every ``DELIVER_BATCH`` deliveries), so a quiet gateway hands each DM
 over at once while a busy one wakes each ProfileActor once per burst. Every other
 message to a ProfileActor flushes first: it never overtakes a delivery queued before it.
+Deliveries for a ProfileActor that crashed wait here for its restart, which hands the new
+instance what the crashed one held first: a profile's turns keep their order across a crash.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, ChildFailed, Link, SupervisorActor, ask
-from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps, ProfileSalvage
+from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps, ProfileSalvage, kept_at_stop
 from hermes_actors.messages import (
     AttachOwner,
     Deliver,
@@ -57,6 +59,9 @@ class ProfileTable:
         self.owners: dict[str, Any] = {}  # profile → attached live owner
         self.gathered: dict[str, tuple[ProfileInfo, list[Delivery]]] = {}  # profile → deliveries not yet sent
         self.gathered_count = 0
+        # Set once the gateway stops: every ProfileActor started after that (a crash restart, whose
+        # predecessor missed the WindDown) starts winding down instead of running what it salvaged.
+        self.winding: WindDown | None = None
 
     def ref(self, info: ProfileInfo) -> pykka.ActorRef[Any]:
         """The running ProfileActor of ``info``, started now when there is none."""
@@ -69,7 +74,8 @@ class ProfileTable:
         def factory(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
             # Called here and by the supervisor on a crash restart (both in the Dispatcher's thread):
             # every instance starts with the profile's current live owner, before its first message.
-            return ProfileActor.start(info, deps, link=link, salvage=salvage, owner=self.owners.get(info.profile))
+            return ProfileActor.start(info, deps, link=link, salvage=salvage, owner=self.owners.get(info.profile),
+                                      wind_down=self.winding)
 
         self.counters["profile_starts"] += 1
         self.sent[info.profile] = 0
@@ -90,15 +96,29 @@ class ProfileTable:
             return
         gathered, self.gathered, self.gathered_count = self.gathered, {}, 0
         for info, deliveries in gathered.values():
-            message = Deliver(tuple(deliveries))
-            ref = self.ref(info)
-            try:
-                ref.tell(message)
-            except pykka.ActorDeadError:  # it died between the check and the tell: start a fresh one
-                self.supervisor.forget_child(info.profile)
+            ref = self.supervisor.child_ref(info.profile)
+            if ref is not None and not ref.is_alive():
+                self._hold(info, deliveries)
+                continue
+            if ref is None:
                 ref = self.ref(info)
-                ref.tell(message)
+            try:
+                ref.tell(Deliver(tuple(deliveries)))
+            except pykka.ActorDeadError:  # it crashed between the check and the tell
+                self._hold(info, deliveries)
+                continue
             self.sent[info.profile] = self.sent.get(info.profile, 0) + 1
+
+    def _hold(self, info: ProfileInfo, deliveries: list[Delivery]) -> None:
+        """Keep ``deliveries`` gathered: the ProfileActor of ``info`` crashed, its restart is on the way.
+
+        A crashed ProfileActor always reports (``ChildFailed``) to the Dispatcher, which
+        restarts it with what it had queued and its mailbox, then flushes (``on_child_restarted``):
+        these come after them, in arrival order. Starting a fresh instance now instead would run
+        them ahead of the older deliveries the crashed one held.
+        """
+        self.gathered[info.profile] = (info, deliveries)
+        self.gathered_count += len(deliveries)
 
     def taken_over(self, profile: str, failure: ChildFailed) -> ChildFailed:
         """What a newer ProfileActor of ``profile`` takes from one that crashed after it was started.
@@ -160,18 +180,52 @@ class ProfileTable:
     def wind_down(self, *, keep_journaled: bool) -> list[str]:
         """Cancel what is queued on every ProfileActor; returns the ids of the turns still running."""
         self.flush()
+        self.winding = WindDown(keep_journaled=keep_journaled)
         running: list[str] = []
         for name in list(self.supervisor.children):
             ref = self.supervisor.child_ref(name)
             if ref is None:
                 continue
             try:
-                current = ask(ref, WindDown(keep_journaled=keep_journaled), timeout=10)
+                current = ask(ref, self.winding, timeout=10)
             except (ActorGone, AskTimeout):
                 continue
             if current:
                 running.append(current)
         return running
+
+    def restarting(self, profile: str, failure: ChildFailed) -> tuple[ChildFailed, list[Delivery]]:
+        """What a ProfileActor of ``profile`` restarted after a crash is given, and what it is not.
+
+        While the gateway runs, all of it. Once it stops (the crashed instance missed the
+        ``WindDown``), none of the deliveries it had queued, was sent or that wait for it
+        here: they must not run, and the caller settles them now, on its own thread, ahead
+        of the stop's next step.
+
+        Returns:
+            ``(failure to restart from, deliveries to cancel)``; a delivery the stop keeps
+            for the next start (see :func:`kept_at_stop`) is in neither.
+        """
+        if self.winding is None:
+            return failure, []
+        salvage = failure.salvage
+        taken: list[Delivery] = []
+        held = self.gathered.pop(profile, None)  # sent while it was down (see _hold): they come last
+        if isinstance(salvage, ProfileSalvage):
+            taken += [delivery for delivery, _ in salvage.queued]
+            salvage = replace(salvage, queued=())
+        delivers = [m for m in failure.pending if isinstance(m, Deliver)]
+        for message in delivers:
+            taken += message.deliveries
+        if profile in self.sent:  # they are never handled: the idle-stop count must not wait for them
+            self.sent[profile] -= len(delivers)
+        if held is not None:
+            taken += held[1]
+            self.gathered_count -= len(held[1])
+        pending = tuple(m for m in failure.pending if not isinstance(m, Deliver))
+        keep = self.winding.keep_journaled
+        cancel = [delivery for delivery in taken if not kept_at_stop(delivery, keep_journaled=keep)]
+        return replace(failure, pending=pending, salvage=salvage), cancel
 
     def active(self) -> int:
         """How many ProfileActors run."""

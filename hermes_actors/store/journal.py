@@ -296,6 +296,22 @@ class Journal:
             if empty:  # nothing was ever journaled: leave no file behind
                 self.path.unlink(missing_ok=True)
 
+    def drain(self, timeout: float) -> bool:
+        """Wait until every record appended so far is written and its listener told.
+
+        A stopping gateway calls it before its last asks to the Dispatcher: the outcomes of
+        the last commits are then published (and notified) before the stop returns, not only
+        re-delivered by the next start.
+
+        Args:
+            timeout: seconds to wait at most.
+
+        Returns:
+            True when nothing was queued or being committed any more within ``timeout``.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: not (self._queue or self._writing), timeout=max(0.0, timeout))
+
     @property
     def running(self) -> bool:
         """Whether records are accepted (started, and ``stop`` has not begun)."""
