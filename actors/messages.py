@@ -76,6 +76,26 @@ class Relayed:
 
 
 @dataclass(frozen=True, slots=True)
+class ChildCrashed:
+    """Told by a child to its supervisor the moment it crashes, before it stops.
+
+    The supervisor sends it nothing more (its messages would arrive after the child
+    stopped, where pykka drops them) and answers :class:`Retire`: what it sent before
+    reaches the child ahead of that, and is collected into the :class:`ChildFailed`
+    report. ``ref`` is the crashed instance (a stale generation is retired too).
+    """
+
+    name: str
+    generation: int
+    ref: pykka.ActorRef[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Retire:
+    """Told by a supervisor to a child that reported :class:`ChildCrashed`: stop collecting, stop."""
+
+
+@dataclass(frozen=True, slots=True)
 class ChildFailed:
     """Told by a crashed child to its supervisor, with its unhandled mailbox.
 

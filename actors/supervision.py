@@ -1,8 +1,11 @@
 """Supervision: restart crashed children with bounded intensity.
 
 A :class:`SupervisorActor` starts children through factories. When a child
-crashes it sends :class:`ChildFailed` (with its unhandled mailbox and any
-salvaged state); the supervisor starts a fresh instance from the same factory
+crashes it tells :class:`ChildCrashed` at once; the supervisor sends it nothing
+more (:meth:`SupervisorActor.child_down` says so to subclasses that tell it
+things) and answers :class:`Retire`, so everything it sent before is collected.
+The child then stops and sends :class:`ChildFailed` (with that unhandled mailbox
+and any salvaged state); the supervisor starts a fresh instance from the same factory
 (state rebuilt from scratch or from the salvage) and tells it the mailbox, in
 order, so no ask hangs and no tell is silently lost (asks are answered by the new
 instance through their relay future; if it dies before taking them, the asks fail
@@ -23,8 +26,9 @@ from typing import Any
 import pykka
 from loguru import logger
 
+from actors.asking import tell
 from actors.errors import EscalatedFailure
-from actors.messages import ChildFailed, Request
+from actors.messages import ChildCrashed, ChildFailed, Request, Retire
 from actors.typed import Link, TypedActor, fail_pending, handles
 
 __all__ = ["ChildFactory", "ChildFailed", "RestartPolicy", "SupervisorActor"]
@@ -55,6 +59,7 @@ class _Child:
     # A crashed instance's mailbox that could not be handed over (its successor died first): the
     # successor's own ChildFailed or the next start hands it on, ahead of everything else.
     held: tuple[Any, ...] = ()
+    retiring: bool = False  # it crashed (ChildCrashed) and was told to Retire: send it nothing more
 
 
 class SupervisorActor(TypedActor):
@@ -99,9 +104,26 @@ class SupervisorActor(TypedActor):
         child = self.children.get(name)
         return child.ref if child is not None else None
 
+    def child_down(self, name: str) -> bool:
+        """Whether ``name`` is in the table but crashed or stopped: what is told to it now would be lost.
+
+        Its ``ChildFailed`` is on the way (a crashed child always reports): hold what is
+        meant for it until :meth:`on_child_restarted`.
+        """
+        child = self.children.get(name)
+        return child is not None and (child.retiring or not child.ref.is_alive())
+
     def forget_child(self, name: str) -> None:
         """Drop a child that stopped on purpose (idle stop) from the table."""
         self.children.pop(name, None)
+
+    @handles(ChildCrashed)
+    def _on_child_crashed(self, msg: ChildCrashed) -> None:
+        """A child crashed: from now on nothing is sent to it; ``Retire`` ends what it collects."""
+        child = self.children.get(msg.name)
+        if child is not None and child.generation == msg.generation:
+            child.retiring = True
+        tell(msg.ref, Retire())  # after everything this actor sent it: all of it is in its report
 
     @handles(ChildFailed)
     def _on_child_failed(self, msg: ChildFailed) -> None:
@@ -131,7 +153,7 @@ class SupervisorActor(TypedActor):
         except Exception:
             fail_pending(f"child {msg.name!r}", pending)  # nobody will ever answer them: fail, never hang
             raise
-        child.ref, child.generation = ref, child.generation + 1
+        child.ref, child.generation, child.retiring = ref, child.generation + 1, False
         child.held = _hand_over(ref, pending)  # the mailbox moves to the new instance, order kept
         self.on_child_restarted(msg.name, ref)
 

@@ -8,8 +8,10 @@ tell it is logged and dropped, and the actor keeps running.
 Ask a TypedActor with :func:`actors.ask` (it sends a :class:`Request`, our own
 envelope, so an ask is told apart from a tell without pykka internals). An error
 from an asked handler goes back to the asker and the actor keeps running. An
-error from a *told* handler (or from ``on_start``) is a crash: the actor stops, and every message
-queued behind the crash is collected and handed to :meth:`TypedActor.on_crash`
+error from a *told* handler (or from ``on_start``) is a crash: a supervised actor
+tells its supervisor at once (``ChildCrashed``) and collects every message it gets
+until the supervisor answers ``Retire`` (an unsupervised one, until the end of its
+mailbox); then it stops and hands what it collected to :meth:`TypedActor.on_crash`
 (by default to the supervisor, which passes it to the restarted actor). A
 ``BaseException`` that is not an ``Exception`` (``SystemExit``...) is handled the
 same way and never reaches pykka, which would stop every actor in the process.
@@ -29,7 +31,7 @@ import pykka
 from loguru import logger
 
 from actors.errors import HandlerAborted, UnknownMessageError
-from actors.messages import ChildFailed, Relayed, Request
+from actors.messages import ChildCrashed, ChildFailed, Relayed, Request, Retire
 from actors.timers import Scheduler, TimerSet
 
 __all__ = ["Link", "TypedActor", "handles"]
@@ -279,13 +281,36 @@ class TypedActor(pykka.ThreadingActor):
             logger.opt(exception=sys.exc_info()).error("{} salvage() failed", self)
             salvage = None
         self._crash = _Crash(error, salvage)
-        self.actor_ref.tell(_EndOfMailbox())
+        if not self._notify_supervisor():
+            self.actor_ref.tell(_EndOfMailbox())
+
+    def _notify_supervisor(self) -> bool:
+        """Tell the supervisor of the crash at once; True when it will answer ``Retire``.
+
+        Until then the child keeps collecting what it is sent: whatever the supervisor
+        sent before it knew reaches the report, and it sends nothing after. (Stopping at
+        once would leave a window where a tell is accepted and then dropped by pykka.)
+        """
+        if self.link is None:
+            return False
+        try:
+            self.link.supervisor.tell(ChildCrashed(self.link.name, self.link.generation, self.actor_ref))
+        except pykka.ActorDeadError:
+            return False
+        return True
 
     def _collect(self, message: Any) -> Any:
-        if isinstance(message, _EndOfMailbox):
+        if isinstance(message, _EndOfMailbox | Retire):
             self.stop()  # what is queued before the stop is collected too; on_stop reports it all
             return None
         assert self._crash is not None
+        if isinstance(message, Request):
+            answered, value = self.answer_after_crash(message.message)
+            if answered:  # e.g. the supervisor's own ask, which would wait for the restart it has to make
+                message.reply(value, None)
+                if message.relay is not None:  # handed on by an earlier crash: its asker waits there
+                    message.relay.set(value)
+                return value
         self._crash.held.append(message)
         if not isinstance(message, Request):
             return None
@@ -328,6 +353,21 @@ class TypedActor(pykka.ThreadingActor):
                 logger.error("{} crashed and its supervisor is gone", self)
         logger.error("{} crashed unsupervised: {!r}", self, error)
         fail_pending(str(self), pending)
+
+    def answer_after_crash(self, message: Any) -> tuple[bool, Any]:
+        """Hook: answer an ask that reaches this actor after it crashed, instead of handing it on.
+
+        By default an ask queued behind a crash is answered by the restarted instance. An
+        ask its supervisor makes synchronously cannot wait for that: the supervisor makes
+        the restart. Override to answer such asks here (on the crashed instance's thread).
+
+        Args:
+            message: the asked message.
+
+        Returns:
+            ``(True, answer)`` to answer now; ``(False, None)`` to hand it to the restarted instance.
+        """
+        return False, None
 
     def salvage(self) -> Any:
         """State worth handing to the restarted instance (override); taken at the crash. Default None."""

@@ -105,6 +105,16 @@ class ShutdownProfiles:
 
 
 @dataclass(frozen=True, slots=True)
+class AwaitRestarts:
+    """Ask for a future that resolves once no ProfileActor is down (each crashed one reported and restarted).
+
+    The stop asks it after ``ShutdownProfiles``: a ProfileActor that crashed as the stop
+    began has its held deliveries settled by its restart (``ProfileTable.restarting``)
+    before the stop settles what is left as ``ambiguous``.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class FinalizePending:
     """Ask the Dispatcher to settle still-pending deliveries as ambiguous (stop timeout)."""
 

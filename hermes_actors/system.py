@@ -38,6 +38,7 @@ from hermes_actors.messages import (
     AddSubscriber,
     AttachOwner,
     AttachRelay,
+    AwaitRestarts,
     Delivery,
     ExportOutcomes,
     FinalizePending,
@@ -324,6 +325,11 @@ class ActorSystem:
                 self.rooms.halt()  # no new member turns; running ones still post or show as interrupted
             ask(dispatcher, StopAccepting(), timeout=ASK_TIMEOUT)
             running = ask(dispatcher, ShutdownProfiles(), timeout=ASK_TIMEOUT, expect=list)
+            try:  # a ProfileActor that crashed as the stop began: its restart settles what it held
+                ask(dispatcher, AwaitRestarts(), timeout=ASK_TIMEOUT).get(timeout=ASK_TIMEOUT)
+            except pykka.Timeout:
+                logger.warning("stop: a crashed ProfileActor did not report within {}s; what it held is settled "
+                               "as ambiguous", ASK_TIMEOUT)
             await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
             why = "The turn was still running when the gateway stopped."
             ask(dispatcher, FinalizePending(why, tuple(running)), timeout=ASK_TIMEOUT)

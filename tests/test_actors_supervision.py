@@ -92,6 +92,11 @@ class Escalated:
     pass
 
 
+@dataclass(frozen=True)
+class IsDown:
+    name: str = "c"
+
+
 # ── actors ──────────────────────────────────────────────────────────────────
 
 
@@ -162,6 +167,26 @@ class FailsToReport(Counter):
         raise RuntimeError("on_crash failure on purpose")
 
 
+class AnswersGetAfterCrash(Counter):
+    """Answers ``Get`` itself once crashed (``answer_after_crash``) instead of handing it on."""
+
+    def answer_after_crash(self, message: Any) -> tuple[bool, Any]:
+        return (True, -1) if isinstance(message, Get) else (False, None)
+
+
+class StopsAtGate(Counter):
+    """Its first stop (the crashed instance's, on ``Retire``) waits at ``GATE`` once queued."""
+
+    GATE = threading.Event()
+    STOPPING = threading.Event()
+
+    def stop(self) -> None:
+        super().stop()
+        if not StopsAtGate.STOPPING.is_set():
+            StopsAtGate.STOPPING.set()
+            assert StopsAtGate.GATE.wait(10)
+
+
 @dataclass
 class Factory:
     """factory(link, salvage) -> ref, recording every call."""
@@ -212,6 +237,10 @@ class Sup(SupervisorActor):
     @handles(Escalated)
     def on_escalated(self, msg: Escalated) -> dict[str, BaseException | None]:
         return dict(self.escalated)
+
+    @handles(IsDown)
+    def on_is_down(self, msg: IsDown) -> bool:
+        return self.child_down(msg.name)
 
     def on_child_restarted(self, name: str, ref: pykka.ActorRef[Any]) -> None:
         self.restarted.append((name, ref.actor_urn))
@@ -364,6 +393,36 @@ def test_a_child_whose_on_crash_fails_is_still_reported_with_its_mailbox() -> No
     gate.set()
     new = _await_new_child(sup, child)
     assert ask(new, Seen(), timeout=5) == (7,)
+
+
+def test_a_crashed_child_is_down_from_its_crash_report_until_its_restart() -> None:
+    StopsAtGate.GATE.clear()
+    StopsAtGate.STOPPING.clear()
+    sup = Sup.start(Factory(actor_class=StopsAtGate))
+    child = ask(sup, StartChild(), timeout=5)
+    assert ask(sup, IsDown(), timeout=5) is False
+    try:
+        child.tell(Crash())
+        assert StopsAtGate.STOPPING.wait(5)  # it got Retire: the supervisor handled its ChildCrashed
+        assert child.is_alive()  # still alive (its stop is queued): a tell to it now would be dropped
+        assert ask(sup, IsDown(), timeout=5) is True
+    finally:
+        StopsAtGate.GATE.set()
+    _await_new_child(sup, child)
+    assert ask(sup, IsDown(), timeout=5) is False
+
+
+def test_an_ask_answered_after_the_crash_is_not_handed_to_the_restarted_instance() -> None:
+    sup = Sup.start(Factory(actor_class=AnswersGetAfterCrash))
+    child = ask(sup, StartChild(), timeout=5)
+    gate = _block(child)
+    child.tell(Crash())
+    reply = ask_later(child, Get())
+    child.tell(Record(3))
+    gate.set()
+    assert reply.get(timeout=5) == -1  # from the crashed instance
+    new = _await_new_child(sup, child)
+    assert ask(new, Seen(), timeout=5) == (3,)  # the tell still moved on
 
 
 def test_a_restarted_child_is_rebuilt_from_its_salvage() -> None:

@@ -334,21 +334,23 @@ def test_crash_with_a_queue_keeps_the_queue(root: Path, gateways: list[Gateway])
     assert bodies == ["poison", "r0", "r1", "r2"]
 
 
-def test_a_dm_sent_while_a_crashed_profile_actor_reports_runs_after_what_it_held(
+def test_a_dm_sent_while_a_crashed_profile_actor_stops_runs_after_what_it_held(
     root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """r2 reaches the Dispatcher when bob is dead but its ChildFailed not sent yet: r2 waits for
-    the restart and runs after r0 and r1, which the crashed instance held (FIFO per profile)."""
-    release, entered, dead, report = (threading.Event() for _ in range(4))
+    """r2 reaches the Dispatcher while bob, crashed, is stopping (its stop queued, not yet done):
+    pykka would drop a tell to it then. r2 must wait for the restart and run after r0 and r1,
+    which the crashed instance held (FIFO per profile)."""
+    release, entered, stopping, go = (threading.Event() for _ in range(4))
     bodies: list[str] = []
-    real_on_crash = ProfileActor.on_crash
+    real_stop = ProfileActor.stop
 
-    def on_crash_when_told(actor: ProfileActor, *args: Any) -> None:
-        dead.set()  # on_crash runs as the actor stops: it is dead from here on
-        assert report.wait(10)
-        real_on_crash(actor, *args)
+    def stop_then_wait(actor: ProfileActor) -> None:
+        real_stop(actor)  # queues pykka's stop: a tell queued behind it is dropped
+        if release.is_set() and not stopping.is_set():
+            stopping.set()
+            assert go.wait(10)
 
-    monkeypatch.setattr(ProfileActor, "on_crash", on_crash_when_told)
+    monkeypatch.setattr(ProfileActor, "stop", stop_then_wait)
 
     class Runner:
         def run_turn(self, turn: Turn) -> Any:
@@ -367,12 +369,12 @@ def test_a_dm_sent_while_a_crashed_profile_actor_reports_runs_after_what_it_held
         held = [queued(gw.message_agent(sender="carol", target="bob", message=f"r{n}")) for n in range(2)]
         gw.stats()  # an ask: the Dispatcher handed r0 and r1 to bob before answering
         release.set()
-        assert dead.wait(10), "bob did not crash"
+        assert stopping.wait(10), "bob did not crash"
         late = queued(gw.message_agent(sender="carol", target="bob", message="r2"))
-        gw.stats()  # the Dispatcher tried to hand r2 over while bob was dead
+        gw.stats()  # the Dispatcher handled r2 while bob was stopping
     finally:
         release.set()
-        report.set()
+        go.set()
     assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
     assert [gw.wait_outcome(d, timeout=10)["reply"] for d in [*held, late]] == ["fine: r0", "fine: r1", "fine: r2"]
     assert bodies == ["poison", "r0", "r1", "r2"]
@@ -382,29 +384,30 @@ class _CrashDuringStop:
     """bob crashes just as stop begins: its WindDown finds it dead, its restart comes after.
 
     A running turn ("poison") blocks until the stop asks bob to wind down; then it returns a
-    reply that crashes bob, and the WindDown is asked only once bob reported the crash, so the
-    Dispatcher (busy with the shutdown) handles the ChildFailed, and restarts bob, after the
+    reply that crashes bob, and the WindDown is asked only once bob's crash began, so the
+    Dispatcher (busy with the shutdown) handles its crash reports, and restarts bob, after the
     stop began. ``bodies``: every turn the runner saw.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.release, self.entered, self.reported = threading.Event(), threading.Event(), threading.Event()
+        self.release, self.entered, self.crashing = threading.Event(), threading.Event(), threading.Event()
         self.bodies: list[str] = []
         self.crashed = False
-        real_ask, real_on_crash = profile_table.ask, ProfileActor.on_crash
+        real_ask, real_salvage = profile_table.ask, ProfileActor.salvage
 
-        def on_crash_reported(actor: ProfileActor, *args: Any) -> None:
-            real_on_crash(actor, *args)  # tells the Dispatcher ChildFailed
-            self.reported.set()
+        def salvage_then_signal(actor: ProfileActor) -> Any:
+            salvage = real_salvage(actor)  # taken as the crash begins: whatever bob handles next, it collects
+            self.crashing.set()
+            return salvage
 
         def ask_after_the_crash(ref: pykka.ActorRef[Any], message: Any, **kwargs: Any) -> Any:
             if isinstance(message, WindDown) and not self.crashed:
                 self.crashed = True
                 self.release.set()
-                assert self.reported.wait(10), "bob did not crash"
+                assert self.crashing.wait(10), "bob did not crash"
             return real_ask(ref, message, **kwargs)
 
-        monkeypatch.setattr(ProfileActor, "on_crash", on_crash_reported)
+        monkeypatch.setattr(ProfileActor, "salvage", salvage_then_signal)
         monkeypatch.setattr(profile_table, "ask", ask_after_the_crash)
 
     def run_turn(self, turn: Turn) -> Any:

@@ -48,6 +48,7 @@ from hermes_actors.messages import (
     AttachOwner,
     AttachRelay,
     AwaitOutcome,
+    AwaitRestarts,
     Delivery,
     DetachOwner,
     ExportOutcomes,
@@ -117,6 +118,7 @@ class DispatcherActor(SupervisorActor):
         self.admission = Admission()
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
         self.profiles = ProfileTable(self, self.deps, self.counters)
+        self.restart_waiters: list[pykka.ThreadingFuture[None]] = []  # AwaitRestarts answers not given yet
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
         self.stats = DeliveryStats()
         self.caller_admission = caller_admission
@@ -362,6 +364,8 @@ class DispatcherActor(SupervisorActor):
         outcomes to the Notifier: one message per burst instead of one per DM. An ask flushes
         them too, so whoever waits for its answer finds them told before it.
         """
+        if self.restart_waiters:  # a crash report may have just been handled
+            self._answer_restart_waiters()
         if not (self.notes or self.profiles.gathered):
             return
         drained = asked or self.mailbox_size() == 0
@@ -432,6 +436,20 @@ class DispatcherActor(SupervisorActor):
         running = self.profiles.wind_down(keep_journaled=self.durability.enabled)
         running += [k for k, p in self.book.pending() if p.route == "peer"]
         return running
+
+    @handles(AwaitRestarts)
+    def _on_await_restarts(self, msg: AwaitRestarts) -> pykka.ThreadingFuture[None]:
+        """A future set once every crashed ProfileActor has reported and been restarted (or given up)."""
+        future: pykka.ThreadingFuture[None] = pykka.ThreadingFuture()
+        self.restart_waiters.append(future)
+        self._answer_restart_waiters()
+        return future
+
+    def _answer_restart_waiters(self) -> None:
+        if self.restart_waiters and not any(self.child_down(name) for name in self.children):
+            waiters, self.restart_waiters = self.restart_waiters, []
+            for future in waiters:
+                future.set(None)
 
     @handles(FinalizePending)
     def _on_finalize(self, msg: FinalizePending) -> int:

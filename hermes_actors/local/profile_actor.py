@@ -444,6 +444,17 @@ class ProfileActor(TypedActor):
 
     # ── crash ───────────────────────────────────────────────────────────────
 
+    def answer_after_crash(self, message: Any) -> tuple[bool, Any]:
+        """The stop's ``WindDown`` reaching a crashed instance: nothing runs here any more.
+
+        Its running turn was settled ``ambiguous`` at the crash, and the Dispatcher settles
+        what it queued when it restarts it (``ProfileTable.restarting``); the Dispatcher asks
+        synchronously, so the answer cannot wait for that restart.
+        """
+        if isinstance(message, WindDown):
+            return True, None
+        return False, None
+
     def salvage(self) -> ProfileSalvage:
         if self.running is not None:
             # The turn ran (or is running): its result is unknown, it must not run again.

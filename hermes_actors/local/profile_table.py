@@ -96,12 +96,10 @@ class ProfileTable:
             return
         gathered, self.gathered, self.gathered_count = self.gathered, {}, 0
         for info, deliveries in gathered.values():
-            ref = self.supervisor.child_ref(info.profile)
-            if ref is not None and not ref.is_alive():
+            if self.supervisor.child_down(info.profile):
                 self._hold(info, deliveries)
                 continue
-            if ref is None:
-                ref = self.ref(info)
+            ref = self.ref(info)
             try:
                 ref.tell(Deliver(tuple(deliveries)))
             except pykka.ActorDeadError:  # it crashed between the check and the tell
@@ -112,8 +110,9 @@ class ProfileTable:
     def _hold(self, info: ProfileInfo, deliveries: list[Delivery]) -> None:
         """Keep ``deliveries`` gathered: the ProfileActor of ``info`` crashed, its restart is on the way.
 
-        A crashed ProfileActor always reports (``ChildFailed``) to the Dispatcher, which
-        restarts it with what it had queued and its mailbox, then flushes (``on_child_restarted``):
+        A crashed ProfileActor always reports (``ChildCrashed``, then ``ChildFailed``) to the
+        Dispatcher, which restarts it with what it had queued and its mailbox, then flushes
+        (``on_child_restarted``):
         these come after them, in arrival order. Starting a fresh instance now instead would run
         them ahead of the older deliveries the crashed one held.
         """
@@ -184,8 +183,8 @@ class ProfileTable:
         running: list[str] = []
         for name in list(self.supervisor.children):
             ref = self.supervisor.child_ref(name)
-            if ref is None:
-                continue
+            if ref is None or self.supervisor.child_down(name):
+                continue  # crashed: its restart settles what it held (see restarting)
             try:
                 current = ask(ref, self.winding, timeout=10)
             except (ActorGone, AskTimeout):
