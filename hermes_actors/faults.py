@@ -8,7 +8,9 @@ Points: ``after-journal-before-ack``, ``after-ack-before-turn``, ``mid-turn``,
 ``after-turn-before-outcome``, ``after-outcome-before-delivered``; of the sender
 wake-up (:data:`WAKE_CRASH_POINTS`): ``after-outcome-before-wake`` (the DM's outcome
 is durable, its wake not written yet), ``mid-wake`` (the wake turn's start is durable); of the
-relay hub (:data:`HUB_CRASH_POINTS`): ``hub-after-claim-before-post``.
+relay hub (:data:`HUB_CRASH_POINTS`): ``hub-after-claim-before-post``; of the sending
+gateway's relay (:data:`RELAY_CRASH_POINTS`): ``relay-after-expiry-claim`` (its own envelope
+taken from ``outbox/`` at the TTL, the ``queued_expired`` reply not written yet).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["CRASH_POINTS", "HUB_CRASH_POINTS", "WAKE_CRASH_POINTS", "crashpoint"]
+__all__ = ["CRASH_POINTS", "HUB_CRASH_POINTS", "RELAY_CRASH_POINTS", "WAKE_CRASH_POINTS", "crashpoint"]
 
 CRASH_POINTS = (
     "after-journal-before-ack",
@@ -27,6 +29,7 @@ CRASH_POINTS = (
 )
 WAKE_CRASH_POINTS = ("after-outcome-before-wake", "mid-wake")
 HUB_CRASH_POINTS = ("hub-after-claim-before-post",)  # the relay hub: an envelope claimed, not yet posted
+RELAY_CRASH_POINTS = ("relay-after-expiry-claim",)  # the sending gateway: an expired envelope taken, not answered
 
 _ARMED = os.environ.get("HERMES_ACTORS_CRASH_AT", "")
 

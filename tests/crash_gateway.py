@@ -21,6 +21,10 @@ SIGKILLs this process still has everything printed before the kill.
         list; print one ``ack`` line per acked DM; then wait for those outcomes.
     python tests/crash_gateway.py ROOT final IDS_JSON
         start, wait_outcome for every id in the JSON list, print them, stop.
+    python tests/crash_gateway.py ROOT expire [--resume ID]
+        with ``envelope_ttl_seconds: 1``: send one DM hermes → ``moxie`` (a remote
+        profile in ROOT's relay roster, nobody drains it), print the ack and wait for
+        its outcome; with ``--resume ID`` send nothing and wait for ID's outcome.
 """
 
 from __future__ import annotations
@@ -148,6 +152,20 @@ def cmd_final(root: Path, ids_file: str) -> None:
     emit("stopped")
 
 
+def cmd_expire(root: Path, args: list[str]) -> None:
+    config = {"bot_mode": {"envelope_ttl_seconds": 1, "reply_wait_seconds": 20}}
+    gw = Gateway(root, runner=logging_runner(root), config=config).start()
+    if args[:1] == ["--resume"]:
+        ids = args[1:]
+    else:
+        ack = gw.message_agent(sender="hermes", target="moxie", message="anyone there?")
+        emit("ack", **ack)
+        ids = [ack["delivery_id"]] if "delivery_id" in ack else []
+    _wait_all(gw, ids, 30)
+    gw.stop(timeout=10)
+    emit("stopped")
+
+
 def main(argv: list[str]) -> int:
     root, command, rest = Path(argv[1]), argv[2], argv[3:]
     if command == "send":
@@ -158,6 +176,8 @@ def main(argv: list[str]) -> int:
         cmd_load(root, rest[0], rest[1:])
     elif command == "final":
         cmd_final(root, rest[0])
+    elif command == "expire":
+        cmd_expire(root, rest)
     else:
         print(f"unknown command {command!r}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crash_procs import run_child, turns_logged
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
 from roots import RecordingRunner, body_of, make_root, start_gateway
 
@@ -266,6 +267,30 @@ def test_an_undrained_envelope_expires_at_the_ttl_and_is_never_delivered_late(
         fresh = queued(gw.message_agent(sender="alice", target="moxie", message="now?"))
         assert gw.wait_outcome(fresh, timeout=10)["status"] == "replied"
     assert [t.delivery_id for t in rec.entered] == [fresh]
+
+
+def test_a_gateway_killed_between_its_expiry_claim_and_the_reply_reports_queued_expired_after_restart(
+    tmp_path: Path,
+) -> None:
+    """The sending gateway took its own expired envelope out of outbox/ and was SIGKILLed before the
+    queued_expired reply: the restart knows the envelope was its own (expiring/), answers it
+    queued_expired, and leaves it in claimed/ where the seed's expiry leaves it."""
+    root = sender_root(tmp_path)
+    first = run_child(root, "expire", crash_at="relay-after-expiry-claim")
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    envelope = first.of("ack")[0]["delivery_id"]
+    assert (relay(root) / "expiring" / f"{envelope}.json").exists()
+    assert not (relay(root) / "replies" / f"{envelope}.json").exists()
+
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])  # fresh for the restart
+    second = run_child(root, "expire", "--resume", envelope)
+    assert second.returncode == 0, second.stderr[-2000:]
+    (out,) = second.of("outcome")
+    assert (out["status"], out["reason"]) == ("failed", "queued_expired"), out
+    assert "NOT delivered" in out["error"]
+    assert (relay(root) / "claimed" / f"{envelope}.json").exists()
+    assert not (relay(root) / "expiring" / f"{envelope}.json").exists()
+    assert turns_logged(root) == []  # nothing ran anywhere
 
 
 def test_ttl_zero_disables_expiry(tmp_path: Path, gateways: list[Gateway]) -> None:

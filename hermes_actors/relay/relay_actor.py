@@ -32,6 +32,7 @@ from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.faults import crashpoint
 from hermes_actors.messages import (
     AttachRelay,
     DesktopDeliver,
@@ -61,8 +62,10 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import (
     InboxPaths,
+    claim_for_expiry,
     clear_sent,
     clear_started,
+    finish_expiry,
     mark_consumed,
     record_sent,
     remove_heartbeat,
@@ -272,13 +275,14 @@ class RelayActor(TypedActor):
         entry = self.waiting.get(msg.envelope_id)
         if entry is None:
             return
-        try:
-            claimed = rf.claim_envelope(self.paths.relay, msg.envelope_id)
+        try:  # into expiring/ first: a restart that finds it there knows it was ours, and finishes it
+            claimed = claim_for_expiry(self.paths, msg.envelope_id)
         except (OSError, ValidationError) as exc:
             logger.warning("relay: could not expire {}: {}", msg.envelope_id, exc)
             return
         if claimed is None:
             return  # a drain won the rename: it will deliver, we keep waiting for its reply
+        crashpoint("relay-after-expiry-claim")
         try:  # the seed's text names the envelope's target_connection (the label may be a display name)
             envelope = rf.read_envelope(claimed)
             handle, conn = envelope["target_handle"], envelope["target_connection"]
@@ -293,10 +297,18 @@ class RelayActor(TypedActor):
         except (OSError, ValidationError) as exc:
             # We hold the claim, so it was certainly NOT delivered: report that rather than crash the relay.
             logger.error("relay: could not write the expiry reply of {}: {}", msg.envelope_id, exc)
+            self._finish_expiry(msg.envelope_id)
             self._report(msg.envelope_id, OutcomeReady(outcomes.failed(msg.envelope_id, entry.label, text,
                                                                        "queued_expired")))
             return
+        self._finish_expiry(msg.envelope_id)
         self._check_reply(msg.envelope_id)
+
+    def _finish_expiry(self, envelope_id: str) -> None:
+        try:
+            finish_expiry(self.paths, envelope_id)
+        except (OSError, ValidationError) as exc:  # it stays in expiring/: never delivered all the same
+            logger.warning("relay: could not move the expired envelope {} to claimed/: {}", envelope_id, exc)
 
     @handles(ReplyDeadline)
     def _on_reply_deadline(self, msg: ReplyDeadline) -> None:

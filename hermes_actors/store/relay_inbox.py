@@ -10,6 +10,8 @@ processes on one machine our hub does the same through files:
     bot_relay/gateways/<pid>.json  {"pid", "connection_id", "at"}: each gateway process's heartbeat
     bot_relay/started/<id>.json    {"id", "at"}: a relayed-in turn is about to run (written before it runs)
     bot_relay/sent/<id>.json       {"id", "at", "label"}: this root's gateway queued envelope <id> (before the ack)
+    bot_relay/expiring/<id>.json   sender side: our own envelope, taken from outbox/ at its TTL; it moves on to
+                                   claimed/ once its queued_expired reply is written (a restart finishes it)
     bot_relay/hubclaims/s-<token>/ the hub's claims between the outbox and the target's inbox
 
 ``taken/`` holds one shelf per gateway process (``taken/s-<token>/<id>.json``, see
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,8 +51,10 @@ __all__ = [
     "SentRecord",
     "TurnStartMarks",
     "already_posted",
+    "claim_for_expiry",
     "clear_sent",
     "clear_started",
+    "finish_expiry",
     "gateway_alive",
     "is_consumed",
     "list_sent",
@@ -81,6 +86,7 @@ class InboxPaths:
     started: Path
     sent: Path
     hubclaims: Path
+    expiring: Path
     taken_parent: Path  # ``taken`` is the process's own shelf once it has one; this stays ``bot_relay/taken``
 
     @classmethod
@@ -88,13 +94,13 @@ class InboxPaths:
         relay = RelayPaths.from_root(root)
         base = relay.base
         return cls(relay, base / "inbox", base / "taken", base / "delivered", base / "consumed", base / HEARTBEAT_DIR,
-                   base / "started", base / "sent", base / "hubclaims", base / "taken")
+                   base / "started", base / "sent", base / "hubclaims", base / "expiring", base / "taken")
 
     def ensure(self) -> InboxPaths:
         """Create every directory (0700), refusing hostile ones."""
         self.relay.ensure()
         for directory in (self.inbox, self.taken_parent, self.delivered, self.consumed, self.heartbeat,
-                          self.started, self.sent, self.hubclaims):
+                          self.started, self.sent, self.hubclaims, self.expiring):
             ensure_private_dir(directory)
         return self
 
@@ -378,6 +384,50 @@ def _sender_of(data: dict[str, Any]) -> tuple[str, str, int]:
             or len(handle) > _SENDER_MAX or isinstance(hop, bool) or not isinstance(hop, int) or not 0 <= hop <= 1000):
         return "", "", 0
     return sender, handle, hop
+
+
+def claim_for_expiry(paths: InboxPaths, envelope_id: str) -> Path | None:
+    """Take our own envelope out of ``outbox/`` at its TTL (into ``expiring/``), or find it there already.
+
+    The rename decides against a drain that claims it at the same moment. Found in
+    ``expiring/``, it was taken by this root's gateway before a restart, which died
+    before the reply was written: the caller finishes the expiry now.
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+
+    Returns:
+        The envelope in ``expiring/``; None when a drain claimed it (it will reply).
+
+    Raises:
+        ValidationError: the id is invalid.
+        HostileFileError: a directory on the way is hostile.
+        OSError: the rename failed for another reason than a missing source.
+    """
+    target = paths.relay.id_file(paths.expiring, envelope_id)
+    ensure_private_dir(paths.expiring)
+    rename_between(paths.relay.base, paths.relay.outbox, paths.expiring, target.name)
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode):
+        quarantine(paths.relay, target, "expiring envelope is not a regular file")
+        return None
+    return target
+
+
+def finish_expiry(paths: InboxPaths, envelope_id: str) -> None:
+    """Move an expired envelope from ``expiring/`` to ``claimed/``, where the seed's expiry leaves it.
+
+    Raises:
+        HostileFileError: a directory on the way is hostile.
+        OSError: the rename failed for another reason than a missing source.
+    """
+    name = paths.relay.id_file(paths.expiring, envelope_id).name
+    ensure_private_dir(paths.relay.claimed)
+    rename_between(paths.relay.base, paths.expiring, paths.relay.claimed, name)
 
 
 def clear_sent(paths: InboxPaths, envelope_id: str) -> None:
