@@ -282,6 +282,24 @@ class Unprintable:
         raise RuntimeError("this reply cannot be rendered")
 
 
+class PoisonRunner:
+    """Replies ``fine: <body>``; the body ``poison`` blocks until ``release``, then returns an
+    :class:`Unprintable` reply that crashes bob's ProfileActor. ``bodies``: every turn, in order."""
+
+    def __init__(self) -> None:
+        self.release, self.entered = threading.Event(), threading.Event()
+        self.bodies: list[str] = []
+
+    def run_turn(self, turn: Turn) -> Any:
+        body = body_of(turn.content)
+        self.bodies.append(body)
+        if body == "poison":
+            self.entered.set()
+            assert self.release.wait(10)
+            return Unprintable()
+        return f"fine: {body}"
+
+
 class ObjectRunner:
     """A ``run_turn`` object runner (not a callable), so a non-str reply reaches the ProfileActor."""
 
@@ -309,29 +327,17 @@ def test_a_crashing_profile_actor_is_restarted(root: Path, gateways: list[Gatewa
 
 
 def test_crash_with_a_queue_keeps_the_queue(root: Path, gateways: list[Gateway]) -> None:
-    release, entered = threading.Event(), threading.Event()
-    bodies: list[str] = []
-
-    class Runner:
-        def run_turn(self, turn: Turn) -> Any:
-            body = body_of(turn.content)
-            bodies.append(body)
-            if body == "poison":
-                entered.set()
-                assert release.wait(10)
-                return Unprintable()
-            return f"fine: {body}"
-
-    gw = start_gateway(gateways, root, Runner())
+    runner = PoisonRunner()
+    gw = start_gateway(gateways, root, runner)
     try:
         poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
-        assert entered.wait(5)
+        assert runner.entered.wait(5)
         rest = [queued(gw.message_agent(sender="carol", target="bob", message=f"r{n}")) for n in range(3)]
     finally:
-        release.set()
+        runner.release.set()
     assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
     assert [gw.wait_outcome(d, timeout=10)["reply"] for d in rest] == ["fine: r0", "fine: r1", "fine: r2"]
-    assert bodies == ["poison", "r0", "r1", "r2"]
+    assert runner.bodies == ["poison", "r0", "r1", "r2"]
 
 
 def test_a_dm_sent_while_a_crashed_profile_actor_stops_runs_after_what_it_held(
@@ -340,44 +346,33 @@ def test_a_dm_sent_while_a_crashed_profile_actor_stops_runs_after_what_it_held(
     """r2 reaches the Dispatcher while bob, crashed, is stopping (its stop queued, not yet done):
     pykka would drop a tell to it then. r2 must wait for the restart and run after r0 and r1,
     which the crashed instance held (FIFO per profile)."""
-    release, entered, stopping, go = (threading.Event() for _ in range(4))
-    bodies: list[str] = []
+    runner = PoisonRunner()
+    stopping, go = threading.Event(), threading.Event()
     real_stop = ProfileActor.stop
 
     def stop_then_wait(actor: ProfileActor) -> None:
         real_stop(actor)  # queues pykka's stop: a tell queued behind it is dropped
-        if release.is_set() and not stopping.is_set():
+        if runner.release.is_set() and not stopping.is_set():
             stopping.set()
             assert go.wait(10)
 
     monkeypatch.setattr(ProfileActor, "stop", stop_then_wait)
-
-    class Runner:
-        def run_turn(self, turn: Turn) -> Any:
-            body = body_of(turn.content)
-            bodies.append(body)
-            if body == "poison":
-                entered.set()
-                assert release.wait(10)
-                return Unprintable()
-            return f"fine: {body}"
-
-    gw = start_gateway(gateways, root, Runner())
+    gw = start_gateway(gateways, root, runner)
     try:
         poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
-        assert entered.wait(5)
+        assert runner.entered.wait(5)
         held = [queued(gw.message_agent(sender="carol", target="bob", message=f"r{n}")) for n in range(2)]
         gw.stats()  # an ask: the Dispatcher handed r0 and r1 to bob before answering
-        release.set()
+        runner.release.set()
         assert stopping.wait(10), "bob did not crash"
         late = queued(gw.message_agent(sender="carol", target="bob", message="r2"))
         gw.stats()  # the Dispatcher handled r2 while bob was stopping
     finally:
-        release.set()
+        runner.release.set()
         go.set()
     assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
     assert [gw.wait_outcome(d, timeout=10)["reply"] for d in [*held, late]] == ["fine: r0", "fine: r1", "fine: r2"]
-    assert bodies == ["poison", "r0", "r1", "r2"]
+    assert runner.bodies == ["poison", "r0", "r1", "r2"]
 
 
 class _CrashDuringStop:
@@ -390,8 +385,9 @@ class _CrashDuringStop:
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.release, self.entered, self.crashing = threading.Event(), threading.Event(), threading.Event()
-        self.bodies: list[str] = []
+        self.runner = PoisonRunner()
+        self.release, self.entered, self.bodies = self.runner.release, self.runner.entered, self.runner.bodies
+        self.crashing = threading.Event()
         self.crashed = False
         real_ask, real_salvage = profile_table.ask, ProfileActor.salvage
 
@@ -410,17 +406,16 @@ class _CrashDuringStop:
         monkeypatch.setattr(ProfileActor, "salvage", salvage_then_signal)
         monkeypatch.setattr(profile_table, "ask", ask_after_the_crash)
 
-    def run_turn(self, turn: Turn) -> Any:
-        body = body_of(turn.content)
-        self.bodies.append(body)
-        if body == "poison":
-            self.entered.set()
-            assert self.release.wait(10)
-            return Unprintable()  # bob crashes rendering it
-        return f"fine: {body}"
+    def run(self, root: Path, *, durable: bool) -> tuple[Recorder, str, list[str]]:
+        """Start a gateway on ``root``, send the poison, queue three DMs behind it, stop.
 
-    def run(self, gw: Gateway) -> tuple[str, list[str]]:
-        """Send the poison, queue three DMs behind it, stop: (poison id, the three ids)."""
+        Returns:
+            (its subscriber's outcomes, the poison id, the three ids).
+        """
+        recorder = Recorder()
+        gw = Gateway(root, runner=self.runner, durable=durable)
+        gw.subscribe(recorder)
+        gw.start()
         try:
             poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
             assert self.entered.wait(5)
@@ -429,18 +424,14 @@ class _CrashDuringStop:
             gw.stop(timeout=10)
             self.release.set()
         assert self.crashed, "stop never asked bob to wind down"
-        return poison, rest
+        return recorder, poison, rest
 
 
 def test_a_crash_restart_during_stop_cancels_the_queue_instead_of_running_it(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     crash = _CrashDuringStop(monkeypatch)
-    recorder = Recorder()
-    gw = Gateway(root, runner=crash, durable=False)
-    gw.subscribe(recorder)
-    gw.start()
-    poison, rest = crash.run(gw)
+    recorder, poison, rest = crash.run(root, durable=False)
     seen = recorder.by_id()
     assert seen[poison]["status"] == "ambiguous"
     for d in rest:
@@ -453,11 +444,7 @@ def test_a_crash_restart_during_a_durable_stop_keeps_the_queue_for_the_next_star
     root: Path, monkeypatch: pytest.MonkeyPatch, gateways: list[Gateway]
 ) -> None:
     crash = _CrashDuringStop(monkeypatch)
-    first = Recorder()
-    gw = Gateway(root, runner=crash, durable=True)
-    gw.subscribe(first)
-    gw.start()
-    poison, rest = crash.run(gw)
+    first, poison, rest = crash.run(root, durable=True)
     assert first.ids() == [poison] and first.by_id()[poison]["status"] == "ambiguous"
     assert crash.bodies == ["poison"]  # journaled, not run: the next start re-offers them
 
