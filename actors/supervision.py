@@ -83,13 +83,17 @@ class SupervisorActor(TypedActor):
         self.clock = clock
         self.children: dict[str, _Child] = {}
         self.escalated: dict[str, BaseException | None] = {}
+        # The last generation started per name, kept across forget_child: a forgotten instance's late
+        # crash report must never be taken for its successor's.
+        self.generations: dict[str, int] = {}
 
     def start_child(self, name: str, factory: ChildFactory, salvage: Any = None) -> pykka.ActorRef[Any]:
         """Start (or return the running) child ``name``; call from this actor's thread."""
         child = self.children.get(name)
         if child is not None and child.ref.is_alive():
             return child.ref
-        generation = child.generation + 1 if child else 0
+        generation = self.generations.get(name, -1) + 1
+        self.generations[name] = generation
         ref = factory(Link(self.actor_ref, name, generation), salvage)
         fresh = _Child(factory, ref, generation, child.restarts if child else deque(maxlen=64))
         self.children[name] = fresh
@@ -148,14 +152,28 @@ class SupervisorActor(TypedActor):
         logger.warning("restarting crashed child {} after {!r}", msg.name, msg.error)
         restart = self.on_restart(msg.name, replace(msg, pending=pending))
         pending = restart.pending
+        generation = self.generations.get(msg.name, child.generation) + 1
+        self.generations[msg.name] = generation
         try:
-            ref = child.factory(Link(self.actor_ref, msg.name, child.generation + 1), restart.salvage)
+            ref = child.factory(Link(self.actor_ref, msg.name, generation), restart.salvage)
         except Exception:
             fail_pending(f"child {msg.name!r}", pending)  # nobody will ever answer them: fail, never hang
             raise
-        child.ref, child.generation, child.retiring = ref, child.generation + 1, False
+        child.ref, child.generation, child.retiring = ref, generation, False
         child.held = _hand_over(ref, pending)  # the mailbox moves to the new instance, order kept
         self.on_child_restarted(msg.name, ref)
+
+    def _on_stopped(self) -> None:
+        """A supervisor that stops (or crashes) stops its children: none outlives it.
+
+        A crashed child waits for its supervisor's ``Retire``; one whose ``ChildCrashed``
+        this actor never handled would wait for ever. (Without blocking: a subclass that
+        must wait for them, as the Dispatcher does, stops them in its own ``on_stop``.)
+        """
+        for child in self.children.values():
+            if child.ref.is_alive():
+                child.ref.stop(block=False)
+        super()._on_stopped()
 
     def on_restart(self, name: str, failure: ChildFailed) -> ChildFailed:
         """Hook: what the restarted instance of ``name`` is given; by default all of it.

@@ -89,7 +89,7 @@ def _wrap_on_stop(on_stop: Callable[[Any], None]) -> Callable[[Any], None]:
         try:
             on_stop(self)
         finally:
-            TypedActor.on_stop(self)
+            self._on_stopped()
 
     return on_stop_then_release
 
@@ -170,6 +170,10 @@ class TypedActor(pykka.ThreadingActor):
 
         Subclasses may override without calling super(): this still runs after them.
         """
+        self._on_stopped()
+
+    def _on_stopped(self) -> None:
+        """What every stop does after ``on_stop`` (idempotent); the toolkit's supervisors extend it."""
         self.cancel_timers()
         crash, self._crash = self._crash, None
         if crash is not None:

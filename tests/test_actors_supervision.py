@@ -246,6 +246,19 @@ class Sup(SupervisorActor):
         self.restarted.append((name, ref.actor_urn))
 
 
+class BlockableSup(Sup):
+    """A supervisor a test can hold (``Block``) or crash (``Crash``)."""
+
+    @handles(Block)
+    def on_block(self, msg: Block) -> None:
+        msg.entered.set()
+        assert msg.gate.wait(10), "test forgot to open the gate"
+
+    @handles(Crash)
+    def on_crash_message(self, msg: Crash) -> None:
+        raise RuntimeError("supervisor crash on purpose")
+
+
 class RecordingSup(Sup):
     """Records escalations instead of crashing."""
 
@@ -423,6 +436,45 @@ def test_an_ask_answered_after_the_crash_is_not_handed_to_the_restarted_instance
     assert reply.get(timeout=5) == -1  # from the crashed instance
     new = _await_new_child(sup, child)
     assert ask(new, Seen(), timeout=5) == (3,)  # the tell still moved on
+
+
+@pytest.mark.parametrize("how", ["stops", "crashes"])
+def test_a_supervisor_that_ends_before_it_handles_a_crash_report_stops_the_crashed_child(how: str) -> None:
+    """The child's ChildCrashed lands behind its supervisor's stop (or crash): no Retire ever comes.
+    The supervisor stops its children as it ends, so the crashed one does not wait for ever."""
+    sup = BlockableSup.start(Factory())
+    child = ask(sup, StartChild(), timeout=5)
+    sup_gate = _block(sup)
+    if how == "stops":
+        sup.stop(block=False)
+    else:
+        sup.tell(Crash())
+    child_gate = _block(child)
+    child.tell(Crash())
+    child_gate.set()  # it crashes: its ChildCrashed is queued behind the supervisor's end
+    sup_gate.set()
+    assert child.actor_stopped.wait(5), "the crashed child outlived its supervisor"
+    assert sup.actor_stopped.wait(5)
+
+
+def test_a_forgotten_instance_crashing_late_never_takes_down_its_successor() -> None:
+    """Generations keep rising across forget_child: the forgotten instance's crash report (generation 0)
+    is stale, so the healthy successor (generation 1) is neither marked down nor restarted over."""
+    factory = Factory()
+    sup = Sup.start(factory)
+    first = ask(sup, StartChild(), timeout=5)
+    gate = _block(first)
+    ask(sup, Forget(), timeout=5)  # an idle stop forgot it before it handled its stop
+    second = ask(sup, StartChild(), timeout=5)
+    assert ask(second, WhoAmI(), timeout=5) == ("c", 1)
+    first.tell(Crash())
+    gate.set()
+    assert first.actor_stopped.wait(5)
+    ask(sup, ChildRef(), timeout=5)  # after the crash reports: the forgotten one's came before this ask
+    await_condition(lambda: factory.count() == 2 and _child(sup) == second and not ask(sup, IsDown(), timeout=5),
+                    timeout=5, message="the successor untouched")
+    assert second.is_alive()
+    assert [link.generation for link, _ in factory.calls] == [0, 1]
 
 
 def test_a_restarted_child_is_rebuilt_from_its_salvage() -> None:
@@ -649,7 +701,7 @@ def test_start_child_after_escalation_clears_it() -> None:
     again = ask(sup, StartChild(), timeout=5)
     assert again.is_alive()
     assert ask(sup, Escalated(), timeout=5) == {}
-    assert ask(again, WhoAmI(), timeout=5) == ("c", 0)
+    assert ask(again, WhoAmI(), timeout=5) == ("c", 1)  # generations never repeat for a name
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from pathlib import Path
@@ -9,13 +10,16 @@ from typing import Any, ClassVar
 
 import pykka
 import pytest
+from relay_helpers import seed_envelope
 from roots import RecordingRunner, body_of, make_root, start_gateway
 
+from actors import RestartPolicy
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
 from hermes_actors.local import profile_table
 from hermes_actors.local.profile_actor import ProfileActor
 from hermes_actors.messages import Turn, WindDown
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 
 OUTCOME_KEYS = {"delivery_id", "status", "reply", "error", "reason", "retryable", "from", "text"}
 
@@ -373,6 +377,145 @@ def test_a_dm_sent_while_a_crashed_profile_actor_stops_runs_after_what_it_held(
     assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
     assert [gw.wait_outcome(d, timeout=10)["reply"] for d in [*held, late]] == ["fine: r0", "fine: r1", "fine: r2"]
     assert runner.bodies == ["poison", "r0", "r1", "r2"]
+
+
+class _Gate:
+    """Holds a patched ProfileActor method the first time it runs after ``armed``: ``reached`` is set, then
+    it waits for ``go``."""
+
+    def __init__(self) -> None:
+        self.armed, self.reached, self.go = threading.Event(), threading.Event(), threading.Event()
+
+    def hold(self) -> None:
+        if self.armed.is_set() and not self.reached.is_set():
+            self.reached.set()
+            assert self.go.wait(10)
+
+
+class OwnerRecorder:
+    """A live owner that records the DMs handed to it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[str] = []
+
+    def run_turn(self, turn: Turn) -> str:
+        self.bodies.append(body_of(turn.content))
+        return "owner answered"
+
+
+def _gate_on_crash(monkeypatch: pytest.MonkeyPatch, runner: PoisonRunner) -> _Gate:
+    """Hold bob in ``on_crash`` (it is dead, its ChildFailed not sent) once the poison is released."""
+    gate, real_on_crash = _Gate(), ProfileActor.on_crash
+    gate.armed = runner.release
+
+    def on_crash(actor: ProfileActor, *args: Any) -> None:
+        gate.hold()
+        real_on_crash(actor, *args)
+
+    monkeypatch.setattr(ProfileActor, "on_crash", on_crash)
+    return gate
+
+
+def test_a_live_owner_attached_while_a_crashed_profile_actor_is_down_keeps_the_order(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attaching (and detaching) a live owner while bob is dead but unreported must not start a fresh bob
+    that would run r2 ahead of r0 and r1, which the crashed instance held."""
+    runner, owner = PoisonRunner(), OwnerRecorder()
+    gate = _gate_on_crash(monkeypatch, runner)
+    gw = start_gateway(gateways, root, runner)
+    try:
+        poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
+        assert runner.entered.wait(5)
+        held = [queued(gw.message_agent(sender="carol", target="bob", message=f"r{n}")) for n in range(2)]
+        gw.stats()  # r0 and r1 were handed to bob
+        runner.release.set()
+        assert gate.reached.wait(10), "bob did not crash"
+        gw.attach_live_owner("bob", owner)
+        gw.detach_live_owner("bob")
+        late = queued(gw.message_agent(sender="carol", target="bob", message="r2"))
+        gw.stats()
+    finally:
+        runner.release.set()
+        gate.go.set()
+    assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
+    assert [gw.wait_outcome(d, timeout=10)["reply"] for d in [*held, late]] == ["fine: r0", "fine: r1", "fine: r2"]
+    assert runner.bodies == ["poison", "r0", "r1", "r2"] and owner.bodies == []
+
+
+def test_an_owner_change_told_to_a_crashed_profile_actor_is_not_replayed_by_its_restart(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AttachOwner reaches the crashed bob before its Retire (collected into its mailbox); the detach
+    comes while it is stopping. The restarted bob starts with the current owner (none) and must not
+    replay the stale attach: the next DM runs as a turn, not in the detached owner."""
+    runner, owner = PoisonRunner(), OwnerRecorder()
+    in_salvage, stopping = _Gate(), _Gate()
+    in_salvage.armed = stopping.armed = runner.release
+    real_salvage, real_stop = ProfileActor.salvage, ProfileActor.stop
+
+    def salvage(actor: ProfileActor) -> Any:
+        in_salvage.hold()  # the crash began; the Dispatcher does not know yet
+        return real_salvage(actor)
+
+    def stop(actor: ProfileActor) -> None:
+        real_stop(actor)
+        stopping.hold()  # it got Retire: the Dispatcher knows it is down
+
+    monkeypatch.setattr(ProfileActor, "salvage", salvage)
+    monkeypatch.setattr(ProfileActor, "stop", stop)
+    gw = start_gateway(gateways, root, runner)
+    try:
+        poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
+        assert runner.entered.wait(5)
+        runner.release.set()
+        assert in_salvage.reached.wait(10), "bob did not crash"
+        gw.attach_live_owner("bob", owner)  # told to bob, behind its crash: collected
+        in_salvage.go.set()
+        assert stopping.reached.wait(10)
+        gw.detach_live_owner("bob")
+        stopping.go.set()
+        assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
+        after = queued(gw.message_agent(sender="carol", target="bob", message="after-detach"))
+        assert gw.wait_outcome(after, timeout=10)["reply"] == "fine: after-detach"
+    finally:
+        runner.release.set()
+        in_salvage.go.set()
+        stopping.go.set()
+    assert owner.bodies == [] and runner.bodies == ["poison", "after-detach"]
+
+
+def test_an_escalated_profile_fails_what_waited_for_it_as_not_delivered(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bob crashes beyond its restart intensity while a local DM and a relayed-in one wait for it: both end
+    failed, NOT delivered (neither started), the relayed-in one answered through the relay."""
+    monkeypatch.setattr(RestartPolicy, "allows", lambda self, history, now: False)
+    runner = PoisonRunner()
+    gate = _gate_on_crash(monkeypatch, runner)
+    gw = start_gateway(gateways, root, runner, connection_id="alpha")
+    paths = InboxPaths.from_root(root)
+    relayed = seed_envelope(target_connection="alpha", target_profile="bob")
+    try:
+        poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
+        assert runner.entered.wait(5)
+        runner.release.set()
+        assert gate.reached.wait(10), "bob did not crash"
+        late = queued(gw.message_agent(sender="carol", target="bob", message="late"))
+        post_to_inbox(paths, relayed, "mini")
+        # The poison is settled already (bob's on_stop told it, before the gated on_crash): 2 pending.
+        await_condition(lambda: gw.stats()["pending"] == 2, timeout=10, message="both held for bob")
+    finally:
+        runner.release.set()
+        gate.go.set()
+    assert gw.wait_outcome(poison, timeout=10)["status"] == "ambiguous"
+    out = gw.wait_outcome(late, timeout=10)
+    assert (out["status"], out["reason"]) == ("failed", "unknown") and "NOT delivered" in out["error"], out
+    answer = paths.delivered / f"{relayed['id']}.json"
+    await_condition(answer.exists, timeout=10, message="the relayed-in DM answered")
+    record = json.loads(answer.read_text(encoding="utf-8"))
+    assert record["reply"] == "" and "NOT delivered" in record["error"]
+    assert gw.stats()["pending"] == 0 and runner.bodies == ["poison"]
 
 
 class _CrashDuringStop:

@@ -504,12 +504,18 @@ class DispatcherActor(SupervisorActor):
         super().on_stale_failure(name, ref, self.profiles.taken_over(name, failure))
 
     def on_escalation(self, name: str, error: BaseException | None) -> None:
-        """A ProfileActor keeps crashing: fail what it held, keep the gateway up."""
+        """A ProfileActor keeps crashing: fail what it held, keep the gateway up.
+
+        Its running turn was settled ``ambiguous`` by its crash report (which comes first),
+        so every delivery still pending for it never started: queued, in its mailbox, or
+        held here while it was down. They fail as NOT delivered, relayed-in ones too (their
+        sender is answered through the relay).
+        """
+        text = (f"The target's actor failed repeatedly ({error!r}) before this message's turn started; "
+                "the message was NOT delivered.")
         for key, entry in self.book.pending():
-            if entry.route in ("local", "room") and entry.delivery.target == name:
-                self._settle(
-                    outcomes.ambiguous(key, entry.delivery.label, f"The target's actor failed repeatedly ({error!r}).")
-                )
+            if entry.route in ("local", "room", "relay-in") and entry.delivery.target == name:
+                self._settle(outcomes.failed(key, entry.delivery.label, text, "unknown"))
         self.profiles.forget(name)
 
     def on_stop(self) -> None:

@@ -130,7 +130,7 @@ class ProfileTable:
         Returns:
             ``failure`` with that ``Deliver`` put ahead of its mailbox.
         """
-        pending = failure.pending
+        pending = _without_owner_changes(failure.pending)
         salvage = failure.salvage
         if isinstance(salvage, ProfileSalvage) and salvage.queued:
             pending = (Deliver(tuple(delivery for delivery, _ in salvage.queued)), *pending)
@@ -145,14 +145,15 @@ class ProfileTable:
         """Hand the DMs of ``info`` to a live owner (this instance and every restarted one)."""
         self.flush()
         self.owners[info.profile] = owner
-        self.ref(info).tell(AttachOwner(info.profile, owner))
+        if not self.supervisor.child_down(info.profile):  # down: its restart starts with the owner
+            self.ref(info).tell(AttachOwner(info.profile, owner))
 
     def detach_owner(self, info: ProfileInfo) -> None:
         """Return the DMs of ``info`` to the normal turn path."""
         self.flush()
         self.owners.pop(info.profile, None)
         ref = self.supervisor.child_ref(info.profile)
-        if ref is not None and ref.is_alive():
+        if ref is not None and not self.supervisor.child_down(info.profile):
             ref.tell(DetachOwner(info.profile))
 
     def idle(self, msg: ProfileIdle) -> None:
@@ -196,7 +197,8 @@ class ProfileTable:
     def restarting(self, profile: str, failure: ChildFailed) -> tuple[ChildFailed, list[Delivery]]:
         """What a ProfileActor of ``profile`` restarted after a crash is given, and what it is not.
 
-        While the gateway runs, all of it. Once it stops (the crashed instance missed the
+        While the gateway runs, all of it but the owner changes in its mailbox (the new
+        instance starts with the current owner). Once the gateway stops (the crashed instance missed the
         ``WindDown``), none of the deliveries it had queued, was sent or that wait for it
         here: they must not run, and the caller settles them now, on its own thread, ahead
         of the stop's next step.
@@ -205,6 +207,7 @@ class ProfileTable:
             ``(failure to restart from, deliveries to cancel)``; a delivery the stop keeps
             for the next start (see :func:`kept_at_stop`) is in neither.
         """
+        failure = replace(failure, pending=_without_owner_changes(failure.pending))
         if self.winding is None:
             return failure, []
         salvage = failure.salvage
@@ -240,3 +243,12 @@ class ProfileTable:
                     ref.stop(block=True, timeout=5)
                 except pykka.Timeout:
                     logger.warning("ProfileActor {} did not stop in time", name)
+
+
+def _without_owner_changes(pending: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A crashed ProfileActor's mailbox without its ``AttachOwner``/``DetachOwner``.
+
+    The instance that takes it over starts with the profile's current owner (the table's
+    ``owners``); an older change handed over after that would undo a newer one.
+    """
+    return tuple(m for m in pending if not isinstance(m, AttachOwner | DetachOwner))
