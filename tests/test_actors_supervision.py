@@ -442,26 +442,28 @@ def test_an_ask_answered_after_the_crash_is_not_handed_to_the_restarted_instance
 def test_a_supervisor_that_ends_before_it_handles_a_crash_report_stops_the_crashed_child(how: str) -> None:
     """The child's ChildCrashed lands behind its supervisor's stop (or crash): no Retire ever comes.
     The supervisor stops its children as it ends, so the crashed one does not wait for ever."""
-    sup = BlockableSup.start(Factory())
+    sup = BlockableSup.start(Factory(actor_class=AnswersGetAfterCrash))
     child = ask(sup, StartChild(), timeout=5)
     sup_gate = _block(sup)
     if how == "stops":
         sup.stop(block=False)
     else:
         sup.tell(Crash())
-    child_gate = _block(child)
     child.tell(Crash())
-    child_gate.set()  # it crashes: its ChildCrashed is queued behind the supervisor's end
+    # Answered by the crashed instance: its crash began, so its ChildCrashed is already queued, behind the
+    # supervisor's end (the supervisor is held).
+    assert ask(child, Get(), timeout=5) == -1
     sup_gate.set()
-    assert child.actor_stopped.wait(5), "the crashed child outlived its supervisor"
     assert sup.actor_stopped.wait(5)
+    assert child.actor_stopped.wait(5), "the crashed child outlived its supervisor"
 
 
 def test_a_forgotten_instance_crashing_late_never_takes_down_its_successor() -> None:
     """Generations keep rising across forget_child: the forgotten instance's crash report (generation 0)
     is stale, so the healthy successor (generation 1) is neither marked down nor restarted over."""
     factory = Factory()
-    sup = Sup.start(factory)
+    reports: list[ChildFailed] = []
+    sup = Parent.start(factory, reports=reports)
     first = ask(sup, StartChild(), timeout=5)
     gate = _block(first)
     ask(sup, Forget(), timeout=5)  # an idle stop forgot it before it handled its stop
@@ -469,11 +471,10 @@ def test_a_forgotten_instance_crashing_late_never_takes_down_its_successor() -> 
     assert ask(second, WhoAmI(), timeout=5) == ("c", 1)
     first.tell(Crash())
     gate.set()
-    assert first.actor_stopped.wait(5)
-    ask(sup, ChildRef(), timeout=5)  # after the crash reports: the forgotten one's came before this ask
-    await_condition(lambda: factory.count() == 2 and _child(sup) == second and not ask(sup, IsDown(), timeout=5),
-                    timeout=5, message="the successor untouched")
-    assert second.is_alive()
+    await_condition(lambda: len(reports) == 1, timeout=5, message="the forgotten instance's ChildFailed")
+    assert reports[0].generation == 0
+    assert _child(sup) == second and ask(sup, IsDown(), timeout=5) is False  # both of its reports were stale
+    assert second.is_alive() and ask(second, WhoAmI(), timeout=5) == ("c", 1)
     assert [link.generation for link, _ in factory.calls] == [0, 1]
 
 
