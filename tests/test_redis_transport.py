@@ -26,6 +26,7 @@ from roots import RecordingRunner, make_root, wait_online
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TransportError, TurnFailed
 from hermes_actors.core.config import deep_merge
+from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Turn
 from hermes_actors.store.relay_protocol import make_envelope
@@ -150,6 +151,25 @@ def test_a_restarted_sender_resumes_waiting_for_its_replies(tmp_path: Path, redi
         out = second.wait_outcome(ack["delivery_id"], timeout=10)
     assert (out["status"], out["reply"]) == ("replied", "ok: across a restart")
     assert redis_server.client().hlen(KEYS.sent("alpha")) == 0
+
+
+def test_a_dm_resumed_after_the_senders_restart_wakes_its_sender(tmp_path: Path, redis_server: RedisServer) -> None:
+    """The sent meta names the sending DM (profile, handle, hop): after a restart, the resumed DM's
+    outcome wakes alice as it would have before (before, the meta kept no hop: outcome, no wake)."""
+    fake_connection(redis_server, "mini")  # online, not draining yet
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    cfg = _config(redis_server, wake_sender=True)
+    with Gateway(root, runner=RecordingRunner(), config=cfg, connection_id="alpha") as first:
+        wait_online(first, "bob", "mini")
+        dm = first.message_agent(sender="alice", target="bob@mini", message="across a restart")["delivery_id"]
+    rec = RecordingRunner(lambda turn: "noted")
+    with Gateway(root, runner=rec, config=cfg, connection_id="alpha") as second, \
+            gateway(tmp_path, "mini", redis_server, RecordingRunner(lambda turn: "hello back")):
+        assert second.wait_outcome(dm, timeout=10)["reply"] == "hello back"
+        wake = second.wait_outcome(wake_id(dm), timeout=10)  # alice's wake turn ran and settled
+    assert wake["status"] == "replied"
+    (turn,) = [t for t in rec.entered if t.profile == "alice"]
+    assert "hello back" in turn.content and turn.hop == 1  # the DM's hop, as stored when it was sent
 
 
 class KeyEvents:

@@ -62,6 +62,7 @@ __all__ = [
     "post_to_inbox",
     "read_delivered",
     "record_sent",
+    "recorded_sender",
     "remove_heartbeat",
     "take_from_inbox",
     "was_started",
@@ -377,9 +378,19 @@ def record_sent(
     _write_mark(paths.sent, envelope_id, record, tmp_dir=paths.relay.tmp, fsync=False)  # as durable as the envelope
 
 
-def _sender_of(data: dict[str, Any]) -> tuple[str, str, int]:
-    """The sending DM a sent record names; ("", "", 0) when it names none or not in the expected shape."""
-    sender, handle, hop = data.get("from", ""), data.get("from_handle", ""), data.get("hop", 0)
+def recorded_sender(data: dict[str, Any], *, profile_key: str = "from") -> tuple[str, str, int]:
+    """The sending DM a record of one of our envelopes names: (profile, handle, hop).
+
+    Shared by the file relay's ``sent/`` records and the Redis transport's sent meta.
+
+    Args:
+        data: the record.
+        profile_key: the key of the sending profile (``from`` in ``sent/``, ``from_profile`` in Redis).
+
+    Returns:
+        ``("", "", 0)`` when it names none (a record of an older version) or not in the expected shape.
+    """
+    sender, handle, hop = data.get(profile_key, ""), data.get("from_handle", ""), data.get("hop", 0)
     if (not isinstance(sender, str) or not isinstance(handle, str) or len(sender) > _SENDER_MAX
             or len(handle) > _SENDER_MAX or isinstance(hop, bool) or not isinstance(hop, int) or not 0 <= hop <= 1000):
         return "", "", 0
@@ -457,7 +468,7 @@ def list_sent(paths: InboxPaths) -> tuple[list[SentRecord], list[Path]]:
             at = data.get("at")
             if isinstance(at, bool) or not isinstance(at, int | float):
                 raise ValidationError(f"{name}: 'at' is not a number")
-            records.append(SentRecord(stem, float(at), data["label"], *_sender_of(data)))
+            records.append(SentRecord(stem, float(at), data["label"], *recorded_sender(data)))
         except FileNotFoundError:
             continue
         except (OSError, ValidationError):

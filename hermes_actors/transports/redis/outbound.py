@@ -36,6 +36,7 @@ from hermes_actors.messages import (
     ResumedSend,
     TtlDeadline,
 )
+from hermes_actors.store.relay_inbox import recorded_sender
 from hermes_actors.store.relay_protocol import expired_error_text, make_envelope
 from hermes_actors.store.relay_roster import offline_error_text
 from hermes_actors.transports.redis import store as rs
@@ -151,7 +152,8 @@ class Outbound:
     def resume(self) -> tuple[ResumedSend, ...]:
         """Wait again for the replies of our envelopes still in flight; those resumed.
 
-        Their senders are not woken by the outcome: the stored meta keeps no hop for the loop guard.
+        Each names the DM that sent it (profile, handle, hop), so its outcome wakes that sender as
+        it would have before the restart; a meta of an older version names none (no wake).
 
         Raises:
             Exception: from redis-py when Redis cannot be read (the caller retries).
@@ -166,7 +168,7 @@ class Outbound:
                 continue
             if self.local_profiles and meta.get("from_profile") not in self.local_profiles:
                 continue
-            resumed.append(ResumedSend(envelope_id, meta["label"]))
+            resumed.append(ResumedSend(envelope_id, meta["label"], *recorded_sender(meta, profile_key="from_profile")))
             self._wait_for(envelope_id, meta["label"], str(meta.get("target_handle", "")),
                            str(meta.get("target_connection", "")), age=max(0.0, now - float(meta["created_at"])))
         self.resumed = True

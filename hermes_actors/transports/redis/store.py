@@ -269,8 +269,9 @@ def decode_reply_entry(fields: dict[Any, Any]) -> dict[str, Any]:
 
 def sent_meta(envelope: dict[str, Any], label: str) -> bytes:
     """What ``<p>:sent:<me>`` keeps of an envelope awaiting its reply (for a restart)."""
-    keys = ("created_at", "from_profile", "target_handle", "target_connection")
-    return orjson.dumps({"label": label, **{k: envelope[k] for k in keys}})
+    keys = ("created_at", "from_profile", "from_handle", "target_handle", "target_connection")
+    # The hop too: a restart wakes the sending profile with the outcome (its loop guard needs the hop).
+    return orjson.dumps({"label": label, "hop": envelope.get("hop", 0), **{k: envelope[k] for k in keys}})
 
 
 def parse_sent_meta(value: bytes) -> dict[str, Any] | None:
