@@ -341,14 +341,17 @@ def test_housekeep_sweeps_only_stale_relay_files(tmp_path: Path, gateways: list[
         rid = uuid.uuid4().hex
         rf.write_reply(paths, rp.make_reply(rid, reply="x", now=time.time()))
         files[age].append(paths.replies / f"{rid}.json")
+        leftover = InboxPaths.from_root(root).expiring / f"{uuid.uuid4().hex}.json"  # a kill left it behind
+        leftover.write_text("{}", encoding="utf-8")
+        files[age].append(leftover)
     seven_hours_ago = time.time() - 7 * 3600
     for path in files["old"]:
         os.utime(path, (seven_hours_ago, seven_hours_ago))
 
     removed = gw.housekeep()
-    assert removed >= 3
-    assert [p.exists() for p in files["old"]] == [False, False, False]
-    assert [p.exists() for p in files["new"]] == [True, True, True]
+    assert removed >= 4
+    assert [p.exists() for p in files["old"]] == [False, False, False, False]
+    assert [p.exists() for p in files["new"]] == [True, True, True, True]
 
 
 def test_the_first_reply_written_wins(tmp_path: Path, gateways: list[Gateway]) -> None:

@@ -467,7 +467,9 @@ class RelayActor(TypedActor):
 
         self.last_housekeep = time.monotonic()
         removed = rf.sweep_stale(self.paths.relay, now=time.time())
-        for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken, self.paths.started):
+        # expiring/: an envelope whose expiry reply was written but which a kill left behind (the reply is reported)
+        for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken, self.paths.started,
+                          self.paths.expiring):
             removed += rf.sweep_directory(directory, time.time() - rp.STALE_AFTER_SECONDS)
         removed += cleanup_bot_dm_cache()
         if removed:
