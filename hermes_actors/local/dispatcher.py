@@ -522,6 +522,9 @@ class DispatcherActor(SupervisorActor):
         self.after_message(asked=True)
         self.relay.abandon()
         self.profiles.stop_all()
+        for future in self.restart_waiters:  # stopping (or crashed): nobody will restart anything now
+            future.set(None)
+        self.restart_waiters = []
 
 
 def _answer_room(reply: Callable[[Outcome], None] | None, outcome: Outcome) -> None:
