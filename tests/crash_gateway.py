@@ -22,7 +22,7 @@ SIGKILLs this process still has everything printed before the kill.
     python tests/crash_gateway.py ROOT final IDS_JSON
         start, wait_outcome for every id in the JSON list, print them, stop.
     python tests/crash_gateway.py ROOT expire [--resume ID]
-        with ``envelope_ttl_seconds: 1``: send one DM hermes → ``moxie`` (a remote
+        with ``envelope_ttl_seconds: 1`` and ``reply_wait_seconds: 1``: send one DM hermes → ``moxie`` (a remote
         profile in ROOT's relay roster, nobody drains it), print the ack and wait for
         its outcome; with ``--resume ID`` send nothing and wait for ID's outcome.
 """
@@ -153,7 +153,8 @@ def cmd_final(root: Path, ids_file: str) -> None:
 
 
 def cmd_expire(root: Path, args: list[str]) -> None:
-    config = {"bot_mode": {"envelope_ttl_seconds": 1, "reply_wait_seconds": 20}}
+    # Equal budgets, as the defaults (900 s each): at a restart both deadlines are due at once.
+    config = {"bot_mode": {"envelope_ttl_seconds": 1, "reply_wait_seconds": 1}}
     gw = Gateway(root, runner=logging_runner(root), config=config).start()
     if args[:1] == ["--resume"]:
         ids = args[1:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+from hermes_actors.store.relay_inbox import InboxPaths, claim_for_expiry, post_to_inbox
 from hermes_actors.store.relay_shelf import find_on_shelves
 
 REPLY_KEYS = {"id", "at", "reply", "error", "reason"}
@@ -291,6 +292,32 @@ def test_a_gateway_killed_between_its_expiry_claim_and_the_reply_reports_queued_
     assert (relay(root) / "claimed" / f"{envelope}.json").exists()
     assert not (relay(root) / "expiring" / f"{envelope}.json").exists()
     assert turns_logged(root) == []  # nothing ran anywhere
+
+
+def test_an_undrained_envelope_whose_reply_budget_ends_with_its_ttl_is_queued_expired(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Equal budgets (the defaults are 900 s and 900 s): never drained means NOT delivered, whichever deadline
+    fires first; the reply budget alone (delivery_timeout, "may still be delivered") is for a drained one."""
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config={"bot_mode": {"envelope_ttl_seconds": 1, "reply_wait_seconds": 1}})
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="anyone?"))
+    out = gw.wait_outcome(envelope_id, timeout=10)
+    assert (out["status"], out["reason"]) == ("failed", "queued_expired"), out
+    assert outbox_ids(root) == [] and (relay(root) / "claimed" / f"{envelope_id}.json").exists()
+
+
+def test_only_a_restart_adopts_an_envelope_found_in_expiring(tmp_path: Path) -> None:
+    """At run time only the rename out of outbox/ makes an envelope ours to expire: a file found in
+    expiring/ after a drain won the rename (planted, or a copy) is not taken for ours. A restart, whose
+    resumed envelope may have been taken by the killed gateway, adopts it."""
+    paths = InboxPaths.from_root(make_root(tmp_path, name="alpha")).ensure()
+    envelope = seed_envelope(target_connection="mini", target_profile="moxie")
+    rf.enqueue_envelope(paths.relay, envelope)
+    shutil.copy(paths.relay.outbox / f"{envelope['id']}.json", paths.expiring / f"{envelope['id']}.json")
+    assert rf.claim_envelope(paths.relay, envelope["id"]) is not None  # a drain wins the rename
+    assert claim_for_expiry(paths, envelope["id"]) is None
+    assert claim_for_expiry(paths, envelope["id"], adopt=True) == paths.expiring / f"{envelope['id']}.json"
 
 
 def test_ttl_zero_disables_expiry(tmp_path: Path, gateways: list[Gateway]) -> None:

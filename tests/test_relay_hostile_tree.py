@@ -365,20 +365,25 @@ def test_relayed_turn_is_refused_when_started_is_a_file(tmp_path: Path, gateways
 # ── 8. the rescan repairs relay directories ─────────────────────────────────
 
 
-@pytest.mark.parametrize("which", ["started", "sent"])
-@pytest.mark.parametrize("how", ["file", "removed"])
+@pytest.mark.parametrize("which", ["started", "sent", "consumed", "expiring", "hubclaims", "gateways"])
+@pytest.mark.parametrize("how", ["file", "symlink", "removed"])
 def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: str, how: str) -> None:
     paths = InboxPaths.from_root(tmp_path / "root").ensure()
-    directory = paths.started if which == "started" else paths.sent
+    directory = paths.relay.base / which
     os.rmdir(directory)
     if how == "file":
         directory.write_text("planted", encoding="utf-8")
+    elif how == "symlink":  # swapped at runtime for a link elsewhere: never followed, put back
+        (tmp_path / "elsewhere").mkdir()
+        directory.symlink_to(tmp_path / "elsewhere")
     moved = quarantine_strays(paths)
     assert directory.is_dir() and not directory.is_symlink()
     if how == "file":
         assert moved == 1
         [aside] = quarantined(paths, which)
         assert aside.read_text(encoding="utf-8") == "planted"
+    elif how == "symlink":
+        assert moved == 1 and len(quarantined(paths, which)) == 1
     else:
         assert moved == 0 and quarantined(paths, which) == []
 

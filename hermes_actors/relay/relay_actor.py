@@ -87,6 +87,8 @@ HEARTBEAT_SECONDS = 2.0
 class _Waiting:
     label: str
     timers: list[TimerHandle]
+    expires_at: float | None = None  # monotonic time its TTL runs out (None: no TTL)
+    resumed: bool = False  # waited for again after a restart: it may sit in expiring/ already
 
 
 def reply_from_outcome(outcome: Any) -> dict[str, str]:
@@ -193,7 +195,7 @@ class RelayActor(TypedActor):
         # No look for a reply here: one that already landed (the relay beat this thread) is reported by its file
         # event or the rescan, after this handler's ack was told: an outcome before its ack would settle an id
         # the Dispatcher has not booked yet, and the ack would then book it as pending for ever.
-        self._wait_for(envelope["id"], route.label, age=0.0, check=False)
+        self._wait_for(envelope["id"], route.label, age=0.0, check=False, resumed=False)
         self.counters["sent"] += 1
         return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
 
@@ -201,12 +203,15 @@ class RelayActor(TypedActor):
     def _on_peer_send(self, msg: PeerSend) -> None:
         return None  # the file relay does not reach bot_peers: the Dispatcher uses the CLI transport
 
-    def _wait_for(self, envelope_id: str, label: str, *, age: float, check: bool = True) -> None:
-        timers = [self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id))]
+    def _wait_for(self, envelope_id: str, label: str, *, age: float, check: bool = True, resumed: bool) -> None:
         ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
-        if ttl > 0:
+        timers = []
+        expires_at = None
+        if ttl > 0:  # first: when both are due at once (a restart), the expiry decides before the reply budget
             timers.append(self.timers.after(ttl - age, TtlDeadline(envelope_id)))
-        self.waiting[envelope_id] = _Waiting(label, timers)
+            expires_at = time.monotonic() + ttl - age
+        timers.append(self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id)))
+        self.waiting[envelope_id] = _Waiting(label, timers, expires_at, resumed)
         if check:
             self._check_reply(envelope_id)  # a reply may already be there (restart)
 
@@ -219,7 +224,8 @@ class RelayActor(TypedActor):
             if record.envelope_id not in self.waiting:
                 resumed.append(ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle,
                                            record.hop))
-                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), check=False)
+                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), check=False,
+                               resumed=True)
         self.counters["quarantined"] += scan.quarantined
         self.resumed = tuple(resumed)
         if resumed or scan.not_ours or scan.quarantined:
@@ -273,12 +279,15 @@ class RelayActor(TypedActor):
     @handles(TtlDeadline)
     def _on_ttl(self, msg: TtlDeadline) -> None:
         entry = self.waiting.get(msg.envelope_id)
-        if entry is None:
-            return
+        if entry is not None:
+            self._expire(msg.envelope_id, entry)
+
+    def _expire(self, envelope_id: str, entry: _Waiting) -> None:
+        """Our envelope's TTL ran out: take it back from ``outbox/`` and answer it ``queued_expired``."""
         try:  # into expiring/ first: a restart that finds it there knows it was ours, and finishes it
-            claimed = claim_for_expiry(self.paths, msg.envelope_id)
+            claimed = claim_for_expiry(self.paths, envelope_id, adopt=entry.resumed)
         except (OSError, ValidationError) as exc:
-            logger.warning("relay: could not expire {}: {}", msg.envelope_id, exc)
+            logger.warning("relay: could not expire {}: {}", envelope_id, exc)
             return
         if claimed is None:
             return  # a drain won the rename: it will deliver, we keep waiting for its reply
@@ -292,17 +301,17 @@ class RelayActor(TypedActor):
         text = rp.expired_error_text(handle, conn, ttl)
         self.counters["expired"] += 1
         try:
-            rf.write_reply(self.paths.relay, rp.make_reply(msg.envelope_id, error=text, reason="queued_expired",
+            rf.write_reply(self.paths.relay, rp.make_reply(envelope_id, error=text, reason="queued_expired",
                                                            now=time.time()))
         except (OSError, ValidationError) as exc:
             # We hold the claim, so it was certainly NOT delivered: report that rather than crash the relay.
-            logger.error("relay: could not write the expiry reply of {}: {}", msg.envelope_id, exc)
-            self._finish_expiry(msg.envelope_id)
-            self._report(msg.envelope_id, OutcomeReady(outcomes.failed(msg.envelope_id, entry.label, text,
+            logger.error("relay: could not write the expiry reply of {}: {}", envelope_id, exc)
+            self._finish_expiry(envelope_id)
+            self._report(envelope_id, OutcomeReady(outcomes.failed(envelope_id, entry.label, text,
                                                                        "queued_expired")))
             return
-        self._finish_expiry(msg.envelope_id)
-        self._check_reply(msg.envelope_id)
+        self._finish_expiry(envelope_id)
+        self._check_reply(envelope_id)
 
     def _finish_expiry(self, envelope_id: str) -> None:
         try:
@@ -315,6 +324,12 @@ class RelayActor(TypedActor):
         entry = self.waiting.get(msg.envelope_id)
         if entry is None:
             return
+        if entry.expires_at is not None and time.monotonic() >= entry.expires_at:
+            # Its TTL ran out too (equal budgets, or a restart after both): never drained means NOT delivered,
+            # which the expiry says; only a drained envelope is a delivery_timeout.
+            self._expire(msg.envelope_id, entry)
+            if msg.envelope_id not in self.waiting:
+                return
         budget = self.config.reply_wait_seconds
         text = (f"No reply from {entry.label} within {budget:g}s. The message may still be delivered when the "
                 "Desktop reconnects; do not resend blindly.")

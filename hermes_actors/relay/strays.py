@@ -33,7 +33,8 @@ def quarantine_strays(paths: InboxPaths) -> int:
     """
     moved = 0
     directories = (paths.inbox, paths.relay.replies, paths.relay.outbox, paths.relay.claimed, paths.delivered,
-                   paths.taken_parent, paths.started, paths.sent, paths.relay.tmp)
+                   paths.taken_parent, paths.started, paths.sent, paths.consumed, paths.heartbeat, paths.hubclaims,
+                   paths.expiring, paths.relay.tmp)
     swapped = [d for d in directories if os.path.islink(d) or (os.path.lexists(d) and not os.path.isdir(d))]
     for directory in swapped:
         moved += 1

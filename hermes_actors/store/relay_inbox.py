@@ -397,16 +397,18 @@ def recorded_sender(data: dict[str, Any], *, profile_key: str = "from") -> tuple
     return sender, handle, hop
 
 
-def claim_for_expiry(paths: InboxPaths, envelope_id: str) -> Path | None:
+def claim_for_expiry(paths: InboxPaths, envelope_id: str, *, adopt: bool = False) -> Path | None:
     """Take our own envelope out of ``outbox/`` at its TTL (into ``expiring/``), or find it there already.
 
-    The rename decides against a drain that claims it at the same moment. Found in
-    ``expiring/``, it was taken by this root's gateway before a restart, which died
-    before the reply was written: the caller finishes the expiry now.
+    The rename decides against a drain that claims it at the same moment. With ``adopt``
+    (an envelope resumed after a restart), one found in ``expiring/`` was taken by this
+    root's gateway before the restart, which died before the reply was written: the
+    caller finishes the expiry now. Without it, only the rename counts.
 
     Args:
         paths: the relay layout.
         envelope_id: the envelope.
+        adopt: also take one already in ``expiring/``.
 
     Returns:
         The envelope in ``expiring/``; None when a drain claimed it (it will reply).
@@ -418,7 +420,8 @@ def claim_for_expiry(paths: InboxPaths, envelope_id: str) -> Path | None:
     """
     target = paths.relay.id_file(paths.expiring, envelope_id)
     ensure_private_dir(paths.expiring)
-    rename_between(paths.relay.base, paths.relay.outbox, paths.expiring, target.name)
+    if not rename_between(paths.relay.base, paths.relay.outbox, paths.expiring, target.name) and not adopt:
+        return None
     try:
         mode = os.lstat(target).st_mode
     except FileNotFoundError:
