@@ -108,6 +108,7 @@ class ChildFailed:
     error: BaseException | None
     pending: tuple[Any, ...]
     salvage: Any = None
+    ref: pykka.ActorRef[Any] | None = None  # the crashed instance (a report for another one is stale)
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,15 +125,16 @@ class SupervisorActor(TypedActor):
     def _on_child_crashed(self, msg: ChildCrashed) -> None:
         """A child crashed: from now on nothing is sent to it; ``Retire`` ends what it collects."""
         child = self.children.get(msg.name)
-        if child is not None and child.generation == msg.generation:
+        if child is not None and child.generation == msg.generation and child.ref is msg.ref:
             child.retiring = True
         tell(msg.ref, Retire())  # after everything this actor sent it: all of it is in its report
 
     @handles(ChildFailed)
     def _on_child_failed(self, msg: ChildFailed) -> None:
         child = self.children.get(msg.name)
-        if child is None or child.generation != msg.generation:
-            # A stale generation: a newer instance was started (by start_child); it takes them.
+        if child is None or child.generation != msg.generation or (msg.ref is not None and msg.ref is not child.ref):
+            # A stale report: a newer instance was started (by start_child), or the report is for a child of
+            # this supervisor's crashed predecessor (handed over with its mailbox); the current one takes them.
             if child is not None:
                 self.on_stale_failure(msg.name, child.ref, msg)
             else:

@@ -350,7 +350,7 @@ class TypedActor(pykka.ThreadingActor):
         if self.link is not None:
             try:
                 self.link.supervisor.tell(
-                    ChildFailed(self.link.name, self.link.generation, error, tuple(pending), salvage)
+                    ChildFailed(self.link.name, self.link.generation, error, tuple(pending), salvage, self.actor_ref)
                 )
                 return
             except pykka.ActorDeadError:

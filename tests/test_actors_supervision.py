@@ -282,6 +282,22 @@ class Parent(Sup):
         super()._on_child_failed(msg)
 
 
+class StartsItsChild(BlockableSup):
+    """A supervisor (itself supervised) that starts child ``c`` in ``on_start`` and records the ChildFailed
+    reports it handles."""
+
+    def __init__(self, *args: Any, reports: list[ChildFailed], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reports = reports
+
+    def on_start(self) -> None:
+        self.start_child("c", self.factory)
+
+    def _on_child_failed(self, msg: ChildFailed) -> None:
+        self.reports.append(msg)
+        super()._on_child_failed(msg)
+
+
 class FakeClock:
     def __init__(self, now: float = 1000.0) -> None:
         self.now = now
@@ -476,6 +492,37 @@ def test_a_forgotten_instance_crashing_late_never_takes_down_its_successor() -> 
     assert _child(sup) == second and ask(sup, IsDown(), timeout=5) is False  # both of its reports were stale
     assert second.is_alive() and ask(second, WhoAmI(), timeout=5) == ("c", 1)
     assert [link.generation for link, _ in factory.calls] == [0, 1]
+
+
+def test_a_restarted_supervisor_never_takes_its_predecessors_child_report_for_its_own_child() -> None:
+    """S crashes while its child c's crash report is queued: the parent hands S's mailbox to S', whose own
+    fresh c has generation 0 too. The report names the old instance, so S' treats it as stale: it never
+    restarts over its healthy c (two live instances of c before)."""
+    children = Factory()
+    reports: list[ChildFailed] = []
+    sups: list[pykka.ActorRef[Any]] = []
+
+    def start_sup(link: Link, salvage: Any) -> pykka.ActorRef[Any]:
+        ref = StartsItsChild.start(children, link=link, reports=reports)
+        sups.append(ref)
+        return ref
+
+    parent = BlockableSup.start(start_sup)
+    first = ask(parent, StartChild("s"), timeout=5)
+    old_c = ask(first, ChildRef("c"), timeout=5)
+    parent_gate, sup_gate = _block(parent), _block(first)
+    old_c.tell(Crash())  # its ChildCrashed waits in S behind the Block
+    await_condition(lambda: first.actor_inbox.qsize() == 1, timeout=5, message="c's crash report queued in S")
+    first.tell(Crash())  # S answers c's report (Retire), then crashes
+    sup_gate.set()
+    assert old_c.actor_stopped.wait(5)  # c reported ChildFailed to S, which collects it for S'
+    parent_gate.set()
+    await_condition(lambda: len(reports) == 1 and len(sups) == 2, timeout=5, message="S' handled the old report")
+    fresh = ask(sups[1], ChildRef("c"), timeout=5)
+    assert reports[0].ref is old_c and fresh is not old_c and fresh.is_alive()
+    assert ask(sups[1], IsDown("c"), timeout=5) is False
+    assert children.count() == 2  # the first c and S''s own; no restart over the healthy one
+    assert [ref for ref in pykka.ActorRegistry.get_by_class(Counter) if ref.is_alive()] == [fresh]
 
 
 def test_a_restarted_child_is_rebuilt_from_its_salvage() -> None:
