@@ -70,6 +70,7 @@ __all__ = [
     "read_envelope",
     "read_reply",
     "read_roster",
+    "regular_or_quarantined",
     "sweep_directory",
     "sweep_stale",
     "write_reply",
@@ -260,14 +261,25 @@ def claim_envelope(paths: RelayPaths, envelope_id: str) -> Path | None:
     ensure_private_dir(paths.claimed)
     if not rename_between(paths.base, paths.outbox, paths.claimed, claimed.name):  # never through a swapped dir
         return None
+    return regular_or_quarantined(paths, claimed, "claimed envelope")
+
+
+def regular_or_quarantined(paths: RelayPaths, path: Path, what: str) -> Path | None:
+    """``path`` when it is a regular file; None when it is gone, quarantined when it is anything else.
+
+    Args:
+        paths: the relay layout (its quarantine).
+        path: an envelope just claimed by rename.
+        what: how the log and the quarantine name it.
+    """
     try:
-        mode = os.lstat(claimed).st_mode
+        mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(mode):
-        quarantine(paths, claimed, "claimed envelope is not a regular file")
+        quarantine(paths, path, f"{what} is not a regular file")
         return None
-    return claimed
+    return path
 
 
 def read_envelope(path: Path) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import os
-import stat
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,7 +40,7 @@ from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
 from hermes_actors.store.relay_dirfd import rename_between
-from hermes_actors.store.relay_files import RelayPaths, quarantine
+from hermes_actors.store.relay_files import RelayPaths, quarantine, regular_or_quarantined
 from hermes_actors.store.relay_protocol import parse_envelope, parse_reply
 from hermes_actors.store.relay_shelf import find_on_shelves
 
@@ -422,14 +421,7 @@ def claim_for_expiry(paths: InboxPaths, envelope_id: str, *, adopt: bool = False
     ensure_private_dir(paths.expiring)
     if not rename_between(paths.relay.base, paths.relay.outbox, paths.expiring, target.name) and not adopt:
         return None
-    try:
-        mode = os.lstat(target).st_mode
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(mode):
-        quarantine(paths.relay, target, "expiring envelope is not a regular file")
-        return None
-    return target
+    return regular_or_quarantined(paths.relay, target, "expiring envelope")
 
 
 def finish_expiry(paths: InboxPaths, envelope_id: str) -> None:
