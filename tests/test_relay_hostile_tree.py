@@ -365,7 +365,7 @@ def test_relayed_turn_is_refused_when_started_is_a_file(tmp_path: Path, gateways
 # ── 8. the rescan repairs relay directories ─────────────────────────────────
 
 
-@pytest.mark.parametrize("which", ["started", "sent", "consumed", "expiring", "hubclaims", "gateways"])
+@pytest.mark.parametrize("which", ["started", "sent", "consumed", "expiring", "gateways"])
 @pytest.mark.parametrize("how", ["file", "symlink", "removed"])
 def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: str, how: str) -> None:
     paths = InboxPaths.from_root(tmp_path / "root").ensure()

@@ -32,9 +32,11 @@ def quarantine_strays(paths: InboxPaths) -> int:
         How many entries were quarantined.
     """
     moved = 0
+    # Not hubclaims/: the hub process owns it (a shelf put back under a running hub would have no lock, and
+    # its claims there would never be adopted); a swapped one refuses the hub's claims until it is fixed.
     directories = (paths.inbox, paths.relay.replies, paths.relay.outbox, paths.relay.claimed, paths.delivered,
-                   paths.taken_parent, paths.started, paths.sent, paths.consumed, paths.heartbeat, paths.hubclaims,
-                   paths.expiring, paths.relay.tmp)
+                   paths.taken_parent, paths.started, paths.sent, paths.consumed, paths.heartbeat, paths.expiring,
+                   paths.relay.tmp)
     swapped = [d for d in directories if os.path.islink(d) or (os.path.lexists(d) and not os.path.isdir(d))]
     for directory in swapped:
         moved += 1
