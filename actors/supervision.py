@@ -92,8 +92,7 @@ class SupervisorActor(TypedActor):
         child = self.children.get(name)
         if child is not None and child.ref.is_alive():
             return child.ref
-        generation = self.generations.get(name, -1) + 1
-        self.generations[name] = generation
+        generation = self._next_generation(name)
         ref = factory(Link(self.actor_ref, name, generation), salvage)
         fresh = _Child(factory, ref, generation, child.restarts if child else deque(maxlen=64))
         self.children[name] = fresh
@@ -102,6 +101,12 @@ class SupervisorActor(TypedActor):
             self.on_held_handed_over(name, child.held)
             fresh.held = _hand_over(ref, child.held)
         return ref
+
+    def _next_generation(self, name: str) -> int:
+        """The generation of the next instance of ``name``: never one an earlier instance had."""
+        generation = self.generations.get(name, -1) + 1
+        self.generations[name] = generation
+        return generation
 
     def child_ref(self, name: str) -> pykka.ActorRef[Any] | None:
         """The current ref of ``name`` (None when never started or escalated)."""
@@ -153,8 +158,7 @@ class SupervisorActor(TypedActor):
         logger.warning("restarting crashed child {} after {!r}", msg.name, msg.error)
         restart = self.on_restart(msg.name, replace(msg, pending=pending))
         pending = restart.pending
-        generation = self.generations.get(msg.name, child.generation) + 1
-        self.generations[msg.name] = generation
+        generation = self._next_generation(msg.name)
         try:
             ref = child.factory(Link(self.actor_ref, msg.name, generation), restart.salvage)
         except Exception:

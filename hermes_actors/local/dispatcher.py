@@ -445,8 +445,9 @@ class DispatcherActor(SupervisorActor):
         self._answer_restart_waiters()
         return future
 
-    def _answer_restart_waiters(self) -> None:
-        if self.restart_waiters and not any(self.child_down(name) for name in self.children):
+    def _answer_restart_waiters(self, *, stopping: bool = False) -> None:
+        """Answer the AwaitRestarts futures once no ProfileActor is down (or the Dispatcher stops)."""
+        if self.restart_waiters and (stopping or not any(self.child_down(name) for name in self.children)):
             waiters, self.restart_waiters = self.restart_waiters, []
             for future in waiters:
                 future.set(None)
@@ -522,9 +523,7 @@ class DispatcherActor(SupervisorActor):
         self.after_message(asked=True)
         self.relay.abandon()
         self.profiles.stop_all()
-        for future in self.restart_waiters:  # stopping (or crashed): nobody will restart anything now
-            future.set(None)
-        self.restart_waiters = []
+        self._answer_restart_waiters(stopping=True)  # stopping (or crashed): nobody will restart anything now
 
 
 def _answer_room(reply: Callable[[Outcome], None] | None, outcome: Outcome) -> None:

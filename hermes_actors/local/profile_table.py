@@ -119,6 +119,14 @@ class ProfileTable:
         self.gathered[info.profile] = (info, deliveries)
         self.gathered_count += len(deliveries)
 
+    def _take_gathered(self, profile: str) -> list[Delivery]:
+        """Remove and return the deliveries gathered (or held) for ``profile``, in their order."""
+        entry = self.gathered.pop(profile, None)
+        if entry is None:
+            return []
+        self.gathered_count -= len(entry[1])
+        return entry[1]
+
     def taken_over(self, profile: str, failure: ChildFailed) -> ChildFailed:
         """What a newer ProfileActor of ``profile`` takes from one that crashed after it was started.
 
@@ -173,9 +181,7 @@ class ProfileTable:
         """The ProfileActor of ``profile`` was given up (it kept crashing); what was gathered for it is dropped
         (the Dispatcher settled it)."""
         self.sent.pop(profile, None)
-        dropped = self.gathered.pop(profile, None)
-        if dropped is not None:
-            self.gathered_count -= len(dropped[1])
+        self._take_gathered(profile)
 
     def wind_down(self, *, keep_journaled: bool) -> list[str]:
         """Cancel what is queued on every ProfileActor; returns the ids of the turns still running."""
@@ -212,7 +218,6 @@ class ProfileTable:
             return failure, []
         salvage = failure.salvage
         taken: list[Delivery] = []
-        held = self.gathered.pop(profile, None)  # sent while it was down (see _hold): they come last
         if isinstance(salvage, ProfileSalvage):
             taken += [delivery for delivery, _ in salvage.queued]
             salvage = replace(salvage, queued=())
@@ -221,9 +226,7 @@ class ProfileTable:
             taken += message.deliveries
         if profile in self.sent:  # they are never handled: the idle-stop count must not wait for them
             self.sent[profile] -= len(delivers)
-        if held is not None:
-            taken += held[1]
-            self.gathered_count -= len(held[1])
+        taken += self._take_gathered(profile)  # sent while it was down (see _hold): they come last
         pending = tuple(m for m in failure.pending if not isinstance(m, Deliver))
         keep = self.winding.keep_journaled
         cancel = [delivery for delivery in taken if not kept_at_stop(delivery, keep_journaled=keep)]

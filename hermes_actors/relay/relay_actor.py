@@ -195,7 +195,7 @@ class RelayActor(TypedActor):
         # No look for a reply here: one that already landed (the relay beat this thread) is reported by its file
         # event or the rescan, after this handler's ack was told: an outcome before its ack would settle an id
         # the Dispatcher has not booked yet, and the ack would then book it as pending for ever.
-        self._wait_for(envelope["id"], route.label, age=0.0, check=False, resumed=False)
+        self._wait_for(envelope["id"], route.label, age=0.0, resumed=False)
         self.counters["sent"] += 1
         return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
 
@@ -203,7 +203,7 @@ class RelayActor(TypedActor):
     def _on_peer_send(self, msg: PeerSend) -> None:
         return None  # the file relay does not reach bot_peers: the Dispatcher uses the CLI transport
 
-    def _wait_for(self, envelope_id: str, label: str, *, age: float, check: bool = True, resumed: bool) -> None:
+    def _wait_for(self, envelope_id: str, label: str, *, age: float, resumed: bool) -> None:
         ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
         timers = []
         expires_at = None
@@ -212,8 +212,6 @@ class RelayActor(TypedActor):
             expires_at = time.monotonic() + ttl - age
         timers.append(self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id)))
         self.waiting[envelope_id] = _Waiting(label, timers, expires_at, resumed)
-        if check:
-            self._check_reply(envelope_id)  # a reply may already be there (restart)
 
     def _resume(self) -> None:
         """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those)."""
@@ -224,8 +222,7 @@ class RelayActor(TypedActor):
             if record.envelope_id not in self.waiting:
                 resumed.append(ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle,
                                            record.hop))
-                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), check=False,
-                               resumed=True)
+                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), resumed=True)
         self.counters["quarantined"] += scan.quarantined
         self.resumed = tuple(resumed)
         if resumed or scan.not_ours or scan.quarantined:
