@@ -115,7 +115,7 @@ def measure_spread_floor(messages: int) -> dict[str, Any]:
             "pykka_spread_1000_vs_100": round(many / few, 3) if few > 0 else None, "pykka_spread_n": messages}
 
 
-def fdatasync_ms(directory: Path, n: int = 200) -> float:
+def fdatasync_ms(directory: Path, n: int = 200, *, allocated: bool = False) -> float:
     """The median time of appending one journal-sized line to a file in ``directory`` and ``fdatasync``-ing it.
 
     The durable floor: a durable DM waits for three such commits in a row. Measured in
@@ -125,15 +125,20 @@ def fdatasync_ms(directory: Path, n: int = 200) -> float:
     Args:
         directory: an existing directory on the disk under test.
         n: appends timed.
+        allocated: allocate the file ahead first (``posix_fallocate``), as the journal does:
+            then no sync commits a new file size.
 
     Returns:
         Milliseconds (median of ``n``).
     """
     path = Path(directory) / ".fdatasync-floor"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # each write lands where the last ended
     line = b"x" * 199 + b"\n"
     times: list[float] = []
     try:
+        if allocated:
+            os.posix_fallocate(fd, 0, n * len(line))
+            os.fsync(fd)
         for _ in range(n):
             t0 = time.perf_counter()
             os.write(fd, line)

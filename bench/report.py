@@ -231,7 +231,11 @@ def _durable_roundtrip(result: dict[str, Any]) -> tuple[float, str] | None:
         return None
     text = f"{_num(trip['p50_ms'], 3)} ms (p99 {_num(trip.get('p99_ms'), 3)} ms, n {trip.get('n')}"
     sync = trip.get("fdatasync_p50_ms")
-    if isinstance(sync, int | float) and sync > 0:
+    inside = trip.get("fdatasync_allocated_p50_ms")
+    if isinstance(inside, int | float) and inside > 0 and isinstance(sync, int | float):
+        text += (f"; one fdatasync here: {_num(inside, 3)} ms inside allocated space as the journal writes"
+                 f" ({_num(sync, 3)} ms appending), so {float(trip['p50_ms']) / inside:.1f} of them")
+    elif isinstance(sync, int | float) and sync > 0:
         text += f"; one fdatasync here: {_num(sync, 3)} ms, so {float(trip['p50_ms']) / sync:.1f} of them"
     return float(trip["p50_ms"]), text + ")"
 

@@ -162,13 +162,19 @@ def test_the_durable_round_trip_is_read_against_the_disks_own_fdatasync(
     _check_metrics(trip)
     assert len(trip["fdatasync_samples_ms"]) == 2 and trip["fdatasync_p50_ms"] == min(trip["fdatasync_samples_ms"])
     assert _positive(trip["fdatasync_p50_ms"])
+    allocated = trip["fdatasync_allocated_samples_ms"]
+    assert len(allocated) == 2 and trip["fdatasync_allocated_p50_ms"] == min(allocated)
+    assert _positive(trip["fdatasync_allocated_p50_ms"])
     texts = {goal: text for goal, _, text, _ in evaluate_targets(result)}
     text = texts["durable round trip p50 ≤ 1 ms (one sender, sequential, fsync on)"]
-    assert f"one fdatasync here: {trip['fdatasync_p50_ms']:.3f} ms" in text, text
+    # Read against the sync the journal does (inside allocated space), the append beside it.
+    assert f"one fdatasync here: {trip['fdatasync_allocated_p50_ms']:.3f} ms inside allocated space" in text, text
+    assert f"({trip['fdatasync_p50_ms']:.3f} ms appending)" in text, text
 
 
-def test_the_fdatasync_floor_leaves_nothing_behind(tmp_path: Path) -> None:
-    assert _positive(fdatasync_ms(tmp_path, n=5))
+@pytest.mark.parametrize("allocated", [False, True])
+def test_the_fdatasync_floor_leaves_nothing_behind(tmp_path: Path, allocated: bool) -> None:
+    assert _positive(fdatasync_ms(tmp_path, n=5, allocated=allocated))
     assert list(tmp_path.iterdir()) == []
 
 

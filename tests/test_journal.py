@@ -19,6 +19,7 @@ from roots import make_root
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.errors import StoreError
+from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.store.journal import Journal, fold_records, parse_lines
 
 
@@ -72,6 +73,20 @@ def test_parse_lines_skips_torn_and_foreign_lines() -> None:
     records, bad = parse_lines(lines)
     assert [r["t"] for r in records] == ["accepted", "delivered"]
     assert bad == 5
+
+
+def test_parse_lines_reads_zero_bytes_as_line_breaks() -> None:
+    first = orjson.dumps({"t": "accepted", "id": _id(1), "d": _delivery(_id(1))})
+    second = orjson.dumps({"t": "delivered", "id": _id(1)})
+    lines = [
+        first + b"\n",
+        b"\0" * 4096,  # the zeros a killed gateway allocated ahead and never trimmed
+        b"\0" * 100 + second + b"\n",  # a power cut left zeros where lazy records had not landed
+        b'{"t":"started","id":"torn' + b"\0" * 50,  # torn mid-write, then zeros
+    ]
+    records, bad = parse_lines(lines)
+    assert records == [orjson.loads(first), orjson.loads(second)]
+    assert bad == 1, "only the torn record is corrupt; zeros are nothing"
 
 
 def test_fold_records_first_outcome_wins_and_tracks_the_lifecycle() -> None:
@@ -136,6 +151,27 @@ def test_a_dead_gateways_journal_is_adopted_and_removed(tmp_path: Path) -> None:
         assert set(again.start().live()) == {queued, running, finished}
     finally:
         again.stop()
+
+
+def test_a_killed_gateways_zeros_past_its_last_record_are_not_corrupt_lines(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    directory = root / "bot_relay" / "journal"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    queued = _id(1)
+    dead = directory / "j-deadbeefdeadbeefdeadbeefdeadbeef.log"
+    # What a SIGKILLed gateway leaves: its records, then the rest of the space it allocated ahead.
+    dead.write_bytes(_lines({"t": "accepted", "id": queued, "d": _delivery(queued)}) + b"\0" * Journal.reserve_bytes)
+    dead.chmod(0o600)
+    folded, problems = read_journals(root)  # the ops view reads it as it is
+    assert problems == [] and folded.corrupt_lines == 0
+    assert set(folded.live()) == {queued}
+    journal = Journal(directory, fsync=False)
+    adopted = journal.start()
+    try:
+        assert adopted.corrupt_lines == 0 and set(adopted.live()) == {queued}
+    finally:
+        journal.stop()
+    assert [r["id"] for r in _file_records(journal.path)] == [queued]
 
 
 HOLD = """
@@ -221,11 +257,12 @@ def test_compaction_keeps_live_records_and_recent_outcomes(tmp_path: Path) -> No
 def test_a_lazy_record_is_written_at_once_and_flushed_by_the_next_batch_or_stop(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal", fsync=True)
     journal.start()
+    spy = WriteSpy(journal)
     first, second = _id(1), _id(2)
     try:
         journal.append({"t": "delivered", "id": first}, lazy=True)
-        # ``records`` counts a batch only after its write and its flush (if any) are done.
-        await_condition(lambda: journal.records == 1, timeout=10, message="the lazy record was not written")
+        # No commit was running: this thread wrote it, the writer thread was not woken for it.
+        assert spy.writes == [(threading.current_thread().name, 1)]
         assert _file_records(journal.path) == [{"t": "delivered", "id": first}], "written at once"
         assert journal.fsyncs == 0, "a batch of lazy records only must not flush"
         journal.append_durably({"t": "accepted", "id": second, "d": _delivery(second)})
@@ -276,6 +313,65 @@ def test_drain_returns_once_every_appended_record_landed_and_its_listener_was_to
     finally:
         release.set()
         journal.stop()
+
+
+# ── the file is allocated ahead ─────────────────────────────────────────────
+
+
+def test_the_file_is_allocated_ahead_and_cut_back_to_its_records_at_stop(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    records = [{"t": "accepted", "id": _id(n), "d": _delivery(_id(n))} for n in range(3)]
+    try:
+        for record in records:
+            journal.append_durably(record)
+        size = journal.path.stat().st_size
+        assert size >= journal.reserve_bytes, f"{size} bytes: the file was not allocated ahead"
+        data = journal.path.read_bytes()
+        assert data.startswith(_lines(*records)) and data[len(_lines(*records)):].strip(b"\0") == b""
+    finally:
+        journal.stop()
+    assert journal.path.read_bytes() == _lines(*records), "stop cuts the zeros off"
+
+
+def test_a_filesystem_that_cannot_allocate_ahead_gets_a_file_that_grows_per_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    def no_fallocate(fd: int, offset: int, length: int) -> None:
+        calls.append(length)
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_fallocate)
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    records = [{"t": "started", "id": _id(n), "attempt": 1} for n in range(3)]
+    try:
+        for record in records:
+            journal.append_durably(record)
+        assert journal.path.read_bytes() == _lines(*records)
+        assert len(calls) == 1, "a filesystem that refused once is not asked again for this file"
+    finally:
+        journal.stop()
+    assert journal.path.read_bytes() == _lines(*records)
+
+
+def test_a_compacted_file_is_written_from_its_start_and_allocated_ahead_again(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=False)
+    journal.compact_after = 6
+    journal.start()
+    try:
+        for n in range(12):
+            key = _id(n)
+            journal.append_durably({"t": "accepted", "id": key, "d": _delivery(key)})
+            journal.append_durably({"t": "delivered", "id": key})
+        await_condition(lambda: journal.compactions >= 1, timeout=10, message="the journal never compacted")
+        journal.append_durably({"t": "accepted", "id": _id(99), "d": _delivery(_id(99))})
+    finally:
+        journal.stop()
+    records = _file_records(journal.path)
+    assert records[-1]["id"] == _id(99) and not journal.path.read_bytes().count(b"\0")
 
 
 # ── who commits: a waiting caller leads, the writer thread compacts ─────────
@@ -362,11 +458,14 @@ def test_callers_arriving_during_a_commit_share_the_next_one(tmp_path: Path) -> 
         callers.start(0, name="leader")
         assert spy.entered.wait(30), "the first caller never started its commit"
         for n in (1, 2, 3):
-            callers.start(n)
+            callers.start(n, name=f"caller-{n}")
         await_condition(lambda: len(journal._queue) == 3, timeout=30, message="the others never queued")
         spy.gate.set()
         callers.join()
         assert [lines for _, lines in spy.writes] == [1, 3], spy.writes
+        # The first caller that queued behind the commit commits the next batch itself as the turn frees:
+        # no hand-off to the writer thread and back.
+        assert spy.writes[1][0] in {"caller-1", "caller-2", "caller-3"}, spy.writes
         assert journal.fsyncs == 2, "four waited-for records, two syncs"
     finally:
         journal.stop()
@@ -457,6 +556,36 @@ def test_a_caller_that_gives_up_waiting_withdraws_its_record(tmp_path: Path) -> 
     assert [lines for _, lines in spy.writes] == [1], "no commit was left to write it"
 
 
+def test_when_the_first_waiting_caller_gives_up_the_writer_thread_commits_the_others(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", fsync=True)
+    spy, callers = _a_stalled_commit(journal)
+    patient = Appenders(journal)
+    try:
+        gave_up: list[BaseException] = []
+
+        def impatient_append() -> None:
+            try:
+                journal.append_durably({"t": "started", "id": _id(2), "attempt": 1}, timeout=0.2)
+            except StoreError as exc:
+                gave_up.append(exc)
+
+        impatient = threading.Thread(target=impatient_append)
+        impatient.start()  # it queues first: the batch's leader
+        await_condition(lambda: len(journal._queue) == 1, timeout=30, message="the first waiter never queued")
+        patient.start(3)  # queued in the same batch, waiting for its commit (30 s)
+        impatient.join(timeout=30)
+        assert not impatient.is_alive() and len(gave_up) == 1 and "did not confirm" in str(gave_up[0])
+        assert [item[0]["id"] for item in journal._queue] == [_id(3)], "the leader withdrew only its own record"
+        spy.gate.set()
+        callers.join()
+        patient.join()
+    finally:
+        spy.gate.set()
+        journal.stop()
+    assert [r["id"] for r in _file_records(journal.path)] == [_id(1), _id(3)]
+    assert spy.writes[1][0] == "journal-writer", spy.writes
+
+
 def test_records_whose_sync_failed_are_taken_back_out_of_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -505,26 +634,26 @@ def test_enospc_refuses_the_dm_and_leaves_no_torn_record(tmp_path: Path, monkeyp
     gw = Gateway(root, runner=lambda turn: "fine").start()
     journal = gw._journal
     assert journal is not None
-    real_write = os.write
+    real_write = os.pwrite
     armed = {"on": False, "calls": 0}
     failed_data: list[bytes] = []
 
-    def write(fd: int, data: Any) -> int:
+    def write(fd: int, data: Any, offset: int) -> int:
         if armed["on"] and fd == journal._fd:
             armed["calls"] += 1
             if armed["calls"] == 1:  # the first half lands, then the disk is full
                 half = bytes(data)[: len(data) // 2]
                 failed_data.append(bytes(data))
-                return real_write(fd, half)
+                return real_write(fd, half, offset)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_write(fd, data)
+        return real_write(fd, data, offset)
 
     try:
         before = gw.message_agent(sender="alice", target="bob", message="before")
         assert gw.wait_outcome(before["delivery_id"], timeout=10)["status"] == "replied"
         # Its lazy "delivered" record is on disk too: the failing batch holds only the new DM.
         await_condition(lambda: journal.records >= 4, timeout=10, message="4 records of the first DM written")
-        monkeypatch.setattr(os, "write", write)
+        monkeypatch.setattr(os, "pwrite", write)
         armed["on"] = True
         refused = gw.message_agent(sender="alice", target="bob", message="while the disk is full")
         armed["on"] = False
@@ -553,6 +682,22 @@ def test_enospc_refuses_the_dm_and_leaves_no_torn_record(tmp_path: Path, monkeyp
             again.wait_outcome(lost_id.decode(), timeout=1)
     finally:
         again.stop()
+
+
+def test_wait_outcome_answers_once_the_delivered_record_is_written(tmp_path: Path) -> None:
+    # The Dispatcher writes the lazy ``delivered`` records of a commit before it answers the waiters:
+    # a sender that goes on to send then finds the journal free instead of racing the Dispatcher for it.
+    gw = Gateway(make_root(tmp_path), runner=lambda turn: "fine").start()
+    journal = gw._journal
+    assert journal is not None
+    try:
+        for n in range(20):
+            key = gw.message_agent(sender="alice", target="bob", message=f"dm {n}")["delivery_id"]
+            assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+            records, _ = parse_lines(journal.path.read_bytes().splitlines())
+            assert {"t": "delivered", "id": key} in records, f"DM {n}: answered before its delivered record"
+    finally:
+        gw.stop()
 
 
 # ── two gateways starting at once on one root ───────────────────────────────

@@ -11,7 +11,9 @@ sender, sequential DMs (send, wait for the outcome) with the journal on — the
 latency of a durable DM with nothing else in flight (three group commits:
 ``accepted`` before the ack, ``started`` before the turn, ``finished`` before
 the outcome), with ``fdatasync_p50_ms``: one append + ``fdatasync`` in the same
-directory, timed before and after it (the lower median), the floor a commit costs.
+directory, timed before and after it (the lower median), and
+``fdatasync_allocated_p50_ms``: the same inside space allocated ahead, as the
+journal writes (no sync commits a new file size): the floor a commit costs.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def durable_throughput(ctx: BenchContext) -> ScenarioResult:
     write_root(trip_root, 2)
     trip_n = ctx.count(100, 2000, minimum=10)
     syncs = [fdatasync_ms(trip_root)]  # the disk's floor, before and after, beside the journal
+    allocated = [fdatasync_ms(trip_root, allocated=True)]
     with _system(trip_root, trip_n, durable=True) as gateway:
         ctx.progress.start("durable round trip ours (journal on, sequential)", trip_n)
         try:
@@ -88,8 +91,10 @@ def durable_throughput(ctx: BenchContext) -> ScenarioResult:
         finally:
             ctx.progress.finish()
     syncs.append(fdatasync_ms(trip_root))
+    allocated.append(fdatasync_ms(trip_root, allocated=True))
     ours["roundtrip"] = {**summarize(trip.latencies_s, trip.wall_s), "fdatasync_p50_ms": min(syncs),
-                         "fdatasync_samples_ms": syncs}
+                         "fdatasync_samples_ms": syncs, "fdatasync_allocated_p50_ms": min(allocated),
+                         "fdatasync_allocated_samples_ms": allocated}
     samples["ours round trip"] = trip.latencies_s
 
     reference_root = ctx.workdir / "nondurable"

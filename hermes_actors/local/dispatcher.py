@@ -37,7 +37,7 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.local.admission import Admission, CallerAdmission
 from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
 from hermes_actors.local.durability import durability_for, live_record
-from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
+from hermes_actors.local.outcome_book import Answers, DeliveryState, OutcomeBook, Pending, answer
 from hermes_actors.local.profile_actor import ProfileDeps
 from hermes_actors.local.profile_table import DELIVER_BATCH, ProfileTable
 from hermes_actors.local.relay_link import RelayLink, delivery_from_envelope
@@ -342,12 +342,17 @@ class DispatcherActor(SupervisorActor):
             return
         self._publish(outcome)
 
-    def _publish(self, outcome: Outcome) -> None:
-        """Make an outcome visible: wait_outcome answers, then the room or the DM subscribers get it."""
+    def _publish(self, outcome: Outcome, answers: Answers | None = None) -> None:
+        """Make an outcome visible: wait_outcome answers, then the room or the DM subscribers get it.
+
+        Args:
+            outcome: the outcome.
+            answers: where the ``wait_outcome`` answers go for the caller to give later (None: now).
+        """
         key = outcome.delivery_id
         record = outcome.as_dict()
         delivery = self.book.delivery(key) or self.waker.sources.get(key)  # before the book and waker drop it
-        entry = self.book.settle(key, record)
+        entry = self.book.settle(key, record, answers)
         if entry is not None and entry.route == "room":  # a member turn's outcome goes back to its room
             _answer_room(entry.room_reply, outcome)
             return
@@ -383,7 +388,13 @@ class DispatcherActor(SupervisorActor):
 
     @handles(JournalDurable)
     def _on_journal_durable(self, msg: JournalDurable) -> None:
-        """One group commit landed: release its acks, publish its outcomes."""
+        """One group commit landed: release its acks, publish its outcomes.
+
+        The ``wait_outcome`` callers are answered last: by then the ``delivered`` records
+        are written, so a caller that goes on to send finds the journal's write turn free
+        instead of racing this thread for it.
+        """
+        answers: Answers = []
         for kind, value in msg.tokens:
             if kind == "accepted":
                 self.durability.accepted_landed(value, msg.error)
@@ -391,9 +402,10 @@ class DispatcherActor(SupervisorActor):
             if msg.error is not None:
                 logger.error("outcome of {} could not be journaled ({}); publishing it anyway",
                              value.delivery_id, msg.error)
-            self._publish(value)
+            self._publish(value, answers)
             crashpoint("after-outcome-before-delivered")
             self.durability.delivered(value.delivery_id)
+        answer(answers)
 
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import pykka
 
-__all__ = ["SETTLED_KEEP", "DeliveryState", "OutcomeBook", "Pending", "Route", "SettledOutcomes"]
+__all__ = ["SETTLED_KEEP", "Answers", "DeliveryState", "OutcomeBook", "Pending", "Route", "SettledOutcomes", "answer"]
 
 SETTLED_KEEP = 100_000  # settled outcomes remembered for wait_outcome (oldest dropped first; bounds memory)
 #: The keys of an outcome dict, in order (``Outcome.as_dict``): such a dict is stored as its values only.
@@ -36,6 +36,16 @@ _ZLIB = b"\x00"  # tags a compressed blob (a marshal dump never starts with a ze
 #: relay (ours, awaiting a reply), drained from the relay and run here, to a bot_peers peer,
 #: or a group room member's turn (its outcome goes back to the room).
 Route = Literal["local", "relay", "relay-in", "peer", "room"]
+
+
+#: ``wait_outcome`` futures and the outcome dict each is to be set with (see :meth:`OutcomeBook.settle`).
+Answers = list[tuple[pykka.ThreadingFuture[dict[str, Any]], dict[str, Any]]]
+
+
+def answer(answers: Answers) -> None:
+    """Set each future of ``answers`` with its outcome dict."""
+    for future, record in answers:
+        future.set(record)
 
 
 class DeliveryState(Enum):
@@ -250,8 +260,14 @@ class OutcomeBook:
         self._pending.pop(key, None)
         self._journaling[key] = (record, delivery)
 
-    def settle(self, key: str, record: dict[str, Any]) -> Pending | None:
+    def settle(self, key: str, record: dict[str, Any], answers: Answers | None = None) -> Pending | None:
         """Publish the outcome of ``key``: its waiters get it.
+
+        Args:
+            key: the delivery id.
+            record: its outcome dict.
+            answers: where to put the waiters' answers for the caller to give (:func:`answer`)
+                once it has finished handling the outcome; None: answered now.
 
         Returns:
             The pending entry still held for ``key`` (None when :meth:`take` already removed it).
@@ -259,8 +275,12 @@ class OutcomeBook:
         entry = self._pending.pop(key, None)
         self._journaling.pop(key, None)
         self._settled.put(key, record)
-        for future in self._waiters.pop(key, ()):
-            future.set(record)
+        waiters = self._waiters.pop(key, ())
+        if answers is None:
+            for future in waiters:
+                future.set(record)
+        else:
+            answers.extend((future, record) for future in waiters)
         return entry
 
     def remember(self, records: dict[str, dict[str, Any]]) -> None:

@@ -13,21 +13,27 @@ Group commit: writers enqueue records; one commit writes everything queued,
 calls ``fdatasync`` once, then wakes every waiter of that batch. So N
 concurrent DMs share one sync instead of paying N. One commit runs at a time
 (the *write turn*). The writer thread takes the turn for records nobody waits
-on; a caller that waits for its record (``append_durably``) and finds no commit
-running takes the turn itself and commits on its own thread, so an unloaded
-journal costs no hand-off to the writer and back. Callers that arrive during a
-commit queue behind it and share the next one.
+on; a caller that waits for its record (``append_durably``) takes the turn
+itself as soon as it is free and commits on its own thread (its record and
+every one queued with it), so it pays no hand-off to the writer and back.
+Callers that arrive during a commit queue behind it and share the next one.
+The writer thread is woken only for work of its own, never by a caller's commit.
 
 A record is either on disk and confirmed, or refused and absent, never both: a
 failed write or sync is truncated back and fails its whole batch, and a caller
 that no commit took within its timeout withdraws its record before it is told.
 
 A *lazy* record (``delivered``) waits for nobody: it is written at once (so a
-killed process loses nothing the kernel has) but a batch of lazy records only
-is not flushed on its own; the next flushed batch, or ``stop``, carries it to
-stable storage. Losing one to a power cut costs a repeated outcome at restart,
-which recovery already handles. The flush it saves used to sit in front of the
-next DM's ``accepted`` record.
+killed process loses nothing the kernel has; by the appending thread itself when
+no commit runs) but a batch of lazy records only is not flushed on its own; the
+next flushed batch, or ``stop``, carries it to stable storage. Losing one to a
+power cut costs a repeated outcome at restart, which recovery already handles.
+The flush it saves used to sit in front of the next DM's ``accepted`` record.
+
+The file is allocated ahead in steps (``posix_fallocate``): a sync inside
+allocated space does not commit a new file size (see ``Journal._reserve``). Its
+zeros past the last record are cut off at ``stop``; readers skip the zeros a
+killed gateway left (``parse_lines``).
 
 At start a gateway adopts the journals of dead gateways on the same root (a
 file whose flock it can take has no living owner): their live records are
@@ -36,10 +42,12 @@ copied into its own file, then the old file is removed.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import stat
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -90,10 +98,16 @@ class JournalFolded:
 
 
 def parse_lines(lines: Iterable[bytes]) -> tuple[list[dict[str, Any]], int]:
-    """Pure: decode journal lines; a torn or corrupt line (crash mid-write) is skipped and counted."""
+    """Pure: decode journal lines; a torn or corrupt line (crash mid-write) is skipped and counted.
+
+    Zero bytes separate lines too: a journal file ends in the zeros its writer allocated
+    ahead (a gateway that was killed never trimmed them), and a power cut can leave such
+    zeros where lazy records had not reached the disk yet. A record never holds a zero
+    byte (JSON escapes it).
+    """
     records: list[dict[str, Any]] = []
     bad = 0
-    for line in lines:
+    for line in _pieces(lines):
         if not line.strip():
             continue
         try:
@@ -109,6 +123,15 @@ def parse_lines(lines: Iterable[bytes]) -> tuple[list[dict[str, Any]], int]:
 
 
 _KINDS = frozenset({"accepted", "started", "finished", "delivered"})
+
+
+def _pieces(lines: Iterable[bytes]) -> Iterable[bytes]:
+    """The lines split at zero bytes as well (see :func:`parse_lines`)."""
+    for line in lines:
+        if b"\0" in line:
+            yield from line.split(b"\0")
+        else:
+            yield line
 
 
 def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None = None) -> JournalFolded:
@@ -129,7 +152,7 @@ def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None =
 
 
 class _Batch:
-    __slots__ = ("callbacks", "done", "error", "flush", "tokens")
+    __slots__ = ("callbacks", "done", "error", "flush", "leader", "tokens")
 
     def __init__(self) -> None:
         self.done = threading.Event()
@@ -137,6 +160,7 @@ class _Batch:
         self.callbacks: list[DurableCallback] = []
         self.tokens: list[Any] = []
         self.flush = False  # a record someone may wait for is in it (not only lazy ones)
+        self.leader = False  # a caller waits for the turn to commit this batch itself
 
 
 class Journal:
@@ -156,12 +180,17 @@ class Journal:
         self.fsync_enabled = fsync
         self.path = directory / f"j-{uuid.uuid4().hex}.log"
         self._fd: int | None = None
-        self._cond = threading.Condition()
+        lock = threading.RLock()  # guards the queue, the open batch and the write turn
+        self._cond = threading.Condition(lock)  # a commit ended (callers, ``stop`` and ``drain`` wait on it)
+        self._work = threading.Condition(lock)  # the writer thread waits on it, for work of its own only
         self._queue: list[tuple[dict[str, Any], bytes]] = []
         # Owned by whoever holds the write turn (``_writing``): the writer thread or a leading caller.
         self._fold = JournalFolded()  # live state of OUR file
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()  # delivered outcomes kept across compaction
         self._lines_in_file = 0
+        self._end = 0  # bytes of records in our file; past it, up to ``_reserved``, zeros allocated ahead
+        self._reserved = 0
+        self._can_reserve = True  # the filesystem allocates ahead (``_reserve``)
         self._batch = _Batch()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -191,7 +220,7 @@ class Journal:
         # a gateway adopting at the same moment must never take (and remove) our new file.
         fresh = self.directory / f".{self.path.name}.new"
         try:
-            self._fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            self._fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(fresh, self.path)
         except OSError as exc:
@@ -269,6 +298,7 @@ class Journal:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            self._work.notify()
         if self._thread is not None:
             self._thread.join(timeout=self.stop_wait)
         with self._cond:  # a leading caller may still be committing its batch
@@ -290,7 +320,12 @@ class Journal:
                     self.fsyncs += 1
                 except OSError as exc:
                     logger.error("journal flush at stop failed: {}", exc)
-            empty = os.fstat(self._fd).st_size == 0
+            if self._reserved > self._end:
+                try:
+                    os.ftruncate(self._fd, self._end)
+                except OSError:
+                    pass
+            empty = self._end == 0
             os.close(self._fd)
             self._fd = None
             if empty:  # nothing was ever journaled: leave no file behind
@@ -342,21 +377,37 @@ class Journal:
                 in ONE call once the batch is durable — one message per group commit
                 instead of one per record.
             lazy: nobody waits for it to be flushed (see the module docstring): it
-                is written with the next batch but does not make that batch flush.
-                With ``callback`` or ``token`` it is not lazy.
+                does not make its batch flush. With no commit running, the caller
+                writes it (and whatever lazy records are queued) at once, without a
+                sync and without waking the writer thread. With ``callback`` or
+                ``token`` it is not lazy.
 
         Raises:
-            StoreError: the journal is stopped.
+            StoreError: the journal is stopped, or (a lazy record written at once) the
+                write failed; the record is then not in the file.
         """
         line = _line(record)
+        flush = not lazy or callback is not None or token is not None
         with self._cond:
-            batch = self._enqueue(record, line, flush=not lazy or callback is not None or token is not None)
+            batch = self._enqueue(record, line, flush=flush)
             if callback is not None:
                 batch.callbacks.append(callback)
             if token is not None:
                 batch.tokens.append(token)
-            self._cond.notify()
-            return batch
+            if batch.flush or self._writing or self._compact_due:
+                # The writer takes it, unless a waiting caller will: a running commit hands the turn
+                # on as it ends, so the writer is woken now only if the turn is free.
+                if not self._writing and self._writer_due():
+                    self._work.notify()
+                return batch
+            # Only lazy records are queued and the turn is free: a write of a few hundred bytes
+            # without a sync costs this thread less than waking the writer thread, which would
+            # then compete with the next DM for the GIL.
+            lead = self._take_turn()
+        self._commit(*lead, compact=False)
+        if batch.error is not None:
+            raise StoreError(getattr(batch.error, "errno", 0) or 0, f"journal write failed: {batch.error}")
+        return batch
 
     def _enqueue(self, record: dict[str, Any], line: bytes, *, flush: bool) -> _Batch:
         """Queue one record in the open batch (the caller holds ``_cond``); the batch.
@@ -389,32 +440,48 @@ class Journal:
                 EIO ...; the record is not in the file), or no commit took the record in time.
         """
         line = _line(record)
+        deadline = time.monotonic() + timeout
         with self._cond:
             batch = self._enqueue(record, line, flush=True)
-            # A due compaction is the writer thread's: waiting for it here keeps the file bounded. No
-            # notify either way: the writer would not get a batch the caller commits, and a running
-            # commit (or the due compaction) hands the turn on to the writer as it ends.
-            lead = self._take_turn() if not self._writing and not self._compact_due else None
+            lead = None
+            if not batch.leader:
+                # The batch's first waiting caller commits it: it waits for the turn, not for the writer
+                # thread, so when the running commit ends it commits at once on its own thread (one
+                # wake-up) instead of the writer committing and then waking it (two). A due compaction is
+                # the writer thread's (it keeps the file bounded) and takes the queued batch along.
+                batch.leader = True
+                while batch is self._batch and (self._writing or self._compact_due):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                batch.leader = False
+                if batch is self._batch:
+                    if self._writing or self._compact_due:
+                        self._withdraw(record)
+                        raise StoreError(0, f"the delivery journal did not confirm a write within {timeout}s")
+                    lead = self._take_turn()
         if lead is not None:
             self._commit(*lead, compact=False)
-        elif not batch.done.wait(timeout) and self._withdraw(record, batch):
-            raise StoreError(0, f"the delivery journal did not confirm a write within {timeout}s")
+        elif not batch.done.wait(max(0.0, deadline - time.monotonic())):
+            with self._cond:
+                if batch is self._batch:
+                    self._withdraw(record)
+                    raise StoreError(0, f"the delivery journal did not confirm a write within {timeout}s")
         batch.done.wait()  # a commit holds the record: it lands or fails, and the caller is told which
         if batch.error is not None:
             raise StoreError(getattr(batch.error, "errno", 0) or 0, f"journal write failed: {batch.error}")
 
-    def _withdraw(self, record: dict[str, Any], batch: _Batch) -> bool:
-        """Take ``record`` back out of the queue if no commit took its batch yet; True if it was.
+    def _withdraw(self, record: dict[str, Any]) -> None:
+        """Take ``record`` back out of the open batch (the caller holds ``_cond``): no commit took it in time.
 
         A caller that gives up waiting must not have its record written later: its sender is
         told the DM was NOT queued, and a record landing afterwards would be re-offered by
-        the next start.
+        the next start. What else the batch holds goes to the writer thread.
         """
-        with self._cond:
-            if batch is not self._batch:
-                return False
-            self._queue = [item for item in self._queue if item[0] is not record]
-            return True
+        self._queue = [item for item in self._queue if item[0] is not record]
+        if self._writer_due():
+            self._work.notify()
 
     def _take_turn(self) -> tuple[list[tuple[dict[str, Any], bytes]], _Batch]:
         """Take the write turn and everything queued (the caller holds ``_cond``)."""
@@ -426,8 +493,8 @@ class Journal:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._writing or not (self._queue or self._compact_due or self._stopping):
-                    self._cond.wait()
+                while self._writing or not self._writer_due():
+                    self._work.wait()
                 if self._stopping and not self._queue:
                     close = self._close_after_commit
                     break
@@ -435,6 +502,11 @@ class Journal:
             self._commit(items, batch, compact=True)
         if close:  # ``stop`` returned before the last commit ended
             self._close()
+
+    def _writer_due(self) -> bool:
+        """Whether the writer thread has work (the caller holds ``_cond``): not a batch a waiting
+        caller will commit itself."""
+        return (bool(self._queue) and not self._batch.leader) or self._compact_due or self._stopping
 
     def _commit(self, items: list[tuple[dict[str, Any], bytes]], batch: _Batch, *, compact: bool) -> None:
         """Write and sync one batch under the write turn, wake its waiters, then give the turn back.
@@ -478,6 +550,8 @@ class Journal:
                 with self._cond:
                     self._writing = False
                     self._cond.notify_all()
+                    if self._writer_due():
+                        self._work.notify()
                     # ``stop`` gave up on this commit: the writer thread closes the file once it has
                     # committed what is queued, or this commit does if the writer is gone.
                     writer = self._thread
@@ -503,11 +577,15 @@ class Journal:
         assert self._fd is not None
         data = b"".join(lines)
         view = memoryview(data)
-        before = os.fstat(self._fd).st_size
+        before = self._end
         try:
+            if before + len(data) > self._reserved:
+                self._reserve(before + len(data))
+            offset = before
             while view:
-                written = os.write(self._fd, view)
+                written = os.pwrite(self._fd, view, offset)
                 view = view[written:]
+                offset += written
             if self.fsync_enabled and flush:
                 # fdatasync: the data and the size needed to read it back, without the mtime (half the
                 # cost). It flushes every earlier write of this file too, lazy records included.
@@ -521,15 +599,41 @@ class Journal:
             # sync failed: their callers are told they were NOT recorded, so no start may find them.
             try:
                 os.ftruncate(self._fd, before)
+                self._reserved = before
             except OSError:
                 pass
             raise
+        self._end = before + len(data)
         self.records += len(lines)
         self._lines_in_file += len(lines)
+
+    def _reserve(self, needed: int) -> None:
+        """Allocate the file ahead to at least ``needed`` bytes (one :attr:`reserve_bytes` step or more).
+
+        ``fdatasync`` after an append that grows the file also commits the new size to the
+        filesystem's own journal; a write inside space allocated ahead does not. Measured on
+        this project's ext4 VM disk: 0.20 ms per append + ``fdatasync`` against 0.14 ms inside
+        allocated space, and a durable DM waits for three of them. Where the filesystem
+        cannot allocate ahead, the file just grows with each write.
+        """
+        assert self._fd is not None
+        if not self._can_reserve:
+            return
+        size = max(needed, self._reserved + self.reserve_bytes)
+        try:
+            os.posix_fallocate(self._fd, self._reserved, size - self._reserved)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:  # not supported here: stop asking (ENOSPC may pass)
+                self._can_reserve = False
+            return
+        self._reserved = size
 
     # ── compaction (the writer thread, under the write turn) ────────────────
 
     compact_after = 50_000  # lines in our file before it is rewritten with only what matters
+    # Bytes allocated ahead at a time. Under MAX_LINE_BYTES, so the zeros left after a killed
+    # gateway's last record never look like an over-long line to a reader.
+    reserve_bytes = 1 << 19
     keep_delivered = 10_000  # delivered outcomes kept for wait_outcome after a restart
 
     def _track(self, records: list[dict[str, Any]]) -> None:
@@ -568,7 +672,7 @@ class Journal:
         """Rewrite our file with only live state and recent outcomes, then swap it in atomically."""
         assert self._fd is not None
         tmp = self.directory / f".{self.path.name}.compact"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             lines = self._state_lines()
             os.write(fd, b"".join(lines))
@@ -583,6 +687,7 @@ class Journal:
             raise
         os.close(self._fd)
         self._fd = fd
+        self._end = self._reserved = sum(map(len, lines))
         self._lines_in_file = len(lines)
         self.compactions += 1
         logger.info("journal compacted to {} line(s)", len(lines))
