@@ -23,12 +23,11 @@ from actors import ActorGone, FsBridge, ask
 from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.local.roster import roster_rows
 from hermes_actors.local.runners import TurnRunner, as_runner
-from hermes_actors.local.sending import send_dm
+from hermes_actors.local.sending import outcome_future, send_dm
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
     AttachOwner,
-    AwaitOutcome,
     DetachOwner,
     GetSnapshot,
     Housekeep,
@@ -294,7 +293,13 @@ class Gateway:
             return dict(final)
         if self._state != "running" or self._system is None or self._system.dispatcher is None:
             raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running)")
-        future = ask(self._system.dispatcher, AwaitOutcome(delivery_id), timeout=_ASK_TIMEOUT)
+        try:
+            future = outcome_future(self._system.dispatcher, delivery_id)
+        except ActorGone:  # stopped since the check above: its outcomes were kept, if it had this one
+            final = self._final_outcomes.get(delivery_id)
+            if final is not None:
+                return dict(final)
+            raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running)") from None
         try:
             return dict(future.get(timeout=timeout))
         except pykka.Timeout:

@@ -73,9 +73,15 @@ class PendingAck:
 
 @dataclass(frozen=True, slots=True)
 class AwaitOutcome:
-    """Ask for a future that resolves with the outcome dict of a delivery."""
+    """Told with a future the teller waits on: the Dispatcher sets it with the outcome dict of a
+    delivery once there is one, or with ``KeyError`` for an id it never issued.
+
+    A tell, not an ask: the waiter sleeps once, until the outcome, instead of waking first for
+    the Dispatcher's answer that it is waiting (see ``local.sending.outcome_future``).
+    """
 
     delivery_id: str
+    reply: pykka.ThreadingFuture[dict[str, Any]]
 
 
 @fast_init

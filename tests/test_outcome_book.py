@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pykka
 import pytest
 
-from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
+from hermes_actors.local.outcome_book import Answers, DeliveryState, OutcomeBook, Pending, answer
 from hermes_actors.messages import Delivery
 
 KEY = "a" * 32
@@ -53,7 +55,8 @@ def test_a_waiter_gets_the_outcome_only_once_it_is_published(setup: str, answere
         book.journaling(KEY, _record())
     if setup == "settled":
         book.settle(KEY, _record())
-    future = book.wait(KEY)
+    future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
+    book.wait(KEY, future)
     if answered_at_once:
         assert future.get(timeout=0) == _record()
         return
@@ -65,7 +68,21 @@ def test_a_waiter_gets_the_outcome_only_once_it_is_published(setup: str, answere
 
 def test_waiting_for_an_unknown_id_is_a_key_error_naming_it() -> None:
     with pytest.raises(KeyError, match=KEY):
-        OutcomeBook().wait(KEY)
+        OutcomeBook().wait(KEY, pykka.ThreadingFuture())
+
+
+def test_settle_can_leave_the_waiters_answers_to_its_caller() -> None:
+    book = OutcomeBook()
+    book.add(KEY, _entry())
+    future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
+    book.wait(KEY, future)
+    answers: Answers = []
+    book.settle(KEY, _record(), answers)
+    assert book.state(KEY) is DeliveryState.SETTLED
+    with pytest.raises(pykka.Timeout):
+        future.get(timeout=0)  # not yet: the caller answers once it has written what comes first
+    answer(answers)
+    assert future.get(timeout=0) == _record()
 
 
 def test_the_oldest_settled_outcomes_are_forgotten_beyond_keep() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pykka
 import pytest
 
 from hermes_actors.core import outcomes
@@ -88,7 +89,9 @@ def test_every_read_is_a_new_dict_so_a_reader_cannot_change_the_next_readers_out
     assert first == record
     first["reply"] = "changed by a reader"
     assert book.record(KEY) == record
-    assert book.wait(KEY).get(timeout=0) == record
+    future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
+    book.wait(KEY, future)
+    assert future.get(timeout=0) == record
     assert book.export() == {KEY: record}
 
 

@@ -381,8 +381,11 @@ class DispatcherActor(SupervisorActor):
             tell(self.notifier, NotifyOutcomes(notes))
 
     @handles(AwaitOutcome)
-    def _on_await(self, msg: AwaitOutcome) -> pykka.ThreadingFuture[dict[str, Any]]:
-        return self.book.wait(msg.delivery_id)
+    def _on_await(self, msg: AwaitOutcome) -> None:
+        try:
+            self.book.wait(msg.delivery_id, msg.reply)
+        except KeyError as exc:
+            msg.reply.set_exception(exc_info=(KeyError, exc, None))
 
     # ── durability ──────────────────────────────────────────────────────────
 

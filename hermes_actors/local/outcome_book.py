@@ -292,13 +292,12 @@ class OutcomeBook:
             if self.state(key) in (DeliveryState.UNKNOWN, DeliveryState.SETTLED):
                 self._settled.put(key, record)
 
-    def wait(self, key: str) -> pykka.ThreadingFuture[dict[str, Any]]:
-        """A future that resolves with the outcome dict of ``key``.
+    def wait(self, key: str, future: pykka.ThreadingFuture[dict[str, Any]]) -> None:
+        """Set ``future`` with the outcome dict of ``key`` now, or once it is settled.
 
         Raises:
-            KeyError: ``key`` is unknown here.
+            KeyError: ``key`` is unknown here (``future`` is left alone).
         """
-        future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
         state = self.state(key)
         settled = self._settled.get(key) if state is DeliveryState.SETTLED else None
         if settled is not None:
@@ -307,4 +306,3 @@ class OutcomeBook:
             raise KeyError(f"unknown delivery id {key!r}: this gateway did not issue it and no journal holds it")
         else:
             self._waiters.setdefault(key, []).append(future)
-        return future

@@ -1,4 +1,5 @@
-"""A DM's way in from its sender's thread: where a :class:`SendRequest` becomes an ack.
+"""A DM's way in from its sender's thread (where a :class:`SendRequest` becomes an ack), and its
+outcome's way back (:func:`outcome_future`).
 
 A first-hop DM to a local profile is admitted right here, on the sender's thread,
 from the published roster snapshot (:class:`CallerAdmission`), and reaches the
@@ -20,10 +21,10 @@ from hermes_actors.core.acks import accepted_record, ack_payload, journal_refusa
 from hermes_actors.errors import StoreError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.admission import CallerAdmission
-from hermes_actors.messages import AcceptLocal, SendRequest
+from hermes_actors.messages import AcceptLocal, AwaitOutcome, SendRequest
 from hermes_actors.store.journal import Journal
 
-__all__ = ["send_dm"]
+__all__ = ["outcome_future", "send_dm"]
 
 
 def send_dm(
@@ -69,3 +70,19 @@ def send_dm(
         raise ActorGone("cannot tell AcceptLocal: the Dispatcher is gone")
     # Journaled, the DM is acked even if the Dispatcher is gone: the next start on this root re-offers it.
     return ack
+
+
+def outcome_future(dispatcher: pykka.ActorRef[Any], delivery_id: str) -> pykka.ThreadingFuture[dict[str, Any]]:
+    """A future the Dispatcher sets with the outcome dict of ``delivery_id`` (told, not asked).
+
+    Its ``get`` raises ``KeyError`` when the Dispatcher never issued the id (and no journal
+    holds it), and ``pykka.Timeout`` as any future. The Dispatcher may stop before it sees the
+    request: the caller waits with a deadline, as for the outcome itself.
+
+    Raises:
+        ActorGone: the Dispatcher is gone (the gateway stopped).
+    """
+    future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
+    if not tell(dispatcher, AwaitOutcome(delivery_id, future)):
+        raise ActorGone(f"cannot wait for the outcome of {delivery_id}: the Dispatcher is gone")
+    return future

@@ -9,7 +9,6 @@ gateway outlives it.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -18,12 +17,10 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ask
-from hermes_actors.messages import AwaitOutcome
+from hermes_actors.local.sending import outcome_future
 
 __all__ = ["await_running_turns", "end_running_turns"]
 
-_ASK_TIMEOUT = 30.0
 _SLICE_SECONDS = 0.1  # how soon a set ``abandon`` is noticed while waiting
 
 
@@ -39,7 +36,7 @@ def await_running_turns(
     """Wait until every delivery in ``running`` has an outcome, ``deadline`` passes or ``abandon`` is set.
 
     Args:
-        dispatcher: the Dispatcher (answers ``AwaitOutcome``).
+        dispatcher: the Dispatcher (told ``AwaitOutcome``).
         running: delivery ids of the turns still running.
         deadline: monotonic time to give up at.
         abandon: when set, stop waiting at once.
@@ -49,10 +46,7 @@ def await_running_turns(
     Returns:
         True when every one of them finished in time.
     """
-    futures = []
-    for delivery_id in running:
-        with contextlib.suppress(KeyError):  # already settled and forgotten: nothing to wait for
-            futures.append(ask(dispatcher, AwaitOutcome(delivery_id), timeout=_ASK_TIMEOUT))
+    futures = [outcome_future(dispatcher, delivery_id) for delivery_id in running]
     if futures and on_wait is not None:
         try:
             on_wait(len(futures), max(0.0, deadline - time.monotonic()) if grace is None else grace)
@@ -65,6 +59,8 @@ def await_running_turns(
                 return False
             try:  # pykka futures have no done-callback: wait in slices so ``abandon`` is seen promptly
                 future.get(timeout=min(remaining, _SLICE_SECONDS))
+                break
+            except KeyError:  # already settled and forgotten: nothing to wait for
                 break
             except pykka.Timeout:
                 continue
