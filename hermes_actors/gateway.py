@@ -28,6 +28,7 @@ from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
     AttachOwner,
+    CheckOutcome,
     DetachOwner,
     GetSnapshot,
     Housekeep,
@@ -293,17 +294,24 @@ class Gateway:
             return dict(final)
         if self._state != "running" or self._system is None or self._system.dispatcher is None:
             raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running)")
+        dispatcher = self._system.dispatcher
         try:
-            future = outcome_future(self._system.dispatcher, delivery_id)
+            if timeout > 0:
+                try:
+                    return dict(outcome_future(dispatcher, delivery_id).get(timeout=timeout))
+                except pykka.Timeout:
+                    pass
+            # A poll, or the time ran out: ask where it stands. The told request may not have been
+            # handled yet, and an id the Dispatcher never issued is a KeyError all the same.
+            record = ask(dispatcher, CheckOutcome(delivery_id), timeout=_ASK_TIMEOUT)
         except ActorGone:  # stopped since the check above: its outcomes were kept, if it had this one
             final = self._final_outcomes.get(delivery_id)
             if final is not None:
                 return dict(final)
             raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running)") from None
-        try:
-            return dict(future.get(timeout=timeout))
-        except pykka.Timeout:
-            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s") from None
+        if record is None:
+            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s")
+        return dict(record)
 
     def subscribe(self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False) -> Callable[[], None]:
         """Call ``callback(outcome)`` for every later outcome, on the notifier thread.

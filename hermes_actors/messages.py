@@ -84,6 +84,14 @@ class AwaitOutcome:
     reply: pykka.ThreadingFuture[dict[str, Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class CheckOutcome:
+    """Asked: the published outcome dict of a delivery, None while it has none; ``KeyError`` for
+    an id the Dispatcher never issued. What a poll asks (and a wait whose time ran out)."""
+
+    delivery_id: str
+
+
 @fast_init
 @dataclass(frozen=True, slots=True)
 class OutcomeReady:

@@ -71,6 +71,19 @@ def test_waiting_for_an_unknown_id_is_a_key_error_naming_it() -> None:
         OutcomeBook().wait(KEY, pykka.ThreadingFuture())
 
 
+@pytest.mark.parametrize(("setup", "published"), [("pending", False), ("journaling", False), ("settled", True)])
+def test_published_is_the_outcome_once_it_is_settled_and_none_before(setup: str, published: bool) -> None:
+    book = OutcomeBook()
+    book.add(KEY, _entry())
+    if setup in ("journaling", "settled"):
+        book.journaling(KEY, _record())
+    if setup == "settled":
+        book.settle(KEY, _record())
+    assert book.published(KEY) == (_record() if published else None)
+    with pytest.raises(KeyError, match="b" * 32):
+        book.published("b" * 32)
+
+
 def test_settle_can_leave_the_waiters_answers_to_its_caller() -> None:
     book = OutcomeBook()
     book.add(KEY, _entry())

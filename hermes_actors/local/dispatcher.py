@@ -49,6 +49,7 @@ from hermes_actors.messages import (
     AttachRelay,
     AwaitOutcome,
     AwaitRestarts,
+    CheckOutcome,
     Delivery,
     DetachOwner,
     ExportOutcomes,
@@ -386,6 +387,10 @@ class DispatcherActor(SupervisorActor):
             self.book.wait(msg.delivery_id, msg.reply)
         except KeyError as exc:
             msg.reply.set_exception(exc_info=(KeyError, exc, None))
+
+    @handles(CheckOutcome)
+    def _on_check(self, msg: CheckOutcome) -> dict[str, Any] | None:
+        return self.book.published(msg.delivery_id)
 
     # ── durability ──────────────────────────────────────────────────────────
 

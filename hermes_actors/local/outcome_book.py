@@ -292,17 +292,25 @@ class OutcomeBook:
             if self.state(key) in (DeliveryState.UNKNOWN, DeliveryState.SETTLED):
                 self._settled.put(key, record)
 
+    def published(self, key: str) -> dict[str, Any] | None:
+        """The published outcome dict of ``key``; None while it has none (pending or journaling).
+
+        Raises:
+            KeyError: ``key`` is unknown here.
+        """
+        state = self.state(key)
+        if state is DeliveryState.UNKNOWN:
+            raise KeyError(f"unknown delivery id {key!r}: this gateway did not issue it and no journal holds it")
+        return self._settled.get(key) if state is DeliveryState.SETTLED else None
+
     def wait(self, key: str, future: pykka.ThreadingFuture[dict[str, Any]]) -> None:
-        """Set ``future`` with the outcome dict of ``key`` now, or once it is settled.
+        """Set ``future`` with the outcome dict of ``key`` now, or once it is published.
 
         Raises:
             KeyError: ``key`` is unknown here (``future`` is left alone).
         """
-        state = self.state(key)
-        settled = self._settled.get(key) if state is DeliveryState.SETTLED else None
-        if settled is not None:
-            future.set(settled)
-        elif state is DeliveryState.UNKNOWN:
-            raise KeyError(f"unknown delivery id {key!r}: this gateway did not issue it and no journal holds it")
+        record = self.published(key)
+        if record is not None:
+            future.set(record)
         else:
             self._waiters.setdefault(key, []).append(future)
