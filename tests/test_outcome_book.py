@@ -40,6 +40,17 @@ def test_settle_hands_back_a_pending_entry_still_held() -> None:
     assert book.take(KEY) is None
 
 
+def _book_with(setup: str) -> OutcomeBook:
+    """A book holding ``KEY`` in the state ``setup`` names: pending, journaling or settled."""
+    book = OutcomeBook()
+    book.add(KEY, _entry())
+    if setup in ("journaling", "settled"):
+        book.journaling(KEY, _record())
+    if setup == "settled":
+        book.settle(KEY, _record())
+    return book
+
+
 @pytest.mark.parametrize(
     ("setup", "answered_at_once"),
     [
@@ -49,12 +60,7 @@ def test_settle_hands_back_a_pending_entry_still_held() -> None:
     ],
 )
 def test_a_waiter_gets_the_outcome_only_once_it_is_published(setup: str, answered_at_once: bool) -> None:
-    book = OutcomeBook()
-    book.add(KEY, _entry())
-    if setup in ("journaling", "settled"):
-        book.journaling(KEY, _record())
-    if setup == "settled":
-        book.settle(KEY, _record())
+    book = _book_with(setup)
     future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
     book.wait(KEY, future)
     if answered_at_once:
@@ -73,12 +79,7 @@ def test_waiting_for_an_unknown_id_is_a_key_error_naming_it() -> None:
 
 @pytest.mark.parametrize(("setup", "published"), [("pending", False), ("journaling", False), ("settled", True)])
 def test_published_is_the_outcome_once_it_is_settled_and_none_before(setup: str, published: bool) -> None:
-    book = OutcomeBook()
-    book.add(KEY, _entry())
-    if setup in ("journaling", "settled"):
-        book.journaling(KEY, _record())
-    if setup == "settled":
-        book.settle(KEY, _record())
+    book = _book_with(setup)
     assert book.published(KEY) == (_record() if published else None)
     with pytest.raises(KeyError, match="b" * 32):
         book.published("b" * 32)
