@@ -399,10 +399,18 @@ class DispatcherActor(SupervisorActor):
         """One group commit landed: release its acks, publish its outcomes.
 
         The ``wait_outcome`` callers are answered last: by then the ``delivered`` records
-        are written, so a caller that goes on to send finds the journal's write turn free
-        instead of racing this thread for it.
+        are appended (and, when no commit runs, written by this thread), so a caller that
+        goes on to send finds the journal's write turn free instead of racing this thread
+        for it.
         """
         answers: Answers = []
+        try:
+            self._land(msg, answers)
+        finally:  # whatever happened, the outcomes settled so far are answered
+            answer(answers)
+
+    def _land(self, msg: JournalDurable, answers: Answers) -> None:
+        """Release the acks of one commit and publish its outcomes, their waiters' answers into ``answers``."""
         for kind, value in msg.tokens:
             if kind == "accepted":
                 self.durability.accepted_landed(value, msg.error)
@@ -413,7 +421,6 @@ class DispatcherActor(SupervisorActor):
             self._publish(value, answers)
             crashpoint("after-outcome-before-delivered")
             self.durability.delivered(value.delivery_id)
-        answer(answers)
 
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import stat
 import threading
 import time
@@ -125,11 +126,14 @@ def parse_lines(lines: Iterable[bytes]) -> tuple[list[dict[str, Any]], int]:
 _KINDS = frozenset({"accepted", "started", "finished", "delivered"})
 
 
+_ZEROS = re.compile(b"\0+")
+
+
 def _pieces(lines: Iterable[bytes]) -> Iterable[bytes]:
-    """The lines split at zero bytes as well (see :func:`parse_lines`)."""
+    """The lines split at runs of zero bytes as well (see :func:`parse_lines`)."""
     for line in lines:
         if b"\0" in line:
-            yield from line.split(b"\0")
+            yield from _ZEROS.split(line)
         else:
             yield line
 
@@ -197,6 +201,7 @@ class Journal:
         self._writing = False  # a commit holds the write turn (guarded by ``_cond``)
         self._compact_due = False  # a leading caller's commit grew the file past ``compact_after``
         self._close_after_commit = False  # ``stop`` gave up waiting for a commit: it closes the file
+        self._closed = False  # the file is closing or closed: whoever set this holds the turn for good
         self.fsyncs = 0
         self._unflushed = False  # lazy records written since the last fdatasync
         self.records = 0
@@ -233,6 +238,7 @@ class Journal:
         finally:
             with self._cond:
                 self._writing = False
+                self._cond.notify_all()  # a caller that queued meanwhile waits for the turn
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
         return adopted
@@ -301,14 +307,21 @@ class Journal:
             self._work.notify()
         if self._thread is not None:
             self._thread.join(timeout=self.stop_wait)
-        with self._cond:  # a leading caller may still be committing its batch
-            if not self._cond.wait_for(lambda: not self._writing, timeout=self.stop_wait):
+        with self._cond:
+            # What was queued before the stop is committed first (by the writer, or by the caller that
+            # leads its batch); a running commit ends first.
+            self._cond.wait_for(lambda: not (self._writing or self._queue), timeout=self.stop_wait)
+            if self._writing:
                 # Closing now could hand its descriptor number to another file mid-write: the commit
                 # closes the file when it ends instead.
                 logger.error("a journal commit is still running after {}s; the file closes when it ends",
                              2 * self.stop_wait)
                 self._close_after_commit = True
                 return
+            # The turn, for good: no commit may start on a closing file. A record still queued now
+            # (nothing took it in time) is refused to its caller, never written.
+            self._writing = self._closed = True
+            self._work.notify()  # a writer thread still waiting exits
         self._close()
 
     def _close(self) -> None:
@@ -320,11 +333,11 @@ class Journal:
                     self.fsyncs += 1
                 except OSError as exc:
                     logger.error("journal flush at stop failed: {}", exc)
-            if self._reserved > self._end:
-                try:
+            try:  # the zeros allocated ahead (the real size: a refused allocation may have grown it)
+                if os.fstat(self._fd).st_size > self._end:
                     os.ftruncate(self._fd, self._end)
-                except OSError:
-                    pass
+            except OSError as exc:
+                logger.warning("could not cut the journal back to its records: {}", exc)
             empty = self._end == 0
             os.close(self._fd)
             self._fd = None
@@ -450,11 +463,17 @@ class Journal:
                 # wake-up) instead of the writer committing and then waking it (two). A due compaction is
                 # the writer thread's (it keeps the file bounded) and takes the queued batch along.
                 batch.leader = True
-                while batch is self._batch and (self._writing or self._compact_due):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
+                try:
+                    while batch is self._batch and (self._writing or self._compact_due):
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
+                except BaseException:  # interrupted: a batch whose leader is gone is the writer thread's again
+                    batch.leader = False
+                    if batch is self._batch and not self._writing and self._writer_due():
+                        self._work.notify()
+                    raise
                 batch.leader = False
                 if batch is self._batch:
                     if self._writing or self._compact_due:
@@ -493,14 +512,19 @@ class Journal:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._writing or not self._writer_due():
+                while not self._closed and (self._writing or not self._writer_due()):
                     self._work.wait()
+                if self._closed:  # ``stop`` holds the turn and closes the file
+                    return
                 if self._stopping and not self._queue:
+                    # ``stop`` gave up on a commit (and returned): close the file once it ended, under the turn.
                     close = self._close_after_commit
+                    if close:
+                        self._writing = self._closed = True
                     break
                 items, batch = self._take_turn()
             self._commit(items, batch, compact=True)
-        if close:  # ``stop`` returned before the last commit ended
+        if close:
             self._close()
 
     def _writer_due(self) -> bool:
@@ -548,14 +572,16 @@ class Journal:
                 self._report(batch)
             finally:
                 with self._cond:
-                    self._writing = False
+                    # ``stop`` gave up on this commit: the writer thread closes the file once it has
+                    # committed what is queued, or this commit does if the writer is gone, keeping
+                    # the turn so that no commit starts on the closing file.
+                    writer = self._thread
+                    close = self._close_after_commit and (writer is None or not writer.is_alive())
+                    self._writing = close
+                    self._closed = self._closed or close
                     self._cond.notify_all()
                     if self._writer_due():
                         self._work.notify()
-                    # ``stop`` gave up on this commit: the writer thread closes the file once it has
-                    # committed what is queued, or this commit does if the writer is gone.
-                    writer = self._thread
-                    close = self._close_after_commit and (writer is None or not writer.is_alive())
                 if close:
                     self._close()
 
@@ -574,7 +600,8 @@ class Journal:
                 logger.exception("journal listener failed")
 
     def _write_now(self, lines: list[bytes], *, flush: bool = True) -> None:
-        assert self._fd is not None
+        if self._fd is None:
+            raise StoreError(0, "the delivery journal is closed")
         data = b"".join(lines)
         view = memoryview(data)
         before = self._end
@@ -594,7 +621,7 @@ class Journal:
                 self._unflushed = False
             elif self.fsync_enabled:
                 self._unflushed = True
-        except OSError:
+        except BaseException:
             # Never leave a torn record behind for the next batch to be glued onto, nor records whose
             # sync failed: their callers are told they were NOT recorded, so no start may find them.
             try:
