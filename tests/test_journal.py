@@ -407,10 +407,10 @@ class Appenders:
         self.errors: list[BaseException] = []
         self.threads: list[threading.Thread] = []
 
-    def start(self, n: int, name: str | None = None) -> None:
+    def start(self, n: int, name: str | None = None, timeout: float = 30.0) -> None:
         def append() -> None:
             try:
-                self.journal.append_durably({"t": "started", "id": _id(n), "attempt": 1})
+                self.journal.append_durably({"t": "started", "id": _id(n), "attempt": 1}, timeout=timeout)
             except BaseException as exc:
                 self.errors.append(exc)
 
@@ -568,20 +568,14 @@ def test_when_the_first_waiting_caller_gives_up_the_writer_thread_commits_the_ot
     spy, callers = _a_stalled_commit(journal)
     patient = Appenders(journal)
     try:
-        gave_up: list[BaseException] = []
-
-        def impatient_append() -> None:
-            try:
-                journal.append_durably({"t": "started", "id": _id(2), "attempt": 1}, timeout=0.2)
-            except StoreError as exc:
-                gave_up.append(exc)
-
-        impatient = threading.Thread(target=impatient_append)
-        impatient.start()  # it queues first: the batch's leader
+        impatient = Appenders(journal)
+        impatient.start(2, timeout=0.2)  # it queues first: the batch's leader
         await_condition(lambda: len(journal._queue) == 1, timeout=30, message="the first waiter never queued")
         patient.start(3)  # queued in the same batch, waiting for its commit (30 s)
-        impatient.join(timeout=30)
-        assert not impatient.is_alive() and len(gave_up) == 1 and "did not confirm" in str(gave_up[0])
+        (thread,) = impatient.threads
+        thread.join(timeout=30)
+        assert not thread.is_alive() and len(impatient.errors) == 1, impatient.errors
+        assert isinstance(impatient.errors[0], StoreError) and "did not confirm" in str(impatient.errors[0])
         assert [item[0]["id"] for item in journal._queue] == [_id(3)], "the leader withdrew only its own record"
         spy.gate.set()
         callers.join()
@@ -716,18 +710,11 @@ def test_a_leader_interrupted_while_waiting_leaves_its_batch_to_the_writer(
         return real_wait(timeout)
 
     monkeypatch.setattr(journal._cond, "wait", interrupted)
-    errors: list[BaseException] = []
-
-    def lead() -> None:
-        try:
-            journal.append_durably({"t": "started", "id": _id(2), "attempt": 1}, timeout=30)
-        except BaseException as exc:
-            errors.append(exc)
-
-    leader = threading.Thread(target=lead, name="impatient")
-    leader.start()
-    leader.join(timeout=30)
-    assert [type(e) for e in errors] == [KeyboardInterrupt]
+    leader = Appenders(journal)
+    leader.start(2, name="impatient")
+    (thread,) = leader.threads
+    thread.join(timeout=30)
+    assert [type(e) for e in leader.errors] == [KeyboardInterrupt]
     try:
         journal.append({"t": "started", "id": _id(3), "attempt": 1}, token="t3")  # queued with record 2
         spy.gate.set()
