@@ -569,9 +569,11 @@ def test_when_the_first_waiting_caller_gives_up_the_writer_thread_commits_the_ot
     patient = Appenders(journal)
     try:
         impatient = Appenders(journal)
-        impatient.start(2, timeout=0.2)  # it queues first: the batch's leader
+        impatient.start(2, timeout=2.0)  # it queues first: the batch's leader
         await_condition(lambda: len(journal._queue) == 1, timeout=30, message="the first waiter never queued")
         patient.start(3)  # queued in the same batch, waiting for its commit (30 s)
+        await_condition(lambda: len(journal._queue) == 2, timeout=30, message="the second waiter never queued")
+        assert journal._batch.leader, "the first waiter gave up before the second queued (a 2 s margin)"
         (thread,) = impatient.threads
         thread.join(timeout=30)
         assert not thread.is_alive() and len(impatient.errors) == 1, impatient.errors
@@ -633,7 +635,7 @@ def test_a_record_queued_before_stop_lands_before_the_file_closes(tmp_path: Path
     # or refused but in the file. Stop now waits for what was queued before it.
     for _ in range(10):  # the old race lost about one run in five
         journal = Journal(tmp_path / f"journal-{_}", fsync=True)
-        journal.stop_wait = 0.2
+        journal.stop_wait = 30.0  # what stop waits for once it gave up joining the writer
         spy, callers = _a_stalled_commit(journal)
         callers.start(2)
         await_condition(lambda j=journal: len(j._queue) == 1, timeout=30, message="record 2 never queued")
@@ -644,7 +646,7 @@ def test_a_record_queued_before_stop_lands_before_the_file_closes(tmp_path: Path
 
         def join(timeout: float | None = None, gave_up: threading.Event = gave_up_joining,
                  real: Any = real_join) -> None:
-            real(timeout)
+            real(0.01)  # the writer waits behind the stalled commit: stop gives up joining it at once
             gave_up.set()
 
         writer.join = join  # type: ignore[method-assign]
