@@ -10,7 +10,8 @@ wake-up (:data:`WAKE_CRASH_POINTS`): ``after-outcome-before-wake`` (the DM's out
 is durable, its wake not written yet), ``mid-wake`` (the wake turn's start is durable); of the
 relay hub (:data:`HUB_CRASH_POINTS`): ``hub-after-claim-before-post``; of the sending
 gateway's relay (:data:`RELAY_CRASH_POINTS`): ``relay-after-expiry-claim`` (its own envelope
-taken from ``outbox/`` at the TTL, the ``queued_expired`` reply not written yet).
+taken from ``outbox/`` at the TTL, the ``queued_expired`` reply not written yet) and
+``relay-after-expiry-reply`` (the reply written, the envelope still in ``expiring/``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ CRASH_POINTS = (
 )
 WAKE_CRASH_POINTS = ("after-outcome-before-wake", "mid-wake")
 HUB_CRASH_POINTS = ("hub-after-claim-before-post",)  # the relay hub: an envelope claimed, not yet posted
-RELAY_CRASH_POINTS = ("relay-after-expiry-claim",)  # the sending gateway: an expired envelope taken, not answered
+# the sending gateway: an expired envelope taken, not answered; answered, not yet moved to claimed/
+RELAY_CRASH_POINTS = ("relay-after-expiry-claim", "relay-after-expiry-reply")
 
 _ARMED = os.environ.get("HERMES_ACTORS_CRASH_AT", "")
 

@@ -294,6 +294,28 @@ def test_a_gateway_killed_between_its_expiry_claim_and_the_reply_reports_queued_
     assert turns_logged(root) == []  # nothing ran anywhere
 
 
+def test_a_gateway_killed_after_its_expiry_reply_files_the_envelope_in_claimed_after_restart(
+    tmp_path: Path,
+) -> None:
+    """Killed between the queued_expired reply and the move out of expiring/: the restart reports the
+    reply and moves the envelope on to claimed/ (it used to stay in expiring/ until the 6 h sweep)."""
+    root = sender_root(tmp_path)
+    first = run_child(root, "expire", crash_at="relay-after-expiry-reply")
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    envelope = first.of("ack")[0]["delivery_id"]
+    assert (relay(root) / "expiring" / f"{envelope}.json").exists()
+    assert (relay(root) / "replies" / f"{envelope}.json").exists()
+
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])  # fresh for the restart
+    second = run_child(root, "expire", "--resume", envelope)
+    assert second.returncode == 0, second.stderr[-2000:]
+    (out,) = second.of("outcome")
+    assert (out["status"], out["reason"]) == ("failed", "queued_expired"), out
+    assert (relay(root) / "claimed" / f"{envelope}.json").exists()
+    assert not (relay(root) / "expiring" / f"{envelope}.json").exists()
+    assert turns_logged(root) == []
+
+
 def test_an_undrained_envelope_whose_reply_budget_ends_with_its_ttl_is_queued_expired(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

@@ -255,6 +255,9 @@ class RelayActor(TypedActor):
             return
         if reply is None:
             return
+        if entry.resumed and reply["reason"] == "queued_expired" and os.path.lexists(
+                self.paths.relay.id_file(self.paths.expiring, envelope_id)):
+            self._finish_expiry(envelope_id)  # our expiry, killed after its reply: file it where the seed's goes
         if reply["error"]:
             outcome = outcomes.failed(envelope_id, entry.label, reply["error"], reply["reason"])
         else:
@@ -307,6 +310,7 @@ class RelayActor(TypedActor):
             self._report(envelope_id, OutcomeReady(outcomes.failed(envelope_id, entry.label, text,
                                                                        "queued_expired")))
             return
+        crashpoint("relay-after-expiry-reply")
         self._finish_expiry(envelope_id)
         self._check_reply(envelope_id)
 
@@ -479,7 +483,7 @@ class RelayActor(TypedActor):
 
         self.last_housekeep = time.monotonic()
         removed = rf.sweep_stale(self.paths.relay, now=time.time())
-        # expiring/: an envelope whose expiry reply was written but which a kill left behind (the reply is reported)
+        # expiring/: an expired envelope no restart filed in claimed/ (e.g. its sent/ record was lost)
         for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken, self.paths.started,
                           self.paths.expiring):
             removed += rf.sweep_directory(directory, time.time() - rp.STALE_AFTER_SECONDS)
