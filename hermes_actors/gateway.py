@@ -177,7 +177,9 @@ class Gateway:
     ) -> None:
         """Stop accepting, let running turns finish within ``timeout``, stop every actor.
 
-        Queued deliveries that never ran get a ``cancelled`` outcome; a turn still
+        Queued deliveries that never ran get a ``cancelled`` outcome (except those kept for
+        the next start: a durable gateway's journaled DMs, and relayed-in DMs, whose envelope
+        goes back to the relay unanswered); a turn still
         running after ``timeout`` (or once ``abandon`` is set) is ``ambiguous``
         (journaled), and the runner's ``stop_turns`` (if it has one) ends its
         process group. Subscriber callbacks are flushed before this returns. Idempotent.

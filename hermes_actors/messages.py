@@ -423,10 +423,15 @@ class PeerSend:
 
 @dataclass(frozen=True, slots=True)
 class RelayOutcome:
-    """Told by the Dispatcher to the RelayActor: a relayed-in delivery settled; write its reply."""
+    """Told by the Dispatcher to the RelayActor: a relayed-in delivery settled; write its reply.
+
+    ``put_back``: the stop cancelled it (``cancelled``, told while the gateway stops); unless
+    its turn started, the relay keeps the envelope for the next start instead of answering.
+    """
 
     outcome: Outcome
     reply_connection: str
+    put_back: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -333,6 +333,36 @@ def test_duplicate_entries_of_one_envelope_run_one_turn(tmp_path: Path, redis_se
     assert [r["reply"] for r in replies_to(redis_server, "probe")] == ["once"]
 
 
+def test_an_entry_still_queued_at_stop_is_left_unacked_and_the_next_start_runs_it_once(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Not answered ``cancelled`` (resend): its entry stays pending, and the next start reclaims and runs it."""
+    release = threading.Event()
+    first = RecordingRunner(lambda turn: (release.wait(timeout=30), "first done")[1])
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    mini = Gateway(root, runner=first, config=_config(redis_server), connection_id="mini", durable=False).start()
+    try:
+        running = inject(redis_server, "mini", "probe")
+        await_condition(lambda: len(first.entered) == 1, timeout=10, message="the first turn is running")
+        queued = inject(redis_server, "mini", "probe")
+        await_condition(lambda: mini.stats()["pending"] == 2, timeout=10, message="the second one queued")
+    finally:
+        mini.stop(timeout=20, on_wait=lambda turns, grace: release.set())
+        release.set()
+    assert [r["id"] for r in replies_to(redis_server, "probe")] == [running["id"]]  # no "cancelled" reply
+    client = redis_server.client()
+    assert client.xpending(KEYS.inbox("mini"), "hermes")["pending"] == 1  # the queued entry, unacked
+    assert not client.exists(KEYS.claim(queued["id"]))  # its turn was never claimed
+    again = RecordingRunner()
+    with gateway(tmp_path, "mini", redis_server, again):
+        await_condition(lambda: len(replies_to(redis_server, "probe")) == 2, timeout=10, message="its reply")
+        await_drained(redis_server, KEYS.inbox("mini"))
+    replies = {r["id"]: r for r in replies_to(redis_server, "probe")}
+    assert (replies[running["id"]]["reply"], replies[queued["id"]]["reply"]) == ("first done", "ok: hello bob")
+    assert [t.delivery_id for t in first.entered] == [running["id"]]
+    assert [t.delivery_id for t in again.entered] == [queued["id"]]  # run once, by the next start only
+
+
 def test_an_entry_whose_turn_a_dead_consumer_claimed_is_ambiguous(tmp_path: Path, redis_server: RedisServer) -> None:
     envelope_id = uuid.uuid4().hex
     redis_server.client().set(KEYS.claim(envelope_id), b"deadhost-1-abc")  # claimed by a consumer with no heartbeat

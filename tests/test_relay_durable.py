@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway
+from roots import LogCapture, RecordingRunner, body_of, make_root, send_dm, start_gateway
 
 from actors.testkit import await_condition
-from hermes_actors import Gateway
+from hermes_actors import Gateway, TurnFailed
 from hermes_actors.errors import HostileFileError
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope
 from hermes_actors.relay.restart import taken_action
@@ -124,6 +124,95 @@ def test_a_relayed_in_turn_is_marked_started_before_it_runs_and_unmarked_once_re
     assert seen == [True]
     # The mark is cleared right after the reply is written, in the same relay message: wait for it, not race it.
     await_condition(lambda: os.listdir(started_dir) == [], timeout=10, message="the start mark cleared")
+
+
+def _gated_runner(release: threading.Event) -> RecordingRunner:
+    """Replies ``ok: <body>`` once ``release`` is set (bounded: a stuck test fails, it never hangs)."""
+
+    def behave(turn: Any) -> str:
+        release.wait(30)
+        return f"ok: {body_of(turn.content)}"
+
+    return RecordingRunner(behave)
+
+
+def test_a_relayed_in_dm_still_queued_at_stop_goes_back_to_the_inbox_and_the_next_start_runs_it_once(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Not answered ``cancelled`` (resend) but put back, unstarted, for the next taker: the sender gets the reply."""
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini)
+    release = threading.Event()
+    rec = _gated_runner(release)
+    gw = start_gateway(gateways, mini, rec, connection_id="mini")
+    running, queued = (seed_envelope(target_connection="mini", target_profile="moxie", message=m)
+                       for m in ("running", "queued"))
+    post_to_inbox(paths, running, "alpha")
+    rec.wait_entered(1, timeout=10)
+    post_to_inbox(paths, queued, "alpha")
+    await_condition(lambda: gw.stats()["pending"] == 2, timeout=10, message="the second envelope queued")
+    stopper = threading.Thread(target=gw.stop, kwargs={"timeout": 20})
+    stopper.start()
+    try:  # the stop cancels the queued one first, then waits for the running turn
+        await_condition(lambda: (paths.inbox / f"{queued['id']}.json").exists(), timeout=10,
+                        message="the unstarted envelope back in inbox/")
+    finally:
+        release.set()
+    stopper.join(timeout=30)
+    assert not stopper.is_alive()
+    assert _delivered(mini, running["id"])["reply"] == "ok: running"  # type: ignore[index]
+    assert _delivered(mini, queued["id"]) is None  # not answered: its sender keeps waiting for the real reply
+    assert [t.delivery_id for t in rec.entered] == [running["id"]]
+    assert os.listdir(paths.started) == []
+    assert os.listdir(paths.taken_parent) == []  # our shelf was emptied and removed
+
+    again = RecordingRunner()
+    start_gateway(gateways, mini, again, connection_id="mini")
+    await_condition(lambda: _delivered(mini, queued["id"]) is not None, timeout=10, message="the reply")
+    record = _delivered(mini, queued["id"])
+    assert record is not None and (record["reply"], record["error"]) == ("ok: queued", "")
+    assert record["reply_connection"] == "alpha"
+    assert [t.delivery_id for t in again.entered] == [queued["id"]]  # run once, by the next start only
+
+
+def test_a_relayed_in_turn_that_started_and_ends_cancelled_during_the_stop_is_answered_not_put_back(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Only an unstarted envelope goes back: a turn that started (its start mark is on disk) and ends
+    ``cancelled`` while the gateway stops (its process ended by the stop) may have reached its target."""
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    release = threading.Event()
+
+    def behave(turn: Any) -> str:
+        release.wait(30)
+        raise TurnFailed("@moxie's turn was ended because the gateway stopped", reason="cancelled")
+
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini)
+    rec = RecordingRunner(behave)
+    gw = start_gateway(gateways, mini, rec, connection_id="mini")
+    env = seed_envelope(target_connection="mini", target_profile="moxie", message="ends cancelled")
+    post_to_inbox(paths, env, "alpha")
+    rec.wait_entered(1, timeout=10)
+    waited: list[int] = []
+
+    def on_wait(turns: int, grace: float) -> None:  # the stop stopped accepting and now waits for the turn
+        waited.append(turns)
+        release.set()
+
+    try:
+        gw.stop(timeout=20, on_wait=on_wait)
+    finally:
+        release.set()
+    assert waited == [1]
+    record = _delivered(mini, env["id"])
+    assert record is not None and record["reason"] == "cancelled" and "ended because the gateway stopped" in \
+        record["error"]
+    assert not (paths.inbox / f"{env['id']}.json").exists()
+    assert len(rec.entered) == 1
 
 
 def test_a_replied_envelope_leaves_the_shelf_before_its_start_mark_is_cleared(

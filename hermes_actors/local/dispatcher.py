@@ -291,6 +291,9 @@ class DispatcherActor(SupervisorActor):
             self.relay.answer_relay_in(outcome_from_record(key, record), msg.reply_connection)
             return
         label = f"@{env['target_handle']}"
+        if not self.accepting:  # taken as the stop began: cancelled unrun, so the relay puts it back for later
+            self.relay.answer_relay_in(outcomes.cancelled(key, label), msg.reply_connection, stopping=True)
+            return
         info = self.snapshot.index.get(profile_key(str(env["target_profile"])))
         if info is None:
             text = f"No agent '{env['target_profile']}' on this gateway; the message was NOT delivered."
@@ -334,7 +337,7 @@ class DispatcherActor(SupervisorActor):
         if entry is not None and entry.route == "relay-in":
             # The sender is on another connection: the reply goes back through the relay.
             log_settled(entry.delivery, outcome)
-            self.relay.answer_relay_in(outcome, entry.reply_connection)
+            self.relay.answer_relay_in(outcome, entry.reply_connection, stopping=not self.accepting)
             self.book.settle(key, outcome.as_dict())  # a stopping gateway waits for its running turns
             return
         if entry is not None and entry.journaled and self.durability.journal_outcome(outcome):

@@ -15,6 +15,7 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, ask_reply_to
+from hermes_actors.core.reasons import CANCELLED
 from hermes_actors.core.targets import PeerRoute, Refusal, RelayRoute
 from hermes_actors.messages import (
     Delivery,
@@ -98,10 +99,18 @@ class RelayLink:
                                "it may not have been queued.", "runtime_offline").as_dict())
         self._waiting.clear()
 
-    def answer_relay_in(self, outcome: Outcome, reply_connection: str) -> None:
-        """A drained delivery settled: the relay writes its reply for ``reply_connection``."""
+    def answer_relay_in(self, outcome: Outcome, reply_connection: str, *, stopping: bool = False) -> None:
+        """A drained delivery settled: the relay writes its reply for ``reply_connection``.
+
+        Args:
+            outcome: its outcome.
+            reply_connection: where the reply goes.
+            stopping: the gateway stops: a ``cancelled`` outcome is then the stop's, and the
+                relay keeps the envelope for the next start unless its turn started.
+        """
         if self.ref is not None:
-            self.ref.tell(RelayOutcome(outcome, reply_connection))
+            put_back = stopping and outcome.reason == CANCELLED
+            self.ref.tell(RelayOutcome(outcome, reply_connection, put_back))
 
 
 def delivery_from_envelope(env: dict[str, Any], info: ProfileInfo, label: str, *, now: float) -> Delivery:

@@ -69,6 +69,8 @@ from hermes_actors.store.relay_inbox import (
     mark_consumed,
     record_sent,
     remove_heartbeat,
+    return_to_inbox,
+    was_started,
     write_delivered,
     write_heartbeat,
 )
@@ -141,7 +143,8 @@ class RelayActor(TypedActor):
         self.waiting: dict[str, _Waiting] = {}
         self.resumed: tuple[ResumedSend, ...] = ()  # kept until the Gateway's ResumeRelay takes them
         self.desktop_calls: dict[str, list[pykka.ThreadingFuture[dict[str, str]]]] = {}  # deliver RPCs by id
-        self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0}
+        self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0,
+                         "returned": 0}
         self.last_housekeep = time.monotonic()
 
     def on_start(self) -> None:
@@ -359,8 +362,34 @@ class RelayActor(TypedActor):
             for future in self.desktop_calls.pop(msg.outcome.delivery_id, []):
                 future.set(fields)
             return
+        if msg.put_back and self._put_back(msg.outcome.delivery_id):
+            return
         record = rp.make_reply(msg.outcome.delivery_id, now=time.time(), **fields)
         self._write_delivered(record, msg.reply_connection)
+
+    def _put_back(self, envelope_id: str) -> bool:
+        """An envelope the stop cancelled goes back to ``inbox/`` unanswered, unless its turn started.
+
+        The next taker on this root (this gateway's next start, or another gateway running on
+        it) runs it once, or answers ``queued_expired`` past its TTL: its sender waits for the
+        real reply instead of being told to resend. A turn the stop ended after it started
+        (its start mark is on disk: it may have reached its target) is answered ``cancelled``
+        as usual, and so is an envelope that cannot be put back.
+
+        Returns:
+            True when the envelope is back in ``inbox/`` (no reply is written).
+        """
+        if was_started(self.paths, envelope_id):
+            return False
+        try:
+            returned = return_to_inbox(self.paths, envelope_id)
+        except (OSError, ValidationError) as exc:  # HostileFileError included
+            logger.warning("relay: could not put {} back into inbox/ ({}); answering it cancelled", envelope_id, exc)
+            return False
+        if returned:
+            self.counters["returned"] += 1
+            logger.info("relay: {} never started before the stop; back in inbox/ for the next start", envelope_id)
+        return returned
 
     def _write_delivered(self, record: dict[str, Any], reply_connection: str) -> None:
         try:

@@ -4,7 +4,7 @@ The Desktop delivers an envelope to the target gateway over RPC. Between
 processes on one machine our hub does the same through files:
 
     bot_relay/inbox/<id>.json      envelope + "reply_connection", posted by the hub
-    bot_relay/taken/<id>.json      the gateway claimed it (rename decides)
+    bot_relay/taken/<id>.json      the gateway claimed it (rename decides); a stop puts back what never started
     bot_relay/delivered/<id>.json  {id, at, reply, error, reason, reply_connection}; first wins
     bot_relay/consumed/<id>.json   sender side: this reply was reported (so a restart never reports twice)
     bot_relay/gateways/<pid>.json  {"pid", "connection_id", "at"}: each gateway process's heartbeat
@@ -63,6 +63,7 @@ __all__ = [
     "record_sent",
     "recorded_sender",
     "remove_heartbeat",
+    "return_to_inbox",
     "take_from_inbox",
     "was_started",
     "write_delivered",
@@ -157,6 +158,24 @@ def take_from_inbox(paths: InboxPaths, envelope_id: str) -> Path | None:
     if not rename_between(paths.relay.base, paths.inbox, paths.taken, taken.name):
         return None
     return taken
+
+
+def return_to_inbox(paths: InboxPaths, envelope_id: str) -> bool:
+    """Gateway side: put an envelope we took, and never started, back into ``inbox/`` (the reverse of the take).
+
+    One rename, on directory descriptors like :func:`take_from_inbox`: the envelope is
+    on our shelf or in ``inbox/``, never in neither, so the hub never posts it twice and
+    the next taker (this root's next gateway, or another one running on it) finds it.
+
+    Returns:
+        True when it went back; False when it is not on our shelf.
+
+    Raises:
+        HostileFileError: a relay directory on the way is a symlink or not ours.
+        OSError: the rename failed for another reason.
+    """
+    name = paths.relay.id_file(paths.taken, envelope_id).name
+    return rename_between(paths.relay.base, paths.taken, paths.inbox, name)
 
 
 def _split_reply_connection(path: Path, what: str) -> tuple[dict[str, Any], str]:

@@ -98,7 +98,7 @@ class RedisRelayActor(TypedActor):
         self.me = connection_id
         self.timers = self.own_timers(scheduler)
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0,
-                         "reclaimed": 0, "ambiguous": 0, "deduped": 0, "refused_full": 0}
+                         "reclaimed": 0, "ambiguous": 0, "deduped": 0, "refused_full": 0, "returned": 0}
         self.redis_link = RedisLink(settings, connection_id, on_down=self._report_unreachable)
         self.keys = self.redis_link.keys
         self.outbound = Outbound(self.redis_link, config=config, timers=self.timers, dispatcher=dispatcher,
@@ -193,7 +193,7 @@ class RedisRelayActor(TypedActor):
 
     @handles(RelayOutcome)
     def _on_relay_outcome(self, msg: RelayOutcome) -> None:
-        self.inbound.on_outcome(msg.outcome)
+        self.inbound.on_outcome(msg.outcome, put_back=msg.put_back)
 
     # ── roster and periodic work ────────────────────────────────────────────
 

@@ -47,7 +47,7 @@ class InboundDrain:
         guard: the turn claim shared with the runner wrapper.
         config: TTL and the in-flight bound (``max_queued``).
         dispatcher: told ``RelayDeliver`` for each envelope to run.
-        counters: the actor's counters (``drained``, ``deduped``, ``ambiguous``, ``quarantined``).
+        counters: the actor's counters (``drained``, ``deduped``, ``ambiguous``, ``quarantined``, ``returned``).
     """
 
     def __init__(self, link: RedisLink, *, guard: ClaimGuard, config: BotModeConfig,
@@ -135,8 +135,14 @@ class InboundDrain:
         else:  # someone claimed it meanwhile: the next offer decides
             del self.flights[envelope_id]
 
-    def on_outcome(self, outcome: Outcome) -> None:
-        """The Dispatcher's outcome of an envelope we drained: write its reply."""
+    def on_outcome(self, outcome: Outcome, *, put_back: bool = False) -> None:
+        """The Dispatcher's outcome of an envelope we drained: write its reply.
+
+        Args:
+            outcome: its outcome.
+            put_back: the stop cancelled it: unless its turn was claimed, its entry is left
+                unacked instead, and runs once when this connection's next consumer reclaims it.
+        """
         envelope_id = outcome.delivery_id
         flight = self.flights.get(envelope_id)
         if flight is None:  # we write replies only for envelopes addressed to us that we took
@@ -151,6 +157,12 @@ class InboundDrain:
             del self.flights[envelope_id]
             self.guard.forget(envelope_id)
             self.link.ack(self.link.keys.inbox(self.link.me), sorted(flight.entry_ids))
+            return
+        if put_back and not self.guard.claimed(envelope_id):  # never started: offered again later, not answered
+            del self.flights[envelope_id]
+            self.guard.forget(envelope_id)
+            self.counters["returned"] += 1
+            logger.info("redis: {} never started before the stop; left in our inbox for the next start", envelope_id)
             return
         if outcome.status == "ambiguous":
             record = make_reply(envelope_id, error=outcome.error, reason="ambiguous", now=time.time())
