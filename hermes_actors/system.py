@@ -264,7 +264,7 @@ class ActorSystem:
         if redis_settings is not None and guard is not None and opts.connection_id:
             from hermes_actors.transports.redis.actor import RedisRelayActor
 
-            self.relay = RedisRelayActor.start(redis_settings, guard=guard, **relay_args)
+            self.relay = RedisRelayActor.start(redis_settings, guard=guard, root=opts.root, **relay_args)
             self.dispatcher.tell(AttachRelay(self.relay, reaches_peers=True))  # bot_peers on this Redis too
         else:
             self.relay = RelayActor.start(opts.root, **relay_args)

@@ -6,6 +6,7 @@ helpers are tested at the end of this file.)
 
 from __future__ import annotations
 
+import os
 import stat
 import sys
 import threading
@@ -107,6 +108,9 @@ def test_round_trip_roster_and_outcome(tmp_path: Path, redis_server: RedisServer
                         timeout=5, message="acked entries deleted (the streams keep only the backlog)")
         assert client.exists(KEYS.done(ack["delivery_id"]))
         assert client.hlen(KEYS.sent("alpha")) == 0
+        started = tmp_path / "mini" / "bot_relay" / "started"  # bob's turn marked its start before it ran...
+        await_condition(lambda: os.listdir(started) == [], timeout=5,
+                        message="the start mark cleared once the reply is in Redis")  # ...and no mark piles up
 
 
 def test_failed_and_silent_turns_come_back_with_their_reason(tmp_path: Path, redis_server: RedisServer) -> None:
@@ -361,6 +365,76 @@ def test_an_entry_still_queued_at_stop_is_left_unacked_and_the_next_start_runs_i
     assert (replies[running["id"]]["reply"], replies[queued["id"]]["reply"]) == ("first done", "ok: hello bob")
     assert [t.delivery_id for t in first.entered] == [running["id"]]
     assert [t.delivery_id for t in again.entered] == [queued["id"]]  # run once, by the next start only
+
+
+def _times_delivered(server: RedisServer, conn: str, entry_of: str) -> int:
+    """How often the pending inbox entry of envelope ``entry_of`` was handed to a consumer (0: not pending)."""
+    client = server.client()
+    stream = KEYS.inbox(conn)
+    for pending in client.xpending_range(stream, "hermes", min="-", max="+", count=100):
+        fields = dict(client.xrange(stream, pending["message_id"], pending["message_id"])[0][1])
+        if decode_envelope_entry(fields)[0]["id"] == entry_of:
+            return int(pending["times_delivered"])
+    return 0
+
+
+def test_an_entry_put_back_by_a_long_stop_is_reclaimed_by_that_stop_and_still_not_answered(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The stopping gateway's own reclaim takes the put-back entry again (nothing holds it now): that is
+    cancelled unrun again, never answered from the stop's first ``cancelled``."""
+    release = threading.Event()
+    first = RecordingRunner(lambda turn: (release.wait(timeout=30), "first done")[1])
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    mini = Gateway(root, runner=first, config=_config(redis_server), connection_id="mini", durable=False).start()
+    try:
+        running = inject(redis_server, "mini", "probe")
+        await_condition(lambda: len(first.entered) == 1, timeout=10, message="the first turn is running")
+        queued = inject(redis_server, "mini", "probe")
+        await_condition(lambda: mini.stats()["pending"] == 2, timeout=10, message="the second one queued")
+
+        def on_wait(turns: int, grace: float) -> None:  # two reclaims (claim idle 0.5 s) while the stop waits
+            await_condition(lambda: _times_delivered(redis_server, "mini", queued["id"]) >= 3
+                            or len(replies_to(redis_server, "probe")) > 0, timeout=15,
+                            message="the put-back entry reclaimed twice, or answered")
+            release.set()
+
+    finally:
+        mini.stop(timeout=30, on_wait=on_wait)
+        release.set()
+    assert [r["id"] for r in replies_to(redis_server, "probe")] == [running["id"]]  # no "cancelled" reply
+    assert _times_delivered(redis_server, "mini", queued["id"]) >= 3
+    assert [t.delivery_id for t in first.entered] == [running["id"]]
+
+
+def test_a_live_owners_turn_that_ends_cancelled_during_the_stop_is_answered_not_left_to_run_again(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A live owner's turn takes no Redis turn claim; its start mark still says it may have been shown."""
+    release = threading.Event()
+    shown: list[str] = []
+
+    def owner(turn: Turn) -> str:
+        shown.append(turn.delivery_id)
+        release.wait(timeout=30)
+        raise TurnFailed("the Bot Chat window closed as the gateway stopped", reason="cancelled")
+
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    mini = Gateway(root, runner=RecordingRunner(), config=_config(redis_server), connection_id="mini",
+                   durable=False)
+    mini.attach_live_owner("bob", owner)
+    mini.start()
+    try:
+        envelope = inject(redis_server, "mini", "probe")
+        await_condition(lambda: shown == [envelope["id"]], timeout=10, message="the owner shows the DM")
+    finally:
+        mini.stop(timeout=20, on_wait=lambda turns, grace: release.set())
+        release.set()
+    [reply] = replies_to(redis_server, "probe")
+    assert (reply["id"], reply["reason"]) == (envelope["id"], "cancelled")
+    client = redis_server.client()
+    assert client.xpending(KEYS.inbox("mini"), "hermes")["pending"] == 0  # acked: nothing left to run it again
+    assert os.listdir(root / "bot_relay" / "started") == []
 
 
 def test_an_entry_whose_turn_a_dead_consumer_claimed_is_ambiguous(tmp_path: Path, redis_server: RedisServer) -> None:

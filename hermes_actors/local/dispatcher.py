@@ -28,7 +28,7 @@ import pykka
 from loguru import logger
 
 from actors import ChildFailed, RestartPolicy, SupervisorActor, ask, handles, tell
-from hermes_actors.core import outcomes
+from hermes_actors.core import outcomes, reasons
 from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.recovery import plan_recovery
@@ -287,12 +287,14 @@ class DispatcherActor(SupervisorActor):
         if self.book.state(key) is DeliveryState.PENDING:
             return
         record = self.book.record(key)
+        label = f"@{env['target_handle']}"
+        if not self.accepting and (record is None or record["reason"] == reasons.CANCELLED):
+            # Taken as the stop began, or taken again after the stop cancelled it (a reclaim): cancelled
+            # unrun, so the relay puts it back for later (it answers it only if its turn had started).
+            self.relay.answer_relay_in(outcomes.cancelled(key, label), msg.reply_connection, stopping=True)
+            return
         if record is not None:  # delivered before a crash, reply not written yet: write it again
             self.relay.answer_relay_in(outcome_from_record(key, record), msg.reply_connection)
-            return
-        label = f"@{env['target_handle']}"
-        if not self.accepting:  # taken as the stop began: cancelled unrun, so the relay puts it back for later
-            self.relay.answer_relay_in(outcomes.cancelled(key, label), msg.reply_connection, stopping=True)
             return
         info = self.snapshot.index.get(profile_key(str(env["target_profile"])))
         if info is None:

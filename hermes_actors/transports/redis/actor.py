@@ -25,6 +25,7 @@ entries after ``redis_claim_idle_seconds`` and the consumer GC.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pykka
@@ -51,6 +52,7 @@ from hermes_actors.messages import (
     Subscribe,
     TtlDeadline,
 )
+from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.heartbeat import Heartbeat
 from hermes_actors.transports.redis.inbound import InboundDrain
@@ -75,6 +77,7 @@ class RedisRelayActor(TypedActor):
         scheduler: timers.
         connection_id: this gateway's connection.
         local_profiles: folder ids of this root (to resume only our own envelopes).
+        root: the Hermes root (where relayed-in turns mark their start).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class RedisRelayActor(TypedActor):
         scheduler: Scheduler,
         connection_id: str,
         local_profiles: frozenset[str] = frozenset(),
+        root: Path,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -104,7 +108,7 @@ class RedisRelayActor(TypedActor):
         self.outbound = Outbound(self.redis_link, config=config, timers=self.timers, dispatcher=dispatcher,
                                  local_profiles=local_profiles, counters=self.counters)
         self.inbound = InboundDrain(self.redis_link, guard=guard, config=config, dispatcher=dispatcher,
-                                    counters=self.counters)
+                                    counters=self.counters, marks=InboxPaths.from_root(root))
         self.dispatcher = dispatcher
         self.reader: StreamReader | None = None
         self.heartbeat: Heartbeat | None = None
@@ -133,6 +137,9 @@ class RedisRelayActor(TypedActor):
         self.timers.every(self.settings.tick_seconds, RedisTick())
 
     def on_stop(self) -> None:
+        if self.counters["returned"]:
+            logger.info("redis: {} relayed-in entr(ies) never started and stay pending in our inbox for the next "
+                        "start", self.counters["returned"])
         if self.reader is not None:
             self.reader.stop()
         if self.heartbeat is not None:

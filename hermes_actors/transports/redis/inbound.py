@@ -22,6 +22,7 @@ from hermes_actors.core.config import BotModeConfig
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Outcome, RelayDeliver
 from hermes_actors.relay.relay_actor import reply_from_outcome
+from hermes_actors.store.relay_inbox import InboxPaths, clear_started, was_started
 from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import ClaimGuard
@@ -48,11 +49,14 @@ class InboundDrain:
         config: TTL and the in-flight bound (``max_queued``).
         dispatcher: told ``RelayDeliver`` for each envelope to run.
         counters: the actor's counters (``drained``, ``deduped``, ``ambiguous``, ``quarantined``, ``returned``).
+        marks: the root's relay layout: a relayed-in turn marks its start in ``started/``
+            before it runs, whatever carried it (cleared here once its reply is in Redis).
     """
 
     def __init__(self, link: RedisLink, *, guard: ClaimGuard, config: BotModeConfig,
-                 dispatcher: pykka.ActorRef[Any], counters: dict[str, int]) -> None:
+                 dispatcher: pykka.ActorRef[Any], counters: dict[str, int], marks: InboxPaths) -> None:
         self.link = link
+        self.marks = marks
         self.guard = guard
         self.config = config
         self.dispatcher = dispatcher
@@ -140,8 +144,9 @@ class InboundDrain:
 
         Args:
             outcome: its outcome.
-            put_back: the stop cancelled it: unless its turn was claimed, its entry is left
-                unacked instead, and runs once when this connection's next consumer reclaims it.
+            put_back: the stop cancelled it: unless its turn started (its start mark, or our
+                turn claim), its entry is left unacked instead, and runs once when a consumer
+                of this connection reclaims it after the claim idle time.
         """
         envelope_id = outcome.delivery_id
         flight = self.flights.get(envelope_id)
@@ -158,7 +163,8 @@ class InboundDrain:
             self.guard.forget(envelope_id)
             self.link.ack(self.link.keys.inbox(self.link.me), sorted(flight.entry_ids))
             return
-        if put_back and not self.guard.claimed(envelope_id):  # never started: offered again later, not answered
+        if put_back and not (self.guard.claimed(envelope_id) or was_started(self.marks, envelope_id)):
+            # never started (a live owner's turn takes no claim, but every turn is marked): offered again later
             del self.flights[envelope_id]
             self.guard.forget(envelope_id)
             self.counters["returned"] += 1
@@ -192,6 +198,7 @@ class InboundDrain:
             return
         del self.flights[envelope_id]
         self.guard.forget(envelope_id)
+        clear_started(self.marks, envelope_id)  # its reply is in Redis: the mark has served
 
     def retry_unwritten(self) -> None:
         """Write the replies an outage kept (stops at the first failure)."""
