@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -337,22 +337,40 @@ def test_duplicate_entries_of_one_envelope_run_one_turn(tmp_path: Path, redis_se
     assert [r["reply"] for r in replies_to(redis_server, "probe")] == ["once"]
 
 
+def _stop_with_one_running_and_one_queued(
+    tmp_path: Path, server: RedisServer, on_wait: Callable[[dict[str, Any], threading.Event], Callable[..., Any]]
+) -> tuple[dict[str, Any], dict[str, Any], RecordingRunner]:
+    """Start mini, get one injected envelope's turn running and a second queued behind it, then stop mini.
+
+    Args:
+        on_wait: given the queued envelope and the event that releases the running turn, the
+            stop's ``on_wait`` callback (it must set the event).
+
+    Returns:
+        (the running envelope, the queued one, mini's runner).
+    """
+    release = threading.Event()
+    first = RecordingRunner(lambda turn: (release.wait(timeout=30), "first done")[1])
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    mini = Gateway(root, runner=first, config=_config(server), connection_id="mini", durable=False).start()
+    queued: dict[str, Any] = {}
+    try:
+        running = inject(server, "mini", "probe")
+        await_condition(lambda: len(first.entered) == 1, timeout=10, message="the first turn is running")
+        queued = inject(server, "mini", "probe")
+        await_condition(lambda: mini.stats()["pending"] == 2, timeout=10, message="the second one queued")
+    finally:
+        mini.stop(timeout=30, on_wait=on_wait(queued, release))
+        release.set()
+    return running, queued, first
+
+
 def test_an_entry_still_queued_at_stop_is_left_unacked_and_the_next_start_runs_it_once(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
     """Not answered ``cancelled`` (resend): its entry stays pending, and the next start reclaims and runs it."""
-    release = threading.Event()
-    first = RecordingRunner(lambda turn: (release.wait(timeout=30), "first done")[1])
-    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
-    mini = Gateway(root, runner=first, config=_config(redis_server), connection_id="mini", durable=False).start()
-    try:
-        running = inject(redis_server, "mini", "probe")
-        await_condition(lambda: len(first.entered) == 1, timeout=10, message="the first turn is running")
-        queued = inject(redis_server, "mini", "probe")
-        await_condition(lambda: mini.stats()["pending"] == 2, timeout=10, message="the second one queued")
-    finally:
-        mini.stop(timeout=20, on_wait=lambda turns, grace: release.set())
-        release.set()
+    running, queued, first = _stop_with_one_running_and_one_queued(
+        tmp_path, redis_server, lambda queued, release: lambda turns, grace: release.set())
     assert [r["id"] for r in replies_to(redis_server, "probe")] == [running["id"]]  # no "cancelled" reply
     client = redis_server.client()
     assert client.xpending(KEYS.inbox("mini"), "hermes")["pending"] == 1  # the queued entry, unacked
@@ -383,25 +401,17 @@ def test_an_entry_put_back_by_a_long_stop_is_reclaimed_by_that_stop_and_still_no
 ) -> None:
     """The stopping gateway's own reclaim takes the put-back entry again (nothing holds it now): that is
     cancelled unrun again, never answered from the stop's first ``cancelled``."""
-    release = threading.Event()
-    first = RecordingRunner(lambda turn: (release.wait(timeout=30), "first done")[1])
-    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
-    mini = Gateway(root, runner=first, config=_config(redis_server), connection_id="mini", durable=False).start()
-    try:
-        running = inject(redis_server, "mini", "probe")
-        await_condition(lambda: len(first.entered) == 1, timeout=10, message="the first turn is running")
-        queued = inject(redis_server, "mini", "probe")
-        await_condition(lambda: mini.stats()["pending"] == 2, timeout=10, message="the second one queued")
 
-        def on_wait(turns: int, grace: float) -> None:  # two reclaims (claim idle 0.5 s) while the stop waits
+    def on_wait(queued: dict[str, Any], release: threading.Event) -> Callable[[int, float], None]:
+        def wait(turns: int, grace: float) -> None:  # two reclaims (claim idle 0.5 s) while the stop waits
             await_condition(lambda: _times_delivered(redis_server, "mini", queued["id"]) >= 3
                             or len(replies_to(redis_server, "probe")) > 0, timeout=15,
                             message="the put-back entry reclaimed twice, or answered")
             release.set()
 
-    finally:
-        mini.stop(timeout=30, on_wait=on_wait)
-        release.set()
+        return wait
+
+    running, queued, first = _stop_with_one_running_and_one_queued(tmp_path, redis_server, on_wait)
     assert [r["id"] for r in replies_to(redis_server, "probe")] == [running["id"]]  # no "cancelled" reply
     assert _times_delivered(redis_server, "mini", queued["id"]) >= 3
     assert [t.delivery_id for t in first.entered] == [running["id"]]
