@@ -144,9 +144,10 @@ class InboundDrain:
 
         Args:
             outcome: its outcome.
-            put_back: the stop cancelled it: unless its turn started (its start mark, or our
-                turn claim), its entry is left unacked instead, and runs once when a consumer
-                of this connection reclaims it after the claim idle time.
+            put_back: the stop cancelled it: unless its turn started (its start mark, written
+                before any turn runs, before the turn claim too), its entry is left unacked
+                instead, and runs once when a consumer of this connection reclaims it after
+                the claim idle time.
         """
         envelope_id = outcome.delivery_id
         flight = self.flights.get(envelope_id)
@@ -163,8 +164,7 @@ class InboundDrain:
             self.guard.forget(envelope_id)
             self.link.ack(self.link.keys.inbox(self.link.me), sorted(flight.entry_ids))
             return
-        if put_back and not (self.guard.claimed(envelope_id) or was_started(self.marks, envelope_id)):
-            # never started (a live owner's turn takes no claim, but every turn is marked): offered again later
+        if put_back and not was_started(self.marks, envelope_id):  # never started: offered again later
             del self.flights[envelope_id]
             self.guard.forget(envelope_id)
             self.counters["returned"] += 1

@@ -246,11 +246,6 @@ class ClaimGuard:
             self._mine.discard(envelope_id)
             self._verdicts.pop(envelope_id, None)
 
-    def claimed(self, envelope_id: str) -> bool:
-        """Whether this consumer claimed the turn of ``envelope_id`` (it may have run)."""
-        with self._lock:
-            return envelope_id in self._mine
-
     def verdict(self, envelope_id: str) -> str | None:
         """``lost`` (another consumer runs it), ``expired`` (the sender expired it) or None."""
         with self._lock:
