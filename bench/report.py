@@ -146,6 +146,12 @@ def _special_lines(result: dict[str, Any]) -> list[str]:
             f"(peak threads {_num(scale.get('threads'))} vs {_num(fewer.get('threads'))}, "
             f"peak RSS {_num(scale.get('rss_mb'), 1)} vs {_num(fewer.get('rss_mb'), 1)} MB)"
         )
+    many_split, few_split = scale.get("cpu_split_us") or {}, fewer.get("cpu_split_us") or {}
+    if many_split and few_split:
+        groups = [g for g in many_split if many_split[g] >= 0.5 or few_split.get(g, 0.0) >= 0.5]
+        parts = ", ".join(f"{g} {_num(many_split[g], 1)} vs {_num(few_split.get(g, 0.0), 1)}" for g in groups)
+        out.append(f"scale, CPU per DM by thread (µs, {_num(scale.get('active_profiles'))} vs "
+                   f"{_num(fewer.get('active_profiles'))} active): {parts}")
     floor = scale.get("pykka_floor") or {}
     if floor.get("pykka_spread_1000_vs_100") is not None:
         out.append(

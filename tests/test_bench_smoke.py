@@ -105,6 +105,10 @@ def test_cpu_scale_and_sustained_figures_are_in_the_result(tmp_path: Path, monke
     assert scale["throughput_vs_fewer"] == pytest.approx(
         scale["throughput_per_s"] / scale["fewer_active"]["throughput_per_s"], rel=1e-2)
     assert _positive(scale["fewer_active"]["threads"]) and _positive(scale["fewer_active"]["rss_mb"])
+    if sys.platform.startswith("linux"):  # both phases split their CPU by thread; the ProfileActors ran in each
+        for phase in (scale, scale["fewer_active"]):
+            assert _positive(phase["cpu_split_us"]["bench senders"]), phase["cpu_split_us"]
+            assert _positive(phase["cpu_split_us"]["ProfileActor"]), phase["cpu_split_us"]
 
     held = scenarios["sustained"]["ours"]
     _check_metrics(held)
@@ -128,6 +132,7 @@ def test_cpu_scale_and_sustained_figures_are_in_the_result(tmp_path: Path, monke
     assert "one pykka ask" in table and "sustained: " in table and "active profiles ran at" in table
     if sys.platform.startswith("linux"):
         assert "that CPU by thread" in table and "bench senders" in table
+        assert "scale, CPU per DM by thread" in table and "ProfileActor " in table
 
 
 @pytest.mark.parametrize(

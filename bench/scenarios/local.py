@@ -101,6 +101,14 @@ def _phase(ctx: BenchContext, label: str, total: int) -> Iterator[None]:
         ctx.progress.finish()
 
 
+def _cpu_split(run: Run, threads: ThreadCpu, n: int) -> dict[str, float]:
+    """CPU per DM by thread group, the driver's senders first (empty without per-thread CPU clocks)."""
+    split = threads.per_item_us(n)
+    if not split or run.sender_cpu_s <= 0:
+        return {}
+    return {"bench senders": us_per_item(run.sender_cpu_s, n, 1), **split}
+
+
 def _measure(
     ctx: BenchContext, name: str, side: str, factory: SystemFactory, root: Path, total: int,
     drive: Callable[[System], Run], samples: dict[str, list[float]],
@@ -124,9 +132,8 @@ def _measure(
     metrics = summarize(run.latencies_s, run.wall_s)
     n = int(metrics["n"])
     metrics["cpu_per_dm_us"] = clock.per_item_us(n)
-    split = threads.per_item_us(n)
-    if side == "ours" and split and run.sender_cpu_s > 0:
-        metrics["cpu_split_us"] = {"bench senders": us_per_item(run.sender_cpu_s, n, 1), **split}
+    if side == "ours" and (split := _cpu_split(run, threads, n)):
+        metrics["cpu_split_us"] = split
     if clock.children_s > 0:
         metrics["cpu_per_dm_us_with_children"] = clock.per_item_us(n, children=True)
     return metrics
@@ -244,7 +251,9 @@ def _scale_phase(ctx: BenchContext, root: Path, targets: list[str], n: int, labe
 
     Returns:
         The run and its resources: start time, threads at start, peak RSS / threads
-        during the load, CPU per DM, and RSS / threads once idle ProfileActors stopped.
+        during the load, CPU per DM (and by thread group, ``cpu_split_us``: the
+        ProfileActors' share is what grows with the spread), and RSS / threads once idle
+        ProfileActors stopped.
     """
     pairs = [("default", targets[i % len(targets)]) for i in range(n)]
     gateway = our_system(root)
@@ -256,7 +265,9 @@ def _scale_phase(ctx: BenchContext, root: Path, targets: list[str], n: int, labe
         ctx.progress.note(f"scale: gateway start with the root's profiles took {start_s:.2f}s")
         with ResourceSampler() as sampler, _phase(ctx, f"scale ours, {label}", n):
             clock = CpuClock().start()
+            threads = ThreadCpu().start()
             run = pipelined(gateway, _shares(pairs, 4), ctx.progress)
+            threads.stop()
             clock.stop()
         idle_limit = float(BENCH_CONFIG["bot_mode"]["idle_stop_seconds"]) + 3.0
         _wait_idle(gateway, idle_limit)
@@ -272,6 +283,7 @@ def _scale_phase(ctx: BenchContext, root: Path, targets: list[str], n: int, labe
         "rss_mb": round(sampler.peak_rss_mb, 1),
         "threads": sampler.peak_threads,
         "cpu_per_dm_us": clock.per_item_us(n),
+        "cpu_split_us": _cpu_split(run, threads, n),
         "rss_mb_after": round(rss_after_kb / 1024.0, 1) if rss_after_kb else None,
         "threads_after": threads_after,
         "worker_threads_after": workers_after,
