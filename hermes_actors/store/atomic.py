@@ -16,6 +16,8 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +206,47 @@ def _discard(name: str, dir_fd: int) -> None:
         logger.warning("could not remove temp file {}: {}", name, _os_error_text(exc))
 
 
+@contextmanager
+def _staged(
+    target: Path, payload: Any, *, tmp_dir: Path, verb: str, sort_keys: bool, fsync: bool
+) -> Iterator[tuple[str, int]]:
+    """``payload`` written to a complete private temp file for ``target``, ready to be put in place.
+
+    Args:
+        target: the file the temp will become.
+        payload: an orjson-serializable value.
+        tmp_dir: the temp directory (same filesystem as ``target``).
+        verb: the operation, for error messages ("write", "create").
+        sort_keys: sort object keys in the output.
+        fsync: fsync the data before yielding.
+
+    Yields:
+        The temp's name and the open temp directory's fd (closed on exit); the caller puts
+        the temp in place or discards it.
+
+    Raises:
+        HostileFileError: ``target``'s directory or ``tmp_dir`` is refused.
+        StoreError: serialization, opening ``tmp_dir`` or writing the temp failed.
+    """
+    _refuse_symlinked_parent(target)
+    try:
+        data = _serialize(payload, sort_keys=sort_keys)
+    except TypeError as exc:
+        raise _store_error(verb, target, exc) from exc
+    try:
+        dir_fd = _open_temp_dir(tmp_dir)
+    except OSError as exc:
+        raise _store_error(verb, target, exc) from exc
+    try:
+        try:
+            tmp = _write_temp(target, data, dir_fd=dir_fd, fsync=fsync)
+        except OSError as exc:
+            raise _store_error(verb, target, exc) from exc
+        yield tmp, dir_fd
+    finally:
+        os.close(dir_fd)
+
+
 def atomic_write_json(
     target: Path,
     payload: Any,
@@ -227,20 +270,7 @@ def atomic_write_json(
         StoreError: serialization or any OS step failed (disk full, permission
             denied, ...); the temp file is gone and ``target`` is untouched.
     """
-    _refuse_symlinked_parent(target)
-    try:
-        data = _serialize(payload, sort_keys=sort_keys)
-    except TypeError as exc:
-        raise _store_error("write", target, exc) from exc
-    try:
-        dir_fd = _open_temp_dir(tmp_dir)
-    except OSError as exc:
-        raise _store_error("write", target, exc) from exc
-    try:
-        try:
-            tmp = _write_temp(target, data, dir_fd=dir_fd, fsync=fsync)
-        except OSError as exc:
-            raise _store_error("write", target, exc) from exc
+    with _staged(target, payload, tmp_dir=tmp_dir, verb="write", sort_keys=sort_keys, fsync=fsync) as (tmp, dir_fd):
         try:
             os.replace(tmp, target, src_dir_fd=dir_fd)
         except OSError as exc:
@@ -249,8 +279,6 @@ def atomic_write_json(
         except BaseException:
             _discard(tmp, dir_fd)
             raise
-    finally:
-        os.close(dir_fd)
 
 
 def create_exclusive_json(
@@ -281,20 +309,7 @@ def create_exclusive_json(
             (``tmp_dir`` also: not a directory, or another uid's).
         StoreError: serialization or any OS step failed; no temp is left.
     """
-    _refuse_symlinked_parent(target)
-    try:
-        data = _serialize(payload, sort_keys=sort_keys)
-    except TypeError as exc:
-        raise _store_error("create", target, exc) from exc
-    try:
-        dir_fd = _open_temp_dir(tmp_dir)
-    except OSError as exc:
-        raise _store_error("create", target, exc) from exc
-    try:
-        try:
-            tmp = _write_temp(target, data, dir_fd=dir_fd, fsync=fsync)
-        except OSError as exc:
-            raise _store_error("create", target, exc) from exc
+    with _staged(target, payload, tmp_dir=tmp_dir, verb="create", sort_keys=sort_keys, fsync=fsync) as (tmp, dir_fd):
         try:
             os.link(tmp, target, src_dir_fd=dir_fd, follow_symlinks=False)
         except FileExistsError:
@@ -303,8 +318,6 @@ def create_exclusive_json(
             raise _store_error("create", target, exc) from exc
         finally:
             _discard(tmp, dir_fd)
-    finally:
-        os.close(dir_fd)
     return True
 
 
