@@ -12,12 +12,16 @@ class TurnFailed(Exception):
         text: the human-readable failure text the sender will read.
         reason: a reason code from the vocabulary (``hermes_actors.core.reasons``).
             When empty, the text is classified.
+        ambiguous: the message may have reached its target before the failure (a
+            connection lost after the request was sent): the outcome is ``ambiguous``
+            ("do not resend") and the turn is never retried automatically.
     """
 
-    def __init__(self, text: str, reason: str = "") -> None:
+    def __init__(self, text: str, reason: str = "", *, ambiguous: bool = False) -> None:
         super().__init__(text)
         self.text = str(text)
         self.reason = str(reason or "")
+        self.ambiguous = bool(ambiguous)
 
 
 class ValidationError(ValueError):

@@ -60,7 +60,7 @@ def test_a_warm_turn_marks_its_session_with_the_hop_while_chat_runs(monkeypatch:
     runner._sessions[("bob", "Bot Chat")] = "sess-1"
     seen: list[Any] = []
 
-    def fake_call(handle: str, method: str, path: str, body: Any, timeout: float) -> Any:
+    def fake_call(handle: str, method: str, path: str, body: Any, timeout: float, **_: Any) -> Any:
         seen.append((path, plugin._current_hop("sess-1")))
         return {"session_id": "sess-1", "message": {"role": "assistant", "content": "hi"}}
 

@@ -91,6 +91,10 @@ class _HttpFailure(Exception):
         return str(error.get("code") or "") if isinstance(error, dict) else ""
 
 
+class _Unreachable(Exception):
+    """The connection to the API server could not be opened: nothing was sent."""
+
+
 class ApiRunner:
     """Runs Bot Chat turns through a hermes gateway's API server.
 
@@ -127,6 +131,10 @@ class ApiRunner:
             data = json.dumps(body).encode("utf-8")
             headers["Content-Type"] = "application/json"
         try:
+            try:
+                conn.connect()
+            except OSError as exc:  # refused, unresolvable, connect timeout: the request never left
+                raise _Unreachable(exc) from None
             conn.request(method, path, body=data, headers=headers)
             response = conn.getresponse()
             raw = response.read()
@@ -140,18 +148,59 @@ class ApiRunner:
             raise _HttpFailure(response.status, payload)
         return payload
 
-    def _call(self, handle: str, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
-        """One request with transport failures mapped to typed turn failures."""
+    def _call(
+        self, handle: str, method: str, path: str, body: dict[str, Any] | None, timeout: float, *,
+        delivers: bool = False,
+    ) -> Any:
+        """One request with transport failures mapped to typed turn failures.
+
+        Args:
+            handle: the profile's handle, for failure texts.
+            method: the HTTP method.
+            path: the request path.
+            body: the JSON body, if any.
+            timeout: seconds for the connection and the answer.
+            delivers: the request is the turn itself (its message may reach the agent once
+                it is sent): a failure after the connection opened is ``ambiguous``, never retried.
+
+        Returns:
+            The decoded JSON answer.
+
+        Raises:
+            TurnFailed: the server is unreachable (``runtime_offline``), the answer did not come in
+                time (``delivery_timeout``) or the connection was lost.
+            _HttpFailure: the server answered with an error status.
+        """
+        where = f"{self.server.host}:{self.server.port}"
         try:
             return self._request(method, path, body, timeout)
+        except _Unreachable as exc:
+            raise TurnFailed(
+                f"hermes API server at {where} is not reachable ({exc}) — is `hermes gateway run` running?",
+                reason=RUNTIME_OFFLINE,
+            ) from None
         except TimeoutError:
+            if delivers:  # the server keeps running the turn: a second request would run it twice
+                raise TurnFailed(
+                    f"hermes API server at {where} did not answer @{handle}'s Bot Chat turn within {timeout:g}s; "
+                    "the turn may still be running there",
+                    reason=DELIVERY_TIMEOUT,
+                    ambiguous=True,
+                ) from None
             raise TurnFailed(
                 f"hermes API server timed out after {timeout:g}s on @{handle}'s Bot Chat turn",
                 reason=DELIVERY_TIMEOUT,
             ) from None
-        except (ConnectionError, http.client.HTTPException, OSError) as exc:
+        except (http.client.HTTPException, OSError) as exc:
+            if delivers:  # e.g. the gateway stopped mid-turn: the turn may have run (or still be running)
+                raise TurnFailed(
+                    f"the connection to the hermes API server at {where} was lost during @{handle}'s "
+                    f"Bot Chat turn ({exc or type(exc).__name__})",
+                    reason=RUNTIME_OFFLINE,
+                    ambiguous=True,
+                ) from None
             raise TurnFailed(
-                f"hermes API server at {self.server.host}:{self.server.port} is not reachable ({exc}) — "
+                f"the connection to the hermes API server at {where} was lost ({exc or type(exc).__name__}) — "
                 "is `hermes gateway run` running?",
                 reason=RUNTIME_OFFLINE,
             ) from None
@@ -252,7 +301,7 @@ class ApiRunner:
             # When this process is the hermes gateway (our actors hosted in it), the tool call of
             # this turn runs here too: the scope tells it the turn's hop (an env var can't be per turn).
             with turn_hop_scope(session, turn.hop):
-                payload = self._call(handle, "POST", path, {"message": turn.content}, self.timeout)
+                payload = self._call(handle, "POST", path, {"message": turn.content}, self.timeout, delivers=True)
         except _HttpFailure as failure:
             if failure.status == 404 and failure.code() == "session_not_found" and retry_missing:
                 self.forget(turn.profile, turn.session)

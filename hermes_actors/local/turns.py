@@ -13,6 +13,8 @@ Failure paths and what the sender gets (docs/reliability.md):
   other ``BaseException``): ``failed`` at once, reason classified from
   ``"<Type>: <text>"`` (usually ``unknown``, so not retryable: the turn started),
   never retried automatically (the runner asked to stop, not to be run again);
+- the runner raises ``TurnFailed(..., ambiguous=True)`` (the message may have reached
+  its target before the failure): ``ambiguous``, never retried;
 - anything failing before the runner is called (the turn lock, the journal, building
   the turn): ``failed`` at once with ``runtime_offline`` (retryable), see :func:`never_ran`.
 """
@@ -81,20 +83,31 @@ def never_ran(delivery_id: str, step: str, exc: BaseException | str) -> TurnFini
     return TurnFinished(delivery_id, None, text[0].upper() + text[1:], RUNTIME_OFFLINE)
 
 
-def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[Any, str, str, bool]:
-    """Run one attempt; returns (raw reply or None, error text, reason, whether a retry may follow)."""
+def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
+    """Run one attempt of ``turn``.
+
+    Args:
+        runner: the turn runner.
+        turn: the attempt's turn.
+
+    Returns:
+        The attempt's result (``reply`` the raw runner value, None when it failed) and whether
+        the policy retry may follow a failure (not after a ``BaseException``, nor an ambiguous one).
+    """
+    key = turn.delivery_id
     try:
-        return runner.run_turn(turn), "", "", True
+        return TurnFinished(key, runner.run_turn(turn)), True
     except TurnFailed as exc:
         # Normalized here, not only in the outcome: the retry decision must see the same reason.
-        return None, exc.text or "turn failed", normalize_reason(exc.reason, exc.text), True
+        reason = normalize_reason(exc.reason, exc.text)
+        return TurnFinished(key, None, exc.text or "turn failed", reason, ambiguous=exc.ambiguous), not exc.ambiguous
     except Exception as exc:  # any runner error is a failed turn, classified from its text
         text = str(exc) or type(exc).__name__
-        return None, text, classify_agent_error(text), True
+        return TurnFinished(key, None, text, classify_agent_error(text)), True
     except BaseException as exc:  # user code: SystemExit & co fail the DM, never the actors
         text = f"The turn's runner raised {describe_error(exc)}; the turn was abandoned."
-        logger.warning("runner raised {} for {}; its DM fails", describe_error(exc), turn.delivery_id)
-        return None, text, classify_agent_error(describe_error(exc)), False
+        logger.warning("runner raised {} for {}; its DM fails", describe_error(exc), key)
+        return TurnFinished(key, None, text, classify_agent_error(describe_error(exc))), False
 
 
 def execute_turn(
@@ -149,13 +162,13 @@ def execute_turn(
         except Exception as exc:  # our own code, but the DM must still get its outcome now
             logger.exception("building the turn of {} failed", delivery.delivery_id)
             return never_ran(delivery.delivery_id, "building the turn", exc)
-        reply, error, reason, may_retry = attempt_turn(runner, turn)
-        if reply is None and may_retry:
-            action = retry_action(reason)
+        result, may_retry = attempt_turn(runner, turn)
+        if result.reply is None and may_retry:
+            action = retry_action(result.reason)
             if action != RETRY_NONE:
                 logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
-                reply, error, reason, _ = attempt_turn(runner, replace(turn, attempt=2, retry_action=action))
-        return TurnFinished(delivery.delivery_id, reply, error, reason)
+                result, _ = attempt_turn(runner, replace(turn, attempt=2, retry_action=action))
+        return result
     finally:
         if lock is not None and not held:
             try:

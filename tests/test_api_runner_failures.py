@@ -1,0 +1,163 @@
+"""What a warm turn's sender is told when the API server fails: never "not delivered" once the turn was sent.
+
+A local stand-in for the hermes API server (127.0.0.1) lists one Bot Chat session and then
+answers the chat request as each test needs: it drops the connection, never answers, or is
+not there at all. The turn's message may reach the agent once the chat request is sent, so
+only a failure before that is ``runtime_offline`` (retryable, retried once); after it the
+outcome is ``ambiguous`` and the chat is never posted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import make_root
+
+from hermes_actors import Gateway, TurnFailed
+from hermes_actors.hermes.api_runner import ApiRunner, ApiServer
+from hermes_actors.messages import Turn
+
+
+class FakeApi:
+    """Serves ``GET /p/<p>/api/sessions``; ``chat`` decides what a chat POST gets ("drop" or "hang")."""
+
+    def __init__(self, chat: str) -> None:
+        self.chat = chat
+        self.chats: list[dict[str, Any]] = []
+        self.release = threading.Event()  # ends a hanging chat at teardown
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                body = json.dumps({"data": [{"id": "s1", "title": "Bot Chat", "started_at": 1}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                api.chats.append(json.loads(self.rfile.read(length)))
+                self.close_connection = True
+                if api.chat == "hang":
+                    api.release.wait(30)
+                # "drop": no answer at all; the connection closes as the handler returns
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-api", daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def dropping_api() -> Iterator[FakeApi]:
+    api = FakeApi("drop")
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def hanging_api() -> Iterator[FakeApi]:
+    api = FakeApi("hang")
+    yield api
+    api.close()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    port = int(server.server_address[1])
+    server.server_close()
+    return port
+
+
+def turn() -> Turn:
+    return Turn(profile="bob", content="hello bob", delivery_id="d1", session="Bot Chat")
+
+
+def test_a_connection_lost_after_the_chat_was_sent_is_ambiguous(dropping_api: FakeApi) -> None:
+    runner = ApiRunner(ApiServer("127.0.0.1", dropping_api.port, "k" * 16), timeout=30)
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(turn())
+    assert caught.value.ambiguous
+    assert "was lost during @bob's Bot Chat turn" in caught.value.text
+    assert dropping_api.chats == [{"message": "hello bob"}]
+
+
+def test_a_chat_that_does_not_answer_in_time_is_ambiguous_with_delivery_timeout(hanging_api: FakeApi) -> None:
+    runner = ApiRunner(ApiServer("127.0.0.1", hanging_api.port, "k" * 16), timeout=0.5, connect_timeout=30)
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(turn())
+    assert caught.value.ambiguous and caught.value.reason == "delivery_timeout"
+    assert "may still be running there" in caught.value.text
+
+
+def test_a_server_that_is_not_there_is_runtime_offline_and_not_ambiguous() -> None:
+    runner = ApiRunner(ApiServer("127.0.0.1", closed_port(), "k" * 16), timeout=5, connect_timeout=5)
+    runner._sessions[("bob", "Bot Chat")] = "s1"  # straight to the chat request: its connect is refused
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(turn())
+    assert not caught.value.ambiguous and caught.value.reason == "runtime_offline"
+    assert "is not reachable" in caught.value.text
+
+
+def test_through_the_gateway_a_dropped_chat_is_ambiguous_and_posted_once(
+    tmp_path: Path, dropping_api: FakeApi, gateways: list[Gateway]
+) -> None:
+    runner = ApiRunner(ApiServer("127.0.0.1", dropping_api.port, "k" * 16), timeout=30)
+    gw = Gateway(make_root(tmp_path), runner=runner, config={"bot_mode": {"wake_sender": False}})
+    gateways.append(gw)
+    gw.start()
+    ack = gw.message_agent(sender="alice", target="bob", message="hello bob")
+    out = gw.wait_outcome(ack["delivery_id"], timeout=60)
+    assert (out["status"], out["retryable"]) == ("ambiguous", False)
+    assert "do not resend" in out["error"]
+    assert len(dropping_api.chats) == 1  # no automatic retry posted it again
+
+
+def test_an_unreachable_server_is_retried_once_and_fails_runtime_offline(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    runner = ApiRunner(ApiServer("127.0.0.1", closed_port(), "k" * 16), timeout=5, connect_timeout=5)
+    gw = Gateway(make_root(tmp_path), runner=runner, config={"bot_mode": {"wake_sender": False}})
+    gateways.append(gw)
+    gw.start()
+    ack = gw.message_agent(sender="alice", target="bob", message="hello bob")
+    out = gw.wait_outcome(ack["delivery_id"], timeout=60)
+    assert (out["status"], out["reason"], out["retryable"]) == ("failed", "runtime_offline", True)
+
+
+def test_a_runner_raising_an_ambiguous_turn_failed_is_never_retried(tmp_path: Path, gateways: list[Gateway]) -> None:
+    calls: list[int] = []
+
+    def runner(t: Turn) -> str:
+        calls.append(t.attempt)
+        raise TurnFailed("503 service unavailable after the request was sent", ambiguous=True)
+
+    gw = Gateway(make_root(tmp_path), runner=runner, config={"bot_mode": {"wake_sender": False}})
+    gateways.append(gw)
+    gw.start()
+    ack = gw.message_agent(sender="alice", target="bob", message="hi")
+    out = gw.wait_outcome(ack["delivery_id"], timeout=30)
+    assert (out["status"], out["retryable"], out["reason"]) == ("ambiguous", False, "provider_server_error")
+    assert calls == [1]  # provider_server_error alone would earn one retry
