@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -62,7 +65,7 @@ def test_enable_then_disable_on_a_real_root(hermes_cli: str, offline_root: Offli
     assert yaml.safe_load((bob / "profile.yaml").read_text())["description"] == "a builder"
     config = yaml.safe_load((root / "config.yaml").read_text())
     assert config["platforms"]["api_server"] == {"enabled": True, "extra": {"host": "127.0.0.1", "port": 8765}}
-    assert config["platforms"]["hermes-actors"] == {"enabled": True}
+    assert config["platforms"]["hermes_actors"] == {"enabled": True, "extra": {"host_actors": True}}
     assert config["gateway"]["multiplex_profiles"] is True
     assert config["model"]["provider"] == "custom"  # other keys kept
     assert any("API_SERVER_KEY" in line for line in first.todo)
@@ -92,3 +95,33 @@ def test_enable_named_profiles_only_and_keeps_existing_block(hermes_cli: str, of
     disable(offline_root.root, ["alice"])
     assert yaml.safe_load((alice / "profile.yaml").read_text())["ui_meta"]["hermes-bots"] == {"title": "Scout"}
     assert "plugins" not in yaml.safe_load((alice / "config.yaml").read_text())
+
+
+_CONNECTED = (
+    "import json; from gateway.config import load_gateway_config; "
+    "print(json.dumps(sorted(str(p.value) for p in load_gateway_config().get_connected_platforms())))"
+)
+
+
+def connected_platforms(offline_root: OfflineRoot) -> list[str]:
+    """The platforms the real ``hermes gateway run`` of this root would start (hermes' own config loader)."""
+    done = subprocess.run([sys.executable, "-c", _CONNECTED], env=offline_root.env, cwd=offline_root.root,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_a_hermes_gateway_hosts_the_actors_only_where_enable_gateway_asked_it_to(
+    hermes_cli: str, offline_root: OfflineRoot
+) -> None:
+    root = offline_root.root
+    enable(root, cli=hermes_cli, env={})  # the plugin is loaded: the host is `hermes-actors serve`
+    assert "hermes_actors" not in connected_platforms(offline_root)  # hermes would enable any "connected" plugin
+
+    enable(root, gateway=True, port=8765, cli=hermes_cli, env={})
+    assert "hermes_actors" in connected_platforms(offline_root)
+
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["platforms"]["hermes_actors"]["enabled"] = False  # the user's own word wins
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    assert "hermes_actors" not in connected_platforms(offline_root)

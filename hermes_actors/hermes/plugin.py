@@ -12,9 +12,13 @@ under ``plugins.enabled``.
   that profile's "Bot Chat" in its ``state.db``, and submits the DM to the host
   of the root (:mod:`hermes_actors.hermes.submit`), or straight to the Gateway
   when this very process hosts it.
-- The platform ``hermes_actors`` (``platforms: {hermes_actors: {enabled: true}}``)
-  starts one shared ``Gateway(root, serve_submit=True)`` per root at gateway start
-  and stops it at gateway stop.
+- The platform ``hermes_actors`` starts one shared ``Gateway(root, serve_submit=True)``
+  per root at gateway start and stops it at gateway stop — only where it is asked
+  to: ``platforms: {hermes_actors: {enabled: true, extra: {host_actors: true}}}``
+  (what ``hermes-actors enable --gateway`` writes). hermes 0.19 enables every
+  registered plugin platform it finds "connected"; without the marker ours never
+  is, so a ``hermes gateway run`` started for other reasons leaves the actors to
+  ``hermes-actors serve``.
 
 This module imports nothing heavy at import time and never lets an error escape
 into hermes: a failing call returns a JSON error the model reads.
@@ -31,10 +35,12 @@ from typing import Any
 
 __all__ = [
     "HOP_ENV",
+    "HOST_KEY",
     "PLATFORM_NAME",
     "TOOLSET",
     "is_bot_chat_lineage",
     "message_agent_handler",
+    "hosting_configured",
     "register",
     "root_and_profile",
     "turn_hop_scope",
@@ -42,6 +48,7 @@ __all__ = [
 
 TOOLSET = "bot_mode"
 PLATFORM_NAME = "hermes_actors"
+HOST_KEY = "host_actors"  # platforms.hermes_actors.extra.host_actors: true asks a hermes gateway to host the actors
 HOP_ENV = "HERMES_ACTORS_HOP"  # set by our runners for the turns they start; a user's own turn has none (hop 0)
 _BOT_CHAT = "Bot Chat"
 _CONTINUATION_RE = re.compile(r"^Bot Chat #\d+$")  # hermes retitles a session continued after compression
@@ -200,6 +207,22 @@ def message_agent_handler(args: Any, **context: Any) -> str:
 # ── registration ────────────────────────────────────────────────────────────
 
 
+def hosting_configured(platform_config: Any) -> bool:
+    """Whether a hermes gateway's ``platforms.hermes_actors`` block asks it to host the actors.
+
+    hermes calls this both on the platform's own config and on a bare enabled probe (to decide
+    whether to enable an unconfigured plugin platform): only the explicit marker says yes.
+
+    Args:
+        platform_config: hermes' ``PlatformConfig`` (``enabled``, ``extra``).
+
+    Returns:
+        True for ``enabled: true`` with ``extra.host_actors: true``.
+    """
+    extra = getattr(platform_config, "extra", None)
+    return bool(getattr(platform_config, "enabled", False)) and isinstance(extra, dict) and extra.get(HOST_KEY) is True
+
+
 def _make_adapter(platform_config: Any) -> Any:
     from hermes_actors.hermes.plugin_platform import HostAdapter
 
@@ -229,6 +252,7 @@ def register(ctx: Any) -> None:
             adapter_factory=_make_adapter,
             check_fn=lambda: True,
             validate_config=lambda _config: True,
+            is_connected=hosting_configured,
             emoji="🤖",
         )
     except Exception as exc:  # the tool matters more than hosting

@@ -7,7 +7,8 @@ releases it. With ``gateway.multiplex_profiles: true`` hermes starts a platform 
 per profile that enables it; the shared host is counted per resolved root, so the
 actors run once.
 
-Config (``platforms: {hermes_actors: {enabled: true, extra: {...}}}``), all optional:
+Config (``platforms: {hermes_actors: {enabled: true, extra: {host_actors: true, ...}}}``; without
+``host_actors`` the platform is never started, see ``plugin.hosting_configured``), other extras optional:
 ``root`` (default: the root of the profile starting the platform) and ``runner``
 (``demo`` for the offline demo bots; default: the real Hermes — warm turns through
 this gateway's API server when it serves the root, else the ``hermes`` CLI).

@@ -12,7 +12,8 @@ included, when none are named):
 
 With ``gateway=True`` the root's ``config.yaml`` also gets
 ``platforms.api_server`` (``enabled: true``, ``extra: {host, port}``) unless one
-is configured, ``platforms.hermes-actors: {enabled: true}`` and
+is configured, ``platforms.hermes_actors: {enabled: true, extra: {host_actors: true}}``
+(the gateway then hosts the actors: :func:`hermes_actors.hermes.plugin.hosting_configured`) and
 ``gateway.multiplex_profiles: true``.
 
 Every edit is recorded in ``<root>/bot_relay/hermes-actors-enable.json`` as
@@ -34,15 +35,15 @@ from typing import Any
 import yaml
 
 from hermes_actors.hermes.install import find_hermes_cli, profile_home
+from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.select import MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.store.atomic import atomic_write_json, ensure_private_dir, read_json_file
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles
 
-__all__ = ["PLATFORM_NAME", "PLUGIN_NAME", "SetupError", "SetupReport", "disable", "enable"]
+__all__ = ["PLUGIN_NAME", "SetupError", "SetupReport", "disable", "enable"]
 
 PLUGIN_NAME = "hermes-actors"
-PLATFORM_NAME = "hermes-actors"
 RECORD_NAME = "hermes-actors-enable.json"
 _MAX_YAML = 4 * 1024 * 1024
 _ABSENT = {"__absent__": True}
@@ -297,7 +298,8 @@ def enable(
             editor.set_default(config, ["platforms", "api_server"],
                                {"enabled": True, "extra": {"host": "127.0.0.1", "port": int(port)}})
             editor.set_default(config, ["platforms", "api_server", "enabled"], True, replace=False)
-            editor.set_default(config, ["platforms", PLATFORM_NAME], {"enabled": True})
+            editor.set_default(config, ["platforms", PLATFORM_NAME], {"enabled": True, "extra": {HOST_KEY: True}})
+            editor.set_default(config, ["platforms", PLATFORM_NAME, "extra", HOST_KEY], True)
             editor.set_default(config, ["gateway", "multiplex_profiles"], True, replace=False)
     finally:
         _save_record(root, record)
