@@ -153,6 +153,32 @@ def test_doctor_names_each_blocker_with_its_fix(tmp_path: Path, capsys: pytest.C
     assert "did you mean bot_mode.turn_wait_seconds?" in checks["config keys"]["detail"]
 
 
+def test_doctor_warns_of_a_managed_profile_hermes_cannot_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = make_root(tmp_path, {"alice": {}, "UPPER": {}})  # both managed: on the roster, DMs to UPPER acked
+    assert main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"]) == 1
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["profiles managed"]  # type: ignore[union-attr]
+    assert check["level"] == WARN
+    assert "hermes cannot run their turns: UPPER" in check["detail"] and "alice" not in check["detail"]
+    assert "--profiles UPPER" in check["fix"]
+
+
+def test_enable_and_disable_refuse_an_empty_or_bogus_profile_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = make_root(tmp_path, {"alice": {}}, managed=False)
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    assert main(["enable", "--root", str(root), "--profiles", "", "--cli", str(tmp_path / "missing")]) == 2
+    assert "no profile named" in capsys.readouterr().err
+    assert main(["disable", "--root", str(root), "--profiles", "../x"]) == 2
+    err = capsys.readouterr().err
+    assert "no such profile" in err and "../x" in err
+    assert main(["disable", "--root", str(root), "--profiles", " , "]) == 2
+    assert "no profile named" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before  # nothing was touched
+
+
 def test_doctor_reports_an_unreachable_redis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

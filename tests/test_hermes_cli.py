@@ -8,13 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from fake_model import FakeModel, last_user_text
 from hermes_fixtures import OfflineRoot
 
 from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.sessions import find_bot_chat
-from hermes_actors.hermes.setup import disable, enable
+from hermes_actors.hermes.setup import SetupError, disable, enable
 from hermes_actors.messages import Turn
 from hermes_actors.store.hermes_root import is_managed
 
@@ -125,3 +126,14 @@ def test_a_hermes_gateway_hosts_the_actors_only_where_enable_gateway_asked_it_to
     config["platforms"]["hermes_actors"]["enabled"] = False  # the user's own word wins
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     assert "hermes_actors" not in connected_platforms(offline_root)
+
+
+def test_enable_skips_a_profile_hermes_cannot_run_and_says_why(hermes_cli: str, offline_root: OfflineRoot) -> None:
+    upper = offline_root.root / "profiles" / "UPPER"
+    upper.mkdir()
+    report = enable(offline_root.root, cli=hermes_cli, env={})
+    assert not is_managed(upper)  # managed, it would be on the roster and every DM to it would fail at turn time
+    assert is_managed(offline_root.home("alice"))
+    assert any(line.startswith("UPPER: not enabled") and "lowercase" in line for line in report.todo)
+    with pytest.raises(SetupError, match="cannot be run by hermes"):
+        enable(offline_root.root, ["UPPER"], cli=hermes_cli, env={})

@@ -230,7 +230,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_enable(args: argparse.Namespace) -> int:
     from hermes_actors.hermes.setup import enable
 
-    profiles = args.profiles.split(",") if args.profiles else None
+    profiles = args.profiles.split(",") if args.profiles is not None else None
     report = enable(args.root, profiles, gateway=args.gateway, port=args.port, cli=args.cli)
     print(f"hermes-actors enable on {args.root}:")
     print("\n".join(report.lines()))
@@ -240,7 +240,7 @@ def _cmd_enable(args: argparse.Namespace) -> int:
 def _cmd_disable(args: argparse.Namespace) -> int:
     from hermes_actors.hermes.setup import disable
 
-    report = disable(args.root, args.profiles.split(",") if args.profiles else None)
+    report = disable(args.root, args.profiles.split(",") if args.profiles is not None else None)
     print(f"hermes-actors disable on {args.root}:")
     print("\n".join(report.lines()))
     return 0

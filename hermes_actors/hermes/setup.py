@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from hermes_actors.hermes.install import find_hermes_cli, profile_home
+from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, profile_home
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.select import MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
@@ -238,15 +238,40 @@ def _save_record(root: Path, entries: list[dict[str, Any]]) -> None:
 # ── enable / disable ────────────────────────────────────────────────────────
 
 
-def _chosen(root: Path, profiles: Iterable[str] | None) -> list[str]:
+def _named(root: Path, profiles: Iterable[str]) -> list[str]:
+    """The profile names given (stripped, blanks dropped); at least one.
+
+    Raises:
+        SetupError: no name was given (an empty ``--profiles`` must not mean "every profile").
+    """
+    chosen = [p.strip() for p in profiles if p.strip()]
+    if not chosen:
+        raise SetupError(
+            f"no profile named: give folder ids such as alice,bob (the root profile is 'default'), "
+            f"or leave --profiles out for every profile of {root}"
+        )
+    return chosen
+
+
+def _chosen(root: Path, profiles: Iterable[str] | None, report: SetupReport) -> list[str]:
+    """The profiles to enable: the named ones, or every profile hermes can run (the others are reported)."""
     known = [info.profile for info in discover_profiles(root)]
     if profiles is None:
-        return known
-    chosen = [p.strip() for p in profiles if p.strip()]
+        runnable = []
+        for profile in known:
+            try:
+                runnable.append(cli_profile_name(profile))
+            except ValueError as exc:  # enabled, it would be on the roster and every DM to it would fail
+                report.todo.append(f"{profile}: not enabled — {exc}; rename its folder to enable it")
+        return runnable
+    chosen = _named(root, profiles)
     unknown = [p for p in chosen if p not in known]
     if unknown:
         raise SetupError(f"no such profile on {root}: {', '.join(unknown)} (known: {', '.join(known)})")
-    return chosen
+    try:
+        return [cli_profile_name(p) for p in chosen]
+    except ValueError as exc:
+        raise SetupError(f"{exc}; rename its folder to enable it") from None
 
 
 def enable(
@@ -282,7 +307,7 @@ def enable(
     editor = _Editor(root, record, report)
     hermes_cli = find_hermes_cli(cli)
     try:
-        for profile in _chosen(root, profiles):
+        for profile in _chosen(root, profiles, report):
             home = profile_home(root, profile)
             editor.set_default(home / "profile.yaml", ["ui_meta", MANAGED_KEY], {})
             editor.list_add(home / "config.yaml", ["plugins", "enabled"], PLUGIN_NAME)
@@ -322,6 +347,11 @@ def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, 
         report.todo.append(f"start the actors: hermes-actors serve --root {root}")
 
 
+def _home_key(root: Path, profile: str) -> str:
+    """How the enable record names ``profile``'s home: ``.`` for the root profile, else its relative path."""
+    return "." if profile == "default" else str(profile_home(root, profile).relative_to(root))
+
+
 def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     """Undo what :func:`enable` recorded (for the named profiles, or everything).
 
@@ -342,7 +372,16 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     if profiles is None:
         selected = list(record)
     else:
-        homes = {str(profile_home(root, p).relative_to(root)) if p != "default" else "." for p in profiles}
+        chosen = _named(root, profiles)
+        recorded = {str(Path(str(e["file"])).parent) for e in record}
+        known = {info.profile for info in discover_profiles(root)}
+        unknown = [p for p in chosen if p not in known and _home_key(root, p) not in recorded]
+        if unknown:
+            raise SetupError(
+                f"no such profile on {root}, nor in what enable recorded: {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        homes = {_home_key(root, p) for p in chosen}
         selected = [e for e in record if str(Path(str(e["file"])).parent) in homes
                     and not (e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway"))]
     kept = [e for e in record if e not in selected]

@@ -19,7 +19,7 @@ from typing import Any
 from hermes_actors.core.config import unknown_keys
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import ValidationError
-from hermes_actors.hermes.install import find_hermes_cli, profile_home
+from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store.atomic import read_json_file
@@ -74,6 +74,13 @@ def check_managed(root: Path, profiles: list[ProfileInfo]) -> Check:
     if len(unmanaged) == len(profiles):
         return Check("profiles managed", BLOCK, "no profile is Bot-Mode-managed: message_agent refuses every DM",
                      f"hermes-actors enable --root {root}")
+    unrunnable = [p.profile for p in profiles if p.managed and not CLI_PROFILE_RE.match(p.profile)]
+    if unrunnable:  # on the roster, so DMs to them are acked, and every turn then fails
+        return Check("profiles managed", WARN, f"managed, but hermes cannot run their turns: {', '.join(unrunnable)} "
+                     "(hermes profile names are lowercase letters, digits, '_' and '-')",
+                     f"rename those folders under {root / 'profiles'}, or: hermes-actors disable --root {root} "
+                     f"--profiles {','.join(unrunnable)}")
+    unmanaged = [p for p in unmanaged if CLI_PROFILE_RE.match(p)]
     if unmanaged:
         return Check("profiles managed", WARN, f"not managed (not on the roster): {', '.join(unmanaged)}",
                      f"hermes-actors enable --root {root} --profiles {','.join(unmanaged)}")
