@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from roots import LogCapture, RecordingRunner, make_root, start_gateway
 
+from actors.testkit import await_condition
+from hermes_actors import Gateway
 from hermes_actors.core import config as c
 
 # ── deep_merge ──────────────────────────────────────────────────────────────
@@ -292,3 +296,37 @@ def test_load_config_does_not_mutate_defaults(tmp_path: Path) -> None:
     before = copy.deepcopy(c.DEFAULTS)
     c.load_config(tmp_path, {"bot_mode": {"max_hops": 1}, "bot_peers": {"x": {}}})
     assert before == c.DEFAULTS
+
+
+# ── changes on disk while a host runs ───────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("after", "expected"),
+    [
+        ({}, []),
+        ({"max_hops": 2}, ["bot_mode.max_hops 8 → 2"]),
+        ({"max_hops": 2, "wake_sender": True}, ["bot_mode.max_hops 8 → 2", "bot_mode.wake_sender 'auto' → 'true'"]),
+        ({"redis_prefix": "team:b"}, ["bot_mode.redis_prefix 'hermes:bot' → 'team:b'"]),
+    ],
+)
+def test_changed_settings_names_each_setting_that_differs(after: dict[str, Any], expected: list[str]) -> None:
+    before, _ = c.parse_config({})
+    assert c.changed_settings(before, c.parse_config({"bot_mode": after})[0]) == expected
+
+
+def test_a_setting_changed_while_the_host_runs_is_announced_and_applies_at_the_next_start(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    root = make_root(tmp_path, config={"bot_mode": {"max_hops": 8}})
+    with LogCapture() as logs:
+        gw = start_gateway(gateways, root, RecordingRunner())
+        (root / "config.yaml").write_text("bot_mode:\n  max_hops: 2\n", encoding="utf-8")
+        os.utime(root / "config.yaml", (1_000_000_000, 1_000_000_000))  # a new mtime, whatever the clock's grain
+        await_condition(lambda: logs.matching("bot_mode.max_hops 8 → 2", "applies when this host restarts"),
+                        timeout=30, message="the roster's rescan announced the change")
+    assert gw.message_agent(sender="alice", target="bob", message="deep", hop=3)["status"] == "queued"
+    gw.stop(timeout=10)
+    restarted = start_gateway(gateways, root, RecordingRunner())
+    refusal = restarted.message_agent(sender="alice", target="bob", message="deep", hop=3)
+    assert refusal["reason"] == "loop_guard" and "(limit 2)" in refusal["error"]

@@ -38,6 +38,7 @@ __all__ = [
     "BotModeConfig",
     "RedisConfig",
     "Setting",
+    "changed_settings",
     "deep_merge",
     "docs_table",
     "load_config",
@@ -133,6 +134,25 @@ PEERS_DOC = ("peer gateway names (a mapping or a list), reached with `hermes -p 
 CORE_SETTINGS = settings_of(BotModeConfig, "bot_mode")
 REDIS_SETTINGS = settings_of(RedisConfig, "bot_mode")
 SETTINGS: tuple[Setting, ...] = CORE_SETTINGS + REDIS_SETTINGS
+def changed_settings(before: BotModeConfig, after: BotModeConfig) -> list[str]:
+    """Pure: the ``bot_mode`` settings that differ, as ``"bot_mode.max_hops 8 → 2"``.
+
+    Args:
+        before: the configuration in effect.
+        after: the one just read.
+
+    Returns:
+        One line per changed setting, in declaration order (empty: nothing changed).
+    """
+    out: list[str] = []
+    for settings, old, new in ((CORE_SETTINGS, before, after), (REDIS_SETTINGS, before.redis, after.redis)):
+        for spec in settings:
+            was, now = getattr(old, spec.key), getattr(new, spec.key)
+            if was != now:
+                out.append(f"{spec.path} {was!r} → {now!r}")
+    return out
+
+
 # Our sections and their keys; bot_peers is keyed by peer names, so its keys are never "unknown".
 KNOWN_KEYS: dict[str, tuple[str, ...]] = {"bot_mode": tuple(s.key for s in SETTINGS)}
 

@@ -19,7 +19,7 @@ import pykka
 from loguru import logger
 
 from actors import Scheduler, TypedActor, handles
-from hermes_actors.core.config import BotModeConfig, load_config
+from hermes_actors.core.config import BotModeConfig, changed_settings, load_config
 from hermes_actors.messages import (
     GetSnapshot,
     ProfileInfo,
@@ -140,6 +140,7 @@ class RosterActor(TypedActor):
         self.version = 0
         self.signature: tuple[float, ...] = ()
         self.config: BotModeConfig = BotModeConfig()  # _load reads config.yaml (once per load, not twice)
+        self.pending: list[str] = []  # settings changed on disk since the start (warned once per change)
         self.paths = RelayPaths.from_root(root)
         self.pushed_remote: tuple[list[RemoteAgent], float] | None = None  # set by RemoteRows (Redis transport)
         self.snapshot = self._load()
@@ -150,7 +151,18 @@ class RosterActor(TypedActor):
 
     def _load(self) -> RosterSnapshot:
         self.signature = _signature(self.root)
-        self.config = load_config(self.root, self.overrides)
+        config = load_config(self.root, self.overrides)
+        if self.version:  # a reload: only peers (and who exists) apply live; the rest at the host's next start
+            changed = changed_settings(self.config, config)
+            if changed and changed != self.pending:
+                logger.warning(
+                    "config.yaml changed {}: it applies when this host restarts (hermes-actors serve, or the hermes "
+                    "gateway hosting the actors); until then the values it started with stay in effect",
+                    ", ".join(changed),
+                )
+            self.pending = changed
+            config = replace(self.config, peers=config.peers)
+        self.config = config
         self.version += 1
         profiles = discover_profiles(self.root)
         remote, mtime = self._read_remote()
