@@ -177,3 +177,12 @@ def test_room_command_errors_exit_codes(tmp_path: Path, capsys: pytest.CaptureFi
     capsys.readouterr()
     assert main(["room", "send", "duo", "   ", *base]) == 1  # a refusal (docs/operations.md, exit codes)
     assert capsys.readouterr().out.startswith("refused [unknown]: text is required")
+
+
+def test_send_to_a_missing_root_says_only_that(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope"
+    assert main(["send", "--root", str(missing), "--from", "alice", "bob", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert f"Hermes root {str(missing)!r} does not exist" in err
+    assert "no host serves" not in err  # not the misleading "running this DM inside this command" note
+    assert not missing.exists()  # and nothing was created there

@@ -170,10 +170,12 @@ def _cmd_send(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.core.config import deep_merge, load_config
     from hermes_actors.gateway import Gateway
+    from hermes_actors.store.hermes_root import existing_root
 
     via_host = _send_via_host(args)
     if via_host is not None:
         return via_host
+    existing_root(args.root)  # before the note: a missing root is the error to show, not "no host"
     # Without a host the turn runs inside this command, so it must wait for it (else it would be abandoned).
     print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
           "running this DM inside this command and waiting for its outcome", file=sys.stderr)

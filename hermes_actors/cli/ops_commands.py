@@ -23,6 +23,7 @@ from hermes_actors.cli.render import (
     status_text,
 )
 from hermes_actors.core.ids import is_delivery_id
+from hermes_actors.store.hermes_root import existing_root
 
 __all__ = ["cmd_doctor", "cmd_outcome", "cmd_status", "host_status"]
 
@@ -89,8 +90,7 @@ def cmd_outcome(args: argparse.Namespace) -> int:
         print(f"error: {args.delivery_id!r} is not a delivery id (32 hexadecimal characters, as `send` prints)",
               file=sys.stderr)
         return 2
-    if not args.root.is_dir():
-        raise FileNotFoundError(f"Hermes root {str(args.root)!r} does not exist or is not a directory")
+    existing_root(args.root)
     deadline = time.monotonic() + (args.wait or 0.0)
     while True:
         outcome = _lookup(args.root, delivery_id, max(0.0, deadline - time.monotonic()))

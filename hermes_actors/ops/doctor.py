@@ -23,7 +23,7 @@ from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, profil
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store.atomic import read_json_file
-from hermes_actors.store.hermes_root import discover_profiles
+from hermes_actors.store.hermes_root import discover_profiles, existing_root
 from hermes_actors.store.relay_files import read_roster
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.yaml_file import read_yaml_mapping
@@ -254,9 +254,7 @@ def run_doctor(
     Raises:
         FileNotFoundError: ``root`` is not a directory.
     """
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise FileNotFoundError(f"Hermes root {str(root)!r} does not exist or is not a directory")
+    root = existing_root(root)
     if ping is None:
         from hermes_actors.hermes.submit import ping as submit_ping
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from hermes_actors.core.config import load_config
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.store.atomic import read_json_file
-from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
+from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 from hermes_actors.store.relay_files import list_ids, read_roster
 from hermes_actors.store.relay_inbox import InboxPaths
 
@@ -233,9 +233,7 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
     Raises:
         FileNotFoundError: ``root`` is not a directory.
     """
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise FileNotFoundError(f"Hermes root {str(root)!r} does not exist or is not a directory")
+    root = existing_root(root)
     now = time.time() if now is None else now
     config = load_config(root)
     folded, problems = read_journals(root)

@@ -34,7 +34,7 @@ from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.hermes_root import discover_profiles
+from hermes_actors.store.hermes_root import discover_profiles, existing_root
 from hermes_actors.store.relay_dirfd import rename_between
 from hermes_actors.store.relay_inbox import InboxPaths, already_posted, gateway_alive, post_to_inbox, read_delivered
 from hermes_actors.store.relay_shelf import Shelf
@@ -61,8 +61,7 @@ class HubRoot:
     def make(cls, name: str, root: Path) -> HubRoot:
         if not HANDLE_RE.match(name):
             raise ValueError(f"connection id {name!r} must match {HANDLE_RE.pattern}")
-        if not root.is_dir():
-            raise FileNotFoundError(f"Hermes root {str(root)!r} does not exist")
+        existing_root(root)
         paths = InboxPaths.from_root(root).ensure()
         return cls(name, root, paths, load_config(root).envelope_ttl_seconds)
 

@@ -24,6 +24,7 @@ __all__ = [
     "MANAGED_KEY",
     "alias_forms",
     "discover_profiles",
+    "existing_root",
     "install_is_managed",
     "is_managed",
     "read_profile_yaml",
@@ -31,6 +32,24 @@ __all__ = [
 ]
 
 MANAGED_KEY = "hermes-bots"
+
+
+def existing_root(root: Path | str) -> Path:
+    """``root`` (``~`` expanded), checked to be a directory before anything reads or writes under it.
+
+    Args:
+        root: a Hermes root.
+
+    Returns:
+        The expanded path.
+
+    Raises:
+        FileNotFoundError: it does not exist or is not a directory.
+    """
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"Hermes root {str(path)!r} does not exist or is not a directory")
+    return path
 
 _SLUG_RUN_RE = re.compile(r"[^a-z0-9]+")
 
