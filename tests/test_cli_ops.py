@@ -179,6 +179,27 @@ def test_enable_and_disable_refuse_an_empty_or_bogus_profile_list(
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before  # nothing was touched
 
 
+def test_doctor_names_the_bad_values_a_host_would_replace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _enabled_root(tmp_path, {"bot_mode": {"max_hops": "zero", "wake_sender": "maybe", "turn_wait_secs": 3}})
+    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
+    assert check["level"] == WARN
+    assert "bot_mode.max_hops='zero' is not a valid int; using default 8" in check["detail"]
+    assert "bot_mode.wake_sender='maybe'" in check["detail"]
+    assert "unknown bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)" in check["detail"]
+
+
+def test_doctor_on_an_unreadable_config_asks_to_fix_it_not_to_enable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _enabled_root(tmp_path)
+    (root / "config.yaml").write_text("plugins: [unclosed\n", encoding="utf-8")
+    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["plugin enabled"]  # type: ignore[union-attr]
+    assert check["level"] == BLOCK and "does not read as YAML" in check["detail"]
+    assert check["fix"] == f"fix {root / 'config.yaml'}" and "enable" not in check["fix"]
+
+
 def test_doctor_reports_an_unreachable_redis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

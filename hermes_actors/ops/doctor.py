@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermes_actors.core.config import unknown_keys
+from hermes_actors.core.config import parse_config, unknown_keys
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import ValidationError
 from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, profile_home
@@ -87,8 +87,17 @@ def check_managed(root: Path, profiles: list[ProfileInfo]) -> Check:
     return Check("profiles managed", OK, f"{len(profiles)} profile(s): {', '.join(p.profile for p in profiles)}")
 
 
-def check_plugin(root: Path, enabled: dict[str, bool]) -> Check:
-    """Pure: the hermes-actors plugin is listed in ``plugins.enabled`` of each managed profile."""
+def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
+    """Pure: the hermes-actors plugin is listed in ``plugins.enabled`` of each managed profile.
+
+    ``enabled`` maps each managed profile to whether it lists the plugin, or None when its
+    ``config.yaml`` cannot be read (then enabling would not help: the file needs fixing first).
+    """
+    unreadable = [name for name, on in enabled.items() if on is None]
+    if unreadable:
+        homes = ", ".join(str(profile_home(root, name) / "config.yaml") for name in unreadable)
+        return Check("plugin enabled", BLOCK, f"cannot tell: the config.yaml of {', '.join(unreadable)} does not read "
+                     "as YAML (hermes cannot load the plugin from it either)", f"fix {homes}")
     missing = [name for name, on in enabled.items() if not on]
     if enabled and len(missing) == len(enabled):
         return Check("plugin enabled", BLOCK, f"'{PLUGIN_NAME}' is in no profile's plugins.enabled: "
@@ -114,11 +123,13 @@ def check_config_keys(path: Path, raw: dict[str, Any], problem: str | None) -> C
     if problem:
         return Check("config keys", WARN, problem, f"fix {path} (the defaults are used meanwhile)")
     unknown = unknown_keys(raw)
-    if unknown:
-        parts = [f"{key} (did you mean {hint}?)" if hint else key for key, hint in unknown]
+    _config, bad = parse_config(raw)  # the bad values a host warns of and replaces by defaults
+    if unknown or bad:
+        parts = [f"unknown {key} (did you mean {hint}?)" if hint else f"unknown {key}" for key, hint in unknown]
         fixes = [f"rename {key} to {hint}" if hint else f"remove {key}" for key, hint in unknown]
-        return Check("config keys", WARN, "unknown: " + "; ".join(parts), f"in {path}: " + "; ".join(fixes))
-    return Check("config keys", OK, f"{path.name}: no unknown bot_mode key")
+        fixes += ["fix the values above (their defaults are used meanwhile)"] if bad else []
+        return Check("config keys", WARN, "; ".join(bad + parts), f"in {path}: " + "; ".join(fixes))
+    return Check("config keys", OK, f"{path.name}: no unknown bot_mode key, no bad value")
 
 
 def check_redis_extra(wanted: bool, installed: bool) -> Check:
@@ -183,8 +194,11 @@ def _cli_version(cli: str) -> tuple[str | None, str | None]:
     return (text[0] if text else None), None
 
 
-def _plugin_enabled(home: Path) -> bool:
-    data, _problem = read_yaml_mapping(home / "config.yaml")
+def _plugin_enabled(home: Path) -> bool | None:
+    """Whether the profile's config.yaml lists the plugin; None when that file does not read."""
+    data, problem = read_yaml_mapping(home / "config.yaml")
+    if problem:
+        return None
     plugins = data.get("plugins") if isinstance(data, dict) else None
     enabled = plugins.get("enabled") if isinstance(plugins, dict) else None
     return isinstance(enabled, list) and PLUGIN_NAME in enabled
