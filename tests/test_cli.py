@@ -186,3 +186,35 @@ def test_send_to_a_missing_root_says_only_that(tmp_path: Path, capsys: pytest.Ca
     assert f"Hermes root {str(missing)!r} does not exist" in err
     assert "no host serves" not in err  # not the misleading "running this DM inside this command" note
     assert not missing.exists()  # and nothing was created there
+
+
+@pytest.mark.parametrize("command", [["status"], ["roster"], ["doctor"], ["enable"], ["send", "--from", "a", "b", "x"]])
+def test_a_profile_home_passed_as_the_root_is_refused_naming_the_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    root = make_root(tmp_path, {"alice": {}}, config={"bot_mode": {}})
+    home = root / "profiles" / "alice"
+    before = sorted(p.name for p in home.iterdir())
+    assert main([command[0], "--root", str(home), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert f"is the home of profile 'alice' of the Hermes root {str(root)!r}" in err and f"--root {root}" in err
+    assert sorted(p.name for p in home.iterdir()) == before  # nothing (no bot_relay/) was created in it
+
+
+def test_ctrl_c_while_send_waits_says_where_the_outcome_will_be(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hermes_actors.gateway import Gateway
+
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+
+    def interrupted(self: Gateway, delivery_id: str, timeout: float = 30) -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Gateway, "wait_outcome", interrupted)
+    assert main(["send", "--root", str(root), "--runner", "demo", "--from", "alice", "bob", "hi"]) == 130
+    captured = capsys.readouterr()
+    delivery_id = captured.out.split("delivery ")[1].split()[0]
+    assert f"interrupted; the DM's outcome, once settled: hermes-actors outcome --root {root} {delivery_id}" in (
+        captured.err
+    )

@@ -90,8 +90,9 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     from hermes_actors.core.config import load_config
     from hermes_actors.gateway import Gateway
     from hermes_actors.hermes.submit_client import HostOffline, fetch_roster
-    from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
+    from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 
+    existing_root(args.root)
     try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
         rows = fetch_roster(args.root)
     except HostOffline:
@@ -185,6 +186,7 @@ def _cmd_send(args: argparse.Namespace) -> int:
     config = deep_merge({"bot_mode": {"wake_sender": False}}, _transport_config(args))
     gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root), config=config,
                  connection_id=args.connection_id).start()
+    interrupted = False
     try:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         code = _print_answer(ack, args)
@@ -195,9 +197,14 @@ def _cmd_send(args: argparse.Namespace) -> int:
         except TimeoutError as exc:
             print(f"pending: {exc}; stopping makes its outcome ambiguous", file=sys.stderr)
             return EXIT_FAILED
+        except KeyboardInterrupt:  # the stop below lets a running turn finish first: say where its outcome goes
+            interrupted = True
+            print(f"interrupted; the DM's outcome, once settled: hermes-actors outcome --root {args.root} "
+                  f"{ack['delivery_id']}", file=sys.stderr)
+            raise
         return _print_outcome(outcome, args)
     finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)
-        stop_gateway(gw, again=False)
+        stop_gateway(gw, again=interrupted)
 
 
 def _http_settings(args: argparse.Namespace) -> Any:
@@ -218,7 +225,9 @@ def _http_settings(args: argparse.Namespace) -> Any:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.cli.serve import serve
+    from hermes_actors.store.hermes_root import existing_root
 
+    existing_root(args.root)  # a missing root, or a profile's home, is a usage error before anything starts
     http = _http_settings(args)  # before anything starts: a refused --http starts nothing
     try:
         return serve(args.root, connection_id=args.connection_id,

@@ -39,7 +39,7 @@ from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.select import MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.store.atomic import atomic_write_json, ensure_private_dir, read_json_file
-from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles
+from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
 
 __all__ = ["PLUGIN_NAME", "SetupError", "SetupReport", "disable", "enable"]
 
@@ -238,6 +238,14 @@ def _save_record(root: Path, entries: list[dict[str, Any]]) -> None:
 # ── enable / disable ────────────────────────────────────────────────────────
 
 
+def _root(root: Path) -> Path:
+    """The root to edit (:func:`existing_root`), its refusal as a :class:`SetupError`."""
+    try:
+        return existing_root(root)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SetupError(f"{exc} (pass the hermes root, e.g. ~/.hermes)") from None
+
+
 def _named(root: Path, profiles: Iterable[str]) -> list[str]:
     """The profile names given (stripped, blanks dropped); at least one.
 
@@ -299,9 +307,7 @@ def enable(
     Raises:
         SetupError: the root or a named profile does not exist, or a file cannot be edited safely.
     """
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise SetupError(f"{root} is not a directory (pass the hermes root, e.g. ~/.hermes)")
+    root = _root(root)
     report = SetupReport()
     record = _load_record(root)
     editor = _Editor(root, record, report)
@@ -366,7 +372,7 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     Raises:
         SetupError: the record or an edited file cannot be read safely.
     """
-    root = Path(root).expanduser()
+    root = _root(root)
     report = SetupReport()
     record = _load_record(root)
     if profiles is None:

@@ -45,10 +45,17 @@ def existing_root(root: Path | str) -> Path:
 
     Raises:
         FileNotFoundError: it does not exist or is not a directory.
+        ValueError: it is a profile's home inside a root (``<root>/profiles/<name>``), not a root.
     """
     path = Path(root).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"Hermes root {str(path)!r} does not exist or is not a directory")
+    outer = path.parent.parent
+    if path.parent.name == "profiles" and any((outer / name).exists() for name in ("config.yaml", "state.db")):
+        raise ValueError(
+            f"{str(path)!r} is the home of profile {path.name!r} of the Hermes root {str(outer)!r}, not a root; "
+            f"pass --root {outer}"
+        )
     return path
 
 _SLUG_RUN_RE = re.compile(r"[^a-z0-9]+")
