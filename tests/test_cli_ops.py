@@ -251,3 +251,19 @@ def test_doctor_tells_a_wrong_redis_password_from_a_good_one(tmp_path: Path) -> 
                 assert "credentials" in checks["redis"].detail and password not in checks["redis"].detail
     finally:
         server.kill()
+
+
+def test_enable_keeps_the_text_of_a_commented_config_it_rewrites(tmp_path: Path) -> None:
+    from hermes_actors.hermes.setup import enable
+
+    root = make_root(tmp_path, {"alice": {}}, managed=False)
+    config = root / "profiles" / "alice" / "config.yaml"
+    original = "# written by hermes profile create\n# model: pick one\nmodel:\n  provider: custom\n"
+    config.write_text(original, encoding="utf-8")
+    report = enable(root, ["alice"], cli=str(tmp_path / "missing"), env={})
+    kept = config.with_name("config.yaml.before-hermes-actors")
+    assert kept.read_text(encoding="utf-8") == original
+    assert f"{config}: rewritten without its comments; its previous text is in {kept}" in report.changed
+    assert yaml.safe_load(config.read_text())["plugins"]["enabled"] == ["hermes-actors"]
+    enable(root, ["alice"], cli=str(tmp_path / "missing"), env={})  # idempotent: the first text stays kept
+    assert kept.read_text(encoding="utf-8") == original

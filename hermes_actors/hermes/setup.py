@@ -91,7 +91,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _write_yaml(path: Path, data: dict[str, Any]) -> None:
+def _write_yaml(path: Path, data: dict[str, Any], report: SetupReport) -> None:
+    """Replace ``path`` with ``data`` as YAML; comments cannot survive, so a file that had some is kept first.
+
+    The first time a file with comments is rewritten, its text is copied to
+    ``<name>.before-hermes-actors`` (0600) and the report says so.
+    """
+    _keep_commented(path, report)
     tmp = path.with_name(f".{path.name}.hermes-actors.tmp")
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
@@ -99,6 +105,24 @@ def _write_yaml(path: Path, data: dict[str, Any]) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)
+
+
+def _keep_commented(path: Path, report: SetupReport) -> None:
+    """Copy ``path`` aside once when it has comment lines (a YAML rewrite drops them)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return
+    if not any(line.lstrip().startswith("#") for line in text.splitlines()):
+        return
+    kept = path.with_name(f"{path.name}.before-hermes-actors")
+    try:
+        fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return  # the text from before our first edit is kept already
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    report.changed.append(f"{path}: rewritten without its comments; its previous text is in {kept}")
 
 
 def _get(data: dict[str, Any], keys: list[str]) -> Any:
@@ -153,7 +177,7 @@ class _Editor:
             return
         holder, created = _parent(data, keys, path)
         holder[keys[-1]] = value
-        _write_yaml(path, data)
+        _write_yaml(path, data, self.report)
         self.record.append({"file": self._rel(path), "op": "set", "keys": keys, "after": value,
                             "before": None if before is _ABSENT else before, "absent": before is _ABSENT,
                             "parents": created})
@@ -172,7 +196,7 @@ class _Editor:
             current.append(item)
         else:
             holder[keys[-1]] = [item]
-        _write_yaml(path, data)
+        _write_yaml(path, data, self.report)
         self.record.append({"file": self._rel(path), "op": "list_add", "keys": keys, "item": item,
                             "list_created": current is _ABSENT, "parents": created})
         self.report.changed.append(f"{path}: added {item!r} to {'.'.join(keys)}")
@@ -205,7 +229,7 @@ def _undo(root: Path, entry: dict[str, Any], report: SetupReport) -> None:
             del holder[keys[-1]]
             _prune(data, keys, int(entry.get("parents", 0)))
         report.changed.append(f"{path}: removed {item!r} from {dotted}")
-    _write_yaml(path, data)
+    _write_yaml(path, data, report)
 
 
 # ── the record ──────────────────────────────────────────────────────────────
