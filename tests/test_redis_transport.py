@@ -291,6 +291,24 @@ def test_a_full_target_stream_refuses_target_busy(tmp_path: Path, redis_server: 
         assert redis_server.client().xlen(KEYS.inbox("ghost")) == 5
 
 
+def test_replies_waiting_for_an_absent_sender_are_never_trimmed(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Every reply waits in its sender's stream until the sender reads it, however many wait.
+
+    The reply ``XADD`` used to carry ``MAXLEN ~ redis_max_stream_len``: with more unread replies
+    than that (the sender away), the oldest were trimmed and those DMs, which ran, would have
+    ended ``delivery_timeout``.
+    """
+    client = redis_server.client()
+    client.config_set("stream-node-max-entries", 1)  # so that approximate trimming, were it used, trims exactly
+    with gateway(tmp_path, "mini", redis_server, config={"bot_mode": {"redis_max_stream_len": 2}}):
+        answered: list[str] = []
+        for _wave in range(4):  # 8 replies for an absent sender, 2 envelopes at a time (the inbox bound)
+            answered += [inject(redis_server, "mini", "away")["id"] for _ in range(2)]
+            await_drained(redis_server, KEYS.inbox("mini"))  # its replies are written in the same MULTI
+        assert [r["id"] for r in replies_to(redis_server, "away")] == answered
+        assert {r["reply"] for r in replies_to(redis_server, "away")} == {"ok: hello bob"}
+
+
 def test_sender_expires_an_undrained_envelope_and_it_never_runs_later(tmp_path: Path,
                                                                       redis_server: RedisServer) -> None:
     fake_connection(redis_server, "mini")

@@ -302,8 +302,11 @@ class RedisRelayActor(TypedActor):
                 start = as_text(answer[0]) or "0-0"
                 entries = [(as_text(i) or "", dict(f)) for i, f in answer[1] if f is not None]
                 if len(answer) > 2 and answer[2]:
-                    logger.warning("redis: {} pending entr(ies) of {} were trimmed before they were handled "
-                                   "(the stream exceeded redis_max_stream_len); they are lost", len(answer[2]), stream)
+                    # hermes-actors never trims or deletes an unhandled entry: something else did (an XTRIM or
+                    # XDEL by hand, or an older hermes-actors that capped streams with MAXLEN).
+                    logger.warning("redis: {} pending entr(ies) of {} were deleted from the stream before they were "
+                                   "handled (not by hermes-actors: an XTRIM/XDEL from elsewhere); they are lost",
+                                   len(answer[2]), stream)
                 if entries:
                     self.counters["reclaimed"] += len(entries)
                     self._on_entries(RedisEntries(kind, tuple(entries)))

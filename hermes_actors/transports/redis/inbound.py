@@ -187,8 +187,10 @@ class InboundDrain:
         ids = sorted(flight.entry_ids)
         try:
             pipe = link.client.pipeline(transaction=True)
-            pipe.xadd(link.keys.replies(flight.reply_to), rs.encode_reply_entry(record),
-                      maxlen=link.settings.max_stream_len, approximate=True)
+            # Never trimmed: a reply trimmed before its sender read it would turn a DM that ran into a
+            # delivery_timeout. The stream holds only unread replies, one per envelope still in the
+            # sender's sent hash, each of which a bounded inbox once held.
+            pipe.xadd(link.keys.replies(flight.reply_to), rs.encode_reply_entry(record))
             pipe.set(link.keys.done(envelope_id), b"1", ex=rs.DONE_KEEP_SECONDS)
             pipe.xack(inbox, rs.GROUP, *ids)
             pipe.xdel(inbox, *ids)

@@ -1,8 +1,10 @@
 """Our envelopes on Redis, from the ack to their outcome (the RedisRelayActor's sender half).
 
 One Lua call checks the target stream's backlog (``target_busy`` past
-``redis_max_stream_len``), ``XADD``s the envelope (``MAXLEN ~``) and records it
-in ``<p>:sent:<me>`` — all before the ack. The reply arrives on
+``redis_max_stream_len``), ``XADD``s the envelope and records it in
+``<p>:sent:<me>`` — all before the ack. The check is the bound: the script runs
+atomically, so no concurrent sender overshoots it, and nothing is trimmed (a
+trimmed entry would be an acked DM lost unread). The reply arrives on
 ``<p>:replies:<me>``; the reply budget gives ``delivery_timeout``; at the TTL
 the sender expires its own envelope by winning ``SET <p>:claim:<id> expired NX``.
 After a restart the envelopes still in ``<p>:sent:<me>`` are waited for again.
@@ -50,7 +52,7 @@ REPORTED_KEEP = 100_000
 SEND_LUA = """
 local n = redis.call('XLEN', KEYS[1])
 if n >= tonumber(ARGV[1]) then return {0, n} end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'envelope', ARGV[2], 'reply_to', ARGV[3])
+local id = redis.call('XADD', KEYS[1], '*', 'envelope', ARGV[2], 'reply_to', ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
 return {1, id}
 """
