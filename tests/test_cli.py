@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from roots import make_root
+from roots import RecordingRunner, make_root
 
+from hermes_actors import Gateway
 from hermes_actors.cli.main import build_parser, main
 from hermes_actors.demo.bots import DemoRunner, create_demo_root
 from hermes_actors.messages import Turn
@@ -111,6 +112,19 @@ def test_roster_shows_peers_and_says_when_the_install_is_not_managed(
     out = capsys.readouterr().out
     assert "peers: mini" in out
     assert "not Bot-Mode-managed" in out and f"hermes-actors enable --root {root}" in out
+
+
+def test_roster_says_when_no_host_serves_the_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Local profiles are listed online either way; without a host the bots' own DMs are refused, and it says so."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    assert main(["roster", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: no host serves {root}" in out and "runtime_offline" in out
+    assert f"hermes-actors serve --root {root}" in out
+    with Gateway(root, runner=RecordingRunner(), durable=False, serve_submit=True):
+        assert main(["roster", "--root", str(root)]) == 0
+        out = capsys.readouterr().out
+    assert "@bob" in out and "no host serves" not in out
 
 
 def test_a_missing_root_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -93,9 +93,11 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 
     existing_root(args.root)
+    hosted = True
     try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
         rows = fetch_roster(args.root)
     except HostOffline:
+        hosted = False
         with Gateway(args.root, runner=lambda turn: "", config=_transport_config(args),
                      connection_id=args.connection_id) as gw:
             rows = gw.roster()
@@ -109,6 +111,10 @@ def _cmd_roster(args: argparse.Namespace) -> int:
         print(f"@{row['handle']:<19} {row['profile']:<20} {clip(row['title'], 20):<20} {conn:<16} {online}")
     peers = load_config(args.root).peers
     print(f"peers: {', '.join(peers)}" if peers else "peers: none (list peer gateways under bot_peers in config.yaml)")
+    if not hosted:  # 'online' says a profile can take DMs, but only a host takes the bots' own
+        print(f"note: no host serves {args.root}: the bots' message_agent calls are refused (runtime_offline) until "
+              f"one runs (`hermes-actors serve --root {args.root}`, or `hermes gateway run` with the plugin); "
+              "`hermes-actors send` still delivers, running the DM inside the command")
     if not install_is_managed(discover_profiles(args.root)):
         print(f"note: this install is not Bot-Mode-managed (no profile has ui_meta.hermes-bots), so every DM is "
               f"refused; fix: hermes-actors enable --root {args.root}")
