@@ -473,6 +473,8 @@ def test_serve_with_http_serves_until_stopped(root: Path, capsys: pytest.Capture
         stop.set()
         thread.join(60)
     assert result == [0]
-    assert f"live page, /metrics and /status on {url}" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert f"live page, /metrics and /status on {url}" in captured.out
+    assert captured.err.splitlines()[-1] == "gateway stopped"  # the last word: the stop is over
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "status", timeout=5)

@@ -22,7 +22,7 @@ import orjson
 import pytest
 from loguru import logger
 from redis_fixture import RedisServer, fake_connection
-from roots import RecordingRunner, make_root, wait_online
+from roots import LogCapture, RecordingRunner, make_root, wait_online
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TransportError, TurnFailed
@@ -384,11 +384,12 @@ def _stop_with_one_running_and_one_queued(
 
 
 def test_an_entry_still_queued_at_stop_is_left_unacked_and_the_next_start_runs_it_once(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_server: RedisServer, logs: LogCapture
 ) -> None:
     """Not answered ``cancelled`` (resend): its entry stays pending, and the next start reclaims and runs it."""
     running, queued, first = _stop_with_one_running_and_one_queued(
         tmp_path, redis_server, lambda queued, release: lambda turns, grace: release.set())
+    assert logs.matching("redis: 1 relayed-in entr(ies) never started and stay pending")  # a warning, seen without -v
     assert [r["id"] for r in replies_to(redis_server, "probe")] == [running["id"]]  # no "cancelled" reply
     client = redis_server.client()
     assert client.xpending(KEYS.inbox("mini"), "hermes")["pending"] == 1  # the queued entry, unacked

@@ -117,4 +117,5 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
         if endpoint is not None:
             endpoint.close()
         stop_gateway(gw, again=True)
+        print("gateway stopped", file=sys.stderr, flush=True)
     return 0

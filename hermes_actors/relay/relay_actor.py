@@ -154,9 +154,9 @@ class RelayActor(TypedActor):
         self._heartbeat()
 
     def on_stop(self) -> None:
-        if self.counters["returned"]:
-            logger.info("relay: {} relayed-in envelope(s) never started and went back into inbox/ for the next "
-                        "start", self.counters["returned"])
+        if self.counters["returned"]:  # a warning: their senders wait until a gateway starts on this root again
+            logger.warning("relay: {} relayed-in envelope(s) never started and went back into inbox/ for the next "
+                           "start", self.counters["returned"])
         remove_heartbeat(self.paths)
         self.shelf.close()
 

@@ -137,9 +137,9 @@ class RedisRelayActor(TypedActor):
         self.timers.every(self.settings.tick_seconds, RedisTick())
 
     def on_stop(self) -> None:
-        if self.counters["returned"]:
-            logger.info("redis: {} relayed-in entr(ies) never started and stay pending in our inbox for the next "
-                        "start", self.counters["returned"])
+        if self.counters["returned"]:  # a warning: their senders wait until a consumer of this connection runs
+            logger.warning("redis: {} relayed-in entr(ies) never started and stay pending in our inbox for the next "
+                           "start", self.counters["returned"])
         if self.reader is not None:
             self.reader.stop()
         if self.heartbeat is not None:
