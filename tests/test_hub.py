@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from relay_helpers import hub_thread, seed_envelope, seed_write_json
-from roots import LogCapture, RecordingRunner, make_root
+from roots import LogCapture, RecordingRunner, body_of, make_root
 
 from actors import FsBridge, Scheduler
 from actors.testkit import await_condition
@@ -193,3 +193,23 @@ def test_a_failed_reply_write_keeps_the_delivered_record_for_the_next_rescan(
     kept = reply_of(alpha, envelope_id)
     assert kept is not None and kept["reply"] == "the answer"
     assert not (paths_m.delivered / f"{envelope_id}.json").exists()
+
+
+def test_the_hub_forwards_envelopes_found_together_oldest_first(two_roots: tuple[Path, Path]) -> None:
+    """An outbox that filled while no hub ran is drained in the order it was written, not by the random ids."""
+    alpha, mini = two_roots
+    outbox = InboxPaths.from_root(alpha).ensure().relay.outbox
+    envelopes = [seed_envelope(target_connection="mini", target_profile="moxie", message=f"step {n}",
+                               envelope_id=envelope_id)
+                 for n, envelope_id in enumerate(sorted((uuid.uuid4().hex for _ in range(4)), reverse=True))]
+    for n, env in enumerate(envelopes):  # written oldest first: the id order is the reverse
+        seed_write_json(outbox / f"{env['id']}.json", env, prefix=".env-")
+        os.utime(outbox / f"{env['id']}.json", (1_700_000_000 + n, 1_700_000_000 + n))
+    rec = RecordingRunner()
+    # mini takes what the hub posts as its file events arrive, in posting order; its rescan would sort
+    # posts of one clock tick (equal mtimes) by id, so none runs here
+    config = {"bot_mode": {"rescan_seconds": 3600}}
+    with Gateway(mini, runner=rec, connection_id="mini", config=config), hub_thread({"alpha": alpha, "mini": mini}):
+        for env in envelopes:
+            await_condition(lambda e=env: reply_of(alpha, e["id"]), timeout=10, message=f"reply to {env['id']}")
+    assert [body_of(t.content) for t in rec.entered] == ["step 0", "step 1", "step 2", "step 3"]

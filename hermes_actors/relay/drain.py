@@ -183,12 +183,12 @@ def drain_outbox(paths: InboxPaths, *, ttl: float, now: float | None = None) -> 
         now: the current time (default ``time.time()``).
 
     Returns:
-        The claimed envelopes, in id order.
+        The claimed envelopes, oldest first (by their files' modification time, then id).
     """
     now = time.time() if now is None else now
     rf.sweep_stale(paths.relay, now=now)
     drained: list[dict[str, Any]] = []
-    for envelope_id in rf.list_ids(paths.relay.outbox):
+    for envelope_id in rf.list_ids(paths.relay.outbox, oldest_first=True):
         result = drain_envelope(paths, "outbox", envelope_id, ttl=ttl, now=now)
         if isinstance(result, ToDeliver):
             drained.append(result.envelope)

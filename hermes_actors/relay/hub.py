@@ -271,7 +271,7 @@ class HubActor(TypedActor):
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
         for root in self.roots:
-            for envelope_id in rf.list_ids(root.paths.relay.outbox):
+            for envelope_id in rf.list_ids(root.paths.relay.outbox, oldest_first=True):
                 self._drain(root, envelope_id)
             for envelope_id in rf.list_ids(root.paths.delivered):
                 self._forward(root, envelope_id)

@@ -464,7 +464,7 @@ class RelayActor(TypedActor):
         replies = set(rf.list_ids(self.paths.relay.replies))
         for envelope_id in [e for e in self.waiting if e in replies]:
             self._check_reply(envelope_id)
-        for envelope_id in rf.list_ids(self.paths.inbox):
+        for envelope_id in rf.list_ids(self.paths.inbox, oldest_first=True):
             self._take(envelope_id)
         if self.roster is not None:
             self.roster.tell(RemoteRosterHint())

@@ -419,17 +419,30 @@ def sweep_stale(paths: RelayPaths, *, now: float) -> int:
     return sum(sweep_directory(d, cutoff) for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
 
 
-def list_ids(directory: Path) -> list[str]:
+def list_ids(directory: Path, *, oldest_first: bool = False) -> list[str]:
     """The envelope ids of the ``<32 hex>.json`` entries of a directory.
 
     Args:
         directory: a relay directory (missing → empty).
+        oldest_first: order by the entries' modification time (then id) instead of by id.
+            A rescan takes envelopes in this order, so that DMs found together (at a
+            start, after a put-back) reach their target in the order they were posted,
+            to the file system's timestamp granularity: ids are random.
 
     Returns:
-        The ids, sorted; every other name is ignored.
+        The ids; every other name is ignored (and so is an entry gone before its ``lstat``).
     """
     try:
         names = os.listdir(directory)
     except OSError:
         return []
-    return sorted(i for i in map(id_of_file_name, names) if i is not None)
+    ids = [i for i in map(id_of_file_name, names) if i is not None]
+    if not oldest_first:
+        return sorted(ids)
+    dated: list[tuple[int, str]] = []
+    for envelope_id in ids:
+        try:  # lstat: never follows a planted symlink (taking the envelope refuses it)
+            dated.append((os.lstat(directory / f"{envelope_id}.json").st_mtime_ns, envelope_id))
+        except OSError:
+            continue
+    return [envelope_id for _, envelope_id in sorted(dated)]
