@@ -179,24 +179,33 @@ def test_a_relayed_in_dm_still_queued_at_stop_goes_back_to_the_inbox_and_the_nex
     assert [t.delivery_id for t in again.entered] == [queued["id"]]  # run once, by the next start only
 
 
+def _posted_oldest_first(count: int, message: str) -> list[dict[str, Any]]:
+    """Relayed-in envelopes for moxie whose random ids sort in the reverse of their list order."""
+    ids = sorted((uuid.uuid4().hex for _ in range(count)), reverse=True)
+    return [_inbound("moxie", f"{message} {n}") | {"id": envelope_id} for n, envelope_id in enumerate(ids)]
+
+
+@pytest.mark.parametrize("found_in", ["inbox", "a dead gateway's shelf"])
 def test_envelopes_found_together_at_a_start_run_in_the_order_they_were_posted(
-    tmp_path: Path, gateways: list[Gateway]
+    tmp_path: Path, gateways: list[Gateway], found_in: str
 ) -> None:
-    """A start (or a rescan) takes ``inbox/`` oldest first, not in the order of the random ids: a sender's DMs
-    put back at a stop, or posted while no gateway ran, reach their target in the order they were sent."""
+    """A start takes ``inbox/`` (and re-runs what a killed gateway had taken) oldest first, not in the order
+    of the random ids: a sender's DMs put back at a stop, posted while no gateway ran, or taken by a gateway
+    killed -9, reach their target in the order they were sent."""
     from hermes_actors.store.relay_inbox import post_to_inbox
 
     mini = make_root(tmp_path, {"moxie": {}}, name="mini")
     paths = InboxPaths.from_root(mini).ensure()  # as a hub finds it: no gateway ran on this root yet
-    envelopes = [seed_envelope(target_connection="mini", target_profile="moxie", message=f"step {n}",
-                               envelope_id=envelope_id)
-                 for n, envelope_id in enumerate(sorted((uuid.uuid4().hex for _ in range(4)), reverse=True))]
+    envelopes = _posted_oldest_first(4, "step")
+    where = paths.inbox if found_in == "inbox" else _dead_shelf(paths.taken_parent)
     for n, envelope in enumerate(envelopes):  # posted oldest first: the id order is the reverse
-        post_to_inbox(paths, envelope, "alpha")
-        mtime = 1_700_000_000 + n
-        os.utime(paths.inbox / f"{envelope['id']}.json", (mtime, mtime))
-    assert rf.list_ids(paths.inbox, oldest_first=True) == [e["id"] for e in envelopes]
-    assert rf.list_ids(paths.inbox) == [e["id"] for e in reversed(envelopes)]
+        if found_in == "inbox":
+            post_to_inbox(paths, envelope, "alpha")
+        else:
+            _write(where / f"{envelope['id']}.json", envelope)
+        os.utime(where / f"{envelope['id']}.json", (1_700_000_000 + n, 1_700_000_000 + n))
+    assert rf.list_ids(where, oldest_first=True) == [e["id"] for e in envelopes]
+    assert rf.list_ids(where) == [e["id"] for e in reversed(envelopes)]
     rec = RecordingRunner()
     start_gateway(gateways, mini, rec, connection_id="mini")
     await_condition(lambda: all(_delivered(mini, e["id"]) for e in envelopes), timeout=10, message="4 replies")

@@ -168,7 +168,9 @@ class RelayActor(TypedActor):
         recovery = recover_taken(self.paths, adopted, ttl=self.config.envelope_ttl_seconds)
         if recovery.rerun:  # the replies come back to us: make sure the Dispatcher knows where before it runs them
             self.dispatcher.tell(AttachRelay(self.actor_ref))
-        for envelope, reply_connection in recovery.rerun:
+        # oldest first, as the rescan takes inbox/ (the moves onto our shelf kept each file's mtime)
+        rank = {envelope_id: n for n, envelope_id in enumerate(rf.list_ids(self.shelf.path, oldest_first=True))}
+        for envelope, reply_connection in sorted(recovery.rerun, key=lambda item: rank.get(item[0]["id"], len(rank))):
             self.counters["drained"] += 1
             self.dispatcher.tell(RelayDeliver(envelope, reply_connection))
         self.counters["quarantined"] += recovery.quarantined
