@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,10 @@ from roots import RecordingRunner, make_root, send_dm, start_gateway, write_fake
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, run_doctor
+from hermes_actors.records import RemoteAgent
+from hermes_actors.store.relay_files import enqueue_envelope, write_reply
+from hermes_actors.store.relay_inbox import InboxPaths, clear_sent, record_sent
+from hermes_actors.store.relay_protocol import make_envelope, make_reply
 
 
 def _json(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
@@ -106,6 +112,31 @@ def test_outcome_without_a_host_reads_the_journal(tmp_path: Path, capsys: pytest
     assert main(["outcome", "--root", str(root), key, "--json"]) == 0
     assert _json(capsys)["text"] == "Reply from @bob: ok: hello"
     assert main(["outcome", "--root", str(root), "f" * 32]) == 4
+
+
+def test_outcome_of_a_relayed_dm_without_a_host_names_its_target(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path)
+    paths = InboxPaths.from_root(root).ensure()
+    now = time.time()
+    dave = RemoteAgent(profile="dave", handle="dave", connection_id="conn-mini", connection_label="Mini")
+    envelope = make_envelope(target=dave, message="hi", sender_profile="alice", sender_handle="alice", now=now)
+    key = envelope["id"]
+    record_sent(paths, key, "@dave on Mini", now=now, sender="alice", sender_handle="alice")
+    write_reply(paths.relay, make_reply(key, reply="hello back", now=now))
+    # while the sender's gateway has not reported it, the sent record has the ack's label
+    assert main(["outcome", "--root", str(root), key, "--json"]) == 0
+    assert _json(capsys)["text"] == "Reply from @dave on Mini: hello back"
+    # reported: the sent record is gone; the envelope the relay claimed still names the target
+    clear_sent(paths, key)
+    enqueue_envelope(paths.relay, envelope)
+    os.rename(paths.relay.outbox / f"{key}.json", paths.relay.claimed / f"{key}.json")
+    assert main(["outcome", "--root", str(root), key]) == 0
+    assert capsys.readouterr().out == "Reply from @dave on conn-mini: hello back\n"
+    # nothing names it any more: a neutral label, never an error
+    (paths.relay.claimed / f"{key}.json").unlink()
+    assert main(["outcome", "--root", str(root), key, "--json"]) == 0
+    assert _json(capsys)["from"] == "the relayed target"
 
 
 def test_outcome_refuses_a_malformed_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -86,8 +86,8 @@ class BotModeConfig:
     max_hops: int = setting(8, "conversation depth limit (`loop_guard`)", at_least=1)
     max_pair_rate: int = setting(
         30, "DMs per minute between one pair from inside turns (`loop_guard`; 0 disables)", at_least=0)
-    max_queued: int = setting(256, "DMs waiting for one profile before new ones are refused `target_busy`",
-                              at_least=1)
+    max_queued: int = setting(
+        256, "DMs waiting for one profile; past it a new DM is acked and then fails `target_busy` at once", at_least=1)
     max_notify_backlog: int = setting(
         100_000, "notifications allowed to wait behind slow `subscribe` callbacks; beyond it the oldest are "
                  "skipped (logged, counted) — outcomes stay available through `wait_outcome`", at_least=1)

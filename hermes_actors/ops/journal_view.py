@@ -17,9 +17,10 @@ from typing import Any
 from hermes_actors.core import outcomes
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.journal import MAX_LINE_BYTES, JournalFolded, fold_records, parse_lines
-from hermes_actors.store.relay_files import RelayPaths, list_ids, read_reply
+from hermes_actors.store.relay_files import list_ids, read_envelope, read_reply
+from hermes_actors.store.relay_inbox import InboxPaths, read_sent
 
-__all__ = ["find_outcome", "journal_dir", "read_journals"]
+__all__ = ["find_outcome", "journal_dir", "read_journals", "relayed_target_label"]
 
 
 def journal_dir(root: str | Path) -> Path:
@@ -88,6 +89,26 @@ def read_journals(root: str | Path) -> tuple[JournalFolded, list[str]]:
     return folded, problems
 
 
+def relayed_target_label(paths: InboxPaths, envelope_id: str) -> str:
+    """How the target of one of this root's relayed envelopes is shown to its sender. Never raises.
+
+    The ``sent/`` record keeps the label the ack showed (``@dave on Mini``) until the
+    outcome is reported; after that the envelope the relay left in ``claimed/`` still names
+    its target (``@dave on <connection id>``).
+    """
+    try:
+        record = read_sent(paths, envelope_id)
+        if record is not None:
+            return record.label
+    except (OSError, ValidationError):
+        pass
+    try:
+        envelope = read_envelope(paths.relay.id_file(paths.relay.claimed, envelope_id))
+        return f"@{envelope['target_handle']} on {envelope['target_connection']}"
+    except (OSError, ValidationError):
+        return "the relayed target"
+
+
 def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
     """What the root's files know of ``delivery_id``. Never raises for a valid id.
 
@@ -109,14 +130,15 @@ def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
     if state is not None:
         began = "its turn began" if state.started else "it has not started"
         return {"status": "pending", "delivery_id": delivery_id, "error": f"accepted; {began}, no outcome yet"}
-    paths = RelayPaths.from_root(Path(root).expanduser())
+    inbox_paths = InboxPaths.from_root(Path(root).expanduser())
+    paths = inbox_paths.relay
     try:
         reply = read_reply(paths, delivery_id)
     except (OSError, ValidationError) as exc:
         problems.append(f"cannot read the relay reply of {delivery_id}: {exc}")
         reply = None
     if reply is not None:
-        label = "the relayed target"
+        label = relayed_target_label(inbox_paths, delivery_id)
         if reply.get("error"):
             return outcomes.failed(delivery_id, label, reply["error"], reply.get("reason", "")).as_dict()
         return outcomes.from_reply(delivery_id, label, reply.get("reply", "")).as_dict()

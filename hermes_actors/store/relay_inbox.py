@@ -60,6 +60,7 @@ __all__ = [
     "mark_consumed",
     "post_to_inbox",
     "read_delivered",
+    "read_sent",
     "record_sent",
     "recorded_sender",
     "remove_heartbeat",
@@ -474,17 +475,38 @@ def list_sent(paths: InboxPaths) -> tuple[list[SentRecord], list[Path]]:
         return [], []
     for name in names:
         path = paths.sent / name
-        stem = id_of_file_name(name) or ""
         try:
-            data = read_json_file(path, max_bytes=4096)
-            if not isinstance(data, dict) or data.get("id") != stem or not isinstance(data.get("label"), str):
-                raise ValidationError(f"{name}: not a sent record")
-            at = data.get("at")
-            if isinstance(at, bool) or not isinstance(at, int | float):
-                raise ValidationError(f"{name}: 'at' is not a number")
-            records.append(SentRecord(stem, float(at), data["label"], *recorded_sender(data)))
+            records.append(_read_sent_file(path))
         except FileNotFoundError:
             continue
         except (OSError, ValidationError):
             bad.append(path)
     return records, bad
+
+
+def read_sent(paths: InboxPaths, envelope_id: str) -> SentRecord | None:
+    """The ``sent/`` record of one of our envelopes, if there is one.
+
+    Returns:
+        None when there is none (never sent from here, or its outcome was reported).
+
+    Raises:
+        ValidationError: the id is invalid, or the file is not a valid sent record.
+        HostileFileError: the file is refused (a symlink, another uid's...).
+        OSError: the file could not be read.
+    """
+    try:
+        return _read_sent_file(paths.relay.id_file(paths.sent, envelope_id))
+    except FileNotFoundError:
+        return None
+
+
+def _read_sent_file(path: Path) -> SentRecord:
+    stem = id_of_file_name(path.name) or ""
+    data = read_json_file(path, max_bytes=4096)
+    if not isinstance(data, dict) or data.get("id") != stem or not isinstance(data.get("label"), str):
+        raise ValidationError(f"{path.name}: not a sent record")
+    at = data.get("at")
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        raise ValidationError(f"{path.name}: 'at' is not a number")
+    return SentRecord(stem, float(at), data["label"], *recorded_sender(data))
