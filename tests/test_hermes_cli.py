@@ -127,6 +127,12 @@ def test_a_hermes_gateway_hosts_the_actors_only_where_enable_gateway_asked_it_to
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     assert "hermes_actors" not in connected_platforms(offline_root)
 
+    again = enable(root, gateway=True, port=8765, cli=hermes_cli, env={})  # asked again: it hosts again
+    assert any("platforms.hermes_actors.enabled = True" in line for line in again.changed)
+    assert "hermes_actors" in connected_platforms(offline_root)
+    disable(root)  # and the user's switch is what disable puts back
+    assert yaml.safe_load((root / "config.yaml").read_text())["platforms"]["hermes_actors"]["enabled"] is False
+
 
 def test_enable_skips_a_profile_hermes_cannot_run_and_says_why(hermes_cli: str, offline_root: OfflineRoot) -> None:
     upper = offline_root.root / "profiles" / "UPPER"

@@ -247,3 +247,24 @@ def test_the_platform_hosts_one_gateway_per_root(
     assert after_one is not None and after_one["pid"] == pong["pid"]  # still hosted: one profile remains
     assert after_both is None
     assert sys.modules.get("hermes_actors.hermes.plugin_platform") is not None
+
+
+def test_a_platform_that_cannot_host_says_why_in_hermes_logs(
+    loaded: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Inside ``hermes gateway run`` our loguru records reach hermes' ``logging`` (its gateway.log)."""
+    import logging
+
+    from gateway.config import PlatformConfig
+    from gateway.platform_registry import platform_registry
+
+    missing = tmp_path / "no-such-root"
+    config = PlatformConfig(enabled=True, extra={"runner": "demo", "root": str(missing)})
+    adapter = platform_registry.create_adapter(plugin.PLATFORM_NAME, config)
+    with caplog.at_level(logging.INFO, logger="hermes_plugins"):
+        assert asyncio.run(adapter.connect()) is False
+    # under hermes_plugins.*: the prefix hermes' gateway.log filter passes
+    errors = [r for r in caplog.records
+              if r.name.startswith("hermes_plugins.hermes_actors") and r.levelno == logging.ERROR]
+    assert errors, "the failure to host was logged nowhere hermes writes"
+    assert "could not host the actors of" in errors[0].getMessage() and str(missing) in errors[0].getMessage()

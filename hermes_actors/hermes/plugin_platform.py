@@ -25,6 +25,7 @@ from gateway.platforms.base import BasePlatformAdapter, SendResult
 from loguru import logger
 
 from hermes_actors.hermes.host import acquire_host, release_host
+from hermes_actors.hermes.log_bridge import forward_to_hermes_logging
 from hermes_actors.hermes.plugin import PLATFORM_NAME, active_profile_home, root_and_profile
 
 __all__ = ["HostAdapter", "make_host_gateway"]
@@ -50,6 +51,7 @@ class HostAdapter(BasePlatformAdapter):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config, Platform(PLATFORM_NAME))
+        forward_to_hermes_logging()  # a failure to host, a refused file... reach hermes' gateway.log
         extra = getattr(config, "extra", None) or {}
         self._configured_root = str(extra.get("root") or "")
         self._runner_kind = str(extra.get("runner") or "")

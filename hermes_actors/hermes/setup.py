@@ -354,6 +354,9 @@ def enable(
                                {"enabled": True, "extra": {"host": "127.0.0.1", "port": int(port)}})
             editor.set_default(config, ["platforms", "api_server", "enabled"], True, replace=False)
             editor.set_default(config, ["platforms", PLATFORM_NAME], {"enabled": True, "extra": {HOST_KEY: True}})
+            # `enable --gateway` is the ask to host: a block switched off by hand is switched on again
+            # (`disable` puts the user's false back), else the gateway it says to start would host nothing
+            editor.set_default(config, ["platforms", PLATFORM_NAME, "enabled"], True, replace=False)
             editor.set_default(config, ["platforms", PLATFORM_NAME, "extra", HOST_KEY], True)
             editor.set_default(config, ["gateway", "multiplex_profiles"], True, replace=False)
     finally:

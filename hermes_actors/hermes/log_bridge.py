@@ -1,0 +1,65 @@
+"""Our log records inside a hermes process, in hermes' own logs.
+
+The library disables its loguru loggers at import (only our CLI turns them on).
+Inside ``hermes gateway run`` nobody would, and a failure to host the actors, a
+refused file or a ``bot_mode`` change would be logged nowhere. The host platform
+calls :func:`forward_to_hermes_logging` once: records at INFO and above are handed
+to the standard ``logging`` logger ``hermes_plugins.<our name>``
+(``hermes_plugins.hermes_actors.…``, ``hermes_plugins.actors.…``), which hermes'
+handlers write to ``logs/gateway.log`` (and its catch-all ``agent.log``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any
+
+from loguru import logger
+
+__all__ = ["STDLIB_PREFIX", "forward_to_hermes_logging"]
+
+# hermes writes the records of loggers under this prefix to gateway.log (its component filter's
+# "gateway" prefixes in hermes_logging), and `hermes logs --component gateway` shows them
+STDLIB_PREFIX = "hermes_plugins"
+
+_lock = threading.Lock()
+_sink_id: int | None = None
+
+
+def _to_stdlib(message: Any) -> None:
+    record = message.record
+    level = logging.getLevelName(record["level"].name)
+    std = logging.getLogger(f"{STDLIB_PREFIX}.{record['name'] or 'hermes_actors'}")
+    text = record["message"]
+    if record["exception"] is not None:
+        exc = record["exception"]
+        std.log(level if isinstance(level, int) else logging.ERROR, text, exc_info=(exc.type, exc.value, exc.traceback))
+    else:
+        std.log(level if isinstance(level, int) else logging.INFO, text)
+
+
+def _ours(record: Any) -> bool:
+    name = str(record["name"] or "")
+    return name == "actors" or name.startswith(("actors.", "hermes_actors"))
+
+
+def forward_to_hermes_logging(level: str = "INFO") -> None:
+    """Send our records at ``level`` and above to the standard ``logging`` module (idempotent).
+
+    Args:
+        level: the lowest loguru level forwarded.
+    """
+    global _sink_id
+    with _lock:
+        if _sink_id is not None:
+            return
+        # loguru's default sink (id 0) prints every enabled record, DEBUG included, to stderr: beside
+        # hermes' own handlers that would double each line. hermes does not use loguru; a program that
+        # does has replaced that sink with its own already (then there is nothing to remove).
+        with contextlib.suppress(ValueError):
+            logger.remove(0)
+        _sink_id = logger.add(_to_stdlib, level=level, filter=_ours, format="{message}")
+        logger.enable("hermes_actors")
+        logger.enable("actors")
