@@ -66,6 +66,18 @@ def test_status_of_a_missing_root_is_a_usage_error(tmp_path: Path, capsys: pytes
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("managed", [True, False])
+def test_serve_says_at_start_when_no_profile_is_managed(tmp_path: Path, managed: bool,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from hermes_actors.cli.serve import serve
+
+    root = make_root(tmp_path, managed=managed)
+    stop = threading.Event()
+    assert serve(root, connection_id=None, runner=RecordingRunner(), stop=stop, on_ready=lambda _: stop.set()) == 0
+    err = capsys.readouterr().err
+    assert ("not Bot-Mode-managed" in err and f"fix: hermes-actors enable --root {root}" in err) is not managed, err
+
+
 # ── outcome ─────────────────────────────────────────────────────────────────
 
 

@@ -24,6 +24,7 @@ from hermes_actors.cli.render import (
     ack_line,
     answer_exit_code,
     clip,
+    not_managed_note,
     outcome_exit_code,
     outcome_line,
     refusal_line,
@@ -116,8 +117,7 @@ def _cmd_roster(args: argparse.Namespace) -> int:
               f"one runs (`hermes-actors serve --root {args.root}`, or `hermes gateway run` with the plugin); "
               "`hermes-actors send` still delivers, running the DM inside the command")
     if not install_is_managed(discover_profiles(args.root)):
-        print(f"note: this install is not Bot-Mode-managed (no profile has ui_meta.hermes-bots), so every DM is "
-              f"refused; fix: hermes-actors enable --root {args.root}")
+        print(not_managed_note(args.root))
     return 0
 
 

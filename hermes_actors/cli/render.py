@@ -19,6 +19,7 @@ __all__ = [
     "ack_line",
     "answer_exit_code",
     "clip",
+    "not_managed_note",
     "outcome_exit_code",
     "outcome_line",
     "refusal_line",
@@ -40,6 +41,12 @@ _FOR_THE_MODEL = (
 )
 _NO_TEAMMATE = re.compile(r"^No teammate named '(?P<name>.*)' on this install, on a connected machine, "
                           r"or on a registered peer\.")
+
+
+def not_managed_note(root: Any) -> str:
+    """The note printed where a command finds no Bot-Mode-managed profile on ``root``."""
+    return (f"note: this install is not Bot-Mode-managed (no profile has ui_meta.hermes-bots), so every DM is "
+            f"refused; fix: hermes-actors enable --root {root}")
 
 
 def clip(text: str, width: int) -> str:

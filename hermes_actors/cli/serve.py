@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from hermes_actors.cli.render import not_managed_note
 from hermes_actors.gateway import Gateway
 from hermes_actors.ops.http_config import HttpSettings
+from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
 __all__ = ["serve", "stop_gateway", "waiting_text"]
 
@@ -107,6 +109,8 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
         with _on_signals(stop.set):
             names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
             print(f"gateway serving {root} as {connection_id or '(no connection id)'}: {names}", flush=True)
+            if not install_is_managed(discover_profiles(root)):  # served, yet every DM would be refused
+                print(not_managed_note(root), file=sys.stderr, flush=True)
             if endpoint is not None:
                 print(f"live page, /metrics and /status on {endpoint.url}", flush=True)
             if on_ready is not None:
