@@ -342,3 +342,32 @@ def test_the_live_owner_stays_attached_across_a_profile_actor_restart(
     assert owner.bodies == ["after the restart"] and runner_bodies == ["poison"]
     assert gw.stats()["profile_starts"] == 1  # the same child, restarted by its supervisor
     assert_serves(other, "unaffected")
+
+
+# ── text no file can hold ───────────────────────────────────────────────────
+
+
+class _LoneSurrogateError(Exception):
+    def __str__(self) -> str:
+        return "bad \udcff byte"
+
+
+@pytest.mark.parametrize("behave, field, expected", [
+    (lambda turn: "cut emoji \ud83d", "reply", "cut emoji \ufffd"),
+    (lambda turn: "pair \ud83d\ude00 kept", "reply", "pair 😀 kept"),
+    (lambda turn: (_ for _ in ()).throw(ValueError("boom \ud800")), "error", "\ufffd"),
+    (lambda turn: (_ for _ in ()).throw(_LoneSurrogateError()), "error", "bad \ufffd byte"),
+], ids=["lone-in-reply", "pair-in-reply", "lone-in-exception", "lone-in-str"])
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
+def test_a_reply_or_error_with_a_lone_surrogate_is_made_valid_and_the_gateway_serves_on(
+    tmp_path: Path, gateways: list[Gateway], behave: Any, field: str, expected: str, durable: bool
+) -> None:
+    """A model's reply cut mid-emoji (valid JSON, a lone surrogate once parsed) once crashed the Dispatcher."""
+    def runner(turn: Turn) -> str:
+        return str(behave(turn)) if "first" in turn.content else f"ok: {body_of(turn.content)}"
+
+    gw = start_gateway(gateways, make_root(tmp_path), RecordingRunner(runner), durable=durable)
+    out = gw.wait_outcome(send_dm(gw, "first"), timeout=WAIT)
+    assert expected in out[field], out
+    out["text"].encode("utf-8")  # every text of the outcome is valid now
+    assert_serves(gw, "second")

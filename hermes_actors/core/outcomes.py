@@ -19,11 +19,30 @@ __all__ = [
     "failed",
     "from_reply",
     "queue_full_text",
+    "valid_text",
 ]
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (a surrogate pair becomes its character).
+
+    A reply or error is text we did not write: a model's answer cut in the middle of an
+    emoji and parsed by ``json.loads``, an exception's message. A lone surrogate is a valid
+    ``str`` that no journal, socket or file can encode, so it is made valid here, once,
+    before it enters an outcome.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def from_reply(delivery_id: str, label: str, reply: str) -> Outcome:
     """A finished turn's reply: ``replied``, or ``silent`` for an empty reply or a silence marker."""
+    reply = valid_text(reply)
     if not reply.strip() or is_intentional_silence(reply):
         return Outcome(
             delivery_id,
@@ -36,6 +55,7 @@ def from_reply(delivery_id: str, label: str, reply: str) -> Outcome:
 
 def failed(delivery_id: str, label: str, error: str, reason: str = "") -> Outcome:
     """A delivery that failed; the reason is normalized to the vocabulary."""
+    error = valid_text(error)
     code = normalize_reason(reason, error)
     return Outcome(
         delivery_id,
@@ -50,6 +70,7 @@ def failed(delivery_id: str, label: str, error: str, reason: str = "") -> Outcom
 
 def ambiguous(delivery_id: str, label: str, why: str, reason: str = "unknown") -> Outcome:
     """The turn may have run but its result is unknown: the sender must not resend."""
+    why = valid_text(why)
     error = f"{why} The message may have been delivered — do not resend."
     code = normalize_reason(reason, why)
     return Outcome(
