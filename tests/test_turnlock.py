@@ -88,3 +88,20 @@ def test_flock_now_refuses_an_operation_that_could_wait(tmp_path: Path) -> None:
                 flock_now(fd, operation)
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("swapped", ["bot_relay", "bot_relay/locks"])
+def test_a_lock_directory_swapped_for_a_symlink_is_refused_never_followed(tmp_path: Path, swapped: str) -> None:
+    from hermes_actors.store.turnlock import turn_lock_path
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "bot_relay" / "locks").mkdir(parents=True)
+    (outside / "locks").mkdir(parents=True)  # what a swapped bot_relay/ would hold
+    os.rename(root / swapped, tmp_path / "moved")
+    os.symlink(outside if swapped == "bot_relay" else outside / "locks", root / swapped)
+    lock = TurnLock(turn_lock_path(root, "carol"))
+    with pytest.raises(OSError, match=r"turn lock directory is refused: .* is a symlink"):
+        lock.try_acquire()
+    with pytest.raises(OSError, match="is a symlink"):
+        lock.acquire(deadline=0.0)
+    assert sorted(p.name for p in outside.rglob("*")) == ["locks"]  # nothing created through the link

@@ -28,6 +28,9 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.errors import HostileFileError
+from hermes_actors.store.atomic import ensure_private_dir
+
 __all__ = ["TurnLock", "flock_now", "turn_lock_path"]
 
 _SAFE = re.compile(r"[^a-zA-Z0-9_-]")
@@ -99,7 +102,16 @@ class TurnLock:
 
     def _open(self) -> int:
         if self._fd is None:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # O_NOFOLLOW guards the file only: a locks/ (or bot_relay/) swapped for a symlink would put
+            # the lock, and the serialization it stands for, outside the root. Checked before each open.
+            directories = [self.path.parent]
+            if self.path.parent.parent.name == "bot_relay":
+                directories.insert(0, self.path.parent.parent)
+            try:
+                for directory in directories:
+                    ensure_private_dir(directory)
+            except HostileFileError as exc:  # an OSError for the callers: the DM fails, nothing is followed
+                raise OSError(errno.EPERM, f"the turn lock directory is refused: {exc}") from exc
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         return self._fd
 
