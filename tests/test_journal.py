@@ -900,3 +900,26 @@ def test_delivery_record_is_every_field_with_its_own_author_copy() -> None:
     record["author"]["id"] = "changed"
     assert delivery.author["id"] == "bot:alice"  # the journal's record never aliases the live delivery
     assert delivery_from_record(delivery_record(delivery)) == delivery
+
+
+def test_a_journal_record_of_the_wrong_shape_is_skipped_and_the_rest_recovered(tmp_path: Path) -> None:
+    """A hostile or corrupt line of valid JSON once stopped every start on the root."""
+    root = make_root(tmp_path)
+    directory = root / "bot_relay" / "journal"
+    directory.mkdir(mode=0o700, parents=True)
+    good, odd_attempt, no_fields = _id(1), _id(2), _id(3)
+    foreign = directory / "j-0123456789abcdef0123456789abcdef.log"
+    foreign.write_bytes(_lines(
+        {"t": "accepted", "id": good, "d": _delivery(good)},
+        {"t": "accepted", "id": odd_attempt, "d": _delivery(odd_attempt)},
+        {"t": "started", "id": odd_attempt, "attempt": "two"},
+        {"t": "accepted", "id": no_fields, "d": {"delivery_id": no_fields}},
+    ))
+    foreign.chmod(0o600)
+    ran: list[str] = []
+    with Gateway(root, runner=lambda turn: ran.append(turn.delivery_id) or "fine") as gw:
+        assert gw.wait_outcome(good, timeout=10)["status"] == "replied"
+        assert gw.wait_outcome(odd_attempt, timeout=10)["status"] == "ambiguous"  # started once: never re-run
+        with pytest.raises(KeyError):
+            gw.wait_outcome(no_fields, timeout=0.5)  # skipped, and the warning names it
+    assert ran == [good]

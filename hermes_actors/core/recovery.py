@@ -11,7 +11,7 @@ from hermes_actors.core.acks import delivery_from_record, outcome_from_record
 from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.messages import Delivery, Outcome
 
-__all__ = ["RecoveryPlan", "plan_recovery"]
+__all__ = ["RecoveryPlan", "plan_recovery", "unreadable_deliveries"]
 
 
 @dataclass
@@ -36,6 +36,24 @@ class RecoveryPlan:
             "redelivered": len(self.redeliver),
             "known": len(self.known),
         }
+
+
+def unreadable_deliveries(states: dict[str, Any]) -> list[str]:
+    """Pure: the ids whose journaled ``accepted`` record cannot be rebuilt into a Delivery.
+
+    A line of the right JSON shape with missing or mistyped fields (a hostile or corrupt
+    journal file) must not stop every start on the root: the caller skips those ids and
+    says which.
+    """
+    bad: list[str] = []
+    for key, state in states.items():
+        if state.delivery is None:
+            continue
+        try:
+            delivery_from_record(state.delivery)
+        except (TypeError, ValueError):
+            bad.append(key)
+    return bad
 
 
 def _reoffered(delivery: Delivery) -> Delivery:

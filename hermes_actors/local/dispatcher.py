@@ -31,7 +31,7 @@ from actors import ChildFailed, RestartPolicy, SupervisorActor, ask, handles, te
 from hermes_actors.core import outcomes, reasons
 from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
 from hermes_actors.core.names import profile_key
-from hermes_actors.core.recovery import plan_recovery
+from hermes_actors.core.recovery import plan_recovery, unreadable_deliveries
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.admission import Admission, CallerAdmission
@@ -430,9 +430,17 @@ class DispatcherActor(SupervisorActor):
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:
         """Act on the journal of a previous run (see ``recovery.plan_recovery``)."""
-        self.waker.adopt(msg.states)
+        states = msg.states
+        unreadable = unreadable_deliveries(states)
+        if unreadable:
+            logger.warning("recovery: {} journaled DM(s) skipped, their 'accepted' record cannot be read "
+                           "(a corrupt or foreign line in bot_relay/journal/): {}",
+                           len(unreadable), ", ".join(unreadable))
+            skipped = set(unreadable)
+            states = {key: state for key, state in states.items() if key not in skipped}
+        self.waker.adopt(states)
         index = self.snapshot.index
-        plan = plan_recovery(msg.states, idempotent_runner=msg.idempotent_runner,
+        plan = plan_recovery(states, idempotent_runner=msg.idempotent_runner,
                              live_record=lambda delivery: live_record(index, delivery))
         self.book.remember(plan.known)
         for outcome in plan.redeliver:

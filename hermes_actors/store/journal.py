@@ -147,7 +147,10 @@ def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None =
         if kind == "accepted" and isinstance(record.get("d"), dict):
             state.delivery = record["d"]
         elif kind == "started":
-            state.started = max(state.started, int(record.get("attempt") or 1))
+            attempt = record.get("attempt")  # anything but a sane count (a corrupt line) counts as one start
+            if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= 1000:
+                attempt = 1
+            state.started = max(state.started, attempt)
         elif kind == "finished" and isinstance(record.get("o"), dict) and state.outcome is None:
             state.outcome = record["o"]  # the first outcome wins
         elif kind == "delivered":
