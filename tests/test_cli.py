@@ -232,3 +232,21 @@ def test_ctrl_c_while_send_waits_says_where_the_outcome_will_be(
     assert f"interrupted; the DM's outcome, once settled: hermes-actors outcome --root {root} {delivery_id}" in (
         captured.err
     )
+
+
+def test_roster_and_outcome_lines_never_pass_terminal_control_sequences(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Titles and replies come from files and bots: an ESC or OSC would recolour, clear or retitle the terminal."""
+    root = make_root(tmp_path, {"alice": {"title": "M\x1b[31mRED\x1b[2J"}, "bob": {"title": "\x1b]0;owned\x07x"}})
+    assert main(["roster", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "M\\x1b[31mRED" in out  # shown, escaped, not dropped
+    with Gateway(root, runner=RecordingRunner(lambda turn: "\x1b[2Jgotcha\u202e"), durable=False,
+                 serve_submit=True) as gw:
+        ack = gw.message_agent(sender="alice", target="bob", message="hi")
+        gw.wait_outcome(ack["delivery_id"], timeout=10)
+        assert main(["outcome", "--root", str(root), ack["delivery_id"]]) == 0
+    out = capsys.readouterr().out
+    assert out == "Reply from @bob: \\x1b[2Jgotcha\\u202e\n"

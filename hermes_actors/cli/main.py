@@ -27,6 +27,7 @@ from hermes_actors.cli.render import (
     not_managed_note,
     outcome_exit_code,
     outcome_line,
+    printable,
     refusal_line,
 )
 from hermes_actors.errors import TransportError
@@ -109,7 +110,7 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     for row in rows:
         online = {True: "yes", False: "no", None: "unknown"}[row["online"]]
         conn = row["connection_id"] or "local"
-        print(f"@{row['handle']:<19} {row['profile']:<20} {clip(row['title'], 20):<20} {conn:<16} {online}")
+        print(printable(f"@{row['handle']:<19} {row['profile']:<20} {clip(row['title'], 20):<20} {conn:<16} {online}"))
     peers = load_config(args.root).peers
     print(f"peers: {', '.join(peers)}" if peers else "peers: none (list peer gateways under bot_peers in config.yaml)")
     if not hosted:  # 'online' says a profile can take DMs, but only a host takes the bots' own

@@ -22,6 +22,7 @@ __all__ = [
     "not_managed_note",
     "outcome_exit_code",
     "outcome_line",
+    "printable",
     "refusal_line",
     "status_text",
 ]
@@ -41,6 +42,19 @@ _FOR_THE_MODEL = (
 )
 _NO_TEAMMATE = re.compile(r"^No teammate named '(?P<name>.*)' on this install, on a connected machine, "
                           r"or on a registered peer\.")
+
+
+# C0/C1 control characters but newline and tab, and the bidi embeddings/overrides/isolates: what
+# a terminal would act on (colours, clearing the screen, a title, reordered text) instead of show.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Pure: ``text`` safe to print on a terminal: each control character shown as ``\\xNN``/``\\uNNNN``.
+
+    Roster titles, handles, replies and errors come from files and bots we do not control.
+    """
+    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 def not_managed_note(root: Any) -> str:
@@ -98,17 +112,21 @@ def refusal_line(answer: dict[str, Any]) -> str:
     peers = answer.get("peers")
     if isinstance(peers, list) and peers:
         extra.append("peers: " + ", ".join(str(p) for p in peers))
-    return f"refused [{reason}]: {text}" + (f" — {'; '.join(extra)}" if extra else "")
+    return printable(f"refused [{reason}]: {text}" + (f" — {'; '.join(extra)}" if extra else ""))
 
 
 def ack_line(ack: dict[str, Any], root: str) -> str:
     """Pure: one line for an accepted DM, naming how to look its outcome up."""
     key = ack.get("delivery_id", "?")
-    return f"queued for {ack.get('to', '?')}: delivery {key} (hermes-actors outcome --root {root} {key})"
+    return printable(f"queued for {ack.get('to', '?')}: delivery {key} (hermes-actors outcome --root {root} {key})")
 
 
 def outcome_line(outcome: dict[str, Any]) -> str:
     """Pure: one line for an outcome dict (replied and silent keep their sender-facing text)."""
+    return printable(_outcome_line(outcome))
+
+
+def _outcome_line(outcome: dict[str, Any]) -> str:
     status = str(outcome.get("status") or "")
     if status in ("replied", "silent"):
         return str(outcome.get("text") or status)
@@ -207,4 +225,4 @@ def status_text(status: dict[str, Any]) -> str:
                      f"{room.get('messages')} messages, last {_age(room.get('idle_seconds'))} ago; {members}")
     for problem in status.get("problems") or []:
         lines.append(f"problem: {problem}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))
