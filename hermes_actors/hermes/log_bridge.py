@@ -30,14 +30,11 @@ _sink_id: int | None = None
 
 def _to_stdlib(message: Any) -> None:
     record = message.record
-    level = logging.getLevelName(record["level"].name)
+    exc = record["exception"]
     std = logging.getLogger(f"{STDLIB_PREFIX}.{record['name'] or 'hermes_actors'}")
-    text = record["message"]
-    if record["exception"] is not None:
-        exc = record["exception"]
-        std.log(level if isinstance(level, int) else logging.ERROR, text, exc_info=(exc.type, exc.value, exc.traceback))
-    else:
-        std.log(level if isinstance(level, int) else logging.INFO, text)
+    # loguru's level numbers are the logging module's (INFO 20, WARNING 30, ERROR 40...)
+    std.log(record["level"].no, record["message"],
+            exc_info=(exc.type, exc.value, exc.traceback) if exc is not None else None)
 
 
 def _ours(record: Any) -> bool:
