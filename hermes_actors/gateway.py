@@ -70,6 +70,14 @@ class Gateway:
         serve_submit: serve the root's local submit endpoint (``bot_relay/run/submit.sock``)
             while running, so bots' ``hermes`` processes and ``hermes-actors send`` reach
             this host (:mod:`hermes_actors.hermes.submit`).
+        on_failure: called once with the error if the gateway's Dispatcher fails (a bug:
+            an error escaped one of its handlers). From then on the gateway is not
+            ``running``: ``message_agent`` raises ``RuntimeError`` (the tool refuses with
+            ``runtime_offline``) and every DM acked from memory only has its outcome; call
+            :meth:`stop`, then start a new Gateway on the root (a durable gateway's journaled
+            DMs are re-offered). Runs on the failed actor's thread: hand the restart to
+            another thread. ``hermes-actors serve`` and the hermes gateway's host restart
+            on their own.
 
     Raises:
         ValueError: ``root`` is empty (``Path("")`` is the current directory, where the
@@ -90,6 +98,7 @@ class Gateway:
         durable: bool = True,
         fsync: bool = True,
         serve_submit: bool = False,
+        on_failure: Callable[[BaseException | None], Any] | None = None,
     ) -> None:
         if not str(root).strip():
             raise ValueError(
@@ -120,6 +129,13 @@ class Gateway:
         self._early_owners: dict[str, Any] = {}
         self._final_outcomes: dict[str, dict[str, Any]] = {}
         self._system: ActorSystem | None = None  # the actors and threads while started
+        self._on_failure = on_failure
+        # Set (once) from the failed Dispatcher's thread; never under _state_lock, which start() holds
+        # while it waits for that very actor.
+        self._failure: BaseException | None = None
+        self._failed = False
+        self._failure_lock = threading.Lock()
+        self._failure_reported = False
 
     # ── lifetime ────────────────────────────────────────────────────────────
 
@@ -145,7 +161,8 @@ class Gateway:
                                     self.cross_process_lock, self.peer_transport, self.durable, self.fsync)
             system = ActorSystem(options, runner=self.runner)
             try:
-                system.start(cfg, redis_settings, subscribers=self._early_subscribers, owners=self._early_owners)
+                system.start(cfg, redis_settings, subscribers=self._early_subscribers, owners=self._early_owners,
+                             on_failure=self._dispatcher_failed)
             except BaseException:
                 system.teardown()  # a half-started gateway leaves no actor or thread behind
                 raise
@@ -166,6 +183,8 @@ class Gateway:
             self._state = "running"
             self.started_at = time.time()
         logger.info("gateway started on {} ({} profiles)", self.root, system.profile_count)
+        if self._failed:  # it failed while this start held the lifecycle lock
+            self._report_failure()
         return self
 
     def stop(
@@ -199,11 +218,35 @@ class Gateway:
             self._submit.close()
         self._await_sends(_ASK_TIMEOUT)
         try:
-            self._final_outcomes = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait)
+            final = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait)
+            self._final_outcomes = {**self._final_outcomes, **final}  # a failed Dispatcher handed its own over
         finally:
             with self._state_lock:
                 self._state = "stopped"
         logger.info("gateway stopped")
+
+    def _dispatcher_failed(self, error: BaseException | None, final: dict[str, dict[str, Any]]) -> None:
+        """The Dispatcher failed (called on its thread): refuse DMs from now on, keep its outcomes, say so."""
+        self._final_outcomes = {**final, **self._final_outcomes}
+        self._failure = error
+        self._failed = True
+        if self._state == "running":  # else it failed while starting (start() reports it) or stopping
+            self._report_failure()
+
+    def _report_failure(self) -> None:
+        """Log the failure and call ``on_failure``, once (from the failed actor, or from ``start()``)."""
+        with self._failure_lock:
+            if self._failure_reported:
+                return
+            self._failure_reported = True
+        error = self._failure
+        logger.error("the gateway on {} failed: its Dispatcher stopped ({!r}); it refuses every DM until it is "
+                     "stopped and started again (journaled DMs are re-offered then)", self.root, error)
+        if self._on_failure is not None:
+            try:
+                self._on_failure(error)
+            except Exception:
+                logger.exception("the gateway's on_failure callback failed")
 
     def _await_sends(self, timeout: float) -> None:
         """Let the ``message_agent`` calls that began before the stop hand their DM over (a few µs each).
@@ -231,8 +274,8 @@ class Gateway:
 
     @property
     def running(self) -> bool:
-        """True between start() and the beginning of stop()."""
-        return self._state == "running"
+        """True between start() and the beginning of stop(), unless the gateway failed (see ``on_failure``)."""
+        return self._state == "running" and not self._failed
 
     def _live_dispatcher(self) -> pykka.ActorRef[Any]:
         dispatcher = self._live().dispatcher
@@ -240,6 +283,9 @@ class Gateway:
         return dispatcher
 
     def _live(self) -> ActorSystem:
+        if self._failed:
+            raise RuntimeError(f"gateway is not running: its dispatcher failed ({self._failure!r}); "
+                               "stop it and start it again")
         if self._state != "running" or self._system is None:
             raise RuntimeError("gateway is not running")
         return self._system

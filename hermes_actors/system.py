@@ -173,6 +173,7 @@ class ActorSystem:
         *,
         subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]],
         owners: dict[str, Any],
+        on_failure: Callable[[BaseException | None, dict[str, dict[str, Any]]], None] | None = None,
     ) -> None:
         """Start and wire every actor. After an error, call :meth:`teardown` to stop what was started.
 
@@ -181,6 +182,7 @@ class ActorSystem:
             redis_settings: from :func:`redis_settings_for` (None: the file relay).
             subscribers: outcome callbacks subscribed before start (token → (callback, details)).
             owners: live owners attached before start (profile → owner); attached before recovery.
+            on_failure: called if the Dispatcher fails (see ``DispatcherActor``).
 
         Raises:
             KeyError: an owner names no local profile.
@@ -235,6 +237,7 @@ class ActorSystem:
             journal=journal,
             runner_is_hermes=is_real_hermes(self.runner),
             caller_admission=caller_admission,
+            on_failed=on_failure,
         )
         current = ask(self.roster, Subscribe(self.dispatcher), timeout=ASK_TIMEOUT, expect=RosterSnapshot)
         self.dispatcher.tell(RosterChanged(current))

@@ -37,7 +37,7 @@ def test_settle_hands_back_a_pending_entry_still_held() -> None:
     entry = _entry()
     book.add(KEY, entry)
     assert book.settle(KEY, _record()) is entry
-    assert book.take(KEY) is None
+    assert book.entry(KEY) is None
 
 
 def _book_with(setup: str) -> OutcomeBook:
@@ -122,7 +122,6 @@ def test_a_journaling_outcome_keeps_its_delivery_until_it_is_published() -> None
     entry = _entry(journaled=True)
     book.add(KEY, entry)
     assert book.delivery(KEY) is entry.delivery
-    book.take(KEY)
     book.journaling(KEY, _record(), entry.delivery)  # the subscribers' details still name its sender
     assert book.delivery(KEY) is entry.delivery and book.record(KEY) == _record()
     book.settle(KEY, _record())

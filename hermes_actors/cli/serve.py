@@ -6,18 +6,22 @@ import contextlib
 import signal
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from actors import RestartPolicy
 from hermes_actors.cli.render import not_managed_note
 from hermes_actors.gateway import Gateway
 from hermes_actors.ops.http_config import HttpSettings
 from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
-__all__ = ["serve", "stop_gateway", "waiting_text"]
+__all__ = ["RESTART_POLICY", "serve", "stop_gateway", "waiting_text"]
 
 STOP_GRACE_SECONDS = 30.0
+RESTART_POLICY = RestartPolicy(max_restarts=3, within_seconds=60.0)  # failed gateways restarted, then give up
 
 
 def waiting_text(count: int, seconds: float, *, again: bool) -> str:
@@ -79,6 +83,11 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
           on_ready: Callable[[Any], None] | None = None) -> int:
     """Start a gateway serving the root's submit endpoint, block until SIGINT/SIGTERM (or ``stop``), then stop it.
 
+    A gateway that fails (its Dispatcher stopped on an error: a bug) is stopped and a new one
+    started on the root, which re-offers the journaled DMs; after :data:`RESTART_POLICY`'s
+    restarts within its window, serve gives up with exit code 1 (a service manager may
+    start it again).
+
     Args:
         root: the Hermes root.
         connection_id: this gateway's connection id on the relay.
@@ -86,17 +95,50 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
         config: overrides deep-merged over ``config.yaml``.
         stop: set it to stop (besides the signals).
         http: also serve ``/metrics``, ``/status`` and the live page there (None: no HTTP endpoint).
-        on_ready: called with the operator endpoint (or None) once everything serves (for tests).
+        on_ready: called with the operator endpoint (or None) each time a gateway serves (for tests).
 
     Returns:
-        The exit code (0).
+        The exit code: 0 once stopped, 1 when the gateway kept failing.
 
     Raises:
         RuntimeError: another process already hosts the root, or the HTTP address cannot be bound (the
             gateway is stopped again first).
     """
     stop = stop or threading.Event()
-    gw = Gateway(root, runner=runner, config=config, connection_id=connection_id, serve_submit=True).start()
+    restarts: deque[float] = deque(maxlen=RESTART_POLICY.max_restarts + 1)
+    while True:
+        failure = _serve_once(root, connection_id=connection_id, runner=runner, config=config, stop=stop,
+                              http=http, on_ready=on_ready, first=not restarts)
+        if failure is None:
+            return 0
+        now = time.monotonic()
+        if not RESTART_POLICY.allows(restarts, now):
+            recent = sum(1 for t in restarts if now - t <= RESTART_POLICY.within_seconds) + 1
+            print(f"the gateway failed {recent} times within {RESTART_POLICY.within_seconds:.0f} s "
+                  f"(last: {failure}); giving up", file=sys.stderr, flush=True)
+            return 1
+        restarts.append(now)
+        print(f"restarting the gateway: {failure}", file=sys.stderr, flush=True)
+
+
+def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: dict[str, Any] | None,
+                stop: threading.Event, http: HttpSettings | None, on_ready: Callable[[Any], None] | None,
+                first: bool) -> str | None:
+    """Serve one gateway until ``stop`` is set or it fails; None once stopped, else what failed."""
+    failures: list[str] = []
+
+    def on_failure(error: BaseException | None) -> None:  # on the failed Dispatcher's thread
+        failures.append(f"its dispatcher failed ({error!r})")
+        stop.set()
+
+    requested = threading.Event()  # a signal, as opposed to the wake-up of a failure
+
+    def on_signal() -> None:
+        requested.set()
+        stop.set()
+
+    gw = Gateway(root, runner=runner, config=config, connection_id=connection_id, serve_submit=True,
+                 on_failure=on_failure).start()
     endpoint = None
     try:
         if http is not None:
@@ -106,20 +148,24 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
                 endpoint = OpsHttpServer(gw, http).start()
             except OSError as exc:  # in use, not an address of this machine, ...
                 raise RuntimeError(f"cannot serve HTTP on {http.url}: {exc.strerror or exc}") from exc
-        with _on_signals(stop.set):
+        with _on_signals(on_signal):
             names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
             print(f"gateway serving {root} as {connection_id or '(no connection id)'}: {names}", flush=True)
-            if not install_is_managed(discover_profiles(root)):  # served, yet every DM would be refused
+            if first and not install_is_managed(discover_profiles(root)):  # served, yet every DM would be refused
                 print(not_managed_note(root), file=sys.stderr, flush=True)
             if endpoint is not None:
                 print(f"live page, /metrics and /status on {endpoint.url}", flush=True)
             if on_ready is not None:
                 on_ready(endpoint)
             stop.wait()
+        if failures and not requested.is_set():
+            stop.clear()
+        else:
+            failures.clear()
         print("stopping the gateway", file=sys.stderr, flush=True)
     finally:
         if endpoint is not None:
             endpoint.close()
         stop_gateway(gw, again=True)
         print("gateway stopped", file=sys.stderr, flush=True)
-    return 0
+    return failures[0] if failures else None

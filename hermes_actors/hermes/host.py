@@ -12,20 +12,25 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from actors import RestartPolicy
 from hermes_actors.hermes.submit import SubmitServer
 from hermes_actors.hermes.submit_protocol import OutcomeCall, SendCall, offline_refusal
 
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway
 
-__all__ = ["acquire_host", "hosted_gateway", "open_submit_endpoint", "release_host"]
+__all__ = [
+    "HOST_RESTART_POLICY", "HostFactory", "acquire_host", "hosted_gateway", "open_submit_endpoint", "release_host",
+]
 
 _serving: dict[Path, Gateway] = {}  # resolved root → the running Gateway serving its endpoint here
 _serving_lock = threading.Lock()
@@ -113,32 +118,75 @@ def open_submit_endpoint(gw: Gateway) -> _Endpoint:
 # ── shared hosts (the hermes gateway's platform, once per root) ─────────────
 
 
+# factory(root, on_failure) -> a Gateway, not started, that calls on_failure if it fails
+HostFactory = Callable[[Path, Callable[[BaseException | None], Any]], "Gateway"]
+HOST_RESTART_POLICY = RestartPolicy(max_restarts=3, within_seconds=60.0)  # then the failed host stays down
+
+
 @dataclass
 class _Shared:
     gateway: Gateway
     refs: int
+    factory: HostFactory
+    restarts: deque[float] = field(default_factory=lambda: deque(maxlen=HOST_RESTART_POLICY.max_restarts + 1))
 
 
 _shared: dict[Path, _Shared] = {}
 _shared_lock = threading.Lock()  # held while a host starts or stops: acquire/release of one root never interleave
 
 
-def acquire_host(root: str | Path, factory: Callable[[Path], Gateway]) -> Gateway:
-    """The shared running Gateway of ``root``; the first call starts ``factory(root)``.
+def acquire_host(root: str | Path, factory: HostFactory) -> Gateway:
+    """The shared running Gateway of ``root``; the first call starts ``factory(root, on_failure)``.
+
+    A shared Gateway that fails (its Dispatcher stopped on an error) is stopped and started
+    again from ``factory`` (its journaled DMs are re-offered), at most
+    :data:`HOST_RESTART_POLICY` times within its window; after that it stays down and the
+    bots' DMs are refused ``runtime_offline`` until the hermes gateway restarts.
 
     Raises:
-        Whatever ``factory(root).start()`` raises (nothing is counted then).
+        Whatever ``factory(root, ...).start()`` raises (nothing is counted then).
     """
     key = _key(root)
     with _shared_lock:
         entry = _shared.get(key)
         if entry is None:
-            gw = factory(key)
-            gw.start()
-            entry = _shared[key] = _Shared(gw, 0)
+            gw = _start_shared(key, factory)
+            entry = _shared[key] = _Shared(gw, 0, factory)
             logger.info("hosting the actors of {}", key)
         entry.refs += 1
         return entry.gateway
+
+
+def _start_shared(key: Path, factory: HostFactory) -> Gateway:
+    """Start ``factory``'s Gateway for ``key``; its failure hands a restart to its own thread."""
+    def on_failure(error: BaseException | None) -> None:  # on the failed Dispatcher's thread: it cannot stop itself
+        threading.Thread(target=_restart_shared, args=(key, gw, error), name=f"hermes-actors restart {key.name}",
+                         daemon=True).start()
+
+    gw = factory(key, on_failure)
+    return gw.start()
+
+
+def _restart_shared(key: Path, failed: Gateway, error: BaseException | None, timeout: float = 30.0) -> None:
+    """Replace the failed shared Gateway of ``key`` (unless released meanwhile or failing too often)."""
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None or entry.gateway is not failed:
+            return  # released (and stopped) meanwhile
+        failed.stop(timeout=timeout)
+        now = time.monotonic()
+        if not HOST_RESTART_POLICY.allows(entry.restarts, now):
+            logger.error("the actors of {} failed again ({!r}) and were restarted {} times within {:.0f} s: they "
+                         "stay down; the bots' DMs are refused until the hermes gateway restarts", key, error,
+                         HOST_RESTART_POLICY.max_restarts, HOST_RESTART_POLICY.within_seconds)
+            return
+        entry.restarts.append(now)
+        try:
+            entry.gateway = _start_shared(key, entry.factory)
+        except Exception as exc:
+            logger.error("the actors of {} failed ({!r}) and could not start again: {}", key, error, exc)
+            return
+        logger.warning("the actors of {} failed ({!r}) and were started again (journaled DMs re-offered)", key, error)
 
 
 def release_host(root: str | Path, timeout: float = 30.0) -> bool:

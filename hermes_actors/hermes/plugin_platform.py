@@ -17,6 +17,7 @@ this gateway's API server when it serves the root, else the ``hermes`` CLI).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +34,19 @@ __all__ = ["HostAdapter", "make_host_gateway"]
 _STOP_TIMEOUT = 20.0
 
 
-def make_host_gateway(root: Path, runner_kind: str = "") -> Any:
+def make_host_gateway(root: Path, runner_kind: str = "",
+                      on_failure: Callable[[BaseException | None], Any] | None = None) -> Any:
     """The Gateway a hermes gateway hosts for ``root`` (not started).
 
     Args:
         root: the Hermes root.
         runner_kind: ``demo`` for the offline demo bots; anything else: the real
             Hermes (``Gateway``'s default runner, chosen when it starts).
+        on_failure: the Gateway's ``on_failure`` (the shared host restarts it).
     """
     from hermes_actors.gateway import Gateway
 
-    return Gateway(root, runner="demo" if runner_kind == "demo" else None, serve_submit=True)
+    return Gateway(root, runner="demo" if runner_kind == "demo" else None, serve_submit=True, on_failure=on_failure)
 
 
 class HostAdapter(BasePlatformAdapter):
@@ -69,7 +72,8 @@ class HostAdapter(BasePlatformAdapter):
         root = self._resolve_root()
         kind = self._runner_kind
         try:
-            await asyncio.to_thread(acquire_host, root, lambda key: make_host_gateway(key, kind))
+            await asyncio.to_thread(acquire_host, root,
+                                    lambda key, on_failure: make_host_gateway(key, kind, on_failure))
         except Exception as exc:
             logger.error("hermes-actors could not host the actors of {}: {}", root, exc)
             return False

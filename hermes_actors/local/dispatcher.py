@@ -30,6 +30,7 @@ from loguru import logger
 from actors import ChildFailed, RestartPolicy, SupervisorActor, ask, handles, tell
 from hermes_actors.core import outcomes, reasons
 from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
+from hermes_actors.core.failure import HeldDelivery, failure_text, outcomes_after_failure
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.recovery import plan_recovery, unreadable_deliveries
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal
@@ -93,6 +94,10 @@ class DispatcherActor(SupervisorActor):
         peer_submit: runs a peer delivery off-actor; called with (delivery, route, report).
         runner_is_hermes: turns run on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then).
         caller_admission: where senders' threads read the roster snapshot (published here on every change).
+        on_failed: called once, on this actor's thread, if an error escapes a handler (this actor then
+            stops: nothing restarts it, as every part of the gateway holds its ref): with the error and the
+            outcomes a stopped Gateway keeps answering. Before it runs, every DM acked from memory only
+            got its outcome (:func:`~hermes_actors.core.failure.outcomes_after_failure`).
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class DispatcherActor(SupervisorActor):
         journal: Journal | None = None,
         runner_is_hermes: bool = False,
         caller_admission: CallerAdmission | None = None,
+        on_failed: Callable[[BaseException | None, dict[str, dict[str, Any]]], None] | None = None,
     ) -> None:
         super().__init__(policy=policy or RestartPolicy(max_restarts=5, within_seconds=10.0))
         self.snapshot = snapshot
@@ -123,6 +129,7 @@ class DispatcherActor(SupervisorActor):
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
         self.stats = DeliveryStats()
         self.caller_admission = caller_admission
+        self.on_failed = on_failed  # (not pykka's on_failure hook)
         self.notes: list[tuple[dict[str, Any], Delivery | None, float]] = []  # published, not yet told to the Notifier
 
     # ── turns ask back through us ───────────────────────────────────────────
@@ -334,7 +341,9 @@ class DispatcherActor(SupervisorActor):
         if room is not None and room.route == "room":  # never journaled here: the room file records it
             self._publish(outcome)
             return
-        entry = self.book.take(key)
+        # Left pending until it is journaling or published: should anything below fail, the DM is
+        # still held, and the failed Dispatcher settles it (on_crash) instead of losing it.
+        entry = self.book.entry(key)
         self.waker.settling(key, entry)
         if entry is not None and entry.route == "relay-in":
             # The sender is on another connection: the reply goes back through the relay.
@@ -558,6 +567,65 @@ class DispatcherActor(SupervisorActor):
             if entry.route in ("local", "room", "relay-in") and entry.delivery.target == name:
                 self._settle(outcomes.failed(key, entry.delivery.label, text, "unknown"))
         self.profiles.forget(name)
+
+    def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
+        """This actor failed: settle what only its memory held, then tell the gateway (``on_failed``).
+
+        Runs after :meth:`on_stop` (the ProfileActors are stopped). Asks queued behind the failure
+        fail with ``ActorDeadError`` (the default); each step here is best effort, as the state
+        that failed is the one read.
+        """
+        super().on_crash(error, pending, salvage)
+        try:
+            self._settle_after_failure(error, pending)
+        except Exception:
+            logger.exception("the failed Dispatcher could not settle the DMs it held in memory")
+        final: dict[str, dict[str, Any]] = {}
+        try:
+            final = self.book.export()
+        except Exception:
+            logger.exception("the failed Dispatcher could not export its settled outcomes")
+        if self.on_failed is not None:
+            try:
+                self.on_failed(error, final)
+            except Exception:
+                logger.exception("the gateway's on_failure callback failed")
+
+    def _settle_after_failure(self, error: BaseException | None, mailbox: list[Any]) -> None:
+        """Give each DM acked from memory only its outcome (``outcomes_after_failure``): waiters, rooms, subscribers."""
+        held = [HeldDelivery(key, entry.delivery.label, entry.route, entry.journaled, started=True)
+                for key, entry in self.book.pending()]
+        arrived: dict[str, Outcome] = {}
+        rooms: dict[str, Callable[[Outcome], None]] = {}
+        untaken: dict[str, Delivery] = {}  # acked DMs still in the mailbox (the book never had them)
+        for message in mailbox:
+            if isinstance(message, AcceptLocal):
+                delivery = untaken[message.delivery.delivery_id] = message.delivery
+                held.append(HeldDelivery(delivery.delivery_id, delivery.label, "local", message.journaled,
+                                         started=False))
+            elif isinstance(message, RoomTurn):
+                delivery = message.delivery
+                rooms[delivery.delivery_id] = message.reply
+                held.append(HeldDelivery(delivery.delivery_id, delivery.label, "room", False, started=False))
+            elif isinstance(message, OutcomeReady | OutcomesReady):
+                for outcome in (message.outcome,) if isinstance(message, OutcomeReady) else message.outcomes:
+                    arrived.setdefault(outcome.delivery_id, outcome)
+        settled = outcomes_after_failure(held, arrived, failure_text(error))
+        notes: list[tuple[dict[str, Any], Delivery | None, float]] = []
+        for outcome in settled:
+            key = outcome.delivery_id
+            known: Delivery | None = self.book.delivery(key) or untaken.get(key)
+            entry = self.book.settle(key, outcome.as_dict())
+            room_reply = entry.room_reply if entry is not None else rooms.get(key)
+            if room_reply is not None or (entry is not None and entry.route == "room"):
+                _answer_room(room_reply, outcome)
+                continue
+            notes.append((outcome.as_dict(), known, time.time()))
+        if settled:
+            logger.error("the Dispatcher failed: {} DM(s) held in memory only were settled (ambiguous, or "
+                         "failed when they never started)", len(settled))
+        if notes:
+            tell(self.notifier, NotifyOutcomes(tuple(notes)))
 
     def on_stop(self) -> None:
         self.after_message(asked=True)

@@ -245,10 +245,6 @@ class OutcomeBook:
         """``key`` is pending (accepted, or re-offered after a restart)."""
         self._pending[key] = entry
 
-    def take(self, key: str) -> Pending | None:
-        """An outcome for ``key`` arrived: remove and return its pending entry (None if it had none)."""
-        return self._pending.pop(key, None)
-
     def journaling(self, key: str, record: dict[str, Any], delivery: Any = None) -> None:
         """The outcome of ``key`` is being journaled: held back until :meth:`settle`.
 
@@ -270,7 +266,7 @@ class OutcomeBook:
                 once it has finished handling the outcome; None: answered now.
 
         Returns:
-            The pending entry still held for ``key`` (None when :meth:`take` already removed it).
+            The pending entry still held for ``key`` (None when it had none, or it was journaling).
         """
         entry = self._pending.pop(key, None)
         self._journaling.pop(key, None)
