@@ -71,12 +71,12 @@ class OsFaults:
             real_close(fd)
 
         def fake_replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            if self.armed and self.applies(os.fspath(dst)):
+            if self.armed and self.applies(_full_path(dst, kwargs.get("dst_dir_fd"))):
                 raise fail(os.fspath(dst))
             real_replace(src, dst, *args, **kwargs)
 
         def fake_link(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            if self.armed and self.applies(os.fspath(dst)):
+            if self.armed and self.applies(_full_path(dst, kwargs.get("dst_dir_fd"))):
                 raise fail(os.fspath(dst))
             real_link(src, dst, *args, **kwargs)
 
@@ -88,6 +88,13 @@ class OsFaults:
             monkeypatch.setattr(os, "replace", fake_replace)
         elif call == "link":
             monkeypatch.setattr(os, "link", fake_link)
+
+
+def _full_path(name: Any, dir_fd: int | None) -> str:
+    """The path a ``*_dir_fd``-relative name stands for (relay writes put files in place through an open directory)."""
+    if dir_fd is None or os.path.isabs(os.fspath(name)):
+        return os.fspath(name)
+    return os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), os.fspath(name))
 
 
 def _temp_files(root: Path) -> list[Path]:

@@ -175,8 +175,12 @@ def test_a_failed_reply_write_keeps_the_delivered_record_for_the_next_rescan(
     real_link = os.link
     failing = {"on": True}
 
+    replies_ino = os.stat(paths_a.relay.replies).st_ino
+
     def link(src: object, dst: object, *args: object, **kwargs: object) -> None:
-        if failing["on"] and str(dst).startswith(str(paths_a.relay.replies)):
+        dst_dir_fd = kwargs.get("dst_dir_fd")  # writes link relative to the directory they opened
+        into = os.fstat(dst_dir_fd).st_ino if isinstance(dst_dir_fd, int) else os.stat(os.path.dirname(str(dst))).st_ino
+        if failing["on"] and into == replies_ino:
             raise OSError(errno.ENOSPC, "No space left on device")
         real_link(src, dst, *args, **kwargs)  # type: ignore[arg-type]
 

@@ -21,7 +21,7 @@ def quarantine_strays(paths: InboxPaths) -> int:
     Directories quarantined or removed are created again.
 
     Every use of a relay directory already refuses a symlink (renames go through
-    ``O_NOFOLLOW`` directory descriptors, writes check the parent); this puts a real
+    ``O_NOFOLLOW`` directory descriptors opened from ``bot_relay/`` down, writes too); this puts a real
     directory back. In ``inbox/`` and ``replies/``, files that are not ``<32 hex>.json``
     or are symlinks are moved aside too.
 

@@ -183,7 +183,8 @@ class RoomFiles:
 
     def write(self, record: RoomRecord) -> None:
         """Replace the room's file atomically (StoreError / HostileFileError on failure)."""
-        atomic_write_json(self.path(record.room_id), record.as_dict(), tmp_dir=self.relay.tmp, fsync=self.fsync)
+        atomic_write_json(self.path(record.room_id), record.as_dict(), tmp_dir=self.relay.tmp, fsync=self.fsync,
+                          within=self.relay.base)
 
     def load_all(self) -> list[RoomRecord]:
         """Every valid room file; a hostile or invalid one is quarantined and skipped (logged).

@@ -25,6 +25,7 @@ import orjson
 from loguru import logger
 
 from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.store.relay_dirfd import open_relay_dir
 from hermes_actors.store.safe_read import DEFAULT_MAX_BYTES, read_json_file
 
 __all__ = [
@@ -207,6 +208,37 @@ def _discard(name: str, dir_fd: int) -> None:
 
 
 @contextmanager
+def _target_dir(target: Path, within: Path | None) -> Iterator[int | None]:
+    """The open directory of ``target`` when ``within`` is given (None otherwise; closed on exit).
+
+    Every directory from ``within`` (included) down to ``target``'s is opened without following
+    a symlink and checked to be ours, so a directory swapped for a symlink (``bot_relay/`` itself
+    included) is refused now, not only when it was ensured.
+
+    Raises:
+        HostileFileError: a directory on the way is a symlink, not a directory, or not ours.
+        ValueError: ``target`` is not inside ``within``.
+        OSError: a directory on the way is missing or cannot be opened.
+    """
+    if within is None:
+        yield None
+        return
+    parent = os.path.dirname(os.fspath(target))
+    top = os.fspath(within)
+    if parent == top:
+        relative = ""
+    elif parent.startswith(top + os.sep):
+        relative = parent[len(top) + 1:]
+    else:
+        raise ValueError(f"{target} is not inside {within}")
+    fd = open_relay_dir(within, relative)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextmanager
 def _staged(
     target: Path, payload: Any, *, tmp_dir: Path, verb: str, sort_keys: bool, fsync: bool
 ) -> Iterator[tuple[str, int]]:
@@ -254,6 +286,7 @@ def atomic_write_json(
     tmp_dir: Path,
     sort_keys: bool = False,
     fsync: bool = False,
+    within: Path | None = None,
 ) -> None:
     """Atomically replace ``target`` with ``payload`` as JSON, mode 0600.
 
@@ -263,16 +296,20 @@ def atomic_write_json(
         tmp_dir: a directory on the same filesystem as ``target`` for the temp.
         sort_keys: sort object keys in the output.
         fsync: fsync the data before the rename.
+        within: a directory holding ``target`` (e.g. ``bot_relay/``): it and every directory below
+            it on the way to ``target`` must be ours and no symlink at the moment of the write.
 
     Raises:
         HostileFileError: ``target``'s directory or ``tmp_dir`` is a symlink
-            (``tmp_dir`` also: not a directory, or another uid's).
+            (``tmp_dir`` also: not a directory, or another uid's); with ``within``,
+            any directory from it to ``target``.
         StoreError: serialization or any OS step failed (disk full, permission
             denied, ...); the temp file is gone and ``target`` is untouched.
     """
     with _staged(target, payload, tmp_dir=tmp_dir, verb="write", sort_keys=sort_keys, fsync=fsync) as (tmp, dir_fd):
         try:
-            os.replace(tmp, target, src_dir_fd=dir_fd)
+            with _target_dir(target, within) as target_fd:
+                os.replace(tmp, target if target_fd is None else target.name, src_dir_fd=dir_fd, dst_dir_fd=target_fd)
         except OSError as exc:
             _discard(tmp, dir_fd)
             raise _store_error("write", target, exc) from exc
@@ -288,6 +325,7 @@ def create_exclusive_json(
     tmp_dir: Path,
     sort_keys: bool = False,
     fsync: bool = False,
+    within: Path | None = None,
 ) -> bool:
     """Create ``target`` with ``payload`` only if it does not exist yet.
 
@@ -300,18 +338,22 @@ def create_exclusive_json(
         tmp_dir: a directory on the same filesystem as ``target`` for the temp.
         sort_keys: sort object keys in the output.
         fsync: fsync the data before linking.
+        within: as for :func:`atomic_write_json`.
 
     Returns:
         True when this call created ``target``; False when it already existed.
 
     Raises:
         HostileFileError: ``target``'s directory or ``tmp_dir`` is a symlink
-            (``tmp_dir`` also: not a directory, or another uid's).
+            (``tmp_dir`` also: not a directory, or another uid's); with ``within``,
+            any directory from it to ``target``.
         StoreError: serialization or any OS step failed; no temp is left.
     """
     with _staged(target, payload, tmp_dir=tmp_dir, verb="create", sort_keys=sort_keys, fsync=fsync) as (tmp, dir_fd):
         try:
-            os.link(tmp, target, src_dir_fd=dir_fd, follow_symlinks=False)
+            with _target_dir(target, within) as target_fd:
+                os.link(tmp, target if target_fd is None else target.name, src_dir_fd=dir_fd, dst_dir_fd=target_fd,
+                        follow_symlinks=False)
         except FileExistsError:
             return False
         except OSError as exc:

@@ -178,7 +178,7 @@ def write_roster(paths: RelayPaths, rows: Any, *, now: float) -> int:
     ensure_private_dir(paths.base)
     ensure_private_dir(paths.tmp)
     payload = {"updated_at": int(now), "agents": [roster_row_dict(agent) for agent in agents]}
-    atomic_write_json(paths.roster, payload, tmp_dir=paths.tmp, sort_keys=True)
+    atomic_write_json(paths.roster, payload, tmp_dir=paths.tmp, sort_keys=True, within=paths.base)
     return len(agents)
 
 
@@ -233,7 +233,7 @@ def enqueue_envelope(paths: RelayPaths, envelope: dict[str, Any]) -> Path:
     target = paths.id_file(paths.outbox, env["id"])
     ensure_private_dir(paths.outbox)
     ensure_private_dir(paths.tmp)
-    atomic_write_json(target, env, tmp_dir=paths.tmp)
+    atomic_write_json(target, env, tmp_dir=paths.tmp, within=paths.base)
     return target
 
 
@@ -324,7 +324,7 @@ def write_reply(paths: RelayPaths, reply: dict[str, Any]) -> bool:
     target = paths.id_file(paths.replies, rec["id"])
     ensure_private_dir(paths.replies)
     ensure_private_dir(paths.tmp)
-    return create_exclusive_json(target, rec, tmp_dir=paths.tmp)
+    return create_exclusive_json(target, rec, tmp_dir=paths.tmp, within=paths.base)
 
 
 def read_reply(paths: RelayPaths, envelope_id: str) -> dict[str, Any] | None:

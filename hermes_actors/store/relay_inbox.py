@@ -117,7 +117,7 @@ def post_to_inbox(paths: InboxPaths, envelope: dict[str, Any], reply_connection:
         raise ValidationError(f"invalid reply connection id: {reply_connection!r}")
     record = {**parse_envelope(envelope), "reply_connection": reply_connection}
     target = paths.relay.id_file(paths.inbox, record["id"])
-    atomic_write_json(target, record, tmp_dir=paths.relay.tmp)
+    atomic_write_json(target, record, tmp_dir=paths.relay.tmp, within=paths.relay.base)
     return target
 
 
@@ -199,7 +199,8 @@ def read_inbox_envelope(path: Path) -> tuple[dict[str, Any], str]:
 def write_delivered(paths: InboxPaths, reply: dict[str, Any], reply_connection: str) -> bool:
     """Gateway side: the delivery's reply record; first write wins."""
     record = {**parse_reply(reply), "reply_connection": reply_connection}
-    return create_exclusive_json(paths.relay.id_file(paths.delivered, record["id"]), record, tmp_dir=paths.relay.tmp)
+    return create_exclusive_json(paths.relay.id_file(paths.delivered, record["id"]), record, tmp_dir=paths.relay.tmp,
+                                 within=paths.relay.base)
 
 
 def read_delivered(path: Path) -> tuple[dict[str, Any], str]:
@@ -211,7 +212,7 @@ def read_delivered(path: Path) -> tuple[dict[str, Any], str]:
 def mark_consumed(paths: InboxPaths, envelope_id: str, *, now: float) -> None:
     """Sender side: remember that this reply was reported to the sender."""
     create_exclusive_json(paths.relay.id_file(paths.consumed, envelope_id), {"id": envelope_id, "at": int(now)},
-                          tmp_dir=paths.relay.tmp)
+                          tmp_dir=paths.relay.tmp, within=paths.relay.base)
 
 
 def is_consumed(paths: InboxPaths, envelope_id: str) -> bool:
@@ -221,7 +222,8 @@ def is_consumed(paths: InboxPaths, envelope_id: str) -> bool:
 def write_heartbeat(paths: InboxPaths, connection_id: str | None, *, now: float) -> None:
     """This gateway process says it is alive (the hub turns this into ``online`` flags)."""
     payload = {"pid": os.getpid(), "connection_id": connection_id or "", "at": int(now)}
-    atomic_write_json(paths.heartbeat / f"{os.getpid()}.json", payload, tmp_dir=paths.relay.tmp)
+    atomic_write_json(paths.heartbeat / f"{os.getpid()}.json", payload, tmp_dir=paths.relay.tmp,
+                      within=paths.relay.base)
 
 
 def remove_heartbeat(paths: InboxPaths) -> None:
@@ -274,9 +276,10 @@ def gateway_alive(paths: InboxPaths, *, now: float | None = None) -> bool:
 # ── relayed-in turns: the "started" mark ────────────────────────────────────
 
 
-def _write_mark(directory: Path, envelope_id: str, payload: dict[str, Any], *, tmp_dir: Path, fsync: bool) -> bool:
+def _write_mark(paths: InboxPaths, directory: Path, envelope_id: str, payload: dict[str, Any], *, fsync: bool) -> bool:
     name = f"{validate_delivery_id(envelope_id, what='envelope id')}.json"
-    return create_exclusive_json(directory / name, payload, tmp_dir=tmp_dir, fsync=fsync)
+    return create_exclusive_json(directory / name, payload, tmp_dir=paths.relay.tmp, fsync=fsync,
+                                 within=paths.relay.base)
 
 
 def was_started(paths: InboxPaths, envelope_id: str) -> bool:
@@ -342,8 +345,8 @@ class TurnStartMarks:
         envelope_id = str(record.get("id"))
         try:
             ensure_private_dir(self.paths.started)  # removed under us: without it the turn would run unmarked
-            _write_mark(self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
-                        tmp_dir=self.paths.relay.tmp, fsync=self.fsync)
+            _write_mark(self.paths, self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
+                        fsync=self.fsync)
         except HostileFileError as exc:  # a started/ or temp directory swapped for a symlink: the turn must not run
             raise StoreError(f"the start mark of {envelope_id} was refused: {exc}") from exc
         except StoreError:
@@ -394,7 +397,7 @@ def record_sent(
     """
     record = {"id": envelope_id, "at": int(now), "label": label, "from": sender, "from_handle": sender_handle,
               "hop": hop}
-    _write_mark(paths.sent, envelope_id, record, tmp_dir=paths.relay.tmp, fsync=False)  # as durable as the envelope
+    _write_mark(paths, paths.sent, envelope_id, record, fsync=False)  # as durable as the envelope
 
 
 def recorded_sender(data: dict[str, Any], *, profile_key: str = "from") -> tuple[str, str, int]:
