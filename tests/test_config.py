@@ -57,6 +57,37 @@ def test_missing_file_is_empty_without_warning(tmp_path: Path, warnings: list[st
     assert warnings == []
 
 
+# Nine levels of ten aliases: a 600-byte file standing for 10**9 strings (cheap to parse: the loader shares them).
+BILLION_LAUGHS = "l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 10)}]\n" for n in range(1, 9)
+) + "display_name: *l8\nbot_mode: {max_hops: *l8}\n"
+
+
+@pytest.mark.parametrize(("value", "size"), [
+    (5, 1),
+    ([], 1),
+    ({}, 1),
+    ({"a": [1, 2], "b": {"c": None}}, 9),  # the mapping, 2 keys, [1, 2] (3), {"c": None} (3)
+    ({"x": (shared := [1, 2]), "y": shared}, 9),  # a shared part counts each time it appears
+    ([[1] * 10] * 10, 1 + 10 * 11),
+], ids=["scalar", "empty-list", "empty-map", "nested", "shared", "list-of-lists"])
+def test_expanded_size_counts_every_appearance(value: Any, size: int) -> None:
+    from hermes_actors.store.yaml_file import expanded_size
+
+    assert expanded_size(value) == size
+    assert expanded_size(value, limit=size) == size
+    if isinstance(value, dict | list):  # one below the count: refused
+        assert expanded_size(value, limit=size - 1) is None
+
+
+def test_expanded_size_refuses_a_recursive_structure() -> None:
+    from hermes_actors.store.yaml_file import expanded_size
+
+    loop: list[Any] = []
+    loop.append(loop)
+    assert expanded_size({"a": loop}) is None
+
+
 @pytest.mark.parametrize(("content", "expected"), [("", {}), ("# only a comment\n", {}), ("a: 1\n", {"a": 1})])
 def test_valid_or_empty_file(tmp_path: Path, warnings: list[str], content: str, expected: dict[str, Any]) -> None:
     path = tmp_path / "config.yaml"
@@ -73,7 +104,10 @@ def test_valid_or_empty_file(tmp_path: Path, warnings: list[str], content: str, 
         ("- 1\n- 2\n", "list"),
         ("just a string\n", "str"),
         ("42\n", "int"),
+        (BILLION_LAUGHS, "more than 100000 values once its YAML aliases are expanded"),
+        ("a: &a [*a]\n", "an alias that contains itself"),
     ],
+    ids=["unclosed", "nested-mapping", "list", "str", "int", "billion-laughs", "recursive-alias"],
 )
 def test_bad_yaml_warns_and_is_empty(tmp_path: Path, warnings: list[str], content: str, needle: str) -> None:
     path = tmp_path / "config.yaml"

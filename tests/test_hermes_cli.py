@@ -143,3 +143,14 @@ def test_enable_skips_a_profile_hermes_cannot_run_and_says_why(hermes_cli: str, 
     assert any(line.startswith("UPPER: not enabled") and "lowercase" in line for line in report.todo)
     with pytest.raises(SetupError, match="cannot be run by hermes"):
         enable(offline_root.root, ["UPPER"], cli=hermes_cli, env={})
+
+
+def test_enable_refuses_to_edit_a_config_yaml_of_nested_aliases(hermes_cli: str, offline_root: OfflineRoot) -> None:
+    """Dumping it back would be harmless, but every later reader would expand 10**9 values: it is named, not edited."""
+    from test_config import BILLION_LAUGHS
+
+    config = offline_root.root / "config.yaml"
+    config.write_text(BILLION_LAUGHS)
+    with pytest.raises(SetupError, match="more than 100000 values once its YAML aliases are expanded") as caught:
+        enable(offline_root.root, gateway=True, cli=hermes_cli, env={})
+    assert str(config) in str(caught.value) and config.read_text() == BILLION_LAUGHS

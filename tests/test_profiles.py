@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
+from roots import LogCapture, RecordingRunner, make_root
 
+from hermes_actors import Gateway
 from hermes_actors.core.names import HANDLE_RE, handle_for
 from hermes_actors.core.targets import resolve_local
 from hermes_actors.local.roster import make_snapshot
@@ -87,6 +89,24 @@ def test_is_managed(tmp_path: Path, meta: dict[str, Any] | None, managed: bool) 
 def test_read_profile_yaml_tolerates_garbage(tmp_path: Path) -> None:
     (tmp_path / "profile.yaml").write_text("display_name: [oops\n")
     assert p.read_profile_yaml(tmp_path) == {}
+
+
+def _alias_bomb(levels: int) -> str:
+    """A profile.yaml whose display_name stands for 10**levels strings through nested aliases."""
+    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 10)}]" for n in range(1, levels)]
+    return "\n".join([*lines, f"display_name: *l{levels - 1}", f"description: *l{levels - 1}", ""])
+
+
+def test_a_profile_yaml_of_nested_aliases_is_refused_and_the_profile_still_listed(tmp_path: Path) -> None:
+    """Parsing shares the aliased parts; the roster turned display_name into text, expanding 10**6 of them."""
+    root = make_root(tmp_path)
+    bomb = root / "profiles" / "bob" / "profile.yaml"
+    bomb.write_text(_alias_bomb(6))
+    with LogCapture("WARNING") as logs, Gateway(root, runner=RecordingRunner()) as gw:
+        bob = next(row for row in gw.roster() if row["profile"] == "bob")
+    assert bob["display_name"] == "bob" and bob["description"] == "", bob
+    assert any(str(bomb) in line and "YAML aliases" in line for line in logs.lines), logs.lines
 
 
 @pytest.mark.parametrize(

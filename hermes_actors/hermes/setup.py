@@ -40,6 +40,7 @@ from hermes_actors.hermes.select import MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.store.atomic import atomic_write_json, ensure_private_dir, read_json_file
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
+from hermes_actors.store.yaml_file import MAX_EXPANDED_VALUES, expanded_size
 
 __all__ = ["PLUGIN_NAME", "SetupError", "SetupReport", "disable", "enable"]
 
@@ -88,6 +89,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise SetupError(f"{path} does not hold a mapping at the top; fix it, then run again")
+    if expanded_size(data) is None:
+        raise SetupError(f"{path} holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases are expanded "
+                         "(or an alias that contains itself); refusing to edit it")
     return data
 
 

@@ -20,9 +20,12 @@ from loguru import logger
 # The C parser (libyaml) is ~7x faster; 10,000 profile.yaml files are read at start.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-__all__ = ["MAX_CONFIG_BYTES", "load_yaml_file", "read_yaml_mapping"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_EXPANDED_VALUES", "expanded_size", "load_yaml_file", "read_yaml_mapping"]
 
 MAX_CONFIG_BYTES = 1024 * 1024
+# Values a file may hold once its aliases are expanded: YAML anchors nest cheaply ("billion laughs"), and
+# every reader that walks, merges or prints the result would expand them.
+MAX_EXPANDED_VALUES = 100_000
 
 
 class _Refused(Exception):
@@ -64,6 +67,48 @@ def _read_capped(path: Path) -> bytes:
     return data
 
 
+def expanded_size(value: Any, limit: int = MAX_EXPANDED_VALUES) -> int | None:
+    """Pure: how many values ``value`` holds once shared (aliased) parts are counted each time they appear.
+
+    Args:
+        value: what a YAML loader returned (dicts, lists, scalars; parts may be shared or recursive).
+        limit: stop counting past it.
+
+    Returns:
+        The count (keys and values, every container and scalar), or None when it is above
+        ``limit`` or the structure contains itself (a recursive alias).
+    """
+    sizes: dict[int, int] = {}  # id → expanded size of a container already counted
+    open_ids: set[int] = set()  # containers being counted (a recursive alias comes back to one)
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    results: list[int] = []
+    while stack:
+        node, done = stack.pop()
+        if not isinstance(node, dict | list):
+            results.append(1)
+            continue
+        key = id(node)
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        if done:
+            open_ids.discard(key)
+            total = 1 + sum(results[len(results) - len(children):]) if children else 1
+            del results[len(results) - len(children):]
+            if total > limit:
+                return None
+            sizes[key] = total
+            results.append(total)
+            continue
+        if key in sizes:
+            results.append(sizes[key])
+            continue
+        if key in open_ids:
+            return None
+        open_ids.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in reversed(children))
+    return results[0]
+
+
 def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
     """Read a YAML mapping without logging.
 
@@ -73,7 +118,8 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
     Returns:
         ``(mapping, None)``; ``({}, None)`` when the file is missing or empty;
         ``({}, problem)`` when it is a symlink, larger than 1 MiB, unreadable,
-        malformed, or not a mapping — ``problem`` is one line naming the file.
+        malformed, not a mapping, or holds more than :data:`MAX_EXPANDED_VALUES` values
+        once its aliases are expanded (or a recursive one) — ``problem`` is one line naming the file.
     """
     path = Path(path)
     try:
@@ -94,6 +140,9 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
         return {}, None
     if not isinstance(loaded, dict):
         return {}, f"config file {path} top level is a {type(loaded).__name__}, not a mapping; ignoring it"
+    if expanded_size(loaded) is None:
+        return {}, (f"config file {path} holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases "
+                    "are expanded, or an alias that contains itself; ignoring it")
     return loaded, None
 
 
