@@ -272,3 +272,38 @@ def test_resolve_from_disk(root: Path) -> None:
     assert _resolve("hermes", found) == "default"
     assert _resolve("linked", found) is None
     assert _resolve("Impostor", found) is None
+
+
+@pytest.mark.parametrize(("names", "left_out"), [
+    (["alice", "bob"], {}),
+    (["Bob", "bob"], {"Bob": "'bob' has the same handle @bob"}),  # the lowercase folder keeps the handle
+    (["BOB", "Bob"], {"Bob": "'BOB' has the same handle @bob"}),  # none lowercase: the first by name
+    (["hermes"], {"hermes": "its handle @hermes is the default profile's"}),
+    (["Hermes", "alice"], {"Hermes": "its handle @hermes is the default profile's"}),
+    (["Default"], {"Default": "'default' is the root profile"}),
+], ids=["distinct", "case-twin", "case-twins-no-lowercase", "hermes", "Hermes", "Default"])
+def test_unreachable_profiles_table(names: list[str], left_out: dict[str, str]) -> None:
+    from hermes_actors.core.names import unreachable_profiles
+
+    found = unreachable_profiles(names)
+    assert set(found) == set(left_out)
+    for name, why in left_out.items():
+        assert found[name].startswith(why) and "rename the folder" in found[name]
+
+
+def test_a_profile_no_dm_could_reach_is_not_listed_and_the_dm_lands_where_the_roster_says(tmp_path: Path) -> None:
+    """Before, @bob (or @hermes) was listed twice and a DM went to whichever the index kept last."""
+    root = make_root(tmp_path, {"bob": {"title": "Builder"}, "Bob": {"title": "Impostor"},
+                                "hermes": {"title": "Shadow"}})
+    turns: list[str] = []
+    runner = RecordingRunner(lambda turn: turns.append(str(turn.home)) or "ok")
+    with LogCapture("WARNING") as logs, Gateway(root, runner=runner) as gw:
+        rows = {row["profile"]: row for row in gw.roster() if row["connection_id"] is None}
+        assert sorted(rows) == ["bob", "default"] and "hermes" not in rows and rows["bob"]["title"] == "Builder"
+        for sender, target, home in (("hermes", "Bob", root / "profiles" / "bob"), ("bob", "@hermes", root)):
+            out = gw.wait_outcome(gw.message_agent(sender=sender, target=target, message="hi")["delivery_id"],
+                                  timeout=10)
+            assert out["status"] == "replied", out
+            assert turns[-1] == str(home)
+    assert any("profiles/Bob" in line and "'bob' has the same handle" in line for line in logs.lines), logs.lines
+    assert any("profiles/hermes" in line and "default profile's" in line for line in logs.lines), logs.lines

@@ -19,6 +19,7 @@ __all__ = [
     "handle_for",
     "profile_home",
     "profile_key",
+    "unreachable_profiles",
 ]
 
 # Handles, folder ids and connection ids. \Z: "$" would accept a trailing newline.
@@ -68,3 +69,35 @@ def profile_home(root: Path, profile: str) -> Path:
         ``root`` for ``default``, else ``root/profiles/<profile>``.
     """
     return Path(root) if profile == DEFAULT_PROFILE else Path(root) / "profiles" / profile
+
+
+def unreachable_profiles(names: list[str]) -> dict[str, str]:
+    """Pure: the profile folders (under ``profiles/``) no DM could reach, each with why.
+
+    A handle names one profile: lookups ignore case, and ``hermes`` is the default
+    profile's. A folder whose handle another profile already answers to would be
+    listed yet never receive a DM, so it is left out (the folder whose name is
+    already lowercase keeps the handle; else the first one by name).
+
+    Args:
+        names: the folder ids under ``profiles/`` (valid handles).
+
+    Returns:
+        Folder id → the reason it is left out (empty when every folder is reachable).
+    """
+    out: dict[str, str] = {}
+    by_key: dict[str, list[str]] = {}
+    for name in sorted(names):
+        key = name.lower()
+        if key == DEFAULT_HANDLE:
+            out[name] = f"its handle @{DEFAULT_HANDLE} is the default profile's; rename the folder"
+        elif key == DEFAULT_PROFILE:
+            out[name] = f"'{DEFAULT_PROFILE}' is the root profile; rename the folder"
+        else:
+            by_key.setdefault(key, []).append(name)
+    for key, group in by_key.items():
+        kept = key if key in group else group[0]
+        for name in group:
+            if name != kept:
+                out[name] = f"'{kept}' has the same handle @{key} (handles ignore case); rename the folder"
+    return out

@@ -16,7 +16,7 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.names import DEFAULT_PROFILE, HANDLE_RE, handle_for
+from hermes_actors.core.names import DEFAULT_PROFILE, HANDLE_RE, handle_for, unreachable_profiles
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store.yaml_file import load_yaml_file
 
@@ -148,8 +148,9 @@ def _profile_dirs(root: Path) -> list[tuple[str, Path]]:
         root: the Hermes root.
 
     Returns:
-        ``(folder id, home)`` pairs; symlinks, files, bad names and a folder
-        named ``default`` are skipped (logged at debug).
+        ``(folder id, home)`` pairs; symlinks, files and bad names are skipped (logged
+        at debug), and folders no DM could reach (``core.names.unreachable_profiles``:
+        ``default``, ``hermes``, a second ``Bob``/``bob``) with a warning.
     """
     base = root / "profiles"
     if base.is_symlink() or not base.is_dir():
@@ -168,11 +169,12 @@ def _profile_dirs(root: Path) -> list[tuple[str, Path]]:
             logger.debug("skipping profile {}: not a directory", entry)
         elif not HANDLE_RE.match(name):
             logger.debug("skipping profile {}: invalid name", entry)
-        elif name == DEFAULT_PROFILE:
-            logger.debug("skipping profile {}: 'default' is the root profile", entry)
         else:
             found.append((name, entry))
-    return found
+    unreachable = unreachable_profiles([name for name, _ in found])
+    for name, why in unreachable.items():
+        logger.warning("skipping profile {}: {}", base / name, why)
+    return [(name, home) for name, home in found if name not in unreachable]
 
 
 def discover_profiles(root: Path) -> list[ProfileInfo]:
