@@ -26,6 +26,7 @@ from loguru import logger
 from hermes_actors.core.config import load_yaml_file
 from hermes_actors.hermes.api_runner import ApiRunner, ApiServer
 from hermes_actors.hermes.cli_runner import HermesCliRunner
+from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
 from hermes_actors.local.runners import TurnRunner
 
 __all__ = ["api_server_of", "default_runner", "probe_api_server", "read_dotenv"]
@@ -158,16 +159,22 @@ def default_runner(
         timeout: seconds one turn may take.
 
     Returns:
-        An :class:`ApiRunner` when a gateway's API server serves the root
-        and answers, else a :class:`HermesCliRunner`.
+        A :class:`WarmOrCliRunner` when the root's config names a gateway's API server
+        (warm turns while it answers, the CLI while it does not), else a :class:`HermesCliRunner`.
     """
     root = Path(root)
     hermes_config = dict(config) if config is not None else load_yaml_file(root / "config.yaml")
     seen_env = {**read_dotenv(root / ".env"), **(dict(env) if env is not None else dict(os.environ))}
     server = api_server_of(hermes_config, seen_env)
-    if server is not None and probe_api_server(server):
-        logger.info("turns on {} run warm through the hermes API server {}", root, server)
-        return ApiRunner(server, timeout=timeout)
     runner = HermesCliRunner(cli, timeout=timeout, env=dict(env) if env is not None else None)
-    logger.info("turns on {} run with the hermes CLI {}", root, runner.cli)
-    return runner
+    if server is None:
+        logger.info("turns on {} run with the hermes CLI {}", root, runner.cli)
+        return runner
+    answers = probe_api_server(server)
+    if answers:
+        logger.info("turns on {} run warm through the hermes API server {} (with the hermes CLI {} while it "
+                    "does not answer)", root, server, runner.cli)
+    else:
+        logger.info("turns on {} run with the hermes CLI {} until the hermes API server {} answers", root,
+                    runner.cli, server)
+    return WarmOrCliRunner(ApiRunner(server, timeout=timeout), runner, cold=not answers)
