@@ -388,6 +388,31 @@ def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: st
         assert moved == 0 and quarantined(paths, which) == []
 
 
+@pytest.mark.parametrize(("name", "kept"), [
+    ("stray.txt", b"stray.txt"),
+    ("x" * 255, b"x" * 214),  # the longest name a directory holds: cut to fit beside the suffix
+    ("é" * 127, "é".encode() * 107),  # 254 bytes of 2-byte characters: cut on a character boundary here
+    (os.fsdecode(b"\xff" * 10), b"\xff" * 10),  # not UTF-8: its bytes are kept as they are
+], ids=["short", "255-bytes", "multibyte", "not-utf8"])
+def test_quarantine_name_fits_one_file_name(name: str, kept: bytes) -> None:
+    from hermes_actors.store.relay_files import quarantine_name
+
+    out = os.fsencode(quarantine_name(name, 1_700_000_000_123_456_789, "0a1b2c3d"))
+    assert out == kept + b".1700000000123456789.0a1b2c3d.quarantined" and len(out) <= 255
+
+
+def test_a_stray_with_the_longest_possible_name_is_quarantined_once(tmp_path: Path, logs: LogCapture) -> None:
+    """Its quarantined name was too long: the move failed and was warned about at every rescan, forever."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    stray = paths.inbox / ("s" * 255)
+    stray.write_text("planted", encoding="utf-8")
+    assert quarantine_strays(paths) == 1
+    assert not stray.exists()
+    [aside] = [p for p in paths.relay.quarantine.iterdir() if p.name.startswith("s" * 200)]
+    assert aside.read_text(encoding="utf-8") == "planted"
+    assert not any("could not quarantine" in line for line in logs.lines), logs.lines
+
+
 # ── 9. our shelf removed or swapped under a running gateway ─────────────────
 
 

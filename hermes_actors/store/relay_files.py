@@ -67,6 +67,7 @@ __all__ = [
     "enqueue_envelope",
     "list_ids",
     "quarantine",
+    "quarantine_name",
     "read_envelope",
     "read_reply",
     "read_roster",
@@ -355,6 +356,26 @@ def read_reply(paths: RelayPaths, envelope_id: str) -> dict[str, Any] | None:
 # ── housekeeping ────────────────────────────────────────────────────────────
 
 
+_NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs)
+
+
+def quarantine_name(name: str, stamp: int, token: str) -> str:
+    """Pure: the name a quarantined file gets: its own (cut to fit), then when and a random token.
+
+    Args:
+        name: the refused file's name (as the OS gave it: undecodable bytes surrogate-escaped).
+        stamp: ``time.time_ns()``.
+        token: a few random hex chars (two quarantines in one nanosecond never collide).
+
+    Returns:
+        ``<name>.<stamp>.<token>.quarantined``, at most 255 bytes: a file whose own name is
+        already that long is still moved aside, never warned about at every rescan.
+    """
+    suffix = os.fsencode(f".{stamp}.{token}.quarantined")
+    kept = os.fsencode(name)[: _NAME_MAX - len(suffix)]
+    return os.fsdecode(kept + suffix)
+
+
 def quarantine(paths: RelayPaths, path: Path, why: str) -> Path | None:
     """Move a refused file aside into ``quarantine/`` (a symlink moves as is).
 
@@ -367,7 +388,7 @@ def quarantine(paths: RelayPaths, path: Path, why: str) -> Path | None:
         The new path, or None when the file was already gone or could not be
         moved (logged).
     """
-    dest = paths.quarantine / f"{path.name}.{time.time_ns()}.{secrets.token_hex(4)}.quarantined"
+    dest = paths.quarantine / quarantine_name(path.name, time.time_ns(), secrets.token_hex(4))
     try:
         ensure_private_dir(paths.quarantine)
         os.rename(path, dest)  # rename never follows a symlink
