@@ -210,3 +210,35 @@ def test_a_relay_dm_resumed_after_the_senders_restart_still_wakes_its_sender(
     (turn,) = [t for t in rec.entered if t.profile == "alice"]
     assert is_wake_turn(turn) and "hello back" in turn.content
     assert turn.hop == 1  # the DM's hop, as recorded when it was sent
+
+
+def test_status_names_a_pending_wake_a_wake_and_never_counts_its_outcome_as_a_dm(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Live and from the files: a wake turn is shown as route "wake"; only the DM is a settled DM."""
+    from hermes_actors.ops.status import file_status, live_status
+
+    gate = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if is_wake_turn(turn):
+            assert gate.wait(30), "the test never opened the gate"
+            return "noted"
+        return "ok"
+
+    root = make_root(tmp_path)
+    rec = RecordingRunner(behave)
+    gw = start_gateway(gateways, root, rec, config=WAKE_ON)
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+    assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+    rec.wait_entered(2, timeout=10)  # alice's wake turn is running
+    rows = {row["delivery_id"]: row for row in live_status(gw)["in_flight"]}
+    assert rows[wake_id(dm)]["route"] == "wake", rows
+    held = file_status(root)  # what the journal says meanwhile
+    assert [(r["delivery_id"], r["route"]) for r in held["in_flight"]] == [(wake_id(dm), "wake")]
+    gate.set()
+    assert gw.wait_outcome(wake_id(dm), timeout=10)["reply"] == "noted"
+    gw.stop()
+    after = file_status(root)
+    assert after["counters"]["settled"] == 1 and after["in_flight"] == [], after["counters"]
+    assert after["counters"]["by_status"] == {"replied": 1}

@@ -30,6 +30,7 @@ __all__ = [
     "WakeRequest",
     "is_wake",
     "parse_wake_mode",
+    "shown_route",
     "wake_delivery",
     "wake_enabled",
     "wake_for",
@@ -106,6 +107,11 @@ def wake_id(source_id: str) -> str:
 def is_wake(delivery: Delivery | None) -> bool:
     """Whether a delivery is a wake turn (its outcome is nobody's DM outcome)."""
     return delivery is not None and delivery.origin == WAKE_ORIGIN
+
+
+def shown_route(route: str, origin: str) -> str:
+    """Pure: how ``status`` names a pending delivery's route: ``wake`` for a wake turn (never a DM)."""
+    return "wake" if origin == WAKE_ORIGIN else route
 
 
 def wake_for(

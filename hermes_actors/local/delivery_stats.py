@@ -16,6 +16,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.wake import shown_route
 from hermes_actors.local.outcome_book import Pending
 from hermes_actors.messages import Delivery, Outcome
 from hermes_actors.ops.delivery_log import delivery_line
@@ -66,7 +67,8 @@ class DeliveryStats:
         return {
             "in_flight": [
                 {"delivery_id": key, "sender": p.delivery.sender, "target": p.delivery.label,
-                 "profile": p.delivery.target, "route": p.route, "accepted_at": p.delivery.accepted_at}
+                 "profile": p.delivery.target, "route": shown_route(p.route, p.delivery.origin),
+                 "accepted_at": p.delivery.accepted_at}
                 for key, p in itertools.islice(rows, IN_FLIGHT_ROWS)
             ],
             "per_profile": dict(Counter(p.delivery.target for _, p in rows if p.delivery.target)),

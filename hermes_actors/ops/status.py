@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermes_actors.core.config import load_config
+from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.store.atomic import read_json_file
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
@@ -243,7 +244,10 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
     by_outcome: dict[str, dict[str, int]] = {}
     per_profile: Counter[str] = Counter()
     for key, state in folded.states.items():
+        wake = isinstance(state.delivery, dict) and state.delivery.get("origin") == WAKE_ORIGIN
         if state.outcome is not None:
+            if wake:  # a wake turn's outcome is nobody's DM outcome: the live counters skip it too
+                continue
             status, reason = str(state.outcome.get("status", "")), str(state.outcome.get("reason") or "")
             by_outcome.setdefault(status, {}).setdefault(reason, 0)
             by_outcome[status][reason] += 1
@@ -252,7 +256,8 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
             profile = str(d.get("target") or "")
             per_profile[profile] += 1
             pending.append({"delivery_id": key, "sender": d.get("sender"), "target": d.get("label") or profile,
-                            "profile": profile, "route": "local", "accepted_at": d.get("accepted_at"),
+                            "profile": profile, "route": shown_route("local", str(d.get("origin") or "")),
+                            "accepted_at": d.get("accepted_at"),
                             "started": state.started > 0})
     profiles = _profile_dicts(root)
     settled = sum(sum(r.values()) for r in by_outcome.values())
