@@ -154,3 +154,16 @@ def test_enable_refuses_to_edit_a_config_yaml_of_nested_aliases(hermes_cli: str,
     with pytest.raises(SetupError, match="more than 100000 values once its YAML aliases are expanded") as caught:
         enable(offline_root.root, gateway=True, cli=hermes_cli, env={})
     assert str(config) in str(caught.value) and config.read_text() == BILLION_LAUGHS
+
+
+def test_enable_asks_to_start_the_actors_only_when_no_host_serves_the_root(
+    hermes_cli: str, offline_root: OfflineRoot
+) -> None:
+    from hermes_actors import Gateway
+
+    root = offline_root.root
+    first = enable(root, ["alice"], cli=hermes_cli, env={})
+    assert f"start the actors: hermes-actors serve --root {root}" in first.todo
+    with Gateway(root, runner=lambda turn: "ok", serve_submit=True):
+        again = enable(root, cli=hermes_cli, env={})  # a serve runs: its roster takes the change by itself
+    assert not any("start the actors" in line for line in again.todo), again.todo

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
-from roots import LogCapture, RecordingRunner, make_root
+from roots import LogCapture, RecordingRunner, make_root, start_gateway, write_profile
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core.names import HANDLE_RE, handle_for
 from hermes_actors.core.targets import resolve_local
@@ -307,3 +308,22 @@ def test_a_profile_no_dm_could_reach_is_not_listed_and_the_dm_lands_where_the_ro
             assert turns[-1] == str(home)
     assert any("profiles/Bob" in line and "'bob' has the same handle" in line for line in logs.lines), logs.lines
     assert any("profiles/hermes" in line and "default profile's" in line for line in logs.lines), logs.lines
+
+
+def test_a_running_gateway_sees_profiles_marked_managed_without_a_restart(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """``enable`` edits each profile's own profile.yaml; the roster watched only the profiles directory."""
+    root = make_root(tmp_path, managed=False)
+    gw = start_gateway(gateways, root, RecordingRunner(), config={"bot_mode": {"rescan_seconds": 0.05}})
+    refused = gw.message_agent(sender="alice", target="bob", message="hi")
+    assert "delivery_id" not in refused, refused
+    for folder in ("alice", "bob"):
+        write_profile(root / "profiles" / folder, title=folder.title(), managed=True)  # what enable writes
+
+    def accepted() -> str | None:
+        ack = gw.message_agent(sender="alice", target="bob", message="hi")
+        return ack.get("delivery_id")
+
+    key = await_condition(accepted, timeout=10, interval=0.05, message="the DM accepted once the profiles are managed")
+    assert gw.wait_outcome(key, timeout=10)["status"] == "replied"

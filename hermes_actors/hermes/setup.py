@@ -38,6 +38,7 @@ from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, prof
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.select import MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
+from hermes_actors.hermes.submit_client import ping
 from hermes_actors.store.atomic import atomic_write_json, ensure_private_dir, read_json_file
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
 from hermes_actors.store.yaml_file import MAX_EXPANDED_VALUES, expanded_size
@@ -380,8 +381,9 @@ def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, 
                 f"{root / '.env'} — the hermes API server refuses to start without it"
             )
         report.todo.append(f"start the gateway: HERMES_HOME={root} hermes gateway run")
-    else:
+    elif ping(root) is None:
         report.todo.append(f"start the actors: hermes-actors serve --root {root}")
+    # else a host already serves the root: its roster takes the managed profiles within its rescan
 
 
 def _home_key(root: Path, profile: str) -> str:

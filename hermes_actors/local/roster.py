@@ -108,11 +108,26 @@ def roster_rows(snapshot: RosterSnapshot, *, now: float | None = None) -> list[d
 
 
 def _signature(root: Path) -> tuple[float, ...]:
-    """Cheap change detector: mtimes of the profiles dir and the root's YAML files."""
+    """Cheap change detector: mtimes of the profiles dir, the root's YAML files and each profile's ``profile.yaml``.
+
+    A profile's own ``profile.yaml`` counts: ``enable`` (or a hand edit) marks a profile
+    managed or renames it there, and a running host must see it without a restart. One
+    ``stat`` per profile each rescan (10,000 profiles: a few ms every 2 s).
+    """
     out: list[float] = []
     for path in (root / "profiles", root / "config.yaml", root / "profile.yaml"):
         try:
             out.append(os.stat(path).st_mtime)
+        except OSError:
+            out.append(-1.0)
+    try:
+        with os.scandir(root / "profiles") as entries:
+            names = sorted(entry.name for entry in entries)
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            out.append(os.stat(os.path.join(root, "profiles", name, "profile.yaml"), follow_symlinks=False).st_mtime)
         except OSError:
             out.append(-1.0)
     return tuple(out)
