@@ -19,6 +19,7 @@ __all__ = [
     "handle_for",
     "profile_home",
     "profile_key",
+    "remote_label",
     "unreachable_profiles",
 ]
 
@@ -69,6 +70,16 @@ def profile_home(root: Path, profile: str) -> Path:
         ``root`` for ``default``, else ``root/profiles/<profile>``.
     """
     return Path(root) if profile == DEFAULT_PROFILE else Path(root) / "profiles" / profile
+
+
+def remote_label(handle: str, connection: str) -> str:
+    """Pure: how an agent on another connection is named to a sender: ``@dave on Mini``.
+
+    Args:
+        handle: the agent's handle.
+        connection: the connection's label, else its id.
+    """
+    return f"@{handle} on {connection}"
 
 
 def unreachable_profiles(names: list[str]) -> dict[str, str]:

@@ -43,11 +43,11 @@ def unreadable_deliveries(states: dict[str, Any]) -> list[str]:
 
     A line of the right JSON shape with missing or mistyped fields (a hostile or corrupt
     journal file) must not stop every start on the root: the caller skips those ids and
-    says which.
+    says which. Only the deliveries recovery rebuilds are checked (not the delivered ones).
     """
     bad: list[str] = []
     for key, state in states.items():
-        if state.delivery is None:
+        if state.delivery is None or state.delivered:  # settled and delivered: never rebuilt (up to 10,000)
             continue
         try:
             delivery_from_record(state.delivery)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors import fast_init
-from hermes_actors.core.names import HANDLE_PATTERN, HANDLE_RE, PEER_NAME_PATTERN, profile_key
+from hermes_actors.core.names import HANDLE_PATTERN, HANDLE_RE, PEER_NAME_PATTERN, profile_key, remote_label
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.messages import BOT_CHAT_SESSION, ProfileInfo, RemoteAgent, RosterSnapshot
 from hermes_actors.store.hermes_root import alias_forms
@@ -94,7 +94,7 @@ class RelayRoute:
 
     @property
     def label(self) -> str:
-        return f"@{self.target.handle} on {self.target.connection_label or self.target.connection_id}"
+        return remote_label(self.target.handle, self.target.connection_label or self.target.connection_id)
 
 
 @dataclass(frozen=True, slots=True)

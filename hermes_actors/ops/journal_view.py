@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_actors.core import outcomes
+from hermes_actors.core.names import remote_label
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.journal import MAX_LINE_BYTES, JournalFolded, fold_records, parse_lines
 from hermes_actors.store.relay_files import list_ids, read_envelope, read_reply
@@ -104,7 +105,7 @@ def relayed_target_label(paths: InboxPaths, envelope_id: str) -> str:
         pass
     try:
         envelope = read_envelope(paths.relay.id_file(paths.relay.claimed, envelope_id))
-        return f"@{envelope['target_handle']} on {envelope['target_connection']}"
+        return remote_label(envelope["target_handle"], envelope["target_connection"])
     except (OSError, ValidationError):
         return "the relayed target"
 

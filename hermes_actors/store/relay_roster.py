@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 from typing import Any, Literal
 
-from hermes_actors.core.names import HANDLE_RE, handle_for
+from hermes_actors.core.names import HANDLE_RE, handle_for, remote_label
 from hermes_actors.messages import RemoteAgent
 from hermes_actors.store.relay_protocol import ROSTER_FRESH_SECONDS
 
@@ -221,8 +221,8 @@ def offline_error_text(agent: RemoteAgent) -> str:
     Returns:
         The human text; nothing was queued.
     """
-    label = agent.connection_label or agent.connection_id
+    label = remote_label(agent.handle, agent.connection_label or agent.connection_id)
     return (
-        f"@{agent.handle} on {label} is offline right now — the message was NOT queued. "
+        f"{label} is offline right now — the message was NOT queued. "
         "Try again once that machine reconnects to the Desktop."
     )
