@@ -199,18 +199,24 @@ class ActorSystem:
         self.notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog)
         for token, (callback, details) in subscribers.items():
             self.notifier.tell(AddSubscriber(token, callback, details))
+        if self.runner is None:  # before the roster: it leaves off the profiles the real Hermes cannot run
+            from hermes_actors.hermes.select import default_runner
+
+            self.runner = default_runner(opts.root, cfg.raw, timeout=cfg.turn_timeout_seconds)
+        cannot_run: Callable[[str], str | None] | None = None
+        if is_real_hermes(self.runner):
+            from hermes_actors.hermes.install import hermes_cannot_run
+
+            cannot_run = hermes_cannot_run
         self.roster = RosterActor.start(
-            opts.root, overrides=opts.overrides, scheduler=scheduler, rescan_seconds=cfg.rescan_seconds
+            opts.root, overrides=opts.overrides, scheduler=scheduler, rescan_seconds=cfg.rescan_seconds,
+            cannot_run=cannot_run,
         )
         snapshot = ask(self.roster, GetSnapshot(), timeout=ASK_TIMEOUT, expect=RosterSnapshot)
         self.profile_count = len(snapshot.profiles)
         for profile in owners:
             if profile_key(profile) not in snapshot.index:
                 raise KeyError(f"attach_live_owner: no local profile named {profile!r} under {opts.root}")
-        if self.runner is None:
-            from hermes_actors.hermes.select import default_runner
-
-            self.runner = default_runner(opts.root, cfg.raw, timeout=cfg.turn_timeout_seconds)
         runner, guard = self.runner, None
         if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
             from hermes_actors.transports.redis.actor import ClaimGuard

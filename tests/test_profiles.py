@@ -327,3 +327,35 @@ def test_a_running_gateway_sees_profiles_marked_managed_without_a_restart(
 
     key = await_condition(accepted, timeout=10, interval=0.05, message="the DM accepted once the profiles are managed")
     assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+
+
+class _RealHermesLike:
+    """A runner that says its turns run on the real Hermes (as ApiRunner and HermesCliRunner do)."""
+
+    real_hermes = True
+
+    def __init__(self) -> None:
+        self.profiles: list[str] = []
+
+    def run_turn(self, turn: Any) -> str:
+        self.profiles.append(turn.profile)
+        return "ok"
+
+
+@pytest.mark.parametrize("real_hermes", [True, False], ids=["real-hermes", "other-runner"])
+def test_a_profile_hermes_cannot_run_is_refused_before_any_ack_on_the_real_hermes(
+    tmp_path: Path, real_hermes: bool
+) -> None:
+    """Before: listed, acked, then failed at turn time ('cannot be run by hermes')."""
+    root = make_root(tmp_path, {"alice": {"title": "Researcher"}, "UPPER": {"title": "Shouty"}})
+    runner: Any = _RealHermesLike() if real_hermes else RecordingRunner()
+    with LogCapture("WARNING") as logs, Gateway(root, runner=runner) as gw:
+        listed = {row["profile"] for row in gw.roster() if row["connection_id"] is None}
+        ack = gw.message_agent(sender="alice", target="UPPER", message="hi")
+        if not real_hermes:  # another runner may run any folder name: UPPER stays a teammate
+            assert "UPPER" in listed and ack["status"] == "queued", ack
+            return
+    assert listed == {"default", "alice"}
+    assert "delivery_id" not in ack and ack["reason"] == "unknown", ack  # nothing acked, nothing failed later
+    assert any("UPPER is left off the roster" in line and "cannot be run by hermes" in line for line in logs.lines)
+    assert runner.profiles == []

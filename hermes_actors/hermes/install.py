@@ -31,6 +31,7 @@ __all__ = [
     "cli_profile_name",
     "detect_chat_flags",
     "find_hermes_cli",
+    "hermes_cannot_run",
     "hermes_python",
     "parse_chat_help",
     "profile_home",
@@ -165,6 +166,15 @@ def hermes_python(cli: str) -> str | None:
     if Path(parts[0]).name == "env" and len(parts) > 1:
         return shutil.which(parts[1])
     return parts[0] if Path(parts[0]).is_file() else None
+
+
+def hermes_cannot_run(profile: str) -> str | None:
+    """Why hermes cannot run ``profile``'s turns (its name), or None when it can."""
+    try:
+        cli_profile_name(profile)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def cli_profile_name(profile: str) -> str:

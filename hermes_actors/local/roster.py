@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -141,13 +141,17 @@ class RosterActor(TypedActor):
         config: config overrides (deep-merged over ``config.yaml``).
         scheduler: for the periodic change check.
         rescan_seconds: how often to look for profile changes (0: never).
+        cannot_run: why the gateway's runner cannot run a profile's turns (None: it can); such a
+            profile is left off the roster, so a DM to it is refused before any ack.
     """
 
     def __init__(
-        self, root: Path, *, overrides: dict[str, Any] | None, scheduler: Scheduler, rescan_seconds: float = 2.0
+        self, root: Path, *, overrides: dict[str, Any] | None, scheduler: Scheduler, rescan_seconds: float = 2.0,
+        cannot_run: Callable[[str], str | None] | None = None,
     ) -> None:
         super().__init__()
         self.root = root
+        self.cannot_run = cannot_run
         self.overrides = overrides
         self.timers = self.own_timers(scheduler)
         self.rescan_seconds = rescan_seconds
@@ -179,9 +183,22 @@ class RosterActor(TypedActor):
             config = replace(self.config, peers=config.peers)
         self.config = config
         self.version += 1
-        profiles = discover_profiles(self.root)
+        profiles = self._runnable(discover_profiles(self.root))
         remote, mtime = self._read_remote()
         return make_snapshot(profiles, peers=self.config.peers, remote=remote, remote_mtime=mtime, version=self.version)
+
+    def _runnable(self, profiles: list[ProfileInfo]) -> list[ProfileInfo]:
+        """The profiles whose turns the runner can run; the others are named in a warning (at each load)."""
+        if self.cannot_run is None:
+            return profiles
+        kept = []
+        for info in profiles:
+            why = self.cannot_run(info.profile)
+            if why is None:
+                kept.append(info)
+            else:
+                logger.warning("profile {} is left off the roster: {}", info.profile, why)
+        return kept
 
     def _read_remote(self) -> tuple[list[RemoteAgent], float | None]:
         """The relay roster (normalized, untrusted input) and its mtime."""
