@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from roots import RecordingRunner, body_of, start_gateway, write_fake_cli
 
+from actors.testkit import await_condition
 from hermes_actors import CommandRunner, Gateway, TurnFailed
 from hermes_actors.messages import Turn
 
@@ -374,3 +375,35 @@ def test_an_out_of_vocabulary_reason_is_normalized_before_the_retry_decision(roo
     _, out = _run_one(root, gateways, runner)
     assert [t.attempt for t in runner.turns] == [1, 2]
     assert out["reason"] == "provider_rate_limit" and out["retryable"] is True
+
+
+class TimedOutThenFailing:
+    """Attempt 1 of "slow" waits until released, then fails as the command runner does at its own timeout."""
+
+    def __init__(self) -> None:
+        self.release_turn = threading.Event()
+        self.released: list[str] = []  # ``release(id)`` is called once no further attempt of that DM can start
+        self.attempts: list[tuple[str, int]] = []
+
+    def run_turn(self, turn: Turn) -> str:
+        self.attempts.append((body_of(turn.content), turn.attempt))
+        if body_of(turn.content) == "slow":
+            assert self.release_turn.wait(30), "the test never released the turn"
+            raise TurnFailed("the hermes turn did not finish within its time", reason="delivery_timeout")
+        return f"did {body_of(turn.content)}"
+
+    def release(self, delivery_id: str) -> None:
+        self.released.append(delivery_id)
+
+
+def test_a_turn_reported_timed_out_is_never_retried_afterwards(root: Path, gateways: list[Gateway]) -> None:
+    """The sender got delivery_timeout and the next DM ran; the runner's own timeout then retried the turn."""
+    runner = TimedOutThenFailing()
+    gw = start_gateway(gateways, root, runner, {"bot_mode": {"turn_timeout_seconds": 0.2}})
+    slow = queued(gw.message_agent(sender="alice", target="bob", message="slow"))
+    assert gw.wait_outcome(slow, timeout=10)["reason"] == "delivery_timeout"
+    nxt = queued(gw.message_agent(sender="carol", target="bob", message="next"))
+    assert gw.wait_outcome(nxt, timeout=10)["reply"] == "did next"
+    runner.release_turn.set()  # the timed-out attempt now fails with a retryable reason
+    await_condition(lambda: slow in runner.released, timeout=10, message="the timed-out turn's job ended")
+    assert runner.attempts == [("slow", 1), ("next", 1)]

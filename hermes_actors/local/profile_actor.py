@@ -13,6 +13,7 @@ handling one message go to the Dispatcher after it, as one :class:`OutcomeReady`
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -159,6 +160,7 @@ class ProfileActor(TypedActor):
         self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped
+        self.gave_up: threading.Event | None = None  # set when the worker turn's time runs out: no retry then
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
 
     def on_start(self) -> None:
@@ -302,6 +304,7 @@ class ProfileActor(TypedActor):
         me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
         journal = self._start_recorder(delivery)
         home = self.info.home
+        gave_up = self.gave_up = threading.Event()
 
         def job() -> None:
             crashpoint("after-ack-before-turn")
@@ -311,7 +314,7 @@ class ProfileActor(TypedActor):
                 else:
                     result = execute_turn(
                         delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,
-                        journal=journal,
+                        journal=journal, gave_up=gave_up,
                     )
             except BaseException as exc:  # a backstop: the DM gets its outcome now, not at the timeout
                 result = turn_escaped(delivery.delivery_id, exc)
@@ -327,7 +330,7 @@ class ProfileActor(TypedActor):
 
     def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
         outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
-        self.running = None
+        self.running, self.gave_up = None, None
         if self.turn_timer is not None:
             self.turn_timer.cancel()
             self.turn_timer = None
@@ -357,6 +360,9 @@ class ProfileActor(TypedActor):
                 "so do not resend blindly.")
         self.running, self.turn_timer = None, None
         self.abandoned[delivery.delivery_id] = True
+        if self.gave_up is not None:  # the worker must not start a retry of a DM already reported
+            self.gave_up.set()
+            self.gave_up = None
         if self.lock is not None:
             self.lock.abandon()
             self.lock = TurnLock(self.lock.path)

@@ -21,6 +21,7 @@ Failure paths and what the sender gets (docs/reliability.md):
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -119,6 +120,7 @@ def execute_turn(
     make_turn: TurnFactory,
     journal: StartRecorder | None = None,
     held: bool = False,
+    gave_up: threading.Event | None = None,
 ) -> TurnFinished:
     """Run ``delivery``'s turn with at most one retry, under the profile's flock.
 
@@ -133,6 +135,9 @@ def execute_turn(
             so a crash mid-turn is recovered as ``ambiguous``, never re-run.
         held: the caller holds ``lock`` (``TurnLock.try_acquire``) and releases it
             (a ProfileActor holds it across a burst of inline turns).
+        gave_up: set by the ProfileActor when the turn's time ran out: the DM already has its
+            ``delivery_timeout`` outcome and the profile serves its next DM, so no retry may start
+            (it would run the message a second time, beside the next DM's turn).
 
     Returns:
         The result for the ProfileActor; ``reply`` is the raw runner value.
@@ -165,7 +170,9 @@ def execute_turn(
         result, may_retry = attempt_turn(runner, turn)
         if result.reply is None and may_retry:
             action = retry_action(result.reason)
-            if action != RETRY_NONE:
+            if action != RETRY_NONE and gave_up is not None and gave_up.is_set():
+                logger.info("not retrying {}: its turn timed out and was reported", delivery.delivery_id)
+            elif action != RETRY_NONE:
                 logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
                 result, _ = attempt_turn(runner, replace(turn, attempt=2, retry_action=action))
         return result
