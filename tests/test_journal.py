@@ -923,3 +923,34 @@ def test_a_journal_record_of_the_wrong_shape_is_skipped_and_the_rest_recovered(t
         with pytest.raises(KeyError):
             gw.wait_outcome(no_fields, timeout=0.5)  # skipped, and the warning names it
     assert ran == [good]
+
+
+def test_compaction_stays_in_the_journal_directory_when_its_parent_is_swapped_for_a_symlink(tmp_path: Path) -> None:
+    """Its temp and rename went by path: a bot_relay/ swapped meanwhile received the compacted journal."""
+    import shutil
+
+    base = tmp_path / "bot_relay"
+    journal = Journal(base / "journal", fsync=False)
+    journal.compact_after = 20
+    journal.keep_delivered = 5
+    journal.start()
+    name = journal.path.name
+    real = tmp_path / "real"
+    elsewhere = tmp_path / "elsewhere"
+    try:
+        journal.append_durably({"t": "accepted", "id": _id(1), "d": _delivery(_id(1))})
+        base.rename(real)  # the real directory moves away (our open directory goes with it) ...
+        shutil.copytree(real, elsewhere)  # ... and a look-alike takes its place behind a symlink
+        (elsewhere / "journal" / name).unlink()
+        base.symlink_to(elsewhere, target_is_directory=True)
+        for n in range(10, 30):
+            key = _id(n)
+            journal.append_durably({"t": "accepted", "id": key, "d": _delivery(key)})
+            journal.append_durably({"t": "finished", "id": key, "o": _outcome(key, "r")})
+            journal.append_durably({"t": "delivered", "id": key})
+        assert journal.compactions >= 1
+    finally:
+        journal.stop()
+    assert sorted(p.name for p in (elsewhere / "journal").iterdir()) == []  # nothing written through the link
+    folded = fold_records(_file_records(real / "journal" / name))
+    assert folded.states[_id(1)].delivery == _delivery(_id(1))

@@ -42,6 +42,7 @@ copied into its own file, then the old file is removed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -187,6 +188,9 @@ class Journal:
         self.fsync_enabled = fsync
         self.path = directory / f"j-{uuid.uuid4().hex}.log"
         self._fd: int | None = None
+        # Our directory, opened once at start: every later create, rename and unlink of our file goes
+        # through it, so a bot_relay/ (or journal/) swapped for a symlink meanwhile is never followed.
+        self._dir_fd: int | None = None
         lock = threading.RLock()  # guards the queue, the open batch and the write turn
         self._cond = threading.Condition(lock)  # a commit ended (callers, ``stop`` and ``drain`` wait on it)
         self._work = threading.Condition(lock)  # the writer thread waits on it, for work of its own only
@@ -226,13 +230,16 @@ class Journal:
         ensure_private_dir(self.directory)
         # Created under a name outside the ``j-*.log`` glob and locked before it is renamed in:
         # a gateway adopting at the same moment must never take (and remove) our new file.
-        fresh = self.directory / f".{self.path.name}.new"
+        fresh = f".{self.path.name}.new"
         try:
-            self._fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                               dir_fd=self._dir_fd)
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.rename(fresh, self.path)
+            os.rename(fresh, self.path.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         except OSError as exc:
-            fresh.unlink(missing_ok=True)
+            self._unlink(fresh)
+            self._close_dir()
             raise StoreError(exc.errno, f"cannot open the delivery journal {self.path}: {exc.strerror}") from exc
         with self._cond:  # adoption writes to our file: no caller may commit meanwhile
             self._writing = True
@@ -345,7 +352,20 @@ class Journal:
             os.close(self._fd)
             self._fd = None
             if empty:  # nothing was ever journaled: leave no file behind
-                self.path.unlink(missing_ok=True)
+                self._unlink(self.path.name)
+            self._close_dir()
+
+    def _unlink(self, name: str) -> None:
+        """Remove ``name`` from our directory if it is there (never through a swapped path)."""
+        if self._dir_fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self._dir_fd)
+
+    def _close_dir(self) -> None:
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     def drain(self, timeout: float) -> bool:
         """Wait until every record appended so far is written and its listener told.
@@ -701,8 +721,8 @@ class Journal:
     def _compact(self) -> None:
         """Rewrite our file with only live state and recent outcomes, then swap it in atomically."""
         assert self._fd is not None
-        tmp = self.directory / f".{self.path.name}.compact"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        tmp = f".{self.path.name}.compact"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=self._dir_fd)
         try:
             lines = self._state_lines()
             os.write(fd, b"".join(lines))
@@ -710,10 +730,11 @@ class Journal:
                 os.fdatasync(fd)
                 self._unflushed = False
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.replace(tmp, self.path)  # readers see the old file or the new one, never a mix
+            # readers see the old file or the new one, never a mix
+            os.replace(tmp, self.path.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         except OSError:
             os.close(fd)
-            tmp.unlink(missing_ok=True)
+            self._unlink(tmp)
             raise
         os.close(self._fd)
         self._fd = fd
