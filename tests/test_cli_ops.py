@@ -310,3 +310,18 @@ def test_enable_keeps_the_text_of_a_commented_config_it_rewrites(tmp_path: Path)
     assert yaml.safe_load(config.read_text())["plugins"]["enabled"] == ["hermes-actors"]
     enable(root, ["alice"], cli=str(tmp_path / "missing"), env={})  # idempotent: the first text stays kept
     assert kept.read_text(encoding="utf-8") == original
+
+
+@pytest.mark.parametrize(("profiles", "level", "says"), [
+    ({"alice": {}, "bob": {"managed": False}}, WARN, "not managed: bob (their Bot Chat gets no message_agent tool; "
+                                                   "they still receive DMs)"),
+    ({"alice": {}, "UPPER": {"managed": False}}, OK, "2 profile(s): default, alice; left off the roster, hermes "
+                                                     "cannot run them: UPPER"),
+], ids=["unmanaged", "unmanaged-unrunnable"])
+def test_doctor_says_what_an_unmanaged_profile_means(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], profiles: dict[str, dict[str, bool]], level: str, says: str
+) -> None:
+    root = make_root(tmp_path, profiles)
+    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["profiles managed"]  # type: ignore[union-attr]
+    assert (check["level"], check["detail"]) == (level, says)

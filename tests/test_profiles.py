@@ -359,3 +359,12 @@ def test_a_profile_hermes_cannot_run_is_refused_before_any_ack_on_the_real_herme
     assert "delivery_id" not in ack and ack["reason"] == "unknown", ack  # nothing acked, nothing failed later
     assert any("UPPER is left off the roster" in line and "cannot be run by hermes" in line for line in logs.lines)
     assert runner.profiles == []
+
+
+def test_hermes_own_profiles_default_folder_is_skipped_without_a_warning(tmp_path: Path) -> None:
+    """``hermes gateway run`` creates profiles/default/pairing/: no advice to rename a folder hermes owns."""
+    root = make_root(tmp_path)
+    (root / "profiles" / "default" / "pairing").mkdir(parents=True)
+    with LogCapture("WARNING") as logs:
+        names = [info.profile for info in p.discover_profiles(root)]
+    assert names.count("default") == 1 and logs.lines == []

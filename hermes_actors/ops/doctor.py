@@ -80,11 +80,15 @@ def check_managed(root: Path, profiles: list[ProfileInfo]) -> Check:
                      "(hermes profile names are lowercase letters, digits, '_' and '-')",
                      f"rename those folders under {root / 'profiles'}, or: hermes-actors disable --root {root} "
                      f"--profiles {','.join(unrunnable)}")
+    skipped = [p for p in unmanaged if not CLI_PROFILE_RE.match(p)]  # a host on the real Hermes leaves them off
     unmanaged = [p for p in unmanaged if CLI_PROFILE_RE.match(p)]
     if unmanaged:
-        return Check("profiles managed", WARN, f"not managed (not on the roster): {', '.join(unmanaged)}",
+        return Check("profiles managed", WARN, f"not managed: {', '.join(unmanaged)} (their Bot Chat gets no "
+                     "message_agent tool; they still receive DMs)",
                      f"hermes-actors enable --root {root} --profiles {','.join(unmanaged)}")
-    return Check("profiles managed", OK, f"{len(profiles)} profile(s): {', '.join(p.profile for p in profiles)}")
+    managed = [p.profile for p in profiles if p.managed]
+    left_off = f"; left off the roster, hermes cannot run them: {', '.join(skipped)}" if skipped else ""
+    return Check("profiles managed", OK, f"{len(managed)} profile(s): {', '.join(managed)}{left_off}")
 
 
 def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:

@@ -149,8 +149,9 @@ def _profile_dirs(root: Path) -> list[tuple[str, Path]]:
 
     Returns:
         ``(folder id, home)`` pairs; symlinks, files and bad names are skipped (logged
-        at debug), and folders no DM could reach (``core.names.unreachable_profiles``:
-        ``default``, ``hermes``, a second ``Bob``/``bob``) with a warning.
+        at debug), as is ``default`` (hermes' gateway creates ``profiles/default/`` for its own
+        data), and folders no DM could reach (``core.names.unreachable_profiles``: ``hermes``,
+        ``Default``, a second ``Bob``/``bob``) with a warning.
     """
     base = root / "profiles"
     if base.is_symlink() or not base.is_dir():
@@ -169,6 +170,8 @@ def _profile_dirs(root: Path) -> list[tuple[str, Path]]:
             logger.debug("skipping profile {}: not a directory", entry)
         elif not HANDLE_RE.match(name):
             logger.debug("skipping profile {}: invalid name", entry)
+        elif name == DEFAULT_PROFILE:  # hermes' own (its gateway keeps pairing data there): not a bot
+            logger.debug("skipping profile {}: 'default' is the root profile", entry)
         else:
             found.append((name, entry))
     unreachable = unreachable_profiles([name for name, _ in found])
