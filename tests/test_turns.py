@@ -407,3 +407,29 @@ def test_a_turn_reported_timed_out_is_never_retried_afterwards(root: Path, gatew
     runner.release_turn.set()  # the timed-out attempt now fails with a retryable reason
     await_condition(lambda: slow in runner.released, timeout=10, message="the timed-out turn's job ended")
     assert runner.attempts == [("slow", 1), ("next", 1)]
+
+
+def test_a_dm_queued_for_a_profile_deleted_meanwhile_fails_without_running(root: Path, gateways: list[Gateway]) -> None:
+    """Its turn ran in a home rebuilt from root + name: hermes then recreated the deleted profile's folder."""
+    import shutil
+
+    release = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "first":
+            assert release.wait(30), "the test never released the first turn"
+        return f"did {body_of(turn.content)}"
+
+    runner = RecordingRunner(behave)
+    gw = start_gateway(gateways, root, runner, {"bot_mode": {"rescan_seconds": 0.05}})
+    first = queued(gw.message_agent(sender="alice", target="bob", message="first"))
+    runner.wait_entered(1, timeout=10)
+    second = queued(gw.message_agent(sender="carol", target="bob", message="second"))
+    shutil.rmtree(root / "profiles" / "bob")  # hermes profile delete -y bob
+    await_condition(lambda: all(r["profile"] != "bob" for r in gw.roster()), timeout=10, message="bob left")
+    release.set()
+    assert gw.wait_outcome(first, timeout=10)["reply"] == "did first"  # it was running: it ends as it does
+    out = gw.wait_outcome(second, timeout=10)
+    assert (out["status"], out["reason"]) == ("failed", "unknown"), out
+    assert out["error"] == "The profile 'bob' no longer exists; the message was NOT delivered."
+    assert runner.bodies() == ["first"]

@@ -84,6 +84,11 @@ def ambiguous(delivery_id: str, label: str, why: str, reason: str = "unknown") -
     )
 
 
+def gone_text(profile: str) -> str:
+    """Pure: why a DM to a profile removed since it was accepted is not delivered."""
+    return f"The profile '{profile}' no longer exists; the message was NOT delivered."
+
+
 def cancelled(delivery_id: str, label: str) -> Outcome:
     """A delivery that never ran because the gateway stopped."""
     return failed(

@@ -34,6 +34,7 @@ from hermes_actors.core.failure import HeldDelivery, failure_text, outcomes_afte
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.recovery import plan_recovery, unreadable_deliveries
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal
+from hermes_actors.errors import TurnFailed
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.admission import Admission, CallerAdmission
 from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
@@ -137,6 +138,8 @@ class DispatcherActor(SupervisorActor):
     def _make_turn(self, delivery: Delivery, lock_fd: int | None = None) -> Turn:
         me = self.actor_ref
         info = self.snapshot.index.get(profile_key(delivery.target))
+        if info is None:  # removed since it was accepted: never run a turn that would recreate its home
+            raise TurnFailed(outcomes.gone_text(delivery.target), reason=reasons.UNKNOWN)
 
         def send(target: str, message: str) -> dict[str, Any]:
             request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1)
@@ -465,7 +468,7 @@ class DispatcherActor(SupervisorActor):
                 self.deliver_local(info, delivery, journaled=True)
                 continue
             self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
-            text = f"The profile '{delivery.target}' no longer exists; the message was NOT delivered."
+            text = outcomes.gone_text(delivery.target)
             self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "unknown"))
         counts = plan.counts()
         if any(counts.values()):

@@ -164,6 +164,8 @@ def execute_turn(
         try:
             # the turn's process (if any) inherits the flock's fd: it holds the flock as long as it lives
             turn = make_turn(delivery, lock.fd if lock is not None else None)
+        except TurnFailed as exc:  # e.g. the profile is gone: said as it is, never retried
+            return TurnFinished(delivery.delivery_id, None, exc.text, normalize_reason(exc.reason, exc.text))
         except Exception as exc:  # our own code, but the DM must still get its outcome now
             logger.exception("building the turn of {} failed", delivery.delivery_id)
             return never_ran(delivery.delivery_id, "building the turn", exc)
@@ -194,7 +196,11 @@ class TurnFactory(Protocol):
     """Builds the first-attempt :class:`Turn` of a delivery (the Dispatcher's ``_make_turn``)."""
 
     def __call__(self, delivery: Delivery, lock_fd: int | None = None) -> Turn:
-        """The turn of ``delivery``; ``lock_fd`` is the profile's flock fd, when held."""
+        """The turn of ``delivery``; ``lock_fd`` is the profile's flock fd, when held.
+
+        Raises:
+            TurnFailed: the turn cannot be built (its profile was removed): the DM fails with it, never retried.
+        """
         ...
 
 
