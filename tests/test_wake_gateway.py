@@ -232,10 +232,13 @@ def test_status_names_a_pending_wake_a_wake_and_never_counts_its_outcome_as_a_dm
     dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
     assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
     rec.wait_entered(2, timeout=10)  # alice's wake turn is running
-    rows = {row["delivery_id"]: row for row in live_status(gw)["in_flight"]}
+    live = live_status(gw)
+    rows = {row["delivery_id"]: row for row in live["in_flight"]}
     assert rows[wake_id(dm)]["route"] == "wake", rows
+    assert live["counters"]["pending"] == 0 and live["counters"]["settled"] == 1  # DMs only
     held = file_status(root)  # what the journal says meanwhile
     assert [(r["delivery_id"], r["route"]) for r in held["in_flight"]] == [(wake_id(dm), "wake")]
+    assert held["counters"]["pending"] == 0
     gate.set()
     assert gw.wait_outcome(wake_id(dm), timeout=10)["reply"] == "noted"
     gw.stop()

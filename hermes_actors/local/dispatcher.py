@@ -532,7 +532,7 @@ class DispatcherActor(SupervisorActor):
     def _on_stats(self, msg: StatsRequest) -> dict[str, Any]:
         return {
             **self.counters,
-            "pending": self.book.pending_count(),
+            "pending": self.book.pending_count() - self.waker.pending_wakes(self.book.pending()),
             "active_profiles": self.profiles.active(),
             "deliveries": self.stats.view(self.book.pending(), self.profiles.owners),
         }

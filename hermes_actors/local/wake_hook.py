@@ -80,6 +80,11 @@ class SenderWaker:
             elif state.outcome is not None and not state.delivered:
                 self.sources[key] = delivery_from_record(state.delivery)
 
+    @staticmethod
+    def pending_wakes(pending: list[tuple[str, Pending]]) -> int:
+        """How many of the pending entries are wake turns (not DMs: the DM counters leave them out)."""
+        return sum(1 for _, entry in pending if is_wake(entry.delivery))
+
     def settling(self, key: str, entry: Pending | None) -> None:
         """Called when the outcome of ``key`` arrives for ``entry``, before it is journaled and published.
 
