@@ -325,3 +325,30 @@ def test_doctor_says_what_an_unmanaged_profile_means(
     main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
     check = {c["name"]: c for c in _json(capsys)["checks"]}["profiles managed"]  # type: ignore[union-attr]
     assert (check["level"], check["detail"]) == (level, says)
+
+
+@pytest.mark.parametrize(("server", "answers", "key_missing", "level", "says"), [
+    (None, False, True, WARN, "API_SERVER_KEY (16+ characters) is not set"),
+    (None, False, False, OK, "not configured: turns run with the hermes CLI"),
+    ("127.0.0.1:8642", False, False, WARN, "does not answer: turns run with the hermes CLI until it does"),
+    ("127.0.0.1:8642", True, False, OK, "through the hermes API server 127.0.0.1:8642"),
+], ids=["key-missing", "not-configured", "down", "warm"])
+def test_doctor_says_whether_turns_run_warm(
+    tmp_path: Path, server: str | None, answers: bool, key_missing: bool, level: str, says: str
+) -> None:
+    from hermes_actors.ops.doctor import check_warm_turns
+
+    check = check_warm_turns(tmp_path, server, answers, key_missing)
+    assert check.level == level and says in check.detail, check
+
+
+def test_doctor_warns_when_enable_gateway_left_the_api_server_without_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hermes refuses to start the API server without the key: every turn then runs with the CLI, silently."""
+    monkeypatch.delenv("API_SERVER_KEY", raising=False)
+    root = make_root(tmp_path, config={"platforms": {"api_server": {"enabled": True, "extra": {"port": 8642}}},
+                                       "gateway": {"multiplex_profiles": True}})
+    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["warm turns"]  # type: ignore[union-attr]
+    assert check["level"] == WARN and "API_SERVER_KEY" in check["detail"] and ".env" in check["fix"], check

@@ -122,6 +122,28 @@ def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
                  f"(hermes-actors {pong.get('version')})")
 
 
+def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing: bool) -> Check:
+    """Pure: whether turns run warm through the hermes gateway's API server, and why not.
+
+    Args:
+        root: the Hermes root.
+        server: the API server the root's config names (None: none usable).
+        answers: it answered a probe just now.
+        key_missing: the config enables the API server but no ``API_SERVER_KEY`` of 16+ characters is set.
+    """
+    if key_missing:
+        return Check("warm turns", WARN, "the hermes API server is enabled but API_SERVER_KEY (16+ characters) is "
+                     "not set: hermes refuses to start it, so every turn runs with the hermes CLI (2–4 s of CPU each)",
+                     f"set API_SERVER_KEY in {root / '.env'}, then restart: HERMES_HOME={root} hermes gateway run")
+    if server is None:
+        return Check("warm turns", OK, "not configured: turns run with the hermes CLI (for warm turns: "
+                     f"hermes-actors enable --root {root} --gateway)")
+    if not answers:
+        return Check("warm turns", WARN, f"the hermes API server {server} does not answer: turns run with the "
+                     "hermes CLI until it does", f"HERMES_HOME={root} hermes gateway run")
+    return Check("warm turns", OK, f"through the hermes API server {server}")
+
+
 def check_config_keys(path: Path, raw: dict[str, Any], problem: str | None) -> Check:
     """Pure: config.yaml reads, and has no unknown ``bot_mode`` key (with the closest known one)."""
     if problem:
@@ -256,6 +278,27 @@ def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
     return own, remote, routed
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool]:
+    """The API server the root's config names, whether it answers, and whether only its key is missing."""
+    from hermes_actors.hermes.select import MIN_KEY_CHARS, api_server_of, probe_api_server, read_dotenv
+
+    env = {**read_dotenv(root / ".env"), **os.environ}
+    server = api_server_of(raw, env)
+    if server is None:  # would a key of the right length make it usable? (the config enables it, then)
+        platforms = _mapping(raw.get("platforms"))
+        block = _mapping(platforms.get("api_server"))
+        extra = _mapping(block.get("extra"))
+        keyed_block = {**block, "extra": {**extra, "key": "k" * MIN_KEY_CHARS}}
+        keyed = {**raw, "platforms": {**platforms, "api_server": keyed_block}}
+        unkeyed_env = {name: value for name, value in env.items() if name != "API_SERVER_KEY"}
+        return None, False, api_server_of(keyed, unkeyed_env) is not None
+    return str(server), probe_api_server(server), False
+
+
 def run_doctor(
     root: str | Path, *, cli: str | None = None, ping: Callable[[Path], dict[str, Any] | None] | None = None
 ) -> list[Check]:
@@ -289,6 +332,7 @@ def run_doctor(
         check_plugin(root, enabled),
         check_daemon(root, ping(root)),
         check_config_keys(path, raw, problem),
+        check_warm_turns(root, *_warm_facts(root, raw)),
     ]
     from hermes_actors.transports.redis.store import mask_url, redis_url_from_config
 
