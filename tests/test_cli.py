@@ -250,3 +250,22 @@ def test_roster_and_outcome_lines_never_pass_terminal_control_sequences(
         assert main(["outcome", "--root", str(root), ack["delivery_id"]]) == 0
     out = capsys.readouterr().out
     assert out == "Reply from @bob: \\x1b[2Jgotcha\\u202e\n"
+
+
+def test_send_past_its_wait_still_prints_the_outcome_of_a_turn_that_finishes_while_it_stops(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a host, the turn's grace at the stop let it finish: its reply was never printed (exit 1, 'pending')."""
+    import sys
+
+    from roots import write_fake_cli
+
+    root = create_demo_root(tmp_path / "root")
+    slow = "#!{python}\nimport time\ntime.sleep(1.0)  # a turn slower than --wait\nprint('late but here')\n"
+    cli = write_fake_cli(tmp_path, slow.format(python=sys.executable))
+    code = main(["send", "--root", str(root), "--from", "hermes", "scout", "hi", "--cli", str(cli),
+                 "--runner", "command", "--wait", "0.05"])
+    captured = capsys.readouterr()
+    assert "pending: " in captured.err and "stopping" in captured.err
+    assert captured.out.strip().splitlines()[-1] == "Reply from @scout: late but here"
+    assert code == 0

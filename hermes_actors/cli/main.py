@@ -175,7 +175,7 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
-    from hermes_actors.cli.serve import stop_gateway
+    from hermes_actors.cli.serve import STOP_GRACE_SECONDS, stop_gateway
     from hermes_actors.core.config import deep_merge, load_config
     from hermes_actors.gateway import Gateway
     from hermes_actors.store.hermes_root import existing_root
@@ -202,8 +202,16 @@ def _cmd_send(args: argparse.Namespace) -> int:
         try:
             outcome = gw.wait_outcome(ack["delivery_id"], timeout=wait)
         except TimeoutError as exc:
-            print(f"pending: {exc}; stopping makes its outcome ambiguous", file=sys.stderr)
-            return EXIT_FAILED
+            # The stop lets a running turn finish within its grace: its outcome is then known, say it.
+            print(f"pending: {exc}; stopping (a running turn gets up to {STOP_GRACE_SECONDS:.0f} s to finish, "
+                  "else its outcome is ambiguous)", file=sys.stderr)
+            stop_gateway(gw, again=False)
+            try:
+                outcome = gw.wait_outcome(ack["delivery_id"], timeout=0)
+            except (KeyError, TimeoutError):  # durable and never started: the next host on the root runs it
+                print(f"still pending: the next host on {args.root} runs it; then: hermes-actors outcome --root "
+                      f"{args.root} {ack['delivery_id']}", file=sys.stderr)
+                return EXIT_FAILED
         except KeyboardInterrupt:  # the stop below lets a running turn finish first: say where its outcome goes
             interrupted = True
             print(f"interrupted; the DM's outcome, once settled: hermes-actors outcome --root {args.root} "
