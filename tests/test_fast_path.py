@@ -114,7 +114,7 @@ def test_an_inline_turn_waits_on_a_worker_while_another_process_holds_the_flock(
         with LogCapture(level="INFO") as logs:
             key = send_dm(gw, "wait for the lock", target="bob")
             # the turn found the flock taken and waits for it: only now is "released before it ran" a test
-            await_condition(lambda: logs.matching("waiting for the turn lock"), timeout=30,
+            await_condition(lambda: logs.matching("waiting for the lock"), timeout=30,
                             message="the turn waiting for the flock")
         released.set()
         fcntl.flock(fd, fcntl.LOCK_UN)

@@ -194,7 +194,7 @@ def test_a_second_send_never_overlaps_a_turn_whose_gateway_was_killed(
     second = Proc("second", ["-v", "send", "--root", str(root), "--from", "carol", "bob", "two", "--wait", "60",
                              "--cli", str(fake_cli), "--runner", "command"], tmp_path, fake_env(log, release_b, "B"))
     procs.append(second)
-    await_condition(lambda: "waiting for the turn lock" in second.stderr() or started(log, "B"), timeout=WAIT,
+    await_condition(lambda: "waiting for the lock" in second.stderr() or started(log, "B"), timeout=WAIT,
                     message="the second turn waits for the lock (or starts)")
     assert started(log, "B") is None, "a second turn of @bob started while the first one still runs"
     release_a.touch()

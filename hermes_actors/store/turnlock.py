@@ -141,7 +141,7 @@ class TurnLock:
                     return time.monotonic() - start
                 except BlockingIOError:
                     if delay == 0.001:  # once per acquire: say why this turn has not started
-                        logger.info("waiting for the turn lock {}: another turn holds it", self.path)
+                        logger.info("waiting for the lock {}: another turn or process holds it", self.path)
                     now = time.monotonic()
                     if now >= deadline:
                         self._done()
