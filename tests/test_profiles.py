@@ -368,3 +368,12 @@ def test_hermes_own_profiles_default_folder_is_skipped_without_a_warning(tmp_pat
     with LogCapture("WARNING") as logs:
         names = [info.profile for info in p.discover_profiles(root)]
     assert names.count("default") == 1 and logs.lines == []
+
+
+def test_an_unreachable_folder_is_warned_about_once_however_often_status_lists_the_profiles(tmp_path: Path) -> None:
+    """The live page refreshes the status every second: it re-listed the profiles, warning each time."""
+    root = make_root(tmp_path, {"bob": {}, "Bob": {}})
+    with LogCapture("WARNING") as logs:
+        for _ in range(5):
+            assert [info.profile for info in p.discover_profiles(root)] == ["default", "bob"]
+    assert len([line for line in logs.lines if "profiles/Bob" in line]) == 1, logs.lines

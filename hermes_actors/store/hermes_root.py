@@ -10,6 +10,7 @@ title, and by the Desktop @-slugs of those friendly names (resolution itself is
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -176,8 +177,23 @@ def _profile_dirs(root: Path) -> list[tuple[str, Path]]:
             found.append((name, entry))
     unreachable = unreachable_profiles([name for name, _ in found])
     for name, why in unreachable.items():
-        logger.warning("skipping profile {}: {}", base / name, why)
+        _warn_once(f"skipping profile {base / name}: {why}")
     return [(name, home) for name, home in found if name not in unreachable]
+
+
+_warned: OrderedDict[str, None] = OrderedDict()  # lines already warned in this process (status polls every second)
+_WARNED_KEEP = 1024
+
+
+def _warn_once(line: str) -> None:
+    """Log ``line`` as a warning the first time in this process, at debug after that."""
+    if line in _warned:
+        logger.debug("{}", line)
+        return
+    _warned[line] = None
+    if len(_warned) > _WARNED_KEEP:
+        _warned.popitem(last=False)
+    logger.warning("{}", line)
 
 
 def discover_profiles(root: Path) -> list[ProfileInfo]:
