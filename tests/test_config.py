@@ -63,6 +63,10 @@ BILLION_LAUGHS = "l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
 ) + "display_name: *l8\nbot_mode: {max_hops: *l8}\n"
 
 
+# Each mapping merges the one before (<<: *prev): 1,000 small lines that build 500,000 entries, quadratically.
+MERGE_CHAIN = "l0: &l0 {k0: 0}\n" + "".join(f"l{n}: &l{n} {{<<: *l{n - 1}, k{n}: 0}}\n" for n in range(1, 1000))
+
+
 @pytest.mark.parametrize(("value", "size"), [
     (5, 1),
     ([], 1),
@@ -106,8 +110,9 @@ def test_valid_or_empty_file(tmp_path: Path, warnings: list[str], content: str, 
         ("42\n", "int"),
         (BILLION_LAUGHS, "more than 100000 values once its YAML aliases are expanded"),
         ("a: &a [*a]\n", "an alias that contains itself"),
+        (MERGE_CHAIN, "more than 100000 values once its YAML aliases are expanded"),
     ],
-    ids=["unclosed", "nested-mapping", "list", "str", "int", "billion-laughs", "recursive-alias"],
+    ids=["unclosed", "nested-mapping", "list", "str", "int", "billion-laughs", "recursive-alias", "merge-chain"],
 )
 def test_bad_yaml_warns_and_is_empty(tmp_path: Path, warnings: list[str], content: str, needle: str) -> None:
     path = tmp_path / "config.yaml"

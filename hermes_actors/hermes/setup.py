@@ -41,7 +41,7 @@ from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.hermes.submit_client import ping
 from hermes_actors.store.atomic import atomic_write_json, ensure_private_dir, read_json_file
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
-from hermes_actors.store.yaml_file import MAX_EXPANDED_VALUES, expanded_size
+from hermes_actors.store.yaml_file import MAX_EXPANDED_VALUES, load_bounded
 
 __all__ = ["PLUGIN_NAME", "SetupError", "SetupReport", "disable", "enable"]
 
@@ -83,16 +83,16 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file() or path.stat().st_size > _MAX_YAML:
         raise SetupError(f"{path} is not a regular file under 4 MiB; refusing to edit it")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data, too_big = load_bounded(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SetupError(f"{path} is not valid YAML ({exc}); fix it, then run again") from None
+    if too_big:
+        raise SetupError(f"{path} holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases are expanded "
+                         "(or an alias that contains itself); refusing to edit it")
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise SetupError(f"{path} does not hold a mapping at the top; fix it, then run again")
-    if expanded_size(data) is None:
-        raise SetupError(f"{path} holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases are expanded "
-                         "(or an alias that contains itself); refusing to edit it")
     return data
 
 

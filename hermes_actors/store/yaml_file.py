@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from loguru import logger
 # The C parser (libyaml) is ~7x faster; 10,000 profile.yaml files are read at start.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_EXPANDED_VALUES", "expanded_size", "load_yaml_file", "read_yaml_mapping"]
+__all__ = [
+    "MAX_CONFIG_BYTES", "MAX_EXPANDED_VALUES", "expanded_size", "load_bounded", "load_yaml_file", "read_yaml_mapping",
+]
 
 MAX_CONFIG_BYTES = 1024 * 1024
 # Values a file may hold once its aliases are expanded: YAML anchors nest cheaply ("billion laughs"), and
@@ -67,12 +70,30 @@ def _read_capped(path: Path) -> bytes:
     return data
 
 
-def expanded_size(value: Any, limit: int = MAX_EXPANDED_VALUES) -> int | None:
+def _value_children(node: Any) -> list[Any] | None:
+    """The parts of a loaded value (None: a scalar)."""
+    if isinstance(node, dict):
+        return [*node.keys(), *node.values()]
+    return node if isinstance(node, list) else None
+
+
+def _node_children(node: Any) -> list[Any] | None:
+    """The parts of a composed YAML node (None: a scalar); an alias is the node it names, a merge key its mapping."""
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else None
+
+
+def expanded_size(
+    value: Any, limit: int = MAX_EXPANDED_VALUES, children: Callable[[Any], list[Any] | None] = _value_children
+) -> int | None:
     """Pure: how many values ``value`` holds once shared (aliased) parts are counted each time they appear.
 
     Args:
-        value: what a YAML loader returned (dicts, lists, scalars; parts may be shared or recursive).
+        value: what a YAML loader returned (dicts, lists, scalars; parts may be shared or recursive),
+            or, with ``children=_node_children``, the node graph ``yaml.compose`` returned.
         limit: stop counting past it.
+        children: the parts of a container (None for a scalar).
 
     Returns:
         The count (keys and values, every container and scalar), or None when it is above
@@ -84,15 +105,15 @@ def expanded_size(value: Any, limit: int = MAX_EXPANDED_VALUES) -> int | None:
     results: list[int] = []
     while stack:
         node, done = stack.pop()
-        if not isinstance(node, dict | list):
+        parts = children(node)
+        if parts is None:
             results.append(1)
             continue
         key = id(node)
-        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
         if done:
             open_ids.discard(key)
-            total = 1 + sum(results[len(results) - len(children):]) if children else 1
-            del results[len(results) - len(children):]
+            total = 1 + sum(results[len(results) - len(parts):]) if parts else 1
+            del results[len(results) - len(parts):]
             if total > limit:
                 return None
             sizes[key] = total
@@ -105,7 +126,7 @@ def expanded_size(value: Any, limit: int = MAX_EXPANDED_VALUES) -> int | None:
             return None
         open_ids.add(key)
         stack.append((node, True))
-        stack.extend((child, False) for child in reversed(children))
+        stack.extend((child, False) for child in reversed(parts))
     return results[0]
 
 
@@ -131,19 +152,46 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
     except OSError as exc:
         return {}, f"config file {path} is unreadable ({exc}); ignoring it"
     try:
-        loaded = yaml.load(data.decode("utf-8"), Loader=_SafeLoader)  # a safe loader (the C one when present)
+        loaded, too_big = load_bounded(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         return {}, f"config file {path} is not valid UTF-8 ({exc}); ignoring it"
     except yaml.YAMLError as exc:
         return {}, f"config file {path} is malformed YAML ({exc}); ignoring it"
+    if too_big:
+        return {}, (f"config file {path} holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases "
+                    "are expanded, or an alias that contains itself; ignoring it")
     if loaded is None:
         return {}, None
     if not isinstance(loaded, dict):
         return {}, f"config file {path} top level is a {type(loaded).__name__}, not a mapping; ignoring it"
-    if expanded_size(loaded) is None:
-        return {}, (f"config file {path} holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases "
-                    "are expanded, or an alias that contains itself; ignoring it")
     return loaded, None
+
+
+def load_bounded(text: str) -> tuple[Any, bool]:
+    """Parse YAML ``text`` with a safe loader, counting its expanded size before building anything.
+
+    Building is where aliases and merge keys (``<<: *a``) are expanded: nested aliases
+    ("billion laughs") or chained merges cost memory and time there, so the node graph
+    is counted first (:func:`expanded_size`) and a document over the limit is never built.
+
+    Returns:
+        ``(value, False)``; ``(None, True)`` when the document is over :data:`MAX_EXPANDED_VALUES`
+        values expanded, or recursive.
+
+    Raises:
+        yaml.YAMLError: malformed YAML.
+    """
+    loader = _SafeLoader(text)  # the C loader when present
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, False
+        if expanded_size(node, children=_node_children) is None:
+            return None, True
+        return loader.construct_document(node), False
+    finally:
+        loader.dispose()
+
 
 
 def load_yaml_file(path: Path) -> dict[str, Any]:
