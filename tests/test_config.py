@@ -369,3 +369,20 @@ def test_a_setting_changed_while_the_host_runs_is_announced_and_applies_at_the_n
     restarted = start_gateway(gateways, root, RecordingRunner())
     refusal = restarted.message_agent(sender="alice", target="bob", message="deep", hop=3)
     assert refusal["reason"] == "loop_guard" and "(limit 2)" in refusal["error"]
+
+
+@pytest.mark.parametrize("content", [BILLION_LAUGHS, MERGE_CHAIN], ids=["billion-laughs", "merge-chain"])
+def test_a_document_over_the_limit_is_never_built(
+    tmp_path: Path, warnings: list[str], content: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building is what expands aliases and merges (quadratic for a merge chain): it must not start."""
+    import yaml as pyyaml
+
+    def never(self: Any, node: Any) -> Any:
+        raise AssertionError("the over-limit document was built")
+
+    monkeypatch.setattr(pyyaml.constructor.BaseConstructor, "construct_document", never)
+    path = tmp_path / "config.yaml"
+    path.write_text(content)
+    assert c.load_yaml_file(path) == {}
+    assert len(warnings) == 1 and "more than 100000 values" in warnings[0]
