@@ -280,6 +280,10 @@ class TypedActor(pykka.ThreadingActor):
         logger.opt(exception=error).error("{} crashed", self)
         self.cancel_timers()
         try:
+            self.on_crashing(error)
+        except Exception:
+            logger.opt(exception=sys.exc_info()).error("{} on_crashing() failed", self)
+        try:
             salvage = self.salvage()
         except Exception:
             logger.opt(exception=sys.exc_info()).error("{} salvage() failed", self)
@@ -376,6 +380,17 @@ class TypedActor(pykka.ThreadingActor):
     def salvage(self) -> Any:
         """State worth handing to the restarted instance (override); taken at the crash. Default None."""
         return None
+
+    def on_crashing(self, error: BaseException) -> None:
+        """Hook: called on the actor's thread the moment ``error`` crashes it; a no-op here.
+
+        It runs before what is queued behind the crash is collected (see :meth:`on_crash`),
+        so an actor that is fed by other threads can stop them here: whatever they
+        told it before this returns is still collected and reported, never dropped.
+
+        Args:
+            error: the exception that crashed the actor.
+        """
 
 
 def fail_pending(who: str, pending: list[Any] | tuple[Any, ...]) -> None:

@@ -46,6 +46,10 @@ from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["Gateway"]
 
+# A failing Dispatcher waits at most this long for the message_agent calls already past their check
+# (a first-hop DM's tell takes µs; a call asking the Dispatcher itself cannot finish and is not waited for longer).
+_FAILING_SENDS_WAIT = 0.5
+
 class Gateway:
     """One gateway process's Bot Mode messaging.
 
@@ -162,7 +166,7 @@ class Gateway:
             system = ActorSystem(options, runner=self.runner)
             try:
                 system.start(cfg, redis_settings, subscribers=self._early_subscribers, owners=self._early_owners,
-                             on_failure=self._dispatcher_failed)
+                             on_failing=self._dispatcher_failing, on_failure=self._dispatcher_failed)
             except BaseException:
                 system.teardown()  # a half-started gateway leaves no actor or thread behind
                 raise
@@ -225,11 +229,21 @@ class Gateway:
                 self._state = "stopped"
         logger.info("gateway stopped")
 
+    def _dispatcher_failing(self, error: BaseException) -> None:
+        """The Dispatcher is failing (called on its thread): no more acks; the DMs acked so far reach it.
+
+        A sender past its check still tells its DM; waiting for those calls here (µs each, bounded)
+        puts their DMs in the mailbox the failed Dispatcher settles, instead of after its stop.
+        """
+        self._failure = error
+        self._failed = True
+        self._await_sends(_FAILING_SENDS_WAIT)
+
     def _dispatcher_failed(self, error: BaseException | None, final: dict[str, dict[str, Any]]) -> None:
         """The Dispatcher failed (called on its thread): refuse DMs from now on, keep its outcomes, say so."""
         self._final_outcomes = {**final, **self._final_outcomes}
         self._failure = error
-        self._failed = True
+        self._failed = True  # already, unless the failing hook itself failed
         if self._state == "running":  # else it failed while starting (start() reports it) or stopping
             self._report_failure()
 
@@ -259,7 +273,7 @@ class Gateway:
         delay = 0.0001
         while self._sending:  # no event to wait on: the senders take no lock, by design (see __init__)
             if time.monotonic() >= deadline:
-                logger.warning("stopping with {} message_agent call(s) still in flight", len(self._sending))
+                logger.warning("{} message_agent call(s) still in flight after {:g}s", len(self._sending), timeout)
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.02)

@@ -165,6 +165,7 @@ class ActorSystem:
     caller_admission: CallerAdmission | None = None  # first-hop local DMs admitted on the sender's thread
     profile_count: int = 0
     recovered: dict[str, int] = field(default_factory=dict)
+    failed_running: list[str] | None = None  # set when the Dispatcher failed: the turns that may still run
 
     def start(
         self,
@@ -173,6 +174,7 @@ class ActorSystem:
         *,
         subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]],
         owners: dict[str, Any],
+        on_failing: Callable[[BaseException], None] | None = None,
         on_failure: Callable[[BaseException | None, dict[str, dict[str, Any]]], None] | None = None,
     ) -> None:
         """Start and wire every actor. After an error, call :meth:`teardown` to stop what was started.
@@ -182,7 +184,9 @@ class ActorSystem:
             redis_settings: from :func:`redis_settings_for` (None: the file relay).
             subscribers: outcome callbacks subscribed before start (token → (callback, details)).
             owners: live owners attached before start (profile → owner); attached before recovery.
-            on_failure: called if the Dispatcher fails (see ``DispatcherActor``).
+            on_failing: called the moment the Dispatcher fails (see ``DispatcherActor``).
+            on_failure: called once it failed, with the error and its settled outcomes; the turns
+                that may still run are kept for :meth:`shut_down`, which ends them.
 
         Raises:
             KeyError: an owner names no local profile.
@@ -243,7 +247,8 @@ class ActorSystem:
             journal=journal,
             runner_is_hermes=is_real_hermes(self.runner),
             caller_admission=caller_admission,
-            on_failed=on_failure,
+            on_failing=on_failing,
+            on_failed=self._failed_with(on_failure),
         )
         current = ask(self.roster, Subscribe(self.dispatcher), timeout=ASK_TIMEOUT, expect=RosterSnapshot)
         self.dispatcher.tell(RosterChanged(current))
@@ -311,6 +316,17 @@ class ActorSystem:
             raise RuntimeError(f"gateway start: the relay stopped while resuming its in-flight envelopes ({exc}); "
                                "nothing was accepted, see the log for its error") from exc
 
+    def _failed_with(
+        self, on_failure: Callable[[BaseException | None, dict[str, dict[str, Any]]], None] | None
+    ) -> Callable[[BaseException | None, dict[str, dict[str, Any]], list[str]], None]:
+        """The Dispatcher's ``on_failed``: keep the turns that may still run, then tell ``on_failure``."""
+        def failed(error: BaseException | None, final: dict[str, dict[str, Any]], running: list[str]) -> None:
+            self.failed_running = list(running)
+            if on_failure is not None:
+                on_failure(error, final)
+
+        return failed
+
     def shut_down(
         self,
         timeout: float,
@@ -354,7 +370,11 @@ class ActorSystem:
             else:
                 ask(notifier, Flush(), timeout=max(ASK_TIMEOUT, timeout))
         except (ActorGone, AskTimeout) as exc:
-            logger.error("gateway stop was not clean: {}", exc)
+            if self.failed_running is not None:  # the Dispatcher failed earlier: end the turns it left running
+                logger.info("stopping a failed gateway: ending the turns it left running")
+                end_running_turns(self.runner, self.failed_running)
+            else:
+                logger.error("gateway stop was not clean: {}", exc)
         finally:
             if self.rooms is not None:
                 self.rooms.stop()  # idempotent: already stopped above unless the stop was not clean

@@ -555,3 +555,32 @@ def test_an_error_in_after_message_crashes_that_actor_only() -> None:
     tell(bystander, Inc())
     await_condition(lambda: not broken.is_alive(), timeout=10, message="the broken actor stopping")
     assert ask(bystander, Get(), timeout=5) == [(1, False)]
+
+
+class FeederStoppingWorker(RecordingWorker):
+    """Its on_crashing tells it one more message (as a feeding thread finishing its send would)."""
+
+    def __init__(self, crashes: list[tuple[BaseException | None, list[Any]]], fail_hook: bool = False) -> None:
+        super().__init__(crashes)
+        self.fail_hook = fail_hook
+        self.crashing: list[BaseException] = []
+
+    def on_crashing(self, error: BaseException) -> None:
+        self.crashing.append(error)
+        self.actor_ref.tell(Echo("told while crashing"))
+        if self.fail_hook:
+            raise RuntimeError("on_crashing failed")
+
+
+@pytest.mark.parametrize("fail_hook", [False, True], ids=["hook", "raising-hook"])
+def test_on_crashing_runs_before_the_mailbox_is_collected(fail_hook: bool) -> None:
+    crashes: list[tuple[BaseException | None, list[Any]]] = []
+    ref = FeederStoppingWorker.start(crashes, fail_hook=fail_hook)
+    gate = _block(ref)
+    ref.tell(Crash())
+    gate.set()
+    ref.actor_stopped.wait(5)  # type: ignore[attr-defined]
+    assert ref.actor_stopped.is_set()  # type: ignore[attr-defined]
+    [(error, pending)] = crashes
+    assert isinstance(error, RuntimeError) and str(error) == "crash on purpose"
+    assert Echo("told while crashing") in pending  # collected and reported, never dropped behind the stop

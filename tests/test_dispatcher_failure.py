@@ -39,6 +39,7 @@ class PoisonSeam:
         self.go = threading.Event()
         self.go.set()
         self.reached = threading.Event()
+        self.crashing = threading.Event()  # set just before the injected error is raised
         self.armed = True
         self.once = False  # fail once per DM (a started-again gateway's recovery settles it without failing)
         self.failed_for: set[str] = set()
@@ -62,6 +63,7 @@ def poison_outcome(monkeypatch: pytest.MonkeyPatch) -> PoisonSeam:
             seam.failed_for.add(key)
             seam.reached.set()
             assert seam.go.wait(WAIT)
+            seam.crashing.set()
             raise Poison("injected")
         settling(self, key, entry)
 
@@ -155,6 +157,113 @@ def test_dms_acked_while_the_dispatcher_fails_get_not_delivered_outcomes(
         assert "NOT delivered" in out["error"], out
     assert gw.wait_outcome(poison, timeout=WAIT)["status"] == "ambiguous"
     gw.stop(timeout=WAIT)
+
+
+class StoppableRunner:
+    """Holds "hold" turns until released, and records which turns ``stop_turns`` was asked to end."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.stopped: list[str] = []
+
+    def run_turn(self, turn: Turn) -> str:
+        if body_of(turn.content) == "hold":
+            self.entered.set()
+            self.release.wait(WAIT)
+        return f"ok: {body_of(turn.content)}"
+
+    def stop_turns(self, delivery_ids: Any = None, **_: Any) -> int:
+        self.stopped.extend(delivery_ids or ())
+        self.release.set()  # as a killed turn process ends its turn
+        return len(self.stopped)
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "durable"])
+def test_stopping_a_failed_gateway_ends_the_turns_it_left_running(
+    tmp_path: Path, gateways: list[Gateway], poison_outcome: PoisonSeam, durable: bool
+) -> None:
+    """The stop asked the dead Dispatcher which turns run, gave up, and left their processes behind."""
+    runner = StoppableRunner()
+    failures: list[Any] = []
+    gw = start_gateway(gateways, make_root(tmp_path), runner, durable=durable, on_failure=failures.append)
+    running = send_dm(gw, "hold", target="carol")
+    assert runner.entered.wait(WAIT)
+    send_dm(gw, "poison")
+    await_condition(lambda: bool(failures), timeout=WAIT, message="on_failure called")
+    gw.stop(timeout=WAIT)
+    assert running in runner.stopped
+
+
+def test_a_wait_outcome_queued_behind_the_failure_is_answered_at_once(
+    tmp_path: Path, gateways: list[Gateway], poison_outcome: PoisonSeam
+) -> None:
+    poison_outcome.hold()
+    gw, _ = failed_gateway(gateways, make_root(tmp_path), lambda turn: "ok", durable=False)
+    poison = send_dm(gw, "poison")
+    assert poison_outcome.reached.wait(WAIT)  # the Dispatcher's thread is held in the failing handler
+    answers: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: answers.append(gw.wait_outcome(poison, timeout=120)))
+    waiter.start()
+    poison_outcome.fail()
+    waiter.join(WAIT)  # it would wait its whole 120 s for an outcome nobody publishes any more
+    assert not waiter.is_alive() and answers[0]["status"] == "ambiguous", answers
+
+
+def test_an_ack_waiting_for_its_journal_commit_when_the_dispatcher_fails_is_answered_and_kept(
+    tmp_path: Path, gateways: list[Gateway], poison_outcome: PoisonSeam, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DM the Dispatcher journals itself (from inside a turn, hop 2) waits for its commit: its sender waited
+    for the ask's timeout and was told NOT queued, while the next start ran it."""
+    import os
+
+    gate, syncing, armed = threading.Event(), threading.Event(), threading.Event()
+    real_sync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if armed.is_set():
+            syncing.set()
+            assert gate.wait(WAIT)
+        real_sync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "poison":
+            entered.set()
+            assert release.wait(WAIT)
+        return "ok"
+
+    root = make_root(tmp_path)
+    gw, failures = failed_gateway(gateways, root, behave, durable=True)
+    send_dm(gw, "poison")
+    assert entered.wait(WAIT)  # its start is on disk: the next commit is the sender's DM
+    armed.set()
+    answers: list[dict[str, Any]] = []
+    sender = threading.Thread(target=lambda: answers.append(
+        gw.message_agent(sender="alice", target="carol", message="from inside a turn", hop=2)))
+    sender.start()
+    assert syncing.wait(WAIT)  # the Dispatcher took the DM and waits for its commit to ack it
+    release.set()  # the poison's outcome: the Dispatcher fails
+    assert poison_outcome.crashing.wait(WAIT)
+    gate.set()
+    sender.join(WAIT)
+    assert not sender.is_alive() and answers, "the sender got no answer"
+    armed.clear()
+    await_condition(lambda: bool(failures), timeout=WAIT, message="on_failure called")
+    gw.stop(timeout=WAIT)
+    poison_outcome.armed = False
+    ran: list[str] = []
+    again = start_gateway(gateways, root, RecordingRunner(lambda turn: ran.append(body_of(turn.content)) or "ok"))
+    if "delivery_id" in answers[0]:  # acked: the next start runs it, once
+        assert again.wait_outcome(answers[0]["delivery_id"], timeout=WAIT)["status"] == "replied"
+        assert ran.count("from inside a turn") == 1
+    else:  # refused: nothing may run it
+        assert "NOT queued" in answers[0]["error"], answers
+        send_dm(again, "marker")
+        await_condition(lambda: "marker" in ran, timeout=WAIT, message="the marker ran")
+        assert "from inside a turn" not in ran
 
 
 # ── serve restarts a failed gateway ─────────────────────────────────────────
@@ -273,3 +382,35 @@ def test_outcomes_after_failure_table() -> None:
     assert by_id["q1"]["status"] == "failed" and by_id["q1"]["reason"] == "runtime_offline"
     assert "NOT delivered" in by_id["q1"]["error"]
     assert by_id["p1"]["status"] == "ambiguous"
+
+
+def test_a_dm_acked_as_the_dispatcher_fails_is_collected_and_gets_its_outcome(
+    tmp_path: Path, gateways: list[Gateway], poison_outcome: PoisonSeam, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sender past its check when the Dispatcher failed told its DM after the stop: acked, then never settled."""
+    from hermes_actors.local.admission import CallerAdmission
+
+    past_check, go_on = threading.Event(), threading.Event()
+    plan_local = CallerAdmission.plan_local
+
+    def held_plan(self: CallerAdmission, request: Any) -> Any:
+        if request.message == "late":
+            past_check.set()
+            assert go_on.wait(WAIT)
+        return plan_local(self, request)
+
+    monkeypatch.setattr(CallerAdmission, "plan_local", held_plan)
+    gw, failures = failed_gateway(gateways, make_root(tmp_path), lambda turn: "ok", durable=False)
+    answers: list[dict[str, Any]] = []
+    sender = threading.Thread(target=lambda: answers.append(
+        gw.message_agent(sender="alice", target="carol", message="late")))
+    sender.start()
+    assert past_check.wait(WAIT)
+    send_dm(gw, "poison")
+    await_condition(lambda: not gw.running, timeout=WAIT, message="the gateway stopped acking")
+    go_on.set()  # the sender, past its check, now hands its DM over
+    sender.join(WAIT)
+    assert answers and answers[0]["status"] == "queued", answers
+    await_condition(lambda: bool(failures), timeout=WAIT, message="on_failure called")
+    out = gw.wait_outcome(answers[0]["delivery_id"], timeout=WAIT)
+    assert out["status"] == "failed" and "NOT delivered" in out["error"], out

@@ -81,6 +81,7 @@ from hermes_actors.store.journal import Journal
 
 __all__ = ["DispatcherActor"]
 
+_FAILED_DRAIN_SECONDS = 10.0  # a failed Dispatcher waits this long for the journal's last commits
 NOTIFY_BATCH = 64  # outcomes per Notifier message at most: subscribers see them without waiting for a quiet moment
 
 
@@ -95,10 +96,13 @@ class DispatcherActor(SupervisorActor):
         peer_submit: runs a peer delivery off-actor; called with (delivery, route, report).
         runner_is_hermes: turns run on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then).
         caller_admission: where senders' threads read the roster snapshot (published here on every change).
-        on_failed: called once, on this actor's thread, if an error escapes a handler (this actor then
-            stops: nothing restarts it, as every part of the gateway holds its ref): with the error and the
-            outcomes a stopped Gateway keeps answering. Before it runs, every DM acked from memory only
-            got its outcome (:func:`~hermes_actors.core.failure.outcomes_after_failure`).
+        on_failing: called on this actor's thread the moment an error escapes a handler: stop the
+            acks (see :meth:`on_crashing`).
+        on_failed: called once, on this actor's thread, after that error (this actor then stops:
+            nothing restarts it, as every part of the gateway holds its ref): with the error, the
+            outcomes a stopped Gateway keeps answering and the ids of the deliveries whose turns
+            may still run. Before it runs, every DM acked from memory only got its outcome
+            (:func:`~hermes_actors.core.failure.outcomes_after_failure`).
     """
 
     def __init__(
@@ -112,7 +116,8 @@ class DispatcherActor(SupervisorActor):
         journal: Journal | None = None,
         runner_is_hermes: bool = False,
         caller_admission: CallerAdmission | None = None,
-        on_failed: Callable[[BaseException | None, dict[str, dict[str, Any]]], None] | None = None,
+        on_failing: Callable[[BaseException], None] | None = None,
+        on_failed: Callable[[BaseException | None, dict[str, dict[str, Any]], list[str]], None] | None = None,
     ) -> None:
         super().__init__(policy=policy or RestartPolicy(max_restarts=5, within_seconds=10.0))
         self.snapshot = snapshot
@@ -130,6 +135,7 @@ class DispatcherActor(SupervisorActor):
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
         self.stats = DeliveryStats()
         self.caller_admission = caller_admission
+        self.on_failing = on_failing
         self.on_failed = on_failed  # (not pykka's on_failure hook)
         self.notes: list[tuple[dict[str, Any], Delivery | None, float]] = []  # published, not yet told to the Notifier
 
@@ -571,18 +577,38 @@ class DispatcherActor(SupervisorActor):
                 self._settle(outcomes.failed(key, entry.delivery.label, text, "unknown"))
         self.profiles.forget(name)
 
+    def on_crashing(self, error: BaseException) -> None:
+        """An error escaped a handler: the gateway stops acking now, before the mailbox is collected.
+
+        The senders' threads ack first-hop DMs themselves and tell them here (``AcceptLocal``);
+        ``on_failing`` returns once those already past their check have told theirs, so each one
+        is collected and settled by :meth:`on_crash`, never dropped behind the stop.
+        """
+        if self.on_failing is not None:
+            self.on_failing(error)
+
     def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
-        """This actor failed: settle what only its memory held, then tell the gateway (``on_failed``).
+        """This actor failed: answer everyone still waiting on it, then tell the gateway (``on_failed``).
 
         Runs after :meth:`on_stop` (the ProfileActors are stopped). Asks queued behind the failure
-        fail with ``ActorDeadError`` (the default); each step here is best effort, as the state
-        that failed is the one read.
+        fail with ``ActorDeadError`` (the default); then the DMs acked from memory only get their
+        outcome, the acks waiting for a journal commit are answered, and so are the
+        ``wait_outcome`` callers. Each step is best effort: the state that failed is the one read.
         """
         super().on_crash(error, pending, salvage)
-        try:
-            self._settle_after_failure(error, pending)
-        except Exception:
-            logger.exception("the failed Dispatcher could not settle the DMs it held in memory")
+        running = [key for key, entry in self.book.pending() if entry.route in ("local", "room")]
+        reports = [message for message in pending if isinstance(message, JournalDurable)]
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("settle the DMs it held in memory", lambda: self._settle_after_failure(error, pending)),
+            ("answer the acks waiting for their journal commit",
+             lambda: self.durability.settle_parked(reports, timeout=_FAILED_DRAIN_SECONDS)),
+            ("answer the outcome waiters", lambda: self._answer_waiters_after_failure(pending)),
+        ]
+        for what, step in steps:
+            try:
+                step()
+            except Exception:
+                logger.exception("the failed Dispatcher could not {}", what)
         final: dict[str, dict[str, Any]] = {}
         try:
             final = self.book.export()
@@ -590,9 +616,18 @@ class DispatcherActor(SupervisorActor):
             logger.exception("the failed Dispatcher could not export its settled outcomes")
         if self.on_failed is not None:
             try:
-                self.on_failed(error, final)
+                self.on_failed(error, final, running)
             except Exception:
                 logger.exception("the gateway's on_failure callback failed")
+
+    def _answer_waiters_after_failure(self, mailbox: list[Any]) -> None:
+        """``wait_outcome`` callers: the outcome when it is known now, else 'no outcome yet' at once."""
+        for message in mailbox:
+            if isinstance(message, AwaitOutcome):
+                self._on_await(message)  # answered now, or registered as a waiter below
+        self.book.fail_waiters(lambda key: TimeoutError(
+            f"delivery {key} has no outcome yet: the gateway's dispatcher failed; the next start on the root "
+            "settles it (journaled DMs are re-offered)"))
 
     def _settle_after_failure(self, error: BaseException | None, mailbox: list[Any]) -> None:
         """Give each DM acked from memory only its outcome (``outcomes_after_failure``): waiters, rooms, subscribers."""

@@ -10,7 +10,8 @@ listener, which only tells the Dispatcher ``JournalDurable``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pykka
@@ -40,6 +41,10 @@ class NoDurability:
 
     def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
         """Nothing is ever journaled, so nothing lands."""
+
+    def settle_parked(self, held: Iterable[JournalDurable], timeout: float) -> int:
+        """No ack ever waits for a commit here."""
+        return 0
 
     def journal_outcome(self, outcome: Outcome) -> bool:
         """False: publish the outcome now."""
@@ -71,9 +76,18 @@ class JournalDurability:
 
     def __init__(self, journal: Journal, dispatcher: pykka.ActorRef[Any]) -> None:
         self.journal = journal
-        # one message per group commit, not one per record
-        journal.listener = lambda tokens, error: tell(dispatcher, JournalDurable(tuple(tokens), error))
+        self.dispatcher = dispatcher
+        journal.listener = self._landed  # one message per group commit, not one per record
         self._parked: dict[str, tuple[Callable[[], None], pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
+        # Commits the Dispatcher could no longer be told of (it failed): settle_parked reads them.
+        self._orphaned: list[tuple[tuple[Any, ...], BaseException | None]] = []
+        self._orphaned_lock = threading.Lock()
+
+    def _landed(self, tokens: list[Any], error: BaseException | None) -> None:
+        """The journal's listener (its writer thread): tell the Dispatcher, or keep it when it is gone."""
+        if not tell(self.dispatcher, JournalDurable(tuple(tokens), error)):
+            with self._orphaned_lock:
+                self._orphaned.append((tuple(tokens), error))
 
     def accept(self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None]) -> PendingAck:
         """Journal the acceptance; ``proceed()`` and the ack follow once its group commit is on disk.
@@ -109,6 +123,38 @@ class JournalDurability:
         crashpoint("after-journal-before-ack")
         proceed()
         future.set(ack)
+
+    def settle_parked(self, held: Iterable[JournalDurable], timeout: float) -> int:
+        """The Dispatcher failed: answer every sender whose ack waits for its commit; how many were answered.
+
+        An acceptance on disk is acked (the next start on the root re-offers it, so the ack is
+        true); one the journal refused, or did not confirm within ``timeout``, is refused.
+
+        Args:
+            held: the commit reports left in the failed Dispatcher's mailbox.
+            timeout: seconds to wait for the commits still running.
+        """
+        if not self._parked:
+            return 0
+        count = len(self._parked)
+        for report in held:
+            self._answer(report.tokens, report.error)
+        self.journal.drain(timeout)
+        with self._orphaned_lock:
+            orphaned, self._orphaned = self._orphaned, []
+        for tokens, error in orphaned:
+            self._answer(tokens, error)
+        unconfirmed = StoreError(0, "the journal did not confirm it before the gateway's dispatcher failed")
+        for _proceed, future, _ack in self._parked.values():
+            future.set(journal_refusal(unconfirmed))
+        self._parked.clear()
+        return count
+
+    def _answer(self, tokens: tuple[Any, ...], error: BaseException | None) -> None:
+        for kind, value in tokens:
+            parked = self._parked.pop(value, None) if kind == "accepted" else None
+            if parked is not None:
+                parked[1].set(parked[2] if error is None else journal_refusal(error))
 
     def journal_outcome(self, outcome: Outcome) -> bool:
         """Journal ``outcome`` (group commit); True: publish it once it landed, False: publish it now."""

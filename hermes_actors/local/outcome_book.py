@@ -299,6 +299,21 @@ class OutcomeBook:
             raise KeyError(f"unknown delivery id {key!r}: this gateway did not issue it and no journal holds it")
         return self._settled.get(key) if state is DeliveryState.SETTLED else None
 
+    def fail_waiters(self, error_for: Callable[[str], BaseException]) -> int:
+        """Answer every waiter still waiting with ``error_for(delivery id)`` (the owner can settle nothing more).
+
+        Returns:
+            How many waiters were answered.
+        """
+        waiters, self._waiters = self._waiters, {}
+        count = 0
+        for key, futures in waiters.items():
+            error = error_for(key)
+            for future in futures:
+                future.set_exception(exc_info=(type(error), error, None))
+                count += 1
+        return count
+
     def wait(self, key: str, future: pykka.ThreadingFuture[dict[str, Any]]) -> None:
         """Set ``future`` with the outcome dict of ``key`` now, or once it is published.
 
