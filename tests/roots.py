@@ -174,6 +174,17 @@ class RecordingRunner:
         return self.records
 
 
+def held_on(body: str, release: threading.Event, *, reply: str = "ok: ") -> Callable[[Turn], str]:
+    """A ``RecordingRunner`` behaviour: the turn whose DM body is ``body`` waits for ``release``; every turn
+    answers ``reply`` + its body."""
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == body:
+            assert release.wait(30), f"the test never released the {body!r} turn"
+        return f"{reply}{body_of(turn.content)}"
+
+    return behave
+
+
 def start_gateway(
     gateways: list[Gateway], root: Path, runner: Any = None, config: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> Gateway:

@@ -92,6 +92,17 @@ def failed_gateway(gateways: list[Gateway], root: Path, runner: Any, *, durable:
     return gw, failures
 
 
+def held_in_failure(
+    gateways: list[Gateway], tmp_path: Path, seam: PoisonSeam
+) -> tuple[Gateway, list[Any], str]:
+    """An in-memory gateway whose Dispatcher's thread is held in the handler about to fail; and the poison DM."""
+    seam.hold()
+    gw, failures = failed_gateway(gateways, make_root(tmp_path), lambda turn: "ok", durable=False)
+    poison = send_dm(gw, "poison")
+    assert seam.reached.wait(WAIT)
+    return gw, failures, poison
+
+
 @pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "durable"])
 def test_a_failed_dispatcher_stops_the_acks_and_reports_the_failure(
     tmp_path: Path, gateways: list[Gateway], poison_outcome: PoisonSeam, durable: bool
@@ -144,10 +155,7 @@ def test_dms_acked_while_the_dispatcher_fails_get_not_delivered_outcomes(
     tmp_path: Path, gateways: list[Gateway], poison_outcome: PoisonSeam
 ) -> None:
     """In memory, DMs acked by the senders' threads wait in the failing Dispatcher's mailbox: failed, not lost."""
-    poison_outcome.hold()
-    gw, failures = failed_gateway(gateways, make_root(tmp_path), lambda turn: "ok", durable=False)
-    poison = send_dm(gw, "poison")
-    assert poison_outcome.reached.wait(WAIT)  # the Dispatcher's thread is held in the failing handler
+    gw, failures, poison = held_in_failure(gateways, tmp_path, poison_outcome)
     queued = [send_dm(gw, f"queued {n}", target="carol") for n in range(3)]  # acked: told, not yet taken
     poison_outcome.fail()
     await_condition(lambda: bool(failures), timeout=WAIT, message="on_failure called")
@@ -198,10 +206,7 @@ def test_stopping_a_failed_gateway_ends_the_turns_it_left_running(
 def test_a_wait_outcome_queued_behind_the_failure_is_answered_at_once(
     tmp_path: Path, gateways: list[Gateway], poison_outcome: PoisonSeam
 ) -> None:
-    poison_outcome.hold()
-    gw, _ = failed_gateway(gateways, make_root(tmp_path), lambda turn: "ok", durable=False)
-    poison = send_dm(gw, "poison")
-    assert poison_outcome.reached.wait(WAIT)  # the Dispatcher's thread is held in the failing handler
+    gw, _, poison = held_in_failure(gateways, tmp_path, poison_outcome)
     answers: list[dict[str, Any]] = []
     waiter = threading.Thread(target=lambda: answers.append(gw.wait_outcome(poison, timeout=120)))
     waiter.start()

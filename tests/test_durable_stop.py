@@ -8,22 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, make_root
+from roots import RecordingRunner, held_on, make_root
 
 from hermes_actors import Gateway
-from hermes_actors.messages import Turn
 
 
 def test_stop_keeps_queued_dms_journaled_and_the_next_start_runs_each_once(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     release = threading.Event()
-
-    def behave(turn: Turn) -> str:
-        if body_of(turn.content) == "blocker":
-            assert release.wait(30), "never released"
-        return f"ok: {body_of(turn.content)}"
-
-    first_runner = RecordingRunner(behave)
+    first_runner = RecordingRunner(held_on("blocker", release))
     outcomes: list[dict[str, Any]] = []
     lock = threading.Lock()
 

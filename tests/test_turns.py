@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, start_gateway, write_fake_cli
+from roots import RecordingRunner, body_of, held_on, start_gateway, write_fake_cli
 
 from actors.testkit import await_condition
 from hermes_actors import CommandRunner, Gateway, TurnFailed
@@ -414,13 +414,7 @@ def test_a_dm_queued_for_a_profile_deleted_meanwhile_fails_without_running(root:
     import shutil
 
     release = threading.Event()
-
-    def behave(turn: Turn) -> str:
-        if body_of(turn.content) == "first":
-            assert release.wait(30), "the test never released the first turn"
-        return f"did {body_of(turn.content)}"
-
-    runner = RecordingRunner(behave)
+    runner = RecordingRunner(held_on("first", release, reply="did "))
     gw = start_gateway(gateways, root, runner, {"bot_mode": {"rescan_seconds": 0.05}})
     first = queued(gw.message_agent(sender="alice", target="bob", message="first"))
     runner.wait_entered(1, timeout=10)
