@@ -88,12 +88,13 @@ def test_live_page_shows_dms_as_they_happen(root: Path, gateways: list[Gateway],
 
         quick = [send_dm(gw, f"note {n}", target="bob", sender="alice") for n in range(3)]
         release.set()
+        # One lookup each that names the status: the table is re-rendered as outcomes stream in, so a
+        # row found a moment earlier may be gone (a stale element) by the time it is read again.
         for delivery_id in [*quick, held]:
-            row = wait.until(ec.presence_of_element_located(
-                (By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{delivery_id}"]')))
-            assert row.get_attribute("data-status") == "replied"
-        held_row = browser.find_element(By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{held}"]')
-        assert "@alice → @carol" in held_row.text
+            wait.until(ec.presence_of_element_located(
+                (By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{delivery_id}"][data-status="replied"]')))
+        wait.until(ec.text_to_be_present_in_element(
+            (By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{held}"]'), "@alice → @carol"))
         wait.until(ec.text_to_be_present_in_element((By.ID, "latency-n"), "4"))
         assert "p50" in browser.find_element(By.ID, "latency-summary").text
         wait.until(ec.text_to_be_present_in_element((By.ID, "in-flight-count"), "0"))
