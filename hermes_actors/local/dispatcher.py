@@ -346,13 +346,12 @@ class DispatcherActor(SupervisorActor):
         if self.book.has_outcome(key):
             logger.debug("second outcome for {} dropped (first one wins)", key)
             return
-        room = self.book.entry(key)
-        if room is not None and room.route == "room":  # never journaled here: the room file records it
-            self._publish(outcome)
-            return
         # Left pending until it is journaling or published: should anything below fail, the DM is
         # still held, and the failed Dispatcher settles it (on_crash) instead of losing it.
         entry = self.book.entry(key)
+        if entry is not None and entry.route == "room":  # never journaled here: the room file records it
+            self._publish(outcome)
+            return
         self.waker.settling(key, entry)
         if entry is not None and entry.route == "relay-in":
             # The sender is on another connection: the reply goes back through the relay.
@@ -536,11 +535,12 @@ class DispatcherActor(SupervisorActor):
 
     @handles(StatsRequest)
     def _on_stats(self, msg: StatsRequest) -> dict[str, Any]:
+        pending = self.book.pending()
         return {
             **self.counters,
-            "pending": self.book.pending_count() - self.waker.pending_wakes(self.book.pending()),
+            "pending": len(pending) - self.waker.pending_wakes(pending),
             "active_profiles": self.profiles.active(),
-            "deliveries": self.stats.view(self.book.pending(), self.profiles.owners),
+            "deliveries": self.stats.view(pending, self.profiles.owners),
         }
 
     def on_restart(self, name: str, failure: ChildFailed) -> ChildFailed:
