@@ -113,6 +113,14 @@ class JournalDurability:
 
     def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
         """The acceptance of ``delivery_id`` is on disk (or failed): queue it and release its ack."""
+        self._release(delivery_id, error, queue=True)
+
+    def _release(self, delivery_id: str, error: BaseException | None, *, queue: bool) -> None:
+        """Answer the parked ack of ``delivery_id``: refused when its commit failed, else acked.
+
+        ``queue``: queue the delivery first (False once the Dispatcher failed: the next start
+        re-offers it from the journal).
+        """
         parked = self._parked.pop(delivery_id, None)
         if parked is None:
             return
@@ -121,7 +129,8 @@ class JournalDurability:
             future.set(journal_refusal(error))  # nothing acked, nothing queued
             return
         crashpoint("after-journal-before-ack")
-        proceed()
+        if queue:
+            proceed()
         future.set(ack)
 
     def settle_parked(self, held: Iterable[JournalDurable], timeout: float) -> int:
@@ -137,24 +146,20 @@ class JournalDurability:
         if not self._parked:
             return 0
         count = len(self._parked)
-        for report in held:
-            self._answer(report.tokens, report.error)
+        landed = [(report.tokens, report.error) for report in held]
         self.journal.drain(timeout)
         with self._orphaned_lock:
-            orphaned, self._orphaned = self._orphaned, []
-        for tokens, error in orphaned:
-            self._answer(tokens, error)
+            landed += self._orphaned
+            self._orphaned = []
+        for tokens, error in landed:
+            for kind, value in tokens:
+                if kind == "accepted":
+                    self._release(value, error, queue=False)
         unconfirmed = StoreError(0, "the journal did not confirm it before the gateway's dispatcher failed")
         for _proceed, future, _ack in self._parked.values():
             future.set(journal_refusal(unconfirmed))
         self._parked.clear()
         return count
-
-    def _answer(self, tokens: tuple[Any, ...], error: BaseException | None) -> None:
-        for kind, value in tokens:
-            parked = self._parked.pop(value, None) if kind == "accepted" else None
-            if parked is not None:
-                parked[1].set(parked[2] if error is None else journal_refusal(error))
 
     def journal_outcome(self, outcome: Outcome) -> bool:
         """Journal ``outcome`` (group commit); True: publish it once it landed, False: publish it now."""
