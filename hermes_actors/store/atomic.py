@@ -223,15 +223,7 @@ def _target_dir(target: Path, within: Path | None) -> Iterator[int | None]:
     if within is None:
         yield None
         return
-    parent = os.path.dirname(os.fspath(target))
-    top = os.fspath(within)
-    if parent == top:
-        relative = ""
-    elif parent.startswith(top + os.sep):
-        relative = parent[len(top) + 1:]
-    else:
-        raise ValueError(f"{target} is not inside {within}")
-    fd = open_relay_dir(within, relative)
+    fd = open_relay_dir(within, os.path.dirname(os.fspath(target)))  # not pathlib: this runs for every relay write
     try:
         yield fd
     finally:

@@ -35,9 +35,15 @@ def _open_checked(path: Path | str, *, dir_fd: int | None = None, shown: Path) -
     return fd
 
 
-def _relative_parts(base: Path, directory: Path) -> list[str]:
-    """The components of ``directory`` below ``base`` (string work: this runs twice per relayed DM)."""
+def _relative_parts(base: Path, directory: Path | str) -> list[str]:
+    """The components of ``directory`` below ``base``, [] for ``base`` itself (string work: this runs per relay write).
+
+    Raises:
+        ValueError: ``directory`` is not ``base`` nor inside it.
+    """
     top, below = os.fspath(base), os.fspath(directory)
+    if below == top:
+        return []
     if not below.startswith(top + os.sep):
         raise ValueError(f"{directory} is not inside {base}")
     return below[len(top) + 1:].split(os.sep)
@@ -68,12 +74,12 @@ def _descend(base_fd: int, parts: list[str], base: Path) -> int:
     return os.dup(fd) if fd == base_fd else fd
 
 
-def open_relay_dir(base: Path, relative: str) -> int:
-    """Open ``base/relative`` as a directory without following a symlink at any step below ``base``.
+def open_relay_dir(base: Path, directory: Path | str) -> int:
+    """Open ``directory`` (``base`` or inside it) without following a symlink at any step from ``base`` down.
 
     Args:
         base: the ``bot_relay`` directory (itself refused when it is a symlink).
-        relative: a path inside it (``"inbox"``, ``"taken/s-…"``).
+        directory: ``base`` or a directory inside it (``base / "inbox"``, ``base / "taken" / "s-…"``).
 
     Returns:
         A directory descriptor (the caller closes it).
@@ -81,10 +87,12 @@ def open_relay_dir(base: Path, relative: str) -> int:
     Raises:
         HostileFileError: a step is a symlink, not a directory, or not ours.
         FileNotFoundError: a step does not exist.
+        ValueError: ``directory`` is not inside ``base``.
     """
+    parts = _relative_parts(base, directory)
     base_fd = _open_checked(base, shown=base)
     try:
-        return _descend(base_fd, list(Path(relative).parts), base)
+        return _descend(base_fd, parts, base)
     finally:
         os.close(base_fd)
 
