@@ -29,7 +29,7 @@ from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
 from hermes_actors.local.runners import TurnRunner
 
-__all__ = ["api_server_of", "default_runner", "probe_api_server", "read_dotenv"]
+__all__ = ["api_server_needs_key", "api_server_of", "default_runner", "probe_api_server", "read_dotenv"]
 
 DEFAULT_API_HOST = "127.0.0.1"
 DEFAULT_API_PORT = 8642
@@ -81,6 +81,30 @@ def api_server_of(config: Mapping[str, Any], env: Mapping[str, str]) -> ApiServe
         The server, or None: the platform is off, multiplexing is off, or
         there is no key of at least 16 characters.
     """
+    enabled, key, extra = _api_server_settings(config, env)
+    if not enabled or len(key) < MIN_KEY_CHARS:
+        return None
+    host = str(env.get("API_SERVER_HOST") or extra.get("host") or DEFAULT_API_HOST)
+    try:
+        port = int(env.get("API_SERVER_PORT") or extra.get("port") or DEFAULT_API_PORT)
+    except (TypeError, ValueError):
+        return None
+    if host in ("0.0.0.0", "::", ""):  # a wildcard bind is reachable on loopback
+        host = DEFAULT_API_HOST
+    return ApiServer(host=host, port=port, key=key)
+
+
+def api_server_needs_key(config: Mapping[str, Any], env: Mapping[str, str]) -> bool:
+    """Whether the config enables the API server for us but no key of at least 16 characters is set.
+
+    hermes then refuses to start the API server, and every turn runs with the CLI.
+    """
+    enabled, key, _extra = _api_server_settings(config, env)
+    return enabled and len(key) < MIN_KEY_CHARS
+
+
+def _api_server_settings(config: Mapping[str, Any], env: Mapping[str, str]) -> tuple[bool, str, dict[str, Any]]:
+    """``(enabled with multiplexing on, the key, the platform's extra)`` as hermes would resolve them."""
     gateway = config.get("gateway") if isinstance(config.get("gateway"), dict) else {}
     assert isinstance(gateway, dict)
     block: dict[str, Any] = {}
@@ -96,17 +120,8 @@ def api_server_of(config: Mapping[str, Any], env: Mapping[str, str]) -> ApiServe
     multiplex = _truthy(multiplex_env) if multiplex_env in _TRUTHY | {"0", "false", "no", "off"} else _truthy(
         config.get("multiplex_profiles", gateway.get("multiplex_profiles"))
     )
-    key = str(env.get("API_SERVER_KEY") or extra.get("key") or "")
-    if not enabled or not multiplex or len(key.strip()) < MIN_KEY_CHARS:
-        return None
-    host = str(env.get("API_SERVER_HOST") or extra.get("host") or DEFAULT_API_HOST)
-    try:
-        port = int(env.get("API_SERVER_PORT") or extra.get("port") or DEFAULT_API_PORT)
-    except (TypeError, ValueError):
-        return None
-    if host in ("0.0.0.0", "::", ""):  # a wildcard bind is reachable on loopback
-        host = DEFAULT_API_HOST
-    return ApiServer(host=host, port=port, key=key.strip())
+    key = str(env.get("API_SERVER_KEY") or extra.get("key") or "").strip()
+    return enabled and multiplex, key, extra
 
 
 def probe_api_server(server: ApiServer, timeout: float = 2.0) -> bool:

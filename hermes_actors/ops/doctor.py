@@ -278,24 +278,14 @@ def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
     return own, remote, routed
 
 
-def _mapping(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool]:
     """The API server the root's config names, whether it answers, and whether only its key is missing."""
-    from hermes_actors.hermes.select import MIN_KEY_CHARS, api_server_of, probe_api_server, read_dotenv
+    from hermes_actors.hermes.select import api_server_needs_key, api_server_of, probe_api_server, read_dotenv
 
     env = {**read_dotenv(root / ".env"), **os.environ}
     server = api_server_of(raw, env)
-    if server is None:  # would a key of the right length make it usable? (the config enables it, then)
-        platforms = _mapping(raw.get("platforms"))
-        block = _mapping(platforms.get("api_server"))
-        extra = _mapping(block.get("extra"))
-        keyed_block = {**block, "extra": {**extra, "key": "k" * MIN_KEY_CHARS}}
-        keyed = {**raw, "platforms": {**platforms, "api_server": keyed_block}}
-        unkeyed_env = {name: value for name, value in env.items() if name != "API_SERVER_KEY"}
-        return None, False, api_server_of(keyed, unkeyed_env) is not None
+    if server is None:
+        return None, False, api_server_needs_key(raw, env)
     return str(server), probe_api_server(server), False
 
 
