@@ -46,8 +46,11 @@ class RestartPolicy:
 
     def allows(self, history: deque[float], now: float) -> bool:
         """Pure decision: may one more restart happen at ``now``?"""
-        recent = [t for t in history if now - t <= self.within_seconds]
-        return len(recent) < self.max_restarts
+        return self.recent(history, now) < self.max_restarts
+
+    def recent(self, history: deque[float], now: float) -> int:
+        """Pure: how many of the restarts in ``history`` fall within the window ending at ``now``."""
+        return sum(1 for t in history if now - t <= self.within_seconds)
 
 
 @dataclass

@@ -113,7 +113,7 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
             return 0
         now = time.monotonic()
         if not RESTART_POLICY.allows(restarts, now):
-            recent = sum(1 for t in restarts if now - t <= RESTART_POLICY.within_seconds) + 1
+            recent = RESTART_POLICY.recent(restarts, now) + 1
             print(f"the gateway failed {recent} times within {RESTART_POLICY.within_seconds:.0f} s "
                   f"(last: {failure}); giving up", file=sys.stderr, flush=True)
             return 1
