@@ -161,3 +161,9 @@ KEY = "k" * 32
 )
 def test_api_server_discovery(config: dict, env: dict, expected: ApiServer | None) -> None:
     assert api_server_of(config, env) == expected
+
+
+def test_an_api_server_is_named_by_its_address_and_never_shows_its_key() -> None:
+    server = ApiServer("127.0.0.1", 8642, KEY)
+    assert str(server) == "127.0.0.1:8642"  # logs and doctor: "the hermes API server 127.0.0.1:8642 ..."
+    assert KEY not in str(server) and KEY not in repr(server)

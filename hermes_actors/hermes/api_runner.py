@@ -51,6 +51,9 @@ class ApiServer:
     def __repr__(self) -> str:  # never print the key
         return f"ApiServer(host={self.host!r}, port={self.port})"
 
+    def __str__(self) -> str:  # how logs and doctor name it: 127.0.0.1:8642
+        return f"{self.host}:{self.port}"
+
 
 def pick_titled_session(rows: list[dict[str, Any]], title: str) -> str | None:
     """The session ``hermes chat -c TITLE`` would pick among listed sessions.
