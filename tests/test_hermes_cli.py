@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_model import FakeModel, last_user_text
+from fake_model import FakeModel, ToolCall, last_user_text
 from hermes_fixtures import OfflineRoot
 
 from hermes_actors.hermes.cli_runner import HermesCliRunner
@@ -167,3 +167,70 @@ def test_enable_asks_to_start_the_actors_only_when_no_host_serves_the_root(
     with Gateway(root, runner=lambda turn: "ok", serve_submit=True):
         again = enable(root, cli=hermes_cli, env={})  # a serve runs: its roster takes the change by itself
     assert not any("start the actors" in line for line in again.todo), again.todo
+
+
+def _active_bot_chat(home: Path) -> list[tuple[str, str]]:
+    conn = sqlite3.connect(home / "state.db")
+    try:
+        return [(str(role), str(content)) for role, content in conn.execute(
+            "SELECT m.role, m.content FROM messages m JOIN sessions s ON s.id = m.session_id "
+            "WHERE s.title = 'Bot Chat' AND m.active = 1 ORDER BY m.id")]
+    finally:
+        conn.close()
+
+
+def test_a_provider_failure_is_retried_once_without_the_dm_twice_in_the_session(
+    hermes_cli: str, offline_root: OfflineRoot, fake_model: FakeModel
+) -> None:
+    """hermes 0.19 stores the DM, then fails (HTTP 500 three times): the retry takes it back first."""
+    from hermes_actors import Gateway
+
+    failing = {"bob": True}
+
+    def script(messages: list[dict[str, object]]) -> str:
+        text = last_user_text(messages)  # type: ignore[arg-type]
+        if failing["bob"] and "please build" in text:
+            failing["bob"] = sum(c.user_text == text for c in fake_model.calls) < 3  # hermes tries 3 times
+            raise RuntimeError("provider down")
+        return f"bob here, you said: {text}"
+
+    fake_model.script = script  # type: ignore[assignment]
+    root = offline_root.root
+    enable(root, cli=hermes_cli, env={})
+    runner = HermesCliRunner(hermes_cli, env=offline_root.env, timeout=180)
+    with Gateway(root, runner=runner) as gw:
+        ack = gw.message_agent(sender="alice", target="bob", message="please build it")
+        out = gw.wait_outcome(ack["delivery_id"], timeout=300)
+    assert out is not None and out["status"] == "replied", out
+    dm = "Message from 🤖 alice (@alice): please build it"  # the turn's text: the DM under its header
+    assert out["reply"] == f"bob here, you said: {dm}"
+    bob_calls = [c for c in fake_model.calls if c.profile == "bob"]
+    assert len(bob_calls) == 4, [c.user_text for c in bob_calls]  # hermes tried 3 times, then our one retry
+    assert bob_calls[-1].user_text == dm  # the model read the DM once, not two copies merged
+    assert _active_bot_chat(offline_root.home("bob")) == [("user", dm), ("assistant", f"bob here, you said: {dm}")]
+
+
+def test_a_failed_turn_whose_model_already_acted_is_not_retried(
+    hermes_cli: str, offline_root: OfflineRoot, fake_model: FakeModel
+) -> None:
+    """The model answered with a tool call, then the provider failed: resending would repeat its work."""
+    from hermes_actors import Gateway
+
+    def script(messages: list[dict[str, object]]) -> object:
+        if messages and messages[-1].get("role") == "tool":
+            raise RuntimeError("provider down")
+        return ToolCall("todo", {"todos": [{"id": "1", "content": "build it", "status": "pending"}]})
+
+    fake_model.script = script  # type: ignore[assignment]
+    root = offline_root.root
+    enable(root, cli=hermes_cli, env={})
+    runner = HermesCliRunner(hermes_cli, env=offline_root.env, timeout=180)
+    with Gateway(root, runner=runner) as gw:
+        ack = gw.message_agent(sender="alice", target="bob", message="please build it")
+        out = gw.wait_outcome(ack["delivery_id"], timeout=300)
+    assert out is not None and out["status"] == "failed", out
+    assert out["reason"] == "provider_server_error", out
+    first_calls = [c for c in fake_model.calls if c.profile == "bob" and c.tool_result is None]
+    assert len(first_calls) == 1, [c.user_text for c in first_calls]  # one attempt: no retry resent the DM
+    assert [m for m in _active_bot_chat(offline_root.home("bob")) if m[0] == "user"] == [
+        ("user", "Message from 🤖 alice (@alice): please build it")]

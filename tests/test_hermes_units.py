@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hermes_actors.errors import TurnFailed
@@ -9,6 +11,7 @@ from hermes_actors.hermes.api_runner import ApiServer, pick_titled_session
 from hermes_actors.hermes.cli_output import clean_reply, failure_of, reply_or_failure, session_id_of
 from hermes_actors.hermes.cli_runner import MAX_ARGV_TEXT_BYTES, HermesCliRunner
 from hermes_actors.hermes.install import ChatFlags, cli_profile_name, parse_chat_help, profile_home, root_of_home
+from hermes_actors.hermes.retry import RESEND, REWIND, SKIP, RetryPlan, plan_retry, prepare_bot_chat_retry
 from hermes_actors.hermes.select import api_server_of
 from hermes_actors.local.runners import CliResult
 from hermes_actors.messages import Turn
@@ -110,12 +113,19 @@ def test_session_id_on_stderr() -> None:
         ("", "Error: HTTP 429 Too Many Requests\n", "provider_rate_limit", "429"),
         ("", "Error: 401 invalid api key\n", "provider_auth_or_access", "invalid api key"),
         ("", "something odd\n", "unknown", "something odd"),
+        # hermes-agent 0.19, provider answering 500 three times: the error is on stdout, chatter on stderr
+        ("API call failed after 3 retries: HTTP 500: fake script failed\n",
+         "Session 20261205_201250_583d2b found but has no messages. Starting fresh.\n"
+         "session_id: 20261205_201250_583d2b\n", "provider_server_error", "HTTP 500"),
+        ("API call failed after 3 retries: HTTP 429: slow down\n", "\nsession_id: x\n", "provider_rate_limit",
+         "after 3 retries"),
     ],
 )
 def test_failure_mapping(stdout: str, stderr: str, reason: str, fragment: str) -> None:
     failure = failure_of(CliResult(stdout, stderr, 1), "bob")
     assert failure.reason == reason
     assert fragment in failure.text
+    assert "session_id" not in failure.text and "Starting fresh" not in failure.text
 
 
 def test_exit_zero_without_reply_but_with_error_is_a_failure() -> None:
@@ -167,3 +177,82 @@ def test_an_api_server_is_named_by_its_address_and_never_shows_its_key() -> None
     server = ApiServer("127.0.0.1", 8642, KEY)
     assert str(server) == "127.0.0.1:8642"  # logs and doctor: "the hermes API server 127.0.0.1:8642 ..."
     assert KEY not in str(server) and KEY not in repr(server)
+
+
+DM = "Message from 🤖 alice (@alice): please build it"
+
+
+@pytest.mark.parametrize(
+    ("stored", "action", "message_id"),
+    [
+        ([], RESEND, None),  # the attempt failed before hermes stored anything
+        ([(7, "user", DM)], REWIND, 7),  # exactly the DM: taken back, then resent
+        ([(7, "user", "something else")], SKIP, None),  # not ours: never taken back
+        ([(7, "user", DM), (8, "assistant", None)], SKIP, None),  # the model answered (tool call)
+        ([(7, "user", DM), (8, "assistant", "partial"), (9, "tool", "done")], SKIP, None),
+        ([(7, "assistant", "hello")], SKIP, None),
+        ([(7, "user", [{"type": "text", "text": DM}])], SKIP, None),  # content parts: not the text we sent
+    ],
+)
+def test_plan_retry(stored: list[tuple[int, str, object]], action: str, message_id: int | None) -> None:
+    assert plan_retry(stored, DM) == RetryPlan(action, message_id)
+
+
+@pytest.fixture
+def session_db() -> type:
+    return pytest.importorskip("hermes_state", reason="needs hermes-agent (the [hermes] extra)").SessionDB
+
+
+def _bot_chat_with(session_db: type, home: Path, rows: list[tuple[str, str]], at: float) -> str:
+    db = session_db(db_path=home / "state.db")
+    try:
+        db.create_session("s1", "cli")
+        db.set_session_title("s1", "Bot Chat")
+        for role, content in rows:
+            db.append_message("s1", role, content)
+        with db._lock:  # the test dates the rows: hermes stamps them with time.time()
+            db._conn.execute("UPDATE messages SET timestamp = ?", (at,))
+            db._conn.commit()
+    finally:
+        db.close()
+    return "s1"
+
+
+def _active(session_db: type, home: Path) -> list[tuple[str, object]]:
+    db = session_db(db_path=home / "state.db", read_only=True)
+    try:
+        return [(m["role"], m["content"]) for m in db.get_messages("s1")]
+    finally:
+        db.close()
+
+
+def test_prepare_retry_takes_back_the_unanswered_dm_in_hermes_state_db(session_db: type, tmp_path: Path) -> None:
+    earlier = [("user", "an older DM"), ("assistant", "answered")]
+    _bot_chat_with(session_db, tmp_path, earlier, at=1000.0)
+    db = session_db(db_path=tmp_path / "state.db")
+    try:
+        db.append_message("s1", "user", DM)  # what the failed attempt stored, stamped now
+    finally:
+        db.close()
+    assert prepare_bot_chat_retry(tmp_path, "Bot Chat", DM, since=2000.0) is True
+    assert _active(session_db, tmp_path) == earlier  # the DM is soft-deleted: the retry sends it once
+
+
+def test_prepare_retry_refuses_when_the_model_already_acted(session_db: type, tmp_path: Path) -> None:
+    _bot_chat_with(session_db, tmp_path, [], at=0.0)
+    db = session_db(db_path=tmp_path / "state.db")
+    try:
+        db.append_message("s1", "user", DM)
+        db.append_message("s1", "assistant", "on it")
+    finally:
+        db.close()
+    assert prepare_bot_chat_retry(tmp_path, "Bot Chat", DM, since=1000.0) is False
+    assert _active(session_db, tmp_path) == [("user", DM), ("assistant", "on it")]
+
+
+def test_prepare_retry_ignores_rows_older_than_the_attempt(session_db: type, tmp_path: Path) -> None:
+    """The same text answered by an earlier turn is not this attempt's: nothing is taken back."""
+    _bot_chat_with(session_db, tmp_path, [("user", DM), ("assistant", "done before")], at=1000.0)
+    assert prepare_bot_chat_retry(tmp_path, "Bot Chat", DM, since=2000.0) is True
+    assert _active(session_db, tmp_path) == [("user", DM), ("assistant", "done before")]
+    assert prepare_bot_chat_retry(tmp_path / "nowhere", "Bot Chat", DM, since=0.0) is True  # no state.db yet

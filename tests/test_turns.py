@@ -259,6 +259,46 @@ def test_plain_exceptions_are_classified(root: Path, gateways: list[Gateway], er
         assert runner.turns[1].retry_action == ("compress_then_resume" if reason == "context_overflow" else "resume")
 
 
+class PreparingRetry(FailingFirst):
+    """FailingFirst with a ``prepare_retry`` hook that answers ``allow`` (or raises it)."""
+
+    def __init__(self, allow: bool | BaseException) -> None:
+        super().__init__(TurnFailed("provider down", reason="provider_server_error"))
+        self.allow = allow
+        self.prepared: list[tuple[Turn, float]] = []
+
+    def run_turn(self, turn: Turn) -> str:
+        return self(turn)
+
+    def prepare_retry(self, turn: Turn, began: float) -> bool:
+        self.prepared.append((turn, began))
+        if isinstance(self.allow, BaseException):
+            raise self.allow
+        return self.allow
+
+
+def test_a_runner_preparing_the_retry_is_asked_with_the_retry_turn_and_when_attempt_1_began(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    before = time.time()
+    runner = PreparingRetry(True)
+    _, out = _run_one(root, gateways, runner)
+    assert [t.attempt for t in runner.turns] == [1, 2] and out["status"] == "replied"
+    [(turn, began)] = runner.prepared
+    assert (turn.attempt, turn.retry_action) == (2, "resume")
+    assert before <= began <= time.time()
+
+
+@pytest.mark.parametrize("allow", [False, RuntimeError("state.db is locked"), KeyboardInterrupt()])
+def test_a_runner_refusing_the_retry_keeps_the_first_failure(root: Path, gateways: list[Gateway],
+                                                             allow: bool | BaseException) -> None:
+    runner = PreparingRetry(allow)
+    _, out = _run_one(root, gateways, runner)
+    assert [t.attempt for t in runner.turns] == [1]  # no second attempt ran
+    assert len(runner.prepared) == 1
+    assert out["status"] == "failed" and out["reason"] == "provider_server_error" and out["error"] == "provider down"
+
+
 def test_plain_exception_recovers_on_retry(root: Path, gateways: list[Gateway]) -> None:
     runner = FailingFirst(RuntimeError("HTTP 429: rate limit exceeded"))
     _, out = _run_one(root, gateways, runner)

@@ -30,8 +30,10 @@ from loguru import logger
 
 from hermes_actors.core.reasons import DELIVERY_TIMEOUT, MISSING_CONFIG, RUNTIME_OFFLINE, UNKNOWN, classify_agent_error
 from hermes_actors.errors import TurnFailed
+from hermes_actors.hermes.cli_runner import turn_home
 from hermes_actors.hermes.install import cli_profile_name
 from hermes_actors.hermes.plugin import turn_hop_scope
+from hermes_actors.hermes.retry import prepare_bot_chat_retry
 from hermes_actors.messages import Turn
 
 __all__ = ["ApiRunner", "ApiServer", "pick_titled_session"]
@@ -296,6 +298,21 @@ class ApiRunner:
             raise self._failure(failure, handle) from None
         except ValueError as exc:  # a profile name hermes rejects
             raise TurnFailed(str(exc), reason=UNKNOWN) from None
+
+    def prepare_retry(self, turn: Turn, began: float) -> bool:
+        """Before the policy retry: take back the DM the gateway stored when the first attempt failed.
+
+        The API server replays the session from ``state.db`` on every request, so the
+        retry would otherwise carry the DM twice (see :mod:`hermes_actors.hermes.retry`).
+
+        Args:
+            turn: the retry's turn.
+            began: ``time.time()`` when the first attempt began.
+
+        Returns:
+            Whether the retry may run.
+        """
+        return prepare_bot_chat_retry(turn_home(turn), turn.session, turn.content, began)
 
     def _run(self, turn: Turn, handle: str, *, retry_missing: bool) -> str:
         session = self.session_id(turn.profile, turn.session, handle)

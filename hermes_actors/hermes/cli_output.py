@@ -10,7 +10,11 @@ recorded cwd differs and ``--no-restore-cwd`` was not given),
 ``⚠ tirith security scanner enabled but not available — ...`` warning.
 ``-c NAME`` on a missing session exits 1 with ``No session found matching
 'NAME'.`` on stdout. A failed agent run with no reply prints ``Error: <text>``
-on stderr (exit 1 when the run failed, 0 when it was only partial).
+on stderr (exit 1 when the run failed, 0 when it was only partial). A provider
+that keeps failing exits 1 with ``API call failed after 3 retries: HTTP 500: ...``
+on *stdout*, while stderr carries only notices (``Session ... found but has no
+messages. Starting fresh.``) and the ``session_id:`` line: the failure text is
+read from both streams, so the reason is classified from the error itself.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ _NOISE_PREFIXES = (
     "⚠ tirith security scanner",
 )
 _SESSION_ID_RE = re.compile(r"^session_id:\s*(\S+)\s*$", re.MULTILINE)
+_FRESH_SESSION_RE = re.compile(r"^Session \S+ found but has no messages\. Starting fresh\.$")
 _ERROR_RE = re.compile(r"^Error: (.+)$", re.MULTILINE)
 _LIVE_OWNER = "already has a live owner"
 
 
 def _is_noise(line: str) -> bool:
     bare = _ANSI_RE.sub("", line).strip()
-    return not bare or bare.startswith(_NOISE_PREFIXES)
+    return not bare or bare.startswith(_NOISE_PREFIXES) or bool(_FRESH_SESSION_RE.match(bare))
 
 
 def clean_reply(stdout: str) -> str:
@@ -94,8 +99,23 @@ def failure_of(done: CliResult, handle: str) -> TurnFailed:
             "so the message was NOT delivered",
             reason=RUNTIME_OFFLINE,
         )
-    text = exit_failure_text(done)
+    text = exit_failure_text(_without_chatter(done))
     return TurnFailed(text, reason=classify_agent_error(text))
+
+
+def _without_chatter(done: CliResult) -> CliResult:
+    """``done`` with both streams' meaningful lines as its stderr (notices and ``session_id:`` dropped).
+
+    hermes prints a provider failure on stdout and only chatter on stderr, so the
+    text to classify is what both streams say, stdout first (the order hermes printed it).
+    """
+    kept = [
+        line
+        for stream in (done.stdout, done.stderr)
+        for line in stream.splitlines()
+        if not _is_noise(line) and not _SESSION_ID_RE.match(line.strip())
+    ]
+    return CliResult("", "\n".join(kept), done.returncode)
 
 
 def reply_or_failure(done: CliResult, handle: str) -> str:

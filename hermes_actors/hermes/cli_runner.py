@@ -34,6 +34,7 @@ from hermes_actors.hermes.install import (
     root_of_home,
 )
 from hermes_actors.hermes.plugin import HOP_ENV
+from hermes_actors.hermes.retry import prepare_bot_chat_retry
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.messages import Turn
@@ -192,6 +193,24 @@ class HermesCliRunner(CommandRunner):
                 reason=UNKNOWN,
             )
         return self._run(turn, None)
+
+    def prepare_retry(self, turn: Turn, began: float) -> bool:
+        """Before the policy retry: take back the DM hermes stored when the first attempt failed.
+
+        A release with ``--query-file`` (Bot Mode) resumes the unanswered turn itself
+        (``HERMES_RESUME_UNANSWERED_TURN``); hermes-agent 0.19 does not (see
+        :mod:`hermes_actors.hermes.retry`).
+
+        Args:
+            turn: the retry's turn.
+            began: ``time.time()`` when the first attempt began.
+
+        Returns:
+            Whether the retry may run.
+        """
+        if self.flags().query_file:
+            return True
+        return prepare_bot_chat_retry(turn_home(turn), turn.session, turn.content, began)
 
     def _run(self, turn: Turn, query_file: Path | None) -> str:
         handle = turn.handle or turn.profile

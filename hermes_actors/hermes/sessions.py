@@ -25,7 +25,9 @@ from loguru import logger
 from hermes_actors.hermes.install import hermes_python
 from hermes_actors.messages import BOT_CHAT_SESSION
 
-__all__ = ["SESSION_SOURCE", "BotChatError", "ensure_bot_chat", "find_bot_chat", "new_session_id"]
+__all__ = [
+    "SESSION_SOURCE", "BotChatError", "ensure_bot_chat", "find_bot_chat", "new_session_id", "session_db_class",
+]
 
 SESSION_SOURCE = "cli"  # the turns that use the session are CLI turns
 _SQLITE_TIMEOUT = 10.0
@@ -67,7 +69,8 @@ def new_session_id() -> str:
     return f"{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
 
 
-def _session_db_class() -> Any:
+def session_db_class() -> Any:
+    """hermes' ``SessionDB`` class when ``hermes_state`` imports in this interpreter, else None."""
     try:
         from hermes_state import SessionDB
     except Exception:  # hermes-agent is not installed in this interpreter (or broken)
@@ -107,7 +110,7 @@ def find_bot_chat(home: Path, title: str = BOT_CHAT_SESSION) -> str | None:
     db_path = Path(home) / "state.db"
     if not db_path.is_file():
         return None
-    session_db = _session_db_class()
+    session_db = session_db_class()
     try:
         if session_db is not None:
             db = session_db(db_path=db_path, read_only=True)
@@ -218,7 +221,7 @@ def ensure_bot_chat(home: Path, *, cli: str | None = None, title: str = BOT_CHAT
     if not home.is_dir():
         raise BotChatError(f"profile home {home} does not exist")
     db_path = home / "state.db"
-    session_db = _session_db_class()
+    session_db = session_db_class()
     try:
         if session_db is not None:
             result = _create_with_session_db(session_db, db_path, home, title)

@@ -92,6 +92,10 @@ class WarmOrCliRunner:
         else:
             logger.info("the hermes API server {} answers again: turns run warm", self.warm.server)
 
+    def prepare_retry(self, turn: Turn, began: float) -> bool:
+        """Before the policy retry: the CLI runner's rule (both paths share the profile's ``state.db``)."""
+        return self.cli.prepare_retry(turn, began)
+
     def release(self, delivery_id: str) -> None:
         """The CLI runner's query file kept for ``delivery_id`` may go (see ``CommandRunner.release``)."""
         self.cli.release(delivery_id)

@@ -16,7 +16,10 @@ Failure paths and what the sender gets (docs/reliability.md):
 - the runner raises ``TurnFailed(..., ambiguous=True)`` (the message may have reached
   its target before the failure): ``ambiguous``, never retried;
 - anything failing before the runner is called (the turn lock, the journal, building
-  the turn): ``failed`` at once with ``runtime_offline`` (retryable), see :func:`never_ran`.
+  the turn): ``failed`` at once with ``runtime_offline`` (retryable), see :func:`never_ran`;
+- a runner with a ``prepare_retry(turn, began)`` hook decides whether the policy retry
+  runs (:func:`retry_allowed`): the hermes runners take back a DM hermes-agent 0.19
+  stored before its provider failed, so the retry does not put it in the session twice.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["TurnFactory", "attempt_turn", "describe_error", "execute_turn", "never_ran", "turn_for"]
+__all__ = ["TurnFactory", "attempt_turn", "describe_error", "execute_turn", "never_ran", "retry_allowed", "turn_for"]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -111,6 +114,32 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
         return TurnFinished(key, None, text, classify_agent_error(describe_error(exc))), False
 
 
+def retry_allowed(runner: TurnRunner, retry: Turn, began: float) -> bool:
+    """Ask the runner's optional ``prepare_retry(retry, began)`` hook whether the policy retry may run.
+
+    A runner whose session kept the failed attempt's input (hermes-agent 0.19 stores the DM
+    before the provider fails) takes it back there, or refuses when the model already worked
+    on it. Without the hook the retry runs.
+
+    Args:
+        runner: the turn runner.
+        retry: the second attempt's turn.
+        began: ``time.time()`` when the first attempt began.
+
+    Returns:
+        Whether to run ``retry``; False when the hook refused or raised (runner code: the
+        first failure then stands).
+    """
+    prepare = getattr(runner, "prepare_retry", None)
+    if not callable(prepare):
+        return True
+    try:
+        return bool(prepare(retry, began))
+    except BaseException as exc:  # runner code: it must not replace the first failure
+        logger.warning("not retrying {}: preparing the retry raised {}", retry.delivery_id, describe_error(exc))
+        return False
+
+
 def execute_turn(
     delivery: Delivery,
     *,
@@ -169,14 +198,17 @@ def execute_turn(
         except Exception as exc:  # our own code, but the DM must still get its outcome now
             logger.exception("building the turn of {} failed", delivery.delivery_id)
             return never_ran(delivery.delivery_id, "building the turn", exc)
+        began = time.time()
         result, may_retry = attempt_turn(runner, turn)
         if result.reply is None and may_retry:
             action = retry_action(result.reason)
             if action != RETRY_NONE and gave_up is not None and gave_up.is_set():
                 logger.info("not retrying {}: its turn timed out and was reported", delivery.delivery_id)
             elif action != RETRY_NONE:
-                logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
-                result, _ = attempt_turn(runner, replace(turn, attempt=2, retry_action=action))
+                retry = replace(turn, attempt=2, retry_action=action)
+                if retry_allowed(runner, retry, began):
+                    logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
+                    result, _ = attempt_turn(runner, retry)
         return result
     finally:
         if lock is not None and not held:

@@ -1,0 +1,113 @@
+"""The policy retry of a failed Bot Chat turn, on a hermes that cannot resume one.
+
+A failed turn earns one retry in the same session (``core.reasons.retry_action``).
+Newer Hermes releases resume the unanswered turn (``HERMES_RESUME_UNANSWERED_TURN``);
+hermes-agent 0.19 knows no such thing, and it has already stored the DM as a user
+message when the provider failed. Sending the DM again would put it in the session
+twice (hermes then merges the two user messages: the model reads the DM twice).
+
+So before the retry we look at what the failed attempt left in the session
+(:func:`plan_retry`, pure) and act on it (:func:`prepare_bot_chat_retry`):
+
+- nothing since the attempt began: the DM never reached the session; resend it;
+- exactly the DM's user message: take it back the way hermes' own ``/undo`` does
+  (``SessionDB.rewind_to_message``, a soft delete), then resend: the session
+  reads as if the first attempt never happened;
+- anything more (the model answered, called tools, or someone else wrote):
+  the model already worked on the DM, and resending would repeat it or its
+  side effects: no retry; the first failure stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.hermes.sessions import session_db_class
+
+__all__ = ["RESEND", "REWIND", "SKIP", "RetryPlan", "plan_retry", "prepare_bot_chat_retry"]
+
+RESEND = "resend"
+REWIND = "rewind"
+SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """What to do before the retry: :data:`RESEND`, :data:`REWIND` (``message_id``), or :data:`SKIP`."""
+
+    action: str
+    message_id: int | None = None
+
+
+def plan_retry(since_attempt: Sequence[tuple[int, str, Any]], content: str) -> RetryPlan:
+    """Decide the retry from the session's active messages stored since the failed attempt began.
+
+    Args:
+        since_attempt: ``(id, role, content)`` of each active message stored since the
+            first attempt began, oldest first.
+        content: the DM text the attempt sent.
+
+    Returns:
+        :data:`RESEND` when nothing was stored; :data:`REWIND` of the one message when it
+        is exactly the DM as a user message; :data:`SKIP` otherwise.
+    """
+    if not since_attempt:
+        return RetryPlan(RESEND)
+    if len(since_attempt) == 1:
+        message_id, role, text = since_attempt[0]
+        if role == "user" and text == content:
+            return RetryPlan(REWIND, message_id)
+    return RetryPlan(SKIP)
+
+
+def prepare_bot_chat_retry(home: Path, title: str, content: str, since: float) -> bool:
+    """Make the profile's titled session ready for the retry of a failed turn.
+
+    Args:
+        home: the profile home (its ``state.db``).
+        title: the session title (``Bot Chat``).
+        content: the DM text.
+        since: the wall-clock time (``time.time()``) the failed attempt began.
+
+    Returns:
+        True when the retry may run (nothing stored, or the stored DM was taken back);
+        False when it must not (the model already worked on the DM, or the session
+        cannot be read with hermes' own ``SessionDB`` in this interpreter).
+
+    Raises:
+        Exception: whatever hermes' ``SessionDB`` raises reading or rewinding (the
+            caller treats it as "no retry").
+    """
+    db_path = Path(home) / "state.db"
+    if not db_path.is_file():
+        return True  # no session database yet: the attempt stored nothing
+    session_db = session_db_class()
+    if session_db is None:
+        logger.info("no retry: hermes' SessionDB is not importable here to check what the failed turn stored")
+        return False
+    db = session_db(db_path=db_path)
+    try:
+        session_id = db.resolve_session_by_title(title)
+        if not session_id:
+            return True
+        stored = [
+            (int(m["id"]), str(m.get("role")), m.get("content"))
+            for m in db.get_messages(session_id)
+            if float(m.get("timestamp") or 0.0) >= since
+        ]
+        plan = plan_retry(stored, content)
+        if plan.action == REWIND and plan.message_id is not None:
+            db.rewind_to_message(session_id, plan.message_id)
+            logger.info("took back the unanswered DM (message {}) of {!r} in {} before the retry",
+                        plan.message_id, title, db_path)
+        elif plan.action == SKIP:
+            logger.info("no retry: the failed turn already stored {} message(s) in {!r} of {}",
+                        len(stored), title, db_path)
+        return plan.action != SKIP
+    finally:
+        db.close()
