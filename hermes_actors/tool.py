@@ -18,24 +18,38 @@ MESSAGE_AGENT_TOOL_NAME = "message_agent"
 
 
 def message_agent_tool_schema() -> dict[str, Any]:
-    """The schema injected into a managed install's Bot Chat session (never registered globally)."""
+    """The schema injected into a managed install's Bot Chat session (never registered globally).
+
+    The seed's schema word for word (DESIGN 8): a Hermes release with Bot Mode built in shows
+    the model this text, so a bot reads the same tool on either.
+    """
     return {
         "type": "function",
         "function": {
             "name": MESSAGE_AGENT_TOOL_NAME,
             "description": (
-                "Send a message to ANOTHER agent (teammate) on this install, or to an agent on a "
-                "registered peer gateway. This is FIRE-AND-FORGET and asynchronous, like texting: it "
-                "validates the target against the live roster, delivers your message into that agent's "
-                "own Bot Chat with your attribution automatically prefixed, and returns immediately with a "
-                "dispatch acknowledgement — status queued plus a delivery_id (a hand-off, not a delivery "
-                "receipt). It does NOT return their reply and you must not wait or poll for one — send it, "
-                "finish your turn, and the outcome notification wakes you with their reply or the delivery "
-                "failure. COMPOSE the message yourself: lead with the point; include the concrete ask or "
-                "result. Never paste the user's words verbatim. Message one clearly relevant teammate when "
-                "it genuinely helps the user's goal. Targets: a teammate name (e.g. 'researcher'), "
-                "'<peer>/<agent>' for an agent on a registered peer gateway (or just '<peer>' for the "
-                "peer's main agent), or an agent on another connected machine from your roster (use "
+                "Send a message to ANOTHER agent (teammate) on this install, or to an "
+                "agent on a registered peer gateway. This is FIRE-AND-FORGET and "
+                "asynchronous, like texting: it validates the target against the live "
+                "roster, delivers your message into that agent's own Bot Chat with your "
+                "attribution automatically prefixed, and returns immediately with a "
+                "dispatch acknowledgement — status queued plus a delivery_id (the hand-off to a background "
+                "delivery process, not a delivery receipt). It does NOT return their reply and you must "
+                "not wait or poll for one — send it, finish your turn, and that process's "
+                "completion notification wakes you with the outcome: their reply, or the "
+                "delivery failure — unless the ack returns reply_delivery=\"poll\", in which case "
+                "follow its process(action=\"wait\") instruction before ending the turn. COMPOSE the message "
+                "yourself: write what YOU want to say to "
+                "that agent (lead with the point; include the concrete ask or result). "
+                "Never paste the user's words verbatim — paraphrase the actionable "
+                "substance, and keep private 1:1 chat content private. Message one "
+                "clearly relevant teammate when it genuinely helps the user's goal; "
+                "don't fan out to several agents unless the user explicitly asked. "
+                "Use the teammate roster in your system prompt (names + roles) to pick "
+                "the right recipient; targets: a teammate name (e.g. 'researcher'), "
+                "'<peer>/<agent>' for an agent on a registered peer gateway "
+                "(e.g. 'spark/researcher', or just '<peer>' for the peer's main agent), "
+                "or an agent on another connected machine from your roster (use "
                 "'<handle>@<connection>' if the same handle exists on several)."
             ),
             "parameters": {

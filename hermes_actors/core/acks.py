@@ -22,17 +22,18 @@ __all__ = [
 
 
 def ack_payload(delivery_id: str, label: str, *, now: float) -> dict[str, Any]:
-    """Pure: the tool's success JSON (DESIGN section 6)."""
+    """Pure: the tool's success JSON (DESIGN section 6); ``detail`` is the seed's text word for word."""
     return {
         "status": "queued",
         "delivery_id": delivery_id,
         "to": label,
         "reply_delivery": "notification",
         "detail": (
-            f"Message queued for {label}: this acknowledges the hand-off, not a delivery receipt — "
-            "do NOT wait or poll. Finish your turn now; the outcome notification carries the reply "
-            "(relay it then, attributed to that agent) or the delivery failure (report it; the "
-            "message was NOT delivered)."
+            f"Message queued for {label}: this acknowledges the hand-off to a "
+            "background delivery process, not a delivery receipt — do NOT wait or poll. "
+            "Finish your turn now; that process's completion notification carries the "
+            "delivery outcome — the reply (relay it then, attributed to that agent) or "
+            "the delivery failure (report it; the message was NOT delivered)."
         ),
         "queued_at": int(now),
     }
