@@ -24,6 +24,7 @@ from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.local.roster import roster_rows
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.local.sending import outcome_future, send_dm
+from hermes_actors.local.turns import turn_runner_here
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
@@ -205,13 +206,24 @@ class Gateway:
         goes back to the relay unanswered); a turn still
         running after ``timeout`` (or once ``abandon`` is set) is ``ambiguous``
         (journaled), and the runner's ``stop_turns`` (if it has one) ends its
-        process group. Subscriber callbacks are flushed before this returns. Idempotent.
+        process group. Subscriber callbacks are flushed before this returns (within ``timeout``:
+        a callback still running then does not hold the stop). Idempotent.
 
         Args:
             timeout: seconds running turns get to finish; stop returns as soon as they have.
             abandon: set it (a second Ctrl-C) to stop waiting for running turns at once.
             on_wait: called once with (running turns, ``timeout``) before waiting for them.
+
+        Raises:
+            RuntimeError: called from inside one of this gateway's turns (its runner): the stop
+                would wait for that very turn. Stop it from another thread.
         """
+        system = self._system
+        if system is not None and system.turn_runner is not None and turn_runner_here() is system.turn_runner:
+            raise RuntimeError(
+                "Gateway.stop() was called from inside one of its own turns: it would wait for that very "
+                "turn; stop it from another thread (e.g. threading.Thread(target=gateway.stop).start())"
+            )
         with self._state_lock:
             if self._state != "running":
                 self._state = "stopped" if self._state == "new" else self._state

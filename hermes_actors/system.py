@@ -152,6 +152,7 @@ class ActorSystem:
 
     options: SystemOptions
     runner: TurnRunner | None = None
+    turn_runner: TurnRunner | None = None
     journal: Journal | None = None
     scheduler: Scheduler | None = None
     pool: WorkerPool | None = None
@@ -230,6 +231,7 @@ class ActorSystem:
             assert opts.connection_id is not None
             claim_connection(redis_settings, opts.connection_id, guard.consumer)  # one process per connection id
             runner = guard.wrap(runner)
+        self.turn_runner = runner  # what the turns run with (Gateway.stop refuses to be called from one)
         journal = self.journal
         caller_admission = CallerAdmission(snapshot, max_hops=cfg.max_hops)
 
@@ -343,6 +345,7 @@ class ActorSystem:
         assert dispatcher is not None and notifier is not None and pool is not None
         deadline = time.monotonic() + max(0.0, timeout)
         final: dict[str, dict[str, Any]] = {}
+        notifier_busy = False  # a subscriber callback outlived the stop's timeout: the Notifier stops after it
         if self.bridge is not None:
             self.bridge.stop()
         try:
@@ -368,7 +371,7 @@ class ActorSystem:
             if in_subscriber_callback():  # stop() from a callback: the Notifier is this very thread
                 logger.warning("gateway stopped from a subscriber callback: notifications still queued are dropped")
             else:
-                ask(notifier, Flush(), timeout=max(ASK_TIMEOUT, timeout))
+                notifier_busy = not flush_notifier(notifier, max(1.0, deadline - time.monotonic()))
         except (ActorGone, AskTimeout) as exc:
             if self.failed_running is not None:  # the Dispatcher failed earlier: end the turns it left running
                 logger.info("stopping a failed gateway: ending the turns it left running")
@@ -378,7 +381,7 @@ class ActorSystem:
         finally:
             if self.rooms is not None:
                 self.rooms.stop()  # idempotent: already stopped above unless the stop was not clean
-            self._stop_actors()
+            self._stop_actors(notifier_busy=notifier_busy)
             pool.shutdown(timeout=max(1.0, deadline - time.monotonic()))
             if self.journal is not None:
                 self.journal.stop()
@@ -418,17 +421,36 @@ class ActorSystem:
         if self.journal is not None:
             self.journal.stop()
 
-    def _stop_actors(self) -> None:
+    def _stop_actors(self, *, notifier_busy: bool = False) -> None:
         for ref in (self.dispatcher, self.relay, self.roster, self.notifier):
             if ref is None:
                 continue
-            if ref is self.notifier and in_subscriber_callback():
-                ref.stop(block=False)  # this thread is the Notifier's: it stops once the callback returns
+            if ref is self.notifier and (notifier_busy or in_subscriber_callback()):
+                ref.stop(block=False)  # its thread is in a callback (maybe this one): it stops once that returns
                 continue
             try:
                 ref.stop(block=True, timeout=10)
             except pykka.Timeout:
                 logger.warning("{} did not stop within 10s", ref)
+
+
+def flush_notifier(notifier: pykka.ActorRef[Any], timeout: float) -> bool:
+    """Let subscriber callbacks catch up with the last outcomes, for at most ``timeout`` seconds.
+
+    A callback still busy past the stop's own timeout does not hold the stop: its
+    notifications still queued are dropped, with a warning (a slow callback never
+    blocks the gateway, its stop included).
+
+    Returns:
+        True once flushed; False when a callback was still running at the deadline.
+    """
+    try:
+        ask(notifier, Flush(), timeout=timeout)
+    except AskTimeout:
+        logger.warning("stop: a subscriber callback was still running after {:.1f}s; notifications still "
+                       "queued are dropped", timeout)
+        return False
+    return True
 
 
 def _peer_submitter(

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import pykka
 import pytest
 from relay_helpers import seed_envelope
-from roots import RecordingRunner, body_of, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, body_of, make_root, start_gateway
 
 from actors import RestartPolicy
 from actors.testkit import await_condition
@@ -794,3 +794,67 @@ def test_stop_called_from_a_subscriber_callback_returns_at_once(root: Path, gate
     assert stopped.wait(10), "stop() from a subscriber callback did not return (it waited for its own thread)"
     assert errors == []
     assert not gw.running
+
+
+def test_stop_called_from_inside_a_turn_is_refused_and_the_gateway_stops_cleanly_later(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: stop() from a runner waited for its own turn, then left a half-stopped gateway
+    (journal and scheduler threads alive, the journal held: a new gateway on the root could not find the DM)."""
+    errors: list[BaseException] = []
+    holder: dict[str, Gateway] = {}
+
+    def runner(turn: Any) -> str:
+        try:
+            holder["gw"].stop(timeout=3)
+        except BaseException as exc:
+            errors.append(exc)
+        return "still here"
+
+    gw = start_gateway(gateways, root, runner)
+    holder["gw"] = gw
+    key = queued(gw.message_agent(sender="alice", target="bob", message="stop yourself"))
+    out = gw.wait_outcome(key, timeout=10)
+    assert (out["status"], out["reply"]) == ("replied", "still here")
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
+    assert "from inside one of its own turns" in str(errors[0]) and "another thread" in str(errors[0])
+    assert gw.running  # the refused stop changed nothing
+    gw.stop()
+    assert not gw.running
+    again = start_gateway(gateways, root, lambda turn: "unused")
+    assert again.wait_outcome(key, timeout=5)["reply"] == "still here"  # the journal was released and re-read
+
+
+def test_stop_does_not_wait_past_its_timeout_for_a_stuck_subscriber(
+    root: Path, gateways: list[Gateway], logs: LogCapture
+) -> None:
+    """Regression: a callback still running made stop(timeout=2) wait 30 s (the Flush) + 10 s (the Notifier)."""
+    gw = start_gateway(gateways, root, durable=False)
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(outcome: dict[str, Any]) -> None:
+        entered.set()
+        release.wait(120)
+
+    gw.subscribe(stuck)
+    key = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    gw.wait_outcome(key, timeout=10)
+    assert entered.wait(10)
+    try:
+        gw.stop(timeout=0.5)
+        assert not gw.running
+        assert not release.is_set()  # stop returned while the callback was still running
+        assert logs.matching("a subscriber callback was still running after")
+        assert not logs.matching("stop was not clean")
+        assert not logs.matching("did not stop within")
+    finally:
+        release.set()
+
+
+def test_a_turn_kept_past_the_stop_says_the_gateway_is_not_running(root: Path, gateways: list[Gateway]) -> None:
+    kept: list[Any] = []
+    gw = start_gateway(gateways, root, lambda turn: (kept.append(turn), "ok")[1])
+    gw.wait_outcome(queued(gw.message_agent(sender="alice", target="bob", message="hi")), timeout=10)
+    gw.stop()
+    with pytest.raises(RuntimeError, match="gateway is not running"):
+        kept[0].message_agent("carol", "too late")

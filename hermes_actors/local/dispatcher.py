@@ -27,7 +27,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ChildFailed, RestartPolicy, SupervisorActor, ask, handles, tell
+from actors import ActorGone, ChildFailed, RestartPolicy, SupervisorActor, ask, handles, tell
 from hermes_actors.core import outcomes, reasons
 from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
 from hermes_actors.core.failure import HeldDelivery, failure_text, outcomes_after_failure
@@ -149,7 +149,10 @@ class DispatcherActor(SupervisorActor):
 
         def send(target: str, message: str) -> dict[str, Any]:
             request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1)
-            return resolve_ack(ask(me, request, timeout=30), timeout=30)
+            try:
+                return resolve_ack(ask(me, request, timeout=30), timeout=30)
+            except ActorGone as exc:  # a Turn kept past its gateway's stop: the Gateway's own error
+                raise RuntimeError("gateway is not running") from exc
 
         return turn_for(delivery, home=info.home if info else None, root=self.deps.root, send=send, lock_fd=lock_fd)
 

@@ -49,7 +49,8 @@ from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["TurnFactory", "attempt_turn", "describe_error", "execute_turn", "never_ran", "retry_allowed", "turn_for"]
+__all__ = ["TurnFactory", "attempt_turn", "describe_error", "execute_turn", "never_ran", "retry_allowed", "turn_for",
+           "turn_runner_here"]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -87,6 +88,17 @@ def never_ran(delivery_id: str, step: str, exc: BaseException | str) -> TurnFini
     return TurnFinished(delivery_id, None, text[0].upper() + text[1:], RUNTIME_OFFLINE)
 
 
+_running = threading.local()  # .runner: the runner whose turn the calling thread is running
+
+
+def turn_runner_here() -> object | None:
+    """The runner whose turn the calling thread is running right now (None outside a turn).
+
+    ``Gateway.stop`` asks it: called from inside a turn, the stop would wait for that very turn.
+    """
+    return getattr(_running, "runner", None)
+
+
 def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
     """Run one attempt of ``turn``.
 
@@ -99,6 +111,7 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
         the policy retry may follow a failure (not after a ``BaseException``, nor an ambiguous one).
     """
     key = turn.delivery_id
+    outer, _running.runner = getattr(_running, "runner", None), runner
     try:
         return TurnFinished(key, runner.run_turn(turn)), True
     except TurnFailed as exc:
@@ -112,6 +125,8 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
         text = f"The turn's runner raised {describe_error(exc)}; the turn was abandoned."
         logger.warning("runner raised {} for {}; its DM fails", describe_error(exc), key)
         return TurnFinished(key, None, text, classify_agent_error(describe_error(exc))), False
+    finally:
+        _running.runner = outer
 
 
 def retry_allowed(runner: TurnRunner, retry: Turn, began: float) -> bool:
