@@ -21,6 +21,7 @@ from loguru import logger
 
 from actors import ActorGone, FsBridge, ask
 from hermes_actors.core.config import BotModeConfig, load_config
+from hermes_actors.core.names import checked_connection_id
 from hermes_actors.local.roster import roster_rows
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.local.sending import outcome_future, send_dm
@@ -86,7 +87,8 @@ class Gateway:
 
     Raises:
         ValueError: ``root`` is empty (``Path("")`` is the current directory, where the
-            relay and journal directories would be created by accident).
+            relay and journal directories would be created by accident), or
+            ``connection_id`` is not 1-64 letters, digits, ``_`` or ``-``.
         FileNotFoundError: from :meth:`start` when ``root`` is not a directory.
     """
 
@@ -113,7 +115,7 @@ class Gateway:
         self.root = Path(root).expanduser()
         self.runner: TurnRunner | None = explicit_runner(runner)  # None: the real Hermes, chosen at start()
         self.overrides = dict(config or {})
-        self.connection_id = connection_id
+        self.connection_id = None if connection_id is None else checked_connection_id(connection_id)
         self.workers = workers
         self.cross_process_lock = cross_process_lock
         self.peer_transport = peer_transport

@@ -109,7 +109,7 @@ def redis_settings_for(cfg: BotModeConfig, connection_id: str | None) -> tuple[A
         ValueError: a bad transport value, or Redis without a valid connection id.
         TransportError: the ``[redis]`` extra is not installed.
     """
-    from hermes_actors.core.names import HANDLE_RE
+    from hermes_actors.core.names import checked_connection_id
     from hermes_actors.transports.redis.io import require_redis
     from hermes_actors.transports.redis.store import redis_settings, redis_url_from_config
 
@@ -122,10 +122,7 @@ def redis_settings_for(cfg: BotModeConfig, connection_id: str | None) -> tuple[A
         raise ValueError("the Redis transport (bot_mode.transport) needs this gateway's connection id, the name "
                          "of its stream on Redis: pass --connection-id NAME (CLI) or Gateway(..., "
                          "connection_id=NAME), or set bot_mode.connection_id in config.yaml")
-    if not HANDLE_RE.match(connection_id):
-        raise ValueError(f"connection id {connection_id!r} must be 1-64 letters, digits, '_' or '-' "
-                         "(starting with a letter or digit)")
-    return redis_settings(cfg.raw, url), connection_id
+    return redis_settings(cfg.raw, url), checked_connection_id(connection_id)
 
 
 @dataclass(frozen=True)

@@ -269,3 +269,16 @@ def test_send_past_its_wait_still_prints_the_outcome_of_a_turn_that_finishes_whi
     assert "pending: " in captured.err and "stopping" in captured.err
     assert captured.out.strip().splitlines()[-1] == "Reply from @scout: late but here"
     assert code == 0
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "", "-lead", "x" * 65, "sp ace", "x\n"])
+def test_a_bad_connection_id_is_refused_before_anything_runs(bad: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: a file-relay gateway accepted '../x' and wrote it into bot_relay/gateways/ and status."""
+    root = make_root(tmp_path)
+    with pytest.raises(ValueError, match=r"connection id .* must be 1-64 letters"):
+        Gateway(root, runner="demo", connection_id=bad)
+    assert main(["serve", "--root", str(root), "--runner", "demo", f"--connection-id={bad}"]) == 2
+    assert "must be 1-64 letters" in capsys.readouterr().err
+    assert not (root / "bot_relay" / "gateways").exists() or not any((root / "bot_relay" / "gateways").iterdir())
+    Gateway(root, runner="demo", connection_id="alpha-1_B")  # a good one is taken as it is

@@ -16,6 +16,7 @@ __all__ = [
     "HANDLE_RE",
     "PEER_NAME_PATTERN",
     "PEER_NAME_RE",
+    "checked_connection_id",
     "handle_for",
     "profile_home",
     "profile_key",
@@ -26,6 +27,28 @@ __all__ = [
 # Handles, folder ids and connection ids. \Z: "$" would accept a trailing newline.
 HANDLE_PATTERN = r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}"
 HANDLE_RE = re.compile(rf"^{HANDLE_PATTERN}\Z")
+
+
+def checked_connection_id(connection_id: object) -> str:
+    """A gateway's connection id, as every roster row and relay file name must have it.
+
+    Args:
+        connection_id: the id given (``--connection-id``, ``Gateway(connection_id=...)``,
+            ``bot_mode.connection_id``).
+
+    Returns:
+        The id.
+
+    Raises:
+        ValueError: not 1-64 letters, digits, ``_`` or ``-`` starting with a letter or digit
+            (it names relay files and Redis streams: ``../x`` must never reach a path).
+    """
+    if not isinstance(connection_id, str) or not HANDLE_RE.match(connection_id):
+        raise ValueError(f"connection id {connection_id!r} must be 1-64 letters, digits, '_' or '-' "
+                         "(starting with a letter or digit)")
+    return connection_id
+
+
 # ``bot_peers`` names: lowercase (``hermes peer`` normalizes them).
 PEER_NAME_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"
 PEER_NAME_RE = re.compile(rf"^{PEER_NAME_PATTERN}\Z")
