@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +14,7 @@ import pytest
 from roots import LogCapture
 
 from hermes_actors.errors import TurnFailed
+from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner, falls_back
 from hermes_actors.messages import Turn
 
@@ -107,3 +113,81 @@ def test_a_runner_without_a_retry_clock_keeps_the_default_clock() -> None:
     warm, cli = Fake("warm"), Fake("cli")
     runner: Any = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
     assert runner.run_turn(TURN) == "warm: hi"
+
+
+class Gone(Fake):
+    """A CLI runner that records whether the stopping gateway process was still alive when it ran."""
+
+    def __init__(self, gateway: subprocess.Popen[bytes]) -> None:
+        super().__init__("cli")
+        self.gateway = gateway
+        self.gateway_alive_at_call: list[bool] = []
+        self.timeout = 60.0
+
+    def run_turn(self, turn: Turn) -> str:
+        self.gateway_alive_at_call.append(self.gateway.poll() is None)
+        return super().run_turn(turn)
+
+
+def test_the_next_turn_of_a_bot_whose_warm_turn_was_lost_waits_for_the_stopping_gateway_to_exit(
+    tmp_path: Path,
+) -> None:
+    """Regression: the gateway went on running the lost turn while the CLI ran the bot's next one beside it."""
+    gateway = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        (tmp_path / "gateway.pid").write_text(json.dumps({"pid": gateway.pid, "kind": "hermes-gateway"}))
+        warm, cli = Fake("warm"), Gone(gateway)
+        runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+        warm.failure = TurnFailed("the connection was lost during @bob's turn", reason="runtime_offline",
+                                  ambiguous=True)
+        lost = Turn(profile="bob", content="slow one", delivery_id="d1", root=tmp_path)
+        with pytest.raises(TurnFailed):
+            runner.run_turn(lost)
+        warm.failure = TurnFailed("connection refused", reason="runtime_offline")  # the gateway stopped serving
+        results: list[str] = []
+        nxt = threading.Thread(target=lambda: results.append(runner.run_turn(
+            Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))))
+        nxt.start()
+        other = runner.run_turn(Turn(profile="carol", content="hi", delivery_id="d3", root=tmp_path))
+        assert other == "cli: hi"  # another bot is not held by bob's lost turn
+        assert gateway.poll() is None
+        gateway.communicate(b"", timeout=30)  # the gateway finishes its drain and exits
+        nxt.join(30)
+        assert results == ["cli: next"]
+        assert cli.turns == ["d3", "d2"] and cli.gateway_alive_at_call == [True, False]
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()
+
+
+def test_a_lost_turn_still_running_past_the_cli_timeout_fails_the_next_dm_busy(tmp_path: Path) -> None:
+    gateway = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        (tmp_path / "gateway.pid").write_text(str(gateway.pid))  # a bare number (older releases)
+        warm, cli = Fake("warm"), Gone(gateway)
+        cli.timeout = 0.2
+        runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+        warm.failure = TurnFailed("lost", reason="runtime_offline", ambiguous=True)
+        with pytest.raises(TurnFailed):
+            runner.run_turn(Turn(profile="bob", content="slow", delivery_id="d1", root=tmp_path))
+        with pytest.raises(TurnFailed, match="still running an earlier turn") as caught:
+            runner.run_turn(Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))
+        assert caught.value.reason == "target_busy" and "NOT delivered" in caught.value.text
+        assert cli.turns == []
+        warm.failure = None
+        assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d3", root=tmp_path)) == "warm: later"
+    finally:
+        gateway.kill()
+        gateway.wait()
+
+
+@pytest.mark.parametrize("content", ["", "not json", "{\"pid\": \"12\"}", "{\"pid\": true}", "[1]", "1"])
+def test_gateway_pid_refuses_what_is_not_a_live_pid(tmp_path: Path, content: str) -> None:
+    (tmp_path / "gateway.pid").write_text(content)
+    assert gateway_pid(tmp_path) is None
+    assert gateway_pid(tmp_path / "missing") is None
+    (tmp_path / "gateway.pid").unlink()
+    (tmp_path / "gateway.pid").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").write_text(json.dumps({"pid": os.getpid()}))
+    assert gateway_pid(tmp_path) is None  # never followed

@@ -39,7 +39,7 @@ from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.messages import Turn
 
-__all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "turn_home"]
+__all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "turn_home", "turn_root"]
 
 MAX_ARGV_TEXT_BYTES = 100 * 1024
 
@@ -61,6 +61,21 @@ def turn_home(turn: Turn) -> Path:
     if turn.root is not None:
         return profile_home(Path(turn.root), turn.profile)
     raise TurnFailed(f"@{turn.handle or turn.profile}'s turn names no profile home or root", reason=RUNTIME_OFFLINE)
+
+
+def turn_root(turn: Turn) -> Path:
+    """The Hermes root a turn's profile lives in (``HERMES_HOME`` of its process and of the gateway).
+
+    Args:
+        turn: the turn (``root`` wins; else the root of its home).
+
+    Returns:
+        The root.
+
+    Raises:
+        TurnFailed: ``runtime_offline`` when the turn has neither a root nor a home.
+    """
+    return Path(turn.root) if turn.root is not None else root_of_home(turn_home(turn))
 
 
 class HermesCliRunner(CommandRunner):
@@ -162,7 +177,7 @@ class HermesCliRunner(CommandRunner):
             The environment.
         """
         env = super().environment(turn)
-        env["HERMES_HOME"] = str(Path(turn.root) if turn.root is not None else root_of_home(turn_home(turn)))
+        env["HERMES_HOME"] = str(turn_root(turn))
         env[HOP_ENV] = str(max(0, turn.hop))
         return env
 

@@ -6,6 +6,11 @@ host. A turn the API server could not take (unreachable, draining, not serving
 the profile: ``runtime_offline`` and certainly not delivered) runs through the
 ``hermes`` CLI instead, in the same Bot Chat session of the same ``state.db``; a
 turn the server may have started is never run a second time.
+
+A warm turn whose connection was lost mid-turn (the gateway is stopping) may
+still be running there: the bot's next turn waits until that gateway process has
+exited (:mod:`hermes_actors.hermes.gateway_process`), so two turns never run at
+once in one Bot Chat session.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.reasons import RUNTIME_OFFLINE
+from hermes_actors.core.reasons import RUNTIME_OFFLINE, TARGET_BUSY
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.api_runner import ApiRunner
-from hermes_actors.hermes.cli_runner import HermesCliRunner
+from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_root
+from hermes_actors.hermes.gateway_process import gateway_pid, wait_for_exit
 from hermes_actors.records import Turn
 
 __all__ = ["WarmOrCliRunner", "falls_back"]
@@ -57,6 +63,7 @@ class WarmOrCliRunner:
         self._lock = threading.Lock()
         self._cold = cold  # the last warm attempt fell back (the switch is logged once each way)
         self._warm_again_at = clock() + self.retry_seconds if cold else 0.0
+        self._lost_turns: dict[str, int] = {}  # profile → pid of the stopping gateway that may still run its turn
 
     def __repr__(self) -> str:
         return f"WarmOrCliRunner({self.warm.server}, cli={self.cli.cli})"
@@ -65,19 +72,51 @@ class WarmOrCliRunner:
         """Run ``turn`` warm, else (never delivered there) with the CLI; the reply.
 
         Raises:
-            TurnFailed: from the API server when the turn may have reached it, else from the CLI.
+            TurnFailed: from the API server when the turn may have reached it, else from the CLI;
+                ``target_busy`` when the bot's turn lost in a stopping gateway is still running
+                there after the CLI's turn timeout.
         """
+        self._await_lost_turn(turn)
         if self.clock() < self._warm_again_at:
             return self.cli.run_turn(turn)
         try:
             reply = self.warm.run_turn(turn)
         except TurnFailed as failure:
+            if failure.ambiguous and failure.reason == RUNTIME_OFFLINE:
+                self._note_lost_turn(turn)
             if not falls_back(failure):
                 raise
             self._switch(cold=True, why=failure.text)
             return self.cli.run_turn(turn)
         self._switch(cold=False, why="")
         return reply
+
+    def _note_lost_turn(self, turn: Turn) -> None:
+        """The connection was lost mid-turn: remember the gateway process that may still run it."""
+        pid = gateway_pid(turn_root(turn))
+        if pid is not None:
+            with self._lock:
+                self._lost_turns[turn.profile] = pid
+
+    def _await_lost_turn(self, turn: Turn) -> None:
+        """Before a bot's turn: wait for the gateway process still running its lost turn to exit."""
+        with self._lock:
+            pid = self._lost_turns.get(turn.profile)
+        if pid is None:
+            return
+        handle = turn.handle or turn.profile
+        logger.info("@{}'s last warm turn may still be running in the stopping hermes gateway (pid {}); "
+                    "its next turn waits for that process to exit", handle, pid)
+        exited = wait_for_exit(pid, self.cli.timeout)
+        with self._lock:
+            if self._lost_turns.get(turn.profile) == pid:
+                del self._lost_turns[turn.profile]
+        if not exited:
+            raise TurnFailed(
+                f"@{handle} is still running an earlier turn in the stopping hermes gateway (pid {pid}) after "
+                f"{self.cli.timeout:g}s; the message was NOT delivered — resend shortly.",
+                reason=TARGET_BUSY,
+            )
 
     def _switch(self, *, cold: bool, why: str) -> None:
         with self._lock:
