@@ -368,3 +368,21 @@ def test_send_without_a_host_says_it_runs_in_process(tmp_path: Path, capsys: pyt
 
 def test_encode_is_one_line() -> None:
     assert encode({"text": "a\nb"}).count(b"\n") == 1
+
+
+def test_an_outcome_with_a_reply_over_a_megabyte_is_answered_and_read_back_from_the_journal(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: the answer cap (1 MiB) and the journal reader's line cap (1 MiB) left `outcome` and
+    `send --wait` saying "pending" forever for a DM whose reply (held twice: reply, text) was over 512 KB."""
+    from hermes_actors.ops.journal_view import find_outcome
+
+    root = make_root(tmp_path)
+    long_reply = "é" * 700_000  # 1.4 MB of UTF-8, 2.8 MB in the outcome
+    gw = start_gateway(gateways, root, lambda turn: long_reply, serve_submit=True)
+    ack = submit_dm(root, "alice", "bob", "write a lot")
+    outcome = fetch_outcome(root, ack["delivery_id"], wait=30)
+    assert outcome["status"] == "replied" and outcome["reply"] == long_reply
+    gw.stop()
+    from_files = find_outcome(root, ack["delivery_id"])
+    assert from_files["status"] == "replied" and from_files["reply"] == long_reply

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from hermes_actors.core.reasons import UNKNOWN
-from hermes_actors.hermes.submit_protocol import MAX_REQUEST_BYTES, encode, offline_refusal, socket_path
+from hermes_actors.hermes.submit_protocol import MAX_ANSWER_BYTES, encode, offline_refusal, socket_path
 from hermes_actors.hermes.submit_socket import RECV_CHUNK, HostOffline, open_dir, peer_cred, socket_address
 
 __all__ = ["HostOffline", "fetch_outcome", "fetch_roster", "fetch_status", "ping", "request", "submit_dm"]
@@ -61,8 +61,8 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
                 if not chunk:
                     break
                 data += chunk
-                if len(data) > 4 * MAX_REQUEST_BYTES:
-                    raise ValueError(f"the answer from {path} is larger than {4 * MAX_REQUEST_BYTES} bytes")
+                if len(data) > MAX_ANSWER_BYTES:
+                    raise ValueError(f"the answer from {path} is larger than {MAX_ANSWER_BYTES} bytes")
     finally:
         os.close(dir_fd)
     if not data:

@@ -30,6 +30,7 @@ from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
     "MAX_HOP",
     "MAX_OUTCOME_WAIT",
     "MAX_REQUEST_BYTES",
@@ -48,6 +49,8 @@ __all__ = [
 ]
 
 MAX_REQUEST_BYTES = 256 * 1024  # a 16,000-char message is at most 64 KiB of UTF-8; the rest is headroom
+# An answer carries an outcome, whose reply (unbounded: a model's long answer) is in it twice (reply, text).
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 MAX_OUTCOME_WAIT = 300.0
 MAX_HOP = 1000
 RUN_DIR = ("bot_relay", "run")

@@ -66,7 +66,7 @@ from hermes_actors.store.atomic import ensure_private_dir
 
 __all__ = ["DeliveryState", "Journal", "JournalFolded", "StartRecorder", "fold_records", "parse_lines"]
 
-MAX_LINE_BYTES = 1 << 20
+MAX_LINE_BYTES = 16 << 20  # a finished record holds the outcome, whose reply (a model's answer) is unbounded
 DurableCallback = Callable[[BaseException | None], object]
 
 
