@@ -16,6 +16,7 @@ from hermes_actors.core.wake import (
     wake_enabled,
     wake_for,
     wake_id,
+    wake_text,
 )
 from hermes_actors.messages import Delivery
 from hermes_actors.store.journal import DeliveryState
@@ -112,3 +113,21 @@ def test_a_reoffered_wake_stays_a_wake_and_a_started_one_is_not_rerun() -> None:
     started = DeliveryState(delivery=delivery_record(record), started=1)
     plan = plan_recovery({record.delivery_id: started})
     assert plan.reoffer == [] and [d.delivery_id for d, _ in plan.ambiguous] == [record.delivery_id]
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "kept"),
+    [
+        ("short", 10, "short"),
+        ("x" * 10, 10, "x" * 10),  # exactly at the limit: whole
+        ("x" * 11, 10, "x" * 10),
+        ("é" * 6, 11, "é" * 5),  # 12 bytes: never half a character
+    ],
+)
+def test_wake_text_cuts_past_the_limit_with_a_note(text: str, limit: int, kept: str) -> None:
+    out = wake_text(text, "d" * 32, limit=limit)
+    if kept == text:
+        assert out == text
+    else:
+        assert out == (f"{kept}\n\n[cut here: the whole text is {len(text):,} characters; "
+                       f"`hermes-actors outcome --root \"$HERMES_HOME\" {'d' * 32}` prints it]")

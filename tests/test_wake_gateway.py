@@ -245,3 +245,22 @@ def test_status_names_a_pending_wake_a_wake_and_never_counts_its_outcome_as_a_dm
     after = file_status(root)
     assert after["counters"]["settled"] == 1 and after["in_flight"] == [], after["counters"]
     assert after["counters"]["by_status"] == {"replied": 1}
+
+
+def test_a_reply_too_long_for_a_cli_turn_wakes_the_sender_with_its_first_part_and_a_note(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: a wake over 100 KiB failed on hermes 0.19's CLI (text on its command line)."""
+    long_reply = "é" * 120_000  # 240,000 bytes of UTF-8
+    rec = RecordingRunner(lambda turn: "noted" if is_wake_turn(turn) else long_reply)
+    gw = start_gateway(gateways, make_root(tmp_path), rec, config=WAKE_ON)
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="write a lot"))
+    outcome = gw.wait_outcome(dm, timeout=10)
+    assert outcome["reply"] == long_reply  # the outcome keeps it whole
+    assert gw.wait_outcome(wake_id(dm), timeout=10)["status"] == "replied"
+    (turn,) = [t for t in rec.entered if t.profile == "alice"]
+    assert len(turn.content.encode()) <= 100 * 1024  # what hermes 0.19's command line takes
+    head, note = turn.content.split("\n\n[cut here: ")
+    assert outcome["text"].startswith(head) and head.startswith("Reply from @bob: éé")
+    assert note == f"the whole text is {len(outcome['text']):,} characters; " \
+                   f"`hermes-actors outcome --root \"$HERMES_HOME\" {dm}` prints it]"

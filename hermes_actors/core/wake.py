@@ -27,6 +27,7 @@ from hermes_actors.records import Origin
 __all__ = [
     "WAKE_MODES",
     "WAKE_ORIGIN",
+    "WAKE_TEXT_MAX_BYTES",
     "WakeRequest",
     "is_wake",
     "parse_wake_mode",
@@ -35,10 +36,12 @@ __all__ = [
     "wake_enabled",
     "wake_for",
     "wake_id",
+    "wake_text",
 ]
 
 WAKE_ORIGIN: Origin = "wake"
 WAKE_MODES = ("auto", "true", "false")
+WAKE_TEXT_MAX_BYTES = 96 * 1024  # under hermes 0.19's command-line cap (100 KiB), with room for the note
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -147,12 +150,34 @@ def wake_for(
         wake_id=wake_id(outcome.delivery_id),
         profile=delivery.sender,
         handle=delivery.sender_handle or delivery.sender,
-        text=outcome.text,
+        text=wake_text(outcome.text, outcome.delivery_id),
         hop=max(0, delivery.hop),
         source_id=outcome.delivery_id,
         source_target=delivery.target,
         source_label=outcome.from_ or delivery.label,
     )
+
+
+def wake_text(text: str, delivery_id: str, limit: int = WAKE_TEXT_MAX_BYTES) -> str:
+    """The wake turn's user message: the outcome text, cut with a note past ``limit`` bytes of UTF-8.
+
+    hermes-agent 0.19's CLI takes a turn's text on its command line (at most 100 KiB), and a
+    reply that long fills a model's context anyway; the whole text stays in the outcome.
+
+    Args:
+        text: the outcome's text.
+        delivery_id: the DM's id (the note names the command that prints the whole text).
+        limit: the most bytes kept.
+
+    Returns:
+        ``text`` itself when it fits, else its first part and the note.
+    """
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode("utf-8", "ignore")  # never half a character
+    return (f"{kept}\n\n[cut here: the whole text is {len(text):,} characters; "
+            f"`hermes-actors outcome --root \"$HERMES_HOME\" {delivery_id}` prints it]")
 
 
 def wake_delivery(request: WakeRequest, *, now: float) -> Delivery:
