@@ -282,3 +282,34 @@ def test_a_bad_connection_id_is_refused_before_anything_runs(bad: str, tmp_path:
     assert "must be 1-64 letters" in capsys.readouterr().err
     assert not (root / "bot_relay" / "gateways").exists() or not any((root / "bot_relay" / "gateways").iterdir())
     Gateway(root, runner="demo", connection_id="alpha-1_B")  # a good one is taken as it is
+
+
+def test_a_reader_leaving_the_pipe_early_gets_no_traceback(tmp_path: Path) -> None:
+    """Regression: `hermes-actors status | head -3` printed a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    from bench.roots import write_root
+
+    root = tmp_path / "r"
+    write_root(root, 3000)  # a listing far over a pipe's buffer: the writer is still writing when we leave
+    proc = subprocess.Popen([sys.executable, "-m", "hermes_actors.cli.main", "roster", "--root", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"handle")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+@pytest.mark.parametrize("value", ["-5", "nan", "inf", "soon"])
+def test_a_wait_that_is_not_zero_or_more_seconds_is_a_usage_error(value: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path)
+    for argv in (["send", "--root", str(root), "--from", "alice", "bob", "hi", "--runner", "demo"],
+                 ["outcome", "--root", str(root), "0" * 32], ["room", "send", "--root", str(root), "r", "hi"]):
+        with pytest.raises(SystemExit) as exited:
+            main([*argv, f"--wait={value}"])
+        assert exited.value.code == 2
+        assert f"argument --wait: '{value}'" in capsys.readouterr().err

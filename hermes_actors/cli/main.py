@@ -9,6 +9,7 @@ unknown. Refusals and failures print one human line; ``--json`` prints the dict.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import Any
 import orjson
 from loguru import logger
 
+from hermes_actors.cli.arg_types import root_path, seconds
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
 from hermes_actors.cli.render import (
     EXIT_FAILED,
+    EXIT_SIGPIPE,
     EXIT_USAGE,
     ack_line,
     answer_exit_code,
@@ -40,23 +43,6 @@ def _enable_logging(verbose: int) -> None:
     logger.add(sys.stderr, level="DEBUG" if verbose > 1 else "INFO" if verbose else "WARNING")
     logger.enable("hermes_actors")
     logger.enable("actors")
-
-
-def root_path(text: str) -> Path:
-    """An argparse ``type`` for ``--root``: an empty value is refused, not read as the current directory.
-
-    Args:
-        text: the option's value.
-
-    Returns:
-        The path.
-
-    Raises:
-        argparse.ArgumentTypeError: the value is empty.
-    """
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the Hermes root is empty; pass its directory (e.g. ~/.hermes)")
-    return Path(text)
 
 
 def _runner_for(kind: str, cli: str | None, root: Path) -> Any:
@@ -334,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="sender", required=True, help="sending profile (folder id or handle)")
     p.add_argument("target", help="teammate name, peer/agent, or handle@connection")
     p.add_argument("message", help="the message text")
-    p.add_argument("--wait", nargs="?", type=float, const=120.0, default=None,
+    p.add_argument("--wait", nargs="?", type=seconds, const=120.0, default=None,
                    help="wait for the outcome (seconds, default 120)")
     p.add_argument("--json", action="store_true", help="print the raw ack/refusal and outcome dicts")
     runner_opts(p)
@@ -345,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "3 pending, 4 unknown)")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("delivery_id", help="the delivery id `send` printed")
-    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait this long for a pending one")
+    p.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait this long for a pending one")
     p.add_argument("--json", action="store_true", help="print the outcome dict")
     p.set_defaults(func=cmd_outcome)
 
@@ -420,7 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _enable_logging(args.verbose + getattr(args, "sub_verbose", 0))
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError we handle
+        return code
     except (FileNotFoundError, PermissionError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -429,6 +417,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `status | head`: the reader left; no traceback, and no second error at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_SIGPIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

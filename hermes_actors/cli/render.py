@@ -14,6 +14,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_PENDING",
+    "EXIT_SIGPIPE",
     "EXIT_UNKNOWN",
     "EXIT_USAGE",
     "ack_line",
@@ -32,6 +33,7 @@ EXIT_FAILED = 1  # refused, failed, ambiguous (or no answer in time), a doctor t
 EXIT_USAGE = 2  # bad arguments, a missing root
 EXIT_PENDING = 3  # outcome: accepted, no outcome yet
 EXIT_UNKNOWN = 4  # outcome: no journal or host knows the id
+EXIT_SIGPIPE = 141  # stdout's reader left (`status | head`), as a shell reports a process its SIGPIPE ended
 
 # Sentences addressed to the model that called the tool, not to a person.
 _FOR_THE_MODEL = (

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from hermes_actors.cli.arg_types import seconds
 from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, refusal_line
 
 __all__ = ["add_room_parser"]
@@ -158,7 +159,7 @@ def add_room_parser(
     p.add_argument("room", help="the room's name or id")
     p.add_argument("text", help="the message")
     p.add_argument("--from", dest="sender", default="user", help="'user' (default) or a member")
-    p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the room to settle")
+    p.add_argument("--wait", type=seconds, default=600.0, help="seconds to wait for the room to settle")
     common(p)
     p.set_defaults(func=_send)
 
