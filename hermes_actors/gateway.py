@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -86,6 +87,7 @@ class Gateway:
             on their own.
 
     Raises:
+        TypeError: ``root`` is not a str or path, or ``config`` is not a dict.
         ValueError: ``root`` is empty (``Path("")`` is the current directory, where the
             relay and journal directories would be created by accident), or
             ``connection_id`` is not 1-64 letters, digits, ``_`` or ``-``.
@@ -107,6 +109,12 @@ class Gateway:
         serve_submit: bool = False,
         on_failure: Callable[[BaseException | None], Any] | None = None,
     ) -> None:
+        if not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"Gateway root must be the Hermes root directory (a str or path), "
+                            f"not {type(root).__name__} ({root!r})")
+        if config is not None and not isinstance(config, Mapping):
+            raise TypeError(f"Gateway config must be a dict shaped like config.yaml (e.g. "
+                            f"{{'bot_mode': {{...}}}}), not {type(config).__name__}")
         if not str(root).strip():
             raise ValueError(
                 f"Hermes root is empty ({str(root)!r}): pass the Hermes root directory "
@@ -364,7 +372,11 @@ class Gateway:
         Raises:
             TimeoutError: no outcome arrived in time.
             KeyError: this gateway never issued the id (and no journal holds it).
+            TypeError: ``timeout`` is not a number of seconds.
         """
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"wait_outcome timeout must be a number of seconds, not {type(timeout).__name__} "
+                            f"({timeout!r}); 0 asks where the DM stands without waiting")
         final = self._final_outcomes.get(delivery_id)
         if final is not None:
             return dict(final)

@@ -858,3 +858,24 @@ def test_a_turn_kept_past_the_stop_says_the_gateway_is_not_running(root: Path, g
     gw.stop()
     with pytest.raises(RuntimeError, match="gateway is not running"):
         kept[0].message_agent("carol", "too late")
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"root": None}, "Gateway root must be the Hermes root directory (a str or path), not NoneType"),
+    ({"root": 5}, "not int"),
+    ({"config": [1]}, "Gateway config must be a dict shaped like config.yaml"),
+    ({"config": "bot_mode: {}"}, "not str"),
+])
+def test_bad_constructor_arguments_say_which_one(root: Path, kwargs: dict[str, Any], needle: str) -> None:
+    with pytest.raises(TypeError) as caught:
+        Gateway(**{"root": root, "runner": "demo", **kwargs})
+    assert needle in str(caught.value)
+
+
+@pytest.mark.parametrize("timeout", [None, "5", True])
+def test_wait_outcome_names_a_bad_timeout(root: Path, gateways: list[Gateway], timeout: Any) -> None:
+    gw = start_gateway(gateways, root)
+    key = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    with pytest.raises(TypeError, match="wait_outcome timeout must be a number of seconds"):
+        gw.wait_outcome(key, timeout=timeout)
+    assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
