@@ -15,7 +15,7 @@ from roots import RecordingRunner, make_root, send_dm, start_gateway, write_fake
 
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
-from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, run_doctor
+from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, check_plugin, run_doctor
 from hermes_actors.records import RemoteAgent
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
 from hermes_actors.store.relay_inbox import InboxPaths, clear_sent, record_sent
@@ -352,3 +352,15 @@ def test_doctor_warns_when_enable_gateway_left_the_api_server_without_its_key(
     main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
     check = {c["name"]: c for c in _json(capsys)["checks"]}["warm turns"]  # type: ignore[union-attr]
     assert check["level"] == WARN and "API_SERVER_KEY" in check["detail"] and ".env" in check["fix"], check
+
+
+@pytest.mark.parametrize(("enabled", "level", "needle"), [
+    ({}, BLOCK, "no profile is Bot-Mode-managed"),  # was OK: "enabled for 0 managed profile(s)"
+    ({"alice": True, "bob": True}, OK, "enabled for 2 managed profile(s)"),
+    ({"alice": True, "bob": False}, WARN, "not enabled for: bob"),
+    ({"alice": False}, BLOCK, "in no profile's plugins.enabled"),
+    ({"alice": None}, BLOCK, "does not read as YAML"),
+])
+def test_check_plugin(tmp_path: Path, enabled: dict[str, bool | None], level: str, needle: str) -> None:
+    check = check_plugin(tmp_path, enabled)
+    assert check.level == level and needle in check.detail

@@ -97,6 +97,9 @@ def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
     ``enabled`` maps each managed profile to whether it lists the plugin, or None when its
     ``config.yaml`` cannot be read (then enabling would not help: the file needs fixing first).
     """
+    if not enabled:  # "enabled for 0 managed profile(s)" read as a pass on a root never enabled
+        return Check("plugin enabled", BLOCK, "no profile is Bot-Mode-managed, so none lists the plugin: "
+                     "no bot has the message_agent tool", f"hermes-actors enable --root {root}")
     unreadable = [name for name, on in enabled.items() if on is None]
     if unreadable:
         homes = ", ".join(str(profile_home(root, name) / "config.yaml") for name in unreadable)
