@@ -49,6 +49,10 @@ def test_cli_turn_for_bob_lands_in_his_bot_chat(hermes_cli: str, offline_root: O
     assert [m for m in bot_chat_messages(bob) if m[0] == "user"] == [("user", "-hello bob"), ("user", "again")]
     assert find_bot_chat(offline_root.home("alice")) is None  # alice's state is untouched
 
+    # a NUL cannot ride a command line: the turn still runs, the NUL shown as U+FFFD
+    assert runner.run_turn(Turn(profile="bob", content="nul\x00here", delivery_id="d3", root=offline_root.root,
+                                home=bob)) == "bob here, you said: nul\ufffdhere"
+
 
 def test_enable_then_disable_on_a_real_root(hermes_cli: str, offline_root: OfflineRoot) -> None:
     root = offline_root.root

@@ -256,3 +256,10 @@ def test_prepare_retry_ignores_rows_older_than_the_attempt(session_db: type, tmp
     assert prepare_bot_chat_retry(tmp_path, "Bot Chat", DM, since=2000.0) is True
     assert _active(session_db, tmp_path) == [("user", DM), ("assistant", "done before")]
     assert prepare_bot_chat_retry(tmp_path / "nowhere", "Bot Chat", DM, since=0.0) is True  # no state.db yet
+
+
+def test_argv_for_0_19_shows_a_nul_as_a_replacement_character() -> None:
+    """exec refuses a NUL in an argument ("embedded null byte"): the DM would fail after its ack."""
+    turn = Turn(profile="bob", content="a\x00b", delivery_id="d1")
+    argv = make_runner(ChatFlags(no_restore_cwd=True)).argv(turn, None)
+    assert argv[-1] == "--query=a\ufffdb"

@@ -160,7 +160,8 @@ class HermesCliRunner(CommandRunner):
         if query_file is not None:
             argv += ["--query-file", str(query_file)]
         else:
-            argv.append(f"--query={turn.content}")
+            # A command line cannot carry NUL (exec refuses "embedded null byte"): shown as U+FFFD instead.
+            argv.append(f"--query={turn.content.replace(chr(0), chr(0xFFFD))}")
         return argv
 
     def environment(self, turn: Turn) -> dict[str, str]:
