@@ -123,7 +123,8 @@ class Gateway:
         self.root = Path(root).expanduser()
         self.runner: TurnRunner | None = explicit_runner(runner)  # None: the real Hermes, chosen at start()
         self.overrides = dict(config or {})
-        self.connection_id = None if connection_id is None else checked_connection_id(connection_id)
+        # "" is "not given" (Redis then takes bot_mode.connection_id), as None
+        self.connection_id = checked_connection_id(connection_id) if connection_id else None
         self.workers = workers
         self.cross_process_lock = cross_process_lock
         self.peer_transport = peer_transport

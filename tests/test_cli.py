@@ -271,7 +271,7 @@ def test_send_past_its_wait_still_prints_the_outcome_of_a_turn_that_finishes_whi
     assert code == 0
 
 
-@pytest.mark.parametrize("bad", ["../x", "a/b", "", "-lead", "x" * 65, "sp ace", "x\n"])
+@pytest.mark.parametrize("bad", ["../x", "a/b", "-lead", "x" * 65, "sp ace", "x\n", "."])
 def test_a_bad_connection_id_is_refused_before_anything_runs(bad: str, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Regression: a file-relay gateway accepted '../x' and wrote it into bot_relay/gateways/ and status."""

@@ -18,6 +18,8 @@ import os
 import select
 from pathlib import Path
 
+from hermes_actors.store.processes import pid_alive
+
 __all__ = ["gateway_pid", "wait_for_exit"]
 
 _PID_FILE = "gateway.pid"
@@ -53,17 +55,7 @@ def gateway_pid(root: Path) -> int | None:
     pid = payload.get("pid") if isinstance(payload, dict) else payload
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
         return None
-    return pid if _alive(pid) else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
+    return pid if pid_alive(pid) else None
 
 
 def wait_for_exit(pid: int, timeout: float) -> bool:
@@ -82,7 +74,7 @@ def wait_for_exit(pid: int, timeout: float) -> bool:
         return True
     except OSError as exc:  # no pidfd here (not Linux 5.3+): say what is known now
         if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
-            return not _alive(pid)
+            return not pid_alive(pid)
         raise
     try:
         poller = select.poll()

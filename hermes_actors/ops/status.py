@@ -44,6 +44,7 @@ from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.store.atomic import read_json_file
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
+from hermes_actors.store.processes import pid_alive
 from hermes_actors.store.relay_files import list_ids, read_roster
 from hermes_actors.store.relay_inbox import InboxPaths
 
@@ -191,14 +192,8 @@ def heartbeats(root: Path, now: float) -> list[dict[str, Any]]:
             pid, at = int(beat["pid"]), float(beat["at"])
         except (OSError, ValueError, TypeError, KeyError):
             continue
-        if now - at > HEARTBEAT_FRESH_SECONDS or pid <= 0:
+        if now - at > HEARTBEAT_FRESH_SECONDS or not pid_alive(pid):
             continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        except PermissionError:
-            pass
         found.append({"pid": pid, "connection_id": str(beat.get("connection_id") or "") or None,
                       "age_seconds": round(max(0.0, now - at), 3)})
     return found

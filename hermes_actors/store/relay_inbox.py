@@ -39,6 +39,7 @@ from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
+from hermes_actors.store.processes import pid_alive
 from hermes_actors.store.relay_dirfd import rename_between
 from hermes_actors.store.relay_files import RelayPaths, quarantine, regular_or_quarantined
 from hermes_actors.store.relay_protocol import parse_envelope, parse_reply
@@ -234,7 +235,6 @@ def remove_heartbeat(paths: InboxPaths) -> None:
         pass
 
 
-_PID_MAX = 2**31 - 1  # a pid_t; a larger "pid" in a heartbeat file is refused before os.kill sees it
 
 
 def _beat_alive(beat: Any, now: float) -> bool:
@@ -245,15 +245,9 @@ def _beat_alive(beat: Any, now: float) -> bool:
     except (TypeError, ValueError, OverflowError):
         return False
     # Fresh: written at most HEARTBEAT_FRESH_SECONDS ago, and not from the future ("not": NaN is refused too)
-    if not -HEARTBEAT_FRESH_SECONDS <= now - at <= HEARTBEAT_FRESH_SECONDS or not 0 < pid <= _PID_MAX:
+    if not -HEARTBEAT_FRESH_SECONDS <= now - at <= HEARTBEAT_FRESH_SECONDS:
         return False
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # another user's process with that pid: it exists
-    except (OSError, OverflowError):  # ProcessLookupError: gone
-        return False
-    return True
+    return pid_alive(pid)
 
 
 def gateway_alive(paths: InboxPaths, *, now: float | None = None) -> bool:

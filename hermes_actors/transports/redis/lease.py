@@ -20,12 +20,12 @@ The decisions are pure functions (:func:`parse_consumer`, :func:`is_stale_here`)
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from loguru import logger
 
 from hermes_actors.errors import TransportError
+from hermes_actors.store.processes import pid_alive
 from hermes_actors.transports.redis.io import make_client
 from hermes_actors.transports.redis.store import RedisKeys, RedisSettings, host_label, is_redis_unreachable
 
@@ -94,16 +94,6 @@ def is_stale_here(holder: str, host: str, pid_alive: Any) -> bool:
     return parsed is not None and parsed[0] == host and not pid_alive(parsed[1])
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def is_auth_error(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing our credentials (``WRONGPASS``, ``NOAUTH``), not an outage."""
     try:
@@ -145,7 +135,7 @@ def claim_connection(settings: RedisSettings, connection: str, consumer: str, *,
         script = client.register_script(ACQUIRE_LUA)
         ok, holder = script(keys=[keys.alive(connection)], args=[consumer, expiry_ms, ""])
         holder_text = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
-        if not ok and is_stale_here(holder_text, host_label(), _pid_alive):
+        if not ok and is_stale_here(holder_text, host_label(), pid_alive):
             logger.info("redis: connection {} was held by {}, whose process is gone; taking it over",
                         connection, holder_text)
             ok, holder = script(keys=[keys.alive(connection)], args=[consumer, expiry_ms, holder_text])

@@ -1,0 +1,31 @@
+"""pid_alive: the one answer to "does the process a file names still run?"."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hermes_actors.store.processes import PID_MAX, pid_alive
+
+
+def test_this_process_is_alive_and_a_reaped_child_is_not() -> None:
+    assert pid_alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not pid_alive(child.pid)
+
+
+@pytest.mark.parametrize("pid", [0, -1, PID_MAX + 1, 2**70, True, "1", 1.0, None])
+def test_what_is_not_a_plausible_pid_is_not_alive(pid: object) -> None:
+    assert pid_alive(pid) is False  # type: ignore[arg-type]
+
+
+def test_another_users_process_counts_as_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")  # what os.kill says of another user's process
+
+    monkeypatch.setattr(os, "kill", refuse)
+    assert pid_alive(4242) is True
