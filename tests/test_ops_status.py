@@ -180,3 +180,21 @@ def test_file_status_refuses_a_symlinked_journal_dir(tmp_path: Path) -> None:
     status = file_status(root)
     assert status["in_flight"] == []
     assert any("refusing" in p for p in status["problems"])
+
+
+def test_heartbeats_skip_a_pid_no_process_can_have(tmp_path: Path) -> None:
+    """Regression: an over-large pid in a heartbeat file raised OverflowError out of os.kill (status crashed)."""
+    import json
+    import os
+    import time
+
+    from hermes_actors.ops.status import heartbeats
+    from hermes_actors.store.relay_inbox import InboxPaths
+
+    root = make_root(tmp_path)
+    directory = InboxPaths.from_root(root).heartbeat
+    directory.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    (directory / "1.json").write_text(json.dumps({"pid": 2**70, "at": now}))
+    (directory / f"{os.getpid()}.json").write_text(json.dumps({"pid": os.getpid(), "at": now}))
+    assert [row["pid"] for row in heartbeats(root, now)] == [os.getpid()]
