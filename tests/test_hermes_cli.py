@@ -20,12 +20,13 @@ from hermes_actors.messages import Turn
 from hermes_actors.store.hermes_root import is_managed
 
 
-def bot_chat_messages(home: Path) -> list[tuple[str, str]]:
+def bot_chat_messages(home: Path, *, active_only: bool = False) -> list[tuple[str, str]]:
+    """(role, content) of the Bot Chat's messages; ``active_only`` leaves out the rewound (soft-deleted) ones."""
     conn = sqlite3.connect(home / "state.db")
     try:
         return [(str(role), str(content)) for role, content in conn.execute(
             "SELECT m.role, m.content FROM messages m JOIN sessions s ON s.id = m.session_id "
-            "WHERE s.title = 'Bot Chat' ORDER BY m.id")]
+            "WHERE s.title = 'Bot Chat'" + (" AND m.active = 1" if active_only else "") + " ORDER BY m.id")]
     finally:
         conn.close()
 
@@ -173,16 +174,6 @@ def test_enable_asks_to_start_the_actors_only_when_no_host_serves_the_root(
     assert not any("start the actors" in line for line in again.todo), again.todo
 
 
-def _active_bot_chat(home: Path) -> list[tuple[str, str]]:
-    conn = sqlite3.connect(home / "state.db")
-    try:
-        return [(str(role), str(content)) for role, content in conn.execute(
-            "SELECT m.role, m.content FROM messages m JOIN sessions s ON s.id = m.session_id "
-            "WHERE s.title = 'Bot Chat' AND m.active = 1 ORDER BY m.id")]
-    finally:
-        conn.close()
-
-
 def test_a_provider_failure_is_retried_once_without_the_dm_twice_in_the_session(
     hermes_cli: str, offline_root: OfflineRoot, fake_model: FakeModel
 ) -> None:
@@ -211,7 +202,8 @@ def test_a_provider_failure_is_retried_once_without_the_dm_twice_in_the_session(
     bob_calls = [c for c in fake_model.calls if c.profile == "bob"]
     assert len(bob_calls) == 4, [c.user_text for c in bob_calls]  # hermes tried 3 times, then our one retry
     assert bob_calls[-1].user_text == dm  # the model read the DM once, not two copies merged
-    assert _active_bot_chat(offline_root.home("bob")) == [("user", dm), ("assistant", f"bob here, you said: {dm}")]
+    assert bot_chat_messages(offline_root.home("bob"), active_only=True) == [
+        ("user", dm), ("assistant", f"bob here, you said: {dm}")]
 
 
 def test_a_failed_turn_whose_model_already_acted_is_not_retried(
@@ -236,5 +228,5 @@ def test_a_failed_turn_whose_model_already_acted_is_not_retried(
     assert out["reason"] == "provider_server_error", out
     first_calls = [c for c in fake_model.calls if c.profile == "bob" and c.tool_result is None]
     assert len(first_calls) == 1, [c.user_text for c in first_calls]  # one attempt: no retry resent the DM
-    assert [m for m in _active_bot_chat(offline_root.home("bob")) if m[0] == "user"] == [
+    assert [m for m in bot_chat_messages(offline_root.home("bob"), active_only=True) if m[0] == "user"] == [
         ("user", "Message from 🤖 alice (@alice): please build it")]
