@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -174,12 +175,22 @@ def test_enable_asks_to_start_the_actors_only_when_no_host_serves_the_root(
     assert not any("start the actors" in line for line in again.todo), again.todo
 
 
+def _dm_on_the_cli(hermes_cli: str, offline_root: OfflineRoot, sender: str, target: str,
+                   message: str) -> dict[str, Any]:
+    """One DM on the enabled root, its turn on the real hermes CLI; its outcome."""
+    from hermes_actors import Gateway
+
+    enable(offline_root.root, cli=hermes_cli, env={})
+    runner = HermesCliRunner(hermes_cli, env=offline_root.env, timeout=180)
+    with Gateway(offline_root.root, runner=runner) as gw:
+        ack = gw.message_agent(sender=sender, target=target, message=message)
+        return gw.wait_outcome(ack["delivery_id"], timeout=300)
+
+
 def test_a_provider_failure_is_retried_once_without_the_dm_twice_in_the_session(
     hermes_cli: str, offline_root: OfflineRoot, fake_model: FakeModel
 ) -> None:
     """hermes 0.19 stores the DM, then fails (HTTP 500 three times): the retry takes it back first."""
-    from hermes_actors import Gateway
-
     failing = {"bob": True}
 
     def script(messages: list[dict[str, object]]) -> str:
@@ -190,12 +201,7 @@ def test_a_provider_failure_is_retried_once_without_the_dm_twice_in_the_session(
         return f"bob here, you said: {text}"
 
     fake_model.script = script  # type: ignore[assignment]
-    root = offline_root.root
-    enable(root, cli=hermes_cli, env={})
-    runner = HermesCliRunner(hermes_cli, env=offline_root.env, timeout=180)
-    with Gateway(root, runner=runner) as gw:
-        ack = gw.message_agent(sender="alice", target="bob", message="please build it")
-        out = gw.wait_outcome(ack["delivery_id"], timeout=300)
+    out = _dm_on_the_cli(hermes_cli, offline_root, "alice", "bob", "please build it")
     assert out is not None and out["status"] == "replied", out
     dm = "Message from 🤖 alice (@alice): please build it"  # the turn's text: the DM under its header
     assert out["reply"] == f"bob here, you said: {dm}"
@@ -210,20 +216,13 @@ def test_a_failed_turn_whose_model_already_acted_is_not_retried(
     hermes_cli: str, offline_root: OfflineRoot, fake_model: FakeModel
 ) -> None:
     """The model answered with a tool call, then the provider failed: resending would repeat its work."""
-    from hermes_actors import Gateway
-
     def script(messages: list[dict[str, object]]) -> object:
         if messages and messages[-1].get("role") == "tool":
             raise RuntimeError("provider down")
         return ToolCall("todo", {"todos": [{"id": "1", "content": "build it", "status": "pending"}]})
 
     fake_model.script = script  # type: ignore[assignment]
-    root = offline_root.root
-    enable(root, cli=hermes_cli, env={})
-    runner = HermesCliRunner(hermes_cli, env=offline_root.env, timeout=180)
-    with Gateway(root, runner=runner) as gw:
-        ack = gw.message_agent(sender="alice", target="bob", message="please build it")
-        out = gw.wait_outcome(ack["delivery_id"], timeout=300)
+    out = _dm_on_the_cli(hermes_cli, offline_root, "alice", "bob", "please build it")
     assert out is not None and out["status"] == "failed", out
     assert out["reason"] == "provider_server_error", out
     first_calls = [c for c in fake_model.calls if c.profile == "bob" and c.tool_result is None]
