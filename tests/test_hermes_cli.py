@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_model import FakeModel, ToolCall, last_user_text
+from fake_model import FakeModel, ToolCall, last_user_text, text_of
 from hermes_fixtures import OfflineRoot
 
 from hermes_actors.hermes.cli_runner import HermesCliRunner
@@ -229,3 +229,16 @@ def test_a_failed_turn_whose_model_already_acted_is_not_retried(
     assert len(first_calls) == 1, [c.user_text for c in first_calls]  # one attempt: no retry resent the DM
     assert [m for m in bot_chat_messages(offline_root.home("bob"), active_only=True) if m[0] == "user"] == [
         ("user", "Message from 🤖 alice (@alice): please build it")]
+
+
+def test_a_bot_chat_turn_shows_the_model_its_teammates_in_the_system_message(
+    hermes_cli: str, offline_root: OfflineRoot, fake_model: FakeModel
+) -> None:
+    """hermes 0.19 has no Bot Mode roster in its prompt; the tool's schema tells the model to pick from it."""
+    out = _dm_on_the_cli(hermes_cli, offline_root, "alice", "bob", "who else is here?")
+    assert out["status"] == "replied", out
+    (call,) = [c for c in fake_model.calls if c.profile == "bob"]
+    system = "".join(text_of(m) for m in call.messages if m.get("role") == "system")
+    roster = system[system.index("## Bot Mode teammates"):]
+    assert "\n- @alice" in roster and "\n- @hermes" in roster and "@bob" not in roster
+    assert call.user_text == "Message from 🤖 alice (@alice): who else is here?"  # the DM itself is as sent

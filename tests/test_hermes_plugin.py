@@ -268,3 +268,26 @@ def test_a_platform_that_cannot_host_says_why_in_hermes_logs(
               if r.name.startswith("hermes_plugins.hermes_actors") and r.levelno == logging.ERROR]
     assert errors, "the failure to host was logged nowhere hermes writes"
     assert "could not host the actors of" in errors[0].getMessage() and str(missing) in errors[0].getMessage()
+
+
+def test_a_bot_chat_model_request_carries_the_teammate_roster_and_no_other_does(loaded: Any, hermes_root: Path) -> None:
+    """hermes 0.19 has no Bot Mode roster in its prompt; the schema tells the model to pick from it."""
+    from hermes_actors.hermes.teammates import HEADING
+
+    def apply(request: dict[str, Any], session_id: str) -> dict[str, Any]:  # as hermes' request middleware does
+        answers = loaded.invoke_middleware("llm_request", request=request, original_request=request,
+                                           session_id=session_id, platform="cli", api_call_count=1)
+        return answers[-1]["request"] if answers else request
+
+    assert plugin.teammates_middleware in loaded._middleware.get("llm_request", [])
+    ids = _sessions(hermes_root / "profiles" / "alice")  # hermes runs as alice (HERMES_HOME)
+    request = {"model": "fake", "messages": [{"role": "system", "content": "You are alice."},
+                                             {"role": "user", "content": "Message from 🤖 bob (@bob): hi"}]}
+    for session in (ids["bot"], ids["bot_continued"]):
+        out = apply(request, session)
+        system = out["messages"][0]["content"]
+        assert system.startswith("You are alice.\n\n" + HEADING)
+        assert "- @bob" in system and "- @carol" in system and "- @hermes" in system and "@alice" not in system
+        assert out["messages"][1] == request["messages"][1]  # the DM itself is untouched
+    for session in (ids["other"], ids["cont"], "no-such-session", ""):
+        assert apply(request, session) == request

@@ -38,11 +38,14 @@ __all__ = [
     "HOST_KEY",
     "PLATFORM_NAME",
     "TOOLSET",
+    "has_builtin_bot_mode",
     "hosting_configured",
     "is_bot_chat_lineage",
     "message_agent_handler",
+    "reachable_profiles",
     "register",
     "root_and_profile",
+    "teammates_middleware",
     "turn_hop_scope",
 ]
 
@@ -204,6 +207,61 @@ def message_agent_handler(args: Any, **context: Any) -> str:
     return orjson.dumps(result).decode()
 
 
+# ── the teammate roster in the model's system message ───────────────────────
+
+
+def reachable_profiles(root: Path) -> list[Any]:
+    """The root's profiles a DM can reach on the real Hermes ([] when the install is not managed)."""
+    from hermes_actors.hermes.install import hermes_cannot_run
+    from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
+
+    profiles = discover_profiles(root)
+    if not install_is_managed(profiles):
+        return []
+    return [p for p in profiles if hermes_cannot_run(p.profile) is None]
+
+
+def has_builtin_bot_mode() -> bool:
+    """Whether this hermes ships Bot Mode itself (``tools.bot_mode_dm``): its prompt has the roster already."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("tools.bot_mode_dm") is not None
+    except (ImportError, ValueError):  # no ``tools`` package at all
+        return False
+
+
+_teammates: Any = None  # the TeammateCache, made on first use (this module imports nothing heavy)
+
+
+def teammates_middleware(*, request: Any = None, session_id: str = "", **context: Any) -> dict[str, Any] | None:
+    """hermes' ``llm_request`` middleware: in a Bot Chat turn, the teammate roster joins the system message.
+
+    hermes-agent 0.19 has no Bot Mode roster in its system prompt, while the tool's schema
+    tells the model to pick recipients from it (:mod:`hermes_actors.hermes.teammates`).
+
+    Returns:
+        ``{"request": ...}`` with the roster added, or None (not a Bot Chat turn, no teammate,
+        a request of another shape, or any error: the model request goes on unchanged).
+    """
+    global _teammates
+    try:
+        from hermes_actors.hermes.teammates import TeammateCache, with_teammates
+
+        if not isinstance(request, dict):
+            return None
+        home = active_profile_home()
+        if not is_bot_chat_lineage(session_lineage_titles(home / "state.db", str(session_id or ""))):
+            return None
+        root, me = root_and_profile(home)
+        if _teammates is None:
+            _teammates = TeammateCache(reachable_profiles)
+        changed = with_teammates(request, _teammates.text(root, me))
+        return None if changed is None else {"request": changed}
+    except Exception:  # never break the bot's model call
+        return None
+
+
 # ── registration ────────────────────────────────────────────────────────────
 
 
@@ -242,6 +300,9 @@ def register(ctx: Any) -> None:
         description=schema["description"],
         emoji="🤖",
     )
+    register_middleware = getattr(ctx, "register_middleware", None)
+    if register_middleware is not None and not has_builtin_bot_mode():
+        register_middleware("llm_request", teammates_middleware)  # the roster the schema mentions
     register_platform = getattr(ctx, "register_platform", None)
     if register_platform is None:  # a hermes without gateway platforms: the tool still works via serve
         return
