@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -115,71 +114,78 @@ def test_a_runner_without_a_retry_clock_keeps_the_default_clock() -> None:
     assert runner.run_turn(TURN) == "warm: hi"
 
 
-class Gone(Fake):
-    """A CLI runner that records whether the stopping gateway process was still alive when it ran."""
-
-    def __init__(self, gateway: subprocess.Popen[bytes]) -> None:
-        super().__init__("cli")
-        self.gateway = gateway
-        self.gateway_alive_at_call: list[bool] = []
-        self.timeout = 60.0
-
-    def run_turn(self, turn: Turn) -> str:
-        self.gateway_alive_at_call.append(self.gateway.poll() is None)
-        return super().run_turn(turn)
+def _lost_turn_runner(tmp_path: Path, gateway: subprocess.Popen[bytes]) -> tuple[WarmOrCliRunner, Fake, Fake]:
+    """A runner whose warm turn d1 for bob was lost mid-turn in the gateway ``gateway`` (its pid file written)."""
+    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": gateway.pid, "kind": "hermes-gateway"}))
+    warm, cli = Fake("warm"), Fake("cli")
+    runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+    warm.failure = TurnFailed("the connection was lost during @bob's turn", reason="runtime_offline", ambiguous=True)
+    with pytest.raises(TurnFailed):
+        runner.run_turn(Turn(profile="bob", content="slow one", delivery_id="d1", root=tmp_path))
+    warm.failure = TurnFailed("connection refused", reason="runtime_offline")  # the gateway stopped serving
+    return runner, warm, cli
 
 
-def test_the_next_turn_of_a_bot_whose_warm_turn_was_lost_waits_for_the_stopping_gateway_to_exit(
+def test_while_a_stopping_gateway_may_still_run_a_bots_lost_turn_its_next_dm_fails_busy_at_once(
     tmp_path: Path,
 ) -> None:
-    """Regression: the gateway went on running the lost turn while the CLI ran the bot's next one beside it."""
+    """Regression: the gateway went on running the lost turn while the CLI ran the bot's next one beside it.
+
+    Not a wait: it would run on the turn's own clock (a DM reported timed out must not start later)."""
     gateway = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
-        (tmp_path / "gateway.pid").write_text(json.dumps({"pid": gateway.pid, "kind": "hermes-gateway"}))
-        warm, cli = Fake("warm"), Gone(gateway)
-        runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
-        warm.failure = TurnFailed("the connection was lost during @bob's turn", reason="runtime_offline",
-                                  ambiguous=True)
-        lost = Turn(profile="bob", content="slow one", delivery_id="d1", root=tmp_path)
-        with pytest.raises(TurnFailed):
-            runner.run_turn(lost)
-        warm.failure = TurnFailed("connection refused", reason="runtime_offline")  # the gateway stopped serving
-        results: list[str] = []
-        nxt = threading.Thread(target=lambda: results.append(runner.run_turn(
-            Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))))
-        nxt.start()
-        other = runner.run_turn(Turn(profile="carol", content="hi", delivery_id="d3", root=tmp_path))
-        assert other == "cli: hi"  # another bot is not held by bob's lost turn
-        assert gateway.poll() is None
+        runner, _, cli = _lost_turn_runner(tmp_path, gateway)
+        for key in ("d2", "d3"):  # every DM while the process lives, not only the first
+            with pytest.raises(TurnFailed, match="still finishing an earlier turn") as caught:
+                runner.run_turn(Turn(profile="bob", content="next", delivery_id=key, root=tmp_path))
+            assert caught.value.reason == "target_busy" and "NOT delivered" in caught.value.text
+            assert f"pid {gateway.pid}" in caught.value.text
+        assert runner.run_turn(Turn(profile="carol", content="hi", delivery_id="d4", root=tmp_path)) == "cli: hi"
+        assert cli.turns == ["d4"]  # another bot is not held by bob's lost turn
         gateway.communicate(b"", timeout=30)  # the gateway finishes its drain and exits
-        nxt.join(30)
-        assert results == ["cli: next"]
-        assert cli.turns == ["d3", "d2"] and cli.gateway_alive_at_call == [True, False]
+        assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d5", root=tmp_path)) == "cli: later"
     finally:
         if gateway.poll() is None:
             gateway.kill()
             gateway.wait()
 
 
-def test_a_lost_turn_still_running_past_the_cli_timeout_fails_the_next_dm_busy(tmp_path: Path) -> None:
-    gateway = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    try:
-        (tmp_path / "gateway.pid").write_text(str(gateway.pid))  # a bare number (older releases)
-        warm, cli = Fake("warm"), Gone(gateway)
-        cli.timeout = 0.2
-        runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
-        warm.failure = TurnFailed("lost", reason="runtime_offline", ambiguous=True)
-        with pytest.raises(TurnFailed):
-            runner.run_turn(Turn(profile="bob", content="slow", delivery_id="d1", root=tmp_path))
-        with pytest.raises(TurnFailed, match="still running an earlier turn") as caught:
-            runner.run_turn(Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))
-        assert caught.value.reason == "target_busy" and "NOT delivered" in caught.value.text
-        assert cli.turns == []
-        warm.failure = None
-        assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d3", root=tmp_path)) == "warm: later"
-    finally:
-        gateway.kill()
-        gateway.wait()
+def test_a_lost_turn_in_the_gateway_hosting_us_blocks_nothing(tmp_path: Path) -> None:
+    """Hosted inside `hermes gateway run`, gateway.pid is this process: the lost turn cannot outlive it."""
+    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}))
+    warm, cli = Fake("warm"), Fake("cli")
+    runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+    warm.failure = TurnFailed("lost", reason="runtime_offline", ambiguous=True)
+    with pytest.raises(TurnFailed):
+        runner.run_turn(Turn(profile="bob", content="slow", delivery_id="d1", root=tmp_path))
+    warm.failure = None
+    assert runner.run_turn(Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path)) == "warm: next"
+
+
+class Retrying(Fake):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.prepared: list[str] = []
+
+    def prepare_retry(self, turn: Turn, began: float) -> bool:
+        self.prepared.append(turn.delivery_id)
+        return True
+
+
+def test_the_retry_is_prepared_by_the_path_that_ran_the_failed_attempt() -> None:
+    warm, cli = Retrying("warm"), Retrying("cli")
+    runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+    warm.failure = TurnFailed("provider down", reason="provider_server_error")
+    with pytest.raises(TurnFailed):
+        runner.run_turn(TURN)
+    assert runner.prepare_retry(TURN, 0.0) and (warm.prepared, cli.prepared) == (["d1"], [])
+    warm.failure = TurnFailed("refused", reason="runtime_offline")  # this time the CLI ran it
+    cli.failure = TurnFailed("provider down", reason="provider_server_error")
+    with pytest.raises(TurnFailed):
+        runner.run_turn(TURN)
+    assert runner.prepare_retry(TURN, 0.0) and (warm.prepared, cli.prepared) == (["d1"], ["d1"])
+    runner.release("d1")
+    assert runner._paths == {}  # nothing kept per delivery once it is settled
 
 
 @pytest.mark.parametrize("content", ["", "not json", "{\"pid\": \"12\"}", "{\"pid\": true}", "[1]", "1"])

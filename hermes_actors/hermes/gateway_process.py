@@ -4,7 +4,7 @@ A warm turn whose connection was lost mid-turn may still be running in a gateway
 that is stopping: hermes drains its API server runs before it exits. Until that
 process is gone, another turn of the same bot would run beside it in the same
 Bot Chat session (:class:`~hermes_actors.hermes.warm_or_cli.WarmOrCliRunner`
-waits for it).
+refuses it, ``target_busy``).
 
 hermes-agent 0.19 writes ``<HERMES_HOME>/gateway.pid`` (JSON ``{"pid": N, ...}``,
 or a bare number from older releases) when it starts and removes it when it exits.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hermes_actors.store.processes import pid_alive
 
-__all__ = ["gateway_pid", "wait_for_exit"]
+__all__ = ["ProcessWatch", "gateway_pid"]
 
 _PID_FILE = "gateway.pid"
 _PID_FILE_MAX_BYTES = 64 * 1024
@@ -58,27 +58,41 @@ def gateway_pid(root: Path) -> int | None:
     return pid if pid_alive(pid) else None
 
 
-def wait_for_exit(pid: int, timeout: float) -> bool:
-    """Wait until process ``pid`` exits, at most ``timeout`` seconds (no polling: a pidfd).
+class ProcessWatch:
+    """Knows, without polling and immune to pid reuse, whether one process has exited (a pidfd).
 
     Args:
-        pid: the process.
-        timeout: seconds.
+        pid: the process, alive now.
 
-    Returns:
-        True once the process is gone; False when it was still running at the deadline.
+    Raises:
+        ProcessLookupError: it has exited already.
     """
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    except OSError as exc:  # no pidfd here (not Linux 5.3+): say what is known now
-        if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
-            return not pid_alive(pid)
-        raise
-    try:
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd: int | None
+        try:
+            self._fd = os.pidfd_open(pid)
+        except OSError as exc:  # no pidfd here (not Linux 5.3+): fall back to the pid, which may be reused
+            if isinstance(exc, ProcessLookupError):
+                raise
+            if exc.errno not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
+                raise
+            self._fd = None
+
+    def exited(self) -> bool:
+        """Whether the process has exited (then the watch is closed)."""
+        if self._fd is None:
+            return not pid_alive(self.pid)
         poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        return bool(poller.poll(max(0.0, timeout) * 1000.0))
-    finally:
-        os.close(pidfd)
+        poller.register(self._fd, select.POLLIN)
+        if not poller.poll(0):
+            return False
+        self.close()
+        return True
+
+    def close(self) -> None:
+        """Release the pidfd (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

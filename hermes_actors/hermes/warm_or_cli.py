@@ -8,13 +8,16 @@ the profile: ``runtime_offline`` and certainly not delivered) runs through the
 turn the server may have started is never run a second time.
 
 A warm turn whose connection was lost mid-turn (the gateway is stopping) may
-still be running there: the bot's next turn waits until that gateway process has
-exited (:mod:`hermes_actors.hermes.gateway_process`), so two turns never run at
-once in one Bot Chat session.
+still be running there: until that gateway process has exited
+(:mod:`hermes_actors.hermes.gateway_process`), the bot's next turns fail at once
+``target_busy`` ("NOT delivered — resend shortly"), so two turns never run at once
+in one Bot Chat session. Failing, not waiting: a wait would run on the turn's own
+clock, and a turn reported timed out must not start afterwards.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -26,7 +29,7 @@ from hermes_actors.core.reasons import RUNTIME_OFFLINE, TARGET_BUSY
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_root
-from hermes_actors.hermes.gateway_process import gateway_pid, wait_for_exit
+from hermes_actors.hermes.gateway_process import ProcessWatch, gateway_pid
 from hermes_actors.records import Turn
 
 __all__ = ["WarmOrCliRunner", "falls_back"]
@@ -63,7 +66,8 @@ class WarmOrCliRunner:
         self._lock = threading.Lock()
         self._cold = cold  # the last warm attempt fell back (the switch is logged once each way)
         self._warm_again_at = clock() + self.retry_seconds if cold else 0.0
-        self._lost_turns: dict[str, int] = {}  # profile → pid of the stopping gateway that may still run its turn
+        self._lost_turns: dict[str, ProcessWatch] = {}  # profile → the stopping gateway that may still run its turn
+        self._paths: dict[str, ApiRunner | HermesCliRunner] = {}  # delivery id → the runner of its last attempt
 
     def __repr__(self) -> str:
         return f"WarmOrCliRunner({self.warm.server}, cli={self.cli.cli})"
@@ -73,12 +77,12 @@ class WarmOrCliRunner:
 
         Raises:
             TurnFailed: from the API server when the turn may have reached it, else from the CLI;
-                ``target_busy`` when the bot's turn lost in a stopping gateway is still running
-                there after the CLI's turn timeout.
+                ``target_busy`` while the bot's turn lost in a stopping gateway may still run there.
         """
-        self._await_lost_turn(turn)
+        self._refuse_beside_a_lost_turn(turn)
         if self.clock() < self._warm_again_at:
-            return self.cli.run_turn(turn)
+            return self._cli_turn(turn)
+        self._paths[turn.delivery_id] = self.warm
         try:
             reply = self.warm.run_turn(turn)
         except TurnFailed as failure:
@@ -87,36 +91,43 @@ class WarmOrCliRunner:
             if not falls_back(failure):
                 raise
             self._switch(cold=True, why=failure.text)
-            return self.cli.run_turn(turn)
+            return self._cli_turn(turn)
         self._switch(cold=False, why="")
         return reply
 
-    def _note_lost_turn(self, turn: Turn) -> None:
-        """The connection was lost mid-turn: remember the gateway process that may still run it."""
-        pid = gateway_pid(turn_root(turn))
-        if pid is not None:
-            with self._lock:
-                self._lost_turns[turn.profile] = pid
+    def _cli_turn(self, turn: Turn) -> str:
+        self._paths[turn.delivery_id] = self.cli
+        return self.cli.run_turn(turn)
 
-    def _await_lost_turn(self, turn: Turn) -> None:
-        """Before a bot's turn: wait for the gateway process still running its lost turn to exit."""
-        with self._lock:
-            pid = self._lost_turns.get(turn.profile)
-        if pid is None:
+    def _note_lost_turn(self, turn: Turn) -> None:
+        """The connection was lost mid-turn: watch the gateway process that may still run it."""
+        pid = gateway_pid(turn_root(turn))
+        if pid is None or pid == os.getpid():  # hosted in that gateway: the turn cannot outlive this process
             return
-        handle = turn.handle or turn.profile
-        logger.info("@{}'s last warm turn may still be running in the stopping hermes gateway (pid {}); "
-                    "its next turn waits for that process to exit", handle, pid)
-        exited = wait_for_exit(pid, self.cli.timeout)
+        try:
+            watch = ProcessWatch(pid)
+        except OSError:  # it exited meanwhile
+            return
         with self._lock:
-            if self._lost_turns.get(turn.profile) == pid:
+            previous = self._lost_turns.pop(turn.profile, None)
+            self._lost_turns[turn.profile] = watch
+        if previous is not None:
+            previous.close()
+
+    def _refuse_beside_a_lost_turn(self, turn: Turn) -> None:
+        """Before a bot's turn: refuse it while the gateway process running its lost turn lives."""
+        with self._lock:
+            watch = self._lost_turns.get(turn.profile)
+            if watch is None:
+                return
+            if watch.exited():
                 del self._lost_turns[turn.profile]
-        if not exited:
-            raise TurnFailed(
-                f"@{handle} is still running an earlier turn in the stopping hermes gateway (pid {pid}) after "
-                f"{self.cli.timeout:g}s; the message was NOT delivered — resend shortly.",
-                reason=TARGET_BUSY,
-            )
+                return
+        raise TurnFailed(
+            f"@{turn.handle or turn.profile} is still finishing an earlier turn in the stopping hermes gateway "
+            f"(pid {watch.pid}); the message was NOT delivered — resend shortly.",
+            reason=TARGET_BUSY,
+        )
 
     def _switch(self, *, cold: bool, why: str) -> None:
         with self._lock:
@@ -132,11 +143,13 @@ class WarmOrCliRunner:
             logger.info("the hermes API server {} answers again: turns run warm", self.warm.server)
 
     def prepare_retry(self, turn: Turn, began: float) -> bool:
-        """Before the policy retry: the CLI runner's rule (both paths share the profile's ``state.db``)."""
-        return self.cli.prepare_retry(turn, began)
+        """Before the policy retry: the rule of the path that ran the failed attempt."""
+        path = self._paths.get(turn.delivery_id, self.cli)
+        return path.prepare_retry(turn, began)
 
     def release(self, delivery_id: str) -> None:
         """The CLI runner's query file kept for ``delivery_id`` may go (see ``CommandRunner.release``)."""
+        self._paths.pop(delivery_id, None)
         self.cli.release(delivery_id)
 
     def stop_turns(self, delivery_ids: Iterable[str] | None = None, **kwargs: Any) -> int:
