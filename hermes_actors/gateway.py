@@ -26,7 +26,7 @@ from hermes_actors.core.names import checked_connection_id
 from hermes_actors.local.roster import roster_rows
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.local.sending import outcome_future, send_dm
-from hermes_actors.local.turns import turn_runner_here
+from hermes_actors.local.turns import turn_factory_here
 from hermes_actors.messages import (
     BOT_CHAT_SESSION,
     AddSubscriber,
@@ -230,7 +230,7 @@ class Gateway:
                 would wait for that very turn. Stop it from another thread.
         """
         system = self._system
-        if system is not None and system.turn_runner is not None and turn_runner_here() is system.turn_runner:
+        if system is not None and system.turn_factory is not None and turn_factory_here() == system.turn_factory:
             raise RuntimeError(
                 "Gateway.stop() was called from inside one of its own turns: it would wait for that very "
                 "turn; stop it from another thread (e.g. threading.Thread(target=gateway.stop).start())"

@@ -149,7 +149,7 @@ class ActorSystem:
 
     options: SystemOptions
     runner: TurnRunner | None = None
-    turn_runner: TurnRunner | None = None
+    turn_factory: TurnFactory | None = None
     journal: Journal | None = None
     scheduler: Scheduler | None = None
     pool: WorkerPool | None = None
@@ -228,11 +228,11 @@ class ActorSystem:
             assert opts.connection_id is not None
             claim_connection(redis_settings, opts.connection_id, guard.consumer)  # one process per connection id
             runner = guard.wrap(runner)
-        self.turn_runner = runner  # what the turns run with (Gateway.stop refuses to be called from one)
         journal = self.journal
         caller_admission = CallerAdmission(snapshot, max_hops=cfg.max_hops)
 
         def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: TurnFactory) -> ProfileDeps:
+            self.turn_factory = make_turn  # names this gateway's turns (Gateway.stop refuses to run in one)
             return ProfileDeps(root=opts.root, config=cfg, runner=runner, pool=pool, scheduler=scheduler,
                                dispatcher=dispatcher, make_turn=make_turn, cross_process_lock=opts.cross_process_lock,
                                journal=journal)

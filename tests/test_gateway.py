@@ -879,3 +879,32 @@ def test_wait_outcome_names_a_bad_timeout(root: Path, gateways: list[Gateway], t
     with pytest.raises(TypeError, match="wait_outcome timeout must be a number of seconds"):
         gw.wait_outcome(key, timeout=timeout)
     assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+
+
+def test_a_turn_of_one_gateway_may_stop_another_that_shares_its_runner(tmp_path: Path,
+                                                                      gateways: list[Gateway]) -> None:
+    """Regression: the inside-a-turn check compared runners, so a shared runner refused a legitimate stop."""
+    results: list[object] = []
+    holder: dict[str, Gateway] = {}
+
+    def runner(turn: Any) -> str:
+        for name in ("other", "own"):
+            try:
+                holder[name].stop(timeout=3)
+                results.append((name, "stopped"))
+            except RuntimeError as exc:
+                results.append((name, str(exc)))
+        return "done"
+
+    class Shared:  # a runner object (not a callable): both gateways run their turns with this very object
+        def run_turn(self, turn: Any) -> str:
+            return runner(turn)
+
+    shared = Shared()
+    own = start_gateway(gateways, make_root(tmp_path, name="one"), shared)
+    other = start_gateway(gateways, make_root(tmp_path, name="two"), shared)
+    holder.update(own=own, other=other)
+    out = own.wait_outcome(queued(own.message_agent(sender="alice", target="bob", message="x")), timeout=10)
+    assert out["reply"] == "done"
+    assert results[0] == ("other", "stopped") and not other.running
+    assert results[1][0] == "own" and "from inside one of its own turns" in str(results[1][1])

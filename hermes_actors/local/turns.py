@@ -49,8 +49,16 @@ from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["TurnFactory", "attempt_turn", "describe_error", "execute_turn", "never_ran", "retry_allowed", "turn_for",
-           "turn_runner_here"]
+__all__ = [
+    "TurnFactory",
+    "attempt_turn",
+    "describe_error",
+    "execute_turn",
+    "never_ran",
+    "retry_allowed",
+    "turn_factory_here",
+    "turn_for",
+]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -88,15 +96,16 @@ def never_ran(delivery_id: str, step: str, exc: BaseException | str) -> TurnFini
     return TurnFinished(delivery_id, None, text[0].upper() + text[1:], RUNTIME_OFFLINE)
 
 
-_running = threading.local()  # .runner: the runner whose turn the calling thread is running
+_running = threading.local()  # .factory: the TurnFactory of the gateway whose turn the calling thread runs
 
 
-def turn_runner_here() -> object | None:
-    """The runner whose turn the calling thread is running right now (None outside a turn).
+def turn_factory_here() -> object | None:
+    """The turn factory (one per gateway) of the turn the calling thread is running (None outside a turn).
 
-    ``Gateway.stop`` asks it: called from inside a turn, the stop would wait for that very turn.
+    ``Gateway.stop`` asks it: called from inside one of its own turns, the stop would wait for
+    that very turn. The factory, not the runner, names the gateway: gateways may share a runner.
     """
-    return getattr(_running, "runner", None)
+    return getattr(_running, "factory", None)
 
 
 def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
@@ -111,7 +120,6 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
         the policy retry may follow a failure (not after a ``BaseException``, nor an ambiguous one).
     """
     key = turn.delivery_id
-    outer, _running.runner = getattr(_running, "runner", None), runner
     try:
         return TurnFinished(key, runner.run_turn(turn)), True
     except TurnFailed as exc:
@@ -125,8 +133,6 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
         text = f"The turn's runner raised {describe_error(exc)}; the turn was abandoned."
         logger.warning("runner raised {} for {}; its DM fails", describe_error(exc), key)
         return TurnFinished(key, None, text, classify_agent_error(describe_error(exc))), False
-    finally:
-        _running.runner = outer
 
 
 def retry_allowed(runner: TurnRunner, retry: Turn, began: float) -> bool:
@@ -186,6 +192,25 @@ def execute_turn(
     Returns:
         The result for the ProfileActor; ``reply`` is the raw runner value.
     """
+    outer, _running.factory = getattr(_running, "factory", None), make_turn
+    try:
+        return _execute_turn(delivery, runner=runner, lock=lock, lock_deadline=lock_deadline, make_turn=make_turn,
+                             journal=journal, held=held, gave_up=gave_up)
+    finally:
+        _running.factory = outer
+
+
+def _execute_turn(
+    delivery: Delivery,
+    *,
+    runner: TurnRunner,
+    lock: TurnLock | None,
+    lock_deadline: float,
+    make_turn: TurnFactory,
+    journal: StartRecorder | None,
+    held: bool,
+    gave_up: threading.Event | None,
+) -> TurnFinished:
     if lock is not None and not held:
         try:
             waited = lock.acquire(lock_deadline)
