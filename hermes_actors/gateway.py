@@ -218,7 +218,8 @@ class Gateway:
         running after ``timeout`` (or once ``abandon`` is set) is ``ambiguous``
         (journaled), and the runner's ``stop_turns`` (if it has one) ends its
         process group. Subscriber callbacks are flushed before this returns (within ``timeout``:
-        a callback still running then does not hold the stop). Idempotent.
+        a callback still running then does not hold the stop; the notifications queued behind
+        it follow once it returns). Idempotent.
 
         Args:
             timeout: seconds running turns get to finish; stop returns as soon as they have.

@@ -368,7 +368,7 @@ class ActorSystem:
             if in_subscriber_callback():  # stop() from a callback: the Notifier is this very thread
                 logger.warning("gateway stopped from a subscriber callback: notifications still queued are dropped")
             else:
-                notifier_busy = not flush_notifier(notifier, max(1.0, deadline - time.monotonic()))
+                notifier_busy = not flush_notifier(notifier, max(0.1, deadline - time.monotonic()))
         except (ActorGone, AskTimeout) as exc:
             if self.failed_running is not None:  # the Dispatcher failed earlier: end the turns it left running
                 logger.info("stopping a failed gateway: ending the turns it left running")
@@ -434,9 +434,10 @@ class ActorSystem:
 def flush_notifier(notifier: pykka.ActorRef[Any], timeout: float) -> bool:
     """Let subscriber callbacks catch up with the last outcomes, for at most ``timeout`` seconds.
 
-    A callback still busy past the stop's own timeout does not hold the stop: its
-    notifications still queued are dropped, with a warning (a slow callback never
-    blocks the gateway, its stop included).
+    A callback still busy past the stop's own timeout does not hold the stop (a slow
+    callback never blocks the gateway, its stop included): the stop returns with a
+    warning, and the notifications queued behind that callback are still delivered,
+    in order, once it returns; then the Notifier stops.
 
     Returns:
         True once flushed; False when a callback was still running at the deadline.
@@ -444,8 +445,8 @@ def flush_notifier(notifier: pykka.ActorRef[Any], timeout: float) -> bool:
     try:
         ask(notifier, Flush(), timeout=timeout)
     except AskTimeout:
-        logger.warning("stop: a subscriber callback was still running after {:.1f}s; notifications still "
-                       "queued are dropped", timeout)
+        logger.warning("stop: a subscriber callback was still running after {:.1f}s; the stop does not wait "
+                       "for it (the notifications queued behind it follow once it returns)", timeout)
         return False
     return True
 

@@ -831,24 +831,30 @@ def test_stop_does_not_wait_past_its_timeout_for_a_stuck_subscriber(
     """Regression: a callback still running made stop(timeout=2) wait 30 s (the Flush) + 10 s (the Notifier)."""
     gw = start_gateway(gateways, root, durable=False)
     entered, release = threading.Event(), threading.Event()
+    heard: list[str] = []
 
     def stuck(outcome: dict[str, Any]) -> None:
+        heard.append(outcome["delivery_id"])
         entered.set()
         release.wait(120)
 
     gw.subscribe(stuck)
-    key = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
-    gw.wait_outcome(key, timeout=10)
+    first = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    gw.wait_outcome(first, timeout=10)
     assert entered.wait(10)
+    second = queued(gw.message_agent(sender="carol", target="bob", message="queued behind"))
+    gw.wait_outcome(second, timeout=10)
     try:
         gw.stop(timeout=0.5)
         assert not gw.running
         assert not release.is_set()  # stop returned while the callback was still running
-        assert logs.matching("a subscriber callback was still running after")
+        assert logs.matching("a subscriber callback was still running after", "the stop does not wait")
         assert not logs.matching("stop was not clean")
         assert not logs.matching("did not stop within")
     finally:
         release.set()
+    await_condition(lambda: heard == [first, second], timeout=10,
+                    message="the notification queued behind the stuck callback followed once it returned")
 
 
 def test_a_turn_kept_past_the_stop_says_the_gateway_is_not_running(root: Path, gateways: list[Gateway]) -> None:
