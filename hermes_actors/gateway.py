@@ -52,6 +52,8 @@ __all__ = ["Gateway"]
 # A failing Dispatcher waits at most this long for the message_agent calls already past their check
 # (a first-hop DM's tell takes µs; a call asking the Dispatcher itself cannot finish and is not waited for longer).
 _FAILING_SENDS_WAIT = 0.5
+_MAX_WAIT = 10_000_000.0  # ~115 days: longer waits overflow the clocks underneath (threading.TIMEOUT_MAX and time_t)
+
 
 class Gateway:
     """One gateway process's Bot Mode messaging.
@@ -375,10 +377,14 @@ class Gateway:
             TimeoutError: no outcome arrived in time.
             KeyError: this gateway never issued the id (and no journal holds it).
             TypeError: ``timeout`` is not a number of seconds.
+            ValueError: ``timeout`` is NaN.
         """
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             raise TypeError(f"wait_outcome timeout must be a number of seconds, not {type(timeout).__name__} "
                             f"({timeout!r}); 0 asks where the DM stands without waiting")
+        if timeout != timeout:
+            raise ValueError("wait_outcome timeout is NaN; pass a number of seconds (0: do not wait)")
+        timeout = min(timeout, _MAX_WAIT)  # inf and the like: as long as a clock can count
         final = self._final_outcomes.get(delivery_id)
         if final is not None:
             return dict(final)

@@ -303,7 +303,7 @@ def test_a_reader_leaving_the_pipe_early_gets_no_traceback(tmp_path: Path) -> No
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
-@pytest.mark.parametrize("value", ["-5", "nan", "inf", "soon"])
+@pytest.mark.parametrize("value", ["-5", "nan", "inf", "soon", "1e10", "1e300"])
 def test_a_wait_that_is_not_zero_or_more_seconds_is_a_usage_error(value: str, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     root = make_root(tmp_path)

@@ -914,3 +914,13 @@ def test_a_turn_of_one_gateway_may_stop_another_that_shares_its_runner(tmp_path:
     assert out["reply"] == "done"
     assert results[0] == ("other", "stopped") and not other.running
     assert results[1][0] == "own" and "from inside one of its own turns" in str(results[1][1])
+
+
+def test_wait_outcome_takes_an_endless_timeout_and_refuses_nan(root: Path, gateways: list[Gateway]) -> None:
+    """Regression: inf and 1e10 raised OverflowError from the clocks underneath; NaN timed out 'within nans'."""
+    gw = start_gateway(gateways, root)
+    key = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    assert gw.wait_outcome(key, timeout=float("inf"))["status"] == "replied"
+    assert gw.wait_outcome(key, timeout=1e300)["status"] == "replied"
+    with pytest.raises(ValueError, match="timeout is NaN"):
+        gw.wait_outcome(key, timeout=float("nan"))

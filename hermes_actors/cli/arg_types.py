@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["root_path", "seconds"]
+__all__ = ["MAX_WAIT_SECONDS", "root_path", "seconds"]
+
+MAX_WAIT_SECONDS = 10_000_000.0  # ~115 days; a longer wait overflows the clocks the waits are measured on
 
 
 def root_path(text: str) -> Path:
@@ -26,7 +28,7 @@ def root_path(text: str) -> Path:
 
 
 def seconds(text: str) -> float:
-    """An argparse ``type`` for a wait in seconds: a finite number, zero or more.
+    """An argparse ``type`` for a wait in seconds: a number from 0 to :data:`MAX_WAIT_SECONDS`.
 
     Args:
         text: the option's value.
@@ -35,12 +37,12 @@ def seconds(text: str) -> float:
         The seconds.
 
     Raises:
-        argparse.ArgumentTypeError: not a number, negative, or not finite.
+        argparse.ArgumentTypeError: not a number, negative, NaN, or over :data:`MAX_WAIT_SECONDS`.
     """
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be zero or more (and finite)")
+    if not 0.0 <= value <= MAX_WAIT_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
     return value
