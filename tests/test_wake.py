@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,8 @@ from hermes_actors.core.wake import (
 )
 from hermes_actors.messages import Delivery
 from hermes_actors.store.journal import DeliveryState
+
+ROOT = Path("/srv/hermes")
 
 DM = Delivery(
     delivery_id="a" * 32,
@@ -78,7 +81,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_wake_for(case: str) -> None:
     delivery, outcome, mode, runner_is_hermes, wakes = CASES[case]
-    request = wake_for(outcome, delivery, mode=mode, runner_is_hermes=runner_is_hermes, local_profiles=LOCAL)
+    request = wake_for(outcome, delivery, mode=mode, runner_is_hermes=runner_is_hermes, local_profiles=LOCAL, root=ROOT)
     assert (request is not None) is wakes
     if request is not None:
         assert request.profile == "alice" and request.text == outcome.text
@@ -86,7 +89,7 @@ def test_wake_for(case: str) -> None:
 
 
 def test_the_wake_delivery_carries_exactly_the_outcome_text_and_the_hop() -> None:
-    request = wake_for(REPLIED, DM, mode="true", runner_is_hermes=False, local_profiles=LOCAL)
+    request = wake_for(REPLIED, DM, mode="true", runner_is_hermes=False, local_profiles=LOCAL, root=ROOT)
     assert request is not None
     wake = wake_delivery(request, now=12.0)
     assert wake.content == "Reply from @bob: hello alice" == REPLIED.text
@@ -102,7 +105,7 @@ def test_wake_ids_are_stable_and_distinct() -> None:
 
 
 def test_a_reoffered_wake_stays_a_wake_and_a_started_one_is_not_rerun() -> None:
-    request = wake_for(REPLIED, DM, mode="true", runner_is_hermes=False, local_profiles=LOCAL)
+    request = wake_for(REPLIED, DM, mode="true", runner_is_hermes=False, local_profiles=LOCAL, root=ROOT)
     assert request is not None
     record = wake_delivery(request, now=1.0)
     from hermes_actors.core.acks import delivery_record
@@ -125,9 +128,9 @@ def test_a_reoffered_wake_stays_a_wake_and_a_started_one_is_not_rerun() -> None:
     ],
 )
 def test_wake_text_cuts_past_the_limit_with_a_note(text: str, limit: int, kept: str) -> None:
-    out = wake_text(text, "d" * 32, limit=limit)
+    out = wake_text(text, "d" * 32, Path("/srv/hermes root"), limit=limit)
     if kept == text:
         assert out == text
     else:
         assert out == (f"{kept}\n\n[cut here: the whole text is {len(text):,} characters; "
-                       f"`hermes-actors outcome --root \"$HERMES_HOME\" {'d' * 32}` prints it]")
+                       f"`hermes-actors outcome --root '/srv/hermes root' {'d' * 32}` prints it]")

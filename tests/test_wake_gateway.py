@@ -7,6 +7,7 @@ rides along; the wake's own outcome is nobody's DM outcome.
 
 from __future__ import annotations
 
+import shlex
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from roots import RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.cli.main import main
 from hermes_actors.core.wake import wake_id
 from hermes_actors.messages import BOT_CHAT_SESSION, Turn
 
@@ -263,4 +265,6 @@ def test_a_reply_too_long_for_a_cli_turn_wakes_the_sender_with_its_first_part_an
     head, note = turn.content.split("\n\n[cut here: ")
     assert outcome["text"].startswith(head) and head.startswith("Reply from @bob: éé")
     assert note == f"the whole text is {len(outcome['text']):,} characters; " \
-                   f"`hermes-actors outcome --root \"$HERMES_HOME\" {dm}` prints it]"
+                   f"`hermes-actors outcome --root {shlex.quote(str(gw.root))} {dm}` prints it]"
+    gw.stop()
+    assert main(["outcome", "--root", str(gw.root), dm]) == 0  # the command the note names finds it

@@ -17,8 +17,10 @@ Hermes, off for custom runners, callables and the demo runner), ``true`` or
 from __future__ import annotations
 
 import hashlib
+import shlex
 from collections.abc import Container
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hermes_actors.messages import Delivery, Outcome
@@ -124,6 +126,7 @@ def wake_for(
     mode: str,
     runner_is_hermes: bool,
     local_profiles: Container[str],
+    root: Path,
 ) -> WakeRequest | None:
     """The wake an outcome calls for, if any.
 
@@ -133,6 +136,7 @@ def wake_for(
         mode: ``bot_mode.wake_sender``.
         runner_is_hermes: see :func:`wake_enabled`.
         local_profiles: folder ids of this root's profiles.
+        root: the Hermes root (named in the note of a cut text, see :func:`wake_text`).
 
     Returns:
         The wake, or None: waking is off, the DM is unknown or is itself a wake
@@ -150,7 +154,7 @@ def wake_for(
         wake_id=wake_id(outcome.delivery_id),
         profile=delivery.sender,
         handle=delivery.sender_handle or delivery.sender,
-        text=wake_text(outcome.text, outcome.delivery_id),
+        text=wake_text(outcome.text, outcome.delivery_id, root),
         hop=max(0, delivery.hop),
         source_id=outcome.delivery_id,
         source_target=delivery.target,
@@ -158,7 +162,7 @@ def wake_for(
     )
 
 
-def wake_text(text: str, delivery_id: str, limit: int = WAKE_TEXT_MAX_BYTES) -> str:
+def wake_text(text: str, delivery_id: str, root: Path, limit: int = WAKE_TEXT_MAX_BYTES) -> str:
     """The wake turn's user message: the outcome text, cut with a note past ``limit`` bytes of UTF-8.
 
     hermes-agent 0.19's CLI takes a turn's text on its command line (at most 100 KiB), and a
@@ -167,6 +171,8 @@ def wake_text(text: str, delivery_id: str, limit: int = WAKE_TEXT_MAX_BYTES) -> 
     Args:
         text: the outcome's text.
         delivery_id: the DM's id (the note names the command that prints the whole text).
+        root: the Hermes root whose host knows the outcome (a bot's ``$HERMES_HOME`` is its
+            profile's folder, not the root).
         limit: the most bytes kept.
 
     Returns:
@@ -177,7 +183,7 @@ def wake_text(text: str, delivery_id: str, limit: int = WAKE_TEXT_MAX_BYTES) -> 
         return text
     kept = data[:limit].decode("utf-8", "ignore")  # never half a character
     return (f"{kept}\n\n[cut here: the whole text is {len(text):,} characters; "
-            f"`hermes-actors outcome --root \"$HERMES_HOME\" {delivery_id}` prints it]")
+            f"`hermes-actors outcome --root {shlex.quote(str(root))} {delivery_id}` prints it]")
 
 
 def wake_delivery(request: WakeRequest, *, now: float) -> Delivery:

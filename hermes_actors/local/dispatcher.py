@@ -132,7 +132,8 @@ class DispatcherActor(SupervisorActor):
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
         self.profiles = ProfileTable(self, self.deps, self.counters)
         self.restart_waiters: list[pykka.ThreadingFuture[None]] = []  # AwaitRestarts answers not given yet
-        self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes)
+        self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes,
+                                  root=self.deps.root)
         self.stats = DeliveryStats()
         self.caller_admission = caller_admission
         self.on_failing = on_failing

@@ -16,6 +16,7 @@ written, re-publishes the DM's outcome, which creates it once.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from loguru import logger
@@ -54,10 +55,12 @@ class SenderWaker:
         owner: the Dispatcher (its state is read and changed on its own thread).
         mode: ``bot_mode.wake_sender`` (``auto``, ``true``, ``false``).
         runner_is_hermes: turns run on the real Hermes (``auto`` is on then).
+        root: the Hermes root.
     """
 
-    def __init__(self, owner: WakeHost, *, mode: str, runner_is_hermes: bool) -> None:
+    def __init__(self, owner: WakeHost, *, mode: str, runner_is_hermes: bool, root: Path) -> None:
         self.owner = owner
+        self.root = root
         self.mode = mode
         self.runner_is_hermes = runner_is_hermes
         self.wake_ids: dict[str, None] = {}  # every wake id created here or found in the journal (insertion order)
@@ -115,6 +118,7 @@ class SenderWaker:
             mode=self.mode,
             runner_is_hermes=self.runner_is_hermes,
             local_profiles=self.owner.snapshot.index,
+            root=self.root,
         )
         if request is not None and request.wake_id not in self.wake_ids:
             self._start(request)
