@@ -25,6 +25,7 @@ from roots import RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.ops.journal_view import find_outcome
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, claim_for_expiry, post_to_inbox
@@ -516,3 +517,25 @@ def test_a_failing_expiry_write_still_reports_queued_expired_and_the_relay_keeps
     out = gw.wait_outcome(later, timeout=10)
     assert (out["status"], out["reason"]) == ("failed", "queued_expired")
     assert (relay(root) / "replies" / f"{later}.json").exists()
+
+
+def test_an_ambiguous_turn_on_the_receiving_side_is_ambiguous_for_the_sender(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: the receiver killed mid-turn answered 'may have been delivered — do not resend', and the
+    sender reported it failed [unknown] (the reply file has no status field)."""
+    from hermes_actors.core import outcomes
+    from hermes_actors.relay.relay_actor import reply_from_outcome
+
+    root = sender_root(tmp_path)
+    gw = start(gateways, root)
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="ping"))
+    answered = outcomes.ambiguous(envelope_id, "@moxie", "The receiving gateway stopped or crashed during the turn.")
+    seed_write_json(relay(root) / "replies" / f"{envelope_id}.json",
+                    {"id": envelope_id, "at": int(time.time()), **reply_from_outcome(answered)})
+    out = gw.wait_outcome(envelope_id, timeout=10)
+    assert (out["status"], out["retryable"]) == ("ambiguous", False)
+    assert out["text"] == ("Delivery to @moxie on mini is ambiguous: The receiving gateway stopped or crashed "
+                           "during the turn. The message may have been delivered — do not resend.")
+    gw.stop()
+    assert find_outcome(root, envelope_id)["status"] == "ambiguous"  # `outcome` reads the files the same way

@@ -124,3 +124,28 @@ def test_outcomes_remembered_from_a_journal_are_bounded_by_keep_too() -> None:
     book.remember({_key(i): {"status": "old"} for i in range(100)})
     kept = book.export()
     assert 8 <= len(kept) <= 9 and _key(99) in kept and _key(0) not in kept
+
+
+@pytest.mark.parametrize("made", [
+    outcomes.from_reply("e" * 32, "@bob", "hello"),
+    outcomes.from_reply("e" * 32, "@bob", ""),
+    outcomes.failed("e" * 32, "@bob", "HTTP 429 Too Many Requests", "provider_rate_limit"),
+    outcomes.ambiguous("e" * 32, "@bob", "The receiving gateway stopped or crashed during the turn."),
+], ids=["replied", "silent", "failed", "ambiguous"])
+def test_an_outcome_crosses_the_file_relay_with_its_status(made: Any) -> None:
+    """Regression: an ambiguous turn on the receiving side arrived as failed [unknown] (the seed's reply
+    format has no status field)."""
+    from hermes_actors.relay.relay_actor import reply_from_outcome
+
+    record = reply_from_outcome(made)
+    assert set(record) == {"reply", "error", "reason"}  # the seed's format: nothing added
+    back = outcomes.from_relay_reply(made.delivery_id, "@bob on mini", record["reply"], record["error"],
+                                     record["reason"])
+    assert (back.status, back.reason, back.retryable) == (made.status, made.reason, made.retryable)
+    assert back.error == made.error and back.text == made.text.replace("@bob", "@bob on mini", 1)
+
+
+def test_a_redis_reply_marked_ambiguous_stays_ambiguous() -> None:
+    back = outcomes.from_relay_reply("e" * 32, "@dave on mini", "", "The gateway died before it replied.",
+                                     "ambiguous")
+    assert (back.status, back.reason, back.retryable) == ("ambiguous", "unknown", False)

@@ -12,11 +12,13 @@ from hermes_actors.core.reasons import is_intentional_silence, is_retryable, nor
 from hermes_actors.messages import Delivery, Outcome
 
 __all__ = [
+    "AMBIGUOUS_TAIL",
     "ambiguous",
     "busy_text",
     "cancelled",
     "delivery_details",
     "failed",
+    "from_relay_reply",
     "from_reply",
     "queue_full_text",
     "valid_text",
@@ -68,10 +70,13 @@ def failed(delivery_id: str, label: str, error: str, reason: str = "") -> Outcom
     )
 
 
+AMBIGUOUS_TAIL = " The message may have been delivered — do not resend."
+
+
 def ambiguous(delivery_id: str, label: str, why: str, reason: str = "unknown") -> Outcome:
     """The turn may have run but its result is unknown: the sender must not resend."""
     why = valid_text(why)
-    error = f"{why} The message may have been delivered — do not resend."
+    error = f"{why}{AMBIGUOUS_TAIL}"
     code = normalize_reason(reason, why)
     return Outcome(
         delivery_id,
@@ -82,6 +87,35 @@ def ambiguous(delivery_id: str, label: str, why: str, reason: str = "unknown") -
         from_=label,
         text=f"Delivery to {label} is ambiguous: {error}",
     )
+
+
+def from_relay_reply(delivery_id: str, label: str, reply: str, error: str, reason: str) -> Outcome:
+    """The outcome a relayed reply record carries (a file relay reply, a Redis reply entry).
+
+    The file format is the seed's (``id, at, reply, error, reason``): it has no status, so an
+    ambiguous turn on the receiving side travels as its error, which ends with
+    :data:`AMBIGUOUS_TAIL` (:func:`ambiguous` wrote it); on Redis, as ``reason: "ambiguous"``.
+    Either is ambiguous here too, never a plain failure.
+
+    Args:
+        delivery_id: the envelope id.
+        label: how the target is shown (``@dave on Mini``).
+        reply: the record's reply.
+        error: the record's error ("" for a reply).
+        reason: the record's reason.
+
+    Returns:
+        ``ambiguous``, ``failed``, or the reply's outcome (``replied`` or ``silent``).
+    """
+    if reason == "ambiguous":
+        error = valid_text(error)
+        return Outcome(delivery_id, "ambiguous", error=error, reason="unknown", retryable=False, from_=label,
+                       text=f"Delivery to {label} is ambiguous: {error}")
+    if error.endswith(AMBIGUOUS_TAIL):
+        return ambiguous(delivery_id, label, error[: -len(AMBIGUOUS_TAIL)], reason or "unknown")
+    if error:
+        return failed(delivery_id, label, error, reason)
+    return from_reply(delivery_id, label, reply)
 
 
 def gone_text(profile: str) -> str:

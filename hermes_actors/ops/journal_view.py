@@ -140,9 +140,8 @@ def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
         reply = None
     if reply is not None:
         label = relayed_target_label(inbox_paths, delivery_id)
-        if reply.get("error"):
-            return outcomes.failed(delivery_id, label, reply["error"], reply.get("reason", "")).as_dict()
-        return outcomes.from_reply(delivery_id, label, reply.get("reply", "")).as_dict()
+        return outcomes.from_relay_reply(delivery_id, label, str(reply.get("reply") or ""),
+                                         str(reply.get("error") or ""), str(reply.get("reason") or "")).as_dict()
     if any(delivery_id in list_ids(d) for d in (paths.outbox, paths.claimed)):
         return {"status": "pending", "delivery_id": delivery_id, "error": "relayed; waiting for the reply"}
     why = "no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries)"

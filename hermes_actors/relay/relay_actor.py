@@ -266,10 +266,7 @@ class RelayActor(TypedActor):
         if entry.resumed and reply["reason"] == "queued_expired" and os.path.lexists(
                 self.paths.relay.id_file(self.paths.expiring, envelope_id)):
             self._finish_expiry(envelope_id)  # our expiry, killed after its reply: file it where the seed's goes
-        if reply["error"]:
-            outcome = outcomes.failed(envelope_id, entry.label, reply["error"], reply["reason"])
-        else:
-            outcome = outcomes.from_reply(envelope_id, entry.label, reply["reply"])
+        outcome = outcomes.from_relay_reply(envelope_id, entry.label, reply["reply"], reply["error"], reply["reason"])
         self._report(envelope_id, OutcomeReady(outcome))
         self.counters["replies"] += 1
 

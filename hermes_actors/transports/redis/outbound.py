@@ -263,9 +263,4 @@ class Outbound:
 
 
 def _outcome_of(envelope_id: str, label: str, record: dict[str, Any]) -> Outcome:
-    if record["reason"] == "ambiguous":
-        return Outcome(envelope_id, "ambiguous", error=record["error"], reason="unknown", retryable=False,
-                       from_=label, text=f"Delivery to {label} is ambiguous: {record['error']}")
-    if record["error"]:
-        return outcomes.failed(envelope_id, label, record["error"], record["reason"])
-    return outcomes.from_reply(envelope_id, label, record["reply"])
+    return outcomes.from_relay_reply(envelope_id, label, record["reply"], record["error"], record["reason"])
