@@ -198,3 +198,25 @@ def test_heartbeats_skip_a_pid_no_process_can_have(tmp_path: Path) -> None:
     (directory / "1.json").write_text(json.dumps({"pid": 2**70, "at": now}))
     (directory / f"{os.getpid()}.json").write_text(json.dumps({"pid": os.getpid(), "at": now}))
     assert [row["pid"] for row in heartbeats(root, now)] == [os.getpid()]
+
+
+def test_relay_counts_include_the_envelopes_on_the_processes_shelves(tmp_path: Path) -> None:
+    """Regression: `taken` counted only flat files, so 7 envelopes held on a shelf showed as 'taken 0'."""
+    import os
+
+    from hermes_actors.ops.status import relay_dir_counts
+    from hermes_actors.store.relay_inbox import InboxPaths
+
+    root = make_root(tmp_path)
+    taken = InboxPaths.from_root(root).taken
+    shelf = taken / "s-0123456789abcdef0123456789abcdef"
+    shelf.mkdir(parents=True, mode=0o700)
+    for i in range(3):
+        (shelf / f"{i:032x}.json").write_text("{}")
+    (shelf / ".lock").write_text("")
+    (taken / f"{9:032x}.json").write_text("{}")  # a flat one, as older versions left them
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / f"{7:032x}.json").write_text("{}")
+    os.symlink(elsewhere, taken / "s-planted")  # a shelf that is a symlink is not followed
+    assert relay_dir_counts(root, 0.0)["taken"] == 4

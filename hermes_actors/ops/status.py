@@ -47,6 +47,7 @@ from hermes_actors.store.hermes_root import discover_profiles, existing_root, in
 from hermes_actors.store.processes import pid_alive
 from hermes_actors.store.relay_files import list_ids, read_roster
 from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_shelf import count_on_shelves
 
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway
@@ -145,14 +146,19 @@ def in_flight_rows(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any
 # ── what the files say ──────────────────────────────────────────────────────
 
 
-def _count(directory: Path, *, ids_only: bool = True) -> int | None:
-    """Entries of a relay directory (None when it is missing or not a directory of ours)."""
+def _count(directory: Path, *, ids_only: bool = True, shelves: bool = False) -> int | None:
+    """Entries of a relay directory (None when it is missing or not a directory of ours).
+
+    ``shelves``: the envelopes on the processes' shelves under it count too (``taken/s-<token>/``).
+    """
     try:
         info = os.lstat(directory)
     except OSError:
         return None
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         return None
+    if shelves:
+        return count_on_shelves(directory)
     if ids_only:
         return len(list_ids(directory))
     try:
@@ -171,7 +177,7 @@ def relay_dir_counts(root: Path, now: float) -> dict[str, Any]:
         "claimed": _count(paths.claimed),
         "replies": _count(paths.replies),
         "inbox": _count(inbox.inbox),
-        "taken": _count(inbox.taken),
+        "taken": _count(inbox.taken, shelves=True),
         "quarantine": _count(paths.quarantine, ids_only=False),
         "roster_age_seconds": None if age is None else round(max(0.0, age), 3),
         "remote_agents": len(agents),

@@ -32,7 +32,7 @@ from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import StoreError
 from hermes_actors.store.atomic import ensure_private_dir
 
-__all__ = ["Adopted", "Shelf", "find_on_shelves"]
+__all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves"]
 
 LOCK_NAME = ".lock"
 SHELF_PREFIX = "s-"
@@ -185,3 +185,31 @@ def find_on_shelves(parent: Path, file_name: str) -> bool:
     except OSError:
         return False
     return any(os.path.lexists(parent / shelf / file_name) for shelf in shelves)
+
+
+def count_on_shelves(parent: Path) -> int:
+    """How many envelopes are held under ``parent``: on every process's shelf, and flat in it.
+
+    Args:
+        parent: ``bot_relay/taken`` or ``bot_relay/hubclaims``.
+
+    Returns:
+        The count (0 when ``parent`` cannot be listed); a shelf that is not a directory is not followed.
+    """
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return 0
+    held = 0
+    for name in names:
+        if id_of_file_name(name) is not None:
+            held += 1
+            continue
+        shelf = parent / name
+        try:
+            if not name.startswith(SHELF_PREFIX) or not stat.S_ISDIR(os.lstat(shelf).st_mode):
+                continue
+            held += sum(1 for entry in os.listdir(shelf) if id_of_file_name(entry) is not None)
+        except OSError:
+            continue
+    return held
