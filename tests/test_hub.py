@@ -142,8 +142,14 @@ def test_run_hub_validates_its_arguments(tmp_path: Path, two_roots: tuple[Path, 
     alpha, mini = two_roots
     with pytest.raises(ValueError, match="--name"):
         run_hub([alpha, mini], names=["alpha"])
-    with pytest.raises(ValueError, match="unique"):
+    with pytest.raises(ValueError, match="unique, and same names several roots: each --name must differ"):
         run_hub([alpha, mini], names=["same", "same"])
+    with pytest.raises(ValueError, match="the same root is given twice"):  # not a folder-name collision
+        run_hub([alpha, alpha / "." ])
+    twin = tmp_path / "elsewhere" / alpha.name
+    twin.mkdir(parents=True)
+    with pytest.raises(ValueError, match="their folder names collide: give each root a --name"):
+        run_hub([alpha, twin])
     with pytest.raises(ValueError, match="connection id"):
         run_hub([alpha, mini], names=["bad name", "mini"])
     with pytest.raises(FileNotFoundError):

@@ -284,9 +284,17 @@ def run_hub(
     """Run the hub until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code."""
     if names is not None and len(names) != len(roots):
         raise ValueError(f"got {len(names)} --name for {len(roots)} --root; give one per root or none")
+    resolved = [Path(r).resolve() for r in roots]
+    twice = sorted({str(r) for r in resolved if resolved.count(r) > 1})
+    if twice:
+        raise ValueError(f"the same root is given twice: {', '.join(twice)}; give each root once")
     hub_roots = [HubRoot.make(n, r) for n, r in zip(names or [r.name for r in roots], roots, strict=True)]
-    if len({r.name for r in hub_roots}) != len(hub_roots):
-        raise ValueError("connection ids must be unique; pass --name for roots whose folder names collide")
+    taken = [r.name for r in hub_roots]
+    clashing = sorted({name for name in taken if taken.count(name) > 1})
+    if clashing:
+        how = ("each --name must differ" if names is not None
+               else "their folder names collide: give each root a --name")
+        raise ValueError(f"connection ids must be unique, and {', '.join(clashing)} names several roots: {how}")
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
