@@ -54,7 +54,7 @@ def _check(summary: dict[str, Any], served: Path, count: int, *, ambiguous_allow
             assert turns[delivery_id] == 1, f"{delivery_id} replied without its turn {where}"
             outcomes["replied"] += 1
         else:
-            assert status == "failed" and AMBIGUOUS in (error or ""), (delivery_id, status, error, where)
+            assert status == "ambiguous" and AMBIGUOUS in (error or ""), (delivery_id, status, error, where)
             outcomes["ambiguous"] += 1
     assert outcomes["ambiguous"] <= 2 * ambiguous_allowed, (outcomes, where)
     never_ran = [i for i, status in zip(sent, summary["statuses"], strict=True) if status != "replied" and not turns[i]]
