@@ -313,3 +313,30 @@ def test_a_wait_that_is_not_zero_or_more_seconds_is_a_usage_error(value: str, tm
             main([*argv, f"--wait={value}"])
         assert exited.value.code == 2
         assert f"argument --wait: '{value}'" in capsys.readouterr().err
+
+
+def test_send_without_a_host_returns_after_the_ack_of_a_relayed_dm_and_the_next_host_reads_its_reply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: with no host, `send` to another machine waited for the reply (turn wait + timeout + 10 s),
+    though nothing runs here: the envelope is on the relay and the next host resumes waiting for it."""
+    import time
+
+    from relay_helpers import remote_row, seed_write_json, write_roster_file
+
+    root = make_root(tmp_path, name="alpha",
+                     config={"bot_mode": {"turn_wait_seconds": 1, "turn_timeout_seconds": 1}})
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    code = main(["send", "--root", str(root), "--from", "alice", "moxie", "hi", "--runner", "demo",
+                 "--connection-id", "alpha", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    ack = json.loads(out.splitlines()[0])
+    assert ack["status"] == "queued" and ack["to"] == "@moxie on mini"
+    assert "queued on the relay" in err and f"hermes-actors outcome --root {root} {ack['delivery_id']}" in err
+    assert (root / "bot_relay" / "outbox" / f"{ack['delivery_id']}.json").is_file()
+    with Gateway(root, runner="demo", connection_id="alpha") as host:  # the next host resumes waiting for it
+        seed_write_json(root / "bot_relay" / "replies" / f"{ack['delivery_id']}.json",
+                        {"id": ack["delivery_id"], "at": int(time.time()), "reply": "hello back", "error": "",
+                         "reason": ""})
+        assert host.wait_outcome(ack["delivery_id"], timeout=10)["reply"] == "hello back"

@@ -172,7 +172,7 @@ def _cmd_send(args: argparse.Namespace) -> int:
     existing_root(args.root)  # before the note: a missing root is the error to show, not "no host"
     # Without a host the turn runs inside this command, so it must wait for it (else it would be abandoned).
     print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
-          "running this DM inside this command and waiting for its outcome", file=sys.stderr)
+          "this command runs the DM itself and waits for its outcome", file=sys.stderr)
     cfg = load_config(args.root)
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
@@ -184,6 +184,10 @@ def _cmd_send(args: argparse.Namespace) -> int:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         code = _print_answer(ack, args)
         if "error" in ack:
+            return code
+        if args.wait is None and _relayed(gw, ack["delivery_id"]):  # nothing runs here: don't wait for the reply
+            print(f"note: queued on the relay; its reply is read by the next host of {args.root}, then: "
+                  f"hermes-actors outcome --root {args.root} {ack['delivery_id']}", file=sys.stderr)
             return code
         try:
             outcome = gw.wait_outcome(ack["delivery_id"], timeout=wait)
@@ -206,6 +210,14 @@ def _cmd_send(args: argparse.Namespace) -> int:
         return _print_outcome(outcome, args)
     finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)
         stop_gateway(gw, again=interrupted)
+
+
+def _relayed(gw: Any, delivery_id: str) -> bool:
+    """Whether an acked DM left for another machine (its envelope is on the relay, the reply comes later)."""
+    from hermes_actors.ops.status import live_status
+
+    rows = live_status(gw)["in_flight"]
+    return any(row["delivery_id"] == delivery_id and row["route"] == "relay" for row in rows)
 
 
 def _http_settings(args: argparse.Namespace) -> Any:
