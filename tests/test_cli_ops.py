@@ -364,3 +364,17 @@ def test_doctor_warns_when_enable_gateway_left_the_api_server_without_its_key(
 def test_check_plugin(tmp_path: Path, enabled: dict[str, bool | None], level: str, needle: str) -> None:
     check = check_plugin(tmp_path, enabled)
     assert check.level == level and needle in check.detail
+
+
+def test_doctor_does_not_ask_for_the_hermes_cli_when_the_running_host_uses_another_runner(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: with `serve --runner demo` serving and DMs flowing, doctor blocked on the missing hermes CLI."""
+    root = make_root(tmp_path)
+    start_gateway(gateways, root, RecordingRunner(), serve_submit=True)
+    checks = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "no-hermes-here"))}
+    assert checks["hermes CLI"].level == OK and "not needed by the running host" in checks["hermes CLI"].detail
+    assert checks["daemon running"].level == OK
+    gateways[-1].stop()
+    checks = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "no-hermes-here"))}
+    assert checks["hermes CLI"].level == BLOCK  # no host: the next one runs on the real Hermes by default

@@ -24,6 +24,7 @@ from loguru import logger
 from actors import RestartPolicy
 from hermes_actors.hermes.submit import SubmitServer
 from hermes_actors.hermes.submit_protocol import OutcomeCall, SendCall, offline_refusal
+from hermes_actors.system import is_real_hermes
 
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway
@@ -89,8 +90,10 @@ class _Endpoint:
         self.gw = gw
         from hermes_actors.rooms.remote import room_handler
 
+        # The pong says whether turns run on the real Hermes: doctor then knows the hermes CLI and plugin matter.
+        real_hermes = gw.runner is None or is_real_hermes(gw.runner)
         self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw),
-                                   roster=gw.roster, room=room_handler(gw))
+                                   roster=gw.roster, room=room_handler(gw), info={"real_hermes": real_hermes})
 
     def open(self) -> _Endpoint:
         self.server.start()

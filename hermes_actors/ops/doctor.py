@@ -319,11 +319,12 @@ def run_doctor(
     enabled = {p.profile: _plugin_enabled(profile_home(root, p.profile)) for p in profiles if p.managed}
     path = root / "config.yaml"
     raw, problem = read_yaml_mapping(path)
+    pong = ping(root)
     checks = [
         check_cli(found, version, error),
         check_managed(root, profiles),
         check_plugin(root, enabled),
-        check_daemon(root, ping(root)),
+        check_daemon(root, pong),
         check_config_keys(path, raw, problem),
         check_warm_turns(root, *_warm_facts(root, raw)),
     ]
@@ -340,4 +341,15 @@ def run_doctor(
         if url is not None and installed:
             checks.append(check_redis(mask_url(url), _redis_ping(url)))
     checks.append(check_connection_ids(*_connection_facts(root)))
-    return checks
+    return for_the_hosts_runner(checks, pong)
+
+
+def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:
+    """Pure: a running host whose turns do not run on the real Hermes (``serve --runner demo``, an
+    embedder's runner) needs no hermes CLI and no plugin: those checks pass, saying why."""
+    if pong is None or pong.get("real_hermes") is not False:
+        return checks
+    why = (f"not needed by the running host (pid {pong.get('pid')}): its turns do not run on the real Hermes "
+           "(a custom or demo runner)")
+    return [Check(c.name, OK, why) if c.name in ("hermes CLI", "plugin enabled") and c.level != OK else c
+            for c in checks]
