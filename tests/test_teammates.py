@@ -12,7 +12,7 @@ from hermes_actors.records import ProfileInfo
 
 def info(profile: str, display: str = "", title: str = "", description: str = "") -> ProfileInfo:
     handle = "hermes" if profile == "default" else profile
-    return ProfileInfo(profile, handle, Path("/r") / profile, display or handle, title, description)
+    return ProfileInfo(profile, handle, Path("/r") / profile, display or profile, title, description)
 
 
 def test_teammates_text_lists_everyone_but_me_with_names_and_roles() -> None:

@@ -52,7 +52,7 @@ def teammates_text(me: str, profiles: Sequence[ProfileInfo]) -> str:
     ]
     for info in others[:MAX_LISTED]:
         line = f"- @{info.handle}"
-        if info.display_name and info.display_name.lower() != info.handle.lower():
+        if info.display_name and info.display_name.lower() not in (info.handle.lower(), info.profile.lower()):
             line += f" ({_clip(info.display_name, 60)})"
         role = ": ".join(_clip(part, _MAX_ROLE_CHARS) for part in (info.title, info.description) if part)
         lines.append(f"{line} — {role}" if role else line)
