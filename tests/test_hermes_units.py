@@ -119,6 +119,8 @@ def test_session_id_on_stderr() -> None:
          "session_id: 20261205_201250_583d2b\n", "provider_server_error", "HTTP 500"),
         ("API call failed after 3 retries: HTTP 429: slow down\n", "\nsession_id: x\n", "provider_rate_limit",
          "after 3 retries"),
+        ("API call failed after 3 retries: HTTP 500: down\n↻ Resumed session 20261205_205910_3a7158 \"Bot Chat\" "
+         "(3 user messages, 8 total messages)\n", "", "provider_server_error", "HTTP 500: down"),
     ],
 )
 def test_failure_mapping(stdout: str, stderr: str, reason: str, fragment: str) -> None:
@@ -126,6 +128,7 @@ def test_failure_mapping(stdout: str, stderr: str, reason: str, fragment: str) -
     assert failure.reason == reason
     assert fragment in failure.text
     assert "session_id" not in failure.text and "Starting fresh" not in failure.text
+    assert "Resumed session" not in failure.text
 
 
 def test_exit_zero_without_reply_but_with_error_is_a_failure() -> None:

@@ -134,3 +134,11 @@ def test_wake_text_cuts_past_the_limit_with_a_note(text: str, limit: int, kept: 
     else:
         assert out == (f"{kept}\n\n[cut here: the whole text is {len(text):,} characters; "
                        f"`hermes-actors outcome --root '/srv/hermes root' {'d' * 32}` prints it]")
+
+
+def test_a_cut_wake_fits_both_hermes_paths_note_included() -> None:
+    """The CLI takes 100 KiB on its command line; the API server keeps 65,536 characters and drops the rest
+    without a word (the note would be lost): an ASCII reply is the case that needs the lower cap."""
+    out = wake_text("Reply from @bob: " + "x" * 200_000, "d" * 32, ROOT)
+    assert len(out) <= 65_536 and len(out.encode()) <= 100 * 1024
+    assert out.endswith("prints it]")

@@ -262,6 +262,7 @@ def test_a_reply_too_long_for_a_cli_turn_wakes_the_sender_with_its_first_part_an
     assert gw.wait_outcome(wake_id(dm), timeout=10)["status"] == "replied"
     (turn,) = [t for t in rec.entered if t.profile == "alice"]
     assert len(turn.content.encode()) <= 100 * 1024  # what hermes 0.19's command line takes
+    assert len(turn.content) <= 65_536  # what its API server keeps of a message (it cuts the rest silently)
     head, note = turn.content.split("\n\n[cut here: ")
     assert outcome["text"].startswith(head) and head.startswith("Reply from @bob: éé")
     assert note == f"the whole text is {len(outcome['text']):,} characters; " \

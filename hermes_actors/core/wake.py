@@ -43,7 +43,9 @@ __all__ = [
 
 WAKE_ORIGIN: Origin = "wake"
 WAKE_MODES = ("auto", "true", "false")
-WAKE_TEXT_MAX_BYTES = 96 * 1024  # under hermes 0.19's command-line cap (100 KiB), with room for the note
+# Under what hermes 0.19 takes, note included: 100 KiB on the CLI's command line, and 65,536 characters
+# of message text through its API server (gateway/platforms/api_server.py MAX_NORMALIZED_TEXT_LENGTH cuts the rest).
+WAKE_TEXT_MAX_BYTES = 60 * 1024
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -165,8 +167,9 @@ def wake_for(
 def wake_text(text: str, delivery_id: str, root: Path, limit: int = WAKE_TEXT_MAX_BYTES) -> str:
     """The wake turn's user message: the outcome text, cut with a note past ``limit`` bytes of UTF-8.
 
-    hermes-agent 0.19's CLI takes a turn's text on its command line (at most 100 KiB), and a
-    reply that long fills a model's context anyway; the whole text stays in the outcome.
+    hermes-agent 0.19's CLI takes a turn's text on its command line (at most 100 KiB), its API
+    server cuts a message at 65,536 characters without a word, and a reply that long fills a
+    model's context anyway; the whole text stays in the outcome.
 
     Args:
         text: the outcome's text.

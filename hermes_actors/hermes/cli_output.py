@@ -30,6 +30,7 @@ __all__ = ["NO_SESSION_MARKER", "clean_reply", "failure_of", "reply_or_failure",
 NO_SESSION_MARKER = "No session found matching"
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _NOISE_PREFIXES = (
+    "↻ Resumed session",  # `-c` on a session with messages (printed after a failed run's error too)
     "↪ restored workspace dir:",
     "⚠ session's recorded dir is gone",
     "⚠ tirith security scanner",
