@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,3 +64,14 @@ def offline_root(tmp_path: Path, fake_model: FakeModel) -> OfflineRoot:
     scratch_home = tmp_path / "home"
     scratch_home.mkdir()
     return OfflineRoot(root, hermes_env(root, scratch_home))
+
+
+def bot_chat_messages(home: Path, *, active_only: bool = False) -> list[tuple[str, str]]:
+    """(role, content) of the Bot Chat's messages; ``active_only`` leaves out the rewound (soft-deleted) ones."""
+    conn = sqlite3.connect(home / "state.db")
+    try:
+        return [(str(role), str(content)) for role, content in conn.execute(
+            "SELECT m.role, m.content FROM messages m JOIN sessions s ON s.id = m.session_id "
+            "WHERE s.title = 'Bot Chat'" + (" AND m.active = 1" if active_only else "") + " ORDER BY m.id")]
+    finally:
+        conn.close()

@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from fake_model import FakeModel, ToolCall, last_user_text, text_of
-from hermes_fixtures import OfflineRoot
+from hermes_fixtures import OfflineRoot, bot_chat_messages
 
 from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.sessions import find_bot_chat
 from hermes_actors.hermes.setup import SetupError, disable, enable
 from hermes_actors.messages import Turn
 from hermes_actors.store.hermes_root import is_managed
-
-
-def bot_chat_messages(home: Path, *, active_only: bool = False) -> list[tuple[str, str]]:
-    """(role, content) of the Bot Chat's messages; ``active_only`` leaves out the rewound (soft-deleted) ones."""
-    conn = sqlite3.connect(home / "state.db")
-    try:
-        return [(str(role), str(content)) for role, content in conn.execute(
-            "SELECT m.role, m.content FROM messages m JOIN sessions s ON s.id = m.session_id "
-            "WHERE s.title = 'Bot Chat'" + (" AND m.active = 1" if active_only else "") + " ORDER BY m.id")]
-    finally:
-        conn.close()
 
 
 def test_cli_turn_for_bob_lands_in_his_bot_chat(hermes_cli: str, offline_root: OfflineRoot,

@@ -9,11 +9,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from fake_model import FakeModel
-from hermes_fixtures import OfflineRoot
+from fake_model import FakeModel, last_user_text
+from hermes_fixtures import OfflineRoot, bot_chat_messages
 
 from hermes_actors.hermes.select import api_server_of, default_runner, probe_api_server
 from hermes_actors.hermes.sessions import find_bot_chat
@@ -64,17 +65,22 @@ def hermes_gateway(hermes_cli: str, offline_root: OfflineRoot, tmp_path: Path) -
         gateway.stop()
 
 
-def test_warm_turns_through_the_gateway_then_the_cli_once_it_stopped_all_in_bot_chat(
-    offline_root: OfflineRoot, fake_model: FakeModel, hermes_gateway: HermesGateway, hermes_cli: str
-) -> None:
-    env = hermes_gateway.env
-    server = api_server_of(yaml.safe_load((offline_root.root / "config.yaml").read_text()), env)
+def warm_runner(offline_root: OfflineRoot, gateway: HermesGateway, hermes_cli: str) -> tuple[WarmOrCliRunner, Any]:
+    """The root's default runner once the gateway's API server answers (warm turns), and that server."""
+    server = api_server_of(yaml.safe_load((offline_root.root / "config.yaml").read_text()), gateway.env)
     assert server is not None, "enable --gateway configured the API server"
     deadline = time.monotonic() + 90
     while not probe_api_server(server) and time.monotonic() < deadline:
         time.sleep(0.5)  # polling the gateway's startup with a deadline
-    runner = default_runner(offline_root.root, env=env, cli=hermes_cli)
+    runner = default_runner(offline_root.root, env=gateway.env, cli=hermes_cli)
     assert isinstance(runner, WarmOrCliRunner) and probe_api_server(server), "the API server did not come up in 90 s"
+    return runner, server
+
+
+def test_warm_turns_through_the_gateway_then_the_cli_once_it_stopped_all_in_bot_chat(
+    offline_root: OfflineRoot, fake_model: FakeModel, hermes_gateway: HermesGateway, hermes_cli: str
+) -> None:
+    runner, server = warm_runner(offline_root, hermes_gateway, hermes_cli)
 
     bob = offline_root.home("bob")
     expected = find_bot_chat(bob)  # enable created it
@@ -91,3 +97,33 @@ def test_warm_turns_through_the_gateway_then_the_cli_once_it_stopped_all_in_bot_
     cold = Turn(profile="bob", content="cold now", delivery_id="w3", root=offline_root.root, home=bob)
     assert runner.run_turn(cold) == "fake reply to: cold now"  # the CLI ran it, in the same session
     assert find_bot_chat(bob) == expected
+
+
+def test_a_provider_failure_on_a_warm_turn_is_a_failure_retried_once_not_a_reply(
+    offline_root: OfflineRoot, fake_model: FakeModel, hermes_gateway: HermesGateway, hermes_cli: str
+) -> None:
+    """Regression: hermes' API server hands a failed turn's error text back as the answer (HTTP 200), so the DM
+    was 'replied' with "API call failed after 3 retries: HTTP 500 …", never retried, and left in Bot Chat."""
+    from hermes_actors import Gateway
+
+    def script(messages: list[dict[str, Any]]) -> str:
+        text = last_user_text(messages)
+        if "please build" in text and sum(c.user_text == text for c in fake_model.calls) <= 3:
+            raise RuntimeError("provider down")  # hermes' own three tries fail; ours succeeds
+        return f"bob here: {text.split(': ', 1)[-1]} (I hit a rate limit earlier, all fine now)"
+
+    fake_model.script = script  # type: ignore[assignment]
+    runner, _ = warm_runner(offline_root, hermes_gateway, hermes_cli)
+    with Gateway(offline_root.root, runner=runner, config={"bot_mode": {"wake_sender": False}}) as gw:
+        ack = gw.message_agent(sender="alice", target="bob", message="please build it")
+        out = gw.wait_outcome(ack["delivery_id"], timeout=300)
+        # a reply that merely mentions a provider problem stays a reply (hermes stored it as bob's answer)
+        other = gw.wait_outcome(gw.message_agent(sender="alice", target="bob", message="how was it?")["delivery_id"],
+                                timeout=300)
+    assert (out["status"], out["reply"]) == ("replied", "bob here: please build it (I hit a rate limit earlier, "
+                                                        "all fine now)"), out
+    assert [c.user_text.endswith("please build it") for c in fake_model.calls if c.profile == "bob"][:4] == [True] * 4
+    assert (other["status"], other["reply"]) == ("replied", "bob here: how was it? (I hit a rate limit earlier, "
+                                                            "all fine now)"), other
+    users = [m for m in bot_chat_messages(offline_root.home("bob"), active_only=True) if m[0] == "user"]
+    assert [text.endswith("please build it") for _, text in users].count(True) == 1  # taken back before the retry

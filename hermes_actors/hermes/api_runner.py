@@ -22,6 +22,7 @@ import http.client
 import json
 import re
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -34,12 +35,14 @@ from hermes_actors.hermes.cli_runner import turn_home
 from hermes_actors.hermes.install import cli_profile_name
 from hermes_actors.hermes.plugin import turn_hop_scope
 from hermes_actors.hermes.retry import prepare_bot_chat_retry
+from hermes_actors.hermes.sessions import answered_since
 from hermes_actors.messages import Turn
 
 __all__ = ["ApiRunner", "ApiServer", "pick_titled_session"]
 
 _PAGE = 200
 _MAX_PAGES = 50
+_FAILURE_CHARS = 2000  # of a failure text hermes handed back as an answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +320,7 @@ class ApiRunner:
     def _run(self, turn: Turn, handle: str, *, retry_missing: bool) -> str:
         session = self.session_id(turn.profile, turn.session, handle)
         path = f"{self._prefix(turn.profile)}/api/sessions/{urllib.parse.quote(session, safe='')}/chat"
+        began = time.time()
         try:
             # When this process is the hermes gateway (our actors hosted in it), the tool call of
             # this turn runs here too: the scope tells it the turn's hop (an env var can't be per turn).
@@ -335,6 +339,11 @@ class ApiRunner:
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, str):
             raise TurnFailed(f"hermes API server answered without a reply for @{handle}: {str(payload)[:300]}")
+        reason = classify_agent_error(content)
+        if reason != UNKNOWN and answered_since(turn_home(turn), str(effective or session), began) is False:
+            # hermes' API server hands a failed turn's error text back as the answer ("API call failed
+            # after 3 retries: HTTP 500: ..."); the turn stored no answer: it failed, and may be retried.
+            raise TurnFailed(f"hermes on @{handle}'s Bot Chat turn: {content[:_FAILURE_CHARS]}", reason=reason)
         return content
 
     def _failure(self, failure: _HttpFailure, handle: str) -> TurnFailed:

@@ -26,7 +26,8 @@ from hermes_actors.hermes.install import hermes_python
 from hermes_actors.messages import BOT_CHAT_SESSION
 
 __all__ = [
-    "SESSION_SOURCE", "BotChatError", "ensure_bot_chat", "find_bot_chat", "new_session_id", "session_db_class",
+    "SESSION_SOURCE", "BotChatError", "answered_since", "ensure_bot_chat", "find_bot_chat", "new_session_id",
+    "session_db_class",
 ]
 
 SESSION_SOURCE = "cli"  # the turns that use the session are CLI turns
@@ -126,6 +127,38 @@ def find_bot_chat(home: Path, title: str = BOT_CHAT_SESSION) -> str | None:
             conn.close()
     except (sqlite3.Error, OSError) as exc:
         raise BotChatError(f"cannot read {db_path}: {exc}") from exc
+
+
+def answered_since(home: Path, session_id: str, since: float) -> bool | None:
+    """Whether hermes stored an assistant message in ``session_id`` since ``since`` (``time.time()``).
+
+    hermes stores a turn's answer in ``state.db`` before it returns it; a turn whose provider
+    failed stores none (only the user message), even where hermes hands the failure text back
+    as if it were the answer (its API server does).
+
+    Args:
+        home: the profile home.
+        session_id: the session the turn ran in.
+        since: when the turn began.
+
+    Returns:
+        True or False; None when the database cannot be read.
+    """
+    db_path = Path(home) / "state.db"
+    try:
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=_SQLITE_TIMEOUT)
+        try:
+            row = conn.execute(
+                "SELECT 1 FROM messages WHERE session_id = ? AND role = 'assistant' AND active = 1 "
+                "AND timestamp >= ? LIMIT 1",
+                (session_id, since),
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        logger.warning("cannot tell whether hermes answered in {}: {}", db_path, exc)
+        return None
+    return row is not None
 
 
 def _create_sqlite(db_path: Path, home: Path, title: str) -> tuple[str, bool]:
