@@ -150,6 +150,42 @@ def test_while_a_stopping_gateway_may_still_run_a_bots_lost_turn_its_next_dm_fai
             gateway.wait()
 
 
+class Stopping(Fake):
+    """A warm runner whose gateway removes its pid file while the turn runs, then loses the connection."""
+
+    def __init__(self, pid_file: Path) -> None:
+        super().__init__("warm")
+        self.pid_file = pid_file
+
+    def run_turn(self, turn: Turn) -> str:
+        if not self.pid_file.exists():  # it stopped serving
+            raise TurnFailed("connection refused", reason="runtime_offline")
+        self.pid_file.unlink()  # hermes 0.19 removes gateway.pid seconds before its process exits
+        raise TurnFailed("the connection was lost during @bob's turn", reason="runtime_offline", ambiguous=True)
+
+
+def test_the_gateway_is_watched_even_when_it_removed_its_pid_file_before_the_turn_was_lost(tmp_path: Path) -> None:
+    """Regression: a stopping hermes 0.19 deletes gateway.pid ~6 s after SIGTERM and lives ~20 s more: read
+    only once the turn was lost, nothing was watched, and the next DM ran beside the draining turn."""
+    gateway = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        pid_file = tmp_path / "gateway.pid"
+        pid_file.write_text(json.dumps({"pid": gateway.pid}))
+        warm, cli = Stopping(pid_file), Fake("cli")
+        runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+        with pytest.raises(TurnFailed):
+            runner.run_turn(Turn(profile="bob", content="slow", delivery_id="d1", root=tmp_path))
+        with pytest.raises(TurnFailed, match="still finishing an earlier turn"):
+            runner.run_turn(Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))
+        assert cli.turns == []
+        gateway.communicate(b"", timeout=30)
+        assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d3", root=tmp_path)) == "cli: later"
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()
+
+
 def test_a_lost_turn_in_the_gateway_hosting_us_blocks_nothing(tmp_path: Path) -> None:
     """Hosted inside `hermes gateway run`, gateway.pid is this process: the lost turn cannot outlive it."""
     (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}))

@@ -70,6 +70,7 @@ class ProcessWatch:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        self._gone = False
         self._fd: int | None
         try:
             self._fd = os.pidfd_open(pid)
@@ -81,9 +82,12 @@ class ProcessWatch:
             self._fd = None
 
     def exited(self) -> bool:
-        """Whether the process has exited (then the watch is closed)."""
+        """Whether the process has exited (once it has, the pidfd is released and the answer stays True)."""
+        if self._gone:
+            return True
         if self._fd is None:
-            return not pid_alive(self.pid)
+            self._gone = not pid_alive(self.pid)
+            return self._gone
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
         if not poller.poll(0):
@@ -92,7 +96,8 @@ class ProcessWatch:
         return True
 
     def close(self) -> None:
-        """Release the pidfd (idempotent)."""
+        """Release the pidfd (idempotent); the watch then says the process has exited."""
+        self._gone = True
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

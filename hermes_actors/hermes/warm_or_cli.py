@@ -67,6 +67,7 @@ class WarmOrCliRunner:
         self._cold = cold  # the last warm attempt fell back (the switch is logged once each way)
         self._warm_again_at = clock() + self.retry_seconds if cold else 0.0
         self._lost_turns: dict[str, ProcessWatch] = {}  # profile → the stopping gateway that may still run its turn
+        self._gateway: ProcessWatch | None = None  # the gateway process of the last warm turn
         self._paths: dict[str, ApiRunner | HermesCliRunner] = {}  # delivery id → the runner of its last attempt
 
     def __repr__(self) -> str:
@@ -82,6 +83,7 @@ class WarmOrCliRunner:
         self._refuse_beside_a_lost_turn(turn)
         if self.clock() < self._warm_again_at:
             return self._cli_turn(turn)
+        self._watch_gateway(turn)
         self._paths[turn.delivery_id] = self.warm
         try:
             reply = self.warm.run_turn(turn)
@@ -99,20 +101,35 @@ class WarmOrCliRunner:
         self._paths[turn.delivery_id] = self.cli
         return self.cli.run_turn(turn)
 
-    def _note_lost_turn(self, turn: Turn) -> None:
-        """The connection was lost mid-turn: watch the gateway process that may still run it."""
+    def _watch_gateway(self, turn: Turn) -> ProcessWatch | None:
+        """Before a warm turn: watch the gateway process serving it (``gateway.pid``).
+
+        Read now, not once the turn is lost: a stopping hermes 0.19 removes its pid file
+        seconds before the process exits, while it still drains the turns it runs.
+        """
         pid = gateway_pid(turn_root(turn))
-        if pid is None or pid == os.getpid():  # hosted in that gateway: the turn cannot outlive this process
-            return
+        with self._lock:
+            current = self._gateway
+            if pid is None or (current is not None and current.pid == pid and not current.exited()):
+                return current
         try:
             watch = ProcessWatch(pid)
         except OSError:  # it exited meanwhile
-            return
+            return current
         with self._lock:
-            previous = self._lost_turns.pop(turn.profile, None)
+            self._gateway = watch
+            kept = current is not None and any(w is current for w in self._lost_turns.values())
+        if current is not None and not kept:
+            current.close()
+        return watch
+
+    def _note_lost_turn(self, turn: Turn) -> None:
+        """The connection was lost mid-turn: remember the gateway process that may still run it."""
+        watch = self._watch_gateway(turn)
+        if watch is None or watch.pid == os.getpid() or watch.exited():
+            return  # hosted in that gateway (the turn cannot outlive this process), or it is gone
+        with self._lock:
             self._lost_turns[turn.profile] = watch
-        if previous is not None:
-            previous.close()
 
     def _refuse_beside_a_lost_turn(self, turn: Turn) -> None:
         """Before a bot's turn: refuse it while the gateway process running its lost turn lives."""
