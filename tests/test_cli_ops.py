@@ -15,6 +15,7 @@ from roots import RecordingRunner, make_root, send_dm, start_gateway, write_fake
 
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
+from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, check_plugin, run_doctor
 from hermes_actors.records import RemoteAgent
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
@@ -378,3 +379,7 @@ def test_doctor_does_not_ask_for_the_hermes_cli_when_the_running_host_uses_anoth
     gateways[-1].stop()
     checks = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "no-hermes-here"))}
     assert checks["hermes CLI"].level == BLOCK  # no host: the next one runs on the real Hermes by default
+    # a host whose turns run a Bot Mode release's CLI (`serve --runner command`) needs it as much
+    start_gateway(gateways, root, CommandRunner(str(tmp_path / "no-hermes-here")), serve_submit=True)
+    checks = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "no-hermes-here"))}
+    assert checks["hermes CLI"].level == BLOCK

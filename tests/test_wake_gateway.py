@@ -250,12 +250,14 @@ def test_status_names_a_pending_wake_a_wake_and_never_counts_its_outcome_as_a_dm
 
 
 def test_a_reply_too_long_for_a_cli_turn_wakes_the_sender_with_its_first_part_and_a_note(
-    tmp_path: Path, gateways: list[Gateway]
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Regression: a wake over 100 KiB failed on hermes 0.19's CLI (text on its command line)."""
     long_reply = "é" * 120_000  # 240,000 bytes of UTF-8
     rec = RecordingRunner(lambda turn: "noted" if is_wake_turn(turn) else long_reply)
-    gw = start_gateway(gateways, make_root(tmp_path), rec, config=WAKE_ON)
+    root = make_root(tmp_path)
+    monkeypatch.chdir(root.parent)  # a relative root (`serve --root hermes-root`): the note names it absolute
+    gw = start_gateway(gateways, Path(root.name), rec, config=WAKE_ON)
     dm = queued(gw.message_agent(sender="alice", target="bob", message="write a lot"))
     outcome = gw.wait_outcome(dm, timeout=10)
     assert outcome["reply"] == long_reply  # the outcome keeps it whole
@@ -266,6 +268,7 @@ def test_a_reply_too_long_for_a_cli_turn_wakes_the_sender_with_its_first_part_an
     head, note = turn.content.split("\n\n[cut here: ")
     assert outcome["text"].startswith(head) and head.startswith("Reply from @bob: éé")
     assert note == f"the whole text is {len(outcome['text']):,} characters; " \
-                   f"`hermes-actors outcome --root {shlex.quote(str(gw.root))} {dm}` prints it]"
+                   f"`hermes-actors outcome --root {shlex.quote(str(root))} {dm}` prints it]"
     gw.stop()
-    assert main(["outcome", "--root", str(gw.root), dm]) == 0  # the command the note names finds it
+    monkeypatch.chdir(tmp_path.parent)  # the bot runs it from elsewhere
+    assert main(["outcome", "--root", str(root), dm]) == 0  # the command the note names finds it

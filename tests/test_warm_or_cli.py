@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,80 @@ def test_the_gateway_is_watched_even_when_it_removed_its_pid_file_before_the_tur
         if gateway.poll() is None:
             gateway.kill()
             gateway.wait()
+
+
+class Restarting(Fake):
+    """A warm runner whose gateway is restarted during the turn: the pid file names the new process."""
+
+    def __init__(self, pid_file: Path, new_pid: int) -> None:
+        super().__init__("warm")
+        self.pid_file, self.new_pid, self.calls = pid_file, new_pid, 0
+
+    def run_turn(self, turn: Turn) -> str:
+        self.calls += 1
+        if self.calls == 1:
+            self.pid_file.write_text(json.dumps({"pid": self.new_pid}))  # `hermes gateway restart`
+            raise TurnFailed("the connection was lost during @bob's turn", reason="runtime_offline", ambiguous=True)
+        return f"warm: {turn.content}"
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+
+
+def test_a_turn_lost_in_a_restarted_gateway_waits_for_the_old_process_not_the_new_one(tmp_path: Path) -> None:
+    """Regression: the pid file was read again once the turn was lost; after a restart it named the new
+    gateway, so the draining one was not watched and the bot was refused for as long as the new one lived."""
+    old, new = _sleeper(), _sleeper()
+    try:
+        pid_file = tmp_path / "gateway.pid"
+        pid_file.write_text(json.dumps({"pid": old.pid}))
+        warm, cli = Restarting(pid_file, new.pid), Fake("cli")
+        runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+        with pytest.raises(TurnFailed):
+            runner.run_turn(Turn(profile="bob", content="slow", delivery_id="d1", root=tmp_path))
+        with pytest.raises(TurnFailed, match=f"pid {old.pid}"):
+            runner.run_turn(Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))
+        old.communicate(b"", timeout=30)  # the old gateway finished draining; the new one serves
+        assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d3", root=tmp_path)) == "warm: later"
+    finally:
+        for proc in (old, new):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _ask_while_it_exits(proc: subprocess.Popen[bytes], threads: int = 8, calls: int = 200) -> list[BaseException]:
+    """Many threads ask one ProcessWatch whether ``proc`` exited while it exits; what escaped them."""
+    from hermes_actors.hermes.gateway_process import ProcessWatch
+
+    watch = ProcessWatch(proc.pid)
+    start = threading.Barrier(threads + 1)
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        start.wait()
+        try:
+            for _ in range(calls):
+                watch.exited()
+        except BaseException as exc:  # the test collects whatever escaped
+            errors.append(exc)
+
+    workers = [threading.Thread(target=ask) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    proc.communicate(b"", timeout=30)
+    for worker in workers:
+        worker.join(30)
+    assert watch.exited() is True
+    return errors
+
+
+def test_a_process_watch_asked_by_many_threads_as_its_process_exits_never_fails() -> None:
+    """Regression: exited() checked and closed the pidfd without a lock: EBADF under concurrent calls."""
+    for _ in range(50):
+        assert _ask_while_it_exits(_sleeper()) == []
 
 
 def test_a_lost_turn_in_the_gateway_hosting_us_blocks_nothing(tmp_path: Path) -> None:

@@ -172,7 +172,7 @@ def _cmd_send(args: argparse.Namespace) -> int:
     existing_root(args.root)  # before the note: a missing root is the error to show, not "no host"
     # Without a host the turn runs inside this command, so it must wait for it (else it would be abandoned).
     print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
-          "this command runs the DM itself and waits for its outcome", file=sys.stderr)
+          "this command runs the DM itself", file=sys.stderr)
     cfg = load_config(args.root)
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).

@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import select
+import threading
 from pathlib import Path
 
 from hermes_actors.store.processes import pid_alive
@@ -61,6 +62,9 @@ def gateway_pid(root: Path) -> int | None:
 class ProcessWatch:
     """Knows, without polling and immune to pid reuse, whether one process has exited (a pidfd).
 
+    Thread-safe: several turns' threads may ask the same watch. The pidfd is released once the
+    process is seen gone, on :meth:`close`, or when the watch is collected.
+
     Args:
         pid: the process, alive now.
 
@@ -70,8 +74,9 @@ class ProcessWatch:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        self._lock = threading.Lock()
         self._gone = False
-        self._fd: int | None
+        self._fd: int | None = None
         try:
             self._fd = os.pidfd_open(pid)
         except OSError as exc:  # no pidfd here (not Linux 5.3+): fall back to the pid, which may be reused
@@ -79,25 +84,35 @@ class ProcessWatch:
                 raise
             if exc.errno not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
                 raise
-            self._fd = None
 
     def exited(self) -> bool:
         """Whether the process has exited (once it has, the pidfd is released and the answer stays True)."""
-        if self._gone:
+        with self._lock:
+            if self._gone:
+                return True
+            if self._fd is None:
+                self._gone = not pid_alive(self.pid)
+                return self._gone
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            if not poller.poll(0):
+                return False
+            self._release()
             return True
-        if self._fd is None:
-            self._gone = not pid_alive(self.pid)
-            return self._gone
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN)
-        if not poller.poll(0):
-            return False
-        self.close()
-        return True
 
     def close(self) -> None:
         """Release the pidfd (idempotent); the watch then says the process has exited."""
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
         self._gone = True
-        if self._fd is not None:
-            os.close(self._fd)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:  # a watch dropped unasked (replaced by a newer gateway's) keeps no fd open
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
             self._fd = None
+            os.close(fd)

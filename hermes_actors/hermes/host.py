@@ -24,6 +24,7 @@ from loguru import logger
 from actors import RestartPolicy
 from hermes_actors.hermes.submit import SubmitServer
 from hermes_actors.hermes.submit_protocol import OutcomeCall, SendCall, offline_refusal
+from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.system import is_real_hermes
 
 if TYPE_CHECKING:
@@ -90,10 +91,11 @@ class _Endpoint:
         self.gw = gw
         from hermes_actors.rooms.remote import room_handler
 
-        # The pong says whether turns run on the real Hermes: doctor then knows the hermes CLI and plugin matter.
-        real_hermes = gw.runner is None or is_real_hermes(gw.runner)
+        # The pong says whether turns run hermes (the real one, or a Bot Mode release's CLI): doctor then
+        # knows the hermes CLI and the plugin matter.
+        runs_hermes = gw.runner is None or is_real_hermes(gw.runner) or isinstance(gw.runner, CommandRunner)
         self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw),
-                                   roster=gw.roster, room=room_handler(gw), info={"real_hermes": real_hermes})
+                                   roster=gw.roster, room=room_handler(gw), info={"runs_hermes": runs_hermes})
 
     def open(self) -> _Endpoint:
         self.server.start()

@@ -83,13 +83,13 @@ class WarmOrCliRunner:
         self._refuse_beside_a_lost_turn(turn)
         if self.clock() < self._warm_again_at:
             return self._cli_turn(turn)
-        self._watch_gateway(turn)
+        gateway = self._watch_gateway(turn)  # before the turn: the one that may be left running it
         self._paths[turn.delivery_id] = self.warm
         try:
             reply = self.warm.run_turn(turn)
         except TurnFailed as failure:
             if failure.ambiguous and failure.reason == RUNTIME_OFFLINE:
-                self._note_lost_turn(turn)
+                self._note_lost_turn(turn, gateway)
             if not falls_back(failure):
                 raise
             self._switch(cold=True, why=failure.text)
@@ -102,34 +102,32 @@ class WarmOrCliRunner:
         return self.cli.run_turn(turn)
 
     def _watch_gateway(self, turn: Turn) -> ProcessWatch | None:
-        """Before a warm turn: watch the gateway process serving it (``gateway.pid``).
+        """Before a warm turn: the watch of the gateway process serving it (``gateway.pid``).
 
-        Read now, not once the turn is lost: a stopping hermes 0.19 removes its pid file
-        seconds before the process exits, while it still drains the turns it runs.
+        Read before the turn, not once it is lost: a stopping hermes 0.19 removes its pid file
+        seconds before the process exits, while it still drains its turns, and a restarted
+        gateway's file names the new process, not the one running the lost turn.
         """
         pid = gateway_pid(turn_root(turn))
         with self._lock:
             current = self._gateway
-            if pid is None or (current is not None and current.pid == pid and not current.exited()):
-                return current
+        if pid is None or (current is not None and current.pid == pid and not current.exited()):
+            return current
         try:
             watch = ProcessWatch(pid)
         except OSError:  # it exited meanwhile
             return current
         with self._lock:
-            self._gateway = watch
-            kept = current is not None and any(w is current for w in self._lost_turns.values())
-        if current is not None and not kept:
-            current.close()
-        return watch
+            if self._gateway is current:  # else another turn's thread installed one: use that (ours is dropped)
+                self._gateway = watch
+            return self._gateway
 
-    def _note_lost_turn(self, turn: Turn) -> None:
+    def _note_lost_turn(self, turn: Turn, gateway: ProcessWatch | None) -> None:
         """The connection was lost mid-turn: remember the gateway process that may still run it."""
-        watch = self._watch_gateway(turn)
-        if watch is None or watch.pid == os.getpid() or watch.exited():
+        if gateway is None or gateway.pid == os.getpid() or gateway.exited():
             return  # hosted in that gateway (the turn cannot outlive this process), or it is gone
         with self._lock:
-            self._lost_turns[turn.profile] = watch
+            self._lost_turns[turn.profile] = gateway
 
     def _refuse_beside_a_lost_turn(self, turn: Turn) -> None:
         """Before a bot's turn: refuse it while the gateway process running its lost turn lives."""

@@ -60,7 +60,7 @@ class SenderWaker:
 
     def __init__(self, owner: WakeHost, *, mode: str, runner_is_hermes: bool, root: Path) -> None:
         self.owner = owner
-        self.root = root
+        self.root = Path(root).absolute()  # named in a cut wake's note: the bot runs it from its own folder
         self.mode = mode
         self.runner_is_hermes = runner_is_hermes
         self.wake_ids: dict[str, None] = {}  # every wake id created here or found in the journal (insertion order)

@@ -345,11 +345,11 @@ def run_doctor(
 
 
 def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:
-    """Pure: a running host whose turns do not run on the real Hermes (``serve --runner demo``, an
-    embedder's runner) needs no hermes CLI and no plugin: those checks pass, saying why."""
-    if pong is None or pong.get("real_hermes") is not False:
+    """Pure: a running host whose turns do not run hermes (``serve --runner demo``, an embedder's
+    runner) needs no hermes CLI and no plugin: those checks pass, saying why."""
+    if pong is None or pong.get("runs_hermes") is not False:
         return checks
-    why = (f"not needed by the running host (pid {pong.get('pid')}): its turns do not run on the real Hermes "
+    why = (f"not needed by the running host (pid {pong.get('pid')}): its turns do not run hermes "
            "(a custom or demo runner)")
     return [Check(c.name, OK, why) if c.name in ("hermes CLI", "plugin enabled") and c.level != OK else c
             for c in checks]

@@ -24,6 +24,7 @@ from typing import Any
 from loguru import logger
 
 from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TypedActor, handles
+from hermes_actors.core import outcomes
 from hermes_actors.core.config import load_config
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.core.names import HANDLE_RE
@@ -210,11 +211,11 @@ class HubActor(TypedActor):
 
     @staticmethod
     def _log(envelope_id: str, sender: str, target: str, reply: dict[str, Any], created_at: float | None) -> None:
-        """The one INFO line of a relayed DM (never its text): failed with the reason, else replied."""
-        status = "failed" if reply.get("error") else "replied" if reply.get("reply") else "silent"
+        """The one INFO line of a relayed DM (never its text): its status as the sender reads it, and the reason."""
+        outcome = outcomes.from_relay_reply(envelope_id, target, str(reply.get("reply") or ""),
+                                            str(reply.get("error") or ""), str(reply.get("reason") or ""))
         latency = None if created_at is None else time.time() - float(created_at)
-        logger.info("hub: {}", delivery_line(envelope_id, sender, target, status, str(reply.get("reason") or ""),
-                                             latency))
+        logger.info("hub: {}", delivery_line(envelope_id, sender, target, outcome.status, outcome.reason, latency))
 
     def _forward(self, holder: HubRoot, envelope_id: str) -> None:
         path = holder.paths.delivered / f"{envelope_id}.json"
