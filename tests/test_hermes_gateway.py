@@ -16,6 +16,7 @@ import yaml
 from fake_model import FakeModel, last_user_text
 from hermes_fixtures import OfflineRoot, bot_chat_messages
 
+from actors.testkit import await_condition
 from hermes_actors.hermes.select import api_server_of, default_runner, probe_api_server
 from hermes_actors.hermes.sessions import find_bot_chat
 from hermes_actors.hermes.setup import enable
@@ -127,3 +128,35 @@ def test_a_provider_failure_on_a_warm_turn_is_a_failure_retried_once_not_a_reply
                                                             "all fine now)"), other
     users = [m for m in bot_chat_messages(offline_root.home("bob"), active_only=True) if m[0] == "user"]
     assert [text.endswith("please build it") for _, text in users].count(True) == 1  # taken back before the retry
+
+
+def test_a_warm_turn_reported_timed_out_keeps_the_bot_busy_until_hermes_answers_it(
+    offline_root: OfflineRoot, fake_model: FakeModel, hermes_gateway: HermesGateway, hermes_cli: str
+) -> None:
+    """Regression: the turn timeout reported the DM and the bot's next DM ran beside it in the same Bot Chat
+    (hermes went on running the first: the model saw two requests of bob at once, and both DMs merged)."""
+    from hermes_actors import Gateway
+
+    hold = fake_model.hold(lambda call: call.profile == "bob" and call.user_text.endswith("slow one"))
+    runner, _ = warm_runner(offline_root, hermes_gateway, hermes_cli)
+    config = {"bot_mode": {"wake_sender": False, "turn_timeout_seconds": 5}}
+    with Gateway(offline_root.root, runner=runner, config=config) as gw:
+        ack = gw.message_agent(sender="alice", target="bob", message="slow one")
+        assert "delivery_id" in ack, ack
+        first = ack["delivery_id"]
+        hold.wait_entered(120)
+        assert gw.wait_outcome(first, timeout=60)["reason"] == "delivery_timeout"
+        second = gw.wait_outcome(gw.message_agent(sender="default", target="bob", message="second")["delivery_id"],
+                                 timeout=60)
+        assert (second["status"], second["reason"]) == ("failed", "target_busy"), second
+        assert "still running an earlier turn in the hermes gateway" in second["error"]
+        hold.release()
+        fake_model.wait_for(lambda call: call.profile == "bob" and call.user_text.endswith("slow one"),
+                            timeout=60, answered=True)
+        # once hermes answered the first, our chat request closes and the bot serves again
+        await_condition(lambda: runner.warm.in_flight("bob") is None, timeout=60,
+                        message="hermes' answer to the timed-out turn reached our open request")
+        third = gw.wait_outcome(gw.message_agent(sender="default", target="bob", message="third")["delivery_id"],
+                                timeout=60)
+    assert third["status"] == "replied", third
+    assert fake_model.overlaps == []  # never two requests of bob at once

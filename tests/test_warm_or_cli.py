@@ -41,6 +41,9 @@ class Fake:
     def release(self, delivery_id: str) -> None:
         self.released.append(delivery_id)
 
+    def in_flight(self, profile: str) -> str | None:
+        return None  # no chat request of ours is open
+
 
 class Clock:
     def __init__(self) -> None:

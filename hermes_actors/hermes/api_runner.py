@@ -29,7 +29,14 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.reasons import DELIVERY_TIMEOUT, MISSING_CONFIG, RUNTIME_OFFLINE, UNKNOWN, classify_agent_error
+from hermes_actors.core.reasons import (
+    DELIVERY_TIMEOUT,
+    MISSING_CONFIG,
+    RUNTIME_OFFLINE,
+    TARGET_BUSY,
+    UNKNOWN,
+    classify_agent_error,
+)
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.cli_runner import turn_home
 from hermes_actors.hermes.install import cli_profile_name
@@ -99,6 +106,12 @@ class _HttpFailure(Exception):
         return str(error.get("code") or "") if isinstance(error, dict) else ""
 
 
+def busy_in_gateway_text(handle: str) -> str:
+    """Pure: why a DM is refused while hermes still runs the bot's earlier turn for us."""
+    return (f"@{handle} is still running an earlier turn in the hermes gateway (its answer has not come back); "
+            "the message was NOT delivered — resend shortly.")
+
+
 class _Unreachable(Exception):
     """The connection to the API server could not be opened: nothing was sent."""
 
@@ -108,7 +121,9 @@ class ApiRunner:
 
     Args:
         server: the API server.
-        timeout: seconds one turn may take.
+        timeout: seconds the chat request of one turn stays open waiting for hermes' answer; while
+            it is open, the bot's next turns are refused ``target_busy`` (hermes would run them
+            beside it), so it is far longer than the turn timeout the sender is told about.
         connect_timeout: seconds for the session lookups.
 
     Raises:
@@ -125,6 +140,9 @@ class ApiRunner:
         self.connect_timeout = float(connect_timeout)
         self._sessions: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
+        # profile → the delivery whose chat request is still open. hermes runs the turn until it answers,
+        # even after our side reported it timed out: the bot's next turn must not run beside it.
+        self._in_flight: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"ApiRunner({self.server!r}, timeout={self.timeout:g})"
@@ -295,12 +313,25 @@ class ApiRunner:
                 ``delivery_timeout``, or a classified reason.
         """
         handle = turn.handle or turn.profile
+        with self._lock:
+            if self._in_flight.get(turn.profile, turn.delivery_id) != turn.delivery_id:
+                raise TurnFailed(busy_in_gateway_text(handle), reason=TARGET_BUSY)
+            self._in_flight[turn.profile] = turn.delivery_id
         try:
             return self._run(turn, handle, retry_missing=True)
         except _HttpFailure as failure:
             raise self._failure(failure, handle) from None
         except ValueError as exc:  # a profile name hermes rejects
             raise TurnFailed(str(exc), reason=UNKNOWN) from None
+        finally:
+            with self._lock:
+                if self._in_flight.get(turn.profile) == turn.delivery_id:
+                    del self._in_flight[turn.profile]
+
+    def in_flight(self, profile: str) -> str | None:
+        """The delivery whose turn of ``profile`` hermes is still running for us (its request is open)."""
+        with self._lock:
+            return self._in_flight.get(profile)
 
     def prepare_retry(self, turn: Turn, began: float) -> bool:
         """Before the policy retry: take back the DM the gateway stored when the first attempt failed.

@@ -29,11 +29,14 @@ from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
 from hermes_actors.local.runners import TurnRunner
 
-__all__ = ["api_server_needs_key", "api_server_of", "default_runner", "probe_api_server", "read_dotenv"]
+__all__ = [
+    "WARM_ANSWER_SECONDS", "api_server_needs_key", "api_server_of", "default_runner", "probe_api_server", "read_dotenv",
+]
 
 DEFAULT_API_HOST = "127.0.0.1"
 DEFAULT_API_PORT = 8642
 MIN_KEY_CHARS = 16
+WARM_ANSWER_SECONDS = 24 * 3600.0  # how long a warm turn's chat request waits for hermes' answer
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
 _DOTENV_MAX = 256 * 1024
 
@@ -192,4 +195,5 @@ def default_runner(
     else:
         logger.info("turns on {} run with the hermes CLI {} until the hermes API server {} answers", root,
                     runner.cli, server)
-    return WarmOrCliRunner(ApiRunner(server, timeout=timeout), runner, cold=not answers)
+    # The chat request stays open until hermes answers (a turn reported timed out still runs there).
+    return WarmOrCliRunner(ApiRunner(server, timeout=max(timeout, WARM_ANSWER_SECONDS)), runner, cold=not answers)

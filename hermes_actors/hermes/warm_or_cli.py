@@ -27,7 +27,7 @@ from loguru import logger
 
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, TARGET_BUSY
 from hermes_actors.errors import TurnFailed
-from hermes_actors.hermes.api_runner import ApiRunner
+from hermes_actors.hermes.api_runner import ApiRunner, busy_in_gateway_text
 from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_root
 from hermes_actors.hermes.gateway_process import ProcessWatch, gateway_pid
 from hermes_actors.records import Turn
@@ -130,7 +130,15 @@ class WarmOrCliRunner:
             self._lost_turns[turn.profile] = gateway
 
     def _refuse_beside_a_lost_turn(self, turn: Turn) -> None:
-        """Before a bot's turn: refuse it while the gateway process running its lost turn lives."""
+        """Before a bot's turn: refuse it while hermes may still run an earlier one of that bot.
+
+        Either our chat request for it is still open (its turn was reported timed out, hermes
+        answers when it is done), or the connection was lost and the gateway process that ran
+        it still lives (it drains before it exits).
+        """
+        running = self.warm.in_flight(turn.profile)
+        if running is not None and running != turn.delivery_id:
+            raise TurnFailed(busy_in_gateway_text(turn.handle or turn.profile), reason=TARGET_BUSY)
         with self._lock:
             watch = self._lost_turns.get(turn.profile)
             if watch is None:
