@@ -160,3 +160,35 @@ def test_a_warm_turn_reported_timed_out_keeps_the_bot_busy_until_hermes_answers_
                                 timeout=60)
     assert third["status"] == "replied", third
     assert fake_model.overlaps == []  # never two requests of bob at once
+
+
+def test_warm_turns_tell_an_empty_answer_and_a_failure_after_a_tool_call_from_a_reply(
+    offline_root: OfflineRoot, fake_model: FakeModel, hermes_gateway: HermesGateway, hermes_cli: str
+) -> None:
+    """Regressions: hermes' warning for an empty answer came back as bob's reply; a provider failure after a
+    tool call was 'replied' with the error text (the stored tool-calling step looked like an answer)."""
+    from fake_model import ToolCall
+
+    from hermes_actors import Gateway
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        text = last_user_text(messages)
+        if text.endswith("empty please"):
+            return ""
+        if text.endswith("tool then fail"):
+            if messages[-1].get("role") == "tool":
+                raise RuntimeError("provider down")
+            return ToolCall("todo", {"todos": [{"id": "1", "content": "build it", "status": "pending"}]})
+        return f"bob got: {text}"
+
+    fake_model.script = script  # type: ignore[assignment]
+    runner, _ = warm_runner(offline_root, hermes_gateway, hermes_cli)
+    with Gateway(offline_root.root, runner=runner, config={"bot_mode": {"wake_sender": False}}) as gw:
+        empty = gw.wait_outcome(gw.message_agent(sender="alice", target="bob", message="empty please")["delivery_id"],
+                                timeout=300)
+        failed = gw.wait_outcome(gw.message_agent(sender="alice", target="bob", message="tool then fail")
+                                 ["delivery_id"], timeout=300)
+    assert empty["status"] == "silent", empty
+    assert (failed["status"], failed["reason"]) == ("failed", "provider_server_error"), failed
+    first_steps = [c for c in fake_model.calls if c.user_text.endswith("tool then fail") and c.tool_result is None]
+    assert len(first_steps) == 1  # the model already acted: no retry resent the DM

@@ -42,7 +42,7 @@ from hermes_actors.hermes.cli_runner import turn_home
 from hermes_actors.hermes.install import cli_profile_name
 from hermes_actors.hermes.plugin import turn_hop_scope
 from hermes_actors.hermes.retry import prepare_bot_chat_retry
-from hermes_actors.hermes.sessions import answered_since
+from hermes_actors.hermes.sessions import EMPTY_ANSWER, final_answer_since
 from hermes_actors.messages import Turn
 
 __all__ = ["ApiRunner", "ApiServer", "pick_titled_session"]
@@ -50,6 +50,7 @@ __all__ = ["ApiRunner", "ApiServer", "pick_titled_session"]
 _PAGE = 200
 _MAX_PAGES = 50
 _FAILURE_CHARS = 2000  # of a failure text hermes handed back as an answer
+_NO_REPLY_WARNING = "⚠️ No reply:"  # hermes 0.19's text for a model's empty answer (it stores EMPTY_ANSWER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,10 +372,15 @@ class ApiRunner:
         if not isinstance(content, str):
             raise TurnFailed(f"hermes API server answered without a reply for @{handle}: {str(payload)[:300]}")
         reason = classify_agent_error(content)
-        if reason != UNKNOWN and answered_since(turn_home(turn), str(effective or session), began) is False:
-            # hermes' API server hands a failed turn's error text back as the answer ("API call failed
-            # after 3 retries: HTTP 500: ..."); the turn stored no answer: it failed, and may be retried.
+        if reason == UNKNOWN and not content.startswith(_NO_REPLY_WARNING):
+            return content
+        # hermes' API server hands a failed turn's error text back as the answer ("API call failed after
+        # 3 retries: HTTP 500: ...") and an empty answer as its own warning: state.db says which it was.
+        readable, stored = final_answer_since(turn_home(turn), str(effective or session), began)
+        if readable and stored is None and reason != UNKNOWN:  # no answer stored: the turn failed (may retry)
             raise TurnFailed(f"hermes on @{handle}'s Bot Chat turn: {content[:_FAILURE_CHARS]}", reason=reason)
+        if readable and stored == EMPTY_ANSWER and content.startswith(_NO_REPLY_WARNING):
+            return ""  # the model chose to say nothing: a silent outcome, not hermes' warning as the bot's reply
         return content
 
     def _failure(self, failure: _HttpFailure, handle: str) -> TurnFailed:

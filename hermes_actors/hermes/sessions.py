@@ -26,7 +26,8 @@ from hermes_actors.hermes.install import hermes_python
 from hermes_actors.messages import BOT_CHAT_SESSION
 
 __all__ = [
-    "SESSION_SOURCE", "BotChatError", "answered_since", "ensure_bot_chat", "find_bot_chat", "new_session_id",
+    "EMPTY_ANSWER", "SESSION_SOURCE", "BotChatError", "ensure_bot_chat", "final_answer_since", "find_bot_chat",
+    "new_session_id",
     "session_db_class",
 ]
 
@@ -129,12 +130,16 @@ def find_bot_chat(home: Path, title: str = BOT_CHAT_SESSION) -> str | None:
         raise BotChatError(f"cannot read {db_path}: {exc}") from exc
 
 
-def answered_since(home: Path, session_id: str, since: float) -> bool | None:
-    """Whether hermes stored an assistant message in ``session_id`` since ``since`` (``time.time()``).
+EMPTY_ANSWER = "(empty)"  # what hermes 0.19 stores for a model's empty answer (it returns a warning instead)
+
+
+def final_answer_since(home: Path, session_id: str, since: float) -> tuple[bool, str | None]:
+    """The answer hermes stored in ``session_id`` since ``since`` (``time.time()``), if any.
 
     hermes stores a turn's answer in ``state.db`` before it returns it; a turn whose provider
-    failed stores none (only the user message), even where hermes hands the failure text back
-    as if it were the answer (its API server does).
+    failed stores none (only the user message, and the tool-calling steps it got through), even
+    where hermes hands the failure text back as if it were the answer (its API server does).
+    An assistant message that calls tools is a step, not the answer.
 
     Args:
         home: the profile home.
@@ -142,23 +147,25 @@ def answered_since(home: Path, session_id: str, since: float) -> bool | None:
         since: when the turn began.
 
     Returns:
-        True or False; None when the database cannot be read.
+        ``(readable, answer)``: ``answer`` is the last stored answer's text (None: none stored);
+        ``readable`` is False when the database cannot be read (then ``answer`` is None).
     """
     db_path = Path(home) / "state.db"
     try:
         conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=_SQLITE_TIMEOUT)
         try:
             row = conn.execute(
-                "SELECT 1 FROM messages WHERE session_id = ? AND role = 'assistant' AND active = 1 "
-                "AND timestamp >= ? LIMIT 1",
+                "SELECT content FROM messages WHERE session_id = ? AND role = 'assistant' AND active = 1 "
+                "AND timestamp >= ? AND (tool_calls IS NULL OR tool_calls IN ('', '[]', 'null')) "
+                "ORDER BY id DESC LIMIT 1",
                 (session_id, since),
             ).fetchone()
         finally:
             conn.close()
     except sqlite3.Error as exc:
         logger.warning("cannot tell whether hermes answered in {}: {}", db_path, exc)
-        return None
-    return row is not None
+        return False, None
+    return True, (None if row is None else str(row[0] or ""))
 
 
 def _create_sqlite(db_path: Path, home: Path, title: str) -> tuple[str, bool]:
