@@ -229,3 +229,25 @@ def test_a_bot_chat_turn_shows_the_model_its_teammates_in_the_system_message(
     roster = system[system.index("## Bot Mode teammates"):]
     assert "\n- @alice" in roster and "\n- @hermes" in roster and "@bob" not in roster
     assert call.user_text == "Message from 🤖 alice (@alice): who else is here?"  # the DM itself is as sent
+
+
+def test_a_dm_that_failed_for_good_is_taken_back_so_the_next_turn_does_not_read_it_again(
+    hermes_cli: str, offline_root: OfflineRoot, fake_model: FakeModel
+) -> None:
+    """Regression: a DM reported failed (retryable) stayed in Bot Chat; resent, the model read it twice."""
+    healthy = {"now": False}
+
+    def script(messages: list[dict[str, object]]) -> str:
+        text = last_user_text(messages)  # type: ignore[arg-type]
+        if not healthy["now"]:
+            raise RuntimeError("provider down")
+        return f"bob here, you said: {text}"
+
+    fake_model.script = script  # type: ignore[assignment]
+    failed = _dm_on_the_cli(hermes_cli, offline_root, "alice", "bob", "report please")
+    assert (failed["status"], failed["reason"], failed["retryable"]) == ("failed", "provider_server_error", True)
+    assert bot_chat_messages(offline_root.home("bob"), active_only=True) == []  # NOT delivered: nothing left
+    healthy["now"] = True
+    again = _dm_on_the_cli(hermes_cli, offline_root, "alice", "bob", "report please")  # the sender resends
+    dm = "Message from 🤖 alice (@alice): report please"
+    assert again["reply"] == f"bob here, you said: {dm}"  # read once, not two copies merged

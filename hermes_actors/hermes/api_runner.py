@@ -349,6 +349,15 @@ class ApiRunner:
         """
         return prepare_bot_chat_retry(turn_home(turn), turn.session, turn.content, began)
 
+    def forget_failed(self, turn: Turn, began: float) -> None:
+        """After a final failure: take back the DM the gateway stored, if it is all the turn left.
+
+        Args:
+            turn: the failed turn.
+            began: ``time.time()`` when its first attempt began.
+        """
+        prepare_bot_chat_retry(turn_home(turn), turn.session, turn.content, began)
+
     def _run(self, turn: Turn, handle: str, *, retry_missing: bool) -> str:
         session = self.session_id(turn.profile, turn.session, handle)
         path = f"{self._prefix(turn.profile)}/api/sessions/{urllib.parse.quote(session, safe='')}/chat"

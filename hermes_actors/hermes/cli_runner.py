@@ -228,6 +228,19 @@ class HermesCliRunner(CommandRunner):
             return True
         return prepare_bot_chat_retry(turn_home(turn), turn.session, turn.content, began)
 
+    def forget_failed(self, turn: Turn, began: float) -> None:
+        """After a final failure: take back the DM hermes stored, if it is all the turn left.
+
+        The sender is told the DM was NOT delivered; left in Bot Chat, hermes would merge it into
+        the bot's next turn. A release with ``--query-file`` (Bot Mode) keeps its own record.
+
+        Args:
+            turn: the failed turn.
+            began: ``time.time()`` when its first attempt began.
+        """
+        if not self.flags().query_file:
+            prepare_bot_chat_retry(turn_home(turn), turn.session, turn.content, began)
+
     def _run(self, turn: Turn, query_file: Path | None) -> str:
         handle = turn.handle or turn.profile
         home = turn_home(turn)

@@ -170,6 +170,10 @@ class WarmOrCliRunner:
         path = self._paths.get(turn.delivery_id, self.cli)
         return path.prepare_retry(turn, began)
 
+    def forget_failed(self, turn: Turn, began: float) -> None:
+        """After a final failure: the rule of the path that ran the last attempt (see ``prepare_retry``)."""
+        self._paths.get(turn.delivery_id, self.cli).forget_failed(turn, began)
+
     def release(self, delivery_id: str) -> None:
         """The CLI runner's query file kept for ``delivery_id`` may go (see ``CommandRunner.release``)."""
         self._paths.pop(delivery_id, None)

@@ -12,10 +12,11 @@ a worker thread, saving two thread hand-offs and the turn timer per DM
 (:func:`runs_inline`). A runner that says so and then blocks stalls its own
 profile's queue (and its turn timeout cannot fire), never another profile's.
 
-Two optional methods let a runner take part in a delivery's life:
+Three optional methods let a runner take part in a delivery's life:
 ``prepare_retry(turn, began) -> bool`` is asked before the one policy retry (False
-keeps the first failure; see :func:`hermes_actors.local.turns.retry_allowed`), and
-``release(delivery_id)`` is told once the delivery is settled.
+keeps the first failure; see :func:`hermes_actors.local.turns.retry_allowed`),
+``forget_failed(turn, began)`` is told when the turn failed for good (not ambiguous),
+and ``release(delivery_id)`` once the delivery is settled.
 
 The real ``hermes`` CLI runner is :class:`~hermes_actors.local.command_runner.CommandRunner`;
 the pieces of one CLI process it shares with the Hermes runners are in

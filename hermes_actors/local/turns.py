@@ -54,6 +54,7 @@ __all__ = [
     "attempt_turn",
     "describe_error",
     "execute_turn",
+    "forget_failed",
     "never_ran",
     "retry_allowed",
     "turn_factory_here",
@@ -161,6 +162,26 @@ def retry_allowed(runner: TurnRunner, retry: Turn, began: float) -> bool:
         return False
 
 
+def forget_failed(runner: TurnRunner, turn: Turn, began: float) -> None:
+    """A turn failed for good (its DM is reported NOT delivered): the runner's optional
+    ``forget_failed(turn, began)`` takes back what the session kept of it, so the bot's next
+    turn does not read the failed DM again (hermes 0.19 stores it before its provider fails).
+
+    Args:
+        runner: the turn runner.
+        turn: the failed turn.
+        began: ``time.time()`` when its first attempt began.
+    """
+    forget = getattr(runner, "forget_failed", None)
+    if not callable(forget):
+        return
+    try:
+        forget(turn, began)
+    except BaseException as exc:  # runner code: the failure stands as it is
+        logger.warning("could not take back the failed DM {} from its session: {}", turn.delivery_id,
+                       describe_error(exc))
+
+
 def execute_turn(
     delivery: Delivery,
     *,
@@ -249,6 +270,8 @@ def _execute_turn(
                 if retry_allowed(runner, retry, began):
                     logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
                     result, _ = attempt_turn(runner, retry)
+        if result.reply is None and not result.ambiguous and not (gave_up is not None and gave_up.is_set()):
+            forget_failed(runner, turn, began)
         return result
     finally:
         if lock is not None and not held:
