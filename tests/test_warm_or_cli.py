@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,26 @@ def test_a_runner_without_a_retry_clock_keeps_the_default_clock() -> None:
     assert runner.run_turn(TURN) == "warm: hi"
 
 
+Sleeper = Callable[[], "subprocess.Popen[bytes]"]
+
+
+@pytest.fixture
+def sleeper() -> Iterator[Sleeper]:
+    """Starts stand-in gateway processes (each exits once its stdin closes); kills what is left at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _lost_turn_runner(tmp_path: Path, gateway: subprocess.Popen[bytes]) -> tuple[WarmOrCliRunner, Fake, Fake]:
     """A runner whose warm turn d1 for bob was lost mid-turn in the gateway ``gateway`` (its pid file written)."""
     (tmp_path / "gateway.pid").write_text(json.dumps({"pid": gateway.pid, "kind": "hermes-gateway"}))
@@ -131,27 +152,22 @@ def _lost_turn_runner(tmp_path: Path, gateway: subprocess.Popen[bytes]) -> tuple
 
 
 def test_while_a_stopping_gateway_may_still_run_a_bots_lost_turn_its_next_dm_fails_busy_at_once(
-    tmp_path: Path,
+    tmp_path: Path, sleeper: Sleeper
 ) -> None:
     """Regression: the gateway went on running the lost turn while the CLI ran the bot's next one beside it.
 
     Not a wait: it would run on the turn's own clock (a DM reported timed out must not start later)."""
-    gateway = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    try:
-        runner, _, cli = _lost_turn_runner(tmp_path, gateway)
-        for key in ("d2", "d3"):  # every DM while the process lives, not only the first
-            with pytest.raises(TurnFailed, match="still finishing an earlier turn") as caught:
-                runner.run_turn(Turn(profile="bob", content="next", delivery_id=key, root=tmp_path))
-            assert caught.value.reason == "target_busy" and "NOT delivered" in caught.value.text
-            assert f"pid {gateway.pid}" in caught.value.text
-        assert runner.run_turn(Turn(profile="carol", content="hi", delivery_id="d4", root=tmp_path)) == "cli: hi"
-        assert cli.turns == ["d4"]  # another bot is not held by bob's lost turn
-        gateway.communicate(b"", timeout=30)  # the gateway finishes its drain and exits
-        assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d5", root=tmp_path)) == "cli: later"
-    finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait()
+    gateway = sleeper()
+    runner, _, cli = _lost_turn_runner(tmp_path, gateway)
+    for key in ("d2", "d3"):  # every DM while the process lives, not only the first
+        with pytest.raises(TurnFailed, match="still finishing an earlier turn") as caught:
+            runner.run_turn(Turn(profile="bob", content="next", delivery_id=key, root=tmp_path))
+        assert caught.value.reason == "target_busy" and "NOT delivered" in caught.value.text
+        assert f"pid {gateway.pid}" in caught.value.text
+    assert runner.run_turn(Turn(profile="carol", content="hi", delivery_id="d4", root=tmp_path)) == "cli: hi"
+    assert cli.turns == ["d4"]  # another bot is not held by bob's lost turn
+    gateway.communicate(b"", timeout=30)  # the gateway finishes its drain and exits
+    assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d5", root=tmp_path)) == "cli: later"
 
 
 class Stopping(Fake):
@@ -168,26 +184,23 @@ class Stopping(Fake):
         raise TurnFailed("the connection was lost during @bob's turn", reason="runtime_offline", ambiguous=True)
 
 
-def test_the_gateway_is_watched_even_when_it_removed_its_pid_file_before_the_turn_was_lost(tmp_path: Path) -> None:
+def test_the_gateway_is_watched_even_when_it_removed_its_pid_file_before_the_turn_was_lost(
+    tmp_path: Path, sleeper: Sleeper
+) -> None:
     """Regression: a stopping hermes 0.19 deletes gateway.pid ~6 s after SIGTERM and lives ~20 s more: read
     only once the turn was lost, nothing was watched, and the next DM ran beside the draining turn."""
-    gateway = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    try:
-        pid_file = tmp_path / "gateway.pid"
-        pid_file.write_text(json.dumps({"pid": gateway.pid}))
-        warm, cli = Stopping(pid_file), Fake("cli")
-        runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
-        with pytest.raises(TurnFailed):
-            runner.run_turn(Turn(profile="bob", content="slow", delivery_id="d1", root=tmp_path))
-        with pytest.raises(TurnFailed, match="still finishing an earlier turn"):
-            runner.run_turn(Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))
-        assert cli.turns == []
-        gateway.communicate(b"", timeout=30)
-        assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d3", root=tmp_path)) == "cli: later"
-    finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait()
+    gateway = sleeper()
+    pid_file = tmp_path / "gateway.pid"
+    pid_file.write_text(json.dumps({"pid": gateway.pid}))
+    warm, cli = Stopping(pid_file), Fake("cli")
+    runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+    with pytest.raises(TurnFailed):
+        runner.run_turn(Turn(profile="bob", content="slow", delivery_id="d1", root=tmp_path))
+    with pytest.raises(TurnFailed, match="still finishing an earlier turn"):
+        runner.run_turn(Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))
+    assert cli.turns == []
+    gateway.communicate(b"", timeout=30)
+    assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d3", root=tmp_path)) == "cli: later"
 
 
 class Restarting(Fake):
@@ -205,30 +218,22 @@ class Restarting(Fake):
         return f"warm: {turn.content}"
 
 
-def _sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-
-
-def test_a_turn_lost_in_a_restarted_gateway_waits_for_the_old_process_not_the_new_one(tmp_path: Path) -> None:
+def test_a_turn_lost_in_a_restarted_gateway_waits_for_the_old_process_not_the_new_one(
+    tmp_path: Path, sleeper: Sleeper
+) -> None:
     """Regression: the pid file was read again once the turn was lost; after a restart it named the new
     gateway, so the draining one was not watched and the bot was refused for as long as the new one lived."""
-    old, new = _sleeper(), _sleeper()
-    try:
-        pid_file = tmp_path / "gateway.pid"
-        pid_file.write_text(json.dumps({"pid": old.pid}))
-        warm, cli = Restarting(pid_file, new.pid), Fake("cli")
-        runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
-        with pytest.raises(TurnFailed):
-            runner.run_turn(Turn(profile="bob", content="slow", delivery_id="d1", root=tmp_path))
-        with pytest.raises(TurnFailed, match=f"pid {old.pid}"):
-            runner.run_turn(Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))
-        old.communicate(b"", timeout=30)  # the old gateway finished draining; the new one serves
-        assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d3", root=tmp_path)) == "warm: later"
-    finally:
-        for proc in (old, new):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    old, new = sleeper(), sleeper()
+    pid_file = tmp_path / "gateway.pid"
+    pid_file.write_text(json.dumps({"pid": old.pid}))
+    warm, cli = Restarting(pid_file, new.pid), Fake("cli")
+    runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+    with pytest.raises(TurnFailed):
+        runner.run_turn(Turn(profile="bob", content="slow", delivery_id="d1", root=tmp_path))
+    with pytest.raises(TurnFailed, match=f"pid {old.pid}"):
+        runner.run_turn(Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path))
+    old.communicate(b"", timeout=30)  # the old gateway finished draining; the new one serves
+    assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d3", root=tmp_path)) == "warm: later"
 
 
 def _ask_while_it_exits(proc: subprocess.Popen[bytes], threads: int = 8, calls: int = 200) -> list[BaseException]:
@@ -258,10 +263,10 @@ def _ask_while_it_exits(proc: subprocess.Popen[bytes], threads: int = 8, calls: 
     return errors
 
 
-def test_a_process_watch_asked_by_many_threads_as_its_process_exits_never_fails() -> None:
+def test_a_process_watch_asked_by_many_threads_as_its_process_exits_never_fails(sleeper: Sleeper) -> None:
     """Regression: exited() checked and closed the pidfd without a lock: EBADF under concurrent calls."""
     for _ in range(50):
-        assert _ask_while_it_exits(_sleeper()) == []
+        assert _ask_while_it_exits(sleeper()) == []
 
 
 def test_a_lost_turn_in_the_gateway_hosting_us_blocks_nothing(tmp_path: Path) -> None:
