@@ -356,7 +356,7 @@ class ApiRunner:
             turn: the failed turn.
             began: ``time.time()`` when its first attempt began.
         """
-        prepare_bot_chat_retry(turn_home(turn), turn.session, turn.content, began)
+        self.prepare_retry(turn, began)  # the same taking back, its answer unneeded: no retry follows
 
     def _run(self, turn: Turn, handle: str, *, retry_missing: bool) -> str:
         session = self.session_id(turn.profile, turn.session, handle)

@@ -238,8 +238,7 @@ class HermesCliRunner(CommandRunner):
             turn: the failed turn.
             began: ``time.time()`` when its first attempt began.
         """
-        if not self.flags().query_file:
-            prepare_bot_chat_retry(turn_home(turn), turn.session, turn.content, began)
+        self.prepare_retry(turn, began)  # the same taking back, its answer unneeded: no retry follows
 
     def _run(self, turn: Turn, query_file: Path | None) -> str:
         handle = turn.handle or turn.profile

@@ -171,8 +171,8 @@ class WarmOrCliRunner:
         return path.prepare_retry(turn, began)
 
     def forget_failed(self, turn: Turn, began: float) -> None:
-        """After a final failure: the rule of the path that ran the last attempt (see ``prepare_retry``)."""
-        self._paths.get(turn.delivery_id, self.cli).forget_failed(turn, began)
+        """After a final failure: the same taking back as :meth:`prepare_retry` (its answer unneeded)."""
+        self.prepare_retry(turn, began)
 
     def release(self, delivery_id: str) -> None:
         """The CLI runner's query file kept for ``delivery_id`` may go (see ``CommandRunner.release``)."""
