@@ -245,12 +245,14 @@ class Gateway:
             self._state = "stopping"
         assert self._system is not None
         if self._submit is not None:  # first: a DM submitted while stopping would only be cancelled
-            self._submit.close()
+            self._submit.stop_accepting()
         self._await_sends(_ASK_TIMEOUT)
         try:
             final = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait)
             self._final_outcomes = {**self._final_outcomes, **final}  # a failed Dispatcher handed its own over
         finally:
+            if self._submit is not None:  # the root's host until its turns are done (``send`` waits for that)
+                self._submit.close()
             with self._state_lock:
                 self._state = "stopped"
         logger.info("gateway stopped")

@@ -112,7 +112,7 @@ def test_fold_records_first_outcome_wins_and_tracks_the_lifecycle() -> None:
 # ── adoption ────────────────────────────────────────────────────────────────
 
 
-def test_a_dead_gateways_journal_is_adopted_and_removed(tmp_path: Path) -> None:
+def test_a_dead_gateways_journal_is_adopted_and_removed(tmp_path: Path, warnings: list[str]) -> None:
     directory = tmp_path / "journal"
     directory.mkdir(mode=0o700)
     queued, running, finished, done = _id(1), _id(2), _id(3), _id(4)
@@ -132,13 +132,18 @@ def test_a_dead_gateways_journal_is_adopted_and_removed(tmp_path: Path) -> None:
         + b'{"t":"accepted","id":"torn'  # the dead gateway was killed mid-write
     )
     dead.chmod(0o600)
+    original = dead.read_bytes()
     journal = Journal(directory, fsync=False)
     adopted = journal.start()
     try:
         assert set(adopted.states) == {queued, running, finished, done}
         assert adopted.corrupt_lines == 1
         assert set(adopted.live()) == {queued, running, finished}
-        assert not dead.exists(), "the adopted file must be removed"
+        assert not dead.exists(), "the adopted file must leave the journal directory"
+        # Unreadable lines: the file is kept aside (what was lost can be looked up), and said so.
+        [kept] = (tmp_path / "quarantine").iterdir()
+        assert kept.name.startswith(dead.name) and kept.read_bytes() == original
+        assert any("1 unreadable line(s)" in w and "cannot be re-offered" in w for w in warnings), warnings
         assert _journal_files(directory) == [journal.path]
         mine = fold_records(_file_records(journal.path))
         assert mine.states[queued].delivery == _delivery(queued) and not mine.states[queued].started
@@ -954,3 +959,59 @@ def test_compaction_stays_in_the_journal_directory_when_its_parent_is_swapped_fo
     assert sorted(p.name for p in (elsewhere / "journal").iterdir()) == []  # nothing written through the link
     folded = fold_records(_file_records(real / "journal" / name))
     assert folded.states[_id(1)].delivery == _delivery(_id(1))
+
+
+def test_a_damaged_record_in_the_middle_is_skipped_loudly_and_the_rest_adopted(
+    tmp_path: Path, warnings: list[str]
+) -> None:
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    first, damaged, last = _id(1), _id(2), _id(3)
+    dead = directory / "j-deadbeefdeadbeefdeadbeefdeadbeef.log"
+    good = _lines({"t": "accepted", "id": damaged, "d": _delivery(damaged)})
+    dead.write_bytes(
+        _lines({"t": "accepted", "id": first, "d": _delivery(first)})
+        + good.replace(b'{"t"', b'{Xt"', 1)  # one flipped byte
+        + _lines({"t": "accepted", "id": last, "d": _delivery(last)})
+    )
+    dead.chmod(0o600)
+    journal = Journal(directory, fsync=False)
+    try:
+        adopted = journal.start()
+        assert set(adopted.live()) == {first, last} and adopted.corrupt_lines == 1
+    finally:
+        journal.stop()
+    assert not dead.exists()
+    assert len(list((tmp_path / "quarantine").iterdir())) == 1
+    assert any(dead.name in w and "unreadable" in w for w in warnings), warnings
+
+
+def test_a_journal_line_longer_than_the_limit_is_read_in_bounded_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile journal of one endless line costs bounded reads, never the whole file in memory."""
+    import hermes_actors.store.journal as journal_module
+
+    monkeypatch.setattr(journal_module, "MAX_LINE_BYTES", 1024)
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    kept = _id(7)
+    dead = directory / "j-deadbeefdeadbeefdeadbeefdeadbeef.log"
+    dead.write_bytes(b"x" * 50_000 + b"\n" + _lines({"t": "accepted", "id": kept, "d": _delivery(kept)}))
+    dead.chmod(0o600)
+    reads: list[int] = []
+    real_read_lines = journal_module.read_lines
+
+    def counting(stream: Any) -> Any:
+        for line in real_read_lines(stream):
+            reads.append(0 if line is None else len(line))
+            yield line
+
+    monkeypatch.setattr(journal_module, "read_lines", counting)
+    journal = Journal(directory, fsync=False)
+    try:
+        adopted = journal.start()
+        assert set(adopted.live()) == {kept} and adopted.corrupt_lines == 1
+    finally:
+        journal.stop()
+    assert reads[0] == 0 and max(reads) <= 1024  # the long line came back as "refused", never whole

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import importlib
+import io
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, make_root, start_gateway
+from roots import RecordingRunner, await_condition, held_on, make_root, start_gateway
 
 from hermes_actors.cli import main
+from hermes_actors.cli.host_wait import settle_host
 from hermes_actors.errors import HostileFileError
 from hermes_actors.gateway import Gateway
 from hermes_actors.hermes.submit import SubmitServer, fetch_outcome, fetch_status, ping, request, submit_dm
+from hermes_actors.hermes.submit_client import HostLost, lock_holder
 from hermes_actors.hermes.submit_protocol import (
     MAX_REQUEST_BYTES,
     OutcomeCall,
@@ -386,3 +392,205 @@ def test_an_outcome_with_a_reply_over_a_megabyte_is_answered_and_read_back_from_
     gw.stop()
     from_files = find_outcome(root, ack["delivery_id"])
     assert from_files["status"] == "replied" and from_files["reply"] == long_reply
+
+
+# ── a host that is stopping still holds the root ────────────────────────────
+
+
+def test_a_host_holds_its_lock_from_start_until_close_and_lock_holder_names_it(server_root: Path) -> None:
+    assert lock_holder(server_root) is None  # no run directory yet
+    server = SubmitServer(server_root, send=Recorder()).start()
+    assert lock_holder(server_root) == os.getpid()
+    server.stop_accepting()
+    assert ping(server_root) is None
+    assert lock_holder(server_root) == os.getpid()  # not answering, still the root's host
+    server.close()
+    assert lock_holder(server_root) is None
+
+
+def _lock_holding_child(root: Path) -> subprocess.Popen[str]:
+    """A process that holds ``root``'s submit.lock (as a host does) until its stdin closes."""
+    run_dir = socket_path(root).parent
+    run_dir.mkdir(parents=True, mode=0o700)
+    script = (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(run_dir / 'submit.lock')!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "held\n"
+    return child
+
+
+def test_settle_host_waits_for_a_silent_holder_and_returns_once_it_exits(
+    server_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    child = _lock_holding_child(server_root)
+    try:
+        assert lock_holder(server_root) == child.pid
+        with pytest.raises(TimeoutError, match=f"pid {child.pid}.*neither answered nor let go of it.*nothing was sent"):
+            settle_host(server_root, limit=0.3)
+        assert "holds the root but does not answer" in capsys.readouterr().err
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(30)
+    assert settle_host(server_root, limit=30) is False  # gone: the caller may run the DM itself
+    assert lock_holder(server_root) is None
+
+
+def test_settle_host_returns_true_for_a_host_that_answers(server_root: Path) -> None:
+    with SubmitServer(server_root, send=Recorder()):
+        assert settle_host(server_root, limit=30) is True
+
+
+class _NoteWatch(io.StringIO):
+    """A stderr that says when a line containing ``needle`` was written."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__()
+        self.needle = needle
+        self.seen = threading.Event()
+
+    def write(self, text: str) -> int:
+        if self.needle in text:
+            self.seen.set()
+        return super().write(text)
+
+
+def test_send_waits_for_a_stopping_host_and_runs_after_the_dms_that_host_journaled(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DM sent while the host stops must not overtake the DMs that host acked before (they run first)."""
+    root = make_root(tmp_path)
+    release = threading.Event()
+    host_runner = RecordingRunner(held_on("first", release))
+    gw = start_gateway(gateways, root, host_runner, serve_submit=True)
+    assert submit_dm(root, "alice", "bob", "first")["status"] == "queued"
+    host_runner.wait_entered(1, timeout=30)
+    assert submit_dm(root, "alice", "bob", "second")["status"] == "queued"  # queued behind "first"
+    stopper = threading.Thread(target=gw.stop, kwargs={"timeout": 60})
+    stopper.start()
+    await_condition(lambda: ping(root) is None, timeout=30, message="the host stopped answering")
+    command_runner = RecordingRunner()
+    monkeypatch.setattr(importlib.import_module("hermes_actors.cli.main"), "_runner_for", lambda *a: command_runner)
+    stderr = _NoteWatch("holds the root but does not answer")
+    monkeypatch.setattr(sys, "stderr", stderr)
+    codes: list[int] = []
+    sender = threading.Thread(target=lambda: codes.append(
+        main(["send", "--root", str(root), "--from", "alice", "bob", "third", "--wait", "60"])))
+    sender.start()
+    try:
+        assert stderr.seen.wait(30), stderr.getvalue()
+        assert command_runner.entered == []  # nothing runs beside the stopping host
+    finally:
+        release.set()
+        stopper.join(60)
+        sender.join(90)
+    assert codes == [0], stderr.getvalue()
+    assert host_runner.bodies() == ["first"]
+    assert command_runner.bodies() == ["second", "third"]  # the stopped host's DM first, then the new one
+
+
+# ── a host that stopped mid-request: the DM may be queued, never run twice ──
+
+
+class _OneShotHost:
+    """A stand-in host on ``root``'s socket: takes one request, then answers ``answer`` or just closes."""
+
+    def __init__(self, root: Path, answer: dict[str, Any] | None) -> None:
+        run_dir = socket_path(root).parent
+        run_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+        self._dir_fd = open_dir(run_dir)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(socket_address(self._dir_fd, socket_path(root)))
+        self._sock.listen(4)
+        self.requests: list[bytes] = []
+        self._answer = answer
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self._sock.accept()
+        with conn:
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+            self.requests.append(data)
+            if self._answer is not None:
+                conn.sendall(encode(self._answer))
+
+    def close(self) -> None:
+        self._thread.join(30)
+        self._sock.close()
+        os.close(self._dir_fd)
+
+
+@pytest.mark.parametrize("how", ["request", "submit_dm", "cli"])
+def test_a_host_that_closes_without_answering_is_ambiguous_never_offline(
+    tmp_path: Path, how: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It may have journaled the DM before it died: "NOT sent, send again" or running it here would send it twice."""
+    root = make_root(tmp_path)
+    host = _OneShotHost(root, answer=None)
+    command_runner = RecordingRunner()
+    monkeypatch.setattr(importlib.import_module("hermes_actors.cli.main"), "_runner_for", lambda *a: command_runner)
+    try:
+        if how == "request":
+            with pytest.raises(HostLost, match="closed the connection without answering"):
+                request(root, {"op": "send", "sender": "alice", "target": "bob", "message": "pay once", "hop": 0})
+        elif how == "submit_dm":
+            answer = submit_dm(root, "alice", "bob", "pay once")
+            assert answer["reason"] == "unknown"
+            assert "may or may not have been queued" in answer["error"] and "do not resend" in answer["error"]
+        else:
+            code = main(["send", "--root", str(root), "--from", "alice", "bob", "pay once", "--wait", "30"])
+            err = capsys.readouterr().err
+            assert code == 1
+            assert err.startswith("ambiguous: ") and "may or may not be queued" in err
+            assert "no host serves" not in err
+    finally:
+        host.close()
+    assert len(host.requests) == 1 and b"pay once" in host.requests[0]
+    assert command_runner.entered == []  # nothing ran here
+    assert not (root / "bot_relay" / "journal").exists() or not any((root / "bot_relay" / "journal").iterdir())
+
+
+def test_a_stopping_hosts_answer_means_not_taken(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    host = _OneShotHost(root, answer={"op": "stopping", "error": "stopping", "reason": "runtime_offline"})
+    try:
+        answer = submit_dm(root, "alice", "bob", "hi")
+    finally:
+        host.close()
+    assert answer["reason"] == "runtime_offline" and "NOT sent" in answer["error"]
+
+
+def test_a_stopping_server_answers_the_connections_in_its_backlog(server_root: Path) -> None:
+    """Closing the listening socket would reset them, which reads as "stopped mid-request"."""
+    path = server_root / "backlog.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(8)
+        listener.setblocking(False)
+        clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
+        try:
+            for client in clients:
+                client.settimeout(30)
+                client.connect(str(path))  # completes into the backlog: nobody accepts yet
+                client.sendall(encode({"op": "ping"}))
+                client.shutdown(socket.SHUT_WR)
+            SubmitServer(server_root, send=Recorder())._turn_away_backlog(listener)
+            answers = []
+            for client in clients:
+                data = b""
+                while chunk := client.recv(65536):
+                    data += chunk
+                answers.append(json.loads(data))
+        finally:
+            for client in clients:
+                client.close()
+    assert [a["op"] for a in answers] == ["stopping"] * 3
+    assert all(a["reason"] == "runtime_offline" for a in answers)

@@ -238,7 +238,7 @@ def test_a_turn_lost_in_a_restarted_gateway_waits_for_the_old_process_not_the_ne
 
 def _ask_while_it_exits(proc: subprocess.Popen[bytes], threads: int = 8, calls: int = 200) -> list[BaseException]:
     """Many threads ask one ProcessWatch whether ``proc`` exited while it exits; what escaped them."""
-    from hermes_actors.hermes.gateway_process import ProcessWatch
+    from hermes_actors.store.processes import ProcessWatch
 
     watch = ProcessWatch(proc.pid)
     start = threading.Barrier(threads + 1)

@@ -77,14 +77,14 @@ def _transport_config(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_roster(args: argparse.Namespace) -> int:
     from hermes_actors.core.config import load_config
     from hermes_actors.gateway import Gateway
-    from hermes_actors.hermes.submit_client import HostOffline, fetch_roster
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_roster
     from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 
     existing_root(args.root)
     hosted = True
     try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
         rows = fetch_roster(args.root)
-    except HostOffline:
+    except (HostOffline, HostLost):
         hosted = False
         with Gateway(args.root, runner=lambda turn: "", config=_transport_config(args),
                      connection_id=args.connection_id) as gw:
@@ -128,16 +128,17 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
     """Submit through the host serving the root; None when no host runs there."""
     import time
 
-    from hermes_actors.hermes.submit_client import HostOffline, fetch_outcome, request
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_outcome, request
 
     payload = {"op": "send", "sender": args.sender, "target": args.target, "message": args.message, "hop": 0}
     try:
         ack = request(args.root, payload, timeout=30.0)
     except HostOffline:
         return None
-    except TimeoutError:
-        print(f"ambiguous: the host of {args.root} did not answer within 30s; the DM may or may not be queued "
-              "(do not resend blindly)", file=sys.stderr)
+    except (TimeoutError, HostLost) as exc:  # never run in-process: the host may have queued it already
+        why = f"the host of {args.root} did not answer within 30s" if isinstance(exc, TimeoutError) else str(exc)
+        print(f"ambiguous: {why}; the DM may or may not be queued (do not resend it blindly; look for it with: "
+              f"hermes-actors status --root {args.root})", file=sys.stderr)
         return EXIT_FAILED
     code = _print_answer(ack, args)
     if "error" in ack or args.wait is None:
@@ -147,7 +148,7 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
         try:
             wait = max(0.0, min(60.0, deadline - time.monotonic()))
             outcome = fetch_outcome(args.root, ack["delivery_id"], wait=wait)
-        except (HostOffline, TimeoutError) as exc:
+        except (HostOffline, HostLost, TimeoutError) as exc:
             print(f"ambiguous: lost the host of {args.root} while waiting for the outcome ({exc}); look it up "
                   f"later with: hermes-actors outcome --root {args.root} {ack['delivery_id']}", file=sys.stderr)
             return EXIT_FAILED
@@ -161,12 +162,20 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
+    from hermes_actors.cli.host_wait import settle_host
     from hermes_actors.cli.serve import STOP_GRACE_SECONDS, stop_gateway
     from hermes_actors.core.config import deep_merge, load_config
     from hermes_actors.gateway import Gateway
     from hermes_actors.store.hermes_root import existing_root
 
     via_host = _send_via_host(args)
+    if via_host is None:
+        try:
+            if settle_host(args.root):  # it was starting: it answers now
+                via_host = _send_via_host(args)
+        except TimeoutError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
     if via_host is not None:
         return via_host
     existing_root(args.root)  # before the note: a missing root is the error to show, not "no host"

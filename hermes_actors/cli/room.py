@@ -30,25 +30,33 @@ def _print_entry(entry: dict[str, Any]) -> None:
 
 def _act(act: Callable[[Any], int], rooms: Any) -> int:
     """Run ``act`` on a Gateway or the host's rooms; what they raise becomes one line and an exit code."""
-    from hermes_actors.hermes.submit_client import HostOffline
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline
 
     try:
         return act(rooms)
     except (KeyError, ValueError) as exc:  # no such room, a bad name or members: a bad argument
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (HostOffline, TimeoutError, RuntimeError) as exc:
+    except (HostOffline, HostLost, TimeoutError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
 
 def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int]) -> int:
+    from hermes_actors.cli.host_wait import settle_host
     from hermes_actors.cli.main import _runner_for
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
     from hermes_actors.rooms.remote import HostRooms
 
     host = HostRooms.if_served(args.root)
+    if host is None:
+        try:
+            if settle_host(args.root):  # it was starting: it answers now
+                host = HostRooms.if_served(args.root)
+        except TimeoutError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
     if host is not None:  # the host drives the root's rooms: ask it
         return _act(act, host)
     runner = _runner_for(getattr(args, "runner", "demo"), getattr(args, "cli", None), args.root)

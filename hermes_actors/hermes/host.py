@@ -103,15 +103,22 @@ class _Endpoint:
             _serving[self.key] = self.gw
         return self
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop_accepting(self, timeout: float = 5.0) -> None:
+        """No more DMs through this endpoint; the root stays this process's until :meth:`close`."""
         with _serving_lock:
             if _serving.get(self.key) is self.gw:
                 del _serving[self.key]
+        self.server.stop_accepting(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.stop_accepting(timeout)
         self.server.close(timeout)
 
 
 def open_submit_endpoint(gw: Gateway) -> _Endpoint:
-    """Serve ``gw`` on its root's submit socket; returns the endpoint (``close()`` it before stopping).
+    """Serve ``gw`` on its root's submit socket; returns the endpoint.
+
+    ``stop_accepting()`` it before the gateway stops, ``close()`` it once it has.
 
     Raises:
         RuntimeError: another process already hosts this root.

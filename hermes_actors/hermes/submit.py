@@ -35,8 +35,9 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.reasons import UNKNOWN
+from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
 from hermes_actors.hermes.submit_client import (
+    HostLost,
     HostOffline,
     fetch_outcome,
     fetch_roster,
@@ -49,6 +50,7 @@ from hermes_actors.hermes.submit_protocol import (
     LOCK_NAME,
     MAX_REQUEST_BYTES,
     SOCKET_NAME,
+    STOPPING_OP,
     OutcomeCall,
     Ping,
     RoomCall,
@@ -64,6 +66,7 @@ from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, 
 from hermes_actors.store.atomic import ensure_private_dir
 
 __all__ = [
+    "HostLost",
     "HostOffline",
     "SubmitServer",
     "fetch_outcome",
@@ -202,11 +205,16 @@ class SubmitServer:
         sock.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop accepting, remove the socket, wait up to ``timeout`` for open connections. Idempotent."""
+    def stop_accepting(self, timeout: float = 5.0) -> None:
+        """Stop accepting, remove the socket, wait up to ``timeout`` for open connections. Idempotent.
+
+        ``submit.lock`` stays held until :meth:`close`: a host that is stopping (its turns
+        finishing) is still the root's host, and ``hermes-actors send`` waits for it to be gone
+        (:func:`~hermes_actors.hermes.submit_client.lock_holder`) rather than run a DM of its own
+        beside it.
+        """
         with self._state_lock:
             if self._state != "running":
-                self._state = "closed"
                 return
             self._state = "closing"
         if self._wake_w is not None:
@@ -214,18 +222,32 @@ class SubmitServer:
                 self._wake_w.send(b"x")
         if self._accept_thread is not None:
             self._accept_thread.join(timeout)
-        self._release()
+        self._release_socket()
         with self._handlers_lock:
             handlers = list(self._handlers)
         for thread in handlers:
             thread.join(timeout)
         if any(t.is_alive() for t in handlers):
             logger.warning("submit endpoint closed with {} connection(s) still being answered", len(handlers))
-        with self._state_lock:
-            self._state = "closed"
         logger.info("submit endpoint closed: {}", self.path)
 
+    def close(self, timeout: float = 5.0) -> None:
+        """:meth:`stop_accepting`, then release ``submit.lock``: this process no longer hosts the root. Idempotent."""
+        self.stop_accepting(timeout)
+        with self._state_lock:
+            self._release()
+            self._state = "closed"
+
     def _release(self) -> None:
+        self._release_socket()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # drops the flock
+            self._lock_fd = -1
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+
+    def _release_socket(self) -> None:
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 if os.lstat(SOCKET_NAME, dir_fd=self._dir_fd).st_ino == self._sock_ino:
@@ -236,12 +258,6 @@ class SubmitServer:
             if end is not None:
                 end.close()
         self._wake_r = self._wake_w = None
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # drops the flock
-            self._lock_fd = -1
-        if self._dir_fd >= 0:
-            os.close(self._dir_fd)
-            self._dir_fd = -1
 
     def __enter__(self) -> SubmitServer:
         return self.start()
@@ -262,6 +278,7 @@ class SubmitServer:
             except (OSError, ValueError):
                 return
             if wake in ready:
+                self._turn_away_backlog(sock)
                 return
             try:
                 conn, _ = sock.accept()
@@ -351,11 +368,32 @@ class SubmitServer:
 
     def _refuse_busy(self, conn: socket.socket) -> None:
         """Answer "busy" from the accept thread without ever blocking it."""
+        self._answer_unread(conn, {"error": "the Bot Mode host is busy; try again in a moment", "reason": UNKNOWN})
+
+    def _turn_away_backlog(self, sock: socket.socket) -> None:
+        """Answer every connection still waiting to be accepted that this host is stopping.
+
+        Closing the listening socket would reset them, and a client cannot tell that reset from a
+        host that died after taking its DM (:class:`HostLost`: "do not resend"). Their requests
+        were never read; told so, the client may send elsewhere. A client that connects after
+        this, before the socket is closed, still gets the reset (a window of microseconds).
+        """
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # BlockingIOError: the backlog is empty
+                return
+            self._answer_unread(conn, {"op": STOPPING_OP, "error": "the Bot Mode host is stopping; the request was "
+                                       "not taken", "reason": RUNTIME_OFFLINE})
+
+    @staticmethod
+    def _answer_unread(conn: socket.socket, answer: dict[str, Any]) -> None:
+        """Answer ``conn`` from the accept thread without ever blocking it (its request is not acted on)."""
         conn.setblocking(False)
         with contextlib.suppress(OSError):
             while len(conn.recv(MAX_REQUEST_BYTES + RECV_CHUNK)) > 0:
                 pass
         with contextlib.suppress(OSError):
-            conn.send(encode({"error": "the Bot Mode host is busy; try again in a moment", "reason": UNKNOWN}))
+            conn.send(encode(answer))
             conn.shutdown(socket.SHUT_WR)
         conn.close()

@@ -14,17 +14,39 @@ from typing import Any
 import orjson
 
 from hermes_actors.core.reasons import UNKNOWN
-from hermes_actors.hermes.submit_protocol import MAX_ANSWER_BYTES, encode, offline_refusal, socket_path
-from hermes_actors.hermes.submit_socket import RECV_CHUNK, HostOffline, open_dir, peer_cred, socket_address
+from hermes_actors.hermes.submit_protocol import (
+    LOCK_NAME,
+    MAX_ANSWER_BYTES,
+    STOPPING_OP,
+    encode,
+    offline_refusal,
+    socket_path,
+)
+from hermes_actors.hermes.submit_socket import RECV_CHUNK, HostLost, HostOffline, open_dir, peer_cred, socket_address
 
-__all__ = ["HostOffline", "fetch_outcome", "fetch_roster", "fetch_status", "ping", "request", "submit_dm"]
+__all__ = [
+    "HostLost",
+    "HostOffline",
+    "fetch_outcome",
+    "fetch_roster",
+    "fetch_status",
+    "lock_holder",
+    "ping",
+    "request",
+    "submit_dm",
+]
+
+_PROC_LOCKS = "/proc/locks"
 
 
 def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0) -> dict[str, Any]:
     """Send one request to the host of ``root`` and return its answer.
 
     Raises:
-        HostOffline: nothing listens (no socket, a stale one, no run directory).
+        HostOffline: nothing listens (no socket, a stale one, no run directory), or the host is
+            stopping and said it did not take the request.
+        HostLost: the host took the connection and closed it without answering: it may or may
+            not have acted on the request.
         PermissionError: the run directory is a symlink or another uid's, or the
             socket is served by another uid.
         TimeoutError: the host did not answer within ``timeout``.
@@ -56,7 +78,8 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
                     # A host that answers before reading (a "busy" refusal) and closes with our request
                     # still unread resets the connection once its answer is read: the answer stands.
                     if not data:
-                        raise
+                        raise HostLost(f"the host on {path} reset the connection without answering (it stopped "
+                                       "or died mid-request)") from None
                     break
                 if not chunk:
                     break
@@ -66,10 +89,13 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
     finally:
         os.close(dir_fd)
     if not data:
-        raise HostOffline(f"the host on {path} closed the connection without answering (it is stopping)")
+        raise HostLost(f"the host on {path} closed the connection without answering (it stopped or died "
+                       "mid-request)")
     answer = orjson.loads(bytes(data))
     if not isinstance(answer, dict):
         raise ValueError(f"the answer from {path} is not a JSON object")
+    if answer.get("op") == STOPPING_OP:  # taken from the backlog of a host that is stopping, never read
+        raise HostOffline(f"the host on {path} is stopping; it did not take the request")
     return answer
 
 
@@ -94,6 +120,9 @@ def submit_dm(
         return request(root, payload, timeout=timeout)
     except HostOffline:
         return offline_refusal(root)
+    except HostLost:
+        return {"error": f"The Bot Mode host on {root} stopped without answering; the message may or may not have "
+                         "been queued — do not resend it blindly.", "reason": UNKNOWN}
     except TimeoutError:
         return {"error": f"The Bot Mode host on {root} did not answer within {timeout:g}s; the message may or may "
                          "not have been queued — do not resend it blindly.", "reason": UNKNOWN}
@@ -119,6 +148,7 @@ def fetch_outcome(
 
     Raises:
         HostOffline: nothing serves ``root``.
+        HostLost: the host closed the connection without answering.
         TimeoutError: the host did not answer within ``timeout`` (default ``wait`` + 10 s).
     """
     payload = {"op": "outcome", "delivery_id": delivery_id, "wait": wait}
@@ -150,3 +180,43 @@ def fetch_status(root: str | Path, timeout: float = 10.0) -> dict[str, Any]:
         ValueError: the answer is not a JSON object.
     """
     return request(root, {"op": "status"}, timeout=timeout)
+
+
+def lock_holder(root: str | Path) -> int | None:
+    """The pid of the process that holds ``submit.lock`` of ``root``: a host, even one that no longer answers.
+
+    A host keeps the lock from before its socket is bound until its last turn is done, so a
+    holder that does not answer is starting or stopping. Read from ``/proc/locks`` (matched
+    by the lock file's device and inode) rather than by trying the lock: a client holding it
+    even for a moment would make a host starting at that moment give up.
+
+    Args:
+        root: the Hermes root.
+
+    Returns:
+        The holder's pid, or None (no lock file, nobody holds it, no ``/proc/locks``, or the
+        run directory is not ours).
+    """
+    run_dir = socket_path(root).parent
+    try:
+        dir_fd = open_dir(run_dir)
+    except OSError:
+        return None
+    try:
+        st = os.stat(LOCK_NAME, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(dir_fd)
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open(_PROC_LOCKS, encoding="ascii", errors="replace") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:6373494 0 EOF"; a waiter's line has "->" after the number
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted and fields[4].isdigit():
+            return int(fields[4])
+    return None

@@ -35,6 +35,7 @@ __all__ = [
     "MAX_OUTCOME_WAIT",
     "MAX_REQUEST_BYTES",
     "ROOM_ACTIONS",
+    "STOPPING_OP",
     "OutcomeCall",
     "Ping",
     "RoomCall",
@@ -56,6 +57,9 @@ MAX_HOP = 1000
 RUN_DIR = ("bot_relay", "run")
 SOCKET_NAME = "submit.sock"
 LOCK_NAME = "submit.lock"
+# The answer a stopping host gives the connections still waiting in its backlog: their requests were
+# never read (the client raises HostOffline: safe to send elsewhere), unlike a connection dropped mid-request.
+STOPPING_OP = "stopping"
 
 _NAME_MAX = 256
 _FIELDS = {

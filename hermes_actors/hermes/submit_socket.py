@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hermes_actors.hermes.submit_protocol import MAX_REQUEST_BYTES
 
-__all__ = ["RECV_CHUNK", "HostOffline", "open_dir", "peer_cred", "read_request", "socket_address"]
+__all__ = ["RECV_CHUNK", "HostLost", "HostOffline", "open_dir", "peer_cred", "read_request", "socket_address"]
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _SUN_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
@@ -23,7 +23,18 @@ RECV_CHUNK = 64 * 1024
 
 
 class HostOffline(ConnectionError):
-    """Nothing serves the submit endpoint of a root (no socket, or a stale one)."""
+    """Nothing serves the submit endpoint of a root (no socket, a stale one, or a host that is stopping).
+
+    The request was not taken: it is safe to send it elsewhere (or to run it in-process).
+    """
+
+
+class HostLost(ConnectionError):
+    """The host took the connection, then closed it without answering (it died or was killed mid-request).
+
+    Whether it acted on the request is unknown: a DM may or may not have been queued, so it
+    must not be sent again blindly (and never run in-process instead).
+    """
 
 
 def peer_cred(sock: socket.socket) -> tuple[int, int]:

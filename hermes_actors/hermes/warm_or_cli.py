@@ -29,8 +29,9 @@ from hermes_actors.core.reasons import RUNTIME_OFFLINE, TARGET_BUSY
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.api_runner import ApiRunner, busy_in_gateway_text
 from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_root
-from hermes_actors.hermes.gateway_process import ProcessWatch, gateway_pid
+from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.records import Turn
+from hermes_actors.store.processes import ProcessWatch
 
 __all__ = ["WarmOrCliRunner", "falls_back"]
 

@@ -17,7 +17,7 @@ from typing import Any
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import remote_label
 from hermes_actors.errors import ValidationError
-from hermes_actors.store.journal import MAX_LINE_BYTES, JournalFolded, fold_records, parse_lines
+from hermes_actors.store.journal import JournalFolded, fold_records, parse_lines, read_lines
 from hermes_actors.store.relay_files import list_ids, read_envelope, read_reply
 from hermes_actors.store.relay_inbox import InboxPaths, read_sent
 
@@ -27,23 +27,6 @@ __all__ = ["find_outcome", "journal_dir", "read_journals", "relayed_target_label
 def journal_dir(root: str | Path) -> Path:
     """``<root>/bot_relay/journal``."""
     return Path(root).expanduser() / "bot_relay" / "journal"
-
-
-def _lines(fd: int) -> tuple[list[bytes], int]:
-    """The lines of an open journal; over-long lines are dropped and counted."""
-    lines: list[bytes] = []
-    too_long = 0
-    with os.fdopen(os.dup(fd), "rb") as stream:
-        while True:
-            line = stream.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                return lines, too_long
-            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                too_long += 1
-                while line and not line.endswith(b"\n"):  # skip the rest of that line, a bounded chunk at a time
-                    line = stream.readline(MAX_LINE_BYTES + 1)
-                continue
-            lines.append(line)
 
 
 def read_journals(root: str | Path) -> tuple[JournalFolded, list[str]]:
@@ -78,15 +61,15 @@ def read_journals(root: str | Path) -> tuple[JournalFolded, list[str]]:
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
                 problems.append(f"refusing {path}: not a regular file of ours")
                 continue
-            lines, too_long = _lines(fd)
+            with os.fdopen(os.dup(fd), "rb") as stream:
+                records, bad = parse_lines(read_lines(stream))
         except OSError as exc:
             problems.append(f"cannot read {path}: {exc.strerror or exc}")
             continue
         finally:
             os.close(fd)
-        records, bad = parse_lines(lines)
         fold_records(records, folded)
-        folded.corrupt_lines += bad + too_long
+        folded.corrupt_lines += bad
     return folded, problems
 
 

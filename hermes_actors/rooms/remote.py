@@ -95,6 +95,7 @@ class HostRooms:
 
     Raises:
         HostOffline: nothing serves ``root`` (any more).
+        HostLost: the host closed the connection without answering (a ``send`` may or may not be posted).
         TimeoutError: the host did not answer in time.
         RuntimeError: the host refused the request (e.g. an older host without the ``room`` op).
 

@@ -52,11 +52,11 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import orjson
 from loguru import logger
@@ -64,7 +64,15 @@ from loguru import logger
 from hermes_actors.errors import StoreError
 from hermes_actors.store.atomic import ensure_private_dir
 
-__all__ = ["DeliveryState", "Journal", "JournalFolded", "StartRecorder", "fold_records", "parse_lines"]
+__all__ = [
+    "DeliveryState",
+    "Journal",
+    "JournalFolded",
+    "StartRecorder",
+    "fold_records",
+    "parse_lines",
+    "read_lines",
+]
 
 MAX_LINE_BYTES = 16 << 20  # a finished record holds the outcome, whose reply (a model's answer) is unbounded
 DurableCallback = Callable[[BaseException | None], object]
@@ -99,17 +107,20 @@ class JournalFolded:
         return {k: s for k, s in self.states.items() if not s.delivered}
 
 
-def parse_lines(lines: Iterable[bytes]) -> tuple[list[dict[str, Any]], int]:
+def parse_lines(lines: Iterable[bytes | None]) -> tuple[list[dict[str, Any]], int]:
     """Pure: decode journal lines; a torn or corrupt line (crash mid-write) is skipped and counted.
 
     Zero bytes separate lines too: a journal file ends in the zeros its writer allocated
     ahead (a gateway that was killed never trimmed them), and a power cut can leave such
     zeros where lazy records had not reached the disk yet. A record never holds a zero
-    byte (JSON escapes it).
+    byte (JSON escapes it). ``None`` stands for a line :func:`read_lines` refused as too long.
     """
     records: list[dict[str, Any]] = []
     bad = 0
     for line in _pieces(lines):
+        if line is None:
+            bad += 1
+            continue
         if not line.strip():
             continue
         try:
@@ -130,13 +141,31 @@ _KINDS = frozenset({"accepted", "started", "finished", "delivered"})
 _ZEROS = re.compile(b"\0+")
 
 
-def _pieces(lines: Iterable[bytes]) -> Iterable[bytes]:
+def _pieces(lines: Iterable[bytes | None]) -> Iterable[bytes | None]:
     """The lines split at runs of zero bytes as well (see :func:`parse_lines`)."""
     for line in lines:
-        if b"\0" in line:
+        if line is not None and b"\0" in line:
             yield from _ZEROS.split(line)
         else:
             yield line
+
+
+def read_lines(stream: BinaryIO) -> Iterator[bytes | None]:
+    """The lines of a journal file, each read with a bounded buffer; ``None`` for a line over MAX_LINE_BYTES.
+
+    A hostile or damaged file (one line of gigabytes) costs one bounded read at a time and
+    is never held whole; :func:`parse_lines` counts the refused line as corrupt.
+    """
+    while True:
+        line = stream.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):  # skip the rest of that line, a bounded chunk at a time
+                line = stream.readline(MAX_LINE_BYTES + 1)
+            yield None
+            continue
+        yield line
 
 
 def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None = None) -> JournalFolded:
@@ -255,7 +284,7 @@ class Journal:
 
     def _adopt(self) -> JournalFolded:
         folded = JournalFolded()
-        orphans: list[tuple[Path, int]] = []  # adopted files, still locked until they are removed
+        orphans: list[tuple[Path, int, int]] = []  # adopted files (and their corrupt lines), locked until removed
         for path in sorted(self.directory.glob("j-*.log")):
             if path == self.path or path.is_symlink():
                 continue
@@ -279,10 +308,10 @@ class Journal:
                     logger.warning("journal {} is owned by another user; ignored", path)
                     continue
                 with os.fdopen(os.dup(fd), "rb") as stream:
-                    records, bad = parse_lines(stream)
+                    records, bad = parse_lines(read_lines(stream))
                 fold_records(records, folded)
                 folded.corrupt_lines += bad
-                orphans.append((path, fd))
+                orphans.append((path, fd, bad))
                 keep = True
             finally:
                 if not keep:
@@ -299,15 +328,36 @@ class Journal:
             lines = self._state_lines()
             if lines:
                 self._write_now(lines)
-            for path, _ in orphans:
+            for path, _, bad in orphans:
+                if bad:  # kept for whoever must find out what an unreadable record was
+                    self._quarantine_damaged(path, bad)
+                    continue
                 try:
                     path.unlink()
                 except OSError as exc:
                     logger.warning("could not remove adopted journal {}: {}", path, exc)
         finally:
-            for _, fd in orphans:
+            for _, fd, _ in orphans:
                 os.close(fd)
         return folded
+
+    def _quarantine_damaged(self, path: Path, bad: int) -> None:
+        """Move an adopted journal with unreadable lines to ``bot_relay/quarantine/``, loudly.
+
+        Its readable records are in our file already. An unreadable line is a write torn by a
+        crash (never acked: the ack waits for the sync) or damage; a damaged ``accepted`` record
+        is a DM whose sender was acked and that nothing can run any more, so say so.
+        """
+        from hermes_actors.store.relay_files import quarantine_into
+        from hermes_actors.store.relay_protocol import QUARANTINE
+
+        moved = quarantine_into(self.directory.parent / QUARANTINE, path,
+                                f"adopted journal with {bad} unreadable line(s)")
+        logger.warning(
+            "journal {} had {} unreadable line(s) (a write torn by a crash, or damage); its readable records were "
+            "adopted. A DM whose record was unreadable cannot be re-offered: look in the file ({}) for what it was",
+            path, bad, moved or "it could not be moved aside and stays where it is",
+        )
 
     def stop(self) -> None:
         """Flush what is queued, stop the writer, close (and remove an empty) file."""

@@ -1,4 +1,4 @@
-"""Whether a process named in a file (a heartbeat, a pid file, a lease) still runs.
+"""Whether a process named in a file (a heartbeat, a pid file, a lease) still runs, and waiting for it to exit.
 
 Files name processes by pid; a pid read from a file is untrusted input, so anything
 that is not a plausible ``pid_t`` is "not running" rather than an error.
@@ -6,9 +6,12 @@ that is not a plausible ``pid_t`` is "not running" rather than an error.
 
 from __future__ import annotations
 
+import errno
 import os
+import select
+import threading
 
-__all__ = ["PID_MAX", "pid_alive"]
+__all__ = ["PID_MAX", "ProcessWatch", "pid_alive"]
 
 PID_MAX = 2**31 - 1  # a pid_t; a larger "pid" read from a file is refused before os.kill sees it
 
@@ -31,3 +34,71 @@ def pid_alive(pid: int) -> bool:
     except OSError:  # ProcessLookupError: gone
         return False
     return True
+
+
+class ProcessWatch:
+    """Knows, without polling and immune to pid reuse, whether one process has exited (a pidfd).
+
+    Thread-safe: several turns' threads may ask the same watch. The pidfd is released once the
+    process is seen gone, on :meth:`close`, or when the watch is collected.
+
+    Args:
+        pid: the process, alive now.
+
+    Raises:
+        ProcessLookupError: it has exited already.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._lock = threading.Lock()
+        self._gone = False
+        self._fd: int | None = None
+        try:
+            self._fd = os.pidfd_open(pid)
+        except OSError as exc:  # no pidfd here (not Linux 5.3+): fall back to the pid, which may be reused
+            if isinstance(exc, ProcessLookupError):
+                raise
+            if exc.errno not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
+                raise
+
+    def exited(self) -> bool:
+        """Whether the process has exited (once it has, the pidfd is released and the answer stays True)."""
+        return self.wait(0)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the process to exit; whether it has.
+
+        Without a pidfd (not Linux 5.3+) this only looks once: there is nothing to wait on.
+        """
+        with self._lock:
+            if self._gone:
+                return True
+            fd = self._fd
+            if fd is None:
+                self._gone = not pid_alive(self.pid)
+                return self._gone
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            # Under the lock: ``close`` from another thread cannot close the fd being polled.
+            if not poller.poll(max(0, int(timeout * 1000))):
+                return False
+            self._release()
+            return True
+
+    def close(self) -> None:
+        """Release the pidfd (idempotent); the watch then says the process has exited."""
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
+        self._gone = True
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:  # a watch dropped unasked (replaced by a newer gateway's) keeps no fd open
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            self._fd = None
+            os.close(fd)

@@ -67,6 +67,7 @@ __all__ = [
     "enqueue_envelope",
     "list_ids",
     "quarantine",
+    "quarantine_into",
     "quarantine_name",
     "read_envelope",
     "read_reply",
@@ -388,9 +389,23 @@ def quarantine(paths: RelayPaths, path: Path, why: str) -> Path | None:
         The new path, or None when the file was already gone or could not be
         moved (logged).
     """
-    dest = paths.quarantine / quarantine_name(path.name, time.time_ns(), secrets.token_hex(4))
+    return quarantine_into(paths.quarantine, path, why)
+
+
+def quarantine_into(directory: Path, path: Path, why: str) -> Path | None:
+    """Move a refused file aside into ``directory`` (created 0700 if missing; a symlink moves as is).
+
+    Args:
+        directory: the quarantine directory (``bot_relay/quarantine``).
+        path: the refused file.
+        why: the reason, logged with the move.
+
+    Returns:
+        The new path, or None when the file was already gone or could not be moved (logged).
+    """
+    dest = directory / quarantine_name(path.name, time.time_ns(), secrets.token_hex(4))
     try:
-        ensure_private_dir(paths.quarantine)
+        ensure_private_dir(directory)
         os.rename(path, dest)  # rename never follows a symlink
     except FileNotFoundError:
         return None
