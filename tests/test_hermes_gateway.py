@@ -192,3 +192,32 @@ def test_warm_turns_tell_an_empty_answer_and_a_failure_after_a_tool_call_from_a_
     assert (failed["status"], failed["reason"]) == ("failed", "provider_server_error"), failed
     first_steps = [c for c in fake_model.calls if c.user_text.endswith("tool then fail") and c.tool_result is None]
     assert len(first_steps) == 1  # the model already acted: no retry resent the DM
+
+
+def test_a_dm_lost_with_a_killed_gateway_is_taken_back_before_the_bots_next_turn(
+    offline_root: OfflineRoot, fake_model: FakeModel, hermes_gateway: HermesGateway, hermes_cli: str
+) -> None:
+    """Regression: the gateway died mid-turn; its DM stayed unanswered in Bot Chat and hermes merged it into the
+    bot's next turn — whose answer went to the next DM's sender alone (the first sender was told "ambiguous")."""
+    from hermes_actors import Gateway
+
+    hold = fake_model.hold(lambda call: call.profile == "bob" and call.user_text.endswith("the slow one"))
+    runner, _ = warm_runner(offline_root, hermes_gateway, hermes_cli)
+    try:
+        with Gateway(offline_root.root, runner=runner, config={"bot_mode": {"wake_sender": False}}) as gw:
+            first = gw.message_agent(sender="alice", target="bob", message="the slow one")["delivery_id"]
+            hold.wait_entered(120)
+            os.killpg(hermes_gateway.proc.pid, signal.SIGKILL)  # the gateway dies mid-turn
+            hermes_gateway.proc.wait(30)
+            assert gw.wait_outcome(first, timeout=120)["status"] == "ambiguous"
+            left = bot_chat_messages(offline_root.home("bob"), active_only=True)
+            assert left[-1] == ("user", "Message from 🤖 alice (@alice): the slow one"), left  # hermes stored it
+            second = gw.wait_outcome(gw.message_agent(sender="default", target="bob", message="second thing")
+                                     ["delivery_id"], timeout=300)
+    finally:
+        hold.release()
+    assert second["status"] == "replied", second
+    last = [c for c in fake_model.calls if c.profile == "bob"][-1]
+    said = [str(m.get("content")) for m in last.messages if m.get("role") == "user"]
+    assert not any("the slow one" in text for text in said), said  # the dead turn's DM is not read again
+    assert said[-1].endswith("second thing")

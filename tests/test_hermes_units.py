@@ -11,7 +11,16 @@ from hermes_actors.hermes.api_runner import ApiServer, pick_titled_session
 from hermes_actors.hermes.cli_output import clean_reply, failure_of, reply_or_failure, session_id_of
 from hermes_actors.hermes.cli_runner import MAX_ARGV_TEXT_BYTES, HermesCliRunner
 from hermes_actors.hermes.install import ChatFlags, cli_profile_name, parse_chat_help, profile_home, root_of_home
-from hermes_actors.hermes.retry import RESEND, REWIND, SKIP, RetryPlan, plan_retry, prepare_bot_chat_retry
+from hermes_actors.hermes.retry import (
+    RESEND,
+    REWIND,
+    SKIP,
+    RetryPlan,
+    plan_retry,
+    plan_take_back,
+    prepare_bot_chat_retry,
+    take_back_unanswered,
+)
 from hermes_actors.hermes.select import api_server_of
 from hermes_actors.local.runners import CliResult
 from hermes_actors.messages import Turn
@@ -259,6 +268,38 @@ def test_prepare_retry_ignores_rows_older_than_the_attempt(session_db: type, tmp
     assert prepare_bot_chat_retry(tmp_path, "Bot Chat", DM, since=2000.0) is True
     assert _active(session_db, tmp_path) == [("user", DM), ("assistant", "done before")]
     assert prepare_bot_chat_retry(tmp_path / "nowhere", "Bot Chat", DM, since=0.0) is True  # no state.db yet
+
+
+@pytest.mark.parametrize(
+    ("tail", "first"),
+    [
+        ([], None),  # an empty session
+        ([(1, "user"), (2, "assistant")], None),  # answered
+        ([(1, "user"), (2, "assistant"), (3, "user")], 3),  # one DM a dead turn left
+        ([(1, "assistant"), (4, "user"), (6, "user")], 4),  # two: both go (from the first of them)
+        ([(1, "user"), (2, "assistant"), (3, "tool")], None),  # died in a tool step: hermes' history, left
+        ([(5, "user")], 5),
+    ],
+)
+def test_plan_take_back(tail: list[tuple[int, str]], first: int | None) -> None:
+    assert plan_take_back(tail) == first
+
+
+def test_take_back_unanswered_soft_deletes_what_a_dead_turn_left(session_db: type, tmp_path: Path) -> None:
+    answered = [("user", "an older DM"), ("assistant", "answered")]
+    _bot_chat_with(session_db, tmp_path, [*answered, ("user", DM), ("user", "another lost DM")], at=1000.0)
+    assert take_back_unanswered(tmp_path, "Bot Chat") == 2
+    assert _active(session_db, tmp_path) == answered
+    assert take_back_unanswered(tmp_path, "Bot Chat") == 0  # nothing more: answered sessions are left alone
+    assert _active(session_db, tmp_path) == answered
+    assert take_back_unanswered(tmp_path, "Group: launch") == 0  # no such session
+    assert take_back_unanswered(tmp_path / "nowhere", "Bot Chat") == 0  # no state.db yet
+
+
+def test_take_back_unanswered_leaves_an_unreadable_database_alone(tmp_path: Path, warnings: list[str]) -> None:
+    (tmp_path / "state.db").write_bytes(b"not a database" * 100)
+    assert take_back_unanswered(tmp_path, "Bot Chat") == 0
+    assert any("cannot read" in w for w in warnings), warnings
 
 
 def test_argv_for_0_19_shows_a_nul_as_a_replacement_character() -> None:

@@ -105,3 +105,32 @@ def test_a_lock_directory_swapped_for_a_symlink_is_refused_never_followed(tmp_pa
     with pytest.raises(OSError, match="is a symlink"):
         lock.acquire(deadline=0.0)
     assert sorted(p.name for p in outside.rglob("*")) == ["locks"]  # nothing created through the link
+
+
+@pytest.mark.parametrize("planted", [
+    "symlink",
+    pytest.param("another uid's file", marks=pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")),
+])
+def test_a_hostile_lock_file_is_moved_aside_and_the_lock_works(tmp_path: Path, planted: str) -> None:
+    """Left in place it failed every turn of that bot for good ("resend shortly", forever)."""
+    from hermes_actors.store.turnlock import turn_lock_path
+
+    root, victim = tmp_path / "root", tmp_path / "victim"
+    victim.write_text("not yours")
+    path = turn_lock_path(root, "carol")
+    path.parent.mkdir(parents=True)
+    if planted == "symlink":
+        os.symlink(victim, path)
+    else:
+        path.write_text("")
+        os.chown(path, 65534, 65534)  # nobody
+    lock = TurnLock(path)
+    try:
+        assert lock.try_acquire()
+        lock.release()
+    finally:
+        lock.close()
+    assert path.is_file() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+    [moved] = (root / "bot_relay" / "quarantine").iterdir()
+    assert moved.name.startswith("carol.lock.")
+    assert victim.read_text() == "not yours"  # never followed

@@ -34,7 +34,7 @@ from hermes_actors.hermes.install import (
     root_of_home,
 )
 from hermes_actors.hermes.plugin import HOP_ENV
-from hermes_actors.hermes.retry import prepare_bot_chat_retry
+from hermes_actors.hermes.retry import prepare_bot_chat_retry, take_back_unanswered
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.messages import Turn
@@ -208,6 +208,9 @@ class HermesCliRunner(CommandRunner):
                 "(or upgrade hermes to a release with --query-file)",
                 reason=UNKNOWN,
             )
+        # Under the turn lock, and a CLI turn holds it for as long as its process lives: a user message the
+        # session ends with is a dead turn's (see hermes.retry). A Bot Mode release resumes such a turn itself.
+        take_back_unanswered(turn_home(turn), turn.session)
         return self._run(turn, None)
 
     def prepare_retry(self, turn: Turn, began: float) -> bool:

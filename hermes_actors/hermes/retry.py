@@ -16,10 +16,18 @@ So before the retry we look at what the failed attempt left in the session
 - anything more (the model answered, called tools, or someone else wrote):
   the model already worked on the DM, and resending would repeat it or its
   side effects: no retry; the first failure stands.
+
+A turn can also die without a failure to act on: its process or gateway was killed
+mid-turn, or a stop ended it (its DM is ``ambiguous``, and the host that ran it may
+be gone). Its DM stays in the session as a user message nothing answers, and hermes
+would merge it into the bot's next turn — whose answer goes to the next DM's sender
+alone. So before a turn, under the bot's turn lock, :func:`take_back_unanswered`
+takes back the user messages a session ends with (:func:`plan_take_back`, pure).
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +35,20 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.hermes.sessions import session_db_class
+from hermes_actors.hermes.sessions import read_sqlite, resolve_title, session_db_class
 
-__all__ = ["RESEND", "REWIND", "SKIP", "RetryPlan", "plan_retry", "prepare_bot_chat_retry"]
+__all__ = [
+    "RESEND",
+    "REWIND",
+    "SKIP",
+    "RetryPlan",
+    "plan_retry",
+    "plan_take_back",
+    "prepare_bot_chat_retry",
+    "take_back_unanswered",
+]
+
+_TAIL_ROWS = 64  # the session's last active messages looked at before a turn
 
 RESEND = "resend"
 REWIND = "rewind"
@@ -111,3 +130,83 @@ def prepare_bot_chat_retry(home: Path, title: str, content: str, since: float) -
         return plan.action != SKIP
     finally:
         db.close()
+
+
+def plan_take_back(tail: Sequence[tuple[int, str]]) -> int | None:
+    """Decide what a dead turn left unanswered, from a session's last active messages.
+
+    Args:
+        tail: ``(id, role)`` of the session's last active messages, oldest first.
+
+    Returns:
+        The id of the first of the user messages the session ends with (taking it back
+        takes back every one after it too), or None when the session does not end with one.
+    """
+    first = None
+    for message_id, role in reversed(tail):
+        if role != "user":
+            break
+        first = message_id
+    return first
+
+
+def take_back_unanswered(home: Path, title: str) -> int:
+    """Before a turn in a profile's titled session: take back the user messages no turn answered.
+
+    Call it only while holding the profile's turn lock and once no turn of that profile can
+    still be running anywhere (a stopping gateway's included): then a user message the session
+    ends with belongs to a turn that died. Taken back with hermes' own ``rewind_to_message``
+    (a soft delete, kept on disk for inspection). Never raises: an unreadable session is logged
+    and left as it is.
+
+    Args:
+        home: the profile home (its ``state.db``).
+        title: the session title (``Bot Chat``, ``Group: <name>``).
+
+    Returns:
+        How many messages were taken back.
+    """
+    db_path = Path(home) / "state.db"
+    if not db_path.is_file():
+        return 0
+    try:
+        found = read_sqlite(db_path, lambda conn: _session_tail(conn, title))
+    except sqlite3.Error as exc:
+        logger.warning("cannot read {} to look for a dead turn's unanswered messages: {}", db_path, exc)
+        return 0
+    if found is None:
+        return 0
+    session_id, tail = found
+    first = plan_take_back(tail)
+    if first is None:
+        return 0
+    count = sum(1 for message_id, _ in tail if message_id >= first)
+    session_db = session_db_class()
+    if session_db is None:
+        logger.warning("{} unanswered message(s) end {!r} of {}, left by a turn that died; hermes' SessionDB is not "
+                       "importable here to take them back: the next turn reads them too", count, title, db_path)
+        return 0
+    try:
+        db = session_db(db_path=db_path)
+        try:
+            db.rewind_to_message(session_id, first)
+        finally:
+            db.close()
+    except Exception as exc:  # hermes' own code: whatever it raises leaves the session as it was
+        logger.warning("could not take back the unanswered message(s) ending {!r} of {}: {}", title, db_path, exc)
+        return 0
+    logger.warning("took back {} unanswered message(s) ending {!r} of {} (from message {}): a turn that died left "
+                   "them (its DM's outcome was ambiguous); hermes would have merged them into this turn",
+                   count, title, db_path, first)
+    return count
+
+
+def _session_tail(conn: sqlite3.Connection, title: str) -> tuple[str, list[tuple[int, str]]] | None:
+    session_id = resolve_title(conn, title)
+    if session_id is None:
+        return None
+    rows = conn.execute(
+        "SELECT id, role FROM messages WHERE session_id = ? AND active = 1 ORDER BY id DESC LIMIT ?",
+        (session_id, _TAIL_ROWS),
+    ).fetchall()
+    return session_id, [(int(row[0]), str(row[1])) for row in reversed(rows)]

@@ -17,8 +17,9 @@ import sqlite3
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from loguru import logger
 
@@ -28,11 +29,14 @@ from hermes_actors.messages import BOT_CHAT_SESSION
 __all__ = [
     "EMPTY_ANSWER", "SESSION_SOURCE", "BotChatError", "ensure_bot_chat", "final_answer_since", "find_bot_chat",
     "new_session_id",
+    "read_sqlite",
+    "resolve_title",
     "session_db_class",
 ]
 
 SESSION_SOURCE = "cli"  # the turns that use the session are CLI turns
 _SQLITE_TIMEOUT = 10.0
+T = TypeVar("T")
 _HELPER_TIMEOUT = 120.0
 
 # Runs inside hermes' interpreter: argv = [home, title, session_id, source].
@@ -84,7 +88,7 @@ def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _resolve_sqlite(conn: sqlite3.Connection, title: str) -> str | None:
+def resolve_title(conn: sqlite3.Connection, title: str) -> str | None:
     """hermes' ``resolve_session_by_title`` in plain SQL."""
     numbered = conn.execute(
         "SELECT id FROM sessions WHERE title LIKE ? ESCAPE '\\' ORDER BY started_at DESC LIMIT 1",
@@ -121,13 +125,22 @@ def find_bot_chat(home: Path, title: str = BOT_CHAT_SESSION) -> str | None:
             finally:
                 db.close()
             return str(found) if found else None
-        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=_SQLITE_TIMEOUT)
-        try:
-            return _resolve_sqlite(conn, title)
-        finally:
-            conn.close()
+        return read_sqlite(db_path, lambda conn: resolve_title(conn, title))
     except (sqlite3.Error, OSError) as exc:
         raise BotChatError(f"cannot read {db_path}: {exc}") from exc
+
+
+def read_sqlite(db_path: Path, read: Callable[[sqlite3.Connection], T]) -> T:
+    """``read(conn)`` on a read-only connection to ``db_path`` (hermes may be writing it meanwhile).
+
+    Raises:
+        sqlite3.Error: the database cannot be opened or read.
+    """
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=_SQLITE_TIMEOUT)
+    try:
+        return read(conn)
+    finally:
+        conn.close()
 
 
 EMPTY_ANSWER = "(empty)"  # what hermes 0.19 stores for a model's empty answer (it returns a warning instead)
@@ -152,16 +165,12 @@ def final_answer_since(home: Path, session_id: str, since: float) -> tuple[bool,
     """
     db_path = Path(home) / "state.db"
     try:
-        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=_SQLITE_TIMEOUT)
-        try:
-            row = conn.execute(
-                "SELECT content FROM messages WHERE session_id = ? AND role = 'assistant' AND active = 1 "
-                "AND timestamp >= ? AND (tool_calls IS NULL OR tool_calls IN ('', '[]', 'null')) "
-                "ORDER BY id DESC LIMIT 1",
-                (session_id, since),
-            ).fetchone()
-        finally:
-            conn.close()
+        row = read_sqlite(db_path, lambda conn: conn.execute(
+            "SELECT content FROM messages WHERE session_id = ? AND role = 'assistant' AND active = 1 "
+            "AND timestamp >= ? AND (tool_calls IS NULL OR tool_calls IN ('', '[]', 'null')) "
+            "ORDER BY id DESC LIMIT 1",
+            (session_id, since),
+        ).fetchone())
     except sqlite3.Error as exc:
         logger.warning("cannot tell whether hermes answered in {}: {}", db_path, exc)
         return False, None
@@ -174,7 +183,7 @@ def _create_sqlite(db_path: Path, home: Path, title: str) -> tuple[str, bool]:
     try:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            found = _resolve_sqlite(conn, title)
+            found = resolve_title(conn, title)
             if found:
                 conn.execute("COMMIT")
                 return found, False
@@ -231,11 +240,8 @@ def _create_with_helper(python: str, home: Path, title: str) -> tuple[str, bool]
 
 def _has_sessions_table(db_path: Path) -> bool:
     try:
-        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=_SQLITE_TIMEOUT)
-        try:
-            row = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
-        finally:
-            conn.close()
+        row = read_sqlite(db_path, lambda conn: conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone())
     except sqlite3.Error:
         return False
     return row is not None

@@ -28,8 +28,9 @@ from loguru import logger
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, TARGET_BUSY
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.api_runner import ApiRunner, busy_in_gateway_text
-from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_root
+from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_home, turn_root
 from hermes_actors.hermes.gateway_process import gateway_pid
+from hermes_actors.hermes.retry import take_back_unanswered
 from hermes_actors.records import Turn
 from hermes_actors.store.processes import ProcessWatch
 
@@ -86,6 +87,9 @@ class WarmOrCliRunner:
             return self._cli_turn(turn)
         gateway = self._watch_gateway(turn)  # before the turn: the one that may be left running it
         self._paths[turn.delivery_id] = self.warm
+        # No turn of this bot runs anywhere now (the refusal above): what the session ends with unanswered
+        # was left by a turn that died (see hermes.retry). The CLI path does the same in its runner.
+        take_back_unanswered(turn_home(turn), turn.session)
         try:
             reply = self.warm.run_turn(turn)
         except TurnFailed as failure:

@@ -112,8 +112,37 @@ class TurnLock:
                     ensure_private_dir(directory)
             except HostileFileError as exc:  # an OSError for the callers: the DM fails, nothing is followed
                 raise OSError(errno.EPERM, f"the turn lock directory is refused: {exc}") from exc
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            self._fd = self._open_file()
         return self._fd
+
+    def _open_file(self) -> int:
+        """Open (create) the lock file; a symlink or another uid's file there is moved aside first.
+
+        Left in place, it would fail every turn of the profile for good (each DM "NOT delivered,
+        resend shortly"); no process of ours can hold a lock through it, so nothing is lost.
+        """
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.EACCES):
+                raise
+            why = "a symlink" if exc.errno == errno.ELOOP else f"not ours to open ({exc.strerror})"
+        else:
+            owner = os.fstat(fd).st_uid
+            if owner == os.getuid():
+                return fd
+            os.close(fd)
+            why = f"owned by uid {owner}"
+        self._quarantine(f"the turn lock is {why}")
+        return os.open(self.path, flags | os.O_EXCL, 0o600)  # EEXIST: something took its place again: fail
+
+    def _quarantine(self, why: str) -> None:
+        from hermes_actors.store.relay_files import quarantine_into
+        from hermes_actors.store.relay_protocol import QUARANTINE
+
+        if quarantine_into(self.path.parent.parent / QUARANTINE, self.path, why) is None:
+            raise OSError(errno.EPERM, f"{self.path} is refused ({why}) and could not be moved aside")
 
     @property
     def fd(self) -> int | None:
