@@ -375,8 +375,11 @@ class Gateway:
         The outcomes of at least the last 100,000 settled deliveries are kept in memory (and, in
         durable mode, the last 10,000 across restarts in the journal).
 
+        Before ``start`` and after ``stop`` it answers from the root's journal and relay files.
+
         Raises:
-            TimeoutError: no outcome arrived in time.
+            TimeoutError: no outcome arrived in time (or, while the gateway does not run, the
+                root's files hold the DM without an outcome yet).
             KeyError: this gateway never issued the id (and no journal holds it).
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
@@ -391,7 +394,7 @@ class Gateway:
         if final is not None:
             return dict(final)
         if self._state != "running" or self._system is None or self._system.dispatcher is None:
-            raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running)")
+            return self._outcome_on_file(delivery_id)
         dispatcher = self._system.dispatcher
         try:
             if timeout > 0:
@@ -406,10 +409,31 @@ class Gateway:
             final = self._final_outcomes.get(delivery_id)
             if final is not None:
                 return dict(final)
-            raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running)") from None
+            return self._outcome_on_file(delivery_id)
         if record is None:
             raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s")
         return dict(record)
+
+    def _outcome_on_file(self, delivery_id: str) -> dict[str, Any]:
+        """``wait_outcome`` while this gateway does not run: what the root's journal and relay files know.
+
+        Raises:
+            TimeoutError: the DM is journaled (or on the relay) without an outcome yet: the next
+                gateway on the root runs it (or reads its reply).
+            KeyError: neither this gateway nor the root's files know the id.
+        """
+        from hermes_actors.core.ids import is_delivery_id
+        from hermes_actors.ops.journal_view import find_outcome
+
+        if not is_delivery_id(delivery_id):
+            raise KeyError(f"unknown delivery id {delivery_id!r} (not a delivery id)")
+        found = find_outcome(self.root, delivery_id)
+        if found.get("status") == "pending":
+            raise TimeoutError(f"no outcome for delivery {delivery_id} yet and the gateway is not running: "
+                               f"{found.get('error')}; the next gateway on {self.root} settles it")
+        if found.get("status") == "unknown":
+            raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running; {found.get('error')})")
+        return found
 
     def subscribe(self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False) -> Callable[[], None]:
         """Call ``callback(outcome)`` for every later outcome, on the notifier thread.

@@ -114,6 +114,15 @@ def test_roster_shows_peers_and_says_when_the_install_is_not_managed(
     assert "not Bot-Mode-managed" in out and f"hermes-actors enable --root {root}" in out
 
 
+def test_send_on_an_unmanaged_install_names_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The refusal is the tool's text for a model ("not Bot-Mode-managed … Do not retry"): a person gets the fix."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, managed=False)
+    assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi", "--runner", "demo"]) == 1
+    captured = capsys.readouterr()
+    assert "not Bot-Mode-managed" in captured.out
+    assert f"fix: hermes-actors enable --root {root}" in captured.err
+
+
 def test_roster_says_when_no_host_serves_the_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Local profiles are listed online either way; without a host the bots' own DMs are refused, and it says so."""
     root = make_root(tmp_path, {"alice": {}, "bob": {}})
@@ -340,3 +349,19 @@ def test_send_without_a_host_returns_after_the_ack_of_a_relayed_dm_and_the_next_
                         {"id": ack["delivery_id"], "at": int(time.time()), "reply": "hello back", "error": "",
                          "reason": ""})
         assert host.wait_outcome(ack["delivery_id"], timeout=10)["reply"] == "hello back"
+
+
+def test_an_os_error_is_one_line_and_exit_1_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen on a full disk: serve's start (adopting a journal) died with a raw ENOSPC traceback."""
+    import errno
+
+    def full_disk(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "journal"))
+
+    monkeypatch.setattr("hermes_actors.cli.serve.serve", full_disk)
+    root = make_root(tmp_path)
+    assert main(["serve", "--root", str(root), "--runner", "demo"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"error: [Errno 28] No space left on device: '{tmp_path / 'journal'}'"]

@@ -42,12 +42,18 @@ def test_stop_keeps_queued_dms_journaled_and_the_next_start_runs_each_once(tmp_p
     assert by_id[blocker]["status"] == "ambiguous", "a turn still running after the stop timeout is ambiguous"
     for key in queued:
         assert key not in by_id, "a journaled DM that never ran gets no outcome at stop"
-        with pytest.raises(KeyError):
+        # DESIGN 3: KeyError only for an id neither this gateway issued nor the journal holds
+        with pytest.raises(TimeoutError, match="not running: accepted; it has not started"):
             gw.wait_outcome(key, timeout=0.1)
+    assert gw.wait_outcome(blocker, timeout=0)["status"] == "ambiguous"
+    with pytest.raises(KeyError, match="unknown delivery id"):
+        gw.wait_outcome("0" * 32, timeout=0)
     assert first_runner.bodies() == ["blocker", "carol is idle"]
 
     second_runner = RecordingRunner()
     again = Gateway(root, runner=second_runner, durable=True)
+    with pytest.raises(TimeoutError, match="the next gateway on"):  # not started yet: the journal answers
+        again.wait_outcome(queued[0], timeout=0)
     later: list[dict[str, Any]] = []
     again.subscribe(later.append)
     again.start()

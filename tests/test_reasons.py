@@ -128,6 +128,12 @@ def test_classify_precedence(text: str, expected: str) -> None:
         ("status_401", "provider_auth_or_access"),
         ("error-500", "provider_server_error"),
         ("[502]", "provider_server_error"),
+        ("took 0.429s", "unknown"),  # a fraction's digits are no status code
+        ("waited 1.500 s", "unknown"),
+        ("used 1,429 tokens", "unknown"),
+        ("version 2.503.1", "unknown"),
+        ("got HTTP 429.", "provider_rate_limit"),  # the end of a sentence is not a decimal point
+        ("status 503, retrying", "provider_server_error"),
     ],
 )
 def test_status_codes_match_whole_numbers_only(text: str, expected: str) -> None:

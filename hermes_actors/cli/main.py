@@ -114,6 +114,10 @@ def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
         print(orjson.dumps(answer).decode())
     elif "error" in answer:
         print(refusal_line(answer))
+        from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
+
+        if not install_is_managed(discover_profiles(args.root)):  # the tool's text names no fix; a person needs one
+            print(not_managed_note(args.root), file=sys.stderr)
     else:
         print(ack_line(answer, str(args.root)))
     return answer_exit_code(answer)
@@ -336,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "demo = offline demo bots")
         p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
 
-    p = sub.add_parser("send", help="send one DM on a real root (returns after the ack unless --wait)")
+    p = sub.add_parser("send", help="send one DM on a real root (through its host: returns after the ack unless "
+                       "--wait; with no host it runs the DM itself and waits for the outcome)")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("--from", dest="sender", required=True, help="sending profile (folder id or handle)")
     p.add_argument("target", help="teammate name, peer/agent, or handle@connection")
@@ -443,6 +448,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_SIGPIPE
+    except OSError as exc:  # the disk is full, a file is unreadable: one line (the traceback with -v)
+        if args.verbose + getattr(args, "sub_verbose", 0):
+            import traceback
+
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -150,13 +150,14 @@ def _compile_class(codes: tuple[str, ...], phrases: tuple[str, ...]) -> re.Patte
     """Build one regex matching any whole-number status code or any normalized phrase.
 
     Args:
-        codes: HTTP status codes; matched only when not part of a longer number.
+        codes: HTTP status codes; matched only when not part of a longer number (``1429``, the
+            ``429`` of ``0.429 s`` or of ``1,429 tokens``).
         phrases: phrases; normalized the same way as the text they are matched against.
 
     Returns:
         The compiled pattern.
     """
-    parts = [rf"(?<!\d){re.escape(code)}(?!\d)" for code in codes]
+    parts = [rf"(?<![\d.,]){re.escape(code)}(?![.,]?\d)" for code in codes]
     parts += [re.escape(_normalize(phrase)) for phrase in phrases]
     return re.compile("|".join(parts))
 

@@ -215,7 +215,8 @@ def _undo(root: Path, entry: dict[str, Any], report: SetupReport) -> None:
     dotted = ".".join(keys)
     if entry["op"] == "set":
         if current != entry["after"]:
-            report.todo.append(f"{path}: {dotted} changed since enable; left as it is")
+            report.todo.append(f"{path}: {dotted} changed since enable; left as it is (edit or remove it there "
+                               "by hand if it was only for hermes-actors)")
             return
         holder, _ = _parent(data, keys, path)
         if entry["absent"]:

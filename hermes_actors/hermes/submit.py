@@ -181,7 +181,9 @@ class SubmitServer:
             holder = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "?"
             raise RuntimeError(
                 f"another process (pid {holder}) already hosts the actors of {self.root} "
-                f"(its submit endpoint is {self.path}); stop it first"
+                f"(its submit endpoint is {self.path}); stop it first (a `hermes gateway run` hosts them while "
+                "its config.yaml has platforms.hermes_actors.enabled: true; set it to false to keep that gateway "
+                "for warm turns only)"
             ) from None
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
