@@ -21,6 +21,7 @@ import errno
 import fcntl
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
@@ -135,12 +136,24 @@ class TurnLock:
             os.close(fd)
             why = f"owned by uid {owner}"
         self._quarantine(f"the turn lock is {why}")
-        return os.open(self.path, flags | os.O_EXCL, 0o600)  # EEXIST: something took its place again: fail
+        fd = os.open(self.path, flags, 0o600)  # ours now, or the one another process just created
+        if os.fstat(fd).st_uid != os.getuid():
+            os.close(fd)
+            raise OSError(errno.EPERM, f"{self.path} is refused: it is another uid's again")
+        return fd
 
     def _quarantine(self, why: str) -> None:
         from hermes_actors.store.relay_files import quarantine_into
         from hermes_actors.store.relay_protocol import QUARANTINE
 
+        # Looked at again just before the move: another process that met the same file may have moved it
+        # aside and created a good lock file there already, which must never be moved from under its flock.
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+            return
         if quarantine_into(self.path.parent.parent / QUARANTINE, self.path, why) is None:
             raise OSError(errno.EPERM, f"{self.path} is refused ({why}) and could not be moved aside")
 
