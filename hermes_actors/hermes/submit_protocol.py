@@ -149,8 +149,8 @@ def offline_refusal(root: str | Path) -> dict[str, Any]:
     """The refusal when nothing hosts the actors on ``root`` (the message was not queued)."""
     text = (
         f"Bot Mode is not running on {root}: no process hosts the agents' actors, so the message was NOT "
-        f"sent. Start the host with `hermes-actors serve --root {root}` (or `hermes gateway run` with the "
-        "hermes-actors plugin enabled), then send it again."
+        f"sent. Start the host with `hermes-actors serve --root {root}` (or `hermes gateway run` once "
+        f"`hermes-actors enable --root {root} --gateway` turned its hosting on), then send it again."
     )
     return {"error": text, "reason": RUNTIME_OFFLINE}
 
