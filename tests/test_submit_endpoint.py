@@ -21,7 +21,7 @@ from hermes_actors.cli.host_wait import settle_host
 from hermes_actors.errors import HostileFileError
 from hermes_actors.gateway import Gateway
 from hermes_actors.hermes.submit import SubmitServer, fetch_outcome, fetch_status, ping, request, submit_dm
-from hermes_actors.hermes.submit_client import HostLost, lock_holder
+from hermes_actors.hermes.submit_client import HostLost, HostOffline, lock_holder
 from hermes_actors.hermes.submit_protocol import (
     MAX_REQUEST_BYTES,
     OutcomeCall,
@@ -594,3 +594,47 @@ def test_a_stopping_server_answers_the_connections_in_its_backlog(server_root: P
                 client.close()
     assert [a["op"] for a in answers] == ["stopping"] * 3
     assert all(a["reason"] == "runtime_offline" for a in answers)
+
+
+
+def _stop_under_load(root: Path, clients: int = 8) -> list[str]:
+    """Stop a host while ``clients`` threads send to it; what the clients saw besides answers and "offline"."""
+    root.mkdir()
+    server = SubmitServer(root, send=lambda call: {"status": "queued"}).start()
+    done = threading.Event()
+    offline, answered = threading.Semaphore(0), threading.Semaphore(0)
+    seen: list[str] = []
+
+    def client() -> None:
+        while not done.is_set():
+            try:
+                request(root, {"op": "send", "sender": "a", "target": "b", "message": "m", "hop": 0}, timeout=30)
+                answered.release()
+            except HostOffline:
+                offline.release()
+            except Exception as exc:  # HostLost, or anything else: a finding (and the thread must not die unseen)
+                seen.append(repr(exc))
+                offline.release()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(50):  # the clients are sending
+            assert answered.acquire(timeout=30)
+        server.stop_accepting()
+        for _ in range(clients):  # each client has met the stopped host at least once
+            assert offline.acquire(timeout=30)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(30)
+        server.close()
+    return seen
+
+
+def test_a_stop_under_load_tells_no_client_it_stopped_mid_request(tmp_path: Path) -> None:
+    """Every request a stopping host never read must read as "not taken" (HostOffline), never as HostLost
+    ("may or may not be queued"): a client that joined the backlog after it was answered was reset."""
+    seen = [what for round_no in range(5) for what in _stop_under_load(tmp_path / f"r{round_no}")]
+    assert seen == []

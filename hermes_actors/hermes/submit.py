@@ -219,6 +219,9 @@ class SubmitServer:
             if self._state != "running":
                 return
             self._state = "closing"
+        # The name goes first: from now on a client finds no socket (HostOffline, "not taken") instead of
+        # landing in the backlog after it was answered, to be reset when the listener closes (HostLost).
+        self._unlink_socket()
         if self._wake_w is not None:
             with contextlib.suppress(OSError):
                 self._wake_w.send(b"x")
@@ -249,11 +252,16 @@ class SubmitServer:
             os.close(self._dir_fd)
             self._dir_fd = -1
 
-    def _release_socket(self) -> None:
-        if self._sock is not None:
+    def _unlink_socket(self) -> None:
+        if self._sock is not None and self._sock_ino:
             with contextlib.suppress(OSError):
                 if os.lstat(SOCKET_NAME, dir_fd=self._dir_fd).st_ino == self._sock_ino:
                     os.unlink(SOCKET_NAME, dir_fd=self._dir_fd)  # only the socket we bound
+            self._sock_ino = 0
+
+    def _release_socket(self) -> None:
+        if self._sock is not None:
+            self._unlink_socket()
             self._sock.close()
             self._sock = None
         for end in (self._wake_r, self._wake_w):
@@ -377,8 +385,9 @@ class SubmitServer:
 
         Closing the listening socket would reset them, and a client cannot tell that reset from a
         host that died after taking its DM (:class:`HostLost`: "do not resend"). Their requests
-        were never read; told so, the client may send elsewhere. A client that connects after
-        this, before the socket is closed, still gets the reset (a window of microseconds).
+        were never read; told so, the client may send elsewhere. The socket's name is removed
+        before this (:meth:`stop_accepting`): only a connect that found the name just before
+        and queues just after the backlog was emptied still gets the reset.
         """
         while True:
             try:
