@@ -270,30 +270,45 @@ def test_prepare_retry_ignores_rows_older_than_the_attempt(session_db: type, tmp
     assert prepare_bot_chat_retry(tmp_path / "nowhere", "Bot Chat", DM, since=0.0) is True  # no state.db yet
 
 
+OTHER_DM = "Message from 🤖 carol (@carol): another lost DM"
+
+
 @pytest.mark.parametrize(
     ("tail", "first"),
     [
         ([], None),  # an empty session
-        ([(1, "user"), (2, "assistant")], None),  # answered
-        ([(1, "user"), (2, "assistant"), (3, "user")], 3),  # one DM a dead turn left
-        ([(1, "assistant"), (4, "user"), (6, "user")], 4),  # two: both go (from the first of them)
-        ([(1, "user"), (2, "assistant"), (3, "tool")], None),  # died in a tool step: hermes' history, left
-        ([(5, "user")], 5),
+        ([(1, "user", DM), (2, "assistant", "done")], None),  # answered
+        ([(1, "user", DM), (2, "assistant", "done"), (3, "user", DM)], 3),  # one DM a dead turn left
+        ([(1, "assistant", "hi"), (4, "user", DM), (6, "user", OTHER_DM)], 4),  # two: both go, from the first
+        ([(1, "user", DM), (2, "assistant", None), (3, "tool", "ok")], None),  # died in a tool step: left
+        ([(5, "user", DM)], 5),
+        ([(1, "assistant", "hi"), (2, "user", "a person typing")], None),  # a person's: maybe a live turn's
+        ([(1, "user", DM), (2, "user", "a person typing")], None),  # it ends the session: nothing after it goes
+        ([(1, "user", "a person typing"), (2, "user", DM)], 2),  # only the DMs after it
+        ([(1, "user", None)], None),
     ],
 )
-def test_plan_take_back(tail: list[tuple[int, str]], first: int | None) -> None:
+def test_plan_take_back(tail: list[tuple[int, str, object]], first: int | None) -> None:
     assert plan_take_back(tail) == first
 
 
-def test_take_back_unanswered_soft_deletes_what_a_dead_turn_left(session_db: type, tmp_path: Path) -> None:
+def test_take_back_unanswered_soft_deletes_the_dms_a_dead_turn_left(session_db: type, tmp_path: Path) -> None:
     answered = [("user", "an older DM"), ("assistant", "answered")]
-    _bot_chat_with(session_db, tmp_path, [*answered, ("user", DM), ("user", "another lost DM")], at=1000.0)
+    _bot_chat_with(session_db, tmp_path, [*answered, ("user", DM), ("user", OTHER_DM)], at=1000.0)
     assert take_back_unanswered(tmp_path, "Bot Chat") == 2
     assert _active(session_db, tmp_path) == answered
     assert take_back_unanswered(tmp_path, "Bot Chat") == 0  # nothing more: answered sessions are left alone
     assert _active(session_db, tmp_path) == answered
     assert take_back_unanswered(tmp_path, "Group: launch") == 0  # no such session
     assert take_back_unanswered(tmp_path / "nowhere", "Bot Chat") == 0  # no state.db yet
+
+
+def test_take_back_unanswered_leaves_a_persons_message_alone(session_db: type, tmp_path: Path) -> None:
+    """A person chatting in Bot Chat is outside our turn lock: their message may be a live turn's."""
+    rows = [("user", DM), ("assistant", "answered"), ("user", "what are you up to?")]
+    _bot_chat_with(session_db, tmp_path, rows, at=1000.0)
+    assert take_back_unanswered(tmp_path, "Bot Chat") == 0
+    assert _active(session_db, tmp_path) == rows
 
 
 def test_take_back_unanswered_leaves_an_unreadable_database_alone(tmp_path: Path, warnings: list[str]) -> None:

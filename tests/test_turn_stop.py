@@ -261,3 +261,30 @@ def test_serve_on_a_second_ctrl_c_abandons_the_turn_as_ambiguous(
 ])
 def test_waiting_text(count: int, seconds: float, again: bool, text: str) -> None:
     assert waiting_text(count, seconds, again=again) == text
+
+
+def test_a_timed_out_turn_is_ended_before_the_bots_next_turn_runs(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: at the turn timeout the flock was unlocked on the descriptor the turn's process shares, so the
+    bot's next turn ran beside the old one, still alive (its own timeout counts from its start, later)."""
+    root = make_root(tmp_path, config={"bot_mode": {"turn_timeout_seconds": 1}})
+    log, release = tmp_path / "turns.log", tmp_path / "release"
+    for key, value in fake_env(log, release, "A").items():
+        monkeypatch.setenv(key, value)
+    gw = Gateway(root, runner=CommandRunner(str(fake_cli), timeout=120)).start()
+    try:
+        first = gw.message_agent(sender="alice", target="bob", message="hangs")["delivery_id"]
+        hung = await_started(log, "A", leftovers)
+        assert gw.wait_outcome(first, timeout=WAIT)["reason"] == "delivery_timeout"
+        second = gw.message_agent(sender="alice", target="bob", message="next")["delivery_id"]
+        starts = await_condition(lambda: [e for e in events(log) if e["ev"] == "start"][1:], timeout=WAIT,
+                                 message="the next turn started")
+        leftovers += [starts[0]["pid"], starts[0]["child_pid"]]
+        assert starts[0]["overlaps"] == [], "the next turn ran while the timed-out turn's process still lived"
+        assert_gone(hung["pid"])
+        release.touch()
+        assert gw.wait_outcome(second, timeout=WAIT)["status"] == "replied"
+    finally:
+        release.touch()
+        gw.stop()

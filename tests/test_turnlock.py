@@ -134,3 +134,37 @@ def test_a_hostile_lock_file_is_moved_aside_and_the_lock_works(tmp_path: Path, p
     [moved] = (root / "bot_relay" / "quarantine").iterdir()
     assert moved.name.startswith("carol.lock.")
     assert victim.read_text() == "not yours"  # never followed
+
+
+def test_a_good_lock_file_created_meanwhile_is_never_left_moved_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes meet the same planted symlink: the first replaces it and takes the flock; the second, which
+    looked before that, must not move the good file away (both would then "hold" the bot's lock)."""
+    import hermes_actors.store.relay_files as relay_files
+    from hermes_actors.store.turnlock import turn_lock_path
+
+    root = tmp_path / "root"
+    path = turn_lock_path(root, "bob")
+    path.parent.mkdir(parents=True)
+    os.symlink(tmp_path / "elsewhere", path)
+    holder: list[int] = []
+    real_quarantine_into = relay_files.quarantine_into
+
+    def the_other_process_is_faster(directory: Path, moved: Path, why: str) -> Path | None:
+        if not holder:  # it moves the symlink aside, creates the lock file and holds its flock
+            os.unlink(path)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            holder.append(fd)
+        return real_quarantine_into(directory, moved, why)
+
+    monkeypatch.setattr(relay_files, "quarantine_into", the_other_process_is_faster)
+    lock = TurnLock(path)
+    try:
+        assert lock.try_acquire() is False  # the other holds the bot's lock: the same file, back at its path
+        assert os.fstat(holder[0]).st_ino == os.lstat(path).st_ino
+    finally:
+        lock.close()
+        for fd in holder:
+            os.close(fd)

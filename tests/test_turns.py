@@ -467,3 +467,30 @@ def test_a_dm_queued_for_a_profile_deleted_meanwhile_fails_without_running(root:
     assert (out["status"], out["reason"]) == ("failed", "unknown"), out
     assert out["error"] == "The profile 'bob' no longer exists; the message was NOT delivered."
     assert runner.bodies() == ["first"]
+
+
+def test_a_turn_reported_timed_out_while_it_waited_for_the_flock_never_runs(
+    root: Path, gateways: list[Gateway], warnings: list[str]
+) -> None:
+    """Its DM already had its outcome (delivery_timeout); running it once the flock came free ran it unreported."""
+    import fcntl
+    import os
+
+    from hermes_actors.store.turnlock import turn_lock_path
+
+    path = turn_lock_path(root, "bob")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    other = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # another process's turn of bob holds the flock
+    fcntl.flock(other, fcntl.LOCK_EX)
+    runner = RecordingRunner()
+    gw = start_gateway(gateways, root, runner, {"bot_mode": {"turn_timeout_seconds": 0.3, "turn_wait_seconds": 60}})
+    try:
+        waiting = queued(gw.message_agent(sender="alice", target="bob", message="waits"))
+        assert gw.wait_outcome(waiting, timeout=10)["reason"] == "delivery_timeout"
+    finally:
+        os.close(other)  # the flock comes free: the timed-out job may take it now
+    after = queued(gw.message_agent(sender="carol", target="bob", message="after"))
+    assert gw.wait_outcome(after, timeout=30)["status"] == "replied"
+    await_condition(lambda: any(waiting in w and "finished after all" in w for w in warnings), timeout=30,
+                    message="the timed-out turn's job ended")
+    assert runner.bodies() == ["after"]

@@ -25,6 +25,7 @@ from hermes_actors.store.relay_roster import (
 )
 
 __all__ = [
+    "DM_SIGNATURE_START",
     "MESSAGE_MAX_CHARS",
     "NOT_BOT_CHAT_TEXT",
     "PEER_TARGET_RE",
@@ -126,9 +127,12 @@ def refuse(text: str, *, teammates: tuple[str, ...] | None = None, peers: tuple[
     return Refusal(text, classify_agent_error(text), teammates, peers)
 
 
+DM_SIGNATURE_START = "Message from 🤖 "  # how every DM's text begins (the seed's signature, on every route)
+
+
 def prefixed_content(sender: ProfileInfo, body: str) -> str:
     """The text the target reads: the sender's signature, then the body."""
-    return f"Message from 🤖 {sender.display_name} (@{sender.handle}): {body}"
+    return f"{DM_SIGNATURE_START}{sender.display_name} (@{sender.handle}): {body}"
 
 
 def _find_sender(snapshot: RosterSnapshot, sender: str) -> ProfileInfo | None:

@@ -22,7 +22,9 @@ mid-turn, or a stop ended it (its DM is ``ambiguous``, and the host that ran it 
 be gone). Its DM stays in the session as a user message nothing answers, and hermes
 would merge it into the bot's next turn — whose answer goes to the next DM's sender
 alone. So before a turn, under the bot's turn lock, :func:`take_back_unanswered`
-takes back the user messages a session ends with (:func:`plan_take_back`, pure).
+takes back the DMs a session ends with unanswered (:func:`plan_take_back`, pure).
+Only DMs (they begin with the sender's signature): a person typing in the session
+is not under our lock, and their message may be a live turn's.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.targets import DM_SIGNATURE_START
 from hermes_actors.hermes.sessions import read_sqlite, resolve_title, session_db_class
 
 __all__ = [
@@ -132,26 +135,27 @@ def prepare_bot_chat_retry(home: Path, title: str, content: str, since: float) -
         db.close()
 
 
-def plan_take_back(tail: Sequence[tuple[int, str]]) -> int | None:
-    """Decide what a dead turn left unanswered, from a session's last active messages.
+def plan_take_back(tail: Sequence[tuple[int, str, Any]]) -> int | None:
+    """Decide what dead turns left unanswered, from a session's last active messages.
 
     Args:
-        tail: ``(id, role)`` of the session's last active messages, oldest first.
+        tail: ``(id, role, content)`` of the session's last active messages, oldest first.
 
     Returns:
-        The id of the first of the user messages the session ends with (taking it back
-        takes back every one after it too), or None when the session does not end with one.
+        The id of the first of the DMs (user messages that begin with a DM's signature) the
+        session ends with — taking it back takes back every one after it too — or None when
+        the session does not end with a DM (an answer, a tool step, or a person's message).
     """
     first = None
-    for message_id, role in reversed(tail):
-        if role != "user":
+    for message_id, role, content in reversed(tail):
+        if role != "user" or not isinstance(content, str) or not content.startswith(DM_SIGNATURE_START):
             break
         first = message_id
     return first
 
 
 def take_back_unanswered(home: Path, title: str) -> int:
-    """Before a turn in a profile's titled session: take back the user messages no turn answered.
+    """Before a turn in a profile's titled session: take back the DMs it ends with that no turn answered.
 
     Call it only while holding the profile's turn lock and once no turn of that profile can
     still be running anywhere (a stopping gateway's included): then a user message the session
@@ -180,7 +184,7 @@ def take_back_unanswered(home: Path, title: str) -> int:
     first = plan_take_back(tail)
     if first is None:
         return 0
-    count = sum(1 for message_id, _ in tail if message_id >= first)
+    count = sum(1 for message_id, _, _ in tail if message_id >= first)
     session_db = session_db_class()
     if session_db is None:
         logger.warning("{} unanswered message(s) end {!r} of {}, left by a turn that died; hermes' SessionDB is not "
@@ -201,12 +205,13 @@ def take_back_unanswered(home: Path, title: str) -> int:
     return count
 
 
-def _session_tail(conn: sqlite3.Connection, title: str) -> tuple[str, list[tuple[int, str]]] | None:
+def _session_tail(conn: sqlite3.Connection, title: str) -> tuple[str, list[tuple[int, str, Any]]] | None:
     session_id = resolve_title(conn, title)
     if session_id is None:
         return None
-    rows = conn.execute(
-        "SELECT id, role FROM messages WHERE session_id = ? AND active = 1 ORDER BY id DESC LIMIT ?",
-        (session_id, _TAIL_ROWS),
+    rows = conn.execute(  # only a DM's beginning is looked at: a long one is not read whole
+        "SELECT id, role, substr(content, 1, ?) FROM messages WHERE session_id = ? AND active = 1 "
+        "ORDER BY id DESC LIMIT ?",
+        (len(DM_SIGNATURE_START), session_id, _TAIL_ROWS),
     ).fetchall()
-    return session_id, [(int(row[0]), str(row[1])) for row in reversed(rows)]
+    return session_id, [(int(row[0]), str(row[1]), row[2]) for row in reversed(rows)]

@@ -29,6 +29,7 @@ from hermes_actors.core.config import BotModeConfig
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.live_handoff import hand_to_owner
 from hermes_actors.local.runners import TurnRunner, as_runner, runs_inline
+from hermes_actors.local.shutdown import end_running_turns
 from hermes_actors.local.turns import TurnFactory, describe_error, execute_turn
 from hermes_actors.messages import (
     ROOM_ORIGIN,
@@ -363,7 +364,16 @@ class ProfileActor(TypedActor):
         if self.gave_up is not None:  # the worker must not start a retry of a DM already reported
             self.gave_up.set()
             self.gave_up = None
-        if self.lock is not None:
+        runner = self.deps.runner
+        if callable(getattr(runner, "stop_turns", None)):
+            # Its process inherited the flock's descriptor and holds the flock for as long as it lives: unlocking
+            # now would let the bot's next turn run beside it. End it (on a worker: that takes up to seconds); the
+            # next turn's flock waits for that. Our descriptor closes once the worker's turn returns.
+            self.deps.pool.submit(lambda: end_running_turns(runner, [delivery.delivery_id]))
+            if self.lock is not None:
+                self.lock.close()
+                self.lock = TurnLock(self.lock.path)
+        elif self.lock is not None:  # an in-process turn cannot be ended: give its flock up so the bot serves again
             self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
         self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout"))

@@ -245,6 +245,9 @@ def _execute_turn(
                 "target_busy",
             )
     try:
+        if gave_up is not None and gave_up.is_set():  # reported timed out while it waited: it must never run
+            return TurnFinished(delivery.delivery_id, None, "the turn's time ran out before it began",
+                                "delivery_timeout")
         if journal is not None:
             try:
                 journal.append_durably({"t": "started", "id": delivery.delivery_id, "attempt": 1})

@@ -16,6 +16,7 @@ of the process then waits for; a Hermes root is a local directory.)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -85,6 +86,9 @@ def turn_lock_path(root: Path, profile: str) -> Path:
     return Path(root) / "bot_relay" / "locks" / f"{safe}.lock"
 
 
+_REOPENS = 5  # times a lock file found replaced under its flock is opened again before giving up
+
+
 class TurnLock:
     """One profile's flock, held for exactly the turn window.
 
@@ -148,14 +152,47 @@ class TurnLock:
 
         # Looked at again just before the move: another process that met the same file may have moved it
         # aside and created a good lock file there already, which must never be moved from under its flock.
+        if self._good_or_gone():
+            return
+        moved = quarantine_into(self.path.parent.parent / QUARANTINE, self.path, why)
+        if moved is None:
+            if self._good_or_gone():
+                return
+            raise OSError(errno.EPERM, f"{self.path} is refused ({why}) and could not be moved aside")
+        try:
+            st = os.lstat(moved)
+        except OSError:
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+            # Between the look and the move another process replaced the hostile file with a good one, maybe
+            # flocked already: moved aside, its flock would serialize nothing. Put it back (a hard link: the
+            # same file), unless yet another took its place.
+            with contextlib.suppress(OSError):
+                os.link(moved, self.path)
+                os.unlink(moved)
+                logger.info("{}: the lock file moved aside was a good one, created meanwhile; put back", self.path)
+
+    def _good_or_gone(self) -> bool:
+        """Whether the lock's path holds a regular file of ours now, or nothing."""
         try:
             st = os.lstat(self.path)
         except FileNotFoundError:
-            return
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-            return
-        if quarantine_into(self.path.parent.parent / QUARANTINE, self.path, why) is None:
-            raise OSError(errno.EPERM, f"{self.path} is refused ({why}) and could not be moved aside")
+            return True
+        return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+
+    def _locked_the_file_at_path(self, fd: int) -> bool:
+        """After taking the flock on ``fd``: whether it is still the file at the lock's path.
+
+        A process that found a hostile file there moves it aside and creates a new one: the
+        flock of a file no longer at the path serializes nothing (another process locks the new
+        one). Then we let go and open the path again.
+        """
+        try:
+            at_path = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (at_path.st_dev, at_path.st_ino) == (mine.st_dev, mine.st_ino)
 
     @property
     def fd(self) -> int | None:
@@ -172,14 +209,14 @@ class TurnLock:
             Seconds waited when acquired, or None when the deadline passed.
         """
         with self._mutex:
-            fd = self._open()
+            self._open()
             self._in_use = True
         start = time.monotonic()
         delay = 0.001
         try:
             while True:
                 try:
-                    flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self._lock_now()
                     return time.monotonic() - start
                 except BlockingIOError:
                     if delay == 0.001:  # once per acquire: say why this turn has not started
@@ -204,10 +241,10 @@ class TurnLock:
             OSError: the lock file could not be opened or locked.
         """
         with self._mutex:
-            fd = self._open()
+            self._open()
             self._in_use = True
         try:
-            flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock_now()
             return True
         except BlockingIOError:
             self._done()
@@ -215,6 +252,26 @@ class TurnLock:
         except BaseException:
             self._done()
             raise
+
+    def _lock_now(self) -> None:
+        """One try at the flock of the file at the lock's path (the caller marked the lock in use).
+
+        Raises:
+            BlockingIOError: another holder has it.
+            OSError: the file cannot be opened or locked, or kept being replaced.
+        """
+        for _ in range(_REOPENS):
+            with self._mutex:
+                fd = self._open()
+            flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if self._locked_the_file_at_path(fd):
+                return
+            with self._mutex:  # a file moved aside (see _open_file): let go of it, open the path again
+                flock_now(fd, fcntl.LOCK_UN)
+                if self._fd == fd:
+                    os.close(fd)
+                    self._fd = None
+        raise OSError(errno.EAGAIN, f"the turn lock {self.path} kept being replaced while it was taken")
 
     def release(self) -> None:
         """Release the lock (the fd stays open for the next turn, unless a close is pending)."""
