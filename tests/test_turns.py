@@ -472,7 +472,8 @@ def test_a_dm_queued_for_a_profile_deleted_meanwhile_fails_without_running(root:
 def test_a_turn_reported_timed_out_while_it_waited_for_the_flock_never_runs(
     root: Path, gateways: list[Gateway], warnings: list[str]
 ) -> None:
-    """Its DM already had its outcome (delivery_timeout); running it once the flock came free ran it unreported."""
+    """Its DM already had its outcome; running it once the flock came free ran it unreported. And the outcome must
+    say NOT delivered: "may still complete, do not resend" for a DM that never runs loses it."""
     import fcntl
     import os
 
@@ -486,7 +487,10 @@ def test_a_turn_reported_timed_out_while_it_waited_for_the_flock_never_runs(
     gw = start_gateway(gateways, root, runner, {"bot_mode": {"turn_timeout_seconds": 0.3, "turn_wait_seconds": 60}})
     try:
         waiting = queued(gw.message_agent(sender="alice", target="bob", message="waits"))
-        assert gw.wait_outcome(waiting, timeout=10)["reason"] == "delivery_timeout"
+        out = gw.wait_outcome(waiting, timeout=10)
+        # it never began, and never will: NOT delivered (the sender may resend), not "may still complete"
+        assert (out["reason"], out["retryable"]) == ("target_busy", True), out
+        assert "NOT delivered" in out["error"]
     finally:
         os.close(other)  # the flock comes free: the timed-out job may take it now
     after = queued(gw.message_agent(sender="carol", target="bob", message="after"))

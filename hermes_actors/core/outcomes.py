@@ -20,9 +20,14 @@ __all__ = [
     "failed",
     "from_relay_reply",
     "from_reply",
+    "is_outcome_text",
     "queue_full_text",
     "valid_text",
 ]
+
+
+_SILENCE_WORDS = " read your message and chose not to reply"
+_SILENCE_TAIL = f"{_SILENCE_WORDS} (intentional silence). Nothing to relay."
 
 
 def valid_text(text: str) -> str:
@@ -50,7 +55,7 @@ def from_reply(delivery_id: str, label: str, reply: str) -> Outcome:
             delivery_id,
             "silent",
             from_=label,
-            text=f"{label} read your message and chose not to reply (intentional silence). Nothing to relay.",
+            text=f"{label}{_SILENCE_TAIL}",
         )
     return Outcome(delivery_id, "replied", reply=reply, from_=label, text=f"Reply from {label}: {reply}")
 
@@ -132,6 +137,23 @@ def cancelled(delivery_id: str, label: str) -> Outcome:
         "The message was NOT delivered; resend once the gateway is back.",
         "cancelled",
     )
+
+
+def is_outcome_text(text: str) -> bool:
+    """Pure: whether ``text`` begins like an outcome's ``text`` (what a sender's wake-up turn reads).
+
+    Args:
+        text: a message (its beginning is enough for the replied and failed forms).
+
+    Returns:
+        True for ``Reply from @…: ``, ``Delivery to @… failed``/``is ambiguous``/``was cancelled``,
+        and the silence line.
+    """
+    if text.startswith("Reply from @"):
+        return ": " in text
+    if text.startswith("Delivery to @"):
+        return any(part in text for part in (" failed [reason: ", " is ambiguous: ", " was cancelled "))
+    return text.startswith("@") and _SILENCE_WORDS in text
 
 
 def busy_text(profile: str, waited_seconds: float) -> str:

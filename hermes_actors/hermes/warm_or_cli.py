@@ -184,6 +184,10 @@ class WarmOrCliRunner:
         self._paths.pop(delivery_id, None)
         self.cli.release(delivery_id)
 
+    def running_turns(self) -> list[str]:
+        """The deliveries whose CLI turn process runs now (a warm turn runs in the hermes gateway)."""
+        return self.cli.running_turns()
+
     def stop_turns(self, delivery_ids: Iterable[str] | None = None, **kwargs: Any) -> int:
         """End the CLI processes of running turns (warm turns end with the hermes gateway)."""
         return self.cli.stop_turns(delivery_ids, **kwargs)

@@ -30,7 +30,7 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.local.live_handoff import hand_to_owner
 from hermes_actors.local.runners import TurnRunner, as_runner, runs_inline
 from hermes_actors.local.shutdown import end_running_turns
-from hermes_actors.local.turns import TurnFactory, describe_error, execute_turn
+from hermes_actors.local.turns import TurnFactory, TurnGate, describe_error, execute_turn
 from hermes_actors.messages import (
     ROOM_ORIGIN,
     AttachOwner,
@@ -161,7 +161,7 @@ class ProfileActor(TypedActor):
         self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped
-        self.gave_up: threading.Event | None = None  # set when the worker turn's time runs out: no retry then
+        self.gave_up: TurnGate | None = None  # the worker turn's gate: given up on when its time runs out
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
 
     def on_start(self) -> None:
@@ -305,7 +305,7 @@ class ProfileActor(TypedActor):
         me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
         journal = self._start_recorder(delivery)
         home = self.info.home
-        gave_up = self.gave_up = threading.Event()
+        gave_up = self.gave_up = TurnGate()
 
         def job() -> None:
             crashpoint("after-ack-before-turn")
@@ -352,30 +352,40 @@ class ProfileActor(TypedActor):
 
     @handles(TurnTimeout)
     def _on_turn_timeout(self, msg: TurnTimeout) -> None:
-        """A hung turn: report it, give up its lock, and serve the next DM."""
+        """A hung turn: report it, make sure it never runs beside the next one, and serve the next DM."""
         delivery = self.running
         if delivery is None or delivery.delivery_id != msg.delivery_id:
             return
         seconds = self.deps.config.turn_timeout_seconds
-        text = (f"The turn of {delivery.label} did not finish within {seconds:g}s; it may still complete, "
-                "so do not resend blindly.")
         self.running, self.turn_timer = None, None
         self.abandoned[delivery.delivery_id] = True
-        if self.gave_up is not None:  # the worker must not start a retry of a DM already reported
-            self.gave_up.set()
-            self.gave_up = None
+        began = self.gave_up.give_up() if self.gave_up is not None else True
+        self.gave_up = None
+        if not began:  # still waiting for the flock (or a worker): it never runs now, and the sender may resend
+            if self.lock is not None:
+                self.lock.abandon()  # its job may be waiting on this descriptor: it lets go once it sees the gate
+                self.lock = TurnLock(self.lock.path)
+            text = outcomes.busy_text(self.info.profile, seconds)
+            self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "target_busy"))
+            self._pump()
+            return
         runner = self.deps.runner
-        if callable(getattr(runner, "stop_turns", None)):
+        processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
+        if callable(processes) and delivery.delivery_id in processes():
             # Its process inherited the flock's descriptor and holds the flock for as long as it lives: unlocking
-            # now would let the bot's next turn run beside it. End it (on a worker: that takes up to seconds); the
-            # next turn's flock waits for that. Our descriptor closes once the worker's turn returns.
-            self.deps.pool.submit(lambda: end_running_turns(runner, [delivery.delivery_id]))
+            # now would let the bot's next turn run beside it. End it; the next turn's flock waits for that. On a
+            # thread of its own (seconds, bounded): the worker pool may be full of hung turns. Our descriptor
+            # closes once the worker's turn returns.
+            threading.Thread(target=end_running_turns, args=(runner, [delivery.delivery_id]),
+                             name=f"end-timed-out-turn-{self.info.profile}", daemon=True).start()
             if self.lock is not None:
                 self.lock.close()
                 self.lock = TurnLock(self.lock.path)
-        elif self.lock is not None:  # an in-process turn cannot be ended: give its flock up so the bot serves again
+        elif self.lock is not None:  # an in-process turn (or a warm one) cannot be ended: its flock is given up
             self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
+        text = (f"The turn of {delivery.label} did not finish within {seconds:g}s; it may still complete, "
+                "so do not resend blindly.")
         self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout"))
         self._pump()
 

@@ -51,6 +51,7 @@ from hermes_actors.store.turnlock import TurnLock
 
 __all__ = [
     "TurnFactory",
+    "TurnGate",
     "attempt_turn",
     "describe_error",
     "execute_turn",
@@ -182,6 +183,38 @@ def forget_failed(runner: TurnRunner, turn: Turn, began: float) -> None:
                        describe_error(exc))
 
 
+class TurnGate:
+    """Decides, once, between a worker turn that begins and the ProfileActor giving up on it (its timeout).
+
+    Whichever comes first wins: a turn that began runs (and the timeout reports it may still
+    complete), a turn given up on before it began never runs (and the timeout reports it NOT
+    delivered). Thread-safe: the worker and the actor's thread ask it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._began = False
+        self._given_up = False
+
+    def begin(self) -> bool:
+        """The worker, before the turn's first step: whether it may run (not given up on)."""
+        with self._lock:
+            if not self._given_up:
+                self._began = True
+            return self._began
+
+    def give_up(self) -> bool:
+        """The ProfileActor, at the timeout: no retry may start from now on; whether the turn had begun."""
+        with self._lock:
+            self._given_up = True
+            return self._began
+
+    def is_set(self) -> bool:
+        """Whether the turn was given up on (then no retry may start)."""
+        with self._lock:
+            return self._given_up
+
+
 def execute_turn(
     delivery: Delivery,
     *,
@@ -191,7 +224,7 @@ def execute_turn(
     make_turn: TurnFactory,
     journal: StartRecorder | None = None,
     held: bool = False,
-    gave_up: threading.Event | None = None,
+    gave_up: TurnGate | None = None,
 ) -> TurnFinished:
     """Run ``delivery``'s turn with at most one retry, under the profile's flock.
 
@@ -206,9 +239,10 @@ def execute_turn(
             so a crash mid-turn is recovered as ``ambiguous``, never re-run.
         held: the caller holds ``lock`` (``TurnLock.try_acquire``) and releases it
             (a ProfileActor holds it across a burst of inline turns).
-        gave_up: set by the ProfileActor when the turn's time ran out: the DM already has its
-            ``delivery_timeout`` outcome and the profile serves its next DM, so no retry may start
-            (it would run the message a second time, beside the next DM's turn).
+        gave_up: the ProfileActor gives up on the turn there when its time ran out: the DM already
+            has its outcome and the profile serves its next DM, so a turn that had not begun never
+            does, and no retry may start (it would run the message a second time, beside the next
+            DM's turn).
 
     Returns:
         The result for the ProfileActor; ``reply`` is the raw runner value.
@@ -230,7 +264,7 @@ def _execute_turn(
     make_turn: TurnFactory,
     journal: StartRecorder | None,
     held: bool,
-    gave_up: threading.Event | None,
+    gave_up: TurnGate | None,
 ) -> TurnFinished:
     if lock is not None and not held:
         try:
@@ -245,9 +279,9 @@ def _execute_turn(
                 "target_busy",
             )
     try:
-        if gave_up is not None and gave_up.is_set():  # reported timed out while it waited: it must never run
+        if gave_up is not None and not gave_up.begin():  # reported NOT delivered while it waited: never runs
             return TurnFinished(delivery.delivery_id, None, "the turn's time ran out before it began",
-                                "delivery_timeout")
+                                "target_busy")
         if journal is not None:
             try:
                 journal.append_durably({"t": "started", "id": delivery.delivery_id, "attempt": 1})

@@ -264,8 +264,12 @@ class TurnLock:
             with self._mutex:
                 fd = self._open()
             flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if self._locked_the_file_at_path(fd):
-                return
+            try:
+                if self._locked_the_file_at_path(fd):
+                    return
+            except OSError:  # the path cannot be looked at: we must not keep a flock nobody will release
+                flock_now(fd, fcntl.LOCK_UN)
+                raise
             with self._mutex:  # a file moved aside (see _open_file): let go of it, open the path again
                 flock_now(fd, fcntl.LOCK_UN)
                 if self._fd == fd:
