@@ -95,7 +95,8 @@ class BotModeConfig:
         600.0, "a turn still running after this is reported `delivery_timeout` (\"may still complete — do not "
                "resend blindly\") and the profile serves the next DM; a turn process (the command and hermes CLI "
                "runners) is ended then (its process group), and the next turn's flock waits for it to be gone; an "
-               "in-process turn, which cannot be ended, gives its flock up", above=0)
+               "in-process turn, which cannot be ended, gives its flock up; a turn that had not begun (waiting for "
+               "the flock) never runs and is reported `target_busy` (NOT delivered)", above=0)
     idle_stop_seconds: float = setting(60.0, "an idle ProfileActor stops after this long (0: never)", at_least=0)
     rescan_seconds: float = setting(2.0, "the relay's reconcile rescan and the roster's change check", above=0)
     wake_sender: str = setting(
