@@ -371,18 +371,20 @@ class ProfileActor(TypedActor):
             return
         runner = self.deps.runner
         processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
-        if callable(processes) and delivery.delivery_id in processes():
-            # Its process inherited the flock's descriptor and holds the flock for as long as it lives: unlocking
-            # now would let the bot's next turn run beside it. End it; the next turn's flock waits for that. On a
-            # thread of its own (seconds, bounded): the worker pool may be full of hung turns. Our descriptor
-            # closes once the worker's turn returns.
+        live = callable(processes) and delivery.delivery_id in processes()
+        if callable(getattr(runner, "stop_turns", None)):
+            # Ends its process if it runs one, and keeps one from starting (a turn between its gate and its
+            # process). On a thread of its own (seconds, bounded): the worker pool may be full of hung turns.
             threading.Thread(target=end_running_turns, args=(runner, [delivery.delivery_id]),
                              name=f"end-timed-out-turn-{self.info.profile}", daemon=True).start()
-            if self.lock is not None:
+        if self.lock is not None:
+            if live:
+                # Its process inherited the flock's descriptor and holds the flock for as long as it lives:
+                # unlocking now would let the bot's next turn run beside it. The next turn's flock waits for
+                # its end; our descriptor closes once the worker's turn returns.
                 self.lock.close()
-                self.lock = TurnLock(self.lock.path)
-        elif self.lock is not None:  # an in-process turn (or a warm one) cannot be ended: its flock is given up
-            self.lock.abandon()
+            else:  # an in-process or warm turn cannot be ended (nor a process not started): its flock is given up
+                self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
         text = (f"The turn of {delivery.label} did not finish within {seconds:g}s; it may still complete, "
                 "so do not resend blindly.")
