@@ -208,8 +208,8 @@ class HermesCliRunner(CommandRunner):
                 "(or upgrade hermes to a release with --query-file)",
                 reason=UNKNOWN,
             )
-        # Under the turn lock, and a CLI turn holds it for as long as its process lives: a user message the
-        # session ends with is a dead turn's (see hermes.retry). A Bot Mode release resumes such a turn itself.
+        # Under the turn lock, and a CLI turn holds it for as long as its process lives: a DM (or wake-up) the
+        # session ends with unanswered is a dead turn's (see hermes.retry). A Bot Mode release resumes it itself.
         take_back_unanswered(turn_home(turn), turn.session)
         return self._run(turn, None)
 

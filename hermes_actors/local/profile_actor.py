@@ -161,7 +161,7 @@ class ProfileActor(TypedActor):
         self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped
-        self.gave_up: TurnGate | None = None  # the worker turn's gate: given up on when its time runs out
+        self.gate: TurnGate | None = None  # the worker turn's gate: given up on when its time runs out
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
 
     def on_start(self) -> None:
@@ -305,7 +305,7 @@ class ProfileActor(TypedActor):
         me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
         journal = self._start_recorder(delivery)
         home = self.info.home
-        gave_up = self.gave_up = TurnGate()
+        gate = self.gate = TurnGate()
 
         def job() -> None:
             crashpoint("after-ack-before-turn")
@@ -315,7 +315,7 @@ class ProfileActor(TypedActor):
                 else:
                     result = execute_turn(
                         delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,
-                        journal=journal, gave_up=gave_up,
+                        journal=journal, gate=gate,
                     )
             except BaseException as exc:  # a backstop: the DM gets its outcome now, not at the timeout
                 result = turn_escaped(delivery.delivery_id, exc)
@@ -331,7 +331,7 @@ class ProfileActor(TypedActor):
 
     def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
         outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
-        self.running, self.gave_up = None, None
+        self.running, self.gate = None, None
         if self.turn_timer is not None:
             self.turn_timer.cancel()
             self.turn_timer = None
@@ -359,20 +359,12 @@ class ProfileActor(TypedActor):
         seconds = self.deps.config.turn_timeout_seconds
         self.running, self.turn_timer = None, None
         self.abandoned[delivery.delivery_id] = True
-        began = self.gave_up.give_up() if self.gave_up is not None else True
-        self.gave_up = None
-        if not began:  # still waiting for the flock (or a worker): it never runs now, and the sender may resend
-            if self.lock is not None:
-                self.lock.abandon()  # its job may be waiting on this descriptor: it lets go once it sees the gate
-                self.lock = TurnLock(self.lock.path)
-            text = outcomes.busy_text(self.info.profile, seconds)
-            self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "target_busy"))
-            self._pump()
-            return
+        began = self.gate.give_up() if self.gate is not None else True
+        self.gate = None
         runner = self.deps.runner
         processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
-        live = callable(processes) and delivery.delivery_id in processes()
-        if callable(getattr(runner, "stop_turns", None)):
+        live = began and callable(processes) and delivery.delivery_id in processes()
+        if began and callable(getattr(runner, "stop_turns", None)):
             # Ends its process if it runs one, and keeps one from starting (a turn between its gate and its
             # process). On a thread of its own (seconds, bounded): the worker pool may be full of hung turns.
             threading.Thread(target=end_running_turns, args=(runner, [delivery.delivery_id]),
@@ -383,12 +375,18 @@ class ProfileActor(TypedActor):
                 # unlocking now would let the bot's next turn run beside it. The next turn's flock waits for
                 # its end; our descriptor closes once the worker's turn returns.
                 self.lock.close()
-            else:  # an in-process or warm turn cannot be ended (nor a process not started): its flock is given up
+            else:
+                # An in-process or warm turn cannot be ended (nor a process not started), and a turn that never
+                # began may be waiting on this descriptor (it lets go once it sees the gate): the flock goes.
                 self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
-        text = (f"The turn of {delivery.label} did not finish within {seconds:g}s; it may still complete, "
-                "so do not resend blindly.")
-        self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout"))
+        if began:
+            text = (f"The turn of {delivery.label} did not finish within {seconds:g}s; it may still complete, "
+                    "so do not resend blindly.")
+            self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout"))
+        else:  # still waiting for the flock (or a worker): it never runs now, and the sender may resend
+            text = outcomes.busy_text(self.info.profile, seconds)
+            self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "target_busy"))
         self._pump()
 
     @handles(WaitExpired)

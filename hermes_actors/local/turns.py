@@ -209,7 +209,7 @@ class TurnGate:
             self._given_up = True
             return self._began
 
-    def is_set(self) -> bool:
+    def given_up(self) -> bool:
         """Whether the turn was given up on (then no retry may start)."""
         with self._lock:
             return self._given_up
@@ -224,7 +224,7 @@ def execute_turn(
     make_turn: TurnFactory,
     journal: StartRecorder | None = None,
     held: bool = False,
-    gave_up: TurnGate | None = None,
+    gate: TurnGate | None = None,
 ) -> TurnFinished:
     """Run ``delivery``'s turn with at most one retry, under the profile's flock.
 
@@ -239,7 +239,7 @@ def execute_turn(
             so a crash mid-turn is recovered as ``ambiguous``, never re-run.
         held: the caller holds ``lock`` (``TurnLock.try_acquire``) and releases it
             (a ProfileActor holds it across a burst of inline turns).
-        gave_up: the ProfileActor gives up on the turn there when its time ran out: the DM already
+        gate: the ProfileActor gives up on the turn there when its time ran out: the DM already
             has its outcome and the profile serves its next DM, so a turn that had not begun never
             does, and no retry may start (it would run the message a second time, beside the next
             DM's turn).
@@ -250,7 +250,7 @@ def execute_turn(
     outer, _running.factory = getattr(_running, "factory", None), make_turn
     try:
         return _execute_turn(delivery, runner=runner, lock=lock, lock_deadline=lock_deadline, make_turn=make_turn,
-                             journal=journal, held=held, gave_up=gave_up)
+                             journal=journal, held=held, gate=gate)
     finally:
         _running.factory = outer
 
@@ -264,7 +264,7 @@ def _execute_turn(
     make_turn: TurnFactory,
     journal: StartRecorder | None,
     held: bool,
-    gave_up: TurnGate | None,
+    gate: TurnGate | None,
 ) -> TurnFinished:
     if lock is not None and not held:
         try:
@@ -279,7 +279,7 @@ def _execute_turn(
                 "target_busy",
             )
     try:
-        if gave_up is not None and not gave_up.begin():  # reported NOT delivered while it waited: never runs
+        if gate is not None and not gate.begin():  # reported NOT delivered while it waited: never runs
             return TurnFinished(delivery.delivery_id, None, "the turn's time ran out before it began",
                                 "target_busy")
         if journal is not None:
@@ -300,14 +300,14 @@ def _execute_turn(
         result, may_retry = attempt_turn(runner, turn)
         if result.reply is None and may_retry:
             action = retry_action(result.reason)
-            if action != RETRY_NONE and gave_up is not None and gave_up.is_set():
+            if action != RETRY_NONE and gate is not None and gate.given_up():
                 logger.info("not retrying {}: its turn timed out and was reported", delivery.delivery_id)
             elif action != RETRY_NONE:
                 retry = replace(turn, attempt=2, retry_action=action)
                 if retry_allowed(runner, retry, began):
                     logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
                     result, _ = attempt_turn(runner, retry)
-        if result.reply is None and not result.ambiguous and not (gave_up is not None and gave_up.is_set()):
+        if result.reply is None and not result.ambiguous and not (gate is not None and gate.given_up()):
             forget_failed(runner, turn, began)
         return result
     finally:
