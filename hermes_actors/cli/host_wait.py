@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["HOST_SETTLE_SECONDS", "settle_host"]
+__all__ = ["HOST_SETTLE_SECONDS", "ask_settled_host", "settle_host"]
+
+T = TypeVar("T")
 
 HOST_SETTLE_SECONDS = 45.0  # serve's stop grace for running turns (30 s), then ending them and exiting
 # There is no event for "the starting host bound its socket": while the holder lives, it is asked again
@@ -66,3 +70,23 @@ def settle_host(root: Path, limit: float = HOST_SETTLE_SECONDS) -> bool:
                 )
     finally:
         watch.close()
+
+
+def ask_settled_host(root: Path, ask: Callable[[], T | None], limit: float = HOST_SETTLE_SECONDS) -> T | None:
+    """``ask()`` the root's host; when none answers but a process holds the root, wait for it and ask again.
+
+    Args:
+        root: the Hermes root.
+        ask: asks the host; None when no host answers.
+        limit: seconds :func:`settle_host` waits at most.
+
+    Returns:
+        What the host answered, or None when no host remains (the caller may run the work itself).
+
+    Raises:
+        TimeoutError: from :func:`settle_host`: the holder neither answered nor let go in time.
+    """
+    answer = ask()
+    if answer is None and settle_host(root, limit):  # it was starting: it answers now
+        answer = ask()
+    return answer

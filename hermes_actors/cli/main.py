@@ -166,20 +166,17 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
-    from hermes_actors.cli.host_wait import settle_host
+    from hermes_actors.cli.host_wait import ask_settled_host
     from hermes_actors.cli.serve import STOP_GRACE_SECONDS, stop_gateway
     from hermes_actors.core.config import deep_merge, load_config
     from hermes_actors.gateway import Gateway
     from hermes_actors.store.hermes_root import existing_root
 
-    via_host = _send_via_host(args)
-    if via_host is None:
-        try:
-            if settle_host(args.root):  # it was starting: it answers now
-                via_host = _send_via_host(args)
-        except TimeoutError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_FAILED
+    try:
+        via_host = ask_settled_host(args.root, lambda: _send_via_host(args))
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     if via_host is not None:
         return via_host
     existing_root(args.root)  # before the note: a missing root is the error to show, not "no host"

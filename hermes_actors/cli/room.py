@@ -43,20 +43,17 @@ def _act(act: Callable[[Any], int], rooms: Any) -> int:
 
 
 def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int]) -> int:
-    from hermes_actors.cli.host_wait import settle_host
+    from hermes_actors.cli.host_wait import ask_settled_host
     from hermes_actors.cli.main import _runner_for
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
     from hermes_actors.rooms.remote import HostRooms
 
-    host = HostRooms.if_served(args.root)
-    if host is None:
-        try:
-            if settle_host(args.root):  # it was starting: it answers now
-                host = HostRooms.if_served(args.root)
-        except TimeoutError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_FAILED
+    try:
+        host = ask_settled_host(args.root, lambda: HostRooms.if_served(args.root))
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     if host is not None:  # the host drives the root's rooms: ask it
         return _act(act, host)
     runner = _runner_for(getattr(args, "runner", "demo"), getattr(args, "cli", None), args.root)
