@@ -89,6 +89,11 @@ def turn_lock_path(root: Path, profile: str) -> Path:
 _REOPENS = 5  # times a lock file found replaced under its flock is opened again before giving up
 
 
+def _good_lock_file(st: os.stat_result) -> bool:
+    """Pure: whether an ``lstat`` result is a lock file we may use (a regular file of ours)."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+
+
 class TurnLock:
     """One profile's flock, held for exactly the turn window.
 
@@ -163,7 +168,7 @@ class TurnLock:
             st = os.lstat(moved)
         except OSError:
             return
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+        if _good_lock_file(st):
             # Between the look and the move another process replaced the hostile file with a good one, maybe
             # flocked already: moved aside, its flock would serialize nothing. Put it back (a hard link: the
             # same file), unless yet another took its place.
@@ -178,7 +183,7 @@ class TurnLock:
             st = os.lstat(self.path)
         except FileNotFoundError:
             return True
-        return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+        return _good_lock_file(st)
 
     def _locked_the_file_at_path(self, fd: int) -> bool:
         """After taking the flock on ``fd``: whether it is still the file at the lock's path.
