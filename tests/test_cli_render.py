@@ -64,8 +64,9 @@ def test_outcome_lines_and_exit_codes() -> None:
     vague = outcomes.ambiguous("a" * 32, "@bob", "The host died.").as_dict()
     assert outcome_line(vague).startswith("ambiguous [unknown] @bob: The host died.")
     assert outcome_exit_code(vague) == 1
-    assert outcome_exit_code({"status": "pending", "delivery_id": "x"}) == 3
-    assert outcome_exit_code({"status": "unknown", "delivery_id": "x"}) == 4
+    assert outcome_exit_code({"status": "pending", "delivery_id": "x"}) == 1
+    assert outcome_exit_code({"status": "unknown", "delivery_id": "x"}) == 1
+    assert outcome_exit_code({"error": "no host"}) == 1
 
 
 def test_ack_line_names_the_lookup_command() -> None:

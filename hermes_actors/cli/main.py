@@ -2,8 +2,8 @@
 enable, disable.
 
 Exit codes (every command): 0 ok / replied, 1 refused, failed or ambiguous (a
-doctor that found a blocker), 2 usage error; ``outcome`` adds 3 pending and 4
-unknown. Refusals and failures print one human line; ``--json`` prints the dict.
+doctor that found a blocker; ``outcome`` of a DM still pending or of an unknown
+id), 2 usage error. Refusals and failures print one human line; ``--json`` prints the dict.
 """
 
 from __future__ import annotations
@@ -350,8 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     transport_opts(p)
     p.set_defaults(func=_cmd_send)
 
-    p = sub.add_parser("outcome", help="the outcome of a delivery the root knows (exit 0 replied, 1 failed, "
-                                       "3 pending, 4 unknown)")
+    p = sub.add_parser("outcome", help="the outcome of a delivery the root knows (exit 0 replied or silent, "
+                                       "1 failed, ambiguous, pending or unknown)")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("delivery_id", help="the delivery id `send` printed")
     p.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait this long for a pending one")

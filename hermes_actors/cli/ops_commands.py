@@ -17,7 +17,6 @@ import orjson
 from hermes_actors.cli.render import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_PENDING,
     outcome_exit_code,
     outcome_line,
     status_text,
@@ -84,7 +83,7 @@ def _lookup(root: Any, delivery_id: str, wait: float) -> dict[str, Any]:
 
 
 def cmd_outcome(args: argparse.Namespace) -> int:
-    """``outcome ID``: 0 replied/silent, 1 failed/ambiguous, 3 pending, 4 unknown."""
+    """``outcome ID``: 0 replied/silent, 1 failed/ambiguous/pending/unknown, 2 a malformed id."""
     delivery_id = args.delivery_id.strip().lower()
     if not is_delivery_id(delivery_id):
         print(f"error: {args.delivery_id!r} is not a delivery id (32 hexadecimal characters, as `send` prints)",
@@ -100,7 +99,7 @@ def cmd_outcome(args: argparse.Namespace) -> int:
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))  # the files change only when polled
     print(_dump(outcome) if args.json else outcome_line(outcome))
     code = outcome_exit_code(outcome)
-    if code == EXIT_PENDING and not args.json and args.wait:
+    if outcome.get("status") == "pending" and not args.json and args.wait:
         print(f"still pending after {args.wait:g}s", file=sys.stderr)
     return code
 

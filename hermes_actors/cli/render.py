@@ -13,9 +13,7 @@ from typing import Any
 __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
-    "EXIT_PENDING",
     "EXIT_SIGPIPE",
-    "EXIT_UNKNOWN",
     "EXIT_USAGE",
     "ack_line",
     "answer_exit_code",
@@ -29,10 +27,9 @@ __all__ = [
 ]
 
 EXIT_OK = 0  # replied, silent, queued (send without --wait), a healthy doctor
-EXIT_FAILED = 1  # refused, failed, ambiguous (or no answer in time), a doctor that found a blocker
+# refused, failed, ambiguous, no outcome (yet) or an id nobody knows, a doctor that found a blocker
+EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad arguments, a missing root
-EXIT_PENDING = 3  # outcome: accepted, no outcome yet
-EXIT_UNKNOWN = 4  # outcome: no journal or host knows the id
 EXIT_SIGPIPE = 141  # stdout's reader left (`status | head`), as a shell reports a process its SIGPIPE ended
 
 # Sentences addressed to the model that called the tool, not to a person.
@@ -151,15 +148,12 @@ def answer_exit_code(answer: dict[str, Any]) -> int:
 
 
 def outcome_exit_code(outcome: dict[str, Any]) -> int:
-    """Pure: 0 replied/silent, 1 failed/ambiguous (or an error), 3 pending, 4 unknown."""
-    status = outcome.get("status")
-    if status in ("replied", "silent"):
-        return EXIT_OK
-    if status == "pending":
-        return EXIT_PENDING
-    if status == "unknown":
-        return EXIT_UNKNOWN
-    return EXIT_FAILED
+    """Pure: 0 replied/silent; 1 otherwise (failed, ambiguous, pending, unknown, an error).
+
+    DESIGN's exit codes are 0 ok, 1 refused/failed/ambiguous, 2 usage: a DM without an
+    outcome yet, or an id nobody knows, is not ok; the printed line says which it is.
+    """
+    return EXIT_OK if outcome.get("status") in ("replied", "silent") else EXIT_FAILED
 
 
 def _age(seconds: Any) -> str:
