@@ -108,6 +108,10 @@ class Delivery:
     origin: Origin = "local"
     label: str = ""  # how the target is shown to the sender ("@bob")
     session: str = BOT_CHAT_SESSION  # the target's session the turn runs in ("Group: <name>" for a room)
+    # Whether the sender is woken with the outcome, decided by the gateway that accepted the DM and journaled
+    # with it: a DM acked by a host and settled by a one-off `send` (which wakes nobody) still wakes its sender.
+    # None: decided by the gateway that publishes the outcome (journal records of older versions).
+    wake: bool | None = None
 
 
 @fast_init

@@ -26,6 +26,7 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.targets import PeerRoute
+from hermes_actors.core.wake import wake_enabled
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.notifier import NotifierActor, in_subscriber_callback
@@ -229,7 +230,8 @@ class ActorSystem:
             claim_connection(redis_settings, opts.connection_id, guard.consumer)  # one process per connection id
             runner = guard.wrap(runner)
         journal = self.journal
-        caller_admission = CallerAdmission(snapshot, max_hops=cfg.max_hops)
+        caller_admission = CallerAdmission(snapshot, max_hops=cfg.max_hops,
+                                           wake=wake_enabled(cfg.wake_sender, is_real_hermes(self.runner)))
 
         def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: TurnFactory) -> ProfileDeps:
             self.turn_factory = make_turn  # names this gateway's turns (Gateway.stop refuses to run in one)

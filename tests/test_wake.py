@@ -75,6 +75,11 @@ CASES = {
     "an unknown delivery": (None, REPLIED, "true", True, False),
     "an outcome without text": (DM, replace(REPLIED, text="  "), "true", True, False),
     "a re-offered DM after a restart": (replace(DM, origin="recovered"), REPLIED, "true", False, True),
+    # the accepting gateway's decision, journaled with the DM, wins over the settling gateway's mode
+    "accepted to wake, settled where waking is off": (replace(DM, wake=True), REPLIED, "false", False, True),
+    "accepted not to wake, settled where waking is on": (replace(DM, wake=False), REPLIED, "true", True, False),
+    "accepted to wake, its sender gone from the root": (replace(DM, wake=True, sender="zed"), REPLIED, "false",
+                                                        False, False),
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import RecordingRunner, body_of, make_root, start_gateway
+from roots import RecordingRunner, body_of, held_on, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -272,3 +272,41 @@ def test_a_reply_too_long_for_a_cli_turn_wakes_the_sender_with_its_first_part_an
     gw.stop()
     monkeypatch.chdir(tmp_path.parent)  # the bot runs it from elsewhere
     assert main(["outcome", "--root", str(root), dm]) == 0  # the command the note names finds it
+
+
+@pytest.mark.parametrize("accepting_wakes", [True, False], ids=["acked-by-a-waking-host", "acked-by-a-one-off-send"])
+def test_whether_a_dm_wakes_its_sender_is_decided_where_it_was_acked_not_where_it_settles(
+    tmp_path: Path, accepting_wakes: bool
+) -> None:
+    # A host (waking) acks a DM and stops with it journaled; a one-off `send` (waking nobody) adopts the
+    # journal and runs it: the sender still gets its wake. And the reverse: a one-off send's DM run by a host
+    # wakes nobody (the send printed its outcome itself).
+    root = make_root(tmp_path)
+    release = threading.Event()
+    blocked = RecordingRunner(held_on("blocker", release))
+    first = Gateway(root, runner=blocked, durable=True, config={"bot_mode": {"wake_sender": accepting_wakes}})
+    first.start()
+    try:
+        first.message_agent(sender="carol", target="bob", message="blocker")
+        blocked.wait_entered(1)
+        dm = queued(first.message_agent(sender="alice", target="bob", message="queued behind the blocker"))
+    finally:
+        first.stop(timeout=0.3)
+        release.set()
+
+    rec = RecordingRunner(lambda turn: "noted" if is_wake_turn(turn) else f"ok: {body_of(turn.content)}")
+    settling = Gateway(root, runner=rec, durable=True, config={"bot_mode": {"wake_sender": not accepting_wakes}})
+    settling.start()
+    try:
+        # the DM, and where the host wakes, carol's wake with the blocker's ambiguous outcome (journaled at stop)
+        assert settling.recovered["reoffered"] == 1 + accepting_wakes, settling.recovered
+        assert settling.wait_outcome(dm, timeout=10)["text"] == "Reply from @bob: ok: queued behind the blocker"
+        if accepting_wakes:
+            assert settling.wait_outcome(wake_id(dm), timeout=10)["reply"] == "noted"
+        else:
+            with pytest.raises(KeyError):
+                settling.wait_outcome(wake_id(dm), timeout=1)
+        woken = [t.content for t in rec.entered if t.profile == "alice"]
+        assert woken == (["Reply from @bob: ok: queued behind the blocker"] if accepting_wakes else [])
+    finally:
+        settling.stop()

@@ -141,12 +141,15 @@ def wake_for(
         root: the Hermes root (named in the note of a cut text, see :func:`wake_text`).
 
     Returns:
-        The wake, or None: waking is off, the DM is unknown or is itself a wake
+        The wake, or None: waking is off for this DM (``delivery.wake``, decided by the gateway
+        that accepted it; ``mode`` for a DM journaled without it), the DM is unknown or is itself a wake
         (no echo loops), it was relayed in (its sender is on another
         connection and learns the outcome there), its sender is not a local
         profile, or the outcome has no text.
     """
-    if not wake_enabled(mode, runner_is_hermes) or delivery is None:
+    if delivery is None:
+        return None
+    if not (delivery.wake if delivery.wake is not None else wake_enabled(mode, runner_is_hermes)):
         return None
     if delivery.origin in (WAKE_ORIGIN, "relay") or not delivery.sender or delivery.sender not in local_profiles:
         return None

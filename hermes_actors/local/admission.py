@@ -20,7 +20,9 @@ from hermes_actors.messages import Delivery, RosterSnapshot, SendRequest
 __all__ = ["Admission", "CallerAdmission", "plan_delivery"]
 
 
-def plan_delivery(snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int) -> Refusal | tuple[Route, Delivery]:
+def plan_delivery(
+    snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int, wake: bool
+) -> Refusal | tuple[Route, Delivery]:
     """Route ``msg`` against ``snapshot``, apply the hop guard, issue the delivery.
 
     Everything but the per-pair rate (which needs the Dispatcher's history): a
@@ -30,6 +32,8 @@ def plan_delivery(snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int) 
         snapshot: the roster (immutable).
         msg: the request.
         max_hops: ``bot_mode.max_hops``.
+        wake: whether the sender is woken with the outcome (this gateway's ``bot_mode.wake_sender``);
+            journaled with the DM, so whichever gateway settles it honours it.
 
     Returns:
         The refusal, or the route with the accepted delivery (its id newly issued).
@@ -54,6 +58,7 @@ def plan_delivery(snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int) 
         hop=hop,
         accepted_at=time.time(),
         label=route.label,
+        wake=wake,
     )
     return route, delivery
 
@@ -72,17 +77,19 @@ class CallerAdmission:
     Args:
         snapshot: the roster at start.
         max_hops: ``bot_mode.max_hops``.
+        wake: whether this gateway wakes senders (see :func:`plan_delivery`).
     """
 
-    def __init__(self, snapshot: RosterSnapshot, *, max_hops: int) -> None:
+    def __init__(self, snapshot: RosterSnapshot, *, max_hops: int, wake: bool) -> None:
         self.snapshot = snapshot
         self.max_hops = max_hops
+        self.wake = wake
 
     def plan_local(self, msg: SendRequest) -> tuple[LocalRoute, Delivery] | None:
         """The local route and accepted delivery of ``msg``; None: ask the Dispatcher."""
         if msg.hop >= 2:
             return None
-        planned = plan_delivery(self.snapshot, msg, max_hops=self.max_hops)
+        planned = plan_delivery(self.snapshot, msg, max_hops=self.max_hops, wake=self.wake)
         if isinstance(planned, Refusal) or not isinstance(planned[0], LocalRoute):
             return None
         return planned[0], planned[1]
@@ -98,7 +105,7 @@ class Admission:
         self.pairs: dict[tuple[str, str], deque[float]] = {}  # monotonic send times of each pair
 
     def admit(
-        self, snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int, max_pair_rate: int
+        self, snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int, max_pair_rate: int, wake: bool
     ) -> Refusal | tuple[Route, Delivery]:
         """Route ``msg`` against ``snapshot`` and guard it (:func:`plan_delivery`, then the pair rate).
 
@@ -107,11 +114,12 @@ class Admission:
             msg: the request.
             max_hops: ``bot_mode.max_hops``.
             max_pair_rate: ``bot_mode.max_pair_rate`` (DMs a minute between two profiles; 0: unlimited).
+            wake: whether this gateway wakes senders (see :func:`plan_delivery`).
 
         Returns:
             The refusal, or the route with the accepted delivery (its id newly issued).
         """
-        planned = plan_delivery(snapshot, msg, max_hops=max_hops)
+        planned = plan_delivery(snapshot, msg, max_hops=max_hops, wake=wake)
         if isinstance(planned, Refusal):
             return planned
         route, delivery = planned

@@ -193,7 +193,7 @@ class DispatcherActor(SupervisorActor):
             raise RuntimeError("gateway is not running")
         config = self.deps.config
         admitted = self.admission.admit(
-            self.snapshot, msg, max_hops=config.max_hops, max_pair_rate=config.max_pair_rate
+            self.snapshot, msg, max_hops=config.max_hops, max_pair_rate=config.max_pair_rate, wake=self.waker.enabled
         )
         if isinstance(admitted, Refusal):
             self.counters["refused"] += 1

@@ -322,8 +322,9 @@ class ProfileActor(TypedActor):
             crashpoint("after-turn-before-outcome")
             try:
                 me.tell(result)
-            except pykka.ActorDeadError:
-                logger.error("turn {} finished after its ProfileActor died", delivery.delivery_id)
+            except pykka.ActorDeadError:  # stopped (the gateway's stop abandoned the turn) or crashed
+                logger.info("turn {} finished after its ProfileActor stopped; its DM was already reported ambiguous, "
+                            "this late result is dropped", delivery.delivery_id)
 
         self.deps.pool.submit(job)
         timeout = self.deps.config.turn_timeout_seconds

@@ -23,7 +23,7 @@ from loguru import logger
 
 from hermes_actors.core.acks import delivery_from_record
 from hermes_actors.core.names import profile_key
-from hermes_actors.core.wake import WAKE_ORIGIN, WakeRequest, is_wake, wake_delivery, wake_for
+from hermes_actors.core.wake import WAKE_ORIGIN, WakeRequest, is_wake, wake_delivery, wake_enabled, wake_for
 from hermes_actors.errors import StoreError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.durability import Durability
@@ -63,6 +63,7 @@ class SenderWaker:
         self.root = Path(root).absolute()  # named in a cut wake's note: the bot runs it from its own folder
         self.mode = mode
         self.runner_is_hermes = runner_is_hermes
+        self.enabled = wake_enabled(mode, runner_is_hermes)  # journaled with each DM this gateway accepts
         self.wake_ids: dict[str, None] = {}  # every wake id created here or found in the journal (insertion order)
         # DMs whose outcome is on its way to being published (being journaled, or re-published after a restart)
         self.sources: dict[str, Delivery] = {}
