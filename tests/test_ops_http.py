@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -441,6 +442,18 @@ def test_serve_refuses_bad_http_values_before_starting(value: str, says: str, ro
     err = capsys.readouterr().err
     assert err.startswith("error: ") and says in err
     assert not (root / "bot_relay").exists()  # refused before the gateway started (it creates bot_relay/)
+
+
+def test_serve_on_an_address_in_use_starts_nothing(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--root", str(root), "--runner", "demo", "--http", f"127.0.0.1:{port}"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: cannot serve HTTP on http://127.0.0.1:{port}/: "), captured.err
+    assert "gateway started" not in captured.err + captured.out
+    assert not (root / "bot_relay").exists()  # no gateway started: it would have recovered and journaled there
 
 
 def test_serve_refuses_a_token_without_http(root: Path, capsys: pytest.CaptureFixture[str]) -> None:

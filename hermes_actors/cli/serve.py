@@ -138,16 +138,24 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
         stop.set()
 
     gw = Gateway(root, runner=runner, config=config, connection_id=connection_id, serve_submit=True,
-                 on_failure=on_failure).start()
+                 on_failure=on_failure)
     endpoint = None
-    try:
-        if http is not None:
-            from hermes_actors.ops.http_server import OpsHttpServer
+    if http is not None:  # bound before the gateway starts: an address that cannot be bound starts nothing
+        from hermes_actors.ops.http_server import OpsHttpServer
 
-            try:
-                endpoint = OpsHttpServer(gw, http).start()
-            except OSError as exc:  # in use, not an address of this machine, ...
-                raise RuntimeError(f"cannot serve HTTP on {http.url}: {exc.strerror or exc}") from exc
+        try:
+            endpoint = OpsHttpServer(gw, http).bind()
+        except OSError as exc:  # in use, not an address of this machine, ...
+            raise RuntimeError(f"cannot serve HTTP on {http.url}: {exc.strerror or exc}") from exc
+    try:
+        gw.start()
+    except BaseException:
+        if endpoint is not None:
+            endpoint.close()
+        raise
+    try:
+        if endpoint is not None:
+            endpoint.start()
         with _on_signals(on_signal):
             names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
             print(f"gateway serving {root} as {connection_id or '(no connection id)'}: {names}", flush=True)

@@ -83,20 +83,35 @@ class OpsHttpServer:
         self._unsubscribe: Callable[[], None] | None = None
         self._port = settings.port  # the bound one once started (settings may say 0)
 
+    def bind(self) -> OpsHttpServer:
+        """Bind the listening socket without serving yet (idempotent). Returns self.
+
+        ``serve`` binds before its gateway starts, so an address that cannot be bound
+        starts nothing; requests wait in the backlog until :meth:`start`.
+
+        Raises:
+            OSError: the address cannot be bound (in use, not local, ...).
+        """
+        if self._server is None:
+            self._server = _Server((self.settings.host, self.settings.port), self)
+            self._port = int(self._server.server_address[1])
+        return self
+
     def start(self) -> OpsHttpServer:
-        """Subscribe to outcomes, bind and start serving. Returns self.
+        """Subscribe to outcomes, bind (unless :meth:`bind` did) and start serving. Returns self.
 
         Raises:
             OSError: the address cannot be bound (in use, not local, ...).
         """
         self._unsubscribe = self.gateway.subscribe(self._on_outcome, details=True)
         try:
-            self._server = _Server((self.settings.host, self.settings.port), self)
+            server = self.bind()._server
         except OSError:
             self._unsubscribe()
+            self._unsubscribe = None
             raise
-        self._port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
+        assert server is not None
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="ops-http", daemon=True)
         self._thread.start()
         logger.info("operator endpoint on {}", self.url)
@@ -115,7 +130,8 @@ class OpsHttpServer:
             self._unsubscribe = None
         self.feed.close()
         if self._server is not None:
-            self._server.shutdown()
+            if self._thread is not None:  # shutdown() waits for serve_forever, which a bound-only server never ran
+                self._server.shutdown()
             self._server.server_close()
             self._server = None
         if self._thread is not None:
