@@ -224,6 +224,19 @@ def test_a_profile_home_passed_as_the_root_is_refused_naming_the_root(
     assert sorted(p.name for p in home.iterdir()) == before  # nothing (no bot_relay/) was created in it
 
 
+@pytest.mark.parametrize("command", [["status"], ["roster"], ["doctor"], ["enable"], ["send", "--from", "a", "b", "x"]])
+def test_a_directory_that_is_no_hermes_root_is_refused_and_left_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    somewhere = tmp_path / "home"  # e.g. a mistyped --root ~
+    somewhere.mkdir()
+    (somewhere / "notes.txt").write_text("mine\n", encoding="utf-8")
+    assert main([command[0], "--root", str(somewhere), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert f"{str(somewhere)!r} does not look like a Hermes root" in err and "HERMES_HOME" in err
+    assert sorted(p.name for p in somewhere.iterdir()) == ["notes.txt"]  # no bot_relay/, config.yaml, state.db
+
+
 def test_ctrl_c_while_send_waits_says_where_the_outcome_will_be(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

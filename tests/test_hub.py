@@ -148,6 +148,9 @@ def test_run_hub_validates_its_arguments(tmp_path: Path, two_roots: tuple[Path, 
         run_hub([alpha, alpha / "." ])
     twin = tmp_path / "elsewhere" / alpha.name
     twin.mkdir(parents=True)
+    with pytest.raises(ValueError, match="does not look like a Hermes root"):  # an empty directory
+        run_hub([alpha, twin])
+    (twin / "config.yaml").write_text("{}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="their folder names collide: give each root a --name"):
         run_hub([alpha, twin])
     with pytest.raises(ValueError, match="connection id"):

@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 MANAGED_KEY = "hermes-bots"
+_ROOT_MARKS = ("config.yaml", "profiles", "state.db", ".env", "profile.yaml")  # any one: a Hermes root
 
 
 def existing_root(root: Path | str) -> Path:
@@ -46,11 +47,17 @@ def existing_root(root: Path | str) -> Path:
 
     Raises:
         FileNotFoundError: it does not exist or is not a directory.
-        ValueError: it is a profile's home inside a root (``<root>/profiles/<name>``), not a root.
+        ValueError: it is a profile's home inside a root (``<root>/profiles/<name>``), not a root; or it
+            holds none of the files a Hermes root has (a mistyped ``--root ~`` would get ``bot_relay/``).
     """
     path = Path(root).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"Hermes root {str(path)!r} does not exist or is not a directory")
+    if not any((path / name).exists() for name in _ROOT_MARKS):
+        raise ValueError(
+            f"{str(path)!r} does not look like a Hermes root (none of {', '.join(_ROOT_MARKS)} in it); pass the "
+            "HERMES_HOME of your install (default ~/.hermes), once `hermes profile create <name>` made its profiles"
+        )
     outer = path.parent.parent
     if path.parent.name == "profiles" and any((outer / name).exists() for name in ("config.yaml", "state.db")):
         raise ValueError(
