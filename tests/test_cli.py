@@ -256,6 +256,25 @@ def test_ctrl_c_while_send_waits_says_where_the_outcome_will_be(
     )
 
 
+def test_ctrl_c_while_send_waits_on_a_host_says_the_dm_stays_queued_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hermes_actors.hermes import submit_client
+
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+
+    def interrupted(*args: object, **kwargs: object) -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    with Gateway(root, runner=RecordingRunner(), durable=False, serve_submit=True):
+        monkeypatch.setattr(submit_client, "fetch_outcome", interrupted)
+        assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi", "--wait", "30"]) == 130
+    captured = capsys.readouterr()
+    delivery_id = captured.out.split("delivery ")[1].split()[0]
+    assert (f"interrupted; the DM stays queued at the host; its outcome, once settled: hermes-actors outcome "
+            f"--root {root} {delivery_id}") in captured.err
+
+
 def test_roster_and_outcome_lines_never_pass_terminal_control_sequences(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

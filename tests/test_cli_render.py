@@ -46,6 +46,8 @@ def test_clip(text: str, width: int, expected: str) -> None:
         ({"error": "This install is not Bot-Mode-managed (no bot roster); message_agent is unavailable. Do not retry.",
           "reason": "unknown"},
          "refused [unknown]: This install is not Bot-Mode-managed (no bot roster); message_agent is unavailable"),
+        ({"error": "message is required — compose what you want to say to that agent.", "reason": "unknown"},
+         "refused [unknown]: message is required"),
     ],
 )
 def test_refusal_line(answer: dict[str, object], expected: str) -> None:

@@ -152,6 +152,10 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
         try:
             wait = max(0.0, min(60.0, deadline - time.monotonic()))
             outcome = fetch_outcome(args.root, ack["delivery_id"], wait=wait)
+        except KeyboardInterrupt:  # only the wait ends: the host keeps the DM and runs it
+            print(f"interrupted; the DM stays queued at the host; its outcome, once settled: hermes-actors outcome "
+                  f"--root {args.root} {ack['delivery_id']}", file=sys.stderr)
+            raise
         except (HostOffline, HostLost, TimeoutError) as exc:
             print(f"ambiguous: lost the host of {args.root} while waiting for the outcome ({exc}); look it up "
                   f"later with: hermes-actors outcome --root {args.root} {ack['delivery_id']}", file=sys.stderr)

@@ -38,6 +38,7 @@ _FOR_THE_MODEL = (
     "Pick a teammate from the roster.",
     "Compose it as plain text.",
     "Do not retry.",
+    "— compose what you want to say to that agent.",
 )
 _NO_TEAMMATE = re.compile(r"^No teammate named '(?P<name>.*)' on this install, on a connected machine, "
                           r"or on a registered peer\.")
