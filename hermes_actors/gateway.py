@@ -55,6 +55,26 @@ _FAILING_SENDS_WAIT = 0.5
 _MAX_WAIT = 10_000_000.0  # ~115 days: longer waits overflow the clocks underneath (threading.TIMEOUT_MAX and time_t)
 
 
+class _Stopped(Exception):
+    """Set on a ``wait_outcome`` future when the gateway stopped while it waited (never leaves the Gateway)."""
+
+
+def _seconds(what: str, timeout: Any) -> float:
+    """``timeout`` of ``what`` (``"stop"``, ``"wait_outcome"``…) as seconds to wait: 0 and below do not wait,
+    ``inf`` waits as long as a clock can count.
+
+    Raises:
+        TypeError: not a number (a bool, None, a string...).
+        ValueError: NaN.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what} timeout must be a number of seconds, not {type(timeout).__name__} "
+                        f"({timeout!r}); 0 does not wait")
+    if timeout != timeout:
+        raise ValueError(f"{what} timeout is NaN; pass a number of seconds (0: do not wait)")
+    return float(min(max(timeout, 0.0), _MAX_WAIT))
+
+
 class Gateway:
     """One gateway process's Bot Mode messaging.
 
@@ -146,6 +166,10 @@ class Gateway:
         self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]] = {}
         self._early_owners: dict[str, Any] = {}
         self._final_outcomes: dict[str, dict[str, Any]] = {}
+        # wait_outcome calls waiting on the Dispatcher (future → delivery id): answered at stop, so none sits
+        # out its timeout on a Dispatcher that will never answer (a journaled DM is settled by the next start)
+        self._waits: dict[pykka.ThreadingFuture[dict[str, Any]], str] = {}
+        self._waits_lock = threading.Lock()
         self._system: ActorSystem | None = None  # the actors and threads while started
         self._on_failure = on_failure
         # Set (once) from the failed Dispatcher's thread; never under _state_lock, which start() holds
@@ -231,7 +255,10 @@ class Gateway:
         Raises:
             RuntimeError: called from inside one of this gateway's turns (its runner): the stop
                 would wait for that very turn. Stop it from another thread.
+            TypeError: ``timeout`` is not a number of seconds (nothing is stopped).
+            ValueError: ``timeout`` is NaN (nothing is stopped).
         """
+        timeout = _seconds("stop", timeout)
         system = self._system
         if system is not None and system.turn_factory is not None and turn_factory_here() == system.turn_factory:
             raise RuntimeError(
@@ -255,7 +282,17 @@ class Gateway:
                 self._submit.close()
             with self._state_lock:
                 self._state = "stopped"
+            self._end_waits()
         logger.info("gateway stopped")
+
+    def _end_waits(self) -> None:
+        """Wake every ``wait_outcome`` still waiting on the stopped Dispatcher: it answers from the final outcomes
+        or the root's files instead (see :meth:`wait_outcome`)."""
+        with self._waits_lock:
+            waits, self._waits = self._waits, {}
+        for future in waits:
+            with contextlib.suppress(Exception):  # already answered by the Dispatcher: that answer stands
+                future.set_exception(exc_info=(_Stopped, _Stopped(), None))
 
     def _dispatcher_failing(self, error: BaseException) -> None:
         """The Dispatcher is failing (called on its thread): no more acks; the DMs acked so far reach it.
@@ -384,12 +421,7 @@ class Gateway:
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
         """
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"wait_outcome timeout must be a number of seconds, not {type(timeout).__name__} "
-                            f"({timeout!r}); 0 asks where the DM stands without waiting")
-        if timeout != timeout:
-            raise ValueError("wait_outcome timeout is NaN; pass a number of seconds (0: do not wait)")
-        timeout = min(timeout, _MAX_WAIT)  # inf and the like: as long as a clock can count
+        timeout = _seconds("wait_outcome", timeout)  # 0: where the DM stands, without waiting
         final = self._final_outcomes.get(delivery_id)
         if final is not None:
             return dict(final)
@@ -398,14 +430,22 @@ class Gateway:
         dispatcher = self._system.dispatcher
         try:
             if timeout > 0:
+                future = outcome_future(dispatcher, delivery_id)
+                with self._waits_lock:
+                    self._waits[future] = delivery_id
+                if self._state == "stopped":  # stopped while registering: _end_waits may have run before
+                    self._end_waits()
                 try:
-                    return dict(outcome_future(dispatcher, delivery_id).get(timeout=timeout))
+                    return dict(future.get(timeout=timeout))
                 except pykka.Timeout:
                     pass
+                finally:
+                    with self._waits_lock:
+                        self._waits.pop(future, None)
             # A poll, or the time ran out: ask where it stands. The told request may not have been
             # handled yet, and an id the Dispatcher never issued is a KeyError all the same.
             record = ask(dispatcher, CheckOutcome(delivery_id), timeout=_ASK_TIMEOUT)
-        except ActorGone:  # stopped since the check above: its outcomes were kept, if it had this one
+        except (ActorGone, _Stopped):  # stopped since the check above: its outcomes were kept, if it had this one
             final = self._final_outcomes.get(delivery_id)
             if final is not None:
                 return dict(final)
@@ -567,8 +607,11 @@ class Gateway:
         Raises:
             TimeoutError: still busy after ``timeout`` seconds.
             KeyError: no such room.
+            RuntimeError: the gateway is not running, or stopped while this waited.
+            TypeError: ``timeout`` is not a number of seconds.
+            ValueError: ``timeout`` is NaN.
         """
-        return self._live_rooms().wait_idle(room, timeout)
+        return self._live_rooms().wait_idle(room, _seconds("wait_room_idle", timeout))
 
     def list_rooms(self) -> list[dict[str, Any]]:
         """Every room: ``{room_id, name, members, state, messages, last_activity}`` (docs/rooms.md)."""

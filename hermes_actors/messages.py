@@ -397,11 +397,6 @@ class Flush:
     """Ask the Notifier to answer once everything told before it ran."""
 
 
-@dataclass(frozen=True, slots=True)
-class NotifierStats:
-    """Ask the Notifier for its counters (notified, notify_skipped, subscriber_errors)."""
-
-
 # ── RelayActor (relay/relay_actor.py) and RedisRelayActor (transports/redis/): DMs between connections ───
 
 

@@ -29,7 +29,7 @@ from hermes_actors.core.targets import PeerRoute
 from hermes_actors.core.wake import wake_enabled
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
-from hermes_actors.local.notifier import NotifierActor, in_subscriber_callback
+from hermes_actors.local.notifier import NotifierActor, NotifierCounts, in_subscriber_callback
 from hermes_actors.local.profile_actor import ProfileDeps
 from hermes_actors.local.roster import RosterActor
 from hermes_actors.local.runners import TurnRunner, as_runner
@@ -45,7 +45,6 @@ from hermes_actors.messages import (
     FinalizePending,
     Flush,
     GetSnapshot,
-    NotifierStats,
     Outcome,
     Recover,
     RelayResumed,
@@ -155,6 +154,7 @@ class ActorSystem:
     scheduler: Scheduler | None = None
     pool: WorkerPool | None = None
     notifier: pykka.ActorRef[Any] | None = None
+    notifier_counts: NotifierCounts = field(default_factory=NotifierCounts)  # published by the Notifier
     roster: pykka.ActorRef[Any] | None = None
     dispatcher: pykka.ActorRef[Any] | None = None
     relay: pykka.ActorRef[Any] | None = None
@@ -199,7 +199,7 @@ class ActorSystem:
             adopted = self.journal.start()
         self.scheduler = scheduler = Scheduler().start()
         self.pool = pool = WorkerPool(opts.workers, name="turn")
-        self.notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog)
+        self.notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog, counts=self.notifier_counts)
         for token, (callback, details) in subscribers.items():
             self.notifier.tell(AddSubscriber(token, callback, details))
         if self.runner is None:  # before the roster: it leaves off the profiles the real Hermes cannot run
@@ -392,8 +392,7 @@ class ActorSystem:
         """The counters of ``Gateway.stats()``, each asked of the actor that owns it."""
         assert self.dispatcher is not None
         out: dict[str, Any] = ask(self.dispatcher, StatsRequest(), timeout=ASK_TIMEOUT, expect=dict)
-        if self.notifier is not None:
-            out.update(ask(self.notifier, NotifierStats(), timeout=ASK_TIMEOUT, expect=dict))
+        out.update(self.notifier_counts.as_dict())  # read, not asked: a subscriber may hold the Notifier's thread
         out["worker_threads"] = self.pool.thread_count if self.pool else 0
         out["timers"] = self.scheduler.heap_size() if self.scheduler else 0
         if self.journal is not None:

@@ -924,3 +924,88 @@ def test_wait_outcome_takes_an_endless_timeout_and_refuses_nan(root: Path, gatew
     assert gw.wait_outcome(key, timeout=1e300)["status"] == "replied"
     with pytest.raises(ValueError, match="timeout is NaN"):
         gw.wait_outcome(key, timeout=float("nan"))
+
+
+@pytest.mark.parametrize(("timeout", "error"), [(None, TypeError), ("5", TypeError), (float("nan"), ValueError)])
+def test_stop_refuses_a_bad_timeout_and_stops_nothing(root: Path, gateways: list[Gateway], timeout: Any,
+                                                     error: type[Exception]) -> None:
+    """Regression: stop(None) raised from inside the stop, marked the gateway stopped and left its actors running."""
+    gw = start_gateway(gateways, root)
+    with pytest.raises(error, match="stop timeout"):
+        gw.stop(timeout=timeout)
+    assert gw.running  # still running, and still answering
+    assert gw.wait_outcome(queued(gw.message_agent(sender="alice", target="bob", message="hi")), timeout=10)
+    gw.stop(timeout=float("inf"))  # an endless timeout is a number: it waits as long as needed (nothing runs)
+    assert not gw.running
+    again = start_gateway(gateways, root)  # the root is free: rooms and journals were let go
+    again.create_room("after", ["alice", "bob"])
+
+
+def test_a_wait_outcome_blocked_when_the_gateway_stops_answers_then_not_at_its_timeout(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: a journaled DM's waiter sat out its whole timeout after stop() (an `inf` one: ~115 days)."""
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: "ok" if release.wait(30) else "never released")
+    gw = Gateway(root, runner=rec, durable=True)
+    gateways.append(gw)
+    gw.start()
+    gw.message_agent(sender="carol", target="bob", message="blocker")
+    rec.wait_entered(1)
+    queued_dm = queued(gw.message_agent(sender="alice", target="bob", message="waits behind it"))
+    answers: list[BaseException | dict[str, Any]] = []
+
+    def wait() -> None:
+        try:
+            answers.append(gw.wait_outcome(queued_dm, timeout=3600))
+        except BaseException as exc:
+            answers.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    await_condition(lambda: bool(gw._waits), timeout=10, message="the waiter never waited on the Dispatcher")
+    gw.stop(timeout=0.2)
+    release.set()
+    waiter.join(60)
+    assert not waiter.is_alive(), "the waiter still waits for a DM the stopped gateway will never settle"
+    (answer,) = answers
+    assert isinstance(answer, TimeoutError) and "not running" in str(answer), answer
+
+
+def test_stats_answers_while_a_subscriber_callback_hangs(root: Path, gateways: list[Gateway]) -> None:
+    """Regression: stats() asked the Notifier, whose thread ran the hung callback: 30 s, then AskTimeout."""
+    hang, entered = threading.Event(), threading.Event()
+
+    def stuck(outcome: dict[str, Any]) -> None:
+        entered.set()
+        hang.wait(60)
+
+    gw = start_gateway(gateways, root)
+    gw.subscribe(stuck)
+    try:
+        gw.wait_outcome(queued(gw.message_agent(sender="alice", target="bob", message="one")), timeout=10)
+        assert entered.wait(30)
+        answered: list[dict[str, Any]] = []
+        asker = threading.Thread(target=lambda: answered.append(gw.stats()))
+        asker.start()
+        asker.join(20)  # the Notifier's ask timeout was 30 s: an answer before it was not asked of the Notifier
+        assert answered and answered[0]["notified"] == 0 and answered[0]["settled"] == 1, answered
+    finally:
+        hang.set()
+    await_condition(lambda: gw.stats()["notified"] == 1, timeout=10, message="the notification never counted")
+
+
+def test_a_room_turn_cannot_send_a_dm_as_outside_bot_chat(root: Path, gateways: list[Gateway]) -> None:
+    """DESIGN 6: message_agent outside a Bot Chat session is refused; a room turn runs in 'Group: <name>'."""
+    acks: list[dict[str, Any]] = []
+
+    def runner(turn: Any) -> str:
+        if turn.session.startswith("Group: ") and not acks:
+            acks.append(turn.message_agent("carol", "psst"))
+        return "[SILENT]"
+
+    gw = start_gateway(gateways, root, runner)
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "hello")
+    assert gw.wait_room_idle("plan", timeout=30) == "idle"
+    assert acks and "only available in a Bot Mode 'Bot Chat' session" in acks[0].get("error", ""), acks

@@ -406,3 +406,48 @@ def test_stop_returns_once_a_running_member_turn_finishes(room_root: Path) -> No
         assert again.wait_room_idle("plan", timeout=10) == "idle"
         assert [(e["author"], e["status"]) for e in again.room_transcript("plan")][:2] == [
             ("user", "said"), ("bob", "said")]
+
+
+@pytest.mark.parametrize(("timeout", "error"), [(None, TypeError), ("5", TypeError), (float("nan"), ValueError)])
+def test_wait_room_idle_names_a_bad_timeout(room_root: Path, gateways: list[Gateway], timeout: Any,
+                                            error: type[Exception]) -> None:
+    """Regression: NaN and None waited forever on a busy room, inf overflowed the clock."""
+    release = threading.Event()
+    gw = start_gateway(gateways, room_root, RecordingRunner(lambda turn: "ok" if release.wait(30) else "late"))
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "hello")
+    try:
+        with pytest.raises(error, match="wait_room_idle timeout"):
+            gw.wait_room_idle("plan", timeout=timeout)
+    finally:
+        release.set()
+    assert gw.wait_room_idle("plan", timeout=float("inf")) in ("idle", "needs_you")
+
+
+def test_a_wait_room_idle_blocked_when_the_gateway_stops_is_told_so(room_root: Path, gateways: list[Gateway]) -> None:
+    """Regression: the waiter sat out its whole timeout on a room nobody would advance any more."""
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: "ok" if release.wait(30) else "late")
+    gw = start_gateway(gateways, room_root, rec)
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "hello")
+    rec.wait_entered(1)
+    answers: list[BaseException | str] = []
+
+    def wait() -> None:
+        try:
+            answers.append(gw.wait_room_idle("plan", timeout=3600))
+        except BaseException as exc:
+            answers.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        gw.stop(timeout=0.2)
+    finally:
+        release.set()
+    waiter.join(60)
+    assert not waiter.is_alive(), "the waiter still waits for a room the stopped gateway will never advance"
+    (answer,) = answers
+    # told the gateway stopped (or, had the waiter only asked after the stop, that it is not running)
+    assert isinstance(answer, RuntimeError) and ("stopped" in str(answer) or "not running" in str(answer)), answer

@@ -149,7 +149,7 @@ class DispatcherActor(SupervisorActor):
             raise TurnFailed(outcomes.gone_text(delivery.target), reason=reasons.UNKNOWN)
 
         def send(target: str, message: str) -> dict[str, Any]:
-            request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1)
+            request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1, session=delivery.session)
             try:
                 return resolve_ack(ask(me, request, timeout=30), timeout=30)
             except ActorGone as exc:  # a Turn kept past its gateway's stop: the Gateway's own error

@@ -22,9 +22,9 @@ from loguru import logger
 
 from actors import TypedActor, handles
 from hermes_actors.core.outcomes import delivery_details
-from hermes_actors.messages import AddSubscriber, Flush, NotifierStats, Notify, NotifyOutcomes, RemoveSubscriber
+from hermes_actors.messages import AddSubscriber, Flush, Notify, NotifyOutcomes, RemoveSubscriber
 
-__all__ = ["NotifierActor", "in_subscriber_callback"]
+__all__ = ["NotifierActor", "NotifierCounts", "in_subscriber_callback"]
 
 _calling = threading.local()  # .active: this thread is running a subscriber callback
 
@@ -37,15 +37,40 @@ def in_subscriber_callback() -> bool:
     return bool(getattr(_calling, "active", False))
 
 
+class NotifierCounts:
+    """The Notifier's counters, published for any thread to read.
+
+    ``Gateway.stats()`` must not wait behind a subscriber callback that runs (or hangs) on the
+    Notifier's thread, so it reads these instead of asking the actor. Written by the Notifier
+    alone, as one tuple replaced after each change, never changed in place.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values = (0, 0, 0)
+
+    def publish(self, notified: int, skipped: int, errors: int) -> None:
+        """Replace the counters (the Notifier's thread only)."""
+        self._values = (notified, skipped, errors)
+
+    def as_dict(self) -> dict[str, int]:
+        """``{"notified", "notify_skipped", "subscriber_errors"}`` as last published."""
+        notified, skipped, errors = self._values
+        return {"notified": notified, "notify_skipped": skipped, "subscriber_errors": errors}
+
+
 class NotifierActor(TypedActor):
     """Owns the subscriber list.
 
     Args:
         max_backlog: notifications allowed to wait behind a slow subscriber.
+        counts: where its counters are published (see :class:`NotifierCounts`).
     """
 
-    def __init__(self, max_backlog: int = 100_000) -> None:
+    def __init__(self, max_backlog: int = 100_000, counts: NotifierCounts | None = None) -> None:
         super().__init__()
+        self.counts = counts if counts is not None else NotifierCounts()
         self.subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
         self.wants_details: set[int] = set()  # subscribers whose dicts carry sender, target, latency_seconds
         self.delivered = 0
@@ -85,6 +110,7 @@ class NotifierActor(TypedActor):
         if not self.subscribers or self.mailbox_size() <= self.max_backlog:
             return False
         before, self.skipped = self.skipped, self.skipped + count  # memory must not grow without bound
+        self.counts.publish(self.delivered, self.skipped, self.callback_errors)
         if before == 0 or before // 1000 != self.skipped // 1000:
             logger.error(
                 "subscribers are too slow: {} notification(s) skipped so far (backlog over {}); "
@@ -110,11 +136,8 @@ class NotifierActor(TypedActor):
         finally:
             _calling.active = False
         self.delivered += 1
+        self.counts.publish(self.delivered, self.skipped, self.callback_errors)
 
     @handles(Flush)
     def _on_flush(self, msg: Flush) -> int:
         return self.delivered
-
-    @handles(NotifierStats)
-    def _on_stats(self, msg: NotifierStats) -> dict[str, int]:
-        return {"notified": self.delivered, "notify_skipped": self.skipped, "subscriber_errors": self.callback_errors}

@@ -94,6 +94,14 @@ class RoomActor(TypedActor):
                 self._step(active, member, Spoken(False))
         self._advance()
 
+    def on_stop(self) -> None:
+        # A waiter must not sit out its whole timeout on a room nobody will advance any more.
+        error = RuntimeError(f"the gateway stopped before room {self.record.name!r} became idle; its rounds go on "
+                             "at the next start on the root")
+        for future in self.waiters:
+            future.set_exception(exc_info=(RuntimeError, error, None))
+        self.waiters.clear()
+
     # ── helpers ─────────────────────────────────────────────────────────────
 
     def _resolve(self, name: str) -> str | None:
