@@ -226,3 +226,30 @@ def test_the_hub_forwards_envelopes_found_together_oldest_first(two_roots: tuple
         for env in envelopes:
             await_condition(lambda e=env: reply_of(alpha, e["id"]), timeout=10, message=f"reply to {env['id']}")
     assert [body_of(t.content) for t in rec.entered] == ["step 0", "step 1", "step 2", "step 3"]
+
+
+def test_a_reply_over_a_mebibyte_crosses_the_relay_whole(two_roots: tuple[Path, Path]) -> None:
+    """Regression: the hub quarantined a 1.5 MB delivered record (the 1 MiB cap of every relay file), and the
+    sender, whose DM had run, got delivery_timeout 900 s later."""
+    alpha, mini = two_roots
+    big = "B" * 1_500_000 + "\x01" * 100_000  # control characters: JSON escapes each into 6 bytes
+    with hub_thread({"alpha": alpha, "mini": mini}), \
+            Gateway(mini, runner=RecordingRunner(lambda turn: big), connection_id="mini"), \
+            Gateway(alpha, runner=RecordingRunner(), connection_id="alpha") as gw:
+        await_condition(lambda: any(r["handle"] == "moxie" for r in gw.roster()), timeout=20)
+        ack = gw.message_agent(sender="alice", target="moxie@mini", message="the long answer, please")
+        assert ack["status"] == "queued", ack
+        outcome = gw.wait_outcome(ack["delivery_id"], timeout=60)
+    assert outcome["status"] == "replied" and outcome["reply"] == big, (outcome["status"], len(outcome["reply"]))
+    assert not list((mini / "bot_relay" / "quarantine").glob("*")) and not list(
+        (alpha / "bot_relay" / "quarantine").glob("*"))
+
+
+@pytest.mark.parametrize(("text", "cut"), [("é" * 10, False), ("é" * 11, True), ("x" * 22, True)])
+def test_a_reply_text_past_the_relay_limit_is_cut_with_a_note(text: str, cut: bool) -> None:
+    out = rp.cut_reply_text(text, limit=20)
+    assert (out != text) is cut
+    if cut:
+        kept, _, note = out.partition("\n\n")
+        assert len(kept.encode()) <= 20 and text.startswith(kept)
+        assert note.startswith(f"[cut here: the reply was {len(text)} characters")

@@ -53,6 +53,7 @@ from hermes_actors.store.relay_protocol import (
     QUARANTINE,
     RELAY_DIR,
     REPLIES,
+    REPLY_FILE_MAX_BYTES,
     ROSTER_FILE,
     STALE_AFTER_SECONDS,
     TMP,
@@ -348,7 +349,7 @@ def read_reply(paths: RelayPaths, envelope_id: str) -> dict[str, Any] | None:
     """
     path = paths.id_file(paths.replies, envelope_id)
     try:
-        data = read_json_file(path)
+        data = read_json_file(path, max_bytes=REPLY_FILE_MAX_BYTES)
     except FileNotFoundError:
         return None
     return parse_reply(data, file_id=envelope_id)

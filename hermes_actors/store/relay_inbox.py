@@ -38,11 +38,17 @@ from typing import Any
 from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
-from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
+from hermes_actors.store.atomic import (
+    DEFAULT_MAX_BYTES,
+    atomic_write_json,
+    create_exclusive_json,
+    ensure_private_dir,
+    read_json_file,
+)
 from hermes_actors.store.processes import pid_alive
 from hermes_actors.store.relay_dirfd import rename_between
 from hermes_actors.store.relay_files import RelayPaths, quarantine, regular_or_quarantined
-from hermes_actors.store.relay_protocol import parse_envelope, parse_reply
+from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_envelope, parse_reply
 from hermes_actors.store.relay_shelf import find_on_shelves
 
 __all__ = [
@@ -180,9 +186,9 @@ def return_to_inbox(paths: InboxPaths, envelope_id: str) -> bool:
     return rename_between(paths.relay.base, paths.taken, paths.inbox, name)
 
 
-def _split_reply_connection(path: Path, what: str) -> tuple[dict[str, Any], str]:
+def _split_reply_connection(path: Path, what: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[dict[str, Any], str]:
     """Read a record that carries ``reply_connection``; return (the seed-format core, the connection)."""
-    data = read_json_file(path)
+    data = read_json_file(path, max_bytes=max_bytes)
     if not isinstance(data, dict):
         raise ValidationError(f"{path.name}: {what} must be a JSON object")
     reply_connection = str(data.get("reply_connection") or "")
@@ -206,7 +212,7 @@ def write_delivered(paths: InboxPaths, reply: dict[str, Any], reply_connection: 
 
 def read_delivered(path: Path) -> tuple[dict[str, Any], str]:
     """Hub side: a delivered record and the connection whose replies/ it goes to."""
-    core, reply_connection = _split_reply_connection(path, "a delivered record")
+    core, reply_connection = _split_reply_connection(path, "a delivered record", REPLY_FILE_MAX_BYTES)
     return parse_reply(core, file_id=path.stem), reply_connection
 
 

@@ -148,6 +148,21 @@ def make_envelope(
     envelope.update(extra or {})
     return parse_envelope(envelope)
 
+# A reply file holds a model's answer, which has no natural bound: the text a reply record carries is cut
+# past REPLY_TEXT_MAX_BYTES (with a note), and reply files are read up to REPLY_FILE_MAX_BYTES, room for the
+# cut text even if JSON escaped every byte of it (\u00XX: 6 bytes each). Other relay files stay at 1 MiB.
+REPLY_TEXT_MAX_BYTES = 4 << 20
+REPLY_FILE_MAX_BYTES = 32 << 20
+
+
+def cut_reply_text(text: str, limit: int = REPLY_TEXT_MAX_BYTES) -> str:
+    """Pure: ``text`` itself when its UTF-8 fits in ``limit`` bytes, else its first part and a note saying so."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode("utf-8", "ignore")  # never half a character
+    return f"{kept}\n\n[cut here: the reply was {len(text):,} characters; the relay carries at most {limit:,} bytes]"
+
 
 def make_reply(
     envelope_id: str, *, reply: str = "", error: str = "", reason: str = "", now: float
@@ -162,7 +177,7 @@ def make_reply(
         now: the current time (``at`` is ``int(now)``).
 
     Returns:
-        ``{"id", "at", "reply", "error", "reason"}``.
+        ``{"id", "at", "reply", "error", "reason"}`` (the reply cut by :func:`cut_reply_text`).
 
     Raises:
         ValidationError: the id is invalid.
@@ -170,7 +185,7 @@ def make_reply(
     return {
         "id": validate_delivery_id(envelope_id, what="envelope id"),
         "at": int(now),
-        "reply": str(reply or ""),
+        "reply": cut_reply_text(str(reply or "")),
         "error": str(error or ""),
         "reason": str(reason or ""),
     }
