@@ -113,6 +113,21 @@ def test_round_trip_roster_and_outcome(tmp_path: Path, redis_server: RedisServer
                         message="the start mark cleared once the reply is in Redis")  # ...and no mark piles up
 
 
+def test_a_redis_that_lost_its_data_gets_each_gateways_roster_again(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Regression: after a FLUSHALL (a Redis restarted empty, a failover) heartbeats and groups came back but no
+    roster did: DMs between machines were refused 'no teammate named' until a gateway restarted."""
+    rec = RecordingRunner()
+    with gateway(tmp_path, "alpha", redis_server) as alpha, gateway(tmp_path, "mini", redis_server, rec):
+        wait_online(alpha, "bob", "mini")
+        redis_server.client().flushall()
+        await_condition(lambda: redis_server.client().exists(KEYS.roster("mini")), timeout=30,
+                        message="mini's roster was never published again")
+        wait_online(alpha, "bob", "mini")
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="after the flush")
+        assert ack["status"] == "queued", ack
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=20)["reply"] == "ok: after the flush"
+
+
 def test_failed_and_silent_turns_come_back_with_their_reason(tmp_path: Path, redis_server: RedisServer) -> None:
     def behave(turn: Turn) -> str:
         if "quota" in turn.content:

@@ -261,7 +261,14 @@ class RedisRelayActor(TypedActor):
             if rows:
                 pipe.hset(roster_key, mapping=rows)
         pipe.expire(roster_key, rs.ROSTER_KEEP_SECONDS)
-        pipe.execute()
+        kept = pipe.execute()[-1]  # EXPIRE answers 0 for a key that is gone
+        if not kept and rows:  # a Redis restarted empty, flushed or failed over: our rows are gone, write them again
+            logger.warning("redis: the roster of {} was gone from Redis (restarted empty, flushed?); published it "
+                           "again", self.me)
+            pipe = self.redis_link.client.pipeline(transaction=True)
+            pipe.hset(roster_key, mapping=rows)
+            pipe.expire(roster_key, rs.ROSTER_KEEP_SECONDS)
+            pipe.execute()
         self.published = rows
         self._read_remote()
 
