@@ -1009,3 +1009,33 @@ def test_a_room_turn_cannot_send_a_dm_as_outside_bot_chat(root: Path, gateways: 
     gw.room_send("plan", "user", "hello")
     assert gw.wait_room_idle("plan", timeout=30) == "idle"
     assert acks and "only available in a Bot Mode 'Bot Chat' session" in acks[0].get("error", ""), acks
+
+
+class SneakyText(str):
+    """A reply that is text, yet whose methods (user code) raise."""
+
+    def strip(self, chars: str | None = None) -> str:
+        raise RuntimeError("strip is booby-trapped")
+
+    def __str__(self) -> str:
+        raise RuntimeError("so is __str__")
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this error cannot be rendered")
+
+
+def test_a_str_subclass_reply_and_an_unprintable_error_are_ordinary_outcomes(root: Path, gateways: list[Gateway]) -> None:
+    """Regression: a str subclass whose strip() raised crashed the ProfileActor (reported ambiguous), and a runner
+    error whose __str__ raised was 'the gateway failed while delivering' (ambiguous), though the runner had failed."""
+    def runner(turn: Any) -> Any:
+        if body_of(turn.content) == "fail":
+            raise UnprintableError()
+        return SneakyText("plain words")
+
+    gw = start_gateway(gateways, root, runner)
+    replied = gw.wait_outcome(queued(gw.message_agent(sender="alice", target="bob", message="hi")), timeout=10)
+    assert (replied["status"], replied["reply"]) == ("replied", "plain words")
+    failed = gw.wait_outcome(queued(gw.message_agent(sender="alice", target="bob", message="fail")), timeout=10)
+    assert failed["status"] == "failed" and "UnprintableError" in failed["error"], failed

@@ -107,7 +107,8 @@ def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:
         return outcomes.ambiguous(delivery.delivery_id, delivery.label, result.error, result.reason or "unknown")
     if result.reply is not None:
         try:
-            reply = result.reply if isinstance(result.reply, str) else str(result.reply)
+            raw = result.reply if isinstance(result.reply, str) else str(result.reply)
+            reply = str.__str__(raw)  # a str subclass (user code) becomes a plain str: its methods never run here
         except Exception:
             raise  # crashes this ProfileActor only: its supervisor restarts it, the DM is ambiguous
         except BaseException as exc:  # the reply's __str__ is user code: SystemExit must not stop every actor

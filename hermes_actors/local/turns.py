@@ -72,11 +72,16 @@ def describe_error(exc: BaseException) -> str:
     Returns:
         The type name, then the text when there is one.
     """
-    try:
-        text = str(exc)
-    except BaseException:  # a user-defined __str__: whatever it raises, the type name still describes it
-        text = ""
+    text = _text_of(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, or "" when its ``__str__`` (user code) raises, whatever it raises."""
+    try:
+        return str.__str__(str(exc))
+    except BaseException:
+        return ""
 
 
 def never_ran(delivery_id: str, step: str, exc: BaseException | str) -> TurnFinished:
@@ -129,7 +134,7 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
         reason = normalize_reason(exc.reason, exc.text)
         return TurnFinished(key, None, exc.text or "turn failed", reason, ambiguous=exc.ambiguous), not exc.ambiguous
     except Exception as exc:  # any runner error is a failed turn, classified from its text
-        text = str(exc) or type(exc).__name__
+        text = _text_of(exc) or type(exc).__name__
         return TurnFinished(key, None, text, classify_agent_error(text)), True
     except BaseException as exc:  # user code: SystemExit & co fail the DM, never the actors
         text = f"The turn's runner raised {describe_error(exc)}; the turn was abandoned."
