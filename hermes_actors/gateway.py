@@ -392,7 +392,14 @@ class Gateway:
 
         Raises:
             RuntimeError: the gateway is not running (before start, or once stop began).
+            TypeError: ``hop`` is not a whole number.
+            ValueError: ``hop`` is negative.
         """
+        if isinstance(hop, bool) or not isinstance(hop, int):
+            raise TypeError(f"message_agent hop must be a whole number (0 for a first DM), not {type(hop).__name__} "
+                            f"({hop!r})")
+        if hop < 0:
+            raise ValueError(f"message_agent hop must be 0 or more, not {hop}")
         call = object()
         self._sending.add(call)  # before the state check: stop() sees this call, or this call sees the stop
         try:

@@ -1026,7 +1026,8 @@ class UnprintableError(Exception):
         raise RuntimeError("this error cannot be rendered")
 
 
-def test_a_str_subclass_reply_and_an_unprintable_error_are_ordinary_outcomes(root: Path, gateways: list[Gateway]) -> None:
+def test_a_str_subclass_reply_and_an_unprintable_error_are_ordinary_outcomes(root: Path,
+                                                                            gateways: list[Gateway]) -> None:
     """Regression: a str subclass whose strip() raised crashed the ProfileActor (reported ambiguous), and a runner
     error whose __str__ raised was 'the gateway failed while delivering' (ambiguous), though the runner had failed."""
     def runner(turn: Any) -> Any:
@@ -1039,3 +1040,12 @@ def test_a_str_subclass_reply_and_an_unprintable_error_are_ordinary_outcomes(roo
     assert (replied["status"], replied["reply"]) == ("replied", "plain words")
     failed = gw.wait_outcome(queued(gw.message_agent(sender="alice", target="bob", message="fail")), timeout=10)
     assert failed["status"] == "failed" and "UnprintableError" in failed["error"], failed
+
+
+@pytest.mark.parametrize(("hop", "error"), [("3", TypeError), (None, TypeError), (1.5, TypeError), (True, TypeError),
+                                            (-1, ValueError)])
+def test_message_agent_names_a_bad_hop(root: Path, gateways: list[Gateway], hop: Any, error: type[Exception]) -> None:
+    gw = start_gateway(gateways, root)
+    with pytest.raises(error, match="message_agent hop must be"):
+        gw.message_agent(sender="alice", target="bob", message="hi", hop=hop)
+    assert gw.stats()["accepted"] == 0

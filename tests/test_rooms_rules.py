@@ -208,3 +208,12 @@ def test_turn_text_attributes_each_message() -> None:
         "@bob: hello",
         "Reply briefly to the room, or answer [SILENT] to pass. Mention @user to ask the human.",
     ]
+
+
+def test_a_member_whose_profile_left_the_root_is_told_so_not_called_a_stranger() -> None:
+    def gone_dave(name: str) -> str | None:
+        return None if name.strip().lower() == "dave" else resolve(name)
+
+    got = send_refusal("dave", "hi", MEMBERS, gone_dave)
+    assert isinstance(got, Refusal)
+    assert got.error == "Sender 'dave' is a member of this room, but no profile of that name is on this root any more."

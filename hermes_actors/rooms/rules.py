@@ -126,6 +126,9 @@ def send_refusal(sender: Any, text: Any, members: Sequence[str], resolve: Resolv
         who = USER
     else:
         folder = resolve(sender)
+        if folder is None and sender.strip() in members:  # a member whose profile left the root
+            return refuse(f"Sender {sender!r} is a member of this room, but no profile of that name is on this root "
+                          "any more.")
         if folder is None or folder not in members:
             return refuse(f"Unknown sender {sender!r}: not a member of this room (members: {', '.join(members)}).")
         who = folder
