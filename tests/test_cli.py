@@ -237,6 +237,33 @@ def test_a_directory_that_is_no_hermes_root_is_refused_and_left_as_it_was(
     assert sorted(p.name for p in somewhere.iterdir()) == ["notes.txt"]  # no bot_relay/, config.yaml, state.db
 
 
+@pytest.mark.parametrize("command", [["room", "list"], ["room", "show", "plan"], ["room", "disband", "plan"]])
+def test_room_commands_refuse_a_directory_that_is_no_hermes_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    somewhere = tmp_path / "home"
+    somewhere.mkdir()
+    assert main([*command[:2], "--root", str(somewhere), *command[2:]]) == 2
+    assert f"{str(somewhere)!r} does not look like a Hermes root" in capsys.readouterr().err
+    assert list(somewhere.iterdir()) == []
+
+
+def test_a_profile_home_of_a_fresh_hermes_root_is_refused_naming_the_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """hermes-agent 0.19's `hermes profile create alice` leaves only profiles/ and logs/ in the root, and a .env
+    in the profile's home: that home passed as --root was taken for a root (and enable made it one)."""
+    root = tmp_path / "fresh"
+    home = root / "profiles" / "alice"
+    home.mkdir(parents=True)
+    (root / "logs").mkdir()
+    (home / ".env").write_text("", encoding="utf-8")
+    assert main(["enable", "--root", str(home)]) == 2
+    err = capsys.readouterr().err
+    assert f"is the home of profile 'alice' of the Hermes root {str(root)!r}" in err
+    assert sorted(p.name for p in home.iterdir()) == [".env"]
+
+
 def test_ctrl_c_while_send_waits_says_where_the_outcome_will_be(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -456,6 +456,18 @@ def test_serve_on_an_address_in_use_starts_nothing(root: Path, capsys: pytest.Ca
     assert not (root / "bot_relay").exists()  # no gateway started: it would have recovered and journaled there
 
 
+def test_a_second_serve_on_the_first_ones_http_address_names_the_host_not_the_port(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Gateway(root, runner=lambda turn: "ok", serve_submit=True), socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))  # the first host's --http
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--root", str(root), "--runner", "demo", "--http", f"127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err
+    assert f"already hosts the actors of {root}" in err and "Address already in use" not in err, err
+
+
 def test_serve_refuses_a_token_without_http(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--root", str(root), "--runner", "demo", "--http-token", TOKEN]) == 2
     assert "--http-token needs --http" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from roots import LogCapture, RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 from hermes_actors.store.relay_shelf import find_on_shelves
 
@@ -29,8 +30,11 @@ KINDS = [
 PARAMS = [kind_param(k) for k in KINDS]
 
 
-def plant(kind: str, directory: Path, file_id: str, valid: dict[str, Any], staging: Path) -> str:
+def plant(kind: str, directory: Path, file_id: str, valid: dict[str, Any], staging: Path,
+          limit: int = 1 << 20) -> str:
     """Put a hostile ``<file_id>.json`` (or a badly named file) into ``directory``; return the planted name.
+
+    ``limit``: the size the directory's reader accepts ("huge" is just over it).
 
     Files are prepared in ``staging`` (same filesystem) and renamed in (``hostile_files.place``).
     """
@@ -42,7 +46,7 @@ def plant(kind: str, directory: Path, file_id: str, valid: dict[str, Any], stagi
     elif kind == "json-array":
         body = json.dumps([valid]).encode()
     elif kind == "huge":
-        body = json.dumps({**valid, "padding": "x" * (1 << 20)}).encode()
+        body = json.dumps({**valid, "padding": "x" * limit}).encode()
     elif kind == "bad-name":
         name = f"{file_id.upper()}.json"
     elif kind == "id-mismatch":
@@ -74,7 +78,7 @@ def test_hostile_reply_files_are_quarantined_and_valid_replies_still_flow(
         envelope_id = ack["delivery_id"]
         valid = {"id": envelope_id, "at": int(time.time()), "reply": "FROM THE HOSTILE FILE", "error": "",
                  "reason": ""}
-        name = plant(kind, relay / "replies", envelope_id, valid, tmp_path / "staging")
+        name = plant(kind, relay / "replies", envelope_id, valid, tmp_path / "staging", rp.REPLY_FILE_MAX_BYTES)
 
         moved = await_condition(quarantined(relay, name), timeout=10, message=f"{name} quarantined")
         assert len(moved) == 1

@@ -48,7 +48,9 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int]) -> int:
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
     from hermes_actors.rooms.remote import HostRooms
+    from hermes_actors.store.hermes_root import existing_root
 
+    existing_root(args.root)  # a missing root, a profile's home or no root at all: refused before anything is made
     try:
         host = ask_settled_host(args.root, lambda: HostRooms.if_served(args.root))
     except TimeoutError as exc:

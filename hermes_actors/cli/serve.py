@@ -146,6 +146,12 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
         try:
             endpoint = OpsHttpServer(gw, http).bind()
         except OSError as exc:  # in use, not an address of this machine, ...
+            from hermes_actors.hermes.submit import already_hosted
+            from hermes_actors.hermes.submit_client import lock_holder
+
+            holder = lock_holder(root)
+            if holder is not None:  # the address is likely that host's own: the host is the conflict to name
+                raise already_hosted(root, holder) from exc
             raise RuntimeError(f"cannot serve HTTP on {http.url}: {exc.strerror or exc}") from exc
     try:
         gw.start()

@@ -65,10 +65,21 @@ from hermes_actors.hermes.submit_protocol import (
 from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, socket_address
 from hermes_actors.store.atomic import ensure_private_dir
 
+
+def already_hosted(root: Path, holder: object) -> RuntimeError:
+    """The error of a second host of ``root``: names the process that hosts it (``holder``: its pid) and what to do."""
+    return RuntimeError(
+        f"another process (pid {holder}) already hosts the actors of {root} "
+        f"(its submit endpoint is {socket_path(root)}); stop it first (a `hermes gateway run` hosts them while "
+        "its config.yaml has platforms.hermes_actors.enabled: true; set it to false to keep that gateway "
+        "for warm turns only)"
+    )
+
 __all__ = [
     "HostLost",
     "HostOffline",
     "SubmitServer",
+    "already_hosted",
     "fetch_outcome",
     "fetch_roster",
     "fetch_status",
@@ -179,12 +190,7 @@ class SubmitServer:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise RuntimeError(
-                f"another process (pid {holder}) already hosts the actors of {self.root} "
-                f"(its submit endpoint is {self.path}); stop it first (a `hermes gateway run` hosts them while "
-                "its config.yaml has platforms.hermes_actors.enabled: true; set it to false to keep that gateway "
-                "for warm turns only)"
-            ) from None
+            raise already_hosted(self.root, holder) from None
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
         try:

@@ -59,7 +59,9 @@ def existing_root(root: Path | str) -> Path:
             "HERMES_HOME of your install (default ~/.hermes), once `hermes profile create <name>` made its profiles"
         )
     outer = path.parent.parent
-    if path.parent.name == "profiles" and any((outer / name).exists() for name in ("config.yaml", "state.db")):
+    # a fresh hermes-agent root holds only profiles/ and logs/ (no config.yaml yet), and a profile's home its .env
+    if path.parent.name == "profiles" and not (path / "profiles").is_dir() and any(
+            (outer / name).exists() for name in ("config.yaml", "state.db", ".env", "profile.yaml", "logs")):
         raise ValueError(
             f"{str(path)!r} is the home of profile {path.name!r} of the Hermes root {str(outer)!r}, not a root; "
             f"pass --root {outer}"
