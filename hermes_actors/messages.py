@@ -228,6 +228,7 @@ class ResumedSend:
     sender: str = ""
     sender_handle: str = ""
     hop: int = 0
+    wake: bool | None = None  # whether its outcome wakes the sender (``Delivery.wake``; None: not recorded)
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,6 +214,34 @@ def test_a_relay_dm_resumed_after_the_senders_restart_still_wakes_its_sender(
     assert turn.hop == 1  # the DM's hop, as recorded when it was sent
 
 
+@pytest.mark.parametrize("accepting_wakes", [True, False], ids=["acked-by-a-waking-host", "acked-by-a-one-off-send"])
+def test_a_resumed_relay_dm_wakes_its_sender_as_the_gateway_that_acked_it_decided(
+    tmp_path: Path, gateways: list[Gateway], accepting_wakes: bool
+) -> None:
+    """The decision rides in ``sent/`` across the restart: the gateway that reads the reply does not decide."""
+    from hermes_actors.store import relay_files as rf
+    from hermes_actors.store import relay_protocol as rp
+
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    write_roster_file(alpha, [remote_row("moxie", "mini", online=True)])
+    first = start_gateway(gateways, alpha, RecordingRunner(), config={"bot_mode": {"wake_sender": accepting_wakes}},
+                          connection_id="alpha")
+    dm = queued(first.message_agent(sender="alice", target="moxie@mini", message="hi"))
+    first.stop(timeout=5)
+
+    rec = RecordingRunner(lambda turn: "noted")
+    rf.write_reply(rf.RelayPaths.from_root(alpha), rp.make_reply(dm, reply="hello back", now=0.0))
+    gw = start_gateway(gateways, alpha, rec, config={"bot_mode": {"wake_sender": not accepting_wakes}},
+                       connection_id="alpha")
+    assert gw.wait_outcome(dm, timeout=10)["reply"] == "hello back"
+    if accepting_wakes:
+        assert gw.wait_outcome(wake_id(dm), timeout=10)["status"] == "replied"
+    else:
+        with pytest.raises(KeyError):
+            gw.wait_outcome(wake_id(dm), timeout=1)
+    assert [t.profile for t in rec.entered] == (["alice"] if accepting_wakes else [])
+
+
 def test_status_names_a_pending_wake_a_wake_and_never_counts_its_outcome_as_a_dm(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

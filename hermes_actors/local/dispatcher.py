@@ -331,7 +331,7 @@ class DispatcherActor(SupervisorActor):
             key = entry.envelope_id
             if self.book.state(key) is DeliveryState.UNKNOWN:  # its sender (when recorded) is woken by the outcome
                 placeholder = Delivery(key, entry.sender, entry.sender_handle, "", "", "", label=entry.label,
-                                       hop=entry.hop, origin="recovered")
+                                       hop=entry.hop, origin="recovered", wake=entry.wake)
                 self.book.add(key, Pending(placeholder, "relay"))
 
     # ── outcomes ────────────────────────────────────────────────────────────

@@ -194,7 +194,8 @@ class RelayActor(TypedActor):
         )
         try:  # recorded as ours before it is queued: a restart resumes exactly what we sent
             record_sent(self.paths, envelope["id"], route.label, now=envelope["created_at"],
-                        sender=route.sender.profile, sender_handle=route.sender.handle, hop=delivery.hop)
+                        sender=route.sender.profile, sender_handle=route.sender.handle, hop=delivery.hop,
+                        wake=delivery.wake)
             rf.enqueue_envelope(self.paths.relay, envelope)
         except (StoreError, ValidationError, OSError) as exc:
             clear_sent(self.paths, envelope["id"])
@@ -229,7 +230,7 @@ class RelayActor(TypedActor):
         for record in scan.ours:
             if record.envelope_id not in self.waiting:
                 resumed.append(ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle,
-                                           record.hop))
+                                           record.hop, record.wake))
                 self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), resumed=True)
         self.counters["quarantined"] += scan.quarantined
         self.resumed = tuple(resumed)

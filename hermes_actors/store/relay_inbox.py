@@ -362,7 +362,8 @@ class TurnStartMarks:
 class SentRecord:
     """One envelope this root's gateway queued and still waits a reply for.
 
-    ``sender``, ``sender_handle``, ``hop``: the DM that sent it ("" and 0 in a record of an older version).
+    ``sender``, ``sender_handle``, ``hop``: the DM that sent it ("" and 0 in a record of an older version);
+    ``wake``: whether its outcome wakes that sender (``Delivery.wake``; None in an older record).
     """
 
     envelope_id: str
@@ -371,6 +372,7 @@ class SentRecord:
     sender: str = ""
     sender_handle: str = ""
     hop: int = 0
+    wake: bool | None = None
 
 
 _SENDER_MAX = 64  # a folder id or handle longer than this in a sent record is ignored (not one of ours)
@@ -378,7 +380,7 @@ _SENDER_MAX = 64  # a folder id or handle longer than this in a sent record is i
 
 def record_sent(
     paths: InboxPaths, envelope_id: str, label: str, *, now: float, sender: str = "", sender_handle: str = "",
-    hop: int = 0,
+    hop: int = 0, wake: bool | None = None,
 ) -> None:
     """Record (before the envelope is queued) that this envelope is ours, and which DM sent it.
 
@@ -390,18 +392,21 @@ def record_sent(
         sender: the sending profile's folder id (a restart wakes it with the outcome).
         sender_handle: its handle.
         hop: the DM's hop.
+        wake: whether the outcome wakes the sender (decided where the DM was acked; None: undecided).
 
     Raises:
         ValidationError: the id is invalid.
         StoreError: the record could not be written (then nothing must be queued).
     """
-    record = {"id": envelope_id, "at": int(now), "label": label, "from": sender, "from_handle": sender_handle,
-              "hop": hop}
+    record: dict[str, Any] = {"id": envelope_id, "at": int(now), "label": label, "from": sender,
+                              "from_handle": sender_handle, "hop": hop}
+    if wake is not None:
+        record["wake"] = wake
     _write_mark(paths, paths.sent, envelope_id, record, fsync=False)  # as durable as the envelope
 
 
-def recorded_sender(data: dict[str, Any], *, profile_key: str = "from") -> tuple[str, str, int]:
-    """The sending DM a record of one of our envelopes names: (profile, handle, hop).
+def recorded_sender(data: dict[str, Any], *, profile_key: str = "from") -> tuple[str, str, int, bool | None]:
+    """The sending DM a record of one of our envelopes names: (profile, handle, hop, wake).
 
     Shared by the file relay's ``sent/`` records and the Redis transport's sent meta.
 
@@ -410,13 +415,15 @@ def recorded_sender(data: dict[str, Any], *, profile_key: str = "from") -> tuple
         profile_key: the key of the sending profile (``from`` in ``sent/``, ``from_profile`` in Redis).
 
     Returns:
-        ``("", "", 0)`` when it names none (a record of an older version) or not in the expected shape.
+        ``("", "", 0, None)`` when it names none (a record of an older version) or not in the expected
+        shape; ``wake`` is None when the record does not say (an older version).
     """
     sender, handle, hop = data.get(profile_key, ""), data.get("from_handle", ""), data.get("hop", 0)
     if (not isinstance(sender, str) or not isinstance(handle, str) or len(sender) > _SENDER_MAX
             or len(handle) > _SENDER_MAX or isinstance(hop, bool) or not isinstance(hop, int) or not 0 <= hop <= 1000):
-        return "", "", 0
-    return sender, handle, hop
+        return "", "", 0, None
+    wake = data.get("wake")
+    return sender, handle, hop, wake if isinstance(wake, bool) else None
 
 
 def claim_for_expiry(paths: InboxPaths, envelope_id: str, *, adopt: bool = False) -> Path | None:

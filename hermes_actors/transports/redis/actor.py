@@ -156,7 +156,8 @@ class RedisRelayActor(TypedActor):
     def _on_send(self, msg: RelaySend) -> dict[str, Any]:
         """Publish the envelope; the ack or refusal goes back to the Dispatcher as ``RelayAccepted``."""
         route = msg.route
-        return self.outbound.send(route.target, route.sender, route.content, msg.delivery.hop, route.label)
+        return self.outbound.send(route.target, route.sender, route.content, msg.delivery.hop, route.label,
+                                  wake=msg.delivery.wake)
 
     @handles(PeerSend)
     def _on_peer_send(self, msg: PeerSend) -> dict[str, Any] | None:

@@ -97,8 +97,9 @@ class Outbound:
 
     # ── sending ─────────────────────────────────────────────────────────────
 
-    def send(self, target: RemoteAgent, sender: ProfileInfo, content: str, hop: int, label: str) -> dict[str, Any]:
-        """Queue one envelope; the ack dict, or a refusal dict (nothing queued)."""
+    def send(self, target: RemoteAgent, sender: ProfileInfo, content: str, hop: int, label: str, *,
+             wake: bool | None = None) -> dict[str, Any]:
+        """Queue one envelope; the ack dict, or a refusal dict (nothing queued). ``wake``: see ``Delivery.wake``."""
         envelope = make_envelope(target=target, message=content, sender_profile=sender.profile,
                                  sender_handle=sender.handle, now=time.time(), extra={"hop": hop})
         fields = rs.encode_envelope_entry(envelope, self.link.me)
@@ -107,7 +108,7 @@ class Outbound:
             ok, detail = self.send_script(
                 keys=[keys.inbox(target.connection_id), keys.sent(self.link.me)],
                 args=[self.link.settings.max_stream_len, fields["envelope"], self.link.me, envelope["id"],
-                      rs.sent_meta(envelope, label)],
+                      rs.sent_meta(envelope, label, wake)],
             )
         except Exception as exc:
             if self.link.unreachable(exc):

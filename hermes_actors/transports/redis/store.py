@@ -267,11 +267,15 @@ def decode_reply_entry(fields: dict[Any, Any]) -> dict[str, Any]:
     return parse_reply(data)
 
 
-def sent_meta(envelope: dict[str, Any], label: str) -> bytes:
+def sent_meta(envelope: dict[str, Any], label: str, wake: bool | None = None) -> bytes:
     """What ``<p>:sent:<me>`` keeps of an envelope awaiting its reply (for a restart)."""
     keys = ("created_at", "from_profile", "from_handle", "target_handle", "target_connection")
-    # The hop too: a restart wakes the sending profile with the outcome (its loop guard needs the hop).
-    return orjson.dumps({"label": label, "hop": envelope.get("hop", 0), **{k: envelope[k] for k in keys}})
+    # The hop too: a restart wakes the sending profile with the outcome (its loop guard needs the hop), if the
+    # gateway that acked the DM decided it wakes (``wake``; absent: the gateway that settles it decides).
+    meta = {"label": label, "hop": envelope.get("hop", 0), **{k: envelope[k] for k in keys}}
+    if wake is not None:
+        meta["wake"] = wake
+    return orjson.dumps(meta)
 
 
 def parse_sent_meta(value: bytes) -> dict[str, Any] | None:
