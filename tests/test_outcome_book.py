@@ -126,3 +126,24 @@ def test_a_journaling_outcome_keeps_its_delivery_until_it_is_published() -> None
     assert book.delivery(KEY) is entry.delivery and book.record(KEY) == _record()
     book.settle(KEY, _record())
     assert book.delivery(KEY) is None and book.export() == {KEY: _record()}
+
+
+class GatewayStopped(Exception):
+    pass
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["settled-inline", "answered-after-the-commit"])
+def test_a_waiter_its_stopped_gateway_answered_already_does_not_crash_the_settling(deferred: bool) -> None:
+    """Gateway._end_waits answers its waiters' futures at stop; a Dispatcher still running after a stop that was
+    not clean then settles the DM: the second answer is dropped, and the other waiters still get theirs."""
+    book = _book_with("pending")
+    answered, other = pykka.ThreadingFuture[dict[str, Any]](), pykka.ThreadingFuture[dict[str, Any]]()
+    book.wait(KEY, answered)
+    book.wait(KEY, other)
+    answered.set_exception(exc_info=(GatewayStopped, GatewayStopped(), None))
+    answers: Answers = []
+    book.settle(KEY, _record(), answers if deferred else None)
+    answer(answers)
+    with pytest.raises(GatewayStopped):
+        answered.get(timeout=0)
+    assert other.get(timeout=0) == _record()

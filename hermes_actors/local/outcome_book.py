@@ -12,6 +12,7 @@ dict on every read.
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import zlib
 from collections import deque
@@ -21,6 +22,7 @@ from enum import Enum
 from typing import Any, Literal
 
 import pykka
+from loguru import logger
 
 __all__ = ["SETTLED_KEEP", "Answers", "DeliveryState", "OutcomeBook", "Pending", "Route", "SettledOutcomes", "answer"]
 
@@ -45,7 +47,16 @@ Answers = list[tuple[pykka.ThreadingFuture[dict[str, Any]], dict[str, Any]]]
 def answer(answers: Answers) -> None:
     """Set each future of ``answers`` with its outcome dict."""
     for future, record in answers:
+        _answer_one(future, record)
+
+
+def _answer_one(future: pykka.ThreadingFuture[dict[str, Any]], record: dict[str, Any]) -> None:
+    # A stopped Gateway answers its waiters' futures itself (Gateway._end_waits); a Dispatcher still
+    # running after a stop that was not clean must not crash on one answered already.
+    try:
         future.set(record)
+    except Exception:
+        logger.debug("an outcome waiter was answered already (its gateway stopped)")
 
 
 class DeliveryState(Enum):
@@ -274,7 +285,7 @@ class OutcomeBook:
         waiters = self._waiters.pop(key, ())
         if answers is None:
             for future in waiters:
-                future.set(record)
+                _answer_one(future, record)
         else:
             answers.extend((future, record) for future in waiters)
         return entry
@@ -310,7 +321,8 @@ class OutcomeBook:
         for key, futures in waiters.items():
             error = error_for(key)
             for future in futures:
-                future.set_exception(exc_info=(type(error), error, None))
+                with contextlib.suppress(Exception):  # answered already by its stopped Gateway (see _answer_one)
+                    future.set_exception(exc_info=(type(error), error, None))
                 count += 1
         return count
 
@@ -322,6 +334,6 @@ class OutcomeBook:
         """
         record = self.published(key)
         if record is not None:
-            future.set(record)
+            _answer_one(future, record)
         else:
             self._waiters.setdefault(key, []).append(future)

@@ -96,8 +96,8 @@ class RoomActor(TypedActor):
 
     def on_stop(self) -> None:
         # A waiter must not sit out its whole timeout on a room nobody will advance any more.
-        error = RuntimeError(f"the gateway stopped before room {self.record.name!r} became idle; its rounds go on "
-                             "at the next start on the root")
+        error = RuntimeError(f"room {self.record.name!r} stopped before it became idle (the gateway stopped, or the "
+                             "room's actor failed and restarts); its rounds go on from its file: wait again")
         for future in self.waiters:
             future.set_exception(exc_info=(RuntimeError, error, None))
         self.waiters.clear()
