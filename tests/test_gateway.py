@@ -1049,3 +1049,23 @@ def test_message_agent_names_a_bad_hop(root: Path, gateways: list[Gateway], hop:
     with pytest.raises(error, match="message_agent hop must be"):
         gw.message_agent(sender="alice", target="bob", message="hi", hop=hop)
     assert gw.stats()["accepted"] == 0
+
+
+def test_a_relayed_in_dm_deeper_than_our_hop_limit_is_answered_loop_guard_not_run(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    """A peer configured with a deeper limit, or a forged envelope (hop 1,000,000 ran its turn): our limit holds."""
+    rec = RecordingRunner()
+    gw = start_gateway(gateways, root, rec, config={"bot_mode": {"max_hops": 8}}, connection_id="alpha")
+    paths = InboxPaths.from_root(root)
+    deep = {**seed_envelope(target_connection="alpha", target_profile="bob"), "hop": 1_000_000}
+    at_limit = {**seed_envelope(target_connection="alpha", target_profile="bob", message="at the limit"), "hop": 8}
+    post_to_inbox(paths, deep, "mini")
+    post_to_inbox(paths, at_limit, "mini")
+    for env in (deep, at_limit):
+        answer = paths.delivered / f"{env['id']}.json"
+        await_condition(answer.exists, timeout=10, message=f"envelope {env['id']} answered")
+    refused = json.loads((paths.delivered / f"{deep['id']}.json").read_text(encoding="utf-8"))
+    assert refused["reason"] == "loop_guard" and "hop 1000000" in refused["error"] and refused["reply"] == ""
+    assert [body_of(t.content) for t in rec.entered] == ["at the limit"]
+    assert gw.stats()["pending"] == 0

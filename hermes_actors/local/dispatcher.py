@@ -31,6 +31,7 @@ from actors import ActorGone, ChildFailed, RestartPolicy, SupervisorActor, ask, 
 from hermes_actors.core import outcomes, reasons
 from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ack
 from hermes_actors.core.failure import HeldDelivery, failure_text, outcomes_after_failure
+from hermes_actors.core.guard import check_hops
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.recovery import plan_recovery, unreadable_deliveries
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal
@@ -322,6 +323,11 @@ class DispatcherActor(SupervisorActor):
             self.relay.answer_relay_in(outcomes.failed(key, label, text, "unknown"), msg.reply_connection)
             return
         delivery = delivery_from_envelope(env, info, label, now=time.time())
+        too_deep = check_hops(delivery.hop, self.deps.config.max_hops)
+        if too_deep is not None:  # a peer with a deeper limit, or a forged hop: our limit holds for our bots too
+            self.relay.answer_relay_in(outcomes.failed(key, label, too_deep.error, too_deep.reason),
+                                       msg.reply_connection)
+            return
         self.book.add(key, Pending(delivery, "relay-in", msg.reply_connection))
         self.profiles.queue(info, delivery)
 
