@@ -255,20 +255,20 @@ class RedisRelayActor(TypedActor):
     def _publish_roster(self) -> None:
         """Publish our roster rows and read the peers' (liveness itself is the Heartbeat thread's)."""
         rows = rs.local_roster_rows(self.profiles, self.me, self.settings.connection_label)
-        pipe = self.redis_link.client.pipeline(transaction=True)
-        roster_key = self.keys.roster(self.me)
-        if rows != self.published:
+        client, roster_key = self.redis_link.client, self.keys.roster(self.me)
+        changed = rows != self.published
+        # Unchanged rows are only kept alive; EXPIRE answers 0 for a key that is gone (a Redis restarted empty,
+        # flushed or failed over): then they are written again, on the one write path below.
+        if not changed and rows and not client.expire(roster_key, rs.ROSTER_KEEP_SECONDS):
+            logger.warning("redis: the roster of {} was gone from Redis (restarted empty, flushed?); published it "
+                           "again", self.me)
+            changed = True
+        if changed:
+            pipe = client.pipeline(transaction=True)
             pipe.delete(roster_key)
             if rows:
                 pipe.hset(roster_key, mapping=rows)
-        pipe.expire(roster_key, rs.ROSTER_KEEP_SECONDS)
-        kept = pipe.execute()[-1]  # EXPIRE answers 0 for a key that is gone
-        if not kept and rows:  # a Redis restarted empty, flushed or failed over: our rows are gone, write them again
-            logger.warning("redis: the roster of {} was gone from Redis (restarted empty, flushed?); published it "
-                           "again", self.me)
-            pipe = self.redis_link.client.pipeline(transaction=True)
-            pipe.hset(roster_key, mapping=rows)
-            pipe.expire(roster_key, rs.ROSTER_KEEP_SECONDS)
+                pipe.expire(roster_key, rs.ROSTER_KEEP_SECONDS)
             pipe.execute()
         self.published = rows
         self._read_remote()
