@@ -33,7 +33,11 @@ __all__ = [
 ]
 
 MANAGED_KEY = "hermes-bots"
-_ROOT_MARKS = ("config.yaml", "profiles", "state.db", ".env", "profile.yaml")  # any one: a Hermes root
+# Any one of these in a directory: a Hermes root. Beside a profile's home (``<root>/profiles/<name>``) its root
+# always has profiles/, so that one says nothing there; a fresh hermes-agent root has only profiles/ and logs/.
+_ROOT_FILES = ("config.yaml", "state.db", ".env", "profile.yaml")
+_ROOT_MARKS = (*_ROOT_FILES, "profiles")
+_OUTER_ROOT_MARKS = (*_ROOT_FILES, "logs")
 
 
 def existing_root(root: Path | str) -> Path:
@@ -59,9 +63,8 @@ def existing_root(root: Path | str) -> Path:
             "HERMES_HOME of your install (default ~/.hermes), once `hermes profile create <name>` made its profiles"
         )
     outer = path.parent.parent
-    # a fresh hermes-agent root holds only profiles/ and logs/ (no config.yaml yet), and a profile's home its .env
     if path.parent.name == "profiles" and not (path / "profiles").is_dir() and any(
-            (outer / name).exists() for name in ("config.yaml", "state.db", ".env", "profile.yaml", "logs")):
+            (outer / name).exists() for name in _OUTER_ROOT_MARKS):
         raise ValueError(
             f"{str(path)!r} is the home of profile {path.name!r} of the Hermes root {str(outer)!r}, not a root; "
             f"pass --root {outer}"
