@@ -230,8 +230,9 @@ class ActorSystem:
             claim_connection(redis_settings, opts.connection_id, guard.consumer)  # one process per connection id
             runner = guard.wrap(runner)
         journal = self.journal
+        runner_is_hermes = is_real_hermes(self.runner)
         caller_admission = CallerAdmission(snapshot, max_hops=cfg.max_hops,
-                                           wake=wake_enabled(cfg.wake_sender, is_real_hermes(self.runner)))
+                                           wake=wake_enabled(cfg.wake_sender, runner_is_hermes))
 
         def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: TurnFactory) -> ProfileDeps:
             self.turn_factory = make_turn  # names this gateway's turns (Gateway.stop refuses to run in one)
@@ -246,7 +247,7 @@ class ActorSystem:
             peer_submit=_peer_submitter(opts.peer_transport or PeerCliTransport(), pool),
             policy=RestartPolicy(max_restarts=5, within_seconds=10.0),
             journal=journal,
-            runner_is_hermes=is_real_hermes(self.runner),
+            runner_is_hermes=runner_is_hermes,
             caller_admission=caller_admission,
             on_failing=on_failing,
             on_failed=self._failed_with(on_failure),

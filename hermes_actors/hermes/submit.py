@@ -65,16 +65,6 @@ from hermes_actors.hermes.submit_protocol import (
 from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, socket_address
 from hermes_actors.store.atomic import ensure_private_dir
 
-
-def already_hosted(root: Path, holder: object) -> RuntimeError:
-    """The error of a second host of ``root``: names the process that hosts it (``holder``: its pid) and what to do."""
-    return RuntimeError(
-        f"another process (pid {holder}) already hosts the actors of {root} "
-        f"(its submit endpoint is {socket_path(root)}); stop it first (a `hermes gateway run` hosts them while "
-        "its config.yaml has platforms.hermes_actors.enabled: true; set it to false to keep that gateway "
-        "for warm turns only)"
-    )
-
 __all__ = [
     "HostLost",
     "HostOffline",
@@ -92,6 +82,16 @@ SendFn = Callable[[SendCall], dict[str, Any]]
 OutcomeFn = Callable[[OutcomeCall], dict[str, Any]]
 StatusFn = Callable[[], dict[str, Any]]
 RoomFn = Callable[[RoomCall], dict[str, Any]]
+
+
+def already_hosted(root: Path, holder: object) -> RuntimeError:
+    """The error of a second host of ``root``: names the process that hosts it (``holder``: its pid) and what to do."""
+    return RuntimeError(
+        f"another process (pid {holder}) already hosts the actors of {root} "
+        f"(its submit endpoint is {socket_path(root)}); stop it first (a `hermes gateway run` hosts them while "
+        "its config.yaml has platforms.hermes_actors.enabled: true; set it to false to keep that gateway "
+        "for warm turns only)"
+    )
 
 
 class SubmitServer:

@@ -105,13 +105,13 @@ class OpsHttpServer:
         """
         self._unsubscribe = self.gateway.subscribe(self._on_outcome, details=True)
         try:
-            server = self.bind()._server
+            self.bind()
         except OSError:
             self._unsubscribe()
             self._unsubscribe = None
             raise
-        assert server is not None
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
+        assert self._server is not None
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="ops-http", daemon=True)
         self._thread.start()
         logger.info("operator endpoint on {}", self.url)
