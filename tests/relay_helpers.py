@@ -33,17 +33,20 @@ _SEED_WRITER = r"""
 import json, os, sys, tempfile
 target, payload = sys.argv[1], json.loads(sys.argv[2])
 fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=sys.argv[3], suffix=".tmp")
-with os.fdopen(fd, "w", encoding="utf-8") as f:
+with os.fdopen(fd, "w", encoding=sys.argv[4]) as f:
     json.dump(payload, f, ensure_ascii=False)
 os.replace(tmp, target)
 """
 
 
-def seed_write_json(target: Path, payload: Any, *, prefix: str = ".rep-") -> None:
-    """Write ``payload`` to ``target`` from another process, the seed's way (mkstemp + os.replace)."""
+def seed_write_json(target: Path, payload: Any, *, prefix: str = ".rep-", encoding: str = "utf-8") -> None:
+    """Write ``payload`` to ``target`` from another process, the seed's way (mkstemp + os.replace).
+
+    ``encoding="utf-8-sig"`` starts the file with a byte order mark, as a peer on Windows may.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-c", _SEED_WRITER, str(target), json.dumps(payload), prefix],
+        [sys.executable, "-c", _SEED_WRITER, str(target), json.dumps(payload), prefix, encoding],
         check=True,
         timeout=30,
     )

@@ -80,3 +80,30 @@ def test_stop_keeps_queued_dms_journaled_and_the_next_start_runs_each_once(tmp_p
     finally:
         third.stop()
     assert third_runner.entered == []
+
+
+@pytest.mark.parametrize(
+    ("reply", "cut"),
+    [
+        pytest.param("x" * (9 << 20), True, id="9MiB-plain"),  # past the outcome limit: cut, with a note
+        pytest.param("\x01" * (3 << 20), False, id="3MiB-escaped"),  # fits, but JSON writes 6 bytes a byte
+    ],
+)
+def test_a_long_reply_outlives_a_restart_whole_or_cut_never_lost(tmp_path: Path, reply: str, cut: bool) -> None:
+    from hermes_actors.core.outcomes import TEXT_MAX_BYTES
+
+    root = make_root(tmp_path)
+    with Gateway(root, runner=RecordingRunner(lambda turn: reply), durable=True) as gw:
+        key = gw.message_agent(sender="alice", target="bob", message="the long answer")["delivery_id"]
+        first = gw.wait_outcome(key, timeout=60)
+    assert first["status"] == "replied"
+    assert len(first["reply"].encode()) <= TEXT_MAX_BYTES
+    assert (first["reply"] != reply) is cut
+    if cut:
+        assert reply.startswith(first["reply"].partition("\n\n[cut here")[0]) and "[cut here" in first["reply"]
+
+    again_runner = RecordingRunner()
+    with Gateway(root, runner=again_runner, durable=True) as again:
+        assert again.wait_outcome(key, timeout=10) == first  # the journal line was read back whole
+    assert again_runner.entered == []
+    assert not list((root / "bot_relay" / "quarantine").glob("*")), "the journal was not quarantined as damaged"

@@ -243,13 +243,3 @@ def test_a_reply_over_a_mebibyte_crosses_the_relay_whole(two_roots: tuple[Path, 
     assert outcome["status"] == "replied" and outcome["reply"] == big, (outcome["status"], len(outcome["reply"]))
     assert not list((mini / "bot_relay" / "quarantine").glob("*")) and not list(
         (alpha / "bot_relay" / "quarantine").glob("*"))
-
-
-@pytest.mark.parametrize(("text", "cut"), [("é" * 10, False), ("é" * 11, True), ("x" * 22, True)])
-def test_a_reply_text_past_the_relay_limit_is_cut_with_a_note(text: str, cut: bool) -> None:
-    out = rp.cut_reply_text(text, limit=20)
-    assert (out != text) is cut
-    if cut:
-        kept, _, note = out.partition("\n\n")
-        assert len(kept.encode()) <= 20 and text.startswith(kept)
-        assert note.startswith(f"[cut here: the reply was {len(text)} characters")

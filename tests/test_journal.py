@@ -22,7 +22,7 @@ from hermes_actors import Gateway
 from hermes_actors.errors import StoreError
 from hermes_actors.local.sending import outcome_future
 from hermes_actors.ops.journal_view import read_journals
-from hermes_actors.store.journal import Journal, fold_records, parse_lines
+from hermes_actors.store.journal import Journal, JournalFolded, fold_lines, fold_records, parse_lines
 
 
 def _id(n: int) -> str:
@@ -46,8 +46,13 @@ def _lines(*records: dict[str, Any]) -> bytes:
     return b"".join(orjson.dumps(r) + b"\n" for r in records)
 
 
+def _parsed(lines: list[bytes]) -> tuple[list[dict[str, Any]], int]:
+    decoded = list(parse_lines(lines))
+    return [r for r in decoded if r is not None], decoded.count(None)
+
+
 def _file_records(path: Path) -> list[dict[str, Any]]:
-    records, bad = parse_lines(path.read_bytes().splitlines())
+    records, bad = _parsed(path.read_bytes().splitlines())
     assert bad == 0, f"{path} has {bad} corrupt line(s)"
     return records
 
@@ -70,11 +75,13 @@ def test_parse_lines_skips_torn_and_foreign_lines() -> None:
         b'{"t":"accepted"}',  # no id
         b"[1, 2, 3]",  # not a record
         b"\xff\xfe garbage",
+        orjson.dumps({"t": "started", "id": "../../../tmp/pwn", "attempt": 1}),  # an id that would name a path
+        orjson.dumps({"t": "started", "id": _id(0xABC).upper()}),  # not a delivery id either
         orjson.dumps({"t": "delivered", "id": _id(1)}),
     ]
-    records, bad = parse_lines(lines)
+    records, bad = _parsed(lines)
     assert [r["t"] for r in records] == ["accepted", "delivered"]
-    assert bad == 5
+    assert bad == 7
 
 
 def test_parse_lines_reads_zero_bytes_as_line_breaks() -> None:
@@ -86,9 +93,30 @@ def test_parse_lines_reads_zero_bytes_as_line_breaks() -> None:
         b"\0" * 100 + second + b"\n",  # a power cut left zeros where lazy records had not landed
         b'{"t":"started","id":"torn' + b"\0" * 50,  # torn mid-write, then zeros
     ]
-    records, bad = parse_lines(lines)
+    records, bad = _parsed(lines)
     assert records == [orjson.loads(first), orjson.loads(second)]
     assert bad == 1, "only the torn record is corrupt; zeros are nothing"
+
+
+def test_fold_lines_folds_as_it_reads_and_counts_corrupt_lines() -> None:
+    a, b = _id(1), _id(2)
+    read: list[int] = []
+
+    def lines() -> Any:  # a generator: what fold_lines folds must not need the whole file at once
+        for n, line in enumerate([
+            orjson.dumps({"t": "accepted", "id": a, "d": _delivery(a)}),
+            b"torn",
+            None,  # a line read_lines refused as too long
+            orjson.dumps({"t": "finished", "id": a, "o": _outcome(a)}),
+            orjson.dumps({"t": "accepted", "id": b, "d": _delivery(b)}),
+        ]):
+            read.append(n)
+            yield line
+
+    folded = JournalFolded(corrupt_lines=1)
+    assert fold_lines(lines(), folded) == 2
+    assert folded.corrupt_lines == 3 and read == [0, 1, 2, 3, 4]
+    assert folded.states[a].outcome == _outcome(a) and folded.states[b].delivery == _delivery(b)
 
 
 def test_fold_records_first_outcome_wins_and_tracks_the_lifecycle() -> None:

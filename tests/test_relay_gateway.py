@@ -140,6 +140,21 @@ def test_a_reply_written_by_another_process_resolves_the_outcome_without_polling
     assert out["text"] == "Reply from @moxie on mini: pong"
 
 
+def test_a_reply_file_that_starts_with_a_byte_order_mark_is_read_like_the_seed_reads_it(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: a peer's reply written as utf-8-sig (the seed's waiter reads it so) was quarantined as
+    invalid JSON, and the sender, whose DM had run, got delivery_timeout instead of the reply."""
+    root = sender_root(tmp_path)
+    gw = start(gateways, root)
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="ping"))
+    seed_write_json(relay(root) / "replies" / f"{envelope_id}.json", reply_record(envelope_id, reply="pong"),
+                    encoding="utf-8-sig")
+    assert (relay(root) / "replies" / f"{envelope_id}.json").read_bytes().startswith(b"\xef\xbb\xbf")
+    assert gw.wait_outcome(envelope_id, timeout=10)["reply"] == "pong"
+    assert not list((relay(root) / "quarantine").glob("*"))
+
+
 # ── 2. dropped events: the rescan is the truth ──────────────────────────────
 
 

@@ -149,3 +149,29 @@ def test_a_redis_reply_marked_ambiguous_stays_ambiguous() -> None:
     back = outcomes.from_relay_reply("e" * 32, "@dave on mini", "", "The gateway died before it replied.",
                                      "ambiguous")
     assert (back.status, back.reason, back.retryable) == ("ambiguous", "unknown", False)
+
+
+@pytest.mark.parametrize(
+    ("text", "cut"),
+    [("é" * 100, False), ("é" * 101, True), ("x" * 201, True), ("🙂" * 60, True), ("", False)],
+)
+def test_a_text_past_the_outcome_limit_is_cut_with_a_note_within_the_limit(text: str, cut: bool) -> None:
+    out = outcomes.cut_text(text, limit=200)
+    assert (out != text) is cut
+    assert len(out.encode()) <= 200
+    assert outcomes.cut_text(out, limit=200) == out, "cutting twice changes nothing"
+    if cut:
+        kept, _, note = out.partition("\n\n")
+        assert text.startswith(kept) and kept  # whole characters only, never half of one
+        assert note == f"[cut here: the text was {len(text)} characters; an outcome carries at most 200 bytes]"
+
+
+def test_every_outcome_text_is_bounded_reply_and_error_alike() -> None:
+    huge = "y" * (outcomes.TEXT_MAX_BYTES + 10)
+    replied = outcomes.from_reply(KEY, "@bob", huge).as_dict()
+    failed = outcomes.failed(KEY, "@bob", huge, "unknown").as_dict()
+    unclear = outcomes.ambiguous(KEY, "@bob", huge).as_dict()
+    assert len(replied["reply"].encode()) <= outcomes.TEXT_MAX_BYTES
+    for made in (replied, failed, unclear):
+        assert len(made["text"].encode()) <= outcomes.TEXT_MAX_BYTES + 200  # the label and the framing words
+        assert len(made["error"].encode()) <= outcomes.TEXT_MAX_BYTES + 200

@@ -13,9 +13,11 @@ from hermes_actors.messages import Delivery, Outcome
 
 __all__ = [
     "AMBIGUOUS_TAIL",
+    "TEXT_MAX_BYTES",
     "ambiguous",
     "busy_text",
     "cancelled",
+    "cut_text",
     "delivery_details",
     "failed",
     "from_relay_reply",
@@ -30,21 +32,48 @@ _SILENCE_WORDS = " read your message and chose not to reply"
 _SILENCE_TAIL = f"{_SILENCE_WORDS} (intentional silence). Nothing to relay."
 
 
-def valid_text(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD (a surrogate pair becomes its character).
+# A reply or an error is text we did not write (a model's answer, an exception's message) and has no natural
+# bound. Every outcome holds it twice (``reply`` and ``text``), the journal writes it as one line, a relay carries
+# it in one file: so it is cut once, here, past TEXT_MAX_BYTES (with a note saying so) before it enters an outcome.
+# The journal's and the relay's read limits are sized from this (JSON may escape every byte: 6 bytes each).
+TEXT_MAX_BYTES = 4 << 20
 
-    A reply or error is text we did not write: a model's answer cut in the middle of an
-    emoji and parsed by ``json.loads``, an exception's message. A lone surrogate is a valid
-    ``str`` that no journal, socket or file can encode, so it is made valid here, once,
-    before it enters an outcome.
+
+def valid_text(text: str) -> str:
+    """``text`` made fit for an outcome: valid (every lone surrogate replaced) and bounded (:func:`cut_text`).
+
+    A lone surrogate (a model's answer cut in the middle of an emoji and parsed by
+    ``json.loads``) is a valid ``str`` that no journal, socket or file can encode: it becomes
+    U+FFFD (a surrogate pair becomes its character).
     """
-    if text.isascii():
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return cut_text(text)
+
+
+def cut_text(text: str, limit: int = TEXT_MAX_BYTES) -> str:
+    """Pure: ``text`` itself when its UTF-8 fits in ``limit`` bytes, else its first part and a note saying so.
+
+    The result fits in ``limit`` bytes too, note included, so cutting twice changes nothing.
+
+    Args:
+        text: valid text (see :func:`valid_text`).
+        limit: the most UTF-8 bytes kept (at least a few hundred, room for the note).
+
+    Returns:
+        The text, or its cut.
+    """
+    if len(text) <= limit // 4:  # four UTF-8 bytes per character at most: fits without encoding it
         return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    note = f"\n\n[cut here: the text was {len(text):,} characters; an outcome carries at most {limit:,} bytes]"
+    kept = data[: max(0, limit - len(note.encode()))].decode("utf-8", "ignore")  # never half a character
+    return kept + note
 
 
 def from_reply(delivery_id: str, label: str, reply: str) -> Outcome:

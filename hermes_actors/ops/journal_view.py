@@ -17,7 +17,7 @@ from typing import Any
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import remote_label
 from hermes_actors.errors import ValidationError
-from hermes_actors.store.journal import JournalFolded, fold_records, parse_lines, read_lines
+from hermes_actors.store.journal import JournalFolded, fold_lines, read_lines
 from hermes_actors.store.relay_files import list_ids, read_envelope, read_reply
 from hermes_actors.store.relay_inbox import InboxPaths, read_sent
 
@@ -62,14 +62,12 @@ def read_journals(root: str | Path) -> tuple[JournalFolded, list[str]]:
                 problems.append(f"refusing {path}: not a regular file of ours")
                 continue
             with os.fdopen(os.dup(fd), "rb") as stream:
-                records, bad = parse_lines(read_lines(stream))
+                fold_lines(read_lines(stream), folded)
         except OSError as exc:
             problems.append(f"cannot read {path}: {exc.strerror or exc}")
             continue
         finally:
             os.close(fd)
-        fold_records(records, folded)
-        folded.corrupt_lines += bad
     return folded, problems
 
 

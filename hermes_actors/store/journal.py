@@ -61,6 +61,7 @@ from typing import Any, BinaryIO, Protocol
 import orjson
 from loguru import logger
 
+from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.errors import StoreError
 from hermes_actors.store.atomic import ensure_private_dir
 
@@ -69,12 +70,15 @@ __all__ = [
     "Journal",
     "JournalFolded",
     "StartRecorder",
+    "fold_lines",
     "fold_records",
     "parse_lines",
     "read_lines",
 ]
 
-MAX_LINE_BYTES = 16 << 20  # a finished record holds the outcome, whose reply (a model's answer) is unbounded
+# A finished record holds an outcome: its reply and its text, each up to outcomes.TEXT_MAX_BYTES, which JSON may
+# escape to 6 bytes a byte (\u00XX). A line past this is damage, refused unread.
+MAX_LINE_BYTES = 64 << 20
 DurableCallback = Callable[[BaseException | None], object]
 
 
@@ -107,32 +111,53 @@ class JournalFolded:
         return {k: s for k, s in self.states.items() if not s.delivered}
 
 
-def parse_lines(lines: Iterable[bytes | None]) -> tuple[list[dict[str, Any]], int]:
-    """Pure: decode journal lines; a torn or corrupt line (crash mid-write) is skipped and counted.
+def parse_lines(lines: Iterable[bytes | None]) -> Iterator[dict[str, Any] | None]:
+    """Pure: decode journal lines one at a time; ``None`` for a torn or corrupt line (crash mid-write).
 
     Zero bytes separate lines too: a journal file ends in the zeros its writer allocated
     ahead (a gateway that was killed never trimmed them), and a power cut can leave such
     zeros where lazy records had not reached the disk yet. A record never holds a zero
-    byte (JSON escapes it). ``None`` stands for a line :func:`read_lines` refused as too long.
+    byte (JSON escapes it). ``None`` in ``lines`` stands for a line :func:`read_lines`
+    refused as too long. A record of a kind we never write, or whose id is not a delivery
+    id (the id names files and turns: ``../x`` must never reach them), is corrupt too.
     """
-    records: list[dict[str, Any]] = []
-    bad = 0
     for line in _pieces(lines):
         if line is None:
-            bad += 1
+            yield None
             continue
         if not line.strip():
             continue
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError:
-            bad += 1
+            yield None
             continue
-        if isinstance(record, dict) and isinstance(record.get("id"), str) and record.get("t") in _KINDS:
-            records.append(record)
+        if isinstance(record, dict) and is_delivery_id(record.get("id")) and record.get("t") in _KINDS:
+            yield record
         else:
+            yield None
+
+
+def fold_lines(lines: Iterable[bytes | None], into: JournalFolded) -> int:
+    """Fold a journal file's lines into ``into`` as they are read; a line is never kept once folded.
+
+    A journal of millions of records costs its folded state, not a list of every record too.
+
+    Args:
+        lines: the file's lines (:func:`read_lines`).
+        into: the state to fold into; its ``corrupt_lines`` grows by the corrupt lines found.
+
+    Returns:
+        How many corrupt lines these lines had.
+    """
+    bad = 0
+    for record in parse_lines(lines):
+        if record is None:
             bad += 1
-    return records, bad
+        else:
+            fold_records((record,), into)
+    into.corrupt_lines += bad
+    return bad
 
 
 _KINDS = frozenset({"accepted", "started", "finished", "delivered"})
@@ -308,9 +333,7 @@ class Journal:
                     logger.warning("journal {} is owned by another user; ignored", path)
                     continue
                 with os.fdopen(os.dup(fd), "rb") as stream:
-                    records, bad = parse_lines(read_lines(stream))
-                fold_records(records, folded)
-                folded.corrupt_lines += bad
+                    bad = fold_lines(read_lines(stream), folded)
                 orphans.append((path, fd, bad))
                 keep = True
             finally:

@@ -16,6 +16,7 @@ from typing import Any
 
 from hermes_actors.core.ids import new_delivery_id, validate_delivery_id
 from hermes_actors.core.names import HANDLE_RE
+from hermes_actors.core.outcomes import cut_text
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import RemoteAgent
 
@@ -148,20 +149,10 @@ def make_envelope(
     envelope.update(extra or {})
     return parse_envelope(envelope)
 
-# A reply file holds a model's answer, which has no natural bound: the text a reply record carries is cut
-# past REPLY_TEXT_MAX_BYTES (with a note), and reply files are read up to REPLY_FILE_MAX_BYTES, room for the
-# cut text even if JSON escaped every byte of it (\u00XX: 6 bytes each). Other relay files stay at 1 MiB.
-REPLY_TEXT_MAX_BYTES = 4 << 20
-REPLY_FILE_MAX_BYTES = 32 << 20
-
-
-def cut_reply_text(text: str, limit: int = REPLY_TEXT_MAX_BYTES) -> str:
-    """Pure: ``text`` itself when its UTF-8 fits in ``limit`` bytes, else its first part and a note saying so."""
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= limit:
-        return text
-    kept = data[:limit].decode("utf-8", "ignore")  # never half a character
-    return f"{kept}\n\n[cut here: the reply was {len(text):,} characters; the relay carries at most {limit:,} bytes]"
+# A reply file holds a model's answer: its text (and error) is bounded where every outcome's is
+# (``outcomes.TEXT_MAX_BYTES``, cut with a note) and reply files are read up to REPLY_FILE_MAX_BYTES, room for
+# both even if JSON escaped every byte of them (\u00XX: 6 bytes each). Other relay files stay at 1 MiB.
+REPLY_FILE_MAX_BYTES = 64 << 20
 
 
 def make_reply(
@@ -177,7 +168,7 @@ def make_reply(
         now: the current time (``at`` is ``int(now)``).
 
     Returns:
-        ``{"id", "at", "reply", "error", "reason"}`` (the reply cut by :func:`cut_reply_text`).
+        ``{"id", "at", "reply", "error", "reason"}`` (texts cut by :func:`~hermes_actors.core.outcomes.cut_text`).
 
     Raises:
         ValidationError: the id is invalid.
@@ -185,8 +176,8 @@ def make_reply(
     return {
         "id": validate_delivery_id(envelope_id, what="envelope id"),
         "at": int(now),
-        "reply": cut_reply_text(str(reply or "")),
-        "error": str(error or ""),
+        "reply": cut_text(str(reply or "")),
+        "error": cut_text(str(error or "")),
         "reason": str(reason or ""),
     }
 

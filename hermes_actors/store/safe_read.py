@@ -25,6 +25,9 @@ DEFAULT_MAX_BYTES = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def _why_hostile(st: os.stat_result, *, max_bytes: int, expect_uid: int | None) -> str | None:
     """Decide whether a stat result describes a file we must refuse.
 
@@ -107,6 +110,8 @@ def read_json_file(
         os.close(fd)
     if len(data) > max_bytes:
         raise HostileFileError(f"{path} is too large (grew past {max_bytes} bytes while reading)")
+    if data.startswith(_UTF8_BOM):  # the seed reads relay replies as utf-8-sig: a peer may write one
+        data = data[len(_UTF8_BOM):]
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
