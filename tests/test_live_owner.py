@@ -31,7 +31,7 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
 
 
 def record(key: str, state: str, **fields: str) -> dict[str, Any]:
-    return {"delivery_id": key, "state": state, "at": 1, "reply": "", "error": "", "reason": "", **fields}
+    return {"delivery_id": key, "status": state, "at": 1, "reply": "", "error": "", "reason": "", **fields}
 
 
 class Owner:
@@ -110,7 +110,7 @@ def test_owner_dying_mid_turn_is_ambiguous_and_never_rerun(root: Path, gateways:
     assert out["retryable"] is False
     assert len(owner.turns) == 1 and runner.entered == []
     saved = json.loads(mailbox_file(root, key).read_text())
-    assert saved["state"] == "ambiguous" and "window closed" in saved["error"]
+    assert saved["status"] == "ambiguous" and "window closed" in saved["error"]
     gw.stop()
     # A restart on the same root neither re-runs it nor reports it again as something else.
     again = Gateway(root, runner=runner).start()
@@ -136,7 +136,7 @@ def test_owner_raising_turn_failed_fails_with_that_reason(root: Path, gateways: 
     assert out["error"] == "The owner's provider account is out of credit."
     assert len(owner.turns) == 1 and runner.entered == []
     saved = json.loads(mailbox_file(root, key).read_text())
-    assert saved["state"] == "failed" and saved["reason"] == "provider_quota_limit"
+    assert saved["status"] == "failed" and saved["reason"] == "provider_quota_limit"
 
 
 # ── the mailbox ─────────────────────────────────────────────────────────────
@@ -158,7 +158,7 @@ def test_replaying_a_settled_delivery_returns_the_recorded_reply(root: Path) -> 
     result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn, journal=None)
     assert result.reply == "the recorded reply" and not result.ambiguous
     assert owner.turns == [], "a replay must not run the owner again"
-    assert json.loads(mailbox_file(root, key).read_text())["state"] == "settled"
+    assert json.loads(mailbox_file(root, key).read_text())["status"] == "settled"
 
 
 @pytest.mark.parametrize(
@@ -186,6 +186,22 @@ def test_replaying_other_recorded_states_never_runs_the_owner(
         assert not result.ambiguous and result.reason == "provider_quota_limit" and result.error == "quota gone"
     else:
         assert result.reason == "cancelled" and not result.ambiguous
+
+
+@pytest.mark.parametrize("key_name", ["status", "state"])
+def test_a_settled_record_under_the_seeds_key_or_our_earlier_one_is_replayed_not_run(
+    root: Path, key_name: str
+) -> None:
+    """The mailbox record's state is under ``status``, the key the seed's readers use (``record["status"]``);
+    a record an earlier hermes-actors wrote under ``state`` still replays instead of being moved aside."""
+    home = root / "profiles" / "bob"
+    key = "ef" * 16
+    written = record(key, "settled", reply="from before")
+    written[key_name] = written.pop("status")
+    write_record(mailbox_file(root, key), written)
+    owner = Owner()
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn, journal=None)
+    assert owner.turns == [] and result.reply == "from before"
 
 
 def test_replaying_through_a_gateway_with_the_owner_attached_is_a_no_op(root: Path, gateways: list[Gateway]) -> None:
@@ -228,7 +244,7 @@ def test_mailbox_records_go_queued_claimed_settled_on_disk(
     real_admit, real_transition = LiveMailbox.admit, LiveMailbox.transition
 
     def on_disk(box: LiveMailbox, key: str) -> str:
-        return str(json.loads((box.directory / f"{key}.json").read_text())["state"])
+        return str(json.loads((box.directory / f"{key}.json").read_text())["status"])
 
     def admit(self: LiveMailbox, key: str) -> dict[str, Any]:
         out = real_admit(self, key)
@@ -245,7 +261,7 @@ def test_mailbox_records_go_queued_claimed_settled_on_disk(
     seen_during_turn: list[str] = []
 
     def behave(turn: Turn) -> str:
-        seen_during_turn.append(json.loads(mailbox_file(root, turn.delivery_id).read_text())["state"])
+        seen_during_turn.append(json.loads(mailbox_file(root, turn.delivery_id).read_text())["status"])
         return "settled it"
 
     gw = start_gateway(gateways, root, RecordingRunner())
@@ -257,7 +273,7 @@ def test_mailbox_records_go_queued_claimed_settled_on_disk(
     assert seen_during_turn == ["claimed"]
     path = mailbox_file(root, key)
     final = json.loads(path.read_text())
-    assert final["delivery_id"] == key and final["state"] == "settled"
+    assert final["delivery_id"] == key and final["status"] == "settled"
     assert final["reply"] == "settled it" and final["error"] == "" and final["reason"] == ""
     assert isinstance(final["at"], int)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

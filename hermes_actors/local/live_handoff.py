@@ -4,9 +4,10 @@ While a live owner is attached, the ProfileActor does not run a turn; it hands
 the DM to the owner as a normal user turn, through a durable mailbox:
 
     <profile_home>/runtime/bot_live_delivery/<delivery_id>.json
-    {"delivery_id", "state", "at", "reply", "error", "reason"}
+    {"delivery_id", "status", "at", "reply", "error", "reason"}
 
-States: ``queued → claimed → settled | failed | cancelled | ambiguous``.
+``status`` is the key the seed's readers use (``record["status"]``); a record an
+earlier hermes-actors wrote under ``state`` is read too. States: ``queued → claimed → settled | failed | cancelled | ambiguous``.
 Admission is idempotent by delivery id: a replay of a settled delivery returns
 its recorded result and never runs twice; one found ``claimed`` (the owner
 died mid-turn) is ``ambiguous`` — "may have been delivered, do not resend" —
@@ -63,10 +64,11 @@ class LiveMailbox:
         except HostileFileError as exc:
             self._move_aside(path, str(exc))
             return None
-        if not isinstance(record, dict) or record.get("state") not in LIVE_STATES:
+        state = record.get("status", record.get("state")) if isinstance(record, dict) else None
+        if state not in LIVE_STATES:
             self._move_aside(path, "not a live-delivery record")
             return None
-        return record
+        return {**record, "status": state}
 
     def admit(self, delivery_id: str) -> dict[str, Any]:
         """Create the record in state ``queued``, or return the one already there."""
@@ -75,7 +77,7 @@ class LiveMailbox:
         existing = self.read(delivery_id)
         if existing is not None:
             return existing
-        record = {"delivery_id": delivery_id, "state": "queued", "at": int(time.time()), "reply": "", "error": "",
+        record = {"delivery_id": delivery_id, "status": "queued", "at": int(time.time()), "reply": "", "error": "",
                   "reason": ""}
         if create_exclusive_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True):
             return record
@@ -85,7 +87,7 @@ class LiveMailbox:
         """Write the record in ``state`` (durably)."""
         if state not in LIVE_STATES:
             raise ValueError(f"unknown live-delivery state {state!r}")
-        record = {"delivery_id": delivery_id, "state": state, "at": int(time.time()), "reply": "", "error": "",
+        record = {"delivery_id": delivery_id, "status": state, "at": int(time.time()), "reply": "", "error": "",
                   "reason": "", **fields}
         atomic_write_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True)
         return record
@@ -101,7 +103,7 @@ class LiveMailbox:
 
 def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:
     """A replayed delivery: report what the mailbox recorded; never run it again."""
-    state = record["state"]
+    state = record["status"]
     if state == "settled":
         return TurnFinished(delivery_id, str(record.get("reply") or ""))
     if state == "failed":
@@ -136,7 +138,7 @@ def hand_to_owner(
         record = box.admit(key)
     except (StoreError, OSError, ValidationError) as exc:
         return never_ran(key, "live delivery admission", exc)
-    if record["state"] != "queued":
+    if record["status"] != "queued":
         return _from_record(key, record)
     if journal is not None:
         try:
