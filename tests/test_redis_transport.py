@@ -31,6 +31,7 @@ from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Turn
 from hermes_actors.store.relay_protocol import make_envelope
+from hermes_actors.core.authors import local_origin
 from hermes_actors.transports.peer_cli import PeerCliTransport
 from hermes_actors.transports.redis.store import (
     RedisKeys,
@@ -610,7 +611,9 @@ def test_bot_peers_over_the_cli_transport_with_a_fake_hermes(tmp_path: Path, red
     assert by_body["hello ray"]["argv"] == ["-p", "default", "peer", "dm", "studio/ray"]
     assert by_body["hello main"]["argv"] == ["-p", "default", "peer", "dm", "studio"]
     assert by_body["hello ray"]["stdin"].startswith("Message from 🤖 alice (@alice): ")
-    assert by_body["hello ray"]["author"] == {"id": "bot:alice", "name": "alice", "is_bot": True}
+    # a peer dm crosses installs: the author id names this host (as the seed's bot_author_id(me, local_origin()))
+    assert by_body["hello ray"]["author"] == {"id": f"bot:{local_origin()}/alice", "name": "alice", "is_bot": True}
+    assert local_origin() and "/" not in local_origin()
     assert len(calls) == 3  # no local retry: the peer retries on its own side
 
 

@@ -109,6 +109,8 @@ def test_seed_written_envelope_is_drained_delivered_and_answered_in_seed_format(
     turns = rec.entered
     assert [t.delivery_id for t in turns] == [env["id"]]
     assert turns[0].profile == "moxie" and turns[0].content == "status of the build?"
+    # relayed from another machine: the author id names the sender's connection, not this install's own alice
+    assert turns[0].author == {"id": "bot:alpha/alice", "name": "alice", "is_bot": True}
     reply = json.loads(reply_path.read_text(encoding="utf-8"))
     assert set(reply) == REPLY_KEYS  # exactly the seed's keys: no reply_connection leaks through
     assert reply["id"] == env["id"] and isinstance(reply["at"], int)

@@ -319,3 +319,30 @@ def test_registered_peer_routes_to_the_peer(snapshot: RosterSnapshot) -> None:
     bare = plan_send(snapshot, sender="alice", target="Spark", message="hi")
     assert isinstance(bare, PeerRoute) and (bare.peer, bare.agent) == ("spark", None)
 
+
+
+@pytest.mark.parametrize(
+    ("profile", "origin", "expected"),
+    [("alice", "", "bot:alice"), ("alice", "mini", "bot:mini/alice"), ("alice", "  ", "bot:alice"),
+     ("bob", " studio ", "bot:studio/bob")],
+)
+def test_bot_author_id_names_the_senders_install_when_it_is_another(profile: str, origin: str, expected: str) -> None:
+    from hermes_actors.core.authors import bot_author, bot_author_id
+
+    assert bot_author_id(profile, origin) == expected
+    assert bot_author(profile, "handle", origin) == {"id": expected, "name": "handle", "is_bot": True}
+
+
+def test_local_origin_is_the_cleaned_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_actors.core import authors
+
+    monkeypatch.setattr(authors.socket, "gethostname", lambda: " box/7\x00\n" + "h" * 300)
+    assert authors.local_origin() == "box7" + "h" * 195  # controls dropped, capped at 200, then the slash
+    monkeypatch.setattr(authors.socket, "gethostname", lambda: "studio.lan")
+    assert authors.local_origin() == "studio.lan"
+
+    def broken() -> str:
+        raise OSError("no hostname")
+
+    monkeypatch.setattr(authors.socket, "gethostname", broken)
+    assert authors.local_origin() == ""

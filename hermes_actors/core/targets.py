@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors import fast_init
+from hermes_actors.core.authors import bot_author
 from hermes_actors.core.names import HANDLE_PATTERN, HANDLE_RE, PEER_NAME_PATTERN, profile_key, remote_label
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.messages import BOT_CHAT_SESSION, ProfileInfo, RemoteAgent, RosterSnapshot
@@ -278,7 +279,7 @@ def plan_send(
     if problem is not None:
         return roster_refusal(problem)
     content = prefixed_content(me, body)
-    author = {"id": f"bot:{me.profile}", "name": me.handle, "is_bot": True}
+    author = bot_author(me.profile, me.handle)
 
     peer_match = PEER_TARGET_RE.match(raw)
     if peer_match or raw.lower() in peers:

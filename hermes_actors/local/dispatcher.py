@@ -322,7 +322,7 @@ class DispatcherActor(SupervisorActor):
             text = f"No agent '{env['target_profile']}' on this gateway; the message was NOT delivered."
             self.relay.answer_relay_in(outcomes.failed(key, label, text, "unknown"), msg.reply_connection)
             return
-        delivery = delivery_from_envelope(env, info, label, now=time.time())
+        delivery = delivery_from_envelope(env, info, label, now=time.time(), origin=msg.reply_connection)
         too_deep = check_hops(delivery.hop, self.deps.config.max_hops)
         if too_deep is not None:  # a peer with a deeper limit, or a forged hop: our limit holds for our bots too
             self.relay.answer_relay_in(outcomes.failed(key, label, too_deep.error, too_deep.reason),

@@ -15,6 +15,7 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, ask_reply_to
+from hermes_actors.core.authors import bot_author
 from hermes_actors.core.reasons import CANCELLED
 from hermes_actors.core.targets import PeerRoute, Refusal, RelayRoute
 from hermes_actors.messages import (
@@ -113,8 +114,14 @@ class RelayLink:
             self.ref.tell(RelayOutcome(outcome, reply_connection, put_back))
 
 
-def delivery_from_envelope(env: dict[str, Any], info: ProfileInfo, label: str, *, now: float) -> Delivery:
-    """Pure: the Delivery that runs a drained envelope on the local profile ``info``, accepted at ``now``."""
+def delivery_from_envelope(
+    env: dict[str, Any], info: ProfileInfo, label: str, *, now: float, origin: str = ""
+) -> Delivery:
+    """Pure: the Delivery that runs a drained envelope on the local profile ``info``, accepted at ``now``.
+
+    ``origin`` is the sender's connection id ("" when unknown: the Desktop RPC delivered it): the
+    author id names it, so another machine's ``alice`` is not this install's own ``alice``.
+    """
     hop = env.get("hop")
     return Delivery(
         delivery_id=env["id"],
@@ -123,7 +130,7 @@ def delivery_from_envelope(env: dict[str, Any], info: ProfileInfo, label: str, *
         target=info.profile,
         target_handle=info.handle,
         content=str(env["message"]),
-        author={"id": f"bot:{env['from_profile']}", "name": env["from_handle"], "is_bot": True},
+        author=bot_author(str(env["from_profile"]), str(env["from_handle"]), origin),
         hop=hop if isinstance(hop, int) and hop > 0 else 1,
         accepted_at=now,
         origin="relay",

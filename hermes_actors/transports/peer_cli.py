@@ -13,6 +13,7 @@ import subprocess
 import orjson
 
 from hermes_actors.core import outcomes
+from hermes_actors.core.authors import bot_author_id, local_origin
 from hermes_actors.core.targets import PeerRoute
 from hermes_actors.local.cli_process import resolve_cli
 from hermes_actors.messages import Delivery, Outcome
@@ -40,7 +41,9 @@ class PeerCliTransport:
     def deliver(self, delivery: Delivery, route: PeerRoute) -> Outcome:
         """Run the transport; never raises (failures are outcomes)."""
         env = dict(os.environ)
-        env["HERMES_TURN_AUTHOR"] = orjson.dumps(delivery.author).decode()
+        # A peer dm crosses installs: the id names this host, so the peer's own bot of that name stays distinct.
+        author = {**delivery.author, "id": bot_author_id(delivery.sender, local_origin())}
+        env["HERMES_TURN_AUTHOR"] = orjson.dumps(author).decode()
         try:
             proc = subprocess.run(
                 self.argv(route),
