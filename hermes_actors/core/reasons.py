@@ -130,7 +130,8 @@ _CLASSES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     (MISSING_CONFIG, (), ("not configured", "missing config", "no provider")),
     (MODEL_UNAVAILABLE, (), ("model not found", "unknown model", "model unavailable", "does not exist")),
     (DELIVERY_TIMEOUT, (), ("timed out", "timeout")),
-    (RUNTIME_OFFLINE, (), ("connection refused", "offline", "not running")),
+    # "connection error": what hermes 0.19 says when the model's server cannot be reached at all
+    (RUNTIME_OFFLINE, (), ("connection refused", "connection error", "offline", "not running")),
 )
 
 
