@@ -26,12 +26,12 @@ from roots import LogCapture, RecordingRunner, make_root, wait_online
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TransportError, TurnFailed
+from hermes_actors.core.authors import local_origin
 from hermes_actors.core.config import deep_merge
 from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Turn
 from hermes_actors.store.relay_protocol import make_envelope
-from hermes_actors.core.authors import local_origin
 from hermes_actors.transports.peer_cli import PeerCliTransport
 from hermes_actors.transports.redis.store import (
     RedisKeys,

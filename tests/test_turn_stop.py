@@ -51,6 +51,9 @@ while not os.path.exists(release) and time.monotonic() < deadline:
     time.sleep(0.02)
 child.kill()
 child.wait()
+if os.environ.get("FAKE_CHATTY"):  # as hermes does while it starts up: it writes before it stores the DM
+    print("loading the session...", file=sys.stderr, flush=True)
+    print("thinking...", flush=True)
 with open(log, "a", encoding="utf-8") as f:
     f.write(json.dumps({"ev": "end", "tag": tag, "pid": os.getpid()}) + "\n")
 sys.stdout.write(f"done {tag}\n")
@@ -203,6 +206,26 @@ def test_a_second_send_never_overlaps_a_turn_whose_gateway_was_killed(
     turn_b = started(log, "B")
     assert turn_b is not None and turn_b["overlaps"] == []
     assert [(e["ev"], e["tag"]) for e in events(log)] == [("start", "A"), ("end", "A"), ("start", "B"), ("end", "B")]
+
+
+def test_a_turn_whose_host_was_killed_finishes_even_if_it_writes_output_afterwards(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> None:
+    """Regression: the turn's output went to pipes, so a hermes child still starting up when its host died
+    (kill -9) was killed by the broken pipe at its next write, before it stored the DM; the restarted host,
+    which had journaled the turn's start, reported it "may have been delivered", and a wake was lost."""
+    root = make_root(tmp_path)
+    log, release = tmp_path / "turns.log", tmp_path / "release"
+    host = Proc("host", ["send", "--root", str(root), "--from", "alice", "bob", "one", "--wait", "60",
+                         "--cli", str(fake_cli), "--runner", "command"], tmp_path,
+                {**fake_env(log, release, "A"), "FAKE_CHATTY": "1"})
+    procs.append(host)
+    turn = await_started(log, "A", leftovers)
+    host.kill()  # SIGKILL: its end of whatever the turn writes to is gone
+    release.touch()
+    await_condition(lambda: any(e["ev"] == "end" and e["tag"] == "A" for e in events(log)), timeout=WAIT,
+                    message="the orphaned turn wrote its output and finished")
+    assert_gone(turn["pid"])
 
 
 # ── item 6: serve stops as soon as its turns end, says so, and a second Ctrl-C abandons them ─

@@ -1,8 +1,13 @@
 """One CLI process of a turn, shared by every CLI runner: start it, wait for it, read what it left.
 
 The process runs in its own process group with stdin = /dev/null and is killed
-as a group (on timeout, or when the runner ends it at stop). The texts a
-sender reads for a refused or failed process are made here.
+as a group (on timeout, or when the runner ends it at stop). Its output goes to
+unlinked temporary files, not pipes: a turn's process must outlive a host that
+dies (kill -9) under it. With pipes, a child still starting up died of the
+broken pipe before it stored the DM, after the DM's start was journaled — so the
+restarted host reported a turn that never ran as "may have been delivered", and
+a wake was lost for good. With files the orphan finishes its turn under its
+flock. The texts a sender reads for a refused or failed process are made here.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from hermes_actors.errors import TurnFailed
 
@@ -37,6 +44,10 @@ _NOT_OWNED_CODE = "SESSION_NOT_OWNED"
 _NOT_OWNED_PROSE = "already has a live owner"
 _MAX_FAILURE_CHARS = 2000
 REAP_SECONDS = 5.0  # how long a killed process gets to be collected
+# What is read of a process's output: its stdout holds the reply (cut past 4 MiB where the outcome is made),
+# its stderr matters for its last lines only.
+_STDOUT_READ_BYTES = 16 << 20
+_STDERR_READ_BYTES = 1 << 20
 
 
 def resolve_cli(name: str = "hermes") -> str:
@@ -93,7 +104,7 @@ def _tail(text: str, limit: int = _MAX_FAILURE_CHARS) -> str:
     return "\n".join(reversed(kept))
 
 
-def kill_group(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
+def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     """Signal the turn's whole process group (it was started in its own session)."""
     try:
         if hasattr(os, "killpg"):
@@ -154,7 +165,7 @@ def run_cli_process(
     handle: str,
     cwd: Path | None = None,
     pass_fds: tuple[int, ...] = (),
-    on_start: Callable[[subprocess.Popen[str]], None] | None = None,
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> CliResult:
     """Run one turn's CLI process in its own process group, stdin = /dev/null.
 
@@ -176,16 +187,39 @@ def run_cli_process(
             executable, or the directory is unusable) or ``delivery_timeout``
             (killed after ``timeout``).
     """
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = _start(argv, env=env, handle=handle, cwd=cwd, pass_fds=pass_fds, out=out, err=err)
+        try:
+            if on_start is not None:
+                on_start(proc)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            reap(proc)
+            raise TurnFailed(
+                f"hermes timed out after {timeout:g}s running @{handle}'s Bot Chat turn; "
+                "its process group was killed",
+                reason="delivery_timeout",
+            ) from None
+        except BaseException:
+            kill_group(proc)
+            reap(proc)
+            raise
+        return CliResult(_read_head(out, _STDOUT_READ_BYTES), _read_tail(err, _STDERR_READ_BYTES), proc.returncode)
+
+
+def _start(
+    argv: list[str], *, env: Mapping[str, str], handle: str, cwd: Path | None, pass_fds: tuple[int, ...],
+    out: IO[bytes], err: IO[bytes],
+) -> subprocess.Popen[bytes]:
+    """Start the process (see :func:`run_cli_process`); a start that fails is ``runtime_offline``."""
     cli = argv[0]
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
+            stdout=out,
+            stderr=err,
             env=dict(env),
             cwd=str(cwd) if cwd is not None else None,
             start_new_session=True,
@@ -208,33 +242,22 @@ def run_cli_process(
         ) from None
     except OSError as exc:
         raise TurnFailed(f"hermes CLI at {cli} could not start: {exc}", reason="runtime_offline") from None
-    try:
-        if on_start is not None:
-            on_start(proc)
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        reap(proc)
-        raise TurnFailed(
-            f"hermes timed out after {timeout:g}s running @{handle}'s Bot Chat turn; "
-            "its process group was killed",
-            reason="delivery_timeout",
-        ) from None
-    except BaseException:
-        kill_group(proc)
-        reap(proc)
-        raise
-    return CliResult(stdout or "", stderr or "", proc.returncode)
 
 
-def reap(proc: subprocess.Popen[str]) -> None:
-    """Collect a killed process (bounded: an escaped grandchild may hold the pipes)."""
-    try:
-        proc.communicate(timeout=REAP_SECONDS)
-    except subprocess.TimeoutExpired:
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=REAP_SECONDS)
+def _read_head(stream: IO[bytes], limit: int) -> str:
+    """The first ``limit`` bytes the process wrote to ``stream``, as text."""
+    stream.seek(0)
+    return stream.read(limit).decode("utf-8", "replace")
+
+
+def _read_tail(stream: IO[bytes], limit: int) -> str:
+    """The last ``limit`` bytes the process wrote to ``stream``, as text (a cut character is replaced)."""
+    end = stream.seek(0, os.SEEK_END)
+    stream.seek(max(0, end - limit))
+    return stream.read(limit).decode("utf-8", "replace")
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """Collect a killed process, waiting a bounded time."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=REAP_SECONDS)

@@ -87,7 +87,7 @@ class CommandRunner:
         self._kept: dict[str, Path] = {}
         self._kept_lock = threading.Lock()
         # Turn processes not yet reaped (by delivery id), so stop_turns can end them; notified when one goes.
-        self._live: dict[str, subprocess.Popen[str]] = {}
+        self._live: dict[str, subprocess.Popen[bytes]] = {}
         self._live_changed = threading.Condition()
         self._ended: set[str] = set()  # deliveries stop_turns ended: no further attempt until released
 
@@ -274,7 +274,7 @@ class CommandRunner:
         if self._was_ended(turn.delivery_id):
             raise TurnFailed(f"@{handle}'s turn was ended because the gateway stopped", reason="cancelled")
 
-        def track(proc: subprocess.Popen[str]) -> None:
+        def track(proc: subprocess.Popen[bytes]) -> None:
             with self._live_changed:
                 self._live[turn.delivery_id] = proc
                 ended = turn.delivery_id in self._ended  # stop_turns ran while this one was being started

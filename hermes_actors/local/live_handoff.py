@@ -7,7 +7,8 @@ the DM to the owner as a normal user turn, through a durable mailbox:
     {"delivery_id", "status", "at", "reply", "error", "reason"}
 
 ``status`` is the key the seed's readers use (``record["status"]``); a record an
-earlier hermes-actors wrote under ``state`` is read too. States: ``queued → claimed → settled | failed | cancelled | ambiguous``.
+earlier hermes-actors wrote under ``state`` is read too.
+States: ``queued → claimed → settled | failed | cancelled | ambiguous``.
 Admission is idempotent by delivery id: a replay of a settled delivery returns
 its recorded result and never runs twice; one found ``claimed`` (the owner
 died mid-turn) is ``ambiguous`` — "may have been delivered, do not resend" —
