@@ -32,6 +32,7 @@ def test_a_hung_turn_times_out_and_the_next_dm_is_served(tmp_path: Path) -> None
     assert first["reason"] == "delivery_timeout"
     assert first["retryable"] is False
     assert "do not resend blindly" in first["error"]
+    assert "it may still complete" in first["error"]  # an in-process turn cannot be ended: it may
     assert second["status"] == "replied" and second["reply"] == "done"
     assert len(entered) == 2  # the hung DM ran once; the next one ran after it timed out
 

@@ -498,3 +498,42 @@ def test_a_turn_reported_timed_out_while_it_waited_for_the_flock_never_runs(
     await_condition(lambda: any(waiting in w and "finished after all" in w for w in warnings), timeout=30,
                     message="the timed-out turn's job ended")
     assert runner.bodies() == ["after"]
+
+
+class ForgettingRunner:
+    """Fails every attempt with ``reason``; records what its ``forget_failed`` hook was asked to take back."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.forgotten: list[str] = []
+
+    def run_turn(self, turn: Turn) -> str:
+        raise TurnFailed(f"failed: {self.reason}", reason=self.reason)
+
+    def forget_failed(self, turn: Turn, began: float) -> None:
+        self.forgotten.append(turn.delivery_id)
+
+
+@pytest.mark.parametrize(
+    ("reason", "taken_back"),
+    [
+        ("unknown", True),  # failed for good, reported NOT delivered: the session must not keep it
+        ("agent_blocked", True),
+        ("cancelled", False),  # the gateway's stop ended it: reported ambiguous, it may have been read
+    ],
+)
+def test_only_a_dm_reported_not_delivered_is_taken_back_from_the_session(reason: str, taken_back: bool) -> None:
+    """Regression: a turn the stop ended (its DM reported "may have been delivered — do not resend") was taken
+    back out of Bot Chat like a DM that failed for good."""
+    from hermes_actors.local.turns import execute_turn
+    from hermes_actors.messages import Delivery
+
+    key = "ab" * 16
+    runner = ForgettingRunner(reason)
+    delivery = Delivery(key, "alice", "alice", "bob", "bob", "Message from 🤖 alice (@alice): hi", label="@bob")
+    result = execute_turn(
+        delivery, runner=runner, lock=None, lock_deadline=time.monotonic() + 5,
+        make_turn=lambda d, fd: Turn(profile=d.target, content=d.content, delivery_id=d.delivery_id),
+    )
+    assert result.reply is None and result.reason == reason
+    assert runner.forgotten == ([key] if taken_back else [])

@@ -92,11 +92,12 @@ class BotModeConfig:
         100_000, "notifications allowed to wait behind slow `subscribe` callbacks; beyond it the oldest are "
                  "skipped (logged, counted) — outcomes stay available through `wait_outcome`", at_least=1)
     turn_timeout_seconds: float = setting(
-        600.0, "a turn still running after this is reported `delivery_timeout` (\"may still complete — do not "
-               "resend blindly\") and the profile serves the next DM; a turn process (the command and hermes CLI "
-               "runners) is ended then (its process group), and the next turn's flock waits for it to be gone; an "
-               "in-process turn, which cannot be ended, gives its flock up; a turn that had not begun (waiting for "
-               "the flock) never runs and is reported `target_busy` (NOT delivered)", above=0)
+        600.0, "a turn still running after this is reported `delivery_timeout` (\"do not resend blindly\") and "
+               "the profile serves the next DM; a turn process (the command and hermes CLI runners) is ended then "
+               "(its process group; \"was stopped; it may have been partly done\"), and the next turn's flock waits "
+               "for it to be gone; an in-process turn, which cannot be ended (\"it may still complete\"), gives its "
+               "flock up; a turn that had not begun (waiting for the flock) never runs and is reported "
+               "`target_busy` (NOT delivered)", above=0)
     idle_stop_seconds: float = setting(60.0, "an idle ProfileActor stops after this long (0: never)", at_least=0)
     rescan_seconds: float = setting(2.0, "the relay's reconcile rescan and the roster's change check", above=0)
     wake_sender: str = setting(

@@ -128,7 +128,7 @@ def prepare_bot_chat_retry(home: Path, title: str, content: str, since: float) -
         plan = plan_retry(stored, content)
         if plan.action == REWIND and plan.message_id is not None:
             db.rewind_to_message(session_id, plan.message_id)
-            logger.info("took back the unanswered DM (message {}) of {!r} in {} before the retry",
+            logger.info("took back the unanswered DM (message {}) of {!r} in {}, left by the failed attempt",
                         plan.message_id, title, db_path)
         elif plan.action == SKIP:
             logger.info("no retry: the failed turn already stored {} message(s) in {!r} of {}",
@@ -208,8 +208,8 @@ def take_back_unanswered(home: Path, title: str) -> int:
     except Exception as exc:  # hermes' own code: whatever it raises leaves the session as it was
         logger.warning("could not take back the unanswered message(s) ending {!r} of {}: {}", title, db_path, exc)
         return 0
-    logger.warning("took back {} unanswered message(s) ending {!r} of {} (from message {}): a turn that died left "
-                   "them (its DM's outcome was ambiguous); hermes would have merged them into this turn",
+    logger.warning("took back {} unanswered message(s) ending {!r} of {} (from message {}): a turn that died or was "
+                   "ended (timed out, or its gateway stopped) left them; hermes would have merged them into this turn",
                    count, title, db_path, first)
     return count
 

@@ -161,7 +161,7 @@ class ProfileActor(TypedActor):
         self.winding_down = False
         self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
-        self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped
+        self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped: whether we ended them
         self.gate: TurnGate | None = None  # the worker turn's gate: given up on when its time runs out
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
 
@@ -343,9 +343,10 @@ class ProfileActor(TypedActor):
     def _on_turn_finished(self, msg: TurnFinished) -> None:
         delivery = self.running
         if delivery is None or delivery.delivery_id != msg.delivery_id:
-            if self.abandoned.pop(msg.delivery_id, None):
-                logger.warning("{}: the timed-out turn {} finished after all; its result is dropped",
-                               self.info.profile, msg.delivery_id)
+            ended = self.abandoned.pop(msg.delivery_id, None)
+            if ended is not None:
+                logger.warning("{}: the timed-out turn {} {}; its result is dropped", self.info.profile,
+                               msg.delivery_id, "was ended" if ended else "finished after all")
             else:
                 logger.warning("{}: TurnFinished for unknown delivery {}", self.info.profile, msg.delivery_id)
             return
@@ -360,13 +361,14 @@ class ProfileActor(TypedActor):
             return
         seconds = self.deps.config.turn_timeout_seconds
         self.running, self.turn_timer = None, None
-        self.abandoned[delivery.delivery_id] = True
         began = self.gate.give_up() if self.gate is not None else True
         self.gate = None
         runner = self.deps.runner
         processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
         live = began and callable(processes) and delivery.delivery_id in processes()
-        if began and callable(getattr(runner, "stop_turns", None)):
+        ending = began and callable(getattr(runner, "stop_turns", None))
+        self.abandoned[delivery.delivery_id] = ending
+        if ending:
             # Ends its process if it runs one, and keeps one from starting (a turn between its gate and its
             # process). On a thread of its own (seconds, bounded): the worker pool may be full of hung turns.
             threading.Thread(target=end_running_turns, args=(runner, [delivery.delivery_id]),
@@ -383,8 +385,8 @@ class ProfileActor(TypedActor):
                 self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
         if began:
-            text = (f"The turn of {delivery.label} did not finish within {seconds:g}s; it may still complete, "
-                    "so do not resend blindly.")
+            fate = " and was stopped; it may have been partly done" if ending else "; it may still complete"
+            text = f"The turn of {delivery.label} did not finish within {seconds:g}s{fate}, so do not resend blindly."
             self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout"))
         else:  # still waiting for the flock (or a worker): it never runs now, and the sender may resend
             text = outcomes.busy_text(self.info.profile, seconds)

@@ -35,6 +35,7 @@ from loguru import logger
 
 from hermes_actors.core.outcomes import busy_text
 from hermes_actors.core.reasons import (
+    CANCELLED,
     RETRY_NONE,
     RUNTIME_OFFLINE,
     classify_agent_error,
@@ -312,7 +313,10 @@ def _execute_turn(
                 if retry_allowed(runner, retry, began):
                     logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
                     result, _ = attempt_turn(runner, retry)
-        if result.reply is None and not result.ambiguous and not (gate is not None and gate.given_up()):
+        # Taken back only when the DM is reported NOT delivered: not when it timed out (reported "may have
+        # been done") nor when the gateway's stop ended it (reported ambiguous: it may have been read).
+        if (result.reply is None and not result.ambiguous and result.reason != CANCELLED
+                and not (gate is not None and gate.given_up())):
             forget_failed(runner, turn, began)
         return result
     finally:
