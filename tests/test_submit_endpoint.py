@@ -6,6 +6,7 @@ import importlib
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -260,6 +261,42 @@ def test_something_else_at_the_socket_path_is_refused_not_deleted(server_root: P
     with pytest.raises(HostileFileError, match="not a socket of ours"):
         SubmitServer(server_root, send=Recorder()).start()
     assert path.read_text() == "precious"
+
+
+def _plant_lock(kind: str, lock: Path, outside: Path) -> None:
+    if kind == "hard link":
+        os.link(outside, lock)
+    elif kind == "symlink":
+        lock.symlink_to(outside)
+    elif kind == "directory":
+        lock.mkdir()
+    elif kind == "FIFO":
+        os.mkfifo(lock)
+    else:
+        lock.write_text("")
+        os.chown(lock, os.getuid() + 1, -1)
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    ("hard link", "a hard link (2 names)"),
+    ("symlink", "a symlink"),
+    ("directory", "a directory"),
+    ("FIFO", "a FIFO"),
+    pytest.param("another uid's", "owned by uid", marks=pytest.mark.skipif(os.getuid() != 0, reason="needs chown")),
+])
+def test_anything_but_a_lock_file_of_ours_at_submit_lock_is_refused_and_never_written(
+    server_root: Path, tmp_path: Path, kind: str, says: str
+) -> None:
+    """The host writes its pid into submit.lock: through a hard link that wrote a file outside the root."""
+    lock = socket_path(server_root).with_name("submit.lock")
+    lock.parent.mkdir(parents=True, mode=0o700)
+    outside = tmp_path / "outside"
+    outside.write_text("precious\n")
+    _plant_lock(kind, lock, outside)
+    with pytest.raises(HostileFileError, match=f"refusing to use {lock}: it is {re.escape(says)}.*remove it by hand"):
+        SubmitServer(server_root, send=Recorder()).start()
+    assert outside.read_text() == "precious\n"
+    assert not socket_path(server_root).exists()  # nothing served
 
 
 def test_a_symlinked_run_directory_is_refused(server_root: Path, tmp_path: Path) -> None:
