@@ -31,6 +31,7 @@ import select
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -66,7 +67,7 @@ from hermes_actors.hermes.submit_protocol import (
     parse_request,
     socket_path,
 )
-from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, socket_address
+from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, recv_by, socket_address
 from hermes_actors.store.atomic import ensure_private_dir
 
 __all__ = [
@@ -179,7 +180,8 @@ class SubmitServer:
             None: the op is refused.
         allowed_uid: the only peer uid served (default: ours).
         max_connections: connections handled at once.
-        read_timeout: seconds a client has to send its request.
+        read_timeout: seconds a client has to send its whole request (a deadline, not a pause
+            between two reads: a client trickling bytes is cut off), and again to take the answer.
         info: extra keys for the ``ping`` answer.
     """
 
@@ -382,10 +384,11 @@ class SubmitServer:
 
     def _serve_one(self, conn: socket.socket) -> None:
         try:
-            conn.settimeout(self.read_timeout)
+            deadline = time.monotonic() + self.read_timeout
             pid, uid = peer_cred(conn)
             try:
-                raw = read_request(conn)  # read even a refused request: closing on unread data resets the answer
+                # read even a refused request: closing on unread data resets the answer
+                raw = read_request(conn, deadline)
             except ValueError as exc:
                 self._answer(conn, bad_request(str(exc)))
                 return
@@ -441,14 +444,18 @@ class SubmitServer:
             return {"error": f"the Bot Mode host answered {type(answer).__name__}, not a dict", "reason": UNKNOWN}
         return answer
 
-    @staticmethod
-    def _answer(conn: socket.socket, answer: dict[str, Any]) -> None:
-        with contextlib.suppress(OSError):
-            conn.sendall(encode(answer))
+    def _answer(self, conn: socket.socket, answer: dict[str, Any]) -> None:
+        """Send ``answer``, then drain what the client still sends (so close() is no reset), within read_timeout.
+
+        The whole of it is bounded: a client that neither reads nor stops sending is cut off.
+        """
+        deadline = time.monotonic() + self.read_timeout
+        with contextlib.suppress(OSError):  # TimeoutError included: the deadline passed
+            conn.settimeout(self.read_timeout)
+            conn.sendall(encode(answer))  # the timeout bounds the whole sendall, not each send
             conn.shutdown(socket.SHUT_WR)
-            with contextlib.suppress(TimeoutError):  # drain what the client still sends, so close() is no reset
-                while len(conn.recv(RECV_CHUNK)) > 0:
-                    pass
+            while len(recv_by(conn, deadline)) > 0:
+                pass
 
     def _refuse_busy(self, conn: socket.socket) -> None:
         """Answer "busy" from the accept thread without ever blocking it."""
