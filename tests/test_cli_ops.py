@@ -313,6 +313,52 @@ def test_enable_keeps_the_text_of_a_commented_config_it_rewrites(tmp_path: Path)
     assert kept.read_text(encoding="utf-8") == original
 
 
+def test_enable_never_writes_through_a_hard_link_left_at_a_temp_name(tmp_path: Path) -> None:
+    """The YAML it rewrites is staged in a fresh file of its own: a link planted beside it is not followed."""
+    from hermes_actors.hermes.setup import enable
+
+    root = make_root(tmp_path, {"bob": {}}, managed=False, config={"model": {}})
+    config, profile = root / "config.yaml", root / "profiles" / "bob" / "profile.yaml"
+    config.chmod(0o640)
+    outside = tmp_path / "outside"
+    outside.write_text("SECRET\n", encoding="utf-8")
+    for planted in (root / ".config.yaml.hermes-actors.tmp", profile.with_name(".profile.yaml.hermes-actors.tmp")):
+        os.link(outside, planted)  # the temp name enable used to open with O_TRUNC
+    enable(root, cli=str(tmp_path / "missing"), env={})
+    assert outside.read_text(encoding="utf-8") == "SECRET\n" and outside.stat().st_nlink == 3
+    for edited in (config, profile):
+        assert edited.stat().st_ino != outside.stat().st_ino, edited
+    assert yaml.safe_load(config.read_text())["plugins"]["enabled"] == ["hermes-actors"]
+    assert yaml.safe_load(profile.read_text())["ui_meta"]["hermes-bots"] == {}
+    assert config.stat().st_mode & 0o777 == 0o640  # the edited file keeps its mode
+
+
+def test_enable_does_not_hang_on_a_fifo_left_at_a_temp_name(tmp_path: Path) -> None:
+    from hermes_actors.hermes.setup import enable
+
+    root = make_root(tmp_path, {"bob": {}}, managed=False, config={"model": {}})
+    fifo = root / ".config.yaml.hermes-actors.tmp"
+    os.mkfifo(fifo)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            enable(root, cli=str(tmp_path / "missing"), env={})
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)
+    hung = worker.is_alive()
+    if hung:  # let the writer through, so the thread ends with the test
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        worker.join(60)
+    assert not hung, "enable blocked opening the FIFO"
+    assert errors == []
+    assert yaml.safe_load((root / "config.yaml").read_text())["plugins"]["enabled"] == ["hermes-actors"]
+
+
 @pytest.mark.parametrize(("profiles", "level", "says"), [
     ({"alice": {}, "bob": {"managed": False}}, WARN, "not managed: bob (their Bot Chat gets no message_agent tool; "
                                                    "they still receive DMs)"),

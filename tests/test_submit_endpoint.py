@@ -6,10 +6,13 @@ import importlib
 import io
 import json
 import os
+import re
+import select
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +172,44 @@ def test_a_client_that_never_finishes_its_request_gets_a_timeout_error(server_ro
     assert "no complete request within 0.2s" in answer["error"]
 
 
+def _trickle_until_closed(path: Path, give_up: float) -> tuple[bytes, float | None]:
+    """Connect to ``path`` and send a byte whenever nothing is to be read, until the server closes the connection.
+
+    Returns:
+        What the server sent, and the ``time.monotonic()`` at which sending failed (the server's
+        end is closed), or None when it was still open at ``give_up``.
+    """
+    got, shut = b"", False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(path))
+        while time.monotonic() < give_up:
+            # the trickle's pace, far below read_timeout; once the server shut its side, only send
+            readable, _, _ = select.select([] if shut else [sock], [], [], 0.05)
+            if readable:
+                try:
+                    chunk = sock.recv(65536)
+                except ConnectionResetError:
+                    return got, time.monotonic()
+                got, shut = got + chunk, not chunk
+            else:
+                try:
+                    sock.send(b" ")
+                except (BrokenPipeError, ConnectionResetError):
+                    return got, time.monotonic()
+    return got, None
+
+
+def test_a_client_trickling_bytes_is_cut_off_at_the_read_deadline(server_root: Path) -> None:
+    """read_timeout bounds the whole request: a byte every few ms must not keep a slot for good."""
+    with SubmitServer(server_root, send=Recorder(), max_connections=1, read_timeout=0.5) as server:
+        start = time.monotonic()
+        got, closed_at = _trickle_until_closed(server.path, give_up=start + 60)
+        assert closed_at is not None, "the server kept a trickling connection open for 60 s"
+        assert b"no complete request within 0.5s" in got
+        await_condition(lambda: server.served == 1, timeout=30, message="the slot was given back")
+        assert submit_dm(server_root, "alice", "bob", "hi")["status"] == "queued"  # the only slot is free again
+
+
 def test_an_answer_read_before_the_host_reset_the_connection_stands(tmp_path: Path) -> None:
     # The host answers without reading the request and closes with it unread: Linux then resets
     # the connection once the client has read the answer. Seen under load with the busy refusal.
@@ -260,6 +301,42 @@ def test_something_else_at_the_socket_path_is_refused_not_deleted(server_root: P
     with pytest.raises(HostileFileError, match="not a socket of ours"):
         SubmitServer(server_root, send=Recorder()).start()
     assert path.read_text() == "precious"
+
+
+def _plant_lock(kind: str, lock: Path, outside: Path) -> None:
+    if kind == "hard link":
+        os.link(outside, lock)
+    elif kind == "symlink":
+        lock.symlink_to(outside)
+    elif kind == "directory":
+        lock.mkdir()
+    elif kind == "FIFO":
+        os.mkfifo(lock)
+    else:
+        lock.write_text("")
+        os.chown(lock, os.getuid() + 1, -1)
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    ("hard link", "a hard link (2 names)"),
+    ("symlink", "a symlink"),
+    ("directory", "a directory"),
+    ("FIFO", "a FIFO"),
+    pytest.param("another uid's", "owned by uid", marks=pytest.mark.skipif(os.getuid() != 0, reason="needs chown")),
+])
+def test_anything_but_a_lock_file_of_ours_at_submit_lock_is_refused_and_never_written(
+    server_root: Path, tmp_path: Path, kind: str, says: str
+) -> None:
+    """The host writes its pid into submit.lock: through a hard link that wrote a file outside the root."""
+    lock = socket_path(server_root).with_name("submit.lock")
+    lock.parent.mkdir(parents=True, mode=0o700)
+    outside = tmp_path / "outside"
+    outside.write_text("precious\n")
+    _plant_lock(kind, lock, outside)
+    with pytest.raises(HostileFileError, match=f"refusing to use {lock}: it is {re.escape(says)}.*remove it by hand"):
+        SubmitServer(server_root, send=Recorder()).start()
+    assert outside.read_text() == "precious\n"
+    assert not socket_path(server_root).exists()  # nothing served
 
 
 def test_a_symlinked_run_directory_is_refused(server_root: Path, tmp_path: Path) -> None:

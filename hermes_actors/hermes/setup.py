@@ -39,7 +39,7 @@ from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.select import MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.hermes.submit_client import ping
-from hermes_actors.store.atomic import atomic_write_json, ensure_private_dir, read_json_file
+from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, ensure_private_dir, read_json_file
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
 from hermes_actors.store.yaml_file import MAX_EXPANDED_VALUES, load_bounded
 
@@ -100,16 +100,23 @@ def _write_yaml(path: Path, data: dict[str, Any], report: SetupReport) -> None:
     """Replace ``path`` with ``data`` as YAML; comments cannot survive, so a file that had some is kept first.
 
     The first time a file with comments is rewritten, its text is copied to
-    ``<name>.before-hermes-actors`` (0600) and the report says so.
+    ``<name>.before-hermes-actors`` (0600) and the report says so. The new file
+    keeps the old one's permission bits (0600 for a new file); it is written to a
+    fresh temp file beside it and renamed into place (:func:`atomic_write_bytes`),
+    so nothing another program left beside it (a FIFO, a hard link to a file
+    elsewhere) is ever opened or written through.
+
+    Raises:
+        HostileFileError: the file's directory is a symlink or not ours.
+        StoreError: the file could not be written (disk full, permission denied).
     """
     _keep_commented(path, report)
-    tmp = path.with_name(f".{path.name}.hermes-actors.tmp")
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
+    try:
+        mode = os.lstat(path).st_mode & 0o777  # not setuid/setgid/sticky: never copied onto a config
+    except FileNotFoundError:
+        mode = 0o600
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, text.encode("utf-8"), tmp_dir=path.parent, mode=mode)
 
 
 def _keep_commented(path: Path, report: SetupReport) -> None:

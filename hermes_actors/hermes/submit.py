@@ -8,7 +8,9 @@ a bot's ``message_agent`` call, made inside its own ``hermes`` process, and
 Safety: the ``run`` directory is 0700 and ours (a symlink is refused), the socket
 0600; the server answers only peers of its own uid (SO_PEERCRED) and the client
 talks only to a server of its own uid. ``submit.lock`` (flock) is held for the
-server's life, so a socket file found by the lock holder is stale and replaced.
+server's life, so a socket file found by the lock holder is stale and replaced; the
+holder writes its pid into it, so anything there but a regular file of ours with one
+name (a symlink, a hard link, a FIFO) is refused, as a foreign file at the socket path is.
 
 Threads (of :class:`SubmitServer`): one accept thread, plus one short-lived thread
 per open connection (at most ``max_connections``; beyond that a client is told
@@ -22,12 +24,14 @@ make: :mod:`hermes_actors.hermes.submit_socket`; the client (re-exported here):
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import select
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +40,7 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
+from hermes_actors.errors import HostileFileError
 from hermes_actors.hermes.submit_client import (
     HostLost,
     HostOffline,
@@ -62,7 +67,7 @@ from hermes_actors.hermes.submit_protocol import (
     parse_request,
     socket_path,
 )
-from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, socket_address
+from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, recv_by, socket_address
 from hermes_actors.store.atomic import ensure_private_dir
 
 __all__ = [
@@ -94,6 +99,72 @@ def already_hosted(root: Path, holder: object) -> RuntimeError:
     )
 
 
+# O_NONBLOCK: a FIFO at the lock's name is opened (and refused) instead of waited on
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# what sits at the lock's name when opening it fails with these (EACCES: another uid's file, or a mode we lack)
+_LOCK_OPEN_REFUSALS = {errno.ELOOP: "a symlink", errno.EISDIR: "a directory", errno.ENXIO: "not a regular file",
+                       errno.EACCES: "not ours to open"}
+
+
+def _lock_file_refusal(st: os.stat_result, uid: int) -> str | None:
+    """Pure: why an opened ``submit.lock`` must not be used (written with our pid), or None when it may.
+
+    Args:
+        st: ``fstat`` of the opened file.
+        uid: our uid.
+
+    Returns:
+        What the file is ("a directory", "a hard link (2 names)"...), or None for a regular
+        file of ``uid`` with one name.
+    """
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    if stat.S_ISFIFO(st.st_mode):
+        return "a FIFO"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}"
+    if st.st_nlink != 1:
+        # the pid written into it would land in every other name of the file, maybe outside the root
+        return f"a hard link ({st.st_nlink} names)"
+    return None
+
+
+def _open_lock_file(dir_fd: int, path: Path) -> int:
+    """Open (create, 0600) the host lock ``path`` in the checked ``run`` directory ``dir_fd``.
+
+    Only a regular file of ours with one name is used: the host truncates it and writes its
+    pid into it. Anything else there is refused (never followed, never blocked on), as a
+    foreign file at the socket path is; no host of ours made it, so the user removes it.
+
+    Args:
+        dir_fd: the open ``run`` directory.
+        path: the lock file's path (its name is opened in ``dir_fd``; the path is for messages).
+
+    Returns:
+        The open lock file's descriptor (the caller closes it).
+
+    Raises:
+        HostileFileError: a symlink, a directory, a FIFO or other special file, another uid's
+            file, or a file with more than one name sits there.
+        OSError: it could not be opened for another reason (disk full, read-only...).
+    """
+    try:
+        fd = os.open(path.name, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in _LOCK_OPEN_REFUSALS or not os.path.lexists(path):
+            raise  # nothing there (EACCES: the directory refused the create): not a file to remove
+        why: str | None = _LOCK_OPEN_REFUSALS[exc.errno]
+    else:
+        why = _lock_file_refusal(os.fstat(fd), os.getuid())
+        if why is None:
+            return fd
+        os.close(fd)
+    raise HostileFileError(f"refusing to use {path}: it is {why}, not a lock file of ours; remove it by hand, "
+                           "then start again")
+
+
 class SubmitServer:
     """Serves the submit endpoint of one root for an explicit lifetime (``start()`` … ``close()``).
 
@@ -109,7 +180,8 @@ class SubmitServer:
             None: the op is refused.
         allowed_uid: the only peer uid served (default: ours).
         max_connections: connections handled at once.
-        read_timeout: seconds a client has to send its request.
+        read_timeout: seconds a client has to send its whole request (a deadline, not a pause
+            between two reads: a client trickling bytes is cut off), and again to take the answer.
         info: extra keys for the ``ping`` answer.
     """
 
@@ -158,8 +230,9 @@ class SubmitServer:
 
         Raises:
             RuntimeError: already started, or another process serves this root.
-            HostileFileError: ``bot_relay``/``run`` is a symlink or another uid's,
-                or something that is not our socket sits at the socket path.
+            HostileFileError: ``bot_relay``/``run`` is a symlink or another uid's, something
+                that is not our socket sits at the socket path, or something that is not a lock
+                file of ours (a regular file with one name) at ``submit.lock``.
         """
         with self._state_lock:
             if self._state != "new":
@@ -176,16 +249,13 @@ class SubmitServer:
         return self
 
     def _bind(self) -> None:
-        from hermes_actors.errors import HostileFileError
-
         run_dir = self.path.parent
         ensure_private_dir(run_dir.parent)
         ensure_private_dir(run_dir)
         self._dir_fd = open_dir(run_dir)
         if stat.S_IMODE(os.fstat(self._dir_fd).st_mode) & 0o077:
             os.fchmod(self._dir_fd, 0o700)  # ours (checked); nobody else may even look up the socket
-        self._lock_fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                                dir_fd=self._dir_fd)
+        self._lock_fd = _open_lock_file(self._dir_fd, run_dir / LOCK_NAME)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -314,10 +384,11 @@ class SubmitServer:
 
     def _serve_one(self, conn: socket.socket) -> None:
         try:
-            conn.settimeout(self.read_timeout)
+            deadline = time.monotonic() + self.read_timeout
             pid, uid = peer_cred(conn)
             try:
-                raw = read_request(conn)  # read even a refused request: closing on unread data resets the answer
+                # read even a refused request: closing on unread data resets the answer
+                raw = read_request(conn, deadline)
             except ValueError as exc:
                 self._answer(conn, bad_request(str(exc)))
                 return
@@ -373,14 +444,18 @@ class SubmitServer:
             return {"error": f"the Bot Mode host answered {type(answer).__name__}, not a dict", "reason": UNKNOWN}
         return answer
 
-    @staticmethod
-    def _answer(conn: socket.socket, answer: dict[str, Any]) -> None:
-        with contextlib.suppress(OSError):
-            conn.sendall(encode(answer))
+    def _answer(self, conn: socket.socket, answer: dict[str, Any]) -> None:
+        """Send ``answer``, then drain what the client still sends (so close() is no reset), within read_timeout.
+
+        The whole of it is bounded: a client that neither reads nor stops sending is cut off.
+        """
+        deadline = time.monotonic() + self.read_timeout
+        with contextlib.suppress(OSError):  # TimeoutError included: the deadline passed
+            conn.settimeout(self.read_timeout)
+            conn.sendall(encode(answer))  # the timeout bounds the whole sendall, not each send
             conn.shutdown(socket.SHUT_WR)
-            with contextlib.suppress(TimeoutError):  # drain what the client still sends, so close() is no reset
-                while len(conn.recv(RECV_CHUNK)) > 0:
-                    pass
+            while len(recv_by(conn, deadline)) > 0:
+                pass
 
     def _refuse_busy(self, conn: socket.socket) -> None:
         """Answer "busy" from the accept thread without ever blocking it."""

@@ -11,11 +11,14 @@ import errno
 import os
 import socket
 import struct
+import time
 from pathlib import Path
 
 from hermes_actors.hermes.submit_protocol import MAX_REQUEST_BYTES
 
-__all__ = ["RECV_CHUNK", "HostLost", "HostOffline", "open_dir", "peer_cred", "read_request", "socket_address"]
+__all__ = [
+    "RECV_CHUNK", "HostLost", "HostOffline", "open_dir", "peer_cred", "read_request", "recv_by", "socket_address",
+]
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _SUN_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
@@ -75,16 +78,47 @@ def open_dir(directory: Path) -> int:
     return fd
 
 
-def read_request(conn: socket.socket) -> bytes:
-    """Bytes up to the first newline (or EOF), at most MAX_REQUEST_BYTES.
+def recv_by(conn: socket.socket, deadline: float) -> bytes:
+    """One ``recv`` of at most RECV_CHUNK bytes that returns by ``deadline`` at the latest.
+
+    A timeout set once on the socket would apply to each ``recv`` afresh: a client sending
+    a byte now and then would keep the connection (and a server slot) for as long as it likes.
+
+    Args:
+        conn: a connected socket (left with a timeout set).
+        deadline: a ``time.monotonic()`` time.
+
+    Returns:
+        The bytes received (empty: the peer closed its end).
+
+    Raises:
+        TimeoutError: the deadline passed before anything arrived.
+        OSError: the connection failed.
+    """
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline passed")
+    conn.settimeout(left)
+    return conn.recv(RECV_CHUNK)
+
+
+def read_request(conn: socket.socket, deadline: float) -> bytes:
+    """Bytes up to the first newline (or EOF), at most MAX_REQUEST_BYTES, all received by ``deadline``.
+
+    Args:
+        conn: the client's connection.
+        deadline: the ``time.monotonic()`` time by which the whole request must have arrived.
+
+    Returns:
+        The request line, without its newline.
 
     Raises:
         ValueError: the request is larger than the cap.
-        TimeoutError: the client stopped sending before the end of its request.
+        TimeoutError: the request was not complete by the deadline (however often the client sent a little).
     """
     buf = bytearray()
     while True:
-        chunk = conn.recv(RECV_CHUNK)
+        chunk = recv_by(conn, deadline)
         if not chunk:
             return bytes(buf)
         end = chunk.find(b"\n")

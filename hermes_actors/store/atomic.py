@@ -5,6 +5,12 @@ Everything the store writes goes through :func:`atomic_write_json` or
 a dedicated temp directory on the same filesystem, and only a rename (or a
 hard link, for first-writer-wins) makes them visible. Readers therefore never
 see a partial file, and a watcher globbing ``*.json`` never sees a temp file.
+:func:`atomic_write_bytes` is the same replace for other text (the YAML files
+``enable`` edits), with the mode the caller gives.
+
+The temp file has a fresh random name and is created with ``O_EXCL|O_NOFOLLOW``:
+whatever another program left in the temp directory (a FIFO, a hard link to a
+file elsewhere) is never opened, let alone written through.
 
 The hostile-aware read, :func:`read_json_file`, is in :mod:`hermes_actors.store.safe_read`
 (re-exported here).
@@ -30,6 +36,7 @@ from hermes_actors.store.safe_read import DEFAULT_MAX_BYTES, read_json_file
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "atomic_write_bytes",
     "atomic_write_json",
     "create_exclusive_json",
     "ensure_private_dir",
@@ -107,6 +114,27 @@ def _serialize(payload: Any, *, sort_keys: bool) -> bytes:
     return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS if sort_keys else 0)
 
 
+def _json_bytes(target: Path, payload: Any, *, verb: str, sort_keys: bool) -> bytes:
+    """``payload`` as the JSON bytes to write to ``target``.
+
+    Args:
+        target: the file being written (for the error message).
+        payload: any orjson-serializable value.
+        verb: the operation, for error messages ("write", "create").
+        sort_keys: sort object keys in the output.
+
+    Returns:
+        The UTF-8 JSON bytes.
+
+    Raises:
+        StoreError: the payload is not serializable.
+    """
+    try:
+        return _serialize(payload, sort_keys=sort_keys)
+    except TypeError as exc:
+        raise _store_error(verb, target, exc) from exc
+
+
 # ── writes ──────────────────────────────────────────────────────────────────
 
 
@@ -158,14 +186,15 @@ def _open_temp_dir(tmp_dir: Path) -> int:
     return fd
 
 
-def _write_temp(target: Path, data: bytes, *, dir_fd: int, fsync: bool) -> str:
-    """Write ``data`` to a fresh private temp file for ``target``.
+def _write_temp(target: Path, data: bytes, *, dir_fd: int, fsync: bool, mode: int = _FILE_MODE) -> str:
+    """Write ``data`` to a fresh temp file for ``target``.
 
     Args:
         target: the file the temp will become (only its name is used).
         data: the bytes to write.
         dir_fd: the open temp directory (same filesystem as ``target``).
         fsync: flush the file to stable storage before returning.
+        mode: the temp's permission bits (exactly these: the umask does not apply).
 
     Returns:
         The temp file's name in ``dir_fd``.
@@ -174,10 +203,10 @@ def _write_temp(target: Path, data: bytes, *, dir_fd: int, fsync: bool) -> str:
         OSError: the temp could not be created or written (it is removed).
     """
     name = _temp_name(target)
-    fd = os.open(name, _WRITE_FLAGS, _FILE_MODE, dir_fd=dir_fd)
+    fd = os.open(name, _WRITE_FLAGS, _FILE_MODE, dir_fd=dir_fd)  # private until fchmod: nobody opens it meanwhile
     try:
         try:
-            os.fchmod(fd, _FILE_MODE)  # umask cannot widen it, but be explicit
+            os.fchmod(fd, mode)  # exactly the mode asked for, whatever the umask
             view = memoryview(data)
             while view:
                 written = os.write(fd, view)
@@ -232,17 +261,17 @@ def _target_dir(target: Path, within: Path | None) -> Iterator[int | None]:
 
 @contextmanager
 def _staged(
-    target: Path, payload: Any, *, tmp_dir: Path, verb: str, sort_keys: bool, fsync: bool
+    target: Path, data: bytes, *, tmp_dir: Path, verb: str, fsync: bool, mode: int = _FILE_MODE
 ) -> Iterator[tuple[str, int]]:
-    """``payload`` written to a complete private temp file for ``target``, ready to be put in place.
+    """``data`` written to a complete temp file for ``target``, ready to be put in place.
 
     Args:
         target: the file the temp will become.
-        payload: an orjson-serializable value.
+        data: the bytes to write.
         tmp_dir: the temp directory (same filesystem as ``target``).
         verb: the operation, for error messages ("write", "create").
-        sort_keys: sort object keys in the output.
         fsync: fsync the data before yielding.
+        mode: the temp's (and so the target's) permission bits.
 
     Yields:
         The temp's name and the open temp directory's fd (closed on exit); the caller puts
@@ -250,20 +279,16 @@ def _staged(
 
     Raises:
         HostileFileError: ``target``'s directory or ``tmp_dir`` is refused.
-        StoreError: serialization, opening ``tmp_dir`` or writing the temp failed.
+        StoreError: opening ``tmp_dir`` or writing the temp failed.
     """
     _refuse_symlinked_parent(target)
-    try:
-        data = _serialize(payload, sort_keys=sort_keys)
-    except TypeError as exc:
-        raise _store_error(verb, target, exc) from exc
     try:
         dir_fd = _open_temp_dir(tmp_dir)
     except OSError as exc:
         raise _store_error(verb, target, exc) from exc
     try:
         try:
-            tmp = _write_temp(target, data, dir_fd=dir_fd, fsync=fsync)
+            tmp = _write_temp(target, data, dir_fd=dir_fd, fsync=fsync, mode=mode)
         except OSError as exc:
             raise _store_error(verb, target, exc) from exc
         yield tmp, dir_fd
@@ -298,7 +323,36 @@ def atomic_write_json(
         StoreError: serialization or any OS step failed (disk full, permission
             denied, ...); the temp file is gone and ``target`` is untouched.
     """
-    with _staged(target, payload, tmp_dir=tmp_dir, verb="write", sort_keys=sort_keys, fsync=fsync) as (tmp, dir_fd):
+    data = _json_bytes(target, payload, verb="write", sort_keys=sort_keys)
+    atomic_write_bytes(target, data, tmp_dir=tmp_dir, fsync=fsync, within=within)
+
+
+def atomic_write_bytes(
+    target: Path,
+    data: bytes,
+    *,
+    tmp_dir: Path,
+    mode: int = _FILE_MODE,
+    fsync: bool = False,
+    within: Path | None = None,
+) -> None:
+    """Atomically replace ``target`` with ``data``; the new file gets exactly ``mode``.
+
+    Args:
+        target: the file to (re)place.
+        data: its new content.
+        tmp_dir: a directory on the same filesystem as ``target`` for the temp
+            (``target``'s own directory will do: the temp's name is hidden and random).
+        mode: the new file's permission bits (default 0600; the umask does not apply).
+        fsync: fsync the data before the rename.
+        within: as for :func:`atomic_write_json`.
+
+    Raises:
+        HostileFileError: as for :func:`atomic_write_json`.
+        StoreError: any OS step failed (disk full, permission denied, ...); the temp
+            file is gone and ``target`` is untouched.
+    """
+    with _staged(target, data, tmp_dir=tmp_dir, verb="write", fsync=fsync, mode=mode) as (tmp, dir_fd):
         try:
             with _target_dir(target, within) as target_fd:
                 os.replace(tmp, target if target_fd is None else target.name, src_dir_fd=dir_fd, dst_dir_fd=target_fd)
@@ -341,7 +395,8 @@ def create_exclusive_json(
             any directory from it to ``target``.
         StoreError: serialization or any OS step failed; no temp is left.
     """
-    with _staged(target, payload, tmp_dir=tmp_dir, verb="create", sort_keys=sort_keys, fsync=fsync) as (tmp, dir_fd):
+    data = _json_bytes(target, payload, verb="create", sort_keys=sort_keys)
+    with _staged(target, data, tmp_dir=tmp_dir, verb="create", fsync=fsync) as (tmp, dir_fd):
         try:
             with _target_dir(target, within) as target_fd:
                 os.link(tmp, target if target_fd is None else target.name, src_dir_fd=dir_fd, dst_dir_fd=target_fd,
