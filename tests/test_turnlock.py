@@ -7,6 +7,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,13 +152,13 @@ def test_a_good_lock_file_created_meanwhile_is_never_left_moved_aside(
     holder: list[int] = []
     real_quarantine_into = relay_files.quarantine_into
 
-    def the_other_process_is_faster(directory: Path, moved: Path, why: str) -> Path | None:
+    def the_other_process_is_faster(directory: Path, moved: Path, why: str, **kw: Any) -> Path | None:
         if not holder:  # it moves the symlink aside, creates the lock file and holds its flock
             os.unlink(path)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
             holder.append(fd)
-        return real_quarantine_into(directory, moved, why)
+        return real_quarantine_into(directory, moved, why, **kw)
 
     monkeypatch.setattr(relay_files, "quarantine_into", the_other_process_is_faster)
     lock = TurnLock(path)

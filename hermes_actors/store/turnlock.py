@@ -89,6 +89,16 @@ def turn_lock_path(root: Path, profile: str) -> Path:
 _REOPENS = 5  # times a lock file found replaced under its flock is opened again before giving up
 
 
+def _lock_anchor(path: Path) -> Path | None:
+    """Pure: the Hermes root a lock file at ``<root>/bot_relay/<dir>/<name>`` lives under, else None.
+
+    Every directory from that root down to the lock's is checked at each open, so a ``bot_relay/``
+    or ``locks/`` swapped for a symlink puts neither the lock nor anything else outside the root.
+    """
+    directory = path.parent
+    return directory.parent.parent if directory.parent.name == "bot_relay" else None
+
+
 def _good_lock_file(st: os.stat_result) -> bool:
     """Pure: whether an ``lstat`` result is a lock file we may use (a regular file of ours)."""
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
@@ -114,12 +124,8 @@ class TurnLock:
         if self._fd is None:
             # O_NOFOLLOW guards the file only: a locks/ (or bot_relay/) swapped for a symlink would put
             # the lock, and the serialization it stands for, outside the root. Checked before each open.
-            directories = [self.path.parent]
-            if self.path.parent.parent.name == "bot_relay":
-                directories.insert(0, self.path.parent.parent)
             try:
-                for directory in directories:
-                    ensure_private_dir(directory)
+                ensure_private_dir(self.path.parent, within=_lock_anchor(self.path))
             except HostileFileError as exc:  # an OSError for the callers: the DM fails, nothing is followed
                 raise OSError(errno.EPERM, f"the turn lock directory is refused: {exc}") from exc
             self._fd = self._open_file()
@@ -159,7 +165,7 @@ class TurnLock:
         # aside and created a good lock file there already, which must never be moved from under its flock.
         if self._good_or_gone():
             return
-        moved = quarantine_into(self.path.parent.parent / QUARANTINE, self.path, why)
+        moved = quarantine_into(self.path.parent.parent / QUARANTINE, self.path, why, within=_lock_anchor(self.path))
         if moved is None:
             if self._good_or_gone():
                 return
