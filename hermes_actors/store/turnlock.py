@@ -145,14 +145,17 @@ def _good_lock_file(st: os.stat_result) -> bool:
 
 
 class TurnLock:
-    """One profile's flock, held for exactly the turn window.
+    """One profile's flock, held for exactly the turn window (or another ``flock`` taken the same way).
 
     Args:
         path: the lock file (created 0600; its directory 0700).
+        what: what the lock is, for the log lines and errors that name it ("the turn lock",
+            "the rooms owner lock").
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, what: str = "the turn lock") -> None:
         self.path = path
+        self.what = what
         self._fd: int | None = None
         # acquire → release runs on a worker thread, close on the owning actor's: a close
         # during that window is deferred to release, so the flock is never dropped mid-turn.
@@ -167,7 +170,7 @@ class TurnLock:
             try:
                 ensure_private_dir(self.path.parent, within=_lock_anchor(self.path))
             except HostileFileError as exc:  # an OSError for the callers: the DM fails, nothing is followed
-                raise OSError(errno.EPERM, f"the turn lock directory is refused: {exc}") from exc
+                raise OSError(errno.EPERM, f"{self.what} directory is refused: {exc}") from exc
             self._fd = self._open_file()
         return self._fd
 
@@ -195,7 +198,7 @@ class TurnLock:
             if why is None:
                 return fd
             os.close(fd)
-        self._quarantine(f"the turn lock is {why}")
+        self._quarantine(f"{self.what} is {why}")
         fd = os.open(self.path, flags, 0o600)  # ours now, or the one another process just created
         again = _refused_file(os.fstat(fd))
         if again is not None:
