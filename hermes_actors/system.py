@@ -195,7 +195,7 @@ class ActorSystem:
         InboxPaths.from_root(opts.root).ensure()  # before the watch starts: no events for our own mkdirs
         adopted = None
         if opts.durable:
-            self.journal = Journal(opts.root / "bot_relay" / "journal", fsync=opts.fsync)
+            self.journal = Journal(opts.root / "bot_relay" / "journal", fsync=opts.fsync, within=opts.root)
             adopted = self.journal.start()
         self.scheduler = scheduler = Scheduler().start()
         self.pool = pool = WorkerPool(opts.workers, name="turn")

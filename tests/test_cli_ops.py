@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -11,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from roots import RecordingRunner, make_root, send_dm, start_gateway, write_fake_cli
+from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway, write_fake_cli
 
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, check_plugin, run_doctor
 from hermes_actors.records import RemoteAgent
+from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
 from hermes_actors.store.relay_inbox import InboxPaths, clear_sent, record_sent
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
@@ -429,3 +431,38 @@ def test_doctor_does_not_ask_for_the_hermes_cli_when_the_running_host_uses_anoth
     start_gateway(gateways, root, CommandRunner(str(tmp_path / "no-hermes-here")), serve_submit=True)
     checks = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "no-hermes-here"))}
     assert checks["hermes CLI"].level == BLOCK
+
+
+@pytest.mark.parametrize("swap", ["profiles-symlink", "profiles-file", "one-profile-symlink"])
+def test_doctor_and_the_log_name_a_profiles_folder_that_hides_profiles(
+    tmp_path: Path, logs: LogCapture, swap: str
+) -> None:
+    """A ``profiles/`` swapped for a symlink or a file made the root silently have only ``default``: doctor said
+    ``[ok] profiles managed: 1 profile(s): default``, ``send`` said ``Unknown sender``, nothing was logged."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    elsewhere = tmp_path / "elsewhere"
+    bad = root / "profiles" / "bob" if swap == "one-profile-symlink" else root / "profiles"
+    shutil.move(bad, elsewhere)
+    if swap == "profiles-file":
+        bad.write_text("x")
+    else:
+        bad.symlink_to(elsewhere, target_is_directory=True)
+    check = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "missing"), ping=lambda r: None)}[
+        "profile folders"]
+    what = "is not a directory" if swap == "profiles-file" else "is a symlink"
+    assert check.level == WARN and str(bad) in check.detail and what in check.detail, check
+    assert "real folder" in check.fix
+    assert logs.matching(str(bad), what), logs.lines  # the gateway's discovery says it too, at WARNING
+    discover_profiles(root)
+    assert len(logs.matching(str(bad), what)) == 1  # once, not at every status poll
+
+
+def test_doctor_prints_the_profile_folders_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path, {"alice": {}})
+    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing")])
+    assert f"[ok   ] profile folders: no symlinked, unreadable or unreachable profile folder under {root}" in (
+        capsys.readouterr().out)
+    (root / "profiles").rename(tmp_path / "moved")
+    (root / "profiles").symlink_to(tmp_path / "moved", target_is_directory=True)
+    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing")])
+    assert f"[warn ] profile folders: {root / 'profiles'} is a symlink" in capsys.readouterr().out

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pykka
 import pytest
-from roots import make_root
+from roots import LogCapture, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -956,6 +956,68 @@ def test_a_journal_record_of_the_wrong_shape_is_skipped_and_the_rest_recovered(t
         with pytest.raises(KeyError):
             gw.wait_outcome(no_fields, timeout=0.5)  # skipped, and the warning names it
     assert ran == [good]
+
+
+@pytest.mark.parametrize(("record_id", "fields"), [
+    ("../../../../tmp/pwn", {"delivery_id": "../../../../tmp/pwn"}),
+    (_id(61), {"delivery_id": _id(62)}),  # the delivery's id is not the record's
+    (_id(63), {"target": "../../etc", "target_handle": "../x"}),
+    (_id(64), {"sender": "../../x", "sender_handle": "../x", "wake": True}),
+    (_id(65), {"hop": "x"}),
+    (_id(66), {"hop": -1}),
+    (_id(67), {"content": {"a": 1}}),
+    (_id(68), {"author": [1, 2]}),
+    (_id(69), {"accepted_at": "yesterday"}),
+    (_id(70), {"session": "../../x\n"}),
+    (_id(71), {"origin": "relay-in"}),
+    (_id(72), {"wake": 1}),
+], ids=["id-dotdot", "id-mismatch", "target-dotdot", "sender-dotdot", "hop-text", "hop-negative", "content-object",
+        "author-list", "accepted-at-text", "session-newline", "origin-unknown", "wake-int"])
+def test_a_journaled_delivery_with_a_hostile_field_is_skipped_never_run(
+    tmp_path: Path, logs: LogCapture, record_id: str, fields: dict[str, Any]
+) -> None:
+    """The id and fields of an ``accepted`` record were trusted on recovery: a record with the id
+    ``../../../../tmp/pwn`` ran, and the runner got that string as ``turn.delivery_id``."""
+    root = make_root(tmp_path)
+    directory = root / "bot_relay" / "journal"
+    directory.mkdir(mode=0o700, parents=True)
+    good = _id(60)
+    foreign = directory / "j-0123456789abcdef0123456789abcdef.log"
+    foreign.write_bytes(_lines(
+        {"t": "accepted", "id": good, "d": _delivery(good)},
+        {"t": "accepted", "id": record_id, "d": {**_delivery(record_id), **fields}},
+    ))
+    foreign.chmod(0o600)
+    ran: list[str] = []
+    with Gateway(root, runner=lambda turn: ran.append(turn.delivery_id) or "fine") as gw:
+        assert gw.wait_outcome(good, timeout=10)["status"] == "replied"
+        assert gw.recovered.get("unreadable") == 1, gw.recovered
+    assert ran == [good]
+    assert logs.matching("recovery: 1 journaled DM(s) skipped", repr(record_id)), logs.lines
+
+
+def test_unreadable_deliveries_names_a_bad_id_without_an_accepted_record() -> None:
+    """An outcome alone under a forged id would be re-published to the subscribers as it stands."""
+    from hermes_actors.core.recovery import unreadable_deliveries
+    from hermes_actors.store.journal import DeliveryState
+
+    states = {"../x": DeliveryState(outcome=_outcome("../x")), _id(73): DeliveryState(outcome=_outcome(_id(73)))}
+    assert unreadable_deliveries(states) == ["../x"]
+
+
+def test_delivery_problem_accepts_what_the_live_path_journals() -> None:
+    """Every kind of delivery a gateway journals passes (a room turn's blank sender, a wake's too)."""
+    from hermes_actors.core.acks import delivery_problem, delivery_record
+    from hermes_actors.messages import Delivery
+
+    kinds = [
+        Delivery(_id(74), "alice", "alice", "bob", "bob", "Message from alice: hi", hop=1, accepted_at=1.5, wake=True),
+        Delivery(_id(75), "", "moxie on mini", "default", "hermes", "Reply from @moxie: ok", origin="wake",
+                 label="@hermes"),
+        Delivery(_id(76), "writer", "moxie", "bob", "bob", "relayed", author={"id": "bot:writer"}, hop=3,
+                 accepted_at=10, origin="relay", label="@bob"),
+    ]
+    assert [delivery_problem(delivery_record(d), d.delivery_id) for d in kinds] == [None, None, None]
 
 
 def test_compaction_stays_in_the_journal_directory_when_its_parent_is_swapped_for_a_symlink(tmp_path: Path) -> None:

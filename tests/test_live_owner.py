@@ -237,6 +237,24 @@ def test_a_mailbox_file_of_another_uid_is_moved_aside_and_not_trusted(root: Path
     assert json.loads(path.read_text())["reply"] == "the real reply"
 
 
+def test_a_symlinked_runtime_dir_is_refused_and_nothing_is_written_through_it(
+    root: Path, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """``<home>/runtime`` swapped for a link: only the last component was checked, so the mailbox records
+    landed in the linked directory outside the root. Now the DM fails before the owner sees it, nothing written."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "profiles" / "bob" / "runtime").symlink_to(outside, target_is_directory=True)
+    runner, owner = RecordingRunner(), Owner()
+    gw = start_gateway(gateways, root, runner)
+    gw.attach_live_owner("bob", owner)
+    out = gw.wait_outcome(send_dm(gw, "through the link?"), timeout=10)
+    assert (out["status"], out["reason"]) == ("failed", "runtime_offline"), out
+    assert "runtime is a symlink" in out["error"] and "NOT delivered" in out["error"], out
+    assert owner.turns == [] and runner.entered == []
+    assert list(outside.rglob("*")) == []
+
+
 def test_mailbox_records_go_queued_claimed_settled_on_disk(
     root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:

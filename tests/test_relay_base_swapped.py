@@ -16,16 +16,20 @@ from typing import Any
 
 import pytest
 from relay_helpers import remote_row, write_roster_file
-from roots import RecordingRunner, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, make_root, start_gateway
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.errors import HostileFileError
 from hermes_actors.records import RemoteAgent
+from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store import relay_inbox
-from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json
-from hermes_actors.store.relay_files import enqueue_envelope, write_reply, write_roster
+from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir
+from hermes_actors.store.journal import Journal
+from hermes_actors.store.relay_files import enqueue_envelope, quarantine_into, write_reply, write_roster
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
+from hermes_actors.store.relay_shelf import Shelf
 
 NOW = 1_700_000_000.0
 EID = "0123456789abcdef0123456789abcdef"
@@ -128,3 +132,109 @@ def test_a_gateway_whose_bot_relay_is_swapped_refuses_a_relayed_dm_and_writes_no
     assert "error" in ack and "delivery_id" not in ack, ack
     assert "symlink" in ack["error"], ack
     assert _files(elsewhere) == before
+
+
+# ── directories created under a root: never through a swapped ancestor ──────
+
+
+def _entries(tree: Path) -> set[str]:
+    """Every file and directory below ``tree`` (``_files`` misses a directory created through the link)."""
+    return {str(p.relative_to(tree)) for p in tree.rglob("*")}
+
+
+def _swap_for_an_empty_directory(root: Path) -> Path:
+    """``bot_relay/`` (made first) moved aside and replaced by a link to an empty directory, as an attacker would."""
+    InboxPaths.from_root(root).ensure()
+    elsewhere = root.parent / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (root / "bot_relay").rename(root.parent / "bot_relay.moved")
+    (root / "bot_relay").symlink_to(elsewhere, target_is_directory=True)
+    return elsewhere
+
+
+def _creators(root: Path) -> dict[str, Callable[[], Any]]:
+    """Each store object that makes directories under ``root``, as the gateway calls it."""
+    paths = InboxPaths.from_root(root)
+    return {
+        "relay directories": paths.relay.ensure,
+        "inbox directories": paths.ensure,
+        "our shelf": Shelf(paths.taken_parent, within=root).open,
+        "the hub's shelf": Shelf(paths.hubclaims, within=root).open,
+        "journal": Journal(root / "bot_relay" / "journal", fsync=False, within=root).start,
+        "room directory": RoomFiles(root).ensure,
+    }
+
+
+@pytest.mark.parametrize("creator", list(_creators(Path("/nonexistent"))))
+def test_no_directory_is_created_through_a_swapped_bot_relay(tmp_path: Path, creator: str) -> None:
+    """Only the last component was checked: a ``bot_relay`` swapped for a link to an empty directory got
+    ``taken/s-…/.lock`` (the relay's new shelf), ``journal/``, ``rooms/`` made inside it."""
+    root = make_root(tmp_path)
+    elsewhere = _swap_for_an_empty_directory(root)
+    with pytest.raises(HostileFileError, match=r"bot_relay is a symlink"):
+        _creators(root)[creator]()
+    assert _entries(elsewhere) == set()
+
+
+def test_nothing_is_quarantined_into_a_swapped_bot_relay(tmp_path: Path, logs: LogCapture) -> None:
+    root = make_root(tmp_path)
+    elsewhere = _swap_for_an_empty_directory(root)
+    (root / "refused.json").write_text("x")
+    assert quarantine_into(root / "bot_relay" / "quarantine", root / "refused.json", "test", within=root) is None
+    assert logs.matching("could not quarantine", "bot_relay is a symlink")
+    assert (root / "refused.json").is_file() and _entries(elsewhere) == set()
+
+
+@pytest.mark.parametrize("how", ["symlink", "file"])
+def test_ensure_private_dir_within_refuses_every_component_and_creates_the_missing_0700(
+    tmp_path: Path, how: str
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    old = os.umask(0o022)
+    try:
+        assert ensure_private_dir(root / "a" / "b" / "c", within=root) == root / "a" / "b" / "c"
+    finally:
+        os.umask(old)
+    assert {oct(os.stat(p).st_mode & 0o777) for p in (root / "a", root / "a" / "b", root / "a" / "b" / "c")} == {
+        "0o700"}
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(root / "a" / "b")
+    if how == "symlink":
+        (root / "a" / "b").symlink_to(outside, target_is_directory=True)
+    else:
+        (root / "a" / "b").write_text("x")
+    with pytest.raises(HostileFileError, match=r"a/b is a symlink or not a directory"):
+        ensure_private_dir(root / "a" / "b" / "c" / "d", within=root)
+    assert os.listdir(outside) == []
+    with pytest.raises(ValueError, match="is not a plain path"):
+        ensure_private_dir(root / ".." / "outside" / "x", within=root)
+    assert os.listdir(outside) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_ensure_private_dir_within_refuses_an_ancestor_of_another_owner(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "bot_relay").mkdir(parents=True)
+    os.chown(root / "bot_relay", 65534, 65534)
+    with pytest.raises(HostileFileError, match=r"bot_relay is owned by uid 65534"):
+        ensure_private_dir(root / "bot_relay" / "taken", within=root)
+    assert not (root / "bot_relay" / "taken").exists()
+
+
+def test_a_running_gateway_makes_no_shelf_through_a_swapped_bot_relay(
+    tmp_path: Path, gateways: list[Gateway], logs: LogCapture
+) -> None:
+    """The rescan saw its shelf gone (through the link) and made a new one there: ``taken/s-…/.lock`` outside
+    the root. Now the shelf is refused, logged, and the acked envelopes stay on the real shelf for a restart."""
+    root = make_root(tmp_path)
+    start_gateway(gateways, root, RecordingRunner(), connection_id="alpha", durable=False,
+                  config={"bot_mode": {"rescan_seconds": 0.2}})
+    [shelf] = (root / "bot_relay" / "taken").iterdir()
+    elsewhere = _swap_for_an_empty_directory(root)
+    await_condition(lambda: logs.matching("our shelf") or logs.matching("could not be made"), timeout=15,
+                    message="the rescan looked at our shelf")
+    assert logs.matching("is gone and a new one could not be made", "bot_relay is a symlink"), logs.lines
+    assert _entries(elsewhere) == set()
+    assert (tmp_path / "bot_relay.moved" / "taken" / shelf.name / ".lock").is_file()  # ours, left for a restart

@@ -97,3 +97,18 @@ def test_path_tricks_in_room_references_name_no_room(tmp_path: Path, ref: Any) -
             gw.room_transcript(ref)
         refused = gw.room_send(ref, "user", "hi")
         assert refused["error"].startswith("no room")
+
+
+def test_a_symlinked_rooms_owner_lock_is_quarantined_under_its_own_name(tmp_path: Path, logs: LogCapture) -> None:
+    """The rooms reuse the turn lock's code for ``rooms/.owner.lock``: its quarantine said "the turn lock is a
+    symlink", sending the reader to ``locks/``. It names the rooms owner lock now, and the rooms still work."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    victim = tmp_path / "victim"
+    victim.write_text("not yours")
+    (root / "bot_relay" / "rooms").mkdir(mode=0o700, parents=True)
+    os.symlink(victim, root / "bot_relay" / "rooms" / ".owner.lock")
+    with Gateway(root, runner=lambda turn: "[SILENT]") as gw:
+        assert gw.create_room("good", ["alice", "bob"])["name"] == "good"
+    assert logs.matching("quarantined", ".owner.lock", "the rooms owner lock is a symlink"), logs.lines
+    assert not logs.matching("turn lock")
+    assert victim.read_text() == "not yours"

@@ -5,10 +5,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from roots import LogCapture
 
 from hermes_actors.store import turnlock
 from hermes_actors.store.turnlock import TurnLock, flock_now
@@ -107,11 +110,22 @@ def test_a_lock_directory_swapped_for_a_symlink_is_refused_never_followed(tmp_pa
     assert sorted(p.name for p in outside.rglob("*")) == ["locks"]  # nothing created through the link
 
 
-@pytest.mark.parametrize("planted", [
-    "symlink",
-    pytest.param("another uid's file", marks=pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")),
+def _plant_socket(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+
+
+@pytest.mark.parametrize(("planted", "why"), [
+    ("symlink", "a symlink"),
+    ("directory", "a directory"),  # a directory with a file in it: EISDIR failed every DM of the bot, restarts too
+    ("FIFO", "a FIFO"),
+    ("socket", "a socket"),
+    pytest.param("another uid's file", "owned by uid 65534",
+                 marks=pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")),
 ])
-def test_a_hostile_lock_file_is_moved_aside_and_the_lock_works(tmp_path: Path, planted: str) -> None:
+def test_a_hostile_lock_file_is_moved_aside_and_the_lock_works(
+    tmp_path: Path, planted: str, why: str, logs: LogCapture
+) -> None:
     """Left in place it failed every turn of that bot for good ("resend shortly", forever)."""
     from hermes_actors.store.turnlock import turn_lock_path
 
@@ -121,6 +135,13 @@ def test_a_hostile_lock_file_is_moved_aside_and_the_lock_works(tmp_path: Path, p
     path.parent.mkdir(parents=True)
     if planted == "symlink":
         os.symlink(victim, path)
+    elif planted == "directory":
+        path.mkdir()
+        (path / "inside").write_text("kept")
+    elif planted == "FIFO":
+        os.mkfifo(path)
+    elif planted == "socket":
+        _plant_socket(path)
     else:
         path.write_text("")
         os.chown(path, 65534, 65534)  # nobody
@@ -134,6 +155,9 @@ def test_a_hostile_lock_file_is_moved_aside_and_the_lock_works(tmp_path: Path, p
     [moved] = (root / "bot_relay" / "quarantine").iterdir()
     assert moved.name.startswith("carol.lock.")
     assert victim.read_text() == "not yours"  # never followed
+    assert logs.matching("quarantined", str(path), f"the turn lock is {why}"), logs.lines
+    if planted == "directory":
+        assert (moved / "inside").read_text() == "kept"  # moved whole, nothing in it removed
 
 
 def test_a_good_lock_file_created_meanwhile_is_never_left_moved_aside(
@@ -151,13 +175,13 @@ def test_a_good_lock_file_created_meanwhile_is_never_left_moved_aside(
     holder: list[int] = []
     real_quarantine_into = relay_files.quarantine_into
 
-    def the_other_process_is_faster(directory: Path, moved: Path, why: str) -> Path | None:
+    def the_other_process_is_faster(directory: Path, moved: Path, why: str, **kw: Any) -> Path | None:
         if not holder:  # it moves the symlink aside, creates the lock file and holds its flock
             os.unlink(path)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
             holder.append(fd)
-        return real_quarantine_into(directory, moved, why)
+        return real_quarantine_into(directory, moved, why, **kw)
 
     monkeypatch.setattr(relay_files, "quarantine_into", the_other_process_is_faster)
     lock = TurnLock(path)

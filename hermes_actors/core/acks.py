@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
-from typing import Any
+from typing import Any, get_args
 
 import pykka
 
+from hermes_actors.core.ids import is_delivery_id
+from hermes_actors.core.names import HANDLE_RE
+from hermes_actors.core.targets import text_problem
+from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Delivery, Outcome, PendingAck
-from hermes_actors.records import outcome_status
+from hermes_actors.records import Origin, outcome_status
 
 __all__ = [
     "accepted_record",
     "ack_payload",
     "delivery_from_record",
+    "delivery_problem",
     "delivery_record",
     "journal_refusal",
     "outcome_from_record",
@@ -86,8 +92,92 @@ def accepted_record(delivery: Delivery) -> dict[str, Any]:
     return {"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)}
 
 
-def delivery_from_record(record: dict[str, Any]) -> Delivery:
-    """Pure: a journaled Delivery back (unknown keys from newer versions are ignored)."""
+_TEXT_FIELDS = ("sender_handle", "content", "label", "session")  # free text: any valid UTF-8 without controls
+
+
+def _name_problem(field_name: str, value: Any, *, blank_ok: bool) -> str | None:
+    """Pure: why ``value`` is not a profile folder id / handle (the grammar every live name has), or None."""
+    if blank_ok and value == "":
+        return None
+    if isinstance(value, str) and HANDLE_RE.match(value):
+        return None
+    return f"{field_name} {value!r} is not a profile name"
+
+
+def _text_field_problem(field_name: str, value: Any) -> str | None:
+    """Pure: why ``value`` is not usable text for ``field_name`` (not a str, a lone surrogate, a control
+    character such as a newline in a session title), or None."""
+    if not isinstance(value, str):
+        return f"{field_name} is a {type(value).__name__}, not text"
+    if field_name != "content" and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return f"{field_name} {value!r} holds a control character"
+    return text_problem(field_name, value)
+
+
+def delivery_problem(record: Any, delivery_id: str | None = None) -> str | None:
+    """Pure: why a journaled ``accepted`` record is not one this gateway could have written, or None.
+
+    The journal is a file on disk: a corrupt or planted line must not run a turn with a delivery id of
+    ``../../x`` or a target of ``../etc``. Each field is held to what the live path gives it: the id to
+    :func:`hermes_actors.core.ids.is_delivery_id` (and to the record's own ``id``), profile names to the
+    handle grammar, the texts to valid UTF-8, ``hop`` a non-negative int, ``accepted_at`` a finite number,
+    ``origin`` one of :data:`hermes_actors.records.Origin`, ``wake`` a bool or None.
+
+    Args:
+        record: the record's ``d`` (untrusted).
+        delivery_id: the record's ``id`` (the journal's key for it), when known.
+
+    Returns:
+        The first problem found, naming the field; None for a well-formed record.
+    """
+    if not isinstance(record, dict):
+        return f"the delivery is a {type(record).__name__}, not an object"
+    key = record.get("delivery_id")
+    if not is_delivery_id(key):
+        return f"delivery_id {key!r} is not 32 lowercase hex characters"
+    if delivery_id is not None and key != delivery_id:
+        return f"delivery_id {key!r} differs from the record's id {delivery_id!r}"
+    checks = (
+        _name_problem("target", record.get("target"), blank_ok=False),
+        _name_problem("target_handle", record.get("target_handle"), blank_ok=False),
+        _name_problem("sender", record.get("sender"), blank_ok=True),  # "": a wake for a remote DM's sender
+        *(_text_field_problem(name, record[name]) for name in _TEXT_FIELDS if name in record),
+    )
+    problem = next((p for p in checks if p is not None), None)
+    if problem is not None:
+        return problem
+    author, hop, accepted_at = record.get("author", {}), record.get("hop", 0), record.get("accepted_at", 0.0)
+    origin, wake = record.get("origin", "local"), record.get("wake")
+    if not isinstance(author, dict):
+        return f"author is a {type(author).__name__}, not an object"
+    if isinstance(hop, bool) or not isinstance(hop, int) or hop < 0:  # bool: True is an int to Python
+        return f"hop {hop!r} is not a non-negative integer"
+    if isinstance(accepted_at, bool) or not isinstance(accepted_at, int | float) or not math.isfinite(accepted_at):
+        return f"accepted_at {accepted_at!r} is not a time"
+    if origin not in get_args(Origin):
+        return f"origin {origin!r} is not one of {', '.join(get_args(Origin))}"
+    if wake is not None and not isinstance(wake, bool):
+        return f"wake {wake!r} is not true, false or null"
+    return None
+
+
+def delivery_from_record(record: dict[str, Any], delivery_id: str | None = None) -> Delivery:
+    """Pure: a journaled Delivery back (unknown keys from newer versions are ignored).
+
+    Args:
+        record: the ``accepted`` record's ``d`` (from a file: untrusted).
+        delivery_id: the record's ``id``, which the delivery's must equal, when known.
+
+    Returns:
+        The delivery.
+
+    Raises:
+        ValidationError: a field is not what the live path gives it (see :func:`delivery_problem`).
+        TypeError: a required field is missing.
+    """
+    problem = delivery_problem(record, delivery_id)
+    if problem is not None:
+        raise ValidationError(f"journaled delivery refused: {problem}")
     fields = Delivery.__dataclass_fields__
     return Delivery(**{k: v for k, v in record.items() if k in fields})
 

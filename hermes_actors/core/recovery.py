@@ -8,6 +8,7 @@ from typing import Any
 
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record, outcome_from_record
+from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.messages import Delivery, Outcome
 
@@ -39,19 +40,23 @@ class RecoveryPlan:
 
 
 def unreadable_deliveries(states: dict[str, Any]) -> list[str]:
-    """Pure: the ids whose journaled ``accepted`` record cannot be rebuilt into a Delivery.
+    """Pure: the ids that are no delivery id, or whose journaled ``accepted`` record cannot be rebuilt.
 
-    A line of the right JSON shape with missing or mistyped fields (a hostile or corrupt
-    journal file) must not stop every start on the root: the caller skips those ids and
-    says which. Only the deliveries recovery rebuilds are checked (not the delivered ones).
+    A line of the right JSON shape with missing, mistyped or hostile fields (a corrupt or planted
+    journal file: an id of ``../../x``, a target of ``../etc``) must neither stop every start on the
+    root nor run: the caller skips those ids and says which. Every id is checked; only the deliveries
+    recovery rebuilds are (not the delivered ones, up to 10,000).
     """
     bad: list[str] = []
     for key, state in states.items():
-        if state.delivery is None or state.delivered:  # settled and delivered: never rebuilt (up to 10,000)
+        if not is_delivery_id(key):
+            bad.append(key)
+            continue
+        if state.delivery is None or state.delivered:
             continue
         try:
-            delivery_from_record(state.delivery)
-        except (TypeError, ValueError):
+            delivery_from_record(state.delivery, key)
+        except (TypeError, ValueError):  # ValidationError included
             bad.append(key)
     return bad
 
@@ -86,7 +91,7 @@ def plan_recovery(
             continue
         if state.delivery is None:
             continue  # a torn record without its acceptance: nothing was acked
-        delivery = delivery_from_record(state.delivery)
+        delivery = delivery_from_record(state.delivery, key)
         record = live_record(delivery) if (state.started and live_record is not None) else None
         if record is not None and record.get("state") in ("settled", "failed", "queued"):
             if record["state"] == "settled":

@@ -268,7 +268,7 @@ def _save_record(root: Path, entries: list[dict[str, Any]]) -> None:
     if not entries:
         path.unlink(missing_ok=True)
         return
-    ensure_private_dir(path.parent)
+    ensure_private_dir(path.parent, within=root)
     atomic_write_json(path, {"version": 1, "edits": entries}, tmp_dir=path.parent)
 
 

@@ -250,8 +250,7 @@ class SubmitServer:
 
     def _bind(self) -> None:
         run_dir = self.path.parent
-        ensure_private_dir(run_dir.parent)
-        ensure_private_dir(run_dir)
+        ensure_private_dir(run_dir, within=self.root)  # bot_relay/ and run/, neither through a swapped symlink
         self._dir_fd = open_dir(run_dir)
         if stat.S_IMODE(os.fstat(self._dir_fd).st_mode) & 0o077:
             os.fchmod(self._dir_fd, 0o700)  # ours (checked); nobody else may even look up the socket

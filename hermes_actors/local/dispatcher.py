@@ -462,7 +462,7 @@ class DispatcherActor(SupervisorActor):
         if unreadable:
             logger.warning("recovery: {} journaled DM(s) skipped, their 'accepted' record cannot be read "
                            "(a corrupt or foreign line in bot_relay/journal/): {}",
-                           len(unreadable), ", ".join(unreadable))
+                           len(unreadable), ", ".join(map(repr, unreadable)))  # repr: an id may hold a newline
             skipped = set(unreadable)
             states = {key: state for key, state in states.items() if key not in skipped}
         self.waker.adopt(states)
@@ -486,6 +486,8 @@ class DispatcherActor(SupervisorActor):
             text = outcomes.gone_text(delivery.target)
             self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "unknown"))
         counts = plan.counts()
+        if unreadable:
+            counts["unreadable"] = len(unreadable)
         if any(counts.values()):
             logger.info(
                 "recovery: {reoffered} re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered, "

@@ -48,6 +48,7 @@ class LiveMailbox:
     """
 
     def __init__(self, home: Path) -> None:
+        self.home = home  # the anchor: a runtime/ swapped for a symlink is refused, nothing is written through it
         self.directory = home / "runtime" / "bot_live_delivery"
         self.tmp = self.directory / ".tmp"
         self.quarantine = self.directory / ".quarantine"
@@ -74,7 +75,7 @@ class LiveMailbox:
     def admit(self, delivery_id: str) -> dict[str, Any]:
         """Create the record in state ``queued``, or return the one already there."""
         for directory in (self.directory, self.tmp):
-            ensure_private_dir(directory)
+            ensure_private_dir(directory, within=self.home)
         existing = self.read(delivery_id)
         if existing is not None:
             return existing
@@ -95,10 +96,10 @@ class LiveMailbox:
 
     def _move_aside(self, path: Path, why: str) -> None:
         try:
-            ensure_private_dir(self.quarantine)
+            ensure_private_dir(self.quarantine, within=self.home)
             os.replace(path, self.quarantine / f"{path.name}.{time.time_ns()}")
             logger.warning("live mailbox: moved {} aside: {}", path, why)
-        except OSError as exc:
+        except (OSError, HostileFileError) as exc:  # a refused quarantine directory: the file stays, unread
             logger.error("live mailbox: could not move {} aside ({}): {}", path, why, exc)
 
 

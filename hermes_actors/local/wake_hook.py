@@ -82,7 +82,7 @@ class SenderWaker:
             if state.delivery.get("origin") == WAKE_ORIGIN:
                 self._remember(key)
             elif state.outcome is not None and not state.delivered:
-                self.sources[key] = delivery_from_record(state.delivery)
+                self.sources[key] = delivery_from_record(state.delivery, key)
 
     @staticmethod
     def pending_wakes(pending: list[tuple[str, Pending]]) -> int:

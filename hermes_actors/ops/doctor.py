@@ -23,7 +23,7 @@ from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, profil
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store.atomic import read_json_file
-from hermes_actors.store.hermes_root import discover_profiles, existing_root
+from hermes_actors.store.hermes_root import discover_profiles, existing_root, scan_profile_dirs
 from hermes_actors.store.relay_files import read_roster
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.yaml_file import read_yaml_mapping
@@ -89,6 +89,19 @@ def check_managed(root: Path, profiles: list[ProfileInfo]) -> Check:
     managed = [p.profile for p in profiles if p.managed]
     left_off = f"; left off the roster, hermes cannot run them: {', '.join(skipped)}" if skipped else ""
     return Check("profiles managed", OK, f"{len(managed)} profile(s): {', '.join(managed)}{left_off}")
+
+
+def check_profile_folders(root: Path, problems: list[str]) -> Check:
+    """Pure: every folder under ``<root>/profiles`` is seen (``problems`` from :func:`scan_profile_dirs`).
+
+    A ``profiles/`` that is a symlink or a file hides every profile but the default one (DMs to
+    them: "Unknown sender/target"); the gateway only warns once in its log, so say it here.
+    """
+    if problems:
+        return Check("profile folders", WARN, "; ".join(problems),
+                     f"make {root / 'profiles'} and each profile in it a real folder inside the root "
+                     "(not a symlink, not a file), then restart the host")
+    return Check("profile folders", OK, f"no symlinked, unreadable or unreachable profile folder under {root}")
 
 
 def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
@@ -323,6 +336,7 @@ def run_doctor(
     checks = [
         check_cli(found, version, error),
         check_managed(root, profiles),
+        check_profile_folders(root, scan_profile_dirs(root)[1]),
         check_plugin(root, enabled),
         check_daemon(root, pong),
         check_config_keys(path, raw, problem),

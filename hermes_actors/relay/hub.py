@@ -103,7 +103,7 @@ class HubActor(TypedActor):
         self.roster_seconds = roster_seconds
         self.last_roster: dict[str, tuple[Any, float]] = {}
         self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0, "resumed": 0}
-        self.shelves = {r.name: Shelf(r.paths.hubclaims) for r in roots}
+        self.shelves = {r.name: Shelf(r.paths.hubclaims, within=r.paths.relay.root) for r in roots}
         self.claiming: dict[str, InboxPaths] = {}  # each root's layout with ``claimed`` = our shelf there
         # envelope id → (sender, target, created_at): what the reply's log line names (never the text)
         self.handed: OrderedDict[str, tuple[str, str, float]] = OrderedDict()

@@ -129,7 +129,7 @@ class RelayActor(TypedActor):
     ) -> None:
         super().__init__()
         self.paths = InboxPaths.from_root(root)
-        self.shelf = Shelf(self.paths.taken_parent)
+        self.shelf = Shelf(self.paths.taken_parent, within=self.paths.relay.root)
         # Here, on the starting thread, not in on_start: the directories exist before the Gateway starts its
         # recursive watch (a directory created while watchdog walks the tree makes it warn on stderr).
         self.paths.ensure()
@@ -479,7 +479,7 @@ class RelayActor(TypedActor):
         except OSError as exc:
             logger.warning("relay: cannot check our shelf {}: {}", self.paths.taken, exc)
             return
-        shelf = Shelf(self.paths.taken_parent)
+        shelf = Shelf(self.paths.taken_parent, within=self.paths.relay.root)
         try:
             path = shelf.open()
         except (StoreError, ValidationError) as exc:  # HostileFileError included: the next rescan tries again

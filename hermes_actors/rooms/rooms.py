@@ -72,7 +72,7 @@ class Rooms:
         """Resume every room on disk (a round cut short by a crash goes on); returns how many."""
         try:
             self.files.ensure()
-            owner = TurnLock(self.files.directory / ".owner.lock")
+            owner = TurnLock(self.files.directory / ".owner.lock", what="the rooms owner lock")
             if owner.acquire(time.monotonic()) is None:
                 owner.close()
                 self._broken = f"another gateway process drives the rooms of {self.files.relay.base.parent}"

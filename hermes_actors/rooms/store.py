@@ -171,8 +171,8 @@ class RoomFiles:
             HostileFileError: a symlink, a file or a directory of another owner.
             StoreError: it could not be created.
         """
-        ensure_private_dir(self.relay.tmp)
-        ensure_private_dir(self.directory)
+        ensure_private_dir(self.relay.tmp, within=self.relay.root)
+        ensure_private_dir(self.directory, within=self.relay.root)
         return self
 
     def path(self, room_id: str) -> Path:

@@ -31,7 +31,7 @@ import orjson
 from loguru import logger
 
 from hermes_actors.errors import HostileFileError, StoreError
-from hermes_actors.store.relay_dirfd import open_relay_dir
+from hermes_actors.store.relay_dirfd import open_dir_below, open_relay_dir
 from hermes_actors.store.safe_read import DEFAULT_MAX_BYTES, read_json_file
 
 __all__ = [
@@ -432,7 +432,7 @@ def _check_private_dir(path: Path, st: os.stat_result) -> None:
         raise HostileFileError(f"{path} is owned by uid {st.st_uid}, expected {uid}")
 
 
-def ensure_private_dir(path: Path) -> Path:
+def ensure_private_dir(path: Path, *, within: Path | None = None) -> Path:
     """Make sure ``path`` is a directory of ours; create it (and parents) 0700.
 
     Only the directories this call creates get mode 0700; existing ancestors
@@ -440,15 +440,31 @@ def ensure_private_dir(path: Path) -> Path:
 
     Args:
         path: the directory to ensure.
+        within: the trusted directory ``path`` must stay under (the Hermes root, a
+            profile home). Every component from it down to ``path`` is then opened
+            without following a symlink and checked to be a directory of ours, and a
+            missing one is made relative to the checked one above it: an ancestor
+            swapped for a symlink at runtime (``bot_relay/`` itself) is refused and
+            nothing is created through it. Give it for every directory under a root;
+            without it only ``path`` itself is checked.
 
     Returns:
         ``path``.
 
     Raises:
-        HostileFileError: ``path`` is a symlink, not a directory, or owned by
-            another uid.
-        StoreError: it could not be created.
+        HostileFileError: ``path`` (with ``within``: any component below ``within``)
+            is a symlink, not a directory, or owned by another uid; the text names it.
+        StoreError: it could not be created (permission, disk full).
+        ValueError: ``path`` is not inside ``within``.
     """
+    if within is not None:
+        if not os.path.isdir(within):  # followed: the anchor is trusted as named; a missing one is made as before
+            ensure_private_dir(within)
+        try:
+            os.close(open_dir_below(within, path, create=True))
+        except OSError as exc:
+            raise _store_error("create directory", path, exc) from exc
+        return path
     try:
         _check_private_dir(path, os.lstat(path))
         return path

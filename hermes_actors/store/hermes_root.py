@@ -10,6 +10,7 @@ title, and by the Desktop @-slugs of those friendly names (resolution itself is
 from __future__ import annotations
 
 import re
+import stat
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = [
     "install_is_managed",
     "is_managed",
     "read_profile_yaml",
+    "scan_profile_dirs",
     "slugify",
 ]
 
@@ -154,31 +156,60 @@ def _profile_info(profile: str, home: Path) -> ProfileInfo:
     )
 
 
-def _profile_dirs(root: Path) -> list[tuple[str, Path]]:
-    """The valid non-default profile folders under ``<root>/profiles``, sorted by name.
+def _profiles_base_problem(base: Path) -> str | None:
+    """What makes ``<root>/profiles`` as a whole unusable, or None (a real directory, or none at all).
+
+    Args:
+        base: ``<root>/profiles``.
+
+    Returns:
+        The problem, naming the path and what to do; None when it is a directory or absent (a root
+        with only the default profile).
+    """
+    try:
+        st = base.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot look at {base} ({exc}): only the default profile is used"
+    if stat.S_ISLNK(st.st_mode):
+        return (f"{base} is a symlink: profiles are read only from a real folder inside the root, so only the "
+                f"default profile is used; put the real folder at {base}")
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{base} is not a directory: only the default profile is used; move it aside and make {base} a folder"
+    return None
+
+
+def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
+    """The valid non-default profile folders under ``<root>/profiles``, and what hid the others.
 
     Args:
         root: the Hermes root.
 
     Returns:
-        ``(folder id, home)`` pairs; symlinks, files and bad names are skipped (logged
-        at debug), as is ``default`` (hermes' gateway creates ``profiles/default/`` for its own
-        data), and folders no DM could reach (``core.names.unreachable_profiles``: ``hermes``,
-        ``Default``, a second ``Bob``/``bob``) with a warning.
+        ``(folder id, home)`` pairs sorted by name, and the problems, each naming a path and what to do:
+        a ``profiles/`` that is a symlink, a file or unreadable (then no pair at all), a profile folder
+        that is a symlink, and folders no DM could reach (``core.names.unreachable_profiles``:
+        ``hermes``, ``Default``, a second ``Bob``/``bob``). Files, bad names and ``default`` (hermes'
+        gateway creates ``profiles/default/`` for its own data) are skipped without a problem.
     """
     base = root / "profiles"
-    if base.is_symlink() or not base.is_dir():
-        return []
+    problem = _profiles_base_problem(base)
+    if problem is not None:
+        return [], [problem]
     try:
         entries = sorted(base.iterdir(), key=lambda entry: entry.name)
+    except FileNotFoundError:
+        return [], []
     except OSError as exc:
-        logger.warning("cannot list profiles in {} ({})", base, exc)
-        return []
+        return [], [f"cannot list profiles in {base} ({exc}): only the default profile is used"]
     found: list[tuple[str, Path]] = []
+    problems: list[str] = []
     for entry in entries:
         name = entry.name
         if entry.is_symlink():
-            logger.debug("skipping profile {}: symlink", entry)
+            problems.append(f"skipping profile {entry}: it is a symlink (profiles are read only from real folders "
+                            f"inside the root); put the real folder at {entry}")
         elif not entry.is_dir():
             logger.debug("skipping profile {}: not a directory", entry)
         elif not HANDLE_RE.match(name):
@@ -188,9 +219,23 @@ def _profile_dirs(root: Path) -> list[tuple[str, Path]]:
         else:
             found.append((name, entry))
     unreachable = unreachable_profiles([name for name, _ in found])
-    for name, why in unreachable.items():
-        _warn_once(f"skipping profile {base / name}: {why}")
-    return [(name, home) for name, home in found if name not in unreachable]
+    problems += [f"skipping profile {base / name}: {why}" for name, why in unreachable.items()]
+    return [(name, home) for name, home in found if name not in unreachable], problems
+
+
+def _profile_dirs(root: Path) -> list[tuple[str, Path]]:
+    """The valid non-default profile folders under ``<root>/profiles``, each problem warned once.
+
+    Args:
+        root: the Hermes root.
+
+    Returns:
+        ``(folder id, home)`` pairs, as :func:`scan_profile_dirs` finds them.
+    """
+    found, problems = scan_profile_dirs(root)
+    for problem in problems:  # status polls every second: once per process, then at debug
+        _warn_once(problem)
+    return found
 
 
 _warned: OrderedDict[str, None] = OrderedDict()  # lines already warned in this process (status polls every second)

@@ -231,14 +231,17 @@ class Journal:
     Args:
         directory: ``<root>/bot_relay/journal``.
         fsync: call ``os.fdatasync`` per batch (tests of speed may turn it off).
+        within: the Hermes root ``directory`` must stay under: a ``bot_relay/`` swapped for a
+            symlink is then refused at start, and nothing is created through it.
 
     Use ``start()`` / ``stop()`` or ``with``.
     """
 
     stop_wait = 10.0  # seconds ``stop`` waits for the writer thread, then again for a running commit
 
-    def __init__(self, directory: Path, *, fsync: bool = True) -> None:
+    def __init__(self, directory: Path, *, fsync: bool = True, within: Path | None = None) -> None:
         self.directory = directory
+        self.within = within
         self.fsync_enabled = fsync
         self.path = directory / f"j-{uuid.uuid4().hex}.log"
         self._fd: int | None = None
@@ -281,7 +284,7 @@ class Journal:
         Raises:
             StoreError: the directory or file cannot be used.
         """
-        ensure_private_dir(self.directory)
+        ensure_private_dir(self.directory, within=self.within)
         # Created under a name outside the ``j-*.log`` glob and locked before it is renamed in:
         # a gateway adopting at the same moment must never take (and remove) our new file.
         fresh = f".{self.path.name}.new"
@@ -375,7 +378,7 @@ class Journal:
         from hermes_actors.store.relay_protocol import QUARANTINE
 
         moved = quarantine_into(self.directory.parent / QUARANTINE, path,
-                                f"adopted journal with {bad} unreadable line(s)")
+                                f"adopted journal with {bad} unreadable line(s)", within=self.within)
         logger.warning(
             "journal {} had {} unreadable line(s) (a write torn by a crash, or damage); its readable records were "
             "adopted. A DM whose record was unreadable cannot be re-offered: look in the file ({}) for what it was",

@@ -5,6 +5,9 @@ A path like ``bot_relay/inbox/<id>.json`` follows every symlink on the way, so a
 anywhere. Here both directories are opened relative to the ``bot_relay`` directory
 with ``O_DIRECTORY | O_NOFOLLOW``, checked to be ours, and the rename is done on
 those descriptors: a directory that is a symlink (now, not at start) is refused.
+:func:`open_dir_below` is the same walk from a trusted anchor (the root, a profile
+home), optionally making each missing directory relative to the checked one above
+it: what ``ensure_private_dir(path, within=...)`` stands on.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from hermes_actors.errors import HostileFileError
 
-__all__ = ["open_relay_dir", "rename_between"]
+__all__ = ["open_dir_below", "open_relay_dir", "rename_between"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -46,16 +49,51 @@ def _relative_parts(base: Path, directory: Path | str) -> list[str]:
         return []
     if not below.startswith(top + os.sep):
         raise ValueError(f"{directory} is not inside {base}")
-    return below[len(top) + 1:].split(os.sep)
+    parts = below[len(top) + 1:].split(os.sep)
+    if any(part in ("", ".", "..") for part in parts):  # ".." would climb out of base through the descriptors
+        raise ValueError(f"{directory} is not a plain path inside {base}")
+    return parts
 
 
-def _descend(base_fd: int, parts: list[str], base: Path) -> int:
-    """Open ``parts`` one by one below the open ``base_fd`` (left open), each checked; the last one's descriptor."""
+def _open_child(parent_fd: int, part: str, *, create: bool) -> int:
+    """Open the directory ``part`` of ``parent_fd`` without following a symlink; with ``create``, make it first (0700).
+
+    Args:
+        parent_fd: an open, already checked directory.
+        part: one path component.
+        create: create ``part`` when it is missing.
+
+    Returns:
+        Its descriptor (checked by the caller).
+
+    Raises:
+        OSError: ELOOP / ENOTDIR for a symlink or a non-directory; FileNotFoundError without ``create``.
+    """
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    try:
+        # Made relative to the checked parent, never through a path that a swapped component could redirect.
+        os.mkdir(part, 0o700, dir_fd=parent_fd)
+    except FileExistsError:
+        return os.open(part, _DIR_FLAGS, dir_fd=parent_fd)  # a concurrent creator won: checked like any other
+    fd = os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
+    os.fchmod(fd, 0o700)  # the umask may have narrowed it; only the directories made here are touched
+    return fd
+
+
+def _descend(base_fd: int, parts: list[str], base: Path, *, create: bool = False) -> int:
+    """Open ``parts`` one by one below the open ``base_fd`` (left open), each checked; the last one's descriptor.
+
+    With ``create``, a missing step is made (0700) relative to the step above it.
+    """
     fd = base_fd
     try:
         for depth, part in enumerate(parts, 1):
             try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                child = _open_child(fd, part, create=create)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise HostileFileError(f"{base.joinpath(*parts[:depth])} is a symlink or not a directory; "
@@ -72,6 +110,35 @@ def _descend(base_fd: int, parts: list[str], base: Path) -> int:
             os.close(fd)
         raise
     return os.dup(fd) if fd == base_fd else fd
+
+
+def open_dir_below(anchor: Path, directory: Path | str, *, create: bool = False) -> int:
+    """Open ``directory`` (``anchor`` or inside it), every step below the trusted ``anchor`` checked.
+
+    ``anchor`` is opened as named (it may be reached through a symlink the user chose, like a
+    root under a symlinked home); each component below it must be a real directory of ours,
+    now: one swapped for a symlink or a file is refused, never followed.
+
+    Args:
+        anchor: a trusted directory (a Hermes root, a profile home); it must exist.
+        directory: ``anchor`` or a directory inside it.
+        create: make the missing components (0700), each relative to the checked one above it.
+
+    Returns:
+        A directory descriptor (the caller closes it).
+
+    Raises:
+        HostileFileError: a component below ``anchor`` is a symlink, not a directory, or not ours.
+        FileNotFoundError: ``anchor`` (or, without ``create``, a step) does not exist.
+        OSError: a step could not be opened or created (permission, disk full).
+        ValueError: ``directory`` is not inside ``anchor``.
+    """
+    parts = _relative_parts(anchor, directory)
+    anchor_fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _descend(anchor_fd, parts, anchor, create=create)
+    finally:
+        os.close(anchor_fd)
 
 
 def open_relay_dir(base: Path, directory: Path | str) -> int:

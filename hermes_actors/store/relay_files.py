@@ -116,6 +116,11 @@ class RelayPaths:
             roster=base / ROSTER_FILE,
         )
 
+    @property
+    def root(self) -> Path:
+        """The Hermes root holding ``bot_relay/``: the trusted anchor of every directory ensured here."""
+        return self.base.parent
+
     def directories(self) -> tuple[Path, ...]:
         """The directories of the layout, base first.
 
@@ -137,7 +142,7 @@ class RelayPaths:
                 would not be atomic).
         """
         for directory in self.directories():
-            ensure_private_dir(directory)
+            ensure_private_dir(directory, within=self.root)
         if os.lstat(self.tmp).st_dev != os.lstat(self.base).st_dev:
             raise StoreError(errno.EXDEV, f"the relay temp directory {self.tmp} is on another filesystem than "
                                           f"{self.base}: atomic renames between them are impossible")
@@ -178,8 +183,8 @@ def write_roster(paths: RelayPaths, rows: Any, *, now: float) -> int:
         StoreError: the write failed.
     """
     agents = normalize_roster(rows)
-    ensure_private_dir(paths.base)
-    ensure_private_dir(paths.tmp)
+    ensure_private_dir(paths.base, within=paths.root)
+    ensure_private_dir(paths.tmp, within=paths.root)
     payload = {"updated_at": int(now), "agents": [roster_row_dict(agent) for agent in agents]}
     atomic_write_json(paths.roster, payload, tmp_dir=paths.tmp, sort_keys=True, within=paths.base)
     return len(agents)
@@ -234,8 +239,8 @@ def enqueue_envelope(paths: RelayPaths, envelope: dict[str, Any]) -> Path:
     """
     env = parse_envelope(envelope)
     target = paths.id_file(paths.outbox, env["id"])
-    ensure_private_dir(paths.outbox)
-    ensure_private_dir(paths.tmp)
+    ensure_private_dir(paths.outbox, within=paths.root)
+    ensure_private_dir(paths.tmp, within=paths.root)
     atomic_write_json(target, env, tmp_dir=paths.tmp, within=paths.base)
     return target
 
@@ -261,7 +266,7 @@ def claim_envelope(paths: RelayPaths, envelope_id: str) -> Path | None:
         OSError: the rename failed for another reason than a missing source.
     """
     claimed = paths.id_file(paths.claimed, envelope_id)
-    ensure_private_dir(paths.claimed)
+    ensure_private_dir(paths.claimed, within=paths.root)
     if not rename_between(paths.base, paths.outbox, paths.claimed, claimed.name):  # never through a swapped dir
         return None
     return regular_or_quarantined(paths, claimed, "claimed envelope")
@@ -325,8 +330,8 @@ def write_reply(paths: RelayPaths, reply: dict[str, Any]) -> bool:
     """
     rec = parse_reply(reply)
     target = paths.id_file(paths.replies, rec["id"])
-    ensure_private_dir(paths.replies)
-    ensure_private_dir(paths.tmp)
+    ensure_private_dir(paths.replies, within=paths.root)
+    ensure_private_dir(paths.tmp, within=paths.root)
     return create_exclusive_json(target, rec, tmp_dir=paths.tmp, within=paths.base)
 
 
@@ -390,23 +395,24 @@ def quarantine(paths: RelayPaths, path: Path, why: str) -> Path | None:
         The new path, or None when the file was already gone or could not be
         moved (logged).
     """
-    return quarantine_into(paths.quarantine, path, why)
+    return quarantine_into(paths.quarantine, path, why, within=paths.root)
 
 
-def quarantine_into(directory: Path, path: Path, why: str) -> Path | None:
+def quarantine_into(directory: Path, path: Path, why: str, *, within: Path | None = None) -> Path | None:
     """Move a refused file aside into ``directory`` (created 0700 if missing; a symlink moves as is).
 
     Args:
         directory: the quarantine directory (``bot_relay/quarantine``).
         path: the refused file.
         why: the reason, logged with the move.
+        within: the root ``directory`` must stay under (see :func:`ensure_private_dir`).
 
     Returns:
         The new path, or None when the file was already gone or could not be moved (logged).
     """
     dest = directory / quarantine_name(path.name, time.time_ns(), secrets.token_hex(4))
     try:
-        ensure_private_dir(directory)
+        ensure_private_dir(directory, within=within)
         os.rename(path, dest)  # rename never follows a symlink
     except FileNotFoundError:
         return None

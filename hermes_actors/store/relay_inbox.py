@@ -110,7 +110,7 @@ class InboxPaths:
         self.relay.ensure()
         for directory in (self.inbox, self.taken_parent, self.delivered, self.consumed, self.heartbeat,
                           self.started, self.sent, self.hubclaims, self.expiring):
-            ensure_private_dir(directory)
+            ensure_private_dir(directory, within=self.relay.root)
         return self
 
     def on_shelf(self, shelf: Path) -> InboxPaths:
@@ -344,7 +344,8 @@ class TurnStartMarks:
             return
         envelope_id = str(record.get("id"))
         try:
-            ensure_private_dir(self.paths.started)  # removed under us: without it the turn would run unmarked
+            # removed under us: without it the turn would run unmarked
+            ensure_private_dir(self.paths.started, within=self.paths.relay.root)
             _write_mark(self.paths, self.paths.started, envelope_id, {"id": envelope_id, "at": int(time.time())},
                         fsync=self.fsync)
         except HostileFileError as exc:  # a started/ or temp directory swapped for a symlink: the turn must not run
@@ -448,7 +449,7 @@ def claim_for_expiry(paths: InboxPaths, envelope_id: str, *, adopt: bool = False
         OSError: the rename failed for another reason than a missing source.
     """
     target = paths.relay.id_file(paths.expiring, envelope_id)
-    ensure_private_dir(paths.expiring)
+    ensure_private_dir(paths.expiring, within=paths.relay.root)
     if not rename_between(paths.relay.base, paths.relay.outbox, paths.expiring, target.name) and not adopt:
         return None
     return regular_or_quarantined(paths.relay, target, "expiring envelope")
@@ -462,7 +463,7 @@ def finish_expiry(paths: InboxPaths, envelope_id: str) -> None:
         OSError: the rename failed for another reason than a missing source.
     """
     name = paths.relay.id_file(paths.expiring, envelope_id).name
-    ensure_private_dir(paths.relay.claimed)
+    ensure_private_dir(paths.relay.claimed, within=paths.relay.root)
     rename_between(paths.relay.base, paths.expiring, paths.relay.claimed, name)
 
 

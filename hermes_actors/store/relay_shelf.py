@@ -52,10 +52,13 @@ class Shelf:
 
     Args:
         parent: the directory holding every process's shelf.
+        within: the Hermes root ``parent`` must stay under: ``bot_relay/`` or ``parent``
+            swapped for a symlink is then refused, nothing is created through it.
     """
 
-    def __init__(self, parent: Path) -> None:
+    def __init__(self, parent: Path, *, within: Path | None = None) -> None:
         self.parent = parent
+        self.within = within
         self.path = parent / f"{SHELF_PREFIX}{uuid.uuid4().hex}"
         self._fd: int | None = None
 
@@ -66,10 +69,10 @@ class Shelf:
             The shelf directory.
 
         Raises:
-            HostileFileError: ``parent`` is a symlink or not ours.
+            HostileFileError: ``parent`` (or, with ``within``, a directory above it) is a symlink or not ours.
             StoreError: the shelf could not be created or locked.
         """
-        ensure_private_dir(self.parent)
+        ensure_private_dir(self.parent, within=self.within)
         fresh = self.path / f"{LOCK_NAME}.new"
         try:
             os.mkdir(self.path, 0o700)

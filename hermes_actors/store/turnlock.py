@@ -89,20 +89,73 @@ def turn_lock_path(root: Path, profile: str) -> Path:
 _REOPENS = 5  # times a lock file found replaced under its flock is opened again before giving up
 
 
+def _lock_anchor(path: Path) -> Path | None:
+    """Pure: the Hermes root a lock file at ``<root>/bot_relay/<dir>/<name>`` lives under, else None.
+
+    Every directory from that root down to the lock's is checked at each open, so a ``bot_relay/``
+    or ``locks/`` swapped for a symlink puts neither the lock nor anything else outside the root.
+    """
+    directory = path.parent
+    return directory.parent.parent if directory.parent.name == "bot_relay" else None
+
+
+# What an open(2) of the lock's path failing with these errnos met there (EACCES: a file we may not open).
+_OPEN_REFUSALS = {errno.ELOOP: "a symlink", errno.EISDIR: "a directory", errno.ENXIO: "a socket"}
+
+
+def _refused_open(exc: OSError) -> str | None:
+    """Pure: what the lock's path holds when opening it failed with ``exc``, or None for another failure.
+
+    Args:
+        exc: the error of ``os.open(path, O_RDWR | O_CREAT | O_NOFOLLOW)``.
+
+    Returns:
+        "a symlink", "a directory", "a socket", "not ours to open (…)"; None when the error says
+        nothing about what is there (disk full, a missing directory): the caller raises it.
+    """
+    if exc.errno == errno.EACCES:
+        return f"not ours to open ({exc.strerror})"
+    return _OPEN_REFUSALS.get(exc.errno or 0)
+
+
+def _refused_file(st: os.stat_result) -> str | None:
+    """Pure: what is wrong with a lock file's ``stat`` result, None for a regular file of ours.
+
+    Args:
+        st: the ``fstat`` of the opened lock file, or the ``lstat`` of its path.
+
+    Returns:
+        "a symlink", "a directory", "a FIFO", "a socket", "not a regular file", "owned by uid N", or None.
+    """
+    kinds = ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"))
+    for test, kind in kinds:
+        if test(st.st_mode):
+            return kind
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.getuid():
+        return f"owned by uid {st.st_uid}"
+    return None
+
+
 def _good_lock_file(st: os.stat_result) -> bool:
     """Pure: whether an ``lstat`` result is a lock file we may use (a regular file of ours)."""
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+    return _refused_file(st) is None
 
 
 class TurnLock:
-    """One profile's flock, held for exactly the turn window.
+    """One profile's flock, held for exactly the turn window (or another ``flock`` taken the same way).
 
     Args:
         path: the lock file (created 0600; its directory 0700).
+        what: what the lock is, for the log lines and errors that name it ("the turn lock",
+            "the rooms owner lock").
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, what: str = "the turn lock") -> None:
         self.path = path
+        self.what = what
         self._fd: int | None = None
         # acquire → release runs on a worker thread, close on the owning actor's: a close
         # during that window is deferred to release, so the flock is never dropped mid-turn.
@@ -114,41 +167,43 @@ class TurnLock:
         if self._fd is None:
             # O_NOFOLLOW guards the file only: a locks/ (or bot_relay/) swapped for a symlink would put
             # the lock, and the serialization it stands for, outside the root. Checked before each open.
-            directories = [self.path.parent]
-            if self.path.parent.parent.name == "bot_relay":
-                directories.insert(0, self.path.parent.parent)
             try:
-                for directory in directories:
-                    ensure_private_dir(directory)
+                ensure_private_dir(self.path.parent, within=_lock_anchor(self.path))
             except HostileFileError as exc:  # an OSError for the callers: the DM fails, nothing is followed
-                raise OSError(errno.EPERM, f"the turn lock directory is refused: {exc}") from exc
+                raise OSError(errno.EPERM, f"{self.what} directory is refused: {exc}") from exc
             self._fd = self._open_file()
         return self._fd
 
     def _open_file(self) -> int:
-        """Open (create) the lock file; a symlink or another uid's file there is moved aside first.
+        """Open (create) the lock file; anything but a regular file of ours there is moved aside first.
 
-        Left in place, it would fail every turn of the profile for good (each DM "NOT delivered,
-        resend shortly"); no process of ours can hold a lock through it, so nothing is lost.
+        A symlink, a directory, a FIFO, a socket or another uid's file left in place would fail every
+        turn of the profile for good (each DM "NOT delivered, resend shortly"), or, for a FIFO, serialize
+        nothing another program would honour; no process of ours can hold a lock through it, so nothing
+        is lost by moving it to ``quarantine/``.
+
+        Raises:
+            OSError: the file could not be opened, or what is there could not be moved aside.
         """
+        # O_RDWR never waits for a FIFO's other end; a FIFO opened so is refused by its fstat below.
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
         try:
             fd = os.open(self.path, flags, 0o600)
         except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.EACCES):
+            why = _refused_open(exc)
+            if why is None:
                 raise
-            why = "a symlink" if exc.errno == errno.ELOOP else f"not ours to open ({exc.strerror})"
         else:
-            owner = os.fstat(fd).st_uid
-            if owner == os.getuid():
+            why = _refused_file(os.fstat(fd))
+            if why is None:
                 return fd
             os.close(fd)
-            why = f"owned by uid {owner}"
-        self._quarantine(f"the turn lock is {why}")
+        self._quarantine(f"{self.what} is {why}")
         fd = os.open(self.path, flags, 0o600)  # ours now, or the one another process just created
-        if os.fstat(fd).st_uid != os.getuid():
+        again = _refused_file(os.fstat(fd))
+        if again is not None:
             os.close(fd)
-            raise OSError(errno.EPERM, f"{self.path} is refused: it is another uid's again")
+            raise OSError(errno.EPERM, f"{self.path} is refused: it is {again} again")
         return fd
 
     def _quarantine(self, why: str) -> None:
@@ -159,7 +214,7 @@ class TurnLock:
         # aside and created a good lock file there already, which must never be moved from under its flock.
         if self._good_or_gone():
             return
-        moved = quarantine_into(self.path.parent.parent / QUARANTINE, self.path, why)
+        moved = quarantine_into(self.path.parent.parent / QUARANTINE, self.path, why, within=_lock_anchor(self.path))
         if moved is None:
             if self._good_or_gone():
                 return
