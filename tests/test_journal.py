@@ -958,8 +958,30 @@ def test_a_journal_record_of_the_wrong_shape_is_skipped_and_the_rest_recovered(t
     assert ran == [good]
 
 
+def test_a_journal_record_whose_id_is_no_delivery_id_is_an_unreadable_line_never_run(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    """An ``accepted`` record with the id ``../../../../tmp/pwn`` ran, its runner got that string as
+    ``turn.delivery_id``: such a record is now a damaged line of its journal, which is quarantined, loudly."""
+    root = make_root(tmp_path)
+    directory = root / "bot_relay" / "journal"
+    directory.mkdir(mode=0o700, parents=True)
+    good, bad = _id(60), "../../../../tmp/pwn"
+    foreign = directory / "j-0123456789abcdef0123456789abcdef.log"
+    foreign.write_bytes(_lines(
+        {"t": "accepted", "id": good, "d": _delivery(good)},
+        {"t": "accepted", "id": bad, "d": {**_delivery(bad), "delivery_id": bad}},
+    ))
+    foreign.chmod(0o600)
+    ran: list[str] = []
+    with Gateway(root, runner=lambda turn: ran.append(turn.delivery_id) or "fine") as gw:
+        assert gw.wait_outcome(good, timeout=10)["status"] == "replied"
+    assert ran == [good]
+    assert logs.matching(str(foreign), "had 1 unreadable line(s)"), logs.lines
+    assert not foreign.exists() and list((root / "bot_relay" / "quarantine").glob("j-*.quarantined"))
+
+
 @pytest.mark.parametrize(("record_id", "fields"), [
-    ("../../../../tmp/pwn", {"delivery_id": "../../../../tmp/pwn"}),
     (_id(61), {"delivery_id": _id(62)}),  # the delivery's id is not the record's
     (_id(63), {"target": "../../etc", "target_handle": "../x"}),
     (_id(64), {"sender": "../../x", "sender_handle": "../x", "wake": True}),
@@ -971,7 +993,7 @@ def test_a_journal_record_of_the_wrong_shape_is_skipped_and_the_rest_recovered(t
     (_id(70), {"session": "../../x\n"}),
     (_id(71), {"origin": "relay-in"}),
     (_id(72), {"wake": 1}),
-], ids=["id-dotdot", "id-mismatch", "target-dotdot", "sender-dotdot", "hop-text", "hop-negative", "content-object",
+], ids=["id-mismatch", "target-dotdot", "sender-dotdot", "hop-text", "hop-negative", "content-object",
         "author-list", "accepted-at-text", "session-newline", "origin-unknown", "wake-int"])
 def test_a_journaled_delivery_with_a_hostile_field_is_skipped_never_run(
     tmp_path: Path, logs: LogCapture, record_id: str, fields: dict[str, Any]

@@ -28,11 +28,11 @@ def _delivery(target: str = "bob") -> Delivery:
     ("live", "expected"),
     [
         (None, "ambiguous"),
-        ({"state": "claimed"}, "ambiguous"),
-        ({"state": "ambiguous"}, "ambiguous"),
-        ({"state": "queued"}, "reoffer"),
-        ({"state": "settled", "reply": "done in the window"}, "replied"),
-        ({"state": "failed", "error": "429 rate limit", "reason": "provider_rate_limit"}, "failed"),
+        ({"status": "claimed"}, "ambiguous"),
+        ({"status": "ambiguous"}, "ambiguous"),
+        ({"status": "queued"}, "reoffer"),
+        ({"status": "settled", "reply": "done in the window"}, "replied"),
+        ({"status": "failed", "error": "429 rate limit", "reason": "provider_rate_limit"}, "failed"),
     ],
 )
 def test_a_started_turn_is_judged_by_its_live_mailbox_record(live: dict[str, Any] | None, expected: str) -> None:

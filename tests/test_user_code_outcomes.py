@@ -142,7 +142,7 @@ def test_a_live_owner_raising_base_exceptions_is_ambiguous_at_once(
     assert gw.wait_outcome(good, timeout=WAIT)["reply"] == "owner: next"
     assert owner.bodies == ["explode", "next"] and rec.entered == []
     record = LiveMailbox(root / "profiles" / "bob").read(bad)
-    assert record is not None and record["state"] == "ambiguous"
+    assert record is not None and record["status"] == "ambiguous"
     assert_serves(other, "unaffected")
 
 
@@ -204,7 +204,7 @@ def test_a_store_error_moving_the_live_mailbox_to_claimed_fails_the_dm_at_once_r
     assert "disk on fire" in out["error"] and "NOT delivered" in out["error"], out
     assert owner.bodies == [] and rec.entered == []
     record = LiveMailbox(root / "profiles" / "bob").read(bad)
-    assert record is not None and record["state"] == "failed"  # a replay reports the failure, never runs it
+    assert record is not None and record["status"] == "failed"  # a replay reports the failure, never runs it
     broken.clear()
     assert gw.wait_outcome(send_dm(gw, "after"), timeout=WAIT)["reply"] == "owner: after"
     assert_serves(other, "unaffected")

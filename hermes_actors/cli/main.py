@@ -38,9 +38,16 @@ from hermes_actors.errors import TransportError
 __all__ = ["main"]
 
 
+def _to_stderr(message: str) -> None:
+    # sys.stderr as it is at each write, not as it was at start: a process (a test) that swaps its stderr
+    # and closes the old one must not leave a sink writing to a closed file.
+    sys.stderr.write(message)
+
+
 def _enable_logging(verbose: int) -> None:
     logger.remove()
-    logger.add(sys.stderr, level="DEBUG" if verbose > 1 else "INFO" if verbose else "WARNING")
+    logger.add(_to_stderr, level="DEBUG" if verbose > 1 else "INFO" if verbose else "WARNING",
+               colorize=sys.stderr.isatty())
     logger.enable("hermes_actors")
     logger.enable("actors")
 

@@ -93,10 +93,10 @@ def plan_recovery(
             continue  # a torn record without its acceptance: nothing was acked
         delivery = delivery_from_record(state.delivery, key)
         record = live_record(delivery) if (state.started and live_record is not None) else None
-        if record is not None and record.get("state") in ("settled", "failed", "queued"):
-            if record["state"] == "settled":
+        if record is not None and record.get("status") in ("settled", "failed", "queued"):
+            if record["status"] == "settled":
                 plan.redeliver.append(outcomes.from_reply(key, delivery.label, str(record.get("reply") or "")))
-            elif record["state"] == "failed":
+            elif record["status"] == "failed":
                 error = str(record.get("error") or "The live Bot Chat owner failed the turn.")
                 plan.redeliver.append(outcomes.failed(key, delivery.label, error, str(record.get("reason") or "")))
             else:
