@@ -565,7 +565,7 @@ class Gateway:
             KeyError: no such local profile (from ``start()`` for an owner attached before it).
             TypeError: ``owner`` is neither a runner nor a callable.
         """
-        as_runner(owner)
+        as_runner(owner, "owner")
         if self._state == "new":  # attached before start(): recovered DMs already go to it
             self._early_owners[profile] = owner
             return

@@ -200,7 +200,7 @@ class RoomTurn:
 
     Its outcome goes to ``reply`` (called on the Dispatcher's thread), never to ``subscribe``
     callbacks as a DM outcome; the Dispatcher's journal does not record it (the room file does).
-    The RoomActor's own messages are in :mod:`hermes_actors.rooms.protocol`.
+    The RoomActor's own messages are in its section below.
     """
 
     delivery: Delivery
@@ -512,6 +512,55 @@ class RedisEntries:
 @dataclass(frozen=True, slots=True)
 class RedisTick:
     """Timer: the Redis actor's periodic work (heartbeat, roster, touch, reclaim, retries)."""
+
+
+# ── RoomActor (rooms/room_actor.py): one per group room, asked through ``Rooms`` (rooms/rooms.py) ───
+
+
+@dataclass(frozen=True, slots=True)
+class RoomSend:
+    """Ask a RoomActor to accept a message; answered with the ack or refusal dict once it is on disk.
+
+    ``snapshot`` is the roster now: names in the text (and the sender's) resolve against it.
+    """
+
+    sender: str
+    text: Any
+    snapshot: RosterSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class MemberTurnDone:
+    """Told to the RoomActor (through the Dispatcher) when a member's turn settled."""
+
+    turn_id: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class GetTranscript:
+    """Ask for the transcript: a list of ``{message_id, author, text, at, round, status}`` dicts."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetSummary:
+    """Ask for the room's ``list_rooms`` row: ``room_id``, ``name``, ``members``, ``state``, ``messages``,
+    ``last_activity``."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitIdle:
+    """Ask for a future resolved with the room's state once it is not ``busy``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Halt:
+    """Ask the RoomActor to start no further member turns (the gateway is stopping)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Disband:
+    """Ask the RoomActor to delete its file and end; answered with the room dict."""
 
 
 # ── HubActor (relay/hub.py) ──────────────────────────────────────────────

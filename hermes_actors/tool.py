@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
-
-import orjson
 
 from hermes_actors.core.targets import MESSAGE_MAX_CHARS
 from hermes_actors.messages import BOT_CHAT_SESSION
@@ -12,7 +11,13 @@ from hermes_actors.messages import BOT_CHAT_SESSION
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway
 
-__all__ = ["MESSAGE_AGENT_TOOL_NAME", "message_agent_authorized", "message_agent_tool", "message_agent_tool_schema"]
+__all__ = [
+    "MESSAGE_AGENT_TOOL_NAME",
+    "message_agent_authorized",
+    "message_agent_tool",
+    "message_agent_tool_schema",
+    "tool_result_text",
+]
 
 MESSAGE_AGENT_TOOL_NAME = "message_agent"
 
@@ -91,4 +96,19 @@ def message_agent_tool(
     except RuntimeError as exc:
         text = f"{exc}; message_agent is unavailable right now. Try again later."
         result = {"error": text, "reason": "runtime_offline"}
-    return orjson.dumps(result).decode()
+    return tool_result_text(result)
+
+
+def tool_result_text(result: dict[str, Any]) -> str:
+    """The JSON text the model reads for a tool call: ``json.dumps`` with its defaults, as the seed writes it.
+
+    Byte for byte the seed's (``", "`` separators, non-ASCII escaped), so a model, a transcript
+    or a test sees the very text the original tool gave.
+
+    Args:
+        result: the ack or error dict.
+
+    Returns:
+        The text.
+    """
+    return json.dumps(result)

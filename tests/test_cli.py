@@ -195,7 +195,8 @@ def test_room_command_errors_exit_codes(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["room", "create", "solo", "hermes", *base]) == 2
     assert "a room has 2 to 6 members, not 1" in capsys.readouterr().err
     assert main(["room", "show", "nowhere", *base]) == 2
-    assert "no room 'nowhere'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no room 'nowhere'" in err and "hermes-actors room list" in err  # a CLI user is told a command
     assert main(["room", "create", "duo", "hermes", "scout", *base]) == 0
     capsys.readouterr()
     assert main(["room", "send", "duo", "   ", *base]) == 1  # a refusal (docs/operations.md, exit codes)

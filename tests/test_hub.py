@@ -243,3 +243,14 @@ def test_a_reply_over_a_mebibyte_crosses_the_relay_whole(two_roots: tuple[Path, 
     assert outcome["status"] == "replied" and outcome["reply"] == big, (outcome["status"], len(outcome["reply"]))
     assert not list((mini / "bot_relay" / "quarantine").glob("*")) and not list(
         (alpha / "bot_relay" / "quarantine").glob("*"))
+
+
+def test_a_roots_connection_label_is_how_the_other_roots_see_it(tmp_path: Path) -> None:
+    """Regression: the hub wrote every row's connection_label as the root's connection id, so a configured
+    bot_mode.connection_label ("@dave on Mini") never reached senders over the file relay."""
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini", config={"bot_mode": {"connection_label": "Mini"}})
+    with hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition(lambda: roster_rows(alpha) and roster_rows(mini), timeout=10, message="both rosters")
+        assert {r["connection_label"] for r in roster_rows(alpha)} == {"Mini"}
+        assert {r["connection_label"] for r in roster_rows(mini)} == {"alpha"}  # none configured: its id

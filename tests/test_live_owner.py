@@ -297,3 +297,9 @@ def test_mailbox_records_go_queued_claimed_settled_on_disk(
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
     assert not list((path.parent / ".tmp").iterdir()), "no temp file left behind"
+
+
+def test_an_owner_that_is_no_runner_is_refused_naming_the_owner(root: Path, gateways: list[Gateway]) -> None:
+    gw = start_gateway(gateways, root, RecordingRunner())
+    with pytest.raises(TypeError, match=r"^owner must be an object with run_turn\(turn\) -> str .* got object$"):
+        gw.attach_live_owner("bob", object())

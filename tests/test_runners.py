@@ -278,9 +278,13 @@ def test_live_owner_refusal_is_target_busy(fake_cli: Path, tmp_path: Path, mode:
     assert runner.kept() == []
 
 
-def test_target_busy_names_the_profile_when_no_handle(fake_cli: Path, tmp_path: Path) -> None:
-    with pytest.raises(TurnFailed, match=r"@carol's Bot Chat is open"):
-        make_runner(fake_cli, tmp_path, "not_owned").run_turn(turn(profile="carol"))
+@pytest.mark.parametrize(("profile", "handle"), [("carol", ""), ("default", "hermes")])
+def test_target_busy_names_the_profile_the_cli_ran_as_like_the_seed(
+    fake_cli: Path, tmp_path: Path, profile: str, handle: str
+) -> None:
+    """The seed names the CLI's ``-p`` profile (``@default's``), not the handle (``@hermes's``)."""
+    with pytest.raises(TurnFailed, match=rf"^Delivery failed: @{profile}'s Bot Chat is open"):
+        make_runner(fake_cli, tmp_path, "not_owned").run_turn(turn(profile=profile, handle=handle))
 
 
 def test_a_different_marker_code_wins_over_prose(fake_cli: Path, tmp_path: Path) -> None:

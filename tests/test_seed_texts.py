@@ -71,3 +71,19 @@ def test_the_ack_detail_is_the_seeds(tmp_path: Path) -> None:
         "delivery outcome — the reply (relay it then, attributed to that agent) or the delivery failure (report "
         "it; the message was NOT delivered)."
     )
+
+
+def test_the_tool_result_text_is_serialized_as_the_seed_serializes_it(tmp_path: Path) -> None:
+    """The seed returns ``json.dumps(payload)`` with its defaults: ``", "`` separators, non-ASCII escaped."""
+    import json
+
+    from hermes_actors import message_agent_tool
+
+    root = make_root(tmp_path)
+    with Gateway(root, runner=lambda turn: "ok") as gw:
+        refused = message_agent_tool(gw, sender="alice", target="bob", message="  ")
+        acked = message_agent_tool(gw, sender="alice", target="bob", message="hi")
+    assert refused == (
+        '{"error": "message is required \\u2014 compose what you want to say to that agent.", "reason": "unknown"}'
+    )
+    assert acked == json.dumps(json.loads(acked)) and acked.startswith('{"status": "queued", "delivery_id": "')

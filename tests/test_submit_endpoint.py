@@ -389,7 +389,9 @@ def test_a_serving_gateway_takes_dms_and_answers_outcomes(tmp_path: Path, gatewa
     ack = submit_dm(root, "alice", "bob", "hi", hop=2)
     assert ack["status"] == "queued" and ack["to"] == "@bob"
     pending = fetch_outcome(root, ack["delivery_id"], wait=0)
-    assert pending == {"status": "pending", "delivery_id": ack["delivery_id"]}
+    # the keys of a pending outcome read from the files (docs/operations.md): status, delivery_id, error
+    assert pending == {"status": "pending", "delivery_id": ack["delivery_id"],
+                       "error": "accepted by the running host; no outcome yet"}
     release.set()
     outcome = fetch_outcome(root, ack["delivery_id"], wait=30)
     assert outcome["status"] == "replied" and outcome["text"] == "Reply from @bob: ok"

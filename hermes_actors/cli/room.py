@@ -166,7 +166,7 @@ def add_room_parser(
     p.add_argument("room", help="the room's name or id")
     p.add_argument("text", help="the message")
     p.add_argument("--from", dest="sender", default="user", help="'user' (default) or a member")
-    p.add_argument("--wait", type=seconds, default=600.0, help="seconds to wait for the room to settle")
+    p.add_argument("--wait", type=seconds, default=600.0, help="seconds to wait for the room to settle (default: 600)")
     common(p)
     p.set_defaults(func=_send)
 

@@ -79,12 +79,13 @@ def session_id_of(stderr: str) -> str:
     return found[-1] if found else ""
 
 
-def failure_of(done: CliResult, handle: str) -> TurnFailed:
+def failure_of(done: CliResult, handle: str, profile: str = "") -> TurnFailed:
     """The typed failure of a turn whose process exited non-zero.
 
     Args:
         done: the finished process.
         handle: the target's handle.
+        profile: the profile the CLI ran as (named by a lease refusal, as the seed does; default ``handle``).
 
     Returns:
         ``target_busy`` for a lease refusal (marker or prose, on either
@@ -93,7 +94,7 @@ def failure_of(done: CliResult, handle: str) -> TurnFailed:
         the reason :func:`~hermes_actors.core.reasons.classify_agent_error` gives.
     """
     if refused_not_owned(done.stderr) or _LIVE_OWNER in done.stdout:
-        return TurnFailed(busy_text(handle), reason=TARGET_BUSY)
+        return TurnFailed(busy_text(profile or handle), reason=TARGET_BUSY)
     if NO_SESSION_MARKER in done.stdout:
         return TurnFailed(
             f"@{handle}'s Bot Chat session was not found by hermes (it was deleted or renamed), "
@@ -119,12 +120,13 @@ def _without_chatter(done: CliResult) -> CliResult:
     return CliResult("", "\n".join(kept), done.returncode)
 
 
-def reply_or_failure(done: CliResult, handle: str) -> str:
+def reply_or_failure(done: CliResult, handle: str, profile: str = "") -> str:
     """The reply of a finished turn, or raise its failure.
 
     Args:
         done: the finished process.
         handle: the target's handle.
+        profile: the profile the CLI ran as (see :func:`failure_of`).
 
     Returns:
         The cleaned reply.
@@ -134,7 +136,7 @@ def reply_or_failure(done: CliResult, handle: str) -> str:
             and an ``Error:`` line on stderr (a partial run).
     """
     if done.returncode != 0:
-        raise failure_of(done, handle)
+        raise failure_of(done, handle, profile)
     reply = clean_reply(done.stdout)
     if not reply:
         errors = _ERROR_RE.findall(done.stderr)

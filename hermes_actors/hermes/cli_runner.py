@@ -254,7 +254,7 @@ class HermesCliRunner(CommandRunner):
             self._ensure_session(turn, home, handle)
         logger.debug("turn {} attempt {} for @{}: {}", turn.delivery_id, turn.attempt, handle, argv[:-1])
         done = self._run_process(turn, argv, handle, cwd=home)
-        return reply_or_failure(done, handle)
+        return reply_or_failure(done, handle, turn.profile)
 
     def _ensure_session(self, turn: Turn, home: Path, handle: str) -> Any:
         try:

@@ -65,8 +65,9 @@ def _outcome_via(gw: Gateway) -> Callable[[OutcomeCall], dict[str, Any]]:
     def outcome(call: OutcomeCall) -> dict[str, Any]:
         try:
             return gw.wait_outcome(call.delivery_id, timeout=call.wait)
-        except TimeoutError:
-            return {"status": "pending", "delivery_id": call.delivery_id}
+        except TimeoutError:  # the same keys as an outcome read from the root's files (ops.journal_view)
+            return {"status": "pending", "delivery_id": call.delivery_id,
+                    "error": "accepted by the running host; no outcome yet"}
         except KeyError as exc:
             why = str(exc.args[0] if exc.args else exc)
             return {"status": "unknown", "delivery_id": call.delivery_id, "error": why}

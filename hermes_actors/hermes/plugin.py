@@ -194,7 +194,7 @@ def message_agent_handler(args: Any, **context: Any) -> str:
     Returns:
         The seed's ack JSON, or a JSON error (never raises).
     """
-    import orjson
+    from hermes_actors.tool import tool_result_text
 
     try:
         result = _handle(args if isinstance(args, dict) else {}, str(context.get("session_id") or ""))
@@ -204,7 +204,7 @@ def message_agent_handler(args: Any, **context: Any) -> str:
             "the message was NOT sent.",
             "reason": "unknown",
         }
-    return orjson.dumps(result).decode()
+    return tool_result_text(result)
 
 
 # ── the teammate roster in the model's system message ───────────────────────

@@ -127,17 +127,17 @@ class CliResult:
     returncode: int
 
 
-def busy_text(handle: str) -> str:
+def busy_text(profile: str) -> str:
     """The ``target_busy`` failure text of a turn another surface refused.
 
     Args:
-        handle: the target's handle.
+        profile: the profile the CLI ran as (its ``-p``): the seed names it so, ``@default`` included.
 
     Returns:
         The text the sender reads.
     """
     return (
-        f"Delivery failed: @{handle}'s Bot Chat is open on another surface right now, "
+        f"Delivery failed: @{profile}'s Bot Chat is open on another surface right now, "
         "so your message was NOT delivered. Try again later."
     )
 

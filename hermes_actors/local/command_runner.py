@@ -260,7 +260,7 @@ class CommandRunner:
         if done.returncode == 0:
             return _strip_trailing_newlines(done.stdout)
         if refused_not_owned(done.stderr):
-            raise TurnFailed(busy_text(handle), reason="target_busy")
+            raise TurnFailed(busy_text(turn.profile), reason="target_busy")
         text = exit_failure_text(done)
         logger.info("turn {} for @{} failed: {}", turn.delivery_id, handle, text.splitlines()[0])
         raise TurnFailed(text)

@@ -126,12 +126,13 @@ def runs_inline(runner: object) -> bool:
     return getattr(runner, "blocking", True) is False
 
 
-def as_runner(obj: object) -> TurnRunner:
+def as_runner(obj: object, what: str = "runner") -> TurnRunner:
     """Return ``obj`` as a :class:`TurnRunner`.
 
     Args:
         obj: an object with a callable ``run_turn`` (returned as is) or a
             plain callable (wrapped in :class:`CallableRunner`).
+        what: the argument's name in the error (``runner``, ``owner``).
 
     Returns:
         The runner.
@@ -144,6 +145,6 @@ def as_runner(obj: object) -> TurnRunner:
     if callable(obj):
         return CallableRunner(obj)
     raise TypeError(
-        "runner must be an object with run_turn(turn) -> str or a callable fn(turn) -> str, "
+        f"{what} must be an object with run_turn(turn) -> str or a callable fn(turn) -> str, "
         f"got {type(obj).__name__}"
     )

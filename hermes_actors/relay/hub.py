@@ -25,7 +25,7 @@ from loguru import logger
 
 from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TypedActor, handles
 from hermes_actors.core import outcomes
-from hermes_actors.core.config import load_config
+from hermes_actors.core.config import load_config, parse_redis_config
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import StoreError, ValidationError
@@ -57,6 +57,7 @@ class HubRoot:
     root: Path
     paths: InboxPaths
     ttl: float
+    label: str = ""  # how senders on the other roots see it (its bot_mode.connection_label; "": its name)
 
     @classmethod
     def make(cls, name: str, root: Path) -> HubRoot:
@@ -64,7 +65,9 @@ class HubRoot:
             raise ValueError(f"connection id {name!r} must match {HANDLE_RE.pattern}")
         existing_root(root)
         paths = InboxPaths.from_root(root).ensure()
-        return cls(name, root, paths, load_config(root).envelope_ttl_seconds)
+        config = load_config(root)
+        label = parse_redis_config(config.raw)[0].connection_label  # the transport settings' label, Redis's too
+        return cls(name, root, paths, config.envelope_ttl_seconds, label or name)
 
 
 def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) -> list[dict[str, Any]]:
@@ -82,7 +85,7 @@ def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) ->
         for p in discover_profiles(other.root):
             row: dict[str, Any] = {
                 "profile": p.profile, "handle": p.handle, "connection_id": other.name,
-                "connection_label": other.name, "title": p.title or p.display_name,
+                "connection_label": other.label or other.name, "title": p.title or p.display_name,
                 "description": p.description,
             }
             if alive[other.name]:

@@ -24,8 +24,21 @@ from actors import TypedActor, handles, tell
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, resolve_local
 from hermes_actors.errors import HostileFileError, StoreError
-from hermes_actors.messages import ROOM_ORIGIN, Delivery, Notify, Outcome, RoomTurn, RosterSnapshot
-from hermes_actors.rooms.protocol import AwaitIdle, Disband, GetSummary, GetTranscript, Halt, MemberTurnDone, RoomSend
+from hermes_actors.messages import (
+    ROOM_ORIGIN,
+    AwaitIdle,
+    Delivery,
+    Disband,
+    GetSummary,
+    GetTranscript,
+    Halt,
+    MemberTurnDone,
+    Notify,
+    Outcome,
+    RoomSend,
+    RoomTurn,
+    RosterSnapshot,
+)
 from hermes_actors.rooms.rules import (
     USER,
     Round,

@@ -22,8 +22,16 @@ from actors import ActorGone, ask
 from hermes_actors.core.ids import is_delivery_id, new_delivery_id
 from hermes_actors.core.targets import refuse, resolve_local
 from hermes_actors.errors import HostileFileError, StoreError
-from hermes_actors.messages import GetSnapshot, RosterSnapshot
-from hermes_actors.rooms.protocol import AwaitIdle, Disband, GetSummary, GetTranscript, Halt, RoomSend
+from hermes_actors.messages import (
+    AwaitIdle,
+    Disband,
+    GetSnapshot,
+    GetSummary,
+    GetTranscript,
+    Halt,
+    RoomSend,
+    RosterSnapshot,
+)
 from hermes_actors.rooms.room_actor import RoomActor
 from hermes_actors.rooms.rules import name_problem, plan_members
 from hermes_actors.rooms.store import RoomFiles, RoomRecord
@@ -102,7 +110,8 @@ class Rooms:
                 for name, ref in self._rooms.values():
                     if name.lower() == want:
                         return ref
-        raise KeyError(f"no room {room!r}: pass a room id or name from list_rooms()")
+        raise KeyError(f"no room {room!r}: pass the id or name of an existing room (Gateway.list_rooms(); "
+                       "on the command line: hermes-actors room list)")
 
     def create(self, name: Any, members: Any) -> dict[str, Any]:
         """See :meth:`hermes_actors.gateway.Gateway.create_room`."""
