@@ -377,7 +377,7 @@ def test_doctor_says_what_an_unmanaged_profile_means(
 
 
 @pytest.mark.parametrize(("server", "answers", "key_missing", "level", "says"), [
-    (None, False, True, WARN, "API_SERVER_KEY (16+ characters) is not set"),
+    (None, False, True, WARN, "API_SERVER_KEY is not set or shorter than 16 characters"),
     (None, False, False, OK, "not configured: turns run with the hermes CLI"),
     ("127.0.0.1:8642", False, False, WARN, "does not answer: turns run with the hermes CLI until it does"),
     ("127.0.0.1:8642", True, False, OK, "through the hermes API server 127.0.0.1:8642"),

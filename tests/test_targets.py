@@ -190,6 +190,21 @@ REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
             **roster_for(None),
         },
     ),
+    *[
+        (
+            f"no-sender-{sender!r}",
+            {"sender": sender, "target": "bob", "message": "hi"},
+            {"error": "sender is required: the name of the profile that sends the DM.", "reason": "unknown",
+             **roster_for(None)},
+        )
+        for sender in [None, "", "   "]
+    ],
+    (
+        "sender-not-text",
+        {"sender": 5, "target": "bob", "message": "hi"},
+        {"error": "sender must be the sending profile's name (text), not int.", "reason": "unknown",
+         **roster_for(None)},
+    ),
 ]
 
 

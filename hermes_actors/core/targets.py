@@ -257,7 +257,11 @@ def plan_send(
         return refuse(text, teammates=teammates, peers=peers)
 
     if me is None:
-        return roster_refusal(f"Unknown sender {str(sender or '')!r}: no profile with that name on this install.")
+        if sender is not None and not isinstance(sender, str):
+            return roster_refusal(f"sender must be the sending profile's name (text), not {type(sender).__name__}.")
+        if not str(sender or "").strip():
+            return roster_refusal("sender is required: the name of the profile that sends the DM.")
+        return roster_refusal(f"Unknown sender {sender!r}: no profile with that name on this install.")
     if message is not None and not isinstance(message, str):
         # The seed would str() it: an int, bytes or dict would reach the target as "5", "b'..'" or "{..}".
         return refuse(f"message must be text (a string), not {type(message).__name__}. Compose it as plain text.")
