@@ -149,7 +149,8 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
     """
     if key_missing:
         return Check("warm turns", WARN, "the hermes API server is enabled but API_SERVER_KEY is not set or shorter "
-                     "than 16 characters: hermes refuses to start it, so every turn runs with the hermes CLI (2–4 s of CPU each)",
+                     "than 16 characters: hermes refuses to start it, so every turn runs with the hermes CLI "
+                     "(2–4 s of CPU each)",
                      f"set API_SERVER_KEY in {root / '.env'}, then restart: HERMES_HOME={root} hermes gateway run")
     if server is None:
         return Check("warm turns", OK, "not configured: turns run with the hermes CLI (for warm turns: "
