@@ -41,6 +41,7 @@ from hermes_actors.messages import (
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.rooms import Rooms
+from hermes_actors.store.hermes_root import root_path
 from hermes_actors.store.journal import Journal
 from hermes_actors.system import ASK_TIMEOUT as _ASK_TIMEOUT
 from hermes_actors.system import ActorSystem, SystemOptions, explicit_runner, redis_settings_for
@@ -142,7 +143,7 @@ class Gateway:
                 f"Hermes root is empty ({str(root)!r}): pass the Hermes root directory "
                 "(the default profile's home, e.g. ~/.hermes), not the current directory by accident"
             )
-        self.root = Path(root).expanduser()
+        self.root = root_path(root)
         self.runner: TurnRunner | None = explicit_runner(runner)  # None: the real Hermes, chosen at start()
         self.overrides = dict(config or {})
         # "" is "not given" (Redis then takes bot_mode.connection_id), as None

@@ -466,3 +466,31 @@ def test_doctor_prints_the_profile_folders_check(tmp_path: Path, capsys: pytest.
     (root / "profiles").symlink_to(tmp_path / "moved", target_is_directory=True)
     main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing")])
     assert f"[warn ] profile folders: {root / 'profiles'} is a symlink" in capsys.readouterr().out
+
+
+def test_enable_on_a_root_reached_through_a_symlink_edits_its_real_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: with ``~/.hermes -> /data/hermes`` enable refused: "its directory … is a symlink"."""
+    root = make_root(tmp_path, {"bob": {}}, managed=False)
+    link = tmp_path / "link"
+    link.symlink_to(root, target_is_directory=True)
+    assert main(["enable", "--root", str(link)]) == 0, capsys.readouterr().err
+    config = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8"))
+    assert "hermes-actors" in config["plugins"]["enabled"]
+    assert link.is_symlink() and (link / "config.yaml").samefile(root / "config.yaml")
+    assert [p.profile for p in discover_profiles(root) if p.managed] == ["default", "bob"]
+
+
+def test_a_root_given_as_a_relative_path_works_like_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: ``--root .`` failed at start: "bot_relay is not inside ." (the root was never made absolute)."""
+    root = make_root(tmp_path)
+    monkeypatch.chdir(root / "profiles")
+    with Gateway("..", runner=RecordingRunner()) as gw:
+        assert gw.root == root and gw.root.is_absolute()
+        assert gw.wait_outcome(send_dm(gw, "relative"), timeout=10)["status"] == "replied"
+    monkeypatch.chdir(root)
+    assert main(["send", "--root", ".", "--from", "alice", "bob", "hi", "--runner", "demo", "--wait", "10"]) == 0
+    assert "Reply from @bob" in capsys.readouterr().out

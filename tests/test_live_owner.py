@@ -188,6 +188,15 @@ def test_replaying_other_recorded_states_never_runs_the_owner(
         assert result.reason == "cancelled" and not result.ambiguous
 
 
+def test_a_record_carries_its_state_under_the_seeds_key_and_the_one_earlier_versions_read(root: Path) -> None:
+    home = root / "profiles" / "bob"
+    key = "fa" * 16
+    result = hand_to_owner(_delivery(key), owner=as_runner(Owner()), home=home, make_turn=_make_turn, journal=None)
+    assert result.reply is not None
+    saved = json.loads(mailbox_file(root, key).read_text())
+    assert saved["status"] == saved["state"] == "settled"  # a rollback to an earlier version still replays it
+
+
 @pytest.mark.parametrize("key_name", ["status", "state"])
 def test_a_settled_record_under_the_seeds_key_or_our_earlier_one_is_replayed_not_run(
     root: Path, key_name: str

@@ -175,3 +175,15 @@ def test_every_outcome_text_is_bounded_reply_and_error_alike() -> None:
     for made in (replied, failed, unclear):
         assert len(made["text"].encode()) <= outcomes.TEXT_MAX_BYTES + 200  # the label and the framing words
         assert len(made["error"].encode()) <= outcomes.TEXT_MAX_BYTES + 200
+
+
+def test_a_huge_ambiguous_error_stays_ambiguous_across_the_file_relay() -> None:
+    """Regression: the tail "do not resend" was added after the cut, so the relay's own cut took it off and the
+    sender read a plain failure."""
+    from hermes_actors.store.relay_protocol import make_reply
+
+    unclear = outcomes.ambiguous(KEY, "@dave on mini", "z" * (outcomes.TEXT_MAX_BYTES + 10))
+    assert len(unclear.error.encode()) <= outcomes.TEXT_MAX_BYTES and unclear.error.endswith(outcomes.AMBIGUOUS_TAIL)
+    reply = make_reply(KEY, error=unclear.error, reason=unclear.reason, now=1.0)
+    back = outcomes.from_relay_reply(KEY, "@dave on mini", reply["reply"], reply["error"], reply["reason"])
+    assert back.status == "ambiguous" and back.retryable is False

@@ -109,7 +109,8 @@ AMBIGUOUS_TAIL = " The message may have been delivered — do not resend."
 
 def ambiguous(delivery_id: str, label: str, why: str, reason: str = "unknown") -> Outcome:
     """The turn may have run but its result is unknown: the sender must not resend."""
-    why = valid_text(why)
+    # cut so that the tail fits too: a relay that cuts the error again must not cut "do not resend" off
+    why = cut_text(valid_text(why), TEXT_MAX_BYTES - len(AMBIGUOUS_TAIL.encode()))
     error = f"{why}{AMBIGUOUS_TAIL}"
     code = normalize_reason(reason, why)
     return Outcome(

@@ -276,9 +276,13 @@ def _save_record(root: Path, entries: list[dict[str, Any]]) -> None:
 
 
 def _root(root: Path) -> Path:
-    """The root to edit (:func:`existing_root`), its refusal as a :class:`SetupError`."""
+    """The root to edit (:func:`existing_root`), its refusal as a :class:`SetupError`.
+
+    A root the user reaches through a symlink (``~/.hermes -> /data/hermes``) is their choice: its
+    real directory is edited, where a write never follows a symlink below it.
+    """
     try:
-        return existing_root(root)
+        return Path(os.path.realpath(existing_root(root)))
     except (FileNotFoundError, ValueError) as exc:
         raise SetupError(f"{exc} (pass the hermes root, e.g. ~/.hermes)") from None
 

@@ -4,10 +4,11 @@ While a live owner is attached, the ProfileActor does not run a turn; it hands
 the DM to the owner as a normal user turn, through a durable mailbox:
 
     <profile_home>/runtime/bot_live_delivery/<delivery_id>.json
-    {"delivery_id", "status", "at", "reply", "error", "reason"}
+    {"delivery_id", "status", "state", "at", "reply", "error", "reason"}
 
-``status`` is the key the seed's readers use (``record["status"]``); a record an
-earlier hermes-actors wrote under ``state`` is read too.
+``status`` is the key the seed's readers use (``record["status"]``); ``state``, the
+same value, is the key earlier hermes-actors releases read and wrote (a root may go
+back to one): a record holding either is read.
 States: ``queued → claimed → settled | failed | cancelled | ambiguous``.
 Admission is idempotent by delivery id: a replay of a settled delivery returns
 its recorded result and never runs twice; one found ``claimed`` (the owner
@@ -79,7 +80,7 @@ class LiveMailbox:
         existing = self.read(delivery_id)
         if existing is not None:
             return existing
-        record = {"delivery_id": delivery_id, "status": "queued", "at": int(time.time()), "reply": "", "error": "",
+        record = {"delivery_id": delivery_id, "status": "queued", "state": "queued", "at": int(time.time()), "reply": "", "error": "",
                   "reason": ""}
         if create_exclusive_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True):
             return record
@@ -89,7 +90,7 @@ class LiveMailbox:
         """Write the record in ``state`` (durably)."""
         if state not in LIVE_STATES:
             raise ValueError(f"unknown live-delivery state {state!r}")
-        record = {"delivery_id": delivery_id, "status": state, "at": int(time.time()), "reply": "", "error": "",
+        record = {"delivery_id": delivery_id, "status": state, "state": state, "at": int(time.time()), "reply": "", "error": "",
                   "reason": "", **fields}
         atomic_write_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True)
         return record

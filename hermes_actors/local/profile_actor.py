@@ -366,9 +366,8 @@ class ProfileActor(TypedActor):
         runner = self.deps.runner
         processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
         live = began and callable(processes) and delivery.delivery_id in processes()
-        ending = began and callable(getattr(runner, "stop_turns", None))
-        self.abandoned[delivery.delivery_id] = ending
-        if ending:
+        self.abandoned[delivery.delivery_id] = live  # a process of ours runs it: it is ended now, not left to finish
+        if began and callable(getattr(runner, "stop_turns", None)):
             # Ends its process if it runs one, and keeps one from starting (a turn between its gate and its
             # process). On a thread of its own (seconds, bounded): the worker pool may be full of hung turns.
             threading.Thread(target=end_running_turns, args=(runner, [delivery.delivery_id]),
@@ -385,7 +384,8 @@ class ProfileActor(TypedActor):
                 self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
         if began:
-            fate = " and was stopped; it may have been partly done" if ending else "; it may still complete"
+            # only a turn process is ended; a warm turn goes on in hermes, an in-process one in its thread
+            fate = " and was stopped; it may have been partly done" if live else "; it may still complete"
             text = f"The turn of {delivery.label} did not finish within {seconds:g}s{fate}, so do not resend blindly."
             self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout"))
         else:  # still waiting for the flock (or a worker): it never runs now, and the sender may resend

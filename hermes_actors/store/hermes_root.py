@@ -9,6 +9,7 @@ title, and by the Desktop @-slugs of those friendly names (resolution itself is
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 from collections import OrderedDict
@@ -30,6 +31,7 @@ __all__ = [
     "install_is_managed",
     "is_managed",
     "read_profile_yaml",
+    "root_path",
     "scan_profile_dirs",
     "slugify",
 ]
@@ -40,6 +42,22 @@ MANAGED_KEY = "hermes-bots"
 _ROOT_FILES = ("config.yaml", "state.db", ".env", "profile.yaml")
 _ROOT_MARKS = (*_ROOT_FILES, "profiles")
 _OUTER_ROOT_MARKS = (*_ROOT_FILES, "logs")
+
+
+def root_path(root: str | Path) -> Path:
+    """Pure but for the working directory: ``root`` as an absolute path, ``~`` expanded.
+
+    ``.`` and ``..`` are folded lexically and symlinks are kept (a root the user reaches
+    through one stays named so): every path under the root is then a plain extension of
+    it, which the descriptor walks below the root rely on.
+
+    Args:
+        root: the root as given (``--root .``, ``~/.hermes``).
+
+    Returns:
+        The absolute path.
+    """
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
 
 
 def existing_root(root: Path | str) -> Path:
@@ -56,7 +74,7 @@ def existing_root(root: Path | str) -> Path:
         ValueError: it is a profile's home inside a root (``<root>/profiles/<name>``), not a root; or it
             holds none of the files a Hermes root has (a mistyped ``--root ~`` would get ``bot_relay/``).
     """
-    path = Path(root).expanduser()
+    path = root_path(root)
     if not path.is_dir():
         raise FileNotFoundError(f"Hermes root {str(path)!r} does not exist or is not a directory")
     if not any((path / name).exists() for name in _ROOT_MARKS):
