@@ -41,6 +41,12 @@ LIVE_STATES = ("queued", "claimed", "settled", "failed", "cancelled", "ambiguous
 TERMINAL = frozenset({"settled", "failed", "cancelled", "ambiguous"})
 
 
+def _record(delivery_id: str, state: str, **fields: str) -> dict[str, Any]:
+    """Pure but for the clock: a mailbox record in ``state`` (under both keys, see the module's docstring)."""
+    return {"delivery_id": delivery_id, "status": state, "state": state, "at": int(time.time()), "reply": "",
+            "error": "", "reason": "", **fields}
+
+
 class LiveMailbox:
     """One profile's durable live-delivery mailbox.
 
@@ -80,8 +86,7 @@ class LiveMailbox:
         existing = self.read(delivery_id)
         if existing is not None:
             return existing
-        record = {"delivery_id": delivery_id, "status": "queued", "state": "queued", "at": int(time.time()), "reply": "", "error": "",
-                  "reason": ""}
+        record = _record(delivery_id, "queued")
         if create_exclusive_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True):
             return record
         return self.read(delivery_id) or record
@@ -90,8 +95,7 @@ class LiveMailbox:
         """Write the record in ``state`` (durably)."""
         if state not in LIVE_STATES:
             raise ValueError(f"unknown live-delivery state {state!r}")
-        record = {"delivery_id": delivery_id, "status": state, "state": state, "at": int(time.time()), "reply": "", "error": "",
-                  "reason": "", **fields}
+        record = _record(delivery_id, state, **fields)
         atomic_write_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True)
         return record
 
