@@ -22,7 +22,6 @@ __all__ = [
     "failed",
     "from_relay_reply",
     "from_reply",
-    "is_outcome_text",
     "queue_full_text",
     "valid_text",
 ]
@@ -167,23 +166,6 @@ def cancelled(delivery_id: str, label: str) -> Outcome:
         "The message was NOT delivered; resend once the gateway is back.",
         "cancelled",
     )
-
-
-def is_outcome_text(text: str) -> bool:
-    """Pure: whether ``text`` begins like an outcome's ``text`` (what a sender's wake-up turn reads).
-
-    Args:
-        text: a message (its beginning is enough for the replied and failed forms).
-
-    Returns:
-        True for ``Reply from @…: ``, ``Delivery to @… failed``/``is ambiguous``/``was cancelled``,
-        and the silence line.
-    """
-    if text.startswith("Reply from @"):
-        return ": " in text
-    if text.startswith("Delivery to @"):
-        return any(part in text for part in (" failed [reason: ", " is ambiguous: ", " was cancelled "))
-    return text.startswith("@") and _SILENCE_WORDS in text
 
 
 def busy_text(profile: str, waited_seconds: float) -> str:

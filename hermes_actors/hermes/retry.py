@@ -22,10 +22,12 @@ mid-turn, or a stop ended it (its DM is ``ambiguous``, and the host that ran it 
 be gone). Its DM stays in the session as a user message nothing answers, and hermes
 would merge it into the bot's next turn — whose answer goes to the next DM's sender
 alone. So before a turn, under the bot's turn lock, :func:`take_back_unanswered`
-takes back the DMs (and wake-up messages) a session ends with unanswered
-(:func:`plan_take_back`, pure). Only those (a DM begins with the sender's signature, a
-wake-up with an outcome's text): a person typing in the session is not under our lock,
-and their message may be a live turn's.
+takes back the DMs a session ends with unanswered (:func:`plan_take_back`, pure). Only
+those (a DM begins with the sender's signature): a person typing in the session is not
+under our lock, and their message may be a live turn's. A wake-up message (an outcome's
+text) a dead turn left stays: a wake that may have started is never run again, so taking
+its text back would leave the bot never knowing the outcome; merged into its next turn,
+it is read late but read.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.outcomes import is_outcome_text
 from hermes_actors.core.targets import DM_SIGNATURE_START
 from hermes_actors.hermes.sessions import read_sqlite, resolve_title, session_db_class
 
@@ -145,22 +146,17 @@ def plan_take_back(tail: Sequence[tuple[int, str, Any]]) -> int | None:
         tail: ``(id, role, content)`` of the session's last active messages, oldest first.
 
     Returns:
-        The id of the first of the DMs and wake-up messages (user messages that begin with a
-        DM's signature or an outcome's text) the session ends with — taking it back takes back
-        every one after it too — or None when the session does not end with one (an answer, a
-        tool step, or a person's message).
+        The id of the first of the DMs (user messages that begin with a DM's signature) the
+        session ends with — taking it back takes back every one after it too — or None when
+        the session does not end with one (an answer, a tool step, a wake-up message, or a
+        person's message).
     """
     first = None
     for message_id, role, content in reversed(tail):
-        if role != "user" or not isinstance(content, str) or not _ours(content):
+        if role != "user" or not isinstance(content, str) or not content.startswith(DM_SIGNATURE_START):
             break
         first = message_id
     return first
-
-
-def _ours(content: str) -> bool:
-    """Whether a user message is one our turns send: a DM, or the outcome a sender's wake-up turn reads."""
-    return content.startswith(DM_SIGNATURE_START) or is_outcome_text(content)
 
 
 def take_back_unanswered(home: Path, title: str) -> int:
