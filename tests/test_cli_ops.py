@@ -391,6 +391,60 @@ def test_doctor_says_whether_turns_run_warm(
     assert check.level == level and says in check.detail, check
 
 
+class _Answering:
+    """A 127.0.0.1 HTTP server answering every GET with ``status`` (and ``{"status": "ok"}`` on /health)."""
+
+    def __init__(self, health: int, sessions: int) -> None:
+        import http.server
+
+        codes = {"/health": health}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                code = codes.get(self.path.split("?")[0], sessions)
+                body = b'{"status": "ok"}' if self.path == "/health" else b"{}"
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.mark.parametrize(("health", "sessions", "needle", "fix"), [
+    (200, 401, "refuses our API_SERVER_KEY (HTTP 401)", "the same API_SERVER_KEY"),
+    (404, 200, "answered HTTP 404 on /health", "free the port"),
+], ids=["key-refused", "another-server"])
+def test_doctor_names_an_api_server_that_answers_but_not_as_ours_expects(
+    tmp_path: Path, health: int, sessions: int, needle: str, fix: str
+) -> None:
+    """Regression: a key the running gateway refuses, or another program on the port, read as "does not
+    answer" and the fix said to start the gateway, which was running."""
+    from hermes_actors.hermes.api_runner import ApiServer
+    from hermes_actors.hermes.select import api_server_problem
+    from hermes_actors.ops.doctor import check_warm_turns
+
+    fake = _Answering(health, sessions)
+    try:
+        problem = api_server_problem(ApiServer("127.0.0.1", fake.port, "k" * 20))
+    finally:
+        fake.close()
+    assert problem is not None and problem.misconfigured and needle in problem.text, problem
+    check = check_warm_turns(tmp_path, f"127.0.0.1:{fake.port}", False, False, problem.text, problem.misconfigured)
+    assert check.level == WARN and needle in check.detail and fix in check.fix, check
+
+
 def test_doctor_warns_when_enable_gateway_left_the_api_server_without_its_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
 from hermes_actors.local.runners import TurnRunner
 
 __all__ = [
-    "WARM_ANSWER_SECONDS", "api_server_needs_key", "api_server_of", "default_runner", "probe_api_server", "read_dotenv",
+    "WARM_ANSWER_SECONDS", "ApiServerProblem", "api_server_needs_key", "api_server_of", "api_server_problem",
+    "default_runner", "probe_api_server", "read_dotenv",
 ]
 
 DEFAULT_API_HOST = "127.0.0.1"
@@ -128,7 +130,7 @@ def _api_server_settings(config: Mapping[str, Any], env: Mapping[str, str]) -> t
 
 
 def probe_api_server(server: ApiServer, timeout: float = 2.0) -> bool:
-    """Whether the server answers ``/health`` and accepts the key.
+    """Whether the server answers ``/health`` and accepts the key (:func:`api_server_problem` finds nothing).
 
     Args:
         server: the server.
@@ -136,6 +138,29 @@ def probe_api_server(server: ApiServer, timeout: float = 2.0) -> bool:
 
     Returns:
         True when ``GET /health`` says ok and ``GET /p/default/api/sessions?limit=1`` is 200.
+    """
+    return api_server_problem(server, timeout) is None
+
+
+@dataclass(frozen=True)
+class ApiServerProblem:
+    """Why warm turns cannot use the API server: ``text`` says what was seen; ``misconfigured`` when
+    something answers but not as our config expects (a key it refuses, another server on the port),
+    which waiting will not cure, unlike a gateway not started yet."""
+
+    text: str
+    misconfigured: bool
+
+
+def api_server_problem(server: ApiServer, timeout: float = 2.0) -> ApiServerProblem | None:
+    """Probe ``GET /health``, then an authenticated ``GET /p/default/api/sessions?limit=1``.
+
+    Args:
+        server: the server.
+        timeout: seconds per request.
+
+    Returns:
+        None when both answer as hermes' API server does; else what went wrong.
     """
     try:
         for path, auth in (("/health", False), ("/p/default/api/sessions?limit=1", True)):
@@ -147,15 +172,15 @@ def probe_api_server(server: ApiServer, timeout: float = 2.0) -> bool:
                 body = response.read()
             finally:
                 conn.close()
-            if response.status != 200:
-                logger.info("hermes API server {} answered {} on {}", server, response.status, path)
-                return False
-            if not auth and json.loads(body or b"{}").get("status") != "ok":
-                return False
+            if auth and response.status in (401, 403):
+                return ApiServerProblem(f"refuses our API_SERVER_KEY (HTTP {response.status}): the key hermes-actors "
+                                        "reads is not the one the running hermes gateway started with", True)
+            if response.status != 200 or (not auth and json.loads(body or b"{}").get("status") != "ok"):
+                return ApiServerProblem(f"answered HTTP {response.status} on {path}, not as hermes' API server does: "
+                                        "another program may hold the port", True)
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        logger.debug("no hermes API server at {}: {}", server, exc)
-        return False
-    return True
+        return ApiServerProblem(f"does not answer ({exc})", False)
+    return None
 
 
 def default_runner(
@@ -188,10 +213,15 @@ def default_runner(
     if server is None:
         logger.info("turns on {} run with the hermes CLI {}", root, runner.cli)
         return runner
-    answers = probe_api_server(server)
-    if answers:
+    problem = api_server_problem(server)
+    answers = problem is None
+    if problem is None:
         logger.info("turns on {} run warm through the hermes API server {} (with the hermes CLI {} while it "
                     "does not answer)", root, server, runner.cli)
+    elif problem.misconfigured:  # waiting will not cure it: say so where the operator looks
+        logger.warning("the hermes API server {} {}; turns on {} run with the hermes CLI {} (2–4 s of CPU each) until "
+                       "it is fixed (hermes-actors doctor --root {} says how)", server, problem.text, root,
+                       runner.cli, root)
     else:
         logger.info("turns on {} run with the hermes CLI {} until the hermes API server {} answers", root,
                     runner.cli, server)

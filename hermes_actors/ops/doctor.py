@@ -138,7 +138,8 @@ def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
                  f"(hermes-actors {pong.get('version')})")
 
 
-def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing: bool) -> Check:
+def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing: bool, why: str = "",
+                     misconfigured: bool = False) -> Check:
     """Pure: whether turns run warm through the hermes gateway's API server, and why not.
 
     Args:
@@ -146,6 +147,8 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
         server: the API server the root's config names (None: none usable).
         answers: it answered a probe just now.
         key_missing: the config enables the API server but no ``API_SERVER_KEY`` of 16+ characters is set.
+        why: what the probe saw when it did not answer as expected.
+        misconfigured: something answered, but not as our config expects (a refused key, another server).
     """
     if key_missing:
         return Check("warm turns", WARN, "the hermes API server is enabled but API_SERVER_KEY is not set or shorter "
@@ -155,6 +158,14 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
     if server is None:
         return Check("warm turns", OK, "not configured: turns run with the hermes CLI (for warm turns: "
                      f"hermes-actors enable --root {root} --gateway)")
+    if not answers and misconfigured and "API_SERVER_KEY" in why:
+        return Check("warm turns", WARN, f"the hermes API server {server} {why}: turns run with the hermes CLI",
+                     f"give hermes-actors and the gateway the same API_SERVER_KEY ({root / '.env'}), then restart the "
+                     f"gateway: HERMES_HOME={root} hermes gateway run --replace")
+    if not answers and misconfigured:
+        return Check("warm turns", WARN, f"the hermes API server {server} {why}: turns run with the hermes CLI",
+                     f"free the port, or move the API server to another one: hermes-actors enable --root {root} "
+                     "--gateway --port N, then restart the gateway")
     if not answers:
         return Check("warm turns", WARN, f"the hermes API server {server} does not answer: turns run with the "
                      "hermes CLI until it does", f"HERMES_HOME={root} hermes gateway run")
@@ -295,15 +306,19 @@ def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
     return own, remote, routed
 
 
-def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool]:
-    """The API server the root's config names, whether it answers, and whether only its key is missing."""
-    from hermes_actors.hermes.select import api_server_needs_key, api_server_of, probe_api_server, read_dotenv
+def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool, str, bool]:
+    """The API server the root's config names, whether it answers, whether only its key is missing, and
+    when it does not answer as expected, what the probe saw and whether that is a misconfiguration."""
+    from hermes_actors.hermes.select import api_server_needs_key, api_server_of, api_server_problem, read_dotenv
 
     env = {**read_dotenv(root / ".env"), **os.environ}
     server = api_server_of(raw, env)
     if server is None:
-        return None, False, api_server_needs_key(raw, env)
-    return str(server), probe_api_server(server), False
+        return None, False, api_server_needs_key(raw, env), "", False
+    problem = api_server_problem(server)
+    if problem is None:
+        return str(server), True, False, "", False
+    return str(server), False, False, problem.text, problem.misconfigured
 
 
 def run_doctor(
