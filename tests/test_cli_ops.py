@@ -81,6 +81,20 @@ def test_serve_says_at_start_when_no_profile_is_managed(tmp_path: Path, managed:
     assert ("not Bot-Mode-managed" in err and f"fix: hermes-actors enable --root {root}" in err) is not managed, err
 
 
+def test_serve_names_the_root_and_connection_id_it_serves_as(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: with ``--root .`` the line said ``gateway serving . as …``: the raw argument, not the root."""
+    from hermes_actors.cli.serve import serve
+
+    root = make_root(tmp_path)
+    monkeypatch.chdir(root)
+    stop = threading.Event()
+    assert serve(Path("."), connection_id="mini", runner=RecordingRunner(), stop=stop,
+                 on_ready=lambda _: stop.set()) == 0
+    assert f"gateway serving {root} as mini: @hermes" in capsys.readouterr().out
+
+
 # ── outcome ─────────────────────────────────────────────────────────────────
 
 

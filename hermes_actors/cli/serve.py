@@ -164,7 +164,9 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
             endpoint.start()
         with _on_signals(on_signal):
             names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
-            print(f"gateway serving {root} as {connection_id or '(no connection id)'}: {names}", flush=True)
+            # what the gateway runs as: its absolute root, and the connection id it took (Redis may take
+            # bot_mode.connection_id when none was given)
+            print(f"gateway serving {gw.root} as {gw.connection_id or '(no connection id)'}: {names}", flush=True)
             if first and not install_is_managed(discover_profiles(root)):  # served, yet every DM would be refused
                 print(not_managed_note(root), file=sys.stderr, flush=True)
             if endpoint is not None:

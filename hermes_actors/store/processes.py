@@ -17,23 +17,36 @@ PID_MAX = 2**31 - 1  # a pid_t; a larger "pid" read from a file is refused befor
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (signal 0; another user's process counts as existing).
+    """Whether process ``pid`` runs (signal 0; another user's process counts; a zombie does not).
+
+    A process killed -9 stays a zombie until its parent reaps it (a container's init may take a
+    second or more): it holds nothing any more, and a lease or lock it held must be taken over now.
 
     Args:
         pid: the pid.
 
     Returns:
-        True when it exists; False when it does not, or ``pid`` is not in ``1..PID_MAX``.
+        True when it runs; False when it does not, is a zombie, or ``pid`` is not in ``1..PID_MAX``.
     """
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= PID_MAX:
         return False
     try:
         os.kill(pid, 0)
     except PermissionError:
-        return True  # another user's process with that pid: it exists
+        return not _zombie(pid)  # another user's process with that pid: it exists
     except OSError:  # ProcessLookupError: gone
         return False
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` is a zombie (Linux ``/proc``; elsewhere, or unreadable: not known to be one)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            fields = stat_file.read().rsplit(b")", 1)[1].split()  # the name, in parentheses, may hold spaces
+    except (OSError, IndexError):
+        return False
+    return bool(fields) and fields[0] == b"Z"
 
 
 class ProcessWatch:
