@@ -562,3 +562,23 @@ def test_a_root_given_as_a_relative_path_works_like_its_absolute_path(
     monkeypatch.chdir(root)
     assert main(["send", "--root", ".", "--from", "alice", "bob", "hi", "--runner", "demo", "--wait", "10"]) == 0
     assert "Reply from @bob" in capsys.readouterr().out
+
+
+def test_enable_gateway_with_a_port_moves_the_api_server_an_earlier_enable_configured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: after ``enable --gateway`` (port 8642), ``enable --gateway --port N`` said "nothing to change"
+    and left 8642, though the docs say --port names the port; ``disable`` then left the block behind."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    api = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8"))["platforms"]["api_server"]
+    assert api["extra"]["port"] == 8642
+    assert main(["enable", "--root", str(root), "--gateway", "--port", "60129"]) == 0
+    assert "platforms.api_server.extra.port = 60129" in capsys.readouterr().out
+    api = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8"))["platforms"]["api_server"]
+    assert api["extra"] == {"host": "127.0.0.1", "port": 60129}
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0  # no --port: the port set stays
+    assert yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8"))["platforms"]["api_server"] == api
+    assert main(["disable", "--root", str(root)]) == 0
+    config = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8")) or {}
+    assert "api_server" not in (config.get("platforms") or {}), config

@@ -36,7 +36,7 @@ import yaml
 
 from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, profile_home
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
-from hermes_actors.hermes.select import MIN_KEY_CHARS, read_dotenv
+from hermes_actors.hermes.select import DEFAULT_API_PORT, MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.hermes.submit_client import ping
 from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, ensure_private_dir, read_json_file
@@ -328,7 +328,7 @@ def enable(
     profiles: Iterable[str] | None = None,
     *,
     gateway: bool = False,
-    port: int = 8642,
+    port: int | None = None,
     cli: str | None = None,
     env: dict[str, str] | None = None,
 ) -> SetupReport:
@@ -338,7 +338,8 @@ def enable(
         root: the Hermes root.
         profiles: folder ids (``default`` = the root profile); all when None.
         gateway: also configure the hermes gateway to host the actors and serve warm turns.
-        port: the API server's port when enable configures it.
+        port: the API server's port: the one a new API server block gets (default 8642), and when
+            given, set in an existing one too (an earlier ``enable --gateway`` wrote 8642).
         cli: the hermes executable (creates a fresh ``state.db``); found when None.
         env: the environment to check for ``API_SERVER_KEY`` (``os.environ`` when None).
 
@@ -368,7 +369,12 @@ def enable(
         if gateway:
             config = root / "config.yaml"
             editor.set_default(config, ["platforms", "api_server"],
-                               {"enabled": True, "extra": {"host": "127.0.0.1", "port": int(port)}})
+                               {"enabled": True, "extra": {"host": "127.0.0.1",
+                                                           "port": int(port or DEFAULT_API_PORT)}})
+            where = ["platforms", "api_server", "extra", "port"]
+            current = _get(_read_yaml(config), where)
+            if port is not None and current != int(port):  # named: that port, whatever an earlier enable set
+                editor.set_default(config, where, int(port), replace=current)
             editor.set_default(config, ["platforms", "api_server", "enabled"], True, replace=False)
             editor.set_default(config, ["platforms", PLATFORM_NAME], {"enabled": True, "extra": {HOST_KEY: True}})
             # `enable --gateway` is the ask to host: a block switched off by hand is switched on again

@@ -125,7 +125,8 @@ def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
                                          str(reply.get("error") or ""), str(reply.get("reason") or "")).as_dict()
     if any(delivery_id in list_ids(d) for d in (paths.outbox, paths.claimed)):
         return {"status": "pending", "delivery_id": delivery_id, "error": "relayed; waiting for the reply"}
-    why = "no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries)"
+    why = ("no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries; "
+           "one of a DM sent to another machine over Redis only by the host that sent it, while it runs)")
     if problems:
         why += "; " + "; ".join(problems)
     return {"status": "unknown", "delivery_id": delivery_id, "error": why}
