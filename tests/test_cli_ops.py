@@ -579,6 +579,8 @@ def test_enable_gateway_with_a_port_moves_the_api_server_an_earlier_enable_confi
     assert api["extra"] == {"host": "127.0.0.1", "port": 60129}
     assert main(["enable", "--root", str(root), "--gateway"]) == 0  # no --port: the port set stays
     assert yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8"))["platforms"]["api_server"] == api
+    capsys.readouterr()
     assert main(["disable", "--root", str(root)]) == 0
+    assert f"HERMES_HOME={root} hermes gateway run --replace" in capsys.readouterr().out  # the gateway read it at start
     config = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8")) or {}
     assert "api_server" not in (config.get("platforms") or {}), config

@@ -163,6 +163,10 @@ def test_from_dict_logs_transport_problems(warnings: list[str]) -> None:
         # Hermes's own sections and the fields of bot_peers entries are not ours to check
         ({"model": {"turn_wait_secs": 1}, "platforms": {"x": 1}, "bot_peers": {"mini": {"urll": "x"}}}, []),
         ({"bot_peers": ["mini", {"name": "lab", "whatever": 1}]}, []),
+        # a misspelt section of ours would be ignored whole: named, with ours (regression: doctor said "ok")
+        ({"bot-mode": {"turn_wait_seconds": 5}, "botmode": {"max_hops": 2}}, [("bot-mode", "bot_mode"),
+                                                                              ("botmode", "bot_mode")]),
+        ({"bot_modes": {}, "model": {}, "toolsets": [], "memory": {}}, [("bot_modes", "bot_mode")]),
     ],
 )
 def test_unknown_keys(raw: Any, expected: list[tuple[str, str | None]]) -> None:

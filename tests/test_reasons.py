@@ -87,6 +87,8 @@ def test_vocabulary_is_exactly_the_design_list() -> None:
         ("connection_refused", "runtime_offline"),
         ("runtime is offline", "runtime_offline"),
         ("gateway not running", "runtime_offline"),
+        ("hermes exited with status 1: It looks like Hermes isn't configured yet -- no API keys or providers found.",
+         "missing_config"),
         ("hermes exited with status 1: API call failed after 3 retries: Connection error.", "runtime_offline"),
         # unknown
         ("", "unknown"),

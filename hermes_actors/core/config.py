@@ -244,17 +244,24 @@ def parse_config(cfg: dict[str, Any]) -> tuple[BotModeConfig, list[str]]:
 
 
 def unknown_keys(raw: Any) -> list[tuple[str, str | None]]:
-    """Pure: the keys inside our sections that no setting declares (other sections are Hermes's own).
+    """Pure: the keys inside our sections that no setting declares (other sections are Hermes's own), and
+    top-level keys that look like a misspelt section of ours.
 
     Args:
         raw: a ``config.yaml``-shaped dict (anything else has no keys).
 
     Returns:
-        ``(section.key, closest known section.key or None)`` per unknown key, in file order.
+        ``(section.key, closest known section.key or None)`` per unknown key, in file order (a misspelt
+        section first, as ``(name, section)``).
     """
     found: list[tuple[str, str | None]] = []
     if not isinstance(raw, dict):
         return found
+    for key in raw:  # a misspelt section of ours (bot-mode, botmode) would be ignored whole, silently
+        name = str(key)
+        close = [] if name in KNOWN_KEYS else difflib.get_close_matches(name, list(KNOWN_KEYS), n=1, cutoff=0.85)
+        if close:
+            found.append((name, close[0]))
     for section, known in KNOWN_KEYS.items():
         block = raw.get(section)
         if not isinstance(block, dict):

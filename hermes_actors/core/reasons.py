@@ -127,7 +127,8 @@ _CLASSES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
         (),
         ("context length", "context window", "maximum context", "too many tokens", "prompt is too long"),
     ),
-    (MISSING_CONFIG, (), ("not configured", "missing config", "no provider")),
+    # "isn't configured yet": hermes 0.19 on a profile without a model ("no API keys or providers found")
+    (MISSING_CONFIG, (), ("not configured", "isn't configured", "missing config", "no provider")),
     (MODEL_UNAVAILABLE, (), ("model not found", "unknown model", "model unavailable", "does not exist")),
     (DELIVERY_TIMEOUT, (), ("timed out", "timeout")),
     # "connection error": what hermes 0.19 says when the model's server cannot be reached at all

@@ -283,8 +283,11 @@ def _root(root: Path) -> Path:
     """
     try:
         return Path(os.path.realpath(existing_root(root)))
-    except (FileNotFoundError, ValueError) as exc:
-        raise SetupError(f"{exc} (pass the hermes root, e.g. ~/.hermes)") from None
+    except FileNotFoundError as exc:
+        raise SetupError(f"{exc}: pass the HERMES_HOME of your install (default ~/.hermes; hermes creates it with "
+                         "its first profile: hermes profile create <name>)") from None
+    except ValueError as exc:  # its text names what to pass instead
+        raise SetupError(str(exc)) from None
 
 
 def _named(root: Path, profiles: Iterable[str]) -> list[str]:
@@ -449,4 +452,8 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
         _save_record(root, kept)
     if selected:
         report.todo.append("the 'Bot Chat' sessions were kept (they hold conversations)")
+    if any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected):
+        # a running gateway read its platforms at start: it hosts (and refuses every DM) until restarted
+        report.todo.append(f"restart the hermes gateway if one runs, so it stops hosting the actors: "
+                           f"HERMES_HOME={root} hermes gateway run --replace")
     return report
