@@ -58,8 +58,8 @@ def gateway(tmp: Path, name: str, server: RedisServer, runner: Any = None, *, pr
             config: dict[str, Any] | None = None, **kwargs: Any) -> Iterator[Gateway]:
     root = make_root(tmp, profiles if profiles is not None else {"alice": {}, "bob": {}}, name=name)
     cfg = deep_merge(_config(server), config or {})
-    with Gateway(root, runner=runner or RecordingRunner(), config=cfg, connection_id=name, durable=False,
-                 **kwargs) as gw:
+    with Gateway(root, runner=runner or RecordingRunner(), config=cfg, connection_id=name,
+                 **{"durable": False, **kwargs}) as gw:
         yield gw
 
 
@@ -112,6 +112,23 @@ def test_round_trip_roster_and_outcome(tmp_path: Path, redis_server: RedisServer
         started = tmp_path / "mini" / "bot_relay" / "started"  # bob's turn marked its start before it ran...
         await_condition(lambda: os.listdir(started) == [], timeout=5,
                         message="the start mark cleared once the reply is in Redis")  # ...and no mark piles up
+
+
+def test_the_outcome_of_a_dm_sent_over_redis_is_kept_on_the_root_past_a_restart(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression: `hermes-actors outcome` answered `unknown` for a replied Redis DM once its sender's host had
+    restarted: the reply is consumed from Redis and nothing on the root kept it."""
+    from hermes_actors.ops.journal_view import find_outcome
+
+    with gateway(tmp_path, "alpha", redis_server, durable=True) as alpha, gateway(tmp_path, "mini", redis_server):
+        wait_online(alpha, "bob", "mini")
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="keep my answer")
+        out = alpha.wait_outcome(ack["delivery_id"], timeout=20)
+        assert out["reply"] == "ok: keep my answer"
+    assert find_outcome(tmp_path / "alpha", ack["delivery_id"]) == out  # from the files, the host gone
+    with gateway(tmp_path, "alpha", redis_server, durable=True) as again:  # and from the next host
+        assert again.wait_outcome(ack["delivery_id"], timeout=5) == out
 
 
 def test_a_redis_that_lost_its_data_gets_each_gateways_roster_again(tmp_path: Path, redis_server: RedisServer) -> None:

@@ -373,6 +373,14 @@ class DispatcherActor(SupervisorActor):
             # published once durable (JournalDurable); the delivery is kept for the subscribers' details
             self.book.journaling(key, outcome.as_dict(), entry.delivery)
             return
+        if entry is not None and entry.route in ("relay", "peer"):
+            # Nothing on the root keeps the outcome of a DM sent to another machine over Redis (nor of a peer's;
+            # the file relay's replies/ are swept after 6 h): the journal keeps it, as a local DM's, so
+            # `hermes-actors outcome` and wait_outcome still know it after this host restarted.
+            self.durability.note({"t": "finished", "id": key, "o": outcome.as_dict()})
+            self._publish(outcome)
+            self.durability.delivered(key)
+            return
         self._publish(outcome)
 
     def _publish(self, outcome: Outcome, answers: Answers | None = None) -> None:

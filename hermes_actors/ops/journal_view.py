@@ -94,8 +94,9 @@ def relayed_target_label(paths: InboxPaths, envelope_id: str) -> str:
 def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
     """What the root's files know of ``delivery_id``. Never raises for a valid id.
 
-    Local DMs are in the journals; DMs relayed to another connection are in the
-    relay directories (``outbox/``/``claimed/`` while waiting, ``replies/`` once answered).
+    Local DMs are in the journals, and so are the outcomes of DMs sent to another connection
+    (file relay or Redis) once they arrived; until then such a DM is in the relay directories
+    (``outbox/``/``claimed/`` while waiting, ``replies/`` once answered).
 
     Args:
         root: the Hermes root.
@@ -125,8 +126,7 @@ def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
                                          str(reply.get("error") or ""), str(reply.get("reason") or "")).as_dict()
     if any(delivery_id in list_ids(d) for d in (paths.outbox, paths.claimed)):
         return {"status": "pending", "delivery_id": delivery_id, "error": "relayed; waiting for the reply"}
-    why = ("no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries; "
-           "one of a DM sent to another machine over Redis only by the host that sent it, while it runs)")
+    why = "no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries)"
     if problems:
         why += "; " + "; ".join(problems)
     return {"status": "unknown", "delivery_id": delivery_id, "error": why}
