@@ -254,3 +254,22 @@ def test_a_roots_connection_label_is_how_the_other_roots_see_it(tmp_path: Path) 
         await_condition(lambda: roster_rows(alpha) and roster_rows(mini), timeout=10, message="both rosters")
         assert {r["connection_label"] for r in roster_rows(alpha)} == {"Mini"}
         assert {r["connection_label"] for r in roster_rows(mini)} == {"alpha"}  # none configured: its id
+
+
+def test_a_dm_the_hub_cannot_hand_to_a_root_whose_bot_relay_was_swapped_is_not_delivered_and_retryable(
+    two_roots: tuple[Path, Path],
+) -> None:
+    """The reason was ``unknown`` (not retryable) though nothing ran: resending once that root is fixed is safe."""
+    alpha, mini = two_roots
+    with hub_thread({"alpha": alpha, "mini": mini}), \
+            Gateway(alpha, runner=RecordingRunner(), connection_id="alpha") as gw:
+        await_condition(lambda: any(r["handle"] == "moxie" for r in gw.roster()), timeout=20, message="the roster")
+        elsewhere = mini.parent / "elsewhere"
+        elsewhere.mkdir(mode=0o700)
+        (mini / "bot_relay").rename(mini.parent / "bot_relay.moved")
+        (mini / "bot_relay").symlink_to(elsewhere, target_is_directory=True)
+        ack = gw.message_agent(sender="alice", target="moxie@mini", message="are you there?")
+        assert ack["status"] == "queued", ack
+        out = gw.wait_outcome(ack["delivery_id"], timeout=30)
+    assert (out["status"], out["reason"], out["retryable"]) == ("failed", "runtime_offline", True), out
+    assert "NOT delivered" in out["error"] and list(elsewhere.iterdir()) == []

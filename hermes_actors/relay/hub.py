@@ -28,7 +28,7 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.config import load_config, parse_redis_config
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.core.names import HANDLE_RE
-from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.messages import RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
@@ -208,7 +208,11 @@ class HubActor(TypedActor):
                 self.handed.popitem(last=False)
         except (StoreError, OSError, ValidationError) as exc:
             text = f"the relay could not hand the message to {target.name}: {exc}. It was NOT delivered."
-            reply = rp.make_reply(envelope_id, error=text, reason="unknown", now=time.time())
+            # the target's relay directory unusable now (full, swapped, not ours): resending later may work;
+            # an envelope that does not validate will not
+            broken = isinstance(exc, ValidationError) and not isinstance(exc, HostileFileError)
+            reply = rp.make_reply(envelope_id, error=text, reason="unknown" if broken else "runtime_offline",
+                                  now=time.time())
             self._reply(source, reply)
             self._log(envelope_id, sender, to, reply, created)
 
