@@ -87,3 +87,19 @@ def test_the_tool_result_text_is_serialized_as_the_seed_serializes_it(tmp_path: 
         '{"error": "message is required \\u2014 compose what you want to say to that agent.", "reason": "unknown"}'
     )
     assert acked == json.dumps(json.loads(acked)) and acked.startswith('{"status": "queued", "delivery_id": "')
+
+
+def test_a_dm_to_a_bot_with_a_live_owner_gets_the_seeds_live_ack(tmp_path: Path) -> None:
+    """The seed's live branch: ``detail="Durably queued for the live Bot Chat owner. Do NOT wait or resend;
+    finish your turn."``; the ordinary detail again once the owner is detached."""
+    root = make_root(tmp_path)
+    with Gateway(root, runner=lambda turn: "ok") as gw:
+        gw.attach_live_owner("bob", lambda turn: "from the open window")
+        live = gw.message_agent(sender="alice", target="bob", message="hi")
+        other = gw.message_agent(sender="alice", target="carol", message="hi")
+        assert gw.wait_outcome(live["delivery_id"], timeout=10)["reply"] == "from the open window"
+        gw.detach_live_owner("bob")
+        after = gw.message_agent(sender="alice", target="bob", message="again")
+    assert (live["status"], live["to"], live["reply_delivery"]) == ("queued", "@bob", "notification")
+    assert live["detail"] == "Durably queued for the live Bot Chat owner. Do NOT wait or resend; finish your turn."
+    assert other["detail"].startswith("Message queued for @carol: ") and after["detail"].startswith("Message queued")

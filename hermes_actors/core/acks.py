@@ -16,6 +16,7 @@ from hermes_actors.messages import Delivery, Outcome, PendingAck
 from hermes_actors.records import Origin, outcome_status
 
 __all__ = [
+    "LIVE_OWNER_DETAIL",
     "accepted_record",
     "ack_payload",
     "delivery_from_record",
@@ -27,14 +28,28 @@ __all__ = [
 ]
 
 
-def ack_payload(delivery_id: str, label: str, *, now: float) -> dict[str, Any]:
-    """Pure: the tool's success JSON (DESIGN section 6); ``detail`` is the seed's text word for word."""
+# The seed's detail of a DM handed to the target's live Bot Chat owner (an open window), word for word.
+LIVE_OWNER_DETAIL = "Durably queued for the live Bot Chat owner. Do NOT wait or resend; finish your turn."
+
+
+def ack_payload(delivery_id: str, label: str, *, now: float, live_owner: bool = False) -> dict[str, Any]:
+    """Pure: the tool's success JSON (DESIGN section 6); ``detail`` is the seed's text word for word.
+
+    Args:
+        delivery_id: the DM's id.
+        label: how the target is shown (``@bob``).
+        now: when it was accepted (``queued_at``).
+        live_owner: the target's Bot Chat has a live owner the DM is handed to (the seed's live branch).
+
+    Returns:
+        The ack dict.
+    """
     return {
         "status": "queued",
         "delivery_id": delivery_id,
         "to": label,
         "reply_delivery": "notification",
-        "detail": (
+        "detail": LIVE_OWNER_DETAIL if live_owner else (
             f"Message queued for {label}: this acknowledges the hand-off to a "
             "background delivery process, not a delivery receipt — do NOT wait or poll. "
             "Finish your turn now; that process's completion notification carries the "

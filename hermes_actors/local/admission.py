@@ -84,6 +84,9 @@ class CallerAdmission:
         self.snapshot = snapshot
         self.max_hops = max_hops
         self.wake = wake
+        # profiles with a live owner attached (published by the Dispatcher, replaced, never changed): their
+        # DMs get the seed's live-owner ack, which the Dispatcher gives
+        self.live_owners: frozenset[str] = frozenset()
 
     def plan_local(self, msg: SendRequest) -> tuple[LocalRoute, Delivery] | None:
         """The local route and accepted delivery of ``msg``; None: ask the Dispatcher."""
@@ -91,6 +94,8 @@ class CallerAdmission:
             return None
         planned = plan_delivery(self.snapshot, msg, max_hops=self.max_hops, wake=self.wake)
         if isinstance(planned, Refusal) or not isinstance(planned[0], LocalRoute):
+            return None
+        if planned[0].target.profile in self.live_owners:
             return None
         return planned[0], planned[1]
 

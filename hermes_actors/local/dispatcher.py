@@ -173,10 +173,17 @@ class DispatcherActor(SupervisorActor):
     @handles(AttachOwner)
     def _on_attach_owner(self, msg: AttachOwner) -> None:
         self.profiles.attach_owner(self._local(msg.profile), msg.owner)
+        self._publish_owners()
 
     @handles(DetachOwner)
     def _on_detach_owner(self, msg: DetachOwner) -> None:
         self.profiles.detach_owner(self._local(msg.profile))
+        self._publish_owners()
+
+    def _publish_owners(self) -> None:
+        """Tell the senders' threads which profiles have a live owner (their DMs' acks are the Dispatcher's)."""
+        if self.caller_admission is not None:
+            self.caller_admission.live_owners = frozenset(self.profiles.owners)
 
     def _local(self, profile: str) -> ProfileInfo:
         info = self.snapshot.index.get(profile_key(profile))
@@ -201,7 +208,8 @@ class DispatcherActor(SupervisorActor):
             return admitted.as_dict()
         route, delivery = admitted
         if isinstance(route, LocalRoute):
-            ack = ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
+            ack = ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at,
+                              live_owner=route.target.profile in self.profiles.owners)
             return self._accept_local(route.target, delivery, ack)
         if isinstance(route, PeerRoute):  # a peer that is a connection on our relay (Redis), else the CLI transport
             return self.relay.send_to_peer(route, delivery) or self._send_to_peer(route, delivery)
