@@ -167,6 +167,7 @@ def test_from_dict_logs_transport_problems(warnings: list[str]) -> None:
         ({"bot-mode": {"turn_wait_seconds": 5}, "botmode": {"max_hops": 2}}, [("bot-mode", "bot_mode"),
                                                                               ("botmode", "bot_mode")]),
         ({"bot_modes": {}, "model": {}, "toolsets": [], "memory": {}}, [("bot_modes", "bot_mode")]),
+        ({"BOT_MODE": {}, "bot_peer": {"mini": {}}}, [("BOT_MODE", "bot_mode"), ("bot_peer", "bot_peers")]),
     ],
 )
 def test_unknown_keys(raw: Any, expected: list[tuple[str, str | None]]) -> None:

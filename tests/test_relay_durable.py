@@ -517,3 +517,34 @@ def test_starting_a_gateway_makes_no_watchdog_warning(tmp_path: Path) -> None:
             with Gateway(root, runner=RecordingRunner(), durable=False) as gw:
                 assert gw.wait_outcome(send_dm(gw, "hi"), timeout=20)["status"] == "replied"
     assert [str(w.message)[:120] for w in caught if issubclass(w.category, RuntimeWarning)] == []
+
+
+def test_a_relayed_outcome_journaled_before_a_kill_is_published_once_after_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill after the journal took a relayed DM's outcome but before the relay cleared its ``sent/`` record
+    (and before ``delivered`` was written): the restarted relay settles it from its files, and the journal's
+    re-publish came on top of it — the subscribers saw the outcome twice in one run."""
+    from collections import Counter
+
+    from hermes_actors.local import durability
+    from hermes_actors.relay import relay_actor
+
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    # the state such a kill leaves: the relay's record and the reply stay, no 'delivered' record
+    monkeypatch.setattr(relay_actor, "clear_sent", lambda *a, **k: None)
+    monkeypatch.setattr(relay_actor, "mark_consumed", lambda *a, **k: None)
+    monkeypatch.setattr(durability.JournalDurability, "delivered", lambda self, key: None)
+    with Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=True) as first:
+        key = first.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
+        rf.write_reply(InboxPaths.from_root(root).relay, rp.make_reply(key, reply="pong", now=time.time()))
+        assert first.wait_outcome(key, timeout=10)["reply"] == "pong"
+    monkeypatch.undo()
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    seen: Counter[str] = Counter()
+    again = Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=True)
+    again.subscribe(lambda outcome: seen.update([outcome["delivery_id"]]))
+    again.start()
+    again.stop()  # flushes every notification
+    assert seen[key] == 1, seen

@@ -257,9 +257,10 @@ def unknown_keys(raw: Any) -> list[tuple[str, str | None]]:
     found: list[tuple[str, str | None]] = []
     if not isinstance(raw, dict):
         return found
-    for key in raw:  # a misspelt section of ours (bot-mode, botmode) would be ignored whole, silently
+    ours = [*KNOWN_KEYS, PEERS_SECTION]
+    for key in raw:  # a misspelt section of ours (bot-mode, botmode, Bot_Mode) would be ignored whole, silently
         name = str(key)
-        close = [] if name in KNOWN_KEYS else difflib.get_close_matches(name, list(KNOWN_KEYS), n=1, cutoff=0.85)
+        close = [] if name in ours else difflib.get_close_matches(name.lower(), ours, n=1, cutoff=0.85)
         if close:
             found.append((name, close[0]))
     for section, known in KNOWN_KEYS.items():

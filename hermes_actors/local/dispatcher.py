@@ -487,6 +487,11 @@ class DispatcherActor(SupervisorActor):
                              live_record=lambda delivery: live_record(index, delivery))
         self.book.remember(plan.known)
         for outcome in plan.redeliver:
+            if self.book.has_outcome(outcome.delivery_id):
+                # the relay, resumed before this, already settled it (a relayed DM's reply still in its files):
+                # published once in this run, first one wins
+                self.durability.delivered(outcome.delivery_id)
+                continue
             self.durability.note({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
             self._publish(outcome)
             self.durability.delivered(outcome.delivery_id)

@@ -95,8 +95,9 @@ def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
     """What the root's files know of ``delivery_id``. Never raises for a valid id.
 
     Local DMs are in the journals, and so are the outcomes of DMs sent to another connection
-    (file relay or Redis) once they arrived; until then such a DM is in the relay directories
-    (``outbox/``/``claimed/`` while waiting, ``replies/`` once answered).
+    (file relay or Redis) once they arrived; until then a file-relay DM is in the relay
+    directories (``outbox/``/``claimed/`` while waiting, ``replies/`` once answered), and a
+    Redis one is in Redis, which only a running host reads.
 
     Args:
         root: the Hermes root.
@@ -126,7 +127,9 @@ def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
                                          str(reply.get("error") or ""), str(reply.get("reason") or "")).as_dict()
     if any(delivery_id in list_ids(d) for d in (paths.outbox, paths.claimed)):
         return {"status": "pending", "delivery_id": delivery_id, "error": "relayed; waiting for the reply"}
-    why = "no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries)"
+    why = ("no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries; "
+           "a DM on its way to another machine over Redis is known to the host that sent it, and to the next "
+           "host on this root once it has started)")
     if problems:
         why += "; " + "; ".join(problems)
     return {"status": "unknown", "delivery_id": delivery_id, "error": why}

@@ -40,13 +40,17 @@ def pid_alive(pid: int) -> bool:
 
 
 def _zombie(pid: int) -> bool:
-    """Whether ``pid`` is a zombie (Linux ``/proc``; elsewhere, or unreadable: not known to be one)."""
+    """Whether ``pid`` is a zombie (Linux ``/proc``; elsewhere, or unreadable: not known to be one).
+
+    The state is the thread-group leader's: a process whose main thread ended while others run shows
+    ``Z`` too, so it counts as a zombie only with no thread left but that one (``num_threads``).
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat_file:
             fields = stat_file.read().rsplit(b")", 1)[1].split()  # the name, in parentheses, may hold spaces
-    except (OSError, IndexError):
+        return fields[0] == b"Z" and int(fields[17]) <= 1  # fields from "state": num_threads is the 18th
+    except (OSError, IndexError, ValueError):
         return False
-    return bool(fields) and fields[0] == b"Z"
 
 
 class ProcessWatch:
