@@ -247,6 +247,14 @@ class JournalDurable:
 
 
 @dataclass(frozen=True, slots=True)
+class AdoptJournal:
+    """Ask the Dispatcher, before the relay resumes, to learn what the journal adopted at start already settled:
+    its outcomes and its wakes (answers None; ``Recover`` acts on the rest once the relay runs)."""
+
+    states: dict[str, DeliveryState]  # delivery id → what the journal knows of it
+
+
+@dataclass(frozen=True, slots=True)
 class Recover:
     """Ask the Dispatcher to act on the journal state adopted at start; answers the counts."""
 

@@ -37,6 +37,7 @@ from hermes_actors.local.shutdown import await_running_turns, end_running_turns
 from hermes_actors.local.turns import TurnFactory
 from hermes_actors.messages import (
     AddSubscriber,
+    AdoptJournal,
     AttachOwner,
     AttachRelay,
     AwaitRestarts,
@@ -255,6 +256,8 @@ class ActorSystem:
         current = ask(self.roster, Subscribe(self.dispatcher), timeout=ASK_TIMEOUT, expect=RosterSnapshot)
         self.dispatcher.tell(RosterChanged(current))
         self.caller_admission = caller_admission
+        if adopted is not None and adopted.states:  # before the relay resumes what it settles from its files
+            ask(self.dispatcher, AdoptJournal(adopted.states), timeout=ASK_TIMEOUT)
         self._start_relay(cfg, redis_settings, guard, current)
         for profile, owner in owners.items():
             ask(self.dispatcher, AttachOwner(profile, owner), timeout=ASK_TIMEOUT)

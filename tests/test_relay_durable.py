@@ -519,12 +519,14 @@ def test_starting_a_gateway_makes_no_watchdog_warning(tmp_path: Path) -> None:
     assert [str(w.message)[:120] for w in caught if issubclass(w.category, RuntimeWarning)] == []
 
 
-def test_a_relayed_outcome_journaled_before_a_kill_is_published_once_after_the_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("delivered_written", [False, True], ids=["kill-before-delivered", "kill-after-delivered"])
+def test_a_relayed_outcome_journaled_before_a_kill_is_neither_published_nor_woken_twice_after_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delivered_written: bool
 ) -> None:
-    """A kill after the journal took a relayed DM's outcome but before the relay cleared its ``sent/`` record
-    (and before ``delivered`` was written): the restarted relay settles it from its files, and the journal's
-    re-publish came on top of it — the subscribers saw the outcome twice in one run."""
+    """A kill after the journal took a relayed DM's outcome (and its sender's wake) but before the relay cleared
+    its ``sent/`` record: the restarted relay settles it again from its files. Before, the journal's re-publish
+    came on top of it (the subscribers saw it twice in one run), and the waker, which learnt the journaled
+    wakes only at recovery, after the relay, woke the sender a second time with the same reply."""
     from collections import Counter
 
     from hermes_actors.local import durability
@@ -532,19 +534,26 @@ def test_a_relayed_outcome_journaled_before_a_kill_is_published_once_after_the_r
 
     root = make_root(tmp_path, {"alice": {}}, name="alpha")
     write_roster_file(root, [remote_row("moxie", "mini", online=True)])
-    # the state such a kill leaves: the relay's record and the reply stay, no 'delivered' record
-    monkeypatch.setattr(relay_actor, "clear_sent", lambda *a, **k: None)
+    config = {"bot_mode": {"wake_sender": True}}
+    monkeypatch.setattr(relay_actor, "clear_sent", lambda *a, **k: None)  # the relay's record and reply stay
     monkeypatch.setattr(relay_actor, "mark_consumed", lambda *a, **k: None)
-    monkeypatch.setattr(durability.JournalDurability, "delivered", lambda self, key: None)
-    with Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=True) as first:
+    if not delivered_written:
+        monkeypatch.setattr(durability.JournalDurability, "delivered", lambda self, key: None)
+    woken = RecordingRunner()
+    with Gateway(root, runner=woken, config=config, connection_id="alpha", durable=True) as first:
         key = first.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
         rf.write_reply(InboxPaths.from_root(root).relay, rp.make_reply(key, reply="pong", now=time.time()))
         assert first.wait_outcome(key, timeout=10)["reply"] == "pong"
+        await_condition(lambda: len(woken.entered) == 1, timeout=10, message="alice woken once")
     monkeypatch.undo()
     write_roster_file(root, [remote_row("moxie", "mini", online=True)])
     seen: Counter[str] = Counter()
-    again = Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=True)
+    runner = RecordingRunner()
+    again = Gateway(root, runner=runner, config=config, connection_id="alpha", durable=True)
     again.subscribe(lambda outcome: seen.update([outcome["delivery_id"]]))
     again.start()
+    assert again.wait_outcome(key, timeout=10)["reply"] == "pong"
+    sent_wakes = again.stats().get("wakes_sent")  # counted when a wake is queued: no race with its turn
     again.stop()  # flushes every notification
-    assert seen[key] == 1, seen
+    assert seen[key] == (0 if delivered_written else 1), seen  # re-published at most once, never twice
+    assert sent_wakes == 0 and runner.entered == [], "alice was woken again with the same reply"

@@ -12,7 +12,7 @@ from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.messages import Delivery, Outcome
 
-__all__ = ["RecoveryPlan", "plan_recovery", "unreadable_deliveries"]
+__all__ = ["RecoveryPlan", "known_outcomes", "plan_recovery", "unreadable_deliveries"]
 
 
 @dataclass
@@ -66,6 +66,14 @@ def _reoffered(delivery: Delivery) -> Delivery:
     return delivery if delivery.origin == WAKE_ORIGIN else replace(delivery, origin="recovered")
 
 
+def known_outcomes(states: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Pure: the outcomes a previous run settled and delivered (``states``: id → ``DeliveryState``), in order.
+
+    Only remembered (for ``wait_outcome``); a second outcome of one of them in this run is dropped.
+    """
+    return {key: state.outcome for key, state in states.items() if state.delivered and state.outcome is not None}
+
+
 def plan_recovery(
     states: dict[str, Any],
     *,
@@ -81,10 +89,9 @@ def plan_recovery(
     never reached the owner, so it is safe to offer again.
     """
     plan = RecoveryPlan()
+    plan.known.update(known_outcomes(states))
     for key, state in states.items():
         if state.delivered:
-            if state.outcome is not None:
-                plan.known[key] = state.outcome
             continue
         if state.outcome is not None:
             plan.redeliver.append(outcome_from_record(key, state.outcome))

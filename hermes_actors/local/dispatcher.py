@@ -33,7 +33,7 @@ from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ac
 from hermes_actors.core.failure import HeldDelivery, failure_text, outcomes_after_failure
 from hermes_actors.core.guard import check_hops
 from hermes_actors.core.names import profile_key
-from hermes_actors.core.recovery import plan_recovery, unreadable_deliveries
+from hermes_actors.core.recovery import known_outcomes, plan_recovery, unreadable_deliveries
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal
 from hermes_actors.errors import TurnFailed
 from hermes_actors.faults import crashpoint
@@ -48,6 +48,7 @@ from hermes_actors.local.turns import TurnFactory, turn_for
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import (
     AcceptLocal,
+    AdoptJournal,
     AttachOwner,
     AttachRelay,
     AwaitOutcome,
@@ -469,6 +470,19 @@ class DispatcherActor(SupervisorActor):
             self._publish(value, answers)
             crashpoint("after-outcome-before-delivered")
             self.durability.delivered(value.delivery_id)
+
+    @handles(AdoptJournal)
+    def _on_adopt_journal(self, msg: AdoptJournal) -> None:
+        """Before the relay resumes: learn the previous run's settled outcomes and wakes from the journal.
+
+        The relay settles its resumed sends from its files at once: an outcome the journal already has is
+        then a second one (dropped), and a wake the journal holds is not started again. Re-offers and
+        re-publishes wait for ``Recover``, once the relay can carry what re-offered turns send.
+        """
+        skipped = set(unreadable_deliveries(msg.states))  # Recover says which, once
+        states = {key: state for key, state in msg.states.items() if key not in skipped}
+        self.waker.adopt(states)
+        self.book.remember(known_outcomes(states))
 
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:
