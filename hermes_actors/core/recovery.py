@@ -12,7 +12,7 @@ from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.messages import Delivery, Outcome
 
-__all__ = ["RecoveryPlan", "known_outcomes", "plan_recovery", "unreadable_deliveries"]
+__all__ = ["RecoveryPlan", "known_outcomes", "plan_recovery", "readable_states", "unreadable_deliveries"]
 
 
 @dataclass
@@ -59,6 +59,13 @@ def unreadable_deliveries(states: dict[str, Any]) -> list[str]:
         except (TypeError, ValueError):  # ValidationError included
             bad.append(key)
     return bad
+
+
+def readable_states(states: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Pure: ``states`` without the deliveries :func:`unreadable_deliveries` names, and those names."""
+    unreadable = unreadable_deliveries(states)
+    skipped = set(unreadable)
+    return {key: state for key, state in states.items() if key not in skipped}, unreadable
 
 
 def _reoffered(delivery: Delivery) -> Delivery:

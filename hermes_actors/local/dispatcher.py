@@ -33,7 +33,7 @@ from hermes_actors.core.acks import ack_payload, outcome_from_record, resolve_ac
 from hermes_actors.core.failure import HeldDelivery, failure_text, outcomes_after_failure
 from hermes_actors.core.guard import check_hops
 from hermes_actors.core.names import profile_key
-from hermes_actors.core.recovery import known_outcomes, plan_recovery, unreadable_deliveries
+from hermes_actors.core.recovery import known_outcomes, plan_recovery, readable_states
 from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal
 from hermes_actors.errors import TurnFailed
 from hermes_actors.faults import crashpoint
@@ -479,22 +479,18 @@ class DispatcherActor(SupervisorActor):
         then a second one (dropped), and a wake the journal holds is not started again. Re-offers and
         re-publishes wait for ``Recover``, once the relay can carry what re-offered turns send.
         """
-        skipped = set(unreadable_deliveries(msg.states))  # Recover says which, once
-        states = {key: state for key, state in msg.states.items() if key not in skipped}
+        states, _unreadable = readable_states(msg.states)  # Recover says which, once
         self.waker.adopt(states)
         self.book.remember(known_outcomes(states))
 
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:
         """Act on the journal of a previous run (see ``recovery.plan_recovery``)."""
-        states = msg.states
-        unreadable = unreadable_deliveries(states)
+        states, unreadable = readable_states(msg.states)
         if unreadable:
             logger.warning("recovery: {} journaled DM(s) skipped, their 'accepted' record cannot be read "
                            "(a corrupt or foreign line in bot_relay/journal/): {}",
                            len(unreadable), ", ".join(map(repr, unreadable)))  # repr: an id may hold a newline
-            skipped = set(unreadable)
-            states = {key: state for key, state in states.items() if key not in skipped}
         self.waker.adopt(states)
         index = self.snapshot.index
         plan = plan_recovery(states, idempotent_runner=msg.idempotent_runner,
