@@ -19,6 +19,7 @@ from roots import RecordingRunner, body_of, make_root, send_dm, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.core import outcomes
 from hermes_actors.core.targets import PeerRoute
 from hermes_actors.errors import StoreError
 from hermes_actors.local.dispatcher import DispatcherActor
@@ -262,6 +263,40 @@ def test_a_raising_peer_transport_settles_the_peer_dm_at_once(
     assert type(error).__name__ in out["error"] and transport.calls == 1
     assert_serves(gw, "local still fine")
     assert_serves(other, "unaffected")
+
+
+class BlockingPeerTransport:
+    """A ``bot_peers`` transport whose delivery is under way until the test releases it."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def deliver(self, delivery: Delivery, route: PeerRoute) -> Outcome:
+        self.started.set()
+        self.release.wait(WAIT)
+        return outcomes.from_reply(delivery.delivery_id, route.label, "too late")
+
+
+def test_a_peer_dm_under_way_when_the_gateway_stops_is_journaled_ambiguous(tmp_path: Path) -> None:
+    """Regression: a peer DM still under way at stop was published ambiguous but never journaled: after the
+    restart, wait_outcome and `hermes-actors outcome` said the acked DM was unknown."""
+    from hermes_actors.ops.journal_view import find_outcome
+
+    root = make_root(tmp_path)
+    transport = BlockingPeerTransport()
+    try:
+        with Gateway(root, runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
+                     peer_transport=transport) as gw:
+            key = send_dm(gw, "to the peer", target="mini/bob")
+            assert transport.started.wait(WAIT)
+            gw.stop(timeout=0.2)  # the peer's answer comes only once the stop returned: it ends under way
+        assert find_outcome(root, key)["status"] == "ambiguous"  # from the files, the host gone
+        with Gateway(root, runner=RecordingRunner(), config={"bot_peers": {"mini": {}}}) as again:
+            out = again.wait_outcome(key, timeout=WAIT)
+        assert out["status"] == "ambiguous" and out["retryable"] is False, out
+    finally:
+        transport.release.set()
 
 
 # ── the pure decisions ──────────────────────────────────────────────────────

@@ -562,12 +562,14 @@ class DispatcherActor(SupervisorActor):
             if entry.journaled and key not in msg.running:
                 continue  # never started: stays journaled and is re-offered by the next start
             outcome = outcomes.ambiguous(key, entry.delivery.label, msg.why)
-            if entry.journaled:  # shutting down: write it now rather than through the async group commit
+            # A peer DM's outcome is journaled as it arrives (see _settle): one still under way is, too.
+            remember = entry.journaled or entry.route == "peer"
+            if remember:  # shutting down: write it now rather than through the async group commit
                 self.durability.write_now({"t": "finished", "id": key, "o": outcome.as_dict()})
             if entry.route == "relay-in":  # its sender waits on another connection: tell it too
                 self.relay.answer_relay_in(outcome, entry.reply_connection)
             self._publish(outcome)
-            if entry.journaled:  # published now: the next start must not report it a second time
+            if remember:  # published now: the next start must not report it a second time
                 self.durability.delivered(key)
             count += 1
         return count
