@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,7 +18,7 @@ from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.local.command_runner import CommandRunner
-from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, check_plugin, run_doctor
+from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, check_models, check_plugin, run_doctor
 from hermes_actors.records import RemoteAgent
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
@@ -481,6 +482,36 @@ def test_doctor_warns_when_enable_gateway_left_the_api_server_without_its_key(
 def test_check_plugin(tmp_path: Path, enabled: dict[str, bool | None], level: str, needle: str) -> None:
     check = check_plugin(tmp_path, enabled)
     assert check.level == level and needle in check.detail
+
+
+@pytest.mark.parametrize(("models", "level", "needle"), [
+    ({"alice": "fake-model", "bob": "gpt-x"}, OK, "(fake-model, gpt-x)"),
+    ({"alice": "fake-model", "bob": ""}, WARN, "no model set for: bob"),
+    ({"alice": None}, OK, "none managed"),  # unreadable: the plugin check blocks on it already
+])
+def test_check_models(tmp_path: Path, models: dict[str, str | None], level: str, needle: str) -> None:
+    check = check_models(tmp_path, models)
+    assert check.level == level and needle in check.detail, check
+    if level == WARN:
+        assert str(tmp_path / "profiles" / "bob" / "config.yaml") in check.fix
+
+
+@pytest.mark.parametrize(("model", "level"), [
+    ({"provider": "custom", "default": "fake-model"}, OK),
+    ({"model": "fake-model"}, OK),  # the older key hermes still reads
+    ("fake-model", OK),
+    (None, WARN),
+    ({"provider": "custom"}, WARN),
+    ({"default": "   "}, WARN),
+])
+def test_doctor_warns_of_a_managed_bot_without_a_model(tmp_path: Path, model: Any, level: str) -> None:
+    """A managed profile with no model of its own acked DMs and failed every turn missing_config; doctor said ok."""
+    root = make_root(tmp_path, {"alice": {}}, config={"model": {"default": "the-root-model"}})  # the default bot's
+    config = root / "profiles" / "alice" / "config.yaml"
+    config.write_text(yaml.safe_dump({"model": model} if model is not None else {}), encoding="utf-8")
+    check = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "missing"), ping=lambda r: None)}["models"]
+    assert check.level == level, check
+    assert ("alice" in check.detail) == (level == WARN)
 
 
 def test_doctor_does_not_ask_for_the_hermes_cli_when_the_running_host_uses_another_runner(

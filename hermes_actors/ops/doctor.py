@@ -128,6 +128,25 @@ def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
     return Check("plugin enabled", OK, f"enabled for {len(enabled)} managed profile(s)")
 
 
+def check_models(root: Path, models: dict[str, str | None]) -> Check:
+    """Pure: each managed profile names a model in its own ``config.yaml``.
+
+    ``models`` maps each managed profile to its model name (``""`` when none is set), or
+    None when its ``config.yaml`` cannot be read (the plugin check already says to fix it).
+    A profile is its own hermes home: the root's model is not its model. Without one,
+    hermes runs a turn only if the profile's environment names a provider; otherwise every
+    DM to that bot fails ``missing_config`` after it was acked.
+    """
+    missing = [name for name, model in models.items() if model == ""]
+    if missing:
+        files = ", ".join(str(profile_home(root, name) / "config.yaml") for name in missing)
+        return Check("models", WARN, f"no model set for: {', '.join(missing)} (their turns fail missing_config "
+                     "unless hermes finds a provider in their environment)",
+                     f"set model.default (and its provider) in {files}, e.g. with: hermes -p <profile> model")
+    named = sorted({model for model in models.values() if model})
+    return Check("models", OK, f"every managed profile names a model ({', '.join(named) or 'none managed'})")
+
+
 def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
     """Pure: a host (``serve`` or the hermes gateway with the plugin) answers on the submit endpoint."""
     if pong is None:
@@ -248,14 +267,19 @@ def _cli_version(cli: str) -> tuple[str | None, str | None]:
     return (text[0] if text else None), None
 
 
-def _plugin_enabled(home: Path) -> bool | None:
-    """Whether the profile's config.yaml lists the plugin; None when that file does not read."""
+def _profile_facts(home: Path) -> tuple[bool | None, str | None]:
+    """Whether the profile's config.yaml lists the plugin, and the model it names (``""``: none),
+    as hermes reads them (``model`` a name, or ``model.default`` / ``model.model``); (None, None)
+    when that file does not read."""
     data, problem = read_yaml_mapping(home / "config.yaml")
     if problem:
-        return None
-    plugins = data.get("plugins") if isinstance(data, dict) else None
+        return None, None
+    plugins = data.get("plugins")
     enabled = plugins.get("enabled") if isinstance(plugins, dict) else None
-    return isinstance(enabled, list) and PLUGIN_NAME in enabled
+    model = data.get("model")
+    if isinstance(model, dict):
+        model = model.get("default") or model.get("model")
+    return isinstance(enabled, list) and PLUGIN_NAME in enabled, model.strip() if isinstance(model, str) else ""
 
 
 def _redis_ping(url: str) -> str | None:
@@ -345,7 +369,8 @@ def run_doctor(
     found = find_hermes_cli(cli)
     version, error = _cli_version(found) if found else (None, None)
     profiles = discover_profiles(root)
-    enabled = {p.profile: _plugin_enabled(profile_home(root, p.profile)) for p in profiles if p.managed}
+    facts = {p.profile: _profile_facts(profile_home(root, p.profile)) for p in profiles if p.managed}
+    enabled = {name: plugin for name, (plugin, _model) in facts.items()}
     path = root / "config.yaml"
     raw, problem = read_yaml_mapping(path)
     pong = ping(root)
@@ -354,6 +379,7 @@ def run_doctor(
         check_managed(root, profiles),
         check_profile_folders(root, scan_profile_dirs(root)[1]),
         check_plugin(root, enabled),
+        check_models(root, {name: model for name, (_plugin, model) in facts.items()}),
         check_daemon(root, pong),
         check_config_keys(path, raw, problem),
         check_warm_turns(root, *_warm_facts(root, raw)),
@@ -376,10 +402,10 @@ def run_doctor(
 
 def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:
     """Pure: a running host whose turns do not run hermes (``serve --runner demo``, an embedder's
-    runner) needs no hermes CLI and no plugin: those checks pass, saying why."""
+    runner) needs no hermes CLI, no plugin and no model: those checks pass, saying why."""
     if pong is None or pong.get("runs_hermes") is not False:
         return checks
     why = (f"not needed by the running host (pid {pong.get('pid')}): its turns do not run hermes "
            "(a custom or demo runner)")
-    return [Check(c.name, OK, why) if c.name in ("hermes CLI", "plugin enabled") and c.level != OK else c
+    return [Check(c.name, OK, why) if c.name in ("hermes CLI", "plugin enabled", "models") and c.level != OK else c
             for c in checks]
