@@ -100,6 +100,19 @@ class OutcomeReady:
     outcome: Outcome
 
 
+@dataclass(frozen=True, slots=True)
+class RelayedOutcome:
+    """An envelope of ours settled (its reply, its expiry, its reply deadline); told by the relay.
+
+    The relay keeps the envelope's record (``sent/``, the Redis ``sent`` hash and reply entry)
+    until the Dispatcher tells it ``ForgetSent``: once the outcome and the wake it starts are
+    journaled (durable mode) or published. A crash before that leaves the record, and the next
+    start settles the DM from it again, instead of from nothing.
+    """
+
+    outcome: Outcome
+
+
 @fast_init
 @dataclass(frozen=True, slots=True)
 class OutcomesReady:
@@ -436,6 +449,14 @@ class RelayOutcome:
     outcome: Outcome
     reply_connection: str
     put_back: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetSent:
+    """Told by the Dispatcher: the outcome of our envelope ``envelope_id`` (``RelayedOutcome``) is kept
+    where it must be (journaled, or published when there is no journal); clear the envelope's record."""
+
+    envelope_id: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,6 +131,39 @@ def test_the_outcome_of_a_dm_sent_over_redis_is_kept_on_the_root_past_a_restart(
         assert again.wait_outcome(ack["delivery_id"], timeout=5) == out
 
 
+def test_a_reply_stays_in_redis_until_the_journal_has_its_outcome(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the reply entry was XACK'd and XDEL'd and the sent record dropped as soon as the Dispatcher was
+    told, before the journal had the outcome: a kill in between lost the answered DM everywhere (wait_outcome:
+    unknown id after the restart) and its sender's wake. Both stay until the outcome is journaled."""
+    import threading
+
+    from hermes_actors.store import journal as journal_module
+
+    held, release = threading.Event(), threading.Event()
+    write_now = journal_module.Journal._write_now
+
+    def slow_commit(self: Any, lines: list[bytes], **kwargs: Any) -> None:
+        if any(b'"t":"delivered"' in line for line in lines) and not release.is_set():
+            held.set()
+            release.wait(30)
+        write_now(self, lines, **kwargs)
+
+    monkeypatch.setattr(journal_module.Journal, "_write_now", slow_commit)
+    client = redis_server.client()
+    with gateway(tmp_path, "alpha", redis_server, durable=True) as alpha, gateway(tmp_path, "mini", redis_server):
+        wait_online(alpha, "bob", "mini")
+        key = alpha.message_agent(sender="alice", target="bob@mini", message="keep it")["delivery_id"]
+        assert alpha.wait_outcome(key, timeout=20)["reply"] == "ok: keep it"
+        assert held.wait(10)
+        assert client.hexists(KEYS.sent("alpha"), key), "the sent record went before the journal had the outcome"
+        assert client.xlen(KEYS.replies("alpha")) == 1, "the reply entry went before the journal had the outcome"
+        release.set()
+        await_condition(lambda: client.hlen(KEYS.sent("alpha")) == 0 and client.xlen(KEYS.replies("alpha")) == 0,
+                        timeout=10, message="reply entry and sent record cleared once journaled")
+
+
 def test_a_redis_that_lost_its_data_gets_each_gateways_roster_again(tmp_path: Path, redis_server: RedisServer) -> None:
     """Regression: after a FLUSHALL (a Redis restarted empty, a failover) heartbeats and groups came back but no
     roster did: DMs between machines were refused 'no teammate named' until a gateway restarted."""

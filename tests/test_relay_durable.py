@@ -538,7 +538,10 @@ def test_a_relayed_outcome_journaled_before_a_kill_is_neither_published_nor_woke
     monkeypatch.setattr(relay_actor, "clear_sent", lambda *a, **k: None)  # the relay's record and reply stay
     monkeypatch.setattr(relay_actor, "mark_consumed", lambda *a, **k: None)
     if not delivered_written:
-        monkeypatch.setattr(durability.JournalDurability, "delivered", lambda self, key: None)
+        def finished_only(self: durability.JournalDurability, outcome: Any, *, then: Any = None) -> None:
+            self.journal.append({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
+
+        monkeypatch.setattr(durability.JournalDurability, "finished", finished_only)
     woken = RecordingRunner()
     with Gateway(root, runner=woken, config=config, connection_id="alpha", durable=True) as first:
         key = first.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
@@ -557,3 +560,47 @@ def test_a_relayed_outcome_journaled_before_a_kill_is_neither_published_nor_woke
     again.stop()  # flushes every notification
     assert seen[key] == (0 if delivered_written else 1), seen  # re-published at most once, never twice
     assert sent_wakes == 0 and runner.entered == [], "alice was woken again with the same reply"
+
+
+def test_the_relay_keeps_its_record_until_the_journal_has_the_outcome_and_the_wake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the relay cleared its ``sent/`` record as soon as it told the Dispatcher, before the journal
+    had the outcome; a kill in between lost the DM for good (wait_outcome: unknown id; Redis: the reply entry
+    XDEL'd) and its sender's wake. The wake's record was also journaled after the outcome's, so a kill between
+    them re-published the outcome at restart with no wake. Now the journal takes the wake, then the outcome,
+    and only then does the relay forget the envelope."""
+    from hermes_actors.store import journal as journal_module
+
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    paths = InboxPaths.from_root(root)
+    held, release = threading.Event(), threading.Event()
+    write_now = journal_module.Journal._write_now
+
+    def slow_commit(self: Any, lines: list[bytes], **kwargs: Any) -> None:
+        if any(b'"t":"delivered"' in line for line in lines) and not release.is_set():
+            held.set()  # the commit that says the sender has the outcome waits for the test
+            release.wait(30)
+        write_now(self, lines, **kwargs)
+
+    monkeypatch.setattr(journal_module.Journal, "_write_now", slow_commit)
+    woken = RecordingRunner()
+    with Gateway(root, runner=woken, config={"bot_mode": {"wake_sender": True}}, connection_id="alpha",
+                 durable=True) as gw:
+        key = gw.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
+        sent = paths.relay.id_file(paths.sent, key)
+        assert sent.exists()
+        rf.write_reply(paths.relay, rp.make_reply(key, reply="pong", now=time.time()))
+        assert gw.wait_outcome(key, timeout=10)["reply"] == "pong"
+        assert held.wait(10)
+        assert sent.exists(), "the relay forgot its envelope before the journal had its outcome"
+        release.set()
+        await_condition(lambda: not sent.exists(), timeout=10, message="the record cleared once journaled")
+        await_condition(lambda: len(woken.entered) == 1, timeout=10, message="alice woken once")
+    records = [json.loads(line) for f in sorted((root / "bot_relay" / "journal").glob("*"))
+               for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+    wake_at = next(i for i, r in enumerate(records)
+                   if r.get("t") == "accepted" and (r.get("d") or {}).get("origin") == "wake")
+    finished_at = next(i for i, r in enumerate(records) if r.get("t") == "finished" and r.get("id") == key)
+    assert wake_at < finished_at, "a journal holding the outcome must hold its wake"

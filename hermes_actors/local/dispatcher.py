@@ -69,6 +69,7 @@ from hermes_actors.messages import (
     Recover,
     RelayAccepted,
     RelayDeliver,
+    RelayedOutcome,
     RelayResumed,
     RoomTurn,
     RosterChanged,
@@ -355,6 +356,17 @@ class DispatcherActor(SupervisorActor):
     def _on_outcome(self, msg: OutcomeReady) -> None:
         self._settle(msg.outcome)
 
+    @handles(RelayedOutcome)
+    def _on_relayed_outcome(self, msg: RelayedOutcome) -> None:
+        """Our envelope settled: the relay clears its record once the outcome is kept (see ``_settle``)."""
+        key = msg.outcome.delivery_id
+        entry = self.book.entry(key)
+        self._settle(msg.outcome)
+        if entry is None or entry.route != "relay":
+            # Settled before (in this run, or in a previous one whose journal has it) or booked by nobody:
+            # nothing more to keep, so nothing for the relay to resume at the next start.
+            self.relay.forget(key)
+
     @handles(OutcomesReady)
     def _on_outcomes(self, msg: OutcomesReady) -> None:
         for outcome in msg.outcomes:
@@ -385,10 +397,14 @@ class DispatcherActor(SupervisorActor):
         if entry is not None and entry.route in ("relay", "peer"):
             # Nothing on the root keeps the outcome of a DM sent to another machine over Redis (nor of a peer's;
             # the file relay's replies/ are swept after 6 h): the journal keeps it, as a local DM's, so
-            # `hermes-actors outcome` and wait_outcome still know it after this host restarted.
-            self.durability.note({"t": "finished", "id": key, "o": outcome.as_dict()})
+            # `hermes-actors outcome` and wait_outcome still know it after this host restarted. Published
+            # first: the wake it starts is journaled before it, so a journal that has the outcome has its
+            # wake too; the relay keeps the envelope's record until both are on disk (ForgetSent).
             self._publish(outcome)
-            self.durability.delivered(key)
+            forget = ("forget", key) if entry.route == "relay" else None
+            self.durability.finished(outcome, then=forget)
+            if forget is not None and not self.durability.enabled:
+                self.relay.forget(key)
             return
         self._publish(outcome)
 
@@ -463,6 +479,13 @@ class DispatcherActor(SupervisorActor):
         for kind, value in msg.tokens:
             if kind == "accepted":
                 self.durability.accepted_landed(value, msg.error)
+                continue
+            if kind == "forget":  # a relayed DM's outcome and its wake are on disk: its relay record can go
+                if msg.error is None:
+                    self.relay.forget(value)
+                else:  # kept: the next start settles the DM from the relay's record again
+                    logger.error("outcome of {} could not be journaled ({}); the relay keeps its record",
+                                 value, msg.error)
                 continue
             if msg.error is not None:
                 logger.error("outcome of {} could not be journaled ({}); publishing it anyway",
@@ -690,8 +713,10 @@ class DispatcherActor(SupervisorActor):
                 delivery = message.delivery
                 rooms[delivery.delivery_id] = message.reply
                 held.append(HeldDelivery(delivery.delivery_id, delivery.label, "room", False, started=False))
-            elif isinstance(message, OutcomeReady | OutcomesReady):
-                for outcome in (message.outcome,) if isinstance(message, OutcomeReady) else message.outcomes:
+            elif isinstance(message, OutcomeReady | RelayedOutcome | OutcomesReady):
+                # (a relayed one's record stays with its relay: the next start settles it again)
+                many = message.outcomes if isinstance(message, OutcomesReady) else (message.outcome,)
+                for outcome in many:
                     arrived.setdefault(outcome.delivery_id, outcome)
         settled = outcomes_after_failure(held, arrived, failure_text(error))
         notes: list[tuple[dict[str, Any], Delivery | None, float]] = []

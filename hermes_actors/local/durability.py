@@ -60,6 +60,9 @@ class NoDurability:
     def delivered(self, delivery_id: str) -> None:
         """Nothing to note."""
 
+    def finished(self, outcome: Outcome, *, then: Any = None) -> None:
+        """Nothing to journal (the caller acts on ``then`` itself)."""
+
     def write_now(self, record: dict[str, Any]) -> None:
         """Nothing to write."""
 
@@ -196,6 +199,21 @@ class JournalDurability:
             self.journal.append({"t": "delivered", "id": delivery_id}, lazy=True)
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
+
+    def finished(self, outcome: Outcome, *, then: Any = None) -> None:
+        """Journal the outcome of a DM sent elsewhere (already published) and that its sender has it.
+
+        Args:
+            outcome: the outcome.
+            then: a token handed back in ``JournalDurable`` once both records, and everything
+                journaled before them, are on disk (None: nobody waits for them).
+        """
+        key = outcome.delivery_id
+        try:
+            self.journal.append({"t": "finished", "id": key, "o": outcome.as_dict()})
+            self.journal.append({"t": "delivered", "id": key}, lazy=then is None, token=then)
+        except StoreError as exc:  # the relay keeps its record: the next start settles the DM from it again
+            logger.error("journal append failed for the outcome of {}: {}", key, exc)
 
     def write_now(self, record: dict[str, Any]) -> None:
         """Journal ``record`` and wait for it (shutting down: no group commit to wait for)."""

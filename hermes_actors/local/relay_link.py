@@ -20,6 +20,7 @@ from hermes_actors.core.reasons import CANCELLED
 from hermes_actors.core.targets import PeerRoute, Refusal, RelayRoute
 from hermes_actors.messages import (
     Delivery,
+    ForgetSent,
     Outcome,
     PeerSend,
     PendingAck,
@@ -99,6 +100,11 @@ class RelayLink:
             future.set(Refusal(f"The gateway stopped before the relay confirmed the message for {route.label}; "
                                "it may not have been queued.", "runtime_offline").as_dict())
         self._waiting.clear()
+
+    def forget(self, envelope_id: str) -> None:
+        """The outcome of our envelope ``envelope_id`` is kept here now: the relay may clear its record."""
+        if self.ref is not None:
+            self.ref.tell(ForgetSent(envelope_id))
 
     def answer_relay_in(self, outcome: Outcome, reply_connection: str, *, stopping: bool = False) -> None:
         """A drained delivery settled: the relay writes its reply for ``reply_connection``.

@@ -39,11 +39,13 @@ from hermes_actors.messages import (
     DesktopDrainOutbox,
     DesktopReply,
     DesktopSyncRoster,
+    ForgetSent,
     Housekeep,
-    OutcomeReady,
+    Outcome,
     PeerSend,
     PendingReply,
     RelayDeliver,
+    RelayedOutcome,
     RelayOutcome,
     RelayResumed,
     RelaySend,
@@ -268,19 +270,24 @@ class RelayActor(TypedActor):
                 self.paths.relay.id_file(self.paths.expiring, envelope_id)):
             self._finish_expiry(envelope_id)  # our expiry, killed after its reply: file it where the seed's goes
         outcome = outcomes.from_relay_reply(envelope_id, entry.label, reply["reply"], reply["error"], reply["reason"])
-        self._report(envelope_id, OutcomeReady(outcome))
+        self._report(envelope_id, outcome)
         self.counters["replies"] += 1
 
-    def _report(self, envelope_id: str, message: OutcomeReady) -> None:
+    def _report(self, envelope_id: str, outcome: Outcome) -> None:
+        """Hand the outcome of our envelope to the Dispatcher; its ``sent/`` record stays until ``ForgetSent``."""
         entry = self.waiting.pop(envelope_id)
         for timer in entry.timers:
             timer.cancel()
-        self.dispatcher.tell(message)
+        self.dispatcher.tell(RelayedOutcome(outcome))
+
+    @handles(ForgetSent)
+    def _on_forget_sent(self, msg: ForgetSent) -> None:
+        """The outcome is journaled (or published): the envelope is no longer ours to resume."""
         try:
-            mark_consumed(self.paths, envelope_id, now=time.time())
+            mark_consumed(self.paths, msg.envelope_id, now=time.time())
         except (StoreError, OSError, ValidationError) as exc:
-            logger.warning("relay: could not mark {} consumed: {}", envelope_id, exc)
-        clear_sent(self.paths, envelope_id)
+            logger.warning("relay: could not mark {} consumed: {}", msg.envelope_id, exc)
+        clear_sent(self.paths, msg.envelope_id)
 
     @handles(TtlDeadline)
     def _on_ttl(self, msg: TtlDeadline) -> None:
@@ -313,8 +320,7 @@ class RelayActor(TypedActor):
             # We hold the claim, so it was certainly NOT delivered: report that rather than crash the relay.
             logger.error("relay: could not write the expiry reply of {}: {}", envelope_id, exc)
             self._finish_expiry(envelope_id)
-            self._report(envelope_id, OutcomeReady(outcomes.failed(envelope_id, entry.label, text,
-                                                                       "queued_expired")))
+            self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "queued_expired"))
             return
         crashpoint("relay-after-expiry-reply")
         self._finish_expiry(envelope_id)
@@ -340,8 +346,7 @@ class RelayActor(TypedActor):
         budget = self.config.reply_wait_seconds
         text = (f"No reply from {entry.label} within {budget:g}s. The message may still be delivered when the "
                 "Desktop reconnects; do not resend blindly.")
-        self._report(msg.envelope_id, OutcomeReady(outcomes.failed(msg.envelope_id, entry.label, text,
-                                                                   "delivery_timeout")))
+        self._report(msg.envelope_id, outcomes.failed(msg.envelope_id, entry.label, text, "delivery_timeout"))
         self.counters["timeouts"] += 1
 
     # ── drain side (the deliver RPC, through inbox/) ─────────────────────────

@@ -3,7 +3,7 @@
 A drop-in for the file relay's RelayActor: toward the Dispatcher it speaks the
 same messages (``RelaySend``/``PeerSend``, answered later with ``RelayAccepted``
 through :func:`actors.ask_reply_to`, so the Dispatcher never waits on Redis;
-``OutcomeReady``, ``RelayDeliver``, ``RelayOutcome``, ``RelayResumed``) and the
+``RelayedOutcome``/``ForgetSent``, ``RelayDeliver``, ``RelayOutcome``, ``RelayResumed``) and the
 records are the relay's envelope and reply records, orjson-serialized (key
 names: ``transports.redis.store``). It is attached with
 ``AttachRelay(reaches_peers=True)``: ``bot_peers`` peers on this Redis are its to carry.
@@ -34,6 +34,7 @@ from loguru import logger
 from actors import ActorGone, AskTimeout, Scheduler, TypedActor, ask, handles
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.messages import (
+    ForgetSent,
     Housekeep,
     PeerSend,
     ProfileInfo,
@@ -198,6 +199,10 @@ class RedisRelayActor(TypedActor):
                 self.inbound.on_entry(entry_id, fields)
             else:
                 self.outbound.on_reply_entry(entry_id, fields)
+
+    @handles(ForgetSent)
+    def _on_forget_sent(self, msg: ForgetSent) -> None:
+        self.outbound.forget(msg.envelope_id)
 
     @handles(RelayOutcome)
     def _on_relay_outcome(self, msg: RelayOutcome) -> None:

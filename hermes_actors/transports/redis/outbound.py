@@ -10,7 +10,8 @@ the sender expires its own envelope by winning ``SET <p>:claim:<id> expired NX``
 After a restart the envelopes still in ``<p>:sent:<me>`` are waited for again.
 
 :class:`Outbound` is a plain object composed into the actor and called on its
-thread; it reports each outcome to the Dispatcher (``OutcomeReady``).
+thread; it reports each outcome to the Dispatcher (``RelayedOutcome``) and forgets the envelope
+once told (``ForgetSent``).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from hermes_actors.core.targets import PeerRoute, Refusal, transport_unreachable
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import (
     Outcome,
-    OutcomeReady,
     ProfileInfo,
+    RelayedOutcome,
     RemoteAgent,
     ReplyDeadline,
     ResumedSend,
@@ -75,7 +76,7 @@ class Outbound:
         link: the actor's Redis connection.
         config: TTL and reply budget.
         timers: the actor's timers (deadlines come back to the actor as messages).
-        dispatcher: told ``OutcomeReady`` for each envelope's outcome.
+        dispatcher: told ``RelayedOutcome`` for each envelope's outcome.
         local_profiles: folder ids of this root (a restart resumes only their envelopes).
         counters: the actor's counters (``sent``, ``replies``, ``expired``, ``timeouts``, ...).
     """
@@ -92,6 +93,7 @@ class Outbound:
         self.waiting: dict[str, Waiting] = {}
         self.expire_due: set[str] = set()  # TTL expiries that could not reach Redis: retried each tick
         self.reported: OrderedDict[str, None] = OrderedDict()
+        self.unforgotten: dict[str, list[str]] = {}  # reported, not yet kept by the Dispatcher: their reply entries
         self.resumed = False
         self.resumed_entries: tuple[ResumedSend, ...] = ()  # kept until the Gateway's ResumeRelay takes them
 
@@ -208,6 +210,11 @@ class Outbound:
                 except Exception as exc:
                     link.unreachable(exc)
                     return
+            kept = self.unforgotten.get(envelope_id)
+            if kept is not None:  # reported, not yet journaled: acked with the first reply at ForgetSent
+                if entry_id not in kept:
+                    kept.append(entry_id)
+                return
             link.ack(replies, [entry_id], forget=envelope_id)  # late or second reply: the first one won
             return
         outcome = _outcome_of(envelope_id, entry.label, record)
@@ -221,11 +228,18 @@ class Outbound:
         for timer in entry.timers:
             timer.cancel()
         self.expire_due.discard(envelope_id)
-        self.dispatcher.tell(OutcomeReady(outcome))
+        self.dispatcher.tell(RelayedOutcome(outcome))
         self.reported[envelope_id] = None
         if len(self.reported) > REPORTED_KEEP:
             self.reported.popitem(last=False)
-        self.link.ack(self.link.keys.replies(self.link.me), list(reply_entries), forget=envelope_id)
+        # Its reply entry stays un-acked and its sent record kept until the Dispatcher has the outcome journaled
+        # (ForgetSent): a crash before that leaves both, and the next start settles the DM from them again.
+        self.unforgotten[envelope_id] = list(reply_entries)
+
+    def forget(self, envelope_id: str) -> None:
+        """The Dispatcher keeps the outcome of ``envelope_id`` now: ack its reply entry, drop its sent record."""
+        entries = self.unforgotten.pop(envelope_id, [])
+        self.link.ack(self.link.keys.replies(self.link.me), entries, forget=envelope_id)
 
     def expire(self, envelope_id: str) -> None:
         """At the TTL: expire our envelope unless its target already took it (then its reply will come)."""
