@@ -377,3 +377,31 @@ def test_an_unreachable_folder_is_warned_about_once_however_often_status_lists_t
         for _ in range(5):
             assert [info.profile for info in p.discover_profiles(root)] == ["default", "bob"]
     assert len([line for line in logs.lines if "profiles/Bob" in line]) == 1, logs.lines
+
+
+def test_a_reload_that_reads_a_changed_remote_roster_publishes_it(tmp_path: Path) -> None:
+    """Regression: a profile reload re-read roster.json too but published only when the local profiles changed;
+    the file event's hint then found nothing new, so the Dispatcher kept the old liveness (DMs to an agent gone
+    offline acked) until roster.json changed again."""
+    from relay_helpers import remote_row, write_roster_file
+
+    from actors import Scheduler, ask
+    from actors.testkit import Probe
+    from hermes_actors.local.roster import RosterActor
+    from hermes_actors.messages import Reload, RosterChanged, RosterSnapshot, Subscribe
+
+    root = make_root(tmp_path, {"alice": {}})
+    write_roster_file(root, [remote_row("dave", "mini", online=True)])
+    probe, log = Probe.spawn()
+    with Scheduler() as scheduler:
+        roster = RosterActor.start(root, overrides=None, scheduler=scheduler, rescan_seconds=0)
+        try:
+            first = ask(roster, Subscribe(probe), timeout=10, expect=RosterSnapshot)
+            assert [r.online for r in first.remote] == [True]
+            write_roster_file(root, [remote_row("dave", "mini", online=False)])  # no hint: only a reload
+            ask(roster, Reload(), timeout=10)
+            published = log.expect(RosterChanged, timeout=10)[-1].snapshot
+            assert [r.online for r in published.remote] == [False]
+        finally:
+            roster.stop()
+            probe.stop()

@@ -228,12 +228,12 @@ class RosterActor(TypedActor):
     def _on_reload(self, msg: Reload) -> RosterSnapshot:
         before = self.snapshot
         self.snapshot = self._load()
-        if (before.profiles, before.peers, before.managed) != (
-            self.snapshot.profiles,
-            self.snapshot.peers,
-            self.snapshot.managed,
-        ):
+        if _local_view(before) != _local_view(self.snapshot):
             logger.info("roster reloaded: {} profiles", len(self.snapshot.profiles))
+            self._publish()
+        elif _remote_view(before) != _remote_view(self.snapshot):
+            # roster.json is re-read by a reload too: the hint its file event sends then finds nothing new,
+            # so a change of liveness read here is published here, or the Dispatcher would never see it
             self._publish()
         return self.snapshot
 
@@ -249,7 +249,7 @@ class RosterActor(TypedActor):
         """roster.json may have changed: re-read it and publish when it did."""
         remote, mtime = self._read_remote()
         current = self.snapshot
-        if tuple(remote) == current.remote and mtime == current.remote_mtime:
+        if (tuple(remote), mtime) == _remote_view(current)[:2]:
             return
         self.snapshot = replace(current, remote=tuple(remote), remote_mtime=mtime, version=current.version + 1)
         self.version = self.snapshot.version
@@ -269,3 +269,13 @@ class RosterActor(TypedActor):
                                 remote_unreachable=msg.unreachable, version=current.version + 1)
         self.version = self.snapshot.version
         self._publish()
+
+
+def _local_view(snapshot: RosterSnapshot) -> tuple[Any, ...]:
+    """Pure: what a profile reload may change about this root's own bots."""
+    return snapshot.profiles, snapshot.peers, snapshot.managed
+
+
+def _remote_view(snapshot: RosterSnapshot) -> tuple[Any, ...]:
+    """Pure: what ``roster.json`` (or a transport) says of other connections' agents."""
+    return snapshot.remote, snapshot.remote_mtime, snapshot.remote_unreachable
