@@ -23,6 +23,7 @@ from loguru import logger
 from actors import ActorGone, FsBridge, ask
 from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.core.names import checked_connection_id
+from hermes_actors.local.notifier import in_subscriber_callback
 from hermes_actors.local.roster import roster_rows
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.local.sending import outcome_future, send_dm
@@ -164,8 +165,13 @@ class Gateway:
         # lost behind it. A set (add/discard are atomic) and no lock: the senders never contend on the hot path.
         self._sending: set[object] = set()
         self._tokens = itertools.count(1)
+        # Subscribers and live owners given before start(), and whether a start is under way (then a
+        # registration from another thread waits for it, rather than land in a dict start() already read).
+        self._early = threading.Condition()
         self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]] = {}
         self._early_owners: dict[str, Any] = {}
+        self._starting: int | None = None  # the thread id of a start() under way
+        self._stopped = threading.Event()  # set once a stop() has finished (a second stop() waits for it)
         self._final_outcomes: dict[str, dict[str, Any]] = {}
         # wait_outcome calls waiting on the Dispatcher (future → delivery id): answered at stop, so none sits
         # out its timeout on a Dispatcher that will never answer (a journaled DM is settled by the next start)
@@ -197,38 +203,72 @@ class Gateway:
                 raise RuntimeError(f"gateway already {self._state}; create a new Gateway to start again")
             if not self.root.is_dir():
                 raise FileNotFoundError(f"Hermes root {str(self.root)!r} does not exist or is not a directory")
-            self.config = cfg = load_config(self.root, self.overrides)
-            # ValueError/TransportError before anything started; Redis may take the id from the config
-            redis_settings, self.connection_id = redis_settings_for(cfg, self.connection_id)
-            options = SystemOptions(self.root, self.overrides, self.connection_id, self.workers,
-                                    self.cross_process_lock, self.peer_transport, self.durable, self.fsync)
-            system = ActorSystem(options, runner=self.runner)
+            with self._early:
+                self._starting = threading.get_ident()
+                subscribers, owners = dict(self._early_subscribers), dict(self._early_owners)
             try:
-                system.start(cfg, redis_settings, subscribers=self._early_subscribers, owners=self._early_owners,
-                             on_failing=self._dispatcher_failing, on_failure=self._dispatcher_failed)
-            except BaseException:
-                system.teardown()  # a half-started gateway leaves no actor or thread behind
-                raise
+                self._start_locked(subscribers, owners)
             finally:
-                self.runner = system.runner  # the real Hermes, when chosen now
-            self._system = system
-            self._early_subscribers.clear()
-            self._early_owners.clear()
-            self.recovered = system.recovered
-            if self.serve_submit:  # last: a DM submitted from now on finds every actor up
-                from hermes_actors.hermes.host import open_submit_endpoint
-
-                try:
-                    self._submit = open_submit_endpoint(self)
-                except BaseException:
-                    system.teardown()
-                    raise
-            self._state = "running"
-            self.started_at = time.time()
-        logger.info("gateway started on {} ({} profiles)", self.root, system.profile_count)
+                with self._early:
+                    self._starting = None
+                    self._early.notify_all()
+        assert self._system is not None
+        logger.info("gateway started on {} ({} profiles)", self.root, self._system.profile_count)
         if self._failed:  # it failed while this start held the lifecycle lock
             self._report_failure()
         return self
+
+    def _start_locked(self, subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]],
+                      owners: dict[str, Any]) -> None:
+        """The body of :meth:`start` (under the lifecycle lock), with the subscribers and owners given before it."""
+        self.config = cfg = load_config(self.root, self.overrides)
+        # ValueError/TransportError before anything started; Redis may take the id from the config
+        redis_settings, self.connection_id = redis_settings_for(cfg, self.connection_id)
+        options = SystemOptions(self.root, self.overrides, self.connection_id, self.workers,
+                                self.cross_process_lock, self.peer_transport, self.durable, self.fsync)
+        system = ActorSystem(options, runner=self.runner)
+        try:
+            system.start(cfg, redis_settings, subscribers=subscribers, owners=owners,
+                         on_failing=self._dispatcher_failing, on_failure=self._dispatcher_failed)
+        except BaseException:
+            system.teardown()  # a half-started gateway leaves no actor or thread behind
+            raise
+        finally:
+            self.runner = system.runner  # the real Hermes, when chosen now
+        self._system = system
+        self.recovered = system.recovered
+        if self.serve_submit:  # last: a DM submitted from now on finds every actor up
+            from hermes_actors.hermes.host import open_submit_endpoint
+
+            try:
+                self._submit = open_submit_endpoint(self)
+            except BaseException:
+                system.teardown()
+                raise
+        with self._early:  # taken by the system (kept for a later start() when this one failed)
+            for token in subscribers:
+                self._early_subscribers.pop(token, None)
+            for profile in owners:
+                self._early_owners.pop(profile, None)
+        self._state = "running"
+        self.started_at = time.time()
+
+    def _before_start(self, register: Callable[[], None]) -> bool:
+        """Run ``register`` (under the lock of the early registrations) if the gateway has not started.
+
+        A start() under way on another thread has already read what was registered: wait for it
+        to end first (then the gateway runs, or it failed and is still new).
+
+        Returns:
+            True when ``register`` ran; False when the gateway has started (or stopped).
+        """
+        with self._early:
+            while self._starting is not None and self._starting != threading.get_ident():
+                self._early.wait()
+            if self._state == "new" and self._starting is None:
+                register()
+                return True
+            return False
 
     def stop(
         self,
@@ -267,10 +307,18 @@ class Gateway:
                 "turn; stop it from another thread (e.g. threading.Thread(target=gateway.stop).start())"
             )
         with self._state_lock:
-            if self._state != "running":
-                self._state = "stopped" if self._state == "new" else self._state
-                return
-            self._state = "stopping"
+            if self._state == "new":
+                self._state = "stopped"
+                self._stopped.set()
+            state = self._state
+            if state == "running":
+                self._state = "stopping"
+        if state == "stopping" and not in_subscriber_callback():
+            # another thread stops it: return once that stop is done, as it will (a subscriber callback does
+            # not wait: that stop flushes the callbacks, this one among them)
+            self._stopped.wait()
+        if state != "running":
+            return
         assert self._system is not None
         if self._submit is not None:  # first: a DM submitted while stopping would only be cancelled
             self._submit.stop_accepting()
@@ -284,6 +332,7 @@ class Gateway:
             with self._state_lock:
                 self._state = "stopped"
             self._end_waits()
+            self._stopped.set()
         logger.info("gateway stopped")
 
     def _end_waits(self) -> None:
@@ -433,7 +482,8 @@ class Gateway:
         final = self._final_outcomes.get(delivery_id)
         if final is not None:
             return dict(final)
-        if self._state != "running" or self._system is None or self._system.dispatcher is None:
+        # While stopping, the Dispatcher still settles the turns the stop waits for: wait on it too.
+        if self._state not in ("running", "stopping") or self._system is None or self._system.dispatcher is None:
             return self._outcome_on_file(delivery_id)
         dispatcher = self._system.dispatcher
         try:
@@ -502,14 +552,15 @@ class Gateway:
         if self._state in ("stopping", "stopped"):
             raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
         token = next(self._tokens)
-        notifier = self._notifier()
-        if notifier is None:
-            self._early_subscribers[token] = (callback, details)
-        else:
+        if not self._before_start(lambda: self._early_subscribers.__setitem__(token, (callback, details))):
+            notifier = self._notifier()
+            if notifier is None:  # stopped meanwhile
+                raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
             notifier.tell(AddSubscriber(token, callback, details))
 
         def unsubscribe() -> None:
-            self._early_subscribers.pop(token, None)
+            with self._early:
+                self._early_subscribers.pop(token, None)
             current = self._notifier()
             if current is not None:
                 with contextlib.suppress(pykka.ActorDeadError):
@@ -567,9 +618,8 @@ class Gateway:
             TypeError: ``owner`` is neither a runner nor a callable.
         """
         as_runner(owner, "owner")
-        if self._state == "new":  # attached before start(): recovered DMs already go to it
-            self._early_owners[profile] = owner
-            return
+        if self._before_start(lambda: self._early_owners.__setitem__(profile, owner)):
+            return  # attached before start(): recovered DMs already go to it
         ask(self._live_dispatcher(), AttachOwner(profile, owner), timeout=_ASK_TIMEOUT)
 
     def detach_live_owner(self, profile: str) -> None:
@@ -578,8 +628,7 @@ class Gateway:
         Raises:
             KeyError: no such local profile.
         """
-        if self._state == "new":
-            self._early_owners.pop(profile, None)
+        if self._before_start(lambda: self._early_owners.pop(profile, None)):
             return
         ask(self._live_dispatcher(), DetachOwner(profile), timeout=_ASK_TIMEOUT)
 

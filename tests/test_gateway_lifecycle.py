@@ -1,0 +1,122 @@
+"""The Gateway's lifecycle against other threads: registrations during start(), wait_outcome and a second stop()
+during a stop (found by the concurrency review)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from roots import RecordingRunner, make_root, send_dm
+
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.messages import Turn
+from hermes_actors.system import ActorSystem
+
+WAIT = 20.0
+
+
+def test_a_subscriber_and_a_live_owner_given_while_start_runs_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: subscribe() and attach_live_owner() from another thread while start() ran went into the dicts
+    start() had already read, then cleared: the subscriber never saw an outcome, and the owner's DMs ran through
+    the runner although attach_live_owner had returned."""
+    started, proceed = threading.Event(), threading.Event()
+    original = ActorSystem.start
+
+    def paused_start(self: ActorSystem, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)  # it has read the early registrations
+        started.set()
+        proceed.wait(WAIT)
+
+    monkeypatch.setattr(ActorSystem, "start", paused_start)
+    runner = RecordingRunner()
+    owner = RecordingRunner(lambda turn: "from the owner")
+    seen: list[dict[str, Any]] = []
+    gw = Gateway(make_root(tmp_path), runner=runner)
+    starter = threading.Thread(target=gw.start)
+    starter.start()
+    try:
+        assert started.wait(WAIT)
+
+        def register() -> None:
+            gw.subscribe(seen.append)
+            gw.attach_live_owner("bob", owner)
+
+        registrar = threading.Thread(target=register)
+        registrar.start()
+        registrar.join(2)  # before the fix it returned at once, its registrations lost when start() ended
+        proceed.set()
+        starter.join(WAIT)
+        registrar.join(WAIT)
+        assert not registrar.is_alive() and not starter.is_alive()
+        key = send_dm(gw, "who answers?")
+        out = gw.wait_outcome(key, timeout=WAIT)
+        assert out["reply"] == "from the owner" and runner.entered == [], out
+        await_condition(lambda: [o["delivery_id"] for o in seen] == [key], timeout=WAIT,
+                        message="the subscriber given during start() sees the outcome")
+    finally:
+        proceed.set()
+        starter.join(WAIT)
+        gw.stop()
+
+
+class HeldRunner:
+    """A runner whose turns wait until the test releases them."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, turn: Turn) -> str:
+        self.entered.set()
+        self.release.wait(WAIT)
+        return "done"
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "durable"])
+def test_wait_outcome_during_a_stop_waits_for_the_turn_the_stop_waits_for(tmp_path: Path, durable: bool) -> None:
+    """Regression: while stop() waited for a running turn, wait_outcome() of that DM raised at once (KeyError in
+    memory, TimeoutError in durable mode) although the turn then finished inside the stop's timeout."""
+    runner = HeldRunner()
+    gw = Gateway(make_root(tmp_path), runner=runner, durable=durable).start()
+    key = send_dm(gw, "slow one")
+    assert runner.entered.wait(WAIT)
+    stopper = threading.Thread(target=gw.stop, kwargs={"timeout": WAIT})
+    stopper.start()
+    try:
+        await_condition(lambda: not gw.running, timeout=WAIT, message="the stop began")
+        releaser = threading.Thread(target=lambda: (await_condition(lambda: gw._waits, timeout=WAIT),
+                                                    runner.release.set()))
+        releaser.start()
+        out = gw.wait_outcome(key, timeout=WAIT)
+        assert (out["status"], out["reply"]) == ("replied", "done"), out
+        releaser.join(WAIT)
+    finally:
+        runner.release.set()
+        stopper.join(WAIT)
+
+
+def test_a_second_stop_returns_once_the_first_is_done(tmp_path: Path) -> None:
+    """Regression: stop() while another thread's stop() ran returned at once, before any actor stopped and before
+    the subscriber callbacks were flushed (DESIGN: stop() flushes pending callbacks before it returns)."""
+    runner = HeldRunner()
+    seen: list[dict[str, Any]] = []
+    gw = Gateway(make_root(tmp_path), runner=runner).start()
+    gw.subscribe(seen.append)
+    key = send_dm(gw, "stuck")
+    assert runner.entered.wait(WAIT)
+    first = threading.Thread(target=gw.stop, kwargs={"timeout": 2})  # the stuck turn ends ambiguous
+    first.start()
+    try:
+        await_condition(lambda: not gw.running, timeout=WAIT, message="the first stop began")
+        gw.stop()
+        assert [(o["delivery_id"], o["status"]) for o in seen] == [(key, "ambiguous")]
+        first.join(WAIT)
+        assert not first.is_alive()
+    finally:
+        runner.release.set()
+        first.join(WAIT)
