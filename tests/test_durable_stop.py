@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from roots import RecordingRunner, held_on, make_root
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway
 
 
@@ -37,6 +38,11 @@ def test_stop_keeps_queued_dms_journaled_and_the_next_start_runs_each_once(tmp_p
     gw.stop(timeout=0.3)
     release.set()
 
+    def blocker_notified() -> bool:  # the stuck turn used up the timeout: its notification may follow the stop
+        with lock:
+            return any(o["delivery_id"] == blocker for o in outcomes)
+
+    await_condition(blocker_notified, timeout=10, message="the blocked turn's outcome notified")
     with lock:
         by_id = {o["delivery_id"]: o for o in outcomes}
     assert by_id[blocker]["status"] == "ambiguous", "a turn still running after the stop timeout is ambiguous"
