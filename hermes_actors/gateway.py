@@ -168,7 +168,7 @@ class Gateway:
         # Subscribers and live owners given before start(), and whether a start is under way (then a
         # registration from another thread waits for it, rather than land in a dict start() already read).
         self._early = threading.Condition()
-        self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]] = {}
+        self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool, bool]] = {}
         self._early_owners: dict[str, Any] = {}
         self._starting: int | None = None  # the thread id of a start() under way
         self._stopped = threading.Event()  # set once a stop() has finished (a second stop() waits for it)
@@ -218,7 +218,7 @@ class Gateway:
             self._report_failure()
         return self
 
-    def _start_locked(self, subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]],
+    def _start_locked(self, subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool, bool]],
                       owners: dict[str, Any]) -> None:
         """The body of :meth:`start` (under the lifecycle lock), with the subscribers and owners given before it."""
         self.config = cfg = load_config(self.root, self.overrides)
@@ -533,7 +533,9 @@ class Gateway:
             raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running; {found.get('error')})")
         return found
 
-    def subscribe(self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False) -> Callable[[], None]:
+    def subscribe(
+        self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False, rooms: bool = False
+    ) -> Callable[[], None]:
         """Call ``callback(outcome)`` for every later outcome, on the notifier thread.
 
         A callback that raises (even ``SystemExit``) is logged and counted in
@@ -543,6 +545,9 @@ class Gateway:
             callback: called with a copy of each outcome dict.
             details: also put ``sender`` and ``target`` (handles) and ``latency_seconds`` (acceptance
                 to outcome, None when unknown) in the dicts this callback receives (for metrics and logs).
+            rooms: also call it with the group rooms' events (``kind: "room"``, docs/rooms.md); they
+                are not outcomes (no ``delivery_id``/``status``), so only a callback that asks gets them.
+                Each outcome dict carries ``kind: "dm"`` besides the outcome's keys.
 
         Returns:
             A function that unsubscribes.
@@ -552,11 +557,11 @@ class Gateway:
         if self._state in ("stopping", "stopped"):
             raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
         token = next(self._tokens)
-        if not self._before_start(lambda: self._early_subscribers.__setitem__(token, (callback, details))):
+        if not self._before_start(lambda: self._early_subscribers.__setitem__(token, (callback, details, rooms))):
             notifier = self._notifier()
             if notifier is None:  # stopped meanwhile
                 raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
-            notifier.tell(AddSubscriber(token, callback, details))
+            notifier.tell(AddSubscriber(token, callback, details, rooms))
 
         def unsubscribe() -> None:
             with self._early:

@@ -400,11 +400,13 @@ class NotifyOutcomes:
 
 @dataclass(frozen=True, slots=True)
 class AddSubscriber:
-    """Ask the Notifier to call ``callback`` for every later outcome (with its details when ``details``)."""
+    """Ask the Notifier to call ``callback`` for every later outcome (with its details when ``details``; and
+    the group rooms' events, ``kind: "room"``, when ``rooms``)."""
 
     token: int
     callback: Callable[[dict[str, Any]], Any]
     details: bool = False
+    rooms: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,7 +172,7 @@ class ActorSystem:
         cfg: BotModeConfig,
         redis_settings: Any,
         *,
-        subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool]],
+        subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool, bool]],
         owners: dict[str, Any],
         on_failing: Callable[[BaseException], None] | None = None,
         on_failure: Callable[[BaseException | None, dict[str, dict[str, Any]]], None] | None = None,
@@ -182,7 +182,7 @@ class ActorSystem:
         Args:
             cfg: the loaded ``bot_mode`` config.
             redis_settings: from :func:`redis_settings_for` (None: the file relay).
-            subscribers: outcome callbacks subscribed before start (token → (callback, details)).
+            subscribers: outcome callbacks subscribed before start (token → (callback, details, rooms)).
             owners: live owners attached before start (profile → owner); attached before recovery.
             on_failing: called the moment the Dispatcher fails (see ``DispatcherActor``).
             on_failure: called once it failed, with the error and its settled outcomes; the turns
@@ -201,8 +201,8 @@ class ActorSystem:
         self.scheduler = scheduler = Scheduler().start()
         self.pool = pool = WorkerPool(opts.workers, name="turn")
         self.notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog, counts=self.notifier_counts)
-        for token, (callback, details) in subscribers.items():
-            self.notifier.tell(AddSubscriber(token, callback, details))
+        for token, (callback, details, rooms) in subscribers.items():
+            self.notifier.tell(AddSubscriber(token, callback, details, rooms))
         if self.runner is None:  # before the roster: it leaves off the profiles the real Hermes cannot run
             from hermes_actors.hermes.select import default_runner
 

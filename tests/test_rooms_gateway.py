@@ -266,8 +266,10 @@ def test_room_events_reach_subscribers_with_a_kind(room_root: Path, gateways: li
         with lock:
             events.append(event)
 
+    outcomes_only: list[dict[str, Any]] = []
     gw = Gateway(room_root, runner=Script(alice=["hello"]))
-    gw.subscribe(collect)
+    gw.subscribe(collect, rooms=True)
+    gw.subscribe(outcomes_only.append)  # DESIGN 3: callback(outcome), for outcomes
     gateways.append(gw)
     gw.start()
     room = gw.create_room("plan", ["alice", "bob"])
@@ -280,6 +282,7 @@ def test_room_events_reach_subscribers_with_a_kind(room_root: Path, gateways: li
     for event in events:
         kinds[event["kind"]].append(event)
     assert [e["delivery_id"] for e in kinds["dm"]] == [dm["delivery_id"]]
+    assert [o["delivery_id"] for o in outcomes_only] == [dm["delivery_id"]]  # no room event without rooms=True
     room_events = kinds["room"]
     assert {e["room_id"] for e in room_events} == {room["room_id"]} and {e["room"] for e in room_events} == {"plan"}
     assert [e["message"]["text"] for e in room_events if e["event"] == "message"] == ["hi", "hello"]

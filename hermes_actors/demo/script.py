@@ -116,7 +116,7 @@ def run_demo(*, keep: bool = False, out: TextIO) -> int:
     t = _Transcript(out)
     print(f"hermes-actors demo — a managed Hermes root with four bots at {root}", file=out)
     gw = Gateway(root, runner=DemoRunner(delays={"scribe": 0.3}), config=DEMO_CONFIG)
-    gw.subscribe(t.on_outcome)
+    gw.subscribe(t.on_outcome, rooms=True)
     try:
         with gw:
             print("\nRoster:", file=out)

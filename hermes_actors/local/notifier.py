@@ -73,6 +73,7 @@ class NotifierActor(TypedActor):
         self.counts = counts if counts is not None else NotifierCounts()
         self.subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
         self.wants_details: set[int] = set()  # subscribers whose dicts carry sender, target, latency_seconds
+        self.wants_rooms: set[int] = set()  # subscribers that also get the rooms' events (not outcomes)
         self.delivered = 0
         self.skipped = 0
         self.callback_errors = 0  # subscriber calls that raised (any BaseException)
@@ -83,17 +84,23 @@ class NotifierActor(TypedActor):
         self.subscribers[msg.token] = msg.callback
         if msg.details:
             self.wants_details.add(msg.token)
+        if msg.rooms:
+            self.wants_rooms.add(msg.token)
 
     @handles(RemoveSubscriber)
     def _on_remove(self, msg: RemoveSubscriber) -> None:
         self.subscribers.pop(msg.token, None)
         self.wants_details.discard(msg.token)
+        self.wants_rooms.discard(msg.token)
 
     @handles(Notify)
     def _on_notify(self, msg: Notify) -> None:
         if self._shed(1):
             return
-        self._call_all({"kind": "dm", **msg.outcome}, msg.details)  # a room event carries its own kind
+        if msg.outcome.get("kind") == "room":  # a room event, not an outcome: only for who asked for them
+            self._call_all(msg.outcome, msg.details, only=self.wants_rooms)
+            return
+        self._call_all({"kind": "dm", **msg.outcome}, msg.details)
 
     @handles(NotifyOutcomes)
     def _on_outcomes(self, msg: NotifyOutcomes) -> None:
@@ -120,11 +127,15 @@ class NotifierActor(TypedActor):
             )
         return True
 
-    def _call_all(self, payload: dict[str, Any], details: dict[str, Any] | None) -> None:
-        """Call every subscriber with a copy of ``payload`` (plus ``details`` for those that asked for them)."""
+    def _call_all(self, payload: dict[str, Any], details: dict[str, Any] | None,
+                  only: set[int] | None = None) -> None:
+        """Call every subscriber (of ``only``, when given) with a copy of ``payload`` (plus ``details`` for
+        those that asked for them)."""
         _calling.active = True
         try:
             for token, callback in list(self.subscribers.items()):
+                if only is not None and token not in only:
+                    continue
                 try:
                     if details is not None and token in self.wants_details:
                         callback({**payload, **details})

@@ -103,7 +103,7 @@ class OpsHttpServer:
         Raises:
             OSError: the address cannot be bound (in use, not local, ...).
         """
-        self._unsubscribe = self.gateway.subscribe(self._on_outcome, details=True)
+        self._unsubscribe = self.gateway.subscribe(self._on_outcome, details=True, rooms=True)
         try:
             self.bind()
         except OSError:
