@@ -406,3 +406,26 @@ def test_a_reply_or_error_with_a_lone_surrogate_is_made_valid_and_the_gateway_se
     assert expected in out[field], out
     out["text"].encode("utf-8")  # every text of the outcome is valid now
     assert_serves(gw, "second")
+
+
+def test_a_peer_dm_through_a_hermes_without_a_peer_command_fails_not_delivered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hermes-agent 0.19 has no `peer` command: a bot_peers DM through the CLI transport failed `unknown` with
+    2,000 characters of argparse usage; it now says why, and that nothing was sent (`runtime_offline`)."""
+    from hermes_fixtures import locate_hermes_cli
+
+    from hermes_actors.transports.peer_cli import PeerCliTransport
+
+    cli = locate_hermes_cli()
+    if cli is None:
+        pytest.skip("no hermes CLI: set HERMES_ACTORS_HERMES_CLI or install hermes-actors[hermes]")
+    root = make_root(tmp_path)
+    monkeypatch.setenv("HERMES_HOME", str(root))  # the transport's process inherits our environment
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with Gateway(root, runner=RecordingRunner(), config={"bot_peers": {"spark": {}}},
+                 peer_transport=PeerCliTransport(cli=cli, timeout=120)) as gw:
+        out = gw.wait_outcome(send_dm(gw, "anyone there?", target="spark"), timeout=150)
+    assert (out["status"], out["reason"], out["retryable"]) == ("failed", "runtime_offline", True), out
+    assert "has no `peer` command" in out["error"] and "NOT delivered" in out["error"]
+    assert "usage:" not in out["error"]

@@ -20,6 +20,9 @@ from hermes_actors.messages import Delivery, Outcome
 
 __all__ = ["PeerCliTransport"]
 
+# What argparse says when the installed hermes has no `peer` subcommand (hermes-agent 0.19).
+_NO_PEER_COMMAND = "invalid choice: 'peer'"
+
 
 class PeerCliTransport:
     """Delivers one DM to a peer through the ``hermes peer dm`` command.
@@ -64,5 +67,10 @@ class PeerCliTransport:
             return outcomes.ambiguous(delivery.delivery_id, route.label, text, "delivery_timeout")
         if proc.returncode == 0:
             return outcomes.from_reply(delivery.delivery_id, route.label, proc.stdout.rstrip("\n"))
+        if _NO_PEER_COMMAND in proc.stderr:  # argparse refused the command: nothing was sent
+            text = (f"The hermes CLI at {self.cli!r} has no `peer` command (hermes-agent 0.19 has no Bot Mode "
+                    f"peers), so peer '{route.peer}' cannot be reached this way; the message was NOT delivered. "
+                    "Run both gateways on one Redis (bot_mode.transport) or use a hermes release with Bot Mode.")
+            return outcomes.failed(delivery.delivery_id, route.label, text, "runtime_offline")
         detail = (proc.stderr or proc.stdout).strip()[-2000:] or f"exit status {proc.returncode}"
         return outcomes.failed(delivery.delivery_id, route.label, f"peer dm failed: {detail}")
