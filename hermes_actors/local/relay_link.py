@@ -14,7 +14,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ActorGone, ask_reply_to
+from actors import ActorGone, ask_reply_to, tell
 from hermes_actors.core.authors import bot_author
 from hermes_actors.core.reasons import CANCELLED
 from hermes_actors.core.targets import PeerRoute, Refusal, RelayRoute
@@ -103,8 +103,8 @@ class RelayLink:
 
     def forget(self, envelope_id: str) -> None:
         """The outcome of our envelope ``envelope_id`` is kept here now: the relay may clear its record."""
-        if self.ref is not None:
-            self.ref.tell(ForgetSent(envelope_id))
+        if self.ref is not None:  # a relay gone keeps its record: the next start settles the DM from it again
+            tell(self.ref, ForgetSent(envelope_id))
 
     def answer_relay_in(self, outcome: Outcome, reply_connection: str, *, stopping: bool = False) -> None:
         """A drained delivery settled: the relay writes its reply for ``reply_connection``.
