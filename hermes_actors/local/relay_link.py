@@ -117,7 +117,9 @@ class RelayLink:
         """
         if self.ref is not None:
             put_back = stopping and outcome.reason == CANCELLED
-            self.ref.tell(RelayOutcome(outcome, reply_connection, put_back))
+            if not tell(self.ref, RelayOutcome(outcome, reply_connection, put_back)):
+                # its envelope stays on our shelf: the next start answers it (ambiguous once its turn started)
+                logger.error("the relay is gone: the reply to {} is left to the next start", outcome.delivery_id)
 
 
 def delivery_from_envelope(
