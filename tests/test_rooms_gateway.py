@@ -255,6 +255,30 @@ def test_member_turns_queue_behind_the_members_dms(room_root: Path, gateways: li
         assert after.entered >= before.exited, "two turns of bob overlapped"
 
 
+def test_pending_sends_are_capped_so_the_room_file_stays_bounded(
+    room_root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hermes_actors.rooms.room_actor.MAX_PENDING_SENDS", 2)
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        assert release.wait(10)
+        return "[SILENT]"
+
+    gw = start_gateway(gateways, room_root, behave)
+    gw.create_room("plan", ["alice", "bob"])
+    assert gw.room_send("plan", "user", "@bob one")["status"] == "queued"  # its round runs bob's turn
+    assert entered.wait(10)
+    assert gw.room_send("plan", "user", "@bob two")["status"] == "queued"
+    assert gw.room_send("plan", "user", "@bob three")["status"] == "queued"
+    refused = gw.room_send("plan", "user", "@bob four")
+    assert "2 messages waiting" in refused["error"], refused
+    release.set()
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    assert [e["text"] for e in gw.room_transcript("plan")] == ["@bob one", "@bob two", "@bob three"]
+
+
 # ── events ──────────────────────────────────────────────────────────────────
 
 

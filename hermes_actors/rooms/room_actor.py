@@ -22,7 +22,7 @@ from loguru import logger
 
 from actors import TypedActor, handles, tell
 from hermes_actors.core.ids import new_delivery_id
-from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, resolve_local
+from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, refuse, resolve_local
 from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.messages import (
     ROOM_ORIGIN,
@@ -50,7 +50,7 @@ from hermes_actors.rooms.rules import (
     send_refusal,
     turn_text,
 )
-from hermes_actors.rooms.store import TRANSCRIPT_KEEP, RoomFiles, RoomRecord
+from hermes_actors.rooms.store import MAX_PENDING_SENDS, RoomFiles, RoomRecord
 
 __all__ = ["INTERRUPTED_TEXT", "RoomActor", "round_of"]
 
@@ -124,11 +124,7 @@ class RoomActor(TypedActor):
         entry = {"message_id": new_delivery_id(), "author": author, "text": text, "at": time.time(),
                  "round": number, "status": status}
         record = self.record
-        record.transcript.append(entry)
-        if len(record.transcript) > TRANSCRIPT_KEEP:
-            drop = len(record.transcript) - TRANSCRIPT_KEEP
-            del record.transcript[:drop]
-            record.base += drop
+        record.transcript.append(entry)  # the file's writer drops the oldest entries (store.fit_room)
         self.events.append({"event": "message", "message": dict(entry)})
         return entry
 
@@ -276,6 +272,9 @@ class RoomActor(TypedActor):
         who = send_refusal(msg.sender, msg.text, record.members, self._resolve)
         if isinstance(who, Refusal):
             return who.as_dict()
+        if len(record.sends) >= MAX_PENDING_SENDS:  # bounds the file (store.MAX_PENDING_SENDS)
+            return refuse(f"Room {record.name!r} already has {len(record.sends)} messages waiting for their rounds; "
+                          "wait until it is idle (wait_room_idle), then send again.").as_dict()
         text = str(msg.text).strip()
         mentioned, _ = find_mentions(text, record.members, self._resolve)
         entry = self._post(USER if who == USER else record.handles[who], text, 0, "said")

@@ -15,20 +15,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name, is_delivery_id
-from hermes_actors.errors import HostileFileError, ValidationError
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.rooms.rules import MAX_MEMBERS, MIN_MEMBERS, USER, name_problem
-from hermes_actors.store.atomic import atomic_write_json, ensure_private_dir, read_json_file
+from hermes_actors.store.atomic import atomic_write_bytes, ensure_private_dir, read_json_file
 from hermes_actors.store.relay_files import RelayPaths, quarantine
 
-__all__ = ["FORMAT_VERSION", "ROOMS_DIR", "ROOM_MAX_BYTES", "TRANSCRIPT_KEEP", "RoomFiles", "RoomRecord", "parse_room"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_PENDING_SENDS",
+    "ROOMS_DIR",
+    "ROOM_MAX_BYTES",
+    "ROOM_WRITE_BUDGET",
+    "TRANSCRIPT_KEEP",
+    "RoomFiles",
+    "RoomRecord",
+    "fit_room",
+    "parse_room",
+]
 
 FORMAT_VERSION = 1
 ROOMS_DIR = "rooms"  # under bot_relay/
-ROOM_MAX_BYTES = 8 << 20  # a room file larger than this is refused (the transcript is bounded well below)
 TRANSCRIPT_KEEP = 500  # newest transcript entries kept in the file
+# The writer keeps every room file at most this big by dropping the oldest transcript entries: 500
+# entries of 16,000 characters can be 24+ MB of UTF-8 (far more escaped), so the count alone bounds nothing.
+ROOM_WRITE_BUDGET = 4 << 20
+# The reader refuses a larger file (hostile); 4x the writer's budget, so whatever the writer wrote loads.
+ROOM_MAX_BYTES = 16 << 20
+# Acked sends whose rounds have not started (each a small dict): capped so that everything but the
+# transcript stays far below ROOM_WRITE_BUDGET (1,000 sends are well under 1 MiB).
+MAX_PENDING_SENDS = 1000
 
 
 @dataclass
@@ -151,6 +170,43 @@ def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
                       list(transcript), dict(seen), base, list(sends), active, running, data["needs_you"])
 
 
+def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = ROOM_WRITE_BUDGET) -> bytes:
+    """Drop the oldest transcript entries until the record fits; return its file content.
+
+    At most ``keep`` entries stay, and no more than fit in ``budget`` bytes of JSON
+    (the newest ones that fit; the newest one always stays). Dropped entries are
+    counted into ``record.base``, so every absolute position (``seen``,
+    ``running.upto``: ``base`` + index) still names the same entry.
+
+    Args:
+        record: the room; its ``transcript`` and ``base`` are changed in place.
+        keep: the most entries kept.
+        budget: the most bytes of the file, as far as dropping entries can reach it.
+
+    Returns:
+        The record as the JSON bytes of its file.
+
+    Raises:
+        TypeError: the record is not serializable (orjson).
+    """
+    drop = max(0, len(record.transcript) - keep)
+    data = orjson.dumps(record.as_dict()) if drop == 0 else b""
+    if drop == 0 and len(data) <= budget:
+        return data  # the common case: one serialization
+    kept = record.transcript[drop:]
+    sizes = [len(orjson.dumps(entry)) + 1 for entry in kept]  # + 1: the comma between entries
+    size = len(orjson.dumps({**record.as_dict(), "transcript": []})) + sum(sizes)
+    extra = 0
+    while size > budget and extra < len(kept) - 1:
+        size -= sizes[extra]
+        extra += 1
+    drop += extra
+    if drop:
+        del record.transcript[:drop]
+        record.base += drop
+    return orjson.dumps(record.as_dict())
+
+
 class RoomFiles:
     """The room directory of one root: list, read (hostile → quarantined), write, remove.
 
@@ -182,9 +238,25 @@ class RoomFiles:
         return self.directory / f"{room_id}.json"
 
     def write(self, record: RoomRecord) -> None:
-        """Replace the room's file atomically (StoreError / HostileFileError on failure)."""
-        atomic_write_json(self.path(record.room_id), record.as_dict(), tmp_dir=self.relay.tmp, fsync=self.fsync,
-                          within=self.relay.base)
+        """Replace the room's file atomically, within :data:`ROOM_WRITE_BUDGET` (:func:`fit_room`).
+
+        Args:
+            record: the room; its oldest transcript entries may be dropped (``base`` counts them).
+
+        Raises:
+            StoreError: it could not be written, or it would be larger than the reader
+                accepts (:data:`ROOM_MAX_BYTES`): a file the next start would quarantine is never written.
+            HostileFileError: the directory was swapped for a symlink or another uid's.
+        """
+        path = self.path(record.room_id)
+        try:
+            data = fit_room(record)
+        except TypeError as exc:
+            raise StoreError(f"room file {path} could not be serialized: {exc}") from exc
+        if len(data) > ROOM_MAX_BYTES:
+            raise StoreError(f"room file {path} would be {len(data)} bytes, more than the {ROOM_MAX_BYTES} a room "
+                             "file may have; it was not written")
+        atomic_write_bytes(path, data, tmp_dir=self.relay.tmp, fsync=self.fsync, within=self.relay.base)
 
     def load_all(self) -> list[RoomRecord]:
         """Every valid room file; a hostile or invalid one is quarantined and skipped (logged).
