@@ -91,7 +91,10 @@ class Rooms:
         self._owner = owner
         snapshot = self._snapshot()
         with self._lock:
-            for record in self.files.load_all():
+            records = self.files.load_all()
+            # marks a crash left behind (the record that settled their turn was written, the mark not yet removed)
+            self.files.sweep_starts({r.running["turn_id"] for r in records if r.running is not None})
+            for record in records:
                 self._rooms[record.room_id] = (record.name, self._start_actor(record, snapshot))
         return len(self._rooms)
 

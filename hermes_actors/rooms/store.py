@@ -30,15 +30,20 @@ __all__ = [
     "ROOMS_DIR",
     "ROOM_MAX_BYTES",
     "ROOM_WRITE_BUDGET",
+    "STARTED_DIR",
     "TRANSCRIPT_KEEP",
     "RoomFiles",
     "RoomRecord",
+    "RoomStartMarks",
     "fit_room",
     "parse_room",
+    "room_author",
 ]
 
 FORMAT_VERSION = 1
 ROOMS_DIR = "rooms"  # under bot_relay/
+STARTED_DIR = ".started"  # under rooms/: ``<turn_id>.json`` marks a member turn that began (RoomStartMarks)
+_AUTHOR_PREFIX = "room:"  # a member turn's ``Delivery.author["id"]`` is ``room:<room_id>``
 TRANSCRIPT_KEEP = 500  # newest transcript entries kept in the file
 # The writer keeps every room file at most this big by dropping the oldest transcript entries: 500
 # entries of 16,000 characters can be 24+ MB of UTF-8 (far more escaped), so the count alone bounds nothing.
@@ -207,6 +212,17 @@ def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = R
     return orjson.dumps(record.as_dict())
 
 
+def room_author(room_id: str, name: str) -> dict[str, Any]:
+    """Pure: the ``Delivery.author`` of a member turn of room ``room_id`` (:func:`room_of_author` reads it)."""
+    return {"id": f"{_AUTHOR_PREFIX}{room_id}", "name": name, "is_bot": False}
+
+
+def room_of_author(author: Any) -> str:
+    """Pure: the room id in a member turn's ``Delivery.author`` ("" when there is none)."""
+    ident = author.get("id") if isinstance(author, dict) else None
+    return ident.removeprefix(_AUTHOR_PREFIX) if isinstance(ident, str) and ident.startswith(_AUTHOR_PREFIX) else ""
+
+
 class RoomFiles:
     """The room directory of one root: list, read (hostile → quarantined), write, remove.
 
@@ -258,6 +274,39 @@ class RoomFiles:
                              "file may have; it was not written")
         atomic_write_bytes(path, data, tmp_dir=self.relay.tmp, fsync=self.fsync, within=self.relay.base)
 
+    def start_mark(self, turn_id: str) -> Path:
+        """``rooms/.started/<turn_id>.json``: present once the member turn ``turn_id`` began."""
+        if not is_delivery_id(turn_id):
+            raise ValidationError(f"bad turn id {turn_id!r}: expected 32 lowercase hex characters")
+        return self.directory / STARTED_DIR / f"{turn_id}.json"
+
+    def began(self, turn_id: str) -> bool:
+        """Whether the member turn ``turn_id`` may have begun: its start mark is there (whatever it is)."""
+        try:
+            return os.path.lexists(self.start_mark(turn_id))
+        except ValidationError:
+            return True  # not ours to judge: counted as begun, so it is never run twice
+
+    def forget_start(self, turn_id: str) -> None:
+        """Remove the start mark of a member turn the room file no longer holds as ``running``."""
+        try:
+            os.unlink(self.start_mark(turn_id))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValidationError) as exc:  # a leftover mark is swept at the next start
+            logger.warning("room turn {}: its start mark could not be removed ({})", turn_id, exc)
+
+    def sweep_starts(self, running: set[str]) -> None:
+        """Remove every start mark but those of the ``running`` turns (a crash left them behind)."""
+        try:
+            names = os.listdir(self.directory / STARTED_DIR)
+        except OSError:
+            return
+        for name in names:
+            turn_id = id_of_file_name(name)
+            if turn_id is not None and turn_id not in running:
+                self.forget_start(turn_id)
+
     def load_all(self) -> list[RoomRecord]:
         """Every valid room file; a hostile or invalid one is quarantined and skipped (logged).
 
@@ -291,3 +340,51 @@ class RoomFiles:
             os.unlink(self.path(room_id))
         except FileNotFoundError:
             pass
+
+
+class RoomStartMarks:
+    """The journal-shaped recorder a ProfileActor hands to a room's member turn.
+
+    ``execute_turn`` calls ``append_durably({"t": "started", "id": <turn id>})``
+    right before the runner runs; here that writes ``rooms/.started/<turn_id>.json``.
+    After a kill -9 the room's ``running`` turn with a mark may have run (it is shown
+    interrupted, never run twice); one without a mark never began (it was queued
+    behind the member's DMs) and runs at the next start.
+
+    Args:
+        root: the Hermes root.
+        room_id: the turn's room (:func:`room_of_author`).
+        fsync: flush the mark to stable storage before the turn runs (a kill -9 finds
+            it either way: the kernel keeps it).
+    """
+
+    def __init__(self, root: Path, room_id: str, *, fsync: bool = True) -> None:
+        self.files = RoomFiles(root, fsync=fsync)
+        self.room_id = room_id
+
+    def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
+        """Record a member turn's start.
+
+        Args:
+            record: ``{"t": "started", "id": <turn id>, ...}``; other kinds are ignored.
+            timeout: unused (the write is synchronous).
+
+        Raises:
+            StoreError: the mark could not be written or was refused (a hostile
+                directory): the turn must then not run.
+        """
+        if record.get("t") != "started":
+            return
+        turn_id = str(record.get("id"))
+        files = self.files
+        try:
+            mark = files.start_mark(turn_id)
+            ensure_private_dir(mark.parent, within=files.relay.root)
+            atomic_write_bytes(mark, orjson.dumps({"turn_id": turn_id, "room_id": self.room_id}),
+                               tmp_dir=files.relay.tmp, fsync=files.fsync, within=files.relay.base)
+        except StoreError:
+            raise
+        except ValidationError as exc:  # a bad id, or a hostile directory (HostileFileError)
+            raise StoreError(f"the start mark of room turn {turn_id} was refused: {exc}") from exc
+        except OSError as exc:
+            raise StoreError(f"the start mark of room turn {turn_id} could not be written: {exc}") from exc
