@@ -19,7 +19,7 @@ from typing import Any
 import pykka
 
 from actors import ActorGone, ask
-from hermes_actors.core.ids import is_delivery_id, new_delivery_id
+from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.targets import refuse, resolve_local
 from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.messages import (
@@ -33,7 +33,7 @@ from hermes_actors.messages import (
     RosterSnapshot,
 )
 from hermes_actors.rooms.room_actor import RoomActor
-from hermes_actors.rooms.rules import name_problem, plan_members
+from hermes_actors.rooms.rules import find_room, name_problem, no_room, plan_members
 from hermes_actors.rooms.store import RoomFiles, RoomRecord
 from hermes_actors.store.turnlock import TurnLock
 
@@ -106,15 +106,10 @@ class Rooms:
         """The RoomActor of ``room`` (its id or name). Raises KeyError naming the room."""
         self._usable()
         with self._lock:
-            if isinstance(room, str):
-                if is_delivery_id(room) and room in self._rooms:
-                    return self._rooms[room][1]
-                want = room.strip().lower()
-                for name, ref in self._rooms.values():
-                    if name.lower() == want:
-                        return ref
-        raise KeyError(f"no room {room!r}: pass the id or name of an existing room (Gateway.list_rooms(); "
-                       "on the command line: hermes-actors room list)")
+            room_id = find_room(((room_id, name) for room_id, (name, _) in self._rooms.items()), room)
+            if room_id is not None:
+                return self._rooms[room_id][1]
+        raise no_room(room)
 
     def create(self, name: Any, members: Any) -> dict[str, Any]:
         """See :meth:`hermes_actors.gateway.Gateway.create_room`."""

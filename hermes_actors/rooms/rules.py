@@ -32,7 +32,9 @@ __all__ = [
     "Spoken",
     "after_turn",
     "find_mentions",
+    "find_room",
     "name_problem",
+    "no_room",
     "open_round",
     "plan_members",
     "room_session",
@@ -77,6 +79,31 @@ def name_problem(name: Any) -> str | None:
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         return "room name contains a control character"
     return text_problem("room name", text)
+
+
+def find_room(rooms: Iterable[tuple[str, str]], room: Any) -> str | None:
+    """Which room ``room`` names: a room's id, else a room's name (case-insensitive).
+
+    Args:
+        rooms: (room id, name) of every room.
+        room: the reference as given.
+
+    Returns:
+        The room's id, or None when it names no room.
+    """
+    if not isinstance(room, str):
+        return None
+    pairs = list(rooms)
+    if any(room_id == room for room_id, _ in pairs):
+        return room
+    want = room.strip().lower()
+    return next((room_id for room_id, name in pairs if name.lower() == want), None)
+
+
+def no_room(room: Any) -> KeyError:
+    """The error for a reference that names no room."""
+    return KeyError(f"no room {room!r}: pass the id or name of an existing room (Gateway.list_rooms(); "
+                    "on the command line: hermes-actors room list)")
 
 
 def plan_members(raw: Any, resolve: Resolve) -> tuple[str, ...] | str:

@@ -20,7 +20,7 @@ from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name, is_delivery_id
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
-from hermes_actors.rooms.rules import MAX_MEMBERS, MIN_MEMBERS, USER, name_problem
+from hermes_actors.rooms.rules import MAX_MEMBERS, MIN_MEMBERS, USER, find_room, name_problem, no_room
 from hermes_actors.store.atomic import atomic_write_bytes, ensure_private_dir, read_json_file
 from hermes_actors.store.relay_files import RelayPaths, quarantine
 
@@ -35,9 +35,11 @@ __all__ = [
     "RoomFiles",
     "RoomRecord",
     "RoomStartMarks",
+    "RoomsOnDisk",
     "fit_room",
     "parse_room",
     "room_author",
+    "room_of_author",
 ]
 
 FORMAT_VERSION = 1
@@ -307,8 +309,12 @@ class RoomFiles:
             if turn_id is not None and turn_id not in running:
                 self.forget_start(turn_id)
 
-    def load_all(self) -> list[RoomRecord]:
+    def load_all(self, *, move_bad: bool = True) -> list[RoomRecord]:
         """Every valid room file; a hostile or invalid one is quarantined and skipped (logged).
+
+        Args:
+            move_bad: quarantine what is refused; False (a reader that drives no room) leaves
+                it where it is for the gateway to quarantine.
 
         Returns:
             The records, oldest first.
@@ -322,7 +328,7 @@ class RoomFiles:
             path = self.directory / name
             room_id = id_of_file_name(name)
             if room_id is None:
-                if not name.startswith("."):
+                if not name.startswith(".") and move_bad:
                     quarantine(self.relay, path, "not a room file name")
                 continue
             try:
@@ -331,7 +337,8 @@ class RoomFiles:
                 continue
             except (HostileFileError, ValidationError, OSError) as exc:
                 logger.warning("room file {} refused: {}", path, exc)
-                quarantine(self.relay, path, str(exc))
+                if move_bad:
+                    quarantine(self.relay, path, str(exc))
         return sorted(records, key=lambda r: r.created_at)
 
     def remove(self, room_id: str) -> None:
@@ -388,3 +395,45 @@ class RoomStartMarks:
             raise StoreError(f"the start mark of room turn {turn_id} was refused: {exc}") from exc
         except OSError as exc:
             raise StoreError(f"the start mark of room turn {turn_id} could not be written: {exc}") from exc
+
+
+class RoomsOnDisk:
+    """The read-only room calls (``list_rooms``, ``room_transcript``) answered from the room files.
+
+    For a reader with no gateway (``hermes-actors room list|show`` when no host serves
+    the root): nothing is started, no round resumes, no turn runs and no file is
+    changed. The answers are those of :class:`hermes_actors.gateway.Gateway` as of the
+    files' last write.
+
+    Args:
+        root: the Hermes root.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.files = RoomFiles(root, fsync=False)
+
+    def _records(self) -> list[RoomRecord]:
+        """The valid rooms.
+
+        Raises:
+            RuntimeError: the room directory is refused (a symlink, another uid's), naming it.
+        """
+        if not os.path.lexists(self.files.directory):
+            return []  # no room was ever made on this root
+        try:
+            ensure_private_dir(self.files.directory, within=self.files.relay.root)  # it exists: only checked
+        except (HostileFileError, StoreError, OSError) as exc:
+            raise RuntimeError(f"rooms are unavailable: the room directory is refused ({exc})") from exc
+        return self.files.load_all(move_bad=False)
+
+    def list_rooms(self) -> list[dict[str, Any]]:
+        """See :meth:`hermes_actors.gateway.Gateway.list_rooms`."""
+        return [{**r.summary(), **r.activity()} for r in self._records()]
+
+    def room_transcript(self, room: Any) -> list[dict[str, Any]]:
+        """See :meth:`hermes_actors.gateway.Gateway.room_transcript` (KeyError naming an unknown room)."""
+        records = {r.room_id: r for r in self._records()}
+        room_id = find_room(((r.room_id, r.name) for r in records.values()), room)
+        if room_id is None:
+            raise no_room(room)
+        return [dict(e) for e in records[room_id].transcript]
