@@ -74,6 +74,7 @@ def test_create_list_disband(room_root: Path, gateways: list[Gateway]) -> None:
         ("ghost", ["alice", "nobody"], "unknown member 'nobody'"),
         ("twice", ["alice", "@alice"], "member '@alice' is listed twice"),
         ("", ["alice", "bob"], "room name is required"),
+        ("plan #launch", ["alice", "bob"], "room name 'plan #launch' contains ' #'"),
     ],
 )
 def test_create_room_refusals(tmp_path: Path, gateways: list[Gateway], name: str, members: list[str],

@@ -70,10 +70,16 @@ def test_seven_known_members_are_refused() -> None:
     ("name", "problem"),
     [("planning", None), ("  Q3 launch  ", None), ("", "room name is required"), ("   ", "room name is required"),
      ("x" * 65, "room name too long (65 chars > 64)"), ("a\nb", "room name contains a control character"),
-     (5, "room name must be text, not int")],
+     (5, "room name must be text, not int"), ("plan#2", None),
+     ("plan #launch", "room name 'plan #launch' contains ' #' (hermes treats 'Group: <name> #…' as a continuation "
+                      "of the session 'Group: <name>'); choose a name without ' #'")],
 )
 def test_name_problem(name: Any, problem: str | None) -> None:
     assert name_problem(name) == problem
+
+
+def test_an_existing_rooms_name_with_a_hash_still_loads() -> None:
+    assert name_problem("plan #launch", new=False) is None  # a file from before the rule is not quarantined
 
 
 def test_session_is_group_name() -> None:

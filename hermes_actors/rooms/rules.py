@@ -60,11 +60,13 @@ def room_session(name: str) -> str:
     return f"Group: {name}"
 
 
-def name_problem(name: Any) -> str | None:
+def name_problem(name: Any, *, new: bool = True) -> str | None:
     """Why ``name`` cannot name a room, or None.
 
     Args:
         name: the name as given.
+        new: a name for a new room; False for the name in an existing room's file, which
+            predates the `` #`` rule and still loads (quarantining it would lose the room).
 
     Returns:
         The error text, or None when the (stripped) name is usable.
@@ -78,6 +80,11 @@ def name_problem(name: Any) -> str | None:
         return f"room name too long ({len(text)} chars > {NAME_MAX_CHARS})"
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         return "room name contains a control character"
+    if new and " #" in text:
+        # hermes resolves a session title "<t>" to its newest "<t> #<n>" continuation: the sessions
+        # "Group: plan #launch" would be taken for room "plan"'s ("Group: plan")
+        return (f"room name {text!r} contains ' #' (hermes treats 'Group: <name> #…' as a continuation of the "
+                "session 'Group: <name>'); choose a name without ' #'")
     return text_problem("room name", text)
 
 

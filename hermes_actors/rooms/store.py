@@ -141,7 +141,7 @@ def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
     _need(is_delivery_id(room_id), "bad room_id")
     _need(file_id is None or room_id == file_id, "room_id does not match the file name")
     name = data.get("name")
-    _need(name_problem(name) is None, f"bad name ({name_problem(name)})")
+    _need(name_problem(name, new=False) is None, f"bad name ({name_problem(name, new=False)})")
     members, handles = data.get("members"), data.get("handles")
     _need(isinstance(members, list) and all(isinstance(m, str) for m in members), "bad members")
     _need(MIN_MEMBERS <= len(members) <= MAX_MEMBERS and len(set(members)) == len(members), "bad member count")
