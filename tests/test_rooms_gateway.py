@@ -280,6 +280,27 @@ def test_pending_sends_are_capped_so_the_room_file_stays_bounded(
     assert [e["text"] for e in gw.room_transcript("plan")] == ["@bob one", "@bob two", "@bob three"]
 
 
+def test_a_member_turn_runs_with_the_runner_when_a_live_owner_is_attached(
+    room_root: Path, gateways: list[Gateway]
+) -> None:
+    # Regression: bob's room turn was handed to his open Bot Chat window (the live owner) like a DM.
+    handed: list[Turn] = []
+
+    def owner(turn: Turn) -> str:
+        handed.append(turn)
+        return "owner answered"
+
+    runner = RecordingRunner(Script(bob=["bob in the room"]))
+    gw = start_gateway(gateways, room_root, runner)
+    gw.attach_live_owner("bob", owner)
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "@bob hello")
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    assert handed == []
+    assert [(t.profile, t.session) for t in room_turns(runner)][:1] == [("bob", "Group: plan")]
+    assert said(gw.room_transcript("plan"))[1:] == [("bob", "bob in the room", 1)]
+
+
 # ── events ──────────────────────────────────────────────────────────────────
 
 

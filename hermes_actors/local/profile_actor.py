@@ -315,7 +315,9 @@ class ProfileActor(TypedActor):
         def job() -> None:
             crashpoint("after-ack-before-turn")
             try:
-                if owner is not None:  # the Bot Chat window holds the lease: hand it over, don't run a turn
+                # The Bot Chat window holds the lease: hand a DM over, don't run a turn. A room's member turn
+                # is no Bot Chat message: it runs in its own session with the runner.
+                if owner is not None and delivery.origin != ROOM_ORIGIN:
                     result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn, journal=journal)
                 else:
                     result = execute_turn(
