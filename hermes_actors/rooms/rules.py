@@ -292,8 +292,23 @@ def after_turn(current: Round, members: Sequence[str], member: str, spoken: Spok
     return Round(state.send_id, state.number + 1, state.mentioned or tuple(members), posted=state.posted)
 
 
+_CONTINUATION = "  "  # before every further line of a message: only an entry's first line starts a line
+
+
+def _entry_lines(author: str, text: str) -> str:
+    """Pure: one message as ``author: <first line>``, each further line indented by :data:`_CONTINUATION`.
+
+    A reply's own lines can then never pass for other entries (``user: …``, ``@carol: …``).
+    """
+    first, *rest = text.splitlines() or [""]
+    return "\n".join([f"{author}: {first}", *(_CONTINUATION + line for line in rest)])
+
+
 def turn_text(name: str, handles: Sequence[str], entries: Sequence[tuple[str, str]]) -> str:
     """The content of one member's turn: the room's messages since its last turn, attributed.
+
+    Every message starts a line with its author (``user:``, ``@bob:``); its further lines
+    are indented, so a line that starts with an author always is a message of that author.
 
     Args:
         name: the room's name.
@@ -306,7 +321,7 @@ def turn_text(name: str, handles: Sequence[str], entries: Sequence[tuple[str, st
     lines = [
         f"Group room '{name}' (members: {', '.join('@' + h for h in handles)}). "
         "New messages since your last turn:",
-        *(f"{author}: {text}" for author, text in entries),
+        *(_entry_lines(author, text) for author, text in entries),
         "Reply briefly to the room, or answer [SILENT] to pass. Mention @user to ask the human.",
     ]
     return "\n".join(lines)
