@@ -17,7 +17,7 @@ from hermes_actors.rooms.store import ROOM_MAX_BYTES
 
 KINDS = [
     "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
-    "directory", "bad-member", "running-stranger", "bad-version",
+    "directory", "bad-member", "running-stranger", "bad-version", "empty-queue",
 ]
 
 
@@ -41,6 +41,9 @@ def plant(kind: str, rooms: Path, valid: dict[str, Any], staging: Path) -> tuple
         record = {**record, "running": {"member": "mallory", "turn_id": uuid.uuid4().hex, "upto": 0}}
     elif kind == "bad-version":
         record = {**record, "version": 99}
+    elif kind == "empty-queue":  # killed its RoomActor (IndexError) instead of being refused
+        record = {**record, "state": "busy", "active": {"send": "a" * 32, "round": 1, "queue": [], "said": 0,
+                                                        "posted": 0, "mentioned": [], "needs_you": False}}
     body = b"{this is not json" if kind == "non-json" else json.dumps(record).encode()
     target = place(kind, body, rooms / name, staging, mode=mode,
                    sparse_size=ROOM_MAX_BYTES + 1 if kind == "huge" else None)

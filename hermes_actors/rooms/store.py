@@ -162,7 +162,8 @@ def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
     active = data.get("active")
     _need(active is None or (
         isinstance(active, dict) and isinstance(active.get("send"), str) and isinstance(active.get("round"), int)
-        and isinstance(active.get("queue"), list) and all(m in members for m in active["queue"])
+        # an active round always has a member to take the next turn (rules.open_round / after_turn)
+        and isinstance(active.get("queue"), list) and active["queue"] and all(m in members for m in active["queue"])
         and isinstance(active.get("mentioned"), list) and all(m in members for m in active["mentioned"])
         and isinstance(active.get("said"), int) and isinstance(active.get("posted"), int)
         and isinstance(active.get("needs_you"), bool)), "bad active round")
