@@ -340,7 +340,29 @@ class RoomFiles:
                 logger.warning("room file {} refused: {}", path, exc)
                 if move_bad:
                     quarantine(self.relay, path, str(exc))
-        return sorted(records, key=lambda r: r.created_at)
+        return self._unique(sorted(records, key=lambda r: (r.created_at, r.room_id)), move_bad=move_bad)
+
+    def _unique(self, records: list[RoomRecord], *, move_bad: bool) -> list[RoomRecord]:
+        """Keep the oldest room of each name (names are unique, case-insensitive); set the others aside.
+
+        Args:
+            records: the valid rooms, oldest first (ties: by id), so the same one stays at every start.
+            move_bad: quarantine the others (else only skip them).
+
+        Returns:
+            The rooms with distinct names, oldest first.
+        """
+        kept: dict[str, RoomRecord] = {}
+        for record in records:
+            first = kept.setdefault(record.name.lower(), record)
+            if first is record:
+                continue
+            why = (f"room {record.room_id} is named {record.name!r} like the older room {first.room_id} "
+                   f"({first.name!r}; names are unique, case-insensitive)")
+            logger.warning("room file {} refused: {}", self.path(record.room_id), why)
+            if move_bad:  # the file is kept in quarantine/: rename the room there and move it back to keep it
+                quarantine(self.relay, self.path(record.room_id), why)
+        return list(kept.values())
 
     def remove(self, room_id: str) -> None:
         """Delete the room's file (gone already: nothing to do)."""
