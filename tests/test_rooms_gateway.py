@@ -4,6 +4,7 @@ serialization with DMs, subscriber events, restart."""
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections import defaultdict
@@ -299,6 +300,32 @@ def test_a_member_turn_runs_with_the_runner_when_a_live_owner_is_attached(
     assert handed == []
     assert [(t.profile, t.session) for t in room_turns(runner)][:1] == [("bob", "Group: plan")]
     assert said(gw.room_transcript("plan"))[1:] == [("bob", "bob in the room", 1)]
+
+
+def test_a_member_turn_queued_when_the_room_is_disbanded_never_runs(room_root: Path, gateways: list[Gateway]) -> None:
+    # Regression: bob's queued room turn ran after disband_room had returned.
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if turn.session == "Bot Chat":
+            entered.set()
+            assert release.wait(10)
+        return "done"
+
+    runner = RecordingRunner(behave)
+    gw = start_gateway(gateways, room_root, runner)
+    room = gw.create_room("plan", ["alice", "bob"])
+    dm = gw.message_agent(sender="alice", target="bob", message="long job")
+    assert entered.wait(10)
+    gw.room_send("plan", "user", "@bob status?")  # on disk as running before the ack; queued behind the DM
+    path = room_root / "bot_relay" / "rooms" / f"{room['room_id']}.json"
+    turn_id = json.loads(path.read_text())["running"]["turn_id"]
+    assert gw.disband_room("plan")["state"] == "disbanded"
+    release.set()
+    assert gw.wait_outcome(dm["delivery_id"], timeout=10)["status"] == "replied"
+    outcome = gw.wait_outcome(turn_id, timeout=10)
+    assert outcome["status"] == "failed" and "disbanded" in outcome["error"], outcome
+    assert room_turns(runner) == []
 
 
 # ── events ──────────────────────────────────────────────────────────────────

@@ -379,7 +379,8 @@ class RoomStartMarks:
     right before the runner runs; here that writes ``rooms/.started/<turn_id>.json``.
     After a kill -9 the room's ``running`` turn with a mark may have run (it is shown
     interrupted, never run twice); one without a mark never began (it was queued
-    behind the member's DMs) and runs at the next start.
+    behind the member's DMs) and runs at the next start. A turn of a room that was
+    disbanded while it waited is refused here, so it never runs.
 
     Args:
         root: the Hermes root.
@@ -400,14 +401,16 @@ class RoomStartMarks:
             timeout: unused (the write is synchronous).
 
         Raises:
-            StoreError: the mark could not be written or was refused (a hostile
-                directory): the turn must then not run.
+            StoreError: the room is gone (disbanded), or the mark could not be written or
+                was refused (a hostile directory): the turn must then not run.
         """
         if record.get("t") != "started":
             return
         turn_id = str(record.get("id"))
         files = self.files
         try:
+            if not os.path.lexists(files.path(self.room_id)):  # disbanded while the turn was queued
+                raise StoreError(f"room {self.room_id} was disbanded: its member turn {turn_id} does not run")
             mark = files.start_mark(turn_id)
             ensure_private_dir(mark.parent, within=files.relay.root)
             atomic_write_bytes(mark, orjson.dumps({"turn_id": turn_id, "room_id": self.room_id}),
