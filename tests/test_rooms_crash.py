@@ -64,3 +64,23 @@ def test_kill_9_mid_round_then_resume(tmp_path: Path, kill_at: str, before: list
     assert third.returncode == 0, third.stderr[-2000:]
     assert third.of("transcript")[0]["entries"] == entries
     assert turn_profiles(root) == before + after
+
+
+def test_kill_9_while_a_member_turn_is_queued_behind_a_dm_runs_it_after_the_restart(tmp_path: Path) -> None:
+    # Regression: the turn that never began was shown "interrupted" and its read position advanced, so bob
+    # never read the acked message at all.
+    root = make_root(tmp_path, {"alice": {}, "bob": {}, "carol": {}})
+    first = run(root, "queued")
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    (ack,) = first.of("ack")
+    assert ack["status"] == "queued"
+    assert turn_profiles(root) == ["bob"]  # only his DM ran
+
+    second = run(root, "resume")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.of("idle") == [{"event": "idle", "state": "idle"}]
+    (transcript,) = second.of("transcript")
+    assert [(e["author"], e["status"]) for e in transcript["entries"]] == [("user", "said")]  # not "interrupted"
+    (ran,) = second.of("ran")
+    assert ["bob", "Group: crash", True] in ran["turns"], ran  # bob's turn ran now, and it read the message
+    assert not list((root / "bot_relay" / "rooms" / ".started").glob("*.json")), "a start mark was left behind"

@@ -4,6 +4,7 @@ serialization with DMs, subscriber events, restart."""
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections import defaultdict
@@ -74,6 +75,7 @@ def test_create_list_disband(room_root: Path, gateways: list[Gateway]) -> None:
         ("ghost", ["alice", "nobody"], "unknown member 'nobody'"),
         ("twice", ["alice", "@alice"], "member '@alice' is listed twice"),
         ("", ["alice", "bob"], "room name is required"),
+        ("plan #launch", ["alice", "bob"], "room name 'plan #launch' contains ' #'"),
     ],
 )
 def test_create_room_refusals(tmp_path: Path, gateways: list[Gateway], name: str, members: list[str],
@@ -253,6 +255,77 @@ def test_member_turns_queue_behind_the_members_dms(room_root: Path, gateways: li
     ordered = sorted(bob, key=lambda r: r.entered)
     for before, after in itertools.pairwise(ordered):
         assert after.entered >= before.exited, "two turns of bob overlapped"
+
+
+def test_pending_sends_are_capped_so_the_room_file_stays_bounded(
+    room_root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hermes_actors.rooms.room_actor.MAX_PENDING_SENDS", 2)
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        assert release.wait(10)
+        return "[SILENT]"
+
+    gw = start_gateway(gateways, room_root, behave)
+    gw.create_room("plan", ["alice", "bob"])
+    assert gw.room_send("plan", "user", "@bob one")["status"] == "queued"  # its round runs bob's turn
+    assert entered.wait(10)
+    assert gw.room_send("plan", "user", "@bob two")["status"] == "queued"
+    assert gw.room_send("plan", "user", "@bob three")["status"] == "queued"
+    refused = gw.room_send("plan", "user", "@bob four")
+    assert "2 messages waiting" in refused["error"], refused
+    release.set()
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    assert [e["text"] for e in gw.room_transcript("plan")] == ["@bob one", "@bob two", "@bob three"]
+
+
+def test_a_member_turn_runs_with_the_runner_when_a_live_owner_is_attached(
+    room_root: Path, gateways: list[Gateway]
+) -> None:
+    # Regression: bob's room turn was handed to his open Bot Chat window (the live owner) like a DM.
+    handed: list[Turn] = []
+
+    def owner(turn: Turn) -> str:
+        handed.append(turn)
+        return "owner answered"
+
+    runner = RecordingRunner(Script(bob=["bob in the room"]))
+    gw = start_gateway(gateways, room_root, runner)
+    gw.attach_live_owner("bob", owner)
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "@bob hello")
+    assert gw.wait_room_idle("plan", timeout=10) == "idle"
+    assert handed == []
+    assert [(t.profile, t.session) for t in room_turns(runner)][:1] == [("bob", "Group: plan")]
+    assert said(gw.room_transcript("plan"))[1:] == [("bob", "bob in the room", 1)]
+
+
+def test_a_member_turn_queued_when_the_room_is_disbanded_never_runs(room_root: Path, gateways: list[Gateway]) -> None:
+    # Regression: bob's queued room turn ran after disband_room had returned.
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if turn.session == "Bot Chat":
+            entered.set()
+            assert release.wait(10)
+        return "done"
+
+    runner = RecordingRunner(behave)
+    gw = start_gateway(gateways, room_root, runner)
+    room = gw.create_room("plan", ["alice", "bob"])
+    dm = gw.message_agent(sender="alice", target="bob", message="long job")
+    assert entered.wait(10)
+    gw.room_send("plan", "user", "@bob status?")  # on disk as running before the ack; queued behind the DM
+    path = room_root / "bot_relay" / "rooms" / f"{room['room_id']}.json"
+    turn_id = json.loads(path.read_text())["running"]["turn_id"]
+    assert gw.disband_room("plan")["state"] == "disbanded"
+    release.set()
+    assert gw.wait_outcome(dm["delivery_id"], timeout=10)["status"] == "replied"
+    outcome = gw.wait_outcome(turn_id, timeout=10)
+    assert outcome["status"] == "failed" and "disbanded" in outcome["error"], outcome
+    assert room_turns(runner) == []
 
 
 # ── events ──────────────────────────────────────────────────────────────────

@@ -213,3 +213,31 @@ def test_without_a_host_the_commands_run_their_own_gateway(tmp_path: Path,
     assert main(["room", "list", "--json", *base]) == 0
     assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["own"]
     assert not socket_path(root).exists()  # no host was involved
+
+
+def test_without_a_host_show_and_list_read_the_files_and_run_no_turn(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # Regression: a read-only command started a gateway of its own, which resumed the pending round (ran
+    # bob's turn with the command's runner) and cut it short at its stop.
+    root = make_root(tmp_path)
+    runner = RecordingRunner(lambda turn: "[SILENT]")
+    with Gateway(root, runner=runner) as gw:
+        room = gw.create_room("pending", ["alice", "bob"])
+    path = root / "bot_relay" / "rooms" / f"{room['room_id']}.json"
+    record = json.loads(path.read_text())
+    entry = {"message_id": "a" * 32, "author": "user", "text": "@bob are you there?", "at": 1.0, "round": 0,
+             "status": "said"}
+    # an acked send whose round has not started (as a gateway that stopped right after the ack leaves it)
+    record |= {"transcript": [entry], "sends": [{"message_id": "a" * 32, "sender": "user", "mentioned": ["bob"]}],
+               "state": "busy"}
+    path.write_text(json.dumps(record))
+    before = path.read_bytes()
+    base = ["--root", str(root), "--runner", "demo"]
+
+    assert main(["room", "list", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out) == [{**room, "state": "busy", "messages": 1, "last_activity": 1.0}]
+    assert main(["room", "show", "PENDING", *base]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == ["[0] user: @bob are you there?"]
+    assert main(["room", "show", "nowhere", *base]) == 2
+    assert "error: no room 'nowhere'" in capsys.readouterr().err
+    assert path.read_bytes() == before, "a read-only command changed the room (it ran the pending round)"

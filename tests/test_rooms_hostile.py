@@ -17,7 +17,7 @@ from hermes_actors.rooms.store import ROOM_MAX_BYTES
 
 KINDS = [
     "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
-    "directory", "bad-member", "running-stranger", "bad-version",
+    "directory", "bad-member", "running-stranger", "bad-version", "empty-queue",
 ]
 
 
@@ -41,6 +41,9 @@ def plant(kind: str, rooms: Path, valid: dict[str, Any], staging: Path) -> tuple
         record = {**record, "running": {"member": "mallory", "turn_id": uuid.uuid4().hex, "upto": 0}}
     elif kind == "bad-version":
         record = {**record, "version": 99}
+    elif kind == "empty-queue":  # killed its RoomActor (IndexError) instead of being refused
+        record = {**record, "state": "busy", "active": {"send": "a" * 32, "round": 1, "queue": [], "said": 0,
+                                                        "posted": 0, "mentioned": [], "needs_you": False}}
     body = b"{this is not json" if kind == "non-json" else json.dumps(record).encode()
     target = place(kind, body, rooms / name, staging, mode=mode,
                    sparse_size=ROOM_MAX_BYTES + 1 if kind == "huge" else None)
@@ -112,3 +115,23 @@ def test_a_symlinked_rooms_owner_lock_is_quarantined_under_its_own_name(tmp_path
     assert logs.matching("quarantined", ".owner.lock", "the rooms owner lock is a symlink"), logs.lines
     assert not logs.matching("turn lock")
     assert victim.read_text() == "not yours"
+
+
+def test_two_room_files_of_the_same_name_in_another_case_keep_the_older(tmp_path: Path, logs: LogCapture) -> None:
+    # Regression: both loaded, so the name (unique, case-insensitive) named two rooms.
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    with Gateway(root, runner=lambda turn: "[SILENT]") as gw:
+        older = gw.create_room("plan", ["alice", "bob"])
+    rooms = root / "bot_relay" / "rooms"
+    copy = json.loads((rooms / f"{older['room_id']}.json").read_text())
+    twin = uuid.uuid4().hex
+    copy |= {"room_id": twin, "name": "PLAN", "created_at": copy["created_at"] + 1}
+    (rooms / f"{twin}.json").write_text(json.dumps(copy))
+    (rooms / f"{twin}.json").chmod(0o600)
+
+    with Gateway(root, runner=lambda turn: "[SILENT]") as gw:
+        assert [r["room_id"] for r in gw.list_rooms()] == [older["room_id"]]
+        assert gw.room_send("Plan", "user", "hi")["room_id"] == older["room_id"]
+    assert not (rooms / f"{twin}.json").exists()
+    assert sorted((root / "bot_relay" / "quarantine").glob(f"{twin}.json.*.quarantined"))
+    assert logs.matching("like the older room", older["room_id"])

@@ -231,6 +231,13 @@ def test_successful_turn_runs_the_bot_chat_command(
     assert runner.kept() == []
 
 
+def test_a_room_turn_runs_in_its_group_session(fake_cli: Path, tmp_path: Path, stdin_is_a_pipe: None) -> None:
+    # Regression: the command runner ran every turn in "Bot Chat", a room's member turns too.
+    make_runner(fake_cli, tmp_path, "reply").run_turn(turn(session="Group: launch"))
+    argv = record(tmp_path)["argv"]
+    assert argv[argv.index("-c") + 1] == "Group: launch"
+
+
 def test_only_trailing_newlines_are_stripped(fake_cli: Path, tmp_path: Path) -> None:
     assert make_runner(fake_cli, tmp_path, "reply_ws").run_turn(turn()) == "  indented reply  "
 

@@ -42,12 +42,18 @@ def _act(act: Callable[[Any], int], rooms: Any) -> int:
         return EXIT_FAILED
 
 
-def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int]) -> int:
+def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, read_only: bool = False) -> int:
+    """Run ``act`` on the host's rooms, else on a gateway of our own (``read_only``: on the room files).
+
+    A read-only command must not start a gateway: its start resumes every pending round
+    and its stop cuts the member turns short after the grace.
+    """
     from hermes_actors.cli.host_wait import ask_settled_host
     from hermes_actors.cli.main import _runner_for
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
     from hermes_actors.rooms.remote import HostRooms
+    from hermes_actors.rooms.store import RoomsOnDisk
     from hermes_actors.store.hermes_root import existing_root
 
     existing_root(args.root)  # a missing root, a profile's home or no root at all: refused before anything is made
@@ -58,6 +64,8 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int]) -> int:
         return EXIT_FAILED
     if host is not None:  # the host drives the root's rooms: ask it
         return _act(act, host)
+    if read_only:
+        return _act(act, RoomsOnDisk(args.root))
     runner = _runner_for(getattr(args, "runner", "demo"), getattr(args, "cli", None), args.root)
     gw = Gateway(args.root, runner=runner, config={"bot_mode": {"wake_sender": False}}).start()
     try:
@@ -112,7 +120,7 @@ def _show(args: argparse.Namespace) -> int:
             _print_entry(entry)
         return 0
 
-    return _with_gateway(args, act)
+    return _with_gateway(args, act, read_only=True)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -128,7 +136,7 @@ def _list(args: argparse.Namespace) -> int:
                   f"{members}")
         return 0
 
-    return _with_gateway(args, act)
+    return _with_gateway(args, act, read_only=True)
 
 
 def _disband(args: argparse.Namespace) -> int:

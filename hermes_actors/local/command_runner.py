@@ -1,6 +1,7 @@
 """The real ``hermes`` CLI as a turn runner: one CLI process per turn attempt.
 
-:class:`CommandRunner` runs one turn in the profile's "Bot Chat" session,
+:class:`CommandRunner` runs one turn in the turn's session (``turn.session``: "Bot Chat"
+for a DM, "Group: <name>" for a room's member turn),
 with the message in a query file. It runs in the caller's thread (a
 ProfileActor's worker) and starts no threads of its own.
 
@@ -39,11 +40,15 @@ from hermes_actors.local.cli_process import (
 )
 from hermes_actors.messages import BOT_CHAT_SESSION, Turn
 
-__all__ = ["BOT_CHAT_TURN_ARGS", "CommandRunner"]
+__all__ = ["BOT_CHAT_TURN_ARGS", "CommandRunner", "chat_args"]
 
-BOT_CHAT_TURN_ARGS: tuple[str, ...] = (
-    "chat", "--in", "~", "-c", BOT_CHAT_SESSION, "--create-if-missing", "-Q",
-)
+
+def chat_args(session: str) -> tuple[str, ...]:
+    """Pure: the ``hermes chat`` arguments of a turn in ``session`` (created when missing)."""
+    return ("chat", "--in", "~", "-c", session, "--create-if-missing", "-Q")
+
+
+BOT_CHAT_TURN_ARGS: tuple[str, ...] = chat_args(BOT_CHAT_SESSION)
 # Turn-specific variables: never inherited from our own environment.
 _ENV_RESUME = "HERMES_RESUME_UNANSWERED_TURN"
 _ENV_COMPRESS = "HERMES_COMPRESS_BEFORE_TURN"
@@ -189,7 +194,8 @@ class CommandRunner:
         Returns:
             The argv list.
         """
-        return [self.cli, "-p", turn.profile, *BOT_CHAT_TURN_ARGS, "--query-file", str(query_file)]
+        # the turn's own session: a room's member turn must not run in (and write to) the DM session
+        return [self.cli, "-p", turn.profile, *chat_args(turn.session), "--query-file", str(query_file)]
 
     def environment(self, turn: Turn) -> dict[str, str]:
         """Return the environment of ``turn``'s process.

@@ -50,6 +50,7 @@ from hermes_actors.messages import (
     WaitExpired,
     WindDown,
 )
+from hermes_actors.rooms.store import RoomStartMarks, room_of_author
 from hermes_actors.store.journal import Journal, StartRecorder
 from hermes_actors.store.relay_inbox import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
@@ -261,11 +262,14 @@ class ProfileActor(TypedActor):
     def _start_recorder(self, delivery: Delivery) -> StartRecorder | None:
         """Where the turn's start is recorded before it runs (None: nowhere)."""
         # A relayed-in turn is not in the journal: its start is marked beside the envelope it came in;
-        # a room's member turn is journaled by its room.
-        if delivery.origin == "relay":  # flushed like the journal: a kill -9 finds the mark either way
-            journal = self.deps.journal
-            return TurnStartMarks(self.deps.root, fsync=journal is not None and journal.fsync_enabled)
-        return self.deps.journal if delivery.origin != ROOM_ORIGIN else None
+        # a room's member turn beside its room's file (a restart runs it again only if it never began).
+        journal = self.deps.journal
+        fsync = journal is not None and journal.fsync_enabled  # flushed like the journal: a kill -9 finds it anyway
+        if delivery.origin == "relay":
+            return TurnStartMarks(self.deps.root, fsync=fsync)
+        if delivery.origin == ROOM_ORIGIN:
+            return RoomStartMarks(self.deps.root, room_of_author(delivery.author), fsync=fsync)
+        return journal
 
     def _take_inline(self) -> bool:
         """Whether the next turn runs here: a non-blocking runner, no live owner, the flock free right now."""
@@ -311,7 +315,9 @@ class ProfileActor(TypedActor):
         def job() -> None:
             crashpoint("after-ack-before-turn")
             try:
-                if owner is not None:  # the Bot Chat window holds the lease: hand it over, don't run a turn
+                # The Bot Chat window holds the lease: hand a DM over, don't run a turn. A room's member turn
+                # is no Bot Chat message: it runs in its own session with the runner.
+                if owner is not None and delivery.origin != ROOM_ORIGIN:
                     result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn, journal=journal)
                 else:
                     result = execute_turn(

@@ -8,8 +8,9 @@ with the same runner. Nothing polls: a turn's outcome arrives as a message.
 Exactly once: a send is on disk before its ack; a member turn is on disk as
 ``running`` before it is submitted; its reply, the member's read position and
 the round's next step are written in one atomic replace. After a crash a
-``running`` turn is never run again: it is shown as interrupted and the round
-goes on.
+``running`` turn that began (its start mark, :class:`~hermes_actors.rooms.store.RoomStartMarks`)
+is never run again: it is shown as interrupted and the round goes on; one that
+never began (queued behind the member's DMs) runs now.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from loguru import logger
 
 from actors import TypedActor, handles, tell
 from hermes_actors.core.ids import new_delivery_id
-from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, resolve_local
+from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, refuse, resolve_local
 from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.messages import (
     ROOM_ORIGIN,
@@ -50,7 +51,7 @@ from hermes_actors.rooms.rules import (
     send_refusal,
     turn_text,
 )
-from hermes_actors.rooms.store import TRANSCRIPT_KEEP, RoomFiles, RoomRecord
+from hermes_actors.rooms.store import MAX_PENDING_SENDS, RoomFiles, RoomRecord, room_author
 
 __all__ = ["INTERRUPTED_TEXT", "RoomActor", "round_of"]
 
@@ -94,17 +95,26 @@ class RoomActor(TypedActor):
         self.halted = False
         self.waiters: list[pykka.ThreadingFuture[str]] = []
         self.events: list[dict[str, Any]] = []  # published once the record holding them is on disk
+        self.done_marks: list[str] = []  # start marks of settled turns: removed once the record saying so is on disk
 
     def on_start(self) -> None:
         running = self.record.running
-        if running is not None:  # the previous process died during this turn: never run it again
+        if running is not None:  # the previous process died with this turn handed out
             self.record.running = None
+            self.done_marks.append(running["turn_id"])
             member = running["member"]
-            active = round_of(self.record.active)
-            self._post(self.record.handles[member], INTERRUPTED_TEXT, active.number if active else 0, "interrupted")
-            self.record.seen[member] = running["upto"]
-            if active is not None and member in active.queue:
-                self._step(active, member, Spoken(False))
+            if not self.files.began(running["turn_id"]):
+                # No start mark: it was still queued (behind the member's DMs) and never ran. The member is
+                # still first in the round's queue and has not read a thing: _advance runs it now.
+                logger.info("room {}: the turn of {} never began before the restart; it runs now",
+                            self.record.name, member)
+            else:  # it may have run: never run it again
+                active = round_of(self.record.active)
+                self._post(self.record.handles[member], INTERRUPTED_TEXT, active.number if active else 0,
+                           "interrupted")
+                self.record.seen[member] = running["upto"]
+                if active is not None and member in active.queue:
+                    self._step(active, member, Spoken(False))
         self._advance()
 
     def on_stop(self) -> None:
@@ -124,11 +134,7 @@ class RoomActor(TypedActor):
         entry = {"message_id": new_delivery_id(), "author": author, "text": text, "at": time.time(),
                  "round": number, "status": status}
         record = self.record
-        record.transcript.append(entry)
-        if len(record.transcript) > TRANSCRIPT_KEEP:
-            drop = len(record.transcript) - TRANSCRIPT_KEEP
-            del record.transcript[:drop]
-            record.base += drop
+        record.transcript.append(entry)  # the file's writer drops the oldest entries (store.fit_room)
         self.events.append({"event": "message", "message": dict(entry)})
         return entry
 
@@ -137,6 +143,9 @@ class RoomActor(TypedActor):
 
     def _save(self) -> None:
         self.files.write(self.record)
+        for turn_id in self.done_marks:  # only now: a turn still "running" on disk must keep its mark
+            self.files.forget_start(turn_id)
+        self.done_marks.clear()
         for event in self.events:
             tell(self.notifier, Notify({"kind": "room", "room_id": self.record.room_id, "room": self.record.name,
                                         **event}))
@@ -219,7 +228,7 @@ class RoomActor(TypedActor):
             target=member,
             target_handle=handle,
             content=turn_text(record.name, handles, news),
-            author={"id": f"room:{record.room_id}", "name": record.name, "is_bot": False},
+            author=room_author(record.room_id, record.name),
             accepted_at=time.time(),
             origin=ROOM_ORIGIN,
             label=f"@{handle} in room '{record.name}'",
@@ -241,6 +250,7 @@ class RoomActor(TypedActor):
             logger.debug("room {}: outcome of an unknown turn {} ignored", record.name, msg.turn_id)
             return
         record.running = None
+        self.done_marks.append(running["turn_id"])
         outcome = msg.outcome
         if outcome.status == "failed" and outcome.reason == "cancelled":
             self._advance()  # it never ran (the gateway is stopping): it stays first in the round, run next start
@@ -276,6 +286,9 @@ class RoomActor(TypedActor):
         who = send_refusal(msg.sender, msg.text, record.members, self._resolve)
         if isinstance(who, Refusal):
             return who.as_dict()
+        if len(record.sends) >= MAX_PENDING_SENDS:  # bounds the file (store.MAX_PENDING_SENDS)
+            return refuse(f"Room {record.name!r} already has {len(record.sends)} messages waiting for their rounds; "
+                          "wait until it is idle (wait_room_idle), then send again.").as_dict()
         text = str(msg.text).strip()
         mentioned, _ = find_mentions(text, record.members, self._resolve)
         entry = self._post(USER if who == USER else record.handles[who], text, 0, "said")
@@ -316,8 +329,10 @@ class RoomActor(TypedActor):
 
     @handles(Disband)
     def _on_disband(self, msg: Disband) -> dict[str, Any]:
-        self.files.remove(self.record.room_id)
+        self.files.remove(self.record.room_id)  # a member turn still queued now never starts (RoomStartMarks)
         self.halted = True
+        if self.record.running is not None:
+            self.files.forget_start(self.record.running["turn_id"])
         for future in self.waiters:
             future.set("disbanded")
         self.waiters.clear()

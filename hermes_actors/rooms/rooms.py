@@ -19,7 +19,7 @@ from typing import Any
 import pykka
 
 from actors import ActorGone, ask
-from hermes_actors.core.ids import is_delivery_id, new_delivery_id
+from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.targets import refuse, resolve_local
 from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.messages import (
@@ -33,7 +33,7 @@ from hermes_actors.messages import (
     RosterSnapshot,
 )
 from hermes_actors.rooms.room_actor import RoomActor
-from hermes_actors.rooms.rules import name_problem, plan_members
+from hermes_actors.rooms.rules import find_room, name_problem, no_room, plan_members
 from hermes_actors.rooms.store import RoomFiles, RoomRecord
 from hermes_actors.store.turnlock import TurnLock
 
@@ -91,7 +91,10 @@ class Rooms:
         self._owner = owner
         snapshot = self._snapshot()
         with self._lock:
-            for record in self.files.load_all():
+            records = self.files.load_all()
+            # marks a crash left behind (the record that settled their turn was written, the mark not yet removed)
+            self.files.sweep_starts({r.running["turn_id"] for r in records if r.running is not None})
+            for record in records:
                 self._rooms[record.room_id] = (record.name, self._start_actor(record, snapshot))
         return len(self._rooms)
 
@@ -103,15 +106,10 @@ class Rooms:
         """The RoomActor of ``room`` (its id or name). Raises KeyError naming the room."""
         self._usable()
         with self._lock:
-            if isinstance(room, str):
-                if is_delivery_id(room) and room in self._rooms:
-                    return self._rooms[room][1]
-                want = room.strip().lower()
-                for name, ref in self._rooms.values():
-                    if name.lower() == want:
-                        return ref
-        raise KeyError(f"no room {room!r}: pass the id or name of an existing room (Gateway.list_rooms(); "
-                       "on the command line: hermes-actors room list)")
+            room_id = find_room(((room_id, name) for room_id, (name, _) in self._rooms.items()), room)
+            if room_id is not None:
+                return self._rooms[room_id][1]
+        raise no_room(room)
 
     def create(self, name: Any, members: Any) -> dict[str, Any]:
         """See :meth:`hermes_actors.gateway.Gateway.create_room`."""

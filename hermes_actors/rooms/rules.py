@@ -32,7 +32,9 @@ __all__ = [
     "Spoken",
     "after_turn",
     "find_mentions",
+    "find_room",
     "name_problem",
+    "no_room",
     "open_round",
     "plan_members",
     "room_session",
@@ -58,11 +60,13 @@ def room_session(name: str) -> str:
     return f"Group: {name}"
 
 
-def name_problem(name: Any) -> str | None:
+def name_problem(name: Any, *, new: bool = True) -> str | None:
     """Why ``name`` cannot name a room, or None.
 
     Args:
         name: the name as given.
+        new: a name for a new room; False for the name in an existing room's file, which
+            predates the `` #`` rule and still loads (quarantining it would lose the room).
 
     Returns:
         The error text, or None when the (stripped) name is usable.
@@ -76,7 +80,37 @@ def name_problem(name: Any) -> str | None:
         return f"room name too long ({len(text)} chars > {NAME_MAX_CHARS})"
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         return "room name contains a control character"
+    if new and " #" in text:
+        # hermes resolves a session title "<t>" to its newest "<t> #<n>" continuation: the sessions
+        # "Group: plan #launch" would be taken for room "plan"'s ("Group: plan")
+        return (f"room name {text!r} contains ' #' (hermes treats 'Group: <name> #…' as a continuation of the "
+                "session 'Group: <name>'); choose a name without ' #'")
     return text_problem("room name", text)
+
+
+def find_room(rooms: Iterable[tuple[str, str]], room: Any) -> str | None:
+    """Which room ``room`` names: a room's id, else a room's name (case-insensitive).
+
+    Args:
+        rooms: (room id, name) of every room.
+        room: the reference as given.
+
+    Returns:
+        The room's id, or None when it names no room.
+    """
+    if not isinstance(room, str):
+        return None
+    pairs = list(rooms)
+    if any(room_id == room for room_id, _ in pairs):
+        return room
+    want = room.strip().lower()
+    return next((room_id for room_id, name in pairs if name.lower() == want), None)
+
+
+def no_room(room: Any) -> KeyError:
+    """The error for a reference that names no room."""
+    return KeyError(f"no room {room!r}: pass the id or name of an existing room (Gateway.list_rooms(); "
+                    "on the command line: hermes-actors room list)")
 
 
 def plan_members(raw: Any, resolve: Resolve) -> tuple[str, ...] | str:
@@ -258,8 +292,23 @@ def after_turn(current: Round, members: Sequence[str], member: str, spoken: Spok
     return Round(state.send_id, state.number + 1, state.mentioned or tuple(members), posted=state.posted)
 
 
+_CONTINUATION = "  "  # before every further line of a message: only an entry's first line starts a line
+
+
+def _entry_lines(author: str, text: str) -> str:
+    """Pure: one message as ``author: <first line>``, each further line indented by :data:`_CONTINUATION`.
+
+    A reply's own lines can then never pass for other entries (``user: …``, ``@carol: …``).
+    """
+    first, *rest = text.splitlines() or [""]
+    return "\n".join([f"{author}: {first}", *(_CONTINUATION + line for line in rest)])
+
+
 def turn_text(name: str, handles: Sequence[str], entries: Sequence[tuple[str, str]]) -> str:
     """The content of one member's turn: the room's messages since its last turn, attributed.
+
+    Every message starts a line with its author (``user:``, ``@bob:``); its further lines
+    are indented, so a line that starts with an author always is a message of that author.
 
     Args:
         name: the room's name.
@@ -272,7 +321,7 @@ def turn_text(name: str, handles: Sequence[str], entries: Sequence[tuple[str, st
     lines = [
         f"Group room '{name}' (members: {', '.join('@' + h for h in handles)}). "
         "New messages since your last turn:",
-        *(f"{author}: {text}" for author, text in entries),
+        *(_entry_lines(author, text) for author, text in entries),
         "Reply briefly to the room, or answer [SILENT] to pass. Mention @user to ask the human.",
     ]
     return "\n".join(lines)

@@ -15,20 +15,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name, is_delivery_id
-from hermes_actors.errors import HostileFileError, ValidationError
-from hermes_actors.rooms.rules import MAX_MEMBERS, MIN_MEMBERS, USER, name_problem
-from hermes_actors.store.atomic import atomic_write_json, ensure_private_dir, read_json_file
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
+from hermes_actors.rooms.rules import MAX_MEMBERS, MIN_MEMBERS, USER, find_room, name_problem, no_room
+from hermes_actors.store.atomic import atomic_write_bytes, ensure_private_dir, read_json_file
 from hermes_actors.store.relay_files import RelayPaths, quarantine
 
-__all__ = ["FORMAT_VERSION", "ROOMS_DIR", "ROOM_MAX_BYTES", "TRANSCRIPT_KEEP", "RoomFiles", "RoomRecord", "parse_room"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_PENDING_SENDS",
+    "ROOMS_DIR",
+    "ROOM_MAX_BYTES",
+    "ROOM_WRITE_BUDGET",
+    "STARTED_DIR",
+    "TRANSCRIPT_KEEP",
+    "RoomFiles",
+    "RoomRecord",
+    "RoomStartMarks",
+    "RoomsOnDisk",
+    "fit_room",
+    "parse_room",
+    "room_author",
+    "room_of_author",
+]
 
 FORMAT_VERSION = 1
 ROOMS_DIR = "rooms"  # under bot_relay/
-ROOM_MAX_BYTES = 8 << 20  # a room file larger than this is refused (the transcript is bounded well below)
+STARTED_DIR = ".started"  # under rooms/: ``<turn_id>.json`` marks a member turn that began (RoomStartMarks)
+_AUTHOR_PREFIX = "room:"  # a member turn's ``Delivery.author["id"]`` is ``room:<room_id>``
 TRANSCRIPT_KEEP = 500  # newest transcript entries kept in the file
+# The writer keeps every room file at most this big by dropping the oldest transcript entries: 500
+# entries of 16,000 characters can be 24+ MB of UTF-8 (far more escaped), so the count alone bounds nothing.
+ROOM_WRITE_BUDGET = 4 << 20
+# The reader refuses a larger file (hostile); 4x the writer's budget, so whatever the writer wrote loads.
+ROOM_MAX_BYTES = 16 << 20
+# Acked sends whose rounds have not started (each a small dict): capped so that everything but the
+# transcript stays far below ROOM_WRITE_BUDGET (1,000 sends are well under 1 MiB).
+MAX_PENDING_SENDS = 1000
 
 
 @dataclass
@@ -115,7 +141,7 @@ def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
     _need(is_delivery_id(room_id), "bad room_id")
     _need(file_id is None or room_id == file_id, "room_id does not match the file name")
     name = data.get("name")
-    _need(name_problem(name) is None, f"bad name ({name_problem(name)})")
+    _need(name_problem(name, new=False) is None, f"bad name ({name_problem(name, new=False)})")
     members, handles = data.get("members"), data.get("handles")
     _need(isinstance(members, list) and all(isinstance(m, str) for m in members), "bad members")
     _need(MIN_MEMBERS <= len(members) <= MAX_MEMBERS and len(set(members)) == len(members), "bad member count")
@@ -136,7 +162,8 @@ def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
     active = data.get("active")
     _need(active is None or (
         isinstance(active, dict) and isinstance(active.get("send"), str) and isinstance(active.get("round"), int)
-        and isinstance(active.get("queue"), list) and all(m in members for m in active["queue"])
+        # an active round always has a member to take the next turn (rules.open_round / after_turn)
+        and isinstance(active.get("queue"), list) and active["queue"] and all(m in members for m in active["queue"])
         and isinstance(active.get("mentioned"), list) and all(m in members for m in active["mentioned"])
         and isinstance(active.get("said"), int) and isinstance(active.get("posted"), int)
         and isinstance(active.get("needs_you"), bool)), "bad active round")
@@ -149,6 +176,54 @@ def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
     _need(isinstance(created, int | float), "bad created_at")
     return RoomRecord(room_id, name.strip(), list(members), dict(handles), float(created), data["state"],
                       list(transcript), dict(seen), base, list(sends), active, running, data["needs_you"])
+
+
+def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = ROOM_WRITE_BUDGET) -> bytes:
+    """Drop the oldest transcript entries until the record fits; return its file content.
+
+    At most ``keep`` entries stay, and no more than fit in ``budget`` bytes of JSON
+    (the newest ones that fit; the newest one always stays). Dropped entries are
+    counted into ``record.base``, so every absolute position (``seen``,
+    ``running.upto``: ``base`` + index) still names the same entry.
+
+    Args:
+        record: the room; its ``transcript`` and ``base`` are changed in place.
+        keep: the most entries kept.
+        budget: the most bytes of the file, as far as dropping entries can reach it.
+
+    Returns:
+        The record as the JSON bytes of its file.
+
+    Raises:
+        TypeError: the record is not serializable (orjson).
+    """
+    drop = max(0, len(record.transcript) - keep)
+    data = orjson.dumps(record.as_dict()) if drop == 0 else b""
+    if drop == 0 and len(data) <= budget:
+        return data  # the common case: one serialization
+    kept = record.transcript[drop:]
+    sizes = [len(orjson.dumps(entry)) + 1 for entry in kept]  # + 1: the comma between entries
+    size = len(orjson.dumps({**record.as_dict(), "transcript": []})) + sum(sizes)
+    extra = 0
+    while size > budget and extra < len(kept) - 1:
+        size -= sizes[extra]
+        extra += 1
+    drop += extra
+    if drop:
+        del record.transcript[:drop]
+        record.base += drop
+    return orjson.dumps(record.as_dict())
+
+
+def room_author(room_id: str, name: str) -> dict[str, Any]:
+    """Pure: the ``Delivery.author`` of a member turn of room ``room_id`` (:func:`room_of_author` reads it)."""
+    return {"id": f"{_AUTHOR_PREFIX}{room_id}", "name": name, "is_bot": False}
+
+
+def room_of_author(author: Any) -> str:
+    """Pure: the room id in a member turn's ``Delivery.author`` ("" when there is none)."""
+    ident = author.get("id") if isinstance(author, dict) else None
+    return ident.removeprefix(_AUTHOR_PREFIX) if isinstance(ident, str) and ident.startswith(_AUTHOR_PREFIX) else ""
 
 
 class RoomFiles:
@@ -182,12 +257,65 @@ class RoomFiles:
         return self.directory / f"{room_id}.json"
 
     def write(self, record: RoomRecord) -> None:
-        """Replace the room's file atomically (StoreError / HostileFileError on failure)."""
-        atomic_write_json(self.path(record.room_id), record.as_dict(), tmp_dir=self.relay.tmp, fsync=self.fsync,
-                          within=self.relay.base)
+        """Replace the room's file atomically, within :data:`ROOM_WRITE_BUDGET` (:func:`fit_room`).
 
-    def load_all(self) -> list[RoomRecord]:
+        Args:
+            record: the room; its oldest transcript entries may be dropped (``base`` counts them).
+
+        Raises:
+            StoreError: it could not be written, or it would be larger than the reader
+                accepts (:data:`ROOM_MAX_BYTES`): a file the next start would quarantine is never written.
+            HostileFileError: the directory was swapped for a symlink or another uid's.
+        """
+        path = self.path(record.room_id)
+        try:
+            data = fit_room(record)
+        except TypeError as exc:
+            raise StoreError(f"room file {path} could not be serialized: {exc}") from exc
+        if len(data) > ROOM_MAX_BYTES:
+            raise StoreError(f"room file {path} would be {len(data)} bytes, more than the {ROOM_MAX_BYTES} a room "
+                             "file may have; it was not written")
+        atomic_write_bytes(path, data, tmp_dir=self.relay.tmp, fsync=self.fsync, within=self.relay.base)
+
+    def start_mark(self, turn_id: str) -> Path:
+        """``rooms/.started/<turn_id>.json``: present once the member turn ``turn_id`` began."""
+        if not is_delivery_id(turn_id):
+            raise ValidationError(f"bad turn id {turn_id!r}: expected 32 lowercase hex characters")
+        return self.directory / STARTED_DIR / f"{turn_id}.json"
+
+    def began(self, turn_id: str) -> bool:
+        """Whether the member turn ``turn_id`` may have begun: its start mark is there (whatever it is)."""
+        try:
+            return os.path.lexists(self.start_mark(turn_id))
+        except ValidationError:
+            return True  # not ours to judge: counted as begun, so it is never run twice
+
+    def forget_start(self, turn_id: str) -> None:
+        """Remove the start mark of a member turn the room file no longer holds as ``running``."""
+        try:
+            os.unlink(self.start_mark(turn_id))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValidationError) as exc:  # a leftover mark is swept at the next start
+            logger.warning("room turn {}: its start mark could not be removed ({})", turn_id, exc)
+
+    def sweep_starts(self, running: set[str]) -> None:
+        """Remove every start mark but those of the ``running`` turns (a crash left them behind)."""
+        try:
+            names = os.listdir(self.directory / STARTED_DIR)
+        except OSError:
+            return
+        for name in names:
+            turn_id = id_of_file_name(name)
+            if turn_id is not None and turn_id not in running:
+                self.forget_start(turn_id)
+
+    def load_all(self, *, move_bad: bool = True) -> list[RoomRecord]:
         """Every valid room file; a hostile or invalid one is quarantined and skipped (logged).
+
+        Args:
+            move_bad: quarantine what is refused; False (a reader that drives no room) leaves
+                it where it is for the gateway to quarantine.
 
         Returns:
             The records, oldest first.
@@ -201,7 +329,7 @@ class RoomFiles:
             path = self.directory / name
             room_id = id_of_file_name(name)
             if room_id is None:
-                if not name.startswith("."):
+                if not name.startswith(".") and move_bad:
                     quarantine(self.relay, path, "not a room file name")
                 continue
             try:
@@ -210,8 +338,31 @@ class RoomFiles:
                 continue
             except (HostileFileError, ValidationError, OSError) as exc:
                 logger.warning("room file {} refused: {}", path, exc)
-                quarantine(self.relay, path, str(exc))
-        return sorted(records, key=lambda r: r.created_at)
+                if move_bad:
+                    quarantine(self.relay, path, str(exc))
+        return self._unique(sorted(records, key=lambda r: (r.created_at, r.room_id)), move_bad=move_bad)
+
+    def _unique(self, records: list[RoomRecord], *, move_bad: bool) -> list[RoomRecord]:
+        """Keep the oldest room of each name (names are unique, case-insensitive); set the others aside.
+
+        Args:
+            records: the valid rooms, oldest first (ties: by id), so the same one stays at every start.
+            move_bad: quarantine the others (else only skip them).
+
+        Returns:
+            The rooms with distinct names, oldest first.
+        """
+        kept: dict[str, RoomRecord] = {}
+        for record in records:
+            first = kept.setdefault(record.name.lower(), record)
+            if first is record:
+                continue
+            why = (f"room {record.room_id} is named {record.name!r} like the older room {first.room_id} "
+                   f"({first.name!r}; names are unique, case-insensitive)")
+            logger.warning("room file {} refused: {}", self.path(record.room_id), why)
+            if move_bad:  # the file is kept in quarantine/: rename the room there and move it back to keep it
+                quarantine(self.relay, self.path(record.room_id), why)
+        return list(kept.values())
 
     def remove(self, room_id: str) -> None:
         """Delete the room's file (gone already: nothing to do)."""
@@ -219,3 +370,96 @@ class RoomFiles:
             os.unlink(self.path(room_id))
         except FileNotFoundError:
             pass
+
+
+class RoomStartMarks:
+    """The journal-shaped recorder a ProfileActor hands to a room's member turn.
+
+    ``execute_turn`` calls ``append_durably({"t": "started", "id": <turn id>})``
+    right before the runner runs; here that writes ``rooms/.started/<turn_id>.json``.
+    After a kill -9 the room's ``running`` turn with a mark may have run (it is shown
+    interrupted, never run twice); one without a mark never began (it was queued
+    behind the member's DMs) and runs at the next start. A turn of a room that was
+    disbanded while it waited is refused here, so it never runs.
+
+    Args:
+        root: the Hermes root.
+        room_id: the turn's room (:func:`room_of_author`).
+        fsync: flush the mark to stable storage before the turn runs (a kill -9 finds
+            it either way: the kernel keeps it).
+    """
+
+    def __init__(self, root: Path, room_id: str, *, fsync: bool = True) -> None:
+        self.files = RoomFiles(root, fsync=fsync)
+        self.room_id = room_id
+
+    def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
+        """Record a member turn's start.
+
+        Args:
+            record: ``{"t": "started", "id": <turn id>, ...}``; other kinds are ignored.
+            timeout: unused (the write is synchronous).
+
+        Raises:
+            StoreError: the room is gone (disbanded), or the mark could not be written or
+                was refused (a hostile directory): the turn must then not run.
+        """
+        if record.get("t") != "started":
+            return
+        turn_id = str(record.get("id"))
+        files = self.files
+        try:
+            if not os.path.lexists(files.path(self.room_id)):  # disbanded while the turn was queued
+                raise StoreError(f"room {self.room_id} was disbanded: its member turn {turn_id} does not run")
+            mark = files.start_mark(turn_id)
+            ensure_private_dir(mark.parent, within=files.relay.root)
+            atomic_write_bytes(mark, orjson.dumps({"turn_id": turn_id, "room_id": self.room_id}),
+                               tmp_dir=files.relay.tmp, fsync=files.fsync, within=files.relay.base)
+        except StoreError:
+            raise
+        except ValidationError as exc:  # a bad id, or a hostile directory (HostileFileError)
+            raise StoreError(f"the start mark of room turn {turn_id} was refused: {exc}") from exc
+        except OSError as exc:
+            raise StoreError(f"the start mark of room turn {turn_id} could not be written: {exc}") from exc
+
+
+class RoomsOnDisk:
+    """The read-only room calls (``list_rooms``, ``room_transcript``) answered from the room files.
+
+    For a reader with no gateway (``hermes-actors room list|show`` when no host serves
+    the root): nothing is started, no round resumes, no turn runs and no file is
+    changed. The answers are those of :class:`hermes_actors.gateway.Gateway` as of the
+    files' last write.
+
+    Args:
+        root: the Hermes root.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.files = RoomFiles(root, fsync=False)
+
+    def _records(self) -> list[RoomRecord]:
+        """The valid rooms.
+
+        Raises:
+            RuntimeError: the room directory is refused (a symlink, another uid's), naming it.
+        """
+        if not os.path.lexists(self.files.directory):
+            return []  # no room was ever made on this root
+        try:
+            ensure_private_dir(self.files.directory, within=self.files.relay.root)  # it exists: only checked
+        except (HostileFileError, StoreError, OSError) as exc:
+            raise RuntimeError(f"rooms are unavailable: the room directory is refused ({exc})") from exc
+        return self.files.load_all(move_bad=False)
+
+    def list_rooms(self) -> list[dict[str, Any]]:
+        """See :meth:`hermes_actors.gateway.Gateway.list_rooms`."""
+        return [{**r.summary(), **r.activity()} for r in self._records()]
+
+    def room_transcript(self, room: Any) -> list[dict[str, Any]]:
+        """See :meth:`hermes_actors.gateway.Gateway.room_transcript` (KeyError naming an unknown room)."""
+        records = {r.room_id: r for r in self._records()}
+        room_id = find_room(((r.room_id, r.name) for r in records.values()), room)
+        if room_id is None:
+            raise no_room(room)
+        return [dict(e) for e in records[room_id].transcript]

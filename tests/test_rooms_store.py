@@ -1,0 +1,57 @@
+"""Room files: what the writer writes, the reader accepts (store.fit_room, RoomFiles, parse_room)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from roots import make_root
+
+from hermes_actors.rooms.store import ROOM_MAX_BYTES, ROOM_WRITE_BUDGET, RoomFiles, RoomRecord, fit_room
+
+BIG = "\u4e2d" * 16_000  # a legal message (16,000 chars) of 48,000 bytes of UTF-8
+
+
+def _entry(number: int, text: str) -> dict[str, Any]:
+    return {"message_id": uuid.uuid4().hex, "author": "user", "text": f"{number} {text}", "at": time.time(),
+            "round": 0, "status": "said"}
+
+
+def _record(entries: int, text: str = BIG) -> RoomRecord:
+    record = RoomRecord(uuid.uuid4().hex, "big", ["alice", "bob"], {"alice": "alice", "bob": "bob"}, time.time())
+    record.transcript = [_entry(i, text) for i in range(entries)]
+    return record
+
+
+def test_a_room_of_many_big_messages_is_written_within_budget_and_loads_again(tmp_path: Path) -> None:
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    files = RoomFiles(root, fsync=False).ensure()
+    record = _record(200)  # 9.6 MB of messages: more than the reader's bound was before
+    record.seen = {"alice": 150, "bob": 199}
+    files.write(record)
+    size = files.path(record.room_id).stat().st_size
+    assert size <= ROOM_WRITE_BUDGET < ROOM_MAX_BYTES
+    loaded = files.load_all()
+    assert [r.room_id for r in loaded] == [record.room_id], "the room the writer wrote was refused"
+    room = loaded[0]
+    assert room.base + len(room.transcript) == 200  # every message is counted, the oldest were dropped
+    assert room.transcript[-1]["text"].startswith("199 ")
+    assert room.transcript[0]["text"].startswith(f"{room.base} ")  # positions still name the same entries
+    assert room.seen == {"alice": 150, "bob": 199}
+    assert not (root / "bot_relay" / "quarantine").exists()
+
+
+def test_fit_room_keeps_the_newest_entries_and_counts_the_dropped_ones() -> None:
+    record = _record(10, "x" * 1000)
+    before = list(record.transcript)
+    data = fit_room(record, keep=8, budget=4000)
+    assert len(data) <= 4000
+    assert record.transcript == before[-len(record.transcript):]
+    assert record.base == 10 - len(record.transcript) >= 2
+    small = _record(3, "hello")
+    assert fit_room(small) and small.base == 0 and len(small.transcript) == 3
+    one = _record(1, "x" * 1000)
+    fit_room(one, budget=10)  # the newest entry always stays
+    assert len(one.transcript) == 1 and one.base == 0
