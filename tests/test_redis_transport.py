@@ -164,6 +164,38 @@ def test_a_reply_stays_in_redis_until_the_journal_has_its_outcome(
                         timeout=10, message="reply entry and sent record cleared once journaled")
 
 
+def test_a_reply_left_pending_by_a_killed_host_is_read_at_the_restart_not_timed_out(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression: a host killed after its reply arrived (unacked: the outcome was not journaled yet) left the
+    entry pending for its dead consumer; the restart reclaimed it only a claim idle (60 s) later, and a reply
+    deadline due before that reported the answered DM `delivery_timeout` (while the sender's wake, journaled
+    earlier, told it the reply)."""
+    from redis_fixture import dead_consumer
+
+    from hermes_actors.records import RemoteAgent
+    from hermes_actors.store.relay_protocol import make_envelope, make_reply
+    from hermes_actors.transports.redis import store as rs
+    from hermes_actors.transports.redis.io import ensure_groups
+
+    client = redis_server.client()
+    ensure_groups(client, [KEYS.inbox("alpha"), KEYS.replies("alpha")])
+    target = RemoteAgent("bob", "bob", "mini")
+    envelope = make_envelope(target=target, message="ping", sender_profile="alice", sender_handle="alice",
+                             now=time.time() - 100, extra={"hop": 1})  # its 8 s reply budget long spent
+    key = envelope["id"]
+    client.hset(KEYS.sent("alpha"), key, rs.sent_meta(envelope, "@bob on mini", wake=False))
+    client.xadd(KEYS.replies("alpha"), rs.encode_reply_entry(make_reply(key, reply="pong", now=time.time())))
+    # read by the killed host's consumer, never acked
+    assert client.xreadgroup(rs.GROUP, dead_consumer(), {KEYS.replies("alpha"): ">"}, count=10)
+    with gateway(tmp_path, "alpha", redis_server, durable=True, config={"bot_mode": {"reply_wait_seconds": 8}}) \
+            as alpha:
+        out = alpha.wait_outcome(key, timeout=20)
+        assert (out["status"], out["reply"]) == ("replied", "pong"), out
+        await_condition(lambda: client.xlen(KEYS.replies("alpha")) == 0 and client.hlen(KEYS.sent("alpha")) == 0,
+                        timeout=10, message="the reply entry and the sent record cleared once journaled")
+
+
 def test_a_redis_that_lost_its_data_gets_each_gateways_roster_again(tmp_path: Path, redis_server: RedisServer) -> None:
     """Regression: after a FLUSHALL (a Redis restarted empty, a failover) heartbeats and groups came back but no
     roster did: DMs between machines were refused 'no teammate named' until a gateway restarted."""

@@ -166,10 +166,17 @@ class RedisRelayActor(TypedActor):
         return self.outbound.send_to_peer(msg.route, self.remote, msg.delivery.hop)
 
     def _resume(self) -> None:
-        """Wait again for the replies of our envelopes in flight before a restart (Redis errors propagate)."""
+        """Wait again for the replies of our envelopes in flight before a restart (Redis errors propagate).
+
+        A reply that reached our stream before the restart, unacked (its outcome was not journaled yet),
+        is pending for the dead process's consumer: it is taken now, not a claim idle (60 s) later, when
+        a resumed reply deadline may already have reported a DM that was answered as timed out.
+        """
         entries = self.outbound.resume()
         if entries:
             self.dispatcher.tell(RelayResumed(entries))
+        # Only this process reads our stream (the lease): every entry pending on it is a dead run's.
+        self._reclaim(kinds=("replies",), idle_ms=0)
 
     @handles(ResumeRelay)
     def _on_resume_relay(self, msg: ResumeRelay) -> tuple[ResumedSend, ...] | None:
@@ -304,10 +311,13 @@ class RedisRelayActor(TypedActor):
         if ids:
             self.redis_link.client.xclaim(self.keys.inbox(self.me), rs.GROUP, self.consumer, 0, ids, justid=True)
 
-    def _reclaim(self) -> None:
-        """XAUTOCLAIM what a dead (or stuck) consumer held longer than the claim idle; handle it as new."""
-        idle_ms = max(1, int(self.settings.claim_idle_seconds * 1000))
-        for kind, stream in (("in", self.keys.inbox(self.me)), ("replies", self.keys.replies(self.me))):
+    def _reclaim(self, kinds: tuple[str, ...] = ("in", "replies"), idle_ms: int | None = None) -> None:
+        """XAUTOCLAIM what a dead (or stuck) consumer held longer than ``idle_ms`` (default: the claim idle);
+        handle it as new."""
+        if idle_ms is None:
+            idle_ms = max(1, int(self.settings.claim_idle_seconds * 1000))
+        streams = {"in": self.keys.inbox(self.me), "replies": self.keys.replies(self.me)}
+        for kind, stream in ((kind, streams[kind]) for kind in kinds):
             start = "0-0"
             for _ in range(10):  # at most 1000 entries per tick
                 answer = self.redis_link.client.xautoclaim(stream, rs.GROUP, self.consumer, idle_ms, start_id=start,
