@@ -172,6 +172,7 @@ class Gateway:
         self._early_owners: dict[str, Any] = {}
         self._starting: int | None = None  # the thread id of a start() under way
         self._stopped = threading.Event()  # set once a stop() has finished (a second stop() waits for it)
+        self._stopping_thread: int | None = None  # the thread id of the stop() under way
         self._final_outcomes: dict[str, dict[str, Any]] = {}
         # wait_outcome calls waiting on the Dispatcher (future → delivery id): answered at stop, so none sits
         # out its timeout on a Dispatcher that will never answer (a journaled DM is settled by the next start)
@@ -313,9 +314,10 @@ class Gateway:
             state = self._state
             if state == "running":
                 self._state = "stopping"
-        if state == "stopping" and not in_subscriber_callback():
-            # another thread stops it: return once that stop is done, as it will (a subscriber callback does
-            # not wait: that stop flushes the callbacks, this one among them)
+                self._stopping_thread = threading.get_ident()
+        if state == "stopping" and not in_subscriber_callback() and self._stopping_thread != threading.get_ident():
+            # another thread stops it: return once that stop is done, as it will (neither a subscriber callback,
+            # whose flush that stop waits for, nor that stop's own thread, from its on_wait, waits for it)
             self._stopped.wait()
         if state != "running":
             return

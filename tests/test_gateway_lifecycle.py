@@ -120,3 +120,27 @@ def test_a_second_stop_returns_once_the_first_is_done(tmp_path: Path) -> None:
     finally:
         runner.release.set()
         first.join(WAIT)
+
+
+def test_stop_called_again_from_its_own_on_wait_returns(tmp_path: Path) -> None:
+    """Regression (today's second-stop wait): stop() called from the stopping thread itself (its on_wait
+    callback) waited for its own end and hung for ever; it returns at once, as before."""
+    runner = HeldRunner()
+    gw = Gateway(make_root(tmp_path), runner=runner).start()
+    send_dm(gw, "running")
+    assert runner.entered.wait(WAIT)
+    inner: list[bool] = []
+
+    def on_wait(count: int, timeout: float) -> None:
+        gw.stop()  # must not wait for the stop this very thread is running
+        inner.append(gw.running)
+        runner.release.set()
+
+    stopper = threading.Thread(target=gw.stop, kwargs={"timeout": WAIT, "on_wait": on_wait}, daemon=True)
+    stopper.start()
+    stopper.join(WAIT)
+    try:
+        assert not stopper.is_alive(), "stop() hung on its own on_wait"
+        assert inner == [False]
+    finally:
+        runner.release.set()
