@@ -281,6 +281,45 @@ def test_pending_sends_are_capped_so_the_room_file_stays_bounded(
     assert [e["text"] for e in gw.room_transcript("plan")] == ["@bob one", "@bob two", "@bob three"]
 
 
+def test_a_send_that_would_crowd_undelivered_sends_out_of_the_file_is_refused_and_none_is_lost(
+    room_root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: while a member turn was held, 80 long sends were all acked, and the writer's byte budget then
+    dropped 14 of them from the file before any round delivered them. Acked sends are never dropped now; a send
+    that would make them too big to keep is refused, NOT posted."""
+    import re
+
+    monkeypatch.setattr("hermes_actors.rooms.room_actor.UNDELIVERED_BUDGET", 200_000)  # (the file's: 4 MiB)
+    release, entered = threading.Event(), threading.Event()
+    shown: set[str] = set()
+    lock = threading.Lock()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        assert release.wait(20)
+        with lock:
+            shown.update(re.findall(r"MSG(\d+)END", turn.content))
+        return "[SILENT]"
+
+    gw = start_gateway(gateways, room_root, behave)
+    gw.create_room("big", ["alice", "bob"])
+    acked: list[str] = []
+    refused: dict[str, Any] = {}
+    for n in range(20):
+        answer = gw.room_send("big", "user", f"MSG{n}END " + "\U0001F600" * 15_000)  # 60 KB each
+        if "error" in answer:
+            refused = answer
+            break
+        acked.append(str(n))
+        if n == 0:
+            assert entered.wait(10)  # the first round's first turn is held
+    assert refused and "have not delivered yet" in refused["error"] and "NOT posted" in refused["error"], refused
+    assert 2 <= len(acked) < 20
+    release.set()
+    assert gw.wait_room_idle("big", timeout=60) == "idle"
+    assert sorted(shown, key=int) == acked, "an acked send was never shown to a member"
+
+
 def test_a_member_turn_runs_with_the_runner_when_a_live_owner_is_attached(
     room_root: Path, gateways: list[Gateway]
 ) -> None:

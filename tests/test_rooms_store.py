@@ -55,3 +55,23 @@ def test_fit_room_keeps_the_newest_entries_and_counts_the_dropped_ones() -> None
     one = _record(1, "x" * 1000)
     fit_room(one, budget=10)  # the newest entry always stays
     assert len(one.transcript) == 1 and one.base == 0
+
+
+def test_fit_room_never_drops_a_send_whose_round_has_not_ended() -> None:
+    """Regression: the writer dropped acked sends still waiting for their rounds (14 of 80 long sends were never
+    shown to any member): they, and what follows them, stay whatever the budget."""
+    from hermes_actors.rooms.store import undelivered_bytes, undelivered_from
+
+    record = _record(10, "x" * 1000)
+    waiting = record.transcript[3]["message_id"]
+    record.sends = [{"message_id": waiting, "sender": "user", "mentioned": []}]
+    assert undelivered_from(record) == 3
+    assert undelivered_bytes(record) > 7 * 1000
+    fit_room(record, budget=2000)
+    assert record.base == 3 and record.transcript[0]["message_id"] == waiting
+    active = _record(5, "y" * 1000)
+    active.active = {"send": active.transcript[1]["message_id"], "round": 1, "queue": ["alice"]}
+    fit_room(active, budget=10)
+    assert active.base == 1  # the active round's send stays too
+    idle = _record(4, "z" * 1000)
+    assert undelivered_from(idle) == 4 and undelivered_bytes(idle) == 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
 import pykka
 from loguru import logger
 
@@ -51,7 +52,14 @@ from hermes_actors.rooms.rules import (
     send_refusal,
     turn_text,
 )
-from hermes_actors.rooms.store import MAX_PENDING_SENDS, RoomFiles, RoomRecord, room_author
+from hermes_actors.rooms.store import (
+    MAX_PENDING_SENDS,
+    UNDELIVERED_BUDGET,
+    RoomFiles,
+    RoomRecord,
+    room_author,
+    undelivered_bytes,
+)
 
 __all__ = ["INTERRUPTED_TEXT", "RoomActor", "round_of"]
 
@@ -290,6 +298,11 @@ class RoomActor(TypedActor):
             return refuse(f"Room {record.name!r} already has {len(record.sends)} messages waiting for their rounds; "
                           "wait until it is idle (wait_room_idle), then send again.").as_dict()
         text = str(msg.text).strip()
+        waiting = undelivered_bytes(record)
+        if waiting + len(orjson.dumps(text)) > UNDELIVERED_BUDGET:  # never dropped from the file before read
+            return refuse(f"Room {record.name!r} holds {waiting // 1024:,} KiB of messages its rounds have not "
+                          f"delivered yet (at most {UNDELIVERED_BUDGET // 1024:,} KiB); wait until it is idle "
+                          "(wait_room_idle), then send again. This message was NOT posted.").as_dict()
         mentioned, _ = find_mentions(text, record.members, self._resolve)
         entry = self._post(USER if who == USER else record.handles[who], text, 0, "said")
         record.sends.append({"message_id": entry["message_id"], "sender": who, "mentioned": list(mentioned)})

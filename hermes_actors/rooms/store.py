@@ -32,6 +32,7 @@ __all__ = [
     "ROOM_WRITE_BUDGET",
     "STARTED_DIR",
     "TRANSCRIPT_KEEP",
+    "UNDELIVERED_BUDGET",
     "RoomFiles",
     "RoomRecord",
     "RoomStartMarks",
@@ -40,6 +41,8 @@ __all__ = [
     "parse_room",
     "room_author",
     "room_of_author",
+    "undelivered_bytes",
+    "undelivered_from",
 ]
 
 FORMAT_VERSION = 1
@@ -55,6 +58,9 @@ ROOM_MAX_BYTES = 16 << 20
 # Acked sends whose rounds have not started (each a small dict): capped so that everything but the
 # transcript stays far below ROOM_WRITE_BUDGET (1,000 sends are well under 1 MiB).
 MAX_PENDING_SENDS = 1000
+# Acked sends whose rounds have not ended are never dropped: room_send refuses a send that would make them
+# (with what followed them) more than this, leaving the rest of ROOM_WRITE_BUDGET to the members' replies.
+UNDELIVERED_BUDGET = ROOM_WRITE_BUDGET // 2
 
 
 @dataclass
@@ -178,13 +184,32 @@ def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
                       list(transcript), dict(seen), base, list(sends), active, running, data["needs_you"])
 
 
+def undelivered_from(record: RoomRecord) -> int:
+    """Pure: the index in ``record.transcript`` of the oldest send whose round has not ended (the active
+    round's, or one still waiting); ``len(transcript)`` when there is none. Nothing from there on is dropped."""
+    waiting = {send.get("message_id") for send in record.sends}
+    if record.active is not None:
+        waiting.add(record.active.get("send"))
+    for index, entry in enumerate(record.transcript):
+        if entry.get("message_id") in waiting:
+            return index
+    return len(record.transcript)
+
+
+def undelivered_bytes(record: RoomRecord) -> int:
+    """Pure: the JSON bytes of the transcript from :func:`undelivered_from` on (what the writer must keep)."""
+    return sum(len(orjson.dumps(entry)) + 1 for entry in record.transcript[undelivered_from(record):])
+
+
 def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = ROOM_WRITE_BUDGET) -> bytes:
     """Drop the oldest transcript entries until the record fits; return its file content.
 
     At most ``keep`` entries stay, and no more than fit in ``budget`` bytes of JSON
     (the newest ones that fit; the newest one always stays). Dropped entries are
     counted into ``record.base``, so every absolute position (``seen``,
-    ``running.upto``: ``base`` + index) still names the same entry.
+    ``running.upto``: ``base`` + index) still names the same entry. An acked send
+    whose round has not ended, and what follows it, is never dropped
+    (:func:`undelivered_from`; ``room_send`` refuses past :data:`UNDELIVERED_BUDGET`).
 
     Args:
         record: the room; its ``transcript`` and ``base`` are changed in place.
@@ -197,7 +222,8 @@ def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = R
     Raises:
         TypeError: the record is not serializable (orjson).
     """
-    drop = max(0, len(record.transcript) - keep)
+    droppable = min(undelivered_from(record), len(record.transcript) - 1)
+    drop = max(0, min(len(record.transcript) - keep, droppable))
     data = orjson.dumps(record.as_dict()) if drop == 0 else b""
     if drop == 0 and len(data) <= budget:
         return data  # the common case: one serialization
@@ -205,7 +231,7 @@ def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = R
     sizes = [len(orjson.dumps(entry)) + 1 for entry in kept]  # + 1: the comma between entries
     size = len(orjson.dumps({**record.as_dict(), "transcript": []})) + sum(sizes)
     extra = 0
-    while size > budget and extra < len(kept) - 1:
+    while size > budget and drop + extra < droppable:
         size -= sizes[extra]
         extra += 1
     drop += extra
