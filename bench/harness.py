@@ -5,7 +5,8 @@ seed-design baseline side by side in one process, shows a progress bar on
 stderr, prints a table, and writes ``<out>/<UTC timestamp>.json`` shaped::
 
     {"machine": {...},
-     "floors": {"pykka_ask_cpu_us", "pykka_ask_wall_us", "pykka_ask_n", "samples_cpu_us"},
+     "floors": {"pykka_ask_cpu_us", "pykka_ask_wall_us", "pykka_ask_n", "placement", "by_placement",
+                "pykka_pipelined_ask_cpu_us", "samples_cpu_us"},
      "scenarios": {NAME: {"ours": M, "baseline": M | null,
                           "ratio": {"p50": base_p50 / ours_p50,
                                     "throughput": ours / base} | null}}}
@@ -13,9 +14,10 @@ stderr, prints a table, and writes ``<out>/<UTC timestamp>.json`` shaped::
 with ``M = {"n", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"}``
 (plus ``cpu_per_dm_us``, ``rss_mb``, ``threads`` … where measured), and a PNG
 plot next to it. ``floors`` is the CPU of one pykka ``ask`` round trip, measured
-before and after the scenarios in the same process (the floor is the lower
-one), so ``local-throughput``'s ``cpu_per_dm_us`` can be read as a multiple of
-it. A
+before and after the scenarios in the same process (each figure the lower of
+the two) with the caller and the actor pinned to two CPUs (the floor) and to
+one (``by_placement``), and of a pipelined ask, so ``local-throughput``'s
+``cpu_per_dm_us`` can be read as a multiple of them. A
 scenario that cannot run on this machine (``redis-roundtrip`` without
 ``redis-server``) is written as ``{"ours": null, "baseline": null, "ratio": null,
 "skipped": REASON}``. Only a full run — not ``--quick``, and every scenario,
@@ -131,8 +133,7 @@ def run_bench(
             }
         samples[name] = outcome.samples
     floors.append(measure_floors(asks))
-    result["floors"] = {**min(floors, key=lambda f: f["pykka_ask_cpu_us"]),
-                        "samples_cpu_us": [f["pykka_ask_cpu_us"] for f in floors]}
+    result["floors"] = combine_floors(floors)
     elapsed = time.perf_counter() - started
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -190,3 +191,18 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def combine_floors(floors: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pure: the ``floors`` block from the samples taken before and after the scenarios: each figure the
+    lowest of its samples (the floor a noisy moment did not inflate), with the samples listed."""
+    best = min(floors, key=lambda f: f["pykka_ask_cpu_us"])
+    by_placement: dict[str, Any] = {}
+    for sample in floors:
+        for name, figures in (sample.get("by_placement") or {}).items():
+            if name not in by_placement or figures["cpu_us"] < by_placement[name]["cpu_us"]:
+                by_placement[name] = figures
+    pipelined = [f["pykka_pipelined_ask_cpu_us"] for f in floors if f.get("pykka_pipelined_ask_cpu_us") is not None]
+    return {**best, "by_placement": by_placement,
+            "pykka_pipelined_ask_cpu_us": min(pipelined) if pipelined else None,
+            "samples_cpu_us": [f["pykka_ask_cpu_us"] for f in floors]}

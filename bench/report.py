@@ -110,9 +110,18 @@ def _cpu_lines(result: dict[str, Any]) -> list[str]:
     if floor is not None:
         samples = floors.get("samples_cpu_us") or []
         wall, asks = _num(floors.get("pykka_ask_wall_us")), _num(floors.get("pykka_ask_n"))
+        where = {"two_cpus": "caller and actor pinned to two CPUs", "one_cpu": "caller and actor on one CPU"}
         out.append(f"floor: one pykka ask round trip costs {_num(floor)} µs of CPU ({wall} µs wall; {asks} asks, "
-                   "lowest of "
+                   f"{where.get(str(floors.get('placement')), 'unpinned')}; lowest of "
                    f"{', '.join(_num(v) for v in samples)} µs measured before and after the scenarios)")
+        one = (floors.get("by_placement") or {}).get("one_cpu")
+        if one and floors.get("placement") != "one_cpu":
+            out.append(f"floor on one CPU: {_num(one['cpu_us'])} µs of CPU per ask ({_num(one['wall_us'])} µs wall): "
+                       "a wake-up that stays on its CPU costs less; an unpinned pair lands either way, which is "
+                       "why both are pinned here")
+        if floors.get("pykka_pipelined_ask_cpu_us") is not None:
+            out.append(f"floor, pipelined: {_num(floors['pykka_pipelined_ask_cpu_us'])} µs of CPU per ask when 8 "
+                       "threads ask 100 actors without waiting (local-throughput's shape, nothing but pykka)")
     for name, entry in result["scenarios"].items():
         for side in ("ours", "baseline"):
             block = entry.get(side) or {}
@@ -124,6 +133,11 @@ def _cpu_lines(result: dict[str, Any]) -> list[str]:
                 text += f", {_num(block['cpu_per_dm_us_with_children'])} µs with the turn processes"
             elif side == "ours" and floor is not None:  # in-process turns only: a turn process is no hop
                 text += f" = {cpu / floor:.2f}× one pykka ask"
+                one = (floors.get("by_placement") or {}).get("one_cpu")
+                if one and floors.get("placement") != "one_cpu" and one["cpu_us"] > 0:
+                    text += f" ({cpu / one['cpu_us']:.2f}× one on one CPU"
+                    pipelined = floors.get("pykka_pipelined_ask_cpu_us")
+                    text += f", {cpu / pipelined:.1f}× one pipelined)" if pipelined else ")"
             out.append(text)
             split = block.get("cpu_split_us") or {}
             if split:
@@ -297,7 +311,12 @@ def _cpu_ratio(result: dict[str, Any]) -> tuple[float, str] | None:
     if floor is None or ours.get("cpu_per_dm_us") is None:
         return None
     ratio = float(ours["cpu_per_dm_us"]) / floor
-    return ratio, f"{ratio:.2f}× ({_num(ours['cpu_per_dm_us'])} / {_num(floor)} µs)"
+    text = f"{ratio:.2f}× ({_num(ours['cpu_per_dm_us'])} / {_num(floor)} µs"
+    floors = result.get("floors") or {}
+    one = (floors.get("by_placement") or {}).get("one_cpu")
+    if one and floors.get("placement") == "two_cpus" and one["cpu_us"] > 0:
+        text += f", an ask across CPUs; {float(ours['cpu_per_dm_us']) / one['cpu_us']:.2f}× one on one CPU"
+    return ratio, text + ")"
 
 
 def _scale_ratio(result: dict[str, Any]) -> tuple[float, str] | None:
@@ -425,8 +444,10 @@ def render_markdown(result: dict[str, Any], plot_path: str | None = "benchmarks.
         "**CPU per DM** (`cpu_per_dm_us`) is this process's CPU (user + system, every thread, senders and\n"
         "subscriber callbacks included) while the driver ran, divided by the DMs; the **floor** is the CPU\n"
         "of one pykka `ask` round trip (`floors.pykka_ask_cpu_us`), measured in the same process before\n"
-        "and after the scenarios (the lower of the two). CPU time is far less disturbed by other jobs on\n"
-        "the machine than wall time, so `CPU per DM / floor` is the steadiest figure here.\n",
+        "and after the scenarios (the lower of the two), with the caller and the actor pinned to the two\n"
+        "CPUs: the hop an actor system pays when a message wakes a thread on the other CPU. Pinned to one\n"
+        "CPU the same ask costs about half (reported beside it, with a pipelined ask); an unpinned pair\n"
+        "lands either way, so an unpinned floor flipped the CPU target between runs of one tree.\n",
         "> **Read the ratios, not the absolute numbers.** Every figure below was measured\n"
         "> side by side in one run on a small, noisy 2-core machine; absolute latencies move from\n"
         "> run to run, the ratios much less. `p50 ratio` = baseline p50 / ours p50; `thr ratio` = ours\n"

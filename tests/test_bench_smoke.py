@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -194,6 +195,44 @@ def test_cpu_ratio_target_reads_both_figures_of_one_run() -> None:
     assert rows != {goal: (m, st) for goal, _, m, st in evaluate_targets(result)}
     assert dict((g, st) for g, _, _, st in evaluate_targets(result))[
         "CPU per in-memory DM ≤ 1.5× one pykka ask (same run)"] == "not met"
+
+
+def test_the_floor_is_the_ask_across_cpus_and_each_placement_keeps_its_lowest_sample() -> None:
+    """An unpinned floor landed on one CPU (13 µs) or across two (29 µs) from run to run, flipping the CPU target
+    for one tree: both placements are pinned and measured, the ratio is taken against the ask across CPUs."""
+    from bench.harness import combine_floors
+
+    before = {"pykka_ask_cpu_us": 30.0, "pykka_ask_wall_us": 35.0, "pykka_ask_n": 100, "placement": "two_cpus",
+              "by_placement": {"one_cpu": {"cpu_us": 14.0, "wall_us": 14.0}, "two_cpus": {"cpu_us": 30.0,
+                                                                                        "wall_us": 35.0}},
+              "pykka_pipelined_ask_cpu_us": 8.0}
+    after = {**before, "pykka_ask_cpu_us": 28.0, "pykka_pipelined_ask_cpu_us": 9.0,
+             "by_placement": {"one_cpu": {"cpu_us": 15.0, "wall_us": 15.0}, "two_cpus": {"cpu_us": 28.0,
+                                                                                       "wall_us": 33.0}}}
+    floors = combine_floors([before, after])
+    assert floors["pykka_ask_cpu_us"] == 28.0 and floors["samples_cpu_us"] == [30.0, 28.0]
+    assert floors["by_placement"] == {"one_cpu": {"cpu_us": 14.0, "wall_us": 14.0},
+                                      "two_cpus": {"cpu_us": 28.0, "wall_us": 33.0}}
+    assert floors["pykka_pipelined_ask_cpu_us"] == 8.0
+    metrics = {"n": 10, "throughput_per_s": 5.0, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0, "max_ms": 4.0}
+    result: dict[str, Any] = {"machine": {}, "floors": floors,
+                              "scenarios": {"local-throughput": {"ours": {**metrics, "cpu_per_dm_us": 42.0},
+                                                                 "baseline": None, "ratio": None}}}
+    rows = {goal: (measured, status) for goal, _, measured, status in evaluate_targets(result)}
+    assert rows["CPU per in-memory DM ≤ 1.5× one pykka ask (same run)"] == (
+        "1.50× (42.00 / 28.00 µs, an ask across CPUs; 3.00× one on one CPU)", "met")
+
+
+def test_floor_placements_pin_the_pair_to_one_cpu_and_to_two() -> None:
+    from bench.floors import placements, pykka_ask_cpu_us
+
+    found = placements()
+    assert "one_cpu" in found or "unpinned" in found
+    before = os.sched_getaffinity(0)
+    for placement in found.values():
+        cpu_us, wall_us = pykka_ask_cpu_us(50, warmup=5, placement=placement)
+        assert cpu_us > 0 and wall_us > 0
+        assert os.sched_getaffinity(0) == before  # the caller's own affinity is given back
 
 
 def test_report_renders_markdown_and_docs(tmp_path: Path) -> None:
