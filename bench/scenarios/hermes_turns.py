@@ -33,7 +33,9 @@ __all__: list[str] = []
     "hermes-roundtrip",
     "real turns: the real `hermes` (hermes-agent 0.19) on an instant local fake model; bob's turn + alice's "
     "wake-up, ack → wake-up at the model; ours with warm turns (actors inside `hermes gateway run`) vs the "
-    "seed's design (a `hermes chat` process per turn, 100 ms lock polling, 250 ms reply polling); full run only",
+    "seed's design (a `hermes chat` process per turn, 100 ms lock polling, 250 ms reply polling; alice woken by "
+    "a fresh `hermes chat` turn, where the seed in a running gateway wakes her session through hermes' "
+    "background-process watcher, every 5 s in 0.19, and a warm turn: about as long on average); full run only",
 )
 def hermes_roundtrip(ctx: BenchContext) -> ScenarioResult:
     """Ours (warm turns) against the seed's process per turn, on the real hermes CLI."""
