@@ -51,6 +51,13 @@ class FakeApi:
                 self.close_connection = True
                 if api.chat == "hang":
                     api.release.wait(30)
+                if api.chat == "500":  # what hermes' API server answers when the agent raised
+                    body = b"500 Internal Server Error\n\nServer got itself in trouble"
+                    self.send_response(500)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
                 # "drop": no answer at all; the connection closes as the handler returns
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -161,3 +168,26 @@ def test_a_runner_raising_an_ambiguous_turn_failed_is_never_retried(tmp_path: Pa
     out = gw.wait_outcome(ack["delivery_id"], timeout=30)
     assert (out["status"], out["retryable"], out["reason"]) == ("ambiguous", False, "provider_server_error")
     assert calls == [1]  # provider_server_error alone would earn one retry
+
+
+@pytest.mark.parametrize(("config", "reason"), [
+    ("{}", "missing_config"),
+    ("model: {provider: custom, default: fake-model}", "provider_server_error"),
+])
+def test_a_500_for_a_bot_without_a_model_says_so_as_missing_config(tmp_path: Path, config: str, reason: str) -> None:
+    """On warm turns a bot with no model of its own failed `provider_server_error` (retryable, retried) with
+    hermes' bare "500 ... Server got itself in trouble"; the CLI path says `missing_config`. It is told as that."""
+    api = FakeApi("500")
+    try:
+        home = tmp_path / "bob"
+        home.mkdir()
+        (home / "config.yaml").write_text(config, encoding="utf-8")
+        runner = ApiRunner(ApiServer("127.0.0.1", api.port, "k" * 16), timeout=30)
+        with pytest.raises(TurnFailed) as caught:
+            runner.run_turn(Turn(profile="bob", content="hello bob", delivery_id="d1", session="Bot Chat",
+                                 home=home))
+    finally:
+        api.close()
+    assert caught.value.reason == reason, caught.value.text
+    assert ("has no model" in caught.value.text) == (reason == "missing_config")
+    assert "answered 500 on @bob's Bot Chat turn" in caught.value.text

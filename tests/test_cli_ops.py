@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway, write_fake_cli
+from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway, write_fake_cli, write_profile
 
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
@@ -487,13 +487,14 @@ def test_check_plugin(tmp_path: Path, enabled: dict[str, bool | None], level: st
 @pytest.mark.parametrize(("models", "level", "needle"), [
     ({"alice": "fake-model", "bob": "gpt-x"}, OK, "(fake-model, gpt-x)"),
     ({"alice": "fake-model", "bob": ""}, WARN, "no model set for: bob"),
-    ({"alice": None}, OK, "none managed"),  # unreadable: the plugin check blocks on it already
+    ({"alice": None}, OK, "names a model (none)"),  # unreadable: the plugin check blocks on it already
 ])
 def test_check_models(tmp_path: Path, models: dict[str, str | None], level: str, needle: str) -> None:
     check = check_models(tmp_path, models)
     assert check.level == level and needle in check.detail, check
     if level == WARN:
         assert str(tmp_path / "profiles" / "bob" / "config.yaml") in check.fix
+        assert "hermes -p bob model" in check.fix  # the profile named, no placeholder
 
 
 @pytest.mark.parametrize(("model", "level"), [
@@ -512,6 +513,16 @@ def test_doctor_warns_of_a_managed_bot_without_a_model(tmp_path: Path, model: An
     check = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "missing"), ping=lambda r: None)}["models"]
     assert check.level == level, check
     assert ("alice" in check.detail) == (level == WARN)
+
+
+def test_doctor_names_an_unmanaged_bot_without_a_model_too(tmp_path: Path) -> None:
+    """A profile created after `enable` is on the roster and receives DMs (managed or not): doctor said every
+    managed profile names a model and nothing blocks DMs, while each DM to it failed."""
+    root = make_root(tmp_path, {"alice": {}}, config={"model": {"default": "the-root-model"}})
+    (root / "profiles" / "alice" / "config.yaml").write_text(yaml.safe_dump({"model": "m"}), encoding="utf-8")
+    write_profile(root / "profiles" / "carol", managed=False)
+    check = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "missing"), ping=lambda r: None)}["models"]
+    assert check.level == WARN and "carol" in check.detail and "alice" not in check.detail, check
 
 
 def test_doctor_does_not_ask_for_the_hermes_cli_when_the_running_host_uses_another_runner(

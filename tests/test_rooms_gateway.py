@@ -320,6 +320,34 @@ def test_a_send_that_would_crowd_undelivered_sends_out_of_the_file_is_refused_an
     assert sorted(shown, key=int) == acked, "an acked send was never shown to a member"
 
 
+def test_a_send_posted_while_a_members_turn_runs_is_shown_to_that_member_next(
+    room_root: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: a member's reply marked everything up to the end of the transcript read, so a send posted
+    while its turn ran (addressed to it) was never shown to it: its next round found nothing new."""
+    release, entered = threading.Event(), threading.Event()
+    contents: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def behave(turn: Turn) -> str:
+        with lock:
+            contents.setdefault(turn.profile, []).append(turn.content)
+        if turn.profile == "alice" and not entered.is_set():
+            entered.set()
+            assert release.wait(20)
+        return "ok noted"
+
+    gw = start_gateway(gateways, room_root, behave)
+    gw.create_room("plan", ["alice", "bob"])
+    assert gw.room_send("plan", "user", "@alice first question")["status"] == "queued"
+    assert entered.wait(10)
+    assert gw.room_send("plan", "user", "@alice SECOND question, only for you")["status"] == "queued"
+    release.set()
+    assert gw.wait_room_idle("plan", timeout=20) in ("idle", "needs_you")
+    alice = contents["alice"]
+    assert any("SECOND question" in text for text in alice[1:]), alice
+
+
 def test_a_member_turn_runs_with_the_runner_when_a_live_owner_is_attached(
     room_root: Path, gateways: list[Gateway]
 ) -> None:

@@ -39,7 +39,7 @@ from hermes_actors.core.reasons import (
 )
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.cli_runner import turn_home
-from hermes_actors.hermes.install import cli_profile_name
+from hermes_actors.hermes.install import cli_profile_name, home_model
 from hermes_actors.hermes.plugin import turn_hop_scope
 from hermes_actors.hermes.retry import prepare_bot_chat_retry
 from hermes_actors.hermes.sessions import EMPTY_ANSWER, final_answer_since
@@ -321,7 +321,7 @@ class ApiRunner:
         try:
             return self._run(turn, handle, retry_missing=True)
         except _HttpFailure as failure:
-            raise self._failure(failure, handle) from None
+            raise self._failure(failure, handle, turn) from None
         except ValueError as exc:  # a profile name hermes rejects
             raise TurnFailed(str(exc), reason=UNKNOWN) from None
         finally:
@@ -392,8 +392,13 @@ class ApiRunner:
             return ""  # the model chose to say nothing: a silent outcome, not hermes' warning as the bot's reply
         return content
 
-    def _failure(self, failure: _HttpFailure, handle: str) -> TurnFailed:
-        text = f"hermes API server answered {failure.status} on @{handle}'s Bot Chat turn: {failure.message()}"
+    def _failure(self, failure: _HttpFailure, handle: str, turn: Turn) -> TurnFailed:
+        text = f"hermes API server answered {failure.status} on @{handle}'s {turn.session} turn: {failure.message()}"
+        if failure.status == 500 and _names_no_model(turn):
+            # hermes logs "No inference provider configured" and answers a bare 500: say what is wrong
+            return TurnFailed(f"@{handle} has no model: {turn_home(turn) / 'config.yaml'} names none, so hermes "
+                              f"cannot run its turns (set model.default and its provider there) — {text}",
+                              reason=MISSING_CONFIG)
         if failure.status == 401:
             return TurnFailed(text + " — the API_SERVER_KEY we use is not the gateway's", reason=MISSING_CONFIG)
         if failure.status == 404 and failure.code() != "session_not_found":
@@ -401,3 +406,11 @@ class ApiRunner:
         if failure.status == 503:
             return TurnFailed(text, reason=RUNTIME_OFFLINE)
         return TurnFailed(text, reason=classify_agent_error(text))
+
+
+def _names_no_model(turn: Turn) -> bool:
+    """Whether the turn's profile home names no model (False when that cannot be told)."""
+    try:
+        return home_model(turn_home(turn)) == ""
+    except TurnFailed:  # no home for the turn: cannot tell
+        return False

@@ -19,6 +19,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
@@ -209,3 +210,27 @@ def root_of_home(home: Path) -> Path:
     """
     home = Path(home)
     return home.parent.parent if home.parent.name == "profiles" else home
+
+
+def model_name(config: Any) -> str:
+    """Pure: the model a profile's ``config.yaml`` names, as hermes reads it (``""``: none).
+
+    ``model: NAME``, or ``model: {default: NAME}`` (``model.model`` in older files). A profile is its own
+    hermes home: the root's model is not its model, and without one hermes runs no turn of it (the CLI
+    exits "isn't configured yet"; the API server answers 500).
+
+    Args:
+        config: the parsed ``config.yaml`` (anything: a broken file's value is no model).
+    """
+    model = config.get("model") if isinstance(config, dict) else None
+    if isinstance(model, dict):
+        model = model.get("default") or model.get("model")
+    return model.strip() if isinstance(model, str) else ""
+
+
+def home_model(home: Path) -> str | None:
+    """The model ``home``'s ``config.yaml`` names (``""``: none), or None when that file does not read."""
+    from hermes_actors.store.yaml_file import read_yaml_mapping
+
+    data, problem = read_yaml_mapping(Path(home) / "config.yaml")
+    return None if problem else model_name(data)

@@ -19,7 +19,7 @@ from typing import Any
 from hermes_actors.core.config import parse_config, unknown_keys
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import ValidationError
-from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, profile_home
+from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, model_name, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store.atomic import read_json_file
@@ -129,10 +129,11 @@ def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
 
 
 def check_models(root: Path, models: dict[str, str | None]) -> Check:
-    """Pure: each managed profile names a model in its own ``config.yaml``.
+    """Pure: each profile that receives DMs names a model in its own ``config.yaml``.
 
-    ``models`` maps each managed profile to its model name (``""`` when none is set), or
-    None when its ``config.yaml`` cannot be read (the plugin check already says to fix it).
+    ``models`` maps each such profile (managed or not: both are on the roster) to its model name
+    (``""`` when none is set), or None when its ``config.yaml`` cannot be read (the plugin check
+    already says to fix it).
     A profile is its own hermes home: the root's model is not its model. Without one,
     hermes runs a turn only if the profile's environment names a provider; otherwise every
     DM to that bot fails ``missing_config`` after it was acked.
@@ -142,9 +143,9 @@ def check_models(root: Path, models: dict[str, str | None]) -> Check:
         files = ", ".join(str(profile_home(root, name) / "config.yaml") for name in missing)
         return Check("models", WARN, f"no model set for: {', '.join(missing)} (their turns fail missing_config "
                      "unless hermes finds a provider in their environment)",
-                     f"set model.default (and its provider) in {files}, e.g. with: hermes -p <profile> model")
+                     f"set model.default (and its provider) in {files}, e.g. with: hermes -p {missing[0]} model")
     named = sorted({model for model in models.values() if model})
-    return Check("models", OK, f"every managed profile names a model ({', '.join(named) or 'none managed'})")
+    return Check("models", OK, f"every profile that receives DMs names a model ({', '.join(named) or 'none'})")
 
 
 def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
@@ -276,10 +277,7 @@ def _profile_facts(home: Path) -> tuple[bool | None, str | None]:
         return None, None
     plugins = data.get("plugins")
     enabled = plugins.get("enabled") if isinstance(plugins, dict) else None
-    model = data.get("model")
-    if isinstance(model, dict):
-        model = model.get("default") or model.get("model")
-    return isinstance(enabled, list) and PLUGIN_NAME in enabled, model.strip() if isinstance(model, str) else ""
+    return isinstance(enabled, list) and PLUGIN_NAME in enabled, model_name(data)
 
 
 def _redis_ping(url: str) -> str | None:
@@ -369,8 +367,11 @@ def run_doctor(
     found = find_hermes_cli(cli)
     version, error = _cli_version(found) if found else (None, None)
     profiles = discover_profiles(root)
-    facts = {p.profile: _profile_facts(profile_home(root, p.profile)) for p in profiles if p.managed}
-    enabled = {name: plugin for name, (plugin, _model) in facts.items()}
+    # every profile on the roster receives DMs (managed or not); the plugin matters to the managed ones
+    facts = {p.profile: _profile_facts(profile_home(root, p.profile)) for p in profiles
+             if p.managed or CLI_PROFILE_RE.match(p.profile)}
+    managed = {p.profile for p in profiles if p.managed}
+    enabled = {name: plugin for name, (plugin, _model) in facts.items() if name in managed}
     path = root / "config.yaml"
     raw, problem = read_yaml_mapping(path)
     pong = ping(root)

@@ -271,8 +271,9 @@ class RoomActor(TypedActor):
         spoken = Spoken(False)
         if outcome.status == "replied":
             text = outcome.reply.strip()[:MESSAGE_MAX_CHARS]
+            # seen stays at what the turn read (upto): what others posted while it ran is still news to it
+            # (_news leaves its own reply out)
             self._post(handle, text, number, "said")
-            record.seen[member] = self._end()
             mentioned, user = find_mentions(text, record.members, self._resolve)
             spoken = Spoken(True, mentioned, user)
         elif outcome.status == "ambiguous":
@@ -308,8 +309,7 @@ class RoomActor(TypedActor):
         record.sends.append({"message_id": entry["message_id"], "sender": who, "mentioned": list(mentioned)})
         if who == USER:
             record.needs_you = False  # the human answered
-        else:
-            record.seen[who] = self._end()
+        # (a member's own send does not mark what others posted before it as read: _news leaves its own out)
         self._set_state("busy")
         if record.running is None:
             self._advance()  # writes the send (and the first turn's start) before the ack below
