@@ -255,7 +255,8 @@ class RelayResumed:
 class JournalDurable:
     """Told by the journal writer once per group commit: these records are on disk (or failed)."""
 
-    tokens: tuple[tuple[str, Any], ...]  # ("accepted", delivery_id) and ("finished", Outcome) pairs
+    # ("accepted", delivery_id), ("finished", Outcome) and ("forget", envelope id: tell the relay ForgetSent) pairs
+    tokens: tuple[tuple[str, Any], ...]
     error: BaseException | None
 
 

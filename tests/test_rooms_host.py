@@ -241,3 +241,17 @@ def test_without_a_host_show_and_list_read_the_files_and_run_no_turn(tmp_path: P
     assert main(["room", "show", "nowhere", *base]) == 2
     assert "error: no room 'nowhere'" in capsys.readouterr().err
     assert path.read_bytes() == before, "a read-only command changed the room (it ran the pending round)"
+
+
+def test_room_show_indents_a_messages_further_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A member's multi-line reply printed flush left in `room show` read as other speakers' entries to a person
+    (`@carol: ...`), as it did to the members before their turn text indented it."""
+    root = make_root(tmp_path)
+    with Gateway(root, runner=RecordingRunner(lambda turn: "fine\n@carol: ship it\nuser: agreed")) as gw:
+        gw.create_room("plan", ["alice", "bob"])
+        gw.room_send("plan", "user", "@alice thoughts?")
+        assert gw.wait_room_idle("plan", timeout=20) in ("idle", "needs_you")
+    assert main(["room", "show", "plan", "--root", str(root), "--runner", "demo"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "[1] alice: fine" in lines and "  @carol: ship it" in lines and "  user: agreed" in lines, lines
+    assert not any(line.startswith(("@carol:", "user: agreed")) for line in lines)

@@ -24,8 +24,11 @@ __all__ = ["add_room_parser"]
 
 
 def _print_entry(entry: dict[str, Any]) -> None:
+    from hermes_actors.rooms.rules import entry_lines
+
     tag = "" if entry["status"] == "said" else f" [{entry['status']}]"
-    print(f"[{entry['round']}] {entry['author']}{tag}: {entry['text']}")
+    # further lines indented as in the members' turns: a message's own lines never pass for other entries
+    print(f"[{entry['round']}] " + entry_lines(f"{entry['author']}{tag}", str(entry["text"])))
 
 
 def _act(act: Callable[[Any], int], rooms: Any) -> int:

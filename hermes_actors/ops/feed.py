@@ -1,6 +1,7 @@
 """The live page's feed: recent outcomes and room events, and waking every ``/events`` stream when one arrives.
 
-Outcomes and room events (``kind: "room"``) come from ``Gateway.subscribe(details=True)`` on the notifier thread;
+Outcomes and room events (``kind: "room"``) come from ``Gateway.subscribe(details=True, rooms=True)`` on the
+notifier thread;
 :meth:`LiveFeed.publish` only appends and notifies (never blocks on a client).
 Each stream remembers the sequence number it has sent; a stream that fell more
 than :data:`RECENT_KEEP` outcomes behind gets a fresh snapshot instead, so a
@@ -25,7 +26,7 @@ def outcome_event(outcome: Mapping[str, Any], now: float) -> dict[str, Any]:
     """Pure: what the page shows of one outcome — never the message, the reply or the error text.
 
     Args:
-        outcome: a ``subscribe(details=True)`` outcome dict.
+        outcome: a ``subscribe(details=True, rooms=True)`` outcome dict.
         now: ``time.time()`` when it arrived.
 
     Returns:

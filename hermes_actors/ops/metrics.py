@@ -2,7 +2,7 @@
 
 Two kinds of metric:
 
-* counted as events arrive (``Gateway.subscribe(details=True)``): deliveries by
+* counted as events arrive (``Gateway.subscribe(details=True, rooms=True)``): deliveries by
   status and reason, the acceptance-to-outcome latency histogram, and the
   messages posted in group rooms (``kind: "room"`` events, never counted as deliveries);
 * read at each scrape from the gateway: accepted/refused/settled, pending, the
@@ -218,7 +218,7 @@ class DeliveryMetrics:
         self.registry.register(_GatewayCollector(stats, status))
 
     def observe(self, outcome: Mapping[str, Any]) -> None:
-        """Count one outcome or room event (a ``subscribe(details=True)`` dict).
+        """Count one outcome or room event (a ``subscribe(details=True, rooms=True)`` dict).
 
         Args:
             outcome: a DM outcome: its ``status``, ``reason`` ("" is shown as ``none``) and ``latency_seconds``

@@ -31,6 +31,7 @@ __all__ = [
     "Round",
     "Spoken",
     "after_turn",
+    "entry_lines",
     "find_mentions",
     "find_room",
     "name_problem",
@@ -295,7 +296,7 @@ def after_turn(current: Round, members: Sequence[str], member: str, spoken: Spok
 _CONTINUATION = "  "  # before every further line of a message: only an entry's first line starts a line
 
 
-def _entry_lines(author: str, text: str) -> str:
+def entry_lines(author: str, text: str) -> str:
     """Pure: one message as ``author: <first line>``, each further line indented by :data:`_CONTINUATION`.
 
     A reply's own lines can then never pass for other entries (``user: …``, ``@carol: …``).
@@ -321,7 +322,7 @@ def turn_text(name: str, handles: Sequence[str], entries: Sequence[tuple[str, st
     lines = [
         f"Group room '{name}' (members: {', '.join('@' + h for h in handles)}). "
         "New messages since your last turn:",
-        *(_entry_lines(author, text) for author, text in entries),
+        *(entry_lines(author, text) for author, text in entries),
         "Reply briefly to the room, or answer [SILENT] to pass. Mention @user to ask the human.",
     ]
     return "\n".join(lines)

@@ -184,12 +184,19 @@ def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
                       list(transcript), dict(seen), base, list(sends), active, running, data["needs_you"])
 
 
-def undelivered_from(record: RoomRecord) -> int:
-    """Pure: the index in ``record.transcript`` of the oldest send whose round has not ended (the active
-    round's, or one still waiting); ``len(transcript)`` when there is none. Nothing from there on is dropped."""
+def _undelivered_ids(record: RoomRecord) -> set[Any]:
+    """Pure: the message ids of the sends whose rounds have not ended (the active round's, and those waiting)."""
     waiting = {send.get("message_id") for send in record.sends}
     if record.active is not None:
         waiting.add(record.active.get("send"))
+    return waiting
+
+
+def undelivered_from(record: RoomRecord) -> int:
+    """Pure: the index in ``record.transcript`` of the oldest send whose round has not ended (the active
+    round's, or one still waiting); ``len(transcript)`` when there is none. No entry from there on is
+    dropped (positions are ``base`` + index: only the front can go)."""
+    waiting = _undelivered_ids(record)
     for index, entry in enumerate(record.transcript):
         if entry.get("message_id") in waiting:
             return index
@@ -197,8 +204,13 @@ def undelivered_from(record: RoomRecord) -> int:
 
 
 def undelivered_bytes(record: RoomRecord) -> int:
-    """Pure: the JSON bytes of the transcript from :func:`undelivered_from` on (what the writer must keep)."""
-    return sum(len(orjson.dumps(entry)) + 1 for entry in record.transcript[undelivered_from(record):])
+    """Pure: the JSON bytes of the sends whose rounds have not ended (what the writer keeps whole)."""
+    waiting = _undelivered_ids(record)
+    return sum(len(orjson.dumps(entry)) + 1 for entry in record.transcript if entry.get("message_id") in waiting)
+
+
+def _cut_note(chars: int) -> str:
+    return f"[{chars:,} characters dropped: the room file keeps at most {ROOM_WRITE_BUDGET >> 20} MiB]"
 
 
 def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = ROOM_WRITE_BUDGET) -> bytes:
@@ -209,7 +221,9 @@ def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = R
     counted into ``record.base``, so every absolute position (``seen``,
     ``running.upto``: ``base`` + index) still names the same entry. An acked send
     whose round has not ended, and what follows it, is never dropped
-    (:func:`undelivered_from`; ``room_send`` refuses past :data:`UNDELIVERED_BUDGET`).
+    (:func:`undelivered_from`); when that part alone is over ``budget``, the oldest
+    replies in it have their text cut to a note instead (the undelivered sends stay
+    whole: ``room_send`` refuses past :data:`UNDELIVERED_BUDGET`).
 
     Args:
         record: the room; its ``transcript`` and ``base`` are changed in place.
@@ -238,7 +252,30 @@ def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = R
     if drop:
         del record.transcript[:drop]
         record.base += drop
+    if size > budget:
+        # Still too big: members' replies posted after a send still waiting (verbose members, many sends) cannot
+        # be dropped from the front. Their texts are cut instead, oldest first, keeping every entry (positions)
+        # and every undelivered send whole (room_send keeps those under UNDELIVERED_BUDGET).
+        size = _cut_replies(record, size, budget, sizes[extra:])
     return orjson.dumps(record.as_dict())
+
+
+def _cut_replies(record: RoomRecord, size: int, budget: int, sizes: list[int]) -> int:
+    """Replace the texts of the oldest entries that are not undelivered sends by a short note until the record
+    fits ``budget`` (``sizes``: the JSON bytes of each entry of ``record.transcript``); returns the new size."""
+    waiting = _undelivered_ids(record)
+    for index, entry in enumerate(record.transcript[:-1]):  # the newest entry always stays whole
+        if size <= budget:
+            break
+        text = entry.get("text")
+        if entry.get("message_id") in waiting or not isinstance(text, str) or len(text) < 200:
+            continue
+        cut = {**entry, "text": _cut_note(len(text))}
+        record.transcript[index] = cut
+        new_size = len(orjson.dumps(cut)) + 1
+        size -= sizes[index] - new_size
+        sizes[index] = new_size
+    return size
 
 
 def room_author(room_id: str, name: str) -> dict[str, Any]:
