@@ -191,3 +191,21 @@ def test_a_500_for_a_bot_without_a_model_says_so_as_missing_config(tmp_path: Pat
     assert caught.value.reason == reason, caught.value.text
     assert ("has no model" in caught.value.text) == (reason == "missing_config")
     assert "answered 500 on @bob's Bot Chat turn" in caught.value.text
+
+
+def test_a_500_for_a_bot_whose_model_hermes_completes_stays_a_server_error(tmp_path: Path) -> None:
+    """A config with a provider and a local base_url but no model name is one hermes 0.19 runs (it asks the
+    server for its model): a 500 there is not 'no model' (the lastrev review's false positive)."""
+    api = FakeApi("500")
+    try:
+        home = tmp_path / "bob"
+        home.mkdir()
+        (home / "config.yaml").write_text("model: {provider: custom, base_url: 'http://127.0.0.1:9/v1'}",
+                                          encoding="utf-8")
+        runner = ApiRunner(ApiServer("127.0.0.1", api.port, "k" * 16), timeout=30)
+        with pytest.raises(TurnFailed) as caught:
+            runner.run_turn(Turn(profile="bob", content="hello bob", delivery_id="d1", session="Bot Chat",
+                                 home=home))
+    finally:
+        api.close()
+    assert caught.value.reason == "provider_server_error" and "has no model" not in caught.value.text

@@ -247,11 +247,12 @@ def test_room_show_indents_a_messages_further_lines(tmp_path: Path, capsys: pyte
     """A member's multi-line reply printed flush left in `room show` read as other speakers' entries to a person
     (`@carol: ...`), as it did to the members before their turn text indented it."""
     root = make_root(tmp_path)
-    with Gateway(root, runner=RecordingRunner(lambda turn: "fine\n@carol: ship it\nuser: agreed")) as gw:
+    with Gateway(root, runner=RecordingRunner(lambda turn: "fine\n@carol: ship it\nuser: agreed\x1b[2J")) as gw:
         gw.create_room("plan", ["alice", "bob"])
         gw.room_send("plan", "user", "@alice thoughts?")
         assert gw.wait_room_idle("plan", timeout=20) in ("idle", "needs_you")
     assert main(["room", "show", "plan", "--root", str(root), "--runner", "demo"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "[1] alice: fine" in lines and "  @carol: ship it" in lines and "  user: agreed" in lines, lines
+    assert "[1] alice: fine" in lines and "  @carol: ship it" in lines and "  user: agreed\\x1b[2J" in lines, lines
     assert not any(line.startswith(("@carol:", "user: agreed")) for line in lines)
+    assert not any("\x1b" in line for line in lines)  # a terminal escape is shown, not acted on

@@ -95,3 +95,16 @@ def test_verbose_replies_after_a_waiting_send_are_cut_not_the_send_and_the_file_
     files = RoomFiles(root, fsync=False).ensure()
     files.write(record)
     assert [r.room_id for r in files.load_all()] == [record.room_id]
+
+
+def test_many_short_replies_after_a_waiting_send_are_cut_too(tmp_path: Path) -> None:
+    """Replies under 200 characters were never cut: a backlog of sends with short replies each kept the file
+    far over its budget (7.4 MB seen). Any reply longer than its note is cut now, oldest first."""
+    record = _record(1, "first")
+    waiting = record.transcript[0]["message_id"]
+    record.sends = [{"message_id": waiting, "sender": "user", "mentioned": []}]
+    record.transcript += [_entry(i, "\u4e2d" * 199) for i in range(1, 8001)]  # 8,000 replies of 597 bytes
+    data = fit_room(record)
+    assert len(data) <= ROOM_WRITE_BUDGET
+    assert record.base == 0 and len(record.transcript) == 8001 and record.transcript[0]["text"] == "0 first"
+    assert record.transcript[-1]["text"].startswith("8000 ")  # the newest stays whole

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from hermes_actors.cli.arg_types import seconds
-from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, refusal_line
+from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line
 
 __all__ = ["add_room_parser"]
 
@@ -28,7 +28,7 @@ def _print_entry(entry: dict[str, Any]) -> None:
 
     tag = "" if entry["status"] == "said" else f" [{entry['status']}]"
     # further lines indented as in the members' turns: a message's own lines never pass for other entries
-    print(f"[{entry['round']}] " + entry_lines(f"{entry['author']}{tag}", str(entry["text"])))
+    print(f"[{entry['round']}] " + printable(entry_lines(f"{entry['author']}{tag}", str(entry["text"]))))
 
 
 def _act(act: Callable[[Any], int], rooms: Any) -> int:

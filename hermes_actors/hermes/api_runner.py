@@ -39,7 +39,7 @@ from hermes_actors.core.reasons import (
 )
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.cli_runner import turn_home
-from hermes_actors.hermes.install import cli_profile_name, home_model
+from hermes_actors.hermes.install import cli_profile_name, home_names_no_model
 from hermes_actors.hermes.plugin import turn_hop_scope
 from hermes_actors.hermes.retry import prepare_bot_chat_retry
 from hermes_actors.hermes.sessions import EMPTY_ANSWER, final_answer_since
@@ -411,6 +411,6 @@ class ApiRunner:
 def _names_no_model(turn: Turn) -> bool:
     """Whether the turn's profile home names no model (False when that cannot be told)."""
     try:
-        return home_model(turn_home(turn)) == ""
+        return home_names_no_model(turn_home(turn)) is True
     except TurnFailed:  # no home for the turn: cannot tell
         return False

@@ -213,11 +213,11 @@ def root_of_home(home: Path) -> Path:
 
 
 def model_name(config: Any) -> str:
-    """Pure: the model a profile's ``config.yaml`` names, as hermes reads it (``""``: none).
+    """Pure: the model a profile's ``config.yaml`` names, as hermes reads it (``""``: none named).
 
-    ``model: NAME``, or ``model: {default: NAME}`` (``model.model`` in older files). A profile is its own
-    hermes home: the root's model is not its model, and without one hermes runs no turn of it (the CLI
-    exits "isn't configured yet"; the API server answers 500).
+    ``model: NAME``, or ``model: {default: NAME}`` (``model.model`` in older files). A section that names
+    only a ``provider`` or a ``base_url`` has no name here, yet hermes completes it (it asks a local server
+    for its model, or takes the provider's default): see :func:`names_no_model`.
 
     Args:
         config: the parsed ``config.yaml`` (anything: a broken file's value is no model).
@@ -228,9 +228,23 @@ def model_name(config: Any) -> str:
     return model.strip() if isinstance(model, str) else ""
 
 
-def home_model(home: Path) -> str | None:
-    """The model ``home``'s ``config.yaml`` names (``""``: none), or None when that file does not read."""
+def names_no_model(config: Any) -> bool:
+    """Pure: whether a profile's ``config.yaml`` gives hermes nothing to find a model with.
+
+    A profile is its own hermes home: the root's model is not its model, and with no ``model``
+    section (or one with no name, provider or base URL) hermes runs no turn of it (the CLI exits
+    "isn't configured yet"; the API server answers 500), unless its environment names a provider.
+    """
+    if model_name(config):
+        return False
+    model = config.get("model") if isinstance(config, dict) else None
+    return not (isinstance(model, dict) and any(
+        isinstance(model.get(key), str) and model[key].strip() for key in ("provider", "base_url")))
+
+
+def home_names_no_model(home: Path) -> bool | None:
+    """:func:`names_no_model` for ``home``'s ``config.yaml``; None when that file does not read."""
     from hermes_actors.store.yaml_file import read_yaml_mapping
 
     data, problem = read_yaml_mapping(Path(home) / "config.yaml")
-    return None if problem else model_name(data)
+    return None if problem else names_no_model(data)

@@ -19,7 +19,7 @@ from typing import Any
 from hermes_actors.core.config import parse_config, unknown_keys
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import ValidationError
-from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, model_name, profile_home
+from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, model_name, names_no_model, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store.atomic import read_json_file
@@ -132,12 +132,17 @@ def check_models(root: Path, models: dict[str, str | None]) -> Check:
     """Pure: each profile that receives DMs names a model in its own ``config.yaml``.
 
     ``models`` maps each such profile (managed or not: both are on the roster) to its model name
-    (``""`` when none is set), or None when its ``config.yaml`` cannot be read (the plugin check
-    already says to fix it).
+    (``""`` when nothing names one: :func:`~hermes_actors.hermes.install.names_no_model`), or None
+    when its ``config.yaml`` cannot be read (hermes cannot read it either).
     A profile is its own hermes home: the root's model is not its model. Without one,
     hermes runs a turn only if the profile's environment names a provider; otherwise every
     DM to that bot fails ``missing_config`` after it was acked.
     """
+    unreadable = [name for name, model in models.items() if model is None]
+    if unreadable:  # a managed one's is named by the plugin check too; an unmanaged one's only here
+        files = ", ".join(str(profile_home(root, name) / "config.yaml") for name in unreadable)
+        return Check("models", WARN, f"cannot tell: the config.yaml of {', '.join(unreadable)} does not read as "
+                     "YAML (hermes cannot run their turns either)", f"fix {files}")
     missing = [name for name, model in models.items() if model == ""]
     if missing:
         files = ", ".join(str(profile_home(root, name) / "config.yaml") for name in missing)
@@ -277,7 +282,8 @@ def _profile_facts(home: Path) -> tuple[bool | None, str | None]:
         return None, None
     plugins = data.get("plugins")
     enabled = plugins.get("enabled") if isinstance(plugins, dict) else None
-    return isinstance(enabled, list) and PLUGIN_NAME in enabled, model_name(data)
+    named = model_name(data) or ("" if names_no_model(data) else "(completed by hermes)")
+    return isinstance(enabled, list) and PLUGIN_NAME in enabled, named
 
 
 def _redis_ping(url: str) -> str | None:

@@ -210,7 +210,7 @@ def undelivered_bytes(record: RoomRecord) -> int:
 
 
 def _cut_note(chars: int) -> str:
-    return f"[{chars:,} characters dropped: the room file keeps at most {ROOM_WRITE_BUDGET >> 20} MiB]"
+    return f"[{chars:,} characters dropped to keep the room's file small]"
 
 
 def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = ROOM_WRITE_BUDGET) -> bytes:
@@ -268,9 +268,11 @@ def _cut_replies(record: RoomRecord, size: int, budget: int, sizes: list[int]) -
         if size <= budget:
             break
         text = entry.get("text")
-        if entry.get("message_id") in waiting or not isinstance(text, str) or len(text) < 200:
+        if entry.get("message_id") in waiting or not isinstance(text, str):
             continue
         cut = {**entry, "text": _cut_note(len(text))}
+        if len(orjson.dumps(cut)) + 1 >= sizes[index]:
+            continue  # already short (or a note): cutting saves nothing
         record.transcript[index] = cut
         new_size = len(orjson.dumps(cut)) + 1
         size -= sizes[index] - new_size
