@@ -274,9 +274,9 @@ def _cli_version(cli: str) -> tuple[str | None, str | None]:
 
 
 def _profile_facts(home: Path) -> tuple[bool | None, str | None]:
-    """Whether the profile's config.yaml lists the plugin, and the model it names (``""``: none),
-    as hermes reads them (``model`` a name, or ``model.default`` / ``model.model``); (None, None)
-    when that file does not read."""
+    """Whether the profile's config.yaml lists the plugin, and the model it names as hermes reads it
+    (:func:`~hermes_actors.hermes.install.model_name`; ``"(completed by hermes)"`` for a section with only a
+    provider or a base URL, ``""`` for none); (None, None) when that file does not read."""
     data, problem = read_yaml_mapping(home / "config.yaml")
     if problem:
         return None, None

@@ -58,8 +58,8 @@ ROOM_MAX_BYTES = 16 << 20
 # Acked sends whose rounds have not started (each a small dict): capped so that everything but the
 # transcript stays far below ROOM_WRITE_BUDGET (1,000 sends are well under 1 MiB).
 MAX_PENDING_SENDS = 1000
-# Acked sends whose rounds have not ended are never dropped: room_send refuses a send that would make them
-# (with what followed them) more than this, leaving the rest of ROOM_WRITE_BUDGET to the members' replies.
+# Acked sends whose rounds have not ended are never dropped or cut: room_send refuses a send that would make
+# their own text more than this, leaving the rest of ROOM_WRITE_BUDGET to the members' replies (fit_room).
 UNDELIVERED_BUDGET = ROOM_WRITE_BUDGET // 2
 
 
@@ -228,7 +228,7 @@ def fit_room(record: RoomRecord, *, keep: int = TRANSCRIPT_KEEP, budget: int = R
     Args:
         record: the room; its ``transcript`` and ``base`` are changed in place.
         keep: the most entries kept.
-        budget: the most bytes of the file, as far as dropping entries can reach it.
+        budget: the most bytes of the file, as far as dropping entries and cutting replies can reach it.
 
     Returns:
         The record as the JSON bytes of its file.
@@ -271,10 +271,10 @@ def _cut_replies(record: RoomRecord, size: int, budget: int, sizes: list[int]) -
         if entry.get("message_id") in waiting or not isinstance(text, str):
             continue
         cut = {**entry, "text": _cut_note(len(text))}
-        if len(orjson.dumps(cut)) + 1 >= sizes[index]:
+        new_size = len(orjson.dumps(cut)) + 1
+        if new_size >= sizes[index]:
             continue  # already short (or a note): cutting saves nothing
         record.transcript[index] = cut
-        new_size = len(orjson.dumps(cut)) + 1
         size -= sizes[index] - new_size
         sizes[index] = new_size
     return size
