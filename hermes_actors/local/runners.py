@@ -11,6 +11,9 @@ a callable): its turns then run inline on the ProfileActor's thread instead of
 a worker thread, saving two thread hand-offs and the turn timer per DM
 (:func:`runs_inline`). A runner that says so and then blocks stalls its own
 profile's queue (and its turn timeout cannot fire), never another profile's.
+``turn.message_agent`` waits for the Dispatcher's ack, so a turn that sends DMs
+blocks: leave such a runner blocking (a ``stop()`` that begins while an inline
+turn waits on that ack is held until the ask times out).
 
 Three optional methods let a runner take part in a delivery's life:
 ``prepare_retry(turn, began) -> bool`` is asked before the one policy retry (False
