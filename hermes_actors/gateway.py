@@ -536,7 +536,7 @@ class Gateway:
         return found
 
     def subscribe(
-        self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False, rooms: bool = False
+        self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False, rooms: bool = True
     ) -> Callable[[], None]:
         """Call ``callback(outcome)`` for every later outcome, on the notifier thread.
 
@@ -547,9 +547,10 @@ class Gateway:
             callback: called with a copy of each outcome dict.
             details: also put ``sender`` and ``target`` (handles) and ``latency_seconds`` (acceptance
                 to outcome, None when unknown) in the dicts this callback receives (for metrics and logs).
-            rooms: also call it with the group rooms' events (``kind: "room"``, docs/rooms.md); they
-                are not outcomes (no ``delivery_id``/``status``), so only a callback that asks gets them.
-                Each outcome dict carries ``kind: "dm"`` besides the outcome's keys.
+            rooms: also call it with the group rooms' events (``kind: "room"``, docs/rooms.md; no
+                ``delivery_id``/``status``): the default, as the rooms' issue asks. ``rooms=False`` gives
+                a callback DM outcomes only. Each outcome dict carries ``kind: "dm"`` besides the
+                outcome's keys, so a callback tells the two apart by ``kind``.
 
         Returns:
             A function that unsubscribes.
