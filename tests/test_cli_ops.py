@@ -15,6 +15,7 @@ import pytest
 import yaml
 from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway, write_fake_cli, write_profile
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.local.command_runner import CommandRunner
@@ -293,6 +294,34 @@ def test_doctor_plugin_missing_for_one_profile_is_a_warning(tmp_path: Path) -> N
 )
 def test_connection_id_check(own: set[str], remote: set[str], routed: set[str], level: str) -> None:
     assert check_connection_ids(own, remote, routed).level == level
+
+
+def test_doctor_sees_the_hub_route_to_a_running_gateway_under_another_name(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: a running gateway empties ``inbox/`` at once, so doctor never saw the name the hub used for it
+    ("connection ids: gateway runs as mini" while the hub routed here as mini2); the relay now keeps the names
+    it was handed in its heartbeat, and says so once in the log."""
+    from relay_helpers import seed_envelope
+
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    root = make_root(tmp_path)
+    cli = str(write_fake_cli(tmp_path, FAKE_HERMES))
+    start_gateway(gateways, root, RecordingRunner(), connection_id="mini")
+    paths = InboxPaths.from_root(root)
+    with LogCapture("WARNING") as logs:
+        for name in ("mini", "mini2"):
+            envelope = seed_envelope(target_connection=name, target_profile="bob", message=f"to {name}")
+            post_to_inbox(paths, envelope, "alpha")
+            await_condition((paths.delivered / f"{envelope['id']}.json").exists, timeout=20,
+                            message=f"the envelope routed as {name} answered")
+    # the warning is logged before the envelope is handed on, so before its answer: once, for mini2 only
+    assert len(logs.matching("routes DMs to this root as 'mini2'", "runs as 'mini'")) == 1
+    assert logs.matching("routes DMs to this root as") == logs.matching("'mini2'")
+    checks = {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}
+    assert checks["connection ids"].level == BLOCK, checks["connection ids"]
+    assert "routes to this root as mini2" in checks["connection ids"].detail
 
 
 def test_doctor_tells_a_wrong_redis_password_from_a_good_one(tmp_path: Path) -> None:

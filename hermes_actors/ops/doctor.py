@@ -18,6 +18,7 @@ from typing import Any
 
 from hermes_actors.core.config import parse_config, unknown_keys
 from hermes_actors.core.ids import id_of_file_name
+from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import ValidationError
 from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, model_name, names_no_model, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
@@ -33,6 +34,7 @@ __all__ = ["Check", "blocking", "run_doctor"]
 OK, WARN, BLOCK = "ok", "warn", "block"
 _VERSION_TIMEOUT = 20.0
 _REDIS_TIMEOUT = 3.0
+_MAX_ROUTED_NAMES = 16  # names read from one heartbeat (a gateway writes at most 8)
 
 
 @dataclass(frozen=True)
@@ -301,8 +303,14 @@ def _redis_ping(url: str) -> str | None:
 
 
 def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
+    """This root's gateways' connection ids, the relay roster's other roots, and the names the hub routed here as.
+
+    The names come from each running gateway's heartbeat (every ``target_connection`` its relay was handed:
+    a running gateway empties ``inbox/`` at once) and from the envelopes still waiting in ``inbox/``.
+    """
     inbox = InboxPaths.from_root(root)
     own: set[str] = set()
+    routed: set[str] = set()
     try:
         beats = [n for n in os.listdir(inbox.heartbeat) if n.endswith(".json")]
     except OSError:
@@ -312,11 +320,15 @@ def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
             beat = read_json_file(inbox.heartbeat / name, max_bytes=4096)
         except (OSError, ValidationError):
             continue
-        if isinstance(beat, dict) and beat.get("connection_id"):
+        if not isinstance(beat, dict):
+            continue
+        if beat.get("connection_id"):
             own.add(str(beat["connection_id"]))
+        names = beat.get("routed_as")
+        if isinstance(names, list):
+            routed.update(n for n in names[:_MAX_ROUTED_NAMES] if isinstance(n, str) and HANDLE_RE.match(n))
     agents, _age = read_roster(inbox.relay)
     remote = {a.connection_id for a in agents}
-    routed: set[str] = set()
     for directory in (inbox.inbox, inbox.taken):
         try:
             names = sorted(os.listdir(directory))[:50]

@@ -85,6 +85,7 @@ HOUSEKEEP_EVERY_SECONDS = 3600.0
 # an FsBridge always watches): FsBridge(..., subdirs=WATCHED_SUBDIRS) spares this actor every other event.
 WATCHED_SUBDIRS = ("replies", "inbox")
 HEARTBEAT_SECONDS = 2.0
+MAX_ROUTED_AS = 8  # names kept for the heartbeat: a hub uses one; more means a misconfiguration, shown as is
 
 
 @dataclass
@@ -148,6 +149,8 @@ class RelayActor(TypedActor):
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0,
                          "returned": 0}
         self.last_housekeep = time.monotonic()
+        # the names the hub used for this root in the envelopes it handed us (heartbeat, for doctor); bounded
+        self.routed_as: frozenset[str] = frozenset()
 
     def on_start(self) -> None:
         self._recover_taken()
@@ -354,6 +357,8 @@ class RelayActor(TypedActor):
     def _take(self, envelope_id: str) -> None:
         result = drain_envelope(self.paths, "inbox", envelope_id, ttl=self.config.envelope_ttl_seconds,
                                 now=time.time())
+        if isinstance(result, ToDeliver | Expired):
+            self._note_routed_as(result.envelope["target_connection"])
         if isinstance(result, ToDeliver):
             self.counters["drained"] += 1
             self.dispatcher.tell(RelayDeliver(result.envelope, result.reply_connection))
@@ -501,9 +506,19 @@ class RelayActor(TypedActor):
 
     # ── heartbeat and housekeeping ──────────────────────────────────────────
 
+    def _note_routed_as(self, name: str) -> None:
+        """Remember a name the hub routed to this root under; a new one goes into the heartbeat at once."""
+        if name in self.routed_as or len(self.routed_as) >= MAX_ROUTED_AS:
+            return
+        self.routed_as |= {name}
+        if self.connection_id and name != self.connection_id:
+            logger.warning("relay: the hub routes DMs to this root as {!r}, but this gateway runs as {!r}: use the "
+                           "same name in serve --connection-id and the hub's --name", name, self.connection_id)
+        self._heartbeat()
+
     def _heartbeat(self) -> None:
         try:
-            write_heartbeat(self.paths, self.connection_id, now=time.time())
+            write_heartbeat(self.paths, self.connection_id, now=time.time(), routed_as=self.routed_as)
         except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
             logger.warning("relay: heartbeat write failed: {}", exc)
 

@@ -226,9 +226,21 @@ def is_consumed(paths: InboxPaths, envelope_id: str) -> bool:
     return paths.relay.id_file(paths.consumed, envelope_id).exists()
 
 
-def write_heartbeat(paths: InboxPaths, connection_id: str | None, *, now: float) -> None:
-    """This gateway process says it is alive (the hub turns this into ``online`` flags)."""
-    payload = {"pid": os.getpid(), "connection_id": connection_id or "", "at": int(now)}
+def write_heartbeat(
+    paths: InboxPaths, connection_id: str | None, *, now: float, routed_as: frozenset[str] = frozenset()
+) -> None:
+    """This gateway process says it is alive (the hub turns this into ``online`` flags).
+
+    Args:
+        paths: the root's relay layout.
+        connection_id: this gateway's id ("" when unknown).
+        now: the current time.
+        routed_as: the ``target_connection`` names of the envelopes the hub handed to this root so far
+            (``doctor`` compares them with ``connection_id``); written only when there are any.
+    """
+    payload: dict[str, object] = {"pid": os.getpid(), "connection_id": connection_id or "", "at": int(now)}
+    if routed_as:
+        payload["routed_as"] = sorted(routed_as)
     atomic_write_json(paths.heartbeat / f"{os.getpid()}.json", payload, tmp_dir=paths.relay.tmp,
                       within=paths.relay.base)
 
