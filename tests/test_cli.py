@@ -165,13 +165,16 @@ def test_the_demo_writer_answers_the_request_it_got(request_text: str, answer: s
 def test_room_commands_create_send_show_list_disband(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = create_demo_root(tmp_path / "root")
     base = ["--root", str(root), "--runner", "demo"]
-    assert main(["room", "create", "launch", "hermes", "scout", "critic", *base]) == 0
-    room = json.loads(capsys.readouterr().out)
+    assert main(["room", "create", "launch", "hermes", "scout", "critic", *base]) == 0  # a human line by default
+    created = capsys.readouterr().out.strip()
+    assert main(["room", "list", "--json", *base]) == 0
+    [room] = [{k: r[k] for k in ("room_id", "name", "members")} for r in json.loads(capsys.readouterr().out)]
     assert room["name"] == "launch" and room["members"] == ["hermes", "scout", "critic"]
+    assert created == f"room launch created ({room['room_id']}): @hermes, @scout, @critic"
 
     assert main(["room", "send", "launch", "What do we need for Friday?", *base, "--wait", "30"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert json.loads(lines[0])["status"] == "queued"
+    assert lines[0].startswith("queued in room launch: message ") and len(lines[0].split()[-1]) == 32
     assert lines[1].startswith("[1] hermes: ") and lines[-1] == "room is needs_you"
     assert any(line.startswith("[2] hermes: @user") for line in lines)
 
@@ -184,7 +187,8 @@ def test_room_commands_create_send_show_list_disband(tmp_path: Path, capsys: pyt
     assert rows == [{**room, "state": "needs_you", "messages": len(shown), "last_activity": rows[0]["last_activity"]}]
 
     assert main(["room", "disband", "launch", *base]) == 0
-    assert json.loads(capsys.readouterr().out)["state"] == "disbanded"
+    assert capsys.readouterr().out.strip() == (f"room launch disbanded ({room['room_id']}); its members' sessions "
+                                               "stay")
     assert main(["room", "list", "--json", *base]) == 0
     assert json.loads(capsys.readouterr().out) == []
 

@@ -114,16 +114,16 @@ def test_every_room_command_goes_through_the_host(host: tuple[Path, Gateway, Mem
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     root, gw, _members, runner = host
     base = ["--root", str(root), "--runner", "demo"]  # the host's runner runs the turns, not the demo one
-    assert main(["room", "create", "launch", "alice", "bob", *base]) == 0
+    assert main(["room", "create", "launch", "alice", "bob", *base, "--json"]) == 0
     room = json.loads(capsys.readouterr().out)
     assert room["members"] == ["alice", "bob"]
     assert [r["room_id"] for r in gw.list_rooms()] == [room["room_id"]]  # the host holds it
 
-    assert main(["room", "send", "launch", "Friday? ask me", *base, "--wait", "30"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    ack = json.loads(lines[0])
+    assert main(["room", "send", "launch", "Friday? ask me", *base, "--wait", "30", "--json"]) == 0
+    ack, *entries, end = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert ack["status"] == "queued" and ack["room_id"] == room["room_id"]
-    assert lines[1:] == ["[1] alice: @user Friday works for me.", "room is needs_you"]
+    assert [(e["author"], e["text"]) for e in entries] == [("alice", "@user Friday works for me.")]
+    assert end == {"state": "needs_you"}
     assert {t.profile for t in runner.entered} == {"alice", "bob"}  # the host's runner ran the member turns
     assert all(t.session == "Group: launch" for t in runner.entered)
 
@@ -140,7 +140,7 @@ def test_every_room_command_goes_through_the_host(host: tuple[Path, Gateway, Mem
     assert header.split() == ["name", "room_id", "state", "messages", "members"]
     assert row.split() == ["launch", room["room_id"], "needs_you", "2", "@alice,", "@bob"]
 
-    assert main(["room", "disband", "launch", *base]) == 0
+    assert main(["room", "disband", "launch", *base, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "disbanded"
     assert gw.list_rooms() == []
 
@@ -170,7 +170,7 @@ def test_room_send_wait_runs_out_in_slices_and_the_room_goes_on(
     root, gw, members, runner = host
     gw.create_room("slow", ["alice", "bob"])
     try:
-        assert main(["room", "send", "slow", "hold on", "--root", str(root), "--wait", "0.3"]) == 1
+        assert main(["room", "send", "slow", "hold on", "--root", str(root), "--wait", "0.3", "--json"]) == 1
         out, err = capsys.readouterr()
         assert json.loads(out.splitlines()[0])["status"] == "queued"  # acked before the wait ran out
         assert "did not become idle within 0.3s" in err and "room show" in err

@@ -85,9 +85,18 @@ def _after(entries: list[dict[str, Any]], message_id: str) -> list[dict[str, Any
     return entries
 
 
+def _print_json(value: Any) -> None:
+    print(orjson.dumps(value).decode())
+
+
 def _create(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
-        print(orjson.dumps(gw.create_room(args.name, args.members)).decode())
+        room = gw.create_room(args.name, args.members)
+        if args.json:
+            _print_json(room)
+        else:
+            members = ", ".join("@" + m for m in room["members"])
+            print(f"room {printable(room['name'])} created ({room['room_id']}): {members}")
         return 0
 
     return _with_gateway(args, act)
@@ -97,16 +106,25 @@ def _send(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         ack = gw.room_send(args.room, args.sender, args.text)
         if "error" in ack:
-            print(refusal_line(ack))
+            print(orjson.dumps(ack).decode() if args.json else refusal_line(ack))
             return EXIT_FAILED
-        print(orjson.dumps(ack).decode())
+        if args.json:
+            _print_json(ack)
+        else:
+            print(f"queued in room {printable(args.room)}: message {ack['message_id']}")
         try:
             state = gw.wait_room_idle(args.room, timeout=args.wait)
         except TimeoutError as exc:
             print(f"error: {exc}; the rounds go on (look later with: hermes-actors room show --root {args.root} "
                   f"{args.room})", file=sys.stderr)
             return EXIT_FAILED
-        for entry in _after(gw.room_transcript(args.room), ack["message_id"]):
+        entries = _after(gw.room_transcript(args.room), ack["message_id"])
+        if args.json:  # one JSON line per transcript entry, then the room's state
+            for entry in entries:
+                _print_json(entry)
+            _print_json({"state": state})
+            return 0
+        for entry in entries:
             _print_entry(entry)
         print(f"room is {state}")
         return 0
@@ -144,7 +162,12 @@ def _list(args: argparse.Namespace) -> int:
 
 def _disband(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
-        print(orjson.dumps(gw.disband_room(args.room)).decode())
+        gone = gw.disband_room(args.room)
+        if args.json:
+            _print_json(gone)
+        else:
+            print(f"room {printable(str(gone.get('name', args.room)))} disbanded ({gone.get('room_id', '')}); its "
+                  "members' sessions stay")
         return 0
 
     return _with_gateway(args, act)
@@ -170,6 +193,7 @@ def add_room_parser(
     p = rsub.add_parser("create", help="create a room of 2 to 6 local bots")
     p.add_argument("name", help="the room's name (members' turns run in the session 'Group: <name>')")
     p.add_argument("members", nargs="+", help="member names (handles or friendly names)")
+    p.add_argument("--json", action="store_true", help="print the room as JSON")
     common(p)
     p.set_defaults(func=_create)
 
@@ -178,6 +202,8 @@ def add_room_parser(
     p.add_argument("text", help="the message")
     p.add_argument("--from", dest="sender", default="user", help="'user' (default) or a member")
     p.add_argument("--wait", type=seconds, default=600.0, help="seconds to wait for the room to settle (default: 600)")
+    p.add_argument("--json", action="store_true",
+                   help="print the ack, then each new transcript entry and the final state, as JSON lines")
     common(p)
     p.set_defaults(func=_send)
 
@@ -194,5 +220,6 @@ def add_room_parser(
 
     p = rsub.add_parser("disband", help="delete a room (its members' sessions stay)")
     p.add_argument("room", help="the room's name or id")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     common(p)
     p.set_defaults(func=_disband)
