@@ -537,3 +537,44 @@ def test_only_a_dm_reported_not_delivered_is_taken_back_from_the_session(reason:
     )
     assert result.reply is None and result.reason == reason
     assert runner.forgotten == ([key] if taken_back else [])
+
+
+class HookRaisingRunner:
+    """Fails every attempt with a retryable reason; both hooks raise ``hook_error``."""
+
+    def __init__(self, hook_error: BaseException) -> None:
+        self.hook_error = hook_error
+
+    def run_turn(self, turn: Turn) -> str:
+        raise TurnFailed("503 service unavailable", reason="provider_server_error")
+
+    def prepare_retry(self, turn: Turn, began: float) -> bool:
+        raise self.hook_error
+
+    def forget_failed(self, turn: Turn, began: float) -> None:
+        raise self.hook_error
+
+
+@pytest.mark.parametrize(("hook_error", "level"), [
+    (TurnFailed("hermes CLI not found", reason="runtime_offline"), "INFO"),  # expected: the outcome says it
+    (RuntimeError("bug in the runner"), "WARNING"),  # runner code broke: worth a warning
+])
+def test_a_runner_hooks_typed_failure_is_logged_at_info_anything_else_at_warning(
+    hook_error: BaseException, level: str
+) -> None:
+    """Regression: `send --cli /nonexistent` printed the outcome's failure and then the same text twice more as
+    WARNING records (the retry hook and the take-back hook both raised the runner's TurnFailed)."""
+    from roots import LogCapture
+
+    from hermes_actors.local.turns import execute_turn
+    from hermes_actors.messages import Delivery
+
+    delivery = Delivery("cd" * 16, "alice", "alice", "bob", "bob", "Message from 🤖 alice (@alice): hi", label="@bob")
+    with LogCapture("INFO") as logs:
+        result = execute_turn(
+            delivery, runner=HookRaisingRunner(hook_error), lock=None, lock_deadline=time.monotonic() + 5,
+            make_turn=lambda d, fd: Turn(profile=d.target, content=d.content, delivery_id=d.delivery_id),
+        )
+    assert result.reply is None and result.reason == "provider_server_error"  # the first failure stands
+    hooks = [r for r in logs.records if "not retrying" in r["message"] or "could not take back" in r["message"]]
+    assert [r["level"].name for r in hooks] == [level, level]

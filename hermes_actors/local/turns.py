@@ -165,7 +165,9 @@ def retry_allowed(runner: TurnRunner, retry: Turn, began: float) -> bool:
     try:
         return bool(prepare(retry, began))
     except BaseException as exc:  # runner code: it must not replace the first failure
-        logger.warning("not retrying {}: preparing the retry raised {}", retry.delivery_id, describe_error(exc))
+        # a TurnFailed is the runner saying why (hermes is gone, say): the outcome already tells the user that
+        logger.log(_hook_level(exc), "not retrying {}: preparing the retry raised {}", retry.delivery_id,
+                   describe_error(exc))
         return False
 
 
@@ -185,8 +187,14 @@ def forget_failed(runner: TurnRunner, turn: Turn, began: float) -> None:
     try:
         forget(turn, began)
     except BaseException as exc:  # runner code: the failure stands as it is
-        logger.warning("could not take back the failed DM {} from its session: {}", turn.delivery_id,
-                       describe_error(exc))
+        logger.log(_hook_level(exc), "could not take back the failed DM {} from its session: {}", turn.delivery_id,
+                   describe_error(exc))
+
+
+def _hook_level(exc: BaseException) -> str:
+    """The log level of a runner hook's exception: INFO for a typed :class:`TurnFailed` (an expected failure the
+    DM's outcome already reports, e.g. no hermes CLI), WARNING for anything else (a bug in runner code)."""
+    return "INFO" if isinstance(exc, TurnFailed) else "WARNING"
 
 
 class TurnGate:
