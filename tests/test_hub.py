@@ -79,7 +79,8 @@ def test_a_root_served_by_a_seed_gateway_is_not_advertised_offline_and_stays_rea
 def test_an_unknown_connection_and_an_expired_envelope_get_error_replies(two_roots: tuple[Path, Path]) -> None:
     alpha, mini = two_roots
     rec = RecordingRunner()
-    with Gateway(mini, runner=rec, connection_id="mini"), hub_thread({"alpha": alpha, "mini": mini}):
+    with (LogCapture("INFO") as logs, Gateway(mini, runner=rec, connection_id="mini"),
+          hub_thread({"alpha": alpha, "mini": mini})):
         await_condition((alpha / "bot_relay" / "roster.json").exists, timeout=10)
         unknown = seed_envelope(target_connection="nowhere", target_profile="moxie")
         expired = seed_envelope(target_connection="mini", target_profile="moxie", created_at=time.time() - 5000)
@@ -94,6 +95,8 @@ def test_an_unknown_connection_and_an_expired_envelope_get_error_replies(two_roo
     assert expired_reply is not None and expired_reply["reason"] == "queued_expired"
     assert str(expired_reply["error"]).startswith("queued message to @moxie on mini expired after 900s")
     assert [t.delivery_id for t in rec.entered] == [fresh["id"]]  # neither refused envelope reached the target
+    # the hub's one line per DM names both ends of an expired one too (it said "alpha: ? → ?")
+    assert len(logs.matching(f"hub: delivery {expired['id']} @alice@alpha → @moxie@mini: failed [queued_expired]")) == 1
 
 
 def test_forwarding_keeps_the_first_reply_and_quarantines_a_hostile_record(two_roots: tuple[Path, Path]) -> None:

@@ -94,6 +94,11 @@ def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) ->
     return rows
 
 
+def _ends(source: HubRoot, envelope: dict[str, Any]) -> tuple[str, str]:
+    """Pure: the sender and the target a relayed DM's log line names (``@alice@alpha``, ``@bob@mini``)."""
+    return f"@{envelope['from_handle']}@{source.name}", f"@{envelope['target_handle']}@{envelope['target_connection']}"
+
+
 class HubActor(TypedActor):
     """Owns the hub's routing between roots."""
 
@@ -177,7 +182,7 @@ class HubActor(TypedActor):
         if isinstance(result, Expired):
             self._reply(source, result.reply)
             self.counters["expired"] += 1
-            self._log(envelope_id, f"{source.name}: ?", "?", result.reply, None)
+            self._log(envelope_id, *_ends(source, result.envelope), result.reply, None)
         elif isinstance(result, ToDeliver):
             crashpoint("hub-after-claim-before-post")
             self._route(source, result.envelope)
@@ -188,8 +193,7 @@ class HubActor(TypedActor):
     def _route(self, source: HubRoot, envelope: dict[str, Any]) -> None:
         """Hand a claimed envelope to its target's ``inbox/``, or answer why not."""
         envelope_id = envelope["id"]
-        sender = f"@{envelope['from_handle']}@{source.name}"
-        to = f"@{envelope['target_handle']}@{envelope['target_connection']}"
+        sender, to = _ends(source, envelope)
         created = float(envelope["created_at"]) or None  # 0: a seed envelope without one (its age is the mtime's)
         target = self.by_name.get(envelope["target_connection"])
         if target is None:
