@@ -28,7 +28,7 @@ from hermes_actors.records import Turn as Turn
 
 if TYPE_CHECKING:
     from hermes_actors.core.targets import PeerRoute, RelayRoute
-    from hermes_actors.store.journal import DeliveryState
+    from hermes_actors.store.journal_records import DeliveryState
 
 
 # ── DispatcherActor (local/dispatcher.py): every DM enters here ──────────

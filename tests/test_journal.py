@@ -22,7 +22,9 @@ from hermes_actors import Gateway
 from hermes_actors.errors import StoreError
 from hermes_actors.local.sending import outcome_future
 from hermes_actors.ops.journal_view import read_journals
-from hermes_actors.store.journal import Journal, JournalFolded, fold_lines, fold_records, parse_lines
+from hermes_actors.store.journal import Journal
+from hermes_actors.store.journal_file import JournalFile
+from hermes_actors.store.journal_records import JournalFolded, fold_lines, fold_records, parse_lines
 
 
 def _id(n: int) -> str:
@@ -195,7 +197,8 @@ def test_a_killed_gateways_zeros_past_its_last_record_are_not_corrupt_lines(tmp_
     queued = _id(1)
     dead = directory / "j-deadbeefdeadbeefdeadbeefdeadbeef.log"
     # What a SIGKILLed gateway leaves: its records, then the rest of the space it allocated ahead.
-    dead.write_bytes(_lines({"t": "accepted", "id": queued, "d": _delivery(queued)}) + b"\0" * Journal.reserve_bytes)
+    zeros = b"\0" * JournalFile.reserve_bytes
+    dead.write_bytes(_lines({"t": "accepted", "id": queued, "d": _delivery(queued)}) + zeros)
     dead.chmod(0o600)
     folded, problems = read_journals(root)  # the ops view reads it as it is
     assert problems == [] and folded.corrupt_lines == 0
@@ -361,7 +364,7 @@ def test_the_file_is_allocated_ahead_and_cut_back_to_its_records_at_stop(tmp_pat
         for record in records:
             journal.append_durably(record)
         size = journal.path.stat().st_size
-        assert size >= journal.reserve_bytes, f"{size} bytes: the file was not allocated ahead"
+        assert size >= JournalFile.reserve_bytes, f"{size} bytes: the file was not allocated ahead"
         data = journal.path.read_bytes()
         assert data.startswith(_lines(*records)) and data[len(_lines(*records)):].strip(b"\0") == b""
     finally:
@@ -495,7 +498,7 @@ def test_callers_arriving_during_a_commit_share_the_next_one(tmp_path: Path) -> 
         assert spy.entered.wait(30), "the first caller never started its commit"
         for n in (1, 2, 3):
             callers.start(n, name=f"caller-{n}")
-        await_condition(lambda: len(journal._queue) == 3, timeout=30, message="the others never queued")
+        await_condition(lambda: len(journal._batch.items) == 3, timeout=30, message="the others never queued")
         spy.gate.set()
         callers.join()
         assert [lines for _, lines in spy.writes] == [1, 3], spy.writes
@@ -603,15 +606,15 @@ def test_when_the_first_waiting_caller_gives_up_the_writer_thread_commits_the_ot
     try:
         impatient = Appenders(journal)
         impatient.start(2, timeout=2.0)  # it queues first: the batch's leader
-        await_condition(lambda: len(journal._queue) == 1, timeout=30, message="the first waiter never queued")
+        await_condition(lambda: len(journal._batch.items) == 1, timeout=30, message="the first waiter never queued")
         patient.start(3)  # queued in the same batch, waiting for its commit (30 s)
-        await_condition(lambda: len(journal._queue) == 2, timeout=30, message="the second waiter never queued")
+        await_condition(lambda: len(journal._batch.items) == 2, timeout=30, message="the second waiter never queued")
         assert journal._batch.leader, "the first waiter gave up before the second queued (a 2 s margin)"
         (thread,) = impatient.threads
         thread.join(timeout=30)
         assert not thread.is_alive() and len(impatient.errors) == 1, impatient.errors
         assert isinstance(impatient.errors[0], StoreError) and "did not confirm" in str(impatient.errors[0])
-        assert [item[0]["id"] for item in journal._queue] == [_id(3)], "the leader withdrew only its own record"
+        assert [item[0]["id"] for item in journal._batch.items] == [_id(3)], "the leader withdrew only its own record"
         spy.gate.set()
         callers.join()
         patient.join()
@@ -651,14 +654,14 @@ def test_a_stop_that_gives_up_on_a_stalled_commit_leaves_the_file_to_it(tmp_path
     journal.stop_wait = 0.2
     spy, callers = _a_stalled_commit(journal)
     callers.start(2)
-    await_condition(lambda: len(journal._queue) == 1, timeout=30, message="the second record never queued")
+    await_condition(lambda: len(journal._batch.items) == 1, timeout=30, message="the second record never queued")
     journal.stop()  # gives up on the stalled commit: the file must stay open under it
-    assert journal._fd is not None
+    assert journal._file.fd is not None
     spy.gate.set()
     callers.join()
     assert journal._thread is not None
     journal._thread.join(timeout=30)
-    assert journal._fd is None, "the last commit closed the file once it ended"
+    assert journal._file.fd is None, "the last commit closed the file once it ended"
     assert sorted(r["id"] for r in _file_records(journal.path)) == [_id(1), _id(2)]
 
 
@@ -671,7 +674,7 @@ def test_a_record_queued_before_stop_lands_before_the_file_closes(tmp_path: Path
         journal.stop_wait = 30.0  # what stop waits for once it gave up joining the writer
         spy, callers = _a_stalled_commit(journal)
         callers.start(2)
-        await_condition(lambda j=journal: len(j._queue) == 1, timeout=30, message="record 2 never queued")
+        await_condition(lambda j=journal: len(j._batch.items) == 1, timeout=30, message="record 2 never queued")
         writer = journal._thread
         assert writer is not None
         gave_up_joining = threading.Event()
@@ -692,7 +695,7 @@ def test_a_record_queued_before_stop_lands_before_the_file_closes(tmp_path: Path
         assert not stopper.is_alive()
         if journal._thread is not None:
             journal._thread.join(timeout=30)
-        assert journal._fd is None
+        assert journal._file.fd is None
         assert sorted(r["id"] for r in _file_records(journal.path)) == [_id(1), _id(2)]
 
 
@@ -718,7 +721,7 @@ def test_a_caller_that_queues_while_start_adopts_commits_as_soon_as_adoption_end
 
     caller = threading.Thread(target=append)
     caller.start()
-    await_condition(lambda: len(journal._queue) == 1, timeout=30, message="the caller never queued")
+    await_condition(lambda: len(journal._batch.items) == 1, timeout=30, message="the caller never queued")
     release.set()
     starter.join(timeout=30)
     try:
@@ -775,7 +778,7 @@ def test_enospc_refuses_the_dm_and_leaves_no_torn_record(tmp_path: Path, monkeyp
     failed_data: list[bytes] = []
 
     def write(fd: int, data: Any, offset: int) -> int:
-        if armed["on"] and fd == journal._fd:
+        if armed["on"] and fd == journal._file.fd:
             armed["calls"] += 1
             if armed["calls"] == 1:  # the first half lands, then the disk is full
                 half = bytes(data)[: len(data) // 2]
@@ -1021,7 +1024,7 @@ def test_a_journaled_delivery_with_a_hostile_field_is_skipped_never_run(
 def test_unreadable_deliveries_names_a_bad_id_without_an_accepted_record() -> None:
     """An outcome alone under a forged id would be re-published to the subscribers as it stands."""
     from hermes_actors.core.recovery import unreadable_deliveries
-    from hermes_actors.store.journal import DeliveryState
+    from hermes_actors.store.journal_records import DeliveryState
 
     states = {"../x": DeliveryState(outcome=_outcome("../x")), _id(73): DeliveryState(outcome=_outcome(_id(73)))}
     assert unreadable_deliveries(states) == ["../x"]
@@ -1102,9 +1105,10 @@ def test_a_journal_line_longer_than_the_limit_is_read_in_bounded_pieces(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A hostile journal of one endless line costs bounded reads, never the whole file in memory."""
-    import hermes_actors.store.journal as journal_module
+    import hermes_actors.store.journal_adoption as journal_adoption
+    import hermes_actors.store.journal_records as journal_records
 
-    monkeypatch.setattr(journal_module, "MAX_LINE_BYTES", 1024)
+    monkeypatch.setattr(journal_records, "MAX_LINE_BYTES", 1024)
     directory = tmp_path / "journal"
     directory.mkdir(mode=0o700)
     kept = _id(7)
@@ -1112,14 +1116,14 @@ def test_a_journal_line_longer_than_the_limit_is_read_in_bounded_pieces(
     dead.write_bytes(b"x" * 50_000 + b"\n" + _lines({"t": "accepted", "id": kept, "d": _delivery(kept)}))
     dead.chmod(0o600)
     reads: list[int] = []
-    real_read_lines = journal_module.read_lines
+    real_read_lines = journal_records.read_lines
 
     def counting(stream: Any) -> Any:
         for line in real_read_lines(stream):
             reads.append(0 if line is None else len(line))
             yield line
 
-    monkeypatch.setattr(journal_module, "read_lines", counting)
+    monkeypatch.setattr(journal_adoption, "read_lines", counting)  # where adoption reads dead journals
     journal = Journal(directory, fsync=False)
     try:
         adopted = journal.start()

@@ -16,7 +16,7 @@ from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.recovery import plan_recovery
 from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.messages import Delivery
-from hermes_actors.store.journal import DeliveryState
+from hermes_actors.store.journal_records import DeliveryState
 
 
 def _delivery(target: str = "bob") -> Delivery:

@@ -20,7 +20,7 @@ from hermes_actors.core.wake import (
     wake_text,
 )
 from hermes_actors.messages import Delivery
-from hermes_actors.store.journal import DeliveryState
+from hermes_actors.store.journal_records import DeliveryState
 
 ROOT = Path("/srv/hermes")
 

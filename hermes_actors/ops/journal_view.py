@@ -17,7 +17,7 @@ from typing import Any
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import remote_label
 from hermes_actors.errors import ValidationError
-from hermes_actors.store.journal import JournalFolded, fold_lines, read_lines
+from hermes_actors.store.journal_records import JournalFolded, fold_lines, read_lines
 from hermes_actors.store.relay_files import list_ids, read_envelope, read_reply
 from hermes_actors.store.relay_inbox import InboxPaths, read_sent
 

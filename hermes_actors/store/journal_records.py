@@ -1,0 +1,169 @@
+"""The journal's records: encoding them, reading a file's lines back, folding them into per-delivery state.
+
+Pure, apart from reading a stream it is handed. Each line of a journal file is one
+orjson record::
+
+    {"t": "accepted",  "id", "d": {delivery fields}}   durable before the ack returns
+    {"t": "started",   "id", "attempt"}                 durable before the turn runs
+    {"t": "finished",  "id", "o": {outcome dict}}       durable before the outcome is published
+    {"t": "delivered", "id"}                            the outcome reached the sender (lazy)
+
+Readers skip the zeros a killed gateway's file was allocated ahead with (see
+:func:`parse_lines`) and a line torn by a crash. The writer is
+:class:`hermes_actors.store.journal.Journal`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import orjson
+
+from hermes_actors.core.ids import is_delivery_id
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "DeliveryState",
+    "JournalFolded",
+    "encode_record",
+    "fold_lines",
+    "fold_records",
+    "parse_lines",
+    "read_lines",
+]
+
+# A finished record holds an outcome: its reply and its text, each up to outcomes.TEXT_MAX_BYTES, which JSON may
+# escape to 6 bytes a byte (\u00XX). A line past this is damage, refused unread.
+MAX_LINE_BYTES = 64 << 20
+
+
+@dataclass
+class DeliveryState:
+    """What the journal knows of one delivery."""
+
+    delivery: dict[str, Any] | None = None
+    started: int = 0
+    outcome: dict[str, Any] | None = None
+    delivered: bool = False
+
+
+@dataclass
+class JournalFolded:
+    """The folded state of one or more journal files."""
+
+    states: dict[str, DeliveryState] = field(default_factory=dict)
+    corrupt_lines: int = 0
+
+    def live(self) -> dict[str, DeliveryState]:
+        """Deliveries whose outcome has not reached the sender yet."""
+        return {k: s for k, s in self.states.items() if not s.delivered}
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """Pure: one journal line (orjson, newline-terminated) for ``record``."""
+    return orjson.dumps(record) + b"\n"
+
+
+def parse_lines(lines: Iterable[bytes | None]) -> Iterator[dict[str, Any] | None]:
+    """Pure: decode journal lines one at a time; ``None`` for a torn or corrupt line (crash mid-write).
+
+    Zero bytes separate lines too: a journal file ends in the zeros its writer allocated
+    ahead (a gateway that was killed never trimmed them), and a power cut can leave such
+    zeros where lazy records had not reached the disk yet. A record never holds a zero
+    byte (JSON escapes it). ``None`` in ``lines`` stands for a line :func:`read_lines`
+    refused as too long. A record of a kind we never write, or whose id is not a delivery
+    id (the id names files and turns: ``../x`` must never reach them), is corrupt too.
+    """
+    for line in _pieces(lines):
+        if line is None:
+            yield None
+            continue
+        if not line.strip():
+            continue
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            yield None
+            continue
+        if isinstance(record, dict) and is_delivery_id(record.get("id")) and record.get("t") in _KINDS:
+            yield record
+        else:
+            yield None
+
+
+def fold_lines(lines: Iterable[bytes | None], into: JournalFolded) -> int:
+    """Fold a journal file's lines into ``into`` as they are read; a line is never kept once folded.
+
+    A journal of millions of records costs its folded state, not a list of every record too.
+
+    Args:
+        lines: the file's lines (:func:`read_lines`).
+        into: the state to fold into; its ``corrupt_lines`` grows by the corrupt lines found.
+
+    Returns:
+        How many corrupt lines these lines had.
+    """
+    bad = 0
+    for record in parse_lines(lines):
+        if record is None:
+            bad += 1
+        else:
+            fold_records((record,), into)
+    into.corrupt_lines += bad
+    return bad
+
+
+_KINDS = frozenset({"accepted", "started", "finished", "delivered"})
+
+
+_ZEROS = re.compile(b"\0+")
+
+
+def _pieces(lines: Iterable[bytes | None]) -> Iterable[bytes | None]:
+    """The lines split at runs of zero bytes as well (see :func:`parse_lines`)."""
+    for line in lines:
+        if line is not None and b"\0" in line:
+            yield from _ZEROS.split(line)
+        else:
+            yield line
+
+
+def read_lines(stream: BinaryIO) -> Iterator[bytes | None]:
+    """The lines of a journal file, each read with a bounded buffer; ``None`` for a line over MAX_LINE_BYTES.
+
+    A hostile or damaged file (one line of gigabytes) costs one bounded read at a time and
+    is never held whole; :func:`parse_lines` counts the refused line as corrupt.
+    """
+    while True:
+        line = stream.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):  # skip the rest of that line, a bounded chunk at a time
+                line = stream.readline(MAX_LINE_BYTES + 1)
+            yield None
+            continue
+        yield line
+
+
+def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None = None) -> JournalFolded:
+    """Pure: fold records (in file order) into per-delivery state."""
+    folded = into or JournalFolded()
+    for record in records:
+        state = folded.states.setdefault(record["id"], DeliveryState())
+        kind = record["t"]
+        if kind == "accepted" and isinstance(record.get("d"), dict):
+            state.delivery = record["d"]
+        elif kind == "started":
+            attempt = record.get("attempt")  # anything but a sane count (a corrupt line) counts as one start
+            if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= 1000:
+                attempt = 1
+            state.started = max(state.started, attempt)
+        elif kind == "finished" and isinstance(record.get("o"), dict) and state.outcome is None:
+            state.outcome = record["o"]  # the first outcome wins
+        elif kind == "delivered":
+            state.delivered = True
+    return folded
