@@ -68,7 +68,7 @@ from hermes_actors.hermes.submit_protocol import (
     socket_path,
 )
 from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, recv_by, socket_address
-from hermes_actors.store.atomic import ensure_private_dir
+from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = [
     "HostLost",

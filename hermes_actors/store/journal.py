@@ -63,7 +63,7 @@ from loguru import logger
 
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.errors import StoreError
-from hermes_actors.store.atomic import ensure_private_dir
+from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = [
     "DeliveryState",
