@@ -1,4 +1,4 @@
-"""Tests for hermes_actors.store.atomic: atomic writes and hostile-aware reads."""
+"""Tests for hermes_actors.store.atomic (atomic writes), store.private_dir and the hostile-aware reads."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from hermes_actors.store import atomic
 from hermes_actors.store.atomic import (
     atomic_write_json,
     create_exclusive_json,
-    ensure_private_dir,
     read_json_file,
 )
+from hermes_actors.store.private_dir import ensure_private_dir
 
 IS_ROOT = os.geteuid() == 0
 OTHER_UID = 65534

@@ -22,7 +22,8 @@ from bench.floors import fdatasync_ms
 from bench.harness import main, run_bench
 from bench.measure import thread_group, us_per_item
 from bench.registry import REGISTRY
-from bench.report import evaluate_targets, render_markdown, render_table, write_docs
+from bench.report import render_markdown, render_table, write_docs
+from bench.targets import evaluate_targets
 
 METRIC_KEYS = {"n", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
 

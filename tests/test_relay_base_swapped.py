@@ -24,8 +24,9 @@ from hermes_actors.errors import HostileFileError
 from hermes_actors.records import RemoteAgent
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store import relay_inbox
-from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir
+from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json
 from hermes_actors.store.journal import Journal
+from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_files import enqueue_envelope, quarantine_into, write_reply, write_roster
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_protocol import make_envelope, make_reply

@@ -31,8 +31,8 @@ from hermes_actors.relay.restart import recover_taken
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.atomic import ensure_private_dir
 from hermes_actors.store.journal import Journal
+from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_inbox import (
     InboxPaths,
     TurnStartMarks,

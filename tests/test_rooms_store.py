@@ -1,4 +1,4 @@
-"""Room files: what the writer writes, the reader accepts (store.fit_room, RoomFiles, parse_room)."""
+"""Room files: what the writer writes, the reader accepts (file_budget.fit_room, RoomFiles, parse_room)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 from roots import make_root
 
-from hermes_actors.rooms.store import ROOM_MAX_BYTES, ROOM_WRITE_BUDGET, RoomFiles, RoomRecord, fit_room
+from hermes_actors.rooms.file_budget import ROOM_WRITE_BUDGET, fit_room
+from hermes_actors.rooms.room_record import RoomRecord
+from hermes_actors.rooms.store import ROOM_MAX_BYTES, RoomFiles
 
 BIG = "\u4e2d" * 16_000  # a legal message (16,000 chars) of 48,000 bytes of UTF-8
 
@@ -60,7 +62,7 @@ def test_fit_room_keeps_the_newest_entries_and_counts_the_dropped_ones() -> None
 def test_fit_room_never_drops_a_send_whose_round_has_not_ended() -> None:
     """Regression: the writer dropped acked sends still waiting for their rounds (14 of 80 long sends were never
     shown to any member): they, and what follows them, stay whatever the budget."""
-    from hermes_actors.rooms.store import undelivered_bytes, undelivered_from
+    from hermes_actors.rooms.file_budget import undelivered_bytes, undelivered_from
 
     record = _record(10, "x" * 1000)
     waiting = record.transcript[3]["message_id"]

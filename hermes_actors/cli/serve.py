@@ -146,8 +146,8 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
         try:
             endpoint = OpsHttpServer(gw, http).bind()
         except OSError as exc:  # in use, not an address of this machine, ...
-            from hermes_actors.hermes.submit import already_hosted
             from hermes_actors.hermes.submit_client import lock_holder
+            from hermes_actors.hermes.submit_lock import already_hosted
 
             holder = lock_holder(root)
             if holder is not None:  # the address is likely that host's own: the host is the conflict to name

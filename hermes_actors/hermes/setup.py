@@ -39,8 +39,9 @@ from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.select import DEFAULT_API_PORT, MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.hermes.submit_client import ping
-from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, ensure_private_dir, read_json_file
+from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, read_json_file
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
+from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.yaml_file import MAX_EXPANDED_VALUES, load_bounded
 
 __all__ = ["PLUGIN_NAME", "SetupError", "SetupReport", "disable", "enable"]

@@ -17,22 +17,20 @@ per open connection (at most ``max_connections``; beyond that a client is told
 the host is busy). Nothing else runs in the background.
 
 Wire format and texts: :mod:`hermes_actors.hermes.submit_protocol`; the socket checks both ends
-make: :mod:`hermes_actors.hermes.submit_socket`; the client (re-exported here):
-:mod:`hermes_actors.hermes.submit_client`.
+make: :mod:`hermes_actors.hermes.submit_socket`; the host lock: :mod:`hermes_actors.hermes.submit_lock`;
+what a request is answered with: :mod:`hermes_actors.hermes.submit_handlers`; the client
+(re-exported here): :mod:`hermes_actors.hermes.submit_client`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 import select
 import socket
 import stat
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -51,30 +49,24 @@ from hermes_actors.hermes.submit_client import (
     request,
     submit_dm,
 )
+from hermes_actors.hermes.submit_handlers import OutcomeFn, RoomFn, RosterFn, SendFn, StatusFn, SubmitHandlers
+from hermes_actors.hermes.submit_lock import take_host_lock
 from hermes_actors.hermes.submit_protocol import (
     LOCK_NAME,
     MAX_REQUEST_BYTES,
     SOCKET_NAME,
     STOPPING_OP,
-    OutcomeCall,
-    Ping,
-    RoomCall,
-    RosterCall,
-    SendCall,
-    StatusCall,
     bad_request,
     encode,
-    parse_request,
     socket_path,
 )
 from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, recv_by, socket_address
-from hermes_actors.store.atomic import ensure_private_dir
+from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = [
     "HostLost",
     "HostOffline",
     "SubmitServer",
-    "already_hosted",
     "fetch_outcome",
     "fetch_roster",
     "fetch_status",
@@ -82,87 +74,6 @@ __all__ = [
     "request",
     "submit_dm",
 ]
-
-SendFn = Callable[[SendCall], dict[str, Any]]
-OutcomeFn = Callable[[OutcomeCall], dict[str, Any]]
-StatusFn = Callable[[], dict[str, Any]]
-RoomFn = Callable[[RoomCall], dict[str, Any]]
-
-
-def already_hosted(root: Path, holder: object) -> RuntimeError:
-    """The error of a second host of ``root``: names the process that hosts it (``holder``: its pid) and what to do."""
-    return RuntimeError(
-        f"another process (pid {holder}) already hosts the actors of {root} "
-        f"(its submit endpoint is {socket_path(root)}); stop it first (a `hermes gateway run` hosts them while "
-        "its config.yaml has platforms.hermes_actors.enabled: true; set it to false to keep that gateway "
-        "for warm turns only)"
-    )
-
-
-# O_NONBLOCK: a FIFO at the lock's name is opened (and refused) instead of waited on
-_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-# what sits at the lock's name when opening it fails with these (EACCES: another uid's file, or a mode we lack)
-_LOCK_OPEN_REFUSALS = {errno.ELOOP: "a symlink", errno.EISDIR: "a directory", errno.ENXIO: "not a regular file",
-                       errno.EACCES: "not ours to open"}
-
-
-def _lock_file_refusal(st: os.stat_result, uid: int) -> str | None:
-    """Pure: why an opened ``submit.lock`` must not be used (written with our pid), or None when it may.
-
-    Args:
-        st: ``fstat`` of the opened file.
-        uid: our uid.
-
-    Returns:
-        What the file is ("a directory", "a hard link (2 names)"...), or None for a regular
-        file of ``uid`` with one name.
-    """
-    if stat.S_ISDIR(st.st_mode):
-        return "a directory"
-    if stat.S_ISFIFO(st.st_mode):
-        return "a FIFO"
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_uid != uid:
-        return f"owned by uid {st.st_uid}"
-    if st.st_nlink != 1:
-        # the pid written into it would land in every other name of the file, maybe outside the root
-        return f"a hard link ({st.st_nlink} names)"
-    return None
-
-
-def _open_lock_file(dir_fd: int, path: Path) -> int:
-    """Open (create, 0600) the host lock ``path`` in the checked ``run`` directory ``dir_fd``.
-
-    Only a regular file of ours with one name is used: the host truncates it and writes its
-    pid into it. Anything else there is refused (never followed, never blocked on), as a
-    foreign file at the socket path is; no host of ours made it, so the user removes it.
-
-    Args:
-        dir_fd: the open ``run`` directory.
-        path: the lock file's path (its name is opened in ``dir_fd``; the path is for messages).
-
-    Returns:
-        The open lock file's descriptor (the caller closes it).
-
-    Raises:
-        HostileFileError: a symlink, a directory, a FIFO or other special file, another uid's
-            file, or a file with more than one name sits there.
-        OSError: it could not be opened for another reason (disk full, read-only...).
-    """
-    try:
-        fd = os.open(path.name, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno not in _LOCK_OPEN_REFUSALS or not os.path.lexists(path):
-            raise  # nothing there (EACCES: the directory refused the create): not a file to remove
-        why: str | None = _LOCK_OPEN_REFUSALS[exc.errno]
-    else:
-        why = _lock_file_refusal(os.fstat(fd), os.getuid())
-        if why is None:
-            return fd
-        os.close(fd)
-    raise HostileFileError(f"refusing to use {path}: it is {why}, not a lock file of ours; remove it by hand, "
-                           "then start again")
 
 
 class SubmitServer:
@@ -192,7 +103,7 @@ class SubmitServer:
         send: SendFn,
         outcome: OutcomeFn | None = None,
         status: StatusFn | None = None,
-        roster: Callable[[], list[dict[str, Any]]] | None = None,
+        roster: RosterFn | None = None,
         room: RoomFn | None = None,
         allowed_uid: int | None = None,
         max_connections: int = 32,
@@ -201,14 +112,10 @@ class SubmitServer:
     ) -> None:
         self.root = Path(root).expanduser()
         self.path = socket_path(self.root)
-        self._send = send
-        self._outcome = outcome
-        self._status = status
-        self._roster = roster
-        self._room = room
+        self._calls = SubmitHandlers(root=self.root, send=send, outcome=outcome, status=status, roster=roster,
+                                     room=room, info=dict(info or {}))
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self.read_timeout = read_timeout
-        self._info = dict(info or {})
         self._slots = threading.BoundedSemaphore(max_connections)
         self._state_lock = threading.Lock()
         self._state = "new"
@@ -254,14 +161,7 @@ class SubmitServer:
         self._dir_fd = open_dir(run_dir)
         if stat.S_IMODE(os.fstat(self._dir_fd).st_mode) & 0o077:
             os.fchmod(self._dir_fd, 0o700)  # ours (checked); nobody else may even look up the socket
-        self._lock_fd = _open_lock_file(self._dir_fd, run_dir / LOCK_NAME)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise already_hosted(self.root, holder) from None
-        os.ftruncate(self._lock_fd, 0)
-        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = take_host_lock(self._dir_fd, run_dir / LOCK_NAME, self.root)
         try:
             st = os.lstat(SOCKET_NAME, dir_fd=self._dir_fd)
         except FileNotFoundError:
@@ -398,7 +298,7 @@ class SubmitServer:
                 logger.warning("submit endpoint refused pid {} of uid {}", pid, uid)
                 self._answer(conn, bad_request(f"this endpoint serves uid {self.allowed_uid} only, not uid {uid}"))
                 return
-            self._answer(conn, self._dispatch(raw))
+            self._answer(conn, self._calls.answer(raw))
         except OSError as exc:
             logger.debug("submit connection dropped: {}", exc)
         finally:
@@ -407,41 +307,6 @@ class SubmitServer:
             self._slots.release()
             with self._handlers_lock:
                 self._handlers.discard(threading.current_thread())
-
-    def _dispatch(self, raw: bytes) -> dict[str, Any]:
-        call = parse_request(raw)
-        if isinstance(call, dict):
-            return call
-        if isinstance(call, Ping):
-            from hermes_actors import __version__
-
-            return {**self._info, "op": "pong", "pid": os.getpid(), "root": str(self.root), "version": __version__}
-        try:
-            if isinstance(call, SendCall):
-                answer = self._send(call)
-            elif isinstance(call, StatusCall):
-                if self._status is None:
-                    return bad_request("this endpoint does not serve 'status'")
-                answer = self._status()
-            elif isinstance(call, RosterCall):
-                if self._roster is None:
-                    return bad_request("this endpoint does not serve 'roster'")
-                answer = {"rows": self._roster()}
-            elif isinstance(call, RoomCall):
-                if self._room is None:
-                    return bad_request("this endpoint does not serve 'room'")
-                answer = self._room(call)
-            elif self._outcome is None:
-                return bad_request("this endpoint does not serve 'outcome'")
-            else:
-                answer = self._outcome(call)
-        except Exception as exc:  # a handler's failure is the client's answer, never the server's end
-            logger.exception("submit handler failed")
-            return {"error": f"the Bot Mode host could not take the request ({type(exc).__name__}: {exc}); "
-                             "it was not acknowledged", "reason": UNKNOWN}
-        if not isinstance(answer, dict):
-            return {"error": f"the Bot Mode host answered {type(answer).__name__}, not a dict", "reason": UNKNOWN}
-        return answer
 
     def _answer(self, conn: socket.socket, answer: dict[str, Any]) -> None:
         """Send ``answer``, then drain what the client still sends (so close() is no reset), within read_timeout.

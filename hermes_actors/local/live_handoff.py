@@ -32,8 +32,9 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.local.turns import describe_error, never_ran
 from hermes_actors.messages import Delivery, Turn, TurnFinished
-from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir, read_json_file
+from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.journal import StartRecorder
+from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = ["LIVE_STATES", "LiveMailbox", "hand_to_owner"]
 

@@ -50,7 +50,8 @@ from hermes_actors.messages import (
     WaitExpired,
     WindDown,
 )
-from hermes_actors.rooms.store import RoomStartMarks, room_of_author
+from hermes_actors.rooms.store import RoomStartMarks
+from hermes_actors.rooms.turn_author import room_of_author
 from hermes_actors.store.journal import Journal, StartRecorder
 from hermes_actors.store.relay_inbox import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path

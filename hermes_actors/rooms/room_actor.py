@@ -41,6 +41,8 @@ from hermes_actors.messages import (
     RoomTurn,
     RosterSnapshot,
 )
+from hermes_actors.rooms.file_budget import MAX_PENDING_SENDS, UNDELIVERED_BUDGET, undelivered_bytes
+from hermes_actors.rooms.room_record import RoomRecord
 from hermes_actors.rooms.rules import (
     USER,
     Round,
@@ -52,14 +54,8 @@ from hermes_actors.rooms.rules import (
     send_refusal,
     turn_text,
 )
-from hermes_actors.rooms.store import (
-    MAX_PENDING_SENDS,
-    UNDELIVERED_BUDGET,
-    RoomFiles,
-    RoomRecord,
-    room_author,
-    undelivered_bytes,
-)
+from hermes_actors.rooms.store import RoomFiles
+from hermes_actors.rooms.turn_author import room_author
 
 __all__ = ["INTERRUPTED_TEXT", "RoomActor", "round_of"]
 
@@ -142,7 +138,7 @@ class RoomActor(TypedActor):
         entry = {"message_id": new_delivery_id(), "author": author, "text": text, "at": time.time(),
                  "round": number, "status": status}
         record = self.record
-        record.transcript.append(entry)  # the file's writer drops the oldest entries (store.fit_room)
+        record.transcript.append(entry)  # the file's writer drops the oldest entries (file_budget.fit_room)
         self.events.append({"event": "message", "message": dict(entry)})
         return entry
 
@@ -295,7 +291,7 @@ class RoomActor(TypedActor):
         who = send_refusal(msg.sender, msg.text, record.members, self._resolve)
         if isinstance(who, Refusal):
             return who.as_dict()
-        if len(record.sends) >= MAX_PENDING_SENDS:  # bounds the file (store.MAX_PENDING_SENDS)
+        if len(record.sends) >= MAX_PENDING_SENDS:  # bounds the file (file_budget.MAX_PENDING_SENDS)
             return refuse(f"Room {record.name!r} already has {len(record.sends)} messages waiting for their rounds; "
                           "wait until it is idle (wait_room_idle), then send again.").as_dict()
         text = str(msg.text).strip()

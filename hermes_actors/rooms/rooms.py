@@ -33,8 +33,9 @@ from hermes_actors.messages import (
     RosterSnapshot,
 )
 from hermes_actors.rooms.room_actor import RoomActor
+from hermes_actors.rooms.room_record import RoomRecord
 from hermes_actors.rooms.rules import find_room, name_problem, no_room, plan_members
-from hermes_actors.rooms.store import RoomFiles, RoomRecord
+from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.turnlock import TurnLock
 
 __all__ = ["Rooms"]

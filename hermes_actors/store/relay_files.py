@@ -42,9 +42,9 @@ from hermes_actors.messages import RemoteAgent
 from hermes_actors.store.atomic import (
     atomic_write_json,
     create_exclusive_json,
-    ensure_private_dir,
     read_json_file,
 )
+from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import rename_between
 from hermes_actors.store.relay_protocol import (
     CLAIMED,

@@ -42,9 +42,9 @@ from hermes_actors.store.atomic import (
     DEFAULT_MAX_BYTES,
     atomic_write_json,
     create_exclusive_json,
-    ensure_private_dir,
     read_json_file,
 )
+from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.processes import pid_alive
 from hermes_actors.store.relay_dirfd import rename_between
 from hermes_actors.store.relay_files import RelayPaths, quarantine, regular_or_quarantined

@@ -30,7 +30,7 @@ from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import StoreError
-from hermes_actors.store.atomic import ensure_private_dir
+from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves"]
 

@@ -31,7 +31,7 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.errors import HostileFileError
-from hermes_actors.store.atomic import ensure_private_dir
+from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = ["TurnLock", "flock_now", "turn_lock_path"]
 

@@ -1,0 +1,177 @@
+"""The temp file a store write stages its bytes in, before a rename or a link puts it in place.
+
+The temp is made in a dedicated temp directory on the target's filesystem, opened as a
+directory of ours without following a symlink; it gets a fresh random hidden name (never
+matching ``*.json``, so a watcher never sees it) and is created with ``O_EXCL|O_NOFOLLOW``:
+whatever another program left in the temp directory (a FIFO, a hard link to a file
+elsewhere) is never opened, let alone written through. :mod:`hermes_actors.store.atomic`
+puts it in place.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from loguru import logger
+
+from hermes_actors.errors import HostileFileError
+from hermes_actors.store.os_errors import os_error_text, store_error
+
+__all__ = ["FILE_MODE", "discard", "staged"]
+
+FILE_MODE = 0o600
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_WRITE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _temp_name(target: Path) -> str:
+    """The unique temp file name used while writing ``target``.
+
+    Args:
+        target: the final file.
+
+    Returns:
+        ``.<target.name>.<random>.tmp`` (hidden, never matching ``*.json``).
+    """
+    return f".{target.name}.{secrets.token_hex(8)}.tmp"
+
+
+def _refuse_symlinked_parent(target: Path) -> None:
+    """Refuse to write into a directory reached through a symlink.
+
+    Args:
+        target: the file about to be written.
+
+    Raises:
+        HostileFileError: ``target.parent`` is a symlink.
+    """
+    parent = os.path.dirname(os.fspath(target))  # not pathlib: this runs for every relay write
+    try:
+        st = os.lstat(parent)
+    except FileNotFoundError:
+        return  # the write itself will fail and report it
+    if stat.S_ISLNK(st.st_mode):
+        raise HostileFileError(f"refusing to write {target}: its directory {parent} is a symlink")
+
+
+def _open_temp_dir(tmp_dir: Path) -> int:
+    """Open ``tmp_dir`` as a directory of ours, never through a symlink.
+
+    The temp file is then created relative to this descriptor, so a temp
+    directory swapped for a symlink (now, not only when it was ensured) is
+    refused instead of followed.
+
+    Args:
+        tmp_dir: the temp directory.
+
+    Returns:
+        A directory descriptor (the caller closes it).
+
+    Raises:
+        HostileFileError: ``tmp_dir`` is a symlink, not a directory, or another uid's.
+        OSError: it could not be opened (missing, permission).
+    """
+    try:
+        fd = os.open(tmp_dir, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise HostileFileError(f"temp directory {tmp_dir} is a symlink or not a directory; refusing it") from exc
+        raise
+    uid = os.fstat(fd).st_uid
+    if uid != os.getuid():
+        os.close(fd)
+        raise HostileFileError(f"temp directory {tmp_dir} is owned by uid {uid}, expected {os.getuid()}")
+    return fd
+
+
+def _write_temp(target: Path, data: bytes, *, dir_fd: int, fsync: bool, mode: int = FILE_MODE) -> str:
+    """Write ``data`` to a fresh temp file for ``target``.
+
+    Args:
+        target: the file the temp will become (only its name is used).
+        data: the bytes to write.
+        dir_fd: the open temp directory (same filesystem as ``target``).
+        fsync: flush the file to stable storage before returning.
+        mode: the temp's permission bits (exactly these: the umask does not apply).
+
+    Returns:
+        The temp file's name in ``dir_fd``.
+
+    Raises:
+        OSError: the temp could not be created or written (it is removed).
+    """
+    name = _temp_name(target)
+    fd = os.open(name, _WRITE_FLAGS, FILE_MODE, dir_fd=dir_fd)  # private until fchmod: nobody opens it meanwhile
+    try:
+        try:
+            os.fchmod(fd, mode)  # exactly the mode asked for, whatever the umask
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        discard(name, dir_fd)
+        raise
+    return name
+
+
+def discard(name: str, dir_fd: int) -> None:
+    """Remove the temp file ``name`` of ``dir_fd`` if it exists; never raises.
+
+    Args:
+        name: a temp file to clean up.
+        dir_fd: its directory.
+    """
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("could not remove temp file {}: {}", name, os_error_text(exc))
+
+
+@contextmanager
+def staged(
+    target: Path, data: bytes, *, tmp_dir: Path, verb: str, fsync: bool, mode: int = FILE_MODE
+) -> Iterator[tuple[str, int]]:
+    """``data`` written to a complete temp file for ``target``, ready to be put in place.
+
+    Args:
+        target: the file the temp will become.
+        data: the bytes to write.
+        tmp_dir: the temp directory (same filesystem as ``target``).
+        verb: the operation, for error messages ("write", "create").
+        fsync: fsync the data before yielding.
+        mode: the temp's (and so the target's) permission bits.
+
+    Yields:
+        The temp's name and the open temp directory's fd (closed on exit); the caller puts
+        the temp in place or discards it.
+
+    Raises:
+        HostileFileError: ``target``'s directory or ``tmp_dir`` is refused.
+        StoreError: opening ``tmp_dir`` or writing the temp failed.
+    """
+    _refuse_symlinked_parent(target)
+    try:
+        dir_fd = _open_temp_dir(tmp_dir)
+    except OSError as exc:
+        raise store_error(verb, target, exc) from exc
+    try:
+        try:
+            tmp = _write_temp(target, data, dir_fd=dir_fd, fsync=fsync, mode=mode)
+        except OSError as exc:
+            raise store_error(verb, target, exc) from exc
+        yield tmp, dir_fd
+    finally:
+        os.close(dir_fd)
