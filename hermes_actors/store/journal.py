@@ -41,12 +41,12 @@ from typing import Any, Protocol
 from loguru import logger
 
 from hermes_actors.errors import StoreError
-from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.journal_adoption import adopt_dead_journals
 from hermes_actors.store.journal_batch import BatchListener, CommitBatch, DurableCallback
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import JournalFolded, encode_record
 from hermes_actors.store.journal_state import JournalState
+from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = ["Journal", "StartRecorder"]
 
