@@ -26,9 +26,10 @@ from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store import relay_inbox
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir
 from hermes_actors.store.journal import Journal
-from hermes_actors.store.relay_files import enqueue_envelope, quarantine_into, write_reply, write_roster
+from hermes_actors.store.relay_files import enqueue_envelope, write_reply, write_roster
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
+from hermes_actors.store.relay_quarantine import quarantine_into
 from hermes_actors.store.relay_shelf import Shelf
 
 NOW = 1_700_000_000.0

@@ -21,11 +21,9 @@ from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.messages import RemoteAgent
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_files import (
-    RelayPaths,
     claim_envelope,
     enqueue_envelope,
     list_ids,
-    quarantine,
     read_envelope,
     read_reply,
     read_roster,
@@ -33,6 +31,7 @@ from hermes_actors.store.relay_files import (
     write_reply,
     write_roster,
 )
+from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import (
     ENVELOPE_KEYS,
     REPLY_KEYS,
@@ -44,6 +43,7 @@ from hermes_actors.store.relay_protocol import (
     parse_envelope,
     parse_reply,
 )
+from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_roster import (
     liveness,
     normalize_roster,
@@ -672,7 +672,8 @@ def test_claim_race_threads_exactly_one_wins(paths: RelayPaths) -> None:
 CLAIMER = textwrap.dedent(
     """
     import json, sys
-    from hermes_actors.store.relay_files import RelayPaths, claim_envelope
+    from hermes_actors.store.relay_files import claim_envelope
+    from hermes_actors.store.relay_paths import RelayPaths
     paths = RelayPaths.from_root(sys.argv[1])
     ids = sys.argv[2].split(",")
     print("ready", flush=True)

@@ -395,7 +395,7 @@ def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: st
     (os.fsdecode(b"\xff" * 10), b"\xff" * 10),  # not UTF-8: its bytes are kept as they are
 ], ids=["short", "255-bytes", "multibyte", "not-utf8"])
 def test_quarantine_name_fits_one_file_name(name: str, kept: bytes) -> None:
-    from hermes_actors.store.relay_files import quarantine_name
+    from hermes_actors.store.relay_quarantine import quarantine_name
 
     out = os.fsencode(quarantine_name(name, 1_700_000_000_123_456_789, "0a1b2c3d"))
     assert out == kept + b".1700000000123456789.0a1b2c3d.quarantined" and len(out) <= 255

@@ -76,6 +76,7 @@ from hermes_actors.store.relay_inbox import (
     write_delivered,
     write_heartbeat,
 )
+from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import Shelf
 
 __all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]
@@ -502,7 +503,7 @@ class RelayActor(TypedActor):
 
     def _quarantine(self, path: Path, why: str) -> None:
         self.counters["quarantined"] += 1
-        rf.quarantine(self.paths.relay, path, why)
+        quarantine(self.paths.relay, path, why)
 
     # ── heartbeat and housekeeping ──────────────────────────────────────────
 

@@ -22,7 +22,8 @@ from hermes_actors.core.ids import id_of_file_name, is_delivery_id
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.rooms.rules import MAX_MEMBERS, MIN_MEMBERS, USER, find_room, name_problem, no_room
 from hermes_actors.store.atomic import atomic_write_bytes, ensure_private_dir, read_json_file
-from hermes_actors.store.relay_files import RelayPaths, quarantine
+from hermes_actors.store.relay_paths import RelayPaths
+from hermes_actors.store.relay_quarantine import quarantine
 
 __all__ = [
     "FORMAT_VERSION",

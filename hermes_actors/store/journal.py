@@ -374,8 +374,8 @@ class Journal:
         crash (never acked: the ack waits for the sync) or damage; a damaged ``accepted`` record
         is a DM whose sender was acked and that nothing can run any more, so say so.
         """
-        from hermes_actors.store.relay_files import quarantine_into
         from hermes_actors.store.relay_protocol import QUARANTINE
+        from hermes_actors.store.relay_quarantine import quarantine_into
 
         moved = quarantine_into(self.directory.parent / QUARANTINE, path,
                                 f"adopted journal with {bad} unreadable line(s)", within=self.within)

@@ -47,8 +47,9 @@ from hermes_actors.store.atomic import (
 )
 from hermes_actors.store.processes import pid_alive
 from hermes_actors.store.relay_dirfd import rename_between
-from hermes_actors.store.relay_files import RelayPaths, quarantine, regular_or_quarantined
+from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_envelope, parse_reply
+from hermes_actors.store.relay_quarantine import quarantine, regular_or_quarantined
 from hermes_actors.store.relay_shelf import find_on_shelves
 
 __all__ = [
