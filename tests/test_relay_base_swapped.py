@@ -23,7 +23,7 @@ from hermes_actors import Gateway
 from hermes_actors.errors import HostileFileError
 from hermes_actors.records import RemoteAgent
 from hermes_actors.rooms.store import RoomFiles
-from hermes_actors.store import relay_inbox
+from hermes_actors.store import relay_heartbeat, relay_inbox, relay_sent
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, ensure_private_dir
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply, write_roster
@@ -58,8 +58,8 @@ def _writers(inbox: InboxPaths) -> dict[str, Callable[[], Any]]:
         "inbox envelope (hub)": lambda: relay_inbox.post_to_inbox(inbox, _envelope(), "alpha"),
         "delivered record": lambda: relay_inbox.write_delivered(inbox, _reply(), "alpha"),
         "consumed mark": lambda: relay_inbox.mark_consumed(inbox, EID, now=NOW),
-        "heartbeat": lambda: relay_inbox.write_heartbeat(inbox, "alpha", now=NOW),
-        "sent record": lambda: relay_inbox.record_sent(inbox, EID, "@moxie on mini", now=NOW),
+        "heartbeat": lambda: relay_heartbeat.write_heartbeat(inbox, "alpha", now=NOW),
+        "sent record": lambda: relay_sent.record_sent(inbox, EID, "@moxie on mini", now=NOW),
     }
 
 

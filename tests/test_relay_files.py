@@ -920,7 +920,8 @@ def test_the_started_mark_is_written_before_the_turn_and_flushed_only_when_asked
     fsync: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hermes_actors.store import atomic
-    from hermes_actors.store.relay_inbox import InboxPaths, TurnStartMarks, was_started
+    from hermes_actors.store.relay_inbox import InboxPaths
+    from hermes_actors.store.relay_marks import TurnStartMarks, was_started
 
     paths = InboxPaths.from_root(tmp_path).ensure()
     flushed: list[int] = []
@@ -938,7 +939,8 @@ def test_the_started_mark_is_written_before_the_turn_and_flushed_only_when_asked
 
 
 def test_a_refused_started_mark_is_a_store_error_so_the_turn_never_runs(tmp_path: Path) -> None:
-    from hermes_actors.store.relay_inbox import InboxPaths, TurnStartMarks, was_started
+    from hermes_actors.store.relay_inbox import InboxPaths
+    from hermes_actors.store.relay_marks import TurnStartMarks, was_started
 
     paths = InboxPaths.from_root(tmp_path).ensure()
     outside = tmp_path / "outside"

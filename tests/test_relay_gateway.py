@@ -28,8 +28,9 @@ from hermes_actors import Gateway
 from hermes_actors.ops.journal_view import find_outcome
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_inbox import InboxPaths, claim_for_expiry, post_to_inbox
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 from hermes_actors.store.relay_paths import RelayPaths
+from hermes_actors.store.relay_sent import claim_for_expiry
 from hermes_actors.store.relay_shelf import find_on_shelves
 
 REPLY_KEYS = {"id", "at", "reply", "error", "reason"}

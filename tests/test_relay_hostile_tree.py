@@ -33,14 +33,10 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.atomic import ensure_private_dir
 from hermes_actors.store.journal import Journal
-from hermes_actors.store.relay_inbox import (
-    InboxPaths,
-    TurnStartMarks,
-    clear_sent,
-    clear_started,
-    gateway_alive,
-    post_to_inbox,
-)
+from hermes_actors.store.relay_heartbeat import gateway_alive
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+from hermes_actors.store.relay_marks import TurnStartMarks, clear_started
+from hermes_actors.store.relay_sent import clear_sent
 from hermes_actors.store.relay_shelf import LOCK_NAME, SHELF_PREFIX, Shelf
 from hermes_actors.store.yaml_file import read_yaml_mapping
 

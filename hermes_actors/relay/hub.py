@@ -37,7 +37,8 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles, existing_root
 from hermes_actors.store.relay_dirfd import rename_between
-from hermes_actors.store.relay_inbox import InboxPaths, already_posted, gateway_alive, post_to_inbox, read_delivered
+from hermes_actors.store.relay_heartbeat import gateway_alive
+from hermes_actors.store.relay_inbox import InboxPaths, already_posted, post_to_inbox, read_delivered
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import Shelf
 

@@ -62,21 +62,11 @@ from hermes_actors.relay.restart import recover_taken, scan_sent
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_inbox import (
-    InboxPaths,
-    claim_for_expiry,
-    clear_sent,
-    clear_started,
-    finish_expiry,
-    mark_consumed,
-    record_sent,
-    remove_heartbeat,
-    return_to_inbox,
-    was_started,
-    write_delivered,
-    write_heartbeat,
-)
+from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbeat
+from hermes_actors.store.relay_inbox import InboxPaths, mark_consumed, return_to_inbox, write_delivered
+from hermes_actors.store.relay_marks import clear_started, was_started
 from hermes_actors.store.relay_quarantine import quarantine
+from hermes_actors.store.relay_sent import claim_for_expiry, clear_sent, finish_expiry, record_sent
 from hermes_actors.store.relay_shelf import Shelf
 
 __all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]

@@ -28,18 +28,10 @@ from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.relay.drain import expiry_of
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_inbox import (
-    InboxPaths,
-    SentRecord,
-    clear_sent,
-    clear_started,
-    is_consumed,
-    list_sent,
-    read_inbox_envelope,
-    was_started,
-    write_delivered,
-)
+from hermes_actors.store.relay_inbox import InboxPaths, is_consumed, read_inbox_envelope, write_delivered
+from hermes_actors.store.relay_marks import clear_started, was_started
 from hermes_actors.store.relay_quarantine import quarantine
+from hermes_actors.store.relay_sent import SentRecord, clear_sent, list_sent
 from hermes_actors.store.relay_shelf import Adopted
 
 __all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "taken_action"]
