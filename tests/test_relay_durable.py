@@ -531,13 +531,13 @@ def test_a_relayed_outcome_journaled_before_a_kill_is_neither_published_nor_woke
     from collections import Counter
 
     from hermes_actors.local import durability
-    from hermes_actors.relay import relay_actor
+    from hermes_actors.relay import outbound
 
     root = make_root(tmp_path, {"alice": {}}, name="alpha")
     write_roster_file(root, [remote_row("moxie", "mini", online=True)])
     config = {"bot_mode": {"wake_sender": True}}
-    monkeypatch.setattr(relay_actor, "clear_sent", lambda *a, **k: None)  # the relay's record and reply stay
-    monkeypatch.setattr(relay_actor, "mark_consumed", lambda *a, **k: None)
+    monkeypatch.setattr(outbound, "clear_sent", lambda *a, **k: None)  # the relay's record and reply stay
+    monkeypatch.setattr(outbound, "mark_consumed", lambda *a, **k: None)
     if not delivered_written:
         def finished_only(self: durability.JournalDurability, outcome: Any, *, then: Any = None) -> None:
             self.journal.append({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
