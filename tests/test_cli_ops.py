@@ -23,8 +23,9 @@ from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, chec
 from hermes_actors.records import RemoteAgent
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
-from hermes_actors.store.relay_inbox import InboxPaths, clear_sent, record_sent
+from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
+from hermes_actors.store.relay_sent import clear_sent, record_sent
 
 
 def _json(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:

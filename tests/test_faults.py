@@ -27,6 +27,7 @@ from hermes_actors import Gateway, TurnFailed
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+from hermes_actors.store.relay_paths import RelayPaths
 
 TEMP_OF_ID = re.compile(r"^\.[0-9a-f]{32}\.json\.[0-9a-f]+\.tmp$")
 
@@ -98,7 +99,7 @@ def _full_path(name: Any, dir_fd: int | None) -> str:
 
 
 def _temp_files(root: Path) -> list[Path]:
-    return sorted(p for p in rf.RelayPaths.from_root(root).tmp.iterdir() if TEMP_OF_ID.match(p.name))
+    return sorted(p for p in RelayPaths.from_root(root).tmp.iterdir() if TEMP_OF_ID.match(p.name))
 
 
 def _is_temp(path: str) -> bool:

@@ -23,13 +23,14 @@ from hermes_actors import Gateway
 from hermes_actors.errors import HostileFileError
 from hermes_actors.records import RemoteAgent
 from hermes_actors.rooms.store import RoomFiles
-from hermes_actors.store import relay_inbox
+from hermes_actors.store import relay_heartbeat, relay_inbox, relay_sent
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_files import enqueue_envelope, quarantine_into, write_reply, write_roster
+from hermes_actors.store.relay_files import enqueue_envelope, write_reply, write_roster
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
+from hermes_actors.store.relay_quarantine import quarantine_into
 from hermes_actors.store.relay_shelf import Shelf
 
 NOW = 1_700_000_000.0
@@ -58,8 +59,8 @@ def _writers(inbox: InboxPaths) -> dict[str, Callable[[], Any]]:
         "inbox envelope (hub)": lambda: relay_inbox.post_to_inbox(inbox, _envelope(), "alpha"),
         "delivered record": lambda: relay_inbox.write_delivered(inbox, _reply(), "alpha"),
         "consumed mark": lambda: relay_inbox.mark_consumed(inbox, EID, now=NOW),
-        "heartbeat": lambda: relay_inbox.write_heartbeat(inbox, "alpha", now=NOW),
-        "sent record": lambda: relay_inbox.record_sent(inbox, EID, "@moxie on mini", now=NOW),
+        "heartbeat": lambda: relay_heartbeat.write_heartbeat(inbox, "alpha", now=NOW),
+        "sent record": lambda: relay_sent.record_sent(inbox, EID, "@moxie on mini", now=NOW),
     }
 
 

@@ -23,6 +23,7 @@ from hermes_actors.relay.restart import taken_action
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, take_from_inbox
+from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_shelf import LOCK_NAME, Shelf
 
 
@@ -333,8 +334,8 @@ def test_a_seed_senders_envelopes_on_our_root_are_left_to_the_desktop_and_never_
     gw.wait_outcome(ours, timeout=10)
     assert [r["delivery_id"] for r in seen] == [ours]
     assert sorted(rf.list_ids(outbox)) == sorted([stale["id"], answered["id"]])  # left for the Desktop
-    assert rf.read_reply(rf.RelayPaths.from_root(alpha), stale["id"]) is None  # we did not expire it
-    assert rf.read_reply(rf.RelayPaths.from_root(alpha), answered["id"]) == seed_reply
+    assert rf.read_reply(RelayPaths.from_root(alpha), stale["id"]) is None  # we did not expire it
+    assert rf.read_reply(RelayPaths.from_root(alpha), answered["id"]) == seed_reply
 
 
 # ── item 7: a forged outbox flood ───────────────────────────────────────────
@@ -372,7 +373,7 @@ def test_our_own_envelopes_are_resumed_from_the_sent_record_after_a_restart(
         sent = gw.message_agent(sender="alice", target="moxie", message="still waiting?")["delivery_id"]
     gw = start_gateway(gateways, alpha, connection_id="alpha")
     assert gw.stats()["relay"]["waiting"] == 1
-    rf.write_reply(rf.RelayPaths.from_root(alpha), rp.make_reply(sent, reply="late but here", now=time.time()))
+    rf.write_reply(RelayPaths.from_root(alpha), rp.make_reply(sent, reply="late but here", now=time.time()))
     assert gw.wait_outcome(sent, timeout=10)["reply"] == "late but here"
     await_condition(lambda: not (alpha / "bot_relay" / "sent" / f"{sent}.json").exists(), timeout=10,
                     message="the sent record dropped once reported")
@@ -530,13 +531,13 @@ def test_a_relayed_outcome_journaled_before_a_kill_is_neither_published_nor_woke
     from collections import Counter
 
     from hermes_actors.local import durability
-    from hermes_actors.relay import relay_actor
+    from hermes_actors.relay import outbound
 
     root = make_root(tmp_path, {"alice": {}}, name="alpha")
     write_roster_file(root, [remote_row("moxie", "mini", online=True)])
     config = {"bot_mode": {"wake_sender": True}}
-    monkeypatch.setattr(relay_actor, "clear_sent", lambda *a, **k: None)  # the relay's record and reply stay
-    monkeypatch.setattr(relay_actor, "mark_consumed", lambda *a, **k: None)
+    monkeypatch.setattr(outbound, "clear_sent", lambda *a, **k: None)  # the relay's record and reply stay
+    monkeypatch.setattr(outbound, "mark_consumed", lambda *a, **k: None)
     if not delivered_written:
         def finished_only(self: durability.JournalDurability, outcome: Any, *, then: Any = None) -> None:
             self.journal.append({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})

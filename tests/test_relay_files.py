@@ -21,11 +21,9 @@ from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.messages import RemoteAgent
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_files import (
-    RelayPaths,
     claim_envelope,
     enqueue_envelope,
     list_ids,
-    quarantine,
     read_envelope,
     read_reply,
     read_roster,
@@ -33,6 +31,7 @@ from hermes_actors.store.relay_files import (
     write_reply,
     write_roster,
 )
+from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import (
     ENVELOPE_KEYS,
     REPLY_KEYS,
@@ -44,6 +43,7 @@ from hermes_actors.store.relay_protocol import (
     parse_envelope,
     parse_reply,
 )
+from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_roster import (
     liveness,
     normalize_roster,
@@ -672,7 +672,8 @@ def test_claim_race_threads_exactly_one_wins(paths: RelayPaths) -> None:
 CLAIMER = textwrap.dedent(
     """
     import json, sys
-    from hermes_actors.store.relay_files import RelayPaths, claim_envelope
+    from hermes_actors.store.relay_files import claim_envelope
+    from hermes_actors.store.relay_paths import RelayPaths
     paths = RelayPaths.from_root(sys.argv[1])
     ids = sys.argv[2].split(",")
     print("ready", flush=True)
@@ -919,7 +920,8 @@ def test_the_started_mark_is_written_before_the_turn_and_flushed_only_when_asked
     fsync: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hermes_actors.store import atomic
-    from hermes_actors.store.relay_inbox import InboxPaths, TurnStartMarks, was_started
+    from hermes_actors.store.relay_inbox import InboxPaths
+    from hermes_actors.store.relay_marks import TurnStartMarks, was_started
 
     paths = InboxPaths.from_root(tmp_path).ensure()
     flushed: list[int] = []
@@ -937,7 +939,8 @@ def test_the_started_mark_is_written_before_the_turn_and_flushed_only_when_asked
 
 
 def test_a_refused_started_mark_is_a_store_error_so_the_turn_never_runs(tmp_path: Path) -> None:
-    from hermes_actors.store.relay_inbox import InboxPaths, TurnStartMarks, was_started
+    from hermes_actors.store.relay_inbox import InboxPaths
+    from hermes_actors.store.relay_marks import TurnStartMarks, was_started
 
     paths = InboxPaths.from_root(tmp_path).ensure()
     outside = tmp_path / "outside"

@@ -28,7 +28,9 @@ from hermes_actors import Gateway
 from hermes_actors.ops.journal_view import find_outcome
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_inbox import InboxPaths, claim_for_expiry, post_to_inbox
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+from hermes_actors.store.relay_paths import RelayPaths
+from hermes_actors.store.relay_sent import claim_for_expiry
 from hermes_actors.store.relay_shelf import find_on_shelves
 
 REPLY_KEYS = {"id", "at", "reply", "error", "reason"}
@@ -82,7 +84,7 @@ def test_a_reply_that_lands_before_the_send_returns_still_settles_the_dm(
     gw = start(gateways, root)
     real_enqueue = rf.enqueue_envelope
 
-    def enqueue_and_answer_at_once(paths: rf.RelayPaths, envelope: dict[str, Any]) -> Path:
+    def enqueue_and_answer_at_once(paths: RelayPaths, envelope: dict[str, Any]) -> Path:
         queued_at = real_enqueue(paths, envelope)
         rf.write_reply(paths, reply_record(envelope["id"], reply="faster than you"))
         return queued_at
@@ -396,7 +398,7 @@ def test_the_drain_side_refuses_an_expired_envelope_and_does_not_run_it(
 def test_housekeep_sweeps_only_stale_relay_files(tmp_path: Path, gateways: list[Gateway]) -> None:
     root = make_root(tmp_path, name="alpha")
     gw = start(gateways, root)
-    paths = rf.RelayPaths.from_root(root)
+    paths = RelayPaths.from_root(root)
     files: dict[str, list[Path]] = {"old": [], "new": []}
     for age in ("old", "new"):
         env = seed_envelope(target_connection="mini", target_profile="moxie", from_profile="zed")
@@ -428,7 +430,8 @@ def test_the_first_reply_written_wins(tmp_path: Path, gateways: list[Gateway]) -
     writer = (
         "import sys, time\n"
         "from hermes_actors.store import relay_files as rf, relay_protocol as rp\n"
-        "paths = rf.RelayPaths.from_root(sys.argv[1])\n"
+        "from hermes_actors.store.relay_paths import RelayPaths\n"
+        "paths = RelayPaths.from_root(sys.argv[1])\n"
         "ok = rf.write_reply(paths, rp.make_reply(sys.argv[2], reply=sys.argv[3], now=time.time()))\n"
         "print('stored' if ok else 'lost')\n"
     )

@@ -33,14 +33,10 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_inbox import (
-    InboxPaths,
-    TurnStartMarks,
-    clear_sent,
-    clear_started,
-    gateway_alive,
-    post_to_inbox,
-)
+from hermes_actors.store.relay_heartbeat import gateway_alive
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+from hermes_actors.store.relay_marks import TurnStartMarks, clear_started
+from hermes_actors.store.relay_sent import clear_sent
 from hermes_actors.store.relay_shelf import LOCK_NAME, SHELF_PREFIX, Shelf
 from hermes_actors.store.yaml_file import read_yaml_mapping
 
@@ -395,7 +391,7 @@ def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: st
     (os.fsdecode(b"\xff" * 10), b"\xff" * 10),  # not UTF-8: its bytes are kept as they are
 ], ids=["short", "255-bytes", "multibyte", "not-utf8"])
 def test_quarantine_name_fits_one_file_name(name: str, kept: bytes) -> None:
-    from hermes_actors.store.relay_files import quarantine_name
+    from hermes_actors.store.relay_quarantine import quarantine_name
 
     out = os.fsencode(quarantine_name(name, 1_700_000_000_123_456_789, "0a1b2c3d"))
     assert out == kept + b".1700000000123456789.0a1b2c3d.quarantined" and len(out) <= 255

@@ -16,6 +16,7 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.demo.bots import create_demo_root
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store.relay_paths import RelayPaths
 
 
 def test_two_drainer_processes_deliver_each_of_500_envelopes_exactly_once(tmp_path: Path) -> None:
@@ -30,7 +31,7 @@ def test_two_drainer_processes_deliver_each_of_500_envelopes_exactly_once(tmp_pa
             hubs = [spawn(f"hub{i}", hub_argv(roots)) for i in (1, 2)]
             for hub in hubs:
                 hub.wait_line(lambda line: line.startswith("relay hub running"), timeout=20)
-            paths = rf.RelayPaths.from_root(alpha)
+            paths = RelayPaths.from_root(alpha)
             envelopes = [
                 seed_envelope(target_connection="mini", target_profile=("alice", "bob", "carol")[i % 3],
                               message=f"job {i}")

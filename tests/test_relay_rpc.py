@@ -12,6 +12,7 @@ from roots import RecordingRunner, make_root
 from hermes_actors import Gateway, ValidationError
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_roster import normalize_roster_row
 
 
@@ -44,7 +45,7 @@ def test_a_desktop_style_round_trip_through_the_rpc_methods(tmp_path: Path) -> N
 
 def test_drain_expires_old_envelopes_and_reply_classifies_a_missing_reason(tmp_path: Path) -> None:
     root = make_root(tmp_path / "a")
-    paths = rf.RelayPaths.from_root(root).ensure()
+    paths = RelayPaths.from_root(root).ensure()
     old = rp.make_envelope(target=normalize_roster_row({"profile": "bob", "connection_id": "mini"}),  # type: ignore[arg-type]
                            message="stale", sender_profile="alice", sender_handle="alice", now=time.time() - 3600)
     rf.enqueue_envelope(paths, old)

@@ -26,6 +26,7 @@ from hermes_actors import Gateway
 from hermes_actors import system as system_module
 from hermes_actors.relay.relay_actor import RelayActor
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import make_reply
 from hermes_actors.transports.redis.actor import RedisRelayActor
 from hermes_actors.transports.redis.store import RedisKeys, encode_reply_entry
@@ -83,7 +84,7 @@ def _send_while_up(root: Path, count: int) -> list[str]:
 def _desktop_replies(root: Path, ids: list[str]) -> None:
     """What the Desktop does while the gateway is down: write the replies of these envelopes."""
     for envelope_id in ids:
-        rf.write_reply(rf.RelayPaths.from_root(root), make_reply(envelope_id, reply=f"re {envelope_id}",
+        rf.write_reply(RelayPaths.from_root(root), make_reply(envelope_id, reply=f"re {envelope_id}",
                                                                     now=time.time()))
 
 

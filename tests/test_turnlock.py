@@ -165,7 +165,7 @@ def test_a_good_lock_file_created_meanwhile_is_never_left_moved_aside(
 ) -> None:
     """Two processes meet the same planted symlink: the first replaces it and takes the flock; the second, which
     looked before that, must not move the good file away (both would then "hold" the bot's lock)."""
-    import hermes_actors.store.relay_files as relay_files
+    import hermes_actors.store.relay_quarantine as relay_quarantine
     from hermes_actors.store.turnlock import turn_lock_path
 
     root = tmp_path / "root"
@@ -173,7 +173,7 @@ def test_a_good_lock_file_created_meanwhile_is_never_left_moved_aside(
     path.parent.mkdir(parents=True)
     os.symlink(tmp_path / "elsewhere", path)
     holder: list[int] = []
-    real_quarantine_into = relay_files.quarantine_into
+    real_quarantine_into = relay_quarantine.quarantine_into
 
     def the_other_process_is_faster(directory: Path, moved: Path, why: str, **kw: Any) -> Path | None:
         if not holder:  # it moves the symlink aside, creates the lock file and holds its flock
@@ -183,7 +183,7 @@ def test_a_good_lock_file_created_meanwhile_is_never_left_moved_aside(
             holder.append(fd)
         return real_quarantine_into(directory, moved, why, **kw)
 
-    monkeypatch.setattr(relay_files, "quarantine_into", the_other_process_is_faster)
+    monkeypatch.setattr(relay_quarantine, "quarantine_into", the_other_process_is_faster)
     lock = TurnLock(path)
     try:
         assert lock.try_acquire() is False  # the other holds the bot's lock: the same file, back at its path

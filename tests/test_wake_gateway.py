@@ -205,6 +205,7 @@ def test_a_relay_dm_resumed_after_the_senders_restart_still_wakes_its_sender(
     (``sent/`` kept only the id and label, so the resumed DM had no sender)."""
     from hermes_actors.store import relay_files as rf
     from hermes_actors.store import relay_protocol as rp
+    from hermes_actors.store.relay_paths import RelayPaths
 
     alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
     write_roster_file(alpha, [remote_row("moxie", "mini", online=True)])
@@ -213,7 +214,7 @@ def test_a_relay_dm_resumed_after_the_senders_restart_still_wakes_its_sender(
     first.stop(timeout=5)
 
     rec = RecordingRunner(lambda turn: "noted")
-    rf.write_reply(rf.RelayPaths.from_root(alpha), rp.make_reply(dm, reply="hello back", now=0.0))
+    rf.write_reply(RelayPaths.from_root(alpha), rp.make_reply(dm, reply="hello back", now=0.0))
     gw = start_gateway(gateways, alpha, rec, config=WAKE_ON, connection_id="alpha", durable=durable)
     assert gw.wait_outcome(dm, timeout=10)["reply"] == "hello back"
     wake = gw.wait_outcome(wake_id(dm), timeout=10)  # the sender's wake turn ran and settled
@@ -230,6 +231,7 @@ def test_a_resumed_relay_dm_wakes_its_sender_as_the_gateway_that_acked_it_decide
     """The decision rides in ``sent/`` across the restart: the gateway that reads the reply does not decide."""
     from hermes_actors.store import relay_files as rf
     from hermes_actors.store import relay_protocol as rp
+    from hermes_actors.store.relay_paths import RelayPaths
 
     alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
     write_roster_file(alpha, [remote_row("moxie", "mini", online=True)])
@@ -239,7 +241,7 @@ def test_a_resumed_relay_dm_wakes_its_sender_as_the_gateway_that_acked_it_decide
     first.stop(timeout=5)
 
     rec = RecordingRunner(lambda turn: "noted")
-    rf.write_reply(rf.RelayPaths.from_root(alpha), rp.make_reply(dm, reply="hello back", now=0.0))
+    rf.write_reply(RelayPaths.from_root(alpha), rp.make_reply(dm, reply="hello back", now=0.0))
     gw = start_gateway(gateways, alpha, rec, config={"bot_mode": {"wake_sender": not accepting_wakes}},
                        connection_id="alpha")
     assert gw.wait_outcome(dm, timeout=10)["reply"] == "hello back"

@@ -53,7 +53,7 @@ from hermes_actors.messages import (
 from hermes_actors.rooms.store import RoomStartMarks
 from hermes_actors.rooms.turn_author import room_of_author
 from hermes_actors.store.journal import Journal, StartRecorder
-from hermes_actors.store.relay_inbox import TurnStartMarks
+from hermes_actors.store.relay_marks import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 
 __all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "kept_at_stop", "outcome_of_turn"]

@@ -33,7 +33,8 @@ from hermes_actors.messages import (
     Subscribe,
 )
 from hermes_actors.store.hermes_root import alias_forms, discover_profiles, install_is_managed
-from hermes_actors.store.relay_files import RelayPaths, read_roster
+from hermes_actors.store.relay_files import read_roster
+from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_roster import liveness
 
 __all__ = ["RosterActor", "make_snapshot", "roster_rows"]

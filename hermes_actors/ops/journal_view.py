@@ -19,7 +19,8 @@ from hermes_actors.core.names import remote_label
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.journal_records import JournalFolded, fold_lines, read_lines
 from hermes_actors.store.relay_files import list_ids, read_envelope, read_reply
-from hermes_actors.store.relay_inbox import InboxPaths, read_sent
+from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_sent import read_sent
 
 __all__ = ["find_outcome", "journal_dir", "read_journals", "relayed_target_label"]
 

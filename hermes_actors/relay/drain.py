@@ -28,6 +28,7 @@ from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, read_inbox_envelope, take_from_inbox
+from hermes_actors.store.relay_quarantine import quarantine
 
 __all__ = [
     "Box",
@@ -148,7 +149,7 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
     except FileNotFoundError:
         return NotOurs(envelope_id, "the claimed file vanished")
     except (OSError, ValidationError) as exc:
-        rf.quarantine(paths.relay, claimed, str(exc))
+        quarantine(paths.relay, claimed, str(exc))
         return Quarantined(envelope_id, str(exc))
     reply = expiry_of(envelope, claimed, ttl=ttl, now=now)
     if reply is not None:

@@ -37,7 +37,9 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles, existing_root
 from hermes_actors.store.relay_dirfd import rename_between
-from hermes_actors.store.relay_inbox import InboxPaths, already_posted, gateway_alive, post_to_inbox, read_delivered
+from hermes_actors.store.relay_heartbeat import gateway_alive
+from hermes_actors.store.relay_inbox import InboxPaths, already_posted, post_to_inbox, read_delivered
+from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import Shelf
 
 __all__ = ["HubActor", "HubRoot", "run_hub"]
@@ -140,7 +142,7 @@ class HubActor(TypedActor):
                 except FileNotFoundError:
                     continue
                 except (OSError, ValidationError) as exc:
-                    rf.quarantine(source.paths.relay, path, str(exc))
+                    quarantine(source.paths.relay, path, str(exc))
                     continue
                 target = self.by_name.get(envelope["target_connection"])
                 if target is None or not already_posted(source.paths, target.paths, envelope_id):
@@ -235,14 +237,14 @@ class HubActor(TypedActor):
         except FileNotFoundError:
             return
         except ValidationError as exc:
-            rf.quarantine(holder.paths.relay, path, str(exc))
+            quarantine(holder.paths.relay, path, str(exc))
             return
         except OSError as exc:  # transient: the file stays in delivered/ and the next rescan retries
             logger.warning("hub: could not read {}: {}", path, exc)
             return
         source = self.by_name.get(reply_connection)
         if source is None:
-            rf.quarantine(holder.paths.relay, path, f"reply for unknown connection {reply_connection!r}")
+            quarantine(holder.paths.relay, path, f"reply for unknown connection {reply_connection!r}")
             return
         written = self._reply(source, record)
         if written is None:

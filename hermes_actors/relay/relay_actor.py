@@ -1,10 +1,9 @@
 """RelayActor: the file relay under ``<root>/bot_relay/``, driven by filesystem events.
 
-Sender side: enqueue seed-format envelopes in ``outbox/``; when
-``replies/<id>.json`` appears (a watchdog event; the periodic rescan is only
-the fallback) report the outcome; expire our own undrained envelopes at the
-TTL (claim by rename first, then write the ``queued_expired`` reply); give up
-after the reply budget with ``delivery_timeout``.
+Sender side (:class:`hermes_actors.relay.outbound.Outbound`, composed here):
+enqueue seed-format envelopes in ``outbox/``, report the outcome when their
+reply appears, expire our own undrained envelopes at the TTL, give up after the
+reply budget with ``delivery_timeout``; the handlers here hand it their messages.
 
 Drain side (``inbox/`` files posted by the hub): claim, refuse expired envelopes
 (:mod:`hermes_actors.relay.drain`), run the turn through the Dispatcher, write
@@ -19,20 +18,16 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pykka
 from loguru import logger
 
-from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TimerHandle, TypedActor, handles
-from hermes_actors.core import outcomes
-from hermes_actors.core.acks import ack_payload
+from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TypedActor, handles
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import StoreError, ValidationError
-from hermes_actors.faults import crashpoint
 from hermes_actors.messages import (
     AttachRelay,
     DesktopDeliver,
@@ -41,13 +36,10 @@ from hermes_actors.messages import (
     DesktopSyncRoster,
     ForgetSent,
     Housekeep,
-    Outcome,
     PeerSend,
     PendingReply,
     RelayDeliver,
-    RelayedOutcome,
     RelayOutcome,
-    RelayResumed,
     RelaySend,
     RelayTick,
     RemoteRosterHint,
@@ -58,24 +50,14 @@ from hermes_actors.messages import (
 )
 from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
-from hermes_actors.relay.restart import recover_taken, scan_sent
+from hermes_actors.relay.outbound import Outbound
+from hermes_actors.relay.restart import recover_taken
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_inbox import (
-    InboxPaths,
-    claim_for_expiry,
-    clear_sent,
-    clear_started,
-    finish_expiry,
-    mark_consumed,
-    record_sent,
-    remove_heartbeat,
-    return_to_inbox,
-    was_started,
-    write_delivered,
-    write_heartbeat,
-)
+from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbeat
+from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
+from hermes_actors.store.relay_marks import clear_started, was_started
 from hermes_actors.store.relay_shelf import Shelf
 
 __all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]
@@ -86,14 +68,6 @@ HOUSEKEEP_EVERY_SECONDS = 3600.0
 WATCHED_SUBDIRS = ("replies", "inbox")
 HEARTBEAT_SECONDS = 2.0
 MAX_ROUTED_AS = 8  # names kept for the heartbeat: a hub uses one; more means a misconfiguration, shown as is
-
-
-@dataclass
-class _Waiting:
-    label: str
-    timers: list[TimerHandle]
-    expires_at: float | None = None  # monotonic time its TTL runs out (None: no TTL)
-    resumed: bool = False  # waited for again after a restart: it may sit in expiring/ already
 
 
 def reply_from_outcome(outcome: Any) -> dict[str, str]:
@@ -143,11 +117,11 @@ class RelayActor(TypedActor):
         self.timers = self.own_timers(scheduler)
         self.connection_id = connection_id
         self.local_profiles = local_profiles
-        self.waiting: dict[str, _Waiting] = {}
-        self.resumed: tuple[ResumedSend, ...] = ()  # kept until the Gateway's ResumeRelay takes them
         self.desktop_calls: dict[str, list[pykka.ThreadingFuture[dict[str, str]]]] = {}  # deliver RPCs by id
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0,
                          "returned": 0}
+        self.outbound = Outbound(self.paths, config=config, timers=self.timers, dispatcher=dispatcher,
+                                 counters=self.counters)
         self.last_housekeep = time.monotonic()
         # the names the hub used for this root in the envelopes it handed us (heartbeat, for doctor); bounded
         self.routed_as: frozenset[str] = frozenset()
@@ -188,169 +162,33 @@ class RelayActor(TypedActor):
 
     @handles(RelaySend)
     def _on_send(self, msg: RelaySend) -> dict[str, Any]:
-        route, delivery = msg.route, msg.delivery
-        envelope = rp.make_envelope(
-            target=route.target,
-            message=route.content,
-            sender_profile=route.sender.profile,
-            sender_handle=route.sender.handle,
-            now=time.time(),
-            extra={"hop": delivery.hop},
-        )
-        try:  # recorded as ours before it is queued: a restart resumes exactly what we sent
-            record_sent(self.paths, envelope["id"], route.label, now=envelope["created_at"],
-                        sender=route.sender.profile, sender_handle=route.sender.handle, hop=delivery.hop,
-                        wake=delivery.wake)
-            rf.enqueue_envelope(self.paths.relay, envelope)
-        except (StoreError, ValidationError, OSError) as exc:
-            clear_sent(self.paths, envelope["id"])
-            return {"error": f"Could not queue the message for {route.label}: {exc}. Nothing was sent.",
-                    "reason": "unknown"}
-        # No look for a reply here: one that already landed (the relay beat this thread) is reported by its file
-        # event or the rescan, after this handler's ack was told: an outcome before its ack would settle an id
-        # the Dispatcher has not booked yet, and the ack would then book it as pending for ever.
-        self._wait_for(envelope["id"], route.label, age=0.0, resumed=False)
-        self.counters["sent"] += 1
-        return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
+        return self.outbound.send(msg)
 
     @handles(PeerSend)
     def _on_peer_send(self, msg: PeerSend) -> None:
         return None  # the file relay does not reach bot_peers: the Dispatcher uses the CLI transport
 
-    def _wait_for(self, envelope_id: str, label: str, *, age: float, resumed: bool) -> None:
-        ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
-        timers = []
-        expires_at = None
-        if ttl > 0:  # first: when both are due at once (a restart), the expiry decides before the reply budget
-            timers.append(self.timers.after(ttl - age, TtlDeadline(envelope_id)))
-            expires_at = time.monotonic() + ttl - age
-        timers.append(self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id)))
-        self.waiting[envelope_id] = _Waiting(label, timers, expires_at, resumed)
-
     def _resume(self) -> None:
         """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those)."""
-        scan = scan_sent(self.paths)
-        now = time.time()
-        resumed: list[ResumedSend] = []
-        for record in scan.ours:
-            if record.envelope_id not in self.waiting:
-                resumed.append(ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle,
-                                           record.hop, record.wake))
-                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), resumed=True)
-        self.counters["quarantined"] += scan.quarantined
-        self.resumed = tuple(resumed)
-        if resumed or scan.not_ours or scan.quarantined:
-            logger.info("relay: resumed waiting for {} envelope(s) of ours after restart; left {} in outbox/ that "
-                        "this root did not record as sent by this gateway (a seed gateway's or forged: the Desktop "
-                        "or the hub deals with them); quarantined {} bad sent record(s)",
-                        len(resumed), scan.not_ours, scan.quarantined)
-        if resumed:
-            self.dispatcher.tell(RelayResumed(self.resumed))
-        for entry in resumed:  # after RelayResumed: the Dispatcher knows whom a reply already here wakes
-            self._check_reply(entry.envelope_id)
+        self.outbound.resume()
 
     @handles(ResumeRelay)
     def _on_resume_relay(self, msg: ResumeRelay) -> tuple[ResumedSend, ...]:
         """The envelopes ``on_start`` resumed (it ran before any message, so the resume is complete)."""
-        resumed, self.resumed = self.resumed, ()
-        return resumed
-
-    def _check_reply(self, envelope_id: str) -> None:
-        entry = self.waiting.get(envelope_id)
-        if entry is None:
-            return  # not ours (a seed gateway on the same root), or already reported
-        try:
-            reply = rf.read_reply(self.paths.relay, envelope_id)
-        except ValidationError as exc:
-            self._quarantine(self.paths.relay.replies / f"{envelope_id}.json", str(exc))
-            return
-        except OSError as exc:  # transient (EMFILE, EIO...): the next rescan retries; never crash the relay
-            logger.warning("relay: could not read the reply of {}: {}", envelope_id, exc)
-            return
-        if reply is None:
-            return
-        if entry.resumed and reply["reason"] == "queued_expired" and os.path.lexists(
-                self.paths.relay.id_file(self.paths.expiring, envelope_id)):
-            self._finish_expiry(envelope_id)  # our expiry, killed after its reply: file it where the seed's goes
-        outcome = outcomes.from_relay_reply(envelope_id, entry.label, reply["reply"], reply["error"], reply["reason"])
-        self._report(envelope_id, outcome)
-        self.counters["replies"] += 1
-
-    def _report(self, envelope_id: str, outcome: Outcome) -> None:
-        """Hand the outcome of our envelope to the Dispatcher; its ``sent/`` record stays until ``ForgetSent``."""
-        entry = self.waiting.pop(envelope_id)
-        for timer in entry.timers:
-            timer.cancel()
-        self.dispatcher.tell(RelayedOutcome(outcome))
+        return self.outbound.take_resumed()
 
     @handles(ForgetSent)
     def _on_forget_sent(self, msg: ForgetSent) -> None:
         """The outcome is journaled (or published): the envelope is no longer ours to resume."""
-        try:
-            mark_consumed(self.paths, msg.envelope_id, now=time.time())
-        except (StoreError, OSError, ValidationError) as exc:
-            logger.warning("relay: could not mark {} consumed: {}", msg.envelope_id, exc)
-        clear_sent(self.paths, msg.envelope_id)
+        self.outbound.forget(msg.envelope_id)
 
     @handles(TtlDeadline)
     def _on_ttl(self, msg: TtlDeadline) -> None:
-        entry = self.waiting.get(msg.envelope_id)
-        if entry is not None:
-            self._expire(msg.envelope_id, entry)
-
-    def _expire(self, envelope_id: str, entry: _Waiting) -> None:
-        """Our envelope's TTL ran out: take it back from ``outbox/`` and answer it ``queued_expired``."""
-        try:  # into expiring/ first: a restart that finds it there knows it was ours, and finishes it
-            claimed = claim_for_expiry(self.paths, envelope_id, adopt=entry.resumed)
-        except (OSError, ValidationError) as exc:
-            logger.warning("relay: could not expire {}: {}", envelope_id, exc)
-            return
-        if claimed is None:
-            return  # a drain won the rename: it will deliver, we keep waiting for its reply
-        crashpoint("relay-after-expiry-claim")
-        try:  # the seed's text names the envelope's target_connection (the label may be a display name)
-            envelope = rf.read_envelope(claimed)
-            handle, conn = envelope["target_handle"], envelope["target_connection"]
-        except (OSError, ValidationError):
-            handle, _, conn = entry.label.removeprefix("@").partition(" on ")
-        ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
-        text = rp.expired_error_text(handle, conn, ttl)
-        self.counters["expired"] += 1
-        try:
-            rf.write_reply(self.paths.relay, rp.make_reply(envelope_id, error=text, reason="queued_expired",
-                                                           now=time.time()))
-        except (OSError, ValidationError) as exc:
-            # We hold the claim, so it was certainly NOT delivered: report that rather than crash the relay.
-            logger.error("relay: could not write the expiry reply of {}: {}", envelope_id, exc)
-            self._finish_expiry(envelope_id)
-            self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "queued_expired"))
-            return
-        crashpoint("relay-after-expiry-reply")
-        self._finish_expiry(envelope_id)
-        self._check_reply(envelope_id)
-
-    def _finish_expiry(self, envelope_id: str) -> None:
-        try:
-            finish_expiry(self.paths, envelope_id)
-        except (OSError, ValidationError) as exc:  # it stays in expiring/: never delivered all the same
-            logger.warning("relay: could not move the expired envelope {} to claimed/: {}", envelope_id, exc)
+        self.outbound.ttl_deadline(msg.envelope_id)
 
     @handles(ReplyDeadline)
     def _on_reply_deadline(self, msg: ReplyDeadline) -> None:
-        entry = self.waiting.get(msg.envelope_id)
-        if entry is None:
-            return
-        if entry.expires_at is not None and time.monotonic() >= entry.expires_at:
-            # Its TTL ran out too (equal budgets, or a restart after both): never drained means NOT delivered,
-            # which the expiry says; only a drained envelope is a delivery_timeout.
-            self._expire(msg.envelope_id, entry)
-            if msg.envelope_id not in self.waiting:
-                return
-        budget = self.config.reply_wait_seconds
-        text = (f"No reply from {entry.label} within {budget:g}s. The message may still be delivered when the "
-                "Desktop reconnects; do not resend blindly.")
-        self._report(msg.envelope_id, outcomes.failed(msg.envelope_id, entry.label, text, "delivery_timeout"))
-        self.counters["timeouts"] += 1
+        self.outbound.reply_deadline(msg.envelope_id)
 
     # ── drain side (the deliver RPC, through inbox/) ─────────────────────────
 
@@ -442,7 +280,7 @@ class RelayActor(TypedActor):
     @handles(DesktopReply)
     def _on_desktop_reply(self, msg: DesktopReply) -> bool:
         written = rf.write_reply(self.paths.relay, msg.record)
-        self._check_reply(msg.record["id"])  # one of ours: report it now rather than at the file event
+        self.outbound.check_reply(msg.record["id"])  # one of ours: report it now rather than at the file event
         return written
 
     # ── events and rescans ──────────────────────────────────────────────────
@@ -459,7 +297,7 @@ class RelayActor(TypedActor):
         if envelope_id is None:
             return  # a stray name: the rescan quarantines it
         if where == self.paths.relay.replies:
-            self._check_reply(envelope_id)
+            self.outbound.check_reply(envelope_id)
         elif where == self.paths.inbox:
             self._take(envelope_id)
 
@@ -472,8 +310,8 @@ class RelayActor(TypedActor):
         self.counters["quarantined"] += quarantine_strays(self.paths)  # first: the listings below need the tree
         self._keep_shelf()
         replies = set(rf.list_ids(self.paths.relay.replies))
-        for envelope_id in [e for e in self.waiting if e in replies]:
-            self._check_reply(envelope_id)
+        for envelope_id in [e for e in self.outbound.waiting if e in replies]:
+            self.outbound.check_reply(envelope_id)
         for envelope_id in rf.list_ids(self.paths.inbox, oldest_first=True):
             self._take(envelope_id)
         if self.roster is not None:
@@ -499,10 +337,6 @@ class RelayActor(TypedActor):
                        self.paths.taken, path)
         self.shelf.close()
         self.shelf, self.paths = shelf, self.paths.on_shelf(path)
-
-    def _quarantine(self, path: Path, why: str) -> None:
-        self.counters["quarantined"] += 1
-        rf.quarantine(self.paths.relay, path, why)
 
     # ── heartbeat and housekeeping ──────────────────────────────────────────
 
@@ -545,4 +379,4 @@ class RelayActor(TypedActor):
         return removed
 
     def stats(self) -> dict[str, int]:
-        return {**self.counters, "waiting": len(self.waiting)}
+        return {**self.counters, "waiting": len(self.outbound.waiting)}

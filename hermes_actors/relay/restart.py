@@ -28,17 +28,10 @@ from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.relay.drain import expiry_of
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_inbox import (
-    InboxPaths,
-    SentRecord,
-    clear_sent,
-    clear_started,
-    is_consumed,
-    list_sent,
-    read_inbox_envelope,
-    was_started,
-    write_delivered,
-)
+from hermes_actors.store.relay_inbox import InboxPaths, is_consumed, read_inbox_envelope, write_delivered
+from hermes_actors.store.relay_marks import clear_started, was_started
+from hermes_actors.store.relay_quarantine import quarantine
+from hermes_actors.store.relay_sent import SentRecord, clear_sent, list_sent
 from hermes_actors.store.relay_shelf import Adopted
 
 __all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "taken_action"]
@@ -107,7 +100,7 @@ def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float
         except FileNotFoundError:
             continue
         except (OSError, ValidationError) as exc:
-            rf.quarantine(paths.relay, path, str(exc))
+            quarantine(paths.relay, path, str(exc))
             result.quarantined += 1
             continue
         replied = os.path.lexists(paths.delivered / path.name)
@@ -169,7 +162,7 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     records, bad = list_sent(paths)
     scan = SentScan()
     for path in bad:
-        rf.quarantine(paths.relay, path, "not a valid sent record")
+        quarantine(paths.relay, path, "not a valid sent record")
         scan.quarantined += 1
     ours: set[str] = set()
     for record in records:

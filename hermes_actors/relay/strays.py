@@ -9,8 +9,8 @@ from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import StoreError, ValidationError
-from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_quarantine import quarantine
 
 __all__ = ["quarantine_strays"]
 
@@ -40,7 +40,7 @@ def quarantine_strays(paths: InboxPaths) -> int:
     swapped = [d for d in directories if os.path.islink(d) or (os.path.lexists(d) and not os.path.isdir(d))]
     for directory in swapped:
         moved += 1
-        rf.quarantine(paths.relay, directory, "a relay directory was replaced by a symlink or a file")
+        quarantine(paths.relay, directory, "a relay directory was replaced by a symlink or a file")
     if swapped or not all(os.path.isdir(d) for d in directories):  # also put back what was removed
         try:
             paths.ensure()
@@ -56,5 +56,5 @@ def quarantine_strays(paths: InboxPaths) -> int:
                 continue
             if entry.is_symlink() or id_of_file_name(entry.name) is None:
                 moved += 1
-                rf.quarantine(paths.relay, Path(entry.path), "not a <32 hex>.json regular file")
+                quarantine(paths.relay, Path(entry.path), "not a <32 hex>.json regular file")
     return moved

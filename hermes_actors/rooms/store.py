@@ -26,7 +26,8 @@ from hermes_actors.rooms.room_record import RoomRecord, parse_room
 from hermes_actors.rooms.rules import find_room, no_room
 from hermes_actors.store.atomic import atomic_write_bytes, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_files import RelayPaths, quarantine
+from hermes_actors.store.relay_paths import RelayPaths
+from hermes_actors.store.relay_quarantine import quarantine
 
 __all__ = ["ROOMS_DIR", "ROOM_MAX_BYTES", "STARTED_DIR", "RoomFiles", "RoomStartMarks", "RoomsOnDisk"]
 

@@ -133,8 +133,8 @@ def _quarantine_damaged(path: Path, bad: int, *, within: Path | None) -> None:
     crash (never acked: the ack waits for the sync) or damage; a damaged ``accepted`` record
     is a DM whose sender was acked and that nothing can run any more, so say so.
     """
-    from hermes_actors.store.relay_files import quarantine_into
     from hermes_actors.store.relay_protocol import QUARANTINE
+    from hermes_actors.store.relay_quarantine import quarantine_into
 
     relay_base = path.parent.parent  # bot_relay/journal/j-<uuid>.log → bot_relay
     moved = quarantine_into(relay_base / QUARANTINE, path,

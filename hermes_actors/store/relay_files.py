@@ -1,20 +1,9 @@
-"""The ``<root>/bot_relay/`` files: paths and thin file I/O (the impure half of the relay).
+"""The ``<root>/bot_relay/`` files: thin file I/O (the impure half of the relay).
 
-Layout (every file 0600, every directory 0700, byte-compatible with the seed)::
-
-    bot_relay/roster.json        {"updated_at": int, "agents": [row...]}
-    bot_relay/outbox/<id>.json   queued envelopes (the Desktop drains them)
-    bot_relay/claimed/<id>.json  envelopes a drain won (rename decides)
-    bot_relay/replies/<id>.json  {id, at, reply, error, reason}; first wins
-    bot_relay/quarantine/        refused (hostile) files, moved aside
-    bot_relay/locks/             per-profile turn locks
-    .bot_relay_tmp/              temp files of atomic writes, beside bot_relay/
-
-The temp directory is ours, not the seed's (the seed writes its temps beside
-the target): it sits beside ``bot_relay/`` so that the half-written temps and
-their renames never wake the processes watching ``bot_relay/`` (the gateway's
-and the hub's recursive watches), and on the same filesystem (checked by
-:meth:`RelayPaths.ensure`) so the rename stays atomic.
+The roster, the envelopes of ``outbox/`` and ``claimed/``, the replies, and the
+sweeping and listing of the relay directories; the layout is
+:class:`hermes_actors.store.relay_paths.RelayPaths`, and a refused file is moved
+aside by :mod:`hermes_actors.store.relay_quarantine`.
 
 Only I/O lives here. The pure rules are imported from where they are defined:
 :mod:`hermes_actors.store.relay_protocol` (constants, envelopes, replies; the
@@ -25,19 +14,15 @@ ids and handles from :mod:`hermes_actors.core.ids` / :mod:`hermes_actors.core.na
 
 from __future__ import annotations
 
-import errno
 import os
-import secrets
-import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
-from hermes_actors.errors import HostileFileError, StoreError, ValidationError
+from hermes_actors.core.ids import id_of_file_name
+from hermes_actors.errors import ValidationError
 from hermes_actors.messages import RemoteAgent
 from hermes_actors.store.atomic import (
     atomic_write_json,
@@ -46,122 +31,28 @@ from hermes_actors.store.atomic import (
 )
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import rename_between
+from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import (
-    CLAIMED,
-    LOCKS,
-    OUTBOX,
-    QUARANTINE,
-    RELAY_DIR,
-    REPLIES,
     REPLY_FILE_MAX_BYTES,
-    ROSTER_FILE,
     STALE_AFTER_SECONDS,
-    TMP,
     parse_envelope,
     parse_reply,
 )
+from hermes_actors.store.relay_quarantine import regular_or_quarantined
 from hermes_actors.store.relay_roster import normalize_roster, parse_roster_payload, roster_row_dict
 
 __all__ = [
-    "RelayPaths",
     "claim_envelope",
     "enqueue_envelope",
     "list_ids",
-    "quarantine",
-    "quarantine_into",
-    "quarantine_name",
     "read_envelope",
     "read_reply",
     "read_roster",
-    "regular_or_quarantined",
     "sweep_directory",
     "sweep_stale",
     "write_reply",
     "write_roster",
 ]
-
-
-@dataclass(frozen=True)
-class RelayPaths:
-    """Every path of one ``bot_relay`` directory."""
-
-    base: Path
-    outbox: Path
-    claimed: Path
-    replies: Path
-    locks: Path
-    tmp: Path
-    quarantine: Path
-    roster: Path
-
-    @classmethod
-    def from_root(cls, root: Path | str) -> RelayPaths:
-        """The relay paths under a Hermes root.
-
-        Args:
-            root: the Hermes root (the default profile's home).
-
-        Returns:
-            The paths (nothing is created).
-        """
-        base = Path(root) / RELAY_DIR
-        return cls(
-            base=base,
-            outbox=base / OUTBOX,
-            claimed=base / CLAIMED,
-            replies=base / REPLIES,
-            locks=base / LOCKS,
-            tmp=Path(root) / TMP,
-            quarantine=base / QUARANTINE,
-            roster=base / ROSTER_FILE,
-        )
-
-    @property
-    def root(self) -> Path:
-        """The Hermes root holding ``bot_relay/``: the trusted anchor of every directory ensured here."""
-        return self.base.parent
-
-    def directories(self) -> tuple[Path, ...]:
-        """The directories of the layout, base first.
-
-        Returns:
-            base, outbox, claimed, replies, locks, tmp, quarantine.
-        """
-        return (self.base, self.outbox, self.claimed, self.replies, self.locks, self.tmp, self.quarantine)
-
-    def ensure(self) -> RelayPaths:
-        """Create every directory (0700), refusing hostile ones.
-
-        Returns:
-            self.
-
-        Raises:
-            HostileFileError: a directory is a symlink, a file, or not ours.
-            StoreError: a directory could not be created, or the temp directory
-                is on another filesystem than ``bot_relay/`` (a rename from it
-                would not be atomic).
-        """
-        for directory in self.directories():
-            ensure_private_dir(directory, within=self.root)
-        if os.lstat(self.tmp).st_dev != os.lstat(self.base).st_dev:
-            raise StoreError(errno.EXDEV, f"the relay temp directory {self.tmp} is on another filesystem than "
-                                          f"{self.base}: atomic renames between them are impossible")
-        return self
-
-    def id_file(self, directory: Path, envelope_id: str) -> Path:
-        """``<directory>/<id>.json`` for a validated id.
-
-        Args:
-            directory: one of the relay directories.
-            envelope_id: the envelope id.
-
-        Returns:
-            The file path.
-
-        Raises:
-            ValidationError: the id is not 32 lowercase hex chars.
-        """
-        return directory / f"{validate_delivery_id(envelope_id, what='envelope id')}.json"
 
 
 # ── roster ──────────────────────────────────────────────────────────────────
@@ -272,24 +163,6 @@ def claim_envelope(paths: RelayPaths, envelope_id: str) -> Path | None:
     return regular_or_quarantined(paths, claimed, "claimed envelope")
 
 
-def regular_or_quarantined(paths: RelayPaths, path: Path, what: str) -> Path | None:
-    """``path`` when it is a regular file; None when it is gone, quarantined when it is anything else.
-
-    Args:
-        paths: the relay layout (its quarantine).
-        path: an envelope just claimed by rename.
-        what: how the log and the quarantine name it.
-    """
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(mode):
-        quarantine(paths, path, f"{what} is not a regular file")
-        return None
-    return path
-
-
 def read_envelope(path: Path) -> dict[str, Any]:
     """Read and validate an envelope file (outbox or claimed).
 
@@ -361,66 +234,6 @@ def read_reply(paths: RelayPaths, envelope_id: str) -> dict[str, Any] | None:
 
 
 # ── housekeeping ────────────────────────────────────────────────────────────
-
-
-_NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs)
-
-
-def quarantine_name(name: str, stamp: int, token: str) -> str:
-    """Pure: the name a quarantined file gets: its own (cut to fit), then when and a random token.
-
-    Args:
-        name: the refused file's name (as the OS gave it: undecodable bytes surrogate-escaped).
-        stamp: ``time.time_ns()``.
-        token: a few random hex chars (two quarantines in one nanosecond never collide).
-
-    Returns:
-        ``<name>.<stamp>.<token>.quarantined``, at most 255 bytes: a file whose own name is
-        already that long is still moved aside, never warned about at every rescan.
-    """
-    suffix = os.fsencode(f".{stamp}.{token}.quarantined")
-    kept = os.fsencode(name)[: _NAME_MAX - len(suffix)]
-    return os.fsdecode(kept + suffix)
-
-
-def quarantine(paths: RelayPaths, path: Path, why: str) -> Path | None:
-    """Move a refused file aside into ``quarantine/`` (a symlink moves as is).
-
-    Args:
-        paths: the relay layout.
-        path: the refused file (inside the relay directory).
-        why: the reason, logged with the move.
-
-    Returns:
-        The new path, or None when the file was already gone or could not be
-        moved (logged).
-    """
-    return quarantine_into(paths.quarantine, path, why, within=paths.root)
-
-
-def quarantine_into(directory: Path, path: Path, why: str, *, within: Path | None = None) -> Path | None:
-    """Move a refused file aside into ``directory`` (created 0700 if missing; a symlink moves as is).
-
-    Args:
-        directory: the quarantine directory (``bot_relay/quarantine``).
-        path: the refused file.
-        why: the reason, logged with the move.
-        within: the root ``directory`` must stay under (see :func:`ensure_private_dir`).
-
-    Returns:
-        The new path, or None when the file was already gone or could not be moved (logged).
-    """
-    dest = directory / quarantine_name(path.name, time.time_ns(), secrets.token_hex(4))
-    try:
-        ensure_private_dir(directory, within=within)
-        os.rename(path, dest)  # rename never follows a symlink
-    except FileNotFoundError:
-        return None
-    except (OSError, HostileFileError) as exc:
-        logger.warning("could not quarantine {} ({}): {}", path, why, exc)
-        return None
-    logger.warning("quarantined {} -> {}: {}", path, dest, why)
-    return dest
 
 
 def sweep_directory(directory: Path, cutoff: float) -> int:

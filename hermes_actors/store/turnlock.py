@@ -207,8 +207,8 @@ class TurnLock:
         return fd
 
     def _quarantine(self, why: str) -> None:
-        from hermes_actors.store.relay_files import quarantine_into
         from hermes_actors.store.relay_protocol import QUARANTINE
+        from hermes_actors.store.relay_quarantine import quarantine_into
 
         # Looked at again just before the move: another process that met the same file may have moved it
         # aside and created a good lock file there already, which must never be moved from under its flock.

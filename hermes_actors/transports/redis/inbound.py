@@ -22,7 +22,8 @@ from hermes_actors.core.config import BotModeConfig
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Outcome, RelayDeliver
 from hermes_actors.relay.relay_actor import reply_from_outcome
-from hermes_actors.store.relay_inbox import InboxPaths, clear_started, was_started
+from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_marks import clear_started, was_started
 from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import ClaimGuard

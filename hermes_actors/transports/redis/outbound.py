@@ -39,9 +39,9 @@ from hermes_actors.messages import (
     ResumedSend,
     TtlDeadline,
 )
-from hermes_actors.store.relay_inbox import recorded_sender
 from hermes_actors.store.relay_protocol import expired_error_text, make_envelope
 from hermes_actors.store.relay_roster import offline_error_text
+from hermes_actors.store.relay_sent import recorded_sender
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.link import RedisLink, as_text
 

@@ -1,0 +1,246 @@
+"""Our envelopes in the file relay, from the ack to their outcome (the RelayActor's sender half).
+
+Each envelope is recorded in ``sent/`` before it is queued in ``outbox/``; when
+``replies/<id>.json`` appears (a watchdog event; the periodic rescan is only the
+fallback) its outcome is reported; at the TTL the sender expires its own undrained
+envelope (claim by rename into ``expiring/`` first, then the ``queued_expired``
+reply); past the reply budget it gives up with ``delivery_timeout``. After a
+restart the envelopes ``sent/`` records as ours (and only those) are waited for again.
+
+:class:`Outbound` is a plain object composed into the actor and called on its
+thread; it reports each outcome to the Dispatcher (``RelayedOutcome``) and forgets
+the envelope once told (``ForgetSent``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actors import TimerHandle, TimerSet
+from hermes_actors.core import outcomes
+from hermes_actors.core.acks import ack_payload
+from hermes_actors.core.config import BotModeConfig
+from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.faults import crashpoint
+from hermes_actors.messages import (
+    Outcome,
+    RelayedOutcome,
+    RelayResumed,
+    RelaySend,
+    ReplyDeadline,
+    ResumedSend,
+    TtlDeadline,
+)
+from hermes_actors.relay.restart import scan_sent
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_inbox import InboxPaths, mark_consumed
+from hermes_actors.store.relay_quarantine import quarantine
+from hermes_actors.store.relay_sent import claim_for_expiry, clear_sent, finish_expiry, record_sent
+
+__all__ = ["Outbound", "Waiting"]
+
+
+@dataclass
+class Waiting:
+    """One of our envelopes awaiting its reply (with its TTL and reply-budget timers)."""
+
+    label: str
+    timers: list[TimerHandle]
+    expires_at: float | None = None  # monotonic time its TTL runs out (None: no TTL)
+    resumed: bool = False  # waited for again after a restart: it may sit in expiring/ already
+
+
+class Outbound:
+    """Our envelopes in flight in ``bot_relay/``.
+
+    Args:
+        paths: the root's relay layout (the sender half never uses the drain side's shelf,
+            so a shelf the actor takes anew leaves it valid).
+        config: TTL and reply budget.
+        timers: the actor's timers (deadlines come back to the actor as messages).
+        dispatcher: told ``RelayedOutcome`` for each envelope's outcome.
+        counters: the actor's counters (``sent``, ``replies``, ``expired``, ``timeouts``, ``quarantined``).
+    """
+
+    def __init__(self, paths: InboxPaths, *, config: BotModeConfig, timers: TimerSet,
+                 dispatcher: pykka.ActorRef[Any], counters: dict[str, int]) -> None:
+        self.paths = paths
+        self.config = config
+        self.timers = timers
+        self.dispatcher = dispatcher
+        self.counters = counters
+        self.waiting: dict[str, Waiting] = {}
+        self.resumed: tuple[ResumedSend, ...] = ()  # kept until the Gateway's ResumeRelay takes them
+
+    def send(self, msg: RelaySend) -> dict[str, Any]:
+        """Record and queue one envelope; the ack dict, or a refusal dict (nothing queued)."""
+        route, delivery = msg.route, msg.delivery
+        envelope = rp.make_envelope(
+            target=route.target,
+            message=route.content,
+            sender_profile=route.sender.profile,
+            sender_handle=route.sender.handle,
+            now=time.time(),
+            extra={"hop": delivery.hop},
+        )
+        try:  # recorded as ours before it is queued: a restart resumes exactly what we sent
+            record_sent(self.paths, envelope["id"], route.label, now=envelope["created_at"],
+                        sender=route.sender.profile, sender_handle=route.sender.handle, hop=delivery.hop,
+                        wake=delivery.wake)
+            rf.enqueue_envelope(self.paths.relay, envelope)
+        except (StoreError, ValidationError, OSError) as exc:
+            clear_sent(self.paths, envelope["id"])
+            return {"error": f"Could not queue the message for {route.label}: {exc}. Nothing was sent.",
+                    "reason": "unknown"}
+        # No look for a reply here: one that already landed (the relay beat this thread) is reported by its file
+        # event or the rescan, after this handler's ack was told: an outcome before its ack would settle an id
+        # the Dispatcher has not booked yet, and the ack would then book it as pending for ever.
+        self._wait_for(envelope["id"], route.label, age=0.0, resumed=False)
+        self.counters["sent"] += 1
+        return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
+
+    def _wait_for(self, envelope_id: str, label: str, *, age: float, resumed: bool) -> None:
+        ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
+        timers = []
+        expires_at = None
+        if ttl > 0:  # first: when both are due at once (a restart), the expiry decides before the reply budget
+            timers.append(self.timers.after(ttl - age, TtlDeadline(envelope_id)))
+            expires_at = time.monotonic() + ttl - age
+        timers.append(self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id)))
+        self.waiting[envelope_id] = Waiting(label, timers, expires_at, resumed)
+
+    def resume(self) -> None:
+        """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those)."""
+        scan = scan_sent(self.paths)
+        now = time.time()
+        resumed: list[ResumedSend] = []
+        for record in scan.ours:
+            if record.envelope_id not in self.waiting:
+                resumed.append(ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle,
+                                           record.hop, record.wake))
+                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), resumed=True)
+        self.counters["quarantined"] += scan.quarantined
+        self.resumed = tuple(resumed)
+        if resumed or scan.not_ours or scan.quarantined:
+            logger.info("relay: resumed waiting for {} envelope(s) of ours after restart; left {} in outbox/ that "
+                        "this root did not record as sent by this gateway (a seed gateway's or forged: the Desktop "
+                        "or the hub deals with them); quarantined {} bad sent record(s)",
+                        len(resumed), scan.not_ours, scan.quarantined)
+        if resumed:
+            self.dispatcher.tell(RelayResumed(self.resumed))
+        for entry in resumed:  # after RelayResumed: the Dispatcher knows whom a reply already here wakes
+            self.check_reply(entry.envelope_id)
+
+    def take_resumed(self) -> tuple[ResumedSend, ...]:
+        """The envelopes :meth:`resume` waits for again, once (the Gateway's ``ResumeRelay``)."""
+        resumed, self.resumed = self.resumed, ()
+        return resumed
+
+    def check_reply(self, envelope_id: str) -> None:
+        """Report the outcome of one of our envelopes if its reply is in ``replies/``."""
+        entry = self.waiting.get(envelope_id)
+        if entry is None:
+            return  # not ours (a seed gateway on the same root), or already reported
+        try:
+            reply = rf.read_reply(self.paths.relay, envelope_id)
+        except ValidationError as exc:
+            self._quarantine(self.paths.relay.replies / f"{envelope_id}.json", str(exc))
+            return
+        except OSError as exc:  # transient (EMFILE, EIO...): the next rescan retries; never crash the relay
+            logger.warning("relay: could not read the reply of {}: {}", envelope_id, exc)
+            return
+        if reply is None:
+            return
+        if entry.resumed and reply["reason"] == "queued_expired" and os.path.lexists(
+                self.paths.relay.id_file(self.paths.expiring, envelope_id)):
+            self._finish_expiry(envelope_id)  # our expiry, killed after its reply: file it where the seed's goes
+        outcome = outcomes.from_relay_reply(envelope_id, entry.label, reply["reply"], reply["error"], reply["reason"])
+        self._report(envelope_id, outcome)
+        self.counters["replies"] += 1
+
+    def _report(self, envelope_id: str, outcome: Outcome) -> None:
+        """Hand the outcome of our envelope to the Dispatcher; its ``sent/`` record stays until ``ForgetSent``."""
+        entry = self.waiting.pop(envelope_id)
+        for timer in entry.timers:
+            timer.cancel()
+        self.dispatcher.tell(RelayedOutcome(outcome))
+
+    def forget(self, envelope_id: str) -> None:
+        """The outcome is journaled (or published): the envelope is no longer ours to resume."""
+        try:
+            mark_consumed(self.paths, envelope_id, now=time.time())
+        except (StoreError, OSError, ValidationError) as exc:
+            logger.warning("relay: could not mark {} consumed: {}", envelope_id, exc)
+        clear_sent(self.paths, envelope_id)
+
+    def ttl_deadline(self, envelope_id: str) -> None:
+        """The TTL of one of our envelopes ran out: expire it unless it was reported meanwhile."""
+        entry = self.waiting.get(envelope_id)
+        if entry is not None:
+            self._expire(envelope_id, entry)
+
+    def _expire(self, envelope_id: str, entry: Waiting) -> None:
+        """Our envelope's TTL ran out: take it back from ``outbox/`` and answer it ``queued_expired``."""
+        try:  # into expiring/ first: a restart that finds it there knows it was ours, and finishes it
+            claimed = claim_for_expiry(self.paths, envelope_id, adopt=entry.resumed)
+        except (OSError, ValidationError) as exc:
+            logger.warning("relay: could not expire {}: {}", envelope_id, exc)
+            return
+        if claimed is None:
+            return  # a drain won the rename: it will deliver, we keep waiting for its reply
+        crashpoint("relay-after-expiry-claim")
+        try:  # the seed's text names the envelope's target_connection (the label may be a display name)
+            envelope = rf.read_envelope(claimed)
+            handle, conn = envelope["target_handle"], envelope["target_connection"]
+        except (OSError, ValidationError):
+            handle, _, conn = entry.label.removeprefix("@").partition(" on ")
+        ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
+        text = rp.expired_error_text(handle, conn, ttl)
+        self.counters["expired"] += 1
+        try:
+            rf.write_reply(self.paths.relay, rp.make_reply(envelope_id, error=text, reason="queued_expired",
+                                                           now=time.time()))
+        except (OSError, ValidationError) as exc:
+            # We hold the claim, so it was certainly NOT delivered: report that rather than crash the relay.
+            logger.error("relay: could not write the expiry reply of {}: {}", envelope_id, exc)
+            self._finish_expiry(envelope_id)
+            self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "queued_expired"))
+            return
+        crashpoint("relay-after-expiry-reply")
+        self._finish_expiry(envelope_id)
+        self.check_reply(envelope_id)
+
+    def _finish_expiry(self, envelope_id: str) -> None:
+        try:
+            finish_expiry(self.paths, envelope_id)
+        except (OSError, ValidationError) as exc:  # it stays in expiring/: never delivered all the same
+            logger.warning("relay: could not move the expired envelope {} to claimed/: {}", envelope_id, exc)
+
+    def reply_deadline(self, envelope_id: str) -> None:
+        """The reply budget of one of our envelopes ran out: report ``delivery_timeout`` (or its expiry)."""
+        entry = self.waiting.get(envelope_id)
+        if entry is None:
+            return
+        if entry.expires_at is not None and time.monotonic() >= entry.expires_at:
+            # Its TTL ran out too (equal budgets, or a restart after both): never drained means NOT delivered,
+            # which the expiry says; only a drained envelope is a delivery_timeout.
+            self._expire(envelope_id, entry)
+            if envelope_id not in self.waiting:
+                return
+        budget = self.config.reply_wait_seconds
+        text = (f"No reply from {entry.label} within {budget:g}s. The message may still be delivered when the "
+                "Desktop reconnects; do not resend blindly.")
+        self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "delivery_timeout"))
+        self.counters["timeouts"] += 1
+
+    def _quarantine(self, path: Path, why: str) -> None:
+        self.counters["quarantined"] += 1
+        quarantine(self.paths.relay, path, why)

@@ -1,0 +1,100 @@
+"""Refused relay files are moved aside, never followed or deleted: ``bot_relay/quarantine/``.
+
+A hostile file (a symlink, a socket, another uid's, corrupt, huge, a wrong name)
+is renamed into the quarantine directory with a name saying when, and the
+caller goes on: the relay's actors keep running whatever they find.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import time
+from pathlib import Path
+
+from loguru import logger
+
+from hermes_actors.errors import HostileFileError
+from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_paths import RelayPaths
+
+__all__ = ["quarantine", "quarantine_into", "quarantine_name", "regular_or_quarantined"]
+
+
+_NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs)
+
+
+def quarantine_name(name: str, stamp: int, token: str) -> str:
+    """Pure: the name a quarantined file gets: its own (cut to fit), then when and a random token.
+
+    Args:
+        name: the refused file's name (as the OS gave it: undecodable bytes surrogate-escaped).
+        stamp: ``time.time_ns()``.
+        token: a few random hex chars (two quarantines in one nanosecond never collide).
+
+    Returns:
+        ``<name>.<stamp>.<token>.quarantined``, at most 255 bytes: a file whose own name is
+        already that long is still moved aside, never warned about at every rescan.
+    """
+    suffix = os.fsencode(f".{stamp}.{token}.quarantined")
+    kept = os.fsencode(name)[: _NAME_MAX - len(suffix)]
+    return os.fsdecode(kept + suffix)
+
+
+def quarantine(paths: RelayPaths, path: Path, why: str) -> Path | None:
+    """Move a refused file aside into ``quarantine/`` (a symlink moves as is).
+
+    Args:
+        paths: the relay layout.
+        path: the refused file (inside the relay directory).
+        why: the reason, logged with the move.
+
+    Returns:
+        The new path, or None when the file was already gone or could not be
+        moved (logged).
+    """
+    return quarantine_into(paths.quarantine, path, why, within=paths.root)
+
+
+def quarantine_into(directory: Path, path: Path, why: str, *, within: Path | None = None) -> Path | None:
+    """Move a refused file aside into ``directory`` (created 0700 if missing; a symlink moves as is).
+
+    Args:
+        directory: the quarantine directory (``bot_relay/quarantine``).
+        path: the refused file.
+        why: the reason, logged with the move.
+        within: the root ``directory`` must stay under (see :func:`ensure_private_dir`).
+
+    Returns:
+        The new path, or None when the file was already gone or could not be moved (logged).
+    """
+    dest = directory / quarantine_name(path.name, time.time_ns(), secrets.token_hex(4))
+    try:
+        ensure_private_dir(directory, within=within)
+        os.rename(path, dest)  # rename never follows a symlink
+    except FileNotFoundError:
+        return None
+    except (OSError, HostileFileError) as exc:
+        logger.warning("could not quarantine {} ({}): {}", path, why, exc)
+        return None
+    logger.warning("quarantined {} -> {}: {}", path, dest, why)
+    return dest
+
+
+def regular_or_quarantined(paths: RelayPaths, path: Path, what: str) -> Path | None:
+    """``path`` when it is a regular file; None when it is gone, quarantined when it is anything else.
+
+    Args:
+        paths: the relay layout (its quarantine).
+        path: an envelope just claimed by rename.
+        what: how the log and the quarantine name it.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode):
+        quarantine(paths, path, f"{what} is not a regular file")
+        return None
+    return path

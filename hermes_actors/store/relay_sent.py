@@ -1,0 +1,200 @@
+"""Sender side of the relay: this root's own envelopes, ``sent/`` and ``expiring/``.
+
+``sent/<id>.json`` (``{"id", "at", "label", "from", "from_handle", "hop", "wake"}``)
+is written before an envelope is queued: only the envelopes recorded there are
+resumed after a restart (an envelope a seed gateway queued on the same root, or a
+forged one, is never taken for ours). At its TTL our envelope is taken back from
+``outbox/`` into ``expiring/`` and moves on to ``claimed/`` once its
+``queued_expired`` reply is written (a restart finishes it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hermes_actors.core.ids import id_of_file_name
+from hermes_actors.errors import ValidationError
+from hermes_actors.store.atomic import read_json_file
+from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import rename_between
+from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_marks import drop_mark, write_mark
+from hermes_actors.store.relay_quarantine import regular_or_quarantined
+
+__all__ = [
+    "SentRecord",
+    "claim_for_expiry",
+    "clear_sent",
+    "finish_expiry",
+    "list_sent",
+    "read_sent",
+    "record_sent",
+    "recorded_sender",
+]
+
+
+@dataclass(frozen=True)
+class SentRecord:
+    """One envelope this root's gateway queued and still waits a reply for.
+
+    ``sender``, ``sender_handle``, ``hop``: the DM that sent it ("" and 0 in a record of an older version);
+    ``wake``: whether its outcome wakes that sender (``Delivery.wake``; None in an older record).
+    """
+
+    envelope_id: str
+    at: float
+    label: str
+    sender: str = ""
+    sender_handle: str = ""
+    hop: int = 0
+    wake: bool | None = None
+
+
+_SENDER_MAX = 64  # a folder id or handle longer than this in a sent record is ignored (not one of ours)
+
+
+def record_sent(
+    paths: InboxPaths, envelope_id: str, label: str, *, now: float, sender: str = "", sender_handle: str = "",
+    hop: int = 0, wake: bool | None = None,
+) -> None:
+    """Record (before the envelope is queued) that this envelope is ours, and which DM sent it.
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+        label: how its target is shown to the sender.
+        now: the time it is sent.
+        sender: the sending profile's folder id (a restart wakes it with the outcome).
+        sender_handle: its handle.
+        hop: the DM's hop.
+        wake: whether the outcome wakes the sender (decided where the DM was acked; None: undecided).
+
+    Raises:
+        ValidationError: the id is invalid.
+        StoreError: the record could not be written (then nothing must be queued).
+    """
+    record: dict[str, Any] = {"id": envelope_id, "at": int(now), "label": label, "from": sender,
+                              "from_handle": sender_handle, "hop": hop}
+    if wake is not None:
+        record["wake"] = wake
+    write_mark(paths, paths.sent, envelope_id, record, fsync=False)  # as durable as the envelope
+
+
+def recorded_sender(data: dict[str, Any], *, profile_key: str = "from") -> tuple[str, str, int, bool | None]:
+    """The sending DM a record of one of our envelopes names: (profile, handle, hop, wake).
+
+    Shared by the file relay's ``sent/`` records and the Redis transport's sent meta.
+
+    Args:
+        data: the record.
+        profile_key: the key of the sending profile (``from`` in ``sent/``, ``from_profile`` in Redis).
+
+    Returns:
+        ``("", "", 0, None)`` when it names none (a record of an older version) or not in the expected
+        shape; ``wake`` is None when the record does not say (an older version).
+    """
+    sender, handle, hop = data.get(profile_key, ""), data.get("from_handle", ""), data.get("hop", 0)
+    if (not isinstance(sender, str) or not isinstance(handle, str) or len(sender) > _SENDER_MAX
+            or len(handle) > _SENDER_MAX or isinstance(hop, bool) or not isinstance(hop, int) or not 0 <= hop <= 1000):
+        return "", "", 0, None
+    wake = data.get("wake")
+    return sender, handle, hop, wake if isinstance(wake, bool) else None
+
+
+def claim_for_expiry(paths: InboxPaths, envelope_id: str, *, adopt: bool = False) -> Path | None:
+    """Take our own envelope out of ``outbox/`` at its TTL (into ``expiring/``), or find it there already.
+
+    The rename decides against a drain that claims it at the same moment. With ``adopt``
+    (an envelope resumed after a restart), one found in ``expiring/`` was taken by this
+    root's gateway before the restart, which died before the reply was written: the
+    caller finishes the expiry now. Without it, only the rename counts.
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+        adopt: also take one already in ``expiring/``.
+
+    Returns:
+        The envelope in ``expiring/``; None when a drain claimed it (it will reply).
+
+    Raises:
+        ValidationError: the id is invalid.
+        HostileFileError: a directory on the way is hostile.
+        OSError: the rename failed for another reason than a missing source.
+    """
+    target = paths.relay.id_file(paths.expiring, envelope_id)
+    ensure_private_dir(paths.expiring, within=paths.relay.root)
+    if not rename_between(paths.relay.base, paths.relay.outbox, paths.expiring, target.name) and not adopt:
+        return None
+    return regular_or_quarantined(paths.relay, target, "expiring envelope")
+
+
+def finish_expiry(paths: InboxPaths, envelope_id: str) -> None:
+    """Move an expired envelope from ``expiring/`` to ``claimed/``, where the seed's expiry leaves it.
+
+    Raises:
+        HostileFileError: a directory on the way is hostile.
+        OSError: the rename failed for another reason than a missing source.
+    """
+    name = paths.relay.id_file(paths.expiring, envelope_id).name
+    ensure_private_dir(paths.relay.claimed, within=paths.relay.root)
+    rename_between(paths.relay.base, paths.expiring, paths.relay.claimed, name)
+
+
+def clear_sent(paths: InboxPaths, envelope_id: str) -> None:
+    """Forget an envelope whose outcome was reported (never raises)."""
+    drop_mark(paths, paths.relay.id_file(paths.sent, envelope_id))
+
+
+def list_sent(paths: InboxPaths) -> tuple[list[SentRecord], list[Path]]:
+    """The envelopes recorded as ours, and the files of ``sent/`` that are not valid records.
+
+    Returns:
+        ``(records, bad_files)``; bad files are for the caller to quarantine.
+    """
+    records: list[SentRecord] = []
+    bad: list[Path] = []
+    try:
+        names = sorted(os.listdir(paths.sent))
+    except OSError:
+        return [], []
+    for name in names:
+        path = paths.sent / name
+        try:
+            records.append(_read_sent_file(path))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValidationError):
+            bad.append(path)
+    return records, bad
+
+
+def read_sent(paths: InboxPaths, envelope_id: str) -> SentRecord | None:
+    """The ``sent/`` record of one of our envelopes, if there is one.
+
+    Returns:
+        None when there is none (never sent from here, or its outcome was reported).
+
+    Raises:
+        ValidationError: the id is invalid, or the file is not a valid sent record.
+        HostileFileError: the file is refused (a symlink, another uid's...).
+        OSError: the file could not be read.
+    """
+    try:
+        return _read_sent_file(paths.relay.id_file(paths.sent, envelope_id))
+    except FileNotFoundError:
+        return None
+
+
+def _read_sent_file(path: Path) -> SentRecord:
+    stem = id_of_file_name(path.name) or ""
+    data = read_json_file(path, max_bytes=4096)
+    if not isinstance(data, dict) or data.get("id") != stem or not isinstance(data.get("label"), str):
+        raise ValidationError(f"{path.name}: not a sent record")
+    at = data.get("at")
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        raise ValidationError(f"{path.name}: 'at' is not a number")
+    return SentRecord(stem, float(at), data["label"], *recorded_sender(data))
