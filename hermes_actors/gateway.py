@@ -44,9 +44,9 @@ from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.rooms import Rooms
 from hermes_actors.store.hermes_root import root_path
 from hermes_actors.store.journal import Journal
-from hermes_actors.system import ASK_TIMEOUT as _ASK_TIMEOUT
-from hermes_actors.system import ActorSystem, SystemOptions, explicit_runner, redis_settings_for
-from hermes_actors.system import is_real_hermes as is_real_hermes  # re-exported (tests, embedders)
+from hermes_actors.system import ActorSystem
+from hermes_actors.system_options import ASK_TIMEOUT as _ASK_TIMEOUT
+from hermes_actors.system_options import SystemOptions, explicit_runner, redis_settings_for
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["Gateway"]
