@@ -32,8 +32,9 @@ from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.notifier import NotifierActor, NotifierCounts
 from hermes_actors.local.profile_actor import ProfileDeps
-from hermes_actors.local.roster import RosterActor
+from hermes_actors.local.roster import RosterActor, roster_rows
 from hermes_actors.local.runners import TurnRunner
+from hermes_actors.local.sending import send_dm
 from hermes_actors.local.turns import TurnFactory
 from hermes_actors.messages import (
     AddSubscriber,
@@ -41,13 +42,16 @@ from hermes_actors.messages import (
     AttachOwner,
     AttachRelay,
     Delivery,
+    DetachOwner,
     GetSnapshot,
+    Housekeep,
     Outcome,
     Recover,
     RelayResumed,
     ResumeRelay,
     RosterChanged,
     RosterSnapshot,
+    SendRequest,
     StatsRequest,
     Subscribe,
 )
@@ -271,6 +275,39 @@ class ActorSystem:
             The settled outcomes the stopped Gateway keeps answering (empty when the stop was not clean).
         """
         return system_shutdown.shut_down(self, timeout, abandon=abandon, on_wait=on_wait)
+
+    # ── what the Gateway's API asks of the running actors ───────────────────
+
+    def send(self, request: SendRequest) -> dict[str, Any]:
+        """``Gateway.message_agent``: the tool's ack or refusal dict (:func:`hermes_actors.local.sending.send_dm`).
+
+        Raises:
+            ActorGone: the Dispatcher has stopped.
+        """
+        assert self.dispatcher is not None
+        return send_dm(self.dispatcher, request, admission=self.caller_admission, journal=self.journal,
+                       timeout=ASK_TIMEOUT)
+
+    def roster_rows(self) -> list[dict[str, Any]]:
+        """``Gateway.roster``: every agent the gateway can reach, as the RosterActor sees them now."""
+        assert self.roster is not None
+        return roster_rows(ask(self.roster, GetSnapshot(), timeout=ASK_TIMEOUT, expect=RosterSnapshot))
+
+    def housekeep(self) -> int:
+        """``Gateway.housekeep``: the relay sweeps stale artifacts now; returns the count removed."""
+        assert self.relay is not None
+        removed: int = ask(self.relay, Housekeep(), timeout=ASK_TIMEOUT, expect=int)
+        return removed
+
+    def attach_owner(self, profile: str, owner: Any) -> None:
+        """``Gateway.attach_live_owner`` on the running Dispatcher. Raises KeyError: no such local profile."""
+        assert self.dispatcher is not None
+        ask(self.dispatcher, AttachOwner(profile, owner), timeout=ASK_TIMEOUT)
+
+    def detach_owner(self, profile: str) -> None:
+        """``Gateway.detach_live_owner`` on the running Dispatcher. Raises KeyError: no such local profile."""
+        assert self.dispatcher is not None
+        ask(self.dispatcher, DetachOwner(profile), timeout=ASK_TIMEOUT)
 
     def stats(self) -> dict[str, Any]:
         """The counters of ``Gateway.stats()``, each asked of the actor that owns it."""
