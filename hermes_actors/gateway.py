@@ -7,12 +7,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -20,61 +17,25 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ActorGone, FsBridge, ask
+from actors import ActorGone, FsBridge
 from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.core.names import checked_connection_id
-from hermes_actors.local.notifier import in_subscriber_callback
-from hermes_actors.local.roster import roster_rows
+from hermes_actors.gateway_args import checked_config, checked_hop, checked_root, wait_seconds
+from hermes_actors.gateway_failure import DispatcherFailure
+from hermes_actors.gateway_lifecycle import Lifecycle, refuse_stop_in_own_turn
+from hermes_actors.gateway_outcomes import OutcomeWaits
+from hermes_actors.gateway_registrations import Registrations, SubscriberEntry
+from hermes_actors.gateway_sends import SendsInFlight
 from hermes_actors.local.runners import TurnRunner, as_runner
-from hermes_actors.local.sending import outcome_future, send_dm
-from hermes_actors.local.turns import turn_factory_here
-from hermes_actors.messages import (
-    BOT_CHAT_SESSION,
-    AddSubscriber,
-    AttachOwner,
-    CheckOutcome,
-    DetachOwner,
-    GetSnapshot,
-    Housekeep,
-    RemoveSubscriber,
-    RosterSnapshot,
-    SendRequest,
-)
+from hermes_actors.messages import BOT_CHAT_SESSION, SendRequest
 from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.rooms import Rooms
-from hermes_actors.store.hermes_root import root_path
 from hermes_actors.store.journal import Journal
-from hermes_actors.system import ASK_TIMEOUT as _ASK_TIMEOUT
-from hermes_actors.system import ActorSystem, SystemOptions, explicit_runner, redis_settings_for
-from hermes_actors.system import is_real_hermes as is_real_hermes  # re-exported (tests, embedders)
+from hermes_actors.system import ActorSystem
+from hermes_actors.system_options import ASK_TIMEOUT, SystemOptions, explicit_runner, redis_settings_for
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["Gateway"]
-
-# A failing Dispatcher waits at most this long for the message_agent calls already past their check
-# (a first-hop DM's tell takes µs; a call asking the Dispatcher itself cannot finish and is not waited for longer).
-_FAILING_SENDS_WAIT = 0.5
-_MAX_WAIT = 10_000_000.0  # ~115 days: longer waits overflow the clocks underneath (threading.TIMEOUT_MAX and time_t)
-
-
-class _Stopped(Exception):
-    """Set on a ``wait_outcome`` future when the gateway stopped while it waited (never leaves the Gateway)."""
-
-
-def _seconds(what: str, timeout: Any) -> float:
-    """``timeout`` of ``what`` (``"stop"``, ``"wait_outcome"``…) as seconds to wait: 0 and below do not wait,
-    ``inf`` waits as long as a clock can count.
-
-    Raises:
-        TypeError: not a number (a bool, None, a string...).
-        ValueError: NaN.
-    """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{what} timeout must be a number of seconds, not {type(timeout).__name__} "
-                        f"({timeout!r}); 0 does not wait")
-    if timeout != timeout:
-        raise ValueError(f"{what} timeout is NaN; pass a number of seconds (0: do not wait)")
-    return float(min(max(timeout, 0.0), _MAX_WAIT))
 
 
 class Gateway:
@@ -133,20 +94,9 @@ class Gateway:
         serve_submit: bool = False,
         on_failure: Callable[[BaseException | None], Any] | None = None,
     ) -> None:
-        if not isinstance(root, (str, os.PathLike)):
-            raise TypeError(f"Gateway root must be the Hermes root directory (a str or path), "
-                            f"not {type(root).__name__} ({root!r})")
-        if config is not None and not isinstance(config, Mapping):
-            raise TypeError(f"Gateway config must be a dict shaped like config.yaml (e.g. "
-                            f"{{'bot_mode': {{...}}}}), not {type(config).__name__}")
-        if not str(root).strip():
-            raise ValueError(
-                f"Hermes root is empty ({str(root)!r}): pass the Hermes root directory "
-                "(the default profile's home, e.g. ~/.hermes), not the current directory by accident"
-            )
-        self.root = root_path(root)
+        self.root = checked_root(root)
+        self.overrides = checked_config(config)
         self.runner: TurnRunner | None = explicit_runner(runner)  # None: the real Hermes, chosen at start()
-        self.overrides = dict(config or {})
         # "" is "not given" (Redis then takes bot_mode.connection_id), as None
         self.connection_id = checked_connection_id(connection_id) if connection_id else None
         self.workers = workers
@@ -158,34 +108,16 @@ class Gateway:
         self._submit: Any = None  # the submit endpoint while serve_submit runs
         self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
-        self._state = "new"  # new → running → stopping → stopped
+        self._lifecycle = Lifecycle()  # new → running → stopping → stopped
         self.started_at: float | None = None  # time.time() once start() finished (``status`` shows the uptime)
-        self._state_lock = threading.Lock()  # guards the lifecycle only, never message traffic
         # message_agent calls in flight: stop() waits for them, so no DM is acked after the stop began and then
-        # lost behind it. A set (add/discard are atomic) and no lock: the senders never contend on the hot path.
-        self._sending: set[object] = set()
-        self._tokens = itertools.count(1)
-        # Subscribers and live owners given before start(), and whether a start is under way (then a
-        # registration from another thread waits for it, rather than land in a dict start() already read).
-        self._early = threading.Condition()
-        self._early_subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool, bool]] = {}
-        self._early_owners: dict[str, Any] = {}
-        self._starting: int | None = None  # the thread id of a start() under way
-        self._stopped = threading.Event()  # set once a stop() has finished (a second stop() waits for it)
-        self._stopping_thread: int | None = None  # the thread id of the stop() under way
-        self._final_outcomes: dict[str, dict[str, Any]] = {}
-        # wait_outcome calls waiting on the Dispatcher (future → delivery id): answered at stop, so none sits
-        # out its timeout on a Dispatcher that will never answer (a journaled DM is settled by the next start)
-        self._waits: dict[pykka.ThreadingFuture[dict[str, Any]], str] = {}
-        self._waits_lock = threading.Lock()
+        # lost behind it
+        self._sends = SendsInFlight()
+        self._registrations = Registrations()  # subscribers and live owners given before start()
+        self._outcomes = OutcomeWaits()  # the stopped Dispatcher's outcomes, and the waits a stop wakes
         self._system: ActorSystem | None = None  # the actors and threads while started
-        self._on_failure = on_failure
-        # Set (once) from the failed Dispatcher's thread; never under _state_lock, which start() holds
-        # while it waits for that very actor.
-        self._failure: BaseException | None = None
-        self._failed = False
-        self._failure_lock = threading.Lock()
-        self._failure_reported = False
+        self._failure = DispatcherFailure(self.root, on_failure, self._sends, self._outcomes,
+                                          running=lambda: self._lifecycle.state == "running")
 
     # ── lifetime ────────────────────────────────────────────────────────────
 
@@ -199,28 +131,20 @@ class Gateway:
             TransportError: the Redis transport cannot be used: credentials refused, another live
                 process serves the connection id, or the ``[redis]`` extra is missing (nothing is left running).
         """
-        with self._state_lock:
-            if self._state != "new":
-                raise RuntimeError(f"gateway already {self._state}; create a new Gateway to start again")
-            if not self.root.is_dir():
-                raise FileNotFoundError(f"Hermes root {str(self.root)!r} does not exist or is not a directory")
-            with self._early:
-                self._starting = threading.get_ident()
-                subscribers, owners = dict(self._early_subscribers), dict(self._early_owners)
+        with self._lifecycle.lock:
+            self._lifecycle.check_startable(self.root)
+            subscribers, owners = self._registrations.begin_start()
             try:
                 self._start_locked(subscribers, owners)
             finally:
-                with self._early:
-                    self._starting = None
-                    self._early.notify_all()
+                self._registrations.end_start()
         assert self._system is not None
         logger.info("gateway started on {} ({} profiles)", self.root, self._system.profile_count)
-        if self._failed:  # it failed while this start held the lifecycle lock
-            self._report_failure()
+        if self._failure.failed:  # it failed while this start held the lifecycle lock
+            self._failure.report_once()
         return self
 
-    def _start_locked(self, subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool, bool]],
-                      owners: dict[str, Any]) -> None:
+    def _start_locked(self, subscribers: dict[int, SubscriberEntry], owners: dict[str, Any]) -> None:
         """The body of :meth:`start` (under the lifecycle lock), with the subscribers and owners given before it."""
         self.config = cfg = load_config(self.root, self.overrides)
         # ValueError/TransportError before anything started; Redis may take the id from the config
@@ -230,7 +154,7 @@ class Gateway:
         system = ActorSystem(options, runner=self.runner)
         try:
             system.start(cfg, redis_settings, subscribers=subscribers, owners=owners,
-                         on_failing=self._dispatcher_failing, on_failure=self._dispatcher_failed)
+                         on_failing=self._failure.failing, on_failure=self._failure.failed_with)
         except BaseException:
             system.teardown()  # a half-started gateway leaves no actor or thread behind
             raise
@@ -246,30 +170,13 @@ class Gateway:
             except BaseException:
                 system.teardown()
                 raise
-        with self._early:  # taken by the system (kept for a later start() when this one failed)
-            for token in subscribers:
-                self._early_subscribers.pop(token, None)
-            for profile in owners:
-                self._early_owners.pop(profile, None)
-        self._state = "running"
+        self._registrations.taken(subscribers, owners)  # by the system (kept for a later start() that failed)
+        self._lifecycle.state = "running"
         self.started_at = time.time()
 
-    def _before_start(self, register: Callable[[], None]) -> bool:
-        """Run ``register`` (under the lock of the early registrations) if the gateway has not started.
-
-        A start() under way on another thread has already read what was registered: wait for it
-        to end first (then the gateway runs, or it failed and is still new).
-
-        Returns:
-            True when ``register`` ran; False when the gateway has started (or stopped).
-        """
-        with self._early:
-            while self._starting is not None and self._starting != threading.get_ident():
-                self._early.wait()
-            if self._state == "new" and self._starting is None:
-                register()
-                return True
-            return False
+    def _is_new(self) -> bool:
+        """Whether the gateway never started nor stopped (what is registered now waits for the start)."""
+        return self._lifecycle.state == "new"
 
     def stop(
         self,
@@ -300,100 +207,24 @@ class Gateway:
             TypeError: ``timeout`` is not a number of seconds (nothing is stopped).
             ValueError: ``timeout`` is NaN (nothing is stopped).
         """
-        timeout = _seconds("stop", timeout)
-        system = self._system
-        if system is not None and system.turn_factory is not None and turn_factory_here() == system.turn_factory:
-            raise RuntimeError(
-                "Gateway.stop() was called from inside one of its own turns: it would wait for that very "
-                "turn; stop it from another thread (e.g. threading.Thread(target=gateway.stop).start())"
-            )
-        with self._state_lock:
-            if self._state == "new":
-                self._state = "stopped"
-                self._stopped.set()
-            state = self._state
-            if state == "running":
-                self._state = "stopping"
-                self._stopping_thread = threading.get_ident()
-        if state == "stopping" and not in_subscriber_callback() and self._stopping_thread != threading.get_ident():
-            # another thread stops it: return once that stop is done, as it will (neither a subscriber callback,
-            # whose flush that stop waits for, nor that stop's own thread, from its on_wait, waits for it)
-            self._stopped.wait()
-        if state != "running":
+        timeout = wait_seconds("stop", timeout)
+        refuse_stop_in_own_turn(self._system)
+        if not self._lifecycle.begin_stop():  # not running, or another thread stopped it
             return
         assert self._system is not None
         if self._submit is not None:  # first: a DM submitted while stopping would only be cancelled
             self._submit.stop_accepting()
-        self._await_sends(_ASK_TIMEOUT)
+        self._sends.await_all(ASK_TIMEOUT)
         try:
             final = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait)
-            self._final_outcomes = {**self._final_outcomes, **final}  # a failed Dispatcher handed its own over
+            self._outcomes.keep(final, replace=True)  # a failed Dispatcher handed its own over
         finally:
             if self._submit is not None:  # the root's host until its turns are done (``send`` waits for that)
                 self._submit.close()
-            with self._state_lock:
-                self._state = "stopped"
-            self._end_waits()
-            self._stopped.set()
+            self._lifecycle.stopped()
+            self._outcomes.end()  # the waits on the stopped Dispatcher answer from its outcomes or the files
+            self._lifecycle.stop_done()
         logger.info("gateway stopped")
-
-    def _end_waits(self) -> None:
-        """Wake every ``wait_outcome`` still waiting on the stopped Dispatcher: it answers from the final outcomes
-        or the root's files instead (see :meth:`wait_outcome`)."""
-        with self._waits_lock:
-            waits, self._waits = self._waits, {}
-        for future in waits:
-            with contextlib.suppress(Exception):  # already answered by the Dispatcher: that answer stands
-                future.set_exception(exc_info=(_Stopped, _Stopped(), None))
-
-    def _dispatcher_failing(self, error: BaseException) -> None:
-        """The Dispatcher is failing (called on its thread): no more acks; the DMs acked so far reach it.
-
-        A sender past its check still tells its DM; waiting for those calls here (µs each, bounded)
-        puts their DMs in the mailbox the failed Dispatcher settles, instead of after its stop.
-        """
-        self._failure = error
-        self._failed = True
-        self._await_sends(_FAILING_SENDS_WAIT)
-
-    def _dispatcher_failed(self, error: BaseException | None, final: dict[str, dict[str, Any]]) -> None:
-        """The Dispatcher failed (called on its thread): refuse DMs from now on, keep its outcomes, say so."""
-        self._final_outcomes = {**final, **self._final_outcomes}
-        self._failure = error
-        self._failed = True  # already, unless the failing hook itself failed
-        if self._state == "running":  # else it failed while starting (start() reports it) or stopping
-            self._report_failure()
-
-    def _report_failure(self) -> None:
-        """Log the failure and call ``on_failure``, once (from the failed actor, or from ``start()``)."""
-        with self._failure_lock:
-            if self._failure_reported:
-                return
-            self._failure_reported = True
-        error = self._failure
-        logger.error("the gateway on {} failed: its Dispatcher stopped ({!r}); it refuses every DM until it is "
-                     "stopped and started again (journaled DMs are re-offered then)", self.root, error)
-        if self._on_failure is not None:
-            try:
-                self._on_failure(error)
-            except Exception:
-                logger.exception("the gateway's on_failure callback failed")
-
-    def _await_sends(self, timeout: float) -> None:
-        """Let the ``message_agent`` calls that began before the stop hand their DM over (a few µs each).
-
-        Their DMs are then accepted before the Dispatcher stops accepting, so each one gets its
-        outcome (``cancelled`` if it never ran) instead of an ack followed by nothing. Only a call
-        that waits for a stalled journal commit takes longer; ``timeout`` bounds that wait.
-        """
-        deadline = time.monotonic() + timeout
-        delay = 0.0001
-        while self._sending:  # no event to wait on: the senders take no lock, by design (see __init__)
-            if time.monotonic() >= deadline:
-                logger.warning("{} message_agent call(s) still in flight after {:g}s", len(self._sending), timeout)
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
 
     def __enter__(self) -> Gateway:
         return self.start()
@@ -406,18 +237,13 @@ class Gateway:
     @property
     def running(self) -> bool:
         """True between start() and the beginning of stop(), unless the gateway failed (see ``on_failure``)."""
-        return self._state == "running" and not self._failed
-
-    def _live_dispatcher(self) -> pykka.ActorRef[Any]:
-        dispatcher = self._live().dispatcher
-        assert dispatcher is not None
-        return dispatcher
+        return self._lifecycle.state == "running" and not self._failure.failed
 
     def _live(self) -> ActorSystem:
-        if self._failed:
-            raise RuntimeError(f"gateway is not running: its dispatcher failed ({self._failure!r}); "
+        if self._failure.failed:
+            raise RuntimeError(f"gateway is not running: its dispatcher failed ({self._failure.error!r}); "
                                "stop it and start it again")
-        if self._state != "running" or self._system is None:
+        if self._lifecycle.state != "running" or self._system is None:
             raise RuntimeError("gateway is not running")
         return self._system
 
@@ -447,23 +273,14 @@ class Gateway:
             TypeError: ``hop`` is not a whole number.
             ValueError: ``hop`` is negative.
         """
-        if isinstance(hop, bool) or not isinstance(hop, int):
-            raise TypeError(f"message_agent hop must be a whole number (0 for a first DM), not {type(hop).__name__} "
-                            f"({hop!r})")
-        if hop < 0:
-            raise ValueError(f"message_agent hop must be 0 or more, not {hop}")
-        call = object()
-        self._sending.add(call)  # before the state check: stop() sees this call, or this call sees the stop
+        checked_hop(hop)
+        call = self._sends.begin()  # before the state check: stop() sees this call, or this call sees the stop
         try:
-            system = self._live()
-            assert system.dispatcher is not None
-            request = SendRequest(sender, target, message, hop=hop, session=session)
-            return send_dm(system.dispatcher, request, admission=system.caller_admission,
-                           journal=system.journal, timeout=_ASK_TIMEOUT)
+            return self._live().send(SendRequest(sender, target, message, hop=hop, session=session))
         except ActorGone as exc:
             raise RuntimeError("gateway is not running") from exc
         finally:
-            self._sending.discard(call)
+            self._sends.end(call)
 
     def wait_outcome(self, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
         """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds.
@@ -480,60 +297,15 @@ class Gateway:
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
         """
-        timeout = _seconds("wait_outcome", timeout)  # 0: where the DM stands, without waiting
-        final = self._final_outcomes.get(delivery_id)
-        if final is not None:
-            return dict(final)
-        # While stopping, the Dispatcher still settles the turns the stop waits for: wait on it too.
-        if self._state not in ("running", "stopping") or self._system is None or self._system.dispatcher is None:
-            return self._outcome_on_file(delivery_id)
-        dispatcher = self._system.dispatcher
-        try:
-            if timeout > 0:
-                future = outcome_future(dispatcher, delivery_id)
-                with self._waits_lock:
-                    self._waits[future] = delivery_id
-                if self._state == "stopped":  # stopped while registering: _end_waits may have run before
-                    self._end_waits()
-                try:
-                    return dict(future.get(timeout=timeout))
-                except pykka.Timeout:
-                    pass
-                finally:
-                    with self._waits_lock:
-                        self._waits.pop(future, None)
-            # A poll, or the time ran out: ask where it stands. The told request may not have been
-            # handled yet, and an id the Dispatcher never issued is a KeyError all the same.
-            record = ask(dispatcher, CheckOutcome(delivery_id), timeout=_ASK_TIMEOUT)
-        except (ActorGone, _Stopped):  # stopped since the check above: its outcomes were kept, if it had this one
-            final = self._final_outcomes.get(delivery_id)
-            if final is not None:
-                return dict(final)
-            return self._outcome_on_file(delivery_id)
-        if record is None:
-            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s")
-        return dict(record)
+        timeout = wait_seconds("wait_outcome", timeout)  # 0: where the DM stands, without waiting
+        return self._outcomes.answer(delivery_id, timeout, self._settling_dispatcher, root=self.root,
+                                     stopped=lambda: self._lifecycle.state == "stopped")
 
-    def _outcome_on_file(self, delivery_id: str) -> dict[str, Any]:
-        """``wait_outcome`` while this gateway does not run: what the root's journal and relay files know.
-
-        Raises:
-            TimeoutError: the DM is journaled (or on the relay) without an outcome yet: the next
-                gateway on the root runs it (or reads its reply).
-            KeyError: neither this gateway nor the root's files know the id.
-        """
-        from hermes_actors.core.ids import is_delivery_id
-        from hermes_actors.ops.journal_view import find_outcome
-
-        if not is_delivery_id(delivery_id):
-            raise KeyError(f"unknown delivery id {delivery_id!r} (not a delivery id)")
-        found = find_outcome(self.root, delivery_id)
-        if found.get("status") == "pending":
-            raise TimeoutError(f"no outcome for delivery {delivery_id} yet and the gateway is not running: "
-                               f"{found.get('error')}; the next gateway on {self.root} settles it")
-        if found.get("status") == "unknown":
-            raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running; {found.get('error')})")
-        return found
+    def _settling_dispatcher(self) -> pykka.ActorRef[Any] | None:
+        """The Dispatcher while it settles DMs: running, or stopping (it settles the turns the stop waits for)."""
+        if self._lifecycle.state not in ("running", "stopping") or self._system is None:
+            return None
+        return self._system.dispatcher
 
     def subscribe(
         self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False, rooms: bool = True
@@ -557,37 +329,17 @@ class Gateway:
         """
         if not callable(callback):
             raise TypeError(f"subscribe needs a callable, got {type(callback).__name__}")
-        if self._state in ("stopping", "stopped"):
+        if self._lifecycle.state in ("stopping", "stopped"):
             raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
-        token = next(self._tokens)
-        if not self._before_start(lambda: self._early_subscribers.__setitem__(token, (callback, details, rooms))):
-            notifier = self._notifier()
-            if notifier is None:  # stopped meanwhile
-                raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
-            notifier.tell(AddSubscriber(token, callback, details, rooms))
-
-        def unsubscribe() -> None:
-            with self._early:
-                self._early_subscribers.pop(token, None)
-            current = self._notifier()
-            if current is not None:
-                with contextlib.suppress(pykka.ActorDeadError):
-                    current.tell(RemoveSubscriber(token))
-
-        return unsubscribe
+        return self._registrations.subscribe((callback, details, rooms), self._is_new, self._notifier)
 
     def roster(self) -> list[dict[str, Any]]:
         """Every agent this gateway can reach: local profiles, then relay agents."""
-        roster = self._live().roster
-        assert roster is not None
-        return roster_rows(ask(roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot))
+        return self._live().roster_rows()
 
     def housekeep(self) -> int:
         """Sweep stale relay artifacts (> 6 h) and orphaned DM files now; returns the count removed."""
-        relay = self._live().relay
-        assert relay is not None
-        removed: int = ask(relay, Housekeep(), timeout=_ASK_TIMEOUT, expect=int)
-        return removed
+        return self._live().housekeep()
 
     def stats(self) -> dict[str, Any]:
         """Counters of the running gateway, each from the actor that owns it (an ask: it answers once
@@ -626,9 +378,9 @@ class Gateway:
             TypeError: ``owner`` is neither a runner nor a callable.
         """
         as_runner(owner, "owner")
-        if self._before_start(lambda: self._early_owners.__setitem__(profile, owner)):
+        if self._registrations.attach_owner(profile, owner, self._is_new):
             return  # attached before start(): recovered DMs already go to it
-        ask(self._live_dispatcher(), AttachOwner(profile, owner), timeout=_ASK_TIMEOUT)
+        self._live().attach_owner(profile, owner)
 
     def detach_live_owner(self, profile: str) -> None:
         """Return this profile's DMs (those not handed over yet) to the normal turn path.
@@ -636,9 +388,9 @@ class Gateway:
         Raises:
             KeyError: no such local profile.
         """
-        if self._before_start(lambda: self._early_owners.pop(profile, None)):
+        if self._registrations.detach_owner(profile, self._is_new):
             return
-        ask(self._live_dispatcher(), DetachOwner(profile), timeout=_ASK_TIMEOUT)
+        self._live().detach_owner(profile)
 
     # ── group rooms (docs/rooms.md): thin delegations to Rooms ──────────────
 
@@ -676,7 +428,7 @@ class Gateway:
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
         """
-        return self._live_rooms().wait_idle(room, _seconds("wait_room_idle", timeout))
+        return self._live_rooms().wait_idle(room, wait_seconds("wait_room_idle", timeout))
 
     def list_rooms(self) -> list[dict[str, Any]]:
         """Every room: ``{room_id, name, members, state, messages, last_activity}`` (docs/rooms.md)."""

@@ -1,10 +1,12 @@
-"""The actors and threads of one running gateway: how they are started, wired and stopped.
+"""The actors and threads of one running gateway: how they are started and wired.
 
 :class:`ActorSystem` is what ``Gateway.start`` builds and ``Gateway.stop`` ends:
 the journal, the scheduler, the turn worker pool, the Notifier, RosterActor,
 DispatcherActor, the relay (file RelayActor with its filesystem bridge and the
 Desktop's relay RPC, or the Redis relay holding its connection lease), the
-recovery of a previous run and the group rooms.
+recovery of a previous run and the group rooms. What it is built from is in
+:mod:`hermes_actors.system_options`; the order it stops in, in
+:mod:`hermes_actors.system_shutdown`.
 The Gateway keeps the lifecycle state and the public API.
 """
 
@@ -12,16 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, FsBridge, RestartPolicy, Scheduler, WorkerPool, ask
+from hermes_actors import system_shutdown
 from hermes_actors.core import outcomes
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.names import profile_key
@@ -29,32 +30,29 @@ from hermes_actors.core.targets import PeerRoute
 from hermes_actors.core.wake import wake_enabled
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
-from hermes_actors.local.notifier import NotifierActor, NotifierCounts, in_subscriber_callback
+from hermes_actors.local.notifier import NotifierActor, NotifierCounts
 from hermes_actors.local.profile_actor import ProfileDeps
-from hermes_actors.local.roster import RosterActor
-from hermes_actors.local.runners import TurnRunner, as_runner
-from hermes_actors.local.shutdown import await_running_turns, end_running_turns
+from hermes_actors.local.roster import RosterActor, roster_rows
+from hermes_actors.local.runners import TurnRunner
+from hermes_actors.local.sending import send_dm
 from hermes_actors.local.turns import TurnFactory
 from hermes_actors.messages import (
     AddSubscriber,
     AdoptJournal,
     AttachOwner,
     AttachRelay,
-    AwaitRestarts,
     Delivery,
-    ExportOutcomes,
-    FinalizePending,
-    Flush,
+    DetachOwner,
     GetSnapshot,
+    Housekeep,
     Outcome,
     Recover,
     RelayResumed,
     ResumeRelay,
     RosterChanged,
     RosterSnapshot,
-    ShutdownProfiles,
+    SendRequest,
     StatsRequest,
-    StopAccepting,
     Subscribe,
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
@@ -63,81 +61,12 @@ from hermes_actors.rooms import Rooms
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.system_options import ASK_TIMEOUT, SystemOptions, is_real_hermes
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
-__all__ = [
-    "ASK_TIMEOUT", "ActorSystem", "SystemOptions", "explicit_runner", "is_real_hermes", "redis_settings_for"
-]
+__all__ = ["ActorSystem"]
 
-ASK_TIMEOUT = 30.0
 _RESUME_TIMEOUT = 30.0  # how long start() waits for the relay to resume its in-flight envelopes
-
-
-def explicit_runner(runner: Any) -> TurnRunner | None:
-    """The runner given to ``Gateway(runner=...)``; None stays None (the real Hermes, chosen at start).
-
-    Raises:
-        ValueError: an unknown runner name.
-        TypeError: neither a runner nor a callable.
-    """
-    if runner is None:
-        return None
-    if isinstance(runner, str):
-        if runner == "demo":
-            from hermes_actors.demo.bots import DemoRunner
-
-            return DemoRunner()
-        raise ValueError(f"unknown runner {runner!r}: pass None (the real Hermes), 'demo', a runner or a callable")
-    return as_runner(runner)
-
-
-def is_real_hermes(runner: Any) -> bool:
-    """Whether ``runner`` runs turns on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then)."""
-    return getattr(runner, "real_hermes", False) is True
-
-
-def redis_settings_for(cfg: BotModeConfig, connection_id: str | None) -> tuple[Any, str | None]:
-    """The Redis transport's settings when ``bot_mode.transport`` selects it, and the connection id.
-
-    Args:
-        cfg: the loaded config.
-        connection_id: the one the Gateway was given (None: Redis takes ``bot_mode.connection_id``).
-
-    Returns:
-        (settings, connection id); settings None: the file relay (the connection id is unchanged).
-
-    Raises:
-        ValueError: a bad transport value, or Redis without a valid connection id.
-        TransportError: the ``[redis]`` extra is not installed.
-    """
-    from hermes_actors.core.names import checked_connection_id
-    from hermes_actors.transports.redis.io import require_redis
-    from hermes_actors.transports.redis.store import redis_settings, redis_url_from_config
-
-    url = redis_url_from_config(cfg.raw)
-    if url is None:
-        return None, connection_id
-    require_redis()
-    connection_id = connection_id or cfg.redis.connection_id or None
-    if not connection_id:
-        raise ValueError("the Redis transport (bot_mode.transport) needs this gateway's connection id, the name "
-                         "of its stream on Redis: pass --connection-id NAME (CLI) or Gateway(..., "
-                         "connection_id=NAME), or set bot_mode.connection_id in config.yaml")
-    return redis_settings(cfg.raw, url), checked_connection_id(connection_id)
-
-
-@dataclass(frozen=True)
-class SystemOptions:
-    """How a gateway's actors are built (the Gateway's constructor arguments, resolved)."""
-
-    root: Path
-    overrides: dict[str, Any]
-    connection_id: str | None
-    workers: int
-    cross_process_lock: bool
-    peer_transport: PeerCliTransport | None
-    durable: bool
-    fsync: bool
 
 
 @dataclass
@@ -339,58 +268,46 @@ class ActorSystem:
         abandon: threading.Event | None = None,
         on_wait: Callable[[int, float], Any] | None = None,
     ) -> dict[str, dict[str, Any]]:
-        """Stop accepting, let running turns finish within ``timeout``, stop every actor (see ``Gateway.stop``).
+        """Stop accepting, let running turns finish within ``timeout``, stop every actor: see
+        :func:`hermes_actors.system_shutdown.shut_down`.
 
         Returns:
             The settled outcomes the stopped Gateway keeps answering (empty when the stop was not clean).
         """
-        dispatcher, notifier, pool = self.dispatcher, self.notifier, self.pool
-        assert dispatcher is not None and notifier is not None and pool is not None
-        deadline = time.monotonic() + max(0.0, timeout)
-        final: dict[str, dict[str, Any]] = {}
-        notifier_busy = False  # a subscriber callback outlived the stop's timeout: the Notifier stops after it
-        if self.bridge is not None:
-            self.bridge.stop()
-        try:
-            if self.rooms is not None:
-                self.rooms.halt()  # no new member turns; running ones still post or show as interrupted
-            ask(dispatcher, StopAccepting(), timeout=ASK_TIMEOUT)
-            running = ask(dispatcher, ShutdownProfiles(), timeout=ASK_TIMEOUT, expect=list)
-            try:  # a ProfileActor that crashed as the stop began: its restart settles what it held
-                ask(dispatcher, AwaitRestarts(), timeout=ASK_TIMEOUT).get(timeout=ASK_TIMEOUT)
-            except pykka.Timeout:
-                logger.warning("stop: a crashed ProfileActor did not report within {}s; what it held is settled "
-                               "as ambiguous", ASK_TIMEOUT)
-            await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
-            why = "The turn was still running when the gateway stopped."
-            ask(dispatcher, FinalizePending(why, tuple(running)), timeout=ASK_TIMEOUT)
-            if self.journal is not None and not self.journal.drain(timeout=ASK_TIMEOUT):
-                logger.warning("stop: the journal's last commits did not land in {}s; their outcomes are "
-                               "re-delivered by the next start", ASK_TIMEOUT)
-            end_running_turns(self.runner, running)
-            final = ask(dispatcher, ExportOutcomes(), timeout=ASK_TIMEOUT, expect=dict)
-            if self.rooms is not None:
-                self.rooms.stop()  # after the last member-turn outcomes reached them, before the notifier flush
-            if in_subscriber_callback():  # stop() from a callback: the Notifier is this very thread
-                logger.warning("gateway stopped from a subscriber callback: notifications still queued are dropped")
-            else:
-                notifier_busy = not flush_notifier(notifier, max(0.1, deadline - time.monotonic()))
-        except (ActorGone, AskTimeout) as exc:
-            if self.failed_running is not None:  # the Dispatcher failed earlier: end the turns it left running
-                logger.info("stopping a failed gateway: ending the turns it left running")
-                end_running_turns(self.runner, self.failed_running)
-            else:
-                logger.error("gateway stop was not clean: {}", exc)
-        finally:
-            if self.rooms is not None:
-                self.rooms.stop()  # idempotent: already stopped above unless the stop was not clean
-            self._stop_actors(notifier_busy=notifier_busy)
-            pool.shutdown(timeout=max(1.0, deadline - time.monotonic()))
-            if self.journal is not None:
-                self.journal.stop()
-            if self.scheduler is not None:
-                self.scheduler.stop()
-        return final
+        return system_shutdown.shut_down(self, timeout, abandon=abandon, on_wait=on_wait)
+
+    # ── what the Gateway's API asks of the running actors ───────────────────
+
+    def send(self, request: SendRequest) -> dict[str, Any]:
+        """``Gateway.message_agent``: the tool's ack or refusal dict (:func:`hermes_actors.local.sending.send_dm`).
+
+        Raises:
+            ActorGone: the Dispatcher has stopped.
+        """
+        assert self.dispatcher is not None
+        return send_dm(self.dispatcher, request, admission=self.caller_admission, journal=self.journal,
+                       timeout=ASK_TIMEOUT)
+
+    def roster_rows(self) -> list[dict[str, Any]]:
+        """``Gateway.roster``: every agent the gateway can reach, as the RosterActor sees them now."""
+        assert self.roster is not None
+        return roster_rows(ask(self.roster, GetSnapshot(), timeout=ASK_TIMEOUT, expect=RosterSnapshot))
+
+    def housekeep(self) -> int:
+        """``Gateway.housekeep``: the relay sweeps stale artifacts now; returns the count removed."""
+        assert self.relay is not None
+        removed: int = ask(self.relay, Housekeep(), timeout=ASK_TIMEOUT, expect=int)
+        return removed
+
+    def attach_owner(self, profile: str, owner: Any) -> None:
+        """``Gateway.attach_live_owner`` on the running Dispatcher. Raises KeyError: no such local profile."""
+        assert self.dispatcher is not None
+        ask(self.dispatcher, AttachOwner(profile, owner), timeout=ASK_TIMEOUT)
+
+    def detach_owner(self, profile: str) -> None:
+        """``Gateway.detach_live_owner`` on the running Dispatcher. Raises KeyError: no such local profile."""
+        assert self.dispatcher is not None
+        ask(self.dispatcher, DetachOwner(profile), timeout=ASK_TIMEOUT)
 
     def stats(self) -> dict[str, Any]:
         """The counters of ``Gateway.stats()``, each asked of the actor that owns it."""
@@ -410,50 +327,8 @@ class ActorSystem:
         return out
 
     def teardown(self) -> None:
-        """Stop whatever was started (after a failed start)."""
-        if self.rooms is not None:
-            self.rooms.stop()
-        if self.bridge is not None:
-            self.bridge.stop()
-        self._stop_actors()
-        if self.pool is not None:
-            self.pool.shutdown(timeout=5)
-        if self.scheduler is not None:
-            self.scheduler.stop()
-        if self.journal is not None:
-            self.journal.stop()
-
-    def _stop_actors(self, *, notifier_busy: bool = False) -> None:
-        for ref in (self.dispatcher, self.relay, self.roster, self.notifier):
-            if ref is None:
-                continue
-            if ref is self.notifier and (notifier_busy or in_subscriber_callback()):
-                ref.stop(block=False)  # its thread is in a callback (maybe this one): it stops once that returns
-                continue
-            try:
-                ref.stop(block=True, timeout=10)
-            except pykka.Timeout:
-                logger.warning("{} did not stop within 10s", ref)
-
-
-def flush_notifier(notifier: pykka.ActorRef[Any], timeout: float) -> bool:
-    """Let subscriber callbacks catch up with the last outcomes, for at most ``timeout`` seconds.
-
-    A callback still busy past the stop's own timeout does not hold the stop (a slow
-    callback never blocks the gateway, its stop included): the stop returns with a
-    warning, and the notifications queued behind that callback are still delivered,
-    in order, once it returns; then the Notifier stops.
-
-    Returns:
-        True once flushed; False when a callback was still running at the deadline.
-    """
-    try:
-        ask(notifier, Flush(), timeout=timeout)
-    except AskTimeout:
-        logger.warning("stop: a subscriber callback was still running after {:.1f}s; the stop does not wait "
-                       "for it (the notifications queued behind it follow once it returns)", timeout)
-        return False
-    return True
+        """Stop whatever was started (after a failed start): see :func:`hermes_actors.system_shutdown.teardown`."""
+        system_shutdown.teardown(self)
 
 
 def _peer_submitter(

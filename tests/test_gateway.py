@@ -741,12 +741,13 @@ def test_a_send_already_under_way_when_stop_begins_is_acked_and_gets_its_outcome
 ) -> None:
     """Regression: stop() ran its whole sequence while a message_agent call was between its running check and
     its hand-over; that DM was acked and then lost (in memory)."""
+    from hermes_actors.gateway_sends import SendsInFlight
     from hermes_actors.local.admission import CallerAdmission
     from hermes_actors.local.dispatcher import DispatcherActor
 
     inside, release = threading.Event(), threading.Event()
     plan_local, export = CallerAdmission.plan_local, DispatcherActor._on_export
-    await_sends = getattr(Gateway, "_await_sends", lambda self, timeout: None)
+    await_all = SendsInFlight.await_all
 
     def paused_plan_local(self: CallerAdmission, request: Any) -> Any:
         if request.message == "racer":
@@ -758,13 +759,13 @@ def test_a_send_already_under_way_when_stop_begins_is_acked_and_gets_its_outcome
         release.set()  # a stop that did not wait for the sender got this far: its DM lands behind the export
         return export(self, msg)
 
-    def release_then_await(self: Gateway, timeout: float) -> None:
+    def release_then_await(self: SendsInFlight, timeout: float) -> None:
         release.set()  # the stop waits for the calls in flight: let this one finish
-        await_sends(self, timeout)
+        await_all(self, timeout)
 
     monkeypatch.setattr(CallerAdmission, "plan_local", paused_plan_local)
     monkeypatch.setattr(DispatcherActor, "_on_export", export_then_release)
-    monkeypatch.setattr(Gateway, "_await_sends", release_then_await, raising=False)
+    monkeypatch.setattr(SendsInFlight, "await_all", release_then_await)
     gw = start_gateway(gateways, root, durable=False)
     seen = Recorder()
     gw.subscribe(seen)
@@ -968,7 +969,7 @@ def test_a_wait_outcome_blocked_when_the_gateway_stops_answers_then_not_at_its_t
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    await_condition(lambda: bool(gw._waits), timeout=10, message="the waiter never waited on the Dispatcher")
+    await_condition(lambda: bool(gw._outcomes.waiting), timeout=10, message="the waiter never waited on the Dispatcher")
     gw.stop(timeout=0.2)
     release.set()
     waiter.join(60)

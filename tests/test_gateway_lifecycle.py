@@ -89,7 +89,7 @@ def test_wait_outcome_during_a_stop_waits_for_the_turn_the_stop_waits_for(tmp_pa
     stopper.start()
     try:
         await_condition(lambda: not gw.running, timeout=WAIT, message="the stop began")
-        releaser = threading.Thread(target=lambda: (await_condition(lambda: gw._waits, timeout=WAIT),
+        releaser = threading.Thread(target=lambda: (await_condition(lambda: gw._outcomes.waiting, timeout=WAIT),
                                                     runner.release.set()))
         releaser.start()
         out = gw.wait_outcome(key, timeout=WAIT)

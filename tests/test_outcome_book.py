@@ -134,8 +134,9 @@ class GatewayStopped(Exception):
 
 @pytest.mark.parametrize("deferred", [False, True], ids=["settled-inline", "answered-after-the-commit"])
 def test_a_waiter_its_stopped_gateway_answered_already_does_not_crash_the_settling(deferred: bool) -> None:
-    """Gateway._end_waits answers its waiters' futures at stop; a Dispatcher still running after a stop that was
-    not clean then settles the DM: the second answer is dropped, and the other waiters still get theirs."""
+    """OutcomeWaits.end (gateway_outcomes.py) answers its waiters' futures at stop; a Dispatcher still running
+    after a stop that was not clean then settles the DM: the second answer is dropped, and the other waiters still
+    get theirs."""
     book = _book_with("pending")
     answered, other = pykka.ThreadingFuture[dict[str, Any]](), pykka.ThreadingFuture[dict[str, Any]]()
     book.wait(KEY, answered)

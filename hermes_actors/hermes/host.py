@@ -25,7 +25,7 @@ from actors import RestartPolicy
 from hermes_actors.hermes.submit import SubmitServer
 from hermes_actors.hermes.submit_protocol import OutcomeCall, SendCall, offline_refusal
 from hermes_actors.local.command_runner import CommandRunner
-from hermes_actors.system import is_real_hermes
+from hermes_actors.system_options import is_real_hermes
 
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway

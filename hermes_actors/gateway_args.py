@@ -1,0 +1,105 @@
+"""The checks of what an embedder passes to :class:`~hermes_actors.gateway.Gateway`.
+
+Pure functions: each takes an argument as given, returns it in the form the gateway
+uses, or raises an error that names the argument and says what to pass instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hermes_actors.store.hermes_root import root_path
+
+__all__ = ["MAX_WAIT", "checked_config", "checked_hop", "checked_root", "wait_seconds"]
+
+MAX_WAIT = 10_000_000.0  # ~115 days: longer waits overflow the clocks underneath (threading.TIMEOUT_MAX and time_t)
+
+
+def wait_seconds(what: str, timeout: Any) -> float:
+    """``timeout`` of ``what`` (``"stop"``, ``"wait_outcome"``…) as seconds to wait: 0 and below do not wait,
+    ``inf`` waits as long as a clock can count.
+
+    Args:
+        what: the call the timeout belongs to (named in the error).
+        timeout: the timeout as given.
+
+    Returns:
+        The seconds to wait, from 0 to :data:`MAX_WAIT`.
+
+    Raises:
+        TypeError: not a number (a bool, None, a string...).
+        ValueError: NaN.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what} timeout must be a number of seconds, not {type(timeout).__name__} "
+                        f"({timeout!r}); 0 does not wait")
+    if timeout != timeout:
+        raise ValueError(f"{what} timeout is NaN; pass a number of seconds (0: do not wait)")
+    return float(min(max(timeout, 0.0), MAX_WAIT))
+
+
+def checked_root(root: str | Path) -> Path:
+    """``Gateway(root=...)`` as the absolute path of the Hermes root (whether it exists is checked at start).
+
+    Args:
+        root: the root as given.
+
+    Returns:
+        The absolute path (:func:`~hermes_actors.store.hermes_root.root_path`).
+
+    Raises:
+        TypeError: not a str or path.
+        ValueError: empty (``Path("")`` is the current directory, where the relay and journal
+            directories would be created by accident).
+    """
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"Gateway root must be the Hermes root directory (a str or path), "
+                        f"not {type(root).__name__} ({root!r})")
+    if not str(root).strip():
+        raise ValueError(
+            f"Hermes root is empty ({str(root)!r}): pass the Hermes root directory "
+            "(the default profile's home, e.g. ~/.hermes), not the current directory by accident"
+        )
+    return root_path(root)
+
+
+def checked_config(config: Any) -> dict[str, Any]:
+    """``Gateway(config=...)`` as the overrides deep-merged over ``config.yaml`` (None: none).
+
+    Args:
+        config: the config as given.
+
+    Returns:
+        A copy of it (a new dict when None).
+
+    Raises:
+        TypeError: neither None nor a dict.
+    """
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"Gateway config must be a dict shaped like config.yaml (e.g. "
+                        f"{{'bot_mode': {{...}}}}), not {type(config).__name__}")
+    return dict(config or {})
+
+
+def checked_hop(hop: Any) -> int:
+    """``message_agent(hop=...)``: the DM's depth in its conversation.
+
+    Args:
+        hop: the hop as given.
+
+    Returns:
+        The hop.
+
+    Raises:
+        TypeError: not a whole number (a bool included).
+        ValueError: negative.
+    """
+    if isinstance(hop, bool) or not isinstance(hop, int):
+        raise TypeError(f"message_agent hop must be a whole number (0 for a first DM), not {type(hop).__name__} "
+                        f"({hop!r})")
+    if hop < 0:
+        raise ValueError(f"message_agent hop must be 0 or more, not {hop}")
+    return hop

@@ -1,0 +1,149 @@
+"""Where ``Gateway.wait_outcome`` finds an outcome, and the waits a stop must wake.
+
+While the gateway runs it asks the Dispatcher; once the Dispatcher stopped (or failed)
+it answers from the outcomes the Dispatcher handed over; before a start and after a
+stop, from the root's journal and relay files. :class:`OutcomeWaits` keeps the
+handed-over outcomes and the waits on the Dispatcher, which a stop answers at once,
+so none sits out its timeout on a Dispatcher that will never answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from actors import ActorGone, ask
+from hermes_actors.local.sending import outcome_future
+from hermes_actors.messages import CheckOutcome
+from hermes_actors.system_options import ASK_TIMEOUT
+
+__all__ = ["OutcomeWaits", "outcome_on_file"]
+
+
+class _Stopped(Exception):
+    """Set on a wait's future when the gateway stopped while it waited (never leaves this module)."""
+
+
+def outcome_on_file(root: Path, delivery_id: str) -> dict[str, Any]:
+    """``wait_outcome`` while no gateway runs here: what the root's journal and relay files know.
+
+    Args:
+        root: the Hermes root.
+        delivery_id: the DM's id.
+
+    Returns:
+        The outcome dict.
+
+    Raises:
+        TimeoutError: the DM is journaled (or on the relay) without an outcome yet: the next
+            gateway on the root runs it (or reads its reply).
+        KeyError: neither this gateway nor the root's files know the id.
+    """
+    from hermes_actors.core.ids import is_delivery_id
+    from hermes_actors.ops.journal_view import find_outcome
+
+    if not is_delivery_id(delivery_id):
+        raise KeyError(f"unknown delivery id {delivery_id!r} (not a delivery id)")
+    found = find_outcome(root, delivery_id)
+    if found.get("status") == "pending":
+        raise TimeoutError(f"no outcome for delivery {delivery_id} yet and the gateway is not running: "
+                           f"{found.get('error')}; the next gateway on {root} settles it")
+    if found.get("status") == "unknown":
+        raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running; {found.get('error')})")
+    return found
+
+
+class OutcomeWaits:
+    """The outcomes a stopped (or failed) Dispatcher handed over, and the waits on a running one."""
+
+    def __init__(self) -> None:
+        self._final: dict[str, dict[str, Any]] = {}
+        # wait_outcome calls waiting on the Dispatcher (future → delivery id): answered at stop
+        # (a journaled DM is settled by the next start)
+        self._waits: dict[pykka.ThreadingFuture[dict[str, Any]], str] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> int:
+        """How many calls wait on the Dispatcher now."""
+        return len(self._waits)
+
+    def final(self, delivery_id: str) -> dict[str, Any] | None:
+        """A copy of the handed-over outcome of ``delivery_id``, or None."""
+        final = self._final.get(delivery_id)
+        return dict(final) if final is not None else None
+
+    def keep(self, final: dict[str, dict[str, Any]], *, replace: bool) -> None:
+        """Keep the outcomes a Dispatcher handed over.
+
+        Args:
+            final: delivery id → outcome dict.
+            replace: ``final`` wins over an outcome kept before (a clean stop's export); else the
+                kept one wins (a failing Dispatcher's own, which a later stop only completes).
+        """
+        self._final = {**self._final, **final} if replace else {**final, **self._final}
+
+    def answer(self, delivery_id: str, timeout: float, settling: Callable[[], pykka.ActorRef[Any] | None], *,
+               root: Path, stopped: Callable[[], bool]) -> dict[str, Any]:
+        """The outcome of ``delivery_id`` (``Gateway.wait_outcome``), waiting at most ``timeout`` seconds.
+
+        Args:
+            delivery_id: the DM's id.
+            timeout: seconds (0: where the DM stands, without waiting).
+            settling: the Dispatcher while it settles DMs (the gateway runs, or stops and waits for
+                its turns); None: the root's files answer. Read once no kept outcome answered.
+            root: the Hermes root.
+            stopped: whether the gateway has stopped (then the wait just registered is woken at once).
+
+        Returns:
+            The outcome dict.
+
+        Raises:
+            TimeoutError: no outcome in time (or the root's files hold the DM without an outcome yet).
+            KeyError: neither the Dispatcher nor the root's files know the id.
+        """
+        final = self.final(delivery_id)
+        if final is not None:
+            return final
+        dispatcher = settling()
+        if dispatcher is None:
+            return outcome_on_file(root, delivery_id)
+        try:
+            if timeout > 0:
+                future = outcome_future(dispatcher, delivery_id)
+                with self._lock:
+                    self._waits[future] = delivery_id
+                if stopped():  # stopped while registering: end() may have run before
+                    self.end()
+                try:
+                    return dict(future.get(timeout=timeout))
+                except pykka.Timeout:
+                    pass
+                finally:
+                    with self._lock:
+                        self._waits.pop(future, None)
+            # A poll, or the time ran out: ask where it stands. The told request may not have been
+            # handled yet, and an id the Dispatcher never issued is a KeyError all the same.
+            record = ask(dispatcher, CheckOutcome(delivery_id), timeout=ASK_TIMEOUT)
+        except (ActorGone, _Stopped):  # stopped since the caller's check: its outcomes were kept, if it had this one
+            final = self.final(delivery_id)
+            if final is not None:
+                return final
+            return outcome_on_file(root, delivery_id)
+        if record is None:
+            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s")
+        return dict(record)
+
+    def end(self) -> None:
+        """Wake every wait still on the stopped Dispatcher: it answers from the kept outcomes or the root's
+        files instead (see :meth:`wait_on`)."""
+        with self._lock:
+            waits, self._waits = self._waits, {}
+        for future in waits:
+            with contextlib.suppress(Exception):  # already answered by the Dispatcher: that answer stands
+                future.set_exception(exc_info=(_Stopped, _Stopped(), None))

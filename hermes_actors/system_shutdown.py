@@ -1,0 +1,151 @@
+"""How one gateway's actors and threads stop, in order: a clean stop, or the teardown of a failed start.
+
+A clean stop (:func:`shut_down`) stops accepting, lets running turns finish within the
+timeout, settles what is left, exports the outcomes the stopped Gateway keeps answering,
+flushes the subscriber callbacks, then stops the actors, the worker pool, the journal and
+the scheduler. :func:`teardown` stops whatever a failed start had started.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pykka
+from loguru import logger
+
+from actors import ActorGone, AskTimeout, ask
+from hermes_actors.local.notifier import in_subscriber_callback
+from hermes_actors.local.shutdown import await_running_turns, end_running_turns
+from hermes_actors.messages import (
+    AwaitRestarts,
+    ExportOutcomes,
+    FinalizePending,
+    Flush,
+    ShutdownProfiles,
+    StopAccepting,
+)
+from hermes_actors.system_options import ASK_TIMEOUT
+
+if TYPE_CHECKING:
+    from hermes_actors.system import ActorSystem
+
+__all__ = ["flush_notifier", "shut_down", "teardown"]
+
+
+def shut_down(
+    system: ActorSystem,
+    timeout: float,
+    *,
+    abandon: threading.Event | None = None,
+    on_wait: Callable[[int, float], Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Stop accepting, let running turns finish within ``timeout``, stop every actor (see ``Gateway.stop``).
+
+    Args:
+        system: a started system.
+        timeout: seconds running turns get to finish.
+        abandon: once set, stop waiting for running turns.
+        on_wait: called once with (running turns, ``timeout``) before waiting for them.
+
+    Returns:
+        The settled outcomes the stopped Gateway keeps answering (empty when the stop was not clean).
+    """
+    dispatcher, notifier, pool = system.dispatcher, system.notifier, system.pool
+    assert dispatcher is not None and notifier is not None and pool is not None
+    deadline = time.monotonic() + max(0.0, timeout)
+    final: dict[str, dict[str, Any]] = {}
+    notifier_busy = False  # a subscriber callback outlived the stop's timeout: the Notifier stops after it
+    if system.bridge is not None:
+        system.bridge.stop()
+    try:
+        if system.rooms is not None:
+            system.rooms.halt()  # no new member turns; running ones still post or show as interrupted
+        ask(dispatcher, StopAccepting(), timeout=ASK_TIMEOUT)
+        running = ask(dispatcher, ShutdownProfiles(), timeout=ASK_TIMEOUT, expect=list)
+        try:  # a ProfileActor that crashed as the stop began: its restart settles what it held
+            ask(dispatcher, AwaitRestarts(), timeout=ASK_TIMEOUT).get(timeout=ASK_TIMEOUT)
+        except pykka.Timeout:
+            logger.warning("stop: a crashed ProfileActor did not report within {}s; what it held is settled "
+                           "as ambiguous", ASK_TIMEOUT)
+        await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
+        why = "The turn was still running when the gateway stopped."
+        ask(dispatcher, FinalizePending(why, tuple(running)), timeout=ASK_TIMEOUT)
+        if system.journal is not None and not system.journal.drain(timeout=ASK_TIMEOUT):
+            logger.warning("stop: the journal's last commits did not land in {}s; their outcomes are "
+                           "re-delivered by the next start", ASK_TIMEOUT)
+        end_running_turns(system.runner, running)
+        final = ask(dispatcher, ExportOutcomes(), timeout=ASK_TIMEOUT, expect=dict)
+        if system.rooms is not None:
+            system.rooms.stop()  # after the last member-turn outcomes reached them, before the notifier flush
+        if in_subscriber_callback():  # stop() from a callback: the Notifier is this very thread
+            logger.warning("gateway stopped from a subscriber callback: notifications still queued are dropped")
+        else:
+            notifier_busy = not flush_notifier(notifier, max(0.1, deadline - time.monotonic()))
+    except (ActorGone, AskTimeout) as exc:
+        if system.failed_running is not None:  # the Dispatcher failed earlier: end the turns it left running
+            logger.info("stopping a failed gateway: ending the turns it left running")
+            end_running_turns(system.runner, system.failed_running)
+        else:
+            logger.error("gateway stop was not clean: {}", exc)
+    finally:
+        if system.rooms is not None:
+            system.rooms.stop()  # idempotent: already stopped above unless the stop was not clean
+        _stop_actors(system, notifier_busy=notifier_busy)
+        pool.shutdown(timeout=max(1.0, deadline - time.monotonic()))
+        if system.journal is not None:
+            system.journal.stop()
+        if system.scheduler is not None:
+            system.scheduler.stop()
+    return final
+
+
+def teardown(system: ActorSystem) -> None:
+    """Stop whatever was started of ``system`` (after a failed start)."""
+    if system.rooms is not None:
+        system.rooms.stop()
+    if system.bridge is not None:
+        system.bridge.stop()
+    _stop_actors(system)
+    if system.pool is not None:
+        system.pool.shutdown(timeout=5)
+    if system.scheduler is not None:
+        system.scheduler.stop()
+    if system.journal is not None:
+        system.journal.stop()
+
+
+def _stop_actors(system: ActorSystem, *, notifier_busy: bool = False) -> None:
+    """Stop the actors, the Dispatcher first; the Notifier without waiting when a callback holds its thread."""
+    for ref in (system.dispatcher, system.relay, system.roster, system.notifier):
+        if ref is None:
+            continue
+        if ref is system.notifier and (notifier_busy or in_subscriber_callback()):
+            ref.stop(block=False)  # its thread is in a callback (maybe this one): it stops once that returns
+            continue
+        try:
+            ref.stop(block=True, timeout=10)
+        except pykka.Timeout:
+            logger.warning("{} did not stop within 10s", ref)
+
+
+def flush_notifier(notifier: pykka.ActorRef[Any], timeout: float) -> bool:
+    """Let subscriber callbacks catch up with the last outcomes, for at most ``timeout`` seconds.
+
+    A callback still busy past the stop's own timeout does not hold the stop (a slow
+    callback never blocks the gateway, its stop included): the stop returns with a
+    warning, and the notifications queued behind that callback are still delivered,
+    in order, once it returns; then the Notifier stops.
+
+    Returns:
+        True once flushed; False when a callback was still running at the deadline.
+    """
+    try:
+        ask(notifier, Flush(), timeout=timeout)
+    except AskTimeout:
+        logger.warning("stop: a subscriber callback was still running after {:.1f}s; the stop does not wait "
+                       "for it (the notifications queued behind it follow once it returns)", timeout)
+        return False
+    return True
