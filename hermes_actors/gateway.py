@@ -20,19 +20,19 @@ from loguru import logger
 from actors import ActorGone, FsBridge
 from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.core.names import checked_connection_id
-from hermes_actors.gateway_args import checked_config, checked_hop, checked_root, wait_seconds
-from hermes_actors.gateway_failure import DispatcherFailure
-from hermes_actors.gateway_lifecycle import Lifecycle, refuse_stop_in_own_turn
-from hermes_actors.gateway_outcomes import OutcomeWaits
-from hermes_actors.gateway_registrations import Registrations, SubscriberEntry
-from hermes_actors.gateway_sends import SendsInFlight
+from hermes_actors.facade.args import checked_config, checked_hop, checked_root, wait_seconds
+from hermes_actors.facade.failure import DispatcherFailure
+from hermes_actors.facade.lifecycle import Lifecycle, refuse_stop_in_own_turn
+from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, explicit_runner, redis_settings_for
+from hermes_actors.facade.outcomes import OutcomeWaits
+from hermes_actors.facade.registrations import Registrations, SubscriberEntry
+from hermes_actors.facade.sends import SendsInFlight
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.messages import BOT_CHAT_SESSION, SendRequest
 from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.rooms import Rooms
 from hermes_actors.store.journal import Journal
 from hermes_actors.system import ActorSystem
-from hermes_actors.system_options import ASK_TIMEOUT, SystemOptions, explicit_runner, redis_settings_for
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["Gateway"]

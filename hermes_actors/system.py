@@ -5,8 +5,8 @@ the journal, the scheduler, the turn worker pool, the Notifier, RosterActor,
 DispatcherActor, the relay (file RelayActor with its filesystem bridge and the
 Desktop's relay RPC, or the Redis relay holding its connection lease), the
 recovery of a previous run and the group rooms. What it is built from is in
-:mod:`hermes_actors.system_options`; the order it stops in, in
-:mod:`hermes_actors.system_shutdown`.
+:mod:`hermes_actors.facade.options`; the order it stops in, in
+:mod:`hermes_actors.facade.shutdown`.
 The Gateway keeps the lifecycle state and the public API.
 """
 
@@ -22,12 +22,13 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, FsBridge, RestartPolicy, Scheduler, WorkerPool, ask
-from hermes_actors import system_shutdown
 from hermes_actors.core import outcomes
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.targets import PeerRoute
 from hermes_actors.core.wake import wake_enabled
+from hermes_actors.facade import shutdown as system_shutdown
+from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, is_real_hermes
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.notifier import NotifierActor, NotifierCounts
@@ -61,7 +62,6 @@ from hermes_actors.rooms import Rooms
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.system_options import ASK_TIMEOUT, SystemOptions, is_real_hermes
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["ActorSystem"]
@@ -269,7 +269,7 @@ class ActorSystem:
         on_wait: Callable[[int, float], Any] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Stop accepting, let running turns finish within ``timeout``, stop every actor: see
-        :func:`hermes_actors.system_shutdown.shut_down`.
+        :func:`hermes_actors.facade.shutdown.shut_down`.
 
         Returns:
             The settled outcomes the stopped Gateway keeps answering (empty when the stop was not clean).
@@ -327,7 +327,7 @@ class ActorSystem:
         return out
 
     def teardown(self) -> None:
-        """Stop whatever was started (after a failed start): see :func:`hermes_actors.system_shutdown.teardown`."""
+        """Stop whatever was started (after a failed start): see :func:`hermes_actors.facade.shutdown.teardown`."""
         system_shutdown.teardown(self)
 
 

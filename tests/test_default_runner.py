@@ -11,12 +11,12 @@ from roots import RecordingRunner, make_root
 from hermes_actors import Gateway
 from hermes_actors.core.wake import wake_id
 from hermes_actors.demo.bots import DemoRunner
+from hermes_actors.facade.options import is_real_hermes
 from hermes_actors.hermes import plugin
 from hermes_actors.hermes.api_runner import ApiRunner, ApiServer
 from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.install import ChatFlags
 from hermes_actors.messages import Turn
-from hermes_actors.system_options import is_real_hermes
 
 
 def test_runner_names_and_which_runners_are_the_real_hermes(tmp_path: Path) -> None:

@@ -741,7 +741,7 @@ def test_a_send_already_under_way_when_stop_begins_is_acked_and_gets_its_outcome
 ) -> None:
     """Regression: stop() ran its whole sequence while a message_agent call was between its running check and
     its hand-over; that DM was acked and then lost (in memory)."""
-    from hermes_actors.gateway_sends import SendsInFlight
+    from hermes_actors.facade.sends import SendsInFlight
     from hermes_actors.local.admission import CallerAdmission
     from hermes_actors.local.dispatcher import DispatcherActor
 

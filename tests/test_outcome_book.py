@@ -134,7 +134,7 @@ class GatewayStopped(Exception):
 
 @pytest.mark.parametrize("deferred", [False, True], ids=["settled-inline", "answered-after-the-commit"])
 def test_a_waiter_its_stopped_gateway_answered_already_does_not_crash_the_settling(deferred: bool) -> None:
-    """OutcomeWaits.end (gateway_outcomes.py) answers its waiters' futures at stop; a Dispatcher still running
+    """OutcomeWaits.end (facade/outcomes.py) answers its waiters' futures at stop; a Dispatcher still running
     after a stop that was not clean then settles the DM: the second answer is dropped, and the other waiters still
     get theirs."""
     book = _book_with("pending")

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from actors import RestartPolicy
+from hermes_actors.facade.options import is_real_hermes
 from hermes_actors.hermes.submit import SubmitServer
 from hermes_actors.hermes.submit_protocol import OutcomeCall, SendCall, offline_refusal
 from hermes_actors.local.command_runner import CommandRunner
-from hermes_actors.system_options import is_real_hermes
 
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway

@@ -18,9 +18,9 @@ from typing import Any
 import pykka
 
 from actors import ActorGone, ask
+from hermes_actors.facade.options import ASK_TIMEOUT
 from hermes_actors.local.sending import outcome_future
 from hermes_actors.messages import CheckOutcome
-from hermes_actors.system_options import ASK_TIMEOUT
 
 __all__ = ["OutcomeWaits", "outcome_on_file"]
 

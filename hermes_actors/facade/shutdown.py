@@ -17,6 +17,7 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, ask
+from hermes_actors.facade.options import ASK_TIMEOUT
 from hermes_actors.local.notifier import in_subscriber_callback
 from hermes_actors.local.shutdown import await_running_turns, end_running_turns
 from hermes_actors.messages import (
@@ -27,7 +28,6 @@ from hermes_actors.messages import (
     ShutdownProfiles,
     StopAccepting,
 )
-from hermes_actors.system_options import ASK_TIMEOUT
 
 if TYPE_CHECKING:
     from hermes_actors.system import ActorSystem

@@ -15,8 +15,8 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.gateway_outcomes import OutcomeWaits
-from hermes_actors.gateway_sends import SendsInFlight
+from hermes_actors.facade.outcomes import OutcomeWaits
+from hermes_actors.facade.sends import SendsInFlight
 
 __all__ = ["DispatcherFailure"]
 
