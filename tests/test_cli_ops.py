@@ -476,7 +476,7 @@ def test_doctor_names_an_api_server_that_answers_but_not_as_ours_expects(
 ) -> None:
     """Regression: a key the running gateway refuses, or another program on the port, read as "does not
     answer" and the fix said to start the gateway, which was running."""
-    from hermes_actors.hermes.api_runner import ApiServer
+    from hermes_actors.hermes.api_client import ApiServer
     from hermes_actors.hermes.select import api_server_problem
     from hermes_actors.ops.doctor_checks import check_warm_turns
 
