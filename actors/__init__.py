@@ -7,6 +7,7 @@ filesystem bridge and a test kit. Nothing here knows about bots.
 from loguru import logger
 
 from actors.asking import Reply, ask, ask_later, ask_reply_to, tell
+from actors.crash_records import Link
 from actors.errors import (
     ActorGone,
     AskTimeout,
@@ -17,11 +18,12 @@ from actors.errors import (
 )
 from actors.frozen import fast_init
 from actors.fsbridge import FsBridge, default_ignore
+from actors.handler_table import handles
 from actors.messages import ChildFailed, FileAppeared, FileRemoved, Rescan
 from actors.supervision import RestartPolicy, SupervisorActor
 from actors.testkit import Probe, ProbeLog, await_condition
 from actors.timers import ManualScheduler, Scheduler, TimerHandle, TimerSet
-from actors.typed import Link, TypedActor, handles
+from actors.typed import TypedActor
 from actors.workers import WorkerPool
 
 logger.disable("actors")

@@ -27,9 +27,11 @@ import pykka
 from loguru import logger
 
 from actors.asking import tell
+from actors.crash_records import Link, fail_pending
 from actors.errors import EscalatedFailure
+from actors.handler_table import handles
 from actors.messages import ChildCrashed, ChildFailed, Request, Retire
-from actors.typed import Link, TypedActor, fail_pending, handles
+from actors.typed import TypedActor
 
 __all__ = ["ChildFactory", "ChildFailed", "RestartPolicy", "SupervisorActor"]
 

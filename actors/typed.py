@@ -1,9 +1,10 @@
 """Typed dispatch: an actor whose handlers are chosen by the message's type.
 
-A handler is a method decorated with ``@handles(SomeMessage)``. The message's
-class (and its bases, most specific first) selects the handler. A message no
-handler accepts is an error: the asker gets :class:`UnknownMessageError`; for a
-tell it is logged and dropped, and the actor keeps running.
+A handler is a method decorated with ``@handles(SomeMessage)`` (see
+:mod:`actors.handler_table`). The message's class (and its bases, most specific
+first) selects the handler. A message no handler accepts is an error: the asker
+gets :class:`UnknownMessageError`; for a tell it is logged and dropped, and the
+actor keeps running.
 
 Ask a TypedActor with :func:`actors.ask` (it sends a :class:`Request`, our own
 envelope, so an ask is told apart from a tell without pykka internals). An error
@@ -24,63 +25,18 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import pykka
 from loguru import logger
 
+from actors.crash_records import CrashRecord, EndOfMailbox, Link, fail_pending
 from actors.errors import HandlerAborted, UnknownMessageError
+from actors.handler_table import handler_name, handler_table, unknown_message
 from actors.messages import ChildCrashed, ChildFailed, Relayed, Request, Retire
 from actors.timers import Scheduler, TimerSet
 
-__all__ = ["Link", "TypedActor", "handles"]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-_HANDLES_ATTR = "__handles_types__"
-
-
-def handles(*message_types: type) -> Callable[[F], F]:
-    """Mark a method as the handler of one or more message types.
-
-    Args:
-        message_types: the classes (usually frozen dataclasses) it handles.
-
-    Returns:
-        The decorator; the method itself is returned unchanged.
-    """
-
-    def mark(fn: F) -> F:
-        setattr(fn, _HANDLES_ATTR, (*getattr(fn, _HANDLES_ATTR, ()), *message_types))
-        return fn
-
-    return mark
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """How a supervised child reports its crash: its name and its supervisor."""
-
-    supervisor: pykka.ActorRef[Any]
-    name: str
-    generation: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _EndOfMailbox:
-    """Told by a crashed actor to itself: everything queued before it is the unhandled mailbox."""
-
-
-class _Crash:
-    """What a crashed actor collects until it stops."""
-
-    __slots__ = ("error", "held", "salvage")
-
-    def __init__(self, error: BaseException, salvage: Any) -> None:
-        self.error = error
-        self.salvage = salvage
-        self.held: list[Any] = []
+__all__ = ["TypedActor"]
 
 
 def _wrap_on_stop(on_stop: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -125,12 +81,7 @@ class TypedActor(pykka.ThreadingActor):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        table: dict[type, str] = {}
-        for klass in reversed(cls.__mro__):
-            for attr, value in vars(klass).items():
-                for message_type in getattr(value, _HANDLES_ATTR, ()):
-                    table[message_type] = attr
-        cls._handler_table = table
+        cls._handler_table = handler_table(cls)
         if "on_stop" in vars(cls):  # the base's release runs even when an override forgets super()
             cls.on_stop = _wrap_on_stop(vars(cls)["on_stop"])  # type: ignore[method-assign,assignment]
         if "on_start" in vars(cls):  # a failed start reports to the supervisor, as a handler's crash does
@@ -141,7 +92,7 @@ class TypedActor(pykka.ThreadingActor):
         self.link = link
         self._dispatch_cache: dict[type, Callable[[Any], Any] | None] = {}
         self._timer_sets: list[TimerSet] = []
-        self._crash: _Crash | None = None
+        self._crash: CrashRecord | None = None
         self._starting = False
         self._crash_reported = False  # the default on_crash ran (an override that fails before it is covered)
 
@@ -186,20 +137,13 @@ class TypedActor(pykka.ThreadingActor):
             return self._dispatch_cache[message_type]
         except KeyError:
             pass
-        handler: Callable[[Any], Any] | None = None
-        for klass in message_type.__mro__:
-            name = self._handler_table.get(klass)
-            if name is not None:
-                handler = getattr(self, name)
-                break
+        name = handler_name(self._handler_table, message_type)
+        handler = getattr(self, name) if name is not None else None
         self._dispatch_cache[message_type] = handler
         return handler
 
     def _unknown(self, message: Any) -> UnknownMessageError:
-        known = ", ".join(sorted(t.__name__ for t in self._handler_table)) or "nothing"
-        return UnknownMessageError(
-            f"{type(self).__name__} has no handler for {type(message).__name__}; it handles: {known}"
-        )
+        return unknown_message(type(self).__name__, message, self._handler_table)
 
     def on_receive(self, message: Any) -> Any:
         """Route ``message`` to the handler registered for its type (pykka calls this).
@@ -288,9 +232,9 @@ class TypedActor(pykka.ThreadingActor):
         except Exception:
             logger.opt(exception=sys.exc_info()).error("{} salvage() failed", self)
             salvage = None
-        self._crash = _Crash(error, salvage)
+        self._crash = CrashRecord(error, salvage)
         if not self._notify_supervisor():
-            self.actor_ref.tell(_EndOfMailbox())
+            self.actor_ref.tell(EndOfMailbox())
 
     def _notify_supervisor(self) -> bool:
         """Tell the supervisor of the crash at once; True when it will answer ``Retire``.
@@ -308,7 +252,7 @@ class TypedActor(pykka.ThreadingActor):
         return True
 
     def _collect(self, message: Any) -> Any:
-        if isinstance(message, _EndOfMailbox | Retire):
+        if isinstance(message, EndOfMailbox | Retire):
             self.stop()  # what is queued before the stop is collected too; on_stop reports it all
             return None
         assert self._crash is not None
@@ -326,7 +270,7 @@ class TypedActor(pykka.ThreadingActor):
             message.relay = pykka.ThreadingFuture()
         return Relayed(message.relay)  # the asker now waits on the relay
 
-    def _report_crash(self, crash: _Crash) -> None:
+    def _report_crash(self, crash: CrashRecord) -> None:
         try:
             self.on_crash(crash.error, crash.held, crash.salvage)
         except Exception:
@@ -392,16 +336,3 @@ class TypedActor(pykka.ThreadingActor):
             error: the exception that crashed the actor.
         """
 
-
-def fail_pending(who: str, pending: list[Any] | tuple[Any, ...]) -> None:
-    """Fail the asks among ``pending`` with ``ActorDeadError``; log the dropped tells.
-
-    Args:
-        who: the actor that can no longer answer them (for the message).
-        pending: told messages and :class:`Request` objects.
-    """
-    for message in pending:
-        if isinstance(message, Request):
-            message.fail(pykka.ActorDeadError(f"{who} crashed before handling {type(message.message).__name__}"))
-        else:
-            logger.error("{} crashed; told {} dropped", who, type(message).__name__)

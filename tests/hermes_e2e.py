@@ -292,7 +292,7 @@ def start_serve(procs: Processes, e2e: E2ERoot, name: str = "serve") -> subproce
 
 def start_hermes_gateway(procs: Processes, e2e: E2ERoot, port: int) -> subprocess.Popen[Any]:
     """``hermes gateway run`` on the root, returned once it hosts our actors and its API server answers."""
-    from hermes_actors.hermes.api_runner import ApiServer
+    from hermes_actors.hermes.api_client import ApiServer
     from hermes_actors.hermes.select import probe_api_server
     from hermes_actors.hermes.submit import ping
 

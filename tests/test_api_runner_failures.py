@@ -20,7 +20,8 @@ import pytest
 from roots import make_root
 
 from hermes_actors import Gateway, TurnFailed
-from hermes_actors.hermes.api_runner import ApiRunner, ApiServer
+from hermes_actors.hermes.api_client import ApiServer
+from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.messages import Turn
 
 

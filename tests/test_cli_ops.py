@@ -19,7 +19,8 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.local.command_runner import CommandRunner
-from hermes_actors.ops.doctor import BLOCK, OK, WARN, check_connection_ids, check_models, check_plugin, run_doctor
+from hermes_actors.ops.doctor import run_doctor
+from hermes_actors.ops.doctor_checks import BLOCK, OK, WARN, check_connection_ids, check_models, check_plugin
 from hermes_actors.records import RemoteAgent
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
@@ -430,7 +431,7 @@ def test_doctor_says_what_an_unmanaged_profile_means(
 def test_doctor_says_whether_turns_run_warm(
     tmp_path: Path, server: str | None, answers: bool, key_missing: bool, level: str, says: str
 ) -> None:
-    from hermes_actors.ops.doctor import check_warm_turns
+    from hermes_actors.ops.doctor_checks import check_warm_turns
 
     check = check_warm_turns(tmp_path, server, answers, key_missing)
     assert check.level == level and says in check.detail, check
@@ -476,9 +477,9 @@ def test_doctor_names_an_api_server_that_answers_but_not_as_ours_expects(
 ) -> None:
     """Regression: a key the running gateway refuses, or another program on the port, read as "does not
     answer" and the fix said to start the gateway, which was running."""
-    from hermes_actors.hermes.api_runner import ApiServer
+    from hermes_actors.hermes.api_client import ApiServer
     from hermes_actors.hermes.select import api_server_problem
-    from hermes_actors.ops.doctor import check_warm_turns
+    from hermes_actors.ops.doctor_checks import check_warm_turns
 
     fake = _Answering(health, sessions)
     try:

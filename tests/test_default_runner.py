@@ -13,7 +13,8 @@ from hermes_actors.core.wake import wake_id
 from hermes_actors.demo.bots import DemoRunner
 from hermes_actors.facade.options import is_real_hermes
 from hermes_actors.hermes import plugin
-from hermes_actors.hermes.api_runner import ApiRunner, ApiServer
+from hermes_actors.hermes.api_client import ApiServer
+from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.install import ChatFlags
 from hermes_actors.messages import Turn

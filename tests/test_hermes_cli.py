@@ -13,8 +13,9 @@ from fake_model import FakeModel, ToolCall, last_user_text, text_of
 from hermes_fixtures import OfflineRoot, bot_chat_messages
 
 from hermes_actors.hermes.cli_runner import HermesCliRunner
+from hermes_actors.hermes.recorded_edits import SetupError
 from hermes_actors.hermes.sessions import find_bot_chat
-from hermes_actors.hermes.setup import SetupError, disable, enable
+from hermes_actors.hermes.setup import disable, enable
 from hermes_actors.messages import Turn
 from hermes_actors.store.hermes_root import is_managed
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from hermes_actors.errors import TurnFailed
-from hermes_actors.hermes.api_runner import ApiServer, pick_titled_session
+from hermes_actors.hermes.api_client import ApiServer
+from hermes_actors.hermes.api_runner import pick_titled_session
 from hermes_actors.hermes.cli_output import clean_reply, failure_of, reply_or_failure, session_id_of
 from hermes_actors.hermes.cli_runner import MAX_ARGV_TEXT_BYTES, HermesCliRunner
 from hermes_actors.hermes.install import ChatFlags, cli_profile_name, parse_chat_help, profile_home, root_of_home

@@ -554,7 +554,8 @@ def test_send_waits_for_a_stopping_host_and_runs_after_the_dms_that_host_journal
     stopper.start()
     await_condition(lambda: ping(root) is None, timeout=30, message="the host stopped answering")
     command_runner = RecordingRunner()
-    monkeypatch.setattr(importlib.import_module("hermes_actors.cli.main"), "_runner_for", lambda *a: command_runner)
+    monkeypatch.setattr(importlib.import_module("hermes_actors.cli.gateway_options"), "runner_for",
+                        lambda *a: command_runner)
     stderr = _NoteWatch("holds the root but does not answer")
     monkeypatch.setattr(sys, "stderr", stderr)
     codes: list[int] = []
@@ -617,7 +618,8 @@ def test_a_host_that_closes_without_answering_is_ambiguous_never_offline(
     root = make_root(tmp_path)
     host = _OneShotHost(root, answer=None)
     command_runner = RecordingRunner()
-    monkeypatch.setattr(importlib.import_module("hermes_actors.cli.main"), "_runner_for", lambda *a: command_runner)
+    monkeypatch.setattr(importlib.import_module("hermes_actors.cli.gateway_options"), "runner_for",
+                        lambda *a: command_runner)
     try:
         if how == "request":
             with pytest.raises(HostLost, match="closed the connection without answering"):

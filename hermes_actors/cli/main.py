@@ -19,20 +19,17 @@ import orjson
 from loguru import logger
 
 from hermes_actors.cli.arg_types import root_path, seconds
+from hermes_actors.cli.gateway_options import runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
 from hermes_actors.cli.render import (
     EXIT_FAILED,
     EXIT_SIGPIPE,
     EXIT_USAGE,
-    ack_line,
-    answer_exit_code,
     clip,
     not_managed_note,
-    outcome_exit_code,
-    outcome_line,
     printable,
-    refusal_line,
 )
+from hermes_actors.cli.send import cmd_send
 from hermes_actors.errors import TransportError
 
 __all__ = ["main"]
@@ -52,33 +49,10 @@ def _enable_logging(verbose: int) -> None:
     logger.enable("actors")
 
 
-def _runner_for(kind: str, cli: str | None, root: Path) -> Any:
-    """The ``Gateway(runner=...)`` of ``--runner``: None (the real Hermes, chosen at start), ``"demo"`` or a runner."""
-    if kind == "demo":
-        return "demo"
-    from hermes_actors.core.config import load_config
-
-    timeout = load_config(root).turn_timeout_seconds
-    if kind == "hermes":
-        if cli is None:
-            return None
-        from hermes_actors.hermes.select import default_runner
-
-        return default_runner(root, cli=cli, timeout=timeout)
-    from hermes_actors.local.command_runner import CommandRunner
-
-    return CommandRunner(cli=cli, timeout=timeout)
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
     from hermes_actors.demo.script import run_demo
 
     return run_demo(keep=args.keep, out=sys.stdout)
-
-
-def _transport_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The config overrides of ``--redis`` (empty without it: ``config.yaml`` decides)."""
-    return {"bot_mode": {"transport": args.redis}} if args.redis else {}
 
 
 def _cmd_roster(args: argparse.Namespace) -> int:
@@ -93,7 +67,7 @@ def _cmd_roster(args: argparse.Namespace) -> int:
         rows = fetch_roster(args.root)
     except (HostOffline, HostLost):
         hosted = False
-        with Gateway(args.root, runner=lambda turn: "", config=_transport_config(args),
+        with Gateway(args.root, runner=lambda turn: "", config=transport_config(args),
                      connection_id=args.connection_id) as gw:
             rows = gw.roster()
     if args.json:
@@ -113,132 +87,6 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     if not install_is_managed(discover_profiles(args.root)):
         print(not_managed_note(args.root))
     return 0
-
-
-def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
-    """Print a send's ack or refusal; the exit code when the command ends here."""
-    if args.json:
-        print(orjson.dumps(answer).decode())
-    elif "error" in answer:
-        print(refusal_line(answer))
-        from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
-
-        if not install_is_managed(discover_profiles(args.root)):  # the tool's text names no fix; a person needs one
-            print(not_managed_note(args.root), file=sys.stderr)
-    else:
-        print(ack_line(answer, str(args.root)))
-    return answer_exit_code(answer)
-
-
-def _print_outcome(outcome: dict[str, Any], args: argparse.Namespace) -> int:
-    print(orjson.dumps(outcome).decode() if args.json else outcome_line(outcome))
-    return outcome_exit_code(outcome)
-
-
-def _send_via_host(args: argparse.Namespace) -> int | None:
-    """Submit through the host serving the root; None when no host runs there."""
-    import time
-
-    from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_outcome, request
-
-    payload = {"op": "send", "sender": args.sender, "target": args.target, "message": args.message, "hop": 0}
-    try:
-        ack = request(args.root, payload, timeout=30.0)
-    except HostOffline:
-        return None
-    except (TimeoutError, HostLost) as exc:  # never run in-process: the host may have queued it already
-        why = f"the host of {args.root} did not answer within 30s" if isinstance(exc, TimeoutError) else str(exc)
-        print(f"ambiguous: {why}; the DM may or may not be queued (do not resend it blindly; look for it with: "
-              f"hermes-actors status --root {args.root})", file=sys.stderr)
-        return EXIT_FAILED
-    code = _print_answer(ack, args)
-    if "error" in ack or args.wait is None:
-        return code  # right after the ack: the host runs the turn
-    deadline = time.monotonic() + args.wait
-    while True:  # the host waits for us, in slices it accepts
-        try:
-            wait = max(0.0, min(60.0, deadline - time.monotonic()))
-            outcome = fetch_outcome(args.root, ack["delivery_id"], wait=wait)
-        except KeyboardInterrupt:  # only the wait ends: the host keeps the DM and runs it
-            print(f"interrupted; the DM stays queued at the host; its outcome, once settled: hermes-actors outcome "
-                  f"--root {args.root} {ack['delivery_id']}", file=sys.stderr)
-            raise
-        except (HostOffline, HostLost, TimeoutError) as exc:
-            print(f"ambiguous: lost the host of {args.root} while waiting for the outcome ({exc}); look it up "
-                  f"later with: hermes-actors outcome --root {args.root} {ack['delivery_id']}", file=sys.stderr)
-            return EXIT_FAILED
-        if outcome.get("status") not in ("pending", "unknown"):
-            return _print_outcome(outcome, args)
-        if outcome.get("status") == "unknown" or time.monotonic() >= deadline:
-            why = outcome.get("error") or f"no outcome for delivery {ack['delivery_id']} within {args.wait:g}s"
-            print(f"pending: {why}; look it up later with: hermes-actors outcome --root {args.root} "
-                  f"{ack['delivery_id']}", file=sys.stderr)
-            return EXIT_FAILED
-
-
-def _cmd_send(args: argparse.Namespace) -> int:
-    from hermes_actors.cli.host_wait import ask_settled_host
-    from hermes_actors.cli.serve import STOP_GRACE_SECONDS, stop_gateway
-    from hermes_actors.core.config import deep_merge, load_config
-    from hermes_actors.gateway import Gateway
-    from hermes_actors.store.hermes_root import existing_root
-
-    try:
-        via_host = ask_settled_host(args.root, lambda: _send_via_host(args))
-    except TimeoutError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    if via_host is not None:
-        return via_host
-    existing_root(args.root)  # before the note: a missing root is the error to show, not "no host"
-    # Without a host the turn runs inside this command, so it must wait for it (else it would be abandoned).
-    print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
-          "this command runs the DM itself", file=sys.stderr)
-    cfg = load_config(args.root)
-    wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
-    # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
-    config = deep_merge({"bot_mode": {"wake_sender": False}}, _transport_config(args))
-    gw = Gateway(args.root, runner=_runner_for(args.runner, args.cli, args.root), config=config,
-                 connection_id=args.connection_id).start()
-    interrupted = False
-    try:
-        ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
-        code = _print_answer(ack, args)
-        if "error" in ack:
-            return code
-        if args.wait is None and _relayed(gw, ack["delivery_id"]):  # nothing runs here: don't wait for the reply
-            print(f"note: queued on the relay; its reply is read by the next host of {args.root}, then: "
-                  f"hermes-actors outcome --root {args.root} {ack['delivery_id']}", file=sys.stderr)
-            return code
-        try:
-            outcome = gw.wait_outcome(ack["delivery_id"], timeout=wait)
-        except TimeoutError as exc:
-            # The stop lets a running turn finish within its grace: its outcome is then known, say it.
-            print(f"pending: {exc}; stopping (a running turn gets up to {STOP_GRACE_SECONDS:.0f} s to finish, "
-                  "else its outcome is ambiguous)", file=sys.stderr)
-            stop_gateway(gw, again=False)
-            try:
-                outcome = gw.wait_outcome(ack["delivery_id"], timeout=0)
-            except (KeyError, TimeoutError):  # durable and never started: the next host on the root runs it
-                print(f"still pending: the next host on {args.root} runs it; then: hermes-actors outcome --root "
-                      f"{args.root} {ack['delivery_id']}", file=sys.stderr)
-                return EXIT_FAILED
-        except KeyboardInterrupt:  # the stop below lets a running turn finish first: say where its outcome goes
-            interrupted = True
-            print(f"interrupted; the DM's outcome, once settled: hermes-actors outcome --root {args.root} "
-                  f"{ack['delivery_id']}", file=sys.stderr)
-            raise
-        return _print_outcome(outcome, args)
-    finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)
-        stop_gateway(gw, again=interrupted)
-
-
-def _relayed(gw: Any, delivery_id: str) -> bool:
-    """Whether an acked DM left for another machine (its envelope is on the relay, the reply comes later)."""
-    from hermes_actors.ops.status import live_status
-
-    rows = live_status(gw)["in_flight"]
-    return any(row["delivery_id"] == delivery_id and row["route"] == "relay" for row in rows)
 
 
 def _http_settings(args: argparse.Namespace) -> Any:
@@ -265,7 +113,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     http = _http_settings(args)  # before anything starts: a refused --http starts nothing
     try:
         return serve(args.root, connection_id=args.connection_id,
-                     runner=_runner_for(args.runner, args.cli, args.root), config=_transport_config(args) or None,
+                     runner=runner_for(args.runner, args.cli, args.root), config=transport_config(args) or None,
                      http=http)
     except RuntimeError as exc:  # another process already hosts the root, or --http cannot be bound
         print(f"error: {exc}", file=sys.stderr)
@@ -359,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw ack/refusal and outcome dicts")
     runner_opts(p)
     transport_opts(p)
-    p.set_defaults(func=_cmd_send)
+    p.set_defaults(func=cmd_send)
 
     p = sub.add_parser("outcome", help="the outcome of a delivery the root knows (exit 0 replied or silent, "
                                        "1 failed, ambiguous, pending or unknown)")

@@ -112,7 +112,8 @@ def _waits_at_host(root: Any) -> bool:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``doctor``: every check with its fix; 1 when anything blocks DMs."""
-    from hermes_actors.ops.doctor import blocking, run_doctor
+    from hermes_actors.ops.doctor import run_doctor
+    from hermes_actors.ops.doctor_checks import blocking
 
     checks = run_doctor(args.root, cli=args.cli)
     if args.json:

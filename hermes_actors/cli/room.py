@@ -51,8 +51,8 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, read_o
     A read-only command must not start a gateway: its start resumes every pending round
     and its stop cuts the member turns short after the grace.
     """
+    from hermes_actors.cli.gateway_options import runner_for
     from hermes_actors.cli.host_wait import ask_settled_host
-    from hermes_actors.cli.main import _runner_for
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
     from hermes_actors.rooms.remote import HostRooms
@@ -69,7 +69,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, read_o
         return _act(act, host)
     if read_only:
         return _act(act, RoomsOnDisk(args.root))
-    runner = _runner_for(getattr(args, "runner", "demo"), getattr(args, "cli", None), args.root)
+    runner = runner_for(getattr(args, "runner", "demo"), getattr(args, "cli", None), args.root)
     gw = Gateway(args.root, runner=runner, config={"bot_mode": {"wake_sender": False}}).start()
     try:
         return _act(act, gw)

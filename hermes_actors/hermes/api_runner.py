@@ -13,31 +13,24 @@ under ``/p/<profile>/`` (``default`` for the root profile), bearer
   "message": {"role": "assistant", "content": <reply>}}``; 404 ``session_not_found``.
 
 The same ``state.db`` as the CLI. Nothing in hermes serializes turns on one
-session: the caller (a ProfileActor) runs one turn per profile at a time.
+session: the caller (a ProfileActor) runs one turn per profile at a time. The
+requests themselves, and their transport failures, are in
+:mod:`hermes_actors.hermes.api_client`.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
 import re
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.reasons import (
-    DELIVERY_TIMEOUT,
-    MISSING_CONFIG,
-    RUNTIME_OFFLINE,
-    TARGET_BUSY,
-    UNKNOWN,
-    classify_agent_error,
-)
+from hermes_actors.core.reasons import MISSING_CONFIG, RUNTIME_OFFLINE, TARGET_BUSY, UNKNOWN, classify_agent_error
 from hermes_actors.errors import TurnFailed
+from hermes_actors.hermes.api_client import ApiHttpError, ApiServer, call_api
 from hermes_actors.hermes.cli_runner import turn_home
 from hermes_actors.hermes.install import cli_profile_name, home_names_no_model
 from hermes_actors.hermes.plugin import turn_hop_scope
@@ -45,27 +38,12 @@ from hermes_actors.hermes.retry import prepare_bot_chat_retry
 from hermes_actors.hermes.sessions import EMPTY_ANSWER, final_answer_since
 from hermes_actors.messages import Turn
 
-__all__ = ["ApiRunner", "ApiServer", "pick_titled_session"]
+__all__ = ["ApiRunner", "pick_titled_session"]
 
 _PAGE = 200
 _MAX_PAGES = 50
 _FAILURE_CHARS = 2000  # of a failure text hermes handed back as an answer
 _NO_REPLY_WARNING = "⚠️ No reply:"  # hermes 0.19's text for a model's empty answer (it stores EMPTY_ANSWER)
-
-
-@dataclass(frozen=True, slots=True)
-class ApiServer:
-    """Where a gateway's API server listens and the key it takes."""
-
-    host: str
-    port: int
-    key: str
-
-    def __repr__(self) -> str:  # never print the key
-        return f"ApiServer(host={self.host!r}, port={self.port})"
-
-    def __str__(self) -> str:  # how logs and doctor name it: 127.0.0.1:8642
-        return f"{self.host}:{self.port}"
 
 
 def pick_titled_session(rows: list[dict[str, Any]], title: str) -> str | None:
@@ -90,31 +68,10 @@ def pick_titled_session(rows: list[dict[str, Any]], title: str) -> str | None:
     return None
 
 
-class _HttpFailure(Exception):
-    def __init__(self, status: int, payload: Any) -> None:
-        super().__init__(status)
-        self.status = status
-        self.payload = payload
-
-    def message(self) -> str:
-        error = self.payload.get("error") if isinstance(self.payload, dict) else None
-        if isinstance(error, dict):
-            return str(error.get("message") or error.get("code") or "")
-        return str(error or self.payload)[:500]
-
-    def code(self) -> str:
-        error = self.payload.get("error") if isinstance(self.payload, dict) else None
-        return str(error.get("code") or "") if isinstance(error, dict) else ""
-
-
 def busy_in_gateway_text(handle: str) -> str:
     """Pure: why a DM is refused while hermes still runs the bot's earlier turn for us."""
     return (f"@{handle} is still running an earlier turn in the hermes gateway (its answer has not come back); "
             "the message was NOT delivered — resend shortly.")
-
-
-class _Unreachable(Exception):
-    """The connection to the API server could not be opened: nothing was sent."""
 
 
 class ApiRunner:
@@ -150,87 +107,12 @@ class ApiRunner:
 
     # ── HTTP ────────────────────────────────────────────────────────────────
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
-        conn = http.client.HTTPConnection(self.server.host, self.server.port, timeout=timeout)
-        headers = {"Authorization": f"Bearer {self.server.key}", "Accept": "application/json"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode("utf-8")
-            headers["Content-Type"] = "application/json"
-        try:
-            try:
-                conn.connect()
-            except OSError as exc:  # refused, unresolvable, connect timeout: the request never left
-                raise _Unreachable(exc) from None
-            conn.request(method, path, body=data, headers=headers)
-            response = conn.getresponse()
-            raw = response.read()
-        finally:
-            conn.close()
-        try:
-            payload = json.loads(raw) if raw else {}
-        except ValueError:
-            payload = {"error": raw[:500].decode("utf-8", "replace")}
-        if response.status >= 400:
-            raise _HttpFailure(response.status, payload)
-        return payload
-
     def _call(
         self, handle: str, method: str, path: str, body: dict[str, Any] | None, timeout: float, *,
         delivers: bool = False,
     ) -> Any:
-        """One request with transport failures mapped to typed turn failures.
-
-        Args:
-            handle: the profile's handle, for failure texts.
-            method: the HTTP method.
-            path: the request path.
-            body: the JSON body, if any.
-            timeout: seconds for the connection and the answer.
-            delivers: the request is the turn itself (its message may reach the agent once
-                it is sent): a failure after the connection opened is ``ambiguous``, never retried.
-
-        Returns:
-            The decoded JSON answer.
-
-        Raises:
-            TurnFailed: the server is unreachable (``runtime_offline``), the answer did not come in
-                time (``delivery_timeout``) or the connection was lost.
-            _HttpFailure: the server answered with an error status.
-        """
-        where = f"{self.server.host}:{self.server.port}"
-        try:
-            return self._request(method, path, body, timeout)
-        except _Unreachable as exc:
-            raise TurnFailed(
-                f"hermes API server at {where} is not reachable ({exc}) — is `hermes gateway run` running?",
-                reason=RUNTIME_OFFLINE,
-            ) from None
-        except TimeoutError:
-            if delivers:  # the server keeps running the turn: a second request would run it twice
-                raise TurnFailed(
-                    f"hermes API server at {where} did not answer @{handle}'s Bot Chat turn within {timeout:g}s; "
-                    "the turn may still be running there",
-                    reason=DELIVERY_TIMEOUT,
-                    ambiguous=True,
-                ) from None
-            raise TurnFailed(
-                f"hermes API server timed out after {timeout:g}s on @{handle}'s Bot Chat turn",
-                reason=DELIVERY_TIMEOUT,
-            ) from None
-        except (http.client.HTTPException, OSError) as exc:
-            if delivers:  # e.g. the gateway stopped mid-turn: the turn may have run (or still be running)
-                raise TurnFailed(
-                    f"the connection to the hermes API server at {where} was lost during @{handle}'s "
-                    f"Bot Chat turn ({exc or type(exc).__name__})",
-                    reason=RUNTIME_OFFLINE,
-                    ambiguous=True,
-                ) from None
-            raise TurnFailed(
-                f"the connection to the hermes API server at {where} was lost ({exc or type(exc).__name__}) — "
-                "is `hermes gateway run` running?",
-                reason=RUNTIME_OFFLINE,
-            ) from None
+        """One request to this runner's server (:func:`~hermes_actors.hermes.api_client.call_api`)."""
+        return call_api(self.server, handle, method, path, body, timeout, delivers=delivers)
 
     # ── sessions ────────────────────────────────────────────────────────────
 
@@ -277,7 +159,7 @@ class ApiRunner:
                 )
                 found = str(payload["session"]["id"])
                 logger.info("created the {!r} session {} for {} through the API server", title, found, profile)
-            except _HttpFailure as failure:
+            except ApiHttpError as failure:
                 if failure.code() != "invalid_title":
                     raise
                 found = self._find_session(profile, title, handle or profile)  # a concurrent creator won
@@ -320,7 +202,7 @@ class ApiRunner:
             self._in_flight[turn.profile] = turn.delivery_id
         try:
             return self._run(turn, handle, retry_missing=True)
-        except _HttpFailure as failure:
+        except ApiHttpError as failure:
             raise self._failure(failure, handle, turn) from None
         except ValueError as exc:  # a profile name hermes rejects
             raise TurnFailed(str(exc), reason=UNKNOWN) from None
@@ -367,7 +249,7 @@ class ApiRunner:
             # this turn runs here too: the scope tells it the turn's hop (an env var can't be per turn).
             with turn_hop_scope(session, turn.hop):
                 payload = self._call(handle, "POST", path, {"message": turn.content}, self.timeout, delivers=True)
-        except _HttpFailure as failure:
+        except ApiHttpError as failure:
             if failure.status == 404 and failure.code() == "session_not_found" and retry_missing:
                 self.forget(turn.profile, turn.session)
                 return self._run(turn, handle, retry_missing=False)
@@ -392,7 +274,7 @@ class ApiRunner:
             return ""  # the model chose to say nothing: a silent outcome, not hermes' warning as the bot's reply
         return content
 
-    def _failure(self, failure: _HttpFailure, handle: str, turn: Turn) -> TurnFailed:
+    def _failure(self, failure: ApiHttpError, handle: str, turn: Turn) -> TurnFailed:
         text = f"hermes API server answered {failure.status} on @{handle}'s {turn.session} turn: {failure.message()}"
         if failure.status == 500 and _names_no_model(turn):
             # hermes logs "No inference provider configured" and answers a bare 500: say what is wrong

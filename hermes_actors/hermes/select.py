@@ -25,7 +25,8 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.config import load_yaml_file
-from hermes_actors.hermes.api_runner import ApiRunner, ApiServer
+from hermes_actors.hermes.api_client import ApiServer
+from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
 from hermes_actors.local.runners import TurnRunner

@@ -1,0 +1,166 @@
+"""One request to a hermes gateway's API server, with transport failures as typed turn failures.
+
+The HTTP layer of :class:`~hermes_actors.hermes.api_runner.ApiRunner`: where the
+server is (:class:`ApiServer`), the request with its bearer key, and the mapping
+of "unreachable", "timed out" and "connection lost" to :class:`TurnFailed`
+reasons (ambiguous once the turn's own request may have reached hermes).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hermes_actors.core.reasons import DELIVERY_TIMEOUT, RUNTIME_OFFLINE
+from hermes_actors.errors import TurnFailed
+
+__all__ = ["ApiHttpError", "ApiServer", "api_request", "call_api"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiServer:
+    """Where a gateway's API server listens and the key it takes."""
+
+    host: str
+    port: int
+    key: str
+
+    def __repr__(self) -> str:  # never print the key
+        return f"ApiServer(host={self.host!r}, port={self.port})"
+
+    def __str__(self) -> str:  # how logs and doctor name it: 127.0.0.1:8642
+        return f"{self.host}:{self.port}"
+
+
+class ApiHttpError(Exception):
+    """The API server answered with an error status (its JSON body in ``payload``).
+
+    Args:
+        status: the HTTP status.
+        payload: the decoded body (``{"error": text}`` when it was not JSON).
+    """
+
+    def __init__(self, status: int, payload: Any) -> None:
+        super().__init__(status)
+        self.status = status
+        self.payload = payload
+
+    def message(self) -> str:
+        """The server's error message (or code, or the body), for failure texts."""
+        error = self.payload.get("error") if isinstance(self.payload, dict) else None
+        if isinstance(error, dict):
+            return str(error.get("message") or error.get("code") or "")
+        return str(error or self.payload)[:500]
+
+    def code(self) -> str:
+        """The server's error code (``session_not_found``, ``invalid_title``...), ``""`` when it gave none."""
+        error = self.payload.get("error") if isinstance(self.payload, dict) else None
+        return str(error.get("code") or "") if isinstance(error, dict) else ""
+
+
+class _Unreachable(Exception):
+    """The connection to the API server could not be opened: nothing was sent."""
+
+
+def api_request(server: ApiServer, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    """One request to ``server`` with its bearer key, and its decoded JSON answer.
+
+    Args:
+        server: the API server.
+        method: the HTTP method.
+        path: the request path.
+        body: the JSON body, if any.
+        timeout: seconds for the connection and the answer.
+
+    Returns:
+        The decoded JSON answer (``{}`` for an empty one).
+
+    Raises:
+        _Unreachable: the connection could not be opened (nothing was sent).
+        ApiHttpError: the server answered with an error status.
+        TimeoutError, http.client.HTTPException, OSError: the request or its answer was lost.
+    """
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+    headers = {"Authorization": f"Bearer {server.key}", "Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode("utf-8")
+        headers["Content-Type"] = "application/json"
+    try:
+        try:
+            conn.connect()
+        except OSError as exc:  # refused, unresolvable, connect timeout: the request never left
+            raise _Unreachable(exc) from None
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+    finally:
+        conn.close()
+    try:
+        payload = json.loads(raw) if raw else {}
+    except ValueError:
+        payload = {"error": raw[:500].decode("utf-8", "replace")}
+    if response.status >= 400:
+        raise ApiHttpError(response.status, payload)
+    return payload
+
+
+def call_api(
+    server: ApiServer, handle: str, method: str, path: str, body: dict[str, Any] | None, timeout: float, *,
+    delivers: bool = False,
+) -> Any:
+    """One request with transport failures mapped to typed turn failures.
+
+    Args:
+        server: the API server.
+        handle: the profile's handle, for failure texts.
+        method: the HTTP method.
+        path: the request path.
+        body: the JSON body, if any.
+        timeout: seconds for the connection and the answer.
+        delivers: the request is the turn itself (its message may reach the agent once
+            it is sent): a failure after the connection opened is ``ambiguous``, never retried.
+
+    Returns:
+        The decoded JSON answer.
+
+    Raises:
+        TurnFailed: the server is unreachable (``runtime_offline``), the answer did not come in
+            time (``delivery_timeout``) or the connection was lost.
+        ApiHttpError: the server answered with an error status.
+    """
+    where = f"{server.host}:{server.port}"
+    try:
+        return api_request(server, method, path, body, timeout)
+    except _Unreachable as exc:
+        raise TurnFailed(
+            f"hermes API server at {where} is not reachable ({exc}) — is `hermes gateway run` running?",
+            reason=RUNTIME_OFFLINE,
+        ) from None
+    except TimeoutError:
+        if delivers:  # the server keeps running the turn: a second request would run it twice
+            raise TurnFailed(
+                f"hermes API server at {where} did not answer @{handle}'s Bot Chat turn within {timeout:g}s; "
+                "the turn may still be running there",
+                reason=DELIVERY_TIMEOUT,
+                ambiguous=True,
+            ) from None
+        raise TurnFailed(
+            f"hermes API server timed out after {timeout:g}s on @{handle}'s Bot Chat turn",
+            reason=DELIVERY_TIMEOUT,
+        ) from None
+    except (http.client.HTTPException, OSError) as exc:
+        if delivers:  # e.g. the gateway stopped mid-turn: the turn may have run (or still be running)
+            raise TurnFailed(
+                f"the connection to the hermes API server at {where} was lost during @{handle}'s "
+                f"Bot Chat turn ({exc or type(exc).__name__})",
+                reason=RUNTIME_OFFLINE,
+                ambiguous=True,
+            ) from None
+        raise TurnFailed(
+            f"the connection to the hermes API server at {where} was lost ({exc or type(exc).__name__}) — "
+            "is `hermes gateway run` running?",
+            reason=RUNTIME_OFFLINE,
+        ) from None

@@ -1,0 +1,312 @@
+"""The edits ``enable`` makes to YAML files, recorded so that ``disable`` undoes exactly those.
+
+Each edit is recorded in ``<root>/bot_relay/hermes-actors-enable.json`` as "path,
+value before, value after" (or "item added to a list"); undoing restores an edit
+only while its value is still what enable wrote. YAML is rewritten with PyYAML
+(comments are lost, so a commented file is copied aside first; keys and order are kept).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, read_json_file
+from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.yaml_file import MAX_EXPANDED_VALUES, load_bounded
+
+__all__ = [
+    "RECORD_NAME",
+    "RecordedEditor",
+    "SetupError",
+    "SetupReport",
+    "load_record",
+    "read_yaml",
+    "record_path",
+    "save_record",
+    "undo_edit",
+    "value_at",
+    "write_yaml",
+]
+
+RECORD_NAME = "hermes-actors-enable.json"
+_MAX_YAML = 4 * 1024 * 1024
+_ABSENT = {"__absent__": True}
+
+
+class SetupError(ValueError):
+    """A file cannot be edited safely (malformed, a symlink, the wrong shape)."""
+
+
+@dataclass
+class SetupReport:
+    """What enable/disable changed and what the user must still do."""
+
+    changed: list[str] = field(default_factory=list)
+    todo: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The report as printable lines.
+
+        Returns:
+            "changed" lines (or "nothing to change"), then "to do" lines.
+        """
+        out = [f"  changed: {c}" for c in self.changed] or ["  nothing to change"]
+        return out + [f"  to do: {t}" for t in self.todo]
+
+
+# ── YAML files ──────────────────────────────────────────────────────────────
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping a YAML file holds, refused when editing it would not be safe.
+
+    Args:
+        path: the file (a missing one reads as ``{}``).
+
+    Returns:
+        Its top-level mapping.
+
+    Raises:
+        SetupError: a symlink, not a regular file under 4 MiB, not YAML, an alias bomb, or not a mapping.
+    """
+    if path.is_symlink():
+        raise SetupError(f"{path} is a symlink; refusing to edit it")
+    if not path.exists():
+        return {}
+    if not path.is_file() or path.stat().st_size > _MAX_YAML:
+        raise SetupError(f"{path} is not a regular file under 4 MiB; refusing to edit it")
+    try:
+        data, too_big = load_bounded(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SetupError(f"{path} is not valid YAML ({exc}); fix it, then run again") from None
+    if too_big:
+        raise SetupError(f"{path} holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases are expanded "
+                         "(or an alias that contains itself); refusing to edit it")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SetupError(f"{path} does not hold a mapping at the top; fix it, then run again")
+    return data
+
+
+def write_yaml(path: Path, data: dict[str, Any], report: SetupReport) -> None:
+    """Replace ``path`` with ``data`` as YAML; comments cannot survive, so a file that had some is kept first.
+
+    Args:
+        path: the file.
+        data: its new content.
+        report: where a kept copy is reported.
+
+    The first time a file with comments is rewritten, its text is copied to
+    ``<name>.before-hermes-actors`` (0600) and the report says so. The new file
+    keeps the old one's permission bits (0600 for a new file); it is written to a
+    fresh temp file beside it and renamed into place (:func:`atomic_write_bytes`),
+    so nothing another program left beside it (a FIFO, a hard link to a file
+    elsewhere) is ever opened or written through.
+
+    Raises:
+        HostileFileError: the file's directory is a symlink or not ours.
+        StoreError: the file could not be written (disk full, permission denied).
+    """
+    _keep_commented(path, report)
+    try:
+        mode = os.lstat(path).st_mode & 0o777  # not setuid/setgid/sticky: never copied onto a config
+    except FileNotFoundError:
+        mode = 0o600
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    atomic_write_bytes(path, text.encode("utf-8"), tmp_dir=path.parent, mode=mode)
+
+
+def _keep_commented(path: Path, report: SetupReport) -> None:
+    """Copy ``path`` aside once when it has comment lines (a YAML rewrite drops them)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return
+    if not any(line.lstrip().startswith("#") for line in text.splitlines()):
+        return
+    kept = path.with_name(f"{path.name}.before-hermes-actors")
+    try:
+        fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return  # the text from before our first edit is kept already
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    report.changed.append(f"{path}: rewritten without its comments; its previous text is in {kept}")
+
+
+def value_at(data: dict[str, Any], keys: list[str]) -> Any:
+    """Pure: the value at the key path ``keys`` of ``data``, or the absent marker when there is none.
+
+    Args:
+        data: a YAML mapping.
+        keys: the key path.
+
+    Returns:
+        The value; a private marker (never a YAML value) when a key is missing or a parent is no mapping.
+    """
+    node: Any = data
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return _ABSENT
+        node = node[key]
+    return node
+
+
+def _parent(data: dict[str, Any], keys: list[str], path: Path) -> tuple[dict[str, Any], int]:
+    """The dict holding ``keys[-1]``, creating missing parents; returns it and how many were created."""
+    node, created = data, 0
+    for i, key in enumerate(keys[:-1]):
+        if key not in node:
+            node[key] = {}
+            created += 1
+        if not isinstance(node[key], dict):
+            raise SetupError(f"{path}: {'.'.join(keys[: i + 1])} is not a mapping; fix it, then run again")
+        node = node[key]
+    return node, created
+
+
+def _prune(data: dict[str, Any], keys: list[str], levels: int) -> None:
+    """Remove up to ``levels`` empty parents of ``keys[-1]`` (those enable created)."""
+    for depth in range(len(keys) - 1, len(keys) - 1 - levels, -1):
+        if depth <= 0:
+            break
+        holder = value_at(data, keys[: depth - 1]) if depth > 1 else data
+        if isinstance(holder, dict) and holder.get(keys[depth - 1]) == {}:
+            del holder[keys[depth - 1]]
+
+
+# ── edits (applied and recorded) ────────────────────────────────────────────
+
+
+class RecordedEditor:
+    """Applies edits to YAML files under a root and records them for ``disable``."""
+
+    def __init__(self, root: Path, record: list[dict[str, Any]], report: SetupReport) -> None:
+        self.root, self.record, self.report = root, record, report
+
+    def _rel(self, path: Path) -> str:
+        return str(path.relative_to(self.root))
+
+    def set_default(self, path: Path, keys: list[str], value: Any, *, replace: Any = _ABSENT) -> None:
+        """Set ``keys`` to ``value`` when absent (or equal to ``replace``)."""
+        data = read_yaml(path)
+        before = value_at(data, keys)
+        if before is not _ABSENT and before != replace:
+            return
+        holder, created = _parent(data, keys, path)
+        holder[keys[-1]] = value
+        write_yaml(path, data, self.report)
+        self.record.append({"file": self._rel(path), "op": "set", "keys": keys, "after": value,
+                            "before": None if before is _ABSENT else before, "absent": before is _ABSENT,
+                            "parents": created})
+        self.report.changed.append(f"{path}: {'.'.join(keys)} = {value!r}")
+
+    def list_add(self, path: Path, keys: list[str], item: str) -> None:
+        """Append ``item`` to the list at ``keys`` (created when absent)."""
+        data = read_yaml(path)
+        current = value_at(data, keys)
+        if current is not _ABSENT and not isinstance(current, list):
+            raise SetupError(f"{path}: {'.'.join(keys)} is not a list; fix it, then run again")
+        if isinstance(current, list) and item in current:
+            return
+        holder, created = _parent(data, keys, path)
+        if isinstance(current, list):
+            current.append(item)
+        else:
+            holder[keys[-1]] = [item]
+        write_yaml(path, data, self.report)
+        self.record.append({"file": self._rel(path), "op": "list_add", "keys": keys, "item": item,
+                            "list_created": current is _ABSENT, "parents": created})
+        self.report.changed.append(f"{path}: added {item!r} to {'.'.join(keys)}")
+
+
+def undo_edit(root: Path, entry: dict[str, Any], report: SetupReport) -> None:
+    """Undo one recorded edit, unless its value changed since (then the report says to look at it).
+
+    Args:
+        root: the Hermes root the record's paths are relative to.
+        entry: one edit as :class:`RecordedEditor` recorded it.
+        report: what was restored, or left alone.
+
+    Raises:
+        SetupError: the edited file cannot be read or written safely.
+    """
+    path = root / str(entry["file"])
+    keys = [str(k) for k in entry["keys"]]
+    data = read_yaml(path)
+    current = value_at(data, keys)
+    dotted = ".".join(keys)
+    if entry["op"] == "set":
+        if current != entry["after"]:
+            report.todo.append(f"{path}: {dotted} changed since enable; left as it is (edit or remove it there "
+                               "by hand if it was only for hermes-actors)")
+            return
+        holder, _ = _parent(data, keys, path)
+        if entry["absent"]:
+            del holder[keys[-1]]
+            _prune(data, keys, int(entry.get("parents", 0)))
+        else:
+            holder[keys[-1]] = entry["before"]
+        report.changed.append(f"{path}: {dotted} restored")
+    else:
+        item = entry["item"]
+        if not isinstance(current, list) or item not in current:
+            return
+        current.remove(item)
+        if not current and entry.get("list_created"):
+            holder, _ = _parent(data, keys, path)
+            del holder[keys[-1]]
+            _prune(data, keys, int(entry.get("parents", 0)))
+        report.changed.append(f"{path}: removed {item!r} from {dotted}")
+    write_yaml(path, data, report)
+
+
+# ── the record ──────────────────────────────────────────────────────────────
+
+
+def record_path(root: Path) -> Path:
+    """Where ``enable`` records its edits: ``<root>/bot_relay/hermes-actors-enable.json``."""
+    return root / "bot_relay" / RECORD_NAME
+
+
+def load_record(root: Path) -> list[dict[str, Any]]:
+    """The edits recorded so far (none when there is no record).
+
+    Args:
+        root: the Hermes root.
+
+    Returns:
+        The recorded edits, oldest first.
+
+    Raises:
+        SetupError: the record is not one this version wrote.
+    """
+    try:
+        data = read_json_file(record_path(root))
+    except FileNotFoundError:
+        return []
+    entries = data.get("edits") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise SetupError(f"{record_path(root)} is not a record this version wrote; refusing to guess")
+    return entries
+
+
+def save_record(root: Path, entries: list[dict[str, Any]]) -> None:
+    """Write the record (0600, atomically); no entries removes it.
+
+    Args:
+        root: the Hermes root.
+        entries: the edits still to be undone.
+    """
+    path = record_path(root)
+    if not entries:
+        path.unlink(missing_ok=True)
+        return
+    ensure_private_dir(path.parent, within=root)
+    atomic_write_json(path, {"version": 1, "edits": entries}, tmp_dir=path.parent)

@@ -1,0 +1,270 @@
+"""The doctor's verdicts: each check is a pure function of facts gathered elsewhere.
+
+Each gives one :class:`Check`: ``ok``, ``warn`` (something is off but DMs flow)
+or ``block`` (DMs cannot flow until it is fixed), with the fix for anything not
+ok. :func:`hermes_actors.ops.doctor.run_doctor` gathers the facts and calls them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hermes_actors.core.config import parse_config, unknown_keys
+from hermes_actors.hermes.install import CLI_PROFILE_RE, profile_home
+from hermes_actors.hermes.setup import PLUGIN_NAME
+from hermes_actors.messages import ProfileInfo
+
+__all__ = [
+    "BLOCK",
+    "OK",
+    "WARN",
+    "Check",
+    "blocking",
+    "check_cli",
+    "check_config_keys",
+    "check_connection_ids",
+    "check_daemon",
+    "check_managed",
+    "check_models",
+    "check_plugin",
+    "check_profile_folders",
+    "check_redis",
+    "check_redis_extra",
+    "check_warm_turns",
+    "for_the_hosts_runner",
+]
+
+OK, WARN, BLOCK = "ok", "warn", "block"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict: what was checked, how it stands, what was found, and the fix (when not ok)."""
+
+    name: str
+    level: str  # ok | warn | block
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "level": self.level, "detail": self.detail, "fix": self.fix}
+
+
+def blocking(checks: list[Check]) -> bool:
+    """Pure: whether anything blocks DMs."""
+    return any(c.level == BLOCK for c in checks)
+
+
+def check_cli(cli: str | None, version: str | None, error: str | None) -> Check:
+    """Pure: the hermes CLI and its version."""
+    if cli is None:
+        return Check("hermes CLI", BLOCK, "no `hermes` executable found (beside python, $HERMES_ACTORS_HERMES_CLI, "
+                     "PATH): every turn fails runtime_offline",
+                     "install hermes-agent (pip install 'hermes-actors[hermes]') or pass --cli PATH")
+    if error is not None:
+        return Check("hermes CLI", BLOCK, f"{cli} does not run: {error}",
+                     "reinstall hermes-agent, or point --cli at a working hermes")
+    return Check("hermes CLI", OK, f"{cli} ({version or 'version unknown'})")
+
+
+def check_managed(root: Path, profiles: list[ProfileInfo]) -> Check:
+    """Pure: the install is Bot-Mode-managed, and which profiles are not."""
+    unmanaged = [p.profile for p in profiles if not p.managed]
+    if len(unmanaged) == len(profiles):
+        return Check("profiles managed", BLOCK, "no profile is Bot-Mode-managed: message_agent refuses every DM",
+                     f"hermes-actors enable --root {root}")
+    unrunnable = [p.profile for p in profiles if p.managed and not CLI_PROFILE_RE.match(p.profile)]
+    if unrunnable:  # on the roster, so DMs to them are acked, and every turn then fails
+        return Check("profiles managed", WARN, f"managed, but hermes cannot run their turns: {', '.join(unrunnable)} "
+                     "(hermes profile names are lowercase letters, digits, '_' and '-')",
+                     f"rename those folders under {root / 'profiles'}, or: hermes-actors disable --root {root} "
+                     f"--profiles {','.join(unrunnable)}")
+    skipped = [p for p in unmanaged if not CLI_PROFILE_RE.match(p)]  # a host on the real Hermes leaves them off
+    unmanaged = [p for p in unmanaged if CLI_PROFILE_RE.match(p)]
+    if unmanaged:
+        return Check("profiles managed", WARN, f"not managed: {', '.join(unmanaged)} (their Bot Chat gets no "
+                     "message_agent tool; they still receive DMs)",
+                     f"hermes-actors enable --root {root} --profiles {','.join(unmanaged)}")
+    managed = [p.profile for p in profiles if p.managed]
+    left_off = f"; left off the roster, hermes cannot run them: {', '.join(skipped)}" if skipped else ""
+    return Check("profiles managed", OK, f"{len(managed)} profile(s): {', '.join(managed)}{left_off}")
+
+
+def check_profile_folders(root: Path, problems: list[str]) -> Check:
+    """Pure: every folder under ``<root>/profiles`` is seen (``problems`` from
+    :func:`~hermes_actors.store.hermes_root.scan_profile_dirs`).
+
+    A ``profiles/`` that is a symlink or a file hides every profile but the default one (DMs to
+    them: "Unknown sender/target"); the gateway only warns once in its log, so say it here.
+    """
+    if problems:
+        return Check("profile folders", WARN, "; ".join(problems),
+                     f"make {root / 'profiles'} and each profile in it a real folder inside the root "
+                     "(not a symlink, not a file), then restart the host")
+    return Check("profile folders", OK, f"no symlinked, unreadable or unreachable profile folder under {root}")
+
+
+def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
+    """Pure: the hermes-actors plugin is listed in ``plugins.enabled`` of each managed profile.
+
+    ``enabled`` maps each managed profile to whether it lists the plugin, or None when its
+    ``config.yaml`` cannot be read (then enabling would not help: the file needs fixing first).
+    """
+    if not enabled:  # "enabled for 0 managed profile(s)" read as a pass on a root never enabled
+        return Check("plugin enabled", BLOCK, "no profile is Bot-Mode-managed, so none lists the plugin: "
+                     "no bot has the message_agent tool", f"hermes-actors enable --root {root}")
+    unreadable = [name for name, on in enabled.items() if on is None]
+    if unreadable:
+        homes = ", ".join(str(profile_home(root, name) / "config.yaml") for name in unreadable)
+        return Check("plugin enabled", BLOCK, f"cannot tell: the config.yaml of {', '.join(unreadable)} does not read "
+                     "as YAML (hermes cannot load the plugin from it either)", f"fix {homes}")
+    missing = [name for name, on in enabled.items() if not on]
+    if enabled and len(missing) == len(enabled):
+        return Check("plugin enabled", BLOCK, f"'{PLUGIN_NAME}' is in no profile's plugins.enabled: "
+                     "the bots have no message_agent tool", f"hermes-actors enable --root {root}")
+    if missing:
+        return Check("plugin enabled", WARN, f"not enabled for: {', '.join(missing)} (those bots cannot send DMs)",
+                     f"hermes-actors enable --root {root} --profiles {','.join(missing)}")
+    return Check("plugin enabled", OK, f"enabled for {len(enabled)} managed profile(s)")
+
+
+def check_models(root: Path, models: dict[str, str | None]) -> Check:
+    """Pure: each profile that receives DMs names a model in its own ``config.yaml``.
+
+    ``models`` maps each such profile (managed or not: both are on the roster) to its model name
+    (``""`` when nothing names one: :func:`~hermes_actors.hermes.install.names_no_model`), or None
+    when its ``config.yaml`` cannot be read (hermes cannot read it either).
+    A profile is its own hermes home: the root's model is not its model. Without one,
+    hermes runs a turn only if the profile's environment names a provider; otherwise every
+    DM to that bot fails ``missing_config`` after it was acked.
+    """
+    unreadable = [name for name, model in models.items() if model is None]
+    if unreadable:  # a managed one's is named by the plugin check too; an unmanaged one's only here
+        files = ", ".join(str(profile_home(root, name) / "config.yaml") for name in unreadable)
+        return Check("models", WARN, f"cannot tell: the config.yaml of {', '.join(unreadable)} does not read as "
+                     "YAML (hermes cannot run their turns either)", f"fix {files}")
+    missing = [name for name, model in models.items() if model == ""]
+    if missing:
+        files = ", ".join(str(profile_home(root, name) / "config.yaml") for name in missing)
+        return Check("models", WARN, f"no model set for: {', '.join(missing)} (their turns fail missing_config "
+                     "unless hermes finds a provider in their environment)",
+                     f"set model.default (and its provider) in {files}, e.g. with: hermes -p {missing[0]} model")
+    named = sorted({model for model in models.values() if model})
+    return Check("models", OK, f"every profile that receives DMs names a model ({', '.join(named) or 'none'})")
+
+
+def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
+    """Pure: a host (``serve`` or the hermes gateway with the plugin) answers on the submit endpoint."""
+    if pong is None:
+        return Check("daemon running", BLOCK, "no process hosts the actors of this root: the bots' DMs are refused "
+                     "runtime_offline", f"hermes-actors serve --root {root}   (or: HERMES_HOME={root} hermes gateway "
+                     "run, after hermes-actors enable --gateway)")
+    return Check("daemon running", OK, f"pid {pong.get('pid')} serves {pong.get('root')} "
+                 f"(hermes-actors {pong.get('version')})")
+
+
+def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing: bool, why: str = "",
+                     misconfigured: bool = False) -> Check:
+    """Pure: whether turns run warm through the hermes gateway's API server, and why not.
+
+    Args:
+        root: the Hermes root.
+        server: the API server the root's config names (None: none usable).
+        answers: it answered a probe just now.
+        key_missing: the config enables the API server but no ``API_SERVER_KEY`` of 16+ characters is set.
+        why: what the probe saw when it did not answer as expected.
+        misconfigured: something answered, but not as our config expects (a refused key, another server).
+    """
+    if key_missing:
+        return Check("warm turns", WARN, "the hermes API server is enabled but API_SERVER_KEY is not set or shorter "
+                     "than 16 characters: hermes refuses to start it, so every turn runs with the hermes CLI "
+                     "(2–4 s of CPU each)",
+                     f"set API_SERVER_KEY in {root / '.env'}, then restart: HERMES_HOME={root} hermes gateway run")
+    if server is None:
+        return Check("warm turns", OK, "not configured: turns run with the hermes CLI (for warm turns: "
+                     f"hermes-actors enable --root {root} --gateway)")
+    if not answers and misconfigured and "API_SERVER_KEY" in why:
+        return Check("warm turns", WARN, f"the hermes API server {server} {why}: turns run with the hermes CLI",
+                     f"give hermes-actors and the gateway the same API_SERVER_KEY ({root / '.env'}), then restart the "
+                     f"gateway: HERMES_HOME={root} hermes gateway run --replace")
+    if not answers and misconfigured:
+        return Check("warm turns", WARN, f"the hermes API server {server} {why}: turns run with the hermes CLI",
+                     f"free the port, or move the API server to another one: hermes-actors enable --root {root} "
+                     "--gateway --port N, then restart the gateway")
+    if not answers:
+        return Check("warm turns", WARN, f"the hermes API server {server} does not answer: turns run with the "
+                     "hermes CLI until it does", f"HERMES_HOME={root} hermes gateway run")
+    return Check("warm turns", OK, f"through the hermes API server {server}")
+
+
+def check_config_keys(path: Path, raw: dict[str, Any], problem: str | None) -> Check:
+    """Pure: config.yaml reads, and has no unknown ``bot_mode`` key (with the closest known one)."""
+    if problem:
+        return Check("config keys", WARN, problem, f"fix {path} (the defaults are used meanwhile)")
+    unknown = unknown_keys(raw)
+    _config, bad = parse_config(raw)  # the bad values a host warns of and replaces by defaults
+    if unknown or bad:
+        parts = [f"unknown {key} (did you mean {hint}?)" if hint else f"unknown {key}" for key, hint in unknown]
+        fixes = [f"rename {key} to {hint}" if hint else f"remove {key}" for key, hint in unknown]
+        fixes += ["fix the values above (their defaults are used meanwhile)"] if bad else []
+        return Check("config keys", WARN, "; ".join(bad + parts), f"in {path}: " + "; ".join(fixes))
+    return Check("config keys", OK, f"{path.name}: no unknown bot_mode key, no bad value")
+
+
+def check_redis_extra(wanted: bool, installed: bool) -> Check:
+    """Pure: the ``[redis]`` extra is installed when the Redis transport is configured."""
+    if not wanted:
+        return Check("redis extra", OK, "not needed (file transport)" + ("" if not installed else "; installed"))
+    if not installed:
+        return Check("redis extra", BLOCK, "bot_mode.transport selects Redis but the redis package is missing",
+                     "pip install 'hermes-actors[redis]'")
+    return Check("redis extra", OK, "installed")
+
+
+def check_redis(url_text: str | None, error: str | None) -> Check:
+    """Pure: the configured Redis answers PING with our credentials."""
+    if url_text is None:
+        return Check("redis", OK, "not configured (file transport)")
+    if error is None:
+        return Check("redis", OK, f"{url_text} answers")
+    if "auth" in error.lower() or "password" in error.lower() or "noperm" in error.lower():
+        return Check("redis", BLOCK, f"{url_text} refused our credentials: {error}",
+                     "put the right user:password in bot_mode.transport (or REDIS_URL)")
+    return Check("redis", BLOCK, f"{url_text} is unreachable: {error}",
+                 "start Redis or fix the host/port in bot_mode.transport (or REDIS_URL)")
+
+
+def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str]) -> Check:
+    """Pure: the names the relay hub uses for this root match the gateway's ``--connection-id``.
+
+    Args:
+        own: the connection ids of this root's running gateways (their heartbeats).
+        remote: the connection ids the relay roster lists (the other roots).
+        routed_as: the ``target_connection`` of envelopes the hub handed to this root.
+    """
+    if own & remote:
+        clash = ", ".join(sorted(own & remote))
+        return Check("connection ids", BLOCK, f"this root's gateway runs as {clash}, a name the hub gives ANOTHER "
+                     "root", "give every root a unique connection id: serve --connection-id X and relay --name X")
+    foreign = routed_as - own
+    if own and foreign:
+        return Check("connection ids", BLOCK, f"the hub routes to this root as {', '.join(sorted(foreign))} but its "
+                     f"gateway runs as {', '.join(sorted(own))}",
+                     "use the same name in serve --connection-id and the hub's --name for this root")
+    if not own:
+        return Check("connection ids", OK, "no running gateway announces a connection id (nothing to compare)")
+    return Check("connection ids", OK, f"gateway runs as {', '.join(sorted(own))}"
+                 + (f"; the hub routes here as {', '.join(sorted(routed_as))}" if routed_as else ""))
+
+
+def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:
+    """Pure: a running host whose turns do not run hermes (``serve --runner demo``, an embedder's
+    runner) needs no hermes CLI, no plugin and no model: those checks pass, saying why."""
+    if pong is None or pong.get("runs_hermes") is not False:
+        return checks
+    why = (f"not needed by the running host (pid {pong.get('pid')}): its turns do not run hermes "
+           "(a custom or demo runner)")
+    return [Check(c.name, OK, why) if c.name in ("hermes CLI", "plugin enabled", "models") and c.level != OK else c
+            for c in checks]
