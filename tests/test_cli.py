@@ -429,3 +429,13 @@ def test_an_os_error_is_one_line_and_exit_1_not_a_traceback(
     assert main(["serve", "--root", str(root), "--runner", "demo"]) == 1
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [f"error: [Errno 28] No space left on device: '{tmp_path / 'journal'}'"]
+
+
+def test_bench_passes_its_options_through_no_progress_included(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the harness's own usage lists --no-progress, but `hermes-actors bench --no-progress` was refused."""
+    import bench.harness
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(bench.harness, "main", lambda argv: seen.append(argv) or 0)
+    assert main(["bench", "--quick", "--scenario", "local-roundtrip", "--no-progress", "--sustained-seconds", "5"]) == 0
+    assert seen == [["--quick", "--scenario", "local-roundtrip", "--sustained-seconds", "5.0", "--no-progress"]]

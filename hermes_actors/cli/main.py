@@ -157,6 +157,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         argv += ["--out", str(args.out)]
     if args.sustained_seconds is not None:
         argv += ["--sustained-seconds", str(args.sustained_seconds)]
+    if args.no_progress:
+        argv.append("--no-progress")
     result = bench_main(argv)
     return result if isinstance(result, int) else 0
 
@@ -269,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
     p.add_argument("--sustained-seconds", type=float, default=None,
                    help="how long the flat-memory scenario holds its rate (default 600, 10 with --quick)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=_cmd_bench)
     return parser
 
