@@ -260,3 +260,37 @@ def test_cli_serve_without_the_redis_extra_prints_one_line(tmp_path: Path, monke
     assert code == 1  # a failure, not a usage error (docs/operations.md, exit codes)
     assert err.splitlines() == ["error: the Redis transport needs the redis package, which is not installed: "
                                 "pip install 'hermes-actors[redis]'"]
+
+
+def test_a_certificate_that_does_not_verify_fails_the_start_with_a_clear_error() -> None:
+    """Regression: `rediss://` to a server whose certificate does not verify started, then refused every remote DM
+    as "Redis … is unreachable … Retry once Redis is back" — which no retry cures; the cause was only in a log."""
+    import ssl
+
+    redis = pytest.importorskip("redis")
+    from hermes_actors.transports.redis.lease import claim_connection, is_certificate_error
+    from hermes_actors.transports.redis.store import RedisSettings
+
+    def refused() -> BaseException:  # what redis-py raises: its ConnectionError, from the ssl error
+        try:
+            try:
+                raise ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: "
+                                                      "self-signed certificate (_ssl.c:1006)")
+            except OSError as exc:
+                raise redis.exceptions.ConnectionError(f"Error 1 connecting to 127.0.0.1:6390. {exc}.") from exc
+        except redis.exceptions.ConnectionError as exc:
+            return exc
+
+    class Client:
+        def register_script(self, script: str) -> Any:
+            raise refused()
+
+    settings = RedisSettings(url="rediss://:secret@127.0.0.1:6390/0", claim_idle_seconds=60, max_stream_len=1000,
+                             heartbeat_seconds=1, prefix="hermes", block_ms=200, connection_label="")
+    with pytest.raises(TransportError) as err:
+        claim_connection(settings, "alpha", "host:1", client=Client())
+    text = str(err.value)
+    assert "Redis at 127.0.0.1:6390: its TLS certificate did not verify" in text and "ssl_ca_certs=" in text, text
+    assert "nothing was started" in text and "secret" not in text
+    outage = redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+    assert [is_certificate_error(refused()), is_certificate_error(outage)] == [True, False]  # an outage still retries

@@ -20,6 +20,7 @@ The decisions are pure functions (:func:`parse_consumer`, :func:`is_stale_here`)
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from loguru import logger
@@ -103,6 +104,25 @@ def is_auth_error(exc: BaseException) -> bool:
     return isinstance(exc, AuthenticationError | AuthenticationWrongNumberOfArgsError)
 
 
+def is_certificate_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a TLS certificate that did not verify: a setting to fix,
+    which no retry cures (redis-py raises it as a ``ConnectionError``, like an outage)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain redis-py builds is short; never loop on a cyclic one
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def certificate_error_text(settings: RedisSettings, exc: BaseException) -> str:
+    """The start error for a server certificate that did not verify."""
+    return (f"Redis at {settings.address}: its TLS certificate did not verify ({exc}). Name the CA that signed it in "
+            f"the URL ({settings.masked_url}?ssl_ca_certs=/path/to/ca.pem) and start again; nothing was started.")
+
+
 def auth_error_text(settings: RedisSettings, exc: BaseException) -> str:
     """The start error for refused credentials (the URL's password is never shown)."""
     return (f"Redis at {settings.address} refused our credentials ({exc}). Fix the user/password in the Redis URL "
@@ -143,6 +163,8 @@ def claim_connection(settings: RedisSettings, connection: str, consumer: str, *,
     except Exception as exc:
         if is_auth_error(exc):
             raise TransportError(auth_error_text(settings, exc)) from exc
+        if is_certificate_error(exc):
+            raise TransportError(certificate_error_text(settings, exc)) from exc
         if is_redis_unreachable(exc):
             logger.warning("redis: {} is unreachable at start ({}); will retry", settings.address, exc)
             return False
