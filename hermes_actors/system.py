@@ -30,7 +30,7 @@ from hermes_actors.core.wake import wake_enabled
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.notifier import NotifierActor, NotifierCounts, in_subscriber_callback
-from hermes_actors.local.profile_actor import ProfileDeps
+from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.roster import RosterActor
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.local.shutdown import await_running_turns, end_running_turns

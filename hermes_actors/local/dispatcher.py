@@ -41,7 +41,7 @@ from hermes_actors.local.admission import Admission, CallerAdmission
 from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
 from hermes_actors.local.durability import durability_for, live_record
 from hermes_actors.local.outcome_book import Answers, DeliveryState, OutcomeBook, Pending, answer
-from hermes_actors.local.profile_actor import ProfileDeps
+from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.profile_table import DELIVER_BATCH, ProfileTable
 from hermes_actors.local.relay_link import RelayLink, delivery_from_envelope
 from hermes_actors.local.turns import TurnFactory, turn_for
