@@ -32,7 +32,7 @@ from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, is_real_her
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.notifier import NotifierActor, NotifierCounts
-from hermes_actors.local.profile_actor import ProfileDeps
+from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.roster import RosterActor, roster_rows
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.local.sending import send_dm

@@ -30,7 +30,8 @@ from hermes_actors import CallableRunner, Gateway
 from hermes_actors.core.acks import accepted_record, ack_payload
 from hermes_actors.core.config import load_config
 from hermes_actors.core.ids import new_delivery_id
-from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps
+from hermes_actors.local.profile_actor import ProfileActor
+from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.runners import runs_inline
 from hermes_actors.local.turns import turn_for
 from hermes_actors.messages import (

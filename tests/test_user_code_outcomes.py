@@ -24,7 +24,7 @@ from hermes_actors.core.targets import PeerRoute
 from hermes_actors.errors import StoreError
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.live_handoff import LiveMailbox
-from hermes_actors.local.profile_actor import turn_escaped
+from hermes_actors.local.profile_outcomes import turn_escaped
 from hermes_actors.local.turns import describe_error, never_ran
 from hermes_actors.messages import Delivery, Outcome, Turn
 

@@ -9,6 +9,11 @@ worker hop, no turn timer. A queued delivery waits at most
 fails ``target_busy`` and is never run later. The outcomes settled while
 handling one message go to the Dispatcher after it, as one :class:`OutcomeReady`
 (or :class:`OutcomesReady` for several).
+
+Only the handlers and the state live here: what the actor is started with is
+:mod:`~hermes_actors.local.profile_deps`, the outcomes it gives are decided in
+:mod:`~hermes_actors.local.profile_outcomes`, and a turn is run by
+:mod:`~hermes_actors.local.turn_launch` (inline or as a worker job).
 """
 
 from __future__ import annotations
@@ -16,23 +21,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import pykka
 from loguru import logger
 
-from actors import Link, Scheduler, TimerHandle, TypedActor, WorkerPool, handles, tell
+from actors import Link, TimerHandle, TypedActor, handles, tell
 from hermes_actors.core import outcomes
-from hermes_actors.core.config import BotModeConfig
-from hermes_actors.faults import crashpoint
-from hermes_actors.local.live_handoff import hand_to_owner
+from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
+from hermes_actors.local.profile_outcomes import kept_at_stop, outcome_of_turn, timed_out_outcome
 from hermes_actors.local.runners import TurnRunner, as_runner, runs_inline
 from hermes_actors.local.shutdown import end_running_turns
-from hermes_actors.local.turns import TurnFactory, TurnGate, describe_error, execute_turn
+from hermes_actors.local.turn_launch import run_inline, worker_job
+from hermes_actors.local.turns import TurnGate
 from hermes_actors.messages import (
-    ROOM_ORIGIN,
     AttachOwner,
     Deliver,
     Delivery,
@@ -50,73 +51,9 @@ from hermes_actors.messages import (
     WaitExpired,
     WindDown,
 )
-from hermes_actors.rooms.store import RoomStartMarks
-from hermes_actors.rooms.turn_author import room_of_author
-from hermes_actors.store.journal import Journal, StartRecorder
-from hermes_actors.store.relay_marks import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 
-__all__ = ["ProfileActor", "ProfileDeps", "ProfileSalvage", "kept_at_stop", "outcome_of_turn"]
-
-
-@dataclass(frozen=True)
-class ProfileDeps:
-    """What every ProfileActor shares (given by the Dispatcher)."""
-
-    root: Path
-    config: BotModeConfig
-    runner: TurnRunner
-    pool: WorkerPool
-    scheduler: Scheduler
-    dispatcher: pykka.ActorRef[Any]
-    make_turn: TurnFactory
-    cross_process_lock: bool = True
-    journal: Journal | None = None
-
-
-@dataclass(frozen=True)
-class ProfileSalvage:
-    """What a crashed ProfileActor hands to its restarted instance."""
-
-    queued: tuple[tuple[Delivery, float], ...]  # (delivery, monotonic enqueue time)
-    handled: int
-
-
-def kept_at_stop(delivery: Delivery, *, keep_journaled: bool) -> bool:
-    """Whether a delivery still queued when the gateway stops is left for the next start, not cancelled.
-
-    With ``keep_journaled`` (a durable gateway) a journaled delivery is dropped without an
-    outcome: the next start on this root re-offers it. Relay-in and room deliveries are
-    not in this root's journal: they are always cancelled here (a relay-in one's relay
-    then keeps its envelope for the next start: ``RelayOutcome.put_back``).
-    """
-    return keep_journaled and delivery.origin not in ("relay", ROOM_ORIGIN)
-
-
-def turn_escaped(delivery_id: str, exc: BaseException) -> TurnFinished:
-    """The result when an exception escaped the turn's code (a bug: those paths return results).
-
-    Where it escaped is unknown, so the DM may have reached its target: ``ambiguous``.
-    """
-    logger.opt(exception=exc).error("the turn of {} raised outside its result paths", delivery_id)
-    why = f"The gateway failed while delivering this DM ({describe_error(exc)})."
-    return TurnFinished(delivery_id, None, why, "unknown", ambiguous=True)
-
-
-def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:
-    """Pure: the sender's outcome for a finished turn."""
-    if result.ambiguous:
-        return outcomes.ambiguous(delivery.delivery_id, delivery.label, result.error, result.reason or "unknown")
-    if result.reply is not None:
-        try:
-            raw = result.reply if isinstance(result.reply, str) else str(result.reply)
-            reply = str.__str__(raw)  # a str subclass (user code) becomes a plain str: its methods never run here
-        except Exception:
-            raise  # crashes this ProfileActor only: its supervisor restarts it, the DM is ambiguous
-        except BaseException as exc:  # the reply's __str__ is user code: SystemExit must not stop every actor
-            raise RuntimeError(f"the turn's reply could not be rendered ({describe_error(exc)})") from exc
-        return outcomes.from_reply(delivery.delivery_id, delivery.label, reply)
-    return outcomes.failed(delivery.delivery_id, delivery.label, result.error, result.reason)
+__all__ = ["ProfileActor"]
 
 
 class ProfileActor(TypedActor):
@@ -260,18 +197,6 @@ class ProfileActor(TypedActor):
             if holding:
                 self._release_inline()
 
-    def _start_recorder(self, delivery: Delivery) -> StartRecorder | None:
-        """Where the turn's start is recorded before it runs (None: nowhere)."""
-        # A relayed-in turn is not in the journal: its start is marked beside the envelope it came in;
-        # a room's member turn beside its room's file (a restart runs it again only if it never began).
-        journal = self.deps.journal
-        fsync = journal is not None and journal.fsync_enabled  # flushed like the journal: a kill -9 finds it anyway
-        if delivery.origin == "relay":
-            return TurnStartMarks(self.deps.root, fsync=fsync)
-        if delivery.origin == ROOM_ORIGIN:
-            return RoomStartMarks(self.deps.root, room_of_author(delivery.author), fsync=fsync)
-        return journal
-
     def _take_inline(self) -> bool:
         """Whether the next turn runs here: a non-blocking runner, no live owner, the flock free right now."""
         if not self.inline or self.owner is not None:
@@ -294,47 +219,14 @@ class ProfileActor(TypedActor):
 
     def _run_inline(self, delivery: Delivery) -> None:
         """Run a non-blocking runner's turn on this thread, under the flock ``_take_inline`` took."""
-        crashpoint("after-ack-before-turn")
-        try:
-            result = execute_turn(
-                delivery, runner=self.deps.runner, lock=self.lock, lock_deadline=0.0, make_turn=self.deps.make_turn,
-                journal=self._start_recorder(delivery), held=True,
-            )
-        except BaseException as exc:  # a backstop, as on the worker path
-            result = turn_escaped(delivery.delivery_id, exc)
-        crashpoint("after-turn-before-outcome")
-        self._turn_done(delivery, result)
+        self._turn_done(delivery, run_inline(delivery, self.deps, self.lock))
 
     def _run_on_worker(self, delivery: Delivery, enqueued: float) -> None:
         """Hand the turn to the worker pool; it comes back as :class:`TurnFinished`."""
         deadline = enqueued + self.deps.config.turn_wait_seconds
-        me, deps, lock, owner = self.actor_ref, self.deps, self.lock, self.owner
-        journal = self._start_recorder(delivery)
-        home = self.info.home
         gate = self.gate = TurnGate()
-
-        def job() -> None:
-            crashpoint("after-ack-before-turn")
-            try:
-                # The Bot Chat window holds the lease: hand a DM over, don't run a turn. A room's member turn
-                # is no Bot Chat message: it runs in its own session with the runner.
-                if owner is not None and delivery.origin != ROOM_ORIGIN:
-                    result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn, journal=journal)
-                else:
-                    result = execute_turn(
-                        delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,
-                        journal=journal, gate=gate,
-                    )
-            except BaseException as exc:  # a backstop: the DM gets its outcome now, not at the timeout
-                result = turn_escaped(delivery.delivery_id, exc)
-            crashpoint("after-turn-before-outcome")
-            try:
-                me.tell(result)
-            except pykka.ActorDeadError:  # stopped (the gateway's stop abandoned the turn) or crashed
-                logger.info("turn {} finished after its ProfileActor stopped; its DM was already reported ambiguous, "
-                            "this late result is dropped", delivery.delivery_id)
-
-        self.deps.pool.submit(job)
+        self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=self.owner,
+                                         home=self.info.home, deadline=deadline, gate=gate))
         timeout = self.deps.config.turn_timeout_seconds
         self.turn_timer = self.timers.after(timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0 else None
 
@@ -390,14 +282,7 @@ class ProfileActor(TypedActor):
                 # began may be waiting on this descriptor (it lets go once it sees the gate): the flock goes.
                 self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
-        if began:
-            # only a turn process is ended; a warm turn goes on in hermes, an in-process one in its thread
-            fate = " and was stopped; it may have been partly done" if live else "; it may still complete"
-            text = f"The turn of {delivery.label} did not finish within {seconds:g}s{fate}, so do not resend blindly."
-            self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout"))
-        else:  # still waiting for the flock (or a worker): it never runs now, and the sender may resend
-            text = outcomes.busy_text(self.info.profile, seconds)
-            self._settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "target_busy"))
+        self._settle(timed_out_outcome(delivery, profile=self.info.profile, seconds=seconds, began=began, live=live))
         self._pump()
 
     @handles(WaitExpired)

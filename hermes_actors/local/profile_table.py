@@ -25,7 +25,9 @@ import pykka
 from loguru import logger
 
 from actors import ActorGone, AskTimeout, ChildFailed, Link, SupervisorActor, ask
-from hermes_actors.local.profile_actor import ProfileActor, ProfileDeps, ProfileSalvage, kept_at_stop
+from hermes_actors.local.profile_actor import ProfileActor
+from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
+from hermes_actors.local.profile_outcomes import kept_at_stop
 from hermes_actors.messages import (
     AttachOwner,
     Deliver,

@@ -1,0 +1,117 @@
+"""The Dispatcher's side of a start on a journaled root: act on what the previous run's journal says.
+
+:func:`~hermes_actors.core.recovery.plan_recovery` decides (pure); :func:`replay_journal`
+carries its plan out on the Dispatcher's thread: outcomes the previous run settled but never
+reported are published once, DMs that may have run are settled ``ambiguous``, DMs that never
+started are offered again (or fail when their target is gone). :func:`adopt_journal` runs
+before the relay resumes, so its resumed sends find the journal's settled outcomes and wakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.core import outcomes
+from hermes_actors.core.names import profile_key
+from hermes_actors.core.recovery import known_outcomes, plan_recovery, readable_states
+from hermes_actors.local.durability import live_record
+from hermes_actors.local.outcome_book import OutcomeBook, Pending
+from hermes_actors.local.outcome_flow import OutcomeFlow
+from hermes_actors.local.wake_hook import SenderWaker
+from hermes_actors.messages import Delivery, ProfileInfo
+
+__all__ = ["adopt_journal", "replay_journal"]
+
+
+def adopt_journal(states: dict[str, Any], *, waker: SenderWaker, book: OutcomeBook) -> None:
+    """Learn the previous run's settled outcomes and wakes from its journal (nothing is run or published).
+
+    Done before the relay resumes: it settles its resumed sends from its files at once, so an
+    outcome the journal already has is then a second one (dropped), and a wake the journal holds
+    is not started again. Re-offers and re-publishes wait for :func:`replay_journal`, once the
+    relay can carry what re-offered turns send.
+
+    Args:
+        states: the journal's state of each delivery id (unreadable ones are skipped here;
+            :func:`replay_journal` names them, once).
+        waker: the sender waker (it learns which wakes exist already).
+        book: the OutcomeBook (it learns the settled outcomes: a second one is then dropped).
+    """
+    readable, _unreadable = readable_states(states)
+    waker.adopt(readable)
+    book.remember(known_outcomes(readable))
+
+
+def replay_journal(
+    states: dict[str, Any],
+    *,
+    idempotent_runner: bool,
+    index: dict[str, ProfileInfo],
+    flow: OutcomeFlow,
+    requeue: Callable[[ProfileInfo, Delivery], None],
+) -> dict[str, int]:
+    """Act on the journal of a previous run (see ``recovery.plan_recovery``).
+
+    Args:
+        states: the journal's state of each delivery id.
+        idempotent_runner: the runner may run a turn twice (an unfinished one is re-offered then).
+        index: the local profiles now, by key.
+        flow: the Dispatcher's outcome flow (its book, durability and waker are the ones used).
+        requeue: queues a journaled delivery on the ProfileActor of its profile, booked pending
+            (``DispatcherActor.deliver_local``).
+
+    Returns:
+        The counts of what was done (``reoffered``, ``ambiguous``, ``redelivered``, ``known``,
+        and ``unreadable`` when some records could not be read).
+    """
+    readable, unreadable = readable_states(states)
+    if unreadable:
+        logger.warning("recovery: {} journaled DM(s) skipped, their 'accepted' record cannot be read "
+                       "(a corrupt or foreign line in bot_relay/journal/): {}",
+                       len(unreadable), ", ".join(map(repr, unreadable)))  # repr: an id may hold a newline
+    book, durability = flow.book, flow.durability
+    flow.waker.adopt(readable)
+    plan = plan_recovery(readable, idempotent_runner=idempotent_runner,
+                         live_record=lambda delivery: live_record(index, delivery))
+    book.remember(plan.known)
+    for outcome in plan.redeliver:
+        if book.has_outcome(outcome.delivery_id):
+            # the relay, resumed before this, already settled it (a relayed DM's reply still in its files):
+            # published once in this run, first one wins
+            durability.delivered(outcome.delivery_id)
+            continue
+        durability.note({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
+        flow.publish(outcome)
+        durability.delivered(outcome.delivery_id)
+    for delivery, outcome in plan.ambiguous:
+        book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
+        flow.settle(outcome)
+    for delivery in plan.reoffer:
+        _reoffer(delivery, index=index, flow=flow, requeue=requeue)
+    counts = plan.counts()
+    if unreadable:
+        counts["unreadable"] = len(unreadable)
+    if any(counts.values()):
+        logger.info(
+            "recovery: {reoffered} re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered, "
+            "{known} settled outcomes known",
+            **counts,
+        )
+    return counts
+
+
+def _reoffer(
+    delivery: Delivery, *, index: dict[str, ProfileInfo], flow: OutcomeFlow,
+    requeue: Callable[[ProfileInfo, Delivery], None],
+) -> None:
+    """Offer a journaled DM that never started again; it fails (NOT delivered) when its target is gone."""
+    info = index.get(profile_key(delivery.target))
+    if info is not None:
+        requeue(info, delivery)
+        return
+    flow.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
+    text = outcomes.gone_text(delivery.target)
+    flow.settle(outcomes.failed(delivery.delivery_id, delivery.label, text, "unknown"))

@@ -1,0 +1,221 @@
+"""The Dispatcher's outcome flow: how an outcome it settles is kept, then made visible.
+
+:class:`OutcomeFlow` is owned by the DispatcherActor and used on its thread only. It
+is the one path every outcome takes there: the first one for a delivery wins; a
+journaled DM's outcome is journaled ``finished`` before it is published (published
+once the commit lands, :meth:`OutcomeFlow.commit_landed`); a room member turn's outcome goes
+back to its room, a relayed-in one back through the relay; everything else is
+published: ``wait_outcome`` answered, the DM's log line written, and a note gathered
+for the Notifier (told once per burst, :meth:`OutcomeFlow.take_notes`). A stop
+settles what is still pending with :meth:`OutcomeFlow.finalize`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from loguru import logger
+
+from hermes_actors.core import outcomes
+from hermes_actors.faults import crashpoint
+from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
+from hermes_actors.local.durability import Durability
+from hermes_actors.local.outcome_book import Answers, OutcomeBook, answer
+from hermes_actors.local.relay_link import RelayLink
+from hermes_actors.local.wake_hook import SenderWaker
+from hermes_actors.messages import Delivery, JournalDurable, Outcome
+
+__all__ = ["NOTIFY_BATCH", "Note", "OutcomeFlow", "answer_room"]
+
+NOTIFY_BATCH = 64  # outcomes per Notifier message at most: subscribers see them without waiting for a quiet moment
+
+Note = tuple[dict[str, Any], Delivery | None, float]  # (outcome dict, its delivery, publish time): NotifyOutcomes
+
+
+def answer_room(reply: Callable[[Outcome], None] | None, outcome: Outcome) -> None:
+    """Hand a member turn's outcome back to its room (our own tell: it must never crash the Dispatcher)."""
+    try:
+        if reply is not None:
+            reply(outcome)
+    except Exception:
+        logger.exception("could not hand the outcome of room turn {} back", outcome.delivery_id)
+
+
+class OutcomeFlow:
+    """Settles and publishes the Dispatcher's outcomes.
+
+    Args:
+        book: the Dispatcher's OutcomeBook (pending, journaling, settled; their waiters).
+        durability: the durability strategy (a journal, or none).
+        relay: the link to the relay (relayed-in answers, relay records to forget).
+        waker: the sender waker (wake turns from published outcomes).
+        stats: the per-DM log line and the ``deliveries`` view.
+        counters: the Dispatcher's counters (``settled`` is counted here).
+        stopping: whether the gateway has stopped accepting (a relayed-in DM is then put back).
+    """
+
+    def __init__(
+        self,
+        *,
+        book: OutcomeBook,
+        durability: Durability,
+        relay: RelayLink,
+        waker: SenderWaker,
+        stats: DeliveryStats,
+        counters: dict[str, int],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.book = book
+        self.durability = durability
+        self.relay = relay
+        self.waker = waker
+        self.stats = stats
+        self.counters = counters
+        self.stopping = stopping
+        self.notes: list[Note] = []  # published, not yet told to the Notifier
+
+    def settle(self, outcome: Outcome) -> None:
+        """Keep ``outcome`` (journaled first when its DM is) and publish it; a second one is dropped."""
+        key = outcome.delivery_id
+        if self.book.has_outcome(key):
+            logger.debug("second outcome for {} dropped (first one wins)", key)
+            return
+        # Left pending until it is journaling or published: should anything below fail, the DM is
+        # still held, and the failed Dispatcher settles it (on_crash) instead of losing it.
+        entry = self.book.entry(key)
+        if entry is not None and entry.route == "room":  # never journaled here: the room file records it
+            self.publish(outcome)
+            return
+        self.waker.settling(key, entry)
+        if entry is not None and entry.route == "relay-in":
+            # The sender is on another connection: the reply goes back through the relay.
+            log_settled(entry.delivery, outcome)
+            self.relay.answer_relay_in(outcome, entry.reply_connection, stopping=self.stopping())
+            self.book.settle(key, outcome.as_dict())  # a stopping gateway waits for its running turns
+            return
+        if entry is not None and entry.journaled and self.durability.journal_outcome(outcome):
+            # published once durable (JournalDurable); the delivery is kept for the subscribers' details
+            self.book.journaling(key, outcome.as_dict(), entry.delivery)
+            return
+        if entry is not None and entry.route in ("relay", "peer"):
+            # Nothing on the root keeps the outcome of a DM sent to another machine over Redis (nor of a peer's;
+            # the file relay's replies/ are swept after 6 h): the journal keeps it, as a local DM's, so
+            # `hermes-actors outcome` and wait_outcome still know it after this host restarted. Published
+            # first: the wake it starts is journaled before it, so a journal that has the outcome has its
+            # wake too; the relay keeps the envelope's record until both are on disk (ForgetSent).
+            self.publish(outcome)
+            forget = ("forget", key) if entry.route == "relay" else None
+            self.durability.finished(outcome, then=forget)
+            if forget is not None and not self.durability.enabled:
+                self.relay.forget(key)
+            return
+        self.publish(outcome)
+
+    def settle_relayed(self, outcome: Outcome) -> None:
+        """Our envelope settled: the relay clears its record once the outcome is kept (see :meth:`settle`)."""
+        key = outcome.delivery_id
+        entry = self.book.entry(key)
+        self.settle(outcome)
+        if entry is None or entry.route != "relay":
+            # Settled before (in this run, or in a previous one whose journal has it) or booked by nobody:
+            # nothing more to keep, so nothing for the relay to resume at the next start.
+            self.relay.forget(key)
+
+    def publish(self, outcome: Outcome, answers: Answers | None = None) -> None:
+        """Make an outcome visible: wait_outcome answers, then the room or the DM subscribers get it.
+
+        Args:
+            outcome: the outcome.
+            answers: where the ``wait_outcome`` answers go for the caller to give later (None: now).
+        """
+        key = outcome.delivery_id
+        record = outcome.as_dict()
+        delivery = self.book.delivery(key) or self.waker.sources.get(key)  # before the book and waker drop it
+        entry = self.book.settle(key, record, answers)
+        if entry is not None and entry.route == "room":  # a member turn's outcome goes back to its room
+            answer_room(entry.room_reply, outcome)
+            return
+        if self.waker.after_publish(outcome, entry):  # a wake turn's own outcome is nobody's DM outcome
+            return
+        self.counters["settled"] += 1
+        self.stats.published(delivery, outcome)
+        self.notes.append((record, delivery, time.time()))
+
+    def take_notes(self, *, drained: bool) -> tuple[Note, ...] | None:
+        """The gathered notes for one ``NotifyOutcomes``, once the mailbox is drained or a batch is full.
+
+        Args:
+            drained: nothing is behind the message just handled (or it was an ask).
+
+        Returns:
+            The notes, in publish order, now cleared here (None: keep gathering).
+        """
+        if self.notes and (drained or len(self.notes) >= NOTIFY_BATCH):
+            notes, self.notes = tuple(self.notes), []
+            return notes
+        return None
+
+    def commit_landed(self, msg: JournalDurable) -> None:
+        """One group commit landed: release its acks, publish its outcomes.
+
+        The ``wait_outcome`` callers are answered last: by then the ``delivered`` records
+        are appended (and, when no commit runs, written by this thread), so a caller that
+        goes on to send finds the journal's write turn free instead of racing this thread
+        for it.
+        """
+        answers: Answers = []
+        try:
+            self.land(msg, answers)
+        finally:  # whatever happened, the outcomes settled so far are answered
+            answer(answers)
+
+    def land(self, msg: JournalDurable, answers: Answers) -> None:
+        """Release the acks of one commit and publish its outcomes, their waiters' answers into ``answers``."""
+        for kind, value in msg.tokens:
+            if kind == "accepted":
+                self.durability.accepted_landed(value, msg.error)
+                continue
+            if kind == "forget":  # a relayed DM's outcome and its wake are on disk: its relay record can go
+                if msg.error is None:
+                    self.relay.forget(value)
+                else:  # kept: the next start settles the DM from the relay's record again
+                    logger.error("outcome of {} could not be journaled ({}); the relay keeps its record",
+                                 value, msg.error)
+                continue
+            if msg.error is not None:
+                logger.error("outcome of {} could not be journaled ({}); publishing it anyway",
+                             value.delivery_id, msg.error)
+            self.publish(value, answers)
+            crashpoint("after-outcome-before-delivered")
+            self.durability.delivered(value.delivery_id)
+
+    def finalize(self, running: tuple[str, ...], why: str) -> int:
+        """Settle what is still pending at a stop: ambiguous if it may have run.
+
+        Args:
+            running: the ids of the turns still running (they may have reached their target).
+            why: the text of the ambiguous outcomes.
+
+        Returns:
+            How many were settled (the relay's own sends and never-started journaled DMs stay).
+        """
+        count = 0
+        for key, entry in self.book.pending():
+            if entry.route == "relay":
+                continue  # our envelopes stay in outbox/: the next start resumes waiting for replies
+            if entry.journaled and key not in running:
+                continue  # never started: stays journaled and is re-offered by the next start
+            outcome = outcomes.ambiguous(key, entry.delivery.label, why)
+            # A peer DM's outcome is journaled as it arrives (see settle): one still under way is, too.
+            remember = entry.journaled or entry.route == "peer"
+            if remember:  # shutting down: write it now rather than through the async group commit
+                self.durability.write_now({"t": "finished", "id": key, "o": outcome.as_dict()})
+            if entry.route == "relay-in":  # its sender waits on another connection: tell it too
+                self.relay.answer_relay_in(outcome, entry.reply_connection)
+            self.publish(outcome)
+            if remember:  # published now: the next start must not report it a second time
+                self.durability.delivered(key)
+            count += 1
+        return count

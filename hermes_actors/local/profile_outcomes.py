@@ -1,0 +1,76 @@
+"""Pure: the outcome a ProfileActor gives a DM it took, and which queued DMs a stop leaves for the next start.
+
+The ProfileActor (``local/profile_actor.py``) owns the queue, the running turn and the
+timers; what each of those ends in for the sender is decided here, from values only
+(:func:`turn_escaped` also logs the escaped error, as the bug it is).
+"""
+
+from __future__ import annotations
+
+from loguru import logger
+
+from hermes_actors.core import outcomes
+from hermes_actors.local.turns import describe_error
+from hermes_actors.messages import ROOM_ORIGIN, Delivery, Outcome, TurnFinished
+
+__all__ = ["kept_at_stop", "outcome_of_turn", "timed_out_outcome", "turn_escaped"]
+
+
+def kept_at_stop(delivery: Delivery, *, keep_journaled: bool) -> bool:
+    """Whether a delivery still queued when the gateway stops is left for the next start, not cancelled.
+
+    With ``keep_journaled`` (a durable gateway) a journaled delivery is dropped without an
+    outcome: the next start on this root re-offers it. Relay-in and room deliveries are
+    not in this root's journal: they are always cancelled here (a relay-in one's relay
+    then keeps its envelope for the next start: ``RelayOutcome.put_back``).
+    """
+    return keep_journaled and delivery.origin not in ("relay", ROOM_ORIGIN)
+
+
+def turn_escaped(delivery_id: str, exc: BaseException) -> TurnFinished:
+    """The result when an exception escaped the turn's code (a bug: those paths return results).
+
+    Where it escaped is unknown, so the DM may have reached its target: ``ambiguous``.
+    """
+    logger.opt(exception=exc).error("the turn of {} raised outside its result paths", delivery_id)
+    why = f"The gateway failed while delivering this DM ({describe_error(exc)})."
+    return TurnFinished(delivery_id, None, why, "unknown", ambiguous=True)
+
+
+def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:
+    """Pure: the sender's outcome for a finished turn."""
+    if result.ambiguous:
+        return outcomes.ambiguous(delivery.delivery_id, delivery.label, result.error, result.reason or "unknown")
+    if result.reply is not None:
+        try:
+            raw = result.reply if isinstance(result.reply, str) else str(result.reply)
+            reply = str.__str__(raw)  # a str subclass (user code) becomes a plain str: its methods never run here
+        except Exception:
+            raise  # crashes this ProfileActor only: its supervisor restarts it, the DM is ambiguous
+        except BaseException as exc:  # the reply's __str__ is user code: SystemExit must not stop every actor
+            raise RuntimeError(f"the turn's reply could not be rendered ({describe_error(exc)})") from exc
+        return outcomes.from_reply(delivery.delivery_id, delivery.label, reply)
+    return outcomes.failed(delivery.delivery_id, delivery.label, result.error, result.reason)
+
+
+def timed_out_outcome(delivery: Delivery, *, profile: str, seconds: float, began: bool, live: bool) -> Outcome:
+    """Pure: the outcome of a turn given up on after ``turn_timeout_seconds``.
+
+    Args:
+        delivery: the delivery whose turn timed out.
+        profile: the target profile (named in a ``target_busy`` text).
+        seconds: ``turn_timeout_seconds``.
+        began: the turn had begun (its gate said so): it may have reached its target.
+        live: a turn process of ours ran it and is being ended now.
+
+    Returns:
+        ``delivery_timeout`` when the turn began (do not resend blindly), else ``target_busy``
+        (it never runs now, and the sender may resend).
+    """
+    if began:
+        # only a turn process is ended; a warm turn goes on in hermes, an in-process one in its thread
+        fate = " and was stopped; it may have been partly done" if live else "; it may still complete"
+        text = f"The turn of {delivery.label} did not finish within {seconds:g}s{fate}, so do not resend blindly."
+        return outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout")
+    # still waiting for the flock (or a worker)
+    return outcomes.failed(delivery.delivery_id, delivery.label, outcomes.busy_text(profile, seconds), "target_busy")

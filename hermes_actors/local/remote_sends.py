@@ -1,0 +1,97 @@
+"""The Dispatcher's DMs that leave this machine: to the relay, or to a ``bot_peers`` peer.
+
+:class:`RemoteSends` is owned by the DispatcherActor and used on its thread. A relay
+send is answered later (``RelayAccepted``, never waited for here); a peer DM the relay
+does not reach goes to the peer transport, off this thread, and its outcome comes back
+as ``OutcomeReady``. Each one is booked pending under the id its outcome will carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+
+from hermes_actors.core.acks import ack_payload
+from hermes_actors.core.targets import PeerRoute, Refusal, RelayRoute
+from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
+from hermes_actors.local.relay_link import RelayLink
+from hermes_actors.messages import Delivery, Outcome, OutcomeReady, PendingAck, RelayAccepted, RelayResumed
+
+__all__ = ["PeerSubmit", "RemoteSends"]
+
+PeerSubmit = Callable[[Delivery, PeerRoute, Callable[[Outcome], None]], None]  # (delivery, route, report)
+
+
+class RemoteSends:
+    """Sends DMs off this machine and books them until their outcome comes back.
+
+    Args:
+        dispatcher: the Dispatcher (told a peer DM's ``OutcomeReady``).
+        relay: the link to the relay.
+        book: the Dispatcher's OutcomeBook.
+        counters: the Dispatcher's counters (``accepted`` is counted here).
+        peer_submit: runs a peer delivery off-actor (None: no peer transport on this gateway).
+    """
+
+    def __init__(
+        self,
+        *,
+        dispatcher: pykka.ActorRef[Any],
+        relay: RelayLink,
+        book: OutcomeBook,
+        counters: dict[str, int],
+        peer_submit: PeerSubmit | None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.relay = relay
+        self.book = book
+        self.counters = counters
+        self.peer_submit = peer_submit
+
+    def send(self, route: RelayRoute | PeerRoute, delivery: Delivery) -> dict[str, Any] | PendingAck:
+        """Send an admitted DM to the relay or a peer; the ack (or refusal), or the PendingAck the relay answers."""
+        if isinstance(route, PeerRoute):  # a peer that is a connection on our relay (Redis), else the CLI transport
+            return self.relay.send_to_peer(route, delivery) or self.to_peer(route, delivery)
+        return self.relay.send(route, delivery)
+
+    def to_peer(self, route: PeerRoute, delivery: Delivery) -> dict[str, Any]:
+        """Hand a ``bot_peers`` DM to the peer transport (off this thread); answers the ack or refusal."""
+        if self.peer_submit is None:
+            return Refusal(
+                f"Peer delivery to {route.label} is not available on this gateway.", "runtime_offline"
+            ).as_dict()
+        self.book.add(delivery.delivery_id, Pending(delivery, "peer"))
+        me = self.dispatcher
+        self.peer_submit(delivery, route, lambda outcome: me.tell(OutcomeReady(outcome)))
+        self.counters["accepted"] += 1
+        return ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
+
+    def landed(self, msg: RelayAccepted) -> None:
+        """The relay answered a send: book it, and release the caller's ack."""
+        waiting = self.relay.landed(msg.delivery_id)
+        if waiting is None:
+            return
+        delivery, route, future = waiting
+        if msg.error is not None:
+            future.set_exception(exc_info=(type(msg.error), msg.error, msg.error.__traceback__))
+            return
+        ack = msg.ack
+        if ack is None:  # the relay does not reach this peer: the peer transport carries it
+            assert isinstance(route, PeerRoute)
+            ack = self.to_peer(route, delivery)
+        elif "delivery_id" in ack:  # booked under the envelope's id: the relay reports its outcome by it
+            if not self.book.has_outcome(ack["delivery_id"]):  # its reply may have beaten this ack here
+                self.book.add(ack["delivery_id"], Pending(delivery, "relay"))
+            self.counters["accepted"] += 1
+        future.set(ack)
+
+    def resumed(self, msg: RelayResumed) -> None:
+        """A restarted relay waits for these envelopes of ours again: book each one this run does not know."""
+        for entry in msg.entries:
+            key = entry.envelope_id
+            if self.book.state(key) is DeliveryState.UNKNOWN:  # its sender (when recorded) is woken by the outcome
+                placeholder = Delivery(key, entry.sender, entry.sender_handle, "", "", "", label=entry.label,
+                                       hop=entry.hop, origin="recovered", wake=entry.wake)
+                self.book.add(key, Pending(placeholder, "relay"))
