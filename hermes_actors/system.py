@@ -33,6 +33,7 @@ from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.notifier import NotifierActor, NotifierCounts
 from hermes_actors.local.profile_deps import ProfileDeps
+from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.local.roster import RosterActor, roster_rows
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.local.sending import send_dm
@@ -162,13 +163,14 @@ class ActorSystem:
         journal = self.journal
         runner_is_hermes = is_real_hermes(self.runner)
         caller_admission = CallerAdmission(snapshot, max_hops=cfg.max_hops,
-                                           wake=wake_enabled(cfg.wake_sender, runner_is_hermes))
+                                           wake=wake_enabled(cfg.wake_sender, runner_is_hermes),
+                                           gauge=QueueGauge(cfg.max_queued))
 
         def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: TurnFactory) -> ProfileDeps:
             self.turn_factory = make_turn  # names this gateway's turns (Gateway.stop refuses to run in one)
             return ProfileDeps(root=opts.root, config=cfg, runner=runner, pool=pool, scheduler=scheduler,
                                dispatcher=dispatcher, make_turn=make_turn, cross_process_lock=opts.cross_process_lock,
-                               journal=journal)
+                               journal=journal, gauge=caller_admission.gauge)
 
         self.dispatcher = DispatcherActor.start(
             snapshot,

@@ -389,7 +389,8 @@ def test_every_queued_dm_expires_and_the_timer_is_armed_again_for_later_ones(
 def test_subscribers_get_every_outcome_once_in_order_with_details_when_asked(
     root: Path, gateways: list[Gateway]
 ) -> None:
-    gw = start_gateway(gateways, root, CallableRunner(lambda turn: "ok", blocking=False), durable=False)
+    gw = start_gateway(gateways, root, CallableRunner(lambda turn: "ok", blocking=False), durable=False,
+                       config={"bot_mode": {"max_queued": 1000}})  # a burst of 400: none refused queue-full
     plain: list[dict[str, Any]] = []
     detailed: list[dict[str, Any]] = []
     gw.subscribe(plain.append)

@@ -128,7 +128,9 @@ def run_load(tmp_path: Path, *, senders: int, per_sender: int, max_latency: floa
     assert (lost, duplicated) == (0, 0)
     assert max(runner.calls.values(), default=1) == 1, "a DM ran two turns"
     assert set(runner.calls) <= set(ids)
-    assert sum(len(r) for r in refused) == 0, [r for chunk in refused for r in chunk][:3]
+    refusals = [r for chunk in refused for r in chunk]
+    assert all(r.get("reason") == "target_busy" and "is full" in r["error"] for r in refusals), refusals[:3]
+    assert len(ids) + len(refusals) == total
     assert statuses["failed"] == sum(reasons.values())
     assert reasons["unknown"] == runner.failed, (reasons, runner.failed)
 
@@ -142,7 +144,8 @@ def run_load(tmp_path: Path, *, senders: int, per_sender: int, max_latency: floa
     figures = {
         "durable": durable, "senders": senders, "dms_per_sender": per_sender, "profiles": PROFILES,
         "latency_ms": [0, max_latency * 1000], "fail_rate": fail_rate,
-        "acked": len(ids), "outcomes": sum(outcomes.values()), "lost": lost, "duplicated": duplicated,
+        "acked": len(ids), "refused_queue_full": len(refusals), "outcomes": sum(outcomes.values()), "lost": lost,
+        "duplicated": duplicated,
         "turns_run": sum(runner.calls.values()), "statuses": dict(statuses), "failure_reasons": dict(reasons),
         "injected_failures": runner.failed, "send_seconds": round(sent_in, 2),
         "duration_seconds": round(finished, 2), "throughput_dms_per_s": round(len(ids) / finished, 1),
@@ -166,7 +169,7 @@ def test_load_durable_4_senders_x_250_dms_over_50_profiles(tmp_path: Path) -> No
 @pytest.mark.timeout(1800)
 def test_soak_32_senders_x_5000_dms_over_50_profiles(tmp_path: Path) -> None:
     figures = run_load(tmp_path, senders=32, per_sender=5000, max_latency=0.020, fail_rate=0.01, durable=False)
-    assert figures["acked"] == 160_000
+    assert figures["acked"] + figures["refused_queue_full"] == 160_000
     assert figures["peak_rss_mb"] < 2048, "memory stays bounded"
 
 
@@ -174,10 +177,14 @@ def test_soak_32_senders_x_5000_dms_over_50_profiles(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_soak_durable_8_senders_x_2500_dms_over_50_profiles(tmp_path: Path) -> None:
     figures = run_load(tmp_path, senders=8, per_sender=2500, max_latency=0.020, fail_rate=0.01, durable=True)
-    assert figures["acked"] == 20_000
+    assert figures["acked"] + figures["refused_queue_full"] == 20_000
 
 
-def test_a_full_queue_refuses_at_once_with_target_busy_and_memory_does_not_grow(tmp_path: Path) -> None:
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_full_queue_refuses_at_once_with_target_busy_and_memory_does_not_grow(tmp_path: Path, durable: bool) -> None:
+    """bot_mode.max_queued: past it a DM is refused in its ack (target_busy, NOT delivered), never acked.
+
+    Regression: the ack was given first and the DM failed a moment later, so the bot was told "queued"."""
     root = make_root(tmp_path)
     release, entered = threading.Event(), threading.Event()
     gate_runner = RandomRunner(0, 0.0, 0.0)
@@ -187,19 +194,27 @@ def test_a_full_queue_refuses_at_once_with_target_busy_and_memory_does_not_grow(
         release.wait(60)
         return gate_runner(turn)
 
-    with Gateway(root, runner=runner, durable=False, config={"bot_mode": {"max_queued": 5}}) as gw:
+    with Gateway(root, runner=runner, durable=durable, config={"bot_mode": {"max_queued": 5}}) as gw:
         first = gw.message_agent(sender="alice", target="bob", message="running")
         assert first["status"] == "queued" and entered.wait(10), "the first DM is running"
-        queued = [gw.message_agent(sender="alice", target="bob", message=f"q{n}")["delivery_id"] for n in range(5)]
-        over = [gw.message_agent(sender="carol", target="bob", message=f"over{n}")["delivery_id"] for n in range(20)]
-        # The running turn is held until release (set only below): outcomes now prove the refusal did not wait.
-        refusals = [gw.wait_outcome(key, timeout=10) for key in over]
+        queued = [gw.message_agent(sender="alice", target="bob", message=f"q{n}") for n in range(5)]
+        assert [a["status"] for a in queued] == ["queued"] * 5, queued
+        over = [gw.message_agent(sender="carol", target="bob", message=f"over{n}") for n in range(20)]
+        # The running turn is held until release (set only below): the refusals did not wait for it.
         assert not release.is_set()
-        for out in refusals:
-            assert (out["status"], out["reason"], out["retryable"]) == ("failed", "target_busy", True), out
-            assert "queue for profile 'bob' is full (5 DMs waiting)" in out["error"]
-            assert "NOT delivered" in out["error"]
+        for refusal in over:
+            assert "delivery_id" not in refusal and refusal["reason"] == "target_busy", refusal
+            assert "queue for profile 'bob' is full (5 DMs waiting)" in refusal["error"]
+            assert "NOT delivered" in refusal["error"]
+        assert gw.message_agent(sender="alice", target="carol", message="other")["status"] == "queued"  # only bob
+        assert gw.stats()["refused"] == 20
         release.set()
-        for key in [first["delivery_id"], *queued]:
+        for key in [first["delivery_id"], *(a["delivery_id"] for a in queued)]:
             assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
-    assert set(gate_runner.calls) == {first["delivery_id"], *queued}, "a refused DM never ran"
+        # every place is free again once the DMs settled: bob takes a full queue's worth anew
+        await_condition(lambda: gw.stats()["pending"] == 0, timeout=10, message="everything settled")
+        again = [gw.message_agent(sender="alice", target="bob", message=f"again{n}") for n in range(5)]
+        assert [a.get("status") for a in again] == ["queued"] * 5, again
+        assert [gw.wait_outcome(a["delivery_id"], timeout=10)["status"] for a in again] == ["replied"] * 5
+    assert {first["delivery_id"], *(a["delivery_id"] for a in queued)} <= set(gate_runner.calls), "a refused DM ran"
+    assert len(gate_runner.calls) == 12  # first, 5 queued, the DM to carol, 5 again: no refused DM ran

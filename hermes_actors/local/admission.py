@@ -14,7 +14,10 @@ from collections import deque
 
 from hermes_actors.core.guard import check_hops, check_pair_rate, pair_key
 from hermes_actors.core.ids import new_delivery_id
+from hermes_actors.core.outcomes import queue_full_text
+from hermes_actors.core.reasons import TARGET_BUSY
 from hermes_actors.core.targets import LocalRoute, Refusal, RelayRoute, Route, plan_send
+from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.messages import Delivery, RosterSnapshot, SendRequest
 
 __all__ = ["Admission", "CallerAdmission", "plan_delivery"]
@@ -78,41 +81,60 @@ class CallerAdmission:
         snapshot: the roster at start.
         max_hops: ``bot_mode.max_hops``.
         wake: whether this gateway wakes senders (see :func:`plan_delivery`).
+        gauge: the places each profile's queue has left (``bot_mode.max_queued``), shared with
+            the Dispatcher; None: unbounded here (the ProfileActor's own check still applies).
     """
 
-    def __init__(self, snapshot: RosterSnapshot, *, max_hops: int, wake: bool) -> None:
+    def __init__(
+        self, snapshot: RosterSnapshot, *, max_hops: int, wake: bool, gauge: QueueGauge | None = None
+    ) -> None:
         self.snapshot = snapshot
         self.max_hops = max_hops
         self.wake = wake
+        self.gauge = gauge
         # profiles with a live owner attached (published by the Dispatcher, replaced, never changed): their
         # DMs get the seed's live-owner ack, which the Dispatcher gives
         self.live_owners: frozenset[str] = frozenset()
 
     def plan_local(self, msg: SendRequest) -> tuple[LocalRoute, Delivery] | None:
-        """The local route and accepted delivery of ``msg``; None: ask the Dispatcher."""
+        """The local route and accepted delivery of ``msg`` (holding its place in the target's queue);
+        None: ask the Dispatcher (which also refuses a DM to a full queue, counted with the other refusals)."""
         if msg.hop >= 2:
             return None
         planned = plan_delivery(self.snapshot, msg, max_hops=self.max_hops, wake=self.wake)
-        if isinstance(planned, Refusal) or not isinstance(planned[0], LocalRoute):
+        if isinstance(planned, Refusal):
             return None
-        if planned[0].target.profile in self.live_owners:
+        route, delivery = planned
+        if not isinstance(route, LocalRoute) or route.target.profile in self.live_owners:
             return None
-        return planned[0], planned[1]
+        if self.gauge is not None and self.gauge.take(route.target.profile, delivery.delivery_id) is not None:
+            return None
+        return route, delivery
+
+    def withdraw(self, delivery_id: str) -> None:
+        """A DM :meth:`plan_local` admitted was not acked after all (its journal write failed): free its place."""
+        if self.gauge is not None:
+            self.gauge.release(delivery_id)
 
 
 class Admission:
     """Turns a :class:`SendRequest` into a route and a :class:`Delivery`, or a refusal.
 
     The per-pair history is kept only for DMs sent from inside turns (hop >= 2).
+
+    Args:
+        gauge: the places each profile's queue has left, shared with :class:`CallerAdmission`
+            (None: not bounded here).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gauge: QueueGauge | None = None) -> None:
         self.pairs: dict[tuple[str, str], deque[float]] = {}  # monotonic send times of each pair
+        self.gauge = gauge
 
     def admit(
         self, snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int, max_pair_rate: int, wake: bool
     ) -> Refusal | tuple[Route, Delivery]:
-        """Route ``msg`` against ``snapshot`` and guard it (:func:`plan_delivery`, then the pair rate).
+        """Route ``msg`` against ``snapshot`` and guard it (:func:`plan_delivery`, the queue bound, the pair rate).
 
         Args:
             snapshot: the current roster.
@@ -128,6 +150,11 @@ class Admission:
         if isinstance(planned, Refusal):
             return planned
         route, delivery = planned
+        if isinstance(route, LocalRoute) and self.gauge is not None:
+            # checked here, held once accepted (the Dispatcher's queueing: a refused journal write holds nothing)
+            waiting = self.gauge.full(route.target.profile)
+            if waiting is not None:
+                return Refusal(queue_full_text(route.target.profile, waiting), TARGET_BUSY)
         target_key = route.target.profile if isinstance(route, LocalRoute) else route.label
         pair = pair_key(route.sender.profile, target_key)
         history = self.pairs.setdefault(pair, deque())

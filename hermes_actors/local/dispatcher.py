@@ -132,7 +132,8 @@ class DispatcherActor(SupervisorActor):
         self.book = OutcomeBook()
         self.durability = durability_for(journal, self.actor_ref)
         self.relay = RelayLink(self.actor_ref)
-        self.admission = Admission()
+        gauge = caller_admission.gauge if caller_admission is not None else None  # shared with the senders
+        self.admission = Admission(gauge)
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
         self.profiles = ProfileTable(self, self.deps, self.counters)
         self.restart_waiters = RestartWaiters(self)
@@ -143,9 +144,10 @@ class DispatcherActor(SupervisorActor):
         self.on_failing = on_failing
         self.on_failed = on_failed  # (not pykka's on_failure hook)
         self.flow = OutcomeFlow(book=self.book, durability=self.durability, relay=self.relay, waker=self.waker,
-                                stats=self.stats, counters=self.counters, stopping=lambda: not self.accepting)
+                                stats=self.stats, counters=self.counters, stopping=lambda: not self.accepting,
+                                gauge=gauge)
         self.intake = LocalIntake(book=self.book, profiles=self.profiles, durability=self.durability, flow=self.flow,
-                                  counters=self.counters)
+                                  counters=self.counters, gauge=gauge)
         self.remote = RemoteSends(dispatcher=self.actor_ref, relay=self.relay, book=self.book, counters=self.counters,
                                   peer_submit=peer_submit)
 

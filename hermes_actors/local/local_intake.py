@@ -21,6 +21,7 @@ from hermes_actors.local.durability import Durability
 from hermes_actors.local.outcome_book import OutcomeBook, Pending
 from hermes_actors.local.outcome_flow import OutcomeFlow, answer_room
 from hermes_actors.local.profile_table import ProfileTable
+from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.local.relay_in import RelayInTurn
 from hermes_actors.messages import AcceptLocal, Delivery, PendingAck, ProfileInfo, RoomTurn
 
@@ -36,6 +37,7 @@ class LocalIntake:
         durability: the durability strategy (an accepted DM is journaled first in durable mode).
         flow: the outcome flow (a delivery refused at a stop is settled through it).
         counters: the Dispatcher's counters (``accepted`` is counted here).
+        gauge: the places the profiles' queues have left: an accepted DM holds one (None: not kept).
     """
 
     def __init__(
@@ -46,12 +48,14 @@ class LocalIntake:
         durability: Durability,
         flow: OutcomeFlow,
         counters: dict[str, int],
+        gauge: QueueGauge | None = None,
     ) -> None:
         self.book = book
         self.profiles = profiles
         self.durability = durability
         self.flow = flow
         self.counters = counters
+        self.gauge = gauge
 
     def deliver(self, info: ProfileInfo, delivery: Delivery, *, journaled: bool = False) -> None:
         """Book ``delivery`` as pending and queue it on the ProfileActor of ``info`` (started if needed).
@@ -97,6 +101,8 @@ class LocalIntake:
 
     def _queue_accepted(self, target: ProfileInfo, delivery: Delivery, *, journaled: bool) -> None:
         """A newly accepted local DM (acked, or about to be): queue it and count it."""
+        if self.gauge is not None:  # (a sender's thread took it already: holding is idempotent)
+            self.gauge.hold(target.profile, delivery.delivery_id)
         self.deliver(target, delivery, journaled=journaled)
         self.counters["accepted"] += 1
 

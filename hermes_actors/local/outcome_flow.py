@@ -23,6 +23,7 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
 from hermes_actors.local.durability import Durability
 from hermes_actors.local.outcome_book import Answers, OutcomeBook, answer
+from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.local.relay_link import RelayLink
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import Delivery, JournalDurable, Outcome
@@ -54,6 +55,7 @@ class OutcomeFlow:
         stats: the per-DM log line and the ``deliveries`` view.
         counters: the Dispatcher's counters (``settled`` is counted here).
         stopping: whether the gateway has stopped accepting (a relayed-in DM is then put back).
+        gauge: the places the profiles' queues have left: a settled DM frees its place (None: not kept).
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class OutcomeFlow:
         stats: DeliveryStats,
         counters: dict[str, int],
         stopping: Callable[[], bool],
+        gauge: QueueGauge | None = None,
     ) -> None:
         self.book = book
         self.durability = durability
@@ -74,11 +77,13 @@ class OutcomeFlow:
         self.stats = stats
         self.counters = counters
         self.stopping = stopping
+        self.gauge = gauge
         self.notes: list[Note] = []  # published, not yet told to the Notifier
 
     def settle(self, outcome: Outcome) -> None:
         """Keep ``outcome`` (journaled first when its DM is) and publish it; a second one is dropped."""
         key = outcome.delivery_id
+        self._free_place(key)
         if self.book.has_outcome(key):
             logger.debug("second outcome for {} dropped (first one wins)", key)
             return
@@ -113,6 +118,11 @@ class OutcomeFlow:
             return
         self.publish(outcome)
 
+    def _free_place(self, key: str) -> None:
+        """The DM's turn is over (or never ran): its place in its profile's queue is free for the next one."""
+        if self.gauge is not None:
+            self.gauge.release(key)
+
     def settle_relayed(self, outcome: Outcome) -> None:
         """Our envelope settled: the relay clears its record once the outcome is kept (see :meth:`settle`)."""
         key = outcome.delivery_id
@@ -131,6 +141,7 @@ class OutcomeFlow:
             answers: where the ``wait_outcome`` answers go for the caller to give later (None: now).
         """
         key = outcome.delivery_id
+        self._free_place(key)  # (settled by another way than settle(): a stop, a failed ProfileActor)
         record = outcome.as_dict()
         delivery = self.book.delivery(key) or self.waker.sources.get(key)  # before the book and waker drop it
         entry = self.book.settle(key, record, answers)

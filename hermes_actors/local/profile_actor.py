@@ -152,8 +152,11 @@ class ProfileActor(TypedActor):
         if self.winding_down:
             self._settle(outcomes.cancelled(key, delivery.label))
             return
-        if len(self.queue) >= self.deps.config.max_queued:
-            text = outcomes.queue_full_text(self.info.profile, len(self.queue))
+        # With nothing running, the queue's head is the turn about to start (a batch is queued whole first):
+        # max_queued DMs wait behind it, as the admission's QueueGauge counts them
+        waiting = len(self.queue) - (self.running is None and len(self.queue) > 0)
+        if waiting >= self.deps.config.max_queued:
+            text = outcomes.queue_full_text(self.info.profile, waiting)
             self._settle(outcomes.failed(key, delivery.label, text, "target_busy"))
             return
         self._enqueue(delivery, time.monotonic())
@@ -188,6 +191,8 @@ class ProfileActor(TypedActor):
             while self.running is None and self.queue:
                 _, (delivery, enqueued) = self.queue.popitem(last=False)
                 self.running = delivery
+                if self.deps.gauge is not None:  # no longer waiting: the next DM may take its place
+                    self.deps.gauge.release(delivery.delivery_id)
                 if holding or self._take_inline():
                     holding = True
                     self._run_inline(delivery)

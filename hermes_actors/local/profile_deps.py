@@ -15,6 +15,7 @@ import pykka
 
 from actors import Scheduler, WorkerPool
 from hermes_actors.core.config import BotModeConfig
+from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.local.turns import TurnFactory
 from hermes_actors.messages import Delivery
@@ -36,6 +37,7 @@ class ProfileDeps:
     make_turn: TurnFactory
     cross_process_lock: bool = True
     journal: Journal | None = None
+    gauge: QueueGauge | None = None  # the admission's count of waiting DMs: a started turn frees its place
 
 
 @dataclass(frozen=True)

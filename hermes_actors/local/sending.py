@@ -60,9 +60,11 @@ def send_dm(
         try:
             journal.append_durably(accepted_record(delivery), timeout=timeout)
         except StoreError as exc:
+            assert admission is not None  # it planned the DM
+            admission.withdraw(delivery.delivery_id)  # nothing was acked: its place in the queue is free
             if not journal.running:
                 raise ActorGone("the delivery journal stopped: the gateway is stopping") from exc
-            return journal_refusal(exc)  # nothing was acked
+            return journal_refusal(exc)
         crashpoint("after-journal-before-ack")
     ack = ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
     told = tell(dispatcher, AcceptLocal(route.target, delivery, ack, journaled=journal is not None))
