@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, make_root, send_dm, start_gateway
+from roots import LogCapture, RecordingRunner, body_of, make_root, send_dm, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -286,11 +286,16 @@ def test_a_peer_dm_under_way_when_the_gateway_stops_is_journaled_ambiguous(tmp_p
     root = make_root(tmp_path)
     transport = BlockingPeerTransport()
     try:
-        with Gateway(root, runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
-                     peer_transport=transport) as gw:
-            key = send_dm(gw, "to the peer", target="mini/bob")
-            assert transport.started.wait(WAIT)
-            gw.stop(timeout=0.2)  # the peer's answer comes only once the stop returned: it ends under way
+        with LogCapture("INFO") as logs:
+            with Gateway(root, runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
+                         peer_transport=transport) as gw:
+                key = send_dm(gw, "to the peer", target="mini/bob")
+                assert transport.started.wait(WAIT)
+                gw.stop(timeout=0.2)  # the peer's answer comes only once the stop returned: it ends under way
+            transport.release.set()  # the late answer: dropped with one INFO line, not an ERROR with a traceback
+            await_condition(lambda: logs.matching(key, "came after the gateway stopped"), timeout=WAIT,
+                            message="the late peer outcome's log line")
+        assert not [r for r in logs.records if r["level"].no >= 40], [r["message"] for r in logs.records][-3:]
         assert find_outcome(root, key)["status"] == "ambiguous"  # from the files, the host gone
         with Gateway(root, runner=RecordingRunner(), config={"bot_peers": {"mini": {}}}) as again:
             out = again.wait_outcome(key, timeout=WAIT)

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pykka
+from loguru import logger
 
+from actors import tell
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.targets import PeerRoute, Refusal, RelayRoute
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
@@ -23,6 +25,14 @@ __all__ = ["PeerSubmit", "RemoteSends"]
 
 PeerSubmit = Callable[[Delivery, PeerRoute, Callable[[Outcome], None]], None]  # (delivery, route, report)
 
+
+
+def _report_peer_outcome(dispatcher: pykka.ActorRef[Any], outcome: Outcome) -> None:
+    """Tell a peer DM's outcome (from the peer transport's worker); one that comes after the stop is dropped,
+    logged: the stop reported that DM ``ambiguous`` (journaled) already."""
+    if not tell(dispatcher, OutcomeReady(outcome)):
+        logger.info("the peer outcome of {} ({}) came after the gateway stopped; it was reported ambiguous",
+                    outcome.delivery_id, outcome.status)
 
 class RemoteSends:
     """Sends DMs off this machine and books them until their outcome comes back.
@@ -64,7 +74,7 @@ class RemoteSends:
             ).as_dict()
         self.book.add(delivery.delivery_id, Pending(delivery, "peer"))
         me = self.dispatcher
-        self.peer_submit(delivery, route, lambda outcome: me.tell(OutcomeReady(outcome)))
+        self.peer_submit(delivery, route, lambda outcome: _report_peer_outcome(me, outcome))
         self.counters["accepted"] += 1
         return ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
 
