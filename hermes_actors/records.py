@@ -84,6 +84,7 @@ class RosterSnapshot:
     remote: tuple[RemoteAgent, ...] = ()
     remote_mtime: float | None = None  # roster.json's mtime (wall clock); None = no roster
     remote_unreachable: str = ""  # the Redis address while the transport cannot reach it ("" = reachable)
+    remote_via: str = ""  # "redis" once the Redis transport pushed the remote roster ("": roster.json, the Desktop)
     managed: bool = False
     version: int = 0
     # Precomputed by ``roster.make_snapshot`` so resolving a target is O(1):

@@ -234,6 +234,7 @@ def test_a_clean_stop_is_offline_at_once_and_a_new_start_delivers(tmp_path: Path
         wait_online(alpha, "bob", "mini", online=False, timeout=5)
         refusal = alpha.message_agent(sender="alice", target="bob@mini", message="anyone?")
         assert refusal["reason"] == "runtime_offline" and "NOT queued" in refusal["error"]
+        assert "back on Redis" in refusal["error"] and "Desktop" not in refusal["error"]  # no Desktop on Redis
         with gateway(tmp_path, "mini", redis_server):
             wait_online(alpha, "bob", "mini")
             ack = alpha.message_agent(sender="alice", target="bob@mini", message="back?")
@@ -416,6 +417,7 @@ def test_sender_expires_an_undrained_envelope_and_it_never_runs_later(tmp_path: 
         out = alpha.wait_outcome(ack["delivery_id"], timeout=10)
         assert (out["status"], out["reason"], out["retryable"]) == ("failed", "queued_expired", True)
         assert "expired after 0.5s" in out["error"] and "NOT delivered" in out["error"]
+        assert "waiting in Redis" in out["error"] and "Desktop" not in out["error"]
         rec = RecordingRunner()
         with gateway(tmp_path, "mini", redis_server, rec, config={"bot_mode": {"envelope_ttl_seconds": 0}}):
             client = redis_server.client()
@@ -430,7 +432,7 @@ def test_drain_side_expiry_replies_queued_expired(tmp_path: Path, redis_server: 
         await_condition(lambda: replies_to(redis_server, "probe"), timeout=5, message="a reply to probe")
     [reply] = replies_to(redis_server, "probe")
     assert (reply["id"], reply["reason"], reply["reply"]) == (envelope["id"], "queued_expired", "")
-    assert "expired after 60s" in reply["error"]
+    assert "expired after 60s" in reply["error"] and "Desktop" not in reply["error"]
     assert rec.entered == []
 
 

@@ -217,7 +217,7 @@ def _try_relay(
     assert isinstance(match, RemoteAgent)
     age = None if snapshot.remote_mtime is None else max(0.0, now - snapshot.remote_mtime)
     if liveness(match, roster, age) is False:
-        return Refusal(offline_error_text(match), "runtime_offline")
+        return Refusal(offline_error_text(match, via=snapshot.remote_via), "runtime_offline")
     return RelayRoute(me, match, content, author)
 
 

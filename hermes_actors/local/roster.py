@@ -267,7 +267,7 @@ class RosterActor(TypedActor):
         self.pushed_remote = (list(msg.rows), msg.mtime)
         mtime = current.remote_mtime if msg.unreachable and current.remote_mtime is not None else msg.mtime
         self.snapshot = replace(current, remote=tuple(msg.rows), remote_mtime=mtime,
-                                remote_unreachable=msg.unreachable, version=current.version + 1)
+                                remote_unreachable=msg.unreachable, remote_via="redis", version=current.version + 1)
         self.version = self.snapshot.version
         self._publish()
 

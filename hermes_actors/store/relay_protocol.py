@@ -229,7 +229,7 @@ def seed_ttl(value: float) -> int:
     return int(value)
 
 
-def expired_error_text(handle: str, conn: str, ttl: float) -> str:
+def expired_error_text(handle: str, conn: str, ttl: float, *, via: str = "") -> str:
     """The seed's ``queued_expired`` error text.
 
     Args:
@@ -237,11 +237,16 @@ def expired_error_text(handle: str, conn: str, ttl: float) -> str:
         conn: the target connection id.
         ttl: the TTL in seconds, shown as the seed shows its int config value:
             900 or 900.0 → "900s", 0.5 → "0.5s".
+        via: ``"redis"`` when the envelope waited in Redis, where no Desktop drains it ("": the file
+            relay, the seed's text).
 
     Returns:
         The human text for the expired-envelope reply.
     """
     shown = int(ttl) if float(ttl).is_integer() else ttl  # config numbers arrive as floats
+    if via == "redis":
+        return (f"queued message to @{handle} on {conn} expired after {shown}s waiting in Redis for that machine "
+                "to take it — it was NOT delivered. Resend once its gateway is back.")
     return (
         f"queued message to @{handle} on {conn} expired after {shown}s waiting for the "
         "Desktop to drain it — it was NOT delivered. Resend once the Desktop reconnects."

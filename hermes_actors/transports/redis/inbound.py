@@ -127,7 +127,7 @@ class InboundDrain:
 
     def _expire(self, envelope: dict[str, Any], ttl: float) -> None:
         envelope_id = envelope["id"]
-        text = expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl)
+        text = expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl, via="redis")
         try:
             won = self.link.client.set(self.link.keys.claim(envelope_id), rs.EXPIRED_CLAIM, nx=True,
                                        ex=rs.DONE_KEEP_SECONDS)

@@ -289,7 +289,7 @@ class ClaimGuard:
         with self._lock:
             self._verdicts[envelope_id] = "expired" if holder_text == EXPIRED_CLAIM else "lost"
         if holder_text == EXPIRED_CLAIM:
-            raise TurnFailed(expired_error_text(target[0], target[1], self.ttl), reason="queued_expired")
+            raise TurnFailed(expired_error_text(target[0], target[1], self.ttl, via="redis"), reason="queued_expired")
         raise TurnFailed(f"this envelope's turn was already taken by {holder_text}; not running it twice.",
                          reason="unknown")
 

@@ -142,7 +142,7 @@ class Outbound:
                            "The message was NOT sent.", "unknown").as_dict()
         target = match[0]
         if target.online is False:
-            return Refusal(offline_error_text(target), "runtime_offline").as_dict()
+            return Refusal(offline_error_text(target, via="redis"), "runtime_offline").as_dict()
         return self.send(target, route.sender, route.content, hop, route.label)
 
     def _wait_for(self, envelope_id: str, label: str, handle: str, conn: str, *, age: float) -> None:
@@ -257,7 +257,8 @@ class Outbound:
         self.expire_due.discard(envelope_id)
         if not won and holder != rs.EXPIRED_CLAIM:
             return  # the target took it: its reply will come
-        text = expired_error_text(entry.handle, entry.connection, self.config.envelope_ttl_seconds)
+        text = expired_error_text(entry.handle, entry.connection, self.config.envelope_ttl_seconds,
+                                  via="redis")
         self.counters["expired"] += 1
         self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "queued_expired"))
 
