@@ -213,8 +213,61 @@ def test_a_full_queue_refuses_at_once_with_target_busy_and_memory_does_not_grow(
             assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
         # every place is free again once the DMs settled: bob takes a full queue's worth anew
         await_condition(lambda: gw.stats()["pending"] == 0, timeout=10, message="everything settled")
-        again = [gw.message_agent(sender="alice", target="bob", message=f"again{n}") for n in range(5)]
-        assert [a.get("status") for a in again] == ["queued"] * 5, again
-        assert [gw.wait_outcome(a["delivery_id"], timeout=10)["status"] for a in again] == ["replied"] * 5
+        again = [gw.message_agent(sender="alice", target="bob", message=f"again{n}") for n in range(6)]
+        assert [a.get("status") for a in again] == ["queued"] * 6, again  # one in its turn and 5 waiting
+        assert [gw.wait_outcome(a["delivery_id"], timeout=10)["status"] for a in again] == ["replied"] * 6
     assert {first["delivery_id"], *(a["delivery_id"] for a in queued)} <= set(gate_runner.calls), "a refused DM ran"
-    assert len(gate_runner.calls) == 12  # first, 5 queued, the DM to carol, 5 again: no refused DM ran
+    assert len(gate_runner.calls) == 13  # first, 5 queued, the DM to carol, 6 again: no refused DM ran
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_an_idle_profile_takes_max_queued_dms_behind_the_first_whatever_the_timing(tmp_path: Path,
+                                                                                  durable: bool) -> None:
+    """Regression (review): with max_queued 1, a bot's second DM in a row to an idle teammate was refused as the
+    first had not started yet (its place counted it as waiting); the one in its turn holds the extra place."""
+    release = threading.Event()
+    with Gateway(make_root(tmp_path), runner=lambda turn: "ok" if release.wait(60) else "late", durable=durable,
+                 config={"bot_mode": {"max_queued": 1}}) as gw:
+        try:
+            acks = [gw.message_agent(sender="alice", target="bob", message=f"m{n}") for n in range(3)]
+            assert [a.get("status") for a in acks[:2]] == ["queued", "queued"], acks
+            assert acks[2]["reason"] == "target_busy" and "(1 DMs waiting)" in acks[2]["error"], acks[2]
+        finally:
+            release.set()
+        assert [gw.wait_outcome(a["delivery_id"], timeout=10)["status"] for a in acks[:2]] == ["replied"] * 2
+
+
+def test_dms_re_offered_at_a_durable_start_hold_their_places(tmp_path: Path) -> None:
+    """Regression (review): the DMs a durable start re-offered held no place, so new DMs to that profile were
+    acked and then failed target_busy at the ProfileActor; now they are refused in their ack."""
+    root = make_root(tmp_path)
+    gates = [(threading.Event(), threading.Event()) for _ in range(2)]  # (entered, release) of each gateway
+
+    def runner_of(entered: threading.Event, release: threading.Event) -> Any:
+        def runner(turn: Any) -> str:
+            entered.set()
+            release.wait(60)
+            return "ok"
+        return runner
+
+    config = {"bot_mode": {"max_queued": 3}}
+    try:
+        with Gateway(root, runner=runner_of(*gates[0]), config=config) as first:
+            running = first.message_agent(sender="alice", target="bob", message="running")
+            assert running["status"] == "queued" and gates[0][0].wait(10)
+            kept = [first.message_agent(sender="alice", target="bob", message=f"kept{n}") for n in range(3)]
+            assert [a["status"] for a in kept] == ["queued"] * 3
+            first.stop(timeout=0.2)  # the running turn is ambiguous; the 3 queued ones stay in the journal
+        gates[0][1].set()  # that turn ends (it holds bob's flock until then)
+        with Gateway(root, runner=runner_of(*gates[1]), config=config) as again:
+            assert gates[1][0].wait(20), "a re-offered DM is in its turn"
+            new = [again.message_agent(sender="carol", target="bob", message=f"new{n}") for n in range(3)]
+            # 1 in its turn + 2 re-offered waiting: one place left of max_queued 3
+            assert [a.get("status") for a in new[:1]] == ["queued"], new
+            assert [a.get("reason") for a in new[1:]] == ["target_busy", "target_busy"], new
+            gates[1][1].set()
+            for ack in [*kept, *new[:1]]:
+                assert again.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
+    finally:
+        for _, release in gates:
+            release.set()

@@ -87,7 +87,8 @@ class BotModeConfig:
     max_pair_rate: int = setting(
         30, "DMs per minute between one pair from inside turns (`loop_guard`; 0 disables)", at_least=0)
     max_queued: int = setting(
-        256, "DMs waiting for one profile; past it a new DM is acked and then fails `target_busy` at once", at_least=1)
+        256, "DMs waiting for one profile; past it a new DM is refused in its ack, `target_busy` (NOT delivered)",
+        at_least=1)
     max_notify_backlog: int = setting(
         100_000, "notifications allowed to wait behind slow `subscribe` callbacks; beyond it the oldest are "
                  "skipped (logged, counted) — outcomes stay available through `wait_outcome`", at_least=1)

@@ -37,7 +37,7 @@ class LocalIntake:
         durability: the durability strategy (an accepted DM is journaled first in durable mode).
         flow: the outcome flow (a delivery refused at a stop is settled through it).
         counters: the Dispatcher's counters (``accepted`` is counted here).
-        gauge: the places the profiles' queues have left: an accepted DM holds one (None: not kept).
+        gauge: the places the profiles' queues have left: whatever is queued holds one (None: not kept).
     """
 
     def __init__(
@@ -66,7 +66,7 @@ class LocalIntake:
             journaled: the journal records its lifecycle.
         """
         self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=journaled))
-        self.profiles.queue(info, delivery)
+        self._queue(info, delivery)
 
     def accept(self, route: LocalRoute, delivery: Delivery) -> dict[str, Any] | PendingAck:
         """Accept a local DM the Dispatcher admitted (journaled first in durable mode).
@@ -101,10 +101,15 @@ class LocalIntake:
 
     def _queue_accepted(self, target: ProfileInfo, delivery: Delivery, *, journaled: bool) -> None:
         """A newly accepted local DM (acked, or about to be): queue it and count it."""
-        if self.gauge is not None:  # (a sender's thread took it already: holding is idempotent)
-            self.gauge.hold(target.profile, delivery.delivery_id)
         self.deliver(target, delivery, journaled=journaled)
         self.counters["accepted"] += 1
+
+    def _queue(self, info: ProfileInfo, delivery: Delivery) -> None:
+        """Queue ``delivery`` on its ProfileActor; it holds a place in the profile's queue until it is settled
+        (a DM a sender's thread admitted holds it already: holding is idempotent)."""
+        if self.gauge is not None:
+            self.gauge.hold(info.profile, delivery.delivery_id)
+        self.profiles.queue(info, delivery)
 
     def room_turn(self, msg: RoomTurn, *, accepting: bool, index: dict[str, ProfileInfo]) -> None:
         """A room member's turn: queued on its ProfileActor like a DM; the outcome goes back to the room."""
@@ -113,7 +118,7 @@ class LocalIntake:
         info = index.get(profile_key(delivery.target))
         if accepting and info is not None:
             self.book.add(key, Pending(delivery, "room", room_reply=msg.reply))
-            self.profiles.queue(info, delivery)
+            self._queue(info, delivery)
         elif not accepting:
             answer_room(msg.reply, outcomes.cancelled(key, label))
         else:
@@ -123,7 +128,7 @@ class LocalIntake:
     def relay_in(self, turn: RelayInTurn, reply_connection: str) -> None:
         """Queue a relayed-in envelope's turn; its outcome goes back through the relay (route ``relay-in``)."""
         self.book.add(turn.delivery.delivery_id, Pending(turn.delivery, "relay-in", reply_connection))
-        self.profiles.queue(turn.info, turn.delivery)
+        self._queue(turn.info, turn.delivery)
 
     def give_up(self, profile: str, error: BaseException | None) -> None:
         """A ProfileActor keeps crashing: every delivery still pending for it fails as NOT delivered.

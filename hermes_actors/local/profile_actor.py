@@ -191,8 +191,6 @@ class ProfileActor(TypedActor):
             while self.running is None and self.queue:
                 _, (delivery, enqueued) = self.queue.popitem(last=False)
                 self.running = delivery
-                if self.deps.gauge is not None:  # no longer waiting: the next DM may take its place
-                    self.deps.gauge.release(delivery.delivery_id)
                 if holding or self._take_inline():
                     holding = True
                     self._run_inline(delivery)
@@ -306,6 +304,8 @@ class ProfileActor(TypedActor):
         self._arm_wait()
 
     def _settle(self, outcome: Outcome) -> None:
+        if self.deps.gauge is not None:  # its turn is over (or never ran): the next DM may take its place
+            self.deps.gauge.release(outcome.delivery_id)
         self.settled.append(outcome)
 
     def after_message(self, *, asked: bool) -> None:

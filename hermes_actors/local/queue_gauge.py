@@ -6,11 +6,14 @@ later. The ack is given on the sender's thread (first-hop DMs, see
 :class:`~hermes_actors.local.admission.CallerAdmission`) or the Dispatcher's,
 before the ProfileActor has seen the DMs admitted just before it: a burst of
 sends would all find its queue empty. So the count is kept where DMs are
-admitted: each admitted DM holds a place while it waits, from its admission
-(the sender's thread or the Dispatcher) until its ProfileActor starts its turn,
-or its outcome is settled without one (both free it; freeing is idempotent).
-The ProfileActor's own check on its queue stays, for what is not admitted here
-(wake-ups, relayed-in DMs, room turns).
+admitted: each DM holds a place from its admission (the sender's thread or
+the Dispatcher) until its ProfileActor settles it (its turn ended, or it never
+ran); whatever else the Dispatcher queues on a ProfileActor (wake-ups, DMs
+re-offered at a start, relayed-in DMs, room turns) holds one too, without being
+refused for it. The ProfileActor frees the place on its own thread, the
+Dispatcher again when it settles the outcome (freeing is idempotent). The
+ProfileActor's own check on its queue stays, for a DM admitted as the queue
+filled.
 
 Shared by the sender threads and the Dispatcher, so it is the one piece of
 admission state behind a lock: a check-and-take of a place must be atomic.
@@ -24,15 +27,15 @@ __all__ = ["QueueGauge"]
 
 
 class QueueGauge:
-    """The DMs admitted to each local profile that wait for their turn.
+    """The DMs each local profile holds (waiting, or in their turn) and not yet settled.
 
     Args:
-        max_queued: ``bot_mode.max_queued``, the places: the DMs that may wait for one profile
-            (besides the one whose turn runs, which holds none).
+        max_queued: ``bot_mode.max_queued``, the DMs that may wait for one profile; one more
+            may be in its turn, so ``max_queued + 1`` places per profile.
     """
 
     def __init__(self, max_queued: int) -> None:
-        self.places = max_queued
+        self.places = max_queued + 1
         self._lock = threading.Lock()
         self._held: dict[str, str] = {}  # delivery id → the profile it holds a place at
         self._counts: dict[str, int] = {}
@@ -49,7 +52,7 @@ class QueueGauge:
                 return None
             held = self._counts.get(profile, 0)
             if held >= self.places:
-                return held
+                return held - 1  # one of them is in its turn
             self._held[delivery_id] = profile
             self._counts[profile] = held + 1
             return None
@@ -58,18 +61,18 @@ class QueueGauge:
         """The DMs waiting at ``profile`` when its queue is full, else None (nothing is taken)."""
         with self._lock:
             held = self._counts.get(profile, 0)
-            return held if held >= self.places else None
+            return held - 1 if held >= self.places else None
 
     def hold(self, profile: str, delivery_id: str) -> None:
-        """``delivery_id`` was accepted for ``profile`` (its queue checked when it was admitted): it holds
-        a place, past the bound if DMs admitted meanwhile filled it (the ProfileActor refuses those)."""
+        """``delivery_id`` is queued for ``profile`` (a DM checked when it was admitted, or anything the
+        Dispatcher queues unasked): it holds a place, past the bound if need be (the ProfileActor decides)."""
         with self._lock:
             if delivery_id not in self._held:
                 self._held[delivery_id] = profile
                 self._counts[profile] = self._counts.get(profile, 0) + 1
 
     def release(self, delivery_id: str) -> None:
-        """The DM's turn started, or it was settled (or never acked): its place is free. Unknown ids are ignored."""
+        """The DM was settled (or never acked): its place is free. Unknown ids are ignored."""
         with self._lock:
             profile = self._held.pop(delivery_id, None)
             if profile is None:
