@@ -326,6 +326,39 @@ def test_doctor_sees_the_hub_route_to_a_running_gateway_under_another_name(
     assert "routes to this root as mini2" in checks["connection ids"].detail
 
 
+def test_doctor_reads_only_live_gateways_heartbeats_and_a_name_the_hub_stopped_using_lapses(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): doctor blocked on a killed gateway's heartbeat file (its routed_as), and a running
+    gateway kept a name the hub once used until it restarted, after the hub's --name was fixed."""
+    from relay_helpers import seed_envelope
+
+    from hermes_actors.relay import relay_actor
+    from hermes_actors.store.processes import pid_alive
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    root = make_root(tmp_path)
+    cli = str(write_fake_cli(tmp_path, FAKE_HERMES))
+    paths = InboxPaths.from_root(root)
+    paths.heartbeat.mkdir(parents=True, exist_ok=True, mode=0o700)
+    dead = next(pid for pid in range(4_000_000, 4_100_000) if not pid_alive(pid))
+    (paths.heartbeat / f"{dead}.json").write_text(json.dumps(
+        {"pid": dead, "connection_id": "alpha", "at": int(time.time()), "routed_as": ["beta"]}), encoding="utf-8")
+    checks = {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}
+    assert checks["connection ids"].level == OK, checks["connection ids"]  # the killed gateway's file is ignored
+
+    monkeypatch.setattr(relay_actor, "ROUTED_AS_KEEP_SECONDS", 0.0)  # a name lapses at the next heartbeat
+    start_gateway(gateways, root, RecordingRunner(), connection_id="mini")
+    envelope = seed_envelope(target_connection="mini2", target_profile="bob")
+    post_to_inbox(paths, envelope, "alpha")
+    await_condition((paths.delivered / f"{envelope['id']}.json").exists, timeout=20, message="the envelope answered")
+    mine = paths.heartbeat / f"{os.getpid()}.json"
+    await_condition(lambda: "routed_as" not in json.loads(mine.read_text(encoding="utf-8")), timeout=20,
+                    message="the name the hub no longer uses dropped from the heartbeat")
+    checks = {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}
+    assert checks["connection ids"].level == OK and "runs as mini" in checks["connection ids"].detail
+
+
 def test_doctor_tells_a_wrong_redis_password_from_a_good_one(tmp_path: Path) -> None:
     from redis_fixture import RedisServer, redis_binary
 

@@ -38,6 +38,7 @@ from hermes_actors.ops.doctor_checks import (
 from hermes_actors.store.atomic import read_json_file
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, scan_profile_dirs
 from hermes_actors.store.relay_files import read_roster
+from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.yaml_file import read_yaml_mapping
 
@@ -91,23 +92,14 @@ def _redis_ping(url: str) -> str | None:
 def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
     """This root's gateways' connection ids, the relay roster's other roots, and the names the hub routed here as.
 
-    The names come from each running gateway's heartbeat (every ``target_connection`` its relay was handed:
-    a running gateway empties ``inbox/`` at once) and from the envelopes still waiting in ``inbox/``.
+    The names come from each running gateway's heartbeat (the ``target_connection`` of what its relay was
+    handed lately: a running gateway empties ``inbox/`` at once) and from the envelopes still waiting in
+    ``inbox/``. Only live gateways count: a killed one's heartbeat file stays behind.
     """
     inbox = InboxPaths.from_root(root)
     own: set[str] = set()
     routed: set[str] = set()
-    try:
-        beats = [n for n in os.listdir(inbox.heartbeat) if n.endswith(".json")]
-    except OSError:
-        beats = []
-    for name in beats:
-        try:
-            beat = read_json_file(inbox.heartbeat / name, max_bytes=4096)
-        except (OSError, ValidationError):
-            continue
-        if not isinstance(beat, dict):
-            continue
+    for beat in live_heartbeats(inbox):
         if beat.get("connection_id"):
             own.add(str(beat["connection_id"]))
         names = beat.get("routed_as")

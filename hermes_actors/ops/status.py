@@ -42,10 +42,9 @@ from typing import TYPE_CHECKING, Any
 from hermes_actors.core.config import load_config
 from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
 from hermes_actors.ops.journal_view import read_journals
-from hermes_actors.store.atomic import read_json_file
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
-from hermes_actors.store.processes import pid_alive
 from hermes_actors.store.relay_files import list_ids, read_roster
+from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_shelf import count_on_shelves
 
@@ -55,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["STATUS_KEYS", "file_status", "live_status"]
 
 STATUS_KEYS = ("running", "profiles", "in_flight", "counters", "relay")
-HEARTBEAT_FRESH_SECONDS = 10.0
 
 
 # ── pure pieces ─────────────────────────────────────────────────────────────
@@ -186,23 +184,9 @@ def relay_dir_counts(root: Path, now: float) -> dict[str, Any]:
 
 def heartbeats(root: Path, now: float) -> list[dict[str, Any]]:
     """The gateway processes whose heartbeat (``bot_relay/gateways/<pid>.json``) is fresh and alive."""
-    directory = InboxPaths.from_root(root).heartbeat
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and n[:-5].isdigit())
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        try:
-            beat = read_json_file(directory / name, max_bytes=4096)
-            pid, at = int(beat["pid"]), float(beat["at"])
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-        if now - at > HEARTBEAT_FRESH_SECONDS or not pid_alive(pid):
-            continue
-        found.append({"pid": pid, "connection_id": str(beat.get("connection_id") or "") or None,
-                      "age_seconds": round(max(0.0, now - at), 3)})
-    return found
+    return [{"pid": int(beat["pid"]), "connection_id": str(beat.get("connection_id") or "") or None,
+             "age_seconds": round(max(0.0, now - float(beat["at"])), 3)}
+            for beat in live_heartbeats(InboxPaths.from_root(root), now=now)]
 
 
 def _profile_dicts(root: Path) -> list[dict[str, Any]]:

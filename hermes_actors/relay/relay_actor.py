@@ -68,6 +68,9 @@ HOUSEKEEP_EVERY_SECONDS = 3600.0
 WATCHED_SUBDIRS = ("replies", "inbox")
 HEARTBEAT_SECONDS = 2.0
 MAX_ROUTED_AS = 8  # names kept for the heartbeat: a hub uses one; more means a misconfiguration, shown as is
+# A name the hub used is kept this long after its last envelope: once the hub's --name is fixed, doctor stops
+# reporting the old one without a restart of the gateway.
+ROUTED_AS_KEEP_SECONDS = 600.0
 
 
 def reply_from_outcome(outcome: Any) -> dict[str, str]:
@@ -123,8 +126,9 @@ class RelayActor(TypedActor):
         self.outbound = Outbound(self.paths, config=config, timers=self.timers, dispatcher=dispatcher,
                                  counters=self.counters)
         self.last_housekeep = time.monotonic()
-        # the names the hub used for this root in the envelopes it handed us (heartbeat, for doctor); bounded
-        self.routed_as: frozenset[str] = frozenset()
+        # the names the hub used for this root in the envelopes it handed us lately → when last (monotonic);
+        # written in the heartbeat for doctor; bounded
+        self.routed_as: dict[str, float] = {}
 
     def on_start(self) -> None:
         self._recover_taken()
@@ -342,17 +346,24 @@ class RelayActor(TypedActor):
 
     def _note_routed_as(self, name: str) -> None:
         """Remember a name the hub routed to this root under; a new one goes into the heartbeat at once."""
-        if name in self.routed_as or len(self.routed_as) >= MAX_ROUTED_AS:
+        now = time.monotonic()
+        if name in self.routed_as:
+            self.routed_as[name] = now
             return
-        self.routed_as |= {name}
+        if len(self.routed_as) >= MAX_ROUTED_AS:
+            return
+        self.routed_as[name] = now
         if self.connection_id and name != self.connection_id:
             logger.warning("relay: the hub routes DMs to this root as {!r}, but this gateway runs as {!r}: use the "
                            "same name in serve --connection-id and the hub's --name", name, self.connection_id)
         self._heartbeat()
 
     def _heartbeat(self) -> None:
+        now = time.monotonic()
+        for name in [n for n, seen in self.routed_as.items() if now - seen > ROUTED_AS_KEEP_SECONDS]:
+            del self.routed_as[name]
         try:
-            write_heartbeat(self.paths, self.connection_id, now=time.time(), routed_as=self.routed_as)
+            write_heartbeat(self.paths, self.connection_id, now=time.time(), routed_as=frozenset(self.routed_as))
         except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
             logger.warning("relay: heartbeat write failed: {}", exc)
 

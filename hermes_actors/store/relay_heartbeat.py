@@ -16,7 +16,7 @@ from hermes_actors.store.atomic import atomic_write_json, read_json_file
 from hermes_actors.store.processes import pid_alive
 from hermes_actors.store.relay_inbox import InboxPaths
 
-__all__ = ["HEARTBEAT_FRESH_SECONDS", "gateway_alive", "remove_heartbeat", "write_heartbeat"]
+__all__ = ["HEARTBEAT_FRESH_SECONDS", "gateway_alive", "live_heartbeats", "remove_heartbeat", "write_heartbeat"]
 
 HEARTBEAT_FRESH_SECONDS = 10.0
 
@@ -61,18 +61,31 @@ def _beat_alive(beat: Any, now: float) -> bool:
     return pid_alive(pid)
 
 
-def gateway_alive(paths: InboxPaths, *, now: float | None = None) -> bool:
-    """True when some gateway process on this root wrote a fresh heartbeat and still runs."""
+def live_heartbeats(paths: InboxPaths, *, now: float | None = None) -> list[dict[str, Any]]:
+    """The heartbeats of the gateway processes on this root that wrote one lately and still run.
+
+    A killed gateway's file stays behind (nothing sweeps it): it is never taken for a live one.
+
+    Returns:
+        Each live heartbeat's record (``pid``, ``connection_id``, ``at``, and ``routed_as`` when written),
+        by pid.
+    """
     now = time.time() if now is None else now
     try:
-        names = [n for n in os.listdir(paths.heartbeat) if n.endswith(".json") and n[:-5].isdigit()]
+        names = sorted(n for n in os.listdir(paths.heartbeat) if n.endswith(".json") and n[:-5].isdigit())
     except OSError:
-        return False
+        return []
+    found = []
     for name in names:
         try:
             beat = read_json_file(paths.heartbeat / name, max_bytes=4096)
         except (OSError, ValidationError):
             continue
         if _beat_alive(beat, now):
-            return True
-    return False
+            found.append(beat)
+    return found
+
+
+def gateway_alive(paths: InboxPaths, *, now: float | None = None) -> bool:
+    """True when some gateway process on this root wrote a fresh heartbeat and still runs."""
+    return bool(live_heartbeats(paths, now=now))
