@@ -693,3 +693,17 @@ def test_enable_gateway_with_a_port_moves_the_api_server_an_earlier_enable_confi
     assert f"HERMES_HOME={root} hermes gateway run --replace" in capsys.readouterr().out  # the gateway read it at start
     config = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8")) or {}
     assert "api_server" not in (config.get("platforms") or {}), config
+
+
+@pytest.mark.parametrize(("error", "level", "says"), [
+    (None, OK, "answers"),
+    ("AuthenticationError: invalid username-password pair", BLOCK, "refused our credentials"),
+    ("ConnectionError: Error 1 connecting to 127.0.0.1:6390. [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify "
+     "failed: self-signed certificate (_ssl.c:1006).", BLOCK, "TLS certificate did not verify"),  # not "unreachable"
+    ("ConnectionError: Error 111 connecting to 127.0.0.1:6390. Connection refused.", BLOCK, "is unreachable"),
+])
+def test_redis_check_names_what_is_wrong(error: str | None, level: str, says: str) -> None:
+    from hermes_actors.ops.doctor_checks import check_redis
+
+    check = check_redis("rediss://127.0.0.1:6390/0", error)
+    assert check.level == level and says in check.detail, check

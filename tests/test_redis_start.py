@@ -268,6 +268,8 @@ def test_a_certificate_that_does_not_verify_fails_the_start_with_a_clear_error()
     import ssl
 
     redis = pytest.importorskip("redis")
+    from dataclasses import replace
+
     from hermes_actors.transports.redis.lease import claim_connection, is_certificate_error
     from hermes_actors.transports.redis.store import RedisSettings
 
@@ -290,7 +292,13 @@ def test_a_certificate_that_does_not_verify_fails_the_start_with_a_clear_error()
     with pytest.raises(TransportError) as err:
         claim_connection(settings, "alpha", "host:1", client=Client())
     text = str(err.value)
-    assert "Redis at 127.0.0.1:6390: its TLS certificate did not verify" in text and "ssl_ca_certs=" in text, text
+    assert "Redis at 127.0.0.1:6390: its TLS certificate did not verify" in text, text
+    assert "rediss://:***@127.0.0.1:6390/0?ssl_ca_certs=/path/to/ca.pem" in text, text
     assert "nothing was started" in text and "secret" not in text
+    for url, fix in (("rediss://127.0.0.1:6390/0?socket_timeout=3", "/0?socket_timeout=3&ssl_ca_certs=/path/to/ca.pem"),
+                     ("rediss://127.0.0.1:6390/0?ssl_ca_certs=/etc/ca.pem", "did not sign it, or the certificate is not")):
+        with pytest.raises(TransportError, match="did not verify") as err:
+            claim_connection(replace(settings, url=url), "alpha", "host:1", client=Client())
+        assert fix in str(err.value), str(err.value)
     outage = redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
     assert [is_certificate_error(refused()), is_certificate_error(outage)] == [True, False]  # an outage still retries

@@ -232,6 +232,10 @@ def check_redis(url_text: str | None, error: str | None) -> Check:
     if "auth" in error.lower() or "password" in error.lower() or "noperm" in error.lower():
         return Check("redis", BLOCK, f"{url_text} refused our credentials: {error}",
                      "put the right user:password in bot_mode.transport (or REDIS_URL)")
+    if "CERTIFICATE_VERIFY_FAILED" in error:
+        return Check("redis", BLOCK, f"{url_text}: its TLS certificate did not verify: {error}",
+                     "name the CA that signed it with ssl_ca_certs=/path/to/ca.pem in the URL (or connect by the "
+                     "host name the certificate carries)")
     return Check("redis", BLOCK, f"{url_text} is unreachable: {error}",
                  "start Redis or fix the host/port in bot_mode.transport (or REDIS_URL)")
 

@@ -118,9 +118,14 @@ def is_certificate_error(exc: BaseException) -> bool:
 
 
 def certificate_error_text(settings: RedisSettings, exc: BaseException) -> str:
-    """The start error for a server certificate that did not verify."""
-    return (f"Redis at {settings.address}: its TLS certificate did not verify ({exc}). Name the CA that signed it in "
-            f"the URL ({settings.masked_url}?ssl_ca_certs=/path/to/ca.pem) and start again; nothing was started.")
+    """The start (and doctor) error for a server certificate that did not verify: what to fix in the URL."""
+    url = settings.masked_url
+    if "ssl_ca_certs=" in url:
+        fix = ("the CA the URL names (ssl_ca_certs) did not sign it, or the certificate is not for this host name: "
+               "name the right CA, or connect by the name the certificate carries")
+    else:
+        fix = f"name the CA that signed it in the URL ({url}{'&' if '?' in url else '?'}ssl_ca_certs=/path/to/ca.pem)"
+    return f"Redis at {settings.address}: its TLS certificate did not verify ({exc}). Fix: {fix}; nothing was started."
 
 
 def auth_error_text(settings: RedisSettings, exc: BaseException) -> str:
