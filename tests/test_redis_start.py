@@ -295,8 +295,10 @@ def test_a_certificate_that_does_not_verify_fails_the_start_with_a_clear_error()
     assert "Redis at 127.0.0.1:6390: its TLS certificate did not verify" in text, text
     assert "rediss://:***@127.0.0.1:6390/0?ssl_ca_certs=/path/to/ca.pem" in text, text
     assert "nothing was started" in text and "secret" not in text
-    for url, fix in (("rediss://127.0.0.1:6390/0?socket_timeout=3", "/0?socket_timeout=3&ssl_ca_certs=/path/to/ca.pem"),
-                     ("rediss://127.0.0.1:6390/0?ssl_ca_certs=/etc/ca.pem", "did not sign it, or the certificate is not")):
+    for url, fix in (
+        ("rediss://127.0.0.1:6390/0?socket_timeout=3", "/0?socket_timeout=3&ssl_ca_certs=/path/to/ca.pem"),
+        ("rediss://127.0.0.1:6390/0?ssl_ca_certs=/etc/ca.pem", "did not sign it, or the certificate is not"),
+    ):
         with pytest.raises(TransportError, match="did not verify") as err:
             claim_connection(replace(settings, url=url), "alpha", "host:1", client=Client())
         assert fix in str(err.value), str(err.value)
