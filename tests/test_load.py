@@ -271,3 +271,36 @@ def test_dms_re_offered_at_a_durable_start_hold_their_places(tmp_path: Path) -> 
     finally:
         for _, release in gates:
             release.set()
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_dms_the_dispatcher_admits_are_refused_in_their_ack_past_the_bound_even_before_their_commit(
+    tmp_path: Path, durable: bool
+) -> None:
+    """Regression (review): in durable mode a DM the Dispatcher admits (from inside a turn, hop 2) took its place
+    only once its journal commit landed, so a burst of them all found the queue free: 12 acked, 9 then failed."""
+    release = threading.Event()
+    start = threading.Barrier(12)
+    acks: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    with Gateway(make_root(tmp_path), runner=lambda turn: "ok" if release.wait(60) else "late", durable=durable,
+                 config={"bot_mode": {"max_queued": 2}}) as gw:
+
+        def sender(n: int) -> None:
+            start.wait(timeout=30)
+            ack = gw.message_agent(sender="alice", target="bob", message=f"deep {n}", hop=2)
+            with lock:
+                acks.append(ack)
+
+        threads = [threading.Thread(target=sender, args=(n,)) for n in range(12)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            queued = [a for a in acks if a.get("status") == "queued"]
+            assert len(acks) == 12 and len(queued) == 3, acks  # one in its turn and max_queued waiting
+            assert {a.get("reason") for a in acks if a not in queued} == {"target_busy"}
+        finally:
+            release.set()
+        assert [gw.wait_outcome(a["delivery_id"], timeout=20)["status"] for a in queued] == ["replied"] * 3

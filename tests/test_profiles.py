@@ -405,3 +405,35 @@ def test_a_reload_that_reads_a_changed_remote_roster_publishes_it(tmp_path: Path
         finally:
             roster.stop()
             probe.stop()
+
+
+def test_a_profile_reload_keeps_what_the_redis_transport_said_of_the_remote_roster(tmp_path: Path) -> None:
+    """Regression (review): a reload rebuilt the snapshot without remote_via and remote_unreachable, so a DM to an
+    offline agent on Redis was told to wait for "the Desktop", and one while Redis was down was not told that."""
+    import dataclasses
+    import time
+
+    from actors import Scheduler, ask
+    from hermes_actors.core.targets import Refusal, plan_send
+    from hermes_actors.local.roster import RosterActor
+    from hermes_actors.messages import GetSnapshot, Reload, RemoteRows, RosterSnapshot
+    from hermes_actors.records import RemoteAgent
+
+    root = make_root(tmp_path, {"alice": {}})
+    with Scheduler() as scheduler:
+        roster = RosterActor.start(root, overrides=None, scheduler=scheduler, rescan_seconds=0)
+        try:
+            rows = (RemoteAgent("dave", "dave", "mini", online=False),)
+            roster.tell(RemoteRows(rows, time.time(), unreachable="127.0.0.1:6379"))
+            before = ask(roster, GetSnapshot(), timeout=10, expect=RosterSnapshot)
+            write_profile(root / "profiles" / "zed", title="Zed")
+            ask(roster, Reload(), timeout=10)
+            after = ask(roster, GetSnapshot(), timeout=10, expect=RosterSnapshot)
+        finally:
+            roster.stop()
+    assert "zed" in after.index and after.version > before.version  # the reload happened
+    assert (after.remote_via, after.remote_unreachable) == ("redis", "127.0.0.1:6379") == (
+        before.remote_via, before.remote_unreachable)
+    reachable = dataclasses.replace(after, remote_unreachable="")  # Redis back: the agent itself is offline
+    refusal = plan_send(reachable, sender="alice", target="dave@mini", message="hi", now=time.time())
+    assert isinstance(refusal, Refusal) and "back on Redis" in refusal.error, refusal

@@ -150,17 +150,19 @@ class Admission:
         if isinstance(planned, Refusal):
             return planned
         route, delivery = planned
-        if isinstance(route, LocalRoute) and self.gauge is not None:
-            # checked here, held once accepted (the Dispatcher's queueing: a refused journal write holds nothing)
-            waiting = self.gauge.full(route.target.profile)
-            if waiting is not None:
-                return Refusal(queue_full_text(route.target.profile, waiting), TARGET_BUSY)
         target_key = route.target.profile if isinstance(route, LocalRoute) else route.label
         pair = pair_key(route.sender.profile, target_key)
         history = self.pairs.setdefault(pair, deque())
         now_mono = time.monotonic()
         refusal = check_pair_rate(history, now_mono, max_pair_rate, delivery.hop)  # trims the history either way
+        if refusal is None and isinstance(route, LocalRoute) and self.gauge is not None:
+            # taken here, last (nothing below refuses): a journal that refuses the record frees it (LocalIntake)
+            waiting = self.gauge.take(route.target.profile, delivery.delivery_id)
+            if waiting is not None:
+                refusal = Refusal(queue_full_text(route.target.profile, waiting), TARGET_BUSY)
         if refusal is not None:
+            if not history:
+                del self.pairs[pair]
             return refusal
         if delivery.hop >= 2:
             history.append(now_mono)

@@ -34,8 +34,11 @@ class NoDurability:
 
     enabled = False
 
-    def accept(self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None]) -> dict[str, Any]:
-        """Accept ``delivery`` now: ``proceed()`` queues it; answers ``ack``."""
+    def accept(
+        self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None],
+        refused: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """Accept ``delivery`` now: ``proceed()`` queues it; answers ``ack`` (``refused`` is never called)."""
         proceed()
         return ack
 
@@ -81,7 +84,9 @@ class JournalDurability:
         self.journal = journal
         self.dispatcher = dispatcher
         journal.listener = self._landed  # one message per group commit, not one per record
-        self._parked: dict[str, tuple[Callable[[], None], pykka.ThreadingFuture[Any], dict[str, Any]]] = {}
+        # id → (proceed, the ack's future, the ack, refused): the acks waiting for their commit
+        self._parked: dict[str, tuple[Callable[[], None], pykka.ThreadingFuture[Any], dict[str, Any],
+                                      Callable[[], None] | None]] = {}
         # Commits the Dispatcher could no longer be told of (it failed): settle_parked reads them.
         self._orphaned: list[tuple[tuple[Any, ...], BaseException | None]] = []
         self._orphaned_lock = threading.Lock()
@@ -92,13 +97,17 @@ class JournalDurability:
             with self._orphaned_lock:
                 self._orphaned.append((tuple(tokens), error))
 
-    def accept(self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None]) -> PendingAck:
+    def accept(
+        self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None],
+        refused: Callable[[], None] | None = None,
+    ) -> PendingAck:
         """Journal the acceptance; ``proceed()`` and the ack follow once its group commit is on disk.
 
         Args:
             delivery: the accepted delivery.
             ack: the sender's ack, released once the acceptance is durable.
             proceed: queues the delivery (called once it is durable).
+            refused: called when the journal refused the record instead (nothing acked, nothing queued).
 
         Returns:
             A :class:`PendingAck` (already answered with a refusal when the journal refused
@@ -109,9 +118,11 @@ class JournalDurability:
         try:
             self.journal.append(accepted_record(delivery), token=("accepted", key))
         except StoreError as exc:
+            if refused is not None:
+                refused()
             future.set(journal_refusal(exc))
             return PendingAck(future)
-        self._parked[key] = (proceed, future, ack)
+        self._parked[key] = (proceed, future, ack, refused)
         return PendingAck(future)
 
     def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
@@ -127,8 +138,10 @@ class JournalDurability:
         parked = self._parked.pop(delivery_id, None)
         if parked is None:
             return
-        proceed, future, ack = parked
+        proceed, future, ack, refused = parked
         if error is not None:
+            if refused is not None:
+                refused()
             future.set(journal_refusal(error))  # nothing acked, nothing queued
             return
         crashpoint("after-journal-before-ack")
@@ -159,7 +172,7 @@ class JournalDurability:
                 if kind == "accepted":
                     self._release(value, error, queue=False)
         unconfirmed = StoreError(0, "the journal did not confirm it before the gateway's dispatcher failed")
-        for _proceed, future, _ack in self._parked.values():
+        for _proceed, future, _ack, _refused in self._parked.values():
             future.set(journal_refusal(unconfirmed))
         self._parked.clear()
         return count

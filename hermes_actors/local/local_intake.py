@@ -85,7 +85,11 @@ class LocalIntake:
         def proceed() -> None:
             self._queue_accepted(target, delivery, journaled=journaled)
 
-        return self.durability.accept(delivery, ack, proceed)
+        def refused() -> None:  # the journal refused the record: nothing was acked, the place it took is free
+            if self.gauge is not None:
+                self.gauge.release(delivery.delivery_id)
+
+        return self.durability.accept(delivery, ack, proceed, refused)
 
     def taken(self, msg: AcceptLocal, *, accepting: bool) -> None:
         """A first-hop local DM its sender's thread admitted (and journaled, in durable mode): acked."""

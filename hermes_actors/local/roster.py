@@ -186,7 +186,12 @@ class RosterActor(TypedActor):
         self.version += 1
         profiles = self._runnable(discover_profiles(self.root))
         remote, mtime = self._read_remote()
-        return make_snapshot(profiles, peers=self.config.peers, remote=remote, remote_mtime=mtime, version=self.version)
+        snapshot = make_snapshot(profiles, peers=self.config.peers, remote=remote, remote_mtime=mtime,
+                                 version=self.version)
+        if self.pushed_remote is not None:  # a transport's roster (set only once the first snapshot exists)
+            # keep what the transport said of itself: a reload is no news about Redis
+            snapshot = replace(snapshot, remote_via="redis", remote_unreachable=self.snapshot.remote_unreachable)
+        return snapshot
 
     def _runnable(self, profiles: list[ProfileInfo]) -> list[ProfileInfo]:
         """The profiles whose turns the runner can run; the others are named in a warning (at each load)."""
