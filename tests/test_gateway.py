@@ -348,6 +348,41 @@ def test_crash_with_a_queue_keeps_the_queue(root: Path, gateways: list[Gateway])
     assert runner.bodies == ["poison", "r0", "r1", "r2"]
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_crash_inside_a_delivery_batch_loses_none_of_its_dms(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    """Regression (review): a ProfileActor that crashed while it accepted a Deliver lost the batch's DMs it had not
+    queued yet (pykka's pending list holds only the messages behind the crashing one): acked, never answered, and
+    their places in the queue were never freed."""
+    from hermes_actors.local import profile_actor
+
+    enqueue = profile_actor.ProfileActor._enqueue
+    crashed = threading.Event()
+
+    def crash_once(self: Any, delivery: Any, enqueued: float) -> None:
+        if "crash here" in delivery.content and not crashed.is_set():
+            crashed.set()
+            raise RuntimeError("injected: a bug while queueing")
+        enqueue(self, delivery, enqueued)
+
+    monkeypatch.setattr(profile_actor.ProfileActor, "_enqueue", crash_once)
+    release = threading.Event()
+    gw = start_gateway(gateways, root, lambda turn: release.wait(30) and f"fine: {body_of(turn.content)}",
+                       durable=durable, config={"bot_mode": {"max_queued": 3}})
+    try:
+        first = queued(gw.message_agent(sender="alice", target="bob", message="first"))  # holds bob busy
+        batch = [queued(gw.message_agent(sender="alice", target="bob", message=m)) for m in ("crash here", "after")]
+        await_condition(crashed.is_set, timeout=10, message="the injected crash")
+    finally:
+        release.set()
+    outs = [gw.wait_outcome(key, timeout=20) for key in (first, *batch)]
+    assert [o["status"] for o in outs[1:]] == ["replied", "replied"], outs  # the crashed batch's DMs both ran
+    # every place is free again: bob takes one in its turn and max_queued waiting
+    await_condition(lambda: gw.stats()["pending"] == 0, timeout=10, message="everything settled")
+    assert gw._system.caller_admission.gauge.held("bob") == 0
+
+
 def test_a_dm_sent_while_a_crashed_profile_actor_stops_runs_after_what_it_held(
     root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:

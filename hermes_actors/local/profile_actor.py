@@ -103,6 +103,8 @@ class ProfileActor(TypedActor):
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped: whether we ended them
         self.gate: TurnGate | None = None  # the worker turn's gate: given up on when its time runs out
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
+        # the deliveries of the Deliver being handled not yet accepted: a crash in between salvages them too
+        self.arriving: tuple[Delivery, ...] = ()
 
     def on_start(self) -> None:
         if self._salvage is not None and self._salvage.queued:
@@ -138,8 +140,10 @@ class ProfileActor(TypedActor):
     @handles(Deliver)
     def _on_deliver(self, msg: Deliver) -> None:
         self.handled += 1
-        for delivery in msg.deliveries:
+        for index, delivery in enumerate(msg.deliveries):
+            self.arriving = msg.deliveries[index:]
             self._accept(delivery)
+        self.arriving = ()
         self._pump()
 
     def _accept(self, delivery: Delivery) -> None:
@@ -391,7 +395,13 @@ class ProfileActor(TypedActor):
                     self.running.delivery_id, self.running.label, "The target's ProfileActor crashed during the turn."
                 )
             )
-        return ProfileSalvage(tuple(self.queue.values()), self.handled)
+        # A crash inside a Deliver: its deliveries not yet queued are acked DMs too (pykka's pending list holds
+        # only the messages behind the one that crashed); the restarted instance accepts them anew.
+        settled = {o.delivery_id for o in self.settled}
+        arriving = [(d, time.monotonic()) for d in self.arriving
+                    if d.delivery_id not in self.queue and d.delivery_id not in settled
+                    and (self.running is None or self.running.delivery_id != d.delivery_id)]
+        return ProfileSalvage((*self.queue.values(), *arriving), self.handled)
 
     def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
         self.after_message(asked=False)  # what salvage() settled (the running turn: ambiguous)
