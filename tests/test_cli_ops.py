@@ -707,3 +707,7 @@ def test_redis_check_names_what_is_wrong(error: str | None, level: str, says: st
 
     check = check_redis("rediss://127.0.0.1:6390/0", error)
     assert check.level == level and says in check.detail, check
+    if "CERTIFICATE" in (error or ""):
+        assert "ssl_ca_certs=/path/to/ca.pem" in check.fix
+        named = check_redis("rediss://127.0.0.1:6390/0?ssl_ca_certs=/etc/ca.pem", error)
+        assert "did not sign it, or the certificate is not for this host name" in named.fix, named

@@ -233,9 +233,10 @@ def check_redis(url_text: str | None, error: str | None) -> Check:
         return Check("redis", BLOCK, f"{url_text} refused our credentials: {error}",
                      "put the right user:password in bot_mode.transport (or REDIS_URL)")
     if "CERTIFICATE_VERIFY_FAILED" in error:
-        return Check("redis", BLOCK, f"{url_text}: its TLS certificate did not verify: {error}",
-                     "name the CA that signed it with ssl_ca_certs=/path/to/ca.pem in the URL (or connect by the "
-                     "host name the certificate carries)")
+        fix = ("the CA the URL names (ssl_ca_certs) did not sign it, or the certificate is not for this host name: "
+               "name the right CA, or connect by the name the certificate carries" if "ssl_ca_certs=" in url_text
+               else "name the CA that signed it with ssl_ca_certs=/path/to/ca.pem in the URL")
+        return Check("redis", BLOCK, f"{url_text}: its TLS certificate did not verify: {error}", fix)
     return Check("redis", BLOCK, f"{url_text} is unreachable: {error}",
                  "start Redis or fix the host/port in bot_mode.transport (or REDIS_URL)")
 
