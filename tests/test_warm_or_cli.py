@@ -316,3 +316,71 @@ def test_gateway_pid_refuses_what_is_not_a_live_pid(tmp_path: Path, content: str
     (tmp_path / "gateway.pid").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "elsewhere").write_text(json.dumps({"pid": os.getpid()}))
     assert gateway_pid(tmp_path) is None  # never followed
+
+
+def _bot_chat_ending_with_a_dm(home: Path, stored_at: float) -> None:
+    """bob's Bot Chat: an answered exchange, then a DM hermes stored at ``stored_at`` and nobody answered yet."""
+    session_db = pytest.importorskip("hermes_state", reason="needs hermes-agent (the [hermes] extra)").SessionDB
+    from hermes_actors.core.targets import DM_SIGNATURE_START
+
+    home.mkdir(parents=True, exist_ok=True)
+    db = session_db(db_path=home / "state.db")
+    try:
+        db.create_session("s1", "cli")
+        db.set_session_title("s1", "Bot Chat")
+        db.append_message("s1", "user", f"{DM_SIGNATURE_START} Alice (@alice): earlier")
+        db.append_message("s1", "assistant", "answered")
+        db.append_message("s1", "user", f"{DM_SIGNATURE_START} Alice (@alice): still being answered")
+        with db._lock:  # hermes stamps rows with time.time(): date the last one
+            db._conn.execute("UPDATE messages SET timestamp = ? WHERE id = (SELECT MAX(id) FROM messages)",
+                             (stored_at,))
+            db._conn.commit()
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize(("started_ago", "stored_ago", "busy"), [
+    (100.0, 10.0, True),  # stored 90 s after the live gateway started: its turn may still run there
+    (100.0, 200.0, False),  # stored before it started: a turn that died with an earlier gateway, taken back
+    (100.0, 100.5, False),  # within the start time's second of slack: not claimed as the live gateway's
+    (1000.0, 700.0, False),  # unanswered past LIVE_TURN_SECONDS: a turn that failed there, taken back
+])
+def test_a_turn_a_killed_host_left_in_the_live_gateway_holds_the_bot(
+    tmp_path: Path, sleeper: Sleeper, monkeypatch: pytest.MonkeyPatch, started_ago: float, stored_ago: float,
+    busy: bool,
+) -> None:
+    """Regression (end-to-end review): after `serve` was killed -9 mid warm turn, the restarted `serve` took the
+    turn's question back as a dead turn's and ran the bot's next DM beside it in the still-running gateway."""
+    import time
+
+    from hermes_actors.hermes import warm_or_cli
+
+    gateway = sleeper()
+    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": gateway.pid, "kind": "hermes-gateway"}))
+    now = time.time()
+    monkeypatch.setattr(warm_or_cli, "process_started_at",
+                        lambda pid: now - started_ago if pid == gateway.pid else None)
+    _bot_chat_ending_with_a_dm(tmp_path / "profiles" / "bob", now - stored_ago)
+    warm, cli = Fake("warm"), Fake("cli")
+    runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+    turn = Turn(profile="bob", content="next", delivery_id="d2", root=tmp_path)
+    if busy:
+        with pytest.raises(TurnFailed, match="still answering an earlier message") as caught:
+            runner.run_turn(turn)
+        assert caught.value.reason == "target_busy" and "NOT delivered" in caught.value.text
+        assert f"pid {gateway.pid}" in caught.value.text and warm.turns == []
+        gateway.communicate(b"", timeout=30)  # the gateway is gone: the DM it left is a dead turn's now
+    assert runner.run_turn(turn) == "warm: next" and warm.turns == ["d2"]
+
+
+def test_process_started_at_tells_when_a_process_started(sleeper: Sleeper) -> None:
+    import time
+
+    from hermes_actors.store.processes import process_started_at
+
+    before = time.time()
+    proc = sleeper()
+    started = process_started_at(proc.pid)
+    assert started is not None and before - 1.5 <= started <= time.time() + 1.5  # btime is whole seconds
+    proc.communicate(b"", timeout=30)
+    assert process_started_at(proc.pid) is None  # gone (reaped)

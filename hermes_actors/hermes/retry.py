@@ -52,6 +52,7 @@ __all__ = [
     "plan_take_back",
     "prepare_bot_chat_retry",
     "take_back_unanswered",
+    "unanswered_since",
 ]
 
 _TAIL_ROWS = 64  # the session's last active messages looked at before a turn
@@ -208,6 +209,36 @@ def take_back_unanswered(home: Path, title: str) -> int:
                    "ended (timed out, or its gateway stopped) left them; hermes would have merged them into this turn",
                    count, title, db_path, first)
     return count
+
+
+def unanswered_since(home: Path, title: str) -> float | None:
+    """When hermes stored the first of the DMs a profile's titled session ends with unanswered.
+
+    Args:
+        home: the profile home (its ``state.db``).
+        title: the session title.
+
+    Returns:
+        Its ``timestamp`` (wall clock), or None: the session does not end with one (see
+        :func:`plan_take_back`), or it does not read.
+    """
+    db_path = Path(home) / "state.db"
+    if not db_path.is_file():
+        return None
+    try:
+        return read_sqlite(db_path, lambda conn: _first_unanswered_at(conn, title))
+    except sqlite3.Error as exc:
+        logger.debug("cannot read {} for its unanswered messages: {}", db_path, exc)
+        return None
+
+
+def _first_unanswered_at(conn: sqlite3.Connection, title: str) -> float | None:
+    found = _session_tail(conn, title)
+    first = None if found is None else plan_take_back(found[1])
+    if first is None:
+        return None
+    row = conn.execute("SELECT timestamp FROM messages WHERE id = ?", (first,)).fetchone()
+    return float(row[0]) if row is not None and isinstance(row[0], int | float) else None
 
 
 def _session_tail(conn: sqlite3.Connection, title: str) -> tuple[str, list[tuple[int, str, Any]]] | None:

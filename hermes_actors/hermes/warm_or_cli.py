@@ -30,11 +30,15 @@ from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.api_runner import ApiRunner, busy_in_gateway_text
 from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_home, turn_root
 from hermes_actors.hermes.gateway_process import gateway_pid
-from hermes_actors.hermes.retry import take_back_unanswered
+from hermes_actors.hermes.retry import take_back_unanswered, unanswered_since
 from hermes_actors.records import Turn
-from hermes_actors.store.processes import ProcessWatch
+from hermes_actors.store.processes import ProcessWatch, process_started_at
 
-__all__ = ["WarmOrCliRunner", "falls_back"]
+__all__ = ["LIVE_TURN_SECONDS", "WarmOrCliRunner", "falls_back"]
+
+# How long a DM a turn left unanswered in a live gateway holds its bot (a turn a killed host started there):
+# bot_mode.turn_timeout_seconds' default, the longest our side lets a turn run.
+LIVE_TURN_SECONDS = 600.0
 
 
 def falls_back(failure: TurnFailed) -> bool:
@@ -83,6 +87,7 @@ class WarmOrCliRunner:
                 ``target_busy`` while the bot's turn lost in a stopping gateway may still run there.
         """
         self._refuse_beside_a_lost_turn(turn)
+        self._refuse_beside_a_turn_this_host_lost_track_of(turn)
         if self.clock() < self._warm_again_at:
             return self._cli_turn(turn)
         gateway = self._watch_gateway(turn)  # before the turn: the one that may be left running it
@@ -156,6 +161,33 @@ class WarmOrCliRunner:
             f"(pid {watch.pid}); the message was NOT delivered — resend shortly.",
             reason=TARGET_BUSY,
         )
+
+    def _refuse_beside_a_turn_this_host_lost_track_of(self, turn: Turn) -> None:
+        """Before a bot's turn: refuse it while the hermes gateway may still run a turn an earlier host started.
+
+        A host killed mid warm turn (``kill -9`` of ``serve``; the gateway serving its warm turns lives on)
+        leaves the turn running in the gateway, and the restarted host knows nothing of it: the bot's
+        flock was this host's, the watch of its request died with it. What is left is the session: it
+        ends with the DM unanswered. Stored after the live gateway process started, the turn may still
+        run there (one that died with an earlier gateway, or a person's message, does not count); the
+        bot's DMs are refused until it is answered, or for ``LIVE_TURN_SECONDS`` at most (a turn that
+        failed in the gateway leaves it unanswered for good: it is taken back then).
+        """
+        pid = gateway_pid(turn_root(turn))
+        if pid is None or pid == os.getpid():  # no gateway; or this is it, and its turns die with it
+            return
+        started = process_started_at(pid)
+        stored = unanswered_since(turn_home(turn), turn.session)
+        if started is None or stored is None:
+            return
+        # started: whole seconds of the boot time, so a second of slack (a gateway serves turns seconds after)
+        if stored > started + 1.0 and time.time() - stored < LIVE_TURN_SECONDS:
+            raise TurnFailed(
+                f"@{turn.handle or turn.profile} is still answering an earlier message in the hermes gateway (pid "
+                f"{pid}), a turn this host started before it restarted; the message was NOT delivered — resend "
+                "shortly.",
+                reason=TARGET_BUSY,
+            )
 
     def _switch(self, *, cold: bool, why: str) -> None:
         with self._lock:

@@ -11,7 +11,7 @@ import os
 import select
 import threading
 
-__all__ = ["PID_MAX", "ProcessWatch", "pid_alive"]
+__all__ = ["PID_MAX", "ProcessWatch", "pid_alive", "process_started_at"]
 
 PID_MAX = 2**31 - 1  # a pid_t; a larger "pid" read from a file is refused before os.kill sees it
 
@@ -37,6 +37,22 @@ def pid_alive(pid: int) -> bool:
     except OSError:  # ProcessLookupError: gone
         return False
     return not _zombie(pid)
+
+
+def process_started_at(pid: int) -> float | None:
+    """When process ``pid`` started, as a wall-clock time (Linux ``/proc``; elsewhere or unreadable: None).
+
+    Accurate to a clock tick (10 ms): ``starttime`` counts ticks since boot, ``btime`` is the boot time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            fields = stat_file.read().rsplit(b")", 1)[1].split()
+        ticks = int(fields[19])  # starttime, the 22nd field of stat: the 20th after the name
+        with open("/proc/stat", "rb") as stat_file:
+            boot = next(int(line.split()[1]) for line in stat_file if line.startswith(b"btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
 
 
 def _zombie(pid: int) -> bool:
