@@ -10,10 +10,10 @@ from hermes_actors.local.queue_gauge import QueueGauge
 def test_a_profile_takes_max_queued_plus_the_one_in_its_turn_then_reports_the_waiting_count() -> None:
     gauge = QueueGauge(max_queued=2)
     assert [gauge.take("bob", f"d{i}") for i in range(3)] == [None, None, None]  # 1 in its turn + 2 waiting
-    assert gauge.take("bob", "d3") == 2 and gauge.full("bob") == 2  # full: 2 DMs waiting, nothing taken
+    assert gauge.take("bob", "d3") == 2 and gauge.held("bob") == 3  # full: 2 DMs waiting, nothing taken
     assert gauge.take("carol", "c0") is None  # other profiles are not affected
     gauge.release("d0")  # settled
-    assert gauge.full("bob") is None and gauge.take("bob", "d3") is None and gauge.held("bob") == 3
+    assert gauge.held("bob") == 2 and gauge.take("bob", "d3") is None and gauge.held("bob") == 3
 
 
 def test_taking_holding_and_releasing_are_idempotent_by_delivery_id() -> None:
@@ -24,7 +24,7 @@ def test_taking_holding_and_releasing_are_idempotent_by_delivery_id() -> None:
     gauge.release("d0")
     gauge.release("d0")
     gauge.release("never-held")
-    assert gauge.held("bob") == 0 and gauge.full("bob") is None
+    assert gauge.held("bob") == 0 and gauge.take("bob", "d1") is None
 
 
 def test_hold_goes_past_the_bound_for_a_dm_admitted_before_it_filled() -> None:
@@ -32,7 +32,7 @@ def test_hold_goes_past_the_bound_for_a_dm_admitted_before_it_filled() -> None:
     gauge.hold("bob", "a")
     gauge.hold("bob", "b")
     gauge.hold("bob", "c")  # checked at admission, accepted after others filled the queue
-    assert gauge.held("bob") == 3 and gauge.full("bob") == 2
+    assert gauge.held("bob") == 3 and gauge.take("bob", "d") == 2  # full: 2 waiting behind the one in its turn
 
 
 def test_concurrent_takes_never_exceed_the_places() -> None:

@@ -119,7 +119,12 @@ class OutcomeFlow:
         self.publish(outcome)
 
     def _free_place(self, key: str) -> None:
-        """The DM's turn is over (or never ran): its place in its profile's queue is free for the next one."""
+        """The DM's turn is over (or never ran): its place in its profile's queue is free for the next one.
+
+        Here for the outcomes no ProfileActor gave (its own frees the place on its thread first); what is
+        published without :meth:`settle` needs none: outcomes of a previous run, and a stop's (no DM is
+        admitted once a stop began).
+        """
         if self.gauge is not None:
             self.gauge.release(key)
 
@@ -141,7 +146,6 @@ class OutcomeFlow:
             answers: where the ``wait_outcome`` answers go for the caller to give later (None: now).
         """
         key = outcome.delivery_id
-        self._free_place(key)  # (settled by another way than settle(): a stop, a failed ProfileActor)
         record = outcome.as_dict()
         delivery = self.book.delivery(key) or self.waker.sources.get(key)  # before the book and waker drop it
         entry = self.book.settle(key, record, answers)

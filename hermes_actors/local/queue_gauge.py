@@ -57,12 +57,6 @@ class QueueGauge:
             self._counts[profile] = held + 1
             return None
 
-    def full(self, profile: str) -> int | None:
-        """The DMs waiting at ``profile`` when its queue is full, else None (nothing is taken)."""
-        with self._lock:
-            held = self._counts.get(profile, 0)
-            return held - 1 if held >= self.places else None
-
     def hold(self, profile: str, delivery_id: str) -> None:
         """``delivery_id`` is queued for ``profile`` (a DM checked when it was admitted, or anything the
         Dispatcher queues unasked): it holds a place, past the bound if need be (the ProfileActor decides)."""

@@ -15,6 +15,7 @@ from hermes_actors.core.config import parse_config, unknown_keys
 from hermes_actors.hermes.install import CLI_PROFILE_RE, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
+from hermes_actors.transports.redis.store import certificate_fix
 
 __all__ = [
     "BLOCK",
@@ -233,10 +234,8 @@ def check_redis(url_text: str | None, error: str | None) -> Check:
         return Check("redis", BLOCK, f"{url_text} refused our credentials: {error}",
                      "put the right user:password in bot_mode.transport (or REDIS_URL)")
     if "CERTIFICATE_VERIFY_FAILED" in error:
-        fix = ("the CA the URL names (ssl_ca_certs) did not sign it, or the certificate is not for this host name: "
-               "name the right CA, or connect by the name the certificate carries" if "ssl_ca_certs=" in url_text
-               else "name the CA that signed it with ssl_ca_certs=/path/to/ca.pem in the URL")
-        return Check("redis", BLOCK, f"{url_text}: its TLS certificate did not verify: {error}", fix)
+        return Check("redis", BLOCK, f"{url_text}: its TLS certificate did not verify: {error}",
+                     certificate_fix(url_text))
     return Check("redis", BLOCK, f"{url_text} is unreachable: {error}",
                  "start Redis or fix the host/port in bot_mode.transport (or REDIS_URL)")
 

@@ -28,7 +28,13 @@ from loguru import logger
 from hermes_actors.errors import TransportError
 from hermes_actors.store.processes import pid_alive
 from hermes_actors.transports.redis.io import make_client
-from hermes_actors.transports.redis.store import RedisKeys, RedisSettings, host_label, is_redis_unreachable
+from hermes_actors.transports.redis.store import (
+    RedisKeys,
+    RedisSettings,
+    certificate_fix,
+    host_label,
+    is_redis_unreachable,
+)
 
 __all__ = [
     "ACQUIRE_LUA",
@@ -118,14 +124,9 @@ def is_certificate_error(exc: BaseException) -> bool:
 
 
 def certificate_error_text(settings: RedisSettings, exc: BaseException) -> str:
-    """The start (and doctor) error for a server certificate that did not verify: what to fix in the URL."""
-    url = settings.masked_url
-    if "ssl_ca_certs=" in url:
-        fix = ("the CA the URL names (ssl_ca_certs) did not sign it, or the certificate is not for this host name: "
-               "name the right CA, or connect by the name the certificate carries")
-    else:
-        fix = f"name the CA that signed it in the URL ({url}{'&' if '?' in url else '?'}ssl_ca_certs=/path/to/ca.pem)"
-    return f"Redis at {settings.address}: its TLS certificate did not verify ({exc}). Fix: {fix}; nothing was started."
+    """The start error for a server certificate that did not verify, with what to fix in the URL."""
+    return (f"Redis at {settings.address}: its TLS certificate did not verify ({exc}). "
+            f"Fix: {certificate_fix(settings.masked_url)}; nothing was started.")
 
 
 def auth_error_text(settings: RedisSettings, exc: BaseException) -> str:

@@ -102,6 +102,20 @@ def mask_url(url: str) -> str:
     return head + sep + query
 
 
+def certificate_fix(masked_url: str) -> str:
+    """Pure: what to change in a Redis URL whose server's TLS certificate did not verify (the start's error and
+    doctor's fix both say it).
+
+    Args:
+        masked_url: the URL as :func:`mask_url` shows it.
+    """
+    if "ssl_ca_certs=" in masked_url:
+        return ("the CA the URL names (ssl_ca_certs) did not sign it, or the certificate is not for this host name: "
+                "name the right CA, or connect by the name the certificate carries")
+    joint = "&" if "?" in masked_url else "?"
+    return f"name the CA that signed it in the URL ({masked_url}{joint}ssl_ca_certs=/path/to/ca.pem)"
+
+
 def server_address(url: str) -> str:
     """``host:port`` of a Redis URL (for messages; never the credentials)."""
     parts = urlsplit(url)
