@@ -160,6 +160,42 @@ def plan_take_back(tail: Sequence[tuple[int, str, Any]]) -> int | None:
     return first
 
 
+@dataclass(frozen=True)
+class _Unanswered:
+    """The DMs a session ends with that no turn answered (:func:`plan_take_back`)."""
+
+    session_id: str
+    first: int  # the first one's message id: a rewind to it takes back every message after it too
+    count: int
+    stored_at: float | None  # when hermes stored the first one (its ``timestamp``)
+
+
+def _read_unanswered(db_path: Path, title: str, *, quiet: bool) -> _Unanswered | None:
+    """What ``title`` in ``db_path`` ends with unanswered; None when nothing, or it does not read (logged:
+    at DEBUG when ``quiet``, else WARNING)."""
+    if not db_path.is_file():
+        return None
+    try:
+        return read_sqlite(db_path, lambda conn: _unanswered(conn, title))
+    except sqlite3.Error as exc:
+        logger.log("DEBUG" if quiet else "WARNING", "cannot read {} to look for a dead turn's unanswered messages: {}",
+                   db_path, exc)
+        return None
+
+
+def _unanswered(conn: sqlite3.Connection, title: str) -> _Unanswered | None:
+    found = _session_tail(conn, title)
+    if found is None:
+        return None
+    session_id, tail = found
+    first = plan_take_back(tail)
+    if first is None:
+        return None
+    row = conn.execute("SELECT timestamp FROM messages WHERE id = ?", (first,)).fetchone()
+    stored_at = float(row[0]) if row is not None and isinstance(row[0], int | float) else None
+    return _Unanswered(session_id, first, sum(1 for message_id, _, _ in tail if message_id >= first), stored_at)
+
+
 def take_back_unanswered(home: Path, title: str) -> int:
     """Before a turn in a profile's titled session: take back the DMs it ends with that no turn answered.
 
@@ -177,29 +213,18 @@ def take_back_unanswered(home: Path, title: str) -> int:
         How many messages were taken back.
     """
     db_path = Path(home) / "state.db"
-    if not db_path.is_file():
-        return 0
-    try:
-        found = read_sqlite(db_path, lambda conn: _session_tail(conn, title))
-    except sqlite3.Error as exc:
-        logger.warning("cannot read {} to look for a dead turn's unanswered messages: {}", db_path, exc)
-        return 0
+    found = _read_unanswered(db_path, title, quiet=False)
     if found is None:
         return 0
-    session_id, tail = found
-    first = plan_take_back(tail)
-    if first is None:
-        return 0
-    count = sum(1 for message_id, _, _ in tail if message_id >= first)
     session_db = session_db_class()
     if session_db is None:
         logger.warning("{} unanswered message(s) end {!r} of {}, left by a turn that died; hermes' SessionDB is not "
-                       "importable here to take them back: the next turn reads them too", count, title, db_path)
+                       "importable here to take them back: the next turn reads them too", found.count, title, db_path)
         return 0
     try:
         db = session_db(db_path=db_path)
         try:
-            db.rewind_to_message(session_id, first)
+            db.rewind_to_message(found.session_id, found.first)
         finally:
             db.close()
     except Exception as exc:  # hermes' own code: whatever it raises leaves the session as it was
@@ -207,8 +232,8 @@ def take_back_unanswered(home: Path, title: str) -> int:
         return 0
     logger.warning("took back {} unanswered message(s) ending {!r} of {} (from message {}): a turn that died or was "
                    "ended (timed out, or its gateway stopped) left them; hermes would have merged them into this turn",
-                   count, title, db_path, first)
-    return count
+                   found.count, title, db_path, found.first)
+    return found.count
 
 
 def unanswered_since(home: Path, title: str) -> float | None:
@@ -222,23 +247,8 @@ def unanswered_since(home: Path, title: str) -> float | None:
         Its ``timestamp`` (wall clock), or None: the session does not end with one (see
         :func:`plan_take_back`), or it does not read.
     """
-    db_path = Path(home) / "state.db"
-    if not db_path.is_file():
-        return None
-    try:
-        return read_sqlite(db_path, lambda conn: _first_unanswered_at(conn, title))
-    except sqlite3.Error as exc:
-        logger.debug("cannot read {} for its unanswered messages: {}", db_path, exc)
-        return None
-
-
-def _first_unanswered_at(conn: sqlite3.Connection, title: str) -> float | None:
-    found = _session_tail(conn, title)
-    first = None if found is None else plan_take_back(found[1])
-    if first is None:
-        return None
-    row = conn.execute("SELECT timestamp FROM messages WHERE id = ?", (first,)).fetchone()
-    return float(row[0]) if row is not None and isinstance(row[0], int | float) else None
+    found = _read_unanswered(Path(home) / "state.db", title, quiet=True)
+    return None if found is None else found.stored_at
 
 
 def _session_tail(conn: sqlite3.Connection, title: str) -> tuple[str, list[tuple[int, str, Any]]] | None:
