@@ -106,7 +106,10 @@ def _send(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         ack = gw.room_send(args.room, args.sender, args.text)
         if "error" in ack:
-            print(orjson.dumps(ack).decode() if args.json else refusal_line(ack))
+            if args.json:
+                _print_json(ack)
+            else:
+                print(refusal_line(ack))
             return EXIT_FAILED
         if args.json:
             _print_json(ack)
