@@ -94,7 +94,8 @@ def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
 
     The names come from each running gateway's heartbeat (the ``target_connection`` of what its relay was
     handed lately: a running gateway empties ``inbox/`` at once) and from the envelopes still waiting in
-    ``inbox/``. Only live gateways count: a killed one's heartbeat file stays behind.
+    ``inbox/``. Only live gateways count: a killed one's heartbeat file stays behind. (``taken/`` holds only
+    the running gateways' shelves, whose envelopes their heartbeats name already.)
     """
     inbox = InboxPaths.from_root(root)
     own: set[str] = set()
@@ -107,20 +108,19 @@ def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
             routed.update(n for n in names[:_MAX_ROUTED_NAMES] if isinstance(n, str) and HANDLE_RE.match(n))
     agents, _age = read_roster(inbox.relay)
     remote = {a.connection_id for a in agents}
-    for directory in (inbox.inbox, inbox.taken):
-        try:
-            names = sorted(os.listdir(directory))[:50]
-        except OSError:
+    try:
+        names = sorted(os.listdir(inbox.inbox))[:50]
+    except OSError:
+        names = []
+    for name in names:
+        if id_of_file_name(name) is None:
             continue
-        for name in names:
-            if id_of_file_name(name) is None:
-                continue
-            try:
-                record = read_json_file(directory / name)
-            except (OSError, ValidationError):
-                continue
-            if isinstance(record, dict) and isinstance(record.get("target_connection"), str):
-                routed.add(record["target_connection"])
+        try:
+            record = read_json_file(inbox.inbox / name)
+        except (OSError, ValidationError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("target_connection"), str):
+            routed.add(record["target_connection"])
     return own, remote, routed
 
 
