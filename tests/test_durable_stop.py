@@ -113,3 +113,35 @@ def test_a_long_reply_outlives_a_restart_whole_or_cut_never_lost(tmp_path: Path,
         assert again.wait_outcome(key, timeout=10) == first  # the journal line was read back whole
     assert again_runner.entered == []
     assert not list((root / "bot_relay" / "quarantine").glob("*")), "the journal was not quarantined as damaged"
+
+
+def test_a_running_gateway_answers_the_outcome_another_gateway_on_its_root_journaled(tmp_path: Path) -> None:
+    """DESIGN 3: ``KeyError`` only for an id neither this gateway issued nor the root's journal holds.
+
+    A second gateway started before the first one settled (and stopped) reads the first one's journal.
+    """
+    root = make_root(tmp_path)
+    release = threading.Event()
+    first_runner = RecordingRunner(held_on("held", release))
+    first = Gateway(root, runner=first_runner, durable=True).start()
+    second = Gateway(root, runner=RecordingRunner(), durable=True).start()
+    try:
+        done = first.message_agent(sender="alice", target="carol", message="quick")["delivery_id"]
+        held = first.message_agent(sender="alice", target="bob", message="held")["delivery_id"]
+        assert first.wait_outcome(done, timeout=10)["status"] == "replied"
+        first_runner.wait_entered(2)
+        # Journaled by the first gateway after the second one started: not in the second's memory.
+        assert second.wait_outcome(done, timeout=0)["status"] == "replied"
+        assert second.wait_outcome(done, timeout=5)["reply"] == first.wait_outcome(done, timeout=0)["reply"]
+        with pytest.raises(TimeoutError, match="another gateway on"):
+            second.wait_outcome(held, timeout=0.1)
+        with pytest.raises(KeyError, match="no journal on"):
+            second.wait_outcome("0" * 32, timeout=0)
+        release.set()
+        assert first.wait_outcome(held, timeout=10)["status"] == "replied"
+        first.stop(timeout=5)
+        assert second.wait_outcome(held, timeout=1)["status"] == "replied"
+    finally:
+        release.set()
+        first.stop(timeout=5)
+        second.stop(timeout=5)

@@ -29,19 +29,23 @@ class _Stopped(Exception):
     """Set on a wait's future when the gateway stopped while it waited (never leaves this module)."""
 
 
-def outcome_on_file(root: Path, delivery_id: str) -> dict[str, Any]:
-    """``wait_outcome`` while no gateway runs here: what the root's journal and relay files know.
+def outcome_on_file(root: Path, delivery_id: str, *, running: bool = False) -> dict[str, Any]:
+    """What the root's journal and relay files know of ``delivery_id``.
+
+    ``wait_outcome`` reads them while no gateway runs here, and for an id the running gateway never
+    issued: another gateway on the same root may have journaled it (it stopped, or still runs).
 
     Args:
         root: the Hermes root.
         delivery_id: the DM's id.
+        running: this gateway runs (the errors then say the DM is another gateway's).
 
     Returns:
         The outcome dict.
 
     Raises:
         TimeoutError: the DM is journaled (or on the relay) without an outcome yet: the next
-            gateway on the root runs it (or reads its reply).
+            gateway on the root runs it (or reads its reply), or the other gateway holding it settles it.
         KeyError: neither this gateway nor the root's files know the id.
     """
     from hermes_actors.core.ids import is_delivery_id
@@ -51,9 +55,15 @@ def outcome_on_file(root: Path, delivery_id: str) -> dict[str, Any]:
         raise KeyError(f"unknown delivery id {delivery_id!r} (not a delivery id)")
     found = find_outcome(root, delivery_id)
     if found.get("status") == "pending":
+        if running:  # not this gateway's: nothing here will be told when it settles
+            raise TimeoutError(f"no outcome for delivery {delivery_id} yet: another gateway on {root} holds it "
+                               f"({found.get('error')}); ask that gateway, or `hermes-actors outcome` later")
         raise TimeoutError(f"no outcome for delivery {delivery_id} yet and the gateway is not running: "
                            f"{found.get('error')}; the next gateway on {root} settles it")
     if found.get("status") == "unknown":
+        if running:
+            raise KeyError(f"unknown delivery id {delivery_id!r}: this gateway did not issue it and "
+                           f"no journal on {root} holds it")
         raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running; {found.get('error')})")
     return found
 
@@ -135,6 +145,8 @@ class OutcomeWaits:
             if final is not None:
                 return final
             return outcome_on_file(root, delivery_id)
+        except KeyError:  # not issued here: another gateway on this root may have journaled it (DESIGN 3)
+            return outcome_on_file(root, delivery_id, running=True)
         if record is None:
             raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s")
         return dict(record)

@@ -16,6 +16,7 @@ from typing import Any
 
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import remote_label
+from hermes_actors.core.recovery import readable_states
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.journal_records import JournalFolded, fold_lines, read_lines
 from hermes_actors.store.relay_files import list_ids, read_envelope, read_reply
@@ -109,7 +110,11 @@ def find_outcome(root: str | Path, delivery_id: str) -> dict[str, Any]:
         "delivery_id", "error"?}``.
     """
     folded, problems = read_journals(root)
-    state = folded.states.get(delivery_id)
+    readable, unreadable = readable_states(folded.states)  # as a gateway's recovery reads them: it skips these
+    state = readable.get(delivery_id)
+    if delivery_id in unreadable:
+        problems.append("its 'accepted' journal record cannot be read (a corrupt or foreign line); "
+                        "no gateway runs it")
     if state is not None and state.outcome is not None:
         return dict(state.outcome)
     if state is not None:
