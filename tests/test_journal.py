@@ -994,10 +994,14 @@ def test_a_journal_record_whose_id_is_no_delivery_id_is_an_unreadable_line_never
     (_id(68), {"author": [1, 2]}),
     (_id(69), {"accepted_at": "yesterday"}),
     (_id(70), {"session": "../../x\n"}),
+    (_id(77), {"session": "../../../etc"}),  # the hermes runner's `-c <title>`: any titled session
+    (_id(78), {"session": "Group: team"}),  # a room's turns are never journaled
+    (_id(79), {"session": ["Bot Chat"]}),
     (_id(71), {"origin": "relay-in"}),
     (_id(72), {"wake": 1}),
 ], ids=["id-mismatch", "target-dotdot", "sender-dotdot", "hop-text", "hop-negative", "content-object",
-        "author-list", "accepted-at-text", "session-newline", "origin-unknown", "wake-int"])
+        "author-list", "accepted-at-text", "session-newline", "session-dotdot", "session-room-title",
+        "session-list", "origin-unknown", "wake-int"])
 def test_a_journaled_delivery_with_a_hostile_field_is_skipped_never_run(
     tmp_path: Path, logs: LogCapture, record_id: str, fields: dict[str, Any]
 ) -> None:
