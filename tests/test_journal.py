@@ -190,6 +190,26 @@ def test_a_dead_gateways_journal_is_adopted_and_removed(tmp_path: Path, warnings
         again.stop()
 
 
+def test_a_symlinked_journal_is_never_followed_and_named_once_per_start(tmp_path: Path, logs: LogCapture) -> None:
+    """A ``j-*.log`` symlink was skipped with no log line: a planted journal was ignored with nothing said."""
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    outside = tmp_path / "outside.log"
+    key = _id(5)
+    outside.write_bytes(_lines({"t": "accepted", "id": key, "d": _delivery(key)}))
+    outside.chmod(0o600)
+    before = outside.read_bytes()
+    link = directory / "j-0123456789abcdef0123456789abcdef.log"
+    link.symlink_to(outside)
+    journal = Journal(directory, fsync=False)
+    try:
+        assert journal.start().states == {}  # never followed
+    finally:
+        journal.stop()
+    assert logs.matching(str(link), "is a symlink") and len(logs.matching(str(link))) == 1, logs.lines
+    assert link.is_symlink() and outside.read_bytes() == before
+
+
 def test_a_killed_gateways_zeros_past_its_last_record_are_not_corrupt_lines(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     directory = root / "bot_relay" / "journal"
