@@ -190,6 +190,26 @@ def test_a_dead_gateways_journal_is_adopted_and_removed(tmp_path: Path, warnings
         again.stop()
 
 
+def test_a_symlinked_journal_is_never_followed_and_named_once_per_start(tmp_path: Path, logs: LogCapture) -> None:
+    """A ``j-*.log`` symlink was skipped with no log line: a planted journal was ignored with nothing said."""
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    outside = tmp_path / "outside.log"
+    key = _id(5)
+    outside.write_bytes(_lines({"t": "accepted", "id": key, "d": _delivery(key)}))
+    outside.chmod(0o600)
+    before = outside.read_bytes()
+    link = directory / "j-0123456789abcdef0123456789abcdef.log"
+    link.symlink_to(outside)
+    journal = Journal(directory, fsync=False)
+    try:
+        assert journal.start().states == {}  # never followed
+    finally:
+        journal.stop()
+    assert logs.matching(str(link), "is a symlink") and len(logs.matching(str(link))) == 1, logs.lines
+    assert link.is_symlink() and outside.read_bytes() == before
+
+
 def test_a_killed_gateways_zeros_past_its_last_record_are_not_corrupt_lines(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     directory = root / "bot_relay" / "journal"
@@ -994,10 +1014,14 @@ def test_a_journal_record_whose_id_is_no_delivery_id_is_an_unreadable_line_never
     (_id(68), {"author": [1, 2]}),
     (_id(69), {"accepted_at": "yesterday"}),
     (_id(70), {"session": "../../x\n"}),
+    (_id(77), {"session": "../../../etc"}),  # the hermes runner's `-c <title>`: any titled session
+    (_id(78), {"session": "Group: team"}),  # a room's turns are never journaled
+    (_id(79), {"session": ["Bot Chat"]}),
     (_id(71), {"origin": "relay-in"}),
     (_id(72), {"wake": 1}),
 ], ids=["id-mismatch", "target-dotdot", "sender-dotdot", "hop-text", "hop-negative", "content-object",
-        "author-list", "accepted-at-text", "session-newline", "origin-unknown", "wake-int"])
+        "author-list", "accepted-at-text", "session-newline", "session-dotdot", "session-room-title",
+        "session-list", "origin-unknown", "wake-int"])
 def test_a_journaled_delivery_with_a_hostile_field_is_skipped_never_run(
     tmp_path: Path, logs: LogCapture, record_id: str, fields: dict[str, Any]
 ) -> None:
@@ -1019,6 +1043,50 @@ def test_a_journaled_delivery_with_a_hostile_field_is_skipped_never_run(
         assert gw.recovered.get("unreadable") == 1, gw.recovered
     assert ran == [good]
     assert logs.matching("recovery: 1 journaled DM(s) skipped", repr(record_id)), logs.lines
+
+
+def test_an_accepted_record_without_a_delivery_object_is_named_in_the_warning_never_run(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    """``"d": "hello"`` or no ``d`` at all was dropped with no log line, while the other bad records of the
+    same journal were named in the recovery warning: a sender acked for that DM never learned it was lost."""
+    root = make_root(tmp_path)
+    directory = root / "bot_relay" / "journal"
+    directory.mkdir(mode=0o700, parents=True)
+    good, text_d, no_d, bad_target = _id(80), _id(81), _id(82), _id(83)
+    foreign = directory / "j-0123456789abcdef0123456789abcdef.log"
+    foreign.write_bytes(_lines(
+        {"t": "accepted", "id": good, "d": _delivery(good)},
+        {"t": "accepted", "id": text_d, "d": "hello"},
+        {"t": "accepted", "id": no_d},
+        {"t": "accepted", "id": bad_target, "d": _delivery(bad_target, target="../../x")},
+    ))
+    foreign.chmod(0o600)
+    ran: list[str] = []
+    with Gateway(root, runner=lambda turn: ran.append(turn.delivery_id) or "fine") as gw:
+        assert gw.wait_outcome(good, timeout=10)["status"] == "replied"
+        assert gw.recovered.get("unreadable") == 3, gw.recovered
+    assert ran == [good]
+    assert logs.matching("recovery: 3 journaled DM(s) skipped", repr(text_d), repr(no_d), repr(bad_target)), logs.lines
+    # the two lines are damage: the file is kept in quarantine for whoever must find out what they were
+    assert logs.matching(str(foreign), "had 2 unreadable line(s)"), logs.lines
+    assert not foreign.exists() and list((root / "bot_relay" / "quarantine").glob("j-*.quarantined"))
+
+
+def test_unreadable_deliveries_names_an_accepted_record_without_a_delivery_object() -> None:
+    from hermes_actors.core.recovery import readable_states
+
+    folded = JournalFolded()
+    bad = fold_lines(_lines(
+        {"t": "accepted", "id": _id(84), "d": ["x"]},
+        {"t": "accepted", "id": _id(85)},
+        {"t": "accepted", "id": _id(86), "d": _delivery(_id(86))},
+        {"t": "finished", "id": _id(87), "o": _outcome(_id(87))},  # an outcome alone: nothing to name
+    ).splitlines(), folded)
+    assert bad == 2 and folded.corrupt_lines == 2
+    readable, unreadable = readable_states(folded.states)
+    assert unreadable == [_id(84), _id(85)]
+    assert set(readable) == {_id(86), _id(87)}
 
 
 def test_unreadable_deliveries_names_a_bad_id_without_an_accepted_record() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+from roots import LogCapture
 
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.messages import RemoteAgent
@@ -53,6 +54,7 @@ from hermes_actors.store.relay_roster import (
     remote_target_forms,
     resolve_remote_target,
     roster_row_dict,
+    roster_row_problem,
     target_aliases,
 )
 
@@ -122,6 +124,11 @@ NORMALIZE_CASES: list[tuple[str, Any, RemoteAgent | None]] = [
 @pytest.mark.parametrize(("name", "raw", "expected"), NORMALIZE_CASES, ids=[c[0] for c in NORMALIZE_CASES])
 def test_normalize_roster_row(name: str, raw: Any, expected: RemoteAgent | None) -> None:
     assert normalize_roster_row(raw) == expected
+
+
+@pytest.mark.parametrize(("name", "raw", "expected"), NORMALIZE_CASES, ids=[c[0] for c in NORMALIZE_CASES])
+def test_roster_row_problem_names_exactly_the_refused_rows(name: str, raw: Any, expected: RemoteAgent | None) -> None:
+    assert (roster_row_problem(raw) is None) == (expected is not None)
 
 
 @pytest.mark.parametrize(
@@ -589,6 +596,48 @@ def test_read_roster_hostile_is_empty_and_unknown(paths: RelayPaths, kind: str, 
     assert liveness(agent("bob", "bob", "mini"), agents, age) is None
     if kind != "array":  # a valid JSON array is simply not a roster: no warning needed
         assert any("ignoring relay roster" in w for w in warnings)
+
+
+def _write_roster_file(p: RelayPaths, rows: list[Any], mtime: float) -> None:
+    p.roster.write_text(json.dumps({"agents": rows, "updated_at": "x"}))
+    os.chmod(p.roster, 0o600)
+    os.utime(p.roster, (mtime, mtime))
+
+
+def test_refused_roster_rows_are_named_in_one_warning_per_version_of_the_file(
+    paths: RelayPaths, logs: LogCapture
+) -> None:
+    """Rows of the wrong types were dropped silently: every DM to ``dave@mini`` was then refused ``no teammate
+    named 'dave@mini'`` with nothing naming the cause. The roster is re-read at every reload: one warning per
+    version of the file, not one per read."""
+    hostile = [{"connection_id": 5, "handle": ["x"], "profile": None, "online": "yes"}, "str",
+               {"connection_id": "mini", "handle": "../x", "profile": "x"}, {"profile": "dave", "connection_id": 5,
+                                                                             "handle": ["x"]}]
+    _write_roster_file(paths, [*hostile, {"profile": "carol", "connection_id": "mini"}], NOW)
+    for _ in range(5):
+        agents, _age = read_roster(paths, now=NOW + 1)
+        assert [a.profile for a in agents] == ["carol"]
+    [line] = logs.matching(str(paths.roster), "4 row(s) refused")
+    assert "row 0: no profile" in line and "row 1: a str, not an object" in line, line
+    assert "row 2: handle '../x' is not a name" in line and "row 3: handle \"['x']\" is not a name" in line, line
+    _write_roster_file(paths, [{"profile": "../y", "connection_id": "mini"}], NOW + 5)  # a new version: news
+    read_roster(paths, now=NOW + 6)
+    read_roster(paths, now=NOW + 6)
+    assert len(logs.matching(str(paths.roster), "refused")) == 2, logs.lines
+    assert "row 0: profile '../y' is not a name" in logs.lines[-1]
+
+
+def test_a_hostile_roster_is_warned_about_once_not_at_every_read(paths: RelayPaths, logs: LogCapture) -> None:
+    """A corrupt roster's warning repeated at every reload (every 0.6 s on a running gateway)."""
+    _hostile_roster("corrupt", paths)
+    for _ in range(5):
+        assert read_roster(paths)[0] == []
+    assert len(logs.matching("ignoring relay roster", str(paths.roster))) == 1, logs.lines
+    paths.roster.unlink()
+    assert read_roster(paths) == ([], None)
+    _hostile_roster("corrupt", paths)  # back after it was gone: said again
+    read_roster(paths)
+    assert len(logs.matching("ignoring relay roster", str(paths.roster))) == 2, logs.lines
 
 
 # ── envelope I/O ────────────────────────────────────────────────────────────

@@ -13,7 +13,7 @@ from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.core.targets import text_problem
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Delivery, Outcome, PendingAck
-from hermes_actors.records import Origin, outcome_status
+from hermes_actors.records import BOT_CHAT_SESSION, Origin, outcome_status
 
 __all__ = [
     "LIVE_OWNER_DETAIL",
@@ -107,7 +107,7 @@ def accepted_record(delivery: Delivery) -> dict[str, Any]:
     return {"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)}
 
 
-_TEXT_FIELDS = ("sender_handle", "content", "label", "session")  # free text: any valid UTF-8 without controls
+_TEXT_FIELDS = ("sender_handle", "content", "label")  # free text: any valid UTF-8 without controls
 
 
 def _name_problem(field_name: str, value: Any, *, blank_ok: bool) -> str | None:
@@ -136,7 +136,11 @@ def delivery_problem(record: Any, delivery_id: str | None = None) -> str | None:
     ``../../x`` or a target of ``../etc``. Each field is held to what the live path gives it: the id to
     :func:`hermes_actors.core.ids.is_delivery_id` (and to the record's own ``id``), profile names to the
     handle grammar, the texts to valid UTF-8, ``hop`` a non-negative int, ``accepted_at`` a finite number,
-    ``origin`` one of :data:`hermes_actors.records.Origin`, ``wake`` a bool or None.
+    ``origin`` one of :data:`hermes_actors.records.Origin`, ``wake`` a bool or None, and ``session`` to
+    :data:`~hermes_actors.records.BOT_CHAT_SESSION` (or absent): the only session a journaled DM runs in
+    (``message_agent`` is refused in any other, a DM never takes its caller's title, and a room's member
+    turns, ``Group: <name>``, are never journaled). A runner passes the session as the title of the
+    session the turn posts into (``-c <title>``): a foreign record must not pick that session.
 
     Args:
         record: the record's ``d`` (untrusted).
@@ -161,6 +165,9 @@ def delivery_problem(record: Any, delivery_id: str | None = None) -> str | None:
     problem = next((p for p in checks if p is not None), None)
     if problem is not None:
         return problem
+    session = record.get("session", BOT_CHAT_SESSION)  # absent: a record of a version before rooms
+    if session != BOT_CHAT_SESSION:
+        return f"session {session!r} is not {BOT_CHAT_SESSION!r}, the only session a DM runs in"
     author, hop, accepted_at = record.get("author", {}), record.get("hop", 0), record.get("accepted_at", 0.0)
     origin, wake = record.get("origin", "local"), record.get("wake")
     if not isinstance(author, dict):

@@ -42,6 +42,10 @@ class RecoveryPlan:
 def unreadable_deliveries(states: dict[str, Any]) -> list[str]:
     """Pure: the ids that are no delivery id, or whose journaled ``accepted`` record cannot be rebuilt.
 
+    An ``accepted`` record cannot be rebuilt when its ``d`` is no object (``"hello"``, or missing:
+    ``DeliveryState.unreadable_acceptance``) or when :func:`~hermes_actors.core.acks.delivery_from_record`
+    refuses it.
+
     A line of the right JSON shape with missing, mistyped or hostile fields (a corrupt or planted
     journal file: an id of ``../../x``, a target of ``../etc``) must neither stop every start on the
     root nor run: the caller skips those ids and says which. Every id is checked; only the deliveries
@@ -52,8 +56,12 @@ def unreadable_deliveries(states: dict[str, Any]) -> list[str]:
         if not is_delivery_id(key):
             bad.append(key)
             continue
-        if state.delivery is None or state.delivered:
+        if state.delivered:
             continue
+        if state.delivery is None:
+            if state.unreadable_acceptance:  # "d": "hello" or no "d": a DM that was acked, and that nothing can run
+                bad.append(key)
+            continue  # no acceptance at all: a torn record, nothing was acked
         try:
             delivery_from_record(state.delivery, key)
         except (TypeError, ValueError):  # ValidationError included

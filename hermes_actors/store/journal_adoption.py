@@ -70,8 +70,9 @@ def adopt_dead_journals(
 def _lock_dead_journals(directory: Path, own: Path) -> tuple[JournalFolded, list[_Adopted]]:
     """Lock and fold every journal in ``directory`` that no living gateway owns.
 
-    Skipped: our own file, a symlink, a FIFO or other non-regular file, a file of another
-    user, one a living gateway holds, one another gateway adopted since we listed it.
+    Skipped: our own file, one a living gateway holds, one another gateway adopted since we
+    listed it; and, each with a warning naming it, a symlink, a FIFO or other non-regular
+    file, a file of another user, one that cannot be opened.
 
     Args:
         directory: ``<root>/bot_relay/journal``.
@@ -83,11 +84,17 @@ def _lock_dead_journals(directory: Path, own: Path) -> tuple[JournalFolded, list
     folded = JournalFolded()
     adopted: list[_Adopted] = []
     for path in sorted(directory.glob("j-*.log")):
-        if path == own or path.is_symlink():
+        if path == own:
+            continue
+        if path.is_symlink():  # a gateway never makes one: never followed, and said (once: adoption runs at start)
+            logger.warning("journal {} is a symlink, not a journal a gateway wrote; ignored (remove it)", path)
             continue
         try:  # O_NONBLOCK: a FIFO planted under a journal's name must not hang the start
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
+        except FileNotFoundError:
+            continue  # adopted (and removed) by another starting gateway since we listed it
+        except OSError as exc:  # a symlink swapped in since (ELOOP), a file we may not read
+            logger.warning("journal {} cannot be opened ({}); ignored", path, exc.strerror or exc)
             continue
         keep = False
         try:

@@ -48,6 +48,9 @@ class DeliveryState:
     started: int = 0
     outcome: dict[str, Any] | None = None
     delivered: bool = False
+    # An ``accepted`` record came without a delivery object (``"d": "hello"``, no ``d``): a sender may have
+    # been acked for a DM nothing can rebuild, so recovery names it instead of taking it for a torn record.
+    unreadable_acceptance: bool = False
 
 
 @dataclass
@@ -104,19 +107,27 @@ def fold_lines(lines: Iterable[bytes | None], into: JournalFolded) -> int:
         into: the state to fold into; its ``corrupt_lines`` grows by the corrupt lines found.
 
     Returns:
-        How many corrupt lines these lines had.
+        How many corrupt lines these lines had (an ``accepted`` record without a delivery object is one;
+        its id is folded, marked ``unreadable_acceptance``, so recovery can name it).
     """
     bad = 0
     for record in parse_lines(lines):
         if record is None:
             bad += 1
-        else:
-            fold_records((record,), into)
+            continue
+        fold_records((record,), into)
+        if _acceptance_unreadable(record):  # damage too: its file is kept (quarantined) for whoever looks
+            bad += 1
     into.corrupt_lines += bad
     return bad
 
 
 _KINDS = frozenset({"accepted", "started", "finished", "delivered"})
+
+
+def _acceptance_unreadable(record: dict[str, Any]) -> bool:
+    """Pure: ``record`` is an ``accepted`` record without a delivery object (damage, or a foreign line)."""
+    return record["t"] == "accepted" and not isinstance(record.get("d"), dict)
 
 
 _ZEROS = re.compile(b"\0+")
@@ -155,8 +166,11 @@ def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None =
     for record in records:
         state = folded.states.setdefault(record["id"], DeliveryState())
         kind = record["t"]
-        if kind == "accepted" and isinstance(record.get("d"), dict):
-            state.delivery = record["d"]
+        if kind == "accepted":
+            if _acceptance_unreadable(record):
+                state.unreadable_acceptance = True
+            else:
+                state.delivery = record["d"]
         elif kind == "started":
             attempt = record.get("attempt")  # anything but a sane count (a corrupt line) counts as one start
             if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= 1000:

@@ -91,23 +91,58 @@ def read_roster(paths: RelayPaths, *, now: float | None = None) -> tuple[list[Re
     Returns:
         ``(agents, age_seconds)``: age from the file's mtime, None when there
         is no roster file; a hostile or unreadable roster gives ``[]`` with
-        its age (and a warning), which liveness treats as unknown.
+        its age (and a warning), which liveness treats as unknown. Rows the
+        roster rules refuse are left out, and one warning names them. A
+        warning is said once per version of the file (see :func:`_warn_roster`).
     """
     try:
-        mtime = os.lstat(paths.roster).st_mtime
+        info = os.lstat(paths.roster)
     except FileNotFoundError:
+        _roster_warned.pop(paths.roster, None)
         return [], None
     except OSError as exc:
-        logger.warning("cannot stat relay roster {}: {}", paths.roster, exc)
+        _warn_roster(paths.roster, None, f"cannot stat relay roster {paths.roster}: {exc}")
         return [], None
-    age = (time.time() if now is None else now) - mtime
+    version = (info.st_ino, info.st_size, info.st_mtime_ns)
+    age = (time.time() if now is None else now) - info.st_mtime
+    refused: list[str] = []
     try:
-        return parse_roster_payload(read_json_file(paths.roster)), age
+        agents = parse_roster_payload(read_json_file(paths.roster), refused)
     except FileNotFoundError:
         return [], None
     except (OSError, ValidationError) as exc:
-        logger.warning("ignoring relay roster {}: {}", paths.roster, exc)
+        _warn_roster(paths.roster, version, f"ignoring relay roster {paths.roster}: {exc}")
         return [], age
+    if refused:
+        shown = "; ".join(refused[:_ROWS_SHOWN]) + (f"; and {len(refused) - _ROWS_SHOWN} more"
+                                                    if len(refused) > _ROWS_SHOWN else "")
+        _warn_roster(paths.roster, version,
+                     f"relay roster {paths.roster}: {len(refused)} row(s) refused, no DM can reach the agents they "
+                     f"name (a roster the Desktop pushes never holds one: fix or remove the file): {shown}")
+    else:
+        _roster_warned.pop(paths.roster, None)  # a problem coming back is news again
+    return agents, age
+
+
+_ROWS_SHOWN = 5  # refused rows named in the warning; a hostile roster may hold thousands
+
+# The last warning said of each roster file, with the version of the file it was about: the roster is re-read at
+# every reload (several times a second on a busy gateway), and the same problem is news only once.
+_roster_warned: dict[Path, tuple[tuple[int, int, int] | None, str]] = {}
+
+
+def _warn_roster(path: Path, version: tuple[int, int, int] | None, text: str) -> None:
+    """Log ``text`` about the roster ``path``, unless it was said of this version of the file already.
+
+    Args:
+        path: the roster file.
+        version: its ``(inode, size, mtime_ns)``; None when it could not be stat'ed.
+        text: the warning.
+    """
+    if _roster_warned.get(path) == (version, text):
+        return
+    _roster_warned[path] = (version, text)
+    logger.warning("{}", text)
 
 
 # ── envelopes ───────────────────────────────────────────────────────────────

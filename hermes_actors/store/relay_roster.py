@@ -33,8 +33,41 @@ def _text(value: Any) -> str:
     return str(value or "").strip()
 
 
+def _shown(value: Any) -> str:
+    """A bounded ``repr`` of an untrusted value, for a log line (a hostile row may hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _names(row: dict[str, Any]) -> tuple[str, str, str]:
+    """A row's ``(profile, handle, connection_id)`` as the seed coerces them (handle defaults from profile)."""
+    profile = _text(row.get("profile"))
+    return profile, _text(row.get("handle")).lstrip("@") or handle_for(profile), _text(row.get("connection_id"))
+
+
+def roster_row_problem(row: Any) -> str | None:
+    """Why one untrusted roster row is refused (seed rules, exactly), or None when it is kept.
+
+    Args:
+        row: one element of ``agents`` as pushed by the Desktop.
+
+    Returns:
+        The reason, naming the field: not an object, no profile or connection_id,
+        or a name not matching ``HANDLE_RE`` (shown bounded).
+    """
+    if not isinstance(row, dict):
+        return f"a {type(row).__name__}, not an object"
+    profile, handle, connection_id = _names(row)
+    if not profile or not connection_id:
+        return "no profile" if not profile else "no connection_id"
+    for field_name, name in (("profile", profile), ("handle", handle), ("connection_id", connection_id)):
+        if not HANDLE_RE.match(name):
+            return f"{field_name} {_shown(name)} is not a name (letters, digits, '_' and '-', 64 at most)"
+    return None
+
+
 def normalize_roster_row(row: Any) -> RemoteAgent | None:
-    """Validate one untrusted roster row (seed rules, exactly).
+    """Validate one untrusted roster row (seed rules, exactly: :func:`roster_row_problem`).
 
     Args:
         row: one element of ``agents`` as pushed by the Desktop.
@@ -43,15 +76,9 @@ def normalize_roster_row(row: Any) -> RemoteAgent | None:
         The normalized agent, or None when the row is refused (not a dict,
         missing profile/connection_id, or a name not matching ``HANDLE_RE``).
     """
-    if not isinstance(row, dict):
+    if roster_row_problem(row) is not None:
         return None
-    profile = _text(row.get("profile"))
-    connection_id = _text(row.get("connection_id"))
-    if not profile or not connection_id:
-        return None
-    handle = _text(row.get("handle")).lstrip("@") or handle_for(profile)
-    if not all(HANDLE_RE.match(name) for name in (handle, profile, connection_id)):
-        return None
+    profile, handle, connection_id = _names(row)
     online = row.get("online")
     return RemoteAgent(
         profile=profile,
@@ -87,36 +114,41 @@ def roster_row_dict(agent: RemoteAgent) -> dict[str, Any]:
     return row
 
 
-def normalize_roster(rows: Any) -> list[RemoteAgent]:
+def normalize_roster(rows: Any, refused: list[str] | None = None) -> list[RemoteAgent]:
     """Normalize a whole roster: drop bad rows, dedupe, sort.
 
     Args:
         rows: the raw ``agents`` list (anything else yields an empty roster).
+        refused: when given, gets one line per refused row (``row 2: no profile``), for
+            the caller to log: a dropped row is an agent no DM can reach.
 
     Returns:
         Agents deduplicated by ``(connection_id, profile)`` (first wins),
         sorted by that key.
     """
     by_key: dict[tuple[str, str], RemoteAgent] = {}
-    for row in rows if isinstance(rows, list) else []:
+    for number, row in enumerate(rows if isinstance(rows, list) else []):
         agent = normalize_roster_row(row)
         if agent is not None:
             by_key.setdefault((agent.connection_id, agent.profile), agent)
+        elif refused is not None:
+            refused.append(f"row {number}: {roster_row_problem(row)}")
     return [by_key[key] for key in sorted(by_key)]
 
 
-def parse_roster_payload(data: Any) -> list[RemoteAgent]:
+def parse_roster_payload(data: Any, refused: list[str] | None = None) -> list[RemoteAgent]:
     """The agents of a parsed ``roster.json``.
 
     Args:
         data: the decoded JSON document.
+        refused: when given, gets one line per refused row (see :func:`normalize_roster`).
 
     Returns:
         The normalized roster; empty when the document is not
         ``{"agents": [...]}``.
     """
     agents = data.get("agents") if isinstance(data, dict) else None
-    return normalize_roster(agents)
+    return normalize_roster(agents, refused)
 
 
 # ── targets ─────────────────────────────────────────────────────────────────
