@@ -139,6 +139,38 @@ def test_owner_raising_turn_failed_fails_with_that_reason(root: Path, gateways: 
     assert saved["status"] == "failed" and saved["reason"] == "provider_quota_limit"
 
 
+class RawOwner:
+    """A live owner whose ``run_turn`` returns ``value`` as it is (not made a str)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.turns: list[str] = []
+
+    def run_turn(self, turn: Turn) -> Any:
+        self.turns.append(turn.delivery_id)
+        return self.value
+
+
+@pytest.mark.parametrize("value", [None, b"bytes", {"reply": "x"}], ids=["None", "bytes", "dict"])
+@pytest.mark.parametrize("form", ["object", "callable"])
+def test_an_owner_returning_no_str_is_ambiguous_never_its_str_as_the_reply(
+    root: Path, gateways: list[Gateway], value: Any, form: str
+) -> None:
+    """An owner object returning None was reported ``replied`` with the reply 'None'. Its result is now checked
+    as a runner's is (``checked_reply``), as a callable owner's already was: the owner took the DM, so it is
+    ``ambiguous``, never a reply, with the runner's "returned NoneType, expected str" text."""
+    runner, raw = RecordingRunner(), RawOwner(value)
+    gw = start_gateway(gateways, root, runner)
+    gw.attach_live_owner("bob", raw if form == "object" else raw.run_turn)
+    key = send_dm(gw, "hello")
+    out = gw.wait_outcome(key, timeout=10)
+    assert out["status"] == "ambiguous", out
+    assert f"returned {type(value).__name__}, expected str" in out["error"], out
+    assert raw.turns == [key] and runner.entered == []
+    saved = json.loads(mailbox_file(root, key).read_text())
+    assert saved["status"] == "ambiguous" and saved["reply"] == "", saved
+
+
 # ── the mailbox ─────────────────────────────────────────────────────────────
 
 

@@ -29,7 +29,7 @@ from hermes_actors.core.ids import validate_delivery_id
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
-from hermes_actors.local.runners import TurnRunner
+from hermes_actors.local.runners import TurnRunner, checked_reply
 from hermes_actors.local.turns import describe_error, never_ran
 from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
@@ -133,9 +133,10 @@ def hand_to_owner(
     owner is called (admission, the journal, the move to ``claimed``, building the
     turn) is ``failed`` with ``runtime_offline`` (retryable: it was NOT delivered);
     the owner raising ``TurnFailed`` is ``failed`` with its reason; the owner raising
-    anything else, ``SystemExit`` and ``KeyboardInterrupt`` included, is ``ambiguous``
-    (it may have shown the DM). A mailbox write failing after the owner answered
-    does not change the answer (it is logged).
+    anything else, ``SystemExit`` and ``KeyboardInterrupt`` included, or returning
+    anything but a str (:func:`~hermes_actors.local.runners.checked_reply`, as for a
+    runner), is ``ambiguous`` (it may have shown the DM). A mailbox write failing after
+    the owner answered does not change the answer (it is logged).
 
     Returns:
         The result for the ProfileActor; ``ambiguous`` when the owner died mid-turn.
@@ -163,7 +164,8 @@ def hand_to_owner(
         _record_quietly(box, key, "failed", error=result.error, reason=result.reason)
         return result
     try:
-        reply = owner.run_turn(turn)
+        # checked as a runner's reply is: None (or any non-str) is the owner failing, never the reply 'None'
+        reply = checked_reply(owner.run_turn(turn), owner, "live owner")
     except TurnFailed as exc:
         reason = exc.reason or classify_agent_error(exc.text)
         _record_quietly(box, key, "failed", error=exc.text, reason=reason)
@@ -172,14 +174,8 @@ def hand_to_owner(
         why = f"The live Bot Chat owner failed mid-turn ({describe_error(exc)})."
         _record_quietly(box, key, "ambiguous", error=why, reason="unknown")
         return TurnFinished(key, None, why, "unknown", ambiguous=True)
-    try:
-        text = reply if isinstance(reply, str) else str(reply)
-    except Exception as exc:  # an owner's reply object that cannot be rendered
-        why = f"The live Bot Chat owner's reply could not be read ({describe_error(exc)})."
-        _record_quietly(box, key, "ambiguous", error=why, reason="unknown")
-        return TurnFinished(key, None, why, "unknown", ambiguous=True)
-    _record_quietly(box, key, "settled", reply=text)
-    return TurnFinished(key, text)
+    _record_quietly(box, key, "settled", reply=reply)
+    return TurnFinished(key, reply)
 
 
 def _record_quietly(box: LiveMailbox, key: str, state: str, **fields: str) -> None:
