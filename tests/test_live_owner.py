@@ -14,7 +14,8 @@ from roots import RecordingRunner, body_of, send_dm, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
-from hermes_actors.local.live_handoff import LiveMailbox, hand_to_owner
+from hermes_actors.local import turn_launch
+from hermes_actors.local.live_handoff import LiveMailbox, give_up_on, hand_to_owner
 from hermes_actors.local.runners import as_runner
 from hermes_actors.messages import Delivery, Turn
 
@@ -169,6 +170,65 @@ def test_an_owner_returning_no_str_is_ambiguous_never_its_str_as_the_reply(
     assert raw.turns == [key] and runner.entered == []
     saved = json.loads(mailbox_file(root, key).read_text())
     assert saved["status"] == "ambiguous" and saved["reply"] == "", saved
+
+
+def test_a_stop_during_an_owner_turn_records_it_ambiguous_and_the_late_answer_does_not_overwrite_it(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop reported the DM ``ambiguous`` but its mailbox record stayed ``claimed``. Now the record says
+    ``ambiguous`` as well, and the owner's answer arriving after the stop does not replace it."""
+    real, handed_back = turn_launch.hand_to_owner, threading.Event()
+
+    def hand_to_owner_then_tell(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real(*args, **kwargs)
+        finally:
+            handed_back.set()
+
+    monkeypatch.setattr(turn_launch, "hand_to_owner", hand_to_owner_then_tell)
+    entered, release = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        assert release.wait(30), "the test never released the owner"
+        return "too late"
+
+    owner = Owner(behave)
+    gw = start_gateway(gateways, root, RecordingRunner())
+    gw.attach_live_owner("bob", owner)
+    key = send_dm(gw, "window")
+    assert entered.wait(10)
+    try:
+        gw.stop(timeout=0.2)
+        out = gw.wait_outcome(key, timeout=0)
+        assert out["status"] == "ambiguous", out
+        saved = json.loads(mailbox_file(root, key).read_text())
+        assert saved["status"] == saved["state"] == "ambiguous", saved
+        assert saved["error"] == "The turn was still running when the gateway stopped.", saved
+    finally:
+        release.set()
+    assert handed_back.wait(10)
+    assert json.loads(mailbox_file(root, key).read_text())["status"] == "ambiguous", "the late answer won"
+
+
+def test_giving_up_on_a_live_delivery_is_idempotent_and_never_replaces_a_final_state(root: Path) -> None:
+    home = root / "profiles" / "bob"
+    claimed, settled, absent = "a1" * 16, "b2" * 16, "c3" * 16
+    box = LiveMailbox(home)
+    for key in (claimed, settled):
+        box.admit(key)
+        box.transition(key, "claimed")
+    box.transition(settled, "settled", reply="answered")
+    tail = " The message may have been delivered — do not resend."
+    assert give_up_on(home, claimed, "The gateway stopped or crashed during the turn." + tail)
+    first = json.loads(mailbox_file(root, claimed).read_text())
+    assert (first["status"], first["error"]) == ("ambiguous", "The gateway stopped or crashed during the turn.")
+    assert not give_up_on(home, claimed, "again")  # final already: unchanged
+    assert json.loads(mailbox_file(root, claimed).read_text()) == first
+    assert not give_up_on(home, settled, "late")  # the owner's answer stands
+    assert json.loads(mailbox_file(root, settled).read_text())["reply"] == "answered"
+    assert give_up_on(home, absent, "a runner's turn")  # no record: none is made
+    assert not mailbox_file(root, absent).exists()
 
 
 # ── the mailbox ─────────────────────────────────────────────────────────────

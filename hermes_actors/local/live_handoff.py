@@ -13,12 +13,17 @@ States: ``queued → claimed → settled | failed | cancelled | ambiguous``.
 Admission is idempotent by delivery id: a replay of a settled delivery returns
 its recorded result and never runs twice; one found ``claimed`` (the owner
 died mid-turn) is ``ambiguous`` — "may have been delivered, do not resend" —
-and is never retried. A file written by another uid is moved aside, never read.
+and is never retried. A final state is never replaced (:meth:`LiveMailbox.advance`):
+a DM the gateway itself reports ``ambiguous`` while the owner had it (a stop, a
+restart's recovery) is recorded so (:func:`give_up_on`), and an answer the owner
+gives after that is not written over it. A file written by another uid is moved
+aside, never read.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,7 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.ids import validate_delivery_id
+from hermes_actors.core.outcomes import AMBIGUOUS_TAIL
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
@@ -36,10 +42,13 @@ from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json,
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.private_dir import ensure_private_dir
 
-__all__ = ["LIVE_STATES", "LiveMailbox", "hand_to_owner"]
+__all__ = ["LIVE_STATES", "LiveMailbox", "give_up_on", "hand_to_owner"]
 
 LIVE_STATES = ("queued", "claimed", "settled", "failed", "cancelled", "ambiguous")
 TERMINAL = frozenset({"settled", "failed", "cancelled", "ambiguous"})
+# A record's next state is decided by one thread at a time: the worker (the owner's result) and the gateway
+# giving up on the turn (the stop, a turn timeout) may both try; the first to write a final state wins.
+_DECIDING = threading.Lock()
 
 
 def _record(delivery_id: str, state: str, **fields: str) -> dict[str, Any]:
@@ -99,6 +108,18 @@ class LiveMailbox:
         record = _record(delivery_id, state, **fields)
         atomic_write_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True)
         return record
+
+    def advance(self, delivery_id: str, state: str, **fields: str) -> dict[str, Any] | None:
+        """Write the record in ``state`` unless it is already final (or gone): a final state is never replaced.
+
+        Returns:
+            The record written, or None when nothing was written (the record is final or absent).
+        """
+        with _DECIDING:
+            current = self.read(delivery_id)
+            if current is None or current["status"] in TERMINAL:
+                return None
+            return self.transition(delivery_id, state, **fields)
 
     def _move_aside(self, path: Path, why: str) -> None:
         try:
@@ -179,8 +200,35 @@ def hand_to_owner(
 
 
 def _record_quietly(box: LiveMailbox, key: str, state: str, **fields: str) -> None:
-    """Write the mailbox record; a store error is logged: the sender's result must not depend on it."""
+    """Write the mailbox record unless it is final already (the gateway gave the DM up as ``ambiguous`` first:
+    that stays); a store error is logged: the sender's result must not depend on it."""
     try:
-        box.transition(key, state, **fields)
+        if box.advance(key, state, **fields) is None:
+            logger.info("live mailbox: {} was settled already (or its record is gone); not recorded as {}",
+                        key, state)
     except Exception:
         logger.exception("live mailbox: could not record {} as {}", key, state)
+
+
+def give_up_on(home: Path, delivery_id: str, error: str) -> bool:
+    """Record, in the live mailbox of ``home``, a DM the gateway reports ``ambiguous`` while its owner turn may
+    still run (the gateway stopped or died mid-turn, or the turn timed out). Idempotent: a record already final,
+    or none (the DM never went to a live owner), is left as it is.
+
+    Args:
+        home: the profile's home.
+        delivery_id: the DM.
+        error: the ambiguous outcome's error (its "do not resend" tail is not stored: a replay adds it).
+
+    Returns:
+        False when the record was final already (the owner's turn ended first: its result stands); True
+        otherwise (also when there is no record, or writing it failed: that is logged).
+    """
+    box = LiveMailbox(home)
+    try:
+        if box.advance(delivery_id, "ambiguous", error=error.removesuffix(AMBIGUOUS_TAIL), reason="unknown"):
+            return True
+        return box.read(delivery_id) is None  # a final record never changes back: read outside the lock is safe
+    except Exception:  # a store error: the DM's outcome stands; a replay reads "claimed" as ambiguous too
+        logger.exception("live mailbox: could not record {} as ambiguous", delivery_id)
+        return True
