@@ -17,6 +17,7 @@ from hermes_actors import Gateway, TurnFailed
 from hermes_actors.local import turn_launch
 from hermes_actors.local.live_handoff import LiveMailbox, give_up_on, hand_to_owner
 from hermes_actors.local.runners import as_runner
+from hermes_actors.local.turns import TurnGate
 from hermes_actors.messages import Delivery, Turn
 
 
@@ -229,6 +230,84 @@ def test_giving_up_on_a_live_delivery_is_idempotent_and_never_replaces_a_final_s
     assert json.loads(mailbox_file(root, settled).read_text())["reply"] == "answered"
     assert give_up_on(home, absent, "a runner's turn")  # no record: none is made
     assert not mailbox_file(root, absent).exists()
+
+
+def test_an_owner_turn_past_its_timeout_is_ambiguous_and_the_next_dms_wait_for_it(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    """An owner's turn hanging past ``turn_timeout_seconds`` was reported ``target_busy`` ("NOT delivered; retry")
+    though the owner had it, its record stayed ``claimed``, and the next DMs were handed to the owner beside it.
+    Now it is ``ambiguous`` (record too), and while it runs no DM is handed over: each waits its
+    ``turn_wait_seconds`` and fails ``target_busy`` (NOT delivered), or runs once the owner's turn returns."""
+    release = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "hang":
+            assert release.wait(60), "the test never released the owner"
+        return f"owner: {body_of(turn.content)}"
+
+    owner = Owner(behave)
+    config = {"bot_mode": {"turn_timeout_seconds": 1.5, "turn_wait_seconds": 3}}
+    gw = start_gateway(gateways, root, RecordingRunner(), config=config)
+    gw.attach_live_owner("bob", owner)
+    try:
+        hung, behind = send_dm(gw, "hang"), send_dm(gw, "queued behind it")
+        out = gw.wait_outcome(hung, timeout=30)
+        assert (out["status"], out["retryable"]) == ("ambiguous", False), out
+        assert "within 1.5s" in out["error"] and "do not resend" in out["error"], out
+        assert json.loads(mailbox_file(root, hung).read_text())["status"] == "ambiguous"
+        # one sent after the timeout, while the owner's turn still runs: not handed over beside it either
+        late = send_dm(gw, "sent after the timeout")
+        for key in (behind, late):
+            waited = gw.wait_outcome(key, timeout=30)
+            assert (waited["status"], waited["reason"]) == ("failed", "target_busy"), waited
+            assert "NOT delivered" in waited["error"], waited
+            assert not mailbox_file(root, key).exists()
+        assert owner.bodies() == ["hang"], "a DM was handed to the owner beside its hung turn"
+        after = send_dm(gw, "after it returns")
+    finally:
+        release.set()
+    assert gw.wait_outcome(after, timeout=30)["reply"] == "owner: after it returns"
+    assert owner.bodies() == ["hang", "after it returns"]
+    assert json.loads(mailbox_file(root, hung).read_text())["status"] == "ambiguous", "the late answer won"
+
+
+def test_an_owner_handoff_given_up_on_before_it_began_never_reaches_the_owner(root: Path) -> None:
+    """Its turn timed out while it waited for a worker: reported ``target_busy`` (NOT delivered), so the owner
+    must never be handed it; the gate decides, as for a runner's turn."""
+    key = "d4" * 16
+    gate = TurnGate()
+    gate.give_up()
+    owner = Owner()
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=root / "profiles" / "bob",
+                           make_turn=_make_turn, journal=None, gate=gate)
+    assert (result.reply, result.reason, result.ambiguous) == (None, "target_busy", False)
+    assert owner.turns == []
+    saved = json.loads(mailbox_file(root, key).read_text())
+    assert (saved["status"], saved["reason"]) == ("failed", "target_busy"), saved
+
+
+def test_an_owner_handoff_given_up_on_between_its_gate_and_its_claim_never_reaches_the_owner(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeout recorded the DM ``ambiguous`` just after the handoff began: the claim does not write over it,
+    and the owner is not handed a DM already reported."""
+    key = "e5" * 16
+    home = root / "profiles" / "bob"
+    gate = TurnGate()
+    real_begin = gate.begin
+
+    def begin_then_time_out() -> bool:
+        began = real_begin()
+        assert give_up_on(home, key, "The live Bot Chat owner did not finish the turn of @bob within 1s.")
+        return began
+
+    monkeypatch.setattr(gate, "begin", begin_then_time_out)
+    owner = Owner()
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn, journal=None,
+                           gate=gate)
+    assert result.ambiguous and owner.turns == []
+    assert json.loads(mailbox_file(root, key).read_text())["status"] == "ambiguous"
 
 
 # ── the mailbox ─────────────────────────────────────────────────────────────

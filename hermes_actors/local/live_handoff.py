@@ -36,7 +36,7 @@ from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner, checked_reply
-from hermes_actors.local.turns import describe_error, never_ran
+from hermes_actors.local.turns import TurnGate, describe_error, never_ran
 from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.journal import StartRecorder
@@ -146,9 +146,15 @@ def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:
 
 
 def hand_to_owner(
-    delivery: Delivery, *, owner: TurnRunner, home: Path, make_turn: Any, journal: StartRecorder | None
+    delivery: Delivery, *, owner: TurnRunner, home: Path, make_turn: Any, journal: StartRecorder | None,
+    gate: TurnGate | None = None,
 ) -> TurnFinished:
     """Run ``delivery`` as a user turn of the attached live owner (worker thread).
+
+    ``gate`` (the ProfileActor's, as a runner's turn has) decides once between the handoff
+    beginning and the turn's timeout: given up on first, the owner never sees the DM
+    (``failed``, ``target_busy``: NOT delivered); begun, the timeout reports it ``ambiguous``
+    and records it so (:func:`give_up_on`), and the owner is not handed it after that.
 
     Every path returns a result at once (docs/reliability.md): a failure before the
     owner is called (admission, the journal, the move to ``claimed``, building the
@@ -170,20 +176,27 @@ def hand_to_owner(
         return never_ran(key, "live delivery admission", exc)
     if record["status"] != "queued":
         return _from_record(key, record)
+    if gate is not None and not gate.begin():  # reported NOT delivered while it waited for a worker
+        result = TurnFinished(key, None, "The turn's time ran out before it was handed to the live Bot Chat owner.",
+                              "target_busy")
+        _record_quietly(box, key, "failed", error=result.error, reason=result.reason)
+        return result
     if journal is not None:
         try:
             journal.append_durably({"t": "started", "id": key, "attempt": 1})
         except StoreError as exc:
             return never_ran(key, "recording the turn durably", exc)
     try:
-        box.transition(key, "claimed")
+        claimed = box.advance(key, "claimed")
         crashpoint("mid-turn")
-        turn: Turn = make_turn(delivery)
+        turn: Turn | None = make_turn(delivery) if claimed is not None else None
     except Exception as exc:  # the owner never saw it: fail it now, and on disk so a replay never runs it
         logger.exception("live handoff of {} failed before the owner was called", key)
         result = never_ran(key, "handing the DM to the live Bot Chat owner", exc)
         _record_quietly(box, key, "failed", error=result.error, reason=result.reason)
         return result
+    if turn is None:  # its timeout gave it up (recorded ambiguous) after the gate: the owner never sees it
+        return _from_record(key, box.read(key) or record)
     try:
         # checked as a runner's reply is: None (or any non-str) is the owner failing, never the reply 'None'
         reply = checked_reply(owner.run_turn(turn), owner, "live owner")
