@@ -14,8 +14,10 @@ from roots import RecordingRunner, body_of, send_dm, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
-from hermes_actors.local.live_handoff import LiveMailbox, hand_to_owner
+from hermes_actors.local import turn_launch
+from hermes_actors.local.live_handoff import LiveMailbox, give_up_on, hand_to_owner
 from hermes_actors.local.runners import as_runner
+from hermes_actors.local.turns import TurnGate
 from hermes_actors.messages import Delivery, Turn
 
 
@@ -137,6 +139,175 @@ def test_owner_raising_turn_failed_fails_with_that_reason(root: Path, gateways: 
     assert len(owner.turns) == 1 and runner.entered == []
     saved = json.loads(mailbox_file(root, key).read_text())
     assert saved["status"] == "failed" and saved["reason"] == "provider_quota_limit"
+
+
+class RawOwner:
+    """A live owner whose ``run_turn`` returns ``value`` as it is (not made a str)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.turns: list[str] = []
+
+    def run_turn(self, turn: Turn) -> Any:
+        self.turns.append(turn.delivery_id)
+        return self.value
+
+
+@pytest.mark.parametrize("value", [None, b"bytes", {"reply": "x"}], ids=["None", "bytes", "dict"])
+@pytest.mark.parametrize("form", ["object", "callable"])
+def test_an_owner_returning_no_str_is_ambiguous_never_its_str_as_the_reply(
+    root: Path, gateways: list[Gateway], value: Any, form: str
+) -> None:
+    """An owner object returning None was reported ``replied`` with the reply 'None'. Its result is now checked
+    as a runner's is (``checked_reply``), as a callable owner's already was: the owner took the DM, so it is
+    ``ambiguous``, never a reply, with the runner's "returned NoneType, expected str" text."""
+    runner, raw = RecordingRunner(), RawOwner(value)
+    gw = start_gateway(gateways, root, runner)
+    gw.attach_live_owner("bob", raw if form == "object" else raw.run_turn)
+    key = send_dm(gw, "hello")
+    out = gw.wait_outcome(key, timeout=10)
+    assert out["status"] == "ambiguous", out
+    assert f"returned {type(value).__name__}, expected str" in out["error"], out
+    assert raw.turns == [key] and runner.entered == []
+    saved = json.loads(mailbox_file(root, key).read_text())
+    assert saved["status"] == "ambiguous" and saved["reply"] == "", saved
+
+
+def test_a_stop_during_an_owner_turn_records_it_ambiguous_and_the_late_answer_does_not_overwrite_it(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop reported the DM ``ambiguous`` but its mailbox record stayed ``claimed``. Now the record says
+    ``ambiguous`` as well, and the owner's answer arriving after the stop does not replace it."""
+    real, handed_back = turn_launch.hand_to_owner, threading.Event()
+
+    def hand_to_owner_then_tell(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real(*args, **kwargs)
+        finally:
+            handed_back.set()
+
+    monkeypatch.setattr(turn_launch, "hand_to_owner", hand_to_owner_then_tell)
+    entered, release = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        assert release.wait(30), "the test never released the owner"
+        return "too late"
+
+    owner = Owner(behave)
+    gw = start_gateway(gateways, root, RecordingRunner())
+    gw.attach_live_owner("bob", owner)
+    key = send_dm(gw, "window")
+    assert entered.wait(10)
+    try:
+        gw.stop(timeout=0.2)
+        out = gw.wait_outcome(key, timeout=0)
+        assert out["status"] == "ambiguous", out
+        saved = json.loads(mailbox_file(root, key).read_text())
+        assert saved["status"] == saved["state"] == "ambiguous", saved
+        assert saved["error"] == "The turn was still running when the gateway stopped.", saved
+    finally:
+        release.set()
+    assert handed_back.wait(10)
+    assert json.loads(mailbox_file(root, key).read_text())["status"] == "ambiguous", "the late answer won"
+
+
+def test_giving_up_on_a_live_delivery_is_idempotent_and_never_replaces_a_final_state(root: Path) -> None:
+    home = root / "profiles" / "bob"
+    claimed, settled, absent = "a1" * 16, "b2" * 16, "c3" * 16
+    box = LiveMailbox(home)
+    for key in (claimed, settled):
+        box.admit(key)
+        box.transition(key, "claimed")
+    box.transition(settled, "settled", reply="answered")
+    tail = " The message may have been delivered — do not resend."
+    assert give_up_on(home, claimed, "The gateway stopped or crashed during the turn." + tail)
+    first = json.loads(mailbox_file(root, claimed).read_text())
+    assert (first["status"], first["error"]) == ("ambiguous", "The gateway stopped or crashed during the turn.")
+    assert not give_up_on(home, claimed, "again")  # final already: unchanged
+    assert json.loads(mailbox_file(root, claimed).read_text()) == first
+    assert not give_up_on(home, settled, "late")  # the owner's answer stands
+    assert json.loads(mailbox_file(root, settled).read_text())["reply"] == "answered"
+    assert give_up_on(home, absent, "a runner's turn")  # no record: none is made
+    assert not mailbox_file(root, absent).exists()
+
+
+def test_an_owner_turn_past_its_timeout_is_ambiguous_and_the_next_dms_wait_for_it(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    """An owner's turn hanging past ``turn_timeout_seconds`` was reported ``target_busy`` ("NOT delivered; retry")
+    though the owner had it, its record stayed ``claimed``, and the next DMs were handed to the owner beside it.
+    Now it is ``ambiguous`` (record too), and while it runs no DM is handed over: each waits its
+    ``turn_wait_seconds`` and fails ``target_busy`` (NOT delivered), or runs once the owner's turn returns."""
+    release = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "hang":
+            assert release.wait(60), "the test never released the owner"
+        return f"owner: {body_of(turn.content)}"
+
+    owner = Owner(behave)
+    config = {"bot_mode": {"turn_timeout_seconds": 1.5, "turn_wait_seconds": 3}}
+    gw = start_gateway(gateways, root, RecordingRunner(), config=config)
+    gw.attach_live_owner("bob", owner)
+    try:
+        hung, behind = send_dm(gw, "hang"), send_dm(gw, "queued behind it")
+        out = gw.wait_outcome(hung, timeout=30)
+        assert (out["status"], out["retryable"]) == ("ambiguous", False), out
+        assert "within 1.5s" in out["error"] and "do not resend" in out["error"], out
+        assert json.loads(mailbox_file(root, hung).read_text())["status"] == "ambiguous"
+        # one sent after the timeout, while the owner's turn still runs: not handed over beside it either
+        late = send_dm(gw, "sent after the timeout")
+        for key in (behind, late):
+            waited = gw.wait_outcome(key, timeout=30)
+            assert (waited["status"], waited["reason"]) == ("failed", "target_busy"), waited
+            assert "NOT delivered" in waited["error"], waited
+            assert not mailbox_file(root, key).exists()
+        assert owner.bodies() == ["hang"], "a DM was handed to the owner beside its hung turn"
+        after = send_dm(gw, "after it returns")
+    finally:
+        release.set()
+    assert gw.wait_outcome(after, timeout=30)["reply"] == "owner: after it returns"
+    assert owner.bodies() == ["hang", "after it returns"]
+    assert json.loads(mailbox_file(root, hung).read_text())["status"] == "ambiguous", "the late answer won"
+
+
+def test_an_owner_handoff_given_up_on_before_it_began_never_reaches_the_owner(root: Path) -> None:
+    """Its turn timed out while it waited for a worker: reported ``target_busy`` (NOT delivered), so the owner
+    must never be handed it; the gate decides, as for a runner's turn."""
+    key = "d4" * 16
+    gate = TurnGate()
+    gate.give_up()
+    owner = Owner()
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=root / "profiles" / "bob",
+                           make_turn=_make_turn, journal=None, gate=gate)
+    assert (result.reply, result.reason, result.ambiguous) == (None, "target_busy", False)
+    assert owner.turns == []
+    saved = json.loads(mailbox_file(root, key).read_text())
+    assert (saved["status"], saved["reason"]) == ("failed", "target_busy"), saved
+
+
+def test_an_owner_handoff_given_up_on_between_its_gate_and_its_claim_never_reaches_the_owner(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeout recorded the DM ``ambiguous`` just after the handoff began: the claim does not write over it,
+    and the owner is not handed a DM already reported."""
+    key = "e5" * 16
+    home = root / "profiles" / "bob"
+    gate = TurnGate()
+    real_begin = gate.begin
+
+    def begin_then_time_out() -> bool:
+        began = real_begin()
+        assert give_up_on(home, key, "The live Bot Chat owner did not finish the turn of @bob within 1s.")
+        return began
+
+    monkeypatch.setattr(gate, "begin", begin_then_time_out)
+    owner = Owner()
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn, journal=None,
+                           gate=gate)
+    assert result.ambiguous and owner.turns == []
+    assert json.loads(mailbox_file(root, key).read_text())["status"] == "ambiguous"
 
 
 # ── the mailbox ─────────────────────────────────────────────────────────────

@@ -77,6 +77,27 @@ def test_a_settled_live_delivery_is_recovered_with_the_owners_reply(tmp_path: Pa
     assert ran == []  # never run again
 
 
+def test_a_claimed_live_delivery_of_a_dead_gateway_is_recovered_ambiguous_and_recorded_so(tmp_path: Path) -> None:
+    """The owner had the DM when its gateway died: recovery reported it ``ambiguous`` but left the mailbox
+    record ``claimed``. The record now says ``ambiguous`` too, and the DM is never run again."""
+    root = make_root(tmp_path)
+    delivery = _delivery("bob")
+    _dead_journal(root, [{"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)},
+                         {"t": "started", "id": delivery.delivery_id, "attempt": 1}])
+    box = LiveMailbox(root / "profiles" / "bob")
+    box.admit(delivery.delivery_id)
+    box.transition(delivery.delivery_id, "claimed")
+    ran: list[str] = []
+    with Gateway(root, runner=lambda turn: ran.append(turn.delivery_id) or "runner") as gw:
+        assert gw.recovered["ambiguous"] == 1
+        outcome = gw.wait_outcome(delivery.delivery_id, timeout=10)
+    assert outcome["status"] == "ambiguous"
+    record = box.read(delivery.delivery_id)
+    assert record is not None and record["status"] == record["state"] == "ambiguous", record
+    assert record["error"] == "The gateway stopped or crashed during the turn.", record
+    assert ran == []
+
+
 def test_an_owner_attached_before_start_receives_the_recovered_dms(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     delivery = _delivery("bob")

@@ -39,7 +39,7 @@ from hermes_actors.local.admission import Admission, CallerAdmission
 from hermes_actors.local.asking_turn import asking_turn
 from hermes_actors.local.delivery_stats import DeliveryStats
 from hermes_actors.local.dispatcher_failure import FailedCallback, answer_after_failure
-from hermes_actors.local.durability import durability_for
+from hermes_actors.local.durability import durability_for, live_gave_up
 from hermes_actors.local.journal_replay import adopt_journal, replay_journal
 from hermes_actors.local.local_intake import LocalIntake
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook
@@ -331,6 +331,10 @@ class DispatcherActor(SupervisorActor):
     @handles(FinalizePending)
     def _on_finalize(self, msg: FinalizePending) -> int:
         """Settle what is still pending: ambiguous if it may have run (``OutcomeFlow.finalize``)."""
+        for key in msg.running:
+            entry = self.book.entry(key)
+            if entry is not None:  # still running: a live owner's DM has its mailbox record say ambiguous too
+                live_gave_up(self.snapshot.index, entry.delivery, msg.why)
         return self.flow.finalize(msg.running, msg.why)
 
     @handles(ExportOutcomes)

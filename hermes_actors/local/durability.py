@@ -22,11 +22,11 @@ from hermes_actors.core.acks import accepted_record, journal_refusal
 from hermes_actors.core.names import profile_key
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
-from hermes_actors.local.live_handoff import LiveMailbox
+from hermes_actors.local.live_handoff import LiveMailbox, give_up_on
 from hermes_actors.messages import Delivery, JournalDurable, Outcome, PendingAck, ProfileInfo
 from hermes_actors.store.journal import Journal
 
-__all__ = ["Durability", "JournalDurability", "NoDurability", "durability_for", "live_record"]
+__all__ = ["Durability", "JournalDurability", "NoDurability", "durability_for", "live_gave_up", "live_record"]
 
 
 class NoDurability:
@@ -253,3 +253,14 @@ def live_record(index: dict[str, ProfileInfo], delivery: Delivery) -> dict[str, 
         return LiveMailbox(info.home).read(delivery.delivery_id)
     except (OSError, ValidationError):
         return None
+
+
+def live_gave_up(index: dict[str, ProfileInfo], delivery: Delivery, error: str) -> None:
+    """``delivery`` is reported ``ambiguous`` (with ``error``) by a stop or a restart: so is its live-mailbox record.
+
+    A record still ``claimed`` (the owner had the DM when the gateway stopped or died) becomes
+    ``ambiguous``; a final one, or none (a runner's turn), is left as it is (``give_up_on``).
+    """
+    info = index.get(profile_key(delivery.target))
+    if info is not None:
+        give_up_on(info.home, delivery.delivery_id, error)

@@ -17,7 +17,7 @@ from loguru import logger
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.recovery import known_outcomes, plan_recovery, readable_states
-from hermes_actors.local.durability import live_record
+from hermes_actors.local.durability import live_gave_up, live_record
 from hermes_actors.local.outcome_book import OutcomeBook, Pending
 from hermes_actors.local.outcome_flow import OutcomeFlow
 from hermes_actors.local.wake_hook import SenderWaker
@@ -87,6 +87,7 @@ def replay_journal(
         flow.publish(outcome)
         durability.delivered(outcome.delivery_id)
     for delivery, outcome in plan.ambiguous:
+        live_gave_up(index, delivery, outcome.error)  # a live owner's DM: its mailbox record says so too
         book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
         flow.settle(outcome)
     for delivery in plan.reoffer:

@@ -13,12 +13,17 @@ States: ``queued → claimed → settled | failed | cancelled | ambiguous``.
 Admission is idempotent by delivery id: a replay of a settled delivery returns
 its recorded result and never runs twice; one found ``claimed`` (the owner
 died mid-turn) is ``ambiguous`` — "may have been delivered, do not resend" —
-and is never retried. A file written by another uid is moved aside, never read.
+and is never retried. A final state is never replaced (:meth:`LiveMailbox.advance`):
+a DM the gateway itself reports ``ambiguous`` while the owner had it (a stop, a
+restart's recovery) is recorded so (:func:`give_up_on`), and an answer the owner
+gives after that is not written over it. A file written by another uid is moved
+aside, never read.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,20 +31,24 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.ids import validate_delivery_id
+from hermes_actors.core.outcomes import AMBIGUOUS_TAIL
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
-from hermes_actors.local.runners import TurnRunner
-from hermes_actors.local.turns import describe_error, never_ran
+from hermes_actors.local.runners import TurnRunner, checked_reply
+from hermes_actors.local.turns import TurnGate, describe_error, never_ran
 from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.private_dir import ensure_private_dir
 
-__all__ = ["LIVE_STATES", "LiveMailbox", "hand_to_owner"]
+__all__ = ["LIVE_STATES", "LiveMailbox", "give_up_on", "hand_to_owner"]
 
 LIVE_STATES = ("queued", "claimed", "settled", "failed", "cancelled", "ambiguous")
 TERMINAL = frozenset({"settled", "failed", "cancelled", "ambiguous"})
+# A record's next state is decided by one thread at a time: the worker (the owner's result) and the gateway
+# giving up on the turn (the stop, a turn timeout) may both try; the first to write a final state wins.
+_DECIDING = threading.Lock()
 
 
 def _record(delivery_id: str, state: str, **fields: str) -> dict[str, Any]:
@@ -100,6 +109,18 @@ class LiveMailbox:
         atomic_write_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True)
         return record
 
+    def advance(self, delivery_id: str, state: str, **fields: str) -> dict[str, Any] | None:
+        """Write the record in ``state`` unless it is already final (or gone): a final state is never replaced.
+
+        Returns:
+            The record written, or None when nothing was written (the record is final or absent).
+        """
+        with _DECIDING:
+            current = self.read(delivery_id)
+            if current is None or current["status"] in TERMINAL:
+                return None
+            return self.transition(delivery_id, state, **fields)
+
     def _move_aside(self, path: Path, why: str) -> None:
         try:
             ensure_private_dir(self.quarantine, within=self.home)
@@ -125,17 +146,24 @@ def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:
 
 
 def hand_to_owner(
-    delivery: Delivery, *, owner: TurnRunner, home: Path, make_turn: Any, journal: StartRecorder | None
+    delivery: Delivery, *, owner: TurnRunner, home: Path, make_turn: Any, journal: StartRecorder | None,
+    gate: TurnGate | None = None,
 ) -> TurnFinished:
     """Run ``delivery`` as a user turn of the attached live owner (worker thread).
+
+    ``gate`` (the ProfileActor's, as a runner's turn has) decides once between the handoff
+    beginning and the turn's timeout: given up on first, the owner never sees the DM
+    (``failed``, ``target_busy``: NOT delivered); begun, the timeout reports it ``ambiguous``
+    and records it so (:func:`give_up_on`), and the owner is not handed it after that.
 
     Every path returns a result at once (docs/reliability.md): a failure before the
     owner is called (admission, the journal, the move to ``claimed``, building the
     turn) is ``failed`` with ``runtime_offline`` (retryable: it was NOT delivered);
     the owner raising ``TurnFailed`` is ``failed`` with its reason; the owner raising
-    anything else, ``SystemExit`` and ``KeyboardInterrupt`` included, is ``ambiguous``
-    (it may have shown the DM). A mailbox write failing after the owner answered
-    does not change the answer (it is logged).
+    anything else, ``SystemExit`` and ``KeyboardInterrupt`` included, or returning
+    anything but a str (:func:`~hermes_actors.local.runners.checked_reply`, as for a
+    runner), is ``ambiguous`` (it may have shown the DM). A mailbox write failing after
+    the owner answered does not change the answer (it is logged).
 
     Returns:
         The result for the ProfileActor; ``ambiguous`` when the owner died mid-turn.
@@ -148,22 +176,30 @@ def hand_to_owner(
         return never_ran(key, "live delivery admission", exc)
     if record["status"] != "queued":
         return _from_record(key, record)
+    if gate is not None and not gate.begin():  # reported NOT delivered while it waited for a worker
+        result = TurnFinished(key, None, "The turn's time ran out before it was handed to the live Bot Chat owner.",
+                              "target_busy")
+        _record_quietly(box, key, "failed", error=result.error, reason=result.reason)
+        return result
     if journal is not None:
         try:
             journal.append_durably({"t": "started", "id": key, "attempt": 1})
         except StoreError as exc:
             return never_ran(key, "recording the turn durably", exc)
     try:
-        box.transition(key, "claimed")
+        claimed = box.advance(key, "claimed")
         crashpoint("mid-turn")
-        turn: Turn = make_turn(delivery)
+        turn: Turn | None = make_turn(delivery) if claimed is not None else None
     except Exception as exc:  # the owner never saw it: fail it now, and on disk so a replay never runs it
         logger.exception("live handoff of {} failed before the owner was called", key)
         result = never_ran(key, "handing the DM to the live Bot Chat owner", exc)
         _record_quietly(box, key, "failed", error=result.error, reason=result.reason)
         return result
+    if turn is None:  # its timeout gave it up (recorded ambiguous) after the gate: the owner never sees it
+        return _from_record(key, box.read(key) or record)
     try:
-        reply = owner.run_turn(turn)
+        # checked as a runner's reply is: None (or any non-str) is the owner failing, never the reply 'None'
+        reply = checked_reply(owner.run_turn(turn), owner, "live owner")
     except TurnFailed as exc:
         reason = exc.reason or classify_agent_error(exc.text)
         _record_quietly(box, key, "failed", error=exc.text, reason=reason)
@@ -172,19 +208,40 @@ def hand_to_owner(
         why = f"The live Bot Chat owner failed mid-turn ({describe_error(exc)})."
         _record_quietly(box, key, "ambiguous", error=why, reason="unknown")
         return TurnFinished(key, None, why, "unknown", ambiguous=True)
-    try:
-        text = reply if isinstance(reply, str) else str(reply)
-    except Exception as exc:  # an owner's reply object that cannot be rendered
-        why = f"The live Bot Chat owner's reply could not be read ({describe_error(exc)})."
-        _record_quietly(box, key, "ambiguous", error=why, reason="unknown")
-        return TurnFinished(key, None, why, "unknown", ambiguous=True)
-    _record_quietly(box, key, "settled", reply=text)
-    return TurnFinished(key, text)
+    _record_quietly(box, key, "settled", reply=reply)
+    return TurnFinished(key, reply)
 
 
 def _record_quietly(box: LiveMailbox, key: str, state: str, **fields: str) -> None:
-    """Write the mailbox record; a store error is logged: the sender's result must not depend on it."""
+    """Write the mailbox record unless it is final already (the gateway gave the DM up as ``ambiguous`` first:
+    that stays); a store error is logged: the sender's result must not depend on it."""
     try:
-        box.transition(key, state, **fields)
+        if box.advance(key, state, **fields) is None:
+            logger.info("live mailbox: {} was settled already (or its record is gone); not recorded as {}",
+                        key, state)
     except Exception:
         logger.exception("live mailbox: could not record {} as {}", key, state)
+
+
+def give_up_on(home: Path, delivery_id: str, error: str) -> bool:
+    """Record, in the live mailbox of ``home``, a DM the gateway reports ``ambiguous`` while its owner turn may
+    still run (the gateway stopped or died mid-turn, or the turn timed out). Idempotent: a record already final,
+    or none (the DM never went to a live owner), is left as it is.
+
+    Args:
+        home: the profile's home.
+        delivery_id: the DM.
+        error: the ambiguous outcome's error (its "do not resend" tail is not stored: a replay adds it).
+
+    Returns:
+        False when the record was final already (the owner's turn ended first: its result stands); True
+        otherwise (also when there is no record, or writing it failed: that is logged).
+    """
+    box = LiveMailbox(home)
+    try:
+        if box.advance(delivery_id, "ambiguous", error=error.removesuffix(AMBIGUOUS_TAIL), reason="unknown"):
+            return True
+        return box.read(delivery_id) is None  # a final record never changes back: read outside the lock is safe
+    except Exception:  # a store error: the DM's outcome stands; a replay reads "claimed" as ambiguous too
+        logger.exception("live mailbox: could not record {} as ambiguous", delivery_id)
+        return True

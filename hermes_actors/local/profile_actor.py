@@ -27,11 +27,12 @@ from loguru import logger
 
 from actors import Link, TimerHandle, TypedActor, handles, tell
 from hermes_actors.core import outcomes
+from hermes_actors.local.live_handoff import give_up_on
 from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
 from hermes_actors.local.profile_outcomes import kept_at_stop, outcome_of_turn, timed_out_outcome
 from hermes_actors.local.runners import TurnRunner, as_runner, runs_inline
 from hermes_actors.local.shutdown import end_running_turns
-from hermes_actors.local.turn_launch import run_inline, worker_job
+from hermes_actors.local.turn_launch import live_owner_for, run_inline, worker_job
 from hermes_actors.local.turns import TurnGate
 from hermes_actors.messages import (
     AttachOwner,
@@ -102,6 +103,9 @@ class ProfileActor(TypedActor):
         self.turn_timer: TimerHandle | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped: whether we ended them
         self.gate: TurnGate | None = None  # the worker turn's gate: given up on when its time runs out
+        self.handed = False  # the worker turn was handed to the live owner
+        # An owner's turn reported timed out that has not returned: it cannot be ended, so no turn starts beside it
+        self.owner_busy: str | None = None
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
         # the deliveries of the Deliver being handled not yet accepted: a crash in between salvages them too
         self.arriving: tuple[Delivery, ...] = ()
@@ -167,7 +171,7 @@ class ProfileActor(TypedActor):
 
     def _enqueue(self, delivery: Delivery, enqueued: float) -> None:
         self.queue[delivery.delivery_id] = (delivery, enqueued)
-        if self.running is not None or len(self.queue) > 1:
+        if self.running is not None or len(self.queue) > 1 or self.owner_busy is not None:
             self._arm_wait()
 
     def _arm_wait(self) -> None:
@@ -192,7 +196,7 @@ class ProfileActor(TypedActor):
         # than that for its own turn.
         holding = False
         try:
-            while self.running is None and self.queue:
+            while self.running is None and self.owner_busy is None and self.queue:
                 _, (delivery, enqueued) = self.queue.popitem(last=False)
                 self.running = delivery
                 if holding or self._take_inline():
@@ -232,7 +236,9 @@ class ProfileActor(TypedActor):
         """Hand the turn to the worker pool; it comes back as :class:`TurnFinished`."""
         deadline = enqueued + self.deps.config.turn_wait_seconds
         gate = self.gate = TurnGate()
-        self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=self.owner,
+        owner = live_owner_for(self.owner, delivery)
+        self.handed = owner is not None
+        self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=owner,
                                          home=self.info.home, deadline=deadline, gate=gate))
         timeout = self.deps.config.turn_timeout_seconds
         self.turn_timer = self.timers.after(timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0 else None
@@ -255,6 +261,9 @@ class ProfileActor(TypedActor):
                                msg.delivery_id, "was ended" if ended else "finished after all")
             else:
                 logger.warning("{}: TurnFinished for unknown delivery {}", self.info.profile, msg.delivery_id)
+            if msg.delivery_id == self.owner_busy:  # the owner is free again: the DMs queued behind it may run
+                self.owner_busy = None
+                self._pump()
             return
         self._turn_done(delivery, msg)
         self._pump()
@@ -266,8 +275,11 @@ class ProfileActor(TypedActor):
         if delivery is None or delivery.delivery_id != msg.delivery_id:
             return
         seconds = self.deps.config.turn_timeout_seconds
-        self.running, self.turn_timer = None, None
         began = self.gate.give_up() if self.gate is not None else True
+        if began and self.handed:
+            self._owner_timed_out(delivery, seconds)
+            return
+        self.running, self.turn_timer = None, None
         self.gate = None
         runner = self.deps.runner
         processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
@@ -291,6 +303,23 @@ class ProfileActor(TypedActor):
             self.lock = TurnLock(self.lock.path)
         self._settle(timed_out_outcome(delivery, profile=self.info.profile, seconds=seconds, began=began, live=live))
         self._pump()
+
+    def _owner_timed_out(self, delivery: Delivery, seconds: float) -> None:
+        """The live owner's turn outlived ``turn_timeout_seconds``: it cannot be ended, so report it ``ambiguous``
+        (its mailbox record too), and start no turn of this profile until it returns (DESIGN 4.1). The DMs
+        queued behind it wait their ``turn_wait_seconds`` as behind any turn, then fail ``target_busy``; those
+        still waiting when it returns run then (as behind a timed-out turn process still holding the flock).
+        """
+        key = delivery.delivery_id
+        outcome = timed_out_outcome(delivery, profile=self.info.profile, seconds=seconds, began=True, live=False,
+                                    owner=True)
+        if not give_up_on(self.info.home, key, outcome.error):
+            return  # the owner answered just now (its record is final): its TurnFinished follows and settles it
+        self.running, self.turn_timer, self.gate = None, None, None
+        self.owner_busy = key
+        self.abandoned[key] = False
+        self._settle(outcome)
+        self._arm_wait()
 
     @handles(WaitExpired)
     def _on_wait_expired(self, msg: WaitExpired) -> None:
@@ -330,8 +359,10 @@ class ProfileActor(TypedActor):
     def _on_idle_check(self, msg: IdleCheck) -> None:
         self.idle_timer = None
         idle_for = time.monotonic() - self.last_active
-        if self.owner is not None:
-            return  # a live owner keeps the profile's actor alive; detach re-arms the idle timer
+        if self.owner is not None or self.owner_busy is not None:
+            # a live owner keeps the profile's actor alive; detach re-arms the idle timer, and so does the owner's
+            # timed-out turn returning (a new actor would not know that turn still runs)
+            return
         if idle_for < self.deps.config.idle_stop_seconds or self.running is not None or self.queue:
             if self.running is None and not self.queue:
                 remaining = self.deps.config.idle_stop_seconds - idle_for

@@ -53,7 +53,9 @@ def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:
     return outcomes.failed(delivery.delivery_id, delivery.label, result.error, result.reason)
 
 
-def timed_out_outcome(delivery: Delivery, *, profile: str, seconds: float, began: bool, live: bool) -> Outcome:
+def timed_out_outcome(
+    delivery: Delivery, *, profile: str, seconds: float, began: bool, live: bool, owner: bool = False
+) -> Outcome:
     """Pure: the outcome of a turn given up on after ``turn_timeout_seconds``.
 
     Args:
@@ -62,11 +64,16 @@ def timed_out_outcome(delivery: Delivery, *, profile: str, seconds: float, began
         seconds: ``turn_timeout_seconds``.
         began: the turn had begun (its gate said so): it may have reached its target.
         live: a turn process of ours ran it and is being ended now.
+        owner: it was handed to the live Bot Chat owner (DESIGN 4.3).
 
     Returns:
-        ``delivery_timeout`` when the turn began (do not resend blindly), else ``target_busy``
-        (it never runs now, and the sender may resend).
+        ``ambiguous`` when the live owner had it (it may have shown the DM: do not resend),
+        ``delivery_timeout`` when the runner's turn began (do not resend blindly), else
+        ``target_busy`` (it never runs now, and the sender may resend).
     """
+    if began and owner:
+        why = f"The live Bot Chat owner did not finish the turn of {delivery.label} within {seconds:g}s."
+        return outcomes.ambiguous(delivery.delivery_id, delivery.label, why)
     if began:
         # only a turn process is ended; a warm turn goes on in hermes, an in-process one in its thread
         fate = " and was stopped; it may have been partly done" if live else "; it may still complete"

@@ -52,6 +52,7 @@ __all__ = [
     "TurnRunner",
     "as_runner",
     "busy_text",
+    "checked_reply",
     "exit_failure_text",
     "refused_not_owned",
     "resolve_cli",
@@ -112,13 +113,30 @@ class CallableRunner:
             TypeError: ``fn`` returned something other than a str.
             Exception: whatever ``fn`` raised, unchanged.
         """
-        reply = self.fn(turn)
-        if not isinstance(reply, str):
-            raise TypeError(f"runner {self.fn!r} returned {type(reply).__name__}, expected str")
-        return reply
+        return checked_reply(self.fn(turn), self.fn)
 
     def __repr__(self) -> str:
         return f"CallableRunner({self.fn!r})" if self.blocking else f"CallableRunner({self.fn!r}, blocking=False)"
+
+
+def checked_reply(reply: object, source: object, what: str = "runner") -> str:
+    """Pure: ``reply`` when it is a str (a reply), else the error naming who returned what.
+
+    Args:
+        reply: what a runner's callable or a live owner returned for a turn.
+        source: who returned it (named in the error by its repr).
+        what: what ``source`` is ("runner", "live owner").
+
+    Returns:
+        ``reply``.
+
+    Raises:
+        TypeError: ``reply`` is not a str (None, bytes, a dict): the turn fails with this
+            text instead of replying its ``str()``, e.g. ``'None'``.
+    """
+    if not isinstance(reply, str):
+        raise TypeError(f"{what} {source!r} returned {type(reply).__name__}, expected str")
+    return reply
 
 
 def runs_inline(runner: object) -> bool:

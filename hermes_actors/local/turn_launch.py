@@ -28,7 +28,16 @@ from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.relay_marks import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["run_inline", "start_recorder", "worker_job"]
+__all__ = ["live_owner_for", "run_inline", "start_recorder", "worker_job"]
+
+
+def live_owner_for(owner: TurnRunner | None, delivery: Delivery) -> TurnRunner | None:
+    """Pure: the live owner ``delivery`` is handed to, or None when its turn runs on the runner.
+
+    The Bot Chat window holds the lease: a DM is handed over, not run as a turn. A room's
+    member turn is no Bot Chat message: it runs in its own session with the runner.
+    """
+    return owner if delivery.origin != ROOM_ORIGIN else None
 
 
 def start_recorder(deps: ProfileDeps, delivery: Delivery) -> StartRecorder | None:
@@ -93,10 +102,10 @@ def worker_job(
         delivery: the delivery whose turn runs.
         deps: the ProfileActors' shared deps.
         lock: the profile's turn lock (taken by the turn, by ``deadline``).
-        owner: the live Bot Chat owner attached when the turn was handed over (None: the runner).
+        owner: the live Bot Chat owner the DM is handed to (:func:`live_owner_for`; None: the runner).
         home: the profile's home.
         deadline: monotonic time by which the turn must have the flock.
-        gate: decides once between the turn beginning and its timeout.
+        gate: decides once between the turn (or the handoff to the owner) beginning and its timeout.
 
     Returns:
         The job (it raises nothing: a result told to a stopped ProfileActor is logged and dropped).
@@ -106,10 +115,9 @@ def worker_job(
     def job() -> None:
         crashpoint("after-ack-before-turn")
         try:
-            # The Bot Chat window holds the lease: hand a DM over, don't run a turn. A room's member turn
-            # is no Bot Chat message: it runs in its own session with the runner.
-            if owner is not None and delivery.origin != ROOM_ORIGIN:
-                result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn, journal=journal)
+            if owner is not None:
+                result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn, journal=journal,
+                                       gate=gate)
             else:
                 result = execute_turn(
                     delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,
