@@ -361,7 +361,8 @@ def test_relayed_turn_is_refused_when_started_is_a_file(tmp_path: Path, gateways
 # ── 8. the rescan repairs relay directories ─────────────────────────────────
 
 
-@pytest.mark.parametrize("which", ["started", "sent", "consumed", "expiring", "gateways"])
+# locks/ and quarantine/ were left out: a swapped locks/ failed every turn of the root (runtime_offline) for good
+@pytest.mark.parametrize("which", ["started", "sent", "consumed", "expiring", "gateways", "locks", "quarantine"])
 @pytest.mark.parametrize("how", ["file", "symlink", "removed"])
 def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: str, how: str) -> None:
     paths = InboxPaths.from_root(tmp_path / "root").ensure()
@@ -382,6 +383,41 @@ def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: st
         assert moved == 1 and len(quarantined(paths, which)) == 1
     else:
         assert moved == 0 and quarantined(paths, which) == []
+
+
+def test_a_relay_directory_that_cannot_be_put_back_stops_none_of_the_others_and_is_logged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the put-back was one ``paths.ensure()``, which stopped at a locks/ it could not make (a symlink
+    still there), so a delivered/ removed in the same pass was never made again (the next reply failed ENOENT),
+    and the same ERROR came back at every rescan, every 2 s."""
+    from hermes_actors.relay import strays
+
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    (tmp_path / "elsewhere").mkdir()
+    os.rmdir(paths.relay.locks)
+    paths.relay.locks.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    os.rmdir(paths.delivered)
+    real_quarantine = strays.quarantine
+
+    def stuck(relay: Any, path: Path, why: str) -> Path | None:  # locks/ cannot be moved aside (yet)
+        return None if path == paths.relay.locks else real_quarantine(relay, path, why)
+
+    monkeypatch.setattr(strays, "quarantine", stuck)
+    unfixable: set[Path] = set()
+    with LogCapture("INFO") as logs:
+        for _ in range(3):
+            quarantine_strays(paths, unfixable=unfixable)
+        assert paths.delivered.is_dir() and not paths.delivered.is_symlink()
+        assert len(logs.matching("could not recreate", "locks")) == 1, logs.lines
+        monkeypatch.setattr(strays, "quarantine", real_quarantine)  # now it can: put back, and said so
+        quarantine_strays(paths, unfixable=unfixable)
+        assert paths.relay.locks.is_dir() and not paths.relay.locks.is_symlink()
+        assert logs.matching("relay directory", "locks", "is back"), logs.lines
+        assert unfixable == set()
+        quarantine_strays(paths, unfixable=unfixable)
+        assert len(logs.matching("could not recreate")) == 1 and len(logs.matching("is back")) == 1
+    assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 @pytest.mark.parametrize(("name", "kept"), [
@@ -485,3 +521,4 @@ def test_gateway_does_not_run_an_adopted_envelope_past_the_ttl(tmp_path: Path, g
     answered = await_condition(lambda: delivered_record(paths, fresh["id"]), timeout=10, message="the fresh reply")
     assert answered["reply"] == "ok: from just now"  # adoption works: the fresh one ran
     assert [t.delivery_id for t in rec.entered] == [fresh["id"]]
+

@@ -122,6 +122,8 @@ class HubActor(TypedActor):
         # envelope id → (sender, target, created_at): what the reply's log line names (never the text)
         self.handed: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
         self.refused: set[Path] = set()  # relay directories found swapped for a symlink (or not ours): logged once
+        # per root, the relay directories the put-back could not make (quarantine_strays logs each once)
+        self.unfixable: dict[str, set[Path]] = {r.name: set() for r in roots}
 
     def on_start(self) -> None:
         for root in self.roots:
@@ -333,7 +335,7 @@ class HubActor(TypedActor):
             if not gateway_alive(root.paths):
                 # Nobody else puts back a relay directory swapped for a symlink (or removed) on this root (a
                 # gateway of ours does it at its rescans; a seed gateway never): the hub does, by the same rule.
-                quarantine_strays(root.paths)
+                quarantine_strays(root.paths, unfixable=self.unfixable[root.name])
             outbox = root.paths.relay.outbox
             with self._relay_dir(root, outbox) as fd:
                 queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)

@@ -129,6 +129,7 @@ class RelayActor(TypedActor):
         # the names the hub used for this root in the envelopes it handed us lately → when last (monotonic);
         # written in the heartbeat for doctor; bounded
         self.routed_as: dict[str, float] = {}
+        self.unfixable: set[Path] = set()  # relay directories the rescan could not put back (each logged once)
 
     def on_start(self) -> None:
         self._recover_taken()
@@ -311,7 +312,8 @@ class RelayActor(TypedActor):
 
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
-        self.counters["quarantined"] += quarantine_strays(self.paths)  # first: the listings below need the tree
+        # first: the listings below need the tree
+        self.counters["quarantined"] += quarantine_strays(self.paths, unfixable=self.unfixable)
         self._keep_shelf()
         replies = set(rf.list_ids(self.paths.relay.replies))
         for envelope_id in [e for e in self.outbound.waiting if e in replies]:
