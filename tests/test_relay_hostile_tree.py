@@ -522,3 +522,65 @@ def test_gateway_does_not_run_an_adopted_envelope_past_the_ttl(tmp_path: Path, g
     assert answered["reply"] == "ok: from just now"  # adoption works: the fresh one ran
     assert [t.delivery_id for t in rec.entered] == [fresh["id"]]
 
+
+# ── 10. a relayed-in reply whose delivered/ write failed ────────────────────
+
+
+def test_a_reply_that_could_not_be_written_to_delivered_is_written_once_it_is_back(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: delivered/ swapped for a symlink while the turn ran: the reply write failed, was logged and
+    dropped; the sender waited 900 s for delivery_timeout (or, after a restart, got ``ambiguous``) although the
+    turn had run. Now it is kept (in memory and in its start mark) and written by the next rescan, whose
+    clean-up has put delivered/ back; nothing is ever written through the symlink."""
+    from actors import Rescan
+
+    mini, paths = mini_root(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    def swap_then_answer(turn: Turn) -> str:  # the swap lands between the turn's start and its reply
+        paths.delivered.rename(paths.relay.base / "delivered.aside")
+        paths.delivered.symlink_to(outside, target_is_directory=True)
+        return "the real answer"
+
+    # no periodic rescan during the test: the one that writes the reply is asked for below
+    gw = start_gateway(gateways, mini, RecordingRunner(swap_then_answer), connection_id="mini", durable=False,
+                       config={"bot_mode": {"rescan_seconds": 3600}})
+    env = moxie_envelope("a slow question")
+    mark = paths.started / f"{env['id']}.json"
+    with LogCapture() as logs:
+        post_to_inbox(paths, env, "alpha")
+        await_condition(lambda: logs.matching("could not write the reply of", env["id"]), timeout=20,
+                        message="the failed write")
+    assert list(outside.iterdir()) == []
+    kept = json.loads(mark.read_text(encoding="utf-8"))  # for a restart: see the test below
+    assert kept["reply"]["reply"] == "the real answer" and kept["reply"]["reply_connection"] == "alpha"
+    assert gw._system is not None and gw._system.relay is not None
+    gw._system.relay.ask(Rescan("manual"), timeout=30)  # puts delivered/ back, then writes the kept reply
+    record = delivered_record(paths, env["id"])
+    assert record is not None and record["reply"] == "the real answer" and record["reply_connection"] == "alpha"
+    assert not mark.exists() and rf.list_ids(paths.taken) == []  # done: off the shelf, mark dropped
+    assert list(outside.iterdir()) == []
+    gw._system.relay.ask(Rescan("manual"), timeout=30)
+    assert len(logs.matching("could not write the reply of", env["id"])) == 1, logs.lines  # logged once
+
+
+def test_a_restart_writes_the_reply_kept_in_a_start_mark_instead_of_ambiguous(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """A gateway stopped before it could write a relayed-in reply (it is in the envelope's start mark):
+    the next gateway writes that reply, not ``ambiguous``, and never runs the turn again."""
+    from hermes_actors.store.relay_marks import keep_reply
+
+    mini, paths = mini_root(tmp_path)
+    env = moxie_envelope("answered before the stop")
+    (paths.taken_parent / f"{env['id']}.json").write_text(json.dumps({**env, "reply_connection": "alpha"}),
+                                                          encoding="utf-8")  # a flat (dead) taken file
+    os.chmod(paths.taken_parent / f"{env['id']}.json", 0o600)
+    keep_reply(paths, rp.make_reply(env["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    rec = RecordingRunner()
+    start_gateway(gateways, mini, rec, connection_id="mini", durable=False)
+    record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=20, message="the kept reply")
+    assert (record["reply"], record["error"], record["reply_connection"]) == ("kept answer", "", "alpha"), record
+    assert rec.entered == [] and not (paths.started / f"{env['id']}.json").exists()
