@@ -13,7 +13,7 @@ import pytest
 from relay_helpers import hub_thread, seed_envelope, seed_write_json
 from roots import LogCapture, RecordingRunner, body_of, make_root
 
-from actors import FsBridge, Scheduler
+from actors import FileAppeared, FsBridge, Scheduler
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.relay.hub import HubActor, HubRoot, run_hub
@@ -276,3 +276,58 @@ def test_a_dm_the_hub_cannot_hand_to_a_root_whose_bot_relay_was_swapped_is_not_d
         out = gw.wait_outcome(ack["delivery_id"], timeout=30)
     assert (out["status"], out["reason"], out["retryable"]) == ("failed", "runtime_offline", True), out
     assert "NOT delivered" in out["error"] and list(elsewhere.iterdir()) == []
+
+
+def _hostile_outside(directory: Path) -> dict[str, str]:
+    """Three files a swapped ``delivered/`` points the hub at: a valid record, garbage, an unknown connection."""
+    directory.mkdir()
+    a, b, c = (uuid.uuid4().hex for _ in range(3))
+    files = {
+        f"{a}.json": json.dumps({"id": a, "at": 1, "reply": "victim A", "error": "", "reason": "",
+                                 "reply_connection": "alpha"}),
+        f"{b}.json": "victim B: not json",
+        f"{c}.json": json.dumps({"id": c, "at": 1, "reply": "victim C", "reply_connection": "zzz"}),
+    }
+    for name, text in files.items():
+        (directory / name).write_text(text, encoding="utf-8")
+        os.chmod(directory / name, 0o600)
+    return files
+
+
+def test_the_hub_never_follows_a_delivered_swapped_for_a_symlink(two_roots: tuple[Path, Path]) -> None:
+    """Regression: with mini's gateway paused and mini's delivered/ swapped for a symlink to a directory outside
+    the root, the hub forwarded the valid record it found there to alpha, deleted it, and moved the other two
+    files from outside the root into mini's quarantine. Now nothing there is read, removed or moved, the refusal
+    is logged once (not at every pass), and with no gateway of ours beating on mini the hub puts a real
+    directory back by the gateway's own rule (quarantine_strays)."""
+    from actors import Rescan
+    from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbeat
+
+    alpha, mini = two_roots
+    paths_m = InboxPaths.from_root(mini).ensure()
+    outside = mini.parent / "outside"
+    files = _hostile_outside(outside)
+    roots = [HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)]
+    with LogCapture("INFO") as logs, Scheduler() as scheduler:
+        hub = HubActor.start(roots, scheduler=scheduler)
+        try:
+            os.rmdir(paths_m.delivered)
+            paths_m.delivered.symlink_to(outside, target_is_directory=True)
+            for _ in range(3):  # three passes, driven here: no timing involved
+                write_heartbeat(paths_m, "mini", now=time.time())  # a (paused) gateway of ours: it puts dirs back
+                hub.ask(Rescan("manual"), timeout=30)
+                for name in files:  # the file event a watch may still report for the old directory
+                    hub.ask(FileAppeared(paths_m.delivered / name), timeout=30)
+            assert {p.name: p.read_text(encoding="utf-8") for p in outside.iterdir()} == files
+            assert list((alpha / "bot_relay" / "replies").iterdir()) == []
+            assert not [p for p in paths_m.relay.quarantine.iterdir() if p.name[:37] in files]
+            assert len(logs.matching("hub:", "delivered", "mini", "cannot be used")) == 1, logs.lines
+            remove_heartbeat(paths_m)  # no gateway of ours on mini any more: the hub puts delivered/ back
+            hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    assert paths_m.delivered.is_dir() and not paths_m.delivered.is_symlink()
+    [link] = paths_m.relay.quarantine.glob("delivered.*.quarantined")
+    assert link.is_symlink()  # the link itself moved aside; what it pointed at was never touched
+    assert {p.name: p.read_text(encoding="utf-8") for p in outside.iterdir()} == files
+    assert logs.matching("hub:", "delivered", "usable directory again"), logs.lines

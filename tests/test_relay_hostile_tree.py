@@ -361,7 +361,8 @@ def test_relayed_turn_is_refused_when_started_is_a_file(tmp_path: Path, gateways
 # ── 8. the rescan repairs relay directories ─────────────────────────────────
 
 
-@pytest.mark.parametrize("which", ["started", "sent", "consumed", "expiring", "gateways"])
+# locks/ and quarantine/ were left out: a swapped locks/ failed every turn of the root (runtime_offline) for good
+@pytest.mark.parametrize("which", ["started", "sent", "consumed", "expiring", "gateways", "locks", "quarantine"])
 @pytest.mark.parametrize("how", ["file", "symlink", "removed"])
 def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: str, how: str) -> None:
     paths = InboxPaths.from_root(tmp_path / "root").ensure()
@@ -382,6 +383,41 @@ def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: st
         assert moved == 1 and len(quarantined(paths, which)) == 1
     else:
         assert moved == 0 and quarantined(paths, which) == []
+
+
+def test_a_relay_directory_that_cannot_be_put_back_stops_none_of_the_others_and_is_logged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the put-back was one ``paths.ensure()``, which stopped at a locks/ it could not make (a symlink
+    still there), so a delivered/ removed in the same pass was never made again (the next reply failed ENOENT),
+    and the same ERROR came back at every rescan, every 2 s."""
+    from hermes_actors.relay import strays
+
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    (tmp_path / "elsewhere").mkdir()
+    os.rmdir(paths.relay.locks)
+    paths.relay.locks.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    os.rmdir(paths.delivered)
+    real_quarantine = strays.quarantine
+
+    def stuck(relay: Any, path: Path, why: str) -> Path | None:  # locks/ cannot be moved aside (yet)
+        return None if path == paths.relay.locks else real_quarantine(relay, path, why)
+
+    monkeypatch.setattr(strays, "quarantine", stuck)
+    unfixable: set[Path] = set()
+    with LogCapture("INFO") as logs:
+        for _ in range(3):
+            quarantine_strays(paths, unfixable=unfixable)
+        assert paths.delivered.is_dir() and not paths.delivered.is_symlink()
+        assert len(logs.matching("could not recreate", "locks")) == 1, logs.lines
+        monkeypatch.setattr(strays, "quarantine", real_quarantine)  # now it can: put back, and said so
+        quarantine_strays(paths, unfixable=unfixable)
+        assert paths.relay.locks.is_dir() and not paths.relay.locks.is_symlink()
+        assert logs.matching("relay directory", "locks", "is back"), logs.lines
+        assert unfixable == set()
+        quarantine_strays(paths, unfixable=unfixable)
+        assert len(logs.matching("could not recreate")) == 1 and len(logs.matching("is back")) == 1
+    assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 @pytest.mark.parametrize(("name", "kept"), [
@@ -485,3 +521,66 @@ def test_gateway_does_not_run_an_adopted_envelope_past_the_ttl(tmp_path: Path, g
     answered = await_condition(lambda: delivered_record(paths, fresh["id"]), timeout=10, message="the fresh reply")
     assert answered["reply"] == "ok: from just now"  # adoption works: the fresh one ran
     assert [t.delivery_id for t in rec.entered] == [fresh["id"]]
+
+
+# ── 10. a relayed-in reply whose delivered/ write failed ────────────────────
+
+
+def test_a_reply_that_could_not_be_written_to_delivered_is_written_once_it_is_back(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: delivered/ swapped for a symlink while the turn ran: the reply write failed, was logged and
+    dropped; the sender waited 900 s for delivery_timeout (or, after a restart, got ``ambiguous``) although the
+    turn had run. Now it is kept (in memory and in its start mark) and written by the next rescan, whose
+    clean-up has put delivered/ back; nothing is ever written through the symlink."""
+    from actors import Rescan
+
+    mini, paths = mini_root(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    def swap_then_answer(turn: Turn) -> str:  # the swap lands between the turn's start and its reply
+        paths.delivered.rename(paths.relay.base / "delivered.aside")
+        paths.delivered.symlink_to(outside, target_is_directory=True)
+        return "the real answer"
+
+    # no periodic rescan during the test: the one that writes the reply is asked for below
+    gw = start_gateway(gateways, mini, RecordingRunner(swap_then_answer), connection_id="mini", durable=False,
+                       config={"bot_mode": {"rescan_seconds": 3600}})
+    env = moxie_envelope("a slow question")
+    mark = paths.started / f"{env['id']}.json"
+    with LogCapture() as logs:
+        post_to_inbox(paths, env, "alpha")
+        await_condition(lambda: logs.matching("could not write the reply of", env["id"]), timeout=20,
+                        message="the failed write")
+    assert list(outside.iterdir()) == []
+    kept = json.loads(mark.read_text(encoding="utf-8"))  # for a restart: see the test below
+    assert kept["reply"]["reply"] == "the real answer" and kept["reply"]["reply_connection"] == "alpha"
+    assert gw._system is not None and gw._system.relay is not None
+    gw._system.relay.ask(Rescan("manual"), timeout=30)  # puts delivered/ back, then writes the kept reply
+    record = delivered_record(paths, env["id"])
+    assert record is not None and record["reply"] == "the real answer" and record["reply_connection"] == "alpha"
+    assert not mark.exists() and rf.list_ids(paths.taken) == []  # done: off the shelf, mark dropped
+    assert list(outside.iterdir()) == []
+    gw._system.relay.ask(Rescan("manual"), timeout=30)
+    assert len(logs.matching("could not write the reply of", env["id"])) == 1, logs.lines  # logged once
+
+
+def test_a_restart_writes_the_reply_kept_in_a_start_mark_instead_of_ambiguous(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """A gateway stopped before it could write a relayed-in reply (it is in the envelope's start mark):
+    the next gateway writes that reply, not ``ambiguous``, and never runs the turn again."""
+    from hermes_actors.store.relay_marks import keep_reply
+
+    mini, paths = mini_root(tmp_path)
+    env = moxie_envelope("answered before the stop")
+    (paths.taken_parent / f"{env['id']}.json").write_text(json.dumps({**env, "reply_connection": "alpha"}),
+                                                          encoding="utf-8")  # a flat (dead) taken file
+    os.chmod(paths.taken_parent / f"{env['id']}.json", 0o600)
+    keep_reply(paths, rp.make_reply(env["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    rec = RecordingRunner()
+    start_gateway(gateways, mini, rec, connection_id="mini", durable=False)
+    record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=20, message="the kept reply")
+    assert (record["reply"], record["error"], record["reply_connection"]) == ("kept answer", "", "alpha"), record
+    assert rec.entered == [] and not (paths.started / f"{env['id']}.json").exists()

@@ -27,6 +27,7 @@ from loguru import logger
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_dirfd import relay_dir
 from hermes_actors.store.relay_inbox import InboxPaths, read_inbox_envelope, take_from_inbox
 from hermes_actors.store.relay_quarantine import quarantine
 
@@ -104,10 +105,12 @@ def _claim(paths: InboxPaths, box: Box, envelope_id: str) -> Path | None:
     return take_from_inbox(paths, envelope_id)
 
 
-def _read(box: Box, path: Path) -> tuple[dict[str, Any], str]:
-    if box == "outbox":
-        return rf.read_envelope(path), ""
-    return read_inbox_envelope(path)
+def _read(paths: InboxPaths, box: Box, path: Path) -> tuple[dict[str, Any], str]:
+    """The claimed envelope, read through its shelf's descriptor (a shelf swapped for a symlink is refused)."""
+    with relay_dir(paths.relay.base, path.parent) as fd:
+        if box == "outbox":
+            return rf.read_envelope(path, dir_fd=fd), ""
+        return read_inbox_envelope(path, dir_fd=fd)
 
 
 def _mtime(path: Path) -> float | None:
@@ -145,7 +148,7 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
     if claimed is None:
         return NotOurs(envelope_id)
     try:
-        envelope, reply_connection = _read(box, claimed)
+        envelope, reply_connection = _read(paths, box, claimed)
     except FileNotFoundError:
         return NotOurs(envelope_id, "the claimed file vanished")
     except (OSError, ValidationError) as exc:

@@ -13,10 +13,13 @@ post unless the target already has it.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,10 +36,11 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.messages import RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
+from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles, existing_root
-from hermes_actors.store.relay_dirfd import rename_between
+from hermes_actors.store.relay_dirfd import open_relay_dir, relay_dir, rename_between
 from hermes_actors.store.relay_heartbeat import gateway_alive
 from hermes_actors.store.relay_inbox import InboxPaths, already_posted, post_to_inbox, read_delivered
 from hermes_actors.store.relay_quarantine import quarantine
@@ -117,6 +121,9 @@ class HubActor(TypedActor):
         self.claiming: dict[str, InboxPaths] = {}  # each root's layout with ``claimed`` = our shelf there
         # envelope id → (sender, target, created_at): what the reply's log line names (never the text)
         self.handed: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
+        self.refused: set[Path] = set()  # relay directories found swapped for a symlink (or not ours): logged once
+        # per root, the relay directories the put-back could not make (quarantine_strays logs each once)
+        self.unfixable: dict[str, set[Path]] = {r.name: set() for r in roots}
 
     def on_start(self) -> None:
         for root in self.roots:
@@ -138,14 +145,20 @@ class HubActor(TypedActor):
             for envelope_id in (*adopted.ids, *adopted.legacy):
                 path = self.claiming[source.name].relay.claimed / f"{envelope_id}.json"
                 try:
-                    envelope = rf.read_envelope(path)
+                    with relay_dir(source.paths.relay.base, path.parent) as shelf_fd:  # our shelf, never followed
+                        envelope = rf.read_envelope(path, dir_fd=shelf_fd)
                 except FileNotFoundError:
                     continue
                 except (OSError, ValidationError) as exc:
                     quarantine(source.paths.relay, path, str(exc))
                     continue
                 target = self.by_name.get(envelope["target_connection"])
-                if target is None or not already_posted(source.paths, target.paths, envelope_id):
+                try:
+                    posted = target is not None and already_posted(source.paths, target.paths, envelope_id)
+                except HostileFileError as exc:  # cannot tell whether it got there: the next hub start looks again
+                    logger.error("hub: the claim {} of {} stays on our shelf: {}", envelope_id, source.name, exc)
+                    continue
+                if not posted:
                     self._route(source, envelope)
                     self.counters["resumed"] += 1
                 self._file_claim(source, envelope_id)
@@ -230,10 +243,40 @@ class HubActor(TypedActor):
         latency = None if created_at is None else time.time() - float(created_at)
         logger.info("hub: {}", delivery_line(envelope_id, sender, target, outcome.status, outcome.reason, latency))
 
-    def _forward(self, holder: HubRoot, envelope_id: str) -> None:
+    @contextmanager
+    def _relay_dir(self, root: HubRoot, directory: Path) -> Iterator[int | None]:
+        """``directory`` of ``root`` opened from its ``bot_relay/`` without following a symlink at any step.
+
+        Yields None when it cannot be used: missing (its gateway, or our put-back, makes it again), or
+        swapped for a symlink, a file or another user's directory: that is logged once, not at every pass,
+        and nothing in it is read, removed or moved until it is a real directory of ours again.
+        """
+        try:
+            fd = open_relay_dir(root.paths.relay.base, directory)
+        except FileNotFoundError:
+            yield None
+            return
+        except (OSError, HostileFileError) as exc:
+            if directory not in self.refused:
+                self.refused.add(directory)
+                logger.error("hub: {} of {} cannot be used, nothing is taken from it: {}. The root's gateway puts "
+                             "a real directory back at its next rescan; with none of ours running there, the hub "
+                             "does", directory, root.name, exc)
+            yield None
+            return
+        if directory in self.refused:
+            self.refused.discard(directory)
+            logger.info("hub: {} of {} is a usable directory again", directory, root.name)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _forward(self, holder: HubRoot, envelope_id: str, delivered: int) -> None:
+        """Copy ``delivered/<id>.json`` (read through ``delivered``, its directory's descriptor) to the sender."""
         path = holder.paths.delivered / f"{envelope_id}.json"
         try:
-            record, reply_connection = read_delivered(path)
+            record, reply_connection = read_delivered(path, dir_fd=delivered)
         except FileNotFoundError:
             return
         except ValidationError as exc:
@@ -254,9 +297,11 @@ class HubActor(TypedActor):
             sender, to, created_at = self.handed.pop(envelope_id, (f"?@{reply_connection}", f"?@{holder.name}", None))
             self._log(envelope_id, sender, to, record, created_at)
         try:
-            path.unlink()
+            os.unlink(path.name, dir_fd=delivered)
         except FileNotFoundError:
             pass
+        except OSError as exc:  # a directory planted under its name: the next rescan quarantines it
+            logger.warning("hub: could not remove {}: {}", path, exc)
 
     def _reply(self, source: HubRoot, record: dict[str, Any]) -> bool | None:
         """Write a reply into ``source``'s replies/: True written, False one was there, None failed."""
@@ -274,9 +319,11 @@ class HubActor(TypedActor):
         if root is None or envelope_id is None:
             return
         if directory == root.paths.relay.outbox:
-            self._drain(root, envelope_id)
+            self._drain(root, envelope_id)  # the claim renames through directory descriptors
         elif directory == root.paths.delivered:
-            self._forward(root, envelope_id)
+            with self._relay_dir(root, directory) as delivered:
+                if delivered is not None:
+                    self._forward(root, envelope_id, delivered)
 
     @handles(FileRemoved)
     def _on_removed(self, msg: FileRemoved) -> None:
@@ -285,10 +332,19 @@ class HubActor(TypedActor):
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
         for root in self.roots:
-            for envelope_id in rf.list_ids(root.paths.relay.outbox, oldest_first=True):
+            if not gateway_alive(root.paths):
+                # Nobody else puts back a relay directory swapped for a symlink (or removed) on this root (a
+                # gateway of ours does it at its rescans; a seed gateway never): the hub does, by the same rule.
+                quarantine_strays(root.paths, unfixable=self.unfixable[root.name])
+            outbox = root.paths.relay.outbox
+            with self._relay_dir(root, outbox) as fd:
+                queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
+            for envelope_id in queued:
                 self._drain(root, envelope_id)
-            for envelope_id in rf.list_ids(root.paths.delivered):
-                self._forward(root, envelope_id)
+            with self._relay_dir(root, root.paths.delivered) as delivered:
+                if delivered is not None:
+                    for envelope_id in rf.list_ids(root.paths.delivered, dir_fd=delivered):
+                        self._forward(root, envelope_id, delivered)
 
 
 def run_hub(

@@ -57,7 +57,7 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbeat
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
-from hermes_actors.store.relay_marks import clear_started, was_started
+from hermes_actors.store.relay_marks import clear_started, keep_reply, was_started
 from hermes_actors.store.relay_shelf import Shelf
 
 __all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]
@@ -129,6 +129,10 @@ class RelayActor(TypedActor):
         # the names the hub used for this root in the envelopes it handed us lately → when last (monotonic);
         # written in the heartbeat for doctor; bounded
         self.routed_as: dict[str, float] = {}
+        # envelope id → (reply record, reply_connection): replies whose delivered/ write failed, written again
+        # at each rescan (after the clean-up put delivered/ back) until they are on disk
+        self.unwritten: dict[str, tuple[dict[str, Any], str]] = {}
+        self.unfixable: set[Path] = set()  # relay directories the rescan could not put back (each logged once)
 
     def on_start(self) -> None:
         self._recover_taken()
@@ -156,9 +160,11 @@ class RelayActor(TypedActor):
         for envelope, reply_connection in sorted(recovery.rerun, key=lambda item: rank.get(item[0]["id"], len(rank))):
             self.counters["drained"] += 1
             self.dispatcher.tell(RelayDeliver(envelope, reply_connection))
+        self.unwritten.update((record["id"], (record, connection)) for record, connection in recovery.unwritten)
         self.counters["quarantined"] += recovery.quarantined
         logger.info("relay: adopted {} envelope(s) a stopped gateway had taken: {rerun} run now (never started), "
                     "{ambiguous} answered ambiguous (may have run), {finished} already replied, "
+                    "{kept} replied with the reply kept in their start mark ({unwritten} still unwritten), "
                     "{expired} expired (waited past the TTL, never run), {quarantined} quarantined",
                     len(adopted.ids) + len(adopted.legacy), **recovery.counts())
 
@@ -247,11 +253,23 @@ class RelayActor(TypedActor):
         return returned
 
     def _write_delivered(self, record: dict[str, Any], reply_connection: str) -> None:
+        """Write the reply of a relayed-in envelope to ``delivered/``, then take the envelope off our shelf.
+
+        A write that fails (``delivered/`` swapped for a symlink, a full disk) loses nothing: the reply is
+        kept for the next rescans (after their clean-up put ``delivered/`` back) and in the envelope's
+        start mark, where a gateway adopting the envelope after a restart finds it.
+        """
+        envelope_id = record["id"]
         try:
             write_delivered(self.paths, record, reply_connection)
         except (StoreError, OSError, ValidationError) as exc:
-            logger.error("relay: could not write the reply of {}: {}", record["id"], exc)
+            if envelope_id not in self.unwritten:  # logged once, not at every retry
+                self.unwritten[envelope_id] = (record, reply_connection)
+                logger.error("relay: could not write the reply of {}: {}. It is kept and written again at the "
+                             "next rescans{}", envelope_id, exc, self._keep_in_mark(record, reply_connection))
             return
+        if self.unwritten.pop(envelope_id, None) is not None:
+            logger.info("relay: the reply of {} is written now", envelope_id)
         # The reply is on disk. Off our shelf first, its start mark last: a kill in between leaves a mark
         # and no envelope (swept later). The other order could leave the envelope unmarked on the shelf
         # after the hub already forwarded the reply, and the next gateway would run the turn again.
@@ -263,6 +281,15 @@ class RelayActor(TypedActor):
             logger.warning("relay: could not take {} off our shelf: {}", record["id"], exc)
             return  # keep the start mark: an adopter must not run the envelope again
         clear_started(self.paths, record["id"])
+
+    def _keep_in_mark(self, record: dict[str, Any], reply_connection: str) -> str:
+        """Keep an unwritten reply in its start mark for a restart; returns what the error line adds about it."""
+        try:
+            keep_reply(self.paths, record, reply_connection, now=time.time())
+        except (StoreError, OSError, ValidationError) as exc:  # HostileFileError included
+            return f" (only in memory: it could not be kept in its start mark either ({exc}), a restart " \
+                   "answers it ambiguous)"
+        return " (and kept in its start mark, for a restart)"
 
     # ── the Desktop's RPC (asked by DesktopRpc on the caller's behalf) ───────
 
@@ -311,8 +338,11 @@ class RelayActor(TypedActor):
 
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
-        self.counters["quarantined"] += quarantine_strays(self.paths)  # first: the listings below need the tree
+        # first: the listings below need the tree
+        self.counters["quarantined"] += quarantine_strays(self.paths, unfixable=self.unfixable)
         self._keep_shelf()
+        for record, reply_connection in list(self.unwritten.values()):  # delivered/ may be back
+            self._write_delivered(record, reply_connection)
         replies = set(rf.list_ids(self.paths.relay.replies))
         for envelope_id in [e for e in self.outbound.waiting if e in replies]:
             self.outbound.check_reply(envelope_id)

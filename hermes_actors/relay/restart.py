@@ -4,6 +4,8 @@ Drain side: the envelopes a dead gateway had taken (adopted from its shelf,
 :mod:`hermes_actors.store.relay_shelf`) are as durable as local deliveries:
 
 - a reply already in ``delivered/`` → the turn finished; the hub forwards that record;
+- a reply kept in its ``started/`` mark (its ``delivered/`` write had failed) → the turn
+  finished: that reply is written to ``delivered/`` now (kept for the rescans if it fails again);
 - a ``started/`` mark (or a legacy flat file, whose state nobody recorded) → the turn
   may have run: an ``ambiguous`` reply is written back at once, it never runs twice;
 - otherwise → the turn never started: it is run now, once — unless it waited past
@@ -29,7 +31,7 @@ from hermes_actors.relay.drain import expiry_of
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, is_consumed, read_inbox_envelope, write_delivered
-from hermes_actors.store.relay_marks import clear_started, was_started
+from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_sent import SentRecord, clear_sent, list_sent
 from hermes_actors.store.relay_shelf import Adopted
@@ -65,6 +67,9 @@ class TakenRecovery:
     """The adopted envelopes, sorted by fate."""
 
     rerun: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (envelope, reply_connection)
+    # (reply record, reply_connection): replies kept in start marks that could not be written yet either
+    unwritten: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    kept: int = 0  # replies kept in start marks, written now
     ambiguous: int = 0
     finished: int = 0
     expired: int = 0
@@ -72,7 +77,8 @@ class TakenRecovery:
 
     def counts(self) -> dict[str, int]:
         return {"rerun": len(self.rerun), "ambiguous": self.ambiguous, "finished": self.finished,
-                "expired": self.expired, "quarantined": self.quarantined}
+                "kept": self.kept, "unwritten": len(self.unwritten), "expired": self.expired,
+                "quarantined": self.quarantined}
 
 
 def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float | None = None) -> TakenRecovery:
@@ -104,8 +110,10 @@ def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float
             result.quarantined += 1
             continue
         replied = os.path.lexists(paths.delivered / path.name)
-        action = taken_action(replied=replied, started=was_started(paths, envelope_id),
-                              legacy=envelope_id in legacy)
+        started = was_started(paths, envelope_id)
+        if not replied and started and _write_kept(paths, envelope_id, reply_connection, result):
+            continue
+        action = taken_action(replied=replied, started=started, legacy=envelope_id in legacy)
         expired = expiry_of(envelope, path, ttl=ttl, now=now) if action == "rerun" else None
         if action == "rerun" and expired is None:
             result.rerun.append((envelope, reply_connection))
@@ -135,6 +143,40 @@ def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float
         except FileNotFoundError:
             pass
     return result
+
+
+def _write_kept(paths: InboxPaths, envelope_id: str, reply_connection: str, result: TakenRecovery) -> bool:
+    """Write the reply kept in the envelope's start mark, if there is one (:func:`keep_reply`).
+
+    Returns:
+        True when the mark held a reply: it is written (the envelope leaves our shelf), or it could not
+        be and is in ``result.unwritten`` (the envelope stays on our shelf with its mark). False when
+        there is none to write (or the mark cannot be read): the envelope's fate is decided as before.
+    """
+    try:
+        kept = kept_reply(paths, envelope_id)
+    except (OSError, ValidationError) as exc:  # HostileFileError included: answered ambiguous as before
+        logger.warning("relay: cannot read the start mark of {}: {}", envelope_id, exc)
+        return False
+    if kept is None:
+        return False
+    record = kept[0]
+    try:
+        write_delivered(paths, record, reply_connection)
+    except (StoreError, OSError, ValidationError) as exc:
+        logger.error("relay: could not write the kept reply of {}: {}; the rescans try again", envelope_id, exc)
+        result.unwritten.append((record, reply_connection))
+        return True
+    result.kept += 1
+    try:
+        os.unlink(paths.taken / f"{envelope_id}.json")  # off the shelf first, its mark last (see RelayActor)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("relay: could not take {} off our shelf: {}", envelope_id, exc)
+        return True
+    clear_started(paths, envelope_id)
+    return True
 
 
 @dataclass

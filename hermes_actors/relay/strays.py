@@ -3,58 +3,140 @@
 from __future__ import annotations
 
 import os
+import secrets
+import stat
+import time
 from pathlib import Path
 
 from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name
-from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
+from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import relay_dir, rename_between
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_quarantine import quarantine
+from hermes_actors.store.relay_quarantine import quarantine, quarantine_name
 
-__all__ = ["quarantine_strays"]
+__all__ = ["kept_directories", "quarantine_strays"]
 
 
-def quarantine_strays(paths: InboxPaths) -> int:
+def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
+    """Pure: the relay directories the rescan puts back when they are swapped for a symlink or a file, or removed.
+
+    Every directory of the layout but two: not ``bot_relay/`` itself (a swapped one is refused by every use,
+    and a root's relay directory is the user's to put back), and not ``hubclaims/``: the hub process owns it
+    (a shelf put back under a running hub would have no lock, and its claims there would never be adopted);
+    a swapped one refuses the hub's claims until it is fixed. ``quarantine/`` is first: the others move into it.
+
+    Args:
+        paths: the relay layout.
+
+    Returns:
+        The directories, ``quarantine/`` first.
+    """
+    relay = paths.relay
+    return (relay.quarantine, paths.inbox, relay.replies, relay.outbox, relay.claimed, relay.locks, paths.delivered,
+            paths.taken_parent, paths.started, paths.sent, paths.consumed, paths.heartbeat, paths.expiring, relay.tmp)
+
+
+def _swapped(directory: Path) -> bool:
+    """Whether ``directory`` is there but is not a real directory (a symlink, a file...), in one ``lstat``."""
+    try:
+        return not stat.S_ISDIR(os.lstat(directory).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _move_aside(paths: InboxPaths, directory: Path) -> None:
+    """Quarantine a swapped relay directory (the entry itself: a symlink is never followed).
+
+    A swapped ``quarantine/`` cannot be moved into itself: it is renamed aside in ``bot_relay/`` first,
+    a real ``quarantine/`` is made, and then it moves in like any other.
+    """
+    why = "a relay directory was replaced by a symlink or a file"
+    if directory != paths.relay.quarantine:
+        quarantine(paths.relay, directory, why)
+        return
+    base = paths.relay.base
+    aside = quarantine_name(directory.name, time.time_ns(), secrets.token_hex(4))
+    try:
+        rename_between(base, base, base, directory.name, new_name=aside)
+        ensure_private_dir(directory, within=paths.relay.root)
+    except (OSError, StoreError, ValidationError) as exc:  # HostileFileError included
+        logger.warning("could not quarantine {} ({}): {}", directory, why, exc)
+        return
+    quarantine(paths.relay, base / aside, why)
+
+
+def _put_back(paths: InboxPaths, directories: tuple[Path, ...], unfixable: set[Path]) -> None:
+    """Make every directory that is missing, each on its own: one that cannot be made stops none of the others.
+
+    Args:
+        paths: the relay layout.
+        directories: the directories to make.
+        unfixable: the directories that could not be made at an earlier pass (updated here): a failure
+            is logged when it starts and when it ends, not at every pass.
+    """
+    for directory in directories:
+        try:
+            ensure_private_dir(directory, within=paths.relay.root)
+        except (StoreError, ValidationError) as exc:  # HostileFileError included (bot_relay/ itself swapped)
+            if directory not in unfixable:
+                unfixable.add(directory)
+                logger.error("relay: could not recreate the relay directory {}: {}. Every use of it fails until "
+                             "it is a directory of ours again (the rescan keeps trying)", directory, exc)
+            continue
+        if directory in unfixable:
+            unfixable.discard(directory)
+            logger.info("relay: the relay directory {} is back", directory)
+
+
+def _strays_in(paths: InboxPaths, directory: Path) -> list[Path]:
+    """The entries of ``directory`` that are not ``<32 hex>.json`` regular files (hidden names left alone).
+
+    Listed through a descriptor opened without following a symlink: a directory swapped meanwhile is not
+    listed (the next pass puts it back).
+    """
+    try:
+        with relay_dir(paths.relay.base, directory) as fd:
+            entries = list(os.scandir(fd))
+    except (OSError, HostileFileError):
+        return []
+    return [directory / entry.name for entry in entries
+            if not entry.name.startswith(".") and (entry.is_symlink() or id_of_file_name(entry.name) is None)]
+
+
+def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) -> int:
     """Quarantine relay directories (the temp directory too) replaced by symlinks or files, and stray files.
 
-    Directories quarantined or removed are created again.
+    Directories quarantined or removed are created again, each on its own (one that cannot be
+    made, e.g. under a ``bot_relay/`` that is itself a symlink, stops none of the others).
 
-    Every use of a relay directory already refuses a symlink (renames go through
+    Every use of a relay directory already refuses a symlink (renames, reads and listings go through
     ``O_NOFOLLOW`` directory descriptors opened from ``bot_relay/`` down, writes too); this puts a real
     directory back. In ``inbox/`` and ``replies/``, files that are not ``<32 hex>.json``
     or are symlinks are moved aside too.
 
     Args:
         paths: the relay layout.
+        unfixable: the caller's memory of the directories that could not be made again (kept across its
+            passes, so a lasting failure is logged once); None: every failure is logged.
 
     Returns:
         How many entries were quarantined.
     """
     moved = 0
-    # Not hubclaims/: the hub process owns it (a shelf put back under a running hub would have no lock, and
-    # its claims there would never be adopted); a swapped one refuses the hub's claims until it is fixed.
-    directories = (paths.inbox, paths.relay.replies, paths.relay.outbox, paths.relay.claimed, paths.delivered,
-                   paths.taken_parent, paths.started, paths.sent, paths.consumed, paths.heartbeat, paths.expiring,
-                   paths.relay.tmp)
-    swapped = [d for d in directories if os.path.islink(d) or (os.path.lexists(d) and not os.path.isdir(d))]
+    directories = kept_directories(paths)
+    swapped = [d for d in directories if _swapped(d)]
     for directory in swapped:
         moved += 1
-        quarantine(paths.relay, directory, "a relay directory was replaced by a symlink or a file")
-    if swapped or not all(os.path.isdir(d) for d in directories):  # also put back what was removed
-        try:
-            paths.ensure()
-        except (StoreError, ValidationError) as exc:
-            logger.error("relay: could not recreate the relay directories: {}", exc)
+        _move_aside(paths, directory)
+    failing = set() if unfixable is None else unfixable
+    # also put back what was removed; and look again at what failed before, to say when it is back
+    if swapped or failing or not all(os.path.isdir(d) for d in directories):
+        _put_back(paths, directories, failing)
     for directory in (paths.inbox, paths.relay.replies):
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            if entry.is_symlink() or id_of_file_name(entry.name) is None:
-                moved += 1
-                quarantine(paths.relay, Path(entry.path), "not a <32 hex>.json regular file")
+        for stray in _strays_in(paths, directory):
+            moved += 1
+            quarantine(paths.relay, stray, "not a <32 hex>.json regular file")
     return moved

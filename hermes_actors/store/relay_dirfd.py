@@ -15,11 +15,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hermes_actors.errors import HostileFileError
 
-__all__ = ["open_dir_below", "open_relay_dir", "rename_between"]
+__all__ = ["lexists_below", "open_dir_below", "open_relay_dir", "relay_dir", "rename_between"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -164,7 +166,46 @@ def open_relay_dir(base: Path, directory: Path | str) -> int:
         os.close(base_fd)
 
 
-def rename_between(base: Path, source_dir: Path, target_dir: Path, name: str) -> bool:
+@contextmanager
+def relay_dir(base: Path, directory: Path | str) -> Iterator[int]:
+    """:func:`open_relay_dir` for a ``with`` block: the descriptor is closed on exit.
+
+    Read, list and remove relative to it (``dir_fd=``): a directory swapped for a symlink
+    is refused when it is opened, and nothing after that can be redirected through it.
+
+    Raises:
+        As :func:`open_relay_dir`.
+    """
+    fd = open_relay_dir(base, directory)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def lexists_below(base: Path, path: Path) -> bool:
+    """Whether an entry ``path`` exists (a symlink counts, never followed), its directory inside ``base``.
+
+    Args:
+        base: the ``bot_relay`` directory.
+        path: the entry.
+
+    Returns:
+        True when it exists; False when it or its directory does not.
+
+    Raises:
+        HostileFileError: a directory on the way is a symlink or not ours (nothing below it is looked at).
+        OSError: a directory on the way could not be opened for another reason.
+    """
+    try:
+        with relay_dir(base, path.parent) as fd:
+            os.lstat(path.name, dir_fd=fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def rename_between(base: Path, source_dir: Path, target_dir: Path, name: str, *, new_name: str | None = None) -> bool:
     """Rename ``source_dir/name`` to ``target_dir/name``, both directories inside ``base``.
 
     Args:
@@ -172,6 +213,7 @@ def rename_between(base: Path, source_dir: Path, target_dir: Path, name: str) ->
         source_dir: where the file is (inside ``base``).
         target_dir: where it goes (inside ``base``).
         name: the file name (one component).
+        new_name: its name in ``target_dir`` (default: ``name``).
 
     Returns:
         True when this call moved the file; False when the source was gone
@@ -187,7 +229,7 @@ def rename_between(base: Path, source_dir: Path, target_dir: Path, name: str) ->
         try:
             dst = _descend(base_fd, _relative_parts(base, target_dir), base)
             try:
-                os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)
+                os.rename(name, new_name or name, src_dir_fd=src, dst_dir_fd=dst)
             except FileNotFoundError:
                 return False
             finally:

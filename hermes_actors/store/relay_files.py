@@ -198,11 +198,12 @@ def claim_envelope(paths: RelayPaths, envelope_id: str) -> Path | None:
     return regular_or_quarantined(paths, claimed, "claimed envelope")
 
 
-def read_envelope(path: Path) -> dict[str, Any]:
+def read_envelope(path: Path, *, dir_fd: int | None = None) -> dict[str, Any]:
     """Read and validate an envelope file (outbox or claimed).
 
     Args:
         path: ``<dir>/<id>.json``.
+        dir_fd: ``<dir>`` opened by :func:`hermes_actors.store.relay_dirfd.relay_dir`: read relative to it.
 
     Returns:
         The validated envelope.
@@ -215,7 +216,7 @@ def read_envelope(path: Path) -> dict[str, Any]:
     file_id = id_of_file_name(path.name)
     if file_id is None:
         raise ValidationError(f"not an envelope file name: {path.name!r}")
-    return parse_envelope(read_json_file(path), file_id=file_id)
+    return parse_envelope(read_json_file(path, dir_fd=dir_fd), file_id=file_id)
 
 
 # ── replies ─────────────────────────────────────────────────────────────────
@@ -310,7 +311,7 @@ def sweep_stale(paths: RelayPaths, *, now: float) -> int:
     return sum(sweep_directory(d, cutoff) for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
 
 
-def list_ids(directory: Path, *, oldest_first: bool = False) -> list[str]:
+def list_ids(directory: Path, *, oldest_first: bool = False, dir_fd: int | None = None) -> list[str]:
     """The envelope ids of the ``<32 hex>.json`` entries of a directory.
 
     Args:
@@ -319,12 +320,14 @@ def list_ids(directory: Path, *, oldest_first: bool = False) -> list[str]:
             A rescan takes envelopes in this order, so that DMs found together (at a
             start, after a put-back) reach their target in the order they were posted,
             to the file system's timestamp granularity: ids are random.
+        dir_fd: ``directory`` opened by :func:`hermes_actors.store.relay_dirfd.relay_dir`: listed
+            through it, so a ``directory`` swapped for a symlink after the check is never listed.
 
     Returns:
         The ids; every other name is ignored (and so is an entry gone before its ``lstat``).
     """
     try:
-        names = os.listdir(directory)
+        names = os.listdir(directory if dir_fd is None else dir_fd)
     except OSError:
         return []
     ids = [i for i in map(id_of_file_name, names) if i is not None]
@@ -333,7 +336,9 @@ def list_ids(directory: Path, *, oldest_first: bool = False) -> list[str]:
     dated: list[tuple[int, str]] = []
     for envelope_id in ids:
         try:  # lstat: never follows a planted symlink (taking the envelope refuses it)
-            dated.append((os.lstat(directory / f"{envelope_id}.json").st_mtime_ns, envelope_id))
+            name = f"{envelope_id}.json"
+            info = os.lstat(directory / name) if dir_fd is None else os.lstat(name, dir_fd=dir_fd)
+            dated.append((info.st_mtime_ns, envelope_id))
         except OSError:
             continue
     return [envelope_id for _, envelope_id in sorted(dated)]

@@ -14,6 +14,7 @@ from typing import Any
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.atomic import atomic_write_json, read_json_file
 from hermes_actors.store.processes import pid_alive
+from hermes_actors.store.relay_dirfd import relay_dir
 from hermes_actors.store.relay_inbox import InboxPaths
 
 __all__ = ["HEARTBEAT_FRESH_SECONDS", "gateway_alive", "live_heartbeats", "remove_heartbeat", "write_heartbeat"]
@@ -71,18 +72,20 @@ def live_heartbeats(paths: InboxPaths, *, now: float | None = None) -> list[dict
         by pid.
     """
     now = time.time() if now is None else now
-    try:
-        names = sorted(n for n in os.listdir(paths.heartbeat) if n.endswith(".json") and n[:-5].isdigit())
-    except OSError:
-        return []
     found = []
-    for name in names:
-        try:
-            beat = read_json_file(paths.heartbeat / name, max_bytes=4096)
-        except (OSError, ValidationError):
-            continue
-        if _beat_alive(beat, now):
-            found.append(beat)
+    try:
+        # through a descriptor opened without following a symlink: a gateways/ swapped for one is not read
+        with relay_dir(paths.relay.base, paths.heartbeat) as fd:
+            names = sorted(n for n in os.listdir(fd) if n.endswith(".json") and n[:-5].isdigit())
+            for name in names:
+                try:
+                    beat = read_json_file(paths.heartbeat / name, max_bytes=4096, dir_fd=fd)
+                except (OSError, ValidationError):
+                    continue
+                if _beat_alive(beat, now):
+                    found.append(beat)
+    except (OSError, ValidationError):  # HostileFileError included: no heartbeat can be believed
+        return []
     return found
 
 

@@ -30,7 +30,6 @@ any path is built.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,13 +38,12 @@ from hermes_actors.core.ids import validate_delivery_id
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.atomic import (
-    DEFAULT_MAX_BYTES,
     atomic_write_json,
     create_exclusive_json,
     read_json_file,
 )
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import rename_between
+from hermes_actors.store.relay_dirfd import lexists_below, rename_between
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_envelope, parse_reply
 from hermes_actors.store.relay_shelf import find_on_shelves
@@ -56,6 +54,7 @@ __all__ = [
     "already_posted",
     "is_consumed",
     "mark_consumed",
+    "parse_delivered",
     "post_to_inbox",
     "read_delivered",
     "return_to_inbox",
@@ -126,13 +125,18 @@ def already_posted(source: InboxPaths, target: InboxPaths, envelope_id: str) -> 
 
     Returns:
         True when it must not be posted again.
+
+    Raises:
+        HostileFileError: a directory to look in is a symlink or not ours (looked at without following it):
+            whether the envelope got there cannot be told.
     """
     name = f"{validate_delivery_id(envelope_id, what='envelope id')}.json"
+    into = target.relay.base
     return (
-        os.path.lexists(target.inbox / name)
-        or find_on_shelves(target.taken_parent, name)
-        or os.path.lexists(target.delivered / name)
-        or os.path.lexists(source.relay.replies / name)
+        lexists_below(into, target.inbox / name)
+        or find_on_shelves(target.taken_parent, name, base=into)
+        or lexists_below(into, target.delivered / name)
+        or lexists_below(source.relay.base, source.relay.replies / name)
     )
 
 
@@ -170,20 +174,19 @@ def return_to_inbox(paths: InboxPaths, envelope_id: str) -> bool:
     return rename_between(paths.relay.base, paths.taken, paths.inbox, name)
 
 
-def _split_reply_connection(path: Path, what: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[dict[str, Any], str]:
-    """Read a record that carries ``reply_connection``; return (the seed-format core, the connection)."""
-    data = read_json_file(path, max_bytes=max_bytes)
+def _split(data: Any, name: str, what: str) -> tuple[dict[str, Any], str]:
+    """Pure: a record carrying ``reply_connection`` as (the seed-format core, the connection); ``name`` for errors."""
     if not isinstance(data, dict):
-        raise ValidationError(f"{path.name}: {what} must be a JSON object")
+        raise ValidationError(f"{name}: {what} must be a JSON object")
     reply_connection = str(data.get("reply_connection") or "")
     if not HANDLE_RE.match(reply_connection):
-        raise ValidationError(f"{path.name}: invalid reply_connection {reply_connection!r}")
+        raise ValidationError(f"{name}: invalid reply_connection {reply_connection!r}")
     return {k: v for k, v in data.items() if k != "reply_connection"}, reply_connection
 
 
-def read_inbox_envelope(path: Path) -> tuple[dict[str, Any], str]:
+def read_inbox_envelope(path: Path, *, dir_fd: int | None = None) -> tuple[dict[str, Any], str]:
     """Gateway side: the envelope and its reply connection; raises HostileFileError / ValidationError."""
-    core, reply_connection = _split_reply_connection(path, "an inbox envelope")
+    core, reply_connection = _split(read_json_file(path, dir_fd=dir_fd), path.name, "an inbox envelope")
     return parse_envelope(core, file_id=path.stem), reply_connection
 
 
@@ -194,10 +197,34 @@ def write_delivered(paths: InboxPaths, reply: dict[str, Any], reply_connection: 
                                  within=paths.relay.base)
 
 
-def read_delivered(path: Path) -> tuple[dict[str, Any], str]:
-    """Hub side: a delivered record and the connection whose replies/ it goes to."""
-    core, reply_connection = _split_reply_connection(path, "a delivered record", REPLY_FILE_MAX_BYTES)
-    return parse_reply(core, file_id=path.stem), reply_connection
+def parse_delivered(data: Any, envelope_id: str, name: str) -> tuple[dict[str, Any], str]:
+    """Pure: a delivered record (as read) as (the reply record, the connection whose replies/ it goes to).
+
+    Args:
+        data: the decoded record.
+        envelope_id: the id it must carry.
+        name: where it was read, for the error.
+
+    Raises:
+        ValidationError: it is not a delivered record for ``envelope_id``.
+    """
+    core, reply_connection = _split(data, name, "a delivered record")
+    return parse_reply(core, file_id=envelope_id), reply_connection
+
+
+def read_delivered(path: Path, *, dir_fd: int | None = None) -> tuple[dict[str, Any], str]:
+    """Hub side: a delivered record and the connection whose replies/ it goes to.
+
+    Args:
+        path: ``delivered/<id>.json``.
+        dir_fd: ``delivered/`` opened by :func:`hermes_actors.store.relay_dirfd.relay_dir`: read relative to it.
+
+    Raises:
+        FileNotFoundError: the record is gone.
+        HostileFileError / ValidationError: the record is refused (quarantine it).
+        OSError: it could not be read.
+    """
+    return parse_delivered(read_json_file(path, max_bytes=REPLY_FILE_MAX_BYTES, dir_fd=dir_fd), path.stem, path.name)
 
 
 def mark_consumed(paths: InboxPaths, envelope_id: str, *, now: float) -> None:

@@ -2,7 +2,9 @@
 
 ``started/<id>.json`` (``{"id", "at"}``) is written before a relayed-in turn
 runs, so a gateway that adopts the envelope after a crash knows the turn may
-have run (:class:`TurnStartMarks`), and dropped once its reply is on disk. The
+have run (:class:`TurnStartMarks`), and dropped once its reply is on disk. A
+reply that could not be written to ``delivered/`` is kept in the mark
+(``{"id", "at", "reply"}``, :func:`keep_reply`) until it is. The
 sender side's ``sent/`` records (:mod:`hermes_actors.store.relay_sent`) are
 written and dropped the same way (:func:`write_mark`, :func:`drop_mark`).
 """
@@ -17,12 +19,16 @@ from typing import Any
 
 from hermes_actors.core.ids import validate_delivery_id
 from hermes_actors.errors import HostileFileError, StoreError
-from hermes_actors.store.atomic import create_exclusive_json
+from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_dirfd import relay_dir
+from hermes_actors.store.relay_inbox import InboxPaths, parse_delivered
+from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_reply
 from hermes_actors.store.relay_quarantine import quarantine
 
-__all__ = ["TurnStartMarks", "clear_started", "drop_mark", "was_started", "write_mark"]
+__all__ = ["TurnStartMarks", "clear_started", "drop_mark", "keep_reply", "kept_reply", "was_started", "write_mark"]
+
+KEPT_MARK_MAX_BYTES = REPLY_FILE_MAX_BYTES + 4096  # a delivered record (the largest reply) and the mark around it
 
 
 def write_mark(paths: InboxPaths, directory: Path, envelope_id: str, payload: dict[str, Any], *, fsync: bool) -> bool:
@@ -71,6 +77,56 @@ def drop_mark(paths: InboxPaths, path: Path) -> None:
 def clear_started(paths: InboxPaths, envelope_id: str) -> None:
     """Drop the mark once the envelope's reply is on disk (never raises)."""
     drop_mark(paths, paths.relay.id_file(paths.started, envelope_id))
+
+
+def keep_reply(paths: InboxPaths, record: dict[str, Any], reply_connection: str, *, now: float) -> None:
+    """Put a relayed-in turn's reply into its ``started/`` mark: its ``delivered/`` write failed.
+
+    The mark then says more than "the turn may have run": here is its reply. A gateway that
+    adopts the envelope after a restart writes that reply (:func:`kept_reply`) instead of
+    answering ``ambiguous``, so the sender gets the real answer of a turn that ran.
+
+    Args:
+        paths: the relay layout.
+        record: the reply record (validated).
+        reply_connection: where the hub sends it.
+        now: the mark's time.
+
+    Raises:
+        ValidationError: the record or the id is invalid.
+        HostileFileError: ``started/`` (or a directory above it) is refused.
+        StoreError: the write failed.
+    """
+    envelope_id = validate_delivery_id(str(record.get("id")), what="envelope id")
+    delivered = {**parse_reply(record), "reply_connection": reply_connection}
+    payload = {"id": envelope_id, "at": int(now), "reply": delivered}
+    atomic_write_json(paths.relay.id_file(paths.started, envelope_id), payload, tmp_dir=paths.relay.tmp, fsync=True,
+                      within=paths.relay.base)
+
+
+def kept_reply(paths: InboxPaths, envelope_id: str) -> tuple[dict[str, Any], str] | None:
+    """The reply :func:`keep_reply` put into this envelope's ``started/`` mark, with its reply connection.
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+
+    Returns:
+        ``(reply record, reply_connection)``; None when there is no mark, or a mark without a reply.
+
+    Raises:
+        HostileFileError / ValidationError: the mark, or ``started/``, is refused.
+        OSError: the mark could not be read.
+    """
+    path = paths.relay.id_file(paths.started, envelope_id)
+    try:
+        with relay_dir(paths.relay.base, paths.started) as fd:
+            data = read_json_file(path, max_bytes=KEPT_MARK_MAX_BYTES, dir_fd=fd)
+    except FileNotFoundError:
+        return None
+    if not isinstance(data, dict) or "reply" not in data:
+        return None
+    return parse_delivered(data["reply"], envelope_id, path.name)
 
 
 @functools.lru_cache(maxsize=64)

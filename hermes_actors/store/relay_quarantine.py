@@ -17,6 +17,7 @@ from loguru import logger
 
 from hermes_actors.errors import HostileFileError
 from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import open_dir_below
 from hermes_actors.store.relay_paths import RelayPaths
 
 __all__ = ["quarantine", "quarantine_into", "quarantine_name", "regular_or_quarantined"]
@@ -72,14 +73,40 @@ def quarantine_into(directory: Path, path: Path, why: str, *, within: Path | Non
     dest = directory / quarantine_name(path.name, time.time_ns(), secrets.token_hex(4))
     try:
         ensure_private_dir(directory, within=within)
-        os.rename(path, dest)  # rename never follows a symlink
+        _rename_below(within, path, dest)
     except FileNotFoundError:
         return None
-    except (OSError, HostileFileError) as exc:
+    except (OSError, ValueError, HostileFileError) as exc:
         logger.warning("could not quarantine {} ({}): {}", path, why, exc)
         return None
     logger.warning("quarantined {} -> {}: {}", path, dest, why)
     return dest
+
+
+def _rename_below(within: Path | None, path: Path, dest: Path) -> None:
+    """Rename ``path`` to ``dest`` (never following ``path`` itself, a symlink moves as is).
+
+    With ``within``, both directories are opened from it without following a symlink at any step, so a
+    directory swapped for a symlink (``delivered/`` pointing outside the root) is refused: nothing outside
+    ``within`` is ever moved in.
+
+    Raises:
+        HostileFileError: with ``within``, a directory on the way is a symlink or not ours.
+        ValueError: with ``within``, ``path`` or ``dest`` is not inside it.
+        OSError: the rename failed (FileNotFoundError: ``path`` is gone).
+    """
+    if within is None:
+        os.rename(path, dest)
+        return
+    src = open_dir_below(within, path.parent)
+    try:
+        dst = open_dir_below(within, dest.parent)
+        try:
+            os.rename(path.name, dest.name, src_dir_fd=src, dst_dir_fd=dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 def regular_or_quarantined(paths: RelayPaths, path: Path, what: str) -> Path | None:

@@ -29,8 +29,9 @@ from pathlib import Path
 from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name
-from hermes_actors.errors import StoreError
+from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 
 __all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves"]
 
@@ -171,23 +172,43 @@ class Shelf:
             self._fd = None
 
 
-def find_on_shelves(parent: Path, file_name: str) -> bool:
+def find_on_shelves(parent: Path, file_name: str, *, base: Path | None = None) -> bool:
     """Whether ``file_name`` is on any shelf under ``parent`` (or flat in it).
 
     Args:
         parent: ``bot_relay/taken`` or ``bot_relay/hubclaims``.
         file_name: ``<id>.json``.
+        base: the ``bot_relay`` directory holding ``parent``: every directory is then opened from it without
+            following a symlink (a shelf swapped for one is skipped: nothing there is ours).
 
     Returns:
         True when some process holds that envelope.
+
+    Raises:
+        HostileFileError: with ``base``, ``bot_relay/`` or ``parent`` is a symlink or not ours.
     """
-    if os.path.lexists(parent / file_name):
+    if base is None:
+        if os.path.lexists(parent / file_name):
+            return True
+        try:
+            shelves = [n for n in os.listdir(parent) if n.startswith(SHELF_PREFIX)]
+        except OSError:
+            return False
+        return any(os.path.lexists(parent / shelf / file_name) for shelf in shelves)
+    if lexists_below(base, parent / file_name):
         return True
     try:
-        shelves = [n for n in os.listdir(parent) if n.startswith(SHELF_PREFIX)]
-    except OSError:
+        with relay_dir(base, parent) as fd:
+            shelves = [n for n in os.listdir(fd) if n.startswith(SHELF_PREFIX)]
+    except FileNotFoundError:
         return False
-    return any(os.path.lexists(parent / shelf / file_name) for shelf in shelves)
+    for shelf in shelves:
+        try:
+            if lexists_below(base, parent / shelf / file_name):
+                return True
+        except HostileFileError:
+            continue
+    return False
 
 
 def count_on_shelves(parent: Path) -> int:

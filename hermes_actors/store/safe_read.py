@@ -76,6 +76,7 @@ def read_json_file(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     expect_uid: int | None = os.getuid(),
+    dir_fd: int | None = None,
 ) -> Any:
     """Read and parse a JSON file that other programs could have tampered with.
 
@@ -83,6 +84,8 @@ def read_json_file(
         path: the file to read.
         max_bytes: refuse files larger than this.
         expect_uid: required owner uid (default: this process's), None = any.
+        dir_fd: an open directory to read ``path.name`` from (its full ``path`` only names it in
+            errors): a directory swapped for a symlink after it was opened is not followed.
 
     Returns:
         The parsed JSON value (any JSON type; callers validate the shape).
@@ -94,7 +97,7 @@ def read_json_file(
         OSError: any other OS failure opening or reading the file.
     """
     try:
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(path if dir_fd is None else path.name, _READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise HostileFileError(f"{path} is a symlink") from exc
