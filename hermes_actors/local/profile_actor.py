@@ -253,6 +253,9 @@ class ProfileActor(TypedActor):
             if ended is not None:
                 logger.warning("{}: the timed-out turn {} {}; its result is dropped", self.info.profile,
                                msg.delivery_id, "was ended" if ended else "finished after all")
+            elif self.winding_down:  # given up on at the stop before it began (_give_up_unbegun)
+                logger.debug("{}: turn {} given up on at the stop ended without running", self.info.profile,
+                              msg.delivery_id)
             else:
                 logger.warning("{}: TurnFinished for unknown delivery {}", self.info.profile, msg.delivery_id)
             return
@@ -358,9 +361,27 @@ class ProfileActor(TypedActor):
 
     @handles(WindDown)
     def _on_wind_down(self, msg: WindDown) -> str | None:
-        """Cancel every queued delivery; answer the id of the running one (or None)."""
+        """Cancel every queued delivery and a worker turn not begun yet; answer the id of the running one (or None)."""
         self._wind_down(msg)
+        self._give_up_unbegun(msg)
         return self.running.delivery_id if self.running else None
+
+    def _give_up_unbegun(self, msg: WindDown) -> None:
+        """A worker turn that has not begun (waiting for the flock or a worker) never will: it ends like a queued DM.
+
+        Its gate decides, once, against the worker: a turn that began runs on (the stop waits for it, and
+        reports it ``ambiguous`` past its timeout); one that had not is cancelled, or left journaled for
+        the next start, and its worker never calls the runner. Its late result is dropped.
+        """
+        delivery = self.running
+        if delivery is None or self.gate is None or self.gate.give_up():
+            return
+        self.running, self.gate = None, None
+        if self.turn_timer is not None:
+            self.turn_timer.cancel()
+            self.turn_timer = None
+        if not kept_at_stop(delivery, keep_journaled=msg.keep_journaled):
+            self._settle(outcomes.cancelled(delivery.delivery_id, delivery.label))
 
     def _wind_down(self, msg: WindDown) -> None:
         """From now on every delivery is cancelled; settle what is queued (journaled ones stay in the journal)."""

@@ -20,7 +20,7 @@ from hermes_actors.local.live_handoff import hand_to_owner
 from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.profile_outcomes import turn_escaped
 from hermes_actors.local.runners import TurnRunner
-from hermes_actors.local.turns import TurnGate, execute_turn
+from hermes_actors.local.turns import TurnGate, execute_turn, not_begun
 from hermes_actors.messages import ROOM_ORIGIN, Delivery, TurnFinished
 from hermes_actors.rooms.store import RoomStartMarks
 from hermes_actors.rooms.turn_author import room_of_author
@@ -109,7 +109,11 @@ def worker_job(
             # The Bot Chat window holds the lease: hand a DM over, don't run a turn. A room's member turn
             # is no Bot Chat message: it runs in its own session with the runner.
             if owner is not None and delivery.origin != ROOM_ORIGIN:
-                result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn, journal=journal)
+                if gate.begin():  # handed over from here on: a stop or a timeout now finds it begun
+                    result = hand_to_owner(delivery, owner=owner, home=home, make_turn=deps.make_turn,
+                                           journal=journal)
+                else:  # given up on before it came to the worker: never handed over
+                    result = not_begun(delivery.delivery_id)
             else:
                 result = execute_turn(
                     delivery, runner=deps.runner, lock=lock, lock_deadline=deadline, make_turn=deps.make_turn,

@@ -58,6 +58,7 @@ __all__ = [
     "execute_turn",
     "forget_failed",
     "never_ran",
+    "not_begun",
     "retry_allowed",
     "turn_factory_here",
     "turn_for",
@@ -280,11 +281,17 @@ def _execute_turn(
     held: bool,
     gate: TurnGate | None,
 ) -> TurnFinished:
+    if gate is not None and gate.given_up():  # given up on before its worker came to it: never runs
+        return not_begun(delivery.delivery_id)
     if lock is not None and not held:
         try:
-            waited = lock.acquire(lock_deadline)
+            # a wait given up on (the gateway stops, or the turn's time ran out) ends at once: the turn
+            # never runs, so the flock is neither waited for nor taken any longer
+            waited = lock.acquire(lock_deadline, given_up=gate.given_up if gate is not None else None)
         except OSError as exc:
             return never_ran(delivery.delivery_id, "taking the turn lock", exc)
+        if waited is None and gate is not None and gate.given_up():
+            return not_begun(delivery.delivery_id)
         if waited is None:
             return TurnFinished(
                 delivery.delivery_id,
@@ -294,8 +301,7 @@ def _execute_turn(
             )
     try:
         if gate is not None and not gate.begin():  # reported NOT delivered while it waited: never runs
-            return TurnFinished(delivery.delivery_id, None, "the turn's time ran out before it began",
-                                "target_busy")
+            return not_begun(delivery.delivery_id)
         if journal is not None:
             try:
                 journal.append_durably({"t": "started", "id": delivery.delivery_id, "attempt": 1})
@@ -339,6 +345,19 @@ def _execute_turn(
                 release(delivery.delivery_id)
             except BaseException:  # runner code: it must not replace the turn's result
                 logger.exception("runner release failed for {}", delivery.delivery_id)
+
+
+def not_begun(delivery_id: str) -> TurnFinished:
+    """Pure: the result of a worker turn its ProfileActor gave up on before it began (it never runs).
+
+    Args:
+        delivery_id: the delivery.
+
+    Returns:
+        A failed :class:`TurnFinished`; the ProfileActor already settled the DM (its turn timed out,
+        or the gateway stopped) and drops it.
+    """
+    return TurnFinished(delivery_id, None, "the turn was given up on before it began", "target_busy")
 
 
 class TurnFactory(Protocol):
