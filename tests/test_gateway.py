@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
@@ -13,7 +14,7 @@ import pytest
 from relay_helpers import seed_envelope
 from roots import LogCapture, RecordingRunner, body_of, make_root, start_gateway
 
-from actors import RestartPolicy
+from actors import RestartPolicy, WorkerPool
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
 from hermes_actors.local import profile_table
@@ -270,6 +271,34 @@ def test_stop_timeout_leaves_a_running_turn_ambiguous(root: Path) -> None:
     assert gw.wait_outcome(stuck, timeout=1)["status"] == "ambiguous"
     assert Counter(recorder.ids())[stuck] == 1
     _assert_all_gone(threads_before)
+
+
+@pytest.mark.parametrize("timeout", [0.0, 0.3])
+def test_stop_with_a_hung_turn_returns_within_its_timeout(
+    root: Path, monkeypatch: pytest.MonkeyPatch, timeout: float
+) -> None:
+    """Regression: the worker pool's join had a 1 s floor (stop(0) took 1 s, stop(2) 3 s with a turn hung)."""
+    joins: list[float] = []
+    real_shutdown = WorkerPool.shutdown
+
+    def shutdown(pool: WorkerPool, timeout: float = 5.0) -> bool:
+        joins.append(timeout)
+        return real_shutdown(pool, timeout)
+
+    monkeypatch.setattr(WorkerPool, "shutdown", shutdown)
+    release, entered = threading.Event(), threading.Event()
+    gw = Gateway(root, runner=_blocking_runner(release, entered), durable=False).start()
+    try:
+        stuck = queued(gw.message_agent(sender="alice", target="bob", message="hung"))
+        assert entered.wait(5)
+        began = time.monotonic()
+        gw.stop(timeout=timeout)
+        took = time.monotonic() - began
+        assert joins and joins[-1] <= timeout  # the workers' join is bounded by the stop's own deadline
+        assert took < timeout + 0.5, f"stop({timeout}) took {took:.2f}s"
+        assert gw.wait_outcome(stuck, timeout=0)["status"] == "ambiguous"
+    finally:
+        release.set()
 
 
 def test_stop_with_nothing_in_flight_is_quick_and_clean(root: Path) -> None:

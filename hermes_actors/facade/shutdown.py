@@ -94,7 +94,10 @@ def shut_down(
         if system.rooms is not None:
             system.rooms.stop()  # idempotent: already stopped above unless the stop was not clean
         _stop_actors(system, notifier_busy=notifier_busy)
-        pool.shutdown(timeout=max(1.0, deadline - time.monotonic()))
+        # bounded by the stop's own deadline: a worker still in a hung turn is a daemon thread the stop leaves
+        # behind (its DM is ambiguous), and a job queued behind it finds its turn given up on (WindDown) and
+        # returns without calling the runner
+        pool.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         if system.journal is not None:
             system.journal.stop()
         if system.scheduler is not None:
