@@ -59,6 +59,10 @@ __all__ = ["ProfileActor"]
 class ProfileActor(TypedActor):
     """Serializes the turns of one profile.
 
+    Its thread is a daemon thread: a "non-blocking" runner's turn that blocks (runner code) holds
+    it forever, and the stop leaves it behind (its DM ``ambiguous``) rather than keep the
+    interpreter from exiting.
+
     Args:
         info: the profile.
         deps: shared dependencies.
@@ -71,6 +75,8 @@ class ProfileActor(TypedActor):
             predecessor missed the ``WindDown``): the instance starts winding down, and
             no delivery it is given starts a turn.
     """
+
+    use_daemon_thread = True  # pykka: see above
 
     def __init__(
         self,
@@ -101,7 +107,7 @@ class ProfileActor(TypedActor):
         self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped: whether we ended them
-        self.gate: TurnGate | None = None  # the worker turn's gate: given up on when its time runs out
+        self.gate: TurnGate | None = None  # the running turn's gate: given up on when its time runs out, or at stop
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
         # the deliveries of the Deliver being handled not yet accepted: a crash in between salvages them too
         self.arriving: tuple[Delivery, ...] = ()
@@ -193,13 +199,21 @@ class ProfileActor(TypedActor):
         holding = False
         try:
             while self.running is None and self.queue:
-                _, (delivery, enqueued) = self.queue.popitem(last=False)
-                self.running = delivery
-                if holding or self._take_inline():
-                    holding = True
+                delivery, enqueued = next(iter(self.queue.values()))
+                gate = self.deps.gates.open(self.info.profile, delivery.delivery_id)
+                if gate is None:  # the gateway stops: it stays queued, for the WindDown (or the stop) to settle
+                    break
+                inline = holding or self._take_inline()
+                holding = holding or inline
+                if inline and not gate.begin():  # the stop gave up on it just now (TurnGates.give_up)
+                    self.deps.gates.close(self.info.profile, gate)
+                    break
+                del self.queue[delivery.delivery_id]
+                self.running, self.gate = delivery, gate
+                if inline:
                     self._run_inline(delivery)
                 else:
-                    self._run_on_worker(delivery, enqueued)
+                    self._run_on_worker(delivery, enqueued, gate)
         finally:
             if holding:
                 self._release_inline()
@@ -228,10 +242,9 @@ class ProfileActor(TypedActor):
         """Run a non-blocking runner's turn on this thread, under the flock ``_take_inline`` took."""
         self._turn_done(delivery, run_inline(delivery, self.deps, self.lock))
 
-    def _run_on_worker(self, delivery: Delivery, enqueued: float) -> None:
+    def _run_on_worker(self, delivery: Delivery, enqueued: float, gate: TurnGate) -> None:
         """Hand the turn to the worker pool; it comes back as :class:`TurnFinished`."""
         deadline = enqueued + self.deps.config.turn_wait_seconds
-        gate = self.gate = TurnGate()
         self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=self.owner,
                                          home=self.info.home, deadline=deadline, gate=gate))
         timeout = self.deps.config.turn_timeout_seconds
@@ -239,11 +252,18 @@ class ProfileActor(TypedActor):
 
     def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
         outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
-        self.running, self.gate = None, None
+        self._close_gate()
+        self.running = None
         if self.turn_timer is not None:
             self.turn_timer.cancel()
             self.turn_timer = None
         self._settle(outcome)
+
+    def _close_gate(self) -> None:
+        """The running turn is over for this actor: its gate leaves the gateway's :class:`TurnGates`."""
+        if self.gate is not None:
+            self.deps.gates.close(self.info.profile, self.gate)
+            self.gate = None
 
     @handles(TurnFinished)
     def _on_turn_finished(self, msg: TurnFinished) -> None:
@@ -271,7 +291,7 @@ class ProfileActor(TypedActor):
         seconds = self.deps.config.turn_timeout_seconds
         self.running, self.turn_timer = None, None
         began = self.gate.give_up() if self.gate is not None else True
-        self.gate = None
+        self._close_gate()
         runner = self.deps.runner
         processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
         live = began and callable(processes) and delivery.delivery_id in processes()
@@ -376,7 +396,8 @@ class ProfileActor(TypedActor):
         delivery = self.running
         if delivery is None or self.gate is None or self.gate.give_up():
             return
-        self.running, self.gate = None, None
+        self._close_gate()
+        self.running = None
         if self.turn_timer is not None:
             self.turn_timer.cancel()
             self.turn_timer = None

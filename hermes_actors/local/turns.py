@@ -53,6 +53,7 @@ from hermes_actors.store.turnlock import TurnLock
 __all__ = [
     "TurnFactory",
     "TurnGate",
+    "TurnGates",
     "attempt_turn",
     "describe_error",
     "execute_turn",
@@ -228,6 +229,60 @@ class TurnGate:
         """Whether the turn was given up on (then no retry may start)."""
         with self._lock:
             return self._given_up
+
+
+class TurnGates:
+    """The gates of one gateway's turns under way, one per profile: once stopped, no turn starts.
+
+    Thread-safe. A ProfileActor opens the gate of each turn it starts (inline or on a worker)
+    here and closes it when the turn is over. The stop first :meth:`stop` s them: from then on no
+    gate opens, so no turn starts, however busy its ProfileActor is, or stuck in a turn on its own
+    thread (a non-blocking runner that blocks). The turn of a ProfileActor that cannot answer the
+    stop is decided here (:meth:`give_up`), without its thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[str, TurnGate]] = {}  # profile → (delivery id, gate) of its turn under way
+        self._stopped = False
+
+    def open(self, profile: str, delivery_id: str) -> TurnGate | None:
+        """The gate of the turn ``profile`` is about to start for ``delivery_id``.
+
+        Returns:
+            A new gate, or None once stopped: the turn must not start (it stays queued for the stop).
+        """
+        with self._lock:
+            if self._stopped:
+                return None
+            gate = TurnGate()
+            self._open[profile] = (delivery_id, gate)
+            return gate
+
+    def close(self, profile: str, gate: TurnGate) -> None:
+        """The turn of ``gate`` is over (finished, timed out, given up on)."""
+        with self._lock:
+            entry = self._open.get(profile)
+            if entry is not None and entry[1] is gate:
+                del self._open[profile]
+
+    def stop(self) -> None:
+        """No gate opens from now on (the gateway stops)."""
+        with self._lock:
+            self._stopped = True
+
+    def give_up(self, profile: str) -> str | None:
+        """Give up on the turn under way for ``profile`` (see :meth:`TurnGate.give_up`).
+
+        Returns:
+            Its delivery id when it began (it may still be running), else None (none, or it never runs).
+        """
+        with self._lock:
+            entry = self._open.get(profile)
+        if entry is None:
+            return None
+        delivery_id, gate = entry
+        return delivery_id if gate.give_up() else None
 
 
 def execute_turn(
