@@ -130,6 +130,8 @@ class StopAccepting:
 class ShutdownProfiles:
     """Ask the Dispatcher to cancel what is queued everywhere; answered with the ids of running turns."""
 
+    answer_within: float = 10.0  # seconds the ProfileActors get to answer (ProfileTable.wind_down)
+
 
 @dataclass(frozen=True, slots=True)
 class AwaitRestarts:
@@ -143,10 +145,11 @@ class AwaitRestarts:
 
 @dataclass(frozen=True, slots=True)
 class FinalizePending:
-    """Ask the Dispatcher to settle still-pending deliveries as ambiguous (stop timeout)."""
+    """Ask the Dispatcher to settle still-pending deliveries: ambiguous when running (stop timeout), else cancelled."""
 
     why: str
-    running: tuple[str, ...] = ()  # journaled deliveries not in here never started: they stay journaled
+    # deliveries not in here never started: cancelled, or (journaled) they stay journaled for the next start
+    running: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
@@ -11,11 +12,11 @@ from typing import Any, ClassVar
 import pykka
 import pytest
 from relay_helpers import seed_envelope
-from roots import LogCapture, RecordingRunner, body_of, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, body_of, held_on, make_root, start_gateway
 
-from actors import RestartPolicy
+from actors import RestartPolicy, WorkerPool
 from actors.testkit import await_condition
-from hermes_actors import Gateway, TurnFailed
+from hermes_actors import CallableRunner, Gateway, TurnFailed
 from hermes_actors.local import profile_table
 from hermes_actors.local.profile_actor import ProfileActor
 from hermes_actors.messages import Turn, WindDown
@@ -270,6 +271,73 @@ def test_stop_timeout_leaves_a_running_turn_ambiguous(root: Path) -> None:
     assert gw.wait_outcome(stuck, timeout=1)["status"] == "ambiguous"
     assert Counter(recorder.ids())[stuck] == 1
     _assert_all_gone(threads_before)
+
+
+@pytest.mark.parametrize("timeout", [0.0, 0.3])
+def test_stop_with_a_hung_turn_returns_within_its_timeout(
+    root: Path, monkeypatch: pytest.MonkeyPatch, timeout: float
+) -> None:
+    """Regression: the worker pool's join had a 1 s floor (stop(0) took 1 s, stop(2) 3 s with a turn hung)."""
+    joins: list[float] = []
+    real_shutdown = WorkerPool.shutdown
+
+    def shutdown(pool: WorkerPool, timeout: float = 5.0) -> bool:
+        joins.append(timeout)
+        return real_shutdown(pool, timeout)
+
+    monkeypatch.setattr(WorkerPool, "shutdown", shutdown)
+    release, entered = threading.Event(), threading.Event()
+    gw = Gateway(root, runner=_blocking_runner(release, entered), durable=False).start()
+    try:
+        stuck = queued(gw.message_agent(sender="alice", target="bob", message="hung"))
+        assert entered.wait(5)
+        began = time.monotonic()
+        gw.stop(timeout=timeout)
+        took = time.monotonic() - began
+        assert joins and joins[-1] <= timeout  # the workers' join is bounded by the stop's own deadline
+        assert took < timeout + 0.5, f"stop({timeout}) took {took:.2f}s"
+        assert gw.wait_outcome(stuck, timeout=0)["status"] == "ambiguous"
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "durable"])
+def test_stop_with_a_non_blocking_runner_stuck_in_its_turn_returns_in_time_and_settles_both_dms(
+    root: Path, gateways: list[Gateway], durable: bool
+) -> None:
+    """Regression: a ``blocking=False`` runner whose turn blocks (runner misuse) held stop() ~15 s whatever its
+    timeout; the DM queued behind it, never run, was ``ambiguous``, durable the hung one got no outcome; the
+    stuck ProfileActor's thread kept the interpreter from exiting."""
+    threads_before = non_daemon_threads()
+    release = threading.Event()
+    runner = RecordingRunner(held_on("hang", release))
+    gw = Gateway(root, runner=CallableRunner(runner, blocking=False), durable=durable).start()
+    try:
+        hung = queued(gw.message_agent(sender="alice", target="bob", message="hang"))
+        runner.wait_entered(1)
+        behind = queued(gw.message_agent(sender="carol", target="bob", message="behind"))
+        began = time.monotonic()
+        gw.stop(timeout=0.3)
+        took = time.monotonic() - began
+        assert gw.wait_outcome(hung, timeout=0)["status"] == "ambiguous"
+        if durable:  # never ran: still journaled for the next start
+            with pytest.raises(TimeoutError):
+                gw.wait_outcome(behind, timeout=0)
+        else:
+            assert gw.wait_outcome(behind, timeout=0)["reason"] == "cancelled"
+        assert took < 0.3 + 0.5, f"stop(0.3) took {took:.2f}s"
+        assert non_daemon_threads() <= threads_before  # the stuck thread does not keep the process alive
+    finally:
+        release.set()
+    # once the stuck turn returns, its ProfileActor stops without running what it held
+    await_condition(lambda: not pykka.ActorRegistry.get_all(), timeout=10, message="the stuck ProfileActor stopped")
+    assert runner.bodies() == ["hang"]
+    assert gw.wait_outcome(hung, timeout=0)["status"] == "ambiguous"  # its late reply changes nothing
+    if durable:
+        again = start_gateway(gateways, root, runner, durable=True)
+        assert again.wait_outcome(behind, timeout=10)["reply"] == "ok: behind"
+        assert again.wait_outcome(hung, timeout=0)["status"] == "ambiguous"
+        assert runner.bodies() == ["hang", "behind"]
 
 
 def test_stop_with_nothing_in_flight_is_quick_and_clean(root: Path) -> None:

@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from roots import RecordingRunner, body_of, start_gateway
@@ -217,3 +218,55 @@ def test_a_turn_outliving_stop_keeps_the_lock_until_it_ends(root: Path) -> None:
         timeout=5,
         message="the lock is free once the turn ended",
     )
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "durable"])
+def test_a_turn_still_waiting_for_the_lock_at_stop_never_runs_and_is_cancelled_or_kept(
+    root: Path, gateways: list[Gateway], holders: list[Holder], monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    """A DM whose worker waits for the flock another process holds had not begun: a stop ends it like a queued one.
+
+    Not ``ambiguous`` (its runner was never called): ``cancelled`` in memory, journaled and run by the next
+    start when durable. Its worker stops waiting for the flock at the stop, and never calls the runner.
+    """
+    busy = BusyFlocks(monkeypatch)
+    waits: list[float | None] = []
+    wait_ended = threading.Event()
+    real_acquire = turnlock.TurnLock.acquire
+
+    def acquire(lock: turnlock.TurnLock, deadline: float, **kwargs: Any) -> float | None:
+        if lock.path != lock_path(root, "bob"):  # another lock (the rooms owner's, say)
+            return real_acquire(lock, deadline, **kwargs)
+        try:
+            waited = real_acquire(lock, deadline, **kwargs)
+            waits.append(waited)
+            return waited
+        finally:
+            wait_ended.set()
+
+    monkeypatch.setattr(turnlock.TurnLock, "acquire", acquire)
+    runner, _ = entering_runner()
+    gw = Gateway(root, runner=runner, durable=durable).start()
+    holder = Holder(lock_path(root, "bob"))
+    holders.append(holder)
+    try:
+        ids = [gw.message_agent(sender="alice", target="bob", message=m)["delivery_id"] for m in ("first", "second")]
+        await_condition(lambda: busy.refused >= 3, timeout=10, message="bob's first turn waits for the held lock")
+    finally:
+        gw.stop(timeout=5)
+    # the stop gave the wait up: it ended without the lock, long before the DM's 120 s wait budget
+    assert wait_ended.wait(5), "the stopped gateway's worker still waits for the flock"
+    assert waits == [None]
+    for delivery_id in ids:
+        if durable:  # never began: still journaled, no outcome from this gateway
+            with pytest.raises(TimeoutError):
+                gw.wait_outcome(delivery_id, timeout=0)
+        else:
+            out = gw.wait_outcome(delivery_id, timeout=0)
+            assert (out["status"], out["reason"], out["retryable"]) == ("failed", "cancelled", True), out
+    holder.release()
+    assert runner.entered == []  # nothing ran after the stop, nor will: the worker's job is over
+    if durable:
+        again = start_gateway(gateways, root, runner, durable=True)
+        assert [again.wait_outcome(d, timeout=10)["reply"] for d in ids] == ["got first", "got second"]
+        assert runner.bodies() == ["first", "second"]

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["flush_notifier", "shut_down", "teardown"]
 
+_WIND_DOWN_SECONDS = 1.0  # the ProfileActors' time to answer the WindDown, at most (ProfileTable.wind_down)
+
 
 def shut_down(
     system: ActorSystem,
@@ -64,12 +66,15 @@ def shut_down(
         if system.rooms is not None:
             system.rooms.halt()  # no new member turns; running ones still post or show as interrupted
         ask(dispatcher, StopAccepting(), timeout=ASK_TIMEOUT)
-        running = ask(dispatcher, ShutdownProfiles(), timeout=ASK_TIMEOUT, expect=list)
+        # A ProfileActor answers at once unless its thread is stuck in a turn (a "non-blocking" runner that
+        # blocks): the stop does not wait for one past its own deadline, nor more than a second for all of them
+        answer_within = min(_WIND_DOWN_SECONDS, max(0.0, deadline - time.monotonic()))
+        running = ask(dispatcher, ShutdownProfiles(answer_within), timeout=ASK_TIMEOUT, expect=list)
         try:  # a ProfileActor that crashed as the stop began: its restart settles what it held
             ask(dispatcher, AwaitRestarts(), timeout=ASK_TIMEOUT).get(timeout=ASK_TIMEOUT)
         except pykka.Timeout:
             logger.warning("stop: a crashed ProfileActor did not report within {}s; what it held is settled "
-                           "as ambiguous", ASK_TIMEOUT)
+                           "as cancelled (its running turn was settled ambiguous at the crash)", ASK_TIMEOUT)
         await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
         why = "The turn was still running when the gateway stopped."
         ask(dispatcher, FinalizePending(why, tuple(running)), timeout=ASK_TIMEOUT)
@@ -94,7 +99,10 @@ def shut_down(
         if system.rooms is not None:
             system.rooms.stop()  # idempotent: already stopped above unless the stop was not clean
         _stop_actors(system, notifier_busy=notifier_busy)
-        pool.shutdown(timeout=max(1.0, deadline - time.monotonic()))
+        # bounded by the stop's own deadline: a worker still in a hung turn is a daemon thread the stop leaves
+        # behind (its DM is ambiguous), and a job queued behind it finds its turn given up on (WindDown) and
+        # returns without calling the runner
+        pool.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         if system.journal is not None:
             system.journal.stop()
         if system.scheduler is not None:

@@ -319,7 +319,7 @@ class DispatcherActor(SupervisorActor):
     def _on_shutdown(self, msg: ShutdownProfiles) -> list[str]:
         """Cancel what is queued everywhere; answer the ids of turns still running."""
         self.accepting = False
-        running = self.profiles.wind_down(keep_journaled=self.durability.enabled)
+        running = self.profiles.wind_down(keep_journaled=self.durability.enabled, answer_within=msg.answer_within)
         running += [k for k, p in self.book.pending() if p.route == "peer"]
         return running
 
@@ -330,7 +330,7 @@ class DispatcherActor(SupervisorActor):
 
     @handles(FinalizePending)
     def _on_finalize(self, msg: FinalizePending) -> int:
-        """Settle what is still pending: ambiguous if it may have run (``OutcomeFlow.finalize``)."""
+        """Settle what is still pending: ambiguous if it may have run, else cancelled (``OutcomeFlow.finalize``)."""
         for key in msg.running:
             entry = self.book.entry(key)
             if entry is not None:  # still running: a live owner's DM has its mailbox record say ambiguous too

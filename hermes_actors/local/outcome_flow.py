@@ -207,10 +207,12 @@ class OutcomeFlow:
             self.durability.delivered(value.delivery_id)
 
     def finalize(self, running: tuple[str, ...], why: str) -> int:
-        """Settle what is still pending at a stop: ambiguous if it may have run.
+        """Settle what is still pending at a stop: ambiguous if it may have run, else cancelled.
 
         Args:
-            running: the ids of the turns still running (they may have reached their target).
+            running: the ids of the turns still running (they may have reached their target); every
+                other one never started (e.g. queued on a ProfileActor stuck in a turn, that could
+                not cancel it itself).
             why: the text of the ambiguous outcomes.
 
         Returns:
@@ -220,8 +222,11 @@ class OutcomeFlow:
         for key, entry in self.book.pending():
             if entry.route == "relay":
                 continue  # our envelopes stay in outbox/: the next start resumes waiting for replies
-            if entry.journaled and key not in running:
-                continue  # never started: stays journaled and is re-offered by the next start
+            if key not in running:
+                if not entry.journaled:  # else it stays journaled and is re-offered by the next start
+                    self.settle(outcomes.cancelled(key, entry.delivery.label))  # a relayed-in one goes back
+                    count += 1
+                continue
             outcome = outcomes.ambiguous(key, entry.delivery.label, why)
             # A peer DM's outcome is journaled as it arrives (see settle): one still under way is, too.
             remember = entry.journaled or entry.route == "peer"

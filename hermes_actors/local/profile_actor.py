@@ -60,6 +60,10 @@ __all__ = ["ProfileActor"]
 class ProfileActor(TypedActor):
     """Serializes the turns of one profile.
 
+    Its thread is a daemon thread: a "non-blocking" runner's turn that blocks (runner code) holds
+    it forever, and the stop leaves it behind (its DM ``ambiguous``) rather than keep the
+    interpreter from exiting.
+
     Args:
         info: the profile.
         deps: shared dependencies.
@@ -72,6 +76,8 @@ class ProfileActor(TypedActor):
             predecessor missed the ``WindDown``): the instance starts winding down, and
             no delivery it is given starts a turn.
     """
+
+    use_daemon_thread = True  # pykka: see above
 
     def __init__(
         self,
@@ -102,7 +108,7 @@ class ProfileActor(TypedActor):
         self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped: whether we ended them
-        self.gate: TurnGate | None = None  # the worker turn's gate: given up on when its time runs out
+        self.gate: TurnGate | None = None  # the running turn's gate: given up on when its time runs out, or at stop
         self.handed = False  # the worker turn was handed to the live owner
         # An owner's turn reported timed out that has not returned: it cannot be ended, so no turn starts beside it
         self.owner_busy: str | None = None
@@ -197,13 +203,21 @@ class ProfileActor(TypedActor):
         holding = False
         try:
             while self.running is None and self.owner_busy is None and self.queue:
-                _, (delivery, enqueued) = self.queue.popitem(last=False)
-                self.running = delivery
-                if holding or self._take_inline():
-                    holding = True
+                delivery, enqueued = next(iter(self.queue.values()))
+                gate = self.deps.gates.open(self.info.profile, delivery.delivery_id)
+                if gate is None:  # the gateway stops: it stays queued, for the WindDown (or the stop) to settle
+                    break
+                inline = holding or self._take_inline()
+                holding = holding or inline
+                if inline and not gate.begin():  # the stop gave up on it just now (TurnGates.give_up)
+                    self.deps.gates.close(self.info.profile, gate)
+                    break
+                del self.queue[delivery.delivery_id]
+                self.running, self.gate = delivery, gate
+                if inline:
                     self._run_inline(delivery)
                 else:
-                    self._run_on_worker(delivery, enqueued)
+                    self._run_on_worker(delivery, enqueued, gate)
         finally:
             if holding:
                 self._release_inline()
@@ -232,10 +246,9 @@ class ProfileActor(TypedActor):
         """Run a non-blocking runner's turn on this thread, under the flock ``_take_inline`` took."""
         self._turn_done(delivery, run_inline(delivery, self.deps, self.lock))
 
-    def _run_on_worker(self, delivery: Delivery, enqueued: float) -> None:
+    def _run_on_worker(self, delivery: Delivery, enqueued: float, gate: TurnGate) -> None:
         """Hand the turn to the worker pool; it comes back as :class:`TurnFinished`."""
         deadline = enqueued + self.deps.config.turn_wait_seconds
-        gate = self.gate = TurnGate()
         owner = live_owner_for(self.owner, delivery)
         self.handed = owner is not None
         self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=owner,
@@ -245,11 +258,18 @@ class ProfileActor(TypedActor):
 
     def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
         outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
-        self.running, self.gate = None, None
+        self._close_gate()
+        self.running = None
         if self.turn_timer is not None:
             self.turn_timer.cancel()
             self.turn_timer = None
         self._settle(outcome)
+
+    def _close_gate(self) -> None:
+        """The running turn is over for this actor: its gate leaves the gateway's :class:`TurnGates`."""
+        if self.gate is not None:
+            self.deps.gates.close(self.info.profile, self.gate)
+            self.gate = None
 
     @handles(TurnFinished)
     def _on_turn_finished(self, msg: TurnFinished) -> None:
@@ -259,6 +279,9 @@ class ProfileActor(TypedActor):
             if ended is not None:
                 logger.warning("{}: the timed-out turn {} {}; its result is dropped", self.info.profile,
                                msg.delivery_id, "was ended" if ended else "finished after all")
+            elif self.winding_down:  # given up on at the stop before it began (_give_up_unbegun)
+                logger.debug("{}: turn {} given up on at the stop ended without running", self.info.profile,
+                              msg.delivery_id)
             else:
                 logger.warning("{}: TurnFinished for unknown delivery {}", self.info.profile, msg.delivery_id)
             if msg.delivery_id == self.owner_busy:  # the owner is free again: the DMs queued behind it may run
@@ -280,7 +303,7 @@ class ProfileActor(TypedActor):
             self._owner_timed_out(delivery, seconds)
             return
         self.running, self.turn_timer = None, None
-        self.gate = None
+        self._close_gate()
         runner = self.deps.runner
         processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
         live = began and callable(processes) and delivery.delivery_id in processes()
@@ -315,7 +338,8 @@ class ProfileActor(TypedActor):
                                     owner=True)
         if not give_up_on(self.info.home, key, outcome.error):
             return  # the owner answered just now (its record is final): its TurnFinished follows and settles it
-        self.running, self.turn_timer, self.gate = None, None, None
+        self.running, self.turn_timer = None, None
+        self._close_gate()
         self.owner_busy = key
         self.abandoned[key] = False
         self._settle(outcome)
@@ -389,9 +413,28 @@ class ProfileActor(TypedActor):
 
     @handles(WindDown)
     def _on_wind_down(self, msg: WindDown) -> str | None:
-        """Cancel every queued delivery; answer the id of the running one (or None)."""
+        """Cancel every queued delivery and a worker turn not begun yet; answer the id of the running one (or None)."""
         self._wind_down(msg)
+        self._give_up_unbegun(msg)
         return self.running.delivery_id if self.running else None
+
+    def _give_up_unbegun(self, msg: WindDown) -> None:
+        """A worker turn that has not begun (waiting for the flock or a worker) never will: it ends like a queued DM.
+
+        Its gate decides, once, against the worker: a turn that began runs on (the stop waits for it, and
+        reports it ``ambiguous`` past its timeout); one that had not is cancelled, or left journaled for
+        the next start, and its worker never calls the runner. Its late result is dropped.
+        """
+        delivery = self.running
+        if delivery is None or self.gate is None or self.gate.give_up():
+            return
+        self._close_gate()
+        self.running = None
+        if self.turn_timer is not None:
+            self.turn_timer.cancel()
+            self.turn_timer = None
+        if not kept_at_stop(delivery, keep_journaled=msg.keep_journaled):
+            self._settle(outcomes.cancelled(delivery.delivery_id, delivery.label))
 
     def _wind_down(self, msg: WindDown) -> None:
         """From now on every delivery is cancelled; settle what is queued (journaled ones stay in the journal)."""

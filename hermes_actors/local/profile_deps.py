@@ -7,7 +7,7 @@ goes to its restarted instance (``ProfileTable`` reads it to settle what it held
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from actors import Scheduler, WorkerPool
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.local.runners import TurnRunner
-from hermes_actors.local.turns import TurnFactory
+from hermes_actors.local.turns import TurnFactory, TurnGates
 from hermes_actors.messages import Delivery
 from hermes_actors.store.journal import Journal
 
@@ -38,6 +38,7 @@ class ProfileDeps:
     cross_process_lock: bool = True
     journal: Journal | None = None
     gauge: QueueGauge | None = None  # the admission's count of waiting DMs: a started turn frees its place
+    gates: TurnGates = field(default_factory=TurnGates)  # every turn's gate: the stop decides stuck ones there
 
 
 @dataclass(frozen=True)

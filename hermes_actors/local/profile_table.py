@@ -18,6 +18,7 @@ instance what the crashed one held first: a profile's turns keep their order acr
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +43,7 @@ from hermes_actors.messages import (
 __all__ = ["DELIVER_BATCH", "ProfileTable"]
 
 DELIVER_BATCH = 256  # deliveries gathered at most before they are handed over, however busy the Dispatcher
+_ANSWER_FLOOR = 0.05  # seconds each ProfileActor gets to answer the stop's WindDown, however late in the stop
 
 
 class ProfileTable:
@@ -64,6 +66,7 @@ class ProfileTable:
         # Set once the gateway stops: every ProfileActor started after that (a crash restart, whose
         # predecessor missed the WindDown) starts winding down instead of running what it salvaged.
         self.winding: WindDown | None = None
+        self.unanswered: set[str] = set()  # ProfileActors that did not answer the WindDown in time
 
     def ref(self, info: ProfileInfo) -> pykka.ActorRef[Any]:
         """The running ProfileActor of ``info``, started now when there is none."""
@@ -185,19 +188,31 @@ class ProfileTable:
         self.sent.pop(profile, None)
         self._take_gathered(profile)
 
-    def wind_down(self, *, keep_journaled: bool) -> list[str]:
-        """Cancel what is queued on every ProfileActor; returns the ids of the turns still running."""
+    def wind_down(self, *, keep_journaled: bool, answer_within: float) -> list[str]:
+        """Cancel what is queued on every ProfileActor; returns the ids of the turns still running.
+
+        Args:
+            keep_journaled: leave journaled deliveries for the next start (durable mode).
+            answer_within: seconds the ProfileActors get, together, to answer (each at least
+                ``_ANSWER_FLOOR``). One that does not (its thread is stuck in a turn of a
+                "non-blocking" runner, say) is wound down without its thread: its turn's gate
+                says whether it began, nothing more of it starts, and the stop settles what it
+                holds (``FinalizePending``).
+        """
         self.flush()
         self.winding = WindDown(keep_journaled=keep_journaled)
+        self.deps.gates.stop()  # no turn starts from now on, whether or not its ProfileActor answers
+        answer_by = time.monotonic() + answer_within
         running: list[str] = []
         for name in list(self.supervisor.children):
             ref = self.supervisor.child_ref(name)
             if ref is None or self.supervisor.child_down(name):
                 continue  # crashed: its restart settles what it held (see restarting)
             try:
-                current = ask(ref, self.winding, timeout=10)
+                current = ask(ref, self.winding, timeout=max(_ANSWER_FLOOR, answer_by - time.monotonic()))
             except (ActorGone, AskTimeout):
-                continue
+                self.unanswered.add(name)
+                current = self.deps.gates.give_up(name)
             if current:
                 running.append(current)
         return running
@@ -243,7 +258,9 @@ class ProfileTable:
         self.flush()
         for name in list(self.supervisor.children):
             ref = self.supervisor.child_ref(name)
-            if ref is not None:
+            if ref is not None and name in self.unanswered:  # maybe stuck in a turn: never waited for again
+                ref.stop(block=False)
+            elif ref is not None:
                 try:
                     ref.stop(block=True, timeout=5)
                 except pykka.Timeout:

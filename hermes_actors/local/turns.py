@@ -53,11 +53,13 @@ from hermes_actors.store.turnlock import TurnLock
 __all__ = [
     "TurnFactory",
     "TurnGate",
+    "TurnGates",
     "attempt_turn",
     "describe_error",
     "execute_turn",
     "forget_failed",
     "never_ran",
+    "not_begun",
     "retry_allowed",
     "turn_factory_here",
     "turn_for",
@@ -229,6 +231,60 @@ class TurnGate:
             return self._given_up
 
 
+class TurnGates:
+    """The gates of one gateway's turns under way, one per profile: once stopped, no turn starts.
+
+    Thread-safe. A ProfileActor opens the gate of each turn it starts (inline or on a worker)
+    here and closes it when the turn is over. The stop first :meth:`stop` s them: from then on no
+    gate opens, so no turn starts, however busy its ProfileActor is, or stuck in a turn on its own
+    thread (a non-blocking runner that blocks). The turn of a ProfileActor that cannot answer the
+    stop is decided here (:meth:`give_up`), without its thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[str, TurnGate]] = {}  # profile → (delivery id, gate) of its turn under way
+        self._stopped = False
+
+    def open(self, profile: str, delivery_id: str) -> TurnGate | None:
+        """The gate of the turn ``profile`` is about to start for ``delivery_id``.
+
+        Returns:
+            A new gate, or None once stopped: the turn must not start (it stays queued for the stop).
+        """
+        with self._lock:
+            if self._stopped:
+                return None
+            gate = TurnGate()
+            self._open[profile] = (delivery_id, gate)
+            return gate
+
+    def close(self, profile: str, gate: TurnGate) -> None:
+        """The turn of ``gate`` is over (finished, timed out, given up on)."""
+        with self._lock:
+            entry = self._open.get(profile)
+            if entry is not None and entry[1] is gate:
+                del self._open[profile]
+
+    def stop(self) -> None:
+        """No gate opens from now on (the gateway stops)."""
+        with self._lock:
+            self._stopped = True
+
+    def give_up(self, profile: str) -> str | None:
+        """Give up on the turn under way for ``profile`` (see :meth:`TurnGate.give_up`).
+
+        Returns:
+            Its delivery id when it began (it may still be running), else None (none, or it never runs).
+        """
+        with self._lock:
+            entry = self._open.get(profile)
+        if entry is None:
+            return None
+        delivery_id, gate = entry
+        return delivery_id if gate.give_up() else None
+
+
 def execute_turn(
     delivery: Delivery,
     *,
@@ -280,11 +336,17 @@ def _execute_turn(
     held: bool,
     gate: TurnGate | None,
 ) -> TurnFinished:
+    if gate is not None and gate.given_up():  # given up on before its worker came to it: never runs
+        return not_begun(delivery.delivery_id)
     if lock is not None and not held:
         try:
-            waited = lock.acquire(lock_deadline)
+            # a wait given up on (the gateway stops, or the turn's time ran out) ends at once: the turn
+            # never runs, so the flock is neither waited for nor taken any longer
+            waited = lock.acquire(lock_deadline, given_up=gate.given_up if gate is not None else None)
         except OSError as exc:
             return never_ran(delivery.delivery_id, "taking the turn lock", exc)
+        if waited is None and gate is not None and gate.given_up():
+            return not_begun(delivery.delivery_id)
         if waited is None:
             return TurnFinished(
                 delivery.delivery_id,
@@ -294,8 +356,7 @@ def _execute_turn(
             )
     try:
         if gate is not None and not gate.begin():  # reported NOT delivered while it waited: never runs
-            return TurnFinished(delivery.delivery_id, None, "the turn's time ran out before it began",
-                                "target_busy")
+            return not_begun(delivery.delivery_id)
         if journal is not None:
             try:
                 journal.append_durably({"t": "started", "id": delivery.delivery_id, "attempt": 1})
@@ -339,6 +400,19 @@ def _execute_turn(
                 release(delivery.delivery_id)
             except BaseException:  # runner code: it must not replace the turn's result
                 logger.exception("runner release failed for {}", delivery.delivery_id)
+
+
+def not_begun(delivery_id: str) -> TurnFinished:
+    """Pure: the result of a worker turn its ProfileActor gave up on before it began (it never runs).
+
+    Args:
+        delivery_id: the delivery.
+
+    Returns:
+        A failed :class:`TurnFinished`; the ProfileActor already settled the DM (its turn timed out,
+        or the gateway stopped) and drops it.
+    """
+    return TurnFinished(delivery_id, None, "the turn was given up on before it began", "target_busy")
 
 
 class TurnFactory(Protocol):

@@ -25,6 +25,7 @@ import re
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -262,11 +263,16 @@ class TurnLock:
         """
         return self._fd
 
-    def acquire(self, deadline: float) -> float | None:
+    def acquire(self, deadline: float, *, given_up: Callable[[], bool] | None = None) -> float | None:
         """Take the lock, waiting until the monotonic ``deadline`` at most.
 
+        Args:
+            deadline: monotonic time after which the wait gives up.
+            given_up: asked between tries; once it says True the wait gives up at once (the turn
+                waiting for the lock was given up on: its gateway stops, or its time ran out).
+
         Returns:
-            Seconds waited when acquired, or None when the deadline passed.
+            Seconds waited when acquired, or None when the deadline passed or the wait was given up.
         """
         with self._mutex:
             self._open()
@@ -282,7 +288,7 @@ class TurnLock:
                     if delay == 0.001:  # once per acquire: say why this turn has not started
                         logger.info("waiting for the lock {}: another turn or process holds it", self.path)
                     now = time.monotonic()
-                    if now >= deadline:
+                    if now >= deadline or (given_up is not None and given_up()):
                         self._done()
                         return None
                     time.sleep(min(delay, deadline - now))
