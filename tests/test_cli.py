@@ -97,6 +97,39 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 2
 
 
+# Each subcommand with the arguments it requires (parsed only: an unknown option is refused before any runs).
+_VALID_ARGV = {
+    "demo": ["demo"], "roster": ["roster", "--root", "R"], "send": ["send", "--root", "R", "--from", "a", "b", "hi"],
+    "outcome": ["outcome", "--root", "R", "0" * 32], "status": ["status", "--root", "R"],
+    "doctor": ["doctor", "--root", "R"], "serve": ["serve", "--root", "R"], "relay": ["relay", "--root", "R"],
+    "enable": ["enable", "--root", "R"], "disable": ["disable", "--root", "R"], "bench": ["bench", "--quick"],
+    "room create": ["room", "create", "--root", "R", "x", "a", "b"], "room send": ["room", "send", "--root", "R", "x",
+                                                                                "hi"],
+    "room show": ["room", "show", "--root", "R", "x"], "room list": ["room", "list", "--root", "R"],
+    "room disband": ["room", "disband", "--root", "R", "x"],
+}
+
+
+def test_every_subcommand_has_its_valid_argv_listed() -> None:
+    assert sorted({name.split()[0] for name in _VALID_ARGV}) == sorted(COMMANDS)
+
+
+@pytest.mark.parametrize(("name", "extra"), [(name, extra) for name in _VALID_ARGV for extra in (["--bogus"], ["stray"])
+                                              if (name, extra) != ("room create", ["stray"])],  # one more member
+                         ids=lambda value: value if isinstance(value, str) else value[0])
+def test_an_unknown_argument_shows_the_usage_of_its_subcommand(
+    name: str, extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: `send ... --bogus` printed the top-level usage (argparse leaves a subcommand's unknown
+    words to the top-level parser), where every other argument error shows the subcommand's."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*_VALID_ARGV[name], *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: hermes-actors {name} "), err
+    assert f"hermes-actors {name}: error: unrecognized arguments: {extra[0]}" in err
+
+
 @pytest.mark.parametrize("argv", [["-v", "status"], ["status", "-v"], ["status", "-vv"], ["-v", "status", "-v"]])
 def test_verbose_is_accepted_anywhere(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = create_demo_root(tmp_path / "root")

@@ -284,6 +284,15 @@ def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser
             kwargs["parents"] = [*kwargs.get("parents", ()), parent]
             super().__init__(**kwargs)
 
+        def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
+            # argparse parses a subcommand's words with parse_known_args and hands what it did not know
+            # to the top-level parser, whose error shows the top-level usage: refuse them here, with the
+            # usage of the subcommand (room's nested ones included) they were given to.
+            parsed, extras = super().parse_known_args(args, namespace)
+            if extras:
+                self.error(f"unrecognized arguments: {' '.join(extras)}")
+            return parsed, extras
+
     return SubParser
 
 
