@@ -256,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profiles", default=None, help="comma-separated folder ids (default: every profile)")
     p.add_argument("--gateway", action="store_true", help="also configure `hermes gateway run` to host the actors")
     p.add_argument("--port", type=int, default=None,
-                   help="the API server port --gateway configures (default 8642; given, it replaces the one set)")
+                   help="the API server port --gateway configures, 1-65535 (default 8642; given, it replaces the one "
+                        "set); needs --gateway")
     p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
     p.set_defaults(func=_cmd_enable)
 
