@@ -390,6 +390,39 @@ def test_a_bad_connection_id_is_refused_before_anything_runs(bad: str, tmp_path:
     Gateway(root, runner="demo", connection_id="alpha-1_B")  # a good one is taken as it is
 
 
+@pytest.mark.parametrize(("option", "says"), [
+    (["--connection-id", "bad id!"], "error: connection id 'bad id!' must be 1-64 letters"),
+    (["--redis", "notaurl"], "error: --redis 'notaurl' is not a redis://, rediss:// or unix:// URL"),
+    (["--redis", "http://u:secret@h/0"], "error: --redis 'http://u:***@h/0' is not a redis://"),
+])
+@pytest.mark.parametrize("command", ["send", "roster"])
+def test_a_bad_transport_option_is_the_only_thing_said(
+    command: str, option: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: `send` printed "note: no host serves ...; this command runs the DM itself" before the error,
+    and the --redis one named `bot_mode.transport`, a config key the user never typed."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    root = make_root(tmp_path)
+    argv = ["send", "--root", str(root), "--from", "alice", "bob", "hi", "--runner", "demo"] if command == "send" \
+        else ["roster", "--root", str(root)]
+    assert main([*argv, *option]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [captured.err.strip()] and captured.err.startswith(says), captured.err
+    assert "bot_mode.transport" not in captured.err and "secret" not in captured.err
+    assert captured.out == ""
+    assert not (root / "bot_relay" / "journal").exists()  # no gateway ran
+
+
+def test_redis_read_from_an_unset_redis_url_is_refused_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    root = make_root(tmp_path)
+    assert main(["serve", "--root", str(root), "--runner", "demo", "--redis", "redis"]) == 2
+    assert capsys.readouterr().err == "error: --redis redis reads the URL from REDIS_URL, which is not set\n"
+
+
 def test_a_reader_leaving_the_pipe_early_gets_no_traceback(tmp_path: Path) -> None:
     """Regression: `hermes-actors status | head -3` printed a BrokenPipeError traceback."""
     import subprocess

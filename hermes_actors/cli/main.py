@@ -62,12 +62,13 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 
     existing_root(args.root)
+    overrides = transport_config(args)  # a bad --connection-id or --redis is refused, host or not
     hosted = True
     try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
         rows = fetch_roster(args.root)
     except (HostOffline, HostLost):
         hosted = False
-        with Gateway(args.root, runner=lambda turn: "", config=transport_config(args),
+        with Gateway(args.root, runner=lambda turn: "", config=overrides,
                      connection_id=args.connection_id) as gw:
             rows = gw.roster()
     if args.json:
@@ -110,11 +111,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.store.hermes_root import existing_root
 
     existing_root(args.root)  # a missing root, or a profile's home, is a usage error before anything starts
+    overrides = transport_config(args)  # before anything starts: so is a bad --connection-id or --redis
     http = _http_settings(args)  # before anything starts: a refused --http starts nothing
     try:
         return serve(args.root, connection_id=args.connection_id,
-                     runner=runner_for(args.runner, args.cli, args.root), config=transport_config(args) or None,
-                     http=http)
+                     runner=runner_for(args.runner, args.cli, args.root), config=overrides or None, http=http)
     except RuntimeError as exc:  # another process already hosts the root, or --http cannot be bound
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED

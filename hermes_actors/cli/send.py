@@ -103,6 +103,8 @@ def cmd_send(args: argparse.Namespace) -> int:
     from hermes_actors.gateway import Gateway
     from hermes_actors.store.hermes_root import existing_root
 
+    # A bad option is refused before anything else is said or done (the "no host" note included).
+    overrides = transport_config(args)
     try:
         via_host = ask_settled_host(args.root, lambda: _send_via_host(args))
     except TimeoutError as exc:
@@ -117,7 +119,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     cfg = load_config(args.root)
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
-    config = deep_merge({"bot_mode": {"wake_sender": False}}, transport_config(args))
+    config = deep_merge({"bot_mode": {"wake_sender": False}}, overrides)
     gw = Gateway(args.root, runner=runner_for(args.runner, args.cli, args.root), config=config,
                  connection_id=args.connection_id).start()
     interrupted = False
