@@ -505,3 +505,35 @@ def test_bench_passes_its_options_through_no_progress_included(monkeypatch: pyte
     monkeypatch.setattr(bench.harness, "main", lambda argv: seen.append(argv) or 0)
     assert main(["bench", "--quick", "--scenario", "local-roundtrip", "--no-progress", "--sustained-seconds", "5"]) == 0
     assert seen == [["--quick", "--scenario", "local-roundtrip", "--sustained-seconds", "5.0", "--no-progress"]]
+
+
+@pytest.mark.parametrize(("out", "reason"), [("results.txt", "it is a file, not a directory"),
+                                             ("results.txt/run1", "Not a directory")])
+def test_bench_refuses_an_out_it_cannot_write_before_running_anything(
+    out: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: ``--out <a file>`` ran every scenario, then failed `[Errno 17] File exists` (exit 1), and
+    ``--out /proc/nope`` `[Errno 2] No such file or directory` (exit 2): one message, exit 2, up front."""
+    import bench.harness
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the scenarios ran")
+
+    monkeypatch.setattr(bench.harness, "run_bench", must_not_run)
+    (tmp_path / "results.txt").write_text("mine\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--quick", "--scenario", "local-roundtrip", "--out", str(tmp_path / out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --out '{tmp_path / out}' must be a directory bench can create and write its results in " \
+           f"({reason})" in err, err
+    assert (tmp_path / "results.txt").read_text(encoding="utf-8") == "mine\n"
+
+
+def test_bench_creates_a_missing_out_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.harness
+
+    seen: list[Path] = []
+    monkeypatch.setattr(bench.harness, "run_bench", lambda quick, scenarios, out, **kw: seen.append(out))
+    assert main(["bench", "--quick", "--scenario", "local-roundtrip", "--out", str(tmp_path / "a" / "b")]) == 0
+    assert seen == [tmp_path / "a" / "b"] and seen[0].is_dir()

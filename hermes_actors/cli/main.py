@@ -270,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmark against a model of the seed design")
     p.add_argument("--quick", action="store_true", help="a short run (under a minute)")
     p.add_argument("--scenario", action="append", help="run only this scenario (repeat)")
-    p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results directory, created when missing and checked before any scenario runs "
+                        "(default bench/results)")
     p.add_argument("--sustained-seconds", type=float, default=None,
                    help="how long the flat-memory scenario holds its rate (default 600, 10 with --quick)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
