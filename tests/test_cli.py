@@ -156,6 +156,38 @@ def test_send_on_an_unmanaged_install_names_the_fix(tmp_path: Path, capsys: pyte
     assert f"fix: hermes-actors enable --root {root}" in captured.err
 
 
+class _RealHermesLike:
+    """A runner that says its turns run on the real Hermes: the roster then leaves off what hermes cannot run."""
+
+    real_hermes = True
+
+    def run_turn(self, turn: Turn) -> str:
+        return "ok"
+
+
+@pytest.mark.parametrize("hosted", [True, False], ids=["through-a-host", "without-a-host"])
+def test_a_dm_refused_as_unmanaged_names_the_fix_host_or_not(
+    hosted: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the fix note came from a second read of the root's files, not from the refusal: a gateway
+    that saw the install unmanaged (here: its only managed profile, UPPER, is one hermes cannot run) refused
+    every DM and the command printed the model's text alone, naming no fix."""
+    root = make_root(tmp_path, {"alice": {"managed": False}, "bob": {"managed": False}, "UPPER": {"managed": True}},
+                     managed=False)
+    argv = ["send", "--root", str(root), "--from", "alice", "bob", "hi"]
+    if hosted:
+        with Gateway(root, runner=_RealHermesLike(), durable=False, serve_submit=True):
+            code = main(argv)
+    else:
+        monkeypatch.setattr("hermes_actors.cli.gateway_options.runner_for", lambda *args: _RealHermesLike())
+        code = main(argv)
+    assert code == 1
+    captured = capsys.readouterr()
+    assert "refused [unknown]: This install is not Bot-Mode-managed" in captured.out
+    assert f"fix: hermes-actors enable --root {root}" in captured.err
+    assert ("no host serves" in captured.err) is not hosted
+
+
 def test_roster_says_when_no_host_serves_the_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Local profiles are listed online either way; without a host the bots' own DMs are refused, and it says so."""
     root = make_root(tmp_path, {"alice": {}, "bob": {}})

@@ -21,6 +21,7 @@ from hermes_actors.cli.render import (
     outcome_exit_code,
     outcome_line,
     refusal_line,
+    refused_as_unmanaged,
 )
 
 __all__ = ["cmd_send"]
@@ -32,9 +33,7 @@ def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
         print(orjson.dumps(answer).decode())
     elif "error" in answer:
         print(refusal_line(answer))
-        from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
-
-        if not install_is_managed(discover_profiles(args.root)):  # the tool's text names no fix; a person needs one
+        if refused_as_unmanaged(answer):  # the tool's text names no fix; a person needs one, host or not
             print(not_managed_note(args.root), file=sys.stderr)
     else:
         print(ack_line(answer, str(args.root)))
