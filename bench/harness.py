@@ -47,7 +47,7 @@ from bench.progress import NullProgress, Progress
 from bench.registry import REGISTRY, BenchContext
 from bench.report import render_table, write_docs
 
-__all__ = ["DEFAULT_OUT", "TINY_SCALE", "main", "run_bench"]
+__all__ = ["DEFAULT_OUT", "TINY_SCALE", "main", "results_dir", "run_bench"]
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUT = BENCH_DIR / "results"
@@ -179,12 +179,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def results_dir(path: Path) -> Path:
+    """``--out``, created when missing and shown to take a file: checked before the scenarios run for minutes,
+    not when their results are written.
+
+    Args:
+        path: the ``--out`` directory.
+
+    Returns:
+        The directory.
+
+    Raises:
+        ValueError: it cannot be created or written, naming the path and the system's reason.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # a real write: permission bits say nothing to root or a read-only mount
+            pass
+    except OSError as exc:
+        reason = "it is a file, not a directory" if path.exists() and not path.is_dir() else exc.strerror or str(exc)
+        raise ValueError(f"--out {str(path)!r} must be a directory bench can create and write its results in "
+                         f"({reason})") from None
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: parse ``argv`` (default ``sys.argv[1:]``), run, return the exit code."""
     args = build_parser().parse_args(argv)
     if args.sustained_seconds is not None and not args.sustained_seconds > 0:
         parser_error = f"--sustained-seconds must be > 0, got {args.sustained_seconds:g}"
         build_parser().error(parser_error)
+    try:
+        results_dir(args.out)
+    except ValueError as exc:  # a bad argument: exit 2 with the usage, whatever the OS error was
+        build_parser().error(str(exc))
     run_bench(args.quick, args.scenario, args.out, progress=not args.no_progress, sustained_s=args.sustained_seconds)
     return 0
 

@@ -97,6 +97,39 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 2
 
 
+# Each subcommand with the arguments it requires (parsed only: an unknown option is refused before any runs).
+_VALID_ARGV = {
+    "demo": ["demo"], "roster": ["roster", "--root", "R"], "send": ["send", "--root", "R", "--from", "a", "b", "hi"],
+    "outcome": ["outcome", "--root", "R", "0" * 32], "status": ["status", "--root", "R"],
+    "doctor": ["doctor", "--root", "R"], "serve": ["serve", "--root", "R"], "relay": ["relay", "--root", "R"],
+    "enable": ["enable", "--root", "R"], "disable": ["disable", "--root", "R"], "bench": ["bench", "--quick"],
+    "room create": ["room", "create", "--root", "R", "x", "a", "b"], "room send": ["room", "send", "--root", "R", "x",
+                                                                                "hi"],
+    "room show": ["room", "show", "--root", "R", "x"], "room list": ["room", "list", "--root", "R"],
+    "room disband": ["room", "disband", "--root", "R", "x"],
+}
+
+
+def test_every_subcommand_has_its_valid_argv_listed() -> None:
+    assert sorted({name.split()[0] for name in _VALID_ARGV}) == sorted(COMMANDS)
+
+
+@pytest.mark.parametrize(("name", "extra"), [(name, extra) for name in _VALID_ARGV for extra in (["--bogus"], ["stray"])
+                                              if (name, extra) != ("room create", ["stray"])],  # one more member
+                         ids=lambda value: value if isinstance(value, str) else value[0])
+def test_an_unknown_argument_shows_the_usage_of_its_subcommand(
+    name: str, extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: `send ... --bogus` printed the top-level usage (argparse leaves a subcommand's unknown
+    words to the top-level parser), where every other argument error shows the subcommand's."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*_VALID_ARGV[name], *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: hermes-actors {name} "), err
+    assert f"hermes-actors {name}: error: unrecognized arguments: {extra[0]}" in err
+
+
 @pytest.mark.parametrize("argv", [["-v", "status"], ["status", "-v"], ["status", "-vv"], ["-v", "status", "-v"]])
 def test_verbose_is_accepted_anywhere(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = create_demo_root(tmp_path / "root")
@@ -121,6 +154,38 @@ def test_send_on_an_unmanaged_install_names_the_fix(tmp_path: Path, capsys: pyte
     captured = capsys.readouterr()
     assert "not Bot-Mode-managed" in captured.out
     assert f"fix: hermes-actors enable --root {root}" in captured.err
+
+
+class _RealHermesLike:
+    """A runner that says its turns run on the real Hermes: the roster then leaves off what hermes cannot run."""
+
+    real_hermes = True
+
+    def run_turn(self, turn: Turn) -> str:
+        return "ok"
+
+
+@pytest.mark.parametrize("hosted", [True, False], ids=["through-a-host", "without-a-host"])
+def test_a_dm_refused_as_unmanaged_names_the_fix_host_or_not(
+    hosted: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the fix note came from a second read of the root's files, not from the refusal: a gateway
+    that saw the install unmanaged (here: its only managed profile, UPPER, is one hermes cannot run) refused
+    every DM and the command printed the model's text alone, naming no fix."""
+    root = make_root(tmp_path, {"alice": {"managed": False}, "bob": {"managed": False}, "UPPER": {"managed": True}},
+                     managed=False)
+    argv = ["send", "--root", str(root), "--from", "alice", "bob", "hi"]
+    if hosted:
+        with Gateway(root, runner=_RealHermesLike(), durable=False, serve_submit=True):
+            code = main(argv)
+    else:
+        monkeypatch.setattr("hermes_actors.cli.gateway_options.runner_for", lambda *args: _RealHermesLike())
+        code = main(argv)
+    assert code == 1
+    captured = capsys.readouterr()
+    assert "refused [unknown]: This install is not Bot-Mode-managed" in captured.out
+    assert f"fix: hermes-actors enable --root {root}" in captured.err
+    assert ("no host serves" in captured.err) is not hosted
 
 
 def test_roster_says_when_no_host_serves_the_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -357,6 +422,39 @@ def test_a_bad_connection_id_is_refused_before_anything_runs(bad: str, tmp_path:
     Gateway(root, runner="demo", connection_id="alpha-1_B")  # a good one is taken as it is
 
 
+@pytest.mark.parametrize(("option", "says"), [
+    (["--connection-id", "bad id!"], "error: connection id 'bad id!' must be 1-64 letters"),
+    (["--redis", "notaurl"], "error: --redis 'notaurl' is not a redis://, rediss:// or unix:// URL"),
+    (["--redis", "http://u:secret@h/0"], "error: --redis 'http://u:***@h/0' is not a redis://"),
+])
+@pytest.mark.parametrize("command", ["send", "roster"])
+def test_a_bad_transport_option_is_the_only_thing_said(
+    command: str, option: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: `send` printed "note: no host serves ...; this command runs the DM itself" before the error,
+    and the --redis one named `bot_mode.transport`, a config key the user never typed."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    root = make_root(tmp_path)
+    argv = ["send", "--root", str(root), "--from", "alice", "bob", "hi", "--runner", "demo"] if command == "send" \
+        else ["roster", "--root", str(root)]
+    assert main([*argv, *option]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [captured.err.strip()] and captured.err.startswith(says), captured.err
+    assert "bot_mode.transport" not in captured.err and "secret" not in captured.err
+    assert captured.out == ""
+    assert not (root / "bot_relay" / "journal").exists()  # no gateway ran
+
+
+def test_redis_read_from_an_unset_redis_url_is_refused_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    root = make_root(tmp_path)
+    assert main(["serve", "--root", str(root), "--runner", "demo", "--redis", "redis"]) == 2
+    assert capsys.readouterr().err == "error: --redis redis reads the URL from REDIS_URL, which is not set\n"
+
+
 def test_a_reader_leaving_the_pipe_early_gets_no_traceback(tmp_path: Path) -> None:
     """Regression: `hermes-actors status | head -3` printed a BrokenPipeError traceback."""
     import subprocess
@@ -439,3 +537,35 @@ def test_bench_passes_its_options_through_no_progress_included(monkeypatch: pyte
     monkeypatch.setattr(bench.harness, "main", lambda argv: seen.append(argv) or 0)
     assert main(["bench", "--quick", "--scenario", "local-roundtrip", "--no-progress", "--sustained-seconds", "5"]) == 0
     assert seen == [["--quick", "--scenario", "local-roundtrip", "--sustained-seconds", "5.0", "--no-progress"]]
+
+
+@pytest.mark.parametrize(("out", "reason"), [("results.txt", "it is a file, not a directory"),
+                                             ("results.txt/run1", "Not a directory")])
+def test_bench_refuses_an_out_it_cannot_write_before_running_anything(
+    out: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: ``--out <a file>`` ran every scenario, then failed `[Errno 17] File exists` (exit 1), and
+    ``--out /proc/nope`` `[Errno 2] No such file or directory` (exit 2): one message, exit 2, up front."""
+    import bench.harness
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the scenarios ran")
+
+    monkeypatch.setattr(bench.harness, "run_bench", must_not_run)
+    (tmp_path / "results.txt").write_text("mine\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--quick", "--scenario", "local-roundtrip", "--out", str(tmp_path / out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --out '{tmp_path / out}' must be a directory bench can create and write its results in " \
+           f"({reason})" in err, err
+    assert (tmp_path / "results.txt").read_text(encoding="utf-8") == "mine\n"
+
+
+def test_bench_creates_a_missing_out_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.harness
+
+    seen: list[Path] = []
+    monkeypatch.setattr(bench.harness, "run_bench", lambda quick, scenarios, out, **kw: seen.append(out))
+    assert main(["bench", "--quick", "--scenario", "local-roundtrip", "--out", str(tmp_path / "a" / "b")]) == 0
+    assert seen == [tmp_path / "a" / "b"] and seen[0].is_dir()

@@ -695,6 +695,53 @@ def test_enable_gateway_with_a_port_moves_the_api_server_an_earlier_enable_confi
     assert "api_server" not in (config.get("platforms") or {}), config
 
 
+@pytest.mark.parametrize(("port", "says"), [
+    ("-1", "--port -1: the port -1 is out of range (1-65535)"),
+    ("70000", "--port 70000: the port 70000 is out of range (1-65535)"),
+    ("99999", "--port 99999: the port 99999 is out of range (1-65535)"),
+    ("0", "--port 0 names no port: the API server would take any free one"),
+])
+def test_enable_gateway_refuses_a_port_hermes_clients_could_not_reach(
+    port: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: ``--port=-1`` (0, 70000, 99999) exited 0 and wrote the port into config.yaml, where doctor then
+    said only that the API server does not answer."""
+    root = make_root(tmp_path, managed=False)
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    assert main(["enable", "--root", str(root), "--gateway", f"--port={port}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: {says}"), captured.err
+    assert captured.out == ""
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before  # nothing was touched
+
+
+def test_enable_refuses_a_port_without_gateway(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: ``enable --port 9000`` without ``--gateway`` exited 0 and ignored the port."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--port", "9000"]) == 2
+    assert capsys.readouterr().err.startswith("error: --port 9000 needs --gateway")
+    assert not (root / "bot_relay").exists()  # no record: nothing was enabled
+
+
+def test_each_key_enable_changed_is_named_once_by_enable_and_by_disable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: after the port was set twice, ``disable`` printed ``...extra.port restored`` twice."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway", "--port", "9000"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("platforms.api_server") == 1 and "'port': 9000" in out, out  # the new block, with its port
+    for port in ("9001", "9002"):
+        assert main(["enable", "--root", str(root), "--gateway", "--port", port]) == 0
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("platforms.api_server.extra.port restored") == 1, out
+    assert "platforms.api_server restored" in out
+    config = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8")) or {}
+    assert "api_server" not in (config.get("platforms") or {}), config
+
+
 @pytest.mark.parametrize(("error", "level", "says"), [
     (None, OK, "answers"),
     ("AuthenticationError: invalid username-password pair", BLOCK, "refused our credentials"),

@@ -40,12 +40,51 @@ def runner_for(kind: str, cli: str | None, root: Path) -> Any:
 
 
 def transport_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The config overrides of ``--redis`` (empty without it: ``config.yaml`` decides).
+    """The config overrides of ``--redis`` (empty without it: ``config.yaml`` decides), once ``--connection-id``
+    and ``--redis`` are known to be usable: a command calls it before it prints or starts anything.
 
     Args:
-        args: the parsed command line (its ``redis``).
+        args: the parsed command line (its ``redis`` and ``connection_id``).
 
     Returns:
         The overrides to merge into the gateway's config.
+
+    Raises:
+        ValueError: ``--connection-id`` is not a connection id, or ``--redis`` selects no Redis server
+            (the message names the option, not the config key it stands for).
     """
-    return {"bot_mode": {"transport": args.redis}} if args.redis else {}
+    if args.connection_id is not None:
+        from hermes_actors.core.names import checked_connection_id
+
+        checked_connection_id(args.connection_id)
+    if not args.redis:
+        return {}
+    overrides = {"bot_mode": {"transport": args.redis}}
+    _check_redis_option(args.redis, overrides)
+    return overrides
+
+
+def _check_redis_option(value: str, overrides: dict[str, Any]) -> None:
+    """Refuse a ``--redis`` the transport would refuse at start, in words about ``--redis``.
+
+    The rule stays the transport's (:func:`redis_url_from_config`); only its message, which names the
+    ``bot_mode.transport`` key the user never typed here, is told again.
+
+    Raises:
+        ValueError: not a redis://, rediss:// or unix:// URL, or ``redis`` while ``REDIS_URL`` is unset or bad.
+    """
+    import os
+
+    from hermes_actors.transports.redis.store import mask_url, redis_url_from_config
+
+    try:
+        redis_url_from_config(overrides)
+    except ValueError:
+        schemes = "a redis://, rediss:// or unix:// URL"
+        if value.strip().lower() != "redis":
+            raise ValueError(f"--redis {mask_url(value)!r} is not {schemes} (e.g. redis://127.0.0.1:6379/0), nor "
+                             "'redis' to read REDIS_URL") from None
+        env_url = os.environ.get("REDIS_URL", "").strip()
+        if not env_url:
+            raise ValueError("--redis redis reads the URL from REDIS_URL, which is not set") from None
+        raise ValueError(f"--redis redis reads REDIS_URL, and {mask_url(env_url)!r} is not {schemes}") from None

@@ -62,12 +62,13 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 
     existing_root(args.root)
+    overrides = transport_config(args)  # a bad --connection-id or --redis is refused, host or not
     hosted = True
     try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
         rows = fetch_roster(args.root)
     except (HostOffline, HostLost):
         hosted = False
-        with Gateway(args.root, runner=lambda turn: "", config=transport_config(args),
+        with Gateway(args.root, runner=lambda turn: "", config=overrides,
                      connection_id=args.connection_id) as gw:
             rows = gw.roster()
     if args.json:
@@ -110,11 +111,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from hermes_actors.store.hermes_root import existing_root
 
     existing_root(args.root)  # a missing root, or a profile's home, is a usage error before anything starts
+    overrides = transport_config(args)  # before anything starts: so is a bad --connection-id or --redis
     http = _http_settings(args)  # before anything starts: a refused --http starts nothing
     try:
         return serve(args.root, connection_id=args.connection_id,
-                     runner=runner_for(args.runner, args.cli, args.root), config=transport_config(args) or None,
-                     http=http)
+                     runner=runner_for(args.runner, args.cli, args.root), config=overrides or None, http=http)
     except RuntimeError as exc:  # another process already hosts the root, or --http cannot be bound
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -256,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profiles", default=None, help="comma-separated folder ids (default: every profile)")
     p.add_argument("--gateway", action="store_true", help="also configure `hermes gateway run` to host the actors")
     p.add_argument("--port", type=int, default=None,
-                   help="the API server port --gateway configures (default 8642; given, it replaces the one set)")
+                   help="the API server port --gateway configures, 1-65535 (default 8642; given, it replaces the one "
+                        "set); needs --gateway")
     p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
     p.set_defaults(func=_cmd_enable)
 
@@ -268,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmark against a model of the seed design")
     p.add_argument("--quick", action="store_true", help="a short run (under a minute)")
     p.add_argument("--scenario", action="append", help="run only this scenario (repeat)")
-    p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results directory, created when missing and checked before any scenario runs "
+                        "(default bench/results)")
     p.add_argument("--sustained-seconds", type=float, default=None,
                    help="how long the flat-memory scenario holds its rate (default 600, 10 with --quick)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -283,6 +287,15 @@ def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser
         def __init__(self, **kwargs: Any) -> None:
             kwargs["parents"] = [*kwargs.get("parents", ()), parent]
             super().__init__(**kwargs)
+
+        def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
+            # argparse parses a subcommand's words with parse_known_args and hands what it did not know
+            # to the top-level parser, whose error shows the top-level usage: refuse them here, with the
+            # usage of the subcommand (room's nested ones included) they were given to.
+            parsed, extras = super().parse_known_args(args, namespace)
+            if extras:
+                self.error(f"unrecognized arguments: {' '.join(extras)}")
+            return parsed, extras
 
     return SubParser
 

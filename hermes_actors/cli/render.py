@@ -23,6 +23,7 @@ __all__ = [
     "outcome_line",
     "printable",
     "refusal_line",
+    "refused_as_unmanaged",
     "status_text",
 ]
 
@@ -55,6 +56,27 @@ def printable(text: str) -> str:
     Roster titles, handles, replies and errors come from files and bots we do not control.
     """
     return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+# How the gateway's refusal of a DM on an install that is not Bot-Mode-managed begins (core.targets; pinned by
+# tests/test_cli.py through a gateway's own refusal).
+_NOT_MANAGED_REFUSAL = "This install is not Bot-Mode-managed"
+
+
+def refused_as_unmanaged(answer: dict[str, Any]) -> bool:
+    """Pure: whether a send's answer is the refusal of an install that is not Bot-Mode-managed.
+
+    Told from the answer, not from the root's files: the gateway that refused (a host, or the command's
+    own) may see the install otherwise than a fresh read does (a host on the real Hermes leaves off the
+    profiles hermes cannot run, so a root managed only through such a profile is not managed there).
+
+    Args:
+        answer: the ack or refusal dict.
+
+    Returns:
+        True for that refusal.
+    """
+    return str(answer.get("error", "")).startswith(_NOT_MANAGED_REFUSAL)
 
 
 def not_managed_note(root: Any) -> str:

@@ -21,6 +21,7 @@ from hermes_actors.cli.render import (
     outcome_exit_code,
     outcome_line,
     refusal_line,
+    refused_as_unmanaged,
 )
 
 __all__ = ["cmd_send"]
@@ -32,9 +33,7 @@ def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
         print(orjson.dumps(answer).decode())
     elif "error" in answer:
         print(refusal_line(answer))
-        from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
-
-        if not install_is_managed(discover_profiles(args.root)):  # the tool's text names no fix; a person needs one
+        if refused_as_unmanaged(answer):  # the tool's text names no fix; a person needs one, host or not
             print(not_managed_note(args.root), file=sys.stderr)
     else:
         print(ack_line(answer, str(args.root)))
@@ -103,6 +102,8 @@ def cmd_send(args: argparse.Namespace) -> int:
     from hermes_actors.gateway import Gateway
     from hermes_actors.store.hermes_root import existing_root
 
+    # A bad option is refused before anything else is said or done (the "no host" note included).
+    overrides = transport_config(args)
     try:
         via_host = ask_settled_host(args.root, lambda: _send_via_host(args))
     except TimeoutError as exc:
@@ -117,7 +118,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     cfg = load_config(args.root)
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
-    config = deep_merge({"bot_mode": {"wake_sender": False}}, transport_config(args))
+    config = deep_merge({"bot_mode": {"wake_sender": False}}, overrides)
     gw = Gateway(args.root, runner=runner_for(args.runner, args.cli, args.root), config=config,
                  connection_id=args.connection_id).start()
     interrupted = False

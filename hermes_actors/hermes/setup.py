@@ -46,9 +46,10 @@ from hermes_actors.hermes.recorded_edits import (
 from hermes_actors.hermes.select import DEFAULT_API_PORT, MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.hermes.submit_client import ping
+from hermes_actors.ops.http_config import MAX_PORT, check_port
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
 
-__all__ = ["PLUGIN_NAME", "disable", "enable"]
+__all__ = ["PLUGIN_NAME", "api_server_port", "disable", "enable"]
 
 PLUGIN_NAME = "hermes-actors"
 
@@ -65,6 +66,34 @@ def _root(root: Path) -> Path:
         raise SetupError(f"{exc}: pass the HERMES_HOME of your install (default ~/.hermes; hermes creates it with "
                          "its first profile: hermes profile create <name>)") from None
     except ValueError as exc:  # its text names what to pass instead
+        raise SetupError(str(exc)) from None
+
+
+def api_server_port(port: int | None, *, gateway: bool) -> int | None:
+    """Pure: the ``--port`` enable may write into ``platforms.api_server.extra.port``.
+
+    Args:
+        port: the port asked for (None: keep the configured one, or 8642 for a new block).
+        gateway: whether ``--gateway`` was given (only it configures the API server).
+
+    Returns:
+        The port, or None.
+
+    Raises:
+        SetupError: a port without ``--gateway`` (it would be ignored), out of 1-65535, or 0.
+    """
+    if port is None:
+        return None
+    if not gateway:
+        raise SetupError(f"--port {port} needs --gateway: the port is the hermes API server's, which only "
+                         "`enable --gateway` configures (add --gateway, or leave --port out)")
+    if port == 0:  # hermes would bind any free port; the config then names none a client could reach
+        raise SetupError(f"--port 0 names no port: the API server would take any free one, while hermes-actors "
+                         f"and the bots reach it at the port config.yaml names; pass one from 1 to {MAX_PORT} "
+                         f"(default {DEFAULT_API_PORT})")
+    try:
+        return check_port(port, f"--port {port}", lowest=1)
+    except ValueError as exc:
         raise SetupError(str(exc)) from None
 
 
@@ -119,8 +148,8 @@ def enable(
         root: the Hermes root.
         profiles: folder ids (``default`` = the root profile); all when None.
         gateway: also configure the hermes gateway to host the actors and serve warm turns.
-        port: the API server's port: the one a new API server block gets (default 8642), and when
-            given, set in an existing one too (an earlier ``enable --gateway`` wrote 8642).
+        port: the API server's port (1-65535, with ``gateway`` only): the one a new API server block gets
+            (default 8642), and when given, set in an existing one too (an earlier ``enable --gateway`` wrote 8642).
         cli: the hermes executable (creates a fresh ``state.db``); found when None.
         env: the environment to check for ``API_SERVER_KEY`` (``os.environ`` when None).
 
@@ -128,8 +157,10 @@ def enable(
         The report.
 
     Raises:
-        SetupError: the root or a named profile does not exist, or a file cannot be edited safely.
+        SetupError: a bad ``port`` (:func:`api_server_port`), the root or a named profile does not exist, or
+            a file cannot be edited safely.
     """
+    port = api_server_port(port, gateway=gateway)  # an argument error first: nothing is read or written
     root = _root(root)
     report = SetupReport()
     record = load_record(root)
@@ -151,11 +182,11 @@ def enable(
             config = root / "config.yaml"
             editor.set_default(config, ["platforms", "api_server"],
                                {"enabled": True, "extra": {"host": "127.0.0.1",
-                                                           "port": int(port or DEFAULT_API_PORT)}})
+                                                           "port": DEFAULT_API_PORT if port is None else port}})
             where = ["platforms", "api_server", "extra", "port"]
             current = value_at(read_yaml(config), where)
-            if port is not None and current != int(port):  # named: that port, whatever an earlier enable set
-                editor.set_default(config, where, int(port), replace=current)
+            if port is not None and current != port:  # named: that port, whatever an earlier enable set
+                editor.set_default(config, where, port, replace=current)
             editor.set_default(config, ["platforms", "api_server", "enabled"], True, replace=False)
             editor.set_default(config, ["platforms", PLATFORM_NAME], {"enabled": True, "extra": {HOST_KEY: True}})
             # `enable --gateway` is the ask to host: a block switched off by hand is switched on again
@@ -228,6 +259,9 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
             undo_edit(root, entry, report)
     finally:
         save_record(root, kept)
+    # Enable records each change of a key (`--port 9000`, later `--port 9001`): undone newest first,
+    # each says the same "restored" (or "changed since enable") line; say it once.
+    report.changed, report.todo = _once(report.changed), _once(report.todo)
     if selected:
         report.todo.append("the 'Bot Chat' sessions were kept (they hold conversations)")
     if any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected):
@@ -235,3 +269,8 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
         report.todo.append(f"restart the hermes gateway if one runs, so it stops hosting the actors: "
                            f"HERMES_HOME={root} hermes gateway run --replace")
     return report
+
+
+def _once(lines: list[str]) -> list[str]:
+    """Pure: ``lines`` without repeats, in the order first said."""
+    return list(dict.fromkeys(lines))

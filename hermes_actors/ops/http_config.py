@@ -13,13 +13,34 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_HTTP_HOST", "TOKEN_ENV", "HttpSettings", "http_settings", "is_loopback_host",
-           "parse_http_address"]
+__all__ = ["DEFAULT_HTTP_HOST", "MAX_PORT", "TOKEN_ENV", "HttpSettings", "check_port", "http_settings",
+           "is_loopback_host", "parse_http_address"]
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
 TOKEN_ENV = "HERMES_ACTORS_HTTP_TOKEN"
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._~+/=-]{1,512}\Z")  # RFC 6750 b64token: safe in a header and a cookie
 _EXAMPLE = "e.g. 127.0.0.1:9464, :9464 or [::1]:9464"
+MAX_PORT = 65535
+
+
+def check_port(port: int, what: str, *, lowest: int = 0) -> int:
+    """Pure: ``port`` when it is a TCP port number (``lowest`` to :data:`MAX_PORT`): the one range rule of every
+    port option.
+
+    Args:
+        port: the port.
+        what: the option and value the message names first (e.g. ``--http '127.0.0.1:70000'``).
+        lowest: 0 where "any free port" makes sense (``--http``), 1 where clients must find the port.
+
+    Returns:
+        The port.
+
+    Raises:
+        ValueError: out of range, e.g. "--http '127.0.0.1:70000': the port 70000 is out of range (0-65535)".
+    """
+    if not lowest <= port <= MAX_PORT:
+        raise ValueError(f"{what}: the port {port} is out of range ({lowest}-{MAX_PORT})")
+    return port
 
 
 @dataclass(frozen=True)
@@ -73,10 +94,7 @@ def parse_http_address(text: str) -> tuple[str, int]:
             raise ValueError(f"--http {text!r}: {host!r} is not a host name or address ({_EXAMPLE})")
     if not port_text.isdigit():
         raise ValueError(f"--http {text!r}: the port {port_text!r} is not a number ({_EXAMPLE})")
-    port = int(port_text)
-    if port > 65535:
-        raise ValueError(f"--http {text!r}: the port {port} is out of range (0-65535)")
-    return host, port
+    return host, check_port(int(port_text), f"--http {text!r}")
 
 
 def is_loopback_host(host: str) -> bool:
