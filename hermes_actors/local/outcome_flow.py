@@ -91,12 +91,12 @@ class OutcomeFlow:
         key = outcome.delivery_id
         if not freed:
             self._free_place(key)
-        if self.book.has_outcome(key):
-            logger.debug("second outcome for {} dropped (first one wins)", key)
-            return
         # Left pending until it is journaling or published: should anything below fail, the DM is
         # still held, and the failed Dispatcher settles it (on_crash) instead of losing it.
         entry = self.book.entry(key)
+        if entry is None and self.book.has_outcome(key):  # (a pending one has none: one lookup, as a rule)
+            logger.debug("second outcome for {} dropped (first one wins)", key)
+            return
         if entry is not None and entry.route == "room":  # never journaled here: the room file records it
             self.publish(outcome)
             return
