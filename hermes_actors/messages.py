@@ -95,9 +95,14 @@ class CheckOutcome:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class OutcomeReady:
-    """A delivery ended; told to the Dispatcher by whoever settled it."""
+    """A delivery ended; told to the Dispatcher by whoever settled it.
+
+    ``freed``: the teller freed the delivery's place in its profile's queue (``QueueGauge``)
+    already, as a ProfileActor does on its own thread; the Dispatcher then skips that.
+    """
 
     outcome: Outcome
+    freed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +121,11 @@ class RelayedOutcome:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class OutcomesReady:
-    """Deliveries a ProfileActor ended while handling one message, in order (told to the Dispatcher)."""
+    """Deliveries a ProfileActor ended while handling one message, in order (told to the Dispatcher).
+
+    Their places in the profile's queue (``QueueGauge``) are free already: the ProfileActor freed
+    each as it settled it.
+    """
 
     outcomes: tuple[Outcome, ...]
 

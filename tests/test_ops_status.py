@@ -8,10 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway
 
 from hermes_actors import Gateway
 from hermes_actors.cli.render import status_text
+from hermes_actors.core import outcomes
+from hermes_actors.local import delivery_stats
+from hermes_actors.messages import Delivery
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.status import (
     STATUS_KEYS,
@@ -142,6 +146,16 @@ def test_serve_logs_one_info_line_per_delivery_without_text(root: Path, gateways
     assert len(lines) == 1, logs.lines
     assert "@alice → @bob: replied in " in lines[0]
     assert not any("secret" in line for line in logs.lines)
+
+
+def test_the_delivery_line_makes_no_logger_per_dm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On every DM's path (the Dispatcher's thread): logger.opt() builds a new Logger each call; the lazy one
+    # is built once, so the line is logged with the module's logger out of reach.
+    monkeypatch.setattr(delivery_stats, "logger", None)
+    delivery = Delivery("ab" * 16, "alice", "alice", "bob", "bob", "hi", accepted_at=1.0, label="@bob")
+    with LogCapture("INFO") as logs:
+        delivery_stats.log_settled(delivery, outcomes.from_reply(delivery.delivery_id, "@bob", "ok"))
+    assert len(logs.matching(f"delivery {delivery.delivery_id}", "@alice → @bob: replied in ")) == 1, logs.lines
 
 
 def test_file_status_reads_journals_and_relay_dirs(tmp_path: Path) -> None:

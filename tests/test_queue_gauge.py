@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
 
+import pytest
+from roots import send_dm, start_gateway
+
+from hermes_actors import CallableRunner, Gateway
 from hermes_actors.local.queue_gauge import QueueGauge
 
 
@@ -55,3 +62,34 @@ def test_concurrent_takes_never_exceed_the_places() -> None:
     for t in threads:
         t.join(timeout=30)
     assert len(taken) == 10 and gauge.held("bob") == 10
+
+
+
+def count_calls(gauge: QueueGauge) -> Counter[str]:
+    """Count ``gauge``'s take / hold / release calls from now on (each takes its lock once)."""
+    calls: Counter[str] = Counter()
+    for name in ("take", "hold", "release"):
+        real = getattr(gauge, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            calls[_name] += 1
+            return _real(*args)
+
+        setattr(gauge, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_first_hop_dm_takes_its_place_once_and_frees_it_once(
+    durable: bool, root: Path, gateways: list[Gateway]
+) -> None:
+    # The sender's thread takes the place and the ProfileActor frees it as it settles the DM. The Dispatcher
+    # neither holds it again (it is held) nor frees it again (the ProfileActor said so): one lock round each.
+    gw = start_gateway(gateways, root, CallableRunner(lambda turn: "ok", blocking=False), durable=durable)
+    system = gw._system
+    assert system is not None and system.caller_admission is not None and system.caller_admission.gauge is not None
+    calls = count_calls(system.caller_admission.gauge)  # the one gauge every part of the gateway shares
+    ids = [send_dm(gw, f"dm {i}") for i in range(5)]
+    assert [gw.wait_outcome(i, timeout=30)["status"] for i in ids] == ["replied"] * 5
+    assert system.caller_admission.gauge.held("bob") == 0
+    assert calls == Counter(take=5, release=5), calls

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hermes_actors.core import reasons as r
 
@@ -236,3 +240,17 @@ def test_normalize_reason(code: str, text: str, expected: str) -> None:
 )
 def test_is_intentional_silence(reply: str, expected: bool) -> None:
     assert r.is_intentional_silence(reply) is expected
+
+
+_SILENCE_PARTS = ["silent", "[SILENT]", "no", "Reply", "NO_REPLY", "x", "İ", "\u00a0", "\u3000", "\x1c", "\x85",
+                  "\u200b", "\ufeff", "\r\n", "\t", " ", ""]
+
+
+@given(st.lists(st.sampled_from(_SILENCE_PARTS) | st.text(max_size=3), max_size=6))
+@settings(max_examples=500, deadline=None)
+def test_is_intentional_silence_is_the_whitespace_collapsed_reply_in_the_markers(parts: list[str]) -> None:
+    # The definition (DESIGN 4.4), as it was written before the reply was split instead of copied whole:
+    # every run of whitespace one space, stripped, lowercased, then one of the markers.
+    reply = "".join(parts)
+    collapsed = re.sub(r"\s+", " ", reply).strip().lower()
+    assert r.is_intentional_silence(reply) is (collapsed in r.SILENCE_MARKERS)

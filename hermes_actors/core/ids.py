@@ -29,14 +29,24 @@ _VARIANT_MASK = ~(0xC000 << 48) & ((1 << 128) - 1)
 _VERSION_4 = 0x4000 << 64
 _VARIANT_RFC = 0x8000 << 48
 
-_local = threading.local()
+_local = threading.local()  # .rng: the calling thread's generator, seeded from the OS on its first id
+
+
+def _forget_generators() -> None:
+    """In a forked child: every generator is seeded anew on its next use (a copied one would repeat the
+    parent's ids). A fork hook, not a ``getpid`` syscall on every id."""
+    global _local
+    _local = threading.local()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork there is nothing to reseed after
+    os.register_at_fork(after_in_child=_forget_generators)
 
 
 def _rng() -> random.Random:
     rng: random.Random | None = getattr(_local, "rng", None)
-    if rng is None or getattr(_local, "pid", None) != os.getpid():  # reseed in a forked child
+    if rng is None:
         rng = _local.rng = random.Random(os.urandom(32))
-        _local.pid = os.getpid()
     return rng
 
 

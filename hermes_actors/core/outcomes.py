@@ -78,7 +78,7 @@ def cut_text(text: str, limit: int = TEXT_MAX_BYTES) -> str:
 def from_reply(delivery_id: str, label: str, reply: str) -> Outcome:
     """A finished turn's reply: ``replied``, or ``silent`` for an empty reply or a silence marker."""
     reply = valid_text(reply)
-    if not reply.strip() or is_intentional_silence(reply):
+    if not reply or reply.isspace() or is_intentional_silence(reply):  # (no stripped copy of a long reply)
         return Outcome(
             delivery_id,
             "silent",

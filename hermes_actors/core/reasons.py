@@ -241,9 +241,6 @@ def normalize_reason(code: str, text: str = "") -> str:
 
 SILENCE_MARKERS: frozenset[str] = frozenset({"[silent]", "silent", "no_reply", "no reply"})
 
-_WHITESPACE_RE = re.compile(r"\s+")
-
-
 def is_intentional_silence(reply: str) -> bool:
     """Whether a reply is an intentional non-answer (DESIGN 4.4).
 
@@ -255,5 +252,7 @@ def is_intentional_silence(reply: str) -> bool:
         ``NO REPLY``, ignoring case, surrounding whitespace and the width of
         internal whitespace.
     """
-    collapsed = _WHITESPACE_RE.sub(" ", str(reply or "")).strip().lower()
-    return collapsed in SILENCE_MARKERS
+    # Every marker is one or two words: splitting stops after the third word, so a reply (often KBs) is
+    # never copied whole. str.split() and the regex class \s both split on str.isspace() characters.
+    words = str(reply or "").split(None, 2)
+    return len(words) <= 2 and " ".join(words).lower() in SILENCE_MARKERS

@@ -181,6 +181,8 @@ def text_problem(what: str, value: Any) -> str | None:
     Returns:
         The refusal text, or None.
     """
+    if value.isascii():  # a flag CPython keeps on every str: no copy to encode, and ASCII always encodes
+        return None
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -285,7 +287,7 @@ def plan_send(
     content = prefixed_content(me, body)
     author = bot_author(me.profile, me.handle)
 
-    peer_match = PEER_TARGET_RE.match(raw)
+    peer_match = PEER_TARGET_RE.match(raw) if "/" in raw else None  # '<peer>/<agent>' has one
     if peer_match or raw.lower() in peers:
         peer_name, peer_agent = peer_match.groups() if peer_match else (raw.lower(), None)
         if peer_name not in peers:

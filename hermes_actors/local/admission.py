@@ -22,6 +22,8 @@ from hermes_actors.messages import Delivery, RosterSnapshot, SendRequest
 
 __all__ = ["Admission", "CallerAdmission", "plan_delivery"]
 
+_TO_AN_AGENT = (LocalRoute, RelayRoute)  # the routes whose target has a handle (built once, not per DM)
+
 
 def plan_delivery(
     snapshot: RosterSnapshot, msg: SendRequest, *, max_hops: int, wake: bool
@@ -55,7 +57,7 @@ def plan_delivery(
         sender=route.sender.profile,
         sender_handle=route.sender.handle,
         target=route.target.profile if isinstance(route, LocalRoute) else "",
-        target_handle=route.target.handle if isinstance(route, LocalRoute | RelayRoute) else "",
+        target_handle=route.target.handle if isinstance(route, _TO_AN_AGENT) else "",
         content=route.content,
         author=route.author,
         hop=hop,

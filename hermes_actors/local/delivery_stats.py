@@ -25,21 +25,25 @@ __all__ = ["IN_FLIGHT_ROWS", "DeliveryStats", "log_settled"]
 
 IN_FLIGHT_ROWS = 200  # in-flight deliveries listed by stats() (the oldest; all are counted per profile)
 
+# Built once: ``logger.opt`` makes a new Logger on every call, and loguru's options never change on
+# the module's ``logger`` (sinks, levels and enable/disable live in the core both share).
+_LAZY_LOGGER = logger.opt(lazy=True)
+
 
 def log_settled(delivery: Delivery | None, outcome: Outcome) -> None:
     """Log a DM's one INFO line: who, to whom, how it ended, how long it took (never its text).
 
-    Lazy: on the hot path of every DM, the line is built only when a sink takes INFO
-    (never while the library's logging is disabled, as it is for embedders by default).
+    Lazy: on the hot path of every DM, the line (and the clock it reads) is built only when a
+    sink takes INFO (never while the library's logging is disabled, as it is for embedders by
+    default); loguru builds it within this call, so the latency ends now.
     """
-    now = time.time()
 
     def line() -> str:
-        latency = now - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
+        latency = time.time() - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
         sender = f"@{delivery.sender_handle or delivery.sender}" if delivery is not None else ""
         return delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status, outcome.reason, latency)
 
-    logger.opt(lazy=True).info("{}", line)
+    _LAZY_LOGGER.info("{}", line)
 
 
 class DeliveryStats:

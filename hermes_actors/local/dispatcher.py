@@ -255,7 +255,7 @@ class DispatcherActor(SupervisorActor):
 
     @handles(OutcomeReady)
     def _on_outcome(self, msg: OutcomeReady) -> None:
-        self.flow.settle(msg.outcome)
+        self.flow.settle(msg.outcome, freed=msg.freed)
 
     @handles(RelayedOutcome)
     def _on_relayed_outcome(self, msg: RelayedOutcome) -> None:
@@ -264,7 +264,7 @@ class DispatcherActor(SupervisorActor):
     @handles(OutcomesReady)
     def _on_outcomes(self, msg: OutcomesReady) -> None:
         for outcome in msg.outcomes:
-            self.flow.settle(outcome)
+            self.flow.settle(outcome, freed=True)  # a ProfileActor's: it freed their places
 
     def after_message(self, *, asked: bool) -> None:
         """Hand on what the handlers gathered once the mailbox is drained (or a batch is full).

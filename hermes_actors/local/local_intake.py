@@ -57,16 +57,17 @@ class LocalIntake:
         self.counters = counters
         self.gauge = gauge
 
-    def deliver(self, info: ProfileInfo, delivery: Delivery, *, journaled: bool = False) -> None:
+    def deliver(self, info: ProfileInfo, delivery: Delivery, *, journaled: bool = False, held: bool = False) -> None:
         """Book ``delivery`` as pending and queue it on the ProfileActor of ``info`` (started if needed).
 
         Args:
             info: the target profile.
             delivery: the delivery.
             journaled: the journal records its lifecycle.
+            held: it holds its place in the profile's queue already (taken when it was admitted).
         """
         self.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=journaled))
-        self._queue(info, delivery)
+        self._queue(info, delivery, held=held)
 
     def accept(self, route: LocalRoute, delivery: Delivery) -> dict[str, Any] | PendingAck:
         """Accept a local DM the Dispatcher admitted (journaled first in durable mode).
@@ -104,14 +105,19 @@ class LocalIntake:
         self._queue_accepted(msg.target, delivery, journaled=msg.journaled)
 
     def _queue_accepted(self, target: ProfileInfo, delivery: Delivery, *, journaled: bool) -> None:
-        """A newly accepted local DM (acked, or about to be): queue it and count it."""
-        self.deliver(target, delivery, journaled=journaled)
+        """A newly accepted local DM (acked, or about to be): queue it and count it.
+
+        Its admission took its place in the profile's queue (``CallerAdmission.plan_local`` on the
+        sender's thread, ``Admission.admit`` here), and nothing frees it before it is queued (a journal
+        that refuses its record frees it, and then it is not queued): no second lock round to hold it.
+        """
+        self.deliver(target, delivery, journaled=journaled, held=True)
         self.counters["accepted"] += 1
 
-    def _queue(self, info: ProfileInfo, delivery: Delivery) -> None:
+    def _queue(self, info: ProfileInfo, delivery: Delivery, *, held: bool = False) -> None:
         """Queue ``delivery`` on its ProfileActor; it holds a place in the profile's queue until it is settled
-        (a DM a sender's thread admitted holds it already: holding is idempotent)."""
-        if self.gauge is not None:
+        (``held``: it took its place when it was admitted; else it takes one now, past the bound if need be)."""
+        if self.gauge is not None and not held:
             self.gauge.hold(info.profile, delivery.delivery_id)
         self.profiles.queue(info, delivery)
 

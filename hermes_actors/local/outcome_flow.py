@@ -80,16 +80,23 @@ class OutcomeFlow:
         self.gauge = gauge
         self.notes: list[Note] = []  # published, not yet told to the Notifier
 
-    def settle(self, outcome: Outcome) -> None:
-        """Keep ``outcome`` (journaled first when its DM is) and publish it; a second one is dropped."""
+    def settle(self, outcome: Outcome, *, freed: bool = False) -> None:
+        """Keep ``outcome`` (journaled first when its DM is) and publish it; a second one is dropped.
+
+        Args:
+            outcome: the outcome.
+            freed: whoever settled it freed its place in its profile's queue already (a ProfileActor
+                does, on its own thread, before it tells the outcome): no second lock round here.
+        """
         key = outcome.delivery_id
-        self._free_place(key)
-        if self.book.has_outcome(key):
-            logger.debug("second outcome for {} dropped (first one wins)", key)
-            return
+        if not freed:
+            self._free_place(key)
         # Left pending until it is journaling or published: should anything below fail, the DM is
         # still held, and the failed Dispatcher settles it (on_crash) instead of losing it.
         entry = self.book.entry(key)
+        if entry is None and self.book.has_outcome(key):  # (a pending one has none: one lookup, as a rule)
+            logger.debug("second outcome for {} dropped (first one wins)", key)
+            return
         if entry is not None and entry.route == "room":  # never journaled here: the room file records it
             self.publish(outcome)
             return
@@ -121,9 +128,9 @@ class OutcomeFlow:
     def _free_place(self, key: str) -> None:
         """The DM's turn is over (or never ran): its place in its profile's queue is free for the next one.
 
-        Here for the outcomes no ProfileActor gave (its own frees the place on its thread first); what is
-        published without :meth:`settle` needs none: outcomes of a previous run, and a stop's (no DM is
-        admitted once a stop began).
+        Here for the outcomes no ProfileActor gave (its own frees the place on its thread first, and
+        :meth:`settle` is told so); what is published without :meth:`settle` needs none: outcomes of a
+        previous run, and a stop's (no DM is admitted once a stop began).
         """
         if self.gauge is not None:
             self.gauge.release(key)

@@ -369,7 +369,9 @@ class ProfileActor(TypedActor):
         """Hand the outcomes this message settled to the Dispatcher: one message for all of them."""
         if self.settled:
             settled, self.settled = tuple(self.settled), []
-            tell(self.deps.dispatcher, OutcomesReady(settled) if len(settled) > 1 else OutcomeReady(settled[0]))
+            # _settle freed their places in the queue: the Dispatcher need not
+            tell(self.deps.dispatcher,
+                 OutcomesReady(settled) if len(settled) > 1 else OutcomeReady(settled[0], freed=True))
 
     # ── idle stop and wind-down ─────────────────────────────────────────────
 

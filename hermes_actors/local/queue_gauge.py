@@ -10,8 +10,9 @@ admitted: each DM holds a place from its admission (the sender's thread or
 the Dispatcher) until its ProfileActor settles it (its turn ended, or it never
 ran); whatever else the Dispatcher queues on a ProfileActor (wake-ups, DMs
 re-offered at a start, relayed-in DMs, room turns) holds one too, without being
-refused for it. The ProfileActor frees the place on its own thread, the
-Dispatcher again when it settles the outcome (freeing is idempotent). The
+refused for it. The ProfileActor frees the place on its own thread as it
+settles the DM; the Dispatcher frees it for the outcomes it gets from anyone
+else (freeing is idempotent). The
 ProfileActor's own check on its queue stays, for a DM admitted as the queue
 filled.
 

@@ -66,7 +66,7 @@ def send_dm(
                 raise ActorGone("the delivery journal stopped: the gateway is stopping") from exc
             return journal_refusal(exc)
         crashpoint("after-journal-before-ack")
-    ack = ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
+    ack = ack_payload(delivery.delivery_id, delivery.label, now=delivery.accepted_at)  # the route's label, built once
     told = tell(dispatcher, AcceptLocal(route.target, delivery, ack, journaled=journal is not None))
     if not told and journal is None:
         raise ActorGone("cannot tell AcceptLocal: the Dispatcher is gone")
