@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from roots import RecordingRunner, body_of, send_dm, start_gateway
 
+from actors import WorkerPool
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
 from hermes_actors.local import turn_launch
@@ -283,8 +284,8 @@ def test_an_owner_handoff_given_up_on_before_it_began_never_reaches_the_owner(ro
                            make_turn=_make_turn, journal=None, gate=gate)
     assert (result.reply, result.reason, result.ambiguous) == (None, "target_busy", False)
     assert owner.turns == []
-    saved = json.loads(mailbox_file(root, key).read_text())
-    assert (saved["status"], saved["reason"]) == ("failed", "target_busy"), saved
+    # its ProfileActor settled it and records what it decided (record_not_handed): the worker writes nothing
+    assert not mailbox_file(root, key).exists()
 
 
 def test_an_owner_handoff_given_up_on_between_its_gate_and_its_claim_never_reaches_the_owner(
@@ -308,6 +309,60 @@ def test_an_owner_handoff_given_up_on_between_its_gate_and_its_claim_never_reach
                            gate=gate)
     assert result.ambiguous and owner.turns == []
     assert json.loads(mailbox_file(root, key).read_text())["status"] == "ambiguous"
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_stop_while_the_handoff_waits_for_a_worker_leaves_the_dm_handed_over_next_start_or_cancelled(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    """Regression (review): a DM whose handoff waited for a worker at the stop was rightly left journaled, but its
+    worker, finding the gate given up, wrote a final ``failed`` record ("The turn's time ran out…", ``target_busy``);
+    the next start re-offered it, found that record and failed the DM, never shown to the owner. In memory mode the
+    sender got ``cancelled`` and the record said ``failed``. Now the next start hands it over, and a cancelled DM's
+    record says ``cancelled`` with the stop's text."""
+    submitted, real_submit = threading.Semaphore(0), WorkerPool.submit
+
+    def submit(pool: WorkerPool, fn: Any, **kwargs: Any) -> None:
+        real_submit(pool, fn, **kwargs)
+        submitted.release()
+
+    monkeypatch.setattr(WorkerPool, "submit", submit)
+    entered, release = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        assert release.wait(30), "the test never released the runner"
+        return "runner done"
+
+    owner = Owner()
+    gw = start_gateway(gateways, root, RecordingRunner(behave), workers=1, durable=durable)
+    gw.attach_live_owner("bob", owner)
+    try:
+        carol = send_dm(gw, "holds the only worker", target="carol")
+        assert entered.wait(10) and submitted.acquire(timeout=10)
+        key = send_dm(gw, "hello owner")
+        assert submitted.acquire(timeout=10), "bob's handoff never reached the worker pool"
+        gw.stop(timeout=20, on_wait=lambda running, grace: release.set())
+    finally:
+        release.set()
+    assert gw.wait_outcome(carol, timeout=0)["status"] == "replied"
+    assert owner.turns == []
+    if not durable:
+        out = gw.wait_outcome(key, timeout=0)
+        assert (out["status"], out["reason"]) == ("failed", "cancelled"), out
+        saved = json.loads(mailbox_file(root, key).read_text())
+        assert (saved["status"], saved["reason"], saved["error"]) == ("cancelled", "cancelled", out["error"]), saved
+        return
+    path = mailbox_file(root, key)
+    assert not path.exists() or json.loads(path.read_text())["status"] == "queued"
+    again = Gateway(root, runner=RecordingRunner(), durable=True)
+    gateways.append(again)
+    again.attach_live_owner("bob", owner)
+    again.start()
+    out = again.wait_outcome(key, timeout=20)
+    assert (out["status"], out["reply"]) == ("replied", "owner: hello owner"), out
+    assert owner.bodies() == ["hello owner"]
+    assert json.loads(path.read_text())["status"] == "settled"
 
 
 # ── the mailbox ─────────────────────────────────────────────────────────────

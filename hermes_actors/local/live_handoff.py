@@ -13,7 +13,11 @@ States: ``queued → claimed → settled | failed | cancelled | ambiguous``.
 Admission is idempotent by delivery id: a replay of a settled delivery returns
 its recorded result and never runs twice; one found ``claimed`` (the owner
 died mid-turn) is ``ambiguous`` — "may have been delivered, do not resend" —
-and is never retried. A final state is never replaced (:meth:`LiveMailbox.advance`):
+and is never retried; one found ``queued`` was never handed over and is. A DM given up on
+before its handoff began (its time ran out while it waited for a worker, or the gateway
+stopped) is recorded by its ProfileActor as what the sender was told (``failed`` or
+``cancelled``: :func:`record_not_handed`), or stays ``queued`` when the stop leaves it in the
+journal for the next start. A final state is never replaced (:meth:`LiveMailbox.advance`):
 a DM the gateway itself reports ``ambiguous`` while the owner had it (a stop, a
 restart's recovery) is recorded so (:func:`give_up_on`), and an answer the owner
 gives after that is not written over it. A file written by another uid is moved
@@ -36,13 +40,13 @@ from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner, checked_reply
-from hermes_actors.local.turns import TurnGate, describe_error, never_ran
-from hermes_actors.messages import Delivery, Turn, TurnFinished
+from hermes_actors.local.turns import TurnGate, describe_error, never_ran, not_begun
+from hermes_actors.messages import Delivery, Outcome, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.private_dir import ensure_private_dir
 
-__all__ = ["LIVE_STATES", "LiveMailbox", "give_up_on", "hand_to_owner"]
+__all__ = ["LIVE_STATES", "LiveMailbox", "give_up_on", "hand_to_owner", "record_not_handed"]
 
 LIVE_STATES = ("queued", "claimed", "settled", "failed", "cancelled", "ambiguous")
 TERMINAL = frozenset({"settled", "failed", "cancelled", "ambiguous"})
@@ -121,6 +125,26 @@ class LiveMailbox:
                 return None
             return self.transition(delivery_id, state, **fields)
 
+    def close_unbegun(self, delivery_id: str, state: str, **fields: str) -> dict[str, Any] | None:
+        """Write the final ``state`` of a DM whose handoff never began, creating the record when there is none.
+
+        Returns:
+            The record written, or None when the record was ``claimed`` (an earlier run handed it over: it may
+            have been shown) or final already: it is left as it is.
+        """
+        for directory in (self.directory, self.tmp):
+            ensure_private_dir(directory, within=self.home)
+        with _DECIDING:
+            current = self.read(delivery_id)
+            if current is None:
+                record = _record(delivery_id, state, **fields)
+                if create_exclusive_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True):
+                    return record
+                current = self.read(delivery_id)  # admitted just now by its worker: queued, taken over here
+            if current is None or current["status"] != "queued":
+                return None
+            return self.transition(delivery_id, state, **fields)
+
     def _move_aside(self, path: Path, why: str) -> None:
         try:
             ensure_private_dir(self.quarantine, within=self.home)
@@ -139,8 +163,8 @@ def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:
         return TurnFinished(delivery_id, None, str(record.get("error") or "the live owner failed the turn"),
                             str(record.get("reason") or ""))
     if state == "cancelled":
-        return TurnFinished(delivery_id, None, "The live Bot Chat owner cancelled this DM; it was NOT delivered.",
-                            "cancelled")
+        why = str(record.get("error") or "The live Bot Chat owner cancelled this DM; it was NOT delivered.")
+        return TurnFinished(delivery_id, None, why, "cancelled")
     why = str(record.get("error") or "The live Bot Chat owner took this DM and never settled it.")
     return TurnFinished(delivery_id, None, why, "unknown", ambiguous=True)
 
@@ -152,9 +176,12 @@ def hand_to_owner(
     """Run ``delivery`` as a user turn of the attached live owner (worker thread).
 
     ``gate`` (the ProfileActor's, as a runner's turn has) decides once between the handoff
-    beginning and the turn's timeout: given up on first, the owner never sees the DM
-    (``failed``, ``target_busy``: NOT delivered); begun, the timeout reports it ``ambiguous``
-    and records it so (:func:`give_up_on`), and the owner is not handed it after that.
+    beginning and the turn's timeout or the gateway's stop. Given up on first, the owner never
+    sees the DM and nothing more is written here: the ProfileActor settled it and records what
+    it decided (:func:`record_not_handed`: ``failed`` when its time ran out, ``cancelled`` by
+    the stop), or the stop left it in the journal, its record (if any) still ``queued``, and the
+    next start hands it over. Begun, the timeout reports it ``ambiguous`` and records it so
+    (:func:`give_up_on`), and the owner is not handed it after that.
 
     Every path returns a result at once (docs/reliability.md): a failure before the
     owner is called (admission, the journal, the move to ``claimed``, building the
@@ -170,17 +197,16 @@ def hand_to_owner(
     """
     box = LiveMailbox(home)
     key = delivery.delivery_id
+    if gate is not None and gate.given_up():  # given up on before its worker came to it (e.g. a stop): no record
+        return not_begun(key)
     try:
         record = box.admit(key)
     except (StoreError, OSError, ValidationError) as exc:
         return never_ran(key, "live delivery admission", exc)
     if record["status"] != "queued":
         return _from_record(key, record)
-    if gate is not None and not gate.begin():  # reported NOT delivered while it waited for a worker
-        result = TurnFinished(key, None, "The turn's time ran out before it was handed to the live Bot Chat owner.",
-                              "target_busy")
-        _record_quietly(box, key, "failed", error=result.error, reason=result.reason)
-        return result
+    if gate is not None and not gate.begin():  # given up on just now: settled (and recorded) by its ProfileActor
+        return not_begun(key)  # the record stays "queued" unless that wrote it: a re-offer hands it over
     if journal is not None:
         try:
             journal.append_durably({"t": "started", "id": key, "attempt": 1})
@@ -221,6 +247,25 @@ def _record_quietly(box: LiveMailbox, key: str, state: str, **fields: str) -> No
                         key, state)
     except Exception:
         logger.exception("live mailbox: could not record {} as {}", key, state)
+
+
+def record_not_handed(home: Path, outcome: Outcome) -> None:
+    """Record, in the live mailbox of ``home``, a DM its ProfileActor gave up on before the handoff began.
+
+    The record says what the sender was told: ``cancelled`` by the stop, else ``failed`` (its
+    time ran out while it waited for a worker), with the outcome's text and reason; the owner
+    never sees it. A record ``claimed`` or final already is left as it is; a store error is
+    logged (the sender's outcome does not depend on it).
+
+    Args:
+        home: the profile's home.
+        outcome: the DM's outcome (``failed``: NOT delivered).
+    """
+    state = "cancelled" if outcome.reason == "cancelled" else "failed"
+    try:
+        LiveMailbox(home).close_unbegun(outcome.delivery_id, state, error=outcome.error, reason=outcome.reason)
+    except Exception:
+        logger.exception("live mailbox: could not record {} as {}", outcome.delivery_id, state)
 
 
 def give_up_on(home: Path, delivery_id: str, error: str) -> bool:

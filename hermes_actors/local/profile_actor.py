@@ -27,7 +27,7 @@ from loguru import logger
 
 from actors import Link, TimerHandle, TypedActor, handles, tell
 from hermes_actors.core import outcomes
-from hermes_actors.local.live_handoff import give_up_on
+from hermes_actors.local.live_handoff import give_up_on, record_not_handed
 from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
 from hermes_actors.local.profile_outcomes import kept_at_stop, outcome_of_turn, timed_out_outcome
 from hermes_actors.local.runners import TurnRunner, as_runner, runs_inline
@@ -324,7 +324,11 @@ class ProfileActor(TypedActor):
                 # began may be waiting on this descriptor (it lets go once it sees the gate): the flock goes.
                 self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
-        self._settle(timed_out_outcome(delivery, profile=self.info.profile, seconds=seconds, began=began, live=live))
+        outcome = timed_out_outcome(delivery, profile=self.info.profile, seconds=seconds, began=began, live=live)
+        if began:
+            self._settle(outcome)
+        else:
+            self._settle_unbegun(outcome)
         self._pump()
 
     def _owner_timed_out(self, delivery: Delivery, seconds: float) -> None:
@@ -436,7 +440,14 @@ class ProfileActor(TypedActor):
             self.turn_timer.cancel()
             self.turn_timer = None
         if not kept_at_stop(delivery, keep_journaled=msg.keep_journaled):
-            self._settle(outcomes.cancelled(delivery.delivery_id, delivery.label))
+            self._settle_unbegun(outcomes.cancelled(delivery.delivery_id, delivery.label))
+        # else a live-mailbox record its worker may have made stays queued: the next start hands it over
+
+    def _settle_unbegun(self, outcome: Outcome) -> None:
+        """Settle the running turn given up on before it began; a handoff's live-mailbox record says the same."""
+        if self.handed:
+            record_not_handed(self.info.home, outcome)
+        self._settle(outcome)
 
     def _wind_down(self, msg: WindDown) -> None:
         """From now on every delivery is cancelled; settle what is queued (journaled ones stay in the journal)."""
