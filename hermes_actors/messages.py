@@ -312,6 +312,18 @@ class TurnFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerTurnReturned:
+    """A live owner's turn returned after the ProfileActor that handed it crashed (told to the Dispatcher).
+
+    The Dispatcher hands ``result`` to the profile's restarted ProfileActor: that one started
+    no turn while the owner still had this one (``ProfileSalvage.owner_busy``).
+    """
+
+    profile: str
+    result: TurnFinished
+
+
+@dataclass(frozen=True, slots=True)
 class RunSalvaged:
     """A restarted ProfileActor tells itself to run the queue it took over.
 

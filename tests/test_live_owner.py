@@ -365,6 +365,61 @@ def test_a_stop_while_the_handoff_waits_for_a_worker_leaves_the_dm_handed_over_n
     assert json.loads(path.read_text())["status"] == "settled"
 
 
+@pytest.mark.parametrize("timed_out", [True, False])
+def test_a_profile_actor_crash_while_the_owner_has_a_turn_hands_nothing_beside_it(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, timed_out: bool
+) -> None:
+    """Regression (review): after a ProfileActor crash the restarted one did not know the owner was still in a turn
+    (timed out before the crash, or running at it) and handed it the next DM beside that turn; a turn running at the
+    crash was reported ``ambiguous`` but its record stayed ``claimed``, and the owner's late answer wrote ``settled``.
+    Now the record says ``ambiguous``, the DMs behind wait (and fail ``target_busy`` when their wait runs out), and
+    once the owner's turn returns (its result reaches the restarted ProfileActor) the next DM is handed over."""
+    from hermes_actors.local import profile_actor
+
+    enqueue, crashed = profile_actor.ProfileActor._enqueue, threading.Event()
+
+    def crash_once(self: Any, delivery: Any, enqueued: float) -> None:
+        if "crash here" in delivery.content and not crashed.is_set():
+            crashed.set()
+            raise RuntimeError("injected: a bug while queueing")
+        enqueue(self, delivery, enqueued)
+
+    monkeypatch.setattr(profile_actor.ProfileActor, "_enqueue", crash_once)
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "slow":
+            entered.set()
+            assert release.wait(60), "the test never released the owner"
+            returned.set()
+        return f"owner: {body_of(turn.content)}"
+
+    owner = Owner(behave)
+    config = {"bot_mode": {"turn_timeout_seconds": 1 if timed_out else 120, "turn_wait_seconds": 2}}
+    gw = start_gateway(gateways, root, RecordingRunner(), config=config)
+    gw.attach_live_owner("bob", owner)
+    try:
+        slow = send_dm(gw, "slow")
+        assert entered.wait(10)
+        if timed_out:
+            assert gw.wait_outcome(slow, timeout=30)["status"] == "ambiguous"
+        behind = send_dm(gw, "crash here")
+        out = gw.wait_outcome(slow, timeout=30)
+        assert out["status"] == "ambiguous", out
+        assert json.loads(mailbox_file(root, slow).read_text())["status"] == "ambiguous"
+        waited = gw.wait_outcome(behind, timeout=30)
+        assert crashed.is_set()
+        assert (waited["status"], waited["reason"]) == ("failed", "target_busy"), waited
+        assert owner.bodies() == ["slow"], "a DM was handed to the owner beside its running turn"
+    finally:
+        release.set()
+    assert returned.wait(10)
+    after = send_dm(gw, "after it returns")
+    assert gw.wait_outcome(after, timeout=30)["reply"] == "owner: after it returns"
+    assert owner.bodies() == ["slow", "after it returns"]
+    assert json.loads(mailbox_file(root, slow).read_text())["status"] == "ambiguous", "the late answer won"
+
+
 # ── the mailbox ─────────────────────────────────────────────────────────────
 
 

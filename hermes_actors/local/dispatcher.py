@@ -68,6 +68,7 @@ from hermes_actors.messages import (
     NotifyOutcomes,
     OutcomeReady,
     OutcomesReady,
+    OwnerTurnReturned,
     PendingAck,
     ProfileIdle,
     ProfileInfo,
@@ -233,6 +234,11 @@ class DispatcherActor(SupervisorActor):
     def _on_profile_idle(self, msg: ProfileIdle) -> None:
         self.profiles.idle(msg)
 
+    @handles(OwnerTurnReturned)
+    def _on_owner_turn_returned(self, msg: OwnerTurnReturned) -> None:
+        """A live owner's turn returned to a crashed ProfileActor: its restarted instance learns the owner is free."""
+        self.profiles.owner_turn_returned(msg.profile, msg.result)
+
     # ── the relay's side ────────────────────────────────────────────────────
 
     @handles(RelayDeliver)
@@ -359,8 +365,9 @@ class DispatcherActor(SupervisorActor):
         return restart
 
     def on_child_restarted(self, name: str, ref: pykka.ActorRef[Any]) -> None:
-        """A crashed ProfileActor is back, with what it held: the deliveries that waited for it follow."""
+        """A crashed ProfileActor is back, with what it held: the deliveries (and owner results) that waited follow."""
         self.profiles.flush()
+        self.profiles.hand_returned(name)
 
     def on_held_handed_over(self, name: str, messages: tuple[Any, ...]) -> None:
         """A fresh ProfileActor takes what a crashed one never did: its Delivers count as sent to it."""

@@ -110,8 +110,11 @@ class ProfileActor(TypedActor):
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped: whether we ended them
         self.gate: TurnGate | None = None  # the running turn's gate: given up on when its time runs out, or at stop
         self.handed = False  # the worker turn was handed to the live owner
-        # An owner's turn reported timed out that has not returned: it cannot be ended, so no turn starts beside it
-        self.owner_busy: str | None = None
+        # An owner's turn reported timed out (or ambiguous at a crash) that has not returned: it cannot be ended,
+        # so no turn starts beside it; a crashed predecessor's is carried over (its result is routed here)
+        self.owner_busy: str | None = salvage.owner_busy if salvage else None
+        if self.owner_busy is not None:
+            self.abandoned[self.owner_busy] = False
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
         # the deliveries of the Deliver being handled not yet accepted: a crash in between salvages them too
         self.arriving: tuple[Delivery, ...] = ()
@@ -252,7 +255,8 @@ class ProfileActor(TypedActor):
         owner = live_owner_for(self.owner, delivery)
         self.handed = owner is not None
         self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=owner,
-                                         home=self.info.home, deadline=deadline, gate=gate))
+                                         profile=self.info.profile, home=self.info.home, deadline=deadline,
+                                         gate=gate))
         timeout = self.deps.config.turn_timeout_seconds
         self.turn_timer = self.timers.after(timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0 else None
 
@@ -475,20 +479,27 @@ class ProfileActor(TypedActor):
         return False, None
 
     def salvage(self) -> ProfileSalvage:
+        owner_busy = self.owner_busy
         if self.running is not None:
-            # The turn ran (or is running): its result is unknown, it must not run again.
-            self._settle(
-                outcomes.ambiguous(
-                    self.running.delivery_id, self.running.label, "The target's ProfileActor crashed during the turn."
-                )
+            # The turn ran (or is running): its result is unknown, it must not run again. Its gate is given up
+            # on: a worker that had not begun it never does (nor retries it).
+            began = self.gate.give_up() if self.gate is not None else True
+            outcome = outcomes.ambiguous(
+                self.running.delivery_id, self.running.label, "The target's ProfileActor crashed during the turn."
             )
+            # Handed to the live owner: its record says ambiguous too, and while its turn runs (it cannot be ended)
+            # the restarted instance hands nothing beside it. One the owner settled already keeps its record.
+            if self.handed and give_up_on(self.info.home, outcome.delivery_id, outcome.error) and began:
+                owner_busy = outcome.delivery_id
+            self._settle(outcome)
+            self._close_gate()
         # A crash inside a Deliver: its deliveries not yet queued are acked DMs too (pykka's pending list holds
         # only the messages behind the one that crashed); the restarted instance accepts them anew.
         settled = {o.delivery_id for o in self.settled}
         arriving = [(d, time.monotonic()) for d in self.arriving
                     if d.delivery_id not in self.queue and d.delivery_id not in settled
                     and (self.running is None or self.running.delivery_id != d.delivery_id)]
-        return ProfileSalvage((*self.queue.values(), *arriving), self.handled)
+        return ProfileSalvage((*self.queue.values(), *arriving), self.handled, owner_busy)
 
     def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
         self.after_message(asked=False)  # what salvage() settled (the running turn: ambiguous)

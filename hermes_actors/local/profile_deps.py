@@ -47,3 +47,6 @@ class ProfileSalvage:
 
     queued: tuple[tuple[Delivery, float], ...]  # (delivery, monotonic enqueue time)
     handled: int
+    # The live owner's turn still running (timed out, or handed over when the actor crashed): it cannot be ended,
+    # so the restarted instance starts no turn until it returns (its result is routed there: OwnerTurnReturned)
+    owner_busy: str | None = None

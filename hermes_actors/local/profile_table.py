@@ -37,6 +37,7 @@ from hermes_actors.messages import (
     ProfileIdle,
     ProfileInfo,
     StopProfile,
+    TurnFinished,
     WindDown,
 )
 
@@ -67,6 +68,8 @@ class ProfileTable:
         # predecessor missed the WindDown) starts winding down instead of running what it salvaged.
         self.winding: WindDown | None = None
         self.unanswered: set[str] = set()  # ProfileActors that did not answer the WindDown in time
+        # profile → live owner results that came back while its ProfileActor was down (OwnerTurnReturned)
+        self.returned: dict[str, list[TurnFinished]] = {}
 
     def ref(self, info: ProfileInfo) -> pykka.ActorRef[Any]:
         """The running ProfileActor of ``info``, started now when there is none."""
@@ -182,10 +185,36 @@ class ProfileTable:
         self.sent.pop(msg.profile, None)
         msg.ref.tell(StopProfile())
 
+    def owner_turn_returned(self, profile: str, result: TurnFinished) -> None:
+        """A live owner's turn returned after the ProfileActor that handed it crashed: tell the one that took over.
+
+        That one waits for it before it hands the owner another DM (``ProfileSalvage.owner_busy``).
+        While it is down (its restart is on the way) the result waits for :meth:`hand_returned`; with
+        no ProfileActor of ``profile`` (given up on, or the gateway stops) nobody waits for it.
+        """
+        if self.supervisor.child_down(profile):
+            self.returned.setdefault(profile, []).append(result)
+            return
+        ref = self.supervisor.child_ref(profile)
+        if ref is None:
+            logger.info("the live owner's turn {} of {} returned; no ProfileActor waits for it",
+                        result.delivery_id, profile)
+            return
+        try:
+            ref.tell(result)
+        except pykka.ActorDeadError:  # crashed again just now: its restart takes it
+            self.returned.setdefault(profile, []).append(result)
+
+    def hand_returned(self, profile: str) -> None:
+        """Tell the restarted ProfileActor of ``profile`` the owner results that waited for it (see above)."""
+        for result in self.returned.pop(profile, []):
+            self.owner_turn_returned(profile, result)
+
     def forget(self, profile: str) -> None:
         """The ProfileActor of ``profile`` was given up (it kept crashing); what was gathered for it is dropped
         (the Dispatcher settled it)."""
         self.sent.pop(profile, None)
+        self.returned.pop(profile, None)
         self._take_gathered(profile)
 
     def wind_down(self, *, keep_journaled: bool, answer_within: float) -> list[str]:

@@ -21,7 +21,7 @@ from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.profile_outcomes import turn_escaped
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.local.turns import TurnGate, execute_turn
-from hermes_actors.messages import ROOM_ORIGIN, Delivery, TurnFinished
+from hermes_actors.messages import ROOM_ORIGIN, Delivery, OwnerTurnReturned, TurnFinished
 from hermes_actors.rooms.store import RoomStartMarks
 from hermes_actors.rooms.turn_author import room_of_author
 from hermes_actors.store.journal import StartRecorder
@@ -91,6 +91,7 @@ def worker_job(
     *,
     lock: TurnLock | None,
     owner: TurnRunner | None,
+    profile: str,
     home: Path,
     deadline: float,
     gate: TurnGate,
@@ -103,6 +104,7 @@ def worker_job(
         deps: the ProfileActors' shared deps.
         lock: the profile's turn lock (taken by the turn, by ``deadline``).
         owner: the live Bot Chat owner the DM is handed to (:func:`live_owner_for`; None: the runner).
+        profile: the profile's folder id (an owner's result that finds ``me`` crashed goes to its successor).
         home: the profile's home.
         deadline: monotonic time by which the turn must have the flock.
         gate: decides once between the turn (or the handoff to the owner) beginning and its timeout.
@@ -128,8 +130,16 @@ def worker_job(
         crashpoint("after-turn-before-outcome")
         try:
             me.tell(result)
+            return
         except pykka.ActorDeadError:  # stopped (the gateway's stop abandoned the turn) or crashed
-            logger.info("turn {} finished after its ProfileActor stopped; its DM was already reported ambiguous, "
-                        "this late result is dropped", delivery.delivery_id)
+            pass
+        if owner is not None:  # a crashed one's successor waits for the owner to be free (ProfileSalvage.owner_busy)
+            try:
+                deps.dispatcher.tell(OwnerTurnReturned(profile, result))
+                return
+            except pykka.ActorDeadError:  # the gateway stopped
+                pass
+        logger.info("turn {} finished after its ProfileActor stopped; its DM was already reported ambiguous, "
+                    "this late result is dropped", delivery.delivery_id)
 
     return job
