@@ -1178,3 +1178,24 @@ def test_a_relayed_in_dm_deeper_than_our_hop_limit_is_answered_loop_guard_not_ru
     assert refused["reason"] == "loop_guard" and "hop 1000000" in refused["error"] and refused["reply"] == ""
     assert [body_of(t.content) for t in rec.entered] == ["at the limit"]
     assert gw.stats()["pending"] == 0
+
+
+def test_stop_does_not_wait_for_an_in_process_turn_that_already_timed_out(root: Path, gateways: list[Gateway]) -> None:
+    """Regression (review): ``stop(timeout)`` joined the worker pool until its deadline, so a worker still in an
+    in-process turn reported timed out long before held the stop for its whole timeout. It returns at once now;
+    the worker is a daemon thread left behind (it never starts another turn)."""
+    release = threading.Event()
+    runner = RecordingRunner(lambda turn: release.wait(60) and "too late")
+    gw = start_gateway(gateways, root, runner, config={"bot_mode": {"turn_timeout_seconds": 1}})
+    threads_before = non_daemon_threads()
+    try:
+        key = queued(gw.message_agent(sender="alice", target="bob", message="hung"))
+        assert gw.wait_outcome(key, timeout=30)["reason"] == "delivery_timeout"
+        began = time.monotonic()
+        gw.stop(timeout=20)
+        took = time.monotonic() - began
+        assert took < 10, f"stop(20) took {took:.1f}s for a turn already reported"
+        assert non_daemon_threads() <= threads_before  # the stuck worker does not keep the process alive
+    finally:
+        release.set()
+    assert runner.bodies() == ["hung"]

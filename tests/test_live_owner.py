@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -418,6 +419,42 @@ def test_a_profile_actor_crash_while_the_owner_has_a_turn_hands_nothing_beside_i
     assert gw.wait_outcome(after, timeout=30)["reply"] == "owner: after it returns"
     assert owner.bodies() == ["slow", "after it returns"]
     assert json.loads(mailbox_file(root, slow).read_text())["status"] == "ambiguous", "the late answer won"
+
+
+def test_a_stop_does_not_wait_for_an_owner_turn_that_already_timed_out(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (review): ``stop(timeout)`` waited its whole timeout for the worker stuck in a live owner's turn
+    that had timed out (reported ``ambiguous``) long before. It returns at once now; the worker is a daemon thread
+    left behind, and the owner's late answer does not replace the record."""
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        entered.set()
+        try:
+            assert release.wait(60), "the test never released the owner"
+            return "too late"
+        finally:
+            returned.set()
+
+    gw = start_gateway(gateways, root, RecordingRunner(), config={"bot_mode": {"turn_timeout_seconds": 1}})
+    gw.attach_live_owner("bob", Owner(behave))
+    try:
+        key = send_dm(gw, "hang")
+        assert gw.wait_outcome(key, timeout=30)["status"] == "ambiguous"
+        waits: list[int] = []
+        began = time.monotonic()
+        gw.stop(timeout=20, on_wait=lambda running, grace: waits.append(running))
+        took = time.monotonic() - began
+        assert took < 10, f"stop(20) took {took:.1f}s for a turn already reported"
+        assert waits == [], "the stop waited for a turn already settled"
+        stuck = [t for t in threading.enumerate() if t.name.startswith("turn-") and t.is_alive()]
+        assert stuck and all(t.daemon for t in stuck), "the worker left behind must not keep the process alive"
+    finally:
+        release.set()
+    assert returned.wait(10)
+    await_condition(lambda: json.loads(mailbox_file(root, key).read_text())["status"] == "ambiguous", timeout=5,
+                    message="the record stays ambiguous")
 
 
 # ── the mailbox ─────────────────────────────────────────────────────────────

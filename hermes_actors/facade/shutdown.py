@@ -60,6 +60,7 @@ def shut_down(
     deadline = time.monotonic() + max(0.0, timeout)
     final: dict[str, dict[str, Any]] = {}
     notifier_busy = False  # a subscriber callback outlived the stop's timeout: the Notifier stops after it
+    settled = False  # every turn has its outcome (FinalizePending): no worker holds one the stop waits for
     if system.bridge is not None:
         system.bridge.stop()
     try:
@@ -78,6 +79,7 @@ def shut_down(
         await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
         why = "The turn was still running when the gateway stopped."
         ask(dispatcher, FinalizePending(why, tuple(running)), timeout=ASK_TIMEOUT)
+        settled = True
         if system.journal is not None and not system.journal.drain(timeout=ASK_TIMEOUT):
             logger.warning("stop: the journal's last commits did not land in {}s; their outcomes are "
                            "re-delivered by the next start", ASK_TIMEOUT)
@@ -99,10 +101,12 @@ def shut_down(
         if system.rooms is not None:
             system.rooms.stop()  # idempotent: already stopped above unless the stop was not clean
         _stop_actors(system, notifier_busy=notifier_busy)
-        # bounded by the stop's own deadline: a worker still in a hung turn is a daemon thread the stop leaves
-        # behind (its DM is ambiguous), and a job queued behind it finds its turn given up on (WindDown) and
-        # returns without calling the runner
-        pool.shutdown(timeout=max(0.0, deadline - time.monotonic()))
+        # Once every turn is settled nothing in the pool is worth waiting for: a worker still in a turn abandoned
+        # earlier (its timeout reported it; a live owner's turn cannot be ended) or at this stop (ambiguous) is a
+        # daemon thread the stop leaves behind, and a job queued behind it finds its turn given up on (WindDown,
+        # the timeout) and returns without calling the runner or the owner: no turn starts after the stop. A stop
+        # that was not clean waits for the workers until its own deadline.
+        pool.shutdown(timeout=0.0 if settled else max(0.0, deadline - time.monotonic()))
         if system.journal is not None:
             system.journal.stop()
         if system.scheduler is not None:
