@@ -8,7 +8,7 @@ docs/rooms.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hermes_actors.core.ids import is_delivery_id
@@ -61,6 +61,16 @@ class RoomRecord:
             "transcript": self.transcript, "seen": self.seen, "base": self.base, "sends": self.sends,
             "active": self.active, "running": self.running, "needs_you": self.needs_you,
         }
+
+    def copy(self) -> RoomRecord:
+        """A copy that later changes to this record leave alone.
+
+        Its lists and dicts are new; the transcript entries, sends, ``active`` and
+        ``running`` dicts are shared: the RoomActor and the file's writer only ever
+        replace those, never change one in place.
+        """
+        return replace(self, members=list(self.members), handles=dict(self.handles),
+                       transcript=list(self.transcript), seen=dict(self.seen), sends=list(self.sends))
 
     def summary(self) -> dict[str, Any]:
         """The public room dict: ``room_id``, ``name``, ``members`` (handles), ``state``."""
