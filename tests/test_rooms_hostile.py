@@ -16,7 +16,7 @@ from roots import LogCapture, RecordingRunner, make_root
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.messages import Turn
-from hermes_actors.rooms.store import ROOM_MAX_BYTES
+from hermes_actors.rooms.store import ROOM_MAX_BYTES, RoomFiles
 
 KINDS = [
     "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
@@ -259,3 +259,47 @@ def test_a_turn_result_never_written_before_a_restart_is_shown_interrupted_not_r
         entries = gw.room_transcript("plan")
     assert [(e["author"], e["status"]) for e in entries] == [("user", "said"), ("alice", "interrupted")]
     assert [t.profile for t in runner.entered if t.session == "Group: plan"] == ["alice", "bob"]
+
+
+def test_a_started_directory_swapped_for_a_symlink_is_quarantined_and_the_turns_run(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    # Regression: every member turn failed "the start mark … was refused: …/.started is a symlink" (its text
+    # saying "the DM was NOT delivered"), with no log line, until someone removed the symlink by hand.
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    started = root / "bot_relay" / "rooms" / ".started"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with Gateway(root, runner=lambda turn: f"{turn.profile} here") as gw:
+        gw.create_room("plan", ["alice", "bob"])
+        gw.room_send("plan", "user", "first @alice")
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        os.rename(started, tmp_path / "started.real")
+        os.symlink(outside, started)
+        gw.room_send("plan", "user", "second @bob")
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        entries = gw.room_transcript("plan")
+    second = [e["text"] for e in entries].index("second @bob")
+    assert [e["status"] for e in entries] == ["said"] * len(entries)  # no turn failed
+    assert (entries[second + 1]["author"], entries[second + 1]["text"]) == ("bob", "bob here")
+    assert started.is_dir() and not started.is_symlink()
+    assert sorted((root / "bot_relay" / "quarantine").glob(".started.*.quarantined"))
+    assert logs.matching("quarantined", ".started", "start-mark directory"), logs.lines
+    assert list(outside.iterdir()) == []  # no mark was written through the symlink
+
+
+def test_a_symlinked_started_directory_at_start_is_never_followed(tmp_path: Path) -> None:
+    # Regression: the start's sweep listed the symlink's target and unlinked every <32 hex>.json there,
+    # outside the root; a running turn whose marks are out of reach counts as begun (never run twice).
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    files = RoomFiles(root, fsync=False).ensure()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / f"{uuid.uuid4().hex}.json"
+    victim.write_text("not yours")
+    os.symlink(outside, files.directory / ".started")
+    assert files.began(uuid.uuid4().hex)  # not looked into: counted as begun
+    files.sweep_starts(set())
+    assert victim.read_text() == "not yours"
+    assert (files.directory / ".started").is_dir() and not (files.directory / ".started").is_symlink()
+    assert not files.began(uuid.uuid4().hex)

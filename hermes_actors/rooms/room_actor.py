@@ -54,6 +54,7 @@ from hermes_actors.rooms.rules import (
     Round,
     Spoken,
     after_turn,
+    failed_turn_text,
     find_mentions,
     open_round,
     room_session,
@@ -85,6 +86,8 @@ class RoomActor(TypedActor):
         dispatcher: the DispatcherActor (member turns).
         notifier: the NotifierActor (room events for ``subscribe`` callbacks).
         snapshot: the roster (names resolve against it; each send brings a fresh one).
+        began: the record's ``running`` turn may have begun (its start mark was there when
+            the gateway started; :meth:`~hermes_actors.rooms.store.RoomFiles.began`).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class RoomActor(TypedActor):
         dispatcher: pykka.ActorRef[Any],
         notifier: pykka.ActorRef[Any],
         snapshot: RosterSnapshot,
+        began: bool,
     ) -> None:
         super().__init__()
         self.record = record
@@ -102,6 +106,7 @@ class RoomActor(TypedActor):
         self.dispatcher = dispatcher
         self.notifier = notifier
         self.snapshot = snapshot
+        self.began = began
         self.halted = False  # the gateway is stopping (or the room was disbanded): no turn starts any more
         self.unwritten: str | None = None  # why the last write of the record failed; None: its file holds it
         self.shown = record.copy()  # the record as its file holds it: what transcript and summary answer
@@ -115,7 +120,7 @@ class RoomActor(TypedActor):
             self.record.running = None
             self.done_marks.append(running["turn_id"])
             member = running["member"]
-            if not self.files.began(running["turn_id"]):
+            if not self.began:
                 # No start mark: it was still queued (behind the member's DMs) and never ran. The member is
                 # still first in the round's queue and has not read a thing: _advance runs it now.
                 logger.info("room {}: the turn of {} never began before the restart; it runs now",
@@ -307,7 +312,9 @@ class RoomActor(TypedActor):
         elif outcome.status == "ambiguous":
             self._post(handle, INTERRUPTED_TEXT, number, "interrupted")
         elif outcome.status == "failed":
-            self._post(handle, f"(turn failed [{outcome.reason}]: {outcome.error})", number, "failed")
+            logger.warning("room {}: the turn of {} failed [{}]: {}", record.name, handle, outcome.reason,
+                           outcome.error)
+            self._post(handle, failed_turn_text(outcome.reason, outcome.error), number, "failed")
         if active is not None and member in active.queue:
             self._step(active, member, spoken)
         self._advance()
