@@ -20,8 +20,13 @@ from hermes_actors.rooms.store import ROOM_MAX_BYTES, RoomFiles
 
 KINDS = [
     "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
-    "directory", "bad-member", "running-stranger", "bad-version", "empty-queue",
+    "directory", "bad-member", "running-stranger", "bad-version", "empty-queue", "entry-round", "entry-status",
+    "entry-author",
 ]
+# a transcript entry the RoomActor could have posted; the entry-* kinds spoil one field (shown as
+# "[-3] bob [{'a': 1}]: t" before entries were checked beyond their types)
+GOOD_ENTRY = {"message_id": "b" * 32, "author": "bob", "text": "t", "at": 1.0, "round": 1, "status": "said"}
+BAD_ENTRY = {"entry-round": {"round": -3}, "entry-status": {"status": {"a": 1}}, "entry-author": {"author": "mallory"}}
 
 
 def plant(kind: str, rooms: Path, valid: dict[str, Any], staging: Path) -> tuple[str, Path | None]:
@@ -44,6 +49,8 @@ def plant(kind: str, rooms: Path, valid: dict[str, Any], staging: Path) -> tuple
         record = {**record, "running": {"member": "mallory", "turn_id": uuid.uuid4().hex, "upto": 0}}
     elif kind == "bad-version":
         record = {**record, "version": 99}
+    elif kind in BAD_ENTRY:
+        record = {**record, "transcript": [GOOD_ENTRY, {**GOOD_ENTRY, "message_id": "c" * 32, **BAD_ENTRY[kind]}]}
     elif kind == "empty-queue":  # killed its RoomActor (IndexError) instead of being refused
         record = {**record, "state": "busy", "active": {"send": "a" * 32, "round": 1, "queue": [], "said": 0,
                                                         "posted": 0, "mentioned": [], "needs_you": False}}
