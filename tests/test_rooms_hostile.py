@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hostile_files import kind_param, place
-from roots import LogCapture, make_root
+from roots import LogCapture, RecordingRunner, make_root
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors.rooms.store import ROOM_MAX_BYTES
+from hermes_actors.messages import Turn
+from hermes_actors.rooms.store import ROOM_MAX_BYTES, RoomFiles
 
 KINDS = [
     "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
-    "directory", "bad-member", "running-stranger", "bad-version", "empty-queue",
+    "directory", "bad-member", "running-stranger", "bad-version", "empty-queue", "entry-round", "entry-status",
+    "entry-author",
 ]
+# a transcript entry the RoomActor could have posted; the entry-* kinds spoil one field (shown as
+# "[-3] bob [{'a': 1}]: t" before entries were checked beyond their types)
+GOOD_ENTRY = {"message_id": "b" * 32, "author": "bob", "text": "t", "at": 1.0, "round": 1, "status": "said"}
+BAD_ENTRY = {"entry-round": {"round": -3}, "entry-status": {"status": {"a": 1}}, "entry-author": {"author": "mallory"}}
 
 
 def plant(kind: str, rooms: Path, valid: dict[str, Any], staging: Path) -> tuple[str, Path | None]:
@@ -41,6 +49,8 @@ def plant(kind: str, rooms: Path, valid: dict[str, Any], staging: Path) -> tuple
         record = {**record, "running": {"member": "mallory", "turn_id": uuid.uuid4().hex, "upto": 0}}
     elif kind == "bad-version":
         record = {**record, "version": 99}
+    elif kind in BAD_ENTRY:
+        record = {**record, "transcript": [GOOD_ENTRY, {**GOOD_ENTRY, "message_id": "c" * 32, **BAD_ENTRY[kind]}]}
     elif kind == "empty-queue":  # killed its RoomActor (IndexError) instead of being refused
         record = {**record, "state": "busy", "active": {"send": "a" * 32, "round": 1, "queue": [], "said": 0,
                                                         "posted": 0, "mentioned": [], "needs_you": False}}
@@ -135,3 +145,168 @@ def test_two_room_files_of_the_same_name_in_another_case_keep_the_older(tmp_path
     assert not (rooms / f"{twin}.json").exists()
     assert sorted((root / "bot_relay" / "quarantine").glob(f"{twin}.json.*.quarantined"))
     assert logs.matching("like the older room", older["room_id"])
+
+
+def swap_for_copy(directory: Path, copy: Path) -> Path:
+    """Replace ``directory`` by a symlink to a copy of it at ``copy``; returns where the real one went."""
+    shutil.copytree(directory, copy, symlinks=True)
+    real = directory.with_name(directory.name + ".real")
+    os.rename(directory, real)
+    os.symlink(copy, directory)
+    return real
+
+
+def put_back(directory: Path, real: Path) -> None:
+    os.unlink(directory)
+    os.rename(real, directory)
+
+
+def file_states(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.glob("*.json"))}
+
+
+def test_a_send_whose_write_failed_leaves_no_trace_and_the_room_works_once_its_directory_is_back(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    # Regression: the refused message stayed in the transcript, the room stayed "busy" and every later send
+    # answered "gateway is not running" until a restart (the failed write halted the room for good).
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    runner = RecordingRunner(lambda turn: "[SILENT]")
+    with Gateway(root, runner=runner) as gw:
+        room = gw.create_room("plan", ["alice", "bob"])
+        rooms = root / "bot_relay" / "rooms"
+        real = swap_for_copy(rooms, tmp_path / "outside")
+        outside = file_states(tmp_path / "outside")
+        for text in ("lost @bob", "lost again @bob"):  # refused each time with the reason, nothing kept
+            with pytest.raises(RuntimeError, match=r"could not record the message durably \(.*is a symlink\); "
+                                                   r"it was NOT sent"):
+                gw.room_send("plan", "user", text)
+            assert gw.room_transcript("plan") == []
+            assert [r["state"] for r in gw.list_rooms()] == ["idle"]
+        # (the room's start may have met the swapped directory first: "could not write its file")
+        assert logs.matching("room plan: could not", "symlink"), logs.lines
+        put_back(rooms, real)
+
+        ack = gw.room_send("plan", "user", "kept @bob")
+        assert ack["status"] == "queued"
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        assert [(e["author"], e["text"]) for e in gw.room_transcript("plan")] == [("user", "kept @bob")]
+        (turn,) = [t for t in runner.entered if t.session == "Group: plan"]
+        assert "kept @bob" in turn.content and "lost" not in turn.content
+    assert file_states(tmp_path / "outside") == outside  # nothing was written through the symlink
+    on_disk = json.loads((rooms / f"{room['room_id']}.json").read_text())
+    assert [e["text"] for e in on_disk["transcript"]] == ["kept @bob"]
+
+
+def test_a_turn_result_whose_write_failed_is_written_at_the_next_send_and_no_turn_runs_twice(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    # Regression: the room halted for good after the failed write (no further turn, every send refused
+    # "gateway is not running"). Now the next send writes alice's reply with itself; bob's turn, never
+    # recorded, starts then; alice's turn is not run again.
+    root = make_root(tmp_path, {"alice": {}, "bob": {}, "carol": {}})
+    rooms = root / "bot_relay" / "rooms"
+    swapped: list[Path] = []
+
+    def behave(turn: Turn) -> str:
+        if turn.profile == "alice" and not swapped:  # the write after her turn finds rooms/ swapped
+            swapped.append(swap_for_copy(rooms, tmp_path / "outside"))
+            return "alice speaks"
+        return "[SILENT]"
+
+    runner = RecordingRunner(behave)
+    with Gateway(root, runner=runner) as gw:
+        gw.create_room("plan", ["alice", "bob", "carol"])
+        assert gw.room_send("plan", "user", "go")["status"] == "queued"
+        await_condition(lambda: logs.matching("room plan: could not record the turn of bob", "symlink"),
+                        timeout=20, message="the failed write of bob's turn logged")
+        assert [e["text"] for e in gw.room_transcript("plan")] == ["go"]  # what its file holds
+        with pytest.raises(RuntimeError, match=r"could not record the message durably \(.*symlink"):
+            gw.room_send("plan", "user", "refused")
+        put_back(rooms, swapped[0])
+
+        assert gw.room_send("plan", "user", "again")["status"] == "queued"
+        assert gw.wait_room_idle("plan", timeout=20) == "idle"
+        entries = gw.room_transcript("plan")
+    assert [(e["author"], e["text"]) for e in entries] == [("user", "go"), ("alice", "alice speaks"),
+                                                          ("user", "again")]
+    turns = [t for t in runner.entered if t.session == "Group: plan"]
+    # round 1 of "go": alice once, then bob and carol (recorded and started with "again"), who read her reply
+    # and "again"; round 2: alice reads "again"; then nobody has news for the round of "again"
+    assert [t.profile for t in turns] == ["alice", "bob", "carol", "alice"]
+    assert all(text in turns[1].content for text in ("go", "alice speaks", "again"))
+    assert all("refused" not in t.content for t in turns)
+    assert not list((rooms / ".started").glob("*.json")), "a start mark was left behind"
+
+
+def test_a_turn_result_never_written_before_a_restart_is_shown_interrupted_not_run_again(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    # Exactly once across a failed write: the file still holds alice's turn as running (with its start mark),
+    # so the next start shows it interrupted and goes on with bob; her turn never runs twice.
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    rooms = root / "bot_relay" / "rooms"
+    swapped: list[Path] = []
+
+    def behave(turn: Turn) -> str:
+        if turn.profile == "alice" and not swapped:
+            swapped.append(swap_for_copy(rooms, tmp_path / "outside"))
+            return "alice speaks"
+        return "[SILENT]"
+
+    runner = RecordingRunner(behave)
+    with Gateway(root, runner=runner) as gw:
+        gw.create_room("plan", ["alice", "bob"])
+        gw.room_send("plan", "user", "go")
+        await_condition(lambda: logs.matching("room plan: could not record the turn of bob"), timeout=20,
+                        message="the failed write of bob's turn logged")
+    put_back(rooms, swapped[0])
+    with Gateway(root, runner=runner) as gw:
+        assert gw.wait_room_idle("plan", timeout=20) == "idle"
+        entries = gw.room_transcript("plan")
+    assert [(e["author"], e["status"]) for e in entries] == [("user", "said"), ("alice", "interrupted")]
+    assert [t.profile for t in runner.entered if t.session == "Group: plan"] == ["alice", "bob"]
+
+
+def test_a_started_directory_swapped_for_a_symlink_is_quarantined_and_the_turns_run(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    # Regression: every member turn failed "the start mark … was refused: …/.started is a symlink" (its text
+    # saying "the DM was NOT delivered"), with no log line, until someone removed the symlink by hand.
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    started = root / "bot_relay" / "rooms" / ".started"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with Gateway(root, runner=lambda turn: f"{turn.profile} here") as gw:
+        gw.create_room("plan", ["alice", "bob"])
+        gw.room_send("plan", "user", "first @alice")
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        os.rename(started, tmp_path / "started.real")
+        os.symlink(outside, started)
+        gw.room_send("plan", "user", "second @bob")
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        entries = gw.room_transcript("plan")
+    second = [e["text"] for e in entries].index("second @bob")
+    assert [e["status"] for e in entries] == ["said"] * len(entries)  # no turn failed
+    assert (entries[second + 1]["author"], entries[second + 1]["text"]) == ("bob", "bob here")
+    assert started.is_dir() and not started.is_symlink()
+    assert sorted((root / "bot_relay" / "quarantine").glob(".started.*.quarantined"))
+    assert logs.matching("quarantined", ".started", "start-mark directory"), logs.lines
+    assert list(outside.iterdir()) == []  # no mark was written through the symlink
+
+
+def test_a_symlinked_started_directory_at_start_is_never_followed(tmp_path: Path) -> None:
+    # Regression: the start's sweep listed the symlink's target and unlinked every <32 hex>.json there,
+    # outside the root; a running turn whose marks are out of reach counts as begun (never run twice).
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    files = RoomFiles(root, fsync=False).ensure()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / f"{uuid.uuid4().hex}.json"
+    victim.write_text("not yours")
+    os.symlink(outside, files.directory / ".started")
+    assert files.began(uuid.uuid4().hex)  # not looked into: counted as begun
+    files.sweep_starts(set())
+    assert victim.read_text() == "not yours"
+    assert (files.directory / ".started").is_dir() and not (files.directory / ".started").is_symlink()
+    assert not files.began(uuid.uuid4().hex)

@@ -7,12 +7,15 @@ from typing import Any
 import pytest
 
 from hermes_actors.core.targets import Refusal
+from hermes_actors.errors import StoreError
+from hermes_actors.local.turns import never_ran
 from hermes_actors.rooms.rules import (
     MAX_MESSAGES_PER_SEND,
     MAX_ROUNDS,
     Round,
     Spoken,
     after_turn,
+    failed_turn_text,
     find_mentions,
     name_problem,
     open_round,
@@ -233,3 +236,15 @@ def test_a_member_whose_profile_left_the_root_is_told_so_not_called_a_stranger()
     got = send_refusal("dave", "hi", MEMBERS, gone_dave)
     assert isinstance(got, Refusal)
     assert got.error == "Sender 'dave' is a member of this room, but no profile of that name is on this root any more."
+
+
+def test_a_failed_member_turns_text_does_not_talk_about_a_dm() -> None:
+    # Regression: a room showed "(turn failed [runtime_offline]: Recording the turn durably failed (…); the DM
+    # was NOT delivered. Resend shortly.)": a member turn is no DM, and the room resends nothing.
+    failed = never_ran("a" * 32, "recording the turn durably", StoreError("the start mark was refused"))
+    text = failed_turn_text(failed.reason, failed.error)
+    assert text == ("(turn failed [runtime_offline]: Recording the turn durably failed (StoreError: the start mark "
+                    "was refused); the member's turn did not run (it counts as a pass).)")
+    assert failed_turn_text("unknown", "The gateway failed while delivering this DM (boom).") == (
+        "(turn failed [unknown]: The gateway failed while delivering the turn (boom).)")
+    assert failed_turn_text("timeout", "no reply in 600s") == "(turn failed [timeout]: no reply in 600s)"

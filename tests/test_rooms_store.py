@@ -7,10 +7,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from roots import make_root
 
+from hermes_actors.errors import ValidationError
 from hermes_actors.rooms.file_budget import ROOM_WRITE_BUDGET, fit_room
-from hermes_actors.rooms.room_record import RoomRecord
+from hermes_actors.rooms.room_record import RoomRecord, parse_room
 from hermes_actors.rooms.store import ROOM_MAX_BYTES, RoomFiles
 
 BIG = "\u4e2d" * 16_000  # a legal message (16,000 chars) of 48,000 bytes of UTF-8
@@ -110,3 +112,20 @@ def test_many_short_replies_after_a_waiting_send_are_cut_too(tmp_path: Path) -> 
     assert len(data) <= ROOM_WRITE_BUDGET
     assert record.base == 0 and len(record.transcript) == 8001 and record.transcript[0]["text"] == "0 first"
     assert record.transcript[-1]["text"].startswith("8000 ")  # the newest stays whole
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"round": -3}, {"round": 4}, {"round": True}, {"status": {"a": 1}}, {"status": "shouted"},
+     {"author": "mallory"}, {"message_id": "x"}, {"at": None}],
+)
+def test_a_transcript_entry_that_the_room_could_not_have_posted_is_refused(change: dict[str, Any]) -> None:
+    # Regression: only the fields' types were checked, so {"round": -3, "status": {"a": 1}} loaded and showed
+    # as "[-3] bob [{'a': 1}]: t". Refused like any other bad field: the file is quarantined by its reader.
+    good = {"message_id": "b" * 32, "author": "bob", "text": "t", "at": 1.0, "round": 1, "status": "said"}
+    data = {"version": 1, "room_id": "a" * 32, "name": "plan", "members": ["alice", "bob"],
+            "handles": {"alice": "alice", "bob": "bob"}, "created_at": 1.0, "state": "idle", "transcript": [good],
+            "seen": {}, "base": 0, "sends": [], "active": None, "running": None, "needs_you": False}
+    assert parse_room(data).transcript == [good]
+    with pytest.raises(ValidationError, match="bad transcript entry 1"):
+        parse_room({**data, "transcript": [good, {**good, **change}]})

@@ -11,6 +11,12 @@ the round's next step are written in one atomic replace. After a crash a
 ``running`` turn that began (its start mark, :class:`~hermes_actors.rooms.store.RoomStartMarks`)
 is never run again: it is shown as interrupted and the round goes on; one that
 never began (queued behind the member's DMs) runs now.
+
+A write that fails (the directory swapped for a symlink, the disk full) stops
+nothing for good: a send it was for is refused and leaves no trace, no member
+turn starts until a write succeeds, and the room writes again at its next send
+or turn result (the file still holding the last written state, a crash in
+between loses nothing acked and runs no turn twice).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from hermes_actors.rooms.rules import (
     Round,
     Spoken,
     after_turn,
+    failed_turn_text,
     find_mentions,
     open_round,
     room_session,
@@ -79,6 +86,8 @@ class RoomActor(TypedActor):
         dispatcher: the DispatcherActor (member turns).
         notifier: the NotifierActor (room events for ``subscribe`` callbacks).
         snapshot: the roster (names resolve against it; each send brings a fresh one).
+        began: the record's ``running`` turn may have begun (its start mark was there when
+            the gateway started; :meth:`~hermes_actors.rooms.store.RoomFiles.began`).
     """
 
     def __init__(
@@ -89,6 +98,7 @@ class RoomActor(TypedActor):
         dispatcher: pykka.ActorRef[Any],
         notifier: pykka.ActorRef[Any],
         snapshot: RosterSnapshot,
+        began: bool,
     ) -> None:
         super().__init__()
         self.record = record
@@ -96,7 +106,10 @@ class RoomActor(TypedActor):
         self.dispatcher = dispatcher
         self.notifier = notifier
         self.snapshot = snapshot
-        self.halted = False
+        self.began = began
+        self.halted = False  # the gateway is stopping (or the room was disbanded): no turn starts any more
+        self.unwritten: str | None = None  # why the last write of the record failed; None: its file holds it
+        self.shown = record.copy()  # the record as its file holds it: what transcript and summary answer
         self.waiters: list[pykka.ThreadingFuture[str]] = []
         self.events: list[dict[str, Any]] = []  # published once the record holding them is on disk
         self.done_marks: list[str] = []  # start marks of settled turns: removed once the record saying so is on disk
@@ -107,7 +120,7 @@ class RoomActor(TypedActor):
             self.record.running = None
             self.done_marks.append(running["turn_id"])
             member = running["member"]
-            if not self.files.began(running["turn_id"]):
+            if not self.began:
                 # No start mark: it was still queued (behind the member's DMs) and never ran. The member is
                 # still first in the round's queue and has not read a thing: _advance runs it now.
                 logger.info("room {}: the turn of {} never began before the restart; it runs now",
@@ -146,7 +159,16 @@ class RoomActor(TypedActor):
         return self.record.base + len(self.record.transcript)
 
     def _save(self) -> None:
+        """Write the record, then drop the settled turns' start marks and publish the events it holds.
+
+        Raises:
+            StoreError, HostileFileError: the file could not be written (nothing else was done).
+        """
         self.files.write(self.record)
+        self.shown = self.record.copy()
+        if self.unwritten is not None:
+            logger.info("room {}: its file is written again; its rounds go on", self.record.name)
+            self.unwritten = None
         for turn_id in self.done_marks:  # only now: a turn still "running" on disk must keep its mark
             self.files.forget_start(turn_id)
         self.done_marks.clear()
@@ -197,18 +219,35 @@ class RoomActor(TypedActor):
                 continue
             self._start_turn(member, news)
             return
-        self._save_quietly()
-        if record.state != "busy":
+        if self._save_quietly() and record.state != "busy":
             for future in self.waiters:
                 future.set(record.state)
             self.waiters.clear()
 
-    def _save_quietly(self) -> None:
+    def _save_quietly(self) -> bool:
+        """Write the record (:meth:`_save`); a failure is logged and remembered, not raised.
+
+        Returns:
+            Whether the file now holds the record.
+        """
         try:
             self._save()
         except (StoreError, HostileFileError) as exc:
-            logger.error("room {}: could not write its file ({}); it starts no more turns", self.record.name, exc)
-            self.halted = True
+            self._unwritable("could not write its file", exc)
+            return False
+        return True
+
+    def _unwritable(self, what: str, exc: Exception) -> None:
+        """Remember why the record could not be written; log it once per reason.
+
+        The record stays as it is in memory (a member turn that was not recorded was not
+        started); the next send or turn result writes it again, and nothing waits in a loop.
+        """
+        why = str(exc)
+        if why != self.unwritten:
+            logger.error("room {}: {} ({}); no member turn starts until it is written again, at the room's next "
+                         "send or turn result", self.record.name, what, why)
+        self.unwritten = why
 
     def _start_turn(self, member: str, news: list[tuple[str, str]]) -> None:
         record = self.record
@@ -218,10 +257,8 @@ class RoomActor(TypedActor):
         try:
             self._save()  # on disk before it runs: after a crash it is interrupted, never run twice
         except (StoreError, HostileFileError) as exc:
-            record.running = None
-            logger.error("room {}: could not record the turn of {} ({}); it starts no more turns",
-                         record.name, member, exc)
-            self.halted = True
+            record.running = None  # never handed out: a later write records a new turn of the same member
+            self._unwritable(f"could not record the turn of {member}", exc)
             return
         handle = record.handles[member]
         handles = [record.handles[m] for m in record.members]
@@ -275,7 +312,9 @@ class RoomActor(TypedActor):
         elif outcome.status == "ambiguous":
             self._post(handle, INTERRUPTED_TEXT, number, "interrupted")
         elif outcome.status == "failed":
-            self._post(handle, f"(turn failed [{outcome.reason}]: {outcome.error})", number, "failed")
+            logger.warning("room {}: the turn of {} failed [{}]: {}", record.name, handle, outcome.reason,
+                           outcome.error)
+            self._post(handle, failed_turn_text(outcome.reason, outcome.error), number, "failed")
         if active is not None and member in active.queue:
             self._step(active, member, spoken)
         self._advance()
@@ -287,6 +326,7 @@ class RoomActor(TypedActor):
         if self.halted:
             raise RuntimeError("gateway is not running")
         record = self.record
+        before, published = record.copy(), len(self.events)  # what is restored when the write fails
         self.snapshot = msg.snapshot
         who = send_refusal(msg.sender, msg.text, record.members, self._resolve)
         if isinstance(who, Refusal):
@@ -311,23 +351,26 @@ class RoomActor(TypedActor):
             self._advance()  # writes the send (and the first turn's start) before the ack below
         else:
             self._save_quietly()
-        if self.halted:  # the write failed: nothing was accepted
-            raise RuntimeError(f"room {record.name!r} could not record the message durably; it was NOT sent")
+        if self.unwritten is not None:  # the write failed: nothing was accepted, nothing of it stays
+            self.record = before
+            del self.events[published:]
+            raise RuntimeError(f"room {record.name!r} could not record the message durably ({self.unwritten}); "
+                               "it was NOT sent")
         return {"status": "queued", "room_id": record.room_id, "message_id": entry["message_id"]}
 
     @handles(GetTranscript)
     def _on_transcript(self, msg: GetTranscript) -> list[dict[str, Any]]:
-        return [dict(e) for e in self.record.transcript]
+        return [dict(e) for e in self.shown.transcript]
 
     @handles(GetSummary)
     def _on_summary(self, msg: GetSummary) -> dict[str, Any]:
-        return {**self.record.summary(), **self.record.activity()}
+        return {**self.shown.summary(), **self.shown.activity()}
 
     @handles(AwaitIdle)
     def _on_await_idle(self, msg: AwaitIdle) -> pykka.ThreadingFuture[str]:
         future: pykka.ThreadingFuture[str] = pykka.ThreadingFuture()
-        if self.record.state != "busy":
-            future.set(self.record.state)
+        if self.shown.state != "busy":  # as its file says: a settle not written yet is not idle yet
+            future.set(self.shown.state)
         else:
             self.waiters.append(future)
         return future

@@ -8,16 +8,17 @@ docs/rooms.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.errors import ValidationError
-from hermes_actors.rooms.rules import MAX_MEMBERS, MIN_MEMBERS, USER, name_problem
+from hermes_actors.rooms.rules import MAX_MEMBERS, MAX_ROUNDS, MIN_MEMBERS, USER, name_problem
 
 __all__ = ["FORMAT_VERSION", "RoomRecord", "parse_room"]
 
 FORMAT_VERSION = 1
+ENTRY_STATUSES = ("said", "failed", "interrupted")  # a transcript entry's ``status``
 
 
 @dataclass
@@ -62,6 +63,16 @@ class RoomRecord:
             "active": self.active, "running": self.running, "needs_you": self.needs_you,
         }
 
+    def copy(self) -> RoomRecord:
+        """A copy that later changes to this record leave alone.
+
+        Its lists and dicts are new; the transcript entries, sends, ``active`` and
+        ``running`` dicts are shared: the RoomActor and the file's writer only ever
+        replace those, never change one in place.
+        """
+        return replace(self, members=list(self.members), handles=dict(self.handles),
+                       transcript=list(self.transcript), seen=dict(self.seen), sends=list(self.sends))
+
     def summary(self) -> dict[str, Any]:
         """The public room dict: ``room_id``, ``name``, ``members`` (handles), ``state``."""
         return {"room_id": self.room_id, "name": self.name,
@@ -79,10 +90,24 @@ def _need(cond: bool, what: str) -> None:
         raise ValidationError(f"room file: {what}")
 
 
-def _entry_ok(entry: Any) -> bool:
-    return (isinstance(entry, dict) and isinstance(entry.get("message_id"), str)
-            and isinstance(entry.get("author"), str) and isinstance(entry.get("text"), str)
-            and isinstance(entry.get("at"), int | float) and isinstance(entry.get("round"), int))
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _entry_ok(entry: Any, authors: set[str]) -> bool:
+    """Pure: whether a transcript entry is one the RoomActor could have posted.
+
+    Args:
+        entry: the decoded entry.
+        authors: ``user`` and the members' handles.
+    """
+    if not isinstance(entry, dict):
+        return False
+    number = entry.get("round")
+    return (is_delivery_id(entry.get("message_id")) and entry.get("author") in authors
+            and isinstance(entry.get("text"), str) and _number(entry.get("at"))
+            and isinstance(number, int) and not isinstance(number, bool) and 0 <= number <= MAX_ROUNDS
+            and entry.get("status") in ENTRY_STATUSES)
 
 
 def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
@@ -111,7 +136,11 @@ def parse_room(data: Any, *, file_id: str | None = None) -> RoomRecord:
     _need(isinstance(handles, dict) and all(isinstance(handles.get(m), str) for m in members), "bad handles")
     _need(data.get("state") in ("idle", "busy", "needs_you"), "bad state")
     transcript = data.get("transcript")
-    _need(isinstance(transcript, list) and all(_entry_ok(e) for e in transcript), "bad transcript")
+    authors = {USER, *(handles[m] for m in members)}
+    _need(isinstance(transcript, list), "bad transcript")
+    for index, entry in enumerate(transcript):
+        _need(_entry_ok(entry, authors), f"bad transcript entry {index} (message_id, author, text, at, round "
+                                         f"0-{MAX_ROUNDS} and status {'/'.join(ENTRY_STATUSES)} expected)")
     seen = data.get("seen")
     _need(isinstance(seen, dict) and all(isinstance(v, int) and k in members for k, v in seen.items()), "bad seen")
     base = data.get("base")

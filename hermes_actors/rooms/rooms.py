@@ -73,9 +73,9 @@ class Rooms:
     def _snapshot(self) -> RosterSnapshot:
         return ask(self.roster, GetSnapshot(), timeout=_ASK_TIMEOUT, expect=RosterSnapshot)
 
-    def _start_actor(self, record: RoomRecord, snapshot: RosterSnapshot) -> pykka.ActorRef[Any]:
+    def _start_actor(self, record: RoomRecord, snapshot: RosterSnapshot, *, began: bool) -> pykka.ActorRef[Any]:
         return RoomActor.start(record, files=self.files, dispatcher=self.dispatcher, notifier=self.notifier,
-                               snapshot=snapshot)
+                               snapshot=snapshot, began=began)
 
     def start(self) -> int:
         """Resume every room on disk (a round cut short by a crash goes on); returns how many."""
@@ -93,10 +93,15 @@ class Rooms:
         snapshot = self._snapshot()
         with self._lock:
             records = self.files.load_all()
+            running = {r.running["turn_id"] for r in records if r.running is not None}
+            # asked before the sweep and before any turn runs: either may put a refused .started right (moved
+            # aside with the marks it held), and a turn whose mark is there may have run
+            began = {turn_id for turn_id in running if self.files.began(turn_id)}
             # marks a crash left behind (the record that settled their turn was written, the mark not yet removed)
-            self.files.sweep_starts({r.running["turn_id"] for r in records if r.running is not None})
+            self.files.sweep_starts(running)
             for record in records:
-                self._rooms[record.room_id] = (record.name, self._start_actor(record, snapshot))
+                self._rooms[record.room_id] = (record.name, self._start_actor(
+                    record, snapshot, began=record.running is not None and record.running["turn_id"] in began))
         return len(self._rooms)
 
     def _usable(self) -> None:
@@ -129,7 +134,7 @@ class Rooms:
             if any(n.lower() == clean.lower() for n, _ in self._rooms.values()):
                 raise ValueError(f"a room named {clean!r} exists already")
             self.files.write(record)  # on disk before the caller hears of it
-            self._rooms[record.room_id] = (clean, self._start_actor(record, snapshot))
+            self._rooms[record.room_id] = (clean, self._start_actor(record, snapshot, began=False))
         return {"room_id": record.room_id, "name": clean, "members": list(record.handles.values())}
 
     def send(self, room: Any, sender: Any, text: Any) -> dict[str, Any]:

@@ -32,6 +32,7 @@ __all__ = [
     "Spoken",
     "after_turn",
     "entry_lines",
+    "failed_turn_text",
     "find_mentions",
     "find_room",
     "name_problem",
@@ -291,6 +292,26 @@ def after_turn(current: Round, members: Sequence[str], member: str, spoken: Spok
     if state.said == 0 or state.number >= MAX_ROUNDS or state.needs_you:
         return None
     return Round(state.send_id, state.number + 1, state.mentioned or tuple(members), posted=state.posted)
+
+
+# A member turn fails with the texts of a DM's turn (local/turns.never_ran: "…; the DM was NOT delivered.
+# Resend shortly."). In a room it is no DM, and nothing is to be resent: the failed turn counts as a pass.
+_DM_NOT_DELIVERED = re.compile(r"\b(?:the|this) DM was NOT delivered\.(?: Resend[^.]*\.)?")
+_DM = re.compile(r"\b(?:the|this) DM\b")
+
+
+def failed_turn_text(reason: str, error: str) -> str:
+    """Pure: the transcript text of a member turn that failed, its DM wording said of the member's turn.
+
+    Args:
+        reason: the outcome's reason (``runtime_offline``, ``target_busy``...).
+        error: the outcome's error text.
+
+    Returns:
+        ``(turn failed [<reason>]: <error>)``.
+    """
+    text = _DM_NOT_DELIVERED.sub("the member's turn did not run (it counts as a pass).", error)
+    return f"(turn failed [{reason}]: {_DM.sub('the turn', text)})"
 
 
 _CONTINUATION = "  "  # before every further line of a message: only an entry's first line starts a line

@@ -13,6 +13,7 @@ it; what a write keeps of the transcript is decided by
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from hermes_actors.rooms.room_record import RoomRecord, parse_room
 from hermes_actors.rooms.rules import find_room, no_room
 from hermes_actors.store.atomic import atomic_write_bytes, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_quarantine import quarantine
 
@@ -36,6 +38,9 @@ STARTED_DIR = ".started"  # under rooms/: ``<turn_id>.json`` marks a member turn
 # The reader refuses a larger file (hostile); 4x the writer's budget (file_budget.ROOM_WRITE_BUDGET), so
 # whatever the writer wrote loads.
 ROOM_MAX_BYTES = 16 << 20
+# One process drives a root's rooms (rooms/.owner.lock); its member turns' threads put a refused .started
+# right one at a time, so none moves aside the directory another one has just made (and marked a turn in).
+_STARTED_REPAIR = threading.Lock()
 
 
 class RoomFiles:
@@ -96,26 +101,64 @@ class RoomFiles:
         return self.directory / STARTED_DIR / f"{turn_id}.json"
 
     def began(self, turn_id: str) -> bool:
-        """Whether the member turn ``turn_id`` may have begun: its start mark is there (whatever it is)."""
+        """Whether the member turn ``turn_id`` may have begun: its start mark is there (whatever it is).
+
+        A ``.started`` that is refused (a symlink, another uid's) is never looked into: the
+        turn counts as begun, so it is never run twice.
+        """
         try:
-            return os.path.lexists(self.start_mark(turn_id))
-        except ValidationError:
+            return lexists_below(self.relay.base, self.start_mark(turn_id))
+        except (OSError, ValidationError):
             return True  # not ours to judge: counted as begun, so it is never run twice
 
-    def forget_start(self, turn_id: str) -> None:
-        """Remove the start mark of a member turn the room file no longer holds as ``running``."""
+    def ensure_started(self) -> Path:
+        """``rooms/.started``, made (0700) if missing; anything else there is moved to ``quarantine/``
+        (logged, naming it) and a new one made, as a refused ``.owner.lock`` is.
+
+        Returns:
+            The directory.
+
+        Raises:
+            HostileFileError: ``rooms/`` itself (or a directory above it) is refused: nothing is moved.
+            StoreError: it could not be made.
+        """
+        started = self.directory / STARTED_DIR
         try:
-            os.unlink(self.start_mark(turn_id))
+            return ensure_private_dir(started, within=self.relay.root)
+        except HostileFileError:
+            pass
+        with _STARTED_REPAIR:
+            ensure_private_dir(self.directory, within=self.relay.root)  # rooms/ refused: raised, never repaired here
+            try:
+                return ensure_private_dir(started, within=self.relay.root)  # put right by another turn meanwhile
+            except HostileFileError as exc:
+                quarantine(self.relay, started, f"the room turns' start-mark directory is refused ({exc})")
+            return ensure_private_dir(started, within=self.relay.root)
+
+    def forget_start(self, turn_id: str) -> None:
+        """Remove the start mark of a member turn the room file no longer holds as ``running``
+        (through the checked ``.started``: a swapped one is never followed)."""
+        try:
+            mark = self.start_mark(turn_id)
+            with relay_dir(self.relay.base, mark.parent) as fd:
+                os.unlink(mark.name, dir_fd=fd)
         except FileNotFoundError:
             pass
         except (OSError, ValidationError) as exc:  # a leftover mark is swept at the next start
             logger.warning("room turn {}: its start mark could not be removed ({})", turn_id, exc)
 
     def sweep_starts(self, running: set[str]) -> None:
-        """Remove every start mark but those of the ``running`` turns (a crash left them behind)."""
+        """Remove every start mark but those of the ``running`` turns (a crash left them behind).
+
+        A refused ``.started`` is moved to ``quarantine/`` and made anew (:meth:`ensure_started`):
+        ask :meth:`began` about the running turns first.
+        """
         try:
-            names = os.listdir(self.directory / STARTED_DIR)
-        except OSError:
+            self.ensure_started()
+            with relay_dir(self.relay.base, self.directory / STARTED_DIR) as fd:
+                names = os.listdir(fd)
+        except (OSError, ValidationError) as exc:
+            logger.warning("the start marks of room turns in {} cannot be swept: {}", self.directory, exc)
             return
         for name in names:
             turn_id = id_of_file_name(name)
@@ -224,7 +267,7 @@ class RoomStartMarks:
             if not os.path.lexists(files.path(self.room_id)):  # disbanded while the turn was queued
                 raise StoreError(f"room {self.room_id} was disbanded: its member turn {turn_id} does not run")
             mark = files.start_mark(turn_id)
-            ensure_private_dir(mark.parent, within=files.relay.root)
+            files.ensure_started()
             atomic_write_bytes(mark, orjson.dumps({"turn_id": turn_id, "room_id": self.room_id}),
                                tmp_dir=files.relay.tmp, fsync=files.fsync, within=files.relay.base)
         except StoreError:
