@@ -3,7 +3,9 @@
 :func:`read_yaml_mapping` reports the problem as text instead of logging it, so
 a caller that reads the same file repeatedly (``config.yaml`` is read by the
 CLI, the gateway and the roster) can decide how often to say it;
-:func:`load_yaml_file` logs it.
+:func:`load_yaml_file` logs it, once while it lasts (:func:`warn_once`, the one
+implementation of that rule: the roster and the hub re-read every ``profile.yaml``
+at each rescan).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 __all__ = [
     "MAX_CONFIG_BYTES", "MAX_EXPANDED_VALUES", "MAX_NESTING", "expanded_size", "load_bounded", "load_yaml_file",
-    "read_yaml_mapping", "too_deep",
+    "read_yaml_mapping", "too_deep", "warn_once",
 ]
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -34,6 +37,30 @@ MAX_EXPANDED_VALUES = 100_000
 # (copy.deepcopy in the config merge: ~1,000 levels raise RecursionError, and libyaml's composer, which builds
 # the node graph recursively in C, crashes the process on ~100,000).
 MAX_NESTING = 64
+
+
+_said_lock = threading.Lock()
+_said: dict[str, frozenset[str]] = {}  # what → the problems its last report logged (only those with some)
+
+
+def warn_once(what: str, problems: Iterable[str]) -> None:
+    """Log each of ``problems`` that the previous report on ``what`` did not have.
+
+    A file read again and again (every rescan, by every reader in the process) gives
+    one warning per problem while it lasts, and again once it went and came back.
+
+    Args:
+        what: the subject the problems are about (a file's path; one key per kind of report on it).
+        problems: one line each (the file's current ones: an empty list clears it).
+    """
+    lines = list(dict.fromkeys(problems))
+    with _said_lock:
+        before = _said.pop(what, frozenset())
+        if lines:
+            _said[what] = frozenset(lines)
+    for line in lines:
+        if line not in before:
+            logger.warning("{}", line)
 
 
 class _Refused(Exception):
@@ -288,9 +315,9 @@ def load_yaml_file(path: Path) -> dict[str, Any]:
     Returns:
         The top-level mapping; ``{}`` when the file is missing or empty, and
         ``{}`` plus a warning naming the file and the problem when it is a
-        symlink, larger than 1 MiB, unreadable, malformed, or not a mapping.
+        symlink, larger than 1 MiB, unreadable, malformed, or not a mapping
+        (said once while the problem lasts, however often the file is read).
     """
     mapping, problem = read_yaml_mapping(path)
-    if problem is not None:
-        logger.warning("{}", problem)
+    warn_once(str(path), [problem] if problem is not None else [])
     return mapping
