@@ -569,3 +569,31 @@ def test_bench_creates_a_missing_out_directory(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(bench.harness, "run_bench", lambda quick, scenarios, out, **kw: seen.append(out))
     assert main(["bench", "--quick", "--scenario", "local-roundtrip", "--out", str(tmp_path / "a" / "b")]) == 0
     assert seen == [tmp_path / "a" / "b"] and seen[0].is_dir()
+
+
+@pytest.mark.parametrize(
+    ("argv", "argument"),
+    [
+        (["send", "--from", "alice", "bob", "z\udcff"], "message"),
+        (["send", "--from", "alice", "b\udcffb", "hi"], "target"),
+        (["send", "--from", "\udcff", "bob", "hi"], "--from"),
+        (["room", "create", "pl\udcffan", "alice", "bob"], "name"),
+        (["room", "create", "plan", "alice", "b\udcff"], "members"),
+        (["room", "send", "plan", "z\udcff"], "text"),
+        (["room", "show", "p\udcff"], "room"),
+    ],
+    ids=["send-message", "send-target", "send-from", "room-name", "room-member", "room-text", "room-show"],
+)
+def test_an_argument_that_is_not_utf8_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], argument: str
+) -> None:
+    """Regression (review): ``$(printf 'z\\xff')`` reached the submit request as a lone surrogate and the CLI died
+    with "TypeError: str is not valid UTF-8" from orjson; now exit 2 naming the argument and the byte."""
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(SystemExit) as exited:
+        main([*argv[:2], "--root", str(root), *argv[2:]] if argv[0] == "room" else [argv[0], "--root", str(root),
+                                                                                       *argv[1:]])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argument}" in err and "is not valid UTF-8 text (byte 0xff at character" in err, err

@@ -386,3 +386,65 @@ def test_a_document_over_the_limit_is_never_built(
     path.write_text(content)
     assert c.load_yaml_file(path) == {}
     assert len(warnings) == 1 and "more than 100000 values" in warnings[0]
+
+
+# ── nesting depth ───────────────────────────────────────────────────────────
+
+# Each anchor nests the one before inside ten more levels: 20 short lines that expand to 200 levels.
+ALIAS_DEPTH_CHAIN = "a0: &a0 [x]\n" + "".join(f"a{n}: &a{n} {'[' * 10}*a{n - 1}{']' * 10}\n" for n in range(1, 20))
+
+
+@pytest.mark.parametrize(
+    ("content", "refused"),
+    [
+        ("x: " + "[" * 1000 + "]" * 1000 + "\n", True),  # the review's 2 KB file: deepcopy raised RecursionError
+        ("x: " + "[" * 100_000 + "]" * 100_000 + "\n", True),  # libyaml's composer crashed the process (SIGSEGV)
+        ("- " * 100_000 + "x\n", True),  # block style nests as deep
+        (ALIAS_DEPTH_CHAIN, True),
+        ("x: " + "[" * 63 + "]" * 63 + "\n", False),  # 64 levels with the top mapping: the most accepted
+        ("x: " + "[" * 64 + "]" * 64 + "\n", True),
+        ("a: &a {k: {v: [1]}}\nb: {<<: *a, c: *a}\nd: {<<: {<<: {<<: *a}}}\n", False),  # merges add no level
+    ],
+    ids=["1000", "100000", "block", "alias-chain", "64", "65", "merges"],
+)
+def test_a_document_nested_too_deep_is_refused_naming_the_file(
+    tmp_path: Path, warnings: list[str], content: str, refused: bool
+) -> None:
+    """Regression (review): a 2 KB config.yaml of 1,000 nested brackets crashed the roster, the relay and the CLI
+    with RecursionError (deep_merge's deepcopy), not naming the file; 100,000 crashed the process in libyaml."""
+    path = tmp_path / "config.yaml"
+    path.write_text(content)
+    loaded = c.load_yaml_file(path)
+    if refused:
+        assert loaded == {}
+        assert len(warnings) == 1 and str(path) in warnings[0] and "more than 64 levels" in warnings[0], warnings
+        config = c.load_config(tmp_path)  # what serve, status, doctor and the roster do with it
+        assert config.max_hops == 8
+    else:
+        assert loaded and warnings == []
+        c.deep_merge(c.DEFAULTS, loaded)
+
+
+def test_a_roster_reload_that_fails_keeps_the_roster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (review): an error in the roster's reload of config.yaml crashed the RosterActor unsupervised
+    (and the relay after it): the failure is logged and the roster read before stays in effect."""
+    from actors import Scheduler, ask
+    from hermes_actors.local import roster as roster_module
+    from hermes_actors.messages import GetSnapshot, Reload, RosterSnapshot
+
+    root = make_root(tmp_path, {"alice": {}})
+    with Scheduler() as scheduler, LogCapture("ERROR") as logs:
+        roster = roster_module.RosterActor.start(root, overrides=None, scheduler=scheduler, rescan_seconds=0)
+        try:
+            before = ask(roster, GetSnapshot(), timeout=10, expect=RosterSnapshot)
+
+            def broken(*args: Any, **kwargs: Any) -> Any:
+                raise RecursionError("maximum recursion depth exceeded")
+
+            monkeypatch.setattr(roster_module, "load_config", broken)
+            assert ask(roster, Reload(), timeout=10) == before
+            assert roster.is_alive()
+            assert ask(roster, GetSnapshot(), timeout=10, expect=RosterSnapshot) == before
+        finally:
+            roster.stop()
+    assert logs.matching("roster reload failed", "stays in effect"), logs.lines

@@ -92,6 +92,31 @@ def test_read_profile_yaml_tolerates_garbage(tmp_path: Path) -> None:
     assert p.read_profile_yaml(tmp_path) == {}
 
 
+def test_a_bad_profile_yaml_is_warned_about_once_while_it_lasts(tmp_path: Path) -> None:
+    """Regression (review): the hub re-reads every profile.yaml at each rescan (2 s) and warned each time
+    about a profile.yaml that is not a regular file; now once, and again only after it was fixed and broke again."""
+    import os
+
+    root = make_root(tmp_path, {"dave": {}})
+    path = root / "profiles" / "dave" / "profile.yaml"
+    good = path.read_text()
+    path.unlink()
+    os.mkfifo(path)
+    with LogCapture("WARNING") as logs:
+        for _ in range(5):
+            assert "dave" in [info.profile for info in p.discover_profiles(root)]
+        said = [line for line in logs.lines if str(path) in line]
+        assert len(said) == 1 and "not a regular file" in said[0], logs.lines
+        path.unlink()
+        path.write_text(good)
+        p.discover_profiles(root)
+        path.write_text("display_name: [oops\n")
+        p.discover_profiles(root)
+        p.discover_profiles(root)
+    said = [line for line in logs.lines if str(path) in line]
+    assert len(said) == 2 and "malformed" in said[1], logs.lines
+
+
 def _alias_bomb(levels: int) -> str:
     """A profile.yaml whose display_name stands for 10**levels strings through nested aliases."""
     lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]

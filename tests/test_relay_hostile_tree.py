@@ -238,8 +238,9 @@ def test_gateway_alive_is_false_for_an_absurd_heartbeat(tmp_path: Path, pid: Any
             "at": time.time() if at == "fresh" else at}
     write_private_json(paths.heartbeat / "123.json", beat)
     assert gateway_alive(paths) is False
-    write_private_json(paths.heartbeat / "456.json", {"pid": os.getpid(), "connection_id": "mini", "at": time.time()})
-    assert gateway_alive(paths) is True  # the control: a sane heartbeat beside it is read past the bad one
+    sane = {"pid": os.getpid(), "connection_id": "mini", "at": time.time()}
+    write_private_json(paths.heartbeat / f"{os.getpid()}.json", sane)
+    assert gateway_alive(paths) is True  # the control: a sane one (under its pid) is read past the bad one
 
 
 def test_hub_keeps_routing_with_a_huge_pid_heartbeat(tmp_path: Path) -> None:

@@ -199,6 +199,12 @@ def test_host_rooms_raise_what_the_gateway_raises(host: tuple[Path, Gateway, Mem
     answer = request(root, {"op": "room", "action": "show"})
     assert answer == {"error": "bad submit request: 'room' must be a non-empty string of at most 256 chars, "
                                "got None", "reason": "unknown"}
+    # Regression (review): an empty name was refused by the submit protocol's 256-char check, not the room rule
+    for name in ("", "  "):
+        with pytest.raises(ValueError, match="room name is required"):
+            rooms.create_room(name, ["alice", "bob"])
+    with pytest.raises(ValueError, match=r"room name too long \(65 chars > 64\)"):
+        rooms.create_room("x" * 65, ["alice", "bob"])
 
 
 def test_without_a_host_the_commands_run_their_own_gateway(tmp_path: Path,

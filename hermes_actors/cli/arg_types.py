@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-__all__ = ["MAX_WAIT_SECONDS", "root_path", "seconds"]
+__all__ = ["MAX_WAIT_SECONDS", "root_path", "seconds", "utf8_text"]
 
 MAX_WAIT_SECONDS = 10_000_000.0  # ~115 days; a longer wait overflows the clocks the waits are measured on
 
@@ -46,3 +47,31 @@ def seconds(text: str) -> float:
     if not 0.0 <= value <= MAX_WAIT_SECONDS:
         raise argparse.ArgumentTypeError(f"{text!r}: seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
     return value
+
+
+def utf8_text(text: str) -> str:
+    """An argparse ``type`` for a name or message sent to the host: text that is valid UTF-8.
+
+    Python keeps an argument's undecodable bytes as lone surrogates (``\\udcff`` for the byte 0xff),
+    which no request, file or journal can hold: such an argument is refused here, naming it, rather
+    than failing with a traceback when the request is encoded.
+
+    Args:
+        text: the argument.
+
+    Returns:
+        The text.
+
+    Raises:
+        argparse.ArgumentTypeError: it holds bytes that are not UTF-8 (or a lone surrogate).
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raw = os.fsencode(text[exc.start])  # the byte the shell passed, where it was one
+        shown = f"byte 0x{raw[0]:02x}" if len(raw) == 1 else repr(text[exc.start])
+        raise argparse.ArgumentTypeError(
+            f"is not valid UTF-8 text ({shown} at character {exc.start}); pass it in UTF-8") from None
+    return text

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from loguru import logger
 
-from hermes_actors.cli.arg_types import root_path, seconds
+from hermes_actors.cli.arg_types import root_path, seconds, utf8_text
 from hermes_actors.cli.gateway_options import runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
 from hermes_actors.cli.render import (
@@ -202,9 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("send", help="send one DM on a real root (through its host: returns after the ack unless "
                        "--wait; with no host it runs the DM itself and waits for the outcome)")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
-    p.add_argument("--from", dest="sender", required=True, help="sending profile (folder id or handle)")
-    p.add_argument("target", help="teammate name, peer/agent, or handle@connection")
-    p.add_argument("message", help="the message text")
+    p.add_argument("--from", dest="sender", required=True, type=utf8_text,
+                   help="sending profile (folder id or handle)")
+    p.add_argument("target", type=utf8_text, help="teammate name, peer/agent, or handle@connection")
+    p.add_argument("message", type=utf8_text, help="the message text")
     p.add_argument("--wait", nargs="?", type=seconds, const=120.0, default=None,
                    help="wait for the outcome (seconds, default 120)")
     p.add_argument("--json", action="store_true", help="print the raw ack/refusal and outcome dicts")

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from hermes_actors.cli.arg_types import seconds
+from hermes_actors.cli.arg_types import seconds, utf8_text
 from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line
 
 __all__ = ["add_room_parser"]
@@ -194,16 +194,16 @@ def add_room_parser(
         runner_opts(p)
 
     p = rsub.add_parser("create", help="create a room of 2 to 6 local bots")
-    p.add_argument("name", help="the room's name (members' turns run in the session 'Group: <name>')")
-    p.add_argument("members", nargs="+", help="member names (handles or friendly names)")
+    p.add_argument("name", type=utf8_text, help="the room's name (members' turns run in the session 'Group: <name>')")
+    p.add_argument("members", nargs="+", type=utf8_text, help="member names (handles or friendly names)")
     p.add_argument("--json", action="store_true", help="print the room as JSON")
     common(p)
     p.set_defaults(func=_create)
 
     p = rsub.add_parser("send", help="post a message to a room and wait until it settles")
-    p.add_argument("room", help="the room's name or id")
-    p.add_argument("text", help="the message")
-    p.add_argument("--from", dest="sender", default="user", help="'user' (default) or a member")
+    p.add_argument("room", type=utf8_text, help="the room's name or id")
+    p.add_argument("text", type=utf8_text, help="the message")
+    p.add_argument("--from", dest="sender", default="user", type=utf8_text, help="'user' (default) or a member")
     p.add_argument("--wait", type=seconds, default=600.0, help="seconds to wait for the room to settle (default: 600)")
     p.add_argument("--json", action="store_true",
                    help="print the ack, then each new transcript entry and the final state, as JSON lines")
@@ -211,7 +211,7 @@ def add_room_parser(
     p.set_defaults(func=_send)
 
     p = rsub.add_parser("show", help="print a room's transcript")
-    p.add_argument("room", help="the room's name or id")
+    p.add_argument("room", type=utf8_text, help="the room's name or id")
     p.add_argument("--json", action="store_true", help="print JSON entries")
     common(p)
     p.set_defaults(func=_show)
@@ -222,7 +222,7 @@ def add_room_parser(
     p.set_defaults(func=_list)
 
     p = rsub.add_parser("disband", help="delete a room (its members' sessions stay)")
-    p.add_argument("room", help="the room's name or id")
+    p.add_argument("room", type=utf8_text, help="the room's name or id")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     common(p)
     p.set_defaults(func=_disband)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from loguru import logger
 from hermes_actors.core.names import PEER_NAME_RE
 from hermes_actors.core.settings import Setting, coerce, default_text, setting, settings_of
 from hermes_actors.core.wake import parse_wake_mode
-from hermes_actors.store.yaml_file import MAX_CONFIG_BYTES, load_yaml_file, read_yaml_mapping
+from hermes_actors.store.yaml_file import MAX_CONFIG_BYTES, load_yaml_file, read_yaml_mapping, warn_once
 
 __all__ = [
     "DEFAULTS",
@@ -298,24 +297,6 @@ def unknown_key_text(source: str, key: str, suggestion: str | None) -> str:
 
 # ── loading ─────────────────────────────────────────────────────────────────
 
-_reported_lock = threading.Lock()
-_reported: dict[str, frozenset[str]] = {}  # config file → the problems its last load found
-
-
-def _report_once(path: Path, problems: list[str]) -> None:
-    """Log the problems a file's previous load did not already log.
-
-    The CLI, the gateway and the roster each load ``config.yaml``; one bad key
-    must give one warning, and again only after the file changed and broke again.
-    """
-    with _reported_lock:
-        before = _reported.get(str(path), frozenset())
-        _reported[str(path)] = frozenset(problems)
-    for problem in dict.fromkeys(problems):
-        if problem not in before:
-            logger.warning("{}", problem)
-
-
 def load_config(root: Path, overrides: dict[str, Any] | None = None) -> BotModeConfig:
     """Load ``<root>/config.yaml`` over :data:`DEFAULTS`, then ``overrides`` over that.
 
@@ -331,14 +312,16 @@ def load_config(root: Path, overrides: dict[str, Any] | None = None) -> BotModeC
     """
     path = Path(root) / "config.yaml"
     from_file, file_problem = read_yaml_mapping(path)
-    problems = [file_problem] if file_problem else []
-    problems += [unknown_key_text(str(path), key, hint) for key, hint in unknown_keys(from_file)]
+    problems = [unknown_key_text(str(path), key, hint) for key, hint in unknown_keys(from_file)]
     problems += [unknown_key_text("config override", key, hint) for key, hint in unknown_keys(overrides)]
     merged = deep_merge(DEFAULTS, from_file)
     if overrides:
         merged = deep_merge(merged, overrides)
     config, value_problems = parse_config(merged)
-    _report_once(path, problems + value_problems)
+    # The CLI, the gateway and the roster each load config.yaml: one bad key gives one warning. The file's
+    # own problem is keyed by its path alone, as every reader of the file (load_yaml_file) reports it.
+    warn_once(str(path), [file_problem] if file_problem else [])
+    warn_once(f"{path} settings", problems + value_problems)
     return config
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.yaml_file import MAX_EXPANDED_VALUES, load_bounded
+from hermes_actors.store.yaml_file import load_bounded
 
 __all__ = [
     "RECORD_NAME",
@@ -72,7 +72,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
         Its top-level mapping.
 
     Raises:
-        SetupError: a symlink, not a regular file under 4 MiB, not YAML, an alias bomb, or not a mapping.
+        SetupError: a symlink, not a regular file under 4 MiB, not YAML, too deep, an alias bomb, or not a mapping.
     """
     if path.is_symlink():
         raise SetupError(f"{path} is a symlink; refusing to edit it")
@@ -81,12 +81,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file() or path.stat().st_size > _MAX_YAML:
         raise SetupError(f"{path} is not a regular file under 4 MiB; refusing to edit it")
     try:
-        data, too_big = load_bounded(path.read_text(encoding="utf-8"))
+        data, refusal = load_bounded(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SetupError(f"{path} is not valid YAML ({exc}); fix it, then run again") from None
-    if too_big:
-        raise SetupError(f"{path} holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases are expanded "
-                         "(or an alias that contains itself); refusing to edit it")
+    if refusal is not None:
+        raise SetupError(f"{path} {refusal}; refusing to edit it")
     if data is None:
         return {}
     if not isinstance(data, dict):

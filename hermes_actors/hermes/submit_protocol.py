@@ -198,9 +198,12 @@ def _parse_outcome(data: dict[str, Any]) -> OutcomeCall | dict[str, Any]:
 
 
 def _short_string(data: dict[str, Any], key: str, default: str | None = None) -> str | dict[str, Any]:
-    """``data[key]`` when it is a non-empty string of at most ``_NAME_MAX`` chars, else the bad_request."""
+    """``data[key]`` when it is a non-empty string of at most ``_NAME_MAX`` chars, else the bad_request.
+
+    A new room's ``name`` may be empty: the room rules refuse it in their own words ("room name is required").
+    """
     value = data.get(key, default)
-    if not isinstance(value, str) or not value.strip() or len(value) > _NAME_MAX:
+    if not isinstance(value, str) or (key != "name" and not value.strip()) or len(value) > _NAME_MAX:
         return bad_request(f"'{key}' must be a non-empty string of at most {_NAME_MAX} chars, got {value!r:.80}")
     return value
 

@@ -233,7 +233,12 @@ class RosterActor(TypedActor):
     @handles(Reload)
     def _on_reload(self, msg: Reload) -> RosterSnapshot:
         before = self.snapshot
-        self.snapshot = self._load()
+        try:
+            self.snapshot = self._load()
+        except Exception:  # a file no check foresaw must not end the roster (and every DM with it)
+            # _load took the new signature first: the next rescan tries again only once a file changes
+            logger.opt(exception=True).error("roster reload failed; the roster read before stays in effect")
+            return before
         if _local_view(before) != _local_view(self.snapshot):
             logger.info("roster reloaded: {} profiles", len(self.snapshot.profiles))
             self._publish()

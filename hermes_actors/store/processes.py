@@ -11,7 +11,7 @@ import os
 import select
 import threading
 
-__all__ = ["PID_MAX", "ProcessWatch", "pid_alive", "process_started_at"]
+__all__ = ["PID_MAX", "ProcessWatch", "pid_alive", "process_start_ticks", "process_started_at"]
 
 PID_MAX = 2**31 - 1  # a pid_t; a larger "pid" read from a file is refused before os.kill sees it
 
@@ -39,15 +39,29 @@ def pid_alive(pid: int) -> bool:
     return not _zombie(pid)
 
 
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux ``/proc``; elsewhere or unreadable: None).
+
+    With the pid, it names one process for the life of the boot: a pid reused by another process
+    has another start; unlike a wall-clock time it does not move when the clock is set.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            fields = stat_file.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # starttime, the 22nd field of stat: the 20th after the name
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def process_started_at(pid: int) -> float | None:
     """When process ``pid`` started, as a wall-clock time (Linux ``/proc``; elsewhere or unreadable: None).
 
     Accurate to a clock tick (10 ms): ``starttime`` counts ticks since boot, ``btime`` is the boot time.
     """
+    ticks = process_start_ticks(pid)
+    if ticks is None:
+        return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            fields = stat_file.read().rsplit(b")", 1)[1].split()
-        ticks = int(fields[19])  # starttime, the 22nd field of stat: the 20th after the name
         with open("/proc/stat", "rb") as stat_file:
             boot = next(int(line.split()[1]) for line in stat_file if line.startswith(b"btime "))
         return boot + ticks / os.sysconf("SC_CLK_TCK")

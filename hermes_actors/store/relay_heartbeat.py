@@ -1,8 +1,9 @@
-"""Each gateway process's heartbeat: ``bot_relay/gateways/<pid>.json`` = ``{"pid", "connection_id", "at"}``.
+"""Each gateway process's heartbeat: ``bot_relay/gateways/<pid>.json`` = ``{pid, connection_id, at, pid_start}``.
 
 A running gateway rewrites its file every few seconds and removes it when it
 stops cleanly; the hub reads them to flag the roster's connections ``online``
-(a file is believed while it is fresh and its pid still runs).
+(a file is believed while it is fresh, names the pid of its file name, carries a
+valid connection id, and its pid still runs and started when the file says).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import os
 import time
 from typing import Any
 
+from hermes_actors.core.names import checked_connection_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.atomic import atomic_write_json, read_json_file
-from hermes_actors.store.processes import pid_alive
+from hermes_actors.store.processes import pid_alive, process_start_ticks
 from hermes_actors.store.relay_dirfd import relay_dir
 from hermes_actors.store.relay_inbox import InboxPaths
 
@@ -35,6 +37,9 @@ def write_heartbeat(
             (``doctor`` compares them with ``connection_id``); written only when there are any.
     """
     payload: dict[str, object] = {"pid": os.getpid(), "connection_id": connection_id or "", "at": int(now)}
+    start = process_start_ticks(os.getpid())
+    if start is not None:  # the reader checks the pid is still this process, not one that reused it
+        payload["pid_start"] = start
     if routed_as:
         payload["routed_as"] = sorted(routed_as)
     atomic_write_json(paths.heartbeat / f"{os.getpid()}.json", payload, tmp_dir=paths.relay.tmp,
@@ -49,7 +54,14 @@ def remove_heartbeat(paths: InboxPaths) -> None:
         pass
 
 
-def _beat_alive(beat: Any, now: float) -> bool:
+def _beat_alive(beat: Any, now: float, file_pid: int) -> bool:
+    """Pure but for the process table: whether a heartbeat read from ``<file_pid>.json`` is a live gateway's.
+
+    The file is untrusted (any process of our uid can write one): it counts only when it is fresh,
+    names the pid of its file name, carries a valid connection id ("" when the gateway has none),
+    and its pid runs — and, when it records ``pid_start``, started then (a pid reused since, or a
+    file naming some other process of ours such as pid 1, is not a gateway's).
+    """
     if not isinstance(beat, dict):
         return False
     try:
@@ -57,9 +69,21 @@ def _beat_alive(beat: Any, now: float) -> bool:
     except (TypeError, ValueError, OverflowError):
         return False
     # Fresh: written at most HEARTBEAT_FRESH_SECONDS ago, and not from the future ("not": NaN is refused too)
-    if not -HEARTBEAT_FRESH_SECONDS <= now - at <= HEARTBEAT_FRESH_SECONDS:
+    if pid != file_pid or not -HEARTBEAT_FRESH_SECONDS <= now - at <= HEARTBEAT_FRESH_SECONDS:
         return False
-    return pid_alive(pid)
+    connection_id = beat.get("connection_id", "")
+    if connection_id != "":
+        try:
+            checked_connection_id(connection_id)
+        except ValueError:  # printed by doctor and status: escape codes or a newline must never reach them
+            return False
+    if not pid_alive(pid):
+        return False
+    recorded = beat.get("pid_start")
+    if recorded is None:  # a gateway on a system without /proc (or an earlier version) writes none
+        return True
+    start = process_start_ticks(pid)
+    return start is None or recorded == start
 
 
 def live_heartbeats(paths: InboxPaths, *, now: float | None = None) -> list[dict[str, Any]]:
@@ -68,8 +92,8 @@ def live_heartbeats(paths: InboxPaths, *, now: float | None = None) -> list[dict
     A killed gateway's file stays behind (nothing sweeps it): it is never taken for a live one.
 
     Returns:
-        Each live heartbeat's record (``pid``, ``connection_id``, ``at``, and ``routed_as`` when written),
-        by pid.
+        Each live heartbeat's record (``pid``, a valid ``connection_id`` or "", ``at``, and ``pid_start`` and
+        ``routed_as`` when written), by pid.
     """
     now = time.time() if now is None else now
     found = []
@@ -82,7 +106,7 @@ def live_heartbeats(paths: InboxPaths, *, now: float | None = None) -> list[dict
                     beat = read_json_file(paths.heartbeat / name, max_bytes=4096, dir_fd=fd)
                 except (OSError, ValidationError):
                     continue
-                if _beat_alive(beat, now):
+                if _beat_alive(beat, now, int(name[:-5])):
                     found.append(beat)
     except (OSError, ValidationError):  # HostileFileError included: no heartbeat can be believed
         return []

@@ -3,7 +3,9 @@
 :func:`read_yaml_mapping` reports the problem as text instead of logging it, so
 a caller that reads the same file repeatedly (``config.yaml`` is read by the
 CLI, the gateway and the roster) can decide how often to say it;
-:func:`load_yaml_file` logs it.
+:func:`load_yaml_file` logs it, once while it lasts (:func:`warn_once`, the one
+implementation of that rule: the roster and the hub re-read every ``profile.yaml``
+at each rescan).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +25,42 @@ from loguru import logger
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 __all__ = [
-    "MAX_CONFIG_BYTES", "MAX_EXPANDED_VALUES", "expanded_size", "load_bounded", "load_yaml_file", "read_yaml_mapping",
+    "MAX_CONFIG_BYTES", "MAX_EXPANDED_VALUES", "MAX_NESTING", "expanded_size", "load_bounded", "load_yaml_file",
+    "read_yaml_mapping", "too_deep", "warn_once",
 ]
 
 MAX_CONFIG_BYTES = 1024 * 1024
 # Values a file may hold once its aliases are expanded: YAML anchors nest cheaply ("billion laughs"), and
 # every reader that walks, merges or prints the result would expand them.
 MAX_EXPANDED_VALUES = 100_000
+# Collections a file may nest (aliases expanded). No Hermes config comes close; what reads the result recurses
+# (copy.deepcopy in the config merge: ~1,000 levels raise RecursionError, and libyaml's composer, which builds
+# the node graph recursively in C, crashes the process on ~100,000).
+MAX_NESTING = 64
+
+
+_said_lock = threading.Lock()
+_said: dict[str, frozenset[str]] = {}  # what → the problems its last report logged (only those with some)
+
+
+def warn_once(what: str, problems: Iterable[str]) -> None:
+    """Log each of ``problems`` that the previous report on ``what`` did not have.
+
+    A file read again and again (every rescan, by every reader in the process) gives
+    one warning per problem while it lasts, and again once it went and came back.
+
+    Args:
+        what: the subject the problems are about (a file's path; one key per kind of report on it).
+        problems: one line each (the file's current ones: an empty list clears it).
+    """
+    lines = list(dict.fromkeys(problems))
+    with _said_lock:
+        before = _said.pop(what, frozenset())
+        if lines:
+            _said[what] = frozenset(lines)
+    for line in lines:
+        if line not in before:
+            logger.warning("{}", line)
 
 
 class _Refused(Exception):
@@ -130,6 +162,80 @@ def expanded_size(
     return results[0]
 
 
+class _Open:
+    """A collection being parsed: how deep the values inside it go so far, and what a mapping's next value is."""
+
+    __slots__ = ("anchor", "height", "is_mapping", "merge_next", "parts")
+
+    def __init__(self, anchor: str | None, is_mapping: bool) -> None:
+        self.anchor = anchor
+        self.is_mapping = is_mapping
+        self.height = 0  # levels of the deepest value inside, once built
+        self.parts = 0  # keys and values seen (a mapping's even parts are keys)
+        self.merge_next = False  # the last key was ``<<``: the next value's contents land at this level
+
+    def add(self, height: int, kind: str, merge_key: bool) -> int:
+        """Count a finished part of ``height`` levels (``kind``: scalar, mapping, sequence); returns its height here."""
+        is_value = self.is_mapping and self.parts % 2 == 1
+        self.parts += 1
+        if is_value and self.merge_next:  # ``<<: *a`` or ``<<: [*a, *b]``: their entries, not them, are here
+            self.merge_next = False
+            height = max(0, height - (2 if kind == "sequence" else 1))
+        elif self.is_mapping and not is_value:
+            self.merge_next = merge_key
+        self.height = max(self.height, height)
+        return height
+
+
+def too_deep(text: str, limit: int = MAX_NESTING) -> bool:
+    """Whether YAML ``text`` nests collections more than ``limit`` deep, its aliases expanded.
+
+    Read from the parser's events, which libyaml produces without recursing, so it is
+    safe to ask before anything recursive (the composer) sees the document; it stops
+    at the first level too deep. An alias counts as deep as the collection it names
+    (a chain of aliases, each a few levels deeper, nests deep in a small file), and a
+    merge (``<<: *a``) as the entries it adds (what a merge's list, ``<<: [*a, *b]``,
+    names is checked where it is written: up to two levels more than it adds); a
+    recursive alias counts as nothing here (:func:`expanded_size` refuses it).
+
+    Args:
+        text: the YAML document.
+        limit: the deepest nesting accepted (a top-level mapping is 1).
+
+    Returns:
+        True when some value is more than ``limit`` collections deep.
+
+    Raises:
+        yaml.YAMLError: malformed YAML (up to the point read).
+    """
+    heights: dict[str, tuple[int, str]] = {}  # anchor → the levels and kind of what it names
+    stack: list[_Open] = []
+    for event in yaml.parse(text, Loader=_SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(stack) >= limit:
+                return True
+            stack.append(_Open(event.anchor, isinstance(event, yaml.MappingStartEvent)))
+            continue
+        merge_key = False
+        if isinstance(event, yaml.CollectionEndEvent):
+            done = stack.pop()
+            height, kind = done.height + 1, "mapping" if done.is_mapping else "sequence"
+            if done.anchor is not None:
+                heights[done.anchor] = (height, kind)
+        elif isinstance(event, yaml.AliasEvent):
+            height, kind = heights.get(event.anchor or "", (0, "scalar"))
+        elif isinstance(event, yaml.ScalarEvent):
+            height, kind = 0, "scalar"
+            merge_key = event.value == "<<" and event.tag is None and event.implicit[0]
+            if event.anchor is not None:
+                heights[event.anchor] = (0, "scalar")
+        else:
+            continue
+        if stack and len(stack) + stack[-1].add(height, kind, merge_key) > limit:
+            return True
+    return False
+
+
 def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
     """Read a YAML mapping without logging.
 
@@ -139,8 +245,9 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
     Returns:
         ``(mapping, None)``; ``({}, None)`` when the file is missing or empty;
         ``({}, problem)`` when it is a symlink, larger than 1 MiB, unreadable,
-        malformed, not a mapping, or holds more than :data:`MAX_EXPANDED_VALUES` values
-        once its aliases are expanded (or a recursive one) — ``problem`` is one line naming the file.
+        malformed, not a mapping, nested more than :data:`MAX_NESTING` levels deep, or holds more than
+        :data:`MAX_EXPANDED_VALUES` values once its aliases are expanded (or a recursive one) —
+        ``problem`` is one line naming the file.
     """
     path = Path(path)
     try:
@@ -152,14 +259,13 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
     except OSError as exc:
         return {}, f"config file {path} is unreadable ({exc}); ignoring it"
     try:
-        loaded, too_big = load_bounded(data.decode("utf-8"))
+        loaded, refusal = load_bounded(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         return {}, f"config file {path} is not valid UTF-8 ({exc}); ignoring it"
     except yaml.YAMLError as exc:
         return {}, f"config file {path} is malformed YAML ({exc}); ignoring it"
-    if too_big:
-        return {}, (f"config file {path} holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases "
-                    "are expanded, or an alias that contains itself; ignoring it")
+    if refusal is not None:
+        return {}, f"config file {path} {refusal}; ignoring it"
     if loaded is None:
         return {}, None
     if not isinstance(loaded, dict):
@@ -167,31 +273,37 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
     return loaded, None
 
 
-def load_bounded(text: str) -> tuple[Any, bool]:
-    """Parse YAML ``text`` with a safe loader, counting its expanded size before building anything.
+def load_bounded(text: str) -> tuple[Any, str | None]:
+    """Parse YAML ``text`` with a safe loader, checking its depth and expanded size before building anything.
 
+    The nesting is checked first, from the parser's events (:func:`too_deep`): libyaml's
+    composer recurses once per level and crashes the process on a deep enough document,
+    and whatever walks the result (``copy.deepcopy``) raises RecursionError long before.
     Building is where aliases and merge keys (``<<: *a``) are expanded: nested aliases
     ("billion laughs") or chained merges cost memory and time there, so the node graph
-    is counted first (:func:`expanded_size`) and a document over the limit is never built.
+    is counted (:func:`expanded_size`) and a document over the limit is never built.
 
     Returns:
-        ``(value, False)``; ``(None, True)`` when the document is over :data:`MAX_EXPANDED_VALUES`
-        values expanded, or recursive.
+        ``(value, None)``; ``(None, why)`` when the document is refused — ``why`` completes
+        "the file …": nested more than :data:`MAX_NESTING` levels deep, over
+        :data:`MAX_EXPANDED_VALUES` values expanded, or recursive.
 
     Raises:
         yaml.YAMLError: malformed YAML.
     """
+    if too_deep(text):
+        return None, f"nests more than {MAX_NESTING} levels of lists or mappings (aliases expanded)"
     loader = _SafeLoader(text)  # the C loader when present
     try:
         node = loader.get_single_node()
         if node is None:
-            return None, False
+            return None, None
         if expanded_size(node, children=_node_children) is None:
-            return None, True
-        return loader.construct_document(node), False
+            return None, (f"holds more than {MAX_EXPANDED_VALUES} values once its YAML aliases are expanded, "
+                          "or an alias that contains itself")
+        return loader.construct_document(node), None
     finally:
         loader.dispose()
-
 
 
 def load_yaml_file(path: Path) -> dict[str, Any]:
@@ -203,9 +315,9 @@ def load_yaml_file(path: Path) -> dict[str, Any]:
     Returns:
         The top-level mapping; ``{}`` when the file is missing or empty, and
         ``{}`` plus a warning naming the file and the problem when it is a
-        symlink, larger than 1 MiB, unreadable, malformed, or not a mapping.
+        symlink, larger than 1 MiB, unreadable, malformed, or not a mapping
+        (said once while the problem lasts, however often the file is read).
     """
     mapping, problem = read_yaml_mapping(path)
-    if problem is not None:
-        logger.warning("{}", problem)
+    warn_once(str(path), [problem] if problem is not None else [])
     return mapping
