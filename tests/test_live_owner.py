@@ -16,6 +16,7 @@ from roots import RecordingRunner, body_of, send_dm, start_gateway
 from actors import WorkerPool
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
+from hermes_actors.errors import StoreError
 from hermes_actors.local import turn_launch
 from hermes_actors.local.live_handoff import LiveMailbox, give_up_on, hand_to_owner
 from hermes_actors.local.runners import as_runner
@@ -466,6 +467,43 @@ def _delivery(key: str) -> Delivery:
 
 def _make_turn(delivery: Delivery) -> Turn:
     return Turn(profile=delivery.target, content=delivery.content, delivery_id=delivery.delivery_id)
+
+
+def test_a_handoff_journals_its_start_as_live_once_claimed_and_before_the_owner_is_called(root: Path) -> None:
+    """Regression (hostile files): the ``started`` record was journaled before the claim and did not say the DM went
+    to an owner, so a restart trusted the mailbox file (set back to ``queued`` by a writer of our uid) and handed the
+    DM over again. Now it says ``live`` and is written once the record is ``claimed``, before the owner runs."""
+    key = "c7" * 16
+    home = root / "profiles" / "bob"
+    order: list[Any] = []
+
+    class Journal:
+        def append_durably(self, entry: dict[str, Any], timeout: float = 30.0) -> None:
+            order.append((entry, json.loads(mailbox_file(root, key).read_text())["status"]))
+
+    owner = Owner(lambda turn: order.append("owner") or "answered")
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=home, make_turn=_make_turn,
+                           journal=Journal())
+    assert result.reply == "answered"
+    assert order == [({"t": "started", "id": key, "attempt": 1, "live": True}, "claimed"), "owner"]
+
+
+def test_a_handoff_whose_start_cannot_be_journaled_never_reaches_the_owner_and_is_recorded_failed(
+    root: Path,
+) -> None:
+    key = "c8" * 16
+
+    class Refusing:
+        def append_durably(self, entry: dict[str, Any], timeout: float = 30.0) -> None:
+            raise StoreError(28, "No space left on device")
+
+    owner = Owner()
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=root / "profiles" / "bob",
+                           make_turn=_make_turn, journal=Refusing())
+    assert (result.reply, result.reason) == (None, "runtime_offline")
+    assert result.error.startswith("Recording the turn durably failed") and "NOT delivered" in result.error
+    assert owner.turns == []
+    assert json.loads(mailbox_file(root, key).read_text())["status"] == "failed", "a replay never runs it"
 
 
 def test_replaying_a_settled_delivery_returns_the_recorded_reply(root: Path) -> None:

@@ -16,12 +16,22 @@ from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.recovery import plan_recovery
 from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.messages import Delivery
-from hermes_actors.store.journal_records import DeliveryState
+from hermes_actors.store.journal_records import DeliveryState, fold_records
+from hermes_actors.store.journal_state import JournalState
 
 
 def _delivery(target: str = "bob") -> Delivery:
     return Delivery(new_delivery_id(), "alice", "alice", target, target, "Message from 🤖 alice (@alice): hi",
                     label=f"@{target}")
+
+
+def _judged(plan: Any) -> dict[str, list[str]]:
+    return {
+        "ambiguous": [o.status for _, o in plan.ambiguous],
+        "reoffer": ["reoffer" for _ in plan.reoffer],
+        "replied": [o.status for o in plan.redeliver if o.status == "replied"],
+        "failed": [o.status for o in plan.redeliver if o.status == "failed"],
+    }
 
 
 @pytest.mark.parametrize(
@@ -30,27 +40,60 @@ def _delivery(target: str = "bob") -> Delivery:
         (None, "ambiguous"),
         ({"status": "claimed"}, "ambiguous"),
         ({"status": "ambiguous"}, "ambiguous"),
-        ({"status": "queued"}, "reoffer"),
+        # the journal says the owner was called: a record set back to queued (by another writer of our uid) is
+        # not believed; before, it was re-offered and the owner ran the DM twice
+        ({"status": "queued"}, "ambiguous"),
         ({"status": "settled", "reply": "done in the window"}, "replied"),
         ({"status": "failed", "error": "429 rate limit", "reason": "provider_rate_limit"}, "failed"),
     ],
 )
-def test_a_started_turn_is_judged_by_its_live_mailbox_record(live: dict[str, Any] | None, expected: str) -> None:
+@pytest.mark.parametrize("idempotent_runner", [False, True])
+def test_a_started_handoff_is_judged_by_its_live_mailbox_record_and_never_reoffered(
+    live: dict[str, Any] | None, expected: str, idempotent_runner: bool
+) -> None:
     delivery = _delivery()
-    states = {delivery.delivery_id: DeliveryState(delivery_record(delivery), started=1)}
-    plan = plan_recovery(states, live_record=lambda d: live)
-    kinds = {
-        "ambiguous": [o.status for _, o in plan.ambiguous],
-        "reoffer": ["reoffer" for _ in plan.reoffer],
-        "replied": [o.status for o in plan.redeliver if o.status == "replied"],
-        "failed": [o.status for o in plan.redeliver if o.status == "failed"],
-    }
-    assert kinds[expected] == [expected if expected != "reoffer" else "reoffer"]
+    states = {delivery.delivery_id: DeliveryState(delivery_record(delivery), started=1, live=True)}
+    plan = plan_recovery(states, idempotent_runner=idempotent_runner, live_record=lambda d: live)
+    kinds = _judged(plan)
+    assert kinds[expected] == [expected]
     assert sum(len(v) for v in kinds.values()) == 1
     if expected == "replied":
         assert plan.redeliver[0].reply == "done in the window"
     if expected == "failed":
         assert plan.redeliver[0].reason == "provider_rate_limit"
+
+
+@pytest.mark.parametrize("status", ["queued", "claimed", "settled", "failed", "cancelled"])
+def test_a_started_turn_not_handed_to_an_owner_never_asks_the_live_mailbox(status: str) -> None:
+    """Regression (hostile files): a runner's turn killed mid-turn, with a ``queued`` record planted in the profile's
+    mailbox, was re-offered and the runner ran it twice. A started record without ``live`` (a runner's turn, or a
+    journal written before handoffs said so) is judged as a runner's turn, whatever the mailbox holds."""
+    delivery = _delivery()
+    states = {delivery.delivery_id: DeliveryState(delivery_record(delivery), started=1)}
+    asked: list[str] = []
+
+    def planted(d: Delivery) -> dict[str, Any]:
+        asked.append(d.delivery_id)
+        return {"status": status, "reply": "forged"}
+
+    assert _judged(plan_recovery(states, live_record=planted))["ambiguous"] == ["ambiguous"]
+    assert _judged(plan_recovery(states, idempotent_runner=True, live_record=planted))["reoffer"] == ["reoffer"]
+    assert asked == []
+
+
+def test_a_journal_keeps_the_live_mark_of_a_handoff_through_compaction_and_adoption() -> None:
+    """Compaction and adoption rewrite a live delivery's records: a handoff's ``started`` keeps its ``live``."""
+    handed, ran = _delivery(), _delivery()
+    records = [{"t": "accepted", "id": handed.delivery_id, "d": delivery_record(handed)},
+               {"t": "started", "id": handed.delivery_id, "attempt": 1, "live": True},
+               {"t": "accepted", "id": ran.delivery_id, "d": delivery_record(ran)},
+               {"t": "started", "id": ran.delivery_id, "attempt": 1}]
+    adopted = fold_records(records)
+    assert [adopted.states[d.delivery_id].live for d in (handed, ran)] == [True, False]
+    state = JournalState()
+    state.take_over(adopted, keep=10)
+    rebuilt = fold_records(orjson.loads(line) for line in state.lines())
+    assert [rebuilt.states[d.delivery_id].live for d in (handed, ran)] == [True, False]
 
 
 def _dead_journal(root: Path, records: list[dict[str, Any]]) -> None:
@@ -65,7 +108,7 @@ def test_a_settled_live_delivery_is_recovered_with_the_owners_reply(tmp_path: Pa
     root = make_root(tmp_path)
     delivery = _delivery("bob")
     _dead_journal(root, [{"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)},
-                         {"t": "started", "id": delivery.delivery_id, "attempt": 1}])
+                         {"t": "started", "id": delivery.delivery_id, "attempt": 1, "live": True}])
     box = LiveMailbox(root / "profiles" / "bob")
     box.admit(delivery.delivery_id)
     box.transition(delivery.delivery_id, "settled", reply="answered in the open window")
@@ -83,7 +126,7 @@ def test_a_claimed_live_delivery_of_a_dead_gateway_is_recovered_ambiguous_and_re
     root = make_root(tmp_path)
     delivery = _delivery("bob")
     _dead_journal(root, [{"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)},
-                         {"t": "started", "id": delivery.delivery_id, "attempt": 1}])
+                         {"t": "started", "id": delivery.delivery_id, "attempt": 1, "live": True}])
     box = LiveMailbox(root / "profiles" / "bob")
     box.admit(delivery.delivery_id)
     box.transition(delivery.delivery_id, "claimed")
@@ -96,6 +139,33 @@ def test_a_claimed_live_delivery_of_a_dead_gateway_is_recovered_ambiguous_and_re
     assert record is not None and record["status"] == record["state"] == "ambiguous", record
     assert record["error"] == "The gateway stopped or crashed during the turn.", record
     assert ran == []
+
+
+@pytest.mark.parametrize("handed", [False, True], ids=["runner-turn", "owner-turn"])
+def test_a_queued_record_planted_for_a_started_dm_never_makes_it_run_again(tmp_path: Path, handed: bool) -> None:
+    """Regression (hostile files, ``attack2c.py``): a gateway was killed -9 mid-turn and a ``queued`` record was
+    written at ``profiles/bob/runtime/bot_live_delivery/<id>.json`` (a runner's turn: planted; an owner's turn: its
+    ``claimed`` record set back). The next start re-offered the DM and it ran twice. Now the journal decides: the
+    turn started, so it is ``ambiguous`` and runs no more."""
+    root = make_root(tmp_path)
+    delivery = _delivery("bob")
+    started: dict[str, Any] = {"t": "started", "id": delivery.delivery_id, "attempt": 1}
+    _dead_journal(root, [{"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)},
+                         {**started, "live": True} if handed else started])
+    box = LiveMailbox(root / "profiles" / "bob")
+    box.admit(delivery.delivery_id)  # queued: "never handed over", says the file
+    ran: list[str] = []
+    gw = Gateway(root, runner=lambda turn: ran.append(turn.delivery_id) or "runner ran it again")
+    if handed:
+        gw.attach_live_owner("bob", lambda turn: ran.append(turn.delivery_id) or "the owner ran it again")
+    with gw:
+        assert gw.recovered == {"reoffered": 0, "ambiguous": 1, "redelivered": 0, "known": 0}
+        outcome = gw.wait_outcome(delivery.delivery_id, timeout=10)
+    assert outcome["status"] == "ambiguous", outcome
+    assert ran == []
+    record = box.read(delivery.delivery_id)
+    # the owner's record says what the sender was told; a runner's DM has no record of ours: the planted one is left
+    assert record is not None and record["status"] == ("ambiguous" if handed else "queued"), record
 
 
 def test_an_owner_attached_before_start_receives_the_recovered_dms(tmp_path: Path) -> None:

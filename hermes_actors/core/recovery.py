@@ -12,7 +12,14 @@ from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.messages import Delivery, Outcome
 
-__all__ = ["RecoveryPlan", "known_outcomes", "plan_recovery", "readable_states", "unreadable_deliveries"]
+__all__ = [
+    "RecoveryPlan",
+    "known_outcomes",
+    "owner_outcome",
+    "plan_recovery",
+    "readable_states",
+    "unreadable_deliveries",
+]
 
 
 @dataclass
@@ -89,6 +96,37 @@ def known_outcomes(states: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {key: state.outcome for key, state in states.items() if state.delivered and state.outcome is not None}
 
 
+_STOPPED_MID_TURN = "The gateway stopped or crashed during the turn."
+
+
+def owner_outcome(delivery: Delivery, record: dict[str, Any] | None) -> Outcome:
+    """Pure: the outcome of a DM the previous run handed to a live owner and never finished.
+
+    Its journal's ``started`` record says ``live``: it was written once the mailbox record was
+    ``claimed``, before the owner was called, so the owner may have the DM whatever the mailbox
+    file says now. Only a final answer there is taken: ``settled`` (the owner's reply) or
+    ``failed``; anything else (``claimed``, a ``queued`` one rewritten by another writer of our
+    uid, ``ambiguous``, no readable record) is ``ambiguous``, never offered again. A forged
+    ``settled`` record is taken as the owner's answer: the mailbox's idempotency trusts a record
+    of our uid (DESIGN 4.3).
+
+    Args:
+        delivery: the DM.
+        record: its live-mailbox record (None: none, or unreadable).
+
+    Returns:
+        ``replied``/``silent``, ``failed`` or ``ambiguous``.
+    """
+    key, label = delivery.delivery_id, delivery.label
+    status = record.get("status") if record is not None else None
+    if record is not None and status == "settled":
+        return outcomes.from_reply(key, label, str(record.get("reply") or ""))
+    if record is not None and status == "failed":
+        error = str(record.get("error") or "The live Bot Chat owner failed the turn.")
+        return outcomes.failed(key, label, error, str(record.get("reason") or ""))
+    return outcomes.ambiguous(key, label, _STOPPED_MID_TURN)
+
+
 def plan_recovery(
     states: dict[str, Any],
     *,
@@ -98,10 +136,13 @@ def plan_recovery(
     """Decide each journaled delivery's fate (``states``: id → ``DeliveryState``).
 
     A started-not-finished turn is re-offered only when the runner declared itself
-    idempotent; otherwise it is ambiguous and never runs twice — unless it was handed
-    to a live owner and ``live_record`` (the live-delivery mailbox) knows better: a
-    ``settled`` or ``failed`` record is that turn's real result, and a ``queued`` one
-    never reached the owner, so it is safe to offer again.
+    idempotent; otherwise it is ambiguous and never runs twice. One the journal says was
+    handed to a live owner (its ``started`` record says ``live``) is judged by
+    :func:`owner_outcome` from its live-delivery mailbox record (``live_record``): a
+    ``settled`` or ``failed`` record is that turn's real result, anything else is
+    ambiguous, and it is never re-offered (not even for an idempotent runner: the owner is
+    not the runner). The mailbox is asked about no other DM: a planted record cannot make
+    a runner's turn run twice.
     """
     plan = RecoveryPlan()
     plan.known.update(known_outcomes(states))
@@ -114,19 +155,14 @@ def plan_recovery(
         if state.delivery is None:
             continue  # a torn record without its acceptance: nothing was acked
         delivery = delivery_from_record(state.delivery, key)
-        record = live_record(delivery) if (state.started and live_record is not None) else None
-        if record is not None and record.get("status") in ("settled", "failed", "queued"):
-            if record["status"] == "settled":
-                plan.redeliver.append(outcomes.from_reply(key, delivery.label, str(record.get("reply") or "")))
-            elif record["status"] == "failed":
-                error = str(record.get("error") or "The live Bot Chat owner failed the turn.")
-                plan.redeliver.append(outcomes.failed(key, delivery.label, error, str(record.get("reason") or "")))
+        if state.started and state.live:
+            outcome = owner_outcome(delivery, live_record(delivery) if live_record is not None else None)
+            if outcome.status == "ambiguous":
+                plan.ambiguous.append((delivery, outcome))
             else:
-                plan.reoffer.append(_reoffered(delivery))
-            continue
-        if state.started and not idempotent_runner:
-            why = "The gateway stopped or crashed during the turn."
-            plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, why)))
+                plan.redeliver.append(outcome)
+        elif state.started and not idempotent_runner:
+            plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, _STOPPED_MID_TURN)))
         else:
             plan.reoffer.append(_reoffered(delivery))
     return plan

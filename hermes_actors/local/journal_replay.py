@@ -2,9 +2,10 @@
 
 :func:`~hermes_actors.core.recovery.plan_recovery` decides (pure); :func:`replay_journal`
 carries its plan out on the Dispatcher's thread: outcomes the previous run settled but never
-reported are published once, DMs that may have run are settled ``ambiguous``, DMs that never
-started are offered again (or fail when their target is gone). :func:`adopt_journal` runs
-before the relay resumes, so its resumed sends find the journal's settled outcomes and wakes.
+reported are published once, DMs that may have run are settled ``ambiguous`` (a live owner's
+mailbox record too), DMs that never started are offered again (or fail when their target is
+gone). :func:`adopt_journal` runs before the relay resumes, so its resumed sends find the
+journal's settled outcomes and wakes.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def replay_journal(
         flow.publish(outcome)
         durability.delivered(outcome.delivery_id)
     for delivery, outcome in plan.ambiguous:
-        live_gave_up(index, delivery, outcome.error)  # a live owner's DM: its mailbox record says so too
+        if readable[delivery.delivery_id].live:  # handed to a live owner: its mailbox record says so too
+            live_gave_up(index, delivery, outcome.error)  # (a runner's DM has none of ours: a planted one is left)
         book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
         flow.settle(outcome)
     for delivery in plan.reoffer:

@@ -169,6 +169,10 @@ def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:
     return TurnFinished(delivery_id, None, why, "unknown", ambiguous=True)
 
 
+_HANDING = "handing the DM to the live Bot Chat owner"
+_JOURNALING = "recording the turn durably"
+
+
 def hand_to_owner(
     delivery: Delivery, *, owner: TurnRunner, home: Path, make_turn: Any, journal: StartRecorder | None,
     gate: TurnGate | None = None,
@@ -184,13 +188,19 @@ def hand_to_owner(
     (:func:`give_up_on`), and the owner is not handed it after that.
 
     Every path returns a result at once (docs/reliability.md): a failure before the
-    owner is called (admission, the journal, the move to ``claimed``, building the
+    owner is called (admission, the move to ``claimed``, the journal, building the
     turn) is ``failed`` with ``runtime_offline`` (retryable: it was NOT delivered);
     the owner raising ``TurnFailed`` is ``failed`` with its reason; the owner raising
     anything else, ``SystemExit`` and ``KeyboardInterrupt`` included, or returning
     anything but a str (:func:`~hermes_actors.local.runners.checked_reply`, as for a
     runner), is ``ambiguous`` (it may have shown the DM). A mailbox write failing after
     the owner answered does not change the answer (it is logged).
+
+    The turn's ``started`` record (``"live": true``) is journaled after the record is
+    ``claimed`` and before the owner is called: the next start then knows the owner may
+    have had the DM without trusting the file (``core.recovery.owner_outcome``); a crash
+    before it leaves the DM unstarted, re-offered, and its record (``queued``, or
+    ``claimed``: ``ambiguous``) decides.
 
     Returns:
         The result for the ProfileActor; ``ambiguous`` when the owner died mid-turn.
@@ -207,18 +217,22 @@ def hand_to_owner(
         return _from_record(key, record)
     if gate is not None and not gate.begin():  # given up on just now: settled (and recorded) by its ProfileActor
         return not_begun(key)  # the record stays "queued" unless that wrote it: a re-offer hands it over
-    if journal is not None:
-        try:
-            journal.append_durably({"t": "started", "id": key, "attempt": 1})
-        except StoreError as exc:
-            return never_ran(key, "recording the turn durably", exc)
+    step = _HANDING
     try:
         claimed = box.advance(key, "claimed")
+        if claimed is not None and journal is not None:
+            # Journaled once the record is claimed and before the owner is called: a started record saying
+            # "live" tells the next start that the owner may have the DM, whatever the file says by then
+            # (another writer of our uid may have set it back to queued), so recovery never offers it again.
+            step = _JOURNALING
+            journal.append_durably({"t": "started", "id": key, "attempt": 1, "live": True})
+            step = _HANDING
         crashpoint("mid-turn")
         turn: Turn | None = make_turn(delivery) if claimed is not None else None
     except Exception as exc:  # the owner never saw it: fail it now, and on disk so a replay never runs it
-        logger.exception("live handoff of {} failed before the owner was called", key)
-        result = never_ran(key, "handing the DM to the live Bot Chat owner", exc)
+        if step is _HANDING:  # a journal refusal is the journal's to report
+            logger.exception("live handoff of {} failed before the owner was called", key)
+        result = never_ran(key, step, exc)
         _record_quietly(box, key, "failed", error=result.error, reason=result.reason)
         return result
     if turn is None:  # its timeout gave it up (recorded ambiguous) after the gate: the owner never sees it

@@ -5,6 +5,8 @@ orjson record::
 
     {"t": "accepted",  "id", "d": {delivery fields}}   durable before the ack returns
     {"t": "started",   "id", "attempt"}                 durable before the turn runs
+    {"t": "started",   "id", "attempt", "live": true}   a DM handed to a live owner: written once its
+                                                        mailbox record is ``claimed``, before the owner is called
     {"t": "finished",  "id", "o": {outcome dict}}       durable before the outcome is published
     {"t": "delivered", "id"}                            the outcome reached the sender (lazy)
 
@@ -51,6 +53,9 @@ class DeliveryState:
     # An ``accepted`` record came without a delivery object (``"d": "hello"``, no ``d``): a sender may have
     # been acked for a DM nothing can rebuild, so recovery names it instead of taking it for a torn record.
     unreadable_acceptance: bool = False
+    # A ``started`` record said ``"live": true``: the DM went to a live owner (claimed in its mailbox before the
+    # owner was called), so recovery never re-offers it, whatever the mailbox file says by then.
+    live: bool = False
 
 
 @dataclass
@@ -176,6 +181,7 @@ def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None =
             if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= 1000:
                 attempt = 1
             state.started = max(state.started, attempt)
+            state.live = state.live or record.get("live") is True
         elif kind == "finished" and isinstance(record.get("o"), dict) and state.outcome is None:
             state.outcome = record["o"]  # the first outcome wins
         elif kind == "delivered":
