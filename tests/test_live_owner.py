@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import threading
 import time
@@ -16,7 +17,7 @@ from roots import RecordingRunner, body_of, send_dm, start_gateway
 from actors import WorkerPool
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
-from hermes_actors.errors import StoreError
+from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.local import turn_launch
 from hermes_actors.local.live_handoff import LiveMailbox, give_up_on, hand_to_owner
 from hermes_actors.local.runners import as_runner
@@ -618,6 +619,89 @@ def test_a_symlinked_runtime_dir_is_refused_and_nothing_is_written_through_it(
     assert "runtime is a symlink" in out["error"] and "NOT delivered" in out["error"], out
     assert owner.turns == [] and runner.entered == []
     assert list(outside.rglob("*")) == []
+
+
+def _tree(top: Path) -> dict[str, tuple[int, int | None]]:
+    """Every entry below ``top`` with its mtime, and a file's atime (a directory's is this listing's): a file read
+    there shows in its atime, anything written in an mtime."""
+    tree: dict[str, tuple[int, int | None]] = {}
+    for path in [top, *top.rglob("*")]:
+        info = os.lstat(path)
+        tree[str(path.relative_to(top))] = (info.st_mtime_ns, None if stat.S_ISDIR(info.st_mode) else info.st_atime_ns)
+    return tree
+
+
+def _age(top: Path) -> None:
+    """Old times on everything below ``top``: a read updates a file's atime then (relatime), a write its mtime."""
+    for path in [*top.rglob("*"), top]:
+        os.utime(path, ns=(10**15, 10**15), follow_symlinks=False)
+
+
+def _swap_for_outside_copy(directory: Path, outside: Path) -> Path:
+    """Copy ``directory`` outside the root and put a symlink to the copy in its place; the real one is kept aside."""
+    copy = outside / directory.name
+    shutil.copytree(directory, copy, symlinks=True)
+    _age(outside)
+    aside = directory.with_name(directory.name + ".real")
+    directory.rename(aside)
+    directory.symlink_to(copy, target_is_directory=True)
+    return aside
+
+
+@pytest.mark.parametrize("swapped", ["runtime", "runtime/bot_live_delivery"])
+def test_a_mailbox_directory_swapped_for_a_symlink_is_never_read_or_written_through(
+    root: Path, tmp_path: Path, swapped: str
+) -> None:
+    """Regression (hostile files): ``read`` opened the record by its path and ``transition`` wrote it by its path,
+    so with ``runtime/`` (or the mailbox) swapped for a link to a copy outside the root, the record was read there
+    and written there. Now each goes through the walk from the profile home: refused, nothing outside touched."""
+    home = root / "profiles" / "bob"
+    box, key = LiveMailbox(home), "a1" * 16
+    box.admit(key)
+    box.transition(key, "claimed")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _swap_for_outside_copy(home / swapped, outside)
+    before = _tree(outside)
+    with pytest.raises(HostileFileError, match=f"{swapped} is a symlink"):
+        box.read(key)
+    with pytest.raises(HostileFileError, match=f"{swapped} is a symlink"):
+        box.advance(key, "settled", reply="written outside?")
+    with pytest.raises(HostileFileError, match=f"{swapped} is a symlink"):
+        box.transition(key, "settled", reply="or here?")
+    assert _tree(outside) == before, "a mailbox file outside the root was read or written"
+
+
+@pytest.mark.parametrize("swapped", ["runtime", "runtime/bot_live_delivery"])
+def test_a_mailbox_directory_swapped_during_the_owners_turn_gets_no_record_outside_and_is_logged(
+    root: Path, gateways: list[Gateway], tmp_path: Path, logs: Any, swapped: str
+) -> None:
+    """Regression (hostile files, ``attack2.py`` ``swap_runtime_in_turn``): with ``runtime/`` swapped for a link to a
+    copy outside the root while the owner had the DM, its ``settled`` record was written outside, nothing logged, and
+    the real record stayed ``claimed``. Now the write is refused and logged; the sender still gets the owner's reply."""
+    home, outside = root / "profiles" / "bob", tmp_path / "outside"
+    outside.mkdir()
+    aside: list[Path] = []
+
+    def swap_then_answer(turn: Turn) -> str:
+        aside.append(_swap_for_outside_copy(home / swapped, outside))
+        return "answered"
+
+    gw = start_gateway(gateways, root, RecordingRunner())
+    gw.attach_live_owner("bob", Owner(swap_then_answer))
+    key = send_dm(gw, "swap under me")
+    out = gw.wait_outcome(key, timeout=10)
+    assert out["reply"] == "answered", out
+    await_condition(lambda: logs.matching("could not record", key), timeout=5, message="the refused write is logged")
+    (line,) = logs.matching("could not record", key)
+    assert "as settled" in line
+    tree = _tree(outside)
+    assert tree == {name: (10**15, None if atime is None else 10**15) for name, (_, atime) in tree.items()}, \
+        "a file outside the root was read or written after the swap"
+    copied = outside / ("bot_live_delivery" if swapped.endswith("delivery") else "runtime/bot_live_delivery")
+    assert json.loads((copied / f"{key}.json").read_text())["status"] == "claimed", "nothing was written outside"
+    real = aside[0] if swapped.endswith("delivery") else aside[0] / "bot_live_delivery"
+    assert json.loads((real / f"{key}.json").read_text())["status"] == "claimed"
 
 
 def test_mailbox_records_go_queued_claimed_settled_on_disk(

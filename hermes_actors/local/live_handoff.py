@@ -21,7 +21,9 @@ journal for the next start. A final state is never replaced (:meth:`LiveMailbox.
 a DM the gateway itself reports ``ambiguous`` while the owner had it (a stop, a
 restart's recovery) is recorded so (:func:`give_up_on`), and an answer the owner
 gives after that is not written over it. A file written by another uid is moved
-aside, never read.
+aside, never read. Every read, write and move here goes through directories opened by
+the ``O_NOFOLLOW`` walk from the profile home: a ``runtime/`` or ``bot_live_delivery/``
+swapped for a symlink is refused, and nothing outside the home is read or written.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from hermes_actors.messages import Delivery, Outcome, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import open_dir_below
+from hermes_actors.store.relay_quarantine import quarantine_into
 
 __all__ = ["LIVE_STATES", "LiveMailbox", "give_up_on", "hand_to_owner", "record_not_handed"]
 
@@ -78,15 +82,31 @@ class LiveMailbox:
         return self.directory / f"{validate_delivery_id(delivery_id)}.json"
 
     def read(self, delivery_id: str) -> dict[str, Any] | None:
-        """The record, or None. A foreign or corrupt file is moved aside and reads as None."""
+        """The record, or None. A foreign or corrupt file is moved aside and reads as None.
+
+        Read through the mailbox directory opened by the ``O_NOFOLLOW`` walk from the profile
+        home: a ``runtime/`` or ``bot_live_delivery/`` swapped for a symlink is refused, and
+        nothing outside the home is opened.
+
+        Raises:
+            HostileFileError: a directory from the home down to the mailbox is a symlink, not a
+                directory, or another uid's.
+            OSError: the mailbox directory could not be opened (not: it is missing; that reads as None).
+        """
         path = self.path(delivery_id)
         try:
-            record = read_json_file(path, max_bytes=1 << 20)
+            dir_fd = open_dir_below(self.home, self.directory)
+        except FileNotFoundError:  # no mailbox (or no home) yet: nothing was handed over
+            return None
+        try:
+            record = read_json_file(path, max_bytes=1 << 20, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
         except HostileFileError as exc:
             self._move_aside(path, str(exc))
             return None
+        finally:
+            os.close(dir_fd)
         state = record.get("status", record.get("state")) if isinstance(record, dict) else None
         if state not in LIVE_STATES:
             self._move_aside(path, "not a live-delivery record")
@@ -101,16 +121,22 @@ class LiveMailbox:
         if existing is not None:
             return existing
         record = _record(delivery_id, "queued")
-        if create_exclusive_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True):
+        if create_exclusive_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True, within=self.home):
             return record
         return self.read(delivery_id) or record
 
     def transition(self, delivery_id: str, state: str, **fields: str) -> dict[str, Any]:
-        """Write the record in ``state`` (durably)."""
+        """Write the record in ``state`` (durably), through the walk from the profile home.
+
+        Raises:
+            HostileFileError: a directory from the home down to the mailbox (or its ``.tmp/``) is a
+                symlink, not a directory, or another uid's: nothing is written.
+            StoreError: the write failed.
+        """
         if state not in LIVE_STATES:
             raise ValueError(f"unknown live-delivery state {state!r}")
         record = _record(delivery_id, state, **fields)
-        atomic_write_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True)
+        atomic_write_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True, within=self.home)
         return record
 
     def advance(self, delivery_id: str, state: str, **fields: str) -> dict[str, Any] | None:
@@ -138,7 +164,8 @@ class LiveMailbox:
             current = self.read(delivery_id)
             if current is None:
                 record = _record(delivery_id, state, **fields)
-                if create_exclusive_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True):
+                if create_exclusive_json(self.path(delivery_id), record, tmp_dir=self.tmp, fsync=True,
+                                         within=self.home):
                     return record
                 current = self.read(delivery_id)  # admitted just now by its worker: queued, taken over here
             if current is None or current["status"] != "queued":
@@ -146,12 +173,9 @@ class LiveMailbox:
             return self.transition(delivery_id, state, **fields)
 
     def _move_aside(self, path: Path, why: str) -> None:
-        try:
-            ensure_private_dir(self.quarantine, within=self.home)
-            os.replace(path, self.quarantine / f"{path.name}.{time.time_ns()}")
-            logger.warning("live mailbox: moved {} aside: {}", path, why)
-        except (OSError, HostileFileError) as exc:  # a refused quarantine directory: the file stays, unread
-            logger.error("live mailbox: could not move {} aside ({}): {}", path, why, exc)
+        """Quarantine a refused record into ``.quarantine/`` (the relay's rule: renamed by the walk from the
+        home, a symlink moved as is); one that cannot be moved stays, unread (both logged)."""
+        quarantine_into(self.quarantine, path, f"live mailbox: {why}", within=self.home)
 
 
 def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:

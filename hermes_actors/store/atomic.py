@@ -126,7 +126,8 @@ def atomic_write_json(
         sort_keys: sort object keys in the output.
         fsync: fsync the data before the rename.
         within: a directory holding ``target`` (e.g. ``bot_relay/``): it and every directory below
-            it on the way to ``target`` must be ours and no symlink at the moment of the write.
+            it on the way to ``target`` must be ours and no symlink at the moment of the write; so must
+            those on the way to ``tmp_dir`` when it is below ``within`` too (a live mailbox's ``.tmp/``).
 
     Raises:
         HostileFileError: ``target``'s directory or ``tmp_dir`` is a symlink
@@ -164,7 +165,7 @@ def atomic_write_bytes(
         StoreError: any OS step failed (disk full, permission denied, ...); the temp
             file is gone and ``target`` is untouched.
     """
-    with staged(target, data, tmp_dir=tmp_dir, verb="write", fsync=fsync, mode=mode) as (tmp, dir_fd):
+    with staged(target, data, tmp_dir=tmp_dir, verb="write", fsync=fsync, mode=mode, within=within) as (tmp, dir_fd):
         try:
             with _target_dir(target, within) as target_fd:
                 os.replace(tmp, target if target_fd is None else target.name, src_dir_fd=dir_fd, dst_dir_fd=target_fd)
@@ -208,7 +209,7 @@ def create_exclusive_json(
         StoreError: serialization or any OS step failed; no temp is left.
     """
     data = _json_bytes(target, payload, verb="create", sort_keys=sort_keys)
-    with staged(target, data, tmp_dir=tmp_dir, verb="create", fsync=fsync) as (tmp, dir_fd):
+    with staged(target, data, tmp_dir=tmp_dir, verb="create", fsync=fsync, within=within) as (tmp, dir_fd):
         try:
             with _target_dir(target, within) as target_fd:
                 os.link(tmp, target if target_fd is None else target.name, src_dir_fd=dir_fd, dst_dir_fd=target_fd,

@@ -22,6 +22,7 @@ from loguru import logger
 
 from hermes_actors.errors import HostileFileError
 from hermes_actors.store.os_errors import os_error_text, store_error
+from hermes_actors.store.relay_dirfd import open_dir_below
 
 __all__ = ["FILE_MODE", "discard", "staged"]
 
@@ -60,23 +61,36 @@ def _refuse_symlinked_parent(target: Path) -> None:
         raise HostileFileError(f"refusing to write {target}: its directory {parent} is a symlink")
 
 
-def _open_temp_dir(tmp_dir: Path) -> int:
+def _inside(path: Path, anchor: Path) -> bool:
+    """Pure: whether ``path`` names a directory below ``anchor`` (string work, as the walk's own check)."""
+    return os.fspath(path).startswith(os.fspath(anchor) + os.sep)
+
+
+def _open_temp_dir(tmp_dir: Path, within: Path | None = None) -> int:
     """Open ``tmp_dir`` as a directory of ours, never through a symlink.
 
     The temp file is then created relative to this descriptor, so a temp
     directory swapped for a symlink (now, not only when it was ensured) is
-    refused instead of followed.
+    refused instead of followed. A ``tmp_dir`` below ``within`` is reached by the
+    walk from ``within`` (:func:`~hermes_actors.store.relay_dirfd.open_dir_below`): a
+    directory above it swapped for a symlink (a profile's ``runtime/``) is refused too,
+    and no temp file is ever made outside ``within``.
 
     Args:
         tmp_dir: the temp directory.
+        within: the trusted directory of the write (see ``atomic_write_json``); one
+            ``tmp_dir`` is not inside (the relay's ``<root>/.bot_relay_tmp``) is opened by name.
 
     Returns:
         A directory descriptor (the caller closes it).
 
     Raises:
-        HostileFileError: ``tmp_dir`` is a symlink, not a directory, or another uid's.
+        HostileFileError: ``tmp_dir`` (or, below ``within``, a directory on the way) is a
+            symlink, not a directory, or another uid's.
         OSError: it could not be opened (missing, permission).
     """
+    if within is not None and _inside(tmp_dir, within):
+        return open_dir_below(within, tmp_dir)
     try:
         fd = os.open(tmp_dir, _DIR_FLAGS)
     except OSError as exc:
@@ -142,7 +156,8 @@ def discard(name: str, dir_fd: int) -> None:
 
 @contextmanager
 def staged(
-    target: Path, data: bytes, *, tmp_dir: Path, verb: str, fsync: bool, mode: int = FILE_MODE
+    target: Path, data: bytes, *, tmp_dir: Path, verb: str, fsync: bool, mode: int = FILE_MODE,
+    within: Path | None = None,
 ) -> Iterator[tuple[str, int]]:
     """``data`` written to a complete temp file for ``target``, ready to be put in place.
 
@@ -153,6 +168,7 @@ def staged(
         verb: the operation, for error messages ("write", "create").
         fsync: fsync the data before yielding.
         mode: the temp's (and so the target's) permission bits.
+        within: the trusted directory of the write: a ``tmp_dir`` below it is walked from it.
 
     Yields:
         The temp's name and the open temp directory's fd (closed on exit); the caller puts
@@ -164,7 +180,7 @@ def staged(
     """
     _refuse_symlinked_parent(target)
     try:
-        dir_fd = _open_temp_dir(tmp_dir)
+        dir_fd = _open_temp_dir(tmp_dir, within)
     except OSError as exc:
         raise store_error(verb, target, exc) from exc
     try:
