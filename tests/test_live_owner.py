@@ -704,6 +704,67 @@ def test_a_mailbox_directory_swapped_during_the_owners_turn_gets_no_record_outsi
     assert json.loads((real / f"{key}.json").read_text())["status"] == "claimed"
 
 
+@pytest.mark.parametrize(("entry", "kind"), [("", "symlink"), ("", "file"), (".tmp", "symlink"), (".tmp", "file")])
+def test_a_swapped_mailbox_directory_is_quarantined_and_made_again_at_the_next_admission(
+    root: Path, gateways: list[Gateway], tmp_path: Path, logs: Any, entry: str, kind: str
+) -> None:
+    """Regression (hostile files, ``attack2.py`` carol): with ``bot_live_delivery/`` swapped for a symlink, every DM
+    failed ``runtime_offline`` with no WARNING, and nothing put the directory back. Now the next admission moves the
+    swapped entry (as is) into the mailbox's quarantine, makes the directory again, and the DM reaches the owner."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "canary.txt").write_text("outside the root")
+    _age(outside)
+    owner = Owner()
+    gw = start_gateway(gateways, root, RecordingRunner())
+    gw.attach_live_owner("bob", owner)
+    assert gw.wait_outcome(send_dm(gw, "before"), timeout=10)["reply"] == "owner: before"
+    box = root / "profiles" / "bob" / "runtime" / "bot_live_delivery"
+    swapped = box / entry if entry else box
+    shutil.rmtree(swapped)
+    if kind == "symlink":
+        swapped.symlink_to(outside, target_is_directory=True)
+    else:
+        swapped.write_text("not a directory")
+    out = gw.wait_outcome(send_dm(gw, "after the swap"), timeout=10)
+    assert (out["status"], out["reply"]) == ("replied", "owner: after the swap"), out
+    assert owner.bodies() == ["before", "after the swap"]
+    assert stat.S_ISDIR(os.lstat(swapped).st_mode) and stat.S_IMODE(os.lstat(swapped).st_mode) == 0o700
+    (moved,) = (box / ".quarantine").glob(f"{swapped.name}.*.quarantined")
+    assert stat.S_ISLNK(os.lstat(moved).st_mode) == (kind == "symlink"), "the entry itself was moved, not followed"
+    assert logs.matching("quarantined", str(swapped)), logs.lines
+    assert sorted(p.name for p in outside.iterdir()) == ["canary.txt"]
+    assert all(mtime == 10**15 for mtime, _ in _tree(outside).values())
+
+
+def test_a_mailbox_that_cannot_be_put_back_is_named_in_one_warning_while_it_lasts(
+    root: Path, gateways: list[Gateway], tmp_path: Path, logs: Any, log_records: list[Any]
+) -> None:
+    """``runtime/`` swapped for a symlink is the home's to put back: each DM fails ``runtime_offline`` (NOT delivered),
+    and the mailbox directory is named in one WARNING (before: none), then in an INFO line once it works again."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    owner = Owner()
+    gw = start_gateway(gateways, root, RecordingRunner())
+    gw.attach_live_owner("bob", owner)
+    assert gw.wait_outcome(send_dm(gw, "before"), timeout=10)["reply"] == "owner: before"
+    runtime = root / "profiles" / "bob" / "runtime"
+    runtime.rename(runtime.with_name("runtime.real"))
+    runtime.symlink_to(outside, target_is_directory=True)
+    for n in range(3):
+        out = gw.wait_outcome(send_dm(gw, f"refused {n}"), timeout=10)
+        assert (out["status"], out["reason"]) == ("failed", "runtime_offline") and "NOT delivered" in out["error"], out
+    box = runtime / "bot_live_delivery"
+    (line,) = logs.matching(f"live mailbox: {box} cannot be used")
+    assert "runtime is a symlink" in line, line
+    runtime.unlink()
+    runtime.with_name("runtime.real").rename(runtime)
+    assert gw.wait_outcome(send_dm(gw, "back"), timeout=10)["reply"] == "owner: back"
+    assert owner.bodies() == ["before", "back"]
+    assert [r["message"] for r in log_records if f"{box} is usable again" in r["message"]]
+    assert list(outside.iterdir()) == []
+
+
 def test_mailbox_records_go_queued_claimed_settled_on_disk(
     root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:

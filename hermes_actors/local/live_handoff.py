@@ -23,7 +23,9 @@ restart's recovery) is recorded so (:func:`give_up_on`), and an answer the owner
 gives after that is not written over it. A file written by another uid is moved
 aside, never read. Every read, write and move here goes through directories opened by
 the ``O_NOFOLLOW`` walk from the profile home: a ``runtime/`` or ``bot_live_delivery/``
-swapped for a symlink is refused, and nothing outside the home is read or written.
+swapped for a symlink is refused, and nothing outside the home is read or written. A
+mailbox directory found swapped for a symlink or a file at an admission is quarantined and
+made again (:meth:`LiveMailbox.ready`); one that cannot be is named in one WARNING while it lasts.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ from hermes_actors.messages import Delivery, Outcome, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import open_dir_below
-from hermes_actors.store.relay_quarantine import quarantine_into
+from hermes_actors.store.relay_dirfd import open_dir_below, swapped_below
+from hermes_actors.store.relay_quarantine import quarantine_directory, quarantine_into
 
 __all__ = ["LIVE_STATES", "LiveMailbox", "give_up_on", "hand_to_owner", "record_not_handed"]
 
@@ -57,6 +59,31 @@ TERMINAL = frozenset({"settled", "failed", "cancelled", "ambiguous"})
 # A record's next state is decided by one thread at a time: the worker (the owner's result) and the gateway
 # giving up on the turn (the stop, a turn timeout) may both try; the first to write a final state wins.
 _DECIDING = threading.Lock()
+
+
+_SWAPPED = "a live mailbox directory was replaced by a symlink or a file; it is made again"
+# The mailbox directories found unusable (and not put back), each named in one WARNING while it lasts.
+_UNUSABLE: set[Path] = set()
+_UNUSABLE_LOCK = threading.Lock()
+
+
+def _unusable(directory: Path, exc: BaseException) -> None:
+    """Name ``directory`` in a WARNING, once while it stays unusable (every DM handed over meanwhile fails)."""
+    with _UNUSABLE_LOCK:
+        first = directory not in _UNUSABLE
+        _UNUSABLE.add(directory)
+    if first:
+        logger.warning("live mailbox: {} cannot be used ({}); every DM for this profile's live Bot Chat owner fails "
+                       "runtime_offline (NOT delivered) until it is a directory of ours again", directory, exc)
+
+
+def _usable(directory: Path) -> None:
+    """Say once that ``directory``, named unusable before, is usable again."""
+    with _UNUSABLE_LOCK:
+        if directory not in _UNUSABLE:
+            return
+        _UNUSABLE.discard(directory)
+    logger.info("live mailbox: {} is usable again", directory)
 
 
 def _record(delivery_id: str, state: str, **fields: str) -> dict[str, Any]:
@@ -113,10 +140,52 @@ class LiveMailbox:
             return None
         return {**record, "status": state}
 
-    def admit(self, delivery_id: str) -> dict[str, Any]:
-        """Create the record in state ``queued``, or return the one already there."""
+    def ready(self) -> None:
+        """Make sure the mailbox's directories are directories of ours (made 0700 by the walk from the home).
+
+        One swapped for a symlink or a file (``bot_live_delivery/`` itself, its ``.tmp/`` or
+        ``.quarantine/``) is quarantined, as is, and made again: the rule the relay's rescan puts
+        its directories back by (:func:`~hermes_actors.store.relay_quarantine.quarantine_directory`;
+        the move is logged as a WARNING naming it). One that stays unusable (``runtime/`` swapped,
+        which is the home's to put back; a directory of another uid; one that cannot be made) is
+        named in one WARNING while it lasts, and in an INFO line when it is usable again.
+
+        Raises:
+            HostileFileError: a directory on the way is refused (and could not be put back).
+            StoreError: a directory could not be made.
+        """
+        try:
+            self._ensure()
+        except (HostileFileError, StoreError) as exc:
+            if not (isinstance(exc, HostileFileError) and self._put_back()):
+                _unusable(self.directory, exc)
+                raise
+            try:
+                self._ensure()
+            except (HostileFileError, StoreError) as again:
+                _unusable(self.directory, again)
+                raise
+        _usable(self.directory)
+
+    def _ensure(self) -> None:
         for directory in (self.directory, self.tmp):
             ensure_private_dir(directory, within=self.home)
+
+    def _put_back(self) -> bool:
+        """Quarantine each mailbox directory found swapped for a symlink or a file; whether one was moved."""
+        moved = False
+        for directory in (self.directory, self.quarantine, self.tmp):  # the mailbox first: the others are in it
+            try:
+                swapped = swapped_below(self.home, directory)
+            except (OSError, HostileFileError):  # a directory above it is refused (runtime/): not ours to put back
+                return moved
+            if swapped and quarantine_directory(directory, self.quarantine, _SWAPPED, within=self.home) is not None:
+                moved = True
+        return moved
+
+    def admit(self, delivery_id: str) -> dict[str, Any]:
+        """Create the record in state ``queued``, or return the one already there (:meth:`ready` first)."""
+        self.ready()
         existing = self.read(delivery_id)
         if existing is not None:
             return existing
@@ -158,8 +227,7 @@ class LiveMailbox:
             The record written, or None when the record was ``claimed`` (an earlier run handed it over: it may
             have been shown) or final already: it is left as it is.
         """
-        for directory in (self.directory, self.tmp):
-            ensure_private_dir(directory, within=self.home)
+        self.ready()
         with _DECIDING:
             current = self.read(delivery_id)
             if current is None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import secrets
 import stat
-import time
 from pathlib import Path
 
 from loguru import logger
@@ -13,9 +11,9 @@ from loguru import logger
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import relay_dir, rename_between
+from hermes_actors.store.relay_dirfd import relay_dir
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_quarantine import quarantine, quarantine_name
+from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
 
 __all__ = ["kept_directories", "quarantine_strays"]
 
@@ -51,21 +49,13 @@ def _move_aside(paths: InboxPaths, directory: Path) -> None:
     """Quarantine a swapped relay directory (the entry itself: a symlink is never followed).
 
     A swapped ``quarantine/`` cannot be moved into itself: it is renamed aside in ``bot_relay/`` first,
-    a real ``quarantine/`` is made, and then it moves in like any other.
+    a real ``quarantine/`` is made, and then it moves in like any other (:func:`quarantine_directory`).
     """
     why = "a relay directory was replaced by a symlink or a file"
     if directory != paths.relay.quarantine:
         quarantine(paths.relay, directory, why)
         return
-    base = paths.relay.base
-    aside = quarantine_name(directory.name, time.time_ns(), secrets.token_hex(4))
-    try:
-        rename_between(base, base, base, directory.name, new_name=aside)
-        ensure_private_dir(directory, within=paths.relay.root)
-    except (OSError, StoreError, ValidationError) as exc:  # HostileFileError included
-        logger.warning("could not quarantine {} ({}): {}", directory, why, exc)
-        return
-    quarantine(paths.relay, base / aside, why)
+    quarantine_directory(directory, paths.relay.quarantine, why, within=paths.relay.root)
 
 
 def _put_back(paths: InboxPaths, directories: tuple[Path, ...], unfixable: set[Path]) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hermes_actors.errors import HostileFileError
 
-__all__ = ["lexists_below", "open_dir_below", "open_relay_dir", "relay_dir", "rename_between"]
+__all__ = ["lexists_below", "open_dir_below", "open_relay_dir", "relay_dir", "rename_between", "swapped_below"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -141,6 +141,33 @@ def open_dir_below(anchor: Path, directory: Path | str, *, create: bool = False)
         return _descend(anchor_fd, parts, anchor, create=create)
     finally:
         os.close(anchor_fd)
+
+
+def swapped_below(anchor: Path, directory: Path) -> bool:
+    """Whether the entry ``directory`` (below ``anchor``) is there but is no real directory (a symlink, a file).
+
+    Looked at from its parent, opened by the walk from ``anchor`` (:func:`open_dir_below`): the
+    entry itself is never followed, nor anything above it.
+
+    Args:
+        anchor: a trusted directory (a profile home).
+        directory: an entry strictly inside ``anchor``.
+
+    Returns:
+        True when the entry is a symlink or anything but a directory; False when it is a directory or missing.
+
+    Raises:
+        HostileFileError: a directory above it is a symlink, not a directory, or not ours.
+        OSError: a directory above it is missing or cannot be opened.
+        ValueError: ``directory`` is not inside ``anchor``.
+    """
+    parent = open_dir_below(anchor, directory.parent)
+    try:
+        return not stat.S_ISDIR(os.lstat(directory.name, dir_fd=parent).st_mode)
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(parent)
 
 
 def open_relay_dir(base: Path, directory: Path | str) -> int:

@@ -20,7 +20,7 @@ from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below
 from hermes_actors.store.relay_paths import RelayPaths
 
-__all__ = ["quarantine", "quarantine_into", "quarantine_name", "regular_or_quarantined"]
+__all__ = ["quarantine", "quarantine_directory", "quarantine_into", "quarantine_name", "regular_or_quarantined"]
 
 
 _NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs)
@@ -81,6 +81,39 @@ def quarantine_into(directory: Path, path: Path, why: str, *, within: Path | Non
         return None
     logger.warning("quarantined {} -> {}: {}", path, dest, why)
     return dest
+
+
+def quarantine_directory(directory: Path, quarantine_dir: Path, why: str, *, within: Path) -> Path | None:
+    """Move ``directory``, an entry swapped for a symlink or a file, into ``quarantine_dir`` (as is, never followed).
+
+    The rule a swapped directory is put back by (the relay's rescan, a live-owner mailbox): the
+    caller then makes a real directory in its place. A ``quarantine_dir`` that is ``directory``
+    itself or lies below it (the relay's ``quarantine/``, a live mailbox whose ``.quarantine/``
+    is inside it) cannot take the entry where it is: the entry is renamed aside in its own
+    parent first (:func:`quarantine_name`), a real ``quarantine_dir`` is made (0700, by the walk
+    from ``within``), and it moves in from there.
+
+    Args:
+        directory: the swapped entry (inside ``within``).
+        quarantine_dir: where it goes.
+        why: the reason, logged with the move.
+        within: the trusted root every step is walked from.
+
+    Returns:
+        The new path, or None when the entry was gone or could not be moved (logged).
+    """
+    if directory != quarantine_dir and directory not in quarantine_dir.parents:
+        return quarantine_into(quarantine_dir, directory, why, within=within)
+    aside = directory.with_name(quarantine_name(directory.name, time.time_ns(), secrets.token_hex(4)))
+    try:
+        _rename_below(within, directory, aside)
+        ensure_private_dir(quarantine_dir, within=within)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # StoreError, HostileFileError included
+        logger.warning("could not quarantine {} ({}): {}", directory, why, exc)
+        return None
+    return quarantine_into(quarantine_dir, aside, why, within=within)
 
 
 def _rename_below(within: Path | None, path: Path, dest: Path) -> None:
