@@ -325,7 +325,8 @@ class DispatcherActor(SupervisorActor):
     def _on_shutdown(self, msg: ShutdownProfiles) -> list[str]:
         """Cancel what is queued everywhere; answer the ids of turns still running."""
         self.accepting = False
-        running = self.profiles.wind_down(keep_journaled=self.durability.enabled, answer_within=msg.answer_within)
+        running = self.profiles.wind_down(keep_journaled=self.durability.keeps_at_stop(),
+                                          answer_within=msg.answer_within)
         running += [k for k, p in self.book.pending() if p.route == "peer"]
         return running
 

@@ -33,6 +33,11 @@ class NoDurability:
     """No journal: acceptance and outcomes take effect at once; a stop loses what is queued."""
 
     enabled = False
+    keeping = False  # a stop cancels what is queued: nothing is kept for the next start
+
+    def keeps_at_stop(self) -> bool:
+        """False: a stop settles every queued DM (``cancelled``)."""
+        return False
 
     def accept(
         self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None],
@@ -83,6 +88,7 @@ class JournalDurability:
     def __init__(self, journal: Journal, dispatcher: pykka.ActorRef[Any]) -> None:
         self.journal = journal
         self.dispatcher = dispatcher
+        self.keeping = True  # queued journaled DMs stay journaled at stop (``keeps_at_stop`` decides)
         journal.listener = self._landed  # one message per group commit, not one per record
         # id → (proceed, the ack's future, the ack, refused): the acks waiting for their commit
         self._parked: dict[str, tuple[Callable[[], None], pykka.ThreadingFuture[Any], dict[str, Any],
@@ -96,6 +102,17 @@ class JournalDurability:
         if not tell(self.dispatcher, JournalDurable(tuple(tokens), error)):
             with self._orphaned_lock:
                 self._orphaned.append((tuple(tokens), error))
+
+    def keeps_at_stop(self) -> bool:
+        """Whether a stopping gateway may leave its queued journaled DMs for the next start (asked once, at stop).
+
+        Not when the journal's file is unreachable and no fresh one could be made
+        (:meth:`Journal.keeps`): the DMs are then settled ``cancelled`` (never ran), as
+        without a journal, rather than left in a file no start finds. The answer stays
+        (``keeping``) for the rest of the stop.
+        """
+        self.keeping = self.journal.keeps()
+        return self.keeping
 
     def accept(
         self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None],

@@ -230,7 +230,9 @@ class OutcomeFlow:
             if entry.route == "relay":
                 continue  # our envelopes stay in outbox/: the next start resumes waiting for replies
             if key not in running:
-                if not entry.journaled:  # else it stays journaled and is re-offered by the next start
+                # Else it stays journaled and is re-offered by the next start (unless the journal's file was
+                # lost: ``keeps_at_stop``).
+                if not (entry.journaled and self.durability.keeping):
                     self.settle(outcomes.cancelled(key, entry.delivery.label))  # a relayed-in one goes back
                     count += 1
                 continue

@@ -27,10 +27,23 @@ no commit runs) but a batch of lazy records only is not flushed on its own; the
 next flushed batch, or ``stop``, carries it to stable storage. Losing one to a
 power cut costs a repeated outcome at restart, which recovery already handles.
 The flush it saves used to sit in front of the next DM's ``accepted`` record.
+
+A file no longer reachable at its path (its directory deleted or moved aside, the
+file removed) would take every later record where no start finds it. Each commit
+checks, before its waiters are told (:meth:`Journal._check_home`): the link counts
+of the file and its directory always, the path itself with each ``fdatasync``,
+and everything again at stop. A lost file is rewritten at once with the live state
+into a fresh file in the journal directory (recreated through the same no-symlink
+walk); when that directory cannot be used (a symlink in its place) the journal is
+*homeless*: it refuses new acceptances (nothing is acked that a restart could not
+find), goes on writing the rest where it was (its live state stays whole), tries
+again at each commit, and :meth:`Journal.keeps` tells the stop that queued DMs
+must be settled ``cancelled`` instead of left journaled.
 """
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 import uuid
@@ -40,7 +53,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from hermes_actors.errors import StoreError
+from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.store.journal_adoption import adopt_dead_journals
 from hermes_actors.store.journal_batch import BatchListener, CommitBatch, DurableCallback
 from hermes_actors.store.journal_file import JournalFile
@@ -76,7 +89,7 @@ class Journal:
         self.directory = directory
         self.within = within
         self.path = directory / f"j-{uuid.uuid4().hex}.log"
-        self._file = JournalFile(self.path, fsync=fsync)
+        self._file = JournalFile(self.path, fsync=fsync, within=within)
         lock = threading.RLock()  # guards the open batch (what is queued) and the write turn
         self._cond = threading.Condition(lock)  # a commit ended (callers, ``stop`` and ``drain`` wait on it)
         self._work = threading.Condition(lock)  # the writer thread waits on it, for work of its own only
@@ -90,6 +103,10 @@ class Journal:
         self._compact_due = False  # a leading caller's commit grew the file past ``compact_after``
         self._close_after_commit = False  # ``stop`` gave up waiting for a commit: it closes the file
         self._closed = False  # the file is closing or closed: whoever set this holds the turn for good
+        # Our file is unreachable at its path and no fresh one could be made (see the module docstring).
+        # Set under the write turn, read under ``_cond``.
+        self._homeless = False
+        self._recheck_due = False  # an acceptance was refused while homeless: the writer thread tries again
         self.records = 0
         self.listener: BatchListener | None = None  # told of each durable batch's tokens
         self.compactions = 0
@@ -147,7 +164,52 @@ class Journal:
             # (nothing took it in time) is refused to its caller, never written.
             self._writing = self._closed = True
             self._work.notify()  # a writer thread still waiting exits
+        if self._file.fd is not None and not self._check_home(walk=True):
+            self._report_unkept()
         self._file.close()
+
+    def keeps(self, timeout: float = 10.0) -> bool:
+        """Whether what is journaled now is kept for the next start: asked by a stopping gateway.
+
+        Takes the write turn and checks the file's path in full (a lost file is rewritten
+        into a fresh one, see :meth:`_check_home`). False: our file is unreachable and no
+        fresh one could be made, so a DM left journaled would be lost: the stop settles
+        the queued DMs as ``cancelled`` instead (as without a journal).
+
+        Args:
+            timeout: seconds to wait for a running commit; past it the last known answer.
+
+        Returns:
+            True when the next start on our root will find our records.
+        """
+        with self._cond:
+            free = self._cond.wait_for(lambda: not self._writing or self._closed, timeout=max(0.0, timeout))
+            if not free or self._closed:
+                return not self._homeless
+            self._writing = True
+        try:
+            return self._check_home(walk=True)
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+                if self._writer_due():
+                    self._work.notify()
+
+    def _report_unkept(self) -> None:
+        """Say which DMs a stop with an unreachable file could not keep (the file closes where it is)."""
+        live = self._state.folded.states
+        unsettled = sorted(key for key, state in live.items() if state.outcome is None)
+        if unsettled:  # the directory went between the stop's ``keeps`` and now: said, id by id
+            logger.error(
+                "the delivery journal {} is unreachable at stop and no fresh file could be made: it is closed "
+                "where it is, and a restart will not find it. {} acked DM(s) without an outcome are NOT kept: {}. "
+                "Restore bot_relay/journal/ as a directory of ours", self.path, len(unsettled), ", ".join(unsettled))
+            return
+        logger.error(
+            "the delivery journal {} is unreachable at stop and no fresh file could be made: it is closed where it "
+            "is. Every DM it held has its outcome, but a restart will not find the outcomes kept for wait_outcome. "
+            "Restore bot_relay/journal/ as a directory of ours", self.path)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every record appended so far is written and its listener told.
@@ -244,6 +306,13 @@ class Journal:
         """
         if self._stopping or self._file.fd is None:
             raise StoreError(0, "the delivery journal is not running")
+        if self._homeless and record.get("t") == "accepted":
+            # Acked, it would be a DM a restart cannot find: refused, and the writer thread looks again.
+            self._recheck_due = True
+            if not self._writing:
+                self._work.notify()
+            raise StoreError(errno.ENOENT, f"the delivery journal {self.path} is no longer reachable at its path "
+                                           "and no fresh file could be made there (see the log)")
         self._batch.add(record, line, flush=flush)
         return self._batch
 
@@ -332,6 +401,7 @@ class Journal:
                     if close:
                         self._writing = self._closed = True
                     break
+                self._recheck_due = False  # the commit below checks the file (an empty batch: that only)
                 batch = self._take_turn()
             self._commit(batch, compact=True)
         if close:
@@ -340,7 +410,8 @@ class Journal:
     def _writer_due(self) -> bool:
         """Whether the writer thread has work (the caller holds ``_cond``): not a batch a waiting
         caller will commit itself."""
-        return (bool(self._batch.items) and not self._batch.leader) or self._compact_due or self._stopping
+        return ((bool(self._batch.items) and not self._batch.leader) or self._compact_due or self._recheck_due
+                or self._stopping)
 
     def _commit(self, batch: CommitBatch, *, compact: bool) -> None:
         """Write and sync one batch under the write turn, wake its waiters, then give the turn back.
@@ -368,6 +439,12 @@ class Journal:
                     self._state.track([record for record, _ in items], keep=self.keep_delivered)
                 except Exception:  # the records are on disk: their waiters are told so
                     logger.exception("folding a written journal batch failed")
+            # Before the waiters are told: records in a file no start finds are not durable. The path is
+            # walked with each fdatasync (an eighth of its cost); the link counts are checked always.
+            try:
+                self._check_home(walk=self._homeless or (batch.flush and self._file.fsync_enabled))
+            except Exception:  # a bug here must not stop the writer: the stop checks again
+                logger.exception("checking the delivery journal's path failed")
             if self._lines_in_file > self.compact_after:
                 self._compact_due = not compact
                 if compact:
@@ -400,6 +477,55 @@ class Journal:
         self._file.write(lines, flush=flush)
         self.records += len(lines)
         self._lines_in_file += len(lines)
+
+    def _check_home(self, *, walk: bool) -> bool:
+        """Make sure our records are where a start finds them (under the write turn); False when homeless.
+
+        A file no longer reachable at its path (see :meth:`JournalFile.reachable`) is
+        rewritten with the live state into a fresh file, as a compaction does, in the
+        journal directory opened anew (recreated if it is gone). When that fails the
+        journal is homeless (see the module docstring) and the next commit tries again.
+        Said once per change, at ERROR when it is lost.
+
+        Args:
+            walk: check the path too, not only the link counts.
+
+        Returns:
+            True when our file is reachable (again, or anew).
+        """
+        try:
+            if self._file.reachable(walk=walk):
+                if self._homeless:
+                    logger.warning("the delivery journal {} is reachable at its path again; DMs are accepted again",
+                                   self.path)
+                    self._set_homeless(False)
+                return True
+        except OSError as exc:
+            logger.error("cannot check the delivery journal {}: {}", self.path, exc)
+            return not self._homeless
+        lines = self._state.lines()
+        try:
+            self._file.replace_with(lines, fresh_dir=True)
+        except (OSError, HostileFileError) as exc:
+            if not self._homeless:
+                logger.error(
+                    "the delivery journal {} is no longer reachable at its path (its directory or the file was "
+                    "deleted, moved or replaced) and no fresh file can be made there: {}. New DMs are refused "
+                    "until it can; queued DMs are cancelled at stop instead of kept. Restore bot_relay/journal/ "
+                    "as a directory of ours", self.path, exc)
+                self._set_homeless(True)
+            return False
+        self._lines_in_file = len(lines)
+        logger.error("the delivery journal {} was no longer reachable at its path (its directory or the file was "
+                     "deleted, moved or replaced): its {} live record(s) were rewritten into a fresh file there",
+                     self.path, len(lines))
+        if self._homeless:
+            self._set_homeless(False)
+        return True
+
+    def _set_homeless(self, homeless: bool) -> None:
+        with self._cond:
+            self._homeless = homeless
 
     # ── compaction (the writer thread, under the write turn) ────────────────
 

@@ -6,6 +6,13 @@ lock can be taken belongs to a dead gateway: see
 through the journal directory opened once at start, so a ``bot_relay/`` (or
 ``journal/``) swapped for a symlink meanwhile is never followed.
 
+The file can stop being reachable at its path while we hold it: its directory deleted
+(``rm -r bot_relay/journal``), the file removed, or either moved aside. Writes would then
+go on landing in a file no start can find. :meth:`JournalFile.reachable` tells (the
+journal asks at its commits and at stop), and :meth:`JournalFile.replace_with` with
+``fresh_dir`` writes the live records into a new file in the journal directory opened
+anew through the same no-symlink walk, recreated when it is gone.
+
 The file is allocated ahead in steps (``posix_fallocate``): a sync inside allocated
 space does not commit a new file size (see :meth:`JournalFile._reserve`). Its zeros
 past the last record are cut off at :meth:`JournalFile.close`; readers skip the zeros
@@ -26,7 +33,9 @@ from pathlib import Path
 
 from loguru import logger
 
-from hermes_actors.errors import StoreError
+from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import open_dir_below
 
 __all__ = ["JournalFile"]
 
@@ -37,14 +46,19 @@ class JournalFile:
     Args:
         path: ``<root>/bot_relay/journal/j-<uuid>.log``; its directory must exist.
         fsync: call ``os.fdatasync`` when a write asks for a flush (tests of speed may turn it off).
+        within: the Hermes root the directory must stay under: the directory is then opened (and
+            reopened by :meth:`replace_with` with ``fresh_dir``) by a walk from it that follows no
+            symlink, and :meth:`reachable` checks the path from it. None: only the directory itself
+            is opened without following a symlink.
     """
 
     # Bytes allocated ahead at a time. Under MAX_LINE_BYTES, so the zeros left after a killed
     # gateway's last record never look like an over-long line to a reader.
     reserve_bytes = 1 << 19
 
-    def __init__(self, path: Path, *, fsync: bool) -> None:
+    def __init__(self, path: Path, *, fsync: bool, within: Path | None = None) -> None:
         self.path = path
+        self.within = within
         self.fsync_enabled = fsync
         self.fd: int | None = None
         # Our directory, opened once at start: every later create, rename and unlink of our file goes
@@ -66,15 +80,70 @@ class JournalFile:
         # a gateway adopting at the same moment must never take (and remove) our new file.
         fresh = f".{self.path.name}.new"
         try:
-            self._dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._dir_fd = self._open_dir(create=False)
             self.fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                               dir_fd=self._dir_fd)
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(fresh, self.path.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
-        except OSError as exc:
+        except (OSError, HostileFileError) as exc:
             self._unlink(fresh)
             self._close_dir()
-            raise StoreError(exc.errno, f"cannot open the delivery journal {self.path}: {exc.strerror}") from exc
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            code = getattr(exc, "errno", 0) or 0
+            raise StoreError(code, f"cannot open the delivery journal {self.path}: {why}") from exc
+
+    def _open_dir(self, *, create: bool) -> int:
+        """Open our directory without following a symlink (from ``within`` down, when given); its descriptor.
+
+        Args:
+            create: make the directory (and what is missing above it, below ``within``) when it is gone.
+
+        Raises:
+            HostileFileError: a step is a symlink, not a directory, or another user's.
+            OSError: it is missing (without ``create``) or cannot be opened or made.
+        """
+        if self.within is not None:
+            try:
+                return open_dir_below(self.within, self.path.parent, create=create)
+            except ValueError as exc:  # a journal outside its root: a bug of the caller, said as it is
+                raise HostileFileError(str(exc)) from exc
+        if create:
+            ensure_private_dir(self.path.parent)
+        return os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def reachable(self, *, walk: bool) -> bool:
+        """Whether our open file is still the one a start finds at our path.
+
+        Not when the file or its directory was deleted (a link count of 0: what the
+        descriptors point to is gone once we close them), nor, with ``walk``, when the path
+        (walked from ``within`` without following a symlink) names no file or another one:
+        the directory moved aside, or replaced by a symlink or a look-alike.
+
+        Args:
+            walk: check the path too (about ten system calls, an eighth of an ``fdatasync``);
+                without it only the two ``fstat`` of the link counts (and no path, so a move
+                aside is not seen).
+
+        Returns:
+            False when a start on our root would not find our records.
+        """
+        assert self.fd is not None and self._dir_fd is not None
+        own = os.fstat(self.fd)
+        if own.st_nlink == 0 or os.fstat(self._dir_fd).st_nlink == 0:
+            return False
+        if not walk or self.within is None:  # without a root the path has no trusted meaning to check
+            return True
+        try:
+            dir_fd = self._open_dir(create=False)
+        except (OSError, HostileFileError):
+            return False
+        try:
+            named = os.stat(self.path.name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        finally:
+            os.close(dir_fd)
+        return (named.st_dev, named.st_ino) == (own.st_dev, own.st_ino)
 
     def write(self, lines: list[bytes], *, flush: bool) -> None:
         """Append ``lines`` after the last record; with ``flush``, ``fdatasync`` them (and every earlier write).
@@ -140,15 +209,32 @@ class JournalFile:
             return
         self._reserved = size
 
-    def replace_with(self, lines: list[bytes]) -> None:
-        """Rewrite the file with only ``lines`` (compaction), synced and locked, then swap it in atomically.
+    def replace_with(self, lines: list[bytes], *, fresh_dir: bool = False) -> None:
+        """Rewrite the file with only ``lines``, synced and locked, then swap it in atomically.
+
+        Compaction calls it, and so does a journal whose file is no longer reachable at its
+        path (``fresh_dir``): ``lines`` are then all it must keep, and the new file is made in
+        the journal directory opened anew (recreated if it is gone, refused if a step is a
+        symlink); our name in the old directory, if it still names our old file (moved aside),
+        is removed, so that its stale records can never be adopted beside the new ones.
+
+        Args:
+            lines: every record the new file must hold.
+            fresh_dir: reopen the journal directory by its path first (see above).
 
         Raises:
             OSError: the new file could not be written or swapped in; the old one stays ours.
+            HostileFileError: (``fresh_dir``) a step of the directory's path is a symlink or not ours.
         """
-        assert self.fd is not None
+        assert self.fd is not None and self._dir_fd is not None
+        dir_fd = self._open_dir(create=True) if fresh_dir else self._dir_fd
         tmp = f".{self.path.name}.compact"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=self._dir_fd)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+        except OSError:
+            if fresh_dir:
+                os.close(dir_fd)
+            raise
         try:
             os.write(fd, b"".join(lines))
             if self.fsync_enabled:
@@ -156,14 +242,32 @@ class JournalFile:
                 self._unflushed = False
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # readers see the old file or the new one, never a mix
-            os.replace(tmp, self.path.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            os.replace(tmp, self.path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError:
             os.close(fd)
-            self._unlink(tmp)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            if fresh_dir:
+                os.close(dir_fd)
             raise
+        if fresh_dir:
+            self._drop_old_name()
+            self._close_dir()
+            self._dir_fd = dir_fd
         os.close(self.fd)
         self.fd = fd
         self._end = self._reserved = sum(map(len, lines))
+
+    def _drop_old_name(self) -> None:
+        """Unlink our name in the old directory if it still names our old file (it was moved aside with it)."""
+        assert self.fd is not None and self._dir_fd is not None
+        own = os.fstat(self.fd)
+        try:
+            named = os.stat(self.path.name, dir_fd=self._dir_fd, follow_symlinks=False)
+            if (named.st_dev, named.st_ino) == (own.st_dev, own.st_ino):
+                os.unlink(self.path.name, dir_fd=self._dir_fd)
+        except OSError:  # gone with its directory (the usual case), or not ours to remove
+            pass
 
     def close(self) -> None:
         """Flush lazy records, close the file, and remove it if nothing was ever journaled."""
