@@ -304,3 +304,28 @@ def process_alive(pid: int) -> bool:
 def assert_gone(pid: int, timeout: float = 30.0) -> None:
     """``pid`` is gone or a zombie before the deadline (a SIGKILL is not delivered instantly)."""
     await_condition(lambda: not process_alive(pid), timeout=timeout, message=f"process {pid} is gone")
+
+
+def crash_enqueue_once(monkeypatch: Any, marker: str = "crash here") -> threading.Event:
+    """Make a ProfileActor raise once while it queues the first delivery whose text holds ``marker``
+    (a bug inside a Deliver: the supervisor restarts it with its salvage).
+
+    Args:
+        monkeypatch: pytest's ``monkeypatch`` (the patch ends with the test).
+        marker: the text that triggers the crash.
+
+    Returns:
+        An event set when the crash was injected.
+    """
+    from hermes_actors.local import profile_actor
+
+    enqueue, crashed = profile_actor.ProfileActor._enqueue, threading.Event()
+
+    def crash_once(self: Any, delivery: Any, enqueued: float) -> None:
+        if marker in delivery.content and not crashed.is_set():
+            crashed.set()
+            raise RuntimeError("injected: a bug while queueing")
+        enqueue(self, delivery, enqueued)
+
+    monkeypatch.setattr(profile_actor.ProfileActor, "_enqueue", crash_once)
+    return crashed

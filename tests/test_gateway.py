@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import pykka
 import pytest
 from relay_helpers import seed_envelope
-from roots import LogCapture, RecordingRunner, body_of, held_on, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, body_of, crash_enqueue_once, held_on, make_root, start_gateway
 
 from actors import RestartPolicy, WorkerPool
 from actors.testkit import await_condition
@@ -423,18 +423,7 @@ def test_a_crash_inside_a_delivery_batch_loses_none_of_its_dms(
     """Regression (review): a ProfileActor that crashed while it accepted a Deliver lost the batch's DMs it had not
     queued yet (pykka's pending list holds only the messages behind the crashing one): acked, never answered, and
     their places in the queue were never freed."""
-    from hermes_actors.local import profile_actor
-
-    enqueue = profile_actor.ProfileActor._enqueue
-    crashed = threading.Event()
-
-    def crash_once(self: Any, delivery: Any, enqueued: float) -> None:
-        if "crash here" in delivery.content and not crashed.is_set():
-            crashed.set()
-            raise RuntimeError("injected: a bug while queueing")
-        enqueue(self, delivery, enqueued)
-
-    monkeypatch.setattr(profile_actor.ProfileActor, "_enqueue", crash_once)
+    crashed = crash_enqueue_once(monkeypatch)
     release = threading.Event()
     gw = start_gateway(gateways, root, lambda turn: release.wait(30) and f"fine: {body_of(turn.content)}",
                        durable=durable, config={"bot_mode": {"max_queued": 3}})

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, send_dm, start_gateway
+from roots import RecordingRunner, body_of, crash_enqueue_once, send_dm, start_gateway
 
 from actors import WorkerPool
 from actors.testkit import await_condition
@@ -377,17 +377,7 @@ def test_a_profile_actor_crash_while_the_owner_has_a_turn_hands_nothing_beside_i
     crash was reported ``ambiguous`` but its record stayed ``claimed``, and the owner's late answer wrote ``settled``.
     Now the record says ``ambiguous``, the DMs behind wait (and fail ``target_busy`` when their wait runs out), and
     once the owner's turn returns (its result reaches the restarted ProfileActor) the next DM is handed over."""
-    from hermes_actors.local import profile_actor
-
-    enqueue, crashed = profile_actor.ProfileActor._enqueue, threading.Event()
-
-    def crash_once(self: Any, delivery: Any, enqueued: float) -> None:
-        if "crash here" in delivery.content and not crashed.is_set():
-            crashed.set()
-            raise RuntimeError("injected: a bug while queueing")
-        enqueue(self, delivery, enqueued)
-
-    monkeypatch.setattr(profile_actor.ProfileActor, "_enqueue", crash_once)
+    crashed = crash_enqueue_once(monkeypatch)
     entered, release, returned = threading.Event(), threading.Event(), threading.Event()
 
     def behave(turn: Turn) -> str:
