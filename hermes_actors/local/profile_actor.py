@@ -262,12 +262,17 @@ class ProfileActor(TypedActor):
 
     def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
         outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
+        self._end_running()
+        self._settle(outcome)
+
+    def _end_running(self) -> None:
+        """The running turn is over for this actor (finished, or given up on before it began): its gate
+        closes and its timer stops."""
         self._close_gate()
         self.running = None
         if self.turn_timer is not None:
             self.turn_timer.cancel()
             self.turn_timer = None
-        self._settle(outcome)
 
     def _close_gate(self) -> None:
         """The running turn is over for this actor: its gate leaves the gateway's :class:`TurnGates`."""
@@ -438,11 +443,7 @@ class ProfileActor(TypedActor):
         delivery = self.running
         if delivery is None or self.gate is None or self.gate.give_up():
             return
-        self._close_gate()
-        self.running = None
-        if self.turn_timer is not None:
-            self.turn_timer.cancel()
-            self.turn_timer = None
+        self._end_running()
         if not kept_at_stop(delivery, keep_journaled=msg.keep_journaled):
             self._settle_unbegun(outcomes.cancelled(delivery.delivery_id, delivery.label))
         # else a live-mailbox record its worker may have made stays queued: the next start hands it over
