@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core.names import HANDLE_RE, handle_for
 from hermes_actors.core.targets import resolve_local
-from hermes_actors.local.roster import make_snapshot
+from hermes_actors.local.roster import _signature, make_snapshot
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store import hermes_root as p
 
@@ -352,6 +353,26 @@ def test_a_running_gateway_sees_profiles_marked_managed_without_a_restart(
 
     key = await_condition(accepted, timeout=10, interval=0.05, message="the DM accepted once the profiles are managed")
     assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+
+
+def test_the_roster_change_signature_sees_an_edit_a_new_profile_and_a_missing_profiles_dir(tmp_path: Path) -> None:
+    """The rescan's change detector: each profile's own profile.yaml counts, read relative to ``profiles/``."""
+    root = make_root(tmp_path)
+    before = _signature(root)
+    assert _signature(root) == before  # nothing changed: no reload
+    yaml_path = root / "profiles" / "bob" / "profile.yaml"
+    stat = yaml_path.stat()
+    os.utime(yaml_path, (stat.st_atime, stat.st_mtime + 10))  # an edit in place leaves profiles/ untouched
+    edited = _signature(root)
+    assert edited != before
+    write_profile(root / "profiles" / "dave", title="Dave", managed=True)
+    assert len(_signature(root)) == len(edited) + 1
+    os.utime(yaml_path, (stat.st_atime, stat.st_mtime + 20))
+    (root / "profiles" / "bob" / "profile.yaml").unlink()
+    assert -1.0 in _signature(root)  # a profile.yaml gone counts as a change too
+    renamed = tmp_path / "elsewhere"
+    (root / "profiles").rename(renamed)
+    assert _signature(root)[0] == -1.0 and len(_signature(root)) == 3
 
 
 class _RealHermesLike:

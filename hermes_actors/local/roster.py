@@ -113,7 +113,9 @@ def _signature(root: Path) -> tuple[float, ...]:
 
     A profile's own ``profile.yaml`` counts: ``enable`` (or a hand edit) marks a profile
     managed or renames it there, and a running host must see it without a restart. One
-    ``stat`` per profile each rescan (10,000 profiles: a few ms every 2 s).
+    ``stat`` per profile each rescan, relative to one descriptor of ``profiles/`` so the
+    kernel does not walk the root's path again for each (10,000 profiles: ~20 ms of CPU
+    every 2 s on the benchmark's VM; ~35 ms with full paths).
     """
     out: list[float] = []
     for path in (root / "profiles", root / "config.yaml", root / "profile.yaml"):
@@ -122,15 +124,19 @@ def _signature(root: Path) -> tuple[float, ...]:
         except OSError:
             out.append(-1.0)
     try:
-        with os.scandir(root / "profiles") as entries:
-            names = sorted(entry.name for entry in entries)
+        fd = os.open(root / "profiles", os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        names = []
-    for name in names:
-        try:
-            out.append(os.stat(os.path.join(root, "profiles", name, "profile.yaml"), follow_symlinks=False).st_mtime)
-        except OSError:
-            out.append(-1.0)
+        return tuple(out)
+    try:
+        for name in sorted(os.listdir(fd)):
+            try:
+                out.append(os.stat(f"{name}/profile.yaml", dir_fd=fd, follow_symlinks=False).st_mtime)
+            except OSError:
+                out.append(-1.0)
+    except OSError:
+        pass  # profiles/ unreadable mid-scan: what was read still says whether anything changed
+    finally:
+        os.close(fd)
     return tuple(out)
 
 
