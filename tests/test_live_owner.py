@@ -413,6 +413,48 @@ def test_a_profile_actor_crash_while_the_owner_has_a_turn_hands_nothing_beside_i
     assert json.loads(mailbox_file(root, slow).read_text())["status"] == "ambiguous", "the late answer won"
 
 
+class InlineRunner(RecordingRunner):
+    """A runner whose turns never block (``blocking = False``): they run on the ProfileActor's own thread."""
+
+    blocking = False
+
+    def run_turn(self, turn: Turn) -> Any:
+        return self(turn)
+
+
+def test_an_inline_turn_crash_after_an_owner_handoff_does_not_lock_the_bot_out(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): ``ProfileActor.handed`` was set for worker turns only and never cleared, so after one
+    owner handoff an inline turn (a non-blocking runner, owner detached) whose ProfileActor crashed was salvaged as
+    an owner's turn still running (``owner_busy``): every later DM of the bot failed ``target_busy`` behind a turn
+    nobody ran. Now ``handed`` describes the running turn only; the DMs after the crash run."""
+    from hermes_actors.local import profile_actor
+
+    real, crashed = profile_actor.outcome_of_turn, threading.Event()
+
+    def crash_once(delivery: Delivery, result: Any) -> Any:
+        if "crash here" in delivery.content and not crashed.is_set():
+            crashed.set()
+            raise RuntimeError("injected: a bug in the ProfileActor while it settles a turn")
+        return real(delivery, result)
+
+    monkeypatch.setattr(profile_actor, "outcome_of_turn", crash_once)
+    runner = InlineRunner()
+    gw = start_gateway(gateways, root, runner, config={"bot_mode": {"turn_wait_seconds": 2}})
+    gw.attach_live_owner("bob", Owner())
+    handed = send_dm(gw, "to the owner")
+    assert gw.wait_outcome(handed, timeout=10)["reply"] == "owner: to the owner"
+    gw.detach_live_owner("bob")
+    inline = send_dm(gw, "crash here")
+    assert gw.wait_outcome(inline, timeout=10)["status"] == "ambiguous"
+    assert crashed.is_set()
+    for body in ("after the crash", "much later"):
+        out = gw.wait_outcome(send_dm(gw, body), timeout=10)
+        assert out["reply"] == f"ok: {body}", f"the bot stayed locked out after the crash: {out}"
+    assert runner.bodies() == ["crash here", "after the crash", "much later"]
+
+
 def test_a_stop_does_not_wait_for_an_owner_turn_that_already_timed_out(
     root: Path, gateways: list[Gateway]
 ) -> None:

@@ -109,7 +109,7 @@ class ProfileActor(TypedActor):
         self.turn_timer: TimerHandle | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped: whether we ended them
         self.gate: TurnGate | None = None  # the running turn's gate: given up on when its time runs out, or at stop
-        self.handed = False  # the worker turn was handed to the live owner
+        self.handed = False  # the running turn was handed to the live owner (set at each start, cleared at its end)
         # An owner's turn reported timed out (or ambiguous at a crash) that has not returned: it cannot be ended,
         # so no turn starts beside it; a crashed predecessor's is carried over (its result is routed here)
         self.owner_busy: str | None = salvage.owner_busy if salvage else None
@@ -216,7 +216,9 @@ class ProfileActor(TypedActor):
                     self.deps.gates.close(self.info.profile, gate)
                     break
                 del self.queue[delivery.delivery_id]
-                self.running, self.gate = delivery, gate
+                # handed describes this turn only: an earlier owner handoff must not make an inline turn's crash
+                # (salvage) or give-up (_settle_unbegun) look like an owner's turn
+                self.running, self.gate, self.handed = delivery, gate, False
                 if inline:
                     self._run_inline(delivery)
                 else:
@@ -267,9 +269,9 @@ class ProfileActor(TypedActor):
 
     def _end_running(self) -> None:
         """The running turn is over for this actor (finished, or given up on before it began): its gate
-        closes and its timer stops."""
+        closes, its timer stops, and nothing says it was handed to the owner any more."""
         self._close_gate()
-        self.running = None
+        self.running, self.handed = None, False
         if self.turn_timer is not None:
             self.turn_timer.cancel()
             self.turn_timer = None
@@ -308,10 +310,11 @@ class ProfileActor(TypedActor):
             return
         seconds = self.deps.config.turn_timeout_seconds
         began = self.gate.give_up() if self.gate is not None else True
-        if began and self.handed:
+        handed = self.handed
+        if began and handed:
             self._owner_timed_out(delivery, seconds)
             return
-        self.running, self.turn_timer = None, None
+        self.running, self.turn_timer, self.handed = None, None, False  # its timer fired: nothing to cancel
         self._close_gate()
         runner = self.deps.runner
         processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
@@ -337,7 +340,7 @@ class ProfileActor(TypedActor):
         if began:
             self._settle(outcome)
         else:
-            self._settle_unbegun(outcome)
+            self._settle_unbegun(outcome, handed=handed)
         self._pump()
 
     def _owner_timed_out(self, delivery: Delivery, seconds: float) -> None:
@@ -351,7 +354,7 @@ class ProfileActor(TypedActor):
                                     owner=True)
         if not give_up_on(self.info.home, key, outcome.error):
             return  # the owner answered just now (its record is final): its TurnFinished follows and settles it
-        self.running, self.turn_timer = None, None
+        self.running, self.turn_timer, self.handed = None, None, False
         self._close_gate()
         self.owner_busy = key
         self.abandoned[key] = False
@@ -440,17 +443,22 @@ class ProfileActor(TypedActor):
         reports it ``ambiguous`` past its timeout); one that had not is cancelled, or left journaled for
         the next start, and its worker never calls the runner. Its late result is dropped.
         """
-        delivery = self.running
+        delivery, handed = self.running, self.handed
         if delivery is None or self.gate is None or self.gate.give_up():
             return
         self._end_running()
         if not kept_at_stop(delivery, keep_journaled=msg.keep_journaled):
-            self._settle_unbegun(outcomes.cancelled(delivery.delivery_id, delivery.label))
+            self._settle_unbegun(outcomes.cancelled(delivery.delivery_id, delivery.label), handed=handed)
         # else a live-mailbox record its worker may have made stays queued: the next start hands it over
 
-    def _settle_unbegun(self, outcome: Outcome) -> None:
-        """Settle the running turn given up on before it began; a handoff's live-mailbox record says the same."""
-        if self.handed:
+    def _settle_unbegun(self, outcome: Outcome, *, handed: bool) -> None:
+        """Settle the turn given up on before it began; a handoff's live-mailbox record says the same.
+
+        Args:
+            outcome: its outcome (never ran).
+            handed: it was to go to the live owner (the ended turn's ``handed``, read before it was cleared).
+        """
+        if handed:
             record_not_handed(self.info.home, outcome)
         self._settle(outcome)
 
