@@ -449,6 +449,74 @@ def test_a_turn_reported_timed_out_is_never_retried_afterwards(root: Path, gatew
     assert runner.attempts == [("slow", 1), ("next", 1)]
 
 
+class FailsOnceTheStopWaits:
+    """Attempt 1 fails (``runtime_offline``, retryable) once ``fail_first`` is set; attempt 2 replies, or fails
+    too with ``second_fails``. Records every call of the runner and its hooks."""
+
+    def __init__(self, *, second_fails: bool = False) -> None:
+        self.second_fails = second_fails
+        self.entered, self.fail_first = threading.Event(), threading.Event()
+        self.calls: list[tuple[str, int]] = []
+        self.released: list[str] = []
+
+    def run_turn(self, turn: Turn) -> str:
+        self.calls.append(("run_turn", turn.attempt))
+        if turn.attempt == 1:
+            self.entered.set()
+            assert self.fail_first.wait(30), "the test never let attempt 1 fail"
+            raise TurnFailed("connection refused by the runtime", reason="runtime_offline")
+        if self.second_fails:
+            raise TurnFailed("still refused", reason="runtime_offline")
+        return "second attempt ok"
+
+    def prepare_retry(self, turn: Turn, began: float) -> bool:
+        self.calls.append(("prepare_retry", turn.attempt))
+        return True
+
+    def forget_failed(self, turn: Turn, began: float) -> None:
+        self.calls.append(("forget_failed", turn.attempt))
+
+    def release(self, delivery_id: str) -> None:
+        self.released.append(delivery_id)  # the turn's job is over (execute_turn's last step)
+
+
+@pytest.mark.parametrize("second_fails", [False, True])
+def test_a_turn_running_when_the_stop_begins_keeps_its_retry_and_its_cleanup(root: Path, second_fails: bool) -> None:
+    """Regression (review): the stop's WindDown asked the running turn's gate whether it began, and that marked a
+    turn that had begun as given up on too: failing retryably while the stop waited for it, it skipped its one
+    retry (DESIGN 4.2) and, failed for good, its ``forget_failed`` ("its turn timed out" in the log). Now only a
+    turn that had not begun is given up on: this one retries (within the stop's timeout) and is cleaned up."""
+    runner = FailsOnceTheStopWaits(second_fails=second_fails)
+    gw = Gateway(root, runner=runner).start()
+    key = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    assert runner.entered.wait(10)
+    gw.stop(timeout=30, on_wait=lambda turns, grace: runner.fail_first.set())  # fails while the stop waits
+    out = gw.wait_outcome(key, timeout=0)
+    retried = [("run_turn", 1), ("prepare_retry", 2), ("run_turn", 2)]
+    if second_fails:
+        assert (out["status"], out["reason"], out["error"]) == ("failed", "runtime_offline", "still refused"), out
+        assert runner.calls == [*retried, ("forget_failed", 1)], "the DM reported NOT delivered was not taken back"
+    else:
+        assert (out["status"], out["reply"]) == ("replied", "second attempt ok"), out
+        assert runner.calls == retried
+
+
+def test_a_turn_still_running_when_the_stop_gave_up_on_it_starts_no_retry(root: Path) -> None:
+    """The stop's timeout is kept: a turn still running at its end is reported ``ambiguous``; failing after that,
+    it starts no retry (the gateway has stopped) and is not taken back from the session (it may have been read)."""
+    runner = FailsOnceTheStopWaits()
+    gw = Gateway(root, runner=runner).start()
+    key = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    assert runner.entered.wait(10)
+    try:
+        gw.stop(timeout=0.2)
+        assert gw.wait_outcome(key, timeout=0)["status"] == "ambiguous"
+    finally:
+        runner.fail_first.set()
+    await_condition(lambda: key in runner.released, timeout=10, message="the turn's job ended")
+    assert runner.calls == [("run_turn", 1)]
+
+
 def test_a_dm_queued_for_a_profile_deleted_meanwhile_fails_without_running(root: Path, gateways: list[Gateway]) -> None:
     """Its turn ran in a home rebuilt from root + name: hermes then recreated the deleted profile's folder."""
     import shutil

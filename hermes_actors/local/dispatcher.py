@@ -338,6 +338,7 @@ class DispatcherActor(SupervisorActor):
     @handles(FinalizePending)
     def _on_finalize(self, msg: FinalizePending) -> int:
         """Settle what is still pending: ambiguous if it may have run, else cancelled (``OutcomeFlow.finalize``)."""
+        self.profiles.stop_waiting()
         for key in msg.running:
             entry = self.book.entry(key)
             if entry is not None:  # still running: a live owner's DM has its mailbox record say ambiguous too

@@ -212,7 +212,7 @@ class ProfileActor(TypedActor):
                     break
                 inline = holding or self._take_inline()
                 holding = holding or inline
-                if inline and not gate.begin():  # the stop gave up on it just now (TurnGates.give_up)
+                if inline and not gate.begin():  # the stop gave up on it just now (TurnGates.give_up_unbegun)
                     self.deps.gates.close(self.info.profile, gate)
                     break
                 del self.queue[delivery.delivery_id]
@@ -439,12 +439,12 @@ class ProfileActor(TypedActor):
     def _give_up_unbegun(self, msg: WindDown) -> None:
         """A worker turn that has not begun (waiting for the flock or a worker) never will: it ends like a queued DM.
 
-        Its gate decides, once, against the worker: a turn that began runs on (the stop waits for it, and
-        reports it ``ambiguous`` past its timeout); one that had not is cancelled, or left journaled for
-        the next start, and its worker never calls the runner. Its late result is dropped.
+        Its gate decides, once, against the worker: a turn that began runs on, its retry and cleanup included
+        (the stop waits for it, and reports it ``ambiguous`` past its timeout); one that had not is cancelled,
+        or left journaled for the next start, and its worker never calls the runner. Its late result is dropped.
         """
         delivery, handed = self.running, self.handed
-        if delivery is None or self.gate is None or self.gate.give_up():
+        if delivery is None or self.gate is None or self.gate.give_up_unbegun():
             return
         self._end_running()
         if not kept_at_stop(delivery, keep_journaled=msg.keep_journaled):

@@ -241,10 +241,16 @@ class ProfileTable:
                 current = ask(ref, self.winding, timeout=max(_ANSWER_FLOOR, answer_by - time.monotonic()))
             except (ActorGone, AskTimeout):
                 self.unanswered.add(name)
-                current = self.deps.gates.give_up(name)
+                current = self.deps.gates.give_up_unbegun(name)
             if current:
                 running.append(current)
         return running
+
+    def stop_waiting(self) -> None:
+        """The stop waited what it may for the turns still running: they are reported ``ambiguous`` now, so none
+        of them starts its retry (nor takes its DM back from the session) after that (``TurnGates.give_up_all``).
+        Until then a turn that began keeps both (``wind_down`` gives up only on those that had not)."""
+        self.deps.gates.give_up_all()
 
     def restarting(self, profile: str, failure: ChildFailed) -> tuple[ChildFailed, list[Delivery]]:
         """What a ProfileActor of ``profile`` restarted after a crash is given, and what it is not.

@@ -205,6 +205,11 @@ class TurnGate:
     Whichever comes first wins: a turn that began runs (and the timeout reports it may still
     complete), a turn given up on before it began never runs (and the timeout reports it NOT
     delivered). Thread-safe: the worker and the actor's thread ask it.
+
+    Two ways to give up: :meth:`give_up` (the turn's outcome is reported now: its timeout, a crash
+    of its ProfileActor, the stop's end) also stops a turn that began from starting its retry;
+    :meth:`give_up_unbegun` (the stop, as it begins) only stops one that has not begun, and a turn
+    that began keeps its retry and its cleanup while the stop waits for it.
     """
 
     def __init__(self) -> None:
@@ -225,6 +230,20 @@ class TurnGate:
             self._given_up = True
             return self._began
 
+    def give_up_unbegun(self) -> bool:
+        """The stop, as it begins: a turn that has not begun never will; one that began is left as it is.
+
+        It runs on, its retry (DESIGN 4.2) and its ``forget_failed`` cleanup included: the stop
+        waits for it within its timeout, and gives up on it (:meth:`give_up`) at its end.
+
+        Returns:
+            Whether the turn had begun.
+        """
+        with self._lock:
+            if not self._began:
+                self._given_up = True
+            return self._began
+
     def given_up(self) -> bool:
         """Whether the turn was given up on (then no retry may start)."""
         with self._lock:
@@ -238,7 +257,8 @@ class TurnGates:
     here and closes it when the turn is over. The stop first :meth:`stop` s them: from then on no
     gate opens, so no turn starts, however busy its ProfileActor is, or stuck in a turn on its own
     thread (a non-blocking runner that blocks). The turn of a ProfileActor that cannot answer the
-    stop is decided here (:meth:`give_up`), without its thread.
+    stop is decided here (:meth:`give_up_unbegun`), without its thread, and once the stop has waited
+    what it may, no turn still under way starts a retry (:meth:`give_up_all`).
     """
 
     def __init__(self) -> None:
@@ -271,8 +291,8 @@ class TurnGates:
         with self._lock:
             self._stopped = True
 
-    def give_up(self, profile: str) -> str | None:
-        """Give up on the turn under way for ``profile`` (see :meth:`TurnGate.give_up`).
+    def give_up_unbegun(self, profile: str) -> str | None:
+        """Give up on the turn under way for ``profile`` if it has not begun (see :meth:`TurnGate.give_up_unbegun`).
 
         Returns:
             Its delivery id when it began (it may still be running), else None (none, or it never runs).
@@ -282,7 +302,15 @@ class TurnGates:
         if entry is None:
             return None
         delivery_id, gate = entry
-        return delivery_id if gate.give_up() else None
+        return delivery_id if gate.give_up_unbegun() else None
+
+    def give_up_all(self) -> None:
+        """The stop waited what it may: the turns still under way are reported ``ambiguous`` now, so none of
+        them starts a retry (or takes its DM back from the session) from now on (see :meth:`TurnGate.give_up`)."""
+        with self._lock:
+            gates = [gate for _, gate in self._open.values()]
+        for gate in gates:
+            gate.give_up()
 
 
 def execute_turn(
@@ -312,7 +340,8 @@ def execute_turn(
         gate: the ProfileActor gives up on the turn there when its time ran out: the DM already
             has its outcome and the profile serves its next DM, so a turn that had not begun never
             does, and no retry may start (it would run the message a second time, beside the next
-            DM's turn).
+            DM's turn). The stop gives up on a turn that had not begun as it begins, and on every
+            turn still under way once it stopped waiting (:class:`TurnGates`).
 
     Returns:
         The result for the ProfileActor; ``reply`` is the raw runner value.
@@ -376,14 +405,16 @@ def _execute_turn(
         if result.reply is None and may_retry:
             action = retry_action(result.reason)
             if action != RETRY_NONE and gate is not None and gate.given_up():
-                logger.info("not retrying {}: its turn timed out and was reported", delivery.delivery_id)
+                logger.info("not retrying {}: its outcome was reported already (its turn timed out, or the "
+                            "gateway's stop gave up on it)", delivery.delivery_id)
             elif action != RETRY_NONE:
                 retry = replace(turn, attempt=2, retry_action=action)
                 if retry_allowed(runner, retry, began):
                     logger.info("retrying {} once in the same session ({})", delivery.delivery_id, action)
                     result, _ = attempt_turn(runner, retry)
         # Taken back only when the DM is reported NOT delivered: not when it timed out (reported "may have
-        # been done") nor when the gateway's stop ended it (reported ambiguous: it may have been read).
+        # been done") nor when the gateway's stop ended it or gave up waiting for it (reported ambiguous: it
+        # may have been read). A turn the stop only waits for is not given up on: its failure is its outcome.
         if (result.reply is None and not result.ambiguous and result.reason != CANCELLED
                 and not (gate is not None and gate.given_up())):
             forget_failed(runner, turn, began)
