@@ -25,7 +25,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, ChildFailed, Link, SupervisorActor, ask
+from actors import ActorGone, AskTimeout, ChildFailed, Link, Reply, SupervisorActor, ask_later
 from hermes_actors.local.profile_actor import ProfileActor
 from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
 from hermes_actors.local.profile_outcomes import kept_at_stop
@@ -44,7 +44,7 @@ from hermes_actors.messages import (
 __all__ = ["DELIVER_BATCH", "ProfileTable"]
 
 DELIVER_BATCH = 256  # deliveries gathered at most before they are handed over, however busy the Dispatcher
-_ANSWER_FLOOR = 0.05  # seconds each ProfileActor gets to answer the stop's WindDown, however late in the stop
+_ANSWER_FLOOR = 0.05  # seconds the ProfileActors get, together, to answer the stop's WindDown, however late in the stop
 
 
 class ProfileTable:
@@ -222,23 +222,32 @@ class ProfileTable:
 
         Args:
             keep_journaled: leave journaled deliveries for the next start (durable mode).
-            answer_within: seconds the ProfileActors get, together, to answer (each at least
-                ``_ANSWER_FLOOR``). One that does not (its thread is stuck in a turn of a
-                "non-blocking" runner, say) is wound down without its thread: its turn's gate
-                says whether it began, nothing more of it starts, and the stop settles what it
-                holds (``FinalizePending``).
+            answer_within: seconds the ProfileActors get, together, to answer (at least
+                ``_ANSWER_FLOOR``): every one is asked first, then the answers are collected
+                against that one deadline, so stuck ones do not add up. One that does not answer
+                (its thread is stuck in a turn of a "non-blocking" runner, say) is wound down
+                without its thread: its turn's gate says whether it began, nothing more of it
+                starts, and the stop settles what it holds (``FinalizePending``).
         """
         self.flush()
         self.winding = WindDown(keep_journaled=keep_journaled)
         self.deps.gates.stop()  # no turn starts from now on, whether or not its ProfileActor answers
-        answer_by = time.monotonic() + answer_within
-        running: list[str] = []
+        asked: list[tuple[str, Reply | None]] = []
         for name in list(self.supervisor.children):
             ref = self.supervisor.child_ref(name)
             if ref is None or self.supervisor.child_down(name):
                 continue  # crashed: its restart settles what it held (see restarting)
             try:
-                current = ask(ref, self.winding, timeout=max(_ANSWER_FLOOR, answer_by - time.monotonic()))
+                asked.append((name, ask_later(ref, self.winding)))
+            except ActorGone:
+                asked.append((name, None))
+        answer_by = time.monotonic() + max(_ANSWER_FLOOR, answer_within)
+        running: list[str] = []
+        for name, reply in asked:
+            try:
+                if reply is None:
+                    raise ActorGone(f"ProfileActor {name} is gone")
+                current = reply.get(timeout=max(0.0, answer_by - time.monotonic()))
             except (ActorGone, AskTimeout):
                 self.unanswered.add(name)
                 current = self.deps.gates.give_up_unbegun(name)
