@@ -13,10 +13,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from roots import LogCapture, RecordingRunner, held_on, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.errors import StoreError
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.journal_records import fold_records, parse_lines
 
@@ -119,13 +121,12 @@ def test_a_journal_directory_replaced_by_a_symlink_refuses_new_dms_and_the_stop_
     try:
         shutil.rmtree(directory)
         directory.symlink_to(outside, target_is_directory=True)  # no fresh file can be made there
-        # The commit that finds the file lost holds this DM already (acked, kept in memory like the queued
-        # ones: carol is idle, so it runs now); from then on new DMs are refused.
-        finder = gw.message_agent(sender="alice", target="carol", message="finds it out")["delivery_id"]
-        assert gw.wait_outcome(finder, timeout=10)["status"] == "replied"
-        refused = gw.message_agent(sender="alice", target="carol", message="while it is a symlink")
-        assert "delivery_id" not in refused, f"a DM no restart could find must not be acked: {refused}"
-        assert "NOT queued" in refused["error"] and "no longer reachable" in refused["error"], refused
+        # The commit that finds the file lost is refused as the DMs after it are: no DM is acked that a
+        # restart could not find (before, this one was acked with nothing on disk holding it)
+        for body in ("finds it out", "while it is a symlink"):
+            refused = gw.message_agent(sender="alice", target="carol", message=body)
+            assert "delivery_id" not in refused, f"a DM no restart could find must not be acked: {refused}"
+            assert "NOT queued" in refused["error"] and "no longer reachable" in refused["error"], refused
         assert logs.matching("no fresh file can be made there"), logs.lines
         gw.stop(timeout=0.3)
         # Settled as without a journal: each queued DM is cancelled (it never ran), not left in a lost file.
@@ -144,9 +145,9 @@ def test_a_journal_directory_replaced_by_a_symlink_refuses_new_dms_and_the_stop_
         assert again.recovered.get("reoffered", 0) == 0, again.recovered
     finally:
         again.stop()
-    acked = [blocker, *queued, finder]
+    acked = [blocker, *queued]
     assert {key: told.ids()[key] for key in acked} == dict.fromkeys(acked, 1), "every acked DM: exactly one outcome"
-    assert _ran(first, second) == Counter({blocker: 1, finder: 1}), "the queued DMs never ran, nothing ran twice"
+    assert _ran(first, second) == Counter({blocker: 1}), "the queued DMs never ran, nothing ran twice"
 
 
 def test_a_journal_directory_moved_aside_is_rewritten_at_its_path_at_stop(tmp_path: Path) -> None:
@@ -162,3 +163,55 @@ def test_a_journal_directory_moved_aside_is_rewritten_at_its_path_at_stop(tmp_pa
         journal.stop()
     assert fold_records(_records(directory / name)).states[_id(1)].delivery == {"delivery_id": _id(1)}
     assert not (aside / name).exists(), "the stale copy moved aside is removed: no start may adopt it beside ours"
+
+
+@pytest.mark.parametrize("fsync", [True, False], ids=["fsync", "no-fsync"])
+def test_the_commit_that_finds_its_directory_replaced_refuses_its_acceptance_and_keeps_it_nowhere(
+    tmp_path: Path, fsync: bool
+) -> None:
+    """Regression (review): the commit whose check found the file lost with no fresh file possible told its
+    waiters their records were durable, so that DM was acked in a file no start finds, and the record stayed in
+    the live state a later rewrite puts in a fresh file (a DM refused to its sender, re-offered by a start)."""
+    directory = tmp_path / "bot_relay" / "journal"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    journal = Journal(directory, fsync=fsync, within=tmp_path)
+    journal.start()
+    name = journal.path.name
+    try:
+        journal.append_durably({"t": "accepted", "id": _id(1), "d": {"delivery_id": _id(1)}})
+        shutil.rmtree(directory)
+        directory.symlink_to(outside, target_is_directory=True)  # no fresh file can be made there
+        with pytest.raises(StoreError, match="no longer reachable"):
+            journal.append_durably({"t": "accepted", "id": _id(2), "d": {"delivery_id": _id(2)}})
+        directory.unlink()  # the stop can make a fresh file again
+    finally:
+        journal.stop()
+    assert list(outside.iterdir()) == [], "nothing was written through the symlink"
+    states = fold_records(_records(directory / name)).states
+    assert set(states) == {_id(1)}, "the refused acceptance must not come back in the fresh file"
+
+
+def test_a_refused_acceptance_is_cut_out_of_a_file_that_comes_back_at_its_path(tmp_path: Path) -> None:
+    """The directory moved aside (a symlink in its place), then moved back before the journal rewrote anything: the
+    file is ours at its path again, and must not hold the acceptance its sender was told was NOT queued."""
+    directory = tmp_path / "bot_relay" / "journal"
+    aside = tmp_path / "bot_relay" / "journal.aside"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    journal = Journal(directory, fsync=True, within=tmp_path)  # the path is walked with each fdatasync
+    journal.start()
+    name = journal.path.name
+    try:
+        journal.append_durably({"t": "accepted", "id": _id(1), "d": {"delivery_id": _id(1)}})
+        directory.rename(aside)
+        directory.symlink_to(outside, target_is_directory=True)
+        with pytest.raises(StoreError, match="no longer reachable"):
+            journal.append_durably({"t": "accepted", "id": _id(2), "d": {"delivery_id": _id(2)}})
+        directory.unlink()
+        aside.rename(directory)  # back where a start finds it
+        journal.append_durably({"t": "started", "id": _id(1), "attempt": 1})  # the journal finds it back
+    finally:
+        journal.stop()
+    records = _records(directory / name)
+    assert [(r["t"], r["id"]) for r in records] == [("accepted", _id(1)), ("started", _id(1))], records

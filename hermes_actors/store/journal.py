@@ -36,9 +36,10 @@ and everything again at stop. A lost file is rewritten at once with the live sta
 into a fresh file in the journal directory (recreated through the same no-symlink
 walk); when that directory cannot be used (a symlink in its place) the journal is
 *homeless*: it refuses new acceptances (nothing is acked that a restart could not
-find), goes on writing the rest where it was (its live state stays whole), tries
-again at each commit, and :meth:`Journal.keeps` tells the stop that queued DMs
-must be settled ``cancelled`` instead of left journaled.
+find), the commit that found it out included (its batch is cut back out of the file
+and refused, as a failed write is), goes on writing the rest where it was (its live
+state stays whole), tries again at each commit, and :meth:`Journal.keeps` tells the
+stop that queued DMs must be settled ``cancelled`` instead of left journaled.
 """
 
 from __future__ import annotations
@@ -311,10 +312,14 @@ class Journal:
             self._recheck_due = True
             if not self._writing:
                 self._work.notify()
-            raise StoreError(errno.ENOENT, f"the delivery journal {self.path} is no longer reachable at its path "
-                                           "and no fresh file could be made there (see the log)")
+            raise self._homeless_error()
         self._batch.add(record, line, flush=flush)
         return self._batch
+
+    def _homeless_error(self) -> StoreError:
+        """The refusal of an acceptance while the journal is homeless (see the module docstring)."""
+        return StoreError(errno.ENOENT, f"the delivery journal {self.path} is no longer reachable at its path "
+                                        "and no fresh file could be made there (see the log)")
 
     def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
         """Append and wait until the record is on disk.
@@ -422,10 +427,12 @@ class Journal:
                 caller leaves that to the writer thread instead of making its sender wait.
         """
         items = batch.items
+        lines = [line for _, line in items]
+        before = self._file.end
         try:
             try:
                 if items:
-                    self._write_now([line for _, line in items], flush=batch.flush)
+                    self._write_now(lines, flush=batch.flush)
             except OSError as exc:
                 batch.error = exc
                 logger.error("journal write failed for {} record(s): {}", len(items), exc)
@@ -434,17 +441,22 @@ class Journal:
                 logger.opt(exception=exc).error("journal write failed for {} record(s)", len(items))
                 if not isinstance(exc, Exception):
                     raise
-            else:
+            # Before the waiters are told: records in a file no start finds are not durable. The path is
+            # walked with each fdatasync (an eighth of its cost); the link counts are checked always.
+            home = True
+            try:
+                home = self._check_home(walk=self._homeless or (batch.flush and self._file.fsync_enabled),
+                                        pending=lines if batch.error is None else [])
+            except Exception:  # a bug here must not stop the writer: the stop checks again
+                logger.exception("checking the delivery journal's path failed")
+            if batch.error is None and not home and any(record.get("t") == "accepted" for record, _ in items):
+                # Acked, these DMs would be in a file no start finds: refused like the acceptances after them
+                batch.error = self._take_back(len(lines), before)
+            elif batch.error is None:
                 try:
                     self._state.track([record for record, _ in items], keep=self.keep_delivered)
                 except Exception:  # the records are on disk: their waiters are told so
                     logger.exception("folding a written journal batch failed")
-            # Before the waiters are told: records in a file no start finds are not durable. The path is
-            # walked with each fdatasync (an eighth of its cost); the link counts are checked always.
-            try:
-                self._check_home(walk=self._homeless or (batch.flush and self._file.fsync_enabled))
-            except Exception:  # a bug here must not stop the writer: the stop checks again
-                logger.exception("checking the delivery journal's path failed")
             if self._lines_in_file > self.compact_after:
                 self._compact_due = not compact
                 if compact:
@@ -478,7 +490,30 @@ class Journal:
         self.records += len(lines)
         self._lines_in_file += len(lines)
 
-    def _check_home(self, *, walk: bool) -> bool:
+    def _take_back(self, count: int, before: int) -> StoreError:
+        """Cut the ``count`` lines of a batch just written back out of our lost file (under the write turn).
+
+        The batch holds an acceptance and our file turned out unreachable with no fresh one
+        possible (:meth:`_check_home`): its waiters are refused, so its records must not be
+        found later either (the directory moved back into place, say).
+
+        Args:
+            count: the batch's lines.
+            before: the file's :attr:`JournalFile.end` before the batch was written.
+
+        Returns:
+            The refusal for the batch's waiters: the one the acceptances after it get.
+        """
+        try:
+            self._file.cut_back(before)
+            self._lines_in_file -= count
+        except OSError as exc:
+            logger.error("could not cut {} refused record(s) back out of the lost delivery journal {}: {}; "
+                         "should the file come back at its path, a start may offer those DMs again",
+                         count, self.path, exc)
+        return self._homeless_error()
+
+    def _check_home(self, *, walk: bool, pending: list[bytes] | None = None) -> bool:
         """Make sure our records are where a start finds them (under the write turn); False when homeless.
 
         A file no longer reachable at its path (see :meth:`JournalFile.reachable`) is
@@ -489,6 +524,8 @@ class Journal:
 
         Args:
             walk: check the path too, not only the link counts.
+            pending: the lines of the batch being committed, written but not yet in the live state
+                (it joins the state only once this check has kept it): a fresh file holds them too.
 
         Returns:
             True when our file is reachable (again, or anew).
@@ -503,7 +540,7 @@ class Journal:
         except OSError as exc:
             logger.error("cannot check the delivery journal {}: {}", self.path, exc)
             return not self._homeless
-        lines = self._state.lines()
+        lines = self._state.lines() + (pending or [])
         try:
             self._file.replace_with(lines, fresh_dir=True)
         except (OSError, HostileFileError) as exc:

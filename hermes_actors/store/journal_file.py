@@ -180,13 +180,28 @@ class JournalFile:
         except BaseException:
             # Never leave a torn record behind for the next batch to be glued onto, nor records whose
             # sync failed: their callers are told they were NOT recorded, so no start may find them.
-            try:
-                os.ftruncate(self.fd, before)
-                self._reserved = before
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                self.cut_back(before)
             raise
         self._end = before + len(data)
+
+    @property
+    def end(self) -> int:
+        """Bytes of records in our file (what :meth:`cut_back` can cut back to)."""
+        return self._end
+
+    def cut_back(self, end: int) -> None:
+        """Cut the file back to its first ``end`` bytes of records: what was written after them is gone.
+
+        Args:
+            end: an earlier :attr:`end`.
+
+        Raises:
+            OSError: the file could not be cut (what was written after ``end`` stays).
+        """
+        assert self.fd is not None
+        os.ftruncate(self.fd, end)
+        self._end = self._reserved = end
 
     def _reserve(self, needed: int) -> None:
         """Allocate the file ahead to at least ``needed`` bytes (one :attr:`reserve_bytes` step or more).
