@@ -166,6 +166,26 @@ def test_a_journal_directory_moved_aside_is_rewritten_at_its_path_at_stop(tmp_pa
 
 
 @pytest.mark.parametrize("fsync", [True, False], ids=["fsync", "no-fsync"])
+def test_a_journal_directory_moved_aside_is_seen_at_the_next_waited_commit(tmp_path: Path, fsync: bool) -> None:
+    """Regression (review): without fsync the path was walked only at stop, so a kill -9 after the move lost every
+    DM acked since: the records went on landing in the file moved aside, where no start looks."""
+    directory = tmp_path / "bot_relay" / "journal"
+    journal = Journal(directory, fsync=fsync, within=tmp_path)
+    journal.start()
+    name = journal.path.name
+    aside = tmp_path / "bot_relay" / "journal.aside"
+    try:
+        journal.append_durably({"t": "accepted", "id": _id(1), "d": {"delivery_id": _id(1)}})
+        directory.rename(aside)
+        journal.append_durably({"t": "accepted", "id": _id(2), "d": {"delivery_id": _id(2)}})
+        # what a kill -9 here leaves: read before the stop, which would rewrite it anyway
+        states = fold_records(_records(directory / name)).states
+    finally:
+        journal.stop()
+    assert set(states) == {_id(1), _id(2)}, "both acceptances are in a file at the journal's path before the stop"
+
+
+@pytest.mark.parametrize("fsync", [True, False], ids=["fsync", "no-fsync"])
 def test_the_commit_that_finds_its_directory_replaced_refuses_its_acceptance_and_keeps_it_nowhere(
     tmp_path: Path, fsync: bool
 ) -> None:

@@ -442,10 +442,12 @@ class Journal:
                 if not isinstance(exc, Exception):
                     raise
             # Before the waiters are told: records in a file no start finds are not durable. The path is
-            # walked with each fdatasync (an eighth of its cost); the link counts are checked always.
+            # walked with each flushed batch (an eighth of an fdatasync; without fsync too: a directory moved
+            # aside keeps its link counts, and a kill -9 would lose every DM acked into it); the link counts are
+            # checked always.
             home = True
             try:
-                home = self._check_home(walk=self._homeless or (batch.flush and self._file.fsync_enabled),
+                home = self._check_home(walk=self._homeless or batch.flush,
                                         pending=lines if batch.error is None else [])
             except Exception:  # a bug here must not stop the writer: the stop checks again
                 logger.exception("checking the delivery journal's path failed")
