@@ -51,6 +51,11 @@ class ToolCall:
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
+#: A scripted reply that breaks the stream: one cut-off chunk, then the connection closes (a provider
+#: dying mid-answer; hermes retries it and then hands back "API call failed after 3 retries: …").
+BROKEN_STREAM = "<<fake-model: broken stream>>"
+
+
 def message_agent_call(target: str, message: str) -> ToolCall:
     """The ``message_agent(target, message)`` tool call as a scripted reply."""
     return ToolCall("message_agent", {"target": target, "message": message})
@@ -362,6 +367,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
+        if reply == BROKEN_STREAM:
+            self.wfile.write(b'data: {"id": "x", "choices": [{"index": 0, "delta": {"content": "hal')
+            self.wfile.flush()
+            return
         for chunk in _chunks(reply, include_usage):
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")

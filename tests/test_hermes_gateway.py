@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_model import FakeModel, last_user_text
+from fake_model import BROKEN_STREAM, FakeModel, last_user_text
 from hermes_fixtures import OfflineRoot, bot_chat_messages
 
 from actors.testkit import await_condition
@@ -128,6 +128,33 @@ def test_a_provider_failure_on_a_warm_turn_is_a_failure_retried_once_not_a_reply
                                                             "all fine now)"), other
     users = [m for m in bot_chat_messages(offline_root.home("bob"), active_only=True) if m[0] == "user"]
     assert [text.endswith("please build it") for _, text in users].count(True) == 1  # taken back before the retry
+
+
+def test_a_warm_turn_whose_model_stream_breaks_is_a_failure_not_a_reply(
+    offline_root: OfflineRoot, fake_model: FakeModel, hermes_gateway: HermesGateway, hermes_cli: str
+) -> None:
+    """Regression (review): hermes gives up on a broken stream and its API server hands back "API call failed
+    after 3 retries: Provider returned an empty stream …" as the answer; that text classifies as no known
+    reason, so the DM was 'replied' with it, the sender woken "Reply from @bob: API call failed …", and the
+    DM left unanswered in bob's Bot Chat. A CLI turn reports the same failure as failed."""
+    from hermes_actors import Gateway
+
+    def script(messages: list[dict[str, Any]]) -> str:
+        text = last_user_text(messages)
+        return BROKEN_STREAM if "break it" in text else f"bob here: {text.split(': ', 1)[-1]}"
+
+    fake_model.script = script  # type: ignore[assignment]
+    runner, _ = warm_runner(offline_root, hermes_gateway, hermes_cli)
+    with Gateway(offline_root.root, runner=runner, config={"bot_mode": {"wake_sender": False}}) as gw:
+        broken = gw.wait_outcome(gw.message_agent(sender="alice", target="bob", message="break it")["delivery_id"],
+                                 timeout=300)
+        after = gw.wait_outcome(gw.message_agent(sender="alice", target="bob", message="all well?")["delivery_id"],
+                                timeout=300)
+    assert broken["status"] == "failed", broken
+    assert "API call failed after" in broken["error"], broken
+    assert (after["status"], after["reply"]) == ("replied", "bob here: all well?"), after
+    users = [text for role, text in bot_chat_messages(offline_root.home("bob"), active_only=True) if role == "user"]
+    assert not any(text.endswith("break it") for text in users), users  # the failed DM is taken back
 
 
 def test_a_warm_turn_reported_timed_out_keeps_the_bot_busy_until_hermes_answers_it(

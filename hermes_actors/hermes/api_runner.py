@@ -44,6 +44,16 @@ _PAGE = 200
 _MAX_PAGES = 50
 _FAILURE_CHARS = 2000  # of a failure text hermes handed back as an answer
 _NO_REPLY_WARNING = "⚠️ No reply:"  # hermes 0.19's text for a model's empty answer (it stores EMPTY_ANSWER)
+#: How hermes 0.19 words the ``final_response`` of a turn it gave up on (agent/conversation_loop.py), which its
+#: API server hands back as the answer: with none stored in state.db, such a text is the failure, whatever
+#: reason it classifies as ("API call failed after 3 retries: Provider returned an empty stream …" is none).
+_HERMES_FAILURE_ANSWERS = (
+    "API call failed after ",
+    "Invalid API response after ",
+    "Billing or credits exhausted:",
+    "Request payload too large",
+    "Context length exceeded",
+)
 
 
 def pick_titled_session(rows: list[dict[str, Any]], title: str) -> str | None:
@@ -263,12 +273,13 @@ class ApiRunner:
         if not isinstance(content, str):
             raise TurnFailed(f"hermes API server answered without a reply for @{handle}: {str(payload)[:300]}")
         reason = classify_agent_error(content)
-        if reason == UNKNOWN and not content.startswith(_NO_REPLY_WARNING):
+        failure_like = reason != UNKNOWN or content.startswith(_HERMES_FAILURE_ANSWERS)
+        if not failure_like and not content.startswith(_NO_REPLY_WARNING):
             return content
         # hermes' API server hands a failed turn's error text back as the answer ("API call failed after
         # 3 retries: HTTP 500: ...") and an empty answer as its own warning: state.db says which it was.
         readable, stored = final_answer_since(turn_home(turn), str(effective or session), began)
-        if readable and stored is None and reason != UNKNOWN:  # no answer stored: the turn failed (may retry)
+        if readable and stored is None and failure_like:  # no answer stored: the turn failed (may retry)
             raise TurnFailed(f"hermes on @{handle}'s Bot Chat turn: {content[:_FAILURE_CHARS]}", reason=reason)
         if readable and stored == EMPTY_ANSWER and content.startswith(_NO_REPLY_WARNING):
             return ""  # the model chose to say nothing: a silent outcome, not hermes' warning as the bot's reply
