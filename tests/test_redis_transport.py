@@ -390,6 +390,29 @@ def test_a_full_target_stream_refuses_target_busy(tmp_path: Path, redis_server: 
         assert redis_server.client().xlen(KEYS.inbox("ghost")) == 5
 
 
+@pytest.mark.parametrize("broken", ["sent", "inbox"])
+def test_a_send_refused_for_a_key_of_the_wrong_type_queues_nothing(
+    tmp_path: Path, redis_server: RedisServer, broken: str
+) -> None:
+    """Regression (review): with ``sent:<me>`` a string the script's XADD had already queued the envelope when its
+    HSET failed; the sender was told "Nothing was sent." and the target ran the turn anyway."""
+    fake_connection(redis_server, "ghost")  # online, but nobody consumes its stream: what is queued stays there
+    client = redis_server.client()
+    with gateway(tmp_path, "alpha", redis_server) as alpha:
+        wait_online(alpha, "bob", "ghost")
+        key = KEYS.sent("alpha") if broken == "sent" else KEYS.inbox("ghost")
+        client.set(key, "oops")
+        refused = alpha.message_agent(sender="alice", target="bob@ghost", message="hi")
+        client.delete(key)
+        assert "delivery_id" not in refused, refused
+        assert "Nothing was sent" in refused["error"] and "wrong kind of value" in refused["error"], refused
+        assert client.xlen(KEYS.inbox("ghost")) == 0, "a refused DM left nothing queued"
+        assert client.hlen(KEYS.sent("alpha")) == 0
+        acked = alpha.message_agent(sender="alice", target="bob@ghost", message="again")
+        assert "delivery_id" in acked, acked  # the key fixed, the next DM goes
+        assert client.xlen(KEYS.inbox("ghost")) == 1
+
+
 def test_replies_waiting_for_an_absent_sender_are_never_trimmed(tmp_path: Path, redis_server: RedisServer) -> None:
     """Every reply waits in its sender's stream until the sender reads it, however many wait.
 

@@ -50,11 +50,27 @@ __all__ = ["REPORTED_KEEP", "SEND_LUA", "Outbound", "Waiting"]
 REPORTED_KEEP = 100_000
 
 #: KEYS: target inbox, our sent hash; ARGV: stream bound, envelope, reply_to, envelope id, sent meta.
+#: Redis does not undo a script's earlier writes when a later command fails, so a refusal must leave nothing
+#: queued: both keys' types are checked before anything is written, and an envelope whose ``sent`` record could
+#: not be written after all is deleted again (a queued envelope its sender was told "Nothing was sent" about
+#: would run a turn nobody waits for).
 SEND_LUA = """
+local inbox = redis.call('TYPE', KEYS[1])['ok']
+if inbox ~= 'none' and inbox ~= 'stream' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. inbox .. ', not a stream')
+end
+local sent = redis.call('TYPE', KEYS[2])['ok']
+if sent ~= 'none' and sent ~= 'hash' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' holds a ' .. sent .. ', not a hash')
+end
 local n = redis.call('XLEN', KEYS[1])
 if n >= tonumber(ARGV[1]) then return {0, n} end
 local id = redis.call('XADD', KEYS[1], '*', 'envelope', ARGV[2], 'reply_to', ARGV[3])
-redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+local recorded = redis.pcall('HSET', KEYS[2], ARGV[4], ARGV[5])
+if type(recorded) == 'table' and recorded['err'] then
+  redis.call('XDEL', KEYS[1], id)
+  return redis.error_reply(recorded['err'])
+end
 return {1, id}
 """
 
@@ -116,7 +132,10 @@ class Outbound:
             if self.link.unreachable(exc):
                 return Refusal(transport_unreachable_text(label, self.link.settings.address),
                                "runtime_offline").as_dict()
-            return {"error": f"Could not queue the message for {label}: {exc}. Nothing was sent.", "reason": "unknown"}
+            fix = (" A key under the Redis prefix holds the wrong kind of value: delete it (it is no key of a running"
+                   " gateway) and resend." if "WRONGTYPE" in str(exc) else "")
+            return {"error": f"Could not queue the message for {label}: {exc}. Nothing was sent.{fix}",
+                    "reason": "unknown"}
         if not ok:
             self.counters["refused_full"] += 1
             return {"error": f"target_busy: the queue for {label} is full ({detail} DMs waiting in Redis). "
