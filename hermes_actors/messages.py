@@ -563,6 +563,7 @@ class RedisEntries:
 
     stream: str  # "in" | "replies"
     entries: tuple[tuple[str, dict[Any, Any]], ...]  # (entry id, fields)
+    read: bool = False  # read by the reader thread (its inbox entries count against the InboxRoom until handled)
 
 
 @dataclass(frozen=True, slots=True)

@@ -413,6 +413,55 @@ def test_a_send_refused_for_a_key_of_the_wrong_type_queues_nothing(
         assert client.xlen(KEYS.inbox("ghost")) == 1
 
 
+def test_a_backlog_past_max_queued_waits_in_redis_and_every_entry_is_answered(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): the reader checked the bound only before each read and then took up to 100 entries,
+    so a backlog past ``max_queued`` reached the target's full queue and acked DMs failed ``target_busy``; the
+    docs say "A gateway holds at most ``max_queued`` entries in flight; the rest wait in Redis"."""
+    release = threading.Event()
+    first = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if not first.is_set():
+            first.set()
+            assert release.wait(30), "the test never released the first turn"
+        return "ok"
+
+    injected = [inject(redis_server, "mini", "ghost")["id"] for _ in range(20)]  # all there before mini reads
+    rec = RecordingRunner(behave)
+    with gateway(tmp_path, "mini", redis_server, rec, config={"bot_mode": {"max_queued": 3}}):
+        assert first.wait(20), "mini never ran the first entry"
+        release.set()
+        await_condition(lambda: redis_server.client().xlen(KEYS.replies("ghost")) >= len(injected), timeout=30,
+                        message="a reply for every entry")
+    replies = replies_to(redis_server, "ghost")
+    assert [(r["reply"], r["error"]) for r in replies] == [("ok", "")] * len(injected), replies  # none target_busy
+    assert sorted(r["id"] for r in replies) == sorted(injected)
+
+
+def test_a_gateway_that_lost_its_connection_ids_lease_stops_reading_its_inbox(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): after a FLUSHALL a second process started on the same connection id; the first
+    logged that it lost the lease ("stop one of them") and went on taking entries of the shared inbox."""
+    first_runner, second_runner = RecordingRunner(), RecordingRunner()
+    slow_beat = {"bot_mode": {"redis_heartbeat_seconds": 3}}
+    with LogCapture("ERROR") as logs, gateway(tmp_path, "alpha", redis_server) as alpha, \
+            gateway(tmp_path, "mini", redis_server, first_runner, config=slow_beat):
+        wait_online(alpha, "bob", "mini")
+        redis_server.client().flushall()  # the lease (the alive key) is gone: a second process can take it
+        with gateway(tmp_path / "second", "mini", redis_server, second_runner):
+            await_condition(lambda: logs.matching("is held by another process"), timeout=30,
+                            message="the first gateway noticed the lease is another process's")
+            wait_online(alpha, "bob", "mini")
+            acks = [alpha.message_agent(sender="alice", target="bob@mini", message=f"m{i}") for i in range(10)]
+            outcomes = [alpha.wait_outcome(a["delivery_id"], timeout=30) for a in acks]
+    assert [o["status"] for o in outcomes] == ["replied"] * 10, outcomes
+    assert first_runner.entered == [], "the process without the lease ran none of them"
+    assert len(second_runner.entered) == 10
+
+
 def test_replies_waiting_for_an_absent_sender_are_never_trimmed(tmp_path: Path, redis_server: RedisServer) -> None:
     """Every reply waits in its sender's stream until the sender reads it, however many wait.
 

@@ -57,7 +57,7 @@ from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.heartbeat import Heartbeat
 from hermes_actors.transports.redis.inbound import InboundDrain
-from hermes_actors.transports.redis.io import ClaimGuard, StreamReader, ensure_groups
+from hermes_actors.transports.redis.io import ClaimGuard, InboxRoom, StreamReader, ensure_groups
 from hermes_actors.transports.redis.link import RedisLink, as_text
 from hermes_actors.transports.redis.outbound import Outbound
 
@@ -112,6 +112,7 @@ class RedisRelayActor(TypedActor):
                                     counters=self.counters, marks=InboxPaths.from_root(root))
         self.dispatcher = dispatcher
         self.reader: StreamReader | None = None
+        self.inbox_room: InboxRoom | None = None
         self.heartbeat: Heartbeat | None = None
         self.profiles: tuple[ProfileInfo, ...] = ()
         self.published: dict[str, bytes] | None = None
@@ -133,8 +134,12 @@ class RedisRelayActor(TypedActor):
         self.heartbeat = Heartbeat(self.settings, self.keys, self.me, self.consumer,
                                    owner_alive=self.actor_ref.is_alive).start()
         self._on_tick(RedisTick())
+        heartbeat = self.heartbeat
+        room = InboxRoom(self.config.max_queued, lambda: len(self.inbound.flights),
+                         closed=lambda: heartbeat.lease_lost)  # a second process holds our connection id
+        self.inbox_room = room
         self.reader = StreamReader(self.settings, self.keys, self.me, self.consumer, self.actor_ref,
-                                   paused=self._paused).start()
+                                   room=room).start()
         self.timers.every(self.settings.tick_seconds, RedisTick())
 
     def on_stop(self) -> None:
@@ -147,9 +152,6 @@ class RedisRelayActor(TypedActor):
             self.heartbeat.stop(delete=True)  # a clean stop is offline at once (no waiting for the expiry)
         self.guard.close()
         self.redis_link.close()
-
-    def _paused(self) -> bool:
-        return self.inbound.full()
 
     # ── our envelopes ───────────────────────────────────────────────────────
 
@@ -201,11 +203,15 @@ class RedisRelayActor(TypedActor):
 
     @handles(RedisEntries)
     def _on_entries(self, msg: RedisEntries) -> None:
-        for entry_id, fields in msg.entries:
-            if msg.stream == "in":
-                self.inbound.on_entry(entry_id, fields)
-            else:
-                self.outbound.on_reply_entry(entry_id, fields)
+        try:
+            for entry_id, fields in msg.entries:
+                if msg.stream == "in":
+                    self.inbound.on_entry(entry_id, fields)
+                else:
+                    self.outbound.on_reply_entry(entry_id, fields)
+        finally:
+            if msg.read and msg.stream == "in" and self.inbox_room is not None:
+                self.inbox_room.handled(len(msg.entries))
 
     @handles(ForgetSent)
     def _on_forget_sent(self, msg: ForgetSent) -> None:
@@ -253,7 +259,9 @@ class RedisRelayActor(TypedActor):
                 self._publish_roster()
                 self.due["heartbeat"] = now + self.settings.heartbeat_seconds
             if now >= self.due["reclaim"]:
-                self._reclaim()
+                # without our connection id's lease the inbox is the holder's to reclaim: our replies only
+                self._reclaim(kinds=("replies",) if self.heartbeat is not None and self.heartbeat.lease_lost
+                              else ("in", "replies"))
                 self.due["reclaim"] = now + self.settings.claim_idle_seconds / 2
             self.outbound.retry_expiries()
             if now >= self.due["gc"]:

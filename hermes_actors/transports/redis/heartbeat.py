@@ -84,10 +84,11 @@ class Heartbeat:
                 return False
             if not ours:
                 self.failures += 1
-                if not self.lease_lost:
+                lost_now, self.lease_lost = not self.lease_lost, True  # set before it is told: readers check it
+                if lost_now:
                     logger.error("redis: {} is held by another process (a second gateway on our connection id); "
-                                 "this one is not online under it — stop one of them", self.alive_key)
-                self.lease_lost = True
+                                 "this one is not online under it and reads none of its inbox — stop one of them",
+                                 self.alive_key)
                 return False
             self.lease_lost = False
             self.beats += 1

@@ -64,10 +64,6 @@ class InboundDrain:
         self.counters = counters
         self.flights: dict[str, Flight] = {}
 
-    def full(self) -> bool:
-        """Whether the reader should pause (``max_queued`` envelopes in flight)."""
-        return len(self.flights) >= self.config.max_queued
-
     def held_entry_ids(self) -> list[str]:
         """The inbox entries we hold (their idle time is reset so no live consumer's work is reclaimed)."""
         return sorted({i for f in self.flights.values() for i in f.entry_ids})

@@ -34,7 +34,8 @@ from hermes_actors.transports.redis.store import (
     is_redis_unreachable,
 )
 
-__all__ = ["BACKOFF_MAX_SECONDS", "ClaimGuard", "StreamReader", "ensure_groups", "make_client", "require_redis"]
+__all__ = ["BACKOFF_MAX_SECONDS", "ClaimGuard", "InboxRoom", "StreamReader", "ensure_groups", "make_client",
+           "require_redis"]
 
 BACKOFF_MAX_SECONDS = 5.0
 READ_COUNT = 100
@@ -76,6 +77,48 @@ def ensure_groups(client: Any, streams: list[str]) -> None:
                 raise
 
 
+class InboxRoom:
+    """How many inbox entries the reader may take now, so that no more than the bound are ever held.
+
+    The bound (``max_queued``) less the envelopes in flight and the entries read but not
+    yet handled by the actor (the flights count them only once the actor has): checked
+    before each read only, the flights let a read take a hundred entries past the bound,
+    which the target's full queue then failed ``target_busy`` (acked DMs the docs say wait
+    in Redis). Zero while ``closed`` (our connection's lease is another process's).
+
+    Shared by the reader thread (:meth:`free`, :meth:`taken`) and the actor (:meth:`handled`).
+
+    Args:
+        limit: the bound.
+        in_flight: how many envelopes the actor holds (read on the reader's thread).
+        closed: True while no inbox entry may be read at all.
+    """
+
+    def __init__(self, limit: int, in_flight: Callable[[], int], *, closed: Callable[[], bool] = lambda: False) -> None:
+        self.limit = limit
+        self.in_flight = in_flight
+        self.closed = closed
+        self._unhandled = 0
+        self._lock = threading.Lock()
+
+    def free(self) -> int:
+        """Entries that may be read now (0: read the replies stream only)."""
+        if self.closed():
+            return 0
+        with self._lock:
+            return max(0, self.limit - self.in_flight() - self._unhandled)
+
+    def taken(self, count: int) -> None:
+        """The reader read ``count`` inbox entries and tells them to the actor."""
+        with self._lock:
+            self._unhandled += count
+
+    def handled(self, count: int) -> None:
+        """The actor handled ``count`` entries the reader read (the flights count what they became)."""
+        with self._lock:
+            self._unhandled = max(0, self._unhandled - count)
+
+
 def _batches(response: Any) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
     """XREADGROUP's answer (RESP2 list or RESP3 dict) as (stream, [(id, fields)])."""
     items = response.items() if isinstance(response, dict) else (response or [])
@@ -100,8 +143,8 @@ class StreamReader:
         connection: our connection id.
         consumer: our consumer name.
         target: the actor told :class:`RedisEntries`.
-        paused: True while the actor holds enough inbound envelopes (the inbox is
-            then not read; replies still are).
+        room: how many inbox entries a read may take (none: no bound); with no room the
+            inbox is not read, replies still are.
     """
 
     def __init__(
@@ -112,14 +155,14 @@ class StreamReader:
         consumer: str,
         target: pykka.ActorRef[Any],
         *,
-        paused: Callable[[], bool] = lambda: False,
+        room: InboxRoom | None = None,
     ) -> None:
         self.settings = settings
         self.inbox = keys.inbox(connection)
         self.replies = keys.replies(connection)
         self.consumer = consumer
         self.target = target
-        self.paused = paused
+        self.room = room
         self.reconnects = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,14 +195,14 @@ class StreamReader:
                         self.reconnects += 1
                         logger.info("redis: reader reconnected to {}", self.settings.address)
                         down_since = None
-                streams = {self.replies: ">"} if self.paused() else {self.inbox: ">", self.replies: ">"}
-                response = client.xreadgroup(GROUP, self.consumer, streams, count=READ_COUNT,
+                free = READ_COUNT if self.room is None else min(READ_COUNT, self.room.free())
+                if 0 < free < READ_COUNT:  # the blocking read's COUNT is per stream: take the replies at full rate
+                    self._tell(client.xreadgroup(GROUP, self.consumer, {self.replies: ">"}, count=READ_COUNT))
+                streams = {self.inbox: ">", self.replies: ">"} if free > 0 else {self.replies: ">"}
+                response = client.xreadgroup(GROUP, self.consumer, streams, count=free or READ_COUNT,
                                              block=self.settings.block_ms)
                 backoff = 0.1
-                for stream, entries in _batches(response):
-                    if entries:
-                        kind = "in" if stream == self.inbox else "replies"
-                        self.target.tell(RedisEntries(kind, tuple(entries)))
+                self._tell(response, client)
             except pykka.ActorDeadError:
                 break
             except ResponseError as exc:
@@ -178,6 +221,36 @@ class StreamReader:
                 self._stop.wait(backoff)
                 backoff = min(BACKOFF_MAX_SECONDS, backoff * 2)
         self._drop(client)
+
+    def _tell(self, response: Any, client: Any = None) -> None:
+        """Tell the actor each stream's entries of one XREADGROUP answer (inbox entries count against the room).
+
+        Inbox entries a read already blocking took after our connection id's lease was lost are
+        handed back to the stream (``client`` given) for the process that holds it.
+        """
+        for stream, entries in _batches(response):
+            if entries:
+                kind = "in" if stream == self.inbox else "replies"
+                if kind == "in" and self.room is not None:
+                    if client is not None and self.room.closed():
+                        self._hand_back(client, entries)
+                        continue
+                    self.room.taken(len(entries))
+                self.target.tell(RedisEntries(kind, tuple(entries), read=True))
+
+    def _hand_back(self, client: Any, entries: list[tuple[str, dict[Any, Any]]]) -> None:
+        """Queue copies of ``entries`` at the inbox's end and drop ours, in one transaction.
+
+        A duplicate can never run twice (the turn claim), and nothing is dropped before its copy is queued.
+        """
+        pipe = client.pipeline(transaction=True)
+        for entry_id, fields in entries:
+            pipe.xadd(self.inbox, fields)
+            pipe.xack(self.inbox, GROUP, entry_id)
+            pipe.xdel(self.inbox, entry_id)
+        pipe.execute()
+        logger.warning("redis: {} inbox entr(ies) read as our connection id's lease was lost were handed back to the "
+                       "stream for the process that holds it", len(entries))
 
     @staticmethod
     def _drop(client: Any) -> None:
