@@ -117,6 +117,7 @@ class FsBridge:
         self._lock = threading.Lock()  # start/stop/health-check may come from different threads
         self.paused = False  # tests: drop events on the floor, as an overflowing inotify would
         self.restarts = 0
+        self._restart_failing = False  # a restart failed (logged once until one works)
 
     def start(self) -> FsBridge:
         """Start watching, then ask for the start rescan. Returns self.
@@ -187,9 +188,20 @@ class FsBridge:
                 return True
             if observer is None or observer.is_alive():
                 return True
-            logger.warning("file watcher for {} died; restarting it", self.root)
+            if not self._restart_failing:
+                logger.warning("file watcher for {} died; restarting it", self.root)
+            try:
+                self._start_observer()
+            except OSError as exc:  # the root is gone or no directory now: the rescans go on, and so do the tries
+                if not self._restart_failing:
+                    logger.error("file watcher for {} cannot be restarted: {}; the periodic rescan stands in until "
+                                 "it is a directory again", self.root, exc)
+                self._restart_failing = True
+                return False
+            if self._restart_failing:
+                logger.info("file watcher for {} restarted", self.root)
+            self._restart_failing = False
             self.restarts += 1
-            self._start_observer()
         self.target.tell(Rescan("observer-restarted"))
         return False
 

@@ -202,6 +202,33 @@ def test_a_killed_observer_is_restarted_and_a_rescan_is_told(
         assert bridge.check_health() is True and bridge.restarts == 1
 
 
+@pytest.mark.parametrize("factory", WATCHERS[:1])  # our inotify watcher (watchdog watches a file without complaint)
+def test_a_watcher_whose_root_became_a_file_is_tried_again_without_raising(
+    factory: Any, tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
+) -> None:
+    """Regression (review): with the watched root replaced by a file, restarting its dead watcher raised out of
+    the periodic check, which then never told its Rescan (and logged a traceback at every period)."""
+    ref, actor = probe
+    root = tmp_path / "watched"
+    root.mkdir()
+    with FsBridge(root, ref, scheduler=scheduler, rescan_seconds=0, observer_factory=factory) as bridge:
+        actor.expect(Rescan)
+        dead = bridge._observer
+        assert dead is not None
+        dead.stop()
+        dead.join(timeout=5)
+        root.rename(tmp_path / "aside")
+        root.write_text("not a directory")
+        assert bridge.check_health() is False  # no exception: the caller goes on
+        assert bridge.check_health() is False and bridge.restarts == 0
+        root.unlink()
+        (tmp_path / "aside").rename(root)
+        assert bridge.check_health() is False and bridge.restarts == 1  # a directory again: restarted
+        after = root / "after.json"
+        after.write_text("{}")
+        wait_appeared(actor, after)
+
+
 def test_the_periodic_health_check_restarts_a_dead_observer(
     tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
 ) -> None:
