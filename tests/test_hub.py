@@ -331,34 +331,3 @@ def test_the_hub_never_follows_a_delivered_swapped_for_a_symlink(two_roots: tupl
     assert link.is_symlink()  # the link itself moved aside; what it pointed at was never touched
     assert {p.name: p.read_text(encoding="utf-8") for p in outside.iterdir()} == files
     assert logs.matching("hub:", "delivered", "usable directory again"), logs.lines
-
-
-@pytest.mark.parametrize("what", ["file", "symlink to a file"])
-def test_a_root_whose_bot_relay_is_no_directory_stops_none_of_the_others(tmp_path: Path, what: str) -> None:
-    """Regression (review): with one root's ``bot_relay/`` a file, the hub's put-back raised NotADirectoryError out
-    of its rescan, the unsupervised HubActor died, and no root was relayed any more."""
-    broken = make_root(tmp_path, {"zed": {}}, name="broken")
-    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
-    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
-    with LogCapture("ERROR") as logs, hub_thread({"broken": broken, "alpha": alpha, "mini": mini},
-                                                 rescan_seconds=0.1):
-        relay = broken / "bot_relay"
-
-        def relayed() -> None:
-            envelope = seed_envelope(target_connection="mini", target_profile="moxie")
-            await_condition(lambda: (alpha / "bot_relay" / "outbox").is_dir(), timeout=20, message="alpha's outbox")
-            seed_write_json(alpha / "bot_relay" / "outbox" / f"{envelope['id']}.json", envelope)
-            await_condition(lambda: (mini / "bot_relay" / "inbox" / f"{envelope['id']}.json").exists(), timeout=20,
-                            message="the hub relays between alpha and mini")
-
-        relayed()  # the hub is up, its watches too (the broken root's first)
-        os.rename(relay, tmp_path / "relay-aside")
-        if what == "file":
-            relay.write_text("not a directory\n")
-        else:
-            (tmp_path / "a-file").write_text("x")
-            relay.symlink_to(tmp_path / "a-file")
-        await_condition(lambda: logs.matching("could not recreate the relay directory", str(relay)), timeout=20,
-                        message="a rescan of the broken root ran and named it")
-        relayed()  # and still does
-    assert not logs.matching("crashed"), logs.lines

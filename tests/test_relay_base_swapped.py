@@ -240,26 +240,3 @@ def test_a_running_gateway_makes_no_shelf_through_a_swapped_bot_relay(
     assert logs.matching("is gone and a new one could not be made", "bot_relay is a symlink"), logs.lines
     assert _entries(elsewhere) == set()
     assert (tmp_path / "bot_relay.moved" / "taken" / shelf.name / ".lock").is_file()  # ours, left for a restart
-
-
-def test_a_gateways_relay_survives_bot_relay_being_a_file_and_drains_once_it_is_back(tmp_path: Path) -> None:
-    """Regression (review): with ``bot_relay/`` a regular file, the rescan's put-back raised NotADirectoryError and
-    the unsupervised RelayActor died: once the directory was back, ``inbox/`` was never drained again."""
-    from relay_helpers import seed_envelope
-
-    root = make_root(tmp_path, {"moxie": {}}, name="mini", config={"bot_mode": {"rescan_seconds": 0.1}})
-    runner = RecordingRunner()
-    with LogCapture("ERROR") as logs, Gateway(root, runner=runner, connection_id="mini"):
-        relay = root / "bot_relay"
-        os.rename(relay, tmp_path / "aside")
-        relay.write_text("not a directory\n")
-        await_condition(lambda: logs.matching("could not recreate the relay directory", str(relay)), timeout=20,
-                        message="a rescan ran and named the broken relay directory")
-        relay.unlink()
-        os.rename(tmp_path / "aside", relay)
-        posted = relay_inbox.post_to_inbox(InboxPaths.from_root(root),
-                                           seed_envelope(target_connection="mini", target_profile="moxie"), "alpha")
-        await_condition(lambda: (relay / "delivered" / posted.name).exists(), timeout=20,
-                        message="the relay drained inbox/ again and wrote the reply")
-    assert len(runner.entered) == 1
-    assert not logs.matching("crashed"), logs.lines

@@ -36,7 +36,6 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.messages import RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
-from hermes_actors.relay.failing_passes import FailingPasses
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -125,7 +124,6 @@ class HubActor(TypedActor):
         self.refused: set[Path] = set()  # relay directories found swapped for a symlink (or not ours): logged once
         # per root, the relay directories the put-back could not make (quarantine_strays logs each once)
         self.unfixable: dict[str, set[Path]] = {r.name: set() for r in roots}
-        self.passes = FailingPasses()
 
     def on_start(self) -> None:
         for root in self.roots:
@@ -333,26 +331,20 @@ class HubActor(TypedActor):
 
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
-        for root in self.roots:  # one root's broken tree stops none of the others
-            with self.passes.guard(f"{root.name} ({root.paths.relay.base})",
-                                   "make its bot_relay/ a directory of this user again"):
-                self._rescan_root(root)
-
-    def _rescan_root(self, root: HubRoot) -> None:
-        """One root's rescan: put back its swapped directories (no gateway of ours there), drain, forward."""
-        if not gateway_alive(root.paths):
-            # Nobody else puts back a relay directory swapped for a symlink (or removed) on this root (a
-            # gateway of ours does it at its rescans; a seed gateway never): the hub does, by the same rule.
-            quarantine_strays(root.paths, unfixable=self.unfixable[root.name])
-        outbox = root.paths.relay.outbox
-        with self._relay_dir(root, outbox) as fd:
-            queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
-        for envelope_id in queued:
-            self._drain(root, envelope_id)
-        with self._relay_dir(root, root.paths.delivered) as delivered:
-            if delivered is not None:
-                for envelope_id in rf.list_ids(root.paths.delivered, dir_fd=delivered):
-                    self._forward(root, envelope_id, delivered)
+        for root in self.roots:
+            if not gateway_alive(root.paths):
+                # Nobody else puts back a relay directory swapped for a symlink (or removed) on this root (a
+                # gateway of ours does it at its rescans; a seed gateway never): the hub does, by the same rule.
+                quarantine_strays(root.paths, unfixable=self.unfixable[root.name])
+            outbox = root.paths.relay.outbox
+            with self._relay_dir(root, outbox) as fd:
+                queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
+            for envelope_id in queued:
+                self._drain(root, envelope_id)
+            with self._relay_dir(root, root.paths.delivered) as delivered:
+                if delivered is not None:
+                    for envelope_id in rf.list_ids(root.paths.delivered, dir_fd=delivered):
+                        self._forward(root, envelope_id, delivered)
 
 
 def run_hub(

@@ -50,7 +50,6 @@ from hermes_actors.messages import (
 )
 from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
-from hermes_actors.relay.failing_passes import FailingPasses
 from hermes_actors.relay.outbound import Outbound
 from hermes_actors.relay.restart import recover_taken
 from hermes_actors.relay.strays import quarantine_strays
@@ -134,7 +133,6 @@ class RelayActor(TypedActor):
         # at each rescan (after the clean-up put delivered/ back) until they are on disk
         self.unwritten: dict[str, tuple[dict[str, Any], str]] = {}
         self.unfixable: set[Path] = set()  # relay directories the rescan could not put back (each logged once)
-        self.passes = FailingPasses()  # a rescan that raises (a broken tree) is logged once and ends nothing
 
     def on_start(self) -> None:
         self._recover_taken()
@@ -340,10 +338,6 @@ class RelayActor(TypedActor):
 
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
-        with self.passes.guard(str(self.paths.relay.base), "make it a directory of this user again"):
-            self._rescan()
-
-    def _rescan(self) -> None:
         # first: the listings below need the tree
         self.counters["quarantined"] += quarantine_strays(self.paths, unfixable=self.unfixable)
         self._keep_shelf()

@@ -38,14 +38,10 @@ def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
 
 
 def _swapped(directory: Path) -> bool:
-    """Whether ``directory`` is there but is not a real directory (a symlink, a file...), in one ``lstat``.
-
-    Not when it cannot be looked at (missing, ``bot_relay/`` itself a file: ``ENOTDIR``, no permission): then
-    there is nothing of ours to move aside, and the put-back that follows names what is wrong.
-    """
+    """Whether ``directory`` is there but is not a real directory (a symlink, a file...), in one ``lstat``."""
     try:
         return not stat.S_ISDIR(os.lstat(directory).st_mode)
-    except OSError:
+    except FileNotFoundError:
         return False
 
 
@@ -123,12 +119,8 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) 
     directories = kept_directories(paths)
     swapped = [d for d in directories if _swapped(d)]
     for directory in swapped:
-        try:
-            _move_aside(paths, directory)
-        except OSError as exc:  # swapped back meanwhile, or bot_relay/ itself unusable: the put-back names it
-            logger.warning("relay: could not move the swapped relay directory {} aside: {}", directory, exc)
-            continue
         moved += 1
+        _move_aside(paths, directory)
     failing = set() if unfixable is None else unfixable
     # also put back what was removed; and look again at what failed before, to say when it is back
     if swapped or failing or not all(os.path.isdir(d) for d in directories):
