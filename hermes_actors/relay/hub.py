@@ -45,6 +45,7 @@ from hermes_actors.store.relay_heartbeat import gateway_alive
 from hermes_actors.store.relay_inbox import InboxPaths, already_posted, post_to_inbox, read_delivered
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import Shelf
+from hermes_actors.store.yaml_file import warn_once
 
 __all__ = ["HubActor", "HubRoot", "run_hub"]
 
@@ -186,11 +187,14 @@ class HubActor(TypedActor):
             previous = self.last_roster.get(root.name)
             if previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS:
                 continue
+            what = f"hub roster push to {root.paths.relay.base}"
             try:
                 rf.write_roster(root.paths.relay, rows, now=now)
                 self.last_roster[root.name] = (rows, now)
             except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
-                logger.warning("hub: roster push to {} failed: {}", root.name, exc)
+                warn_once(what, [f"hub: roster push to {root.name} failed: {exc}"])  # once while it lasts
+                continue
+            warn_once(what, [])
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
         result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=time.time())
@@ -331,20 +335,33 @@ class HubActor(TypedActor):
 
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
-        for root in self.roots:
-            if not gateway_alive(root.paths):
-                # Nobody else puts back a relay directory swapped for a symlink (or removed) on this root (a
-                # gateway of ours does it at its rescans; a seed gateway never): the hub does, by the same rule.
-                quarantine_strays(root.paths, unfixable=self.unfixable[root.name])
-            outbox = root.paths.relay.outbox
-            with self._relay_dir(root, outbox) as fd:
-                queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
-            for envelope_id in queued:
-                self._drain(root, envelope_id)
-            with self._relay_dir(root, root.paths.delivered) as delivered:
-                if delivered is not None:
-                    for envelope_id in rf.list_ids(root.paths.delivered, dir_fd=delivered):
-                        self._forward(root, envelope_id, delivered)
+        for root in self.roots:  # one root's trouble stops none of the others, nor the hub
+            what = f"hub rescan of {root.paths.relay.base}"
+            try:
+                self._rescan_root(root)
+            except (OSError, ValidationError) as exc:  # StoreError, HostileFileError included
+                warn_once(what, [f"hub: the rescan of {root.name} ({root.paths.relay.base}) failed: "
+                                 f"{type(exc).__name__}: {exc}. The hub goes on with the other roots and tries "
+                                 "again at the next rescan; if this lasts, check that the directory and everything "
+                                 "in it belong to the user running the hub"])
+                continue
+            warn_once(what, [])  # a lasting failure is logged once, and again once it went and came back
+
+    def _rescan_root(self, root: HubRoot) -> None:
+        """Clean ``root`` up when no gateway of ours does, drain its outbox/ and forward its delivered/."""
+        if not gateway_alive(root.paths):
+            # Nobody else puts back a relay directory swapped for a symlink (or removed) on this root (a
+            # gateway of ours does it at its rescans; a seed gateway never): the hub does, by the same rule.
+            quarantine_strays(root.paths, unfixable=self.unfixable[root.name])
+        outbox = root.paths.relay.outbox
+        with self._relay_dir(root, outbox) as fd:
+            queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
+        for envelope_id in queued:
+            self._drain(root, envelope_id)
+        with self._relay_dir(root, root.paths.delivered) as delivered:
+            if delivered is not None:
+                for envelope_id in rf.list_ids(root.paths.delivered, dir_fd=delivered):
+                    self._forward(root, envelope_id, delivered)
 
 
 def run_hub(
