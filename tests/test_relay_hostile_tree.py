@@ -25,7 +25,7 @@ from roots import LogCapture, RecordingRunner, make_root, start_gateway
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core.config import DEFAULTS, load_config, parse_config
-from hermes_actors.errors import StoreError
+from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.messages import Turn
 from hermes_actors.relay.restart import recover_taken
 from hermes_actors.relay.strays import quarantine_strays
@@ -686,3 +686,46 @@ def test_a_restart_writes_the_reply_kept_in_a_start_mark_instead_of_ambiguous(
     assert (record["reply"], record["error"], record["reply_connection"]) == ("kept answer", "", "alpha"), record
     assert rec.entered == [] and not (paths.started / f"{env['id']}.json").exists()
 
+
+def test_a_start_puts_back_a_delivered_left_swapped_and_writes_the_kept_reply(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: a gateway killed after its delivered/ write failed (delivered/ swapped for a symlink to a
+    user's directory) left the reply in the start mark "for the next start", but that start refused the root
+    (``delivered is a symlink or not a directory; refusing to use it``). Now the start puts delivered/ back
+    by the rescan's rule (the link moved into quarantine/, never followed) and writes the kept reply."""
+    from hermes_actors.store.relay_marks import keep_reply
+
+    mini, paths = mini_root(tmp_path)
+    env = moxie_envelope("answered before the kill")
+    (paths.taken_parent / f"{env['id']}.json").write_text(json.dumps({**env, "reply_connection": "alpha"}),
+                                                          encoding="utf-8")  # a flat (dead) taken file
+    os.chmod(paths.taken_parent / f"{env['id']}.json", 0o600)
+    keep_reply(paths, rp.make_reply(env["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("the user's", encoding="utf-8")
+    os.rmdir(paths.delivered)
+    paths.delivered.symlink_to(user, target_is_directory=True)
+    rec = RecordingRunner()
+    start_gateway(gateways, mini, rec, connection_id="mini", durable=False,
+                  config={"bot_mode": {"rescan_seconds": 3600}})  # the start does it, not a rescan
+    record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=20, message="the kept reply")
+    assert (record["reply"], record["reply_connection"]) == ("kept answer", "alpha"), record
+    assert rec.entered == [] and not paths.delivered.is_symlink()
+    [link] = quarantined(paths, "delivered")
+    assert link.is_symlink() and [p.name for p in user.iterdir()] == ["notes.txt"]  # the target untouched
+
+
+def test_a_start_refuses_a_bot_relay_swapped_for_a_symlink_naming_it_and_saying_what_to_do(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """``bot_relay/`` itself is never moved (it is the user's): the start refuses it and says how to fix it."""
+    mini, paths = mini_root(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    paths.relay.base.rename(tmp_path / "bot_relay.moved")
+    paths.relay.base.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(HostileFileError, match=r"bot_relay is a symlink.*move the symlink or file aside"):
+        start_gateway(gateways, mini, RecordingRunner(), connection_id="mini", durable=False)
+    assert paths.relay.base.is_symlink() and list(elsewhere.iterdir()) == []

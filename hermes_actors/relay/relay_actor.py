@@ -52,7 +52,7 @@ from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
 from hermes_actors.relay.outbound import Outbound
 from hermes_actors.relay.restart import recover_taken
-from hermes_actors.relay.strays import quarantine_strays
+from hermes_actors.relay.strays import ensure_relay_directories, quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbeat
@@ -114,7 +114,7 @@ class RelayActor(TypedActor):
         self.unfixable: set[Path] = set()  # relay directories the rescan could not put back (each logged once)
         # Here, on the starting thread, not in on_start: the directories exist before the Gateway starts its
         # recursive watch (a directory created while watchdog walks the tree makes it warn on stderr).
-        self.paths.ensure()
+        quarantined = ensure_relay_directories(self.paths, unfixable=self.unfixable)
         self.paths = self.paths.on_shelf(self.shelf.open())
         self.config = config
         self.dispatcher = dispatcher
@@ -123,8 +123,8 @@ class RelayActor(TypedActor):
         self.connection_id = connection_id
         self.local_profiles = local_profiles
         self.desktop_calls: dict[str, list[pykka.ThreadingFuture[dict[str, str]]]] = {}  # deliver RPCs by id
-        self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0, "quarantined": 0,
-                         "returned": 0}
+        self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0,
+                         "quarantined": quarantined, "returned": 0}
         self.outbound = Outbound(self.paths, config=config, timers=self.timers, dispatcher=dispatcher,
                                  counters=self.counters)
         self.last_housekeep = time.monotonic()

@@ -14,7 +14,7 @@ from hermes_actors.store.relay_dirfd import relay_dir, swapped_below
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
 
-__all__ = ["kept_directories", "quarantine_strays"]
+__all__ = ["ensure_relay_directories", "kept_directories", "quarantine_strays"]
 
 
 def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
@@ -173,3 +173,33 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) 
             quarantine(paths.relay, stray, "not a <32 hex>.json regular file")
     return moved
 
+
+def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None = None) -> int:
+    """At the start: put back the relay directories swapped for a symlink or a file, then make every directory.
+
+    By the rescan's rule (:func:`quarantine_strays`: the symlink is moved into ``quarantine/``, never followed,
+    what it points at untouched), so a ``delivered/`` left swapped by a gateway killed meanwhile does not
+    refuse the start that must write the reply kept in its start mark.
+
+    Args:
+        paths: the relay layout.
+        unfixable: the rescans' memory of what could not be put back (a failure logged here is not again);
+            None: a fresh one.
+
+    Returns:
+        How many entries were quarantined.
+
+    Raises:
+        HostileFileError: a directory the start cannot put back (``bot_relay/`` itself a symlink or a file,
+            another user's directory, a swapped ``hubclaims/``); the text names it and says what to do.
+        StoreError: a directory could not be made.
+    """
+    moved = quarantine_strays(paths, unfixable=unfixable)
+    try:
+        paths.ensure()
+    except HostileFileError as exc:
+        raise HostileFileError(f"{exc}. The relay cannot start on {paths.relay.root}: make it a real directory "
+                               "of this user again (move the symlink or file aside, or chown the directory); "
+                               "a relay directory inside bot_relay/ swapped for a symlink or a file is put back "
+                               "by the start itself") from exc
+    return moved
