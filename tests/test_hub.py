@@ -397,3 +397,30 @@ def test_an_os_error_in_one_roots_rescan_is_logged_once_and_the_others_are_relay
     assert len(logs.matching("hub: the rescan of mini", "PermissionError", "goes on with the other roots")) == 1, \
         logs.lines
 
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_the_hubs_refusal_promises_a_put_back_only_where_there_is_one(two_roots: tuple[Path, Path]) -> None:
+    """Regression: a relay directory of another user was logged as put back by the gateway or the hub, but the
+    put-back only replaces symlinks and files (it never moves a real directory): it stayed refused for ever.
+    Now that refusal says nobody puts it back and what to do; a symlink's still says who puts it back."""
+    from actors import Rescan
+    from hermes_actors.store.relay_heartbeat import write_heartbeat
+
+    alpha, mini = two_roots
+    paths_m = InboxPaths.from_root(mini).ensure()
+    roots = [HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)]
+    os.chown(paths_m.delivered, 65534, 65534)
+    os.rmdir(paths_m.relay.outbox)
+    paths_m.relay.outbox.symlink_to(mini.parent, target_is_directory=True)
+    write_heartbeat(paths_m, "mini", now=time.time())  # a (paused) gateway of ours: the hub leaves mini's tree
+    with LogCapture("INFO") as logs, Scheduler() as scheduler:
+        hub = HubActor.start(roots, scheduler=scheduler)
+        try:
+            hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    [theirs] = logs.matching("hub:", "delivered of mini", "cannot be used")
+    assert "owned by uid 65534" in theirs and "Nothing puts it back" in theirs and "chown" in theirs, theirs
+    [link] = logs.matching("hub:", "outbox of mini", "cannot be used")
+    assert "puts a real directory back" in link, link
+    assert os.stat(paths_m.delivered).st_uid == 65534  # never moved: a real directory

@@ -36,7 +36,7 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.messages import RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
-from hermes_actors.relay.strays import quarantine_strays
+from hermes_actors.relay.strays import puts_back, quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles, existing_root
@@ -99,6 +99,24 @@ def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) ->
                 row["online"] = True
             rows.append(row)
     return rows
+
+
+def _who_puts_back(paths: InboxPaths, directory: Path) -> str:
+    """What the hub's refusal of ``directory`` says about its fix: only what the put-back really fixes is promised.
+
+    Args:
+        paths: the root's relay layout.
+        directory: the relay directory the hub could not open.
+
+    Returns:
+        One sentence for the log line.
+    """
+    if puts_back(paths, directory):
+        return ("The root's gateway puts a real directory back at its next rescan; with none of ours running there, "
+                "the hub does")
+    return ("Nothing puts it back (another user's directory, or a bot_relay/ that is itself a symlink, a file or "
+            "another user's, is never moved): make it a real directory of the user running the hub and the "
+            "gateways again (move the symlink or file aside, or chown it)")
 
 
 def _ends(source: HubRoot, envelope: dict[str, Any]) -> tuple[str, str]:
@@ -252,8 +270,9 @@ class HubActor(TypedActor):
         """``directory`` of ``root`` opened from its ``bot_relay/`` without following a symlink at any step.
 
         Yields None when it cannot be used: missing (its gateway, or our put-back, makes it again), or
-        swapped for a symlink, a file or another user's directory: that is logged once, not at every pass,
-        and nothing in it is read, removed or moved until it is a real directory of ours again.
+        swapped for a symlink, a file or another user's directory (or below a ``bot_relay/`` that is): that
+        is logged once, not at every pass, saying who fixes it, and nothing in it is read, removed or moved
+        until it is a real directory of ours again.
         """
         try:
             fd = open_relay_dir(root.paths.relay.base, directory)
@@ -263,9 +282,8 @@ class HubActor(TypedActor):
         except (OSError, HostileFileError) as exc:
             if directory not in self.refused:
                 self.refused.add(directory)
-                logger.error("hub: {} of {} cannot be used, nothing is taken from it: {}. The root's gateway puts "
-                             "a real directory back at its next rescan; with none of ours running there, the hub "
-                             "does", directory, root.name, exc)
+                logger.error("hub: {} of {} cannot be used, nothing is taken from it: {}. {}", directory, root.name,
+                             exc, _who_puts_back(root.paths, directory))
             yield None
             return
         if directory in self.refused:

@@ -14,7 +14,7 @@ from hermes_actors.store.relay_dirfd import relay_dir, swapped_below
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
 
-__all__ = ["ensure_relay_directories", "kept_directories", "quarantine_strays"]
+__all__ = ["ensure_relay_directories", "kept_directories", "puts_back", "quarantine_strays"]
 
 
 def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
@@ -52,6 +52,28 @@ def _swapped(paths: InboxPaths, directory: Path) -> bool:
     try:
         return swapped_below(paths.relay.root, directory)
     except FileNotFoundError:
+        return False
+
+
+def puts_back(paths: InboxPaths, directory: Path) -> bool:
+    """Whether :func:`quarantine_strays` puts ``directory``, as it is now, back: what a refusal may promise.
+
+    Only a directory of :func:`kept_directories` swapped for a symlink or a file, in a usable ``bot_relay/``.
+    Not another user's directory (a real directory: nothing is moved), nor anything below a ``bot_relay/``
+    that is itself a symlink, a file or another user's: those are the user's to fix.
+
+    Args:
+        paths: the relay layout.
+        directory: a relay directory found unusable.
+
+    Returns:
+        True when the next clean-up puts a real directory in its place.
+    """
+    if directory not in kept_directories(paths):
+        return False
+    try:
+        return _swapped(paths, directory)
+    except (OSError, HostileFileError):
         return False
 
 
