@@ -59,6 +59,7 @@ from hermes_actors.messages import (
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.relay.relay_actor import WATCHED_SUBDIRS, RelayActor
+from hermes_actors.relay.strays import ensure_relay_directories
 from hermes_actors.rooms import Rooms
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.journal import Journal
@@ -123,7 +124,9 @@ class ActorSystem:
             TransportError: another live process serves the Redis connection id, or Redis refused us.
         """
         opts = self.options
-        InboxPaths.from_root(opts.root).ensure()  # before the watch starts: no events for our own mkdirs
+        # before the watch starts: no events for our own mkdirs; a relay directory left swapped (a gateway killed
+        # after a failed reply write) is put back first, so the reply kept for this start is written
+        ensure_relay_directories(InboxPaths.from_root(opts.root))
         adopted = None
         if opts.durable:
             self.journal = Journal(opts.root / "bot_relay" / "journal", fsync=opts.fsync, within=opts.root)

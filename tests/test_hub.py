@@ -331,3 +331,96 @@ def test_the_hub_never_follows_a_delivered_swapped_for_a_symlink(two_roots: tupl
     assert link.is_symlink()  # the link itself moved aside; what it pointed at was never touched
     assert {p.name: p.read_text(encoding="utf-8") for p in outside.iterdir()} == files
     assert logs.matching("hub:", "delivered", "usable directory again"), logs.lines
+
+
+@pytest.mark.parametrize("how", ["file", "symlink to a file"])
+def test_a_root_whose_bot_relay_is_no_directory_stops_none_of_the_others(tmp_path: Path, how: str) -> None:
+    """Regression: with one root's ``bot_relay/`` a file (or a symlink to one), the clean-up's NotADirectoryError
+    ended the unsupervised HubActor at its next rescan: no root was relayed any more. Now that root is refused
+    (logged once while it lasts) and the others keep relaying."""
+    from actors import Rescan
+
+    broken = make_root(tmp_path, {"zed": {}}, name="broken")
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    roots = [HubRoot.make("broken", broken), HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)]
+    envelopes = [seed_envelope(target_connection="mini", target_profile="moxie") for _ in range(3)]
+    with LogCapture("INFO") as logs, Scheduler() as scheduler:
+        hub = HubActor.start(roots, scheduler=scheduler)
+        try:
+            hub.ask(Rescan("manual"), timeout=30)  # started, with its shelves: the swap comes while it runs
+            (broken / "bot_relay").rename(tmp_path / "bot_relay.aside")
+            if how == "file":
+                (broken / "bot_relay").write_text("not a directory", encoding="utf-8")
+            else:
+                (tmp_path / "a-file").write_text("x", encoding="utf-8")
+                (broken / "bot_relay").symlink_to(tmp_path / "a-file")
+            for env in envelopes:  # one per pass: each is taken by the rescan after the broken root's
+                seed_write_json(alpha / "bot_relay" / "outbox" / f"{env['id']}.json", env)
+                hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    assert sorted(rf.list_ids(mini / "bot_relay" / "inbox")) == sorted(e["id"] for e in envelopes)
+    assert len(logs.matching("bot_relay cannot be used")) == 1, logs.lines
+    assert len(logs.matching("hub:", "outbox of broken", "cannot be used")) == 1, logs.lines
+    assert (broken / "bot_relay").is_symlink() == (how != "file")  # never moved: the user's to fix
+
+
+def test_an_os_error_in_one_roots_rescan_is_logged_once_and_the_others_are_relayed(
+    two_roots: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever one root's rescan meets stops neither the (unsupervised) hub nor the other roots: it is logged
+    once while it lasts, naming the root."""
+    from actors import Rescan
+    from hermes_actors.relay import hub as hub_module
+
+    alpha, mini = two_roots
+    roots = [HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)]
+    real = hub_module.gateway_alive
+
+    def alive(paths: InboxPaths) -> bool:  # the first thing each root's rescan does
+        if paths.relay.root == mini:
+            raise PermissionError(13, "Permission denied", str(paths.heartbeat))
+        return real(paths)
+
+    env = seed_envelope(target_connection="mini", target_profile="moxie")
+    seed_write_json(alpha / "bot_relay" / "outbox" / f"{env['id']}.json", env)
+    with LogCapture() as logs, Scheduler() as scheduler:
+        hub = HubActor.start(roots, scheduler=scheduler)
+        try:
+            monkeypatch.setattr(hub_module, "gateway_alive", alive)
+            for _ in range(3):
+                hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    assert rf.list_ids(mini / "bot_relay" / "inbox") == [env["id"]]
+    assert len(logs.matching("hub: the rescan of mini", "PermissionError", "goes on with the other roots")) == 1, \
+        logs.lines
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_the_hubs_refusal_promises_a_put_back_only_where_there_is_one(two_roots: tuple[Path, Path]) -> None:
+    """Regression: a relay directory of another user was logged as put back by the gateway or the hub, but the
+    put-back only replaces symlinks and files (it never moves a real directory): it stayed refused for ever.
+    Now that refusal says nobody puts it back and what to do; a symlink's still says who puts it back."""
+    from actors import Rescan
+    from hermes_actors.store.relay_heartbeat import write_heartbeat
+
+    alpha, mini = two_roots
+    paths_m = InboxPaths.from_root(mini).ensure()
+    roots = [HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)]
+    os.chown(paths_m.delivered, 65534, 65534)
+    os.rmdir(paths_m.relay.outbox)
+    paths_m.relay.outbox.symlink_to(mini.parent, target_is_directory=True)
+    write_heartbeat(paths_m, "mini", now=time.time())  # a (paused) gateway of ours: the hub leaves mini's tree
+    with LogCapture("INFO") as logs, Scheduler() as scheduler:
+        hub = HubActor.start(roots, scheduler=scheduler)
+        try:
+            hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    [theirs] = logs.matching("hub:", "delivered of mini", "cannot be used")
+    assert "owned by uid 65534" in theirs and "Nothing puts it back" in theirs and "chown" in theirs, theirs
+    [link] = logs.matching("hub:", "outbox of mini", "cannot be used")
+    assert "puts a real directory back" in link, link
+    assert os.stat(paths_m.delivered).st_uid == 65534  # never moved: a real directory

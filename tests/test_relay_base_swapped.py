@@ -18,7 +18,6 @@ import pytest
 from relay_helpers import remote_row, write_roster_file
 from roots import LogCapture, RecordingRunner, make_root, start_gateway
 
-from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.errors import HostileFileError
 from hermes_actors.records import RemoteAgent
@@ -229,14 +228,19 @@ def test_a_running_gateway_makes_no_shelf_through_a_swapped_bot_relay(
     tmp_path: Path, gateways: list[Gateway], logs: LogCapture
 ) -> None:
     """The rescan saw its shelf gone (through the link) and made a new one there: ``taken/s-…/.lock`` outside
-    the root. Now the shelf is refused, logged, and the acked envelopes stay on the real shelf for a restart."""
+    the root. Now the rescan refuses ``bot_relay/`` itself (logged once while it lasts) and looks at nothing
+    below it, and the acked envelopes stay on the real shelf for a restart."""
+    from actors import Rescan
+
     root = make_root(tmp_path)
-    start_gateway(gateways, root, RecordingRunner(), connection_id="alpha", durable=False,
-                  config={"bot_mode": {"rescan_seconds": 0.2}})
+    gw = start_gateway(gateways, root, RecordingRunner(), connection_id="alpha", durable=False,
+                       config={"bot_mode": {"rescan_seconds": 3600}})  # the rescans are asked for here
+    assert gw._system is not None and gw._system.relay is not None
     [shelf] = (root / "bot_relay" / "taken").iterdir()
     elsewhere = _swap_for_an_empty_directory(root)
-    await_condition(lambda: logs.matching("our shelf") or logs.matching("could not be made"), timeout=15,
-                    message="the rescan looked at our shelf")
-    assert logs.matching("is gone and a new one could not be made", "bot_relay is a symlink"), logs.lines
+    for _ in range(3):
+        gw._system.relay.ask(Rescan("manual"), timeout=30)
+    assert len(logs.matching("bot_relay cannot be used", "bot_relay is a symlink")) == 1, logs.lines
+    assert not logs.matching("our shelf"), logs.lines
     assert _entries(elsewhere) == set()
     assert (tmp_path / "bot_relay.moved" / "taken" / shelf.name / ".lock").is_file()  # ours, left for a restart

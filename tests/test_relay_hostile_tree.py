@@ -25,7 +25,7 @@ from roots import LogCapture, RecordingRunner, make_root, start_gateway
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core.config import DEFAULTS, load_config, parse_config
-from hermes_actors.errors import StoreError
+from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.messages import Turn
 from hermes_actors.relay.restart import recover_taken
 from hermes_actors.relay.strays import quarantine_strays
@@ -421,6 +421,106 @@ def test_a_relay_directory_that_cannot_be_put_back_stops_none_of_the_others_and_
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
+def _bot_relay_swapped(paths: InboxPaths, how: str) -> Path:
+    """Move ``bot_relay/`` aside and put a file (or a symlink to one) in its place; returns where it went."""
+    aside = paths.relay.root.parent / "bot_relay.aside"
+    paths.relay.base.rename(aside)
+    if how == "file":
+        paths.relay.base.write_text("planted", encoding="utf-8")
+    else:
+        target = paths.relay.root.parent / "a-file"
+        target.write_text("x", encoding="utf-8")
+        paths.relay.base.symlink_to(target)
+    return aside
+
+
+def _bot_relay_back(paths: InboxPaths, aside: Path) -> None:
+    paths.relay.base.unlink()
+    aside.rename(paths.relay.base)
+
+
+@pytest.mark.parametrize("how", ["file", "symlink to a file"])
+def test_a_bot_relay_that_is_no_directory_is_refused_once_while_it_lasts_and_cleaned_once_back(
+    tmp_path: Path, how: str
+) -> None:
+    """Regression: the look at each relay directory (``os.lstat``) caught only FileNotFoundError, so with
+    ``bot_relay/`` a file NotADirectoryError escaped the clean-up and ended the gateway's RelayActor (or the
+    hub's actor) for good. Now it is refused, logged once while it lasts, never moved, and the clean-up
+    works again once it is a directory."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    aside = _bot_relay_swapped(paths, how)
+    unfixable: set[Path] = set()
+    with LogCapture("INFO") as logs:
+        for _ in range(3):
+            assert quarantine_strays(paths, unfixable=unfixable) == 0
+        assert len(logs.matching("bot_relay cannot be used", "move the file or symlink aside")) == 1, logs.lines
+        assert paths.relay.base in unfixable and not logs.matching("could not recreate")
+        assert paths.relay.base.is_symlink() == (how != "file") and not paths.relay.base.is_dir()  # not moved
+        _bot_relay_back(paths, aside)
+        os.rmdir(paths.delivered)
+        quarantine_strays(paths, unfixable=unfixable)
+        assert logs.matching("bot_relay is a usable directory again"), logs.lines
+    assert unfixable == set() and paths.delivered.is_dir()
+
+
+def test_a_gateway_relays_again_at_the_rescan_after_its_bot_relay_was_a_file(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: the first rescan with ``bot_relay/`` a file crashed the unsupervised RelayActor; once the
+    directory was back, inbox/ was never drained again. Now the rescans refuse it (logged once) and the one
+    after it is back takes the envelope."""
+    from actors import Rescan
+
+    mini, paths = mini_root(tmp_path)
+    rec = RecordingRunner()
+    gw = start_gateway(gateways, mini, rec, connection_id="mini", durable=False,
+                       config={"bot_mode": {"rescan_seconds": 3600}})  # the rescans are asked for here
+    assert gw._system is not None and gw._system.relay is not None
+    relay = gw._system.relay
+    aside = _bot_relay_swapped(paths, "file")
+    with LogCapture() as logs:
+        for _ in range(2):
+            relay.ask(Rescan("manual"), timeout=30)
+        assert len(logs.matching("bot_relay cannot be used")) == 1, logs.lines
+    _bot_relay_back(paths, aside)
+    env = moxie_envelope("still there?")
+    post_to_inbox(paths, env, "alpha")
+    relay.ask(Rescan("manual"), timeout=30)  # the watch may have lost bot_relay/: the rescan takes it
+    record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=20, message="the reply")
+    assert record["reply_connection"] == "alpha" and len(rec.entered) == 1
+
+
+def test_an_os_error_in_a_rescan_is_logged_once_and_the_relay_goes_on(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a rescan meets, it never ends the (unsupervised) RelayActor: the error is logged once while
+    it lasts, naming the directory, and the next rescan works."""
+    from actors import Rescan
+    from hermes_actors.relay import relay_actor
+
+    mini, paths = mini_root(tmp_path)
+    gw = start_gateway(gateways, mini, RecordingRunner(), connection_id="mini", durable=False,
+                       config={"bot_mode": {"rescan_seconds": 3600}})
+    assert gw._system is not None and gw._system.relay is not None
+    relay = gw._system.relay
+    real = relay_actor.quarantine_strays
+
+    def denied(*args: Any, **kwargs: Any) -> int:
+        raise PermissionError(13, "Permission denied", str(paths.relay.quarantine))
+
+    monkeypatch.setattr(relay_actor, "quarantine_strays", denied)
+    with LogCapture() as logs:
+        for _ in range(3):
+            relay.ask(Rescan("manual"), timeout=30)
+        assert len(logs.matching("rescan of", str(paths.relay.base), "PermissionError", "belong to the user")
+                   ) == 1, logs.lines
+        monkeypatch.setattr(relay_actor, "quarantine_strays", real)
+        env = moxie_envelope("after the error")
+        post_to_inbox(paths, env, "alpha")
+        relay.ask(Rescan("manual"), timeout=30)
+        await_condition(lambda: delivered_record(paths, env["id"]), timeout=20, message="the reply")
+
+
 @pytest.mark.parametrize(("name", "kept"), [
     ("stray.txt", b"stray.txt"),
     ("x" * 255, b"x" * 214),  # the longest name a directory holds: cut to fit beside the suffix
@@ -585,3 +685,47 @@ def test_a_restart_writes_the_reply_kept_in_a_start_mark_instead_of_ambiguous(
     record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=20, message="the kept reply")
     assert (record["reply"], record["error"], record["reply_connection"]) == ("kept answer", "", "alpha"), record
     assert rec.entered == [] and not (paths.started / f"{env['id']}.json").exists()
+
+
+def test_a_start_puts_back_a_delivered_left_swapped_and_writes_the_kept_reply(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: a gateway killed after its delivered/ write failed (delivered/ swapped for a symlink to a
+    user's directory) left the reply in the start mark "for the next start", but that start refused the root
+    (``delivered is a symlink or not a directory; refusing to use it``). Now the start puts delivered/ back
+    by the rescan's rule (the link moved into quarantine/, never followed) and writes the kept reply."""
+    from hermes_actors.store.relay_marks import keep_reply
+
+    mini, paths = mini_root(tmp_path)
+    env = moxie_envelope("answered before the kill")
+    (paths.taken_parent / f"{env['id']}.json").write_text(json.dumps({**env, "reply_connection": "alpha"}),
+                                                          encoding="utf-8")  # a flat (dead) taken file
+    os.chmod(paths.taken_parent / f"{env['id']}.json", 0o600)
+    keep_reply(paths, rp.make_reply(env["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("the user's", encoding="utf-8")
+    os.rmdir(paths.delivered)
+    paths.delivered.symlink_to(user, target_is_directory=True)
+    rec = RecordingRunner()
+    start_gateway(gateways, mini, rec, connection_id="mini", durable=False,
+                  config={"bot_mode": {"rescan_seconds": 3600}})  # the start does it, not a rescan
+    record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=20, message="the kept reply")
+    assert (record["reply"], record["reply_connection"]) == ("kept answer", "alpha"), record
+    assert rec.entered == [] and not paths.delivered.is_symlink()
+    [link] = quarantined(paths, "delivered")
+    assert link.is_symlink() and [p.name for p in user.iterdir()] == ["notes.txt"]  # the target untouched
+
+
+def test_a_start_refuses_a_bot_relay_swapped_for_a_symlink_naming_it_and_saying_what_to_do(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """``bot_relay/`` itself is never moved (it is the user's): the start refuses it and says how to fix it."""
+    mini, paths = mini_root(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    paths.relay.base.rename(tmp_path / "bot_relay.moved")
+    paths.relay.base.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(HostileFileError, match=r"bot_relay is a symlink.*move the symlink or file aside"):
+        start_gateway(gateways, mini, RecordingRunner(), connection_id="mini", durable=False)
+    assert paths.relay.base.is_symlink() and list(elsewhere.iterdir()) == []

@@ -36,7 +36,7 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.messages import RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
-from hermes_actors.relay.strays import quarantine_strays
+from hermes_actors.relay.strays import puts_back, quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles, existing_root
@@ -45,6 +45,7 @@ from hermes_actors.store.relay_heartbeat import gateway_alive
 from hermes_actors.store.relay_inbox import InboxPaths, already_posted, post_to_inbox, read_delivered
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import Shelf
+from hermes_actors.store.yaml_file import warn_once
 
 __all__ = ["HubActor", "HubRoot", "run_hub"]
 
@@ -98,6 +99,24 @@ def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) ->
                 row["online"] = True
             rows.append(row)
     return rows
+
+
+def _who_puts_back(paths: InboxPaths, directory: Path) -> str:
+    """What the hub's refusal of ``directory`` says about its fix: only what the put-back really fixes is promised.
+
+    Args:
+        paths: the root's relay layout.
+        directory: the relay directory the hub could not open.
+
+    Returns:
+        One sentence for the log line.
+    """
+    if puts_back(paths, directory):
+        return ("The root's gateway puts a real directory back at its next rescan; with none of ours running there, "
+                "the hub does")
+    return ("Nothing puts it back (another user's directory, or a bot_relay/ that is itself a symlink, a file or "
+            "another user's, is never moved): make it a real directory of the user running the hub and the "
+            "gateways again (move the symlink or file aside, or chown it)")
 
 
 def _ends(source: HubRoot, envelope: dict[str, Any]) -> tuple[str, str]:
@@ -186,11 +205,14 @@ class HubActor(TypedActor):
             previous = self.last_roster.get(root.name)
             if previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS:
                 continue
+            what = f"hub roster push to {root.paths.relay.base}"
             try:
                 rf.write_roster(root.paths.relay, rows, now=now)
                 self.last_roster[root.name] = (rows, now)
             except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
-                logger.warning("hub: roster push to {} failed: {}", root.name, exc)
+                warn_once(what, [f"hub: roster push to {root.name} failed: {exc}"])  # once while it lasts
+                continue
+            warn_once(what, [])
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
         result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=time.time())
@@ -248,8 +270,9 @@ class HubActor(TypedActor):
         """``directory`` of ``root`` opened from its ``bot_relay/`` without following a symlink at any step.
 
         Yields None when it cannot be used: missing (its gateway, or our put-back, makes it again), or
-        swapped for a symlink, a file or another user's directory: that is logged once, not at every pass,
-        and nothing in it is read, removed or moved until it is a real directory of ours again.
+        swapped for a symlink, a file or another user's directory (or below a ``bot_relay/`` that is): that
+        is logged once, not at every pass, saying who fixes it, and nothing in it is read, removed or moved
+        until it is a real directory of ours again.
         """
         try:
             fd = open_relay_dir(root.paths.relay.base, directory)
@@ -259,9 +282,8 @@ class HubActor(TypedActor):
         except (OSError, HostileFileError) as exc:
             if directory not in self.refused:
                 self.refused.add(directory)
-                logger.error("hub: {} of {} cannot be used, nothing is taken from it: {}. The root's gateway puts "
-                             "a real directory back at its next rescan; with none of ours running there, the hub "
-                             "does", directory, root.name, exc)
+                logger.error("hub: {} of {} cannot be used, nothing is taken from it: {}. {}", directory, root.name,
+                             exc, _who_puts_back(root.paths, directory))
             yield None
             return
         if directory in self.refused:
@@ -331,20 +353,33 @@ class HubActor(TypedActor):
 
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
-        for root in self.roots:
-            if not gateway_alive(root.paths):
-                # Nobody else puts back a relay directory swapped for a symlink (or removed) on this root (a
-                # gateway of ours does it at its rescans; a seed gateway never): the hub does, by the same rule.
-                quarantine_strays(root.paths, unfixable=self.unfixable[root.name])
-            outbox = root.paths.relay.outbox
-            with self._relay_dir(root, outbox) as fd:
-                queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
-            for envelope_id in queued:
-                self._drain(root, envelope_id)
-            with self._relay_dir(root, root.paths.delivered) as delivered:
-                if delivered is not None:
-                    for envelope_id in rf.list_ids(root.paths.delivered, dir_fd=delivered):
-                        self._forward(root, envelope_id, delivered)
+        for root in self.roots:  # one root's trouble stops none of the others, nor the hub
+            what = f"hub rescan of {root.paths.relay.base}"
+            try:
+                self._rescan_root(root)
+            except (OSError, ValidationError) as exc:  # StoreError, HostileFileError included
+                warn_once(what, [f"hub: the rescan of {root.name} ({root.paths.relay.base}) failed: "
+                                 f"{type(exc).__name__}: {exc}. The hub goes on with the other roots and tries "
+                                 "again at the next rescan; if this lasts, check that the directory and everything "
+                                 "in it belong to the user running the hub"])
+                continue
+            warn_once(what, [])  # a lasting failure is logged once, and again once it went and came back
+
+    def _rescan_root(self, root: HubRoot) -> None:
+        """Clean ``root`` up when no gateway of ours does, drain its outbox/ and forward its delivered/."""
+        if not gateway_alive(root.paths):
+            # Nobody else puts back a relay directory swapped for a symlink (or removed) on this root (a
+            # gateway of ours does it at its rescans; a seed gateway never): the hub does, by the same rule.
+            quarantine_strays(root.paths, unfixable=self.unfixable[root.name])
+        outbox = root.paths.relay.outbox
+        with self._relay_dir(root, outbox) as fd:
+            queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
+        for envelope_id in queued:
+            self._drain(root, envelope_id)
+        with self._relay_dir(root, root.paths.delivered) as delivered:
+            if delivered is not None:
+                for envelope_id in rf.list_ids(root.paths.delivered, dir_fd=delivered):
+                    self._forward(root, envelope_id, delivered)
 
 
 def run_hub(

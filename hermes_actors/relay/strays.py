@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from loguru import logger
@@ -11,11 +10,11 @@ from loguru import logger
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import relay_dir
+from hermes_actors.store.relay_dirfd import relay_dir, swapped_below
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
 
-__all__ = ["kept_directories", "quarantine_strays"]
+__all__ = ["ensure_relay_directories", "kept_directories", "puts_back", "quarantine_strays"]
 
 
 def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
@@ -37,12 +36,70 @@ def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
             paths.taken_parent, paths.started, paths.sent, paths.consumed, paths.heartbeat, paths.expiring, relay.tmp)
 
 
-def _swapped(directory: Path) -> bool:
-    """Whether ``directory`` is there but is not a real directory (a symlink, a file...), in one ``lstat``."""
+def _swapped(paths: InboxPaths, directory: Path) -> bool:
+    """Whether ``directory`` is there but is not a real directory (a symlink, a file...).
+
+    Looked at from its parent, opened by the walk from the root (:func:`swapped_below`): neither the
+    entry nor ``bot_relay/`` above it is ever followed.
+
+    Returns:
+        False too when its parent is missing (the put-back makes both).
+
+    Raises:
+        HostileFileError: ``bot_relay/`` is a symlink, not a directory, or another user's.
+        OSError: ``bot_relay/`` cannot be opened (a permission).
+    """
     try:
-        return not stat.S_ISDIR(os.lstat(directory).st_mode)
+        return swapped_below(paths.relay.root, directory)
     except FileNotFoundError:
         return False
+
+
+def puts_back(paths: InboxPaths, directory: Path) -> bool:
+    """Whether :func:`quarantine_strays` puts ``directory``, as it is now, back: what a refusal may promise.
+
+    Only a directory of :func:`kept_directories` swapped for a symlink or a file, in a usable ``bot_relay/``.
+    Not another user's directory (a real directory: nothing is moved), nor anything below a ``bot_relay/``
+    that is itself a symlink, a file or another user's: those are the user's to fix.
+
+    Args:
+        paths: the relay layout.
+        directory: a relay directory found unusable.
+
+    Returns:
+        True when the next clean-up puts a real directory in its place.
+    """
+    if directory not in kept_directories(paths):
+        return False
+    try:
+        return _swapped(paths, directory)
+    except (OSError, HostileFileError):
+        return False
+
+
+def _find_swapped(paths: InboxPaths, directories: tuple[Path, ...], failing: set[Path]) -> list[Path] | None:
+    """The swapped ones of ``directories``; None when ``bot_relay/`` itself cannot be used (logged once).
+
+    ``bot_relay/`` itself swapped for a symlink or a file, another user's or unreadable is never moved
+    (it is the user's, see :func:`kept_directories`): nothing below it is looked at, moved or made, and
+    the refusal is logged when it starts and when it ends (``paths.relay.base`` in ``failing``), not at
+    every pass. A missing one is not refused: the put-back makes it.
+    """
+    base = paths.relay.base
+    try:
+        swapped = [d for d in directories if _swapped(paths, d)]
+    except (OSError, HostileFileError) as exc:
+        if base not in failing:
+            failing.add(base)
+            logger.error("relay: {} cannot be used: {}. Nothing of the relay works on this root until it is a "
+                         "real directory of this user again: move the file or symlink aside and put the relay "
+                         "directory back (or remove it: a new one is made); it is never followed or moved",
+                         base, exc)
+        return None
+    if base in failing:
+        failing.discard(base)
+        logger.info("relay: {} is a usable directory again", base)
+    return swapped
 
 
 def _move_aside(paths: InboxPaths, directory: Path) -> None:
@@ -107,21 +164,28 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) 
     directory back. In ``inbox/`` and ``replies/``, files that are not ``<32 hex>.json``
     or are symlinks are moved aside too.
 
+    ``bot_relay/`` itself swapped for a symlink or a file, another user's or unreadable is refused: nothing
+    is done, and it is logged once while it lasts (it is then in ``unfixable``: the caller may skip what
+    else it does in ``bot_relay/``). It never raises for what it finds in the tree.
+
     Args:
         paths: the relay layout.
-        unfixable: the caller's memory of the directories that could not be made again (kept across its
-            passes, so a lasting failure is logged once); None: every failure is logged.
+        unfixable: the caller's memory of the directories that could not be made again, ``bot_relay/``
+            itself included (kept across its passes, so a lasting failure is logged once); None: every
+            failure is logged.
 
     Returns:
         How many entries were quarantined.
     """
     moved = 0
     directories = kept_directories(paths)
-    swapped = [d for d in directories if _swapped(d)]
+    failing = set() if unfixable is None else unfixable
+    swapped = _find_swapped(paths, directories, failing)
+    if swapped is None:
+        return 0
     for directory in swapped:
         moved += 1
         _move_aside(paths, directory)
-    failing = set() if unfixable is None else unfixable
     # also put back what was removed; and look again at what failed before, to say when it is back
     if swapped or failing or not all(os.path.isdir(d) for d in directories):
         _put_back(paths, directories, failing)
@@ -129,4 +193,35 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) 
         for stray in _strays_in(paths, directory):
             moved += 1
             quarantine(paths.relay, stray, "not a <32 hex>.json regular file")
+    return moved
+
+
+def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None = None) -> int:
+    """At the start: put back the relay directories swapped for a symlink or a file, then make every directory.
+
+    By the rescan's rule (:func:`quarantine_strays`: the symlink is moved into ``quarantine/``, never followed,
+    what it points at untouched), so a ``delivered/`` left swapped by a gateway killed meanwhile does not
+    refuse the start that must write the reply kept in its start mark.
+
+    Args:
+        paths: the relay layout.
+        unfixable: the rescans' memory of what could not be put back (a failure logged here is not again);
+            None: a fresh one.
+
+    Returns:
+        How many entries were quarantined.
+
+    Raises:
+        HostileFileError: a directory the start cannot put back (``bot_relay/`` itself a symlink or a file,
+            another user's directory, a swapped ``hubclaims/``); the text names it and says what to do.
+        StoreError: a directory could not be made.
+    """
+    moved = quarantine_strays(paths, unfixable=unfixable)
+    try:
+        paths.ensure()
+    except HostileFileError as exc:
+        raise HostileFileError(f"{exc}. The relay cannot start on {paths.relay.root}: make it a real directory "
+                               "of this user again (move the symlink or file aside, or chown the directory); "
+                               "a relay directory inside bot_relay/ swapped for a symlink or a file is put back "
+                               "by the start itself") from exc
     return moved
