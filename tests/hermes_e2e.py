@@ -169,6 +169,13 @@ class E2ERoot:
         config.setdefault("bot_mode", {}).update(values)
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
 
+    def keep_actors_out_of_the_gateway(self) -> None:
+        """``platforms.hermes_actors.enabled: false``: the hermes gateway serves warm turns only, ``serve`` hosts."""
+        path = self.root / "config.yaml"
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        config.setdefault("platforms", {}).setdefault("hermes_actors", {})["enabled"] = False
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+
 
 def make_e2e_root(base: Path, model: FakeModel, profiles: list[str], cli: str) -> E2ERoot:
     """An offline root under ``base`` with ``profiles``, pointing at ``model``.
@@ -290,8 +297,13 @@ def start_serve(procs: Processes, e2e: E2ERoot, name: str = "serve") -> subproce
     return proc
 
 
-def start_hermes_gateway(procs: Processes, e2e: E2ERoot, port: int) -> subprocess.Popen[Any]:
-    """``hermes gateway run`` on the root, returned once it hosts our actors and its API server answers."""
+def start_hermes_gateway(procs: Processes, e2e: E2ERoot, port: int, *, hosts: bool = True) -> subprocess.Popen[Any]:
+    """``hermes gateway run`` on the root, returned once its API server answers (and it hosts our actors).
+
+    Args:
+        hosts: whether the root's config has the gateway host the actors; False: only its API
+            server is waited for (see :meth:`E2ERoot.keep_actors_out_of_the_gateway`).
+    """
     from hermes_actors.hermes.api_client import ApiServer
     from hermes_actors.hermes.select import probe_api_server
     from hermes_actors.hermes.submit import ping
@@ -302,10 +314,13 @@ def start_hermes_gateway(procs: Processes, e2e: E2ERoot, port: int) -> subproces
 
     def up() -> bool:
         assert proc.poll() is None, f"hermes gateway exited with {proc.returncode}: {log_tail(log)}"
-        answer = ping(e2e.root)
-        return answer is not None and answer.get("pid") == proc.pid and probe_api_server(server)
+        if hosts:
+            answer = ping(e2e.root)
+            if answer is None or answer.get("pid") != proc.pid:
+                return False
+        return probe_api_server(server)
 
-    wait_until(up, START_TIMEOUT, "the hermes gateway hosting the actors with its API server")
+    wait_until(up, START_TIMEOUT, "the hermes gateway's API server" + (" and its actors" if hosts else ""))
     return proc
 
 

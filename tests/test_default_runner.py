@@ -62,11 +62,11 @@ def test_a_warm_turn_marks_its_session_with_the_hop_while_chat_runs(monkeypatch:
     seen: list[Any] = []
 
     def fake_call(handle: str, method: str, path: str, body: Any, timeout: float, **_: Any) -> Any:
-        seen.append((path, plugin._current_hop("sess-1")))
+        seen.append((path, plugin.turn_hop("sess-1"), plugin.dm_hop(1, "sess-1")))
         return {"session_id": "sess-1", "message": {"role": "assistant", "content": "hi"}}
 
     monkeypatch.setattr(runner, "_call", fake_call)
     monkeypatch.delenv(plugin.HOP_ENV, raising=False)
     assert runner.run_turn(Turn(profile="bob", content="x", delivery_id="d1", hop=2)) == "hi"
-    assert seen == [("/p/bob/api/sessions/sess-1/chat", 2)]
-    assert plugin._current_hop("sess-1") == 0  # the scope ended with the call
+    assert seen == [("/p/bob/api/sessions/sess-1/chat", 2, 3)]  # a DM from the turn is hop 3
+    assert plugin.turn_hop("sess-1") is None and plugin.dm_hop(1, "sess-1") == 1  # the scope ended with the call

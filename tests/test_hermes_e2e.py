@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_model import FakeModel
+from fake_model import FakeModel, ToolCall, last_user_text, message_agent_call, profile_of
 from hermes_e2e import (
     FLOW_TIMEOUT,
     E2ERoot,
     Processes,
     bot_chat_messages,
+    bot_script,
     dm_text,
     free_port,
     journal_files,
@@ -45,7 +46,7 @@ from hermes_e2e import (
 from hermes_fixtures import locate_hermes_cli
 
 from hermes_actors.core.targets import NOT_BOT_CHAT_TEXT
-from hermes_actors.hermes.submit import fetch_outcome, submit_dm
+from hermes_actors.hermes.submit import fetch_outcome, ping, submit_dm
 
 _CLI = locate_hermes_cli()
 if _CLI is None:
@@ -307,3 +308,55 @@ def test_two_dms_to_bob_at_once_run_one_turn_at_a_time(warm: E2ERoot, warm_model
     assert len(bob_turns) == 2
     assert bob_turns[0].answered is not None and bob_turns[0].answered <= bob_turns[1].received
     assert [p for p, _ in model.overlaps if p == "bob"] == []
+
+
+# ── `serve` hosting, a separate hermes gateway running the warm turns ───────
+
+
+def ping_pong_script(messages: list[dict[str, Any]]) -> str | ToolCall:
+    """:func:`bot_script`, except that alice answers every reply of bob's to a PINGPONG with another DM to bob."""
+    text = last_user_text(messages)
+    if (profile_of(messages) == "alice" and messages[-1].get("role") != "tool"
+            and text.startswith("Reply from @bob: ") and "PINGPONG" in text):
+        return message_agent_call("bob", "PINGPONG again")
+    return bot_script(messages)
+
+
+def test_a_warm_ping_pong_under_serve_ends_at_the_hop_limit(tmp_path: Path, procs: Processes) -> None:
+    """The turns run in the hermes gateway, the actors in serve: serve still knows each warm turn's hop.
+
+    Each wake-up of alice (hop N, the hop of the DM it answers) DMs bob again at hop N+1; with
+    ``max_hops: 3`` the DM from her third wake-up is hop 4 and refused ``loop_guard``.
+    """
+    assert _CLI is not None
+    model = FakeModel(ping_pong_script).start()
+    try:
+        e2e = make_e2e_root(tmp_path, model, ["alice", "bob"], _CLI)
+        port = free_port()
+        e2e.enable("--gateway", "--port", str(port))
+        e2e.keep_actors_out_of_the_gateway()
+        e2e.set_bot_mode(max_hops=3)
+        start_hermes_gateway(procs, e2e, port, hosts=False)
+        serve = start_serve(procs, e2e)  # the host: the gateway's plugin submits to it over the socket
+        ack = submit_dm(e2e.root, "alice", "bob", "PINGPONG start", hop=1)
+        assert ack["status"] == "queued", ack
+
+        def bob_turns() -> list[Any]:
+            return model.calls_where(lambda c: c.profile == "bob" and c.tool_result is None
+                                     and c.user_text.startswith(dm_text("Alice", "alice", "PINGPONG")))
+
+        def refused() -> list[Any]:
+            assert len(bob_turns()) <= 6, "the ping-pong went on past max_hops: 3 (the warm turns' hop is lost)"
+            return model.calls_where(lambda c: c.profile == "alice" and c.tool_result is not None
+                                     and "Conversation guard" in c.tool_result)
+
+        last = wait_until(refused, FLOW_TIMEOUT * 2, "alice's DM refused by the conversation guard")[-1]
+        assert last.tool_result is not None
+        answer = json.loads(last.tool_result)
+        assert answer["reason"] == "loop_guard" and "this DM would be hop 4" in answer["error"], answer
+        turns = bob_turns()
+        assert len(turns) == 3, [c.user_text for c in turns]
+        assert {c.platform for c in turns} == {"api_server"}  # warm turns, run by the hermes gateway
+        assert (ping(e2e.root) or {}).get("pid") == serve.pid
+    finally:
+        model.stop()

@@ -183,9 +183,10 @@ def test_a_bot_chat_call_is_submitted_to_the_host_as_the_active_profile(
         nested = _call(ids["bot_continued"], target="carol", message="deeper")
     assert first == {"status": "queued", "delivery_id": "d1", "to": "@bob"}
     assert nested["to"] == "@carol"
-    assert [(c.sender, c.target, c.message, c.hop) for c in rec.calls] == [
-        ("alice", "bob", "hi", 1),
-        ("alice", "carol", "deeper", 4),
+    # the session goes along: the host adds the hop of a warm turn it runs there (hermes runs it elsewhere)
+    assert [(c.sender, c.target, c.message, c.hop, c.session) for c in rec.calls] == [
+        ("alice", "bob", "hi", 1, ids["bot"]),
+        ("alice", "carol", "deeper", 4, ids["bot_continued"]),
     ]
 
 

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, await_condition, held_on, make_root, start_gateway
+from roots import RecordingRunner, await_condition, body_of, held_on, make_root, start_gateway
 
 from hermes_actors.cli import main
 from hermes_actors.cli.host_wait import settle_host
 from hermes_actors.errors import HostileFileError
 from hermes_actors.gateway import Gateway
+from hermes_actors.hermes import submit_protocol
+from hermes_actors.hermes.plugin import turn_hop_scope
 from hermes_actors.hermes.submit import SubmitServer, fetch_outcome, fetch_status, ping, request, submit_dm
 from hermes_actors.hermes.submit_client import HostLost, HostOffline, lock_holder
 from hermes_actors.hermes.submit_protocol import (
@@ -46,6 +48,8 @@ from hermes_actors.hermes.submit_socket import open_dir, socket_address
         (b'{"op":"ping"}', Ping()),
         (b'{"op":"send","sender":"alice","target":"bob","message":"hi","hop":2}', SendCall("alice", "bob", "hi", 2)),
         (b'{"op":"send","sender":"alice","target":"bob","message":"hi"}', SendCall("alice", "bob", "hi", 0)),
+        (b'{"op":"send","sender":"alice","target":"bob","message":"hi","hop":1,"session":"s-1"}',
+         SendCall("alice", "bob", "hi", 1, session="s-1")),
         (b'{"op":"outcome","delivery_id":"ab12ab12ab12ab12ab12ab12ab12ab12","wait":1.5}',
          OutcomeCall("ab12ab12ab12ab12ab12ab12ab12ab12", 1.5)),
         (b'{"op":"status"}', StatusCall()),
@@ -69,6 +73,10 @@ def test_well_formed_requests_parse(raw: bytes, expected: object) -> None:
         (b'{"op":"send","sender":"a","target":"b","message":"m","hop":true}', "'hop' must be an integer"),
         (b'{"op":"send","sender":"a","target":"b","message":"m","hop":-1}', "'hop' must be an integer"),
         (b'{"op":"send","sender":"a","target":"b","message":"m","author":"x"}', "'author' must be an object"),
+        (b'{"op":"send","sender":"a","target":"b","message":"m","session":7}',
+         "'session' must be the hermes session id"),
+        (b'{"op":"send","sender":"a","target":"b","message":"m","session":"' + b"s" * 300 + b'"}',
+         "'session' must be the hermes session id"),
         (b'{"op":"outcome","delivery_id":"../etc"}', "'delivery_id' must be a delivery id"),
         (b'{"op":"outcome","delivery_id":"AB12AB12AB12AB12AB12AB12AB12AB12"}', "'delivery_id' must be a delivery id"),
         (b'{"op":"outcome","delivery_id":"ab12ab12ab12ab12ab12ab12ab12ab12","wait":1e9}',
@@ -407,6 +415,41 @@ def test_a_submitted_hop_counts_for_the_conversation_guard(tmp_path: Path, gatew
     assert submit_dm(root, "alice", "bob", "deep", hop=3)["status"] == "queued"
     refused = submit_dm(root, "alice", "bob", "too deep", hop=4)
     assert refused["reason"] == "loop_guard" and "hop 4" in refused["error"]
+
+
+def test_a_dm_from_a_warm_turn_the_host_runs_is_one_hop_deeper_than_that_turn(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """``serve`` runs warm turns in a separate hermes gateway, whose plugin submits hop 1 and its session."""
+    root = make_root(tmp_path, config={"bot_mode": {"max_hops": 3}})
+    rec = RecordingRunner()
+    start_gateway(gateways, root, rec, serve_submit=True)
+    with turn_hop_scope("s-warm", 2):  # the API runner's mark while hermes runs a hop-2 turn on s-warm
+        deeper = submit_dm(root, "alice", "bob", "from the warm turn", hop=1, session="s-warm")
+        elsewhere = submit_dm(root, "alice", "bob", "from another session", hop=1, session="s-other")
+        given = submit_dm(root, "alice", "bob", "a deeper CLI turn's", hop=3, session="s-warm")  # never lowered
+        with turn_hop_scope("s-deep", 3):
+            refused = submit_dm(root, "alice", "bob", "one too deep", hop=1, session="s-deep")
+    after = submit_dm(root, "alice", "bob", "after the turn", hop=1, session="s-warm")
+    for ack in (deeper, elsewhere, given, after):
+        assert ack["status"] == "queued", ack
+    assert refused["reason"] == "loop_guard" and "hop 4" in refused["error"], refused
+    hops = {body_of(t.content): t.hop for t in rec.wait_entered(4, timeout=60)}
+    assert hops == {"from the warm turn": 3, "from another session": 1, "a deeper CLI turn's": 3,
+                    "after the turn": 1}
+
+
+def test_a_session_is_resent_without_the_field_to_a_host_that_does_not_know_it(
+    server_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(submit_protocol._FIELDS, "send", submit_protocol._FIELDS["send"] - {"session"})  # older host
+    rec = Recorder()
+    with SubmitServer(server_root, send=rec):
+        ack = submit_dm(server_root, "alice", "bob", "hi", hop=1, session="s-1")
+        bad = request(server_root, {"op": "send", "sender": "a", "target": "b", "message": "m", "session": "s"})
+    assert ack["status"] == "queued"
+    assert [(c.message, c.hop, c.session) for c in rec.calls] == [("hi", 1, "")]
+    assert bad["error"] == "bad submit request: unknown field(s) for op 'send': session"  # the text older hosts give
 
 
 def test_send_goes_through_a_running_host(

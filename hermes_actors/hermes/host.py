@@ -23,6 +23,7 @@ from loguru import logger
 
 from actors import RestartPolicy
 from hermes_actors.facade.options import is_real_hermes
+from hermes_actors.hermes.plugin import dm_hop
 from hermes_actors.hermes.submit import SubmitServer
 from hermes_actors.hermes.submit_protocol import OutcomeCall, SendCall, offline_refusal
 from hermes_actors.local.command_runner import CommandRunner
@@ -52,9 +53,11 @@ def hosted_gateway(root: str | Path) -> Gateway | None:
 def _send_via(gw: Gateway) -> Callable[[SendCall], dict[str, Any]]:
     def send(call: SendCall) -> dict[str, Any]:
         # ``author`` is not forwarded: the attribution is derived from the sender by the
-        # Dispatcher, so a client cannot sign a DM as someone else.
+        # Dispatcher, so a client cannot sign a DM as someone else. A DM from a warm turn
+        # this host runs (in a separate hermes gateway: serve) is one hop deeper than it.
+        hop = dm_hop(call.hop, call.session)
         try:
-            return gw.message_agent(sender=call.sender, target=call.target, message=call.message, hop=call.hop)
+            return gw.message_agent(sender=call.sender, target=call.target, message=call.message, hop=hop)
         except RuntimeError:  # the gateway began stopping: nothing would run the DM
             return offline_refusal(gw.root)
 

@@ -38,6 +38,7 @@ __all__ = [
     "HOST_KEY",
     "PLATFORM_NAME",
     "TOOLSET",
+    "dm_hop",
     "has_builtin_bot_mode",
     "hosting_configured",
     "is_bot_chat_lineage",
@@ -46,6 +47,7 @@ __all__ = [
     "register",
     "root_and_profile",
     "teammates_middleware",
+    "turn_hop",
     "turn_hop_scope",
 ]
 
@@ -58,8 +60,9 @@ _CONTINUATION_RE = re.compile(r"^Bot Chat #\d+$")  # hermes retitles a session c
 _MAX_LINEAGE = 64
 _SUBMIT_TIMEOUT = 10.0
 
-# session id → the hop of the turn running on it, for turns started inside this process
-# (warm turns through the hermes gateway), where an environment variable cannot be per turn.
+# session id → the hop of the warm turn this process started on it (the API runner's, in the host:
+# `serve`, or the hermes gateway hosting the actors). hermes runs the turn, and so its tool calls, in
+# the hermes gateway, where an environment variable cannot be per turn: the host resolves their hop.
 _turn_hops: dict[str, int] = {}
 
 
@@ -144,7 +147,11 @@ def session_lineage_titles(db_path: Path, session_id: str) -> list[str]:
 
 @contextlib.contextmanager
 def turn_hop_scope(session_id: str, hop: int) -> Iterator[None]:
-    """While a turn of hop ``hop`` runs on ``session_id`` in this process, DMs it sends are hop ``hop + 1``."""
+    """While this process runs a turn of hop ``hop`` on ``session_id``, DMs sent from it are hop ``hop + 1``.
+
+    Whether the DM comes in a call in this process or over the submit socket (with its
+    ``session``) from the hermes gateway that runs the turn: see :func:`dm_hop`.
+    """
     _turn_hops[session_id] = hop
     try:
         yield
@@ -153,9 +160,27 @@ def turn_hop_scope(session_id: str, hop: int) -> Iterator[None]:
             del _turn_hops[session_id]
 
 
-def _current_hop(session_id: str) -> int:
-    hop = _turn_hops.get(session_id)
-    return hop if hop is not None else parse_hop(os.environ.get(HOP_ENV))
+def turn_hop(session_id: str) -> int | None:
+    """The hop of the turn this process runs on ``session_id`` (inside :func:`turn_hop_scope`), else None."""
+    return _turn_hops.get(session_id) if session_id else None
+
+
+def dm_hop(hop: int, session_id: str) -> int:
+    """The hop of a DM that reaches this process's host sent from ``session_id`` with ``hop``.
+
+    The sender knows the hop of a CLI turn (``HERMES_ACTORS_HOP``) but not of a warm turn:
+    hermes runs that turn in the gateway process, the host that started it knows its hop.
+
+    Args:
+        hop: the hop the sender gave (1 for a DM from a turn without ``HERMES_ACTORS_HOP``).
+        session_id: the hermes session the DM was sent from ("" when unknown).
+
+    Returns:
+        One hop deeper than the turn this process runs on the session, else ``hop``; never
+        less than ``hop`` (a session named wrongly can only make the guard stricter).
+    """
+    running = turn_hop(session_id)
+    return hop if running is None else max(hop, running + 1)
 
 
 # ── the tool ────────────────────────────────────────────────────────────────
@@ -172,7 +197,7 @@ def _handle(args: dict[str, Any], session_id: str) -> dict[str, Any]:
     message = args.get("message")
     target = "" if target is None else str(target)
     message = "" if message is None else str(message)
-    hop = _current_hop(session_id) + 1
+    hop = parse_hop(os.environ.get(HOP_ENV)) + 1  # a warm turn's hop is the host's to add (dm_hop)
     from hermes_actors.hermes.host import hosted_gateway
 
     gateway = hosted_gateway(root)
@@ -180,12 +205,13 @@ def _handle(args: dict[str, Any], session_id: str) -> dict[str, Any]:
         from hermes_actors.hermes.submit_protocol import offline_refusal
 
         try:
-            return gateway.message_agent(sender=sender, target=target, message=message, hop=hop)
+            return gateway.message_agent(sender=sender, target=target, message=message,
+                                         hop=dm_hop(hop, session_id))
         except RuntimeError:
             return offline_refusal(root)
     from hermes_actors.hermes.submit_client import submit_dm
 
-    return submit_dm(root, sender, target, message, hop=hop, timeout=_SUBMIT_TIMEOUT)
+    return submit_dm(root, sender, target, message, hop=hop, timeout=_SUBMIT_TIMEOUT, session=session_id)
 
 
 def message_agent_handler(args: Any, **context: Any) -> str:

@@ -20,6 +20,7 @@ from hermes_actors.hermes.submit_protocol import (
     STOPPING_OP,
     encode,
     offline_refusal,
+    refused_unknown_field,
     socket_path,
 )
 from hermes_actors.hermes.submit_socket import RECV_CHUNK, HostLost, HostOffline, open_dir, peer_cred, socket_address
@@ -107,17 +108,29 @@ def submit_dm(
     hop: int = 0,
     timeout: float = 10.0,
     author: dict[str, Any] | None = None,
+    session: str = "",
 ) -> dict[str, Any]:
     """Hand a DM to the host of ``root``; returns its ack or refusal dict, never raises.
 
     When nothing hosts the actors, the answer is the ``runtime_offline`` refusal
     naming the command to start one — never an ack nobody would process.
+
+    Args:
+        session: the hermes session id the DM is sent from (the plugin's); the host
+            makes a DM from a warm turn it runs on that session one hop deeper.
     """
     payload: dict[str, Any] = {"op": "send", "sender": sender, "target": target, "message": message, "hop": hop}
     if author:
         payload["author"] = author
+    if session:
+        payload["session"] = session
     try:
-        return request(root, payload, timeout=timeout)
+        answer = request(root, payload, timeout=timeout)
+        if session and refused_unknown_field(answer, "send", "session"):
+            # a host older than the field refused the request unread (nothing queued): send it as that host knows
+            del payload["session"]
+            answer = request(root, payload, timeout=timeout)
+        return answer
     except HostOffline:
         return offline_refusal(root)
     except HostLost:

@@ -2,8 +2,10 @@
 
 One request per connection, one answer, both a single line of JSON::
 
-    {"op": "send", "sender": "alice", "target": "bob", "message": "hi", "hop": 1}
+    {"op": "send", "sender": "alice", "target": "bob", "message": "hi", "hop": 1, "session": "<hermes session id>"}
         → the ack or refusal dict exactly as ``Gateway.message_agent`` returns it
+        (``hop`` and ``session`` are optional: a DM sent from a session the host is running a
+        warm turn on is one hop deeper than that turn, whatever ``hop`` says)
     {"op": "ping"}
         → {"op": "pong", "pid": 1234, "root": "/path/to/root", "version": "0.1.0"}
     {"op": "outcome", "delivery_id": "<32 hex>", "wait": 5}
@@ -46,6 +48,7 @@ __all__ = [
     "encode",
     "offline_refusal",
     "parse_request",
+    "refused_unknown_field",
     "socket_path",
 ]
 
@@ -63,7 +66,7 @@ STOPPING_OP = "stopping"
 
 _NAME_MAX = 256
 _FIELDS = {
-    "send": {"op", "sender", "target", "message", "hop", "author"},
+    "send": {"op", "sender", "target", "message", "hop", "author", "session"},
     "ping": {"op"},
     "outcome": {"op", "delivery_id", "wait"},
     "status": {"op"},
@@ -83,13 +86,18 @@ _MAX_MEMBERS_SENT = 64  # the room rules allow 2 to 6 and say so; this only boun
 
 @dataclass(frozen=True, slots=True)
 class SendCall:
-    """Send a DM as ``sender``; ``hop`` is its depth in the conversation (0 and 1 both mean "first")."""
+    """Send a DM as ``sender``; ``hop`` is its depth in the conversation (0 and 1 both mean "first").
+
+    ``session`` is the hermes session id the DM is sent from ("" when not sent from a turn, or
+    by a client older than the field): the host makes a DM from its own warm turn one hop deeper.
+    """
 
     sender: str
     target: str
     message: str
     hop: int = 0
     author: dict[str, Any] = field(default_factory=dict)
+    session: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +163,27 @@ def offline_refusal(root: str | Path) -> dict[str, Any]:
     return {"error": text, "reason": RUNTIME_OFFLINE}
 
 
+def _unknown_fields_text(op: str, names: list[str]) -> str:
+    return f"unknown field(s) for op {op!r}: {', '.join(names)}"
+
+
+def refused_unknown_field(answer: dict[str, Any], op: str, name: str) -> bool:
+    """Whether ``answer`` is a host's refusal of a request for its one field ``name`` it does not know.
+
+    A host older than an optional field refuses the whole request before acting on it,
+    so the client may send it again without the field.
+
+    Args:
+        answer: the host's answer.
+        op: the request's op.
+        name: the field.
+
+    Returns:
+        True only for exactly that refusal.
+    """
+    return answer.get("error") == bad_request(_unknown_fields_text(op, [name]))["error"]
+
+
 def encode(answer: dict[str, Any]) -> bytes:
     """One answer or request line."""
     return orjson.dumps(answer) + b"\n"
@@ -184,7 +213,11 @@ def _parse_send(data: dict[str, Any]) -> SendCall | dict[str, Any]:
         author = {}
     if not isinstance(author, dict):
         return bad_request(f"'author' must be an object, got {type(author).__name__}")
-    return SendCall(sender=sender, target=target, message=message, hop=hop, author=author)
+    session = data.get("session", "")
+    if not isinstance(session, str) or len(session) > _NAME_MAX:
+        return bad_request(f"'session' must be the hermes session id the DM is sent from (a string of at most "
+                           f"{_NAME_MAX} chars), got {session!r:.80}")
+    return SendCall(sender=sender, target=target, message=message, hop=hop, author=author, session=session)
 
 
 def _parse_outcome(data: dict[str, Any]) -> OutcomeCall | dict[str, Any]:
@@ -263,7 +296,7 @@ def parse_request(raw: bytes) -> Request | dict[str, Any]:
         return bad_request(f"unknown op {op!r} (expected one of: {', '.join(sorted(_FIELDS))})")
     unknown = sorted(str(key) for key in data if key not in _FIELDS[op])
     if unknown:
-        return bad_request(f"unknown field(s) for op {op!r}: {', '.join(unknown)}")
+        return bad_request(_unknown_fields_text(op, unknown))
     if op == "send":
         return _parse_send(data)
     if op == "outcome":
