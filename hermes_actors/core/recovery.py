@@ -9,7 +9,7 @@ from typing import Any
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record, outcome_from_record
 from hermes_actors.core.ids import is_delivery_id
-from hermes_actors.core.wake import WAKE_ORIGIN
+from hermes_actors.core.wake import WAKE_ORIGIN, is_wake
 from hermes_actors.messages import Delivery, Outcome
 
 __all__ = [
@@ -29,7 +29,8 @@ class RecoveryPlan:
     - ``known``: settled and delivered before; only remembered for ``wait_outcome``.
     - ``redeliver``: finished but the sender may not have seen it; publish it again.
     - ``ambiguous``: started, never finished: may have run; report "do not resend".
-    - ``reoffer``: accepted, never started: run it now, same delivery id.
+    - ``reoffer``: accepted, never started (or a wake that provably never reached its bot): run it now,
+      same delivery id.
     """
 
     known: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -132,11 +133,16 @@ def plan_recovery(
     *,
     idempotent_runner: bool = False,
     live_record: Callable[[Delivery], dict[str, Any] | None] | None = None,
+    never_reached: Callable[[Delivery], bool] | None = None,
 ) -> RecoveryPlan:
     """Decide each journaled delivery's fate (``states``: id → ``DeliveryState``).
 
     A started-not-finished turn is re-offered only when the runner declared itself
-    idempotent; otherwise it is ambiguous and never runs twice. One the journal says was
+    idempotent; otherwise it is ambiguous and never runs twice. A wake is re-offered too
+    when ``never_reached`` (the runner's look at the bot's session) says its turn provably
+    never reached the bot: it never ran, and ambiguous it would be lost for good (a DM's
+    sender is told, a wake's bot is not). ``never_reached`` is asked about those wakes
+    alone. One the journal says was
     handed to a live owner (its ``started`` record says ``live``) is judged by
     :func:`owner_outcome` from its live-delivery mailbox record (``live_record``): a
     ``settled`` or ``failed`` record is that turn's real result, anything else is
@@ -161,7 +167,8 @@ def plan_recovery(
                 plan.ambiguous.append((delivery, outcome))
             else:
                 plan.redeliver.append(outcome)
-        elif state.started and not idempotent_runner:
+        elif state.started and not idempotent_runner and not (
+                is_wake(delivery) and never_reached is not None and never_reached(delivery)):
             plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, _STOPPED_MID_TURN)))
         else:
             plan.reoffer.append(_reoffered(delivery))

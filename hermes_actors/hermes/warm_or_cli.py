@@ -202,6 +202,11 @@ class WarmOrCliRunner:
         else:
             logger.info("the hermes API server {} answers again: turns run warm", self.warm.server)
 
+    def never_reached(self, turn: Turn, since: float) -> bool:
+        """At a start: whether a wake the previous host started never reached the bot, warm or by the CLI
+        (:func:`~hermes_actors.hermes.cli_runner.never_reached`)."""
+        return self.cli.never_reached(turn, since)
+
     def prepare_retry(self, turn: Turn, began: float) -> bool:
         """Before the policy retry: the rule of the path that ran the failed attempt."""
         path = self._paths.get(turn.delivery_id, self.cli)
