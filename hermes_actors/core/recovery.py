@@ -18,6 +18,7 @@ __all__ = [
     "owner_outcome",
     "plan_recovery",
     "readable_states",
+    "stopped_mid_turn_text",
     "unreadable_deliveries",
 ]
 
@@ -98,6 +99,23 @@ def known_outcomes(states: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 _STOPPED_MID_TURN = "The gateway stopped or crashed during the turn."
+# The host was `hermes-actors serve` and the turn ran warm in the hermes gateway, a process of its own that
+# did not stop with it: "the gateway stopped" read as if hermes had, though it may well have answered.
+_SERVE_STOPPED_MID_WARM_TURN = ("hermes-actors serve stopped or crashed during the turn, which the hermes gateway "
+                                "ran in its own process: hermes may still have answered it.")
+
+
+def stopped_mid_turn_text(runs_apart: bool) -> str:
+    """Pure: why a turn the previous host started and never finished is ``ambiguous``.
+
+    Args:
+        runs_apart: the turn ran warm in a hermes gateway that is not the host's process (a ``serve``
+            host), so the host's stop or crash did not end it.
+
+    Returns:
+        The text the sender reads before "The message may have been delivered — do not resend."
+    """
+    return _SERVE_STOPPED_MID_WARM_TURN if runs_apart else _STOPPED_MID_TURN
 
 
 def owner_outcome(delivery: Delivery, record: dict[str, Any] | None) -> Outcome:
@@ -134,6 +152,7 @@ def plan_recovery(
     idempotent_runner: bool = False,
     live_record: Callable[[Delivery], dict[str, Any] | None] | None = None,
     never_reached: Callable[[Delivery], bool] | None = None,
+    runs_apart: Callable[[Delivery], bool] | None = None,
 ) -> RecoveryPlan:
     """Decide each journaled delivery's fate (``states``: id → ``DeliveryState``).
 
@@ -142,7 +161,8 @@ def plan_recovery(
     when ``never_reached`` (the runner's look at the bot's session) says its turn provably
     never reached the bot: it never ran, and ambiguous it would be lost for good (a DM's
     sender is told, a wake's bot is not). ``never_reached`` is asked about those wakes
-    alone. One the journal says was
+    alone. ``runs_apart`` (the runner's: the turn ran warm in a hermes gateway apart from this
+    host) words why such a turn is ambiguous (:func:`stopped_mid_turn_text`). One the journal says was
     handed to a live owner (its ``started`` record says ``live``) is judged by
     :func:`owner_outcome` from its live-delivery mailbox record (``live_record``): a
     ``settled`` or ``failed`` record is that turn's real result, anything else is
@@ -169,7 +189,8 @@ def plan_recovery(
                 plan.redeliver.append(outcome)
         elif state.started and not idempotent_runner and not (
                 is_wake(delivery) and never_reached is not None and never_reached(delivery)):
-            plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, _STOPPED_MID_TURN)))
+            why = stopped_mid_turn_text(runs_apart is not None and runs_apart(delivery))
+            plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, why)))
         else:
             plan.reoffer.append(_reoffered(delivery))
     return plan

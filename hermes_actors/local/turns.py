@@ -64,6 +64,7 @@ __all__ = [
     "turn_factory_here",
     "turn_for",
     "turn_never_reached",
+    "turn_runs_apart",
 ]
 
 
@@ -215,6 +216,24 @@ def turn_never_reached(runner: TurnRunner, turn: Turn, since: float) -> bool:
     except BaseException as exc:  # runner code: "cannot tell" never runs a wake twice
         logger.log(_hook_level(exc), "cannot tell whether the wake {} reached its bot: {}", turn.delivery_id,
                    describe_error(exc))
+        return False
+
+
+def turn_runs_apart(runner: TurnRunner, turn: Turn) -> bool:
+    """At a start: the runner's optional ``runs_apart(turn)`` hook, asked about a turn the previous run
+    started and never finished: True when it ran warm in a hermes gateway apart from this host (a
+    ``serve`` host), so the host's stop did not end it (see :func:`~hermes_actors.core.recovery.stopped_mid_turn_text`).
+
+    Returns:
+        The hook's answer; False without the hook, or when it raised.
+    """
+    hook = getattr(runner, "runs_apart", None)
+    if not callable(hook):
+        return False
+    try:
+        return hook(turn) is True
+    except BaseException as exc:  # runner code: only the wording of the outcome depends on it
+        logger.log(_hook_level(exc), "cannot tell where the turn {} ran: {}", turn.delivery_id, describe_error(exc))
         return False
 
 
