@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,13 @@ from hermes_actors.messages import Turn
 
 
 class FakeApi:
-    """Serves ``GET /p/<p>/api/sessions``; ``chat`` decides what a chat POST gets ("drop" or "hang")."""
+    """Serves ``GET /p/<p>/api/sessions``; ``chat`` decides what a chat POST gets ("drop", "hang", "500" or
+    "answer": ``answer`` as the assistant message, after ``on_chat()`` ran, where hermes stores the turn)."""
 
-    def __init__(self, chat: str) -> None:
+    def __init__(self, chat: str, answer: str = "", on_chat: Callable[[], None] | None = None) -> None:
         self.chat = chat
+        self.answer = answer
+        self.on_chat = on_chat
         self.chats: list[dict[str, Any]] = []
         self.release = threading.Event()  # ends a hanging chat at teardown
         api = self
@@ -52,6 +55,16 @@ class FakeApi:
                 self.close_connection = True
                 if api.chat == "hang":
                     api.release.wait(30)
+                if api.chat == "answer":  # hermes' API server: HTTP 200 with the turn's final_response
+                    if api.on_chat is not None:
+                        api.on_chat()
+                    body = json.dumps({"session_id": "s1", "message": {"role": "assistant",
+                                                                       "content": api.answer}}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
                 if api.chat == "500":  # what hermes' API server answers when the agent raised
                     body = b"500 Internal Server Error\n\nServer got itself in trouble"
                     self.send_response(500)
@@ -195,3 +208,55 @@ def test_a_500_for_a_bot_without_a_model_says_so_as_missing_config(tmp_path: Pat
     assert caught.value.reason == reason, caught.value.text
     assert ("has no model" in caught.value.text) == (reason == "missing_config")
     assert "answered 500 on @bob's Bot Chat turn" in caught.value.text
+
+
+@pytest.mark.parametrize(("answer", "stored", "status"), [
+    # hermes gave up and stored no answer: its text is the failure, worded as it may be (none of these names a
+    # reason; before, a text not starting the way hermes words "API call failed after …" was the bot's reply)
+    ("Codex response remained incomplete after 3 continuation attempts", None, "failed"),
+    ("Response truncated due to output length limit", None, "failed"),
+    ("API call failed after 3 retries: Provider returned an empty stream with no finish_reason (possible upstream "
+     "error or malformed SSE response).", None, "failed"),
+    # a genuine answer that reads like an error is the reply: hermes stored it
+    ("API call failed after 3 retries: that is what the build log says, HTTP 500 and all.",
+     "API call failed after 3 retries: that is what the build log says, HTTP 500 and all.", "replied"),
+    ("All good here.", "All good here.", "replied"),
+])
+def test_a_warm_turn_is_a_reply_only_when_hermes_stored_an_answer(
+    tmp_path: Path, answer: str, stored: str | None, status: str
+) -> None:
+    """Regression (review): a warm turn whose model stream broke was 'replied' with hermes' error text, the sender
+    woken "Reply from @dave: API call failed …", because a text naming no known reason was taken for the answer
+    before state.db was asked. state.db decides first, as the exit status does on CLI turns."""
+    session_db = pytest.importorskip("hermes_state", reason="needs hermes-agent (the [hermes] extra)").SessionDB
+    home = tmp_path / "bob"
+    home.mkdir()
+    db = session_db(db_path=home / "state.db")
+    try:
+        db.create_session("s1", "cli")
+        db.set_session_title("s1", "Bot Chat")
+    finally:
+        db.close()
+
+    def hermes_stores_the_turn() -> None:
+        db = session_db(db_path=home / "state.db")
+        try:
+            db.append_message("s1", "user", "hello bob")
+            if stored is not None:
+                db.append_message("s1", "assistant", stored)
+        finally:
+            db.close()
+
+    api = FakeApi("answer", answer=answer, on_chat=hermes_stores_the_turn)
+    try:
+        runner = ApiRunner(ApiServer("127.0.0.1", api.port, "k" * 16), timeout=30)
+        try:
+            got = ("replied", runner.run_turn(Turn(profile="bob", content="hello bob", delivery_id="d1",
+                                                   session="Bot Chat", home=home)))
+        except TurnFailed as failure:
+            got = ("failed", failure.text)
+            assert (failure.reason, failure.ambiguous) == ("unknown", False), failure  # as on a CLI turn
+    finally:
+        api.close()
+    assert got[0] == status, got
+    assert answer in got[1], got  # the reply, or the failure naming hermes' text

@@ -13,7 +13,7 @@ from roots import make_root
 from hermes_actors import Gateway
 from hermes_actors.core.acks import delivery_record
 from hermes_actors.core.ids import new_delivery_id
-from hermes_actors.core.recovery import plan_recovery
+from hermes_actors.core.recovery import plan_recovery, stopped_mid_turn_text
 from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.messages import Delivery
 from hermes_actors.store.journal_records import DeliveryState, fold_records
@@ -79,6 +79,45 @@ def test_a_started_turn_not_handed_to_an_owner_never_asks_the_live_mailbox(statu
     assert _judged(plan_recovery(states, live_record=planted))["ambiguous"] == ["ambiguous"]
     assert _judged(plan_recovery(states, idempotent_runner=True, live_record=planted))["reoffer"] == ["reoffer"]
     assert asked == []
+
+
+@pytest.mark.parametrize(("runs_apart", "why"), [
+    (None, "The gateway stopped or crashed during the turn."),  # a runner without the hook
+    (False, "The gateway stopped or crashed during the turn."),  # the host was the hermes gateway itself
+    # a serve host killed mid warm turn: the hermes gateway ran on and may have answered (review: the text said
+    # "the gateway stopped", read as hermes' own)
+    (True, "hermes-actors serve stopped or crashed during the turn, which the hermes gateway ran in its own "
+           "process: hermes may still have answered it."),
+])
+def test_a_turn_the_previous_host_lost_says_what_stopped(runs_apart: bool | None, why: str) -> None:
+    delivery = _delivery()
+    states = {delivery.delivery_id: DeliveryState(delivery_record(delivery), started=1)}
+    plan = plan_recovery(states, runs_apart=None if runs_apart is None else lambda d: runs_apart)
+    ((_, outcome),) = plan.ambiguous
+    assert why == stopped_mid_turn_text(bool(runs_apart))
+    assert (outcome.status, outcome.error) == ("ambiguous", f"{why} The message may have been delivered — do not "
+                                                            "resend."), outcome
+
+
+def test_a_serve_host_restarted_after_a_warm_turn_it_lost_says_hermes_may_have_answered(tmp_path: Path) -> None:
+    """The runner's ``runs_apart`` hook (a warm runner on a ``serve`` host) words the recovered outcome."""
+
+    class Warm:
+        def run_turn(self, turn: Any) -> str:
+            raise AssertionError("a started turn never runs again")
+
+        def runs_apart(self, turn: Any) -> bool:
+            return turn.profile == "bob"
+
+    root = make_root(tmp_path)
+    delivery = _delivery("bob")
+    _dead_journal(root, [{"t": "accepted", "id": delivery.delivery_id, "d": delivery_record(delivery)},
+                         {"t": "started", "id": delivery.delivery_id, "attempt": 1}])
+    with Gateway(root, runner=Warm()) as gw:
+        assert gw.recovered["ambiguous"] == 1
+        outcome = gw.wait_outcome(delivery.delivery_id, timeout=10)
+    assert outcome["status"] == "ambiguous"
+    assert outcome["error"].startswith(stopped_mid_turn_text(True)), outcome
 
 
 def test_a_journal_keeps_the_live_mark_of_a_handoff_through_compaction_and_adoption() -> None:

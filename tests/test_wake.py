@@ -124,6 +124,45 @@ def test_a_reoffered_wake_stays_a_wake_and_a_started_one_is_not_rerun() -> None:
 
 
 @pytest.mark.parametrize(
+    ("kind", "started", "idempotent", "reached", "expected"),
+    [
+        # a wake a dead host started whose text never reached its bot's session never ran: offered again
+        # (before, it was ambiguous and lost for good: the bot never learnt the outcome)
+        ("wake", 1, False, False, "reoffer"),
+        ("wake", 1, False, True, "ambiguous"),  # its text is there: it may have run, never twice
+        ("wake", 1, False, None, "ambiguous"),  # no runner hook: cannot tell
+        ("wake", 0, False, None, "reoffer"),  # never started
+        ("wake", 1, True, None, "reoffer"),  # an idempotent runner re-runs it anyway
+        # a DM is never re-offered on the hook's word: its sender is told ambiguous and decides
+        ("dm", 1, False, False, "ambiguous"),
+        ("dm", 1, False, True, "ambiguous"),
+    ],
+)
+def test_a_started_wake_is_reoffered_only_when_it_provably_never_reached_its_bot(
+    kind: str, started: int, idempotent: bool, reached: bool | None, expected: str
+) -> None:
+    from hermes_actors.core.acks import delivery_record
+
+    request = wake_for(REPLIED, DM, mode="true", runner_is_hermes=False, local_profiles=LOCAL, root=ROOT)
+    assert request is not None
+    delivery = wake_delivery(request, now=1.0) if kind == "wake" else DM
+    asked: list[str] = []
+
+    def never_reached(d: Delivery) -> bool:
+        asked.append(d.delivery_id)
+        return not reached
+
+    plan = plan_recovery({delivery.delivery_id: DeliveryState(delivery=delivery_record(delivery), started=started)},
+                         idempotent_runner=idempotent, never_reached=None if reached is None else never_reached)
+    got = ["reoffer" for _ in plan.reoffer] + [o.status for _, o in plan.ambiguous]
+    assert got == [expected]
+    if expected == "reoffer":
+        assert plan.reoffer[0] == delivery and plan.reoffer[0].origin == delivery.origin  # a wake stays a wake
+    assert asked == ([delivery.delivery_id] if kind == "wake" and started and not idempotent and reached is not None
+                     else [])  # only a started wake's bot is looked at
+
+
+@pytest.mark.parametrize(
     ("text", "limit", "kept"),
     [
         ("short", 10, "short"),

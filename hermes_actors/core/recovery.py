@@ -9,7 +9,7 @@ from typing import Any
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record, outcome_from_record
 from hermes_actors.core.ids import is_delivery_id
-from hermes_actors.core.wake import WAKE_ORIGIN
+from hermes_actors.core.wake import WAKE_ORIGIN, is_wake
 from hermes_actors.messages import Delivery, Outcome
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "owner_outcome",
     "plan_recovery",
     "readable_states",
+    "stopped_mid_turn_text",
     "unreadable_deliveries",
 ]
 
@@ -29,7 +30,8 @@ class RecoveryPlan:
     - ``known``: settled and delivered before; only remembered for ``wait_outcome``.
     - ``redeliver``: finished but the sender may not have seen it; publish it again.
     - ``ambiguous``: started, never finished: may have run; report "do not resend".
-    - ``reoffer``: accepted, never started: run it now, same delivery id.
+    - ``reoffer``: accepted, never started (or a wake that provably never reached its bot): run it now,
+      same delivery id.
     """
 
     known: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -97,6 +99,23 @@ def known_outcomes(states: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 _STOPPED_MID_TURN = "The gateway stopped or crashed during the turn."
+# The host was `hermes-actors serve` and the turn ran warm in the hermes gateway, a process of its own that
+# did not stop with it: "the gateway stopped" read as if hermes had, though it may well have answered.
+_SERVE_STOPPED_MID_WARM_TURN = ("hermes-actors serve stopped or crashed during the turn, which the hermes gateway "
+                                "ran in its own process: hermes may still have answered it.")
+
+
+def stopped_mid_turn_text(runs_apart: bool) -> str:
+    """Pure: why a turn the previous host started and never finished is ``ambiguous``.
+
+    Args:
+        runs_apart: the turn ran warm in a hermes gateway that is not the host's process (a ``serve``
+            host), so the host's stop or crash did not end it.
+
+    Returns:
+        The text the sender reads before "The message may have been delivered — do not resend."
+    """
+    return _SERVE_STOPPED_MID_WARM_TURN if runs_apart else _STOPPED_MID_TURN
 
 
 def owner_outcome(delivery: Delivery, record: dict[str, Any] | None) -> Outcome:
@@ -132,11 +151,18 @@ def plan_recovery(
     *,
     idempotent_runner: bool = False,
     live_record: Callable[[Delivery], dict[str, Any] | None] | None = None,
+    never_reached: Callable[[Delivery], bool] | None = None,
+    runs_apart: Callable[[Delivery], bool] | None = None,
 ) -> RecoveryPlan:
     """Decide each journaled delivery's fate (``states``: id → ``DeliveryState``).
 
     A started-not-finished turn is re-offered only when the runner declared itself
-    idempotent; otherwise it is ambiguous and never runs twice. One the journal says was
+    idempotent; otherwise it is ambiguous and never runs twice. A wake is re-offered too
+    when ``never_reached`` (the runner's look at the bot's session) says its turn provably
+    never reached the bot: it never ran, and ambiguous it would be lost for good (a DM's
+    sender is told, a wake's bot is not). ``never_reached`` is asked about those wakes
+    alone. ``runs_apart`` (the runner's: the turn ran warm in a hermes gateway apart from this
+    host) words why such a turn is ambiguous (:func:`stopped_mid_turn_text`). One the journal says was
     handed to a live owner (its ``started`` record says ``live``) is judged by
     :func:`owner_outcome` from its live-delivery mailbox record (``live_record``): a
     ``settled`` or ``failed`` record is that turn's real result, anything else is
@@ -161,8 +187,10 @@ def plan_recovery(
                 plan.ambiguous.append((delivery, outcome))
             else:
                 plan.redeliver.append(outcome)
-        elif state.started and not idempotent_runner:
-            plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, _STOPPED_MID_TURN)))
+        elif state.started and not idempotent_runner and not (
+                is_wake(delivery) and never_reached is not None and never_reached(delivery)):
+            why = stopped_mid_turn_text(runs_apart is not None and runs_apart(delivery))
+            plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, why)))
         else:
             plan.reoffer.append(_reoffered(delivery))
     return plan

@@ -38,15 +38,15 @@ from hermes_actors.hermes.retry import prepare_bot_chat_retry
 from hermes_actors.hermes.sessions import EMPTY_ANSWER, final_answer_since
 from hermes_actors.messages import Turn
 
-__all__ = ["ApiRunner", "pick_titled_session"]
+__all__ = ["ApiRunner", "answer_of", "pick_titled_session"]
 
 _PAGE = 200
 _MAX_PAGES = 50
 _FAILURE_CHARS = 2000  # of a failure text hermes handed back as an answer
 _NO_REPLY_WARNING = "⚠️ No reply:"  # hermes 0.19's text for a model's empty answer (it stores EMPTY_ANSWER)
 #: How hermes 0.19 words the ``final_response`` of a turn it gave up on (agent/conversation_loop.py), which its
-#: API server hands back as the answer: with none stored in state.db, such a text is the failure, whatever
-#: reason it classifies as ("API call failed after 3 retries: Provider returned an empty stream …" is none).
+#: API server hands back as the answer. state.db decides (:func:`answer_of`); where it cannot be read, such a
+#: text is the failure, whatever reason it classifies as ("… Provider returned an empty stream …" is none).
 _HERMES_FAILURE_ANSWERS = (
     "API call failed after ",
     "Invalid API response after ",
@@ -76,6 +76,46 @@ def pick_titled_session(rows: list[dict[str, Any]], title: str) -> str | None:
         if row.get("title") == title:
             return str(row["id"])
     return None
+
+
+def answer_of(content: str, stored: tuple[bool, str | None], handle: str) -> str:
+    """Pure: what a warm turn answered, from the text hermes' API server handed back and what ``state.db`` holds.
+
+    hermes' API server hands a failed turn's error text back as if it were the answer (HTTP 200:
+    "API call failed after 3 retries: Provider returned an empty stream …", worded any way) and a
+    model's empty answer as its own warning. ``state.db`` says which it was, whatever the text reads
+    like, as the exit status does on a CLI turn: a turn that stored no answer failed, and one that
+    stored one replied, error-like words and all. Only where it cannot be read does the text decide:
+    hermes' give-up wording (:data:`_HERMES_FAILURE_ANSWERS`) is a failure.
+
+    Args:
+        content: the ``message.content`` the API server answered.
+        stored: ``(readable, answer)`` of :func:`~hermes_actors.hermes.sessions.final_answer_since` for the turn.
+        handle: the bot, for the failure text.
+
+    Returns:
+        The reply (``""``: the model chose to say nothing, a silent outcome).
+
+    Raises:
+        TurnFailed: the turn stored no answer (or, with ``state.db`` unreadable, the text is hermes'
+            give-up wording), with the reason the text names (``unknown`` for none, as on a CLI turn).
+    """
+    readable, answer = stored
+    if (answer is None) if readable else content.startswith(_HERMES_FAILURE_ANSWERS):
+        raise TurnFailed(f"hermes on @{handle}'s Bot Chat turn: {content[:_FAILURE_CHARS]}",
+                         reason=classify_agent_error(content))
+    if readable and answer == EMPTY_ANSWER and content.startswith(_NO_REPLY_WARNING):
+        return ""  # the model chose to say nothing: a silent outcome, not hermes' warning as the bot's reply
+    return content
+
+
+def _stored_answer(turn: Turn, session: str, began: float) -> tuple[bool, str | None]:
+    """:func:`~hermes_actors.hermes.sessions.final_answer_since` for the turn (unreadable: a turn naming no home)."""
+    try:
+        home = turn_home(turn)
+    except TurnFailed:
+        return False, None
+    return final_answer_since(home, session, began)
 
 
 def busy_in_gateway_text(handle: str) -> str:
@@ -272,18 +312,7 @@ class ApiRunner:
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, str):
             raise TurnFailed(f"hermes API server answered without a reply for @{handle}: {str(payload)[:300]}")
-        reason = classify_agent_error(content)
-        failure_like = reason != UNKNOWN or content.startswith(_HERMES_FAILURE_ANSWERS)
-        if not failure_like and not content.startswith(_NO_REPLY_WARNING):
-            return content
-        # hermes' API server hands a failed turn's error text back as the answer ("API call failed after
-        # 3 retries: HTTP 500: ...") and an empty answer as its own warning: state.db says which it was.
-        readable, stored = final_answer_since(turn_home(turn), str(effective or session), began)
-        if readable and stored is None and failure_like:  # no answer stored: the turn failed (may retry)
-            raise TurnFailed(f"hermes on @{handle}'s Bot Chat turn: {content[:_FAILURE_CHARS]}", reason=reason)
-        if readable and stored == EMPTY_ANSWER and content.startswith(_NO_REPLY_WARNING):
-            return ""  # the model chose to say nothing: a silent outcome, not hermes' warning as the bot's reply
-        return content
+        return answer_of(content, _stored_answer(turn, str(effective or session), began), handle)
 
     def _failure(self, failure: ApiHttpError, handle: str, turn: Turn) -> TurnFailed:
         text = f"hermes API server answered {failure.status} on @{handle}'s {turn.session} turn: {failure.message()}"

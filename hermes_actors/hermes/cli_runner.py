@@ -17,6 +17,7 @@ from ``hermes chat --help``):
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from loguru import logger
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.cli_output import reply_or_failure
+from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.hermes.install import (
     ChatFlags,
     cli_profile_name,
@@ -34,12 +36,13 @@ from hermes_actors.hermes.install import (
     root_of_home,
 )
 from hermes_actors.hermes.plugin import HOP_ENV
-from hermes_actors.hermes.retry import prepare_bot_chat_retry, take_back_unanswered
+from hermes_actors.hermes.retry import prepare_bot_chat_retry, take_back_unanswered, text_stored_since
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.messages import Turn
+from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 
-__all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "turn_home", "turn_root"]
+__all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "never_reached", "turn_home", "turn_root"]
 
 MAX_ARGV_TEXT_BYTES = 100 * 1024
 
@@ -76,6 +79,40 @@ def turn_root(turn: Turn) -> Path:
         TurnFailed: ``runtime_offline`` when the turn has neither a root nor a home.
     """
     return Path(turn.root) if turn.root is not None else root_of_home(turn_home(turn))
+
+
+def never_reached(turn: Turn, since: float) -> bool:
+    """Whether a turn a previous host started (and died in) provably never reached the bot: it never ran.
+
+    Provably: nothing that may still run it lives on (no hermes gateway but this process, which
+    may have taken its warm request; no hermes CLI process of it, which would hold the bot's turn
+    lock it inherited), and the bot's ``state.db`` holds no user message with its text since
+    ``since`` (hermes stores it as the turn begins). Anything else, or what cannot be told, is False.
+
+    Args:
+        turn: the turn, as it would run now.
+        since: the wall-clock time before which it cannot have begun (its delivery's acceptance).
+
+    Returns:
+        True only when it provably never ran.
+    """
+    try:
+        root, home = turn_root(turn), turn_home(turn)
+    except TurnFailed:  # no home for the turn: cannot tell
+        return False
+    pid = gateway_pid(root)
+    if pid is not None and pid != os.getpid():
+        return False  # a live gateway that is not this process may have taken it and store it yet
+    lock = TurnLock(turn_lock_path(root, turn.profile))
+    try:
+        if not lock.try_acquire():
+            return False  # held: a CLI process the dead host started (or a turn of this host) may be running it
+        lock.release()  # free: no process of a turn holds it, and none of the dead host's is left to start
+    except OSError:
+        return False
+    finally:
+        lock.close()
+    return text_stored_since(home, turn.content, since) is False
 
 
 class HermesCliRunner(CommandRunner):
@@ -212,6 +249,10 @@ class HermesCliRunner(CommandRunner):
         # session ends with unanswered is a dead turn's (see hermes.retry). A Bot Mode release resumes it itself.
         take_back_unanswered(turn_home(turn), turn.session)
         return self._run(turn, None)
+
+    def never_reached(self, turn: Turn, since: float) -> bool:
+        """At a start: whether a wake the previous host started never reached the bot (:func:`never_reached`)."""
+        return never_reached(turn, since)
 
     def prepare_retry(self, turn: Turn, began: float) -> bool:
         """Before the policy retry: take back the DM hermes stored when the first attempt failed.

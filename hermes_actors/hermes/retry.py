@@ -27,7 +27,8 @@ those (a DM begins with the sender's signature): a person typing in the session 
 under our lock, and their message may be a live turn's. A wake-up message (an outcome's
 text) a dead turn left stays: a wake that may have started is never run again, so taking
 its text back would leave the bot never knowing the outcome; merged into its next turn,
-it is read late but read.
+it is read late but read. A wake whose text never reached the session did not run: a
+restart offers it again (:func:`text_stored_since` tells).
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ __all__ = [
     "plan_take_back",
     "prepare_bot_chat_retry",
     "take_back_unanswered",
+    "text_stored_since",
     "unanswered_since",
 ]
 
 _TAIL_ROWS = 64  # the session's last active messages looked at before a turn
 _HEAD_CHARS = 512  # of each: enough for a DM's signature or an outcome's first words (a long label included)
+_STORED_SLACK = 1.0  # seconds before ``since`` a message still counts (a wrong "never stored" runs a turn twice)
 
 RESEND = "resend"
 REWIND = "rewind"
@@ -261,3 +264,34 @@ def _session_tail(conn: sqlite3.Connection, title: str) -> tuple[str, list[tuple
         (_HEAD_CHARS, session_id, _TAIL_ROWS),
     ).fetchall()
     return session_id, [(int(row[0]), str(row[1]), row[2]) for row in reversed(rows)]
+
+
+def text_stored_since(home: Path, text: str, since: float) -> bool | None:
+    """Whether hermes stored a user message holding the beginning of ``text`` in a profile's ``state.db``
+    since ``since`` (a second's slack), in any session, taken back or not.
+
+    How a restart tells that a wake a dead host started never ran: its turn's whole user message is
+    the wake's text (:func:`hermes_actors.core.wake.wake_delivery`), which hermes stores as the turn
+    begins. Only its first :data:`_HEAD_CHARS` characters are looked for, anywhere in a message, so a
+    text hermes cut or prefixed is still found: a false "stored" keeps the wake unrun, never runs it twice.
+
+    Args:
+        home: the profile home (its ``state.db``).
+        text: the turn's user message.
+        since: the wall-clock time (``time.time()``) before which no turn of it began.
+
+    Returns:
+        True or False; None when it cannot be told (no ``state.db``, or it does not read: logged).
+    """
+    db_path = Path(home) / "state.db"
+    if not db_path.is_file():
+        return None
+    try:
+        row = read_sqlite(db_path, lambda conn: conn.execute(
+            "SELECT 1 FROM messages WHERE role = 'user' AND timestamp >= ? AND instr(content, ?) > 0 LIMIT 1",
+            (since - _STORED_SLACK, text[:_HEAD_CHARS]),
+        ).fetchone())
+    except sqlite3.Error as exc:
+        logger.warning("cannot read {} to tell whether a turn's message reached it: {}", db_path, exc)
+        return None
+    return row is not None

@@ -202,6 +202,16 @@ class WarmOrCliRunner:
         else:
             logger.info("the hermes API server {} answers again: turns run warm", self.warm.server)
 
+    def runs_apart(self, turn: Turn) -> bool:
+        """At a start: whether the bot's turns run warm in a hermes gateway that is not this process (this host is
+        ``serve``), so a turn the previous host lost may still have been answered there."""
+        return gateway_pid(turn_root(turn)) != os.getpid()
+
+    def never_reached(self, turn: Turn, since: float) -> bool:
+        """At a start: whether a wake the previous host started never reached the bot, warm or by the CLI
+        (:func:`~hermes_actors.hermes.cli_runner.never_reached`)."""
+        return self.cli.never_reached(turn, since)
+
     def prepare_retry(self, turn: Turn, began: float) -> bool:
         """Before the policy retry: the rule of the path that ran the failed attempt."""
         path = self._paths.get(turn.delivery_id, self.cli)

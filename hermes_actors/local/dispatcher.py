@@ -35,6 +35,7 @@ from actors import ChildFailed, RestartPolicy, SupervisorActor, handles, tell
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.targets import LocalRoute, Refusal
+from hermes_actors.errors import TurnFailed
 from hermes_actors.local.admission import Admission, CallerAdmission
 from hermes_actors.local.asking_turn import asking_turn
 from hermes_actors.local.delivery_stats import DeliveryStats
@@ -50,7 +51,7 @@ from hermes_actors.local.relay_in import RelayInAnswer, relay_in_step
 from hermes_actors.local.relay_link import RelayLink
 from hermes_actors.local.remote_sends import PeerSubmit, RemoteSends
 from hermes_actors.local.restart_waiters import RestartWaiters
-from hermes_actors.local.turns import TurnFactory
+from hermes_actors.local.turns import TurnFactory, turn_never_reached, turn_runs_apart
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import (
     AcceptLocal,
@@ -317,7 +318,24 @@ class DispatcherActor(SupervisorActor):
     def _on_recover(self, msg: Recover) -> dict[str, int]:
         """Act on the journal of a previous run (``journal_replay.replay_journal``)."""
         return replay_journal(msg.states, idempotent_runner=msg.idempotent_runner, index=self.snapshot.index,
-                              flow=self.flow, requeue=lambda info, dm: self.deliver_local(info, dm, journaled=True))
+                              flow=self.flow, requeue=lambda info, dm: self.deliver_local(info, dm, journaled=True),
+                              never_reached=self._never_reached, runs_apart=self._runs_apart)
+
+    def _never_reached(self, delivery: Delivery) -> bool:
+        """At a start: whether a wake the previous run started provably never reached its bot (the runner says)."""
+        try:
+            turn = self._make_turn(delivery)
+        except TurnFailed:  # its profile is gone: cannot tell
+            return False
+        return turn_never_reached(self.deps.runner, turn, delivery.accepted_at)
+
+    def _runs_apart(self, delivery: Delivery) -> bool:
+        """At a start: whether a turn the previous run lost ran warm in a hermes gateway apart from this host."""
+        try:
+            turn = self._make_turn(delivery)
+        except TurnFailed:  # its profile is gone: cannot tell
+            return False
+        return turn_runs_apart(self.deps.runner, turn)
 
     # ── shutdown ────────────────────────────────────────────────────────────
 

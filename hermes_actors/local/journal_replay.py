@@ -53,6 +53,8 @@ def replay_journal(
     index: dict[str, ProfileInfo],
     flow: OutcomeFlow,
     requeue: Callable[[ProfileInfo, Delivery], None],
+    never_reached: Callable[[Delivery], bool] | None = None,
+    runs_apart: Callable[[Delivery], bool] | None = None,
 ) -> dict[str, int]:
     """Act on the journal of a previous run (see ``recovery.plan_recovery``).
 
@@ -63,6 +65,10 @@ def replay_journal(
         flow: the Dispatcher's outcome flow (its book, durability and waker are the ones used).
         requeue: queues a journaled delivery on the ProfileActor of its profile, booked pending
             (``DispatcherActor.deliver_local``).
+        never_reached: whether a wake the previous run started provably never reached its bot
+            (the runner's hook, ``turns.turn_never_reached``): it is offered again then.
+        runs_apart: whether a turn ran warm in a hermes gateway apart from this host (the runner's
+            hook, ``turns.turn_runs_apart``): its ``ambiguous`` text says hermes may still have answered.
 
     Returns:
         The counts of what was done (``reoffered``, ``ambiguous``, ``redelivered``, ``known``,
@@ -76,7 +82,8 @@ def replay_journal(
     book, durability = flow.book, flow.durability
     flow.waker.adopt(readable)
     plan = plan_recovery(readable, idempotent_runner=idempotent_runner,
-                         live_record=lambda delivery: live_record(index, delivery))
+                         live_record=lambda delivery: live_record(index, delivery), never_reached=never_reached,
+                         runs_apart=runs_apart)
     book.remember(plan.known)
     for outcome in plan.redeliver:
         if book.has_outcome(outcome.delivery_id):

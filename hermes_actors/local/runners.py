@@ -15,11 +15,16 @@ profile's queue (and its turn timeout cannot fire), never another profile's.
 blocks: leave such a runner blocking (a ``stop()`` that begins while an inline
 turn waits on that ack is held until the ask times out).
 
-Three optional methods let a runner take part in a delivery's life:
+Five optional methods let a runner take part in a delivery's life:
 ``prepare_retry(turn, began) -> bool`` is asked before the one policy retry (False
 keeps the first failure; see :func:`hermes_actors.local.turns.retry_allowed`),
 ``forget_failed(turn, began)`` is told when the turn failed for good (not ambiguous),
-and ``release(delivery_id)`` once the delivery is settled.
+``release(delivery_id)`` once the delivery is settled, and ``never_reached(turn, since)
+-> bool`` is asked at a start about a wake the previous run started and never finished
+(True only when its turn provably never reached the bot: it is offered again, else it
+stays ambiguous; see :func:`hermes_actors.local.turns.turn_never_reached`), and ``runs_apart(turn)
+-> bool`` words why such a turn is ambiguous (True: it ran warm in a hermes gateway apart from
+this host, which may still have answered it; :func:`hermes_actors.local.turns.turn_runs_apart`).
 
 The real ``hermes`` CLI runner is :class:`~hermes_actors.local.command_runner.CommandRunner`;
 the pieces of one CLI process it shares with the Hermes runners are in

@@ -63,6 +63,8 @@ __all__ = [
     "retry_allowed",
     "turn_factory_here",
     "turn_for",
+    "turn_never_reached",
+    "turn_runs_apart",
 ]
 
 
@@ -191,6 +193,48 @@ def forget_failed(runner: TurnRunner, turn: Turn, began: float) -> None:
     except BaseException as exc:  # runner code: the failure stands as it is
         logger.log(_hook_level(exc), "could not take back the failed DM {} from its session: {}", turn.delivery_id,
                    describe_error(exc))
+
+
+def turn_never_reached(runner: TurnRunner, turn: Turn, since: float) -> bool:
+    """At a start: the runner's optional ``never_reached(turn, since)`` hook, asked about a wake the previous
+    run started and never finished: True only when its turn provably never reached the bot (it is offered
+    again then, see :func:`~hermes_actors.core.recovery.plan_recovery`).
+
+    Args:
+        runner: the turn runner.
+        turn: the wake's turn, as it would run now.
+        since: when the wake was accepted (no turn of it began before).
+
+    Returns:
+        The hook's answer; False without the hook, or when it raised (runner code: the wake stays ambiguous).
+    """
+    hook = getattr(runner, "never_reached", None)
+    if not callable(hook):
+        return False
+    try:
+        return hook(turn, since) is True
+    except BaseException as exc:  # runner code: "cannot tell" never runs a wake twice
+        logger.log(_hook_level(exc), "cannot tell whether the wake {} reached its bot: {}", turn.delivery_id,
+                   describe_error(exc))
+        return False
+
+
+def turn_runs_apart(runner: TurnRunner, turn: Turn) -> bool:
+    """At a start: the runner's optional ``runs_apart(turn)`` hook, asked about a turn the previous run
+    started and never finished: True when it ran warm in a hermes gateway apart from this host (a
+    ``serve`` host), so the host's stop did not end it (see :func:`~hermes_actors.core.recovery.stopped_mid_turn_text`).
+
+    Returns:
+        The hook's answer; False without the hook, or when it raised.
+    """
+    hook = getattr(runner, "runs_apart", None)
+    if not callable(hook):
+        return False
+    try:
+        return hook(turn) is True
+    except BaseException as exc:  # runner code: only the wording of the outcome depends on it
+        logger.log(_hook_level(exc), "cannot tell where the turn {} ran: {}", turn.delivery_id, describe_error(exc))
+        return False
 
 
 def _hook_level(exc: BaseException) -> str:
