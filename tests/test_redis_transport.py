@@ -413,6 +413,58 @@ def test_a_send_refused_for_a_key_of_the_wrong_type_queues_nothing(
         assert client.xlen(KEYS.inbox("ghost")) == 1
 
 
+def test_a_key_of_the_wrong_type_under_the_prefix_hides_no_other_connection(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): one ``roster:<c>`` key that is not a hash failed the one pipeline that reads every
+    roster, at every read: no other connection's roster was read (a new one stayed invisible, DMs to it were
+    refused 'No teammate named'). An ``alive:<c>`` key that is not a string (no gateway's heartbeat) showed its
+    connection online. Each bad key is now skipped and named once, with the fix."""
+    client = redis_server.client()
+    client.set(KEYS.roster("zzz"), "not a hash")
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "alpha", redis_server) as alpha:
+        fake_connection(redis_server, "newconn")
+        wait_online(alpha, "bob", "newconn", timeout=10)
+        ack = alpha.message_agent(sender="alice", target="bob@newconn", message="hi")
+        assert ack.get("status") == "queued", ack
+        fake_connection(redis_server, "ghost")
+        wait_online(alpha, "bob", "ghost")
+        client.delete(KEYS.alive("ghost"))
+        client.hset(KEYS.alive("ghost"), "a", "b")
+        wait_online(alpha, "bob", "ghost", online=False, timeout=10)
+        fake_connection(redis_server, "later")  # seen online: the roster was read again with both keys still bad
+        wait_online(alpha, "bob", "later")
+    assert len(logs.matching(KEYS.roster("zzz"), "is not a roster hash", "redis-cli DEL")) == 1, logs.lines
+    assert len(logs.matching(KEYS.alive("ghost"), "holds a hash", "shown offline", "redis-cli DEL")) == 1, logs.lines
+    assert logs.matching("command failed") == [], "no other periodic work failed with the roster read"
+
+
+def test_a_heartbeat_key_of_the_wrong_type_is_named_once_and_the_process_stays_a_live_claim_holder(
+    redis_server: RedisServer,
+) -> None:
+    """Regression (review): with ``alive:<me>`` a hash every beat logged "heartbeat failed: WRONGTYPE …" (five
+    a second) without saying which key or what to do, and the process's consumer key expired (its claimed
+    turns looked like a dead process's)."""
+    from hermes_actors.transports.redis.heartbeat import Heartbeat
+
+    settings = redis_settings({"bot_mode": {"redis_heartbeat_seconds": 600}}, redis_server.url)  # beat() only
+    client = redis_server.client()
+    client.hset(KEYS.alive("mini"), "a", "b")
+    with LogCapture("INFO") as logs:
+        beat = Heartbeat(settings, KEYS, "mini", "host-1-abcdefgh").start()  # start() beats once too
+        try:
+            assert [beat.beat() for _ in range(3)] == [False] * 3
+            assert client.exists(KEYS.consumer_alive("host-1-abcdefgh")), "the live process's consumer key"
+            client.delete(KEYS.alive("mini"))  # the fix the log line names
+            assert beat.beat() is True
+            assert client.get(KEYS.alive("mini")) == b"host-1-abcdefgh"
+        finally:
+            beat.stop()
+    assert len(logs.matching(KEYS.alive("mini"), "holds a hash", "redis-cli DEL")) == 1, logs.lines
+    assert logs.matching("heartbeat failed") == []
+    assert logs.matching(KEYS.alive("mini"), "heartbeat again")
+
+
 def test_a_backlog_past_max_queued_waits_in_redis_and_every_entry_is_answered(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:

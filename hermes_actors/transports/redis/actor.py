@@ -117,6 +117,7 @@ class RedisRelayActor(TypedActor):
         self.profiles: tuple[ProfileInfo, ...] = ()
         self.published: dict[str, bytes] | None = None
         self.remote: list[RemoteAgent] = []
+        self.bad_keys: set[str] = set()  # keys of the wrong type the remote roster skips (logged once each)
         self.due = {"heartbeat": 0.0, "reclaim": 0.0, "gc": time.monotonic() + CONSUMER_GC_SECONDS}
 
     # ── lifetime ────────────────────────────────────────────────────────────
@@ -303,15 +304,25 @@ class RedisRelayActor(TypedActor):
         pipe = client.pipeline(transaction=False)
         for conn in connections:
             pipe.hgetall(self.keys.roster(conn))
-            pipe.exists(self.keys.alive(conn))
-        answers = pipe.execute() if connections else []
-        rows: list[RemoteAgent] = []
-        for i, conn in enumerate(connections):
-            rows += rs.parse_remote_rows(conn, answers[2 * i], bool(answers[2 * i + 1]))
-        rows.sort(key=lambda r: (r.connection_id, r.profile))
+            pipe.type(self.keys.alive(conn))
+        # A command's error comes back in its place (a key of the wrong type fails only its own read):
+        # an unreachable Redis still raises.
+        answers = pipe.execute(raise_on_error=False) if connections else []
+        by_connection, problems = rs.read_remote_answers(self.keys, connections, answers)
+        self._warn_bad_keys(problems)
+        rows = sorted((row for found in by_connection.values() for row in found),
+                      key=lambda r: (r.connection_id, r.profile))
         self.remote = rows
         if self.roster is not None:
             self.roster.tell(RemoteRows(tuple(rows), time.time()))
+
+    def _warn_bad_keys(self, problems: dict[str, str]) -> None:
+        """Log each key of the wrong type once while it lasts (the roster is read every heartbeat), and its fix."""
+        for key in sorted(problems.keys() - self.bad_keys):
+            logger.warning("redis: {}", problems[key])
+        for key in sorted(self.bad_keys - problems.keys()):
+            logger.info("redis: {} is readable again", key)
+        self.bad_keys = set(problems)
 
     def _touch(self) -> None:
         """Reset the idle time of the entries we hold, so no live consumer's work is reclaimed."""

@@ -47,9 +47,11 @@ __all__ = [
     "encode_envelope_entry",
     "encode_reply_entry",
     "host_label",
+    "is_wrong_type",
     "local_roster_rows",
     "mask_url",
     "parse_remote_rows",
+    "read_remote_answers",
     "redis_settings",
     "redis_url_from_config",
     "server_address",
@@ -342,6 +344,43 @@ def parse_remote_rows(connection: str, hash_value: dict[Any, Any], online: bool)
     return rows
 
 
+def read_remote_answers(
+    keys: RedisKeys, connections: list[str], answers: list[Any]
+) -> tuple[dict[str, list[RemoteAgent]], dict[str, str]]:
+    """Pure: the remote roster from one pipeline's answers, skipping the keys of the wrong type.
+
+    Args:
+        keys: key names.
+        connections: the connections read, in pipeline order.
+        answers: per connection, the answer of ``HGETALL roster:<c>`` then of ``TYPE alive:<c>``, as
+            ``execute(raise_on_error=False)`` gives them (a command's error in its place).
+
+    Returns:
+        ``(rows by connection, problems)``: a connection whose roster key is not a hash is left out (one
+        foreign key under the prefix must not hide every other connection's roster); an alive key that is
+        not a string is no gateway's heartbeat, so its connection is offline. ``problems`` maps each such
+        key to what is wrong and what to do (the caller logs it once while it lasts).
+    """
+    rows: dict[str, list[RemoteAgent]] = {}
+    problems: dict[str, str] = {}
+    for i, conn in enumerate(connections):
+        roster, kind = answers[2 * i], answers[2 * i + 1]
+        kind = kind.decode("utf-8", "replace") if isinstance(kind, bytes) else str(kind)
+        if isinstance(roster, Exception) or not isinstance(roster, dict):
+            key = keys.roster(conn)
+            problems[key] = (f"{key} is not a roster hash ({roster}): connection {conn!r} is left off the remote "
+                             f"roster until it is; delete the key (redis-cli DEL {key}), a running gateway of "
+                             f"{conn!r} publishes its roster again")
+            continue
+        if kind not in ("string", "none"):
+            key = keys.alive(conn)
+            problems[key] = (f"{key} holds a {kind}, not a gateway's heartbeat: connection {conn!r} is shown "
+                             f"offline until it is; delete the key (redis-cli DEL {key}), a running gateway of "
+                             f"{conn!r} writes its heartbeat again at its next beat")
+        rows[conn] = parse_remote_rows(conn, roster, kind == "string")
+    return rows, problems
+
+
 def is_redis_unreachable(exc: BaseException) -> bool:
     """Whether an exception from redis-py means "Redis is not reachable" (vs a command error)."""
     try:
@@ -350,3 +389,8 @@ def is_redis_unreachable(exc: BaseException) -> bool:
     except ImportError:  # pragma: no cover
         return isinstance(exc, OSError)
     return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError)
+
+
+def is_wrong_type(exc: BaseException) -> bool:
+    """Whether a Redis command failed because a key holds the wrong kind of value (``WRONGTYPE``)."""
+    return not is_redis_unreachable(exc) and "WRONGTYPE" in str(exc)
