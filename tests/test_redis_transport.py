@@ -34,6 +34,7 @@ from hermes_actors.messages import Turn
 from hermes_actors.store.relay_protocol import make_envelope
 from hermes_actors.transports.peer_cli import PeerCliTransport
 from hermes_actors.transports.redis.store import (
+    KnownRoster,
     RedisKeys,
     decode_envelope_entry,
     encode_envelope_entry,
@@ -41,6 +42,8 @@ from hermes_actors.transports.redis.store import (
     parse_remote_rows,
     redis_settings,
     redis_url_from_config,
+    remembered_rosters,
+    roster_expiry,
     server_address,
 )
 
@@ -209,6 +212,29 @@ def test_a_redis_that_lost_its_data_gets_each_gateways_roster_again(tmp_path: Pa
         ack = alpha.message_agent(sender="alice", target="bob@mini", message="after the flush")
         assert ack["status"] == "queued", ack
         assert alpha.wait_outcome(ack["delivery_id"], timeout=20)["reply"] == "ok: after the flush"
+
+
+def test_right_after_redis_lost_its_data_a_known_remote_agent_is_offline_until_republished(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): right after Redis restarted empty a DM to a known remote agent was refused "No teammate
+    named 'bob@mini' …" (reason unknown) until mini's gateway published its roster again. The rosters that vanish
+    with our own are kept, offline, until republished; one that vanishes alone is dropped."""
+    client = redis_server.client()
+    fake_connection(redis_server, "mini")  # a roster nobody republishes: what alpha shows is what it remembers
+    with gateway(tmp_path, "alpha", redis_server) as alpha:
+        wait_online(alpha, "bob", "mini")
+        client.flushall()
+        wait_online(alpha, "bob", "mini", online=False, timeout=10)
+        refused = alpha.message_agent(sender="alice", target="bob@mini", message="still there?")
+        assert refused.get("reason") == "runtime_offline", refused
+        assert "is offline right now" in refused["error"] and "NOT queued" in refused["error"], refused
+        assert client.xlen(KEYS.inbox("mini")) == 0
+        fake_connection(redis_server, "mini")  # its gateway publishes again
+        wait_online(alpha, "bob", "mini")
+        client.delete(KEYS.roster("mini"))  # gone alone (not with ours): retired, not remembered
+        await_condition(lambda: not [r for r in alpha.roster() if r["connection_id"] == "mini"], timeout=10,
+                        message="mini dropped once its roster alone was gone")
 
 
 def test_failed_and_silent_turns_come_back_with_their_reason(tmp_path: Path, redis_server: RedisServer) -> None:
@@ -914,6 +940,18 @@ def test_remote_rows_are_untrusted() -> None:
     assert [(r.profile, r.online, len(r.title)) for r in rows] == [("bob", False, 120)]
     assert KEYS.roster_connection("hermes:bot:roster:mini") == "mini"
     assert KEYS.roster_connection("hermes:bot:roster:../x") is None
+
+
+def test_only_rosters_lost_with_ours_are_remembered_and_only_until_their_key_would_expire() -> None:
+    bob = parse_remote_rows("mini", {b"b": orjson.dumps({"profile": "bob", "connection_id": "mini"})}, True)
+    known = {"mini": KnownRoster(tuple(bob), expires_at=100.0), "gone": KnownRoster((), expires_at=50.0)}
+    assert remembered_rosters(known, set(), lost=False, now=10.0) == {}  # vanished alone: retired
+    kept = remembered_rosters(known, set(), lost=True, now=60.0)
+    assert list(kept) == ["mini"] and kept["mini"].remembered and [r.online for r in kept["mini"].rows] == [False]
+    assert remembered_rosters(kept, set(), lost=False, now=99.0) == kept  # still remembered on the next reads
+    assert remembered_rosters(kept, set(), lost=False, now=100.0) == {}  # its key would have expired now
+    assert remembered_rosters(kept, {"mini"}, lost=False, now=60.0) == {}  # published again: read, not remembered
+    assert roster_expiry(10.0, 5000) == 15.0 and roster_expiry(10.0, -1) == 10.0 + 24 * 3600
 
 
 def test_envelope_entry_round_trip_and_refusals() -> None:

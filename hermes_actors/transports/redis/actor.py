@@ -117,6 +117,7 @@ class RedisRelayActor(TypedActor):
         self.profiles: tuple[ProfileInfo, ...] = ()
         self.published: dict[str, bytes] | None = None
         self.remote: list[RemoteAgent] = []
+        self.known: dict[str, rs.KnownRoster] = {}  # each other connection's roster as last shown
         self.bad_keys: set[str] = set()  # keys of the wrong type the remote roster skips (logged once each)
         self.due = {"heartbeat": 0.0, "reclaim": 0.0, "gc": time.monotonic() + CONSUMER_GC_SECONDS}
 
@@ -279,8 +280,10 @@ class RedisRelayActor(TypedActor):
         client, roster_key = self.redis_link.client, self.keys.roster(self.me)
         changed = rows != self.published
         # Unchanged rows are only kept alive; EXPIRE answers 0 for a key that is gone (a Redis restarted empty,
-        # flushed or failed over): then they are written again, on the one write path below.
-        if not changed and rows and not client.expire(roster_key, rs.ROSTER_KEEP_SECONDS):
+        # flushed or failed over): then they are written again, on the one write path below. Asked whenever we
+        # had published rows, changed or not: it also tells the remote read that Redis lost its data.
+        lost = bool(self.published) and not client.expire(roster_key, rs.ROSTER_KEEP_SECONDS)
+        if lost:
             logger.warning("redis: the roster of {} was gone from Redis (restarted empty, flushed?); published it "
                            "again", self.me)
             changed = True
@@ -292,9 +295,15 @@ class RedisRelayActor(TypedActor):
                 pipe.expire(roster_key, rs.ROSTER_KEEP_SECONDS)
             pipe.execute()
         self.published = rows
-        self._read_remote()
+        self._read_remote(lost=lost)
 
-    def _read_remote(self) -> None:
+    def _read_remote(self, *, lost: bool = False) -> None:
+        """Read every other connection's roster and liveness; tell the roster.
+
+        Args:
+            lost: our own roster key was gone (Redis lost its data): the rosters that vanished with it are
+                kept, offline, until their gateways publish them again (:func:`rs.remembered_rosters`).
+        """
         client = self.redis_link.client
         connections = []
         for raw in client.scan_iter(match=self.keys.roster_pattern, count=1000):
@@ -305,12 +314,21 @@ class RedisRelayActor(TypedActor):
         for conn in connections:
             pipe.hgetall(self.keys.roster(conn))
             pipe.type(self.keys.alive(conn))
+            pipe.pttl(self.keys.roster(conn))
         # A command's error comes back in its place (a key of the wrong type fails only its own read):
         # an unreachable Redis still raises.
         answers = pipe.execute(raise_on_error=False) if connections else []
-        by_connection, problems = rs.read_remote_answers(self.keys, connections, answers)
+        now = time.time()
+        present, problems = rs.read_remote_answers(self.keys, connections, answers, now)
         self._warn_bad_keys(problems)
-        rows = sorted((row for found in by_connection.values() for row in found),
+        remembered = rs.remembered_rosters(self.known, present.keys(), lost=lost, now=now)
+        newly = sorted(conn for conn in remembered if not self.known[conn].remembered)
+        if newly:
+            logger.warning("redis: the roster of {} vanished with ours (Redis lost its data): its agents stay listed, "
+                           "offline (DMs to them are refused, NOT queued), until its gateway publishes it again",
+                           ", ".join(newly))
+        self.known = {**present, **remembered}
+        rows = sorted((row for known in self.known.values() for row in known.rows),
                       key=lambda r: (r.connection_id, r.profile))
         self.remote = rows
         if self.roster is not None:

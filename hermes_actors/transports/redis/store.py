@@ -23,7 +23,8 @@ import os
 import random
 import socket
 import string
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,6 +40,7 @@ __all__ = [
     "EXPIRED_CLAIM",
     "GROUP",
     "HEARTBEAT_TTL_MIN_SECONDS",
+    "KnownRoster",
     "RedisKeys",
     "RedisSettings",
     "consumer_name",
@@ -54,6 +56,8 @@ __all__ = [
     "read_remote_answers",
     "redis_settings",
     "redis_url_from_config",
+    "remembered_rosters",
+    "roster_expiry",
     "server_address",
 ]
 
@@ -344,27 +348,58 @@ def parse_remote_rows(connection: str, hash_value: dict[Any, Any], online: bool)
     return rows
 
 
+@dataclass(frozen=True)
+class KnownRoster:
+    """One connection's roster as the remote roster shows it.
+
+    Attributes:
+        rows: its rows (offline once ``remembered``).
+        expires_at: wall-clock time its roster key expires (or would have: a remembered roster is dropped then,
+            as the key would have been had Redis kept it).
+        remembered: Redis lost the key (restarted empty, flushed) and its gateway has not published it again:
+            the rows are the last ones read.
+    """
+
+    rows: tuple[RemoteAgent, ...]
+    expires_at: float
+    remembered: bool = False
+
+
+def roster_expiry(now: float, pttl_ms: Any) -> float:
+    """Pure: when a roster key expires, from its ``PTTL`` answer.
+
+    Args:
+        now: wall-clock time of the read.
+        pttl_ms: milliseconds left; -1 (no expiry) or anything unreadable counts as ``ROSTER_KEEP_SECONDS``.
+    """
+    if isinstance(pttl_ms, int) and not isinstance(pttl_ms, bool) and pttl_ms >= 0:
+        return now + pttl_ms / 1000
+    return now + ROSTER_KEEP_SECONDS
+
+
 def read_remote_answers(
-    keys: RedisKeys, connections: list[str], answers: list[Any]
-) -> tuple[dict[str, list[RemoteAgent]], dict[str, str]]:
+    keys: RedisKeys, connections: list[str], answers: list[Any], now: float
+) -> tuple[dict[str, KnownRoster], dict[str, str]]:
     """Pure: the remote roster from one pipeline's answers, skipping the keys of the wrong type.
 
     Args:
         keys: key names.
         connections: the connections read, in pipeline order.
-        answers: per connection, the answer of ``HGETALL roster:<c>`` then of ``TYPE alive:<c>``, as
-            ``execute(raise_on_error=False)`` gives them (a command's error in its place).
+        answers: per connection, the answers of ``HGETALL roster:<c>``, ``TYPE alive:<c>`` and
+            ``PTTL roster:<c>``, as ``execute(raise_on_error=False)`` gives them (a command's error in its place).
+        now: wall-clock time of the read.
 
     Returns:
-        ``(rows by connection, problems)``: a connection whose roster key is not a hash is left out (one
-        foreign key under the prefix must not hide every other connection's roster); an alive key that is
-        not a string is no gateway's heartbeat, so its connection is offline. ``problems`` maps each such
-        key to what is wrong and what to do (the caller logs it once while it lasts).
+        ``(rosters by connection, problems)``: a connection whose roster key is not a hash, or is gone
+        since the scan found it, is left out (one foreign key under the prefix must not hide every other
+        connection's roster); an alive key that is not a string is no gateway's heartbeat, so its connection
+        is offline. ``problems`` maps each key of the wrong type to what is wrong and what to do (the caller
+        logs it once while it lasts).
     """
-    rows: dict[str, list[RemoteAgent]] = {}
+    rosters: dict[str, KnownRoster] = {}
     problems: dict[str, str] = {}
     for i, conn in enumerate(connections):
-        roster, kind = answers[2 * i], answers[2 * i + 1]
+        roster, kind, pttl = answers[3 * i:3 * i + 3]
         kind = kind.decode("utf-8", "replace") if isinstance(kind, bytes) else str(kind)
         if isinstance(roster, Exception) or not isinstance(roster, dict):
             key = keys.roster(conn)
@@ -377,8 +412,39 @@ def read_remote_answers(
             problems[key] = (f"{key} holds a {kind}, not a gateway's heartbeat: connection {conn!r} is shown "
                              f"offline until it is; delete the key (redis-cli DEL {key}), a running gateway of "
                              f"{conn!r} writes its heartbeat again at its next beat")
-        rows[conn] = parse_remote_rows(conn, roster, kind == "string")
-    return rows, problems
+        if roster:  # Redis keeps no empty hash: {} is a key gone since the scan
+            rows = tuple(parse_remote_rows(conn, roster, kind == "string"))
+            rosters[conn] = KnownRoster(rows, roster_expiry(now, pttl))
+    return rosters, problems
+
+
+def remembered_rosters(
+    known: dict[str, KnownRoster], present: AbstractSet[str], *, lost: bool, now: float
+) -> dict[str, KnownRoster]:
+    """Pure: the rosters kept on show, offline, though Redis has none for their connection now.
+
+    Rosters that vanish together with our own were lost by Redis (restarted empty, flushed, failed over),
+    not retired by their gateways: their agents still exist, so a DM to one is refused as offline ("… is
+    offline right now — the message was NOT queued"), not as "No teammate named …", until their gateway
+    publishes them again (within one heartbeat of its next roster tick) or their key would have expired
+    (``ROSTER_KEEP_SECONDS`` after their gateway last kept it). As the file relay's ``roster.json`` keeps
+    a machine that went away: its last rows stay listed, offline.
+
+    Args:
+        known: each connection's roster as the last read showed it (remembered ones included).
+        present: the connections whose roster Redis has now.
+        lost: our own roster key vanished since the last read (Redis lost its data).
+        now: wall-clock time.
+
+    Returns:
+        The rosters to keep showing, marked remembered, their rows offline. One that vanished alone (its
+        gateway deleted it, it expired) is not kept.
+    """
+    return {
+        conn: KnownRoster(tuple(replace(row, online=False) for row in last.rows), last.expires_at, remembered=True)
+        for conn, last in known.items()
+        if conn not in present and last.expires_at > now and (lost or last.remembered)
+    }
 
 
 def is_redis_unreachable(exc: BaseException) -> bool:
