@@ -42,6 +42,7 @@ from hermes_actors.transports.redis.store import (
     parse_remote_rows,
     redis_settings,
     redis_url_from_config,
+    redis_url_problem,
     remembered_rosters,
     roster_expiry,
     server_address,
@@ -911,6 +912,20 @@ def test_transport_selection_and_url_masking() -> None:
     with pytest.raises(ValueError) as info:
         redis_url_from_config({"bot_mode": {"transport": "http://u:secret@h"}})
     assert "secret" not in str(info.value)
+    # the whole URL is checked before anything connects, with one rule for config.yaml, REDIS_URL and --redis
+    with pytest.raises(ValueError, match=r"^bot_mode.transport 'redis://u:\*\*\*@h:99999/0' has port '99999': a "
+                                         r"port is a whole number from 1 to 65535"):
+        redis_url_from_config({"bot_mode": {"transport": "redis://u:pw@h:99999/0"}})
+    with pytest.raises(ValueError, match=r"^REDIS_URL \(bot_mode.transport: redis\) 'redis://h:6379/x' has database"):
+        redis_url_from_config({"bot_mode": {"transport": "redis"}}, {"REDIS_URL": "redis://h:6379/x"})
+    for url in ("redis://h", "redis://h:1/15", "rediss://u:p@[::1]:65535/0/", "unix:///tmp/r.sock?db=2",
+                "redis://h:6379?db=3", "REDIS://H:6379/0"):
+        assert redis_url_problem(url) is None, url
+    for url, says in (("redis://h:0/0", "has port 0"), ("redis://h:-1/0", "has port '-1'"),
+                      ("redis://exa mple/0", "has host 'exa mple'"), ("redis://h/0?db=one", "has database index 'one'"),
+                      ("redis://[::1/0", "is not a valid URL"), ("unix://", "names no socket"),
+                      ("redis:h", "is not a redis://")):
+        assert (redis_url_problem(url) or "").startswith(says), url
     assert mask_url("redis://user:pw@host:6380/1") == "redis://user:***@host:6380/1"
     assert mask_url("redis://:pw@host") == "redis://:***@host"
     assert mask_url("redis://host:6379/0") == "redis://host:6379/0"

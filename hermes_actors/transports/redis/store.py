@@ -56,6 +56,7 @@ __all__ = [
     "read_remote_answers",
     "redis_settings",
     "redis_url_from_config",
+    "redis_url_problem",
     "remembered_rosters",
     "roster_expiry",
     "server_address",
@@ -67,6 +68,7 @@ DONE_KEEP_SECONDS = 24 * 3600  # dedupe memory (at least 2 × the envelope TTL)
 ROSTER_KEEP_SECONDS = 24 * 3600  # a connection gone for good drops out of the roster after this
 # A heartbeat never expires sooner: a loaded 2-core machine can stall a process for seconds.
 HEARTBEAT_TTL_MIN_SECONDS = 5.0
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # as redis-py takes them (the "://" included)
 
 
 def redis_url_from_config(raw: dict[str, Any], env: dict[str, str] | None = None) -> str | None:
@@ -77,23 +79,71 @@ def redis_url_from_config(raw: dict[str, Any], env: dict[str, str] | None = None
     file relay.
 
     Raises:
-        ValueError: ``transport: redis`` but ``REDIS_URL`` is unset, or an unknown scheme.
+        ValueError: ``transport: redis`` but ``REDIS_URL`` is unset, an unknown scheme, or a URL
+            :func:`redis_url_problem` refuses (named: ``bot_mode.transport`` or ``REDIS_URL``).
     """
     env = dict(os.environ) if env is None else env
     section = raw.get("bot_mode") if isinstance(raw, dict) else None
     transport = section.get("transport") if isinstance(section, dict) else None
     if transport is None or (isinstance(transport, str) and transport.strip().lower() in ("", "file", "relay")):
         return None
-    text = str(transport).strip()
+    text, named = str(transport).strip(), "bot_mode.transport"
     if text.lower() == "redis":
         url = env.get("REDIS_URL", "").strip()
         if not url:
             raise ValueError("bot_mode.transport is 'redis' but REDIS_URL is not set")
-        text = url
-    scheme = urlsplit(text).scheme.lower()
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"bot_mode.transport {mask_url(text)!r} is neither 'file' nor a redis:// or rediss:// URL")
+        text, named = url, "REDIS_URL (bot_mode.transport: redis)"
+    if not text.lower().startswith(REDIS_SCHEMES):
+        raise ValueError(f"{named} {mask_url(text)!r} is neither 'file' nor a redis:// or rediss:// URL")
+    problem = redis_url_problem(text)
+    if problem is not None:
+        raise ValueError(f"{named} {mask_url(text)!r} {problem}")
     return text
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Pure: why a Redis URL cannot be used (None: it can), checked before anything connects.
+
+    The one rule for ``bot_mode.transport``, ``REDIS_URL`` and ``--redis``: a ``redis://``, ``rediss://`` or
+    ``unix://`` URL (the ``://`` included, as redis-py wants it), a host name without spaces, a port from 1 to
+    65535, and a database index (``/N``, or ``?db=N``) that is a whole number; a ``unix://`` URL names its
+    socket. redis-py would refuse some of these only at the first connection, in words that name no option
+    ("Port out of range 0-65535"), and would silently use database 0 for ``/abc``.
+
+    Args:
+        url: the URL as configured (credentials included; they are never part of the answer).
+
+    Returns:
+        A phrase to follow the masked URL in a message (``is not …`` / ``has …``), or None.
+    """
+    if not url.lower().startswith(REDIS_SCHEMES):
+        return "is not a redis://, rediss:// or unix:// URL"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        return f"is not a valid URL ({exc}; an IPv6 host goes in brackets: redis://[::1]:6379/0)"
+    try:
+        port = parts.port
+    except ValueError:
+        port_text = parts.netloc.rpartition("@")[2].rpartition(":")[2]  # after the credentials: never logged
+        return f"has port {port_text!r}: a port is a whole number from 1 to 65535 (e.g. redis://127.0.0.1:6379/0)"
+    query = dict(item.partition("=")[::2] for item in parts.query.split("&") if item)
+    if parts.scheme.lower() == "unix":
+        if not parts.path:
+            return "names no socket (unix:///path/to/redis.sock)"
+    else:
+        host = parts.hostname or ""
+        if any(c.isspace() or not c.isprintable() for c in host):
+            return f"has host {host!r}: a host name has no spaces (e.g. redis://127.0.0.1:6379/0)"
+        if port == 0:
+            return "has port 0: a port is a whole number from 1 to 65535 (e.g. redis://127.0.0.1:6379/0)"
+        index = parts.path.replace("/", "")
+        if index and "db" not in query and not index.isdigit():
+            return (f"has database index {index!r}: the /N at its end is a database number (e.g. "
+                    "redis://127.0.0.1:6379/0)")
+    if "db" in query and not query["db"].isdigit():
+        return f"has database index {query['db']!r} (db=): a database is a whole number (e.g. db=0)"
+    return None
 
 
 def mask_url(url: str) -> str:
