@@ -426,6 +426,12 @@ def test_a_bad_connection_id_is_refused_before_anything_runs(bad: str, tmp_path:
     (["--connection-id", "bad id!"], "error: connection id 'bad id!' must be 1-64 letters"),
     (["--redis", "notaurl"], "error: --redis 'notaurl' is not a redis://, rediss:// or unix:// URL"),
     (["--redis", "http://u:secret@h/0"], "error: --redis 'http://u:***@h/0' is not a redis://"),
+    # Regression (review): these passed, the note was printed, then redis-py's "Port out of range 0-65535" or
+    # "Port could not be cast to integer value as 'abc'" (no option named); /abc silently meant database 0.
+    (["--redis", "redis://:secret@127.0.0.1:99999/0"],
+     "error: --redis 'redis://:***@127.0.0.1:99999/0' has port '99999': a port is a whole number from 1 to 65535"),
+    (["--redis", "redis://127.0.0.1:abc/0"], "error: --redis 'redis://127.0.0.1:abc/0' has port 'abc'"),
+    (["--redis", "redis://127.0.0.1:6379/abc"], "error: --redis 'redis://127.0.0.1:6379/abc' has database index 'abc'"),
 ])
 @pytest.mark.parametrize("command", ["send", "roster"])
 def test_a_bad_transport_option_is_the_only_thing_said(
@@ -444,6 +450,17 @@ def test_a_bad_transport_option_is_the_only_thing_said(
     assert "bot_mode.transport" not in captured.err and "secret" not in captured.err
     assert captured.out == ""
     assert not (root / "bot_relay" / "journal").exists()  # no gateway ran
+
+
+def test_redis_read_from_a_redis_url_with_a_bad_port_is_refused_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://u:secret@127.0.0.1:0/0")
+    root = make_root(tmp_path)
+    assert main(["serve", "--root", str(root), "--runner", "demo", "--redis", "redis"]) == 2
+    assert capsys.readouterr().err == ("error: --redis redis reads REDIS_URL, and 'redis://u:***@127.0.0.1:0/0' has "
+                                       "port 0: a port is a whole number from 1 to 65535 (e.g. "
+                                       "redis://127.0.0.1:6379/0)\n")
 
 
 def test_redis_read_from_an_unset_redis_url_is_refused_naming_both(

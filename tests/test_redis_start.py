@@ -172,10 +172,30 @@ def test_a_wrong_password_fails_the_start_with_a_clear_error(tmp_path: Path) -> 
             text = str(err.value)
             assert f"Redis at 127.0.0.1:{server.port} refused our credentials" in text, text
             assert "wrong-one" not in text  # never the password
+        gw = _gateway(tmp_path, "alpha", f"redis://127.0.0.1:{server.port}/0")
+        with pytest.raises(TransportError) as err:
+            gw.start()
+        # Regression (review): a URL without a password said "(HELLO must be called with the client already
+        # authenticated, otherwise the HELLO AUTH <user> <pass> option can be used …)": redis-py's words
+        assert "(it requires a password and the URL names none)" in str(err.value), str(err.value)
+        assert "HELLO" not in str(err.value) and "Fix the user/password in the Redis URL" in str(err.value)
         with _gateway(tmp_path, "alpha", f"redis://:right-one@127.0.0.1:{server.port}/0") as ok:
             assert ok.message_agent(sender="alice", target="bob", message="in")["status"] == "queued"
     finally:
         server.kill()
+
+
+def test_a_database_index_the_server_lacks_fails_the_start_saying_to_fix_it_in_the_url(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): only "Redis at … refused the start (DB index is out of range)", nothing on the fix."""
+    gw = _gateway(tmp_path, "alpha", redis_server.url.rpartition("/")[0] + "/99")
+    with pytest.raises(TransportError) as err:
+        gw.start()
+    text = str(err.value)
+    assert f"Redis at 127.0.0.1:{redis_server.port} refused the start (DB index is out of range)" in text, text
+    assert "fix the database index in the Redis URL" in text and "/99: the /N at its end" in text, text
+    assert not gw.running
 
 
 def test_without_the_redis_extra_the_start_says_which_extra_to_install(tmp_path: Path,

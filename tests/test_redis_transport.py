@@ -34,6 +34,7 @@ from hermes_actors.messages import Turn
 from hermes_actors.store.relay_protocol import make_envelope
 from hermes_actors.transports.peer_cli import PeerCliTransport
 from hermes_actors.transports.redis.store import (
+    KnownRoster,
     RedisKeys,
     decode_envelope_entry,
     encode_envelope_entry,
@@ -41,6 +42,9 @@ from hermes_actors.transports.redis.store import (
     parse_remote_rows,
     redis_settings,
     redis_url_from_config,
+    redis_url_problem,
+    remembered_rosters,
+    roster_expiry,
     server_address,
 )
 
@@ -209,6 +213,29 @@ def test_a_redis_that_lost_its_data_gets_each_gateways_roster_again(tmp_path: Pa
         ack = alpha.message_agent(sender="alice", target="bob@mini", message="after the flush")
         assert ack["status"] == "queued", ack
         assert alpha.wait_outcome(ack["delivery_id"], timeout=20)["reply"] == "ok: after the flush"
+
+
+def test_right_after_redis_lost_its_data_a_known_remote_agent_is_offline_until_republished(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): right after Redis restarted empty a DM to a known remote agent was refused "No teammate
+    named 'bob@mini' …" (reason unknown) until mini's gateway published its roster again. The rosters that vanish
+    with our own are kept, offline, until republished; one that vanishes alone is dropped."""
+    client = redis_server.client()
+    fake_connection(redis_server, "mini")  # a roster nobody republishes: what alpha shows is what it remembers
+    with gateway(tmp_path, "alpha", redis_server) as alpha:
+        wait_online(alpha, "bob", "mini")
+        client.flushall()
+        wait_online(alpha, "bob", "mini", online=False, timeout=10)
+        refused = alpha.message_agent(sender="alice", target="bob@mini", message="still there?")
+        assert refused.get("reason") == "runtime_offline", refused
+        assert "is offline right now" in refused["error"] and "NOT queued" in refused["error"], refused
+        assert client.xlen(KEYS.inbox("mini")) == 0
+        fake_connection(redis_server, "mini")  # its gateway publishes again
+        wait_online(alpha, "bob", "mini")
+        client.delete(KEYS.roster("mini"))  # gone alone (not with ours): retired, not remembered
+        await_condition(lambda: not [r for r in alpha.roster() if r["connection_id"] == "mini"], timeout=10,
+                        message="mini dropped once its roster alone was gone")
 
 
 def test_failed_and_silent_turns_come_back_with_their_reason(tmp_path: Path, redis_server: RedisServer) -> None:
@@ -411,6 +438,58 @@ def test_a_send_refused_for_a_key_of_the_wrong_type_queues_nothing(
         acked = alpha.message_agent(sender="alice", target="bob@ghost", message="again")
         assert "delivery_id" in acked, acked  # the key fixed, the next DM goes
         assert client.xlen(KEYS.inbox("ghost")) == 1
+
+
+def test_a_key_of_the_wrong_type_under_the_prefix_hides_no_other_connection(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): one ``roster:<c>`` key that is not a hash failed the one pipeline that reads every
+    roster, at every read: no other connection's roster was read (a new one stayed invisible, DMs to it were
+    refused 'No teammate named'). An ``alive:<c>`` key that is not a string (no gateway's heartbeat) showed its
+    connection online. Each bad key is now skipped and named once, with the fix."""
+    client = redis_server.client()
+    client.set(KEYS.roster("zzz"), "not a hash")
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "alpha", redis_server) as alpha:
+        fake_connection(redis_server, "newconn")
+        wait_online(alpha, "bob", "newconn", timeout=10)
+        ack = alpha.message_agent(sender="alice", target="bob@newconn", message="hi")
+        assert ack.get("status") == "queued", ack
+        fake_connection(redis_server, "ghost")
+        wait_online(alpha, "bob", "ghost")
+        client.delete(KEYS.alive("ghost"))
+        client.hset(KEYS.alive("ghost"), "a", "b")
+        wait_online(alpha, "bob", "ghost", online=False, timeout=10)
+        fake_connection(redis_server, "later")  # seen online: the roster was read again with both keys still bad
+        wait_online(alpha, "bob", "later")
+    assert len(logs.matching(KEYS.roster("zzz"), "is not a roster hash", "redis-cli DEL")) == 1, logs.lines
+    assert len(logs.matching(KEYS.alive("ghost"), "holds a hash", "shown offline", "redis-cli DEL")) == 1, logs.lines
+    assert logs.matching("command failed") == [], "no other periodic work failed with the roster read"
+
+
+def test_a_heartbeat_key_of_the_wrong_type_is_named_once_and_the_process_stays_a_live_claim_holder(
+    redis_server: RedisServer,
+) -> None:
+    """Regression (review): with ``alive:<me>`` a hash every beat logged "heartbeat failed: WRONGTYPE …" (five
+    a second) without saying which key or what to do, and the process's consumer key expired (its claimed
+    turns looked like a dead process's)."""
+    from hermes_actors.transports.redis.heartbeat import Heartbeat
+
+    settings = redis_settings({"bot_mode": {"redis_heartbeat_seconds": 600}}, redis_server.url)  # beat() only
+    client = redis_server.client()
+    client.hset(KEYS.alive("mini"), "a", "b")
+    with LogCapture("INFO") as logs:
+        beat = Heartbeat(settings, KEYS, "mini", "host-1-abcdefgh").start()  # start() beats once too
+        try:
+            assert [beat.beat() for _ in range(3)] == [False] * 3
+            assert client.exists(KEYS.consumer_alive("host-1-abcdefgh")), "the live process's consumer key"
+            client.delete(KEYS.alive("mini"))  # the fix the log line names
+            assert beat.beat() is True
+            assert client.get(KEYS.alive("mini")) == b"host-1-abcdefgh"
+        finally:
+            beat.stop()
+    assert len(logs.matching(KEYS.alive("mini"), "holds a hash", "redis-cli DEL")) == 1, logs.lines
+    assert logs.matching("heartbeat failed") == []
+    assert logs.matching(KEYS.alive("mini"), "heartbeat again")
 
 
 def test_a_backlog_past_max_queued_waits_in_redis_and_every_entry_is_answered(
@@ -833,6 +912,20 @@ def test_transport_selection_and_url_masking() -> None:
     with pytest.raises(ValueError) as info:
         redis_url_from_config({"bot_mode": {"transport": "http://u:secret@h"}})
     assert "secret" not in str(info.value)
+    # the whole URL is checked before anything connects, with one rule for config.yaml, REDIS_URL and --redis
+    with pytest.raises(ValueError, match=r"^bot_mode.transport 'redis://u:\*\*\*@h:99999/0' has port '99999': a "
+                                         r"port is a whole number from 1 to 65535"):
+        redis_url_from_config({"bot_mode": {"transport": "redis://u:pw@h:99999/0"}})
+    with pytest.raises(ValueError, match=r"^REDIS_URL \(bot_mode.transport: redis\) 'redis://h:6379/x' has database"):
+        redis_url_from_config({"bot_mode": {"transport": "redis"}}, {"REDIS_URL": "redis://h:6379/x"})
+    for url in ("redis://h", "redis://h:1/15", "rediss://u:p@[::1]:65535/0/", "unix:///tmp/r.sock?db=2",
+                "redis://h:6379?db=3", "REDIS://H:6379/0"):
+        assert redis_url_problem(url) is None, url
+    for url, says in (("redis://h:0/0", "has port 0"), ("redis://h:-1/0", "has port '-1'"),
+                      ("redis://exa mple/0", "has host 'exa mple'"), ("redis://h/0?db=one", "has database index 'one'"),
+                      ("redis://[::1/0", "is not a valid URL"), ("unix://", "names no socket"),
+                      ("redis:h", "is not a redis://")):
+        assert (redis_url_problem(url) or "").startswith(says), url
     assert mask_url("redis://user:pw@host:6380/1") == "redis://user:***@host:6380/1"
     assert mask_url("redis://:pw@host") == "redis://:***@host"
     assert mask_url("redis://host:6379/0") == "redis://host:6379/0"
@@ -862,6 +955,18 @@ def test_remote_rows_are_untrusted() -> None:
     assert [(r.profile, r.online, len(r.title)) for r in rows] == [("bob", False, 120)]
     assert KEYS.roster_connection("hermes:bot:roster:mini") == "mini"
     assert KEYS.roster_connection("hermes:bot:roster:../x") is None
+
+
+def test_only_rosters_lost_with_ours_are_remembered_and_only_until_their_key_would_expire() -> None:
+    bob = parse_remote_rows("mini", {b"b": orjson.dumps({"profile": "bob", "connection_id": "mini"})}, True)
+    known = {"mini": KnownRoster(tuple(bob), expires_at=100.0), "gone": KnownRoster((), expires_at=50.0)}
+    assert remembered_rosters(known, set(), lost=False, now=10.0) == {}  # vanished alone: retired
+    kept = remembered_rosters(known, set(), lost=True, now=60.0)
+    assert list(kept) == ["mini"] and kept["mini"].remembered and [r.online for r in kept["mini"].rows] == [False]
+    assert remembered_rosters(kept, set(), lost=False, now=99.0) == kept  # still remembered on the next reads
+    assert remembered_rosters(kept, set(), lost=False, now=100.0) == {}  # its key would have expired now
+    assert remembered_rosters(kept, {"mini"}, lost=False, now=60.0) == {}  # published again: read, not remembered
+    assert roster_expiry(10.0, 5000) == 15.0 and roster_expiry(10.0, -1) == 10.0 + 24 * 3600
 
 
 def test_envelope_entry_round_trip_and_refusals() -> None:

@@ -67,24 +67,29 @@ def transport_config(args: argparse.Namespace) -> dict[str, Any]:
 def _check_redis_option(value: str, overrides: dict[str, Any]) -> None:
     """Refuse a ``--redis`` the transport would refuse at start, in words about ``--redis``.
 
-    The rule stays the transport's (:func:`redis_url_from_config`); only its message, which names the
-    ``bot_mode.transport`` key the user never typed here, is told again.
+    The rule stays the transport's (:func:`redis_url_from_config`, whose URL checks are
+    :func:`redis_url_problem`); only its message, which names the ``bot_mode.transport`` key the user
+    never typed here, is told again.
 
     Raises:
-        ValueError: not a redis://, rediss:// or unix:// URL, or ``redis`` while ``REDIS_URL`` is unset or bad.
+        ValueError: not a usable redis://, rediss:// or unix:// URL (scheme, host, port 1-65535, database
+            index), or ``redis`` while ``REDIS_URL`` is unset or not usable.
     """
     import os
 
-    from hermes_actors.transports.redis.store import mask_url, redis_url_from_config
+    from hermes_actors.transports.redis.store import mask_url, redis_url_from_config, redis_url_problem
 
     try:
         redis_url_from_config(overrides)
     except ValueError:
-        schemes = "a redis://, rediss:// or unix:// URL"
-        if value.strip().lower() != "redis":
-            raise ValueError(f"--redis {mask_url(value)!r} is not {schemes} (e.g. redis://127.0.0.1:6379/0), nor "
-                             "'redis' to read REDIS_URL") from None
+        text = value.strip()
+        if text.lower() != "redis":
+            problem = redis_url_problem(text) or "is not a redis://, rediss:// or unix:// URL"
+            if problem.startswith("is not a redis://"):
+                problem += " (e.g. redis://127.0.0.1:6379/0), nor 'redis' to read REDIS_URL"
+            raise ValueError(f"--redis {mask_url(text)!r} {problem}") from None
         env_url = os.environ.get("REDIS_URL", "").strip()
         if not env_url:
             raise ValueError("--redis redis reads the URL from REDIS_URL, which is not set") from None
-        raise ValueError(f"--redis redis reads REDIS_URL, and {mask_url(env_url)!r} is not {schemes}") from None
+        problem = redis_url_problem(env_url) or "is not a redis://, rediss:// or unix:// URL"
+        raise ValueError(f"--redis redis reads REDIS_URL, and {mask_url(env_url)!r} {problem}") from None

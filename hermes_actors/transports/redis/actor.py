@@ -117,6 +117,8 @@ class RedisRelayActor(TypedActor):
         self.profiles: tuple[ProfileInfo, ...] = ()
         self.published: dict[str, bytes] | None = None
         self.remote: list[RemoteAgent] = []
+        self.known: dict[str, rs.KnownRoster] = {}  # each other connection's roster as last shown
+        self.bad_keys: set[str] = set()  # keys of the wrong type the remote roster skips (logged once each)
         self.due = {"heartbeat": 0.0, "reclaim": 0.0, "gc": time.monotonic() + CONSUMER_GC_SECONDS}
 
     # ── lifetime ────────────────────────────────────────────────────────────
@@ -278,8 +280,10 @@ class RedisRelayActor(TypedActor):
         client, roster_key = self.redis_link.client, self.keys.roster(self.me)
         changed = rows != self.published
         # Unchanged rows are only kept alive; EXPIRE answers 0 for a key that is gone (a Redis restarted empty,
-        # flushed or failed over): then they are written again, on the one write path below.
-        if not changed and rows and not client.expire(roster_key, rs.ROSTER_KEEP_SECONDS):
+        # flushed or failed over): then they are written again, on the one write path below. Asked whenever we
+        # had published rows, changed or not: it also tells the remote read that Redis lost its data.
+        lost = bool(self.published) and not client.expire(roster_key, rs.ROSTER_KEEP_SECONDS)
+        if lost:
             logger.warning("redis: the roster of {} was gone from Redis (restarted empty, flushed?); published it "
                            "again", self.me)
             changed = True
@@ -291,9 +295,15 @@ class RedisRelayActor(TypedActor):
                 pipe.expire(roster_key, rs.ROSTER_KEEP_SECONDS)
             pipe.execute()
         self.published = rows
-        self._read_remote()
+        self._read_remote(lost=lost)
 
-    def _read_remote(self) -> None:
+    def _read_remote(self, *, lost: bool = False) -> None:
+        """Read every other connection's roster and liveness; tell the roster.
+
+        Args:
+            lost: our own roster key was gone (Redis lost its data): the rosters that vanished with it are
+                kept, offline, until their gateways publish them again (:func:`rs.remembered_rosters`).
+        """
         client = self.redis_link.client
         connections = []
         for raw in client.scan_iter(match=self.keys.roster_pattern, count=1000):
@@ -303,15 +313,34 @@ class RedisRelayActor(TypedActor):
         pipe = client.pipeline(transaction=False)
         for conn in connections:
             pipe.hgetall(self.keys.roster(conn))
-            pipe.exists(self.keys.alive(conn))
-        answers = pipe.execute() if connections else []
-        rows: list[RemoteAgent] = []
-        for i, conn in enumerate(connections):
-            rows += rs.parse_remote_rows(conn, answers[2 * i], bool(answers[2 * i + 1]))
-        rows.sort(key=lambda r: (r.connection_id, r.profile))
+            pipe.type(self.keys.alive(conn))
+            pipe.pttl(self.keys.roster(conn))
+        # A command's error comes back in its place (a key of the wrong type fails only its own read):
+        # an unreachable Redis still raises.
+        answers = pipe.execute(raise_on_error=False) if connections else []
+        now = time.time()
+        present, problems = rs.read_remote_answers(self.keys, connections, answers, now)
+        self._warn_bad_keys(problems)
+        remembered = rs.remembered_rosters(self.known, present.keys(), lost=lost, now=now)
+        newly = sorted(conn for conn in remembered if not self.known[conn].remembered)
+        if newly:
+            logger.warning("redis: the roster of {} vanished with ours (Redis lost its data): its agents stay listed, "
+                           "offline (DMs to them are refused, NOT queued), until its gateway publishes it again",
+                           ", ".join(newly))
+        self.known = {**present, **remembered}
+        rows = sorted((row for known in self.known.values() for row in known.rows),
+                      key=lambda r: (r.connection_id, r.profile))
         self.remote = rows
         if self.roster is not None:
             self.roster.tell(RemoteRows(tuple(rows), time.time()))
+
+    def _warn_bad_keys(self, problems: dict[str, str]) -> None:
+        """Log each key of the wrong type once while it lasts (the roster is read every heartbeat), and its fix."""
+        for key in sorted(problems.keys() - self.bad_keys):
+            logger.warning("redis: {}", problems[key])
+        for key in sorted(self.bad_keys - problems.keys()):
+            logger.info("redis: {} is readable again", key)
+        self.bad_keys = set(problems)
 
     def _touch(self) -> None:
         """Reset the idle time of the entries we hold, so no live consumer's work is reclaimed."""

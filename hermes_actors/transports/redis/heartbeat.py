@@ -24,7 +24,8 @@ from loguru import logger
 
 from hermes_actors.transports.redis.io import make_client
 from hermes_actors.transports.redis.lease import REFRESH_LUA, RELEASE_LUA
-from hermes_actors.transports.redis.store import RedisKeys, RedisSettings, is_redis_unreachable
+from hermes_actors.transports.redis.link import as_text
+from hermes_actors.transports.redis.store import RedisKeys, RedisSettings, is_redis_unreachable, is_wrong_type
 
 __all__ = ["Heartbeat"]
 
@@ -41,7 +42,8 @@ class Heartbeat:
             beating, so a dead actor never looks online).
 
     Counters (read by tests and stats): ``beats`` written, ``failures``; ``lease_lost`` is True
-    while another consumer holds our connection's lease (we are then not online under it).
+    while another consumer holds our connection's lease (we are then not online under it);
+    ``alive_key_foreign`` while our alive key holds another kind of value than a heartbeat.
     """
 
     def __init__(self, settings: RedisSettings, keys: RedisKeys, connection: str, consumer: str, *,
@@ -54,6 +56,7 @@ class Heartbeat:
         self.beats = 0
         self.failures = 0
         self.lease_lost = False
+        self.alive_key_foreign = False  # our alive key holds another kind of value (logged once while it does)
         self._lock = threading.Lock()  # a beat never lands after stop() deleted the keys
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -79,7 +82,9 @@ class Heartbeat:
                 ours = self._refresh(keys=[self.alive_key, self.consumer_key], args=[self.consumer, expiry_ms])
             except Exception as exc:  # the actor's tick logs outages; here only count them
                 self.failures += 1
-                if not is_redis_unreachable(exc):
+                if is_wrong_type(exc):
+                    self._foreign_alive_key(expiry_ms)
+                elif not is_redis_unreachable(exc):
                     logger.error("redis: heartbeat failed: {}", exc)
                 return False
             if not ours:
@@ -91,8 +96,30 @@ class Heartbeat:
                                  self.alive_key)
                 return False
             self.lease_lost = False
+            if self.alive_key_foreign:
+                self.alive_key_foreign = False
+                logger.info("redis: {} is this gateway's heartbeat again: peers see it online", self.alive_key)
             self.beats += 1
             return True
+
+    def _foreign_alive_key(self, expiry_ms: int) -> None:
+        """Our alive key holds another kind of value (something else wrote it): say so once, with the fix.
+
+        Peers show a connection whose alive key is not a string offline. This process still runs (it reads
+        its inbox, no second process holds the lease), so its consumer key is refreshed alone: the turns it
+        claimed must not look like a dead process's.
+        """
+        try:
+            self._client.set(self.consumer_key, "1", px=expiry_ms)
+            kind = as_text(self._client.type(self.alive_key))
+        except Exception as exc:
+            logger.debug("redis: could not refresh {}: {}", self.consumer_key, exc)
+            kind = "value of another kind"
+        if not self.alive_key_foreign:
+            self.alive_key_foreign = True
+            logger.error("redis: {} holds a {}, not this gateway's heartbeat (something else wrote it): peers see "
+                         "this connection offline and refuse its DMs; delete the key (redis-cli DEL {}) and the "
+                         "next beat writes it again", self.alive_key, kind, self.alive_key)
 
     def _run(self) -> None:
         period = self.settings.heartbeat_seconds

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ssl
 from typing import Any
+from urllib.parse import urlsplit
 
 from loguru import logger
 
@@ -45,6 +46,7 @@ __all__ = [
     "is_auth_error",
     "is_stale_here",
     "parse_consumer",
+    "refused_start_text",
 ]
 
 #: KEYS: alive key; ARGV: our consumer, expiry ms, a stale holder we may replace ('' for none).
@@ -130,9 +132,29 @@ def certificate_error_text(settings: RedisSettings, exc: BaseException) -> str:
 
 
 def auth_error_text(settings: RedisSettings, exc: BaseException) -> str:
-    """The start error for refused credentials (the URL's password is never shown)."""
-    return (f"Redis at {settings.address} refused our credentials ({exc}). Fix the user/password in the Redis URL "
+    """The start error for refused credentials (the URL's password is never shown).
+
+    Without a password in the URL the cause is said plainly: redis-py's own words for it are about its
+    ``HELLO`` handshake, not about the password.
+    """
+    parts = urlsplit(settings.url)
+    has_password = parts.password is not None or "password=" in parts.query
+    why = exc if has_password else "it requires a password and the URL names none"
+    return (f"Redis at {settings.address} refused our credentials ({why}). Fix the user/password in the Redis URL "
             f"({settings.masked_url}, e.g. redis://:PASSWORD@host:port/0) and start again; nothing was started.")
+
+
+def refused_start_text(settings: RedisSettings, exc: BaseException) -> str:
+    """The start error for any other command error of the lease's first command, with the fix when it is known.
+
+    A database index the server does not have (``SELECT``: "DB index is out of range") is the URL's to fix.
+    """
+    fix = ""
+    if "DB index is out of range" in str(exc):
+        fix = (f" This server has no such database: fix the database index in the Redis URL ({settings.masked_url}: "
+               "the /N at its end, or ?db=N); a server has databases 0 to 15 unless its 'databases' setting says "
+               "more.")
+    return f"Redis at {settings.address} refused the start ({exc}).{fix} Nothing was started."
 
 
 def claim_connection(settings: RedisSettings, connection: str, consumer: str, *, client: Any = None) -> bool:
@@ -174,7 +196,7 @@ def claim_connection(settings: RedisSettings, connection: str, consumer: str, *,
         if is_redis_unreachable(exc):
             logger.warning("redis: {} is unreachable at start ({}); will retry", settings.address, exc)
             return False
-        raise TransportError(f"Redis at {settings.address} refused the start ({exc}); nothing was started.") from exc
+        raise TransportError(refused_start_text(settings, exc)) from exc
     finally:
         if own:
             client.close()

@@ -23,7 +23,8 @@ import os
 import random
 import socket
 import string
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,6 +40,7 @@ __all__ = [
     "EXPIRED_CLAIM",
     "GROUP",
     "HEARTBEAT_TTL_MIN_SECONDS",
+    "KnownRoster",
     "RedisKeys",
     "RedisSettings",
     "consumer_name",
@@ -47,11 +49,16 @@ __all__ = [
     "encode_envelope_entry",
     "encode_reply_entry",
     "host_label",
+    "is_wrong_type",
     "local_roster_rows",
     "mask_url",
     "parse_remote_rows",
+    "read_remote_answers",
     "redis_settings",
     "redis_url_from_config",
+    "redis_url_problem",
+    "remembered_rosters",
+    "roster_expiry",
     "server_address",
 ]
 
@@ -61,6 +68,7 @@ DONE_KEEP_SECONDS = 24 * 3600  # dedupe memory (at least 2 × the envelope TTL)
 ROSTER_KEEP_SECONDS = 24 * 3600  # a connection gone for good drops out of the roster after this
 # A heartbeat never expires sooner: a loaded 2-core machine can stall a process for seconds.
 HEARTBEAT_TTL_MIN_SECONDS = 5.0
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # as redis-py takes them (the "://" included)
 
 
 def redis_url_from_config(raw: dict[str, Any], env: dict[str, str] | None = None) -> str | None:
@@ -71,23 +79,71 @@ def redis_url_from_config(raw: dict[str, Any], env: dict[str, str] | None = None
     file relay.
 
     Raises:
-        ValueError: ``transport: redis`` but ``REDIS_URL`` is unset, or an unknown scheme.
+        ValueError: ``transport: redis`` but ``REDIS_URL`` is unset, an unknown scheme, or a URL
+            :func:`redis_url_problem` refuses (named: ``bot_mode.transport`` or ``REDIS_URL``).
     """
     env = dict(os.environ) if env is None else env
     section = raw.get("bot_mode") if isinstance(raw, dict) else None
     transport = section.get("transport") if isinstance(section, dict) else None
     if transport is None or (isinstance(transport, str) and transport.strip().lower() in ("", "file", "relay")):
         return None
-    text = str(transport).strip()
+    text, named = str(transport).strip(), "bot_mode.transport"
     if text.lower() == "redis":
         url = env.get("REDIS_URL", "").strip()
         if not url:
             raise ValueError("bot_mode.transport is 'redis' but REDIS_URL is not set")
-        text = url
-    scheme = urlsplit(text).scheme.lower()
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"bot_mode.transport {mask_url(text)!r} is neither 'file' nor a redis:// or rediss:// URL")
+        text, named = url, "REDIS_URL (bot_mode.transport: redis)"
+    if not text.lower().startswith(REDIS_SCHEMES):
+        raise ValueError(f"{named} {mask_url(text)!r} is neither 'file' nor a redis:// or rediss:// URL")
+    problem = redis_url_problem(text)
+    if problem is not None:
+        raise ValueError(f"{named} {mask_url(text)!r} {problem}")
     return text
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Pure: why a Redis URL cannot be used (None: it can), checked before anything connects.
+
+    The one rule for ``bot_mode.transport``, ``REDIS_URL`` and ``--redis``: a ``redis://``, ``rediss://`` or
+    ``unix://`` URL (the ``://`` included, as redis-py wants it), a host name without spaces, a port from 1 to
+    65535, and a database index (``/N``, or ``?db=N``) that is a whole number; a ``unix://`` URL names its
+    socket. redis-py would refuse some of these only at the first connection, in words that name no option
+    ("Port out of range 0-65535"), and would silently use database 0 for ``/abc``.
+
+    Args:
+        url: the URL as configured (credentials included; they are never part of the answer).
+
+    Returns:
+        A phrase to follow the masked URL in a message (``is not …`` / ``has …``), or None.
+    """
+    if not url.lower().startswith(REDIS_SCHEMES):
+        return "is not a redis://, rediss:// or unix:// URL"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        return f"is not a valid URL ({exc}; an IPv6 host goes in brackets: redis://[::1]:6379/0)"
+    try:
+        port = parts.port
+    except ValueError:
+        port_text = parts.netloc.rpartition("@")[2].rpartition(":")[2]  # after the credentials: never logged
+        return f"has port {port_text!r}: a port is a whole number from 1 to 65535 (e.g. redis://127.0.0.1:6379/0)"
+    query = dict(item.partition("=")[::2] for item in parts.query.split("&") if item)
+    if parts.scheme.lower() == "unix":
+        if not parts.path:
+            return "names no socket (unix:///path/to/redis.sock)"
+    else:
+        host = parts.hostname or ""
+        if any(c.isspace() or not c.isprintable() for c in host):
+            return f"has host {host!r}: a host name has no spaces (e.g. redis://127.0.0.1:6379/0)"
+        if port == 0:
+            return "has port 0: a port is a whole number from 1 to 65535 (e.g. redis://127.0.0.1:6379/0)"
+        index = parts.path.replace("/", "")
+        if index and "db" not in query and not index.isdigit():
+            return (f"has database index {index!r}: the /N at its end is a database number (e.g. "
+                    "redis://127.0.0.1:6379/0)")
+    if "db" in query and not query["db"].isdigit():
+        return f"has database index {query['db']!r} (db=): a database is a whole number (e.g. db=0)"
+    return None
 
 
 def mask_url(url: str) -> str:
@@ -342,6 +398,105 @@ def parse_remote_rows(connection: str, hash_value: dict[Any, Any], online: bool)
     return rows
 
 
+@dataclass(frozen=True)
+class KnownRoster:
+    """One connection's roster as the remote roster shows it.
+
+    Attributes:
+        rows: its rows (offline once ``remembered``).
+        expires_at: wall-clock time its roster key expires (or would have: a remembered roster is dropped then,
+            as the key would have been had Redis kept it).
+        remembered: Redis lost the key (restarted empty, flushed) and its gateway has not published it again:
+            the rows are the last ones read.
+    """
+
+    rows: tuple[RemoteAgent, ...]
+    expires_at: float
+    remembered: bool = False
+
+
+def roster_expiry(now: float, pttl_ms: Any) -> float:
+    """Pure: when a roster key expires, from its ``PTTL`` answer.
+
+    Args:
+        now: wall-clock time of the read.
+        pttl_ms: milliseconds left; -1 (no expiry) or anything unreadable counts as ``ROSTER_KEEP_SECONDS``.
+    """
+    if isinstance(pttl_ms, int) and not isinstance(pttl_ms, bool) and pttl_ms >= 0:
+        return now + pttl_ms / 1000
+    return now + ROSTER_KEEP_SECONDS
+
+
+def read_remote_answers(
+    keys: RedisKeys, connections: list[str], answers: list[Any], now: float
+) -> tuple[dict[str, KnownRoster], dict[str, str]]:
+    """Pure: the remote roster from one pipeline's answers, skipping the keys of the wrong type.
+
+    Args:
+        keys: key names.
+        connections: the connections read, in pipeline order.
+        answers: per connection, the answers of ``HGETALL roster:<c>``, ``TYPE alive:<c>`` and
+            ``PTTL roster:<c>``, as ``execute(raise_on_error=False)`` gives them (a command's error in its place).
+        now: wall-clock time of the read.
+
+    Returns:
+        ``(rosters by connection, problems)``: a connection whose roster key is not a hash, or is gone
+        since the scan found it, is left out (one foreign key under the prefix must not hide every other
+        connection's roster); an alive key that is not a string is no gateway's heartbeat, so its connection
+        is offline. ``problems`` maps each key of the wrong type to what is wrong and what to do (the caller
+        logs it once while it lasts).
+    """
+    rosters: dict[str, KnownRoster] = {}
+    problems: dict[str, str] = {}
+    for i, conn in enumerate(connections):
+        roster, kind, pttl = answers[3 * i:3 * i + 3]
+        kind = kind.decode("utf-8", "replace") if isinstance(kind, bytes) else str(kind)
+        if isinstance(roster, Exception) or not isinstance(roster, dict):
+            key = keys.roster(conn)
+            problems[key] = (f"{key} is not a roster hash ({roster}): connection {conn!r} is left off the remote "
+                             f"roster until it is; delete the key (redis-cli DEL {key}), a running gateway of "
+                             f"{conn!r} publishes its roster again")
+            continue
+        if kind not in ("string", "none"):
+            key = keys.alive(conn)
+            problems[key] = (f"{key} holds a {kind}, not a gateway's heartbeat: connection {conn!r} is shown "
+                             f"offline until it is; delete the key (redis-cli DEL {key}), a running gateway of "
+                             f"{conn!r} writes its heartbeat again at its next beat")
+        if roster:  # Redis keeps no empty hash: {} is a key gone since the scan
+            rows = tuple(parse_remote_rows(conn, roster, kind == "string"))
+            rosters[conn] = KnownRoster(rows, roster_expiry(now, pttl))
+    return rosters, problems
+
+
+def remembered_rosters(
+    known: dict[str, KnownRoster], present: AbstractSet[str], *, lost: bool, now: float
+) -> dict[str, KnownRoster]:
+    """Pure: the rosters kept on show, offline, though Redis has none for their connection now.
+
+    Rosters that vanish together with our own were lost by Redis (restarted empty, flushed, failed over),
+    not retired by their gateways: their agents still exist, so a DM to one is refused as offline ("… is
+    offline right now — the message was NOT queued"), not as "No teammate named …", until their gateway
+    publishes them again (within one heartbeat of its next roster tick) or their key would have expired
+    (``ROSTER_KEEP_SECONDS`` after their gateway last kept it). As the file relay's ``roster.json`` keeps
+    a machine that went away: its last rows stay listed, offline.
+
+    Args:
+        known: each connection's roster as the last read showed it (remembered ones included).
+        present: the connections whose roster Redis has now.
+        lost: our own roster key vanished since the last read (Redis lost its data).
+        now: wall-clock time.
+
+    Returns:
+        The rosters to keep showing, marked remembered, their rows offline. One that vanished alone (its
+        gateway deleted it, it expired) is not kept.
+    """
+    return {
+        conn: KnownRoster(tuple(replace(row, online=False) for row in last.rows), last.expires_at, remembered=True)
+        for conn, last in known.items()
+        if conn not in present and last.expires_at > now and (lost or last.remembered)
+    }
+
+
 def is_redis_unreachable(exc: BaseException) -> bool:
     """Whether an exception from redis-py means "Redis is not reachable" (vs a command error)."""
     try:
@@ -350,3 +505,8 @@ def is_redis_unreachable(exc: BaseException) -> bool:
     except ImportError:  # pragma: no cover
         return isinstance(exc, OSError)
     return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError)
+
+
+def is_wrong_type(exc: BaseException) -> bool:
+    """Whether a Redis command failed because a key holds the wrong kind of value (``WRONGTYPE``)."""
+    return not is_redis_unreachable(exc) and "WRONGTYPE" in str(exc)
