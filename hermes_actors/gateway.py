@@ -128,6 +128,8 @@ class Gateway:
             FileNotFoundError: the root is not a directory.
             RuntimeError: already started.
             ValueError: a bad ``bot_mode.transport``, or the Redis transport without a valid connection id.
+            HostileFileError: a relay directory the start cannot put back (``bot_relay/`` itself a symlink or a
+                file, another user's directory, a swapped ``hubclaims/``); the text names it and says what to do.
             TransportError: the Redis transport cannot be used: credentials refused, another live
                 process serves the connection id, or the ``[redis]`` extra is missing (nothing is left running).
         """

@@ -424,3 +424,22 @@ def test_the_hubs_refusal_promises_a_put_back_only_where_there_is_one(two_roots:
     [link] = logs.matching("hub:", "outbox of mini", "cannot be used")
     assert "puts a real directory back" in link, link
     assert os.stat(paths_m.delivered).st_uid == 65534  # never moved: a real directory
+
+
+def test_a_hub_start_puts_back_a_relay_directory_left_swapped_for_a_symlink(two_roots: tuple[Path, Path]) -> None:
+    """Regression (review, kept_reply_kill9.py for the hub): a root whose ``delivered/`` was left swapped for a
+    symlink refused the hub's start, for every root (``HostileFileError … delivered is a symlink or not a
+    directory; refusing to use it``), although its rescan would put it back. The start now puts it back by the
+    rescan's rule, as a gateway's start does: the link moved into ``quarantine/`` as is, what it points at
+    untouched."""
+    alpha, mini = two_roots
+    paths_m = InboxPaths.from_root(mini).ensure()
+    outside = mini.parent / "outside"
+    files = _hostile_outside(outside)
+    paths_m.delivered.rmdir()
+    paths_m.delivered.symlink_to(outside, target_is_directory=True)
+    roots = [HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)]
+    assert roots[1].paths.delivered.is_dir() and not roots[1].paths.delivered.is_symlink()
+    [link] = paths_m.relay.quarantine.glob("delivered.*.quarantined")
+    assert link.is_symlink()
+    assert {p.name: p.read_text(encoding="utf-8") for p in outside.iterdir()} == files

@@ -36,7 +36,7 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.messages import RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
-from hermes_actors.relay.strays import puts_back, quarantine_strays
+from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles, existing_root
@@ -71,7 +71,10 @@ class HubRoot:
         if not HANDLE_RE.match(name):
             raise ValueError(f"connection id {name!r} must match {HANDLE_RE.pattern}")
         existing_root(root)
-        paths = InboxPaths.from_root(root).ensure()
+        # a relay directory left swapped for a symlink or a file is put back first, as a gateway's start does
+        # (else one root's swapped delivered/ refused the hub's start for every root)
+        paths = InboxPaths.from_root(root)
+        ensure_relay_directories(paths)
         config = load_config(root)
         label = parse_redis_config(config.raw)[0].connection_label  # the transport settings' label, Redis's too
         return cls(name, root, paths, config.envelope_ttl_seconds, label or name)
