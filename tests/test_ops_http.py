@@ -503,3 +503,84 @@ def test_serve_with_http_serves_until_stopped(root: Path, capsys: pytest.Capture
     assert captured.err.splitlines()[-1] == "gateway stopped"  # the last word: the stop is over
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "status", timeout=5)
+
+
+def test_an_idle_client_does_not_hold_the_close(root: Path, gateways: list[Gateway],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (review): close() joined every request thread, and one waiting for a client that sent half a
+    request line held it for the handler's read timeout at each byte; serve closed it before stopping its gateway,
+    so a slow client kept the stop (and the acks) going, and a second Ctrl-C meanwhile left serve running."""
+    from hermes_actors.ops import http_server
+
+    monkeypatch.setattr(http_server._Handler, "timeout", 600)  # without the cut, close() would wait this long
+    gw = start_gateway(gateways, root)
+    server = OpsHttpServer(gw, HttpSettings("127.0.0.1", 0)).start()
+    assert server._server is not None
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1].rstrip("/"))), timeout=30) as idle:
+        idle.sendall(b"GET /sta")  # and nothing more
+        await_condition(lambda: server._server is not None and len(server._server._open) == 1, timeout=10,
+                        message="the idle client's request thread is serving it")
+        closer = threading.Thread(target=server.close)
+        closer.start()
+        closer.join(60)
+        assert not closer.is_alive(), "close() waited for the idle client"
+        idle.settimeout(10)
+        assert idle.recv(100) == b"", "the idle connection was cut, not answered"
+
+
+def test_a_client_gone_mid_request_is_logged_quietly_not_printed(
+    endpoint: OpsHttpServer, capfd: pytest.CaptureFixture[str], logs: Any
+) -> None:
+    """Regression (review): a client that reset its connection printed the standard library's traceback on stderr."""
+    server = endpoint._server
+    assert server is not None
+    for error in (ConnectionResetError(104, "Connection reset by peer"), BrokenPipeError(32, "Broken pipe")):
+        try:
+            raise error
+        except OSError:
+            server.handle_error(None, ("127.0.0.1", 1234))
+    assert capfd.readouterr().err == "", "a client that went away is no error to print"
+    try:
+        raise ValueError("a bug in a handler")
+    except ValueError:
+        server.handle_error(None, ("127.0.0.1", 1234))
+    assert any("a bug in a handler" in line for line in logs.lines), logs.lines  # through loguru, as a WARNING
+
+
+@pytest.mark.parametrize("signame", ["SIGHUP", "SIGINT"])
+def test_serve_with_an_idle_http_client_stops_cleanly_on_a_stop_signal(tmp_path: Path, signame: str) -> None:
+    """Regressions (review): a SIGHUP (the terminal closing) killed serve outright, like a kill -9; and with an idle
+    client on the HTTP endpoint serve waited for it before stopping its gateway (still acking DMs), with the
+    signals back to their defaults, so a second Ctrl-C left it running for good."""
+    import signal
+    import subprocess
+    import sys
+
+    from hermes_actors.demo.bots import create_demo_root
+
+    root = create_demo_root(tmp_path / "root")
+    proc = subprocess.Popen([sys.executable, "-c", "from hermes_actors.cli.main import main; raise SystemExit(main())",
+                             "serve", "--root", str(root), "--runner", "demo", "--http", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = ""
+        for _ in range(5):
+            line = proc.stdout.readline()
+            if line.startswith("live page"):
+                url = line.rsplit(" ", 1)[1].strip()
+                break
+        assert url, "serve printed its live page address"
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as idle:
+            idle.sendall(b"GET /sta")  # a request that never ends
+            proc.send_signal(getattr(signal, signame))
+            _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopping the gateway" in err and "gateway stopped" in err, err
+    assert "Traceback" not in err, err
+    assert not (root / "bot_relay" / "run" / "submit.sock").exists()

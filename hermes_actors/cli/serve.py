@@ -39,18 +39,42 @@ def waiting_text(count: int, seconds: float, *, again: bool) -> str:
     return f"waiting for {turns}, up to {seconds:.0f} s; Ctrl-C {'again ' if again else ''}to abandon {them}"
 
 
+#: The signals that stop ``serve`` cleanly: Ctrl-C, a service manager's stop, and the terminal closing (a hang-up
+#: used to kill it outright, like a ``kill -9``: a reply on its way became "ambiguous, do not resend").
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def _on_signals(handler: Callable[[], None]) -> Iterator[None]:
-    """Route SIGINT/SIGTERM to ``handler`` meanwhile (only the main thread can install handlers)."""
+    """Route the :data:`STOP_SIGNALS` to ``handler`` meanwhile (only the main thread can install handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = {sig: signal.signal(sig, lambda *_: handler()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    saved = {sig: signal.signal(sig, lambda *_: handler()) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
         for sig, previous in saved.items():
             signal.signal(sig, previous)
+
+
+@contextlib.contextmanager
+def _stop_signals_to_this_thread() -> Iterator[None]:
+    """Block the :data:`STOP_SIGNALS` meanwhile, so the threads started meanwhile inherit the block.
+
+    The kernel delivers a process's signal to any thread that does not block it, and Python runs its handler
+    only once the main thread runs again: one delivered to an actor's thread while the main thread waits on an
+    event (without a timeout) never ran, and ``serve`` went on serving after a Ctrl-C or a SIGTERM. With every
+    other thread blocking them, they reach the main thread, whose wait they interrupt.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def stop_gateway(gw: Gateway, *, again: bool, out: TextIO | None = None,
@@ -81,7 +105,7 @@ def stop_gateway(gw: Gateway, *, again: bool, out: TextIO | None = None,
 def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[str, Any] | None = None,
           stop: threading.Event | None = None, http: HttpSettings | None = None,
           on_ready: Callable[[Any], None] | None = None) -> int:
-    """Start a gateway serving the root's submit endpoint, block until SIGINT/SIGTERM (or ``stop``), then stop it.
+    """Start a gateway serving the root's submit endpoint, block until a stop signal (or ``stop``), then stop it.
 
     A gateway that fails (its Dispatcher stopped on an error: a bug) is stopped and a new one
     started on the root, which re-offers the journaled DMs; after :data:`RESTART_POLICY`'s
@@ -154,14 +178,16 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
                 raise already_hosted(root, holder) from exc
             raise RuntimeError(f"cannot serve HTTP on {http.url}: {exc.strerror or exc}") from exc
     try:
-        gw.start()
+        with _stop_signals_to_this_thread():  # every thread the gateway starts inherits the block
+            gw.start()
     except BaseException:
         if endpoint is not None:
             endpoint.close()
         raise
     try:
         if endpoint is not None:
-            endpoint.start()
+            with _stop_signals_to_this_thread():  # its accept thread too, and the request threads that one starts
+                endpoint.start()
         with _on_signals(on_signal):
             names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
             # what the gateway runs as: its absolute root, and the connection id it took (Redis may take
@@ -180,8 +206,12 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
             failures.clear()
         print("stopping the gateway", file=sys.stderr, flush=True)
     finally:
-        if endpoint is not None:
-            endpoint.close()
-        stop_gateway(gw, again=True)
+        # The gateway first: it takes no DM from the moment the stop is asked (the endpoint's clients, which
+        # may be idle or slow, used to be waited for first, with the signals back to their defaults)
+        try:
+            stop_gateway(gw, again=True)
+        finally:
+            if endpoint is not None:
+                endpoint.close()
         print("gateway stopped", file=sys.stderr, flush=True)
     return failures[0] if failures else None

@@ -2,7 +2,8 @@
 
 The server's lifetime is explicit: :meth:`OpsHttpServer.start` binds and starts
 its one accept thread, :meth:`OpsHttpServer.close` ends the live streams, stops
-accepting and joins every request thread. Outcomes reach it through
+accepting, cuts the open connections (an idle or slow client cannot hold it) and
+joins every request thread. Outcomes reach it through
 ``Gateway.subscribe``; the callback only counts and appends, and cannot raise
 into the notifier (which would only log it anyway: user code never stops actors).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +49,10 @@ def host_of(header: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
+#: Errors of a client that went away mid-request (a closed tab, a scraper's timeout, our own close): no traceback.
+_CLIENT_GONE = (ConnectionError, TimeoutError, socket.timeout)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = False  # server_close() joins every request thread: nothing outlives close()
     block_on_close = True
@@ -55,7 +61,39 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], ops: OpsHttpServer) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.ops = ops
+        self._open: set[socket.socket] = set()  # the connections being served, cut at close
+        self._open_lock = threading.Lock()
         super().__init__(address, _Handler)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open.discard(request)
+
+    def cut_connections(self) -> None:
+        """End every open connection at once: an idle or dribbling client must not hold the close (nor a stop).
+
+        A request thread blocked reading the client's next bytes sees the end of its stream and returns.
+        """
+        with self._open_lock:
+            connections = list(self._open)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its thread
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that failed is logged through loguru (the standard library printed a traceback to stderr)."""
+        error = sys.exc_info()[1]
+        if isinstance(error, _CLIENT_GONE):
+            logger.debug("http {}: the client went away: {!r}", client_address[0], error)
+            return
+        logger.opt(exception=error).warning("http {}: the request failed: {!r}", client_address[0], error)
 
 
 class OpsHttpServer:
@@ -132,6 +170,7 @@ class OpsHttpServer:
         if self._server is not None:
             if self._thread is not None:  # shutdown() waits for serve_forever, which a bound-only server never ran
                 self._server.shutdown()
+            self._server.cut_connections()  # then the join below waits for no client
             self._server.server_close()
             self._server = None
         if self._thread is not None:
