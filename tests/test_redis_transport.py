@@ -741,6 +741,50 @@ def test_entries_addressed_elsewhere_or_malformed_are_dropped(tmp_path: Path, re
     assert rec.entered == [] and replies_to(redis_server, "probe") == []
 
 
+BAD_HOPS = ["abc", -5, 1.5, None, 1e40, True, 1001]
+
+
+def test_a_hand_written_envelope_with_a_bad_hop_is_dropped_with_a_warning_not_run(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): an envelope's ``hop`` was not checked ("abc", -5, 1.5, null, 1e40 were run); now it is
+    checked as a submit request's (an integer from 0 to MAX_HOP, or absent) and a bad one is dropped as the other
+    malformed entries are: a WARNING, acked, no turn, no reply."""
+    rec = RecordingRunner()
+    client = redis_server.client()
+
+    def entry(**hop: Any) -> tuple[str, dict[str, bytes]]:
+        envelope = {"id": uuid.uuid4().hex, "created_at": int(time.time()), "from_profile": "probe",
+                    "from_handle": "probe", "target_connection": "mini", "target_profile": "bob",
+                    "target_handle": "bob", "message": "hand-written", **hop}
+        return envelope["id"], {"envelope": orjson.dumps(envelope), "reply_to": b"probe"}
+
+    bad = [entry(hop=h) for h in BAD_HOPS]
+    good = [entry(), entry(hop=0), entry(hop=3)]
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server, rec):
+        for _id, fields in bad + good:
+            client.xadd(KEYS.inbox("mini"), fields)
+        await_condition(lambda: len(replies_to(redis_server, "probe")) == len(good), timeout=20,
+                        message="a reply for each envelope with a good hop")
+        await_drained(redis_server, KEYS.inbox("mini"))
+    assert sorted(t.delivery_id for t in rec.entered) == sorted(i for i, _ in good), "no bad hop ran a turn"
+    assert sorted(r["id"] for r in replies_to(redis_server, "probe")) == sorted(i for i, _ in good)
+    dropped = logs.matching("dropping a malformed inbox entry", "'hop'")
+    assert len(dropped) == len(bad), logs.lines
+
+
+def test_a_dm_whose_hop_no_target_would_accept_is_refused_not_sent(tmp_path: Path, redis_server: RedisServer) -> None:
+    """With ``max_hops`` above MAX_HOP the loop guard lets hop 1001 through; the target would drop that envelope
+    unanswered (a ``delivery_timeout`` much later), so the sender refuses it at once and queues nothing."""
+    fake_connection(redis_server, "ghost")
+    with gateway(tmp_path, "alpha", redis_server, config={"bot_mode": {"max_hops": 5000}}) as alpha:
+        wait_online(alpha, "bob", "ghost")
+        refused = alpha.message_agent(sender="alice", target="bob@ghost", message="deep", hop=1001)
+        assert refused["reason"] == "loop_guard" and "NOT sent" in refused["error"], refused
+        assert "delivery_id" in alpha.message_agent(sender="alice", target="bob@ghost", message="ok", hop=1000)
+    assert redis_server.client().xlen(KEYS.inbox("ghost")) == 1
+
+
 def test_credentials_never_reach_the_logs(tmp_path: Path) -> None:
     from redis_fixture import redis_binary
 
@@ -979,6 +1023,13 @@ def test_envelope_entry_round_trip_and_refusals() -> None:
     for broken in ({**fields, "reply_to": b"../x"}, {"reply_to": b"alpha"}, {**fields, "envelope": b"[]"}):
         with pytest.raises(ValidationError):
             decode_envelope_entry(broken)
+    for hop in BAD_HOPS:
+        with pytest.raises(ValidationError, match="'hop' is not an integer from 0 to 1000"):
+            decode_envelope_entry({**fields, "envelope": orjson.dumps({**envelope, "hop": hop})})
+    for hop in (0, 1000):
+        assert decode_envelope_entry({**fields, "envelope": orjson.dumps({**envelope, "hop": hop})})[0]["hop"] == hop
+    no_hop = {k: v for k, v in envelope.items() if k != "hop"}
+    assert "hop" not in decode_envelope_entry({**fields, "envelope": orjson.dumps(no_hop)})[0]  # a first DM
 
 
 def test_no_redis_keys_outside_the_prefix(tmp_path: Path, redis_server: RedisServer) -> None:
