@@ -541,6 +541,53 @@ def test_a_gateway_that_lost_its_connection_ids_lease_stops_reading_its_inbox(
     assert len(second_runner.entered) == 10
 
 
+def test_a_replies_key_of_another_type_stops_neither_the_inbox_nor_the_roster(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): one XREADGROUP covered both streams, so ``replies:<us>`` holding a string failed every
+    read and the inbox was never read either (and the tick's group check failed before the roster was published).
+    Now the bad key is named in one ERROR saying to delete it, the inbox is read on, and once the key is deleted
+    the replies are read again."""
+    client = redis_server.client()
+    replies = KEYS.replies("mini")
+    client.set(replies, "oops")
+    with LogCapture("ERROR") as logs, gateway(tmp_path, "alpha", redis_server) as alpha, \
+            gateway(tmp_path, "mini", redis_server) as mini:
+        wait_online(alpha, "bob", "mini")  # mini's roster is published
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="inbox still read")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+        named = logs.matching(f"{replies} holds a value that is not a stream", f"redis-cli DEL {replies}")
+        assert len(named) == 1, logs.lines
+        client.delete(replies)  # fixed by hand: mini's own DMs get their replies again
+        wait_online(mini, "bob", "alpha")
+        ack = mini.message_agent(sender="alice", target="bob@alpha", message="replies read again")
+        assert mini.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+    assert len(logs.matching("holds a value that is not a stream")) == 1, "logged once, not at each read"
+
+
+def test_an_inbox_replaced_by_another_type_while_running_still_lets_the_replies_in(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The other way round: our inbox replaced by a string while we run; the replies to our DMs are still read,
+    the key is named in one ERROR, and once it is deleted the inbox is read again."""
+    client = redis_server.client()
+    inbox = KEYS.inbox("mini")
+    with LogCapture("ERROR") as logs, gateway(tmp_path, "alpha", redis_server) as alpha, \
+            gateway(tmp_path, "mini", redis_server) as mini:
+        wait_online(mini, "bob", "alpha")
+        wait_online(alpha, "bob", "mini")
+        client.delete(inbox)
+        client.set(inbox, "oops")
+        ack = mini.message_agent(sender="alice", target="bob@alpha", message="replies still read")
+        assert mini.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+        await_condition(lambda: logs.matching(f"{inbox} holds a value that is not a stream", "DEL"), timeout=10,
+                        message="the bad inbox key named")
+        client.delete(inbox)
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="inbox read again")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+    assert len(logs.matching("holds a value that is not a stream")) == 1, logs.lines
+
+
 def test_replies_waiting_for_an_absent_sender_are_never_trimmed(tmp_path: Path, redis_server: RedisServer) -> None:
     """Every reply waits in its sender's stream until the sender reads it, however many wait.
 
