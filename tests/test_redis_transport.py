@@ -541,6 +541,53 @@ def test_a_gateway_that_lost_its_connection_ids_lease_stops_reading_its_inbox(
     assert len(second_runner.entered) == 10
 
 
+def test_a_replies_key_of_another_type_stops_neither_the_inbox_nor_the_roster(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): one XREADGROUP covered both streams, so ``replies:<us>`` holding a string failed every
+    read and the inbox was never read either (and the tick's group check failed before the roster was published).
+    Now the bad key is named in one ERROR saying to delete it, the inbox is read on, and once the key is deleted
+    the replies are read again."""
+    client = redis_server.client()
+    replies = KEYS.replies("mini")
+    client.set(replies, "oops")
+    with LogCapture("ERROR") as logs, gateway(tmp_path, "alpha", redis_server) as alpha, \
+            gateway(tmp_path, "mini", redis_server) as mini:
+        wait_online(alpha, "bob", "mini")  # mini's roster is published
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="inbox still read")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+        named = logs.matching(f"{replies} holds a value that is not a stream", f"redis-cli DEL {replies}")
+        assert len(named) == 1, logs.lines
+        client.delete(replies)  # fixed by hand: mini's own DMs get their replies again
+        wait_online(mini, "bob", "alpha")
+        ack = mini.message_agent(sender="alice", target="bob@alpha", message="replies read again")
+        assert mini.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+    assert len(logs.matching("holds a value that is not a stream")) == 1, "logged once, not at each read"
+
+
+def test_an_inbox_replaced_by_another_type_while_running_still_lets_the_replies_in(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The other way round: our inbox replaced by a string while we run; the replies to our DMs are still read,
+    the key is named in one ERROR, and once it is deleted the inbox is read again."""
+    client = redis_server.client()
+    inbox = KEYS.inbox("mini")
+    with LogCapture("ERROR") as logs, gateway(tmp_path, "alpha", redis_server) as alpha, \
+            gateway(tmp_path, "mini", redis_server) as mini:
+        wait_online(mini, "bob", "alpha")
+        wait_online(alpha, "bob", "mini")
+        client.delete(inbox)
+        client.set(inbox, "oops")
+        ack = mini.message_agent(sender="alice", target="bob@alpha", message="replies still read")
+        assert mini.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+        await_condition(lambda: logs.matching(f"{inbox} holds a value that is not a stream", "DEL"), timeout=10,
+                        message="the bad inbox key named")
+        client.delete(inbox)
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="inbox read again")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+    assert len(logs.matching("holds a value that is not a stream")) == 1, logs.lines
+
+
 def test_replies_waiting_for_an_absent_sender_are_never_trimmed(tmp_path: Path, redis_server: RedisServer) -> None:
     """Every reply waits in its sender's stream until the sender reads it, however many wait.
 
@@ -739,6 +786,50 @@ def test_entries_addressed_elsewhere_or_malformed_are_dropped(tmp_path: Path, re
         client.xadd(KEYS.inbox("mini"), {"junk": b"1"})
         await_condition(lambda: client.xlen(KEYS.inbox("mini")) == 0, timeout=5, message="dropped and acked")
     assert rec.entered == [] and replies_to(redis_server, "probe") == []
+
+
+BAD_HOPS = ["abc", -5, 1.5, None, 1e40, True, 1001]
+
+
+def test_a_hand_written_envelope_with_a_bad_hop_is_dropped_with_a_warning_not_run(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): an envelope's ``hop`` was not checked ("abc", -5, 1.5, null, 1e40 were run); now it is
+    checked as a submit request's (an integer from 0 to MAX_HOP, or absent) and a bad one is dropped as the other
+    malformed entries are: a WARNING, acked, no turn, no reply."""
+    rec = RecordingRunner()
+    client = redis_server.client()
+
+    def entry(**hop: Any) -> tuple[str, dict[str, bytes]]:
+        envelope = {"id": uuid.uuid4().hex, "created_at": int(time.time()), "from_profile": "probe",
+                    "from_handle": "probe", "target_connection": "mini", "target_profile": "bob",
+                    "target_handle": "bob", "message": "hand-written", **hop}
+        return envelope["id"], {"envelope": orjson.dumps(envelope), "reply_to": b"probe"}
+
+    bad = [entry(hop=h) for h in BAD_HOPS]
+    good = [entry(), entry(hop=0), entry(hop=3)]
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server, rec):
+        for _id, fields in bad + good:
+            client.xadd(KEYS.inbox("mini"), fields)
+        await_condition(lambda: len(replies_to(redis_server, "probe")) == len(good), timeout=20,
+                        message="a reply for each envelope with a good hop")
+        await_drained(redis_server, KEYS.inbox("mini"))
+    assert sorted(t.delivery_id for t in rec.entered) == sorted(i for i, _ in good), "no bad hop ran a turn"
+    assert sorted(r["id"] for r in replies_to(redis_server, "probe")) == sorted(i for i, _ in good)
+    dropped = logs.matching("dropping a malformed inbox entry", "'hop'")
+    assert len(dropped) == len(bad), logs.lines
+
+
+def test_a_dm_whose_hop_no_target_would_accept_is_refused_not_sent(tmp_path: Path, redis_server: RedisServer) -> None:
+    """With ``max_hops`` above MAX_HOP the loop guard lets hop 1001 through; the target would drop that envelope
+    unanswered (a ``delivery_timeout`` much later), so the sender refuses it at once and queues nothing."""
+    fake_connection(redis_server, "ghost")
+    with gateway(tmp_path, "alpha", redis_server, config={"bot_mode": {"max_hops": 5000}}) as alpha:
+        wait_online(alpha, "bob", "ghost")
+        refused = alpha.message_agent(sender="alice", target="bob@ghost", message="deep", hop=1001)
+        assert refused["reason"] == "loop_guard" and "NOT sent" in refused["error"], refused
+        assert "delivery_id" in alpha.message_agent(sender="alice", target="bob@ghost", message="ok", hop=1000)
+    assert redis_server.client().xlen(KEYS.inbox("ghost")) == 1
 
 
 def test_credentials_never_reach_the_logs(tmp_path: Path) -> None:
@@ -979,6 +1070,13 @@ def test_envelope_entry_round_trip_and_refusals() -> None:
     for broken in ({**fields, "reply_to": b"../x"}, {"reply_to": b"alpha"}, {**fields, "envelope": b"[]"}):
         with pytest.raises(ValidationError):
             decode_envelope_entry(broken)
+    for hop in BAD_HOPS:
+        with pytest.raises(ValidationError, match="'hop' is not an integer from 0 to 1000"):
+            decode_envelope_entry({**fields, "envelope": orjson.dumps({**envelope, "hop": hop})})
+    for hop in (0, 1000):
+        assert decode_envelope_entry({**fields, "envelope": orjson.dumps({**envelope, "hop": hop})})[0]["hop"] == hop
+    no_hop = {k: v for k, v in envelope.items() if k != "hop"}
+    assert "hop" not in decode_envelope_entry({**fields, "envelope": orjson.dumps(no_hop)})[0]  # a first DM
 
 
 def test_no_redis_keys_outside_the_prefix(tmp_path: Path, redis_server: RedisServer) -> None:

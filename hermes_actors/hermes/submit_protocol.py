@@ -46,6 +46,7 @@ __all__ = [
     "StatusCall",
     "bad_request",
     "encode",
+    "is_hop",
     "offline_refusal",
     "parse_request",
     "refused_unknown_field",
@@ -193,6 +194,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_hop(value: Any) -> bool:
+    """Whether ``value`` is a DM's hop as the protocols carry it: an integer from 0 to ``MAX_HOP``.
+
+    The one rule for a hop that came from outside (a submit request, a hand-written Redis envelope).
+
+    Args:
+        value: a decoded JSON value.
+
+    Returns:
+        True for an int (not a bool) in ``0..MAX_HOP``.
+    """
+    return _is_int(value) and 0 <= value <= MAX_HOP
+
+
 def _is_number(value: Any) -> bool:
     return (_is_int(value) or isinstance(value, float)) and value == value  # NaN is not a number here
 
@@ -206,7 +221,7 @@ def _parse_send(data: dict[str, Any]) -> SendCall | dict[str, Any]:
     if not isinstance(message, str):
         return bad_request(f"'message' must be a string, got {type(message).__name__}")
     hop = data.get("hop", 0)
-    if not _is_int(hop) or not 0 <= hop <= MAX_HOP:
+    if not is_hop(hop):
         return bad_request(f"'hop' must be an integer from 0 to {MAX_HOP}, got {hop!r}")
     author = data.get("author")
     if author is None:

@@ -248,9 +248,10 @@ class RedisRelayActor(TypedActor):
         if link.back_up():
             self.due["heartbeat"] = 0.0  # read the remote roster now: it also clears "unreachable" in the roster
         try:
-            if not link.groups_ok:
-                ensure_groups(link.client, [self.keys.inbox(self.me), self.keys.replies(self.me)])
-                link.groups_ok = True
+            if not link.groups_ok:  # checked again at each tick while a key holds another type
+                link.wrong_type = set(ensure_groups(link.client, [self.keys.inbox(self.me),
+                                                                  self.keys.replies(self.me)]))
+                link.groups_ok = not link.wrong_type
             if not self.outbound.resumed:
                 self._resume()
             self.inbound.retry_unwritten()
@@ -271,8 +272,6 @@ class RedisRelayActor(TypedActor):
                 self._gc_consumers()
         except Exception as exc:  # never crash the transport: the next tick retries
             link.unreachable(exc)
-            if "NOGROUP" in str(exc):
-                link.groups_ok = False
 
     def _publish_roster(self) -> None:
         """Publish our roster rows and read the peers' (liveness itself is the Heartbeat thread's)."""
@@ -345,7 +344,7 @@ class RedisRelayActor(TypedActor):
     def _touch(self) -> None:
         """Reset the idle time of the entries we hold, so no live consumer's work is reclaimed."""
         ids = self.inbound.held_entry_ids()
-        if ids:
+        if ids and self.keys.inbox(self.me) not in self.redis_link.wrong_type:
             self.redis_link.client.xclaim(self.keys.inbox(self.me), rs.GROUP, self.consumer, 0, ids, justid=True)
 
     def _reclaim(self, kinds: tuple[str, ...] = ("in", "replies"), idle_ms: int | None = None) -> None:
@@ -354,7 +353,8 @@ class RedisRelayActor(TypedActor):
         if idle_ms is None:
             idle_ms = max(1, int(self.settings.claim_idle_seconds * 1000))
         streams = {"in": self.keys.inbox(self.me), "replies": self.keys.replies(self.me)}
-        for kind, stream in ((kind, streams[kind]) for kind in kinds):
+        for kind, stream in ((kind, streams[kind]) for kind in kinds
+                             if streams[kind] not in self.redis_link.wrong_type):
             start = "0-0"
             for _ in range(10):  # at most 1000 entries per tick
                 answer = self.redis_link.client.xautoclaim(stream, rs.GROUP, self.consumer, idle_ms, start_id=start,
@@ -376,6 +376,8 @@ class RedisRelayActor(TypedActor):
     def _gc_consumers(self) -> None:
         client = self.redis_link.client
         for stream in (self.keys.inbox(self.me), self.keys.replies(self.me)):
+            if stream in self.redis_link.wrong_type:
+                continue
             for info in client.xinfo_consumers(stream, rs.GROUP):
                 name = as_text(info.get("name")) or ""
                 if name != self.consumer and not info.get("pending") and \

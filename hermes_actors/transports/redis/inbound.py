@@ -189,8 +189,9 @@ class InboundDrain:
             # sender's sent hash, each of which a bounded inbox once held.
             pipe.xadd(link.keys.replies(flight.reply_to), rs.encode_reply_entry(record))
             pipe.set(link.keys.done(envelope_id), b"1", ex=rs.DONE_KEEP_SECONDS)
-            pipe.xack(inbox, rs.GROUP, *ids)
-            pipe.xdel(inbox, *ids)
+            if inbox not in link.wrong_type:  # replaced by another type: its entries are gone (acking them fails)
+                pipe.xack(inbox, rs.GROUP, *ids)
+                pipe.xdel(inbox, *ids)
             pipe.execute()
         except Exception as exc:
             link.unreachable(exc)

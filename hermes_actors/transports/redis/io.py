@@ -35,7 +35,7 @@ from hermes_actors.transports.redis.store import (
 )
 
 __all__ = ["BACKOFF_MAX_SECONDS", "ClaimGuard", "InboxRoom", "StreamReader", "ensure_groups", "make_client",
-           "require_redis"]
+           "require_redis", "wrong_type_text"]
 
 BACKOFF_MAX_SECONDS = 5.0
 READ_COUNT = 100
@@ -65,16 +65,52 @@ def make_client(url: str, *, socket_timeout: float = 3.0) -> Any:
     )
 
 
-def ensure_groups(client: Any, streams: list[str]) -> None:
-    """Create our consumer group on each stream (from the start, so nothing queued before is missed)."""
+def ensure_groups(client: Any, streams: list[str]) -> list[str]:
+    """Create our consumer group on each stream (from the start, so nothing queued before is missed).
+
+    A key that holds another type than a stream (a string, a hash: set by hand or by another
+    program) is left alone and named in the answer, so the caller can go on with the other stream.
+
+    Args:
+        client: a redis-py client.
+        streams: the stream keys.
+
+    Returns:
+        The streams whose key holds a value of another type (Redis answered ``WRONGTYPE``).
+
+    Raises:
+        redis.exceptions.RedisError: any other failure (Redis unreachable, a denied command).
+    """
     from redis.exceptions import ResponseError
 
+    wrong: list[str] = []
     for stream in streams:
         try:
             client.xgroup_create(stream, GROUP, id="0", mkstream=True)
         except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
+            if "WRONGTYPE" in str(exc):
+                wrong.append(stream)
+            elif "BUSYGROUP" not in str(exc):
                 raise
+    return wrong
+
+
+def wrong_type_text(key: str, *, inbox: bool) -> str:
+    """Pure: the ERROR logged once when one of our streams' keys holds another type than a stream.
+
+    Args:
+        key: the key.
+        inbox: it is our inbox (else our replies stream).
+
+    Returns:
+        What is not read, what still is, and what to do.
+    """
+    lost = ("none of the DMs sent to this connection are read (senders are refused until it is fixed); the "
+            "replies to its own DMs still are" if inbox else
+            "none of the replies to this gateway's DMs are read (past reply_wait_seconds they end "
+            "delivery_timeout); the DMs sent to it still run")
+    return (f"redis: {key} holds a value that is not a stream, so {lost}. Delete it (redis-cli DEL {key}): "
+            "hermes-actors keeps only a stream there; it is read again once it is a stream or gone")
 
 
 class InboxRoom:
@@ -164,6 +200,7 @@ class StreamReader:
         self.target = target
         self.room = room
         self.reconnects = 0
+        self.wrong_type: set[str] = set()  # our stream keys that hold another type: not read until fixed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -186,30 +223,46 @@ class StreamReader:
         client: Any = None
         backoff = 0.1
         down_since: str | None = None
+        check_all = False
         while not self._stop.is_set():
             try:
                 if client is None:
                     client = make_client(self.settings.url, socket_timeout=self.settings.block_ms / 1000 + 3.0)
-                    ensure_groups(client, [self.inbox, self.replies])
+                    self._wrong_types(ensure_groups(client, [self.inbox, self.replies]))
                     if down_since is not None:
                         self.reconnects += 1
                         logger.info("redis: reader reconnected to {}", self.settings.address)
                         down_since = None
+                elif self.wrong_type or check_all:  # which is bad now? (a key deleted gets its stream back)
+                    self._wrong_types(ensure_groups(client, [self.inbox, self.replies] if check_all
+                                                    else sorted(self.wrong_type)))
+                    check_all = False
                 free = READ_COUNT if self.room is None else min(READ_COUNT, self.room.free())
-                if 0 < free < READ_COUNT:  # the blocking read's COUNT is per stream: take the replies at full rate
+                # One XREADGROUP fails whole when one of its keys holds another type: read only the usable ones.
+                streams = {s: ">" for s in (self.inbox, self.replies) if s not in self.wrong_type
+                           and (s != self.inbox or free > 0)}
+                if not streams:  # nothing to read now: look again after one BLOCK period
+                    self._stop.wait(self.settings.block_ms / 1000)
+                    continue
+                if self.inbox in streams and self.replies in streams and free < READ_COUNT:
+                    # the blocking read's COUNT is per stream: take the replies at full rate
                     self._tell(client.xreadgroup(GROUP, self.consumer, {self.replies: ">"}, count=READ_COUNT))
-                streams = {self.inbox: ">", self.replies: ">"} if free > 0 else {self.replies: ">"}
-                response = client.xreadgroup(GROUP, self.consumer, streams, count=free or READ_COUNT,
+                response = client.xreadgroup(GROUP, self.consumer, streams,
+                                             count=free if self.inbox in streams else READ_COUNT,
                                              block=self.settings.block_ms)
                 backoff = 0.1
                 self._tell(response, client)
             except pykka.ActorDeadError:
                 break
             except ResponseError as exc:
-                if "NOGROUP" in str(exc):  # the stream was deleted, or Redis restarted without its data
+                if "NOGROUP" in str(exc) or "UNBLOCKED" in str(exc):  # the stream was deleted (also while we
+                    # blocked on it), or Redis restarted without its data: a new client makes stream and group again
                     client = self._drop(client)
                     continue
-                logger.error("redis: XREADGROUP failed: {}", exc)
+                if "WRONGTYPE" in str(exc):  # a key replaced since its check: find it (logged then), read the other
+                    check_all = True
+                else:
+                    logger.error("redis: XREADGROUP failed: {}", exc)
                 self._stop.wait(backoff)
                 backoff = min(BACKOFF_MAX_SECONDS, backoff * 2)
             except (RedisError, OSError) as exc:
@@ -221,6 +274,24 @@ class StreamReader:
                 self._stop.wait(backoff)
                 backoff = min(BACKOFF_MAX_SECONDS, backoff * 2)
         self._drop(client)
+
+    def _wrong_types(self, wrong: list[str]) -> bool:
+        """Keep which of our stream keys hold another type; log each once as it turns bad and as it is fixed.
+
+        Args:
+            wrong: the keys :func:`ensure_groups` found of another type (of those it checked).
+
+        Returns:
+            Whether a key newly turned bad.
+        """
+        newly = [key for key in wrong if key not in self.wrong_type]
+        for key in newly:
+            logger.error(wrong_type_text(key, inbox=key == self.inbox))
+        fixed = [key for key in self.wrong_type if key not in wrong]
+        for key in fixed:
+            logger.info("redis: {} is a stream again; reading it", key)
+        self.wrong_type = set(wrong)
+        return bool(newly)
 
     def _tell(self, response: Any, client: Any = None) -> None:
         """Tell the actor each stream's entries of one XREADGROUP answer (inbox entries count against the room).

@@ -41,12 +41,15 @@ class RedisLink:
         self.client: Any = make_client(settings.url)
         self.on_down = on_down
         self.down = False
-        self.groups_ok = False
+        self.groups_ok = False  # our streams and their group are there (checked again at each tick while not)
+        self.wrong_type: set[str] = set()  # our stream keys that hold another type: left alone until fixed
 
     def unreachable(self, exc: BaseException) -> bool:
         """Log an outage once; True when ``exc`` means Redis is unreachable (False: a command error, logged)."""
         if not rs.is_redis_unreachable(exc):
             logger.error("redis: command failed: {}", exc)
+            if "NOGROUP" in str(exc) or "WRONGTYPE" in str(exc):  # a stream gone or replaced: check them again
+                self.groups_ok = False
             return False
         if not self.down:
             logger.warning("redis: {} is unreachable ({}); will retry", self.settings.address, exc)
@@ -71,7 +74,7 @@ class RedisLink:
         """
         try:
             pipe = self.client.pipeline(transaction=True)
-            if entry_ids:
+            if entry_ids and stream not in self.wrong_type:  # a stream replaced by another type lost its entries
                 pipe.xack(stream, rs.GROUP, *entry_ids)
                 pipe.xdel(stream, *entry_ids)
             if forget is not None:
