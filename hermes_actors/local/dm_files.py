@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fnmatch
 import os
 import stat
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from loguru import logger
 
 from hermes_actors.core.ids import validate_delivery_id
+from hermes_actors.store.sweep import sweep_old_files
 
 __all__ = [
     "DM_DIR_PREFIX",
@@ -207,28 +207,6 @@ def remove_dm_file(path: Path) -> None:
         logger.warning("could not remove DM file {}: {}", path, exc)
 
 
-def _sweep(directory: Path, patterns: tuple[str, ...], cutoff: float, uid: int | None) -> int:
-    """Remove our regular files in ``directory`` matching a pattern, modified before ``cutoff``."""
-    removed = 0
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return 0
-    for entry in entries:
-        if not any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in patterns):
-            continue
-        try:
-            info = entry.stat(follow_symlinks=False)
-            if not stat.S_ISREG(info.st_mode) or (uid is not None and info.st_uid != uid):
-                continue
-            if info.st_mtime < cutoff:
-                os.unlink(entry.path)
-                removed += 1
-        except OSError:
-            continue
-    return removed
-
-
 def cleanup_bot_dm_cache(
     max_age_hours: float = 24, *, now: float | None = None, base: Path | None = None
 ) -> int:
@@ -249,13 +227,13 @@ def cleanup_bot_dm_cache(
     """
     cutoff = (time.time() if now is None else now) - max_age_hours * 3600
     uid = _uid()
-    removed = _sweep(_temp_root(base), _LEGACY_PATTERNS, cutoff, uid)
+    removed = sweep_old_files(_temp_root(base), cutoff, patterns=_LEGACY_PATTERNS, uid=uid)
     try:
         directory = dm_dir(base)
     except OSError as exc:
         logger.warning("DM cache cleanup skipped the DM directory: {}", exc)
     else:
-        removed += _sweep(directory, _DM_DIR_PATTERNS, cutoff, uid)
+        removed += sweep_old_files(directory, cutoff, patterns=_DM_DIR_PATTERNS, uid=uid)
     if removed:
         logger.debug("DM cache cleanup removed {} file(s)", removed)
     return removed

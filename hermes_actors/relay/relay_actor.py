@@ -59,6 +59,7 @@ from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbea
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
 from hermes_actors.store.relay_marks import clear_started, keep_reply, was_started
 from hermes_actors.store.relay_shelf import Shelf
+from hermes_actors.store.sweep import sweep_old_files
 from hermes_actors.store.yaml_file import warn_once
 
 __all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]
@@ -431,7 +432,7 @@ class RelayActor(TypedActor):
         # expiring/: an expired envelope no restart filed in claimed/ (e.g. its sent/ record was lost)
         for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken, self.paths.started,
                           self.paths.expiring):
-            removed += rf.sweep_directory(directory, time.time() - rp.STALE_AFTER_SECONDS)
+            removed += sweep_old_files(directory, time.time() - rp.STALE_AFTER_SECONDS)
         removed += cleanup_bot_dm_cache()
         if removed:
             logger.info("housekeeping removed {} stale file(s)", removed)

@@ -40,6 +40,7 @@ from hermes_actors.store.relay_protocol import (
 )
 from hermes_actors.store.relay_quarantine import regular_or_quarantined
 from hermes_actors.store.relay_roster import normalize_roster, parse_roster_payload, roster_row_dict
+from hermes_actors.store.sweep import sweep_old_files
 
 __all__ = [
     "claim_envelope",
@@ -48,7 +49,6 @@ __all__ = [
     "read_envelope",
     "read_reply",
     "read_roster",
-    "sweep_directory",
     "sweep_stale",
     "write_reply",
     "write_roster",
@@ -272,31 +272,6 @@ def read_reply(paths: RelayPaths, envelope_id: str) -> dict[str, Any] | None:
 # ── housekeeping ────────────────────────────────────────────────────────────
 
 
-def sweep_directory(directory: Path, cutoff: float) -> int:
-    """Remove regular files with an mtime before ``cutoff`` (no symlinks).
-
-    Args:
-        directory: the directory to sweep (missing → nothing).
-        cutoff: the mtime limit.
-
-    Returns:
-        How many files were removed.
-    """
-    removed = 0
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return 0
-    for entry in entries:
-        try:
-            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                os.unlink(entry.path)
-                removed += 1
-        except OSError:
-            continue
-    return removed
-
-
 def sweep_stale(paths: RelayPaths, *, now: float) -> int:
     """Remove stale artifacts (older than 6 h) from claimed/replies/outbox/tmp.
 
@@ -308,7 +283,7 @@ def sweep_stale(paths: RelayPaths, *, now: float) -> int:
         How many files were removed.
     """
     cutoff = now - STALE_AFTER_SECONDS
-    return sum(sweep_directory(d, cutoff) for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
+    return sum(sweep_old_files(d, cutoff) for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
 
 
 def list_ids(directory: Path, *, oldest_first: bool = False, dir_fd: int | None = None) -> list[str]:
