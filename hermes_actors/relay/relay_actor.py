@@ -59,7 +59,7 @@ from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbea
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
 from hermes_actors.store.relay_marks import clear_started, keep_reply, was_started
 from hermes_actors.store.relay_shelf import Shelf
-from hermes_actors.store.yaml_file import warn_once
+from hermes_actors.store.yaml_file import warned_while_failing
 
 __all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]
 
@@ -339,15 +339,12 @@ class RelayActor(TypedActor):
 
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
-        what = f"relay rescan of {self.paths.relay.base}"
-        try:
+        base = self.paths.relay.base  # StoreError, HostileFileError too: never the end of the actor
+        with warned_while_failing(f"relay rescan of {base}", (OSError, ValidationError),
+                                  f"relay: the rescan of {base} failed",
+                                  "The relay goes on and tries again at the next rescan; if this lasts, check that "
+                                  "the directory and everything in it belong to the user running the gateway"):
             self._rescan()
-        except (OSError, ValidationError) as exc:  # StoreError, HostileFileError too: never the end of the actor
-            warn_once(what, [f"relay: the rescan of {self.paths.relay.base} failed: {type(exc).__name__}: {exc}. "
-                             "The relay goes on and tries again at the next rescan; if this lasts, check that the "
-                             "directory and everything in it belong to the user running the gateway"])
-            return
-        warn_once(what, [])  # a lasting failure is logged once, and again once it went and came back
 
     def _rescan(self) -> None:
         """Clean the tree up, keep our shelf, write the kept replies, then take what the events missed."""
@@ -407,13 +404,10 @@ class RelayActor(TypedActor):
         now = time.monotonic()
         for name in [n for n, seen in self.routed_as.items() if now - seen > ROUTED_AS_KEEP_SECONDS]:
             del self.routed_as[name]
-        what = f"relay heartbeat in {self.paths.relay.base}"
-        try:
+        # once while it lasts, not every 2 s; a hostile (symlinked) directory included
+        with warned_while_failing(f"relay heartbeat in {self.paths.relay.base}", (StoreError, OSError, ValidationError),
+                                  "relay: heartbeat write failed"):
             write_heartbeat(self.paths, self.connection_id, now=time.time(), routed_as=frozenset(self.routed_as))
-        except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
-            warn_once(what, [f"relay: heartbeat write failed: {exc}"])  # once while it lasts, not every 2 s
-            return
-        warn_once(what, [])
 
     @handles(RelayTick)
     def _on_tick(self, msg: RelayTick) -> None:
