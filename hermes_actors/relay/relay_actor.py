@@ -52,7 +52,7 @@ from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
 from hermes_actors.relay.outbound import Outbound
 from hermes_actors.relay.restart import recover_taken
-from hermes_actors.relay.strays import ensure_relay_directories, quarantine_strays
+from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbeat
@@ -86,6 +86,9 @@ def reply_from_outcome(outcome: Any) -> dict[str, str]:
 class RelayActor(TypedActor):
     """Owns this root's relay files.
 
+    Its starter has made the relay directories (:func:`~hermes_actors.relay.strays.ensure_relay_directories`:
+    ``ActorSystem.start`` does, first thing, before anything watches the tree); the rescans keep them.
+
     Args:
         root: the Hermes root.
         config: bot_mode settings (TTL, reply budget).
@@ -112,9 +115,6 @@ class RelayActor(TypedActor):
         self.paths = InboxPaths.from_root(root)
         self.shelf = Shelf(self.paths.taken_parent, within=self.paths.relay.root)
         self.unfixable: set[Path] = set()  # relay directories the rescan could not put back (each logged once)
-        # Here, on the starting thread, not in on_start: the directories exist before the Gateway starts its
-        # recursive watch (a directory created while watchdog walks the tree makes it warn on stderr).
-        quarantined = ensure_relay_directories(self.paths, unfixable=self.unfixable)
         self.paths = self.paths.on_shelf(self.shelf.open())
         self.config = config
         self.dispatcher = dispatcher
@@ -124,7 +124,7 @@ class RelayActor(TypedActor):
         self.local_profiles = local_profiles
         self.desktop_calls: dict[str, list[pykka.ThreadingFuture[dict[str, str]]]] = {}  # deliver RPCs by id
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0,
-                         "quarantined": quarantined, "returned": 0}
+                         "quarantined": 0, "returned": 0}
         self.outbound = Outbound(self.paths, config=config, timers=self.timers, dispatcher=dispatcher,
                                  counters=self.counters)
         self.last_housekeep = time.monotonic()
