@@ -124,8 +124,10 @@ class ActorSystem:
             TransportError: another live process serves the Redis connection id, or Redis refused us.
         """
         opts = self.options
-        # before the watch starts: no events for our own mkdirs; a relay directory left swapped (a gateway killed
-        # after a failed reply write) is put back first, so the reply kept for this start is written
+        # The start's one walk of the relay tree (the RelayActor relies on it), on this thread before the watch
+        # starts: no events for our own mkdirs (a directory created while watchdog walks the tree makes it warn on
+        # stderr); a relay directory left swapped (a gateway killed after a failed reply write) is put back first,
+        # so the reply kept for this start is written
         ensure_relay_directories(InboxPaths.from_root(opts.root))
         adopted = None
         if opts.durable:

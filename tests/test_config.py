@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from roots import LogCapture, RecordingRunner, make_root, start_gateway
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core import config as c
+from hermes_actors.store.yaml_file import warned_while_failing
 
 # ── deep_merge ──────────────────────────────────────────────────────────────
 
@@ -163,6 +165,45 @@ def test_directory_is_refused(tmp_path: Path, warnings: list[str]) -> None:
     path.mkdir()
     assert c.load_yaml_file(path) == {}
     assert len(warnings) == 1 and str(path) in warnings[0]
+
+
+# ── warned_while_failing ────────────────────────────────────────────────────
+
+DISK_FULL, GONE, NOT_OURS = OSError("disk full"), FileNotFoundError("gone"), ValueError("not ours")
+
+
+@pytest.mark.parametrize(("steps", "expected"), [
+    pytest.param([None, None], [], id="working-says-nothing"),
+    pytest.param([DISK_FULL] * 3, ["w failed: OSError: disk full"], id="once-while-it-lasts"),
+    pytest.param([DISK_FULL, None, DISK_FULL], ["w failed: OSError: disk full"] * 2, id="again-once-it-came-back"),
+    pytest.param([DISK_FULL, GONE, GONE], ["w failed: OSError: disk full", "w failed: FileNotFoundError: gone"],
+                 id="a-new-failure-is-said"),
+    pytest.param([DISK_FULL, NOT_OURS, DISK_FULL], ["w failed: OSError: disk full"], id="other-errors-pass-through"),
+])
+def test_warned_while_failing_logs_a_failure_once_while_it_lasts(
+    warnings: list[str], steps: list[Exception | None], expected: list[str]
+) -> None:
+    """One line when a step starts failing, none while it fails the same way, one again after it worked;
+    an exception outside ``errors`` propagates and leaves the memory as it was."""
+    what = f"test step {uuid.uuid4().hex}"  # the memory is per process: a key of this test's own
+    for error in steps:
+        went_on = False
+        try:
+            with warned_while_failing(what, (OSError,), "w failed"):
+                if error is not None:
+                    raise error
+                went_on = True
+        except ValueError as exc:
+            assert exc is NOT_OURS  # not swallowed
+            continue
+        assert went_on is (error is None)  # a failure skips the rest of the block, and the caller goes on
+    assert warnings == expected
+
+
+def test_warned_while_failing_says_what_happens_now(warnings: list[str]) -> None:
+    with warned_while_failing(f"test step {uuid.uuid4().hex}", (OSError,), "relay: x failed", "Tried again soon"):
+        raise PermissionError("denied")
+    assert warnings == ["relay: x failed: PermissionError: denied. Tried again soon"]
 
 
 # ── BotModeConfig ───────────────────────────────────────────────────────────

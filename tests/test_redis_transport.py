@@ -15,6 +15,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -517,6 +518,57 @@ def test_a_backlog_past_max_queued_waits_in_redis_and_every_entry_is_answered(
     replies = replies_to(redis_server, "ghost")
     assert [(r["reply"], r["error"]) for r in replies] == [("ok", "")] * len(injected), replies  # none target_busy
     assert sorted(r["id"] for r in replies) == sorted(injected)
+
+
+class _Told:
+    """Stands in for the Redis actor: keeps what a :class:`StreamReader` tells it (from the reader's thread)."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+
+    def tell(self, message: Any) -> None:
+        self.messages.append(message)
+
+
+def test_a_reader_loop_is_one_read_and_held_back_replies_are_taken_at_full_rate(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): with the inbox's room between 1 and 99 places, every loop of the reader issued a second,
+    non-blocking XREADGROUP on the replies stream (COUNT is per stream), whether replies waited or not. Now a loop
+    is one read, and the replies stream is read again at full rate only after a read that took as many replies as
+    its COUNT: 30 waiting replies still all arrive in the first loop."""
+    from hermes_actors.transports.redis import io
+
+    reads: list[tuple[tuple[str, ...], int | None, int | None]] = []  # (streams, COUNT, BLOCK) of each XREADGROUP
+    real_client = io.make_client
+
+    def recording_client(url: str, *, socket_timeout: float = 3.0) -> Any:
+        client = real_client(url, socket_timeout=socket_timeout)
+        xreadgroup = client.xreadgroup
+
+        def recorded(group: str, consumer: str, streams: dict[str, str], count: int | None = None,
+                     block: int | None = None, **kwargs: Any) -> Any:
+            reads.append((tuple(streams), count, block))
+            return xreadgroup(group, consumer, streams, count=count, block=block, **kwargs)
+
+        client.xreadgroup = recorded
+        return client
+
+    monkeypatch.setattr(io, "make_client", recording_client)
+    inbox, replies = KEYS.inbox("mini"), KEYS.replies("mini")
+    for n in range(30):  # all there before the first read (the group reads from the start)
+        redis_server.client().xadd(replies, {"n": str(n)})
+    told = _Told()
+    settings = replace(redis_settings({}, redis_server.url), block_ms=50)
+    reader = io.StreamReader(settings, KEYS, "mini", "host-1-abcdefgh", told, room=io.InboxRoom(5, lambda: 0)).start()
+    try:
+        await_condition(lambda: sum(1 for r in list(reads) if r[2] is not None) >= 4, timeout=20,
+                        message="four loops of the reader")
+    finally:
+        reader.stop()
+    assert {r for r in reads if r[2] is not None} == {((inbox, replies), 5, 50)}, reads  # the room's COUNT
+    assert [r for r in reads if r[2] is None] == [((replies,), io.READ_COUNT, None)], reads  # once, after the first
+    assert [(m.stream, len(m.entries)) for m in told.messages] == [("replies", 5), ("replies", 25)], told.messages
 
 
 def test_a_gateway_that_lost_its_connection_ids_lease_stops_reading_its_inbox(

@@ -717,6 +717,27 @@ def test_a_start_puts_back_a_delivered_left_swapped_and_writes_the_kept_reply(
     assert link.is_symlink() and [p.name for p in user.iterdir()] == ["notes.txt"]  # the target untouched
 
 
+def test_a_start_walks_the_relay_tree_once(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: ``ensure_relay_directories`` (the clean-up walk, then the mkdirs) ran twice at every start,
+    in ``ActorSystem.start`` and again in ``RelayActor.__init__``; the system's, before the watch, is the one."""
+    from hermes_actors.relay import strays
+
+    mini, paths = mini_root(tmp_path)
+    walked: list[Path] = []
+    real = strays.quarantine_strays  # what ensure_relay_directories calls (the rescans have their own binding)
+
+    def counted(walked_paths: InboxPaths, *, unfixable: set[Path] | None = None) -> int:
+        walked.append(walked_paths.relay.base)
+        return real(walked_paths, unfixable=unfixable)
+
+    monkeypatch.setattr(strays, "quarantine_strays", counted)
+    start_gateway(gateways, mini, RecordingRunner(), connection_id="mini", durable=False,
+                  config={"bot_mode": {"rescan_seconds": 3600}})
+    assert walked == [paths.relay.base]
+
+
 def test_a_start_refuses_a_bot_relay_swapped_for_a_symlink_naming_it_and_saying_what_to_do(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

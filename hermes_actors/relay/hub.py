@@ -45,7 +45,7 @@ from hermes_actors.store.relay_heartbeat import gateway_alive
 from hermes_actors.store.relay_inbox import InboxPaths, already_posted, post_to_inbox, read_delivered
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import Shelf
-from hermes_actors.store.yaml_file import warn_once
+from hermes_actors.store.yaml_file import warned_while_failing
 
 __all__ = ["HubActor", "HubRoot", "run_hub"]
 
@@ -208,14 +208,11 @@ class HubActor(TypedActor):
             previous = self.last_roster.get(root.name)
             if previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS:
                 continue
-            what = f"hub roster push to {root.paths.relay.base}"
-            try:
+            failing = (StoreError, OSError, ValidationError)  # a hostile (symlinked) directory included
+            with warned_while_failing(f"hub roster push to {root.paths.relay.base}", failing,
+                                      f"hub: roster push to {root.name} failed"):  # once while it lasts
                 rf.write_roster(root.paths.relay, rows, now=now)
                 self.last_roster[root.name] = (rows, now)
-            except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
-                warn_once(what, [f"hub: roster push to {root.name} failed: {exc}"])  # once while it lasts
-                continue
-            warn_once(what, [])
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
         result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=time.time())
@@ -357,16 +354,13 @@ class HubActor(TypedActor):
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
         for root in self.roots:  # one root's trouble stops none of the others, nor the hub
-            what = f"hub rescan of {root.paths.relay.base}"
-            try:
+            # StoreError, HostileFileError included
+            with warned_while_failing(f"hub rescan of {root.paths.relay.base}", (OSError, ValidationError),
+                                      f"hub: the rescan of {root.name} ({root.paths.relay.base}) failed",
+                                      "The hub goes on with the other roots and tries again at the next rescan; if "
+                                      "this lasts, check that the directory and everything in it belong to the user "
+                                      "running the hub"):
                 self._rescan_root(root)
-            except (OSError, ValidationError) as exc:  # StoreError, HostileFileError included
-                warn_once(what, [f"hub: the rescan of {root.name} ({root.paths.relay.base}) failed: "
-                                 f"{type(exc).__name__}: {exc}. The hub goes on with the other roots and tries "
-                                 "again at the next rescan; if this lasts, check that the directory and everything "
-                                 "in it belong to the user running the hub"])
-                continue
-            warn_once(what, [])  # a lasting failure is logged once, and again once it went and came back
 
     def _rescan_root(self, root: HubRoot) -> None:
         """Clean ``root`` up when no gateway of ours does, drain its outbox/ and forward its delivered/."""

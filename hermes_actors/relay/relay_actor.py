@@ -52,7 +52,7 @@ from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
 from hermes_actors.relay.outbound import Outbound
 from hermes_actors.relay.restart import recover_taken
-from hermes_actors.relay.strays import ensure_relay_directories, quarantine_strays
+from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbeat
@@ -60,7 +60,7 @@ from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_d
 from hermes_actors.store.relay_marks import clear_started, keep_reply, was_started
 from hermes_actors.store.relay_shelf import Shelf
 from hermes_actors.store.sweep import sweep_old_files
-from hermes_actors.store.yaml_file import warn_once
+from hermes_actors.store.yaml_file import warned_while_failing
 
 __all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]
 
@@ -86,6 +86,9 @@ def reply_from_outcome(outcome: Any) -> dict[str, str]:
 
 class RelayActor(TypedActor):
     """Owns this root's relay files.
+
+    Its starter has made the relay directories (:func:`~hermes_actors.relay.strays.ensure_relay_directories`:
+    ``ActorSystem.start`` does, first thing, before anything watches the tree); the rescans keep them.
 
     Args:
         root: the Hermes root.
@@ -113,9 +116,6 @@ class RelayActor(TypedActor):
         self.paths = InboxPaths.from_root(root)
         self.shelf = Shelf(self.paths.taken_parent, within=self.paths.relay.root)
         self.unfixable: set[Path] = set()  # relay directories the rescan could not put back (each logged once)
-        # Here, on the starting thread, not in on_start: the directories exist before the Gateway starts its
-        # recursive watch (a directory created while watchdog walks the tree makes it warn on stderr).
-        quarantined = ensure_relay_directories(self.paths, unfixable=self.unfixable)
         self.paths = self.paths.on_shelf(self.shelf.open())
         self.config = config
         self.dispatcher = dispatcher
@@ -125,7 +125,7 @@ class RelayActor(TypedActor):
         self.local_profiles = local_profiles
         self.desktop_calls: dict[str, list[pykka.ThreadingFuture[dict[str, str]]]] = {}  # deliver RPCs by id
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0,
-                         "quarantined": quarantined, "returned": 0}
+                         "quarantined": 0, "returned": 0}
         self.outbound = Outbound(self.paths, config=config, timers=self.timers, dispatcher=dispatcher,
                                  counters=self.counters)
         self.last_housekeep = time.monotonic()
@@ -340,15 +340,12 @@ class RelayActor(TypedActor):
 
     @handles(Rescan)
     def _on_rescan(self, msg: Rescan) -> None:
-        what = f"relay rescan of {self.paths.relay.base}"
-        try:
+        base = self.paths.relay.base  # StoreError, HostileFileError too: never the end of the actor
+        with warned_while_failing(f"relay rescan of {base}", (OSError, ValidationError),
+                                  f"relay: the rescan of {base} failed",
+                                  "The relay goes on and tries again at the next rescan; if this lasts, check that "
+                                  "the directory and everything in it belong to the user running the gateway"):
             self._rescan()
-        except (OSError, ValidationError) as exc:  # StoreError, HostileFileError too: never the end of the actor
-            warn_once(what, [f"relay: the rescan of {self.paths.relay.base} failed: {type(exc).__name__}: {exc}. "
-                             "The relay goes on and tries again at the next rescan; if this lasts, check that the "
-                             "directory and everything in it belong to the user running the gateway"])
-            return
-        warn_once(what, [])  # a lasting failure is logged once, and again once it went and came back
 
     def _rescan(self) -> None:
         """Clean the tree up, keep our shelf, write the kept replies, then take what the events missed."""
@@ -408,13 +405,10 @@ class RelayActor(TypedActor):
         now = time.monotonic()
         for name in [n for n, seen in self.routed_as.items() if now - seen > ROUTED_AS_KEEP_SECONDS]:
             del self.routed_as[name]
-        what = f"relay heartbeat in {self.paths.relay.base}"
-        try:
+        # once while it lasts, not every 2 s; a hostile (symlinked) directory included
+        with warned_while_failing(f"relay heartbeat in {self.paths.relay.base}", (StoreError, OSError, ValidationError),
+                                  "relay: heartbeat write failed"):
             write_heartbeat(self.paths, self.connection_id, now=time.time(), routed_as=frozenset(self.routed_as))
-        except (StoreError, OSError, ValidationError) as exc:  # a hostile (symlinked) directory included
-            warn_once(what, [f"relay: heartbeat write failed: {exc}"])  # once while it lasts, not every 2 s
-            return
-        warn_once(what, [])
 
     @handles(RelayTick)
     def _on_tick(self, msg: RelayTick) -> None:

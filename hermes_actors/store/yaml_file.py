@@ -5,7 +5,8 @@ a caller that reads the same file repeatedly (``config.yaml`` is read by the
 CLI, the gateway and the roster) can decide how often to say it;
 :func:`load_yaml_file` logs it, once while it lasts (:func:`warn_once`, the one
 implementation of that rule: the roster and the hub re-read every ``profile.yaml``
-at each rescan).
+at each rescan); :func:`warned_while_failing` applies the same rule to a step run
+again and again (a relay rescan, a heartbeat or roster write).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 __all__ = [
     "MAX_CONFIG_BYTES", "MAX_EXPANDED_VALUES", "MAX_NESTING", "expanded_size", "load_bounded", "load_yaml_file",
-    "read_yaml_mapping", "too_deep", "warn_once",
+    "read_yaml_mapping", "too_deep", "warn_once", "warned_while_failing",
 ]
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -61,6 +63,37 @@ def warn_once(what: str, problems: Iterable[str]) -> None:
     for line in lines:
         if line not in before:
             logger.warning("{}", line)
+
+
+@contextmanager
+def warned_while_failing(
+    what: str, errors: tuple[type[Exception], ...], failed: str, then: str = ""
+) -> Iterator[None]:
+    """Run the ``with`` block; a failure is logged once while it lasts, and forgotten once the block works.
+
+    For a step that runs again and again (every rescan, every heartbeat) and must not end its caller: one
+    WARNING ``<failed>: <ExceptionType>: <exception>[. <then>]`` when it starts failing (:func:`warn_once` on
+    ``what``), none while it keeps failing the same way, and one again once it worked in between.
+
+    Args:
+        what: the subject (one key per kind of step and place: the rescan of one root).
+        errors: the exceptions that are the step failing: the rest of the block is skipped, and the caller
+            goes on after the ``with``.
+        failed: what failed, naming the place (``"hub: roster push to mini failed"``).
+        then: what happens now and what to check, when there is something to say ("" for nothing).
+
+    Yields:
+        Nothing: the block runs inside.
+
+    Raises:
+        Exception: whatever the block raises outside ``errors``, unchanged (the memory is left as it was).
+    """
+    try:
+        yield
+    except errors as exc:
+        warn_once(what, [f"{failed}: {type(exc).__name__}: {exc}" + (f". {then}" if then else "")])
+        return  # swallowed: a step that fails must not end its caller
+    warn_once(what, [])
 
 
 class _Refused(Exception):

@@ -244,14 +244,14 @@ class StreamReader:
                 if not streams:  # nothing to read now: look again after one BLOCK period
                     self._stop.wait(self.settings.block_ms / 1000)
                     continue
-                if self.inbox in streams and self.replies in streams and free < READ_COUNT:
-                    # the blocking read's COUNT is per stream: take the replies at full rate
-                    self._tell(client.xreadgroup(GROUP, self.consumer, {self.replies: ">"}, count=READ_COUNT))
-                response = client.xreadgroup(GROUP, self.consumer, streams,
-                                             count=free if self.inbox in streams else READ_COUNT,
-                                             block=self.settings.block_ms)
+                count = free if self.inbox in streams else READ_COUNT
+                response = client.xreadgroup(GROUP, self.consumer, streams, count=count, block=self.settings.block_ms)
                 backoff = 0.1
-                self._tell(response, client)
+                replies = self._tell(response, client)
+                if count < READ_COUNT and replies == count:
+                    # COUNT is per stream: the inbox's room held the replies back, and more may wait; take them at
+                    # full rate (only then: a steady loop is one round trip)
+                    self._tell(client.xreadgroup(GROUP, self.consumer, {self.replies: ">"}, count=READ_COUNT))
             except pykka.ActorDeadError:
                 break
             except ResponseError as exc:
@@ -293,13 +293,23 @@ class StreamReader:
         self.wrong_type = set(wrong)
         return bool(newly)
 
-    def _tell(self, response: Any, client: Any = None) -> None:
+    def _tell(self, response: Any, client: Any = None) -> int:
         """Tell the actor each stream's entries of one XREADGROUP answer (inbox entries count against the room).
 
         Inbox entries a read already blocking took after our connection id's lease was lost are
         handed back to the stream (``client`` given) for the process that holds it.
+
+        Args:
+            response: the XREADGROUP answer.
+            client: the client to hand inbox entries back with (None: never handed back).
+
+        Returns:
+            How many replies entries the answer held.
         """
+        replies = 0
         for stream, entries in _batches(response):
+            if stream == self.replies:
+                replies += len(entries)
             if entries:
                 kind = "in" if stream == self.inbox else "replies"
                 if kind == "in" and self.room is not None:
@@ -308,6 +318,7 @@ class StreamReader:
                         continue
                     self.room.taken(len(entries))
                 self.target.tell(RedisEntries(kind, tuple(entries), read=True))
+        return replies
 
     def _hand_back(self, client: Any, entries: list[tuple[str, dict[Any, Any]]]) -> None:
         """Queue copies of ``entries`` at the inbox's end and drop ours, in one transaction.
