@@ -341,11 +341,22 @@ def test_a_durable_dm_is_on_disk_before_its_ack_and_the_sender_commits_it_itself
         real_write_now(lines, flush=flush)
 
     system.journal._write_now = write_now  # type: ignore[method-assign]
-    ack = gw.message_agent(sender="alice", target="bob", message="hello")
+    acks: list[dict[str, Any]] = []
+    sender = threading.Thread(target=lambda: acks.append(gw.message_agent(sender="alice", target="bob",
+                                                                          message="hello")), name="sender")
+    sender.start()
+    sender.join(timeout=30)
+    (ack,) = acks
     assert ack["status"] == "queued", ack
     # The ack came back only after the acceptance was written, and the sender's own thread wrote it:
     # with no commit running, the caller leads its group commit instead of waiting for the writer.
-    assert (threading.current_thread().name, True) in seen, seen
+    assert ("sender", True) in seen, seen
+    assert gw.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+    # The main thread never commits (a signal handler's exception there would land inside the commit):
+    # the writer thread writes its acceptance, before its ack all the same.
+    seen.clear()
+    ack = gw.message_agent(sender="alice", target="bob", message="from main")
+    assert ("journal-writer", True) in seen, seen
     assert gw.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
 
 

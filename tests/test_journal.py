@@ -6,9 +6,11 @@ import errno
 import fcntl
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,24 @@ def _file_records(path: Path) -> list[dict[str, Any]]:
     records, bad = _parsed(path.read_bytes().splitlines())
     assert bad == 0, f"{path} has {bad} corrupt line(s)"
     return records
+
+
+def _on_a_thread(name: str, call: Any) -> None:
+    """Run ``call()`` on a thread named ``name`` (not the main one) and wait for it; re-raise what it raised."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), f"{name} never returned"
+    if raised:
+        raise raised[0]
 
 
 def _journal_files(directory: Path) -> list[Path]:
@@ -318,9 +338,11 @@ def test_a_lazy_record_is_written_at_once_and_flushed_by_the_next_batch_or_stop(
     spy = WriteSpy(journal)
     first, second = _id(1), _id(2)
     try:
-        journal.append({"t": "delivered", "id": first}, lazy=True)
-        # No commit was running: this thread wrote it, the writer thread was not woken for it.
-        assert spy.writes == [(threading.current_thread().name, 1)]
+        # Appended by an actor's thread, as the Dispatcher does (the main thread never writes: it leaves it
+        # to the writer thread, see test_the_main_thread_never_commits_so_an_interrupt_there_breaks_nothing).
+        _on_a_thread("dispatcher", lambda: journal.append({"t": "delivered", "id": first}, lazy=True))
+        # No commit was running: that thread wrote it, the writer thread was not woken for it.
+        assert spy.writes == [("dispatcher", 1)]
         assert _file_records(journal.path) == [{"t": "delivered", "id": first}], "written at once"
         assert journal.fsyncs == 0, "a batch of lazy records only must not flush"
         journal.append_durably({"t": "accepted", "id": second, "d": _delivery(second)})
@@ -1199,3 +1221,257 @@ def test_a_journal_line_longer_than_the_limit_is_read_in_bounded_pieces(
     finally:
         journal.stop()
     assert reads[0] == 0 and max(reads) <= 1024  # the long line came back as "refused", never whole
+
+
+# ── interrupts: an exception of the caller's own (a signal handler's KeyboardInterrupt) breaks nothing ──
+
+
+class _Interrupts:
+    """A SIGUSR1 handler raising KeyboardInterrupt in the main thread (restored by ``close``)."""
+
+    def __init__(self) -> None:
+        self.previous = signal.signal(signal.SIGUSR1, self._raise)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    @staticmethod
+    def interrupt_main() -> None:
+        """Deliver SIGUSR1 to the main thread: its handler runs there at once (inside whatever it waits in)."""
+        ident = threading.main_thread().ident
+        assert ident is not None
+        signal.pthread_kill(ident, signal.SIGUSR1)
+
+    def close(self) -> None:
+        signal.signal(signal.SIGUSR1, self.previous)
+
+
+def _accepted(n: int) -> dict[str, Any]:
+    return {"t": "accepted", "id": _id(n), "d": _delivery(_id(n))}
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+def test_the_main_thread_never_commits_so_an_interrupt_there_breaks_nothing(tmp_path: Path) -> None:
+    # Regression (review of the embedding API): the main thread led the group commit of its own DM, so
+    # a KeyboardInterrupt delivered there landed inside the commit (EBADF on every later commit, a
+    # stop 50 s over its time). Now the writer commits; the interrupt ends the caller's wait only.
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    interrupts = _Interrupts()
+    spy = WriteSpy(journal, hold_first=True)
+    fates: list[BaseException | None] = []
+    told = threading.Event()
+
+    def fate(error: BaseException | None) -> None:
+        fates.append(error)
+        told.set()
+
+    def interrupt_once_the_commit_holds_it() -> None:
+        assert spy.entered.wait(30), "no commit took the record"
+        _Interrupts.interrupt_main()
+
+    kicker = threading.Thread(target=interrupt_once_the_commit_holds_it)
+    kicker.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            journal.append_durably(_accepted(1), timeout=60, on_interrupt=fate)
+        assert not told.is_set(), "told before its commit ended"
+        spy.gate.set()
+        assert told.wait(30), "the interrupted caller's record was never given its fate"
+        assert fates == [None], "a commit held it: it landed"
+        journal.append_durably(_accepted(2), timeout=30)  # the journal works on, for the main thread too
+        _on_a_thread("leader", lambda: journal.append_durably(_accepted(3), timeout=30))
+    finally:
+        kicker.join(timeout=30)
+        spy.gate.set()
+        interrupts.close()
+        journal.stop()
+    assert {name for name, _ in spy.writes[:2]} == {"journal-writer"}, spy.writes
+    assert spy.writes[2] == ("leader", 1), "an actor's thread still commits its own record"
+    assert [r["id"] for r in _file_records(journal.path)] == [_id(1), _id(2), _id(3)]
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+def test_a_send_from_a_signal_handler_during_the_main_threads_own_send_does_not_wait_on_itself(
+    tmp_path: Path,
+) -> None:
+    # Regression (review): the handler ran inside the commit its own interrupted frame led and waited
+    # for that commit until its timeout (30 s per handler call).
+    journal = Journal(tmp_path / "journal", fsync=True)
+    journal.start()
+    handled: list[BaseException | None] = []
+    took: list[float] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        started = time.monotonic()
+        try:
+            journal.append_durably(_accepted(2), timeout=20)
+            handled.append(None)
+        except BaseException as exc:
+            handled.append(exc)
+        took.append(time.monotonic() - started)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    real = journal._write_now
+    sent: list[bool] = []
+
+    def write_now(lines: list[bytes], *, flush: bool = True) -> None:
+        if not sent:  # the first commit: the main thread's record
+            sent.append(True)
+            _Interrupts.interrupt_main()
+        real(lines, flush=flush)
+
+    journal._write_now = write_now  # type: ignore[method-assign]
+    try:
+        journal.append_durably(_accepted(1), timeout=30)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        journal.stop()
+    assert handled == [None], handled
+    assert took[0] < 10, f"the handler's send waited {took[0]:.1f}s"
+    assert sorted(r["id"] for r in _file_records(journal.path)) == [_id(1), _id(2)]
+
+
+def test_a_send_from_a_signal_handler_that_interrupted_the_journal_itself_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    # The handler runs while its thread holds the journal's lock: the writer could never take its record
+    # (it needs that lock), so it would wait its whole timeout. It is refused at once, nothing queued.
+    journal = Journal(tmp_path / "journal", fsync=False)
+    journal.start()
+    handled: list[BaseException | None] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            journal.append_durably(_accepted(2), timeout=30)
+            handled.append(None)
+        except BaseException as exc:
+            handled.append(exc)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    started = time.monotonic()
+    try:
+        with journal._cond:  # where the main thread's own send was when the signal came
+            signal.raise_signal(signal.SIGUSR1)
+        took = time.monotonic() - started
+        journal.append_durably(_accepted(3), timeout=30)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        journal.stop()
+    assert len(handled) == 1 and isinstance(handled[0], StoreError), handled
+    assert "signal handler" in str(handled[0]) and "nothing was queued" in str(handled[0])
+    assert took < 10, f"refused only after {took:.1f}s"
+    assert [r["id"] for r in _file_records(journal.path)] == [_id(3)]
+
+
+@pytest.mark.parametrize("point", ["fdatasync", "fstat"])
+def test_a_commit_interrupted_in_its_leader_tells_every_waiter_the_truth_and_the_journal_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    # A BaseException raised inside a leading caller's commit: at the sync (the batch is refused and cut
+    # back) or at the check of the file's path after the write (the batch landed). Either way the leader
+    # alone gets the exception, the batch's other waiter the batch's true result, later commits work,
+    # and a compaction keeps every record a waiter was told landed.
+    journal = Journal(tmp_path / "journal", fsync=True)
+    spy, callers = _a_stalled_commit(journal)
+    real = getattr(os, point)
+    armed = [True]
+
+    def interrupted(*args: Any) -> Any:
+        if armed[0] and threading.current_thread().name == "leader":
+            armed[0] = False
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(os, point, interrupted)
+    leader, other = Appenders(journal), Appenders(journal)
+    outcome: dict[str, BaseException | None] = {}
+    try:
+        leader.start(2, name="leader")
+        await_condition(lambda: journal._batch.leader, timeout=30, message="the leader never queued")
+        other.start(3, name="other")
+        await_condition(lambda: len(journal._batch.items) == 2, timeout=30, message="the other never queued")
+        spy.gate.set()
+        callers.join()
+        for name, appenders in (("leader", leader), ("other", other)):
+            (thread,) = appenders.threads
+            thread.join(timeout=30)
+            assert not thread.is_alive(), f"{name} never returned"
+            outcome[name] = appenders.errors[0] if appenders.errors else None
+        assert isinstance(outcome["leader"], KeyboardInterrupt), outcome
+        journal.compact_after = 0  # the writer's next commit rewrites the file from the live state
+        _on_a_thread("next", lambda: journal.append_durably(_accepted(4), timeout=30))
+        journal.append_durably(_accepted(5), timeout=30)
+        await_condition(lambda: journal.compactions > 0, timeout=30, message="no compaction ran")
+    finally:
+        spy.gate.set()
+        journal.stop()
+    ids = [r["id"] for r in _file_records(journal.path)]
+    if point == "fdatasync":
+        assert isinstance(outcome["other"], StoreError), outcome
+        assert _id(2) not in ids and _id(3) not in ids, "a refused batch must not be found by a start"
+    else:
+        assert outcome["other"] is None, outcome
+        assert _id(3) in ids, "acked, then lost at compaction"
+    assert _id(1) in ids and _id(4) in ids and _id(5) in ids, ids
+
+
+def test_a_journal_file_closed_by_an_interrupted_close_is_never_closed_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    journal_file = JournalFile(directory / "j-1.log", fsync=False)
+    journal_file.open()
+    closed: list[int] = []
+    real_close = os.close
+
+    def close(fd: int) -> None:
+        closed.append(fd)
+        real_close(fd)
+        if len(closed) == 1:
+            raise KeyboardInterrupt  # right after the file's descriptor was closed
+
+    monkeypatch.setattr(os, "close", close)
+    with pytest.raises(KeyboardInterrupt):
+        journal_file.close()
+    journal_file.close()  # the stop goes on: only what is still open is closed
+    monkeypatch.undo()
+    assert len(closed) == len(set(closed)) == 2, f"a descriptor closed twice: {closed}"
+    assert journal_file.fd is None
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+def test_a_send_interrupted_after_its_acceptance_was_committed_still_runs_and_the_gateway_goes_on(
+    tmp_path: Path,
+) -> None:
+    # The caller never got the ack, but its acceptance is journaled: the DM runs now (not only at the next
+    # start), and the gateway, its journal and its stop work on (docs/reliability.md, "Failure paths").
+    ran: list[str] = []
+    gw = Gateway(make_root(tmp_path), runner=lambda turn: ran.append(turn.content) or "ok").start()
+    journal = gw._journal
+    assert journal is not None
+    interrupts = _Interrupts()
+    real = journal._write_now
+    armed = [True]
+
+    def write_now(lines: list[bytes], *, flush: bool = True) -> None:
+        if armed[0] and any(b'"t":"accepted"' in line for line in lines):
+            armed[0] = False
+            _Interrupts.interrupt_main()  # the sender is interrupted while its acceptance is being written
+        real(lines, flush=flush)
+
+    journal._write_now = write_now  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gw.message_agent(sender="alice", target="bob", message="interrupted")
+        ack = gw.message_agent(sender="alice", target="bob", message="next")
+        assert gw.wait_outcome(ack["delivery_id"], 30)["status"] == "replied"
+        await_condition(lambda: sorted(text.rsplit(": ", 1)[-1] for text in ran) == ["interrupted", "next"], timeout=30,
+                        message=f"the interrupted, journaled DM never ran: {ran}")
+    finally:
+        interrupts.close()
+        started = time.monotonic()
+        gw.stop(10)
+    assert time.monotonic() - started < 10, "the stop waited on a journal left broken"

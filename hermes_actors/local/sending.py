@@ -56,22 +56,39 @@ def send_dm(
     if planned is None:
         return resolve_ack(ask(dispatcher, request, timeout=timeout), timeout=timeout)
     route, delivery = planned
+    assert admission is not None  # it planned the DM
+    ack = ack_payload(delivery.delivery_id, delivery.label, now=delivery.accepted_at)  # the route's label, built once
+    accept = AcceptLocal(route.target, delivery, ack, journaled=journal is not None)
     if journal is not None:
         try:
-            journal.append_durably(accepted_record(delivery), timeout=timeout)
+            journal.append_durably(accepted_record(delivery), timeout=timeout,
+                                   on_interrupt=lambda error: _interrupted(dispatcher, accept, admission, error))
         except StoreError as exc:
-            assert admission is not None  # it planned the DM
             admission.withdraw(delivery.delivery_id)  # nothing was acked: its place in the queue is free
             if not journal.running:
                 raise ActorGone("the delivery journal stopped: the gateway is stopping") from exc
             return journal_refusal(exc)
         crashpoint("after-journal-before-ack")
-    ack = ack_payload(delivery.delivery_id, delivery.label, now=delivery.accepted_at)  # the route's label, built once
-    told = tell(dispatcher, AcceptLocal(route.target, delivery, ack, journaled=journal is not None))
+    told = tell(dispatcher, accept)
     if not told and journal is None:
         raise ActorGone("cannot tell AcceptLocal: the Dispatcher is gone")
     # Journaled, the DM is acked even if the Dispatcher is gone: the next start on this root re-offers it.
     return ack
+
+
+def _interrupted(
+    dispatcher: pykka.ActorRef[Any], accept: AcceptLocal, admission: CallerAdmission, error: BaseException | None,
+) -> None:
+    """The fate of a DM whose sender was interrupted (a KeyboardInterrupt) waiting for its ``accepted`` record.
+
+    Called once by the journal (on the committing thread, or at once). Landed (``error`` None), the
+    DM is journaled: it runs now, as it would at the next start, although its sender never got
+    the ack (docs/reliability.md). Not written, its place in the queue is free again.
+    """
+    if error is None:
+        tell(dispatcher, accept)
+    else:
+        admission.withdraw(accept.delivery.delivery_id)
 
 
 def outcome_future(dispatcher: pykka.ActorRef[Any], delivery_id: str) -> pykka.ThreadingFuture[dict[str, Any]]:

@@ -17,6 +17,16 @@ every one queued with it), so it pays no hand-off to the writer and back.
 Callers that arrive during a commit queue behind it and share the next one.
 The writer thread is woken only for work of its own, never by a caller's commit.
 
+The main thread never commits: a signal handler runs there, between any two calls,
+and its exception (a KeyboardInterrupt) would land inside the commit, where the file's
+descriptors, the live state and the write turn are everyone's. Its records go to the
+writer thread (or to a waiting caller's commit), and it waits on a lock of its own
+(:meth:`CommitBatch.add_waiter`), so an interrupt leaves nothing held for anyone else:
+its exception goes to it alone, and a record a commit took lands or fails as its batch
+does (:meth:`Journal.append_durably`, ``on_interrupt``). A send from a signal handler that
+interrupted the main thread inside the journal would wait on a lock its own frame holds:
+it is refused at once instead.
+
 A record is either on disk and confirmed, or refused and absent, never both: a
 failed write or sync is truncated back and fails its whole batch, and a caller
 that no commit took within its timeout withdraws its record before it is told.
@@ -92,6 +102,9 @@ class Journal:
         self.path = directory / f"j-{uuid.uuid4().hex}.log"
         self._file = JournalFile(self.path, fsync=fsync, within=within)
         lock = threading.RLock()  # guards the open batch (what is queued) and the write turn
+        # The main thread takes it bare (``with self._lock``): entering a bare lock is one C call that an
+        # interrupt cannot split, where ``Condition.__enter__`` is Python code it can leave holding the lock.
+        self._lock = lock
         self._cond = threading.Condition(lock)  # a commit ended (callers, ``stop`` and ``drain`` wait on it)
         self._work = threading.Condition(lock)  # the writer thread waits on it, for work of its own only
         # Owned by whoever holds the write turn (``_writing``): the writer thread or a leading caller.
@@ -285,9 +298,10 @@ class Journal:
                 batch.callbacks.append(callback)
             if token is not None:
                 batch.tokens.append(token)
-            if batch.flush or self._writing or self._compact_due:
+            if batch.flush or self._writing or self._compact_due or not _may_commit():
                 # The writer takes it, unless a waiting caller will: a running commit hands the turn
-                # on as it ends, so the writer is woken now only if the turn is free.
+                # on as it ends, so the writer is woken now only if the turn is free. The main thread
+                # never writes itself (see the module docstring).
                 if not self._writing and self._writer_due():
                     self._work.notify()
                 return batch
@@ -321,11 +335,15 @@ class Journal:
         return StoreError(errno.ENOENT, f"the delivery journal {self.path} is no longer reachable at its path "
                                         "and no fresh file could be made there (see the log)")
 
-    def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
+    def append_durably(
+        self, record: dict[str, Any], timeout: float = 30.0, *, on_interrupt: DurableCallback | None = None,
+    ) -> None:
         """Append and wait until the record is on disk.
 
         With no commit running, the caller commits the queued batch itself (its own
-        record and any queued before it); otherwise it waits for the next commit.
+        record and any queued before it); otherwise it waits for the next commit. The
+        main thread never commits (see the module docstring): it waits for the writer
+        thread's commit, or a waiting caller's.
 
         Args:
             record: a journal record (see :mod:`~hermes_actors.store.journal_records`).
@@ -333,13 +351,23 @@ class Journal:
                 never written. Once a commit holds it (the caller's own, or another
                 thread's), its end is waited for: the record lands or is refused, never
                 both.
+            on_interrupt: (the main thread) called once with the record's fate when an
+                exception of the caller's own (a signal handler's KeyboardInterrupt) ends the
+                wait: the record stays queued, so ``None`` once it landed, the error when its
+                batch failed. Called on the committing thread (it must not block), or at once
+                when the batch already ended.
 
         Raises:
             StoreError: the journal is stopped, the write or fsync failed (ENOSPC,
-                EIO ...; the record is not in the file), or no commit took the record in time.
+                EIO ...; the record is not in the file), no commit took the record in time,
+                or (the main thread) a signal handler called it while its thread was inside
+                the journal.
         """
         line = encode_record(record)
         deadline = time.monotonic() + timeout
+        if not _may_commit():
+            self._append_from_main_thread(record, line, deadline, timeout, on_interrupt)
+            return
         with self._cond:
             batch = self._enqueue(record, line, flush=True)
             lead = None
@@ -376,6 +404,60 @@ class Journal:
         batch.done.wait()  # a commit holds the record: it lands or fails, and the caller is told which
         batch.raise_error()
 
+    def _append_from_main_thread(
+        self, record: dict[str, Any], line: bytes, deadline: float, timeout: float,
+        on_interrupt: DurableCallback | None,
+    ) -> None:
+        """:meth:`append_durably` on the main thread: queue, leave the commit to another thread, wait.
+
+        Raises:
+            StoreError: as :meth:`append_durably`.
+        """
+        if _held_here(self._lock):
+            # A signal handler interrupted this thread inside the journal: the commit it would wait for
+            # needs the lock its own interrupted frame holds, so it would wait out its whole timeout.
+            raise StoreError(0, "refused: a signal handler sent while its thread was inside the delivery journal "
+                                f"{self.path} (it would wait on itself); nothing was queued. Send from outside "
+                                "the handler (e.g. set a flag there and send from your main loop)")
+        with self._lock:
+            batch = self._enqueue(record, line, flush=True)
+            waiter = batch.add_waiter()
+            if not self._writing and self._writer_due():
+                self._work.notify()
+        withdrawn = False
+        try:
+            if not waiter.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                with self._lock:
+                    if batch is self._batch:
+                        self._withdraw(record)
+                        withdrawn = True
+                if not withdrawn:
+                    waiter.acquire()  # a commit holds the record: it lands or fails, and the caller is told which
+        except BaseException:
+            # The interrupt is the caller's alone: the record stays where it is, and lands or fails with its batch.
+            if on_interrupt is not None:
+                self._tell_fate(batch, record, on_interrupt)
+            raise
+        if withdrawn:
+            raise StoreError(0, f"the delivery journal did not confirm a write within {timeout}s")
+        batch.raise_error()
+
+    def _tell_fate(self, batch: CommitBatch, record: dict[str, Any], callback: DurableCallback) -> None:
+        """Have ``callback`` told whether ``record`` (queued in ``batch``) landed: by its commit, or at once.
+
+        Args:
+            batch: the batch ``record`` was queued in.
+            record: the very record object.
+            callback: called once: None when it landed, the error when it did not (or was withdrawn).
+        """
+        with self._lock:  # a commit marks its batch done under the lock: the check and the append are one step
+            held = any(queued is record for queued, _ in batch.items)
+            ended = batch.done.is_set()
+            if held and not ended:
+                batch.callbacks.append(callback)
+                return
+        batch.call(callback, batch.error if held else StoreError(0, "the record was withdrawn, never written"))
+
     def _withdraw(self, record: dict[str, Any]) -> None:
         """Take ``record`` back out of the open batch (the caller holds ``_cond``): no commit took it in time.
 
@@ -408,7 +490,10 @@ class Journal:
                     break
                 self._recheck_due = False  # the commit below checks the file (an empty batch: that only)
                 batch = self._take_turn()
-            self._commit(batch, compact=True)
+            try:
+                self._commit(batch, compact=True)
+            except BaseException:  # its waiters were told and the turn given back; the main thread's DMs need us
+                logger.opt(exception=True).error("the journal writer's commit raised; it goes on writing")
         if close:
             self._file.close()
 
@@ -429,6 +514,9 @@ class Journal:
         items = batch.items
         lines = [line for _, line in items]
         before = self._file.end
+        # An interrupt of the committing thread (or a bug) is re-raised to it once the commit ended as any
+        # other does (waiters told, turn given back): it must not leave the journal half-way for the others.
+        interrupt: BaseException | None = None
         try:
             try:
                 if items:
@@ -440,7 +528,7 @@ class Journal:
                 batch.error = exc
                 logger.opt(exception=exc).error("journal write failed for {} record(s)", len(items))
                 if not isinstance(exc, Exception):
-                    raise
+                    interrupt = exc
             # Before the waiters are told: records in a file no start finds are not durable. The path is
             # walked with each flushed batch (an eighth of an fdatasync; without fsync too: a directory moved
             # aside keeps its link counts, and a kill -9 would lose every DM acked into it); the link counts are
@@ -449,16 +537,18 @@ class Journal:
             try:
                 home = self._check_home(walk=self._homeless or batch.flush,
                                         pending=lines if batch.error is None else [])
-            except Exception:  # a bug here must not stop the writer: the stop checks again
-                logger.exception("checking the delivery journal's path failed")
+            except BaseException as exc:  # a bug or an interrupt here must not stop the writer: the stop checks again
+                logger.opt(exception=exc).error("checking the delivery journal's path failed")
+                interrupt = interrupt or (None if isinstance(exc, Exception) else exc)
             if batch.error is None and not home and any(record.get("t") == "accepted" for record, _ in items):
                 # Acked, these DMs would be in a file no start finds: refused like the acceptances after them
                 batch.error = self._take_back(len(lines), before)
             elif batch.error is None:
                 try:
                     self._state.track([record for record, _ in items], keep=self.keep_delivered)
-                except Exception:  # the records are on disk: their waiters are told so
-                    logger.exception("folding a written journal batch failed")
+                except BaseException as exc:  # the records are on disk: their waiters are told so
+                    logger.opt(exception=exc).error("folding a written journal batch failed")
+                    interrupt = interrupt or (None if isinstance(exc, Exception) else exc)
             if self._lines_in_file > self.compact_after:
                 self._compact_due = not compact
                 if compact:
@@ -469,7 +559,10 @@ class Journal:
         finally:
             try:
                 # The waiters, then the callbacks, then the turn: listeners see the batches in file order.
-                batch.done.set()
+                # Done under the lock: an interrupted waiter's ``on_interrupt`` joins the callbacks or is
+                # told at once, never neither (:meth:`_tell_fate`).
+                with self._lock:
+                    batch.finish()
                 batch.report(self.listener)
             finally:
                 with self._cond:
@@ -485,6 +578,8 @@ class Journal:
                         self._work.notify()
                 if close:
                     self._file.close()
+        if interrupt is not None:
+            raise interrupt
 
     def _write_now(self, lines: list[bytes], *, flush: bool = True) -> None:
         """Write ``lines`` to our file under the write turn (see :meth:`JournalFile.write`) and count them."""
@@ -578,3 +673,20 @@ class Journal:
         self._lines_in_file = len(lines)
         self.compactions += 1
         logger.info("journal compacted to {} line(s)", len(lines))
+
+
+def _may_commit() -> bool:
+    """Whether this thread may commit (write and sync a batch): every thread but the main one.
+
+    Signal handlers run in the main thread, between any two calls: their exception would
+    land inside the commit (see the module docstring).
+    """
+    return threading.current_thread() is not threading.main_thread()
+
+
+def _held_here(lock: Any) -> bool:
+    """Whether the calling thread holds the re-entrant ``lock`` (a signal handler re-entering the journal).
+
+    ``RLock._is_owned`` is what ``threading.Condition`` itself asks (not in the type stubs).
+    """
+    return bool(lock._is_owned())

@@ -25,7 +25,7 @@ BatchListener = Callable[[list[Any], BaseException | None], object]
 class CommitBatch:
     """The records of one group commit: ``done`` is set once they landed, or failed with ``error``."""
 
-    __slots__ = ("callbacks", "done", "error", "flush", "items", "leader", "tokens")
+    __slots__ = ("callbacks", "done", "error", "flush", "items", "leader", "tokens", "waiters")
 
     def __init__(self) -> None:
         self.items: list[tuple[dict[str, Any], bytes]] = []  # each record and its line, in file order
@@ -35,11 +35,36 @@ class CommitBatch:
         self.tokens: list[Any] = []
         self.flush = False  # a record someone may wait for is in it (not only lazy ones)
         self.leader = False  # a caller waits for the turn to commit this batch itself
+        # Held locks, one per caller of the main thread waiting for this batch; released as ``done`` is set.
+        self.waiters: list[threading.Lock] = []
 
     def add(self, record: dict[str, Any], line: bytes, *, flush: bool) -> None:
         """Queue ``record`` (encoded as ``line``); ``flush``: someone may wait for it to reach stable storage."""
         self.items.append((record, line))
         self.flush = self.flush or flush
+
+    def add_waiter(self) -> threading.Lock:
+        """A held lock released once the batch is done: what a caller that may be interrupted waits on.
+
+        A signal handler's exception (KeyboardInterrupt) can land anywhere in the main thread, in
+        ``Event.wait``'s Python code too, after it took the event's own lock and before it gave it
+        back: the committing thread's ``done.set()`` would then block on that lock for good. A bare
+        lock, acquired by its waiter and released by the commit, is never left held for anyone else.
+
+        Returns:
+            The lock, held: its ``acquire`` returns once :meth:`finish` ran.
+        """
+        waiter = threading.Lock()
+        waiter.acquire()
+        self.waiters.append(waiter)
+        return waiter
+
+    def finish(self) -> None:
+        """Mark the batch done (its ``error`` set or not): ``done`` is set and every waiter released, once."""
+        self.done.set()
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            waiter.release()
 
     def withdraw(self, record: dict[str, Any]) -> None:
         """Take ``record`` (the very object added) back out: no commit took it in time."""
@@ -52,15 +77,20 @@ class CommitBatch:
             listener: the journal's listener, called once per batch that holds tokens.
         """
         for callback in self.callbacks:
-            try:
-                callback(self.error)
-            except Exception:
-                logger.exception("journal callback failed")
+            self.call(callback, self.error)
         if self.tokens and listener is not None:
             try:
                 listener(self.tokens, self.error)
             except Exception:
                 logger.exception("journal listener failed")
+
+    @staticmethod
+    def call(callback: DurableCallback, error: BaseException | None) -> None:
+        """Call one ``callback`` with ``error`` (None: landed); what it raises is logged, never passed on."""
+        try:
+            callback(error)
+        except Exception:
+            logger.exception("journal callback failed")
 
     def raise_error(self) -> None:
         """Raise the batch's failure to a caller that waited for it.

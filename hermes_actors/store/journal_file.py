@@ -246,7 +246,7 @@ class JournalFile:
         tmp = f".{self.path.name}.compact"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
-        except OSError:
+        except BaseException:
             if fresh_dir:
                 os.close(dir_fd)
             raise
@@ -258,25 +258,28 @@ class JournalFile:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # readers see the old file or the new one, never a mix
             os.replace(tmp, self.path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except OSError:
+        except BaseException:  # an interrupt too: the new descriptors are ours to close, once, and the old file stays
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
             if fresh_dir:
                 os.close(dir_fd)
             raise
-        if fresh_dir:
-            self._drop_old_name()
-            self._close_dir()
-            self._dir_fd = dir_fd
-        os.close(self.fd)
-        self.fd = fd
+        # Each descriptor is swapped in before the old one is closed: an interrupt between the two leaks
+        # the old one, never leaves a closed number in use (a later write or close would hit whatever
+        # file reused it).
+        old_fd, self.fd = self.fd, fd
         self._end = self._reserved = sum(map(len, lines))
+        if fresh_dir:
+            self._drop_old_name(old_fd)
+            old_dir, self._dir_fd = self._dir_fd, dir_fd
+            os.close(old_dir)
+        os.close(old_fd)
 
-    def _drop_old_name(self) -> None:
-        """Unlink our name in the old directory if it still names our old file (it was moved aside with it)."""
-        assert self.fd is not None and self._dir_fd is not None
-        own = os.fstat(self.fd)
+    def _drop_old_name(self, old_fd: int) -> None:
+        """Unlink our name in the old directory if it still names our old file ``old_fd`` (moved aside with it)."""
+        assert self._dir_fd is not None
+        own = os.fstat(old_fd)
         try:
             named = os.stat(self.path.name, dir_fd=self._dir_fd, follow_symlinks=False)
             if (named.st_dev, named.st_ino) == (own.st_dev, own.st_ino):
@@ -299,11 +302,11 @@ class JournalFile:
             except OSError as exc:
                 logger.warning("could not cut the journal back to its records: {}", exc)
             empty = self._end == 0
-            os.close(self.fd)
-            self.fd = None
+            fd, self.fd = self.fd, None  # never closed twice, even if interrupted right after
+            os.close(fd)
             if empty:  # nothing was ever journaled: leave no file behind
                 self._unlink(self.path.name)
-            self._close_dir()
+        self._close_dir()  # also when an interrupted close already closed the file
 
     def _unlink(self, name: str) -> None:
         """Remove ``name`` from our directory if it is there (never through a swapped path)."""
@@ -314,5 +317,5 @@ class JournalFile:
 
     def _close_dir(self) -> None:
         if self._dir_fd is not None:
-            os.close(self._dir_fd)
-            self._dir_fd = None
+            fd, self._dir_fd = self._dir_fd, None  # never closed twice, even if interrupted right after
+            os.close(fd)

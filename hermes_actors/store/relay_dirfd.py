@@ -101,9 +101,12 @@ def _descend(base_fd: int, parts: list[str], base: Path, *, create: bool = False
                     raise HostileFileError(f"{base.joinpath(*parts[:depth])} is a symlink or not a directory; "
                                            "refusing to use it") from exc
                 raise
-            if fd != base_fd:
-                os.close(fd)
-            fd = child
+            # The walk owns the child before the parent is closed: an interrupt after the close (a signal
+            # handler's KeyboardInterrupt) must not close the parent's number again below, by then maybe
+            # another thread's file.
+            parent, fd = fd, child
+            if parent != base_fd:
+                os.close(parent)
             uid = os.fstat(fd).st_uid
             if uid != os.getuid():
                 raise HostileFileError(f"{base.joinpath(*parts[:depth])} is owned by uid {uid}, expected {os.getuid()}")
