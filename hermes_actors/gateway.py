@@ -348,7 +348,8 @@ class Gateway:
         every message that actor received before has been handled).
 
         Returns:
-            accepted, refused, settled, pending, active_profiles, profile_starts (the Dispatcher);
+            accepted, refused (every refusal answered to a sender, counted once; ``refused_by_reason``:
+            ``{reason: count}``), settled, pending, active_profiles, profile_starts (the Dispatcher);
             notified, notify_skipped (shed behind a slow subscriber) and subscriber_errors (callbacks
             that raised) (the notifier); worker_threads; timers (entries in the timer heap,
             cancelled ones not yet compacted included); journal_fsyncs and journal_records when

@@ -64,6 +64,19 @@ class AcceptLocal:
 
 
 @dataclass(frozen=True, slots=True)
+class RefusalAnswered:
+    """Told by a sender's thread: it returned a refusal with this ``reason`` to its caller.
+
+    The Dispatcher counts it (``refused``, ``refused_by_reason``). Counted where the caller gets
+    its answer, so each refusal counts once whichever step produced it: the Dispatcher's admission,
+    a journal that could not record the acceptance (on the sender's thread or the Dispatcher's),
+    the relay, or an ack not confirmed in time.
+    """
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class PendingAck:
     """The Dispatcher's answer when the ack comes later: once the journal fsync'd it, or the relay took it."""
 

@@ -361,3 +361,51 @@ def test_ensure_private_dir_refuses_other_owner(tmp_path: Path) -> None:
     os.chown(target, OTHER_UID, -1)
     with pytest.raises(HostileFileError, match=f"owned by uid {OTHER_UID}"):
         ensure_private_dir(target)
+
+
+def test_a_temp_that_cannot_be_removed_is_named_by_its_absolute_path(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, warnings: list[str]
+) -> None:
+    """Regression (ops review): on a disk gone read-only, the warning named the temp by its bare name
+    (``.x.json.<hex>.tmp``, relative to a directory descriptor): it names the file in full and what to do."""
+    data, tmp = dirs
+    real_unlink = os.unlink
+
+    def write_fails(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path).endswith(".tmp"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(atomic.os, "replace", write_fails)
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.raises(StoreError) as info:
+        atomic_write_json(data / "x.json", 1, tmp_dir=tmp)
+    monkeypatch.undo()
+    assert f"cannot write {data / 'x.json'}: Read-only file system (EROFS); its filesystem is mounted read-only: " \
+           "remount it read-write" == str(info.value)
+    (left,) = tmp.iterdir()
+    (warning,) = [w for w in warnings if "could not remove temp file" in w]
+    assert f"could not remove temp file {left}: Read-only file system (EROFS)" in warning, warning
+    assert "remount it read-write" in warning and "remove it by hand" in warning
+
+
+@pytest.mark.parametrize(("code", "advice"), [
+    (errno.ENOSPC, "free space on its filesystem"),
+    (errno.EDQUOT, "raise the disk quota"),
+    (errno.EROFS, "remount it read-write"),
+    (errno.EACCES, "fix the permissions"),
+    (errno.EPERM, "fix the permissions"),
+    (errno.EIO, None),
+])
+def test_store_errors_say_what_to_do(code: int, advice: str | None) -> None:
+    from hermes_actors.store.os_errors import store_error, what_to_do
+
+    exc = OSError(code, os.strerror(code))
+    said = what_to_do(exc)
+    assert (said is None) if advice is None else (advice in str(said))
+    text = str(store_error("write", Path("relative.json"), exc))
+    assert text.startswith(f"cannot write {Path.cwd() / 'relative.json'}: ")
+    assert advice is None or text.endswith(f"; {said}")

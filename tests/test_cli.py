@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from roots import RecordingRunner, make_root
@@ -543,7 +546,50 @@ def test_an_os_error_is_one_line_and_exit_1_not_a_traceback(
     root = make_root(tmp_path)
     assert main(["serve", "--root", str(root), "--runner", "demo"]) == 1
     err = capsys.readouterr().err
-    assert err.strip().splitlines() == [f"error: [Errno 28] No space left on device: '{tmp_path / 'journal'}'"]
+    assert err.strip().splitlines() == [f"error: [Errno 28] No space left on device: '{tmp_path / 'journal'}'; "
+                                        "free space on its filesystem"]
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    (errno.ENOSPC, "No space left on device (ENOSPC); free space on its filesystem"),
+    (errno.EROFS, "Read-only file system (EROFS); its filesystem is mounted read-only: remount it read-write"),
+])
+def test_serve_on_a_full_or_read_only_disk_names_the_journal_and_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, code: int, says: str
+) -> None:
+    """Regression (ops review): a start on a full or read-only disk said `error: [Errno 28] No space left on device`
+    (naming no file, or a temp file by its bare relative name, `.j-<id>.log.new`) and nothing about what to do."""
+    root = make_root(tmp_path)
+    with Gateway(root, runner=RecordingRunner()) as gw:  # leaves a journal the next start adopts
+        gw.message_agent(sender="alice", target="bob", message="hi")
+    real_open, real_unlink = os.open, os.unlink
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(".log.new"):  # the journal's new file
+            raise OSError(code, os.strerror(code), path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path).endswith(".log.new"):
+            raise OSError(code, os.strerror(code), path)
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert main(["serve", "--root", str(root), "--runner", "demo"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    journal = root / "bot_relay" / "journal"
+    assert line.startswith(f"error: cannot open the delivery journal {journal}/j-") and line.endswith(says), line
+    monkeypatch.setattr(os, "open", real_open)
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    monkeypatch.setattr(os, "pwrite", refused)  # the file is made; writing the adopted records fails
+    monkeypatch.setattr(os, "posix_fallocate", refused)
+    assert main(["serve", "--root", str(root), "--runner", "demo"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: cannot write the adopted journals into {journal}/j-") and line.endswith(says), line
 
 
 def test_bench_passes_its_options_through_no_progress_included(monkeypatch: pytest.MonkeyPatch) -> None:

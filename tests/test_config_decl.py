@@ -77,8 +77,9 @@ def test_a_setting_takes_one_bound() -> None:
 
 @pytest.mark.parametrize(
     ("key", "text"),
-    [("turn_wait_seconds", "number ≥ 0"), ("turn_timeout_seconds", "number > 0"), ("envelope_ttl_seconds", "number"),
-     ("max_hops", "integer ≥ 1"), ("redis_claim_idle_seconds", "number ≥ 0.01"), ("redis_prefix", "text"),
+    [("turn_wait_seconds", "number ≥ 0, ≤ 604800"), ("turn_timeout_seconds", "number > 0, ≤ 604800"),
+     ("envelope_ttl_seconds", "number ≤ 604800"), ("max_hops", "integer ≥ 1, ≤ 10000"),
+     ("redis_claim_idle_seconds", "number ≥ 0.01, ≤ 86400"), ("redis_prefix", "text"),
      ("connection_label", "text (≤ 80 characters)")],
 )
 def test_type_text(key: str, text: str) -> None:
@@ -101,9 +102,13 @@ def test_type_text(key: str, text: str) -> None:
         ("connection_label", "Mini", "Mini", None),
         ("connection_label", "x" * 81, "x" * 80, "bot_mode.connection_label is longer than 80 characters"),
         ("redis_max_stream_len", 1, 1, None),
-        ("redis_max_stream_len", -1, 100_000, "bot_mode.redis_max_stream_len=-1 must be >= 1"),
+        ("redis_max_stream_len", -1, 100_000,
+         "bot_mode.redis_max_stream_len=-1 is out of range (it must be ≥ 1, ≤ 100000000); using default 100000"),
         ("redis_claim_idle_seconds", "soon", 60.0, "bot_mode.redis_claim_idle_seconds='soon' is not a valid float"),
-        ("redis_heartbeat_seconds", 0.01, 5.0, "bot_mode.redis_heartbeat_seconds=0.01 must be >= 0.05"),
+        ("redis_heartbeat_seconds", 0.01, 5.0, "bot_mode.redis_heartbeat_seconds=0.01 is out of range (it must be "
+                                               "≥ 0.05, ≤ 3600)"),
+        ("redis_block_ms", 10**12, 200, "bot_mode.redis_block_ms=1000000000000 is out of range (it must be ≥ 1, "
+                                        "≤ 60000)"),
     ],
 )
 def test_coerce_text_and_redis(key: str, value: Any, expected: Any, problem: str | None) -> None:
@@ -197,7 +202,7 @@ def test_unknown_key_warned_once_over_repeated_loads(tmp_path: Path, warnings: l
         assert cfg.turn_wait_seconds == 120 and cfg.max_hops == 8
     assert warnings == [
         f"{path}: unknown key bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)",
-        "config bot_mode.max_hops=0 must be >= 1; using default 8",
+        f"{path}: bot_mode.max_hops=0 is out of range (it must be ≥ 1, ≤ 10000); using default 8",
     ]
 
 
@@ -239,3 +244,52 @@ def test_gateway_start_warns_once(root: Path, gateways: list[Gateway], warnings:
     assert unknown == [
         f"{root / 'config.yaml'}: unknown key bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)"]
     assert len(bad) == 1
+
+
+# ── ranges and where a problem was written (ops review) ─────────────────────
+
+
+@pytest.mark.parametrize(("key", "value", "must"), [
+    ("rescan_seconds", 1e-9, "≥ 0.05, ≤ 3600"),
+    ("reply_wait_seconds", 1e300, "≥ 0, ≤ 604800"),
+    ("turn_wait_seconds", -1, "≥ 0, ≤ 604800"),
+    ("max_hops", 10**30, "≥ 1, ≤ 10000"),
+    ("max_queued", 10**12, "≥ 1, ≤ 1000000"),
+    ("redis_block_ms", 10**12, "≥ 1, ≤ 60000"),
+    ("idle_stop_seconds", float("inf"), "≥ 0, ≤ 604800"),
+    ("turn_timeout_seconds", float("nan"), "> 0, ≤ 604800"),
+])
+def test_an_absurd_value_is_refused_naming_file_key_value_and_range(
+    tmp_path: Path, warnings: list[str], monkeypatch: pytest.MonkeyPatch, key: str, value: Any, must: str
+) -> None:
+    """Regression (ops review): a rescan_seconds of 1e-9, waits of 1e300, a max_hops of 10**30 were accepted
+    silently, and a bad value's warning named no file. It is refused (the default is used, as for any bad value)
+    with a warning naming the config file by its absolute path, the key, the value and the accepted range."""
+    (tmp_path / "config.yaml").write_text(f"bot_mode:\n  {key}: {value!r}\n".replace("nan", ".nan")
+                                          .replace("inf", ".inf"))
+    monkeypatch.chdir(tmp_path)  # a relative root still gets the file named in full
+    cfg = c.load_config(Path("."))
+    spec = _spec(key)
+    got = getattr(cfg.redis if spec in c.REDIS_SETTINGS else cfg, key)
+    assert got == spec.default
+    (warning,) = warnings
+    assert warning.startswith(f"{tmp_path / 'config.yaml'}: bot_mode.{key}=") and f"(it must be {must})" in warning, \
+        warning
+    assert warning.endswith(f"using default {spec.default}")
+
+
+def test_a_bad_override_is_named_as_the_override(tmp_path: Path, warnings: list[str]) -> None:
+    (tmp_path / "config.yaml").write_text("bot_mode:\n  max_hops: 0\n  max_queued: 3\n")
+    cfg = c.load_config(tmp_path, {"bot_mode": {"max_queued": 0}, "bot_peers": "mini"})
+    assert cfg.max_hops == 8 and cfg.max_queued == 256
+    assert sorted(warnings) == sorted([
+        f"{tmp_path / 'config.yaml'}: bot_mode.max_hops=0 is out of range (it must be ≥ 1, ≤ 10000); using default 8",
+        "config override: bot_mode.max_queued=0 is out of range (it must be ≥ 1, ≤ 1000000); using default 256",
+        "config override: bot_peers is a str, not a mapping or list; ignoring it",
+    ])
+
+
+def test_every_number_has_a_sane_range() -> None:
+    for spec in c.SETTINGS:
+        if spec.kind != "text":
+            assert spec.maximum is not None, f"{spec.path} declares no upper bound"

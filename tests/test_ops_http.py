@@ -584,3 +584,48 @@ def test_serve_with_an_idle_http_client_stops_cleanly_on_a_stop_signal(tmp_path:
     assert "stopping the gateway" in err and "gateway stopped" in err, err
     assert "Traceback" not in err, err
     assert not (root / "bot_relay" / "run" / "submit.sock").exists()
+
+
+def test_every_refusal_is_counted_once_by_reason(root: Path, gateways: list[Gateway],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (ops review): refusals made on the sender's thread (a first-hop DM whose journal write failed:
+    a full disk) or after the Dispatcher answered (a journal commit that failed) were not counted; one from
+    inside a turn must not count twice. Each is counted once, by reason, in stats() and on /metrics."""
+    import errno
+    import os
+
+    asked: list[dict[str, Any]] = []
+
+    def asks_nobody(turn: Turn) -> str:
+        asked.append(turn.message_agent("nobody", "hi"))  # refused by the Dispatcher, from inside a turn
+        return "ok"
+
+    gw = start_gateway(gateways, root, runner=asks_nobody)
+    journal = gw._journal
+    assert journal is not None, "a durable gateway (the default)"
+    full = {"on": False}
+    real_pwrite = os.pwrite
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        if full["on"] and fd == journal._file.fd:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0)) as server:
+        unknown = gw.message_agent(sender="alice", target="nobody", message="x")  # the Dispatcher's admission
+        full["on"] = True
+        fast = gw.message_agent(sender="alice", target="bob", message="disk full")  # journaled on this thread
+        deep = gw.message_agent(sender="alice", target="bob", message="disk full", hop=2)  # by the Dispatcher
+        full["on"] = False
+        for refused in (unknown, fast, deep):
+            assert "delivery_id" not in refused and refused["reason"] == "unknown", refused
+        assert "No space left" in fast["error"] and "No space left" in deep["error"]
+        ok = gw.message_agent(sender="alice", target="bob", message="disk freed")
+        assert gw.wait_outcome(ok["delivery_id"], timeout=30)["status"] == "replied"
+        assert len(asked) == 1 and asked[0]["reason"] == "unknown", asked
+        stats = gw.stats()
+        assert stats["refused"] == 4 and stats["refused_by_reason"] == {"unknown": 4}, stats
+        scraped = samples(get(server.url + "metrics")[2].decode())
+        assert scraped[("hermes_actors_refused_total", (("reason", "unknown"),))] == 4
+        assert scraped[("hermes_actors_accepted_total", ())] == 1

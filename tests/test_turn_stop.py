@@ -23,7 +23,7 @@ from roots import assert_gone, make_root, process_alive, write_fake_cli
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors.cli.serve import waiting_text
+from hermes_actors.cli.serve import stop_text, waiting_text
 from hermes_actors.local.runners import CommandRunner
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 
@@ -277,13 +277,46 @@ def test_serve_on_a_second_ctrl_c_abandons_the_turn_as_ambiguous(
     assert record["reply"] == "" and "may have been delivered — do not resend" in record["error"]
 
 
-@pytest.mark.parametrize(("count", "seconds", "again", "text"), [
-    (2, 30.0, True, "waiting for 2 running turns, up to 30 s; Ctrl-C again to abandon them"),
-    (1, 29.6, True, "waiting for 1 running turn, up to 30 s; Ctrl-C again to abandon it"),
-    (1, 12.0, False, "waiting for 1 running turn, up to 12 s; Ctrl-C to abandon it"),
+def test_serve_on_sigterm_names_it_and_a_second_sigterm_abandons_the_turn(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> None:
+    """Regression (ops review): after a SIGTERM (a service manager's stop) serve said "Ctrl-C again to abandon
+    it". It names the signal received and what a second one does, which it then does."""
+    serve, turn, delivered, _ = start_serve_with_a_relayed_turn(tmp_path, fake_cli, leftovers, procs)
+    serve.proc.send_signal(signal.SIGTERM)
+    serve.await_stderr("waiting for 1 running turn, up to 30 s; a second SIGTERM (or SIGINT, SIGHUP) abandons it")
+    assert "stopping the gateway (SIGTERM received)" in serve.stderr()
+    assert "Ctrl-C" not in serve.stderr()
+    serve.proc.send_signal(signal.SIGTERM)
+    assert serve.wait(timeout=20) == 0  # well before the 30 s grace: the turn is never released
+    assert "abandoned the running turns" in serve.stderr()
+    assert_gone(turn["pid"])
+    assert_gone(turn["child_pid"])
+    record = json.loads(delivered.read_text(encoding="utf-8"))  # the sender's answer, on disk
+    assert record["reply"] == "" and "may have been delivered — do not resend" in record["error"]
+
+
+@pytest.mark.parametrize(("count", "seconds", "received", "text"), [
+    (2, 30.0, signal.SIGINT, "waiting for 2 running turns, up to 30 s; Ctrl-C again to abandon them"),
+    (1, 29.6, signal.SIGINT, "waiting for 1 running turn, up to 30 s; Ctrl-C again to abandon it"),
+    (1, 12.0, None, "waiting for 1 running turn, up to 12 s; Ctrl-C to abandon it"),
+    (2, 30.0, signal.SIGTERM, "waiting for 2 running turns, up to 30 s; a second SIGTERM (or SIGINT, SIGHUP) "
+                              "abandons them"),
+    (1, 30.0, signal.SIGHUP, "waiting for 1 running turn, up to 30 s; a second SIGHUP (or SIGINT, SIGTERM) "
+                             "abandons it"),
 ])
-def test_waiting_text(count: int, seconds: float, again: bool, text: str) -> None:
-    assert waiting_text(count, seconds, again=again) == text
+def test_waiting_text(count: int, seconds: float, received: signal.Signals | None, text: str) -> None:
+    assert waiting_text(count, seconds, received=received) == text
+
+
+@pytest.mark.parametrize(("received", "text"), [
+    (None, "stopping the gateway"),
+    (signal.SIGINT, "stopping the gateway (Ctrl-C)"),
+    (signal.SIGTERM, "stopping the gateway (SIGTERM received)"),
+    (signal.SIGHUP, "stopping the gateway (SIGHUP received)"),
+])
+def test_stop_text_names_the_signal(received: signal.Signals | None, text: str) -> None:
+    assert stop_text(received) == text
 
 
 def test_a_timed_out_turn_is_ended_before_the_bots_next_turn_runs(

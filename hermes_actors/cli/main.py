@@ -327,8 +327,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {os_error_line(exc)}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def os_error_line(exc: OSError) -> str:
+    """Pure: the one line a failed command prints for an OS error, with what to do about it.
+
+    A store error already says it (``store_error``); a bare one (``[Errno 28] No space left on
+    device: '<file>'``) gets the same advice appended.
+
+    Args:
+        exc: the error.
+
+    Returns:
+        The line, without the ``error:`` prefix.
+    """
+    from hermes_actors.store.os_errors import what_to_do
+
+    advice = what_to_do(exc)
+    return str(exc) if advice is None or advice in str(exc) else f"{exc}; {advice}"
 
 
 if __name__ == "__main__":  # pragma: no cover

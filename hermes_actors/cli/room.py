@@ -74,7 +74,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, read_o
     try:
         return _act(act, gw)
     finally:
-        stop_gateway(gw, again=False)
+        stop_gateway(gw, received=None)
 
 
 def _after(entries: list[dict[str, Any]], message_id: str) -> list[dict[str, Any]]:

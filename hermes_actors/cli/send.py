@@ -8,6 +8,7 @@ for its outcome, since a turn it left running would be abandoned.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any
 
@@ -137,7 +138,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             # The stop lets a running turn finish within its grace: its outcome is then known, say it.
             print(f"pending: {exc}; stopping (a running turn gets up to {STOP_GRACE_SECONDS:.0f} s to finish, "
                   "else its outcome is ambiguous)", file=sys.stderr)
-            stop_gateway(gw, again=False)
+            stop_gateway(gw, received=None)
             try:
                 outcome = gw.wait_outcome(ack["delivery_id"], timeout=0)
             except (KeyError, TimeoutError):  # durable and never started: the next host on the root runs it
@@ -151,7 +152,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             raise
         return _print_outcome(outcome, args)
     finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)
-        stop_gateway(gw, again=interrupted)
+        stop_gateway(gw, received=signal.SIGINT if interrupted else None)
 
 
 def _relayed(gw: Any, delivery_id: str) -> bool:

@@ -18,39 +18,65 @@ from hermes_actors.gateway import Gateway
 from hermes_actors.ops.http_config import HttpSettings
 from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
-__all__ = ["RESTART_POLICY", "serve", "stop_gateway", "waiting_text"]
+__all__ = ["RESTART_POLICY", "serve", "stop_gateway", "stop_text", "waiting_text"]
 
 STOP_GRACE_SECONDS = 30.0
 RESTART_POLICY = RestartPolicy(max_restarts=3, within_seconds=60.0)  # failed gateways restarted, then give up
 
 
-def waiting_text(count: int, seconds: float, *, again: bool) -> str:
-    """Pure: what a stopping CLI says while it waits for running turns.
+def waiting_text(count: int, seconds: float, *, received: signal.Signals | None) -> str:
+    """Pure: what a stopping CLI says while it waits for running turns, and what a second stop signal does.
+
+    Any of the :data:`STOP_SIGNALS` abandons the turns meanwhile (:func:`stop_gateway`), whichever one
+    asked the stop: the advice names the one received, so a service manager's SIGTERM is not told to
+    press Ctrl-C "again".
 
     Args:
         count: how many turns are still running.
         seconds: how long they may still take.
-        again: the stop came from a first Ctrl-C (so the next one is "again").
+        received: the signal that asked the stop; None: none did (a wait that ran out, a failed gateway).
 
     Returns:
-        e.g. "waiting for 2 running turns, up to 30 s; Ctrl-C again to abandon them".
+        e.g. "waiting for 2 running turns, up to 30 s; Ctrl-C again to abandon them", or after a SIGTERM
+        "waiting for 1 running turn, up to 30 s; a second SIGTERM (or SIGINT, SIGHUP) abandons it".
     """
     turns, them = (f"{count} running turn", "it") if count == 1 else (f"{count} running turns", "them")
-    return f"waiting for {turns}, up to {seconds:.0f} s; Ctrl-C {'again ' if again else ''}to abandon {them}"
+    waiting = f"waiting for {turns}, up to {seconds:.0f} s"
+    if received is None:
+        return f"{waiting}; Ctrl-C to abandon {them}"
+    if received == signal.SIGINT:
+        return f"{waiting}; Ctrl-C again to abandon {them}"
+    others = ", ".join(sig.name for sig in STOP_SIGNALS if sig != received)
+    return f"{waiting}; a second {received.name} (or {others}) abandons {them}"
+
+
+def stop_text(received: signal.Signals | None) -> str:
+    """Pure: the line ``serve`` prints as it begins to stop, naming the signal that asked it.
+
+    Args:
+        received: the stop signal received; None: the stop was asked otherwise (a failed gateway, ``stop``).
+
+    Returns:
+        e.g. "stopping the gateway (SIGTERM received)", "stopping the gateway (Ctrl-C)".
+    """
+    if received is None:
+        return "stopping the gateway"
+    return f"stopping the gateway ({'Ctrl-C' if received == signal.SIGINT else f'{received.name} received'})"
 
 
 #: The signals that stop ``serve`` cleanly: Ctrl-C, a service manager's stop, and the terminal closing (a hang-up
 #: used to kill it outright, like a ``kill -9``: a reply on its way became "ambiguous, do not resend").
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.Signals.SIGINT, signal.Signals.SIGTERM, signal.Signals.SIGHUP)
 
 
 @contextlib.contextmanager
-def _on_signals(handler: Callable[[], None]) -> Iterator[None]:
-    """Route the :data:`STOP_SIGNALS` to ``handler`` meanwhile (only the main thread can install handlers)."""
+def _on_signals(handler: Callable[[signal.Signals], None]) -> Iterator[None]:
+    """Route the :data:`STOP_SIGNALS` to ``handler`` (called with the signal) meanwhile (only the main thread
+    can install handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = {sig: signal.signal(sig, lambda *_: handler()) for sig in STOP_SIGNALS}
+    saved = {sig: signal.signal(sig, lambda signum, _frame: handler(signal.Signals(signum))) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -77,16 +103,17 @@ def _stop_signals_to_this_thread() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def stop_gateway(gw: Gateway, *, again: bool, out: TextIO | None = None,
+def stop_gateway(gw: Gateway, *, received: signal.Signals | None, out: TextIO | None = None,
                  timeout: float = STOP_GRACE_SECONDS) -> None:
-    """Stop ``gw``, saying what it waits for; a Ctrl-C (or SIGTERM) meanwhile abandons running turns.
+    """Stop ``gw``, saying what it waits for; a stop signal (Ctrl-C, SIGTERM, SIGHUP) meanwhile abandons
+    running turns.
 
     Abandoned turns (and those still running after ``timeout``) end with an
     ``ambiguous`` outcome and their processes are ended.
 
     Args:
         gw: the running gateway.
-        again: the stop came from a Ctrl-C (the message then says "Ctrl-C again").
+        received: the stop signal that asked this stop, named in the advice (:func:`waiting_text`); None: none.
         out: where the messages go (stderr when None).
         timeout: seconds running turns get to finish.
     """
@@ -94,9 +121,9 @@ def stop_gateway(gw: Gateway, *, again: bool, out: TextIO | None = None,
     abandon = threading.Event()
 
     def on_wait(count: int, seconds: float) -> None:
-        print(waiting_text(count, seconds, again=again), file=stream, flush=True)
+        print(waiting_text(count, seconds, received=received), file=stream, flush=True)
 
-    with _on_signals(abandon.set):
+    with _on_signals(lambda _sig: abandon.set()):
         gw.stop(timeout, abandon=abandon, on_wait=on_wait)
     if abandon.is_set():
         print("abandoned the running turns: their outcome is ambiguous", file=stream, flush=True)
@@ -155,10 +182,10 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
         failures.append(f"its dispatcher failed ({error!r})")
         stop.set()
 
-    requested = threading.Event()  # a signal, as opposed to the wake-up of a failure
+    received: list[signal.Signals] = []  # the stop signal, as opposed to the wake-up of a failure
 
-    def on_signal() -> None:
-        requested.set()
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig)
         stop.set()
 
     gw = Gateway(root, runner=runner, config=config, connection_id=connection_id, serve_submit=True,
@@ -200,16 +227,16 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
             if on_ready is not None:
                 on_ready(endpoint)
             stop.wait()
-        if failures and not requested.is_set():
+        if failures and not received:
             stop.clear()
         else:
             failures.clear()
-        print("stopping the gateway", file=sys.stderr, flush=True)
+        print(stop_text(received[0] if received else None), file=sys.stderr, flush=True)
     finally:
         # The gateway first: it takes no DM from the moment the stop is asked (the endpoint's clients, which
         # may be idle or slow, used to be waited for first, with the signals back to their defaults)
         try:
-            stop_gateway(gw, again=True)
+            stop_gateway(gw, received=received[0] if received else None)
         finally:
             if endpoint is not None:
                 endpoint.close()

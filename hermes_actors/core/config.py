@@ -9,15 +9,17 @@ table in ``docs/operations.md`` (:func:`docs_table`) are all derived from
 those fields.
 
 Loading never crashes the gateway: a missing, unreadable, malformed, huge or
-symlinked file is logged and treated as empty, a bad value falls back to its
-default with a warning naming key and value, and an unknown key inside one of
-our sections gets one warning naming the closest known key.
+symlinked file is logged and treated as empty, a bad value (not a number, or outside
+the range declared beside its key) falls back to its default with a warning naming
+the file (absolute), the key, the value and the range, and an unknown key inside one
+of our sections gets one warning naming the closest known key.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,12 +45,18 @@ __all__ = [
     "load_config",
     "load_yaml_file",
     "parse_config",
+    "source_of",
     "unknown_key_text",
     "unknown_keys",
 ]
 
 
 # ── the declaration ─────────────────────────────────────────────────────────
+
+# The sane ranges' upper ends: past them a value is a typo or absurd (a wait of 1e300 s), refused like a
+# negative one (its default is used, with a warning naming the range).
+DAY = 86_400.0
+WEEK = 7 * DAY
 
 
 @dataclass(frozen=True)
@@ -58,13 +66,14 @@ class RedisConfig:
     transport: str = setting("file", "`redis://…` / `rediss://…` / `redis` (`REDIS_URL`): the Redis Streams "
                                      "transport (see \"Multi-machine with Redis\")")
     redis_claim_idle_seconds: float = setting(60.0, "a dead consumer's un-acked entries are reclaimed after this",
-                                              at_least=0.01)
+                                              at_least=0.01, at_most=DAY)
     redis_max_stream_len: int = setting(100_000, "backlog bound per target connection (see \"Slow consumers\")",
-                                        at_least=1)
-    redis_heartbeat_seconds: float = setting(5.0, "heartbeat period; the key expires after 3×", at_least=0.05)
+                                        at_least=1, at_most=100_000_000)
+    redis_heartbeat_seconds: float = setting(5.0, "heartbeat period; the key expires after 3×", at_least=0.05,
+                                             at_most=3600)
     redis_prefix: str = setting("hermes:bot", "key prefix (several teams on one Redis)")
     redis_block_ms: int = setting(200, "how long one blocking stream read waits for new entries (milliseconds)",
-                                  at_least=1)
+                                  at_least=1, at_most=60_000)
     connection_label: str = setting("", "how senders see this machine (\"@scout on Mini\")", max_chars=80)
     connection_id: str = setting("", "this gateway's connection id on Redis when none is given "
                                      "(`--connection-id`, `Gateway(connection_id=...)`)", max_chars=64)
@@ -76,21 +85,23 @@ class BotModeConfig:
 
     turn_wait_seconds: float = setting(
         120.0, "how long a queued DM waits for its turn (and for another process's lock) before `target_busy`",
-        at_least=0)
+        at_least=0, at_most=WEEK)
     envelope_ttl_seconds: float = setting(
         900.0, "relay envelopes older than this are never delivered late; whole seconds, `int()`-ed as the seed "
-               "does (≤ 0 disables, and so does 0.5)")
+               "does (≤ 0 disables, and so does 0.5)", at_most=WEEK)
     reply_wait_seconds: float = setting(
-        900.0, "how long the sender waits for a relay reply before `delivery_timeout`", at_least=0)
-    max_hops: int = setting(8, "conversation depth limit (`loop_guard`)", at_least=1)
+        900.0, "how long the sender waits for a relay reply before `delivery_timeout`", at_least=0, at_most=WEEK)
+    max_hops: int = setting(8, "conversation depth limit (`loop_guard`)", at_least=1, at_most=10_000)
     max_pair_rate: int = setting(
-        30, "DMs per minute between one pair from inside turns (`loop_guard`; 0 disables)", at_least=0)
+        30, "DMs per minute between one pair from inside turns (`loop_guard`; 0 disables)", at_least=0,
+        at_most=1_000_000)
     max_queued: int = setting(
         256, "DMs waiting for one profile; past it a new DM is refused in its ack, `target_busy` (NOT delivered)",
-        at_least=1)
+        at_least=1, at_most=1_000_000)
     max_notify_backlog: int = setting(
         100_000, "notifications allowed to wait behind slow `subscribe` callbacks; beyond it the oldest are "
-                 "skipped (logged, counted) — outcomes stay available through `wait_outcome`", at_least=1)
+                 "skipped (logged, counted) — outcomes stay available through `wait_outcome`", at_least=1,
+        at_most=100_000_000)
     turn_timeout_seconds: float = setting(
         600.0, "a turn still running after this is reported `delivery_timeout` (\"do not resend blindly\") and "
                "the profile serves the next DM; a turn process (the command and hermes CLI runners) is ended then "
@@ -101,9 +112,11 @@ class BotModeConfig:
                "ended, is reported `ambiguous` (\"may have been delivered — do not resend\", its mailbox record "
                "too), and no DM of that bot is handed over or run until the owner's turn returns (a ProfileActor "
                "crash restart included): the ones queued wait their `turn_wait_seconds`, then fail `target_busy`; "
-               "a stop does not wait for a turn that timed out", above=0)
-    idle_stop_seconds: float = setting(60.0, "an idle ProfileActor stops after this long (0: never)", at_least=0)
-    rescan_seconds: float = setting(2.0, "the relay's reconcile rescan and the roster's change check", above=0)
+               "a stop does not wait for a turn that timed out", above=0, at_most=WEEK)
+    idle_stop_seconds: float = setting(60.0, "an idle ProfileActor stops after this long (0: never)", at_least=0,
+                                       at_most=WEEK)
+    rescan_seconds: float = setting(2.0, "the relay's reconcile rescan and the roster's change check",
+                                    at_least=0.05, at_most=3600)
     wake_sender: str = setting(
         "auto", "deliver each outcome into the sender's Bot Chat as a new turn: `auto` (on when turns run on the "
                 "real Hermes), `true` or `false` (for embedders that consume outcomes themselves)",
@@ -170,27 +183,38 @@ DEFAULTS: dict[str, Any] = {"bot_mode": {s.key: s.default for s in CORE_SETTINGS
 
 # ── coercion ────────────────────────────────────────────────────────────────
 
+#: Where a key was written, given its ``section.key`` (or a section's name): a file's absolute path, or
+#: ``config override``; each problem line starts with it.
+Source = Callable[[str], str]
 
-def _section(cfg: dict[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
+
+def _no_source(key: str) -> str:
+    """The source of a dict that came from no file (``BotModeConfig.from_dict``)."""
+    return "config"
+
+
+def _section(cfg: dict[str, Any], name: str, problems: list[str], source: Source) -> dict[str, Any]:
     section = cfg.get(name)
     if section is None:
         return {}
     if not isinstance(section, dict):
-        problems.append(f"config {name} is a {type(section).__name__}, not a mapping; using defaults")
+        problems.append(f"{source(name)}: {name} is a {type(section).__name__}, not a mapping; using defaults")
         return {}
     return section
 
 
-def _coerce_all(specs: tuple[Setting, ...], section: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+def _coerce_all(
+    specs: tuple[Setting, ...], section: dict[str, Any], problems: list[str], source: Source
+) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for spec in specs:
         values[spec.key], problem = coerce(spec, section.get(spec.key, spec.default))
         if problem is not None:
-            problems.append(problem)
+            problems.append(f"{source(spec.path)}: {problem}")
     return values
 
 
-def _peer_names(raw: Any, problems: list[str]) -> tuple[str, ...]:
+def _peer_names(raw: Any, problems: list[str], where: str) -> tuple[str, ...]:
     """Valid, lowercased, de-duplicated peer names from ``bot_peers`` (a mapping, names, or dicts with ``name``)."""
     if raw is None:
         return ()
@@ -199,49 +223,74 @@ def _peer_names(raw: Any, problems: list[str]) -> tuple[str, ...]:
     elif isinstance(raw, list):
         candidates = [item.get("name") if isinstance(item, dict) else item for item in raw]
     else:
-        problems.append(f"config bot_peers is a {type(raw).__name__}, not a mapping or list; ignoring it")
+        problems.append(f"{where}: bot_peers is a {type(raw).__name__}, not a mapping or list; ignoring it")
         return ()
     names: list[str] = []
     for candidate in candidates:
         name = candidate.strip().lower() if isinstance(candidate, str) else ""
         if not PEER_NAME_RE.match(name):
-            problems.append(f"config bot_peers entry {candidate!r} is not a valid peer name; skipping it")
+            problems.append(f"{where}: bot_peers entry {candidate!r} is not a valid peer name; skipping it")
             continue
         if name not in names:
             names.append(name)
     return tuple(names)
 
 
-def parse_redis_config(cfg: dict[str, Any]) -> tuple[RedisConfig, list[str]]:
+def parse_redis_config(cfg: dict[str, Any], source: Source = _no_source) -> tuple[RedisConfig, list[str]]:
     """Pure: the transport settings of a ``config.yaml``-shaped dict and the problems found.
 
     Args:
         cfg: the config (any value; a non-dict counts as empty).
+        source: where each key was written (see :data:`Source`).
 
     Returns:
         The settings (bad values replaced by defaults) and one line per problem.
     """
     problems: list[str] = []
-    section = _section(cfg if isinstance(cfg, dict) else {}, "bot_mode", problems)
-    return RedisConfig(**_coerce_all(REDIS_SETTINGS, section, problems)), problems
+    section = _section(cfg if isinstance(cfg, dict) else {}, "bot_mode", problems, source)
+    return RedisConfig(**_coerce_all(REDIS_SETTINGS, section, problems, source)), problems
 
 
-def parse_config(cfg: dict[str, Any]) -> tuple[BotModeConfig, list[str]]:
+def parse_config(cfg: dict[str, Any], source: Source = _no_source) -> tuple[BotModeConfig, list[str]]:
     """Pure: the typed config of a ``config.yaml``-shaped dict and the problems found (not logged).
 
     Args:
         cfg: the (merged) config; missing keys take their defaults; a non-dict counts as empty.
+        source: where each key was written (see :data:`Source`); :func:`load_config` names the file.
 
     Returns:
-        The config (bad values replaced by defaults) and one line per problem, each naming key and value.
+        The config (bad values replaced by defaults) and one line per problem, each naming where it was
+        written, the key, the value and (out of range) the accepted range.
     """
     cfg = cfg if isinstance(cfg, dict) else {}
     problems: list[str] = []
-    section = _section(cfg, "bot_mode", problems)
-    values = _coerce_all(CORE_SETTINGS, section, problems)
-    redis = RedisConfig(**_coerce_all(REDIS_SETTINGS, section, problems))
-    peers = _peer_names(cfg.get(PEERS_SECTION), problems)
+    section = _section(cfg, "bot_mode", problems, source)
+    values = _coerce_all(CORE_SETTINGS, section, problems, source)
+    redis = RedisConfig(**_coerce_all(REDIS_SETTINGS, section, problems, source))
+    peers = _peer_names(cfg.get(PEERS_SECTION), problems, source(PEERS_SECTION))
     return BotModeConfig(**values, peers=peers, redis=redis, raw=copy.deepcopy(cfg)), problems
+
+
+def source_of(path: Path, overrides: dict[str, Any] | None) -> Source:
+    """Pure: where a key of the merged config was written: the ``overrides`` when they hold it, else ``path``.
+
+    Args:
+        path: the config file (named absolute).
+        overrides: the ``config.yaml``-shaped overrides (``Gateway(config=...)``), or None.
+
+    Returns:
+        A :data:`Source` for :func:`parse_config`.
+    """
+    file = str(Path(path).absolute())
+
+    def source(key: str) -> str:
+        section, _, name = key.partition(".")
+        block = overrides.get(section) if isinstance(overrides, dict) else None
+        if block is not None and (not name or (isinstance(block, dict) and name in block)):
+            return "config override"
+        return file
+
+    return source
 
 
 # ── unknown keys ────────────────────────────────────────────────────────────
@@ -310,14 +359,14 @@ def load_config(root: Path, overrides: dict[str, Any] | None = None) -> BotModeC
     Returns:
         The typed config.
     """
-    path = Path(root) / "config.yaml"
+    path = Path(root).absolute() / "config.yaml"  # every warning names it in full
     from_file, file_problem = read_yaml_mapping(path)
     problems = [unknown_key_text(str(path), key, hint) for key, hint in unknown_keys(from_file)]
     problems += [unknown_key_text("config override", key, hint) for key, hint in unknown_keys(overrides)]
     merged = deep_merge(DEFAULTS, from_file)
     if overrides:
         merged = deep_merge(merged, overrides)
-    config, value_problems = parse_config(merged)
+    config, value_problems = parse_config(merged, source_of(path, overrides))
     # The CLI, the gateway and the roster each load config.yaml: one bad key gives one warning. The file's
     # own problem is keyed by its path alone, as every reader of the file (load_yaml_file) reports it.
     warn_once(str(path), [file_problem] if file_problem else [])

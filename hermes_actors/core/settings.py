@@ -29,6 +29,7 @@ class _Spec:
     doc: str
     minimum: float | None
     inclusive: bool
+    maximum: float | None
     max_chars: int | None
     choice: Callable[[Any], str | None] | None
 
@@ -39,6 +40,7 @@ def setting(
     *,
     at_least: float | None = None,
     above: float | None = None,
+    at_most: float | None = None,
     max_chars: int | None = None,
     choice: Callable[[Any], str | None] | None = None,
 ) -> Any:
@@ -49,6 +51,8 @@ def setting(
         doc: one line for the docs table (say what ``0`` or ``≤ 0`` means when it disables something).
         at_least: the smallest accepted number (inclusive).
         above: numbers must be greater than this (exclusive).
+        at_most: the largest accepted number (inclusive): past it a value is absurd (a wait of 1e300
+            seconds, a queue of 10**12), refused like one below the minimum.
         max_chars: text longer than this is cut, with a warning.
         choice: for text with a fixed set of values: maps a raw value (bools included) to its canonical
             text, or None when it is not one of them (then the default is used, with a warning).
@@ -62,7 +66,8 @@ def setting(
     if at_least is not None and above is not None:
         raise ValueError("give at_least or above, not both")
     minimum = at_least if above is None else above
-    spec = _Spec(doc=doc, minimum=minimum, inclusive=above is None, max_chars=max_chars, choice=choice)
+    spec = _Spec(doc=doc, minimum=minimum, inclusive=above is None, maximum=at_most, max_chars=max_chars,
+                 choice=choice)
     return field(default=default, metadata={_SPEC: spec})
 
 
@@ -79,6 +84,7 @@ class Setting:
     max_chars: int | None
     doc: str
     choice: Callable[[Any], str | None] | None = None
+    maximum: float | None = None
 
     @property
     def path(self) -> str:
@@ -93,9 +99,21 @@ class Setting:
         base = {"float": "number", "int": "integer", "text": "text"}[self.kind]
         if self.max_chars is not None:
             return f"{base} (≤ {self.max_chars} characters)"
-        if self.minimum is None:
-            return base
-        return f"{base} {'≥' if self.inclusive else '>'} {self.minimum:g}"
+        bounds = self.range_text
+        return f"{base} {bounds}" if bounds else base
+
+    @property
+    def range_text(self) -> str:
+        """The accepted range of a number in words, e.g. ``≥ 0.05, ≤ 3600`` (empty: unbounded)."""
+        parts = [] if self.minimum is None else [f"{'≥' if self.inclusive else '>'} {_bound_text(self.minimum)}"]
+        parts += [] if self.maximum is None else [f"≤ {_bound_text(self.maximum)}"]
+        return ", ".join(parts)
+
+
+def _bound_text(bound: float) -> str:
+    """A bound as the docs and warnings show it: whole numbers in full (``604800``, not ``604800.0`` or
+    ``6.048e+05``), others as ``%g`` (``0.05``)."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def settings_of(cls: type, section: str) -> tuple[Setting, ...]:
@@ -120,7 +138,7 @@ def settings_of(cls: type, section: str) -> tuple[Setting, ...]:
         if kind is None or f.default is MISSING:
             raise TypeError(f"setting {cls.__name__}.{f.name}: annotate float, int or str and give a default")
         out.append(Setting(section, f.name, kind, f.default, spec.minimum, spec.inclusive, spec.max_chars, spec.doc,
-                           spec.choice))
+                           spec.choice, spec.maximum))
     return tuple(out)
 
 
@@ -148,30 +166,33 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
 
     Returns:
         ``(value, None)``, or ``(default or cut text, problem)`` where ``problem``
-        is one line naming the key and the value.
+        is one line naming the key and the value (and, for a number out of range, the range);
+        whoever read the value puts where it was written in front (``parse_config``).
     """
     default = spec.default
     if spec.choice is not None:
         picked = spec.choice(value) if value is not None else str(default)
         if picked is None:
-            return default, f"config {spec.path}={value!r} is not one of the accepted values; using {default!r}"
+            return default, f"{spec.path}={value!r} is not one of the accepted values; using {default!r}"
         return picked, None
     if spec.kind == "text":
         if value is None:
             return default, None
         if isinstance(value, bool) or not isinstance(value, str | int | float):
-            return default, f"config {spec.path}={value!r} is not valid text; using default {default!r}"
+            return default, f"{spec.path}={value!r} is not valid text; using default {default!r}"
         text = str(value).strip() or str(default)
         if spec.max_chars is not None and len(text) > spec.max_chars:
-            return text[:spec.max_chars], f"config {spec.path} is longer than {spec.max_chars} characters; cut"
+            return text[:spec.max_chars], f"{spec.path} is longer than {spec.max_chars} characters; cut"
         return text, None
     number = _to_number(value, spec.kind)
-    if number is None:
-        return default, f"config {spec.path}={value!r} is not a valid {spec.kind}; using default {default}"
-    minimum = spec.minimum
-    if minimum is not None and (number < minimum or (not spec.inclusive and number == minimum)):
-        bound = ">=" if spec.inclusive else ">"
-        return default, f"config {spec.path}={value!r} must be {bound} {minimum:g}; using default {default}"
+    if number is None:  # inf and NaN too: never a sane wait or count
+        must = f" (it must be {spec.range_text})" if spec.range_text else ""
+        return default, f"{spec.path}={value!r} is not a valid {spec.kind}{must}; using default {default}"
+    minimum, maximum = spec.minimum, spec.maximum
+    too_low = minimum is not None and (number < minimum or (not spec.inclusive and number == minimum))
+    if too_low or (maximum is not None and number > maximum):
+        return default, (f"{spec.path}={value!r} is out of range (it must be {spec.range_text}); "
+                         f"using default {default}")
     return number, None
 
 

@@ -17,6 +17,7 @@ from hermes_actors.core import outcomes, reasons
 from hermes_actors.core.acks import resolve_ack
 from hermes_actors.core.names import profile_key
 from hermes_actors.errors import TurnFailed
+from hermes_actors.local.sending import counted
 from hermes_actors.local.turns import turn_for
 from hermes_actors.messages import Delivery, ProfileInfo, SendRequest, Turn
 
@@ -50,7 +51,7 @@ def asking_turn(
     def send(target: str, message: str) -> dict[str, Any]:
         request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1, session=delivery.session)
         try:
-            return resolve_ack(ask(dispatcher, request, timeout=30), timeout=30)
+            return counted(dispatcher, resolve_ack(ask(dispatcher, request, timeout=30), timeout=30))
         except ActorGone as exc:  # a Turn kept past its gateway's stop: the Gateway's own error
             raise RuntimeError("gateway is not running") from exc
 

@@ -26,6 +26,7 @@ never to the journal or the DM subscribers.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -74,6 +75,7 @@ from hermes_actors.messages import (
     ProfileIdle,
     ProfileInfo,
     Recover,
+    RefusalAnswered,
     RelayAccepted,
     RelayDeliver,
     RelayedOutcome,
@@ -137,6 +139,7 @@ class DispatcherActor(SupervisorActor):
         gauge = caller_admission.gauge if caller_admission is not None else None  # shared with the senders
         self.admission = Admission(gauge)
         self.counters = {"accepted": 0, "refused": 0, "settled": 0, "profile_starts": 0}
+        self.refused_by_reason: Counter[str] = Counter()  # the refusals of "refused", by reason
         self.profiles = ProfileTable(self, self.deps, self.counters)
         self.restart_waiters = RestartWaiters(self)
         self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes,
@@ -204,13 +207,18 @@ class DispatcherActor(SupervisorActor):
         admitted = self.admission.admit(
             self.snapshot, msg, max_hops=config.max_hops, max_pair_rate=config.max_pair_rate, wake=self.waker.enabled
         )
-        if isinstance(admitted, Refusal):
-            self.counters["refused"] += 1
+        if isinstance(admitted, Refusal):  # counted when its sender's thread returns it (RefusalAnswered)
             return admitted.as_dict()
         route, delivery = admitted
         if isinstance(route, LocalRoute):
             return self.intake.accept(route, delivery)
         return self.remote.send(route, delivery)
+
+    @handles(RefusalAnswered)
+    def _on_refusal_answered(self, msg: RefusalAnswered) -> None:
+        """A sender was answered a refusal (whichever step made it): count it, once, by reason."""
+        self.counters["refused"] += 1
+        self.refused_by_reason[msg.reason] += 1
 
     @handles(AcceptLocal)
     def _on_accept_local(self, msg: AcceptLocal) -> None:
@@ -372,6 +380,7 @@ class DispatcherActor(SupervisorActor):
         pending = self.book.pending()
         return {
             **self.counters,
+            "refused_by_reason": dict(sorted(self.refused_by_reason.items())),
             "pending": len(pending) - self.waker.pending_wakes(pending),
             "active_profiles": self.profiles.active(),
             "deliveries": self.stats.view(pending, self.profiles.owners),

@@ -21,10 +21,10 @@ from hermes_actors.core.acks import accepted_record, ack_payload, journal_refusa
 from hermes_actors.errors import StoreError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.admission import CallerAdmission
-from hermes_actors.messages import AcceptLocal, AwaitOutcome, SendRequest
+from hermes_actors.messages import AcceptLocal, AwaitOutcome, RefusalAnswered, SendRequest
 from hermes_actors.store.journal import Journal
 
-__all__ = ["outcome_future", "send_dm"]
+__all__ = ["counted", "outcome_future", "send_dm"]
 
 
 def send_dm(
@@ -54,7 +54,7 @@ def send_dm(
     """
     planned = admission.plan_local(request) if admission is not None else None
     if planned is None:
-        return resolve_ack(ask(dispatcher, request, timeout=timeout), timeout=timeout)
+        return counted(dispatcher, resolve_ack(ask(dispatcher, request, timeout=timeout), timeout=timeout))
     route, delivery = planned
     assert admission is not None  # it planned the DM
     ack = ack_payload(delivery.delivery_id, delivery.label, now=delivery.accepted_at)  # the route's label, built once
@@ -67,7 +67,7 @@ def send_dm(
             admission.withdraw(delivery.delivery_id)  # nothing was acked: its place in the queue is free
             if not journal.running:
                 raise ActorGone("the delivery journal stopped: the gateway is stopping") from exc
-            return journal_refusal(exc)
+            return counted(dispatcher, journal_refusal(exc))
         crashpoint("after-journal-before-ack")
     told = tell(dispatcher, accept)
     if not told and journal is None:
@@ -89,6 +89,26 @@ def _interrupted(
         tell(dispatcher, accept)
     else:
         admission.withdraw(accept.delivery.delivery_id)
+
+
+def counted(dispatcher: pykka.ActorRef[Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """Have the Dispatcher count ``answer`` when it is a refusal; every answer to a DM's sender passes here.
+
+    The one place refusals are counted: some are made on the sender's thread (a journal that
+    could not record a first-hop DM, an ack not confirmed in time) or after the Dispatcher
+    answered (a journal commit that failed, the relay's refusal), where the Dispatcher never
+    sees them. Told before the answer is returned, so a ``stats()`` asked afterwards counts it.
+
+    Args:
+        dispatcher: the DispatcherActor (gone: the refusal is not counted, as no stats can be asked).
+        answer: the ack or refusal (``error``, ``reason``) about to be returned to the caller.
+
+    Returns:
+        ``answer``, unchanged.
+    """
+    if "error" in answer:
+        tell(dispatcher, RefusalAnswered(str(answer.get("reason") or "unknown")))
+    return answer
 
 
 def outcome_future(dispatcher: pykka.ActorRef[Any], delivery_id: str) -> pykka.ThreadingFuture[dict[str, Any]]:

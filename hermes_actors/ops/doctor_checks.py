@@ -205,7 +205,7 @@ def check_config_keys(path: Path, raw: dict[str, Any], problem: str | None) -> C
     if problem:
         return Check("config keys", WARN, problem, f"fix {path} (the defaults are used meanwhile)")
     unknown = unknown_keys(raw)
-    _config, bad = parse_config(raw)  # the bad values a host warns of and replaces by defaults
+    _config, bad = parse_config(raw, lambda _key: str(path))  # the bad values a host warns of, defaults used
     if unknown or bad:
         parts = [f"unknown {key} (did you mean {hint}?)" if hint else f"unknown {key}" for key, hint in unknown]
         fixes = [f"rename {key} to {hint}" if hint else f"remove {key}" for key, hint in unknown]

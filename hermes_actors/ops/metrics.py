@@ -5,7 +5,7 @@ Two kinds of metric:
 * counted as events arrive (``Gateway.subscribe(details=True, rooms=True)``): deliveries by
   status and reason, the acceptance-to-outcome latency histogram, and the
   messages posted in group rooms (``kind: "room"`` events, never counted as deliveries);
-* read at each scrape from the gateway: accepted/refused/settled, pending, the
+* read at each scrape from the gateway: accepted/refused (by reason)/settled, pending, the
   per-profile in-flight and queued gauges, the relay's and the journal's counters,
   the rooms by state.
 
@@ -34,7 +34,7 @@ METRIC_NAMES = {  # name → help (docs/operations.md lists these; tests check e
     "hermes_actors_delivery_latency_seconds": "Seconds from a delivery's acceptance to its outcome.",
     "hermes_actors_up": "1 while the gateway runs.",
     "hermes_actors_accepted_total": "DMs accepted (local, relay and peer).",
-    "hermes_actors_refused_total": "DMs refused at send time.",
+    "hermes_actors_refused_total": "DMs refused at send time (each refusal answered to a sender), by reason.",
     "hermes_actors_settled_total": "Deliveries that reached their final outcome.",
     "hermes_actors_pending": "Accepted deliveries without an outcome yet (queued or running).",
     "hermes_actors_in_flight": "Deliveries in flight to each local profile (running or queued).",
@@ -173,8 +173,9 @@ class _GatewayCollector:
 
 
 def _counters(stats: Mapping[str, Any]) -> Iterator[Metric]:
-    for key, name in (("accepted", "hermes_actors_accepted_total"), ("refused", "hermes_actors_refused_total"),
-                      ("settled", "hermes_actors_settled_total"),
+    if "refused" in stats:
+        yield _refused(stats.get("refused_by_reason") or {})
+    for key, name in (("accepted", "hermes_actors_accepted_total"), ("settled", "hermes_actors_settled_total"),
                       ("journal_records", "hermes_actors_journal_records_total"),
                       ("journal_fsyncs", "hermes_actors_journal_fsyncs_total"),
                       ("subscriber_errors", "hermes_actors_subscriber_errors_total")):
@@ -182,6 +183,16 @@ def _counters(stats: Mapping[str, Any]) -> Iterator[Metric]:
             yield CounterMetricFamily(name, METRIC_NAMES[name], value=stats[key])
     if "pending" in stats:
         yield GaugeMetricFamily("hermes_actors_pending", METRIC_NAMES["hermes_actors_pending"], value=stats["pending"])
+
+
+def _refused(by_reason: Mapping[str, Any]) -> Metric:
+    """The refusals answered to senders, one sample per reason (their sum is ``stats()["refused"]``)."""
+    refused = CounterMetricFamily("hermes_actors_refused_total", METRIC_NAMES["hermes_actors_refused_total"],
+                                  labels=["reason"])
+    for reason, count in sorted(by_reason.items()):
+        if _count(count) is not None:
+            refused.add_metric([str(reason) or "none"], count)
+    return refused
 
 
 def _relay(alive: bool, relay: Mapping[str, Any]) -> Iterator[Metric]:

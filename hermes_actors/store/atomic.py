@@ -170,10 +170,10 @@ def atomic_write_bytes(
             with _target_dir(target, within) as target_fd:
                 os.replace(tmp, target if target_fd is None else target.name, src_dir_fd=dir_fd, dst_dir_fd=target_fd)
         except OSError as exc:
-            discard(tmp, dir_fd)
+            discard(tmp, dir_fd, tmp_dir)
             raise store_error("write", target, exc) from exc
         except BaseException:
-            discard(tmp, dir_fd)
+            discard(tmp, dir_fd, tmp_dir)
             raise
 
 
@@ -219,5 +219,5 @@ def create_exclusive_json(
         except OSError as exc:
             raise store_error("create", target, exc) from exc
         finally:
-            discard(tmp, dir_fd)
+            discard(tmp, dir_fd, tmp_dir)
     return True

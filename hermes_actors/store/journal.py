@@ -70,6 +70,7 @@ from hermes_actors.store.journal_batch import BatchListener, CommitBatch, Durabl
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import JournalFolded, encode_record
 from hermes_actors.store.journal_state import JournalState
+from hermes_actors.store.os_errors import store_error
 from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = ["Journal", "StartRecorder"]
@@ -142,6 +143,10 @@ class Journal:
             self._writing = True
         try:
             adopted = self._adopt()
+        except OSError as exc:  # writing the adopted records to our file: a full disk names no file by itself
+            if isinstance(exc, StoreError):
+                raise
+            raise store_error("write the adopted journals into", self.path, exc) from exc
         finally:
             with self._cond:
                 self._writing = False

@@ -34,6 +34,7 @@ from pathlib import Path
 from loguru import logger
 
 from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.store.os_errors import store_error
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below
 
@@ -86,11 +87,10 @@ class JournalFile:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(fresh, self.path.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         except (OSError, HostileFileError) as exc:
-            self._unlink(fresh)
+            with contextlib.suppress(OSError):  # a read-only disk refuses this too: the first error is the one
+                self._unlink(fresh)
             self._close_dir()
-            why = exc.strerror if isinstance(exc, OSError) else str(exc)
-            code = getattr(exc, "errno", 0) or 0
-            raise StoreError(code, f"cannot open the delivery journal {self.path}: {why}") from exc
+            raise store_error("open the delivery journal", self.path, exc) from exc
 
     def _open_dir(self, *, create: bool) -> int:
         """Open our directory without following a symlink (from ``within`` down, when given); its descriptor.

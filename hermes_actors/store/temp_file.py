@@ -21,7 +21,7 @@ from pathlib import Path
 from loguru import logger
 
 from hermes_actors.errors import HostileFileError
-from hermes_actors.store.os_errors import os_error_text, store_error
+from hermes_actors.store.os_errors import os_error_text, store_error, what_to_do
 from hermes_actors.store.relay_dirfd import open_dir_below
 
 __all__ = ["FILE_MODE", "discard", "staged"]
@@ -104,13 +104,14 @@ def _open_temp_dir(tmp_dir: Path, within: Path | None = None) -> int:
     return fd
 
 
-def _write_temp(target: Path, data: bytes, *, dir_fd: int, fsync: bool, mode: int = FILE_MODE) -> str:
+def _write_temp(target: Path, data: bytes, *, dir_fd: int, tmp_dir: Path, fsync: bool, mode: int = FILE_MODE) -> str:
     """Write ``data`` to a fresh temp file for ``target``.
 
     Args:
         target: the file the temp will become (only its name is used).
         data: the bytes to write.
         dir_fd: the open temp directory (same filesystem as ``target``).
+        tmp_dir: its path (for messages).
         fsync: flush the file to stable storage before returning.
         mode: the temp's permission bits (exactly these: the umask does not apply).
 
@@ -134,24 +135,27 @@ def _write_temp(target: Path, data: bytes, *, dir_fd: int, fsync: bool, mode: in
         finally:
             os.close(fd)
     except BaseException:
-        discard(name, dir_fd)
+        discard(name, dir_fd, tmp_dir)
         raise
     return name
 
 
-def discard(name: str, dir_fd: int) -> None:
+def discard(name: str, dir_fd: int, tmp_dir: Path) -> None:
     """Remove the temp file ``name`` of ``dir_fd`` if it exists; never raises.
 
     Args:
         name: a temp file to clean up.
         dir_fd: its directory.
+        tmp_dir: that directory's path, to name the file in the warning (the name alone is relative).
     """
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
     except OSError as exc:
-        logger.warning("could not remove temp file {}: {}", name, os_error_text(exc))
+        advice = what_to_do(exc)
+        logger.warning("could not remove temp file {}: {}{}; remove it by hand once the disk is fixed",
+                       Path(tmp_dir).absolute() / name, os_error_text(exc), f" ({advice})" if advice else "")
 
 
 @contextmanager
@@ -185,7 +189,7 @@ def staged(
         raise store_error(verb, target, exc) from exc
     try:
         try:
-            tmp = _write_temp(target, data, dir_fd=dir_fd, fsync=fsync, mode=mode)
+            tmp = _write_temp(target, data, dir_fd=dir_fd, tmp_dir=tmp_dir, fsync=fsync, mode=mode)
         except OSError as exc:
             raise store_error(verb, target, exc) from exc
         yield tmp, dir_fd
