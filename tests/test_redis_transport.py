@@ -617,6 +617,38 @@ def test_a_replies_key_of_another_type_stops_neither_the_inbox_nor_the_roster(
     assert len(logs.matching("holds a value that is not a stream")) == 1, "logged once, not at each read"
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_reply_owed_to_a_replies_key_of_another_type_survives_the_targets_restart(
+    tmp_path: Path, redis_server: RedisServer, durable: bool
+) -> None:
+    """Regression (review): with the sender's ``replies:<sender>`` a string, the target's MULTI ran on past the
+    failed XADD (the entry acked, ``done`` set) and the reply was kept in memory only: a restart of the target lost
+    it, and the DM, which ran, never got its reply. Now it is kept in the envelope's start mark, the key is named in
+    one WARNING saying to delete it, and the reply is written once the key is a stream again, after a restart too."""
+    client = redis_server.client()
+    replies = KEYS.replies("alpha")
+    warning = (f"{replies} holds a value that is not a stream", "cannot be written", f"redis-cli DEL {replies}")
+    started = tmp_path / "mini" / "bot_relay" / "started"
+    rec = RecordingRunner()
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "alpha", redis_server, durable=durable) as alpha:
+        with gateway(tmp_path, "mini", redis_server, rec, durable=durable):
+            wait_online(alpha, "bob", "mini")
+            client.delete(replies)
+            client.set(replies, "oops")
+            acks = [alpha.message_agent(sender="alice", target="bob@mini", message=f"owed {i}") for i in range(3)]
+            await_condition(lambda: len(rec.entered) == 3, timeout=30, message="the three turns ran")
+            await_drained(redis_server, KEYS.inbox("mini"))  # their entries are acked: Redis no longer holds them
+        with gateway(tmp_path, "mini", redis_server, durable=durable):  # the target restarted
+            client.delete(replies)  # fixed by hand
+            outcomes = [alpha.wait_outcome(a["delivery_id"], timeout=30) for a in acks]
+            assert [(o["status"], o["reply"]) for o in outcomes] == [("replied", f"ok: owed {i}") for i in range(3)]
+            await_condition(lambda: os.listdir(started) == [], timeout=10, message="the marks cleared once written")
+    named = logs.matching(*warning)
+    # once per run while the key lasted (the restarted one names it again if its first retry came before the fix)
+    assert 1 <= len(named) <= 2, logs.lines
+    assert {r["level"].name for r in logs.records if all(w in r["message"] for w in warning)} == {"WARNING"}
+
+
 def test_an_inbox_replaced_by_another_type_while_running_still_lets_the_replies_in(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -1129,6 +1161,21 @@ def test_envelope_entry_round_trip_and_refusals() -> None:
         assert decode_envelope_entry({**fields, "envelope": orjson.dumps({**envelope, "hop": hop})})[0]["hop"] == hop
     no_hop = {k: v for k, v in envelope.items() if k != "hop"}
     assert "hop" not in decode_envelope_entry({**fields, "envelope": orjson.dumps(no_hop)})[0]  # a first DM
+
+
+def test_reply_written_reads_the_multi_answers() -> None:
+    """Only the reply's XADD decides: WRONGTYPE there owes the reply; any other error there is retried; an error
+    after it (an ack) leaves the reply written."""
+    from redis.exceptions import ResponseError
+
+    from hermes_actors.transports.redis.inbound import reply_written
+
+    wrong = ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+    assert reply_written([b"1-0", True, 1, 1]) is True
+    assert reply_written([b"1-0", True, ResponseError("NOGROUP")]) is True
+    assert reply_written([wrong, True, 1, 1]) is False
+    other = ResponseError("OOM command not allowed")
+    assert reply_written([other, True]) is other
 
 
 def test_no_redis_keys_outside_the_prefix(tmp_path: Path, redis_server: RedisServer) -> None:

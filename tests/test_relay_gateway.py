@@ -71,6 +71,19 @@ def reply_record(envelope_id: str, reply: str = "", error: str = "", reason: str
     return {"id": envelope_id, "at": int(time.time()), "reply": reply, "error": error, "reason": reason}
 
 
+def test_a_dm_whose_hop_no_target_would_accept_is_refused_not_queued(tmp_path: Path,
+                                                                     gateways: list[Gateway]) -> None:
+    """With ``max_hops`` above MAX_HOP the loop guard lets hop 1001 through; a target drops such an envelope
+    unanswered (``parse_envelope``, the rule of both transports), so the file relay's sender refuses it at once
+    (``loop_guard``, as the Redis transport's does) and queues nothing."""
+    gw = start(gateways, sender_root(tmp_path), config={"bot_mode": {"max_hops": 5000}})
+    refused = gw.message_agent(sender="alice", target="moxie", message="deep", hop=1001)
+    assert refused["reason"] == "loop_guard" and "NOT sent" in refused["error"], refused
+    assert outbox_ids(tmp_path / "alpha") == []
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="ok", hop=1000))
+    assert outbox_ids(tmp_path / "alpha") == [envelope_id]
+
+
 def test_a_reply_that_lands_before_the_send_returns_still_settles_the_dm(
     tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:

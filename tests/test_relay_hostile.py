@@ -119,3 +119,37 @@ def test_hostile_inbox_files_are_quarantined_and_valid_envelopes_still_flow(
         await_condition((paths.delivered / f"{good['id']}.json").exists, timeout=10, message="the valid envelope ran")
     assert [t.delivery_id for t in rec.entered] == [good["id"]]  # the hostile one never ran
     assert not list(paths.delivered.glob(f"{bad['id']}*"))
+
+
+def test_an_inbox_envelope_with_a_bad_hop_is_quarantined_never_run(tmp_path: Path, logs: LogCapture) -> None:
+    """Regression (review): the file relay ran an envelope whose hop was "abc", -5, 1.5, null, 1e40, true or 1001
+    as a hop-1 DM (``delivery_from_envelope`` mapped it), where the Redis transport drops it. One rule for both
+    now (``parse_envelope``, by ``submit_protocol.is_hop``): such an envelope is quarantined and never runs; an
+    absent hop or one from 0 to MAX_HOP is taken as it is."""
+    root = make_root(tmp_path, name="alpha")
+    rec = RecordingRunner()
+    paths = InboxPaths.from_root(root)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with Gateway(root, runner=rec, config={"bot_mode": {"rescan_seconds": 0.2}}, connection_id="alpha"):
+        bad = []
+        for hop in ("abc", -5, 1.5, None, 1e40, True, 1001):
+            env = {**seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie"), "hop": hop}
+            temp = staging / f"{env['id']}.json"
+            temp.write_text(json.dumps({**env, "reply_connection": "mini"}))
+            temp.chmod(0o600)
+            os.replace(temp, paths.inbox / temp.name)  # as another program would post it: no check on the way
+            bad.append(env["id"])
+        good = [seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")]
+        good += [{**seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie"), "hop": h}
+                 for h in (0, 3)]
+        for env in good:
+            post_to_inbox(paths, env, "mini")
+        await_condition(lambda: all((paths.delivered / f"{e['id']}.json").exists() for e in good), timeout=20,
+                        message="the envelopes with a good hop ran")
+        for envelope_id in bad:
+            await_condition(quarantined(paths.relay.base, f"{envelope_id}.json"), timeout=20,
+                            message=f"{envelope_id} quarantined")
+    assert sorted(t.delivery_id for t in rec.entered) == sorted(e["id"] for e in good), "no bad hop ran a turn"
+    assert not any((paths.delivered / f"{envelope_id}.json").exists() for envelope_id in bad)
+    assert len(logs.matching("'hop' is not an integer from 0 to 1000")) >= len(bad), logs.lines

@@ -13,8 +13,9 @@ from collections import deque
 
 from hermes_actors.core.reasons import LOOP_GUARD
 from hermes_actors.core.targets import Refusal
+from hermes_actors.hermes.submit_protocol import MAX_HOP, is_hop
 
-__all__ = ["PAIR_WINDOW_SECONDS", "check_hops", "check_pair_rate", "pair_key"]
+__all__ = ["PAIR_WINDOW_SECONDS", "check_hops", "check_pair_rate", "check_relay_hop", "pair_key"]
 
 PAIR_WINDOW_SECONDS = 60.0
 
@@ -33,6 +34,26 @@ def check_hops(hop: int, max_hops: int) -> Refusal | None:
             LOOP_GUARD,
         )
     return None
+
+
+def check_relay_hop(hop: int, label: str) -> Refusal | None:
+    """Refuse a DM to another gateway whose hop no relayed envelope may carry (past ``MAX_HOP``).
+
+    With ``max_hops`` above ``MAX_HOP`` the loop guard lets such a DM through, but its target, over either
+    transport, refuses the envelope as malformed and never answers it (``relay_protocol.parse_envelope``):
+    the sender would wait for a ``delivery_timeout``. So nothing is queued and the caller is told at once.
+
+    Args:
+        hop: the DM's hop.
+        label: how the target is shown (``@bob on mini``).
+
+    Returns:
+        The ``loop_guard`` refusal, or None when the hop can be relayed.
+    """
+    if is_hop(hop):
+        return None
+    return Refusal(f"This DM to {label} would be hop {hop}, past the most a relayed envelope carries ({MAX_HOP}). "
+                   "The message was NOT sent.", LOOP_GUARD)
 
 
 def check_pair_rate(history: deque[float], now: float, limit: int, hop: int) -> Refusal | None:

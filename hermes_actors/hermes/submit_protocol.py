@@ -197,7 +197,9 @@ def _is_int(value: Any) -> bool:
 def is_hop(value: Any) -> bool:
     """Whether ``value`` is a DM's hop as the protocols carry it: an integer from 0 to ``MAX_HOP``.
 
-    The one rule for a hop that came from outside (a submit request, a hand-written Redis envelope).
+    The one rule for a hop that came from outside: a submit request's, and a relayed envelope's over
+    either transport (``store.relay_protocol.parse_envelope``; a sender refuses a DM past it:
+    ``core.guard.check_relay_hop``).
 
     Args:
         value: a decoded JSON value.

@@ -139,7 +139,7 @@ def delivery_from_envelope(
         target_handle=info.handle,
         content=str(env["message"]),
         author=bot_author(str(env["from_profile"]), str(env["from_handle"]), origin),
-        hop=hop if isinstance(hop, int) and hop > 0 else 1,
+        hop=hop if isinstance(hop, int) and hop > 0 else 1,  # checked by parse_envelope: absent or 0 is a first hop
         accepted_at=now,
         origin="relay",
         label=label,

@@ -27,6 +27,7 @@ from actors import TimerHandle, TimerSet
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
+from hermes_actors.core.guard import check_relay_hop
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.messages import (
@@ -83,6 +84,9 @@ class Outbound:
     def send(self, msg: RelaySend) -> dict[str, Any]:
         """Record and queue one envelope; the ack dict, or a refusal dict (nothing queued)."""
         route, delivery = msg.route, msg.delivery
+        refused = check_relay_hop(delivery.hop, route.label)  # the target would quarantine the envelope unanswered
+        if refused is not None:
+            return refused.as_dict()
         envelope = rp.make_envelope(
             target=route.target,
             message=route.content,

@@ -18,6 +18,7 @@ from hermes_actors.core.ids import new_delivery_id, validate_delivery_id
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.core.outcomes import cut_text
 from hermes_actors.errors import ValidationError
+from hermes_actors.hermes.submit_protocol import MAX_HOP, is_hop
 from hermes_actors.messages import RemoteAgent
 
 RELAY_DIR = "bot_relay"
@@ -75,9 +76,12 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         file_id: the stem of the file it came from, when it came from a file.
 
     Returns:
-        A shallow copy of the envelope (unknown extra keys such as ``hop``
-        are kept; validating them is the reader's business). A missing, null
-        or zero ``created_at`` is accepted as ``0`` (unknown: the seed uses the
+        A shallow copy of the envelope (unknown extra keys are kept). ``hop``,
+        our extra field, may be absent (a seed's envelope, a first DM); present,
+        it must be an integer from 0 to ``MAX_HOP`` (``submit_protocol.is_hop``:
+        the one rule for a hop from outside, whichever transport carried it;
+        it feeds the target's loop guard). A missing, null or zero
+        ``created_at`` is accepted as ``0`` (unknown: the seed uses the
         file's mtime instead, and so does :func:`is_expired` given
         ``fallback_created``).
 
@@ -103,6 +107,8 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         raise ValidationError(
             f"envelope field 'message' is too long ({len(message)} > {MAX_ENVELOPE_MESSAGE_CHARS} chars)"
         )
+    if "hop" in data and not is_hop(data["hop"]):  # a forged or broken hop is never read as some other hop
+        raise ValidationError(f"envelope field 'hop' is not an integer from 0 to {MAX_HOP}: {data['hop']!r}")
     return {**data, "created_at": created}
 
 

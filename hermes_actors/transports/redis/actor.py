@@ -132,6 +132,7 @@ class RedisRelayActor(TypedActor):
                 self.profiles = tuple(snapshot.profiles)
             except (ActorGone, AskTimeout) as exc:
                 logger.warning("redis: could not subscribe to the roster: {}", exc)
+        self.inbound.load_owed()  # replies a previous run owed: written by the ticks once their key is a stream
         # Liveness from its own thread: it must not starve behind a burst in this mailbox.
         self.heartbeat = Heartbeat(self.settings, self.keys, self.me, self.consumer,
                                    owner_alive=self.actor_ref.is_alive).start()

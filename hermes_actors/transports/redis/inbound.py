@@ -6,7 +6,11 @@ it to :meth:`InboundDrain.on_entry`. An entry whose reply was written
 reply; one whose turn a dead consumer claimed gets an ``ambiguous`` reply (never
 a second turn); everything else goes to the Dispatcher (``RelayDeliver``). The
 reply, the ``done`` mark and ``XACK`` + ``XDEL`` of the entry are one ``MULTI``:
-the entry is acked exactly when its reply is in Redis.
+the entry is acked exactly when its reply is in Redis, or, when its sender's
+``<p>:replies:<sender>`` key holds another type than a stream (only the reply's
+``XADD`` fails: a ``MULTI`` runs the rest), when its reply is kept in its start
+mark on this root: it is owed, retried at each tick and after a restart, and
+written once that key is a stream again.
 """
 
 from __future__ import annotations
@@ -19,17 +23,18 @@ import pykka
 from loguru import logger
 
 from hermes_actors.core.config import BotModeConfig
-from hermes_actors.errors import ValidationError
+from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.messages import Outcome, RelayDeliver
 from hermes_actors.relay.relay_actor import reply_from_outcome
+from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_marks import clear_started, was_started
+from hermes_actors.store.relay_marks import clear_started, keep_reply, kept_reply, was_started
 from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import ClaimGuard
 from hermes_actors.transports.redis.link import RedisLink, as_text
 
-__all__ = ["Flight", "InboundDrain"]
+__all__ = ["Flight", "InboundDrain", "owed_reply_text", "reply_written"]
 
 
 @dataclass
@@ -39,6 +44,40 @@ class Flight:
     reply_to: str
     entry_ids: set[str] = field(default_factory=set)
     record: dict[str, Any] | None = None  # the reply, once settled (kept until written)
+
+
+def owed_reply_text(key: str, reply_to: str) -> str:
+    """Pure: the WARNING logged once while a sender's replies key holds another type than a stream.
+
+    Args:
+        key: the sender's replies stream key.
+        reply_to: the sender's connection id.
+
+    Returns:
+        What is kept where, when it is written, and what to do.
+    """
+    return (f"redis: {key} holds a value that is not a stream, so the replies to the DMs connection {reply_to!r} "
+            "sent here cannot be written there. They are kept in their start marks (bot_relay/started/ on this "
+            "root, so a restart keeps them too) and written once it is a stream again: delete it "
+            f"(redis-cli DEL {key}) or give it back to hermes-actors; {reply_to!r}'s gateway makes the stream again")
+
+
+def reply_written(answers: list[Any]) -> bool | BaseException:
+    """Pure: what the ``MULTI`` of :meth:`InboundDrain._write` did, from its answers (errors in their place).
+
+    Args:
+        answers: ``execute(raise_on_error=False)``'s list; the reply's ``XADD`` first.
+
+    Returns:
+        True: the reply is in Redis (a later command's failure only leaves an entry unacked: it is offered
+        again and the ``done`` mark makes it a no-op). False: the ``XADD`` answered ``WRONGTYPE`` (the
+        sender's replies key holds another type); the other commands ran. An exception: the ``XADD``
+        failed otherwise.
+    """
+    first = answers[0] if answers else None
+    if not isinstance(first, BaseException):
+        return True
+    return False if rs.is_wrong_type(first) else first
 
 
 class InboundDrain:
@@ -63,6 +102,10 @@ class InboundDrain:
         self.dispatcher = dispatcher
         self.counters = counters
         self.flights: dict[str, Flight] = {}
+        # replies whose sender's replies key holds another type: envelope id → (reply, sender's connection);
+        # their entries are acked and the replies kept in their start marks until written
+        self.owed: dict[str, tuple[dict[str, Any], str]] = {}
+        self.bad_reply_keys: set[str] = set()  # those senders' replies keys (each logged once while it lasts)
 
     def held_entry_ids(self) -> list[str]:
         """The inbox entries we hold (their idle time is reset so no live consumer's work is reclaimed)."""
@@ -174,37 +217,136 @@ class InboundDrain:
         self.settle(envelope_id, record)
 
     def settle(self, envelope_id: str, record: dict[str, Any]) -> None:
-        """Write the reply, mark done, XACK + XDEL the entries: one MULTI. Retried at each tick on failure."""
+        """Write the reply, mark done, XACK + XDEL the entries: one MULTI. Retried at each tick on failure.
+
+        When the sender's replies key holds another type the reply is owed instead (:meth:`_owe`).
+        """
         link = self.link
         flight = self.flights[envelope_id]
         flight.record = record
         if link.down:
             return  # written by the tick once Redis answers again
+        written = self._write(envelope_id, record, flight.reply_to, sorted(flight.entry_ids))
+        if written is None:
+            return
+        del self.flights[envelope_id]
+        self.guard.forget(envelope_id)
+        if written:
+            clear_started(self.marks, envelope_id)  # its reply is in Redis: the mark has served
+        else:
+            self._owe(envelope_id, record, flight.reply_to)
+
+    def _write(self, envelope_id: str, record: dict[str, Any], reply_to: str, entry_ids: list[str]) -> bool | None:
+        """One MULTI: the reply into its sender's replies stream, the ``done`` mark, XACK + XDEL of ``entry_ids``.
+
+        Args:
+            envelope_id: the envelope.
+            record: its reply.
+            reply_to: the sender's connection.
+            entry_ids: our inbox entries of the envelope (none for an owed reply: acked already).
+
+        Returns:
+            True: the reply is in Redis. False: the sender's replies key holds another type (logged by the
+            caller); the rest of the MULTI ran, so the entries are acked: the reply is now this gateway's to
+            keep. None: Redis is unreachable or the write failed otherwise (logged); retried later.
+        """
+        link = self.link
         inbox = link.keys.inbox(link.me)
-        ids = sorted(flight.entry_ids)
         try:
             pipe = link.client.pipeline(transaction=True)
             # Never trimmed: a reply trimmed before its sender read it would turn a DM that ran into a
             # delivery_timeout. The stream holds only unread replies, one per envelope still in the
             # sender's sent hash, each of which a bounded inbox once held.
-            pipe.xadd(link.keys.replies(flight.reply_to), rs.encode_reply_entry(record))
+            pipe.xadd(link.keys.replies(reply_to), rs.encode_reply_entry(record))
             pipe.set(link.keys.done(envelope_id), b"1", ex=rs.DONE_KEEP_SECONDS)
-            if inbox not in link.wrong_type:  # replaced by another type: its entries are gone (acking them fails)
-                pipe.xack(inbox, rs.GROUP, *ids)
-                pipe.xdel(inbox, *ids)
-            pipe.execute()
+            if entry_ids and inbox not in link.wrong_type:  # replaced by another type: its entries are gone
+                pipe.xack(inbox, rs.GROUP, *entry_ids)
+                pipe.xdel(inbox, *entry_ids)
+            answers = pipe.execute(raise_on_error=False)
         except Exception as exc:
             link.unreachable(exc)
-            return
-        del self.flights[envelope_id]
-        self.guard.forget(envelope_id)
-        clear_started(self.marks, envelope_id)  # its reply is in Redis: the mark has served
+            return None
+        written = reply_written(answers)
+        if isinstance(written, BaseException):
+            link.unreachable(written)
+            return None
+        failed = next((a for a in answers[1:] if isinstance(a, BaseException)), None)
+        if failed is not None:  # the reply is in; an entry left unacked is offered again, a no-op then (done)
+            link.unreachable(failed)
+        return written
+
+    def _owe(self, envelope_id: str, record: dict[str, Any], reply_to: str) -> None:
+        """Keep a reply its sender's replies key could not take, for the ticks (:meth:`retry_owed`) and a restart.
+
+        Its inbox entry is acked (the MULTI ran on): the start mark on this root, holding the reply,
+        is what a restart writes it from (:meth:`load_owed`).
+        """
+        self.owed[envelope_id] = (record, reply_to)
+        key = self._bad_reply_key(reply_to)
+        try:
+            keep_reply(self.marks, record, reply_to, now=time.time())
+        except (StoreError, OSError, ValidationError) as exc:  # HostileFileError included
+            logger.error("redis: the reply to {} is owed to {!r} and could not be kept in its start mark ({}): it is "
+                         "kept in memory only, and lost if this gateway stops before {} is a stream again",
+                         envelope_id, reply_to, exc, key)
+
+    def _bad_reply_key(self, reply_to: str) -> str:
+        """Note that ``reply_to``'s replies key holds another type; WARNING the first time (until it is fixed).
+
+        Returns:
+            The key.
+        """
+        key = self.link.keys.replies(reply_to)
+        if key not in self.bad_reply_keys:
+            self.bad_reply_keys.add(key)
+            logger.warning(owed_reply_text(key, reply_to))
+        return key
+
+    def load_owed(self) -> int:
+        """Take back the replies a previous run owed (kept in their start marks); written from the next tick.
+
+        Returns:
+            How many.
+        """
+        for envelope_id in list_ids(self.marks.started):
+            try:
+                kept = kept_reply(self.marks, envelope_id)
+            except (OSError, ValidationError) as exc:  # HostileFileError included
+                logger.warning("redis: cannot read the start mark of {}: {}", envelope_id, exc)
+                continue
+            if kept is not None and envelope_id not in self.flights:
+                self.owed[envelope_id] = kept
+        if self.owed:
+            logger.info("redis: {} reply(ies) owed before the restart (their sender's replies key held another "
+                        "type) are written once it is a stream again", len(self.owed))
+        return len(self.owed)
 
     def retry_unwritten(self) -> None:
-        """Write the replies an outage kept (stops at the first failure)."""
+        """Write the replies an outage kept (stops at the first failure), then the owed ones."""
         for envelope_id in [e for e, f in self.flights.items() if f.record is not None]:
             record = self.flights[envelope_id].record
             assert record is not None
             self.settle(envelope_id, record)
             if self.link.down:
                 return
+        self.retry_owed()
+
+    def retry_owed(self) -> None:
+        """Write the owed replies: while a sender's replies key still holds another type, one try per tick for it."""
+        stuck: set[str] = set()  # senders whose key is still bad this tick: their other replies wait
+        for envelope_id, (record, reply_to) in list(self.owed.items()):
+            if reply_to in stuck:
+                continue
+            written = self._write(envelope_id, record, reply_to, [])
+            if written is None:
+                return  # Redis is down (or refused it): the next tick
+            if not written:
+                stuck.add(reply_to)
+                self._bad_reply_key(reply_to)  # named again after a restart
+                continue
+            del self.owed[envelope_id]
+            clear_started(self.marks, envelope_id)
+        for key in sorted(self.bad_reply_keys):
+            if not any(self.link.keys.replies(reply_to) == key for _record, reply_to in self.owed.values()):
+                self.bad_reply_keys.discard(key)
+                logger.info("redis: {} is a stream again; the replies owed to it are written", key)

@@ -28,10 +28,9 @@ from actors import TimerHandle, TimerSet
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
-from hermes_actors.core.reasons import LOOP_GUARD
+from hermes_actors.core.guard import check_relay_hop
 from hermes_actors.core.targets import PeerRoute, Refusal, transport_unreachable_text
 from hermes_actors.errors import ValidationError
-from hermes_actors.hermes.submit_protocol import MAX_HOP, is_hop
 from hermes_actors.messages import (
     Outcome,
     ProfileInfo,
@@ -120,9 +119,9 @@ class Outbound:
     def send(self, target: RemoteAgent, sender: ProfileInfo, content: str, hop: int, label: str, *,
              wake: bool | None = None) -> dict[str, Any]:
         """Queue one envelope; the ack dict, or a refusal dict (nothing queued). ``wake``: see ``Delivery.wake``."""
-        if not is_hop(hop):  # the target drops an envelope whose hop it cannot accept: never send one
-            return Refusal(f"This DM to {label} would be hop {hop}, past the most a relayed envelope carries "
-                           f"({MAX_HOP}). The message was NOT sent.", LOOP_GUARD).as_dict()
+        refused = check_relay_hop(hop, label)  # the target drops an envelope whose hop it cannot accept
+        if refused is not None:
+            return refused.as_dict()
         envelope = make_envelope(target=target, message=content, sender_profile=sender.profile,
                                  sender_handle=sender.handle, now=time.time(), extra={"hop": hop})
         fields = rs.encode_envelope_entry(envelope, self.link.me)

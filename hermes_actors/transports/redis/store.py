@@ -32,7 +32,6 @@ import orjson
 
 from hermes_actors.core.config import parse_redis_config
 from hermes_actors.errors import ValidationError
-from hermes_actors.hermes.submit_protocol import MAX_HOP, is_hop
 from hermes_actors.messages import ProfileInfo, RemoteAgent
 from hermes_actors.store.relay_protocol import HANDLE_RE, parse_envelope, parse_reply
 from hermes_actors.store.relay_roster import normalize_roster_row, roster_row_dict
@@ -306,8 +305,8 @@ def encode_envelope_entry(envelope: dict[str, Any], reply_to: str) -> dict[str, 
 def decode_envelope_entry(fields: dict[Any, Any]) -> tuple[dict[str, Any], str]:
     """(envelope, reply connection) of an inbox entry.
 
-    ``hop`` may be absent (a first DM); present, it is checked as a submit request's is
-    (anyone who can write the stream can hand-write an envelope, and the hop feeds the loop guard).
+    The envelope is checked by :func:`parse_envelope`, its ``hop`` included (anyone who can write the
+    stream can hand-write an envelope, and the hop feeds the loop guard).
 
     Raises:
         ValidationError: a missing field, bad JSON, a bad envelope, hop or reply connection.
@@ -317,8 +316,6 @@ def decode_envelope_entry(fields: dict[Any, Any]) -> tuple[dict[str, Any], str]:
     except orjson.JSONDecodeError as exc:
         raise ValidationError(f"envelope is not JSON: {exc}") from exc
     envelope = parse_envelope(data)
-    if "hop" in envelope and not is_hop(envelope["hop"]):
-        raise ValidationError(f"envelope field 'hop' is not an integer from 0 to {MAX_HOP}: {envelope['hop']!r}")
     reply_to = _text(fields, "reply_to").decode("utf-8", "replace")
     if not HANDLE_RE.match(reply_to):
         raise ValidationError(f"invalid reply connection: {reply_to!r}")
