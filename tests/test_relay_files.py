@@ -403,7 +403,7 @@ ENVELOPE_FAILURES: list[tuple[str, Any, str | None, str]] = [
     ("message missing", _without("message"), None, "'message' is not a string"),
     ("message too long", envelope(message="x" * 32001), None, "too long"),
 ]
-# A present hop is held to the one rule of both transports (submit_protocol.is_hop): the file relay used to run
+# A present hop is held to the one rule of both transports (core.hops.is_hop): the file relay used to run
 # these as hop 1 where the Redis transport dropped them.
 for _hop in ("abc", -5, 1.5, None, 1e40, True, 1001):
     ENVELOPE_FAILURES.append((f"hop={_hop!r}", envelope(hop=_hop), None, "'hop' is not an integer from 0 to 1000"))

@@ -124,7 +124,7 @@ def test_hostile_inbox_files_are_quarantined_and_valid_envelopes_still_flow(
 def test_an_inbox_envelope_with_a_bad_hop_is_quarantined_never_run(tmp_path: Path, logs: LogCapture) -> None:
     """Regression (review): the file relay ran an envelope whose hop was "abc", -5, 1.5, null, 1e40, true or 1001
     as a hop-1 DM (``delivery_from_envelope`` mapped it), where the Redis transport drops it. One rule for both
-    now (``parse_envelope``, by ``submit_protocol.is_hop``): such an envelope is quarantined and never runs; an
+    now (``parse_envelope``, by ``core.hops.is_hop``): such an envelope is quarantined and never runs; an
     absent hop or one from 0 to MAX_HOP is taken as it is."""
     root = make_root(tmp_path, name="alpha")
     rec = RecordingRunner()

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from hermes_actors.core.hops import MAX_HOP, is_hop
 from hermes_actors.core.reasons import LOOP_GUARD
 from hermes_actors.core.targets import Refusal
-from hermes_actors.hermes.submit_protocol import MAX_HOP, is_hop
 
 __all__ = ["PAIR_WINDOW_SECONDS", "check_hops", "check_pair_rate", "check_relay_hop", "pair_key"]
 

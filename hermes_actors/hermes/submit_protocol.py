@@ -28,12 +28,12 @@ from typing import Any
 
 import orjson
 
+from hermes_actors.core.hops import MAX_HOP, is_hop
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
 
 __all__ = [
     "MAX_ANSWER_BYTES",
-    "MAX_HOP",
     "MAX_OUTCOME_WAIT",
     "MAX_REQUEST_BYTES",
     "ROOM_ACTIONS",
@@ -46,7 +46,6 @@ __all__ = [
     "StatusCall",
     "bad_request",
     "encode",
-    "is_hop",
     "offline_refusal",
     "parse_request",
     "refused_unknown_field",
@@ -57,7 +56,6 @@ MAX_REQUEST_BYTES = 256 * 1024  # a 16,000-char message is at most 64 KiB of UTF
 # An answer carries an outcome, whose reply (unbounded: a model's long answer) is in it twice (reply, text).
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
 MAX_OUTCOME_WAIT = 300.0
-MAX_HOP = 1000
 RUN_DIR = ("bot_relay", "run")
 SOCKET_NAME = "submit.sock"
 LOCK_NAME = "submit.lock"
@@ -192,22 +190,6 @@ def encode(answer: dict[str, Any]) -> bytes:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_hop(value: Any) -> bool:
-    """Whether ``value`` is a DM's hop as the protocols carry it: an integer from 0 to ``MAX_HOP``.
-
-    The one rule for a hop that came from outside: a submit request's, and a relayed envelope's over
-    either transport (``store.relay_protocol.parse_envelope``; a sender refuses a DM past it:
-    ``core.guard.check_relay_hop``).
-
-    Args:
-        value: a decoded JSON value.
-
-    Returns:
-        True for an int (not a bool) in ``0..MAX_HOP``.
-    """
-    return _is_int(value) and 0 <= value <= MAX_HOP
 
 
 def _is_number(value: Any) -> bool:

@@ -14,11 +14,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from hermes_actors.core.hops import MAX_HOP, is_hop
 from hermes_actors.core.ids import new_delivery_id, validate_delivery_id
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.core.outcomes import cut_text
 from hermes_actors.errors import ValidationError
-from hermes_actors.hermes.submit_protocol import MAX_HOP, is_hop
 from hermes_actors.messages import RemoteAgent
 
 RELAY_DIR = "bot_relay"
@@ -78,7 +78,7 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     Returns:
         A shallow copy of the envelope (unknown extra keys are kept). ``hop``,
         our extra field, may be absent (a seed's envelope, a first DM); present,
-        it must be an integer from 0 to ``MAX_HOP`` (``submit_protocol.is_hop``:
+        it must be an integer from 0 to ``MAX_HOP`` (``core.hops.is_hop``:
         the one rule for a hop from outside, whichever transport carried it;
         it feeds the target's loop guard). A missing, null or zero
         ``created_at`` is accepted as ``0`` (unknown: the seed uses the
