@@ -285,7 +285,8 @@ class Gateway:
             self._sends.end(call)
 
     def wait_outcome(self, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
-        """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds.
+        """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds (plus at most
+        ``CHECK_GRACE``, 2 s, for a Dispatcher too busy to say at once where the DM stands).
 
         The outcomes of at least the last 100,000 settled deliveries are kept in memory (and, in
         durable mode, the last 10,000 across restarts in the journal).
