@@ -27,6 +27,7 @@ from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, explicit_ru
 from hermes_actors.facade.outcomes import OutcomeWaits
 from hermes_actors.facade.registrations import Registrations, SubscriberEntry
 from hermes_actors.facade.sends import SendsInFlight
+from hermes_actors.facade.starting import StartRun
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.messages import BOT_CHAT_SESSION, SendRequest
 from hermes_actors.relay.desktop_rpc import DesktopRpc
@@ -116,6 +117,7 @@ class Gateway:
         self._registrations = Registrations()  # subscribers and live owners given before start()
         self._outcomes = OutcomeWaits()  # the stopped Dispatcher's outcomes, and the waits a stop wakes
         self._system: ActorSystem | None = None  # the actors and threads while started
+        self._start_run = StartRun()  # the last start() (one abandoned by a Ctrl-C may still be undoing itself)
         self._failure = DispatcherFailure(self.root, on_failure, self._sends, self._outcomes,
                                           running=lambda: self._lifecycle.state == "running")
 
@@ -123,6 +125,9 @@ class Gateway:
 
     def start(self) -> Gateway:
         """Start every actor. Returns self.
+
+        A ``KeyboardInterrupt`` (or any exception a signal handler raises) while it starts leaves nothing
+        running: the start runs on a thread of its own, which undoes what it built before this re-raises.
 
         Raises:
             FileNotFoundError: the root is not a directory.
@@ -133,21 +138,29 @@ class Gateway:
             TransportError: the Redis transport cannot be used: credentials refused, another live
                 process serves the connection id, or the ``[redis]`` extra is missing (nothing is left running).
         """
-        with self._lifecycle.lock:
-            self._lifecycle.check_startable(self.root)
-            subscribers, owners = self._registrations.begin_start()
-            try:
-                self._start_locked(subscribers, owners)
-            finally:
-                self._registrations.end_start()
-        assert self._system is not None
-        logger.info("gateway started on {} ({} profiles)", self.root, self._system.profile_count)
-        if self._failure.failed:  # it failed while this start held the lifecycle lock
-            self._failure.report_once()
+        self._start_run.wait_done()  # a start abandoned by a second Ctrl-C may still be undoing what it built
+        run = self._start_run = StartRun()
+        try:
+            with self._lifecycle.lock:
+                self._lifecycle.check_startable(self.root)
+                subscribers, owners = self._registrations.begin_start()
+                try:
+                    run.run(lambda started: self._start_locked(started, subscribers, owners), name="gateway-start")
+                finally:
+                    self._registrations.end_start()
+            assert self._system is not None
+            logger.info("gateway started on {} ({} profiles)", self.root, self._system.profile_count)
+            if self._failure.failed:  # it failed while this start held the lifecycle lock
+                self._failure.report_once()
+        except BaseException:
+            if run.committed:  # interrupted once started (as start() returned): it leaves nothing running either
+                self.stop()
+            raise
         return self
 
-    def _start_locked(self, subscribers: dict[int, SubscriberEntry], owners: dict[str, Any]) -> None:
-        """The body of :meth:`start` (under the lifecycle lock), with the subscribers and owners given before it."""
+    def _start_locked(self, run: StartRun, subscribers: dict[int, SubscriberEntry], owners: dict[str, Any]) -> None:
+        """The body of :meth:`start` on the start's own thread (the caller holds the lifecycle lock), with the
+        subscribers and owners given before it; what it built is undone when it fails or the caller gave up."""
         self.config = cfg = load_config(self.root, self.overrides)
         # ValueError/TransportError before anything started; Redis may take the id from the config
         redis_settings, self.connection_id = redis_settings_for(cfg, self.connection_id)
@@ -157,24 +170,33 @@ class Gateway:
         try:
             system.start(cfg, redis_settings, subscribers=subscribers, owners=owners,
                          on_failing=self._failure.failing, on_failure=self._failure.failed_with)
+            self._system = system
+            self.recovered = system.recovered
+            if self.serve_submit:  # last: a DM submitted from now on finds every actor up
+                from hermes_actors.hermes.host import open_submit_endpoint
+
+                self._submit = open_submit_endpoint(self)  # it refuses DMs until the commit below
         except BaseException:
-            system.teardown()  # a half-started gateway leaves no actor or thread behind
+            self._undo_start(system)  # a half-started gateway leaves no actor or thread behind
             raise
         finally:
             self.runner = system.runner  # the real Hermes, when chosen now
-        self._system = system
-        self.recovered = system.recovered
-        if self.serve_submit:  # last: a DM submitted from now on finds every actor up
-            from hermes_actors.hermes.host import open_submit_endpoint
+        if not run.commit(lambda: self._commit_start(subscribers, owners)):
+            self._undo_start(system)  # the caller was interrupted (Ctrl-C): it re-raises once this is done
 
-            try:
-                self._submit = open_submit_endpoint(self)
-            except BaseException:
-                system.teardown()
-                raise
+    def _commit_start(self, subscribers: dict[int, SubscriberEntry], owners: dict[str, Any]) -> None:
+        """The start's last step: the gateway runs (nothing here can fail)."""
         self._registrations.taken(subscribers, owners)  # by the system (kept for a later start() that failed)
         self._lifecycle.state = "running"
         self.started_at = time.time()
+
+    def _undo_start(self, system: ActorSystem) -> None:
+        """Stop what a start that failed (or was abandoned) built; the gateway stays new."""
+        if self._submit is not None:
+            self._submit.close()
+            self._submit = None
+        system.teardown()
+        self._system = None
 
     def _is_new(self) -> bool:
         """Whether the gateway never started nor stopped (what is registered now waits for the start)."""

@@ -4,19 +4,126 @@ leaves nothing running, and wait_outcome is bounded by its timeout when the Disp
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 from roots import RecordingRunner, held_on, make_root, send_dm
 
 from hermes_actors import Gateway
 from hermes_actors.facade.outcomes import CHECK_GRACE
 from hermes_actors.local.dispatcher import DispatcherActor
+from hermes_actors.local.notifier import NotifierActor
 
 WAIT = 30.0
+
+
+# ── 3. an interrupt while start() runs leaves nothing running ───────────────
+
+
+class Interrupted(BaseException):
+    """What the test's signal handler raises in the main thread, as Ctrl-C's KeyboardInterrupt would."""
+
+
+@pytest.fixture
+def interrupt_main() -> Iterator[tuple[threading.Event, threading.Event]]:
+    """SIGUSR1 raises :class:`Interrupted` in the main thread (where start() runs): yields (``raised``, set by the
+    handler as it raises; ``request``, set by the test to have a helper thread send the signal)."""
+    assert threading.current_thread() is threading.main_thread()
+    raised, request = threading.Event(), threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        raised.set()
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def sender() -> None:
+        if request.wait(WAIT):
+            signal.pthread_kill(main, signal.SIGUSR1)
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    try:
+        yield raised, request
+    finally:
+        request.set()
+        thread.join(WAIT)
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _new_actors(before: set[Any]) -> list[str]:
+    """The actors running now that did not run before (stopping them, so a failed test leaks nothing)."""
+    left = [ref for ref in pykka.ActorRegistry.get_all() if ref not in before]
+    for ref in left:
+        ref.stop(block=True, timeout=WAIT)
+    return [ref.actor_class.__name__ for ref in left]
+
+
+def _new_threads(before: set[threading.Thread]) -> list[str]:
+    """The threads alive now that were not before, the daemon turn workers a start leaves idle aside."""
+    return [t.name for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+
+
+def test_an_interrupt_while_an_actor_starts_leaves_nothing_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt_main: tuple[threading.Event, threading.Event]
+) -> None:
+    """Regression: a Ctrl-C landing between an actor's thread starting and start() recording it (here, inside
+    the NotifierActor's start) left that actor running after start() raised, a non-daemon thread that kept the
+    process from exiting. Now the start runs on a thread of its own; the interrupted caller waits for it to undo
+    what it built, then re-raises; the gateway is still new and starts again."""
+    raised, request = interrupt_main
+    original = NotifierActor._start_actor_loop
+    first = [True]
+
+    def interrupted_as_it_starts(self: NotifierActor) -> None:
+        original(self)  # its thread runs
+        if first[0]:  # the first start only: the interrupt lands before start() could record the actor
+            first[0] = False
+            request.set()
+            assert raised.wait(WAIT), "the main thread was never interrupted"
+
+    monkeypatch.setattr(NotifierActor, "_start_actor_loop", interrupted_as_it_starts)
+    actors_before, threads_before = set(pykka.ActorRegistry.get_all()), set(threading.enumerate())
+    gw = Gateway(make_root(tmp_path), runner=RecordingRunner())
+    with pytest.raises(Interrupted):
+        gw.start()
+    assert _new_actors(actors_before) == []
+    assert _new_threads(threads_before) == []
+    assert not gw.running
+    with gw:  # still new: it starts again
+        assert gw.wait_outcome(send_dm(gw, "after the interrupt"), timeout=WAIT)["status"] == "replied"
+    assert _new_actors(actors_before) == []
+
+
+def test_an_interrupt_as_start_returns_stops_the_started_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt_main: tuple[threading.Event, threading.Event]
+) -> None:
+    """An interrupt that lands once the start is done (as start() returns) stops the gateway it started before
+    start() re-raises: nothing is left running."""
+    raised, request = interrupt_main
+    original = Gateway._commit_start
+
+    def interrupted_at_the_commit(self: Gateway, *args: Any) -> None:
+        request.set()
+        assert raised.wait(WAIT), "the main thread was never interrupted"
+        original(self, *args)
+
+    monkeypatch.setattr(Gateway, "_commit_start", interrupted_at_the_commit)
+    actors_before, threads_before = set(pykka.ActorRegistry.get_all()), set(threading.enumerate())
+    gw = Gateway(make_root(tmp_path), runner=RecordingRunner())
+    with pytest.raises(Interrupted):
+        gw.start()
+    assert _new_actors(actors_before) == []
+    assert _new_threads(threads_before) == []
+    assert not gw.running
 
 
 # ── 4. wait_outcome is bounded by its timeout ───────────────────────────────
