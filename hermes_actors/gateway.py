@@ -25,6 +25,7 @@ from hermes_actors.facade.failure import DispatcherFailure
 from hermes_actors.facade.lifecycle import Lifecycle, refuse_stop_in_own_turn
 from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, explicit_runner, redis_settings_for
 from hermes_actors.facade.outcomes import OutcomeWaits
+from hermes_actors.facade.process import forget_at_exit, stop_at_exit
 from hermes_actors.facade.registrations import Registrations, SubscriberEntry
 from hermes_actors.facade.sends import SendsInFlight
 from hermes_actors.facade.starting import StartRun
@@ -41,6 +42,10 @@ __all__ = ["Gateway"]
 
 class Gateway:
     """One gateway process's Bot Mode messaging.
+
+    Stop it with :meth:`stop` or a ``with`` block. One never stopped is stopped as the interpreter exits
+    (within ``stop()``'s timeout, with a warning naming its root): its actors' threads would keep the
+    process from exiting.
 
     Args:
         root: the Hermes root (the default profile's home).
@@ -189,6 +194,7 @@ class Gateway:
         self._registrations.taken(subscribers, owners)  # by the system (kept for a later start() that failed)
         self._lifecycle.state = "running"
         self.started_at = time.time()
+        stop_at_exit(self)  # a script that ends without stop() still exits (a warning says so)
 
     def _undo_start(self, system: ActorSystem) -> None:
         """Stop what a start that failed (or was abandoned) built; the gateway stays new."""
@@ -235,6 +241,7 @@ class Gateway:
         refuse_stop_in_own_turn(self._system)
         if not self._lifecycle.begin_stop():  # not running, or another thread stopped it
             return
+        forget_at_exit(self)
         assert self._system is not None
         if self._submit is not None:  # first: a DM submitted while stopping would only be cancelled
             self._submit.stop_accepting()

@@ -4,7 +4,11 @@ leaves nothing running, and wait_outcome is bounded by its timeout when the Disp
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +17,7 @@ from typing import Any
 
 import pykka
 import pytest
+from crash_procs import child_env
 from roots import RecordingRunner, held_on, make_root, send_dm
 
 from hermes_actors import Gateway
@@ -21,6 +26,99 @@ from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.notifier import NotifierActor
 
 WAIT = 30.0
+PROCESS_DEADLINE = 60.0  # a child process that hangs (the bugs) fails the test instead of holding it
+
+
+_EXIT_SCRIPT = """
+import fcntl, json, sys, threading
+from loguru import logger
+from roots import body_of
+from hermes_actors import Gateway
+from hermes_actors.store.turnlock import turn_lock_path
+
+logger.enable("hermes_actors")
+root, durable = sys.argv[1], sys.argv[2] == "1"
+entered = threading.Event()
+held = turn_lock_path(root, "bob")
+held.parent.mkdir(parents=True, exist_ok=True)
+lock_file = open(held, "a")
+fcntl.flock(lock_file, fcntl.LOCK_EX)  # bob's turns wait for his flock: they never begin
+
+def runner(turn):
+    if body_of(turn.content) == "c0":
+        entered.set()
+        while gw.running:  # the turn runs until the stop at exit begins
+            threading.Event().wait(0.01)
+    return "ok: " + body_of(turn.content)
+
+def seen(outcome):
+    print(json.dumps({"id": outcome["delivery_id"], "status": outcome["status"], "reason": outcome["reason"]}),
+          flush=True)
+
+gw = Gateway(root, runner=runner, durable=durable)
+gw.subscribe(seen, rooms=False)
+gw.start()
+ids = [gw.message_agent(sender="alice", target="carol", message="c0")["delivery_id"]]
+ids += [gw.message_agent(sender="alice", target="bob", message=f"b{i}")["delivery_id"] for i in range(3)]
+assert entered.wait(30)
+print(json.dumps({"ids": ids}), flush=True)
+# the script ends here without stop(): c0 runs, bob's DMs wait
+"""
+
+_UNREFERENCED_SCRIPT = """
+import sys
+from loguru import logger
+from hermes_actors import Gateway
+
+logger.enable("hermes_actors")
+Gateway(sys.argv[1], runner="demo").start()  # kept by nobody
+raise SystemExit("a bug after start")
+"""
+
+def _run_script(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``text`` as a Python script with the repo and tests/ importable, within :data:`PROCESS_DEADLINE`."""
+    script = tmp_path / "script.py"
+    script.write_text(text, encoding="utf-8")
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env["PYTHONPATH"]])
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=PROCESS_DEADLINE, check=False)
+
+
+# ── 1. a gateway never stopped is stopped at interpreter exit ───────────────
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
+def test_a_gateway_never_stopped_is_stopped_at_exit_and_loses_no_acked_dm(tmp_path: Path, durable: bool) -> None:
+    """Regression: the actors' non-daemon threads kept a script that never called stop() from exiting, forever.
+    Now the exit stops it as stop() does, with a warning naming the root: the running turn finishes; the queued
+    DMs (bob's, waiting for his turn lock) stay journaled for the next start (durable) or are cancelled (in
+    memory)."""
+    root = make_root(tmp_path)
+    done = _run_script(tmp_path, _EXIT_SCRIPT, str(root), "1" if durable else "0")
+    assert done.returncode == 0, done.stderr
+    assert (f"Gateway({root}) was not stopped; stopping it at interpreter exit — use `with Gateway(...)` "
+            "or call stop()") in done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    ids = next(line["ids"] for line in lines if "ids" in line)
+    seen = {line["id"]: f"{line['status']} {line['reason']}" for line in lines if "id" in line}
+    if not durable:  # the stop flushed the subscriber: every acked DM has its outcome
+        assert seen == {ids[0]: "replied ", **{key: "failed cancelled" for key in ids[1:]}}, done.stdout
+        return
+    assert seen == {ids[0]: "replied "}, done.stdout  # the running turn finished; bob's DMs stay journaled
+    with Gateway(root, runner=RecordingRunner()) as gw:  # the next start runs them
+        assert gw.recovered["reoffered"] == 3, gw.recovered
+        outcomes = [gw.wait_outcome(key, timeout=WAIT) for key in ids]
+    assert [o["reply"] for o in outcomes] == ["ok: c0", "ok: b0", "ok: b1", "ok: b2"], outcomes
+
+
+def test_a_gateway_no_one_references_is_stopped_when_the_script_fails(tmp_path: Path) -> None:
+    """Regression: ``Gateway(root).start()`` kept by nobody, then an uncaught error: the script never exited."""
+    root = make_root(tmp_path)
+    done = _run_script(tmp_path, _UNREFERENCED_SCRIPT, str(root))
+    assert done.returncode == 1 and "a bug after start" in done.stderr, done.stderr
+    assert f"Gateway({root}) was not stopped; stopping it at interpreter exit" in done.stderr
+    assert "gateway stopped" in done.stderr
 
 
 # ── 3. an interrupt while start() runs leaves nothing running ───────────────
