@@ -28,7 +28,6 @@ from hermes_actors.local.notifier import NotifierActor
 WAIT = 30.0
 PROCESS_DEADLINE = 60.0  # a child process that hangs (the bugs) fails the test instead of holding it
 
-
 _EXIT_SCRIPT = """
 import fcntl, json, sys, threading
 from loguru import logger
@@ -75,6 +74,54 @@ Gateway(sys.argv[1], runner="demo").start()  # kept by nobody
 raise SystemExit("a bug after start")
 """
 
+_FORK_SCRIPT = """
+import json, os, sys, time
+from loguru import logger
+from hermes_actors import Gateway
+
+logger.enable("hermes_actors")
+gw = Gateway(sys.argv[1], runner=lambda turn: "ok").start()
+first = gw.message_agent(sender="alice", target="bob", message="before the fork")["delivery_id"]
+assert gw.wait_outcome(first, 30)["status"] == "replied"
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    calls = {
+        "message_agent": lambda: gw.message_agent(sender="alice", target="bob", message="from the child"),
+        "wait_outcome": lambda: gw.wait_outcome(first, 30),
+        "subscribe": lambda: gw.subscribe(print),
+        "roster": gw.roster,
+        "stats": gw.stats,
+        "attach_live_owner": lambda: gw.attach_live_owner("bob", lambda turn: "owner"),
+        "list_rooms": gw.list_rooms,
+        "start": gw.start,
+        "stop": lambda: gw.stop(30),
+    }
+    out = {"pid": os.getpid(), "running": gw.running, "calls": {}}
+    for name, call in calls.items():
+        began = time.monotonic()
+        try:
+            call()
+            result = "returned"
+        except BaseException as exc:
+            result = f"{type(exc).__name__}: {exc}"
+        out["calls"][name] = [result, time.monotonic() - began]
+    os.write(w, json.dumps(out).encode())
+    os.close(w)
+    sys.exit(0)  # a normal exit: the exit hook must leave the parent's gateway alone
+os.close(w)
+data = b""
+while chunk := os.read(r, 65536):
+    data += chunk
+_, status = os.waitpid(pid, 0)
+second = gw.message_agent(sender="alice", target="bob", message="after the fork")["delivery_id"]
+after = gw.wait_outcome(second, 30)["status"]
+gw.stop()
+print(json.dumps({"parent": os.getpid(), "child": json.loads(data), "status": status, "after": after}))
+"""
+
+
 def _run_script(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``text`` as a Python script with the repo and tests/ importable, within :data:`PROCESS_DEADLINE`."""
     script = tmp_path / "script.py"
@@ -119,6 +166,29 @@ def test_a_gateway_no_one_references_is_stopped_when_the_script_fails(tmp_path: 
     assert done.returncode == 1 and "a bug after start" in done.stderr, done.stderr
     assert f"Gateway({root}) was not stopped; stopping it at interpreter exit" in done.stderr
     assert "gateway stopped" in done.stderr
+
+
+# ── 2. a fork()ed child refuses the gateway it inherited ────────────────────
+
+
+def test_a_forked_child_refuses_every_call_at_once_and_the_parent_keeps_working(tmp_path: Path) -> None:
+    """Regression: a fork()ed child inherited the Gateway but none of its actors: message_agent acked a DM that
+    was lost (the journal's write offset is the parent's), wait_outcome and stop ran 30 s past their timeouts.
+    Now every call refuses at once naming both processes, the child's exit leaves the gateway alone, and the
+    parent's gateway keeps working."""
+    done = _run_script(tmp_path, _FORK_SCRIPT, str(make_root(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    parent, child = out["parent"], out["child"]
+    assert out["status"] == 0 and child["running"] is False, out
+    for name, (result, seconds) in child["calls"].items():
+        assert result.startswith("RuntimeError: "), (name, result)
+        assert (f"this Gateway was started in process {parent}; process {child['pid']} is a fork of it"
+                in result), (name, result)
+        assert "start a new Gateway in the child" in result, (name, result)
+        assert seconds < 5, (name, seconds)  # at once (it was ASK_TIMEOUT and more)
+    assert "not stopped" not in done.stderr  # the child's exit did not try to stop the parent's gateway
+    assert out["after"] == "replied", out
 
 
 # ── 3. an interrupt while start() runs leaves nothing running ───────────────

@@ -5,6 +5,6 @@ Each module is one composed object or one rule: the checks on what a caller pass
 (``args``), the running state (``lifecycle``), subscribers and live owners given before
 ``start()`` (``registrations``), the sends a stop waits for (``sends``), the waits on outcomes
 (``outcomes``), a failed Dispatcher's hooks (``failure``), the system's options (``options``),
-its stop order (``shutdown``), the start's own thread (``starting``) and the stop at interpreter exit
-(``process``). Nothing here is public API.
+its stop order (``shutdown``), the start's own thread (``starting``) and the process a gateway
+belongs to (``process``: a fork refuses it, interpreter exit stops it). Nothing here is public API.
 """

@@ -1,9 +1,15 @@
-"""The process a Gateway was started in: interpreter exit stops one left running.
+"""The process a Gateway was started in: a fork of it refuses the gateway, and interpreter exit stops one left
+running.
+
+A ``fork()``ed child inherits the Gateway object but none of its actor threads (only the forking thread
+survives a fork), and its journal's write offset is the parent's: a DM the child acked would be lost, and
+every call would wait on actors that do not run there. So each public call first checks that it runs in the
+process that started the gateway (:meth:`OwnerProcess.refuse_in_fork`): a fork hook keeps the current pid, so
+the check costs an attribute read, not a ``getpid`` syscall per DM.
 
 The actors run on non-daemon threads, so a script that ends without ``stop()`` (nor a ``with`` block) never
 exited. :func:`stop_at_exit` has the interpreter's exit stop such a gateway, as ``stop()`` would (journaled DMs
-stay for the next start; in memory the queue is cancelled), with a warning naming it. A forked child's exit
-leaves the gateways it inherited alone: they are its parent's (a fork hook keeps the current pid).
+stay for the next start; in memory the queue is cancelled), with a warning naming it.
 """
 
 from __future__ import annotations
@@ -17,19 +23,51 @@ from typing import Protocol
 
 from loguru import logger
 
-__all__ = ["forget_at_exit", "stop_at_exit"]
+__all__ = ["OwnerProcess", "forget_at_exit", "stop_at_exit"]
 
 _pid = os.getpid()  # this process's pid, kept by the fork hook below
 
 
 def _forked() -> None:
-    """In a forked child: the pid the exit hook compares with is the child's."""
+    """In a forked child: the pid the gateways compare with is the child's."""
     global _pid
     _pid = os.getpid()
 
 
-if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork there is no child
+if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork there is no child to refuse
     os.register_at_fork(after_in_child=_forked)
+
+
+class OwnerProcess:
+    """The pid of the process that started a gateway (None until it started).
+
+    Args:
+        root: the gateway's Hermes root (named in the refusal).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pid: int | None = None
+
+    def claim(self) -> None:
+        """The gateway has started in this process."""
+        self.pid = _pid
+
+    def here(self) -> bool:
+        """Whether the gateway may be used in this process: never started, or started here."""
+        return self.pid is None or self.pid == _pid
+
+    def refuse_in_fork(self) -> None:
+        """Refuse a call from a fork of the process that started the gateway.
+
+        Raises:
+            RuntimeError: this process is not the one the gateway was started in (nothing is done).
+        """
+        if self.pid is not None and self.pid != _pid:
+            raise RuntimeError(
+                f"Gateway({self.root}): this Gateway was started in process {self.pid}; process {_pid} is a fork "
+                "of it and cannot use it (its actors run in the parent only) — start a new Gateway in the child"
+            )
 
 
 class _Stoppable(Protocol):
