@@ -25,8 +25,10 @@ from hermes_actors.facade.failure import DispatcherFailure
 from hermes_actors.facade.lifecycle import Lifecycle, refuse_stop_in_own_turn
 from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, explicit_runner, redis_settings_for
 from hermes_actors.facade.outcomes import OutcomeWaits
+from hermes_actors.facade.process import OwnerProcess, forget_at_exit, stop_at_exit
 from hermes_actors.facade.registrations import Registrations, SubscriberEntry
 from hermes_actors.facade.sends import SendsInFlight
+from hermes_actors.facade.starting import StartRun
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.messages import BOT_CHAT_SESSION, SendRequest
 from hermes_actors.relay.desktop_rpc import DesktopRpc
@@ -40,6 +42,12 @@ __all__ = ["Gateway"]
 
 class Gateway:
     """One gateway process's Bot Mode messaging.
+
+    Stop it with :meth:`stop` or a ``with`` block. One never stopped is stopped as the interpreter exits
+    (within ``stop()``'s timeout, with a warning naming its root): its actors' threads would keep the
+    process from exiting. A started gateway belongs to its process: in a ``fork()`` of it every call
+    raises ``RuntimeError`` naming both processes (start a new Gateway in the child), and its exit leaves
+    the parent's gateway alone.
 
     Args:
         root: the Hermes root (the default profile's home).
@@ -116,6 +124,8 @@ class Gateway:
         self._registrations = Registrations()  # subscribers and live owners given before start()
         self._outcomes = OutcomeWaits()  # the stopped Dispatcher's outcomes, and the waits a stop wakes
         self._system: ActorSystem | None = None  # the actors and threads while started
+        self._process = OwnerProcess(self.root)  # the process that started it: a fork of it refuses every call
+        self._start_run = StartRun()  # the last start() (one abandoned by a Ctrl-C may still be undoing itself)
         self._failure = DispatcherFailure(self.root, on_failure, self._sends, self._outcomes,
                                           running=lambda: self._lifecycle.state == "running")
 
@@ -124,30 +134,42 @@ class Gateway:
     def start(self) -> Gateway:
         """Start every actor. Returns self.
 
+        A ``KeyboardInterrupt`` (or any exception a signal handler raises) while it starts leaves nothing
+        running: the start runs on a thread of its own, which undoes what it built before this re-raises.
+
         Raises:
             FileNotFoundError: the root is not a directory.
-            RuntimeError: already started.
+            RuntimeError: already started; or called in a fork of the process that started it.
             ValueError: a bad ``bot_mode.transport``, or the Redis transport without a valid connection id.
             HostileFileError: a relay directory the start cannot put back (``bot_relay/`` itself a symlink or a
                 file, another user's directory, a swapped ``hubclaims/``); the text names it and says what to do.
             TransportError: the Redis transport cannot be used: credentials refused, another live
                 process serves the connection id, or the ``[redis]`` extra is missing (nothing is left running).
         """
-        with self._lifecycle.lock:
-            self._lifecycle.check_startable(self.root)
-            subscribers, owners = self._registrations.begin_start()
-            try:
-                self._start_locked(subscribers, owners)
-            finally:
-                self._registrations.end_start()
-        assert self._system is not None
-        logger.info("gateway started on {} ({} profiles)", self.root, self._system.profile_count)
-        if self._failure.failed:  # it failed while this start held the lifecycle lock
-            self._failure.report_once()
+        self._process.refuse_in_fork()
+        self._start_run.wait_done()  # a start abandoned by a second Ctrl-C may still be undoing what it built
+        run = self._start_run = StartRun()
+        try:
+            with self._lifecycle.lock:
+                self._lifecycle.check_startable(self.root)
+                subscribers, owners = self._registrations.begin_start()
+                try:
+                    run.run(lambda started: self._start_locked(started, subscribers, owners), name="gateway-start")
+                finally:
+                    self._registrations.end_start()
+            assert self._system is not None
+            logger.info("gateway started on {} ({} profiles)", self.root, self._system.profile_count)
+            if self._failure.failed:  # it failed while this start held the lifecycle lock
+                self._failure.report_once()
+        except BaseException:
+            if run.committed:  # interrupted once started (as start() returned): it leaves nothing running either
+                self.stop()
+            raise
         return self
 
-    def _start_locked(self, subscribers: dict[int, SubscriberEntry], owners: dict[str, Any]) -> None:
-        """The body of :meth:`start` (under the lifecycle lock), with the subscribers and owners given before it."""
+    def _start_locked(self, run: StartRun, subscribers: dict[int, SubscriberEntry], owners: dict[str, Any]) -> None:
+        """The body of :meth:`start` on the start's own thread (the caller holds the lifecycle lock), with the
+        subscribers and owners given before it; what it built is undone when it fails or the caller gave up."""
         self.config = cfg = load_config(self.root, self.overrides)
         # ValueError/TransportError before anything started; Redis may take the id from the config
         redis_settings, self.connection_id = redis_settings_for(cfg, self.connection_id)
@@ -157,24 +179,35 @@ class Gateway:
         try:
             system.start(cfg, redis_settings, subscribers=subscribers, owners=owners,
                          on_failing=self._failure.failing, on_failure=self._failure.failed_with)
+            self._system = system
+            self.recovered = system.recovered
+            if self.serve_submit:  # last: a DM submitted from now on finds every actor up
+                from hermes_actors.hermes.host import open_submit_endpoint
+
+                self._submit = open_submit_endpoint(self)  # it refuses DMs until the commit below
         except BaseException:
-            system.teardown()  # a half-started gateway leaves no actor or thread behind
+            self._undo_start(system)  # a half-started gateway leaves no actor or thread behind
             raise
         finally:
             self.runner = system.runner  # the real Hermes, when chosen now
-        self._system = system
-        self.recovered = system.recovered
-        if self.serve_submit:  # last: a DM submitted from now on finds every actor up
-            from hermes_actors.hermes.host import open_submit_endpoint
+        if not run.commit(lambda: self._commit_start(subscribers, owners)):
+            self._undo_start(system)  # the caller was interrupted (Ctrl-C): it re-raises once this is done
 
-            try:
-                self._submit = open_submit_endpoint(self)
-            except BaseException:
-                system.teardown()
-                raise
+    def _commit_start(self, subscribers: dict[int, SubscriberEntry], owners: dict[str, Any]) -> None:
+        """The start's last step: the gateway runs (nothing here can fail)."""
         self._registrations.taken(subscribers, owners)  # by the system (kept for a later start() that failed)
+        self._process.claim()
         self._lifecycle.state = "running"
         self.started_at = time.time()
+        stop_at_exit(self)  # a script that ends without stop() still exits (a warning says so)
+
+    def _undo_start(self, system: ActorSystem) -> None:
+        """Stop what a start that failed (or was abandoned) built; the gateway stays new."""
+        if self._submit is not None:
+            self._submit.close()
+            self._submit = None
+        system.teardown()
+        self._system = None
 
     def _is_new(self) -> bool:
         """Whether the gateway never started nor stopped (what is registered now waits for the start)."""
@@ -205,14 +238,17 @@ class Gateway:
 
         Raises:
             RuntimeError: called from inside one of this gateway's turns (its runner): the stop
-                would wait for that very turn. Stop it from another thread.
+                would wait for that very turn. Stop it from another thread. Or called in a fork of the
+                process that started it (nothing is stopped: the gateway runs in the parent).
             TypeError: ``timeout`` is not a number of seconds (nothing is stopped).
             ValueError: ``timeout`` is NaN (nothing is stopped).
         """
+        self._process.refuse_in_fork()
         timeout = wait_seconds("stop", timeout)
         refuse_stop_in_own_turn(self._system)
         if not self._lifecycle.begin_stop():  # not running, or another thread stopped it
             return
+        forget_at_exit(self)
         assert self._system is not None
         if self._submit is not None:  # first: a DM submitted while stopping would only be cancelled
             self._submit.stop_accepting()
@@ -238,10 +274,12 @@ class Gateway:
 
     @property
     def running(self) -> bool:
-        """True between start() and the beginning of stop(), unless the gateway failed (see ``on_failure``)."""
-        return self._lifecycle.state == "running" and not self._failure.failed
+        """True between start() and the beginning of stop(), unless the gateway failed (see ``on_failure``);
+        False in a fork of the process that started it (its actors run in the parent only)."""
+        return self._lifecycle.state == "running" and not self._failure.failed and self._process.here()
 
     def _live(self) -> ActorSystem:
+        self._process.refuse_in_fork()
         if self._failure.failed:
             raise RuntimeError(f"gateway is not running: its dispatcher failed ({self._failure.error!r}); "
                                "stop it and start it again")
@@ -271,7 +309,8 @@ class Gateway:
         a DM sent from inside the turn of a hop-N delivery is hop N+1).
 
         Raises:
-            RuntimeError: the gateway is not running (before start, or once stop began).
+            RuntimeError: the gateway is not running (before start, or once stop began), or this is a
+                fork of the process that started it.
             TypeError: ``hop`` is not a whole number.
             ValueError: ``hop`` is negative.
         """
@@ -285,7 +324,8 @@ class Gateway:
             self._sends.end(call)
 
     def wait_outcome(self, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
-        """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds.
+        """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds (plus at most
+        ``CHECK_GRACE``, 2 s, for a Dispatcher too busy to say at once where the DM stands).
 
         The outcomes of at least the last 100,000 settled deliveries are kept in memory (and, in
         durable mode, the last 10,000 across restarts in the journal).
@@ -296,9 +336,11 @@ class Gateway:
             TimeoutError: no outcome arrived in time (or, while the gateway does not run, the
                 root's files hold the DM without an outcome yet).
             KeyError: this gateway never issued the id (and no journal holds it).
+            RuntimeError: called in a fork of the process that started the gateway.
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
         """
+        self._process.refuse_in_fork()
         timeout = wait_seconds("wait_outcome", timeout)  # 0: where the DM stands, without waiting
         return self._outcomes.answer(delivery_id, timeout, self._settling_dispatcher, root=self.root,
                                      stopped=lambda: self._lifecycle.state == "stopped")
@@ -328,7 +370,12 @@ class Gateway:
 
         Returns:
             A function that unsubscribes.
+
+        Raises:
+            TypeError: ``callback`` is not callable.
+            RuntimeError: the gateway is stopping or stopped, or this is a fork of the process that started it.
         """
+        self._process.refuse_in_fork()
         if not callable(callback):
             raise TypeError(f"subscribe needs a callable, got {type(callback).__name__}")
         if self._lifecycle.state in ("stopping", "stopped"):
@@ -359,7 +406,7 @@ class Gateway:
             live owner and the settled DMs by status and reason (what ``hermes-actors status`` shows).
 
         Raises:
-            RuntimeError: the gateway is not running.
+            RuntimeError: the gateway is not running (or this is a fork of the process that started it).
         """
         return self._live().stats()
 
@@ -379,7 +426,9 @@ class Gateway:
         Raises:
             KeyError: no such local profile (from ``start()`` for an owner attached before it).
             TypeError: ``owner`` is neither a runner nor a callable.
+            RuntimeError: the gateway stopped, or this is a fork of the process that started it.
         """
+        self._process.refuse_in_fork()
         as_runner(owner, "owner")
         if self._registrations.attach_owner(profile, owner, self._is_new):
             return  # attached before start(): recovered DMs already go to it
@@ -390,7 +439,9 @@ class Gateway:
 
         Raises:
             KeyError: no such local profile.
+            RuntimeError: the gateway stopped, or this is a fork of the process that started it.
         """
+        self._process.refuse_in_fork()
         if self._registrations.detach_owner(profile, self._is_new):
             return
         self._live().detach_owner(profile)
@@ -427,7 +478,8 @@ class Gateway:
         Raises:
             TimeoutError: still busy after ``timeout`` seconds.
             KeyError: no such room.
-            RuntimeError: the gateway is not running, or stopped while this waited.
+            RuntimeError: the gateway is not running, or stopped while this waited (or this is a fork of
+                the process that started it).
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
         """

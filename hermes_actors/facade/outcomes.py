@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pykka
 
-from actors import ActorGone, ask
+from actors import ActorGone, AskTimeout, ask
 from hermes_actors.facade.options import ASK_TIMEOUT
 from hermes_actors.local.sending import outcome_future
 from hermes_actors.messages import CheckOutcome
 
-__all__ = ["OutcomeWaits", "outcome_on_file"]
+__all__ = ["CHECK_GRACE", "OutcomeWaits", "outcome_on_file"]
+
+# How long past the caller's timeout wait_outcome waits for the Dispatcher to say where a DM stands: a
+# wait_outcome(id, t) returns within t + CHECK_GRACE, even when the Dispatcher does not answer.
+CHECK_GRACE = 2.0
 
 
 class _Stopped(Exception):
@@ -117,6 +122,7 @@ class OutcomeWaits:
             TimeoutError: no outcome in time (or the root's files hold the DM without an outcome yet).
             KeyError: neither the Dispatcher nor the root's files know the id.
         """
+        deadline = time.monotonic() + timeout
         final = self.final(delivery_id)
         if final is not None:
             return final
@@ -138,8 +144,11 @@ class OutcomeWaits:
                     with self._lock:
                         self._waits.pop(future, None)
             # A poll, or the time ran out: ask where it stands. The told request may not have been
-            # handled yet, and an id the Dispatcher never issued is a KeyError all the same.
-            record = ask(dispatcher, CheckOutcome(delivery_id), timeout=ASK_TIMEOUT)
+            # handled yet, and an id the Dispatcher never issued is a KeyError all the same. The ask gets
+            # what is left of the caller's time, and a little more (a busy Dispatcher answers a poll too),
+            # never a full ASK_TIMEOUT on top of it.
+            answer_within = max(deadline - time.monotonic(), 0.0) + CHECK_GRACE
+            record = ask(dispatcher, CheckOutcome(delivery_id), timeout=min(answer_within, ASK_TIMEOUT))
         except (ActorGone, _Stopped):  # stopped since the caller's check: its outcomes were kept, if it had this one
             final = self.final(delivery_id)
             if final is not None:
@@ -147,8 +156,12 @@ class OutcomeWaits:
             return outcome_on_file(root, delivery_id)
         except KeyError:  # not issued here: another gateway on this root may have journaled it (DESIGN 3)
             return outcome_on_file(root, delivery_id, running=True)
+        except AskTimeout as exc:
+            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout:g}s (the Dispatcher did "
+                               f"not say where it stands within {CHECK_GRACE:g}s more: it is busy or stuck; "
+                               "wait_outcome again later)") from exc
         if record is None:
-            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s")
+            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout:g}s")
         return dict(record)
 
     def end(self) -> None:

@@ -1,0 +1,329 @@
+"""Embedding a Gateway in a script (found by the review of the Python API): a script that never stops its
+gateway still exits, a fork()ed child refuses the gateway it inherited, an interrupt while start() runs
+leaves nothing running, and wait_outcome is bounded by its timeout when the Dispatcher does not answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+from crash_procs import child_env
+from roots import RecordingRunner, held_on, make_root, send_dm
+
+from hermes_actors import Gateway
+from hermes_actors.facade.outcomes import CHECK_GRACE
+from hermes_actors.local.dispatcher import DispatcherActor
+from hermes_actors.local.notifier import NotifierActor
+
+WAIT = 30.0
+PROCESS_DEADLINE = 60.0  # a child process that hangs (the bugs) fails the test instead of holding it
+
+_EXIT_SCRIPT = """
+import fcntl, json, sys, threading
+from loguru import logger
+from roots import body_of
+from hermes_actors import Gateway
+from hermes_actors.store.turnlock import turn_lock_path
+
+logger.enable("hermes_actors")
+root, durable = sys.argv[1], sys.argv[2] == "1"
+entered = threading.Event()
+held = turn_lock_path(root, "bob")
+held.parent.mkdir(parents=True, exist_ok=True)
+lock_file = open(held, "a")
+fcntl.flock(lock_file, fcntl.LOCK_EX)  # bob's turns wait for his flock: they never begin
+
+def runner(turn):
+    if body_of(turn.content) == "c0":
+        entered.set()
+        while gw.running:  # the turn runs until the stop at exit begins
+            threading.Event().wait(0.01)
+    return "ok: " + body_of(turn.content)
+
+def seen(outcome):
+    print(json.dumps({"id": outcome["delivery_id"], "status": outcome["status"], "reason": outcome["reason"]}),
+          flush=True)
+
+gw = Gateway(root, runner=runner, durable=durable)
+gw.subscribe(seen, rooms=False)
+gw.start()
+ids = [gw.message_agent(sender="alice", target="carol", message="c0")["delivery_id"]]
+ids += [gw.message_agent(sender="alice", target="bob", message=f"b{i}")["delivery_id"] for i in range(3)]
+assert entered.wait(30)
+print(json.dumps({"ids": ids}), flush=True)
+# the script ends here without stop(): c0 runs, bob's DMs wait
+"""
+
+_UNREFERENCED_SCRIPT = """
+import sys
+from loguru import logger
+from hermes_actors import Gateway
+
+logger.enable("hermes_actors")
+Gateway(sys.argv[1], runner="demo").start()  # kept by nobody
+raise SystemExit("a bug after start")
+"""
+
+_FORK_SCRIPT = """
+import json, os, sys, time
+from loguru import logger
+from hermes_actors import Gateway
+
+logger.enable("hermes_actors")
+gw = Gateway(sys.argv[1], runner=lambda turn: "ok").start()
+first = gw.message_agent(sender="alice", target="bob", message="before the fork")["delivery_id"]
+assert gw.wait_outcome(first, 30)["status"] == "replied"
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    calls = {
+        "message_agent": lambda: gw.message_agent(sender="alice", target="bob", message="from the child"),
+        "wait_outcome": lambda: gw.wait_outcome(first, 30),
+        "subscribe": lambda: gw.subscribe(print),
+        "roster": gw.roster,
+        "stats": gw.stats,
+        "attach_live_owner": lambda: gw.attach_live_owner("bob", lambda turn: "owner"),
+        "list_rooms": gw.list_rooms,
+        "start": gw.start,
+        "stop": lambda: gw.stop(30),
+    }
+    out = {"pid": os.getpid(), "running": gw.running, "calls": {}}
+    for name, call in calls.items():
+        began = time.monotonic()
+        try:
+            call()
+            result = "returned"
+        except BaseException as exc:
+            result = f"{type(exc).__name__}: {exc}"
+        out["calls"][name] = [result, time.monotonic() - began]
+    os.write(w, json.dumps(out).encode())
+    os.close(w)
+    sys.exit(0)  # a normal exit: the exit hook must leave the parent's gateway alone
+os.close(w)
+data = b""
+while chunk := os.read(r, 65536):
+    data += chunk
+_, status = os.waitpid(pid, 0)
+second = gw.message_agent(sender="alice", target="bob", message="after the fork")["delivery_id"]
+after = gw.wait_outcome(second, 30)["status"]
+gw.stop()
+print(json.dumps({"parent": os.getpid(), "child": json.loads(data), "status": status, "after": after}))
+"""
+
+
+def _run_script(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``text`` as a Python script with the repo and tests/ importable, within :data:`PROCESS_DEADLINE`."""
+    script = tmp_path / "script.py"
+    script.write_text(text, encoding="utf-8")
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env["PYTHONPATH"]])
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=PROCESS_DEADLINE, check=False)
+
+
+# ── 1. a gateway never stopped is stopped at interpreter exit ───────────────
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
+def test_a_gateway_never_stopped_is_stopped_at_exit_and_loses_no_acked_dm(tmp_path: Path, durable: bool) -> None:
+    """Regression: the actors' non-daemon threads kept a script that never called stop() from exiting, forever.
+    Now the exit stops it as stop() does, with a warning naming the root: the running turn finishes; the queued
+    DMs (bob's, waiting for his turn lock) stay journaled for the next start (durable) or are cancelled (in
+    memory)."""
+    root = make_root(tmp_path)
+    done = _run_script(tmp_path, _EXIT_SCRIPT, str(root), "1" if durable else "0")
+    assert done.returncode == 0, done.stderr
+    assert (f"Gateway({root}) was not stopped; stopping it at interpreter exit — use `with Gateway(...)` "
+            "or call stop()") in done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    ids = next(line["ids"] for line in lines if "ids" in line)
+    seen = {line["id"]: f"{line['status']} {line['reason']}" for line in lines if "id" in line}
+    if not durable:  # the stop flushed the subscriber: every acked DM has its outcome
+        assert seen == {ids[0]: "replied ", **{key: "failed cancelled" for key in ids[1:]}}, done.stdout
+        return
+    assert seen == {ids[0]: "replied "}, done.stdout  # the running turn finished; bob's DMs stay journaled
+    with Gateway(root, runner=RecordingRunner()) as gw:  # the next start runs them
+        assert gw.recovered["reoffered"] == 3, gw.recovered
+        outcomes = [gw.wait_outcome(key, timeout=WAIT) for key in ids]
+    assert [o["reply"] for o in outcomes] == ["ok: c0", "ok: b0", "ok: b1", "ok: b2"], outcomes
+
+
+def test_a_gateway_no_one_references_is_stopped_when_the_script_fails(tmp_path: Path) -> None:
+    """Regression: ``Gateway(root).start()`` kept by nobody, then an uncaught error: the script never exited."""
+    root = make_root(tmp_path)
+    done = _run_script(tmp_path, _UNREFERENCED_SCRIPT, str(root))
+    assert done.returncode == 1 and "a bug after start" in done.stderr, done.stderr
+    assert f"Gateway({root}) was not stopped; stopping it at interpreter exit" in done.stderr
+    assert "gateway stopped" in done.stderr
+
+
+# ── 2. a fork()ed child refuses the gateway it inherited ────────────────────
+
+
+def test_a_forked_child_refuses_every_call_at_once_and_the_parent_keeps_working(tmp_path: Path) -> None:
+    """Regression: a fork()ed child inherited the Gateway but none of its actors: message_agent acked a DM that
+    was lost (the journal's write offset is the parent's), wait_outcome and stop ran 30 s past their timeouts.
+    Now every call refuses at once naming both processes, the child's exit leaves the gateway alone, and the
+    parent's gateway keeps working."""
+    done = _run_script(tmp_path, _FORK_SCRIPT, str(make_root(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    parent, child = out["parent"], out["child"]
+    assert out["status"] == 0 and child["running"] is False, out
+    for name, (result, seconds) in child["calls"].items():
+        assert result.startswith("RuntimeError: "), (name, result)
+        assert (f"this Gateway was started in process {parent}; process {child['pid']} is a fork of it"
+                in result), (name, result)
+        assert "start a new Gateway in the child" in result, (name, result)
+        assert seconds < 5, (name, seconds)  # at once (it was ASK_TIMEOUT and more)
+    assert "not stopped" not in done.stderr  # the child's exit did not try to stop the parent's gateway
+    assert out["after"] == "replied", out
+
+
+# ── 3. an interrupt while start() runs leaves nothing running ───────────────
+
+
+class Interrupted(BaseException):
+    """What the test's signal handler raises in the main thread, as Ctrl-C's KeyboardInterrupt would."""
+
+
+@pytest.fixture
+def interrupt_main() -> Iterator[tuple[threading.Event, threading.Event]]:
+    """SIGUSR1 raises :class:`Interrupted` in the main thread (where start() runs): yields (``raised``, set by the
+    handler as it raises; ``request``, set by the test to have a helper thread send the signal)."""
+    assert threading.current_thread() is threading.main_thread()
+    raised, request = threading.Event(), threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        raised.set()
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def sender() -> None:
+        if request.wait(WAIT):
+            signal.pthread_kill(main, signal.SIGUSR1)
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    try:
+        yield raised, request
+    finally:
+        request.set()
+        thread.join(WAIT)
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _new_actors(before: set[Any]) -> list[str]:
+    """The actors running now that did not run before (stopping them, so a failed test leaks nothing)."""
+    left = [ref for ref in pykka.ActorRegistry.get_all() if ref not in before]
+    for ref in left:
+        ref.stop(block=True, timeout=WAIT)
+    return [ref.actor_class.__name__ for ref in left]
+
+
+def _new_threads(before: set[threading.Thread]) -> list[str]:
+    """The threads alive now that were not before, the daemon turn workers a start leaves idle aside."""
+    return [t.name for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+
+
+def test_an_interrupt_while_an_actor_starts_leaves_nothing_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt_main: tuple[threading.Event, threading.Event]
+) -> None:
+    """Regression: a Ctrl-C landing between an actor's thread starting and start() recording it (here, inside
+    the NotifierActor's start) left that actor running after start() raised, a non-daemon thread that kept the
+    process from exiting. Now the start runs on a thread of its own; the interrupted caller waits for it to undo
+    what it built, then re-raises; the gateway is still new and starts again."""
+    raised, request = interrupt_main
+    original = NotifierActor._start_actor_loop
+    first = [True]
+
+    def interrupted_as_it_starts(self: NotifierActor) -> None:
+        original(self)  # its thread runs
+        if first[0]:  # the first start only: the interrupt lands before start() could record the actor
+            first[0] = False
+            request.set()
+            assert raised.wait(WAIT), "the main thread was never interrupted"
+
+    monkeypatch.setattr(NotifierActor, "_start_actor_loop", interrupted_as_it_starts)
+    actors_before, threads_before = set(pykka.ActorRegistry.get_all()), set(threading.enumerate())
+    gw = Gateway(make_root(tmp_path), runner=RecordingRunner())
+    with pytest.raises(Interrupted):
+        gw.start()
+    assert _new_actors(actors_before) == []
+    assert _new_threads(threads_before) == []
+    assert not gw.running
+    with gw:  # still new: it starts again
+        assert gw.wait_outcome(send_dm(gw, "after the interrupt"), timeout=WAIT)["status"] == "replied"
+    assert _new_actors(actors_before) == []
+
+
+def test_an_interrupt_as_start_returns_stops_the_started_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt_main: tuple[threading.Event, threading.Event]
+) -> None:
+    """An interrupt that lands once the start is done (as start() returns) stops the gateway it started before
+    start() re-raises: nothing is left running."""
+    raised, request = interrupt_main
+    original = Gateway._commit_start
+
+    def interrupted_at_the_commit(self: Gateway, *args: Any) -> None:
+        request.set()
+        assert raised.wait(WAIT), "the main thread was never interrupted"
+        original(self, *args)
+
+    monkeypatch.setattr(Gateway, "_commit_start", interrupted_at_the_commit)
+    actors_before, threads_before = set(pykka.ActorRegistry.get_all()), set(threading.enumerate())
+    gw = Gateway(make_root(tmp_path), runner=RecordingRunner())
+    with pytest.raises(Interrupted):
+        gw.start()
+    assert _new_actors(actors_before) == []
+    assert _new_threads(threads_before) == []
+    assert not gw.running
+
+
+# ── 4. wait_outcome is bounded by its timeout ───────────────────────────────
+
+
+def test_wait_outcome_is_bounded_by_its_timeout_when_the_dispatcher_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: once the wait ran out, wait_outcome asked the Dispatcher where the DM stands with a 30 s
+    timeout of its own: a Dispatcher that did not answer made wait_outcome(id, t) take t + 30 s. Now the whole
+    call returns within t + CHECK_GRACE with the documented TimeoutError."""
+    release_turn, release_check = threading.Event(), threading.Event()
+    original = DispatcherActor._on_check
+
+    def stuck(self: DispatcherActor, msg: Any) -> Any:
+        release_check.wait(WAIT * 2)
+        return original(self, msg)
+
+    monkeypatch.setattr(DispatcherActor, "_on_check", stuck)
+    runner = RecordingRunner(held_on("held", release_turn))
+    gw = Gateway(make_root(tmp_path), runner=runner)
+    gw.start()
+    try:
+        key = send_dm(gw, "held")
+        runner.wait_entered(1, timeout=WAIT)
+        for timeout in (0.0, 0.5):
+            began = time.monotonic()
+            with pytest.raises(TimeoutError, match=f"no outcome for delivery {key} within"):
+                gw.wait_outcome(key, timeout=timeout)
+            # t + CHECK_GRACE, and room for a loaded machine; the bug took t + 30 s
+            assert time.monotonic() - began < timeout + CHECK_GRACE + 10, timeout
+    finally:
+        release_check.set()
+        release_turn.set()
+        gw.stop()
