@@ -45,12 +45,14 @@ from fake_model import (
 )
 
 import hermes_actors
+from actors.testkit import await_condition
 
 BOT_CHAT = "Bot Chat"
 API_KEY = "e2e-api-key-0123456789abcdef"
 CLI_TURN_TIMEOUT = 240.0  # one CLI turn costs 5-9 s of CPU here, far more on a loaded machine
 START_TIMEOUT = 180.0  # a host or a hermes gateway coming up
 FLOW_TIMEOUT = 240.0  # a DM's whole way: the target's turn, then the sender's wake-up turn
+POLL_SECONDS = 0.25  # between looks at a host, a gateway or a Bot Chat (each look is a socket or a sqlite read)
 _DM_RE = re.compile(r"DM @?([A-Za-z0-9_-]+): (.+)\Z", re.S)
 _WAKE_PREFIXES = ("Reply from ", "Delivery to ", "target_busy:")  # the outcome texts (core/outcomes.py)
 _SILENT_MARK = "read your message and chose not to reply"
@@ -256,22 +258,6 @@ def processes() -> Iterator[Processes]:
         procs.close()
 
 
-def wait_until(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.25) -> Any:
-    """Poll ``condition`` until it returns something truthy (returned), at most ``timeout`` seconds.
-
-    Raises:
-        AssertionError: ``what`` did not happen in time.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g}s")
-        time.sleep(every)  # polling a condition with a deadline, not synchronizing on time
-
-
 def log_tail(path: Path, chars: int = 3000) -> str:
     """The end of a log file (for failure messages)."""
     try:
@@ -293,7 +279,7 @@ def start_serve(procs: Processes, e2e: E2ERoot, name: str = "serve") -> subproce
         answer = ping(e2e.root)
         return answer is not None and answer.get("pid") == proc.pid
 
-    wait_until(up, START_TIMEOUT, f"serve's submit endpoint on {e2e.root}")
+    await_condition(up, timeout=START_TIMEOUT, interval=POLL_SECONDS, message=f"serve's submit endpoint on {e2e.root}")
     return proc
 
 
@@ -320,7 +306,8 @@ def start_hermes_gateway(procs: Processes, e2e: E2ERoot, port: int, *, hosts: bo
                 return False
         return probe_api_server(server)
 
-    wait_until(up, START_TIMEOUT, "the hermes gateway's API server" + (" and its actors" if hosts else ""))
+    await_condition(up, timeout=START_TIMEOUT, interval=POLL_SECONDS,
+                    message="the hermes gateway's API server" + (" and its actors" if hosts else ""))
     return proc
 
 

@@ -10,9 +10,9 @@ import json
 import math
 import os
 import sys
-import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -255,19 +255,23 @@ def test_report_renders_markdown_and_docs(tmp_path: Path) -> None:
     assert (tmp_path / "docs" / "benchmarks.png").read_bytes() == b"\x89PNG"
 
 
-def test_baseline_reply_waiter_polls_the_reply_file(tmp_path: Path) -> None:
+def test_baseline_reply_waiter_polls_the_reply_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.baseline import model
+
     reply = tmp_path / "replies" / ("a" * 32 + ".json")
     reply.parent.mkdir()
     assert wait_reply_file(reply, 0.01) is None
+    pauses: list[float] = []
 
-    def write_later() -> None:
-        time.sleep(0.05)
+    def pause_then_reply(seconds: float) -> None:
+        # The reply lands during the waiter's first pause (not after a sleep of the test's own, which a loaded
+        # machine could stretch past the waiter's first look): it must look again to see it.
+        pauses.append(seconds)
         reply.write_text(json.dumps({"id": "a" * 32, "reply": "ok"}), encoding="utf-8")
 
-    writer = threading.Thread(target=write_later)
-    writer.start()
+    monkeypatch.setattr(model, "time", SimpleNamespace(time=time.time, sleep=pause_then_reply))
     assert wait_reply_file(reply, 5) == {"id": "a" * 32, "reply": "ok"}
-    writer.join()
+    assert pauses == [model.REPLY_POLL_S], "the file was missing at the first look and found at the next poll"
 
 
 def test_the_polling_room_model_follows_the_room_rules() -> None:

@@ -367,6 +367,7 @@ def test_the_hermes_gateways_shared_host_starts_a_failed_gateway_again(
 def test_outcomes_after_failure_table() -> None:
     why = failure_text(Poison("x"))
     assert why == "The gateway's dispatcher failed (Poison: x)."
+    assert failure_text(None) == "The gateway's dispatcher failed (an unknown error)."  # no exception to name
     arrived = outcomes.from_reply("r", "@bob", "done")
     held = [
         HeldDelivery("m1", "@bob", "local", journaled=False, started=True),   # may have run

@@ -14,7 +14,7 @@ import pytest
 from relay_helpers import seed_envelope
 from roots import LogCapture, RecordingRunner, body_of, crash_enqueue_once, held_on, make_root, start_gateway
 
-from actors import RestartPolicy, WorkerPool
+from actors import AskTimeout, RestartPolicy, WorkerPool
 from actors.testkit import await_condition
 from hermes_actors import CallableRunner, Gateway, TurnFailed
 from hermes_actors.local import profile_table
@@ -23,6 +23,10 @@ from hermes_actors.messages import Turn, WindDown
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 
 OUTCOME_KEYS = {"delivery_id", "status", "reply", "error", "reason", "retryable", "from", "text"}
+# What a stop may take beyond its own timeout on a loaded 2-core machine (thread scheduling, joins): generous, and
+# still far below the regressions these tests catch (a stop held ~15 s whatever its timeout). Finer claims on how
+# long a stop takes are asserted as behaviour (what it waits for, with which deadline) or measured in bench/.
+STOP_SLACK = 5.0
 
 
 
@@ -295,7 +299,7 @@ def test_stop_with_a_hung_turn_returns_within_its_timeout(
         gw.stop(timeout=timeout)
         took = time.monotonic() - began
         assert joins and joins[-1] <= timeout  # the workers' join is bounded by the stop's own deadline
-        assert took < timeout + 0.5, f"stop({timeout}) took {took:.2f}s"
+        assert took < timeout + STOP_SLACK, f"stop({timeout}) took {took:.2f}s"
         assert gw.wait_outcome(stuck, timeout=0)["status"] == "ambiguous"
     finally:
         release.set()
@@ -325,7 +329,7 @@ def test_stop_with_a_non_blocking_runner_stuck_in_its_turn_returns_in_time_and_s
                 gw.wait_outcome(behind, timeout=0)
         else:
             assert gw.wait_outcome(behind, timeout=0)["reason"] == "cancelled"
-        assert took < 0.3 + 0.5, f"stop(0.3) took {took:.2f}s"
+        assert took < 0.3 + STOP_SLACK, f"stop(0.3) took {took:.2f}s"
         assert non_daemon_threads() <= threads_before  # the stuck thread does not keep the process alive
     finally:
         release.set()
@@ -340,15 +344,40 @@ def test_stop_with_a_non_blocking_runner_stuck_in_its_turn_returns_in_time_and_s
         assert runner.bodies() == ["hang", "behind"]
 
 
-def test_stop_with_many_profile_actors_stuck_in_their_turns_keeps_its_timeout(tmp_path: Path) -> None:
+def test_stop_with_many_profile_actors_stuck_in_their_turns_keeps_its_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Regression (review): the stop asked each ProfileActor in turn, giving each at least 50 ms to answer its
     WindDown, so every stuck one added 50 ms (60 of them: stop(timeout=0.5) took 3.5 s). Now every WindDown is
     sent first and the answers are collected against one deadline: 40 stuck ones cost the stop no more than one
-    (before the fix this stop took over 2.3 s)."""
+    (before the fix this stop took over 2.3 s). Asserted as that behaviour, not as a wall-clock bound a loaded
+    machine could break: every ask goes out before the first answer is awaited, and once one stuck actor used up
+    the deadline, the others are given no time of their own."""
     count = 40
     root = make_root(tmp_path, {f"p{i:02d}": {"title": "x"} for i in range(count)} | {"alice": {"title": "a"}})
     release = threading.Event()
     runner = RecordingRunner(lambda turn: (release.wait(60), "late")[1])
+    events: list[tuple[str, float, bool]] = []  # ("ask", 0, False) | ("get", its timeout, whether it timed out)
+    real_ask_later = profile_table.ask_later
+
+    class WatchedReply:
+        def __init__(self, reply: Any) -> None:
+            self.reply = reply
+
+        def get(self, *, timeout: float, expect: type | None = None) -> Any:
+            try:
+                answer = self.reply.get(timeout=timeout, expect=expect)
+            except AskTimeout:
+                events.append(("get", timeout, True))
+                raise
+            events.append(("get", timeout, False))
+            return answer
+
+    def watched_ask_later(ref: pykka.ActorRef[Any], message: Any) -> Any:
+        events.append(("ask", 0.0, False))
+        return WatchedReply(real_ask_later(ref, message))
+
+    monkeypatch.setattr(profile_table, "ask_later", watched_ask_later)
     gw = Gateway(root, runner=CallableRunner(runner, blocking=False)).start()  # its turns block all the same
     try:
         keys = [queued(gw.message_agent(sender="alice", target=f"p{i:02d}", message="hi")) for i in range(count)]
@@ -357,7 +386,14 @@ def test_stop_with_many_profile_actors_stuck_in_their_turns_keeps_its_timeout(tm
         gw.stop(timeout=0.3)
         took = time.monotonic() - began
         assert {gw.wait_outcome(key, timeout=0)["status"] for key in keys} == {"ambiguous"}
-        assert took < 0.3 + 1.2, f"stop(0.3) with {count} stuck ProfileActors took {took:.2f}s"
+        kinds = [kind for kind, _, _ in events]
+        assert kinds.count("ask") >= count and "ask" not in kinds[kinds.index("get"):], "asked and awaited in turn"
+        gets = [(timeout, timed_out) for kind, timeout, timed_out in events if kind == "get"]
+        assert sum(timed_out for _, timed_out in gets) == count, gets  # all of them are stuck
+        first_timeout = next(i for i, (_, timed_out) in enumerate(gets) if timed_out)
+        # The deadline has passed once one get timed out: a later one given time has a deadline of its own.
+        assert all(timeout < 0.001 for timeout, _ in gets[first_timeout + 1:]), gets
+        assert took < 0.3 + STOP_SLACK, f"stop(0.3) with {count} stuck ProfileActors took {took:.2f}s"
     finally:
         release.set()
 

@@ -18,6 +18,18 @@ from hermes_actors.system import ActorSystem
 WAIT = 20.0
 
 
+class WatchedCondition(threading.Condition):
+    """A condition that says (``waited``) once a thread waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited.set()
+        return super().wait(timeout)
+
+
 def test_a_subscriber_and_a_live_owner_given_while_start_runs_are_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -37,6 +49,8 @@ def test_a_subscriber_and_a_live_owner_given_while_start_runs_are_kept(
     owner = RecordingRunner(lambda turn: "from the owner")
     seen: list[dict[str, Any]] = []
     gw = Gateway(make_root(tmp_path), runner=runner)
+    registrations = WatchedCondition()
+    gw._registrations._lock = registrations  # to see the registrar block on the start under way
     starter = threading.Thread(target=gw.start)
     starter.start()
     try:
@@ -48,7 +62,10 @@ def test_a_subscriber_and_a_live_owner_given_while_start_runs_are_kept(
 
         registrar = threading.Thread(target=register)
         registrar.start()
-        registrar.join(2)  # before the fix it returned at once, its registrations lost when start() ended
+        # Let start() end only once the registration is inside it: blocked until the start ends, or (before the
+        # fix) already returned. A fixed wait here let a slow registrar come after the start and pass regardless.
+        await_condition(lambda: registrations.waited.is_set() or not registrar.is_alive(), timeout=WAIT,
+                        message="the registrar reached the registrations while start() ran")
         proceed.set()
         starter.join(WAIT)
         registrar.join(WAIT)

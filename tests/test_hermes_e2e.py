@@ -26,6 +26,7 @@ import pytest
 from fake_model import FakeModel, ToolCall, last_user_text, message_agent_call, profile_of
 from hermes_e2e import (
     FLOW_TIMEOUT,
+    POLL_SECONDS,
     E2ERoot,
     Processes,
     bot_chat_messages,
@@ -40,11 +41,11 @@ from hermes_e2e import (
     start_serve,
     tool_result_of,
     turn_of,
-    wait_until,
     wake_calls,
 )
 from hermes_fixtures import locate_hermes_cli
 
+from actors.testkit import await_condition
 from hermes_actors.core.targets import NOT_BOT_CHAT_TEXT
 from hermes_actors.hermes.submit import fetch_outcome, ping, submit_dm
 
@@ -91,8 +92,9 @@ def ack_of(model: FakeModel, profile: str, text: str) -> dict[str, Any]:
 
 def wait_bot_chat_has(home: Path, message: tuple[str, str]) -> list[tuple[str, str]]:
     """The Bot Chat of ``home`` once it holds ``message``."""
-    return wait_until(lambda: message in bot_chat_messages(home) and bot_chat_messages(home),
-                      FLOW_TIMEOUT, f"{message!r} in {home.name}'s Bot Chat")
+    return await_condition(lambda: message in bot_chat_messages(home) and bot_chat_messages(home),
+                           timeout=FLOW_TIMEOUT, interval=POLL_SECONDS,
+                           message=f"{message!r} in {home.name}'s Bot Chat")
 
 
 # ── refusals (no host needed) ───────────────────────────────────────────────
@@ -350,7 +352,8 @@ def test_a_warm_ping_pong_under_serve_ends_at_the_hop_limit(tmp_path: Path, proc
             return model.calls_where(lambda c: c.profile == "alice" and c.tool_result is not None
                                      and "Conversation guard" in c.tool_result)
 
-        last = wait_until(refused, FLOW_TIMEOUT * 2, "alice's DM refused by the conversation guard")[-1]
+        last = await_condition(refused, timeout=FLOW_TIMEOUT * 2, interval=POLL_SECONDS,
+                               message="alice's DM refused by the conversation guard")[-1]
         assert last.tool_result is not None
         answer = json.loads(last.tool_result)
         assert answer["reason"] == "loop_guard" and "this DM would be hop 4" in answer["error"], answer

@@ -6,7 +6,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,11 +69,10 @@ def warm_runner(offline_root: OfflineRoot, gateway: HermesGateway, hermes_cli: s
     """The root's default runner once the gateway's API server answers (warm turns), and that server."""
     server = api_server_of(yaml.safe_load((offline_root.root / "config.yaml").read_text()), gateway.env)
     assert server is not None, "enable --gateway configured the API server"
-    deadline = time.monotonic() + 90
-    while not probe_api_server(server) and time.monotonic() < deadline:
-        time.sleep(0.5)  # polling the gateway's startup with a deadline
+    await_condition(lambda: probe_api_server(server), timeout=90, interval=0.5,
+                    message="the hermes gateway's API server answering")
     runner = default_runner(offline_root.root, env=gateway.env, cli=hermes_cli)
-    assert isinstance(runner, WarmOrCliRunner) and probe_api_server(server), "the API server did not come up in 90 s"
+    assert isinstance(runner, WarmOrCliRunner), "an answering API server makes the default runner warm"
     return runner, server
 
 

@@ -1116,7 +1116,9 @@ def test_unreadable_deliveries_names_a_bad_id_without_an_accepted_record() -> No
     from hermes_actors.core.recovery import unreadable_deliveries
     from hermes_actors.store.journal_records import DeliveryState
 
-    states = {"../x": DeliveryState(outcome=_outcome("../x")), _id(73): DeliveryState(outcome=_outcome(_id(73)))}
+    states = {"../x": DeliveryState(outcome=_outcome("../x")), _id(73): DeliveryState(outcome=_outcome(_id(73))),
+              # delivered: recovery rebuilds nothing of it, so a bad delivery object there is no skipped DM
+              _id(74): DeliveryState(delivery={"target": "../../x"}, outcome=_outcome(_id(74)), delivered=True)}
     assert unreadable_deliveries(states) == ["../x"]
 
 

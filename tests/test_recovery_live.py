@@ -81,6 +81,32 @@ def test_a_started_turn_not_handed_to_an_owner_never_asks_the_live_mailbox(statu
     assert asked == []
 
 
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        ({}, "reoffer"),  # acked, never started: run it now, marked as a re-offer
+        ({"started": 1}, "ambiguous"),  # may have run: never twice
+        ({"outcome": {"status": "replied", "reply": "hi"}}, "redeliver"),  # finished, sender maybe not told
+        ({"outcome": {"status": "replied", "reply": "hi"}, "delivered": True}, "known"),  # told: remembered only
+        ({"started": 1, "delivered": True}, "none"),  # delivered without a journaled outcome: nothing to do
+        ({"delivery": None}, "none"),  # a torn record without its acceptance: nothing was acked
+    ],
+)
+def test_the_plan_gives_each_journaled_delivery_one_fate(state: dict[str, Any], expected: str) -> None:
+    delivery = _delivery()
+    key = delivery.delivery_id
+    plan = plan_recovery({key: DeliveryState(**{"delivery": delivery_record(delivery), **state})})
+    fates = {
+        "reoffer": [d.delivery_id for d in plan.reoffer],
+        "ambiguous": [d.delivery_id for d, _ in plan.ambiguous],
+        "redeliver": [o.delivery_id for o in plan.redeliver],
+        "known": list(plan.known),
+    }
+    assert fates == {fate: [key] if fate == expected else [] for fate in fates}, fates
+    if expected == "reoffer":
+        assert plan.reoffer[0].origin == "recovered"  # a wake would stay a wake (test_wake.py)
+
+
 @pytest.mark.parametrize(("runs_apart", "why"), [
     (None, "The gateway stopped or crashed during the turn."),  # a runner without the hook
     (False, "The gateway stopped or crashed during the turn."),  # the host was the hermes gateway itself

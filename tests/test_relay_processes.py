@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -77,14 +76,12 @@ def _start_pair(tmp_path: Path, spawn, count_a: int, count_b: int, *extra: str):
 
 
 def test_two_gateway_processes_and_a_hub_process_exchange_200_dms_each_way(tmp_path: Path) -> None:
-    started = time.monotonic()
     with children(tmp_path) as spawn:
         hub, peer_a, peer_b = _start_pair(tmp_path, spawn, 200, 200)
         summary_a = peer_a.wait_json("sent", timeout=45)
         summary_b = peer_b.wait_json("sent", timeout=45)
         for child in (hub, peer_a, peer_b):
             assert child.proc.poll() is None, (child.name, child.stderr_tail())
-    assert time.monotonic() - started < 60
 
     for summary, served_by in ((summary_a, tmp_path / "mini.turns"), (summary_b, tmp_path / "alpha.turns")):
         assert summary["refusals"] == []
