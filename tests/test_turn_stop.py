@@ -296,6 +296,58 @@ def test_serve_on_sigterm_names_it_and_a_second_sigterm_abandons_the_turn(
     assert record["reply"] == "" and "may have been delivered — do not resend" in record["error"]
 
 
+def _blocked_signals(pid: int) -> set[signal.Signals]:
+    """The signals process ``pid``'s main thread blocks (``SigBlk`` in /proc)."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigBlk:"))
+    mask = int(line.split()[1], 16)
+    return {sig for sig in signal.Signals if 0 < sig <= 64 and mask & (1 << (sig - 1))}
+
+
+def test_a_turn_process_serve_starts_blocks_no_stop_signal_and_a_sigterm_ends_it(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> None:
+    """Regression: serve blocked the stop signals in every thread it started (so they reached its main thread),
+    and every turn process those threads started inherited the block: a hermes CLI turn ignored the SIGTERM
+    that ends an abandoned turn, and died only by the SIGKILL after the grace."""
+    serve, turn, delivered, _ = start_serve_with_a_relayed_turn(tmp_path, fake_cli, leftovers, procs)
+    assert _blocked_signals(turn["pid"]) & {signal.SIGINT, signal.SIGTERM, signal.SIGHUP} == set()
+    serve.proc.send_signal(signal.SIGTERM)
+    serve.await_stderr("waiting for 1 running turn")
+    serve.proc.send_signal(signal.SIGTERM)
+    assert serve.wait(timeout=20) == 0
+    assert_gone(turn["pid"])
+    assert "ignored SIGTERM" not in serve.stderr()  # serve has exited: its log is complete
+
+
+SIGNAL_TO_A_WORKER = r"""
+import signal, sys, threading
+from pathlib import Path
+from hermes_actors.cli.serve import serve
+
+def on_ready(_endpoint):
+    # a process-wide signal may be handed to any thread that does not block it: hand it to one that is not main
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.ident]
+    signal.pthread_kill(others[0].ident, signal.SIGTERM)
+    print("signalled", others[0].name, flush=True)
+
+sys.exit(serve(Path(sys.argv[1]), connection_id=None, runner=lambda turn: "ok", on_ready=on_ready))
+"""
+
+
+def test_serve_stops_on_a_signal_handed_to_another_thread_than_main(tmp_path: Path) -> None:
+    """Regression: a stop signal the kernel handed to an actor's thread ran no handler while serve's main thread
+    waited on an event, and serve went on serving. Its main thread now waits on the signal wakeup fd."""
+    root = make_root(tmp_path, {"moxie": {}})
+    script = tmp_path / "serve_signalled.py"
+    script.write_text(SIGNAL_TO_A_WORKER, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, env=env,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert "signalled" in proc.stdout
+    assert "stopping the gateway (SIGTERM received)" in proc.stderr
+
+
 @pytest.mark.parametrize(("count", "seconds", "received", "text"), [
     (2, 30.0, signal.SIGINT, "waiting for 2 running turns, up to 30 s; Ctrl-C again to abandon them"),
     (1, 29.6, signal.SIGINT, "waiting for 1 running turn, up to 30 s; Ctrl-C again to abandon it"),

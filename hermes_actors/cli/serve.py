@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from actors import RestartPolicy
+from hermes_actors.cli.main_thread_wait import MainThreadWait
 from hermes_actors.cli.render import not_managed_note
 from hermes_actors.gateway import Gateway
 from hermes_actors.ops.http_config import HttpSettings
@@ -84,25 +85,6 @@ def _on_signals(handler: Callable[[signal.Signals], None]) -> Iterator[None]:
             signal.signal(sig, previous)
 
 
-@contextlib.contextmanager
-def _stop_signals_to_this_thread() -> Iterator[None]:
-    """Block the :data:`STOP_SIGNALS` meanwhile, so the threads started meanwhile inherit the block.
-
-    The kernel delivers a process's signal to any thread that does not block it, and Python runs its handler
-    only once the main thread runs again: one delivered to an actor's thread while the main thread waits on an
-    event (without a timeout) never ran, and ``serve`` went on serving after a Ctrl-C or a SIGTERM. With every
-    other thread blocking them, they reach the main thread, whose wait they interrupt.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def stop_gateway(gw: Gateway, *, received: signal.Signals | None, out: TextIO | None = None,
                  timeout: float = STOP_GRACE_SECONDS) -> None:
     """Stop ``gw``, saying what it waits for; a stop signal (Ctrl-C, SIGTERM, SIGHUP) meanwhile abandons
@@ -123,10 +105,48 @@ def stop_gateway(gw: Gateway, *, received: signal.Signals | None, out: TextIO | 
     def on_wait(count: int, seconds: float) -> None:
         print(waiting_text(count, seconds, received=received), file=stream, flush=True)
 
-    with _on_signals(lambda _sig: abandon.set()):
-        gw.stop(timeout, abandon=abandon, on_wait=on_wait)
+    with MainThreadWait() as waits, _on_signals(lambda _sig: abandon.set()):
+        if waits.on_signals:
+            _stop_beside(gw, waits, timeout=timeout, abandon=abandon, on_wait=on_wait)
+        else:  # not the main thread: no signal handler runs here
+            gw.stop(timeout, abandon=abandon, on_wait=on_wait)
     if abandon.is_set():
         print("abandoned the running turns: their outcome is ambiguous", file=stream, flush=True)
+
+
+def _stop_beside(gw: Gateway, waits: MainThreadWait, *, timeout: float, abandon: threading.Event,
+                 on_wait: Callable[[int, float], None]) -> None:
+    """``gw.stop`` on a thread of its own while this one waits in ``waits``, where a stop signal reaches it.
+
+    The stop waits for running turns on locks no signal interrupts: run on the main thread, a second
+    Ctrl-C handed to another thread set ``abandon`` only once the turns were done.
+
+    Raises:
+        Exception: whatever ``gw.stop`` raised.
+    """
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            gw.stop(timeout, abandon=abandon, on_wait=on_wait)
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
+        finally:
+            done.set()
+            waits.wake()
+
+    stopper = threading.Thread(target=stop, name="gateway-stop")
+    stopper.start()
+    try:
+        waits.until(done.is_set)
+    except BaseException:  # an interrupt of this wait (a handler that raises): the stop goes on, abandoned
+        abandon.set()
+        raise
+    finally:
+        stopper.join()
+    if failed:
+        raise failed[0]
 
 
 def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[str, Any] | None = None,
@@ -144,7 +164,9 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
         connection_id: this gateway's connection id on the relay.
         runner: how turns run.
         config: overrides deep-merged over ``config.yaml``.
-        stop: set it to stop (besides the signals).
+        stop: set it to stop (besides the signals). On the main thread serve wakes for a signal or its own
+            failure, not for another thread's event: set it there before serving waits (``on_ready``), or run
+            serve on another thread to stop it from outside.
         http: also serve ``/metrics``, ``/status`` and the live page there (None: no HTTP endpoint).
         on_ready: called with the operator endpoint (or None) each time a gateway serves (for tests).
 
@@ -178,13 +200,17 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
     """Serve one gateway until ``stop`` is set or it fails; None once stopped, else what failed."""
     failures: list[str] = []
 
+    wakes: list[MainThreadWait] = []  # the wait for a stop, while serving
+
     def on_failure(error: BaseException | None) -> None:  # on the failed Dispatcher's thread
         failures.append(f"its dispatcher failed ({error!r})")
         stop.set()
+        for waits in list(wakes):
+            waits.wake()
 
     received: list[signal.Signals] = []  # the stop signal, as opposed to the wake-up of a failure
 
-    def on_signal(sig: signal.Signals) -> None:
+    def on_signal(sig: signal.Signals) -> None:  # on the main thread, in its wait (MainThreadWait)
         received.append(sig)
         stop.set()
 
@@ -205,17 +231,16 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
                 raise already_hosted(root, holder) from exc
             raise RuntimeError(f"cannot serve HTTP on {http.url}: {exc.strerror or exc}") from exc
     try:
-        with _stop_signals_to_this_thread():  # every thread the gateway starts inherits the block
-            gw.start()
+        gw.start()
     except BaseException:
         if endpoint is not None:
             endpoint.close()
         raise
     try:
         if endpoint is not None:
-            with _stop_signals_to_this_thread():  # its accept thread too, and the request threads that one starts
-                endpoint.start()
-        with _on_signals(on_signal):
+            endpoint.start()
+        with MainThreadWait() as waits, _on_signals(on_signal):
+            wakes.append(waits)
             names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
             # what the gateway runs as: its absolute root, and the connection id it took (Redis may take
             # bot_mode.connection_id when none was given)
@@ -226,7 +251,11 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
                 print(f"live page, /metrics and /status on {endpoint.url}", flush=True)
             if on_ready is not None:
                 on_ready(endpoint)
-            stop.wait()
+            if waits.on_signals:
+                waits.until(stop.is_set)
+            else:  # serving on another thread (tests, an embedder): no signal to wait for, and its stop is an event
+                stop.wait()
+            wakes.clear()
         if failures and not received:
             stop.clear()
         else:

@@ -1,0 +1,87 @@
+"""A wait on the main thread that every signal ends, whichever thread the kernel handed it to.
+
+Python runs a signal's handler on the main thread only, when that thread next runs bytecode. The
+kernel hands a process's signal to any thread that does not block it: one handed to an actor's
+thread while the main thread waits on a lock or an event ran no handler, and ``serve`` went on
+serving after a Ctrl-C. Blocking the signals in every other thread sent them to the main thread,
+but every process those threads started (a hermes CLI turn) inherited the block and ignored the
+SIGTERM meant to end it. So the main thread waits in ``select`` on the signal wakeup fd instead:
+the C-level handler writes the signal's number there from whatever thread caught it, the
+``select`` returns, and the handler runs on the main thread before the wait looks again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+__all__ = ["MainThreadWait"]
+
+
+class MainThreadWait:
+    """Wait until a condition holds, woken by :meth:`wake` from any thread or by any signal.
+
+    Use it as a context manager: on the main thread it is the signal wakeup fd meanwhile (the
+    previous one is put back at exit). On another thread no signal handler runs anyway; only
+    :meth:`wake` ends a wait there.
+    """
+
+    def __init__(self) -> None:
+        self._read = -1
+        self._write = -1
+        self._previous: int | None = None  # the wakeup fd before ours; None: ours is not installed
+
+    def __enter__(self) -> MainThreadWait:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._previous is not None:
+            signal.set_wakeup_fd(self._previous)
+            self._previous = None
+        for fd in (self._read, self._write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._read = self._write = -1
+
+    @property
+    def on_signals(self) -> bool:
+        """Whether signals end this wait too (it was entered on the main thread)."""
+        return self._previous is not None
+
+    def wake(self) -> None:
+        """End the current (or the next) :meth:`until` wait's sleep so it looks again; from any thread.
+
+        Never blocks nor raises: a full pipe already holds a wake-up, a closed one has no waiter.
+        """
+        with contextlib.suppress(OSError):
+            os.write(self._write, b"\0")
+
+    def until(self, done: Callable[[], bool]) -> None:
+        """Return once ``done()`` holds; it is asked again after each wake-up and each signal.
+
+        Whatever makes ``done()`` hold must call :meth:`wake` (or be a signal's handler, which runs
+        on the main thread: the signal itself wakes the wait).
+
+        Args:
+            done: the condition, asked on this thread.
+
+        Raises:
+            RuntimeError: used outside its ``with`` block.
+        """
+        if self._read < 0:
+            raise RuntimeError("MainThreadWait.until() outside its with-block")
+        while not done():  # the loop's jump back runs the handler of a signal that woke the select
+            select.select([self._read], [], [])
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                while os.read(self._read, 512):
+                    pass
