@@ -443,3 +443,52 @@ def test_a_hub_start_puts_back_a_relay_directory_left_swapped_for_a_symlink(two_
     [link] = paths_m.relay.quarantine.glob("delivered.*.quarantined")
     assert link.is_symlink()
     assert {p.name: p.read_text(encoding="utf-8") for p in outside.iterdir()} == files
+
+
+HUB_SIGNALLED_ON_ANOTHER_THREAD = r"""
+import signal, sys, threading
+from pathlib import Path
+from actors.testkit import await_condition
+from hermes_actors.relay.hub import run_hub
+
+def waiting(main):
+    # the main thread is in its last wait (a signal handled earlier, while it still ran, would prove nothing)
+    frame = sys._current_frames().get(main.ident)
+    return frame is not None and frame.f_code.co_name in ("wait", "until")
+
+def kick():
+    # a process-wide signal may be handed to any thread that does not block it: hand it to one of the hub's
+    me, main = threading.current_thread(), threading.main_thread()
+    await_condition(lambda: any("relay hub running" in line for line in printed) and waiting(main), timeout=30, message="hub waiting")
+    hub = next(t for t in threading.enumerate() if t not in (me, main) and t.ident)
+    signal.pthread_kill(hub.ident, signal.SIGTERM)
+
+printed = []
+real_print = print
+def print(*args, **kwargs):
+    real_print(*args, **kwargs)
+    printed.append(" ".join(map(str, args)))
+import builtins
+builtins.print = print
+
+threading.Thread(target=kick, daemon=True).start()
+sys.exit(run_hub([Path(sys.argv[1]), Path(sys.argv[2])], names=["alpha", "mini"]))
+"""
+
+
+def test_the_hub_stops_on_a_signal_handed_to_another_thread_than_main(
+    tmp_path: Path, two_roots: tuple[Path, Path]
+) -> None:
+    """Regression: the hub's main thread waited on an event; a SIGTERM the kernel handed to one of its
+    watcher or actor threads ran no handler, and the hub went on running."""
+    import subprocess
+    import sys
+
+    alpha, mini = two_roots
+    script = tmp_path / "hub_signalled.py"
+    script.write_text(HUB_SIGNALLED_ON_ANOTHER_THREAD, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.run([sys.executable, str(script), str(alpha), str(mini)], capture_output=True, text=True,
+                          env=env, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert "relay hub running for alpha, mini" in proc.stdout

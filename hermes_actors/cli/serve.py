@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from actors import RestartPolicy
-from hermes_actors.cli.main_thread_wait import MainThreadWait
 from hermes_actors.cli.render import not_managed_note
 from hermes_actors.gateway import Gateway
 from hermes_actors.ops.http_config import HttpSettings
+from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
 __all__ = ["RESTART_POLICY", "serve", "stop_gateway", "stop_text", "waiting_text"]

@@ -35,6 +35,7 @@ from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.messages import RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
+from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
 from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_strays
 from hermes_actors.store import relay_files as rf
@@ -401,7 +402,7 @@ def run_hub(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    with Scheduler() as scheduler:
+    with Scheduler() as scheduler, MainThreadWait() as waits:
         hub = HubActor.start(hub_roots, scheduler=scheduler)
         bridges = [
             FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=rescan_seconds,
@@ -412,7 +413,10 @@ def run_hub(
         if not quiet:
             print(f"relay hub running for {', '.join(r.name for r in hub_roots)}", flush=True)
         try:
-            stop.wait()
+            if waits.on_signals:  # a signal handed to a watcher's thread wakes this wait too
+                waits.until(stop.is_set)
+            else:
+                stop.wait()
         finally:
             for bridge in bridges:
                 bridge.stop()
