@@ -55,7 +55,7 @@ from hermes_actors.relay.restart import recover_taken
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbeat
+from hermes_actors.store.relay_heartbeat import remove_heartbeat, sweep_dead_heartbeats, write_heartbeat
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
 from hermes_actors.store.relay_marks import clear_started, keep_reply, was_started
 from hermes_actors.store.relay_shelf import Shelf
@@ -435,7 +435,7 @@ class RelayActor(TypedActor):
 
     @handles(Housekeep)
     def _on_housekeep(self, msg: Housekeep) -> int:
-        """Sweep stale relay artifacts (> 6 h) and orphaned DM files; returns the count removed."""
+        """Sweep stale relay artifacts (> 6 h), dead gateways' heartbeats and orphaned DM files; returns the count."""
         from hermes_actors.local.dm_files import cleanup_bot_dm_cache
 
         self.last_housekeep = time.monotonic()
@@ -444,6 +444,8 @@ class RelayActor(TypedActor):
         for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken, self.paths.started,
                           self.paths.expiring):
             removed += sweep_old_files(directory, time.time() - rp.STALE_AFTER_SECONDS)
+        # a gateway killed -9 never withdrew its heartbeat: the hub, status and doctor would read it forever
+        removed += sweep_dead_heartbeats(self.paths, now=time.time())
         removed += cleanup_bot_dm_cache()
         if removed:
             logger.info("housekeeping removed {} stale file(s)", removed)
