@@ -86,3 +86,16 @@ def test_status_text_of_an_unmanaged_idle_root() -> None:
     assert "gateway: none serves /r" in text
     assert "fix: hermes-actors enable --root /r" in text
     assert "problem: 1 corrupt journal line(s) skipped" in text
+
+
+def test_status_text_labels_claimed_and_replies_as_files_kept_until_the_sweep() -> None:
+    """Regression (soak review): ``claimed 2326, replies 2326`` next to ``in flight: 0`` read as DMs stuck in the
+    relay; those directories keep envelopes already handed on and replies already written until the 6 h sweep."""
+    relay = {"transport": "file", "outbox": 0, "claimed": 2326, "replies": 2326, "inbox": 1, "taken": 0,
+             "quarantine": 0, "roster_age_seconds": None, "remote_agents": 0}
+    status = {"root": "/r", "running": False, "relay": relay, "in_flight": [], "counters": {}}
+    [line] = [line for line in status_text(status).splitlines() if line.startswith("relay: ")]
+    assert line == ("relay: file; outbox 0, inbox 1, taken 0, quarantine 0; "
+                    "kept until the 6 h sweep: claimed 2326, replies 2326; no relay roster")
+    none_there = {**relay, **dict.fromkeys(("outbox", "claimed", "replies", "inbox", "taken", "quarantine"))}
+    assert "relay: file; no relay directories; no relay roster" in status_text({**status, "relay": none_there})

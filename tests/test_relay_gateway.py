@@ -411,6 +411,9 @@ def test_the_drain_side_refuses_an_expired_envelope_and_does_not_run_it(
 def test_housekeep_sweeps_only_stale_relay_files(tmp_path: Path, gateways: list[Gateway]) -> None:
     root = make_root(tmp_path, name="alpha")
     gw = start(gateways, root)
+    # the sweep of the first tick after the start, done now: it cannot take the old files below before the
+    # count is asked for (the next tick's sweep is an hour away)
+    gw.housekeep()
     paths = RelayPaths.from_root(root)
     files: dict[str, list[Path]] = {"old": [], "new": []}
     for age in ("old", "new"):
@@ -433,6 +436,36 @@ def test_housekeep_sweeps_only_stale_relay_files(tmp_path: Path, gateways: list[
     removed = gw.housekeep()
     assert removed >= 4
     assert [p.exists() for p in files["old"]] == [False, False, False, False]
+    assert [p.exists() for p in files["new"]] == [True, True, True, True]
+
+
+def test_a_gateway_started_just_now_sweeps_artifacts_older_than_6_h(tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Regression (soak review): the sweep ran only after an hour of uptime, timed from the start, so a gateway
+    run for minutes or restarted more often than hourly never swept, and ``claimed/``, ``replies/`` and
+    ``consumed/`` (each relay DM's text among them) only grew. The first tick after the start sweeps now."""
+    root = make_root(tmp_path, name="alpha")
+    inbox = InboxPaths.from_root(root).ensure()  # as an earlier run left it
+    paths = inbox.relay
+    seven_hours_ago = time.time() - 7 * 3600
+    files: dict[str, list[Path]] = {"old": [], "new": []}
+    for age in ("old", "new"):
+        envelope = seed_envelope(target_connection="mini", target_profile="moxie", from_profile="zed")
+        claimed = paths.claimed / f"{envelope['id']}.json"
+        seed_write_json(claimed, envelope, prefix=".env-")
+        rid = uuid.uuid4().hex
+        rf.write_reply(paths, rp.make_reply(rid, reply="the text of a DM", now=time.time()))
+        consumed = inbox.consumed / f"{rid}.json"
+        seed_write_json(consumed, {"id": rid, "at": int(time.time())})
+        delivered = inbox.delivered / f"{uuid.uuid4().hex}.json"
+        seed_write_json(delivered, {"id": delivered.stem, "at": 1, "reply": "x", "error": "", "reason": "",
+                                    "reply_connection": "mini"})
+        files[age] += [claimed, paths.replies / f"{rid}.json", consumed, delivered]
+    for path in files["old"]:
+        os.utime(path, (seven_hours_ago, seven_hours_ago))
+
+    start(gateways, root)
+    await_condition(lambda: not any(p.exists() for p in files["old"]), timeout=30,
+                    message="the artifacts older than 6 h swept soon after the start")
     assert [p.exists() for p in files["new"]] == [True, True, True, True]
 
 

@@ -3,18 +3,36 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import make_root
+from crash_procs import child_env
+from roots import make_root, start_gateway
 
+from actors.testkit import await_condition
+from hermes_actors import Gateway
 from hermes_actors.ops.status import heartbeats
 from hermes_actors.store.atomic import atomic_write_json
-from hermes_actors.store.processes import process_start_ticks
-from hermes_actors.store.relay_heartbeat import live_heartbeats, write_heartbeat
+from hermes_actors.store.processes import pid_alive, process_start_ticks
+from hermes_actors.store.relay_heartbeat import (
+    DEAD_HEARTBEAT_GRACE_SECONDS,
+    live_heartbeats,
+    sweep_dead_heartbeats,
+    write_heartbeat,
+)
 from hermes_actors.store.relay_inbox import InboxPaths
+
+# A gateway process that wrote its heartbeat and ended without withdrawing it, as a kill -9 leaves it.
+_DIES_BEATING = (
+    "import sys, time\n"
+    "from hermes_actors.store.relay_heartbeat import write_heartbeat\n"
+    "from hermes_actors.store.relay_inbox import InboxPaths\n"
+    "write_heartbeat(InboxPaths.from_root(sys.argv[1]), 'killed', now=time.time())\n"
+)
 
 
 @pytest.fixture
@@ -66,3 +84,73 @@ def test_a_heartbeat_without_a_start_time_is_believed_while_its_pid_runs(paths: 
     """A gateway on a system without /proc writes none."""
     _plant(paths, f"{os.getpid()}.json", {"pid": os.getpid(), "connection_id": "", "at": int(time.time())})
     assert [(b["pid"], b["connection_id"]) for b in live_heartbeats(paths)] == [(os.getpid(), "")]
+
+
+def _dead_gateways_heartbeat(root: Path) -> Path:
+    """The heartbeat file a gateway process left when it ended without a clean stop (the process is reaped)."""
+    child = subprocess.run([sys.executable, "-c", _DIES_BEATING, str(root)], env=child_env(), capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert child.returncode == 0, child.stderr
+    [path] = [p for p in (root / "bot_relay" / "gateways").glob("*.json") if p.name != f"{os.getpid()}.json"]
+    assert not pid_alive(int(path.stem))
+    return path
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_housekeeping_removes_a_dead_gateways_heartbeat_and_keeps_a_live_ones(paths: InboxPaths) -> None:
+    """Regression (soak review): a killed gateway's heartbeat stayed in gateways/ forever (one more per kill -9,
+    each read by the hub, status and doctor every time); only a clean stop removed one."""
+    dead = _dead_gateways_heartbeat(paths.relay.root)
+    mine = paths.heartbeat / f"{os.getpid()}.json"
+    reused = paths.heartbeat / "1.json"  # pid 1 runs, but is not the process that wrote this
+    _plant(paths, reused.name, {"pid": 1, "connection_id": "", "at": 1, "pid_start": -5})
+    for path in (dead, mine, reused):
+        _age(path, DEAD_HEARTBEAT_GRACE_SECONDS + 60)
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 2
+    assert (dead.exists(), reused.exists(), mine.exists()) == (False, False, True)  # a live one stays, however old
+    assert [b["pid"] for b in live_heartbeats(paths)] == [os.getpid()]
+
+
+def test_a_dead_gateways_heartbeat_is_kept_for_the_grace_period(paths: InboxPaths) -> None:
+    """Its pid looks dead from here, but a gateway in another pid namespace sharing the root rewrites it
+    every 2 s: only a file left alone for the grace period goes."""
+    dead = _dead_gateways_heartbeat(paths.relay.root)
+    _age(dead, DEAD_HEARTBEAT_GRACE_SECONDS - 60)
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 0
+    assert dead.exists()
+
+
+def test_the_heartbeat_sweep_never_follows_a_symlink(paths: InboxPaths, tmp_path: Path) -> None:
+    """A ``<pid>.json`` symlink, or ``gateways/`` swapped for one, is never followed: nothing outside is removed."""
+    dead = _dead_gateways_heartbeat(paths.relay.root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / dead.name  # named as a dead gateway's heartbeat, and old
+    precious.write_bytes(dead.read_bytes())
+    _age(precious, DEAD_HEARTBEAT_GRACE_SECONDS + 60)
+    link = paths.heartbeat / f"{dead.stem}0.json"
+    link.symlink_to(precious)
+    _age(link, DEAD_HEARTBEAT_GRACE_SECONDS + 60)
+    dead.unlink()
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 0
+    assert link.is_symlink() and precious.exists()
+    moved = paths.heartbeat.with_name("gateways-moved")
+    paths.heartbeat.rename(moved)
+    paths.heartbeat.symlink_to(outside)
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 0
+    assert precious.exists()
+
+
+def test_a_gateway_started_just_now_sweeps_a_killed_gateways_heartbeat(tmp_path: Path,
+                                                                       gateways: list[Gateway]) -> None:
+    root = make_root(tmp_path)
+    InboxPaths.from_root(root).ensure()
+    dead = _dead_gateways_heartbeat(root)
+    _age(dead, DEAD_HEARTBEAT_GRACE_SECONDS + 60)
+    start_gateway(gateways, root, connection_id="mini")
+    await_condition(lambda: not dead.exists(), timeout=30, message="the killed gateway's heartbeat swept")
+    assert (root / "bot_relay" / "gateways" / f"{os.getpid()}.json").exists()

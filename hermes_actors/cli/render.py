@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hermes_actors.store.relay_protocol import STALE_AFTER_SECONDS
+
 __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
@@ -193,6 +195,32 @@ def _counts(mapping: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in mapping.items()) or "none"
 
 
+# claimed/ holds envelopes already handed on, replies/ answers already written: both are kept until the stale
+# sweep (a seed sender's waiter reads its reply there), so their counts are no DMs in flight or waiting. The
+# others wait: for a drainer, a turn, or (quarantine/) the user.
+_RELAY_WAITING = ("outbox", "inbox", "taken", "quarantine")
+_RELAY_KEPT = ("claimed", "replies")
+
+
+def _relay_dirs(relay: dict[str, Any]) -> str:
+    """Pure: the relay directory counts of a status line, the kept files apart from what waits.
+
+    Args:
+        relay: the status dict's ``relay`` (a count None or absent: the directory is missing or not ours).
+
+    Returns:
+        ``outbox 0, inbox 0, taken 0, quarantine 0; kept until the 6 h sweep: claimed 2326, replies 2326``,
+        or ``no relay directories``.
+    """
+    def counts(keys: tuple[str, ...]) -> str:
+        return ", ".join(f"{k} {relay[k]}" for k in keys if relay.get(k) is not None)
+
+    waiting, kept = counts(_RELAY_WAITING), counts(_RELAY_KEPT)
+    if kept:
+        kept = f"kept until the {STALE_AFTER_SECONDS // 3600} h sweep: {kept}"
+    return "; ".join(part for part in (waiting, kept) if part) or "no relay directories"
+
+
 def status_text(status: dict[str, Any]) -> str:
     """Pure: the human ``hermes-actors status`` report of a status dict (:mod:`hermes_actors.ops.status`)."""
     lines = []
@@ -229,11 +257,9 @@ def status_text(status: dict[str, Any]) -> str:
     lines.append(f"  by status: {_counts(c.get('by_status') or {})}")
     lines.append(f"  by reason: {_counts(c.get('by_reason') or {})}")
     relay = status.get("relay") or {}
-    dirs = ", ".join(f"{k} {relay[k]}" for k in ("outbox", "claimed", "replies", "inbox", "taken", "quarantine")
-                     if relay.get(k) is not None)
     age = relay.get("roster_age_seconds")
     roster = "no relay roster" if age is None else f"roster {_age(age)} old, {relay.get('remote_agents')} agents"
-    lines.append(f"relay: {relay.get('transport')}; {dirs or 'no relay directories'}; {roster}")
+    lines.append(f"relay: {relay.get('transport')}; {_relay_dirs(relay)}; {roster}")
     lines.append(f"peers: {', '.join(relay.get('peers') or []) or 'none (bot_peers in config.yaml)'}")
     rooms = status.get("rooms") or []
     if rooms:

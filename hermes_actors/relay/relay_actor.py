@@ -55,14 +55,14 @@ from hermes_actors.relay.restart import recover_taken
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_heartbeat import remove_heartbeat, write_heartbeat
+from hermes_actors.store.relay_heartbeat import remove_heartbeat, sweep_dead_heartbeats, write_heartbeat
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
 from hermes_actors.store.relay_marks import clear_started, keep_reply, was_started
 from hermes_actors.store.relay_shelf import Shelf
 from hermes_actors.store.sweep import sweep_old_files
 from hermes_actors.store.yaml_file import warned_while_failing
 
-__all__ = ["WATCHED_SUBDIRS", "RelayActor", "reply_from_outcome"]
+__all__ = ["WATCHED_SUBDIRS", "RelayActor", "housekeeping_due", "reply_from_outcome"]
 
 HOUSEKEEP_EVERY_SECONDS = 3600.0
 # The subdirectories of bot_relay/ whose new files _on_file acts on (roster.json is in bot_relay/ itself, which
@@ -73,6 +73,20 @@ MAX_ROUTED_AS = 8  # names kept for the heartbeat: a hub uses one; more means a 
 # A name the hub used is kept this long after its last envelope: once the hub's --name is fixed, doctor stops
 # reporting the old one without a restart of the gateway.
 ROUTED_AS_KEEP_SECONDS = 600.0
+
+
+def housekeeping_due(last: float | None, now: float) -> bool:
+    """Pure: whether the relay's housekeeping runs at this tick.
+
+    Args:
+        last: when it last ran (``time.monotonic()``), None when not yet since this gateway started.
+        now: the current ``time.monotonic()``.
+
+    Returns:
+        True at the first tick after the start, then once every ``HOUSEKEEP_EVERY_SECONDS``: a gateway
+        restarted more often than hourly (or run for minutes) still sweeps what the 6 h rule lets go.
+    """
+    return last is None or now - last >= HOUSEKEEP_EVERY_SECONDS
 
 
 def reply_from_outcome(outcome: Any) -> dict[str, str]:
@@ -128,7 +142,10 @@ class RelayActor(TypedActor):
                          "quarantined": 0, "returned": 0}
         self.outbound = Outbound(self.paths, config=config, timers=self.timers, dispatcher=dispatcher,
                                  counters=self.counters)
-        self.last_housekeep = time.monotonic()
+        # None: not yet since the start. The first tick sweeps (not on_start: a tree of many thousand files
+        # left by an earlier run must not delay the start); timing it from the start instead meant a gateway
+        # that ran less than an hour, or was restarted more often, never swept at all.
+        self.last_housekeep: float | None = None
         # the names the hub used for this root in the envelopes it handed us lately → when last (monotonic);
         # written in the heartbeat for doctor; bounded
         self.routed_as: dict[str, float] = {}
@@ -413,12 +430,12 @@ class RelayActor(TypedActor):
     @handles(RelayTick)
     def _on_tick(self, msg: RelayTick) -> None:
         self._heartbeat()
-        if time.monotonic() - self.last_housekeep >= HOUSEKEEP_EVERY_SECONDS:
+        if housekeeping_due(self.last_housekeep, time.monotonic()):
             self._on_housekeep(Housekeep())
 
     @handles(Housekeep)
     def _on_housekeep(self, msg: Housekeep) -> int:
-        """Sweep stale relay artifacts (> 6 h) and orphaned DM files; returns the count removed."""
+        """Sweep stale relay artifacts (> 6 h), dead gateways' heartbeats and orphaned DM files; returns the count."""
         from hermes_actors.local.dm_files import cleanup_bot_dm_cache
 
         self.last_housekeep = time.monotonic()
@@ -427,6 +444,8 @@ class RelayActor(TypedActor):
         for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken, self.paths.started,
                           self.paths.expiring):
             removed += sweep_old_files(directory, time.time() - rp.STALE_AFTER_SECONDS)
+        # a gateway killed -9 never withdrew its heartbeat: the hub, status and doctor would read it forever
+        removed += sweep_dead_heartbeats(self.paths, now=time.time())
         removed += cleanup_bot_dm_cache()
         if removed:
             logger.info("housekeeping removed {} stale file(s)", removed)

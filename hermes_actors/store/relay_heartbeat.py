@@ -4,11 +4,14 @@ A running gateway rewrites its file every few seconds and removes it when it
 stops cleanly; the hub reads them to flag the roster's connections ``online``
 (a file is believed while it is fresh, names the pid of its file name, carries a
 valid connection id, and its pid still runs and started when the file says).
+A killed gateway cannot remove its own: the housekeeping of the gateways on the
+root does (:func:`sweep_dead_heartbeats`), once its process provably ended.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from typing import Any
 
@@ -19,9 +22,21 @@ from hermes_actors.store.processes import pid_alive, process_start_ticks
 from hermes_actors.store.relay_dirfd import relay_dir
 from hermes_actors.store.relay_inbox import InboxPaths
 
-__all__ = ["HEARTBEAT_FRESH_SECONDS", "gateway_alive", "live_heartbeats", "remove_heartbeat", "write_heartbeat"]
+__all__ = [
+    "DEAD_HEARTBEAT_GRACE_SECONDS",
+    "HEARTBEAT_FRESH_SECONDS",
+    "gateway_alive",
+    "live_heartbeats",
+    "remove_heartbeat",
+    "sweep_dead_heartbeats",
+    "write_heartbeat",
+]
 
 HEARTBEAT_FRESH_SECONDS = 10.0
+# A heartbeat file not rewritten for this long, whose process ended, is swept. Not at once: a gateway in another
+# pid namespace (a container) sharing the root looks dead from here, but its file is rewritten every 2 s.
+DEAD_HEARTBEAT_GRACE_SECONDS = 600.0
+HEARTBEAT_MAX_BYTES = 4096
 
 
 def write_heartbeat(
@@ -77,19 +92,34 @@ def _beat_alive(beat: Any, now: float, file_pid: int) -> bool:
             checked_connection_id(connection_id)
         except ValueError:  # printed by doctor and status: escape codes or a newline must never reach them
             return False
+    return not _writer_gone(pid, beat.get("pid_start"))
+
+
+def _writer_gone(pid: int, recorded_start: Any) -> bool:
+    """Pure but for the process table: whether the process that wrote a heartbeat as ``pid`` provably ended.
+
+    Args:
+        pid: the pid the heartbeat names (its file's name).
+        recorded_start: the file's ``pid_start`` (untrusted; None when it has none).
+
+    Returns:
+        True when ``pid`` no longer runs (a zombie included), or runs but started at another time than
+        ``recorded_start`` (the pid was reused since). False when it runs and nothing says it is another
+        process: no ``pid_start`` (a gateway on a system without /proc, or an earlier version, writes none),
+        or no ``/proc`` here to compare it with.
+    """
     if not pid_alive(pid):
-        return False
-    recorded = beat.get("pid_start")
-    if recorded is None:  # a gateway on a system without /proc (or an earlier version) writes none
         return True
+    if recorded_start is None:
+        return False
     start = process_start_ticks(pid)
-    return start is None or recorded == start
+    return start is not None and recorded_start != start
 
 
 def live_heartbeats(paths: InboxPaths, *, now: float | None = None) -> list[dict[str, Any]]:
     """The heartbeats of the gateway processes on this root that wrote one lately and still run.
 
-    A killed gateway's file stays behind (nothing sweeps it): it is never taken for a live one.
+    A killed gateway's file stays behind until housekeeping sweeps it: it is never taken for a live one.
 
     Returns:
         Each live heartbeat's record (``pid``, a valid ``connection_id`` or "", ``at``, and ``pid_start`` and
@@ -103,7 +133,7 @@ def live_heartbeats(paths: InboxPaths, *, now: float | None = None) -> list[dict
             names = sorted(n for n in os.listdir(fd) if n.endswith(".json") and n[:-5].isdigit())
             for name in names:
                 try:
-                    beat = read_json_file(paths.heartbeat / name, max_bytes=4096, dir_fd=fd)
+                    beat = read_json_file(paths.heartbeat / name, max_bytes=HEARTBEAT_MAX_BYTES, dir_fd=fd)
                 except (OSError, ValidationError):
                     continue
                 if _beat_alive(beat, now, int(name[:-5])):
@@ -116,3 +146,56 @@ def live_heartbeats(paths: InboxPaths, *, now: float | None = None) -> list[dict
 def gateway_alive(paths: InboxPaths, *, now: float | None = None) -> bool:
     """True when some gateway process on this root wrote a fresh heartbeat and still runs."""
     return bool(live_heartbeats(paths, now=now))
+
+
+def sweep_dead_heartbeats(paths: InboxPaths, *, now: float, grace: float = DEAD_HEARTBEAT_GRACE_SECONDS) -> int:
+    """Remove the heartbeat files of gateway processes that provably ended (killed, so never withdrawn).
+
+    A file goes only when it is a regular file of ours (a symlink, or anything else, is left and never
+    followed), was not rewritten for ``grace`` seconds, and the process its name names no longer runs
+    or is another process since (``pid_start``: the liveness rule the readers apply). A live gateway's
+    file is never removed, however old. Never raises: what cannot be looked at is left for the next sweep.
+
+    Args:
+        paths: the root's relay layout.
+        now: the current time (``time.time()`` scale, compared with the files' modification times).
+        grace: how long a dead process's file is left.
+
+    Returns:
+        How many files were removed.
+    """
+    removed = 0
+    try:
+        # through a descriptor opened without following a symlink: a gateways/ swapped for one is not swept
+        with relay_dir(paths.relay.base, paths.heartbeat) as fd:
+            for name in os.listdir(fd):
+                if name.endswith(".json") and name[:-5].isdigit() and _dead_heartbeat(paths, name, fd, now - grace):
+                    try:  # its pid is dead: only a new gateway given that pid could beat here now, every 2 s
+                        os.unlink(name, dir_fd=fd)
+                    except OSError:
+                        continue
+                    removed += 1
+    except (OSError, ValidationError):  # HostileFileError included: gateways/ is not a directory of ours
+        return removed
+    return removed
+
+
+def _dead_heartbeat(paths: InboxPaths, name: str, fd: int, cutoff: float) -> bool:
+    """Whether ``<pid>.json`` in ``gateways/`` (open as ``fd``) is a file to sweep: see :func:`sweep_dead_heartbeats`.
+
+    A content that cannot be read (not JSON, under another pid) leaves the file name's pid alone to judge:
+    that is the process that wrote it, if a gateway did.
+    """
+    try:
+        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mtime >= cutoff:
+        return False
+    pid = int(name[:-5])
+    try:
+        beat = read_json_file(paths.heartbeat / name, max_bytes=HEARTBEAT_MAX_BYTES, dir_fd=fd)
+    except (OSError, ValidationError):
+        beat = None
+    recorded = beat.get("pid_start") if isinstance(beat, dict) and beat.get("pid") == pid else None
+    return _writer_gone(pid, recorded)
