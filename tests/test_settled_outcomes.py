@@ -14,6 +14,7 @@ import pykka
 import pytest
 
 from hermes_actors.core import outcomes
+from hermes_actors.facade.outcomes import OutcomeWaits
 from hermes_actors.local.outcome_book import (
     COMPRESS_OVER,
     GENERATIONS,
@@ -92,7 +93,30 @@ def test_every_read_is_a_new_dict_so_a_reader_cannot_change_the_next_readers_out
     future: pykka.ThreadingFuture[dict[str, Any]] = pykka.ThreadingFuture()
     book.wait(KEY, future)
     assert future.get(timeout=0) == record
-    assert book.export() == {KEY: record}
+    stopped = OutcomeWaits()  # what a stopped gateway reads
+    stopped.keep(book.export(), replace=True)
+    kept = stopped.final(KEY)
+    assert kept == record
+    kept["reply"] = "changed by a reader"
+    assert stopped.final(KEY) == record
+
+
+def test_a_stopping_gateway_gets_the_outcomes_as_stored_and_rebuilds_only_the_one_asked_for() -> None:
+    """Regression (soak review): export() rebuilt every settled outcome into a plain dict at once, each long reply
+    held twice (``reply`` and ``text``): 832 MB in a stopped gateway whose Dispatcher held them in 61 MB."""
+    book = OutcomeBook()
+    reply = "the same long paragraph again. " * 2000
+    long_one = outcomes.from_reply(KEY, "@bob", reply).as_dict()
+    odd = {"delivery_id": "b" * 32, "status": "replied", "odd": object()}  # marshal cannot pack it
+    book.settle(KEY, dict(long_one))
+    book.settle("b" * 32, odd)
+    exported = book.export()
+    assert isinstance(exported[KEY], bytes) and len(exported[KEY]) < len(reply) // 20  # packed, compressed
+    stopped = OutcomeWaits()
+    stopped.keep(exported, replace=True)
+    assert stopped.final(KEY) == long_one
+    kept_odd = stopped.final("b" * 32)
+    assert kept_odd == odd and kept_odd is not odd  # kept as its dict, read as a copy
 
 
 def test_the_table_stays_bounded_after_many_times_keep_outcomes_and_keeps_the_newest() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pykka
 
 from actors import ActorGone, AskTimeout, ask
 from hermes_actors.facade.options import ASK_TIMEOUT
+from hermes_actors.local.outcome_book import Packed, unpack_outcome
 from hermes_actors.local.sending import outcome_future
 from hermes_actors.messages import CheckOutcome
 
@@ -77,7 +78,8 @@ class OutcomeWaits:
     """The outcomes a stopped (or failed) Dispatcher handed over, and the waits on a running one."""
 
     def __init__(self) -> None:
-        self._final: dict[str, dict[str, Any]] = {}
+        # as the Dispatcher's book kept them (packed): only the outcome asked for is rebuilt (final)
+        self._final: dict[str, Packed] = {}
         # wait_outcome calls waiting on the Dispatcher (future → delivery id): answered at stop
         # (a journaled DM is settled by the next start)
         self._waits: dict[pykka.ThreadingFuture[dict[str, Any]], str] = {}
@@ -89,15 +91,16 @@ class OutcomeWaits:
         return len(self._waits)
 
     def final(self, delivery_id: str) -> dict[str, Any] | None:
-        """A copy of the handed-over outcome of ``delivery_id``, or None."""
-        final = self._final.get(delivery_id)
-        return dict(final) if final is not None else None
+        """A new dict of the handed-over outcome of ``delivery_id``, or None."""
+        packed = self._final.get(delivery_id)
+        # a copy: an outcome marshal could not pack is kept as its dict, which a caller must not change
+        return dict(unpack_outcome(delivery_id, packed)) if packed is not None else None
 
-    def keep(self, final: dict[str, dict[str, Any]], *, replace: bool) -> None:
-        """Keep the outcomes a Dispatcher handed over.
+    def keep(self, final: Mapping[str, Packed], *, replace: bool) -> None:
+        """Keep the outcomes a Dispatcher handed over, as they are (``OutcomeBook.export``: packed, or dicts).
 
         Args:
-            final: delivery id → outcome dict.
+            final: delivery id → outcome, as the Dispatcher's book kept it.
             replace: ``final`` wins over an outcome kept before (a clean stop's export); else the
                 kept one wins (a failing Dispatcher's own, which a later stop only completes).
         """

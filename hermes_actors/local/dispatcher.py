@@ -44,7 +44,7 @@ from hermes_actors.local.dispatcher_failure import FailedCallback, answer_after_
 from hermes_actors.local.durability import durability_for, live_gave_up
 from hermes_actors.local.journal_replay import adopt_journal, replay_journal
 from hermes_actors.local.local_intake import LocalIntake
-from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook
+from hermes_actors.local.outcome_book import DeliveryState, KeptOutcomes, OutcomeBook
 from hermes_actors.local.outcome_flow import OutcomeFlow
 from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.profile_table import DELIVER_BATCH, ProfileTable
@@ -372,7 +372,7 @@ class DispatcherActor(SupervisorActor):
         return self.flow.finalize(msg.running, msg.why)
 
     @handles(ExportOutcomes)
-    def _on_export(self, msg: ExportOutcomes) -> dict[str, dict[str, Any]]:
+    def _on_export(self, msg: ExportOutcomes) -> KeptOutcomes:
         return self.book.export()
 
     @handles(StatsRequest)

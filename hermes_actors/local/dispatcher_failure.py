@@ -20,7 +20,7 @@ from loguru import logger
 from actors import tell
 from hermes_actors.core.failure import HeldDelivery, failure_text, outcomes_after_failure
 from hermes_actors.local.durability import Durability
-from hermes_actors.local.outcome_book import OutcomeBook, Pending
+from hermes_actors.local.outcome_book import KeptOutcomes, OutcomeBook, Pending
 from hermes_actors.local.outcome_flow import Note, answer_room
 from hermes_actors.messages import (
     AcceptLocal,
@@ -47,7 +47,7 @@ __all__ = [
 
 FAILED_DRAIN_SECONDS = 10.0  # a failed Dispatcher waits this long for the journal's last commits
 
-FailedCallback = Callable[[BaseException | None, dict[str, dict[str, Any]], list[str]], None]
+FailedCallback = Callable[[BaseException | None, KeptOutcomes, list[str]], None]
 
 
 @dataclass
@@ -170,7 +170,7 @@ def answer_after_failure(
         mailbox: the messages it never handled.
         on_await: its ``AwaitOutcome`` handler.
         on_failed: the gateway's callback: with the error, the outcomes a stopped Gateway keeps
-            answering and the ids of the deliveries whose turns may still run (None: none).
+            answering (``OutcomeBook.export``) and the ids of the deliveries whose turns may still run (None: none).
     """
     running = [key for key, entry in book.pending() if entry.route in ("local", "room")]
     reports = [message for message in mailbox if isinstance(message, JournalDurable)]
@@ -185,7 +185,7 @@ def answer_after_failure(
             step()
         except Exception:
             logger.exception("the failed Dispatcher could not {}", what)
-    final: dict[str, dict[str, Any]] = {}
+    final: KeptOutcomes = {}
     try:
         final = book.export()
     except Exception:

@@ -7,7 +7,8 @@ tables. Each delivery id is in exactly one :class:`DeliveryState`.
 Settled outcomes are the one table that grows with traffic (up to
 :data:`SETTLED_KEEP`), so :class:`SettledOutcomes` keeps them compact: one
 ``marshal`` blob per outcome instead of an 8-key dict, rebuilt into an equal
-dict on every read.
+dict on every read. A stopping gateway gets them as they are (:meth:`OutcomeBook.export`)
+and rebuilds only the one it is asked for.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from typing import Any, Literal
 import pykka
 from loguru import logger
 
-__all__ = ["SETTLED_KEEP", "Answers", "DeliveryState", "OutcomeBook", "Pending", "Route", "SettledOutcomes", "answer"]
+__all__ = [
+    "SETTLED_KEEP", "Answers", "DeliveryState", "KeptOutcomes", "OutcomeBook", "Packed", "Pending", "Route",
+    "SettledOutcomes", "answer", "unpack_outcome",
+]
 
 SETTLED_KEEP = 100_000  # settled outcomes remembered for wait_outcome (oldest dropped first; bounds memory)
 #: The keys of an outcome dict, in order (``Outcome.as_dict``): such a dict is stored as its values only.
@@ -33,6 +37,13 @@ OUTCOME_KEYS = ("delivery_id", "status", "reply", "error", "reason", "retryable"
 COMPRESS_OVER = 512
 GENERATIONS = 8  # settled outcomes are kept in this many dicts, the oldest dropped whole (see SettledOutcomes)
 _ZLIB = b"\x00"  # tags a compressed blob (a marshal dump never starts with a zero byte)
+
+#: An outcome as the book keeps it (:func:`pack_outcome`): a blob, or a dict ``marshal`` cannot dump.
+Packed = bytes | dict[str, Any]
+#: Delivery id → its outcome as the book keeps it (a :data:`Packed`; :func:`unpack_outcome` reads one): what
+#: :meth:`OutcomeBook.export` hands a stopping gateway. The values are typed ``Any`` because they pass unread
+#: through the gateway's hand-over (typed as outcome dicts there) to ``facade.outcomes.OutcomeWaits``.
+KeptOutcomes = dict[str, Any]
 
 #: How a pending delivery travels: to a local profile, to another connection through the
 #: relay (ours, awaiting a reply), drained from the relay and run here, to a bot_peers peer,
@@ -87,7 +98,7 @@ class Pending:
     room_reply: Callable[[Any], None] | None = None
 
 
-def pack_outcome(key: str, record: dict[str, Any]) -> bytes | dict[str, Any]:
+def pack_outcome(key: str, record: dict[str, Any]) -> Packed:
     """Pure: the compact form of the outcome dict of ``key`` (:func:`unpack_outcome` rebuilds it).
 
     An ``Outcome.as_dict`` of ``key`` becomes the ``marshal`` dump of its values
@@ -111,7 +122,7 @@ def pack_outcome(key: str, record: dict[str, Any]) -> bytes | dict[str, Any]:
     return _ZLIB + zlib.compress(blob, 1) if len(blob) > COMPRESS_OVER else blob
 
 
-def unpack_outcome(key: str, packed: bytes | dict[str, Any]) -> dict[str, Any]:
+def unpack_outcome(key: str, packed: Packed) -> dict[str, Any]:
     """Pure: the outcome dict that :func:`pack_outcome` made ``packed`` from (a new, equal dict)."""
     if isinstance(packed, dict):
         return packed
@@ -147,7 +158,7 @@ class SettledOutcomes:
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self._generation_size = max(1, keep // GENERATIONS)
-        self._generations: deque[dict[str, bytes | dict[str, Any]]] = deque([{}])  # oldest first
+        self._generations: deque[dict[str, Packed]] = deque([{}])  # oldest first
         self._count = 0
 
     def __contains__(self, key: object) -> bool:
@@ -182,6 +193,14 @@ class SettledOutcomes:
         self._count += 1
         while len(self._generations) > 1 and self._count - len(self._generations[0]) >= self.keep:
             self._count -= len(self._generations.popleft())
+
+    def packed(self) -> dict[str, Packed]:
+        """Every id → its outcome as stored (:func:`unpack_outcome` reads one), oldest first; a rewritten id
+        once, with its newest copy. The blobs are shared, not copied: the dict costs a table slot per id."""
+        kept: dict[str, Packed] = {}
+        for generation in self._generations:  # oldest first: a newer copy of an id overwrites an older one
+            kept.update(generation)
+        return kept
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every ``(id, outcome dict)``, oldest first (a rewritten id twice, its newest copy last)."""
@@ -246,9 +265,20 @@ class OutcomeBook:
         """How many deliveries wait for an outcome."""
         return len(self._pending)
 
-    def export(self) -> dict[str, dict[str, Any]]:
-        """The outcome dicts a stopped Gateway keeps answering (journaling and settled)."""
-        return {**dict(self._settled.items()), **{key: record for key, (record, _) in self._journaling.items()}}
+    def export(self) -> KeptOutcomes:
+        """The outcomes a stopped Gateway keeps answering (journaling and settled), as the book holds them.
+
+        The settled ones stay packed (:func:`unpack_outcome` rebuilds the one asked for): rebuilt all
+        at once, they held every reply in full, twice (``reply`` and ``text``), in the stopped Gateway
+        (soak review: 61 MB of RSS with 2,000 200 KB replies settled, 832 MB after ``stop()``).
+        The few journaling ones are the book's dicts.
+
+        Returns:
+            Delivery id → its :data:`Packed` outcome, at most what the book holds (``keep`` bounds it).
+        """
+        kept = self._settled.packed()
+        kept.update((key, record) for key, (record, _) in self._journaling.items())
+        return kept
 
     # ── changing ────────────────────────────────────────────────────────────
 
