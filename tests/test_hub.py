@@ -459,7 +459,8 @@ def waiting(main):
 def kick():
     # a process-wide signal may be handed to any thread that does not block it: hand it to one of the hub's
     me, main = threading.current_thread(), threading.main_thread()
-    await_condition(lambda: any("relay hub running" in line for line in printed) and waiting(main), timeout=30, message="hub waiting")
+    await_condition(lambda: any("relay hub running" in line for line in printed) and waiting(main),
+                    timeout=30, message="hub waiting")
     hub = next(t for t in threading.enumerate() if t not in (me, main) and t.ident)
     signal.pthread_kill(hub.ident, signal.SIGTERM)
 

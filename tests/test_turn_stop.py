@@ -317,6 +317,8 @@ def test_a_turn_process_serve_starts_blocks_no_stop_signal_and_a_sigterm_ends_it
     assert serve.wait(timeout=20) == 0
     assert_gone(turn["pid"])
     assert "ignored SIGTERM" not in serve.stderr()  # serve has exited: its log is complete
+    record = json.loads(delivered.read_text(encoding="utf-8"))  # abandoned: the sender is told it may have run
+    assert "may have been delivered — do not resend" in record["error"]
 
 
 SIGNAL_TO_A_WORKER = r"""
