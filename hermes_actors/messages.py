@@ -280,9 +280,15 @@ class RelayResumed:
 class JournalDurable:
     """Told by the journal writer once per group commit: these records are on disk (or failed)."""
 
-    # ("accepted", delivery_id), ("finished", Outcome) and ("forget", envelope id: tell the relay ForgetSent) pairs
+    # ("accepted", delivery_id), ("finished", Outcome), ("forget", Outcome: tell the relay ForgetSent) and
+    # ("kept", Outcome: a peer DM's outcome, published already) pairs
     tokens: tuple[tuple[str, Any], ...]
     error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryJournal:
+    """Told by the Dispatcher's own timer while outcome records wait: write them to the journal again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,7 @@ from hermes_actors.messages import (
     RelayDeliver,
     RelayedOutcome,
     RelayResumed,
+    RetryJournal,
     RoomTurn,
     RosterChanged,
     RosterSnapshot,
@@ -134,7 +135,10 @@ class DispatcherActor(SupervisorActor):
         self.deps = deps_factory(self.actor_ref, self._make_turn)
         self.accepting = True
         self.book = OutcomeBook()
-        self.durability = durability_for(journal, self.actor_ref)
+        self.timers = self.own_timers(self.deps.scheduler)
+        # While outcome records wait for the journal (a full disk), a timer writes them again: no polling otherwise
+        self.durability = durability_for(journal, self.actor_ref,
+                                         retry_after=lambda delay: self.timers.after(delay, RetryJournal()))
         self.relay = RelayLink(self.actor_ref)
         gauge = caller_admission.gauge if caller_admission is not None else None  # shared with the senders
         self.admission = Admission(gauge)
@@ -316,6 +320,11 @@ class DispatcherActor(SupervisorActor):
     def _on_journal_durable(self, msg: JournalDurable) -> None:
         """One group commit landed: release its acks, publish its outcomes (``OutcomeFlow.commit_landed``)."""
         self.flow.commit_landed(msg)
+
+    @handles(RetryJournal)
+    def _on_retry_journal(self, msg: RetryJournal) -> None:
+        """The retry timer: write the held-back outcome records again (``OutcomeFlow.retry_held``)."""
+        self.flow.retry_held()
 
     @handles(AdoptJournal)
     def _on_adopt_journal(self, msg: AdoptJournal) -> None:

@@ -2,7 +2,9 @@
 
 With a journal (durable mode) an acceptance is journaled with group commit and
 its ack is released only once that batch is on disk (``PendingAck``); an
-outcome is journaled before it is published. Without one, both happen at once.
+outcome is journaled before it is published, and one whose record failed (a full
+disk) is held, unpublished, and written again until it lands
+(:meth:`JournalDurability.hold`). Without one, both happen at once.
 The DispatcherActor holds one strategy and never asks which one it is.
 Everything here runs on the Dispatcher's thread, except the journal's
 listener, which only tells the Dispatcher ``JournalDurable``.
@@ -26,7 +28,24 @@ from hermes_actors.local.live_handoff import LiveMailbox, give_up_on
 from hermes_actors.messages import Delivery, JournalDurable, Outcome, PendingAck, ProfileInfo
 from hermes_actors.store.journal import Journal
 
-__all__ = ["Durability", "JournalDurability", "NoDurability", "durability_for", "live_gave_up", "live_record"]
+__all__ = ["Durability", "JournalDurability", "NoDurability", "OutcomeToken", "durability_for", "live_gave_up",
+           "live_record", "outcome_records"]
+
+#: An outcome record's token in ``JournalDurable``: ("finished", its outcome) for a DM journaled here (published
+#: once it landed), ("forget", …) for a DM sent through the relay and ("kept", …) for a peer's (both published
+#: already; ``forget``: the relay's record goes once it landed).
+OutcomeToken = tuple[str, Outcome]
+RETRY_FIRST = 0.25  # seconds before held-back outcome records are written again (doubled each time, see RETRY_MOST)
+RETRY_MOST = 8.0  # the longest wait between two writes of held-back outcome records
+LAST_WRITE_SECONDS = 5.0  # a stop's last write of a held-back outcome record waits this long at most
+
+
+def outcome_records(kind: str, outcome: Outcome) -> list[dict[str, Any]]:
+    """Pure: the journal records of one outcome token (see :data:`OutcomeToken`): its ``finished`` record, and
+    ``delivered`` too for an outcome published already (``forget``, ``kept``)."""
+    key = outcome.delivery_id
+    finished = {"t": "finished", "id": key, "o": outcome.as_dict()}
+    return [finished] if kind == "finished" else [finished, {"t": "delivered", "id": key}]
 
 
 class NoDurability:
@@ -68,11 +87,32 @@ class NoDurability:
     def delivered(self, delivery_id: str) -> None:
         """Nothing to note."""
 
-    def finished(self, outcome: Outcome, *, then: Any = None) -> None:
-        """Nothing to journal (the caller acts on ``then`` itself)."""
+    def finished(self, outcome: Outcome, *, kind: str) -> None:
+        """Nothing to journal (the caller tells the relay itself)."""
 
-    def write_now(self, record: dict[str, Any]) -> None:
-        """Nothing to write."""
+    def write_now(self, record: dict[str, Any]) -> bool:
+        """Nothing to write: True."""
+        return True
+
+    def hold(self, kind: str, outcome: Outcome, error: BaseException) -> None:
+        """Never called: nothing is journaled, so no record fails."""
+
+    def written(self, outcome: Outcome) -> None:
+        """Never called: nothing is journaled."""
+
+    def commit_landed(self) -> None:
+        """Never called: nothing is journaled."""
+
+    def write_held(self) -> None:
+        """Nothing is ever held."""
+
+    def take_held(self) -> list[OutcomeToken]:
+        """Nothing is ever held: []."""
+        return []
+
+    def write_last(self, held: list[OutcomeToken]) -> bool:
+        """Nothing to write: True."""
+        return True
 
 
 class JournalDurability:
@@ -85,9 +125,19 @@ class JournalDurability:
 
     enabled = True
 
-    def __init__(self, journal: Journal, dispatcher: pykka.ActorRef[Any]) -> None:
+    def __init__(self, journal: Journal, dispatcher: pykka.ActorRef[Any],
+                 retry_after: Callable[[float], Any] | None = None) -> None:
         self.journal = journal
         self.dispatcher = dispatcher
+        # Arms the Dispatcher's timer that tells it RetryJournal after so many seconds (its handle has ``cancel``).
+        self.retry_after = retry_after
+        # Outcome records a commit failed to write (a full disk), by id: their outcomes wait, unpublished, until
+        # they are written again (write_held). Only while some wait is a retry timer armed: no polling otherwise.
+        self._held: dict[str, OutcomeToken] = {}
+        self._again: set[str] = set()  # held ones written again, not landed yet
+        self._retry: Any = None  # the armed retry timer's handle
+        self._backoff = RETRY_FIRST
+        self._failing = False  # an outcome record failed and the held ones have not all landed since (said once)
         self.keeping = True  # queued journaled DMs stay journaled at stop (``keeps_at_stop`` decides)
         journal.listener = self._landed  # one message per group commit, not one per record
         # id → (proceed, the ack's future, the ack, refused): the acks waiting for their commit
@@ -196,12 +246,108 @@ class JournalDurability:
 
     def journal_outcome(self, outcome: Outcome) -> bool:
         """Journal ``outcome`` (group commit); True: publish it once it landed, False: publish it now."""
-        key = outcome.delivery_id
         try:
-            self.journal.append({"t": "finished", "id": key, "o": outcome.as_dict()}, token=("finished", outcome))
+            self._append_outcome("finished", outcome)
         except StoreError as exc:
-            logger.error("journal append failed for the outcome of {}: {}", key, exc)
+            logger.error("journal append failed for the outcome of {}: {}", outcome.delivery_id, exc)
             return False
+        return True
+
+    def _append_outcome(self, kind: str, outcome: Outcome) -> None:
+        """Queue the records of one outcome token (see :data:`OutcomeToken`): ``finished``, and
+        ``delivered`` in the same batch for a DM whose outcome was published already.
+
+        Raises:
+            StoreError: the journal refused them (it is not running).
+        """
+        if kind == "finished":
+            self.journal.append(outcome_records(kind, outcome)[0], token=(kind, outcome))
+        else:  # both or neither: a ``delivered`` without its ``finished`` would make the outcome unknown
+            self.journal.append_together(outcome_records(kind, outcome), token=(kind, outcome))
+
+    def hold(self, kind: str, outcome: Outcome, error: BaseException) -> None:
+        """The commit of an outcome's record failed: keep it to write again later (a retry timer, or the next
+        commit that lands, :meth:`commit_landed`); its outcome stays unpublished meanwhile.
+
+        Args:
+            kind: the token's kind (see :data:`OutcomeToken`).
+            outcome: the outcome.
+            error: why the commit failed (said once per disk-full spell, at WARNING).
+        """
+        key = outcome.delivery_id
+        self._again.discard(key)
+        self._held[key] = (kind, outcome)
+        if not self._failing:
+            self._failing = True
+            logger.warning("the delivery journal {} cannot be written ({}): outcomes are held back, unpublished, "
+                           "until their records are on disk; they are written again every few seconds. Free space "
+                           "on its filesystem", self.journal.path, error)
+        if self._retry is None and self.retry_after is not None:
+            self._retry = self.retry_after(self._backoff)
+            self._backoff = min(RETRY_MOST, self._backoff * 2)
+
+    def written(self, outcome: Outcome) -> None:
+        """The record of ``outcome`` landed (its first write, or a held one written again)."""
+        self._again.discard(outcome.delivery_id)
+
+    def commit_landed(self) -> None:
+        """A commit of the Dispatcher's records landed: the journal takes records again.
+
+        The held ones are written again now (not after their timer); once none is held or
+        on its way any more, the end of the spell is said (INFO).
+        """
+        if self._held:
+            self.write_held()
+        elif self._failing and not self._again:
+            self._failing = False
+            self._backoff = RETRY_FIRST
+            logger.info("the delivery journal {} is written again: the outcomes held back are on disk and published",
+                        self.journal.path)
+
+    def write_held(self) -> None:
+        """Write the held outcome records again (the retry timer fired, or a commit landed)."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        held, self._held = self._held, {}
+        for key, (kind, outcome) in held.items():
+            try:
+                self._append_outcome(kind, outcome)
+            except StoreError as exc:  # the journal stopped: the stop's last attempt (take_held) has them
+                self._held[key] = (kind, outcome)
+                logger.debug("held outcome record of {} not written again: {}", key, exc)
+                continue
+            self._again.add(key)
+
+    def take_held(self) -> list[OutcomeToken]:
+        """The held outcome records, for a stop's last attempt (:meth:`write_last`); none is held any more."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        held, self._held = list(self._held.values()), {}
+        return held
+
+    def write_last(self, held: list[OutcomeToken]) -> bool:
+        """A stop's last attempt at the records of held outcomes: written in one batch, waited for.
+
+        Args:
+            held: the outcome tokens (see :data:`OutcomeToken`).
+
+        Returns:
+            True when they are all on disk (their outcomes may be published); False: none is (a batch
+            lands whole or not at all; one not done within :data:`LAST_WRITE_SECONDS` lands, if ever,
+            unpublished: the next start then re-delivers it, once).
+        """
+        records = [record for kind, outcome in held for record in outcome_records(kind, outcome)]
+        try:
+            batch = self.journal.append_together(records)
+        except StoreError as exc:
+            logger.debug("last write of {} held outcome record(s) refused: {}", len(held), exc)
+            return False
+        if not batch.done.wait(LAST_WRITE_SECONDS) or batch.error is not None:
+            return False
+        for _kind, outcome in held:
+            self._again.discard(outcome.delivery_id)
         return True
 
     def journal_accepted_now(self, delivery: Delivery) -> bool:
@@ -230,35 +376,39 @@ class JournalDurability:
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
 
-    def finished(self, outcome: Outcome, *, then: Any = None) -> None:
+    def finished(self, outcome: Outcome, *, kind: str) -> None:
         """Journal the outcome of a DM sent elsewhere (already published) and that its sender has it.
+
+        Both records go in one batch; ``JournalDurable`` hands ``(kind, outcome)`` back once they,
+        and everything journaled before them, are on disk, or held to be written again when they
+        failed (:meth:`hold`).
 
         Args:
             outcome: the outcome.
-            then: a token handed back in ``JournalDurable`` once both records, and everything
-                journaled before them, are on disk (None: nobody waits for them).
+            kind: ``forget`` (a DM sent through the relay: its record goes once they landed) or ``kept`` (a peer's).
         """
-        key = outcome.delivery_id
         try:
-            self.journal.append({"t": "finished", "id": key, "o": outcome.as_dict()})
-            self.journal.append({"t": "delivered", "id": key}, lazy=then is None, token=then)
+            self._append_outcome(kind, outcome)
         except StoreError as exc:  # the relay keeps its record: the next start settles the DM from it again
-            logger.error("journal append failed for the outcome of {}: {}", key, exc)
+            logger.error("journal append failed for the outcome of {}: {}", outcome.delivery_id, exc)
 
-    def write_now(self, record: dict[str, Any]) -> None:
-        """Journal ``record`` and wait for it (shutting down: no group commit to wait for)."""
+    def write_now(self, record: dict[str, Any]) -> bool:
+        """Journal ``record`` and wait for it (shutting down: no group commit to wait for); True once on disk."""
         try:
             self.journal.append_durably(record)
         except StoreError as exc:
             logger.error("could not journal {} of {}: {}", record.get("t"), record.get("id"), exc)
+            return False
+        return True
 
 
 Durability = NoDurability | JournalDurability
 
 
-def durability_for(journal: Journal | None, dispatcher: pykka.ActorRef[Any]) -> Durability:
-    """The strategy for ``journal`` (None: no journal)."""
-    return NoDurability() if journal is None else JournalDurability(journal, dispatcher)
+def durability_for(journal: Journal | None, dispatcher: pykka.ActorRef[Any],
+                   retry_after: Callable[[float], Any] | None = None) -> Durability:
+    """The strategy for ``journal`` (None: no journal); ``retry_after`` arms the Dispatcher's RetryJournal timer."""
+    return NoDurability() if journal is None else JournalDurability(journal, dispatcher, retry_after)
 
 
 def live_record(index: dict[str, ProfileInfo], delivery: Delivery) -> dict[str, Any] | None:

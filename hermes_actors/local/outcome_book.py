@@ -320,6 +320,17 @@ class OutcomeBook:
             answers.extend((future, record) for future in waiters)
         return entry
 
+    def withhold(self, key: str) -> None:
+        """A stop could not write the outcome of ``key`` to the journal: it is never published by this run.
+
+        The id leaves the book (pending or journaling): the stopped gateway does not export it, so
+        ``wait_outcome`` and ``hermes-actors outcome`` read the journal, which holds the DM without
+        an outcome (pending), and the next start settles it from there. Its waiters stay until the
+        stop ends them.
+        """
+        self._pending.pop(key, None)
+        self._journaling.pop(key, None)
+
     def remember(self, records: dict[str, dict[str, Any]]) -> None:
         """Outcomes a previous run settled (from the journal): ``wait_outcome`` answers them.
 

@@ -3,7 +3,8 @@
 :class:`OutcomeFlow` is owned by the DispatcherActor and used on its thread only. It
 is the one path every outcome takes there: the first one for a delivery wins; a
 journaled DM's outcome is journaled ``finished`` before it is published (published
-once the commit lands, :meth:`OutcomeFlow.commit_landed`); a room member turn's outcome goes
+once the commit lands, :meth:`OutcomeFlow.commit_landed`; held and written again while
+the journal cannot be written, never published before it is on disk); a room member turn's outcome goes
 back to its room, a relayed-in one back through the relay; everything else is
 published: ``wait_outcome`` answered, the DM's log line written, and a note gathered
 for the Notifier (told once per burst, :meth:`OutcomeFlow.take_notes`). A stop
@@ -21,7 +22,7 @@ from loguru import logger
 from hermes_actors.core import outcomes
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
-from hermes_actors.local.durability import Durability
+from hermes_actors.local.durability import Durability, OutcomeToken
 from hermes_actors.local.outcome_book import Answers, OutcomeBook, answer
 from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.local.relay_link import RelayLink
@@ -79,6 +80,7 @@ class OutcomeFlow:
         self.stopping = stopping
         self.gauge = gauge
         self.notes: list[Note] = []  # published, not yet told to the Notifier
+        self.finalized = False  # a stop settled what was pending: a failed outcome record gets one last write
 
     def settle(self, outcome: Outcome, *, freed: bool = False) -> None:
         """Keep ``outcome`` (journaled first when its DM is) and publish it; a second one is dropped.
@@ -118,9 +120,8 @@ class OutcomeFlow:
             # first: the wake it starts is journaled before it, so a journal that has the outcome has its
             # wake too; the relay keeps the envelope's record until both are on disk (ForgetSent).
             self.publish(outcome)
-            forget = ("forget", key) if entry.route == "relay" else None
-            self.durability.finished(outcome, then=forget)
-            if forget is not None and not self.durability.enabled:
+            self.durability.finished(outcome, kind="forget" if entry.route == "relay" else "kept")
+            if entry.route == "relay" and not self.durability.enabled:
                 self.relay.forget(key)
             return
         self.publish(outcome)
@@ -194,24 +195,73 @@ class OutcomeFlow:
             answer(answers)
 
     def land(self, msg: JournalDurable, answers: Answers) -> None:
-        """Release the acks of one commit and publish its outcomes, their waiters' answers into ``answers``."""
+        """Release the acks of one commit and publish its outcomes, their waiters' answers into ``answers``.
+
+        An outcome is published only once its ``finished`` record is on disk: else a restart would
+        re-offer its DM, or settle it ``ambiguous``, a second outcome. One whose commit failed (a
+        full disk) is held, unpublished, and written again later (``Durability.hold``); after a
+        stop's :meth:`finalize` it gets one last write instead (:meth:`_last_write`).
+        """
+        failed: list[OutcomeToken] = []  # after finalize: written once more, now
         for kind, value in msg.tokens:
             if kind == "accepted":
                 self.durability.accepted_landed(value, msg.error)
-                continue
-            if kind == "forget":  # a relayed DM's outcome and its wake are on disk: its relay record can go
-                if msg.error is None:
-                    self.relay.forget(value)
-                else:  # kept: the next start settles the DM from the relay's record again
-                    logger.error("outcome of {} could not be journaled ({}); the relay keeps its record",
-                                 value, msg.error)
-                continue
-            if msg.error is not None:
-                logger.error("outcome of {} could not be journaled ({}); publishing it anyway",
-                             value.delivery_id, msg.error)
-            self.publish(value, answers)
+            elif msg.error is None:
+                self._written(kind, value, answers)
+            elif not self.finalized:
+                self.durability.hold(kind, value, msg.error)
+            else:
+                failed.append((kind, value))
+        self._last_write(failed, answers)
+        if msg.error is None:
+            self.durability.commit_landed()
+
+    def _written(self, kind: str, outcome: Outcome, answers: Answers) -> None:
+        """The records of an outcome token (see ``durability.OutcomeToken``) are on disk: act on it."""
+        self.durability.written(outcome)
+        if kind == "forget":  # a relayed DM's outcome and its wake are on disk: its relay record can go
+            self.relay.forget(outcome.delivery_id)
+        elif kind == "finished":
+            self.publish(outcome, answers)
             crashpoint("after-outcome-before-delivered")
-            self.durability.delivered(value.delivery_id)
+            self.durability.delivered(outcome.delivery_id)
+
+    def _last_write(self, held: list[OutcomeToken], answers: Answers) -> list[str]:
+        """A stop's last write of held outcomes' records: those that land are published.
+
+        What does not land stays unpublished, its DM no longer in the book (a stopped gateway
+        answers it from the journal: pending), named at ERROR; the next start settles it as its
+        journal says: re-offered if its turn never started, else ``ambiguous``. One outcome,
+        never two. A relayed or peer DM's outcome was published already: the relay keeps its record.
+
+        Returns:
+            The ids whose records could not be written.
+        """
+        if not held:
+            return []
+        if self.durability.write_last(held):
+            for kind, outcome in held:
+                self._written(kind, outcome, answers)
+            return []
+        for kind, outcome in held:
+            if kind == "finished":
+                self.book.withhold(outcome.delivery_id)
+                self.waker.sources.pop(outcome.delivery_id, None)
+        lost = [outcome.delivery_id for _, outcome in held]
+        self._report_unwritten(lost)
+        return lost
+
+    def _report_unwritten(self, ids: list[str]) -> None:
+        """Say, id by id, which outcomes a stop could not write to the journal (ERROR)."""
+        logger.error("stop: the outcome record(s) of {} DM(s) could not be written to the delivery journal (disk "
+                     "full?) and are NOT published: {}. The next start settles them as the journal says: re-offered "
+                     "if the turn never started, else ambiguous (a relayed DM's from the relay's record)",
+                     len(ids), ", ".join(ids))
+
+    def retry_held(self) -> None:
+        """The retry timer fired: write the held outcome records again (after :meth:`finalize`: it had them)."""
+        if not self.finalized:
+            self.durability.write_held()
 
     def finalize(self, running: tuple[str, ...], why: str) -> int:
         """Settle what is still pending at a stop: ambiguous if it may have run, else cancelled.
@@ -225,6 +275,11 @@ class OutcomeFlow:
         Returns:
             How many were settled (the relay's own sends and never-started journaled DMs stay).
         """
+        self.finalized = True
+        answers: Answers = []
+        self._last_write(self.durability.take_held(), answers)
+        answer(answers)
+        lost: list[str] = []  # the ambiguous outcomes below that could not be written
         count = 0
         for key, entry in self.book.pending():
             if entry.route == "relay":
@@ -239,12 +294,21 @@ class OutcomeFlow:
             outcome = outcomes.ambiguous(key, entry.delivery.label, why)
             # A peer DM's outcome is journaled as it arrives (see settle): one still under way is, too.
             remember = entry.journaled or entry.route == "peer"
-            if remember:  # shutting down: write it now rather than through the async group commit
-                self.durability.write_now({"t": "finished", "id": key, "o": outcome.as_dict()})
+            # shutting down: write it now rather than through the async group commit
+            if remember and not self.durability.write_now({"t": "finished", "id": key, "o": outcome.as_dict()}) \
+                    and entry.journaled:
+                # Not on disk: the next start settles it from its journal (ambiguous), so it is not published
+                # now (a peer DM's is: no journal record of it would ever tell its sender anything)
+                self.book.withhold(key)
+                self.waker.sources.pop(key, None)
+                lost.append(key)
+                continue
             if entry.route == "relay-in":  # its sender waits on another connection: tell it too
                 self.relay.answer_relay_in(outcome, entry.reply_connection)
             self.publish(outcome)
             if remember:  # published now: the next start must not report it a second time
                 self.durability.delivered(key)
             count += 1
+        if lost:
+            self._report_unwritten(lost)
         return count

@@ -318,6 +318,35 @@ class Journal:
         batch.raise_error()
         return batch
 
+    def append_together(self, records: list[dict[str, Any]], *, token: Any = None) -> CommitBatch:
+        """Queue ``records`` in one batch: they land together or fail together (``token`` tells which).
+
+        :meth:`append` twice is not that: a commit may take the open batch between the two
+        calls, and the second record could land while the first failed (a ``delivered``
+        without its ``finished``: an outcome a restart does not know).
+
+        Args:
+            records: journal records, written in this order.
+            token: handed to ``listener`` with the batch's other tokens once it is durable (or failed);
+                None: nobody is told (the caller waits on the batch's ``done``).
+
+        Returns:
+            The batch (its ``done`` is set once it is durable).
+
+        Raises:
+            StoreError: the journal is stopped (nothing was queued), or refused one of the records
+                (homeless: an acceptance; the ones before it stay queued, as :meth:`append` leaves them).
+        """
+        lines = [encode_record(record) for record in records]
+        with self._cond:
+            for record, line in zip(records, lines, strict=True):
+                batch = self._enqueue(record, line, flush=True)
+            if token is not None:
+                batch.tokens.append(token)
+            if not self._writing and self._writer_due():
+                self._work.notify()
+            return batch
+
     def _enqueue(self, record: dict[str, Any], line: bytes, *, flush: bool) -> CommitBatch:
         """Queue one record in the open batch (the caller holds ``_cond``); the batch.
 

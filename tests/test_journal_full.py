@@ -1,0 +1,223 @@
+"""A full disk under the journal: an acked DM's outcome is published only once its ``finished`` record is on disk.
+
+Review (a soak with the journal's filesystem full for a few seconds): an outcome whose
+``finished`` commit failed was published anyway, and nothing wrote the record again, so the
+journal still held the DM as accepted or started. The next start re-offered it (the turn ran
+again: ``failed runtime_offline`` first, ``replied`` after the restart) or settled it
+``ambiguous``: two outcomes for one acked DM. Now the outcome waits, unpublished, and its
+record is written again (a retry timer, or the next commit that lands); a stop makes one last
+attempt and leaves what still cannot be written to the next start, which settles it once.
+
+The fault is injected at the OS seam: ``os.pwrite`` on the journal's file only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from relay_helpers import remote_row, write_roster_file
+from roots import LogCapture, RecordingRunner, make_root
+
+from actors import ask
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.messages import CheckOutcome
+from hermes_actors.store import relay_files as rf
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.journal import Journal
+from hermes_actors.store.journal_records import parse_lines
+from hermes_actors.store.relay_inbox import InboxPaths
+
+
+class DiskFull:
+    """The journal's filesystem fills up at the first write of a record holding ``trigger``: from then on every
+    write to the journal's file fails with ENOSPC (nothing of it lands) until :meth:`free`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, journal: Journal, trigger: bytes) -> None:
+        self.fd = journal._file.fd
+        self.full = False
+        self.armed = True
+        self.hits = 0
+        real = os.pwrite
+
+        def pwrite(fd: int, data: Any, offset: int) -> int:
+            if self.armed and fd == self.fd and (self.full or trigger in bytes(data)):
+                self.full = True
+                self.hits += 1
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(fd, data, offset)
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+
+    def free(self) -> None:
+        """Space is back: writes land again."""
+        self.armed = False
+
+
+class Seen:
+    """Every outcome a subscriber is told, thread-safely."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.outcomes: list[dict[str, Any]] = []
+
+    def __call__(self, outcome: dict[str, Any]) -> None:
+        with self._lock:
+            self.outcomes.append(outcome)
+
+    def of(self, key: str) -> list[str]:
+        """The statuses told for ``key``, in order."""
+        with self._lock:
+            return [o["status"] for o in self.outcomes if o["delivery_id"] == key]
+
+
+def _start(root: Path, gateways: list[Gateway], runner: RecordingRunner, seen: Seen) -> Gateway:
+    gw = Gateway(root, runner=runner)
+    gateways.append(gw)
+    gw.subscribe(seen)  # before start: a recovered DM's outcome reaches it too
+    return gw.start()
+
+
+def _finished(root: Path, key: str) -> int:
+    """How many ``finished`` records of ``key`` the root's journal files hold."""
+    count = 0
+    for path in (root / "bot_relay" / "journal").glob("j-*.log"):
+        records = parse_lines(path.read_bytes().splitlines())
+        count += sum(1 for r in records if r is not None and r["id"] == key and r["t"] == "finished")
+    return count
+
+
+def _held(gw: Gateway, logs: LogCapture, key: str) -> None:
+    """Wait until the Dispatcher handled the failed commit of the outcome of ``key``: it is held back, unpublished.
+
+    Its log line says so (held back: at WARNING, once; before the fix, "published anyway" at ERROR).
+    """
+    await_condition(lambda: logs.matching("cannot be written", "held back") or logs.matching("could not be journaled"),
+                    timeout=15, message="the Dispatcher handled the failed commit of the outcome")
+    assert gw._system is not None and gw._system.dispatcher is not None
+    assert ask(gw._system.dispatcher, CheckOutcome(key), timeout=10) is None, "held back: not published"
+    assert _finished(gw.root, key) == 0
+
+
+def test_an_outcome_whose_record_failed_is_published_once_the_record_is_on_disk(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = make_root(tmp_path)
+    runner, seen = RecordingRunner(), Seen()
+    gw = _start(root, gateways, runner, seen)
+    assert gw._journal is not None
+    with LogCapture("INFO") as logs:
+        disk = DiskFull(monkeypatch, gw._journal, trigger=b'"t":"finished"')
+        key = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+        _held(gw, logs, key)
+        assert seen.of(key) == []
+        disk.free()  # the retry timer writes it again: then, and only then, it is published
+        assert gw.wait_outcome(key, timeout=30)["status"] == "replied"
+        await_condition(lambda: logs.matching("is written again"), timeout=10, message="the spell's end is said")
+        assert _finished(root, key) == 1
+        await_condition(lambda: seen.of(key) == ["replied"], timeout=10, message="the subscriber told once")
+        assert len(logs.matching("cannot be written", "held back")) == 1, "the full disk is said once"
+        assert not logs.matching("publishing it anyway")
+    gw.stop()
+    again, seen_again = RecordingRunner(), Seen()
+    gw2 = _start(root, gateways, again, seen_again)
+    assert not any(gw2.recovered.get(k) for k in ("reoffered", "ambiguous", "redelivered")), gw2.recovered
+    assert gw2.wait_outcome(key, timeout=10)["status"] == "replied"
+    assert again.entered == [] and seen_again.of(key) == []
+    assert Counter(t.delivery_id for t in runner.entered) == {key: 1}
+
+
+def test_a_stop_before_space_is_back_leaves_it_to_the_next_start_one_outcome_turn_not_rerun(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = make_root(tmp_path)
+    runner, seen = RecordingRunner(), Seen()
+    gw = _start(root, gateways, runner, seen)
+    assert gw._journal is not None
+    with LogCapture("INFO") as logs:
+        disk = DiskFull(monkeypatch, gw._journal, trigger=b'"t":"finished"')
+        key = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+        _held(gw, logs, key)
+        gw.stop()  # one last attempt, which fails: unpublished, named at ERROR
+        assert logs.matching("NOT published", key), logs.lines
+        assert seen.of(key) == []
+        with pytest.raises(TimeoutError):  # the stopped gateway answers from the journal: no outcome yet
+            gw.wait_outcome(key, timeout=1)
+    disk.free()
+    assert _finished(root, key) == 0
+    again, seen_again = RecordingRunner(), Seen()
+    gw2 = _start(root, gateways, again, seen_again)
+    assert gw2.recovered.get("ambiguous") == 1, gw2.recovered
+    assert gw2.wait_outcome(key, timeout=10)["status"] == "ambiguous"
+    await_condition(lambda: seen_again.of(key) == ["ambiguous"], timeout=10, message="the recovered outcome told")
+    assert again.entered == [], "a turn that started is never run again"
+    assert Counter(t.delivery_id for t in runner.entered) == {key: 1}
+    assert seen.of(key) + seen_again.of(key) == ["ambiguous"], "one outcome overall"
+
+
+def test_a_turn_whose_start_could_not_be_recorded_gets_one_outcome_across_a_restart(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The soak's case: the ``started`` record failed (the turn never ran: failed runtime_offline), then its
+    # ``finished`` record failed too; published anyway, the restart re-offered the DM and it was answered again.
+    root = make_root(tmp_path)
+    runner, seen = RecordingRunner(), Seen()
+    gw = _start(root, gateways, runner, seen)
+    assert gw._journal is not None
+    with LogCapture("INFO") as logs:
+        disk = DiskFull(monkeypatch, gw._journal, trigger=b'"t":"started"')
+        key = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+        _held(gw, logs, key)
+        gw.stop()
+        assert logs.matching("NOT published", key), logs.lines
+    disk.free()
+    assert runner.entered == [] and seen.of(key) == []
+    again, seen_again = RecordingRunner(), Seen()
+    gw2 = _start(root, gateways, again, seen_again)
+    assert gw2.recovered.get("reoffered") == 1, gw2.recovered  # it never started: offered again, once
+    assert gw2.wait_outcome(key, timeout=15)["status"] == "replied"
+    await_condition(lambda: seen_again.of(key) == ["replied"], timeout=10, message="the re-offered DM's outcome")
+    assert seen.of(key) + seen_again.of(key) == ["replied"], "one outcome overall"
+    assert Counter(t.delivery_id for t in again.entered) == {key: 1}
+
+
+def test_a_relayed_outcome_whose_records_failed_is_written_again_and_only_then_its_relay_record_goes(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The relay's forget path: the outcome of a DM sent through the relay is published as it arrives, and its
+    # ``finished`` and ``delivered`` records must reach the journal before the relay forgets the envelope. They
+    # failed and nothing wrote them again: the journal never had the outcome (``unknown`` after a restart once
+    # the relay's files are swept) and the relay kept its record for the next start to publish a second time.
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    paths = InboxPaths.from_root(root)
+    seen = Seen()
+    gw = Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=True)
+    gateways.append(gw)
+    gw.subscribe(seen)
+    gw.start()
+    assert gw._journal is not None
+    with LogCapture("INFO") as logs:
+        disk = DiskFull(monkeypatch, gw._journal, trigger=b'"t":"finished"')
+        key = gw.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
+        sent = paths.relay.id_file(paths.sent, key)
+        rf.write_reply(paths.relay, rp.make_reply(key, reply="pong", now=time.time()))
+        assert gw.wait_outcome(key, timeout=10)["reply"] == "pong"
+        await_condition(lambda: disk.hits >= 1, timeout=10, message="the outcome's records hit the full disk")
+        await_condition(lambda: logs.matching("cannot be written", "held back") or logs.matching("could not be"),
+                        timeout=10, message="the failed commit handled")
+        assert sent.exists(), "the relay keeps its record while the journal lacks the outcome"
+        disk.free()
+        await_condition(lambda: not sent.exists(), timeout=30, message="written again, then the record goes")
+        assert _finished(root, key) == 1
+    assert seen.of(key) == ["replied"]
+    gw.stop()
+    gw2 = _start(root, gateways, RecordingRunner(), Seen())
+    assert gw2.wait_outcome(key, timeout=10)["reply"] == "pong", "the journal keeps it past a restart"
