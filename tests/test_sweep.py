@@ -60,3 +60,33 @@ def test_symlinks_and_directories_are_left_and_never_followed(tmp_path: Path) ->
 
 def test_a_missing_directory_sweeps_nothing(tmp_path: Path) -> None:
     assert sweep_old_files(tmp_path / "absent", NOW) == 0
+
+
+def test_a_directory_swapped_for_a_symlink_sweeps_nothing_outside(tmp_path: Path) -> None:
+    """Regression (review): the sweep listed and removed by path, so a relay directory swapped for a symlink had
+    the files of the directory it points to removed (ours, regular, older than the cutoff)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = _file(outside / "precious.json", OLD)
+    relay = tmp_path / "bot_relay"
+    relay.mkdir()
+    (relay / "claimed").symlink_to(outside, target_is_directory=True)
+    assert sweep_old_files(relay / "claimed", NOW) == 0
+    assert sweep_old_files(relay / "claimed", NOW, within=relay) == 0
+    assert precious.exists()
+
+
+def test_within_refuses_a_symlink_at_any_step_down(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "taken").mkdir(parents=True)
+    precious = _file(outside / "taken" / "precious.json", OLD)
+    relay = tmp_path / "bot_relay"
+    relay.mkdir()
+    (relay / "shelf").symlink_to(outside, target_is_directory=True)
+    assert sweep_old_files(relay / "shelf" / "taken", NOW, within=relay) == 0
+    assert precious.exists()
+    real = relay / "real"
+    real.mkdir()
+    old = _file(real / "old.json", OLD)
+    assert sweep_old_files(real, NOW, within=relay) == 1
+    assert not old.exists()

@@ -443,7 +443,7 @@ class RelayActor(TypedActor):
         # expiring/: an expired envelope no restart filed in claimed/ (e.g. its sent/ record was lost)
         for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken, self.paths.started,
                           self.paths.expiring):
-            removed += sweep_old_files(directory, time.time() - rp.STALE_AFTER_SECONDS)
+            removed += sweep_old_files(directory, time.time() - rp.STALE_AFTER_SECONDS, within=self.paths.relay.base)
         # a gateway killed -9 never withdrew its heartbeat: the hub, status and doctor would read it forever
         removed += sweep_dead_heartbeats(self.paths, now=time.time())
         removed += cleanup_bot_dm_cache()

@@ -283,7 +283,8 @@ def sweep_stale(paths: RelayPaths, *, now: float) -> int:
         How many files were removed.
     """
     cutoff = now - STALE_AFTER_SECONDS
-    return sum(sweep_old_files(d, cutoff) for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
+    return sum(sweep_old_files(d, cutoff, within=paths.base)
+               for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
 
 
 def list_ids(directory: Path, *, oldest_first: bool = False, dir_fd: int | None = None) -> list[str]:
