@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from crash_procs import run_child, turns_logged
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import RecordingRunner, body_of, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -467,6 +467,26 @@ def test_a_gateway_started_just_now_sweeps_artifacts_older_than_6_h(tmp_path: Pa
     await_condition(lambda: not any(p.exists() for p in files["old"]), timeout=30,
                     message="the artifacts older than 6 h swept soon after the start")
     assert [p.exists() for p in files["new"]] == [True, True, True, True]
+
+
+def test_a_failing_housekeeping_is_logged_and_the_relay_goes_on(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep runs on the RelayActor's tick: an error in it (a bug, as a directory outside bot_relay/ handed to
+    a check that wants it inside) stopped the RelayActor, and with it every relayed DM of the root."""
+    def broken(*_args: Any, **_kwargs: Any) -> int:
+        raise ValueError("a sweep's own bug")
+
+    monkeypatch.setattr(rf, "sweep_stale", broken)
+    root = make_root(tmp_path, {"moxie": {}}, name="mini")
+    with LogCapture("ERROR") as logs:
+        start(gateways, root, RecordingRunner(), connection_id="mini")
+        await_condition(lambda: logs.matching("relay housekeeping failed"), timeout=30,
+                        message="the housekeeping failure logged")
+    envelope = seed_envelope(target_connection="mini", target_profile="moxie", message="still relayed")
+    post_to_inbox(InboxPaths.from_root(root), envelope, "alpha")
+    delivered = relay(root) / "delivered" / f"{envelope['id']}.json"
+    await_condition(delivered.exists, timeout=30, message="the DM relayed after the failed sweep")
 
 
 def test_the_first_reply_written_wins(tmp_path: Path, gateways: list[Gateway]) -> None:

@@ -431,7 +431,11 @@ class RelayActor(TypedActor):
     def _on_tick(self, msg: RelayTick) -> None:
         self._heartbeat()
         if housekeeping_due(self.last_housekeep, time.monotonic()):
-            self._on_housekeep(Housekeep())
+            try:
+                self._on_housekeep(Housekeep())
+            except Exception:  # a sweep's own bug must not stop the relay: its next hour tries again
+                self.last_housekeep = time.monotonic()
+                logger.exception("relay housekeeping failed; the relay goes on")
 
     @handles(Housekeep)
     def _on_housekeep(self, msg: Housekeep) -> int:

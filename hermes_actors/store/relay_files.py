@@ -283,8 +283,8 @@ def sweep_stale(paths: RelayPaths, *, now: float) -> int:
         How many files were removed.
     """
     cutoff = now - STALE_AFTER_SECONDS
-    return sum(sweep_old_files(d, cutoff, within=paths.base)
-               for d in (paths.claimed, paths.replies, paths.outbox, paths.tmp))
+    swept = sum(sweep_old_files(d, cutoff, within=paths.base) for d in (paths.claimed, paths.replies, paths.outbox))
+    return swept + sweep_old_files(paths.tmp, cutoff)  # beside bot_relay/ (outside the watched tree), not in it
 
 
 def list_ids(directory: Path, *, oldest_first: bool = False, dir_fd: int | None = None) -> list[str]:
