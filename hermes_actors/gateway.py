@@ -310,7 +310,8 @@ class Gateway:
 
         Raises:
             RuntimeError: the gateway is not running (before start, or once stop began), or this is a
-                fork of the process that started it.
+                fork of the process that started it, or this thread is inside ``message_agent`` already
+                (a signal handler that interrupted it calls again: nothing is sent).
             TypeError: ``hop`` is not a whole number.
             ValueError: ``hop`` is negative.
         """

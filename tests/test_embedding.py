@@ -327,3 +327,47 @@ def test_wait_outcome_is_bounded_by_its_timeout_when_the_dispatcher_does_not_ans
         release_check.set()
         release_turn.set()
         gw.stop()
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_signal_handler_that_sends_while_its_thread_is_inside_message_agent_is_refused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    """Regression (embedding review): a handler calling ``message_agent`` while the main thread was inside its own
+    ``message_agent`` (on a mailbox's lock) waited forever on that lock. The nested call is refused at once,
+    nothing sent, and both the interrupted send and the gateway go on."""
+    import hermes_actors.local.sending as sending
+
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    runner = RecordingRunner()
+    nested: list[Any] = []
+    real_tell = sending.tell
+
+    def tell_interrupted(ref: Any, message: Any) -> bool:
+        if not nested:  # the signal lands in the middle of the outer send, as a SIGALRM or a Ctrl-C would
+            signal.raise_signal(signal.SIGUSR1)
+        return real_tell(ref, message)
+
+    def handler(_signum: int, _frame: Any) -> None:
+        try:
+            nested.append(gw.message_agent(sender="alice", target="bob", message="from the handler"))
+        except RuntimeError as exc:
+            nested.append(exc)
+
+    with Gateway(root, runner=runner, durable=durable) as gw:
+        previous = signal.signal(signal.SIGUSR1, handler)
+        monkeypatch.setattr(sending, "tell", tell_interrupted)
+        try:
+            started = time.monotonic()
+            outer = gw.message_agent(sender="alice", target="bob", message="the interrupted send")
+            took = time.monotonic() - started
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+            monkeypatch.undo()
+        assert len(nested) == 1 and isinstance(nested[0], RuntimeError), nested
+        assert "already inside message_agent" in str(nested[0]) and "Nothing was sent" in str(nested[0])
+        assert took < WAIT
+        assert gw.wait_outcome(outer["delivery_id"], timeout=WAIT)["status"] == "replied"
+        after = send_dm(gw, "after the handler")
+        assert gw.wait_outcome(after, timeout=WAIT)["status"] == "replied"
+    assert not [t for t in runner.entered if "from the handler" in t.content]

@@ -7,6 +7,7 @@ its outcome (``cancelled`` if it never ran) instead of an ack followed by nothin
 
 from __future__ import annotations
 
+import threading
 import time
 
 from loguru import logger
@@ -22,20 +23,34 @@ class SendsInFlight:
 
     def __init__(self) -> None:
         self._calls: set[object] = set()
+        self._inside = threading.local()  # ``call``: the call this thread is in (a signal handler may interrupt it)
 
     def begin(self) -> object:
         """A call begins (before its state check: a stop sees this call, or this call sees the stop).
 
         Returns:
             The call's token, for :meth:`end`.
+
+        Raises:
+            RuntimeError: this thread is inside a call already: a signal handler (or a finalizer) interrupted
+                it and calls again, where the interrupted call may hold a lock the new one needs (a mailbox's:
+                it waited forever). Nothing is sent.
         """
+        if getattr(self._inside, "call", None) is not None:
+            raise RuntimeError(
+                "message_agent was called on a thread already inside message_agent: a signal handler (or a "
+                "finalizer) interrupted that call, whose locks the new one would wait for forever. Nothing was "
+                "sent — send from another thread (e.g. have the handler set an event a worker thread waits on)"
+            )
         call = object()
         self._calls.add(call)
+        self._inside.call = call
         return call
 
     def end(self, call: object) -> None:
         """The call with this token ended (its DM handed over, or refused)."""
         self._calls.discard(call)
+        self._inside.call = None
 
     def await_all(self, timeout: float) -> None:
         """Let the calls that began before now hand their DM over (a few µs each).
