@@ -94,8 +94,8 @@ def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
 
     The names come from each running gateway's heartbeat (the ``target_connection`` of what its relay was
     handed lately: a running gateway empties ``inbox/`` at once) and from the envelopes still waiting in
-    ``inbox/``. Only live gateways count: a killed one's heartbeat file stays behind. (``taken/`` holds only
-    the running gateways' shelves, whose envelopes their heartbeats name already.)
+    ``inbox/``. Only live gateways count: a killed one's heartbeat file stays until housekeeping removes it.
+    (``taken/`` holds only the running gateways' shelves, whose envelopes their heartbeats name already.)
     """
     inbox = InboxPaths.from_root(root)
     own: set[str] = set()
