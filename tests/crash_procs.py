@@ -17,7 +17,30 @@ from roots import logged_turns
 HELPER = Path(__file__).with_name("crash_gateway.py")
 REPO = Path(__file__).resolve().parent.parent
 
-__all__ = ["HELPER", "Child", "child_env", "journal_ids", "run_child", "turns_logged"]
+__all__ = ["HELPER", "SIGNAL_ANOTHER_THREAD", "Child", "child_env", "journal_ids", "run_child", "turns_logged"]
+
+#: Code for a child script: ``signal_another_thread(sig, ready)`` hands ``sig`` to a thread that is not main, once
+#: ``ready()`` holds and the main thread waits (in a ``wait`` or ``until`` frame), as the kernel may hand a
+#: process's signal to any thread that does not block it. A signal handled while the main thread still ran would
+#: prove nothing about its wait.
+SIGNAL_ANOTHER_THREAD = r"""
+import signal, sys, threading
+from actors.testkit import await_condition
+
+def signal_another_thread(sig, ready=lambda: True):
+    def main_waits():
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        return frame is not None and frame.f_code.co_name in ("wait", "until")
+
+    def kick():
+        me, main = threading.current_thread(), threading.main_thread()
+        await_condition(lambda: ready() and main_waits(), timeout=30, message="the main thread waiting")
+        other = next(t for t in threading.enumerate() if t not in (me, main) and t.ident)
+        print("signalled", other.name, flush=True)
+        signal.pthread_kill(other.ident, sig)
+
+    threading.Thread(target=kick, daemon=True).start()
+"""
 
 
 def child_env(crash_at: str | None = None) -> dict[str, str]:

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from crash_procs import SIGNAL_ANOTHER_THREAD
 from relay_helpers import hub_thread, seed_envelope, seed_write_json
 from roots import LogCapture, RecordingRunner, body_of, make_root
 
@@ -445,34 +446,19 @@ def test_a_hub_start_puts_back_a_relay_directory_left_swapped_for_a_symlink(two_
     assert {p.name: p.read_text(encoding="utf-8") for p in outside.iterdir()} == files
 
 
-HUB_SIGNALLED_ON_ANOTHER_THREAD = r"""
-import signal, sys, threading
+HUB_SIGNALLED_ON_ANOTHER_THREAD = SIGNAL_ANOTHER_THREAD + r"""
+import builtins
 from pathlib import Path
-from actors.testkit import await_condition
 from hermes_actors.relay.hub import run_hub
-
-def waiting(main):
-    # the main thread is in its last wait (a signal handled earlier, while it still ran, would prove nothing)
-    frame = sys._current_frames().get(main.ident)
-    return frame is not None and frame.f_code.co_name in ("wait", "until")
-
-def kick():
-    # a process-wide signal may be handed to any thread that does not block it: hand it to one of the hub's
-    me, main = threading.current_thread(), threading.main_thread()
-    await_condition(lambda: any("relay hub running" in line for line in printed) and waiting(main),
-                    timeout=30, message="hub waiting")
-    hub = next(t for t in threading.enumerate() if t not in (me, main) and t.ident)
-    signal.pthread_kill(hub.ident, signal.SIGTERM)
 
 printed = []
 real_print = print
 def print(*args, **kwargs):
     real_print(*args, **kwargs)
     printed.append(" ".join(map(str, args)))
-import builtins
 builtins.print = print
 
-threading.Thread(target=kick, daemon=True).start()
+signal_another_thread(signal.SIGTERM, ready=lambda: any("relay hub running" in line for line in printed))
 sys.exit(run_hub([Path(sys.argv[1]), Path(sys.argv[2])], names=["alpha", "mini"]))
 """
 

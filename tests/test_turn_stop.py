@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crash_procs import SIGNAL_ANOTHER_THREAD
 from relay_helpers import seed_envelope
 from roots import assert_gone, make_root, process_alive, write_fake_cli
 
@@ -321,27 +322,12 @@ def test_a_turn_process_serve_starts_blocks_no_stop_signal_and_a_sigterm_ends_it
     assert "may have been delivered — do not resend" in record["error"]
 
 
-SIGNAL_TO_A_WORKER = r"""
-import signal, sys, threading
+SIGNAL_TO_A_WORKER = SIGNAL_ANOTHER_THREAD + r"""
 from pathlib import Path
-from actors.testkit import await_condition
 from hermes_actors.cli.serve import serve
 
-def waiting(main):
-    # the main thread is in its wait (a signal handled while it still ran, before it, would prove nothing)
-    frame = sys._current_frames().get(main.ident)
-    return frame is not None and frame.f_code.co_name in ("wait", "until")
-
-def kick():
-    # a process-wide signal may be handed to any thread that does not block it: hand it to one that is not main
-    me, main = threading.current_thread(), threading.main_thread()
-    await_condition(lambda: waiting(main), timeout=30, message="serve waiting")
-    other = next(t for t in threading.enumerate() if t not in (me, main) and t.ident)
-    print("signalled", other.name, flush=True)
-    signal.pthread_kill(other.ident, signal.SIGTERM)
-
 def on_ready(_endpoint):
-    threading.Thread(target=kick, daemon=True).start()
+    signal_another_thread(signal.SIGTERM)
 
 sys.exit(serve(Path(sys.argv[1]), connection_id=None, runner=lambda turn: "ok", on_ready=on_ready))
 """
