@@ -78,7 +78,7 @@ def test_a_setting_takes_one_bound() -> None:
 @pytest.mark.parametrize(
     ("key", "text"),
     [("turn_wait_seconds", "number ≥ 0, ≤ 604800"), ("turn_timeout_seconds", "number > 0, ≤ 604800"),
-     ("envelope_ttl_seconds", "number ≤ 604800"), ("max_hops", "integer ≥ 1, ≤ 10000"),
+     ("envelope_ttl_seconds", "number ≤ 315360000"), ("max_hops", "integer ≥ 1, ≤ 10000"),
      ("redis_claim_idle_seconds", "number ≥ 0.01, ≤ 86400"), ("redis_prefix", "text"),
      ("connection_label", "text (≤ 80 characters)")],
 )
@@ -276,6 +276,14 @@ def test_an_absurd_value_is_refused_naming_file_key_value_and_range(
     assert warning.startswith(f"{tmp_path / 'config.yaml'}: bot_mode.{key}=") and f"(it must be {must})" in warning, \
         warning
     assert warning.endswith(f"using default {spec.default}")
+
+
+def test_an_envelope_ttl_of_a_month_is_taken_as_the_seed_takes_it(tmp_path: Path, warnings: list[str]) -> None:
+    """Regression (review): a TTL above a week was refused and the 900 s default used, while a seed process on the
+    same root honours it (the seed takes any whole number): envelopes meant to wait 30 days expired in 15 minutes."""
+    (tmp_path / "config.yaml").write_text("bot_mode:\n  envelope_ttl_seconds: 2592000\n")
+    assert c.load_config(tmp_path).envelope_ttl_seconds == 2592000
+    assert warnings == []
 
 
 def test_a_bad_override_is_named_as_the_override(tmp_path: Path, warnings: list[str]) -> None:

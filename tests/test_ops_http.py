@@ -618,14 +618,17 @@ def test_every_refusal_is_counted_once_by_reason(root: Path, gateways: list[Gate
         fast = gw.message_agent(sender="alice", target="bob", message="disk full")  # journaled on this thread
         deep = gw.message_agent(sender="alice", target="bob", message="disk full", hop=2)  # by the Dispatcher
         full["on"] = False
-        for refused in (unknown, fast, deep):
-            assert "delivery_id" not in refused and refused["reason"] == "unknown", refused
+        assert "delivery_id" not in unknown and unknown["reason"] == "unknown", unknown
+        for refused in (fast, deep):  # the disk, not the teammate: told apart by the reason (review)
+            assert "delivery_id" not in refused and refused["reason"] == "runtime_offline", refused
         assert "No space left" in fast["error"] and "No space left" in deep["error"]
         ok = gw.message_agent(sender="alice", target="bob", message="disk freed")
         assert gw.wait_outcome(ok["delivery_id"], timeout=30)["status"] == "replied"
         assert len(asked) == 1 and asked[0]["reason"] == "unknown", asked
         stats = gw.stats()
-        assert stats["refused"] == 4 and stats["refused_by_reason"] == {"unknown": 4}, stats
+        assert stats["refused"] == 4, stats
+        assert stats["refused_by_reason"] == {"unknown": 2, "runtime_offline": 2}, stats
         scraped = samples(get(server.url + "metrics")[2].decode())
-        assert scraped[("hermes_actors_refused_total", (("reason", "unknown"),))] == 4
+        assert scraped[("hermes_actors_refused_total", (("reason", "unknown"),))] == 2
+        assert scraped[("hermes_actors_refused_total", (("reason", "runtime_offline"),))] == 2
         assert scraped[("hermes_actors_accepted_total", ())] == 1

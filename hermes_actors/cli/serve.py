@@ -164,9 +164,7 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
         connection_id: this gateway's connection id on the relay.
         runner: how turns run.
         config: overrides deep-merged over ``config.yaml``.
-        stop: set it to stop (besides the signals). On the main thread serve wakes for a signal or its own
-            failure, not for another thread's event: set it there before serving waits (``on_ready``), or run
-            serve on another thread to stop it from outside.
+        stop: set it (from any thread) to stop, besides the signals.
         http: also serve ``/metrics``, ``/status`` and the live page there (None: no HTTP endpoint).
         on_ready: called with the operator endpoint (or None) each time a gateway serves (for tests).
 
@@ -177,10 +175,11 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
         RuntimeError: another process already hosts the root, or the HTTP address cannot be bound (the
             gateway is stopped again first).
     """
+    ours = stop is None  # a caller's event may be set by another thread without waking serve's wait
     stop = stop or threading.Event()
     restarts: deque[float] = deque(maxlen=RESTART_POLICY.max_restarts + 1)
     while True:
-        failure = _serve_once(root, connection_id=connection_id, runner=runner, config=config, stop=stop,
+        failure = _serve_once(root, connection_id=connection_id, runner=runner, config=config, stop=stop, ours=ours,
                               http=http, on_ready=on_ready, first=not restarts)
         if failure is None:
             return 0
@@ -195,7 +194,7 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
 
 
 def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: dict[str, Any] | None,
-                stop: threading.Event, http: HttpSettings | None, on_ready: Callable[[Any], None] | None,
+                stop: threading.Event, ours: bool, http: HttpSettings | None, on_ready: Callable[[Any], None] | None,
                 first: bool) -> str | None:
     """Serve one gateway until ``stop`` is set or it fails; None once stopped, else what failed."""
     failures: list[str] = []
@@ -251,10 +250,7 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
                 print(f"live page, /metrics and /status on {endpoint.url}", flush=True)
             if on_ready is not None:
                 on_ready(endpoint)
-            if waits.on_signals:
-                waits.until(stop.is_set)
-            else:  # serving on another thread (tests, an embedder): no signal to wait for, and its stop is an event
-                stop.wait()
+            waits.until_set(stop, ours=ours)
             wakes.clear()
         if failures and not received:
             stop.clear()

@@ -10,6 +10,7 @@ import pykka
 
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.names import HANDLE_RE
+from hermes_actors.core.reasons import RUNTIME_OFFLINE
 from hermes_actors.core.targets import text_problem
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Delivery, Outcome, PendingAck
@@ -80,11 +81,15 @@ def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
 
 
 def journal_refusal(error: BaseException) -> dict[str, Any]:
-    """Pure: the refusal when the acceptance could not be made durable (nothing was acked)."""
+    """Pure: the refusal when the acceptance could not be made durable (nothing was acked).
+
+    ``runtime_offline`` (retryable), as for a turn whose start could not be recorded: this gateway
+    cannot take DMs right now. Not ``unknown``, which names a teammate that does not exist.
+    """
     return {
         "error": f"The delivery could not be recorded durably ({error}), so it was NOT queued. "
         "Free disk space or fix the journal directory, then resend.",
-        "reason": "unknown",
+        "reason": RUNTIME_OFFLINE,
     }
 
 

@@ -57,6 +57,7 @@ __all__ = [
 # negative one (its default is used, with a warning naming the range).
 DAY = 86_400.0
 WEEK = 7 * DAY
+YEARS_10 = 3650 * DAY  # the envelope TTL: the seed takes any whole number, so only the absurd is refused
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class BotModeConfig:
         at_least=0, at_most=WEEK)
     envelope_ttl_seconds: float = setting(
         900.0, "relay envelopes older than this are never delivered late; whole seconds, `int()`-ed as the seed "
-               "does (≤ 0 disables, and so does 0.5)", at_most=WEEK)
+               "does (≤ 0 disables, and so does 0.5)", at_most=YEARS_10)
     reply_wait_seconds: float = setting(
         900.0, "how long the sender waits for a relay reply before `delivery_timeout`", at_least=0, at_most=WEEK)
     max_hops: int = setting(8, "conversation depth limit (`loop_guard`)", at_least=1, at_most=10_000)

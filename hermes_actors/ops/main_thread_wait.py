@@ -35,6 +35,7 @@ class MainThreadWait:
         self._read = -1
         self._write = -1
         self._previous: int | None = None  # the wakeup fd before ours; None: ours is not installed
+        self._closing = threading.Lock()  # a wake() from another thread never writes to a closed (reused) fd
 
     def __enter__(self) -> MainThreadWait:
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -48,10 +49,11 @@ class MainThreadWait:
         if self._previous is not None:
             signal.set_wakeup_fd(self._previous)
             self._previous = None
-        for fd in (self._read, self._write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._read = self._write = -1
+        with self._closing:
+            for fd in (self._read, self._write):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._read = self._write = -1
 
     @property
     def on_signals(self) -> bool:
@@ -63,8 +65,9 @@ class MainThreadWait:
 
         Never blocks nor raises: a full pipe already holds a wake-up, a closed one has no waiter.
         """
-        with contextlib.suppress(OSError):
-            os.write(self._write, b"\0")
+        with self._closing, contextlib.suppress(OSError):
+            if self._write >= 0:
+                os.write(self._write, b"\0")
 
     def until(self, done: Callable[[], bool]) -> None:
         """Return once ``done()`` holds; it is asked again after each wake-up and each signal.
@@ -80,8 +83,30 @@ class MainThreadWait:
         """
         if self._read < 0:
             raise RuntimeError("MainThreadWait.until() outside its with-block")
-        while not done():  # the loop's jump back runs the handler of a signal that woke the select
-            select.select([self._read], [], [])
+        poller = select.poll()  # not select(): it refuses a descriptor numbered 1024 or more
+        poller.register(self._read, select.POLLIN)
+        while not done():  # the loop's jump back runs the handler of a signal that woke the poll
+            poller.poll()
             with contextlib.suppress(BlockingIOError, InterruptedError):
                 while os.read(self._read, 512):
                     pass
+
+    def until_set(self, event: threading.Event, *, ours: bool) -> None:
+        """Return once ``event`` is set: by a signal's handler, by whoever also calls :meth:`wake`, or by anyone.
+
+        Args:
+            event: the event.
+            ours: only our own code sets it, each time with :meth:`wake` (or in a signal's handler); False: a
+                caller's event, which another thread may set without a word — a daemon thread then waits on it
+                and wakes this wait (it ends once the event is set).
+        """
+        if not self.on_signals:  # no signal ends a wait here: the event itself is the wait
+            event.wait()
+            return
+        if not ours:
+            def watch() -> None:
+                event.wait()
+                self.wake()
+
+            threading.Thread(target=watch, name="stop-event-watch", daemon=True).start()
+        self.until(event.is_set)

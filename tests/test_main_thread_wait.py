@@ -1,0 +1,71 @@
+"""``ops.main_thread_wait.MainThreadWait``: the main thread's wait that any signal, a ``wake()`` or a set event ends."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from hermes_actors.ops.main_thread_wait import MainThreadWait
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _in_a_child(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as a script's main thread (a wait that never ends fails by the timeout, not by a hung suite)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_a_wake_from_another_thread_ends_the_wait() -> None:
+    done = threading.Event()
+    with MainThreadWait() as waits:
+        def finish() -> None:
+            done.set()
+            waits.wake()
+
+        threading.Thread(target=finish).start()
+        waits.until(done.is_set)
+    assert done.is_set()
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1200, reason="needs 1200 open files")
+def test_a_wait_whose_pipe_is_numbered_past_1023_works() -> None:
+    """Regression (review): select() refuses a descriptor numbered 1024 or more, and serve and the hub raised
+    "filedescriptor out of range in select()" at once in a process holding that many files."""
+    result = _in_a_child(
+        "import os, resource, threading\n"
+        "from hermes_actors.ops.main_thread_wait import MainThreadWait\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))\n"
+        "held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]\n"
+        "looks = []\n"
+        "with MainThreadWait() as waits:\n"
+        "    assert waits._read >= 1024, waits._read\n"
+        "    waits.wake()  # one wake-up waiting: the first look fails, so the wait polls once, then returns\n"
+        "    waits.until(lambda: looks.append(1) or len(looks) > 1)\n"
+        "print('woken')\n"
+    )
+    assert result.returncode == 0 and "woken" in result.stdout, result.stderr
+
+
+def test_a_callers_event_set_by_another_thread_ends_the_main_threads_wait() -> None:
+    """Regression (review): ``run_hub(stop=event)`` and ``serve(stop=event)`` on the main thread never returned
+    when another thread set the event: only a signal or a ``wake()`` ended the wait."""
+    result = _in_a_child(
+        "import threading\n"
+        "from hermes_actors.ops.main_thread_wait import MainThreadWait\n"
+        "stop = threading.Event()\n"
+        "with MainThreadWait() as waits:\n"
+        "    assert waits.on_signals\n"
+        "    threading.Thread(target=stop.set).start()\n"
+        "    waits.until_set(stop, ours=False)\n"
+        "print('stopped')\n"
+    )
+    assert result.returncode == 0 and "stopped" in result.stdout, result.stderr
