@@ -7,12 +7,13 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import pykka
 from loguru import logger
@@ -23,6 +24,7 @@ from hermes_actors.core.names import checked_connection_id
 from hermes_actors.facade.args import checked_config, checked_hop, checked_root, wait_seconds
 from hermes_actors.facade.failure import DispatcherFailure
 from hermes_actors.facade.lifecycle import Lifecycle, refuse_stop_in_own_turn
+from hermes_actors.facade.off_main import OffMainThread
 from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, explicit_runner, redis_settings_for
 from hermes_actors.facade.outcomes import OutcomeWaits
 from hermes_actors.facade.process import OwnerProcess, forget_at_exit, stop_at_exit
@@ -38,6 +40,32 @@ from hermes_actors.system import ActorSystem
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["Gateway"]
+
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _off_main_thread(method: _Method) -> _Method:
+    """While the gateway runs, a call made on the main thread runs on its call thread (facade/off_main.py)."""
+
+    @functools.wraps(method)
+    def call(self: Gateway, *args: Any, **kwargs: Any) -> Any:
+        if self._lifecycle.state not in ("running", "stopping"):  # no actor whose mailbox an interrupt could wedge
+            return method(self, *args, **kwargs)
+        return self._off_main.run(lambda: method(self, *args, **kwargs))
+
+    return call  # type: ignore[return-value]
+
+
+def _off_main_thread_last(method: _Method) -> _Method:
+    """The stop: on the call thread like the other calls, which then ends (it was the gateway's to end)."""
+
+    @functools.wraps(method)
+    def call(self: Gateway, *args: Any, **kwargs: Any) -> Any:
+        return self._off_main.run(lambda: method(self, *args, **kwargs), last=True)
+
+    return call  # type: ignore[return-value]
 
 
 class Gateway:
@@ -121,6 +149,7 @@ class Gateway:
         # message_agent calls in flight: stop() waits for them, so no DM is acked after the stop began and then
         # lost behind it
         self._sends = SendsInFlight()
+        self._off_main = OffMainThread("gateway-calls")  # the main thread's calls, safe from its interrupts
         self._registrations = Registrations()  # subscribers and live owners given before start()
         self._outcomes = OutcomeWaits()  # the stopped Dispatcher's outcomes, and the waits a stop wakes
         self._system: ActorSystem | None = None  # the actors and threads while started
@@ -213,6 +242,7 @@ class Gateway:
         """Whether the gateway never started nor stopped (what is registered now waits for the start)."""
         return self._lifecycle.state == "new"
 
+    @_off_main_thread_last
     def stop(
         self,
         timeout: float = 30,
@@ -300,6 +330,7 @@ class Gateway:
 
     # ── the API ─────────────────────────────────────────────────────────────
 
+    @_off_main_thread
     def message_agent(
         self, *, sender: str, target: str, message: str, session: str = BOT_CHAT_SESSION, hop: int = 0
     ) -> dict[str, Any]:
@@ -311,7 +342,8 @@ class Gateway:
         Raises:
             RuntimeError: the gateway is not running (before start, or once stop began), or this is a
                 fork of the process that started it, or this thread is inside ``message_agent`` already
-                (a signal handler that interrupted it calls again: nothing is sent).
+                (a finalizer that interrupted it calls again: nothing is sent; a signal handler's call, on the
+                main thread, queues behind the call it interrupted instead).
             TypeError: ``hop`` is not a whole number.
             ValueError: ``hop`` is negative.
         """
@@ -324,6 +356,7 @@ class Gateway:
         finally:
             self._sends.end(call)
 
+    @_off_main_thread
     def wait_outcome(self, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
         """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds (plus at most
         ``CHECK_GRACE``, 2 s, for a Dispatcher too busy to say at once where the DM stands).
@@ -352,6 +385,7 @@ class Gateway:
             return None
         return self._system.dispatcher
 
+    @_off_main_thread
     def subscribe(
         self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False, rooms: bool = True
     ) -> Callable[[], None]:
@@ -383,14 +417,17 @@ class Gateway:
             raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
         return self._registrations.subscribe((callback, details, rooms), self._is_new, self._notifier)
 
+    @_off_main_thread
     def roster(self) -> list[dict[str, Any]]:
         """Every agent this gateway can reach: local profiles, then relay agents."""
         return self._live().roster_rows()
 
+    @_off_main_thread
     def housekeep(self) -> int:
         """Sweep stale relay artifacts (> 6 h) and orphaned DM files now; returns the count removed."""
         return self._live().housekeep()
 
+    @_off_main_thread
     def stats(self) -> dict[str, Any]:
         """Counters of the running gateway, each from the actor that owns it (an ask: it answers once
         every message that actor received before has been handled).
@@ -411,6 +448,7 @@ class Gateway:
         """
         return self._live().stats()
 
+    @_off_main_thread
     def attach_live_owner(self, profile: str, owner: Any) -> None:
         """Hand this profile's DMs to a live Bot Chat owner instead of running turns (DESIGN 4.3).
 
@@ -435,6 +473,7 @@ class Gateway:
             return  # attached before start(): recovered DMs already go to it
         self._live().attach_owner(profile, owner)
 
+    @_off_main_thread
     def detach_live_owner(self, profile: str) -> None:
         """Return this profile's DMs (those not handed over yet) to the normal turn path.
 
@@ -454,6 +493,7 @@ class Gateway:
         assert rooms is not None
         return rooms
 
+    @_off_main_thread
     def create_room(self, name: str, members: list[str]) -> dict[str, Any]:
         """Create a room of 2–6 local bots named ``name`` (unique, case-insensitive; members' turns run in
         ``Group: <name>``) of ``members`` (as ``message_agent`` targets); returns ``{room_id, name, members}``.
@@ -464,15 +504,18 @@ class Gateway:
         """
         return self._live_rooms().create(name, members)
 
+    @_off_main_thread
     def room_send(self, room: str, sender: str, text: str) -> dict[str, Any]:
         """Post ``text`` to ``room`` as ``sender`` (``"user"`` or a member); it is on disk before the ack:
         ``{status: "queued", room_id, message_id}``, or a refusal ``{error, reason}`` like ``message_agent``'s."""
         return self._live_rooms().send(room, sender, text)
 
+    @_off_main_thread
     def room_transcript(self, room: str) -> list[dict[str, Any]]:
         """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``. KeyError: no room."""
         return self._live_rooms().transcript(room)
 
+    @_off_main_thread
     def wait_room_idle(self, room: str, timeout: float = 60) -> str:
         """Wait until the room settled; returns its state, ``idle`` or ``needs_you``.
 
@@ -486,10 +529,12 @@ class Gateway:
         """
         return self._live_rooms().wait_idle(room, wait_seconds("wait_room_idle", timeout))
 
+    @_off_main_thread
     def list_rooms(self) -> list[dict[str, Any]]:
         """Every room: ``{room_id, name, members, state, messages, last_activity}`` (docs/rooms.md)."""
         return self._live_rooms().list()
 
+    @_off_main_thread
     def disband_room(self, room: str) -> dict[str, Any]:
         """Delete the room (its file too); its members' sessions stay. Raises KeyError: no such room."""
         return self._live_rooms().disband(room)
@@ -502,18 +547,22 @@ class Gateway:
             raise RuntimeError("the relay RPC serves the file relay; this gateway runs the Redis transport")
         return desktop
 
+    @_off_main_thread
     def relay_sync_roster(self, rows: Any) -> int:
         """``bot_relay.roster.sync``: see :meth:`DesktopRpc.sync_roster`. Raises RuntimeError when not running."""
         return self._desktop_rpc().sync_roster(rows)
 
+    @_off_main_thread
     def relay_drain_outbox(self) -> list[dict[str, Any]]:
         """``bot_relay.outbox.drain``: see :meth:`DesktopRpc.drain_outbox`. Raises RuntimeError when not running."""
         return self._desktop_rpc().drain_outbox()
 
+    @_off_main_thread
     def relay_deliver(self, envelope: dict[str, Any], *, timeout: float = 900) -> dict[str, str]:
         """``bot_relay.deliver``: see :meth:`DesktopRpc.deliver`. Raises RuntimeError when not running."""
         return self._desktop_rpc().deliver(envelope, timeout=timeout)
 
+    @_off_main_thread
     def relay_reply(self, envelope_id: str, *, reply: str = "", error: str = "", reason: str = "") -> bool:
         """``bot_relay.reply``: see :meth:`DesktopRpc.reply`. Raises RuntimeError when not running."""
         return self._desktop_rpc().reply(envelope_id, reply=reply, error=error, reason=reason)

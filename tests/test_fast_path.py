@@ -352,11 +352,11 @@ def test_a_durable_dm_is_on_disk_before_its_ack_and_the_sender_commits_it_itself
     # with no commit running, the caller leads its group commit instead of waiting for the writer.
     assert ("sender", True) in seen, seen
     assert gw.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
-    # The main thread never commits (a signal handler's exception there would land inside the commit):
-    # the writer thread writes its acceptance, before its ack all the same.
+    # The main thread never commits (a signal handler's exception there would land inside the commit): its
+    # call runs on the gateway's call thread, which commits its acceptance, before its ack all the same.
     seen.clear()
     ack = gw.message_agent(sender="alice", target="bob", message="from main")
-    assert ("journal-writer", True) in seen, seen
+    assert ("gateway-calls", True) in seen, seen
     assert gw.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
 
 

@@ -841,7 +841,7 @@ def test_enospc_refuses_the_dm_and_leaves_no_torn_record(tmp_path: Path, monkeyp
         assert "delivery_id" not in refused, f"a DM that was not journaled must not be acked: {refused}"
         assert refused.get("status") != "queued"
         assert "NOT queued" in refused["error"] and "No space left" in refused["error"], refused
-        assert refused["reason"] == "unknown"
+        assert refused["reason"] == "runtime_offline"
         assert failed_data, "the journal write was attempted"
         (lost_id,) = set(re.findall(rb'"t":"accepted","id":"([0-9a-f]{32})"', failed_data[0]))
         after = gw.message_agent(sender="alice", target="bob", message="after")

@@ -1,0 +1,116 @@
+"""A Gateway's calls made on the main thread run on a thread of their own, the main thread only waiting.
+
+Python runs signal handlers on the main thread, between two bytecodes, and the exception one raises
+(Ctrl-C's ``KeyboardInterrupt``) can land just after a lock was taken and before the ``with`` that
+releases it began: a mailbox's lock (pykka's inbox is a ``queue.Queue``, whose lock is taken inside
+a Python-level ``Condition.__enter__``) taken by ``message_agent`` on the main thread then stayed
+taken, and every sender, the journal's writer and the stop waited on it for good. So a call made on
+the main thread is put on a ``SimpleQueue`` (its ``put`` is one C call: nothing to interrupt half-way)
+for the gateway's call thread, and the main thread waits on a lock of its own: an interrupt ends that
+wait only, and the call itself finishes on the call thread (its result is dropped). A signal
+handler's own call queues behind the call it interrupted, instead of waiting on its locks.
+
+Calls from any other thread run where they are made, as before.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["OffMainThread"]
+
+T = TypeVar("T")
+
+_Job = tuple[Callable[[], Any], list[tuple[bool, Any]], Any, bool]  # call, result box, lock to release, last
+
+
+class OffMainThread:
+    """Runs the main thread's calls on one daemon thread while the gateway runs (its lifetime is the gateway's).
+
+    Started by the first such call; ended by the stop (:meth:`run` with ``last``, or :meth:`close`), after
+    which calls run where they are made again (no actor is left whose mailbox could be wedged).
+
+    Args:
+        name: the call thread's name.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[_Job | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = 0  # the process whose thread serves ``_jobs`` (a fork's child has no threads but its own)
+        self._closed = False
+
+    def run(self, call: Callable[[], T], *, last: bool = False) -> T:
+        """``call()``; on the main thread, run by the call thread while this thread waits.
+
+        Args:
+            call: the gateway call.
+            last: the gateway's stop: the call thread ends after it (this thread waits for that too).
+
+        Returns:
+            What ``call`` returned.
+
+        Raises:
+            BaseException: what ``call`` raised; on the main thread also what a signal handler raised while
+                it waited (the call goes on and its result is dropped).
+        """
+        if self._closed or threading.current_thread() is not threading.main_thread():
+            try:
+                return call()
+            finally:
+                if last:
+                    self.close()
+        done = _thread.allocate_lock()
+        done.acquire()
+        box: list[tuple[bool, Any]] = []
+        jobs, thread = self._queue()
+        if last:
+            self._closed = True
+        jobs.put((call, box, done, last))
+        done.acquire()  # an interrupt here ends this wait only
+        if last:
+            thread.join()
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+    def close(self) -> None:
+        """End the call thread once the calls queued before are done (not waited for: one may be a long
+        ``wait_outcome``, and the stop must not wait for it); later calls run where they are made."""
+        self._closed = True
+        jobs, thread = self._jobs, self._thread
+        if jobs is not None and thread is not None and self._pid == os.getpid():
+            jobs.put(None)
+
+    def _queue(self) -> tuple[queue.SimpleQueue[_Job | None], threading.Thread]:
+        # Only the main thread comes here: no lock needed to start the call thread once per process.
+        if self._jobs is None or self._thread is None or self._pid != os.getpid():
+            jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+            thread = threading.Thread(target=_serve, args=(jobs,), name=self.name, daemon=True)
+            thread.start()  # kept only once started: a start an interrupt cut short is made again next time
+            self._jobs, self._thread, self._pid = jobs, thread, os.getpid()
+        return self._jobs, self._thread
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    """The call thread: run each job, hand back its result or exception, release its waiter; end at the last."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        call, box, done, last = job
+        try:
+            box.append((True, call()))
+        except BaseException as exc:  # the caller's to see, as if it had run the call itself
+            box.append((False, exc))
+        finally:
+            done.release()
+        if last:
+            return
