@@ -418,3 +418,43 @@ gw.stop(10)
 print(json.dumps({"acked": acked, "interrupted": interrupted, "after": status,
                   "stop_s": time.monotonic() - started}))
 """
+
+
+LONG_WAIT_INTERRUPTED = r"""
+import json, signal, sys, threading, time
+from hermes_actors import Gateway
+
+hold = threading.Event()
+def held(turn):
+    hold.wait(60)  # a turn that runs long; the stop abandons it
+    return "late"
+
+def interrupt(*_):
+    raise KeyboardInterrupt
+
+gw = Gateway(sys.argv[1], runner=held, durable=False).start()
+ack = gw.message_agent(sender="alice", target="bob", message="long")
+signal.signal(signal.SIGALRM, interrupt)
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+try:
+    gw.wait_outcome(ack["delivery_id"], timeout=300)  # a Ctrl-C ends this wait
+except KeyboardInterrupt:
+    pass
+started = time.monotonic()
+gw.stop(1)
+took = time.monotonic() - started
+hold.set()
+print(json.dumps({"stop_s": took}))
+"""
+
+
+def test_a_stop_after_an_interrupted_long_wait_is_not_queued_behind_it(tmp_path: Path) -> None:
+    """The main thread's calls run on one call thread; a ``wait_outcome(id, 300)`` whose wait a Ctrl-C ended goes
+    on there, and the stop that follows must not wait behind it (it gets a thread of its own)."""
+    script = tmp_path / "long_wait.py"
+    script.write_text(LONG_WAIT_INTERRUPTED, encoding="utf-8")
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True,
+                          env=child_env(), timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["stop_s"] < 30

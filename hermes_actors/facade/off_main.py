@@ -33,7 +33,9 @@ class OffMainThread:
     """Runs the main thread's calls on one daemon thread while the gateway runs (its lifetime is the gateway's).
 
     Started by the first such call; ended by the stop (:meth:`run` with ``last``, or :meth:`close`), after
-    which calls run where they are made again (no actor is left whose mailbox could be wedged).
+    which calls run where they are made again (no actor is left whose mailbox could be wedged). A call made
+    while the call thread still runs one whose wait was interrupted (a ``wait_outcome`` of minutes, left by
+    a Ctrl-C) gets a thread of its own: the stop that follows is never queued behind it.
 
     Args:
         name: the call thread's name.
@@ -45,6 +47,7 @@ class OffMainThread:
         self._thread: threading.Thread | None = None
         self._pid = 0  # the process whose thread serves ``_jobs`` (a fork's child has no threads but its own)
         self._closed = False
+        self._busy = False  # the call thread runs a call (set and cleared by it)
 
     def run(self, call: Callable[[], T], *, last: bool = False) -> T:
         """``call()``; on the main thread, run by the call thread while this thread waits.
@@ -69,10 +72,17 @@ class OffMainThread:
         done = _thread.allocate_lock()
         done.acquire()
         box: list[tuple[bool, Any]] = []
-        jobs, thread = self._queue()
-        if last:
-            self._closed = True
-        jobs.put((call, box, done, last))
+        job: _Job = (call, box, done, last)
+        if self._busy:  # an interrupted call still runs there: this one must not wait behind it
+            thread = threading.Thread(target=self._serve_one, args=(job,), name=f"{self.name}-extra", daemon=True)
+            thread.start()
+            if last:
+                self.close()
+        else:
+            jobs, thread = self._queue()
+            if last:
+                self._closed = True
+            jobs.put(job)
         done.acquire()  # an interrupt here ends this wait only
         if last:
             thread.join()
@@ -93,24 +103,30 @@ class OffMainThread:
         # Only the main thread comes here: no lock needed to start the call thread once per process.
         if self._jobs is None or self._thread is None or self._pid != os.getpid():
             jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-            thread = threading.Thread(target=_serve, args=(jobs,), name=self.name, daemon=True)
+            thread = threading.Thread(target=self._serve, args=(jobs,), name=self.name, daemon=True)
             thread.start()  # kept only once started: a start an interrupt cut short is made again next time
             self._jobs, self._thread, self._pid = jobs, thread, os.getpid()
         return self._jobs, self._thread
 
+    def _serve(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
+        """The call thread: run each job in turn; end at the last one (or at ``None``)."""
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            self._busy = True
+            self._serve_one(job, on_call_thread=True)
+            if job[3]:
+                return
 
-def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
-    """The call thread: run each job, hand back its result or exception, release its waiter; end at the last."""
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        call, box, done, last = job
+    def _serve_one(self, job: _Job, *, on_call_thread: bool = False) -> None:
+        """Run one job, hand back its result or exception and release its waiter."""
+        call, box, done, _last = job
         try:
             box.append((True, call()))
         except BaseException as exc:  # the caller's to see, as if it had run the call itself
             box.append((False, exc))
         finally:
+            if on_call_thread:
+                self._busy = False  # before the waiter goes on: its next call must find the call thread free
             done.release()
-        if last:
-            return
