@@ -44,6 +44,7 @@ class OffMainThread:
     def __init__(self, name: str) -> None:
         self.name = name
         self._jobs: queue.SimpleQueue[_Job | None] | None = None
+        self._spares: queue.SimpleQueue[_Job | None] | None = None  # calls for a thread of their own
         self._thread: threading.Thread | None = None
         self._pid = 0  # the process whose thread serves ``_jobs`` (a fork's child has no threads but its own)
         self._closed = False
@@ -73,18 +74,19 @@ class OffMainThread:
         done.acquire()
         box: list[tuple[bool, Any]] = []
         job: _Job = (call, box, done, last)
-        if self._busy:  # an interrupted call still runs there: this one must not wait behind it
-            thread = threading.Thread(target=self._serve_one, args=(job,), name=f"{self.name}-extra", daemon=True)
-            thread.start()
+        jobs, spares, thread = self._queues()
+        spare = self._busy
+        if spare:  # an interrupted call still runs there: this one gets a thread of its own, not a wait behind
+            spares.put(job)  # started by the spare starter: Thread.start() waits on a Python-level lock, not here
             if last:
                 self.close()
         else:
-            jobs, thread = self._queue()
             if last:
                 self._closed = True
+                spares.put(None)  # the spare starter ends with the gateway too
             jobs.put(job)
         done.acquire()  # an interrupt here ends this wait only
-        if last:
+        if last and not spare:
             thread.join()
         ok, value = box[0]
         if ok:
@@ -95,18 +97,26 @@ class OffMainThread:
         """End the call thread once the calls queued before are done (not waited for: one may be a long
         ``wait_outcome``, and the stop must not wait for it); later calls run where they are made."""
         self._closed = True
-        jobs, thread = self._jobs, self._thread
-        if jobs is not None and thread is not None and self._pid == os.getpid():
+        jobs, spares = self._jobs, self._spares
+        if jobs is not None and spares is not None and self._pid == os.getpid():
             jobs.put(None)
+            spares.put(None)
 
-    def _queue(self) -> tuple[queue.SimpleQueue[_Job | None], threading.Thread]:
-        # Only the main thread comes here: no lock needed to start the call thread once per process.
-        if self._jobs is None or self._thread is None or self._pid != os.getpid():
+    def _queues(self) -> tuple[queue.SimpleQueue[_Job | None], queue.SimpleQueue[_Job | None], threading.Thread]:
+        # Only the main thread comes here: no lock needed to start the threads once per process.
+        if self._jobs is None or self._spares is None or self._thread is None or self._pid != os.getpid():
             jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+            spares: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
             thread = threading.Thread(target=self._serve, args=(jobs,), name=self.name, daemon=True)
             thread.start()  # kept only once started: a start an interrupt cut short is made again next time
-            self._jobs, self._thread, self._pid = jobs, thread, os.getpid()
-        return self._jobs, self._thread
+            threading.Thread(target=self._start_spares, args=(spares,), name=f"{self.name}-spares", daemon=True).start()
+            self._jobs, self._spares, self._thread, self._pid = jobs, spares, thread, os.getpid()
+        return self._jobs, self._spares, self._thread
+
+    def _start_spares(self, spares: queue.SimpleQueue[_Job | None]) -> None:
+        """The spare starter: a thread for each call made while the call thread was busy."""
+        while (job := spares.get()) is not None:
+            threading.Thread(target=self._serve_one, args=(job,), name=f"{self.name}-spare", daemon=True).start()
 
     def _serve(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
         """The call thread: run each job in turn; end at the last one (or at ``None``)."""
