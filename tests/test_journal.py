@@ -1229,13 +1229,21 @@ def test_a_journal_line_longer_than_the_limit_is_read_in_bounded_pieces(
 
 
 class _Interrupts:
-    """A SIGUSR1 handler raising KeyboardInterrupt in the main thread (restored by ``close``)."""
+    """A SIGUSR1 handler raising KeyboardInterrupt in the main thread (restored by ``close``).
 
-    def __init__(self) -> None:
+    Args:
+        once: raise at the first signal only (later ones do nothing), for :meth:`interrupt_main_until_raised`.
+    """
+
+    def __init__(self, *, once: bool = False) -> None:
+        self.once = once
+        self.raised = threading.Event()
         self.previous = signal.signal(signal.SIGUSR1, self._raise)
 
-    @staticmethod
-    def _raise(signum: int, frame: Any) -> None:
+    def _raise(self, signum: int, frame: Any) -> None:
+        if self.once and self.raised.is_set():
+            return
+        self.raised.set()
         raise KeyboardInterrupt
 
     @staticmethod
@@ -1244,6 +1252,18 @@ class _Interrupts:
         ident = threading.main_thread().ident
         assert ident is not None
         signal.pthread_kill(ident, signal.SIGUSR1)
+
+    def interrupt_main_until_raised(self, timeout: float = 30.0) -> None:
+        """Signal the main thread until its handler has raised (with ``once``).
+
+        A signal that lands just before the main thread blocks in a lock's wait runs its handler only when
+        that wait ends (no EINTR: it came before the wait): the next signal interrupts the wait, and the
+        handler of the first runs then.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.raised.wait(0.05):
+            assert time.monotonic() < deadline, "the main thread's handler never ran"
+            self.interrupt_main()
 
     def close(self) -> None:
         signal.signal(signal.SIGUSR1, self.previous)
@@ -1260,7 +1280,7 @@ def test_the_main_thread_never_commits_so_an_interrupt_there_breaks_nothing(tmp_
     # stop 50 s over its time). Now the writer commits; the interrupt ends the caller's wait only.
     journal = Journal(tmp_path / "journal", fsync=True)
     journal.start()
-    interrupts = _Interrupts()
+    interrupts = _Interrupts(once=True)
     spy = WriteSpy(journal, hold_first=True)
     fates: list[BaseException | None] = []
     told = threading.Event()
@@ -1271,7 +1291,7 @@ def test_the_main_thread_never_commits_so_an_interrupt_there_breaks_nothing(tmp_
 
     def interrupt_once_the_commit_holds_it() -> None:
         assert spy.entered.wait(30), "no commit took the record"
-        _Interrupts.interrupt_main()
+        interrupts.interrupt_main_until_raised()
 
     kicker = threading.Thread(target=interrupt_once_the_commit_holds_it)
     kicker.start()
