@@ -44,6 +44,7 @@ __all__ = ["Gateway"]
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
+_RUNNING = frozenset({"running", "stopping"})
 
 
 def _off_main_thread(method: _Method) -> _Method:
@@ -51,7 +52,9 @@ def _off_main_thread(method: _Method) -> _Method:
 
     @functools.wraps(method)
     def call(self: Gateway, *args: Any, **kwargs: Any) -> Any:
-        if self._lifecycle.state not in ("running", "stopping"):  # no actor whose mailbox an interrupt could wedge
+        # Other threads (every sender under serve) go straight on: no handler runs there, and a DM pays no more
+        # than these two checks. Not running: no actor whose mailbox an interrupt could wedge.
+        if threading.get_ident() != threading.main_thread().ident or self._lifecycle.state not in _RUNNING:
             return method(self, *args, **kwargs)
         return self._off_main.run(lambda: method(self, *args, **kwargs))
 
