@@ -375,7 +375,9 @@ def test_a_timed_out_turn_is_ended_before_the_bots_next_turn_runs(
 ) -> None:
     """Regression: at the turn timeout the flock was unlocked on the descriptor the turn's process shares, so the
     bot's next turn ran beside the old one, still alive (its own timeout counts from its start, later)."""
-    root = make_root(tmp_path, config={"bot_mode": {"turn_timeout_seconds": 1}})
+    # 6 s, not 1: each turn is a Python process that starts another before it logs its start, and the second
+    # must still be running when the test releases it; on a loaded machine 1 s killed it before it logged
+    root = make_root(tmp_path, config={"bot_mode": {"turn_timeout_seconds": 6}})
     log, release = tmp_path / "turns.log", tmp_path / "release"
     for key, value in fake_env(log, release, "A").items():
         monkeypatch.setenv(key, value)
