@@ -249,6 +249,18 @@ def start_serve_with_a_relayed_turn(
     return serve, turn, root / "bot_relay" / "delivered" / f"{envelope['id']}.json", release
 
 
+def assert_abandoned_by(sig: signal.Signals, serve: Proc, turn: dict[str, Any], delivered: Path) -> None:
+    """A second ``sig`` abandons serve's running turn: serve exits at once, the turn's processes are gone, and
+    its sender's answer (on disk) says it may have been delivered."""
+    serve.proc.send_signal(sig)
+    assert serve.wait(timeout=20) == 0  # well before the 30 s grace: the turn is never released
+    assert "abandoned the running turns" in serve.stderr()
+    assert_gone(turn["pid"])
+    assert_gone(turn["child_pid"])
+    record = json.loads(delivered.read_text(encoding="utf-8"))  # the sender's answer, on disk
+    assert record["reply"] == "" and "may have been delivered — do not resend" in record["error"]
+
+
 def test_serve_on_ctrl_c_says_what_it_waits_for_and_exits_once_the_turn_ends(
     tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
 ) -> None:
@@ -269,13 +281,7 @@ def test_serve_on_a_second_ctrl_c_abandons_the_turn_as_ambiguous(
     serve, turn, delivered, _ = start_serve_with_a_relayed_turn(tmp_path, fake_cli, leftovers, procs)
     serve.proc.send_signal(signal.SIGINT)
     serve.await_stderr("Ctrl-C again to abandon it")
-    serve.proc.send_signal(signal.SIGINT)
-    assert serve.wait(timeout=20) == 0  # well before the 30 s grace: the turn is never released
-    assert "abandoned the running turns" in serve.stderr()
-    assert_gone(turn["pid"])
-    assert_gone(turn["child_pid"])
-    record = json.loads(delivered.read_text(encoding="utf-8"))  # the sender's answer, on disk
-    assert record["reply"] == "" and "may have been delivered — do not resend" in record["error"]
+    assert_abandoned_by(signal.SIGINT, serve, turn, delivered)
 
 
 def test_serve_on_sigterm_names_it_and_a_second_sigterm_abandons_the_turn(
@@ -288,13 +294,7 @@ def test_serve_on_sigterm_names_it_and_a_second_sigterm_abandons_the_turn(
     serve.await_stderr("waiting for 1 running turn, up to 30 s; a second SIGTERM (or SIGINT, SIGHUP) abandons it")
     assert "stopping the gateway (SIGTERM received)" in serve.stderr()
     assert "Ctrl-C" not in serve.stderr()
-    serve.proc.send_signal(signal.SIGTERM)
-    assert serve.wait(timeout=20) == 0  # well before the 30 s grace: the turn is never released
-    assert "abandoned the running turns" in serve.stderr()
-    assert_gone(turn["pid"])
-    assert_gone(turn["child_pid"])
-    record = json.loads(delivered.read_text(encoding="utf-8"))  # the sender's answer, on disk
-    assert record["reply"] == "" and "may have been delivered — do not resend" in record["error"]
+    assert_abandoned_by(signal.SIGTERM, serve, turn, delivered)
 
 
 def _blocked_signals(pid: int) -> set[signal.Signals]:
