@@ -20,6 +20,7 @@ from hermes_actors.store.atomic import atomic_write_json
 from hermes_actors.store.processes import pid_alive, process_start_ticks
 from hermes_actors.store.relay_heartbeat import (
     DEAD_HEARTBEAT_GRACE_SECONDS,
+    HEARTBEAT_FRESH_SECONDS,
     live_heartbeats,
     sweep_dead_heartbeats,
     write_heartbeat,
@@ -80,10 +81,43 @@ def test_a_heartbeat_under_another_pids_name_is_not_believed(paths: InboxPaths) 
     (paths.heartbeat / f"{os.getpid()}.json").write_bytes(mine)
 
 
-def test_a_heartbeat_without_a_start_time_is_believed_while_its_pid_runs(paths: InboxPaths) -> None:
-    """A gateway on a system without /proc writes none."""
+def test_a_heartbeat_without_a_start_time_is_believed_only_while_fresh_and_its_pid_runs(paths: InboxPaths) -> None:
+    """A gateway on a system without /proc (or an earlier version) writes none: nothing ties the file to the
+    process now holding its pid, so it counts for HEARTBEAT_FRESH_SECONDS after its beat at most."""
     _plant(paths, f"{os.getpid()}.json", {"pid": os.getpid(), "connection_id": "", "at": int(time.time())})
     assert [(b["pid"], b["connection_id"]) for b in live_heartbeats(paths)] == [(os.getpid(), "")]
+    assert live_heartbeats(paths, now=time.time() + HEARTBEAT_FRESH_SECONDS + 2) == []  # its pid still runs
+
+
+@pytest.mark.parametrize(
+    ("name", "beat"),
+    [
+        ("1.json", {"pid": 1, "connection_id": ""}),  # planted: pid 1 runs, and always will
+        ("OWN.json", {"pid": "OWN", "connection_id": "mini"}),  # an earlier version's, its pid reused by us
+        ("1.json", {"pid": 2, "connection_id": ""}),  # the content names another pid than the file
+        ("1.json", "not a heartbeat"),
+    ],
+    ids=["planted-pid-1", "reused-pid", "other-pid", "not-an-object"],
+)
+def test_a_heartbeat_that_proves_no_writer_is_swept_after_the_grace_period_though_its_pid_runs(
+        paths: InboxPaths, name: str, beat: Any) -> None:
+    """Regression (review): a heartbeat without ``pid_start`` was kept while the pid of its name ran, so a planted
+    ``1.json`` or an earlier version's file whose pid was reused stayed in gateways/ for good."""
+    own = str(os.getpid())
+    name = name.replace("OWN", own)
+    if isinstance(beat, dict):
+        beat = {**beat, "pid": int(own) if beat["pid"] == "OWN" else beat["pid"], "at": 1}
+    mine = paths.heartbeat / f"{own}.json"
+    mine.rename(paths.heartbeat / "mine.saved")  # our own file is the one planted in the reused-pid case
+    _plant(paths, name, beat)
+    planted = paths.heartbeat / name
+    assert pid_alive(int(planted.stem))
+    _age(planted, DEAD_HEARTBEAT_GRACE_SECONDS - 60)
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 0  # kept for the grace period, like any other
+    _age(planted, DEAD_HEARTBEAT_GRACE_SECONDS + 60)
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 1
+    assert not planted.exists()
+    (paths.heartbeat / "mine.saved").rename(mine)
 
 
 def _dead_gateways_heartbeat(root: Path) -> Path:

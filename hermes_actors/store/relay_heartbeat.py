@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from typing import Any
+from typing import Any, Literal
 
 from hermes_actors.core.names import checked_connection_id
 from hermes_actors.errors import ValidationError
@@ -37,6 +37,9 @@ HEARTBEAT_FRESH_SECONDS = 10.0
 # pid namespace (a container) sharing the root looks dead from here, but its file is rewritten every 2 s.
 DEAD_HEARTBEAT_GRACE_SECONDS = 600.0
 HEARTBEAT_MAX_BYTES = 4096
+
+Writer = Literal["gone", "same", "unknown"]
+"""What a heartbeat's pid says of the process that wrote the file: see :func:`_writer`."""
 
 
 def write_heartbeat(
@@ -75,7 +78,9 @@ def _beat_alive(beat: Any, now: float, file_pid: int) -> bool:
     The file is untrusted (any process of our uid can write one): it counts only when it is fresh,
     names the pid of its file name, carries a valid connection id ("" when the gateway has none),
     and its pid runs — and, when it records ``pid_start``, started then (a pid reused since, or a
-    file naming some other process of ours such as pid 1, is not a gateway's).
+    file naming some other process of ours such as pid 1, is not a gateway's). Without ``pid_start``
+    nothing ties the file to the process now holding its pid: freshness alone bounds how long it
+    is believed (a pid reused within ``HEARTBEAT_FRESH_SECONDS`` of its gateway's death, at most).
     """
     if not isinstance(beat, dict):
         return False
@@ -92,28 +97,28 @@ def _beat_alive(beat: Any, now: float, file_pid: int) -> bool:
             checked_connection_id(connection_id)
         except ValueError:  # printed by doctor and status: escape codes or a newline must never reach them
             return False
-    return not _writer_gone(pid, beat.get("pid_start"))
+    return _writer(pid, beat.get("pid_start")) != "gone"
 
 
-def _writer_gone(pid: int, recorded_start: Any) -> bool:
-    """Pure but for the process table: whether the process that wrote a heartbeat as ``pid`` provably ended.
+def _writer(pid: int, recorded_start: Any) -> Writer:
+    """Pure but for the process table: what is known of the process that wrote a heartbeat as ``pid``.
 
     Args:
         pid: the pid the heartbeat names (its file's name).
-        recorded_start: the file's ``pid_start`` (untrusted; None when it has none).
+        recorded_start: the file's ``pid_start`` (untrusted; None when it has none or it cannot be read).
 
     Returns:
-        True when ``pid`` no longer runs (a zombie included), or runs but started at another time than
-        ``recorded_start`` (the pid was reused since). False when it runs and nothing says it is another
-        process: no ``pid_start`` (a gateway on a system without /proc, or an earlier version, writes none),
-        or no ``/proc`` here to compare it with.
+        ``"gone"`` when ``pid`` no longer runs (a zombie included), or runs but started at another time
+        than ``recorded_start`` (the pid was reused since); ``"same"`` when it runs and started exactly
+        then; ``"unknown"`` when it runs and nothing ties it to the file: no ``pid_start`` (a gateway on
+        a system without /proc, an earlier version, or a planted file writes none) or no ``/proc`` here.
     """
     if not pid_alive(pid):
-        return True
-    if recorded_start is None:
-        return False
-    start = process_start_ticks(pid)
-    return start is not None and recorded_start != start
+        return "gone"
+    start = process_start_ticks(pid) if recorded_start is not None else None
+    if start is None:
+        return "unknown"
+    return "same" if recorded_start == start else "gone"
 
 
 def live_heartbeats(paths: InboxPaths, *, now: float | None = None) -> list[dict[str, Any]]:
@@ -152,9 +157,12 @@ def sweep_dead_heartbeats(paths: InboxPaths, *, now: float, grace: float = DEAD_
     """Remove the heartbeat files of gateway processes that provably ended (killed, so never withdrawn).
 
     A file goes only when it is a regular file of ours (a symlink, or anything else, is left and never
-    followed), was not rewritten for ``grace`` seconds, and the process its name names no longer runs
-    or is another process since (``pid_start``: the liveness rule the readers apply). A live gateway's
-    file is never removed, however old. Never raises: what cannot be looked at is left for the next sweep.
+    followed), was not rewritten for ``grace`` seconds, and nothing proves its writer still runs: the
+    process its name names no longer runs or is another process since (``pid_start``: the liveness rule
+    the readers apply), or the file cannot prove it is that process's (no ``pid_start``, a content that
+    is no heartbeat of that pid, no ``/proc`` here). Readers believe no file that old anyway; a live
+    gateway's file (its ``pid_start`` matching) is never removed, however old. Never raises: what cannot
+    be looked at is left for the next sweep.
 
     Args:
         paths: the root's relay layout.
@@ -183,8 +191,9 @@ def sweep_dead_heartbeats(paths: InboxPaths, *, now: float, grace: float = DEAD_
 def _dead_heartbeat(paths: InboxPaths, name: str, fd: int, cutoff: float) -> bool:
     """Whether ``<pid>.json`` in ``gateways/`` (open as ``fd``) is a file to sweep: see :func:`sweep_dead_heartbeats`.
 
-    A content that cannot be read (not JSON, under another pid) leaves the file name's pid alone to judge:
-    that is the process that wrote it, if a gateway did.
+    A content that is no heartbeat of that pid (not JSON, not an object, under another pid) proves no
+    writer: it goes after the grace period like a file without ``pid_start``. One that cannot be read
+    now (a permission, too many open files) is left for the next sweep.
     """
     try:
         info = os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -195,7 +204,9 @@ def _dead_heartbeat(paths: InboxPaths, name: str, fd: int, cutoff: float) -> boo
     pid = int(name[:-5])
     try:
         beat = read_json_file(paths.heartbeat / name, max_bytes=HEARTBEAT_MAX_BYTES, dir_fd=fd)
-    except (OSError, ValidationError):
+    except ValidationError:  # HostileFileError included: no heartbeat at all
         beat = None
+    except OSError:
+        return False
     recorded = beat.get("pid_start") if isinstance(beat, dict) and beat.get("pid") == pid else None
-    return _writer_gone(pid, recorded)
+    return _writer(pid, recorded) != "same"
