@@ -16,6 +16,7 @@ from roots import make_root, start_gateway
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.ops.status import heartbeats
+from hermes_actors.store import relay_heartbeat
 from hermes_actors.store.atomic import atomic_write_json
 from hermes_actors.store.processes import pid_alive, process_start_ticks
 from hermes_actors.store.relay_heartbeat import (
@@ -120,6 +121,32 @@ def test_a_heartbeat_that_proves_no_writer_is_swept_after_the_grace_period_thoug
     (paths.heartbeat / "mine.saved").rename(mine)
 
 
+def test_the_sweep_removes_only_the_file_it_found_dead_not_a_new_gateways_beat_under_the_same_name(
+        paths: InboxPaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (review): the sweep judged ``<pid>.json`` dead, then unlinked it by name: a new gateway given
+    the same pid that wrote its heartbeat in between lost it until its next beat."""
+    mine = paths.heartbeat / f"{os.getpid()}.json"
+    # what a dead gateway left under the pid this process now has: another start, so not ours
+    _plant(paths, mine.name, {"pid": os.getpid(), "connection_id": "old", "at": 1, "pid_start": -5})
+    _age(mine, DEAD_HEARTBEAT_GRACE_SECONDS + 60)
+    read = relay_heartbeat.read_json_file
+    beaten: list[str] = []
+
+    def read_then_beat(path: Path, **kwargs: Any) -> Any:
+        """Read as the sweep does, then beat as the new gateway does, right after the sweep looked."""
+        content = read(path, **kwargs)
+        if path.name == mine.name and not beaten:
+            beaten.append(path.name)
+            write_heartbeat(paths, "mini", now=time.time())
+        return content
+
+    monkeypatch.setattr(relay_heartbeat, "read_json_file", read_then_beat)
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 0
+    assert beaten, "the sweep looked at the dead file"
+    assert [(b["pid"], b["connection_id"]) for b in live_heartbeats(paths)] == [(os.getpid(), "mini")]
+    assert sorted(p.name for p in paths.heartbeat.iterdir()) == [mine.name]  # nothing left aside
+
+
 def _dead_gateways_heartbeat(root: Path) -> Path:
     """The heartbeat file a gateway process left when it ended without a clean stop (the process is reaped)."""
     child = subprocess.run([sys.executable, "-c", _DIES_BEATING, str(root)], env=child_env(), capture_output=True,
@@ -188,3 +215,38 @@ def test_a_gateway_started_just_now_sweeps_a_killed_gateways_heartbeat(tmp_path:
     start_gateway(gateways, root, connection_id="mini")
     await_condition(lambda: not dead.exists(), timeout=30, message="the killed gateway's heartbeat swept")
     assert (root / "bot_relay" / "gateways" / f"{os.getpid()}.json").exists()
+
+
+def test_a_heartbeat_left_aside_by_a_killed_sweep_is_removed_after_the_grace_period(paths: InboxPaths) -> None:
+    """A sweep killed between its move aside and its verdict leaves a hidden file no reader lists."""
+    aside = paths.heartbeat / f".sweep-{os.getpid()}-{'0' * 32}"
+    aside.write_bytes((paths.heartbeat / f"{os.getpid()}.json").read_bytes())
+    _age(aside, DEAD_HEARTBEAT_GRACE_SECONDS - 60)
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 0
+    _age(aside, DEAD_HEARTBEAT_GRACE_SECONDS + 60)
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 1
+    assert sorted(p.name for p in paths.heartbeat.iterdir()) == [f"{os.getpid()}.json"]
+
+
+def test_a_symlink_put_in_place_of_a_dead_heartbeat_while_swept_is_never_followed(
+        paths: InboxPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file judged again is the entry moved aside itself: a symlink moved there is put back, and what it
+    points to, however dead it looks, is left alone."""
+    dead = _dead_gateways_heartbeat(paths.relay.root)
+    _age(dead, DEAD_HEARTBEAT_GRACE_SECONDS + 60)
+    precious = tmp_path / "precious.json"
+    precious.write_bytes(dead.read_bytes())
+    _age(precious, DEAD_HEARTBEAT_GRACE_SECONDS + 60)
+    read = relay_heartbeat.read_json_file
+
+    def read_then_swap(path: Path, **kwargs: Any) -> Any:
+        content = read(path, **kwargs)
+        if path.name == dead.name and not dead.is_symlink():
+            dead.unlink()
+            dead.symlink_to(precious)
+        return content
+
+    monkeypatch.setattr(relay_heartbeat, "read_json_file", read_then_swap)
+    assert sweep_dead_heartbeats(paths, now=time.time()) == 0
+    assert dead.is_symlink() and precious.exists()
+    assert sorted(p.name for p in paths.heartbeat.iterdir()) == sorted([dead.name, f"{os.getpid()}.json"])

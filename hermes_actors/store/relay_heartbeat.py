@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 import stat
 import time
+import uuid
 from typing import Any, Literal
+
+from loguru import logger
 
 from hermes_actors.core.names import checked_connection_id
 from hermes_actors.errors import ValidationError
@@ -21,6 +24,7 @@ from hermes_actors.store.atomic import atomic_write_json, read_json_file
 from hermes_actors.store.processes import pid_alive, process_start_ticks
 from hermes_actors.store.relay_dirfd import relay_dir
 from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.sweep import sweep_old_files
 
 __all__ = [
     "DEAD_HEARTBEAT_GRACE_SECONDS",
@@ -37,6 +41,9 @@ HEARTBEAT_FRESH_SECONDS = 10.0
 # pid namespace (a container) sharing the root looks dead from here, but its file is rewritten every 2 s.
 DEAD_HEARTBEAT_GRACE_SECONDS = 600.0
 HEARTBEAT_MAX_BYTES = 4096
+# A heartbeat the sweep renamed aside to judge what it removes: hidden (the rescan's clean-up leaves it), not
+# <pid>.json (no reader takes it for a beat).
+_ASIDE_PREFIX = ".sweep-"
 
 Writer = Literal["gone", "same", "unknown"]
 """What a heartbeat's pid says of the process that wrote the file: see :func:`_writer`."""
@@ -173,23 +180,74 @@ def sweep_dead_heartbeats(paths: InboxPaths, *, now: float, grace: float = DEAD_
         How many files were removed.
     """
     removed = 0
+    cutoff = now - grace
     try:
         # through a descriptor opened without following a symlink: a gateways/ swapped for one is not swept
         with relay_dir(paths.relay.base, paths.heartbeat) as fd:
             for name in os.listdir(fd):
-                if name.endswith(".json") and name[:-5].isdigit() and _dead_heartbeat(paths, name, fd, now - grace):
-                    try:  # its pid is dead: only a new gateway given that pid could beat here now, every 2 s
-                        os.unlink(name, dir_fd=fd)
-                    except OSError:
-                        continue
-                    removed += 1
+                if name.endswith(".json") and name[:-5].isdigit() and _dead_heartbeat(paths, name, fd, cutoff):
+                    removed += _remove_dead(paths, name, fd, cutoff)
     except (OSError, ValidationError):  # HostileFileError included: gateways/ is not a directory of ours
         return removed
-    return removed
+    # what a sweep killed between its move aside and its verdict left: no reader lists it (not <pid>.json)
+    return removed + sweep_old_files(paths.heartbeat, cutoff, patterns=(f"{_ASIDE_PREFIX}*",), uid=os.getuid(),
+                                     within=paths.relay.base)
 
 
-def _dead_heartbeat(paths: InboxPaths, name: str, fd: int, cutoff: float) -> bool:
+def _remove_dead(paths: InboxPaths, name: str, fd: int, cutoff: float) -> int:
+    """Remove ``<pid>.json`` (found dead) from ``gateways/`` (open as ``fd``) only if the file removed is that one.
+
+    A new gateway given the same pid may beat between the look and the removal: the name is first
+    renamed aside (the entry itself, never followed), what was moved is judged again, and only a
+    dead file is removed; a live one goes back under its name, unless its gateway beat again
+    meanwhile (the newer file stays).
+
+    Returns:
+        1 when a dead file was removed, else 0.
+    """
+    aside = f"{_ASIDE_PREFIX}{name[:-5]}-{uuid.uuid4().hex}"
+    try:
+        os.rename(name, aside, src_dir_fd=fd, dst_dir_fd=fd)
+    except OSError:  # gone meanwhile (another gateway's sweep): nothing to do
+        return 0
+    dead = _dead_heartbeat(paths, aside, fd, cutoff, pid=int(name[:-5]))
+    try:
+        if dead or _back_under(name, aside, fd):
+            os.unlink(aside, dir_fd=fd)
+    except OSError as exc:  # the next sweep removes what stayed aside
+        logger.warning("relay: could not finish sweeping the heartbeat {}: {}", paths.heartbeat / aside, exc)
+        return 0
+    return int(dead)
+
+
+def _back_under(name: str, aside: str, fd: int) -> bool:
+    """Give a heartbeat moved aside that proved live its name again; whether the aside name is left to remove.
+
+    A hard link, which fails when the name is taken: a beat written meanwhile is newer and stays. Where
+    the file system has no hard links, a rename (a beat written in that very instant is replaced by this
+    older one of the same gateway, which writes it again at its next beat, 2 s later).
+
+    Returns:
+        True when the aside name still exists (linked back, or a newer beat holds the name); False when
+        the file was renamed back.
+
+    Raises:
+        OSError: it could not be put back (it stays aside; its gateway writes its name again at its next beat).
+    """
+    try:
+        os.link(aside, name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+    except FileExistsError:
+        return True
+    except OSError:
+        os.rename(aside, name, src_dir_fd=fd, dst_dir_fd=fd)
+        return False
+    return True
+
+
+def _dead_heartbeat(paths: InboxPaths, name: str, fd: int, cutoff: float, *, pid: int | None = None) -> bool:
     """Whether ``<pid>.json`` in ``gateways/`` (open as ``fd``) is a file to sweep: see :func:`sweep_dead_heartbeats`.
+
+    ``name`` may be the name it was moved aside to, then ``pid`` is its pid (default: the name's).
 
     A content that is no heartbeat of that pid (not JSON, not an object, under another pid) proves no
     writer: it goes after the grace period like a file without ``pid_start``. One that cannot be read
@@ -201,7 +259,7 @@ def _dead_heartbeat(paths: InboxPaths, name: str, fd: int, cutoff: float) -> boo
         return False
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mtime >= cutoff:
         return False
-    pid = int(name[:-5])
+    pid = int(name[:-5]) if pid is None else pid
     try:
         beat = read_json_file(paths.heartbeat / name, max_bytes=HEARTBEAT_MAX_BYTES, dir_fd=fd)
     except ValidationError:  # HostileFileError included: no heartbeat at all
