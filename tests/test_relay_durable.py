@@ -251,6 +251,73 @@ def test_a_relayed_in_turn_that_started_and_ends_cancelled_during_the_stop_is_an
     assert len(rec.entered) == 1
 
 
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def _our_shelf(paths: InboxPaths) -> Path:
+    """The running gateway's shelf: the only one left once it adopted the dead ones."""
+    [shelf] = [p for p in paths.taken_parent.iterdir() if p.name.startswith("s-")]
+    return shelf
+
+
+def test_housekeeping_never_sweeps_from_our_shelf_an_envelope_still_owed_its_turn_however_old(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (review): our shelf was swept by file age. With envelope expiry off, envelopes adopted after a
+    long outage (or copied from another machine), older than 6 h by their mtime, were deleted by the first
+    housekeeping, about 2 s after the start, while their turns were still owed: a kill then left the next start
+    nothing to run or answer (and a start mark as old went too: the next start would have run the turn again)."""
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini).ensure()
+    dead = _dead_shelf(paths.taken_parent)
+    envelopes = [_inbound("moxie", m) for m in ("first", "second")]
+    for env in envelopes:
+        _write(dead / f"{env['id']}.json", env)
+        _age(dead / f"{env['id']}.json", rp.STALE_AFTER_SECONDS + 3600)
+    release = threading.Event()
+    rec = _gated_runner(release)
+    gw = start_gateway(gateways, mini, rec, {"bot_mode": {"envelope_ttl_seconds": 0}}, connection_id="mini")
+    try:
+        [turn] = rec.wait_entered(1, timeout=10)
+        mark = paths.started / f"{turn.delivery_id}.json"
+        _age(mark, rp.STALE_AFTER_SECONDS + 3600)  # a turn running for hours
+        shelf = _our_shelf(paths)
+        gw.housekeep()
+        assert sorted(os.listdir(shelf)) == sorted([LOCK_NAME, *(f"{e['id']}.json" for e in envelopes)])
+        assert mark.exists()
+    finally:
+        release.set()
+    for env in envelopes:
+        await_condition(lambda e=env: _delivered(mini, e["id"]) is not None, timeout=10, message="the reply")
+        assert _delivered(mini, env["id"])["reply"] == f"ok: {env['message']}"  # type: ignore[index]
+    await_condition(lambda: os.listdir(shelf) == [LOCK_NAME], timeout=10, message="our shelf emptied")
+    assert os.listdir(paths.started) == []
+
+
+def test_housekeeping_takes_a_settled_envelope_off_our_shelf_and_only_orphaned_start_marks(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """What is provably finished goes, whatever its age: an envelope whose reply is in delivered/ (its removal
+    had failed) leaves our shelf with its start mark; a start mark whose envelope is on no shelf goes at 6 h."""
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini).ensure()
+    gw = start_gateway(gateways, mini, connection_id="mini")
+    shelf = _our_shelf(paths)
+    settled, orphan, young = (_inbound("moxie", m) for m in ("settled", "orphan", "young"))
+    _write(shelf / f"{settled['id']}.json", settled)
+    done = rp.make_reply(settled["id"], reply="the answer", now=time.time())
+    _write(paths.delivered / f"{settled['id']}.json", {**done, "reply_connection": "alpha"})
+    for env in (settled, orphan, young):
+        _write(paths.started / f"{env['id']}.json", {"id": env["id"], "at": int(time.time())})
+    _age(paths.started / f"{orphan['id']}.json", rp.STALE_AFTER_SECONDS + 3600)  # its envelope left long ago
+    gw.housekeep()  # (the first tick's may have run already: what it did is what is asserted)
+    assert os.listdir(shelf) == [LOCK_NAME]
+    assert os.listdir(paths.started) == [f"{young['id']}.json"]
+    assert _delivered(mini, settled["id"]) == {**done, "reply_connection": "alpha"}  # the reply stays for the hub
+
+
 def test_a_replied_envelope_leaves_the_shelf_before_its_start_mark_is_cleared(
     tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -90,3 +90,19 @@ def test_within_refuses_a_symlink_at_any_step_down(tmp_path: Path) -> None:
     old = _file(real / "old.json", OLD)
     assert sweep_old_files(real, NOW, within=relay) == 1
     assert not old.exists()
+
+
+def test_keep_spares_old_files_still_needed(tmp_path: Path) -> None:
+    """``keep`` decides last, for old files only: a young file is never asked about."""
+    asked: list[str] = []
+
+    def keep(name: str) -> bool:
+        asked.append(name)
+        return name == "owed.json"
+
+    for name in ("owed.json", "done.json"):
+        _file(tmp_path / name, OLD)
+    _file(tmp_path / "young.json", NEW)
+    assert sweep_old_files(tmp_path, NOW, keep=keep) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["owed.json", "young.json"]
+    assert sorted(asked) == ["done.json", "owed.json"]

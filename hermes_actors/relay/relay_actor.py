@@ -55,10 +55,11 @@ from hermes_actors.relay.restart import recover_taken
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_heartbeat import remove_heartbeat, sweep_dead_heartbeats, write_heartbeat
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
 from hermes_actors.store.relay_marks import clear_started, keep_reply, was_started
-from hermes_actors.store.relay_shelf import Shelf
+from hermes_actors.store.relay_shelf import Shelf, find_on_shelves
 from hermes_actors.store.sweep import sweep_old_files
 from hermes_actors.store.yaml_file import warned_while_failing
 
@@ -289,17 +290,26 @@ class RelayActor(TypedActor):
             return
         if self.unwritten.pop(envelope_id, None) is not None:
             logger.info("relay: the reply of {} is written now", envelope_id)
-        # The reply is on disk. Off our shelf first, its start mark last: a kill in between leaves a mark
-        # and no envelope (swept later). The other order could leave the envelope unmarked on the shelf
-        # after the hub already forwarded the reply, and the next gateway would run the turn again.
-        try:
-            os.unlink(self.paths.taken / f"{record['id']}.json")
+        self._off_shelf(envelope_id)
+
+    def _off_shelf(self, envelope_id: str) -> bool:
+        """Take an envelope whose reply is on disk off our shelf, then clear its start mark; whether it was there.
+
+        Off our shelf first, its start mark last: a kill in between leaves a mark and no envelope (swept
+        later). The other order could leave the envelope unmarked on the shelf after the hub already
+        forwarded the reply, and the next gateway would run the turn again.
+        """
+        try:  # through our shelf's descriptor: a shelf swapped for a symlink is refused, never followed
+            with relay_dir(self.paths.relay.base, self.paths.taken) as shelf:
+                os.unlink(f"{envelope_id}.json", dir_fd=shelf)
         except FileNotFoundError:
-            pass
-        except OSError as exc:  # our shelf was tampered with: the reply stands, the relay goes on
-            logger.warning("relay: could not take {} off our shelf: {}", record["id"], exc)
-            return  # keep the start mark: an adopter must not run the envelope again
-        clear_started(self.paths, record["id"])
+            clear_started(self.paths, envelope_id)
+            return False
+        except (OSError, ValidationError) as exc:  # our shelf was tampered with: the reply stands, the relay goes on
+            logger.warning("relay: could not take {} off our shelf: {}", envelope_id, exc)
+            return False  # keep the start mark: an adopter must not run the envelope again
+        clear_started(self.paths, envelope_id)
+        return True
 
     def _keep_in_mark(self, record: dict[str, Any], reply_connection: str) -> str:
         """Keep an unwritten reply in its start mark for a restart; returns what the error line adds about it."""
@@ -439,21 +449,61 @@ class RelayActor(TypedActor):
 
     @handles(Housekeep)
     def _on_housekeep(self, msg: Housekeep) -> int:
-        """Sweep stale relay artifacts (> 6 h), dead gateways' heartbeats and orphaned DM files; returns the count."""
+        """Sweep stale relay artifacts (> 6 h), dead gateways' heartbeats and orphaned DM files; returns the count.
+
+        Our shelf and the start marks are never swept by age: an envelope on a shelf is owed its turn or
+        its outcome however old its file is (adopted after a long outage, copied from another machine, a
+        turn queued for hours with expiry off). Only what is settled goes (:meth:`_sweep_settled`), and a
+        start mark once no shelf holds its envelope.
+        """
         from hermes_actors.local.dm_files import cleanup_bot_dm_cache
 
         self.last_housekeep = time.monotonic()
+        cutoff = time.time() - rp.STALE_AFTER_SECONDS
         removed = rf.sweep_stale(self.paths.relay, now=time.time())
+        removed += self._sweep_settled()  # first: the 6 h sweep of delivered/ below may remove what proves it
         # expiring/: an expired envelope no restart filed in claimed/ (e.g. its sent/ record was lost)
-        for directory in (self.paths.consumed, self.paths.delivered, self.paths.taken, self.paths.started,
-                          self.paths.expiring):
-            removed += sweep_old_files(directory, time.time() - rp.STALE_AFTER_SECONDS, within=self.paths.relay.base)
+        for directory in (self.paths.consumed, self.paths.delivered, self.paths.expiring):
+            removed += sweep_old_files(directory, cutoff, within=self.paths.relay.base)
+        # a mark whose envelope is on a shelf says its turn may have run: without it a restart would run it again
+        removed += sweep_old_files(self.paths.started, cutoff, within=self.paths.relay.base, keep=self._on_a_shelf)
         # a gateway killed -9 never withdrew its heartbeat: the hub, status and doctor would read it forever
         removed += sweep_dead_heartbeats(self.paths, now=time.time())
         removed += cleanup_bot_dm_cache()
         if removed:
             logger.info("housekeeping removed {} stale file(s)", removed)
         return removed
+
+    def _sweep_settled(self) -> int:
+        """Take off our shelf the envelopes whose reply is in ``delivered/`` (first write wins: settled for good).
+
+        Only a removal that had failed leaves one there; everything else on our shelf is still owed a turn or
+        an outcome and leaves when its reply is written (or is adopted by the next start).
+
+        Returns:
+            How many were taken off.
+        """
+        removed = 0
+        try:
+            with relay_dir(self.paths.relay.base, self.paths.taken) as shelf:
+                envelope_ids = rf.list_ids(self.paths.taken, dir_fd=shelf)
+        except (OSError, ValidationError):  # gone or swapped (HostileFileError): the rescan takes a new one
+            return 0
+        for envelope_id in envelope_ids:
+            try:
+                settled = lexists_below(self.paths.relay.base, self.paths.delivered / f"{envelope_id}.json")
+            except (OSError, ValidationError):  # delivered/ swapped (HostileFileError): nothing proves it settled
+                return removed
+            if settled and self._off_shelf(envelope_id):
+                removed += 1
+        return removed
+
+    def _on_a_shelf(self, mark_name: str) -> bool:
+        """Whether the envelope of the start mark ``<id>.json`` is on a gateway's shelf (unknown: as if it were)."""
+        try:
+            return find_on_shelves(self.paths.taken_parent, mark_name, base=self.paths.relay.base)
+        except (OSError, ValidationError):  # HostileFileError included
+            return True
 
     def stats(self) -> dict[str, int]:
         return {**self.counters, "waiting": len(self.outbound.waiting)}

@@ -11,6 +11,7 @@ import contextlib
 import fnmatch
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from loguru import logger
@@ -23,7 +24,7 @@ __all__ = ["sweep_old_files"]
 
 def sweep_old_files(
     directory: Path, cutoff: float, *, patterns: tuple[str, ...] | None = None, uid: int | None = None,
-    within: Path | None = None,
+    within: Path | None = None, keep: Callable[[str], bool] | None = None,
 ) -> int:
     """Remove the regular files in ``directory`` modified before ``cutoff``; how many were removed.
 
@@ -38,6 +39,8 @@ def sweep_old_files(
         uid: only files owned by this uid (None: any owner).
         within: a trusted directory holding ``directory`` (``bot_relay/``): no step from it down to
             ``directory`` may be a symlink or another uid's (None: only ``directory`` itself is checked).
+        keep: asked last for each old file's name: True keeps it (something still needs it, whatever its
+            age); it must not raise but ``OSError`` (the file is then kept). None: age alone decides.
 
     Returns:
         How many files were removed.
@@ -53,13 +56,14 @@ def sweep_old_files(
     except OSError:  # missing, or a symlink (ELOOP) / a file (ENOTDIR) where the directory should be
         return 0
     try:
-        return _sweep_fd(fd, cutoff, patterns=patterns, uid=uid)
+        return _sweep_fd(fd, cutoff, patterns=patterns, uid=uid, keep=keep)
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
 
 
-def _sweep_fd(fd: int, cutoff: float, *, patterns: tuple[str, ...] | None, uid: int | None) -> int:
+def _sweep_fd(fd: int, cutoff: float, *, patterns: tuple[str, ...] | None, uid: int | None,
+              keep: Callable[[str], bool] | None) -> int:
     removed = 0
     try:
         entries = list(os.scandir(fd))
@@ -72,7 +76,7 @@ def _sweep_fd(fd: int, cutoff: float, *, patterns: tuple[str, ...] | None, uid: 
             info = entry.stat(follow_symlinks=False)
             if not stat.S_ISREG(info.st_mode) or (uid is not None and info.st_uid != uid):
                 continue
-            if info.st_mtime < cutoff:
+            if info.st_mtime < cutoff and (keep is None or not keep(entry.name)):
                 os.unlink(entry.name, dir_fd=fd)
                 removed += 1
         except OSError:
