@@ -345,8 +345,8 @@ class Gateway:
         Raises:
             RuntimeError: the gateway is not running (before start, or once stop began), or this is a
                 fork of the process that started it, or this thread is inside ``message_agent`` already
-                (a finalizer that interrupted it calls again: nothing is sent; a signal handler's call, on the
-                main thread, queues behind the call it interrupted instead).
+                (a finalizer, ``__del__``, that ran during it calls again: nothing is sent; a signal handler's
+                call, on the main thread, queues behind the call it interrupted instead).
             TypeError: ``hop`` is not a whole number.
             ValueError: ``hop`` is negative.
         """

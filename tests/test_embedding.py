@@ -369,6 +369,58 @@ def test_a_signal_handler_that_sends_while_the_main_thread_is_inside_message_age
     assert sorted(t.content.split(": ", 1)[-1] for t in runner.entered) == ["from the handler", "the interrupted send"]
 
 
+FINALIZER_SENDS = r"""
+import json, os, sys, threading
+from hermes_actors import Gateway
+
+gw = Gateway(sys.argv[1], runner=lambda turn: "ok", durable=False).start()
+inbox = gw._system.dispatcher.actor_inbox  # pykka's queue.Queue: its put holds a non-reentrant lock
+nested = []
+
+class SendsWhenCollected:
+    def __del__(self):
+        try:
+            nested.append(gw.message_agent(sender="alice", target="bob", message="from the finalizer"))
+        except RuntimeError as exc:
+            nested.append(str(exc))
+
+held = [SendsWhenCollected()]
+real_put = inbox._put
+
+def put_then_collect(item):  # inside Queue.put, under its lock, where a garbage collection may run a finalizer
+    real_put(item)
+    if held and threading.current_thread().name == "sender":
+        held.clear()  # the last reference: its __del__ runs here, on the sender's thread
+
+inbox._put = put_then_collect
+acks = []
+sender = threading.Thread(target=lambda: acks.append(gw.message_agent(sender="alice", target="bob", message="outer")),
+                          name="sender", daemon=True)
+sender.start()
+sender.join(30)
+if sender.is_alive():
+    print(json.dumps({"hung": True}), flush=True)
+    os._exit(3)  # the gateway cannot stop: the sender holds the Dispatcher's mailbox lock for good
+status = gw.wait_outcome(acks[0]["delivery_id"], 30)["status"]
+gw.stop(10)
+print(json.dumps({"hung": False, "nested": nested, "outer": status}), flush=True)
+"""
+
+
+def test_a_finalizer_that_sends_in_the_middle_of_a_send_on_its_thread_is_refused_not_hung(tmp_path: Path) -> None:
+    """A finalizer (``__del__``) can run on any thread in the middle of its ``message_agent``, while that call
+    holds the Dispatcher's mailbox lock (pykka's inbox, not reentrant): its own ``message_agent`` waited on that
+    lock forever (without SendsInFlight's guard the sender hangs, and the gateway with it). It is refused at once,
+    nothing sent, and the interrupted send goes on."""
+    done = _run_script(tmp_path, FINALIZER_SENDS, str(make_root(tmp_path, {"alice": {}, "bob": {}})))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    (refused,) = facts["nested"]
+    assert refused.startswith("message_agent was called on a thread already inside message_agent: a finalizer"), facts
+    assert "Nothing was sent" in refused
+    assert facts["outer"] == "replied", facts
+
+
 def test_an_interrupt_storm_on_the_main_thread_never_wedges_the_gateway(tmp_path: Path) -> None:
     """Regression (review): KeyboardInterrupts raised every 0.3 ms on the main thread, which sent durable DMs in a
     loop, landed inside a mailbox's lock (pykka's queue, taken in a Python-level ``Condition.__enter__``) and left

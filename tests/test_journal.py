@@ -1315,6 +1315,70 @@ def test_the_main_thread_never_commits_so_an_interrupt_there_breaks_nothing(tmp_
 
 
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+def test_a_handlers_send_as_the_main_threads_stop_is_handed_over_is_journaled_but_never_committed_there(
+    tmp_path: Path,
+) -> None:
+    # The one production caller left on the main thread (Journal.append_durably): the main thread's stop()
+    # closes the gateway's call thread as it hands the stop over (facade/off_main.py), and until the stop
+    # begins the gateway still runs, so a signal handler's message_agent meanwhile runs on the main thread
+    # itself and journals its acceptance there. The writer thread commits it, never the main thread.
+    gw = Gateway(make_root(tmp_path), runner=lambda turn: "ok").start()
+    journal = gw._journal
+    assert journal is not None
+    main = threading.main_thread()
+    appended_on: list[str] = []
+    written_by: list[str] = []
+    real_append, real_write = journal.append_durably, journal._write_now
+
+    def append_durably(record: dict[str, Any], timeout: float = 30.0, **kwargs: Any) -> None:
+        appended_on.append(threading.current_thread().name)
+        real_append(record, timeout, **kwargs)
+
+    def write_now(lines: list[bytes], *, flush: bool = True) -> None:
+        if any(b'"t":"accepted"' in line for line in lines):
+            written_by.append(threading.current_thread().name)
+        real_write(lines, flush=flush)
+
+    journal.append_durably = append_durably  # type: ignore[method-assign]
+    journal._write_now = write_now  # type: ignore[method-assign]
+    began: list[bool] = []
+    sent: list[dict[str, Any] | BaseException] = []
+    handled = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        if began:  # a later signal of the kicker's, while this handler runs: one send
+            return
+        began.append(True)
+        try:
+            sent.append(gw.message_agent(sender="alice", target="bob", message="from the handler"))
+        except BaseException as exc:  # asserted below
+            sent.append(exc)
+        handled.set()
+
+    real_begin = gw._lifecycle.begin_stop
+
+    def begin_stop() -> bool:  # on the call thread: the main thread waits for this stop, the call thread closed
+        deadline = time.monotonic() + 30
+        while not handled.wait(0.05):  # again until it ran: one that lands before the main thread's wait waits
+            assert time.monotonic() < deadline, "the main thread's handler never ran"
+            assert main.ident is not None
+            signal.pthread_kill(main.ident, signal.SIGUSR1)
+        return real_begin()
+
+    gw._lifecycle.begin_stop = begin_stop  # type: ignore[method-assign]
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        gw.stop(10)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    (ack,) = sent
+    assert isinstance(ack, dict) and "delivery_id" in ack, ack
+    assert appended_on[0] == main.name, "the handler's send journaled its acceptance on the main thread"
+    assert written_by and main.name not in written_by, written_by
+    assert ack["delivery_id"] in {r["id"] for r in _file_records(journal.path)}
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
 def test_a_send_from_a_signal_handler_during_the_main_threads_own_send_does_not_wait_on_itself(
     tmp_path: Path,
 ) -> None:

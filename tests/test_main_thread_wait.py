@@ -65,7 +65,7 @@ def test_a_callers_event_set_by_another_thread_ends_the_main_threads_wait() -> N
         "with MainThreadWait() as waits:\n"
         "    assert waits.on_signals\n"
         "    threading.Thread(target=stop.set).start()\n"
-        "    waits.until_set(stop, ours=False)\n"
+        "    waits.until_set(stop)\n"
         "print('stopped')\n"
     )
     assert result.returncode == 0 and "stopped" in result.stdout, result.stderr

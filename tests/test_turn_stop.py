@@ -333,18 +333,64 @@ sys.exit(serve(Path(sys.argv[1]), connection_id=None, runner=lambda turn: "ok", 
 """
 
 
+def _run_serve_script(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    """Run ``text`` (a script serving the root it is given) on a one-bot root, as a process's main thread."""
+    root = make_root(tmp_path, {"moxie": {}})
+    script = tmp_path / "serve_script.py"
+    script.write_text(text, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, env=env,
+                          timeout=60, stdin=subprocess.DEVNULL)
+
+
 def test_serve_stops_on_a_signal_handed_to_another_thread_than_main(tmp_path: Path) -> None:
     """Regression: a stop signal the kernel handed to an actor's thread ran no handler while serve's main thread
     waited on an event, and serve went on serving. Its main thread now waits on the signal wakeup fd."""
-    root = make_root(tmp_path, {"moxie": {}})
-    script = tmp_path / "serve_signalled.py"
-    script.write_text(SIGNAL_TO_A_WORKER, encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, env=env,
-                          timeout=60, stdin=subprocess.DEVNULL)
+    proc = _run_serve_script(tmp_path, SIGNAL_TO_A_WORKER)
     assert proc.returncode == 0, proc.stderr
     assert "signalled" in proc.stdout
     assert "stopping the gateway (SIGTERM received)" in proc.stderr
+
+
+SERVE_FAILS_WHILE_IT_WAITS = SIGNAL_ANOTHER_THREAD + r"""
+from pathlib import Path
+import hermes_actors.cli.serve as serve_module
+
+reports = []  # the on_failure serve gives each gateway it starts
+
+class Reporting(serve_module.Gateway):
+    def __init__(self, *args, on_failure, **kwargs):
+        super().__init__(*args, on_failure=on_failure, **kwargs)
+        reports.append(on_failure)
+
+serve_module.Gateway = Reporting
+
+def main_thread_waits():
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return frame is not None and frame.f_code.co_name == "until"
+
+def fail_once_the_main_thread_waits():
+    await_condition(main_thread_waits, timeout=30, message="serve's main thread waiting")
+    reports[0](RuntimeError("injected"))  # as the failed Dispatcher's thread reports it
+
+def on_ready(_endpoint):
+    if len(reports) == 1:
+        threading.Thread(target=fail_once_the_main_thread_waits, daemon=True).start()
+    else:  # the gateway serve started again: stop serve
+        signal_another_thread(signal.SIGTERM)
+
+sys.exit(serve_module.serve(Path(sys.argv[1]), connection_id=None, runner=lambda turn: "ok", on_ready=on_ready))
+"""
+
+
+def test_a_gateway_failing_while_serve_waits_on_its_main_thread_is_started_again(tmp_path: Path) -> None:
+    """serve's main thread waits for its own stop event, which a failing gateway sets from its Dispatcher's
+    thread: that alone ends the wait (MainThreadWait.until_set watches the event), and serve starts a new
+    gateway. A stop event set from another thread without waking the wait left serve waiting for good."""
+    proc = _run_serve_script(tmp_path, SERVE_FAILS_WHILE_IT_WAITS)
+    assert proc.returncode == 0, proc.stderr
+    assert "restarting the gateway: its dispatcher failed (RuntimeError('injected'))" in proc.stderr, proc.stderr
+    assert "stopping the gateway (SIGTERM received)" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(("count", "seconds", "received", "text"), [

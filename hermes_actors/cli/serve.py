@@ -134,12 +134,11 @@ def _stop_beside(gw: Gateway, waits: MainThreadWait, *, timeout: float, abandon:
             failed.append(exc)
         finally:
             done.set()
-            waits.wake()
 
     stopper = threading.Thread(target=stop, name="gateway-stop")
     stopper.start()
     try:
-        waits.until(done.is_set)
+        waits.until_set(done)
     except BaseException:  # an interrupt of this wait (a handler that raises): the stop goes on, abandoned
         abandon.set()
         raise
@@ -175,12 +174,11 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
         RuntimeError: another process already hosts the root, or the HTTP address cannot be bound (the
             gateway is stopped again first).
     """
-    ours = stop is None  # a caller's event may be set by another thread without waking serve's wait
     stop = stop or threading.Event()
     restarts: deque[float] = deque(maxlen=RESTART_POLICY.max_restarts + 1)
     while True:
-        failure = _serve_once(root, connection_id=connection_id, runner=runner, config=config, stop=stop, ours=ours,
-                              http=http, on_ready=on_ready, first=not restarts)
+        failure = _serve_once(root, connection_id=connection_id, runner=runner, config=config, stop=stop, http=http,
+                              on_ready=on_ready, first=not restarts)
         if failure is None:
             return 0
         now = time.monotonic()
@@ -194,18 +192,14 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
 
 
 def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: dict[str, Any] | None,
-                stop: threading.Event, ours: bool, http: HttpSettings | None, on_ready: Callable[[Any], None] | None,
+                stop: threading.Event, http: HttpSettings | None, on_ready: Callable[[Any], None] | None,
                 first: bool) -> str | None:
     """Serve one gateway until ``stop`` is set or it fails; None once stopped, else what failed."""
     failures: list[str] = []
 
-    wakes: list[MainThreadWait] = []  # the wait for a stop, while serving
-
     def on_failure(error: BaseException | None) -> None:  # on the failed Dispatcher's thread
         failures.append(f"its dispatcher failed ({error!r})")
-        stop.set()
-        for waits in list(wakes):
-            waits.wake()
+        stop.set()  # ends the wait for a stop below (MainThreadWait.until_set watches the event)
 
     received: list[signal.Signals] = []  # the stop signal, as opposed to the wake-up of a failure
 
@@ -239,7 +233,6 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
         if endpoint is not None:
             endpoint.start()
         with MainThreadWait() as waits, _on_signals(on_signal):
-            wakes.append(waits)
             names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
             # what the gateway runs as: its absolute root, and the connection id it took (Redis may take
             # bot_mode.connection_id when none was given)
@@ -250,8 +243,7 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
                 print(f"live page, /metrics and /status on {endpoint.url}", flush=True)
             if on_ready is not None:
                 on_ready(endpoint)
-            waits.until_set(stop, ours=ours)
-            wakes.clear()
+            waits.until_set(stop)
         if failures and not received:
             stop.clear()
         else:

@@ -82,6 +82,9 @@ class OffMainThread:
                 self.close()
         else:
             if last:
+                # From here the main thread's calls run where they are made, though the stop has not begun: a
+                # signal handler's message_agent meanwhile journals on the main thread (store/journal.py keeps
+                # its main-thread path for it).
                 self._closed = True
                 spares.put(None)  # the spare starter ends with the gateway too
             jobs.put(job)

@@ -23,7 +23,10 @@ class SendsInFlight:
 
     def __init__(self) -> None:
         self._calls: set[object] = set()
-        self._inside = threading.local()  # ``call``: the call this thread is in (a signal handler may interrupt it)
+        # ``call``: the call this thread is in. A finalizer (``__del__``) can run in the middle of it, on this
+        # thread, while it holds a mailbox's lock (pykka's inbox, a non-reentrant lock): a send from there would
+        # wait on that lock forever, so :meth:`begin` refuses it.
+        self._inside = threading.local()
 
     def begin(self) -> object:
         """A call begins (before its state check: a stop sees this call, or this call sees the stop).
@@ -32,15 +35,19 @@ class SendsInFlight:
             The call's token, for :meth:`end`.
 
         Raises:
-            RuntimeError: this thread is inside a call already: a signal handler (or a finalizer) interrupted
-                it and calls again, where the interrupted call may hold a lock the new one needs (a mailbox's:
-                it waited forever). Nothing is sent.
+            RuntimeError: this thread is inside a call already: a finalizer (``__del__``) that ran during that
+                call calls again, where the interrupted call may hold a lock the new one needs (a mailbox's:
+                it waited forever). Nothing is sent. (A signal handler's call on the main thread queues on
+                the gateway's call thread instead, facade/off_main.py, except in the moment between a stop
+                the main thread asked closing that thread and the stop's beginning: a handler interrupting
+                another handler's send then comes here too.)
         """
         if getattr(self._inside, "call", None) is not None:
             raise RuntimeError(
-                "message_agent was called on a thread already inside message_agent: a signal handler (or a "
-                "finalizer) interrupted that call, whose locks the new one would wait for forever. Nothing was "
-                "sent — send from another thread (e.g. have the handler set an event a worker thread waits on)"
+                "message_agent was called on a thread already inside message_agent: a finalizer (__del__) or a "
+                "signal handler ran in the middle of that call, whose locks the new one would wait for forever. "
+                "Nothing was sent — send from another thread (e.g. have the finalizer or handler set an event, "
+                "or put the DM on a queue, that a worker thread waits on)"
             )
         call = object()
         self._calls.add(call)

@@ -81,9 +81,13 @@ def _interrupted(
 ) -> None:
     """The fate of a DM whose sender was interrupted (a KeyboardInterrupt) waiting for its ``accepted`` record.
 
-    Called once by the journal (on the committing thread, or at once). Landed (``error`` None), the
-    DM is journaled: it runs now, as it would at the next start, although its sender never got
-    the ack (docs/reliability.md). Not written, its place in the queue is free again.
+    Only a send on the main thread can be interrupted there (the journal's ``on_interrupt``): a signal
+    handler's, made between the main thread's ``stop()`` closing the gateway's call thread and that stop's
+    beginning (facade/off_main.py; every other main-thread call runs on the call thread, and an interrupt
+    ends only the main thread's wait for it). Called once by the journal (on the committing thread, or at
+    once). Landed (``error`` None), the DM is journaled: it runs now, as it would at the next start,
+    although its sender never got the ack (docs/reliability.md). Not written, its place in the queue is
+    free again.
     """
     if error is None:
         tell(dispatcher, accept)

@@ -91,22 +91,22 @@ class MainThreadWait:
                 while os.read(self._read, 512):
                     pass
 
-    def until_set(self, event: threading.Event, *, ours: bool) -> None:
-        """Return once ``event`` is set: by a signal's handler, by whoever also calls :meth:`wake`, or by anyone.
+    def until_set(self, event: threading.Event) -> None:
+        """Return once ``event`` is set, by anyone: a signal's handler, or any thread, without a word.
+
+        A daemon thread waits on the event and wakes this wait (it ends once the event is set): whoever sets
+        it (a caller's thread, a failed gateway's) needs to know nothing of this wait.
 
         Args:
             event: the event.
-            ours: only our own code sets it, each time with :meth:`wake` (or in a signal's handler); False: a
-                caller's event, which another thread may set without a word — a daemon thread then waits on it
-                and wakes this wait (it ends once the event is set).
         """
         if not self.on_signals:  # no signal ends a wait here: the event itself is the wait
             event.wait()
             return
-        if not ours:
-            def watch() -> None:
-                event.wait()
-                self.wake()
 
-            threading.Thread(target=watch, name="stop-event-watch", daemon=True).start()
+        def watch() -> None:
+            event.wait()
+            self.wake()
+
+        threading.Thread(target=watch, name="stop-event-watch", daemon=True).start()
         self.until(event.is_set)

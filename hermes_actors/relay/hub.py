@@ -398,7 +398,6 @@ def run_hub(
         how = ("each --name must differ" if names is not None
                else "their folder names collide: give each root a --name")
         raise ValueError(f"connection ids must be unique, and {', '.join(clashing)} names several roots: {how}")
-    ours = stop is None  # a caller's event may be set by another thread without waking the wait
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -414,7 +413,7 @@ def run_hub(
         if not quiet:
             print(f"relay hub running for {', '.join(r.name for r in hub_roots)}", flush=True)
         try:
-            waits.until_set(stop, ours=ours)  # a signal handed to a watcher's thread wakes this wait too
+            waits.until_set(stop)  # a signal handed to a watcher's thread wakes this wait too
         finally:
             for bridge in bridges:
                 bridge.stop()

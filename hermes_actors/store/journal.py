@@ -27,6 +27,14 @@ does (:meth:`Journal.append_durably`, ``on_interrupt``). A send from a signal ha
 interrupted the main thread inside the journal would wait on a lock its own frame holds:
 it is refused at once instead.
 
+Who still calls on the main thread: while a gateway runs, the main thread's calls run on
+its call thread (``facade/off_main.py``), which is closed the moment the main thread's
+``stop()`` is handed to it; until that stop begins the gateway still runs, and a signal
+handler's ``message_agent`` meanwhile runs on the main thread itself and journals its DM's
+acceptance here (test_journal.py, ``test_a_handlers_send_as_the_main_threads_stop_is_handed_over_…``).
+Nothing else appends on the main thread (the start, the turns, the Dispatcher and the stop
+run on threads of their own); the rule stays for that caller and for direct users.
+
 A record is either on disk and confirmed, or refused and absent, never both: a
 failed write or sync is truncated back and fails its whole batch, and a caller
 that no commit took within its timeout withdraws its record before it is told.
@@ -444,12 +452,16 @@ class Journal:
     ) -> None:
         """:meth:`append_durably` on the main thread: queue, leave the commit to another thread, wait.
 
+        Its one gateway caller: a signal handler's ``message_agent`` between the main thread's ``stop()``
+        closing the gateway's call thread and that stop's beginning (see the module docstring).
+
         Raises:
             StoreError: as :meth:`append_durably`.
         """
         if _held_here(self._lock):
             # A signal handler interrupted this thread inside the journal: the commit it would wait for
             # needs the lock its own interrupted frame holds, so it would wait out its whole timeout.
+            # (A gateway's sends meet facade/sends.SendsInFlight's refusal first: this is the journal's own.)
             raise StoreError(0, "refused: a signal handler sent while its thread was inside the delivery journal "
                                 f"{self.path} (it would wait on itself); nothing was queued. Send from outside "
                                 "the handler (e.g. set a flag there and send from your main loop)")
