@@ -69,6 +69,11 @@ def _cpu_lines(result: dict[str, Any]) -> list[str]:
                     pipelined = floors.get("pykka_pipelined_ask_cpu_us")
                     text += f", {cpu / pipelined:.1f}× one pipelined)" if pipelined else ")"
             out.append(text)
+            if block.get("runs"):
+                listed = "; ".join(f"{num(run['throughput_per_s'])}/s at {num(run['cpu_per_dm_us'])} µs"
+                                   for run in block["runs"])
+                out.append(f"{name}, {side}: the run of median throughput of {len(block['runs'])} "
+                           f"(in the order run: {listed})")
             split = block.get("cpu_split_us") or {}
             if split:
                 parts = ", ".join(f"{group} {num(us, 1)}" for group, us in split.items())

@@ -290,3 +290,33 @@ def test_the_polling_room_model_follows_the_room_rules() -> None:
         # round 1: m0 (mentioned) replies mentioning m2; round 2: m2 passes; the silent round settles
         assert room.transcript == [("user", "@m0 status?"), ("m0", "@m2 ok")]
         assert turns == ["m0", "m2"]
+
+
+@pytest.mark.parametrize(("throughputs", "median"), [
+    ([7_000.0], 7_000.0),
+    ([30_000.0, 7_000.0, 20_000.0], 20_000.0),
+    ([7_000.0, 7_500.0, 30_000.0], 7_500.0),
+    ([30_000.0, 20_000.0], 20_000.0),  # an even count takes the lower middle: never flatters
+])
+def test_local_throughput_reports_the_run_of_median_throughput_whole(throughputs: list[float],
+                                                                      median: float) -> None:
+    from bench.scenarios.local import median_run
+
+    runs = [({"throughput_per_s": t, "cpu_per_dm_us": 1e6 / t}, [t]) for t in throughputs]
+    metrics, latencies = median_run(runs)
+    assert metrics["throughput_per_s"] == median
+    assert metrics["cpu_per_dm_us"] == 1e6 / median and latencies == [median]  # one run's figures, not a mix
+    if len(runs) > 1:
+        assert [run["throughput_per_s"] for run in metrics["runs"]] == throughputs  # every run, in order
+    else:
+        assert "runs" not in metrics
+
+
+def test_the_detail_lines_list_every_local_throughput_run() -> None:
+    from bench.detail_lines import extra_lines
+
+    block = {"cpu_per_dm_us": 40.0, "runs": [{"throughput_per_s": 9_000.0, "cpu_per_dm_us": 120.0},
+                                             {"throughput_per_s": 25_000.0, "cpu_per_dm_us": 40.0}]}
+    lines = extra_lines({"scenarios": {"local-throughput": {"ours": block}}})
+    assert any("median throughput of 2" in line and "9,000/s at 120" in line and "25,000/s at 40" in line
+               for line in lines), lines

@@ -92,6 +92,9 @@ def baseline_system(root: Path) -> BaselineGateway:
     return BaselineGateway(root, turn_wait_seconds=float(BENCH_CONFIG["bot_mode"]["turn_wait_seconds"]))
 
 
+THROUGHPUT_RUNS = 3  # local-throughput runs ours this many times in a full run and reports the median run
+
+
 @contextmanager
 def _phase(ctx: BenchContext, label: str, total: int) -> Iterator[None]:
     ctx.progress.start(label, total)
@@ -197,7 +200,8 @@ def local_roundtrip_subprocess(ctx: BenchContext) -> ScenarioResult:
     "local-throughput",
     "messaging machinery (ours: in-process turn; seed model: a process per DM): 8 sender threads over "
     "100 profiles send without waiting; outcomes counted through `subscribe`; "
-    "throughput = DMs / (first send → last outcome); `cpu_per_dm_us` = this process's CPU per DM",
+    "throughput = DMs / (first send → last outcome); `cpu_per_dm_us` = this process's CPU per DM; ours runs "
+    "3 times (fresh gateway each) and reports the run of median throughput, all three listed",
 )
 def local_throughput(ctx: BenchContext) -> ScenarioResult:
     """Sustained DM rate with many profiles busy at once."""
@@ -206,9 +210,9 @@ def local_throughput(ctx: BenchContext) -> ScenarioResult:
     senders = 8
     results: dict[str, dict[str, Any]] = {}
     samples: dict[str, list[float]] = {}
-    for side, factory, n in (
-        ("ours", our_system, ctx.count(2000, 20000, minimum=16)),
-        ("baseline", baseline_system, ctx.count(24, 160, minimum=8)),
+    for side, factory, n, repeats in (
+        ("ours", our_system, ctx.count(2000, 20000, minimum=16), 1 if ctx.quick else THROUGHPUT_RUNS),
+        ("baseline", baseline_system, ctx.count(24, 160, minimum=8), 1),
     ):
         # DM i goes from profile i to profile i+1 (mod 100): every profile sends and receives.
         pairs = [(profiles[i % 100], profiles[(i + 1) % 100]) for i in range(n)]
@@ -216,8 +220,34 @@ def local_throughput(ctx: BenchContext) -> ScenarioResult:
         def drive(system: System, pairs: list[tuple[str, str]] = pairs) -> Run:
             return pipelined(system, _shares(pairs, senders), ctx.progress)
 
-        results[side] = _measure(ctx, "local-throughput", side, factory, root, n, drive, samples)
+        runs: list[tuple[dict[str, Any], list[float]]] = []
+        for _ in range(repeats):
+            run_samples: dict[str, list[float]] = {}
+            runs.append((_measure(ctx, "local-throughput", side, factory, root, n, drive, run_samples),
+                         run_samples[side]))
+        results[side], samples[side] = median_run(runs)
     return ScenarioResult(results["ours"], results["baseline"], samples)
+
+
+def median_run(runs: list[tuple[dict[str, Any], list[float]]]) -> tuple[dict[str, Any], list[float]]:
+    """The run of median throughput, whole (its CPU, split and latencies stay together), listing every run.
+
+    On 2 cores the same load lands in a batched regime (~35 µs of CPU per DM) or one where
+    every hand-off wakes a thread (~150 µs), from one run to the next: one run is one draw.
+
+    Args:
+        runs: each run's metrics and raw latencies.
+
+    Returns:
+        The median run's metrics, with ``runs`` (every run's throughput and CPU per DM, in
+        the order run) when there was more than one, and its latencies.
+    """
+    ranked = sorted(runs, key=lambda run: float(run[0]["throughput_per_s"]))
+    metrics, latencies = ranked[(len(ranked) - 1) // 2]
+    if len(runs) > 1:
+        metrics = {**metrics, "runs": [{"throughput_per_s": m["throughput_per_s"],
+                                        "cpu_per_dm_us": m["cpu_per_dm_us"]} for m, _ in runs]}
+    return metrics, latencies
 
 
 @scenario("fan-in", "64 senders DM one profile at the same moment, in rounds: the cost of serializing its turns")
