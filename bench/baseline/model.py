@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["LOCK_POLL_S", "REPLY_POLL_S", "TURN_CODE", "BaselineGateway", "wait_reply_file"]
+__all__ = ["LOCK_POLL_S", "REPLY_POLL_S", "TURN_CODE", "BaselineGateway", "wait_recorded", "wait_reply_file"]
 
 LOCK_POLL_S = 0.1  # acquire_turn_lock: sleep between non-blocking flock attempts
 REPLY_POLL_S = 0.25  # the relay reply waiter's stat cadence
@@ -76,6 +76,24 @@ def _outcome(delivery_id: str, target: str, *, reply: str = "", error: str = "",
         "from": f"@{target}",
         "text": text,
     }
+
+
+def wait_recorded(lock: threading.Lock, events: dict[str, threading.Event],
+                  outcomes: dict[str, dict[str, Any]], delivery_id: str, timeout: float) -> dict[str, Any]:
+    """Wait for the outcome a baseline model records under ``lock``; a copy of it.
+
+    Raises:
+        KeyError: ``delivery_id`` was never sent.
+        TimeoutError: no outcome within ``timeout`` seconds.
+    """
+    with lock:
+        event = events.get(delivery_id)
+    if event is None:
+        raise KeyError(f"unknown delivery id {delivery_id!r}")
+    if not event.wait(timeout):
+        raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s")
+    with lock:
+        return dict(outcomes[delivery_id])
 
 
 class BaselineGateway:
@@ -165,14 +183,7 @@ class BaselineGateway:
 
     def wait_outcome(self, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
         """Block until the runner of ``delivery_id`` exits; its outcome dict."""
-        with self._lock:
-            event = self._events.get(delivery_id)
-        if event is None:
-            raise KeyError(f"unknown delivery id {delivery_id!r}")
-        if not event.wait(timeout):
-            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s")
-        with self._lock:
-            return dict(self._outcomes[delivery_id])
+        return wait_recorded(self._lock, self._events, self._outcomes, delivery_id, timeout)
 
     def subscribe(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
         """Call ``callback(outcome)`` for every later outcome (on the runner thread)."""

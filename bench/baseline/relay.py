@@ -38,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from bench.baseline.model import BaselineGateway, wait_reply_file
+from bench.baseline.model import BaselineGateway, wait_recorded, wait_reply_file
 
 __all__ = ["DRAIN_POLL_S", "BaselineRelay"]
 
@@ -186,14 +186,7 @@ class BaselineRelay:
 
     def wait_outcome(self, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
         """Block until the waiter of ``delivery_id`` found its reply; the outcome dict."""
-        with self._lock:
-            event = self._events.get(delivery_id)
-        if event is None:
-            raise KeyError(f"unknown delivery id {delivery_id!r}")
-        if not event.wait(timeout):
-            raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout}s")
-        with self._lock:
-            return dict(self._outcomes[delivery_id])
+        return wait_recorded(self._lock, self._events, self._outcomes, delivery_id, timeout)
 
     def subscribe(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
         """Not modelled (the relay scenario is sequential)."""
