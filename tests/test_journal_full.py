@@ -23,11 +23,12 @@ from typing import Any
 
 import pytest
 from relay_helpers import remote_row, write_roster_file
-from roots import LogCapture, RecordingRunner, make_root
+from roots import LogCapture, RecordingRunner, body_of, held_on, make_root
 
 from actors import ask
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import CheckOutcome
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -221,3 +222,47 @@ def test_a_relayed_outcome_whose_records_failed_is_written_again_and_only_then_i
     gw.stop()
     gw2 = _start(root, gateways, RecordingRunner(), Seen())
     assert gw2.wait_outcome(key, timeout=10)["reply"] == "pong", "the journal keeps it past a restart"
+
+
+def test_a_failed_dispatcher_never_hands_over_an_outcome_held_back_from_the_journal(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: a Dispatcher that failed exported its book's held outcomes (their records not on disk) with the
+    # published ones, so the failed gateway's wait_outcome answered one (``replied``) and the next start, reading
+    # the journal (the DM started, no outcome), settled it ``ambiguous``: two outcomes for one DM.
+    root = make_root(tmp_path)
+    release = threading.Event()
+    runner, seen = RecordingRunner(held_on("poison", release)), Seen()
+    settling = SenderWaker.settling
+
+    def failing(self: SenderWaker, key: str, entry: Any) -> None:  # the Dispatcher fails on the poison outcome
+        if entry is not None and body_of(entry.delivery.content) == "poison":
+            raise RuntimeError("injected")
+        settling(self, key, entry)
+
+    monkeypatch.setattr(SenderWaker, "settling", failing)
+    failures: list[Any] = []
+    gw = Gateway(root, runner=runner, on_failure=failures.append)
+    gateways.append(gw)
+    gw.subscribe(seen)
+    gw.start()
+    assert gw._journal is not None
+    with LogCapture("INFO") as logs:
+        poison = gw.message_agent(sender="carol", target="alice", message="poison")["delivery_id"]
+        runner.wait_entered(1)  # its records are on disk: the disk fills only at the next outcome's record
+        disk = DiskFull(monkeypatch, gw._journal, trigger=b'"t":"finished"')
+        key = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+        _held(gw, logs, key)
+        release.set()  # the poison outcome reaches the Dispatcher: it fails with the outcome of ``key`` held
+        await_condition(lambda: failures, timeout=15, message="the Dispatcher failed")
+        with pytest.raises(TimeoutError):  # not on disk: never handed over, the journal answers (pending)
+            gw.wait_outcome(key, timeout=0)
+    gw.stop()
+    disk.free()
+    assert seen.of(key) == [] and poison
+    monkeypatch.setattr(SenderWaker, "settling", settling)
+    again, seen_again = RecordingRunner(), Seen()
+    gw2 = _start(root, gateways, again, seen_again)
+    assert gw2.wait_outcome(key, timeout=10)["status"] == "ambiguous"  # the journal says it started
+    await_condition(lambda: seen_again.of(key) == ["ambiguous"], timeout=10, message="the one outcome told")
+    assert Counter(t.delivery_id for t in runner.entered + again.entered)[key] == 1
