@@ -28,6 +28,7 @@ from roots import LogCapture, RecordingRunner, body_of, held_on, make_root
 from actors import ask
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.errors import StoreError
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import CheckOutcome
 from hermes_actors.store import relay_files as rf
@@ -60,6 +61,34 @@ class DiskFull:
     def free(self) -> None:
         """Space is back: writes land again."""
         self.armed = False
+
+
+class Refusing:
+    """The journal refuses every ``finished`` record outright (``StoreError``, nothing queued), as a stopped or
+    closed one does, until :meth:`stop`; every other record is taken."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, journal: Journal) -> None:
+        self.on = True
+        append, together = journal.append, journal.append_together
+
+        def refuse(records: list[dict[str, Any]]) -> None:
+            if self.on and any(record.get("t") == "finished" for record in records):
+                raise StoreError(0, "the delivery journal is not running")
+
+        def one(record: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            refuse([record])
+            return append(record, *args, **kwargs)
+
+        def many(records: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+            refuse(records)
+            return together(records, *args, **kwargs)
+
+        monkeypatch.setattr(journal, "append", one)
+        monkeypatch.setattr(journal, "append_together", many)
+
+    def stop(self) -> None:
+        """The journal takes records again."""
+        self.on = False
 
 
 class Seen:
@@ -266,3 +295,48 @@ def test_a_failed_dispatcher_never_hands_over_an_outcome_held_back_from_the_jour
     assert gw2.wait_outcome(key, timeout=10)["status"] == "ambiguous"  # the journal says it started
     await_condition(lambda: seen_again.of(key) == ["ambiguous"], timeout=10, message="the one outcome told")
     assert Counter(t.delivery_id for t in runner.entered + again.entered)[key] == 1
+
+
+def test_an_outcome_record_the_journal_refuses_outright_is_held_never_published_before_it_is_on_disk(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: a journal that refused the ``finished`` record outright (not a failed write: stopped, closed)
+    # had the outcome published at once (ERROR 'journal append failed for the outcome of …'), while the journal
+    # still held the DM started: the next start settled it ``ambiguous``, a second outcome.
+    root = make_root(tmp_path)
+    runner, seen = RecordingRunner(), Seen()
+    gw = _start(root, gateways, runner, seen)
+    assert gw._journal is not None
+    Refusing(monkeypatch, gw._journal)
+    with LogCapture("INFO") as logs:
+        key = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+        await_condition(lambda: logs.matching("refused the outcome record", key) or logs.matching("append failed"),
+                        timeout=15, message="the Dispatcher handled the refusal")
+        assert ask(gw._system.dispatcher, CheckOutcome(key), timeout=10) is None, "held back: not published"
+        gw.stop()  # the last attempt is refused too: unpublished, named at ERROR with what the next start does
+        assert logs.matching("NOT published", key), logs.lines
+    assert seen.of(key) == [] and _finished(root, key) == 0
+    again, seen_again = RecordingRunner(), Seen()
+    gw2 = _start(root, gateways, again, seen_again)
+    assert gw2.wait_outcome(key, timeout=10)["status"] == "ambiguous"  # it started: never run again
+    await_condition(lambda: seen_again.of(key) == ["ambiguous"], timeout=10, message="the one outcome told")
+    assert again.entered == [] and Counter(t.delivery_id for t in runner.entered) == {key: 1}
+
+
+def test_a_refused_outcome_record_is_written_again_once_the_journal_takes_records_again(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = make_root(tmp_path)
+    runner, seen = RecordingRunner(), Seen()
+    gw = _start(root, gateways, runner, seen)
+    assert gw._journal is not None
+    refusing = Refusing(monkeypatch, gw._journal)
+    with LogCapture("INFO") as logs:
+        key = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+        await_condition(lambda: logs.matching("refused the outcome record", key) or logs.matching("append failed"),
+                        timeout=15, message="the Dispatcher handled the refusal")
+        assert seen.of(key) == []
+        refusing.stop()  # the retry timer writes it: then it is published, once
+        assert gw.wait_outcome(key, timeout=30)["status"] == "replied"
+    await_condition(lambda: seen.of(key) == ["replied"], timeout=10, message="the subscriber told once")
+    assert _finished(root, key) == 1

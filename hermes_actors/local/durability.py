@@ -245,12 +245,22 @@ class JournalDurability:
         return count
 
     def journal_outcome(self, outcome: Outcome) -> bool:
-        """Journal ``outcome`` (group commit); True: publish it once it landed, False: publish it now."""
+        """Journal ``outcome`` (group commit); True: it is published once its record landed (``JournalDurable``).
+
+        A journal that refuses the record outright (stopped, closed: not a failed write) gets
+        the same rule as a failed commit: the outcome is held back, unpublished, and written
+        again (:meth:`hold`); should the journal never take it, a stop names it at ERROR and
+        the next start settles the DM as its journal says. Published now instead, the next
+        start would give it a second outcome.
+        """
         try:
             self._append_outcome("finished", outcome)
         except StoreError as exc:
-            logger.error("journal append failed for the outcome of {}: {}", outcome.delivery_id, exc)
-            return False
+            logger.error("the delivery journal {} refused the outcome record of {} ({}): the outcome is held back, "
+                         "unpublished, and written again; should the journal never take it, the stop names it and "
+                         "the next start settles the DM as the journal says (re-offered if its turn never started, "
+                         "else ambiguous)", self.journal.path, outcome.delivery_id, exc)
+            self._keep("finished", outcome)
         return True
 
     def _append_outcome(self, kind: str, outcome: Outcome) -> None:
@@ -274,14 +284,18 @@ class JournalDurability:
             outcome: the outcome.
             error: why the commit failed (said once per disk-full spell, at WARNING).
         """
-        key = outcome.delivery_id
-        self._again.discard(key)
-        self._held[key] = (kind, outcome)
         if not self._failing:
-            self._failing = True
             logger.warning("the delivery journal {} cannot be written ({}): outcomes are held back, unpublished, "
                            "until their records are on disk; they are written again every few seconds. Free space "
                            "on its filesystem", self.journal.path, error)
+        self._keep(kind, outcome)
+
+    def _keep(self, kind: str, outcome: Outcome) -> None:
+        """Hold the records of one outcome token to write again (see :meth:`hold`), the retry timer armed."""
+        key = outcome.delivery_id
+        self._again.discard(key)
+        self._held[key] = (kind, outcome)
+        self._failing = True
         if self._retry is None and self.retry_after is not None:
             self._retry = self.retry_after(self._backoff)
             self._backoff = min(RETRY_MOST, self._backoff * 2)

@@ -112,6 +112,7 @@ class OutcomeFlow:
         if entry is not None and entry.journaled and self.durability.journal_outcome(outcome):
             # published once durable (JournalDurable); the delivery is kept for the subscribers' details
             self.book.journaling(key, outcome.as_dict(), entry.delivery)
+            self._write_late_held()
             return
         if entry is not None and entry.route in ("relay", "peer"):
             # Nothing on the root keeps the outcome of a DM sent to another machine over Redis (nor of a peer's;
@@ -253,10 +254,18 @@ class OutcomeFlow:
 
     def _report_unwritten(self, ids: list[str]) -> None:
         """Say, id by id, which outcomes a stop could not write to the journal (ERROR)."""
-        logger.error("stop: the outcome record(s) of {} DM(s) could not be written to the delivery journal (disk "
-                     "full?) and are NOT published: {}. The next start settles them as the journal says: re-offered "
-                     "if the turn never started, else ambiguous (a relayed DM's from the relay's record)",
-                     len(ids), ", ".join(ids))
+        logger.error("stop: the outcome record(s) of {} DM(s) could not be written to the delivery journal (a full "
+                     "disk, or a journal that refuses records) and are NOT published: {}. The next start settles "
+                     "them as the journal says: re-offered if the turn never started, else ambiguous (a relayed "
+                     "DM's from the relay's record)", len(ids), ", ".join(ids))
+
+    def _write_late_held(self) -> None:
+        """After a stop's :meth:`finalize`, what was held since (a record the journal refused) gets its last write
+        now: no retry timer runs any more, and it must not wait, unpublished and unnamed, forever."""
+        if self.finalized:
+            answers: Answers = []
+            self._last_write(self.durability.take_held(), answers)
+            answer(answers)
 
     def retry_held(self) -> None:
         """The retry timer fired: write the held outcome records again (after :meth:`finalize`: it had them)."""
