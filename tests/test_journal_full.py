@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import threading
 import time
 from collections import Counter
@@ -340,3 +341,42 @@ def test_a_refused_outcome_record_is_written_again_once_the_journal_takes_record
         assert gw.wait_outcome(key, timeout=30)["status"] == "replied"
     await_condition(lambda: seen.of(key) == ["replied"], timeout=10, message="the subscriber told once")
     assert _finished(root, key) == 1
+
+
+def test_a_lost_journal_on_a_full_disk_at_stop_still_gives_each_acked_dm_exactly_one_outcome(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: the journal directory replaced by a symlink (no fresh file can be made: the stop settles the queued
+    # DMs ``cancelled`` instead of keeping them) and the disk full at the stop: the cancelled outcomes' records
+    # (and the running turn's ambiguous one) failed, so the stop withheld them, "settled by the next start" from a
+    # journal no start finds: acked DMs with no outcome at all.
+    root = make_root(tmp_path)
+    directory = root / "bot_relay" / "journal"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    release = threading.Event()
+    runner, seen = RecordingRunner(held_on("blocker", release)), Seen()
+    gw = _start(root, gateways, runner, seen)
+    assert gw._journal is not None
+    blocker = gw.message_agent(sender="alice", target="bob", message="blocker")["delivery_id"]
+    runner.wait_entered(1)
+    queued = [gw.message_agent(sender="alice", target="bob", message=f"queued {n}")["delivery_id"] for n in range(3)]
+    shutil.rmtree(directory)
+    directory.symlink_to(outside, target_is_directory=True)  # no fresh file can be made there
+    with LogCapture("INFO") as logs:
+        DiskFull(monkeypatch, gw._journal, trigger=b"")  # every write from now on fails
+        try:
+            gw.stop(timeout=0.3)
+        finally:
+            release.set()
+        statuses = [gw.wait_outcome(key, timeout=5)["status"] for key in [blocker, *queued]]
+        assert statuses == ["ambiguous", "failed", "failed", "failed"], statuses
+        assert logs.matching("published without", *queued), logs.lines
+    acked = [blocker, *queued]
+    await_condition(lambda: all(seen.of(key) for key in acked), timeout=10, message="every outcome told")
+    assert {key: len(seen.of(key)) for key in acked} == dict.fromkeys(acked, 1), "exactly one outcome each"
+    directory.unlink()
+    again, seen_again = RecordingRunner(), Seen()
+    gw2 = _start(root, gateways, again, seen_again)
+    assert not any(gw2.recovered.get(k) for k in ("reoffered", "ambiguous", "redelivered")), gw2.recovered
+    assert again.entered == [] and all(seen_again.of(key) == [] for key in acked)

@@ -234,6 +234,8 @@ class OutcomeFlow:
         answers it from the journal: pending), named at ERROR; the next start settles it as its
         journal says: re-offered if its turn never started, else ``ambiguous``. One outcome,
         never two. A relayed or peer DM's outcome was published already: the relay keeps its record.
+        Unless the journal is lost (``keeping`` False: no start will find it): then the outcome is
+        published all the same, as without a journal (withheld, its DM would get none), named at ERROR.
 
         Returns:
             The ids whose records could not be written.
@@ -244,12 +246,21 @@ class OutcomeFlow:
             for kind, outcome in held:
                 self._written(kind, outcome, answers)
             return []
+        unkept: list[str] = []
         for kind, outcome in held:
-            if kind == "finished":
-                self.book.withhold(outcome.delivery_id)
-                self.waker.sources.pop(outcome.delivery_id, None)
-        lost = [outcome.delivery_id for _, outcome in held]
-        self._report_unwritten(lost)
+            if kind != "finished":
+                continue
+            if not self.durability.keeping:  # no start will find its journal: this is its one outcome
+                self.publish(outcome, answers)
+                unkept.append(outcome.delivery_id)
+                continue
+            self.book.withhold(outcome.delivery_id)
+            self.waker.sources.pop(outcome.delivery_id, None)
+        lost = [outcome.delivery_id for _, outcome in held if outcome.delivery_id not in unkept]
+        if lost:
+            self._report_unwritten(lost)
+        if unkept:
+            self._report_unkept(unkept)
         return lost
 
     def _report_unwritten(self, ids: list[str]) -> None:
@@ -258,6 +269,15 @@ class OutcomeFlow:
                      "disk, or a journal that refuses records) and are NOT published: {}. The next start settles "
                      "them as the journal says: re-offered if the turn never started, else ambiguous (a relayed "
                      "DM's from the relay's record)", len(ids), ", ".join(ids))
+
+    def _report_unkept(self, ids: list[str]) -> None:
+        """Say, id by id, which outcomes a stop published without their records: the journal is lost (ERROR)."""
+        logger.error("stop: the delivery journal is lost (no fresh file could be made) and the outcome record(s) of "
+                     "{} DM(s) could not be written to it either: they are published without their records, as "
+                     "without a journal: {}. No start finds them: these are their only outcomes (should the lost "
+                     "file come back into bot_relay/journal/, a start would settle them again). Restore "
+                     "bot_relay/journal/ as a directory of ours and free space on its filesystem",
+                     len(ids), ", ".join(ids))
 
     def _write_late_held(self) -> None:
         """After a stop's :meth:`finalize`, what was held since (a record the journal refused) gets its last write
@@ -289,6 +309,7 @@ class OutcomeFlow:
         self._last_write(self.durability.take_held(), answers)
         answer(answers)
         lost: list[str] = []  # the ambiguous outcomes below that could not be written
+        unkept: list[str] = []  # … to a journal no start finds (``keeps_at_stop``): published all the same
         count = 0
         for key, entry in self.book.pending():
             if entry.route == "relay":
@@ -306,12 +327,14 @@ class OutcomeFlow:
             # shutting down: write it now rather than through the async group commit
             if remember and not self.durability.write_now({"t": "finished", "id": key, "o": outcome.as_dict()}) \
                     and entry.journaled:
-                # Not on disk: the next start settles it from its journal (ambiguous), so it is not published
-                # now (a peer DM's is: no journal record of it would ever tell its sender anything)
-                self.book.withhold(key)
-                self.waker.sources.pop(key, None)
-                lost.append(key)
-                continue
+                if self.durability.keeping:
+                    # Not on disk: the next start settles it from its journal (ambiguous), so it is not published
+                    # now (a peer DM's is: no journal record of it would ever tell its sender anything)
+                    self.book.withhold(key)
+                    self.waker.sources.pop(key, None)
+                    lost.append(key)
+                    continue
+                unkept.append(key)  # no start finds its journal: published below, its one outcome
             if entry.route == "relay-in":  # its sender waits on another connection: tell it too
                 self.relay.answer_relay_in(outcome, entry.reply_connection)
             self.publish(outcome)
@@ -320,4 +343,6 @@ class OutcomeFlow:
             count += 1
         if lost:
             self._report_unwritten(lost)
+        if unkept:
+            self._report_unkept(unkept)
         return count
