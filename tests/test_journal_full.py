@@ -29,6 +29,7 @@ from roots import LogCapture, RecordingRunner, body_of, held_on, make_root
 from actors import ask
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import StoreError
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import CheckOutcome
@@ -380,3 +381,57 @@ def test_a_lost_journal_on_a_full_disk_at_stop_still_gives_each_acked_dm_exactly
     gw2 = _start(root, gateways, again, seen_again)
     assert not any(gw2.recovered.get(k) for k in ("reoffered", "ambiguous", "redelivered")), gw2.recovered
     assert again.entered == [] and all(seen_again.of(key) == [] for key in acked)
+
+
+def test_a_dms_delivered_record_never_lands_without_its_wakes_accepted_record(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: the wake's ``accepted`` record and its DM's ``delivered`` record were appended one after the other,
+    # so a commit could take the first alone; that commit failing (a full disk) while the next one landed left the
+    # DM delivered with no wake on disk: a crash then, before the wake ran, lost it for good (the next start sees
+    # the outcome delivered and wakes nobody). Now both go in one batch: both land, or neither does and the next
+    # start re-publishes the outcome, which wakes the sender then.
+    root = make_root(tmp_path)
+    wake_on = {"bot_mode": {"wake_sender": True}}
+    runner, seen = RecordingRunner(), Seen()
+    gw = Gateway(root, runner=runner, config=wake_on)
+    gateways.append(gw)
+    gw.subscribe(seen)
+    gw.start()
+    journal = gw._journal
+    assert journal is not None
+    wake_record = b'"origin":"wake"'
+    real_pwrite, append = os.pwrite, journal.append
+    failed: list[bytes] = []
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:  # the disk is full for the write of the wake's record only
+        if fd == journal._file.fd and wake_record in bytes(data) and not failed:
+            failed.append(bytes(data))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, offset)
+
+    def append_then_commit(record: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        batch = append(record, *args, **kwargs)
+        if record.get("t") == "accepted" and record["d"].get("origin") == "wake":
+            batch.done.wait(10)  # a commit takes the open batch right after the wake's record (one schedule)
+        return batch
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    monkeypatch.setattr(journal, "append", append_then_commit)
+    dm = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+    assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+    await_condition(lambda: failed, timeout=10, message="the wake's record hit the full disk")
+    gw.stop()
+    monkeypatch.undo()
+    records = [r for path in (root / "bot_relay" / "journal").glob("j-*.log")
+               for r in parse_lines(path.read_bytes().splitlines()) if r is not None]
+    delivered = any(r["t"] == "delivered" and r["id"] == dm for r in records)
+    woken = any(r["t"] == "accepted" and r["id"] == wake_id(dm) for r in records)
+    assert woken or not delivered, "the DM is marked delivered with no wake on disk: a crash now loses the wake"
+    again = RecordingRunner()
+    gw2 = Gateway(root, runner=again, config=wake_on)
+    gateways.append(gw2)
+    gw2.start()
+    gw2.wait_outcome(wake_id(dm), timeout=10)
+    woke = [t for t in runner.entered + again.entered if t.delivery_id == wake_id(dm)]
+    assert len(woke) == 1, "the sender is woken exactly once, across the restart"

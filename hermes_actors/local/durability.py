@@ -77,15 +77,17 @@ class NoDurability:
         """False: publish the outcome now."""
         return False
 
-    def journal_accepted_now(self, delivery: Delivery) -> bool:
-        """False: ``delivery`` is not journaled (a stop loses it)."""
+    def journal_wake(self, wake: Delivery, source_id: str, *, go: Callable[[], None],
+                     failed: Callable[[BaseException], None]) -> bool:
+        """False: the wake is not journaled; the caller runs it now (a stop loses it)."""
         return False
 
     def note(self, record: dict[str, Any]) -> None:
         """Nothing to note."""
 
-    def delivered(self, delivery_id: str) -> None:
-        """Nothing to note."""
+    def delivered(self, delivery_id: str) -> bool:
+        """Nothing to note: True (the DM's delivery needs no wake's record)."""
+        return True
 
     def finished(self, outcome: Outcome, *, kind: str) -> None:
         """Nothing to journal (the caller tells the relay itself)."""
@@ -143,6 +145,10 @@ class JournalDurability:
         # id → (proceed, the ack's future, the ack, refused): the acks waiting for their commit
         self._parked: dict[str, tuple[Callable[[], None], pykka.ThreadingFuture[Any], dict[str, Any],
                                       Callable[[], None] | None]] = {}
+        # wake id → (go, failed): wakes whose acceptance waits for its commit (it runs once on disk, see journal_wake)
+        self._wakes: dict[str, tuple[Callable[[], None], Callable[[BaseException], None]]] = {}
+        # DMs whose ``delivered`` record goes in their wake's batch (journal_wake): ``delivered`` writes none of its own
+        self._with_wake: set[str] = set()
         # Commits the Dispatcher could no longer be told of (it failed): settle_parked reads them.
         self._orphaned: list[tuple[tuple[Any, ...], BaseException | None]] = []
         self._orphaned_lock = threading.Lock()
@@ -193,8 +199,16 @@ class JournalDurability:
         return PendingAck(future)
 
     def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
-        """The acceptance of ``delivery_id`` is on disk (or failed): queue it and release its ack."""
-        self._release(delivery_id, error, queue=True)
+        """The acceptance of ``delivery_id`` is on disk (or failed): queue it and release its ack (a wake: run it)."""
+        wake = self._wakes.pop(delivery_id, None)
+        if wake is None:
+            self._release(delivery_id, error, queue=True)
+            return
+        go, failed = wake
+        if error is None:
+            go()
+        else:
+            failed(error)
 
     def _release(self, delivery_id: str, error: BaseException | None, *, queue: bool) -> None:
         """Answer the parked ack of ``delivery_id``: refused when its commit failed, else acked.
@@ -364,13 +378,35 @@ class JournalDurability:
             self._again.discard(outcome.delivery_id)
         return True
 
-    def journal_accepted_now(self, delivery: Delivery) -> bool:
-        """Journal the acceptance of ``delivery`` without waiting for its commit.
+    def journal_wake(self, wake: Delivery, source_id: str, *, go: Callable[[], None],
+                     failed: Callable[[BaseException], None]) -> bool:
+        """Journal a wake's acceptance and its DM's ``delivered`` record in one batch; run it once they landed.
 
-        Raises:
-            StoreError: the journal refused the record.
+        Both or neither (:meth:`Journal.append_together`): a ``delivered`` record on disk without
+        its wake's would be a wake a crash loses for good (the next start sees the outcome
+        delivered and wakes nobody); neither on disk, the next start re-publishes the DM's
+        outcome, which wakes its sender then. The wake runs only once its record is on disk (as
+        an ack waits for its commit): run before, its turn's records could land without it.
+
+        Args:
+            wake: the wake's delivery.
+            source_id: the DM whose outcome it carries (its ``delivered`` record goes along;
+                :meth:`delivered` then writes none of its own).
+            go: runs the wake (called on the Dispatcher's thread once the batch landed).
+            failed: called with the error when the journal refused or failed the batch (the wake
+                is not run here; the next start wakes the sender).
+
+        Returns:
+            True: journaled (``go`` or ``failed`` follows).
         """
-        self.journal.append(accepted_record(delivery))
+        self._with_wake.add(source_id)  # even refused: the DM's delivered record never goes without it
+        try:
+            self.journal.append_together([accepted_record(wake), {"t": "delivered", "id": source_id}],
+                                         token=("accepted", wake.delivery_id))
+        except StoreError as exc:
+            failed(exc)
+            return True
+        self._wakes[wake.delivery_id] = (go, failed)
         return True
 
     def note(self, record: dict[str, Any]) -> None:
@@ -380,15 +416,23 @@ class JournalDurability:
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
 
-    def delivered(self, delivery_id: str) -> None:
+    def delivered(self, delivery_id: str) -> bool:
         """Journal that the outcome of ``delivery_id`` reached its sender: a lazy record (never flushed on its own).
 
-        Lost to a power cut, it costs the outcome published once more at restart.
+        Lost to a power cut, it costs the outcome published once more at restart. None is written
+        for a DM whose outcome started a wake: its record goes in the wake's batch (:meth:`journal_wake`).
+
+        Returns:
+            True when the DM's record is its own (written here); False when it rides with its wake's acceptance.
         """
+        if delivery_id in self._with_wake:
+            self._with_wake.discard(delivery_id)
+            return False
         try:
             self.journal.append({"t": "delivered", "id": delivery_id}, lazy=True)
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
+        return True
 
     def finished(self, outcome: Outcome, *, kind: str) -> None:
         """Journal the outcome of a DM sent elsewhere (already published) and that its sender has it.
