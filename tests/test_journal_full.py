@@ -223,8 +223,8 @@ def test_a_turn_whose_start_could_not_be_recorded_gets_one_outcome_across_a_rest
 def test_a_relayed_outcome_whose_records_failed_is_written_again_and_only_then_its_relay_record_goes(
     tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The relay's forget path: the outcome of a DM sent through the relay is published as it arrives, and its
-    # ``finished`` and ``delivered`` records must reach the journal before the relay forgets the envelope. They
+    # The relay's forget path: the outcome of a DM sent through the relay is published once its ``finished``
+    # record is on disk, and that record must reach the journal before the relay forgets the envelope. They
     # failed and nothing wrote them again: the journal never had the outcome (``unknown`` after a restart once
     # the relay's files are swept) and the relay kept its record for the next start to publish a second time.
     root = make_root(tmp_path, {"alice": {}}, name="alpha")
@@ -241,12 +241,12 @@ def test_a_relayed_outcome_whose_records_failed_is_written_again_and_only_then_i
         key = gw.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
         sent = paths.relay.id_file(paths.sent, key)
         rf.write_reply(paths.relay, rp.make_reply(key, reply="pong", now=time.time()))
-        assert gw.wait_outcome(key, timeout=10)["reply"] == "pong"
         await_condition(lambda: disk.hits >= 1, timeout=10, message="the outcome's records hit the full disk")
         await_condition(lambda: logs.matching("cannot be written", "held back") or logs.matching("could not be"),
                         timeout=10, message="the failed commit handled")
         assert sent.exists(), "the relay keeps its record while the journal lacks the outcome"
         disk.free()
+        assert gw.wait_outcome(key, timeout=30)["reply"] == "pong"
         await_condition(lambda: not sent.exists(), timeout=30, message="written again, then the record goes")
         assert _finished(root, key) == 1
     assert seen.of(key) == ["replied"]
@@ -435,3 +435,42 @@ def test_a_dms_delivered_record_never_lands_without_its_wakes_accepted_record(
     gw2.wait_outcome(wake_id(dm), timeout=10)
     woke = [t for t in runner.entered + again.entered if t.delivery_id == wake_id(dm)]
     assert len(woke) == 1, "the sender is woken exactly once, across the restart"
+
+
+def test_a_relayed_outcome_is_published_only_once_its_record_is_on_disk_one_outcome_across_a_restart(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: a relayed DM's outcome was published as it arrived, before its records were on disk; a stop with
+    # the disk still full kept the relay's record (right: the journal lacked the outcome), so the next start
+    # settled the DM from it again and published the same reply a second time.
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    paths = InboxPaths.from_root(root)
+    seen = Seen()
+    gw = Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=True)
+    gateways.append(gw)
+    gw.subscribe(seen)
+    gw.start()
+    assert gw._journal is not None
+    with LogCapture("INFO") as logs:
+        disk = DiskFull(monkeypatch, gw._journal, trigger=b'"t":"finished"')
+        key = gw.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
+        rf.write_reply(paths.relay, rp.make_reply(key, reply="pong", now=time.time()))
+        await_condition(lambda: disk.hits >= 1, timeout=10, message="the outcome's record hit the full disk")
+        await_condition(lambda: logs.matching("cannot be written", "held back"), timeout=10,
+                        message="the failed commit handled")
+        assert ask(gw._system.dispatcher, CheckOutcome(key), timeout=10) is None, "held back: not published"
+        gw.stop()
+        assert logs.matching("NOT published", key), logs.lines
+    disk.free()
+    assert seen.of(key) == []
+    seen_again = Seen()
+    gw2 = Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=True)
+    gateways.append(gw2)
+    gw2.subscribe(seen_again)
+    gw2.start()
+    assert gw2.wait_outcome(key, timeout=10)["reply"] == "pong"  # from the relay's record, kept for it
+    await_condition(lambda: seen_again.of(key) == ["replied"], timeout=10, message="the one outcome told")
+    sent = paths.relay.id_file(paths.sent, key)
+    await_condition(lambda: not sent.exists(), timeout=10, message="on disk now: the relay's record goes")
+    assert seen.of(key) + seen_again.of(key) == ["replied"], "one outcome overall"

@@ -31,9 +31,10 @@ from hermes_actors.store.journal import Journal
 __all__ = ["Durability", "JournalDurability", "NoDurability", "OutcomeToken", "durability_for", "live_gave_up",
            "live_record", "outcome_records"]
 
-#: An outcome record's token in ``JournalDurable``: ("finished", its outcome) for a DM journaled here (published
-#: once it landed), ("forget", …) for a DM sent through the relay and ("kept", …) for a peer's (both published
-#: already; ``forget``: the relay's record goes once it landed).
+#: An outcome record's token in ``JournalDurable``: ("finished", its outcome) for a DM journaled here and
+#: ("forget", …) for a DM sent through the relay (both published once their ``finished`` record landed;
+#: ``forget``: then the relay's record goes), ("kept", …) for a peer's (published already: its ``finished``
+#: and ``delivered`` records go together).
 OutcomeToken = tuple[str, Outcome]
 RETRY_FIRST = 0.25  # seconds before held-back outcome records are written again (doubled each time, see RETRY_MOST)
 RETRY_MOST = 8.0  # the longest wait between two writes of held-back outcome records
@@ -42,10 +43,10 @@ LAST_WRITE_SECONDS = 5.0  # a stop's last write of a held-back outcome record wa
 
 def outcome_records(kind: str, outcome: Outcome) -> list[dict[str, Any]]:
     """Pure: the journal records of one outcome token (see :data:`OutcomeToken`): its ``finished`` record, and
-    ``delivered`` too for an outcome published already (``forget``, ``kept``)."""
+    ``delivered`` too for an outcome published already (``kept``)."""
     key = outcome.delivery_id
     finished = {"t": "finished", "id": key, "o": outcome.as_dict()}
-    return [finished] if kind == "finished" else [finished, {"t": "delivered", "id": key}]
+    return [finished, {"t": "delivered", "id": key}] if kind == "kept" else [finished]
 
 
 class NoDurability:
@@ -73,7 +74,7 @@ class NoDurability:
         """No ack ever waits for a commit here."""
         return 0
 
-    def journal_outcome(self, outcome: Outcome) -> bool:
+    def journal_outcome(self, outcome: Outcome, kind: str = "finished") -> bool:
         """False: publish the outcome now."""
         return False
 
@@ -89,8 +90,8 @@ class NoDurability:
         """Nothing to note: True (the DM's delivery needs no wake's record)."""
         return True
 
-    def finished(self, outcome: Outcome, *, kind: str) -> None:
-        """Nothing to journal (the caller tells the relay itself)."""
+    def finished(self, outcome: Outcome) -> None:
+        """Nothing to journal."""
 
     def write_now(self, record: dict[str, Any]) -> bool:
         """Nothing to write: True."""
@@ -258,8 +259,11 @@ class JournalDurability:
         self._parked.clear()
         return count
 
-    def journal_outcome(self, outcome: Outcome) -> bool:
+    def journal_outcome(self, outcome: Outcome, kind: str = "finished") -> bool:
         """Journal ``outcome`` (group commit); True: it is published once its record landed (``JournalDurable``).
+
+        ``kind``: ``finished`` (a DM journaled here) or ``forget`` (a DM sent through the relay,
+        see :data:`OutcomeToken`).
 
         A journal that refuses the record outright (stopped, closed: not a failed write) gets
         the same rule as a failed commit: the outcome is held back, unpublished, and written
@@ -268,26 +272,26 @@ class JournalDurability:
         start would give it a second outcome.
         """
         try:
-            self._append_outcome("finished", outcome)
+            self._append_outcome(kind, outcome)
         except StoreError as exc:
             logger.error("the delivery journal {} refused the outcome record of {} ({}): the outcome is held back, "
                          "unpublished, and written again; should the journal never take it, the stop names it and "
                          "the next start settles the DM as the journal says (re-offered if its turn never started, "
                          "else ambiguous)", self.journal.path, outcome.delivery_id, exc)
-            self._keep("finished", outcome)
+            self._keep(kind, outcome)
         return True
 
     def _append_outcome(self, kind: str, outcome: Outcome) -> None:
         """Queue the records of one outcome token (see :data:`OutcomeToken`): ``finished``, and
-        ``delivered`` in the same batch for a DM whose outcome was published already.
+        ``delivered`` in the same batch for a DM whose outcome was published already (``kept``).
 
         Raises:
             StoreError: the journal refused them (it is not running).
         """
-        if kind == "finished":
-            self.journal.append(outcome_records(kind, outcome)[0], token=(kind, outcome))
-        else:  # both or neither: a ``delivered`` without its ``finished`` would make the outcome unknown
+        if kind == "kept":  # both or neither: a ``delivered`` without its ``finished`` would make the outcome unknown
             self.journal.append_together(outcome_records(kind, outcome), token=(kind, outcome))
+        else:
+            self.journal.append(outcome_records(kind, outcome)[0], token=(kind, outcome))
 
     def hold(self, kind: str, outcome: Outcome, error: BaseException) -> None:
         """The commit of an outcome's record failed: keep it to write again later (a retry timer, or the next
@@ -434,20 +438,17 @@ class JournalDurability:
             logger.error("journal append failed: {}", exc)
         return True
 
-    def finished(self, outcome: Outcome, *, kind: str) -> None:
-        """Journal the outcome of a DM sent elsewhere (already published) and that its sender has it.
+    def finished(self, outcome: Outcome) -> None:
+        """Journal the outcome of a peer DM (already published) and that its sender has it (token ``kept``).
 
-        Both records go in one batch; ``JournalDurable`` hands ``(kind, outcome)`` back once they,
+        Both records go in one batch; ``JournalDurable`` hands ``("kept", outcome)`` back once they,
         and everything journaled before them, are on disk, or held to be written again when they
-        failed (:meth:`hold`).
-
-        Args:
-            outcome: the outcome.
-            kind: ``forget`` (a DM sent through the relay: its record goes once they landed) or ``kept`` (a peer's).
+        failed (:meth:`hold`). Refused, only ``wait_outcome`` after a restart misses it: nothing
+        would ever settle a peer DM again.
         """
         try:
-            self._append_outcome(kind, outcome)
-        except StoreError as exc:  # the relay keeps its record: the next start settles the DM from it again
+            self._append_outcome("kept", outcome)
+        except StoreError as exc:
             logger.error("journal append failed for the outcome of {}: {}", outcome.delivery_id, exc)
 
     def write_now(self, record: dict[str, Any]) -> bool:
