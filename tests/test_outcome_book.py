@@ -107,13 +107,13 @@ def test_the_oldest_settled_outcomes_are_forgotten_beyond_keep() -> None:
     assert [book.state(k) for k in keys] == [DeliveryState.UNKNOWN, DeliveryState.SETTLED, DeliveryState.SETTLED]
 
 
-def test_export_holds_journaling_and_settled_outcomes_and_remember_never_overrides_a_live_one() -> None:
+def test_export_holds_the_published_outcomes_only_and_remember_never_overrides_a_live_one() -> None:
     book = OutcomeBook()
     book.add("b" * 32, _entry("b" * 32))
-    book.journaling(KEY, _record())
+    book.journaling(KEY, _record())  # its record is not on disk yet: unpublished, not handed over
     book.settle("c" * 32, {"delivery_id": "c" * 32})
     book.remember({"b" * 32: {"status": "old"}, "d" * 32: {"status": "old"}})
-    assert set(book.export()) == {KEY, "c" * 32, "d" * 32}
+    assert set(book.export()) == {"c" * 32, "d" * 32}
     assert book.state("b" * 32) is DeliveryState.PENDING
 
 

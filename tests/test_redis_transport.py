@@ -141,7 +141,8 @@ def test_a_reply_stays_in_redis_until_the_journal_has_its_outcome(
 ) -> None:
     """Regression: the reply entry was XACK'd and XDEL'd and the sent record dropped as soon as the Dispatcher was
     told, before the journal had the outcome: a kill in between lost the answered DM everywhere (wait_outcome:
-    unknown id after the restart) and its sender's wake. Both stay until the outcome is journaled."""
+    unknown id after the restart) and its sender's wake. Both stay until the outcome is journaled (and it is
+    published only then)."""
     import threading
 
     from hermes_actors.store import journal as journal_module
@@ -150,8 +151,8 @@ def test_a_reply_stays_in_redis_until_the_journal_has_its_outcome(
     write_now = journal_module.Journal._write_now
 
     def slow_commit(self: Any, lines: list[bytes], **kwargs: Any) -> None:
-        if any(b'"t":"delivered"' in line for line in lines) and not release.is_set():
-            held.set()
+        if any(b'"t":"finished"' in line for line in lines) and not release.is_set():
+            held.set()  # the commit that puts the outcome on disk waits for the test
             release.wait(30)
         write_now(self, lines, **kwargs)
 
@@ -160,11 +161,13 @@ def test_a_reply_stays_in_redis_until_the_journal_has_its_outcome(
     with gateway(tmp_path, "alpha", redis_server, durable=True) as alpha, gateway(tmp_path, "mini", redis_server):
         wait_online(alpha, "bob", "mini")
         key = alpha.message_agent(sender="alice", target="bob@mini", message="keep it")["delivery_id"]
-        assert alpha.wait_outcome(key, timeout=20)["reply"] == "ok: keep it"
-        assert held.wait(10)
+        assert held.wait(20)
         assert client.hexists(KEYS.sent("alpha"), key), "the sent record went before the journal had the outcome"
         assert client.xlen(KEYS.replies("alpha")) == 1, "the reply entry went before the journal had the outcome"
+        with pytest.raises(TimeoutError):  # not on disk yet: not published either
+            alpha.wait_outcome(key, timeout=0)
         release.set()
+        assert alpha.wait_outcome(key, timeout=20)["reply"] == "ok: keep it"
         await_condition(lambda: client.hlen(KEYS.sent("alpha")) == 0 and client.xlen(KEYS.replies("alpha")) == 0,
                         timeout=10, message="reply entry and sent record cleared once journaled")
 

@@ -597,19 +597,21 @@ def test_a_relayed_outcome_journaled_before_a_kill_is_neither_published_nor_woke
     wakes only at recovery, after the relay, woke the sender a second time with the same reply."""
     from collections import Counter
 
-    from hermes_actors.local import durability
     from hermes_actors.relay import outbound
+    from hermes_actors.store import journal as journal_module
 
     root = make_root(tmp_path, {"alice": {}}, name="alpha")
     write_roster_file(root, [remote_row("moxie", "mini", online=True)])
     config = {"bot_mode": {"wake_sender": True}}
     monkeypatch.setattr(outbound, "clear_sent", lambda *a, **k: None)  # the relay's record and reply stay
     monkeypatch.setattr(outbound, "mark_consumed", lambda *a, **k: None)
-    if not delivered_written:
-        def finished_only(self: durability.JournalDurability, outcome: Any, *, then: Any = None) -> None:
-            self.journal.append({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
+    if not delivered_written:  # the journal holds the outcome and the wake, not that the sender has the outcome
+        together = journal_module.Journal.append_together
 
-        monkeypatch.setattr(durability.JournalDurability, "finished", finished_only)
+        def without_delivered(self: journal_module.Journal, records: list[dict[str, Any]], **kwargs: Any) -> Any:
+            return together(self, [r for r in records if r.get("t") != "delivered"], **kwargs)
+
+        monkeypatch.setattr(journal_module.Journal, "append_together", without_delivered)
     woken = RecordingRunner()
     with Gateway(root, runner=woken, config=config, connection_id="alpha", durable=True) as first:
         key = first.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
@@ -635,9 +637,10 @@ def test_the_relay_keeps_its_record_until_the_journal_has_the_outcome_and_the_wa
 ) -> None:
     """Regression: the relay cleared its ``sent/`` record as soon as it told the Dispatcher, before the journal
     had the outcome; a kill in between lost the DM for good (wait_outcome: unknown id; Redis: the reply entry
-    XDEL'd) and its sender's wake. The wake's record was also journaled after the outcome's, so a kill between
-    them re-published the outcome at restart with no wake. Now the journal takes the wake, then the outcome,
-    and only then does the relay forget the envelope."""
+    XDEL'd) and its sender's wake. The journal has no ``accepted`` record of a relayed DM, so a restart that
+    re-publishes its outcome from the journal alone wakes nobody: the relay keeps its record until the journal
+    has the outcome and then the wake (in one batch with the DM's ``delivered`` record), and only then forgets
+    the envelope."""
     from hermes_actors.store import journal as journal_module
 
     root = make_root(tmp_path, {"alice": {}}, name="alpha")
@@ -671,4 +674,5 @@ def test_the_relay_keeps_its_record_until_the_journal_has_the_outcome_and_the_wa
     wake_at = next(i for i, r in enumerate(records)
                    if r.get("t") == "accepted" and (r.get("d") or {}).get("origin") == "wake")
     finished_at = next(i for i, r in enumerate(records) if r.get("t") == "finished" and r.get("id") == key)
-    assert wake_at < finished_at, "a journal holding the outcome must hold its wake"
+    assert finished_at < wake_at, "the outcome is on disk before it is published (and wakes the sender)"
+    assert records[wake_at + 1] == {"t": "delivered", "id": key}, "the wake and delivered records: one batch"

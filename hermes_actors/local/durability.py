@@ -31,9 +31,10 @@ from hermes_actors.store.journal import Journal
 __all__ = ["Durability", "JournalDurability", "NoDurability", "OutcomeToken", "durability_for", "live_gave_up",
            "live_record", "outcome_records"]
 
-#: An outcome record's token in ``JournalDurable``: ("finished", its outcome) for a DM journaled here (published
-#: once it landed), ("forget", …) for a DM sent through the relay and ("kept", …) for a peer's (both published
-#: already; ``forget``: the relay's record goes once it landed).
+#: An outcome record's token in ``JournalDurable``: ("finished", its outcome) for a DM journaled here and
+#: ("forget", …) for a DM sent through the relay (both published once their ``finished`` record landed;
+#: ``forget``: then the relay's record goes), ("kept", …) for a peer's (published already: its ``finished``
+#: and ``delivered`` records go together).
 OutcomeToken = tuple[str, Outcome]
 RETRY_FIRST = 0.25  # seconds before held-back outcome records are written again (doubled each time, see RETRY_MOST)
 RETRY_MOST = 8.0  # the longest wait between two writes of held-back outcome records
@@ -42,10 +43,10 @@ LAST_WRITE_SECONDS = 5.0  # a stop's last write of a held-back outcome record wa
 
 def outcome_records(kind: str, outcome: Outcome) -> list[dict[str, Any]]:
     """Pure: the journal records of one outcome token (see :data:`OutcomeToken`): its ``finished`` record, and
-    ``delivered`` too for an outcome published already (``forget``, ``kept``)."""
+    ``delivered`` too for an outcome published already (``kept``)."""
     key = outcome.delivery_id
     finished = {"t": "finished", "id": key, "o": outcome.as_dict()}
-    return [finished] if kind == "finished" else [finished, {"t": "delivered", "id": key}]
+    return [finished, {"t": "delivered", "id": key}] if kind == "kept" else [finished]
 
 
 class NoDurability:
@@ -73,22 +74,24 @@ class NoDurability:
         """No ack ever waits for a commit here."""
         return 0
 
-    def journal_outcome(self, outcome: Outcome) -> bool:
+    def journal_outcome(self, outcome: Outcome, kind: str = "finished") -> bool:
         """False: publish the outcome now."""
         return False
 
-    def journal_accepted_now(self, delivery: Delivery) -> bool:
-        """False: ``delivery`` is not journaled (a stop loses it)."""
+    def journal_wake(self, wake: Delivery, source_id: str, *, go: Callable[[], None],
+                     failed: Callable[[BaseException], None]) -> bool:
+        """False: the wake is not journaled; the caller runs it now (a stop loses it)."""
         return False
 
     def note(self, record: dict[str, Any]) -> None:
         """Nothing to note."""
 
-    def delivered(self, delivery_id: str) -> None:
-        """Nothing to note."""
+    def delivered(self, delivery_id: str) -> bool:
+        """Nothing to note: True (the DM's delivery needs no wake's record)."""
+        return True
 
-    def finished(self, outcome: Outcome, *, kind: str) -> None:
-        """Nothing to journal (the caller tells the relay itself)."""
+    def finished(self, outcome: Outcome) -> None:
+        """Nothing to journal."""
 
     def write_now(self, record: dict[str, Any]) -> bool:
         """Nothing to write: True."""
@@ -143,6 +146,10 @@ class JournalDurability:
         # id → (proceed, the ack's future, the ack, refused): the acks waiting for their commit
         self._parked: dict[str, tuple[Callable[[], None], pykka.ThreadingFuture[Any], dict[str, Any],
                                       Callable[[], None] | None]] = {}
+        # wake id → (go, failed): wakes whose acceptance waits for its commit (it runs once on disk, see journal_wake)
+        self._wakes: dict[str, tuple[Callable[[], None], Callable[[BaseException], None]]] = {}
+        # DMs whose ``delivered`` record goes in their wake's batch (journal_wake): ``delivered`` writes none of its own
+        self._with_wake: set[str] = set()
         # Commits the Dispatcher could no longer be told of (it failed): settle_parked reads them.
         self._orphaned: list[tuple[tuple[Any, ...], BaseException | None]] = []
         self._orphaned_lock = threading.Lock()
@@ -193,8 +200,16 @@ class JournalDurability:
         return PendingAck(future)
 
     def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
-        """The acceptance of ``delivery_id`` is on disk (or failed): queue it and release its ack."""
-        self._release(delivery_id, error, queue=True)
+        """The acceptance of ``delivery_id`` is on disk (or failed): queue it and release its ack (a wake: run it)."""
+        wake = self._wakes.pop(delivery_id, None)
+        if wake is None:
+            self._release(delivery_id, error, queue=True)
+            return
+        go, failed = wake
+        if error is None:
+            go()
+        else:
+            failed(error)
 
     def _release(self, delivery_id: str, error: BaseException | None, *, queue: bool) -> None:
         """Answer the parked ack of ``delivery_id``: refused when its commit failed, else acked.
@@ -244,26 +259,39 @@ class JournalDurability:
         self._parked.clear()
         return count
 
-    def journal_outcome(self, outcome: Outcome) -> bool:
-        """Journal ``outcome`` (group commit); True: publish it once it landed, False: publish it now."""
+    def journal_outcome(self, outcome: Outcome, kind: str = "finished") -> bool:
+        """Journal ``outcome`` (group commit); True: it is published once its record landed (``JournalDurable``).
+
+        ``kind``: ``finished`` (a DM journaled here) or ``forget`` (a DM sent through the relay,
+        see :data:`OutcomeToken`).
+
+        A journal that refuses the record outright (stopped, closed: not a failed write) gets
+        the same rule as a failed commit: the outcome is held back, unpublished, and written
+        again (:meth:`hold`); should the journal never take it, a stop names it at ERROR and
+        the next start settles the DM as its journal says. Published now instead, the next
+        start would give it a second outcome.
+        """
         try:
-            self._append_outcome("finished", outcome)
+            self._append_outcome(kind, outcome)
         except StoreError as exc:
-            logger.error("journal append failed for the outcome of {}: {}", outcome.delivery_id, exc)
-            return False
+            logger.error("the delivery journal {} refused the outcome record of {} ({}): the outcome is held back, "
+                         "unpublished, and written again; should the journal never take it, the stop names it and "
+                         "the next start settles the DM as the journal says (re-offered if its turn never started, "
+                         "else ambiguous)", self.journal.path, outcome.delivery_id, exc)
+            self._keep(kind, outcome)
         return True
 
     def _append_outcome(self, kind: str, outcome: Outcome) -> None:
         """Queue the records of one outcome token (see :data:`OutcomeToken`): ``finished``, and
-        ``delivered`` in the same batch for a DM whose outcome was published already.
+        ``delivered`` in the same batch for a DM whose outcome was published already (``kept``).
 
         Raises:
             StoreError: the journal refused them (it is not running).
         """
-        if kind == "finished":
-            self.journal.append(outcome_records(kind, outcome)[0], token=(kind, outcome))
-        else:  # both or neither: a ``delivered`` without its ``finished`` would make the outcome unknown
+        if kind == "kept":  # both or neither: a ``delivered`` without its ``finished`` would make the outcome unknown
             self.journal.append_together(outcome_records(kind, outcome), token=(kind, outcome))
+        else:
+            self.journal.append(outcome_records(kind, outcome)[0], token=(kind, outcome))
 
     def hold(self, kind: str, outcome: Outcome, error: BaseException) -> None:
         """The commit of an outcome's record failed: keep it to write again later (a retry timer, or the next
@@ -274,14 +302,18 @@ class JournalDurability:
             outcome: the outcome.
             error: why the commit failed (said once per disk-full spell, at WARNING).
         """
-        key = outcome.delivery_id
-        self._again.discard(key)
-        self._held[key] = (kind, outcome)
         if not self._failing:
-            self._failing = True
             logger.warning("the delivery journal {} cannot be written ({}): outcomes are held back, unpublished, "
                            "until their records are on disk; they are written again every few seconds. Free space "
                            "on its filesystem", self.journal.path, error)
+        self._keep(kind, outcome)
+
+    def _keep(self, kind: str, outcome: Outcome) -> None:
+        """Hold the records of one outcome token to write again (see :meth:`hold`), the retry timer armed."""
+        key = outcome.delivery_id
+        self._again.discard(key)
+        self._held[key] = (kind, outcome)
+        self._failing = True
         if self._retry is None and self.retry_after is not None:
             self._retry = self.retry_after(self._backoff)
             self._backoff = min(RETRY_MOST, self._backoff * 2)
@@ -350,13 +382,35 @@ class JournalDurability:
             self._again.discard(outcome.delivery_id)
         return True
 
-    def journal_accepted_now(self, delivery: Delivery) -> bool:
-        """Journal the acceptance of ``delivery`` without waiting for its commit.
+    def journal_wake(self, wake: Delivery, source_id: str, *, go: Callable[[], None],
+                     failed: Callable[[BaseException], None]) -> bool:
+        """Journal a wake's acceptance and its DM's ``delivered`` record in one batch; run it once they landed.
 
-        Raises:
-            StoreError: the journal refused the record.
+        Both or neither (:meth:`Journal.append_together`): a ``delivered`` record on disk without
+        its wake's would be a wake a crash loses for good (the next start sees the outcome
+        delivered and wakes nobody); neither on disk, the next start re-publishes the DM's
+        outcome, which wakes its sender then. The wake runs only once its record is on disk (as
+        an ack waits for its commit): run before, its turn's records could land without it.
+
+        Args:
+            wake: the wake's delivery.
+            source_id: the DM whose outcome it carries (its ``delivered`` record goes along;
+                :meth:`delivered` then writes none of its own).
+            go: runs the wake (called on the Dispatcher's thread once the batch landed).
+            failed: called with the error when the journal refused or failed the batch (the wake
+                is not run here; the next start wakes the sender).
+
+        Returns:
+            True: journaled (``go`` or ``failed`` follows).
         """
-        self.journal.append(accepted_record(delivery))
+        self._with_wake.add(source_id)  # even refused: the DM's delivered record never goes without it
+        try:
+            self.journal.append_together([accepted_record(wake), {"t": "delivered", "id": source_id}],
+                                         token=("accepted", wake.delivery_id))
+        except StoreError as exc:
+            failed(exc)
+            return True
+        self._wakes[wake.delivery_id] = (go, failed)
         return True
 
     def note(self, record: dict[str, Any]) -> None:
@@ -366,30 +420,35 @@ class JournalDurability:
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
 
-    def delivered(self, delivery_id: str) -> None:
+    def delivered(self, delivery_id: str) -> bool:
         """Journal that the outcome of ``delivery_id`` reached its sender: a lazy record (never flushed on its own).
 
-        Lost to a power cut, it costs the outcome published once more at restart.
+        Lost to a power cut, it costs the outcome published once more at restart. None is written
+        for a DM whose outcome started a wake: its record goes in the wake's batch (:meth:`journal_wake`).
+
+        Returns:
+            True when the DM's record is its own (written here); False when it rides with its wake's acceptance.
         """
+        if delivery_id in self._with_wake:
+            self._with_wake.discard(delivery_id)
+            return False
         try:
             self.journal.append({"t": "delivered", "id": delivery_id}, lazy=True)
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
+        return True
 
-    def finished(self, outcome: Outcome, *, kind: str) -> None:
-        """Journal the outcome of a DM sent elsewhere (already published) and that its sender has it.
+    def finished(self, outcome: Outcome) -> None:
+        """Journal the outcome of a peer DM (already published) and that its sender has it (token ``kept``).
 
-        Both records go in one batch; ``JournalDurable`` hands ``(kind, outcome)`` back once they,
+        Both records go in one batch; ``JournalDurable`` hands ``("kept", outcome)`` back once they,
         and everything journaled before them, are on disk, or held to be written again when they
-        failed (:meth:`hold`).
-
-        Args:
-            outcome: the outcome.
-            kind: ``forget`` (a DM sent through the relay: its record goes once they landed) or ``kept`` (a peer's).
+        failed (:meth:`hold`). Refused, only ``wait_outcome`` after a restart misses it: nothing
+        would ever settle a peer DM again.
         """
         try:
-            self._append_outcome(kind, outcome)
-        except StoreError as exc:  # the relay keeps its record: the next start settles the DM from it again
+            self._append_outcome("kept", outcome)
+        except StoreError as exc:
             logger.error("journal append failed for the outcome of {}: {}", outcome.delivery_id, exc)
 
     def write_now(self, record: dict[str, Any]) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core import outcomes
+from hermes_actors.core.wake import wake_id
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
 from hermes_actors.local.durability import Durability, OutcomeToken
@@ -80,6 +81,8 @@ class OutcomeFlow:
         self.stopping = stopping
         self.gauge = gauge
         self.notes: list[Note] = []  # published, not yet told to the Notifier
+        # wake id → the relayed DM it wakes the sender of: the relay forgets that DM once the wake is on disk
+        self.forget_after_wake: dict[str, str] = {}
         self.finalized = False  # a stop settled what was pending: a failed outcome record gets one last write
 
     def settle(self, outcome: Outcome, *, freed: bool = False) -> None:
@@ -112,19 +115,27 @@ class OutcomeFlow:
         if entry is not None and entry.journaled and self.durability.journal_outcome(outcome):
             # published once durable (JournalDurable); the delivery is kept for the subscribers' details
             self.book.journaling(key, outcome.as_dict(), entry.delivery)
+            self._write_late_held()
             return
-        if entry is not None and entry.route in ("relay", "peer"):
-            # Nothing on the root keeps the outcome of a DM sent to another machine over Redis (nor of a peer's;
-            # the file relay's replies/ are swept after 6 h): the journal keeps it, as a local DM's, so
-            # `hermes-actors outcome` and wait_outcome still know it after this host restarted. Published
-            # first: the wake it starts is journaled before it, so a journal that has the outcome has its
-            # wake too; the relay keeps the envelope's record until both are on disk (ForgetSent).
+        if entry is not None and entry.route == "relay" and self.durability.journal_outcome(outcome, "forget"):
+            # Nothing on the root keeps the outcome of a DM sent to another machine over Redis (the file relay's
+            # replies/ are swept after 6 h): the journal keeps it, as a local DM's, so `hermes-actors outcome` and
+            # wait_outcome still know it after this host restarted. Published, as a local DM's, once its record
+            # is on disk: published before, a stop with the record unwritten left the relay's record, and the
+            # next start published the reply a second time. The relay keeps its record until the outcome and
+            # the wake it starts are on disk (ForgetSent, see _written).
+            self.book.journaling(key, outcome.as_dict(), entry.delivery)
+            self._write_late_held()
+            return
+        if entry is not None and entry.route == "peer":
+            # Journaled for wait_outcome after a restart, but published now: no record of it would ever
+            # settle a peer DM again, so held back it could be lost for good.
             self.publish(outcome)
-            self.durability.finished(outcome, kind="forget" if entry.route == "relay" else "kept")
-            if entry.route == "relay" and not self.durability.enabled:
-                self.relay.forget(key)
+            self.durability.finished(outcome)
             return
         self.publish(outcome)
+        if entry is not None and entry.route == "relay":  # no journal: the outcome is kept here now
+            self.relay.forget(key)
 
     def _free_place(self, key: str) -> None:
         """The DM's turn is over (or never ran): its place in its profile's queue is free for the next one.
@@ -206,6 +217,7 @@ class OutcomeFlow:
         for kind, value in msg.tokens:
             if kind == "accepted":
                 self.durability.accepted_landed(value, msg.error)
+                self._wake_landed(value, msg.error)
             elif msg.error is None:
                 self._written(kind, value, answers)
             elif not self.finalized:
@@ -217,14 +229,33 @@ class OutcomeFlow:
             self.durability.commit_landed()
 
     def _written(self, kind: str, outcome: Outcome, answers: Answers) -> None:
-        """The records of an outcome token (see ``durability.OutcomeToken``) are on disk: act on it."""
+        """The records of an outcome token (see ``durability.OutcomeToken``) are on disk: act on it.
+
+        A relayed DM's (``forget``) relay record goes once the wake its outcome starts is on disk
+        too (:meth:`_wake_landed`): the journal has no ``accepted`` record of a relayed DM, so the
+        relay's record is what lets a next start wake its sender.
+        """
         self.durability.written(outcome)
-        if kind == "forget":  # a relayed DM's outcome and its wake are on disk: its relay record can go
-            self.relay.forget(outcome.delivery_id)
-        elif kind == "finished":
-            self.publish(outcome, answers)
-            crashpoint("after-outcome-before-delivered")
-            self.durability.delivered(outcome.delivery_id)
+        if kind == "kept":  # a peer DM's: published already
+            return
+        key = outcome.delivery_id
+        self.publish(outcome, answers)
+        crashpoint("after-outcome-before-delivered")
+        own = self.durability.delivered(key)
+        if kind == "forget":
+            if own:  # no wake: nothing more to keep
+                self.relay.forget(key)
+            else:
+                self.forget_after_wake[wake_id(key)] = key
+
+    def _wake_landed(self, wake: str, error: BaseException | None) -> None:
+        """The acceptance of wake ``wake`` landed (or failed): the relayed DM it wakes the sender of may be forgotten.
+
+        Failed, the relay keeps its record: the next start settles the DM from it again and wakes its sender then.
+        """
+        source = self.forget_after_wake.pop(wake, None)
+        if source is not None and error is None:
+            self.relay.forget(source)
 
     def _last_write(self, held: list[OutcomeToken], answers: Answers) -> list[str]:
         """A stop's last write of held outcomes' records: those that land are published.
@@ -232,7 +263,10 @@ class OutcomeFlow:
         What does not land stays unpublished, its DM no longer in the book (a stopped gateway
         answers it from the journal: pending), named at ERROR; the next start settles it as its
         journal says: re-offered if its turn never started, else ``ambiguous``. One outcome,
-        never two. A relayed or peer DM's outcome was published already: the relay keeps its record.
+        never two (a relayed DM's from its relay record, which stays). A peer DM's outcome was published
+        already.
+        Unless the journal is lost (``keeping`` False: no start will find it): then the outcome is
+        published all the same, as without a journal (withheld, its DM would get none), named at ERROR.
 
         Returns:
             The ids whose records could not be written.
@@ -243,20 +277,50 @@ class OutcomeFlow:
             for kind, outcome in held:
                 self._written(kind, outcome, answers)
             return []
+        unkept: list[str] = []  # published all the same: no start will find the journal
+        lost: list[str] = []  # withheld: the next start settles them
         for kind, outcome in held:
-            if kind == "finished":
-                self.book.withhold(outcome.delivery_id)
-                self.waker.sources.pop(outcome.delivery_id, None)
-        lost = [outcome.delivery_id for _, outcome in held]
-        self._report_unwritten(lost)
+            key = outcome.delivery_id
+            if kind == "kept":  # a peer DM's: published already; only a restarted wait_outcome misses it
+                logger.error("stop: the outcome record of peer DM {} could not be written to the delivery journal; "
+                             "it was published, but wait_outcome after a restart will not know it", key)
+                continue
+            if kind == "finished" and not self.durability.keeping:  # (a relayed DM's: its relay record stays)
+                self.publish(outcome, answers)
+                unkept.append(key)
+                continue
+            self.book.withhold(key)
+            self.waker.sources.pop(key, None)
+            lost.append(key)
+        if lost:
+            self._report_unwritten(lost)
+        if unkept:
+            self._report_unkept(unkept)
         return lost
 
     def _report_unwritten(self, ids: list[str]) -> None:
         """Say, id by id, which outcomes a stop could not write to the journal (ERROR)."""
-        logger.error("stop: the outcome record(s) of {} DM(s) could not be written to the delivery journal (disk "
-                     "full?) and are NOT published: {}. The next start settles them as the journal says: re-offered "
-                     "if the turn never started, else ambiguous (a relayed DM's from the relay's record)",
+        logger.error("stop: the outcome record(s) of {} DM(s) could not be written to the delivery journal (a full "
+                     "disk, or a journal that refuses records) and are NOT published: {}. The next start settles "
+                     "them as the journal says: re-offered if the turn never started, else ambiguous (a relayed "
+                     "DM's from the relay's record)", len(ids), ", ".join(ids))
+
+    def _report_unkept(self, ids: list[str]) -> None:
+        """Say, id by id, which outcomes a stop published without their records: the journal is lost (ERROR)."""
+        logger.error("stop: the delivery journal is lost (no fresh file could be made) and the outcome record(s) of "
+                     "{} DM(s) could not be written to it either: they are published without their records, as "
+                     "without a journal: {}. No start finds them: these are their only outcomes (should the lost "
+                     "file come back into bot_relay/journal/, a start would settle them again). Restore "
+                     "bot_relay/journal/ as a directory of ours and free space on its filesystem",
                      len(ids), ", ".join(ids))
+
+    def _write_late_held(self) -> None:
+        """After a stop's :meth:`finalize`, what was held since (a record the journal refused) gets its last write
+        now: no retry timer runs any more, and it must not wait, unpublished and unnamed, forever."""
+        if self.finalized:
+            answers: Answers = []
+            self._last_write(self.durability.take_held(), answers)
+            answer(answers)
 
     def retry_held(self) -> None:
         """The retry timer fired: write the held outcome records again (after :meth:`finalize`: it had them)."""
@@ -280,6 +344,7 @@ class OutcomeFlow:
         self._last_write(self.durability.take_held(), answers)
         answer(answers)
         lost: list[str] = []  # the ambiguous outcomes below that could not be written
+        unkept: list[str] = []  # … to a journal no start finds (``keeps_at_stop``): published all the same
         count = 0
         for key, entry in self.book.pending():
             if entry.route == "relay":
@@ -297,12 +362,14 @@ class OutcomeFlow:
             # shutting down: write it now rather than through the async group commit
             if remember and not self.durability.write_now({"t": "finished", "id": key, "o": outcome.as_dict()}) \
                     and entry.journaled:
-                # Not on disk: the next start settles it from its journal (ambiguous), so it is not published
-                # now (a peer DM's is: no journal record of it would ever tell its sender anything)
-                self.book.withhold(key)
-                self.waker.sources.pop(key, None)
-                lost.append(key)
-                continue
+                if self.durability.keeping:
+                    # Not on disk: the next start settles it from its journal (ambiguous), so it is not published
+                    # now (a peer DM's is: no journal record of it would ever tell its sender anything)
+                    self.book.withhold(key)
+                    self.waker.sources.pop(key, None)
+                    lost.append(key)
+                    continue
+                unkept.append(key)  # no start finds its journal: published below, its one outcome
             if entry.route == "relay-in":  # its sender waits on another connection: tell it too
                 self.relay.answer_relay_in(outcome, entry.reply_connection)
             self.publish(outcome)
@@ -311,4 +378,6 @@ class OutcomeFlow:
             count += 1
         if lost:
             self._report_unwritten(lost)
+        if unkept:
+            self._report_unkept(unkept)
         return count

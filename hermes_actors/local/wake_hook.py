@@ -6,11 +6,13 @@ publishes and :meth:`SenderWaker.adopt` with the journal of a previous run;
 the decisions are :mod:`hermes_actors.core.wake`'s.
 
 Exactly once, in durable mode: the wake is journaled as an ``accepted`` local
-delivery (origin ``"wake"``, its id derived from the DM's) right after the DM's
-outcome is durable and before the DM is marked ``delivered``. A restart then
-either finds the wake in the journal (re-offered if it never started; a wake
-that may have started is NOT run again) or, when the crash came before it was
-written, re-publishes the DM's outcome, which creates it once.
+delivery (origin ``"wake"``, its id derived from the DM's) once the DM's outcome
+is durable, in ONE batch with the DM's ``delivered`` record (both land or
+neither), and it runs only once that batch is on disk. A restart then either
+finds the wake in the journal (re-offered if it never started; a wake that may
+have started is NOT run again) or, when the crash (or a failed write) came
+before the batch landed, finds the DM not delivered and re-publishes its
+outcome, which creates the wake once.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from loguru import logger
 from hermes_actors.core.acks import delivery_from_record
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.wake import WAKE_ORIGIN, WakeRequest, is_wake, wake_delivery, wake_enabled, wake_for
-from hermes_actors.errors import StoreError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.durability import Durability
 from hermes_actors.local.outcome_book import OutcomeBook, Pending
@@ -145,18 +146,37 @@ class SenderWaker:
             self._failed("@{} is gone: the outcome of {} wakes nobody", request.handle, request.source_id)
             return
         delivery = wake_delivery(request, now=time.time())
+        # Booked pending at once (wait_outcome knows it); journaled with the DM's delivered record (both or
+        # neither), it runs once they are on disk.
+        owner.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=owner.durability.enabled))
+        owner.counters["wakes_sent"] += 1  # (one whose records then fail counts in wakes_failed too)
+        if not owner.durability.journal_wake(delivery, request.source_id,
+                                             go=lambda: self._go(request, delivery, journaled=True),
+                                             failed=lambda error: self._not_journaled(request, delivery, error)):
+            self._go(request, delivery, journaled=False)
+
+    def _not_journaled(self, request: WakeRequest, delivery: Delivery, error: BaseException) -> None:
+        """The wake's records could not be journaled: it is not run now; the next start wakes the sender."""
+        self.owner.book.withhold(delivery.delivery_id)
+        self._failed("could not journal the wake of @{} for {} ({}): it is not run now; the DM is not marked "
+                     "delivered either, so the next start publishes its outcome again and wakes @{} then",
+                     request.handle, request.source_id, error, request.handle)
+
+    def _go(self, request: WakeRequest, delivery: Delivery, *, journaled: bool) -> None:
+        """Run a wake (its records are on disk when ``journaled``), or leave it to the next start when stopping."""
+        owner = self.owner
         key = delivery.delivery_id
-        try:  # durable before the DM is marked delivered, so a restart finds one or the other
-            journaled = owner.durability.journal_accepted_now(delivery)
-        except StoreError as exc:
-            self._failed("could not journal the wake of @{} for {}: {}", request.handle, request.source_id, exc)
+        if owner.book.entry(key) is None:  # a stop settled it (cancelled) while its records were being written
             return
-        owner.counters["wakes_sent"] += 1
+        info = owner.snapshot.index.get(profile_key(request.profile))
+        if info is None:
+            self._failed("@{} is gone: the outcome of {} wakes nobody", request.handle, request.source_id)
+            return
         if not owner.accepting:  # stopping: a journaled wake runs at the next start, else it is lost
-            if journaled:
-                owner.book.add(key, Pending(delivery, "local", journaled=True))
+            if journaled:  # (booked pending already: the stop leaves it journaled)
                 logger.info("wake of @{} for {} journaled; the next start runs it", request.handle, request.source_id)
             else:
+                owner.book.withhold(key)
                 self._failed("the gateway is stopping: @{} is not woken with the outcome of {}",
                              request.handle, request.source_id)
             return
