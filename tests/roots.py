@@ -329,3 +329,28 @@ def crash_enqueue_once(monkeypatch: Any, marker: str = "crash here") -> threadin
 
     monkeypatch.setattr(profile_actor.ProfileActor, "_enqueue", crash_once)
     return crashed
+
+
+def watch_pool_joins(monkeypatch: Any) -> list[float]:
+    """Record the seconds each ``WorkerPool.shutdown`` was given to join its workers (the pool still shuts down).
+
+    A stop's tests assert on these instead of on how long the stop took: what the stop was willing to wait for
+    its workers does not depend on how loaded the machine is.
+
+    Args:
+        monkeypatch: pytest's ``monkeypatch`` (the patch ends with the test).
+
+    Returns:
+        The live list of join timeouts, in call order.
+    """
+    from actors import WorkerPool
+
+    joins: list[float] = []
+    real_shutdown = WorkerPool.shutdown
+
+    def shutdown(pool: WorkerPool, timeout: float = 5.0) -> bool:
+        joins.append(timeout)
+        return real_shutdown(pool, timeout)
+
+    monkeypatch.setattr(WorkerPool, "shutdown", shutdown)
+    return joins

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import pykka
 import pytest
 
+import actors.testkit
 from actors import Probe, await_condition
 
 pytestmark = pytest.mark.usefixtures("stop_all_actors")  # conftest: stops the bare actors
@@ -22,6 +24,52 @@ class A:
 @dataclass(frozen=True)
 class B:
     n: int
+
+
+class FakeClock:
+    """The ``time`` the test kit reads, frozen until it sleeps or waits: a deadline test asserts when the kit gave
+    up on this clock, exactly, instead of bounding a wall-clock duration a loaded machine could stretch."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.waits: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert len(self.waits) < 10_000, "the kit kept waiting past its deadline"
+        self.waits.append(seconds)
+        self.now += seconds
+
+
+class FakeClockCondition:
+    """A ``threading.Condition`` whose ``wait`` passes ``timeout`` on the :class:`FakeClock` instead of waiting."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.real = threading.Condition()
+
+    def __enter__(self) -> Any:
+        return self.real.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.real.__exit__(*exc)
+
+    def notify_all(self) -> None:
+        self.real.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        self.clock.sleep(timeout)
+        return False
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """A fake clock in place of the test kit's ``time`` (only the kit's: the actors keep the real one)."""
+    fake = FakeClock()
+    monkeypatch.setattr(actors.testkit, "time", SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep))
+    return fake
 
 
 # ── await_condition ─────────────────────────────────────────────────────────
@@ -49,12 +97,13 @@ def test_await_condition_sees_another_threads_change() -> None:
     assert await_condition(lambda: box) == ["done"]
 
 
-def test_await_condition_times_out_with_the_message() -> None:
-    started = time.monotonic()
+def test_await_condition_times_out_with_the_message(clock: FakeClock) -> None:
+    started = clock.now
     with pytest.raises(TimeoutError, match=r"within 0\.1s: .?the door to open"):
-        await_condition(lambda: False, timeout=0.1, message="the door to open")
-    elapsed = time.monotonic() - started
-    assert 0.1 <= elapsed < 2.0
+        await_condition(lambda: False, timeout=0.1, interval=0.03, message="the door to open")
+    # It gave up at the first look past its deadline: neither before it nor a pause later.
+    assert clock.waits == [0.03] * 4
+    assert started + 0.1 <= clock.now < started + 0.1 + 0.03
 
 
 def test_await_condition_without_a_message_names_the_predicate() -> None:
@@ -143,17 +192,18 @@ def test_probe_expect_returns_all_that_arrived_when_more_than_count() -> None:
 
 
 @pytest.mark.parametrize(("sent", "count"), [(0, 1), (2, 3), (1, 5)])
-def test_probe_expect_times_out_counting_what_arrived(sent: int, count: int) -> None:
+def test_probe_expect_times_out_counting_what_arrived(sent: int, count: int, clock: FakeClock) -> None:
     ref, probe = Probe.spawn()
     for i in range(sent):
         ref.tell(A(i))
     ref.tell(B(0))  # another type never counts
-    probe.expect(B)
-    started = time.monotonic()
+    probe.expect(B)  # everything told is recorded: the probe's condition is the test's from here on
+    probe._cond = FakeClockCondition(clock)  # type: ignore[assignment]
+    started = clock.now
     with pytest.raises(TimeoutError, match=rf"probe got {sent} of {count} A within 0\.1s"):
         probe.expect(A, count=count, timeout=0.1)
-    elapsed = time.monotonic() - started
-    assert 0.1 <= elapsed < 2.0
+    assert clock.waits == [pytest.approx(0.1)]  # waited out its whole timeout, once, and no longer
+    assert clock.now == pytest.approx(started + 0.1)
 
 
 def test_probe_expect_matches_subclasses() -> None:

@@ -317,14 +317,17 @@ def test_the_queue_budget_still_expires_on_monotonic_time(
     root = make_root(tmp_path)
     release = threading.Event()
     rec = RecordingRunner(lambda turn: release.wait(10) and "done")
-    gw = _start(gateways, root, rec, turn_wait_seconds=0.5)
+    gw = _start(gateways, root, rec, turn_wait_seconds=1.0)
     gw.message_agent(sender="alice", target="bob", message="first")
     rec.wait_entered(1)
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() - 3600)
+    started = time.monotonic()  # before the send: the DM's wait (on the same monotonic clock) begins after it
     queued = gw.message_agent(sender="carol", target="bob", message="queued")
-    started = time.monotonic()
+    # Not extended by the jump: it expires at all (an hour more would outlast wait_outcome's 10 s).
     out = gw.wait_outcome(queued["delivery_id"], timeout=10)
     release.set()
     assert out["reason"] == "target_busy" and "NOT delivered" in out["error"]
-    assert 0.4 <= time.monotonic() - started < 5
+    # Nor cut short: its whole budget went by first. Exact, so a slow machine cannot fail it; and 1 s, so that a
+    # budget that expired at once could pass only on a machine that took a second to answer one DM.
+    assert time.monotonic() - started >= 1.0

@@ -7,12 +7,11 @@ import os
 import shutil
 import stat
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, crash_enqueue_once, send_dm, start_gateway
+from roots import RecordingRunner, body_of, crash_enqueue_once, send_dm, start_gateway, watch_pool_joins
 
 from actors import WorkerPool
 from actors.testkit import await_condition
@@ -456,7 +455,7 @@ def test_an_inline_turn_crash_after_an_owner_handoff_does_not_lock_the_bot_out(
 
 
 def test_a_stop_does_not_wait_for_an_owner_turn_that_already_timed_out(
-    root: Path, gateways: list[Gateway]
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Regression (review): ``stop(timeout)`` waited its whole timeout for the worker stuck in a live owner's turn
     that had timed out (reported ``ambiguous``) long before. It returns at once now; the worker is a daemon thread
@@ -473,15 +472,17 @@ def test_a_stop_does_not_wait_for_an_owner_turn_that_already_timed_out(
 
     gw = start_gateway(gateways, root, RecordingRunner(), config={"bot_mode": {"turn_timeout_seconds": 1}})
     gw.attach_live_owner("bob", Owner(behave))
+    joins = watch_pool_joins(monkeypatch)
     try:
         key = send_dm(gw, "hang")
         assert gw.wait_outcome(key, timeout=30)["status"] == "ambiguous"
         waits: list[int] = []
-        began = time.monotonic()
         gw.stop(timeout=20, on_wait=lambda running, grace: waits.append(running))
-        took = time.monotonic() - began
-        assert took < 10, f"stop(20) took {took:.1f}s for a turn already reported"
+        # Asserted as what the stop was willing to wait, not as how long it took (a loaded machine stretches that):
+        # no running turn to wait for, and the workers closed without a join (the bug joined them for 20 s).
         assert waits == [], "the stop waited for a turn already settled"
+        assert joins == [0.0], f"the stop joined the worker pool for {joins} s"
+        assert not returned.is_set(), "the owner's turn is still stuck: the stop did not wait for it"
         stuck = [t for t in threading.enumerate() if t.name.startswith("turn-") and t.is_alive()]
         assert stuck and all(t.daemon for t in stuck), "the worker left behind must not keep the process alive"
     finally:

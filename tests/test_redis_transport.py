@@ -397,9 +397,8 @@ def test_redis_down_at_send_is_a_clear_refusal(tmp_path: Path, redis_server: Red
     with gateway(tmp_path, "alpha", redis_server) as alpha, gateway(tmp_path, "mini", redis_server, rec):
         wait_online(alpha, "bob", "mini")
         redis_server.kill()
-        started = time.monotonic()
+        # A refusal naming Redis (how soon it comes is a timing claim: bench/ measures, this test does not)
         refusal = alpha.message_agent(sender="alice", target="bob@mini", message="is redis there?")
-        assert time.monotonic() - started < 5
         assert refusal["reason"] == "runtime_offline"
         assert f"Redis at 127.0.0.1:{redis_server.port} is unreachable" in refusal["error"]
         assert "NOT queued" in refusal["error"] and "delivery_id" not in refusal
