@@ -6,6 +6,7 @@ helpers are tested at the end of this file.)
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
@@ -23,6 +24,7 @@ import orjson
 import pytest
 from loguru import logger
 from redis_fixture import RedisServer, fake_connection
+from relay_helpers import seed_envelope
 from roots import LogCapture, RecordingRunner, make_root, wait_online
 
 from actors.testkit import await_condition
@@ -32,7 +34,10 @@ from hermes_actors.core.config import deep_merge
 from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Turn
-from hermes_actors.store.relay_protocol import make_envelope
+from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_marks import keep_reply
+from hermes_actors.store.relay_protocol import make_envelope, make_reply
+from hermes_actors.store.relay_shelf import LOCK_NAME, SHELF_PREFIX
 from hermes_actors.transports.peer_cli import PeerCliTransport
 from hermes_actors.transports.redis.store import (
     KnownRoster,
@@ -647,6 +652,40 @@ def test_a_reply_owed_to_a_replies_key_of_another_type_survives_the_targets_rest
     # once per run while the key lasted (the restarted one names it again if its first retry came before the fix)
     assert 1 <= len(named) <= 2, logs.lines
     assert {r["level"].name for r in logs.records if all(w in r["message"] for w in warning)} == {"WARNING"}
+
+
+def test_a_reply_the_file_relay_kept_before_the_switch_to_redis_goes_back_only_through_the_file_relay(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): a root that ran the file relay can leave a start mark keeping the reply of a DM the file
+    relay carried (its delivered/ write failed; the envelope stays on its shelf). Switched to Redis, the root's
+    gateway read every kept reply as owed to Redis: it wrote it to ``replies:<reply_connection>`` (a stream no
+    sender waits on) and cleared the mark, so the file relay's next start found the envelope unmarked and ran its
+    turn again. Now a mark names the transport that kept it: Redis leaves the file relay's alone (one WARNING),
+    and the file relay writes the reply at its next start, the turn never run again."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    envelope = seed_envelope(target_connection="mini", target_profile="bob", message="carried by the file relay")
+    shelf = paths.taken_parent / f"{SHELF_PREFIX}{uuid.uuid4().hex}"  # a killed gateway's: its lock, nobody's flock
+    shelf.mkdir(mode=0o700)
+    (shelf / LOCK_NAME).touch(mode=0o600)
+    shelved = shelf / f"{envelope['id']}.json"
+    shelved.write_text(json.dumps({**envelope, "reply_connection": "alpha"}), encoding="utf-8")
+    os.chmod(shelved, 0o600)
+    keep_reply(paths, make_reply(envelope["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    mark = paths.started / f"{envelope['id']}.json"
+    rec = RecordingRunner()
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server, rec):
+        pass  # its start read the marks and ran its first tick, which writes the owed replies
+    assert not redis_server.client().exists(KEYS.replies("alpha")), "a file-relay reply was written to Redis"
+    assert mark.exists()
+    assert len(logs.matching("came in through the file relay", envelope["id"])) == 1, logs.lines
+    with Gateway(root, runner=rec, connection_id="mini", durable=False):  # back on the file relay
+        delivered = paths.delivered / f"{envelope['id']}.json"
+        await_condition(delivered.exists, timeout=20, message="the kept reply written by the file relay")
+    record = json.loads(delivered.read_text(encoding="utf-8"))
+    assert (record["reply"], record["reply_connection"]) == ("kept answer", "alpha"), record
+    assert rec.entered == [] and not mark.exists()
 
 
 def test_an_inbox_replaced_by_another_type_while_running_still_lets_the_replies_in(

@@ -28,13 +28,15 @@ from hermes_actors.messages import Outcome, RelayDeliver
 from hermes_actors.relay.relay_actor import reply_from_outcome
 from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_marks import clear_started, keep_reply, kept_reply, was_started
+from hermes_actors.store.relay_marks import FILE_RELAY, clear_started, keep_reply, kept_reply, was_started
 from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import ClaimGuard
 from hermes_actors.transports.redis.link import RedisLink, as_text
 
-__all__ = ["Flight", "InboundDrain", "owed_reply_text", "reply_written"]
+__all__ = ["VIA", "Flight", "InboundDrain", "file_relay_replies_text", "owed_reply_text", "reply_written"]
+
+VIA = "redis"  # the ``via`` of the replies this transport keeps in start marks (the file relay's are left to it)
 
 
 @dataclass
@@ -60,6 +62,23 @@ def owed_reply_text(key: str, reply_to: str) -> str:
             "sent here cannot be written there. They are kept in their start marks (bot_relay/started/ on this "
             "root, so a restart keeps them too) and written once it is a stream again: delete it "
             f"(redis-cli DEL {key}) or give it back to hermes-actors; {reply_to!r}'s gateway makes the stream again")
+
+
+def file_relay_replies_text(envelope_ids: list[str]) -> str:
+    """Pure: the WARNING logged at start when start marks on this root keep replies of DMs the file relay carried.
+
+    Args:
+        envelope_ids: their envelopes (the first five are named).
+
+    Returns:
+        What they are, why Redis leaves them alone, and what delivers them.
+    """
+    named = ", ".join(envelope_ids[:5]) + (", …" if len(envelope_ids) > 5 else "")
+    return (f"redis: {len(envelope_ids)} start mark(s) in bot_relay/started/ keep the reply of a DM that came in "
+            f"through the file relay before this root switched to Redis ({named}): a reply goes "
+            "back only on the transport its DM came in on, so they are left as they are. A gateway of this root on "
+            "the file relay (no bot_mode.transport) writes them to bot_relay/delivered/ at its start; their "
+            "senders wait for them until then")
 
 
 def reply_written(answers: list[Any]) -> bool | BaseException:
@@ -284,7 +303,7 @@ class InboundDrain:
         self.owed[envelope_id] = (record, reply_to)
         key = self._bad_reply_key(reply_to)
         try:
-            keep_reply(self.marks, record, reply_to, now=time.time())
+            keep_reply(self.marks, record, reply_to, now=time.time(), via=VIA)
         except (StoreError, OSError, ValidationError) as exc:  # HostileFileError included
             logger.error("redis: the reply to {} is owed to {!r} and could not be kept in its start mark ({}): it is "
                          "kept in memory only, and lost if this gateway stops before {} is a stream again",
@@ -305,17 +324,25 @@ class InboundDrain:
     def load_owed(self) -> int:
         """Take back the replies a previous run owed (kept in their start marks); written from the next tick.
 
+        Only the replies this transport kept: one the file relay kept (the root ran it before) goes
+        back through the file relay, never to Redis, and its mark is left for it (one WARNING).
+
         Returns:
             How many.
         """
+        file_relay: list[str] = []
         for envelope_id in list_ids(self.marks.started):
             try:
-                kept = kept_reply(self.marks, envelope_id)
+                kept = kept_reply(self.marks, envelope_id, via=VIA)
+                if kept is None and kept_reply(self.marks, envelope_id, via=FILE_RELAY) is not None:
+                    file_relay.append(envelope_id)
             except (OSError, ValidationError) as exc:  # HostileFileError included
                 logger.warning("redis: cannot read the start mark of {}: {}", envelope_id, exc)
                 continue
             if kept is not None and envelope_id not in self.flights:
                 self.owed[envelope_id] = kept
+        if file_relay:
+            logger.warning(file_relay_replies_text(sorted(file_relay)))
         if self.owed:
             logger.info("redis: {} reply(ies) owed before the restart (their sender's replies key held another "
                         "type) are written once it is a stream again", len(self.owed))
