@@ -654,6 +654,38 @@ def test_a_reply_owed_to_a_replies_key_of_another_type_survives_the_targets_rest
     assert {r["level"].name for r in logs.records if all(w in r["message"] for w in warning)} == {"WARNING"}
 
 
+def test_replies_kept_before_their_multi_are_written_when_their_entries_come_back_never_answered_ambiguous(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A target killed after keeping replies in their start marks and before the ``MULTI`` that writes them leaves
+    their entries pending, their turns claimed by the dead consumer. The next start reclaims them while their
+    sender's replies key still refuses writes, so the kept replies are still owed (retried once per tick for that
+    sender: the second one had no ``done`` mark yet). Each entry is settled with its kept reply: none is answered
+    ``ambiguous`` (which also replaced the kept reply in its mark), and no turn runs."""
+    client = redis_server.client()
+    dead = "deadhost-1-abc"  # a consumer with no heartbeat: its claims and its pending entries are a dead run's
+    inbox, replies = KEYS.inbox("mini"), KEYS.replies("probe")
+    client.xgroup_create(inbox, "hermes", id="0", mkstream=True)
+    envelopes = [inject(redis_server, "mini", "probe") for _ in range(2)]
+    client.xreadgroup("hermes", dead, {inbox: ">"})  # pending for the dead consumer
+    client.set(replies, "oops")
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    for i, envelope in enumerate(envelopes):
+        client.set(KEYS.claim(envelope["id"]), dead)
+        keep_reply(paths, make_reply(envelope["id"], reply=f"kept answer {i}", now=time.time()), "probe",
+                   now=time.time(), via="redis")
+    rec = RecordingRunner()
+    with gateway(tmp_path, "mini", redis_server, rec):
+        await_drained(redis_server, inbox)  # reclaimed and settled: their MULTIs acked them (the XADD refused)
+        client.delete(replies)  # fixed by hand
+        await_condition(lambda: len(replies_to(redis_server, "probe")) == 2, timeout=10, message="the owed replies")
+        await_condition(lambda: os.listdir(paths.started) == [], timeout=10, message="their marks cleared")
+    written = {r["id"]: (r["reply"], r["reason"]) for r in replies_to(redis_server, "probe")}
+    assert written == {e["id"]: (f"kept answer {i}", "") for i, e in enumerate(envelopes)}, written
+    assert rec.entered == []
+
+
 def test_a_reply_the_file_relay_kept_before_the_switch_to_redis_goes_back_only_through_the_file_relay(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:

@@ -78,7 +78,8 @@ class RedisRelayActor(TypedActor):
         scheduler: timers.
         connection_id: this gateway's connection.
         local_profiles: folder ids of this root (to resume only our own envelopes).
-        root: the Hermes root (where relayed-in turns mark their start).
+        root: the Hermes root (where relayed-in turns mark their start, and their replies are kept until written).
+        fsync: flush a kept reply to stable storage (as the start marks are: with the journal's fsync).
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class RedisRelayActor(TypedActor):
         connection_id: str,
         local_profiles: frozenset[str] = frozenset(),
         root: Path,
+        fsync: bool = True,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -109,7 +111,7 @@ class RedisRelayActor(TypedActor):
         self.outbound = Outbound(self.redis_link, config=config, timers=self.timers, dispatcher=dispatcher,
                                  local_profiles=local_profiles, counters=self.counters)
         self.inbound = InboundDrain(self.redis_link, guard=guard, config=config, dispatcher=dispatcher,
-                                    counters=self.counters, marks=InboxPaths.from_root(root))
+                                    counters=self.counters, marks=InboxPaths.from_root(root), fsync=fsync)
         self.dispatcher = dispatcher
         self.reader: StreamReader | None = None
         self.inbox_room: InboxRoom | None = None
