@@ -1101,6 +1101,39 @@ def test_bot_peers_over_the_cli_transport_with_a_fake_hermes(tmp_path: Path, red
 # ── Redis killed and restarted mid-run ──────────────────────────────────────
 
 
+def test_a_restart_during_a_redis_outage_answers_a_turn_that_ended_with_its_reply_not_ambiguous(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): a relayed-in turn that ended while Redis was down had its reply in memory only, to be
+    written once Redis answered again; a gateway restarted before that lost it, and its reclaimed entry (its turn
+    claimed by the dead run) was answered ``ambiguous``. Now the reply is kept in the envelope's start mark before
+    any write is tried: the restarted gateway writes it once Redis is back, and the turn never runs again (its
+    claim is the dead run's, and the written reply's ``done`` mark acks the entry)."""
+    release = threading.Event()
+    first = RecordingRunner(lambda turn: (release.wait(timeout=30), "answered in the outage")[1])
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    mini = Gateway(root, runner=first, config=_config(redis_server), connection_id="mini", durable=False).start()
+    try:
+        envelope = inject(redis_server, "mini", "probe")
+        await_condition(lambda: len(first.entered) == 1, timeout=10, message="its turn is running")
+        redis_server.kill()
+        release.set()
+        # its outcome left the Dispatcher (pending 0), and the transport, asked after it, has handled it
+        await_condition(lambda: mini.stats()["pending"] == 0, timeout=20, message="the turn's outcome handed over")
+    finally:
+        release.set()
+        mini.stop(timeout=30)  # during the outage: the reply is not in Redis
+    again = RecordingRunner()
+    with gateway(tmp_path, "mini", redis_server, again):  # restarted while Redis is still down
+        redis_server.start()
+        await_condition(lambda: replies_to(redis_server, "probe"), timeout=30, message="its reply, once Redis is back")
+        await_drained(redis_server, KEYS.inbox("mini"))
+    [reply] = replies_to(redis_server, "probe")
+    assert (reply["id"], reply["reply"], reply["reason"]) == (envelope["id"], "answered in the outage", ""), reply
+    assert [t.delivery_id for t in first.entered] == [envelope["id"]] and again.entered == []
+    assert os.listdir(root / "bot_relay" / "started") == []
+
+
 def test_redis_restart_mid_run_every_acked_dm_ends_in_exactly_one_outcome(tmp_path: Path,
                                                                           redis_server: RedisServer) -> None:
     turns: Counter[str] = Counter()
