@@ -381,6 +381,44 @@ def test_a_transport_actor_busy_longer_than_the_heartbeat_ttl_stays_online(
     assert events.of("expired") == []
 
 
+def test_the_transport_housekeeps_on_its_tick_and_a_failing_sweep_stops_nothing(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): the Redis transport swept orphaned DM files only when ``Gateway.housekeep()`` was
+    called, while the file relay sweeps on its own tick. Now it sweeps on its existing tick with the file relay's
+    schedule (the first tick after the start, then hourly: ``housekeeping_due``); a sweep that raises is logged
+    and the transport goes on (the next try an hour later, not at every tick)."""
+    from hermes_actors.local import dm_files
+
+    sweeps: list[float] = []
+
+    def broken(*_args: Any, **_kwargs: Any) -> int:
+        sweeps.append(time.monotonic())
+        raise ValueError("a sweep's own bug")
+
+    monkeypatch.setattr(dm_files, "cleanup_bot_dm_cache", broken)
+    with LogCapture("ERROR") as logs, gateway(tmp_path, "alpha", redis_server) as alpha, \
+            gateway(tmp_path, "mini", redis_server) as mini:
+        await_condition(lambda: len(logs.matching("redis: housekeeping failed; the transport goes on")) == 2,
+                        timeout=30, message="each gateway's first tick swept (and logged its failure)")
+        beats = mini.stats()["relay"]["heartbeats"]
+        wait_online(alpha, "bob", "mini")
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="still relayed")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=30)["reply"] == "ok: still relayed"
+        await_condition(lambda: mini.stats()["relay"]["heartbeats"] >= beats + 5, timeout=30,
+                        message="more ticks went by")
+        assert mini.stats()["relay_alive"] and alpha.stats()["relay_alive"]
+    assert len(sweeps) == 2, "one sweep per gateway: the next is an hour on"
+
+
+def test_housekeeping_runs_at_the_first_tick_then_hourly() -> None:
+    from hermes_actors.relay.relay_actor import HOUSEKEEP_EVERY_SECONDS, housekeeping_due
+
+    assert housekeeping_due(None, 5.0)  # not yet since the start
+    assert not housekeeping_due(100.0, 100.0 + HOUSEKEEP_EVERY_SECONDS - 1)
+    assert housekeeping_due(100.0, 100.0 + HOUSEKEEP_EVERY_SECONDS)
+
+
 # ── configuration and refusals ──────────────────────────────────────────────
 
 
