@@ -11,7 +11,10 @@ is durable, its wake not written yet), ``mid-wake`` (the wake turn's start is du
 relay hub (:data:`HUB_CRASH_POINTS`): ``hub-after-claim-before-post``; of the sending
 gateway's relay (:data:`RELAY_CRASH_POINTS`): ``relay-after-expiry-claim`` (its own envelope
 taken from ``outbox/`` at the TTL, the ``queued_expired`` reply not written yet) and
-``relay-after-expiry-reply`` (the reply written, the envelope still in ``expiring/``).
+``relay-after-expiry-reply`` (the reply written, the envelope still in ``expiring/``); of the
+Redis transport's receiving side (:data:`REDIS_CRASH_POINTS`): ``redis-after-reply-write``
+(a relayed-in reply's ``MULTI`` ran, the reply kept in its start mark, the mark not cleared and,
+when the sender's replies key refused it, the reply not yet owed).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["CRASH_POINTS", "HUB_CRASH_POINTS", "RELAY_CRASH_POINTS", "WAKE_CRASH_POINTS", "crashpoint"]
+__all__ = ["CRASH_POINTS", "HUB_CRASH_POINTS", "REDIS_CRASH_POINTS", "RELAY_CRASH_POINTS", "WAKE_CRASH_POINTS",
+           "crashpoint"]
 
 CRASH_POINTS = (
     "after-journal-before-ack",
@@ -32,6 +36,7 @@ WAKE_CRASH_POINTS = ("after-outcome-before-wake", "mid-wake")
 HUB_CRASH_POINTS = ("hub-after-claim-before-post",)  # the relay hub: an envelope claimed, not yet posted
 # the sending gateway: an expired envelope taken, not answered; answered, not yet moved to claimed/
 RELAY_CRASH_POINTS = ("relay-after-expiry-claim", "relay-after-expiry-reply")
+REDIS_CRASH_POINTS = ("redis-after-reply-write",)  # the target over Redis: a reply's MULTI ran, its mark not cleared
 
 _ARMED = os.environ.get("HERMES_ACTORS_CRASH_AT", "")
 

@@ -219,7 +219,9 @@ class ActorSystem:
         if redis_settings is not None and guard is not None and opts.connection_id:
             from hermes_actors.transports.redis.actor import RedisRelayActor
 
-            self.relay = RedisRelayActor.start(redis_settings, guard=guard, root=opts.root, **relay_args)
+            # a reply is kept in its start mark until it is in Redis, flushed as the mark is (start_recorder)
+            self.relay = RedisRelayActor.start(redis_settings, guard=guard, root=opts.root,
+                                               fsync=opts.durable and opts.fsync, **relay_args)
             self.dispatcher.tell(AttachRelay(self.relay, reaches_peers=True))  # bot_peers on this Redis too
         else:
             self.relay = RelayActor.start(opts.root, **relay_args)

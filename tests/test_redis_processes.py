@@ -129,6 +129,52 @@ def test_sigkilled_consumer_entries_are_reclaimed_and_delivered_exactly_once(tmp
     assert {d: n for d, n in seen.items() if n != 1} == {} and set(seen) == set(ids)
 
 
+@pytest.mark.parametrize("refused", [True, False], ids=["replies-key-refused", "reply-written"])
+def test_a_target_killed_right_after_its_replys_multi_loses_no_reply_and_runs_no_turn_twice(
+    tmp_path: Path, redis_server: RedisServer, refused: bool
+) -> None:
+    """Regression (review): the target kept a reply its sender's ``replies:`` key refused in the envelope's start
+    mark only after the ``MULTI`` that had acked the entry and set ``done``: a kill -9 in between (a µs window,
+    armed here with ``redis-after-reply-write``) left neither the entry nor the reply, and the DM, which ran, never
+    got its outcome. Now the reply is kept in the mark before the ``MULTI`` and the mark cleared after it, so the
+    restarted target writes it (``replies-key-refused``). Killed there after a ``MULTI`` that wrote the reply
+    (``reply-written``), the restart writes it a second time: the sender keeps the first and acks the other."""
+    alpha_root, mini_root = create_demo_root(tmp_path / "alpha"), create_demo_root(tmp_path / "mini")
+    turn_log = tmp_path / "mini.turns"
+    replies = "hermes:bot:replies:alpha"
+    config = {"bot_mode": {"transport": redis_server.url, **FAST["bot_mode"]}}
+    seen: Counter[str] = Counter()
+    client = redis_server.client()
+    with children(tmp_path) as spawn, \
+            Gateway(alpha_root, runner=lambda t: "", config=config, connection_id="alpha", durable=False) as alpha:
+        alpha.subscribe(lambda o: seen.update([o["delivery_id"]]))
+        armed = spawn("mini-armed", ["env", "HERMES_ACTORS_CRASH_AT=redis-after-reply-write",
+                                     *peer_argv(mini_root, "mini", redis_server.url, "--turn-log", str(turn_log))])
+        armed.wait_json("ready", timeout=30)
+        wait_online(alpha, "scout", "mini")
+        if refused:
+            client.delete(replies)
+            client.set(replies, "oops")
+        delivery_id = alpha.message_agent(sender="hermes", target="scout@mini", message="answer me")["delivery_id"]
+        assert armed.proc.wait(timeout=60) == -signal.SIGKILL, armed.stderr_tail()
+        if refused:
+            assert client.xlen("hermes:bot:in:mini") == 0  # the MULTI acked and deleted the entry before the kill
+            client.delete(replies)  # fixed by hand
+        restarted = spawn("mini", peer_argv(mini_root, "mini", redis_server.url, "--turn-log", str(turn_log)))
+        outcome = alpha.wait_outcome(delivery_id, timeout=30)
+        assert (outcome["status"], outcome["reply"]) == ("replied", f"done {delivery_id} by scout"), outcome
+        started = mini_root / "bot_relay" / "started"
+        await_condition(lambda: os.listdir(started) == [], timeout=20, message="the kept reply written, its mark gone")
+        await_condition(lambda: all(client.xlen(s) == 0 and client.xpending(s, "hermes")["pending"] == 0
+                                    for s in ("hermes:bot:in:mini", replies)),
+                        timeout=20, message="every entry acked, the second reply too")
+        if not refused:
+            assert client.xinfo_stream(replies)["entries-added"] == 2  # the restart wrote it again
+        assert restarted.proc.poll() is None, restarted.stderr_tail()
+    assert logged_turns(turn_log) == [delivery_id]  # ran once, before the kill
+    assert seen == Counter({delivery_id: 1})  # one outcome, however many replies
+
+
 def test_heartbeat_expiry_is_runtime_offline_and_return_delivers(tmp_path: Path, redis_server: RedisServer) -> None:
     config = {"bot_mode": {"transport": redis_server.url, "redis_heartbeat_seconds": 0.2}}
     alpha_root = create_demo_root(tmp_path / "alpha")

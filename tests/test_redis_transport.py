@@ -6,6 +6,7 @@ helpers are tested at the end of this file.)
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
@@ -23,6 +24,7 @@ import orjson
 import pytest
 from loguru import logger
 from redis_fixture import RedisServer, fake_connection
+from relay_helpers import seed_envelope
 from roots import LogCapture, RecordingRunner, make_root, wait_online
 
 from actors.testkit import await_condition
@@ -32,7 +34,10 @@ from hermes_actors.core.config import deep_merge
 from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Turn
-from hermes_actors.store.relay_protocol import make_envelope
+from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_marks import keep_reply
+from hermes_actors.store.relay_protocol import make_envelope, make_reply
+from hermes_actors.store.relay_shelf import LOCK_NAME, SHELF_PREFIX
 from hermes_actors.transports.peer_cli import PeerCliTransport
 from hermes_actors.transports.redis.store import (
     KnownRoster,
@@ -379,6 +384,44 @@ def test_a_transport_actor_busy_longer_than_the_heartbeat_ttl_stays_online(
     assert events.of("expired") == []
 
 
+def test_the_transport_housekeeps_on_its_tick_and_a_failing_sweep_stops_nothing(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): the Redis transport swept orphaned DM files only when ``Gateway.housekeep()`` was
+    called, while the file relay sweeps on its own tick. Now it sweeps on its existing tick with the file relay's
+    schedule (the first tick after the start, then hourly: ``housekeeping_due``); a sweep that raises is logged
+    and the transport goes on (the next try an hour later, not at every tick)."""
+    from hermes_actors.local import dm_files
+
+    sweeps: list[float] = []
+
+    def broken(*_args: Any, **_kwargs: Any) -> int:
+        sweeps.append(time.monotonic())
+        raise ValueError("a sweep's own bug")
+
+    monkeypatch.setattr(dm_files, "cleanup_bot_dm_cache", broken)
+    with LogCapture("ERROR") as logs, gateway(tmp_path, "alpha", redis_server) as alpha, \
+            gateway(tmp_path, "mini", redis_server) as mini:
+        await_condition(lambda: len(logs.matching("redis: housekeeping failed; the transport goes on")) == 2,
+                        timeout=30, message="each gateway's first tick swept (and logged its failure)")
+        beats = mini.stats()["relay"]["heartbeats"]
+        wait_online(alpha, "bob", "mini")
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="still relayed")
+        assert alpha.wait_outcome(ack["delivery_id"], timeout=30)["reply"] == "ok: still relayed"
+        await_condition(lambda: mini.stats()["relay"]["heartbeats"] >= beats + 5, timeout=30,
+                        message="more ticks went by")
+        assert mini.stats()["relay_alive"] and alpha.stats()["relay_alive"]
+    assert len(sweeps) == 2, "one sweep per gateway: the next is an hour on"
+
+
+def test_housekeeping_runs_at_the_first_tick_then_hourly() -> None:
+    from hermes_actors.relay.relay_actor import HOUSEKEEP_EVERY_SECONDS, housekeeping_due
+
+    assert housekeeping_due(None, 5.0)  # not yet since the start
+    assert not housekeeping_due(100.0, 100.0 + HOUSEKEEP_EVERY_SECONDS - 1)
+    assert housekeeping_due(100.0, 100.0 + HOUSEKEEP_EVERY_SECONDS)
+
+
 # ── configuration and refusals ──────────────────────────────────────────────
 
 
@@ -649,6 +692,72 @@ def test_a_reply_owed_to_a_replies_key_of_another_type_survives_the_targets_rest
     # once per run while the key lasted (the restarted one names it again if its first retry came before the fix)
     assert 1 <= len(named) <= 2, logs.lines
     assert {r["level"].name for r in logs.records if all(w in r["message"] for w in warning)} == {"WARNING"}
+
+
+def test_replies_kept_before_their_multi_are_written_when_their_entries_come_back_never_answered_ambiguous(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A target killed after keeping replies in their start marks and before the ``MULTI`` that writes them leaves
+    their entries pending, their turns claimed by the dead consumer. The next start reclaims them while their
+    sender's replies key still refuses writes, so the kept replies are still owed (retried once per tick for that
+    sender: the second one had no ``done`` mark yet). Each entry is settled with its kept reply: none is answered
+    ``ambiguous`` (which also replaced the kept reply in its mark), and no turn runs."""
+    client = redis_server.client()
+    dead = "deadhost-1-abc"  # a consumer with no heartbeat: its claims and its pending entries are a dead run's
+    inbox, replies = KEYS.inbox("mini"), KEYS.replies("probe")
+    client.xgroup_create(inbox, "hermes", id="0", mkstream=True)
+    envelopes = [inject(redis_server, "mini", "probe") for _ in range(2)]
+    client.xreadgroup("hermes", dead, {inbox: ">"})  # pending for the dead consumer
+    client.set(replies, "oops")
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    for i, envelope in enumerate(envelopes):
+        client.set(KEYS.claim(envelope["id"]), dead)
+        keep_reply(paths, make_reply(envelope["id"], reply=f"kept answer {i}", now=time.time()), "probe",
+                   now=time.time(), via="redis")
+    rec = RecordingRunner()
+    with gateway(tmp_path, "mini", redis_server, rec):
+        await_drained(redis_server, inbox)  # reclaimed and settled: their MULTIs acked them (the XADD refused)
+        client.delete(replies)  # fixed by hand
+        await_condition(lambda: len(replies_to(redis_server, "probe")) == 2, timeout=10, message="the owed replies")
+        await_condition(lambda: os.listdir(paths.started) == [], timeout=10, message="their marks cleared")
+    written = {r["id"]: (r["reply"], r["reason"]) for r in replies_to(redis_server, "probe")}
+    assert written == {e["id"]: (f"kept answer {i}", "") for i, e in enumerate(envelopes)}, written
+    assert rec.entered == []
+
+
+def test_a_reply_the_file_relay_kept_before_the_switch_to_redis_goes_back_only_through_the_file_relay(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): a root that ran the file relay can leave a start mark keeping the reply of a DM the file
+    relay carried (its delivered/ write failed; the envelope stays on its shelf). Switched to Redis, the root's
+    gateway read every kept reply as owed to Redis: it wrote it to ``replies:<reply_connection>`` (a stream no
+    sender waits on) and cleared the mark, so the file relay's next start found the envelope unmarked and ran its
+    turn again. Now a mark names the transport that kept it: Redis leaves the file relay's alone (one WARNING),
+    and the file relay writes the reply at its next start, the turn never run again."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    envelope = seed_envelope(target_connection="mini", target_profile="bob", message="carried by the file relay")
+    shelf = paths.taken_parent / f"{SHELF_PREFIX}{uuid.uuid4().hex}"  # a killed gateway's: its lock, nobody's flock
+    shelf.mkdir(mode=0o700)
+    (shelf / LOCK_NAME).touch(mode=0o600)
+    shelved = shelf / f"{envelope['id']}.json"
+    shelved.write_text(json.dumps({**envelope, "reply_connection": "alpha"}), encoding="utf-8")
+    os.chmod(shelved, 0o600)
+    keep_reply(paths, make_reply(envelope["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    mark = paths.started / f"{envelope['id']}.json"
+    rec = RecordingRunner()
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server, rec):
+        pass  # its start read the marks and ran its first tick, which writes the owed replies
+    assert not redis_server.client().exists(KEYS.replies("alpha")), "a file-relay reply was written to Redis"
+    assert mark.exists()
+    assert len(logs.matching("came in through the file relay", envelope["id"])) == 1, logs.lines
+    with Gateway(root, runner=rec, connection_id="mini", durable=False):  # back on the file relay
+        delivered = paths.delivered / f"{envelope['id']}.json"
+        await_condition(delivered.exists, timeout=20, message="the kept reply written by the file relay")
+    record = json.loads(delivered.read_text(encoding="utf-8"))
+    assert (record["reply"], record["reply_connection"]) == ("kept answer", "alpha"), record
+    assert rec.entered == [] and not mark.exists()
 
 
 def test_an_inbox_replaced_by_another_type_while_running_still_lets_the_replies_in(
@@ -1030,6 +1139,39 @@ def test_bot_peers_over_the_cli_transport_with_a_fake_hermes(tmp_path: Path, red
 
 
 # ── Redis killed and restarted mid-run ──────────────────────────────────────
+
+
+def test_a_restart_during_a_redis_outage_answers_a_turn_that_ended_with_its_reply_not_ambiguous(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): a relayed-in turn that ended while Redis was down had its reply in memory only, to be
+    written once Redis answered again; a gateway restarted before that lost it, and its reclaimed entry (its turn
+    claimed by the dead run) was answered ``ambiguous``. Now the reply is kept in the envelope's start mark before
+    any write is tried: the restarted gateway writes it once Redis is back, and the turn never runs again (its
+    claim is the dead run's, and the written reply's ``done`` mark acks the entry)."""
+    release = threading.Event()
+    first = RecordingRunner(lambda turn: (release.wait(timeout=30), "answered in the outage")[1])
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    mini = Gateway(root, runner=first, config=_config(redis_server), connection_id="mini", durable=False).start()
+    try:
+        envelope = inject(redis_server, "mini", "probe")
+        await_condition(lambda: len(first.entered) == 1, timeout=10, message="its turn is running")
+        redis_server.kill()
+        release.set()
+        # its outcome left the Dispatcher (pending 0), and the transport, asked after it, has handled it
+        await_condition(lambda: mini.stats()["pending"] == 0, timeout=20, message="the turn's outcome handed over")
+    finally:
+        release.set()
+        mini.stop(timeout=30)  # during the outage: the reply is not in Redis
+    again = RecordingRunner()
+    with gateway(tmp_path, "mini", redis_server, again):  # restarted while Redis is still down
+        redis_server.start()
+        await_condition(lambda: replies_to(redis_server, "probe"), timeout=30, message="its reply, once Redis is back")
+        await_drained(redis_server, KEYS.inbox("mini"))
+    [reply] = replies_to(redis_server, "probe")
+    assert (reply["id"], reply["reply"], reply["reason"]) == (envelope["id"], "answered in the outage", ""), reply
+    assert [t.delivery_id for t in first.entered] == [envelope["id"]] and again.entered == []
+    assert os.listdir(root / "bot_relay" / "started") == []
 
 
 def test_redis_restart_mid_run_every_acked_dm_ends_in_exactly_one_outcome(tmp_path: Path,

@@ -4,7 +4,9 @@
 runs, so a gateway that adopts the envelope after a crash knows the turn may
 have run (:class:`TurnStartMarks`), and dropped once its reply is on disk. A
 reply that could not be written to ``delivered/`` is kept in the mark
-(``{"id", "at", "reply"}``, :func:`keep_reply`) until it is. The
+(``{"id", "at", "via", "reply"}``, :func:`keep_reply`) until it is; ``via`` names the
+transport the envelope came in on (``relay``: this file relay, the default and what a
+mark without it means; ``redis``), the only one that may write that reply. The
 sender side's ``sent/`` records (:mod:`hermes_actors.store.relay_sent`) are
 written and dropped the same way (:func:`write_mark`, :func:`drop_mark`).
 """
@@ -26,9 +28,11 @@ from hermes_actors.store.relay_inbox import InboxPaths, parse_delivered
 from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_reply
 from hermes_actors.store.relay_quarantine import quarantine
 
-__all__ = ["TurnStartMarks", "clear_started", "drop_mark", "keep_reply", "kept_reply", "was_started", "write_mark"]
+__all__ = ["FILE_RELAY", "TurnStartMarks", "clear_started", "drop_mark", "keep_reply", "kept_reply", "was_started",
+           "write_mark"]
 
 KEPT_MARK_MAX_BYTES = REPLY_FILE_MAX_BYTES + 4096  # a delivered record (the largest reply) and the mark around it
+FILE_RELAY = "relay"  # the ``via`` of a reply kept by the file relay (and of a kept mark that names none)
 
 
 def write_mark(paths: InboxPaths, directory: Path, envelope_id: str, payload: dict[str, Any], *, fsync: bool) -> bool:
@@ -79,8 +83,10 @@ def clear_started(paths: InboxPaths, envelope_id: str) -> None:
     drop_mark(paths, paths.relay.id_file(paths.started, envelope_id))
 
 
-def keep_reply(paths: InboxPaths, record: dict[str, Any], reply_connection: str, *, now: float) -> None:
-    """Put a relayed-in turn's reply into its ``started/`` mark: its ``delivered/`` write failed.
+def keep_reply(paths: InboxPaths, record: dict[str, Any], reply_connection: str, *, now: float,
+               via: str = FILE_RELAY, fsync: bool = True) -> None:
+    """Put a relayed-in turn's reply into its ``started/`` mark: its ``delivered/`` write failed (or, ``via``
+    Redis, before it is written).
 
     The mark then says more than "the turn may have run": here is its reply. A gateway that
     adopts the envelope after a restart writes that reply (:func:`kept_reply`) instead of
@@ -89,8 +95,10 @@ def keep_reply(paths: InboxPaths, record: dict[str, Any], reply_connection: str,
     Args:
         paths: the relay layout.
         record: the reply record (validated).
-        reply_connection: where the hub sends it.
+        reply_connection: where the hub (or Redis) sends it.
         now: the mark's time.
+        via: the transport the envelope came in on: only that one writes the reply (:func:`kept_reply`).
+        fsync: flush the mark to stable storage (a kill -9 finds it either way).
 
     Raises:
         ValidationError: the record or the id is invalid.
@@ -99,20 +107,26 @@ def keep_reply(paths: InboxPaths, record: dict[str, Any], reply_connection: str,
     """
     envelope_id = validate_delivery_id(str(record.get("id")), what="envelope id")
     delivered = {**parse_reply(record), "reply_connection": reply_connection}
-    payload = {"id": envelope_id, "at": int(now), "reply": delivered}
-    atomic_write_json(paths.relay.id_file(paths.started, envelope_id), payload, tmp_dir=paths.relay.tmp, fsync=True,
+    payload = {"id": envelope_id, "at": int(now), "via": via, "reply": delivered}
+    atomic_write_json(paths.relay.id_file(paths.started, envelope_id), payload, tmp_dir=paths.relay.tmp, fsync=fsync,
                       within=paths.relay.base)
 
 
-def kept_reply(paths: InboxPaths, envelope_id: str) -> tuple[dict[str, Any], str] | None:
-    """The reply :func:`keep_reply` put into this envelope's ``started/`` mark, with its reply connection.
+def kept_reply(paths: InboxPaths, envelope_id: str, *, via: str = FILE_RELAY) -> tuple[dict[str, Any], str] | None:
+    """The reply :func:`keep_reply` put into this envelope's ``started/`` mark for transport ``via``, with its reply
+    connection.
+
+    A reply goes back on the transport its envelope came in on: a root that switched transports
+    (file relay to Redis, or back) keeps the other one's kept replies for it, never sends them here.
 
     Args:
         paths: the relay layout.
         envelope_id: the envelope.
+        via: the transport asking (``relay``, ``redis``).
 
     Returns:
-        ``(reply record, reply_connection)``; None when there is no mark, or a mark without a reply.
+        ``(reply record, reply_connection)``; None when there is no mark, a mark without a reply, or one
+        another transport kept (a mark that names none is the file relay's).
 
     Raises:
         HostileFileError / ValidationError: the mark, or ``started/``, is refused.
@@ -124,7 +138,7 @@ def kept_reply(paths: InboxPaths, envelope_id: str) -> tuple[dict[str, Any], str
             data = read_json_file(path, max_bytes=KEPT_MARK_MAX_BYTES, dir_fd=fd)
     except FileNotFoundError:
         return None
-    if not isinstance(data, dict) or "reply" not in data:
+    if not isinstance(data, dict) or "reply" not in data or data.get("via", FILE_RELAY) != via:
         return None
     return parse_delivered(data["reply"], envelope_id, path.name)
 

@@ -19,7 +19,8 @@ One actor, one module of handlers; its state lives in composed objects:
 
 This module keeps the lifecycle and the periodic work: roster publication, the
 remote roster, ``XCLAIM`` of held entries, ``XAUTOCLAIM`` of a dead consumer's
-entries after ``redis_claim_idle_seconds`` and the consumer GC.
+entries after ``redis_claim_idle_seconds``, the consumer GC and housekeeping (on
+the file relay's schedule: :func:`~hermes_actors.relay.relay_actor.housekeeping_due`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from hermes_actors.messages import (
     Subscribe,
     TtlDeadline,
 )
+from hermes_actors.relay.relay_actor import housekeeping_due
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.heartbeat import Heartbeat
@@ -78,7 +80,8 @@ class RedisRelayActor(TypedActor):
         scheduler: timers.
         connection_id: this gateway's connection.
         local_profiles: folder ids of this root (to resume only our own envelopes).
-        root: the Hermes root (where relayed-in turns mark their start).
+        root: the Hermes root (where relayed-in turns mark their start, and their replies are kept until written).
+        fsync: flush a kept reply to stable storage (as the start marks are: with the journal's fsync).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class RedisRelayActor(TypedActor):
         connection_id: str,
         local_profiles: frozenset[str] = frozenset(),
         root: Path,
+        fsync: bool = True,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -109,7 +113,7 @@ class RedisRelayActor(TypedActor):
         self.outbound = Outbound(self.redis_link, config=config, timers=self.timers, dispatcher=dispatcher,
                                  local_profiles=local_profiles, counters=self.counters)
         self.inbound = InboundDrain(self.redis_link, guard=guard, config=config, dispatcher=dispatcher,
-                                    counters=self.counters, marks=InboxPaths.from_root(root))
+                                    counters=self.counters, marks=InboxPaths.from_root(root), fsync=fsync)
         self.dispatcher = dispatcher
         self.reader: StreamReader | None = None
         self.inbox_room: InboxRoom | None = None
@@ -120,6 +124,8 @@ class RedisRelayActor(TypedActor):
         self.known: dict[str, rs.KnownRoster] = {}  # each other connection's roster as last shown
         self.bad_keys: set[str] = set()  # keys of the wrong type the remote roster skips (logged once each)
         self.due = {"heartbeat": 0.0, "reclaim": 0.0, "gc": time.monotonic() + CONSUMER_GC_SECONDS}
+        # None: not yet since the start. The first timer tick sweeps, not on_start: the start never waits for it
+        self.last_housekeep: float | None = None
 
     # ── lifetime ────────────────────────────────────────────────────────────
 
@@ -136,7 +142,7 @@ class RedisRelayActor(TypedActor):
         # Liveness from its own thread: it must not starve behind a burst in this mailbox.
         self.heartbeat = Heartbeat(self.settings, self.keys, self.me, self.consumer,
                                    owner_alive=self.actor_ref.is_alive).start()
-        self._on_tick(RedisTick())
+        self._periodic()
         heartbeat = self.heartbeat
         room = InboxRoom(self.config.max_queued, lambda: len(self.inbound.flights),
                          closed=lambda: heartbeat.lease_lost)  # a second process holds our connection id
@@ -239,6 +245,24 @@ class RedisRelayActor(TypedActor):
 
     @handles(RedisTick)
     def _on_tick(self, msg: RedisTick) -> None:
+        self._housekeep_if_due()  # first: it needs no Redis, so an outage does not put it off
+        self._periodic()
+
+    def _housekeep_if_due(self) -> None:
+        """Housekeeping on the tick, as the file relay's: at the first tick after the start, then hourly.
+
+        A failure is logged and the next try waits its hour: it never stops the transport.
+        """
+        if not housekeeping_due(self.last_housekeep, time.monotonic()):
+            return
+        try:
+            self._sweep()
+        except Exception:  # a sweep's own bug must not stop the transport (nor be retried at every tick)
+            self.last_housekeep = time.monotonic()
+            logger.exception("redis: housekeeping failed; the transport goes on")
+
+    def _periodic(self) -> None:
+        """The Redis work of one tick (roster, touch, reclaim, retries, consumer GC); Redis errors end it early."""
         now = time.monotonic()
         link = self.redis_link
         try:
@@ -387,10 +411,22 @@ class RedisRelayActor(TypedActor):
 
     @handles(Housekeep)
     def _on_housekeep(self, msg: Housekeep) -> int:
-        """Sweep orphaned DM files (Redis keys expire on their own); returns the count removed."""
+        """``Gateway.housekeep()``: sweep now; returns the count removed (the next scheduled sweep is an hour on)."""
+        return self._sweep()
+
+    def _sweep(self) -> int:
+        """Sweep orphaned DM files (Redis keys expire on their own); returns the count removed.
+
+        Raises:
+            Exception: whatever the sweep raised (the tick logs it; ``Gateway.housekeep()`` gets it).
+        """
         from hermes_actors.local.dm_files import cleanup_bot_dm_cache
 
-        return cleanup_bot_dm_cache()
+        self.last_housekeep = time.monotonic()
+        removed = cleanup_bot_dm_cache()
+        if removed:
+            logger.info("redis: housekeeping removed {} stale file(s)", removed)
+        return removed
 
     def stats(self) -> dict[str, int]:
         beats = self.heartbeat.beats if self.heartbeat is not None else 0

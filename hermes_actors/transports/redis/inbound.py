@@ -8,9 +8,15 @@ a second turn); everything else goes to the Dispatcher (``RelayDeliver``). The
 reply, the ``done`` mark and ``XACK`` + ``XDEL`` of the entry are one ``MULTI``:
 the entry is acked exactly when its reply is in Redis, or, when its sender's
 ``<p>:replies:<sender>`` key holds another type than a stream (only the reply's
-``XADD`` fails: a ``MULTI`` runs the rest), when its reply is kept in its start
-mark on this root: it is owed, retried at each tick and after a restart, and
-written once that key is a stream again.
+``XADD`` fails: a ``MULTI`` runs the rest), when it is owed: retried at each
+tick and after a restart, and written once that key is a stream again.
+
+Each reply is kept in the envelope's start mark on this root **before** that
+``MULTI`` and the mark is cleared after it, so a kill -9 at any point leaves the
+reply somewhere: in Redis, or in the mark, from which the next start writes it
+(:meth:`InboundDrain.load_owed`). A kill between the ``MULTI`` and the clearing
+writes it twice; its sender takes the first reply of an envelope and acks any
+other (``Outbound.on_reply_entry``).
 """
 
 from __future__ import annotations
@@ -24,17 +30,20 @@ from loguru import logger
 
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.faults import crashpoint
 from hermes_actors.messages import Outcome, RelayDeliver
 from hermes_actors.relay.relay_actor import reply_from_outcome
 from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_marks import clear_started, keep_reply, kept_reply, was_started
+from hermes_actors.store.relay_marks import FILE_RELAY, clear_started, keep_reply, kept_reply, was_started
 from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import ClaimGuard
 from hermes_actors.transports.redis.link import RedisLink, as_text
 
-__all__ = ["Flight", "InboundDrain", "owed_reply_text", "reply_written"]
+__all__ = ["VIA", "Flight", "InboundDrain", "file_relay_replies_text", "owed_reply_text", "reply_written"]
+
+VIA = "redis"  # the ``via`` of the replies this transport keeps in start marks (the file relay's are left to it)
 
 
 @dataclass
@@ -60,6 +69,23 @@ def owed_reply_text(key: str, reply_to: str) -> str:
             "sent here cannot be written there. They are kept in their start marks (bot_relay/started/ on this "
             "root, so a restart keeps them too) and written once it is a stream again: delete it "
             f"(redis-cli DEL {key}) or give it back to hermes-actors; {reply_to!r}'s gateway makes the stream again")
+
+
+def file_relay_replies_text(envelope_ids: list[str]) -> str:
+    """Pure: the WARNING logged at start when start marks on this root keep replies of DMs the file relay carried.
+
+    Args:
+        envelope_ids: their envelopes (the first five are named).
+
+    Returns:
+        What they are, why Redis leaves them alone, and what delivers them.
+    """
+    named = ", ".join(envelope_ids[:5]) + (", …" if len(envelope_ids) > 5 else "")
+    return (f"redis: {len(envelope_ids)} start mark(s) in bot_relay/started/ keep the reply of a DM that came in "
+            f"through the file relay before this root switched to Redis ({named}): a reply goes "
+            "back only on the transport its DM came in on, so they are left as they are. A gateway of this root on "
+            "the file relay (no bot_mode.transport) writes them to bot_relay/delivered/ at its start; their "
+            "senders wait for them until then")
 
 
 def reply_written(answers: list[Any]) -> bool | BaseException:
@@ -90,13 +116,17 @@ class InboundDrain:
         dispatcher: told ``RelayDeliver`` for each envelope to run.
         counters: the actor's counters (``drained``, ``deduped``, ``ambiguous``, ``quarantined``, ``returned``).
         marks: the root's relay layout: a relayed-in turn marks its start in ``started/``
-            before it runs, whatever carried it (cleared here once its reply is in Redis).
+            before it runs, whatever carried it; its reply is kept there before it is written to
+            Redis, and the mark cleared once it is in.
+        fsync: flush a kept reply to stable storage, as the start mark itself is (with the journal's fsync).
     """
 
     def __init__(self, link: RedisLink, *, guard: ClaimGuard, config: BotModeConfig,
-                 dispatcher: pykka.ActorRef[Any], counters: dict[str, int], marks: InboxPaths) -> None:
+                 dispatcher: pykka.ActorRef[Any], counters: dict[str, int], marks: InboxPaths,
+                 fsync: bool = True) -> None:
         self.link = link
         self.marks = marks
+        self.fsync = fsync
         self.guard = guard
         self.config = config
         self.dispatcher = dispatcher
@@ -132,6 +162,12 @@ class InboundDrain:
         flight = self.flights.get(envelope_id)
         if flight is not None:  # already ours (re-offered, or a duplicate XADD): acked with the first
             flight.entry_ids.add(entry_id)
+            return
+        owed = self.owed.pop(envelope_id, None)
+        if owed is not None:  # its reply is kept in its start mark (a run killed before its MULTI): write it now
+            record, reply_to = owed
+            self.flights[envelope_id] = Flight(reply_to, {entry_id}, record)
+            self.settle(envelope_id, record)
             return
         consumer = self.guard.consumer
         try:
@@ -217,24 +253,42 @@ class InboundDrain:
         self.settle(envelope_id, record)
 
     def settle(self, envelope_id: str, record: dict[str, Any]) -> None:
-        """Write the reply, mark done, XACK + XDEL the entries: one MULTI. Retried at each tick on failure.
+        """Keep the reply in its start mark (the first time), then write it, mark done, XACK + XDEL the entries
+        (one MULTI), then clear the mark. Retried at each tick on failure.
 
         When the sender's replies key holds another type the reply is owed instead (:meth:`_owe`).
         """
         link = self.link
         flight = self.flights[envelope_id]
-        flight.record = record
+        if flight.record is None:
+            flight.record = record
+            self._keep(envelope_id, record, flight.reply_to)
         if link.down:
-            return  # written by the tick once Redis answers again
+            return  # written by the tick once Redis answers again (by the next start from the mark, if we stop)
         written = self._write(envelope_id, record, flight.reply_to, sorted(flight.entry_ids))
         if written is None:
             return
+        crashpoint("redis-after-reply-write")
         del self.flights[envelope_id]
         self.guard.forget(envelope_id)
         if written:
             clear_started(self.marks, envelope_id)  # its reply is in Redis: the mark has served
         else:
             self._owe(envelope_id, record, flight.reply_to)
+
+    def _keep(self, envelope_id: str, record: dict[str, Any], reply_to: str) -> None:
+        """Keep a reply in the envelope's start mark before it is written to Redis (never raises).
+
+        Whatever kills this gateway from here on, the next start finds the reply (:meth:`load_owed`)
+        and writes it, instead of answering the reclaimed entry ``ambiguous`` or, its entry already
+        acked, leaving the sender to time out.
+        """
+        try:
+            keep_reply(self.marks, record, reply_to, now=time.time(), via=VIA, fsync=self.fsync)
+        except (StoreError, OSError, ValidationError) as exc:  # HostileFileError included
+            logger.error("redis: the reply to {} could not be kept in its start mark ({}): until it is in Redis it is "
+                         "in memory only, and a stop or crash of this gateway before then loses it (its sender is "
+                         "answered ambiguous, or times out)", envelope_id, exc)
 
     def _write(self, envelope_id: str, record: dict[str, Any], reply_to: str, entry_ids: list[str]) -> bool | None:
         """One MULTI: the reply into its sender's replies stream, the ``done`` mark, XACK + XDEL of ``entry_ids``.
@@ -276,19 +330,13 @@ class InboundDrain:
         return written
 
     def _owe(self, envelope_id: str, record: dict[str, Any], reply_to: str) -> None:
-        """Keep a reply its sender's replies key could not take, for the ticks (:meth:`retry_owed`) and a restart.
+        """Owe a reply its sender's replies key could not take, for the ticks (:meth:`retry_owed`).
 
-        Its inbox entry is acked (the MULTI ran on): the start mark on this root, holding the reply,
-        is what a restart writes it from (:meth:`load_owed`).
+        Its inbox entry is acked (the MULTI ran on): the start mark on this root, which holds the
+        reply since before the MULTI (:meth:`_keep`), is what a restart writes it from (:meth:`load_owed`).
         """
         self.owed[envelope_id] = (record, reply_to)
-        key = self._bad_reply_key(reply_to)
-        try:
-            keep_reply(self.marks, record, reply_to, now=time.time())
-        except (StoreError, OSError, ValidationError) as exc:  # HostileFileError included
-            logger.error("redis: the reply to {} is owed to {!r} and could not be kept in its start mark ({}): it is "
-                         "kept in memory only, and lost if this gateway stops before {} is a stream again",
-                         envelope_id, reply_to, exc, key)
+        self._bad_reply_key(reply_to)
 
     def _bad_reply_key(self, reply_to: str) -> str:
         """Note that ``reply_to``'s replies key holds another type; WARNING the first time (until it is fixed).
@@ -303,22 +351,32 @@ class InboundDrain:
         return key
 
     def load_owed(self) -> int:
-        """Take back the replies a previous run owed (kept in their start marks); written from the next tick.
+        """Take back the replies a previous run kept in their start marks and did not see into Redis (it was
+        killed or stopped first, or their sender's replies key held another type); written from the next tick,
+        or with their inbox entry if it is offered again first.
+
+        Only the replies this transport kept: one the file relay kept (the root ran it before) goes
+        back through the file relay, never to Redis, and its mark is left for it (one WARNING).
 
         Returns:
             How many.
         """
+        file_relay: list[str] = []
         for envelope_id in list_ids(self.marks.started):
             try:
-                kept = kept_reply(self.marks, envelope_id)
+                kept = kept_reply(self.marks, envelope_id, via=VIA)
+                if kept is None and kept_reply(self.marks, envelope_id, via=FILE_RELAY) is not None:
+                    file_relay.append(envelope_id)
             except (OSError, ValidationError) as exc:  # HostileFileError included
                 logger.warning("redis: cannot read the start mark of {}: {}", envelope_id, exc)
                 continue
             if kept is not None and envelope_id not in self.flights:
                 self.owed[envelope_id] = kept
+        if file_relay:
+            logger.warning(file_relay_replies_text(sorted(file_relay)))
         if self.owed:
-            logger.info("redis: {} reply(ies) owed before the restart (their sender's replies key held another "
-                        "type) are written once it is a stream again", len(self.owed))
+            logger.info("redis: {} reply(ies) kept in their start marks before the restart are written now (or, while "
+                        "their sender's replies key holds another type, once it is a stream again)", len(self.owed))
         return len(self.owed)
 
     def retry_unwritten(self) -> None:
