@@ -321,6 +321,21 @@ def test_room_commands_refuse_a_directory_that_is_no_hermes_root(
     assert list(somewhere.iterdir()) == []
 
 
+@pytest.mark.parametrize(("url", "shown"), [("redis://[::1", "'redis://[::1'"),
+                                            ("redis://me:s3cret@[::1:6379", "'redis://***@[::1:6379'")])
+def test_a_redis_url_that_does_not_parse_is_named_with_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, shown: str
+) -> None:
+    """Regression (ops review): `--redis redis://[::1` said only `error: Invalid IPv6 URL` (the masking of the URL
+    for the message failed on it): the option, the URL (its password masked) and the fix are named."""
+    root = make_root(tmp_path)
+    assert main(["roster", "--root", str(root), "--redis", url]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: --redis {shown} is not a valid URL (Invalid IPv6 URL; an IPv6 host goes in "
+                           "brackets: redis://[::1]:6379/0)")
+    assert "s3cret" not in err
+
+
 def test_a_profile_home_of_a_fresh_hermes_root_is_refused_naming_the_root(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
