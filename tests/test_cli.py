@@ -339,6 +339,7 @@ def test_a_root_of_another_user_is_refused_naming_its_owner_and_left_as_it_was(
     `.../bot_relay/run`, or an ERROR to move a symlink aside that was not there); root went on and wrote root's
     files into it, which the owner's own gateway then refuses as another uid's."""
     root = make_root(tmp_path)
+    (root / "bot_relay" / "run").mkdir(parents=True, mode=0o700)  # a root its owner has served
     for path in [root, *root.rglob("*")]:
         os.chown(path, 65534, 65534)
     before = sorted(p.name for p in root.iterdir())
