@@ -31,7 +31,9 @@ from hermes_actors.facade import shutdown as system_shutdown
 from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, is_real_hermes
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
+from hermes_actors.local.dispatcher_failure import FailedCallback
 from hermes_actors.local.notifier import NotifierActor, NotifierCounts
+from hermes_actors.local.outcome_book import KeptOutcomes
 from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.local.roster import RosterActor, roster_rows
@@ -106,7 +108,7 @@ class ActorSystem:
         subscribers: dict[int, tuple[Callable[[dict[str, Any]], Any], bool, bool]],
         owners: dict[str, Any],
         on_failing: Callable[[BaseException], None] | None = None,
-        on_failure: Callable[[BaseException | None, dict[str, dict[str, Any]]], None] | None = None,
+        on_failure: Callable[[BaseException | None, KeptOutcomes], None] | None = None,
     ) -> None:
         """Start and wire every actor. After an error, call :meth:`teardown` to stop what was started.
 
@@ -116,8 +118,8 @@ class ActorSystem:
             subscribers: outcome callbacks subscribed before start (token → (callback, details, rooms)).
             owners: live owners attached before start (profile → owner); attached before recovery.
             on_failing: called the moment the Dispatcher fails (see ``DispatcherActor``).
-            on_failure: called once it failed, with the error and its settled outcomes; the turns
-                that may still run are kept for :meth:`shut_down`, which ends them.
+            on_failure: called once it failed, with the error and its settled outcomes (packed:
+                :data:`KeptOutcomes`); the turns that may still run are kept for :meth:`shut_down`, which ends them.
 
         Raises:
             KeyError: an owner names no local profile.
@@ -260,10 +262,10 @@ class ActorSystem:
                                "nothing was accepted, see the log for its error") from exc
 
     def _failed_with(
-        self, on_failure: Callable[[BaseException | None, dict[str, dict[str, Any]]], None] | None
-    ) -> Callable[[BaseException | None, dict[str, dict[str, Any]], list[str]], None]:
+        self, on_failure: Callable[[BaseException | None, KeptOutcomes], None] | None
+    ) -> FailedCallback:
         """The Dispatcher's ``on_failed``: keep the turns that may still run, then tell ``on_failure``."""
-        def failed(error: BaseException | None, final: dict[str, dict[str, Any]], running: list[str]) -> None:
+        def failed(error: BaseException | None, final: KeptOutcomes, running: list[str]) -> None:
             self.failed_running = list(running)
             if on_failure is not None:
                 on_failure(error, final)
@@ -276,7 +278,7 @@ class ActorSystem:
         *,
         abandon: threading.Event | None = None,
         on_wait: Callable[[int, float], Any] | None = None,
-    ) -> dict[str, dict[str, Any]]:
+    ) -> KeptOutcomes:
         """Stop accepting, let running turns finish within ``timeout``, stop every actor: see
         :func:`hermes_actors.facade.shutdown.shut_down`.
 

@@ -321,6 +321,80 @@ def test_room_commands_refuse_a_directory_that_is_no_hermes_root(
     assert list(somewhere.iterdir()) == []
 
 
+ROOT_COMMANDS = [["status"], ["roster"], ["doctor"], ["outcome", "0" * 32], ["send", "--from", "a", "b", "x"],
+                 ["room", "list"], ["enable"], ["disable"], ["serve", "--runner", "demo"], ["relay"]]
+
+
+def _with_root(command: list[str], root: str) -> list[str]:
+    head = 2 if command[0] == "room" else 1
+    return [*command[:head], "--root", root, *command[head:]]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+@pytest.mark.parametrize("command", ROOT_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_root_of_another_user_is_refused_naming_its_owner_and_left_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """Regression (ops review): another user got `error: [Errno 13] Permission denied: '<root>/config.yaml'` (or
+    `.../bot_relay/run`, or an ERROR to move a symlink aside that was not there); root went on and wrote root's
+    files into it, which the owner's own gateway then refuses as another uid's."""
+    root = make_root(tmp_path)
+    (root / "bot_relay" / "run").mkdir(parents=True, mode=0o700)  # a root its owner has served
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, 65534, 65534)
+    before = sorted(p.name for p in root.iterdir())
+    assert main(_with_root(command, str(root))) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"error: Hermes root {str(root)!r} belongs to uid 65534, not to you (uid {os.getuid()}): run hermes-actors "
+        "as the user who owns it (the one hermes runs as), e.g. sudo -u <that user> hermes-actors ...")
+    assert sorted(p.name for p in root.iterdir()) == before  # no bot_relay/, nothing written
+
+
+@pytest.mark.parametrize("command", ROOT_COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("given", ["x" * 100_000, "/" + "a" * 256 + "/r"], ids=["huge", "a name too long"])
+def test_a_root_longer_than_a_path_can_be_is_a_usage_error_that_does_not_repeat_it(
+    capsys: pytest.CaptureFixture[str], command: list[str], given: str
+) -> None:
+    """Regression (ops review): `--root <100,000 characters>` failed with exit 1 and
+    `error: [Errno 36] File name too long: '<all 100,000 of them>'`."""
+    with pytest.raises(SystemExit) as exited:
+        main(_with_root(command, given))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "is longer than a path can be (under 4,096 bytes, at most 255 per name); pass its directory" in err, err
+    assert len(err) < 1000
+
+
+@pytest.mark.parametrize("command", [["enable"], ["disable"]])
+def test_enable_and_disable_refuse_an_empty_root_as_every_command_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """Regression (ops review): `enable --root ''` was read as the current directory (`'/home/me/src' does not
+    look like a Hermes root`), and would have edited it had it been one."""
+    monkeypatch.chdir(make_root(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--root", ""])
+    assert exited.value.code == 2
+    assert "the Hermes root is empty; pass its directory" in capsys.readouterr().err
+    assert not (tmp_path / "hermes-root" / "bot_relay").exists()
+
+
+@pytest.mark.parametrize(("url", "shown"), [("redis://[::1", "'redis://[::1'"),
+                                            ("redis://me:s3cret@[::1:6379", "'redis://***@[::1:6379'")])
+def test_a_redis_url_that_does_not_parse_is_named_with_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, shown: str
+) -> None:
+    """Regression (ops review): `--redis redis://[::1` said only `error: Invalid IPv6 URL` (the masking of the URL
+    for the message failed on it): the option, the URL (its password masked) and the fix are named."""
+    root = make_root(tmp_path)
+    assert main(["roster", "--root", str(root), "--redis", url]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: --redis {shown} is not a valid URL (Invalid IPv6 URL; an IPv6 host goes in "
+                           "brackets: redis://[::1]:6379/0)")
+    assert "s3cret" not in err
+
+
 def test_a_profile_home_of_a_fresh_hermes_root_is_refused_naming_the_root(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -248,7 +248,7 @@ def test_doctor_names_the_bad_values_a_host_would_replace(tmp_path: Path, capsys
     main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
     check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
     assert check["level"] == WARN
-    assert (f"{root / 'config.yaml'}: bot_mode.max_hops='zero' is not a valid int (it must be ≥ 1, ≤ 10000); "
+    assert (f"{root / 'config.yaml'}: bot_mode.max_hops='zero' is not a valid int (it must be ≥ 1, ≤ 1000); "
             "using default 8") in check["detail"]
     assert "bot_mode.wake_sender='maybe'" in check["detail"]
     assert "unknown bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)" in check["detail"]

@@ -11,6 +11,7 @@ from roots import RecordingRunner, start_gateway
 
 from hermes_actors import Gateway
 from hermes_actors.core import config as c
+from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.core.settings import coerce, setting, settings_of
 from hermes_actors.transports.redis.store import redis_settings
 
@@ -78,7 +79,7 @@ def test_a_setting_takes_one_bound() -> None:
 @pytest.mark.parametrize(
     ("key", "text"),
     [("turn_wait_seconds", "number ≥ 0, ≤ 604800"), ("turn_timeout_seconds", "number > 0, ≤ 604800"),
-     ("envelope_ttl_seconds", "number ≤ 315360000"), ("max_hops", "integer ≥ 1, ≤ 10000"),
+     ("envelope_ttl_seconds", "number ≤ 315360000"), ("max_hops", "integer ≥ 1, ≤ 1000"),
      ("redis_claim_idle_seconds", "number ≥ 0.01, ≤ 86400"), ("redis_prefix", "text"),
      ("connection_label", "text (≤ 80 characters)")],
 )
@@ -202,7 +203,7 @@ def test_unknown_key_warned_once_over_repeated_loads(tmp_path: Path, warnings: l
         assert cfg.turn_wait_seconds == 120 and cfg.max_hops == 8
     assert warnings == [
         f"{path}: unknown key bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)",
-        f"{path}: bot_mode.max_hops=0 is out of range (it must be ≥ 1, ≤ 10000); using default 8",
+        f"{path}: bot_mode.max_hops=0 is out of range (it must be ≥ 1, ≤ 1000); using default 8",
     ]
 
 
@@ -253,7 +254,7 @@ def test_gateway_start_warns_once(root: Path, gateways: list[Gateway], warnings:
     ("rescan_seconds", 1e-9, "≥ 0.05, ≤ 3600"),
     ("reply_wait_seconds", 1e300, "≥ 0, ≤ 604800"),
     ("turn_wait_seconds", -1, "≥ 0, ≤ 604800"),
-    ("max_hops", 10**30, "≥ 1, ≤ 10000"),
+    ("max_hops", 10**30, "≥ 1, ≤ 1000"),
     ("max_queued", 10**12, "≥ 1, ≤ 1000000"),
     ("redis_block_ms", 10**12, "≥ 1, ≤ 60000"),
     ("idle_stop_seconds", float("inf"), "≥ 0, ≤ 604800"),
@@ -278,6 +279,20 @@ def test_an_absurd_value_is_refused_naming_file_key_value_and_range(
     assert warning.endswith(f"using default {spec.default}")
 
 
+def test_max_hops_stops_at_the_deepest_hop_a_dm_can_carry(tmp_path: Path, warnings: list[str]) -> None:
+    """Regression (ops review): max_hops took up to 10000 while a hop a relayed envelope or a submit request
+    carries is at most MAX_HOP (1000): a limit between them was accepted, yet a DM past 1000 was refused anyway
+    (``check_relay_hop``, the submit protocol). The range is the hop rule's, read from ``core.hops``."""
+    assert _spec("max_hops").maximum == MAX_HOP
+    path = tmp_path / "config.yaml"
+    path.write_text(f"bot_mode:\n  max_hops: {MAX_HOP + 1}\n")
+    assert c.load_config(tmp_path).max_hops == 8
+    assert warnings == [f"{path}: bot_mode.max_hops={MAX_HOP + 1} is out of range (it must be ≥ 1, ≤ {MAX_HOP}); "
+                        "using default 8"]
+    path.write_text(f"bot_mode:\n  max_hops: {MAX_HOP}\n")
+    assert c.load_config(tmp_path).max_hops == MAX_HOP
+
+
 def test_an_envelope_ttl_of_a_month_is_taken_as_the_seed_takes_it(tmp_path: Path, warnings: list[str]) -> None:
     """Regression (review): a TTL above a week was refused and the 900 s default used, while a seed process on the
     same root honours it (the seed takes any whole number): envelopes meant to wait 30 days expired in 15 minutes."""
@@ -291,7 +306,7 @@ def test_a_bad_override_is_named_as_the_override(tmp_path: Path, warnings: list[
     cfg = c.load_config(tmp_path, {"bot_mode": {"max_queued": 0}, "bot_peers": "mini"})
     assert cfg.max_hops == 8 and cfg.max_queued == 256
     assert sorted(warnings) == sorted([
-        f"{tmp_path / 'config.yaml'}: bot_mode.max_hops=0 is out of range (it must be ≥ 1, ≤ 10000); using default 8",
+        f"{tmp_path / 'config.yaml'}: bot_mode.max_hops=0 is out of range (it must be ≥ 1, ≤ 1000); using default 8",
         "config override: bot_mode.max_queued=0 is out of range (it must be ≥ 1, ≤ 1000000); using default 256",
         "config override: bot_peers is a str, not a mapping or list; ignoring it",
     ])

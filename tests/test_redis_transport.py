@@ -31,6 +31,7 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway, TransportError, TurnFailed
 from hermes_actors.core.authors import local_origin
 from hermes_actors.core.config import deep_merge
+from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Turn
@@ -1016,10 +1017,11 @@ def test_a_hand_written_envelope_with_a_bad_hop_is_dropped_with_a_warning_not_ru
 
 
 def test_a_dm_whose_hop_no_target_would_accept_is_refused_not_sent(tmp_path: Path, redis_server: RedisServer) -> None:
-    """With ``max_hops`` above MAX_HOP the loop guard lets hop 1001 through; the target would drop that envelope
-    unanswered (a ``delivery_timeout`` much later), so the sender refuses it at once and queues nothing."""
+    """The target would drop an envelope past MAX_HOP unanswered (a ``delivery_timeout`` much later), so the
+    sender refuses hop 1001 at once and queues nothing, even with ``max_hops`` at its most (MAX_HOP: the config
+    takes no deeper limit); hop 1000 is sent."""
     fake_connection(redis_server, "ghost")
-    with gateway(tmp_path, "alpha", redis_server, config={"bot_mode": {"max_hops": 5000}}) as alpha:
+    with gateway(tmp_path, "alpha", redis_server, config={"bot_mode": {"max_hops": MAX_HOP}}) as alpha:
         wait_online(alpha, "bob", "ghost")
         refused = alpha.message_agent(sender="alice", target="bob@ghost", message="deep", hop=1001)
         assert refused["reason"] == "loop_guard" and "NOT sent" in refused["error"], refused

@@ -25,6 +25,7 @@ from roots import LogCapture, RecordingRunner, body_of, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.ops.journal_view import find_outcome
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -73,10 +74,10 @@ def reply_record(envelope_id: str, reply: str = "", error: str = "", reason: str
 
 def test_a_dm_whose_hop_no_target_would_accept_is_refused_not_queued(tmp_path: Path,
                                                                      gateways: list[Gateway]) -> None:
-    """With ``max_hops`` above MAX_HOP the loop guard lets hop 1001 through; a target drops such an envelope
-    unanswered (``parse_envelope``, the rule of both transports), so the file relay's sender refuses it at once
-    (``loop_guard``, as the Redis transport's does) and queues nothing."""
-    gw = start(gateways, sender_root(tmp_path), config={"bot_mode": {"max_hops": 5000}})
+    """A target drops an envelope past MAX_HOP unanswered (``parse_envelope``, the rule of both transports), so
+    the sender refuses hop 1001 at once (``loop_guard``) and queues nothing, even with ``max_hops`` at its most
+    (MAX_HOP: the config takes no deeper limit); hop 1000 is relayed."""
+    gw = start(gateways, sender_root(tmp_path), config={"bot_mode": {"max_hops": MAX_HOP}})
     refused = gw.message_agent(sender="alice", target="moxie", message="deep", hop=1001)
     assert refused["reason"] == "loop_guard" and "NOT sent" in refused["error"], refused
     assert outbox_ids(tmp_path / "alpha") == []

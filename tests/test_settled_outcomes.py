@@ -8,6 +8,9 @@ settled: same keys in the same order, same values and types.
 
 from __future__ import annotations
 
+import inspect
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -18,6 +21,7 @@ from hermes_actors.facade.outcomes import OutcomeWaits
 from hermes_actors.local.outcome_book import (
     COMPRESS_OVER,
     GENERATIONS,
+    KeptOutcomes,
     OutcomeBook,
     SettledOutcomes,
     pack_outcome,
@@ -117,6 +121,32 @@ def test_a_stopping_gateway_gets_the_outcomes_as_stored_and_rebuilds_only_the_on
     assert stopped.final(KEY) == long_one
     kept_odd = stopped.final("b" * 32)
     assert kept_odd == odd and kept_odd is not odd  # kept as its dict, read as a copy
+
+
+def _annotation(function: Any, name: str) -> Any:
+    """``function``'s annotation of ``name`` ("return" for its result), evaluated in its module (whose names only a
+    type checker imports, the ``TYPE_CHECKING`` ones, are not evaluated)."""
+    signature = inspect.signature(function)
+    text = signature.return_annotation if name == "return" else signature.parameters[name].annotation
+    return eval(text, vars(sys.modules[function.__module__]))
+
+
+def test_the_outcomes_handed_over_at_stop_are_typed_as_what_export_returns() -> None:
+    """Regression (review): the outcomes a stopping or failed Dispatcher hands over (``OutcomeBook.export``: packed,
+    bytes or a dict marshal cannot dump) were annotated ``dict[str, dict[str, Any]]`` on their way (the stop in
+    ``facade.shutdown`` and ``system``, the failure hooks in ``facade.failure`` and ``system``): every one names
+    the same type, the alias ``KeptOutcomes``, that ``export`` returns."""
+    from hermes_actors.facade.failure import DispatcherFailure
+    from hermes_actors.facade.shutdown import shut_down
+    from hermes_actors.system import ActorSystem
+
+    packed = dict[str, bytes | dict[str, Any]]
+    assert KeptOutcomes == packed
+    assert _annotation(OutcomeBook.export, "return") == packed
+    assert _annotation(shut_down, "return") == packed
+    assert _annotation(ActorSystem.shut_down, "return") == packed
+    assert _annotation(DispatcherFailure.failed_with, "final") == packed
+    assert _annotation(ActorSystem.start, "on_failure") == Callable[[BaseException | None, packed], None] | None
 
 
 def test_the_table_stays_bounded_after_many_times_keep_outcomes_and_keeps_the_newest() -> None:

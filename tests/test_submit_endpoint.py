@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import io
 import json
@@ -21,7 +22,7 @@ from roots import RecordingRunner, await_condition, body_of, held_on, make_root,
 
 from hermes_actors.cli import main
 from hermes_actors.cli.host_wait import settle_host
-from hermes_actors.errors import HostileFileError
+from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.gateway import Gateway
 from hermes_actors.hermes import submit_protocol
 from hermes_actors.hermes.plugin import turn_hop_scope
@@ -345,6 +346,64 @@ def test_anything_but_a_lock_file_of_ours_at_submit_lock_is_refused_and_never_wr
         SubmitServer(server_root, send=Recorder()).start()
     assert outside.read_text() == "precious\n"
     assert not socket_path(server_root).exists()  # nothing served
+
+
+_ADVICE = {errno.EROFS: "Read-only file system (EROFS); its filesystem is mounted read-only: remount it read-write",
+           errno.ENOSPC: "No space left on device (ENOSPC); free space on its filesystem"}
+
+
+def _fail_on(monkeypatch: pytest.MonkeyPatch, step: str, code: int) -> None:
+    """Make one OS call of the endpoint's start fail with ``code``, as a full or read-only disk does."""
+    real_open, real_chmod = os.open, os.chmod
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(code, os.strerror(code))
+
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path) == "submit.lock":  # opened by its bare name, in the run directory's descriptor
+            raise OSError(code, os.strerror(code), path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def chmod(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path) == "submit.sock":
+            raise OSError(code, os.strerror(code), path)
+        real_chmod(path, *args, **kwargs)
+
+    if step == "open":
+        monkeypatch.setattr(os, "open", open_)
+    elif step == "write":
+        monkeypatch.setattr(os, "pwrite", fail)
+    elif step == "chmod the socket":
+        monkeypatch.setattr(os, "chmod", chmod)
+    else:
+        monkeypatch.setattr(os, "fchmod", fail)
+
+
+@pytest.mark.parametrize(("step", "code", "action", "name"), [
+    ("open", errno.EROFS, "open", "submit.lock"),
+    ("write", errno.ENOSPC, "write", "submit.lock"),
+    ("chmod the socket", errno.ENOSPC, "create the socket", "submit.sock"),
+    ("chmod the run directory", errno.EROFS, "chmod 0700", ""),
+])
+def test_a_full_or_read_only_disk_at_start_names_the_file_in_full_and_what_to_do(
+    server_root: Path, monkeypatch: pytest.MonkeyPatch, step: str, code: int, action: str, name: str
+) -> None:
+    """Regression (ops review): on a read-only disk the start failed with `[Errno 30] Read-only file system:
+    'submit.lock'` (the lock's bare name: it is opened in the run directory's descriptor), on a full one with
+    `[Errno 28] No space left on device` (no file at all: the pid is written through a descriptor)."""
+    run_dir = socket_path(server_root).parent
+    run_dir.mkdir(parents=True, mode=0o700)
+    if step == "chmod the run directory":
+        run_dir.chmod(0o755)  # the start makes it 0700 again: that fails on a read-only disk
+    _fail_on(monkeypatch, step, code)
+    with pytest.raises(StoreError) as info:
+        SubmitServer(server_root, send=Recorder()).start()
+    monkeypatch.undo()
+    assert str(info.value) == f"cannot {action} {run_dir / name if name else run_dir}: {_ADVICE[code]}"
+    assert info.value.errno == code
+    assert lock_holder(server_root) is None  # nothing is left held: the next start, space back, serves
+    with SubmitServer(server_root, send=Recorder()):
+        assert ping(server_root) is not None
 
 
 def test_a_symlinked_run_directory_is_refused(server_root: Path, tmp_path: Path) -> None:

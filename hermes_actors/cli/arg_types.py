@@ -6,13 +6,19 @@ import argparse
 import os
 from pathlib import Path
 
+from hermes_actors.cli.render import clip
+
 __all__ = ["MAX_WAIT_SECONDS", "root_path", "seconds", "utf8_text"]
 
+# Linux's PATH_MAX and NAME_MAX: a longer path fails every call with ENAMETOOLONG
+_PATH_MAX = 4096
+_NAME_MAX = 255
 MAX_WAIT_SECONDS = 10_000_000.0  # ~115 days; a longer wait overflows the clocks the waits are measured on
 
 
 def root_path(text: str) -> Path:
-    """An argparse ``type`` for ``--root``: an empty value is refused, not read as the current directory.
+    """An argparse ``type`` for ``--root``: an empty value is refused, not read as the current directory, and
+    so is one longer than a path can be (the OS error, exit 1, would repeat all of it: 100,000 characters).
 
     Args:
         text: the option's value.
@@ -21,10 +27,15 @@ def root_path(text: str) -> Path:
         The path.
 
     Raises:
-        argparse.ArgumentTypeError: the value is empty.
+        argparse.ArgumentTypeError: the value is empty, or longer than a path or one of its names can be.
     """
     if not text.strip():
         raise argparse.ArgumentTypeError("the Hermes root is empty; pass its directory (e.g. ~/.hermes)")
+    raw = os.fsencode(text)
+    if len(raw) >= _PATH_MAX or max(len(name) for name in raw.split(b"/")) > _NAME_MAX:
+        raise argparse.ArgumentTypeError(
+            f"the Hermes root {clip(text, 60)!r} ({len(raw):,} bytes) is longer than a path can be (under "
+            f"{_PATH_MAX:,} bytes, at most {_NAME_MAX} per name); pass its directory (e.g. ~/.hermes)")
     return Path(text)
 
 

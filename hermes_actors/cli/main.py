@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_relay)
 
     p = sub.add_parser("enable", help="make a hermes-agent root's profiles Bot-Mode-managed (idempotent)")
-    p.add_argument("--root", required=True, type=Path, help="the Hermes root")
+    p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("--profiles", default=None, help="comma-separated folder ids (default: every profile)")
     p.add_argument("--gateway", action="store_true", help="also configure `hermes gateway run` to host the actors")
     p.add_argument("--port", type=int, default=None,
@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_enable)
 
     p = sub.add_parser("disable", help="undo what enable changed")
-    p.add_argument("--root", required=True, type=Path, help="the Hermes root")
+    p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("--profiles", default=None, help="comma-separated folder ids (default: everything enable did)")
     p.set_defaults(func=_cmd_disable)
 

@@ -105,6 +105,9 @@ def cmd_send(args: argparse.Namespace) -> int:
 
     # A bad option is refused before anything else is said or done (the "no host" note included).
     overrides = transport_config(args)
+    # before the host is looked for: a missing root is the error to show, not "no host", and another user's
+    # root is named as such, not by the Permission denied its run directory gives
+    existing_root(args.root)
     try:
         via_host = ask_settled_host(args.root, lambda: _send_via_host(args))
     except TimeoutError as exc:
@@ -112,7 +115,6 @@ def cmd_send(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if via_host is not None:
         return via_host
-    existing_root(args.root)  # before the note: a missing root is the error to show, not "no host"
     # Without a host the turn runs inside this command, so it must wait for it (else it would be abandoned).
     print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
           "this command runs the DM itself", file=sys.stderr)

@@ -26,6 +26,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.core.names import PEER_NAME_RE
 from hermes_actors.core.settings import Setting, coerce, default_text, setting, settings_of
 from hermes_actors.core.wake import parse_wake_mode
@@ -92,7 +93,9 @@ class BotModeConfig:
                "does (≤ 0 disables, and so does 0.5)", at_most=YEARS_10)
     reply_wait_seconds: float = setting(
         900.0, "how long the sender waits for a relay reply before `delivery_timeout`", at_least=0, at_most=WEEK)
-    max_hops: int = setting(8, "conversation depth limit (`loop_guard`)", at_least=1, at_most=10_000)
+    # at most the deepest hop a relayed envelope or a submit request carries: a deeper limit could not work
+    max_hops: int = setting(8, f"conversation depth limit (`loop_guard`); at most {MAX_HOP}, the deepest hop a "
+                               "relayed envelope or a submit request carries", at_least=1, at_most=MAX_HOP)
     max_pair_rate: int = setting(
         30, "DMs per minute between one pair from inside turns (`loop_guard`; 0 disables)", at_least=0,
         at_most=1_000_000)

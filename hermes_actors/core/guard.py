@@ -39,9 +39,11 @@ def check_hops(hop: int, max_hops: int) -> Refusal | None:
 def check_relay_hop(hop: int, label: str) -> Refusal | None:
     """Refuse a DM to another gateway whose hop no relayed envelope may carry (past ``MAX_HOP``).
 
-    With ``max_hops`` above ``MAX_HOP`` the loop guard lets such a DM through, but its target, over either
-    transport, refuses the envelope as malformed and never answers it (``relay_protocol.parse_envelope``):
-    the sender would wait for a ``delivery_timeout``. So nothing is queued and the caller is told at once.
+    Its target, over either transport, refuses such an envelope as malformed and never answers it
+    (``relay_protocol.parse_envelope``): the sender would wait for a ``delivery_timeout``. So nothing is
+    queued and the caller is told at once. ``config.yaml`` takes no ``max_hops`` above ``MAX_HOP``, so the
+    loop guard (:func:`check_hops`) refuses such a DM first; this check holds for a ``BotModeConfig`` built
+    by hand past that range.
 
     Args:
         hop: the DM's hop.

@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["MAX_HOP", "is_hop"]
 
-MAX_HOP = 1000  # the deepest hop a submit request or a relayed envelope may carry
+MAX_HOP = 1000  # the deepest hop a submit request or a relayed envelope may carry; the most `max_hops` takes
 
 
 def is_hop(value: Any) -> bool:

@@ -17,6 +17,7 @@ from loguru import logger
 
 from hermes_actors.facade.outcomes import OutcomeWaits
 from hermes_actors.facade.sends import SendsInFlight
+from hermes_actors.local.outcome_book import KeptOutcomes
 
 __all__ = ["DispatcherFailure"]
 
@@ -61,7 +62,7 @@ class DispatcherFailure:
         self.failed = True
         self._sends.await_all(_FAILING_SENDS_WAIT)
 
-    def failed_with(self, error: BaseException | None, final: dict[str, dict[str, Any]]) -> None:
+    def failed_with(self, error: BaseException | None, final: KeptOutcomes) -> None:
         """The Dispatcher failed (called on its thread): refuse DMs from now on, keep its outcomes, say so."""
         self._outcomes.keep(final, replace=False)
         self.error = error

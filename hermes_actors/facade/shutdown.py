@@ -19,6 +19,7 @@ from loguru import logger
 from actors import ActorGone, AskTimeout, ask
 from hermes_actors.facade.options import ASK_TIMEOUT
 from hermes_actors.local.notifier import in_subscriber_callback
+from hermes_actors.local.outcome_book import KeptOutcomes
 from hermes_actors.local.shutdown import await_running_turns, end_running_turns
 from hermes_actors.messages import (
     AwaitRestarts,
@@ -43,7 +44,7 @@ def shut_down(
     *,
     abandon: threading.Event | None = None,
     on_wait: Callable[[int, float], Any] | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> KeptOutcomes:
     """Stop accepting, let running turns finish within ``timeout``, stop every actor (see ``Gateway.stop``).
 
     Args:
@@ -53,12 +54,13 @@ def shut_down(
         on_wait: called once with (running turns, ``timeout``) before waiting for them.
 
     Returns:
-        The settled outcomes the stopped Gateway keeps answering (empty when the stop was not clean).
+        The settled outcomes the stopped Gateway keeps answering, packed as the Dispatcher's book holds them
+        (empty when the stop was not clean).
     """
     dispatcher, notifier, pool = system.dispatcher, system.notifier, system.pool
     assert dispatcher is not None and notifier is not None and pool is not None
     deadline = time.monotonic() + max(0.0, timeout)
-    final: dict[str, dict[str, Any]] = {}
+    final: KeptOutcomes = {}
     notifier_busy = False  # a subscriber callback outlived the stop's timeout: the Notifier stops after it
     settled = False  # every turn has its outcome (FinalizePending): no worker holds one the stop waits for
     if system.bridge is not None:

@@ -61,6 +61,7 @@ from hermes_actors.hermes.submit_protocol import (
     socket_path,
 )
 from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, recv_by, socket_address
+from hermes_actors.store.os_errors import store_error
 from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = [
@@ -140,6 +141,8 @@ class SubmitServer:
             HostileFileError: ``bot_relay``/``run`` is a symlink or another uid's, something
                 that is not our socket sits at the socket path, or something that is not a lock
                 file of ours (a regular file with one name) at ``submit.lock``.
+            StoreError: the run directory, ``submit.lock`` or the socket could not be made (a full or
+                read-only disk): the text names the file in full and what to do.
         """
         with self._state_lock:
             if self._state != "new":
@@ -160,8 +163,20 @@ class SubmitServer:
         ensure_private_dir(run_dir, within=self.root)  # bot_relay/ and run/, neither through a swapped symlink
         self._dir_fd = open_dir(run_dir)
         if stat.S_IMODE(os.fstat(self._dir_fd).st_mode) & 0o077:
-            os.fchmod(self._dir_fd, 0o700)  # ours (checked); nobody else may even look up the socket
+            try:
+                os.fchmod(self._dir_fd, 0o700)  # ours (checked); nobody else may even look up the socket
+            except OSError as exc:  # an error on a descriptor names no file: name it (a read-only disk)
+                raise store_error("chmod 0700", run_dir, exc) from exc
         self._lock_fd = take_host_lock(self._dir_fd, run_dir / LOCK_NAME, self.root)
+        try:
+            self._bind_socket()
+        except HostileFileError:
+            raise
+        except OSError as exc:  # named relative to the directory (or not at all): name the socket in full
+            raise store_error("create the socket", self.path, exc) from exc
+
+    def _bind_socket(self) -> None:
+        """Replace a stale socket of ours, bind ours (0600) and listen: we hold the host lock."""
         try:
             st = os.lstat(SOCKET_NAME, dir_fd=self._dir_fd)
         except FileNotFoundError:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hermes_actors.errors import HostileFileError
 from hermes_actors.hermes.submit_protocol import socket_path
+from hermes_actors.store.os_errors import store_error
 
 __all__ = ["already_hosted", "open_lock_file", "take_host_lock"]
 
@@ -81,13 +82,16 @@ def open_lock_file(dir_fd: int, path: Path) -> int:
     Raises:
         HostileFileError: a symlink, a directory, a FIFO or other special file, another uid's
             file, or a file with more than one name sits there.
-        OSError: it could not be opened for another reason (disk full, read-only...).
+        StoreError: it could not be opened for another reason (disk full, read-only...): the
+            text names ``path`` in full and what to do (the OS error names only the file's name,
+            opened relative to ``dir_fd``).
     """
     try:
         fd = os.open(path.name, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno not in _LOCK_OPEN_REFUSALS or not os.path.lexists(path):
-            raise  # nothing there (EACCES: the directory refused the create): not a file to remove
+            # nothing there (EACCES: the directory refused the create): not a file to remove
+            raise store_error("open", path, exc) from exc
         why: str | None = _LOCK_OPEN_REFUSALS[exc.errno]
     else:
         why = _lock_file_refusal(os.fstat(fd), os.getuid())
@@ -115,7 +119,8 @@ def take_host_lock(dir_fd: int, path: Path, root: Path) -> int:
     Raises:
         RuntimeError: another process holds the lock (:func:`already_hosted` names it).
         HostileFileError: as for :func:`open_lock_file`.
-        OSError: it could not be opened or written.
+        StoreError: it could not be opened, locked or written (disk full, read-only...): the
+            text names ``path`` in full and what to do (an error on a descriptor names no file).
     """
     fd = open_lock_file(dir_fd, path)
     try:
@@ -124,8 +129,13 @@ def take_host_lock(dir_fd: int, path: Path, root: Path) -> int:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             raise already_hosted(root, holder) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            raise store_error("lock", path, exc) from exc
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            raise store_error("write", path, exc) from exc
     except BaseException:
         os.close(fd)
         raise

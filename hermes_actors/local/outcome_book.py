@@ -41,9 +41,9 @@ _ZLIB = b"\x00"  # tags a compressed blob (a marshal dump never starts with a ze
 #: An outcome as the book keeps it (:func:`pack_outcome`): a blob, or a dict ``marshal`` cannot dump.
 Packed = bytes | dict[str, Any]
 #: Delivery id → its outcome as the book keeps it (a :data:`Packed`; :func:`unpack_outcome` reads one): what
-#: :meth:`OutcomeBook.export` hands a stopping gateway. The values are typed ``Any`` because they pass unread
-#: through the gateway's hand-over (typed as outcome dicts there) to ``facade.outcomes.OutcomeWaits``.
-KeptOutcomes = dict[str, Any]
+#: :meth:`OutcomeBook.export` hands a stopping or failed gateway, unread on the way (``facade.shutdown``,
+#: ``facade.failure``, ``system``) to ``facade.outcomes.OutcomeWaits``, which unpacks the one asked for.
+KeptOutcomes = dict[str, Packed]
 
 #: How a pending delivery travels: to a local profile, to another connection through the
 #: relay (ours, awaiting a reply), drained from the relay and run here, to a bot_peers peer,
@@ -194,10 +194,10 @@ class SettledOutcomes:
         while len(self._generations) > 1 and self._count - len(self._generations[0]) >= self.keep:
             self._count -= len(self._generations.popleft())
 
-    def packed(self) -> dict[str, Packed]:
+    def packed(self) -> KeptOutcomes:
         """Every id → its outcome as stored (:func:`unpack_outcome` reads one), oldest first; a rewritten id
         once, with its newest copy. The blobs are shared, not copied: the dict costs a table slot per id."""
-        kept: dict[str, Packed] = {}
+        kept: KeptOutcomes = {}
         for generation in self._generations:  # oldest first: a newer copy of an id overwrites an older one
             kept.update(generation)
         return kept

@@ -28,6 +28,7 @@ __all__ = [
     "alias_forms",
     "discover_profiles",
     "existing_root",
+    "foreign_root_refusal",
     "install_is_managed",
     "is_managed",
     "read_profile_yaml",
@@ -71,12 +72,16 @@ def existing_root(root: Path | str) -> Path:
 
     Raises:
         FileNotFoundError: it does not exist or is not a directory.
+        PermissionError: it belongs to another user (:func:`foreign_root_refusal`).
         ValueError: it is a profile's home inside a root (``<root>/profiles/<name>``), not a root; or it
             holds none of the files a Hermes root has (a mistyped ``--root ~`` would get ``bot_relay/``).
     """
     path = root_path(root)
     if not path.is_dir():
         raise FileNotFoundError(f"Hermes root {str(path)!r} does not exist or is not a directory")
+    refusal = foreign_root_refusal(path, path.stat().st_uid, os.getuid())
+    if refusal is not None:
+        raise PermissionError(refusal)
     if not any((path / name).exists() for name in _ROOT_MARKS):
         raise ValueError(
             f"{str(path)!r} does not look like a Hermes root (none of {', '.join(_ROOT_MARKS)} in it); pass the "
@@ -90,6 +95,28 @@ def existing_root(root: Path | str) -> Path:
             f"pass --root {outer}"
         )
     return path
+
+
+def foreign_root_refusal(path: Path, owner: int, uid: int) -> str | None:
+    """Pure: why a root owned by ``owner`` is not ours (``uid``) to use, or None when it is.
+
+    A root belongs to the user hermes runs as. Another user could not read it (a bare
+    ``Permission denied`` on ``config.yaml``); root could, but the ``bot_relay/`` files it wrote
+    there would be root's, which the owner's own gateway then refuses as another uid's.
+
+    Args:
+        path: the root (for the message).
+        owner: the uid that owns it.
+        uid: ours.
+
+    Returns:
+        The refusal naming both uids and what to do, or None when ``owner`` is ``uid``.
+    """
+    if owner == uid:
+        return None
+    return (f"Hermes root {str(path)!r} belongs to uid {owner}, not to you (uid {uid}): run hermes-actors as the "
+            "user who owns it (the one hermes runs as), e.g. sudo -u <that user> hermes-actors ...")
+
 
 _SLUG_RUN_RE = re.compile(r"[^a-z0-9]+")
 

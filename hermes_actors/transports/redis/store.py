@@ -147,12 +147,22 @@ def redis_url_problem(url: str) -> str | None:
 
 
 def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (safe to log)."""
-    parts = urlsplit(url)
+    """The URL with its password replaced by ``***`` (safe to log), even one that does not parse.
+
+    An unparseable URL (an unclosed IPv6 bracket: ``redis://u:pw@[::1``) is shown in the message that
+    refuses it: whatever precedes its last ``@`` is masked whole, since where its password ends is unknown.
+    """
     head, sep, query = url.partition("?")
-    if parts.password is not None:
-        masked = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
-        head = head.replace(parts.netloc, masked, 1)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # the URL being refused: it is masked all the same, never an error of its own
+        scheme, colon_slashes, rest = head.partition("://")
+        if "@" in rest:
+            head = f"{scheme}{colon_slashes}***@{rest.rpartition('@')[2]}"
+    else:
+        if parts.password is not None:
+            masked = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
+            head = head.replace(parts.netloc, masked, 1)
     if "password=" in query:
         query = "&".join("password=***" if item.startswith("password=") else item for item in query.split("&"))
     return head + sep + query
