@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -88,8 +90,13 @@ def test_never_reached_is_true_only_when_nothing_can_still_run_the_turn_and_its_
         lock.release()
         lock.close()
 
-    (root / "gateway.pid").write_text(json.dumps({"pid": os.getppid()}), encoding="utf-8")  # a live gateway
-    assert never_reached(_turn(root, wake), wake.accepted_at) is False  # not this process: it may store it yet
+    # A live gateway that is not this process (a child of ours: the parent may be pid 1, which no pid file names).
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        (root / "gateway.pid").write_text(json.dumps({"pid": other.pid}), encoding="utf-8")
+        assert never_reached(_turn(root, wake), wake.accepted_at) is False  # not this process: it may store it yet
+    finally:
+        other.communicate(timeout=30)  # stdin closed: it ends
     (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # hosted in the gateway
     assert never_reached(_turn(root, wake), wake.accepted_at) is True
 
