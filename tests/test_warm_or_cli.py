@@ -386,13 +386,15 @@ def test_process_started_at_tells_when_a_process_started(sleeper: Sleeper) -> No
     assert process_started_at(proc.pid) is None  # gone (reaped)
 
 
-def test_a_turn_runs_apart_from_a_serve_host_but_not_from_the_gateway_hosting_the_actors(tmp_path: Path) -> None:
+def test_a_turn_runs_apart_from_a_serve_host_but_not_from_the_gateway_hosting_the_actors(tmp_path: Path,
+                                                                                         sleeper: Sleeper) -> None:
     """What a restart tells the sender of a warm turn the previous host lost (review: a `serve` host killed mid
     warm turn said "The gateway stopped or crashed during the turn" though the hermes gateway ran on and answered)."""
     runner, _, _, _ = make()
     turn = Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path)
     assert runner.runs_apart(turn)  # no gateway running: this host is serve, not the gateway
-    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getppid()}), encoding="utf-8")
+    other = sleeper()  # another live process (not os.getppid(): the suite's parent may be pid 1, never a gateway)
+    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": other.pid}), encoding="utf-8")
     assert runner.runs_apart(turn)  # another process is the gateway
     (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
     assert not runner.runs_apart(turn)  # this process is the hermes gateway hosting the actors
