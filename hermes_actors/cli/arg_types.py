@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from hermes_actors.cli.render import clip
+from hermes_actors.core.clipping import SHOWN_CLIP_CHARS, clip, shown
 
 __all__ = ["MAX_WAIT_SECONDS", "root_path", "seconds", "utf8_text"]
 
@@ -34,8 +34,8 @@ def root_path(text: str) -> Path:
     raw = os.fsencode(text)
     if len(raw) >= _PATH_MAX or max(len(name) for name in raw.split(b"/")) > _NAME_MAX:
         raise argparse.ArgumentTypeError(
-            f"the Hermes root {clip(text, 60)!r} ({len(raw):,} bytes) is longer than a path can be (under "
-            f"{_PATH_MAX:,} bytes, at most {_NAME_MAX} per name); pass its directory (e.g. ~/.hermes)")
+            f"the Hermes root {clip(text, SHOWN_CLIP_CHARS)!r} ({len(raw):,} bytes) is longer than a path can be "
+            f"(under {_PATH_MAX:,} bytes, at most {_NAME_MAX} per name); pass its directory (e.g. ~/.hermes)")
     return Path(text)
 
 
@@ -54,9 +54,9 @@ def seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
     if not 0.0 <= value <= MAX_WAIT_SECONDS:
-        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
+        raise argparse.ArgumentTypeError(f"{shown(text)}: seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
     return value
 
 
