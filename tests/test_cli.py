@@ -412,6 +412,20 @@ VALUE_ERRORS = [
      "refused [unknown]: Invalid target: {q} — teammates: @hermes, @bob, @carol"),
     ("send target@connection", ["send", "--root", "R", "--runner", "demo", "--from", "alice", "bob@V", "hi"], 1,
      "refused [unknown]: no teammate named {quoted} — teammates: @hermes, @bob, @carol"),
+    # argparse's own refusals
+    ("a subcommand", ["V"], 2, "hermes-actors: error: argument command: invalid choice: {q} (choose from 'demo', "),
+    ("a room subcommand", ["room", "V"], 2,
+     "error: argument room_command: invalid choice: {q} (choose from 'create', 'send', 'show', 'list', 'disband')"),
+    ("serve --runner", ["serve", "--root", "R", "--runner", "V"], 2,
+     "error: argument --runner: invalid choice: {q} (choose from 'hermes', 'command', 'demo')"),
+    ("enable --port", ["enable", "--root", "R", "--gateway", "--port", "V"], 2,
+     "error: argument --port: invalid int value: {q}"),
+    ("status --connection-id", ["status", "--root", "R", "--connection-id", "V"], 2,
+     "hermes-actors status: error: unrecognized arguments: --connection-id {bare}"),
+    ("bench --scenario", ["bench", "--scenario", "V"], 2,
+     "hermes-actors bench: error: argument --scenario: invalid choice: {q} (choose from 'local-roundtrip', "),
+    ("bench --sustained-seconds", ["bench", "--sustained-seconds", "V"], 2,
+     "hermes-actors bench: error: argument --sustained-seconds: invalid float value: {q}"),
 ]
 
 
@@ -444,6 +458,19 @@ def test_an_error_names_a_huge_value_cut_with_its_length_and_a_normal_one_as_bef
     assert line.format(q=q, bare=bare, quoted=quoted).replace("on R", f"on {root}") in out, out[-500:]
     if size == "huge":
         assert len(out) < 1000 + len(root) * 2, out[-500:]
+
+
+def test_bench_out_longer_than_a_name_can_be_is_a_usage_error_naming_it_cut(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI fuzz): `bench --out <100,000 characters>` failed with exit 1 and `[Errno 36] File name too
+    long: '<all of it>'` (Path.exists() raised it while the refusal was being worded)."""
+    out = str(tmp_path / ("a" * 100_000))
+    code, printed = _exit_and_output(["bench", "--out", out, "--no-progress"], capsys)
+    assert code == 2
+    assert (f"error: --out '{out[:59]}…' ({len(out):,} characters) must be a directory bench can create and write its "
+            "results in (File name too long)") in printed
+    assert len(printed) < 1000
 
 
 @pytest.mark.parametrize(("url", "shown"), [("redis://[::1", "'redis://[::1'"),
