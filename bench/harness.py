@@ -46,6 +46,8 @@ from bench.plot import plot_results
 from bench.progress import NullProgress, Progress
 from bench.registry import REGISTRY, BenchContext
 from bench.report import render_table, write_docs
+from hermes_actors.cli.arg_types import Parser
+from hermes_actors.core.clipping import shown
 
 __all__ = ["DEFAULT_OUT", "TINY_SCALE", "main", "results_dir", "run_bench"]
 
@@ -164,7 +166,7 @@ def run_bench(
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``bench`` command's arguments."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(  # its errors name a huge --scenario or --sustained-seconds cut, not whole
         prog="hermes-actors bench",
         description="Benchmark hermes-actors against a model of the seed design, side by side.",
     )
@@ -197,8 +199,10 @@ def results_dir(path: Path) -> Path:
         with tempfile.TemporaryFile(dir=path):  # a real write: permission bits say nothing to root or a read-only mount
             pass
     except OSError as exc:
-        reason = "it is a file, not a directory" if path.exists() and not path.is_dir() else exc.strerror or str(exc)
-        raise ValueError(f"--out {str(path)!r} must be a directory bench can create and write its results in "
+        # os.path's exists, not Path's: a name too long raises from Path.exists() (exit 1, the name whole)
+        is_file = os.path.exists(path) and not os.path.isdir(path)
+        reason = "it is a file, not a directory" if is_file else exc.strerror or str(exc)
+        raise ValueError(f"--out {shown(str(path))} must be a directory bench can create and write its results in "
                          f"({reason})") from None
     return path
 

@@ -380,6 +380,99 @@ def test_enable_and_disable_refuse_an_empty_root_as_every_command_does(
     assert not (tmp_path / "hermes-root" / "bot_relay").exists()
 
 
+# (id, argv with V for the value, exit code, the line naming it: {q} as repr names it, {bare} as it is typed,
+# {quoted} as the seed's '<value>')
+VALUE_ERRORS = [
+    ("outcome id", ["outcome", "--root", "R", "V"], 2,
+     "error: {q} is not a delivery id (32 hexadecimal characters, as `send` prints)"),
+    ("outcome --wait", ["outcome", "--root", "R", "0" * 32, "--wait", "V"], 2,
+     "error: argument --wait: {q} is not a number of seconds"),
+    ("roster --connection-id", ["roster", "--root", "R", "--connection-id", "V"], 2,
+     "error: connection id {q} must be 1-64 letters, digits, '_' or '-' (starting with a letter or digit)"),
+    ("relay --name", ["relay", "--root", "R", "--name", "V"], 2,
+     "error: connection id {q} must match ^[a-zA-Z0-9][a-zA-Z0-9_-]{{0,63}}\\Z"),
+    ("roster --redis", ["roster", "--root", "R", "--redis", "V"], 2,
+     "error: --redis {q} is not a redis://, rediss:// or unix:// URL (e.g. redis://127.0.0.1:6379/0), nor 'redis' "
+     "to read REDIS_URL"),
+    ("serve --http", ["serve", "--root", "R", "--http", "V"], 2,
+     "error: --http {q}: the port {q} is not a number (e.g. 127.0.0.1:9464, :9464 or [::1]:9464)"),
+    ("enable --profiles", ["enable", "--root", "R", "--profiles", "V"], 2,
+     "error: no such profile on R: {bare} (known: default, alice, bob, carol)"),
+    ("disable --profiles", ["disable", "--root", "R", "--profiles", "V"], 2,
+     "error: no such profile on R, nor in what enable recorded: {bare} (known: alice, bob, carol, default)"),
+    ("room show", ["room", "show", "--root", "R", "V"], 2,
+     "error: no room {q}: pass the id or name of an existing room (Gateway.list_rooms(); on the command line: "
+     "hermes-actors room list)"),
+    ("room create member", ["room", "create", "--root", "R", "x", "alice", "V"], 2,
+     "error: unknown member {q}: no local profile with that name"),
+    ("send --from", ["send", "--root", "R", "--runner", "demo", "--from", "V", "bob", "hi"], 1,
+     "refused [unknown]: Unknown sender {q}: no profile with that name on this install — teammates: @hermes, "
+     "@alice, @bob, @carol"),
+    ("send target", ["send", "--root", "R", "--runner", "demo", "--from", "alice", "V", "hi"], 1,
+     "refused [unknown]: Invalid target: {q} — teammates: @hermes, @bob, @carol"),
+    ("send target@connection", ["send", "--root", "R", "--runner", "demo", "--from", "alice", "bob@V", "hi"], 1,
+     "refused [unknown]: no teammate named {quoted} — teammates: @hermes, @bob, @carol"),
+    # argparse's own refusals
+    ("a subcommand", ["V"], 2, "hermes-actors: error: argument command: invalid choice: {q} (choose from 'demo', "),
+    ("a room subcommand", ["room", "V"], 2,
+     "error: argument room_command: invalid choice: {q} (choose from 'create', 'send', 'show', 'list', 'disband')"),
+    ("serve --runner", ["serve", "--root", "R", "--runner", "V"], 2,
+     "error: argument --runner: invalid choice: {q} (choose from 'hermes', 'command', 'demo')"),
+    ("enable --port", ["enable", "--root", "R", "--gateway", "--port", "V"], 2,
+     "error: argument --port: invalid int value: {q}"),
+    ("status --connection-id", ["status", "--root", "R", "--connection-id", "V"], 2,
+     "hermes-actors status: error: unrecognized arguments: --connection-id {bare}"),
+    ("bench --scenario", ["bench", "--scenario", "V"], 2,
+     "hermes-actors bench: error: argument --scenario: invalid choice: {q} (choose from 'local-roundtrip', "),
+    ("bench --sustained-seconds", ["bench", "--sustained-seconds", "V"], 2,
+     "hermes-actors bench: error: argument --sustained-seconds: invalid float value: {q}"),
+]
+
+
+def _exit_and_output(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exited:  # argparse's usage errors
+        code = int(exited.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.mark.parametrize(("argv", "code", "line"), [c[1:] for c in VALUE_ERRORS], ids=[c[0] for c in VALUE_ERRORS])
+@pytest.mark.parametrize("size", ["huge", "at the bound"])
+def test_an_error_names_a_huge_value_cut_with_its_length_and_a_normal_one_as_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, line: str, size: str
+) -> None:
+    """Regression (CLI fuzz): each of these errors repeated a 100,000-character argument whole (the port of
+    --http twice). Up to 200 characters a value is named as before; past that, its first words and its length."""
+    root = str(make_root(tmp_path))
+    affix = next(a.replace("V", "") for a in argv if "V" in a)  # 'bob@V': the value typed is 'bob@<value>'
+    typed = affix + "a" * ((100_000 if size == "huge" else 200) - len(affix))
+    if size == "huge":
+        q = bare = quoted = f"'{typed[:59]}…' ({len(typed):,} characters)"
+    else:
+        q, bare, quoted = repr(typed), typed, f"'{typed}'"
+    given = [root if a == "R" else a.replace("V", "a" * (len(typed) - len(affix))) if "V" in a else a for a in argv]
+    got, out = _exit_and_output(given, capsys)
+    assert got == code, out[-500:]
+    assert line.format(q=q, bare=bare, quoted=quoted).replace("on R", f"on {root}") in out, out[-500:]
+    if size == "huge":
+        assert len(out) < 1000 + len(root) * 2, out[-500:]
+
+
+def test_bench_out_longer_than_a_name_can_be_is_a_usage_error_naming_it_cut(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI fuzz): `bench --out <100,000 characters>` failed with exit 1 and `[Errno 36] File name too
+    long: '<all of it>'` (Path.exists() raised it while the refusal was being worded)."""
+    out = str(tmp_path / ("a" * 100_000))
+    code, printed = _exit_and_output(["bench", "--out", out, "--no-progress"], capsys)
+    assert code == 2
+    assert (f"error: --out '{out[:59]}…' ({len(out):,} characters) must be a directory bench can create and write its "
+            "results in (File name too long)") in printed
+    assert len(printed) < 1000
+
+
 @pytest.mark.parametrize(("url", "shown"), [("redis://[::1", "'redis://[::1'"),
                                             ("redis://me:s3cret@[::1:6379", "'redis://***@[::1:6379'")])
 def test_a_redis_url_that_does_not_parse_is_named_with_what_to_do(

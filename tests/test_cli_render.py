@@ -39,6 +39,11 @@ def test_clip(text: str, width: int, expected: str) -> None:
                    "Pick a name from the roster (roles are listed in your system prompt).", "reason": "unknown",
           "teammates": ["scout", "scribe"], "peers": []},
          "refused [unknown]: no teammate named 'nobody' — teammates: @scout, @scribe"),
+        # a huge name, as core.targets cuts it: still one short line (regression: the CLI fuzz)
+        ({"error": "No teammate named 'aaaa…' (100,005 characters) on this install, on a connected machine, or on a "
+                   "registered peer. Pick a name from the roster (roles are listed in your system prompt).",
+          "reason": "unknown", "teammates": ["scout"], "peers": []},
+         "refused [unknown]: no teammate named 'aaaa…' (100,005 characters) — teammates: @scout"),
         ({"error": "You can't message yourself. Pick a teammate from the roster.", "reason": "unknown"},
          "refused [unknown]: You can't message yourself"),
         ({"error": "target_busy: the queue is full.", "reason": "target_busy", "teammates": [], "peers": ["mini"]},

@@ -8,6 +8,7 @@ classification of its text, as the seed does; for these texts that is
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,53 @@ def test_refusal_from_plan_send(snapshot: RosterSnapshot, kwargs: dict[str, Any]
     route = plan_send(snapshot, **kwargs)
     assert isinstance(route, Refusal)
     assert route.as_dict() == expected
+
+
+HUGE = "a" * 100_000
+
+
+def cut(length: str) -> str:
+    """How core.clipping.shown names a long run of 'a': its first 59, and its length."""
+    return "'" + "a" * 59 + f"…' ({length} characters)"
+
+
+CUT = cut("100,000")
+
+# (id, kwargs for plan_send, Redis unreachable?, expected refusal text): a bot's 100 KB value in each refusal
+# that names it
+HUGE_REFUSALS: list[tuple[str, dict[str, Any], bool, str]] = [
+    ("unknown-sender", {"sender": HUGE, "target": "bob", "message": "hi"}, False,
+     f"Unknown sender {CUT}: no profile with that name on this install."),
+    ("invalid-target", {"sender": "alice", "target": HUGE, "message": "hi"}, False, f"Invalid target: {CUT}."),
+    ("no-teammate", {"sender": "alice", "target": HUGE + "@mini", "message": "hi"}, False,
+     no_teammate("").replace("''", cut("100,005"))),
+    ("redis-unreachable", {"sender": "alice", "target": HUGE + "@mini", "message": "hi"}, True,
+     f"Could not queue the message for {cut('100,005')}: Redis at 127.0.0.1:6379 is unreachable, so it was NOT queued. "
+     "Retry once Redis is back."),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "unreachable", "expected"), [(k, u, e) for _, k, u, e in HUGE_REFUSALS],
+                         ids=[i for i, _, _, _ in HUGE_REFUSALS])
+def test_a_huge_value_is_named_cut_with_its_length_not_repeated_whole(
+    snapshot: RosterSnapshot, kwargs: dict[str, Any], unreachable: bool, expected: str
+) -> None:
+    """Regression (CLI fuzz): a 100,000-character sender or target came back whole in the refusal the bot
+    reads (`Invalid target: 'aaaa…<100,000 of them>'.`), and on the terminal of `hermes-actors send`."""
+    if unreachable:
+        snapshot = dataclasses.replace(snapshot, remote_unreachable="127.0.0.1:6379")
+    route = plan_send(snapshot, **kwargs)
+    assert isinstance(route, Refusal)
+    assert route.error == expected
+    assert len(route.error) < 400
+
+
+@pytest.mark.parametrize("length", [64, 200])
+def test_a_value_up_to_the_bound_is_named_whole_as_the_seed_does(snapshot: RosterSnapshot, length: int) -> None:
+    target = "!" * length  # no handle's shape: 'Invalid target'
+    route = plan_send(snapshot, sender="alice", target=target, message="hi")
+    assert isinstance(route, Refusal)
+    assert route.error == f"Invalid target: {target!r}."
 
 
 def test_unmanaged_install_is_refused(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""argparse ``type`` functions shared by the subcommands: each refuses a bad value naming it (exit 2)."""
+"""argparse ``type`` functions shared by the subcommands: each refuses a bad value naming it (exit 2); and the
+parser class whose own refusals (a bad choice, int or float) name a huge value cut, not whole."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import argparse
 import os
 from pathlib import Path
 
-from hermes_actors.cli.render import clip
+from hermes_actors.core.clipping import SHOWN_CLIP_CHARS, clip, shown
 
-__all__ = ["MAX_WAIT_SECONDS", "root_path", "seconds", "utf8_text"]
+__all__ = ["MAX_WAIT_SECONDS", "Parser", "root_path", "seconds", "utf8_text"]
 
 # Linux's PATH_MAX and NAME_MAX: a longer path fails every call with ENAMETOOLONG
 _PATH_MAX = 4096
@@ -34,8 +35,8 @@ def root_path(text: str) -> Path:
     raw = os.fsencode(text)
     if len(raw) >= _PATH_MAX or max(len(name) for name in raw.split(b"/")) > _NAME_MAX:
         raise argparse.ArgumentTypeError(
-            f"the Hermes root {clip(text, 60)!r} ({len(raw):,} bytes) is longer than a path can be (under "
-            f"{_PATH_MAX:,} bytes, at most {_NAME_MAX} per name); pass its directory (e.g. ~/.hermes)")
+            f"the Hermes root {clip(text, SHOWN_CLIP_CHARS)!r} ({len(raw):,} bytes) is longer than a path can be "
+            f"(under {_PATH_MAX:,} bytes, at most {_NAME_MAX} per name); pass its directory (e.g. ~/.hermes)")
     return Path(text)
 
 
@@ -54,9 +55,9 @@ def seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
     if not 0.0 <= value <= MAX_WAIT_SECONDS:
-        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
+        raise argparse.ArgumentTypeError(f"{shown(text)}: seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
     return value
 
 
@@ -86,3 +87,27 @@ def utf8_text(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"is not valid UTF-8 text ({shown} at character {exc.start}); pass it in UTF-8") from None
     return text
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose own errors name the value they refuse through :func:`shown`: argparse's
+    ``invalid choice: '<value>'`` and ``invalid int value: '<value>'`` repeat a 100,000-character argument
+    whole; they keep their words, with a value over the bound cut, with its length.
+    """
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> object:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as exc:  # our types' own messages name it already through shown()
+            raise argparse.ArgumentError(action, _named(exc, arg_string)) from None
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            raise argparse.ArgumentError(action, _named(exc, value)) from None
+
+
+def _named(exc: argparse.ArgumentError, value: object) -> str:
+    """Pure: argparse's message with ``repr(value)`` in it named as :func:`shown` names it (unchanged when short)."""
+    return exc.message.replace(repr(value), shown(value))

@@ -77,6 +77,7 @@ def _check_redis_option(value: str, overrides: dict[str, Any]) -> None:
     """
     import os
 
+    from hermes_actors.core.clipping import shown
     from hermes_actors.transports.redis.store import mask_url, redis_url_from_config, redis_url_problem
 
     try:
@@ -87,9 +88,9 @@ def _check_redis_option(value: str, overrides: dict[str, Any]) -> None:
             problem = redis_url_problem(text) or "is not a redis://, rediss:// or unix:// URL"
             if problem.startswith("is not a redis://"):
                 problem += " (e.g. redis://127.0.0.1:6379/0), nor 'redis' to read REDIS_URL"
-            raise ValueError(f"--redis {mask_url(text)!r} {problem}") from None
+            raise ValueError(f"--redis {shown(mask_url(text))} {problem}") from None
         env_url = os.environ.get("REDIS_URL", "").strip()
         if not env_url:
             raise ValueError("--redis redis reads the URL from REDIS_URL, which is not set") from None
         problem = redis_url_problem(env_url) or "is not a redis://, rediss:// or unix:// URL"
-        raise ValueError(f"--redis redis reads REDIS_URL, and {mask_url(env_url)!r} {problem}") from None
+        raise ValueError(f"--redis redis reads REDIS_URL, and {shown(mask_url(env_url))} {problem}") from None

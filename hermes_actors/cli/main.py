@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from loguru import logger
 
-from hermes_actors.cli.arg_types import root_path, seconds, utf8_text
+from hermes_actors.cli.arg_types import Parser, root_path, seconds, utf8_text
 from hermes_actors.cli.gateway_options import runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
 from hermes_actors.cli.render import (
@@ -30,6 +30,7 @@ from hermes_actors.cli.render import (
     printable,
 )
 from hermes_actors.cli.send import cmd_send
+from hermes_actors.core.clipping import shown
 from hermes_actors.errors import TransportError
 
 __all__ = ["main"]
@@ -166,7 +167,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hermes-actors", description="Bot Mode agent-to-agent messaging as an actor system."
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
@@ -284,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser]:
     """The subcommands' parser class: each inherits ``parent``'s options (``-v``)."""
 
-    class SubParser(argparse.ArgumentParser):
+    class SubParser(Parser):
         def __init__(self, **kwargs: Any) -> None:
             kwargs["parents"] = [*kwargs.get("parents", ()), parent]
             super().__init__(**kwargs)
@@ -295,7 +296,7 @@ def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser
             # usage of the subcommand (room's nested ones included) they were given to.
             parsed, extras = super().parse_known_args(args, namespace)
             if extras:
-                self.error(f"unrecognized arguments: {' '.join(extras)}")
+                self.error(f"unrecognized arguments: {' '.join(shown(extra, extra) for extra in extras)}")
             return parsed, extras
 
     return SubParser

@@ -21,6 +21,7 @@ from hermes_actors.cli.render import (
     outcome_line,
     status_text,
 )
+from hermes_actors.core.clipping import shown
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.store.hermes_root import existing_root
 
@@ -86,7 +87,7 @@ def cmd_outcome(args: argparse.Namespace) -> int:
     """``outcome ID``: 0 replied/silent, 1 failed/ambiguous/pending/unknown, 2 a malformed id."""
     delivery_id = args.delivery_id.strip().lower()
     if not is_delivery_id(delivery_id):
-        print(f"error: {args.delivery_id!r} is not a delivery id (32 hexadecimal characters, as `send` prints)",
+        print(f"error: {shown(args.delivery_id)} is not a delivery id (32 hexadecimal characters, as `send` prints)",
               file=sys.stderr)
         return 2
     existing_root(args.root)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hermes_actors.core.clipping import clip
 from hermes_actors.store.relay_protocol import STALE_AFTER_SECONDS
 
 __all__ = [
@@ -43,8 +44,9 @@ _FOR_THE_MODEL = (
     "Do not retry.",
     "— compose what you want to say to that agent.",
 )
-_NO_TEAMMATE = re.compile(r"^No teammate named '(?P<name>.*)' on this install, on a connected machine, "
-                          r"or on a registered peer\.")
+# the name as core.targets shows it: '<name>', or a long one cut, with its length (core.clipping.shown)
+_NO_TEAMMATE = re.compile(r"^No teammate named (?P<name>'.*'(?: \([\d,]+ characters\))?) on this install, on a "
+                          r"connected machine, or on a registered peer\.")
 
 
 # C0/C1 control characters but newline and tab, and the bidi embeddings/overrides/isolates: what
@@ -87,26 +89,6 @@ def not_managed_note(root: Any) -> str:
             f"refused; fix: hermes-actors enable --root {root}")
 
 
-def clip(text: str, width: int) -> str:
-    """Pure: ``text`` on one line, at most ``width`` characters, cut at a word boundary with "…".
-
-    Args:
-        text: any text (newlines become spaces).
-        width: the maximum length (at least 2).
-
-    Returns:
-        The text, or its longest prefix ending at a whole word plus "…".
-    """
-    flat = " ".join(str(text).split())
-    if len(flat) <= width:
-        return flat
-    cut = flat[: max(1, width - 1)]
-    space = cut.rfind(" ")
-    if space > width // 2:
-        cut = cut[:space]
-    return cut.rstrip(" ,;:—-") + "…"
-
-
 def _without_reason_prefix(text: str, reason: str) -> str:
     """``target_busy: another turn…`` → ``another turn…`` (the reason is shown once, in brackets)."""
     text = text.strip()
@@ -125,7 +107,7 @@ def refusal_line(answer: dict[str, Any]) -> str:
     text = _without_reason_prefix(str(answer.get("error") or "no reason given"), reason)
     match = _NO_TEAMMATE.match(text)
     if match:
-        text = f"no teammate named '{match['name']}'"
+        text = f"no teammate named {match['name']}"
     for sentence in _FOR_THE_MODEL:
         text = text.replace(sentence, "")
     text = " ".join(text.split()).rstrip(".")

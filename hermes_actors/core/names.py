@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hermes_actors.core.clipping import shown
+
 __all__ = [
     "DEFAULT_HANDLE",
     "DEFAULT_PROFILE",
@@ -44,7 +46,7 @@ def checked_connection_id(connection_id: object) -> str:
             (it names relay files and Redis streams: ``../x`` must never reach a path).
     """
     if not isinstance(connection_id, str) or not HANDLE_RE.match(connection_id):
-        raise ValueError(f"connection id {connection_id!r} must be 1-64 letters, digits, '_' or '-' "
+        raise ValueError(f"connection id {shown(connection_id)} must be 1-64 letters, digits, '_' or '-' "
                          "(starting with a letter or digit)")
     return connection_id
 

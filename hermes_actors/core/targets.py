@@ -13,6 +13,7 @@ from typing import Any
 
 from actors import fast_init
 from hermes_actors.core.authors import bot_author
+from hermes_actors.core.clipping import shown
 from hermes_actors.core.names import HANDLE_PATTERN, HANDLE_RE, PEER_NAME_PATTERN, profile_key, remote_label
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.messages import BOT_CHAT_SESSION, ProfileInfo, RemoteAgent, RosterSnapshot
@@ -215,7 +216,8 @@ def _try_relay(
         want = raw.strip().lstrip("@").partition("@")[0].lower()
         forms = remote_target_forms(roster, local_taken_forms(snapshot.profiles))
         listed = ", ".join(form for row, form in zip(roster, forms, strict=True) if want in target_aliases(row))
-        return refuse(f"'{raw}' exists on several connected machines — disambiguate with one of: {listed}.")
+        named = shown(raw, f"'{raw}'")  # the seed's '<raw>', cut when huge
+        return refuse(f"{named} exists on several connected machines — disambiguate with one of: {listed}.")
     assert isinstance(match, RemoteAgent)
     age = None if snapshot.remote_mtime is None else max(0.0, now - snapshot.remote_mtime)
     if liveness(match, roster, age) is False:
@@ -263,7 +265,7 @@ def plan_send(
             return roster_refusal(f"sender must be the sending profile's name (text), not {type(sender).__name__}.")
         if not str(sender or "").strip():
             return roster_refusal("sender is required: the name of the profile that sends the DM.")
-        return roster_refusal(f"Unknown sender {sender!r}: no profile with that name on this install.")
+        return roster_refusal(f"Unknown sender {shown(sender)}: no profile with that name on this install.")
     if message is not None and not isinstance(message, str):
         # The seed would str() it: an int, bytes or dict would reach the target as "5", "b'..'" or "{..}".
         return refuse(f"message must be text (a string), not {type(message).__name__}. Compose it as plain text.")
@@ -301,7 +303,7 @@ def plan_send(
 
     resolved = resolve_local(raw, snapshot)
     if resolved is None and not HANDLE_RE.match(raw) and "@" not in raw:
-        return roster_refusal(f"Invalid target: {raw!r}.")
+        return roster_refusal(f"Invalid target: {shown(raw)}.")
     if resolved is None or resolved == me.profile:
         # Unknown here, or the same name on ANOTHER connection: the relay roster may know it.
         relayed = _try_relay(snapshot, raw, me, content, author, now)
@@ -310,9 +312,10 @@ def plan_send(
         if resolved == me.profile:
             return refuse("You can't message yourself. Pick a teammate from the roster.")
         if "@" in raw and snapshot.remote_unreachable:  # 'dave@mini' may well exist: we cannot see Redis now
-            return Refusal(transport_unreachable_text(raw, snapshot.remote_unreachable), "runtime_offline")
+            return Refusal(transport_unreachable_text(shown(raw, raw), snapshot.remote_unreachable), "runtime_offline")
+        named = shown(raw, f"'{raw}'")  # the seed's '<raw>', cut when huge
         return roster_refusal(
-            f"No teammate named '{raw}' on this install, on a connected machine, or on a registered peer. "
+            f"No teammate named {named} on this install, on a connected machine, or on a registered peer. "
             "Pick a name from the roster (roles are listed in your system prompt)."
         )
     return LocalRoute(me, snapshot.index[resolved.lower()], content, author)

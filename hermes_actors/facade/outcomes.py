@@ -54,11 +54,12 @@ def outcome_on_file(root: Path, delivery_id: str, *, running: bool = False) -> d
             gateway on the root runs it (or reads its reply), or the other gateway holding it settles it.
         KeyError: neither this gateway nor the root's files know the id.
     """
+    from hermes_actors.core.clipping import shown
     from hermes_actors.core.ids import is_delivery_id
     from hermes_actors.ops.journal_view import find_outcome
 
     if not is_delivery_id(delivery_id):
-        raise KeyError(f"unknown delivery id {delivery_id!r} (not a delivery id)")
+        raise KeyError(f"unknown delivery id {shown(delivery_id)} (not a delivery id)")
     found = find_outcome(root, delivery_id)
     if found.get("status") == "pending":
         if running:  # not this gateway's: nothing here will be told when it settles

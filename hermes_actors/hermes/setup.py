@@ -31,6 +31,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from hermes_actors.core.clipping import shown
 from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, profile_home
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.recorded_edits import (
@@ -112,6 +113,11 @@ def _named(root: Path, profiles: Iterable[str]) -> list[str]:
     return chosen
 
 
+def _names(names: Iterable[str]) -> str:
+    """Pure: the profile names a refusal lists, as given (a huge one cut, with its length: ``core.clipping``)."""
+    return ", ".join(shown(name, name) for name in names)
+
+
 def _chosen(root: Path, profiles: Iterable[str] | None, report: SetupReport) -> list[str]:
     """The profiles to enable: the named ones, or every profile hermes can run (the others are reported)."""
     known = [info.profile for info in discover_profiles(root)]
@@ -126,7 +132,7 @@ def _chosen(root: Path, profiles: Iterable[str] | None, report: SetupReport) -> 
     chosen = _named(root, profiles)
     unknown = [p for p in chosen if p not in known]
     if unknown:
-        raise SetupError(f"no such profile on {root}: {', '.join(unknown)} (known: {', '.join(known)})")
+        raise SetupError(f"no such profile on {root}: {_names(unknown)} (known: {', '.join(known)})")
     try:
         return [cli_profile_name(p) for p in chosen]
     except ValueError as exc:
@@ -247,7 +253,7 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
         unknown = [p for p in chosen if p not in known and _home_key(root, p) not in recorded]
         if unknown:
             raise SetupError(
-                f"no such profile on {root}, nor in what enable recorded: {', '.join(unknown)} "
+                f"no such profile on {root}, nor in what enable recorded: {_names(unknown)} "
                 f"(known: {', '.join(sorted(known))})"
             )
         homes = {_home_key(root, p) for p in chosen}

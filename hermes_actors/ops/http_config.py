@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hermes_actors.core.clipping import shown
+
 __all__ = ["DEFAULT_HTTP_HOST", "MAX_PORT", "TOKEN_ENV", "HttpSettings", "check_port", "http_settings",
            "is_loopback_host", "parse_http_address"]
 
@@ -74,27 +76,27 @@ def parse_http_address(text: str) -> tuple[str, int]:
     if not value:
         raise ValueError(f"--http is empty: pass HOST:PORT ({_EXAMPLE})")
     if "://" in value:
-        raise ValueError(f"--http {text!r}: pass HOST:PORT, not a URL ({_EXAMPLE})")
+        raise ValueError(f"--http {shown(text)}: pass HOST:PORT, not a URL ({_EXAMPLE})")
     if value.startswith("["):  # [IPv6]:PORT
         host, sep, port_text = value[1:].partition("]:")
         if not sep or not host:
-            raise ValueError(f"--http {text!r}: an IPv6 host goes in brackets followed by :PORT ({_EXAMPLE})")
+            raise ValueError(f"--http {shown(text)}: an IPv6 host goes in brackets followed by :PORT ({_EXAMPLE})")
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise ValueError(f"--http {text!r}: {host!r} is not an IPv6 address") from None
+            raise ValueError(f"--http {shown(text)}: {shown(host)} is not an IPv6 address") from None
     elif value.count(":") > 1:
-        raise ValueError(f"--http {text!r}: put an IPv6 host in brackets, e.g. [::1]:9464")
+        raise ValueError(f"--http {shown(text)}: put an IPv6 host in brackets, e.g. [::1]:9464")
     else:
         host, sep, port_text = value.rpartition(":")
         if not sep:
             host, port_text = "", value
         host = host or DEFAULT_HTTP_HOST
         if any(c.isspace() or c in "/?#@" for c in host):
-            raise ValueError(f"--http {text!r}: {host!r} is not a host name or address ({_EXAMPLE})")
+            raise ValueError(f"--http {shown(text)}: {shown(host)} is not a host name or address ({_EXAMPLE})")
     if not port_text.isdigit():
-        raise ValueError(f"--http {text!r}: the port {port_text!r} is not a number ({_EXAMPLE})")
-    return host, check_port(int(port_text), f"--http {text!r}")
+        raise ValueError(f"--http {shown(text)}: the port {shown(port_text)} is not a number ({_EXAMPLE})")
+    return host, check_port(int(port_text), f"--http {shown(text)}")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -139,7 +141,8 @@ def http_settings(address: str, token: str | None, env: Mapping[str, str] | None
                              "(e.g. the output of `python -c 'import secrets; print(secrets.token_urlsafe())'`)")
     if chosen is None and not is_loopback_host(host):
         raise ValueError(
-            f"--http {address!r} binds {host}, which is not loopback: anyone who can reach it would see every DM's "
+            f"--http {shown(address)} binds {shown(host, host)}, which is not loopback: anyone who can reach it would "
+            "see every DM's "
             f"sender, target and outcome. Set a bearer token with {TOKEN_ENV} (or --http-token), "
             f"or bind 127.0.0.1"
         )

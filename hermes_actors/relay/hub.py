@@ -28,6 +28,7 @@ from loguru import logger
 
 from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TypedActor, handles
 from hermes_actors.core import outcomes
+from hermes_actors.core.clipping import shown
 from hermes_actors.core.config import load_config, parse_redis_config
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.core.names import HANDLE_RE
@@ -70,7 +71,7 @@ class HubRoot:
     @classmethod
     def make(cls, name: str, root: Path) -> HubRoot:
         if not HANDLE_RE.match(name):
-            raise ValueError(f"connection id {name!r} must match {HANDLE_RE.pattern}")
+            raise ValueError(f"connection id {shown(name)} must match {HANDLE_RE.pattern}")
         existing_root(root)
         # a relay directory left swapped for a symlink or a file is put back first, as a gateway's start does
         # (else one root's swapped delivered/ refused the hub's start for every root)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hermes_actors.core.clipping import shown
 from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, refuse, text_problem
 
 __all__ = [
@@ -111,7 +112,7 @@ def find_room(rooms: Iterable[tuple[str, str]], room: Any) -> str | None:
 
 def no_room(room: Any) -> KeyError:
     """The error for a reference that names no room."""
-    return KeyError(f"no room {room!r}: pass the id or name of an existing room (Gateway.list_rooms(); "
+    return KeyError(f"no room {shown(room)}: pass the id or name of an existing room (Gateway.list_rooms(); "
                     "on the command line: hermes-actors room list)")
 
 
@@ -130,14 +131,14 @@ def plan_members(raw: Any, resolve: Resolve) -> tuple[str, ...] | str:
     members: list[str] = []
     for name in raw:
         if not isinstance(name, str) or not name.strip():
-            return f"member {name!r} is not a name"
+            return f"member {shown(name)} is not a name"
         if name.strip().removeprefix("@").lower() == USER:
             return f"'{USER}' is the human's name in a room; it cannot be a member"
         folder = resolve(name)
         if folder is None:
-            return f"unknown member {name!r}: no local profile with that name"
+            return f"unknown member {shown(name)}: no local profile with that name"
         if folder in members:
-            return f"member {name!r} is listed twice"
+            return f"member {shown(name)} is listed twice"
         members.append(folder)
     if not MIN_MEMBERS <= len(members) <= MAX_MEMBERS:
         return f"a room has {MIN_MEMBERS} to {MAX_MEMBERS} members, not {len(members)}"
@@ -166,7 +167,7 @@ def send_refusal(sender: Any, text: Any, members: Sequence[str], resolve: Resolv
             return refuse(f"Sender {sender!r} is a member of this room, but no profile of that name is on this root "
                           "any more.")
         if folder is None or folder not in members:
-            return refuse(f"Unknown sender {sender!r}: not a member of this room (members: {', '.join(members)}).")
+            return refuse(f"Unknown sender {shown(sender)}: not a member of this room (members: {', '.join(members)}).")
         who = folder
     if text is not None and not isinstance(text, str):
         return refuse(f"text must be a string, not {type(text).__name__}")
