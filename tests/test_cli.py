@@ -86,12 +86,33 @@ def test_send_json_prints_the_raw_refusal(tmp_path: Path, capsys: pytest.Capture
 
 def test_a_failed_turn_exits_1_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = create_demo_root(tmp_path / "root")
-    missing = tmp_path / "no-such-hermes"
-    code = main(["send", "--root", str(root), "--from", "hermes", "scout", "hi", "--cli", str(missing),
+    failing = tmp_path / "failing-hermes"
+    failing.write_text("#!/bin/sh\nexit 3\n", encoding="utf-8")
+    failing.chmod(0o755)
+    code = main(["send", "--root", str(root), "--from", "hermes", "scout", "hi", "--cli", str(failing),
                  "--runner", "command", "--wait", "30"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 1
     assert lines[-1].startswith("failed [") and "@scout" in lines[-1]
+
+
+@pytest.mark.parametrize("command", [
+    ["serve"],
+    ["send", "--from", "hermes", "scout", "hi", "--runner", "command"],
+    ["send", "--from", "hermes", "scout", "hi", "--runner", "hermes"],
+])
+def test_a_cli_that_is_no_executable_is_a_usage_error_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """`--cli /usr/bin/hermse` (a typo) was taken: serve ran, and every turn failed (--runner command) or the
+    hermes runner passed it over for another hermes found beside python or on PATH, saying nothing."""
+    root = create_demo_root(tmp_path / "root")
+    missing = tmp_path / "no-such-hermes"
+    assert main([command[0], "--root", str(root), *command[1:], "--cli", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --cli {missing}: no executable file by that path or name on PATH; give the "
+                          "hermes executable's path, or leave --cli out"), err
+    assert not (root / "bot_relay" / "journal").exists() or not any((root / "bot_relay" / "journal").iterdir())
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

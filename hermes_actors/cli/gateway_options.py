@@ -6,10 +6,28 @@ Shared by every command that may start a gateway of its own (``roster``, ``send`
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["runner_for", "transport_config"]
+from hermes_actors.core.clipping import shown
+
+__all__ = ["check_cli", "runner_for", "transport_config"]
+
+
+def check_cli(cli: str | None) -> None:
+    """Refuse a ``--cli`` that names no executable: it would fail every turn (``--runner command``) or be passed
+    over for another hermes found beside python or on PATH (the hermes runners), saying nothing.
+
+    Args:
+        cli: the ``--cli`` value (None: not given).
+
+    Raises:
+        ValueError: naming the value and what to do.
+    """
+    if cli is not None and shutil.which(cli) is None:
+        raise ValueError(f"--cli {shown(cli, cli)}: no executable file by that path or name on PATH; give the "
+                         "hermes executable's path, or leave --cli out (it is then found beside python, then on PATH)")
 
 
 def runner_for(kind: str, cli: str | None, root: Path) -> Any:
@@ -22,9 +40,14 @@ def runner_for(kind: str, cli: str | None, root: Path) -> Any:
 
     Returns:
         What ``Gateway`` takes as its runner.
+
+    Raises:
+        ValueError: ``--cli`` names no executable (it would have been passed over for another hermes, or
+            failed every turn).
     """
     if kind == "demo":
         return "demo"
+    check_cli(cli)
     from hermes_actors.core.config import load_config
 
     timeout = load_config(root).turn_timeout_seconds

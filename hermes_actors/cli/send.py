@@ -96,7 +96,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     Returns:
         The exit code (0 replied, 1 refused, failed, ambiguous or still pending).
     """
-    from hermes_actors.cli.gateway_options import runner_for, transport_config
+    from hermes_actors.cli.gateway_options import check_cli, runner_for, transport_config
     from hermes_actors.cli.host_wait import ask_settled_host
     from hermes_actors.cli.serve import STOP_GRACE_SECONDS, stop_gateway
     from hermes_actors.core.config import deep_merge, load_config
@@ -105,6 +105,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
     # A bad option is refused before anything else is said or done (the "no host" note included).
     overrides = transport_config(args)
+    check_cli(args.cli)
     # before the host is looked for: a missing root is the error to show, not "no host", and another user's
     # root is named as such, not by the Permission denied its run directory gives
     existing_root(args.root)
