@@ -439,7 +439,7 @@ def test_stop_with_nothing_in_flight_is_quick_and_clean(root: Path) -> None:
     threads_before = non_daemon_threads()
     with Gateway(root, runner=lambda turn: "x") as gw:
         d = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
-        gw.wait_outcome(d, timeout=10)
+        assert gw.wait_outcome(d, timeout=10)["reply"] == "x"
     _assert_all_gone(threads_before)
 
 
