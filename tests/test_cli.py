@@ -5,12 +5,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, make_root
+from roots import RecordingRunner, make_root, write_fake_cli
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.main import build_parser, main
 from hermes_actors.demo.bots import DemoRunner, create_demo_root
@@ -581,22 +583,56 @@ def test_roster_and_outcome_lines_never_pass_terminal_control_sequences(
     assert out == "Reply from @bob: \\x1b[2Jgotcha\\u202e\n"
 
 
+# A fake hermes whose turn has begun once ``started`` exists and ends only once the test creates ``release``
+# (or fails after 60 s): the turn outlasts the send's --wait by construction, not by a sleep.
+_HELD_TURN_CLI = """#!{python}
+import os, sys, time
+open({started!r}, "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists({release!r}):
+    if time.monotonic() > deadline:
+        sys.exit("the test never released the turn")
+    time.sleep(0.01)
+print("late but here")
+"""
+
+
 def test_send_past_its_wait_still_prints_the_outcome_of_a_turn_that_finishes_while_it_stops(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without a host, the turn's grace at the stop let it finish: its reply was never printed (exit 1, 'pending')."""
-    import sys
+    """Without a host, the turn's grace at the stop let it finish: its reply was never printed (exit 1, 'pending').
 
-    from roots import write_fake_cli
-
+    The turn is held until the stop waits for it: --wait runs out while it runs (it begins first), and it
+    finishes within the stop's grace."""
     root = create_demo_root(tmp_path / "root")
-    slow = "#!{python}\nimport time\ntime.sleep(1.0)  # a turn slower than --wait\nprint('late but here')\n"
-    cli = write_fake_cli(tmp_path, slow.format(python=sys.executable))
+    started, release = tmp_path / "turn-started", tmp_path / "turn-released"
+    cli = write_fake_cli(tmp_path, _HELD_TURN_CLI.format(python=sys.executable, started=str(started),
+                                                         release=str(release)))
+    real_wait, real_stop = Gateway.wait_outcome, Gateway.stop
+    stop_waited: list[int] = []
+
+    def wait_outcome(gw: Gateway, delivery_id: str, timeout: float = 30) -> dict[str, Any]:
+        if timeout > 0:  # the send's --wait: it runs out while the turn runs (a turn not begun would be cancelled)
+            await_condition(started.exists, timeout=60, message="the turn began")
+        return real_wait(gw, delivery_id, timeout)
+
+    def stop(gw: Gateway, *args: Any, on_wait: Any = None, **kwargs: Any) -> Any:
+        def waiting(running: int, grace: float) -> None:
+            stop_waited.append(running)
+            release.touch()  # the stop waits for the turn: it may finish now, within the grace
+            if on_wait is not None:
+                on_wait(running, grace)
+
+        return real_stop(gw, *args, on_wait=waiting, **kwargs)
+
+    monkeypatch.setattr(Gateway, "wait_outcome", wait_outcome)
+    monkeypatch.setattr(Gateway, "stop", stop)
     code = main(["send", "--root", str(root), "--from", "hermes", "scout", "hi", "--cli", str(cli),
                  "--runner", "command", "--wait", "0.05"])
     captured = capsys.readouterr()
-    assert "pending: " in captured.err and "stopping" in captured.err
-    assert captured.out.strip().splitlines()[-1] == "Reply from @scout: late but here"
+    assert stop_waited == [1], "the turn was not running when the stop began"
+    assert "pending: " in captured.err and "stopping" in captured.err, captured.err
+    assert captured.out.strip().splitlines()[-1] == "Reply from @scout: late but here", captured.out
     assert code == 0
 
 

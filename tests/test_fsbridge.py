@@ -281,6 +281,9 @@ def test_start_refuses_a_missing_root_and_stop_is_idempotent(
 def test_a_dead_target_stops_the_periodic_rescan(tmp_path: Path, scheduler: Scheduler) -> None:
     ref, _ = Probe.spawn()
     bridge = FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0.05).start()
+    timers = list(bridge._timers)  # the periodic rescan and the start's second look
+    assert timers
     ref.stop()
+    # the periodic rescan's tell found the target dead: the bridge stopped itself, its watcher and its timers
     await_condition(lambda: bridge._observer is None, timeout=5, message="the bridge stopped itself")
-    (tmp_path / "late.json").write_text("{}")  # no observer, no tell to a dead actor: nothing raises
+    assert all(timer.cancelled for timer in timers), "a rescan timer still fires for the dead target"

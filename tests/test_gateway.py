@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,10 +31,8 @@ from hermes_actors.messages import Turn, WindDown
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 
 OUTCOME_KEYS = {"delivery_id", "status", "reply", "error", "reason", "retryable", "from", "text"}
-# What a stop may take beyond its own timeout on a loaded 2-core machine (thread scheduling, joins): generous, and
-# still far below the regressions these tests catch (a stop held ~15 s whatever its timeout). Finer claims on how
-# long a stop takes are asserted as behaviour (what it waits for, with which deadline) or measured in bench/.
-STOP_SLACK = 5.0
+# How long a stop takes is measured in bench/, never bounded here: a stop's tests assert what it was willing to
+# wait (the join timeouts it gave, the time it gave its ProfileActors to answer, which stops it blocked on).
 
 
 
@@ -68,6 +65,61 @@ class Recorder:
 
 def non_daemon_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if not t.daemon and t.is_alive()}
+
+
+def watch_wind_down(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float, bool]]:
+    """Record what the stop's ``ProfileTable.wind_down`` sent and was willing to wait for (the replies still work).
+
+    Args:
+        monkeypatch: pytest's ``monkeypatch`` (the patch ends with the test).
+
+    Returns:
+        The live list of events, in order: ``("ask", 0.0, False)`` for each WindDown sent, ``("get", the
+        seconds it was given, whether it timed out)`` for each answer awaited.
+    """
+    events: list[tuple[str, float, bool]] = []
+    real_ask_later = profile_table.ask_later
+
+    class WatchedReply:
+        def __init__(self, reply: Any) -> None:
+            self.reply = reply
+
+        def get(self, *, timeout: float, expect: type | None = None) -> Any:
+            try:
+                answer = self.reply.get(timeout=timeout, expect=expect)
+            except AskTimeout:
+                events.append(("get", timeout, True))
+                raise
+            events.append(("get", timeout, False))
+            return answer
+
+    def watched_ask_later(ref: pykka.ActorRef[Any], message: Any) -> Any:
+        events.append(("ask", 0.0, False))
+        return WatchedReply(real_ask_later(ref, message))
+
+    monkeypatch.setattr(profile_table, "ask_later", watched_ask_later)
+    return events
+
+
+def watch_profile_actor_stops(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, float | None]]:
+    """Record how each ProfileActor was stopped: ``(block, timeout)`` of its ``ActorRef.stop`` (it still stops).
+
+    Args:
+        monkeypatch: pytest's ``monkeypatch`` (the patch ends with the test).
+
+    Returns:
+        The live list, in call order; other actors' stops are not recorded.
+    """
+    stops: list[tuple[bool, float | None]] = []
+    real_stop = pykka.ActorRef.stop
+
+    def stop(ref: pykka.ActorRef[Any], *, block: bool = True, timeout: float | None = None) -> Any:
+        if issubclass(ref.actor_class, ProfileActor):
+            stops.append((block, timeout))
+        return real_stop(ref, block=block, timeout=timeout)
+
+    monkeypatch.setattr(pykka.ActorRef, "stop", stop)
+    return stops
 
 
 # ── the outcome dict ────────────────────────────────────────────────────────
@@ -297,11 +349,10 @@ def test_stop_with_a_hung_turn_returns_within_its_timeout(
     try:
         stuck = queued(gw.message_agent(sender="alice", target="bob", message="hung"))
         assert entered.wait(5)
-        began = time.monotonic()
         gw.stop(timeout=timeout)
-        took = time.monotonic() - began
-        assert joins and joins[-1] <= timeout  # the workers' join is bounded by the stop's own deadline
-        assert took < timeout + STOP_SLACK, f"stop({timeout}) took {took:.2f}s"
+        # What the stop was willing to wait for its workers, not how long it took (bench/ owns that): the bug
+        # joined them for at least 1 s whatever the stop's timeout.
+        assert joins and joins[-1] <= timeout, f"the workers' join outlasts stop({timeout}): {joins}"
         assert gw.wait_outcome(stuck, timeout=0)["status"] == "ambiguous"
     finally:
         release.set()
@@ -309,29 +360,35 @@ def test_stop_with_a_hung_turn_returns_within_its_timeout(
 
 @pytest.mark.parametrize("durable", [False, True], ids=["memory", "durable"])
 def test_stop_with_a_non_blocking_runner_stuck_in_its_turn_returns_in_time_and_settles_both_dms(
-    root: Path, gateways: list[Gateway], durable: bool
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, durable: bool
 ) -> None:
     """Regression: a ``blocking=False`` runner whose turn blocks (runner misuse) held stop() ~15 s whatever its
-    timeout; the DM queued behind it, never run, was ``ambiguous``, durable the hung one got no outcome; the
-    stuck ProfileActor's thread kept the interpreter from exiting."""
+    timeout (10 s waiting for the stuck ProfileActor to answer its WindDown, 5 s more stopping it); the DM queued
+    behind it, never run, was ``ambiguous``, durable the hung one got no outcome; the stuck ProfileActor's thread
+    kept the interpreter from exiting. Asserted as what the stop was willing to wait, not as how long it took."""
     threads_before = non_daemon_threads()
     release = threading.Event()
     runner = RecordingRunner(held_on("hang", release))
+    wind_down = watch_wind_down(monkeypatch)
+    profile_stops = watch_profile_actor_stops(monkeypatch)
     gw = Gateway(root, runner=CallableRunner(runner, blocking=False), durable=durable).start()
     try:
         hung = queued(gw.message_agent(sender="alice", target="bob", message="hang"))
         runner.wait_entered(1)
         behind = queued(gw.message_agent(sender="carol", target="bob", message="behind"))
-        began = time.monotonic()
         gw.stop(timeout=0.3)
-        took = time.monotonic() - began
+        # bob's ProfileActor, stuck in the turn, was given no more than the stop's own timeout to answer its
+        # WindDown (the bug: 10 s), did not answer, and was stopped without waiting for it (the bug: 5 s)
+        gets = [(timeout, timed_out) for kind, timeout, timed_out in wind_down if kind == "get"]
+        assert len(gets) == 1 and gets[0][1] and gets[0][0] <= 0.3, f"the WindDown's answer was awaited: {gets}"
+        assert profile_stops and all(not block for block, _ in profile_stops), (
+            f"the stuck ProfileActor's stop was waited for: {profile_stops}")
         assert gw.wait_outcome(hung, timeout=0)["status"] == "ambiguous"
         if durable:  # never ran: still journaled for the next start
             with pytest.raises(TimeoutError):
                 gw.wait_outcome(behind, timeout=0)
         else:
             assert gw.wait_outcome(behind, timeout=0)["reason"] == "cancelled"
-        assert took < 0.3 + STOP_SLACK, f"stop(0.3) took {took:.2f}s"
         assert non_daemon_threads() <= threads_before  # the stuck thread does not keep the process alive
     finally:
         release.set()
@@ -359,43 +416,21 @@ def test_stop_with_many_profile_actors_stuck_in_their_turns_keeps_its_timeout(
     root = make_root(tmp_path, {f"p{i:02d}": {"title": "x"} for i in range(count)} | {"alice": {"title": "a"}})
     release = threading.Event()
     runner = RecordingRunner(lambda turn: (release.wait(60), "late")[1])
-    events: list[tuple[str, float, bool]] = []  # ("ask", 0, False) | ("get", its timeout, whether it timed out)
-    real_ask_later = profile_table.ask_later
-
-    class WatchedReply:
-        def __init__(self, reply: Any) -> None:
-            self.reply = reply
-
-        def get(self, *, timeout: float, expect: type | None = None) -> Any:
-            try:
-                answer = self.reply.get(timeout=timeout, expect=expect)
-            except AskTimeout:
-                events.append(("get", timeout, True))
-                raise
-            events.append(("get", timeout, False))
-            return answer
-
-    def watched_ask_later(ref: pykka.ActorRef[Any], message: Any) -> Any:
-        events.append(("ask", 0.0, False))
-        return WatchedReply(real_ask_later(ref, message))
-
-    monkeypatch.setattr(profile_table, "ask_later", watched_ask_later)
+    events = watch_wind_down(monkeypatch)
     gw = Gateway(root, runner=CallableRunner(runner, blocking=False)).start()  # its turns block all the same
     try:
         keys = [queued(gw.message_agent(sender="alice", target=f"p{i:02d}", message="hi")) for i in range(count)]
         runner.wait_entered(count, timeout=30)
-        began = time.monotonic()
         gw.stop(timeout=0.3)
-        took = time.monotonic() - began
         assert {gw.wait_outcome(key, timeout=0)["status"] for key in keys} == {"ambiguous"}
         kinds = [kind for kind, _, _ in events]
         assert kinds.count("ask") >= count and "ask" not in kinds[kinds.index("get"):], "asked and awaited in turn"
         gets = [(timeout, timed_out) for kind, timeout, timed_out in events if kind == "get"]
         assert sum(timed_out for _, timed_out in gets) == count, gets  # all of them are stuck
+        assert all(timeout <= 0.3 for timeout, _ in gets), gets  # together, never past the stop's own timeout
         first_timeout = next(i for i, (_, timed_out) in enumerate(gets) if timed_out)
         # The deadline has passed once one get timed out: a later one given time has a deadline of its own.
         assert all(timeout < 0.001 for timeout, _ in gets[first_timeout + 1:]), gets
-        assert took < 0.3 + STOP_SLACK, f"stop(0.3) with {count} stuck ProfileActors took {took:.2f}s"
     finally:
         release.set()
 
@@ -404,7 +439,7 @@ def test_stop_with_nothing_in_flight_is_quick_and_clean(root: Path) -> None:
     threads_before = non_daemon_threads()
     with Gateway(root, runner=lambda turn: "x") as gw:
         d = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
-        gw.wait_outcome(d, timeout=10)
+        assert gw.wait_outcome(d, timeout=10)["reply"] == "x"
     _assert_all_gone(threads_before)
 
 
