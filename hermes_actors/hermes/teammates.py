@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hermes_actors.core.clipping import clip
 from hermes_actors.records import ProfileInfo
 
 __all__ = ["MAX_LISTED", "TeammateCache", "teammates_text", "with_teammates"]
@@ -25,11 +26,6 @@ __all__ = ["MAX_LISTED", "TeammateCache", "teammates_text", "with_teammates"]
 MAX_LISTED = 100  # a roster of thousands would crowd the model's context: the rest are counted
 _MAX_ROLE_CHARS = 160
 HEADING = "## Bot Mode teammates"
-
-
-def _clip(text: str, limit: int) -> str:
-    flat = " ".join(str(text or "").split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def teammates_text(me: str, profiles: Sequence[ProfileInfo]) -> str:
@@ -53,8 +49,8 @@ def teammates_text(me: str, profiles: Sequence[ProfileInfo]) -> str:
     for info in others[:MAX_LISTED]:
         line = f"- @{info.handle}"
         if info.display_name and info.display_name.lower() not in (info.handle.lower(), info.profile.lower()):
-            line += f" ({_clip(info.display_name, 60)})"
-        role = ": ".join(_clip(part, _MAX_ROLE_CHARS) for part in (info.title, info.description) if part)
+            line += f" ({clip(info.display_name, 60)})"
+        role = ": ".join(clip(part, _MAX_ROLE_CHARS) for part in (info.title, info.description) if part)
         lines.append(f"{line} — {role}" if role else line)
     if len(others) > MAX_LISTED:
         lines.append(f"- … and {len(others) - MAX_LISTED} more (a message_agent refusal lists every name)")
