@@ -117,6 +117,15 @@ def test_a_cli_that_is_no_executable_is_a_usage_error_before_anything_starts(
     assert not (root / "bot_relay" / "journal").exists() or not any((root / "bot_relay" / "journal").iterdir())
 
 
+def test_an_empty_cli_means_the_default_as_it_always_did(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--cli "$HERMES_CLI"` with the variable unset passes "": the default hermes, not a refusal (review: the
+    --cli check refused it as `error: --cli : no executable …`)."""
+    root = create_demo_root(tmp_path / "root")
+    assert main(["send", "--root", str(root), "--from", "hermes", "scout", "hi", "--runner", "demo", "--cli", "",
+                 "--wait", "30"]) == 0
+    assert "--cli" not in capsys.readouterr().err
+
+
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["send", "--root"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hermes_actors.core.clipping import SHOWN_CLIP_CHARS, clip, shown
 
-__all__ = ["MAX_WAIT_SECONDS", "Parser", "root_path", "seconds", "utf8_text"]
+__all__ = ["MAX_WAIT_SECONDS", "Parser", "executable", "root_path", "seconds", "utf8_text"]
 
 # Linux's PATH_MAX and NAME_MAX: a longer path fails every call with ENAMETOOLONG
 _PATH_MAX = 4096
@@ -59,6 +59,21 @@ def seconds(text: str) -> float:
     if not 0.0 <= value <= MAX_WAIT_SECONDS:
         raise argparse.ArgumentTypeError(f"{shown(text)}: seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
     return value
+
+
+def executable(text: str) -> str | None:
+    """An argparse ``type`` for ``--cli``: the executable's path or name; an empty one is not given.
+
+    ``--cli "$HERMES_CLI"`` with the variable unset passes ``""``, which has meant the default
+    (found beside python, then on PATH) since ``--cli`` existed.
+
+    Args:
+        text: the argument.
+
+    Returns:
+        The text, or None when it is empty.
+    """
+    return text or None
 
 
 def utf8_text(text: str) -> str:

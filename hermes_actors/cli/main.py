@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from loguru import logger
 
-from hermes_actors.cli.arg_types import Parser, root_path, seconds, utf8_text
+from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, utf8_text
 from hermes_actors.cli.gateway_options import runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
 from hermes_actors.cli.render import (
@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how turns run: hermes = the real Hermes (warm through the gateway's API server when "
                             "one serves the root, else the CLI); command = the CLI of a Bot-Mode hermes release; "
                             "demo = offline demo bots")
-        p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
+        p.add_argument("--cli", type=executable, default=None,
+                       help="the hermes executable (default: beside python, then PATH)")
 
     p = sub.add_parser("send", help="send one DM on a real root (through its host: returns after the ack unless "
                        "--wait; with no host it runs the DM itself and waits for the outcome)")
@@ -229,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check what Bot Mode needs on a root, with the fix for each problem")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
-    p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
+    p.add_argument("--cli", type=executable, default=None,
+                   help="the hermes executable (default: beside python, then PATH)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
 
@@ -261,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None,
                    help="the API server port --gateway configures, 1-65535 (default 8642; given, it replaces the one "
                         "set); needs --gateway")
-    p.add_argument("--cli", default=None, help="the hermes executable (default: beside python, then PATH)")
+    p.add_argument("--cli", type=executable, default=None,
+                   help="the hermes executable (default: beside python, then PATH)")
     p.set_defaults(func=_cmd_enable)
 
     p = sub.add_parser("disable", help="undo what enable changed")
