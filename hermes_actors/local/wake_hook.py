@@ -8,11 +8,12 @@ the decisions are :mod:`hermes_actors.core.wake`'s.
 Exactly once, in durable mode: the wake is journaled as an ``accepted`` local
 delivery (origin ``"wake"``, its id derived from the DM's) once the DM's outcome
 is durable, in ONE batch with the DM's ``delivered`` record (both land or
-neither), and it runs only once that batch is on disk. A restart then either
-finds the wake in the journal (re-offered if it never started; a wake that may
-have started is NOT run again) or, when the crash (or a failed write) came
-before the batch landed, finds the DM not delivered and re-publishes its
-outcome, which creates the wake once.
+neither), and it runs only once that batch is on disk. A batch that fails (a
+full disk) is written again until it lands, then the wake runs. A restart then
+either finds the wake in the journal (re-offered if it never started; a wake
+that may have started is NOT run again) or, when the crash (or a stop with the
+batch still unwritten) came before the batch landed, finds the DM not delivered
+and re-publishes its outcome, which creates the wake once.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ class SenderWaker:
         logger.warning(why, *args)
 
     def _start(self, request: WakeRequest) -> None:
+        """Book and journal the wake ``request`` asks for; it runs once journaled (at once without a journal)."""
         owner = self.owner
         crashpoint("after-outcome-before-wake")
         self._remember(request.wake_id)
@@ -152,15 +154,19 @@ class SenderWaker:
         owner.counters["wakes_sent"] += 1  # (one whose records then fail counts in wakes_failed too)
         if not owner.durability.journal_wake(delivery, request.source_id,
                                              go=lambda: self._go(request, delivery, journaled=True),
-                                             failed=lambda error: self._not_journaled(request, delivery, error)):
+                                             given_up=lambda error: self._not_journaled(request, delivery, error)):
             self._go(request, delivery, journaled=False)
 
     def _not_journaled(self, request: WakeRequest, delivery: Delivery, error: BaseException) -> None:
-        """The wake's records could not be journaled: it is not run now; the next start wakes the sender."""
+        """A stop found the wake's records still unwritten: it is not run in this run; the next start wakes the sender.
+
+        Its DM's ``delivered`` record was in the same batch, so the next start publishes the DM's
+        outcome again, which wakes the sender then.
+        """
         self.owner.book.withhold(delivery.delivery_id)
-        self._failed("could not journal the wake of @{} for {} ({}): it is not run now; the DM is not marked "
-                     "delivered either, so the next start publishes its outcome again and wakes @{} then",
-                     request.handle, request.source_id, error, request.handle)
+        self._failed("the wake of @{} for {} could not be journaled before the stop ({}): it is not run now; "
+                     "the DM is not marked delivered either, so the next start publishes its outcome again and "
+                     "wakes @{} then", request.handle, request.source_id, error, request.handle)
 
     def _go(self, request: WakeRequest, delivery: Delivery, *, journaled: bool) -> None:
         """Run a wake (its records are on disk when ``journaled``), or leave it to the next start when stopping."""
