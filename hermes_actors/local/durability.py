@@ -49,7 +49,7 @@ class WakeBatch:
 
     Attributes:
         wake_id: the wake's delivery id (its batch's token: ``("accepted", wake_id)``).
-        records: the wake's ``accepted`` record, then its DM's ``delivered`` record.
+        records: the wake's ``accepted`` record, then (unless written apart) its DM's ``delivered`` record.
         go: runs the wake (once the batch landed).
         given_up: called with the last error when the batch is given up (a stop found it unwritten).
         then: called after ``go`` once the batch landed, never when it is given up (a relayed DM's: the relay
@@ -102,7 +102,7 @@ class NoDurability:
         """False: publish the outcome now."""
         return False
 
-    def journal_wake(self, wake: Delivery, source_id: str, *, go: Callable[[], None],
+    def journal_wake(self, wake: Delivery, source_id: str, *, with_delivered: bool = True, go: Callable[[], None],
                      given_up: Callable[[BaseException], None]) -> bool:
         """False: the wake is not journaled; the caller runs it now (a stop loses it)."""
         return False
@@ -456,7 +456,7 @@ class JournalDurability:
             self._again.discard(outcome.delivery_id)
         return True
 
-    def journal_wake(self, wake: Delivery, source_id: str, *, go: Callable[[], None],
+    def journal_wake(self, wake: Delivery, source_id: str, *, with_delivered: bool = True, go: Callable[[], None],
                      given_up: Callable[[BaseException], None]) -> bool:
         """Journal a wake's acceptance and its DM's ``delivered`` record in one batch; run it once they landed.
 
@@ -474,6 +474,8 @@ class JournalDurability:
             wake: the wake's delivery.
             source_id: the DM whose outcome it carries (its ``delivered`` record goes along;
                 :meth:`delivered`, called next for it, then writes none of its own).
+            with_delivered: False when the DM's ``delivered`` record is written apart, with its
+                ``finished`` record (a peer DM's, :meth:`finished`): the batch holds the wake's alone.
             go: runs the wake (called on the Dispatcher's thread once the batch landed).
             given_up: called with the last error when a stop finds the batch still unwritten (the
                 wake is not run in this run).
@@ -481,9 +483,12 @@ class JournalDurability:
         Returns:
             True: journaled (``go`` or ``given_up`` follows).
         """
-        batch = WakeBatch(wake.delivery_id, [accepted_record(wake), {"t": "delivered", "id": source_id}], go,
-                          given_up)
-        self._with_wake[source_id] = batch  # even held or given up: the DM's delivered record never goes without it
+        records = [accepted_record(wake)]
+        if with_delivered:
+            records.append({"t": "delivered", "id": source_id})
+        batch = WakeBatch(wake.delivery_id, records, go, given_up)
+        if with_delivered:  # even held or given up: the DM's delivered record never goes without the wake's
+            self._with_wake[source_id] = batch
         self._write_wake(batch)
         return True
 

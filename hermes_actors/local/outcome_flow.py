@@ -126,7 +126,8 @@ class OutcomeFlow:
             return
         if entry is not None and entry.route == "peer":
             # Journaled for wait_outcome after a restart, but published now: no record of it would ever
-            # settle a peer DM again, so held back it could be lost for good.
+            # settle a peer DM again, so held back it could be lost for good. Its finished and delivered
+            # records go in one batch (kept); the wake its outcome starts journals its own record alone.
             self.publish(outcome)
             self.durability.finished(outcome)
             return

@@ -13,7 +13,9 @@ full disk) is written again until it lands, then the wake runs. A restart then
 either finds the wake in the journal (re-offered if it never started; a wake
 that may have started is NOT run again) or, when the crash (or a stop with the
 batch still unwritten) came before the batch landed, finds the DM not delivered
-and re-publishes its outcome, which creates the wake once.
+and re-publishes its outcome, which creates the wake once. A peer DM's
+``delivered`` record goes with its ``finished`` record instead (its outcome is
+published before either is journaled, and no restart publishes it again).
 """
 
 from __future__ import annotations
@@ -124,7 +126,8 @@ class SenderWaker:
             root=self.root,
         )
         if request is not None and request.wake_id not in self.wake_ids:
-            self._start(request)
+            # A peer DM's delivered record goes with its finished one (OutcomeFlow.settle): not in the wake's batch
+            self._start(request, with_delivered=entry is None or entry.route != "peer")
         return False
 
     # ── internals ───────────────────────────────────────────────────────────
@@ -138,8 +141,12 @@ class SenderWaker:
         self.owner.counters["wakes_failed"] += 1
         logger.warning(why, *args)
 
-    def _start(self, request: WakeRequest) -> None:
-        """Book and journal the wake ``request`` asks for; it runs once journaled (at once without a journal)."""
+    def _start(self, request: WakeRequest, *, with_delivered: bool) -> None:
+        """Book and journal the wake ``request`` asks for; it runs once journaled (at once without a journal).
+
+        ``with_delivered``: its DM's ``delivered`` record goes in the wake's batch (see
+        ``JournalDurability.journal_wake``).
+        """
         owner = self.owner
         crashpoint("after-outcome-before-wake")
         self._remember(request.wake_id)
@@ -152,21 +159,27 @@ class SenderWaker:
         # neither), it runs once they are on disk.
         owner.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=owner.durability.enabled))
         owner.counters["wakes_sent"] += 1  # (one whose records then fail counts in wakes_failed too)
-        if not owner.durability.journal_wake(delivery, request.source_id,
-                                             go=lambda: self._go(request, delivery, journaled=True),
-                                             given_up=lambda error: self._not_journaled(request, delivery, error)):
+        if not owner.durability.journal_wake(
+                delivery, request.source_id, with_delivered=with_delivered,
+                go=lambda: self._go(request, delivery, journaled=True),
+                given_up=lambda error: self._not_journaled(request, delivery, error, again=with_delivered)):
             self._go(request, delivery, journaled=False)
 
-    def _not_journaled(self, request: WakeRequest, delivery: Delivery, error: BaseException) -> None:
-        """A stop found the wake's records still unwritten: it is not run in this run; the next start wakes the sender.
+    def _not_journaled(self, request: WakeRequest, delivery: Delivery, error: BaseException, *, again: bool) -> None:
+        """A stop found the wake's records still unwritten: it is not run in this run.
 
-        Its DM's ``delivered`` record was in the same batch, so the next start publishes the DM's
-        outcome again, which wakes the sender then.
+        ``again``: its DM's ``delivered`` record was in the same batch, so the next start publishes
+        the DM's outcome again and wakes the sender then (a peer DM's is not published again).
         """
         self.owner.book.withhold(delivery.delivery_id)
-        self._failed("the wake of @{} for {} could not be journaled before the stop ({}): it is not run now; "
-                     "the DM is not marked delivered either, so the next start publishes its outcome again and "
-                     "wakes @{} then", request.handle, request.source_id, error, request.handle)
+        if again:
+            self._failed("the wake of @{} for {} could not be journaled before the stop ({}): it is not run now; "
+                         "the DM is not marked delivered either, so the next start publishes its outcome again and "
+                         "wakes @{} then", request.handle, request.source_id, error, request.handle)
+        else:
+            self._failed("the wake of @{} for peer DM {} could not be journaled before the stop ({}): @{} is not "
+                         "woken with its outcome (a peer DM's outcome is not published again by a restart)",
+                         request.handle, request.source_id, error, request.handle)
 
     def _go(self, request: WakeRequest, delivery: Delivery, *, journaled: bool) -> None:
         """Run a wake (its records are on disk when ``journaled``), or leave it to the next start when stopping."""
