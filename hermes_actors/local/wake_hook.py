@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.wake import WAKE_ORIGIN, WakeRequest, is_wake, wake_delivery, wake_enabled, wake_for
@@ -48,6 +49,9 @@ class WakeHost(Protocol):
 
     def deliver_local(self, info: ProfileInfo, delivery: Delivery, *, journaled: bool = False) -> None:
         """Queue ``delivery`` on the ProfileActor of ``info`` and book it as pending."""
+
+    def settle(self, outcome: Outcome) -> None:
+        """Settle a booked delivery with ``outcome`` (journaled first when it is), as a turn's outcome is."""
 
 _KNOWN_KEEP = 100_000  # wake ids remembered against a second creation (bounded like the settled table)
 
@@ -188,8 +192,8 @@ class SenderWaker:
         if owner.book.entry(key) is None:  # a stop settled it (cancelled) while its records were being written
             return
         info = owner.snapshot.index.get(profile_key(request.profile))
-        if info is None:
-            self._failed("@{} is gone: the outcome of {} wakes nobody", request.handle, request.source_id)
+        if info is None:  # removed while its records were being written: booked, it gets its outcome now
+            owner.settle(outcomes.failed(key, delivery.label, outcomes.gone_text(request.profile), "unknown"))
             return
         if not owner.accepting:  # stopping: a journaled wake runs at the next start, else it is lost
             if journaled:  # (booked pending already: the stop leaves it journaled)
