@@ -15,11 +15,15 @@ import threading
 from pathlib import Path
 
 import pytest
-from roots import send_dm, start_gateway
+from roots import RecordingRunner, make_root, send_dm, start_gateway
 
 from hermes_actors import Gateway
+from hermes_actors.core import outcomes
+from hermes_actors.core.targets import PeerRoute
+from hermes_actors.core.wake import wake_id
 from hermes_actors.local import outcome_book
-from hermes_actors.messages import Turn
+from hermes_actors.messages import Delivery, Outcome, Turn
+from hermes_actors.store.journal_records import parse_lines
 
 PROFILES = ("alice", "bob", "carol")
 SENDERS = 4
@@ -88,3 +92,39 @@ def test_timer_heap_and_per_dm_tables_stay_bounded_after_many_dms(
     assert heaps[-1] >= 1  # the roster's rescan timer: the field does count what is there
     assert _remembered(gw, batches[1]) == keep  # the newest outcomes are all answered
     assert _remembered(gw, batches[0]) <= keep // outcome_book.GENERATIONS  # the older ones are forgotten
+
+
+class AnsweringPeer:
+    """A ``bot_peers`` transport whose peer answers every DM at once."""
+
+    def deliver(self, delivery: Delivery, route: PeerRoute) -> Outcome:
+        return outcomes.from_reply(delivery.delivery_id, route.label, "peer reply")
+
+
+def test_peer_dms_that_wake_their_sender_leave_no_per_dm_state_and_one_delivered_record_each(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Review: each peer DM that woke its sender left its id in the journal's table of DMs whose ``delivered`` record
+    rides with their wake (nothing discards it for a peer DM), and wrote two ``delivered`` records: one in its wake's
+    batch, which could land before (and without) its ``finished`` record, and one with its ``finished`` record. A
+    peer DM's ``delivered`` record now goes with its ``finished`` record only; its wake's batch holds the wake's."""
+    count = 20
+    root = make_root(tmp_path)
+    gw = start_gateway(gateways, root, RecordingRunner(),
+                       config={"bot_peers": {"mini": {}}, "bot_mode": {"wake_sender": True}},
+                       peer_transport=AnsweringPeer())
+    keys = [send_dm(gw, f"hi {n}", target="mini/bob") for n in range(count)]
+    assert [gw.wait_outcome(key, timeout=30)["status"] for key in keys] == ["replied"] * count
+    assert [gw.wait_outcome(wake_id(key), timeout=30)["status"] for key in keys] == ["replied"] * count
+    assert gw.stats()["pending"] == 0  # an ask: the Dispatcher is past the messages that settled them
+    assert gw._journal is not None and gw._journal.listener is not None
+    durability = vars(gw._journal)["listener"].__self__  # the listener is the Dispatcher's JournalDurability._landed
+    tables = {name: len(getattr(durability, name, ()))
+              for name in ("_with_wake", "_wakes", "_held_wakes", "_held", "_again", "_parked")}
+    assert tables == dict.fromkeys(tables, 0), tables
+    gw.stop()
+    records = [r for path in (root / "bot_relay" / "journal").glob("j-*.log")
+               for r in parse_lines(path.read_bytes().splitlines()) if r is not None]
+    for key in keys:
+        kinds = [r["t"] for r in records if r["id"] == key]
+        assert kinds == ["finished", "delivered"], (key, kinds)  # (compaction keeps this pair as it is)

@@ -437,6 +437,125 @@ def test_a_dms_delivered_record_never_lands_without_its_wakes_accepted_record(
     assert len(woke) == 1, "the sender is woken exactly once, across the restart"
 
 
+def _woken(runners: list[RecordingRunner], key: str) -> int:
+    """How many turns of the wake of DM ``key`` the runners ran."""
+    return sum(1 for runner in runners for turn in runner.entered if turn.delivery_id == wake_id(key))
+
+
+def test_a_wake_whose_batch_failed_once_is_written_again_and_run_in_this_run_woken_once_overall(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: one failed write of the batch carrying a wake (its accepted record and its DM's delivered record)
+    # meant no wake for the rest of the run: it was dropped for the next start, while the disk was fine again a
+    # moment later and nothing wrote the batch again (not a timer, not the next commit). Now the batch is held
+    # and written again as a held outcome record is, and the wake runs once it landed: once overall.
+    root = make_root(tmp_path)
+    wake_on = {"bot_mode": {"wake_sender": True}}
+    runner = RecordingRunner()
+    gw = Gateway(root, runner=runner, config=wake_on)
+    gateways.append(gw)
+    gw.start()
+    journal = gw._journal
+    assert journal is not None
+    real_pwrite = os.pwrite
+    failed: list[bytes] = []
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:  # the disk is full for one write: the wake's batch
+        if fd == journal._file.fd and b'"origin":"wake"' in bytes(data) and not failed:
+            failed.append(bytes(data))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with LogCapture("INFO") as logs:
+        dm = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+        assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+        await_condition(lambda: failed, timeout=10, message="the wake's batch hit the full disk")
+        assert gw.wait_outcome(wake_id(dm), timeout=30)["status"] == "replied", "woken in this run"
+        assert logs.matching("cannot be written", "wakes not run"), logs.lines
+        assert not logs.matching("could not be journaled"), "never given up"
+    assert _woken([runner], dm) == 1
+    gw.stop()
+    monkeypatch.undo()
+    again = RecordingRunner()
+    gw2 = Gateway(root, runner=again, config=wake_on)
+    gateways.append(gw2)
+    gw2.start()
+    assert gw2.wait_outcome(wake_id(dm), timeout=10)["status"] == "replied"  # known from the journal
+    assert gw2.recovered["reoffered"] == gw2.recovered["redelivered"] == 0, gw2.recovered
+    gw2.stop()
+    assert _woken([runner, again], dm) == 1, "the sender is woken exactly once, across the restart"
+
+
+def test_a_wake_whose_batch_a_stop_finds_unwritten_is_woken_once_by_the_next_start(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The held wake's batch never lands before the stop (the disk stays full): the stop gives it up, the DM
+    # stays undelivered in the journal, and the next start publishes its outcome again and wakes the sender once.
+    root = make_root(tmp_path)
+    wake_on = {"bot_mode": {"wake_sender": True}}
+    runner = RecordingRunner()
+    gw = Gateway(root, runner=runner, config=wake_on)
+    gateways.append(gw)
+    gw.start()
+    assert gw._journal is not None
+    disk = DiskFull(monkeypatch, gw._journal, trigger=b'"origin":"wake"')
+    with LogCapture("INFO") as logs:
+        dm = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+        assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+        await_condition(lambda: logs.matching("cannot be written", "wakes not run"), timeout=10,
+                        message="the wake's batch failed and is held")
+        gw.stop()
+    disk.free()
+    assert _woken([runner], dm) == 0, "never run before its batch is on disk"
+    again = RecordingRunner()
+    gw2 = Gateway(root, runner=again, config=wake_on)
+    gateways.append(gw2)
+    gw2.start()
+    assert gw2.wait_outcome(wake_id(dm), timeout=30)["status"] == "replied"
+    gw2.stop()
+    assert _woken([runner, again], dm) == 1, "the sender is woken exactly once, by the next start"
+
+
+def test_a_relayed_dms_wake_the_journal_refuses_outright_is_written_again_then_the_relay_forgets_it(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: a wake's batch the journal refused outright (stopped, closed) was dropped, and the relayed DM it
+    # woke the sender of stayed registered for the relay to forget once the wake landed, which never came: an
+    # entry per such DM, and the relay's record kept for the next start. Now the batch is held like a failed
+    # one, written again once the journal takes records, the wake run, and then the relay forgets its record.
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    paths = InboxPaths.from_root(root)
+    runner = RecordingRunner()
+    gw = Gateway(root, runner=runner, config={"bot_mode": {"wake_sender": True}}, connection_id="alpha",
+                 durable=True)
+    gateways.append(gw)
+    gw.start()
+    journal = gw._journal
+    assert journal is not None
+    together = journal.append_together
+    refused: list[str] = []
+
+    def refuse_the_wake_once(records: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+        if not refused and any(r.get("t") == "accepted" and r["d"].get("origin") == "wake" for r in records):
+            refused.append(records[0]["id"])
+            raise StoreError(0, "the delivery journal is not running")
+        return together(records, *args, **kwargs)
+
+    monkeypatch.setattr(journal, "append_together", refuse_the_wake_once)
+    key = gw.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
+    sent = paths.relay.id_file(paths.sent, key)
+    rf.write_reply(paths.relay, rp.make_reply(key, reply="pong", now=time.time()))
+    assert gw.wait_outcome(key, timeout=10)["reply"] == "pong"
+    assert gw.wait_outcome(wake_id(key), timeout=30)["status"] == "replied", "woken in this run"
+    assert refused == [wake_id(key)]
+    await_condition(lambda: not sent.exists(), timeout=30, message="the wake on disk: the relay forgets its record")
+    assert _woken([runner], key) == 1
+    durability = vars(journal)["listener"].__self__  # the listener is the Dispatcher's JournalDurability._landed
+    assert not durability._with_wake and not durability._wakes and not durability._held_wakes
+
+
 def test_a_relayed_outcome_is_published_only_once_its_record_is_on_disk_one_outcome_across_a_restart(
     tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -341,3 +341,39 @@ def test_whether_a_dm_wakes_its_sender_is_decided_where_it_was_acked_not_where_i
         assert woken == (["Reply from @bob: ok: queued behind the blocker"] if accepting_wakes else [])
     finally:
         settling.stop()
+
+
+def test_a_wake_whose_sender_is_removed_before_it_runs_is_settled_not_left_pending(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: a wake whose sender's profile was removed between journaling the wake and running it (its batch's
+    commit still under way) was left booked pending for the rest of the run: ``wait_outcome`` never answered it.
+    Now it is settled ``failed`` (the profile no longer exists) like any DM to a removed profile."""
+    import os
+    import shutil
+
+    root = make_root(tmp_path)
+    gw = start_gateway(gateways, root, RecordingRunner(), config={"bot_mode": {"wake_sender": True,
+                                                                             "rescan_seconds": 0.05}})
+    journal = gw._journal
+    assert journal is not None
+    writing, release = threading.Event(), threading.Event()
+    real_pwrite = os.pwrite
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:  # the wake's batch is written once alice is gone
+        if fd == journal._file.fd and b'"origin":"wake"' in bytes(data) and not release.is_set():
+            writing.set()
+            release.wait(30)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+    assert writing.wait(10), "the wake's batch is being written"
+    shutil.rmtree(root / "profiles" / "alice")  # hermes profile delete -y alice
+    await_condition(lambda: all(r["profile"] != "alice" for r in gw.roster()), timeout=10, message="alice left")
+    release.set()
+    out = gw.wait_outcome(wake_id(dm), timeout=10)
+    assert (out["status"], out["reason"]) == ("failed", "unknown"), out
+    assert out["error"] == "The profile 'alice' no longer exists; the message was NOT delivered."
+    assert gw.stats()["pending"] == 0

@@ -68,6 +68,7 @@ from hermes_actors.messages import (
     FinalizePending,
     JournalDurable,
     NotifyOutcomes,
+    Outcome,
     OutcomeReady,
     OutcomesReady,
     OwnerTurnReturned,
@@ -237,6 +238,10 @@ class DispatcherActor(SupervisorActor):
     def deliver_local(self, info: ProfileInfo, delivery: Delivery, *, journaled: bool = False) -> None:
         """Book ``delivery`` as pending and queue it on the ProfileActor of ``info`` (``LocalIntake.deliver``)."""
         self.intake.deliver(info, delivery, journaled=journaled)
+
+    def settle(self, outcome: Outcome) -> None:
+        """Settle a booked delivery with ``outcome`` (``OutcomeFlow.settle``: journaled first when it is)."""
+        self.flow.settle(outcome)
 
     @handles(RoomTurn)
     def _on_room_turn(self, msg: RoomTurn) -> None:

@@ -4,7 +4,8 @@ With a journal (durable mode) an acceptance is journaled with group commit and
 its ack is released only once that batch is on disk (``PendingAck``); an
 outcome is journaled before it is published, and one whose record failed (a full
 disk) is held, unpublished, and written again until it lands
-(:meth:`JournalDurability.hold`). Without one, both happen at once.
+(:meth:`JournalDurability.hold`), as is a sender's wake, run once its batch is on disk
+(:meth:`JournalDurability.journal_wake`). Without one, all happen at once.
 The DispatcherActor holds one strategy and never asks which one it is.
 Everything here runs on the Dispatcher's thread, except the journal's
 listener, which only tells the Dispatcher ``JournalDurable``.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
@@ -28,8 +30,8 @@ from hermes_actors.local.live_handoff import LiveMailbox, give_up_on
 from hermes_actors.messages import Delivery, JournalDurable, Outcome, PendingAck, ProfileInfo
 from hermes_actors.store.journal import Journal
 
-__all__ = ["Durability", "JournalDurability", "NoDurability", "OutcomeToken", "durability_for", "live_gave_up",
-           "live_record", "outcome_records"]
+__all__ = ["Durability", "JournalDurability", "NoDurability", "OutcomeToken", "WakeBatch", "durability_for",
+           "live_gave_up", "live_record", "outcome_records"]
 
 #: An outcome record's token in ``JournalDurable``: ("finished", its outcome) for a DM journaled here and
 #: ("forget", …) for a DM sent through the relay (both published once their ``finished`` record landed;
@@ -39,6 +41,28 @@ OutcomeToken = tuple[str, Outcome]
 RETRY_FIRST = 0.25  # seconds before held-back outcome records are written again (doubled each time, see RETRY_MOST)
 RETRY_MOST = 8.0  # the longest wait between two writes of held-back outcome records
 LAST_WRITE_SECONDS = 5.0  # a stop's last write of a held-back outcome record waits this long at most
+
+
+@dataclass
+class WakeBatch:
+    """One wake's journal batch (:meth:`JournalDurability.journal_wake`) and what follows once it is on disk.
+
+    Attributes:
+        wake_id: the wake's delivery id (its batch's token: ``("accepted", wake_id)``).
+        records: the wake's ``accepted`` record, then (unless written apart) its DM's ``delivered`` record.
+        go: runs the wake (once the batch landed).
+        given_up: called with the last error when the batch is given up (a stop found it unwritten).
+        then: called after ``go`` once the batch landed, never when it is given up (a relayed DM's: the relay
+            forgets its record, see :meth:`JournalDurability.delivered`).
+        error: why its last write failed (None: it has not failed).
+    """
+
+    wake_id: str
+    records: list[dict[str, Any]]
+    go: Callable[[], None]
+    given_up: Callable[[BaseException], None]
+    then: list[Callable[[], None]] = field(default_factory=list)
+    error: BaseException | None = None
 
 
 def outcome_records(kind: str, outcome: Outcome) -> list[dict[str, Any]]:
@@ -78,17 +102,18 @@ class NoDurability:
         """False: publish the outcome now."""
         return False
 
-    def journal_wake(self, wake: Delivery, source_id: str, *, go: Callable[[], None],
-                     failed: Callable[[BaseException], None]) -> bool:
+    def journal_wake(self, wake: Delivery, source_id: str, *, with_delivered: bool = True, go: Callable[[], None],
+                     given_up: Callable[[BaseException], None]) -> bool:
         """False: the wake is not journaled; the caller runs it now (a stop loses it)."""
         return False
 
     def note(self, record: dict[str, Any]) -> None:
         """Nothing to note."""
 
-    def delivered(self, delivery_id: str) -> bool:
-        """Nothing to note: True (the DM's delivery needs no wake's record)."""
-        return True
+    def delivered(self, delivery_id: str, then: Callable[[], None] | None = None) -> None:
+        """Nothing to note: ``then`` (if any) is called at once."""
+        if then is not None:
+            then()
 
     def finished(self, outcome: Outcome) -> None:
         """Nothing to journal."""
@@ -137,19 +162,23 @@ class JournalDurability:
         # Outcome records a commit failed to write (a full disk), by id: their outcomes wait, unpublished, until
         # they are written again (write_held). Only while some wait is a retry timer armed: no polling otherwise.
         self._held: dict[str, OutcomeToken] = {}
-        self._again: set[str] = set()  # held ones written again, not landed yet
+        self._again: set[str] = set()  # held ones (outcome ids, wake ids) written again, not landed yet
         self._retry: Any = None  # the armed retry timer's handle
         self._backoff = RETRY_FIRST
-        self._failing = False  # an outcome record failed and the held ones have not all landed since (said once)
+        self._failing = False  # a record (an outcome's, a wake's) failed and the held ones have not all landed since
         self.keeping = True  # queued journaled DMs stay journaled at stop (``keeps_at_stop`` decides)
         journal.listener = self._landed  # one message per group commit, not one per record
         # id → (proceed, the ack's future, the ack, refused): the acks waiting for their commit
         self._parked: dict[str, tuple[Callable[[], None], pykka.ThreadingFuture[Any], dict[str, Any],
                                       Callable[[], None] | None]] = {}
-        # wake id → (go, failed): wakes whose acceptance waits for its commit (it runs once on disk, see journal_wake)
-        self._wakes: dict[str, tuple[Callable[[], None], Callable[[BaseException], None]]] = {}
-        # DMs whose ``delivered`` record goes in their wake's batch (journal_wake): ``delivered`` writes none of its own
-        self._with_wake: set[str] = set()
+        # wake id → its batch, while its commit runs (it runs once on disk, see journal_wake)
+        self._wakes: dict[str, WakeBatch] = {}
+        # wake id → its batch, whose commit failed (or was refused): written again with the held outcome records
+        self._held_wakes: dict[str, WakeBatch] = {}
+        # DM id → the batch of the wake its outcome started, which carries its ``delivered`` record: from
+        # journal_wake to the ``delivered`` call that follows it on the same message (it writes none of its own)
+        self._with_wake: dict[str, WakeBatch] = {}
+        self._final = False  # a stop took the held records (take_held): a wake batch that fails now is given up
         # Commits the Dispatcher could no longer be told of (it failed): settle_parked reads them.
         self._orphaned: list[tuple[tuple[Any, ...], BaseException | None]] = []
         self._orphaned_lock = threading.Lock()
@@ -200,16 +229,22 @@ class JournalDurability:
         return PendingAck(future)
 
     def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
-        """The acceptance of ``delivery_id`` is on disk (or failed): queue it and release its ack (a wake: run it)."""
-        wake = self._wakes.pop(delivery_id, None)
-        if wake is None:
+        """The acceptance of ``delivery_id`` is on disk (or failed): queue it and release its ack.
+
+        A wake's batch that landed runs the wake (then its ``then`` callbacks); one that failed is
+        held and written again (:meth:`_hold_wake`), as an outcome record is.
+        """
+        batch = self._wakes.pop(delivery_id, None)
+        if batch is None:
             self._release(delivery_id, error, queue=True)
             return
-        go, failed = wake
-        if error is None:
-            go()
-        else:
-            failed(error)
+        if error is not None:
+            self._hold_wake(batch, error)
+            return
+        self._again.discard(delivery_id)
+        batch.go()
+        for then in batch.then:
+            then()
 
     def _release(self, delivery_id: str, error: BaseException | None, *, queue: bool) -> None:
         """Answer the parked ack of ``delivery_id``: refused when its commit failed, else acked.
@@ -302,17 +337,42 @@ class JournalDurability:
             outcome: the outcome.
             error: why the commit failed (said once per disk-full spell, at WARNING).
         """
+        self._say_failing(error)
+        self._keep(kind, outcome)
+
+    def _say_failing(self, error: BaseException) -> None:
+        """Say that the journal cannot be written (WARNING), once per spell (until :meth:`commit_landed` ends it)."""
         if not self._failing:
             logger.warning("the delivery journal {} cannot be written ({}): outcomes are held back, unpublished, "
-                           "until their records are on disk; they are written again every few seconds. Free space "
-                           "on its filesystem", self.journal.path, error)
-        self._keep(kind, outcome)
+                           "and wakes not run, until their records are on disk; they are written again every few "
+                           "seconds. Free space on its filesystem", self.journal.path, error)
 
     def _keep(self, kind: str, outcome: Outcome) -> None:
         """Hold the records of one outcome token to write again (see :meth:`hold`), the retry timer armed."""
         key = outcome.delivery_id
         self._again.discard(key)
         self._held[key] = (kind, outcome)
+        self._arm_retry()
+
+    def _hold_wake(self, batch: WakeBatch, error: BaseException) -> None:
+        """Hold a wake's batch whose commit failed (or that the journal refused) to write again, unrun meanwhile.
+
+        Held like an outcome record (:meth:`hold`): written again by the retry timer or the next commit
+        that lands, and run once it is on disk. Once a stop took the held records (:meth:`take_held`)
+        no timer writes it again: it is given up at once (``given_up``).
+        """
+        batch.error = error
+        self._again.discard(batch.wake_id)
+        if self._final:
+            batch.given_up(error)
+            return
+        self._say_failing(error)
+        logger.debug("wake {} held: its journal batch failed ({})", batch.wake_id, error)
+        self._held_wakes[batch.wake_id] = batch
+        self._arm_retry()
+
+    def _arm_retry(self) -> None:
+        """Something is held: the spell of failures goes on, and the retry timer is armed (unless it is)."""
         self._failing = True
         if self._retry is None and self.retry_after is not None:
             self._retry = self.retry_after(self._backoff)
@@ -328,19 +388,24 @@ class JournalDurability:
         The held ones are written again now (not after their timer); once none is held or
         on its way any more, the end of the spell is said (INFO).
         """
-        if self._held:
+        if self._held or self._held_wakes:
             self.write_held()
         elif self._failing and not self._again:
             self._failing = False
             self._backoff = RETRY_FIRST
-            logger.info("the delivery journal {} is written again: the outcomes held back are on disk and published",
-                        self.journal.path)
+            logger.info("the delivery journal {} is written again: the outcomes held back are on disk and published "
+                        "(and the wakes held back run)", self.journal.path)
 
     def write_held(self) -> None:
-        """Write the held outcome records again (the retry timer fired, or a commit landed)."""
+        """Write the held outcome records and wake batches again (the retry timer fired, or a commit landed)."""
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
+        wakes, self._held_wakes = self._held_wakes, {}
+        for batch in wakes.values():
+            self._write_wake(batch)  # refused: held again, the timer armed again
+            if batch.wake_id in self._wakes:
+                self._again.add(batch.wake_id)
         held, self._held = self._held, {}
         for key, (kind, outcome) in held.items():
             try:
@@ -352,10 +417,19 @@ class JournalDurability:
             self._again.add(key)
 
     def take_held(self) -> list[OutcomeToken]:
-        """The held outcome records, for a stop's last attempt (:meth:`write_last`); none is held any more."""
+        """The held outcome records, for a stop's last attempt (:meth:`write_last`); none is held any more.
+
+        The held wake batches are given up (``given_up``), and so is any wake batch that fails from now
+        on: no timer writes them again. Unwritten, they leave their DM undelivered in the journal, so the
+        next start publishes its outcome again and wakes the sender then, once (see :meth:`journal_wake`).
+        """
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
+        self._final = True
+        wakes, self._held_wakes = list(self._held_wakes.values()), {}
+        for batch in wakes:
+            batch.given_up(batch.error or StoreError(0, "the delivery journal did not take it before the stop"))
         held, self._held = list(self._held.values()), {}
         return held
 
@@ -382,36 +456,50 @@ class JournalDurability:
             self._again.discard(outcome.delivery_id)
         return True
 
-    def journal_wake(self, wake: Delivery, source_id: str, *, go: Callable[[], None],
-                     failed: Callable[[BaseException], None]) -> bool:
+    def journal_wake(self, wake: Delivery, source_id: str, *, with_delivered: bool = True, go: Callable[[], None],
+                     given_up: Callable[[BaseException], None]) -> bool:
         """Journal a wake's acceptance and its DM's ``delivered`` record in one batch; run it once they landed.
 
         Both or neither (:meth:`Journal.append_together`): a ``delivered`` record on disk without
         its wake's would be a wake a crash loses for good (the next start sees the outcome
         delivered and wakes nobody); neither on disk, the next start re-publishes the DM's
         outcome, which wakes its sender then. The wake runs only once its record is on disk (as
-        an ack waits for its commit): run before, its turn's records could land without it.
+        an ack waits for its commit): run before, its turn's records could land without it, and a
+        restart would wake the sender a second time. A batch that fails (a full disk), or that the
+        journal refuses outright, is held and written again as an outcome record is (:meth:`hold`),
+        and the wake runs once it landed; one a stop finds still unwritten is given up
+        (:meth:`take_held`): the next start wakes the sender, once.
 
         Args:
             wake: the wake's delivery.
             source_id: the DM whose outcome it carries (its ``delivered`` record goes along;
-                :meth:`delivered` then writes none of its own).
+                :meth:`delivered`, called next for it, then writes none of its own).
+            with_delivered: False when the DM's ``delivered`` record is written apart, with its
+                ``finished`` record (a peer DM's, :meth:`finished`): the batch holds the wake's alone.
             go: runs the wake (called on the Dispatcher's thread once the batch landed).
-            failed: called with the error when the journal refused or failed the batch (the wake
-                is not run here; the next start wakes the sender).
+            given_up: called with the last error when a stop finds the batch still unwritten (the
+                wake is not run in this run).
 
         Returns:
-            True: journaled (``go`` or ``failed`` follows).
+            True: journaled (``go`` or ``given_up`` follows).
         """
-        self._with_wake.add(source_id)  # even refused: the DM's delivered record never goes without it
-        try:
-            self.journal.append_together([accepted_record(wake), {"t": "delivered", "id": source_id}],
-                                         token=("accepted", wake.delivery_id))
-        except StoreError as exc:
-            failed(exc)
-            return True
-        self._wakes[wake.delivery_id] = (go, failed)
+        records = [accepted_record(wake)]
+        if with_delivered:
+            records.append({"t": "delivered", "id": source_id})
+        batch = WakeBatch(wake.delivery_id, records, go, given_up)
+        if with_delivered:  # even held or given up: the DM's delivered record never goes without the wake's
+            self._with_wake[source_id] = batch
+        self._write_wake(batch)
         return True
+
+    def _write_wake(self, batch: WakeBatch) -> None:
+        """Queue a wake's batch (its first write, or a held one written again); refused outright, it is held."""
+        try:
+            self.journal.append_together(batch.records, token=("accepted", batch.wake_id))
+        except StoreError as exc:
+            self._hold_wake(batch, exc)
+            return
+        self._wakes[batch.wake_id] = batch
 
     def note(self, record: dict[str, Any]) -> None:
         """Journal ``record`` without waiting; a failure is logged (it only costs a repeat at restart)."""
@@ -420,23 +508,29 @@ class JournalDurability:
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
 
-    def delivered(self, delivery_id: str) -> bool:
+    def delivered(self, delivery_id: str, then: Callable[[], None] | None = None) -> None:
         """Journal that the outcome of ``delivery_id`` reached its sender: a lazy record (never flushed on its own).
 
         Lost to a power cut, it costs the outcome published once more at restart. None is written
         for a DM whose outcome started a wake: its record goes in the wake's batch (:meth:`journal_wake`).
 
-        Returns:
-            True when the DM's record is its own (written here); False when it rides with its wake's acceptance.
+        Args:
+            delivery_id: the DM (its outcome was just published).
+            then: called once the DM's delivery is recorded: at once for a record of its own; for one
+                in its wake's batch, once that batch landed (never, when a stop gives it up: a relayed
+                DM's relay record then stays, so the next start wakes the sender from it).
         """
-        if delivery_id in self._with_wake:
-            self._with_wake.discard(delivery_id)
-            return False
+        batch = self._with_wake.pop(delivery_id, None)
+        if batch is not None:
+            if then is not None:
+                batch.then.append(then)
+            return
         try:
             self.journal.append({"t": "delivered", "id": delivery_id}, lazy=True)
         except StoreError as exc:
             logger.error("journal append failed: {}", exc)
-        return True
+        if then is not None:
+            then()
 
     def finished(self, outcome: Outcome) -> None:
         """Journal the outcome of a peer DM (already published) and that its sender has it (token ``kept``).

@@ -20,7 +20,6 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core import outcomes
-from hermes_actors.core.wake import wake_id
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
 from hermes_actors.local.durability import Durability, OutcomeToken
@@ -81,8 +80,6 @@ class OutcomeFlow:
         self.stopping = stopping
         self.gauge = gauge
         self.notes: list[Note] = []  # published, not yet told to the Notifier
-        # wake id → the relayed DM it wakes the sender of: the relay forgets that DM once the wake is on disk
-        self.forget_after_wake: dict[str, str] = {}
         self.finalized = False  # a stop settled what was pending: a failed outcome record gets one last write
 
     def settle(self, outcome: Outcome, *, freed: bool = False) -> None:
@@ -129,7 +126,8 @@ class OutcomeFlow:
             return
         if entry is not None and entry.route == "peer":
             # Journaled for wait_outcome after a restart, but published now: no record of it would ever
-            # settle a peer DM again, so held back it could be lost for good.
+            # settle a peer DM again, so held back it could be lost for good. Its finished and delivered
+            # records go in one batch (kept); the wake its outcome starts journals its own record alone.
             self.publish(outcome)
             self.durability.finished(outcome)
             return
@@ -215,9 +213,8 @@ class OutcomeFlow:
         """
         failed: list[OutcomeToken] = []  # after finalize: written once more, now
         for kind, value in msg.tokens:
-            if kind == "accepted":
+            if kind == "accepted":  # an ack to release, or a wake to run (or to hold: see journal_wake)
                 self.durability.accepted_landed(value, msg.error)
-                self._wake_landed(value, msg.error)
             elif msg.error is None:
                 self._written(kind, value, answers)
             elif not self.finalized:
@@ -232,8 +229,8 @@ class OutcomeFlow:
         """The records of an outcome token (see ``durability.OutcomeToken``) are on disk: act on it.
 
         A relayed DM's (``forget``) relay record goes once the wake its outcome starts is on disk
-        too (:meth:`_wake_landed`): the journal has no ``accepted`` record of a relayed DM, so the
-        relay's record is what lets a next start wake its sender.
+        too (``Durability.delivered``'s ``then``): the journal has no ``accepted`` record of a relayed
+        DM, so the relay's record is what lets a next start wake its sender.
         """
         self.durability.written(outcome)
         if kind == "kept":  # a peer DM's: published already
@@ -241,21 +238,7 @@ class OutcomeFlow:
         key = outcome.delivery_id
         self.publish(outcome, answers)
         crashpoint("after-outcome-before-delivered")
-        own = self.durability.delivered(key)
-        if kind == "forget":
-            if own:  # no wake: nothing more to keep
-                self.relay.forget(key)
-            else:
-                self.forget_after_wake[wake_id(key)] = key
-
-    def _wake_landed(self, wake: str, error: BaseException | None) -> None:
-        """The acceptance of wake ``wake`` landed (or failed): the relayed DM it wakes the sender of may be forgotten.
-
-        Failed, the relay keeps its record: the next start settles the DM from it again and wakes its sender then.
-        """
-        source = self.forget_after_wake.pop(wake, None)
-        if source is not None and error is None:
-            self.relay.forget(source)
+        self.durability.delivered(key, then=(lambda: self.relay.forget(key)) if kind == "forget" else None)
 
     def _last_write(self, held: list[OutcomeToken], answers: Answers) -> list[str]:
         """A stop's last write of held outcomes' records: those that land are published.

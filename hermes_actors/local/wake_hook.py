@@ -8,11 +8,14 @@ the decisions are :mod:`hermes_actors.core.wake`'s.
 Exactly once, in durable mode: the wake is journaled as an ``accepted`` local
 delivery (origin ``"wake"``, its id derived from the DM's) once the DM's outcome
 is durable, in ONE batch with the DM's ``delivered`` record (both land or
-neither), and it runs only once that batch is on disk. A restart then either
-finds the wake in the journal (re-offered if it never started; a wake that may
-have started is NOT run again) or, when the crash (or a failed write) came
-before the batch landed, finds the DM not delivered and re-publishes its
-outcome, which creates the wake once.
+neither), and it runs only once that batch is on disk. A batch that fails (a
+full disk) is written again until it lands, then the wake runs. A restart then
+either finds the wake in the journal (re-offered if it never started; a wake
+that may have started is NOT run again) or, when the crash (or a stop with the
+batch still unwritten) came before the batch landed, finds the DM not delivered
+and re-publishes its outcome, which creates the wake once. A peer DM's
+``delivered`` record goes with its ``finished`` record instead (its outcome is
+published before either is journaled, and no restart publishes it again).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.wake import WAKE_ORIGIN, WakeRequest, is_wake, wake_delivery, wake_enabled, wake_for
@@ -45,6 +49,9 @@ class WakeHost(Protocol):
 
     def deliver_local(self, info: ProfileInfo, delivery: Delivery, *, journaled: bool = False) -> None:
         """Queue ``delivery`` on the ProfileActor of ``info`` and book it as pending."""
+
+    def settle(self, outcome: Outcome) -> None:
+        """Settle a booked delivery with ``outcome`` (journaled first when it is), as a turn's outcome is."""
 
 _KNOWN_KEEP = 100_000  # wake ids remembered against a second creation (bounded like the settled table)
 
@@ -123,7 +130,8 @@ class SenderWaker:
             root=self.root,
         )
         if request is not None and request.wake_id not in self.wake_ids:
-            self._start(request)
+            # A peer DM's delivered record goes with its finished one (OutcomeFlow.settle): not in the wake's batch
+            self._start(request, with_delivered=entry is None or entry.route != "peer")
         return False
 
     # ── internals ───────────────────────────────────────────────────────────
@@ -137,7 +145,12 @@ class SenderWaker:
         self.owner.counters["wakes_failed"] += 1
         logger.warning(why, *args)
 
-    def _start(self, request: WakeRequest) -> None:
+    def _start(self, request: WakeRequest, *, with_delivered: bool) -> None:
+        """Book and journal the wake ``request`` asks for; it runs once journaled (at once without a journal).
+
+        ``with_delivered``: its DM's ``delivered`` record goes in the wake's batch (see
+        ``JournalDurability.journal_wake``).
+        """
         owner = self.owner
         crashpoint("after-outcome-before-wake")
         self._remember(request.wake_id)
@@ -150,17 +163,27 @@ class SenderWaker:
         # neither), it runs once they are on disk.
         owner.book.add(delivery.delivery_id, Pending(delivery, "local", journaled=owner.durability.enabled))
         owner.counters["wakes_sent"] += 1  # (one whose records then fail counts in wakes_failed too)
-        if not owner.durability.journal_wake(delivery, request.source_id,
-                                             go=lambda: self._go(request, delivery, journaled=True),
-                                             failed=lambda error: self._not_journaled(request, delivery, error)):
+        if not owner.durability.journal_wake(
+                delivery, request.source_id, with_delivered=with_delivered,
+                go=lambda: self._go(request, delivery, journaled=True),
+                given_up=lambda error: self._not_journaled(request, delivery, error, again=with_delivered)):
             self._go(request, delivery, journaled=False)
 
-    def _not_journaled(self, request: WakeRequest, delivery: Delivery, error: BaseException) -> None:
-        """The wake's records could not be journaled: it is not run now; the next start wakes the sender."""
+    def _not_journaled(self, request: WakeRequest, delivery: Delivery, error: BaseException, *, again: bool) -> None:
+        """A stop found the wake's records still unwritten: it is not run in this run.
+
+        ``again``: its DM's ``delivered`` record was in the same batch, so the next start publishes
+        the DM's outcome again and wakes the sender then (a peer DM's is not published again).
+        """
         self.owner.book.withhold(delivery.delivery_id)
-        self._failed("could not journal the wake of @{} for {} ({}): it is not run now; the DM is not marked "
-                     "delivered either, so the next start publishes its outcome again and wakes @{} then",
-                     request.handle, request.source_id, error, request.handle)
+        if again:
+            self._failed("the wake of @{} for {} could not be journaled before the stop ({}): it is not run now; "
+                         "the DM is not marked delivered either, so the next start publishes its outcome again and "
+                         "wakes @{} then", request.handle, request.source_id, error, request.handle)
+        else:
+            self._failed("the wake of @{} for peer DM {} could not be journaled before the stop ({}): @{} is not "
+                         "woken with its outcome (a peer DM's outcome is not published again by a restart)",
+                         request.handle, request.source_id, error, request.handle)
 
     def _go(self, request: WakeRequest, delivery: Delivery, *, journaled: bool) -> None:
         """Run a wake (its records are on disk when ``journaled``), or leave it to the next start when stopping."""
@@ -169,8 +192,8 @@ class SenderWaker:
         if owner.book.entry(key) is None:  # a stop settled it (cancelled) while its records were being written
             return
         info = owner.snapshot.index.get(profile_key(request.profile))
-        if info is None:
-            self._failed("@{} is gone: the outcome of {} wakes nobody", request.handle, request.source_id)
+        if info is None:  # removed while its records were being written: booked, it gets its outcome now
+            owner.settle(outcomes.failed(key, delivery.label, outcomes.gone_text(request.profile), "unknown"))
             return
         if not owner.accepting:  # stopping: a journaled wake runs at the next start, else it is lost
             if journaled:  # (booked pending already: the stop leaves it journaled)

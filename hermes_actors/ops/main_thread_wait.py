@@ -20,7 +20,11 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
-__all__ = ["MainThreadWait"]
+__all__ = ["WATCH_LOOK", "MainThreadWait"]
+
+# Seconds between an until_set watcher's looks at whether its wait ended without the event (an exception):
+# it then ends within this long. A look costs a few microseconds: four a second are nothing to a waiting serve.
+WATCH_LOOK = 0.25
 
 
 class MainThreadWait:
@@ -94,19 +98,34 @@ class MainThreadWait:
     def until_set(self, event: threading.Event) -> None:
         """Return once ``event`` is set, by anyone: a signal's handler, or any thread, without a word.
 
-        A daemon thread waits on the event and wakes this wait (it ends once the event is set): whoever sets
-        it (a caller's thread, a failed gateway's) needs to know nothing of this wait.
+        A daemon thread waits on the event and wakes this wait: whoever sets it (a caller's thread, a
+        failed gateway's) needs to know nothing of this wait. The thread ends with the wait, however
+        the wait ends: the event set, or an exception out of it (a signal's handler that raised
+        ``KeyboardInterrupt``), within :data:`WATCH_LOOK` seconds then.
 
         Args:
             event: the event.
+
+        Raises:
+            BaseException: whatever a signal's handler raised meanwhile (the wait ends with it).
         """
         if not self.on_signals:  # no signal ends a wait here: the event itself is the wait
             event.wait()
             return
+        over = threading.Event()
 
         def watch() -> None:
-            event.wait()
+            # An Event is waited on alone: nothing but its set() ends event.wait(), and setting the caller's
+            # event, or notifying its condition, would wake its other waiters too. So the watcher looks at
+            # whether its wait is over between slices of its wait; else one interrupted wait would leave it
+            # waiting until the event is set, if ever, and each wait one more.
+            while not event.wait(WATCH_LOOK):
+                if over.is_set():
+                    return
             self.wake()
 
         threading.Thread(target=watch, name="stop-event-watch", daemon=True).start()
-        self.until(event.is_set)
+        try:
+            self.until(event.is_set)
+        finally:
+            over.set()
