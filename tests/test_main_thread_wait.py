@@ -71,10 +71,11 @@ def test_a_callers_event_set_by_another_thread_ends_the_main_threads_wait() -> N
     assert result.returncode == 0 and "stopped" in result.stdout, result.stderr
 
 
-def test_a_wait_a_raising_signal_handler_ends_leaves_no_watcher_thread() -> None:
+def test_waits_a_raising_signal_handler_ends_share_one_watcher_thread_which_ends_with_the_event() -> None:
     """Regression (review): ``until_set`` started a watcher thread per wait that ended only once the event was set;
     a wait ended by an exception instead (a signal's handler raising KeyboardInterrupt) left it waiting, one more
-    thread per such wait for as long as the event stayed unset (20 interrupted waits: 20 threads)."""
+    thread per such wait for as long as the event stayed unset (20 interrupted waits: 20 threads). One watcher per
+    event now, whichever waits use it (no polling: it ends when the event is set), and a later wait is still woken."""
     result = _in_a_child(
         "import os, signal, threading, time\n"
         "from hermes_actors.ops.main_thread_wait import MainThreadWait\n"
@@ -85,8 +86,8 @@ def test_a_wait_a_raising_signal_handler_ends_leaves_no_watcher_thread() -> None
         "    def until(self, done):  # the signal comes once the wait is under way: its handler raises in it\n"
         "        os.kill(os.getpid(), signal.SIGUSR1)\n"
         "        super().until(done)\n"
-        "events = [threading.Event() for _ in range(20)]  # never set\n"
-        "for event in events:\n"
+        "event = threading.Event()\n"
+        "for _ in range(20):\n"
         "    with Interrupted() as waits:\n"
         "        try:\n"
         "            waits.until_set(event)\n"
@@ -95,10 +96,13 @@ def test_a_wait_a_raising_signal_handler_ends_leaves_no_watcher_thread() -> None
         "        else:\n"
         "            raise SystemExit('the wait was not interrupted')\n"
         "watchers = [t for t in threading.enumerate() if t.name == 'stop-event-watch']\n"
-        "deadline = time.monotonic() + 30\n"
+        "print('watchers', len(watchers))\n"
+        "threading.Timer(0.2, event.set).start()  # a later wait on the same event is woken by its set()\n"
+        "with MainThreadWait() as waits:\n"
+        "    waits.until_set(event)\n"
         "for thread in watchers:\n"
-        "    thread.join(max(0.0, deadline - time.monotonic()))\n"
-        "print('watchers', len(watchers), 'left', sum(t.is_alive() for t in watchers))\n"
+        "    thread.join(30)\n"
+        "print('left', sum(t.is_alive() for t in watchers))\n"
     )
     assert result.returncode == 0, result.stderr
-    assert "left 0" in result.stdout and "watchers 0" not in result.stdout, result.stdout
+    assert "watchers 1\n" in result.stdout and "left 0" in result.stdout, result.stdout

@@ -20,11 +20,21 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
-__all__ = ["WATCH_LOOK", "MainThreadWait"]
+__all__ = ["MainThreadWait"]
 
-# Seconds between an until_set watcher's looks at whether its wait ended without the event (an exception):
-# it then ends within this long. A look costs a few microseconds: four a second are nothing to a waiting serve.
-WATCH_LOOK = 0.25
+# until_set's watchers: an event → the waits it wakes when set. One watcher thread per event, started by its first
+# wait and ended by its set(): a wait ended otherwise (a signal's handler raising) leaves it to the next wait on the
+# same event instead of each wait leaving one more thread (an Event is waited on alone, with no timeout to poll).
+# No lock: setdefault and pop are single dict operations (a lock taken on the main thread is what a signal's
+# handler must never interrupt).
+_WATCHED: dict[threading.Event, set[MainThreadWait]] = {}
+
+
+def _watch(event: threading.Event) -> None:
+    """A watcher thread: wait for ``event``, then wake every wait on it (and forget it)."""
+    event.wait()
+    for wait in tuple(_WATCHED.pop(event, ())):  # tuple(): one C call, however the set changes meanwhile
+        wait.wake()
 
 
 class MainThreadWait:
@@ -99,9 +109,9 @@ class MainThreadWait:
         """Return once ``event`` is set, by anyone: a signal's handler, or any thread, without a word.
 
         A daemon thread waits on the event and wakes this wait: whoever sets it (a caller's thread, a
-        failed gateway's) needs to know nothing of this wait. The thread ends with the wait, however
-        the wait ends: the event set, or an exception out of it (a signal's handler that raised
-        ``KeyboardInterrupt``), within :data:`WATCH_LOOK` seconds then.
+        failed gateway's) needs to know nothing of this wait. There is one such thread per event,
+        whichever waits use it; it ends once the event is set, so a wait that an exception ends (a
+        signal's handler that raised ``KeyboardInterrupt``) leaves it for the next wait on that event.
 
         Args:
             event: the event.
@@ -112,20 +122,16 @@ class MainThreadWait:
         if not self.on_signals:  # no signal ends a wait here: the event itself is the wait
             event.wait()
             return
-        over = threading.Event()
-
-        def watch() -> None:
-            # An Event is waited on alone: nothing but its set() ends event.wait(), and setting the caller's
-            # event, or notifying its condition, would wake its other waiters too. So the watcher looks at
-            # whether its wait is over between slices of its wait; else one interrupted wait would leave it
-            # waiting until the event is set, if ever, and each wait one more.
-            while not event.wait(WATCH_LOOK):
-                if over.is_set():
-                    return
-            self.wake()
-
-        threading.Thread(target=watch, name="stop-event-watch", daemon=True).start()
+        mine: set[MainThreadWait] = set()
+        waits = _WATCHED.setdefault(event, mine)
+        waits.add(self)  # before the watcher can pop it: it wakes this wait, or the event is set already
+        if waits is mine:  # the first wait on this event: its watcher
+            try:
+                threading.Thread(target=_watch, args=(event,), name="stop-event-watch", daemon=True).start()
+            except BaseException:  # not started (an interrupt in start()): the next wait starts one
+                _WATCHED.pop(event, None)
+                raise
         try:
             self.until(event.is_set)
         finally:
-            over.set()
+            waits.discard(self)
