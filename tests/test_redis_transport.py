@@ -35,7 +35,7 @@ from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Turn
-from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_inbox import InboxPaths, write_delivered
 from hermes_actors.store.relay_marks import keep_reply
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
 from hermes_actors.store.relay_shelf import LOCK_NAME, SHELF_PREFIX
@@ -727,15 +727,27 @@ def test_replies_kept_before_their_multi_are_written_when_their_entries_come_bac
     assert rec.entered == []
 
 
+def _write_mark_without_via(paths: InboxPaths, envelope_id: str, reply: str, reply_connection: str) -> Path:
+    """A start mark keeping a reply as versions before 621dfa7 wrote it, both transports alike: no ``via``."""
+    now = int(time.time())
+    mark = paths.started / f"{envelope_id}.json"
+    record = {**make_reply(envelope_id, reply=reply, now=now), "reply_connection": reply_connection}
+    mark.write_text(json.dumps({"id": envelope_id, "at": now, "reply": record}), encoding="utf-8")
+    os.chmod(mark, 0o600)
+    return mark
+
+
+@pytest.mark.parametrize("written_by", ["this version", "an older version, without via"])
 def test_a_reply_the_file_relay_kept_before_the_switch_to_redis_goes_back_only_through_the_file_relay(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_server: RedisServer, written_by: str
 ) -> None:
     """Regression (review): a root that ran the file relay can leave a start mark keeping the reply of a DM the file
     relay carried (its delivered/ write failed; the envelope stays on its shelf). Switched to Redis, the root's
     gateway read every kept reply as owed to Redis: it wrote it to ``replies:<reply_connection>`` (a stream no
     sender waits on) and cleared the mark, so the file relay's next start found the envelope unmarked and ran its
     turn again. Now a mark names the transport that kept it: Redis leaves the file relay's alone (one WARNING),
-    and the file relay writes the reply at its next start, the turn never run again."""
+    and the file relay writes the reply at its next start, the turn never run again. A mark an older version
+    wrote names none: its envelope on a file-relay shelf makes it the file relay's."""
     root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
     paths = InboxPaths.from_root(root).ensure()
     envelope = seed_envelope(target_connection="mini", target_profile="bob", message="carried by the file relay")
@@ -745,7 +757,10 @@ def test_a_reply_the_file_relay_kept_before_the_switch_to_redis_goes_back_only_t
     shelved = shelf / f"{envelope['id']}.json"
     shelved.write_text(json.dumps({**envelope, "reply_connection": "alpha"}), encoding="utf-8")
     os.chmod(shelved, 0o600)
-    keep_reply(paths, make_reply(envelope["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    if written_by == "this version":
+        keep_reply(paths, make_reply(envelope["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    else:
+        _write_mark_without_via(paths, envelope["id"], "kept answer", "alpha")
     mark = paths.started / f"{envelope['id']}.json"
     rec = RecordingRunner()
     with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server, rec):
@@ -759,6 +774,46 @@ def test_a_reply_the_file_relay_kept_before_the_switch_to_redis_goes_back_only_t
     record = json.loads(delivered.read_text(encoding="utf-8"))
     assert (record["reply"], record["reply_connection"]) == ("kept answer", "alpha"), record
     assert rec.entered == [] and not mark.exists()
+
+
+def test_a_reply_the_previous_version_owed_over_redis_is_written_after_the_upgrade(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): a reply the previous version owed over Redis (its sender's replies key held another
+    type) is kept in a start mark without ``via``, as it wrote them. After the upgrade every mark without ``via``
+    was the file relay's: Redis left it ("came in through the file relay ... left as they are"), the file relay
+    never writes it either (its envelope is on no shelf), so the sender ended the DM ``delivery_timeout``. Now a
+    mark without ``via`` whose envelope is on no file-relay shelf (and whose reply is in no ``delivered/``) is
+    Redis's: written once the key is a stream, its mark cleared, no turn run."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    envelope_id = uuid.uuid4().hex
+    mark = _write_mark_without_via(paths, envelope_id, "ok: hello bob", "probe")
+    rec = RecordingRunner()
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server, rec):
+        await_condition(lambda: replies_to(redis_server, "probe"), timeout=20, message="the owed reply written")
+        await_condition(lambda: not mark.exists(), timeout=10, message="its mark cleared once it is in Redis")
+    assert [(r["id"], r["reply"]) for r in replies_to(redis_server, "probe")] == [(envelope_id, "ok: hello bob")]
+    assert not logs.matching("came in through the file relay"), logs.lines
+    assert rec.entered == []
+
+
+def test_a_reply_the_file_relay_wrote_before_a_kill_left_its_mark_is_not_written_to_redis(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The other mark without ``via`` whose envelope is on no shelf: an older file relay killed between taking the
+    envelope off its shelf and clearing the mark, the reply already in ``delivered/``. It is the file relay's (its
+    reply is written): Redis leaves it, never writes it to a stream no sender waits on."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    envelope_id = uuid.uuid4().hex
+    mark = _write_mark_without_via(paths, envelope_id, "answered", "alpha")
+    write_delivered(paths, make_reply(envelope_id, reply="answered", now=time.time()), "alpha")
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server):
+        pass  # its start read the marks and ran its first tick, which writes the owed replies
+    assert not redis_server.client().exists(KEYS.replies("alpha")), "a file-relay reply was written to Redis"
+    assert mark.exists()
+    assert len(logs.matching("came in through the file relay", envelope_id)) == 1, logs.lines
 
 
 def test_an_inbox_replaced_by_another_type_while_running_still_lets_the_replies_in(

@@ -35,7 +35,7 @@ from hermes_actors.messages import Outcome, RelayDeliver
 from hermes_actors.relay.relay_actor import reply_from_outcome
 from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_marks import FILE_RELAY, clear_started, keep_reply, kept_reply, was_started
+from hermes_actors.store.relay_marks import FILE_RELAY, REDIS, clear_started, keep_reply, kept_reply, was_started
 from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import ClaimGuard
@@ -43,7 +43,7 @@ from hermes_actors.transports.redis.link import RedisLink, as_text
 
 __all__ = ["VIA", "Flight", "InboundDrain", "file_relay_replies_text", "owed_reply_text", "reply_written"]
 
-VIA = "redis"  # the ``via`` of the replies this transport keeps in start marks (the file relay's are left to it)
+VIA = REDIS  # the ``via`` of the replies this transport keeps in start marks (the file relay's are left to it)
 
 
 @dataclass
@@ -355,8 +355,10 @@ class InboundDrain:
         killed or stopped first, or their sender's replies key held another type); written from the next tick,
         or with their inbox entry if it is offered again first.
 
-        Only the replies this transport kept: one the file relay kept (the root ran it before) goes
-        back through the file relay, never to Redis, and its mark is left for it (one WARNING).
+        Only the replies this transport kept (a mark without ``via``, as versions before it wrote them, is
+        ours when its envelope is on no file-relay shelf: :func:`~hermes_actors.store.relay_marks.kept_reply`):
+        one the file relay kept (the root ran it before) goes back through the file relay, never to Redis, and
+        its mark is left for it (one WARNING).
 
         Returns:
             How many.
