@@ -36,7 +36,7 @@ from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Turn
 from hermes_actors.store.relay_inbox import InboxPaths, write_delivered
-from hermes_actors.store.relay_marks import keep_reply
+from hermes_actors.store.relay_marks import keep_reply, kept_reply
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
 from hermes_actors.store.relay_shelf import LOCK_NAME, SHELF_PREFIX
 from hermes_actors.transports.peer_cli import PeerCliTransport
@@ -413,6 +413,88 @@ def test_the_transport_housekeeps_on_its_tick_and_a_failing_sweep_stops_nothing(
                         message="more ticks went by")
         assert mini.stats()["relay_alive"] and alpha.stats()["relay_alive"]
     assert len(sweeps) == 2, "one sweep per gateway: the next is an hour on"
+
+
+def test_a_queued_envelope_its_sender_expired_leaves_no_start_mark(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Regression (review): a relayed-in turn writes its start mark before it claims the turn; when the claim found
+    its sender's ``expired`` mark (it expired the envelope while it was queued here), the outcome dropped the flight
+    and acked the entry but left the mark: one file per such DM in ``bot_relay/started/``, read by every start.
+    Now it is cleared (the turn never ran anywhere: no turn claimed it)."""
+    from hermes_actors.transports.redis import store as rs
+
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: (release.wait(timeout=30), "done")[1])
+    client = redis_server.client()
+    started = tmp_path / "mini" / "bot_relay" / "started"
+    with gateway(tmp_path, "mini", redis_server, rec) as mini:
+        first = inject(redis_server, "mini", "probe")
+        await_condition(lambda: len(rec.entered) == 1, timeout=10, message="the first turn is running")
+        second = inject(redis_server, "mini", "probe")
+        await_condition(lambda: client.xpending(KEYS.inbox("mini"), "hermes")["pending"] == 2, timeout=10,
+                        message="the second one read by mini")
+        mini.housekeep()  # an ask: the transport actor's mailbox is flushed past it (queued behind bob's turn)
+        client.set(KEYS.claim(second["id"]), rs.EXPIRED_CLAIM)  # its sender expired it meanwhile
+        release.set()
+        await_drained(redis_server, KEYS.inbox("mini"))
+        await_condition(lambda: os.listdir(started) == [], timeout=10,
+                        message="no start mark left: the first's cleared with its reply, the expired one's too")
+    assert [t.delivery_id for t in rec.entered] == [first["id"]]  # the expired one never ran
+    assert [r["id"] for r in replies_to(redis_server, "probe")] == [first["id"]]  # its sender already reported it
+
+
+def test_housekeeping_removes_old_start_marks_nothing_needs_and_never_one_keeping_a_reply(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): on a Redis root nothing ever removed a start mark a turn left behind (an envelope its
+    sender expired before the fix above, a turn whose claim was lost): the file relay's housekeeping sweeps them
+    after 6 h, the Redis transport's swept only DM files. Now it sweeps ``started/`` by the same 6 h rule, never a
+    mark that keeps a reply (owed to a sender's replies key of another type, or the file relay's on a root that
+    switched), nor the mark of a turn running here, nor one whose envelope is on a file-relay shelf."""
+    client = redis_server.client()
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    old = time.time() - 7 * 3600
+
+    def mark(envelope_id: str, *, reply_to: str | None = None, via: str = "redis") -> Path:
+        path = paths.started / f"{envelope_id}.json"
+        if reply_to is None:
+            path.write_text(json.dumps({"id": envelope_id, "at": int(old)}), encoding="utf-8")
+            os.chmod(path, 0o600)
+        else:
+            keep_reply(paths, make_reply(envelope_id, reply="kept", now=old), reply_to, now=old, via=via)
+        os.utime(path, (old, old))
+        return path
+
+    stale = mark(uuid.uuid4().hex)
+    young = paths.started / f"{uuid.uuid4().hex}.json"
+    young.write_text(json.dumps({"id": young.stem, "at": int(time.time())}), encoding="utf-8")
+    client.set(KEYS.replies("probe"), "oops")  # its reply stays owed
+    owed = mark(uuid.uuid4().hex, reply_to="probe")
+    file_relays = mark(uuid.uuid4().hex, reply_to="alpha", via="relay")
+    shelved = mark(uuid.uuid4().hex)  # a switched root: the file relay's adopter answers it ambiguous
+    shelf = paths.taken_parent / f"{SHELF_PREFIX}{uuid.uuid4().hex}"
+    shelf.mkdir(mode=0o700)
+    (shelf / LOCK_NAME).touch(mode=0o600)
+    envelope = seed_envelope(target_connection="mini", target_profile="bob", message="on the file relay's shelf",
+                             envelope_id=shelved.stem)
+    (shelf / shelved.name).write_text(json.dumps({**envelope, "reply_connection": "alpha"}), encoding="utf-8")
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: (release.wait(timeout=30), "done")[1])
+    try:
+        with gateway(tmp_path, "mini", redis_server, rec) as mini:
+            running = inject(redis_server, "mini", "probe2")
+            await_condition(lambda: len(rec.entered) == 1, timeout=10, message="a turn is running")
+            in_flight = paths.started / f"{running['id']}.json"
+            os.utime(in_flight, (old, old))  # a turn running for 7 h: its mark says it started
+            mini.housekeep()
+            left = set(os.listdir(paths.started))
+            release.set()
+            await_condition(lambda: replies_to(redis_server, "probe2"), timeout=10, message="its reply")
+    finally:
+        release.set()
+    assert stale.name not in left
+    assert {young.name, owed.name, file_relays.name, shelved.name, in_flight.name} <= left, left
+    assert (paths.started / owed.name).exists() and kept_reply(paths, owed.stem, via="redis") is not None
 
 
 def test_housekeeping_runs_at_the_first_tick_then_hourly() -> None:

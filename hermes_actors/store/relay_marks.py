@@ -31,8 +31,8 @@ from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_reply
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import find_on_shelves
 
-__all__ = ["FILE_RELAY", "REDIS", "TurnStartMarks", "clear_started", "drop_mark", "keep_reply", "kept_reply",
-           "on_a_shelf", "was_started", "write_mark"]
+__all__ = ["FILE_RELAY", "REDIS", "TurnStartMarks", "clear_started", "drop_mark", "holds_reply", "keep_reply",
+           "kept_reply", "on_a_shelf", "was_started", "write_mark"]
 
 KEPT_MARK_MAX_BYTES = REPLY_FILE_MAX_BYTES + 4096  # a delivered record (the largest reply) and the mark around it
 FILE_RELAY = "relay"  # the ``via`` of a reply kept by the file relay
@@ -148,6 +148,27 @@ def kept_reply(paths: InboxPaths, envelope_id: str, *, via: str = FILE_RELAY) ->
     if kept_via != via:
         return None
     return parse_delivered(data["reply"], envelope_id, path.name)
+
+
+def holds_reply(paths: InboxPaths, mark_name: str) -> bool:
+    """Whether the start mark ``<id>.json`` keeps a reply (:func:`keep_reply`), whichever transport kept it.
+
+    Args:
+        paths: the relay layout.
+        mark_name: ``<id>.json``.
+
+    Returns:
+        True when it does, or when that cannot be told (unreadable, refused): as if it did. False when it
+        is gone or holds none.
+    """
+    try:
+        with relay_dir(paths.relay.base, paths.started) as fd:
+            data = read_json_file(paths.started / mark_name, max_bytes=KEPT_MARK_MAX_BYTES, dir_fd=fd)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValidationError):  # HostileFileError included: a reply might be in it
+        return True
+    return not isinstance(data, dict) or "reply" in data
 
 
 def _older_marks_via(paths: InboxPaths, mark_name: str) -> str:
