@@ -74,12 +74,15 @@ def test_a_setting_needs_a_known_annotation() -> None:
 def test_a_setting_takes_one_bound() -> None:
     with pytest.raises(ValueError, match="not both"):
         setting(1.0, "doc", at_least=0, above=0)
+    with pytest.raises(ValueError, match="clamp_above needs at_most"):
+        setting(1, "doc", at_least=1, clamp_above="the most there is")
 
 
 @pytest.mark.parametrize(
     ("key", "text"),
     [("turn_wait_seconds", "number ≥ 0, ≤ 604800"), ("turn_timeout_seconds", "number > 0, ≤ 604800"),
-     ("envelope_ttl_seconds", "number ≤ 315360000"), ("max_hops", "integer ≥ 1, ≤ 1000"),
+     ("envelope_ttl_seconds", "number ≤ 315360000"),
+     ("max_hops", "integer ≥ 1, ≤ 1000 (a larger one is taken as 1000)"),
      ("redis_claim_idle_seconds", "number ≥ 0.01, ≤ 86400"), ("redis_prefix", "text"),
      ("connection_label", "text (≤ 80 characters)")],
 )
@@ -254,7 +257,6 @@ def test_gateway_start_warns_once(root: Path, gateways: list[Gateway], warnings:
     ("rescan_seconds", 1e-9, "≥ 0.05, ≤ 3600"),
     ("reply_wait_seconds", 1e300, "≥ 0, ≤ 604800"),
     ("turn_wait_seconds", -1, "≥ 0, ≤ 604800"),
-    ("max_hops", 10**30, "≥ 1, ≤ 1000"),
     ("max_queued", 10**12, "≥ 1, ≤ 1000000"),
     ("redis_block_ms", 10**12, "≥ 1, ≤ 60000"),
     ("idle_stop_seconds", float("inf"), "≥ 0, ≤ 604800"),
@@ -282,15 +284,38 @@ def test_an_absurd_value_is_refused_naming_file_key_value_and_range(
 def test_max_hops_stops_at_the_deepest_hop_a_dm_can_carry(tmp_path: Path, warnings: list[str]) -> None:
     """Regression (ops review): max_hops took up to 10000 while a hop a relayed envelope or a submit request
     carries is at most MAX_HOP (1000): a limit between them was accepted, yet a DM past 1000 was refused anyway
-    (``check_relay_hop``, the submit protocol). The range is the hop rule's, read from ``core.hops``."""
+    (``check_relay_hop``, the submit protocol). The range is the hop rule's, read from ``core.hops``.
+
+    Regression (review): capping the range sent a value between 1001 and 10000, accepted before, to the default 8,
+    so a config that meant "deep" refused conversations deeper than 8 hops. A value above MAX_HOP is now taken as
+    MAX_HOP, with a warning saying so; one below 1 or not an integer still falls back to the default."""
     assert _spec("max_hops").maximum == MAX_HOP
     path = tmp_path / "config.yaml"
-    path.write_text(f"bot_mode:\n  max_hops: {MAX_HOP + 1}\n")
-    assert c.load_config(tmp_path).max_hops == 8
-    assert warnings == [f"{path}: bot_mode.max_hops={MAX_HOP + 1} is out of range (it must be ≥ 1, ≤ {MAX_HOP}); "
-                        "using default 8"]
+    for deep in (MAX_HOP + 1, 5000, 10**30):
+        warnings.clear()
+        path.write_text(f"bot_mode:\n  max_hops: {deep}\n")
+        assert c.load_config(tmp_path).max_hops == MAX_HOP
+        assert warnings == [f"{path}: bot_mode.max_hops={deep} is above {MAX_HOP}, the deepest hop a DM can carry; "
+                            f"using {MAX_HOP}"]
+    warnings.clear()
     path.write_text(f"bot_mode:\n  max_hops: {MAX_HOP}\n")
     assert c.load_config(tmp_path).max_hops == MAX_HOP
+    assert warnings == []
+    for bad, said in ((0, "is out of range"), (2.5, "is not a valid int")):
+        warnings.clear()
+        path.write_text(f"bot_mode:\n  max_hops: {bad}\n")
+        assert c.load_config(tmp_path).max_hops == 8
+        assert warnings == [f"{path}: bot_mode.max_hops={bad} {said} (it must be ≥ 1, ≤ 1000); using default 8"], \
+            warnings
+
+
+def test_only_a_setting_that_asks_for_it_clamps_a_value_above_its_range() -> None:
+    """The clamp is declared beside the range (``clamp_above``), one rule: another setting past its maximum
+    still falls back to its default."""
+    assert [s.key for s in c.SETTINGS if s.clamp_above] == ["max_hops"]
+    assert coerce(_spec("max_hops"), 5000) == (
+        MAX_HOP, f"bot_mode.max_hops=5000 is above {MAX_HOP}, the deepest hop a DM can carry; using {MAX_HOP}")
+    assert coerce(_spec("max_queued"), 10**7)[0] == 256
 
 
 def test_an_envelope_ttl_of_a_month_is_taken_as_the_seed_takes_it(tmp_path: Path, warnings: list[str]) -> None:

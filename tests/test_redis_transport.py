@@ -35,8 +35,8 @@ from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.core.wake import wake_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Turn
-from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_marks import keep_reply
+from hermes_actors.store.relay_inbox import InboxPaths, write_delivered
+from hermes_actors.store.relay_marks import keep_reply, kept_reply
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
 from hermes_actors.store.relay_shelf import LOCK_NAME, SHELF_PREFIX
 from hermes_actors.transports.peer_cli import PeerCliTransport
@@ -415,6 +415,88 @@ def test_the_transport_housekeeps_on_its_tick_and_a_failing_sweep_stops_nothing(
     assert len(sweeps) == 2, "one sweep per gateway: the next is an hour on"
 
 
+def test_a_queued_envelope_its_sender_expired_leaves_no_start_mark(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Regression (review): a relayed-in turn writes its start mark before it claims the turn; when the claim found
+    its sender's ``expired`` mark (it expired the envelope while it was queued here), the outcome dropped the flight
+    and acked the entry but left the mark: one file per such DM in ``bot_relay/started/``, read by every start.
+    Now it is cleared (the turn never ran anywhere: no turn claimed it)."""
+    from hermes_actors.transports.redis import store as rs
+
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: (release.wait(timeout=30), "done")[1])
+    client = redis_server.client()
+    started = tmp_path / "mini" / "bot_relay" / "started"
+    with gateway(tmp_path, "mini", redis_server, rec) as mini:
+        first = inject(redis_server, "mini", "probe")
+        await_condition(lambda: len(rec.entered) == 1, timeout=10, message="the first turn is running")
+        second = inject(redis_server, "mini", "probe")
+        await_condition(lambda: client.xpending(KEYS.inbox("mini"), "hermes")["pending"] == 2, timeout=10,
+                        message="the second one read by mini")
+        mini.housekeep()  # an ask: the transport actor's mailbox is flushed past it (queued behind bob's turn)
+        client.set(KEYS.claim(second["id"]), rs.EXPIRED_CLAIM)  # its sender expired it meanwhile
+        release.set()
+        await_drained(redis_server, KEYS.inbox("mini"))
+        await_condition(lambda: os.listdir(started) == [], timeout=10,
+                        message="no start mark left: the first's cleared with its reply, the expired one's too")
+    assert [t.delivery_id for t in rec.entered] == [first["id"]]  # the expired one never ran
+    assert [r["id"] for r in replies_to(redis_server, "probe")] == [first["id"]]  # its sender already reported it
+
+
+def test_housekeeping_removes_old_start_marks_nothing_needs_and_never_one_keeping_a_reply(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): on a Redis root nothing ever removed a start mark a turn left behind (an envelope its
+    sender expired before the fix above, a turn whose claim was lost): the file relay's housekeeping sweeps them
+    after 6 h, the Redis transport's swept only DM files. Now it sweeps ``started/`` by the same 6 h rule, never a
+    mark that keeps a reply (owed to a sender's replies key of another type, or the file relay's on a root that
+    switched), nor the mark of a turn running here, nor one whose envelope is on a file-relay shelf."""
+    client = redis_server.client()
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    old = time.time() - 7 * 3600
+
+    def mark(envelope_id: str, *, reply_to: str | None = None, via: str = "redis") -> Path:
+        path = paths.started / f"{envelope_id}.json"
+        if reply_to is None:
+            path.write_text(json.dumps({"id": envelope_id, "at": int(old)}), encoding="utf-8")
+            os.chmod(path, 0o600)
+        else:
+            keep_reply(paths, make_reply(envelope_id, reply="kept", now=old), reply_to, now=old, via=via)
+        os.utime(path, (old, old))
+        return path
+
+    stale = mark(uuid.uuid4().hex)
+    young = paths.started / f"{uuid.uuid4().hex}.json"
+    young.write_text(json.dumps({"id": young.stem, "at": int(time.time())}), encoding="utf-8")
+    client.set(KEYS.replies("probe"), "oops")  # its reply stays owed
+    owed = mark(uuid.uuid4().hex, reply_to="probe")
+    file_relays = mark(uuid.uuid4().hex, reply_to="alpha", via="relay")
+    shelved = mark(uuid.uuid4().hex)  # a switched root: the file relay's adopter answers it ambiguous
+    shelf = paths.taken_parent / f"{SHELF_PREFIX}{uuid.uuid4().hex}"
+    shelf.mkdir(mode=0o700)
+    (shelf / LOCK_NAME).touch(mode=0o600)
+    envelope = seed_envelope(target_connection="mini", target_profile="bob", message="on the file relay's shelf",
+                             envelope_id=shelved.stem)
+    (shelf / shelved.name).write_text(json.dumps({**envelope, "reply_connection": "alpha"}), encoding="utf-8")
+    release = threading.Event()
+    rec = RecordingRunner(lambda turn: (release.wait(timeout=30), "done")[1])
+    try:
+        with gateway(tmp_path, "mini", redis_server, rec) as mini:
+            running = inject(redis_server, "mini", "probe2")
+            await_condition(lambda: len(rec.entered) == 1, timeout=10, message="a turn is running")
+            in_flight = paths.started / f"{running['id']}.json"
+            os.utime(in_flight, (old, old))  # a turn running for 7 h: its mark says it started
+            mini.housekeep()
+            left = set(os.listdir(paths.started))
+            release.set()
+            await_condition(lambda: replies_to(redis_server, "probe2"), timeout=10, message="its reply")
+    finally:
+        release.set()
+    assert stale.name not in left
+    assert {young.name, owed.name, file_relays.name, shelved.name, in_flight.name} <= left, left
+    assert (paths.started / owed.name).exists() and kept_reply(paths, owed.stem, via="redis") is not None
+
+
 def test_housekeeping_runs_at_the_first_tick_then_hourly() -> None:
     from hermes_actors.relay.relay_actor import HOUSEKEEP_EVERY_SECONDS, housekeeping_due
 
@@ -727,15 +809,27 @@ def test_replies_kept_before_their_multi_are_written_when_their_entries_come_bac
     assert rec.entered == []
 
 
+def _write_mark_without_via(paths: InboxPaths, envelope_id: str, reply: str, reply_connection: str) -> Path:
+    """A start mark keeping a reply as versions before 621dfa7 wrote it, both transports alike: no ``via``."""
+    now = int(time.time())
+    mark = paths.started / f"{envelope_id}.json"
+    record = {**make_reply(envelope_id, reply=reply, now=now), "reply_connection": reply_connection}
+    mark.write_text(json.dumps({"id": envelope_id, "at": now, "reply": record}), encoding="utf-8")
+    os.chmod(mark, 0o600)
+    return mark
+
+
+@pytest.mark.parametrize("written_by", ["this version", "an older version, without via"])
 def test_a_reply_the_file_relay_kept_before_the_switch_to_redis_goes_back_only_through_the_file_relay(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_server: RedisServer, written_by: str
 ) -> None:
     """Regression (review): a root that ran the file relay can leave a start mark keeping the reply of a DM the file
     relay carried (its delivered/ write failed; the envelope stays on its shelf). Switched to Redis, the root's
     gateway read every kept reply as owed to Redis: it wrote it to ``replies:<reply_connection>`` (a stream no
     sender waits on) and cleared the mark, so the file relay's next start found the envelope unmarked and ran its
     turn again. Now a mark names the transport that kept it: Redis leaves the file relay's alone (one WARNING),
-    and the file relay writes the reply at its next start, the turn never run again."""
+    and the file relay writes the reply at its next start, the turn never run again. A mark an older version
+    wrote names none: its envelope on a file-relay shelf makes it the file relay's."""
     root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
     paths = InboxPaths.from_root(root).ensure()
     envelope = seed_envelope(target_connection="mini", target_profile="bob", message="carried by the file relay")
@@ -745,7 +839,10 @@ def test_a_reply_the_file_relay_kept_before_the_switch_to_redis_goes_back_only_t
     shelved = shelf / f"{envelope['id']}.json"
     shelved.write_text(json.dumps({**envelope, "reply_connection": "alpha"}), encoding="utf-8")
     os.chmod(shelved, 0o600)
-    keep_reply(paths, make_reply(envelope["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    if written_by == "this version":
+        keep_reply(paths, make_reply(envelope["id"], reply="kept answer", now=time.time()), "alpha", now=time.time())
+    else:
+        _write_mark_without_via(paths, envelope["id"], "kept answer", "alpha")
     mark = paths.started / f"{envelope['id']}.json"
     rec = RecordingRunner()
     with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server, rec):
@@ -759,6 +856,46 @@ def test_a_reply_the_file_relay_kept_before_the_switch_to_redis_goes_back_only_t
     record = json.loads(delivered.read_text(encoding="utf-8"))
     assert (record["reply"], record["reply_connection"]) == ("kept answer", "alpha"), record
     assert rec.entered == [] and not mark.exists()
+
+
+def test_a_reply_the_previous_version_owed_over_redis_is_written_after_the_upgrade(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (review): a reply the previous version owed over Redis (its sender's replies key held another
+    type) is kept in a start mark without ``via``, as it wrote them. After the upgrade every mark without ``via``
+    was the file relay's: Redis left it ("came in through the file relay ... left as they are"), the file relay
+    never writes it either (its envelope is on no shelf), so the sender ended the DM ``delivery_timeout``. Now a
+    mark without ``via`` whose envelope is on no file-relay shelf (and whose reply is in no ``delivered/``) is
+    Redis's: written once the key is a stream, its mark cleared, no turn run."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    envelope_id = uuid.uuid4().hex
+    mark = _write_mark_without_via(paths, envelope_id, "ok: hello bob", "probe")
+    rec = RecordingRunner()
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server, rec):
+        await_condition(lambda: replies_to(redis_server, "probe"), timeout=20, message="the owed reply written")
+        await_condition(lambda: not mark.exists(), timeout=10, message="its mark cleared once it is in Redis")
+    assert [(r["id"], r["reply"]) for r in replies_to(redis_server, "probe")] == [(envelope_id, "ok: hello bob")]
+    assert not logs.matching("came in through the file relay"), logs.lines
+    assert rec.entered == []
+
+
+def test_a_reply_the_file_relay_wrote_before_a_kill_left_its_mark_is_not_written_to_redis(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The other mark without ``via`` whose envelope is on no shelf: an older file relay killed between taking the
+    envelope off its shelf and clearing the mark, the reply already in ``delivered/``. It is the file relay's (its
+    reply is written): Redis leaves it, never writes it to a stream no sender waits on."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    envelope_id = uuid.uuid4().hex
+    mark = _write_mark_without_via(paths, envelope_id, "answered", "alpha")
+    write_delivered(paths, make_reply(envelope_id, reply="answered", now=time.time()), "alpha")
+    with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server):
+        pass  # its start read the marks and ran its first tick, which writes the owed replies
+    assert not redis_server.client().exists(KEYS.replies("alpha")), "a file-relay reply was written to Redis"
+    assert mark.exists()
+    assert len(logs.matching("came in through the file relay", envelope_id)) == 1, logs.lines
 
 
 def test_an_inbox_replaced_by_another_type_while_running_still_lets_the_replies_in(

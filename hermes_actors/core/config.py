@@ -11,7 +11,8 @@ those fields.
 Loading never crashes the gateway: a missing, unreadable, malformed, huge or
 symlinked file is logged and treated as empty, a bad value (not a number, or outside
 the range declared beside its key) falls back to its default with a warning naming
-the file (absolute), the key, the value and the range, and an unknown key inside one
+the file (absolute), the key, the value and the range (a setting declared with ``clamp_above`` takes
+a value above its range as its maximum instead, saying so), and an unknown key inside one
 of our sections gets one warning naming the closest known key.
 """
 
@@ -93,9 +94,11 @@ class BotModeConfig:
                "does (≤ 0 disables, and so does 0.5)", at_most=YEARS_10)
     reply_wait_seconds: float = setting(
         900.0, "how long the sender waits for a relay reply before `delivery_timeout`", at_least=0, at_most=WEEK)
-    # at most the deepest hop a relayed envelope or a submit request carries: a deeper limit could not work
+    # at most the deepest hop a relayed envelope or a submit request carries: a deeper limit could not work.
+    # Clamped, not refused: up to 10000 was taken before, and such a config means "as deep as a DM can go"
     max_hops: int = setting(8, f"conversation depth limit (`loop_guard`); at most {MAX_HOP}, the deepest hop a "
-                               "relayed envelope or a submit request carries", at_least=1, at_most=MAX_HOP)
+                               "relayed envelope or a submit request carries", at_least=1, at_most=MAX_HOP,
+                            clamp_above="the deepest hop a DM can carry")
     max_pair_rate: int = setting(
         30, "DMs per minute between one pair from inside turns (`loop_guard`; 0 disables)", at_least=0,
         at_most=1_000_000)

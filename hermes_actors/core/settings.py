@@ -32,6 +32,7 @@ class _Spec:
     maximum: float | None
     max_chars: int | None
     choice: Callable[[Any], str | None] | None
+    clamp_above: str | None
 
 
 def setting(
@@ -41,6 +42,7 @@ def setting(
     at_least: float | None = None,
     above: float | None = None,
     at_most: float | None = None,
+    clamp_above: str | None = None,
     max_chars: int | None = None,
     choice: Callable[[Any], str | None] | None = None,
 ) -> Any:
@@ -53,6 +55,10 @@ def setting(
         above: numbers must be greater than this (exclusive).
         at_most: the largest accepted number (inclusive): past it a value is absurd (a wait of 1e300
             seconds, a queue of 10**12), refused like one below the minimum.
+        clamp_above: what ``at_most`` is (``"the deepest hop a DM can carry"``): a value past it is then taken
+            as ``at_most``, with a warning saying so, instead of being refused: for a limit that only grew
+            tighter than an older version's, where a larger value meant "as much as there is" (a value below
+            the minimum, or of the wrong type, still takes the default).
         max_chars: text longer than this is cut, with a warning.
         choice: for text with a fixed set of values: maps a raw value (bools included) to its canonical
             text, or None when it is not one of them (then the default is used, with a warning).
@@ -61,13 +67,15 @@ def setting(
         A dataclass field (typed ``Any`` so the annotation keeps its type for mypy).
 
     Raises:
-        ValueError: both ``at_least`` and ``above`` given.
+        ValueError: both ``at_least`` and ``above`` given, or ``clamp_above`` without ``at_most``.
     """
     if at_least is not None and above is not None:
         raise ValueError("give at_least or above, not both")
+    if clamp_above is not None and at_most is None:
+        raise ValueError("clamp_above needs at_most: the value a larger one is taken as")
     minimum = at_least if above is None else above
     spec = _Spec(doc=doc, minimum=minimum, inclusive=above is None, maximum=at_most, max_chars=max_chars,
-                 choice=choice)
+                 choice=choice, clamp_above=clamp_above)
     return field(default=default, metadata={_SPEC: spec})
 
 
@@ -85,6 +93,7 @@ class Setting:
     doc: str
     choice: Callable[[Any], str | None] | None = None
     maximum: float | None = None
+    clamp_above: str | None = None  # what ``maximum`` is: a larger value is taken as it (see :func:`setting`)
 
     @property
     def path(self) -> str:
@@ -100,6 +109,8 @@ class Setting:
         if self.max_chars is not None:
             return f"{base} (≤ {self.max_chars} characters)"
         bounds = self.range_text
+        if self.clamp_above is not None and self.maximum is not None:
+            bounds += f" (a larger one is taken as {_bound_text(self.maximum)})"
         return f"{base} {bounds}" if bounds else base
 
     @property
@@ -138,7 +149,7 @@ def settings_of(cls: type, section: str) -> tuple[Setting, ...]:
         if kind is None or f.default is MISSING:
             raise TypeError(f"setting {cls.__name__}.{f.name}: annotate float, int or str and give a default")
         out.append(Setting(section, f.name, kind, f.default, spec.minimum, spec.inclusive, spec.max_chars, spec.doc,
-                           spec.choice, spec.maximum))
+                           spec.choice, spec.maximum, spec.clamp_above))
     return tuple(out)
 
 
@@ -165,8 +176,9 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
         value: the raw value from the config.
 
     Returns:
-        ``(value, None)``, or ``(default or cut text, problem)`` where ``problem``
-        is one line naming the key and the value (and, for a number out of range, the range);
+        ``(value, None)``, or ``(default or cut text or maximum, problem)`` where ``problem``
+        is one line naming the key and the value (and, for a number out of range, the range; for
+        one above the maximum of a ``clamp_above`` setting, the maximum it is taken as);
         whoever read the value puts where it was written in front (``parse_config``).
     """
     default = spec.default
@@ -190,6 +202,9 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
         return default, f"{spec.path}={value!r} is not a valid {spec.kind}{must}; using default {default}"
     minimum, maximum = spec.minimum, spec.maximum
     too_low = minimum is not None and (number < minimum or (not spec.inclusive and number == minimum))
+    if not too_low and maximum is not None and number > maximum and spec.clamp_above is not None:
+        limit = int(maximum) if spec.kind == "int" else float(maximum)
+        return limit, f"{spec.path}={value!r} is above {_bound_text(maximum)}, {spec.clamp_above}; using {limit}"
     if too_low or (maximum is not None and number > maximum):
         return default, (f"{spec.path}={value!r} is out of range (it must be {spec.range_text}); "
                          f"using default {default}")

@@ -58,8 +58,8 @@ from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_heartbeat import remove_heartbeat, sweep_dead_heartbeats, write_heartbeat
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
-from hermes_actors.store.relay_marks import clear_started, keep_reply, was_started
-from hermes_actors.store.relay_shelf import Shelf, find_on_shelves
+from hermes_actors.store.relay_marks import clear_started, keep_reply, on_a_shelf, was_started
+from hermes_actors.store.relay_shelf import Shelf
 from hermes_actors.store.sweep import sweep_old_files
 from hermes_actors.store.yaml_file import warned_while_failing
 
@@ -500,10 +500,7 @@ class RelayActor(TypedActor):
 
     def _on_a_shelf(self, mark_name: str) -> bool:
         """Whether the envelope of the start mark ``<id>.json`` is on a gateway's shelf (unknown: as if it were)."""
-        try:
-            return find_on_shelves(self.paths.taken_parent, mark_name, base=self.paths.relay.base)
-        except (OSError, ValidationError):  # HostileFileError included
-            return True
+        return on_a_shelf(self.paths, mark_name)
 
     def stats(self) -> dict[str, int]:
         return {**self.counters, "waiting": len(self.outbound.waiting)}

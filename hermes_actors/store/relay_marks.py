@@ -5,8 +5,10 @@ runs, so a gateway that adopts the envelope after a crash knows the turn may
 have run (:class:`TurnStartMarks`), and dropped once its reply is on disk. A
 reply that could not be written to ``delivered/`` is kept in the mark
 (``{"id", "at", "via", "reply"}``, :func:`keep_reply`) until it is; ``via`` names the
-transport the envelope came in on (``relay``: this file relay, the default and what a
-mark without it means; ``redis``), the only one that may write that reply. The
+transport the envelope came in on (``relay``: this file relay, the default; ``redis``),
+the only one that may write that reply. A mark without it (both transports wrote them
+so before ``via``) is the file relay's while its envelope is on a file-relay shelf or its
+reply in ``delivered/``, else Redis's (:func:`kept_reply`). The
 sender side's ``sent/`` records (:mod:`hermes_actors.store.relay_sent`) are
 written and dropped the same way (:func:`write_mark`, :func:`drop_mark`).
 """
@@ -20,19 +22,21 @@ from pathlib import Path
 from typing import Any
 
 from hermes_actors.core.ids import validate_delivery_id
-from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import relay_dir
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_inbox import InboxPaths, parse_delivered
 from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_reply
 from hermes_actors.store.relay_quarantine import quarantine
+from hermes_actors.store.relay_shelf import find_on_shelves
 
-__all__ = ["FILE_RELAY", "TurnStartMarks", "clear_started", "drop_mark", "keep_reply", "kept_reply", "was_started",
-           "write_mark"]
+__all__ = ["FILE_RELAY", "REDIS", "TurnStartMarks", "clear_started", "drop_mark", "holds_reply", "keep_reply",
+           "kept_reply", "on_a_shelf", "was_started", "write_mark"]
 
 KEPT_MARK_MAX_BYTES = REPLY_FILE_MAX_BYTES + 4096  # a delivered record (the largest reply) and the mark around it
-FILE_RELAY = "relay"  # the ``via`` of a reply kept by the file relay (and of a kept mark that names none)
+FILE_RELAY = "relay"  # the ``via`` of a reply kept by the file relay
+REDIS = "redis"  # the ``via`` of a reply kept by the Redis transport
 
 
 def write_mark(paths: InboxPaths, directory: Path, envelope_id: str, payload: dict[str, Any], *, fsync: bool) -> bool:
@@ -126,7 +130,7 @@ def kept_reply(paths: InboxPaths, envelope_id: str, *, via: str = FILE_RELAY) ->
 
     Returns:
         ``(reply record, reply_connection)``; None when there is no mark, a mark without a reply, or one
-        another transport kept (a mark that names none is the file relay's).
+        another transport kept (a mark that names none: see :func:`_older_marks_via`).
 
     Raises:
         HostileFileError / ValidationError: the mark, or ``started/``, is refused.
@@ -138,9 +142,72 @@ def kept_reply(paths: InboxPaths, envelope_id: str, *, via: str = FILE_RELAY) ->
             data = read_json_file(path, max_bytes=KEPT_MARK_MAX_BYTES, dir_fd=fd)
     except FileNotFoundError:
         return None
-    if not isinstance(data, dict) or "reply" not in data or data.get("via", FILE_RELAY) != via:
+    if not isinstance(data, dict) or "reply" not in data:
+        return None
+    kept_via = data["via"] if "via" in data else _older_marks_via(paths, path.name)
+    if kept_via != via:
         return None
     return parse_delivered(data["reply"], envelope_id, path.name)
+
+
+def holds_reply(paths: InboxPaths, mark_name: str) -> bool:
+    """Whether the start mark ``<id>.json`` keeps a reply (:func:`keep_reply`), whichever transport kept it.
+
+    Args:
+        paths: the relay layout.
+        mark_name: ``<id>.json``.
+
+    Returns:
+        True when it does, or when that cannot be told (unreadable, refused): as if it did. False when it
+        is gone or holds none.
+    """
+    try:
+        with relay_dir(paths.relay.base, paths.started) as fd:
+            data = read_json_file(paths.started / mark_name, max_bytes=KEPT_MARK_MAX_BYTES, dir_fd=fd)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValidationError):  # HostileFileError included: a reply might be in it
+        return True
+    return not isinstance(data, dict) or "reply" in data
+
+
+def _older_marks_via(paths: InboxPaths, mark_name: str) -> str:
+    """The transport that kept the reply in a start mark without ``via``, as both transports wrote them before it.
+
+    The file relay keeps a reply only while its envelope is on a shelf, and takes the envelope off once the
+    reply is in ``delivered/`` (a kill before the mark's removal leaves both); Redis holds no envelope here
+    and writes no ``delivered/``. So the mark is the file relay's when its envelope is on a shelf or its reply
+    in ``delivered/``, Redis's otherwise (its reply owed to its sender's replies stream).
+
+    Args:
+        paths: the relay layout.
+        mark_name: ``<id>.json``.
+
+    Returns:
+        :data:`FILE_RELAY` or :data:`REDIS`; the file relay's when that cannot be told (a directory on the way
+        refused): it writes nothing to Redis, and it was the rule before.
+    """
+    try:
+        in_delivered = lexists_below(paths.relay.base, paths.delivered / mark_name)
+    except (OSError, ValidationError):  # HostileFileError included
+        return FILE_RELAY
+    return FILE_RELAY if in_delivered or on_a_shelf(paths, mark_name) else REDIS
+
+
+def on_a_shelf(paths: InboxPaths, mark_name: str) -> bool:
+    """Whether the envelope of the start mark ``<id>.json`` is on a file-relay gateway's shelf.
+
+    Args:
+        paths: the relay layout.
+        mark_name: ``<id>.json``.
+
+    Returns:
+        True when it is, or when that cannot be told (``taken/`` refused): as if it were.
+    """
+    try:
+        return find_on_shelves(paths.taken_parent, mark_name, base=paths.relay.base)
+    except (OSError, ValidationError):  # HostileFileError included
+        return True
 
 
 @functools.lru_cache(maxsize=64)

@@ -415,7 +415,8 @@ class RedisRelayActor(TypedActor):
         return self._sweep()
 
     def _sweep(self) -> int:
-        """Sweep orphaned DM files (Redis keys expire on their own); returns the count removed.
+        """Sweep orphaned DM files and the start marks nothing needs (:meth:`InboundDrain.sweep_marks`; Redis
+        keys expire on their own); returns the count removed.
 
         Raises:
             Exception: whatever the sweep raised (the tick logs it; ``Gateway.housekeep()`` gets it).
@@ -423,7 +424,8 @@ class RedisRelayActor(TypedActor):
         from hermes_actors.local.dm_files import cleanup_bot_dm_cache
 
         self.last_housekeep = time.monotonic()
-        removed = cleanup_bot_dm_cache()
+        removed = self.inbound.sweep_marks(now=time.time())
+        removed += cleanup_bot_dm_cache()
         if removed:
             logger.info("redis: housekeeping removed {} stale file(s)", removed)
         return removed

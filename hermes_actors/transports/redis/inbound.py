@@ -35,15 +35,25 @@ from hermes_actors.messages import Outcome, RelayDeliver
 from hermes_actors.relay.relay_actor import reply_from_outcome
 from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_marks import FILE_RELAY, clear_started, keep_reply, kept_reply, was_started
-from hermes_actors.store.relay_protocol import expired_error_text, is_expired, make_reply
+from hermes_actors.store.relay_marks import (
+    FILE_RELAY,
+    REDIS,
+    clear_started,
+    holds_reply,
+    keep_reply,
+    kept_reply,
+    on_a_shelf,
+    was_started,
+)
+from hermes_actors.store.relay_protocol import STALE_AFTER_SECONDS, expired_error_text, is_expired, make_reply
+from hermes_actors.store.sweep import sweep_old_files
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import ClaimGuard
 from hermes_actors.transports.redis.link import RedisLink, as_text
 
 __all__ = ["VIA", "Flight", "InboundDrain", "file_relay_replies_text", "owed_reply_text", "reply_written"]
 
-VIA = "redis"  # the ``via`` of the replies this transport keeps in start marks (the file relay's are left to it)
+VIA = REDIS  # the ``via`` of the replies this transport keeps in start marks (the file relay's are left to it)
 
 
 @dataclass
@@ -231,14 +241,15 @@ class InboundDrain:
             logger.debug("redis: outcome for {} which this consumer does not hold; not replying", envelope_id)
             return
         verdict = self.guard.verdict(envelope_id)
-        if verdict == "lost":  # another consumer runs it: it replies and acks; nothing from us
+        if verdict in ("lost", "expired"):
+            # The claim refused the turn after its start mark was written (the mark comes first): it never ran
+            # here, and the mark, read by every start, would stay for good
             del self.flights[envelope_id]
             self.guard.forget(envelope_id)
-            return
-        if verdict == "expired":  # its sender already reported queued_expired
-            del self.flights[envelope_id]
-            self.guard.forget(envelope_id)
-            self.link.ack(self.link.keys.inbox(self.link.me), sorted(flight.entry_ids))
+            clear_started(self.marks, envelope_id)
+            if verdict == "expired":  # its sender already reported queued_expired
+                self.link.ack(self.link.keys.inbox(self.link.me), sorted(flight.entry_ids))
+            # lost: another consumer runs it; it replies and acks, nothing from us
             return
         if put_back and not was_started(self.marks, envelope_id):  # never started: offered again later
             del self.flights[envelope_id]
@@ -355,8 +366,10 @@ class InboundDrain:
         killed or stopped first, or their sender's replies key held another type); written from the next tick,
         or with their inbox entry if it is offered again first.
 
-        Only the replies this transport kept: one the file relay kept (the root ran it before) goes
-        back through the file relay, never to Redis, and its mark is left for it (one WARNING).
+        Only the replies this transport kept (a mark without ``via``, as versions before it wrote them, is
+        ours when its envelope is on no file-relay shelf: :func:`~hermes_actors.store.relay_marks.kept_reply`):
+        one the file relay kept (the root ran it before) goes back through the file relay, never to Redis, and
+        its mark is left for it (one WARNING).
 
         Returns:
             How many.
@@ -378,6 +391,30 @@ class InboundDrain:
             logger.info("redis: {} reply(ies) kept in their start marks before the restart are written now (or, while "
                         "their sender's replies key holds another type, once it is a stream again)", len(self.owed))
         return len(self.owed)
+
+    def sweep_marks(self, *, now: float) -> int:
+        """Remove the start marks in ``started/`` older than the file relay's 6 h rule that nothing needs.
+
+        A mark that keeps a reply stays whatever its age (owed to its sender, or the file relay's on a root
+        that switched transports), and so does the mark of a turn this gateway still holds (it says the
+        turn started: a stop answers it instead of putting it back) or of an envelope on a file-relay
+        shelf (on a switched root, the file relay's next start answers it ``ambiguous`` instead of running
+        it again). What goes is a mark no reply ever cleared: a turn whose claim was refused before its
+        clearing, a gateway killed before its turn's reply was kept.
+
+        Args:
+            now: the current ``time.time()``.
+
+        Returns:
+            How many were removed.
+        """
+        return sweep_old_files(self.marks.started, now - STALE_AFTER_SECONDS, within=self.marks.relay.base,
+                               keep=self._mark_needed)
+
+    def _mark_needed(self, mark_name: str) -> bool:
+        """Whether the start mark ``<id>.json`` must stay, however old (see :meth:`sweep_marks`)."""
+        return (mark_name.removesuffix(".json") in self.flights or holds_reply(self.marks, mark_name)
+                or on_a_shelf(self.marks, mark_name))
 
     def retry_unwritten(self) -> None:
         """Write the replies an outage kept (stops at the first failure), then the owed ones."""
