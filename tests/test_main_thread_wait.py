@@ -106,3 +106,47 @@ def test_waits_a_raising_signal_handler_ends_share_one_watcher_thread_which_ends
     )
     assert result.returncode == 0, result.stderr
     assert "watchers 1\n" in result.stdout and "left 0" in result.stdout, result.stdout
+
+
+def test_a_wait_interrupted_before_its_watcher_started_leaves_no_entry_behind() -> None:
+    """Regression (review): an exception from a signal's handler landing between registering the wait and
+    starting the event's watcher left the event registered with no watcher behind it: the next wait on the
+    event found the entry, started none, and only another signal woke it (serve would not restart a failed
+    gateway until a signal came). The handler's exception is put at that line with a trace function, as a
+    handler runs between two bytecodes."""
+    result = _in_a_child(
+        "import inspect, signal, sys, threading\n"
+        "from hermes_actors.ops import main_thread_wait as m\n"
+        "src, first = inspect.getsourcelines(m.MainThreadWait.until_set)\n"
+        "line = first + next(i for i, text in enumerate(src) if 'if waits is mine' in text)\n"
+        "armed = [True]\n"
+        "def tracer(frame, event, arg):\n"
+        "    if frame.f_code is not m.MainThreadWait.until_set.__code__:\n"
+        "        return None\n"
+        "    def local(frame, event, arg):\n"
+        "        if event == 'line' and frame.f_lineno == line and armed[0]:\n"
+        "            armed[0] = False\n"
+        "            raise KeyboardInterrupt('a handler raised')\n"
+        "        return local\n"
+        "    return local\n"
+        "event = threading.Event()\n"
+        "with m.MainThreadWait() as waits:\n"
+        "    sys.settrace(tracer)\n"
+        "    try:\n"
+        "        waits.until_set(event)\n"
+        "    except KeyboardInterrupt:\n"
+        "        pass\n"
+        "    sys.settrace(None)\n"
+        "    assert not armed[0], 'the interrupt never landed'\n"
+        "    print('entry left', event in m._WATCHED)\n"
+        "    def too_late(*_):\n"
+        "        raise SystemExit('the next wait was not woken by the set()')\n"
+        "    signal.signal(signal.SIGALRM, too_late)\n"
+        "    signal.alarm(30)  # before the child's own 60 s deadline: a clear failure\n"
+        "    threading.Timer(0.1, event.set).start()\n"
+        "    waits.until_set(event)\n"
+        "    signal.alarm(0)\n"
+        "print('woken by the set')\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "entry left False" in result.stdout and "woken by the set" in result.stdout, result.stdout

@@ -123,15 +123,20 @@ class MainThreadWait:
             event.wait()
             return
         mine: set[MainThreadWait] = set()
-        waits = _WATCHED.setdefault(event, mine)
-        waits.add(self)  # before the watcher can pop it: it wakes this wait, or the event is set already
-        if waits is mine:  # the first wait on this event: its watcher
-            try:
-                threading.Thread(target=_watch, args=(event,), name="stop-event-watch", daemon=True).start()
-            except BaseException:  # not started (an interrupt in start()): the next wait starts one
-                _WATCHED.pop(event, None)
-                raise
+        started = False
         try:
+            waits = _WATCHED.setdefault(event, mine)
+            waits.add(self)  # before the watcher can pop it: it wakes this wait, or the event is set already
+            if waits is mine:  # the first wait on this event: its watcher
+                threading.Thread(target=_watch, args=(event,), name="stop-event-watch", daemon=True).start()
+            started = True
             self.until(event.is_set)
         finally:
-            waits.discard(self)
+            mine.discard(self)
+            _WATCHED.get(event, mine).discard(self)
+            if not started and _WATCHED.get(event) is mine:
+                # Interrupted (a signal's handler raised) between registering and the watcher's start: no
+                # watcher may be left behind the entry, or the next wait on this event would find it and
+                # start none. Should the watcher have started after all, the next wait starts a second
+                # one, which ends at the event's set() too.
+                _WATCHED.pop(event, None)
