@@ -341,3 +341,17 @@ def test_every_number_has_a_sane_range() -> None:
     for spec in c.SETTINGS:
         if spec.kind != "text":
             assert spec.maximum is not None, f"{spec.path} declares no upper bound"
+
+
+@pytest.mark.parametrize("key", ["max_queued", "max_hops", "rescan_seconds"])
+def test_an_integer_too_large_for_a_float_falls_back_to_the_default_with_a_warning(
+    tmp_path: Path, warnings: list[str], key: str
+) -> None:
+    """Regression (review): `max_queued: 1` followed by 400 zeros raised OverflowError out of load_config, so the
+    Gateway did not start at all ("Loading never crashes the gateway"). It is a bad value like any other now."""
+    path = tmp_path / "config.yaml"
+    path.write_text(f"bot_mode:\n  {key}: 1{'0' * 400}\n")
+    spec = _spec(key)
+    assert getattr(c.load_config(tmp_path), key) == spec.default
+    (warning,) = warnings
+    assert warning.startswith(f"{path}: bot_mode.{key}=") and warning.endswith(f"using default {spec.default}")

@@ -159,7 +159,7 @@ def _to_number(value: Any, kind: Kind) -> float | int | None:
         return None
     try:
         number = float(value.strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int too large for a float (1 and 400 zeros)
         return None
     if not math.isfinite(number):
         return None

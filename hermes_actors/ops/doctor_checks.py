@@ -209,7 +209,7 @@ def check_config_keys(path: Path, raw: dict[str, Any], problem: str | None) -> C
     if unknown or bad:
         parts = [f"unknown {key} (did you mean {hint}?)" if hint else f"unknown {key}" for key, hint in unknown]
         fixes = [f"rename {key} to {hint}" if hint else f"remove {key}" for key, hint in unknown]
-        fixes += ["fix the values above (their defaults are used meanwhile)"] if bad else []
+        fixes += ["fix the values above (what each warning says is used meanwhile)"] if bad else []
         return Check("config keys", WARN, "; ".join(bad + parts), f"in {path}: " + "; ".join(fixes))
     return Check("config keys", OK, f"{path.name}: no unknown bot_mode key, no bad value")
 
