@@ -32,7 +32,7 @@ from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import find_on_shelves
 
 __all__ = ["FILE_RELAY", "REDIS", "TurnStartMarks", "clear_started", "drop_mark", "holds_reply", "keep_reply",
-           "kept_reply", "on_a_shelf", "was_started", "write_mark"]
+           "kept_reply", "kept_reply_of_any", "on_a_shelf", "was_started", "write_mark"]
 
 KEPT_MARK_MAX_BYTES = REPLY_FILE_MAX_BYTES + 4096  # a delivered record (the largest reply) and the mark around it
 FILE_RELAY = "relay"  # the ``via`` of a reply kept by the file relay
@@ -136,6 +136,38 @@ def kept_reply(paths: InboxPaths, envelope_id: str, *, via: str = FILE_RELAY) ->
         HostileFileError / ValidationError: the mark, or ``started/``, is refused.
         OSError: the mark could not be read.
     """
+    mark = _read_kept(paths, envelope_id)
+    if mark is None or mark[0] != via:
+        return None
+    return parse_delivered(mark[1], envelope_id, mark[2])
+
+
+def kept_reply_of_any(paths: InboxPaths, envelope_id: str) -> tuple[str, dict[str, Any], str] | None:
+    """The reply kept in this envelope's ``started/`` mark by either transport, read once (a start that sorts
+    the marks by transport).
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+
+    Returns:
+        ``(via, reply record, reply_connection)``, ``via`` :data:`FILE_RELAY` or :data:`REDIS` (as
+        :func:`kept_reply` tells them); None when there is no mark, a mark without a reply, or one
+        that names another transport.
+
+    Raises:
+        HostileFileError / ValidationError: the mark, or ``started/``, is refused.
+        OSError: the mark could not be read.
+    """
+    mark = _read_kept(paths, envelope_id)
+    if mark is None or mark[0] not in (FILE_RELAY, REDIS):
+        return None
+    return (mark[0], *parse_delivered(mark[1], envelope_id, mark[2]))
+
+
+def _read_kept(paths: InboxPaths, envelope_id: str) -> tuple[str, Any, str] | None:
+    """A start mark's kept reply, unparsed: ``(the transport that kept it, the reply as read, the mark's name)``;
+    None without a mark or a reply in it."""
     path = paths.relay.id_file(paths.started, envelope_id)
     try:
         with relay_dir(paths.relay.base, paths.started) as fd:
@@ -145,9 +177,7 @@ def kept_reply(paths: InboxPaths, envelope_id: str, *, via: str = FILE_RELAY) ->
     if not isinstance(data, dict) or "reply" not in data:
         return None
     kept_via = data["via"] if "via" in data else _older_marks_via(paths, path.name)
-    if kept_via != via:
-        return None
-    return parse_delivered(data["reply"], envelope_id, path.name)
+    return kept_via, data["reply"], path.name
 
 
 def holds_reply(paths: InboxPaths, mark_name: str) -> bool:

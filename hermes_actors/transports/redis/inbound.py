@@ -41,7 +41,7 @@ from hermes_actors.store.relay_marks import (
     clear_started,
     holds_reply,
     keep_reply,
-    kept_reply,
+    kept_reply_of_any,
     on_a_shelf,
     was_started,
 )
@@ -377,14 +377,17 @@ class InboundDrain:
         file_relay: list[str] = []
         for envelope_id in list_ids(self.marks.started):
             try:
-                kept = kept_reply(self.marks, envelope_id, via=VIA)
-                if kept is None and kept_reply(self.marks, envelope_id, via=FILE_RELAY) is not None:
-                    file_relay.append(envelope_id)
+                kept = kept_reply_of_any(self.marks, envelope_id)
             except (OSError, ValidationError) as exc:  # HostileFileError included
                 logger.warning("redis: cannot read the start mark of {}: {}", envelope_id, exc)
                 continue
-            if kept is not None and envelope_id not in self.flights:
-                self.owed[envelope_id] = kept
+            if kept is None:
+                continue
+            via, record, reply_to = kept
+            if via == FILE_RELAY:
+                file_relay.append(envelope_id)
+            elif envelope_id not in self.flights:
+                self.owed[envelope_id] = (record, reply_to)
         if file_relay:
             logger.warning(file_relay_replies_text(sorted(file_relay)))
         if self.owed:
