@@ -866,11 +866,13 @@ def test_a_reply_the_previous_version_owed_over_redis_is_written_after_the_upgra
     was the file relay's: Redis left it ("came in through the file relay ... left as they are"), the file relay
     never writes it either (its envelope is on no shelf), so the sender ended the DM ``delivery_timeout``. Now a
     mark without ``via`` whose envelope is on no file-relay shelf (and whose reply is in no ``delivered/``) is
-    Redis's: written once the key is a stream, its mark cleared, no turn run."""
+    Redis's: written once the key is a stream (its sender's ``sent`` hash still holds the envelope: it waits for
+    the reply), its mark cleared, no turn run."""
     root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
     paths = InboxPaths.from_root(root).ensure()
     envelope_id = uuid.uuid4().hex
     mark = _write_mark_without_via(paths, envelope_id, "ok: hello bob", "probe")
+    _left_by_the_previous_redis_transport(redis_server, envelope_id, "probe", sender_waits=True)
     rec = RecordingRunner()
     with LogCapture("WARNING") as logs, gateway(tmp_path, "mini", redis_server, rec):
         await_condition(lambda: replies_to(redis_server, "probe"), timeout=20, message="the owed reply written")
@@ -878,6 +880,73 @@ def test_a_reply_the_previous_version_owed_over_redis_is_written_after_the_upgra
     assert [(r["id"], r["reply"]) for r in replies_to(redis_server, "probe")] == [(envelope_id, "ok: hello bob")]
     assert not logs.matching("came in through the file relay"), logs.lines
     assert rec.entered == []
+
+
+def _left_by_the_previous_redis_transport(server: RedisServer, envelope_id: str, sender: str, *,
+                                          sender_waits: bool) -> None:
+    """What Redis holds of an envelope whose reply the previous Redis transport owed: the ``MULTI`` that met the
+    sender's bad replies key set ``done:<id>`` all the same, and the turn's claim names the dead run. With
+    ``sender_waits`` the sender's ``sent`` hash still holds the envelope (its reply never came)."""
+    client = server.client()
+    client.set(KEYS.done(envelope_id), b"1", ex=3600)
+    client.set(KEYS.claim(envelope_id), "deadhost-1-abc", ex=3600)
+    if sender_waits:
+        client.hset(KEYS.sent(sender), envelope_id, orjson.dumps({"label": "@bob on mini", "created_at": 1}))
+
+
+@pytest.mark.parametrize("left_by", ["the file relay, its reply forwarded by the hub",
+                                     "the previous Redis transport, its reply read by the sender"])
+def test_a_kept_reply_no_sender_waits_for_any_more_is_not_written_to_redis_again(
+    tmp_path: Path, redis_server: RedisServer, left_by: str
+) -> None:
+    """Regression (review): a start mark without ``via`` whose envelope is on no file-relay shelf and whose reply is
+    in no ``delivered/`` was taken as owed to Redis, and the root's Redis gateway wrote that reply to its sender's
+    replies stream, which already had it: an older file relay killed between taking the envelope off its shelf and
+    clearing the mark, its reply since forwarded out of ``delivered/`` by the hub (Redis never carried the DM), or
+    the previous Redis transport killed between writing an owed reply and clearing its mark (``done:<id>`` is set
+    either way, by the MULTI that met the bad key too, so it proves nothing). Redis decides now: the reply is owed
+    only while its sender's ``sent`` hash still holds the envelope. This one is left as it is, never written."""
+    client = redis_server.client()
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    envelope_id = uuid.uuid4().hex
+    mark = _write_mark_without_via(paths, envelope_id, "answered long ago", "alpha")
+    if "Redis" in left_by:
+        _left_by_the_previous_redis_transport(redis_server, envelope_id, "alpha", sender_waits=False)
+    rec = RecordingRunner()
+    with LogCapture("INFO") as logs, gateway(tmp_path, "mini", redis_server, rec):
+        pass  # its start read the marks and ran its first tick, which writes the owed replies
+    assert not client.exists(KEYS.replies("alpha")), "a reply its sender already has was written again"
+    assert mark.exists() and rec.entered == []
+    assert len(logs.matching("no sender waits for", envelope_id)) == 1, logs.lines
+    assert not logs.matching("came in through the file relay"), logs.lines
+
+
+def test_a_mark_without_via_that_redis_cannot_be_asked_about_at_start_is_written_and_its_sender_drops_it(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Redis down at the start: whether the sender of a reply kept in a mark without ``via`` still waits for it
+    cannot be asked, so the reply is taken as owed, as before, and written once Redis answers. A sender that no
+    longer waits for it (it has the reply) acks and deletes it: no second outcome."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    envelope_id = uuid.uuid4().hex
+    mark = _write_mark_without_via(paths, envelope_id, "answered long ago", "alpha")
+    client = redis_server.client()
+    redis_server.kill()
+    with gateway(tmp_path, "mini", redis_server, RecordingRunner()):  # started while Redis is down
+        redis_server.start()
+        await_condition(lambda: replies_to(redis_server, "alpha"), timeout=30, message="written once Redis is back")
+        await_condition(lambda: not mark.exists(), timeout=10, message="its mark cleared once it is in Redis")
+    assert [r["id"] for r in replies_to(redis_server, "alpha")] == [envelope_id]
+    seen: Counter[str] = Counter()
+    with gateway(tmp_path, "alpha", redis_server) as alpha:
+        alpha.subscribe(lambda o: seen.update([o["delivery_id"]]))
+        await_condition(lambda: client.xlen(KEYS.replies("alpha")) == 0, timeout=20,
+                        message="the sender acked and deleted a reply it does not wait for")
+        await_drained(redis_server, KEYS.replies("alpha"))
+        assert alpha.stats()["pending"] == 0
+    assert seen == Counter(), seen
 
 
 def test_a_reply_the_file_relay_wrote_before_a_kill_left_its_mark_is_not_written_to_redis(

@@ -8,7 +8,8 @@ reply that could not be written to ``delivered/`` is kept in the mark
 transport the envelope came in on (``relay``: this file relay, the default; ``redis``),
 the only one that may write that reply. A mark without it (both transports wrote them
 so before ``via``) is the file relay's while its envelope is on a file-relay shelf or its
-reply in ``delivered/``, else Redis's (:func:`kept_reply`). The
+reply in ``delivered/``, else Redis's (:func:`kept_reply`), which writes it only while its
+sender still waits for it (:meth:`~hermes_actors.transports.redis.inbound.InboundDrain.load_owed`). The
 sender side's ``sent/`` records (:mod:`hermes_actors.store.relay_sent`) are
 written and dropped the same way (:func:`write_mark`, :func:`drop_mark`).
 """
@@ -19,7 +20,7 @@ import functools
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hermes_actors.core.ids import validate_delivery_id
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
@@ -31,12 +32,21 @@ from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_reply
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import find_on_shelves
 
-__all__ = ["FILE_RELAY", "REDIS", "TurnStartMarks", "clear_started", "drop_mark", "holds_reply", "keep_reply",
-           "kept_reply", "kept_reply_of_any", "on_a_shelf", "was_started", "write_mark"]
+__all__ = ["FILE_RELAY", "REDIS", "KeptReply", "TurnStartMarks", "clear_started", "drop_mark", "holds_reply",
+           "keep_reply", "kept_reply", "kept_reply_of_any", "on_a_shelf", "was_started", "write_mark"]
 
 KEPT_MARK_MAX_BYTES = REPLY_FILE_MAX_BYTES + 4096  # a delivered record (the largest reply) and the mark around it
 FILE_RELAY = "relay"  # the ``via`` of a reply kept by the file relay
 REDIS = "redis"  # the ``via`` of a reply kept by the Redis transport
+
+
+class KeptReply(NamedTuple):
+    """A reply kept in a start mark, as :func:`kept_reply_of_any` reads it."""
+
+    via: str  # the transport that kept it: FILE_RELAY or REDIS
+    record: dict[str, Any]  # the reply record
+    reply_connection: str  # where it goes
+    named: bool  # the mark names ``via``; False: a mark of an older version, ``via`` told by _older_marks_via
 
 
 def write_mark(paths: InboxPaths, directory: Path, envelope_id: str, payload: dict[str, Any], *, fsync: bool) -> bool:
@@ -142,7 +152,7 @@ def kept_reply(paths: InboxPaths, envelope_id: str, *, via: str = FILE_RELAY) ->
     return parse_delivered(mark[1], envelope_id, mark[2])
 
 
-def kept_reply_of_any(paths: InboxPaths, envelope_id: str) -> tuple[str, dict[str, Any], str] | None:
+def kept_reply_of_any(paths: InboxPaths, envelope_id: str) -> KeptReply | None:
     """The reply kept in this envelope's ``started/`` mark by either transport, read once (a start that sorts
     the marks by transport).
 
@@ -151,9 +161,9 @@ def kept_reply_of_any(paths: InboxPaths, envelope_id: str) -> tuple[str, dict[st
         envelope_id: the envelope.
 
     Returns:
-        ``(via, reply record, reply_connection)``, ``via`` :data:`FILE_RELAY` or :data:`REDIS` (as
-        :func:`kept_reply` tells them); None when there is no mark, a mark without a reply, or one
-        that names another transport.
+        The kept reply, its ``via`` :data:`FILE_RELAY` or :data:`REDIS` (as :func:`kept_reply` tells them) and
+        whether the mark named it; None when there is no mark, a mark without a reply, or one that names
+        another transport.
 
     Raises:
         HostileFileError / ValidationError: the mark, or ``started/``, is refused.
@@ -162,12 +172,12 @@ def kept_reply_of_any(paths: InboxPaths, envelope_id: str) -> tuple[str, dict[st
     mark = _read_kept(paths, envelope_id)
     if mark is None or mark[0] not in (FILE_RELAY, REDIS):
         return None
-    return (mark[0], *parse_delivered(mark[1], envelope_id, mark[2]))
+    return KeptReply(mark[0], *parse_delivered(mark[1], envelope_id, mark[2]), named=mark[3])
 
 
-def _read_kept(paths: InboxPaths, envelope_id: str) -> tuple[str, Any, str] | None:
-    """A start mark's kept reply, unparsed: ``(the transport that kept it, the reply as read, the mark's name)``;
-    None without a mark or a reply in it."""
+def _read_kept(paths: InboxPaths, envelope_id: str) -> tuple[str, Any, str, bool] | None:
+    """A start mark's kept reply, unparsed: ``(the transport that kept it, the reply as read, the mark's name,
+    whether the mark named that transport)``; None without a mark or a reply in it."""
     path = paths.relay.id_file(paths.started, envelope_id)
     try:
         with relay_dir(paths.relay.base, paths.started) as fd:
@@ -176,8 +186,9 @@ def _read_kept(paths: InboxPaths, envelope_id: str) -> tuple[str, Any, str] | No
         return None
     if not isinstance(data, dict) or "reply" not in data:
         return None
-    kept_via = data["via"] if "via" in data else _older_marks_via(paths, path.name)
-    return kept_via, data["reply"], path.name
+    if "via" in data:
+        return data["via"], data["reply"], path.name, True
+    return _older_marks_via(paths, path.name), data["reply"], path.name, False
 
 
 def holds_reply(paths: InboxPaths, mark_name: str) -> bool:
@@ -207,7 +218,9 @@ def _older_marks_via(paths: InboxPaths, mark_name: str) -> str:
     The file relay keeps a reply only while its envelope is on a shelf, and takes the envelope off once the
     reply is in ``delivered/`` (a kill before the mark's removal leaves both); Redis holds no envelope here
     and writes no ``delivered/``. So the mark is the file relay's when its envelope is on a shelf or its reply
-    in ``delivered/``, Redis's otherwise (its reply owed to its sender's replies stream).
+    in ``delivered/``, Redis's otherwise. The disk cannot tell that from a file relay's mark whose reply the hub
+    has since forwarded out of ``delivered/``: Redis, whose replies go only to a sender that waits for them,
+    asks its sender before writing it (:attr:`KeptReply.named` is False for such a mark).
 
     Args:
         paths: the relay layout.

@@ -51,7 +51,8 @@ from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import ClaimGuard
 from hermes_actors.transports.redis.link import RedisLink, as_text
 
-__all__ = ["VIA", "Flight", "InboundDrain", "file_relay_replies_text", "owed_reply_text", "reply_written"]
+__all__ = ["VIA", "Flight", "InboundDrain", "file_relay_replies_text", "owed_reply_text", "reply_written",
+           "unawaited_replies_text"]
 
 VIA = REDIS  # the ``via`` of the replies this transport keeps in start marks (the file relay's are left to it)
 
@@ -96,6 +97,22 @@ def file_relay_replies_text(envelope_ids: list[str]) -> str:
             "back only on the transport its DM came in on, so they are left as they are. A gateway of this root on "
             "the file relay (no bot_mode.transport) writes them to bot_relay/delivered/ at its start; their "
             "senders wait for them until then")
+
+
+def unawaited_replies_text(envelope_ids: list[str]) -> str:
+    """Pure: the INFO logged at start when start marks without ``via`` keep replies no sender waits for any more.
+
+    Args:
+        envelope_ids: their envelopes (the first five are named).
+
+    Returns:
+        What they are, why they are not written, and what becomes of them.
+    """
+    named = ", ".join(envelope_ids[:5]) + (", …" if len(envelope_ids) > 5 else "")
+    return (f"redis: {len(envelope_ids)} start mark(s) in bot_relay/started/ written before 'via' keep the reply "
+            f"of a DM no sender waits for on Redis ({named}): the file relay's hub forwarded it, or the previous "
+            "Redis transport wrote it and its sender has it (or gave up on it), so it is not written again. They "
+            "are left as they are; a gateway of this root on the file relay removes them after 6 h")
 
 
 def reply_written(answers: list[Any]) -> bool | BaseException:
@@ -369,12 +386,14 @@ class InboundDrain:
         Only the replies this transport kept (a mark without ``via``, as versions before it wrote them, is
         ours when its envelope is on no file-relay shelf: :func:`~hermes_actors.store.relay_marks.kept_reply`):
         one the file relay kept (the root ran it before) goes back through the file relay, never to Redis, and
-        its mark is left for it (one WARNING).
+        its mark is left for it (one WARNING). A mark without ``via`` that is ours by that rule is written only
+        while its sender still waits for it (:meth:`_unawaited`); the others are left as they are (one INFO).
 
         Returns:
             How many.
         """
         file_relay: list[str] = []
+        unnamed: dict[str, tuple[dict[str, Any], str]] = {}  # ours by the older marks' rule: their senders decide
         for envelope_id in list_ids(self.marks.started):
             try:
                 kept = kept_reply_of_any(self.marks, envelope_id)
@@ -383,17 +402,51 @@ class InboundDrain:
                 continue
             if kept is None:
                 continue
-            via, record, reply_to = kept
-            if via == FILE_RELAY:
+            if kept.via == FILE_RELAY:
                 file_relay.append(envelope_id)
             elif envelope_id not in self.flights:
-                self.owed[envelope_id] = (record, reply_to)
+                (self.owed if kept.named else unnamed)[envelope_id] = (kept.record, kept.reply_connection)
+        unawaited = self._unawaited(unnamed)
+        self.owed.update((e, owed) for e, owed in unnamed.items() if e not in unawaited)
         if file_relay:
             logger.warning(file_relay_replies_text(sorted(file_relay)))
+        if unawaited:
+            logger.info(unawaited_replies_text(sorted(unawaited)))
         if self.owed:
             logger.info("redis: {} reply(ies) kept in their start marks before the restart are written now (or, while "
                         "their sender's replies key holds another type, once it is a stream again)", len(self.owed))
         return len(self.owed)
+
+    def _unawaited(self, replies: dict[str, tuple[dict[str, Any], str]]) -> set[str]:
+        """The envelopes among ``replies`` whose sender no longer waits for their reply on Redis.
+
+        A sender keeps each envelope in its ``sent`` hash until it has the reply (or gave up on it), and
+        acks any other reply to it; an envelope the file relay carried was never there. ``done:<id>`` would
+        not do: the ``MULTI`` that met a sender's bad replies key set it too, and that is how the previous
+        version came to keep a reply in a mark.
+
+        Args:
+            replies: envelope id → (its kept reply, its sender's connection).
+
+        Returns:
+            Those ids. None of them when Redis cannot be asked (down at the start, logged): each reply is
+            then taken as owed, as before, and a sender that has it already acks the copy
+            (:meth:`~hermes_actors.transports.redis.outbound.Outbound.on_reply_entry`).
+        """
+        if not replies:
+            return set()
+        link = self.link
+        ids = list(replies)
+        try:
+            pipe = link.client.pipeline(transaction=False)
+            for envelope_id in ids:
+                pipe.hexists(link.keys.sent(replies[envelope_id][1]), envelope_id)
+            answers = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            link.unreachable(exc)
+            return set()
+        # an error in an answer (a sent key of another type) tells nothing: owed, as before
+        return {e for e, waits in zip(ids, answers, strict=True) if not isinstance(waits, BaseException) and not waits}
 
     def sweep_marks(self, *, now: float) -> int:
         """Remove the start marks in ``started/`` older than the file relay's 6 h rule that nothing needs.
