@@ -8,6 +8,7 @@ blocked, the FIFO is opened for writing so the thread ends and the test fails in
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -35,7 +36,7 @@ from hermes_actors.store.journal import Journal
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_heartbeat import gateway_alive
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
-from hermes_actors.store.relay_marks import TurnStartMarks, clear_started
+from hermes_actors.store.relay_marks import FILE_RELAY, REDIS, TurnStartMarks, clear_started, kept_reply_of_any
 from hermes_actors.store.relay_sent import clear_sent
 from hermes_actors.store.relay_shelf import LOCK_NAME, SHELF_PREFIX, Shelf
 from hermes_actors.store.yaml_file import read_yaml_mapping
@@ -750,3 +751,74 @@ def test_a_start_refuses_a_bot_relay_swapped_for_a_symlink_naming_it_and_saying_
     with pytest.raises(HostileFileError, match=r"bot_relay is a symlink.*move the symlink or file aside"):
         start_gateway(gateways, mini, RecordingRunner(), connection_id="mini", durable=False)
     assert paths.relay.base.is_symlink() and list(elsewhere.iterdir()) == []
+
+
+# ── 11. an unreadable taken/ entry and the start marks without via ──────────
+
+
+def _shelved(paths: InboxPaths, envelope: dict[str, Any]) -> Path:
+    """A dead file-relay gateway's shelf (its lock taken by nobody) holding ``envelope``, as the relay wrote it."""
+    shelf = paths.taken_parent / f"{SHELF_PREFIX}{uuid.uuid4().hex}"
+    shelf.mkdir(mode=0o700, parents=True)
+    (shelf / LOCK_NAME).touch(mode=0o600)
+    held = shelf / f"{envelope['id']}.json"
+    held.write_text(json.dumps({**envelope, "reply_connection": "alpha"}), encoding="utf-8")
+    os.chmod(held, 0o600)
+    return shelf
+
+
+def _mark_without_via(paths: InboxPaths, envelope_id: str) -> None:
+    """A start mark keeping a reply as versions before 621dfa7 wrote it, both transports alike: no ``via``."""
+    mark = paths.started / f"{envelope_id}.json"
+    reply = {**rp.make_reply(envelope_id, reply="kept", now=time.time()), "reply_connection": "alpha"}
+    mark.write_text(json.dumps({"id": envelope_id, "at": int(time.time()), "reply": reply}), encoding="utf-8")
+    os.chmod(mark, 0o600)
+
+
+@pytest.mark.parametrize("bad", ["a shelf that cannot be read", "a symlink in place of the envelope",
+                                 "a directory in place of the envelope"])
+def test_an_unreadable_taken_entry_decides_only_for_its_own_envelopes_start_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logs: LogCapture, bad: str
+) -> None:
+    """Regression (review): a start mark without ``via`` is the file relay's while its envelope is on a file-relay
+    shelf, else Redis's (which writes it while its sender waits for it). A shelf that could not be looked into (its
+    mode) made every such mark the file relay's, so one bad shelf kept the previous Redis transport's owed replies
+    from being written at all; and an entry of the envelope's name the relay refuses to read (a symlink, a
+    directory) counted as a held envelope, though no file relay ever answers from it (it quarantines it). Now only
+    an envelope the relay's reader takes, named by the mark's id, makes its mark the file relay's; what cannot be
+    read is named in a WARNING and decides nothing."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    held = seed_envelope(target_connection="mini", target_profile="bob")  # readable, on a shelf: the file relay's
+    _shelved(paths, held)
+    unrelated = uuid.uuid4().hex  # on no shelf
+    for envelope_id in (held["id"], unrelated):
+        _mark_without_via(paths, envelope_id)
+    bad_one = seed_envelope(target_connection="mini", target_profile="bob")
+    shelf = _shelved(paths, bad_one)
+    _mark_without_via(paths, bad_one["id"])
+    entry = shelf / f"{bad_one['id']}.json"
+    if bad == "a shelf that cannot be read":
+        os.chmod(shelf, 0)
+        if os.geteuid() == 0:  # root reads it all the same: fail its open as any other user's would fail
+            real_open = os.open
+
+            def refusing_open(path: Any, *args: Any, **kwargs: Any) -> int:
+                if path == shelf.name or Path(os.fspath(path)) == shelf:
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+                return real_open(path, *args, **kwargs)
+
+            monkeypatch.setattr(os, "open", refusing_open)
+    elif bad == "a symlink in place of the envelope":
+        outside = tmp_path / "outside.json"
+        entry.rename(outside)
+        entry.symlink_to(outside)
+    else:
+        entry.unlink()
+        entry.mkdir(mode=0o700)
+    try:
+        vias = {e: kept.via for e in (held["id"], unrelated, bad_one["id"])
+                if (kept := kept_reply_of_any(paths, e)) is not None}
+    finally:
+        os.chmod(shelf, 0o700)
+    assert vias == {held["id"]: FILE_RELAY, unrelated: REDIS, bad_one["id"]: REDIS}, vias
+    assert logs.matching(f"{bad_one['id']}.json cannot be read in", "bot_relay/taken/"), logs.lines

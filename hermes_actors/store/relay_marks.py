@@ -22,15 +22,17 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from loguru import logger
+
 from hermes_actors.core.ids import validate_delivery_id
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
-from hermes_actors.store.relay_inbox import InboxPaths, parse_delivered
+from hermes_actors.store.relay_inbox import InboxPaths, parse_delivered, read_inbox_envelope
 from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_reply
 from hermes_actors.store.relay_quarantine import quarantine
-from hermes_actors.store.relay_shelf import find_on_shelves
+from hermes_actors.store.relay_shelf import find_on_shelves, holding_places
 
 __all__ = ["FILE_RELAY", "REDIS", "KeptReply", "TurnStartMarks", "clear_started", "drop_mark", "holds_reply",
            "keep_reply", "kept_reply", "kept_reply_of_any", "on_a_shelf", "was_started", "write_mark"]
@@ -227,14 +229,53 @@ def _older_marks_via(paths: InboxPaths, mark_name: str) -> str:
         mark_name: ``<id>.json``.
 
     Returns:
-        :data:`FILE_RELAY` or :data:`REDIS`; the file relay's when that cannot be told (a directory on the way
-        refused): it writes nothing to Redis, and it was the rule before.
+        :data:`FILE_RELAY` or :data:`REDIS`; the file relay's when that cannot be told (``delivered/`` or
+        ``taken/`` refused or unreadable): it writes nothing to Redis, and it was the rule before. Only this
+        envelope's entries decide (:func:`_held_on_a_shelf`): a shelf that cannot be read makes no other mark
+        the file relay's.
     """
     try:
-        in_delivered = lexists_below(paths.relay.base, paths.delivered / mark_name)
+        if lexists_below(paths.relay.base, paths.delivered / mark_name):
+            return FILE_RELAY
+        return FILE_RELAY if _held_on_a_shelf(paths, mark_name) else REDIS
     except (OSError, ValidationError):  # HostileFileError included
         return FILE_RELAY
-    return FILE_RELAY if in_delivered or on_a_shelf(paths, mark_name) else REDIS
+
+
+def _held_on_a_shelf(paths: InboxPaths, mark_name: str) -> bool:
+    """Whether a file-relay gateway holds the envelope of the start mark ``<id>.json``: an envelope of that name in
+    ``taken/`` (flat) or on a shelf that the relay's own reader takes (:func:`read_inbox_envelope`).
+
+    Per envelope: a file relay reads, adopts and answers only what it can read, and quarantines the rest, so
+    a shelf it cannot look into (its mode), or an entry of that name it refuses (a symlink, a directory, not
+    ours, not an envelope), holds nothing it would answer from. Each is skipped, named in a WARNING; it
+    decides nothing about this envelope or any other.
+
+    Args:
+        paths: the relay layout.
+        mark_name: ``<id>.json``.
+
+    Returns:
+        True when such an envelope is there.
+
+    Raises:
+        HostileFileError: ``bot_relay/`` or ``taken/`` is a symlink or not ours.
+        OSError: ``taken/`` could not be listed.
+    """
+    base = paths.relay.base
+    for place in holding_places(paths.taken_parent, base=base):
+        try:
+            with relay_dir(base, place) as fd:
+                read_inbox_envelope(place / mark_name, dir_fd=fd)
+            return True
+        except FileNotFoundError:
+            continue
+        except (OSError, ValidationError) as exc:  # HostileFileError included
+            logger.warning("relay: the envelope {} cannot be read in {} ({}): no file relay answers from there, so "
+                           "its start mark without via is decided without it. Give it back to this user "
+                           "(a shelf 0700, an envelope a 0600 file) or move it out of bot_relay/taken/",
+                           mark_name, place, exc)
+    return False
 
 
 def on_a_shelf(paths: InboxPaths, mark_name: str) -> bool:

@@ -33,7 +33,7 @@ from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 
-__all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves"]
+__all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves", "holding_places"]
 
 LOCK_NAME = ".lock"
 SHELF_PREFIX = "s-"
@@ -195,20 +195,39 @@ def find_on_shelves(parent: Path, file_name: str, *, base: Path | None = None) -
         except OSError:
             return False
         return any(os.path.lexists(parent / shelf / file_name) for shelf in shelves)
-    if lexists_below(base, parent / file_name):
+    places = holding_places(parent, base=base)
+    if places and lexists_below(base, places[0] / file_name):
         return True
-    try:
-        with relay_dir(base, parent) as fd:
-            shelves = [n for n in os.listdir(fd) if n.startswith(SHELF_PREFIX)]
-    except FileNotFoundError:
-        return False
-    for shelf in shelves:
+    for shelf in places[1:]:
         try:
-            if lexists_below(base, parent / shelf / file_name):
+            if lexists_below(base, shelf / file_name):
                 return True
         except HostileFileError:
             continue
     return False
+
+
+def holding_places(parent: Path, *, base: Path) -> list[Path]:
+    """Where a process may hold an envelope under ``parent``: ``parent`` itself (flat, as older versions left
+    them), then each shelf, by name (none is looked into: a shelf may still be refused when it is opened).
+
+    Args:
+        parent: ``bot_relay/taken`` or ``bot_relay/hubclaims``.
+        base: the ``bot_relay`` directory holding ``parent`` (opened from it without following a symlink).
+
+    Returns:
+        Those directories; none when ``parent`` does not exist.
+
+    Raises:
+        HostileFileError: ``bot_relay/`` or ``parent`` is a symlink or not ours.
+        OSError: ``parent`` could not be listed.
+    """
+    try:
+        with relay_dir(base, parent) as fd:
+            names = sorted(os.listdir(fd))
+    except FileNotFoundError:
+        return []
+    return [parent, *(parent / name for name in names if name.startswith(SHELF_PREFIX))]
 
 
 def count_on_shelves(parent: Path) -> int:
