@@ -312,6 +312,39 @@ def test_a_dm_resumed_after_the_senders_restart_wakes_its_sender(tmp_path: Path,
     assert "hello back" in turn.content and turn.hop == 1  # the DM's hop, as stored when it was sent
 
 
+def test_a_redis_replys_wake_is_queued_past_its_senders_full_queue(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Chaos review: the wake of a DM answered over Redis failed ``target_busy`` ("the queue for profile 'alice' is
+    full") when its sender's own queue was full, so alice never learnt the reply. It is queued past the bound and
+    runs once, behind the DMs queued before it."""
+    release = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if turn.content.endswith("blocker"):
+            assert release.wait(30), "the test never released the blocker"
+        return "noted"
+
+    rec = RecordingRunner(behave)
+    with gateway(tmp_path, "alpha", redis_server, rec, profiles={"alice": {}, "carol": {}},
+                 config={"bot_mode": {"wake_sender": True, "max_queued": 1}}) as alpha, \
+            gateway(tmp_path, "mini", redis_server, RecordingRunner(lambda turn: "hello back")), \
+            LogCapture("DEBUG") as logs:
+        wait_online(alpha, "bob", "mini")
+        blocker = alpha.message_agent(sender="carol", target="alice", message="blocker")["delivery_id"]
+        rec.wait_entered(1)
+        fill = alpha.message_agent(sender="carol", target="alice", message="fill")["delivery_id"]
+        refused = alpha.message_agent(sender="carol", target="alice", message="one too many")
+        assert refused.get("reason") == "target_busy" and "is full" in refused["error"], refused
+        dm = alpha.message_agent(sender="alice", target="bob@mini", message="ping")["delivery_id"]
+        assert alpha.wait_outcome(dm, timeout=10)["reply"] == "hello back"
+        await_condition(lambda: logs.matching("waking @alice", f"the outcome of {dm} "), timeout=10,
+                        message="the Dispatcher queued the wake")
+        alpha.stats()  # an ask: the wake is told to alice's ProfileActor, whose queue is full
+        release.set()
+        wake = alpha.wait_outcome(wake_id(dm), timeout=20)
+    assert wake["status"] == "replied", wake
+    assert [t.delivery_id for t in rec.entered if t.profile == "alice"] == [blocker, fill, wake_id(dm)]
+
+
 class KeyEvents:
     """Redis keyspace notifications (set, expired, del) of the liveness keys, collected on a thread."""
 

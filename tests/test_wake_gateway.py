@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
-from roots import RecordingRunner, body_of, held_on, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, body_of, held_on, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -377,3 +377,118 @@ def test_a_wake_whose_sender_is_removed_before_it_runs_is_settled_not_left_pendi
     assert (out["status"], out["reason"]) == ("failed", "unknown"), out
     assert out["error"] == "The profile 'alice' no longer exists; the message was NOT delivered."
     assert gw.stats()["pending"] == 0
+
+
+def fill_the_queue_of(gw: Gateway, rec: RecordingRunner, profile: str, places: int) -> list[str]:
+    """Hold ``profile`` in a ``blocker`` turn and queue ``places`` DMs behind it: its queue is full.
+
+    Returns:
+        The blocker's id, then the queued DMs' ids.
+    """
+    blocker = queued(gw.message_agent(sender="carol", target=profile, message="blocker"))
+    rec.wait_entered(1)
+    fills = [queued(gw.message_agent(sender="carol", target=profile, message=f"fill {i}")) for i in range(places)]
+    refused = gw.message_agent(sender="carol", target=profile, message="one too many")
+    assert refused.get("reason") == "target_busy" and "is full" in refused["error"], refused
+    return [blocker, *fills]
+
+
+def wake_told(gw: Gateway, logs: LogCapture, dm: str) -> None:
+    """Return once the wake of ``dm`` was told to its sender's ProfileActor (durable: once its records landed).
+
+    The Dispatcher logs it as it queues it; an ask to the Dispatcher (``stats``) hands on what it queued.
+    """
+    await_condition(lambda: logs.matching("waking @", f"the outcome of {dm} "), timeout=10,
+                    message="the Dispatcher queued the wake")
+    gw.stats()
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "durable"])
+def test_a_senders_wake_is_queued_past_its_full_queue_and_runs_once(
+    tmp_path: Path, gateways: list[Gateway], durable: bool
+) -> None:
+    """Chaos review: the wake of a DM that was replied failed ``target_busy`` ("the queue for profile 'alice'
+    is full … retry shortly") when its sender's own queue was full, so the reply never reached the sender (and
+    nobody can retry a wake). A wake is bounded by the sender's own DMs, not by what others send it: it is
+    queued past the bound and runs once, after the DMs queued before it."""
+    release = threading.Event()
+    rec = RecordingRunner(held_on("blocker", release))
+    gw = start_gateway(gateways, make_root(tmp_path), rec, durable=durable,
+                       config={"bot_mode": {"wake_sender": True, "max_queued": 2}})
+    before = fill_the_queue_of(gw, rec, "alice", 2)
+    with LogCapture("DEBUG") as logs:
+        dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+        assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+        wake_told(gw, logs, dm)  # reaches alice's ProfileActor while its queue is full
+    release.set()
+    wake = gw.wait_outcome(wake_id(dm), timeout=20)
+    assert (wake["status"], wake["reply"]) == ("replied", "ok: Reply from @bob: ok: ping"), wake
+    for key in before:
+        assert gw.wait_outcome(key, timeout=20)["status"] == "replied"
+    alice = [t.delivery_id for t in rec.entered if t.profile == "alice"]
+    assert alice == [*before, wake_id(dm)]  # the wake once, behind the DMs queued before it
+    assert gw.stats()["wakes_failed"] == 0
+
+
+def test_a_wake_that_waited_past_the_turn_wait_budget_still_runs_even_if_the_flock_is_busy_as_it_starts(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chaos review: a queued wake failed ``target_busy`` once it had waited ``turn_wait_seconds`` behind its
+    sender's long turn, like a DM (which its sender may resend; nobody resends a wake). It waits for its turn
+    however long that takes; and once it starts, its wait for the bot's flock (another process's turn) is
+    timed from its start: before, that deadline was already past, and a flock busy for a moment failed it."""
+    from hermes_actors.store.turnlock import TurnLock
+
+    release, contend, contended = threading.Event(), threading.Event(), threading.Event()
+    real_lock_now = TurnLock._lock_now
+
+    def lock_now(self: TurnLock) -> None:  # once contend is set, the next try finds the flock taken, once
+        if contend.is_set() and not contended.is_set():
+            contended.set()
+            raise BlockingIOError("another process holds the flock (this test)")
+        real_lock_now(self)
+
+    monkeypatch.setattr(TurnLock, "_lock_now", lock_now)
+    rec = RecordingRunner(held_on("blocker", release))
+    gw = start_gateway(gateways, make_root(tmp_path), rec,
+                       config={"bot_mode": {"wake_sender": True, "turn_wait_seconds": 1.0}})
+    blocker = queued(gw.message_agent(sender="carol", target="alice", message="blocker"))
+    rec.wait_entered(1)
+    with LogCapture("DEBUG") as logs:
+        dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+        assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+        wake_told(gw, logs, dm)
+    later = queued(gw.message_agent(sender="carol", target="alice", message="later"))  # queued behind the wake
+    out = gw.wait_outcome(later, timeout=20)
+    assert (out["status"], out["reason"]) == ("failed", "target_busy"), out  # the wake's budget ran out before
+    contend.set()
+    release.set()
+    wake = gw.wait_outcome(wake_id(dm), timeout=20)
+    assert wake["status"] == "replied", wake
+    assert contended.is_set()  # the wake's first try at the flock found it busy, and it waited
+    assert gw.wait_outcome(blocker, timeout=10)["status"] == "replied"
+    assert [t.delivery_id for t in rec.entered if t.profile == "alice"] == [blocker, wake_id(dm)]
+    assert gw.stats()["wakes_failed"] == 0
+
+
+def test_a_relay_replys_wake_is_queued_past_its_senders_full_queue(tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Chaos review, the relay side: a relayed reply's wake found its sender's queue full and failed the same way."""
+    root = make_root(tmp_path, name="alpha")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    release = threading.Event()
+    rec = RecordingRunner(held_on("blocker", release))
+    gw = start_gateway(gateways, root, rec, connection_id="alpha",
+                       config={"bot_mode": {"wake_sender": True, "max_queued": 2}})
+    before = fill_the_queue_of(gw, rec, "alice", 2)
+    envelope = queued(gw.message_agent(sender="alice", target="moxie", message="ping"))
+    reply = {"id": envelope, "at": 1, "reply": "pong", "error": "", "reason": ""}
+    with LogCapture("DEBUG") as logs:
+        seed_write_json(root / "bot_relay" / "replies" / f"{envelope}.json", reply)
+        assert gw.wait_outcome(envelope, timeout=10)["text"] == "Reply from @moxie on mini: pong"
+        wake_told(gw, logs, envelope)
+    release.set()
+    wake = gw.wait_outcome(wake_id(envelope), timeout=20)
+    assert wake["status"] == "replied", wake
+    alice = [t for t in rec.entered if t.profile == "alice"]
+    assert [t.delivery_id for t in alice] == [*before, wake_id(envelope)]
+    assert alice[-1].content == "Reply from @moxie on mini: pong"

@@ -31,6 +31,7 @@ __all__ = [
     "WAKE_ORIGIN",
     "WAKE_TEXT_MAX_BYTES",
     "WakeRequest",
+    "exempt_from_queue_bounds",
     "is_wake",
     "parse_wake_mode",
     "shown_route",
@@ -114,6 +115,26 @@ def wake_id(source_id: str) -> str:
 def is_wake(delivery: Delivery | None) -> bool:
     """Whether a delivery is a wake turn (its outcome is nobody's DM outcome)."""
     return delivery is not None and delivery.origin == WAKE_ORIGIN
+
+
+def exempt_from_queue_bounds(delivery: Delivery) -> bool:
+    """Whether a queued delivery escapes its profile's queue bounds (``max_queued``, ``turn_wait_seconds``): a wake.
+
+    Those bounds push back on what others send a bot, and a DM refused or expired ``target_busy``
+    can be sent again by its sender. Nobody resends a wake: its DM is answered already, so a wake
+    refused for a full queue or expired in it loses the reply for good (the bot never learns it).
+    And it needs no bound of its own: one wake per DM its sender sent, each of them admitted under
+    its target's bound. So a wake is queued however full the sender's queue is, and waits for its
+    turn however long that takes; it still holds a place in the queue (``QueueGauge.hold``), and
+    runs behind the turns queued before it.
+
+    Args:
+        delivery: the queued delivery.
+
+    Returns:
+        True for a wake turn.
+    """
+    return is_wake(delivery)
 
 
 def shown_route(route: str, origin: str) -> str:

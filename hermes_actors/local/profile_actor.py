@@ -6,7 +6,9 @@ declared its turns never block (``runs_inline``) has them run right here, in
 the handler that queued them, when the profile's flock is free at once: no
 worker hop, no turn timer. A queued delivery waits at most
 ``turn_wait_seconds`` (one re-armed timer per profile watches the oldest), then
-fails ``target_busy`` and is never run later. The outcomes settled while
+fails ``target_busy`` and is never run later; a wake is the exception, never
+refused for a full queue nor expired in it
+(:func:`~hermes_actors.core.wake.exempt_from_queue_bounds`). The outcomes settled while
 handling one message go to the Dispatcher after it, as one :class:`OutcomeReady`
 (or :class:`OutcomesReady` for several).
 
@@ -27,6 +29,7 @@ from loguru import logger
 
 from actors import Link, TimerHandle, TypedActor, handles, tell
 from hermes_actors.core import outcomes
+from hermes_actors.core.wake import exempt_from_queue_bounds
 from hermes_actors.local.live_handoff import give_up_on, record_not_handed
 from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
 from hermes_actors.local.profile_outcomes import kept_at_stop, outcome_of_turn, timed_out_outcome
@@ -170,9 +173,10 @@ class ProfileActor(TypedActor):
             self._settle(outcomes.cancelled(key, delivery.label))
             return
         # With nothing running, the queue's head is the turn about to start (a batch is queued whole first):
-        # max_queued DMs wait behind it, as the admission's QueueGauge counts them
+        # max_queued DMs wait behind it, as the admission's QueueGauge counts them. A wake is queued past the
+        # bound: it is bounded by its sender's own DMs, and nobody could resend it (exempt_from_queue_bounds).
         waiting = len(self.queue) - (self.running is None and len(self.queue) > 0)
-        if waiting >= self.deps.config.max_queued:
+        if waiting >= self.deps.config.max_queued and not exempt_from_queue_bounds(delivery):
             text = outcomes.queue_full_text(self.info.profile, waiting)
             self._settle(outcomes.failed(key, delivery.label, text, "target_busy"))
             return
@@ -180,16 +184,26 @@ class ProfileActor(TypedActor):
 
     def _enqueue(self, delivery: Delivery, enqueued: float) -> None:
         self.queue[delivery.delivery_id] = (delivery, enqueued)
-        if self.running is not None or len(self.queue) > 1 or self.owner_busy is not None:
+        waits = self.running is not None or len(self.queue) > 1 or self.owner_busy is not None
+        if waits and not exempt_from_queue_bounds(delivery):  # a wake's wait is not timed
             self._arm_wait()
 
     def _arm_wait(self) -> None:
-        """Arm the one wait timer for the oldest queued delivery, unless it is armed already."""
-        if self.wait_timer is not None or not self.queue:
+        """Arm the one wait timer for the oldest queued delivery whose wait is timed, unless it is armed already."""
+        if self.wait_timer is not None:
             return
-        _, enqueued = next(iter(self.queue.values()))
+        enqueued = self._oldest_timed()
+        if enqueued is None:
+            return
         remaining = self.deps.config.turn_wait_seconds - (time.monotonic() - enqueued)
         self.wait_timer = self.timers.after(remaining, WaitExpired())
+
+    def _oldest_timed(self) -> float | None:
+        """When the oldest queued delivery whose wait is timed (not a wake) was queued; None when there is none."""
+        for delivery, enqueued in self.queue.values():
+            if not exempt_from_queue_bounds(delivery):
+                return enqueued
+        return None
 
     def _pump(self) -> None:
         """Start what can start; arm the idle check once nothing is left."""
@@ -253,7 +267,11 @@ class ProfileActor(TypedActor):
 
     def _run_on_worker(self, delivery: Delivery, enqueued: float, gate: TurnGate) -> None:
         """Hand the turn to the worker pool; it comes back as :class:`TurnFinished`."""
-        deadline = enqueued + self.deps.config.turn_wait_seconds
+        # The flock is waited for until the queue wait's budget runs out. A wake's is timed from now: it may have
+        # waited its turn past that budget (exempt_from_queue_bounds), and a deadline already past would fail it
+        # at the first try that finds the flock taken (another process's turn).
+        waited_from = time.monotonic() if exempt_from_queue_bounds(delivery) else enqueued
+        deadline = waited_from + self.deps.config.turn_wait_seconds
         owner = live_owner_for(self.owner, delivery)
         self.handed = owner is not None
         self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=owner,
@@ -363,12 +381,16 @@ class ProfileActor(TypedActor):
 
     @handles(WaitExpired)
     def _on_wait_expired(self, msg: WaitExpired) -> None:
-        """Fail every queued delivery whose wait ran out (the oldest first), then re-arm for the next."""
+        """Fail every queued delivery whose wait ran out (the oldest first), then re-arm for the next.
+
+        A wake stays queued however long it waited (``exempt_from_queue_bounds``): its turn still comes.
+        """
         self.wait_timer = None
         budget = self.deps.config.turn_wait_seconds
         now = time.monotonic()
-        while self.queue:
-            key, (delivery, enqueued) = next(iter(self.queue.items()))
+        for key, (delivery, enqueued) in list(self.queue.items()):
+            if exempt_from_queue_bounds(delivery):
+                continue
             if now - enqueued < budget:
                 break
             del self.queue[key]
