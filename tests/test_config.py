@@ -14,6 +14,7 @@ from roots import LogCapture, RecordingRunner, make_root, start_gateway
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core import config as c
+from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.yaml_file import warned_while_failing
 
 # ── deep_merge ──────────────────────────────────────────────────────────────
@@ -276,13 +277,13 @@ def test_good_values_coerced(key: str, value: Any, expected: float, warnings: li
     ("key", "value"),
     [
         ("turn_wait_seconds", "abc"),
-        ("turn_wait_seconds", -1),
         ("turn_wait_seconds", None),
-        ("turn_wait_seconds", True),
         ("turn_wait_seconds", [1]),
-        ("turn_wait_seconds", float("nan")),
+        ("turn_wait_seconds", 10**400),  # float() overflows: the seed's default too
         ("envelope_ttl_seconds", "soon"),
+        ("envelope_ttl_seconds", "60.5"),  # int() refuses it: the seed's default too
         ("envelope_ttl_seconds", float("inf")),
+        ("envelope_ttl_seconds", float("nan")),
         ("reply_wait_seconds", -0.5),
         ("max_hops", 0),
         ("max_hops", 2.5),
@@ -299,6 +300,86 @@ def test_bad_values_fall_back_with_warning(key: str, value: Any, warnings: list[
     cfg = c.BotModeConfig.from_dict({"bot_mode": {key: value}})
     assert getattr(cfg, key) == c.DEFAULTS["bot_mode"][key]
     assert len(warnings) == 1 and key in warnings[0]
+
+
+def _seed_ttl(value: Any) -> int:
+    """The seed's bot_relay._envelope_ttl_seconds on one config value, as written there."""
+    try:
+        if value is not None:
+            return int(value)
+    except Exception:
+        pass
+    return 900
+
+
+def _seed_wait(value: Any) -> float:
+    """The seed's bot_relay.turn_wait_seconds on one config value, as written there."""
+    try:
+        if value is not None:
+            return max(0.0, float(value))
+    except Exception:
+        pass
+    return 120.0
+
+
+@pytest.mark.parametrize(
+    ("value", "ttl", "wait", "ttl_warns", "wait_warns"),
+    [
+        (60, 60.0, 60.0, False, False),
+        (60.9, 60.9, 60.9, False, False),  # the file relay int()s it where it expires: 60, as the seed
+        ("60", 60.0, 60.0, False, False),
+        ("60.5", 900.0, 60.5, True, False),  # the seed's int("60.5") raises: its default
+        (0, 0.0, 0.0, False, False),
+        (-5, -5.0, 0.0, False, True),  # a negative wait is 0 for the seed (before: the default 120, a warning)
+        (0.5, 0.5, 0.5, False, False),
+        (True, 1.0, 1.0, True, True),  # a bool is 1 for the seed (before: the defaults)
+        (False, 0.0, 0.0, True, True),
+        (None, 900.0, 120.0, True, True),
+        ("abc", 900.0, 120.0, True, True),
+        (float("nan"), 900.0, 0.0, True, True),  # int(nan) raises; max(0.0, nan) is 0.0
+        (float("inf"), 900.0, 604800.0, True, True),  # the seed waits forever: a week, the longest we wait
+        (1e20, 315360000.0, 604800.0, True, True),  # the seed's TTL never expires: 10 years, never in practice
+        pytest.param(10**400, 315360000.0, 120.0, True, True, id="10**400"),  # float() overflows: the seed's default
+        ("1_000", 1000.0, 1000.0, False, False),
+    ],
+)
+def test_the_keys_the_seed_reads_are_read_as_the_seed_reads_them(
+    value: Any, ttl: float, wait: float, ttl_warns: bool, wait_warns: bool
+) -> None:
+    """Regression (seed-interop review): one config.yaml read by a seed process and by ours on the same root gave
+    two behaviours: envelope_ttl_seconds "60.5" was 60.5 s here and 900 s for the seed, True 900 here and 1
+    there, 1e20 900 here and "never" there; turn_wait_seconds -5 was 120 here and 0 there, True 120 here and 1
+    there. Each is now read by the seed's expression (int(val); max(0.0, float(val))); only a value past our
+    range, which the seed would honour, is clamped to it (a TTL of 10 years, a wait of a week: never reached in
+    practice). An odd value still warns, naming the key."""
+    cfg, problems = c.parse_config({"bot_mode": {"envelope_ttl_seconds": value, "turn_wait_seconds": value}})
+    assert (cfg.envelope_ttl_seconds, cfg.turn_wait_seconds) == (ttl, wait)
+    assert type(cfg.envelope_ttl_seconds) is float and type(cfg.turn_wait_seconds) is float
+    assert ttl_warns == any("envelope_ttl_seconds" in p for p in problems), problems
+    assert wait_warns == any("turn_wait_seconds" in p for p in problems), problems
+    # what each side does with it: the file relay expires at int() of the TTL (relay_protocol.seed_ttl)
+    seed_ttl, seed_wait = _seed_ttl(value), _seed_wait(value)
+    assert rp.seed_ttl(cfg.envelope_ttl_seconds) == seed_ttl or seed_ttl > c.YEARS_10
+    assert cfg.turn_wait_seconds == seed_wait or seed_wait > c.WEEK
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("turn_wait_seconds", -5, "config: bot_mode.turn_wait_seconds=-5 is read as 0.0, as the seed reads it "
+                                  "(`max(0, float(value))`)"),
+        ("envelope_ttl_seconds", True, "config: bot_mode.envelope_ttl_seconds=True is read as 1.0, as the seed "
+                                       "reads it (`int(value)`)"),
+        ("envelope_ttl_seconds", "60.5", "config: bot_mode.envelope_ttl_seconds='60.5' is not a number the seed's "
+                                         "`int(value)` reads; using default 900.0, as the seed does"),
+        ("envelope_ttl_seconds", 1e20, "config: bot_mode.envelope_ttl_seconds=1e+20 is above 315360000, 10 years: "
+                                       "never reached in practice; using 315360000.0"),
+        ("turn_wait_seconds", 1e20, "config: bot_mode.turn_wait_seconds=1e+20 is above 604800, a week: longer than "
+                                    "any turn waits in practice; using 604800.0"),
+    ],
+)
+def test_an_odd_value_of_a_key_the_seed_reads_says_how_it_is_read(key: str, value: Any, said: str) -> None:
+    assert c.parse_config({"bot_mode": {key: value}})[1] == [said]
 
 
 @pytest.mark.parametrize(("ttl", "enabled"), [(900, True), (0.5, True), (0, False), (-5, False)])

@@ -80,8 +80,11 @@ def test_a_setting_takes_one_bound() -> None:
 
 @pytest.mark.parametrize(
     ("key", "text"),
-    [("turn_wait_seconds", "number ≥ 0, ≤ 604800"), ("turn_timeout_seconds", "number > 0, ≤ 604800"),
-     ("envelope_ttl_seconds", "number ≤ 315360000"),
+    [("turn_wait_seconds", "number ≥ 0, ≤ 604800 (a larger one is taken as 604800), read as the seed reads it: "
+                           "`max(0, float(value))`"),
+     ("turn_timeout_seconds", "number > 0, ≤ 604800"),
+     ("envelope_ttl_seconds", "number ≤ 315360000 (a larger one is taken as 315360000), read as the seed reads it: "
+                              "`int(value)`"),
      ("max_hops", "integer ≥ 1, ≤ 1000 (a larger one is taken as 1000)"),
      ("redis_claim_idle_seconds", "number ≥ 0.01, ≤ 86400"), ("redis_prefix", "text"),
      ("connection_label", "text (≤ 80 characters)")],
@@ -256,7 +259,7 @@ def test_gateway_start_warns_once(root: Path, gateways: list[Gateway], warnings:
 @pytest.mark.parametrize(("key", "value", "must"), [
     ("rescan_seconds", 1e-9, "≥ 0.05, ≤ 3600"),
     ("reply_wait_seconds", 1e300, "≥ 0, ≤ 604800"),
-    ("turn_wait_seconds", -1, "≥ 0, ≤ 604800"),
+    ("idle_stop_seconds", -1, "≥ 0, ≤ 604800"),
     ("max_queued", 10**12, "≥ 1, ≤ 1000000"),
     ("redis_block_ms", 10**12, "≥ 1, ≤ 60000"),
     ("idle_stop_seconds", float("inf"), "≥ 0, ≤ 604800"),
@@ -312,7 +315,7 @@ def test_max_hops_stops_at_the_deepest_hop_a_dm_can_carry(tmp_path: Path, warnin
 def test_only_a_setting_that_asks_for_it_clamps_a_value_above_its_range() -> None:
     """The clamp is declared beside the range (``clamp_above``), one rule: another setting past its maximum
     still falls back to its default."""
-    assert [s.key for s in c.SETTINGS if s.clamp_above] == ["max_hops"]
+    assert [s.key for s in c.SETTINGS if s.clamp_above] == ["turn_wait_seconds", "envelope_ttl_seconds", "max_hops"]
     assert coerce(_spec("max_hops"), 5000) == (
         MAX_HOP, f"bot_mode.max_hops=5000 is above {MAX_HOP}, the deepest hop a DM can carry; using {MAX_HOP}")
     assert coerce(_spec("max_queued"), 10**7)[0] == 256

@@ -447,6 +447,17 @@ def test_make_reply_refuses_bad_id(bad_id: str) -> None:
                                                                 "reason": ""}),
         ({"id": EID, "at": 1, "reply": "r", "error": "", "reason": "", "extra": 1},
          {"id": EID, "at": 1, "reply": "r", "error": "", "reason": ""}),
+        # read as the seed's waiter reads them (it reads only error, reason and reply): before, each was refused
+        # and quarantined, and the sender got delivery_timeout although the reply had arrived
+        ({"id": EID, "at": "2026-12-06T22:00:00Z", "reply": "ok"}, {"id": EID, "at": 0, "reply": "ok", "error": "",
+                                                                    "reason": ""}),
+        ({"id": EID, "at": True}, {"id": EID, "at": 0, "reply": "", "error": "", "reason": ""}),
+        ({"id": EID, "at": float("nan")}, {"id": EID, "at": 0, "reply": "", "error": "", "reason": ""}),
+        ({"id": EID, "reply": 42}, {"id": EID, "at": 0, "reply": "42", "error": "", "reason": ""}),
+        ({"id": EID, "reply": 2.5}, {"id": EID, "at": 0, "reply": "2.5", "error": "", "reason": ""}),
+        ({"id": EID, "reply": 0}, {"id": EID, "at": 0, "reply": "", "error": "", "reason": ""}),  # seed: empty
+        ({"at": 1, "reply": "ok"}, {"id": EID, "at": 1, "reply": "ok", "error": "", "reason": ""}),
+        ({"id": None, "reply": "ok"}, {"id": EID, "at": 0, "reply": "ok", "error": "", "reason": ""}),
     ],
 )
 def test_parse_reply_lenient(data: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -461,10 +472,13 @@ def test_parse_reply_lenient(data: dict[str, Any], expected: dict[str, Any]) -> 
         ({"reply": "r"}, None, "invalid envelope id"),
         ({"id": "nope"}, None, "invalid envelope id"),
         ({"id": EID}, "e" * 32, "does not match"),
-        ({"id": EID, "at": "now"}, None, "'at'"),
-        ({"id": EID, "at": True}, None, "'at'"),
-        ({"id": EID, "reply": 5}, None, "'reply'"),
+        ({"id": "", "reply": "r"}, EID, "invalid envelope id"),  # an id there, not the file's: never replaced
+        ({"reply": "r"}, "nope", "invalid envelope id"),  # no id in the body and none in the name
+        ({"id": EID, "reply": True}, None, "'reply'"),
+        ({"id": EID, "reply": ["x"]}, None, "'reply'"),
+        ({"id": EID, "error": 5}, None, "'error'"),  # the seed's waiter crashes on it: no reply to read
         ({"id": EID, "error": ["x"]}, None, "'error'"),
+        ({"id": EID, "reason": 5}, None, "'reason'"),
         ({"id": EID, "reason": {}}, None, "'reason'"),
     ],
 )
@@ -797,7 +811,7 @@ def test_write_reply_invalid_writes_nothing(paths: RelayPaths) -> None:
     with pytest.raises(ValidationError):
         write_reply(paths, {"id": "../../x", "reply": "r"})
     with pytest.raises(ValidationError):
-        write_reply(paths, {"id": EID, "reply": 5})
+        write_reply(paths, {"id": EID, "error": 5})
     assert os.listdir(paths.replies) == []
 
 

@@ -173,6 +173,30 @@ def test_a_reply_file_that_starts_with_a_byte_order_mark_is_read_like_the_seed_r
     assert not list((relay(root) / "quarantine").glob("*"))
 
 
+@pytest.mark.parametrize(
+    ("body", "status", "reply"),
+    [
+        (lambda i: {"id": i, "at": "2026-12-06T22:00:00Z", "reply": "ok", "error": "", "reason": ""}, "replied", "ok"),
+        (lambda i: {"id": i, "at": 1, "reply": 42, "error": "", "reason": ""}, "replied", "42"),
+        (lambda i: {"at": 1, "reply": "ok", "error": "", "reason": ""}, "replied", "ok"),
+    ],
+    ids=["at-string", "reply-number", "no-id-in-body"],
+)
+def test_a_reply_file_the_seeds_waiter_reads_reaches_the_sender(
+    body: Any, status: str, reply: str, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (seed interop): a Desktop's reply whose ``at`` is a string, whose ``reply`` is a number, or whose
+    body has no ``id`` (its file is ``<id>.json``) is read by the seed's waiter, which looks only at ``error``,
+    ``reason`` and ``reply``; ours quarantined it and the sender got ``delivery_timeout`` instead of the reply."""
+    root = sender_root(tmp_path)
+    gw = start(gateways, root)
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="ping"))
+    seed_write_json(relay(root) / "replies" / f"{envelope_id}.json", body(envelope_id))
+    out = gw.wait_outcome(envelope_id, timeout=10)
+    assert (out["status"], out["reply"]) == (status, reply)
+    assert not list((relay(root) / "quarantine").glob("*"))
+
+
 # ── 2. dropped events: the rescan is the truth ──────────────────────────────
 
 

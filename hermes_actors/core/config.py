@@ -29,7 +29,7 @@ from loguru import logger
 
 from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.core.names import PEER_NAME_RE
-from hermes_actors.core.settings import Setting, coerce, default_text, setting, settings_of
+from hermes_actors.core.settings import SeedReading, Setting, coerce, default_text, setting, settings_of
 from hermes_actors.core.wake import parse_wake_mode
 from hermes_actors.store.yaml_file import MAX_CONFIG_BYTES, load_yaml_file, read_yaml_mapping, warn_once
 
@@ -59,7 +59,53 @@ __all__ = [
 # negative one (its default is used, with a warning naming the range).
 DAY = 86_400.0
 WEEK = 7 * DAY
-YEARS_10 = 3650 * DAY  # the envelope TTL: the seed takes any whole number, so only the absurd is refused
+YEARS_10 = 3650 * DAY  # the envelope TTL: the seed takes any whole number; a larger one never expires in practice
+
+
+# ── how the seed reads the keys it shares with us (bot_relay.py) ────────────
+
+
+def _seed_ttl_reading(value: Any) -> float | int | None:
+    """``bot_mode.envelope_ttl_seconds`` as the seed reads it (``_envelope_ttl_seconds``: ``int(val)``).
+
+    Whatever ``int()`` takes is taken (a bool as 0 or 1, a whole-number string); where it raises ("60.5",
+    ``.inf``, NaN, a list) the seed uses its default, and so do we. A float keeps its fraction: the file relay
+    applies ``int()`` where it expires (``relay_protocol.seed_ttl``: 0.5 disables, as in the seed), while the
+    Redis transport, which no seed reads, expires at the fraction.
+
+    Args:
+        value: the raw value (not None: a missing key takes the default before this).
+
+    Returns:
+        The number, or None where the seed's ``int(val)`` raises.
+    """
+    try:
+        whole = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if isinstance(value, float) else whole
+
+
+def _seed_wait_reading(value: Any) -> float | None:
+    """``bot_mode.turn_wait_seconds`` as the seed reads it (``turn_wait_seconds()``: ``max(0.0, float(val))``).
+
+    A negative wait (and NaN) is 0, a bool 0.0 or 1.0, a numeric string its number; where ``float()`` raises
+    (an int too large for a float among them) the seed uses its default, and so do we.
+
+    Args:
+        value: the raw value.
+
+    Returns:
+        The number (``inf`` included: the range clamps it), or None where the seed's expression raises.
+    """
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+SEED_TTL = SeedReading("int(value)", _seed_ttl_reading)
+SEED_WAIT = SeedReading("max(0, float(value))", _seed_wait_reading)
 
 
 @dataclass(frozen=True)
@@ -86,12 +132,16 @@ class RedisConfig:
 class BotModeConfig:
     """The typed ``bot_mode`` settings plus the peer names, the transport settings and the raw config."""
 
+    # Both read by the seed from the same config.yaml (seed=): one value, one behaviour on a shared root. A
+    # longer one is clamped, not refused: the seed honours it, and it means "never" in practice (our timers and
+    # waits take no such numbers)
     turn_wait_seconds: float = setting(
         120.0, "how long a queued DM waits for its turn (and for another process's lock) before `target_busy`",
-        at_least=0, at_most=WEEK)
+        at_least=0, at_most=WEEK, clamp_above="a week: longer than any turn waits in practice", seed=SEED_WAIT)
     envelope_ttl_seconds: float = setting(
-        900.0, "relay envelopes older than this are never delivered late; whole seconds, `int()`-ed as the seed "
-               "does (≤ 0 disables, and so does 0.5)", at_most=YEARS_10)
+        900.0, "relay envelopes older than this are never delivered late; the file relay uses whole seconds, "
+               "`int()`-ed as the seed does (≤ 0 disables, and so does 0.5); the Redis transport keeps a fraction",
+        at_most=YEARS_10, clamp_above="10 years: never reached in practice", seed=SEED_TTL)
     reply_wait_seconds: float = setting(
         900.0, "how long the sender waits for a relay reply before `delivery_timeout`", at_least=0, at_most=WEEK)
     # at most the deepest hop a relayed envelope or a submit request carries: a deeper limit could not work.

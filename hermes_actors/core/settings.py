@@ -6,6 +6,10 @@ the call holds the default, the bounds and the one-line doc.
 :func:`settings_of` reads them back as :class:`Setting` rows and :func:`coerce`
 turns a raw value into the declared type. The declarations themselves live in
 :mod:`hermes_actors.core.config`.
+
+A setting the seed reads too (from the same ``config.yaml``) declares the
+seed's reading (:class:`SeedReading`): its value is then taken as the seed
+takes it, so two implementations on one root agree.
 """
 
 from __future__ import annotations
@@ -15,11 +19,19 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
-__all__ = ["Kind", "Setting", "coerce", "default_text", "setting", "settings_of"]
+__all__ = ["Kind", "SeedReading", "Setting", "coerce", "default_text", "setting", "settings_of"]
 
 Kind = Literal["float", "int", "text"]
 _KINDS: dict[str, Kind] = {"float": "float", "int": "int", "str": "text"}  # annotation → kind
 _SPEC = "hermes_actors.setting"  # the dataclass field metadata key
+
+
+@dataclass(frozen=True)
+class SeedReading:
+    """How the seed reads a setting it shares with us: one expression and its pure implementation."""
+
+    rule: str  # the seed's expression, as the docs and warnings show it: ``int(value)``
+    read: Callable[[Any], float | int | None]  # the seed's value, or None where its expression raises
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,7 @@ class _Spec:
     max_chars: int | None
     choice: Callable[[Any], str | None] | None
     clamp_above: str | None
+    seed: SeedReading | None
 
 
 def setting(
@@ -45,6 +58,7 @@ def setting(
     clamp_above: str | None = None,
     max_chars: int | None = None,
     choice: Callable[[Any], str | None] | None = None,
+    seed: SeedReading | None = None,
 ) -> Any:
     """Declare one setting as a dataclass field.
 
@@ -62,6 +76,10 @@ def setting(
         max_chars: text longer than this is cut, with a warning.
         choice: for text with a fixed set of values: maps a raw value (bools included) to its canonical
             text, or None when it is not one of them (then the default is used, with a warning).
+        seed: for a number the seed reads from the same ``config.yaml``: its reading replaces ours (where the
+            seed's expression raises, the default is used, as the seed does; a value it reads otherwise than
+            as the plain number written, a bool or a negative wait, is taken so with a warning); the range
+            still applies to the number it gives.
 
     Returns:
         A dataclass field (typed ``Any`` so the annotation keeps its type for mypy).
@@ -75,7 +93,7 @@ def setting(
         raise ValueError("clamp_above needs at_most: the value a larger one is taken as")
     minimum = at_least if above is None else above
     spec = _Spec(doc=doc, minimum=minimum, inclusive=above is None, maximum=at_most, max_chars=max_chars,
-                 choice=choice, clamp_above=clamp_above)
+                 choice=choice, clamp_above=clamp_above, seed=seed)
     return field(default=default, metadata={_SPEC: spec})
 
 
@@ -94,6 +112,7 @@ class Setting:
     choice: Callable[[Any], str | None] | None = None
     maximum: float | None = None
     clamp_above: str | None = None  # what ``maximum`` is: a larger value is taken as it (see :func:`setting`)
+    seed: SeedReading | None = None  # how the seed reads it (see :func:`setting`)
 
     @property
     def path(self) -> str:
@@ -111,7 +130,8 @@ class Setting:
         bounds = self.range_text
         if self.clamp_above is not None and self.maximum is not None:
             bounds += f" (a larger one is taken as {_bound_text(self.maximum)})"
-        return f"{base} {bounds}" if bounds else base
+        text = f"{base} {bounds}" if bounds else base
+        return text if self.seed is None else f"{text}, read as the seed reads it: `{self.seed.rule}`"
 
     @property
     def range_text(self) -> str:
@@ -149,7 +169,7 @@ def settings_of(cls: type, section: str) -> tuple[Setting, ...]:
         if kind is None or f.default is MISSING:
             raise TypeError(f"setting {cls.__name__}.{f.name}: annotate float, int or str and give a default")
         out.append(Setting(section, f.name, kind, f.default, spec.minimum, spec.inclusive, spec.max_chars, spec.doc,
-                           spec.choice, spec.maximum, spec.clamp_above))
+                           spec.choice, spec.maximum, spec.clamp_above, spec.seed))
     return tuple(out)
 
 
@@ -178,7 +198,9 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
     Returns:
         ``(value, None)``, or ``(default or cut text or maximum, problem)`` where ``problem``
         is one line naming the key and the value (and, for a number out of range, the range; for
-        one above the maximum of a ``clamp_above`` setting, the maximum it is taken as);
+        one above the maximum of a ``clamp_above`` setting, the maximum it is taken as; for a setting
+        the seed reads, the seed's expression: a value it reads otherwise than written is taken so,
+        said in ``problem``);
         whoever read the value puts where it was written in front (``parse_config``).
     """
     default = spec.default
@@ -196,7 +218,11 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
         if spec.max_chars is not None and len(text) > spec.max_chars:
             return text[:spec.max_chars], f"{spec.path} is longer than {spec.max_chars} characters; cut"
         return text, None
-    number = _to_number(value, spec.kind)
+    plain = _to_number(value, spec.kind)
+    number = plain if spec.seed is None else spec.seed.read(value)
+    if number is None and spec.seed is not None:  # the seed falls back to its default there too
+        return default, f"{spec.path}={value!r} is not a number the seed's `{spec.seed.rule}` reads; using " \
+                        f"default {default}, as the seed does"
     if number is None:  # inf and NaN too: never a sane wait or count
         must = f" (it must be {spec.range_text})" if spec.range_text else ""
         return default, f"{spec.path}={value!r} is not a valid {spec.kind}{must}; using default {default}"
@@ -208,6 +234,9 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
     if too_low or (maximum is not None and number > maximum):
         return default, (f"{spec.path}={value!r} is out of range (it must be {spec.range_text}); "
                          f"using default {default}")
+    number = float(number) if spec.kind == "float" else number  # in range: never too large for a float
+    if spec.seed is not None and (isinstance(value, bool) or plain != number):  # odd: said, yet taken as the seed
+        return number, f"{spec.path}={value!r} is read as {number!r}, as the seed reads it (`{spec.seed.rule}`)"
     return number, None
 
 

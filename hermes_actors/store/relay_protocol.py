@@ -188,11 +188,43 @@ def make_reply(
     }
 
 
+def _reply_text(key: str, value: Any) -> str:
+    """One reply text field as the seed's waiter shows it.
+
+    The seed prints ``d.get('reply') or '(empty reply)'``, so a number reply
+    (a Desktop that answers ``42``) reaches its sender as ``str()`` of it, and
+    a falsy one (``0``) as an empty reply. ``error`` is concatenated to a str
+    by the seed (a number there crashes its waiter) and ``reason`` is a code:
+    both stay strings only, as does ``reply`` of any other type.
+
+    Args:
+        key: ``"reply"``, ``"error"`` or ``"reason"``.
+        value: the decoded value (absent: None).
+
+    Returns:
+        The text ("" for a missing, null or falsy value).
+
+    Raises:
+        ValidationError: naming the field and its type.
+    """
+    if key == "reply" and _is_number(value):
+        return str(value) if value else ""
+    if value is not None and not isinstance(value, str):
+        raise ValidationError(f"reply field {key!r} is not a string: {type(value).__name__}")
+    return value or ""
+
+
 def parse_reply(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     """Validate a decoded reply record.
 
-    Lenient where the seed's reader is (a missing or null text is ""; a
-    missing ``at`` is 0) and strict about types and the id.
+    Lenient where the seed's waiter is, which reads only ``error``,
+    ``reason`` and ``reply``: a missing or null text is ""; a number
+    ``reply`` is its ``str()`` (:func:`_reply_text`); an ``at`` that is not
+    a finite number (missing, a string, a bool) is 0, since nothing
+    delivers by it; a body without ``id`` (absent or null) read from a file
+    takes the file's name, already a valid id. Strict about the rest: an id
+    in the body must be valid and match the file's name, and ``error`` and
+    ``reason`` must be strings.
 
     Args:
         data: the decoded JSON document.
@@ -206,16 +238,14 @@ def parse_reply(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise ValidationError(f"reply is not a JSON object: {type(data).__name__}")
-    reply_id = validate_delivery_id(data.get("id"), what="envelope id", file_id=file_id)
-    at = data.get("at", 0)
-    if not _is_number(at):
-        raise ValidationError(f"reply field 'at' is not a number: {at!r}")
-    out: dict[str, Any] = {"id": reply_id, "at": at}
+    body_id = data.get("id")
+    if body_id is None and file_id is not None:
+        body_id = file_id  # the seed's waiter never reads the body's id: the file name is the reply's id
+    reply_id = validate_delivery_id(body_id, what="envelope id", file_id=file_id)
+    at = data.get("at")
+    out: dict[str, Any] = {"id": reply_id, "at": at if _is_number(at) else 0}
     for key in _REPLY_TEXT_FIELDS:
-        value = data.get(key)
-        if value is not None and not isinstance(value, str):
-            raise ValidationError(f"reply field {key!r} is not a string: {type(value).__name__}")
-        out[key] = value or ""
+        out[key] = _reply_text(key, data.get(key))
     return out
 
 
