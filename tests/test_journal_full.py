@@ -595,3 +595,45 @@ def test_a_relayed_outcome_is_published_only_once_its_record_is_on_disk_one_outc
     sent = paths.relay.id_file(paths.sent, key)
     await_condition(lambda: not sent.exists(), timeout=10, message="on disk now: the relay's record goes")
     assert seen.of(key) + seen_again.of(key) == ["replied"], "one outcome overall"
+
+
+def test_a_relayed_outcome_a_stop_cannot_write_to_a_lost_journal_is_withheld_for_the_relays_record(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stop's rule (OutcomeFlow._withhold): an outcome whose record a lost journal cannot take is published all
+    # the same, as without a journal, unless the relay keeps a record a next start settles the DM from: a relayed
+    # DM's. Published at this stop too, the next start would settle it from that record again: two outcomes.
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    directory = root / "bot_relay" / "journal"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])
+    paths = InboxPaths.from_root(root)
+    seen = Seen()
+    gw = Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=True)
+    gateways.append(gw)
+    gw.subscribe(seen)
+    gw.start()
+    assert gw._journal is not None
+    with LogCapture("INFO") as logs:
+        disk = DiskFull(monkeypatch, gw._journal, trigger=b'"t":"finished"')
+        key = gw.message_agent(sender="alice", target="moxie", message="ping")["delivery_id"]
+        rf.write_reply(paths.relay, rp.make_reply(key, reply="pong", now=time.time()))
+        await_condition(lambda: logs.matching("cannot be written", "held back"), timeout=10,
+                        message="the failed commit handled")
+        shutil.rmtree(directory)
+        directory.symlink_to(outside, target_is_directory=True)  # the journal is lost: no fresh file can be made
+        gw.stop()
+        assert logs.matching("NOT published", key), logs.lines
+        assert not logs.matching("published without", key), "the relay's record settles it at the next start"
+    disk.free()
+    directory.unlink()
+    assert seen.of(key) == []
+    seen_again = Seen()
+    gw2 = Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=True)
+    gateways.append(gw2)
+    gw2.subscribe(seen_again)
+    gw2.start()
+    assert gw2.wait_outcome(key, timeout=10)["reply"] == "pong"  # from the relay's record, kept for it
+    await_condition(lambda: seen_again.of(key) == ["replied"], timeout=10, message="the one outcome told")
+    assert seen.of(key) + seen_again.of(key) == ["replied"], "one outcome overall"
