@@ -435,7 +435,7 @@ def test_stop_with_many_profile_actors_stuck_in_their_turns_keeps_its_timeout(
         release.set()
 
 
-def test_stop_with_nothing_in_flight_is_quick_and_clean(root: Path) -> None:
+def test_stop_with_nothing_in_flight_leaves_no_actor_and_no_new_thread_behind(root: Path) -> None:
     threads_before = non_daemon_threads()
     with Gateway(root, runner=lambda turn: "x") as gw:
         d = queued(gw.message_agent(sender="alice", target="bob", message="hi"))

@@ -249,7 +249,8 @@ class OutcomeFlow:
         never two (a relayed DM's from its relay record, which stays). A peer DM's outcome was published
         already.
         Unless the journal is lost (``keeping`` False: no start will find it): then the outcome is
-        published all the same, as without a journal (withheld, its DM would get none), named at ERROR.
+        published all the same, as without a journal (withheld, its DM would get none), named at ERROR
+        (:meth:`_withhold`, the rule :meth:`finalize` follows too).
 
         Returns:
             The ids whose records could not be written.
@@ -268,18 +269,44 @@ class OutcomeFlow:
                 logger.error("stop: the outcome record of peer DM {} could not be written to the delivery journal; "
                              "it was published, but wait_outcome after a restart will not know it", key)
                 continue
-            if kind == "finished" and not self.durability.keeping:  # (a relayed DM's: its relay record stays)
+            if not self._withhold(key, relay_keeps=kind == "forget", lost=lost, unkept=unkept):
                 self.publish(outcome, answers)
-                unkept.append(key)
-                continue
-            self.book.withhold(key)
-            self.waker.sources.pop(key, None)
-            lost.append(key)
+        self._report_stop(lost, unkept)
+        return lost
+
+    def _withhold(self, key: str, *, relay_keeps: bool, lost: list[str], unkept: list[str]) -> bool:
+        """A stop could not write the outcome record of ``key``: withhold the outcome, unless no start would settle it.
+
+        The one rule for both of a stop's writes (:meth:`_last_write`, :meth:`finalize`). Withheld, the DM
+        leaves the book unpublished and the next start settles it once, from its journal (or a relayed DM's
+        from the relay's record, which stays). Unless the journal is lost (``keeping`` False: no start will
+        find it) and no relay record keeps the DM: withheld, it would get no outcome at all, so the caller
+        publishes it all the same, as without a journal.
+
+        Args:
+            key: the DM's id.
+            relay_keeps: the relay keeps a record of the DM that a next start settles it from (a relayed DM's).
+            lost: the withheld ids (``key`` is added when withheld), for :meth:`_report_stop`.
+            unkept: the ids to publish without their records (``key`` is added when not withheld), likewise.
+
+        Returns:
+            True when withheld; False when the caller is to publish the outcome, the DM's only one.
+        """
+        if not (self.durability.keeping or relay_keeps):
+            unkept.append(key)
+            return False
+        self.book.withhold(key)
+        self.waker.sources.pop(key, None)
+        lost.append(key)
+        return True
+
+    def _report_stop(self, lost: list[str], unkept: list[str]) -> None:
+        """Name at ERROR the outcomes a stop could not write: withheld (``lost``), published without a record
+        (``unkept``)."""
         if lost:
             self._report_unwritten(lost)
         if unkept:
             self._report_unkept(unkept)
-        return lost
 
     def _report_unwritten(self, ids: list[str]) -> None:
         """Say, id by id, which outcomes a stop could not write to the journal (ERROR)."""
@@ -343,24 +370,17 @@ class OutcomeFlow:
             # A peer DM's outcome is journaled as it arrives (see settle): one still under way is, too.
             remember = entry.journaled or entry.route == "peer"
             # shutting down: write it now rather than through the async group commit
+            # Not on disk: the next start settles it from its journal (ambiguous), so it is not published now,
+            # unless no start finds its journal (then published below, its one outcome). A peer DM's is published:
+            # no journal record of it would ever tell its sender anything.
             if remember and not self.durability.write_now({"t": "finished", "id": key, "o": outcome.as_dict()}) \
-                    and entry.journaled:
-                if self.durability.keeping:
-                    # Not on disk: the next start settles it from its journal (ambiguous), so it is not published
-                    # now (a peer DM's is: no journal record of it would ever tell its sender anything)
-                    self.book.withhold(key)
-                    self.waker.sources.pop(key, None)
-                    lost.append(key)
-                    continue
-                unkept.append(key)  # no start finds its journal: published below, its one outcome
+                    and entry.journaled and self._withhold(key, relay_keeps=False, lost=lost, unkept=unkept):
+                continue
             if entry.route == "relay-in":  # its sender waits on another connection: tell it too
                 self.relay.answer_relay_in(outcome, entry.reply_connection)
             self.publish(outcome)
             if remember:  # published now: the next start must not report it a second time
                 self.durability.delivered(key)
             count += 1
-        if lost:
-            self._report_unwritten(lost)
-        if unkept:
-            self._report_unkept(unkept)
+        self._report_stop(lost, unkept)
         return count
