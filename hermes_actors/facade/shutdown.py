@@ -79,8 +79,8 @@ def shut_down(
             logger.warning("stop: a crashed ProfileActor did not report within {}s; what it held is settled "
                            "as cancelled (its running turn was settled ambiguous at the crash)", ASK_TIMEOUT)
         await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
-        why = "The turn was still running when the gateway stopped."
-        ask(dispatcher, FinalizePending(why, tuple(running)), timeout=ASK_TIMEOUT)
+        # before end_running_turns: the Dispatcher asks the runner which turns have a process it ends
+        ask(dispatcher, FinalizePending(tuple(running)), timeout=ASK_TIMEOUT)
         settled = True
         if system.journal is not None and not system.journal.drain(timeout=ASK_TIMEOUT):
             logger.warning("stop: the journal's last commits did not land in {}s; their outcomes are "

@@ -207,6 +207,15 @@ class WarmOrCliRunner:
         ``serve``), so a turn the previous host lost may still have been answered there."""
         return gateway_pid(turn_root(turn)) != os.getpid()
 
+    def warm_turns(self) -> list[str]:
+        """At a stop: the deliveries whose turns hermes runs now in a gateway that is not this process (this host
+        is ``serve``): the stop cannot end them, and hermes may still answer them."""
+        with self._lock:
+            gateway = self._gateway
+        if gateway is not None and gateway.pid == os.getpid():  # hosted in that gateway: its turns stop with it
+            return []
+        return self.warm.in_flight_turns()
+
     def never_reached(self, turn: Turn, since: float) -> bool:
         """At a start: whether a wake the previous host started never reached the bot, warm or by the CLI
         (:func:`~hermes_actors.hermes.cli_runner.never_reached`)."""
