@@ -19,7 +19,7 @@ from hermes_actors.ops.http_config import HttpSettings
 from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
-__all__ = ["RESTART_POLICY", "serve", "stop_gateway", "stop_text", "waiting_text"]
+__all__ = ["ABANDONED_TEXT", "RESTART_POLICY", "cut_off_text", "serve", "stop_gateway", "stop_text", "waiting_text"]
 
 STOP_GRACE_SECONDS = 30.0
 RESTART_POLICY = RestartPolicy(max_restarts=3, within_seconds=60.0)  # failed gateways restarted, then give up
@@ -49,6 +49,22 @@ def waiting_text(count: int, seconds: float, *, received: signal.Signals | None)
         return f"{waiting}; Ctrl-C again to abandon {them}"
     others = ", ".join(sig.name for sig in STOP_SIGNALS if sig != received)
     return f"{waiting}; a second {received.name} (or {others}) abandons {them}"
+
+
+#: What a stopping CLI says once a second stop signal abandoned the running turns.
+ABANDONED_TEXT = "abandoned the running turns: their outcome is ambiguous"
+
+
+def cut_off_text(seconds: float) -> str:
+    """Pure: what a stopping CLI says once its wait for running turns ran out (turns were still running).
+
+    Args:
+        seconds: the wait it gave them (the stop's grace).
+
+    Returns:
+        e.g. "gave up on the running turns after 30 s: their outcome is ambiguous".
+    """
+    return f"gave up on the running turns after {seconds:.0f} s: their outcome is ambiguous"
 
 
 def stop_text(received: signal.Signals | None) -> str:
@@ -91,7 +107,8 @@ def stop_gateway(gw: Gateway, *, received: signal.Signals | None, out: TextIO | 
     running turns.
 
     Abandoned turns (and those still running after ``timeout``) end with an
-    ``ambiguous`` outcome and their processes are ended.
+    ``ambiguous`` outcome and their processes are ended; either way it says so
+    (:data:`ABANDONED_TEXT`, :func:`cut_off_text`).
 
     Args:
         gw: the running gateway.
@@ -100,22 +117,24 @@ def stop_gateway(gw: Gateway, *, received: signal.Signals | None, out: TextIO | 
         timeout: seconds running turns get to finish.
     """
     stream = out or sys.stderr
-    abandon = threading.Event()
+    abandon, cut_off = threading.Event(), threading.Event()
 
     def on_wait(count: int, seconds: float) -> None:
         print(waiting_text(count, seconds, received=received), file=stream, flush=True)
 
     with MainThreadWait() as waits, _on_signals(lambda _sig: abandon.set()):
         if waits.on_signals:
-            _stop_beside(gw, waits, timeout=timeout, abandon=abandon, on_wait=on_wait)
+            _stop_beside(gw, waits, timeout=timeout, abandon=abandon, on_wait=on_wait, on_cut_off=cut_off.set)
         else:  # not the main thread: no signal handler runs here
-            gw.stop(timeout, abandon=abandon, on_wait=on_wait)
+            gw.stop(timeout, abandon=abandon, on_wait=on_wait, on_cut_off=cut_off.set)
     if abandon.is_set():
-        print("abandoned the running turns: their outcome is ambiguous", file=stream, flush=True)
+        print(ABANDONED_TEXT, file=stream, flush=True)
+    elif cut_off.is_set():  # the wait ran out: the turns were cut off all the same, and said so
+        print(cut_off_text(timeout), file=stream, flush=True)
 
 
 def _stop_beside(gw: Gateway, waits: MainThreadWait, *, timeout: float, abandon: threading.Event,
-                 on_wait: Callable[[int, float], None]) -> None:
+                 on_wait: Callable[[int, float], None], on_cut_off: Callable[[], None]) -> None:
     """``gw.stop`` on a thread of its own while this one waits in ``waits``, where a stop signal reaches it.
 
     The stop waits for running turns on locks no signal interrupts: run on the main thread, a second
@@ -129,7 +148,7 @@ def _stop_beside(gw: Gateway, waits: MainThreadWait, *, timeout: float, abandon:
 
     def stop() -> None:
         try:
-            gw.stop(timeout, abandon=abandon, on_wait=on_wait)
+            gw.stop(timeout, abandon=abandon, on_wait=on_wait, on_cut_off=on_cut_off)
         except BaseException as exc:  # handed to the caller's thread
             failed.append(exc)
         finally:
