@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, make_root
+from roots import LogCapture, RecordingRunner, make_root
 
 from hermes_actors import Gateway
 from hermes_actors.core.wake import wake_id
@@ -17,6 +20,8 @@ from hermes_actors.hermes.api_client import ApiServer
 from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.install import ChatFlags
+from hermes_actors.hermes.select import default_runner
+from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
 from hermes_actors.messages import Turn
 
 
@@ -70,3 +75,36 @@ def test_a_warm_turn_marks_its_session_with_the_hop_while_chat_runs(monkeypatch:
     assert runner.run_turn(Turn(profile="bob", content="x", delivery_id="d1", hop=2)) == "hi"
     assert seen == [("/p/bob/api/sessions/sess-1/chat", 2, 3)]  # a DM from the turn is hop 3
     assert plugin.turn_hop("sess-1") is None and plugin.dm_hop(1, "sess-1") == 1  # the scope ended with the call
+
+
+def _warm_config(port: int) -> dict[str, Any]:
+    """A root's config.yaml naming a hermes API server for warm turns on ``port`` (as ``enable --gateway`` does)."""
+    return {"platforms": {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1", "port": port,
+                                                                    "key": "k" * 32}}},
+            "gateway": {"multiplex_profiles": True}}
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed: connections to it are refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("host", ["serve", "the hermes gateway"])
+def test_warm_turns_off_at_the_start_are_a_warning_unless_hosted_in_the_gateway(tmp_path: Path, host: str) -> None:
+    """Regression (acceptance review): a host started with warm turns configured while the hermes API server did
+    not answer said so at INFO (seen only with -v): its turns silently ran as CLI turns. Inside the gateway, whose
+    own API server starts beside the actors, it stays an info line."""
+    if host == "the hermes gateway":
+        (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
+    with LogCapture("INFO") as logs:
+        runner = default_runner(tmp_path, _warm_config(_closed_port()), cli="/bin/sh", env={})
+    assert isinstance(runner, WarmOrCliRunner)
+    said = logs.matching("warm turns are off at the start: the hermes API server", "does not answer",
+                         "run with the hermes CLI /bin/sh", "hermes gateway run")
+    levels = [r["level"].name for r in logs.records if "hermes API server" in r["message"]]
+    if host == "serve":
+        assert len(said) == 1 and levels == ["WARNING"], logs.lines
+    else:
+        assert said == [] and levels == ["INFO"], logs.lines
