@@ -14,6 +14,7 @@ from roots import LogCapture, RecordingRunner, make_root
 from hermes_actors import Gateway
 from hermes_actors.core.wake import wake_id
 from hermes_actors.demo.bots import DemoRunner
+from hermes_actors.errors import TurnFailed
 from hermes_actors.facade.options import is_real_hermes
 from hermes_actors.hermes import plugin
 from hermes_actors.hermes.api_client import ApiServer
@@ -46,7 +47,12 @@ def test_without_a_hermes_cli_turns_fail_runtime_offline_saying_how_to_install(
     ack = gw.message_agent(sender="alice", target="bob", message="hi")
     out = gw.wait_outcome(ack["delivery_id"], timeout=20)
     assert (out["status"], out["reason"]) == ("failed", "runtime_offline")
-    assert "hermes CLI not found" in out["error"] and "pip install 'hermes-actors[hermes]'" in out["error"]
+    # review: it said "not found or not working at hermes … or pass cli=...": the path it tried, and both
+    # spellings of naming the executable (a CLI user needs --cli PATH)
+    assert out["error"] == (f"hermes CLI not found: no executable {str(tmp_path / 'no-such-hermes')!r} "
+                            "($HERMES_ACTORS_HERMES_CLI, looked up on PATH) — install hermes-agent (pip install "
+                            "'hermes-actors[hermes]'), or name the executable: --cli PATH (hermes-actors commands) "
+                            "or cli='PATH' (Python)"), out
     # auto wakes alice with that failure; her wake turn fails the same way: counted, not a DM outcome
     wake = gw.wait_outcome(wake_id(ack["delivery_id"]), timeout=20)
     assert wake["reason"] == "runtime_offline"
@@ -108,3 +114,19 @@ def test_warm_turns_off_at_the_start_are_a_warning_unless_hosted_in_the_gateway(
         assert len(said) == 1 and levels == ["WARNING"], logs.lines
     else:
         assert said == [] and levels == ["INFO"], logs.lines
+
+
+def test_the_no_cli_failure_names_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path given (cli=/--cli) wins over $HERMES_ACTORS_HERMES_CLI; without either, beside python and PATH."""
+    from hermes_actors.hermes.install import cli_not_found_text
+
+    monkeypatch.setenv("HERMES_ACTORS_HERMES_CLI", "/env/hermes")
+    given = HermesCliRunner(str(tmp_path / "given"))
+    with pytest.raises(TurnFailed) as info:
+        given.flags()
+    assert info.value.reason == "runtime_offline"
+    assert info.value.text == cli_not_found_text(str(tmp_path / "given"))
+    assert f"no executable {str(tmp_path / 'given')!r} (the path or name given" in info.value.text
+    assert "'/env/hermes' ($HERMES_ACTORS_HERMES_CLI" in cli_not_found_text()
+    monkeypatch.delenv("HERMES_ACTORS_HERMES_CLI")
+    assert "no `hermes` beside python (" in cli_not_found_text() and "nor on PATH" in cli_not_found_text()

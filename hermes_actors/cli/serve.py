@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from loguru import logger
+
 from actors import RestartPolicy
 from hermes_actors.cli.render import not_managed_note
 from hermes_actors.gateway import Gateway
@@ -19,7 +21,10 @@ from hermes_actors.ops.http_config import HttpSettings
 from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
-__all__ = ["ABANDONED_TEXT", "RESTART_POLICY", "cut_off_text", "serve", "stop_gateway", "stop_text", "waiting_text"]
+__all__ = [
+    "ABANDONED_TEXT", "RESTART_POLICY", "cut_off_text", "missing_cli_warning", "serve", "stop_gateway", "stop_text",
+    "waiting_text",
+]
 
 STOP_GRACE_SECONDS = 30.0
 RESTART_POLICY = RestartPolicy(max_restarts=3, within_seconds=60.0)  # failed gateways restarted, then give up
@@ -65,6 +70,32 @@ def cut_off_text(seconds: float) -> str:
         e.g. "gave up on the running turns after 30 s: their outcome is ambiguous".
     """
     return f"gave up on the running turns after {seconds:.0f} s: their outcome is ambiguous"
+
+
+def missing_cli_warning(runner: Any) -> str | None:
+    """What ``serve`` warns at its start when its real-Hermes runner found no ``hermes`` executable: doctor's
+    verdict (:func:`~hermes_actors.ops.doctor_checks.check_cli`), and what it means for the turns.
+
+    Args:
+        runner: the started gateway's runner.
+
+    Returns:
+        The warning; None when the runner is not the real Hermes' or found its CLI.
+    """
+    from hermes_actors.hermes.cli_runner import HermesCliRunner
+    from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
+    from hermes_actors.ops.doctor_checks import check_cli
+
+    cli_runner = runner.cli if isinstance(runner, WarmOrCliRunner) else runner
+    if not isinstance(cli_runner, HermesCliRunner) or cli_runner.cli_found:
+        return None
+    check = check_cli(None, None, None)
+    if isinstance(runner, WarmOrCliRunner) and not runner.cold:  # warm turns answer: only the fallback is gone
+        from hermes_actors.hermes.install import NO_HERMES_CLI
+
+        return (f"{check.name}: {NO_HERMES_CLI}: warm turns run, but the CLI fallback is unavailable (a turn the "
+                f"hermes API server cannot take fails runtime_offline); fix: {check.fix}")
+    return f"{check.name}: {check.detail} until hermes is installed or --cli is given; fix: {check.fix}"
 
 
 def stop_text(received: signal.Signals | None) -> str:
@@ -258,6 +289,9 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
             print(f"gateway serving {gw.root} as {gw.connection_id or '(no connection id)'}: {names}", flush=True)
             if first and not install_is_managed(discover_profiles(root)):  # served, yet every DM would be refused
                 print(not_managed_note(root), file=sys.stderr, flush=True)
+            no_cli = missing_cli_warning(gw.runner) if first else None
+            if no_cli is not None:  # served, yet every turn (or every CLI turn) would fail runtime_offline
+                logger.warning("{}", no_cli)
             if endpoint is not None:
                 print(f"live page, /metrics and /status on {endpoint.url}", flush=True)
             if on_ready is not None:

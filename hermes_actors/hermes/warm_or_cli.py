@@ -79,6 +79,12 @@ class WarmOrCliRunner:
     def __repr__(self) -> str:
         return f"WarmOrCliRunner({self.warm.server}, cli={self.cli.cli})"
 
+    @property
+    def cold(self) -> bool:
+        """Turns run with the CLI now: the start's probe found the API server not answering, or a turn fell back."""
+        with self._lock:
+            return self._cold
+
     def run_turn(self, turn: Turn) -> str:
         """Run ``turn`` warm, else (never delivered there) with the CLI; the reply.
 
