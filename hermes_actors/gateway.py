@@ -252,6 +252,7 @@ class Gateway:
         *,
         abandon: threading.Event | None = None,
         on_wait: Callable[[int, float], Any] | None = None,
+        on_cut_off: Callable[[], Any] | None = None,
     ) -> None:
         """Stop accepting, let running turns finish within ``timeout``, stop every actor.
 
@@ -268,6 +269,8 @@ class Gateway:
             timeout: seconds running turns get to finish; stop returns as soon as they have.
             abandon: set it (a second Ctrl-C) to stop waiting for running turns at once.
             on_wait: called once with (running turns, ``timeout``) before waiting for them.
+            on_cut_off: called once when that wait ends with turns still running (``timeout`` ran out, or
+                ``abandon`` was set): they are reported ``ambiguous``.
 
         Raises:
             RuntimeError: called from inside one of this gateway's turns (its runner): the stop
@@ -287,7 +290,7 @@ class Gateway:
             self._submit.stop_accepting()
         self._sends.await_all(ASK_TIMEOUT)
         try:
-            final = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait)
+            final = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait, on_cut_off=on_cut_off)
             self._outcomes.keep(final, replace=True)  # a failed Dispatcher handed its own over
         finally:
             if self._submit is not None:  # the root's host until its turns are done (``send`` waits for that)

@@ -167,9 +167,11 @@ class AwaitRestarts:
 
 @dataclass(frozen=True, slots=True)
 class FinalizePending:
-    """Ask the Dispatcher to settle still-pending deliveries: ambiguous when running (stop timeout), else cancelled."""
+    """Ask the Dispatcher to settle still-pending deliveries: ambiguous when running (stop timeout), else cancelled.
 
-    why: str
+    The Dispatcher words each running one's outcome by where its turn runs (``turns.turn_place_at_stop``).
+    """
+
     # deliveries not in here never started: cancelled, or (journaled) they stay journaled for the next start
     running: tuple[str, ...] = ()
 

@@ -278,6 +278,7 @@ class ActorSystem:
         *,
         abandon: threading.Event | None = None,
         on_wait: Callable[[int, float], Any] | None = None,
+        on_cut_off: Callable[[], Any] | None = None,
     ) -> KeptOutcomes:
         """Stop accepting, let running turns finish within ``timeout``, stop every actor: see
         :func:`hermes_actors.facade.shutdown.shut_down`.
@@ -285,7 +286,7 @@ class ActorSystem:
         Returns:
             The settled outcomes the stopped Gateway keeps answering (empty when the stop was not clean).
         """
-        return system_shutdown.shut_down(self, timeout, abandon=abandon, on_wait=on_wait)
+        return system_shutdown.shut_down(self, timeout, abandon=abandon, on_wait=on_wait, on_cut_off=on_cut_off)
 
     # ── what the Gateway's API asks of the running actors ───────────────────
 

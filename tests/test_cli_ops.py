@@ -85,6 +85,47 @@ def test_serve_says_at_start_when_no_profile_is_managed(tmp_path: Path, managed:
     assert ("not Bot-Mode-managed" in err and f"fix: hermes-actors enable --root {root}" in err) is not managed, err
 
 
+def test_serve_warns_at_start_when_no_hermes_cli_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (acceptance review): ``serve`` (hermes runner, no --cli) on a machine without a ``hermes``
+    executable started without a word, and every turn then failed runtime_offline. It warns at the start, with
+    doctor's verdict and fix."""
+    from hermes_actors.cli.serve import serve
+
+    monkeypatch.setenv("HERMES_ACTORS_HERMES_CLI", str(tmp_path / "no-such-hermes"))
+    root = make_root(tmp_path)
+    stop = threading.Event()
+    with LogCapture("WARNING") as logs:
+        assert serve(root, connection_id=None, runner=None, stop=stop, on_ready=lambda _: stop.set()) == 0
+    assert logs.matching("hermes CLI: no `hermes` executable found (beside python, $HERMES_ACTORS_HERMES_CLI, "
+                         "PATH): every turn fails runtime_offline until hermes is installed or --cli is given; fix: "
+                         "install hermes-agent (pip install 'hermes-actors[hermes]') or pass --cli PATH"), logs.lines
+
+
+@pytest.mark.parametrize("warm", ["none", "answering", "not answering"])
+def test_the_missing_cli_warning_says_what_fails(tmp_path: Path, warm: str) -> None:
+    """Warm turns that answer still run without a hermes CLI: only their fallback is gone."""
+    from hermes_actors.cli.serve import missing_cli_warning
+    from hermes_actors.hermes.api_client import ApiServer
+    from hermes_actors.hermes.api_runner import ApiRunner
+    from hermes_actors.hermes.cli_runner import HermesCliRunner
+    from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
+
+    cli = HermesCliRunner(str(tmp_path / "no-such-hermes"))
+    runner: Any = cli if warm == "none" else WarmOrCliRunner(ApiRunner(ApiServer("127.0.0.1", 9, "k" * 16)), cli,
+                                                             cold=warm == "not answering")
+    text = missing_cli_warning(runner)
+    assert text is not None and text.startswith("hermes CLI: no `hermes` executable found") and text.endswith(
+        "fix: install hermes-agent (pip install 'hermes-actors[hermes]') or pass --cli PATH"), text
+    if warm == "answering":
+        assert "warm turns run, but the CLI fallback is unavailable" in text and "every turn" not in text, text
+    else:
+        assert "every turn fails runtime_offline until hermes is installed or --cli is given" in text, text
+    assert missing_cli_warning(HermesCliRunner(shutil.which("sh"))) is None  # found: nothing to say
+    assert missing_cli_warning(RecordingRunner()) is None  # not the real Hermes: no CLI needed
+
+
 def test_serve_names_the_root_and_connection_id_it_serves_as(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, make_root
+from roots import LogCapture, RecordingRunner, make_root
 
 from hermes_actors import Gateway
 from hermes_actors.core.wake import wake_id
 from hermes_actors.demo.bots import DemoRunner
+from hermes_actors.errors import TurnFailed
 from hermes_actors.facade.options import is_real_hermes
 from hermes_actors.hermes import plugin
 from hermes_actors.hermes.api_client import ApiServer
 from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.install import ChatFlags
+from hermes_actors.hermes.select import default_runner
+from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
 from hermes_actors.messages import Turn
 
 
@@ -41,7 +47,12 @@ def test_without_a_hermes_cli_turns_fail_runtime_offline_saying_how_to_install(
     ack = gw.message_agent(sender="alice", target="bob", message="hi")
     out = gw.wait_outcome(ack["delivery_id"], timeout=20)
     assert (out["status"], out["reason"]) == ("failed", "runtime_offline")
-    assert "hermes CLI not found" in out["error"] and "pip install 'hermes-actors[hermes]'" in out["error"]
+    # review: it said "not found or not working at hermes … or pass cli=...": the path it tried, and both
+    # spellings of naming the executable (a CLI user needs --cli PATH)
+    assert out["error"] == (f"hermes CLI not found: no executable {str(tmp_path / 'no-such-hermes')!r} "
+                            "($HERMES_ACTORS_HERMES_CLI, looked up on PATH) — install hermes-agent (pip install "
+                            "'hermes-actors[hermes]'), or name the executable: --cli PATH (hermes-actors commands) "
+                            "or cli='PATH' (Python)"), out
     # auto wakes alice with that failure; her wake turn fails the same way: counted, not a DM outcome
     wake = gw.wait_outcome(wake_id(ack["delivery_id"]), timeout=20)
     assert wake["reason"] == "runtime_offline"
@@ -70,3 +81,52 @@ def test_a_warm_turn_marks_its_session_with_the_hop_while_chat_runs(monkeypatch:
     assert runner.run_turn(Turn(profile="bob", content="x", delivery_id="d1", hop=2)) == "hi"
     assert seen == [("/p/bob/api/sessions/sess-1/chat", 2, 3)]  # a DM from the turn is hop 3
     assert plugin.turn_hop("sess-1") is None and plugin.dm_hop(1, "sess-1") == 1  # the scope ended with the call
+
+
+def _warm_config(port: int) -> dict[str, Any]:
+    """A root's config.yaml naming a hermes API server for warm turns on ``port`` (as ``enable --gateway`` does)."""
+    return {"platforms": {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1", "port": port,
+                                                                    "key": "k" * 32}}},
+            "gateway": {"multiplex_profiles": True}}
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed: connections to it are refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("host", ["serve", "the hermes gateway"])
+def test_warm_turns_off_at_the_start_are_a_warning_unless_hosted_in_the_gateway(tmp_path: Path, host: str) -> None:
+    """Regression (acceptance review): a host started with warm turns configured while the hermes API server did
+    not answer said so at INFO (seen only with -v): its turns silently ran as CLI turns. Inside the gateway, whose
+    own API server starts beside the actors, it stays an info line."""
+    if host == "the hermes gateway":
+        (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
+    with LogCapture("INFO") as logs:
+        runner = default_runner(tmp_path, _warm_config(_closed_port()), cli="/bin/sh", env={})
+    assert isinstance(runner, WarmOrCliRunner)
+    said = logs.matching("warm turns are off at the start: the hermes API server", "does not answer",
+                         "run with the hermes CLI /bin/sh", "hermes gateway run")
+    levels = [r["level"].name for r in logs.records if "hermes API server" in r["message"]]
+    if host == "serve":
+        assert len(said) == 1 and levels == ["WARNING"], logs.lines
+    else:
+        assert said == [] and levels == ["INFO"], logs.lines
+
+
+def test_the_no_cli_failure_names_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path given (cli=/--cli) wins over $HERMES_ACTORS_HERMES_CLI; without either, beside python and PATH."""
+    from hermes_actors.hermes.install import cli_not_found_text
+
+    monkeypatch.setenv("HERMES_ACTORS_HERMES_CLI", "/env/hermes")
+    given = HermesCliRunner(str(tmp_path / "given"))
+    with pytest.raises(TurnFailed) as info:
+        given.flags()
+    assert info.value.reason == "runtime_offline"
+    assert info.value.text == cli_not_found_text(str(tmp_path / "given"))
+    assert f"no executable {str(tmp_path / 'given')!r} (the path or name given" in info.value.text
+    assert "'/env/hermes' ($HERMES_ACTORS_HERMES_CLI" in cli_not_found_text()
+    monkeypatch.delenv("HERMES_ACTORS_HERMES_CLI")
+    assert "no `hermes` beside python (" in cli_not_found_text() and "nor on PATH" in cli_not_found_text()

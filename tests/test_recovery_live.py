@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from roots import make_root
 from hermes_actors import Gateway
 from hermes_actors.core.acks import delivery_record
 from hermes_actors.core.ids import new_delivery_id
-from hermes_actors.core.recovery import plan_recovery, stopped_mid_turn_text
+from hermes_actors.core.recovery import TurnPlace, plan_recovery, running_at_stop_text, stopped_mid_turn_text
 from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.messages import Delivery
 from hermes_actors.store.journal_records import DeliveryState, fold_records
@@ -144,6 +145,57 @@ def test_a_serve_host_restarted_after_a_warm_turn_it_lost_says_hermes_may_have_a
         outcome = gw.wait_outcome(delivery.delivery_id, timeout=10)
     assert outcome["status"] == "ambiguous"
     assert outcome["error"].startswith(stopped_mid_turn_text(True)), outcome
+
+
+class _HeldTurn:
+    """A runner whose turn runs until released; ``place`` says which of the stop's hooks lists it as running."""
+
+    def __init__(self, place: TurnPlace) -> None:
+        self.place = place
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.running: list[str] = []
+
+    def run_turn(self, turn: Any) -> str:
+        self.running.append(turn.delivery_id)
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the turn"
+        return "too late"
+
+    def running_turns(self) -> list[str]:  # a turn process of ours, which the stop ends (stop_turns)
+        return list(self.running) if self.place == "process" else []
+
+    def warm_turns(self) -> list[str]:  # in a hermes gateway apart from this host, which goes on with it
+        return list(self.running) if self.place == "apart" else []
+
+    def stop_turns(self, delivery_ids: Any = None) -> int:
+        self.release.set()
+        return 1
+
+
+@pytest.mark.parametrize(("place", "why"), [
+    ("here", "The turn was still running when the gateway stopped."),  # a Python runner: as before
+    ("process", "The turn was still running when the gateway stopped and was stopped with it; it may have been "
+                "partly done."),
+    # review: a warm turn the stop of serve cut off said only "the gateway stopped", though hermes' gateway did not
+    # stop and went on to answer; a kill -9 of serve got the right words at the next start
+    ("apart", "hermes-actors serve stopped or crashed during the turn, which the hermes gateway ran in its own "
+              "process: hermes may still have answered it."),
+])
+def test_a_turn_still_running_at_a_stop_says_what_became_of_it(tmp_path: Path, place: TurnPlace, why: str) -> None:
+    runner = _HeldTurn(place)
+    gw = Gateway(make_root(tmp_path), runner=runner).start()
+    try:
+        ack = gw.message_agent(sender="alice", target="bob", message="hi")
+        assert runner.entered.wait(20)
+        gw.stop(timeout=0.1)  # the turn is held until released: the stop's wait runs out
+        outcome = gw.wait_outcome(ack["delivery_id"], timeout=0)
+    finally:
+        runner.release.set()
+    assert why == running_at_stop_text(place)
+    assert (outcome["status"], outcome["error"]) == ("ambiguous", f"{why} The message may have been delivered — "
+                                                                   "do not resend."), outcome
+    if place == "apart":  # the one text a stop and a kill -9 of serve give a warm turn
+        assert why == stopped_mid_turn_text(True)
 
 
 def test_a_journal_keeps_the_live_mark_of_a_handoff_through_compaction_and_adoption() -> None:

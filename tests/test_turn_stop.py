@@ -8,11 +8,13 @@ where the bug was in the process's exit: ``send`` and ``serve``.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from roots import assert_gone, make_root, process_alive, write_fake_cli
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors.cli.serve import stop_text, waiting_text
+from hermes_actors.cli.serve import cut_off_text, stop_gateway, stop_text, waiting_text
 from hermes_actors.local.runners import CommandRunner
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 
@@ -273,6 +275,32 @@ def test_serve_on_ctrl_c_says_what_it_waits_for_and_exits_once_the_turn_ends(
     record = json.loads(delivered.read_text(encoding="utf-8"))
     assert record["reply"] == "done A" and record["error"] == ""
     assert_gone(turn["child_pid"])
+    assert "gave up on the running turns" not in serve.stderr() and "abandoned" not in serve.stderr()
+
+
+def test_a_stop_whose_wait_runs_out_says_it_gave_up_on_the_running_turn(tmp_path: Path) -> None:
+    """Regression (acceptance review): one Ctrl-C whose wait for the running turn ran out printed "waiting for 1
+    running turn, up to 30 s; Ctrl-C again to abandon it" then "gateway stopped", never that the turn was cut
+    off (a second Ctrl-C says "abandoned the running turns: their outcome is ambiguous")."""
+    entered, release = threading.Event(), threading.Event()
+
+    def behave(turn: Any) -> str:
+        entered.set()
+        assert release.wait(30), "the test never released the turn"
+        return "too late"
+
+    gw = Gateway(make_root(tmp_path), runner=behave).start()
+    out = io.StringIO()
+    try:
+        ack = gw.message_agent(sender="alice", target="bob", message="a long one")
+        assert entered.wait(20)
+        stop_gateway(gw, received=signal.SIGINT, out=out, timeout=1)  # the turn is held: the wait runs out
+    finally:
+        release.set()
+    assert out.getvalue().splitlines() == ["waiting for 1 running turn, up to 1 s; Ctrl-C again to abandon it",
+                                           "gave up on the running turns after 1 s: their outcome is ambiguous"]
+    assert cut_off_text(1) == out.getvalue().splitlines()[-1]
+    assert gw.wait_outcome(ack["delivery_id"], timeout=0)["status"] == "ambiguous"
 
 
 def test_serve_on_a_second_ctrl_c_abandons_the_turn_as_ambiguous(

@@ -7,6 +7,10 @@ rides along; the wake's own outcome is nobody's DM outcome.
 
 from __future__ import annotations
 
+import ast
+import fcntl
+import os
+import re
 import shlex
 import threading
 from pathlib import Path
@@ -21,6 +25,7 @@ from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.core.wake import wake_id
 from hermes_actors.messages import BOT_CHAT_SESSION, Turn
+from hermes_actors.store.turnlock import turn_lock_path
 
 WAKE_ON = {"bot_mode": {"wake_sender": True}}
 
@@ -492,3 +497,56 @@ def test_a_relay_replys_wake_is_queued_past_its_senders_full_queue(tmp_path: Pat
     alice = [t for t in rec.entered if t.profile == "alice"]
     assert [t.delivery_id for t in alice] == [*before, wake_id(envelope)]
     assert alice[-1].content == "Reply from @moxie on mini: pong"
+
+
+class _RealHermesLike(RecordingRunner):
+    """A recording runner that says its turns run on the real Hermes (``wake_sender: auto`` wakes senders)."""
+
+    real_hermes = True
+
+    def run_turn(self, turn: Turn) -> Any:  # a runner object, not a callable: wrapped, it would lose real_hermes
+        return self(turn)
+
+
+def _readme_no_wake_config() -> dict[str, Any]:
+    """The ``config=`` README gives beside its Python example to wake nobody."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"pass `config=(\{.*?\}\})` to `Gateway`", readme)
+    assert found is not None, "README says next to its Python example how to not wake the sender"
+    config = ast.literal_eval(found.group(1))
+    assert isinstance(config, dict)
+    return config
+
+
+@pytest.mark.parametrize("readme_config", [False, True], ids=["default", "readme-no-wake"])
+def test_the_readme_example_leaves_a_wake_the_next_host_runs_unless_told_not_to(
+    tmp_path: Path, gateways: list[Gateway], readme_config: bool
+) -> None:
+    """Regression (acceptance review): README's Python example (``wait_outcome`` then print, on the real Hermes)
+    left a journaled wake for alice that the next ``serve`` ran as a new turn in her Bot Chat, and README did not
+    say so. It does now, with the config that wakes nobody: both halves are checked here."""
+    config = _readme_no_wake_config() if readme_config else None
+    root = make_root(tmp_path)
+    lock = turn_lock_path(root, "alice")
+    lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # alice's wake cannot begin before the example's gateway stops
+        rec = _RealHermesLike()
+        with Gateway(root, runner=rec, config=config) as gw:  # the README example
+            ack = gw.message_agent(sender="alice", target="bob", message="hi")
+            assert gw.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+        assert [t.profile for t in rec.entered] == ["bob"]
+    finally:
+        os.close(held)  # the flock goes with it
+    nxt = _RealHermesLike()
+    gw2 = start_gateway(gateways, root, nxt, config=config)  # the next host on the root
+    if readme_config:
+        with pytest.raises(KeyError):
+            gw2.wait_outcome(wake_id(ack["delivery_id"]), timeout=1)
+        assert nxt.entered == []
+    else:
+        assert gw2.wait_outcome(wake_id(ack["delivery_id"]), timeout=30)["status"] == "replied"
+        (turn,) = nxt.entered
+        assert (turn.profile, turn.session) == ("alice", BOT_CHAT_SESSION)
+        assert turn.content.startswith("Reply from @bob: ")

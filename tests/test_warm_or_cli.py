@@ -398,3 +398,45 @@ def test_a_turn_runs_apart_from_a_serve_host_but_not_from_the_gateway_hosting_th
     assert runner.runs_apart(turn)  # another process is the gateway
     (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
     assert not runner.runs_apart(turn)  # this process is the hermes gateway hosting the actors
+
+
+class InFlight(Fake):
+    """A warm path that reports its turn in flight while it runs, and what ``warm_turns`` said meanwhile."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.now: list[str] = []
+        self.seen: list[list[str]] = []
+        self.runner: WarmOrCliRunner | None = None
+
+    def in_flight_turns(self) -> list[str]:
+        return list(self.now)
+
+    def run_turn(self, turn: Turn) -> str:
+        self.now.append(turn.delivery_id)
+        try:
+            assert self.runner is not None
+            self.seen.append(self.runner.warm_turns())
+            return super().run_turn(turn)
+        finally:
+            self.now.remove(turn.delivery_id)
+
+
+@pytest.mark.parametrize("gateway", ["another process", "this process"])
+def test_a_stop_is_told_which_turns_run_warm_in_a_gateway_apart_from_this_host(
+    tmp_path: Path, sleeper: Sleeper, gateway: str
+) -> None:
+    """What words a warm turn a stop of ``serve`` cuts off (review: it said only "the gateway stopped", though the
+    hermes gateway went on to answer): listed while it runs in another process's gateway, never once done, never
+    when this process is the gateway (its turns stop with it), and never a turn that fell back to the CLI."""
+    pid = sleeper().pid if gateway == "another process" else os.getpid()
+    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": pid, "kind": "hermes-gateway"}), encoding="utf-8")
+    warm, cli = InFlight("warm"), Fake("cli")
+    runner = WarmOrCliRunner(warm, cli)  # type: ignore[arg-type]
+    warm.runner = runner
+    assert runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path)) == "warm: hi"
+    assert warm.seen == ([["d1"]] if gateway == "another process" else [[]])
+    assert runner.warm_turns() == []  # done: nothing runs in the gateway for us
+    warm.failure = TurnFailed("not reachable", reason="runtime_offline")
+    assert runner.run_turn(Turn(profile="bob", content="b", delivery_id="d2", root=tmp_path)) == "cli: b"
+    assert runner.warm_turns() == []  # it ran with the CLI (its process is what running_turns lists)

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from loguru import logger
+
 from actors import RestartPolicy
 from hermes_actors.cli.render import not_managed_note
 from hermes_actors.gateway import Gateway
@@ -19,7 +21,10 @@ from hermes_actors.ops.http_config import HttpSettings
 from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
-__all__ = ["RESTART_POLICY", "serve", "stop_gateway", "stop_text", "waiting_text"]
+__all__ = [
+    "ABANDONED_TEXT", "RESTART_POLICY", "cut_off_text", "missing_cli_warning", "serve", "stop_gateway", "stop_text",
+    "waiting_text",
+]
 
 STOP_GRACE_SECONDS = 30.0
 RESTART_POLICY = RestartPolicy(max_restarts=3, within_seconds=60.0)  # failed gateways restarted, then give up
@@ -49,6 +54,48 @@ def waiting_text(count: int, seconds: float, *, received: signal.Signals | None)
         return f"{waiting}; Ctrl-C again to abandon {them}"
     others = ", ".join(sig.name for sig in STOP_SIGNALS if sig != received)
     return f"{waiting}; a second {received.name} (or {others}) abandons {them}"
+
+
+#: What a stopping CLI says once a second stop signal abandoned the running turns.
+ABANDONED_TEXT = "abandoned the running turns: their outcome is ambiguous"
+
+
+def cut_off_text(seconds: float) -> str:
+    """Pure: what a stopping CLI says once its wait for running turns ran out (turns were still running).
+
+    Args:
+        seconds: the wait it gave them (the stop's grace).
+
+    Returns:
+        e.g. "gave up on the running turns after 30 s: their outcome is ambiguous".
+    """
+    return f"gave up on the running turns after {seconds:.0f} s: their outcome is ambiguous"
+
+
+def missing_cli_warning(runner: Any) -> str | None:
+    """What ``serve`` warns at its start when its real-Hermes runner found no ``hermes`` executable: doctor's
+    verdict (:func:`~hermes_actors.ops.doctor_checks.check_cli`), and what it means for the turns.
+
+    Args:
+        runner: the started gateway's runner.
+
+    Returns:
+        The warning; None when the runner is not the real Hermes' or found its CLI.
+    """
+    from hermes_actors.hermes.cli_runner import HermesCliRunner
+    from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
+    from hermes_actors.ops.doctor_checks import check_cli
+
+    cli_runner = runner.cli if isinstance(runner, WarmOrCliRunner) else runner
+    if not isinstance(cli_runner, HermesCliRunner) or cli_runner.cli_found:
+        return None
+    check = check_cli(None, None, None)
+    if isinstance(runner, WarmOrCliRunner) and not runner.cold:  # warm turns answer: only the fallback is gone
+        from hermes_actors.hermes.install import NO_HERMES_CLI
+
+        return (f"{check.name}: {NO_HERMES_CLI}: warm turns run, but the CLI fallback is unavailable (a turn the "
+                f"hermes API server cannot take fails runtime_offline); fix: {check.fix}")
+    return f"{check.name}: {check.detail} until hermes is installed or --cli is given; fix: {check.fix}"
 
 
 def stop_text(received: signal.Signals | None) -> str:
@@ -91,7 +138,8 @@ def stop_gateway(gw: Gateway, *, received: signal.Signals | None, out: TextIO | 
     running turns.
 
     Abandoned turns (and those still running after ``timeout``) end with an
-    ``ambiguous`` outcome and their processes are ended.
+    ``ambiguous`` outcome and their processes are ended; either way it says so
+    (:data:`ABANDONED_TEXT`, :func:`cut_off_text`).
 
     Args:
         gw: the running gateway.
@@ -100,22 +148,24 @@ def stop_gateway(gw: Gateway, *, received: signal.Signals | None, out: TextIO | 
         timeout: seconds running turns get to finish.
     """
     stream = out or sys.stderr
-    abandon = threading.Event()
+    abandon, cut_off = threading.Event(), threading.Event()
 
     def on_wait(count: int, seconds: float) -> None:
         print(waiting_text(count, seconds, received=received), file=stream, flush=True)
 
     with MainThreadWait() as waits, _on_signals(lambda _sig: abandon.set()):
         if waits.on_signals:
-            _stop_beside(gw, waits, timeout=timeout, abandon=abandon, on_wait=on_wait)
+            _stop_beside(gw, waits, timeout=timeout, abandon=abandon, on_wait=on_wait, on_cut_off=cut_off.set)
         else:  # not the main thread: no signal handler runs here
-            gw.stop(timeout, abandon=abandon, on_wait=on_wait)
+            gw.stop(timeout, abandon=abandon, on_wait=on_wait, on_cut_off=cut_off.set)
     if abandon.is_set():
-        print("abandoned the running turns: their outcome is ambiguous", file=stream, flush=True)
+        print(ABANDONED_TEXT, file=stream, flush=True)
+    elif cut_off.is_set():  # the wait ran out: the turns were cut off all the same, and said so
+        print(cut_off_text(timeout), file=stream, flush=True)
 
 
 def _stop_beside(gw: Gateway, waits: MainThreadWait, *, timeout: float, abandon: threading.Event,
-                 on_wait: Callable[[int, float], None]) -> None:
+                 on_wait: Callable[[int, float], None], on_cut_off: Callable[[], None]) -> None:
     """``gw.stop`` on a thread of its own while this one waits in ``waits``, where a stop signal reaches it.
 
     The stop waits for running turns on locks no signal interrupts: run on the main thread, a second
@@ -129,7 +179,7 @@ def _stop_beside(gw: Gateway, waits: MainThreadWait, *, timeout: float, abandon:
 
     def stop() -> None:
         try:
-            gw.stop(timeout, abandon=abandon, on_wait=on_wait)
+            gw.stop(timeout, abandon=abandon, on_wait=on_wait, on_cut_off=on_cut_off)
         except BaseException as exc:  # handed to the caller's thread
             failed.append(exc)
         finally:
@@ -239,6 +289,9 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
             print(f"gateway serving {gw.root} as {gw.connection_id or '(no connection id)'}: {names}", flush=True)
             if first and not install_is_managed(discover_profiles(root)):  # served, yet every DM would be refused
                 print(not_managed_note(root), file=sys.stderr, flush=True)
+            no_cli = missing_cli_warning(gw.runner) if first else None
+            if no_cli is not None:  # served, yet every turn (or every CLI turn) would fail runtime_offline
+                logger.warning("{}", no_cli)
             if endpoint is not None:
                 print(f"live page, /metrics and /status on {endpoint.url}", flush=True)
             if on_ready is not None:

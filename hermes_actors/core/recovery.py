@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record, outcome_from_record
@@ -14,10 +14,12 @@ from hermes_actors.messages import Delivery, Outcome
 
 __all__ = [
     "RecoveryPlan",
+    "TurnPlace",
     "known_outcomes",
     "owner_outcome",
     "plan_recovery",
     "readable_states",
+    "running_at_stop_text",
     "stopped_mid_turn_text",
     "unreadable_deliveries",
 ]
@@ -98,11 +100,22 @@ def known_outcomes(states: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {key: state.outcome for key, state in states.items() if state.delivered and state.outcome is not None}
 
 
+# Why a turn its host lost is ``ambiguous``: the one source of these texts, for the next start (recovery)
+# and for a clean stop that settles a turn still running (docs/hermes.md and docs/reliability.md quote them).
 _STOPPED_MID_TURN = "The gateway stopped or crashed during the turn."
 # The host was `hermes-actors serve` and the turn ran warm in the hermes gateway, a process of its own that
 # did not stop with it: "the gateway stopped" read as if hermes had, though it may well have answered.
 _SERVE_STOPPED_MID_WARM_TURN = ("hermes-actors serve stopped or crashed during the turn, which the hermes gateway "
                                 "ran in its own process: hermes may still have answered it.")
+_RUNNING_AT_STOP = "The turn was still running when the gateway stopped."
+# A turn process of ours (the hermes CLI, a command) the stop ends: the words of a timed-out one it ended
+_ENDED_AT_STOP = ("The turn was still running when the gateway stopped and was stopped with it; it may have been "
+                  "partly done.")
+
+#: Where a turn still running at a stop runs: ``apart`` warm in a hermes gateway that is not the host's process
+#: (the stop cannot end it), ``process`` in a turn process of the host's (the stop ends it), ``here`` anywhere
+#: else (in-process runner code, a live owner, another machine).
+TurnPlace = Literal["apart", "process", "here"]
 
 
 def stopped_mid_turn_text(runs_apart: bool) -> str:
@@ -116,6 +129,23 @@ def stopped_mid_turn_text(runs_apart: bool) -> str:
         The text the sender reads before "The message may have been delivered — do not resend."
     """
     return _SERVE_STOPPED_MID_WARM_TURN if runs_apart else _STOPPED_MID_TURN
+
+
+def running_at_stop_text(place: TurnPlace) -> str:
+    """Pure: why a turn still running when its host stopped cleanly is ``ambiguous`` (the stop settles it).
+
+    A warm turn gets the words a ``kill -9`` of the host gets at the next start
+    (:func:`stopped_mid_turn_text`): either way hermes' gateway goes on with it.
+
+    Args:
+        place: where the turn runs (:data:`TurnPlace`).
+
+    Returns:
+        The text the sender reads before "The message may have been delivered — do not resend."
+    """
+    if place == "apart":
+        return stopped_mid_turn_text(True)
+    return _ENDED_AT_STOP if place == "process" else _RUNNING_AT_STOP
 
 
 def owner_outcome(delivery: Delivery, record: dict[str, Any] | None) -> Outcome:

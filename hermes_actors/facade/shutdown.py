@@ -44,6 +44,7 @@ def shut_down(
     *,
     abandon: threading.Event | None = None,
     on_wait: Callable[[int, float], Any] | None = None,
+    on_cut_off: Callable[[], Any] | None = None,
 ) -> KeptOutcomes:
     """Stop accepting, let running turns finish within ``timeout``, stop every actor (see ``Gateway.stop``).
 
@@ -52,6 +53,8 @@ def shut_down(
         timeout: seconds running turns get to finish.
         abandon: once set, stop waiting for running turns.
         on_wait: called once with (running turns, ``timeout``) before waiting for them.
+        on_cut_off: called once when that wait ends with turns still running (``timeout`` ran out, or
+            ``abandon`` was set): they are settled ``ambiguous``. Its errors are logged.
 
     Returns:
         The settled outcomes the stopped Gateway keeps answering, packed as the Dispatcher's book holds them
@@ -78,9 +81,14 @@ def shut_down(
         except pykka.Timeout:
             logger.warning("stop: a crashed ProfileActor did not report within {}s; what it held is settled "
                            "as cancelled (its running turn was settled ambiguous at the crash)", ASK_TIMEOUT)
-        await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait, grace=timeout)
-        why = "The turn was still running when the gateway stopped."
-        ask(dispatcher, FinalizePending(why, tuple(running)), timeout=ASK_TIMEOUT)
+        if not await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait,
+                                   grace=timeout) and on_cut_off is not None:
+            try:
+                on_cut_off()
+            except Exception:
+                logger.exception("stop: the on_cut_off callback failed")
+        # before end_running_turns: the Dispatcher asks the runner which turns have a process it ends
+        ask(dispatcher, FinalizePending(tuple(running)), timeout=ASK_TIMEOUT)
         settled = True
         if system.journal is not None and not system.journal.drain(timeout=ASK_TIMEOUT):
             logger.warning("stop: the journal's last commits did not land in {}s; their outcomes are "

@@ -266,6 +266,11 @@ class ApiRunner:
         with self._lock:
             return self._in_flight.get(profile)
 
+    def in_flight_turns(self) -> list[str]:
+        """The deliveries whose turns hermes is still running for us (their requests are open)."""
+        with self._lock:
+            return list(self._in_flight.values())
+
     def prepare_retry(self, turn: Turn, began: float) -> bool:
         """Before the policy retry: take back the DM the gateway stored when the first attempt failed.
 

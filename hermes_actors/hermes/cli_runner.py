@@ -28,7 +28,10 @@ from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.cli_output import reply_or_failure
 from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.hermes.install import (
+    INSTALL_HERMES,
+    NAME_THE_CLI,
     ChatFlags,
+    cli_not_found_text,
     cli_profile_name,
     detect_chat_flags,
     find_hermes_cli,
@@ -144,6 +147,7 @@ class HermesCliRunner(CommandRunner):
         found = find_hermes_cli(cli)
         super().__init__(found or cli or "hermes", timeout=timeout, dm_base=dm_base, env=env)
         self.cli_found = found is not None
+        self._asked = cli  # named in the failure when nothing was found
         self._flags = flags
 
     def __repr__(self) -> str:
@@ -160,11 +164,13 @@ class HermesCliRunner(CommandRunner):
                 help cannot be run.
         """
         if self._flags is None:
-            detected = detect_chat_flags(self.cli) if self.cli_found else None
-            if detected is None:
+            if not self.cli_found:
+                raise TurnFailed(cli_not_found_text(self._asked), reason=RUNTIME_OFFLINE)
+            detected = detect_chat_flags(self.cli)
+            if detected is None:  # why is in the warning detect_chat_flags logged
                 raise TurnFailed(
-                    f"hermes CLI not found or not working at {self.cli} — install hermes-agent "
-                    "(pip install 'hermes-actors[hermes]') or pass cli=...",
+                    f"hermes CLI {self.cli} does not work (`{self.cli} chat --help` failed, see the log) — "
+                    f"re{INSTALL_HERMES}, or name a working one: {NAME_THE_CLI}",
                     reason=RUNTIME_OFFLINE,
                 )
             self._flags = detected

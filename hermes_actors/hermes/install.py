@@ -28,7 +28,11 @@ from hermes_actors.core.names import PEER_NAME_RE, profile_home
 __all__ = [
     "CLI_ENV_VAR",
     "CLI_PROFILE_RE",
+    "INSTALL_HERMES",
+    "NAME_THE_CLI",
+    "NO_HERMES_CLI",
     "ChatFlags",
+    "cli_not_found_text",
     "cli_profile_name",
     "detect_chat_flags",
     "find_hermes_cli",
@@ -40,6 +44,11 @@ __all__ = [
 ]
 
 CLI_ENV_VAR = "HERMES_ACTORS_HERMES_CLI"
+# What doctor, serve's start and a failed turn say when find_hermes_cli finds nothing, and how to install it
+NO_HERMES_CLI = f"no `hermes` executable found (beside python, ${CLI_ENV_VAR}, PATH)"
+INSTALL_HERMES = "install hermes-agent (pip install 'hermes-actors[hermes]')"
+# How to name the executable, on the command line and in Python: a turn's failure reaches both kinds of user
+NAME_THE_CLI = "--cli PATH (hermes-actors commands) or cli='PATH' (Python)"
 # hermes' own profile-id rule (hermes_cli/main.py _apply_profile_override): lowercase only, the same rule
 # hermes applies to peer names.
 CLI_PROFILE_RE = PEER_NAME_RE
@@ -143,6 +152,31 @@ def find_hermes_cli(explicit: str | os.PathLike[str] | None = None) -> str | Non
         if sibling.is_file() and os.access(sibling, os.X_OK):
             return str(sibling)
     return shutil.which("hermes")
+
+
+def cli_not_found_text(explicit: str | os.PathLike[str] | None = None) -> str:
+    """Where :func:`find_hermes_cli` looked for the hermes executable, having found none, and how to fix it.
+
+    Both spellings of naming it are given: a turn's failure reaches command-line users and Python
+    embedders alike.
+
+    Args:
+        explicit: the executable the caller named (``--cli``, ``cli=``), if any.
+
+    Returns:
+        e.g. "hermes CLI not found: no `hermes` beside python (/venv/bin/hermes) nor on PATH, and
+        $HERMES_ACTORS_HERMES_CLI is not set — install hermes-agent (...), or name the executable: ...".
+    """
+    from_env = os.environ.get(CLI_ENV_VAR)
+    if explicit:
+        where = f"no executable {str(explicit)!r} (the path or name given, looked up on PATH)"
+    elif from_env:
+        where = f"no executable {from_env!r} (${CLI_ENV_VAR}, looked up on PATH)"
+    else:
+        beside = Path(sys.executable).parent / "hermes" if sys.executable else None
+        where = (f"no `hermes` beside python ({beside}) nor on PATH, and ${CLI_ENV_VAR} is not set" if beside
+                 else f"no `hermes` on PATH, and ${CLI_ENV_VAR} is not set")
+    return f"hermes CLI not found: {where} — {INSTALL_HERMES}, or name the executable: {NAME_THE_CLI}"
 
 
 def hermes_python(cli: str) -> str | None:

@@ -28,6 +28,7 @@ from hermes_actors.core.config import load_yaml_file
 from hermes_actors.hermes.api_client import ApiServer
 from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.hermes.cli_runner import HermesCliRunner
+from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
 from hermes_actors.local.runners import TurnRunner
 
@@ -223,8 +224,14 @@ def default_runner(
         logger.warning("the hermes API server {} {}; turns on {} run with the hermes CLI {} (2–4 s of CPU each) until "
                        "it is fixed (hermes-actors doctor --root {} says how)", server, problem.text, root,
                        runner.cli, root)
-    else:
+    elif gateway_pid(root) == os.getpid():  # hosted in that very gateway: its API server is starting beside us
         logger.info("turns on {} run with the hermes CLI {} until the hermes API server {} answers", root,
                     runner.cli, server)
+    else:
+        # Said once, at the start: turns would otherwise run as CLI turns without a word (seen only with -v);
+        # later changes each way are WarmOrCliRunner's "warm turns stopped" warning and its info line
+        logger.warning("warm turns are off at the start: the hermes API server {} {}; turns on {} run with the "
+                       "hermes CLI {} (2–4 s of CPU each) until it answers (start it: HERMES_HOME={} hermes gateway "
+                       "run)", server, problem.text, root, runner.cli, root)
     # The chat request stays open until hermes answers (a turn reported timed out still runs there).
     return WarmOrCliRunner(ApiRunner(server, timeout=max(timeout, WARM_ANSWER_SECONDS)), runner, cold=not answers)

@@ -79,6 +79,12 @@ class WarmOrCliRunner:
     def __repr__(self) -> str:
         return f"WarmOrCliRunner({self.warm.server}, cli={self.cli.cli})"
 
+    @property
+    def cold(self) -> bool:
+        """Turns run with the CLI now: the start's probe found the API server not answering, or a turn fell back."""
+        with self._lock:
+            return self._cold
+
     def run_turn(self, turn: Turn) -> str:
         """Run ``turn`` warm, else (never delivered there) with the CLI; the reply.
 
@@ -206,6 +212,15 @@ class WarmOrCliRunner:
         """At a start: whether the bot's turns run warm in a hermes gateway that is not this process (this host is
         ``serve``), so a turn the previous host lost may still have been answered there."""
         return gateway_pid(turn_root(turn)) != os.getpid()
+
+    def warm_turns(self) -> list[str]:
+        """At a stop: the deliveries whose turns hermes runs now in a gateway that is not this process (this host
+        is ``serve``): the stop cannot end them, and hermes may still answer them."""
+        with self._lock:
+            gateway = self._gateway
+        if gateway is not None and gateway.pid == os.getpid():  # hosted in that gateway: its turns stop with it
+            return []
+        return self.warm.in_flight_turns()
 
     def never_reached(self, turn: Turn, since: float) -> bool:
         """At a start: whether a wake the previous host started never reached the bot, warm or by the CLI

@@ -35,6 +35,7 @@ import pykka
 from actors import ChildFailed, RestartPolicy, SupervisorActor, handles, tell
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import profile_key
+from hermes_actors.core.recovery import running_at_stop_text
 from hermes_actors.core.targets import LocalRoute, Refusal
 from hermes_actors.errors import TurnFailed
 from hermes_actors.local.admission import Admission, CallerAdmission
@@ -52,7 +53,7 @@ from hermes_actors.local.relay_in import RelayInAnswer, relay_in_step
 from hermes_actors.local.relay_link import RelayLink
 from hermes_actors.local.remote_sends import PeerSubmit, RemoteSends
 from hermes_actors.local.restart_waiters import RestartWaiters
-from hermes_actors.local.turns import TurnFactory, turn_never_reached, turn_runs_apart
+from hermes_actors.local.turns import TurnFactory, turn_never_reached, turn_place_at_stop, turn_runs_apart
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import (
     AcceptLocal,
@@ -377,13 +378,18 @@ class DispatcherActor(SupervisorActor):
 
     @handles(FinalizePending)
     def _on_finalize(self, msg: FinalizePending) -> int:
-        """Settle what is still pending: ambiguous if it may have run, else cancelled (``OutcomeFlow.finalize``)."""
+        """Settle what is still pending: ambiguous if it may have run, else cancelled (``OutcomeFlow.finalize``).
+
+        A running turn's outcome says what became of it (``running_at_stop_text``): ended with its process,
+        going on in hermes' gateway, or only still running.
+        """
         self.profiles.stop_waiting()
-        for key in msg.running:
+        whys = {key: running_at_stop_text(turn_place_at_stop(self.deps.runner, key)) for key in msg.running}
+        for key, why in whys.items():
             entry = self.book.entry(key)
             if entry is not None:  # still running: a live owner's DM has its mailbox record say ambiguous too
-                live_gave_up(self.snapshot.index, entry.delivery, msg.why)
-        return self.flow.finalize(msg.running, msg.why)
+                live_gave_up(self.snapshot.index, entry.delivery, why)
+        return self.flow.finalize(whys)
 
     @handles(ExportOutcomes)
     def _on_export(self, msg: ExportOutcomes) -> KeptOutcomes:

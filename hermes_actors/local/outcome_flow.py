@@ -14,7 +14,7 @@ settles what is still pending with :meth:`OutcomeFlow.finalize`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from loguru import logger
@@ -337,14 +337,13 @@ class OutcomeFlow:
         if not self.finalized:
             self.durability.write_held()
 
-    def finalize(self, running: tuple[str, ...], why: str) -> int:
+    def finalize(self, running: Mapping[str, str]) -> int:
         """Settle what is still pending at a stop: ambiguous if it may have run, else cancelled.
 
         Args:
-            running: the ids of the turns still running (they may have reached their target); every
-                other one never started (e.g. queued on a ProfileActor stuck in a turn, that could
-                not cancel it itself).
-            why: the text of the ambiguous outcomes.
+            running: the ids of the turns still running (they may have reached their target), each with the
+                text of its ambiguous outcome; every other one never started (e.g. queued on a ProfileActor
+                stuck in a turn, that could not cancel it itself).
 
         Returns:
             How many were settled (the relay's own sends and never-started journaled DMs stay).
@@ -366,7 +365,7 @@ class OutcomeFlow:
                     self.settle(outcomes.cancelled(key, entry.delivery.label))  # a relayed-in one goes back
                     count += 1
                 continue
-            outcome = outcomes.ambiguous(key, entry.delivery.label, why)
+            outcome = outcomes.ambiguous(key, entry.delivery.label, running[key])
             # A peer DM's outcome is journaled as it arrives (see settle): one still under way is, too.
             remember = entry.journaled or entry.route == "peer"
             # shutting down: write it now rather than through the async group commit

@@ -25,6 +25,9 @@ keeps the first failure; see :func:`hermes_actors.local.turns.retry_allowed`),
 stays ambiguous; see :func:`hermes_actors.local.turns.turn_never_reached`), and ``runs_apart(turn)
 -> bool`` words why such a turn is ambiguous (True: it ran warm in a hermes gateway apart from
 this host, which may still have answered it; :func:`hermes_actors.local.turns.turn_runs_apart`).
+At a stop, ``running_turns()`` and ``warm_turns()`` (the deliveries whose turn runs now in a turn
+process the stop ends, or warm in a hermes gateway apart from this host) word the ``ambiguous``
+outcome of a turn still running (:func:`hermes_actors.local.turns.turn_place_at_stop`).
 
 The real ``hermes`` CLI runner is :class:`~hermes_actors.local.command_runner.CommandRunner`;
 the pieces of one CLI process it shares with the Hermes runners are in

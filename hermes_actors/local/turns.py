@@ -42,6 +42,7 @@ from hermes_actors.core.reasons import (
     normalize_reason,
     retry_action,
 )
+from hermes_actors.core.recovery import TurnPlace
 from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
@@ -64,6 +65,7 @@ __all__ = [
     "turn_factory_here",
     "turn_for",
     "turn_never_reached",
+    "turn_place_at_stop",
     "turn_runs_apart",
 ]
 
@@ -235,6 +237,34 @@ def turn_runs_apart(runner: TurnRunner, turn: Turn) -> bool:
     except BaseException as exc:  # runner code: only the wording of the outcome depends on it
         logger.log(_hook_level(exc), "cannot tell where the turn {} ran: {}", turn.delivery_id, describe_error(exc))
         return False
+
+
+def turn_place_at_stop(runner: TurnRunner, delivery_id: str) -> TurnPlace:
+    """At a clean stop: where the turn of ``delivery_id``, still running, runs (it words the turn's ``ambiguous``
+    outcome, :func:`~hermes_actors.core.recovery.running_at_stop_text`).
+
+    Asked before the stop ends the turn processes: ``process`` when the runner's optional
+    ``running_turns()`` lists it (its process is ended now), ``apart`` when its optional
+    ``warm_turns()`` does (hermes runs it in a gateway process of its own, which goes on with it).
+
+    Args:
+        runner: the turn runner.
+        delivery_id: the running turn's delivery.
+
+    Returns:
+        ``process``, ``apart`` or ``here`` (neither hook lists it, there is none, or one raised).
+    """
+    hooks: tuple[tuple[str, TurnPlace], ...] = (("running_turns", "process"), ("warm_turns", "apart"))
+    for hook_name, place in hooks:
+        hook = getattr(runner, hook_name, None)
+        if not callable(hook):
+            continue
+        try:
+            if delivery_id in hook():
+                return place
+        except BaseException as exc:  # runner code: only the wording of the outcome depends on it
+            logger.log(_hook_level(exc), "cannot tell where the turn {} runs: {}", delivery_id, describe_error(exc))
+    return "here"
 
 
 def _hook_level(exc: BaseException) -> str:

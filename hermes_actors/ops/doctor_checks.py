@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_actors.core.config import parse_config, unknown_keys
-from hermes_actors.hermes.install import CLI_PROFILE_RE, profile_home
+from hermes_actors.hermes.install import CLI_PROFILE_RE, INSTALL_HERMES, NO_HERMES_CLI, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.transports.redis.store import certificate_fix
@@ -61,9 +61,8 @@ def blocking(checks: list[Check]) -> bool:
 def check_cli(cli: str | None, version: str | None, error: str | None) -> Check:
     """Pure: the hermes CLI and its version."""
     if cli is None:
-        return Check("hermes CLI", BLOCK, "no `hermes` executable found (beside python, $HERMES_ACTORS_HERMES_CLI, "
-                     "PATH): every turn fails runtime_offline",
-                     "install hermes-agent (pip install 'hermes-actors[hermes]') or pass --cli PATH")
+        return Check("hermes CLI", BLOCK, f"{NO_HERMES_CLI}: every turn fails runtime_offline",
+                     f"{INSTALL_HERMES} or pass --cli PATH")
     if error is not None:
         return Check("hermes CLI", BLOCK, f"{cli} does not run: {error}",
                      "reinstall hermes-agent, or point --cli at a working hermes")
