@@ -40,8 +40,10 @@ __all__ = [
     "ToDeliver",
     "drain_envelope",
     "drain_outbox",
+    "expiry_deadline",
     "expiry_of",
     "expiry_reply",
+    "settle_claimed",
 ]
 
 Box = Literal["outbox", "inbox"]
@@ -147,13 +149,31 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
         return NotOurs(envelope_id, str(exc))
     if claimed is None:
         return NotOurs(envelope_id)
+    return settle_claimed(paths, box, claimed, ttl=ttl, now=now)
+
+
+def settle_claimed(paths: InboxPaths, box: Box, claimed: Path, *, ttl: float, now: float) -> DrainResult:
+    """Read an envelope already claimed onto ``claimed``, quarantine it when hostile, and decide what it needs.
+
+    The second half of :func:`drain_envelope`, for a claim made earlier (a shelf adopted from a dead process).
+
+    Args:
+        paths: the relay layout of the root the envelope waited in.
+        box: where it was claimed from (``"inbox"``: it carries its ``reply_connection``).
+        claimed: the claimed file.
+        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
+        now: the current time.
+
+    Returns:
+        :class:`ToDeliver`, :class:`Expired`, :class:`Quarantined`, or :class:`NotOurs` when the file vanished.
+    """
     try:
         envelope, reply_connection = _read(paths, box, claimed)
     except FileNotFoundError:
-        return NotOurs(envelope_id, "the claimed file vanished")
+        return NotOurs(claimed.stem, "the claimed file vanished")
     except (OSError, ValidationError) as exc:
         quarantine(paths.relay, claimed, str(exc))
-        return Quarantined(envelope_id, str(exc))
+        return Quarantined(claimed.stem, str(exc))
     reply = expiry_of(envelope, claimed, ttl=ttl, now=now)
     if reply is not None:
         return Expired(envelope, reply, reply_connection)
@@ -169,10 +189,24 @@ def expiry_of(envelope: dict[str, Any], path: Path, *, ttl: float, now: float) -
         ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
         now: the current time.
     """
-    ttl = rp.seed_ttl(ttl)
-    if ttl > 0 and rp.is_expired(envelope, ttl, now, fallback_created=_mtime(path)):
-        return expiry_reply(envelope, ttl, now)
+    deadline = expiry_deadline(envelope, ttl=ttl, mtime=_mtime(path))
+    if deadline is not None and now > deadline:
+        return expiry_reply(envelope, rp.seed_ttl(ttl), now)
     return None
+
+
+def expiry_deadline(envelope: dict[str, Any], *, ttl: float, mtime: float | None) -> float | None:
+    """Pure: when :func:`expiry_of` starts answering ``envelope`` expired (wall-clock time).
+
+    Args:
+        envelope: the decoded envelope.
+        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
+        mtime: its file's mtime (ages an envelope without ``created_at``, as the seed does); None: unknown.
+
+    Returns:
+        The time past which it is expired; None when it never expires (TTL off).
+    """
+    return rp.expires_at(envelope, rp.seed_ttl(ttl), fallback_created=mtime)
 
 
 def drain_outbox(paths: InboxPaths, *, ttl: float, now: float | None = None) -> list[dict[str, Any]]:

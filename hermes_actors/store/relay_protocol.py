@@ -259,6 +259,29 @@ def expired_error_text(handle: str, conn: str, ttl: float, *, via: str = "") -> 
     )
 
 
+def expires_at(envelope: Mapping[str, Any], ttl: float, *, fallback_created: float | None = None) -> float | None:
+    """When an envelope's wait passes ``ttl``: once the clock is past it, :func:`is_expired` says True.
+
+    Args:
+        envelope: the (decoded) envelope.
+        ttl: the TTL in seconds; ``<= 0`` disables expiry.
+        fallback_created: the time to use when ``created_at`` is missing or
+            zero (the seed falls back to the file's mtime).
+
+    Returns:
+        ``created_at + ttl``; None when expiry is disabled; ``-inf`` when no
+        creation time is known at all (never deliver something of unknown age late).
+    """
+    if ttl <= 0:
+        return None
+    created = envelope.get("created_at")
+    if not _is_number(created) or not created:
+        created = fallback_created
+    if created is None:
+        return -math.inf
+    return float(created) + ttl
+
+
 def is_expired(
     envelope: Mapping[str, Any], ttl: float, now: float, *, fallback_created: float | None = None
 ) -> bool:
@@ -272,14 +295,8 @@ def is_expired(
             zero (the seed falls back to the file's mtime).
 
     Returns:
-        True when ``now - created_at > ttl``; also True when no creation time
-        is known at all (never deliver something of unknown age late).
+        True when ``now`` is past :func:`expires_at` (``now - created_at > ttl``); also True when no
+        creation time is known at all.
     """
-    if ttl <= 0:
-        return False
-    created = envelope.get("created_at")
-    if not _is_number(created) or not created:
-        created = fallback_created
-    if created is None:
-        return True
-    return bool(now - created > ttl)
+    deadline = expires_at(envelope, ttl, fallback_created=fallback_created)
+    return deadline is not None and now > deadline
