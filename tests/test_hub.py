@@ -657,3 +657,20 @@ def test_a_gateway_starting_while_the_hub_expires_its_inbox_gives_every_dm_exact
         reply = reply_of(alpha, env["id"])
         assert reply is not None
         assert (reply["reason"] == "queued_expired") == (env["id"] not in ran), (reply, ran)
+
+
+def test_a_malformed_envelope_the_hub_quarantines_is_answered_not_delivered(two_roots: tuple[Path, Path]) -> None:
+    """Regression (seed-interop review, s3): a seed-format envelope with hop 1001 (or "3", true, -1, 2.0) was
+    quarantined by the hub with no reply: its sender waited reply_wait_seconds and was then told it "may still be
+    delivered". The sender now gets an error reply at once (reason unknown) saying it was NOT delivered."""
+    alpha, mini = two_roots
+    bad = {**seed_envelope(target_connection="mini", target_profile="moxie"), "hop": 1001}
+    with hub_thread({"alpha": alpha, "mini": mini}):
+        seed_write_json(alpha / "bot_relay" / "outbox" / f"{bad['id']}.json", bad, prefix=".env-")
+        await_condition(lambda: reply_of(alpha, bad["id"]), timeout=30, message="the error reply")
+    reply = reply_of(alpha, bad["id"])
+    assert reply is not None and reply["reason"] == "unknown" and reply["reply"] == ""
+    assert "malformed" in str(reply["error"]) and "'hop'" in str(reply["error"]) and "NOT delivered" in str(
+        reply["error"])
+    assert rf.list_ids(mini / "bot_relay" / "inbox") == []
+    assert list((alpha / "bot_relay" / "quarantine").glob(f"{bad['id']}.json.*.quarantined"))

@@ -40,7 +40,7 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.messages import InboxDeadline, RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.main_thread_wait import MainThreadWait
-from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope, expiry_deadline, settle_claimed
+from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, expiry_deadline, settle_claimed
 from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -249,6 +249,10 @@ class HubActor(TypedActor):
             crashpoint("hub-after-claim-before-post")
             self._route(source, result.envelope)
         else:
+            if isinstance(result, Quarantined) and result.reply is not None:  # its sender is told: NOT delivered
+                self.counters["refused"] += 1
+                if self._reply(source, result.reply) is not None:
+                    self._log(envelope_id, f"?@{source.name}", "?", result.reply, None)
             return  # another drainer won the rename, or the file was quarantined
         self._file_claim(source, envelope_id)
 

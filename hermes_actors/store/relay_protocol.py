@@ -155,6 +155,34 @@ def make_envelope(
     envelope.update(extra or {})
     return parse_envelope(envelope)
 
+def malformed_reply(data: Any, *, file_id: str, why: str, now: float) -> dict[str, Any] | None:
+    """Pure: the error reply for an envelope refused as malformed, when it may be answered at all.
+
+    Its sender waits for ``replies/<id>.json``: without an answer it waits ``reply_wait_seconds`` and is
+    then told the DM "may still be delivered", which is false. Only a JSON object whose ``id`` passes the
+    same rules as ever (32 lowercase hex, equal to its file's name) is answered: an id that fails them never
+    names a reply file.
+
+    Args:
+        data: the decoded document that failed :func:`parse_envelope`.
+        file_id: the stem of the file it came from.
+        why: the validation error, naming the bad field.
+        now: the current time.
+
+    Returns:
+        The reply record (reason ``unknown``), or None.
+    """
+    if not isinstance(data, dict):
+        return None
+    try:
+        envelope_id = validate_delivery_id(data.get("id"), what="envelope id", file_id=file_id)
+    except ValidationError:
+        return None
+    text = (f"the relay refused the message: its envelope is malformed ({why}), so it was NOT delivered. "
+            "Resending it unchanged fails the same way.")
+    return make_reply(envelope_id, error=text, reason="unknown", now=now)
+
+
 # A reply file holds a model's answer: its text (and error) is bounded where every outcome's is
 # (``outcomes.TEXT_MAX_BYTES``, cut with a note) and reply files are read up to REPLY_FILE_MAX_BYTES, room for
 # both even if JSON escaped every byte of them (\u00XX: 6 bytes each). Other relay files stay at 1 MiB.
