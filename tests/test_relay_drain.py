@@ -158,3 +158,18 @@ def test_drain_outbox_answers_a_malformed_envelope_in_replies(paths: InboxPaths)
     assert drain_outbox(paths, ttl=TTL, now=NOW) == []
     reply = rf.read_reply(paths.relay, bad["id"])
     assert reply is not None and reply["reason"] == "unknown" and "'hop'" in reply["error"]
+
+
+@pytest.mark.parametrize("box", ["outbox", "inbox"])
+@pytest.mark.parametrize(("age", "expected"), [(10.0, ToDeliver), (TTL + 10, Expired)])
+def test_a_numeric_string_created_at_is_delivered_or_expired_by_its_value(
+    paths: InboxPaths, box: Any, age: float, expected: type,
+) -> None:
+    """Regression (seed-interop review, s3): the seed's reader takes ``"created_at": "1796595038"``; we quarantined
+    such an envelope unanswered. It is now delivered, or expired by that time, as the seed would."""
+    record = {**_envelope(0.0), "created_at": str(int(NOW - age)),
+              **({"reply_connection": "studio"} if box == "inbox" else {})}
+    _plant(paths, box, record)
+    result = drain_envelope(paths, box, record["id"], ttl=TTL, now=NOW)
+    assert type(result) is expected
+    assert isinstance(result, ToDeliver | Expired) and result.envelope["created_at"] == int(NOW - age)

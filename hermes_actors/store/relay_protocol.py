@@ -68,6 +68,36 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def parse_created_at(value: Any) -> int | float:
+    """Pure: an envelope's ``created_at`` read as the seed reads it, ``float(env.get("created_at") or mtime)``.
+
+    The seed's reader takes a numeric string (``"1796595038"``) as well as a number, so a
+    seed or Desktop writing one is delivered on both sides alike.
+
+    Args:
+        value: the decoded ``created_at`` (anything).
+
+    Returns:
+        0 for a missing, null, zero or empty value (unknown: aged from the file's mtime, as the
+        seed does); otherwise the finite number it is or its string reads as (a whole one as an int).
+
+    Raises:
+        ValidationError: any other value (a bool, a list, a string that is no finite number, NaN, inf).
+    """
+    if not value:
+        return 0  # missing, null, zero, "" (any falsy value): the seed falls back to the file's mtime
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number):
+            return int(number) if number.is_integer() else number
+    elif _is_number(value):
+        return float(value) if isinstance(value, float) else int(value)
+    raise ValidationError(f"envelope field 'created_at' is not a number: {value!r}")
+
+
 def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     """Validate a decoded envelope.
 
@@ -80,8 +110,9 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         our extra field, may be absent (a seed's envelope, a first DM); present,
         it must be an integer from 0 to ``MAX_HOP`` (``core.hops.is_hop``:
         the one rule for a hop from outside, whichever transport carried it;
-        it feeds the target's loop guard). A missing, null or zero
-        ``created_at`` is accepted as ``0`` (unknown: the seed uses the
+        it feeds the target's loop guard). ``created_at`` is read by
+        :func:`parse_created_at` (a numeric string becomes its number); a
+        missing, null or zero one is ``0`` (unknown: the seed uses the
         file's mtime instead, and so does :func:`is_expired` given
         ``fallback_created``).
 
@@ -91,11 +122,7 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValidationError(f"envelope is not a JSON object: {type(data).__name__}")
     validate_delivery_id(data.get("id"), what="envelope id", file_id=file_id)
-    created = data.get("created_at")
-    if not created:
-        created = 0  # missing, null, zero (any falsy value): the seed falls back to the file's mtime
-    elif not _is_number(created):
-        raise ValidationError(f"envelope field 'created_at' is not a number: {created!r}")
+    created = parse_created_at(data.get("created_at"))
     for key in _ENVELOPE_NAME_FIELDS:
         value = data.get(key)
         if not isinstance(value, str) or not HANDLE_RE.match(value):
