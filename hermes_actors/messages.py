@@ -647,3 +647,11 @@ class Disband:
 @dataclass(frozen=True, slots=True)
 class RosterPush:
     """Timer (hub): push every root the others' roster with online flags."""
+
+
+@dataclass(frozen=True, slots=True)
+class InboxDeadline:
+    """Timer (hub): an envelope the hub found in ``connection``'s ``inbox/`` reaches its sender's TTL."""
+
+    connection: str
+    envelope_id: str

@@ -8,6 +8,7 @@ import stat
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from crash_procs import SIGNAL_ANOTHER_THREAD
@@ -479,3 +480,197 @@ def test_the_hub_stops_on_a_signal_handed_to_another_thread_than_main(
                           env=env, timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert "relay hub running for alpha, mini" in proc.stdout
+
+
+# ── a DM left in an inbox/ no gateway of ours takes (a seed-served root): the sender's TTL bounds its wait ──
+
+
+def _ttl_roots(tmp_path: Path, ttl: float) -> tuple[Path, Path]:
+    """alpha (the sender, with ``ttl``) and mini (the target, default TTL), no gateway of ours on either."""
+    config = {"bot_mode": {"envelope_ttl_seconds": ttl}}
+    return (make_root(tmp_path, {"alice": {}}, name="alpha", config=config),
+            make_root(tmp_path, {"moxie": {}}, name="mini"))
+
+
+def _posted(alpha: Path, mini: Path, *, age: float) -> dict[str, object]:
+    """An envelope from alpha the hub posted to mini's inbox/ ``age`` seconds ago (as ``post_to_inbox`` does)."""
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    env = seed_envelope(target_connection="mini", target_profile="moxie", created_at=time.time() - age)
+    post_to_inbox(InboxPaths.from_root(mini).ensure(), env, "alpha")
+    return env
+
+
+def _held_by_the_hub(mini: Path) -> list[Path]:
+    return [p for p in (mini / "bot_relay" / "hubclaims" / "expiring").rglob("*.json")]
+
+
+def test_a_dm_waiting_in_an_inbox_no_gateway_of_ours_reads_is_answered_expired_at_the_senders_ttl(
+    tmp_path: Path,
+) -> None:
+    """Regression (seed-interop review, s12b): the hub took the DM out of the sender's outbox/ (where the sender's
+    own TTL expiry looks) into the inbox/ of a root no gateway of ours serves (a seed gateway never reads it), and
+    nothing ever expired it there: the sender waited reply_wait_seconds and was told ``delivery_timeout`` "may
+    still be delivered", though nothing would ever read that inbox. The hub now answers it ``queued_expired``,
+    the seed's text with the sender root's TTL, once it waited past that TTL."""
+    alpha, mini = _ttl_roots(tmp_path, 2)
+    env = seed_envelope(target_connection="mini", target_profile="moxie")
+    with LogCapture("INFO") as logs, hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.5):
+        seed_write_json(alpha / "bot_relay" / "outbox" / f"{env['id']}.json", env, prefix=".env-")
+        await_condition(lambda: reply_of(alpha, env["id"]), timeout=30, message="the expiry reply")
+        await_condition(lambda: not _held_by_the_hub(mini), timeout=10, message="off the hub's shelf")
+    reply = reply_of(alpha, env["id"])
+    assert reply is not None and reply["reason"] == "queued_expired", reply
+    assert reply["error"] == rp.expired_error_text("moxie", "mini", 2)
+    assert int(reply["at"]) - int(env["created_at"]) >= 2  # not before the TTL ran out (both whole seconds)
+    assert rf.list_ids(mini / "bot_relay" / "inbox") == []  # no late delivery by a gateway started later
+    assert len(logs.matching(f"hub: delivery {env['id']} @alice@alpha → @moxie@mini: failed [queued_expired]")) == 1
+
+
+def _manual_hub(alpha: Path, mini: Path) -> tuple[Any, Any]:
+    from actors import ManualScheduler
+
+    scheduler = ManualScheduler()
+    return HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)], scheduler=scheduler), scheduler
+
+
+def test_a_fresh_dm_in_such_an_inbox_is_left_for_its_taker_until_its_deadline(tmp_path: Path) -> None:
+    from actors import FileRemoved, Rescan
+
+    alpha, mini = _ttl_roots(tmp_path, 60)
+    env = _posted(alpha, mini, age=0)
+    hub, scheduler = _manual_hub(alpha, mini)
+    try:
+        hub.ask(Rescan("manual"), timeout=30)
+        scheduler.advance(30)  # half its TTL: nothing is due
+        hub.ask(FileRemoved(mini / "x"), timeout=30)  # every message told before this one is handled
+        assert rf.list_ids(mini / "bot_relay" / "inbox") == [env["id"]]
+        assert reply_of(alpha, env["id"]) is None
+    finally:
+        hub.stop()
+
+
+def test_a_gateway_taking_the_dm_at_its_deadline_owns_it_and_the_hub_answers_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race: the hub's deadline fires and a gateway takes the envelope at that very moment (between the
+    hub's look into inbox/ and its own rename). The rename decides: the gateway owns it (its turn runs, its
+    reply is the one), and the hub writes no queued_expired: a turn never runs AND is answered expired."""
+    from actors import FileRemoved, Rescan
+    from hermes_actors.relay import drain
+    from hermes_actors.store.relay_shelf import Shelf
+
+    alpha, mini = _ttl_roots(tmp_path, 2)
+    env = _posted(alpha, mini, age=100)
+    paths_m = InboxPaths.from_root(mini)
+    gateway_shelf = Shelf(paths_m.taken_parent, within=mini)
+    gateway = paths_m.on_shelf(gateway_shelf.open())
+    real_take = drain.take_from_inbox
+    takes: list[object] = []
+
+    def gateway_first(paths: InboxPaths, envelope_id: str) -> Path | None:
+        if paths.taken != gateway.taken and not takes:  # the hub's take: a gateway's rename lands just before it
+            takes.append(real_take(gateway, envelope_id))
+        return real_take(paths, envelope_id)
+
+    monkeypatch.setattr(drain, "take_from_inbox", gateway_first)
+    hub, scheduler = _manual_hub(alpha, mini)
+    try:
+        hub.ask(Rescan("manual"), timeout=30)
+        assert scheduler.advance(1) >= 1  # the deadline (already past) fires
+        hub.ask(FileRemoved(mini / "x"), timeout=30)
+        counters = hub.proxy().counters.get(timeout=30)
+    finally:
+        hub.stop()
+        gateway_shelf.close()
+    assert takes == [gateway.taken / f"{env['id']}.json"]  # the gateway won the rename
+    assert (gateway.taken / f"{env['id']}.json").exists()  # and holds it: its turn runs, its reply answers
+    assert reply_of(alpha, env["id"]) is None
+    assert counters["expired"] == 0
+    assert not _held_by_the_hub(mini)
+
+
+def test_the_hub_taking_the_dm_at_its_deadline_answers_it_once_and_no_gateway_finds_it(tmp_path: Path) -> None:
+    from actors import FileRemoved, Rescan
+    from hermes_actors.store.relay_inbox import take_from_inbox
+    from hermes_actors.store.relay_shelf import Shelf
+
+    alpha, mini = _ttl_roots(tmp_path, 2)
+    env = _posted(alpha, mini, age=100)
+    hub, scheduler = _manual_hub(alpha, mini)
+    try:
+        hub.ask(Rescan("manual"), timeout=30)
+        hub.ask(Rescan("manual"), timeout=30)  # a second pass keeps one deadline, not two
+        assert scheduler.advance(1) >= 1
+        hub.ask(FileRemoved(mini / "x"), timeout=30)
+        assert scheduler.advance(10) >= 0
+        hub.ask(Rescan("manual"), timeout=30)
+        counters = hub.proxy().counters.get(timeout=30)
+    finally:
+        hub.stop()
+    reply = reply_of(alpha, env["id"])
+    assert reply is not None and reply["reason"] == "queued_expired"
+    assert reply["error"] == rp.expired_error_text("moxie", "mini", 2)
+    assert counters["expired"] == 1
+    shelf = Shelf(InboxPaths.from_root(mini).taken_parent, within=mini)
+    late_gateway = InboxPaths.from_root(mini).on_shelf(shelf.open())
+    try:
+        assert take_from_inbox(late_gateway, env["id"]) is None  # gone from inbox/: no gateway ever runs it
+    finally:
+        shelf.close()
+    assert not _held_by_the_hub(mini)
+
+
+def test_a_hub_killed_after_taking_an_expired_dm_leaves_it_to_the_next_hub_which_answers_it(tmp_path: Path) -> None:
+    from hermes_actors.store.relay_inbox import take_from_inbox
+    from hermes_actors.store.relay_shelf import Shelf
+
+    alpha, mini = _ttl_roots(tmp_path, 2)
+    env = _posted(alpha, mini, age=100)
+    paths_m = InboxPaths.from_root(mini)
+    dead = Shelf(paths_m.hubclaims / "expiring", within=mini)  # the killed hub's shelf: its lock is released below
+    assert take_from_inbox(paths_m.on_shelf(dead.open()), env["id"]) is not None
+    dead.close()  # a shelf still holding an envelope stays, unlocked: the next hub adopts it
+    hub, _ = _manual_hub(alpha, mini)
+    hub.stop()
+    reply = reply_of(alpha, env["id"])
+    assert reply is not None and reply["reason"] == "queued_expired"
+    assert not _held_by_the_hub(mini) and rf.list_ids(mini / "bot_relay" / "inbox") == []
+
+
+def test_a_gateway_starting_while_the_hub_expires_its_inbox_gives_every_dm_exactly_one_outcome(
+    tmp_path: Path,
+) -> None:
+    """The race for real: DMs whose sender TTL runs out around the moment our gateway starts on the target. Each
+    is either run by the gateway (its reply is the turn's) or answered queued_expired by the hub (never run):
+    never both, never neither."""
+    alpha, mini = _ttl_roots(tmp_path, 3)
+    envs = [_posted(alpha, mini, age=age) for age in (0, 1, 2, 2, 3, 3, 3, 4, 4, 5)]
+    rec = RecordingRunner()
+    with hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.2), \
+            Gateway(mini, runner=rec, connection_id="mini"):
+        for env in envs:
+            await_condition(lambda e=env: reply_of(alpha, e["id"]), timeout=60, message=f"reply to {env['id']}")
+    ran = [t.delivery_id for t in rec.entered]
+    assert len(ran) == len(set(ran))
+    for env in envs:
+        reply = reply_of(alpha, env["id"])
+        assert reply is not None
+        assert (reply["reason"] == "queued_expired") == (env["id"] not in ran), (reply, ran)
+
+
+def test_a_malformed_envelope_the_hub_quarantines_is_answered_not_delivered(two_roots: tuple[Path, Path]) -> None:
+    """Regression (seed-interop review, s3): a seed-format envelope with hop 1001 (or "3", true, -1, 2.0) was
+    quarantined by the hub with no reply: its sender waited reply_wait_seconds and was then told it "may still be
+    delivered". The sender now gets an error reply at once (reason unknown) saying it was NOT delivered."""
+    alpha, mini = two_roots
+    bad = {**seed_envelope(target_connection="mini", target_profile="moxie"), "hop": 1001}
+    with hub_thread({"alpha": alpha, "mini": mini}):
+        seed_write_json(alpha / "bot_relay" / "outbox" / f"{bad['id']}.json", bad, prefix=".env-")
+        await_condition(lambda: reply_of(alpha, bad["id"]), timeout=30, message="the error reply")
+    reply = reply_of(alpha, bad["id"])
+    assert reply is not None and reply["reason"] == "unknown" and reply["reply"] == ""
+    assert "malformed" in str(reply["error"]) and "'hop'" in str(reply["error"]) and "NOT delivered" in str(
+        reply["error"])
+    assert rf.list_ids(mini / "bot_relay" / "inbox") == []
+    assert list((alpha / "bot_relay" / "quarantine").glob(f"{bad['id']}.json.*.quarantined"))

@@ -91,3 +91,85 @@ def test_drain_outbox_returns_the_fresh_and_answers_the_expired(paths: InboxPath
     assert reply is not None and reply["reason"] == "queued_expired"
     assert rf.read_reply(paths.relay, fresh["id"]) is None
     assert drain_outbox(paths, ttl=TTL, now=NOW) == []
+
+
+MALFORMED = [
+    ({"hop": 1001}, "'hop'"), ({"hop": "3"}, "'hop'"), ({"hop": True}, "'hop'"), ({"hop": -1}, "'hop'"),
+    ({"hop": 2.0}, "'hop'"), ({"created_at": [1]}, "'created_at'"), ({"created_at": {"t": 1}}, "'created_at'"),
+]
+
+
+def _plant(paths: InboxPaths, box: str, record: dict[str, Any]) -> None:
+    directory = paths.relay.outbox if box == "outbox" else paths.inbox
+    path = directory / f"{record['id']}.json"
+    path.write_text(json.dumps(record))
+    path.chmod(0o600)
+
+
+@pytest.mark.parametrize("box", ["outbox", "inbox"])
+@pytest.mark.parametrize(("bad", "field"), MALFORMED)
+def test_a_malformed_envelope_is_quarantined_and_its_sender_told_it_was_not_delivered(
+    paths: InboxPaths, box: Any, bad: dict[str, Any], field: str,
+) -> None:
+    """Regression (seed-interop review, s3): an envelope quarantined for a bad field got no reply, so its sender
+    (seed or ours) waited reply_wait_seconds and was then told it "may still be delivered", which is false. Its
+    sender is now owed an error reply (reason unknown) naming the field; from inbox/ it goes to its connection."""
+    record = {**_envelope(10.0), **bad, **({"reply_connection": "studio"} if box == "inbox" else {})}
+    _plant(paths, box, record)
+    result = drain_envelope(paths, box, record["id"], ttl=TTL, now=NOW)
+    assert isinstance(result, Quarantined) and result.reply is not None
+    assert [name for name in os.listdir(paths.relay.quarantine) if name.startswith(record["id"])]
+    assert (result.reply["id"], result.reply["reply"], result.reply["reason"]) == (record["id"], "", "unknown")
+    error = result.reply["error"]
+    assert "malformed" in error and field in error and "NOT delivered" in error, error
+    assert result.reply_connection == ("studio" if box == "inbox" else "")
+
+
+@pytest.mark.parametrize("box", ["outbox", "inbox"])
+@pytest.mark.parametrize("twist", ["id not its file's", "id not hex", "not an object", "no reply_connection"])
+def test_a_malformed_envelope_whose_id_or_sender_is_not_sound_gets_no_reply(
+    paths: InboxPaths, box: Any, twist: str,
+) -> None:
+    """Never a reply for an id that fails validation (it would name a file nobody waits for, or worse), nor,
+    from inbox/, for one whose reply connection is not a valid connection id (nobody to send it to)."""
+    if twist == "no reply_connection" and box == "outbox":
+        pytest.skip("outbox envelopes carry no reply connection")
+    envelope_id = new_delivery_id()
+    record: Any = {**_envelope(10.0), "hop": 1001, "id": envelope_id}
+    if box == "inbox" and twist != "no reply_connection":
+        record["reply_connection"] = "studio"
+    if twist == "id not its file's":
+        record["id"] = new_delivery_id()
+    elif twist == "id not hex":
+        record["id"] = "../" + envelope_id[3:]
+    elif twist == "not an object":
+        record = [record]
+    directory = paths.relay.outbox if box == "outbox" else paths.inbox
+    (directory / f"{envelope_id}.json").write_text(json.dumps(record))
+    (directory / f"{envelope_id}.json").chmod(0o600)
+    result = drain_envelope(paths, box, envelope_id, ttl=TTL, now=NOW)
+    assert isinstance(result, Quarantined) and result.reply is None
+
+
+def test_drain_outbox_answers_a_malformed_envelope_in_replies(paths: InboxPaths) -> None:
+    """The Desktop's drain RPC: the malformed envelope is not returned, and its sender's reply is written."""
+    bad = {**_envelope(10.0), "hop": "3"}
+    _plant(paths, "outbox", bad)
+    assert drain_outbox(paths, ttl=TTL, now=NOW) == []
+    reply = rf.read_reply(paths.relay, bad["id"])
+    assert reply is not None and reply["reason"] == "unknown" and "'hop'" in reply["error"]
+
+
+@pytest.mark.parametrize("box", ["outbox", "inbox"])
+@pytest.mark.parametrize(("age", "expected"), [(10.0, ToDeliver), (TTL + 10, Expired)])
+def test_a_numeric_string_created_at_is_delivered_or_expired_by_its_value(
+    paths: InboxPaths, box: Any, age: float, expected: type,
+) -> None:
+    """Regression (seed-interop review, s3): the seed's reader takes ``"created_at": "1796595038"``; we quarantined
+    such an envelope unanswered. It is now delivered, or expired by that time, as the seed would."""
+    record = {**_envelope(0.0), "created_at": str(int(NOW - age)),
+              **({"reply_connection": "studio"} if box == "inbox" else {})}
+    _plant(paths, box, record)
+    result = drain_envelope(paths, box, record["id"], ttl=TTL, now=NOW)
+    assert type(result) is expected
+    assert isinstance(result, ToDeliver | Expired) and result.envelope["created_at"] == int(NOW - age)

@@ -150,6 +150,12 @@ def test_an_inbox_envelope_with_a_bad_hop_is_quarantined_never_run(tmp_path: Pat
         for envelope_id in bad:
             await_condition(quarantined(paths.relay.base, f"{envelope_id}.json"), timeout=20,
                             message=f"{envelope_id} quarantined")
+        for envelope_id in bad:  # its sender is told it was NOT delivered (it used to wait reply_wait_seconds)
+            await_condition((paths.delivered / f"{envelope_id}.json").exists, timeout=20,
+                            message=f"the error reply of {envelope_id}")
     assert sorted(t.delivery_id for t in rec.entered) == sorted(e["id"] for e in good), "no bad hop ran a turn"
-    assert not any((paths.delivered / f"{envelope_id}.json").exists() for envelope_id in bad)
+    for envelope_id in bad:
+        record = json.loads((paths.delivered / f"{envelope_id}.json").read_text(encoding="utf-8"))
+        assert (record["reply"], record["reason"], record["reply_connection"]) == ("", "unknown", "mini"), record
+        assert "malformed" in record["error"] and "'hop'" in record["error"] and "NOT delivered" in record["error"]
     assert len(logs.matching("'hop' is not an integer from 0 to 1000")) >= len(bad), logs.lines

@@ -27,8 +27,9 @@ from loguru import logger
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.atomic import read_json_file
 from hermes_actors.store.relay_dirfd import relay_dir
-from hermes_actors.store.relay_inbox import InboxPaths, read_inbox_envelope, take_from_inbox
+from hermes_actors.store.relay_inbox import InboxPaths, parse_inbox_envelope, reply_connection_of, take_from_inbox
 from hermes_actors.store.relay_quarantine import quarantine
 
 __all__ = [
@@ -40,8 +41,10 @@ __all__ = [
     "ToDeliver",
     "drain_envelope",
     "drain_outbox",
+    "expiry_deadline",
     "expiry_of",
     "expiry_reply",
+    "settle_claimed",
 ]
 
 Box = Literal["outbox", "inbox"]
@@ -67,10 +70,16 @@ class Expired:
 
 @dataclass(frozen=True, slots=True)
 class Quarantined:
-    """We claimed a file that is not a valid envelope; it was moved to ``quarantine/``."""
+    """We claimed a file that is not a valid envelope; it was moved to ``quarantine/``.
+
+    ``reply``: the error reply its sender is owed (write it where the caller's replies go, ``reply_connection``
+    for an inbox envelope), or None when its id (or, from ``inbox/``, its sender's connection) is not to be trusted.
+    """
 
     envelope_id: str
     why: str
+    reply: dict[str, Any] | None = None
+    reply_connection: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +114,24 @@ def _claim(paths: InboxPaths, box: Box, envelope_id: str) -> Path | None:
     return take_from_inbox(paths, envelope_id)
 
 
-def _read(paths: InboxPaths, box: Box, path: Path) -> tuple[dict[str, Any], str]:
-    """The claimed envelope, read through its shelf's descriptor (a shelf swapped for a symlink is refused)."""
+def _load(paths: InboxPaths, path: Path) -> Any:
+    """The claimed file's JSON, read through its shelf's descriptor (a shelf swapped for a symlink is refused)."""
     with relay_dir(paths.relay.base, path.parent) as fd:
-        if box == "outbox":
-            return rf.read_envelope(path, dir_fd=fd), ""
-        return read_inbox_envelope(path, dir_fd=fd)
+        return read_json_file(path, dir_fd=fd)
+
+
+def _parse(box: Box, data: Any, path: Path) -> tuple[dict[str, Any], str]:
+    """Pure: the claimed envelope and its reply connection ("" from ``outbox/``); raises ValidationError."""
+    if box == "outbox":
+        return rp.parse_envelope(data, file_id=path.stem), ""
+    return parse_inbox_envelope(data, path)
+
+
+def _refused(box: Box, data: Any, path: Path, why: str, now: float) -> Quarantined:
+    """Pure: a malformed envelope, with the error reply its sender is owed when it can be told who that is."""
+    reply_connection = "" if box == "outbox" else reply_connection_of(data)
+    reply = None if reply_connection is None else rp.malformed_reply(data, file_id=path.stem, why=why, now=now)
+    return Quarantined(path.stem, why, reply, reply_connection or "")
 
 
 def _mtime(path: Path) -> float | None:
@@ -147,13 +168,36 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
         return NotOurs(envelope_id, str(exc))
     if claimed is None:
         return NotOurs(envelope_id)
+    return settle_claimed(paths, box, claimed, ttl=ttl, now=now)
+
+
+def settle_claimed(paths: InboxPaths, box: Box, claimed: Path, *, ttl: float, now: float) -> DrainResult:
+    """Read an envelope already claimed onto ``claimed``, quarantine it when hostile, and decide what it needs.
+
+    The second half of :func:`drain_envelope`, for a claim made earlier (a shelf adopted from a dead process).
+
+    Args:
+        paths: the relay layout of the root the envelope waited in.
+        box: where it was claimed from (``"inbox"``: it carries its ``reply_connection``).
+        claimed: the claimed file.
+        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
+        now: the current time.
+
+    Returns:
+        :class:`ToDeliver`, :class:`Expired`, :class:`Quarantined`, or :class:`NotOurs` when the file vanished.
+    """
     try:
-        envelope, reply_connection = _read(paths, box, claimed)
+        data = _load(paths, claimed)
     except FileNotFoundError:
-        return NotOurs(envelope_id, "the claimed file vanished")
-    except (OSError, ValidationError) as exc:
+        return NotOurs(claimed.stem, "the claimed file vanished")
+    except (OSError, ValidationError) as exc:  # not JSON, a symlink, too big...: nothing in it is trusted
         quarantine(paths.relay, claimed, str(exc))
-        return Quarantined(envelope_id, str(exc))
+        return Quarantined(claimed.stem, str(exc))
+    try:
+        envelope, reply_connection = _parse(box, data, claimed)
+    except ValidationError as exc:  # a JSON object with a bad field: its sender is told, when its id is sound
+        quarantine(paths.relay, claimed, str(exc))
+        return _refused(box, data, claimed, str(exc), now)
     reply = expiry_of(envelope, claimed, ttl=ttl, now=now)
     if reply is not None:
         return Expired(envelope, reply, reply_connection)
@@ -169,10 +213,24 @@ def expiry_of(envelope: dict[str, Any], path: Path, *, ttl: float, now: float) -
         ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
         now: the current time.
     """
-    ttl = rp.seed_ttl(ttl)
-    if ttl > 0 and rp.is_expired(envelope, ttl, now, fallback_created=_mtime(path)):
-        return expiry_reply(envelope, ttl, now)
+    deadline = expiry_deadline(envelope, ttl=ttl, mtime=_mtime(path))
+    if deadline is not None and now > deadline:
+        return expiry_reply(envelope, rp.seed_ttl(ttl), now)
     return None
+
+
+def expiry_deadline(envelope: dict[str, Any], *, ttl: float, mtime: float | None) -> float | None:
+    """Pure: when :func:`expiry_of` starts answering ``envelope`` expired (wall-clock time).
+
+    Args:
+        envelope: the decoded envelope.
+        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
+        mtime: its file's mtime (ages an envelope without ``created_at``, as the seed does); None: unknown.
+
+    Returns:
+        The time past which it is expired; None when it never expires (TTL off).
+    """
+    return rp.expires_at(envelope, rp.seed_ttl(ttl), fallback_created=mtime)
 
 
 def drain_outbox(paths: InboxPaths, *, ttl: float, now: float | None = None) -> list[dict[str, Any]]:
@@ -196,9 +254,9 @@ def drain_outbox(paths: InboxPaths, *, ttl: float, now: float | None = None) -> 
         result = drain_envelope(paths, "outbox", envelope_id, ttl=ttl, now=now)
         if isinstance(result, ToDeliver):
             drained.append(result.envelope)
-        elif isinstance(result, Expired):
+        elif isinstance(result, Expired | Quarantined) and result.reply is not None:
             try:
                 rf.write_reply(paths.relay, result.reply)
             except (StoreError, OSError, ValidationError) as exc:  # claimed: it is certainly NOT delivered
-                logger.error("relay: could not write the expiry reply of {}: {}", envelope_id, exc)
+                logger.error("relay: could not write the error reply of {}: {}", envelope_id, exc)
     return drained

@@ -8,7 +8,10 @@ in ``claimed/``, and copies the target's ``delivered/`` record back into the
 sender root's ``replies/`` (first write wins). All of it on filesystem events,
 with the periodic rescan as the fallback. A hub killed between a claim and the
 post leaves the envelope on its shelf; the next hub adopts it and finishes the
-post unless the target already has it.
+post unless the target already has it. An envelope still in the ``inbox/`` of a
+root where no gateway of ours beats (a seed gateway never reads it) once its
+sender root's TTL ran out is taken back by rename (onto ``hubclaims/expiring/``)
+and answered ``queued_expired``: its sender's own expiry only sees its outbox.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 from loguru import logger
 
-from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TypedActor, handles
+from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, TimerHandle, TypedActor, handles
 from hermes_actors.core import outcomes
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.config import load_config, parse_redis_config
@@ -34,17 +37,24 @@ from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.faults import crashpoint
-from hermes_actors.messages import RosterPush
+from hermes_actors.messages import InboxDeadline, RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.main_thread_wait import MainThreadWait
-from hermes_actors.relay.drain import Expired, ToDeliver, drain_envelope
+from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, expiry_deadline, settle_claimed
 from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles, existing_root
 from hermes_actors.store.relay_dirfd import open_relay_dir, relay_dir, rename_between
 from hermes_actors.store.relay_heartbeat import gateway_alive
-from hermes_actors.store.relay_inbox import InboxPaths, already_posted, post_to_inbox, read_delivered
+from hermes_actors.store.relay_inbox import (
+    InboxPaths,
+    already_posted,
+    post_to_inbox,
+    read_delivered,
+    read_inbox_envelope,
+    return_to_inbox,
+)
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import Shelf
 from hermes_actors.store.yaml_file import warned_while_failing
@@ -56,6 +66,11 @@ ROSTER_REFRESH_SECONDS = 60.0  # rewrite unchanged rosters this often so they st
 # of bot_relay/ (the gateways' shelves and marks, our own claims) never wakes it.
 HUB_WATCHED = ("outbox", "delivered")
 HANDED_KEEP = 10_000  # envelopes handed over and awaiting their reply, remembered for the log line (bounded)
+# hubclaims/expiring/s-<token>/: the shelves where the hub holds an envelope it took from a root's inbox/ past its
+# sender's TTL until its queued_expired reply is written (a directory, not a shelf: hubclaims/ adoption skips it)
+EXPIRING_SHELVES = "expiring"
+# An inbox deadline fires this long after the envelope's expiry time: it is expired only once its wait EXCEEDS the TTL
+DEADLINE_SLACK_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,12 @@ class HubActor(TypedActor):
         self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0, "resumed": 0}
         self.shelves = {r.name: Shelf(r.paths.hubclaims, within=r.paths.relay.root) for r in roots}
         self.claiming: dict[str, InboxPaths] = {}  # each root's layout with ``claimed`` = our shelf there
+        self.expiring = {r.name: Shelf(r.paths.hubclaims / EXPIRING_SHELVES, within=r.paths.relay.root)
+                         for r in roots}
+        self.taking: dict[str, InboxPaths] = {}  # each root's layout with ``taken`` = our expiring shelf there
+        # (root, envelope id) → the timer of an envelope waiting in that root's inbox/ where no gateway of ours
+        # takes it (None: it has no deadline to keep: TTL off, unreadable, or its sender is no root of ours)
+        self.inbox_deadlines: dict[tuple[str, str], TimerHandle | None] = {}
         # envelope id → (sender, target, created_at): what the reply's log line names (never the text)
         self.handed: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
         self.refused: set[Path] = set()  # relay directories found swapped for a symlink (or not ours): logged once
@@ -153,13 +174,15 @@ class HubActor(TypedActor):
         for root in self.roots:
             shelf = self.shelves[root.name].open()
             self.claiming[root.name] = replace(root.paths, relay=replace(root.paths.relay, claimed=shelf))
+            self.taking[root.name] = root.paths.on_shelf(self.expiring[root.name].open())
         self._finish_dead_claims()
+        self._finish_dead_expiries()
         # The first push is told by run_hub once the watches are up: a sender that sees the
         # roster must never be able to queue an envelope the hub is not yet watching for.
         self.timers.every(self.roster_seconds, RosterPush())
 
     def on_stop(self) -> None:
-        for shelf in self.shelves.values():
+        for shelf in (*self.shelves.values(), *self.expiring.values()):
             shelf.close()
 
     def _finish_dead_claims(self) -> None:
@@ -226,6 +249,10 @@ class HubActor(TypedActor):
             crashpoint("hub-after-claim-before-post")
             self._route(source, result.envelope)
         else:
+            if isinstance(result, Quarantined) and result.reply is not None:  # its sender is told: NOT delivered
+                self.counters["refused"] += 1
+                if self._reply(source, result.reply) is not None:
+                    self._log(envelope_id, f"?@{source.name}", "?", result.reply, None)
             return  # another drainer won the rename, or the file was quarantined
         self._file_claim(source, envelope_id)
 
@@ -335,6 +362,129 @@ class HubActor(TypedActor):
             logger.error("hub: reply {} to {} failed: {}", record.get("id"), source.name, exc)
             return None
 
+    # ── envelopes left in an inbox/ no gateway of ours takes: the sender's TTL bounds their wait ───────
+
+    def _watch_inbox(self, target: HubRoot) -> None:
+        """Keep a deadline timer for each envelope in ``target``'s ``inbox/``; forget those gone from it.
+
+        Args:
+            target: a root where no gateway of ours beats (a seed gateway never reads ``inbox/``).
+        """
+        inbox = target.paths.inbox
+        with self._relay_dir(target, inbox) as fd:
+            if fd is None:
+                return
+            listed = set(rf.list_ids(inbox, dir_fd=fd))
+            for envelope_id in sorted(listed - {e for name, e in self.inbox_deadlines if name == target.name}):
+                self.inbox_deadlines[(target.name, envelope_id)] = self._deadline_timer(target, envelope_id, fd)
+        for key in [k for k in self.inbox_deadlines if k[0] == target.name and k[1] not in listed]:
+            timer = self.inbox_deadlines.pop(key)  # taken meanwhile (by a gateway, or answered)
+            if timer is not None:
+                timer.cancel()
+
+    def _deadline_timer(self, target: HubRoot, envelope_id: str, inbox: int) -> TimerHandle | None:
+        """A timer telling us when the envelope in ``target``'s ``inbox/`` (descriptor ``inbox``) expires."""
+        looked = self._look_in_inbox(target, envelope_id, inbox)
+        if looked is None:
+            return None
+        delay = max(0.0, looked[1] - time.time()) + DEADLINE_SLACK_SECONDS
+        return self.timers.after(delay, InboxDeadline(target.name, envelope_id))
+
+    def _look_in_inbox(self, target: HubRoot, envelope_id: str, inbox: int) -> tuple[HubRoot, float] | None:
+        """Read an envelope in ``target``'s ``inbox/`` without taking it: its sender's root and expiry time.
+
+        Args:
+            target: the root whose ``inbox/`` holds it.
+            envelope_id: the envelope.
+            inbox: ``inbox/`` opened from ``bot_relay/`` without following a symlink.
+
+        Returns:
+            (the sender's root, when its sender's TTL runs out), or None: gone, unreadable (left for the
+            gateway that takes it, which quarantines it), its sender no root of this hub, or expiry off.
+        """
+        name = f"{envelope_id}.json"
+        try:
+            envelope, reply_connection = read_inbox_envelope(target.paths.inbox / name, dir_fd=inbox)
+            mtime = os.stat(name, dir_fd=inbox, follow_symlinks=False).st_mtime
+        except (OSError, ValidationError):  # FileNotFoundError (taken meanwhile) and HostileFileError included
+            return None
+        source = self.by_name.get(reply_connection)
+        deadline = None if source is None else expiry_deadline(envelope, ttl=source.ttl, mtime=mtime)
+        return None if source is None or deadline is None else (source, deadline)
+
+    @handles(InboxDeadline)
+    def _on_inbox_deadline(self, msg: InboxDeadline) -> None:
+        """An envelope's sender TTL ran out: answer it ``queued_expired`` if it still waits in the inbox/."""
+        key = (msg.connection, msg.envelope_id)
+        self.inbox_deadlines.pop(key, None)
+        target = self.by_name.get(msg.connection)
+        if target is None:
+            return
+        with self._relay_dir(target, target.paths.inbox) as fd:
+            looked = None if fd is None else self._look_in_inbox(target, msg.envelope_id, fd)
+        if looked is None:
+            return  # taken meanwhile (the rename decided: its taker answers it), or nothing we can answer
+        source, deadline = looked
+        if time.time() <= deadline:  # the timer runs on the monotonic clock, the TTL on the wall clock: wait on
+            self.inbox_deadlines[key] = self.timers.after(deadline - time.time() + DEADLINE_SLACK_SECONDS, msg)
+            return
+        # The take decides, as a gateway's does: whoever renames it out of inbox/ first owns it, so a gateway
+        # taking it at this moment runs it and we answer nothing, or we answer it and no gateway ever sees it.
+        result = drain_envelope(self.taking[target.name], "inbox", msg.envelope_id, ttl=source.ttl, now=time.time())
+        if isinstance(result, Expired | ToDeliver):
+            self._settle_taken(target, result)
+
+    def _settle_taken(self, target: HubRoot, result: Expired | ToDeliver) -> None:
+        """Answer an envelope we took from ``target``'s ``inbox/`` ``queued_expired``, or put it back there.
+
+        The reply goes straight into its sender's ``replies/``; the envelope leaves our shelf only once that
+        is written (else the next hub start answers it). One found fresh after all (its file replaced, the
+        clock set back) goes back into ``inbox/`` for its taker.
+        """
+        envelope_id = result.envelope["id"]
+        source = self.by_name.get(result.reply_connection)
+        paths = self.taking[target.name]
+        if isinstance(result, ToDeliver) or source is None:
+            try:
+                return_to_inbox(paths, envelope_id)
+            except (OSError, ValidationError) as exc:
+                logger.warning("hub: could not put {} back into the inbox/ of {}: {}", envelope_id, target.name, exc)
+            return
+        written = self._reply(source, result.reply)
+        if written is None:
+            return  # kept on our shelf: the next hub start answers it
+        self.counters["expired"] += 1
+        self.handed.pop(envelope_id, None)
+        created = float(result.envelope["created_at"]) or None
+        self._log(envelope_id, *_ends(source, result.envelope), result.reply, created)
+        try:  # through our shelf's descriptor: a shelf swapped for a symlink is refused, never followed
+            with relay_dir(target.paths.relay.base, paths.taken) as shelf:
+                os.unlink(f"{envelope_id}.json", dir_fd=shelf)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValidationError) as exc:  # answered all the same; the next hub start finds it answered
+            logger.warning("hub: could not take {} off our shelf on {}: {}", envelope_id, target.name, exc)
+
+    def _finish_dead_expiries(self) -> None:
+        """A hub killed after taking an envelope from an inbox/ to expire it left it on its shelf: answer it."""
+        for target in self.roots:
+            adopted = self.expiring[target.name].adopt()
+            paths = self.taking[target.name]
+            for envelope_id in (*adopted.ids, *adopted.legacy):
+                path = paths.taken / f"{envelope_id}.json"
+                try:  # its sender's TTL decides, as when it was taken; the file is read again by the settle below
+                    with relay_dir(target.paths.relay.base, paths.taken) as shelf:
+                        reply_connection = read_inbox_envelope(path, dir_fd=shelf)[1]
+                except (OSError, ValidationError):
+                    reply_connection = ""  # the settle quarantines what cannot be read
+                source = self.by_name.get(reply_connection)
+                result = settle_claimed(paths, "inbox", path, ttl=source.ttl if source else 0, now=time.time())
+                if isinstance(result, Expired | ToDeliver):
+                    self._settle_taken(target, result)
+            if adopted.ids or adopted.legacy:
+                logger.info("hub: finished {} expiry take(s) a stopped hub left on {}", len(adopted.ids) +
+                            len(adopted.legacy), target.name)
+
     @handles(FileAppeared)
     def _on_file(self, msg: FileAppeared) -> None:
         directory = msg.path.parent
@@ -370,6 +520,9 @@ class HubActor(TypedActor):
             # Nobody else puts back a relay directory swapped for a symlink (or removed) on this root (a
             # gateway of ours does it at its rescans; a seed gateway never): the hub does, by the same rule.
             quarantine_strays(root.paths, unfixable=self.unfixable[root.name])
+            # Nobody else expires what waits in its inbox/ either (a seed gateway never reads it; the sender's
+            # own expiry only sees its outbox/, which the hub emptied): the hub keeps each envelope's deadline.
+            self._watch_inbox(root)
         outbox = root.paths.relay.outbox
         with self._relay_dir(root, outbox) as fd:
             queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)

@@ -234,6 +234,8 @@ class RelayActor(TypedActor):
             self._write_delivered(result.reply, result.reply_connection)
         elif isinstance(result, Quarantined):
             self.counters["quarantined"] += 1
+            if result.reply is not None:  # its sender is told it was NOT delivered, not left to wait
+                self._write_delivered(result.reply, result.reply_connection)
 
     @handles(RelayOutcome)
     def _on_relay_outcome(self, msg: RelayOutcome) -> None:

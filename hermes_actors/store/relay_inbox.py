@@ -55,8 +55,10 @@ __all__ = [
     "is_consumed",
     "mark_consumed",
     "parse_delivered",
+    "parse_inbox_envelope",
     "post_to_inbox",
     "read_delivered",
+    "reply_connection_of",
     "return_to_inbox",
     "take_from_inbox",
     "write_delivered",
@@ -174,20 +176,44 @@ def return_to_inbox(paths: InboxPaths, envelope_id: str) -> bool:
     return rename_between(paths.relay.base, paths.taken, paths.inbox, name)
 
 
+def reply_connection_of(data: Any) -> str | None:
+    """Pure: the connection a decoded inbox or delivered record sends its reply to; None when it names no valid one.
+
+    Args:
+        data: the decoded record (anything).
+
+    Returns:
+        The connection id, or None.
+    """
+    if not isinstance(data, dict):
+        return None
+    reply_connection = str(data.get("reply_connection") or "")
+    return reply_connection if HANDLE_RE.match(reply_connection) else None
+
+
 def _split(data: Any, name: str, what: str) -> tuple[dict[str, Any], str]:
     """Pure: a record carrying ``reply_connection`` as (the seed-format core, the connection); ``name`` for errors."""
     if not isinstance(data, dict):
         raise ValidationError(f"{name}: {what} must be a JSON object")
-    reply_connection = str(data.get("reply_connection") or "")
-    if not HANDLE_RE.match(reply_connection):
-        raise ValidationError(f"{name}: invalid reply_connection {reply_connection!r}")
+    reply_connection = reply_connection_of(data)
+    if reply_connection is None:
+        raise ValidationError(f"{name}: invalid reply_connection {str(data.get('reply_connection') or '')!r}")
     return {k: v for k, v in data.items() if k != "reply_connection"}, reply_connection
+
+
+def parse_inbox_envelope(data: Any, path: Path) -> tuple[dict[str, Any], str]:
+    """Pure: a decoded inbox record (read from ``path``) as (the envelope, its reply connection).
+
+    Raises:
+        ValidationError: it is not an inbox envelope for that file's name.
+    """
+    core, reply_connection = _split(data, path.name, "an inbox envelope")
+    return parse_envelope(core, file_id=path.stem), reply_connection
 
 
 def read_inbox_envelope(path: Path, *, dir_fd: int | None = None) -> tuple[dict[str, Any], str]:
     """Gateway side: the envelope and its reply connection; raises HostileFileError / ValidationError."""
-    core, reply_connection = _split(read_json_file(path, dir_fd=dir_fd), path.name, "an inbox envelope")
-    return parse_envelope(core, file_id=path.stem), reply_connection
+    return parse_inbox_envelope(read_json_file(path, dir_fd=dir_fd), path)
 
 
 def write_delivered(paths: InboxPaths, reply: dict[str, Any], reply_connection: str) -> bool:

@@ -68,6 +68,36 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def parse_created_at(value: Any) -> int | float:
+    """Pure: an envelope's ``created_at`` read as the seed reads it, ``float(env.get("created_at") or mtime)``.
+
+    The seed's reader takes a numeric string (``"1796595038"``) as well as a number, so a
+    seed or Desktop writing one is delivered on both sides alike.
+
+    Args:
+        value: the decoded ``created_at`` (anything).
+
+    Returns:
+        0 for a missing, null, zero or empty value (unknown: aged from the file's mtime, as the
+        seed does); otherwise the finite number it is or its string reads as (a whole one as an int).
+
+    Raises:
+        ValidationError: any other value (a bool, a list, a string that is no finite number, NaN, inf).
+    """
+    if not value:
+        return 0  # missing, null, zero, "" (any falsy value): the seed falls back to the file's mtime
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number):
+            return int(number) if number.is_integer() else number
+    elif _is_number(value):
+        return float(value) if isinstance(value, float) else int(value)
+    raise ValidationError(f"envelope field 'created_at' is not a number: {value!r}")
+
+
 def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     """Validate a decoded envelope.
 
@@ -80,8 +110,9 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         our extra field, may be absent (a seed's envelope, a first DM); present,
         it must be an integer from 0 to ``MAX_HOP`` (``core.hops.is_hop``:
         the one rule for a hop from outside, whichever transport carried it;
-        it feeds the target's loop guard). A missing, null or zero
-        ``created_at`` is accepted as ``0`` (unknown: the seed uses the
+        it feeds the target's loop guard). ``created_at`` is read by
+        :func:`parse_created_at` (a numeric string becomes its number); a
+        missing, null or zero one is ``0`` (unknown: the seed uses the
         file's mtime instead, and so does :func:`is_expired` given
         ``fallback_created``).
 
@@ -91,11 +122,7 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValidationError(f"envelope is not a JSON object: {type(data).__name__}")
     validate_delivery_id(data.get("id"), what="envelope id", file_id=file_id)
-    created = data.get("created_at")
-    if not created:
-        created = 0  # missing, null, zero (any falsy value): the seed falls back to the file's mtime
-    elif not _is_number(created):
-        raise ValidationError(f"envelope field 'created_at' is not a number: {created!r}")
+    created = parse_created_at(data.get("created_at"))
     for key in _ENVELOPE_NAME_FIELDS:
         value = data.get(key)
         if not isinstance(value, str) or not HANDLE_RE.match(value):
@@ -154,6 +181,34 @@ def make_envelope(
         raise ValidationError(f"extra envelope keys override core keys: {clash}")
     envelope.update(extra or {})
     return parse_envelope(envelope)
+
+def malformed_reply(data: Any, *, file_id: str, why: str, now: float) -> dict[str, Any] | None:
+    """Pure: the error reply for an envelope refused as malformed, when it may be answered at all.
+
+    Its sender waits for ``replies/<id>.json``: without an answer it waits ``reply_wait_seconds`` and is
+    then told the DM "may still be delivered", which is false. Only a JSON object whose ``id`` passes the
+    same rules as ever (32 lowercase hex, equal to its file's name) is answered: an id that fails them never
+    names a reply file.
+
+    Args:
+        data: the decoded document that failed :func:`parse_envelope`.
+        file_id: the stem of the file it came from.
+        why: the validation error, naming the bad field.
+        now: the current time.
+
+    Returns:
+        The reply record (reason ``unknown``), or None.
+    """
+    if not isinstance(data, dict):
+        return None
+    try:
+        envelope_id = validate_delivery_id(data.get("id"), what="envelope id", file_id=file_id)
+    except ValidationError:
+        return None
+    text = (f"the relay refused the message: its envelope is malformed ({why}), so it was NOT delivered. "
+            "Resending it unchanged fails the same way.")
+    return make_reply(envelope_id, error=text, reason="unknown", now=now)
+
 
 # A reply file holds a model's answer: its text (and error) is bounded where every outcome's is
 # (``outcomes.TEXT_MAX_BYTES``, cut with a note) and reply files are read up to REPLY_FILE_MAX_BYTES, room for
@@ -289,6 +344,29 @@ def expired_error_text(handle: str, conn: str, ttl: float, *, via: str = "") -> 
     )
 
 
+def expires_at(envelope: Mapping[str, Any], ttl: float, *, fallback_created: float | None = None) -> float | None:
+    """When an envelope's wait passes ``ttl``: once the clock is past it, :func:`is_expired` says True.
+
+    Args:
+        envelope: the (decoded) envelope.
+        ttl: the TTL in seconds; ``<= 0`` disables expiry.
+        fallback_created: the time to use when ``created_at`` is missing or
+            zero (the seed falls back to the file's mtime).
+
+    Returns:
+        ``created_at + ttl``; None when expiry is disabled; ``-inf`` when no
+        creation time is known at all (never deliver something of unknown age late).
+    """
+    if ttl <= 0:
+        return None
+    created = envelope.get("created_at")
+    if not _is_number(created) or not created:
+        created = fallback_created
+    if created is None:
+        return -math.inf
+    return float(created) + ttl
+
+
 def is_expired(
     envelope: Mapping[str, Any], ttl: float, now: float, *, fallback_created: float | None = None
 ) -> bool:
@@ -302,14 +380,8 @@ def is_expired(
             zero (the seed falls back to the file's mtime).
 
     Returns:
-        True when ``now - created_at > ttl``; also True when no creation time
-        is known at all (never deliver something of unknown age late).
+        True when ``now`` is past :func:`expires_at` (``now - created_at > ttl``); also True when no
+        creation time is known at all.
     """
-    if ttl <= 0:
-        return False
-    created = envelope.get("created_at")
-    if not _is_number(created) or not created:
-        created = fallback_created
-    if created is None:
-        return True
-    return bool(now - created > ttl)
+    deadline = expires_at(envelope, ttl, fallback_created=fallback_created)
+    return deadline is not None and now > deadline
