@@ -383,7 +383,10 @@ def test_missing_executable_is_runtime_offline(tmp_path: Path) -> None:
     with pytest.raises(TurnFailed) as info:
         runner.run_turn(turn())
     assert info.value.reason == "runtime_offline"
-    assert info.value.text == f"hermes CLI not found at {missing} — install Hermes or pass cli=..."
+    # review: it said only "pass cli=...", the Python keyword; `--runner command` users need --cli PATH
+    assert info.value.text == (f"hermes CLI not found at {missing} — install hermes-agent (pip install "
+                               "'hermes-actors[hermes]'), or name the executable: --cli PATH (hermes-actors "
+                               "commands) or cli='PATH' (Python)")
 
 
 def test_non_executable_cli_is_runtime_offline(tmp_path: Path) -> None:
@@ -395,6 +398,8 @@ def test_non_executable_cli_is_runtime_offline(tmp_path: Path) -> None:
     with pytest.raises(TurnFailed) as info:
         CommandRunner(str(cli), dm_base=dm_base(tmp_path)).run_turn(turn())
     assert info.value.reason == "runtime_offline"
+    assert info.value.text == (f"hermes CLI at {cli} is not executable — fix its permissions, or name another: "
+                               "--cli PATH (hermes-actors commands) or cli='PATH' (Python)")
 
 
 def test_bad_delivery_id_fails_before_running(fake_cli: Path, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from hermes_actors.errors import TurnFailed
+from hermes_actors.hermes.install import INSTALL_HERMES, NAME_THE_CLI
 
 __all__ = [
     "REAP_SECONDS",
@@ -231,13 +232,14 @@ def _start(
                 f"@{handle}'s profile home {cwd} does not exist — the profile is gone or the root is wrong",
                 reason="runtime_offline",
             ) from None
+        # both spellings of naming it: a turn's failure reaches command-line users and Python embedders alike
         raise TurnFailed(
-            f"hermes CLI not found at {cli} — install Hermes or pass cli=...",
+            f"hermes CLI not found at {cli} — {INSTALL_HERMES}, or name the executable: {NAME_THE_CLI}",
             reason="runtime_offline",
         ) from None
     except PermissionError:
         raise TurnFailed(
-            f"hermes CLI at {cli} is not executable — fix its permissions or pass cli=...",
+            f"hermes CLI at {cli} is not executable — fix its permissions, or name another: {NAME_THE_CLI}",
             reason="runtime_offline",
         ) from None
     except OSError as exc:
