@@ -111,10 +111,11 @@ def test_the_plan_gives_each_journaled_delivery_one_fate(state: dict[str, Any], 
 @pytest.mark.parametrize(("runs_apart", "why"), [
     (None, "The gateway stopped or crashed during the turn."),  # a runner without the hook
     (False, "The gateway stopped or crashed during the turn."),  # the host was the hermes gateway itself
-    # a serve host killed mid warm turn: the hermes gateway ran on and may have answered (review: the text said
-    # "the gateway stopped", read as hermes' own)
-    (True, "hermes-actors serve stopped or crashed during the turn, which the hermes gateway ran in its own "
-           "process: hermes may still have answered it."),
+    # a host apart from the hermes gateway killed mid warm turn: the hermes gateway ran on and may have answered
+    # (review: the text said "the gateway stopped", read as hermes' own; then it named serve, though the host may
+    # be `send` or a Python program's Gateway, which a start cannot tell apart)
+    (True, "The gateway (hermes-actors serve, or the process embedding it) stopped or crashed during the turn, "
+           "which the hermes gateway ran in its own process: hermes may still have answered it."),
 ])
 def test_a_turn_the_previous_host_lost_says_what_stopped(runs_apart: bool | None, why: str) -> None:
     delivery = _delivery()
@@ -178,8 +179,9 @@ class _HeldTurn:
                 "partly done."),
     # review: a warm turn the stop of serve cut off said only "the gateway stopped", though hermes' gateway did not
     # stop and went on to answer; a kill -9 of serve got the right words at the next start
-    ("apart", "hermes-actors serve stopped or crashed during the turn, which the hermes gateway ran in its own "
-              "process: hermes may still have answered it."),
+    # (and not "hermes-actors serve stopped": this host is a Python program's Gateway)
+    ("apart", "The gateway (hermes-actors serve, or the process embedding it) stopped or crashed during the turn, "
+              "which the hermes gateway ran in its own process: hermes may still have answered it."),
 ])
 def test_a_turn_still_running_at_a_stop_says_what_became_of_it(tmp_path: Path, place: TurnPlace, why: str) -> None:
     runner = _HeldTurn(place)

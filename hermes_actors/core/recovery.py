@@ -103,10 +103,13 @@ def known_outcomes(states: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # Why a turn its host lost is ``ambiguous``: the one source of these texts, for the next start (recovery)
 # and for a clean stop that settles a turn still running (docs/hermes.md and docs/reliability.md quote them).
 _STOPPED_MID_TURN = "The gateway stopped or crashed during the turn."
-# The host was `hermes-actors serve` and the turn ran warm in the hermes gateway, a process of its own that
-# did not stop with it: "the gateway stopped" read as if hermes had, though it may well have answered.
-_SERVE_STOPPED_MID_WARM_TURN = ("hermes-actors serve stopped or crashed during the turn, which the hermes gateway "
-                                "ran in its own process: hermes may still have answered it.")
+# The host was not the hermes gateway and the turn ran warm there, in a process of its own that did not stop
+# with it: "the gateway stopped" read as if hermes had, though it may well have answered. The host is named by
+# what it may be (serve, `send` running the DM itself, a Python program's Gateway), not as serve alone: the
+# recovering start cannot tell which one it was.
+_HOST_STOPPED_MID_WARM_TURN = ("The gateway (hermes-actors serve, or the process embedding it) stopped or crashed "
+                               "during the turn, which the hermes gateway ran in its own process: hermes may still "
+                               "have answered it.")
 _RUNNING_AT_STOP = "The turn was still running when the gateway stopped."
 # A turn process of ours (the hermes CLI, a command) the stop ends: the words of a timed-out one it ended
 _ENDED_AT_STOP = ("The turn was still running when the gateway stopped and was stopped with it; it may have been "
@@ -122,13 +125,14 @@ def stopped_mid_turn_text(runs_apart: bool) -> str:
     """Pure: why a turn the previous host started and never finished is ``ambiguous``.
 
     Args:
-        runs_apart: the turn ran warm in a hermes gateway that is not the host's process (a ``serve``
-            host), so the host's stop or crash did not end it.
+        runs_apart: the turn ran warm in a hermes gateway that is not the host's process (the host is
+            ``serve``, ``send`` or a program embedding the ``Gateway``), so the host's stop or crash did not
+            end it.
 
     Returns:
         The text the sender reads before "The message may have been delivered — do not resend."
     """
-    return _SERVE_STOPPED_MID_WARM_TURN if runs_apart else _STOPPED_MID_TURN
+    return _HOST_STOPPED_MID_WARM_TURN if runs_apart else _STOPPED_MID_TURN
 
 
 def running_at_stop_text(place: TurnPlace) -> str:

@@ -210,12 +210,14 @@ class WarmOrCliRunner:
 
     def runs_apart(self, turn: Turn) -> bool:
         """At a start: whether the bot's turns run warm in a hermes gateway that is not this process (this host is
-        ``serve``), so a turn the previous host lost may still have been answered there."""
+        ``serve``, ``send`` or a program embedding the ``Gateway``), so a turn the previous host lost may still
+        have been answered there."""
         return gateway_pid(turn_root(turn)) != os.getpid()
 
     def warm_turns(self) -> list[str]:
         """At a stop: the deliveries whose turns hermes runs now in a gateway that is not this process (this host
-        is ``serve``): the stop cannot end them, and hermes may still answer them."""
+        is ``serve``, ``send`` or a program embedding the ``Gateway``): the stop cannot end them, and hermes may
+        still answer them."""
         with self._lock:
             gateway = self._gateway
         if gateway is not None and gateway.pid == os.getpid():  # hosted in that gateway: its turns stop with it

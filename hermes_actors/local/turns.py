@@ -223,8 +223,9 @@ def turn_never_reached(runner: TurnRunner, turn: Turn, since: float) -> bool:
 
 def turn_runs_apart(runner: TurnRunner, turn: Turn) -> bool:
     """At a start: the runner's optional ``runs_apart(turn)`` hook, asked about a turn the previous run
-    started and never finished: True when it ran warm in a hermes gateway apart from this host (a
-    ``serve`` host), so the host's stop did not end it (see :func:`~hermes_actors.core.recovery.stopped_mid_turn_text`).
+    started and never finished: True when it ran warm in a hermes gateway apart from this host
+    (``serve``, ``send``, a program embedding the ``Gateway``), so the host's stop did not end it
+    (see :func:`~hermes_actors.core.recovery.stopped_mid_turn_text`).
 
     Returns:
         The hook's answer; False without the hook, or when it raised.
