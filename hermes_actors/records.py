@@ -170,9 +170,27 @@ class Turn:
     # process lives, even if this gateway dies first (another process cannot start an overlapping turn).
     lock_fd: int | None = field(default=None, repr=False, compare=False)
     _send: Callable[[str, str], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    # Journals how the turn runs (a durable gateway's turn): see note_via
+    _note_via: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     def message_agent(self, target: str, message: str) -> dict[str, Any]:
         """Send a DM as this profile, one hop deeper; returns the ack dict."""
         if self._send is None:
             raise RuntimeError("this turn cannot send messages (no gateway attached)")
         return self._send(target, message)
+
+    def note_via(self, via: str) -> None:
+        """Before the turn can reach its bot: say how it runs, ``"warm"`` (in a hermes gateway's API server) or
+        ``"cli"`` (a process of this host's), so a host killed mid-turn words its ``ambiguous`` outcome by it at
+        the next start. A runner that picks its path per turn calls it each time it picks (the last one counts).
+
+        Args:
+            via: ``"warm"`` or ``"cli"``.
+
+        Raises:
+            ValueError: any other ``via``.
+        """
+        if via not in ("warm", "cli"):
+            raise ValueError(f"a turn runs 'warm' or 'cli', not {via!r}")
+        if self._note_via is not None:  # no journal (not durable): nothing to tell a next start
+            self._note_via(via)

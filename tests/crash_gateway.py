@@ -3,16 +3,18 @@
 Every line on stdout is one JSON object, flushed at once, so a parent that
 SIGKILLs this process still has everything printed before the kill.
 
-    python tests/crash_gateway.py ROOT send [--selfkill] [--wake]
+    python tests/crash_gateway.py ROOT send [--selfkill] [--wake] [--via=warm|cli]
         start a Gateway on ROOT, send one DM hermes → bob, print the ack, wait
         for its outcome and print it. The runner appends each turn's delivery
         id to ROOT/turns.log; --selfkill makes it SIGKILL its own process right
         after logging (a true mid-runner death). HERMES_ACTORS_CRASH_AT arms a
         named crash point. --wake turns on ``bot_mode.wake_sender`` (hermes is
         woken with the outcome) and also waits for the wake's own outcome.
-    python tests/crash_gateway.py ROOT recover [--notify] [--wake] ID [ID ...]
+        --via: the runner says how its turn runs (``Turn.note_via``) first.
+    python tests/crash_gateway.py ROOT recover [--notify] [--wake] [--apart] ID [ID ...]
         subscribe (before start), start, print gw.recovered, wait_outcome for
         every ID; with --notify also wait until the subscriber saw each one;
+        --apart: the runner says the bot's turns run warm in a hermes gateway apart (``runs_apart``);
         print both, stop. --wake: as for send, and also wait_outcome for each
         ID's wake; the subscriber's outcomes are printed after stop() (which
         flushes them), all of them, so a wake outcome reported by mistake shows.
@@ -52,15 +54,37 @@ def emit(event: str, **fields: Any) -> None:
         sys.stdout.flush()
 
 
-def logging_runner(root: Path, *, selfkill: bool = False) -> TurnLog:
-    """Logs every turn to ``ROOT/turns.log``, then replies at once (or, with ``selfkill``, SIGKILLs this process)."""
+def logging_runner(root: Path, *, selfkill: bool = False, via: str | None = None) -> TurnLog:
+    """Logs every turn to ``ROOT/turns.log``, then replies at once (or, with ``selfkill``, SIGKILLs this process);
+    with ``via``, says first how the turn runs (journaled before the runner goes on)."""
 
     def reply(turn: Any) -> str:
+        if via is not None:
+            turn.note_via(via)
         if selfkill:
             os.kill(os.getpid(), signal.SIGKILL)
         return f"reply to {turn.delivery_id}"
 
     return TurnLog(root / "turns.log", reply)
+
+
+class ApartRunner:
+    """A logging runner whose bots' turns run warm in a hermes gateway apart from this host (``runs_apart``)."""
+
+    def __init__(self, log: TurnLog) -> None:
+        self.log = log
+
+    def run_turn(self, turn: Any) -> str:
+        return self.log(turn)
+
+    def runs_apart(self, turn: Any) -> bool:
+        return True
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The value of ``--name=VALUE`` in ``args`` (None when absent)."""
+    prefix = f"--{name}="
+    return next((arg.removeprefix(prefix) for arg in args if arg.startswith(prefix)), None)
 
 
 def _wait_all(gw: Gateway, ids: list[str], timeout: float) -> None:
@@ -76,7 +100,8 @@ def _config(args: list[str]) -> dict[str, Any] | None:
 
 
 def cmd_send(root: Path, args: list[str]) -> None:
-    gw = Gateway(root, runner=logging_runner(root, selfkill="--selfkill" in args), config=_config(args)).start()
+    runner = logging_runner(root, selfkill="--selfkill" in args, via=_option(args, "via"))
+    gw = Gateway(root, runner=runner, config=_config(args)).start()
     emit("ready", recovered=gw.recovered)
     ack = gw.message_agent(sender="hermes", target="bob", message="hello from the crash test")
     emit("ack", **ack)
@@ -98,7 +123,8 @@ def cmd_recover(root: Path, args: list[str]) -> None:
             seen.setdefault(outcome["delivery_id"], outcome)
             cond.notify_all()
 
-    gw = Gateway(root, runner=logging_runner(root), config=_config(args))
+    log = logging_runner(root)
+    gw = Gateway(root, runner=ApartRunner(log) if "--apart" in args else log, config=_config(args))
     gw.subscribe(record)  # before start(): it must see the recovered outcomes too
     gw.start()
     emit("recovered", counts=gw.recovered)

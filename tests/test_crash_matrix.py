@@ -15,6 +15,7 @@ import pytest
 from crash_procs import journal_ids, run_child, turns_logged
 from roots import make_root
 
+from hermes_actors.core.recovery import stopped_mid_turn_text
 from hermes_actors.faults import CRASH_POINTS
 
 # case → (crash point env, runner self-kill, expected status, turns, recovered counter that moves)
@@ -77,3 +78,24 @@ def test_crash_then_restart(tmp_path: Path, case: str) -> None:
     assert [{k: v for k, v in e.items() if k != "event"} for e in third.of("outcome")] == [outcome]
     assert third.of("subscribed")[0]["outcomes"] == []
     assert turns_logged(root) == [key] * turns
+
+
+@pytest.mark.parametrize(("via", "apart"), [
+    # review: a CLI turn on a root with warm turns configured was told, after a kill -9 of its host, that "the
+    # hermes gateway ran it in its own process": recovery could not tell how the turn had run
+    ("cli", False),
+    ("warm", True),
+    (None, True),  # a runner that does not say (an older journal too): worded by its runs_apart, as before
+])
+def test_a_turn_a_killed_host_left_is_worded_by_how_it_ran(tmp_path: Path, via: str | None, apart: bool) -> None:
+    root = make_root(tmp_path)
+    first = run_child(root, "send", "--selfkill", *([f"--via={via}"] if via else []))
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    (key,) = journal_ids(root)
+    assert turns_logged(root) == [key]  # it died in the runner, after saying how the turn runs
+
+    second = run_child(root, "recover", "--apart", key)  # the restarted host's runner says: warm, apart
+    assert second.returncode == 0, second.stderr[-2000:]
+    (event,) = second.of("outcome")
+    assert (event["status"], event["error"]) == (
+        "ambiguous", f"{stopped_mid_turn_text(apart)} The message may have been delivered — do not resend."), event

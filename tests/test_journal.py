@@ -27,6 +27,7 @@ from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import JournalFolded, fold_lines, fold_records, parse_lines
+from hermes_actors.store.journal_state import JournalState
 
 
 def _id(n: int) -> str:
@@ -118,6 +119,26 @@ def test_parse_lines_reads_zero_bytes_as_line_breaks() -> None:
     records, bad = _parsed(lines)
     assert records == [orjson.loads(first), orjson.loads(second)]
     assert bad == 1, "only the torn record is corrupt; zeros are nothing"
+
+
+def test_how_a_turn_ran_is_folded_last_one_wins_and_survives_compaction() -> None:
+    """A ``started`` record's ``via`` words a turn a killed host left (recovery.plan_recovery): the last one
+    counts (a warm turn that fell back to the CLI), a foreign value or none leaves it unknown (older journals),
+    and compaction, which rebuilds the file from the folded state, keeps it."""
+    a, b, c = _id(1), _id(2), _id(3)
+    records: list[dict[str, Any]] = []
+    for key in (a, b, c):
+        records += [{"t": "accepted", "id": key, "d": _delivery(key)}, {"t": "started", "id": key, "attempt": 1}]
+    records += [{"t": "started", "id": a, "attempt": 1, "via": "warm"},
+                {"t": "started", "id": a, "attempt": 1, "via": "cli"},
+                {"t": "started", "id": b, "attempt": 1, "via": "telepathy"}]
+    folded = fold_records(records)
+    assert [folded.states[key].via for key in (a, b, c)] == ["cli", None, None]
+    assert all(folded.states[key].started == 1 for key in (a, b, c))
+    state = JournalState()
+    state.take_over(folded, keep=10)
+    rebuilt = fold_records(record for record in parse_lines(state.lines()) if record is not None)
+    assert [rebuilt.states[key].via for key in (a, b, c)] == ["cli", None, None]
 
 
 def test_fold_lines_folds_as_it_reads_and_counts_corrupt_lines() -> None:

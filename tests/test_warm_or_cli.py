@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,23 @@ def make(*, cold: bool = False) -> tuple[WarmOrCliRunner, Fake, Fake, Clock]:
     warm, cli, clock = Fake("warm"), Fake("cli"), Clock()
     runner = WarmOrCliRunner(warm, cli, cold=cold, retry_seconds=30, clock=clock)  # type: ignore[arg-type]
     return runner, warm, cli, clock
+
+
+def test_a_turn_says_how_it_runs_before_it_runs_that_way(tmp_path: Path) -> None:
+    """What the journal keeps for a restart to word a turn a killed host left (review: a CLI turn on a root with
+    warm turns configured was told "the hermes gateway ran it"): warm, then CLI when it fell back."""
+    runner, warm, _, _ = make()
+    said: list[str] = []
+    turn = Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path, _note_via=said.append)
+    assert runner.run_turn(turn) == "warm: hi"
+    assert said == ["warm"]
+    said.clear()
+    warm.failure = TurnFailed("not reachable", reason="runtime_offline")  # never delivered: the CLI runs it
+    assert runner.run_turn(replace(turn, delivery_id="d2")) == "cli: hi"
+    assert said == ["warm", "cli"]
+    said.clear()
+    assert runner.run_turn(replace(turn, delivery_id="d3")) == "cli: hi"  # straight to the CLI for a while
+    assert said == ["cli"]
 
 
 @pytest.mark.parametrize(("failure", "expected"), [

@@ -196,7 +196,8 @@ def plan_recovery(
     never reached the bot: it never ran, and ambiguous it would be lost for good (a DM's
     sender is told, a wake's bot is not). ``never_reached`` is asked about those wakes
     alone. ``runs_apart`` (the runner's: the turn ran warm in a hermes gateway apart from this
-    host) words why such a turn is ambiguous (:func:`stopped_mid_turn_text`). One the journal says was
+    host) words why such a turn is ambiguous (:func:`stopped_mid_turn_text`), unless its ``started``
+    record says it ran with the CLI (``via``). One the journal says was
     handed to a live owner (its ``started`` record says ``live``) is judged by
     :func:`owner_outcome` from its live-delivery mailbox record (``live_record``): a
     ``settled`` or ``failed`` record is that turn's real result, anything else is
@@ -223,7 +224,8 @@ def plan_recovery(
                 plan.redeliver.append(outcome)
         elif state.started and not idempotent_runner and not (
                 is_wake(delivery) and never_reached is not None and never_reached(delivery)):
-            why = stopped_mid_turn_text(runs_apart is not None and runs_apart(delivery))
+            # a turn journaled as run by the CLI ran in a process of the dead host's, whatever runs_apart says
+            why = stopped_mid_turn_text(state.via != "cli" and runs_apart is not None and runs_apart(delivery))
             plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, why)))
         else:
             plan.reoffer.append(_reoffered(delivery))

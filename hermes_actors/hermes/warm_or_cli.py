@@ -98,6 +98,7 @@ class WarmOrCliRunner:
             return self._cli_turn(turn)
         gateway = self._watch_gateway(turn)  # before the turn: the one that may be left running it
         self._paths[turn.delivery_id] = self.warm
+        turn.note_via("warm")  # journaled: a host killed during it tells its sender hermes may have answered
         # No turn of this bot runs anywhere now (the refusal above): what the session ends with unanswered
         # was left by a turn that died (see hermes.retry). The CLI path does the same in its runner.
         take_back_unanswered(turn_home(turn), turn.session)
@@ -115,6 +116,7 @@ class WarmOrCliRunner:
 
     def _cli_turn(self, turn: Turn) -> str:
         self._paths[turn.delivery_id] = self.cli
+        turn.note_via("cli")  # journaled: a host killed during it does not tell its sender the hermes gateway ran it
         return self.cli.run_turn(turn)
 
     def _watch_gateway(self, turn: Turn) -> ProcessWatch | None:

@@ -48,7 +48,7 @@ from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.messages import Delivery, Turn, TurnFinished
-from hermes_actors.store.journal import StartRecorder
+from hermes_actors.store.journal import Journal, StartRecorder
 from hermes_actors.store.turnlock import TurnLock
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "turn_never_reached",
     "turn_place_at_stop",
     "turn_runs_apart",
+    "via_recorder",
 ]
 
 
@@ -475,6 +476,8 @@ def _execute_turn(
         except Exception as exc:  # our own code, but the DM must still get its outcome now
             logger.exception("building the turn of {} failed", delivery.delivery_id)
             return never_ran(delivery.delivery_id, "building the turn", exc)
+        if isinstance(journal, Journal):  # a relay's start mark keeps the start alone
+            turn = replace(turn, _note_via=via_recorder(journal, delivery.delivery_id))
         began = time.time()
         result, may_retry = attempt_turn(runner, turn)
         if result.reply is None and may_retry:
@@ -506,6 +509,37 @@ def _execute_turn(
                 release(delivery.delivery_id)
             except BaseException:  # runner code: it must not replace the turn's result
                 logger.exception("runner release failed for {}", delivery.delivery_id)
+
+
+def via_recorder(journal: StartRecorder, delivery_id: str) -> Callable[[str], None]:
+    """The ``Turn.note_via`` of a journaled turn: a ``started`` record carrying ``via`` ("warm" or "cli"), durable
+    before the runner goes on, each time the turn's path changes (a warm turn that fell back to the CLI).
+
+    The next start words a turn a killed host left by it (:func:`~hermes_actors.core.recovery.plan_recovery`):
+    a CLI turn is never told "the hermes gateway ran it", whatever the root's warm-turn setup says.
+
+    Args:
+        journal: the gateway's journal.
+        delivery_id: the turn's delivery.
+
+    Returns:
+        The callable; a record it could not write is logged (WARNING) and the turn runs all the same: its
+        start is on disk, and without ``via`` the next start words it as before (by the runner's ``runs_apart``).
+    """
+    noted: list[str] = []
+
+    def note(via: str) -> None:
+        if noted and noted[-1] == via:  # a retry on the same path: already on disk
+            return
+        try:
+            journal.append_durably({"t": "started", "id": delivery_id, "attempt": 1, "via": via})
+        except StoreError as exc:
+            logger.warning("could not journal that the turn {} runs {} ({}): were this host killed during it, the "
+                           "next start would word its outcome by the root's warm-turn setup", delivery_id, via, exc)
+            return
+        noted.append(via)
+
+    return note
 
 
 def not_begun(delivery_id: str) -> TurnFinished:

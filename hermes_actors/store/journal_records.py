@@ -7,6 +7,9 @@ orjson record::
     {"t": "started",   "id", "attempt"}                 durable before the turn runs
     {"t": "started",   "id", "attempt", "live": true}   a DM handed to a live owner: written once its
                                                         mailbox record is ``claimed``, before the owner is called
+    {"t": "started",   "id", "attempt", "via": "warm"}  how the turn runs ("warm" or "cli"), durable before it
+                                                        runs that way; written by a runner that picks per turn
+                                                        (the last one counts; absent in older journals: unknown)
     {"t": "finished",  "id", "o": {outcome dict}}       durable before the outcome is published
     {"t": "delivered", "id"}                            the outcome reached the sender (lazy)
 
@@ -56,6 +59,9 @@ class DeliveryState:
     # A ``started`` record said ``"live": true``: the DM went to a live owner (claimed in its mailbox before the
     # owner was called), so recovery never re-offers it, whatever the mailbox file says by then.
     live: bool = False
+    # The last ``via`` a ``started`` record gave ("warm" or "cli"): how the turn ran; None when unknown (an older
+    # journal, a runner that does not say), then recovery words it by the runner's ``runs_apart``.
+    via: str | None = None
 
 
 @dataclass
@@ -128,6 +134,7 @@ def fold_lines(lines: Iterable[bytes | None], into: JournalFolded) -> int:
 
 
 _KINDS = frozenset({"accepted", "started", "finished", "delivered"})
+_VIAS = ("warm", "cli")
 
 
 def _acceptance_unreadable(record: dict[str, Any]) -> bool:
@@ -182,6 +189,8 @@ def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None =
                 attempt = 1
             state.started = max(state.started, attempt)
             state.live = state.live or record.get("live") is True
+            if record.get("via") in _VIAS:  # anything else (a foreign or damaged value) leaves it unknown
+                state.via = record["via"]
         elif kind == "finished" and isinstance(record.get("o"), dict) and state.outcome is None:
             state.outcome = record["o"]  # the first outcome wins
         elif kind == "delivered":

@@ -55,7 +55,8 @@ class JournalState:
             if state.delivered and state.outcome is not None:
                 self.recent[key] = state.outcome
             elif not state.delivered:
-                self.folded.states[key] = DeliveryState(state.delivery, state.started, state.outcome, live=state.live)
+                self.folded.states[key] = DeliveryState(state.delivery, state.started, state.outcome, live=state.live,
+                                                        via=state.via)
         while len(self.recent) > keep:
             self.recent.popitem(last=False)
 
@@ -73,8 +74,12 @@ class JournalState:
             if state.delivery is not None:
                 lines.append(encode_record({"t": "accepted", "id": key, "d": state.delivery}))
             if state.started:
-                started = {"t": "started", "id": key, "attempt": state.started}
-                lines.append(encode_record({**started, "live": True} if state.live else started))
+                started: dict[str, Any] = {"t": "started", "id": key, "attempt": state.started}
+                if state.live:
+                    started["live"] = True
+                if state.via is not None:  # compaction keeps how the turn ran
+                    started["via"] = state.via
+                lines.append(encode_record(started))
             if state.outcome is not None:
                 lines.append(encode_record({"t": "finished", "id": key, "o": state.outcome}))
         return lines
