@@ -13,6 +13,8 @@ from hermes_actors.messages import Delivery, Outcome
 
 __all__ = [
     "AMBIGUOUS_TAIL",
+    "INSTALL_HERMES",
+    "NAME_THE_CLI",
     "TEXT_MAX_BYTES",
     "ambiguous",
     "busy_text",
@@ -175,6 +177,12 @@ def busy_text(profile: str, waited_seconds: float) -> str:
         f"queued behind it for ~{round(waited_seconds)}s without it finishing. "
         "The message was NOT delivered; retry shortly."
     )
+
+
+# How a turn that found no hermes CLI says to get one, and how to name one on the command line and in Python: a
+# turn's failure reaches both kinds of user (the command runner in local/ and the hermes runners say the same)
+INSTALL_HERMES = "install hermes-agent (pip install 'hermes-actors[hermes]')"
+NAME_THE_CLI = "--cli PATH (hermes-actors commands) or cli='PATH' (Python)"
 
 
 def queue_full_text(profile: str, queued: int) -> str:

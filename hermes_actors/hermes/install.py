@@ -24,6 +24,7 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.names import PEER_NAME_RE, profile_home
+from hermes_actors.core.outcomes import INSTALL_HERMES, NAME_THE_CLI
 
 __all__ = [
     "CLI_ENV_VAR",
@@ -44,11 +45,9 @@ __all__ = [
 ]
 
 CLI_ENV_VAR = "HERMES_ACTORS_HERMES_CLI"
-# What doctor, serve's start and a failed turn say when find_hermes_cli finds nothing, and how to install it
+# What doctor, serve's start and a failed turn say when find_hermes_cli finds nothing (INSTALL_HERMES, NAME_THE_CLI:
+# how to get or name one, from core.outcomes: the command runner in local/ says them too)
 NO_HERMES_CLI = f"no `hermes` executable found (beside python, ${CLI_ENV_VAR}, PATH)"
-INSTALL_HERMES = "install hermes-agent (pip install 'hermes-actors[hermes]')"
-# How to name the executable, on the command line and in Python: a turn's failure reaches both kinds of user
-NAME_THE_CLI = "--cli PATH (hermes-actors commands) or cli='PATH' (Python)"
 # hermes' own profile-id rule (hermes_cli/main.py _apply_profile_override): lowercase only, the same rule
 # hermes applies to peer names.
 CLI_PROFILE_RE = PEER_NAME_RE

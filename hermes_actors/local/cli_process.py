@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from hermes_actors.core.outcomes import INSTALL_HERMES, NAME_THE_CLI
 from hermes_actors.errors import TurnFailed
-from hermes_actors.hermes.install import INSTALL_HERMES, NAME_THE_CLI
 
 __all__ = [
     "REAP_SECONDS",
