@@ -262,3 +262,29 @@ def test_room_show_indents_a_messages_further_lines(tmp_path: Path, capsys: pyte
     assert "[1] alice: fine" in lines and "  @carol: ship it" in lines and "  user: agreed\\x1b[2J" in lines, lines
     assert not any(line.startswith(("@carol:", "user: agreed")) for line in lines)
     assert not any("\x1b" in line for line in lines)  # a terminal escape is shown, not acted on
+
+
+def test_room_send_cut_short_by_a_stopping_host_says_what_to_run(
+        host: tuple[Path, Gateway, Members, RecordingRunner], capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (acceptance review): the wait cut short by the host's stop printed the Python API's "wait
+    again", and no command waits without posting: it now names the command that shows the rounds later."""
+    root, gw, members, runner = host
+    gw.create_room("launch", ["alice", "bob"])
+    codes: list[int] = []
+    send = threading.Thread(target=lambda: codes.append(
+        main(["room", "send", "launch", "hold on", "--root", str(root), "--wait", "60"])))
+    send.start()
+    try:
+        runner.wait_entered(1, timeout=30)  # posted and its round running: the command waits (or is about to)
+        gw.stop(timeout=1)
+    finally:
+        members.release.set()
+    send.join(60)
+    assert codes == [1]
+    out, err = capsys.readouterr()
+    assert out.startswith("queued in room launch: message ")
+    # the room's stop, the host's rooms gone or the host itself gone, as the stop's timing has it: each says so
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]  # not the host's log lines
+    assert len(errors) == 1, err
+    assert f"the message is posted and its rounds go on from the room's file (look later with: hermes-actors room " \
+           f"show --root {root} launch)" in errors[0] and "wait again" not in err, err

@@ -19,6 +19,7 @@ import orjson
 
 from hermes_actors.cli.arg_types import seconds, utf8_text
 from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line
+from hermes_actors.errors import RoomStopped
 
 __all__ = ["add_room_parser"]
 
@@ -77,6 +78,32 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, read_o
         stop_gateway(gw, received=None)
 
 
+def _wait_cut_short(exc: Exception, args: argparse.Namespace) -> str:
+    """Pure: what ``room send`` prints when its wait ended before the room settled (the message is posted).
+
+    No command waits without posting, so it names the one that shows the rounds later, not the
+    ``wait_room_idle`` the Python API's text suggests.
+
+    Args:
+        exc: what the wait raised: ``TimeoutError`` (``--wait`` ran out), ``RoomStopped`` (the room's gateway, the
+            host's or this command's, stopped, or its actor restarts), another ``RuntimeError`` (the host is
+            stopping: its rooms are gone), ``HostOffline`` / ``HostLost`` (the host went).
+        args: the ``room send`` arguments (``root``, ``room``).
+
+    Returns:
+        The ``error: ...`` line.
+    """
+    later = f"(look later with: hermes-actors room show --root {args.root} {args.room})"
+    if isinstance(exc, TimeoutError):
+        return f"error: {exc}; the rounds go on {later}"
+    # a stopped gateway's rounds resume at the root's next start, a restarted actor's at once
+    goes_on = f"the message is posted and its rounds go on from the room's file {later}"
+    if isinstance(exc, RoomStopped):
+        return (f"error: room {args.room!r} stopped before it became idle (its gateway stopped, or the room's actor "
+                f"failed and restarts); {goes_on}")
+    return f"error: {exc}; {goes_on}"
+
+
 def _after(entries: list[dict[str, Any]], message_id: str) -> list[dict[str, Any]]:
     """Pure: the entries after the one with ``message_id`` (all of them when it is not there)."""
     for index, entry in enumerate(entries):
@@ -103,6 +130,8 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _send(args: argparse.Namespace) -> int:
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline
+
     def act(gw: Any) -> int:
         ack = gw.room_send(args.room, args.sender, args.text)
         if "error" in ack:
@@ -117,9 +146,8 @@ def _send(args: argparse.Namespace) -> int:
             print(f"queued in room {printable(args.room)}: message {ack['message_id']}")
         try:
             state = gw.wait_room_idle(args.room, timeout=args.wait)
-        except TimeoutError as exc:
-            print(f"error: {exc}; the rounds go on (look later with: hermes-actors room show --root {args.root} "
-                  f"{args.room})", file=sys.stderr)
+        except (TimeoutError, RuntimeError, HostOffline, HostLost) as exc:  # the message is posted all the same
+            print(printable(_wait_cut_short(exc, args)), file=sys.stderr)
             return EXIT_FAILED
         entries = _after(gw.room_transcript(args.room), ack["message_id"])
         if args.json:  # one JSON line per transcript entry, then the room's state
