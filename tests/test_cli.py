@@ -435,6 +435,13 @@ VALUE_ERRORS = [
     ("room show", ["room", "show", "--root", "R", "V"], 2,
      "error: no room {q}: pass the id or name of an existing room (Gateway.list_rooms(); on the command line: "
      "hermes-actors room list)"),
+    # Regression (acceptance review): an unknown room was a refused send (exit 1, `refused [unknown]: no room …`)
+    ("room send", ["room", "send", "--root", "R", "--runner", "demo", "V", "hi"], 2,
+     "error: no room {q}: pass the id or name of an existing room (Gateway.list_rooms(); on the command line: "
+     "hermes-actors room list)"),
+    ("room disband", ["room", "disband", "--root", "R", "--runner", "demo", "V"], 2,
+     "error: no room {q}: pass the id or name of an existing room (Gateway.list_rooms(); on the command line: "
+     "hermes-actors room list)"),
     ("room create member", ["room", "create", "--root", "R", "x", "alice", "V"], 2,
      "error: unknown member {q}: no local profile with that name"),
     ("send --from", ["send", "--root", "R", "--runner", "demo", "--from", "V", "bob", "hi"], 1,

@@ -155,6 +155,10 @@ def test_room_command_errors_through_the_host_keep_their_exit_codes(
     assert "error: no room 'nowhere'" in capsys.readouterr().err
     assert main(["room", "disband", "nowhere", *base]) == 2
     assert "error: no room 'nowhere'" in capsys.readouterr().err
+    for json_flag in ([], ["--json"]):  # Regression (acceptance review): a refused send, exit 1
+        assert main(["room", "send", "nowhere", "hi", *base, *json_flag]) == 2
+        out, err = capsys.readouterr()
+        assert "error: no room 'nowhere': pass the id or name of an existing room" in err and out == ""
     gw.create_room("duo", ["alice", "bob"])
     assert main(["room", "create", "DUO", "alice", "carol", *base]) == 2
     assert "a room named 'DUO' exists already" in capsys.readouterr().err

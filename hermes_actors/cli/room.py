@@ -131,9 +131,13 @@ def _create(args: argparse.Namespace) -> int:
 
 def _send(args: argparse.Namespace) -> int:
     from hermes_actors.hermes.submit_client import HostLost, HostOffline
+    from hermes_actors.rooms.rules import no_room
 
     def act(gw: Any) -> int:
         ack = gw.room_send(args.room, args.sender, args.text)
+        unknown = no_room(args.room)
+        if ack.get("error") == unknown.args[0]:  # a bad argument, as show and disband answer it: not a refusal
+            raise unknown
         if "error" in ack:
             if args.json:
                 _print_json(ack)
