@@ -216,14 +216,16 @@ def add_room_parser(
     Args:
         sub: the top-level subparsers.
         root_type: the ``--root`` argparse type.
-        runner_opts: adds ``--runner`` / ``--cli`` (how member turns run).
+        runner_opts: adds ``--runner`` / ``--cli`` (how member turns run without a host: ``create``, ``send`` and
+            ``disband`` start a gateway of their own, which resumes pending rounds; not ``show`` and ``list``).
     """
     room = sub.add_parser("room", help="group rooms: several bots deliberate together")
     rsub = room.add_subparsers(dest="room_command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def common(p: argparse.ArgumentParser, *, runs_turns: bool = True) -> None:
         p.add_argument("--root", required=True, type=root_type, help="the Hermes root")
-        runner_opts(p)
+        if runs_turns:  # show and list read the host's rooms or the files: no turn runs, so no runner is offered
+            runner_opts(p)
 
     p = rsub.add_parser("create", help="create a room of 2 to 6 local bots")
     p.add_argument("name", type=utf8_text, help="the room's name (members' turns run in the session 'Group: <name>')")
@@ -245,12 +247,12 @@ def add_room_parser(
     p = rsub.add_parser("show", help="print a room's transcript")
     p.add_argument("room", type=utf8_text, help="the room's name or id")
     p.add_argument("--json", action="store_true", help="print JSON entries")
-    common(p)
+    common(p, runs_turns=False)
     p.set_defaults(func=_show)
 
     p = rsub.add_parser("list", help="list the rooms")
     p.add_argument("--json", action="store_true", help="print JSON rows")
-    common(p)
+    common(p, runs_turns=False)
     p.set_defaults(func=_list)
 
     p = rsub.add_parser("disband", help="delete a room (its members' sessions stay)")
