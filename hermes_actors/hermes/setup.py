@@ -276,12 +276,39 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
                               "`hermes gateway run` hosting the actors): until it stops it refuses every DM "
                               "(\"This install is not Bot-Mode-managed\")")
     if selected:
-        report.todo.append("the 'Bot Chat' sessions were kept (they hold conversations)")
+        report.todo.append("the 'Bot Chat' sessions, and the rooms' 'Group: <name>' ones, were kept (they hold "
+                           "conversations; delete them in hermes if you want them gone)")
+        report.todo.extend(_left_to_remove(root, selected, everything=profiles is None))
     if any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected):
         # a running gateway read its platforms at start: it hosts (and refuses every DM) until restarted
         report.todo.append(f"restart the hermes gateway if one runs, so it stops hosting the actors: "
                            f"HERMES_HOME={root} hermes gateway run --replace")
     return report
+
+
+def _left_to_remove(root: Path, undone: list[dict[str, object]], *, everything: bool) -> list[str]:
+    """What disable leaves that is the user's to remove by hand (uninstall step 3 in docs/hermes.md).
+
+    Args:
+        root: the Hermes root.
+        undone: the record entries just undone.
+        everything: the whole record was undone (no ``--profiles``): ``bot_relay/`` is no longer ours.
+
+    Returns:
+        The "to do" lines: each ``profile.yaml`` now ``{}`` (enable created it), and ``bot_relay/``.
+    """
+    emptied = []
+    for name in dict.fromkeys(str(e["file"]) for e in undone if Path(str(e["file"])).name == "profile.yaml"):
+        try:
+            if read_yaml(root / name) == {}:
+                emptied.append(str(root / name))
+        except SetupError:  # unreadable now: undo_edit said so already
+            continue
+    lines = [f"{path} is now {{}} (enable created it): remove it if you want" for path in emptied]
+    if everything:
+        lines.append(f"{root / 'bot_relay'} was kept (the journal, relay directories, turn locks, quarantine): "
+                     "remove it if you want, once no host runs")
+    return lines
 
 
 def _once(lines: list[str]) -> list[str]:
