@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["HostileFileError", "StoreError", "TransportError", "TurnFailed", "ValidationError"]
+__all__ = ["HostileFileError", "RoomStopped", "StoreError", "TransportError", "TurnFailed", "ValidationError"]
 
 
 class TurnFailed(Exception):
@@ -42,4 +42,12 @@ class TransportError(RuntimeError):
     Raised by :meth:`hermes_actors.Gateway.start` (nothing is left running) for, e.g.,
     a Redis password the server refuses, a connection id another live process
     already serves, or the ``[redis]`` extra not installed.
+    """
+
+
+class RoomStopped(RuntimeError):
+    """A wait for a room to settle was cut short: the room's actor stopped (its gateway stopped, or it failed
+    and restarts). The room's rounds go on from its file, so the message that started them is not lost.
+
+    Raised by :meth:`hermes_actors.Gateway.wait_room_idle` (and by the host's rooms, through its endpoint).
     """

@@ -528,8 +528,9 @@ class Gateway:
         Raises:
             TimeoutError: still busy after ``timeout`` seconds.
             KeyError: no such room.
-            RuntimeError: the gateway is not running, or stopped while this waited (or this is a fork of
-                the process that started it).
+            RoomStopped: the room stopped while this waited (the gateway stopped, or the room's actor
+                failed and restarts); a RuntimeError.
+            RuntimeError: the gateway is not running (or this is a fork of the process that started it).
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
         """

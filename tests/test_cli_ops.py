@@ -800,3 +800,50 @@ def test_redis_check_names_what_is_wrong(error: str | None, level: str, says: st
         assert "ssl_ca_certs=/path/to/ca.pem" in check.fix
         named = check_redis("rediss://127.0.0.1:6390/0?ssl_ca_certs=/etc/ca.pem", error)
         assert "did not sign it, or the certificate is not for this host name" in named.fix, named
+
+
+def test_disable_while_a_host_serves_the_root_says_to_stop_it(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (acceptance review): `disable` under a running `serve` changed everything silently, then the host
+    refused every DM ("This install is not Bot-Mode-managed"). It now names the host's pid and says to stop it."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root)]) == 0
+    start_gateway(gateways, root, serve_submit=True)  # holds submit.lock, as serve does
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    todo = [line for line in out.splitlines() if line.startswith("  to do: ")]
+    assert todo[0] == (f"  to do: stop the host that still serves {root} (pid {os.getpid()}: `hermes-actors serve`, "
+                       "or `hermes gateway run` hosting the actors): until it stops it refuses every DM (\"This "
+                       "install is not Bot-Mode-managed\")"), out
+    assert not any(p.managed for p in discover_profiles(root))  # undone all the same
+
+    gateways.pop().stop(timeout=5)
+    assert main(["enable", "--root", str(root)]) == 0
+    assert main(["disable", "--root", str(root)]) == 0
+    assert "stop the host" not in capsys.readouterr().out  # no host: no such line
+
+
+def test_disable_names_what_it_leaves_for_the_user_to_remove(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (acceptance review): the report named only the kept Bot Chat sessions, not the rooms' Group
+    sessions, the profile.yaml files enable created (now `{}`) or bot_relay/, which docs/hermes.md lists as the
+    user's to remove."""
+    root = make_root(tmp_path, managed=False)
+    created = root / "profiles" / "alice" / "profile.yaml"
+    created.unlink()  # enable creates it for its managed flag
+    assert main(["enable", "--root", str(root)]) == 0
+    assert created.exists()
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root), "--profiles", "alice"]) == 0
+    out = capsys.readouterr().out
+    assert "  to do: the 'Bot Chat' sessions, and the rooms' 'Group: <name>' ones, were kept" in out, out
+    assert f"  to do: {created} is now {{}} (enable created it): remove it if you want" in out, out
+    assert "bot_relay" not in out  # the rest of the record is still there: not yet the user's
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"  to do: {root / 'bot_relay'} was kept (the journal, relay directories, turn locks, quarantine): " \
+           "remove it if you want, once no host runs" in out, out
+    assert f"{created} is now" not in out  # said once, by the disable that emptied it

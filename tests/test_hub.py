@@ -480,6 +480,28 @@ def test_the_hub_stops_on_a_signal_handed_to_another_thread_than_main(
                           env=env, timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert "relay hub running for alpha, mini" in proc.stdout
+    # Regression (acceptance review): the SIGTERM stopped it without a word; serve says "gateway stopped"
+    assert "relay hub stopped" in proc.stderr.splitlines(), proc.stderr
+    assert "warning" not in proc.stderr  # two roots: nothing to warn of
+
+
+def test_a_hub_of_one_root_warns_that_it_relays_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (acceptance review): `relay --root A` alone ran and relayed nothing, without a word."""
+    import threading
+
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    stopped = threading.Event()
+    stopped.set()  # it starts, says what it says, then stops at once
+    codes: list[int] = []
+    # on another thread: on the main one it would take pytest's SIGINT and SIGTERM handlers for its own
+    hub = threading.Thread(target=lambda: codes.append(run_hub([alpha], stop=stopped)))
+    hub.start()
+    hub.join(60)
+    assert codes == [0]
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["relay hub running for alpha"]
+    assert err.splitlines() == [f"warning: a relay hub joins two or more roots; with only {alpha} it relays nothing "
+                                "(give each root to relay with its own --root)", "relay hub stopped"]
 
 
 # ── a DM left in an inbox/ no gateway of ours takes (a seed-served root): the sender's TTL bounds its wait ──

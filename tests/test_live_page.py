@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, send_dm, start_gateway
+from relay_helpers import remote_row, seed_write_json, write_roster_file
+from roots import RecordingRunner, body_of, held_on, send_dm, start_gateway
 
 from hermes_actors import Gateway
 from hermes_actors.ops.http_config import HttpSettings
@@ -152,3 +154,47 @@ def test_live_page_shows_a_room_appear_and_settle(root: Path, gateways: list[Gat
         gw.disband_room("launch")
         wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, row)))
         wait.until(ec.text_to_be_present_in_element((By.ID, "rooms-count"), "0"))
+
+
+def test_live_page_tells_a_remote_agent_from_a_local_one_of_the_same_handle(
+        root: Path, gateways: list[Gateway], browser: Any) -> None:
+    """``@bob`` here and ``@bob on mini`` are two agents: each row shows its own state and DMs in flight, and an
+    outcome names the agent as the CLI does. The page also asks for no favicon.ico (a 404 in the console)."""
+    release = threading.Event()
+    write_roster_file(root, [remote_row("bob", "mini", online=True), remote_row("hermes", "mini", online=True)])
+    gw = start_gateway(gateways, root, runner=RecordingRunner(held_on("hold", release)), connection_id="alpha")
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0), stream_interval=0.2) as server:
+        browser.get(server.url)
+        wait = WebDriverWait(browser, WAIT)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "conn-state"), "live"))
+        wait.until(lambda _: len(browser.find_elements(By.CSS_SELECTOR, '#roster tr[data-handle="bob"]')) == 2)
+
+        def rows() -> Any:
+            """[state, in flight] of the local bob's row and of mini's: read in one script (the table is
+            rebuilt at each status refresh), each row found by its "where" column."""
+            return browser.execute_script(
+                "const rows = [...document.querySelectorAll('#roster tr[data-handle=\"bob\"]')];"
+                "return ['local', 'mini'].map(w => { const r = rows.find(r => r.cells[1].textContent === w);"
+                " return r ? [r.cells[2].textContent, r.cells[3].textContent] : null; });")
+
+        held = send_dm(gw, "hold", target="bob", sender="alice")
+        wait.until(lambda _: rows()[0] == ["running", "1"])
+        assert rows()[1] == ["online", "0"]  # not the local bob's turn, not its count
+
+        ack = gw.message_agent(sender="alice", target="bob@mini", message="ping")
+        assert ack["status"] == "queued", ack
+        relayed = str(ack["delivery_id"])
+        wait.until(lambda _: rows() == [["running", "1"], ["online", "1"]])
+
+        seed_write_json(root / "bot_relay" / "replies" / f"{relayed}.json",
+                        {"id": relayed, "at": int(time.time()), "reply": "pong", "error": "", "reason": ""})
+        release.set()
+        wait.until(ec.text_to_be_present_in_element(
+            (By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{relayed}"]'), "@alice → @bob on mini"))
+        wait.until(ec.text_to_be_present_in_element(
+            (By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{held}"]'), "@alice → @bob"))
+        wait.until(lambda _: rows() == [["idle", "0"], ["online", "0"]])
+        assert "on mini" not in browser.find_element(By.CSS_SELECTOR, f'#outcomes tr[data-delivery-id="{held}"]').text
+
+    assert browser.find_element(By.CSS_SELECTOR, 'link[rel="icon"]').get_attribute("href").startswith("data:")
+    assert not [e for e in browser.get_log("browser") if "favicon" in str(e.get("message"))]

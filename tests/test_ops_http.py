@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 import threading
 import urllib.error
@@ -294,7 +295,8 @@ def test_the_page_is_self_contained(endpoint: OpsHttpServer) -> None:
     assert status == 200 and headers["Content-Type"].startswith("text/html")
     assert "default-src 'none'" in headers["Content-Security-Policy"]
     assert "EventSource(" in page and 'id="latency-chart"' in page
-    assert "<script src" not in page and "<link" not in page and "http://" not in page and "https://" not in page
+    assert "<script src" not in page and "http://" not in page and "https://" not in page
+    assert re.findall(r"<link[^>]*>", page) == ['<link rel="icon" href="data:,">']  # an empty icon: no /favicon.ico
 
 
 def test_unknown_path_is_404(endpoint: OpsHttpServer) -> None:

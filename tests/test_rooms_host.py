@@ -127,15 +127,15 @@ def test_every_room_command_goes_through_the_host(host: tuple[Path, Gateway, Mem
     assert {t.profile for t in runner.entered} == {"alice", "bob"}  # the host's runner ran the member turns
     assert all(t.session == "Group: launch" for t in runner.entered)
 
-    assert main(["room", "show", "LAUNCH", *base]) == 0
+    assert main(["room", "show", "LAUNCH", *base[:2]]) == 0
     assert capsys.readouterr().out.strip().splitlines() == [
         "[0] user: Friday? ask me", "[1] alice: @user Friday works for me."]
-    assert main(["room", "show", "launch", "--json", *base]) == 0
+    assert main(["room", "show", "launch", "--json", *base[:2]]) == 0
     assert json.loads(capsys.readouterr().out) == gw.room_transcript("launch")
 
-    assert main(["room", "list", "--json", *base]) == 0
+    assert main(["room", "list", "--json", *base[:2]]) == 0
     assert json.loads(capsys.readouterr().out) == gw.list_rooms()
-    assert main(["room", "list", *base]) == 0
+    assert main(["room", "list", *base[:2]]) == 0
     header, row = capsys.readouterr().out.strip().splitlines()
     assert header.split() == ["name", "room_id", "state", "messages", "members"]
     assert row.split() == ["launch", room["room_id"], "needs_you", "2", "@alice,", "@bob"]
@@ -151,10 +151,14 @@ def test_room_command_errors_through_the_host_keep_their_exit_codes(
     base = ["--root", str(root)]
     assert main(["room", "create", "solo", "alice", *base]) == 2
     assert capsys.readouterr().err.strip() == "error: a room has 2 to 6 members, not 1"
-    assert main(["room", "show", "nowhere", *base]) == 2
+    assert main(["room", "show", "nowhere", *base[:2]]) == 2
     assert "error: no room 'nowhere'" in capsys.readouterr().err
     assert main(["room", "disband", "nowhere", *base]) == 2
     assert "error: no room 'nowhere'" in capsys.readouterr().err
+    for json_flag in ([], ["--json"]):  # Regression (acceptance review): a refused send, exit 1
+        assert main(["room", "send", "nowhere", "hi", *base, *json_flag]) == 2
+        out, err = capsys.readouterr()
+        assert "error: no room 'nowhere': pass the id or name of an existing room" in err and out == ""
     gw.create_room("duo", ["alice", "bob"])
     assert main(["room", "create", "DUO", "alice", "carol", *base]) == 2
     assert "a room named 'DUO' exists already" in capsys.readouterr().err
@@ -216,7 +220,7 @@ def test_without_a_host_the_commands_run_their_own_gateway(tmp_path: Path,
     base = ["--root", str(root), "--runner", "demo"]
     assert main(["room", "create", "own", "alice", "bob", *base]) == 0
     capsys.readouterr()
-    assert main(["room", "list", "--json", *base]) == 0
+    assert main(["room", "list", "--json", *base[:2]]) == 0
     assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["own"]
     assert not socket_path(root).exists()  # no host was involved
 
@@ -240,11 +244,11 @@ def test_without_a_host_show_and_list_read_the_files_and_run_no_turn(tmp_path: P
     before = path.read_bytes()
     base = ["--root", str(root), "--runner", "demo"]
 
-    assert main(["room", "list", "--json", *base]) == 0
+    assert main(["room", "list", "--json", *base[:2]]) == 0
     assert json.loads(capsys.readouterr().out) == [{**room, "state": "busy", "messages": 1, "last_activity": 1.0}]
-    assert main(["room", "show", "PENDING", *base]) == 0
+    assert main(["room", "show", "PENDING", *base[:2]]) == 0
     assert capsys.readouterr().out.strip().splitlines() == ["[0] user: @bob are you there?"]
-    assert main(["room", "show", "nowhere", *base]) == 2
+    assert main(["room", "show", "nowhere", *base[:2]]) == 2
     assert "error: no room 'nowhere'" in capsys.readouterr().err
     assert path.read_bytes() == before, "a read-only command changed the room (it ran the pending round)"
 
@@ -257,8 +261,34 @@ def test_room_show_indents_a_messages_further_lines(tmp_path: Path, capsys: pyte
         gw.create_room("plan", ["alice", "bob"])
         gw.room_send("plan", "user", "@alice thoughts?")
         assert gw.wait_room_idle("plan", timeout=20) in ("idle", "needs_you")
-    assert main(["room", "show", "plan", "--root", str(root), "--runner", "demo"]) == 0
+    assert main(["room", "show", "plan", "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "[1] alice: fine" in lines and "  @carol: ship it" in lines and "  user: agreed\\x1b[2J" in lines, lines
     assert not any(line.startswith(("@carol:", "user: agreed")) for line in lines)
     assert not any("\x1b" in line for line in lines)  # a terminal escape is shown, not acted on
+
+
+def test_room_send_cut_short_by_a_stopping_host_says_what_to_run(
+        host: tuple[Path, Gateway, Members, RecordingRunner], capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (acceptance review): the wait cut short by the host's stop printed the Python API's "wait
+    again", and no command waits without posting: it now names the command that shows the rounds later."""
+    root, gw, members, runner = host
+    gw.create_room("launch", ["alice", "bob"])
+    codes: list[int] = []
+    send = threading.Thread(target=lambda: codes.append(
+        main(["room", "send", "launch", "hold on", "--root", str(root), "--wait", "60"])))
+    send.start()
+    try:
+        runner.wait_entered(1, timeout=30)  # posted and its round running: the command waits (or is about to)
+        gw.stop(timeout=1)
+    finally:
+        members.release.set()
+    send.join(60)
+    assert codes == [1]
+    out, err = capsys.readouterr()
+    assert out.startswith("queued in room launch: message ")
+    # the room's stop, the host's rooms gone or the host itself gone, as the stop's timing has it: each says so
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]  # not the host's log lines
+    assert len(errors) == 1, err
+    assert f"the message is posted and its rounds go on from the room's file (look later with: hermes-actors room " \
+           f"show --root {root} launch)" in errors[0] and "wait again" not in err, err

@@ -19,6 +19,7 @@ import orjson
 
 from hermes_actors.cli.arg_types import seconds, utf8_text
 from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line
+from hermes_actors.errors import RoomStopped
 
 __all__ = ["add_room_parser"]
 
@@ -77,6 +78,32 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, read_o
         stop_gateway(gw, received=None)
 
 
+def _wait_cut_short(exc: Exception, args: argparse.Namespace) -> str:
+    """Pure: what ``room send`` prints when its wait ended before the room settled (the message is posted).
+
+    No command waits without posting, so it names the one that shows the rounds later, not the
+    ``wait_room_idle`` the Python API's text suggests.
+
+    Args:
+        exc: what the wait raised: ``TimeoutError`` (``--wait`` ran out), ``RoomStopped`` (the room's gateway, the
+            host's or this command's, stopped, or its actor restarts), another ``RuntimeError`` (the host is
+            stopping: its rooms are gone), ``HostOffline`` / ``HostLost`` (the host went).
+        args: the ``room send`` arguments (``root``, ``room``).
+
+    Returns:
+        The ``error: ...`` line.
+    """
+    later = f"(look later with: hermes-actors room show --root {args.root} {args.room})"
+    if isinstance(exc, TimeoutError):
+        return f"error: {exc}; the rounds go on {later}"
+    # a stopped gateway's rounds resume at the root's next start, a restarted actor's at once
+    goes_on = f"the message is posted and its rounds go on from the room's file {later}"
+    if isinstance(exc, RoomStopped):
+        return (f"error: room {args.room!r} stopped before it became idle (its gateway stopped, or the room's actor "
+                f"failed and restarts); {goes_on}")
+    return f"error: {exc}; {goes_on}"
+
+
 def _after(entries: list[dict[str, Any]], message_id: str) -> list[dict[str, Any]]:
     """Pure: the entries after the one with ``message_id`` (all of them when it is not there)."""
     for index, entry in enumerate(entries):
@@ -103,8 +130,14 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _send(args: argparse.Namespace) -> int:
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline
+    from hermes_actors.rooms.rules import no_room
+
     def act(gw: Any) -> int:
         ack = gw.room_send(args.room, args.sender, args.text)
+        unknown = no_room(args.room)
+        if ack.get("error") == unknown.args[0]:  # a bad argument, as show and disband answer it: not a refusal
+            raise unknown
         if "error" in ack:
             if args.json:
                 _print_json(ack)
@@ -117,9 +150,8 @@ def _send(args: argparse.Namespace) -> int:
             print(f"queued in room {printable(args.room)}: message {ack['message_id']}")
         try:
             state = gw.wait_room_idle(args.room, timeout=args.wait)
-        except TimeoutError as exc:
-            print(f"error: {exc}; the rounds go on (look later with: hermes-actors room show --root {args.root} "
-                  f"{args.room})", file=sys.stderr)
+        except (TimeoutError, RuntimeError, HostOffline, HostLost) as exc:  # the message is posted all the same
+            print(printable(_wait_cut_short(exc, args)), file=sys.stderr)
             return EXIT_FAILED
         entries = _after(gw.room_transcript(args.room), ack["message_id"])
         if args.json:  # one JSON line per transcript entry, then the room's state
@@ -184,14 +216,16 @@ def add_room_parser(
     Args:
         sub: the top-level subparsers.
         root_type: the ``--root`` argparse type.
-        runner_opts: adds ``--runner`` / ``--cli`` (how member turns run).
+        runner_opts: adds ``--runner`` / ``--cli`` (how member turns run without a host: ``create``, ``send`` and
+            ``disband`` start a gateway of their own, which resumes pending rounds; not ``show`` and ``list``).
     """
     room = sub.add_parser("room", help="group rooms: several bots deliberate together")
     rsub = room.add_subparsers(dest="room_command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def common(p: argparse.ArgumentParser, *, runs_turns: bool = True) -> None:
         p.add_argument("--root", required=True, type=root_type, help="the Hermes root")
-        runner_opts(p)
+        if runs_turns:  # show and list read the host's rooms or the files: no turn runs, so no runner is offered
+            runner_opts(p)
 
     p = rsub.add_parser("create", help="create a room of 2 to 6 local bots")
     p.add_argument("name", type=utf8_text, help="the room's name (members' turns run in the session 'Group: <name>')")
@@ -213,12 +247,12 @@ def add_room_parser(
     p = rsub.add_parser("show", help="print a room's transcript")
     p.add_argument("room", type=utf8_text, help="the room's name or id")
     p.add_argument("--json", action="store_true", help="print JSON entries")
-    common(p)
+    common(p, runs_turns=False)
     p.set_defaults(func=_show)
 
     p = rsub.add_parser("list", help="list the rooms")
     p.add_argument("--json", action="store_true", help="print JSON rows")
-    common(p)
+    common(p, runs_turns=False)
     p.set_defaults(func=_list)
 
     p = rsub.add_parser("disband", help="delete a room (its members' sessions stay)")

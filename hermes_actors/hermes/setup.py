@@ -46,7 +46,7 @@ from hermes_actors.hermes.recorded_edits import (
 )
 from hermes_actors.hermes.select import DEFAULT_API_PORT, MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
-from hermes_actors.hermes.submit_client import ping
+from hermes_actors.hermes.submit_client import lock_holder, ping
 from hermes_actors.ops.http_config import MAX_PORT, check_port
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
 
@@ -236,7 +236,8 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
             edit, the gateway's included.
 
     Returns:
-        The report.
+        The report. The edits are made even while a host still serves the root; its first "to do"
+        then names that host (its pid) and says to stop it.
 
     Raises:
         SetupError: the record or an edited file cannot be read safely.
@@ -244,6 +245,7 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     root = _root(root)
     report = SetupReport()
     record = load_record(root)
+    host = lock_holder(root)  # as serve finds another host: the holder of submit.lock, answering or not
     if profiles is None:
         selected = list(record)
     else:
@@ -268,13 +270,45 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     # Enable records each change of a key (`--port 9000`, later `--port 9001`): undone newest first,
     # each says the same "restored" (or "changed since enable") line; say it once.
     report.changed, report.todo = _once(report.changed), _once(report.todo)
+    if selected and host is not None:
+        # uninstall step 1 stops it first: once no profile is managed, it refuses every DM it is handed
+        report.todo.insert(0, f"stop the host that still serves {root} (pid {host}: `hermes-actors serve`, or "
+                              "`hermes gateway run` hosting the actors): until it stops it refuses every DM "
+                              "(\"This install is not Bot-Mode-managed\")")
     if selected:
-        report.todo.append("the 'Bot Chat' sessions were kept (they hold conversations)")
+        report.todo.append("the 'Bot Chat' sessions, and the rooms' 'Group: <name>' ones, were kept (they hold "
+                           "conversations; delete them in hermes if you want them gone)")
+        report.todo.extend(_left_to_remove(root, selected, everything=profiles is None))
     if any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected):
         # a running gateway read its platforms at start: it hosts (and refuses every DM) until restarted
         report.todo.append(f"restart the hermes gateway if one runs, so it stops hosting the actors: "
                            f"HERMES_HOME={root} hermes gateway run --replace")
     return report
+
+
+def _left_to_remove(root: Path, undone: list[dict[str, object]], *, everything: bool) -> list[str]:
+    """What disable leaves that is the user's to remove by hand (uninstall step 3 in docs/hermes.md).
+
+    Args:
+        root: the Hermes root.
+        undone: the record entries just undone.
+        everything: the whole record was undone (no ``--profiles``): ``bot_relay/`` is no longer ours.
+
+    Returns:
+        The "to do" lines: each ``profile.yaml`` now ``{}`` (enable created it), and ``bot_relay/``.
+    """
+    emptied = []
+    for name in dict.fromkeys(str(e["file"]) for e in undone if Path(str(e["file"])).name == "profile.yaml"):
+        try:
+            if read_yaml(root / name) == {}:
+                emptied.append(str(root / name))
+        except SetupError:  # unreadable now: undo_edit said so already
+            continue
+    lines = [f"{path} is now {{}} (enable created it): remove it if you want" for path in emptied]
+    if everything:
+        lines.append(f"{root / 'bot_relay'} was kept (the journal, relay directories, turn locks, quarantine): "
+                     "remove it if you want, once no host runs")
+    return lines
 
 
 def _once(lines: list[str]) -> list[str]:

@@ -30,7 +30,9 @@ def outcome_event(outcome: Mapping[str, Any], now: float) -> dict[str, Any]:
         now: ``time.time()`` when it arrived.
 
     Returns:
-        ``delivery_id``, ``status``, ``reason``, ``sender``, ``target``, ``latency_seconds`` and ``at``.
+        ``delivery_id``, ``status``, ``reason``, ``sender``, ``target`` (a handle), ``to`` (the target as the
+        sender saw it, the outcome's ``from``: ``@bob``, ``@bob on mini`` for another connection's bob, ""
+        when unknown), ``latency_seconds`` and ``at``.
     """
     latency = outcome.get("latency_seconds")
     return {
@@ -39,6 +41,7 @@ def outcome_event(outcome: Mapping[str, Any], now: float) -> dict[str, Any]:
         "reason": str(outcome.get("reason", "")),
         "sender": str(outcome.get("sender", "")),
         "target": str(outcome.get("target") or str(outcome.get("from", "")).lstrip("@")),
+        "to": str(outcome.get("from") or ""),  # the handle alone makes a relayed DM's target look local
         "latency_seconds": round(float(latency), 3) if isinstance(latency, int | float) else None,
         "at": round(now, 3),
     }

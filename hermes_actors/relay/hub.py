@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -538,7 +539,16 @@ def run_hub(
     roots: list[Path], *, names: list[str] | None = None, rescan_seconds: float = 2.0,
     stop: threading.Event | None = None, quiet: bool = False,
 ) -> int:
-    """Run the hub until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code."""
+    """Run the hub until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code.
+
+    Unless ``quiet`` it says so on stdout as it starts (``relay hub running for alpha, mini``), warns on
+    stderr when it has a single root (it relays nothing then), and says ``relay hub stopped`` on stderr
+    once it stopped, as ``serve`` says ``gateway stopped``.
+
+    Raises:
+        ValueError: the ``names`` do not match the ``roots``, a root is given twice, or two roots would
+            get one connection id.
+    """
     if names is not None and len(names) != len(roots):
         raise ValueError(f"got {len(names)} --name for {len(roots)} --root; give one per root or none")
     resolved = [Path(r).resolve() for r in roots]
@@ -566,10 +576,15 @@ def run_hub(
         hub.tell(RosterPush())
         if not quiet:
             print(f"relay hub running for {', '.join(r.name for r in hub_roots)}", flush=True)
+            if len(hub_roots) == 1:  # it runs all the same (as before), with nobody to relay to
+                print(f"warning: a relay hub joins two or more roots; with only {hub_roots[0].root} it relays "
+                      "nothing (give each root to relay with its own --root)", file=sys.stderr, flush=True)
         try:
             waits.until_set(stop)  # a signal handed to a watcher's thread wakes this wait too
         finally:
             for bridge in bridges:
                 bridge.stop()
             hub.stop(block=True, timeout=10)
+    if not quiet:
+        print("relay hub stopped", file=sys.stderr, flush=True)
     return 0

@@ -20,7 +20,8 @@ wait        ``room``, ``wait`` (0–300 s)            ``{"state": ..., "settled"
 ==========  ======================================  =======================================
 
 What the Gateway method would raise (``ValueError`` for a bad name or members,
-``KeyError`` for an unknown room, ``RuntimeError`` when the rooms are unavailable)
+``KeyError`` for an unknown room, ``RuntimeError`` when the rooms are unavailable, ``RoomStopped`` when a
+wait was cut short)
 is answered ``{"error": <its text>, "reason": "unknown", "error_type": <its class
 name>}``; client side, :class:`HostRooms` raises the same exception again, so a
 caller cannot tell the host's rooms from its own gateway's.
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermes_actors.core.reasons import UNKNOWN
+from hermes_actors.errors import RoomStopped
 from hermes_actors.hermes.submit_protocol import MAX_OUTCOME_WAIT, RoomCall
 
 if TYPE_CHECKING:
@@ -43,7 +45,8 @@ __all__ = ["WAIT_SLICE", "HostRooms", "room_handler"]
 
 WAIT_SLICE = 60.0  # seconds the host is asked to wait at once (at most MAX_OUTCOME_WAIT)
 _TIMEOUT = 30.0  # seconds an answer may take besides the wait (a create writes a file, a send an fsync)
-_RAISED: dict[str, type[Exception]] = {"ValueError": ValueError, "KeyError": KeyError, "RuntimeError": RuntimeError}
+_RAISED: dict[str, type[Exception]] = {"ValueError": ValueError, "KeyError": KeyError, "RuntimeError": RuntimeError,
+                                       "RoomStopped": RoomStopped}
 
 
 def _raised(exc: Exception) -> dict[str, Any]:

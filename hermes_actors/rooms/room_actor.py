@@ -31,7 +31,7 @@ from loguru import logger
 from actors import TypedActor, handles, tell
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, refuse, resolve_local
-from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.errors import HostileFileError, RoomStopped, StoreError
 from hermes_actors.messages import (
     ROOM_ORIGIN,
     AwaitIdle,
@@ -136,10 +136,10 @@ class RoomActor(TypedActor):
 
     def on_stop(self) -> None:
         # A waiter must not sit out its whole timeout on a room nobody will advance any more.
-        error = RuntimeError(f"room {self.record.name!r} stopped before it became idle (the gateway stopped, or the "
-                             "room's actor failed and restarts); its rounds go on from its file: wait again")
+        error = RoomStopped(f"room {self.record.name!r} stopped before it became idle (the gateway stopped, or the "
+                            "room's actor failed and restarts); its rounds go on from its file: wait again")
         for future in self.waiters:
-            future.set_exception(exc_info=(RuntimeError, error, None))
+            future.set_exception(exc_info=(RoomStopped, error, None))
         self.waiters.clear()
 
     # ── helpers ─────────────────────────────────────────────────────────────
