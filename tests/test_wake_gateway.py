@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import fcntl
+import json
 import os
 import re
 import shlex
@@ -25,6 +26,8 @@ from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.core.wake import wake_id
 from hermes_actors.messages import BOT_CHAT_SESSION, Turn
+from hermes_actors.ops.status import live_status
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 from hermes_actors.store.turnlock import turn_lock_path
 
 WAKE_ON = {"bot_mode": {"wake_sender": True}}
@@ -433,6 +436,76 @@ def test_a_senders_wake_is_queued_past_its_full_queue_and_runs_once(
     alice = [t.delivery_id for t in rec.entered if t.profile == "alice"]
     assert alice == [*before, wake_id(dm)]  # the wake once, behind the DMs queued before it
     assert gw.stats()["wakes_failed"] == 0
+
+
+def test_wakes_queued_past_the_bound_are_not_counted_as_dms_waiting(tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Review (diffrev10): wakes are queued past ``max_queued`` but were counted as DMs waiting, so with one DM
+    waiting and three wakes queued a new DM was refused "the queue for profile 'alice' is full (4 DMs waiting)",
+    with ``max_queued`` 2. The bound and its text count DMs only: a local DM and a relayed-in one (checked by
+    the ProfileActor, not in an ack) are admitted while fewer than ``max_queued`` DMs wait, and the next local
+    DM is refused naming the DMs that wait."""
+    root = make_root(tmp_path, name="alpha")
+    release = threading.Event()
+    rec = RecordingRunner(held_on("blocker", release))
+    gw = start_gateway(gateways, root, rec, connection_id="alpha",
+                       config={"bot_mode": {"wake_sender": True, "max_queued": 2}})
+    blocker = queued(gw.message_agent(sender="carol", target="alice", message="blocker"))
+    rec.wait_entered(1)
+    fill = queued(gw.message_agent(sender="carol", target="alice", message="fill 0"))
+    with LogCapture("DEBUG") as logs:
+        dms = [queued(gw.message_agent(sender="alice", target="bob", message=f"ping {i}")) for i in range(3)]
+        for dm in dms:
+            assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+            wake_told(gw, logs, dm)  # queued on alice's ProfileActor, behind fill 0
+    paths = InboxPaths.from_root(root)
+    envelope = seed_envelope(target_connection="alpha", target_profile="alice", from_profile="moxie",
+                             message="relayed")
+    post_to_inbox(paths, envelope, "mini")  # checked by alice's ProfileActor: 1 DM waits, 3 wakes
+    delivered = paths.delivered / f"{envelope['id']}.json"
+    await_condition(lambda: delivered.exists() or any(r["delivery_id"] == envelope["id"]
+                                                      for r in live_status(gw)["in_flight"]),
+                    timeout=10, message="the relayed-in DM is queued (or answered)")
+    gw.stats()  # an ask: the Dispatcher has handed it to alice's ProfileActor
+    assert not delivered.exists(), delivered.read_text(encoding="utf-8")  # not refused: only 1 DM waited
+    refused = gw.message_agent(sender="carol", target="alice", message="one too many")
+    assert refused.get("reason") == "target_busy", refused
+    assert "the queue for profile 'alice' is full (2 DMs waiting)" in refused["error"], refused
+    release.set()
+    for key in (blocker, fill, *(wake_id(dm) for dm in dms)):
+        assert gw.wait_outcome(key, timeout=20)["status"] == "replied"
+    await_condition(delivered.exists, timeout=20, message="the relayed-in DM's reply")
+    assert json.loads(delivered.read_text(encoding="utf-8"))["reply"] == "ok: relayed"
+    alice = [t.delivery_id for t in rec.entered if t.profile == "alice"]
+    assert alice == [blocker, fill, *(wake_id(dm) for dm in dms), envelope["id"]]
+
+
+def test_a_running_wake_takes_the_place_of_the_turn_so_a_dm_past_the_bound_is_refused_in_its_ack(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """A queued wake takes no place in the bound, but the turn it runs does (``max_queued`` places and one for
+    the turn): while alice's wake runs, ``max_queued`` DMs may wait and the next is refused in its ack, not
+    acked and then failed ``target_busy`` by the ProfileActor."""
+    gate = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if is_wake_turn(turn):
+            assert gate.wait(30), "the test never opened the gate"
+            return "noted"
+        return f"ok: {body_of(turn.content)}"
+
+    rec = RecordingRunner(behave)
+    gw = start_gateway(gateways, make_root(tmp_path), rec, config={"bot_mode": {"wake_sender": True, "max_queued": 2}})
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+    assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+    rec.wait_entered(2, timeout=10)  # alice's wake turn is running
+    waiting = [queued(gw.message_agent(sender="carol", target="alice", message=f"fill {i}")) for i in range(2)]
+    refused = gw.message_agent(sender="carol", target="alice", message="one too many")
+    assert refused.get("reason") == "target_busy", refused
+    assert "the queue for profile 'alice' is full (2 DMs waiting)" in refused["error"], refused
+    gate.set()
+    assert gw.wait_outcome(wake_id(dm), timeout=20)["reply"] == "noted"
+    for key in waiting:
+        assert gw.wait_outcome(key, timeout=20)["status"] == "replied"
 
 
 def test_a_wake_that_waited_past_the_turn_wait_budget_still_runs_even_if_the_flock_is_busy_as_it_starts(

@@ -125,8 +125,11 @@ def exempt_from_queue_bounds(delivery: Delivery) -> bool:
     refused for a full queue or expired in it loses the reply for good (the bot never learns it).
     And it needs no bound of its own: one wake per DM its sender sent, each of them admitted under
     its target's bound. So a wake is queued however full the sender's queue is, and waits for its
-    turn however long that takes; it still holds a place in the queue (``QueueGauge.hold``), and
-    runs behind the turns queued before it.
+    turn however long that takes, behind the turns queued before it. Nor does it count toward the
+    bound: ``max_queued`` and the "(N DMs waiting)" of a refusal count DMs, so a queued wake takes
+    no place in the :class:`~hermes_actors.local.queue_gauge.QueueGauge` (else wakes queued past
+    the bound would refuse the sender's next DMs below it). Its turn, once it runs, takes the one
+    place kept for the turn, as a DM's does.
 
     Args:
         delivery: the queued delivery.

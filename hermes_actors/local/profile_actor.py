@@ -172,15 +172,34 @@ class ProfileActor(TypedActor):
         if self.winding_down:
             self._settle(outcomes.cancelled(key, delivery.label))
             return
-        # With nothing running, the queue's head is the turn about to start (a batch is queued whole first):
-        # max_queued DMs wait behind it, as the admission's QueueGauge counts them. A wake is queued past the
-        # bound: it is bounded by its sender's own DMs, and nobody could resend it (exempt_from_queue_bounds).
-        waiting = len(self.queue) - (self.running is None and len(self.queue) > 0)
-        if waiting >= self.deps.config.max_queued and not exempt_from_queue_bounds(delivery):
+        # A wake is queued past the bound: it is bounded by its sender's own DMs, and nobody could resend it
+        # (exempt_from_queue_bounds).
+        waiting = None if exempt_from_queue_bounds(delivery) else self._full_with()
+        if waiting is not None:
             text = outcomes.queue_full_text(self.info.profile, waiting)
             self._settle(outcomes.failed(key, delivery.label, text, "target_busy"))
             return
         self._enqueue(delivery, time.monotonic())
+
+    def _full_with(self) -> int | None:
+        """The DMs waiting when ``max_queued`` of them wait already (the queue is full), as the QueueGauge counts them.
+
+        With nothing running, the queue's head is the turn about to start (a batch is queued whole first):
+        it is not waiting. Wakes are not counted (exempt_from_queue_bounds): queued past the bound, they
+        would otherwise refuse DMs below it.
+
+        Returns:
+            The DMs waiting when the queue is full (for the refusal's text); None when a DM may still wait.
+        """
+        max_queued = self.deps.config.max_queued
+        queued = len(self.queue)
+        head_starts = self.running is None and queued > 0
+        if queued - head_starts < max_queued:  # fewer deliveries than the bound, so fewer DMs: no need to count
+            return None
+        waiting = sum(not exempt_from_queue_bounds(delivery) for delivery, _ in self.queue.values())
+        if head_starts and not exempt_from_queue_bounds(next(iter(self.queue.values()))[0]):
+            waiting -= 1
+        return waiting if waiting >= max_queued else None
 
     def _enqueue(self, delivery: Delivery, enqueued: float) -> None:
         self.queue[delivery.delivery_id] = (delivery, enqueued)
@@ -230,6 +249,10 @@ class ProfileActor(TypedActor):
                     self.deps.gates.close(self.info.profile, gate)
                     break
                 del self.queue[delivery.delivery_id]
+                if exempt_from_queue_bounds(delivery) and self.deps.gauge is not None:
+                    # Queued, a wake held no place (LocalIntake._queue); its turn takes the one kept for the turn,
+                    # so no more than max_queued DMs are admitted behind it. Freed as it settles (_settle).
+                    self.deps.gauge.hold(self.info.profile, delivery.delivery_id)
                 # handed describes this turn only: an earlier owner handoff must not make an inline turn's crash
                 # (salvage) or give-up (_settle_unbegun) look like an owner's turn
                 self.running, self.gate, self.handed = delivery, gate, False
