@@ -13,7 +13,10 @@ import json
 import os
 import re
 import shlex
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -546,6 +549,83 @@ def test_a_wake_that_waited_past_the_turn_wait_budget_still_runs_even_if_the_flo
     assert contended.is_set()  # the wake's first try at the flock found it busy, and it waited
     assert gw.wait_outcome(blocker, timeout=10)["status"] == "replied"
     assert [t.delivery_id for t in rec.entered if t.profile == "alice"] == [blocker, wake_id(dm)]
+    assert gw.stats()["wakes_failed"] == 0
+
+
+_HOLD_THE_FLOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("turn_wait", [0, -5])
+def test_a_wake_waits_for_a_flock_another_process_holds_a_moment_even_with_no_turn_wait(
+    tmp_path: Path, gateways: list[Gateway], turn_wait: float
+) -> None:
+    """Review (diffrev10): a wake's flock wait was ``turn_wait_seconds`` from its start, so with 0 (what a negative
+    value means too, as the seed reads it) one try that found the bot's flock taken by another process's turn
+    failed the wake ``target_busy``: its reply was lost to the bot (nobody resends a wake) for a moment's
+    contention. A wake now waits for the flock as long as a turn may hold it (``turn_timeout_seconds``)."""
+    root = make_root(tmp_path)
+    lock = turn_lock_path(root, "alice")
+    lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_THE_FLOCK, str(lock)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"  # another process's turn
+        rec = RecordingRunner()
+        config = {"bot_mode": {"wake_sender": True, "turn_wait_seconds": turn_wait}}
+        gw = start_gateway(gateways, root, rec, config=config)
+        with LogCapture("INFO") as logs:
+            dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+            assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+            await_condition(lambda: logs.matching("waiting for the lock", str(lock)), timeout=10,
+                            message="the wake found alice's flock taken")
+    finally:
+        holder.communicate("go\n", timeout=30)  # its turn ends: the flock is free
+    wake = gw.wait_outcome(wake_id(dm), timeout=20)
+    assert (wake["status"], wake["reply"]) == ("replied", "ok: Reply from @bob: ok: ping"), wake
+    assert [t.delivery_id for t in rec.entered if t.profile == "alice"] == [wake_id(dm)]
+    assert gw.stats()["wakes_failed"] == 0
+
+
+def test_a_wake_that_got_the_flock_late_still_has_the_whole_turn_timeout_for_its_turn(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """A wake's flock wait may last ``turn_timeout_seconds``, so its turn timer runs past that wait: a wake that
+    waited for another process's turn and then runs a turn of its own is not cut off ``delivery_timeout`` at
+    ``turn_timeout_seconds`` from its start (the timer would have fired while its turn ran)."""
+    timeout = 3.0
+    root = make_root(tmp_path)
+    lock = turn_lock_path(root, "alice")
+    lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    waited: list[float] = []  # when the test saw the wake wait for the flock (after its timer was armed)
+
+    def behave(turn: Turn) -> str:
+        if is_wake_turn(turn):  # a turn that outlives the wake's start + turn_timeout_seconds, by a margin
+            threading.Event().wait(max(0.0, waited[0] + timeout + 0.5 - time.monotonic()))
+            return "noted"
+        return f"ok: {body_of(turn.content)}"
+
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_THE_FLOCK, str(lock)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        rec = RecordingRunner(behave)
+        gw = start_gateway(gateways, root, rec, config={"bot_mode": {"wake_sender": True, "turn_wait_seconds": 0,
+                                                                     "turn_timeout_seconds": timeout}})
+        with LogCapture("INFO") as logs:
+            dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+            await_condition(lambda: logs.matching("waiting for the lock", str(lock)), timeout=10,
+                            message="the wake found alice's flock taken")
+            waited.append(time.monotonic())
+    finally:
+        holder.communicate("go\n", timeout=30)
+    wake = gw.wait_outcome(wake_id(dm), timeout=20)
+    assert (wake["status"], wake["reply"]) == ("replied", "noted"), wake
     assert gw.stats()["wakes_failed"] == 0
 
 

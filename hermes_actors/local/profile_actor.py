@@ -29,7 +29,7 @@ from loguru import logger
 
 from actors import Link, TimerHandle, TypedActor, handles, tell
 from hermes_actors.core import outcomes
-from hermes_actors.core.wake import exempt_from_queue_bounds
+from hermes_actors.core.wake import exempt_from_queue_bounds, wake_lock_wait
 from hermes_actors.local.live_handoff import give_up_on, record_not_handed
 from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
 from hermes_actors.local.profile_outcomes import kept_at_stop, outcome_of_turn, timed_out_outcome
@@ -290,18 +290,25 @@ class ProfileActor(TypedActor):
 
     def _run_on_worker(self, delivery: Delivery, enqueued: float, gate: TurnGate) -> None:
         """Hand the turn to the worker pool; it comes back as :class:`TurnFinished`."""
-        # The flock is waited for until the queue wait's budget runs out. A wake's is timed from now: it may have
-        # waited its turn past that budget (exempt_from_queue_bounds), and a deadline already past would fail it
-        # at the first try that finds the flock taken (another process's turn).
-        waited_from = time.monotonic() if exempt_from_queue_bounds(delivery) else enqueued
-        deadline = waited_from + self.deps.config.turn_wait_seconds
-        owner = live_owner_for(self.owner, delivery)
+        # A DM waits for the flock until its queue wait's budget runs out. A wake's wait is timed from now (it may
+        # have waited its turn past that budget: exempt_from_queue_bounds) and lasts as long as another process's
+        # turn may hold the flock (wake_lock_wait): nobody resends a wake that fails target_busy. Its turn timer
+        # runs past that wait, so a wake that got the flock late still has turn_timeout_seconds for its turn.
+        config = self.deps.config
+        owner = live_owner_for(self.owner, delivery)  # the live owner takes no flock
         self.handed = owner is not None
+        lock_wait = 0.0
+        if exempt_from_queue_bounds(delivery) and owner is None:
+            lock_wait = wake_lock_wait(config.turn_wait_seconds, config.turn_timeout_seconds)
+            deadline = time.monotonic() + lock_wait
+        else:
+            deadline = enqueued + config.turn_wait_seconds
         self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=owner,
                                          profile=self.info.profile, home=self.info.home, deadline=deadline,
                                          gate=gate))
-        timeout = self.deps.config.turn_timeout_seconds
-        self.turn_timer = self.timers.after(timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0 else None
+        timeout = config.turn_timeout_seconds
+        self.turn_timer = (self.timers.after(lock_wait + timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0
+                           else None)
 
     def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
         outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
