@@ -955,6 +955,68 @@ def test_a_kept_reply_no_sender_waits_for_any_more_is_not_written_to_redis_again
     assert not logs.matching("came in through the file relay"), logs.lines
 
 
+def test_a_kept_reply_no_sender_waits_for_is_swept_by_the_redis_housekeeping_once_6_h_old(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Review (diffrev10): a start mark without ``via`` whose reply no sender waits for on Redis was left in place,
+    the INFO saying "a gateway of this root on the file relay removes them after 6 h"; on a root that stays on Redis
+    nothing did (``sweep_marks`` kept every mark that keeps a reply), so each start logged the INFO and asked Redis
+    about them again. The Redis transport's housekeeping now removes such a mark once older than 6 h, as the file
+    relay's would: only one Redis answered about, never one still younger, nor one whose envelope a file-relay
+    shelf holds, nor one whose sender waits (written) or Redis could not be asked about."""
+    client = redis_server.client()
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    old = time.time() - 7 * 3600
+
+    def aged(mark: Path) -> Path:
+        os.utime(mark, (old, old))
+        return mark
+
+    stale = aged(_write_mark_without_via(paths, uuid.uuid4().hex, "answered long ago", "alpha"))
+    young = _write_mark_without_via(paths, uuid.uuid4().hex, "answered an hour ago", "alpha")
+    shelved = _write_mark_without_via(paths, uuid.uuid4().hex, "its envelope shelved later", "alpha")
+    with LogCapture("INFO") as logs, gateway(tmp_path, "mini", redis_server, RecordingRunner()) as mini:
+        # after the start read the marks: a file-relay shelf holds the envelope of a mark Redis answered about
+        shelf = paths.taken_parent / f"{SHELF_PREFIX}{uuid.uuid4().hex}"
+        shelf.mkdir(mode=0o700)
+        (shelf / LOCK_NAME).touch(mode=0o600)
+        envelope = seed_envelope(target_connection="mini", target_profile="bob", message="on a shelf",
+                                 envelope_id=shelved.stem)
+        (shelf / shelved.name).write_text(json.dumps({**envelope, "reply_connection": "alpha"}), encoding="utf-8")
+        aged(shelved)
+        mini.housekeep()  # as the first tick's (and then hourly) housekeeping does
+    assert not stale.exists(), "a mark no sender waits for, older than 6 h, is swept"
+    assert young.exists() and shelved.exists()
+    assert len(logs.matching("no sender waits for", stale.stem)) == 1, logs.lines
+    assert logs.matching("no sender waits for", "removed once older than 6 h by the housekeeping"), logs.lines
+    assert not client.exists(KEYS.replies("alpha")), "a reply no sender waits for was written"
+    with LogCapture("INFO") as logs, gateway(tmp_path, "mini", redis_server, RecordingRunner()):
+        pass
+    assert not logs.matching("no sender waits for", stale.stem), "the next start asks about it no more"
+    assert logs.matching("no sender waits for", young.stem), logs.lines
+    assert shelved.exists()
+
+
+def test_a_kept_reply_redis_could_not_be_asked_about_is_not_swept_by_age(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Redis down at the start: whether its sender still waits is unknown, so an old mark without ``via`` keeping
+    a reply stays (written once Redis answers), however old."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    paths = InboxPaths.from_root(root).ensure()
+    mark = _write_mark_without_via(paths, uuid.uuid4().hex, "answered long ago", "alpha")
+    old = time.time() - 7 * 3600
+    os.utime(mark, (old, old))
+    redis_server.kill()
+    try:
+        with gateway(tmp_path, "mini", redis_server, RecordingRunner()) as mini:  # started while Redis is down
+            mini.housekeep()
+            assert mark.exists()
+    finally:
+        redis_server.start()
+
+
 def test_a_mark_without_via_that_redis_cannot_be_asked_about_at_start_is_written_and_its_sender_drops_it(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:

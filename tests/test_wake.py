@@ -17,6 +17,7 @@ from hermes_actors.core.wake import (
     wake_enabled,
     wake_for,
     wake_id,
+    wake_lock_wait,
     wake_text,
 )
 from hermes_actors.messages import Delivery
@@ -186,3 +187,13 @@ def test_a_cut_wake_fits_both_hermes_paths_note_included() -> None:
     out = wake_text("Reply from @bob: " + "x" * 200_000, "d" * 32, ROOT)
     assert len(out) <= 65_536 and len(out.encode()) <= 100 * 1024
     assert out.endswith("prints it]")
+
+
+@pytest.mark.parametrize(("turn_wait", "turn_timeout", "waits"), [(0.0, 600.0, 600.0), (120.0, 600.0, 600.0),
+                                                                   (900.0, 600.0, 900.0), (0.0, 1.0, 1.0)])
+def test_a_wakes_flock_wait_lasts_as_long_as_a_turn_may_hold_the_flock(
+    turn_wait: float, turn_timeout: float, waits: float
+) -> None:
+    """Nobody resends a wake: it waits for the flock as long as another process's turn may hold it, whatever a
+    DM's wait (turn_wait_seconds 0 included), or longer when turn_wait_seconds is."""
+    assert wake_lock_wait(turn_wait, turn_timeout) == waits

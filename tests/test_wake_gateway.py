@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import ast
 import fcntl
+import json
 import os
 import re
 import shlex
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,8 @@ from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.core.wake import wake_id
 from hermes_actors.messages import BOT_CHAT_SESSION, Turn
+from hermes_actors.ops.status import live_status
+from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 from hermes_actors.store.turnlock import turn_lock_path
 
 WAKE_ON = {"bot_mode": {"wake_sender": True}}
@@ -435,6 +441,76 @@ def test_a_senders_wake_is_queued_past_its_full_queue_and_runs_once(
     assert gw.stats()["wakes_failed"] == 0
 
 
+def test_wakes_queued_past_the_bound_are_not_counted_as_dms_waiting(tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Review (diffrev10): wakes are queued past ``max_queued`` but were counted as DMs waiting, so with one DM
+    waiting and three wakes queued a new DM was refused "the queue for profile 'alice' is full (4 DMs waiting)",
+    with ``max_queued`` 2. The bound and its text count DMs only: a local DM and a relayed-in one (checked by
+    the ProfileActor, not in an ack) are admitted while fewer than ``max_queued`` DMs wait, and the next local
+    DM is refused naming the DMs that wait."""
+    root = make_root(tmp_path, name="alpha")
+    release = threading.Event()
+    rec = RecordingRunner(held_on("blocker", release))
+    gw = start_gateway(gateways, root, rec, connection_id="alpha",
+                       config={"bot_mode": {"wake_sender": True, "max_queued": 2}})
+    blocker = queued(gw.message_agent(sender="carol", target="alice", message="blocker"))
+    rec.wait_entered(1)
+    fill = queued(gw.message_agent(sender="carol", target="alice", message="fill 0"))
+    with LogCapture("DEBUG") as logs:
+        dms = [queued(gw.message_agent(sender="alice", target="bob", message=f"ping {i}")) for i in range(3)]
+        for dm in dms:
+            assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+            wake_told(gw, logs, dm)  # queued on alice's ProfileActor, behind fill 0
+    paths = InboxPaths.from_root(root)
+    envelope = seed_envelope(target_connection="alpha", target_profile="alice", from_profile="moxie",
+                             message="relayed")
+    post_to_inbox(paths, envelope, "mini")  # checked by alice's ProfileActor: 1 DM waits, 3 wakes
+    delivered = paths.delivered / f"{envelope['id']}.json"
+    await_condition(lambda: delivered.exists() or any(r["delivery_id"] == envelope["id"]
+                                                      for r in live_status(gw)["in_flight"]),
+                    timeout=10, message="the relayed-in DM is queued (or answered)")
+    gw.stats()  # an ask: the Dispatcher has handed it to alice's ProfileActor
+    assert not delivered.exists(), delivered.read_text(encoding="utf-8")  # not refused: only 1 DM waited
+    refused = gw.message_agent(sender="carol", target="alice", message="one too many")
+    assert refused.get("reason") == "target_busy", refused
+    assert "the queue for profile 'alice' is full (2 DMs waiting)" in refused["error"], refused
+    release.set()
+    for key in (blocker, fill, *(wake_id(dm) for dm in dms)):
+        assert gw.wait_outcome(key, timeout=20)["status"] == "replied"
+    await_condition(delivered.exists, timeout=20, message="the relayed-in DM's reply")
+    assert json.loads(delivered.read_text(encoding="utf-8"))["reply"] == "ok: relayed"
+    alice = [t.delivery_id for t in rec.entered if t.profile == "alice"]
+    assert alice == [blocker, fill, *(wake_id(dm) for dm in dms), envelope["id"]]
+
+
+def test_a_running_wake_takes_the_place_of_the_turn_so_a_dm_past_the_bound_is_refused_in_its_ack(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """A queued wake takes no place in the bound, but the turn it runs does (``max_queued`` places and one for
+    the turn): while alice's wake runs, ``max_queued`` DMs may wait and the next is refused in its ack, not
+    acked and then failed ``target_busy`` by the ProfileActor."""
+    gate = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if is_wake_turn(turn):
+            assert gate.wait(30), "the test never opened the gate"
+            return "noted"
+        return f"ok: {body_of(turn.content)}"
+
+    rec = RecordingRunner(behave)
+    gw = start_gateway(gateways, make_root(tmp_path), rec, config={"bot_mode": {"wake_sender": True, "max_queued": 2}})
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+    assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+    rec.wait_entered(2, timeout=10)  # alice's wake turn is running
+    waiting = [queued(gw.message_agent(sender="carol", target="alice", message=f"fill {i}")) for i in range(2)]
+    refused = gw.message_agent(sender="carol", target="alice", message="one too many")
+    assert refused.get("reason") == "target_busy", refused
+    assert "the queue for profile 'alice' is full (2 DMs waiting)" in refused["error"], refused
+    gate.set()
+    assert gw.wait_outcome(wake_id(dm), timeout=20)["reply"] == "noted"
+    for key in waiting:
+        assert gw.wait_outcome(key, timeout=20)["status"] == "replied"
+
+
 def test_a_wake_that_waited_past_the_turn_wait_budget_still_runs_even_if_the_flock_is_busy_as_it_starts(
     tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -473,6 +549,83 @@ def test_a_wake_that_waited_past_the_turn_wait_budget_still_runs_even_if_the_flo
     assert contended.is_set()  # the wake's first try at the flock found it busy, and it waited
     assert gw.wait_outcome(blocker, timeout=10)["status"] == "replied"
     assert [t.delivery_id for t in rec.entered if t.profile == "alice"] == [blocker, wake_id(dm)]
+    assert gw.stats()["wakes_failed"] == 0
+
+
+_HOLD_THE_FLOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("turn_wait", [0, -5])
+def test_a_wake_waits_for_a_flock_another_process_holds_a_moment_even_with_no_turn_wait(
+    tmp_path: Path, gateways: list[Gateway], turn_wait: float
+) -> None:
+    """Review (diffrev10): a wake's flock wait was ``turn_wait_seconds`` from its start, so with 0 (what a negative
+    value means too, as the seed reads it) one try that found the bot's flock taken by another process's turn
+    failed the wake ``target_busy``: its reply was lost to the bot (nobody resends a wake) for a moment's
+    contention. A wake now waits for the flock as long as a turn may hold it (``turn_timeout_seconds``)."""
+    root = make_root(tmp_path)
+    lock = turn_lock_path(root, "alice")
+    lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_THE_FLOCK, str(lock)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"  # another process's turn
+        rec = RecordingRunner()
+        config = {"bot_mode": {"wake_sender": True, "turn_wait_seconds": turn_wait}}
+        gw = start_gateway(gateways, root, rec, config=config)
+        with LogCapture("INFO") as logs:
+            dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+            assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+            await_condition(lambda: logs.matching("waiting for the lock", str(lock)), timeout=10,
+                            message="the wake found alice's flock taken")
+    finally:
+        holder.communicate("go\n", timeout=30)  # its turn ends: the flock is free
+    wake = gw.wait_outcome(wake_id(dm), timeout=20)
+    assert (wake["status"], wake["reply"]) == ("replied", "ok: Reply from @bob: ok: ping"), wake
+    assert [t.delivery_id for t in rec.entered if t.profile == "alice"] == [wake_id(dm)]
+    assert gw.stats()["wakes_failed"] == 0
+
+
+def test_a_wake_that_got_the_flock_late_still_has_the_whole_turn_timeout_for_its_turn(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """A wake's flock wait may last ``turn_timeout_seconds``, so its turn timer runs past that wait: a wake that
+    waited for another process's turn and then runs a turn of its own is not cut off ``delivery_timeout`` at
+    ``turn_timeout_seconds`` from its start (the timer would have fired while its turn ran)."""
+    timeout = 3.0
+    root = make_root(tmp_path)
+    lock = turn_lock_path(root, "alice")
+    lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    waited: list[float] = []  # when the test saw the wake wait for the flock (after its timer was armed)
+
+    def behave(turn: Turn) -> str:
+        if is_wake_turn(turn):  # a turn that outlives the wake's start + turn_timeout_seconds, by a margin
+            threading.Event().wait(max(0.0, waited[0] + timeout + 0.5 - time.monotonic()))
+            return "noted"
+        return f"ok: {body_of(turn.content)}"
+
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_THE_FLOCK, str(lock)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        rec = RecordingRunner(behave)
+        gw = start_gateway(gateways, root, rec, config={"bot_mode": {"wake_sender": True, "turn_wait_seconds": 0,
+                                                                     "turn_timeout_seconds": timeout}})
+        with LogCapture("INFO") as logs:
+            dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+            await_condition(lambda: logs.matching("waiting for the lock", str(lock)), timeout=10,
+                            message="the wake found alice's flock taken")
+            waited.append(time.monotonic())
+    finally:
+        holder.communicate("go\n", timeout=30)
+    wake = gw.wait_outcome(wake_id(dm), timeout=20)
+    assert (wake["status"], wake["reply"]) == ("replied", "noted"), wake
     assert gw.stats()["wakes_failed"] == 0
 
 

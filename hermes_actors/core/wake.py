@@ -39,6 +39,7 @@ __all__ = [
     "wake_enabled",
     "wake_for",
     "wake_id",
+    "wake_lock_wait",
     "wake_text",
 ]
 
@@ -125,8 +126,11 @@ def exempt_from_queue_bounds(delivery: Delivery) -> bool:
     refused for a full queue or expired in it loses the reply for good (the bot never learns it).
     And it needs no bound of its own: one wake per DM its sender sent, each of them admitted under
     its target's bound. So a wake is queued however full the sender's queue is, and waits for its
-    turn however long that takes; it still holds a place in the queue (``QueueGauge.hold``), and
-    runs behind the turns queued before it.
+    turn however long that takes, behind the turns queued before it. Nor does it count toward the
+    bound: ``max_queued`` and the "(N DMs waiting)" of a refusal count DMs, so a queued wake takes
+    no place in the :class:`~hermes_actors.local.queue_gauge.QueueGauge` (else wakes queued past
+    the bound would refuse the sender's next DMs below it). Its turn, once it runs, takes the one
+    place kept for the turn, as a DM's does.
 
     Args:
         delivery: the queued delivery.
@@ -135,6 +139,26 @@ def exempt_from_queue_bounds(delivery: Delivery) -> bool:
         True for a wake turn.
     """
     return is_wake(delivery)
+
+
+def wake_lock_wait(turn_wait_seconds: float, turn_timeout_seconds: float) -> float:
+    """Pure: how long a wake's turn waits for its bot's flock, timed from the moment it starts.
+
+    Another process's turn (another host on the root, the seed, a CLI chat) holds the flock for as long
+    as it runs, legitimately up to ``turn_timeout_seconds``. A DM that gives up sooner is refused
+    ``target_busy`` and its sender may resend it; nobody resends a wake, so one that gave up would lose
+    its reply to the bot for a moment's contention (with ``turn_wait_seconds`` 0, at the first busy
+    try). So a wake waits at least that long, or ``turn_wait_seconds`` when it is longer; only a flock
+    held past it (a turn that outlived its timeout, or a stuck process) still fails it.
+
+    Args:
+        turn_wait_seconds: ``bot_mode.turn_wait_seconds`` (≥ 0: a negative one reads as 0, as the seed reads it).
+        turn_timeout_seconds: ``bot_mode.turn_timeout_seconds``, the longest a turn may hold the flock.
+
+    Returns:
+        The seconds a wake's turn may wait for the flock.
+    """
+    return max(turn_wait_seconds, turn_timeout_seconds)
 
 
 def shown_route(route: str, origin: str) -> str:

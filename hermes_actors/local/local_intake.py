@@ -17,6 +17,7 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.targets import LocalRoute
+from hermes_actors.core.wake import exempt_from_queue_bounds
 from hermes_actors.local.durability import Durability
 from hermes_actors.local.outcome_book import OutcomeBook, Pending
 from hermes_actors.local.outcome_flow import OutcomeFlow, answer_room
@@ -37,7 +38,8 @@ class LocalIntake:
         durability: the durability strategy (an accepted DM is journaled first in durable mode).
         flow: the outcome flow (a delivery refused at a stop is settled through it).
         counters: the Dispatcher's counters (``accepted`` is counted here).
-        gauge: the places the profiles' queues have left: whatever is queued holds one (None: not kept).
+        gauge: the places the profiles' queues have left: whatever is queued holds one but a wake, which the
+            bound does not count (None: not kept).
     """
 
     def __init__(
@@ -116,8 +118,10 @@ class LocalIntake:
 
     def _queue(self, info: ProfileInfo, delivery: Delivery, *, held: bool = False) -> None:
         """Queue ``delivery`` on its ProfileActor; it holds a place in the profile's queue until it is settled
-        (``held``: it took its place when it was admitted; else it takes one now, past the bound if need be)."""
-        if self.gauge is not None and not held:
+        (``held``: it took its place when it was admitted; else it takes one now, past the bound if need be).
+        A wake takes none while queued: the bound counts DMs (``exempt_from_queue_bounds``); the ProfileActor
+        has its turn take the turn's place as it starts."""
+        if self.gauge is not None and not held and not exempt_from_queue_bounds(delivery):
             self.gauge.hold(info.profile, delivery.delivery_id)
         self.profiles.queue(info, delivery)
 

@@ -29,7 +29,7 @@ from loguru import logger
 
 from actors import Link, TimerHandle, TypedActor, handles, tell
 from hermes_actors.core import outcomes
-from hermes_actors.core.wake import exempt_from_queue_bounds
+from hermes_actors.core.wake import exempt_from_queue_bounds, wake_lock_wait
 from hermes_actors.local.live_handoff import give_up_on, record_not_handed
 from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
 from hermes_actors.local.profile_outcomes import kept_at_stop, outcome_of_turn, timed_out_outcome
@@ -172,15 +172,34 @@ class ProfileActor(TypedActor):
         if self.winding_down:
             self._settle(outcomes.cancelled(key, delivery.label))
             return
-        # With nothing running, the queue's head is the turn about to start (a batch is queued whole first):
-        # max_queued DMs wait behind it, as the admission's QueueGauge counts them. A wake is queued past the
-        # bound: it is bounded by its sender's own DMs, and nobody could resend it (exempt_from_queue_bounds).
-        waiting = len(self.queue) - (self.running is None and len(self.queue) > 0)
-        if waiting >= self.deps.config.max_queued and not exempt_from_queue_bounds(delivery):
+        # A wake is queued past the bound: it is bounded by its sender's own DMs, and nobody could resend it
+        # (exempt_from_queue_bounds).
+        waiting = None if exempt_from_queue_bounds(delivery) else self._full_with()
+        if waiting is not None:
             text = outcomes.queue_full_text(self.info.profile, waiting)
             self._settle(outcomes.failed(key, delivery.label, text, "target_busy"))
             return
         self._enqueue(delivery, time.monotonic())
+
+    def _full_with(self) -> int | None:
+        """The DMs waiting when ``max_queued`` of them wait already (the queue is full), as the QueueGauge counts them.
+
+        With nothing running, the queue's head is the turn about to start (a batch is queued whole first):
+        it is not waiting. Wakes are not counted (exempt_from_queue_bounds): queued past the bound, they
+        would otherwise refuse DMs below it.
+
+        Returns:
+            The DMs waiting when the queue is full (for the refusal's text); None when a DM may still wait.
+        """
+        max_queued = self.deps.config.max_queued
+        queued = len(self.queue)
+        head_starts = self.running is None and queued > 0
+        if queued - head_starts < max_queued:  # fewer deliveries than the bound, so fewer DMs: no need to count
+            return None
+        waiting = sum(not exempt_from_queue_bounds(delivery) for delivery, _ in self.queue.values())
+        if head_starts and not exempt_from_queue_bounds(next(iter(self.queue.values()))[0]):
+            waiting -= 1
+        return waiting if waiting >= max_queued else None
 
     def _enqueue(self, delivery: Delivery, enqueued: float) -> None:
         self.queue[delivery.delivery_id] = (delivery, enqueued)
@@ -230,6 +249,10 @@ class ProfileActor(TypedActor):
                     self.deps.gates.close(self.info.profile, gate)
                     break
                 del self.queue[delivery.delivery_id]
+                if exempt_from_queue_bounds(delivery) and self.deps.gauge is not None:
+                    # Queued, a wake held no place (LocalIntake._queue); its turn takes the one kept for the turn,
+                    # so no more than max_queued DMs are admitted behind it. Freed as it settles (_settle).
+                    self.deps.gauge.hold(self.info.profile, delivery.delivery_id)
                 # handed describes this turn only: an earlier owner handoff must not make an inline turn's crash
                 # (salvage) or give-up (_settle_unbegun) look like an owner's turn
                 self.running, self.gate, self.handed = delivery, gate, False
@@ -267,18 +290,25 @@ class ProfileActor(TypedActor):
 
     def _run_on_worker(self, delivery: Delivery, enqueued: float, gate: TurnGate) -> None:
         """Hand the turn to the worker pool; it comes back as :class:`TurnFinished`."""
-        # The flock is waited for until the queue wait's budget runs out. A wake's is timed from now: it may have
-        # waited its turn past that budget (exempt_from_queue_bounds), and a deadline already past would fail it
-        # at the first try that finds the flock taken (another process's turn).
-        waited_from = time.monotonic() if exempt_from_queue_bounds(delivery) else enqueued
-        deadline = waited_from + self.deps.config.turn_wait_seconds
-        owner = live_owner_for(self.owner, delivery)
+        # A DM waits for the flock until its queue wait's budget runs out. A wake's wait is timed from now (it may
+        # have waited its turn past that budget: exempt_from_queue_bounds) and lasts as long as another process's
+        # turn may hold the flock (wake_lock_wait): nobody resends a wake that fails target_busy. Its turn timer
+        # runs past that wait, so a wake that got the flock late still has turn_timeout_seconds for its turn.
+        config = self.deps.config
+        owner = live_owner_for(self.owner, delivery)  # the live owner takes no flock
         self.handed = owner is not None
+        lock_wait = 0.0
+        if exempt_from_queue_bounds(delivery) and owner is None:
+            lock_wait = wake_lock_wait(config.turn_wait_seconds, config.turn_timeout_seconds)
+            deadline = time.monotonic() + lock_wait
+        else:
+            deadline = enqueued + config.turn_wait_seconds
         self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=owner,
                                          profile=self.info.profile, home=self.info.home, deadline=deadline,
                                          gate=gate))
-        timeout = self.deps.config.turn_timeout_seconds
-        self.turn_timer = self.timers.after(timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0 else None
+        timeout = config.turn_timeout_seconds
+        self.turn_timer = (self.timers.after(lock_wait + timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0
+                           else None)
 
     def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
         outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable

@@ -8,13 +8,15 @@ before the ProfileActor has seen the DMs admitted just before it: a burst of
 sends would all find its queue empty. So the count is kept where DMs are
 admitted: each DM holds a place from its admission (the sender's thread or
 the Dispatcher) until its ProfileActor settles it (its turn ended, or it never
-ran); whatever else the Dispatcher queues on a ProfileActor (wake-ups, DMs
-re-offered at a start, relayed-in DMs, room turns) holds one too, without being
-refused for it. The ProfileActor frees the place on its own thread as it
-settles the DM; the Dispatcher frees it for the outcomes it gets from anyone
-else (freeing is idempotent). The
-ProfileActor's own check on its queue stays, for a DM admitted as the queue
-filled.
+ran); whatever else the Dispatcher queues on a ProfileActor (DMs re-offered at
+a start, relayed-in DMs, room turns) holds one too, without being refused for
+it. A sender's wake-up holds none while queued: the bound counts DMs
+(:func:`~hermes_actors.core.wake.exempt_from_queue_bounds`); its turn takes the
+place kept for the turn as it starts (``ProfileActor._maybe_start``). The
+ProfileActor frees the place on its own thread as it settles the DM; the
+Dispatcher frees it for the outcomes it gets from anyone else (freeing is
+idempotent). The ProfileActor's own check on its queue stays, for a DM
+admitted as the queue filled.
 
 Shared by the sender threads and the Dispatcher, so it is the one piece of
 admission state behind a lock: a check-and-take of a place must be atomic.

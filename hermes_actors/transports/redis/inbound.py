@@ -112,7 +112,8 @@ def unawaited_replies_text(envelope_ids: list[str]) -> str:
     return (f"redis: {len(envelope_ids)} start mark(s) in bot_relay/started/ written before 'via' keep the reply "
             f"of a DM no sender waits for on Redis ({named}): the file relay's hub forwarded it, or the previous "
             "Redis transport wrote it and its sender has it (or gave up on it), so it is not written again. They "
-            "are left as they are; a gateway of this root on the file relay removes them after 6 h")
+            "are left as they are until removed once older than 6 h by the housekeeping (unless a file-relay shelf "
+            "holds their envelope)")
 
 
 def reply_written(answers: list[Any]) -> bool | BaseException:
@@ -163,6 +164,9 @@ class InboundDrain:
         # their entries are acked and the replies kept in their start marks until written
         self.owed: dict[str, tuple[dict[str, Any], str]] = {}
         self.bad_reply_keys: set[str] = set()  # those senders' replies keys (each logged once while it lasts)
+        # marks without via whose reply Redis answered at the start that no sender waits for (load_owed): the
+        # housekeeping sweeps them by age like a mark without a reply (_mark_needed); at most the marks found then
+        self.unawaited: set[str] = set()
 
     def held_entry_ids(self) -> list[str]:
         """The inbox entries we hold (their idle time is reset so no live consumer's work is reclaimed)."""
@@ -311,6 +315,7 @@ class InboundDrain:
         and writes it, instead of answering the reclaimed entry ``ambiguous`` or, its entry already
         acked, leaving the sender to time out.
         """
+        self.unawaited.discard(envelope_id)  # the mark keeps a reply of ours now, owed until written
         try:
             keep_reply(self.marks, record, reply_to, now=time.time(), via=VIA, fsync=self.fsync)
         except (StoreError, OSError, ValidationError) as exc:  # HostileFileError included
@@ -387,7 +392,8 @@ class InboundDrain:
         ours when its envelope is on no file-relay shelf: :func:`~hermes_actors.store.relay_marks.kept_reply`):
         one the file relay kept (the root ran it before) goes back through the file relay, never to Redis, and
         its mark is left for it (one WARNING). A mark without ``via`` that is ours by that rule is written only
-        while its sender still waits for it (:meth:`_unawaited`); the others are left as they are (one INFO).
+        while its sender still waits for it (:meth:`_unawaited`); the others are left as they are (one INFO),
+        for the housekeeping to remove once older than 6 h (:meth:`sweep_marks`).
 
         Returns:
             How many.
@@ -407,6 +413,7 @@ class InboundDrain:
             elif envelope_id not in self.flights:
                 (self.owed if kept.named else unnamed)[envelope_id] = (kept.record, kept.reply_connection)
         unawaited = self._unawaited(unnamed)
+        self.unawaited = unawaited
         self.owed.update((e, owed) for e, owed in unnamed.items() if e not in unawaited)
         if file_relay:
             logger.warning(file_relay_replies_text(sorted(file_relay)))
@@ -456,7 +463,10 @@ class InboundDrain:
         turn started: a stop answers it instead of putting it back) or of an envelope on a file-relay
         shelf (on a switched root, the file relay's next start answers it ``ambiguous`` instead of running
         it again). What goes is a mark no reply ever cleared: a turn whose claim was refused before its
-        clearing, a gateway killed before its turn's reply was kept.
+        clearing, a gateway killed before its turn's reply was kept; and a mark without ``via`` whose reply
+        Redis answered at the start that no sender waits for (:meth:`load_owed`): it is never written, and
+        on a root that stays on Redis nothing else would ever remove it (each start would ask about it and
+        log it again). One Redis could not be asked about stays: its reply is owed.
 
         Args:
             now: the current ``time.time()``.
@@ -464,13 +474,20 @@ class InboundDrain:
         Returns:
             How many were removed.
         """
-        return sweep_old_files(self.marks.started, now - STALE_AFTER_SECONDS, within=self.marks.relay.base,
-                               keep=self._mark_needed)
+        removed = sweep_old_files(self.marks.started, now - STALE_AFTER_SECONDS, within=self.marks.relay.base,
+                                  keep=self._mark_needed)
+        if removed and self.unawaited:  # forget the ones swept
+            self.unawaited.intersection_update(list_ids(self.marks.started))
+        return removed
 
     def _mark_needed(self, mark_name: str) -> bool:
         """Whether the start mark ``<id>.json`` must stay, however old (see :meth:`sweep_marks`)."""
-        return (mark_name.removesuffix(".json") in self.flights or holds_reply(self.marks, mark_name)
-                or on_a_shelf(self.marks, mark_name))
+        envelope_id = mark_name.removesuffix(".json")
+        if envelope_id in self.flights:
+            return True
+        if envelope_id in self.unawaited:  # its reply is nobody's any more: only a shelf holding its envelope counts
+            return on_a_shelf(self.marks, mark_name)
+        return holds_reply(self.marks, mark_name) or on_a_shelf(self.marks, mark_name)
 
     def retry_unwritten(self) -> None:
         """Write the replies an outage kept (stops at the first failure), then the owed ones."""
