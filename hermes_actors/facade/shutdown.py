@@ -21,6 +21,7 @@ from hermes_actors.facade.options import ASK_TIMEOUT
 from hermes_actors.local.notifier import in_subscriber_callback
 from hermes_actors.local.outcome_book import KeptOutcomes
 from hermes_actors.local.shutdown import await_running_turns, end_running_turns
+from hermes_actors.local.turns import turn_places_at_stop
 from hermes_actors.messages import (
     AwaitRestarts,
     ExportOutcomes,
@@ -81,14 +82,18 @@ def shut_down(
         except pykka.Timeout:
             logger.warning("stop: a crashed ProfileActor did not report within {}s; what it held is settled "
                            "as cancelled (its running turn was settled ambiguous at the crash)", ASK_TIMEOUT)
-        if not await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait,
-                                   grace=timeout) and on_cut_off is not None:
+        finished = await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait,
+                                       grace=timeout)
+        if not finished and on_cut_off is not None:
             try:
                 on_cut_off()
             except Exception:
                 logger.exception("stop: the on_cut_off callback failed")
-        # before end_running_turns: the Dispatcher asks the runner which turns have a process it ends
-        ask(dispatcher, FinalizePending(tuple(running)), timeout=ASK_TIMEOUT)
+        # Where each turn still running runs words its outcome. Asked of the runner here, on this thread and
+        # bounded (runner code never runs in an actor: one that hangs cannot hold the stop or skip the
+        # end_running_turns below), and before end_running_turns ends the turn processes it lists.
+        places = {} if finished else turn_places_at_stop(system.runner, running)
+        ask(dispatcher, FinalizePending(tuple(running), places), timeout=ASK_TIMEOUT)
         settled = True
         if system.journal is not None and not system.journal.drain(timeout=ASK_TIMEOUT):
             logger.warning("stop: the journal's last commits did not land in {}s; their outcomes are "
