@@ -272,12 +272,17 @@ class Gateway:
             on_cut_off: called once when that wait ends with turns still running (``timeout`` ran out, or
                 ``abandon`` was set): they are reported ``ambiguous``.
 
+        ``on_wait`` and ``on_cut_off`` never leave the stop half-done: their errors are logged, and a
+        ``KeyboardInterrupt`` or ``SystemExit`` one raises is raised once the stop is done (the running turns
+        ended, every DM settled).
+
         Raises:
             RuntimeError: called from inside one of this gateway's turns (its runner): the stop
                 would wait for that very turn. Stop it from another thread. Or called in a fork of the
                 process that started it (nothing is stopped: the gateway runs in the parent).
             TypeError: ``timeout`` is not a number of seconds (nothing is stopped).
             ValueError: ``timeout`` is NaN (nothing is stopped).
+            KeyboardInterrupt: raised by ``on_wait`` or ``on_cut_off`` (after the stop); ``SystemExit`` likewise.
         """
         self._process.refuse_in_fork()
         timeout = wait_seconds("stop", timeout)
@@ -290,8 +295,8 @@ class Gateway:
             self._submit.stop_accepting()
         self._sends.await_all(ASK_TIMEOUT)
         try:
-            final = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait, on_cut_off=on_cut_off)
-            self._outcomes.keep(final, replace=True)  # a failed Dispatcher handed its own over
+            stopped = self._system.shut_down(timeout, abandon=abandon, on_wait=on_wait, on_cut_off=on_cut_off)
+            self._outcomes.keep(stopped.final, replace=True)  # a failed Dispatcher handed its own over
         finally:
             if self._submit is not None:  # the root's host until its turns are done (``send`` waits for that)
                 self._submit.close()
@@ -299,6 +304,8 @@ class Gateway:
             self._outcomes.end()  # the waits on the stopped Dispatcher answer from its outcomes or the files
             self._lifecycle.stop_done()
         logger.info("gateway stopped")
+        if stopped.interrupt is not None:  # a callback's Ctrl-C or sys.exit: raised now the stop is done
+            raise stopped.interrupt
 
     def __enter__(self) -> Gateway:
         return self.start()

@@ -12,7 +12,7 @@ but built without ``object.__setattr__`` per field (about 3× cheaper).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from hermes_actors.records import ProfileInfo as ProfileInfo
 from hermes_actors.records import Turn as Turn
 
 if TYPE_CHECKING:
+    from hermes_actors.core.recovery import TurnPlace
     from hermes_actors.core.targets import PeerRoute, RelayRoute
     from hermes_actors.store.journal_records import DeliveryState
 
@@ -169,11 +170,13 @@ class AwaitRestarts:
 class FinalizePending:
     """Ask the Dispatcher to settle still-pending deliveries: ambiguous when running (stop timeout), else cancelled.
 
-    The Dispatcher words each running one's outcome by where its turn runs (``turns.turn_place_at_stop``).
+    The Dispatcher words each running one's outcome by where its turn runs: ``places``, which the stopping
+    thread asked the runner (``turns.turn_places_at_stop``); the Dispatcher never calls runner code for it.
     """
 
     # deliveries not in here never started: cancelled, or (journaled) they stay journaled for the next start
     running: tuple[str, ...] = ()
+    places: Mapping[str, TurnPlace] = field(default_factory=dict)  # absent: "here" (only still running)
 
 
 @dataclass(frozen=True, slots=True)

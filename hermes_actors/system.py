@@ -279,12 +279,13 @@ class ActorSystem:
         abandon: threading.Event | None = None,
         on_wait: Callable[[int, float], Any] | None = None,
         on_cut_off: Callable[[], Any] | None = None,
-    ) -> KeptOutcomes:
+    ) -> system_shutdown.Stopped:
         """Stop accepting, let running turns finish within ``timeout``, stop every actor: see
         :func:`hermes_actors.facade.shutdown.shut_down`.
 
         Returns:
-            The settled outcomes the stopped Gateway keeps answering (empty when the stop was not clean).
+            The settled outcomes the stopped Gateway keeps answering (empty when the stop was not clean), and a
+            ``KeyboardInterrupt`` or ``SystemExit`` a stop callback raised, for the Gateway to raise at its end.
         """
         return system_shutdown.shut_down(self, timeout, abandon=abandon, on_wait=on_wait, on_cut_off=on_cut_off)
 

@@ -696,3 +696,65 @@ def test_a_malformed_envelope_the_hub_quarantines_is_answered_not_delivered(two_
         reply["error"])
     assert rf.list_ids(mini / "bot_relay" / "inbox") == []
     assert list((alpha / "bot_relay" / "quarantine").glob(f"{bad['id']}.json.*.quarantined"))
+
+
+# ── one TTL for an envelope in an inbox/: its sender root's, whoever takes it ─────────────────────────────
+
+
+def _roots_with_ttls(tmp_path: Path, alpha_ttl: int, mini_ttl: int) -> tuple[Path, Path]:
+    """alpha (the sender) and mini (the target), each with its own ``envelope_ttl_seconds``."""
+    def ttl(seconds: int) -> dict[str, Any]:
+        return {"bot_mode": {"envelope_ttl_seconds": seconds}}
+
+    return (make_root(tmp_path, {"alice": {}}, name="alpha", config=ttl(alpha_ttl)),
+            make_root(tmp_path, {"moxie": {}}, name="mini", config=ttl(mini_ttl)))
+
+
+def test_the_hub_posts_a_dm_with_its_senders_ttl_and_the_gateway_taking_it_applies_that_one(tmp_path: Path) -> None:
+    """Regression (review diffrev11 of bb85b7a): the hub expires a DM waiting in an inbox/ at its sender root's TTL
+    (the seed checks a DM's age where it is claimed from its sender's outbox/, with the sender's config), but our
+    gateway taking the same DM from that inbox/ applied its own root's TTL: two rules for one envelope. Here the
+    sender allows an hour and the target 60 s: the 2-minute-old DM was answered expired by mini's gateway, which
+    the hub would have delivered. The hub now writes the sender's TTL in the inbox record and the gateway applies it."""
+    alpha, mini = _roots_with_ttls(tmp_path, 3600, 60)
+    rec = RecordingRunner()
+    env = seed_envelope(target_connection="mini", target_profile="moxie", created_at=time.time() - 120)
+    with Gateway(mini, runner=rec, connection_id="mini"), hub_thread({"alpha": alpha, "mini": mini}):
+        seed_write_json(alpha / "bot_relay" / "outbox" / f"{env['id']}.json", env, prefix=".env-")
+        await_condition(lambda: reply_of(alpha, env["id"]), timeout=30, message="the reply")
+    reply = reply_of(alpha, env["id"])
+    assert reply is not None and reply["reason"] == "" and reply["error"] == "", reply
+    assert [t.delivery_id for t in rec.entered] == [env["id"]]
+
+
+@pytest.mark.parametrize("taker", ["gateway", "hub"])
+def test_an_inbox_dm_past_its_senders_ttl_is_expired_with_that_ttl_by_the_gateway_and_the_hub_alike(
+    tmp_path: Path, taker: str,
+) -> None:
+    """The other way round: the sender allows 60 s, the target an hour. A DM that waited 2 minutes in mini's inbox/
+    is answered expired "after 60s" whoever takes it: the hub (no gateway of ours takes it) or mini's gateway
+    (which delivered it, by its own hour)."""
+    from actors import Rescan
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    alpha, mini = _roots_with_ttls(tmp_path, 60, 3600)
+    env = seed_envelope(target_connection="mini", target_profile="moxie", created_at=time.time() - 120)
+    post_to_inbox(InboxPaths.from_root(mini).ensure(), env, "alpha", sender_ttl=HubRoot.make("alpha", alpha).ttl)
+    rec = RecordingRunner()
+    if taker == "gateway":
+        with Gateway(mini, runner=rec, connection_id="mini"):
+            delivered = mini / "bot_relay" / "delivered" / f"{env['id']}.json"
+            await_condition(delivered.exists, timeout=30, message="mini's reply")
+        reply = json.loads(delivered.read_text(encoding="utf-8"))
+    else:
+        hub, scheduler = _manual_hub(alpha, mini)
+        try:
+            hub.ask(Rescan("manual"), timeout=30)
+            assert scheduler.advance(1) >= 1  # its deadline (past already) fires
+            await_condition(lambda: reply_of(alpha, env["id"]), timeout=30, message="the hub's reply")
+        finally:
+            hub.stop()
+        reply = reply_of(alpha, env["id"])
+    assert reply is not None and reply["reason"] == "queued_expired", reply
+    assert reply["error"] == rp.expired_error_text("moxie", "mini", 60)
+    assert rec.entered == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from hermes_actors import Gateway
 from hermes_actors.core.acks import delivery_record
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.recovery import TurnPlace, plan_recovery, running_at_stop_text, stopped_mid_turn_text
+from hermes_actors.facade.options import ASK_TIMEOUT
 from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.messages import Delivery
 from hermes_actors.store.journal_records import DeliveryState, fold_records
@@ -198,6 +200,81 @@ def test_a_turn_still_running_at_a_stop_says_what_became_of_it(tmp_path: Path, p
                                                                    "do not resend."), outcome
     if place == "apart":  # the one text a stop and a kill -9 of serve give a warm turn
         assert why == stopped_mid_turn_text(True)
+
+
+class _TwoTurns:
+    """bob's turn runs in a turn process of ours (``running_turns`` lists it, ``stop_turns`` ends it), carol's in
+    this process; ``warm_turns`` hangs until the test ends, or raises. Counts the calls of each place hook."""
+
+    def __init__(self, warm: str) -> None:
+        self.warm = warm
+        self.entered = {"bob": threading.Event(), "carol": threading.Event()}
+        self.release: dict[str, threading.Event] = {}
+        self.by_profile: dict[str, str] = {}
+        self.calls = {"running_turns": 0, "warm_turns": 0}
+        self.stopped: list[list[str] | None] = []
+        self.unhang = threading.Event()
+
+    def run_turn(self, turn: Any) -> str:
+        self.release[turn.delivery_id] = threading.Event()
+        self.by_profile[turn.profile] = turn.delivery_id
+        self.entered[turn.profile].set()
+        assert self.release[turn.delivery_id].wait(60), "the test never released the turn"
+        return "too late"
+
+    def running_turns(self) -> list[str]:
+        self.calls["running_turns"] += 1
+        return [self.by_profile["bob"]]
+
+    def warm_turns(self) -> list[str]:
+        self.calls["warm_turns"] += 1
+        if self.warm == "raises":
+            raise KeyboardInterrupt  # runner code: even a BaseException only costs the wording
+        assert self.unhang.wait(120), "the test never let warm_turns return"
+        return []
+
+    def stop_turns(self, delivery_ids: Any = None) -> int:
+        self.stopped.append(None if delivery_ids is None else list(delivery_ids))
+        for event in self.release.values():
+            event.set()
+        return 1
+
+
+@pytest.mark.parametrize("warm", ["hangs", "raises"])
+def test_a_place_hook_that_hangs_or_raises_never_holds_the_stop_nor_keeps_it_from_ending_the_turns(
+    tmp_path: Path, warm: str, logs: Any,
+) -> None:
+    """Regression (review of the stop's wording, hang_hook2.py): the Dispatcher called the runner's
+    ``running_turns()``/``warm_turns()`` inside FinalizePending, once per running turn: a ``warm_turns`` that hung
+    made the stop take 40 s ("gateway stop was not clean: DispatcherActor did not answer FinalizePending within
+    30s"), ``stop_turns`` was never called (bob's turn process left running) and bob was told it "was stopped with
+    it". Now the stopping thread asks each hook once, for a second at most: the stop is clean, ends the turn
+    processes, and words each outcome by what the hooks answered (carol's neutrally)."""
+    runner = _TwoTurns(warm)
+    gw = Gateway(make_root(tmp_path), runner=runner).start()
+    try:
+        acks = {target: gw.message_agent(sender="alice", target=target, message="hi") for target in ("bob", "carol")}
+        assert all(event.wait(20) for event in runner.entered.values())
+        began = time.monotonic()
+        gw.stop(timeout=0.1)  # both turns are held: the stop's wait runs out
+        took = time.monotonic() - began
+        outcomes = {target: gw.wait_outcome(ack["delivery_id"], timeout=0) for target, ack in acks.items()}
+    finally:
+        runner.unhang.set()
+        for event in runner.release.values():
+            event.set()
+    assert took < ASK_TIMEOUT, f"the stop waited {took:.1f}s on runner code"  # it took ASK_TIMEOUT and more
+    assert not logs.matching("not clean"), logs.lines
+    # the turn processes are ended (one call, for the turns running when the stop began)
+    assert [sorted(ids or []) for ids in runner.stopped] == [sorted(ack["delivery_id"] for ack in acks.values())]
+    assert runner.calls == {"running_turns": 1, "warm_turns": 1}  # once per stop, not once per running turn
+    suffix = " The message may have been delivered — do not resend."
+    assert (outcomes["bob"]["status"], outcomes["bob"]["error"]) == ("ambiguous", running_at_stop_text("process")
+                                                                     + suffix)
+    assert (outcomes["carol"]["status"], outcomes["carol"]["error"]) == ("ambiguous", running_at_stop_text("here")
+                                                                         + suffix)
+    if warm == "hangs":
+        assert logs.matching("warm_turns() did not answer within 1.0s"), logs.lines
 
 
 def test_a_journal_keeps_the_live_mark_of_a_handoff_through_compaction_and_adoption() -> None:

@@ -173,3 +173,29 @@ def test_a_numeric_string_created_at_is_delivered_or_expired_by_its_value(
     result = drain_envelope(paths, box, record["id"], ttl=TTL, now=NOW)
     assert type(result) is expected
     assert isinstance(result, ToDeliver | Expired) and result.envelope["created_at"] == int(NOW - age)
+
+
+@pytest.mark.parametrize(("sender_ttl", "expected"), [(60, Expired), (3600, ToDeliver), (0, ToDeliver)])
+def test_an_inbox_envelope_expires_at_the_sender_ttl_its_record_carries_not_the_takers(
+    paths: InboxPaths, sender_ttl: int, expected: type,
+) -> None:
+    """The one rule for an envelope in ``inbox/`` (review diffrev11 of bb85b7a): its sender root's TTL, which the hub
+    writes in the record, whatever the taker's own (here 900 s; 0: the sender's expiry is off)."""
+    record = {**_envelope(120.0), "reply_connection": "studio", "sender_ttl": sender_ttl}
+    _plant(paths, "inbox", record)
+    result = drain_envelope(paths, "inbox", record["id"], ttl=TTL, now=NOW)
+    assert type(result) is expected
+    if isinstance(result, Expired):
+        assert "expired after 60s" in result.reply["error"]
+
+
+@pytest.mark.parametrize("sender_ttl", ["60", True, None, [60], {}])
+def test_an_inbox_record_whose_sender_ttl_is_no_number_is_quarantined_and_answered(
+    paths: InboxPaths, sender_ttl: Any,
+) -> None:
+    """Only the hub writes ``sender_ttl`` (a number): anything else is a malformed record, never read as a TTL."""
+    record = {**_envelope(10.0), "reply_connection": "studio", "sender_ttl": sender_ttl}
+    _plant(paths, "inbox", record)
+    result = drain_envelope(paths, "inbox", record["id"], ttl=TTL, now=NOW)
+    assert isinstance(result, Quarantined) and result.reply is not None, result
+    assert "'sender_ttl'" in result.reply["error"]

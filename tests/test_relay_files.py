@@ -37,7 +37,9 @@ from hermes_actors.store.relay_protocol import (
     ENVELOPE_KEYS,
     REPLY_KEYS,
     STALE_AFTER_SECONDS,
+    created_time,
     expired_error_text,
+    expires_at,
     is_expired,
     make_envelope,
     make_reply,
@@ -379,7 +381,8 @@ def test_parse_envelope_round_trip_through_json() -> None:
 
 
 @pytest.mark.parametrize(("raw", "read"), [
-    ("1796595038", 1796595038), (" 1796595038 ", 1796595038), ("1796595038.5", 1796595038.5), ("", 0), ("0", 0),
+    ("1796595038", 1796595038), (" 1796595038 ", 1796595038), ("1796595038.5", 1796595038.5), ("", 0),
+    ("0", "0"),  # epoch 0 (the seed's float("0")): as the number 0 it would read as unknown
 ])
 def test_a_numeric_string_created_at_is_read_as_the_seed_reads_it(raw: str, read: float) -> None:
     """Regression (seed-interop review, s3): the seed reads ``float(env.get("created_at") or mtime)``, so a numeric
@@ -389,6 +392,29 @@ def test_a_numeric_string_created_at_is_read_as_the_seed_reads_it(raw: str, read
     assert parsed["created_at"] == read and type(parsed["created_at"]) is type(read)
     assert not is_expired(parse_envelope(envelope(created_at=str(int(NOW) - 10))), 900, NOW)
     assert is_expired(parse_envelope(envelope(created_at=str(int(NOW) - 1000))), 900, NOW)
+
+
+# Every kind of created_at a writer may leave, by the seed's reading: falsy is unknown, anything else is float() of it
+SEED_CREATED_AT = [None, 0, 0.0, -0.0, "", "0", "0.0", "-0", " 0 ", "00", "1796595038", "1_796_595_038", "1e3", "-5",
+                   -5, int(NOW) - 10, NOW - 1000.5, str(int(NOW) - 10)]
+
+
+@pytest.mark.parametrize("raw", SEED_CREATED_AT, ids=repr)
+def test_an_envelopes_age_is_read_exactly_as_the_seeds_expression_reads_it(raw: Any) -> None:
+    """Regression (review diffrev11 of the numeric-string reading, created_zero.py): ``"0"``, ``"0.0"`` and ``"-0"``
+    were folded into the number 0, which reads as unknown (aged from the file's mtime), while the seed's
+    ``float(env.get("created_at") or path.stat().st_mtime)`` takes a non-empty string as a number: epoch 0, so a
+    seed gateway expired the DM and ours delivered it. Unknown now stays apart from epoch 0, here and once the
+    parsed envelope is written on (the hub posts it to the target's ``inbox/``) and read again."""
+    mtime = NOW - 100
+    seed_created = float(raw or mtime)  # the seed, bot_relay._expire_if_stale
+    parsed = parse_envelope(envelope(created_at=raw))
+    assert created_time(parsed["created_at"]) == (float(raw) if raw else None)
+    for ttl in (50, 900, 10**9):
+        assert expires_at(parsed, ttl, fallback_created=mtime) == seed_created + ttl
+        assert is_expired(parsed, ttl, NOW, fallback_created=mtime) is (NOW - seed_created > ttl)
+    posted = parse_envelope(json.loads(json.dumps(parsed)))
+    assert created_time(posted["created_at"]) == created_time(parsed["created_at"])
 
 
 _MISSING = object()

@@ -303,6 +303,52 @@ def test_a_stop_whose_wait_runs_out_says_it_gave_up_on_the_running_turn(tmp_path
     assert gw.wait_outcome(ack["delivery_id"], timeout=0)["status"] == "ambiguous"
 
 
+class _HeldUntilStopped:
+    """A runner whose turn runs until the stop ends it (``stop_turns``, recorded)."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.stopped: list[list[str] | None] = []
+
+    def run_turn(self, turn: Any) -> str:
+        self.entered.set()
+        assert self.release.wait(60), "the test never released the turn"
+        return "too late"
+
+    def stop_turns(self, delivery_ids: Any = None) -> int:
+        self.stopped.append(None if delivery_ids is None else list(delivery_ids))
+        self.release.set()
+        return 1
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("callback", ["on_wait", "on_cut_off"])
+def test_a_stop_callback_raising_an_interrupt_still_ends_the_turns_and_settles_them_then_raises_it(
+    tmp_path: Path, callback: str, interrupt: type[BaseException], warnings: list[str],
+) -> None:
+    """Regression (review diffrev11, cutoff_raise.py): a ``KeyboardInterrupt`` raised in ``on_cut_off`` (a second
+    Ctrl-C landing in it) or ``on_wait`` escaped ``Gateway.stop`` half-done: ``stop_turns`` was never called (the
+    turn process left running) and the DM had no outcome until the next gateway. The stop now finishes (the turn
+    ended, its DM settled ``ambiguous``), then raises it."""
+    runner = _HeldUntilStopped()
+    gw = Gateway(make_root(tmp_path), runner=runner).start()
+
+    def raises(*args: Any) -> None:
+        raise interrupt()
+
+    try:
+        ack = gw.message_agent(sender="alice", target="bob", message="a long one")
+        assert runner.entered.wait(20)
+        with pytest.raises(interrupt):
+            gw.stop(timeout=0.2, **{callback: raises})  # the turn is held: the wait runs out
+    finally:
+        runner.release.set()
+    assert runner.stopped == [[ack["delivery_id"]]]
+    assert gw.wait_outcome(ack["delivery_id"], timeout=0)["status"] == "ambiguous"
+    assert [line for line in warnings if f"the {callback} callback raised {interrupt.__name__}" in line], warnings
+    gw.stop()  # stopped for good: a second stop is a no-op
+
+
 def test_serve_on_a_second_ctrl_c_abandons_the_turn_as_ambiguous(
     tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -21,6 +22,7 @@ from hermes_actors.facade.options import ASK_TIMEOUT
 from hermes_actors.local.notifier import in_subscriber_callback
 from hermes_actors.local.outcome_book import KeptOutcomes
 from hermes_actors.local.shutdown import await_running_turns, end_running_turns
+from hermes_actors.local.turns import turn_places_at_stop
 from hermes_actors.messages import (
     AwaitRestarts,
     ExportOutcomes,
@@ -33,7 +35,7 @@ from hermes_actors.messages import (
 if TYPE_CHECKING:
     from hermes_actors.system import ActorSystem
 
-__all__ = ["flush_notifier", "shut_down", "teardown"]
+__all__ = ["Stopped", "flush_notifier", "shut_down", "teardown"]
 
 _WIND_DOWN_SECONDS = 1.0  # the ProfileActors' time to answer the WindDown, at most (ProfileTable.wind_down)
 
@@ -45,7 +47,7 @@ def shut_down(
     abandon: threading.Event | None = None,
     on_wait: Callable[[int, float], Any] | None = None,
     on_cut_off: Callable[[], Any] | None = None,
-) -> KeptOutcomes:
+) -> Stopped:
     """Stop accepting, let running turns finish within ``timeout``, stop every actor (see ``Gateway.stop``).
 
     Args:
@@ -54,12 +56,16 @@ def shut_down(
         abandon: once set, stop waiting for running turns.
         on_wait: called once with (running turns, ``timeout``) before waiting for them.
         on_cut_off: called once when that wait ends with turns still running (``timeout`` ran out, or
-            ``abandon`` was set): they are settled ``ambiguous``. Its errors are logged.
+            ``abandon`` was set): they are settled ``ambiguous``.
+            Both callbacks are user code and never stop the stop half-done (:func:`_guarded`): their errors are
+            logged, and a ``KeyboardInterrupt`` or ``SystemExit`` is handed back in :attr:`Stopped.interrupt`.
 
     Returns:
-        The settled outcomes the stopped Gateway keeps answering, packed as the Dispatcher's book holds them
-        (empty when the stop was not clean).
+        What the stop leaves for the Gateway (:class:`Stopped`).
     """
+    interrupts: list[BaseException] = []
+    on_wait = _guarded("on_wait", on_wait, interrupts)
+    on_cut_off = _guarded("on_cut_off", on_cut_off, interrupts)
     dispatcher, notifier, pool = system.dispatcher, system.notifier, system.pool
     assert dispatcher is not None and notifier is not None and pool is not None
     deadline = time.monotonic() + max(0.0, timeout)
@@ -81,14 +87,15 @@ def shut_down(
         except pykka.Timeout:
             logger.warning("stop: a crashed ProfileActor did not report within {}s; what it held is settled "
                            "as cancelled (its running turn was settled ambiguous at the crash)", ASK_TIMEOUT)
-        if not await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait,
-                                   grace=timeout) and on_cut_off is not None:
-            try:
-                on_cut_off()
-            except Exception:
-                logger.exception("stop: the on_cut_off callback failed")
-        # before end_running_turns: the Dispatcher asks the runner which turns have a process it ends
-        ask(dispatcher, FinalizePending(tuple(running)), timeout=ASK_TIMEOUT)
+        finished = await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait,
+                                       grace=timeout)
+        if not finished and on_cut_off is not None:
+            on_cut_off()
+        # Where each turn still running runs words its outcome. Asked of the runner here, on this thread and
+        # bounded (runner code never runs in an actor: one that hangs cannot hold the stop or skip the
+        # end_running_turns below), and before end_running_turns ends the turn processes it lists.
+        places = {} if finished else turn_places_at_stop(system.runner, running)
+        ask(dispatcher, FinalizePending(tuple(running), places), timeout=ASK_TIMEOUT)
         settled = True
         if system.journal is not None and not system.journal.drain(timeout=ASK_TIMEOUT):
             logger.warning("stop: the journal's last commits did not land in {}s; their outcomes are "
@@ -121,7 +128,52 @@ def shut_down(
             system.journal.stop()
         if system.scheduler is not None:
             system.scheduler.stop()
-    return final
+    return Stopped(final, interrupts[0] if interrupts else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """What a stop leaves for the Gateway."""
+
+    # the settled outcomes the stopped Gateway keeps answering, packed as the Dispatcher's book holds them
+    # (empty when the stop was not clean)
+    final: KeptOutcomes
+    # a KeyboardInterrupt or SystemExit a stop callback raised: the Gateway raises it once its stop is done
+    interrupt: BaseException | None = None
+
+
+def _guarded(
+    name: str, callback: Callable[..., Any] | None, interrupts: list[BaseException]
+) -> Callable[..., None] | None:
+    """A stop callback (user code) that never leaves the stop half-done.
+
+    A ``KeyboardInterrupt`` or ``SystemExit`` it raises (a second Ctrl-C landing in it, a ``sys.exit``) used to
+    escape the stop before the running turns were ended and the DMs settled. Now the stop goes on: the first
+    such exception is kept in ``interrupts`` for the caller to raise at the end, and any other is logged.
+
+    Args:
+        name: the callback's keyword, for the log.
+        callback: the callback, or None.
+        interrupts: where a ``KeyboardInterrupt`` or ``SystemExit`` is kept (the first one).
+
+    Returns:
+        The guarded callback; None when ``callback`` is None.
+    """
+    if callback is None:
+        return None
+
+    def call(*args: Any) -> None:
+        try:
+            callback(*args)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            logger.warning("stop: the {} callback raised {}: the stop finishes first (the running turns ended, "
+                           "every DM settled), then raises it", name, type(exc).__name__)
+            if not interrupts:
+                interrupts.append(exc)
+        except BaseException:  # user code: an error of its own never stops the stop
+            logger.exception("stop: the {} callback failed", name)
+
+    return call
 
 
 def teardown(system: ActorSystem) -> None:

@@ -53,7 +53,7 @@ from hermes_actors.local.relay_in import RelayInAnswer, relay_in_step
 from hermes_actors.local.relay_link import RelayLink
 from hermes_actors.local.remote_sends import PeerSubmit, RemoteSends
 from hermes_actors.local.restart_waiters import RestartWaiters
-from hermes_actors.local.turns import TurnFactory, turn_never_reached, turn_place_at_stop, turn_runs_apart
+from hermes_actors.local.turns import TurnFactory, turn_never_reached, turn_runs_apart
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import (
     AcceptLocal,
@@ -381,10 +381,11 @@ class DispatcherActor(SupervisorActor):
         """Settle what is still pending: ambiguous if it may have run, else cancelled (``OutcomeFlow.finalize``).
 
         A running turn's outcome says what became of it (``running_at_stop_text``): ended with its process,
-        going on in hermes' gateway, or only still running.
+        going on in hermes' gateway, or only still running, as ``msg.places`` says (asked of the runner by the
+        stopping thread: runner code never runs in this actor).
         """
         self.profiles.stop_waiting()
-        whys = {key: running_at_stop_text(turn_place_at_stop(self.deps.runner, key)) for key in msg.running}
+        whys = {key: running_at_stop_text(msg.places.get(key, "here")) for key in msg.running}
         for key, why in whys.items():
             entry = self.book.entry(key)
             if entry is not None:  # still running: a live owner's DM has its mailbox record say ambiguous too

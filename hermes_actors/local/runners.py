@@ -27,7 +27,8 @@ stays ambiguous; see :func:`hermes_actors.local.turns.turn_never_reached`), and 
 this host, which may still have answered it; :func:`hermes_actors.local.turns.turn_runs_apart`).
 At a stop, ``running_turns()`` and ``warm_turns()`` (the deliveries whose turn runs now in a turn
 process the stop ends, or warm in a hermes gateway apart from this host) word the ``ambiguous``
-outcome of a turn still running (:func:`hermes_actors.local.turns.turn_place_at_stop`).
+outcome of a turn still running (:func:`hermes_actors.local.turns.turn_places_at_stop`: asked once
+per stop, on the stopping thread, for a second at most; one that hangs only costs that wording).
 
 The real ``hermes`` CLI runner is :class:`~hermes_actors.local.command_runner.CommandRunner`;
 the pieces of one CLI process it shares with the Hermes runners are in

@@ -40,7 +40,8 @@ def await_running_turns(
         running: delivery ids of the turns still running.
         deadline: monotonic time to give up at.
         abandon: when set, stop waiting at once.
-        on_wait: called once, before waiting, with (turns to wait for, ``grace``); its errors are logged.
+        on_wait: called once, before waiting, with (turns to wait for, ``grace``); what it raises is raised
+            (``facade.shutdown.shut_down`` hands in a guarded one: a user callback never leaves the stop half-done).
         grace: the seconds to report to ``on_wait`` (default: the seconds left until ``deadline``).
 
     Returns:
@@ -48,10 +49,7 @@ def await_running_turns(
     """
     futures = [outcome_future(dispatcher, delivery_id) for delivery_id in running]
     if futures and on_wait is not None:
-        try:
-            on_wait(len(futures), max(0.0, deadline - time.monotonic()) if grace is None else grace)
-        except Exception:
-            logger.exception("stop: the on_wait callback failed")
+        on_wait(len(futures), max(0.0, deadline - time.monotonic()) if grace is None else grace)
     for future in futures:
         while True:
             remaining = deadline - time.monotonic()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,6 +52,7 @@ from hermes_actors.store.journal import Journal, StartRecorder
 from hermes_actors.store.turnlock import TurnLock
 
 __all__ = [
+    "PLACE_HOOKS_SECONDS",
     "TurnFactory",
     "TurnGate",
     "TurnGates",
@@ -65,7 +66,7 @@ __all__ = [
     "turn_factory_here",
     "turn_for",
     "turn_never_reached",
-    "turn_place_at_stop",
+    "turn_places_at_stop",
     "turn_runs_apart",
     "via_recorder",
 ]
@@ -241,32 +242,73 @@ def turn_runs_apart(runner: TurnRunner, turn: Turn) -> bool:
         return False
 
 
-def turn_place_at_stop(runner: TurnRunner, delivery_id: str) -> TurnPlace:
-    """At a clean stop: where the turn of ``delivery_id``, still running, runs (it words the turn's ``ambiguous``
-    outcome, :func:`~hermes_actors.core.recovery.running_at_stop_text`).
+# The runner's place hooks get this long at a stop, both together: they list what is in memory (microseconds).
+# One that does not answer in time costs only the wording of an outcome; the stop never waits on it for longer.
+PLACE_HOOKS_SECONDS = 1.0
+# Asked in this order, the second only about the turns the first did not list
+_PLACE_HOOKS: tuple[tuple[str, TurnPlace], ...] = (("running_turns", "process"), ("warm_turns", "apart"))
 
-    Asked before the stop ends the turn processes: ``process`` when the runner's optional
-    ``running_turns()`` lists it (its process is ended now), ``apart`` when its optional
-    ``warm_turns()`` does (hermes runs it in a gateway process of its own, which goes on with it).
+
+def turn_places_at_stop(
+    runner: TurnRunner | None, running: Sequence[str], *, within: float = PLACE_HOOKS_SECONDS
+) -> dict[str, TurnPlace]:
+    """At a clean stop, on the stopping thread: where each turn still running runs (it words the turn's
+    ``ambiguous`` outcome, :func:`~hermes_actors.core.recovery.running_at_stop_text`).
+
+    Asked once per stop, before the stop ends the turn processes: ``process`` for what the runner's optional
+    ``running_turns()`` lists (its process is ended now), ``apart`` for what its optional ``warm_turns()`` lists
+    (hermes runs it in a gateway process of its own, which goes on with it). The hooks are runner code: each
+    runs on a daemon thread of its own and both get ``within`` seconds together, so a hook that hangs never
+    holds the stop (nor an actor) and its thread is left behind; it is logged once, its turns stay ``here``
+    and no further hook is asked. A hook that raises is logged and lists nothing.
 
     Args:
-        runner: the turn runner.
-        delivery_id: the running turn's delivery.
+        runner: the turn runner (None: none, every turn is ``here``).
+        running: the deliveries whose turns still run.
+        within: seconds the hooks get, together.
 
     Returns:
-        ``process``, ``apart`` or ``here`` (neither hook lists it, there is none, or one raised).
+        Each delivery of ``running`` with ``process``, ``apart`` or ``here`` (no hook lists it, there is none, or
+        it raised or did not answer).
     """
-    hooks: tuple[tuple[str, TurnPlace], ...] = (("running_turns", "process"), ("warm_turns", "apart"))
-    for hook_name, place in hooks:
+    places: dict[str, TurnPlace] = dict.fromkeys(running, "here")
+    deadline = time.monotonic() + within
+    for hook_name, place in _PLACE_HOOKS:
         hook = getattr(runner, hook_name, None)
-        if not callable(hook):
+        left = [delivery_id for delivery_id, known in places.items() if known == "here"]
+        if not left or not callable(hook):
             continue
+        listed = _ask_place_hook(hook_name, hook, deadline)
+        if listed is None:  # it hangs: the stop asks no more runner code
+            logger.warning("stop: the runner's {}() did not answer within {:.1f}s: the turns still running are "
+                           "settled as only 'still running when the gateway stopped' (the stop does not wait for "
+                           "it)", hook_name, within)
+            break
+        places.update((delivery_id, place) for delivery_id in left if delivery_id in listed)
+    return places
+
+
+def _ask_place_hook(name: str, hook: Callable[[], Any], deadline: float) -> frozenset[str] | None:
+    """Call a place hook of the runner on a daemon thread, waiting for it until ``deadline`` (monotonic).
+
+    Returns:
+        The deliveries it lists; empty when it raised (logged); None when it did not answer in time.
+    """
+    answer: list[frozenset[str]] = []
+
+    def call() -> None:
         try:
-            if delivery_id in hook():
-                return place
-        except BaseException as exc:  # runner code: only the wording of the outcome depends on it
-            logger.log(_hook_level(exc), "cannot tell where the turn {} runs: {}", delivery_id, describe_error(exc))
-    return "here"
+            answer.append(frozenset(hook()))
+        except BaseException as exc:  # runner code: only the wording of the outcomes depends on it
+            logger.log(_hook_level(exc), "stop: cannot tell where the running turns run: the runner's {}() "
+                       "raised {}", name, describe_error(exc))
+
+    thread = threading.Thread(target=call, name=f"stop-{name}", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if thread.is_alive():
+        return None
+    return answer[0] if answer else frozenset()
 
 
 def _hook_level(exc: BaseException) -> str:

@@ -29,7 +29,13 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.atomic import read_json_file
 from hermes_actors.store.relay_dirfd import relay_dir
-from hermes_actors.store.relay_inbox import InboxPaths, parse_inbox_envelope, reply_connection_of, take_from_inbox
+from hermes_actors.store.relay_inbox import (
+    InboxPaths,
+    inbox_ttl,
+    parse_inbox_envelope,
+    reply_connection_of,
+    take_from_inbox,
+)
 from hermes_actors.store.relay_quarantine import quarantine
 
 __all__ = [
@@ -149,7 +155,8 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
         paths: the relay layout of the root the envelope waits in.
         box: ``"outbox"`` or ``"inbox"``.
         envelope_id: the envelope (a file stem seen in ``box``).
-        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
+        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires). From ``inbox/`` the
+            sender root's TTL the hub wrote in the record applies instead (:func:`inbox_ttl`), when it has one.
         now: the current time.
 
     An envelope without a ``created_at`` (missing or zero) is aged from its
@@ -178,9 +185,10 @@ def settle_claimed(paths: InboxPaths, box: Box, claimed: Path, *, ttl: float, no
 
     Args:
         paths: the relay layout of the root the envelope waited in.
-        box: where it was claimed from (``"inbox"``: it carries its ``reply_connection``).
+        box: where it was claimed from (``"inbox"``: it carries its ``reply_connection`` and sender's TTL).
         claimed: the claimed file.
-        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
+        ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires); from ``inbox/``, the
+            sender root's TTL in the record first (:func:`inbox_ttl`).
         now: the current time.
 
     Returns:
@@ -198,7 +206,8 @@ def settle_claimed(paths: InboxPaths, box: Box, claimed: Path, *, ttl: float, no
     except ValidationError as exc:  # a JSON object with a bad field: its sender is told, when its id is sound
         quarantine(paths.relay, claimed, str(exc))
         return _refused(box, data, claimed, str(exc), now)
-    reply = expiry_of(envelope, claimed, ttl=ttl, now=now)
+    # from inbox/ it expires at its sender root's TTL, which the hub wrote in it, whoever takes it (inbox_ttl)
+    reply = expiry_of(envelope, claimed, ttl=inbox_ttl(envelope, ttl) if box == "inbox" else ttl, now=now)
     if reply is not None:
         return Expired(envelope, reply, reply_connection)
     return ToDeliver(envelope, reply_connection)

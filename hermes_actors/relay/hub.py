@@ -51,6 +51,7 @@ from hermes_actors.store.relay_heartbeat import gateway_alive
 from hermes_actors.store.relay_inbox import (
     InboxPaths,
     already_posted,
+    inbox_ttl,
     post_to_inbox,
     read_delivered,
     read_inbox_envelope,
@@ -272,7 +273,7 @@ class HubActor(TypedActor):
             self._log(envelope_id, sender, to, reply, created)
             return
         try:
-            post_to_inbox(target.paths, envelope, source.name)
+            post_to_inbox(target.paths, envelope, source.name, sender_ttl=source.ttl)  # the TTL that expires it
             self.counters["drained"] += 1
             self.handed[envelope_id] = (sender, to, created or time.time())
             if len(self.handed) > HANDED_KEEP:
@@ -410,7 +411,8 @@ class HubActor(TypedActor):
         except (OSError, ValidationError):  # FileNotFoundError (taken meanwhile) and HostileFileError included
             return None
         source = self.by_name.get(reply_connection)
-        deadline = None if source is None else expiry_deadline(envelope, ttl=source.ttl, mtime=mtime)
+        deadline = None if source is None else expiry_deadline(envelope, ttl=inbox_ttl(envelope, source.ttl),
+                                                               mtime=mtime)
         return None if source is None or deadline is None else (source, deadline)
 
     @handles(InboxDeadline)

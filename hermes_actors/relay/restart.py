@@ -30,7 +30,7 @@ from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.relay.drain import expiry_of
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_inbox import InboxPaths, is_consumed, read_inbox_envelope, write_delivered
+from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_sent import SentRecord, clear_sent, list_sent
@@ -90,7 +90,8 @@ def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float
     Args:
         paths: the relay layout, ``taken`` being our shelf.
         adopted: what :meth:`Shelf.adopt` moved onto it.
-        ttl: the configured ``envelope_ttl_seconds``: a never-started envelope older than that is not run.
+        ttl: the configured ``envelope_ttl_seconds``: a never-started envelope older than its sender root's TTL
+            (:func:`~hermes_actors.store.relay_inbox.inbox_ttl`; this one for a record without it) is not run.
         now: the current time.
 
     Returns:
@@ -114,7 +115,7 @@ def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float
         if not replied and started and _write_kept(paths, envelope_id, reply_connection, result):
             continue
         action = taken_action(replied=replied, started=started, legacy=envelope_id in legacy)
-        expired = expiry_of(envelope, path, ttl=ttl, now=now) if action == "rerun" else None
+        expired = expiry_of(envelope, path, ttl=inbox_ttl(envelope, ttl), now=now) if action == "rerun" else None
         if action == "rerun" and expired is None:
             result.rerun.append((envelope, reply_connection))
             continue

@@ -3,7 +3,7 @@
 The Desktop delivers an envelope to the target gateway over RPC. Between
 processes on one machine our hub does the same through files:
 
-    bot_relay/inbox/<id>.json      envelope + "reply_connection", posted by the hub
+    bot_relay/inbox/<id>.json      envelope + "reply_connection" + "sender_ttl" (its TTL), posted by the hub
     bot_relay/taken/<id>.json      the gateway claimed it (rename decides); a stop puts back what never started
     bot_relay/delivered/<id>.json  {id, at, reply, error, reason, reply_connection}; first wins
     bot_relay/consumed/<id>.json   sender side: this reply was reported (so a restart never reports twice)
@@ -30,6 +30,8 @@ any path is built.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,13 +47,15 @@ from hermes_actors.store.atomic import (
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, rename_between
 from hermes_actors.store.relay_paths import RelayPaths
-from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_envelope, parse_reply
+from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_envelope, parse_reply, seed_ttl
 from hermes_actors.store.relay_shelf import find_on_shelves
 
 __all__ = [
     "HEARTBEAT_DIR",
+    "SENDER_TTL",
     "InboxPaths",
     "already_posted",
+    "inbox_ttl",
     "is_consumed",
     "mark_consumed",
     "parse_delivered",
@@ -65,6 +69,7 @@ __all__ = [
 ]
 
 HEARTBEAT_DIR = "gateways"  # each gateway process's heartbeat: hermes_actors.store.relay_heartbeat
+SENDER_TTL = "sender_ttl"  # in an inbox record: the sender root's envelope TTL, which expires it (inbox_ttl)
 
 
 @dataclass(frozen=True)
@@ -103,11 +108,28 @@ class InboxPaths:
         return replace(self, taken=shelf)
 
 
-def post_to_inbox(paths: InboxPaths, envelope: dict[str, Any], reply_connection: str) -> Path:
-    """Hub side: hand an envelope to the target gateway."""
+def post_to_inbox(
+    paths: InboxPaths, envelope: dict[str, Any], reply_connection: str, *, sender_ttl: float | None = None
+) -> Path:
+    """Hub side: hand an envelope to the target gateway.
+
+    Args:
+        paths: the target root's layout.
+        envelope: the envelope claimed from the sender root's ``outbox/``.
+        reply_connection: the sender root's connection id (its ``replies/`` gets the reply).
+        sender_ttl: the sender root's ``envelope_ttl_seconds``, kept in the record (``sender_ttl``, as the seed
+            applies it: ``int()``) for whoever expires the envelope there (:func:`inbox_ttl`); None leaves it out.
+
+    Returns:
+        The inbox file.
+    """
     if not HANDLE_RE.match(reply_connection or ""):
         raise ValidationError(f"invalid reply connection id: {reply_connection!r}")
-    record = {**parse_envelope(envelope), "reply_connection": reply_connection}
+    # a sender_ttl the envelope itself carried is never passed on: only the hub, which read the sender's config, says it
+    record = {k: v for k, v in parse_envelope(envelope).items() if k != SENDER_TTL}
+    if sender_ttl is not None:
+        record[SENDER_TTL] = seed_ttl(sender_ttl)
+    record["reply_connection"] = reply_connection
     target = paths.relay.id_file(paths.inbox, record["id"])
     atomic_write_json(target, record, tmp_dir=paths.relay.tmp, within=paths.relay.base)
     return target
@@ -204,11 +226,37 @@ def _split(data: Any, name: str, what: str) -> tuple[dict[str, Any], str]:
 def parse_inbox_envelope(data: Any, path: Path) -> tuple[dict[str, Any], str]:
     """Pure: a decoded inbox record (read from ``path``) as (the envelope, its reply connection).
 
+    The envelope keeps the record's ``sender_ttl`` (read it with :func:`inbox_ttl`).
+
     Raises:
-        ValidationError: it is not an inbox envelope for that file's name.
+        ValidationError: it is not an inbox envelope for that file's name (a ``sender_ttl`` that is no finite
+            number included).
     """
     core, reply_connection = _split(data, path.name, "an inbox envelope")
-    return parse_envelope(core, file_id=path.stem), reply_connection
+    envelope = parse_envelope(core, file_id=path.stem)
+    ttl = envelope.get(SENDER_TTL)
+    if SENDER_TTL in envelope and (not isinstance(ttl, int | float) or isinstance(ttl, bool) or not math.isfinite(ttl)):
+        raise ValidationError(f"inbox field {SENDER_TTL!r} is not a number of seconds: {ttl!r}")
+    return envelope, reply_connection
+
+
+def inbox_ttl(envelope: Mapping[str, Any], ttl: float) -> float:
+    """Pure: the TTL an envelope waiting in a root's ``inbox/`` expires at, whoever checks it.
+
+    It is its sender root's, as for the seed, which checks a DM's age only where it is claimed from its
+    sender's ``outbox/``, with the sender's config: the hub, which read that config, keeps it in the inbox record
+    (``sender_ttl``), so the hub's own deadline for a DM no gateway takes, the gateway taking it and a restart
+    adopting it apply one TTL (before, the gateway applied its own root's).
+
+    Args:
+        envelope: the envelope, as :func:`parse_inbox_envelope` read it.
+        ttl: the checker's own TTL, for a record posted without one (by an older hub).
+
+    Returns:
+        The TTL in seconds (``<= 0``: expiry off).
+    """
+    carried = envelope.get(SENDER_TTL)
+    return ttl if carried is None else float(carried)
 
 
 def read_inbox_envelope(path: Path, *, dir_fd: int | None = None) -> tuple[dict[str, Any], str]:

@@ -68,8 +68,39 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_created_at(value: Any) -> int | float:
-    """Pure: an envelope's ``created_at`` read as the seed reads it, ``float(env.get("created_at") or mtime)``.
+def created_time(value: Any) -> float | None:
+    """Pure: an envelope's ``created_at`` as the seed reads it, ``float(env.get("created_at") or mtime)``: the one
+    rule for an envelope's age (:func:`expires_at`, and :func:`parse_envelope` through :func:`parse_created_at`).
+
+    "Unknown" is what the seed's ``or`` falls through: a falsy value. A non-empty string is truthy, so ``"0"``,
+    ``"0.0"`` and ``"-0"`` are epoch 0 there (the envelope is expired), never unknown.
+
+    Args:
+        value: the decoded ``created_at`` (anything).
+
+    Returns:
+        None when unknown (missing, null, 0, 0.0, "": the seed ages the envelope from its file's mtime);
+        otherwise the finite number it is, or its string reads as.
+
+    Raises:
+        ValidationError: any other value (a bool, a list, a string that is no finite number, NaN, inf).
+    """
+    if not value:
+        return None
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number):
+            return number
+    elif _is_number(value):
+        return float(value)
+    raise ValidationError(f"envelope field 'created_at' is not a number: {value!r}")
+
+
+def parse_created_at(value: Any) -> int | float | str:
+    """Pure: the ``created_at`` a parsed envelope carries, read as the seed reads it (:func:`created_time`).
 
     The seed's reader takes a numeric string (``"1796595038"``) as well as a number, so a
     seed or Desktop writing one is delivered on both sides alike.
@@ -79,23 +110,21 @@ def parse_created_at(value: Any) -> int | float:
 
     Returns:
         0 for a missing, null, zero or empty value (unknown: aged from the file's mtime, as the
-        seed does); otherwise the finite number it is or its string reads as (a whole one as an int).
+        seed does); the number it is; a numeric string as its number (a whole one as an int), except a
+        string that reads as zero (``"0"``, ``"-0"``), kept as written: as the number 0 it would read as
+        unknown, and the envelope posted on to a target's ``inbox/`` would be aged anew there.
 
     Raises:
         ValidationError: any other value (a bool, a list, a string that is no finite number, NaN, inf).
     """
-    if not value:
+    created = created_time(value)
+    if created is None:
         return 0  # missing, null, zero, "" (any falsy value): the seed falls back to the file's mtime
     if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if math.isfinite(number):
-            return int(number) if number.is_integer() else number
-    elif _is_number(value):
-        return float(value) if isinstance(value, float) else int(value)
-    raise ValidationError(f"envelope field 'created_at' is not a number: {value!r}")
+        if created == 0:
+            return value  # epoch 0, which only a (truthy) string can say: the number 0 means "unknown"
+        return int(created) if created.is_integer() else created
+    return float(value) if isinstance(value, float) else int(value)
 
 
 def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
@@ -111,10 +140,11 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         it must be an integer from 0 to ``MAX_HOP`` (``core.hops.is_hop``:
         the one rule for a hop from outside, whichever transport carried it;
         it feeds the target's loop guard). ``created_at`` is read by
-        :func:`parse_created_at` (a numeric string becomes its number); a
-        missing, null or zero one is ``0`` (unknown: the seed uses the
-        file's mtime instead, and so does :func:`is_expired` given
-        ``fallback_created``).
+        :func:`parse_created_at` (a numeric string becomes its number, one
+        that reads as zero stays the string: epoch 0); a missing, null or
+        zero one is ``0`` (unknown: the seed uses the file's mtime instead,
+        and so does :func:`is_expired` given ``fallback_created``). Read it
+        back with :func:`created_time`.
 
     Raises:
         ValidationError: naming the first bad field.
@@ -350,8 +380,8 @@ def expires_at(envelope: Mapping[str, Any], ttl: float, *, fallback_created: flo
     Args:
         envelope: the (decoded) envelope.
         ttl: the TTL in seconds; ``<= 0`` disables expiry.
-        fallback_created: the time to use when ``created_at`` is missing or
-            zero (the seed falls back to the file's mtime).
+        fallback_created: the time to use when ``created_at`` is unknown
+            (:func:`created_time`: missing or zero; the seed falls back to the file's mtime).
 
     Returns:
         ``created_at + ttl``; None when expiry is disabled; ``-inf`` when no
@@ -359,8 +389,11 @@ def expires_at(envelope: Mapping[str, Any], ttl: float, *, fallback_created: flo
     """
     if ttl <= 0:
         return None
-    created = envelope.get("created_at")
-    if not _is_number(created) or not created:
+    try:
+        created = created_time(envelope.get("created_at"))
+    except ValidationError:  # not a creation time at all (an envelope never parsed): aged like an unknown one
+        created = None
+    if created is None:
         created = fallback_created
     if created is None:
         return -math.inf
