@@ -369,6 +369,18 @@ class TurnTimeout:
 
 
 @dataclass(frozen=True, slots=True)
+class TimedOutTurnPlace:
+    """To a ProfileActor, from the thread that ends a timed-out turn: whether a turn process of ours ran it.
+
+    The runner's ``running_turns()`` (runner code) is asked there, bounded, never in the actor
+    (``turns.turn_process_running``); the actor gives the turn up on this answer.
+    """
+
+    delivery_id: str
+    live: bool | None  # listed by running_turns(); None: the hook raised or did not answer (not known)
+
+
+@dataclass(frozen=True, slots=True)
 class IdleCheck:
     """Timer: stop the ProfileActor if it stayed idle long enough."""
 

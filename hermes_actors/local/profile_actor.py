@@ -34,8 +34,7 @@ from hermes_actors.local.live_handoff import give_up_on, record_not_handed
 from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
 from hermes_actors.local.profile_outcomes import kept_at_stop, outcome_of_turn, timed_out_outcome
 from hermes_actors.local.runners import TurnRunner, as_runner, runs_inline
-from hermes_actors.local.shutdown import end_running_turns
-from hermes_actors.local.turn_launch import live_owner_for, run_inline, worker_job
+from hermes_actors.local.turn_launch import end_timed_out_turn, live_owner_for, run_inline, worker_job
 from hermes_actors.local.turns import TurnGate
 from hermes_actors.messages import (
     AttachOwner,
@@ -50,6 +49,7 @@ from hermes_actors.messages import (
     ProfileInfo,
     RunSalvaged,
     StopProfile,
+    TimedOutTurnPlace,
     TurnFinished,
     TurnTimeout,
     WaitExpired,
@@ -356,35 +356,63 @@ class ProfileActor(TypedActor):
         delivery = self.running
         if delivery is None or delivery.delivery_id != msg.delivery_id:
             return
-        seconds = self.deps.config.turn_timeout_seconds
         began = self.gate.give_up() if self.gate is not None else True
         handed = self.handed
         if began and handed:
-            self._owner_timed_out(delivery, seconds)
+            self._owner_timed_out(delivery, self.deps.config.turn_timeout_seconds)
             return
-        self.running, self.turn_timer, self.handed = None, None, False  # its timer fired: nothing to cancel
-        self._close_gate()
+        self.turn_timer = None  # it fired: nothing to cancel
         runner = self.deps.runner
-        processes = getattr(runner, "running_turns", None)  # the deliveries whose turn process runs now
-        live = began and callable(processes) and delivery.delivery_id in processes()
-        self.abandoned[delivery.delivery_id] = live  # a process of ours runs it: it is ended now, not left to finish
-        if began and callable(getattr(runner, "stop_turns", None)):
+        ask = began and callable(getattr(runner, "running_turns", None))
+        if began and (ask or callable(getattr(runner, "stop_turns", None))):
             # Ends its process if it runs one, and keeps one from starting (a turn between its gate and its
-            # process). On a thread of its own (seconds, bounded): the worker pool may be full of hung turns.
-            threading.Thread(target=end_running_turns, args=(runner, [delivery.delivery_id]),
+            # process). Runner code, so on a thread of its own, which first asks whether a process of ours runs
+            # it (bounded) and tells the answer back as TimedOutTurnPlace.
+            threading.Thread(target=end_timed_out_turn, args=(self.actor_ref, runner, delivery.delivery_id),
+                             kwargs={"profile": self.info.profile, "ask": ask},
                              name=f"end-timed-out-turn-{self.info.profile}", daemon=True).start()
+        if ask:
+            return  # it stays the running turn until the answer: nothing starts beside it, the stop waits for it
+        # a turn that never began, or a runner without running_turns(): no process of ours is known to run it
+        self._give_up_timed_out(delivery, began=began, handed=handed, live=False)
+
+    @handles(TimedOutTurnPlace)
+    def _on_timed_out_turn_place(self, msg: TimedOutTurnPlace) -> None:
+        """Where the timed-out turn ran is known (or will never be): give it up."""
+        delivery = self.running
+        if delivery is None or delivery.delivery_id != msg.delivery_id:
+            return  # its result came first and settled it
+        self._give_up_timed_out(delivery, began=True, handed=False, live=msg.live)
+
+    def _give_up_timed_out(self, delivery: Delivery, *, began: bool, handed: bool, live: bool | None) -> None:
+        """Report the timed-out turn, hand the flock on as it allows, and serve the next DM.
+
+        Args:
+            delivery: the timed-out turn's delivery (still ``self.running``).
+            began: its gate said it began.
+            handed: it was to go to the live owner (read before it was cleared).
+            live: a turn process of ours runs it (being ended now); None: not known (the runner's
+                ``running_turns()`` raised or did not answer).
+        """
+        self.running, self.handed = None, False
+        self._close_gate()
+        self.abandoned[delivery.delivery_id] = live is True  # a process of ours runs it: ended now, not left to finish
         if self.lock is not None:
-            if live:
+            if live is not False:
                 # Its process inherited the flock's descriptor and holds the flock for as long as it lives:
                 # unlocking now would let the bot's next turn run beside it. The next turn's flock waits for
-                # its end; our descriptor closes once the worker's turn returns.
+                # its end; our descriptor closes once the worker's turn returns. Not known is taken as a process
+                # of ours: a turn that waits is safe, one beside it is not.
                 self.lock.close()
             else:
                 # An in-process or warm turn cannot be ended (nor a process not started), and a turn that never
                 # began may be waiting on this descriptor (it lets go once it sees the gate): the flock goes.
                 self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
-        outcome = timed_out_outcome(delivery, profile=self.info.profile, seconds=seconds, began=began, live=live)
+        # "was stopped" only when a process of ours is known to run it; otherwise it may still complete
+        seconds = self.deps.config.turn_timeout_seconds
+        outcome = timed_out_outcome(delivery, profile=self.info.profile, seconds=seconds, began=began,
+                                    live=live is True)
         if began:
             self._settle(outcome)
         else:

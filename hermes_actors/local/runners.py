@@ -29,6 +29,9 @@ At a stop, ``running_turns()`` and ``warm_turns()`` (the deliveries whose turn r
 process the stop ends, or warm in a hermes gateway apart from this host) word the ``ambiguous``
 outcome of a turn still running (:func:`hermes_actors.local.turns.turn_places_at_stop`: asked once
 per stop, on the stopping thread, for a second at most; one that hangs only costs that wording).
+At a turn's timeout, ``running_turns()`` tells whether the timed-out turn's process holds the flock
+(:func:`hermes_actors.local.turns.turn_process_running`: asked the same way, off the ProfileActor; one
+that hangs or raises counts as a process that may, so the bot's next turn waits for that turn's end).
 
 The real ``hermes`` CLI runner is :class:`~hermes_actors.local.command_runner.CommandRunner`;
 the pieces of one CLI process it shares with the Hermes runners are in

@@ -3,7 +3,8 @@
 The ProfileActor decides which turn starts and where (inline under a flock it holds, or on
 the worker pool); the functions here run it there, with a backstop so that an exception
 escaping the turn's code still gives the DM its outcome (:func:`turn_escaped`). A worker
-job tells its :class:`TurnFinished` back to the ProfileActor; an inline run returns it.
+job tells its :class:`TurnFinished` back to the ProfileActor; an inline run returns it. A turn
+given up on at its timeout is ended off the actor too (:func:`end_timed_out_turn`).
 """
 
 from __future__ import annotations
@@ -15,20 +16,22 @@ from typing import Any
 import pykka
 from loguru import logger
 
+from actors import tell
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.live_handoff import hand_to_owner
 from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.profile_outcomes import turn_escaped
 from hermes_actors.local.runners import TurnRunner
-from hermes_actors.local.turns import TurnGate, execute_turn
-from hermes_actors.messages import ROOM_ORIGIN, Delivery, OwnerTurnReturned, TurnFinished
+from hermes_actors.local.shutdown import end_running_turns
+from hermes_actors.local.turns import TurnGate, execute_turn, turn_process_running
+from hermes_actors.messages import ROOM_ORIGIN, Delivery, OwnerTurnReturned, TimedOutTurnPlace, TurnFinished
 from hermes_actors.rooms.store import RoomStartMarks
 from hermes_actors.rooms.turn_author import room_of_author
 from hermes_actors.store.journal import StartRecorder
 from hermes_actors.store.relay_marks import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["live_owner_for", "run_inline", "start_recorder", "worker_job"]
+__all__ = ["end_timed_out_turn", "live_owner_for", "run_inline", "start_recorder", "worker_job"]
 
 
 def live_owner_for(owner: TurnRunner | None, delivery: Delivery) -> TurnRunner | None:
@@ -143,3 +146,25 @@ def worker_job(
                     "this late result is dropped", delivery.delivery_id)
 
     return job
+
+
+def end_timed_out_turn(me: pykka.ActorRef[Any], runner: TurnRunner, delivery_id: str, *, profile: str,
+                       ask: bool) -> None:
+    """On a thread of its own: end the timed-out turn of ``delivery_id``, first telling ``me`` whether a turn
+    process of ours ran it.
+
+    Both are runner code, so neither runs in the ProfileActor: ``running_turns()`` is asked bounded
+    (:func:`~hermes_actors.local.turns.turn_process_running`, the stop's rule) before ``stop_turns`` ends the
+    process (it would not list it after), and the answer goes back as :class:`TimedOutTurnPlace`. The end takes
+    seconds (bounded), on this thread rather than the worker pool, which may be full of hung turns.
+
+    Args:
+        me: the ProfileActor (told nothing when it is gone: its crash settled the turn).
+        runner: the gateway's runner.
+        delivery_id: the timed-out turn's delivery.
+        profile: its bot (named in the log).
+        ask: whether the actor waits for the answer (the runner has ``running_turns``).
+    """
+    if ask:
+        tell(me, TimedOutTurnPlace(delivery_id, turn_process_running(runner, delivery_id, profile=profile)))
+    end_running_turns(runner, [delivery_id])

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from loguru import logger
 
@@ -67,6 +67,7 @@ __all__ = [
     "turn_for",
     "turn_never_reached",
     "turn_places_at_stop",
+    "turn_process_running",
     "turn_runs_apart",
     "via_recorder",
 ]
@@ -242,11 +243,14 @@ def turn_runs_apart(runner: TurnRunner, turn: Turn) -> bool:
         return False
 
 
-# The runner's place hooks get this long at a stop, both together: they list what is in memory (microseconds).
-# One that does not answer in time costs only the wording of an outcome; the stop never waits on it for longer.
+# The runner's place hooks get this long when asked (at a stop, both together; at a turn timeout, running_turns()):
+# they list what is in memory (microseconds). One that does not answer in time costs only the wording of an outcome
+# (and, at a timeout, the flock is kept as if it listed the turn); nothing ever waits on it for longer.
 PLACE_HOOKS_SECONDS = 1.0
 # Asked in this order, the second only about the turns the first did not list
 _PLACE_HOOKS: tuple[tuple[str, TurnPlace], ...] = (("running_turns", "process"), ("warm_turns", "apart"))
+# Why a place hook listed nothing: it raised, or it did not answer in time (then nothing more is asked of it)
+_HookSilence = Literal["raised", "hung"]
 
 
 def turn_places_at_stop(
@@ -278,21 +282,62 @@ def turn_places_at_stop(
         left = [delivery_id for delivery_id, known in places.items() if known == "here"]
         if not left or not callable(hook):
             continue
-        listed = _ask_place_hook(hook_name, hook, deadline)
-        if listed is None:  # it hangs: the stop asks no more runner code
-            logger.warning("stop: the runner's {}() did not answer within {:.1f}s: the turns still running are "
-                           "settled as only 'still running when the gateway stopped' (the stop does not wait for "
-                           "it)", hook_name, within)
+        listed = _ask_place_hook(hook_name, hook, deadline, within, asker="stop", unknown="the turns still running "
+                                 "are settled as only 'still running when the gateway stopped' (the stop does not "
+                                 "wait for it)")
+        if listed == "hung":  # the stop asks no more runner code
             break
-        places.update((delivery_id, place) for delivery_id in left if delivery_id in listed)
+        if not isinstance(listed, str):  # it answered (one that raised lists nothing, and the next is asked)
+            places.update((delivery_id, place) for delivery_id in left if delivery_id in listed)
     return places
 
 
-def _ask_place_hook(name: str, hook: Callable[[], Any], deadline: float) -> frozenset[str] | None:
-    """Call a place hook of the runner on a daemon thread, waiting for it until ``deadline`` (monotonic).
+def turn_process_running(
+    runner: TurnRunner, delivery_id: str, *, profile: str, within: float = PLACE_HOOKS_SECONDS
+) -> bool | None:
+    """At a turn's timeout, off the ProfileActor: whether a turn process of the runner runs the turn of
+    ``delivery_id`` (its optional ``running_turns()`` lists it), asked as the stop asks it
+    (:func:`turn_places_at_stop`): on a daemon thread, for ``within`` seconds at most.
+
+    Args:
+        runner: the turn runner.
+        delivery_id: the timed-out turn's delivery.
+        profile: its bot (named in the log).
+        within: seconds the hook gets.
 
     Returns:
-        The deliveries it lists; empty when it raised (logged); None when it did not answer in time.
+        True when it lists the turn, False when it does not or the runner has no such hook, None when the hook
+        raised or did not answer in time (logged once): not known, so a process of ours may hold the flock.
+    """
+    hook = getattr(runner, "running_turns", None)
+    if not callable(hook):
+        return False
+    unknown = (f"the timed-out turn {delivery_id} may still run in a turn process, so the bot's next turn waits "
+               "until that turn returns (its flock is kept)")
+    listed = _ask_place_hook("running_turns", hook, time.monotonic() + within, within,
+                             asker=f"{profile}: turn timeout", unknown=unknown)
+    return None if isinstance(listed, str) else delivery_id in listed
+
+
+def _ask_place_hook(
+    name: str, hook: Callable[[], Any], deadline: float, budget: float, *, asker: str, unknown: str
+) -> frozenset[str] | _HookSilence:
+    """Call a place hook of the runner on a daemon thread, waiting for it until ``deadline`` (monotonic).
+
+    One rule for every caller: runner code never runs on an actor's (or the stop's) thread, and is waited for a
+    bounded time; the thread of a hook that hangs is left behind.
+
+    Args:
+        name: the hook's name (logged).
+        hook: the runner's hook.
+        deadline: monotonic time to stop waiting at.
+        budget: the seconds the caller gives its hooks (logged when this one does not answer).
+        asker: who asks (the log's prefix).
+        unknown: what follows from an unknown answer (logged with it).
+
+    Returns:
+        The deliveries it lists; ``raised`` when it raised, ``hung`` when it did not answer in time (each logged
+        once, here).
     """
     answer: list[frozenset[str]] = []
 
@@ -300,15 +345,16 @@ def _ask_place_hook(name: str, hook: Callable[[], Any], deadline: float) -> froz
         try:
             answer.append(frozenset(hook()))
         except BaseException as exc:  # runner code: only the wording of the outcomes depends on it
-            logger.log(_hook_level(exc), "stop: cannot tell where the running turns run: the runner's {}() "
-                       "raised {}", name, describe_error(exc))
+            logger.log(_hook_level(exc), "{}: the runner's {}() raised {}: {}", asker, name, describe_error(exc),
+                       unknown)
 
-    thread = threading.Thread(target=call, name=f"stop-{name}", daemon=True)
+    thread = threading.Thread(target=call, name=f"ask-{name}", daemon=True)
     thread.start()
     thread.join(max(0.0, deadline - time.monotonic()))
     if thread.is_alive():
-        return None
-    return answer[0] if answer else frozenset()
+        logger.warning("{}: the runner's {}() did not answer within {:.1f}s: {}", asker, name, budget, unknown)
+        return "hung"
+    return answer[0] if answer else "raised"
 
 
 def _hook_level(exc: BaseException) -> str:
