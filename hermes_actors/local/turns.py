@@ -333,14 +333,20 @@ class TurnGate:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._began = False
+        self._began_at: float | None = None  # monotonic: when the turn began (its flock taken, if any)
         self._given_up = False
 
     def begin(self) -> bool:
         """The worker, before the turn's first step: whether it may run (not given up on)."""
         with self._lock:
-            if not self._given_up:
-                self._began = True
+            if not self._given_up and not self._began:
+                self._began, self._began_at = True, time.monotonic()
             return self._began
+
+    def began_at(self) -> float | None:
+        """When the turn began (monotonic), or None while it has not: a wake's turn timer counts from it."""
+        with self._lock:
+            return self._began_at
 
     def give_up(self) -> bool:
         """The ProfileActor, at the timeout: no retry may start from now on; whether the turn had begun."""
