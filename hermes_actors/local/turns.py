@@ -507,6 +507,7 @@ def _execute_turn(
                 busy_text(delivery.target, time.time() - delivery.accepted_at),
                 "target_busy",
             )
+    ended = threading.Event()  # set as this turn returns: its outcome may be journaled from then on
     try:
         if gate is not None and not gate.begin():  # reported NOT delivered while it waited: never runs
             return not_begun(delivery.delivery_id)
@@ -525,7 +526,8 @@ def _execute_turn(
             logger.exception("building the turn of {} failed", delivery.delivery_id)
             return never_ran(delivery.delivery_id, "building the turn", exc)
         if isinstance(journal, Journal):  # a relay's start mark keeps the start alone
-            turn = replace(turn, _note_via=via_recorder(journal, delivery.delivery_id))
+            over = (lambda: ended.is_set() or gate.given_up()) if gate is not None else ended.is_set
+            turn = replace(turn, _note_via=via_recorder(journal, delivery.delivery_id, over=over))
         began = time.time()
         result, may_retry = attempt_turn(runner, turn)
         if result.reply is None and may_retry:
@@ -546,6 +548,7 @@ def _execute_turn(
             forget_failed(runner, turn, began)
         return result
     finally:
+        ended.set()
         if lock is not None and not held:
             try:
                 lock.release()
@@ -559,16 +562,20 @@ def _execute_turn(
                 logger.exception("runner release failed for {}", delivery.delivery_id)
 
 
-def via_recorder(journal: StartRecorder, delivery_id: str) -> Callable[[str], None]:
+def via_recorder(journal: StartRecorder, delivery_id: str, *, over: Callable[[], bool]) -> Callable[[str], None]:
     """The ``Turn.note_via`` of a journaled turn: a ``started`` record carrying ``via`` ("warm" or "cli"), durable
     before the runner goes on, each time the turn's path changes (a warm turn that fell back to the CLI).
 
     The next start words a turn a killed host left by it (:func:`~hermes_actors.core.recovery.plan_recovery`):
-    a CLI turn is never told "the hermes gateway ran it", whatever the root's warm-turn setup says.
+    a CLI turn is never told "the hermes gateway ran it", whatever the root's warm-turn setup says. Once the
+    turn is over for its gateway nothing is written: its outcome is reported (its time ran out, the stop gave
+    up on it) or about to be, and a ``started`` record after its ``finished`` and ``delivered`` ones (a warm
+    attempt that outlived ``turn_timeout_seconds``, then fell back to the CLI) would make a DM of nothing.
 
     Args:
         journal: the gateway's journal.
         delivery_id: the turn's delivery.
+        over: whether the turn is over for its gateway (its gate given up on, or its ``execute_turn`` returned).
 
     Returns:
         The callable; a record it could not write is logged (WARNING) and the turn runs all the same: its
@@ -578,6 +585,10 @@ def via_recorder(journal: StartRecorder, delivery_id: str) -> Callable[[str], No
 
     def note(via: str) -> None:
         if noted and noted[-1] == via:  # a retry on the same path: already on disk
+            return
+        if over():  # nobody will ever recover this turn from the journal: its outcome is (being) settled
+            logger.info("not journaling that the turn {} runs {}: its outcome was reported already", delivery_id,
+                        via)
             return
         try:
             journal.append_durably({"t": "started", "id": delivery_id, "attempt": 1, "via": via})
