@@ -1579,6 +1579,36 @@ def test_a_commit_interrupted_in_its_leader_tells_every_waiter_the_truth_and_the
     assert _id(1) in ids and _id(4) in ids and _id(5) in ids, ids
 
 
+def test_a_compaction_whose_write_falls_short_still_swaps_in_every_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write may write less than asked, to a regular file too (a disk filling up part-way, a file size limit).
+    The compaction (and the rewrite of a lost file) wrote the new file with one ``os.write``: a short one swapped in
+    a torn file, its last record cut and the ones after it gone, and the journal counted them as written. Every
+    write of the journal's now goes on until all of it is written (or raises, and the old file stays)."""
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    journal_file = JournalFile(directory / "j-1.log", fsync=False)
+    journal_file.open()
+    records = [{"t": "accepted", "id": _id(n), "d": _delivery(_id(n))} for n in range(5)]
+    lines = [orjson.dumps(record) + b"\n" for record in records]
+    real_write, real_pwrite = os.write, os.pwrite
+
+    def short(data: Any) -> Any:
+        return memoryview(data)[:7]  # at most 7 bytes a call, as a filling disk may take
+
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, short(data) if fd > 2 else data))
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real_pwrite(fd, short(data), offset))
+    try:
+        journal_file.write(lines[:2], flush=False)
+        journal_file.replace_with(lines)  # what compaction writes: the whole live state
+        journal_file.write([orjson.dumps({"t": "delivered", "id": _id(0)}) + b"\n"], flush=False)
+    finally:
+        monkeypatch.undo()
+        journal_file.close()
+    assert _file_records(journal_file.path) == [*records, {"t": "delivered", "id": _id(0)}]
+
+
 def test_a_journal_file_closed_by_an_interrupted_close_is_never_closed_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
