@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pykka
 import pytest
-from roots import LogCapture, make_root
+from roots import LogCapture, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -139,6 +139,62 @@ def test_how_a_turn_ran_is_folded_last_one_wins_and_survives_compaction() -> Non
     state.take_over(folded, keep=10)
     rebuilt = fold_records(record for record in parse_lines(state.lines()) if record is not None)
     assert [rebuilt.states[key].via for key in (a, b, c)] == ["cli", None, None]
+
+
+def test_a_via_record_for_a_delivery_the_fold_does_not_track_is_ignored() -> None:
+    """Review (diffrev12) of 8e39b3a: a ``started … via`` record could land after its DM's ``finished`` and
+    ``delivered`` records (a warm attempt that outlived turn_timeout_seconds, then fell back to the CLI). Folded, it
+    made a delivery of nothing: kept by every compaction, named at a stop as an acked DM without an outcome.
+    The live state, an older journal holding that late line, and one holding the lone line a compaction wrote
+    back from it all fold clean; a via record for a tracked delivery still counts."""
+    a, b = _id(1), _id(2)
+    accepted, started = {"t": "accepted", "id": a, "d": _delivery(a)}, {"t": "started", "id": a, "attempt": 1}
+    warm, cli = {**started, "via": "warm"}, {**started, "via": "cli"}
+    finished, delivered = {"t": "finished", "id": a, "o": _outcome(a)}, {"t": "delivered", "id": a}
+    state = JournalState()
+    for batch in ([accepted, started], [warm], [finished], [delivered], [cli]):  # as the commits fold them
+        state.track(batch, keep=10)
+    assert state.folded.states == {}
+    assert list(state.recent) == [a]
+    assert [r["t"] for r in parse_lines(state.lines())] == ["finished", "delivered"]  # what compaction writes
+
+    older = JournalFolded()
+    assert fold_lines(_lines(accepted, started, warm, finished, delivered, cli).splitlines(keepends=True),
+                      older) == 0
+    assert older.live() == {} and older.states[a].outcome == _outcome(a)
+    lone = JournalFolded()
+    assert fold_lines([_lines({"t": "started", "id": b, "attempt": 1, "via": "cli"})], lone) == 0
+    assert lone.states == {} and lone.corrupt_lines == 0
+    assert fold_records([accepted, started, cli]).states[a].via == "cli"
+
+
+def test_a_turn_that_outlived_its_timeout_journals_no_via_after_its_outcome(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Review (diffrev12) of 8e39b3a, via_after_finished.py: a turn noted ``warm``, outlived turn_timeout_seconds,
+    then noted ``cli`` (WarmOrCliRunner falling back): its ``started … via`` record landed after the DM's
+    ``finished`` and ``delivered``. The turn's recorder writes nothing once its outcome is reported (its gate was
+    given up on). The journal's reader reads the file clean while the gateway runs (its allocated zeros)."""
+    timed_out, noted = threading.Event(), threading.Event()
+
+    def run(turn: Any) -> str:
+        turn.note_via("warm")
+        timed_out.wait(30)  # the warm attempt, past turn_timeout_seconds
+        turn.note_via("cli")  # WarmOrCliRunner._cli_turn, after a warm failure that never delivered
+        noted.set()
+        return "late"
+
+    root = make_root(tmp_path)
+    gw = start_gateway(gateways, root, run, config={"bot_mode": {"turn_timeout_seconds": 1}}, durable=True)
+    try:
+        key = gw.message_agent(sender="alice", target="bob", message="hi")["delivery_id"]
+        assert gw.wait_outcome(key, timeout=30)["reason"] == "delivery_timeout"
+    finally:
+        timed_out.set()
+    assert noted.wait(30)
+    (path,) = (root / "bot_relay" / "journal").glob("j-*.log")
+    records = [r for r in _file_records(path) if r["id"] == key]
+    assert [r.get("via") for r in records if r["t"] == "started"] == [None, "warm"], records
 
 
 def test_fold_lines_folds_as_it_reads_and_counts_corrupt_lines() -> None:
@@ -1521,6 +1577,36 @@ def test_a_commit_interrupted_in_its_leader_tells_every_waiter_the_truth_and_the
         assert outcome["other"] is None, outcome
         assert _id(3) in ids, "acked, then lost at compaction"
     assert _id(1) in ids and _id(4) in ids and _id(5) in ids, ids
+
+
+def test_a_compaction_whose_write_falls_short_still_swaps_in_every_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write may write less than asked, to a regular file too (a disk filling up part-way, a file size limit).
+    The compaction (and the rewrite of a lost file) wrote the new file with one ``os.write``: a short one swapped in
+    a torn file, its last record cut and the ones after it gone, and the journal counted them as written. Every
+    write of the journal's now goes on until all of it is written (or raises, and the old file stays)."""
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    journal_file = JournalFile(directory / "j-1.log", fsync=False)
+    journal_file.open()
+    records = [{"t": "accepted", "id": _id(n), "d": _delivery(_id(n))} for n in range(5)]
+    lines = [orjson.dumps(record) + b"\n" for record in records]
+    real_write, real_pwrite = os.write, os.pwrite
+
+    def short(data: Any) -> Any:
+        return memoryview(data)[:7]  # at most 7 bytes a call, as a filling disk may take
+
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, short(data) if fd > 2 else data))
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real_pwrite(fd, short(data), offset))
+    try:
+        journal_file.write(lines[:2], flush=False)
+        journal_file.replace_with(lines)  # what compaction writes: the whole live state
+        journal_file.write([orjson.dumps({"t": "delivered", "id": _id(0)}) + b"\n"], flush=False)
+    finally:
+        monkeypatch.undo()
+        journal_file.close()
+    assert _file_records(journal_file.path) == [*records, {"t": "delivered", "id": _id(0)}]
 
 
 def test_a_journal_file_closed_by_an_interrupted_close_is_never_closed_twice(

@@ -19,6 +19,7 @@ from hermes_actors.core.wake import (
     wake_id,
     wake_lock_wait,
     wake_text,
+    wake_turn_time_left,
 )
 from hermes_actors.messages import Delivery
 from hermes_actors.store.journal_records import DeliveryState
@@ -197,3 +198,19 @@ def test_a_wakes_flock_wait_lasts_as_long_as_a_turn_may_hold_the_flock(
     """Nobody resends a wake: it waits for the flock as long as another process's turn may hold it, whatever a
     DM's wait (turn_wait_seconds 0 included), or longer when turn_wait_seconds is."""
     assert wake_lock_wait(turn_wait, turn_timeout) == waits
+
+
+@pytest.mark.parametrize(("now", "began_at", "left"), [
+    (100.0, 95.0, 5.0),     # began 5 s after its start (armed at 90, timeout 10): the rest of its 10 s
+    (100.0, 90.0, 0.0),     # began at once: timed out at turn_timeout_seconds, not a flock wait later
+    (100.0, None, 20.0),    # still waiting for the flock: until its wait ends (90 + 30)
+    (120.0, None, 0.0),     # its wait is over and it never began
+    (125.0, 119.0, 4.0),    # got the flock at the end of its wait: the whole timeout from then
+])
+def test_a_wakes_turn_timer_counts_turn_timeout_from_when_its_turn_began(
+    now: float, began_at: float | None, left: float
+) -> None:
+    """Review (diffrev12): a wake's timer ran its whole flock wait plus turn_timeout_seconds, even for a wake
+    that got the flock at once. It has turn_timeout_seconds from when its turn began (here: started at 90,
+    turn_timeout 10, flock wait until 120)."""
+    assert wake_turn_time_left(now, began_at, 120.0, 10.0) == pytest.approx(left)

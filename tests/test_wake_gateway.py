@@ -595,10 +595,12 @@ def test_a_wake_waits_for_a_flock_another_process_holds_a_moment_even_with_no_tu
 def test_a_wake_that_got_the_flock_late_still_has_the_whole_turn_timeout_for_its_turn(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:
-    """A wake's flock wait may last ``turn_timeout_seconds``, so its turn timer runs past that wait: a wake that
-    waited for another process's turn and then runs a turn of its own is not cut off ``delivery_timeout`` at
-    ``turn_timeout_seconds`` from its start (the timer would have fired while its turn ran)."""
-    timeout = 3.0
+    """A wake's flock wait may last ``turn_timeout_seconds``, and its turn has ``turn_timeout_seconds`` from when it
+    began: a wake that waited for another process's turn and then runs a turn of its own, shorter than
+    ``turn_timeout_seconds``, is not cut off ``delivery_timeout`` at ``turn_timeout_seconds`` from its start (the
+    timer would have fired while its turn ran). The other process holds the flock 2 s after the wake was seen
+    waiting, so the wake's turn (until its start + turn_timeout_seconds + 0.5 s) lasts well under its timeout."""
+    timeout = 4.0
     root = make_root(tmp_path)
     lock = turn_lock_path(root, "alice")
     lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -622,11 +624,48 @@ def test_a_wake_that_got_the_flock_late_still_has_the_whole_turn_timeout_for_its
             await_condition(lambda: logs.matching("waiting for the lock", str(lock)), timeout=10,
                             message="the wake found alice's flock taken")
             waited.append(time.monotonic())
+        threading.Event().wait(2.0)  # the other process's turn goes on: the wake gets the flock late, by a margin
     finally:
         holder.communicate("go\n", timeout=30)
     wake = gw.wait_outcome(wake_id(dm), timeout=20)
     assert (wake["status"], wake["reply"]) == ("replied", "noted"), wake
     assert gw.stats()["wakes_failed"] == 0
+    (ran,) = [r for r in rec.records if r.turn.delivery_id == wake_id(dm)]
+    assert ran.exited - ran.entered < timeout, "the premise: the wake's own turn was shorter than its timeout"
+
+
+def test_a_hung_wake_that_got_the_flock_at_once_times_out_at_turn_timeout_and_the_dm_behind_it_runs(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Review (diffrev12) of 8a08e4a: a wake's turn timer was armed for its whole flock wait plus
+    ``turn_timeout_seconds`` even when the flock was free at once, so a hung wake held its bot that long (defaults:
+    up to 1200 s, its text still saying "within 600s") and every DM queued behind it failed ``target_busy``
+    meanwhile. Its turn has ``turn_timeout_seconds`` from when it began, as any turn's: it times out then, and the
+    DM behind it runs (here within its 8 s wait; before, the wake was timed out at 8 + 1 s, after that DM failed)."""
+    release = threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if is_wake_turn(turn):
+            release.wait(60)  # hung
+            return "noted"
+        return f"ok: {body_of(turn.content)}"
+
+    rec = RecordingRunner(behave)
+    gw = start_gateway(gateways, make_root(tmp_path), rec, config={"bot_mode": {
+        "wake_sender": True, "turn_timeout_seconds": 1, "turn_wait_seconds": 8}})
+    try:
+        dm = queued(gw.message_agent(sender="alice", target="bob", message="ping"))
+        assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+        await_condition(lambda: wake_id(dm) in [t.delivery_id for t in rec.entered], timeout=10,
+                        message="the wake's turn began (alice's flock was free)")
+        behind = queued(gw.message_agent(sender="carol", target="alice", message="behind the wake"))
+        wake = gw.wait_outcome(wake_id(dm), timeout=30)
+        assert (wake["status"], wake["reason"]) == ("failed", "delivery_timeout"), wake
+        assert "did not finish within 1s" in wake["text"], wake
+        after = gw.wait_outcome(behind, timeout=30)
+        assert (after["status"], after["reply"]) == ("replied", "ok: behind the wake"), after
+    finally:
+        release.set()
 
 
 def test_a_relay_replys_wake_is_queued_past_its_senders_full_queue(tmp_path: Path, gateways: list[Gateway]) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "wake_id",
     "wake_lock_wait",
     "wake_text",
+    "wake_turn_time_left",
 ]
 
 WAKE_ORIGIN: Origin = "wake"
@@ -159,6 +160,27 @@ def wake_lock_wait(turn_wait_seconds: float, turn_timeout_seconds: float) -> flo
         The seconds a wake's turn may wait for the flock.
     """
     return max(turn_wait_seconds, turn_timeout_seconds)
+
+
+def wake_turn_time_left(now: float, began_at: float | None, waits_until: float, turn_timeout_seconds: float) -> float:
+    """Pure: how much longer a wake's turn timer runs, asked as it fires (all times monotonic).
+
+    A wake's turn has the whole ``turn_timeout_seconds`` from the moment it begins (its flock taken), as
+    any turn; before that it may wait for the flock until ``waits_until`` (:func:`wake_lock_wait` from its
+    start). Its timer is armed for ``turn_timeout_seconds`` as any turn's and re-armed for what this says is
+    left: so a hung wake that got the flock at once is timed out at ``turn_timeout_seconds`` (the turns
+    queued behind it run), and one that got it late is not cut short by its wait.
+
+    Args:
+        now: the time the timer fired.
+        began_at: when the wake's turn began (``TurnGate.began_at``); None while it waits for the flock.
+        waits_until: when its wait for the flock ends.
+        turn_timeout_seconds: ``bot_mode.turn_timeout_seconds`` (> 0: a turn timer is armed).
+
+    Returns:
+        The seconds left; ≤ 0: time it out now.
+    """
+    return (waits_until if began_at is None else began_at + turn_timeout_seconds) - now
 
 
 def shown_route(route: str, origin: str) -> str:

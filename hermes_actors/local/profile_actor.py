@@ -29,7 +29,7 @@ from loguru import logger
 
 from actors import Link, TimerHandle, TypedActor, handles, tell
 from hermes_actors.core import outcomes
-from hermes_actors.core.wake import exempt_from_queue_bounds, wake_lock_wait
+from hermes_actors.core.wake import exempt_from_queue_bounds, wake_lock_wait, wake_turn_time_left
 from hermes_actors.local.live_handoff import give_up_on, record_not_handed
 from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
 from hermes_actors.local.profile_outcomes import kept_at_stop, outcome_of_turn, timed_out_outcome
@@ -110,6 +110,9 @@ class ProfileActor(TypedActor):
         self.winding_down = False
         self.owner: TurnRunner | None = as_runner(owner) if owner is not None else None
         self.turn_timer: TimerHandle | None = None
+        # The running wake's flock wait ends then (monotonic; None: not a wake on the flock): its turn timer is
+        # re-armed while it may still wait, and counts turn_timeout_seconds from when its turn began
+        self.wake_waits_until: float | None = None
         self.abandoned: dict[str, bool] = {}  # timed-out turns whose late result is dropped: whether we ended them
         self.gate: TurnGate | None = None  # the running turn's gate: given up on when its time runs out, or at stop
         self.handed = False  # the running turn was handed to the live owner (set at each start, cleared at its end)
@@ -292,23 +295,24 @@ class ProfileActor(TypedActor):
         """Hand the turn to the worker pool; it comes back as :class:`TurnFinished`."""
         # A DM waits for the flock until its queue wait's budget runs out. A wake's wait is timed from now (it may
         # have waited its turn past that budget: exempt_from_queue_bounds) and lasts as long as another process's
-        # turn may hold the flock (wake_lock_wait): nobody resends a wake that fails target_busy. Its turn timer
-        # runs past that wait, so a wake that got the flock late still has turn_timeout_seconds for its turn.
+        # turn may hold the flock (wake_lock_wait): nobody resends a wake that fails target_busy. Its turn timer is
+        # armed as any turn's, and re-armed while it may still wait or since its turn began late
+        # (_on_turn_timeout): a wake that got the flock late still has turn_timeout_seconds for its turn, and a
+        # hung one that got it at once is timed out then, not a whole flock wait later, with DMs failing behind it.
         config = self.deps.config
         owner = live_owner_for(self.owner, delivery)  # the live owner takes no flock
         self.handed = owner is not None
-        lock_wait = 0.0
+        self.wake_waits_until = None
         if exempt_from_queue_bounds(delivery) and owner is None:
-            lock_wait = wake_lock_wait(config.turn_wait_seconds, config.turn_timeout_seconds)
-            deadline = time.monotonic() + lock_wait
+            self.wake_waits_until = deadline = (
+                time.monotonic() + wake_lock_wait(config.turn_wait_seconds, config.turn_timeout_seconds))
         else:
             deadline = enqueued + config.turn_wait_seconds
         self.deps.pool.submit(worker_job(self.actor_ref, delivery, self.deps, lock=self.lock, owner=owner,
                                          profile=self.info.profile, home=self.info.home, deadline=deadline,
                                          gate=gate))
         timeout = config.turn_timeout_seconds
-        self.turn_timer = (self.timers.after(lock_wait + timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0
-                           else None)
+        self.turn_timer = self.timers.after(timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0 else None
 
     def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
         outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
@@ -319,7 +323,7 @@ class ProfileActor(TypedActor):
         """The running turn is over for this actor (finished, or given up on before it began): its gate
         closes, its timer stops, and nothing says it was handed to the owner any more."""
         self._close_gate()
-        self.running, self.handed = None, False
+        self.running, self.handed, self.wake_waits_until = None, False, None
         if self.turn_timer is not None:
             self.turn_timer.cancel()
             self.turn_timer = None
@@ -356,12 +360,20 @@ class ProfileActor(TypedActor):
         delivery = self.running
         if delivery is None or delivery.delivery_id != msg.delivery_id:
             return
+        left = self._wake_time_left()
+        if left > 0:  # a wake that began late, or may still wait for the flock: one timer, re-armed for the rest
+            self.turn_timer = self.timers.after(left, msg)
+            return
+        config = self.deps.config
         began = self.gate.give_up() if self.gate is not None else True
         handed = self.handed
+        seconds = config.turn_timeout_seconds
+        if not began and self.wake_waits_until is not None:  # a wake that waited for the flock all that long
+            seconds = wake_lock_wait(config.turn_wait_seconds, config.turn_timeout_seconds)
         if began and handed:
-            self._owner_timed_out(delivery, self.deps.config.turn_timeout_seconds)
+            self._owner_timed_out(delivery, seconds)
             return
-        self.turn_timer = None  # it fired: nothing to cancel
+        self.turn_timer, self.wake_waits_until = None, None  # it fired: nothing to cancel
         runner = self.deps.runner
         ask = began and callable(getattr(runner, "running_turns", None))
         if began and (ask or callable(getattr(runner, "stop_turns", None))):
@@ -374,7 +386,7 @@ class ProfileActor(TypedActor):
         if ask:
             return  # it stays the running turn until the answer: nothing starts beside it, the stop waits for it
         # a turn that never began, or a runner without running_turns(): no process of ours is known to run it
-        self._give_up_timed_out(delivery, began=began, handed=handed, live=False)
+        self._give_up_timed_out(delivery, began=began, handed=handed, live=False, seconds=seconds)
 
     @handles(TimedOutTurnPlace)
     def _on_timed_out_turn_place(self, msg: TimedOutTurnPlace) -> None:
@@ -382,9 +394,11 @@ class ProfileActor(TypedActor):
         delivery = self.running
         if delivery is None or delivery.delivery_id != msg.delivery_id:
             return  # its result came first and settled it
-        self._give_up_timed_out(delivery, began=True, handed=False, live=msg.live)
+        self._give_up_timed_out(delivery, began=True, handed=False, live=msg.live,
+                                seconds=self.deps.config.turn_timeout_seconds)
 
-    def _give_up_timed_out(self, delivery: Delivery, *, began: bool, handed: bool, live: bool | None) -> None:
+    def _give_up_timed_out(self, delivery: Delivery, *, began: bool, handed: bool, live: bool | None,
+                           seconds: float) -> None:
         """Report the timed-out turn, hand the flock on as it allows, and serve the next DM.
 
         Args:
@@ -393,6 +407,7 @@ class ProfileActor(TypedActor):
             handed: it was to go to the live owner (read before it was cleared).
             live: a turn process of ours runs it (being ended now); None: not known (the runner's
                 ``running_turns()`` raised or did not answer).
+            seconds: the time it was given, as its outcome says (a wake that never got the flock: its flock wait).
         """
         self.running, self.handed = None, False
         self._close_gate()
@@ -410,7 +425,6 @@ class ProfileActor(TypedActor):
                 self.lock.abandon()
             self.lock = TurnLock(self.lock.path)
         # "was stopped" only when a process of ours is known to run it; otherwise it may still complete
-        seconds = self.deps.config.turn_timeout_seconds
         outcome = timed_out_outcome(delivery, profile=self.info.profile, seconds=seconds, began=began,
                                     live=live is True)
         if began:
@@ -418,6 +432,21 @@ class ProfileActor(TypedActor):
         else:
             self._settle_unbegun(outcome, handed=handed)
         self._pump()
+
+    def _wake_time_left(self) -> float:
+        """Seconds the running wake's turn timer still has as it fires (:func:`wake_turn_time_left`); 0 for any other
+        turn (timed out now).
+
+        A wake whose flock wait is over and which has not begun is given up on here (its gate decides once
+        against its worker): it never begins now. One that began in between has the rest of its turn.
+        """
+        gate, waits_until = self.gate, self.wake_waits_until
+        if gate is None or waits_until is None:
+            return 0.0
+        now = time.monotonic()
+        if gate.began_at() is None and now >= waits_until and not gate.give_up_unbegun():
+            return 0.0
+        return wake_turn_time_left(now, gate.began_at(), waits_until, self.deps.config.turn_timeout_seconds)
 
     def _owner_timed_out(self, delivery: Delivery, seconds: float) -> None:
         """The live owner's turn outlived ``turn_timeout_seconds``: it cannot be ended, so report it ``ambiguous``

@@ -379,14 +379,20 @@ class TurnGate:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._began = False
+        self._began_at: float | None = None  # monotonic: when the turn began (its flock taken, if any)
         self._given_up = False
 
     def begin(self) -> bool:
         """The worker, before the turn's first step: whether it may run (not given up on)."""
         with self._lock:
-            if not self._given_up:
-                self._began = True
+            if not self._given_up and not self._began:
+                self._began, self._began_at = True, time.monotonic()
             return self._began
+
+    def began_at(self) -> float | None:
+        """When the turn began (monotonic), or None while it has not: a wake's turn timer counts from it."""
+        with self._lock:
+            return self._began_at
 
     def give_up(self) -> bool:
         """The ProfileActor, at the timeout: no retry may start from now on; whether the turn had begun."""
@@ -547,6 +553,7 @@ def _execute_turn(
                 busy_text(delivery.target, time.time() - delivery.accepted_at),
                 "target_busy",
             )
+    ended = threading.Event()  # set as this turn returns: its outcome may be journaled from then on
     try:
         if gate is not None and not gate.begin():  # reported NOT delivered while it waited: never runs
             return not_begun(delivery.delivery_id)
@@ -565,7 +572,8 @@ def _execute_turn(
             logger.exception("building the turn of {} failed", delivery.delivery_id)
             return never_ran(delivery.delivery_id, "building the turn", exc)
         if isinstance(journal, Journal):  # a relay's start mark keeps the start alone
-            turn = replace(turn, _note_via=via_recorder(journal, delivery.delivery_id))
+            over = (lambda: ended.is_set() or gate.given_up()) if gate is not None else ended.is_set
+            turn = replace(turn, _note_via=via_recorder(journal, delivery.delivery_id, over=over))
         began = time.time()
         result, may_retry = attempt_turn(runner, turn)
         if result.reply is None and may_retry:
@@ -586,6 +594,7 @@ def _execute_turn(
             forget_failed(runner, turn, began)
         return result
     finally:
+        ended.set()
         if lock is not None and not held:
             try:
                 lock.release()
@@ -599,16 +608,20 @@ def _execute_turn(
                 logger.exception("runner release failed for {}", delivery.delivery_id)
 
 
-def via_recorder(journal: StartRecorder, delivery_id: str) -> Callable[[str], None]:
+def via_recorder(journal: StartRecorder, delivery_id: str, *, over: Callable[[], bool]) -> Callable[[str], None]:
     """The ``Turn.note_via`` of a journaled turn: a ``started`` record carrying ``via`` ("warm" or "cli"), durable
     before the runner goes on, each time the turn's path changes (a warm turn that fell back to the CLI).
 
     The next start words a turn a killed host left by it (:func:`~hermes_actors.core.recovery.plan_recovery`):
-    a CLI turn is never told "the hermes gateway ran it", whatever the root's warm-turn setup says.
+    a CLI turn is never told "the hermes gateway ran it", whatever the root's warm-turn setup says. Once the
+    turn is over for its gateway nothing is written: its outcome is reported (its time ran out, the stop gave
+    up on it) or about to be, and a ``started`` record after its ``finished`` and ``delivered`` ones (a warm
+    attempt that outlived ``turn_timeout_seconds``, then fell back to the CLI) would make a DM of nothing.
 
     Args:
         journal: the gateway's journal.
         delivery_id: the turn's delivery.
+        over: whether the turn is over for its gateway (its gate given up on, or its ``execute_turn`` returned).
 
     Returns:
         The callable; a record it could not write is logged (WARNING) and the turn runs all the same: its
@@ -618,6 +631,10 @@ def via_recorder(journal: StartRecorder, delivery_id: str) -> Callable[[str], No
 
     def note(via: str) -> None:
         if noted and noted[-1] == via:  # a retry on the same path: already on disk
+            return
+        if over():  # nobody will ever recover this turn from the journal: its outcome is (being) settled
+            logger.info("not journaling that the turn {} runs {}: its outcome was reported already", delivery_id,
+                        via)
             return
         try:
             journal.append_durably({"t": "started", "id": delivery_id, "attempt": 1, "via": via})

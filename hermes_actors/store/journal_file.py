@@ -41,6 +41,27 @@ from hermes_actors.store.relay_dirfd import open_dir_below
 __all__ = ["JournalFile"]
 
 
+def _write_fully(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` to ``fd`` at ``offset``, however many writes it takes.
+
+    ``write`` may write less than asked, for a regular file too (a disk that fills up part-way, a file size
+    limit): the rest is written by the next call, or its error raised, never silently dropped.
+
+    Args:
+        fd: an open file.
+        data: the bytes to write.
+        offset: where the first byte goes.
+
+    Raises:
+        OSError: a write failed (part of ``data`` may be in the file: the caller cuts it back or drops the file).
+    """
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
 class JournalFile:
     """Our journal file, and the directory it lives in.
 
@@ -159,16 +180,11 @@ class JournalFile:
         if self.fd is None:
             raise StoreError(0, "the delivery journal is closed")
         data = b"".join(lines)
-        view = memoryview(data)
         before = self._end
         try:
             if before + len(data) > self._reserved:
                 self._reserve(before + len(data))
-            offset = before
-            while view:
-                written = os.pwrite(self.fd, view, offset)
-                view = view[written:]
-                offset += written
+            _write_fully(self.fd, data, before)
             if self.fsync_enabled and flush:
                 # fdatasync: the data and the size needed to read it back, without the mtime (half the
                 # cost). It flushes every earlier write of this file too, lazy records included.
@@ -251,7 +267,7 @@ class JournalFile:
                 os.close(dir_fd)
             raise
         try:
-            os.write(fd, b"".join(lines))
+            _write_fully(fd, b"".join(lines), 0)  # a short write would swap in a torn file: every record counts
             if self.fsync_enabled:
                 os.fdatasync(fd)
                 self._unflushed = False

@@ -9,7 +9,9 @@ orjson record::
                                                         mailbox record is ``claimed``, before the owner is called
     {"t": "started",   "id", "attempt", "via": "warm"}  how the turn runs ("warm" or "cli"), durable before it
                                                         runs that way; written by a runner that picks per turn
-                                                        (the last one counts; absent in older journals: unknown)
+                                                        (the last one counts; absent in older journals: unknown;
+                                                        one for an id not folded so far is ignored, see
+                                                        :func:`fold_records`)
     {"t": "finished",  "id", "o": {outcome dict}}       durable before the outcome is published
     {"t": "delivered", "id"}                            the outcome reached the sender (lazy)
 
@@ -137,6 +139,12 @@ _KINDS = frozenset({"accepted", "started", "finished", "delivered"})
 _VIAS = ("warm", "cli")
 
 
+def _late_via(record: dict[str, Any], states: dict[str, DeliveryState]) -> bool:
+    """Pure: ``record`` is a ``started`` record carrying ``via`` for an id ``states`` does not track (see
+    :func:`fold_records`)."""
+    return record["t"] == "started" and "via" in record and record["id"] not in states
+
+
 def _acceptance_unreadable(record: dict[str, Any]) -> bool:
     """Pure: ``record`` is an ``accepted`` record without a delivery object (damage, or a foreign line)."""
     return record["t"] == "accepted" and not isinstance(record.get("d"), dict)
@@ -173,9 +181,18 @@ def read_lines(stream: BinaryIO) -> Iterator[bytes | None]:
 
 
 def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None = None) -> JournalFolded:
-    """Pure: fold records (in file order) into per-delivery state."""
+    """Pure: fold records (in file order) into per-delivery state.
+
+    A ``started`` record carrying ``via`` for an id not folded so far is ignored: it only says how a turn
+    runs, and comes after that turn's own ``started`` record; one that finds no state is late (written after
+    its DM was ``delivered`` and left the live state, by a turn that outlived its timeout), and folded it would
+    be a delivery of nothing, kept and rewritten by every compaction and named at a stop as an acked DM
+    without an outcome. Older journals may hold such a line (compaction wrote it back on its own).
+    """
     folded = into or JournalFolded()
     for record in records:
+        if _late_via(record, folded.states):
+            continue
         state = folded.states.setdefault(record["id"], DeliveryState())
         kind = record["t"]
         if kind == "accepted":
