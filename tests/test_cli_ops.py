@@ -847,3 +847,36 @@ def test_disable_names_what_it_leaves_for_the_user_to_remove(
     assert f"  to do: {root / 'bot_relay'} was kept (the journal, relay directories, turn locks, quarantine): " \
            "remove it if you want, once no host runs" in out, out
     assert f"{created} is now" not in out  # said once, by the disable that emptied it
+
+
+def test_disable_of_some_profiles_while_a_host_serves_says_what_stays_served(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (review diffrev12 of 29882e1): `disable --profiles alice` under a running host said to stop it,
+    as it "refuses every DM", while it went on serving alice and bob: one managed profile keeps the install Bot
+    Mode, where every profile is a teammate. It now says so; once none is managed, the stop line, and the host
+    (no restart) refuses every DM."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root)]) == 0
+    gw = start_gateway(gateways, root, serve_submit=True, config={"bot_mode": {"rescan_seconds": 0.05}})
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root), "--profiles", "alice"]) == 0
+    out = capsys.readouterr().out
+    todo = [line for line in out.splitlines() if line.startswith("  to do: ")]
+    assert todo[0] == (f"  to do: alice: no longer managed, so no message_agent tool (cannot send DMs), but still on "
+                       f"the roster and receiving DMs (the host serving {root} (pid {os.getpid()}) keeps serving it, "
+                       "no restart needed): default, bob, carol, still managed, keep the root a Bot Mode install, "
+                       f"where every profile is a teammate. To refuse every DM, disable the rest too: hermes-actors "
+                       f"disable --root {root}"), out
+    assert "stop the host" not in out and "refuses every DM" not in out
+    assert gw.wait_outcome(send_dm(gw, "still there?", target="alice", sender="bob"), timeout=10)["status"] == "replied"
+
+    assert main(["disable", "--root", str(root), "--profiles", "default,bob,carol"]) == 0
+    out = capsys.readouterr().out
+    assert f"  to do: stop the host that still serves {root} (pid {os.getpid()}:" in out, out  # true now
+
+    def refused() -> bool:
+        ack = gw.message_agent(sender="bob", target="alice", message="hi")
+        return "This install is not Bot-Mode-managed" in str(ack.get("error", ""))
+
+    await_condition(refused, timeout=10, interval=0.05, message="the host refusing DMs once no profile is managed")

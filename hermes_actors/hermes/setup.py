@@ -53,6 +53,7 @@ from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, exis
 __all__ = ["PLUGIN_NAME", "api_server_port", "disable", "enable"]
 
 PLUGIN_NAME = "hermes-actors"
+_LISTED = 5  # profile names a report line lists before "and N more"
 
 
 def _root(root: Path) -> Path:
@@ -236,8 +237,9 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
             edit, the gateway's included.
 
     Returns:
-        The report. The edits are made even while a host still serves the root; its first "to do"
-        then names that host (its pid) and says to stop it.
+        The report. The edits are made even while a host still serves the root. Its first "to do" says
+        what stays served: with no profile managed any more, that host (its pid), to stop; with some
+        still managed, the disabled profiles, which stay on the roster and receive DMs.
 
     Raises:
         SetupError: the record or an edited file cannot be read safely.
@@ -270,11 +272,9 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     # Enable records each change of a key (`--port 9000`, later `--port 9001`): undone newest first,
     # each says the same "restored" (or "changed since enable") line; say it once.
     report.changed, report.todo = _once(report.changed), _once(report.todo)
-    if selected and host is not None:
-        # uninstall step 1 stops it first: once no profile is managed, it refuses every DM it is handed
-        report.todo.insert(0, f"stop the host that still serves {root} (pid {host}: `hermes-actors serve`, or "
-                              "`hermes gateway run` hosting the actors): until it stops it refuses every DM "
-                              "(\"This install is not Bot-Mode-managed\")")
+    served = _still_served(root, selected, host) if selected else None
+    if served is not None:
+        report.todo.insert(0, served)
     if selected:
         report.todo.append("the 'Bot Chat' sessions, and the rooms' 'Group: <name>' ones, were kept (they hold "
                            "conversations; delete them in hermes if you want them gone)")
@@ -284,6 +284,51 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
         report.todo.append(f"restart the hermes gateway if one runs, so it stops hosting the actors: "
                            f"HERMES_HOME={root} hermes gateway run --replace")
     return report
+
+
+def _still_served(root: Path, undone: list[dict[str, object]], host: int | None) -> str | None:
+    """What a disable leaves served: the "to do" line that says so, or None (nothing worth saying).
+
+    The gate is the install's, as in Bot Mode (docs/hermes.md): while any profile stays managed, every
+    profile of the root is a teammate and receives DMs, the ones just disabled too (a running host
+    sees the flags at its next rescan, as it sees any ``profile.yaml`` change); once none is, a host
+    still serving the root refuses every DM until it stops.
+
+    Args:
+        root: the Hermes root, its files as the undo left them.
+        undone: the record entries just undone (not empty).
+        host: the pid of the host still serving the root (``submit.lock``'s holder), or None.
+
+    Returns:
+        The line: stop the host (none managed now, a host runs), or which undone profiles still receive
+        DMs and why (some profile still managed); None when no host runs and none is managed.
+    """
+    profiles = discover_profiles(root)
+    managed = [p.profile for p in profiles if p.managed]
+    if not managed:
+        if host is None:
+            return None
+        # uninstall step 1 stops it first: once no profile is managed, it refuses every DM it is handed
+        return (f"stop the host that still serves {root} (pid {host}: `hermes-actors serve`, or `hermes gateway "
+                "run` hosting the actors): until it stops it refuses every DM (\"This install is not "
+                "Bot-Mode-managed\")")
+    flagged = {str(Path(str(e["file"])).parent) for e in undone if Path(str(e["file"])).name == "profile.yaml"}
+    unmanaged = [p.profile for p in profiles if not p.managed and _home_key(root, p.profile) in flagged]
+    if not unmanaged:  # no managed flag undone (one changed since enable stays: said already)
+        return None
+    served = (f"the host serving {root} (pid {host}) keeps serving {'it' if len(unmanaged) == 1 else 'them'}, "
+              "no restart needed" if host is not None else "once a host serves the root")
+    keep = "keeps" if len(managed) == 1 else "keep"
+    return (f"{_some(unmanaged)}: no longer managed, so no message_agent tool (cannot send DMs), but still on the "
+            f"roster and receiving DMs ({served}): {_some(managed)}, still managed, {keep} the root a Bot Mode "
+            f"install, where every profile is a teammate. To refuse every DM, disable the rest too: "
+            f"hermes-actors disable --root {root}")
+
+
+def _some(names: list[str]) -> str:
+    """Pure: profile names a report line lists, the first few only (a root may have thousands)."""
+    listed = _names(names[:_LISTED])
+    return listed if len(names) <= _LISTED else f"{listed} and {len(names) - _LISTED} more"
 
 
 def _left_to_remove(root: Path, undone: list[dict[str, object]], *, everything: bool) -> list[str]:
