@@ -21,7 +21,7 @@ from hermes_actors.cli.main import main
 from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.ops.doctor import run_doctor
 from hermes_actors.ops.doctor_checks import BLOCK, OK, WARN, check_connection_ids, check_models, check_plugin
-from hermes_actors.records import RemoteAgent
+from hermes_actors.records import ProfileInfo, RemoteAgent
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -880,3 +880,38 @@ def test_disable_of_some_profiles_while_a_host_serves_says_what_stays_served(
         return "This install is not Bot-Mode-managed" in str(ack.get("error", ""))
 
     await_condition(refused, timeout=10, interval=0.05, message="the host refusing DMs once no profile is managed")
+
+
+def test_doctor_fixes_and_setup_reports_quote_a_root_with_a_space(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (review diffrev12): the commands doctor's fixes and enable/disable's "to do" lines name were built
+    unquoted, so a root with a space gave commands the shell splits (and `HERMES_HOME=/x y hermes` runs `y`)."""
+    from hermes_actors.ops.doctor_checks import check_daemon, check_managed, check_plugin, check_warm_turns
+
+    spaced = Path("/srv/my hermes")
+    quoted = "'/srv/my hermes'"
+    unmanaged = [ProfileInfo("default", "hermes", spaced, "default"), ProfileInfo("bob", "bob", spaced, "bob")]
+    fixes = [check_managed(spaced, unmanaged).fix, check_plugin(spaced, {}).fix,
+             check_plugin(spaced, {"default": True, "bob": False}).fix, check_daemon(spaced, None).fix,
+             check_warm_turns(spaced, "127.0.0.1:8642", False, True).fix,
+             check_warm_turns(spaced, None, False, False).detail]
+    assert fixes == [f"hermes-actors enable --root {quoted}", f"hermes-actors enable --root {quoted}",
+                     f"hermes-actors enable --root {quoted} --profiles bob",
+                     f"hermes-actors serve --root {quoted}   (or: HERMES_HOME={quoted} hermes gateway run, after "
+                     f"hermes-actors enable --root {quoted} --gateway)",
+                     f"set API_SERVER_KEY in {spaced / '.env'}, then restart: HERMES_HOME={quoted} hermes gateway run",
+                     f"not configured: turns run with the hermes CLI (for warm turns: hermes-actors enable --root "
+                     f"{quoted} --gateway)"], fixes
+
+    root = make_root(tmp_path, managed=False, name="my hermes")
+    assert main(["enable", "--root", str(root)]) == 0
+    assert f"  to do: start the actors: hermes-actors serve --root '{root}'" in capsys.readouterr().out
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert f"  to do: start the gateway: HERMES_HOME='{root}' hermes gateway run" in capsys.readouterr().out
+    assert main(["disable", "--root", str(root), "--profiles", "alice"]) == 0
+    out = capsys.readouterr().out
+    assert f"To refuse every DM, disable the rest too: hermes-actors disable --root '{root}'\n" in out, out
+    assert main(["disable", "--root", str(root)]) == 0
+    assert f"  to do: restart the hermes gateway if one runs, so it stops hosting the actors: HERMES_HOME='{root}' " \
+           "hermes gateway run --replace" in capsys.readouterr().out

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hermes_actors.core.clipping import shown
+from hermes_actors.core.shell import shell_command
 from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, profile_home
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.recorded_edits import (
@@ -217,9 +218,9 @@ def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, 
                 f"set API_SERVER_KEY (at least {MIN_KEY_CHARS} characters, e.g. `openssl rand -hex 32`) in "
                 f"{root / '.env'} — the hermes API server refuses to start without it"
             )
-        report.todo.append(f"start the gateway: HERMES_HOME={root} hermes gateway run")
+        report.todo.append(f"start the gateway: {shell_command('hermes', 'gateway', 'run', env={'HERMES_HOME': root})}")
     elif ping(root) is None:
-        report.todo.append(f"start the actors: hermes-actors serve --root {root}")
+        report.todo.append(f"start the actors: {shell_command('hermes-actors', 'serve', '--root', root)}")
     # else a host already serves the root: its roster takes the managed profiles within its rescan
 
 
@@ -281,8 +282,8 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
         report.todo.extend(_left_to_remove(root, selected, everything=profiles is None))
     if any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected):
         # a running gateway read its platforms at start: it hosts (and refuses every DM) until restarted
-        report.todo.append(f"restart the hermes gateway if one runs, so it stops hosting the actors: "
-                           f"HERMES_HOME={root} hermes gateway run --replace")
+        report.todo.append("restart the hermes gateway if one runs, so it stops hosting the actors: "
+                           + shell_command("hermes", "gateway", "run", "--replace", env={"HERMES_HOME": root}))
     return report
 
 
@@ -321,8 +322,8 @@ def _still_served(root: Path, undone: list[dict[str, object]], host: int | None)
     keep = "keeps" if len(managed) == 1 else "keep"
     return (f"{_some(unmanaged)}: no longer managed, so no message_agent tool (cannot send DMs), but still on the "
             f"roster and receiving DMs ({served}): {_some(managed)}, still managed, {keep} the root a Bot Mode "
-            f"install, where every profile is a teammate. To refuse every DM, disable the rest too: "
-            f"hermes-actors disable --root {root}")
+            "install, where every profile is a teammate. To refuse every DM, disable the rest too: "
+            + shell_command("hermes-actors", "disable", "--root", root))
 
 
 def _some(names: list[str]) -> str:
