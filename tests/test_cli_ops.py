@@ -21,7 +21,7 @@ from hermes_actors.cli.main import main
 from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.ops.doctor import run_doctor
 from hermes_actors.ops.doctor_checks import BLOCK, OK, WARN, check_connection_ids, check_models, check_plugin
-from hermes_actors.records import RemoteAgent
+from hermes_actors.records import ProfileInfo, RemoteAgent
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -847,3 +847,71 @@ def test_disable_names_what_it_leaves_for_the_user_to_remove(
     assert f"  to do: {root / 'bot_relay'} was kept (the journal, relay directories, turn locks, quarantine): " \
            "remove it if you want, once no host runs" in out, out
     assert f"{created} is now" not in out  # said once, by the disable that emptied it
+
+
+def test_disable_of_some_profiles_while_a_host_serves_says_what_stays_served(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (review diffrev12 of 29882e1): `disable --profiles alice` under a running host said to stop it,
+    as it "refuses every DM", while it went on serving alice and bob: one managed profile keeps the install Bot
+    Mode, where every profile is a teammate. It now says so; once none is managed, the stop line, and the host
+    (no restart) refuses every DM."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root)]) == 0
+    gw = start_gateway(gateways, root, serve_submit=True, config={"bot_mode": {"rescan_seconds": 0.05}})
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root), "--profiles", "alice"]) == 0
+    out = capsys.readouterr().out
+    todo = [line for line in out.splitlines() if line.startswith("  to do: ")]
+    assert todo[0] == (f"  to do: alice: no longer managed, so no message_agent tool (cannot send DMs), but still on "
+                       f"the roster and receiving DMs (the host serving {root} (pid {os.getpid()}) keeps serving it, "
+                       "no restart needed): default, bob, carol, still managed, keep the root a Bot Mode install, "
+                       f"where every profile is a teammate. To refuse every DM, disable the rest too: hermes-actors "
+                       f"disable --root {root}"), out
+    assert "stop the host" not in out and "refuses every DM" not in out
+    assert gw.wait_outcome(send_dm(gw, "still there?", target="alice", sender="bob"), timeout=10)["status"] == "replied"
+
+    assert main(["disable", "--root", str(root), "--profiles", "default,bob,carol"]) == 0
+    out = capsys.readouterr().out
+    assert f"  to do: stop the host that still serves {root} (pid {os.getpid()}:" in out, out  # true now
+
+    def refused() -> bool:
+        ack = gw.message_agent(sender="bob", target="alice", message="hi")
+        return "This install is not Bot-Mode-managed" in str(ack.get("error", ""))
+
+    await_condition(refused, timeout=10, interval=0.05, message="the host refusing DMs once no profile is managed")
+
+
+def test_doctor_fixes_and_setup_reports_quote_a_root_with_a_space(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (review diffrev12): the commands doctor's fixes and enable/disable's "to do" lines name were built
+    unquoted, so a root with a space gave commands the shell splits (and `HERMES_HOME=/x y hermes` runs `y`)."""
+    from hermes_actors.ops.doctor_checks import check_daemon, check_managed, check_plugin, check_warm_turns
+
+    spaced = Path("/srv/my hermes")
+    quoted = "'/srv/my hermes'"
+    unmanaged = [ProfileInfo("default", "hermes", spaced, "default"), ProfileInfo("bob", "bob", spaced, "bob")]
+    fixes = [check_managed(spaced, unmanaged).fix, check_plugin(spaced, {}).fix,
+             check_plugin(spaced, {"default": True, "bob": False}).fix, check_daemon(spaced, None).fix,
+             check_warm_turns(spaced, "127.0.0.1:8642", False, True).fix,
+             check_warm_turns(spaced, None, False, False).detail]
+    assert fixes == [f"hermes-actors enable --root {quoted}", f"hermes-actors enable --root {quoted}",
+                     f"hermes-actors enable --root {quoted} --profiles bob",
+                     f"hermes-actors serve --root {quoted}   (or: HERMES_HOME={quoted} hermes gateway run, after "
+                     f"hermes-actors enable --root {quoted} --gateway)",
+                     f"set API_SERVER_KEY in {spaced / '.env'}, then restart: HERMES_HOME={quoted} hermes gateway run",
+                     f"not configured: turns run with the hermes CLI (for warm turns: hermes-actors enable --root "
+                     f"{quoted} --gateway)"], fixes
+
+    root = make_root(tmp_path, managed=False, name="my hermes")
+    assert main(["enable", "--root", str(root)]) == 0
+    assert f"  to do: start the actors: hermes-actors serve --root '{root}'" in capsys.readouterr().out
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert f"  to do: start the gateway: HERMES_HOME='{root}' hermes gateway run" in capsys.readouterr().out
+    assert main(["disable", "--root", str(root), "--profiles", "alice"]) == 0
+    out = capsys.readouterr().out
+    assert f"To refuse every DM, disable the rest too: hermes-actors disable --root '{root}'\n" in out, out
+    assert main(["disable", "--root", str(root)]) == 0
+    assert f"  to do: restart the hermes gateway if one runs, so it stops hosting the actors: HERMES_HOME='{root}' " \
+           "hermes gateway run --replace" in capsys.readouterr().out

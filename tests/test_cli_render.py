@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from hermes_actors.cli.render import (
     ack_line,
     answer_exit_code,
     clip,
+    not_managed_note,
     outcome_exit_code,
     outcome_line,
     refusal_line,
@@ -80,6 +83,23 @@ def test_ack_line_names_the_lookup_command() -> None:
     ack = {"status": "queued", "delivery_id": "b" * 32, "to": "@bob"}
     assert ack_line(ack, "/r") == f"queued for @bob: delivery {'b' * 32} (hermes-actors outcome --root /r {'b' * 32})"
     assert answer_exit_code(ack) == 0
+
+
+def test_printed_commands_quote_a_root_with_a_space() -> None:
+    """Regression (review diffrev12): the commands these lines name were built unquoted, so a root with a space gave
+    a command the shell splits (``--root /srv/my`` and a stray ``hermes``). Each word is quoted now."""
+    root, key = "/srv/my hermes", "b" * 32
+    assert ack_line({"status": "queued", "delivery_id": key, "to": "@bob"}, root) == (
+        f"queued for @bob: delivery {key} (hermes-actors outcome --root '/srv/my hermes' {key})")
+    assert not_managed_note(root).endswith("fix: hermes-actors enable --root '/srv/my hermes'")
+    status = {key: None for key in STATUS_KEYS} | {
+        "root": root, "running": False, "managed": False, "profiles": [], "in_flight": [], "counters": {},
+        "relay": {"transport": "file", "outbox": 0, "peers": []}, "problems": [],
+    }
+    text = status_text(status)
+    assert "(start one: hermes-actors serve --root '/srv/my hermes')" in text, text
+    fix = next(line for line in text.splitlines() if "not Bot-Mode-managed" in line).split("fix: ", 1)[1]
+    assert shlex.split(fix) == ["hermes-actors", "enable", "--root", root]
 
 
 def test_status_text_of_an_unmanaged_idle_root() -> None:

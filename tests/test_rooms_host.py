@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import shlex
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,8 @@ from roots import RecordingRunner, make_root, start_gateway
 
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
-from hermes_actors.cli.room import _after
+from hermes_actors.cli.room import _after, _wait_cut_short
+from hermes_actors.errors import RoomStopped
 from hermes_actors.hermes.submit_client import HostOffline, request
 from hermes_actors.hermes.submit_protocol import RoomCall, parse_request, socket_path
 from hermes_actors.messages import Turn
@@ -292,3 +295,16 @@ def test_room_send_cut_short_by_a_stopping_host_says_what_to_run(
     assert len(errors) == 1, err
     assert f"the message is posted and its rounds go on from the room's file (look later with: hermes-actors room " \
            f"show --root {root} launch)" in errors[0] and "wait again" not in err, err
+
+
+@pytest.mark.parametrize("exc", [TimeoutError("room 'x' still busy after 5s"), RoomStopped("stopped"),
+                                 RuntimeError("the host is stopping: its rooms are gone")])
+def test_room_send_cut_short_names_a_command_that_runs_as_printed(exc: Exception) -> None:
+    """Regression (review diffrev12 of 7f85bf9): the "look later with:" command was built unquoted, so a room named
+    "my team", or a root with a space, gave a command the shell splits into other arguments. Each word is quoted."""
+    root, room = "/srv/my hermes", "it's my team"
+    line = _wait_cut_short(exc, argparse.Namespace(root=root, room=room))
+    command = line.split("(look later with: ", 1)[1].removesuffix(")")
+    assert shlex.split(command) == ["hermes-actors", "room", "show", "--root", root, room], line
+    plain = _wait_cut_short(exc, argparse.Namespace(root="/srv/hermes", room="launch"))
+    assert plain.endswith("(look later with: hermes-actors room show --root /srv/hermes launch)")  # as before

@@ -823,3 +823,11 @@ def test_a_stop_under_load_tells_no_client_it_stopped_mid_request(tmp_path: Path
     ("may or may not be queued"): a client that joined the backlog after it was answered was reset."""
     seen = [what for round_no in range(5) for what in _stop_under_load(tmp_path / f"r{round_no}")]
     assert seen == []
+
+
+def test_the_offline_refusal_names_commands_that_run_as_printed() -> None:
+    """Regression (review diffrev12): the commands the refusal names were built unquoted: with a root holding a
+    space, `hermes-actors serve --root /srv/my hermes` is split by the shell. Each word is quoted now."""
+    text = submit_protocol.offline_refusal(Path("/srv/my hermes"))["error"]
+    assert "Start the host with `hermes-actors serve --root '/srv/my hermes'` (or `hermes gateway run` once " \
+           "`hermes-actors enable --root '/srv/my hermes' --gateway` turned its hosting on)" in text, text

@@ -31,6 +31,7 @@ from hermes_actors.cli.render import (
 )
 from hermes_actors.cli.send import cmd_send
 from hermes_actors.core.clipping import shown
+from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TransportError
 
 __all__ = ["main"]
@@ -84,8 +85,8 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     print(f"peers: {', '.join(peers)}" if peers else "peers: none (list peer gateways under bot_peers in config.yaml)")
     if not hosted:  # 'online' says a profile can take DMs, but only a host takes the bots' own
         print(f"note: no host serves {args.root}: the bots' message_agent calls are refused (runtime_offline) until "
-              f"one runs (`hermes-actors serve --root {args.root}`, or `hermes gateway run` with the plugin); "
-              "`hermes-actors send` still delivers, running the DM inside the command")
+              f"one runs (`{shell_command('hermes-actors', 'serve', '--root', args.root)}`, or `hermes gateway run` "
+              "with the plugin); `hermes-actors send` still delivers, running the DM inside the command")
     if not install_is_managed(discover_profiles(args.root)):
         print(not_managed_note(args.root))
     return 0

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from hermes_actors.core.clipping import clip
+from hermes_actors.core.shell import shell_command
 from hermes_actors.store.relay_protocol import STALE_AFTER_SECONDS
 
 __all__ = [
@@ -86,7 +87,7 @@ def refused_as_unmanaged(answer: dict[str, Any]) -> bool:
 def not_managed_note(root: Any) -> str:
     """The note printed where a command finds no Bot-Mode-managed profile on ``root``."""
     return (f"note: this install is not Bot-Mode-managed (no profile has ui_meta.hermes-bots), so every DM is "
-            f"refused; fix: hermes-actors enable --root {root}")
+            f"refused; fix: {shell_command('hermes-actors', 'enable', '--root', root)}")
 
 
 def _without_reason_prefix(text: str, reason: str) -> str:
@@ -124,7 +125,12 @@ def refusal_line(answer: dict[str, Any]) -> str:
 def ack_line(ack: dict[str, Any], root: str) -> str:
     """Pure: one line for an accepted DM, naming how to look its outcome up."""
     key = ack.get("delivery_id", "?")
-    return printable(f"queued for {ack.get('to', '?')}: delivery {key} (hermes-actors outcome --root {root} {key})")
+    return printable(f"queued for {ack.get('to', '?')}: delivery {key} ({outcome_command(root, key)})")
+
+
+def outcome_command(root: Any, delivery_id: str) -> str:
+    """Pure: the command that looks a DM's outcome up later, quoted to run as printed (``core.shell``)."""
+    return shell_command("hermes-actors", "outcome", "--root", root, delivery_id)
 
 
 def outcome_line(outcome: dict[str, Any]) -> str:
@@ -212,13 +218,15 @@ def status_text(status: dict[str, Any]) -> str:
         lines.append(f"gateway: serving {status['root']} (pid {gw.get('pid')}, up {_age(gw.get('uptime_seconds'))}, "
                      f"{conn}, {gw.get('transport')} transport)")
     else:
-        lines.append(f"gateway: none serves {status['root']} (start one: hermes-actors serve --root {status['root']})")
+        lines.append(f"gateway: none serves {status['root']} (start one: "
+                     f"{shell_command('hermes-actors', 'serve', '--root', status['root'])})")
         procs = status.get("processes") or []
         if procs:
             lines.append("  other gateway processes (no submit endpoint): "
                          + ", ".join(f"pid {p['pid']}" for p in procs))
     if not status.get("managed", True):
-        lines.append(f"  not Bot-Mode-managed: every DM is refused; fix: hermes-actors enable --root {status['root']}")
+        lines.append("  not Bot-Mode-managed: every DM is refused; fix: "
+                     + shell_command("hermes-actors", "enable", "--root", status["root"]))
     lines.append("profiles:")
     for p in status.get("profiles") or []:
         owner = ", live owner attached" if p.get("live_owner") else ""

@@ -19,6 +19,7 @@ import orjson
 
 from hermes_actors.cli.arg_types import seconds, utf8_text
 from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line
+from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import RoomStopped
 
 __all__ = ["add_room_parser"]
@@ -93,7 +94,7 @@ def _wait_cut_short(exc: Exception, args: argparse.Namespace) -> str:
     Returns:
         The ``error: ...`` line.
     """
-    later = f"(look later with: hermes-actors room show --root {args.root} {args.room})"
+    later = f"(look later with: {shell_command('hermes-actors', 'room', 'show', '--root', args.root, args.room)})"
     if isinstance(exc, TimeoutError):
         return f"error: {exc}; the rounds go on {later}"
     # a stopped gateway's rounds resume at the root's next start, a restarted actor's at once

@@ -19,11 +19,13 @@ from hermes_actors.cli.render import (
     ack_line,
     answer_exit_code,
     not_managed_note,
+    outcome_command,
     outcome_exit_code,
     outcome_line,
     refusal_line,
     refused_as_unmanaged,
 )
+from hermes_actors.core.shell import shell_command
 
 __all__ = ["cmd_send"]
 
@@ -60,7 +62,7 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
     except (TimeoutError, HostLost) as exc:  # never run in-process: the host may have queued it already
         why = f"the host of {args.root} did not answer within 30s" if isinstance(exc, TimeoutError) else str(exc)
         print(f"ambiguous: {why}; the DM may or may not be queued (do not resend it blindly; look for it with: "
-              f"hermes-actors status --root {args.root})", file=sys.stderr)
+              f"{shell_command('hermes-actors', 'status', '--root', args.root)})", file=sys.stderr)
         return EXIT_FAILED
     code = _print_answer(ack, args)
     if "error" in ack or args.wait is None:
@@ -71,19 +73,19 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
             wait = max(0.0, min(60.0, deadline - time.monotonic()))
             outcome = fetch_outcome(args.root, ack["delivery_id"], wait=wait)
         except KeyboardInterrupt:  # only the wait ends: the host keeps the DM and runs it
-            print(f"interrupted; the DM stays queued at the host; its outcome, once settled: hermes-actors outcome "
-                  f"--root {args.root} {ack['delivery_id']}", file=sys.stderr)
+            print(f"interrupted; the DM stays queued at the host; its outcome, once settled: "
+                  f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
             raise
         except (HostOffline, HostLost, TimeoutError) as exc:
             print(f"ambiguous: lost the host of {args.root} while waiting for the outcome ({exc}); look it up "
-                  f"later with: hermes-actors outcome --root {args.root} {ack['delivery_id']}", file=sys.stderr)
+                  f"later with: {outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
             return EXIT_FAILED
         if outcome.get("status") not in ("pending", "unknown"):
             return _print_outcome(outcome, args)
         if outcome.get("status") == "unknown" or time.monotonic() >= deadline:
             why = outcome.get("error") or f"no outcome for delivery {ack['delivery_id']} within {args.wait:g}s"
-            print(f"pending: {why}; look it up later with: hermes-actors outcome --root {args.root} "
-                  f"{ack['delivery_id']}", file=sys.stderr)
+            print(f"pending: {why}; look it up later with: {outcome_command(args.root, ack['delivery_id'])}",
+                  file=sys.stderr)
             return EXIT_FAILED
 
 
@@ -117,8 +119,9 @@ def cmd_send(args: argparse.Namespace) -> int:
     if via_host is not None:
         return via_host
     # Without a host the turn runs inside this command, so it must wait for it (else it would be abandoned).
-    print(f"note: no host serves {args.root} (start one with `hermes-actors serve --root {args.root}`); "
-          "this command runs the DM itself", file=sys.stderr)
+    serve = shell_command("hermes-actors", "serve", "--root", args.root)
+    print(f"note: no host serves {args.root} (start one with `{serve}`); this command runs the DM itself",
+          file=sys.stderr)
     cfg = load_config(args.root)
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
@@ -133,7 +136,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             return code
         if args.wait is None and _relayed(gw, ack["delivery_id"]):  # nothing runs here: don't wait for the reply
             print(f"note: queued on the relay; its reply is read by the next host of {args.root}, then: "
-                  f"hermes-actors outcome --root {args.root} {ack['delivery_id']}", file=sys.stderr)
+                  f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
             return code
         try:
             outcome = gw.wait_outcome(ack["delivery_id"], timeout=wait)
@@ -145,13 +148,13 @@ def cmd_send(args: argparse.Namespace) -> int:
             try:
                 outcome = gw.wait_outcome(ack["delivery_id"], timeout=0)
             except (KeyError, TimeoutError):  # durable and never started: the next host on the root runs it
-                print(f"still pending: the next host on {args.root} runs it; then: hermes-actors outcome --root "
-                      f"{args.root} {ack['delivery_id']}", file=sys.stderr)
+                print(f"still pending: the next host on {args.root} runs it; then: "
+                      f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
                 return EXIT_FAILED
         except KeyboardInterrupt:  # the stop below lets a running turn finish first: say where its outcome goes
             interrupted = True
-            print(f"interrupted; the DM's outcome, once settled: hermes-actors outcome --root {args.root} "
-                  f"{ack['delivery_id']}", file=sys.stderr)
+            print(f"interrupted; the DM's outcome, once settled: {outcome_command(args.root, ack['delivery_id'])}",
+                  file=sys.stderr)
             raise
         return _print_outcome(outcome, args)
     finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)

@@ -17,12 +17,12 @@ Hermes, off for custom runners, callables and the demo runner), ``true`` or
 from __future__ import annotations
 
 import hashlib
-import shlex
 from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hermes_actors.core.shell import shell_command
 from hermes_actors.messages import Delivery, Outcome
 from hermes_actors.records import Origin
 
@@ -256,7 +256,7 @@ def wake_text(text: str, delivery_id: str, root: Path, limit: int = WAKE_TEXT_MA
         return text
     kept = data[:limit].decode("utf-8", "ignore")  # never half a character
     return (f"{kept}\n\n[cut here: the whole text is {len(text):,} characters; "
-            f"`hermes-actors outcome --root {shlex.quote(str(root))} {delivery_id}` prints it]")
+            f"`{shell_command('hermes-actors', 'outcome', '--root', root, delivery_id)}` prints it]")
 
 
 def wake_delivery(request: WakeRequest, *, now: float) -> Delivery:

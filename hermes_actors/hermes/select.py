@@ -25,6 +25,7 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.config import load_yaml_file
+from hermes_actors.core.shell import shell_command
 from hermes_actors.hermes.api_client import ApiServer
 from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.hermes.cli_runner import HermesCliRunner
@@ -222,8 +223,8 @@ def default_runner(
                     "does not answer)", root, server, runner.cli)
     elif problem.misconfigured:  # waiting will not cure it: say so where the operator looks
         logger.warning("the hermes API server {} {}; turns on {} run with the hermes CLI {} (2–4 s of CPU each) until "
-                       "it is fixed (hermes-actors doctor --root {} says how)", server, problem.text, root,
-                       runner.cli, root)
+                       "it is fixed ({} says how)", server, problem.text, root, runner.cli,
+                       shell_command("hermes-actors", "doctor", "--root", root))
     elif gateway_pid(root) == os.getpid():  # hosted in that very gateway: its API server is starting beside us
         logger.info("turns on {} run with the hermes CLI {} until the hermes API server {} answers", root,
                     runner.cli, server)
@@ -231,7 +232,7 @@ def default_runner(
         # Said once, at the start: turns would otherwise run as CLI turns without a word (seen only with -v);
         # later changes each way are WarmOrCliRunner's "warm turns stopped" warning and its info line
         logger.warning("warm turns are off at the start: the hermes API server {} {}; turns on {} run with the "
-                       "hermes CLI {} (2–4 s of CPU each) until it answers (start it: HERMES_HOME={} hermes gateway "
-                       "run)", server, problem.text, root, runner.cli, root)
+                       "hermes CLI {} (2–4 s of CPU each) until it answers (start it: {})", server, problem.text,
+                       root, runner.cli, shell_command("hermes", "gateway", "run", env={"HERMES_HOME": root}))
     # The chat request stays open until hermes answers (a turn reported timed out still runs there).
     return WarmOrCliRunner(ApiRunner(server, timeout=max(timeout, WARM_ANSWER_SECONDS)), runner, cold=not answers)

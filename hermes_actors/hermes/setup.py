@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hermes_actors.core.clipping import shown
+from hermes_actors.core.shell import shell_command
 from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, profile_home
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.recorded_edits import (
@@ -53,6 +54,7 @@ from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, exis
 __all__ = ["PLUGIN_NAME", "api_server_port", "disable", "enable"]
 
 PLUGIN_NAME = "hermes-actors"
+_LISTED = 5  # profile names a report line lists before "and N more"
 
 
 def _root(root: Path) -> Path:
@@ -216,9 +218,9 @@ def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, 
                 f"set API_SERVER_KEY (at least {MIN_KEY_CHARS} characters, e.g. `openssl rand -hex 32`) in "
                 f"{root / '.env'} — the hermes API server refuses to start without it"
             )
-        report.todo.append(f"start the gateway: HERMES_HOME={root} hermes gateway run")
+        report.todo.append(f"start the gateway: {shell_command('hermes', 'gateway', 'run', env={'HERMES_HOME': root})}")
     elif ping(root) is None:
-        report.todo.append(f"start the actors: hermes-actors serve --root {root}")
+        report.todo.append(f"start the actors: {shell_command('hermes-actors', 'serve', '--root', root)}")
     # else a host already serves the root: its roster takes the managed profiles within its rescan
 
 
@@ -236,8 +238,9 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
             edit, the gateway's included.
 
     Returns:
-        The report. The edits are made even while a host still serves the root; its first "to do"
-        then names that host (its pid) and says to stop it.
+        The report. The edits are made even while a host still serves the root. Its first "to do" says
+        what stays served: with no profile managed any more, that host (its pid), to stop; with some
+        still managed, the disabled profiles, which stay on the roster and receive DMs.
 
     Raises:
         SetupError: the record or an edited file cannot be read safely.
@@ -270,20 +273,63 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     # Enable records each change of a key (`--port 9000`, later `--port 9001`): undone newest first,
     # each says the same "restored" (or "changed since enable") line; say it once.
     report.changed, report.todo = _once(report.changed), _once(report.todo)
-    if selected and host is not None:
-        # uninstall step 1 stops it first: once no profile is managed, it refuses every DM it is handed
-        report.todo.insert(0, f"stop the host that still serves {root} (pid {host}: `hermes-actors serve`, or "
-                              "`hermes gateway run` hosting the actors): until it stops it refuses every DM "
-                              "(\"This install is not Bot-Mode-managed\")")
+    served = _still_served(root, selected, host) if selected else None
+    if served is not None:
+        report.todo.insert(0, served)
     if selected:
         report.todo.append("the 'Bot Chat' sessions, and the rooms' 'Group: <name>' ones, were kept (they hold "
                            "conversations; delete them in hermes if you want them gone)")
         report.todo.extend(_left_to_remove(root, selected, everything=profiles is None))
     if any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected):
         # a running gateway read its platforms at start: it hosts (and refuses every DM) until restarted
-        report.todo.append(f"restart the hermes gateway if one runs, so it stops hosting the actors: "
-                           f"HERMES_HOME={root} hermes gateway run --replace")
+        report.todo.append("restart the hermes gateway if one runs, so it stops hosting the actors: "
+                           + shell_command("hermes", "gateway", "run", "--replace", env={"HERMES_HOME": root}))
     return report
+
+
+def _still_served(root: Path, undone: list[dict[str, object]], host: int | None) -> str | None:
+    """What a disable leaves served: the "to do" line that says so, or None (nothing worth saying).
+
+    The gate is the install's, as in Bot Mode (docs/hermes.md): while any profile stays managed, every
+    profile of the root is a teammate and receives DMs, the ones just disabled too (a running host
+    sees the flags at its next rescan, as it sees any ``profile.yaml`` change); once none is, a host
+    still serving the root refuses every DM until it stops.
+
+    Args:
+        root: the Hermes root, its files as the undo left them.
+        undone: the record entries just undone (not empty).
+        host: the pid of the host still serving the root (``submit.lock``'s holder), or None.
+
+    Returns:
+        The line: stop the host (none managed now, a host runs), or which undone profiles still receive
+        DMs and why (some profile still managed); None when no host runs and none is managed.
+    """
+    profiles = discover_profiles(root)
+    managed = [p.profile for p in profiles if p.managed]
+    if not managed:
+        if host is None:
+            return None
+        # uninstall step 1 stops it first: once no profile is managed, it refuses every DM it is handed
+        return (f"stop the host that still serves {root} (pid {host}: `hermes-actors serve`, or `hermes gateway "
+                "run` hosting the actors): until it stops it refuses every DM (\"This install is not "
+                "Bot-Mode-managed\")")
+    flagged = {str(Path(str(e["file"])).parent) for e in undone if Path(str(e["file"])).name == "profile.yaml"}
+    unmanaged = [p.profile for p in profiles if not p.managed and _home_key(root, p.profile) in flagged]
+    if not unmanaged:  # no managed flag undone (one changed since enable stays: said already)
+        return None
+    served = (f"the host serving {root} (pid {host}) keeps serving {'it' if len(unmanaged) == 1 else 'them'}, "
+              "no restart needed" if host is not None else "once a host serves the root")
+    keep = "keeps" if len(managed) == 1 else "keep"
+    return (f"{_some(unmanaged)}: no longer managed, so no message_agent tool (cannot send DMs), but still on the "
+            f"roster and receiving DMs ({served}): {_some(managed)}, still managed, {keep} the root a Bot Mode "
+            "install, where every profile is a teammate. To refuse every DM, disable the rest too: "
+            + shell_command("hermes-actors", "disable", "--root", root))
+
+
+def _some(names: list[str]) -> str:
+    """Pure: profile names a report line lists, the first few only (a root may have thousands)."""
+    listed = _names(names[:_LISTED])
+    return listed if len(names) <= _LISTED else f"{listed} and {len(names) - _LISTED} more"
 
 
 def _left_to_remove(root: Path, undone: list[dict[str, object]], *, everything: bool) -> list[str]:

@@ -31,6 +31,7 @@ import orjson
 from hermes_actors.core.hops import MAX_HOP, is_hop
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
+from hermes_actors.core.shell import shell_command
 
 __all__ = [
     "MAX_ANSWER_BYTES",
@@ -156,8 +157,9 @@ def offline_refusal(root: str | Path) -> dict[str, Any]:
     """The refusal when nothing hosts the actors on ``root`` (the message was not queued)."""
     text = (
         f"Bot Mode is not running on {root}: no process hosts the agents' actors, so the message was NOT "
-        f"sent. Start the host with `hermes-actors serve --root {root}` (or `hermes gateway run` once "
-        f"`hermes-actors enable --root {root} --gateway` turned its hosting on), then send it again."
+        f"sent. Start the host with `{shell_command('hermes-actors', 'serve', '--root', root)}` (or `hermes gateway "
+        f"run` once `{shell_command('hermes-actors', 'enable', '--root', root, '--gateway')}` turned its hosting on), "
+        "then send it again."
     )
     return {"error": text, "reason": RUNTIME_OFFLINE}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_actors.core.config import parse_config, unknown_keys
+from hermes_actors.core.shell import shell_command
 from hermes_actors.hermes.install import CLI_PROFILE_RE, INSTALL_HERMES, NO_HERMES_CLI, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
@@ -58,6 +59,16 @@ def blocking(checks: list[Check]) -> bool:
     return any(c.level == BLOCK for c in checks)
 
 
+def _enable(root: Path, *options: str) -> str:
+    """Pure: the ``hermes-actors enable`` command a fix names, quoted to run as printed (``core.shell``)."""
+    return shell_command("hermes-actors", "enable", "--root", root, *options)
+
+
+def _gateway_run(root: Path, *options: str) -> str:
+    """Pure: the ``hermes gateway run`` command on ``root`` a fix names, quoted to run as printed."""
+    return shell_command("hermes", "gateway", "run", *options, env={"HERMES_HOME": root})
+
+
 def check_cli(cli: str | None, version: str | None, error: str | None) -> Check:
     """Pure: the hermes CLI and its version."""
     if cli is None:
@@ -74,19 +85,19 @@ def check_managed(root: Path, profiles: list[ProfileInfo]) -> Check:
     unmanaged = [p.profile for p in profiles if not p.managed]
     if len(unmanaged) == len(profiles):
         return Check("profiles managed", BLOCK, "no profile is Bot-Mode-managed: message_agent refuses every DM",
-                     f"hermes-actors enable --root {root}")
+                     _enable(root))
     unrunnable = [p.profile for p in profiles if p.managed and not CLI_PROFILE_RE.match(p.profile)]
     if unrunnable:  # on the roster, so DMs to them are acked, and every turn then fails
         return Check("profiles managed", WARN, f"managed, but hermes cannot run their turns: {', '.join(unrunnable)} "
                      "(hermes profile names are lowercase letters, digits, '_' and '-')",
-                     f"rename those folders under {root / 'profiles'}, or: hermes-actors disable --root {root} "
-                     f"--profiles {','.join(unrunnable)}")
+                     f"rename those folders under {root / 'profiles'}, or: "
+                     + shell_command("hermes-actors", "disable", "--root", root, "--profiles", ",".join(unrunnable)))
     skipped = [p for p in unmanaged if not CLI_PROFILE_RE.match(p)]  # a host on the real Hermes leaves them off
     unmanaged = [p for p in unmanaged if CLI_PROFILE_RE.match(p)]
     if unmanaged:
         return Check("profiles managed", WARN, f"not managed: {', '.join(unmanaged)} (their Bot Chat gets no "
                      "message_agent tool; they still receive DMs)",
-                     f"hermes-actors enable --root {root} --profiles {','.join(unmanaged)}")
+                     _enable(root, "--profiles", ",".join(unmanaged)))
     managed = [p.profile for p in profiles if p.managed]
     left_off = f"; left off the roster, hermes cannot run them: {', '.join(skipped)}" if skipped else ""
     return Check("profiles managed", OK, f"{len(managed)} profile(s): {', '.join(managed)}{left_off}")
@@ -114,7 +125,7 @@ def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
     """
     if not enabled:  # "enabled for 0 managed profile(s)" read as a pass on a root never enabled
         return Check("plugin enabled", BLOCK, "no profile is Bot-Mode-managed, so none lists the plugin: "
-                     "no bot has the message_agent tool", f"hermes-actors enable --root {root}")
+                     "no bot has the message_agent tool", _enable(root))
     unreadable = [name for name, on in enabled.items() if on is None]
     if unreadable:
         homes = ", ".join(str(profile_home(root, name) / "config.yaml") for name in unreadable)
@@ -123,10 +134,10 @@ def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
     missing = [name for name, on in enabled.items() if not on]
     if enabled and len(missing) == len(enabled):
         return Check("plugin enabled", BLOCK, f"'{PLUGIN_NAME}' is in no profile's plugins.enabled: "
-                     "the bots have no message_agent tool", f"hermes-actors enable --root {root}")
+                     "the bots have no message_agent tool", _enable(root))
     if missing:
         return Check("plugin enabled", WARN, f"not enabled for: {', '.join(missing)} (those bots cannot send DMs)",
-                     f"hermes-actors enable --root {root} --profiles {','.join(missing)}")
+                     _enable(root, "--profiles", ",".join(missing)))
     return Check("plugin enabled", OK, f"enabled for {len(enabled)} managed profile(s)")
 
 
@@ -150,7 +161,8 @@ def check_models(root: Path, models: dict[str, str | None]) -> Check:
         files = ", ".join(str(profile_home(root, name) / "config.yaml") for name in missing)
         return Check("models", WARN, f"no model set for: {', '.join(missing)} (their turns fail missing_config "
                      "unless hermes finds a provider in their environment)",
-                     f"set model.default (and its provider) in {files}, e.g. with: hermes -p {missing[0]} model")
+                     f"set model.default (and its provider) in {files}, e.g. with: "
+                     + shell_command("hermes", "-p", missing[0], "model"))
     named = sorted({model for model in models.values() if model})
     return Check("models", OK, f"every profile that receives DMs names a model ({', '.join(named) or 'none'})")
 
@@ -159,8 +171,8 @@ def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
     """Pure: a host (``serve`` or the hermes gateway with the plugin) answers on the submit endpoint."""
     if pong is None:
         return Check("daemon running", BLOCK, "no process hosts the actors of this root: the bots' DMs are refused "
-                     "runtime_offline", f"hermes-actors serve --root {root}   (or: HERMES_HOME={root} hermes gateway "
-                     "run, after hermes-actors enable --gateway)")
+                     "runtime_offline", f"{shell_command('hermes-actors', 'serve', '--root', root)}   (or: "
+                     f"{_gateway_run(root)}, after {_enable(root, '--gateway')})")
     return Check("daemon running", OK, f"pid {pong.get('pid')} serves {pong.get('root')} "
                  f"(hermes-actors {pong.get('version')})")
 
@@ -181,21 +193,21 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
         return Check("warm turns", WARN, "the hermes API server is enabled but API_SERVER_KEY is not set or shorter "
                      "than 16 characters: hermes refuses to start it, so every turn runs with the hermes CLI "
                      "(2–4 s of CPU each)",
-                     f"set API_SERVER_KEY in {root / '.env'}, then restart: HERMES_HOME={root} hermes gateway run")
+                     f"set API_SERVER_KEY in {root / '.env'}, then restart: {_gateway_run(root)}")
     if server is None:
         return Check("warm turns", OK, "not configured: turns run with the hermes CLI (for warm turns: "
-                     f"hermes-actors enable --root {root} --gateway)")
+                     f"{_enable(root, '--gateway')})")
     if not answers and misconfigured and "API_SERVER_KEY" in why:
         return Check("warm turns", WARN, f"the hermes API server {server} {why}: turns run with the hermes CLI",
                      f"give hermes-actors and the gateway the same API_SERVER_KEY ({root / '.env'}), then restart the "
-                     f"gateway: HERMES_HOME={root} hermes gateway run --replace")
+                     f"gateway: {_gateway_run(root, '--replace')}")
     if not answers and misconfigured:
         return Check("warm turns", WARN, f"the hermes API server {server} {why}: turns run with the hermes CLI",
-                     f"free the port, or move the API server to another one: hermes-actors enable --root {root} "
-                     "--gateway --port N, then restart the gateway")
+                     f"free the port, or move the API server to another one: {_enable(root, '--gateway')} --port N, "
+                     "then restart the gateway")
     if not answers:
         return Check("warm turns", WARN, f"the hermes API server {server} does not answer: turns run with the "
-                     "hermes CLI until it does", f"HERMES_HOME={root} hermes gateway run")
+                     "hermes CLI until it does", _gateway_run(root))
     return Check("warm turns", OK, f"through the hermes API server {server}")
 
 
