@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -137,14 +138,15 @@ def test_the_outcomes_handed_over_at_stop_are_typed_as_what_export_returns() -> 
     ``facade.shutdown`` and ``system``, the failure hooks in ``facade.failure`` and ``system``): every one names
     the same type, the alias ``KeptOutcomes``, that ``export`` returns."""
     from hermes_actors.facade.failure import DispatcherFailure
-    from hermes_actors.facade.shutdown import shut_down
+    from hermes_actors.facade.shutdown import Stopped, shut_down
     from hermes_actors.system import ActorSystem
 
     packed = dict[str, bytes | dict[str, Any]]
     assert KeptOutcomes == packed
     assert _annotation(OutcomeBook.export, "return") == packed
-    assert _annotation(shut_down, "return") == packed
-    assert _annotation(ActorSystem.shut_down, "return") == packed
+    assert _annotation(shut_down, "return") is Stopped  # the outcomes, and an interrupt a stop callback raised
+    assert typing.get_type_hints(Stopped)["final"] == packed
+    assert _annotation(ActorSystem.shut_down, "return") is Stopped
     assert _annotation(DispatcherFailure.failed_with, "final") == packed
     assert _annotation(ActorSystem.start, "on_failure") == Callable[[BaseException | None, packed], None] | None
 
