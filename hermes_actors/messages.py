@@ -297,6 +297,15 @@ class RetryJournal:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnHeld:
+    """Told by a ProfileActor: a turn's ``started`` record could not be written to the delivery journal (a full
+    disk), so the turn never ran and is queued again; the profile starts no turn until it is told ``ResumeTurns``."""
+
+    profile: str
+    error: BaseException  # why the record failed (said once per disk-full spell)
+
+
+@dataclass(frozen=True, slots=True)
 class AdoptJournal:
     """Ask the Dispatcher, before the relay resumes, to learn what the journal adopted at start already settled:
     its outcomes and its wakes (answers None; ``Recover`` acts on the rest once the relay runs)."""
@@ -333,6 +342,9 @@ class TurnFinished:
     error: str = ""
     reason: str = ""
     ambiguous: bool = False  # it may have run; the result is unknown (live owner died mid-turn)
+    # Set when its ``started`` record could not be written to the delivery journal: the turn never ran and is
+    # queued again, not failed (``turns.not_recorded``)
+    unrecorded: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +402,12 @@ class WindDown:
     """Ask a ProfileActor to cancel what is queued and report what is running."""
 
     keep_journaled: bool = False  # drop journaled queued deliveries without an outcome: the next start re-offers them
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeTurns:
+    """Told by the Dispatcher to a ProfileActor holding its turns for the journal (``TurnHeld``): the journal may take
+    records again (a commit landed, or its retry timer fired): the held turn starts again, its record written again."""
 
 
 @dataclass(frozen=True, slots=True)

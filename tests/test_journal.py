@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pykka
 import pytest
+from loguru import logger
 from roots import LogCapture, make_root, start_gateway
 
 from actors.testkit import await_condition
@@ -940,6 +941,48 @@ def test_enospc_refuses_the_dm_and_leaves_no_torn_record(tmp_path: Path, monkeyp
             again.wait_outcome(lost_id.decode(), timeout=1)
     finally:
         again.stop()
+
+
+def test_a_full_disk_is_said_once_at_error_each_later_failed_write_at_debug_and_its_end_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Chaos review: a full disk under a gateway with DMs flowing logged "journal write failed …" at ERROR ~780
+    # times in 1.2 s, one per failed commit. Now the spell's first failed write is said once at ERROR, naming the
+    # file and what to do, each later one at DEBUG, and the write that lands again says the end once (INFO); the
+    # next failure begins a new spell, said again.
+    journal = Journal(tmp_path / "journal")
+    journal.start()
+    real = os.pwrite
+    full = threading.Event()
+    full.set()
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        if full.is_set() and fd == journal._file.fd:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data, offset)
+
+    said: list[tuple[str, str]] = []
+    sink = logger.add(lambda m: said.append((m.record["level"].name, m.record["message"])), level="DEBUG",
+                      filter="hermes_actors.store.journal")
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    try:
+        for n in range(40):
+            with pytest.raises(StoreError):
+                journal.append_durably({"t": "accepted", "id": _id(n), "d": _delivery(_id(n))})
+        full.clear()
+        journal.append_durably({"t": "accepted", "id": _id(40), "d": _delivery(_id(40))})
+        full.set()
+        with pytest.raises(StoreError):
+            journal.append_durably({"t": "accepted", "id": _id(41), "d": _delivery(_id(41))})
+    finally:
+        full.clear()
+        logger.remove(sink)
+        journal.stop()
+    failed = [(level, text) for level, text in said if "journal write failed" in text]
+    assert [level for level, _ in failed] == ["ERROR"] + ["DEBUG"] * 39 + ["ERROR"], failed
+    assert str(journal.path) in failed[0][1] and "(ENOSPC); free space on its filesystem" in failed[0][1]
+    ends = [(level, text) for level, text in said if "takes records again" in text]
+    assert ends == [("INFO", f"the delivery journal {journal.path} takes records again (40 failed write(s) before)")]
 
 
 def test_a_commits_delivered_records_are_appended_before_its_waiters_are_answered(

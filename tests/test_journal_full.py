@@ -270,16 +270,18 @@ def test_a_stop_before_space_is_back_leaves_it_to_the_next_start_one_outcome_tur
     assert seen.of(key) + seen_again.of(key) == ["ambiguous"], "one outcome overall"
 
 
-def test_a_turn_whose_start_could_not_be_recorded_gets_one_outcome_across_a_restart(
+def test_a_turn_whose_start_could_not_be_recorded_is_kept_journaled_by_a_stop_and_run_once_by_the_next_start(
     tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The soak's case: the ``started`` record failed (the turn never ran: failed runtime_offline), then its
-    # ``finished`` record failed too; published anyway, the restart re-offered the DM and it was answered again.
+    # The soak's case: the ``started`` record failed. It used to fail the DM (runtime_offline, NOT delivered) and
+    # that outcome's record was held too. Now the turn never ran and is no failure: it is queued again, its
+    # profile held; a stop with the disk still full leaves it journaled (accepted), and the next start runs it.
     with LogCapture("INFO") as logs:
         root, gw, runner, seen, disk, key = _held_on_a_full_disk(tmp_path, gateways, monkeypatch, logs,
                                                                  trigger=b'"t":"started"')
         gw.stop()
-        assert logs.matching("NOT published", key), logs.lines
+        assert not logs.matching("NOT published", key), "no outcome was made to withhold"
+        assert not logs.matching("NOT delivered"), logs.lines
     disk.free()
     assert runner.entered == [] and seen.of(key) == []
     again, seen_again = RecordingRunner(), Seen()
@@ -289,6 +291,101 @@ def test_a_turn_whose_start_could_not_be_recorded_gets_one_outcome_across_a_rest
     await_condition(lambda: seen_again.of(key) == ["replied"], timeout=10, message="the re-offered DM's outcome")
     assert seen.of(key) + seen_again.of(key) == ["replied"], "one outcome overall"
     assert Counter(t.delivery_id for t in again.entered) == {key: 1}
+
+
+def test_a_dm_held_for_the_journal_still_waits_no_longer_than_turn_wait_seconds_then_target_busy(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Held for the journal, a DM waits in its queue as behind any turn: past turn_wait_seconds it fails
+    # target_busy (NOT delivered), never runtime_offline, and never runs later.
+    root = make_root(tmp_path)
+    runner, seen = RecordingRunner(), Seen()
+    gw = _start(root, gateways, runner, seen, config={"bot_mode": {"turn_wait_seconds": 1}})
+    assert gw._journal is not None
+    disk = DiskFull(monkeypatch, gw._journal, trigger=b'"t":"started"')
+    key = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+    await_condition(lambda: gw.stats()["pending"] == 0, timeout=15, message="its wait ran out (outcome held back)")
+    disk.free()
+    outcome = gw.wait_outcome(key, timeout=30)
+    assert (outcome["status"], outcome["reason"]) == ("failed", "target_busy"), outcome
+    assert runner.entered == []
+
+
+class Queued(NamedTuple):
+    """DMs queued at bob as the journal's disk fills at the first ``started`` record (``_queued_on_a_full_disk``)."""
+
+    root: Path
+    gw: Gateway
+    runner: RecordingRunner
+    seen: Seen
+    disk: DiskFull
+    first: str  # the DM whose turn ran before the disk filled (its outcome may be held)
+    keys: list[str]  # the DMs queued behind it, none started
+
+
+def _queued_on_a_full_disk(tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch,
+                           logs: LogCapture, count: int = 4) -> Queued:
+    """``count`` DMs acked and queued at bob behind a turn, then the disk fills at the first turn's ``started``
+    record: returns once the journal's failure is said and the held turn was tried again (still full)."""
+    root = make_root(tmp_path)
+    release = threading.Event()
+    runner, seen = RecordingRunner(held_on("first", release)), Seen()
+    gw = _start(root, gateways, runner, seen)
+    assert gw._journal is not None
+    first = gw.message_agent(sender="alice", target="bob", message="first")["delivery_id"]
+    await_condition(lambda: runner.entered, timeout=10, message="bob's first turn runs")
+    keys = [gw.message_agent(sender="alice", target="bob", message=f"m{i}")["delivery_id"] for i in range(count)]
+    disk = DiskFull(monkeypatch, gw._journal, trigger=b'"t":"started"')
+    release.set()
+    await_condition(lambda: logs.matching("cannot be written", "held back"), timeout=15,
+                    message="the failed started record is said")
+    # the queued turns' started records (and the retry timer's writes) go on failing for a while
+    await_condition(lambda: disk.hits >= 4, timeout=15, message="the disk stays full for a few writes")
+    return Queued(root, gw, runner, seen, disk, first, keys)
+
+
+def test_queued_dms_during_a_short_full_disk_run_once_it_has_room_none_failed(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Chaos review (a 24 MB tmpfs filled and freed while DMs flowed): 315 acked DMs queued at their profiles
+    # failed runtime_offline "NOT delivered" within 1.2 s of the disk filling, each one's started record failing
+    # in turn. Now the first such turn goes back to the head of its queue and the profile starts none until the
+    # journal writes again: they all run, in order, once there is room.
+    with LogCapture("INFO") as logs:
+        _root, gw, runner, seen, disk, first, keys = _queued_on_a_full_disk(tmp_path, gateways, monkeypatch, logs)
+        assert [body_of(t.content) for t in runner.entered] == ["first"], "no queued turn ran on the full disk"
+        disk.free()
+        for key in keys:
+            assert gw.wait_outcome(key, timeout=30)["status"] == "replied", key
+        assert gw.wait_outcome(first, timeout=30)["status"] == "replied"
+        await_condition(lambda: all(seen.of(key) == ["replied"] for key in [first, *keys]), timeout=10,
+                        message="each outcome told once")
+        assert len(logs.matching("cannot be written", "held back")) == 1, "the full disk is said once"
+        assert not logs.matching("NOT delivered"), logs.lines
+    assert [body_of(t.content) for t in runner.entered] == ["first", "m0", "m1", "m2", "m3"], "in order, once each"
+
+
+def test_a_stop_while_turns_are_held_for_the_journal_keeps_them_for_the_next_start_run_once(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The disk stays full through the stop: the held DMs (acked, never started) stay journaled, no outcome in
+    # this run; the next start re-offers each and runs it once.
+    with LogCapture("INFO") as logs:
+        root, gw, runner, seen, disk, first, keys = _queued_on_a_full_disk(tmp_path, gateways, monkeypatch, logs)
+        gw.stop(timeout=10)
+        assert not logs.matching("NOT delivered"), logs.lines
+    disk.free()
+    assert all(seen.of(key) == [] for key in keys), "no outcome in the stopped run"
+    assert [body_of(t.content) for t in runner.entered] == ["first"]
+    again, seen_again = RecordingRunner(), Seen()
+    gw2 = _start(root, gateways, again, seen_again)
+    assert gw2.recovered.get("reoffered", 0) >= len(keys), gw2.recovered
+    for key in keys:
+        assert gw2.wait_outcome(key, timeout=30)["status"] == "replied", key
+    assert Counter(t.delivery_id for t in again.entered if t.delivery_id in keys) == dict.fromkeys(keys, 1)
+    assert first not in {t.delivery_id for t in again.entered}, "the turn that ran is never run again"
+    await_condition(lambda: len(seen.of(first) + seen_again.of(first)) == 1, timeout=10,
+                    message="the first DM's one outcome (replied, or ambiguous when its record was held at the stop)")
 
 
 def test_a_relayed_outcome_whose_records_failed_is_written_again_and_only_then_its_relay_record_goes(
@@ -509,6 +606,36 @@ def test_a_wake_whose_batch_failed_once_is_written_again_and_run_in_this_run_wok
     gw2 = _start(root, gateways, again, Seen(), config=WAKE_ON)
     assert gw2.wait_outcome(wake_id(dm), timeout=10)["status"] == "replied"  # known from the journal
     assert gw2.recovered["reoffered"] == gw2.recovered["redelivered"] == 0, gw2.recovered
+    gw2.stop()
+    assert _woken([runner, again], dm) == 1, "the sender is woken exactly once, across the restart"
+
+
+def test_a_wake_whose_started_record_failed_once_runs_once_when_the_disk_has_room(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Chaos review: 101 replied DMs never woke their sender: the wake's started record hit the full disk and the
+    # wake failed runtime_offline ("waking @a failed … NOT delivered"), with nothing to resend it. Now it is
+    # queued again and its profile held until the journal writes again: it runs once, in this run.
+    root = make_root(tmp_path)
+    release = threading.Event()
+    runner = RecordingRunner(held_on("hello", release))
+    gw = _start(root, gateways, runner, Seen(), config=WAKE_ON)
+    assert gw._journal is not None
+    with LogCapture("INFO") as logs:
+        dm = gw.message_agent(sender="alice", target="bob", message="hello")["delivery_id"]
+        disk = DiskFull(monkeypatch, gw._journal, trigger=f'"t":"started","id":"{wake_id(dm)}"'.encode(), once=True)
+        release.set()
+        assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+        assert gw.wait_outcome(wake_id(dm), timeout=30)["status"] == "replied", "woken in this run"
+        assert disk.hits == 1, "the wake's started record failed once"
+        assert logs.matching("cannot be written", "held back"), logs.lines
+        assert not logs.matching("waking @alice failed"), logs.lines
+    assert _woken([runner], dm) == 1
+    gw.stop()
+    monkeypatch.undo()
+    again = RecordingRunner()
+    gw2 = _start(root, gateways, again, Seen(), config=WAKE_ON)
+    assert gw2.wait_outcome(wake_id(dm), timeout=10)["status"] == "replied"  # known from the journal
     gw2.stop()
     assert _woken([runner, again], dm) == 1, "the sender is woken exactly once, across the restart"
 

@@ -91,6 +91,7 @@ from hermes_actors.messages import (
     StatsRequest,
     StopAccepting,
     Turn,
+    TurnHeld,
 )
 from hermes_actors.store.journal import Journal
 
@@ -140,7 +141,8 @@ class DispatcherActor(SupervisorActor):
         self.timers = self.own_timers(self.deps.scheduler)
         # While outcome records wait for the journal (a full disk), a timer writes them again: no polling otherwise
         self.durability = durability_for(journal, self.actor_ref,
-                                         retry_after=lambda delay: self.timers.after(delay, RetryJournal()))
+                                         retry_after=lambda delay: self.timers.after(delay, RetryJournal()),
+                                         resume_turns=lambda profiles: self.profiles.resume_turns(profiles))
         self.relay = RelayLink(self.actor_ref)
         gauge = caller_admission.gauge if caller_admission is not None else None  # shared with the senders
         self.admission = Admission(gauge)
@@ -331,6 +333,12 @@ class DispatcherActor(SupervisorActor):
     def _on_retry_journal(self, msg: RetryJournal) -> None:
         """The retry timer: write the held-back outcome records again (``OutcomeFlow.retry_held``)."""
         self.flow.retry_held()
+
+    @handles(TurnHeld)
+    def _on_turn_held(self, msg: TurnHeld) -> None:
+        """A ProfileActor queued a turn again, its started record not written: hold the profile's turns until the
+        journal may take records again (``JournalDurability.hold_turns``)."""
+        self.durability.hold_turns(msg.profile, msg.error)
 
     @handles(AdoptJournal)
     def _on_adopt_journal(self, msg: AdoptJournal) -> None:

@@ -5,7 +5,8 @@ its ack is released only once that batch is on disk (``PendingAck``); an
 outcome is journaled before it is published, and one whose record failed (a full
 disk) is held, unpublished, and written again until it lands
 (:meth:`JournalDurability.hold`), as is a sender's wake, run once its batch is on disk
-(:meth:`JournalDurability.journal_wake`). Without one, all happen at once.
+(:meth:`JournalDurability.journal_wake`), and a profile whose turn's ``started`` record failed
+starts no turn until then (:meth:`JournalDurability.hold_turns`). Without one, all happen at once.
 The DispatcherActor holds one strategy and never asks which one it is.
 Everything here runs on the Dispatcher's thread, except the journal's
 listener, which only tells the Dispatcher ``JournalDurable``.
@@ -125,6 +126,9 @@ class NoDurability:
     def hold(self, kind: str, outcome: Outcome, error: BaseException) -> None:
         """Never called: nothing is journaled, so no record fails."""
 
+    def hold_turns(self, profile: str, error: BaseException) -> None:
+        """Never called: no turn's start is journaled."""
+
     def written(self, outcome: Outcome) -> None:
         """Never called: nothing is journaled."""
 
@@ -154,11 +158,16 @@ class JournalDurability:
     enabled = True
 
     def __init__(self, journal: Journal, dispatcher: pykka.ActorRef[Any],
-                 retry_after: Callable[[float], Any] | None = None) -> None:
+                 retry_after: Callable[[float], Any] | None = None,
+                 resume_turns: Callable[[Iterable[str]], None] | None = None) -> None:
         self.journal = journal
         self.dispatcher = dispatcher
         # Arms the Dispatcher's timer that tells it RetryJournal after so many seconds (its handle has ``cancel``).
         self.retry_after = retry_after
+        # Tells the ProfileActors of these profiles ResumeTurns: their held turns start again (hold_turns)
+        self.resume_turns = resume_turns
+        # Profiles whose turn's started record failed: they start no turn until write_held resumes them
+        self._held_turns: set[str] = set()
         # Outcome records a commit failed to write (a full disk), by id: their outcomes wait, unpublished, until
         # they are written again (write_held). Only while some wait is a retry timer armed: no polling otherwise.
         self._held: dict[str, OutcomeToken] = {}
@@ -340,12 +349,28 @@ class JournalDurability:
         self._say_failing(error)
         self._keep(kind, outcome)
 
+    def hold_turns(self, profile: str, error: BaseException) -> None:
+        """A turn of ``profile`` could not have its ``started`` record written (a full disk): it never ran, and its
+        ProfileActor queued it again and starts no turn until resumed, as a held record is written again (the
+        retry timer, or the next commit that lands, :meth:`write_held`); failing again, it is held again.
+
+        Args:
+            profile: the profile (its folder id).
+            error: why the record failed (said once per disk-full spell, at WARNING).
+        """
+        if self._final:  # the stop winds the profile down: nothing is resumed any more
+            return
+        self._say_failing(error)
+        self._held_turns.add(profile)
+        self._arm_retry()
+
     def _say_failing(self, error: BaseException) -> None:
         """Say that the journal cannot be written (WARNING), once per spell (until :meth:`commit_landed` ends it)."""
         if not self._failing:
             logger.warning("the delivery journal {} cannot be written ({}): outcomes are held back, unpublished, "
-                           "and wakes not run, until their records are on disk; they are written again every few "
-                           "seconds. Free space on its filesystem", self.journal.path, error)
+                           "and wakes not run, nor any queued turn started, until their records are on disk; they "
+                           "are written again every few seconds. Free space on its filesystem", self.journal.path,
+                           error)
 
     def _keep(self, kind: str, outcome: Outcome) -> None:
         """Hold the records of one outcome token to write again (see :meth:`hold`), the retry timer armed."""
@@ -388,19 +413,23 @@ class JournalDurability:
         The held ones are written again now (not after their timer); once none is held or
         on its way any more, the end of the spell is said (INFO).
         """
-        if self._held or self._held_wakes:
+        if self._held or self._held_wakes or self._held_turns:
             self.write_held()
         elif self._failing and not self._again:
             self._failing = False
             self._backoff = RETRY_FIRST
             logger.info("the delivery journal {} is written again: the outcomes held back are on disk and published "
-                        "(and the wakes held back run)", self.journal.path)
+                        "(and the wakes and turns held back run)", self.journal.path)
 
     def write_held(self) -> None:
-        """Write the held outcome records and wake batches again (the retry timer fired, or a commit landed)."""
+        """Write the held outcome records and wake batches again, and resume the held profiles' turns (their
+        ``started`` records are written as they start) (the retry timer fired, or a commit landed)."""
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
+        profiles, self._held_turns = self._held_turns, set()
+        if profiles and self.resume_turns is not None:
+            self.resume_turns(sorted(profiles))
         wakes, self._held_wakes = self._held_wakes, {}
         for batch in wakes.values():
             self._write_wake(batch)  # refused: held again, the timer armed again
@@ -422,11 +451,14 @@ class JournalDurability:
         The held wake batches are given up (``given_up``), and so is any wake batch that fails from now
         on: no timer writes them again. Unwritten, they leave their DM undelivered in the journal, so the
         next start publishes its outcome again and wakes the sender then, once (see :meth:`journal_wake`).
+        The held profiles are not resumed: their DMs stay journaled (accepted, never started) and the
+        next start runs them once.
         """
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
         self._final = True
+        self._held_turns.clear()  # their ProfileActors wind down: the journal keeps their DMs for the next start
         wakes, self._held_wakes = list(self._held_wakes.values()), {}
         for batch in wakes:
             batch.given_up(batch.error or StoreError(0, "the delivery journal did not take it before the stop"))
@@ -559,9 +591,11 @@ Durability = NoDurability | JournalDurability
 
 
 def durability_for(journal: Journal | None, dispatcher: pykka.ActorRef[Any],
-                   retry_after: Callable[[float], Any] | None = None) -> Durability:
-    """The strategy for ``journal`` (None: no journal); ``retry_after`` arms the Dispatcher's RetryJournal timer."""
-    return NoDurability() if journal is None else JournalDurability(journal, dispatcher, retry_after)
+                   retry_after: Callable[[float], Any] | None = None,
+                   resume_turns: Callable[[Iterable[str]], None] | None = None) -> Durability:
+    """The strategy for ``journal`` (None: no journal); ``retry_after`` arms the Dispatcher's RetryJournal timer,
+    ``resume_turns`` tells held profiles' ProfileActors ``ResumeTurns``."""
+    return NoDurability() if journal is None else JournalDurability(journal, dispatcher, retry_after, resume_turns)
 
 
 def live_record(index: dict[str, ProfileInfo], delivery: Delivery) -> dict[str, Any] | None:

@@ -8,7 +8,11 @@ worker hop, no turn timer. A queued delivery waits at most
 ``turn_wait_seconds`` (one re-armed timer per profile watches the oldest), then
 fails ``target_busy`` and is never run later; a wake is the exception, never
 refused for a full queue nor expired in it
-(:func:`~hermes_actors.core.wake.exempt_from_queue_bounds`). The outcomes settled while
+(:func:`~hermes_actors.core.wake.exempt_from_queue_bounds`). A turn whose ``started`` record the
+delivery journal cannot take (a full disk) never ran: it goes back to the head of the queue, and
+the profile starts no turn until the Dispatcher says the journal may take records again
+(:class:`ResumeTurns`); a DM still waits no longer than its ``turn_wait_seconds``, a wake however
+long it takes. The outcomes settled while
 handling one message go to the Dispatcher after it, as one :class:`OutcomeReady`
 (or :class:`OutcomesReady` for several).
 
@@ -47,10 +51,12 @@ from hermes_actors.messages import (
     OutcomesReady,
     ProfileIdle,
     ProfileInfo,
+    ResumeTurns,
     RunSalvaged,
     StopProfile,
     TimedOutTurnPlace,
     TurnFinished,
+    TurnHeld,
     TurnTimeout,
     WaitExpired,
     WindDown,
@@ -101,6 +107,9 @@ class ProfileActor(TypedActor):
         self.wait_timer: TimerHandle | None = None  # due when the oldest queued delivery's wait runs out
         self.inline = runs_inline(deps.runner)
         self.running: Delivery | None = None
+        self.running_since = 0.0  # when the running delivery was queued (monotonic): kept if it is queued again
+        # A turn's started record failed in the journal (a full disk): no turn starts until ResumeTurns
+        self.journal_held = False
         self.handled = salvage.handled if salvage else 0  # Deliver messages handled (idle-stop handshake)
         self.lock = TurnLock(turn_lock_path(deps.root, info.profile)) if deps.cross_process_lock else None
         self.idle_timer: TimerHandle | None = None
@@ -206,7 +215,7 @@ class ProfileActor(TypedActor):
 
     def _enqueue(self, delivery: Delivery, enqueued: float) -> None:
         self.queue[delivery.delivery_id] = (delivery, enqueued)
-        waits = self.running is not None or len(self.queue) > 1 or self.owner_busy is not None
+        waits = self.running is not None or len(self.queue) > 1 or self.owner_busy is not None or self.journal_held
         if waits and not exempt_from_queue_bounds(delivery):  # a wake's wait is not timed
             self._arm_wait()
 
@@ -241,7 +250,7 @@ class ProfileActor(TypedActor):
         # than that for its own turn.
         holding = False
         try:
-            while self.running is None and self.owner_busy is None and self.queue:
+            while self.running is None and self.owner_busy is None and not self.journal_held and self.queue:
                 delivery, enqueued = next(iter(self.queue.values()))
                 gate = self.deps.gates.open(self.info.profile, delivery.delivery_id)
                 if gate is None:  # the gateway stops: it stays queued, for the WindDown (or the stop) to settle
@@ -259,6 +268,7 @@ class ProfileActor(TypedActor):
                 # handed describes this turn only: an earlier owner handoff must not make an inline turn's crash
                 # (salvage) or give-up (_settle_unbegun) look like an owner's turn
                 self.running, self.gate, self.handed = delivery, gate, False
+                self.running_since = enqueued
                 if inline:
                     self._run_inline(delivery)
                 else:
@@ -315,9 +325,46 @@ class ProfileActor(TypedActor):
         self.turn_timer = self.timers.after(timeout, TurnTimeout(delivery.delivery_id)) if timeout > 0 else None
 
     def _turn_done(self, delivery: Delivery, result: TurnFinished) -> None:
-        outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
+        if result.unrecorded is not None and not self.winding_down:
+            self._hold_for_journal(delivery, result.unrecorded)
+            return
+        if result.unrecorded is not None:  # the stop began while it tried: it never ran, and runs no more here
+            outcome = outcomes.cancelled(delivery.delivery_id, delivery.label)
+        else:
+            outcome = outcome_of_turn(delivery, result)  # before clearing: a crash here leaves it salvageable
         self._end_running()
         self._settle(outcome)
+
+    def _hold_for_journal(self, delivery: Delivery, error: BaseException) -> None:
+        """The turn's ``started`` record failed in the delivery journal (a full disk): it never ran, and is no failure.
+
+        It goes back to the head of the queue with the time it was first queued (a DM's wait stays bounded by
+        ``turn_wait_seconds``, then it fails ``target_busy`` as any DM that waited too long; a wake waits however
+        long), and no turn starts until the Dispatcher, told :class:`TurnHeld`, says the journal may take records
+        again (:class:`ResumeTurns`: a commit landed, or its retry timer fired).
+
+        Args:
+            delivery: the turn's delivery (the running one).
+            error: why its record failed.
+        """
+        enqueued = self.running_since
+        self._end_running()
+        key = delivery.delivery_id
+        self.queue[key] = (delivery, enqueued)
+        self.queue.move_to_end(key, last=False)
+        self.journal_held = True
+        if self.wait_timer is not None:  # armed for a younger DM: the head's wait runs out first
+            self.wait_timer.cancel()
+            self.wait_timer = None
+        self._arm_wait()
+        logger.debug("{}: turn {} queued again: its started record failed ({})", self.info.profile, key, error)
+        tell(self.deps.dispatcher, TurnHeld(self.info.profile, error))
+
+    @handles(ResumeTurns)
+    def _on_resume_turns(self, msg: ResumeTurns) -> None:
+        """The journal may take records again: the held turn starts again (held anew should its record fail)."""
+        self.journal_held = False
+        self._pump()
 
     def _end_running(self) -> None:
         """The running turn is over for this actor (finished, or given up on before it began): its gate

@@ -19,13 +19,14 @@ instance what the crashed one held first: a profile's turns keep their order acr
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, ChildFailed, Link, Reply, SupervisorActor, ask_later
+from actors import ActorGone, AskTimeout, ChildFailed, Link, Reply, SupervisorActor, ask_later, tell
 from hermes_actors.local.profile_actor import ProfileActor
 from hermes_actors.local.profile_deps import ProfileDeps, ProfileSalvage
 from hermes_actors.local.profile_outcomes import kept_at_stop
@@ -36,6 +37,7 @@ from hermes_actors.messages import (
     DetachOwner,
     ProfileIdle,
     ProfileInfo,
+    ResumeTurns,
     StopProfile,
     TurnFinished,
     WindDown,
@@ -204,6 +206,16 @@ class ProfileTable:
             ref.tell(result)
         except pykka.ActorDeadError:  # crashed again just now: its restart takes it
             self.returned.setdefault(profile, []).append(result)
+
+    def resume_turns(self, profiles: Iterable[str]) -> None:
+        """Tell the ProfileActors of ``profiles``, holding their turns for the journal, that it may take records
+        again (``JournalDurability.write_held``). One that is down or gone holds nothing: its restart, or the next
+        one started, starts its turns anyway (and is held again should a started record fail)."""
+        self.flush()
+        for profile in profiles:
+            ref = self.supervisor.child_ref(profile)
+            if ref is not None and not self.supervisor.child_down(profile):
+                tell(ref, ResumeTurns())
 
     def hand_returned(self, profile: str) -> None:
         """Tell the restarted ProfileActor of ``profile`` the owner results that waited for it (see above)."""

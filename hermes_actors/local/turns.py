@@ -15,8 +15,11 @@ Failure paths and what the sender gets (docs/reliability.md):
   never retried automatically (the runner asked to stop, not to be run again);
 - the runner raises ``TurnFailed(..., ambiguous=True)`` (the message may have reached
   its target before the failure): ``ambiguous``, never retried;
-- anything failing before the runner is called (the turn lock, the journal, building
-  the turn): ``failed`` at once with ``runtime_offline`` (retryable), see :func:`never_ran`;
+- anything failing before the runner is called (the turn lock, a relay or room start mark,
+  building the turn): ``failed`` at once with ``runtime_offline`` (retryable), see :func:`never_ran`;
+- the turn's ``started`` record the delivery journal cannot take (a full disk): no outcome,
+  the turn never ran and its ProfileActor queues it again until the journal writes again,
+  see :func:`not_recorded`;
 - a runner with a ``prepare_retry(turn, began)`` hook decides whether the policy retry
   runs (:func:`retry_allowed`): the hermes runners take back a DM hermes-agent 0.19
   stored before its provider failed, so the retry does not put it in the session twice.
@@ -62,6 +65,7 @@ __all__ = [
     "forget_failed",
     "never_ran",
     "not_begun",
+    "not_recorded",
     "retry_allowed",
     "turn_factory_here",
     "turn_for",
@@ -111,6 +115,23 @@ def never_ran(delivery_id: str, step: str, exc: BaseException | str) -> TurnFini
     detail = exc if isinstance(exc, str) else describe_error(exc)
     text = f"{step} failed ({detail}); the DM was NOT delivered. Resend shortly."
     return TurnFinished(delivery_id, None, text[0].upper() + text[1:], RUNTIME_OFFLINE)
+
+
+def not_recorded(delivery_id: str, exc: StoreError) -> TurnFinished:
+    """Pure: the result of a turn whose ``started`` record the delivery journal could not take (a full disk).
+
+    Not a failure: the runner was never called, and the journal already holds the DM (accepted), so its
+    ProfileActor queues it again, at the head, and starts no turn until the journal writes again (the
+    Dispatcher's ``ResumeTurns``). ``error`` still says what :func:`never_ran` would, should anything read it.
+
+    Args:
+        delivery_id: the delivery.
+        exc: why the record failed.
+
+    Returns:
+        A not-run :class:`TurnFinished` whose ``unrecorded`` is ``exc``.
+    """
+    return replace(never_ran(delivery_id, "recording the turn durably", exc), unrecorded=exc)
 
 
 _running = threading.local()  # .factory: the TurnFactory of the gateway whose turn the calling thread runs
@@ -504,7 +525,8 @@ def execute_turn(
             with ``target_busy`` (the turn never runs).
         make_turn: builds the runner's ``Turn`` (attempt 1), given the flock's fd.
         journal: in durable mode, the turn's start is on disk before it runs,
-            so a crash mid-turn is recovered as ``ambiguous``, never re-run.
+            so a crash mid-turn is recovered as ``ambiguous``, never re-run. A start the
+            delivery journal cannot take ends in :func:`not_recorded` (the turn is queued again).
         held: the caller holds ``lock`` (``TurnLock.try_acquire``) and releases it
             (a ProfileActor holds it across a burst of inline turns).
         gate: the ProfileActor gives up on the turn there when its time ran out: the DM already
@@ -561,6 +583,8 @@ def _execute_turn(
             try:
                 journal.append_durably({"t": "started", "id": delivery.delivery_id, "attempt": 1})
             except StoreError as exc:
+                if isinstance(journal, Journal):  # the delivery journal: it holds the DM, queued again
+                    return not_recorded(delivery.delivery_id, exc)
                 return never_ran(delivery.delivery_id, "recording the turn durably", exc)
         crashpoint("mid-wake" if delivery.origin == WAKE_ORIGIN else "mid-turn")
         try:

@@ -130,6 +130,9 @@ class Journal:
         # Set under the write turn, read under ``_cond``.
         self._homeless = False
         self._recheck_due = False  # an acceptance was refused while homeless: the writer thread tries again
+        # Commits whose write failed since one last landed (a full disk): the first is said at ERROR, the others
+        # at DEBUG, and the write that lands again says the end (:meth:`_said_failed`). Under the write turn.
+        self._failed_writes = 0
         self.records = 0
         self.listener: BatchListener | None = None  # told of each durable batch's tokens
         self.compactions = 0
@@ -567,9 +570,10 @@ class Journal:
             try:
                 if items:
                     self._write_now(lines, flush=batch.flush)
+                    self._said_landed()
             except OSError as exc:
                 batch.error = exc
-                logger.error("journal write failed for {} record(s): {}", len(items), exc)
+                self._said_failed(len(items), exc)
             except BaseException as exc:  # a bug or an interrupt: its waiters must not think it landed
                 batch.error = exc
                 logger.opt(exception=exc).error("journal write failed for {} record(s)", len(items))
@@ -626,6 +630,31 @@ class Journal:
                     self._file.close()
         if interrupt is not None:
             raise interrupt
+
+    def _said_failed(self, count: int, exc: OSError) -> None:
+        """A commit's write failed (under the write turn): said once per spell, at ERROR with the file and what to do.
+
+        A full disk fails every commit (hundreds a second while DMs flow): each one after the first is
+        said at DEBUG only, until a write lands again (:meth:`_said_landed`).
+
+        Args:
+            count: the batch's records (none of them is in the file).
+            exc: the write's error.
+        """
+        self._failed_writes += 1
+        if self._failed_writes == 1:
+            logger.error("journal write failed for {} record(s): {}. Each record of a failed write is refused or "
+                         "held to be written again; the failed writes that follow are logged at DEBUG until one "
+                         "lands", count, store_error("write", self.path, exc))
+        else:
+            logger.debug("journal write failed for {} record(s): {}", count, exc)
+
+    def _said_landed(self) -> None:
+        """A commit's write landed (under the write turn): after failed ones, the end of the spell is said (INFO)."""
+        if self._failed_writes:
+            logger.info("the delivery journal {} takes records again ({} failed write(s) before)", self.path,
+                        self._failed_writes)
+            self._failed_writes = 0
 
     def _write_now(self, lines: list[bytes], *, flush: bool = True) -> None:
         """Write ``lines`` to our file under the write turn (see :meth:`JournalFile.write`) and count them."""
