@@ -384,8 +384,15 @@ def test_a_stop_while_turns_are_held_for_the_journal_keeps_them_for_the_next_sta
         assert gw2.wait_outcome(key, timeout=30)["status"] == "replied", key
     assert Counter(t.delivery_id for t in again.entered if t.delivery_id in keys) == dict.fromkeys(keys, 1)
     assert first not in {t.delivery_id for t in again.entered}, "the turn that ran is never run again"
-    await_condition(lambda: len(seen.of(first) + seen_again.of(first)) == 1, timeout=10,
-                    message="the first DM's one outcome (replied, or ambiguous when its record was held at the stop)")
+    # The first DM's one outcome: replied, or ambiguous when its record was held at the stop. A subscriber of each
+    # run hears it at most once, and the same: when its `finished` record landed in the first run but its
+    # `delivered` one did not (the disk full by then), the next start publishes it again, identical
+    # (reliability.md: once per process).
+    status = gw2.wait_outcome(first, timeout=30)["status"]
+    assert status in {"replied", "ambiguous"}, status
+    await_condition(lambda: seen.of(first) + seen_again.of(first), timeout=10, message="the first DM's outcome told")
+    assert set(seen.of(first) + seen_again.of(first)) == {status}, (seen.of(first), seen_again.of(first))
+    assert len(seen.of(first)) <= 1 and len(seen_again.of(first)) <= 1, (seen.of(first), seen_again.of(first))
 
 
 def test_a_relayed_outcome_whose_records_failed_is_written_again_and_only_then_its_relay_record_goes(
