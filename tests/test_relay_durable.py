@@ -17,13 +17,14 @@ from roots import LogCapture, RecordingRunner, body_of, make_root, send_dm, star
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
-from hermes_actors.errors import HostileFileError
+from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope
-from hermes_actors.relay.restart import taken_action
+from hermes_actors.relay.restart import SentScan, scan_sent, taken_action
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, take_from_inbox
 from hermes_actors.store.relay_paths import RelayPaths
+from hermes_actors.store.relay_sent import queueing_name, record_sent
 from hermes_actors.store.relay_shelf import LOCK_NAME, Shelf
 
 
@@ -444,6 +445,43 @@ def test_our_own_envelopes_are_resumed_from_the_sent_record_after_a_restart(
     assert gw.wait_outcome(sent, timeout=10)["reply"] == "late but here"
     await_condition(lambda: not (alpha / "bot_relay" / "sent" / f"{sent}.json").exists(), timeout=10,
                     message="the sent record dropped once reported")
+
+
+def test_a_restart_takes_back_an_envelope_still_staged_so_a_living_sender_never_queues_it(tmp_path: Path) -> None:
+    """A second gateway starting on the root while the first is between a DM's sent/ record and the rename into
+    outbox/: the start's take (a rename of the staged envelope) decides, so the first one's rename fails and it
+    answers "Nothing was sent" (its caller is never acked), and the start settles the DM as never sent; no
+    envelope reaches outbox/. A record whose envelope was queued, or staged by an older version under a random
+    name, is waited for as before (nothing proves it never left)."""
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    paths = InboxPaths.from_root(alpha).ensure()
+    envelope = seed_envelope(target_connection="mini", target_profile="moxie")
+    envelope_id = envelope["id"]
+    scans: list[SentScan] = []
+
+    def record_then_a_start_scans() -> None:
+        record_sent(paths, envelope_id, "@moxie on mini", now=time.time())
+        scans.append(scan_sent(paths))  # what a gateway starting at this moment sees
+
+    with pytest.raises(StoreError):
+        rf.enqueue_envelope(paths.relay, envelope, staged_as=queueing_name(envelope_id),
+                            before_queued=record_then_a_start_scans)
+    ((scan),) = scans
+    assert [r.envelope_id for r in scan.never_queued] == [envelope_id] and scan.ours == []
+    assert rf.list_ids(paths.relay.outbox) == []
+    assert not (paths.relay.tmp / queueing_name(envelope_id)).exists()
+    # a start that died before the outcome was journaled: the next one still knows it never left
+    assert [r.envelope_id for r in scan_sent(paths).never_queued] == [envelope_id]
+
+    queued = seed_envelope(target_connection="mini", target_profile="moxie")
+    rf.enqueue_envelope(paths.relay, queued, staged_as=queueing_name(queued["id"]),
+                        before_queued=lambda: record_sent(paths, queued["id"], "@moxie on mini", now=time.time()))
+    older = uuid.uuid4().hex  # an older version's record: its envelope staged under a random name, if at all
+    record_sent(paths, older, "@moxie on mini", now=time.time())
+    (paths.relay.tmp / f".{older}.json.0123456789abcdef.tmp").write_text("{}")
+    scan = scan_sent(paths)
+    assert sorted(r.envelope_id for r in scan.ours) == sorted([queued["id"], older])
+    assert [r.envelope_id for r in scan.never_queued] == [envelope_id]
 
 
 # ── item 4: seed timestamps ─────────────────────────────────────────────────

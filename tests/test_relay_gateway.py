@@ -98,8 +98,8 @@ def test_a_reply_that_lands_before_the_send_returns_still_settles_the_dm(
     gw = start(gateways, root)
     real_enqueue = rf.enqueue_envelope
 
-    def enqueue_and_answer_at_once(paths: RelayPaths, envelope: dict[str, Any]) -> Path:
-        queued_at = real_enqueue(paths, envelope)
+    def enqueue_and_answer_at_once(paths: RelayPaths, envelope: dict[str, Any], **how: Any) -> Path:
+        queued_at = real_enqueue(paths, envelope, **how)
         rf.write_reply(paths, reply_record(envelope["id"], reply="faster than you"))
         return queued_at
 
@@ -371,6 +371,35 @@ def test_a_gateway_killed_after_its_expiry_reply_files_the_envelope_in_claimed_a
     assert (out["status"], out["reason"]) == ("failed", "queued_expired"), out
     assert (relay(root) / "claimed" / f"{envelope}.json").exists()
     assert not (relay(root) / "expiring" / f"{envelope}.json").exists()
+    assert turns_logged(root) == []
+
+
+def test_a_gateway_killed_between_the_sent_record_and_the_outbox_reports_not_sent_at_once_after_restart(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """The sending gateway was SIGKILLed after the DM's sent/ record, before its envelope reached outbox/ (the
+    chaos run's kill mid-write): the restart finds the envelope still staged, so it was never sent, and says so
+    at once (failed cancelled, NOT sent, resend) instead of waiting out reply_wait_seconds (900 s here) for a
+    delivery_timeout "may still be delivered". Its sent/ record and staged file are gone afterwards."""
+    root = sender_root(tmp_path)
+    first = run_child(root, "expire", crash_at="relay-after-sent-record")
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    assert first.of("ack") == []  # killed inside the send: the DM was never acked
+    (record,) = (relay(root) / "sent").glob("*.json")
+    envelope = record.stem
+    assert outbox_ids(root) == []
+    assert (root / rp.TMP / f".{envelope}.queueing").exists()
+
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])  # fresh for the restart
+    gw = start(gateways, root)  # the default budgets: 900 s each
+    out = gw.wait_outcome(envelope, timeout=10)
+    assert (out["status"], out["reason"], out["retryable"]) == ("failed", "cancelled", True), out
+    assert "NOT sent" in out["error"] and "@moxie on mini" in out["error"], out
+    await_condition(lambda: not record.exists() and not (root / rp.TMP / f".{envelope}.withdrawn").exists(),
+                    timeout=10, message="the sent record and the withdrawn envelope dropped once reported")
+    assert outbox_ids(root) == [] and not (relay(root) / "claimed" / f"{envelope}.json").exists()
+    assert not (root / rp.TMP / f".{envelope}.queueing").exists()
+    assert gw.stats()["relay"]["waiting"] == 0
     assert turns_logged(root) == []
 
 

@@ -1,6 +1,7 @@
 """Our envelopes in the file relay, from the ack to their outcome (the RelayActor's sender half).
 
-Each envelope is recorded in ``sent/`` before it is queued in ``outbox/``; when
+Each envelope is recorded in ``sent/`` before it is queued in ``outbox/`` (staged complete first, so a
+restart tells one its killed gateway never queued, and settles it as not sent at once); when
 ``replies/<id>.json`` appears (a watchdog event; the periodic rescan is only the
 fallback) its outcome is reported; at the TTL the sender expires its own undrained
 envelope (claim by rename into ``expiring/`` first, then the ``queued_expired``
@@ -44,9 +45,22 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, mark_consumed
 from hermes_actors.store.relay_quarantine import quarantine
-from hermes_actors.store.relay_sent import claim_for_expiry, clear_sent, finish_expiry, record_sent
+from hermes_actors.store.relay_sent import (
+    claim_for_expiry,
+    clear_sent,
+    drop_withdrawn,
+    finish_expiry,
+    queueing_name,
+    record_sent,
+)
 
-__all__ = ["Outbound", "Waiting"]
+__all__ = ["Outbound", "Waiting", "never_queued_text"]
+
+
+def never_queued_text(label: str) -> str:
+    """Pure: why a DM its gateway was killed while queueing is reported NOT sent after the restart."""
+    return (f"The gateway stopped while queueing the message for {label}: it never reached the relay, so it was "
+            "NOT sent. Resend it.")
 
 
 @dataclass
@@ -80,6 +94,7 @@ class Outbound:
         self.counters = counters
         self.waiting: dict[str, Waiting] = {}
         self.resumed: tuple[ResumedSend, ...] = ()  # kept until the Gateway's ResumeRelay takes them
+        self.withdrawn: set[str] = set()  # never queued before a restart: their staged file goes once forgotten
 
     def send(self, msg: RelaySend) -> dict[str, Any]:
         """Record and queue one envelope; the ack dict, or a refusal dict (nothing queued)."""
@@ -95,11 +110,17 @@ class Outbound:
             now=time.time(),
             extra={"hop": delivery.hop},
         )
-        try:  # recorded as ours before it is queued: a restart resumes exactly what we sent
+        def record() -> None:
             record_sent(self.paths, envelope["id"], route.label, now=envelope["created_at"],
                         sender=route.sender.profile, sender_handle=route.sender.handle, hop=delivery.hop,
                         wake=delivery.wake)
-            rf.enqueue_envelope(self.paths.relay, envelope)
+            crashpoint("relay-after-sent-record")
+
+        # Recorded as ours before it is queued (a restart resumes exactly what we sent), and staged complete
+        # before it is recorded: a restart that finds the staged file knows it never reached outbox/.
+        try:
+            rf.enqueue_envelope(self.paths.relay, envelope, staged_as=queueing_name(envelope["id"]),
+                                before_queued=record)
         except (StoreError, ValidationError, OSError) as exc:
             clear_sent(self.paths, envelope["id"])
             return {"error": f"Could not queue the message for {route.label}: {exc}. Nothing was sent.",
@@ -122,14 +143,26 @@ class Outbound:
         self.waiting[envelope_id] = Waiting(label, timers, expires_at, resumed)
 
     def resume(self) -> None:
-        """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those)."""
+        """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those).
+
+        One its killed gateway never queued (:func:`~hermes_actors.relay.restart.scan_sent`'s ``never_queued``)
+        is settled at once as not sent (``cancelled``), never waited for: no reply can come.
+        """
         scan = scan_sent(self.paths)
         now = time.time()
         resumed: list[ResumedSend] = []
-        for record in scan.ours:
-            if record.envelope_id not in self.waiting:
-                resumed.append(ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle,
-                                           record.hop, record.wake))
+        never: list[ResumedSend] = []
+        never_ids = {record.envelope_id for record in scan.never_queued}
+        for record in (*scan.ours, *scan.never_queued):
+            if record.envelope_id in self.waiting:
+                continue
+            entry = ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle, record.hop,
+                                record.wake)
+            resumed.append(entry)
+            if record.envelope_id in never_ids:
+                never.append(entry)
+                self.waiting[record.envelope_id] = Waiting(record.label, [], None, resumed=True)
+            else:
                 self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), resumed=True)
         self.counters["quarantined"] += scan.quarantined
         self.resumed = tuple(resumed)
@@ -137,9 +170,16 @@ class Outbound:
             logger.info("relay: resumed waiting for {} envelope(s) of ours after restart; left {} in outbox/ that "
                         "this root did not record as sent by this gateway (a seed gateway's or forged: the Desktop "
                         "or the hub deals with them); quarantined {} bad sent record(s)",
-                        len(resumed), scan.not_ours, scan.quarantined)
+                        len(resumed) - len(never), scan.not_ours, scan.quarantined)
+        if never:
+            logger.warning("relay: {} envelope(s) of ours never reached outbox/ (the gateway was killed while "
+                           "queueing them): answered cancelled, NOT sent", len(never))
         if resumed:
             self.dispatcher.tell(RelayResumed(self.resumed))
+        for entry in never:  # after RelayResumed, as a reply: the Dispatcher knows whom the outcome wakes
+            self.withdrawn.add(entry.envelope_id)
+            self._report(entry.envelope_id, outcomes.failed(entry.envelope_id, entry.label,
+                                                            never_queued_text(entry.label), "cancelled"))
         for entry in resumed:  # after RelayResumed: the Dispatcher knows whom a reply already here wakes
             self.check_reply(entry.envelope_id)
 
@@ -184,6 +224,9 @@ class Outbound:
         except (StoreError, OSError, ValidationError) as exc:
             logger.warning("relay: could not mark {} consumed: {}", envelope_id, exc)
         clear_sent(self.paths, envelope_id)
+        if envelope_id in self.withdrawn:  # last: while its sent/ record is there, this file proves it never left
+            self.withdrawn.discard(envelope_id)
+            drop_withdrawn(self.paths, envelope_id)
 
     def ttl_deadline(self, envelope_id: str) -> None:
         """The TTL of one of our envelopes ran out: expire it unless it was reported meanwhile."""

@@ -13,7 +13,10 @@ Drain side: the envelopes a dead gateway had taken (adopted from its shelf,
 
 Sender side: only the envelopes ``sent/`` records as ours are waited for again;
 anything else in ``outbox/`` or ``claimed/`` (a seed gateway's DM on the same
-root, or a forged file) is left for the Desktop or the hub and only counted.
+root, or a forged file) is left for the Desktop or the hub and only counted. A
+recorded envelope whose staged file shows it never reached ``outbox/`` (its
+gateway died between the ``sent/`` record and the rename) is not waited for: it
+was never sent (:func:`~hermes_actors.store.relay_sent.withdraw_unqueued`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
-from hermes_actors.store.relay_sent import SentRecord, clear_sent, list_sent
+from hermes_actors.store.relay_sent import SentRecord, clear_sent, list_sent, withdraw_unqueued
 from hermes_actors.store.relay_shelf import Adopted
 
 __all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "taken_action"]
@@ -185,6 +188,7 @@ class SentScan:
     """The sender side at start."""
 
     ours: list[SentRecord] = field(default_factory=list)  # still waiting for a reply
+    never_queued: list[SentRecord] = field(default_factory=list)  # recorded, provably never reached outbox/
     not_ours: int = 0  # envelopes waiting in outbox/ that sent/ does not record
     quarantined: int = 0
 
@@ -193,6 +197,10 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     """The envelopes to wait for again, from ``sent/`` only; count what is not ours.
 
     An envelope whose reply was already reported (``consumed/``) is forgotten.
+    One its killed gateway never queued (its staged file is still in the temp
+    directory: :func:`~hermes_actors.store.relay_sent.withdraw_unqueued`, which
+    takes it back) is in ``never_queued``, for the caller to settle as not sent;
+    when that cannot be told (the temp directory unusable) it is waited for as before.
     Invalid ``sent/`` records are quarantined. ``outbox/`` is only listed (names,
     nothing read, nothing kept): a flood of forged files costs no memory.
 
@@ -207,12 +215,23 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     for path in bad:
         quarantine(paths.relay, path, "not a valid sent record")
         scan.quarantined += 1
-    ours: set[str] = set()
-    for record in records:
-        if is_consumed(paths, record.envelope_id):
-            clear_sent(paths, record.envelope_id)
-            continue
-        scan.ours.append(record)
-        ours.add(record.envelope_id)
+    waiting = [record for record in records if not _forgotten(paths, record)]
+    try:
+        never = withdraw_unqueued(paths, [record.envelope_id for record in waiting])
+    except (OSError, ValidationError) as exc:  # HostileFileError included: unknown, so waited for as before
+        logger.warning("relay: could not look for envelopes a killed gateway never queued in {}: {}; waiting for "
+                       "every recorded one as before", paths.relay.tmp, exc)
+        never = set()
+    for record in waiting:
+        (scan.never_queued if record.envelope_id in never else scan.ours).append(record)
+    ours = {record.envelope_id for record in waiting}
     scan.not_ours = sum(1 for envelope_id in rf.list_ids(paths.relay.outbox) if envelope_id not in ours)
     return scan
+
+
+def _forgotten(paths: InboxPaths, record: SentRecord) -> bool:
+    """Whether the envelope's outcome was reported already (``consumed/``): its ``sent/`` record is cleared."""
+    if not is_consumed(paths, record.envelope_id):
+        return False
+    clear_sent(paths, record.envelope_id)
+    return True

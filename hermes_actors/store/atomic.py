@@ -21,7 +21,7 @@ The hostile-aware read, :func:`read_json_file`, is in :mod:`hermes_actors.store.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,8 @@ def atomic_write_json(
     sort_keys: bool = False,
     fsync: bool = False,
     within: Path | None = None,
+    temp_name: str | None = None,
+    before_rename: Callable[[], None] | None = None,
 ) -> None:
     """Atomically replace ``target`` with ``payload`` as JSON, mode 0600.
 
@@ -128,6 +130,8 @@ def atomic_write_json(
         within: a directory holding ``target`` (e.g. ``bot_relay/``): it and every directory below
             it on the way to ``target`` must be ours and no symlink at the moment of the write; so must
             those on the way to ``tmp_dir`` when it is below ``within`` too (a live mailbox's ``.tmp/``).
+        temp_name: as for :func:`atomic_write_bytes`.
+        before_rename: as for :func:`atomic_write_bytes`.
 
     Raises:
         HostileFileError: ``target``'s directory or ``tmp_dir`` is a symlink
@@ -137,7 +141,8 @@ def atomic_write_json(
             denied, ...); the temp file is gone and ``target`` is untouched.
     """
     data = _json_bytes(target, payload, verb="write", sort_keys=sort_keys)
-    atomic_write_bytes(target, data, tmp_dir=tmp_dir, fsync=fsync, within=within)
+    atomic_write_bytes(target, data, tmp_dir=tmp_dir, fsync=fsync, within=within, temp_name=temp_name,
+                       before_rename=before_rename)
 
 
 def atomic_write_bytes(
@@ -148,6 +153,8 @@ def atomic_write_bytes(
     mode: int = FILE_MODE,
     fsync: bool = False,
     within: Path | None = None,
+    temp_name: str | None = None,
+    before_rename: Callable[[], None] | None = None,
 ) -> None:
     """Atomically replace ``target`` with ``data``; the new file gets exactly ``mode``.
 
@@ -159,13 +166,25 @@ def atomic_write_bytes(
         mode: the new file's permission bits (default 0600; the umask does not apply).
         fsync: fsync the data before the rename.
         within: as for :func:`atomic_write_json`.
+        temp_name: the temp's name in ``tmp_dir`` (None: a fresh random hidden one), for a writer that must
+            recognise its temp after a crash; it must not match ``*.json``.
+        before_rename: called once the complete temp is written, before the rename puts it in place (a
+            record that must exist whenever ``target`` does); what it raises discards the temp and is raised.
+            A rename that finds the temp gone (taken meanwhile by whoever reads the name) fails: StoreError.
 
     Raises:
         HostileFileError: as for :func:`atomic_write_json`.
         StoreError: any OS step failed (disk full, permission denied, ...); the temp
             file is gone and ``target`` is untouched.
     """
-    with staged(target, data, tmp_dir=tmp_dir, verb="write", fsync=fsync, mode=mode, within=within) as (tmp, dir_fd):
+    with staged(target, data, tmp_dir=tmp_dir, verb="write", fsync=fsync, mode=mode, within=within,
+                name=temp_name) as (tmp, dir_fd):
+        if before_rename is not None:
+            try:
+                before_rename()
+            except BaseException:
+                discard(tmp, dir_fd, tmp_dir)
+                raise
         try:
             with _target_dir(target, within) as target_fd:
                 os.replace(tmp, target if target_fd is None else target.name, src_dir_fd=dir_fd, dst_dir_fd=target_fd)

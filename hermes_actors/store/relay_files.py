@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,12 +149,17 @@ def _warn_roster(path: Path, version: tuple[int, int, int] | None, text: str) ->
 # ── envelopes ───────────────────────────────────────────────────────────────
 
 
-def enqueue_envelope(paths: RelayPaths, envelope: dict[str, Any]) -> Path:
+def enqueue_envelope(paths: RelayPaths, envelope: dict[str, Any], *, staged_as: str | None = None,
+                     before_queued: Callable[[], None] | None = None) -> Path:
     """Atomically write an envelope into ``outbox/`` (0600, via the temp directory).
 
     Args:
         paths: the relay layout.
         envelope: an envelope (see ``make_envelope``).
+        staged_as: the name of its complete temp in the temp directory (None: a random one); see
+            :func:`hermes_actors.store.relay_sent.queue_own_envelope`, which must find it after a crash.
+        before_queued: called between the complete temp and the rename into ``outbox/``; what it raises
+            leaves nothing queued and is raised.
 
     Returns:
         The outbox file.
@@ -161,13 +167,14 @@ def enqueue_envelope(paths: RelayPaths, envelope: dict[str, Any]) -> Path:
     Raises:
         ValidationError: the envelope is invalid (nothing is written).
         HostileFileError: a relay directory is hostile.
-        StoreError: the write failed.
+        StoreError: the write failed (or the staged temp was taken away before the rename): nothing queued.
     """
     env = parse_envelope(envelope)
     target = paths.id_file(paths.outbox, env["id"])
     ensure_private_dir(paths.outbox, within=paths.root)
     ensure_private_dir(paths.tmp, within=paths.root)
-    atomic_write_json(target, env, tmp_dir=paths.tmp, within=paths.base)
+    atomic_write_json(target, env, tmp_dir=paths.tmp, within=paths.base, temp_name=staged_as,
+                      before_rename=before_queued)
     return target
 
 

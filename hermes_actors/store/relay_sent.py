@@ -6,33 +6,48 @@ resumed after a restart (an envelope a seed gateway queued on the same root, or 
 forged one, is never taken for ours). At its TTL our envelope is taken back from
 ``outbox/`` into ``expiring/`` and moves on to ``claimed/`` once its
 ``queued_expired`` reply is written (a restart finishes it).
+
+The order of a send is what a restart reads back: the complete envelope is staged in the
+temp directory under a name of its own (:func:`queueing_name`, ``.<id>.queueing``), then
+its ``sent/`` record is written, then the rename queues it in ``outbox/``. A ``sent/``
+record whose staged envelope is still there after a crash never left this root's writer:
+:func:`withdraw_unqueued` takes it by rename (``.<id>.withdrawn``), so a living writer on the
+same root finds it gone and fails its send instead of queueing it, and the restart settles it
+as never sent. A record without it was queued (or staged by an older version: unknown).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermes_actors.core.ids import id_of_file_name
+from loguru import logger
+
+from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.atomic import read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import rename_between
+from hermes_actors.store.relay_dirfd import open_dir_below, rename_between
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_marks import drop_mark, write_mark
 from hermes_actors.store.relay_quarantine import regular_or_quarantined
+from hermes_actors.store.temp_file import discard
 
 __all__ = [
     "SentRecord",
     "claim_for_expiry",
     "clear_sent",
+    "drop_withdrawn",
     "finish_expiry",
     "list_sent",
+    "queueing_name",
     "read_sent",
     "record_sent",
     "recorded_sender",
+    "withdraw_unqueued",
 ]
 
 
@@ -81,6 +96,93 @@ def record_sent(
     if wake is not None:
         record["wake"] = wake
     write_mark(paths, paths.sent, envelope_id, record, fsync=False)  # as durable as the envelope
+
+
+def queueing_name(envelope_id: str) -> str:
+    """Pure: the name of our envelope's complete temp while it is being queued (in the relay's temp directory).
+
+    Hidden and never ``*.json`` (no watcher, no listing takes it for an envelope), and unlike the random temp
+    names of every other write (``.<id>.json.<random>.tmp``: a reply's or a mark's for the same id look the
+    same) it names only this: the envelope, staged before its ``sent/`` record, not yet in ``outbox/``.
+
+    Raises:
+        ValidationError: the id is invalid.
+    """
+    return f".{validate_delivery_id(envelope_id, what='envelope id')}.queueing"
+
+
+def _withdrawn_name(envelope_id: str) -> str:
+    """Pure: the name a restart gives a staged envelope it took back (kept until its outcome is journaled)."""
+    return f".{validate_delivery_id(envelope_id, what='envelope id')}.withdrawn"
+
+
+def withdraw_unqueued(paths: InboxPaths, envelope_ids: list[str]) -> set[str]:
+    """At a start: which of our recorded envelopes provably never reached ``outbox/``; take them back.
+
+    Such an envelope's staged temp (:func:`queueing_name`) is still in the temp directory: its writer died
+    between the ``sent/`` record and the rename into ``outbox/``. The rename to ``.<id>.withdrawn`` decides
+    against a writer still alive on the same root (a second gateway in its send): it finds its temp gone and
+    tells its caller "Nothing was sent". One already withdrawn (by a start that died before its outcome was
+    journaled) counts too. Nothing else proves it: a record without either was queued, or was written by an
+    older version (which staged it under a random name), and is waited for as before; so is one whose temp
+    cannot be looked at (logged).
+
+    Args:
+        paths: the relay layout.
+        envelope_ids: the (valid) envelope ids ``sent/`` records as ours.
+
+    Returns:
+        The ids that never left this root's writer.
+
+    Raises:
+        HostileFileError: the temp directory (or a directory above it below the root) is refused.
+        OSError: the temp directory could not be opened (missing, permission).
+    """
+    if not envelope_ids:
+        return set()
+    fd = open_dir_below(paths.relay.root, paths.relay.tmp)
+    never: set[str] = set()
+    try:
+        for envelope_id in envelope_ids:
+            try:
+                if _withdraw(fd, envelope_id):
+                    never.add(envelope_id)
+            except OSError as exc:  # unknown: waited for as before
+                logger.warning("relay: could not tell whether {} left {} before the restart: {}; waiting for its "
+                               "reply as for any envelope of ours", envelope_id, paths.relay.tmp, exc)
+    finally:
+        os.close(fd)
+    return never
+
+
+def _withdraw(tmp_fd: int, envelope_id: str) -> bool:
+    """Take back one staged envelope from the temp directory ``tmp_fd``; whether it never reached ``outbox/``.
+
+    Raises:
+        OSError: the rename or the look failed for another reason than a missing file.
+    """
+    staged, withdrawn = queueing_name(envelope_id), _withdrawn_name(envelope_id)
+    try:
+        os.rename(staged, withdrawn, src_dir_fd=tmp_fd, dst_dir_fd=tmp_fd)
+        return True
+    except FileNotFoundError:
+        pass
+    try:
+        return stat.S_ISREG(os.lstat(withdrawn, dir_fd=tmp_fd).st_mode)
+    except FileNotFoundError:
+        return False  # queued (its rename into outbox/ happened), or staged by an older version
+
+
+def drop_withdrawn(paths: InboxPaths, envelope_id: str) -> None:
+    """Remove a withdrawn envelope once its outcome is journaled (never raises; the 6 h sweep is the fallback)."""
+    try:
+        fd = open_dir_below(paths.relay.root, paths.relay.tmp)
+    except (OSError, ValidationError):
+        return
+    try:
+        discard(_withdrawn_name(envelope_id), fd, paths.relay.tmp)
+    finally:
+        os.close(fd)
 
 
 def recorded_sender(data: dict[str, Any], *, profile_key: str = "from") -> tuple[str, str, int, bool | None]:

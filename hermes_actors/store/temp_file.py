@@ -104,7 +104,8 @@ def _open_temp_dir(tmp_dir: Path, within: Path | None = None) -> int:
     return fd
 
 
-def _write_temp(target: Path, data: bytes, *, dir_fd: int, tmp_dir: Path, fsync: bool, mode: int = FILE_MODE) -> str:
+def _write_temp(target: Path, data: bytes, *, dir_fd: int, tmp_dir: Path, fsync: bool, mode: int = FILE_MODE,
+                name: str | None = None) -> str:
     """Write ``data`` to a fresh temp file for ``target``.
 
     Args:
@@ -114,6 +115,7 @@ def _write_temp(target: Path, data: bytes, *, dir_fd: int, tmp_dir: Path, fsync:
         tmp_dir: its path (for messages).
         fsync: flush the file to stable storage before returning.
         mode: the temp's permission bits (exactly these: the umask does not apply).
+        name: the temp's name (None: a fresh random one); created with ``O_EXCL`` all the same.
 
     Returns:
         The temp file's name in ``dir_fd``.
@@ -121,7 +123,7 @@ def _write_temp(target: Path, data: bytes, *, dir_fd: int, tmp_dir: Path, fsync:
     Raises:
         OSError: the temp could not be created or written (it is removed).
     """
-    name = _temp_name(target)
+    name = name or _temp_name(target)
     fd = os.open(name, _WRITE_FLAGS, FILE_MODE, dir_fd=dir_fd)  # private until fchmod: nobody opens it meanwhile
     try:
         try:
@@ -161,7 +163,7 @@ def discard(name: str, dir_fd: int, tmp_dir: Path) -> None:
 @contextmanager
 def staged(
     target: Path, data: bytes, *, tmp_dir: Path, verb: str, fsync: bool, mode: int = FILE_MODE,
-    within: Path | None = None,
+    within: Path | None = None, name: str | None = None,
 ) -> Iterator[tuple[str, int]]:
     """``data`` written to a complete temp file for ``target``, ready to be put in place.
 
@@ -173,6 +175,8 @@ def staged(
         fsync: fsync the data before yielding.
         mode: the temp's (and so the target's) permission bits.
         within: the trusted directory of the write: a ``tmp_dir`` below it is walked from it.
+        name: the temp's name (None: a fresh random hidden one); a writer whose temp must be found again
+            after a crash names it (the relay's queued envelope: ``relay_sent.queueing_name``).
 
     Yields:
         The temp's name and the open temp directory's fd (closed on exit); the caller puts
@@ -189,7 +193,7 @@ def staged(
         raise store_error(verb, target, exc) from exc
     try:
         try:
-            tmp = _write_temp(target, data, dir_fd=dir_fd, tmp_dir=tmp_dir, fsync=fsync, mode=mode)
+            tmp = _write_temp(target, data, dir_fd=dir_fd, tmp_dir=tmp_dir, fsync=fsync, mode=mode, name=name)
         except OSError as exc:
             raise store_error(verb, target, exc) from exc
         yield tmp, dir_fd
