@@ -23,6 +23,7 @@ from hermes_actors.cli.render import (
 )
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.ids import is_delivery_id
+from hermes_actors.ops.journal_index import JournalIndex
 from hermes_actors.store.hermes_root import existing_root
 
 __all__ = ["cmd_doctor", "cmd_outcome", "cmd_status", "host_status"]
@@ -69,17 +70,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _lookup(root: Any, delivery_id: str, wait: float) -> dict[str, Any]:
-    """One lookup: the host when one runs (waiting up to ``wait`` there), else the files."""
+def _lookup(root: Any, delivery_id: str, wait: float, journals: JournalIndex) -> dict[str, Any]:
+    """One lookup: the host when one runs (waiting up to ``wait`` there), else the files.
+
+    ``journals``: the root's journals as the previous lookups read them (only what was appended
+    since is read).
+    """
     from hermes_actors.hermes.submit import HostOffline, fetch_outcome
     from hermes_actors.ops.journal_view import find_outcome
 
     try:
         answer = fetch_outcome(root, delivery_id, wait=min(wait, _WAIT_SLICE))
     except (HostOffline, TimeoutError, PermissionError, ValueError, OSError):
-        return find_outcome(root, delivery_id)
+        return find_outcome(root, delivery_id, index=journals)
     if answer.get("status") == "unknown" or "status" not in answer:
-        return find_outcome(root, delivery_id)  # e.g. journaled by another process on the root
+        return find_outcome(root, delivery_id, index=journals)  # e.g. journaled by another process on the root
     return answer
 
 
@@ -92,8 +97,9 @@ def cmd_outcome(args: argparse.Namespace) -> int:
         return 2
     existing_root(args.root)
     deadline = time.monotonic() + (args.wait or 0.0)
+    journals = JournalIndex()  # a --wait polls the files: each poll reads only what was appended
     while True:
-        outcome = _lookup(args.root, delivery_id, max(0.0, deadline - time.monotonic()))
+        outcome = _lookup(args.root, delivery_id, max(0.0, deadline - time.monotonic()), journals)
         if outcome.get("status") != "pending" or time.monotonic() >= deadline:
             break
         if not _waits_at_host(args.root):

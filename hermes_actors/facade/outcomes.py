@@ -4,7 +4,9 @@ While the gateway runs it asks the Dispatcher; once the Dispatcher stopped (or f
 it answers from the outcomes the Dispatcher handed over; before a start and after a
 stop, from the root's journal and relay files. :class:`OutcomeWaits` keeps the
 handed-over outcomes and the waits on the Dispatcher, which a stop answers at once,
-so none sits out its timeout on a Dispatcher that will never answer.
+so none sits out its timeout on a Dispatcher that will never answer, and the root's
+journals as read so far (:class:`~hermes_actors.ops.journal_index.JournalIndex`): a look-up
+in the files reads only what was appended since the last one, not every journal again.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hermes_actors.facade.options import ASK_TIMEOUT
 from hermes_actors.local.outcome_book import Packed, unpack_outcome
 from hermes_actors.local.sending import outcome_future
 from hermes_actors.messages import CheckOutcome
+from hermes_actors.ops.journal_index import JournalIndex
 
 __all__ = ["CHECK_GRACE", "OutcomeWaits", "outcome_on_file"]
 
@@ -35,7 +38,8 @@ class _Stopped(Exception):
     """Set on a wait's future when the gateway stopped while it waited (never leaves this module)."""
 
 
-def outcome_on_file(root: Path, delivery_id: str, *, running: bool = False) -> dict[str, Any]:
+def outcome_on_file(root: Path, delivery_id: str, *, journals: JournalIndex,
+                    running: bool = False) -> dict[str, Any]:
     """What the root's journal and relay files know of ``delivery_id``.
 
     ``wait_outcome`` reads them while no gateway runs here, and for an id the running gateway never
@@ -44,6 +48,7 @@ def outcome_on_file(root: Path, delivery_id: str, *, running: bool = False) -> d
     Args:
         root: the Hermes root.
         delivery_id: the DM's id.
+        journals: the root's journals as this gateway read them so far (only what was appended since is read).
         running: this gateway runs (the errors then say the DM is another gateway's).
 
     Returns:
@@ -60,7 +65,7 @@ def outcome_on_file(root: Path, delivery_id: str, *, running: bool = False) -> d
 
     if not is_delivery_id(delivery_id):
         raise KeyError(f"unknown delivery id {shown(delivery_id)} (not a delivery id)")
-    found = find_outcome(root, delivery_id)
+    found = find_outcome(root, delivery_id, index=journals)
     if found.get("status") == "pending":
         if running:  # not this gateway's: nothing here will be told when it settles
             raise TimeoutError(f"no outcome for delivery {delivery_id} yet: another gateway on {root} holds it "
@@ -85,6 +90,8 @@ class OutcomeWaits:
         # (a journaled DM is settled by the next start)
         self._waits: dict[pykka.ThreadingFuture[dict[str, Any]], str] = {}
         self._lock = threading.Lock()
+        # the root's journals as read so far: a look-up in the files reads only what was appended since
+        self._journals = JournalIndex()
 
     @property
     def waiting(self) -> int:
@@ -132,7 +139,7 @@ class OutcomeWaits:
             return final
         dispatcher = settling()
         if dispatcher is None:
-            return outcome_on_file(root, delivery_id)
+            return outcome_on_file(root, delivery_id, journals=self._journals)
         try:
             if timeout > 0:
                 future = outcome_future(dispatcher, delivery_id)
@@ -157,9 +164,9 @@ class OutcomeWaits:
             final = self.final(delivery_id)
             if final is not None:
                 return final
-            return outcome_on_file(root, delivery_id)
+            return outcome_on_file(root, delivery_id, journals=self._journals)
         except KeyError:  # not issued here: another gateway on this root may have journaled it (DESIGN 3)
-            return outcome_on_file(root, delivery_id, running=True)
+            return outcome_on_file(root, delivery_id, running=True, journals=self._journals)
         except AskTimeout as exc:
             raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout:g}s (the Dispatcher did "
                                f"not say where it stands within {CHECK_GRACE:g}s more: it is busy or stuck; "

@@ -40,6 +40,7 @@ __all__ = [
     "fold_records",
     "parse_lines",
     "read_lines",
+    "state_records",
 ]
 
 # A finished record holds an outcome: its reply and its text, each up to outcomes.TEXT_MAX_BYTES, which JSON may
@@ -213,3 +214,38 @@ def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None =
         elif kind == "delivered":
             state.delivered = True
     return folded
+
+
+def state_records(key: str, state: DeliveryState) -> list[dict[str, Any]]:
+    """Pure: records that fold back into ``state`` (:func:`fold_records`), in the order they must be written.
+
+    What compaction and adoption write for a delivery, and how the states one id has in
+    several files are combined as one fold of those files would: each file's records, in file
+    order (``fold_records`` is the one rule; a second copy of it could not drift).
+
+    Args:
+        key: the delivery id.
+        state: what a fold knows of it.
+
+    Returns:
+        ``accepted`` (with its delivery; one without, when an unreadable acceptance was seen),
+        ``started`` (its highest attempt, ``live``, ``via``), ``finished``, ``delivered``: each
+        only when ``state`` has it.
+    """
+    records: list[dict[str, Any]] = []
+    if state.unreadable_acceptance:
+        records.append({"t": "accepted", "id": key})
+    if state.delivery is not None:
+        records.append({"t": "accepted", "id": key, "d": state.delivery})
+    if state.started:
+        started: dict[str, Any] = {"t": "started", "id": key, "attempt": state.started}
+        if state.live:
+            started["live"] = True
+        if state.via is not None:  # compaction keeps how the turn ran
+            started["via"] = state.via
+        records.append(started)
+    if state.outcome is not None:
+        records.append({"t": "finished", "id": key, "o": state.outcome})
+    if state.delivered:
+        records.append({"t": "delivered", "id": key})
+    return records

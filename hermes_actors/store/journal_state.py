@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from hermes_actors.store.journal_records import DeliveryState, JournalFolded, encode_record, fold_records
+from hermes_actors.store.journal_records import (
+    DeliveryState,
+    JournalFolded,
+    encode_record,
+    fold_records,
+    state_records,
+)
 
 __all__ = ["JournalState"]
 
@@ -62,24 +68,9 @@ class JournalState:
 
     def lines(self) -> list[bytes]:
         """The journal lines that rebuild this state: recent outcomes first, then each live delivery."""
-        lines = [
-            line
-            for key, outcome in self.recent.items()
-            for line in (
-                encode_record({"t": "finished", "id": key, "o": outcome}),
-                encode_record({"t": "delivered", "id": key}),
-            )
+        settled = [(key, DeliveryState(outcome=outcome, delivered=True)) for key, outcome in self.recent.items()]
+        return [
+            encode_record(record)
+            for key, state in [*settled, *self.folded.states.items()]
+            for record in state_records(key, state)
         ]
-        for key, state in self.folded.states.items():
-            if state.delivery is not None:
-                lines.append(encode_record({"t": "accepted", "id": key, "d": state.delivery}))
-            if state.started:
-                started: dict[str, Any] = {"t": "started", "id": key, "attempt": state.started}
-                if state.live:
-                    started["live"] = True
-                if state.via is not None:  # compaction keeps how the turn ran
-                    started["via"] = state.via
-                lines.append(encode_record(started))
-            if state.outcome is not None:
-                lines.append(encode_record({"t": "finished", "id": key, "o": state.outcome}))
-        return lines

@@ -1,0 +1,219 @@
+"""The root's journal files for outcome look-ups: each file folded once, then only what was appended to it.
+
+``wait_outcome`` of an id its gateway does not hold (before a start, after a stop, an id another
+gateway on the root issued) and ``hermes-actors outcome --wait`` look ids up in the root's
+journals again and again. Folding every file anew each time cost 35–57 ms a look-up on a 4 MB
+journal, and a gateway answering such look-ups on a 6.4 MB one spent minutes of CPU re-reading
+it. :class:`JournalIndex` keeps each file's folded state and where it was read to, and a
+look-up reads only what was appended since: a journal that did not change costs one
+``pread`` of a few bytes per file.
+
+How a journal file changes (:mod:`hermes_actors.store.journal_file`): records are appended
+after the last one, into zeros allocated ahead, so neither its size nor its mtime (at the
+clock's granularity) tells that a record was added; compaction and the rewrite of a lost
+file swap a new file in under the same name (another inode); a write that failed is cut back
+and the next one written where it was. So the index keeps, per file, its identity (device,
+inode), the offset after its last complete line and the bytes just before that offset, and
+reads them back with the byte after them:
+
+- another identity, the file shorter, or other bytes before the offset: the file was
+  replaced or cut back, and is folded anew;
+- the same bytes, then a zero byte or the end of the file: nothing was appended (a writer
+  appends right after its last record, never past zeros: zeros between records are a power
+  cut's, in a file no gateway writes any more, which was read whole the first time);
+- the same bytes, then anything else: the complete lines appended are folded in.
+
+A last line without its newline (a write under way, a killed gateway's torn last line) is
+folded as a fold of the whole file folds it, and read again next time, so an answer is what a
+fold of every file gives. The files are opened and refused as :func:`open_journal` says, which is also
+how :func:`hermes_actors.ops.journal_view.read_journals` reads them all.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import BinaryIO
+
+from hermes_actors.store.journal_records import (
+    DeliveryState,
+    JournalFolded,
+    fold_lines,
+    fold_records,
+    read_lines,
+    state_records,
+)
+
+__all__ = ["JournalIndex", "journal_dir", "journal_paths", "open_journal"]
+
+# Bytes before a file's read offset kept to tell an append from a rewrite at the same place: a
+# delivery id and more of the last line (a rewritten tail repeats them only if it is the same records).
+_TAIL_BYTES = 4096
+
+
+def journal_dir(root: str | Path) -> Path:
+    """``<root>/bot_relay/journal``."""
+    return Path(root).expanduser() / "bot_relay" / "journal"
+
+
+def journal_paths(root: str | Path) -> tuple[list[Path], list[str]]:
+    """The journal files of ``root``, in name order (the order their records are folded in). Never raises.
+
+    Args:
+        root: the Hermes root.
+
+    Returns:
+        ``(paths, problems)``: the ``j-*.log`` paths (none when the directory is missing or
+        refused), and the line saying why the directory was refused or could not be read.
+    """
+    directory = journal_dir(root)
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        return [], []
+    except OSError as exc:
+        return [], [f"cannot read {directory}: {exc.strerror or exc}"]
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return [], [f"refusing {directory}: not a directory of ours (a symlink, a file or another uid's)"]
+    return sorted(directory.glob("j-*.log")), []
+
+
+def open_journal(path: Path, problems: list[str]) -> int | None:
+    """Open one journal file to read it, refusing what must not be followed. Never raises.
+
+    Args:
+        path: a ``j-*.log`` path of :func:`journal_paths`.
+        problems: told (one line) why the file was refused or could not be opened.
+
+    Returns:
+        A read-only descriptor of a regular file of ours (the caller closes it), or None.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never hangs it
+    except OSError as exc:
+        problems.append(f"cannot read {path}: {exc.strerror or exc}")
+        return None
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        problems.append(f"cannot read {path}: {exc.strerror or exc}")
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        os.close(fd)
+        problems.append(f"refusing {path}: not a regular file of ours")
+        return None
+    return fd
+
+
+@dataclass
+class _FileFold:
+    """One journal file as far as it was folded."""
+
+    identity: tuple[int, int]  # (st_dev, st_ino): a compacted or rewritten file is another inode
+    offset: int = 0  # bytes of complete lines folded
+    tail: bytes = b""  # the bytes just before ``offset`` (up to _TAIL_BYTES) as they were read
+    folded: JournalFolded = field(default_factory=JournalFolded)
+
+
+class JournalIndex:
+    """The folded journal files of one root, kept between look-ups and brought up to date by each.
+
+    Thread-safe: ``wait_outcome`` may be called from several threads at once. It holds what a
+    fold of the root's journals holds (the journal keeps at most ``compact_after`` lines per
+    gateway), for as long as its owner (a Gateway, one ``outcome`` command) keeps it.
+    """
+
+    def __init__(self) -> None:
+        self._files: dict[Path, _FileFold] = {}  # in name order, as the files are folded
+        self._lock = threading.Lock()
+
+    def state(self, root: str | Path, delivery_id: str) -> tuple[DeliveryState | None, list[str]]:
+        """What the root's journals know of ``delivery_id`` now, as a fold of all their records would say.
+
+        Args:
+            root: the Hermes root.
+            delivery_id: a delivery id.
+
+        Returns:
+            ``(state, problems)``: its state (None when no journal names it; a new object, whose
+            ``delivery`` and ``outcome`` dicts are the index's: copy them to change them), and one
+            line per file or directory that was refused or could not be read.
+        """
+        with self._lock:
+            problems = self._refresh(root)
+            found = [entry.folded.states.get(delivery_id) for entry in self._files.values()]
+            records = chain.from_iterable(state_records(delivery_id, s) for s in found if s is not None)
+            # folded again from its records even when one file names it: the caller gets its own object
+            return fold_records(records).states.get(delivery_id), problems
+
+    def _refresh(self, root: str | Path) -> list[str]:
+        """Bring every journal file of ``root`` up to date (under the lock); the problems found."""
+        paths, problems = journal_paths(root)
+        files: dict[Path, _FileFold] = {}
+        for path in paths:
+            fd = open_journal(path, problems)
+            if fd is None:
+                continue
+            try:
+                files[path] = _brought_up_to_date(fd, self._files.get(path))
+            except OSError as exc:  # read again from the start next time
+                problems.append(f"cannot read {path}: {exc.strerror or exc}")
+            finally:
+                os.close(fd)
+        self._files = files  # a file gone (adopted, removed) is forgotten
+        return problems
+
+
+def _brought_up_to_date(fd: int, entry: _FileFold | None) -> _FileFold:
+    """``entry`` with what was appended to the file ``fd`` since folded in, or the file folded anew.
+
+    Args:
+        fd: the journal file, open to read.
+        entry: how far it was folded before (None: never).
+
+    Returns:
+        The file's entry, up to its last complete line.
+
+    Raises:
+        OSError: the file could not be read.
+    """
+    info = os.fstat(fd)
+    identity = (info.st_dev, info.st_ino)
+    if entry is None or entry.identity != identity or info.st_size < entry.offset:
+        entry = _FileFold(identity)
+    else:
+        start = entry.offset - len(entry.tail)
+        seen = os.pread(fd, len(entry.tail) + 1, start)
+        if not seen.startswith(entry.tail):  # rewritten where we had read: a cut-back batch, or another file
+            entry = _FileFold(identity)
+        elif seen[len(entry.tail):] in (b"", b"\0"):  # the end, or the zeros allocated ahead: nothing appended
+            return entry
+    with os.fdopen(os.dup(fd), "rb") as stream:
+        stream.seek(entry.offset)
+        fold_lines(_complete_lines(stream, fd, entry), entry.folded)
+    entry.tail = os.pread(fd, min(entry.offset, _TAIL_BYTES), max(entry.offset - _TAIL_BYTES, 0))
+    return entry
+
+
+def _complete_lines(stream: BinaryIO, fd: int, entry: _FileFold) -> Iterator[bytes | None]:
+    """The lines of ``stream`` from where it stands (:func:`read_lines`); ``entry.offset`` moves past each complete one.
+
+    The last line may have no newline: the zeros after the last record, a record still being
+    written, or a killed gateway's last one. It is folded as a fold of the whole file folds it
+    (a record there counts), and read again next time: the offset stays before it. Folding those
+    last records again is harmless (a fold of the same records twice in a row is a fold of them
+    once), and a torn one was corrupt the first time.
+    """
+    for line in read_lines(stream):
+        end = stream.tell()
+        # an over-long line (None) was skipped up to its newline, or to the end of the file
+        complete = line.endswith(b"\n") if line is not None else os.pread(fd, 1, end - 1) == b"\n"
+        yield line
+        if complete:
+            entry.offset = end  # past a line the caller folded (it asks for the next one once it has)

@@ -1,0 +1,370 @@
+"""Outcome look-ups in a root's journal files: each file folded once, then only what was appended.
+
+Regression (chaos review kq.py, finding 5): ``Gateway.wait_outcome(id)`` of an id the gateway
+does not hold folded every journal file of the root anew at each call (35–57 ms on a 4 MB
+journal; a gateway with a 6.4 MB journal spent 6.5 min of CPU on such look-ups), and so did each
+poll of ``hermes-actors outcome --wait``. The reads are counted here, never timed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from roots import RecordingRunner, make_root
+
+from hermes_actors import Gateway
+from hermes_actors.cli import ops_commands
+from hermes_actors.cli.main import main
+from hermes_actors.ops.journal_index import JournalIndex, journal_dir
+from hermes_actors.ops.journal_view import find_outcome, read_journals
+from hermes_actors.records import RemoteAgent
+from hermes_actors.store.journal_file import JournalFile
+from hermes_actors.store.journal_records import DeliveryState, fold_records, state_records
+from hermes_actors.store.relay_files import enqueue_envelope
+from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_protocol import make_envelope
+
+# ── helpers ─────────────────────────────────────────────────────────────────
+
+
+def _id(n: int) -> str:
+    return f"{n:032x}"
+
+
+def _delivery(key: str) -> dict[str, Any]:
+    return {
+        "delivery_id": key, "sender": "alice", "sender_handle": "alice", "target": "bob", "target_handle": "bob",
+        "content": f"Message from 🤖 alice (@alice): {key} " + "x" * 300, "author": {}, "hop": 1,
+        "accepted_at": 1.0, "origin": "local", "label": "@bob",
+    }
+
+
+def _outcome(key: str, reply: str = "done") -> dict[str, Any]:
+    return {"delivery_id": key, "status": "replied", "reply": reply, "error": "", "reason": "",
+            "retryable": False, "from": "@bob", "text": f"Reply from @bob: {reply}"}
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return orjson.dumps(record) + b"\n"
+
+
+def _accepted(key: str) -> bytes:
+    return _line({"t": "accepted", "id": key, "d": _delivery(key)})
+
+
+def _settled(key: str, reply: str = "done") -> list[bytes]:
+    """The lines of a DM accepted, run, answered and delivered."""
+    return [_accepted(key), _line({"t": "started", "id": key, "attempt": 1}),
+            _line({"t": "finished", "id": key, "o": _outcome(key, reply)}), _line({"t": "delivered", "id": key})]
+
+
+def _journal(root: Path, name: str = "a") -> JournalFile:
+    """A gateway's journal file on ``root`` (allocated ahead and appended to as a gateway's is), open."""
+    directory = journal_dir(root)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    journal = JournalFile(directory / f"j-{name}.log", fsync=False)
+    journal.open()
+    return journal
+
+
+def _settled_journal(root: Path, count: int, first: int = 1) -> list[str]:
+    """A dead gateway's closed journal of ``count`` settled DMs; their ids."""
+    journal = _journal(root, "dead")
+    keys = [_id(n) for n in range(first, first + count)]
+    journal.write([line for key in keys for line in _settled(key)], flush=False)
+    journal.close()
+    return keys
+
+
+_JOURNAL_NAME = re.compile(r"/j-[^/]*\.log")
+
+
+@pytest.fixture
+def journal_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
+    """Bytes read so far from journal files (``j-*.log``): through a stream ``os.fdopen`` gives, ``os.pread`` or
+    ``os.read``, whichever a reader of the journals uses."""
+    read = [0]
+
+    def journal(fd: int) -> bool:
+        try:
+            return _JOURNAL_NAME.search(os.readlink(f"/proc/self/fd/{fd}")) is not None
+        except OSError:
+            return False
+
+    class Counted:
+        def __init__(self, stream: Any) -> None:
+            self._stream = stream
+
+        def __enter__(self) -> Counted:
+            self._stream.__enter__()
+            return self
+
+        def __exit__(self, *exc: object) -> Any:
+            return self._stream.__exit__(*exc)
+
+        def __iter__(self) -> Iterator[bytes]:
+            for line in self._stream:
+                read[0] += len(line)
+                yield line
+
+        def __getattr__(self, name: str) -> Any:
+            attribute = getattr(self._stream, name)
+            if name not in ("read", "readline", "readlines", "read1"):
+                return attribute
+
+            def counted(*args: Any) -> Any:
+                data = attribute(*args)
+                read[0] += len(data) if name != "readlines" else sum(map(len, data))
+                return data
+            return counted
+
+    real_fdopen, real_pread, real_read = os.fdopen, os.pread, os.read
+
+    def fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        stream = real_fdopen(fd, *args, **kwargs)
+        return Counted(stream) if journal(fd) else stream
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        data = real_pread(fd, size, offset)
+        read[0] += len(data) if journal(fd) else 0
+        return data
+
+    def read_fd(fd: int, size: int) -> bytes:
+        data = real_read(fd, size)
+        read[0] += len(data) if journal(fd) else 0
+        return data
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "read", read_fd)
+    return lambda: read[0]
+
+
+# ── the look-ups ────────────────────────────────────────────────────────────
+
+
+def test_a_second_look_up_by_a_stopped_gateway_reads_no_journal_again(
+        tmp_path: Path, journal_reads: Callable[[], int]) -> None:
+    """Before the fix each ``wait_outcome`` of an id the gateway did not hold read every journal whole again."""
+    root = make_root(tmp_path)
+    keys = _settled_journal(root, 300)
+    size = sum(path.stat().st_size for path in journal_dir(root).glob("j-*.log"))
+    gw = Gateway(root, runner=RecordingRunner())  # never started: the root's files answer
+    before = journal_reads()
+    with pytest.raises(KeyError, match="outcomes are kept for the last 10,000 deliveries"):
+        gw.wait_outcome(_id(10_000), timeout=0)
+    first = journal_reads() - before
+    assert first >= size  # the journal, read once
+
+    for _ in range(3):
+        before = journal_reads()
+        with pytest.raises(KeyError, match="outcomes are kept for the last 10,000 deliveries"):
+            gw.wait_outcome(_id(10_001), timeout=0)
+        assert gw.wait_outcome(keys[7], timeout=0) == _outcome(keys[7])
+        again = journal_reads() - before
+        assert again <= 2 * (4096 + 1), f"two look-ups re-read {again} bytes of a {size}-byte journal"
+
+
+def test_a_running_gateway_looks_an_id_it_never_issued_up_in_the_journals_once(
+        tmp_path: Path, journal_reads: Callable[[], int]) -> None:
+    """The running gateway asks the root's journals for an id its Dispatcher does not know (another gateway on
+    the root may have journaled it): the chaos review's final gateway spent minutes re-reading its own."""
+    root = make_root(tmp_path)
+    _settled_journal(root, 300)  # adopted at start: the outcomes are copied into the gateway's own file
+    with Gateway(root, runner=RecordingRunner(), fsync=False) as gw:
+        with pytest.raises(KeyError, match="this gateway did not issue it and no journal on"):
+            gw.wait_outcome(_id(10_000), timeout=0)
+        size = sum(path.stat().st_size for path in journal_dir(root).glob("j-*.log"))
+        for _ in range(3):
+            before = journal_reads()
+            with pytest.raises(KeyError, match="this gateway did not issue it and no journal on"):
+                gw.wait_outcome(_id(10_001), timeout=0)
+            again = journal_reads() - before
+            assert again <= 4096 + 1, f"a look-up re-read {again} bytes of a {size}-byte journal"
+
+
+def test_only_what_a_live_gateway_appended_is_read_and_its_records_are_found(
+        tmp_path: Path, journal_reads: Callable[[], int]) -> None:
+    root = make_root(tmp_path)
+    journal = _journal(root)  # a running gateway's file: records land in the zeros it allocated ahead
+    earlier = [_id(n) for n in range(1, 1001)]
+    journal.write([line for key in earlier for line in _settled(key)], flush=False)
+    index = JournalIndex()
+    late = _id(5000)
+    assert find_outcome(root, late, index=index)["status"] == "unknown"
+
+    journal.write([_accepted(late)], flush=False)
+    before = journal_reads()
+    assert find_outcome(root, late, index=index) == {
+        "status": "pending", "delivery_id": late, "error": "accepted; it has not started, no outcome yet"}
+    appended = journal_reads() - before
+    journal.write(_settled(late, "late")[1:], flush=False)
+    assert find_outcome(root, late, index=index) == _outcome(late, "late")
+    assert find_outcome(root, earlier[0], index=index) == _outcome(earlier[0])
+    # what was read is what was appended, and the zeros allocated ahead after it: never the records before it
+    assert appended < JournalFile.reserve_bytes + 2 * 4097 < journal.end - len(_accepted(late))
+    journal.close()
+
+
+def test_a_compacted_or_cut_back_journal_is_read_anew(tmp_path: Path) -> None:
+    """Compaction swaps another file in under the same name; a failed write is cut back and the next one
+    written where it was: what the index read before must not stay."""
+    root = make_root(tmp_path)
+    journal = _journal(root)
+    old, kept = _id(1), _id(2)
+    journal.write(_settled(old) + _settled(kept), flush=False)
+    index = JournalIndex()
+    assert find_outcome(root, old, index=index) == _outcome(old)
+
+    journal.replace_with(_settled(kept)[2:])  # compacted: the old outcome dropped, the kept one stays
+    assert find_outcome(root, old, index=index)["status"] == "unknown"
+    assert find_outcome(root, kept, index=index) == _outcome(kept)
+
+    cut, written = _id(3), _id(4)  # same length: the refused batch's place is taken by the next one
+    before = journal.end
+    journal.write([_accepted(cut)], flush=False)
+    assert find_outcome(root, cut, index=index)["status"] == "pending"
+    journal.cut_back(before)  # its write failed: its callers were told it was NOT recorded
+    journal.write([_accepted(written)], flush=False)
+    assert find_outcome(root, cut, index=index)["status"] == "unknown"
+    assert find_outcome(root, written, index=index)["status"] == "pending"
+    for key in (old, kept, cut, written):
+        assert find_outcome(root, key, index=index) == find_outcome(root, key)
+    journal.close()
+
+
+def _states(root: Path, index: JournalIndex, keys: list[str]) -> dict[str, DeliveryState | None]:
+    return {key: index.state(root, key)[0] for key in keys}
+
+
+def test_the_index_answers_as_a_fold_of_every_file_whatever_was_written_when(tmp_path: Path) -> None:
+    """Files seen at every point of their writing (torn lines, the zeros allocated ahead, a last record without
+    its newline, a power cut's zeros between records, one id in two files as while a start adopts a dead
+    gateway's file): each look-up answers as a fold of all the files read whole at that moment."""
+    root = make_root(tmp_path)
+    directory = journal_dir(root)
+    directory.mkdir(parents=True, mode=0o700)
+    keys = [_id(n) for n in range(1, 7)]
+    shared = keys[0]
+    first = b"".join([
+        *_settled(keys[1]), _accepted(shared), _line({"t": "started", "id": shared, "attempt": 2, "via": "warm"}),
+        _line({"t": "finished", "id": shared, "o": _outcome(shared, "first")}),
+        b"\0" * 300,  # a power cut's zeros where lazy records had not landed
+        *_settled(keys[2])[:2], _line({"t": "started", "id": keys[3], "attempt": 1})[:-1],  # no "\n" after it
+    ])
+    # Zeros between records are a power cut's: that file is no gateway's any more, and never grows past them
+    # (a writer appends after its last record). It is seen whole from the line after them on.
+    holes = first.index(b"\0" * 300)
+    after_hole = first.index(b"\n", holes) + 1
+    second = b"".join([
+        _line({"t": "accepted", "id": shared}),  # unreadable: no delivery object
+        _line({"t": "started", "id": shared, "attempt": 1, "via": "cli", "live": True}),
+        _line({"t": "finished", "id": shared, "o": _outcome(shared, "second")}),  # the first outcome wins
+        *_settled(keys[4]), _accepted(keys[5]), _line({"t": "delivered", "id": shared}),
+    ])
+    shuffle = random.Random(5)
+    index = JournalIndex()
+    for padded in (False, True):  # written past the end of the file, or into zeros allocated ahead
+        for path in directory.glob("j-*.log"):
+            path.unlink()
+        whole_length = len(first) + len(second)
+        ends = {at + 1 for at, byte in enumerate(first + second) if byte == ord("\n")}  # each line's end, ±1
+        allowed = {cut for cut in range(1, whole_length + 1) if not holes <= cut < after_hole}
+        near_ends = {end + shift for end in ends for shift in (-1, 0, 1)}
+        picked = set(shuffle.sample(sorted(allowed), 60)) | (allowed & near_ends)
+        for cut in [*sorted(picked), whole_length]:
+            for name, data, shown in (("j-1.log", first, cut), ("j-2.log", second, cut - len(first))):
+                if shown <= 0:
+                    continue
+                path = directory / name
+                if not path.exists():
+                    path.write_bytes(b"\0" * (len(data) + 4096) if padded else b"")
+                with path.open("r+b") as stream:
+                    stream.write(data[:shown])
+            whole = read_journals(root)[0].states
+            assert _states(root, index, keys) == {key: whole.get(key) for key in keys}, (padded, cut)
+    assert index.state(root, shared)[0] == DeliveryState(
+        delivery=_delivery(shared), started=2, outcome=_outcome(shared, "first"), delivered=True,
+        unreadable_acceptance=True, live=True, via="cli")
+
+
+def test_a_state_folds_back_from_its_records() -> None:
+    """``state_records`` is what compaction writes and how one id's states in several files are combined."""
+    key = _id(9)
+    states = [
+        DeliveryState(),
+        DeliveryState(delivery=_delivery(key)),
+        DeliveryState(delivery=_delivery(key), started=3, live=True, via="warm"),
+        DeliveryState(started=1, outcome=_outcome(key), delivered=True, unreadable_acceptance=True),
+        DeliveryState(outcome=_outcome(key), delivered=True),
+    ]
+    for state in states[1:]:
+        assert fold_records(state_records(key, state)).states[key] == state
+    assert state_records(key, states[0]) == []
+
+
+def test_a_relayed_dm_waiting_for_its_reply_is_found_without_listing_the_relay_directories(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``claimed/`` keeps every envelope the relay took for hours (15,872 on a chaos run's root): listing it
+    took 13 ms a look-up. The entry's own name is looked up instead."""
+    root = make_root(tmp_path)
+    paths = InboxPaths.from_root(root).ensure()
+    dave = RemoteAgent(profile="dave", handle="dave", connection_id="conn-mini", connection_label="Mini")
+    envelope = make_envelope(target=dave, message="hi", sender_profile="alice", sender_handle="alice", now=1.0)
+    key = envelope["id"]
+    enqueue_envelope(paths.relay, envelope)
+    relay_dirs = {paths.relay.outbox, paths.relay.claimed}
+    real_listdir = os.listdir
+
+    def listdir(path: Any = ".") -> list[str]:
+        assert Path(str(path)) not in relay_dirs, f"{path} was listed for one id"
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    waiting = {"status": "pending", "delivery_id": key, "error": "relayed; waiting for the reply"}
+    assert find_outcome(root, key) == waiting
+    os.rename(paths.relay.outbox / f"{key}.json", paths.relay.claimed / f"{key}.json")
+    assert find_outcome(root, key) == waiting
+    (paths.relay.claimed / f"{key}.json").unlink()
+    assert find_outcome(root, key)["status"] == "unknown"
+
+
+def test_outcome_wait_polls_read_only_what_was_appended(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, journal_reads: Callable[[], int],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``hermes-actors outcome --wait`` polls the files while no host runs: before, each poll read every journal
+    whole. The command's clock is a fake one that its pauses move on, so the polls are counted, not timed."""
+    root = make_root(tmp_path)
+    _settled_journal(root, 300)
+    journal = _journal(root)
+    key = _id(5000)
+    journal.write([_accepted(key)], flush=False)
+    size = sum(path.stat().st_size for path in journal_dir(root).glob("j-*.log"))
+    now = [0.0]
+    polls = [0]
+    real_lookup = ops_commands._lookup
+
+    def lookup(*args: Any) -> dict[str, Any]:
+        polls[0] += 1
+        return real_lookup(*args)
+
+    def sleep(seconds: float) -> None:
+        now[0] += max(seconds, 0.1)
+
+    monkeypatch.setattr(ops_commands, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
+    monkeypatch.setattr(ops_commands, "_lookup", lookup)
+    before = journal_reads()
+    assert main(["outcome", "--root", str(root), key, "--wait", "3"]) == 1
+    assert capsys.readouterr().out == f"pending: delivery {key} has no outcome yet\n"
+    assert polls[0] >= 6
+    read = journal_reads() - before
+    assert read < size + polls[0] * 2 * (4096 + 1), f"{polls[0]} polls read {read} bytes of {size}-byte journals"
+    journal.close()
