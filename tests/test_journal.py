@@ -985,6 +985,73 @@ def test_a_full_disk_is_said_once_at_error_each_later_failed_write_at_debug_and_
     assert ends == [("INFO", f"the delivery journal {journal.path} takes records again (40 failed write(s) before)")]
 
 
+def test_a_compaction_that_does_not_fit_is_said_once_and_tried_again_only_after_more_lines_or_a_write_spell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review of e33086d: on a nearly full disk (appends fit, a whole compacted file does not) every commit past
+    # compact_after retried the compaction, writing and removing a whole temp file, and logged "journal
+    # compaction failed: [Errno 28] ..." at ERROR each time (38 ERRORs for 40 DMs), naming no file. Now the
+    # spell's first failure is one ERROR naming the file and what to do, later ones DEBUG; the next try waits
+    # until the file grew by another compact_after lines, or until a failed write's spell ended (space came
+    # back); the compaction that lands again says the end once (INFO).
+    journal = Journal(tmp_path / "journal")
+    journal.compact_after = 10
+    journal.start()
+    real_replace, real_pwrite = journal._file.replace_with, os.pwrite
+    tried_at: list[int] = []  # our file's lines at each compaction attempt
+    compaction_fits, write_fits = threading.Event(), threading.Event()
+    write_fits.set()
+
+    def replace_with(lines: list[bytes], *, fresh_dir: bool = False) -> None:
+        tried_at.append(journal._lines_in_file)
+        if not compaction_fits.is_set():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_replace(lines, fresh_dir=fresh_dir)
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        if not write_fits.is_set() and fd == journal._file.fd:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, offset)
+
+    said: list[tuple[str, str]] = []
+    sink = logger.add(lambda m: said.append((m.record["level"].name, m.record["message"])), level="DEBUG",
+                      filter="hermes_actors.store.journal")
+    monkeypatch.setattr(journal._file, "replace_with", replace_with)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    n = 0
+
+    def append() -> None:  # one record, one line, one commit (on the writer thread: this is the main thread)
+        nonlocal n
+        journal.append_durably({"t": "accepted", "id": _id(n), "d": _delivery(_id(n))})
+        n += 1
+
+    try:
+        for _ in range(40):
+            append()
+        assert tried_at == [11, 22, 33], tried_at  # before: at every commit past 10 lines, 30 tries
+        write_fits.clear()  # a full disk for a moment: one write fails, the next lands (space came back)
+        with pytest.raises(StoreError):
+            append()
+        write_fits.set()
+        append()
+        assert tried_at == [11, 22, 33, 41], tried_at  # the write spell's end lifted the back-off
+        compaction_fits.set()
+        for _ in range(11):
+            append()
+        assert tried_at[-1] == 52 and journal.compactions == 1, tried_at
+    finally:
+        write_fits.set()
+        logger.remove(sink)
+        journal.stop()
+    compacting = [(level, text) for level, text in said if text.startswith("journal compaction failed")]
+    assert [level for level, _ in compacting] == ["ERROR"] + ["DEBUG"] * 3, compacting  # before: an ERROR each
+    first = compacting[0][1]
+    assert f"cannot compact {journal.path}: No space left on device (ENOSPC); free space on its filesystem" in first
+    assert "tried again after another 10 line(s)" in first
+    ends = [(level, text) for level, text in said if "compacted again" in text]
+    assert ends == [("INFO", f"the delivery journal {journal.path} is compacted again (4 failed compaction(s) before)")]
+
+
 def test_a_commits_delivered_records_are_appended_before_its_waiters_are_answered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

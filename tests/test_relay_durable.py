@@ -17,14 +17,15 @@ from roots import LogCapture, RecordingRunner, body_of, make_root, send_dm, star
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
-from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.errors import HostileFileError
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope
 from hermes_actors.relay.restart import SentScan, scan_sent, taken_action
+from hermes_actors.store import owner_lock
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, take_from_inbox
 from hermes_actors.store.relay_paths import RelayPaths
-from hermes_actors.store.relay_sent import queueing_name, record_sent
+from hermes_actors.store.relay_sent import clear_sent, drop_withdrawn, queueing_name, record_sent
 from hermes_actors.store.relay_shelf import LOCK_NAME, Shelf
 
 
@@ -448,41 +449,76 @@ def test_our_own_envelopes_are_resumed_from_the_sent_record_after_a_restart(
                     message="the sent record dropped once reported")
 
 
-def test_a_restart_takes_back_an_envelope_still_staged_so_a_living_sender_never_queues_it(tmp_path: Path) -> None:
-    """A second gateway starting on the root while the first is between a DM's sent/ record and the rename into
-    outbox/: the start's take (a rename of the staged envelope) decides, so the first one's rename fails and it
-    answers "Nothing was sent" (its caller is never acked), and the start settles the DM as never sent; no
-    envelope reaches outbox/. A record whose envelope was queued, or staged by an older version under a random
-    name, is waited for as before (nothing proves it never left)."""
+def test_a_start_leaves_a_living_senders_staged_envelope_to_it_and_takes_back_a_dead_ones(tmp_path: Path) -> None:
+    """A start scanning sent/ while a living sender on the root is between a DM's sent/ record and the rename
+    into outbox/: the staged envelope's lock is held, so the start leaves it to its sender (neither never
+    queued nor waited for: ``live``) and the send queues it. One staged by a sender that died (no lock) is
+    taken back (never queued) under the start's lock: a second start meanwhile leaves it to the first, and
+    once the first died too the next start still knows. A record whose envelope was queued, or staged by an
+    older version under a random name, is waited for as before (nothing proves it never left)."""
     alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
     paths = InboxPaths.from_root(alpha).ensure()
-    envelope = seed_envelope(target_connection="mini", target_profile="moxie")
-    envelope_id = envelope["id"]
+    living = seed_envelope(target_connection="mini", target_profile="moxie")
     scans: list[SentScan] = []
 
     def record_then_a_start_scans() -> None:
-        record_sent(paths, envelope_id, "@moxie on mini", now=time.time())
+        record_sent(paths, living["id"], "@moxie on mini", now=time.time())
         scans.append(scan_sent(paths))  # what a gateway starting at this moment sees
 
-    with pytest.raises(StoreError):
-        rf.enqueue_envelope(paths.relay, envelope, staged_as=queueing_name(envelope_id),
-                            before_queued=record_then_a_start_scans)
+    rf.enqueue_envelope(paths.relay, living, staged_as=queueing_name(living["id"]),
+                        before_queued=record_then_a_start_scans)
     ((scan),) = scans
-    assert [r.envelope_id for r in scan.never_queued] == [envelope_id] and scan.ours == []
-    assert rf.list_ids(paths.relay.outbox) == []
-    assert not (paths.relay.tmp / queueing_name(envelope_id)).exists()
-    # a start that died before the outcome was journaled: the next one still knows it never left
-    assert [r.envelope_id for r in scan_sent(paths).never_queued] == [envelope_id]
+    assert (scan.never_queued, scan.ours, scan.live, scan.withdrawn) == ([], [], 1, {})
+    assert rf.list_ids(paths.relay.outbox) == [living["id"]]  # queued by its living sender
+    assert not (paths.relay.tmp / queueing_name(living["id"])).exists()
 
-    queued = seed_envelope(target_connection="mini", target_profile="moxie")
-    rf.enqueue_envelope(paths.relay, queued, staged_as=queueing_name(queued["id"]),
-                        before_queued=lambda: record_sent(paths, queued["id"], "@moxie on mini", now=time.time()))
+    dead = uuid.uuid4().hex  # a sender killed -9 after the record: its staged file is there, nobody's lock
+    (paths.relay.tmp / queueing_name(dead)).write_text("{}")
+    record_sent(paths, dead, "@moxie on mini", now=time.time())
+    first = scan_sent(paths)
+    assert [r.envelope_id for r in first.never_queued] == [dead] and list(first.withdrawn) == [dead]
+    assert not (paths.relay.tmp / queueing_name(dead)).exists()
+    second = scan_sent(paths)  # the first start lives and reports it: not the second one's
+    assert second.never_queued == [] and dead not in {r.envelope_id for r in second.ours} and second.live == 1
+    os.close(first.withdrawn[dead])  # the first start died before its outcome was journaled
+    third = scan_sent(paths)
+    assert [r.envelope_id for r in third.never_queued] == [dead]
+    clear_sent(paths, dead)  # its outcome journaled: forgotten, as Outbound.forget does
+    drop_withdrawn(paths, dead, third.withdrawn[dead])
+    assert list(paths.relay.tmp.iterdir()) == []
+
     older = uuid.uuid4().hex  # an older version's record: its envelope staged under a random name, if at all
     record_sent(paths, older, "@moxie on mini", now=time.time())
     (paths.relay.tmp / f".{older}.json.0123456789abcdef.tmp").write_text("{}")
     scan = scan_sent(paths)
-    assert sorted(r.envelope_id for r in scan.ours) == sorted([queued["id"], older])
-    assert [r.envelope_id for r in scan.never_queued] == [envelope_id]
+    assert sorted(r.envelope_id for r in scan.ours) == sorted([living["id"], older])
+    assert scan.never_queued == [] and scan.live == 0
+
+
+def test_a_lock_file_its_owner_replaced_before_letting_go_is_not_taken(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """take_unowned checks, once it holds the lock, that the path still names the file it locked: an owner
+    that renamed its file away (a staged envelope queued) or replaced it just before letting go leaves a lock
+    that proves nothing about the path. A free lock on the file still there is taken."""
+    path = tmp_path / "staged"
+    path.write_text("{}")
+    real_flock = owner_lock.fcntl.flock
+
+    def owner_finishes_first(fd: int, operation: int) -> None:  # the owner's last step, then its lock is free
+        os.replace(tmp_path / "new", path)
+        real_flock(fd, operation)
+
+    (tmp_path / "new").write_text("{}")
+    monkeypatch.setattr(owner_lock.fcntl, "flock", owner_finishes_first)
+    assert owner_lock.take_unowned(path) is None
+    monkeypatch.undo()
+    lock = owner_lock.take_unowned(path)
+    assert lock is not None
+    assert owner_lock.take_unowned(path) is None  # held now: a living owner's
+    owner_lock.release(lock)
+    os.unlink(path)
+    with pytest.raises(FileNotFoundError):
+        owner_lock.take_unowned(path)
 
 
 # ── item 4: seed timestamps ─────────────────────────────────────────────────

@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +28,7 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.ops.journal_view import find_outcome
+from hermes_actors.relay import outbound as outbound_module
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
@@ -401,6 +403,66 @@ def test_a_gateway_killed_between_the_sent_record_and_the_outbox_reports_not_sen
     assert not (root / rp.TMP / f".{envelope}.queueing").exists()
     assert gw.stats()["relay"]["waiting"] == 0
     assert turns_logged(root) == []
+
+
+def test_a_gateway_starting_while_another_is_queueing_a_dm_leaves_it_to_that_living_sender(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two gateways on one root (allowed): B starts while A is between a DM's sent/ record and its rename into
+    outbox/ (the staged .<id>.queueing file is there). A is alive, and holds its staged file's lock: B leaves
+    it to A (it neither takes it back nor waits for it), so A queues it and acks its caller, and the DM gets
+    exactly one answer, A's: B publishes no outcome and wakes nobody ("The gateway stopped ... Resend it" would
+    be false). Before, B's start renamed the staged file away: A's caller got ENOENT, "Nothing was sent", and
+    B also reported it cancelled and woke the sender."""
+    root = sender_root(tmp_path)
+    reached, go = threading.Event(), threading.Event()
+    real_crashpoint = outbound_module.crashpoint
+
+    def hold_the_first_send(name: str) -> None:  # A's send, between its sent/ record and the rename
+        if name == "relay-after-sent-record" and not reached.is_set():
+            reached.set()
+            assert go.wait(30), "the test never let A's send go on"
+        real_crashpoint(name)
+
+    monkeypatch.setattr(outbound_module, "crashpoint", hold_the_first_send)
+    config = {"bot_mode": {"wake_sender": True}}
+    a_runner = RecordingRunner()
+    a = start(gateways, root, a_runner, config=config)
+    seen_a: list[dict[str, Any]] = []
+    a.subscribe(seen_a.append)
+    acks: list[dict[str, Any]] = []
+    sender = threading.Thread(target=lambda: acks.append(a.message_agent(sender="alice", target="moxie",
+                                                                        message="hi")))
+    sender.start()
+    try:
+        assert reached.wait(30), "A's send never reached its sent/ record"
+        (record,) = (relay(root) / "sent").glob("*.json")
+        envelope_id = record.stem
+        assert (root / rp.TMP / f".{envelope_id}.queueing").exists()
+
+        b_runner = RecordingRunner()
+        b = Gateway(root, runner=b_runner, config=config, connection_id="alpha")
+        gateways.append(b)
+        seen_b: list[dict[str, Any]] = []
+        b.subscribe(seen_b.append)
+        b.start()  # its relay's start (the sent/ scan) has run when start returns
+        assert b.stats()["relay"]["waiting"] == 0  # not B's to wait for either: A answers for it
+        assert (root / rp.TMP / f".{envelope_id}.queueing").exists()  # left in place for A's rename
+    finally:
+        go.set()
+        sender.join(30)
+    (ack,) = acks
+    assert queued(ack) == envelope_id, ack
+    assert outbox_ids(root) == [envelope_id]
+    b.stop(timeout=10)  # whatever B's start told its Dispatcher is published by now
+    assert seen_b == [] and b_runner.entered == []
+
+    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="hello back", now=time.time()))
+    out = a.wait_outcome(envelope_id, timeout=10)
+    assert (out["status"], out["reply"]) == ("replied", "hello back"), out
+    await_condition(lambda: len(a_runner.entered) == 1, timeout=10, message="A woke its sender once")
+    assert [o["status"] for o in seen_a if o["delivery_id"] == envelope_id] == ["replied"]
+    assert "hello back" in body_of(a_runner.entered[0].content)
 
 
 def test_an_undrained_envelope_whose_reply_budget_ends_with_its_ttl_is_queued_expired(

@@ -43,6 +43,7 @@ from hermes_actors.messages import (
 from hermes_actors.relay.restart import scan_sent
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.owner_lock import release
 from hermes_actors.store.relay_inbox import InboxPaths, mark_consumed
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_sent import (
@@ -94,7 +95,8 @@ class Outbound:
         self.counters = counters
         self.waiting: dict[str, Waiting] = {}
         self.resumed: tuple[ResumedSend, ...] = ()  # kept until the Gateway's ResumeRelay takes them
-        self.withdrawn: set[str] = set()  # never queued before a restart: their staged file goes once forgotten
+        # never queued before a restart: id → the lock of its withdrawn file, which goes once forgotten
+        self.withdrawn: dict[str, int] = {}
 
     def send(self, msg: RelaySend) -> dict[str, Any]:
         """Record and queue one envelope; the ack dict, or a refusal dict (nothing queued)."""
@@ -146,7 +148,9 @@ class Outbound:
         """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those).
 
         One its killed gateway never queued (:func:`~hermes_actors.relay.restart.scan_sent`'s ``never_queued``)
-        is settled at once as not sent (``cancelled``), never waited for: no reply can come.
+        is settled at once as not sent (``cancelled``), never waited for: no reply can come; we hold its withdrawn
+        file's lock until it is forgotten (:meth:`forget`) or we stop (:meth:`close`). One another gateway alive
+        on the root is still queueing (``live``) is its own: neither reported nor waited for here.
         """
         scan = scan_sent(self.paths)
         now = time.time()
@@ -156,6 +160,8 @@ class Outbound:
         for record in (*scan.ours, *scan.never_queued):
             if record.envelope_id in self.waiting:
                 continue
+            if record.envelope_id in never_ids:  # ours to report now: its lock says so to any other start
+                self.withdrawn[record.envelope_id] = scan.withdrawn.pop(record.envelope_id)
             entry = ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle, record.hop,
                                 record.wake)
             resumed.append(entry)
@@ -164,6 +170,8 @@ class Outbound:
                 self.waiting[record.envelope_id] = Waiting(record.label, [], None, resumed=True)
             else:
                 self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), resumed=True)
+        for lock in scan.withdrawn.values():  # not ours to report after all (none: resume runs before any send)
+            release(lock)
         self.counters["quarantined"] += scan.quarantined
         self.resumed = tuple(resumed)
         if resumed or scan.not_ours or scan.quarantined:
@@ -174,10 +182,12 @@ class Outbound:
         if never:
             logger.warning("relay: {} envelope(s) of ours never reached outbox/ (the gateway was killed while "
                            "queueing them): answered cancelled, NOT sent", len(never))
+        if scan.live:
+            logger.info("relay: {} recorded envelope(s) are being queued by another gateway still running on this "
+                        "root: left to it (it answers their senders)", scan.live)
         if resumed:
             self.dispatcher.tell(RelayResumed(self.resumed))
         for entry in never:  # after RelayResumed, as a reply: the Dispatcher knows whom the outcome wakes
-            self.withdrawn.add(entry.envelope_id)
             self._report(entry.envelope_id, outcomes.failed(entry.envelope_id, entry.label,
                                                             never_queued_text(entry.label), "cancelled"))
         for entry in resumed:  # after RelayResumed: the Dispatcher knows whom a reply already here wakes
@@ -224,9 +234,15 @@ class Outbound:
         except (StoreError, OSError, ValidationError) as exc:
             logger.warning("relay: could not mark {} consumed: {}", envelope_id, exc)
         clear_sent(self.paths, envelope_id)
-        if envelope_id in self.withdrawn:  # last: while its sent/ record is there, this file proves it never left
-            self.withdrawn.discard(envelope_id)
-            drop_withdrawn(self.paths, envelope_id)
+        lock = self.withdrawn.pop(envelope_id, None)
+        if lock is not None:  # last: while its sent/ record is there, this file proves it never left
+            drop_withdrawn(self.paths, envelope_id, lock)
+
+    def close(self) -> None:
+        """At stop: let go of the withdrawn envelopes not yet forgotten (the next start reports them)."""
+        for lock in self.withdrawn.values():
+            release(lock)
+        self.withdrawn.clear()
 
     def ttl_deadline(self, envelope_id: str) -> None:
         """The TTL of one of our envelopes ran out: expire it unless it was reported meanwhile."""

@@ -165,6 +165,7 @@ class RelayActor(TypedActor):
             logger.warning("relay: {} relayed-in envelope(s) never started and went back into inbox/ for the next "
                            "start", self.counters["returned"])
         remove_heartbeat(self.paths)
+        self.outbound.close()
         self.shelf.close()
 
     def _recover_taken(self) -> None:

@@ -16,7 +16,9 @@ anything else in ``outbox/`` or ``claimed/`` (a seed gateway's DM on the same
 root, or a forged file) is left for the Desktop or the hub and only counted. A
 recorded envelope whose staged file shows it never reached ``outbox/`` (its
 gateway died between the ``sent/`` record and the rename) is not waited for: it
-was never sent (:func:`~hermes_actors.store.relay_sent.withdraw_unqueued`).
+was never sent (:func:`~hermes_actors.store.relay_sent.withdraw_unqueued`). One
+whose staged file a living gateway on the root still holds (in the middle of that
+send) is left to it: its send answers for it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
-from hermes_actors.store.relay_sent import SentRecord, clear_sent, list_sent, withdraw_unqueued
+from hermes_actors.store.relay_sent import SentRecord, Withdrawn, clear_sent, list_sent, withdraw_unqueued
 from hermes_actors.store.relay_shelf import Adopted
 
 __all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "taken_action"]
@@ -189,6 +191,9 @@ class SentScan:
 
     ours: list[SentRecord] = field(default_factory=list)  # still waiting for a reply
     never_queued: list[SentRecord] = field(default_factory=list)  # recorded, provably never reached outbox/
+    # never_queued's id → the descriptor holding its withdrawn file's lock (the caller's now)
+    withdrawn: dict[str, int] = field(default_factory=dict)
+    live: int = 0  # recorded, staged by a living gateway on this root in the middle of its send: left to it
     not_ours: int = 0  # envelopes waiting in outbox/ that sent/ does not record
     quarantined: int = 0
 
@@ -198,9 +203,11 @@ def scan_sent(paths: InboxPaths) -> SentScan:
 
     An envelope whose reply was already reported (``consumed/``) is forgotten.
     One its killed gateway never queued (its staged file is still in the temp
-    directory: :func:`~hermes_actors.store.relay_sent.withdraw_unqueued`, which
-    takes it back) is in ``never_queued``, for the caller to settle as not sent;
-    when that cannot be told (the temp directory unusable) it is waited for as before.
+    directory, its lock free: :func:`~hermes_actors.store.relay_sent.withdraw_unqueued`,
+    which takes it back) is in ``never_queued``, for the caller to settle as not sent
+    (its lock in ``withdrawn``); when that cannot be told (the temp directory unusable)
+    it is waited for as before. One a living gateway on the root is still queueing
+    (its staged file locked) is only counted (``live``): that gateway answers for it.
     Invalid ``sent/`` records are quarantined. ``outbox/`` is only listed (names,
     nothing read, nothing kept): a flood of forged files costs no memory.
 
@@ -217,13 +224,17 @@ def scan_sent(paths: InboxPaths) -> SentScan:
         scan.quarantined += 1
     waiting = [record for record in records if not _forgotten(paths, record)]
     try:
-        never = withdraw_unqueued(paths, [record.envelope_id for record in waiting])
+        found = withdraw_unqueued(paths, [record.envelope_id for record in waiting])
     except (OSError, ValidationError) as exc:  # HostileFileError included: unknown, so waited for as before
         logger.warning("relay: could not look for envelopes a killed gateway never queued in {}: {}; waiting for "
                        "every recorded one as before", paths.relay.tmp, exc)
-        never = set()
+        found = Withdrawn()
+    scan.withdrawn = found.never
     for record in waiting:
-        (scan.never_queued if record.envelope_id in never else scan.ours).append(record)
+        if record.envelope_id in found.live:
+            scan.live += 1
+        else:
+            (scan.never_queued if record.envelope_id in found.never else scan.ours).append(record)
     ours = {record.envelope_id for record in waiting}
     scan.not_ours = sum(1 for envelope_id in rf.list_ids(paths.relay.outbox) if envelope_id not in ours)
     return scan

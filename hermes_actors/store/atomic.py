@@ -167,10 +167,11 @@ def atomic_write_bytes(
         fsync: fsync the data before the rename.
         within: as for :func:`atomic_write_json`.
         temp_name: the temp's name in ``tmp_dir`` (None: a fresh random hidden one), for a writer that must
-            recognise its temp after a crash; it must not match ``*.json``.
+            recognise its temp after a crash; it must not match ``*.json``. Such a temp is held under its
+            ``flock`` until it is put in place or discarded (:func:`~hermes_actors.store.temp_file.staged`),
+            so whoever finds it leaves it to this living writer.
         before_rename: called once the complete temp is written, before the rename puts it in place (a
             record that must exist whenever ``target`` does); what it raises discards the temp and is raised.
-            A rename that finds the temp gone (taken meanwhile by whoever reads the name) fails: StoreError.
 
     Raises:
         HostileFileError: as for :func:`atomic_write_json`.

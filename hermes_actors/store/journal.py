@@ -58,6 +58,12 @@ find), the commit that found it out included (its batch is cut back out of the f
 and refused, as a failed write is), goes on writing the rest where it was (its live
 state stays whole), tries again at each commit, and :meth:`Journal.keeps` tells the
 stop that queued DMs must be settled ``cancelled`` instead of left journaled.
+
+A full disk fails the same write again and again (each commit's append; on a nearly
+full disk, which still takes appends, each compaction's whole new file): each kind
+is said once per spell (:class:`FailureSpell`), and a failed compaction is tried
+again only once the file grew by another ``compact_after`` lines, or once a failed
+write's spell ended (space came back), never at every commit.
 """
 
 from __future__ import annotations
@@ -89,6 +95,50 @@ class StartRecorder(Protocol):
     relay's ``TurnStartMarks`` for a turn that arrived through the file relay."""
 
     def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None: ...
+
+
+class FailureSpell:
+    """One kind of journal write failing again and again (a full disk), said once per spell.
+
+    A full disk fails the same write at each try (hundreds a second while DMs flow): the spell's first
+    failure is said at ERROR (naming the file and what to do), each later one at DEBUG only, and the first
+    try that lands again says the spell's end once at INFO; the next failure begins a new spell. The
+    journal's appends and its compactions each have one. Used under the write turn only.
+    """
+
+    def __init__(self) -> None:
+        self.failures = 0  # since a try last landed
+
+    def failed(self, first: str, later: str, *args: Any) -> None:
+        """Count one failure and say it: ``first`` at ERROR for the spell's first, ``later`` at DEBUG after.
+
+        Args:
+            first: the loguru format of the spell's first failure (the file and what to do).
+            later: the format of each later one.
+            *args: the values of either format.
+        """
+        self.failures += 1
+        said = logger.opt(depth=1)  # the line is the caller's
+        if self.failures == 1:
+            said.error(first, *args)
+        else:
+            said.debug(later, *args)
+
+    def landed(self, end: str, *args: Any) -> bool:
+        """A try landed: after failed ones, the spell's end is said once at INFO.
+
+        Args:
+            end: the loguru format of the end; its last ``{}`` is the spell's count of failures.
+            *args: the values of its other fields.
+
+        Returns:
+            Whether a spell of failures ended here.
+        """
+        if not self.failures:
+            return False
+        logger.opt(depth=1).info(end, *args, self.failures)
+        self.failures = 0
+        return True
 
 
 class Journal:
@@ -130,9 +180,11 @@ class Journal:
         # Set under the write turn, read under ``_cond``.
         self._homeless = False
         self._recheck_due = False  # an acceptance was refused while homeless: the writer thread tries again
-        # Commits whose write failed since one last landed (a full disk): the first is said at ERROR, the others
-        # at DEBUG, and the write that lands again says the end (:meth:`_said_failed`). Under the write turn.
-        self._failed_writes = 0
+        # Commits whose write failed since one last landed, and compactions likewise (a full disk, or one
+        # nearly full: appends fit, a whole new file does not), each said once per spell. Under the write turn.
+        self._writes_failing = FailureSpell()
+        self._compactions_failing = FailureSpell()
+        self._compact_failed_at: int | None = None  # our file's lines when a compaction last failed (the back-off)
         self.records = 0
         self.listener: BatchListener | None = None  # told of each durable batch's tokens
         self.compactions = 0
@@ -570,7 +622,8 @@ class Journal:
             try:
                 if items:
                     self._write_now(lines, flush=batch.flush)
-                    self._said_landed()
+                    if self._said_landed():
+                        self._compact_failed_at = None  # space came back: a compaction that did not fit may now
             except OSError as exc:
                 batch.error = exc
                 self._said_failed(len(items), exc)
@@ -599,13 +652,10 @@ class Journal:
                 except BaseException as exc:  # the records are on disk: their waiters are told so
                     logger.opt(exception=exc).error("folding a written journal batch failed")
                     interrupt = interrupt or (None if isinstance(exc, Exception) else exc)
-            if self._lines_in_file > self.compact_after:
+            if self._compaction_due():
                 self._compact_due = not compact
                 if compact:
-                    try:
-                        self._compact()
-                    except OSError as exc:  # the batch is on disk all the same; the next commit retries
-                        logger.error("journal compaction failed: {}", exc)
+                    self._try_compact()
         finally:
             try:
                 # The waiters, then the callbacks, then the turn: listeners see the batches in file order.
@@ -632,29 +682,25 @@ class Journal:
             raise interrupt
 
     def _said_failed(self, count: int, exc: OSError) -> None:
-        """A commit's write failed (under the write turn): said once per spell, at ERROR with the file and what to do.
-
-        A full disk fails every commit (hundreds a second while DMs flow): each one after the first is
-        said at DEBUG only, until a write lands again (:meth:`_said_landed`).
+        """A commit's write failed (under the write turn): said once per spell (:class:`FailureSpell`).
 
         Args:
             count: the batch's records (none of them is in the file).
             exc: the write's error.
         """
-        self._failed_writes += 1
-        if self._failed_writes == 1:
-            logger.error("journal write failed for {} record(s): {}. Each record of a failed write is refused or "
-                         "held to be written again; the failed writes that follow are logged at DEBUG until one "
-                         "lands", count, store_error("write", self.path, exc))
-        else:
-            logger.debug("journal write failed for {} record(s): {}", count, exc)
+        self._writes_failing.failed(
+            "journal write failed for {} record(s): {}. Each record of a failed write is refused or held to be "
+            "written again; the failed writes that follow are logged at DEBUG until one lands",
+            "journal write failed for {} record(s): {}", count, store_error("write", self.path, exc))
 
-    def _said_landed(self) -> None:
-        """A commit's write landed (under the write turn): after failed ones, the end of the spell is said (INFO)."""
-        if self._failed_writes:
-            logger.info("the delivery journal {} takes records again ({} failed write(s) before)", self.path,
-                        self._failed_writes)
-            self._failed_writes = 0
+    def _said_landed(self) -> bool:
+        """A commit's write landed (under the write turn): after failed ones, the end of the spell is said (INFO).
+
+        Returns:
+            Whether a spell of failed writes ended here.
+        """
+        return self._writes_failing.landed("the delivery journal {} takes records again ({} failed write(s) before)",
+                                           self.path)
 
     def _write_now(self, lines: list[bytes], *, flush: bool = True) -> None:
         """Write ``lines`` to our file under the write turn (see :meth:`JournalFile.write`) and count them."""
@@ -725,6 +771,7 @@ class Journal:
                 self._set_homeless(True)
             return False
         self._lines_in_file = len(lines)
+        self._compact_failed_at = None  # a fresh file is compacted: the back-off starts over
         logger.error("the delivery journal {} was no longer reachable at its path (its directory or the file was "
                      "deleted, moved or replaced): its {} live record(s) were rewritten into a fresh file there",
                      self.path, len(lines))
@@ -740,6 +787,36 @@ class Journal:
 
     compact_after = 50_000  # lines in our file before it is rewritten with only what matters
     keep_delivered = 10_000  # delivered outcomes kept for wait_outcome after a restart
+
+    def _compaction_due(self) -> bool:
+        """Whether our file is to be compacted: past ``compact_after`` lines, and, after a compaction failed,
+        by another ``compact_after`` lines since (under the write turn).
+
+        A nearly full disk takes the appends while the whole compacted file does not fit: tried at every
+        commit, the compaction would fail at every commit, writing and removing a whole temp file each time.
+        A failed write's spell that ends (space came back) lifts the back-off (:meth:`_commit`).
+        """
+        return self._lines_in_file - (self._compact_failed_at or 0) > self.compact_after
+
+    def _try_compact(self) -> None:
+        """Compact (the writer thread, under the write turn); a failure is said once per spell and backs off.
+
+        The commit's batch is on disk all the same, and the journal goes on appending to its file.
+        """
+        try:
+            self._compact()
+        except OSError as exc:
+            self._compact_failed_at = self._lines_in_file
+            self._compactions_failing.failed(
+                "journal compaction failed: {}. The journal goes on appending to it (past its {} lines to compact at); "
+                "compaction is tried again after another {} line(s), or once a failed write lands again; the "
+                "failed compactions that follow are logged at DEBUG until one lands",
+                "journal compaction failed: {} ({} lines; tried again after another {})",
+                store_error("compact", self.path, exc), self.compact_after, self.compact_after)
+            return
+        self._compact_failed_at = None
+        self._compactions_failing.landed("the delivery journal {} is compacted again ({} failed compaction(s) "
+                                         "before)", self.path)
 
     def _compact(self) -> None:
         """Rewrite our file with only live state and recent outcomes, then swap it in atomically."""

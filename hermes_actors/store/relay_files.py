@@ -156,8 +156,9 @@ def enqueue_envelope(paths: RelayPaths, envelope: dict[str, Any], *, staged_as: 
     Args:
         paths: the relay layout.
         envelope: an envelope (see ``make_envelope``).
-        staged_as: the name of its complete temp in the temp directory (None: a random one); see
-            :func:`hermes_actors.store.relay_sent.queue_own_envelope`, which must find it after a crash.
+        staged_as: the name of its complete temp in the temp directory (None: a random one), held under its
+            ``flock`` until the rename landed; see :func:`hermes_actors.store.relay_sent.queueing_name`
+            (a restart must find it after a crash, and tell a living writer's from a dead one's).
         before_queued: called between the complete temp and the rename into ``outbox/``; what it raises
             leaves nothing queued and is raised.
 
@@ -167,7 +168,7 @@ def enqueue_envelope(paths: RelayPaths, envelope: dict[str, Any], *, staged_as: 
     Raises:
         ValidationError: the envelope is invalid (nothing is written).
         HostileFileError: a relay directory is hostile.
-        StoreError: the write failed (or the staged temp was taken away before the rename): nothing queued.
+        StoreError: the write failed: nothing queued.
     """
     env = parse_envelope(envelope)
     target = paths.id_file(paths.outbox, env["id"])

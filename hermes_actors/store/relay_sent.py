@@ -8,19 +8,22 @@ forged one, is never taken for ours). At its TTL our envelope is taken back from
 ``queued_expired`` reply is written (a restart finishes it).
 
 The order of a send is what a restart reads back: the complete envelope is staged in the
-temp directory under a name of its own (:func:`queueing_name`, ``.<id>.queueing``), then
-its ``sent/`` record is written, then the rename queues it in ``outbox/``. A ``sent/``
-record whose staged envelope is still there after a crash never left this root's writer:
-:func:`withdraw_unqueued` takes it by rename (``.<id>.withdrawn``), so a living writer on the
-same root finds it gone and fails its send instead of queueing it, and the restart settles it
-as never sent. A record without it was queued (or staged by an older version: unknown).
+temp directory under a name of its own (:func:`queueing_name`, ``.<id>.queueing``), held
+under its writer's ``flock`` from its creation until its rename lands
+(:mod:`hermes_actors.store.owner_lock`), then its ``sent/`` record is written, then the rename
+queues it in ``outbox/``. A ``sent/`` record whose staged envelope is still there, its lock
+free, never left a writer that died: :func:`withdraw_unqueued` takes it (the lock, then a
+rename to ``.<id>.withdrawn``, kept under the taker's lock until the outcome is journaled),
+and the restart settles it as never sent. One whose lock a living process holds (a second
+gateway on the same root in the middle of that send, or a start that withdrew it and is
+reporting it) is left to that process. A record without either was queued (or staged by an
+older version: unknown).
 """
 
 from __future__ import annotations
 
 import os
-import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ from loguru import logger
 from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.atomic import read_json_file
+from hermes_actors.store.owner_lock import release, take_unowned
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below, rename_between
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -38,6 +42,7 @@ from hermes_actors.store.temp_file import discard
 
 __all__ = [
     "SentRecord",
+    "Withdrawn",
     "claim_for_expiry",
     "clear_sent",
     "drop_withdrawn",
@@ -116,73 +121,114 @@ def _withdrawn_name(envelope_id: str) -> str:
     return f".{validate_delivery_id(envelope_id, what='envelope id')}.withdrawn"
 
 
-def withdraw_unqueued(paths: InboxPaths, envelope_ids: list[str]) -> set[str]:
+@dataclass
+class Withdrawn:
+    """What a start found of our recorded envelopes in the temp directory (:func:`withdraw_unqueued`)."""
+
+    # never reached outbox/, their writer dead: id → the descriptor holding the withdrawn file's lock (ours
+    # now: :func:`drop_withdrawn` once the outcome is journaled, or released at stop for the next start)
+    never: dict[str, int] = field(default_factory=dict)
+    # staged or withdrawn under a living process's lock (a gateway mid-send on this root, or a start reporting
+    # it): that process answers for it
+    live: set[str] = field(default_factory=set)
+
+
+def withdraw_unqueued(paths: InboxPaths, envelope_ids: list[str]) -> Withdrawn:
     """At a start: which of our recorded envelopes provably never reached ``outbox/``; take them back.
 
-    Such an envelope's staged temp (:func:`queueing_name`) is still in the temp directory: its writer died
-    between the ``sent/`` record and the rename into ``outbox/``. The rename to ``.<id>.withdrawn`` decides
-    against a writer still alive on the same root (a second gateway in its send): it finds its temp gone and
-    tells its caller "Nothing was sent". One already withdrawn (by a start that died before its outcome was
-    journaled) counts too. Nothing else proves it: a record without either was queued, or was written by an
-    older version (which staged it under a random name), and is waited for as before; so is one whose temp
-    cannot be looked at (logged).
+    Such an envelope's staged temp (:func:`queueing_name`) is still in the temp directory and its lock is
+    free: its writer died between the ``sent/`` record and the rename into ``outbox/``. It is taken (the
+    lock, then a rename to ``.<id>.withdrawn``, whose lock we keep). One already withdrawn by a start that
+    died before its outcome was journaled (its lock free) counts too. A staged or withdrawn file whose lock
+    a living process holds is that process's: a second gateway on the root in the middle of its send (which
+    queues it and answers its caller), or a start reporting it. Nothing else proves it: a record without
+    either was queued, or was written by an older version (which staged it under a random name), and is
+    waited for as before; so is one whose temp cannot be looked at (logged).
 
     Args:
         paths: the relay layout.
         envelope_ids: the (valid) envelope ids ``sent/`` records as ours.
 
     Returns:
-        The ids that never left this root's writer.
+        What was found; the caller owns the locks in ``never``.
 
     Raises:
         HostileFileError: the temp directory (or a directory above it below the root) is refused.
         OSError: the temp directory could not be opened (missing, permission).
     """
+    found = Withdrawn()
     if not envelope_ids:
-        return set()
+        return found
     fd = open_dir_below(paths.relay.root, paths.relay.tmp)
-    never: set[str] = set()
     try:
         for envelope_id in envelope_ids:
             try:
-                if _withdraw(fd, envelope_id):
-                    never.add(envelope_id)
-            except OSError as exc:  # unknown: waited for as before
+                owned, lock = _withdraw(fd, paths.relay.tmp, envelope_id)
+            except (OSError, ValidationError) as exc:  # HostileFileError included: unknown, waited for as before
                 logger.warning("relay: could not tell whether {} left {} before the restart: {}; waiting for its "
                                "reply as for any envelope of ours", envelope_id, paths.relay.tmp, exc)
+                continue
+            if lock is not None:
+                found.never[envelope_id] = lock
+            elif owned:
+                found.live.add(envelope_id)
     finally:
         os.close(fd)
-    return never
+    return found
 
 
-def _withdraw(tmp_fd: int, envelope_id: str) -> bool:
-    """Take back one staged envelope from the temp directory ``tmp_fd``; whether it never reached ``outbox/``.
+def _withdraw(tmp_fd: int, tmp_dir: Path, envelope_id: str) -> tuple[bool, int | None]:
+    """Take back one staged envelope from the temp directory ``tmp_fd`` if its writer died.
+
+    Returns:
+        (False, None): no staged or withdrawn file (queued, or staged by an older version); (True, None): a
+        living process holds it; (True, lock): it never reached ``outbox/``, withdrawn, its lock ours.
 
     Raises:
-        OSError: the rename or the look failed for another reason than a missing file.
+        HostileFileError: the file found is not a regular file of ours.
+        OSError: it could not be looked at, locked or renamed.
     """
     staged, withdrawn = queueing_name(envelope_id), _withdrawn_name(envelope_id)
     try:
-        os.rename(staged, withdrawn, src_dir_fd=tmp_fd, dst_dir_fd=tmp_fd)
-        return True
+        lock = take_unowned(tmp_dir / staged, dir_fd=tmp_fd)
     except FileNotFoundError:
         pass
+    else:
+        if lock is None:
+            return True, None  # its writer lives (or queued it just now): its send answers for it
+        try:  # a start that dies before the outcome is journaled leaves this name: the next one still knows
+            os.rename(staged, withdrawn, src_dir_fd=tmp_fd, dst_dir_fd=tmp_fd)
+        except BaseException:
+            release(lock)
+            raise
+        return True, lock
     try:
-        return stat.S_ISREG(os.lstat(withdrawn, dir_fd=tmp_fd).st_mode)
+        lock = take_unowned(tmp_dir / withdrawn, dir_fd=tmp_fd)
     except FileNotFoundError:
-        return False  # queued (its rename into outbox/ happened), or staged by an older version
+        return False, None  # queued (its rename into outbox/ happened), or staged by an older version
+    return True, lock  # None: a living start withdrew it and reports it
 
 
-def drop_withdrawn(paths: InboxPaths, envelope_id: str) -> None:
-    """Remove a withdrawn envelope once its outcome is journaled (never raises; the 6 h sweep is the fallback)."""
+def drop_withdrawn(paths: InboxPaths, envelope_id: str, lock: int) -> None:
+    """Remove a withdrawn envelope once its outcome is journaled, then let go of its lock.
+
+    Never raises (the 6 h sweep is the fallback).
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+        lock: the descriptor holding its lock (:class:`Withdrawn`'s ``never``); released in any case.
+    """
     try:
         fd = open_dir_below(paths.relay.root, paths.relay.tmp)
     except (OSError, ValidationError):
+        release(lock)
         return
     try:
         discard(_withdrawn_name(envelope_id), fd, paths.relay.tmp)
     finally:
         os.close(fd)
+        release(lock)  # last: while the file is there, only its lock says a living process answers for it
 
 
 def recorded_sender(data: dict[str, Any], *, profile_key: str = "from") -> tuple[str, str, int, bool | None]:

@@ -4,7 +4,8 @@ A gateway takes envelopes from ``inbox/`` into ``taken/s-<token>/``; the hub cla
 envelopes from an ``outbox/`` into ``hubclaims/s-<token>/``. Each shelf directory
 holds a ``.lock`` file that its process keeps under an exclusive ``flock`` for its
 whole life, so a shelf whose lock can be taken belongs to a dead process (killed
--9 included: the kernel drops the flock with the process) and its envelopes are
+-9 included: the kernel drops the flock with the process;
+:mod:`hermes_actors.store.owner_lock`) and its envelopes are
 adopted by the next process that starts on the same root. A living process's
 shelf is never touched.
 
@@ -19,7 +20,6 @@ turn started.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 import uuid
@@ -30,6 +30,7 @@ from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.store.owner_lock import hold, take_unowned
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 
@@ -81,7 +82,7 @@ class Shelf:
         except OSError as exc:
             raise StoreError(exc.errno, f"cannot create the shelf {self.path}: {exc.strerror}") from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            hold(fd)
             os.rename(fresh, self.path / LOCK_NAME)  # adopters open only ``.lock``: it is locked from birth
         except OSError as exc:
             os.close(fd)
@@ -118,21 +119,15 @@ class Shelf:
         try:
             if not stat.S_ISDIR(os.lstat(shelf).st_mode):
                 return None
-            # O_NONBLOCK: a FIFO planted as the lock file must not hang this open (it is refused below)
-            fd = os.open(shelf / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = take_unowned(shelf / LOCK_NAME)
+        except HostileFileError as exc:
+            logger.warning("the shelf {} has no regular lock file of ours ({}); left in place", shelf, exc)
+            return None
         except OSError:
             return None
+        if fd is None:
+            return None  # its process lives, or another start adopted it meanwhile
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                logger.warning("the shelf {} has no regular lock file; left in place", shelf)
-                return None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return None  # its process lives
-            info = os.fstat(fd)
-            if info.st_nlink == 0 or info.st_uid != os.getuid():
-                return None  # adopted by another process meanwhile, or not ours
             moved = [name[:-5] for name in sorted(os.listdir(shelf))
                      if id_of_file_name(name) is not None and self._move(shelf / name, name)]
             for leftover in os.listdir(shelf):

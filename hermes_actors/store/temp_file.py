@@ -5,7 +5,10 @@ directory of ours without following a symlink; it gets a fresh random hidden nam
 matching ``*.json``, so a watcher never sees it) and is created with ``O_EXCL|O_NOFOLLOW``:
 whatever another program left in the temp directory (a FIFO, a hard link to a file
 elsewhere) is never opened, let alone written through. :mod:`hermes_actors.store.atomic`
-puts it in place.
+puts it in place. A temp a writer names itself (so that a restart finds it: the relay's envelope
+being queued) is held under its ``flock`` from its creation until it is put in place or
+discarded (:mod:`hermes_actors.store.owner_lock`): whoever finds it tells a living writer, whose
+temp it must leave alone, from one that died.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from loguru import logger
 
 from hermes_actors.errors import HostileFileError
 from hermes_actors.store.os_errors import os_error_text, store_error, what_to_do
+from hermes_actors.store.owner_lock import hold, release
 from hermes_actors.store.relay_dirfd import open_dir_below
 
 __all__ = ["FILE_MODE", "discard", "staged"]
@@ -105,7 +109,7 @@ def _open_temp_dir(tmp_dir: Path, within: Path | None = None) -> int:
 
 
 def _write_temp(target: Path, data: bytes, *, dir_fd: int, tmp_dir: Path, fsync: bool, mode: int = FILE_MODE,
-                name: str | None = None) -> str:
+                name: str | None = None) -> tuple[str, int | None]:
     """Write ``data`` to a fresh temp file for ``target``.
 
     Args:
@@ -115,18 +119,23 @@ def _write_temp(target: Path, data: bytes, *, dir_fd: int, tmp_dir: Path, fsync:
         tmp_dir: its path (for messages).
         fsync: flush the file to stable storage before returning.
         mode: the temp's permission bits (exactly these: the umask does not apply).
-        name: the temp's name (None: a fresh random one); created with ``O_EXCL`` all the same.
+        name: the temp's name (None: a fresh random one); created with ``O_EXCL`` all the same, and held under
+            its ``flock`` from its creation (:func:`~hermes_actors.store.owner_lock.hold`).
 
     Returns:
-        The temp file's name in ``dir_fd``.
+        The temp file's name in ``dir_fd``, and with ``name`` the open descriptor holding its lock (the
+        caller releases it once the temp is put in place or discarded), else None.
 
     Raises:
-        OSError: the temp could not be created or written (it is removed).
+        OSError: the temp could not be created, locked or written (it is removed).
     """
+    held = name is not None
     name = name or _temp_name(target)
     fd = os.open(name, _WRITE_FLAGS, FILE_MODE, dir_fd=dir_fd)  # private until fchmod: nobody opens it meanwhile
     try:
         try:
+            if held:  # before anything can name it to a restart (its writer's next record does)
+                hold(fd)
             os.fchmod(fd, mode)  # exactly the mode asked for, whatever the umask
             view = memoryview(data)
             while view:
@@ -135,11 +144,14 @@ def _write_temp(target: Path, data: bytes, *, dir_fd: int, tmp_dir: Path, fsync:
             if fsync:
                 os.fsync(fd)
         finally:
-            os.close(fd)
+            if not held:
+                os.close(fd)
     except BaseException:
         discard(name, dir_fd, tmp_dir)
+        if held:
+            release(fd)
         raise
-    return name
+    return name, fd if held else None
 
 
 def discard(name: str, dir_fd: int, tmp_dir: Path) -> None:
@@ -176,7 +188,9 @@ def staged(
         mode: the temp's (and so the target's) permission bits.
         within: the trusted directory of the write: a ``tmp_dir`` below it is walked from it.
         name: the temp's name (None: a fresh random hidden one); a writer whose temp must be found again
-            after a crash names it (the relay's queued envelope: ``relay_sent.queueing_name``).
+            after a crash names it (the relay's queued envelope: ``relay_sent.queueing_name``). Such a
+            temp is held under its ``flock`` from its creation until this context exits, after the caller
+            put it in place or discarded it: a living writer's temp is never taken for a dead one's.
 
     Yields:
         The temp's name and the open temp directory's fd (closed on exit); the caller puts
@@ -191,11 +205,14 @@ def staged(
         dir_fd = _open_temp_dir(tmp_dir, within)
     except OSError as exc:
         raise store_error(verb, target, exc) from exc
+    lock: int | None = None
     try:
         try:
-            tmp = _write_temp(target, data, dir_fd=dir_fd, tmp_dir=tmp_dir, fsync=fsync, mode=mode, name=name)
+            tmp, lock = _write_temp(target, data, dir_fd=dir_fd, tmp_dir=tmp_dir, fsync=fsync, mode=mode, name=name)
         except OSError as exc:
             raise store_error(verb, target, exc) from exc
         yield tmp, dir_fd
     finally:
+        if lock is not None:  # last: the temp is in place or gone
+            release(lock)
         os.close(dir_fd)
