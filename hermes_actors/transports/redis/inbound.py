@@ -91,12 +91,17 @@ def file_relay_replies_text(envelope_ids: list[str]) -> str:
     Returns:
         What they are, why Redis leaves them alone, and what delivers them.
     """
-    named = ", ".join(envelope_ids[:5]) + (", …" if len(envelope_ids) > 5 else "")
+    named = _first_five(envelope_ids)
     return (f"redis: {len(envelope_ids)} start mark(s) in bot_relay/started/ keep the reply of a DM that came in "
             f"through the file relay before this root switched to Redis ({named}): a reply goes "
             "back only on the transport its DM came in on, so they are left as they are. A gateway of this root on "
             "the file relay (no bot_mode.transport) writes them to bot_relay/delivered/ at its start; their "
             "senders wait for them until then")
+
+
+def _first_five(envelope_ids: list[str]) -> str:
+    """Pure: the first five of ``envelope_ids``, comma-separated, with "…" when there are more."""
+    return ", ".join(envelope_ids[:5]) + (", …" if len(envelope_ids) > 5 else "")
 
 
 def unawaited_replies_text(envelope_ids: list[str]) -> str:
@@ -108,7 +113,7 @@ def unawaited_replies_text(envelope_ids: list[str]) -> str:
     Returns:
         What they are, why they are not written, and what becomes of them.
     """
-    named = ", ".join(envelope_ids[:5]) + (", …" if len(envelope_ids) > 5 else "")
+    named = _first_five(envelope_ids)
     return (f"redis: {len(envelope_ids)} start mark(s) in bot_relay/started/ written before 'via' keep the reply "
             f"of a DM no sender waits for on Redis ({named}): the file relay's hub forwarded it, or the previous "
             "Redis transport wrote it and its sender has it (or gave up on it), so it is not written again. They "
