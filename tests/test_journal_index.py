@@ -241,6 +241,37 @@ def test_a_compacted_or_cut_back_journal_is_read_anew(tmp_path: Path) -> None:
     journal.close()
 
 
+def test_a_last_record_seen_without_its_newline_then_cut_back_leaves_no_trace(tmp_path: Path) -> None:
+    """A look-up that catches a record without its newline (a write under way, or a short one) must not keep it:
+    when that write fails, the journal cuts it back and writes the real record where it was (JournalFile.write's
+    failure path). Before the fix the index kept the phantom outcome for good (the first outcome wins) and never
+    read that place again (the bytes before it were unchanged); a whole-file read answered pending, then REAL."""
+    root = make_root(tmp_path)
+    journal = _journal(root)
+    key = _id(9)
+    journal.write([_accepted(key), _line({"t": "started", "id": key, "attempt": 1})], flush=False)
+    index = JournalIndex()
+
+    def same_as_whole_read(expected: str) -> None:
+        assert index.state(root, key)[0] == read_journals(root)[0].states.get(key)
+        answer = find_outcome(root, key, index=index)
+        assert answer == find_outcome(root, key)
+        assert answer.get("reply", answer.get("error")) == expected
+
+    same_as_whole_read("accepted; its turn began, no outcome yet")
+    base = journal.end
+    assert journal.fd is not None
+    os.pwrite(journal.fd, _line({"t": "finished", "id": key, "o": _outcome(key, "PHANTOM")})[:-1], base)
+    same_as_whole_read("PHANTOM")  # as a whole-file fold counts a last record without its newline
+    journal.cut_back(base)  # the write failed: its callers were told it was NOT recorded
+    same_as_whole_read("accepted; its turn began, no outcome yet")
+    journal.write([_line({"t": "finished", "id": key, "o": _outcome(key, "REAL")})], flush=False)
+    same_as_whole_read("REAL")
+    journal.write([_line({"t": "delivered", "id": key})], flush=False)
+    same_as_whole_read("REAL")
+    journal.close()
+
+
 def _states(root: Path, index: JournalIndex, keys: list[str]) -> dict[str, DeliveryState | None]:
     return {key: index.state(root, key)[0] for key in keys}
 
