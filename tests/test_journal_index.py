@@ -28,6 +28,7 @@ from hermes_actors.ops.journal_view import find_outcome, read_journals
 from hermes_actors.records import RemoteAgent
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import DeliveryState, fold_records, state_records
+from hermes_actors.store.journal_state import JournalState
 from hermes_actors.store.relay_files import enqueue_envelope
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_protocol import make_envelope
@@ -241,6 +242,37 @@ def test_a_compacted_or_cut_back_journal_is_read_anew(tmp_path: Path) -> None:
     journal.close()
 
 
+def test_a_last_record_seen_without_its_newline_then_cut_back_leaves_no_trace(tmp_path: Path) -> None:
+    """A look-up that catches a record without its newline (a write under way, or a short one) must not keep it:
+    when that write fails, the journal cuts it back and writes the real record where it was (JournalFile.write's
+    failure path). Before the fix the index kept the phantom outcome for good (the first outcome wins) and never
+    read that place again (the bytes before it were unchanged); a whole-file read answered pending, then REAL."""
+    root = make_root(tmp_path)
+    journal = _journal(root)
+    key = _id(9)
+    journal.write([_accepted(key), _line({"t": "started", "id": key, "attempt": 1})], flush=False)
+    index = JournalIndex()
+
+    def same_as_whole_read(expected: str) -> None:
+        assert index.state(root, key)[0] == read_journals(root)[0].states.get(key)
+        answer = find_outcome(root, key, index=index)
+        assert answer == find_outcome(root, key)
+        assert answer.get("reply", answer.get("error")) == expected
+
+    same_as_whole_read("accepted; its turn began, no outcome yet")
+    base = journal.end
+    assert journal.fd is not None
+    os.pwrite(journal.fd, _line({"t": "finished", "id": key, "o": _outcome(key, "PHANTOM")})[:-1], base)
+    same_as_whole_read("PHANTOM")  # as a whole-file fold counts a last record without its newline
+    journal.cut_back(base)  # the write failed: its callers were told it was NOT recorded
+    same_as_whole_read("accepted; its turn began, no outcome yet")
+    journal.write([_line({"t": "finished", "id": key, "o": _outcome(key, "REAL")})], flush=False)
+    same_as_whole_read("REAL")
+    journal.write([_line({"t": "delivered", "id": key})], flush=False)
+    same_as_whole_read("REAL")
+    journal.close()
+
+
 def _states(root: Path, index: JournalIndex, keys: list[str]) -> dict[str, DeliveryState | None]:
     return {key: index.state(root, key)[0] for key in keys}
 
@@ -294,6 +326,29 @@ def test_the_index_answers_as_a_fold_of_every_file_whatever_was_written_when(tmp
     assert index.state(root, shared)[0] == DeliveryState(
         delivery=_delivery(shared), started=2, outcome=_outcome(shared, "first"), delivered=True,
         unreadable_acceptance=True, live=True, via="cli")
+
+
+def test_a_damaged_file_and_its_adopters_copy_answer_as_a_fold_of_the_whole_root(tmp_path: Path) -> None:
+    """The one layout a writer makes with a ``started``+``via`` record first for an id an earlier file tracks:
+    adoption copies a state without a readable delivery as a lone ``started`` record, while the damaged file it
+    came from is still in the directory (before its quarantine, or if that move failed). The index folds each
+    file on its own (that record is dropped in the copy's file) and still answers as a whole-root fold does."""
+    root = make_root(tmp_path)
+    directory = journal_dir(root)
+    directory.mkdir(parents=True, mode=0o700)
+    key = _id(9)
+    damaged = [_line({"t": "accepted", "id": key}), _line({"t": "started", "id": key, "attempt": 2, "via": "warm"})]
+    adopted = JournalState()
+    adopted.take_over(fold_records(orjson.loads(line) for line in damaged), keep=10)
+    copy = adopted.lines()
+    assert [orjson.loads(line)["t"] for line in copy] == ["started"]  # no accepted: a late via in its own file
+    for damaged_name, copy_name in (("j-a.log", "j-b.log"), ("j-b.log", "j-a.log")):
+        for path in directory.glob("j-*.log"):
+            path.unlink()
+        (directory / damaged_name).write_bytes(b"".join(damaged))
+        (directory / copy_name).write_bytes(b"".join(copy))
+        assert JournalIndex().state(root, key)[0] == read_journals(root)[0].states[key]
+        assert find_outcome(root, key, index=JournalIndex()) == find_outcome(root, key)
 
 
 def test_a_state_folds_back_from_its_records() -> None:

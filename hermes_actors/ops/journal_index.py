@@ -24,13 +24,19 @@ reads them back with the byte after them:
 - the same bytes, then anything else: the complete lines appended are folded in.
 
 A last line without its newline (a write under way, a killed gateway's torn last line) is
-folded as a fold of the whole file folds it, and read again next time, so an answer is what a
-fold of every file gives. The files are opened and refused as :func:`open_journal` says, which is also
+never folded into what is kept: its records are kept apart, folded into the answer for the id
+asked only (into a copy of that id's state, as a fold of the whole file folds them), and the
+line is read again at the next look-up. A write that fails is cut back
+(:meth:`~hermes_actors.store.journal_file.JournalFile.cut_back`) and the next record written
+where it was: a record a look-up saw there without its newline must not outlive it (folded for
+good, its outcome would hide the real one: the first outcome wins). So an answer is what a fold
+of every file gives at that moment. The files are opened and refused as :func:`open_journal` says, which is also
 how :func:`hermes_actors.ops.journal_view.read_journals` reads them all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import threading
@@ -38,13 +44,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from hermes_actors.store.journal_records import (
     DeliveryState,
     JournalFolded,
     fold_lines,
     fold_records,
+    parse_lines,
     read_lines,
     state_records,
 )
@@ -118,7 +125,10 @@ class _FileFold:
     identity: tuple[int, int]  # (st_dev, st_ino): a compacted or rewritten file is another inode
     offset: int = 0  # bytes of complete lines folded
     tail: bytes = b""  # the bytes just before ``offset`` (up to _TAIL_BYTES) as they were read
-    folded: JournalFolded = field(default_factory=JournalFolded)
+    folded: JournalFolded = field(default_factory=JournalFolded)  # the complete lines only
+    # The records of the last line, read without its newline (a write under way or torn): never in ``folded``,
+    # since it may yet be cut back and written over; read again at the next look-up while there is one.
+    unterminated: list[dict[str, Any]] = field(default_factory=list)
 
 
 class JournalIndex:
@@ -147,7 +157,7 @@ class JournalIndex:
         """
         with self._lock:
             problems = self._refresh(root)
-            found = [entry.folded.states.get(delivery_id) for entry in self._files.values()]
+            found = [_with_unterminated(entry, delivery_id) for entry in self._files.values()]
             records = chain.from_iterable(state_records(delivery_id, s) for s in found if s is not None)
             # folded again from its records even when one file names it: the caller gets its own object
             return fold_records(records).states.get(delivery_id), problems
@@ -192,7 +202,9 @@ def _brought_up_to_date(fd: int, entry: _FileFold | None) -> _FileFold:
         seen = os.pread(fd, len(entry.tail) + 1, start)
         if not seen.startswith(entry.tail):  # rewritten where we had read: a cut-back batch, or another file
             entry = _FileFold(identity)
-        elif seen[len(entry.tail):] in (b"", b"\0"):  # the end, or the zeros allocated ahead: nothing appended
+        elif not entry.unterminated and seen[len(entry.tail):] in (b"", b"\0"):
+            # the end, or the zeros allocated ahead: nothing appended. A last line read without its newline is
+            # read again instead: a zero there may be its write cut back (JournalFile.cut_back), and it must go.
             return entry
     with os.fdopen(os.dup(fd), "rb") as stream:
         stream.seek(entry.offset)
@@ -202,18 +214,42 @@ def _brought_up_to_date(fd: int, entry: _FileFold | None) -> _FileFold:
 
 
 def _complete_lines(stream: BinaryIO, fd: int, entry: _FileFold) -> Iterator[bytes | None]:
-    """The lines of ``stream`` from where it stands (:func:`read_lines`); ``entry.offset`` moves past each complete one.
+    """The complete lines of ``stream`` from where it stands (:func:`read_lines`); ``entry.offset`` moves past each.
 
     The last line may have no newline: the zeros after the last record, a record still being
-    written, or a killed gateway's last one. It is folded as a fold of the whole file folds it
-    (a record there counts), and read again next time: the offset stays before it. Folding those
-    last records again is harmless (a fold of the same records twice in a row is a fold of them
-    once), and a torn one was corrupt the first time.
+    written, or a killed gateway's last one. It is not yielded (what is folded is kept, and that
+    line may yet be cut back and written over): its records go to ``entry.unterminated``, for
+    :func:`_with_unterminated` to fold into an answer as a fold of the whole file folds them
+    (a record there counts), and the offset stays before it, so it is read again next time.
     """
+    entry.unterminated = []
     for line in read_lines(stream):
         end = stream.tell()
         # an over-long line (None) was skipped up to its newline, or to the end of the file
         complete = line.endswith(b"\n") if line is not None else os.pread(fd, 1, end - 1) == b"\n"
+        if not complete:  # only the last line can lack its newline (a read stops short only at the end)
+            entry.unterminated = [record for record in parse_lines((line,)) if record is not None]
+            return
         yield line
-        if complete:
-            entry.offset = end  # past a line the caller folded (it asks for the next one once it has)
+        entry.offset = end  # past a line the caller folded (it asks for the next one once it has)
+
+
+def _with_unterminated(entry: _FileFold, delivery_id: str) -> DeliveryState | None:
+    """What a fold of the whole file ``entry`` says of ``delivery_id``: its last line without a newline counted too.
+
+    Args:
+        entry: one journal file as far as it was folded, with its unterminated last line's records.
+        delivery_id: the delivery looked up.
+
+    Returns:
+        The file's state of it (the kept object when that line does not name it, else a new one: what
+        is kept never holds that line, which may yet be cut back), or None when the file does not name it.
+    """
+    state = entry.folded.states.get(delivery_id)
+    records = [record for record in entry.unterminated if record["id"] == delivery_id]
+    if not records:
+        return state
+    # a copy of that one id's state, so a "started" with "via" is dropped or applied as in the whole file's fold;
+    # shallow is enough: a fold assigns a state's dicts, it never changes them in place
+    alone = JournalFolded(states={} if state is None else {delivery_id: dataclasses.replace(state)})
+    return fold_records(records, alone).states.get(delivery_id)

@@ -142,7 +142,20 @@ _VIAS = ("warm", "cli")
 
 def _late_via(record: dict[str, Any], states: dict[str, DeliveryState]) -> bool:
     """Pure: ``record`` is a ``started`` record carrying ``via`` for an id ``states`` does not track (see
-    :func:`fold_records`)."""
+    :func:`fold_records`).
+
+    :class:`~hermes_actors.ops.journal_index.JournalIndex` folds each file on its own, so a late one in a file
+    whose id only an earlier file tracks is dropped there, where a fold of the whole root applies it. Left so
+    on purpose (review diffrev15): no writer makes that layout with another answer. A ``via`` record is written
+    (``local.turns.via_recorder``) by the gateway running the turn, into its own file, after that file's
+    records of the delivery (its ``accepted``, or the copy adoption wrote before recovery ran it; compaction
+    and a lost file's rewrite keep them, ``accepted`` first). Only a state without a readable delivery
+    (damage: recovery never runs it) is copied by adoption or compaction as a lone ``started`` with ``via``;
+    the damaged file it came from is quarantined, and while it is still in the directory (before the move,
+    or the move failed) its fold of that id holds the same attempt and ``via``. A late record proper (a turn
+    outliving its timeout and the last 10,000 outcomes) applied to such a leftover file's id would be the
+    delivery of nothing this rule exists to avoid.
+    """
     return record["t"] == "started" and "via" in record and record["id"] not in states
 
 
