@@ -758,3 +758,37 @@ def test_an_inbox_dm_past_its_senders_ttl_is_expired_with_that_ttl_by_the_gatewa
     assert reply is not None and reply["reason"] == "queued_expired", reply
     assert reply["error"] == rp.expired_error_text("moxie", "mini", 60)
     assert rec.entered == []
+
+
+def test_a_dm_the_hub_moved_into_such_an_inbox_ends_queued_expired_with_equal_ttl_and_reply_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (docs review docrev, hub_ttl_race): with the default budgets (envelope_ttl_seconds ==
+    reply_wait_seconds) the sender's reply deadline found the TTL passed, could not expire the DM (the hub had moved
+    it out of alpha's outbox/ into mini's inbox/) and reported ``delivery_timeout`` "may still be delivered"; the
+    hub's ``queued_expired`` came a moment later (created_at + TTL + its slack) and was ignored, so the DM was never
+    delivered though its sender was told it may be. The sender now waits a short grace for that answer.
+
+    The hub's deadline counts from created_at, a whole second (int(now)), so it may beat the sender's by up to a
+    second and hide the race; a 1 s slack puts it always after the sender's, as a hub slowed by its file event
+    and its reply write on a loaded machine does (well within the grace)."""
+    from hermes_actors.relay import hub as hub_module
+    from hermes_actors.relay.outbound import EXPIRY_ANSWER_GRACE_SECONDS
+
+    monkeypatch.setattr(hub_module, "DEADLINE_SLACK_SECONDS", 1.0)
+    ttl = 3  # the hub moves the DM out of alpha's outbox/ long before (its file event; a 0.5 s rescan else)
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha",
+                      config={"bot_mode": {"envelope_ttl_seconds": ttl, "reply_wait_seconds": ttl}})
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")  # no gateway of ours ever reads its inbox/
+    with LogCapture("INFO") as logs, hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.5), \
+            Gateway(alpha, runner=RecordingRunner(), connection_id="alpha") as gw:
+        await_condition(lambda: any(r["handle"] == "moxie" for r in gw.roster()), timeout=20, message="the roster")
+        ack = gw.message_agent(sender="alice", target="moxie@mini", message="anyone there?")
+        assert ack["status"] == "queued", ack
+        out = gw.wait_outcome(ack["delivery_id"], timeout=ttl + EXPIRY_ANSWER_GRACE_SECONDS + 30)
+    assert (out["status"], out["reason"]) == ("failed", "queued_expired"), out
+    assert out["error"] == rp.expired_error_text("moxie", "mini", ttl)
+    # the hub answered it from mini's inbox/ (the sender could not: it had left alpha's outbox/)
+    assert len(logs.matching(f"hub: delivery {ack['delivery_id']} @alice@alpha → @moxie@mini: failed "
+                             "[queued_expired]")) == 1
+    assert rf.list_ids(mini / "bot_relay" / "inbox") == [] and rf.list_ids(alpha / "bot_relay" / "outbox") == []

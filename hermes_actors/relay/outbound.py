@@ -5,7 +5,8 @@ restart tells one its killed gateway never queued, and settles it as not sent at
 ``replies/<id>.json`` appears (a watchdog event; the periodic rescan is only the
 fallback) its outcome is reported; at the TTL the sender expires its own undrained
 envelope (claim by rename into ``expiring/`` first, then the ``queued_expired``
-reply); past the reply budget it gives up with ``delivery_timeout``. After a
+reply); past the reply budget it gives up with ``delivery_timeout`` (one past its TTL that
+was taken from ``outbox/`` only after a short grace for its taker's ``queued_expired``). After a
 restart the envelopes ``sent/`` records as ours (and only those) are waited for again.
 
 :class:`Outbound` is a plain object composed into the actor and called on its
@@ -55,7 +56,14 @@ from hermes_actors.store.relay_sent import (
     record_sent,
 )
 
-__all__ = ["Outbound", "Waiting", "never_queued_text"]
+__all__ = ["EXPIRY_ANSWER_GRACE_SECONDS", "Outbound", "Waiting", "never_queued_text"]
+
+# How long past our reply budget we still wait for the queued_expired answer of an envelope whose TTL ran out after
+# someone took it from our outbox/ (the hub, which moved it into the inbox/ of a root where no gateway of ours reads
+# it): the hub answers at the same TTL (from the envelope's created_at) plus its DEADLINE_SLACK_SECONDS, then a reply
+# write and our file event, so often a moment after our own deadline (equal budgets, the defaults). A few seconds
+# covers that on a loaded machine; one re-arm, never polling, then delivery_timeout as without a TTL.
+EXPIRY_ANSWER_GRACE_SECONDS = 5.0
 
 
 def never_queued_text(label: str) -> str:
@@ -72,6 +80,7 @@ class Waiting:
     timers: list[TimerHandle]
     expires_at: float | None = None  # monotonic time its TTL runs out (None: no TTL)
     resumed: bool = False  # waited for again after a restart: it may sit in expiring/ already
+    graced: bool = False  # its reply deadline was re-armed once for the expiry answer of whoever took it
 
 
 class Outbound:
@@ -288,7 +297,11 @@ class Outbound:
             logger.warning("relay: could not move the expired envelope {} to claimed/: {}", envelope_id, exc)
 
     def reply_deadline(self, envelope_id: str) -> None:
-        """The reply budget of one of our envelopes ran out: report ``delivery_timeout`` (or its expiry)."""
+        """The reply budget of one of our envelopes ran out: report ``delivery_timeout`` (or its expiry).
+
+        Past its TTL too, one still in our ``outbox/`` is expired here; one taken from it (by the hub or a drain)
+        gets :data:`EXPIRY_ANSWER_GRACE_SECONDS` more, once, for its taker's ``queued_expired`` answer.
+        """
         entry = self.waiting.get(envelope_id)
         if entry is None:
             return
@@ -296,6 +309,13 @@ class Outbound:
             # Its TTL ran out too (equal budgets, or a restart after both): never drained means NOT delivered,
             # which the expiry says; only a drained envelope is a delivery_timeout.
             self._expire(envelope_id, entry)
+            if envelope_id not in self.waiting:
+                return
+            if not entry.graced:  # taken from outbox/: its taker answers queued_expired at this TTL a moment later
+                entry.graced = True
+                entry.timers.append(self.timers.after(EXPIRY_ANSWER_GRACE_SECONDS, ReplyDeadline(envelope_id)))
+                return
+            self.check_reply(envelope_id)  # written, but its file event still queued behind this timer
             if envelope_id not in self.waiting:
                 return
         budget = self.config.reply_wait_seconds
