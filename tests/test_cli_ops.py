@@ -849,6 +849,23 @@ def test_disable_names_what_it_leaves_for_the_user_to_remove(
     assert f"{created} is now" not in out  # said once, by the disable that emptied it
 
 
+def test_disable_of_every_profile_that_undoes_the_whole_record_names_bot_relay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (docs review docrev): docs/hermes.md says the `bot_relay/` "to do" comes once the whole record is
+    undone, but only a `disable` without --profiles said it: `--profiles` naming every profile of an install
+    enabled without --gateway undid the whole record and left bot_relay/ unmentioned (no later disable says it
+    either: there is nothing left to undo). It is said whenever nothing of the record is left."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root)]) == 0
+    capsys.readouterr()
+    every = ",".join(p.profile for p in discover_profiles(root))
+    assert main(["disable", "--root", str(root), "--profiles", every]) == 0
+    out = capsys.readouterr().out
+    assert f"  to do: {root / 'bot_relay'} was kept (the journal, relay directories, turn locks, quarantine): " \
+           "remove it if you want, once no host runs" in out, out
+
+
 def test_disable_of_some_profiles_while_a_host_serves_says_what_stays_served(
     tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -279,7 +279,8 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     if selected:
         report.todo.append("the 'Bot Chat' sessions, and the rooms' 'Group: <name>' ones, were kept (they hold "
                            "conversations; delete them in hermes if you want them gone)")
-        report.todo.extend(_left_to_remove(root, selected, everything=profiles is None))
+        # the record is what makes bot_relay/ ours: say it once nothing is left of it, by --profiles naming them all too
+        report.todo.extend(_left_to_remove(root, selected, everything=not kept))
     if any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected):
         # a running gateway read its platforms at start: it hosts (and refuses every DM) until restarted
         report.todo.append("restart the hermes gateway if one runs, so it stops hosting the actors: "
@@ -338,7 +339,8 @@ def _left_to_remove(root: Path, undone: list[dict[str, object]], *, everything: 
     Args:
         root: the Hermes root.
         undone: the record entries just undone.
-        everything: the whole record was undone (no ``--profiles``): ``bot_relay/`` is no longer ours.
+        everything: the whole record is undone now (no ``--profiles``, or profiles naming every recorded
+            edit): ``bot_relay/`` is no longer ours.
 
     Returns:
         The "to do" lines: each ``profile.yaml`` now ``{}`` (enable created it), and ``bot_relay/``.
