@@ -374,15 +374,17 @@ class Gateway:
         """The outcome dict of ``delivery_id``, waiting at most ``timeout`` seconds (plus at most
         ``CHECK_GRACE``, 2 s, for a Dispatcher too busy to say at once where the DM stands).
 
-        The outcomes of at least the last 100,000 settled deliveries are kept in memory (and, in
-        durable mode, the last 10,000 across restarts in the journal).
+        The outcomes of at least the last 100,000 settled deliveries are kept in memory, for this
+        gateway's life; across restarts (durable mode), at least the last 10,000 delivered ones, which
+        the root's journal carries from one start to the next.
 
         Before ``start`` and after ``stop`` it answers from the root's journal and relay files.
 
         Raises:
             TimeoutError: no outcome arrived in time (or, while the gateway does not run, the
                 root's files hold the DM without an outcome yet).
-            KeyError: this gateway never issued the id (and no journal holds it).
+            KeyError: the id is unknown: never acked on this root, or its outcome is older than the ones
+                kept (above).
             RuntimeError: called in a fork of the process that started the gateway.
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.

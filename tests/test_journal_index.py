@@ -18,14 +18,16 @@ from typing import Any
 
 import orjson
 import pytest
-from roots import RecordingRunner, make_root
+from roots import RecordingRunner, make_root, send_dm
 
 from hermes_actors import Gateway
 from hermes_actors.cli import ops_commands
 from hermes_actors.cli.main import main
+from hermes_actors.local.outcome_book import SETTLED_KEEP
 from hermes_actors.ops.journal_index import JournalIndex, journal_dir
 from hermes_actors.ops.journal_view import find_outcome, read_journals
 from hermes_actors.records import RemoteAgent
+from hermes_actors.store.journal import Journal
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import DeliveryState, fold_records, state_records
 from hermes_actors.store.journal_state import JournalState
@@ -181,15 +183,40 @@ def test_a_running_gateway_looks_an_id_it_never_issued_up_in_the_journals_once(
     root = make_root(tmp_path)
     _settled_journal(root, 300)  # adopted at start: the outcomes are copied into the gateway's own file
     with Gateway(root, runner=RecordingRunner(), fsync=False) as gw:
-        with pytest.raises(KeyError, match="this gateway did not issue it and no journal on"):
+        with pytest.raises(KeyError, match="this gateway holds no outcome for it and no journal on"):
             gw.wait_outcome(_id(10_000), timeout=0)
         size = sum(path.stat().st_size for path in journal_dir(root).glob("j-*.log"))
         for _ in range(3):
             before = journal_reads()
-            with pytest.raises(KeyError, match="this gateway did not issue it and no journal on"):
+            with pytest.raises(KeyError, match="this gateway holds no outcome for it and no journal on"):
                 gw.wait_outcome(_id(10_001), timeout=0)
             again = journal_reads() - before
             assert again <= 4096 + 1, f"a look-up re-read {again} bytes of a {size}-byte journal"
+
+
+def test_a_restarted_gateway_says_an_outcome_it_no_longer_holds_may_be_older_than_the_ones_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (chaos review relay33): a restarted gateway asked for a DM its root had acked and settled long
+    before said "this gateway did not issue it": false, the journals carry only (at least) the last 10,000 delivered
+    outcomes from one start to the next. The error now says the id was never acked here or is older than the
+    outcomes kept, and both bounds."""
+    root = make_root(tmp_path)
+    with Gateway(root, runner=RecordingRunner(), fsync=False) as gw:
+        old = send_dm(gw, "long ago")
+        assert gw.wait_outcome(old, timeout=30)["status"] == "replied"
+        for n in range(3):  # later outcomes push it out of what a start carries on (2 here, 10,000 for real)
+            assert gw.wait_outcome(send_dm(gw, f"later {n}"), timeout=30)["status"] == "replied"
+    kept = Journal.keep_delivered  # what the message names
+    monkeypatch.setattr(Journal, "keep_delivered", 2)
+    with Gateway(root, runner=RecordingRunner(), fsync=False):
+        pass  # knows every outcome of the file it adopts, but carries only the last 2 into its own
+    with Gateway(root, runner=RecordingRunner(), fsync=False) as gw, pytest.raises(KeyError) as raised:
+        gw.wait_outcome(old, timeout=0)
+    said = str(raised.value)
+    assert "did not issue" not in said, said
+    assert f"no journal on {root} does: it was never acked on this root, or its outcome is older than the ones " \
+           f"kept (at least the last {kept:,} delivered, in the journal across restarts; at least the last " \
+           f"{SETTLED_KEEP:,}, in this gateway's memory while it runs)" in said, said
 
 
 def test_only_what_a_live_gateway_appended_is_read_and_its_records_are_found(

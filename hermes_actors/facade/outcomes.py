@@ -22,7 +22,7 @@ import pykka
 
 from actors import ActorGone, AskTimeout, ask
 from hermes_actors.facade.options import ASK_TIMEOUT
-from hermes_actors.local.outcome_book import Packed, unpack_outcome
+from hermes_actors.local.outcome_book import Packed, unknown_delivery, unpack_outcome
 from hermes_actors.local.sending import outcome_future
 from hermes_actors.messages import CheckOutcome
 from hermes_actors.ops.journal_index import JournalIndex
@@ -57,7 +57,8 @@ def outcome_on_file(root: Path, delivery_id: str, *, journals: JournalIndex,
     Raises:
         TimeoutError: the DM is journaled (or on the relay) without an outcome yet: the next
             gateway on the root runs it (or reads its reply), or the other gateway holding it settles it.
-        KeyError: neither this gateway nor the root's files know the id.
+        KeyError: neither this gateway nor the root's files know the id (never acked on the root, or
+            its outcome is older than the ones kept: :func:`~hermes_actors.local.outcome_book.unknown_delivery`).
     """
     from hermes_actors.core.clipping import shown
     from hermes_actors.core.ids import is_delivery_id
@@ -74,8 +75,7 @@ def outcome_on_file(root: Path, delivery_id: str, *, journals: JournalIndex,
                            f"{found.get('error')}; the next gateway on {root} settles it")
     if found.get("status") == "unknown":
         if running:
-            raise KeyError(f"unknown delivery id {delivery_id!r}: this gateway did not issue it and "
-                           f"no journal on {root} holds it")
+            raise KeyError(unknown_delivery(delivery_id, root))
         raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running; {found.get('error')})")
     return found
 

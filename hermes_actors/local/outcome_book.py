@@ -20,14 +20,17 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, Literal
 
 import pykka
 from loguru import logger
 
+from hermes_actors.store.journal_state import KEEP_DELIVERED
+
 __all__ = [
     "SETTLED_KEEP", "Answers", "DeliveryState", "KeptOutcomes", "OutcomeBook", "Packed", "Pending", "Route",
-    "SettledOutcomes", "answer", "unpack_outcome",
+    "SettledOutcomes", "answer", "unknown_delivery", "unpack_outcome",
 ]
 
 SETTLED_KEEP = 100_000  # settled outcomes remembered for wait_outcome (oldest dropped first; bounds memory)
@@ -68,6 +71,28 @@ def _answer_one(future: pykka.ThreadingFuture[dict[str, Any]], record: dict[str,
         future.set(record)
     except Exception:
         logger.debug("an outcome waiter was answered already (its gateway stopped)")
+
+
+def unknown_delivery(delivery_id: str, root: Path | None = None) -> str:
+    """Pure: why a running gateway has no outcome for ``delivery_id`` (the text of ``wait_outcome``'s KeyError).
+
+    Not knowing it does not mean it was never issued here: an outcome is kept only so long (the journal carries
+    at least the last :data:`KEEP_DELIVERED` delivered across restarts, the book at least the last
+    :data:`SETTLED_KEEP` while its gateway runs). A chaos review's restarted gateway said "this gateway did
+    not issue it" of DMs its root had acked and settled long before.
+
+    Args:
+        delivery_id: the id asked for.
+        root: the Hermes root whose journals were looked in (None: not named).
+
+    Returns:
+        The message.
+    """
+    journals = f"no journal on {root}" if root is not None else "no journal of its root"
+    return (f"unknown delivery id {delivery_id!r}: this gateway holds no outcome for it and {journals} does: "
+            f"it was never acked on this root, or its outcome is older than the ones kept (at least the last "
+            f"{KEEP_DELIVERED:,} delivered, in the journal across restarts; at least the last {SETTLED_KEEP:,}, "
+            "in this gateway's memory while it runs) and its subscribers were told when it settled")
 
 
 class DeliveryState(Enum):
@@ -350,7 +375,7 @@ class OutcomeBook:
         """
         state = self.state(key)
         if state is DeliveryState.UNKNOWN:
-            raise KeyError(f"unknown delivery id {key!r}: this gateway did not issue it and no journal holds it")
+            raise KeyError(unknown_delivery(key))
         return self._settled.get(key) if state is DeliveryState.SETTLED else None
 
     def fail_waiters(self, error_for: Callable[[str], BaseException]) -> int:

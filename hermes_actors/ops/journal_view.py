@@ -19,6 +19,7 @@ from hermes_actors.core.recovery import readable_states
 from hermes_actors.errors import ValidationError
 from hermes_actors.ops.journal_index import JournalIndex, journal_dir, journal_paths, open_journal
 from hermes_actors.store.journal_records import JournalFolded, fold_lines, read_lines
+from hermes_actors.store.journal_state import KEEP_DELIVERED
 from hermes_actors.store.relay_files import read_envelope, read_reply
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_sent import read_sent
@@ -116,9 +117,9 @@ def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | No
     # the entry's own name, not a listing: a claimed/ of 15,000 envelopes took 13 ms to list
     if any(os.path.lexists(paths.id_file(d, delivery_id)) for d in (paths.outbox, paths.claimed)):
         return {"status": "pending", "delivery_id": delivery_id, "error": "relayed; waiting for the reply"}
-    why = ("no journal or relay file of this root knows it (outcomes are kept for the last 10,000 deliveries; "
-           "a DM on its way to another machine over Redis is known to the host that sent it, and to the next "
-           "host on this root once it has started)")
+    why = (f"no journal or relay file of this root knows it (outcomes are kept for the last {KEEP_DELIVERED:,} "
+           "deliveries; a DM on its way to another machine over Redis is known to the host that sent it, and to "
+           "the next host on this root once it has started)")
     if problems:
         why += "; " + "; ".join(problems)
     return {"status": "unknown", "delivery_id": delivery_id, "error": why}

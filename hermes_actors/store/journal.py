@@ -83,7 +83,7 @@ from hermes_actors.store.journal_adoption import adopt_dead_journals
 from hermes_actors.store.journal_batch import BatchListener, CommitBatch, DurableCallback
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import JournalFolded, encode_record
-from hermes_actors.store.journal_state import JournalState
+from hermes_actors.store.journal_state import KEEP_DELIVERED, JournalState
 from hermes_actors.store.os_errors import store_error
 from hermes_actors.store.private_dir import ensure_private_dir
 
@@ -786,7 +786,7 @@ class Journal:
     # ── compaction (the writer thread, under the write turn) ────────────────
 
     compact_after = 50_000  # lines in our file before it is rewritten with only what matters
-    keep_delivered = 10_000  # delivered outcomes kept for wait_outcome after a restart
+    keep_delivered = KEEP_DELIVERED  # delivered outcomes kept for wait_outcome after a restart
 
     def _compaction_due(self) -> bool:
         """Whether our file is to be compacted: past ``compact_after`` lines, and, after a compaction failed,

@@ -19,7 +19,12 @@ from hermes_actors.store.journal_records import (
     state_records,
 )
 
-__all__ = ["JournalState"]
+__all__ = ["KEEP_DELIVERED", "JournalState"]
+
+# Delivered outcomes a journal keeps for ``wait_outcome`` across restarts: compaction and each start's adoption
+# drop older ones (the start still knows, in memory, every outcome of the files it adopts, but carries only
+# these into its own file).
+KEEP_DELIVERED = 10_000
 
 
 class JournalState:
