@@ -465,6 +465,71 @@ def test_a_gateway_starting_while_another_is_queueing_a_dm_leaves_it_to_that_liv
     assert "hello back" in body_of(a_runner.entered[0].content)
 
 
+def test_a_gateway_starting_beside_a_living_sender_leaves_its_queued_envelopes_to_it(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Two gateways on one root (allowed), both sending through the relay: B starts after A queued DMs in
+    outbox/. Their sent/ records name A's shelf, whose lock A holds: B neither waits for them nor reports
+    them, so each DM gets one outcome (A's) and one wake. Before, B's start resumed all of A's records
+    (the chaos run's "resumed waiting for 7 envelope(s) of ours"): each reply was published twice and woke
+    its sender twice."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True}}
+    a_runner = RecordingRunner()
+    a = start(gateways, root, a_runner, config=config)
+    seen_a: list[dict[str, Any]] = []
+    a.subscribe(seen_a.append)
+    ids = [queued(a.message_agent(sender="alice", target="moxie", message=f"hi {n}")) for n in range(3)]
+    assert sorted(outbox_ids(root)) == sorted(ids)
+    shelves = {json.loads(path.read_text(encoding="utf-8"))["owner"] for path in (relay(root) / "sent").glob("*")}
+    assert shelves == {path.name for path in (relay(root) / "taken").glob("s-*")}  # A's, the one shelf yet
+
+    b_runner = RecordingRunner()
+    b = Gateway(root, runner=b_runner, config=config, connection_id="alpha")
+    gateways.append(b)
+    seen_b: list[dict[str, Any]] = []
+    b.subscribe(seen_b.append)
+    b.start()  # its relay's start (the sent/ scan) has run when start returns
+    assert b.stats()["relay"]["waiting"] == 0  # A's to wait for
+    for envelope_id in ids:
+        rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="back", now=time.time()))
+    for envelope_id in ids:
+        out = a.wait_outcome(envelope_id, timeout=10)
+        assert (out["status"], out["reply"]) == ("replied", "back"), out
+    await_condition(lambda: len(a_runner.entered) == len(ids), timeout=10, message="A woke its sender per DM")
+    b.stop(timeout=10)  # whatever B's start told its Dispatcher is published by now
+    assert seen_b == [] and b_runner.entered == []
+    assert sorted(o["delivery_id"] for o in seen_a) == sorted(ids)  # one outcome each
+    assert len(a_runner.entered) == len(ids)
+
+
+def test_a_killed_senders_envelopes_are_resumed_by_the_next_start_beside_a_living_gateway(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """The sender that recorded a DM was SIGKILLed (its shelf's lock died with it) while another gateway runs on
+    the root: the next gateway to start resumes that DM (its owner is dead) and answers it, and leaves the
+    living gateway's own DM to it."""
+    root = sender_root(tmp_path)
+    first = run_child(root, "expire", crash_at="relay-after-sent-record")
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    (record,) = (relay(root) / "sent").glob("*.json")
+    assert json.loads(record.read_text(encoding="utf-8"))["owner"].startswith("s-")
+    write_roster_file(root, [remote_row("moxie", "mini", online=True)])  # fresh for the restarts
+    living = start(gateways, root, config={"bot_mode": {"reply_wait_seconds": 300}})
+    out = living.wait_outcome(record.stem, timeout=10)  # its owner is dead: resumed (and found never queued)
+    assert (out["status"], out["reason"]) == ("failed", "cancelled"), out
+    own = queued(living.message_agent(sender="alice", target="moxie", message="mine"))
+
+    later = start(gateways, root, config={"bot_mode": {"reply_wait_seconds": 300}})
+    assert later.stats()["relay"]["waiting"] == 0  # the living gateway's DM is its own
+    assert living.stats()["relay"]["waiting"] == 1
+    living.stop(timeout=10)  # now dead too: the next start resumes its DM
+    after = start(gateways, root, config={"bot_mode": {"reply_wait_seconds": 300}})
+    assert after.stats()["relay"]["waiting"] == 1
+    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(own, reply="late", now=time.time()))
+    assert after.wait_outcome(own, timeout=10)["reply"] == "late"
+
+
 def test_an_undrained_envelope_whose_reply_budget_ends_with_its_ttl_is_queued_expired(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

@@ -124,7 +124,7 @@ class Outbound:
         def record() -> None:
             record_sent(self.paths, envelope["id"], route.label, now=envelope["created_at"],
                         sender=route.sender.profile, sender_handle=route.sender.handle, hop=delivery.hop,
-                        wake=delivery.wake)
+                        wake=delivery.wake, owner=self.paths.taken.name)
             crashpoint("relay-after-sent-record")
 
         # Recorded as ours before it is queued (a restart resumes exactly what we sent), and staged complete
@@ -159,7 +159,8 @@ class Outbound:
         One its killed gateway never queued (:func:`~hermes_actors.relay.restart.scan_sent`'s ``never_queued``)
         is settled at once as not sent (``cancelled``), never waited for: no reply can come; we hold its withdrawn
         file's lock until it is forgotten (:meth:`forget`) or we stop (:meth:`close`). One another gateway alive
-        on the root is still queueing (``live``) is its own: neither reported nor waited for here.
+        on the root is still queueing (``live``), or recorded as its own (``others``), is its own: neither
+        reported nor waited for here.
         """
         scan = scan_sent(self.paths)
         now = time.time()
@@ -191,6 +192,9 @@ class Outbound:
         if never:
             logger.warning("relay: {} envelope(s) of ours never reached outbox/ (the gateway was killed while "
                            "queueing them): answered cancelled, NOT sent", len(never))
+        if scan.others:
+            logger.info("relay: {} recorded envelope(s) were sent by another gateway still running on this root: left "
+                        "to it (it waits for their replies; the next start after it stops resumes them)", scan.others)
         if scan.live:
             logger.info("relay: {} recorded envelope(s) are being queued by another gateway still running on this "
                         "root: left to it (it answers their senders)", scan.live)

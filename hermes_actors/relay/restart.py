@@ -18,7 +18,11 @@ recorded envelope whose staged file shows it never reached ``outbox/`` (its
 gateway died between the ``sent/`` record and the rename) is not waited for: it
 was never sent (:func:`~hermes_actors.store.relay_sent.withdraw_unqueued`). One
 whose staged file a living gateway on the root still holds (in the middle of that
-send) is left to it: its send answers for it.
+send) is left to it: its send answers for it. So is one whose record names the shelf
+of a gateway still running on the root (its ``.lock`` held,
+:func:`~hermes_actors.store.relay_shelf.shelf_lives`): that gateway waits for it; once it
+is dead, the next start resumes it. A record that names no shelf (an older version's) is
+resumed as before.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, 
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_sent import SentRecord, Withdrawn, clear_sent, list_sent, withdraw_unqueued
-from hermes_actors.store.relay_shelf import Adopted
+from hermes_actors.store.relay_shelf import Adopted, shelf_lives
 
 __all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "taken_action"]
 
@@ -194,6 +198,7 @@ class SentScan:
     # never_queued's id → the descriptor holding its withdrawn file's lock (the caller's now)
     withdrawn: dict[str, int] = field(default_factory=dict)
     live: int = 0  # recorded, staged by a living gateway on this root in the middle of its send: left to it
+    others: int = 0  # recorded by another gateway still running on this root (its shelf locked): left to it
     not_ours: int = 0  # envelopes waiting in outbox/ that sent/ does not record
     quarantined: int = 0
 
@@ -208,6 +213,8 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     (its lock in ``withdrawn``); when that cannot be told (the temp directory unusable)
     it is waited for as before. One a living gateway on the root is still queueing
     (its staged file locked) is only counted (``live``): that gateway answers for it.
+    One whose record names another living gateway's shelf is only counted (``others``),
+    never read further: that gateway waits for it and reports it.
     Invalid ``sent/`` records are quarantined. ``outbox/`` is only listed (names,
     nothing read, nothing kept): a flood of forged files costs no memory.
 
@@ -222,7 +229,9 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     for path in bad:
         quarantine(paths.relay, path, "not a valid sent record")
         scan.quarantined += 1
-    waiting = [record for record in records if not _forgotten(paths, record)]
+    theirs = _of_living_gateways(paths, records)
+    scan.others = len(theirs)
+    waiting = [record for record in records if record.envelope_id not in theirs and not _forgotten(paths, record)]
     try:
         found = withdraw_unqueued(paths, [record.envelope_id for record in waiting])
     except (OSError, ValidationError) as exc:  # HostileFileError included: unknown, so waited for as before
@@ -235,9 +244,34 @@ def scan_sent(paths: InboxPaths) -> SentScan:
             scan.live += 1
         else:
             (scan.never_queued if record.envelope_id in found.never else scan.ours).append(record)
-    ours = {record.envelope_id for record in waiting}
+    ours = {record.envelope_id for record in waiting} | theirs
     scan.not_ours = sum(1 for envelope_id in rf.list_ids(paths.relay.outbox) if envelope_id not in ours)
     return scan
+
+
+def _of_living_gateways(paths: InboxPaths, records: list[SentRecord]) -> set[str]:
+    """The ids of the records whose owner is another gateway still running on this root.
+
+    Each owner's shelf lock is tried once. Our own shelf (``paths.taken``) is never counted as another's.
+
+    Args:
+        paths: the relay layout, ``taken`` being our shelf.
+        records: the ``sent/`` records.
+
+    Returns:
+        Those ids (a record naming no owner, ours, or a dead one is not among them).
+    """
+    alive: dict[str, bool] = {}
+    theirs: set[str] = set()
+    for record in records:
+        owner = record.owner
+        if not owner or owner == paths.taken.name:
+            continue
+        if owner not in alive:
+            alive[owner] = shelf_lives(paths.taken_parent, owner)
+        if alive[owner]:
+            theirs.add(record.envelope_id)
+    return theirs
 
 
 def _forgotten(paths: InboxPaths, record: SentRecord) -> bool:

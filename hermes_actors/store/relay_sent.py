@@ -1,11 +1,14 @@
 """Sender side of the relay: this root's own envelopes, ``sent/`` and ``expiring/``.
 
-``sent/<id>.json`` (``{"id", "at", "label", "from", "from_handle", "hop", "wake"}``)
+``sent/<id>.json`` (``{"id", "at", "label", "from", "from_handle", "hop", "wake", "owner"}``)
 is written before an envelope is queued: only the envelopes recorded there are
 resumed after a restart (an envelope a seed gateway queued on the same root, or a
-forged one, is never taken for ours). At its TTL our envelope is taken back from
-``outbox/`` into ``expiring/`` and moves on to ``claimed/`` once its
-``queued_expired`` reply is written (a restart finishes it).
+forged one, is never taken for ours). ``owner`` names the writing gateway's shelf
+(``taken/s-<token>``, :mod:`hermes_actors.store.relay_shelf`), whose ``.lock`` it holds for
+its whole life: a start resumes a record only once that lock is free (its writer dead), so a
+second gateway on the same root never waits for, and reports, the envelopes of a living one.
+At its TTL our envelope is taken back from ``outbox/`` into ``expiring/`` and moves on to
+``claimed/`` once its ``queued_expired`` reply is written (a restart finishes it).
 
 The order of a send is what a restart reads back: the complete envelope is staged in the
 temp directory under a name of its own (:func:`queueing_name`, ``.<id>.queueing``), held
@@ -38,6 +41,7 @@ from hermes_actors.store.relay_dirfd import open_dir_below, rename_between
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_marks import drop_mark, write_mark
 from hermes_actors.store.relay_quarantine import regular_or_quarantined
+from hermes_actors.store.relay_shelf import is_shelf_name
 from hermes_actors.store.temp_file import discard
 
 __all__ = [
@@ -61,7 +65,8 @@ class SentRecord:
     """One envelope this root's gateway queued and still waits a reply for.
 
     ``sender``, ``sender_handle``, ``hop``: the DM that sent it ("" and 0 in a record of an older version);
-    ``wake``: whether its outcome wakes that sender (``Delivery.wake``; None in an older record).
+    ``wake``: whether its outcome wakes that sender (``Delivery.wake``; None in an older record);
+    ``owner``: the name of its gateway's shelf ("" in an older record, or one naming no shelf: nobody).
     """
 
     envelope_id: str
@@ -71,6 +76,7 @@ class SentRecord:
     sender_handle: str = ""
     hop: int = 0
     wake: bool | None = None
+    owner: str = ""
 
 
 _SENDER_MAX = 64  # a folder id or handle longer than this in a sent record is ignored (not one of ours)
@@ -78,7 +84,7 @@ _SENDER_MAX = 64  # a folder id or handle longer than this in a sent record is i
 
 def record_sent(
     paths: InboxPaths, envelope_id: str, label: str, *, now: float, sender: str = "", sender_handle: str = "",
-    hop: int = 0, wake: bool | None = None,
+    hop: int = 0, wake: bool | None = None, owner: str = "",
 ) -> None:
     """Record (before the envelope is queued) that this envelope is ours, and which DM sent it.
 
@@ -91,6 +97,7 @@ def record_sent(
         sender_handle: its handle.
         hop: the DM's hop.
         wake: whether the outcome wakes the sender (decided where the DM was acked; None: undecided).
+        owner: the sending gateway's shelf name (its lock says to another start whether it still waits).
 
     Raises:
         ValidationError: the id is invalid.
@@ -100,6 +107,8 @@ def record_sent(
                               "from_handle": sender_handle, "hop": hop}
     if wake is not None:
         record["wake"] = wake
+    if is_shelf_name(owner):  # anything else (a layout without a shelf) names nobody: resumed as before
+        record["owner"] = owner
     write_mark(paths, paths.sent, envelope_id, record, fsync=False)  # as durable as the envelope
 
 
@@ -345,4 +354,7 @@ def _read_sent_file(path: Path) -> SentRecord:
     at = data.get("at")
     if isinstance(at, bool) or not isinstance(at, int | float):
         raise ValidationError(f"{path.name}: 'at' is not a number")
-    return SentRecord(stem, float(at), data["label"], *recorded_sender(data))
+    owner = data.get("owner")
+    # a name that is not a shelf's names nobody (never looked up: no path is built from a forged value)
+    return SentRecord(stem, float(at), data["label"], *recorded_sender(data),
+                      owner=owner if isinstance(owner, str) and is_shelf_name(owner) else "")

@@ -21,6 +21,7 @@ turn started.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import uuid
 from dataclasses import dataclass
@@ -30,14 +31,45 @@ from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import HostileFileError, StoreError
-from hermes_actors.store.owner_lock import hold, take_unowned
+from hermes_actors.store.owner_lock import hold, release, take_unowned
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 
-__all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves", "holding_places"]
+__all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves", "holding_places", "is_shelf_name", "shelf_lives"]
 
 LOCK_NAME = ".lock"
 SHELF_PREFIX = "s-"
+_SHELF_NAME = re.compile(r"s-[0-9a-f]{32}")  # what :class:`Shelf` names its directory: ``s-`` + a uuid4's hex
+
+
+def is_shelf_name(name: str) -> bool:
+    """Pure: whether ``name`` is a shelf directory's name as :class:`Shelf` makes it (nothing else is looked up)."""
+    return _SHELF_NAME.fullmatch(name) is not None
+
+
+def shelf_lives(parent: Path, name: str) -> bool:
+    """Whether the process whose shelf is ``parent/name`` still runs (it holds the shelf's ``.lock``).
+
+    The lock is only tried, never waited for, and let go at once. A shelf that is gone was closed by its
+    process at a clean stop or emptied by the start that adopted it: its process is dead either way.
+
+    Args:
+        parent: the directory holding every process's shelf (``bot_relay/taken``).
+        name: the shelf's name (:func:`is_shelf_name`).
+
+    Returns:
+        True when a living process holds the lock (or a start adopting the shelf holds it right now: that
+        start answers for what the shelf's process left); False when the shelf is gone, its lock free, or its
+        lock file not one a gateway made (nothing proves an owner alive).
+    """
+    try:
+        fd = take_unowned(parent / name / LOCK_NAME)
+    except (OSError, HostileFileError):  # FileNotFoundError included: the shelf is gone
+        return False
+    if fd is None:
+        return True
+    release(fd)
+    return False
 
 
 @dataclass(frozen=True)
