@@ -542,6 +542,11 @@ def test_a_lost_journal_on_a_full_disk_at_stop_still_gives_each_acked_dm_exactly
     assert again.entered == [] and all(seen_again.of(key) == [] for key in acked)
 
 
+def _woken(runners: list[RecordingRunner], key: str) -> int:
+    """How many turns of the wake of DM ``key`` the runners ran."""
+    return sum(1 for runner in runners for turn in runner.entered if turn.delivery_id == wake_id(key))
+
+
 def test_a_dms_delivered_record_never_lands_without_its_wakes_accepted_record(
     tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -578,13 +583,7 @@ def test_a_dms_delivered_record_never_lands_without_its_wakes_accepted_record(
     again = RecordingRunner()
     gw2 = _start(root, gateways, again, Seen(), config=WAKE_ON)
     gw2.wait_outcome(wake_id(dm), timeout=10)
-    woke = [t for t in runner.entered + again.entered if t.delivery_id == wake_id(dm)]
-    assert len(woke) == 1, "the sender is woken exactly once, across the restart"
-
-
-def _woken(runners: list[RecordingRunner], key: str) -> int:
-    """How many turns of the wake of DM ``key`` the runners ran."""
-    return sum(1 for runner in runners for turn in runner.entered if turn.delivery_id == wake_id(key))
+    assert _woken([runner, again], dm) == 1, "the sender is woken exactly once, across the restart"
 
 
 def test_a_wake_whose_batch_failed_once_is_written_again_and_run_in_this_run_woken_once_overall(
