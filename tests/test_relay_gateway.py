@@ -51,6 +51,19 @@ def start(gateways: list[Gateway], root: Path, runner: Any = None, *, config: di
     return start_gateway(gateways, root, runner, config, connection_id=connection_id)
 
 
+def beside(gateways: list[Gateway], root: Path, config: dict[str, Any]
+           ) -> tuple[Gateway, RecordingRunner, list[dict[str, Any]]]:
+    """A second gateway B on ``root`` (connection alpha), subscribed before its start so nothing it publishes is
+    missed; its relay's start (the sent/ scan) has run when this returns. Returns B, its runner, what it published."""
+    runner = RecordingRunner()
+    b = Gateway(root, runner=runner, config=config, connection_id="alpha")
+    gateways.append(b)
+    seen: list[dict[str, Any]] = []
+    b.subscribe(seen.append)
+    b.start()
+    return b, runner, seen
+
+
 def relay(root: Path) -> Path:
     return root / "bot_relay"
 
@@ -440,12 +453,7 @@ def test_a_gateway_starting_while_another_is_queueing_a_dm_leaves_it_to_that_liv
         envelope_id = record.stem
         assert (root / rp.TMP / f".{envelope_id}.queueing").exists()
 
-        b_runner = RecordingRunner()
-        b = Gateway(root, runner=b_runner, config=config, connection_id="alpha")
-        gateways.append(b)
-        seen_b: list[dict[str, Any]] = []
-        b.subscribe(seen_b.append)
-        b.start()  # its relay's start (the sent/ scan) has run when start returns
+        b, b_runner, seen_b = beside(gateways, root, config)
         assert b.stats()["relay"]["waiting"] == 0  # not B's to wait for either: A answers for it
         assert (root / rp.TMP / f".{envelope_id}.queueing").exists()  # left in place for A's rename
     finally:
@@ -484,12 +492,7 @@ def test_a_gateway_starting_beside_a_living_sender_leaves_its_queued_envelopes_t
     shelves = {json.loads(path.read_text(encoding="utf-8"))["owner"] for path in (relay(root) / "sent").glob("*")}
     assert shelves == {path.name for path in (relay(root) / "taken").glob("s-*")}  # A's, the one shelf yet
 
-    b_runner = RecordingRunner()
-    b = Gateway(root, runner=b_runner, config=config, connection_id="alpha")
-    gateways.append(b)
-    seen_b: list[dict[str, Any]] = []
-    b.subscribe(seen_b.append)
-    b.start()  # its relay's start (the sent/ scan) has run when start returns
+    b, b_runner, seen_b = beside(gateways, root, config)
     assert b.stats()["relay"]["waiting"] == 0  # A's to wait for
     for envelope_id in ids:
         rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="back", now=time.time()))
