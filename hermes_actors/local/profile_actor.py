@@ -24,6 +24,7 @@ Only the handlers and the state live here: what the actor is started with is
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -208,9 +209,8 @@ class ProfileActor(TypedActor):
         head_starts = self.running is None and queued > 0
         if queued - head_starts < max_queued:  # fewer deliveries than the bound, so fewer DMs: no need to count
             return None
-        waiting = sum(not exempt_from_queue_bounds(delivery) for delivery, _ in self.queue.values())
-        if head_starts and not exempt_from_queue_bounds(next(iter(self.queue.values()))[0]):
-            waiting -= 1
+        behind = itertools.islice(self.queue.values(), int(head_starts), None)  # the head that starts is not waiting
+        waiting = sum(not exempt_from_queue_bounds(delivery) for delivery, _ in behind)
         return waiting if waiting >= max_queued else None
 
     def _enqueue(self, delivery: Delivery, enqueued: float) -> None:
@@ -491,7 +491,7 @@ class ProfileActor(TypedActor):
         if gate is None or waits_until is None:
             return 0.0
         now = time.monotonic()
-        if gate.began_at() is None and now >= waits_until and not gate.give_up_unbegun():
+        if now >= waits_until and not gate.give_up_unbegun():  # a gate that began is left as it is: True
             return 0.0
         return wake_turn_time_left(now, gate.began_at(), waits_until, self.deps.config.turn_timeout_seconds)
 
