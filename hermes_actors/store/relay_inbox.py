@@ -30,7 +30,6 @@ any path is built.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +46,7 @@ from hermes_actors.store.atomic import (
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, rename_between
 from hermes_actors.store.relay_paths import RelayPaths
-from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_envelope, parse_reply, seed_ttl
+from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, is_number, parse_envelope, parse_reply, seed_ttl
 from hermes_actors.store.relay_shelf import find_on_shelves
 
 __all__ = [
@@ -235,7 +234,7 @@ def parse_inbox_envelope(data: Any, path: Path) -> tuple[dict[str, Any], str]:
     core, reply_connection = _split(data, path.name, "an inbox envelope")
     envelope = parse_envelope(core, file_id=path.stem)
     ttl = envelope.get(SENDER_TTL)
-    if SENDER_TTL in envelope and (not isinstance(ttl, int | float) or isinstance(ttl, bool) or not math.isfinite(ttl)):
+    if SENDER_TTL in envelope and not is_number(ttl):
         raise ValidationError(f"inbox field {SENDER_TTL!r} is not a number of seconds: {ttl!r}")
     return envelope, reply_connection
 

@@ -56,8 +56,8 @@ _REPLY_TEXT_FIELDS = ("reply", "error", "reason")
 # ── envelopes and replies ───────────────────────────────────────────────────
 
 
-def _is_number(value: Any) -> bool:
-    """True for a finite int/float that is not a bool.
+def is_number(value: Any) -> bool:
+    """Pure: True for a finite int/float that is not a bool (a timestamp, a TTL in seconds).
 
     Args:
         value: a decoded JSON value.
@@ -94,7 +94,7 @@ def created_time(value: Any) -> float | None:
             number = math.nan
         if math.isfinite(number):
             return number
-    elif _is_number(value):
+    elif is_number(value):
         return float(value)
     raise ValidationError(f"envelope field 'created_at' is not a number: {value!r}")
 
@@ -292,7 +292,7 @@ def _reply_text(key: str, value: Any) -> str:
     Raises:
         ValidationError: naming the field and its type.
     """
-    if key == "reply" and _is_number(value):
+    if key == "reply" and is_number(value):
         return str(value) if value else ""
     if value is not None and not isinstance(value, str):
         raise ValidationError(f"reply field {key!r} is not a string: {type(value).__name__}")
@@ -328,7 +328,7 @@ def parse_reply(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         body_id = file_id  # the seed's waiter never reads the body's id: the file name is the reply's id
     reply_id = validate_delivery_id(body_id, what="envelope id", file_id=file_id)
     at = data.get("at")
-    out: dict[str, Any] = {"id": reply_id, "at": at if _is_number(at) else 0}
+    out: dict[str, Any] = {"id": reply_id, "at": at if is_number(at) else 0}
     for key in _REPLY_TEXT_FIELDS:
         out[key] = _reply_text(key, data.get(key))
     return out
