@@ -411,9 +411,10 @@ class HubActor(TypedActor):
         except (OSError, ValidationError):  # FileNotFoundError (taken meanwhile) and HostileFileError included
             return None
         source = self.by_name.get(reply_connection)
-        deadline = None if source is None else expiry_deadline(envelope, ttl=inbox_ttl(envelope, source.ttl),
-                                                               mtime=mtime)
-        return None if source is None or deadline is None else (source, deadline)
+        if source is None:
+            return None
+        deadline = expiry_deadline(envelope, ttl=inbox_ttl(envelope, source.ttl), mtime=mtime)
+        return None if deadline is None else (source, deadline)
 
     @handles(InboxDeadline)
     def _on_inbox_deadline(self, msg: InboxDeadline) -> None:

@@ -182,8 +182,7 @@ def _read_kept(paths: InboxPaths, envelope_id: str) -> tuple[str, Any, str, bool
     whether the mark named that transport)``; None without a mark or a reply in it."""
     path = paths.relay.id_file(paths.started, envelope_id)
     try:
-        with relay_dir(paths.relay.base, paths.started) as fd:
-            data = read_json_file(path, max_bytes=KEPT_MARK_MAX_BYTES, dir_fd=fd)
+        data = _read_mark(paths, path)
     except FileNotFoundError:
         return None
     if not isinstance(data, dict) or "reply" not in data:
@@ -191,6 +190,18 @@ def _read_kept(paths: InboxPaths, envelope_id: str) -> tuple[str, Any, str, bool
     if "via" in data:
         return data["via"], data["reply"], path.name, True
     return _older_marks_via(paths, path.name), data["reply"], path.name, False
+
+
+def _read_mark(paths: InboxPaths, path: Path) -> Any:
+    """A start mark as read through ``started/``'s descriptor (never a symlink), at most KEPT_MARK_MAX_BYTES.
+
+    Raises:
+        FileNotFoundError: there is none.
+        HostileFileError: a symlink, not a regular file, too large, another user's, or not JSON.
+        OSError: ``started/`` or the mark cannot be opened (and ValidationError: ``started/`` itself refused).
+    """
+    with relay_dir(paths.relay.base, paths.started) as fd:
+        return read_json_file(path, max_bytes=KEPT_MARK_MAX_BYTES, dir_fd=fd)
 
 
 def holds_reply(paths: InboxPaths, mark_name: str) -> bool:
@@ -205,8 +216,7 @@ def holds_reply(paths: InboxPaths, mark_name: str) -> bool:
         is gone or holds none.
     """
     try:
-        with relay_dir(paths.relay.base, paths.started) as fd:
-            data = read_json_file(paths.started / mark_name, max_bytes=KEPT_MARK_MAX_BYTES, dir_fd=fd)
+        data = _read_mark(paths, paths.started / mark_name)
     except FileNotFoundError:
         return False
     except (OSError, ValidationError):  # HostileFileError included: a reply might be in it
