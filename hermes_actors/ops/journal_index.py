@@ -40,7 +40,7 @@ import dataclasses
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -56,7 +56,7 @@ from hermes_actors.store.journal_records import (
     state_records,
 )
 
-__all__ = ["JournalIndex", "journal_dir", "journal_paths", "open_journal"]
+__all__ = ["JournalIndex", "journal_dir", "journal_paths", "open_journal", "read_each_journal"]
 
 # Bytes before a file's read offset kept to tell an append from a rewrite at the same place: a
 # delivery id and more of the last line (a rewritten tail repeats them only if it is the same records).
@@ -118,6 +118,32 @@ def open_journal(path: Path, problems: list[str]) -> int | None:
     return fd
 
 
+def read_each_journal(root: str | Path, read: Callable[[Path, int], None]) -> list[str]:
+    """Call ``read(path, fd)`` for each journal file of ``root`` in name order, refusing what :func:`journal_paths`
+    and :func:`open_journal` refuse, and closing each descriptor after. Never raises but for ``read``'s own
+    non-OSError errors.
+
+    Args:
+        root: the Hermes root.
+        read: reads one opened file; an OSError it raises is told as that file's problem (it is skipped).
+
+    Returns:
+        One line per directory or file that was refused or could not be read.
+    """
+    paths, problems = journal_paths(root)
+    for path in paths:
+        fd = open_journal(path, problems)
+        if fd is None:
+            continue
+        try:
+            read(path, fd)
+        except OSError as exc:
+            problems.append(f"cannot read {path}: {exc.strerror or exc}")
+        finally:
+            os.close(fd)
+    return problems
+
+
 @dataclass
 class _FileFold:
     """One journal file as far as it was folded."""
@@ -164,18 +190,12 @@ class JournalIndex:
 
     def _refresh(self, root: str | Path) -> list[str]:
         """Bring every journal file of ``root`` up to date (under the lock); the problems found."""
-        paths, problems = journal_paths(root)
         files: dict[Path, _FileFold] = {}
-        for path in paths:
-            fd = open_journal(path, problems)
-            if fd is None:
-                continue
-            try:
-                files[path] = _brought_up_to_date(fd, self._files.get(path))
-            except OSError as exc:  # read again from the start next time
-                problems.append(f"cannot read {path}: {exc.strerror or exc}")
-            finally:
-                os.close(fd)
+
+        def bring_up_to_date(path: Path, fd: int) -> None:  # one that cannot be read is read from the start next time
+            files[path] = _brought_up_to_date(fd, self._files.get(path))
+
+        problems = read_each_journal(root, bring_up_to_date)
         self._files = files  # a file gone (adopted, removed) is forgotten
         return problems
 

@@ -17,7 +17,7 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.names import remote_label
 from hermes_actors.core.recovery import readable_states
 from hermes_actors.errors import ValidationError
-from hermes_actors.ops.journal_index import JournalIndex, journal_dir, journal_paths, open_journal
+from hermes_actors.ops.journal_index import JournalIndex, journal_dir, read_each_journal
 from hermes_actors.store.journal_records import JournalFolded, fold_lines, read_lines
 from hermes_actors.store.journal_state import KEEP_DELIVERED
 from hermes_actors.store.relay_files import read_envelope, read_reply
@@ -38,19 +38,12 @@ def read_journals(root: str | Path) -> tuple[JournalFolded, list[str]]:
         file or directory that was refused or could not be read.
     """
     folded = JournalFolded()
-    paths, problems = journal_paths(root)
-    for path in paths:
-        fd = open_journal(path, problems)
-        if fd is None:
-            continue
-        try:
-            with os.fdopen(os.dup(fd), "rb") as stream:
-                fold_lines(read_lines(stream), folded)
-        except OSError as exc:
-            problems.append(f"cannot read {path}: {exc.strerror or exc}")
-        finally:
-            os.close(fd)
-    return folded, problems
+
+    def fold(_path: Path, fd: int) -> None:
+        with os.fdopen(os.dup(fd), "rb") as stream:
+            fold_lines(read_lines(stream), folded)
+
+    return folded, read_each_journal(root, fold)
 
 
 def relayed_target_label(paths: InboxPaths, envelope_id: str) -> str:
