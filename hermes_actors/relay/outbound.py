@@ -48,6 +48,7 @@ from hermes_actors.store.owner_lock import release
 from hermes_actors.store.relay_inbox import InboxPaths, mark_consumed
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_sent import (
+    SentRecord,
     claim_for_expiry,
     clear_sent,
     drop_withdrawn,
@@ -64,6 +65,11 @@ __all__ = ["EXPIRY_ANSWER_GRACE_SECONDS", "Outbound", "Waiting", "never_queued_t
 # write and our file event, so often a moment after our own deadline (equal budgets, the defaults). A few seconds
 # covers that on a loaded machine; one re-arm, never polling, then delivery_timeout as without a TTL.
 EXPIRY_ANSWER_GRACE_SECONDS = 5.0
+
+
+def _resumed(record: SentRecord) -> ResumedSend:
+    """Pure: what the Dispatcher is told of a ``sent/`` record resumed after a restart."""
+    return ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle, record.hop, record.wake)
 
 
 def never_queued_text(label: str) -> str:
@@ -166,20 +172,16 @@ class Outbound:
         now = time.time()
         resumed: list[ResumedSend] = []
         never: list[ResumedSend] = []
-        never_ids = {record.envelope_id for record in scan.never_queued}
-        for record in (*scan.ours, *scan.never_queued):
-            if record.envelope_id in self.waiting:
-                continue
-            if record.envelope_id in never_ids:  # ours to report now: its lock says so to any other start
-                self.withdrawn[record.envelope_id] = scan.withdrawn.pop(record.envelope_id)
-            entry = ResumedSend(record.envelope_id, record.label, record.sender, record.sender_handle, record.hop,
-                                record.wake)
-            resumed.append(entry)
-            if record.envelope_id in never_ids:
-                never.append(entry)
-                self.waiting[record.envelope_id] = Waiting(record.label, [], None, resumed=True)
-            else:
+        for record in scan.ours:
+            if record.envelope_id not in self.waiting:
+                resumed.append(_resumed(record))
                 self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), resumed=True)
+        for record in scan.never_queued:
+            if record.envelope_id not in self.waiting:  # ours to report now: its lock says so to any other start
+                self.withdrawn[record.envelope_id] = scan.withdrawn.pop(record.envelope_id)
+                resumed.append(_resumed(record))
+                never.append(resumed[-1])
+                self.waiting[record.envelope_id] = Waiting(record.label, [], None, resumed=True)
         for lock in scan.withdrawn.values():  # not ours to report after all (none: resume runs before any send)
             release(lock)
         self.counters["quarantined"] += scan.quarantined
