@@ -903,13 +903,22 @@ def test_an_argument_that_is_not_utf8_is_refused_naming_it(
 
 
 @pytest.mark.parametrize("command", [["room", "show", "plan"], ["room", "list"]])
-@pytest.mark.parametrize("option", [["--runner", "demo"], ["--cli", "/bin/true"]])
-def test_room_show_and_list_offer_no_runner_they_would_ignore(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], option: list[str]
+@pytest.mark.parametrize("option", [["--runner", "demo"], ["--cli", "/bin/true"], ["--runner"]])
+@pytest.mark.parametrize("before", [False, True], ids=["after", "before"])
+def test_room_show_and_list_refuse_a_runner_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], option: list[str], before: bool
 ) -> None:
     """Regression (acceptance review): they accepted --runner and --cli, and no turn runs in them (they read the
-    host's rooms or the files)."""
+    host's rooms or the files). Regression (uxbatch): refused as unknown, ``room show --runner demo plan`` took
+    ``demo`` for the room and said "unrecognized arguments: --runner plan", naming the room; now the option is
+    named, and why it does not apply, wherever it stands."""
+    args = [*command[:2], *option, *command[2:]] if before else [*command, *option]
     with pytest.raises(SystemExit) as exited:
-        main([*command, "--root", str(make_root(tmp_path)), *option])
+        main([*args, "--root", str(make_root(tmp_path))])
     assert exited.value.code == 2
-    assert f"error: unrecognized arguments: {option[0]}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: hermes-actors {' '.join(command[:2])} "), err
+    assert (f"hermes-actors {' '.join(command[:2])}: error: argument {option[0]}: does not apply to "
+            f"{' '.join(command[:2])}: it reads the host's rooms or the room files and runs no member turn "
+            "(--runner and --cli are for room create, send and disband)\n") in err, err
+    assert "unrecognized" not in err and "plan" not in err

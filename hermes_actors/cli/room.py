@@ -209,6 +209,30 @@ def _disband(args: argparse.Namespace) -> int:
     return _with_gateway(args, act)
 
 
+class _NoTurnsHere(argparse.Action):
+    """``--runner`` / ``--cli`` on ``room show`` or ``room list``: refused naming the option (exit 2).
+
+    Left unknown to argparse, ``room show --runner demo plan`` took ``demo`` for the room and refused
+    "unrecognized arguments: --runner plan", naming the room as the stray value. Declared here (hidden from the
+    help) with an optional value, every spelling is refused for what it is.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        """Refuse the option.
+
+        Raises:
+            argparse.ArgumentError: always (argparse prints it with the subcommand's usage, exit 2).
+        """
+        command = parser.prog.rsplit(" ", 1)[-1]
+        raise argparse.ArgumentError(self, f"does not apply to room {command}: it reads the host's rooms or the "
+                                           "room files and runs no member turn (--runner and --cli are for room "
+                                           "create, send and disband)")
+
+
 def add_room_parser(
     sub: Any, root_type: Callable[[str], Any], runner_opts: Callable[[argparse.ArgumentParser], None]
 ) -> None:
@@ -225,8 +249,11 @@ def add_room_parser(
 
     def common(p: argparse.ArgumentParser, *, runs_turns: bool = True) -> None:
         p.add_argument("--root", required=True, type=root_type, help="the Hermes root")
-        if runs_turns:  # show and list read the host's rooms or the files: no turn runs, so no runner is offered
+        if runs_turns:
             runner_opts(p)
+        else:  # show and list read the host's rooms or the files: no turn runs, so a runner is refused
+            p.add_argument("--runner", action=_NoTurnsHere)
+            p.add_argument("--cli", action=_NoTurnsHere)
 
     p = rsub.add_parser("create", help="create a room of 2 to 6 local bots")
     p.add_argument("name", type=utf8_text, help="the room's name (members' turns run in the session 'Group: <name>')")
