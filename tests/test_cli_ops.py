@@ -295,6 +295,20 @@ def test_doctor_names_the_bad_values_a_host_would_replace(tmp_path: Path, capsys
     assert "unknown bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)" in check["detail"]
 
 
+def test_doctor_says_what_a_negative_turn_wait_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (uxbatch): a negative ``bot_mode.turn_wait_seconds`` is read as 0, as the seed reads it; doctor
+    said only that, not that a DM behind another turn of the bot (another process's included) then fails at once."""
+    root = _enabled_root(tmp_path, {"bot_mode": {"turn_wait_seconds": -5}})
+    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
+    assert check["level"] == WARN
+    assert check["detail"] == (f"{root / 'config.yaml'}: bot_mode.turn_wait_seconds=-5 is read as 0.0, as the seed "
+                               "reads it (`max(0, float(value))`): no wait, so a DM behind another turn of its bot "
+                               "(this gateway's, or another process's holding the bot's lock) fails target_busy at "
+                               "once, NOT delivered")
+    assert check["fix"] == f"in {root / 'config.yaml'}: fix the values above (what each warning says is used meanwhile)"
+
+
 def test_doctor_on_an_unreadable_config_asks_to_fix_it_not_to_enable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

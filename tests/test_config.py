@@ -366,8 +366,17 @@ def test_the_keys_the_seed_reads_are_read_as_the_seed_reads_them(
 @pytest.mark.parametrize(
     ("key", "value", "said"),
     [
+        # Regression (uxbatch): what a wait read as 0 does was not said
         ("turn_wait_seconds", -5, "config: bot_mode.turn_wait_seconds=-5 is read as 0.0, as the seed reads it "
-                                  "(`max(0, float(value))`)"),
+                                  "(`max(0, float(value))`): no wait, so a DM behind another turn of its bot (this "
+                                  "gateway's, or another process's holding the bot's lock) fails target_busy at "
+                                  "once, NOT delivered"),
+        ("turn_wait_seconds", False, "config: bot_mode.turn_wait_seconds=False is read as 0.0, as the seed reads it "
+                                     "(`max(0, float(value))`): no wait, so a DM behind another turn of its bot "
+                                     "(this gateway's, or another process's holding the bot's lock) fails "
+                                     "target_busy at once, NOT delivered"),
+        ("turn_wait_seconds", True, "config: bot_mode.turn_wait_seconds=True is read as 1.0, as the seed reads it "
+                                    "(`max(0, float(value))`)"),
         ("envelope_ttl_seconds", True, "config: bot_mode.envelope_ttl_seconds=True is read as 1.0, as the seed "
                                        "reads it (`int(value)`)"),
         ("envelope_ttl_seconds", "60.5", "config: bot_mode.envelope_ttl_seconds='60.5' is not a number the seed's "

@@ -720,6 +720,27 @@ def test_no_reply_within_the_budget_is_a_non_retryable_delivery_timeout(
     assert gw.wait_outcome(envelope_id, timeout=1)["reason"] == "delivery_timeout"
 
 
+def test_a_taken_envelope_unanswered_past_its_ttl_and_the_grace_says_so(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (uxbatch): past its TTL, an envelope someone took from our outbox/ gets a grace for its taker's
+    queued_expired; when none came, the delivery_timeout still said "No reply ... within {reply_wait}s", hiding
+    the grace and that the envelope had been taken past its TTL. The text now says what happened."""
+    monkeypatch.setattr(outbound_module, "EXPIRY_ANSWER_GRACE_SECONDS", 0.5)
+    root = sender_root(tmp_path)
+    # 3 s: the drain below takes the envelope long before the TTL, even on a loaded machine
+    gw = start(gateways, root, config={"bot_mode": {"envelope_ttl_seconds": 3, "reply_wait_seconds": 3}})
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="anyone?"))
+    assert rf.claim_envelope(RelayPaths.from_root(root), envelope_id) is not None  # the Desktop takes it, mute
+    out = gw.wait_outcome(envelope_id, timeout=20)
+    assert (out["status"], out["reason"]) == ("failed", "delivery_timeout"), out
+    assert out["error"].startswith("No reply from @moxie on mini within 3.5s: its 3s TTL ran out after the "
+                                   "Desktop or the hub had taken it from the relay's outbox/, and no "
+                                   "queued_expired answer came in the 0.5s after.")
+    assert out["error"] == outbound_module.no_reply_text("@moxie on mini", 3, ttl=3, grace=0.5)
+    assert "do not resend blindly" in out["text"]
+
+
 def test_the_sender_side_expiry_text_names_the_connection_id_like_the_seed(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

@@ -3,9 +3,10 @@
 When a host serves the root (``hermes-actors serve``, or the hermes gateway with
 the plugin), every command goes through its submit endpoint (the ``room`` op,
 :mod:`hermes_actors.rooms.remote`): the host drives the root's rooms and runs the
-member turns with its runner. Without a host, each command runs its own gateway on
-the root for as long as it takes (``send`` waits until the room settled, then stops
-it; a round cut short resumes at the next start).
+member turns with its runner. Without a host, ``create`` and ``send`` run their own
+gateway on the root for as long as it takes (``send`` waits until the room settled,
+then stops it; a round cut short resumes at the next start); ``show``, ``list`` and
+``disband`` start none: they work on the room files (:class:`~hermes_actors.rooms.store.RoomsOnDisk`).
 """
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ def _act(act: Callable[[Any], int], rooms: Any) -> int:
         return EXIT_FAILED
 
 
-def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, read_only: bool = False) -> int:
-    """Run ``act`` on the host's rooms, else on a gateway of our own (``read_only``: on the room files).
+def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_disk: bool = False) -> int:
+    """Run ``act`` on the host's rooms, else on a gateway of our own (``on_disk``: on the room files).
 
-    A read-only command must not start a gateway: its start resumes every pending round
-    and its stop cuts the member turns short after the grace.
+    ``show``, ``list`` and ``disband`` must not start a gateway: its start resumes every pending
+    round (a disbanded room's too, whose member turns would start before it is disbanded) and
+    its stop cuts the member turns short after the grace.
     """
     from hermes_actors.cli.gateway_options import runner_for
     from hermes_actors.cli.host_wait import ask_settled_host
@@ -69,7 +71,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, read_o
         return EXIT_FAILED
     if host is not None:  # the host drives the root's rooms: ask it
         return _act(act, host)
-    if read_only:
+    if on_disk:
         return _act(act, RoomsOnDisk(args.root))
     runner = runner_for(getattr(args, "runner", "demo"), getattr(args, "cli", None), args.root)
     gw = Gateway(args.root, runner=runner, config={"bot_mode": {"wake_sender": False}}).start()
@@ -177,7 +179,7 @@ def _show(args: argparse.Namespace) -> int:
             _print_entry(entry)
         return 0
 
-    return _with_gateway(args, act, read_only=True)
+    return _with_gateway(args, act, on_disk=True)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -193,7 +195,7 @@ def _list(args: argparse.Namespace) -> int:
                   f"{members}")
         return 0
 
-    return _with_gateway(args, act, read_only=True)
+    return _with_gateway(args, act, on_disk=True)
 
 
 def _disband(args: argparse.Namespace) -> int:
@@ -206,7 +208,31 @@ def _disband(args: argparse.Namespace) -> int:
                   "members' sessions stay")
         return 0
 
-    return _with_gateway(args, act)
+    return _with_gateway(args, act, on_disk=True)
+
+
+class _NoTurnsHere(argparse.Action):
+    """``--runner`` / ``--cli`` on ``room show``, ``list`` or ``disband``: refused naming the option (exit 2).
+
+    Left unknown to argparse, ``room show --runner demo plan`` took ``demo`` for the room and refused
+    "unrecognized arguments: --runner plan", naming the room as the stray value. Declared here (hidden from the
+    help) with an optional value, every spelling is refused for what it is.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        """Refuse the option.
+
+        Raises:
+            argparse.ArgumentError: always (argparse prints it with the subcommand's usage, exit 2).
+        """
+        command = parser.prog.rsplit(" ", 1)[-1]
+        raise argparse.ArgumentError(self, f"does not apply to room {command}: it asks the host or works on the "
+                                           "room files, and runs no member turn (--runner and --cli are for room "
+                                           "create and send)")
 
 
 def add_room_parser(
@@ -217,16 +243,19 @@ def add_room_parser(
     Args:
         sub: the top-level subparsers.
         root_type: the ``--root`` argparse type.
-        runner_opts: adds ``--runner`` / ``--cli`` (how member turns run without a host: ``create``, ``send`` and
-            ``disband`` start a gateway of their own, which resumes pending rounds; not ``show`` and ``list``).
+        runner_opts: adds ``--runner`` / ``--cli`` (how member turns run without a host: ``create`` and ``send``
+            start a gateway of their own, which resumes pending rounds; not ``show``, ``list`` and ``disband``).
     """
     room = sub.add_parser("room", help="group rooms: several bots deliberate together")
     rsub = room.add_subparsers(dest="room_command", required=True)
 
     def common(p: argparse.ArgumentParser, *, runs_turns: bool = True) -> None:
         p.add_argument("--root", required=True, type=root_type, help="the Hermes root")
-        if runs_turns:  # show and list read the host's rooms or the files: no turn runs, so no runner is offered
+        if runs_turns:
             runner_opts(p)
+        else:  # show, list and disband ask the host or work on the files: no turn runs, so a runner is refused
+            p.add_argument("--runner", action=_NoTurnsHere)
+            p.add_argument("--cli", action=_NoTurnsHere)
 
     p = rsub.add_parser("create", help="create a room of 2 to 6 local bots")
     p.add_argument("name", type=utf8_text, help="the room's name (members' turns run in the session 'Group: <name>')")
@@ -259,5 +288,5 @@ def add_room_parser(
     p = rsub.add_parser("disband", help="delete a room (its members' sessions stay)")
     p.add_argument("room", type=utf8_text, help="the room's name or id")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    common(p)
+    common(p, runs_turns=False)
     p.set_defaults(func=_disband)

@@ -105,7 +105,10 @@ def _seed_wait_reading(value: Any) -> float | None:
 
 
 SEED_TTL = SeedReading("int(value)", _seed_ttl_reading)
-SEED_WAIT = SeedReading("max(0, float(value))", _seed_wait_reading)
+# A negative wait is no wait: said with the warning, since whoever wrote -5 hardly meant that
+SEED_WAIT = SeedReading("max(0, float(value))", _seed_wait_reading,
+                        at_zero="no wait, so a DM behind another turn of its bot (this gateway's, or another "
+                                "process's holding the bot's lock) fails target_busy at once, NOT delivered")
 
 
 @dataclass(frozen=True)

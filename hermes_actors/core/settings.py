@@ -32,6 +32,9 @@ class SeedReading:
 
     rule: str  # the seed's expression, as the docs and warnings show it: ``int(value)``
     read: Callable[[Any], float | int | None]  # the seed's value, or None where its expression raises
+    # what the setting then does when a value not written as 0 is read as 0 (a negative wait): said after the
+    # warning, as the user wrote something else ("" says nothing more)
+    at_zero: str = ""
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,7 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
         is one line naming the key and the value (and, for a number out of range, the range; for
         one above the maximum of a ``clamp_above`` setting, the maximum it is taken as; for a setting
         the seed reads, the seed's expression: a value it reads otherwise than written is taken so,
-        said in ``problem``);
+        said in ``problem``, with what it does at 0 when it is read as 0: :attr:`SeedReading.at_zero`);
         whoever read the value puts where it was written in front (``parse_config``).
     """
     default = spec.default
@@ -236,7 +239,9 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
                          f"using default {default}")
     number = float(number) if spec.kind == "float" else number  # in range: never too large for a float
     if spec.seed is not None and (isinstance(value, bool) or plain != number):  # odd: said, yet taken as the seed
-        return number, f"{spec.path}={value!r} is read as {number!r}, as the seed reads it (`{spec.seed.rule}`)"
+        effect = f": {spec.seed.at_zero}" if number == 0 and spec.seed.at_zero else ""
+        return number, (f"{spec.path}={value!r} is read as {number!r}, as the seed reads it (`{spec.seed.rule}`)"
+                        f"{effect}")
     return number, None
 
 

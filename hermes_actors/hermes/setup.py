@@ -273,14 +273,15 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     # Enable records each change of a key (`--port 9000`, later `--port 9001`): undone newest first,
     # each says the same "restored" (or "changed since enable") line; say it once.
     report.changed, report.todo = _once(report.changed), _once(report.todo)
-    served = _still_served(root, selected, host) if selected else None
+    yamls = _profile_yamls(selected)
+    served = _still_served(root, yamls, host) if selected else None
     if served is not None:
         report.todo.insert(0, served)
     if selected:
         report.todo.append("the 'Bot Chat' sessions, and the rooms' 'Group: <name>' ones, were kept (they hold "
                            "conversations; delete them in hermes if you want them gone)")
         # the record is what makes bot_relay/ ours: say it once nothing is left of it, by --profiles naming them all too
-        report.todo.extend(_left_to_remove(root, selected, everything=not kept))
+        report.todo.extend(_left_to_remove(root, yamls, everything=not kept))
     if any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected):
         # a running gateway read its platforms at start: it hosts (and refuses every DM) until restarted
         report.todo.append("restart the hermes gateway if one runs, so it stops hosting the actors: "
@@ -288,7 +289,20 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     return report
 
 
-def _still_served(root: Path, undone: list[dict[str, object]], host: int | None) -> str | None:
+def _profile_yamls(undone: list[dict[str, object]]) -> list[str]:
+    """Pure: the ``profile.yaml`` files (relative to the root) the undone record entries edited, each once, in
+    record order.
+
+    Args:
+        undone: the record entries just undone.
+
+    Returns:
+        Their paths as the record names them (``profiles/<id>/profile.yaml``, ``profile.yaml`` for the root's).
+    """
+    return list(dict.fromkeys(str(e["file"]) for e in undone if Path(str(e["file"])).name == "profile.yaml"))
+
+
+def _still_served(root: Path, yamls: list[str], host: int | None) -> str | None:
     """What a disable leaves served: the "to do" line that says so, or None (nothing worth saying).
 
     The gate is the install's, as in Bot Mode (docs/hermes.md): while any profile stays managed, every
@@ -298,7 +312,7 @@ def _still_served(root: Path, undone: list[dict[str, object]], host: int | None)
 
     Args:
         root: the Hermes root, its files as the undo left them.
-        undone: the record entries just undone (not empty).
+        yamls: the ``profile.yaml`` files the undone entries edited (:func:`_profile_yamls`).
         host: the pid of the host still serving the root (``submit.lock``'s holder), or None.
 
     Returns:
@@ -314,7 +328,7 @@ def _still_served(root: Path, undone: list[dict[str, object]], host: int | None)
         return (f"stop the host that still serves {root} (pid {host}: `hermes-actors serve`, or `hermes gateway "
                 "run` hosting the actors): until it stops it refuses every DM (\"This install is not "
                 "Bot-Mode-managed\")")
-    flagged = {str(Path(str(e["file"])).parent) for e in undone if Path(str(e["file"])).name == "profile.yaml"}
+    flagged = {str(Path(name).parent) for name in yamls}
     unmanaged = [p.profile for p in profiles if not p.managed and _home_key(root, p.profile) in flagged]
     if not unmanaged:  # no managed flag undone (one changed since enable stays: said already)
         return None
@@ -333,12 +347,12 @@ def _some(names: list[str]) -> str:
     return listed if len(names) <= _LISTED else f"{listed} and {len(names) - _LISTED} more"
 
 
-def _left_to_remove(root: Path, undone: list[dict[str, object]], *, everything: bool) -> list[str]:
+def _left_to_remove(root: Path, yamls: list[str], *, everything: bool) -> list[str]:
     """What disable leaves that is the user's to remove by hand (uninstall step 3 in docs/hermes.md).
 
     Args:
         root: the Hermes root.
-        undone: the record entries just undone.
+        yamls: the ``profile.yaml`` files the undone entries edited (:func:`_profile_yamls`).
         everything: the whole record is undone now (no ``--profiles``, or profiles naming every recorded
             edit): ``bot_relay/`` is no longer ours.
 
@@ -346,7 +360,7 @@ def _left_to_remove(root: Path, undone: list[dict[str, object]], *, everything: 
         The "to do" lines: each ``profile.yaml`` now ``{}`` (enable created it), and ``bot_relay/``.
     """
     emptied = []
-    for name in dict.fromkeys(str(e["file"]) for e in undone if Path(str(e["file"])).name == "profile.yaml"):
+    for name in yamls:
         try:
             if read_yaml(root / name) == {}:
                 emptied.append(str(root / name))

@@ -57,7 +57,7 @@ from hermes_actors.store.relay_sent import (
     record_sent,
 )
 
-__all__ = ["EXPIRY_ANSWER_GRACE_SECONDS", "Outbound", "Waiting", "never_queued_text"]
+__all__ = ["EXPIRY_ANSWER_GRACE_SECONDS", "Outbound", "Waiting", "never_queued_text", "no_reply_text"]
 
 # How long past our reply budget we still wait for the queued_expired answer of an envelope whose TTL ran out after
 # someone took it from our outbox/ (the hub, which moved it into the inbox/ of a root where no gateway of ours reads
@@ -76,6 +76,29 @@ def never_queued_text(label: str) -> str:
     """Pure: why a DM its gateway was killed while queueing is reported NOT sent after the restart."""
     return (f"The gateway stopped while queueing the message for {label}: it never reached the relay, so it was "
             "NOT sent. Resend it.")
+
+
+def no_reply_text(label: str, budget: float, *, ttl: float = 0.0, grace: float = 0.0) -> str:
+    """Pure: the ``delivery_timeout`` text of one of our envelopes whose reply budget ran out unanswered.
+
+    Args:
+        label: the target's label.
+        budget: ``bot_mode.reply_wait_seconds``.
+        ttl: the envelope's TTL when it too had run out and the envelope was no longer in our ``outbox/`` (someone
+            took it), so the sender waited ``grace`` more for its taker's ``queued_expired``; 0 when the reply
+            budget alone ended it.
+        grace: those extra seconds (:data:`EXPIRY_ANSWER_GRACE_SECONDS`).
+
+    Returns:
+        A text that says how long the sender waited and, past the TTL, why it is still no expiry: the plain
+        "within the budget" would hide the grace and that the envelope had left our ``outbox/``.
+    """
+    if not ttl:
+        return (f"No reply from {label} within {budget:g}s. The message may still be delivered when the Desktop "
+                "reconnects; do not resend blindly.")
+    return (f"No reply from {label} within {budget + grace:g}s: its {ttl:g}s TTL ran out after the Desktop or the hub "
+            f"had taken it from the relay's outbox/, and no queued_expired answer came in the {grace:g}s after. "
+            "The message may still be delivered; do not resend blindly.")
 
 
 @dataclass
@@ -325,8 +348,11 @@ class Outbound:
             if envelope_id not in self.waiting:
                 return
         budget = self.config.reply_wait_seconds
-        text = (f"No reply from {entry.label} within {budget:g}s. The message may still be delivered when the "
-                "Desktop reconnects; do not resend blindly.")
+        if entry.graced:  # past its TTL, taken from outbox/, and its taker's expiry answer did not come either
+            text = no_reply_text(entry.label, budget, ttl=rp.seed_ttl(self.config.envelope_ttl_seconds),
+                                 grace=EXPIRY_ANSWER_GRACE_SECONDS)
+        else:
+            text = no_reply_text(entry.label, budget)
         self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "delivery_timeout"))
         self.counters["timeouts"] += 1
 

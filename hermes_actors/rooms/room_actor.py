@@ -381,10 +381,8 @@ class RoomActor(TypedActor):
 
     @handles(Disband)
     def _on_disband(self, msg: Disband) -> dict[str, Any]:
-        self.files.remove(self.record.room_id)  # a member turn still queued now never starts (RoomStartMarks)
+        self.files.drop(self.record)  # a member turn still queued now never starts (RoomStartMarks)
         self.halted = True
-        if self.record.running is not None:
-            self.files.forget_start(self.record.running["turn_id"])
         for future in self.waiters:
             future.set("disbanded")
         self.waiters.clear()

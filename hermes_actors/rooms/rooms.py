@@ -81,10 +81,10 @@ class Rooms:
         """Resume every room on disk (a round cut short by a crash goes on); returns how many."""
         try:
             self.files.ensure()
-            owner = TurnLock(self.files.directory / ".owner.lock", what="the rooms owner lock")
+            owner = self.files.owner_lock()
             if owner.acquire(time.monotonic()) is None:
                 owner.close()
-                self._broken = f"another gateway process drives the rooms of {self.files.relay.base.parent}"
+                self._broken = self.files.owned_elsewhere()
                 return 0
         except (HostileFileError, StoreError, OSError) as exc:
             self._broken = f"the room directory is refused ({exc})"

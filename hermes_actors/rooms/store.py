@@ -30,10 +30,12 @@ from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_quarantine import quarantine
+from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["ROOMS_DIR", "ROOM_MAX_BYTES", "STARTED_DIR", "RoomFiles", "RoomStartMarks", "RoomsOnDisk"]
+__all__ = ["OWNER_LOCK", "ROOMS_DIR", "ROOM_MAX_BYTES", "STARTED_DIR", "RoomFiles", "RoomStartMarks", "RoomsOnDisk"]
 
 ROOMS_DIR = "rooms"  # under bot_relay/
+OWNER_LOCK = ".owner.lock"  # under rooms/: flocked by the one process that drives the root's rooms
 STARTED_DIR = ".started"  # under rooms/: ``<turn_id>.json`` marks a member turn that began (RoomStartMarks)
 # The reader refuses a larger file (hostile); 4x the writer's budget (file_budget.ROOM_WRITE_BUDGET), so
 # whatever the writer wrote loads.
@@ -93,6 +95,27 @@ class RoomFiles:
             raise StoreError(f"room file {path} would be {len(data)} bytes, more than the {ROOM_MAX_BYTES} a room "
                              "file may have; it was not written")
         atomic_write_bytes(path, data, tmp_dir=self.relay.tmp, fsync=self.fsync, within=self.relay.base)
+
+    def owner_lock(self) -> TurnLock:
+        """The flock on ``rooms/.owner.lock``: held by the one process that drives the root's rooms."""
+        return TurnLock(self.directory / OWNER_LOCK, what="the rooms owner lock")
+
+    def owned_elsewhere(self) -> str:
+        """Pure: why room calls are refused while another process holds :meth:`owner_lock`."""
+        return f"another gateway process drives the rooms of {self.relay.base.parent}"
+
+    def drop(self, record: RoomRecord) -> None:
+        """Disband a room on disk: delete its file, then the start mark of its ``running`` turn.
+
+        The file goes first: a member turn of the room still queued then never starts
+        (:class:`RoomStartMarks` refuses it), and one running finishes unrecorded.
+
+        Args:
+            record: the room, as its driver holds it.
+        """
+        self.remove(record.room_id)
+        if record.running is not None:
+            self.forget_start(record.running["turn_id"])
 
     def start_mark(self, turn_id: str) -> Path:
         """``rooms/.started/<turn_id>.json``: present once the member turn ``turn_id`` began."""
@@ -279,12 +302,13 @@ class RoomStartMarks:
 
 
 class RoomsOnDisk:
-    """The read-only room calls (``list_rooms``, ``room_transcript``) answered from the room files.
+    """The room calls that need no gateway, on the room files: ``list_rooms``, ``room_transcript``, ``disband_room``.
 
-    For a reader with no gateway (``hermes-actors room list|show`` when no host serves
-    the root): nothing is started, no round resumes, no turn runs and no file is
-    changed. The answers are those of :class:`hermes_actors.gateway.Gateway` as of the
-    files' last write.
+    For a command run with no host on the root (``hermes-actors room list|show|disband``):
+    nothing is started, no round resumes and no turn runs. The reads change no file; their
+    answers are those of :class:`hermes_actors.gateway.Gateway` as of the files' last
+    write. ``disband_room`` deletes the room's file under the rooms owner lock, as the
+    gateway's disband would.
 
     Args:
         root: the Hermes root.
@@ -318,3 +342,47 @@ class RoomsOnDisk:
         if room_id is None:
             raise no_room(room)
         return [dict(e) for e in records[room_id].transcript]
+
+    def disband_room(self, room: Any) -> dict[str, Any]:
+        """See :meth:`hermes_actors.gateway.Gateway.disband_room`, for a root no gateway drives.
+
+        A gateway started to disband would first resume the room's pending round and start its member turns;
+        here none runs: the room's file (and its ``running`` turn's start mark) is deleted under the rooms owner
+        lock (:meth:`RoomFiles.drop`), so no gateway starting meanwhile drives it.
+
+        Args:
+            room: the room's id or name.
+
+        Returns:
+            The room dict with ``state: "disbanded"``.
+
+        Raises:
+            KeyError: no such room, naming it.
+            RuntimeError: the room directory is refused, another gateway process drives the rooms, or the file
+                could not be deleted.
+        """
+        if not os.path.lexists(self.files.directory):
+            raise no_room(room)  # no room was ever made on this root: nothing is created to say so
+        owner = self.files.owner_lock()
+        try:
+            held = owner.try_acquire()
+        except OSError as exc:
+            owner.close()
+            raise RuntimeError(f"rooms are unavailable: the room directory is refused ({exc})") from exc
+        if not held:
+            owner.close()
+            raise RuntimeError(f"rooms are unavailable: {self.files.owned_elsewhere()}")
+        try:
+            records = {r.room_id: r for r in self._records()}  # read under the lock: as its last driver left it
+            room_id = find_room(((r.room_id, r.name) for r in records.values()), room)
+            if room_id is None:
+                raise no_room(room)
+            try:
+                self.files.drop(records[room_id])
+            except OSError as exc:  # one line for the command, not a traceback
+                raise RuntimeError(f"room {records[room_id].name!r} is not disbanded: its file "
+                                   f"{self.files.path(room_id)} could not be deleted ({exc})") from exc
+        finally:
+            owner.release()
+            owner.close()
+        return {**records[room_id].summary(), "state": "disbanded"}
