@@ -286,7 +286,7 @@ def test_room_commands_create_send_show_list_disband(tmp_path: Path, capsys: pyt
     rows = json.loads(capsys.readouterr().out)
     assert rows == [{**room, "state": "needs_you", "messages": len(shown), "last_activity": rows[0]["last_activity"]}]
 
-    assert main(["room", "disband", "launch", *base[:2]]) == 0
+    assert main(["room", "disband", "launch", *base]) == 0  # --runner still taken (older scripts), unused
     assert capsys.readouterr().out.strip() == (f"room launch disbanded ({room['room_id']}); its members' sessions "
                                                "stay")
     assert main(["room", "list", "--json", *base[:2]]) == 0
@@ -439,7 +439,7 @@ VALUE_ERRORS = [
     ("room send", ["room", "send", "--root", "R", "--runner", "demo", "V", "hi"], 2,
      "error: no room {q}: pass the id or name of an existing room (Gateway.list_rooms(); on the command line: "
      "hermes-actors room list)"),
-    ("room disband", ["room", "disband", "--root", "R", "V"], 2,
+    ("room disband", ["room", "disband", "--root", "R", "--runner", "demo", "V"], 2,
      "error: no room {q}: pass the id or name of an existing room (Gateway.list_rooms(); on the command line: "
      "hermes-actors room list)"),
     ("room create member", ["room", "create", "--root", "R", "x", "alice", "V"], 2,
@@ -902,16 +902,16 @@ def test_an_argument_that_is_not_utf8_is_refused_naming_it(
     assert f"argument {argument}" in err and "is not valid UTF-8 text (byte 0xff at character" in err, err
 
 
-@pytest.mark.parametrize("command", [["room", "show", "plan"], ["room", "list"], ["room", "disband", "plan"]])
+@pytest.mark.parametrize("command", [["room", "show", "plan"], ["room", "list"]])
 @pytest.mark.parametrize("option", [["--runner", "demo"], ["--cli", "/bin/true"], ["--runner"]])
 @pytest.mark.parametrize("before", [False, True], ids=["after", "before"])
-def test_room_show_list_and_disband_refuse_a_runner_naming_it(
+def test_room_show_and_list_refuse_a_runner_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], option: list[str], before: bool
 ) -> None:
     """Regression (acceptance review): they accepted --runner and --cli, and no turn runs in them (they read the
     host's rooms or the files). Regression (uxbatch): refused as unknown, ``room show --runner demo plan`` took
     ``demo`` for the room and said "unrecognized arguments: --runner plan", naming the room; now the option is
-    named, and why it does not apply, wherever it stands. disband, which no longer starts a gateway, too."""
+    named, and why it does not apply, wherever it stands."""
     args = [*command[:2], *option, *command[2:]] if before else [*command, *option]
     with pytest.raises(SystemExit) as exited:
         main([*args, "--root", str(make_root(tmp_path))])

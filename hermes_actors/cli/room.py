@@ -244,7 +244,8 @@ def add_room_parser(
         sub: the top-level subparsers.
         root_type: the ``--root`` argparse type.
         runner_opts: adds ``--runner`` / ``--cli`` (how member turns run without a host: ``create`` and ``send``
-            start a gateway of their own, which resumes pending rounds; not ``show``, ``list`` and ``disband``).
+            start a gateway of their own, which resumes pending rounds; not ``show`` and ``list``; ``disband`` takes
+            them unused).
     """
     room = sub.add_parser("room", help="group rooms: several bots deliberate together")
     rsub = room.add_subparsers(dest="room_command", required=True)
@@ -253,7 +254,7 @@ def add_room_parser(
         p.add_argument("--root", required=True, type=root_type, help="the Hermes root")
         if runs_turns:
             runner_opts(p)
-        else:  # show, list and disband ask the host or work on the files: no turn runs, so a runner is refused
+        else:  # show and list ask the host or read the files: no turn runs, so a runner is refused
             p.add_argument("--runner", action=_NoTurnsHere)
             p.add_argument("--cli", action=_NoTurnsHere)
 
@@ -288,5 +289,5 @@ def add_room_parser(
     p = rsub.add_parser("disband", help="delete a room (its members' sessions stay)")
     p.add_argument("room", type=utf8_text, help="the room's name or id")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    common(p, runs_turns=False)
+    common(p)  # it runs no turn: --runner and --cli, which it once needed, are still taken (scripts pass them)
     p.set_defaults(func=_disband)
