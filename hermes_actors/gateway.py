@@ -449,7 +449,9 @@ class Gateway:
 
         Returns:
             accepted, refused (every refusal answered to a sender, counted once; ``refused_by_reason``:
-            ``{reason: count}``), settled, pending, active_profiles, profile_starts (the Dispatcher);
+            ``{reason: count}``), settled, pending, active_profiles, profile_starts, and the sender wake-ups:
+            wakes_sent (created, one per DM), wakes_retried (attempts made again after one whose turn never
+            began) and wakes_failed (given up) (the Dispatcher);
             notified, notify_skipped (shed behind a slow subscriber) and subscriber_errors (callbacks
             that raised) (the notifier); worker_threads; timers (entries in the timer heap,
             cancelled ones not yet compacted included); journal_fsyncs and journal_records when

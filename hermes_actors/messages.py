@@ -297,6 +297,16 @@ class RetryJournal:
 
 
 @dataclass(frozen=True, slots=True)
+class WakeDue:
+    """Told by the Dispatcher's own timer: the back-off of a wake's next attempt is over, run it
+    (``SenderWaker.due``; its records are on disk when ``journaled``)."""
+
+    delivery: Delivery  # the attempt (origin "wake")
+    previous: str  # the id of the failed attempt it follows
+    journaled: bool
+
+
+@dataclass(frozen=True, slots=True)
 class TurnHeld:
     """Told by a ProfileActor: a turn's ``started`` record could not be written to the delivery journal (a full
     disk), so the turn never ran and is queued again; the profile starts no turn until it is told ``ResumeTurns``."""

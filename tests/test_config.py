@@ -224,6 +224,7 @@ def test_defaults() -> None:
     assert cfg.peers == ()
     assert cfg.expiry_enabled is True
     assert cfg.wake_sender == "auto"
+    assert cfg.wake_retry_seconds == 5.0
 
 
 @pytest.mark.parametrize(
@@ -239,7 +240,7 @@ def test_defaults_dict_shape() -> None:
     assert c.DEFAULTS["bot_mode"] == {
         "turn_wait_seconds": 120, "envelope_ttl_seconds": 900, "reply_wait_seconds": 900, "max_hops": 8,
         "max_pair_rate": 30, "max_queued": 256, "max_notify_backlog": 100000, "turn_timeout_seconds": 600,
-        "idle_stop_seconds": 60, "rescan_seconds": 2.0, "wake_sender": "auto",
+        "idle_stop_seconds": 60, "rescan_seconds": 2.0, "wake_sender": "auto", "wake_retry_seconds": 5.0,
     }
     assert c.DEFAULTS["bot_peers"] == {}
 

@@ -53,11 +53,12 @@ def test_without_a_hermes_cli_turns_fail_runtime_offline_saying_how_to_install(
                             "($HERMES_ACTORS_HERMES_CLI, looked up on PATH) — install hermes-agent (pip install "
                             "'hermes-actors[hermes]'), or name the executable: --cli PATH (hermes-actors commands) "
                             "or cli='PATH' (Python)"), out
-    # auto wakes alice with that failure; her wake turn fails the same way: counted, not a DM outcome
+    # auto wakes alice with that failure; her wake turn fails the same way: not a DM outcome, and tried again
+    # after its back-off (runtime_offline: it never began), so it is not counted failed (given up) yet
     wake = gw.wait_outcome(wake_id(ack["delivery_id"]), timeout=20)
     assert wake["reason"] == "runtime_offline"
     stats = gw.stats()
-    assert (stats["wakes_sent"], stats["wakes_failed"], stats["settled"]) == (1, 1, 1)
+    assert (stats["wakes_sent"], stats["wakes_retried"], stats["wakes_failed"], stats["settled"]) == (1, 1, 0, 1)
 
 
 def test_a_cli_turn_gets_its_hop_in_the_environment(tmp_path: Path) -> None:

@@ -8,9 +8,12 @@ from pathlib import Path
 import pytest
 
 from hermes_actors.core import outcomes
+from hermes_actors.core.acks import delivery_from_record, delivery_record
 from hermes_actors.core.recovery import plan_recovery
 from hermes_actors.core.wake import (
     WAKE_ORIGIN,
+    WAKE_RETRY_MOST,
+    exempt_from_queue_bounds,
     is_wake,
     parse_wake_mode,
     wake_delivery,
@@ -18,6 +21,10 @@ from hermes_actors.core.wake import (
     wake_for,
     wake_id,
     wake_lock_wait,
+    wake_retry_delay,
+    wake_retry_delivery,
+    wake_retry_id,
+    wake_retryable,
     wake_text,
     wake_turn_time_left,
 )
@@ -115,8 +122,6 @@ def test_a_reoffered_wake_stays_a_wake_and_a_started_one_is_not_rerun() -> None:
     request = wake_for(REPLIED, DM, mode="true", runner_is_hermes=False, local_profiles=LOCAL, root=ROOT)
     assert request is not None
     record = wake_delivery(request, now=1.0)
-    from hermes_actors.core.acks import delivery_record
-
     never_started = DeliveryState(delivery=delivery_record(record))
     plan = plan_recovery({record.delivery_id: never_started})
     assert [d.origin for d in plan.reoffer] == [WAKE_ORIGIN]
@@ -214,3 +219,71 @@ def test_a_wakes_turn_timer_counts_turn_timeout_from_when_its_turn_began(
     that got the flock at once. It has turn_timeout_seconds from when its turn began (here: started at 90,
     turn_timeout 10, flock wait until 120)."""
     assert wake_turn_time_left(now, began_at, 120.0, 10.0) == pytest.approx(left)
+
+
+@pytest.mark.parametrize(("status", "reason", "retried"), [
+    ("failed", "target_busy", True),  # another process held the bot's flock for the whole wait
+    ("failed", "runtime_offline", True),
+    ("failed", "provider_rate_limit", True),
+    ("failed", "provider_server_error", True),
+    ("failed", "cancelled", False),  # a stop's: its own rule (journaled, the next start runs it)
+    ("failed", "delivery_timeout", False),  # it may have run
+    ("failed", "unknown", False),
+    ("failed", "context_overflow", False),
+    ("ambiguous", "target_busy", False),  # may have run: never twice
+    ("ambiguous", "", False),
+    ("replied", "", False),
+    ("silent", "", False),
+])
+def test_only_a_wake_that_failed_retryable_and_was_not_cancelled_is_tried_again(
+    status: str, reason: str, retried: bool
+) -> None:
+    assert wake_retryable(status, reason) is retried
+
+
+@pytest.mark.parametrize(("now", "delay"), [
+    (1000.0, 5.0),  # failed at once: the shortest wait
+    (1003.0, 5.0),
+    (1005.0, 5.0),
+    (1010.0, 10.0),  # then the time since it was created: it doubles, 5, 10, 20, 40 s after creation
+    (1020.0, 20.0),
+    (1040.0, 40.0),
+    (1080.0, WAKE_RETRY_MOST),  # at most a minute
+    (1600.0, WAKE_RETRY_MOST),
+    (1880.0, 20.0),  # the last attempt waits at most until the window closes (900 s after creation)
+    (1900.0, None),  # the window closed: given up
+    (2500.0, None),
+])
+def test_a_failed_wakes_next_attempt_backs_off_until_its_window_closes(now: float, delay: float | None) -> None:
+    assert wake_retry_delay(now, created_at=1000.0, window=900.0, first=5.0) == delay
+
+
+@pytest.mark.parametrize(("first", "now", "window", "delay"), [
+    (120.0, 1000.0, 900.0, 120.0),  # a wake_retry_seconds over a minute is the wait throughout
+    (120.0, 1500.0, 900.0, 120.0),
+    (0.05, 1000.0, 900.0, 0.05),
+    (5.0, 1000.0, 0.0, None),  # reply_wait_seconds 0: never tried again
+    (5.0, 999.0, 900.0, 5.0),  # a clock that went back: the shortest wait, never a negative one
+])
+def test_the_retry_delay_follows_the_settings(first: float, now: float, window: float, delay: float | None) -> None:
+    assert wake_retry_delay(now, created_at=1000.0, window=window, first=first) == delay
+
+
+def test_a_wakes_next_attempt_is_a_wake_of_its_own_with_a_derived_id_and_the_wakes_creation_time() -> None:
+    request = wake_for(REPLIED, DM, mode="true", runner_is_hermes=False, local_profiles=LOCAL, root=ROOT)
+    assert request is not None
+    first = wake_delivery(request, now=12.0)
+    second = wake_retry_delivery(first)
+    third = wake_retry_delivery(second)
+    ids = [DM.delivery_id, first.delivery_id, second.delivery_id, third.delivery_id]
+    assert len(set(ids)) == 4  # never the DM's, nor an earlier attempt's
+    assert second.delivery_id == wake_retry_id(first.delivery_id) == wake_retry_delivery(first).delivery_id
+    assert wake_retry_id(first.delivery_id) != wake_id(first.delivery_id)  # not the wake of a DM of that id
+    for attempt in (second, third):
+        assert is_wake(attempt) and exempt_from_queue_bounds(attempt)
+        assert replace(attempt, delivery_id=first.delivery_id) == first  # the same turn, created at 12.0
+        assert delivery_from_record(delivery_record(attempt), attempt.delivery_id) == attempt  # journaled as it is
+    plan = plan_recovery({second.delivery_id: DeliveryState(delivery=delivery_record(second))})
+    assert plan.reoffer == [second]  # a restart re-offers an attempt that never started, as a wake
+    started = DeliveryState(delivery=delivery_record(second), started=1)
+    assert plan_recovery({second.delivery_id: started}).reoffer == []  # one that started is never run twice

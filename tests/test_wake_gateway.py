@@ -27,7 +27,8 @@ from roots import LogCapture, RecordingRunner, body_of, held_on, make_root, star
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
-from hermes_actors.core.wake import wake_id
+from hermes_actors.core.wake import wake_id, wake_retry_id
+from hermes_actors.errors import TurnFailed
 from hermes_actors.messages import BOT_CHAT_SESSION, Turn
 from hermes_actors.ops.status import live_status
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
@@ -742,3 +743,112 @@ def test_the_readme_example_leaves_a_wake_the_next_host_runs_unless_told_not_to(
         (turn,) = nxt.entered
         assert (turn.profile, turn.session) == ("alice", BOT_CHAT_SESSION)
         assert turn.content.startswith("Reply from @bob: ")
+
+
+# ── a wake whose turn never began is tried again ────────────────────────────
+
+RETRY_FAST = {"wake_sender": True, "wake_retry_seconds": 0.05}  # bot_mode: the shortest back-off, for the tests
+
+
+class _WakeRefused:
+    """A runner whose sender's wake turns fail as hermes' would when the bot's turn never began: the first
+    ``refusals`` of them (all of them when None) raise ``TurnFailed`` (``target_busy`` by default); every other
+    turn replies. Each wake turn's delivery id is recorded."""
+
+    def __init__(self, refusals: int | None, error: TurnFailed | None = None) -> None:
+        self.refusals = refusals
+        self.error = error or TurnFailed("@alice's Bot Chat is open on another surface right now", "target_busy")
+        self.rec = RecordingRunner(self.behave)
+        self.lock = threading.Lock()
+        self.woken: list[str] = []  # wake turns that got their reply to the bot (ran to their end)
+        self.refused: list[str] = []
+
+    def behave(self, turn: Turn) -> str:
+        if not is_wake_turn(turn):
+            return f"{turn.profile} got: {body_of(turn.content)}"
+        with self.lock:
+            if self.refusals is None or len(self.refused) < self.refusals:
+                self.refused.append(turn.delivery_id)
+                raise self.error
+            self.woken.append(turn.delivery_id)
+        return "noted"
+
+
+def test_a_wake_refused_target_busy_once_is_tried_again_and_the_sender_gets_the_reply_once(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Review: a wake whose turn failed ``target_busy`` (another process, a seed gateway or a user's ``hermes chat``,
+    held the bot's flock for the whole wait) was only logged ("waking @alice failed"): nobody resends a wake, so
+    alice never learnt bob's reply. It is now run again, as an attempt of its own, after its back-off."""
+    runner = _WakeRefused(refusals=1)
+    gw = start_gateway(gateways, make_root(tmp_path), runner.rec, config={"bot_mode": RETRY_FAST})
+    seen: list[dict[str, Any]] = []
+    gw.subscribe(seen.append)
+    dm = queued(gw.message_agent(sender="alice", target="bob", message="status?"))
+    assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+    first = gw.wait_outcome(wake_id(dm), timeout=10)
+    assert (first["status"], first["reason"]) == ("failed", "target_busy")
+    again = wake_retry_id(wake_id(dm))
+    assert gw.wait_outcome(again, timeout=20)["status"] == "replied"
+    assert runner.refused == [wake_id(dm)] and runner.woken == [again]  # the bot got the reply exactly once
+    alice = [t for t in runner.rec.entered if t.profile == "alice"]
+    assert [t.delivery_id for t in alice] == [wake_id(dm), again]
+    assert alice[0].content == alice[1].content == "Reply from @bob: bob got: status?"
+    assert alice[1].hop == alice[0].hop == 1
+    stats = gw.stats()
+    assert (stats["wakes_sent"], stats["wakes_retried"], stats["wakes_failed"]) == (1, 1, 0)
+    assert live_status(gw)["counters"]["wakes_retried"] == 1  # `status --json` shows it too
+    with pytest.raises(KeyError):  # it replied: no third attempt
+        gw.wait_outcome(wake_retry_id(again), timeout=1)
+    await_condition(lambda: len(seen) >= 1, timeout=10, message="the subscriber saw the DM's outcome")
+    assert [o["delivery_id"] for o in seen] == [dm]  # no attempt's outcome is a DM outcome
+    assert gw.stats()["settled"] == 1
+
+
+def test_a_wake_refused_until_its_window_closes_is_given_up_with_one_warning(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """A wake tried again until ``reply_wait_seconds`` passed since it was created is then given up: one WARNING
+    saying so, counted in ``wakes_failed``; no attempt is created after that."""
+    runner = _WakeRefused(refusals=None)
+    gw = start_gateway(gateways, make_root(tmp_path), runner.rec,
+                       config={"bot_mode": {**RETRY_FAST, "reply_wait_seconds": 3}})
+    with LogCapture("WARNING") as logs:
+        dm = queued(gw.message_agent(sender="alice", target="bob", message="status?"))
+        assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"
+        await_condition(lambda: gw.stats()["wakes_failed"] == 1, timeout=30, message="the wake was given up")
+        stats = gw.stats()
+    attempts = runner.refused
+    assert attempts[0] == wake_id(dm) and len(attempts) >= 2 and runner.woken == []
+    assert attempts == [attempts[0], *(wake_retry_id(a) for a in attempts[:-1])]  # each derived from the one before
+    assert (stats["wakes_sent"], stats["wakes_retried"], stats["wakes_failed"]) == (1, len(attempts) - 1, 1)
+    (given_up,) = logs.matching("waking @alice failed")
+    assert f"wake {attempts[-1]}, target_busy" in given_up and "given up: 3 s (bot_mode.reply_wait_seconds)" in given_up
+    assert gw.wait_outcome(attempts[-1], timeout=10)["reason"] == "target_busy"
+    with pytest.raises(KeyError):
+        gw.wait_outcome(wake_retry_id(attempts[-1]), timeout=1)
+
+
+@pytest.mark.parametrize("error", [
+    TurnFailed("the connection to hermes was lost after the request was sent", "runtime_offline", ambiguous=True),
+    TurnFailed("the turn timed out", "delivery_timeout"),
+], ids=["ambiguous", "delivery_timeout"])
+def test_a_wake_that_may_have_run_is_never_tried_again(
+    tmp_path: Path, gateways: list[Gateway], error: TurnFailed
+) -> None:
+    """An ``ambiguous`` wake (or one timed out) may have reached the bot: running it again could give the bot the
+    reply twice. It is given up at once, as before."""
+    runner = _WakeRefused(refusals=None, error=error)
+    gw = start_gateway(gateways, make_root(tmp_path), runner.rec, config={"bot_mode": RETRY_FAST})
+    with LogCapture("WARNING") as logs:
+        dm = queued(gw.message_agent(sender="alice", target="bob", message="status?"))
+        assert gw.wait_outcome(dm, timeout=10)["status"] == "replied"  # its wake is booked by then
+        wake = gw.wait_outcome(wake_id(dm), timeout=10)
+        stats = gw.stats()  # answered once the wake's outcome was handled (a retry would be booked by then)
+    assert wake["reason"] == error.reason and (wake["status"] == "ambiguous") is error.ambiguous
+    assert (stats["wakes_sent"], stats["wakes_retried"], stats["wakes_failed"]) == (1, 0, 1)
+    with pytest.raises(KeyError):
+        gw.wait_outcome(wake_retry_id(wake_id(dm)), timeout=1)
+    assert set(runner.refused) == {wake_id(dm)}  # (a timed-out turn gets the turn's own policy retry, same id)
+    (failed,) = logs.matching("waking @alice failed")
+    assert "given up" not in failed

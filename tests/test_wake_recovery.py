@@ -19,14 +19,15 @@ from typing import Any
 
 import orjson
 import pytest
-from roots import make_root
+from roots import LogCapture, RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_record
 from hermes_actors.core.ids import new_delivery_id
-from hermes_actors.core.wake import wake_delivery, wake_for
+from hermes_actors.core.wake import wake_delivery, wake_for, wake_id, wake_retry_delivery, wake_retry_id
+from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.cli_runner import never_reached
 from hermes_actors.messages import Delivery, Turn
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
@@ -150,3 +151,96 @@ def test_a_started_wake_runs_after_the_restart_only_when_its_text_never_reached_
             assert (gw.recovered["reoffered"], gw.recovered["ambiguous"]) == (1, 0), gw.recovered
             await_condition(lambda: runner.ran == [wake.content], timeout=30, message="the wake never ran")
     assert runner.ran == ([] if reached else [wake.content])  # once, and only when it never reached alice
+
+
+# ── a wake attempt that failed retryable, across a stop or a kill ───────────
+
+RETRY = {"bot_mode": {"wake_sender": True, "wake_retry_seconds": 0.05}}
+
+
+def _wake_turns(runner: RecordingRunner) -> list[str]:
+    return [t.delivery_id for t in runner.entered if t.profile == "alice"]
+
+
+def _restart_runs_nothing(root: Path, *settled: str) -> None:
+    """One more start on the root: nothing is run or re-offered again, and each of ``settled`` is known."""
+    runner = RecordingRunner()
+    with Gateway(root, runner=runner, config=RETRY) as gw:
+        assert (gw.recovered["reoffered"], gw.recovered["ambiguous"]) == (0, 0), gw.recovered
+        for key in settled:
+            assert gw.wait_outcome(key, timeout=10)["status"] in ("replied", "failed")
+        assert gw.stats()["wakes_retried"] == 0
+    assert runner.entered == []
+
+
+def test_a_gateway_stopped_while_a_wakes_retry_waits_runs_the_retry_once_after_the_restart(tmp_path: Path) -> None:
+    """The retry is journaled (accepted, in one batch with the failed attempt's delivered record) as the failed
+    attempt's outcome is published, and only its run waits for the back-off: a stop meanwhile leaves it journaled,
+    never started, and the next start runs it once."""
+    root = make_root(tmp_path)
+
+    def refuse_the_wake(turn: Turn) -> str:
+        if turn.profile == "alice":
+            raise TurnFailed("alice's Bot Chat is open on another surface right now", "target_busy")
+        return "bob got it"
+
+    first = RecordingRunner(refuse_the_wake)
+    slow = {"bot_mode": {"wake_sender": True, "wake_retry_seconds": 3600}}  # the retry waits past the stop
+    with Gateway(root, runner=first, config=slow) as gw:
+        ack = gw.message_agent(sender="alice", target="bob", message="ping")
+        assert gw.wait_outcome(ack["delivery_id"], timeout=10)["status"] == "replied"
+        wake, retry = wake_id(ack["delivery_id"]), wake_retry_id(wake_id(ack["delivery_id"]))
+        assert gw.wait_outcome(wake, timeout=10)["reason"] == "target_busy"
+        assert gw.stats()["wakes_retried"] == 1  # booked, waiting for its back-off
+    assert _wake_turns(first) == [wake]
+
+    second = RecordingRunner()
+    with Gateway(root, runner=second, config=RETRY) as gw:
+        assert gw.recovered["reoffered"] == 1, gw.recovered
+        assert gw.wait_outcome(retry, timeout=20)["status"] == "replied"
+    assert _wake_turns(second) == [retry]  # once: alice got bob's reply
+    _restart_runs_nothing(root, retry)
+
+
+@pytest.mark.parametrize("journaled", ["retry-journaled", "retry-not-journaled-yet", "window-closed"])
+def test_a_wake_attempt_that_failed_retryable_before_a_kill_is_tried_again_once_by_the_next_start(
+    tmp_path: Path, journaled: str
+) -> None:
+    """A host killed -9 after a wake attempt failed ``target_busy``. Killed during the back-off, its journal holds
+    the retry (accepted, never started; the failed attempt delivered): the next start re-offers it. Killed before
+    that batch landed, the failed attempt is settled but not delivered: the next start publishes its outcome
+    again, which decides the retry again (created once). Either way it runs once; past its window (the wake was
+    created more than ``reply_wait_seconds`` ago) it is given up with one WARNING instead."""
+    root = make_root(tmp_path)
+    created = time.time() - (1000 if journaled == "window-closed" else 0)
+    wake = _wake(root, created)
+    retry = wake_retry_delivery(wake)
+    busy = outcomes.failed(wake.delivery_id, wake.label, "alice's Bot Chat is open elsewhere", "target_busy")
+    records = [{"t": "accepted", "id": DM.delivery_id, "d": delivery_record(DM)},
+               {"t": "finished", "id": DM.delivery_id, "o": REPLIED.as_dict()},
+               {"t": "delivered", "id": DM.delivery_id},
+               {"t": "accepted", "id": wake.delivery_id, "d": delivery_record(wake)},
+               {"t": "started", "id": wake.delivery_id, "attempt": 1},
+               {"t": "finished", "id": wake.delivery_id, "o": busy.as_dict()}]
+    if journaled == "retry-journaled":  # the batch of the retry: its accepted record, the failed one's delivered
+        records += [{"t": "accepted", "id": retry.delivery_id, "d": delivery_record(retry)},
+                    {"t": "delivered", "id": wake.delivery_id}]
+    _dead_journal(root, records)
+    runner = RecordingRunner()
+    with LogCapture("WARNING") as logs, Gateway(root, runner=runner, config=RETRY) as gw:
+        if journaled == "window-closed":
+            await_condition(lambda: gw.stats()["wakes_failed"] == 1, timeout=10, message="the wake was given up")
+            assert gw.stats()["wakes_retried"] == 0
+        else:
+            assert gw.wait_outcome(retry.delivery_id, timeout=20)["status"] == "replied"
+            assert gw.stats()["wakes_retried"] == (journaled == "retry-not-journaled-yet")
+    if journaled == "window-closed":
+        assert runner.entered == []
+        (given_up,) = logs.matching("waking @alice failed")
+        assert "given up: 900 s (bot_mode.reply_wait_seconds)" in given_up
+        _restart_runs_nothing(root, wake.delivery_id)
+        return
+    assert _wake_turns(runner) == [retry.delivery_id]
+    assert runner.entered[0].content == wake.content
+    assert logs.matching("waking @alice") == []
+    _restart_runs_nothing(root, retry.delivery_id)

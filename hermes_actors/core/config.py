@@ -181,6 +181,11 @@ class BotModeConfig:
         "auto", "deliver each outcome into the sender's Bot Chat as a new turn: `auto` (on when turns run on the "
                 "real Hermes), `true` or `false` (for embedders that consume outcomes themselves)",
         choice=parse_wake_mode)
+    wake_retry_seconds: float = setting(
+        5.0, "a sender's wake whose turn never began (`target_busy`, `runtime_offline`, the provider's rate limit "
+             "or server error) runs again after this, then after the time since it was created (at most 60 s, or "
+             "this if longer), until `reply_wait_seconds` passed since it was created; then it is given up",
+        at_least=0.05, at_most=3600)
     peers: tuple[str, ...] = ()
     redis: RedisConfig = field(default_factory=RedisConfig)
     raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)

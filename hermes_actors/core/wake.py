@@ -9,6 +9,12 @@ journaled like any delivery in durable mode, and never goes through
 the decision twice (a restart re-publishing an outcome, a relay reply read
 again) names the same wake and it runs at most once.
 
+Nobody resends a wake, so one whose turn provably never began (``target_busy``,
+``runtime_offline``, the provider's rate limit or server error: :func:`wake_retryable`)
+is tried again, each attempt a delivery of its own (:func:`wake_retry_delivery`: its id
+derived from the attempt before), after a back-off (:func:`wake_retry_delay`) until
+``bot_mode.reply_wait_seconds`` passed since the wake was created; then it is given up.
+
 Config: ``bot_mode.wake_sender`` — ``auto`` (on when turns run on the real
 Hermes, off for custom runners, callables and the demo runner), ``true`` or
 ``false``.
@@ -18,10 +24,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Container
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hermes_actors.core.reasons import CANCELLED, is_retryable
 from hermes_actors.core.shell import shell_command
 from hermes_actors.messages import Delivery, Outcome
 from hermes_actors.records import Origin
@@ -29,6 +36,7 @@ from hermes_actors.records import Origin
 __all__ = [
     "WAKE_MODES",
     "WAKE_ORIGIN",
+    "WAKE_RETRY_MOST",
     "WAKE_TEXT_MAX_BYTES",
     "WakeRequest",
     "exempt_from_queue_bounds",
@@ -40,6 +48,10 @@ __all__ = [
     "wake_for",
     "wake_id",
     "wake_lock_wait",
+    "wake_retry_delay",
+    "wake_retry_delivery",
+    "wake_retry_id",
+    "wake_retryable",
     "wake_text",
     "wake_turn_time_left",
 ]
@@ -49,6 +61,7 @@ WAKE_MODES = ("auto", "true", "false")
 # Under what hermes 0.19 takes, note included: 100 KiB on the CLI's command line, and 65,536 characters
 # of message text through its API server (gateway/platforms/api_server.py MAX_NORMALIZED_TEXT_LENGTH cuts the rest).
 WAKE_TEXT_MAX_BYTES = 60 * 1024
+WAKE_RETRY_MOST = 60.0  # the longest back-off between two attempts of a wake (unless wake_retry_seconds is longer)
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -114,6 +127,16 @@ def wake_id(source_id: str) -> str:
     return hashlib.sha256(f"hermes-actors-wake:{source_id}".encode()).hexdigest()[:32]
 
 
+def wake_retry_id(previous_id: str) -> str:
+    """The id of the attempt that follows wake attempt ``previous_id``: 32 lowercase hex chars, the same every time.
+
+    Derived (from a prefix no DM id or first wake id is hashed with), so whatever path decides the
+    same retry twice (a restart re-publishing the failed attempt's outcome) names the same attempt,
+    and an attempt the journal holds already is never created again.
+    """
+    return hashlib.sha256(f"hermes-actors-wake-retry:{previous_id}".encode()).hexdigest()[:32]
+
+
 def is_wake(delivery: Delivery | None) -> bool:
     """Whether a delivery is a wake turn (its outcome is nobody's DM outcome)."""
     return delivery is not None and delivery.origin == WAKE_ORIGIN
@@ -150,7 +173,8 @@ def wake_lock_wait(turn_wait_seconds: float, turn_timeout_seconds: float) -> flo
     ``target_busy`` and its sender may resend it; nobody resends a wake, so one that gave up would lose
     its reply to the bot for a moment's contention (with ``turn_wait_seconds`` 0, at the first busy
     try). So a wake waits at least that long, or ``turn_wait_seconds`` when it is longer; only a flock
-    held past it (a turn that outlived its timeout, or a stuck process) still fails it.
+    held past it (a turn that outlived its timeout, or a stuck process) still fails that attempt, which
+    is then tried again (:func:`wake_retryable`) while its window is open.
 
     Args:
         turn_wait_seconds: ``bot_mode.turn_wait_seconds`` (≥ 0: a negative one reads as 0, as the seed reads it).
@@ -181,6 +205,67 @@ def wake_turn_time_left(now: float, began_at: float | None, waits_until: float, 
         The seconds left; ≤ 0: time it out now.
     """
     return (waits_until if began_at is None else began_at + turn_timeout_seconds) - now
+
+
+def wake_retryable(status: str, reason: str) -> bool:
+    """Pure: whether a wake attempt that ended so is tried again (after :func:`wake_retry_delay`).
+
+    Only a ``failed`` one whose reason :func:`~hermes_actors.core.reasons.is_retryable` calls
+    retryable: its turn provably never began (``target_busy``: another process held the bot's
+    flock for the whole wait; ``runtime_offline``; the provider's rate limit or server error, the
+    bot's session got no reply). Never an ``ambiguous`` one or a ``delivery_timeout`` (it may have
+    run), nor a ``cancelled`` one: a stop gives that, and its own rule applies (a journaled wake
+    stays for the next start, which runs it; without a journal a stop loses it).
+
+    Args:
+        status: the attempt's outcome status.
+        reason: its reason code.
+
+    Returns:
+        True when it is tried again (while its window is open).
+    """
+    return status == "failed" and reason != CANCELLED and is_retryable(reason, status)
+
+
+def wake_retry_delay(now: float, created_at: float, window: float, first: float) -> float | None:
+    """Pure: how long after a retryable failure at ``now`` the wake's next attempt runs; None: give it up.
+
+    The wait is the time since the wake was created, at least ``first`` and at most
+    :data:`WAKE_RETRY_MOST` (or ``first`` when that is longer): attempts that fail at once run
+    5, 10, 20, 40, 80, 140 s… after the wake was created (``first`` 5), so it doubles without
+    counting attempts, and a restart goes on with the same rhythm. No attempt starts after the
+    window closed: the last one waits at most until then.
+
+    Args:
+        now: ``time.time()`` when the attempt failed.
+        created_at: when the wake was created (every attempt's ``accepted_at``, see :func:`wake_retry_delivery`).
+        window: ``bot_mode.reply_wait_seconds``: the wake is given up that long after it was created.
+        first: ``bot_mode.wake_retry_seconds``, the shortest wait.
+
+    Returns:
+        The seconds to wait (> 0), or None once ``now`` is at or past ``created_at + window``.
+    """
+    give_up_at = created_at + window
+    if now >= give_up_at:
+        return None
+    backoff = min(max(first, WAKE_RETRY_MOST), max(first, now - created_at))
+    return min(backoff, give_up_at - now)
+
+
+def wake_retry_delivery(previous: Delivery) -> Delivery:
+    """Pure: the next attempt of a wake whose attempt ``previous`` failed retryable: a delivery of its own.
+
+    The same wake turn (sender, text, hop, origin ``"wake"``) under :func:`wake_retry_id`. It keeps
+    ``accepted_at``, the time the wake was created: its window (:func:`wake_retry_delay`) is timed from
+    it, in this run and after a restart, and no turn of it can have begun before.
+
+    Args:
+        previous: the failed attempt's delivery.
+
+    Returns:
+        The next attempt's delivery.
+    """
+    return replace(previous, delivery_id=wake_retry_id(previous.delivery_id))
 
 
 def shown_route(route: str, origin: str) -> str:

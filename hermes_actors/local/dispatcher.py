@@ -92,6 +92,7 @@ from hermes_actors.messages import (
     StopAccepting,
     Turn,
     TurnHeld,
+    WakeDue,
 )
 from hermes_actors.store.journal import Journal
 
@@ -150,8 +151,10 @@ class DispatcherActor(SupervisorActor):
         self.refused_by_reason: Counter[str] = Counter()  # the refusals of "refused", by reason
         self.profiles = ProfileTable(self, self.deps, self.counters)
         self.restart_waiters = RestartWaiters(self)
-        self.waker = SenderWaker(self, mode=self.deps.config.wake_sender, runner_is_hermes=runner_is_hermes,
-                                  root=self.deps.root)
+        config = self.deps.config
+        self.waker = SenderWaker(self, mode=config.wake_sender, runner_is_hermes=runner_is_hermes,
+                                 root=self.deps.root, retry_window=config.reply_wait_seconds,
+                                 retry_first=config.wake_retry_seconds)
         self.stats = DeliveryStats()
         self.caller_admission = caller_admission
         self.on_failing = on_failing
@@ -245,6 +248,15 @@ class DispatcherActor(SupervisorActor):
     def settle(self, outcome: Outcome) -> None:
         """Settle a booked delivery with ``outcome`` (``OutcomeFlow.settle``: journaled first when it is)."""
         self.flow.settle(outcome)
+
+    def tell_later(self, delay: float, message: Any) -> None:
+        """Tell this actor ``message`` after ``delay`` seconds (its own timer: cancelled when it stops)."""
+        self.timers.after(delay, message)
+
+    @handles(WakeDue)
+    def _on_wake_due(self, msg: WakeDue) -> None:
+        """A wake attempt's back-off is over: run it (``SenderWaker.due``)."""
+        self.waker.due(msg)
 
     @handles(RoomTurn)
     def _on_room_turn(self, msg: RoomTurn) -> None:

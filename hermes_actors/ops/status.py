@@ -295,7 +295,8 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
                 for r in rows if r["connection_id"] is None]
     counters = {key: stats.get(key) for key in ("accepted", "refused", "settled", "pending")}
     counters.update(outcome_counters(deliveries.get("by_outcome") or {}))
-    for key in ("notified", "notify_skipped", "subscriber_errors", "journal_fsyncs", "journal_records"):
+    for key in ("notified", "notify_skipped", "subscriber_errors", "journal_fsyncs", "journal_records", "wakes_sent",
+                "wakes_retried", "wakes_failed"):
         if key in stats:
             counters[key] = stats[key]
     problems: list[str] = []
