@@ -23,7 +23,8 @@ of a gateway still running on the root (its ``.lock`` held): that gateway waits 
 A dead (or stopped) writer's records are adopted under its shelf's lock
 (:func:`~hermes_actors.store.relay_shelf.take_dead`,
 :func:`~hermes_actors.store.relay_sent.adopt_sent`): rewritten to name our shelf, so two
-gateways starting at once never both wait for one.
+gateways starting at once never both wait for one; a gateway already running takes over
+those of a writer that dies after its start at its next rescan (:func:`take_over_sent`).
 A record that names no shelf (an older version's) is resumed as before.
 """
 
@@ -54,7 +55,8 @@ from hermes_actors.store.relay_sent import (
 )
 from hermes_actors.store.relay_shelf import Adopted, release_dead, take_dead
 
-__all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "taken_action"]
+__all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "take_over_sent",
+           "taken_action"]
 
 TakenAction = Literal["finished", "ambiguous", "rerun"]
 
@@ -245,6 +247,27 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     forgotten = {record.envelope_id for record in mine} - {record.envelope_id for record in waiting}
     recorded = {record.envelope_id for record in records} - forgotten
     scan.not_ours = sum(1 for envelope_id in rf.list_ids(paths.relay.outbox) if envelope_id not in recorded)
+    return scan
+
+
+def take_over_sent(paths: InboxPaths, owners: set[str]) -> SentScan:
+    """A running gateway: adopt the ``sent/`` records of these writers, which died or stopped after our start.
+
+    The same rules as :func:`scan_sent` for what is adopted (a bad record is left for the next start's
+    quarantine); nothing of ``outbox/`` is counted.
+
+    Args:
+        paths: the relay layout, ``taken`` being our shelf.
+        owners: the shelf names of the gateways on the root that died or went away since the last look.
+
+    Returns:
+        The scan of the records adopted (``ours``, ``never_queued``...); ``others`` counts those another
+        gateway holds (still alive after all, or adopting them at this moment).
+    """
+    records, _bad = list_sent(paths)
+    scan = SentScan()
+    mine, scan.others = _adopt_dead_writers(paths, [record for record in records if record.owner in owners])
+    _sort_waiting(paths, [record for record in mine if not _forgotten(paths, record)], scan)
     return scan
 
 

@@ -22,7 +22,8 @@ and the relay's ``sent/`` records naming it as their writer
 (:func:`~hermes_actors.store.relay_sent.adopt_sent`), are taken over under that lock only. A
 shelf that is gone (its process stopped cleanly, or an adopter emptied it) is made again, locked
 from birth, for as long as the records still naming it are taken over: its creation decides
-between two adopters.
+between two adopters. A running gateway does this at each rescan for the shelves that died or
+went away since the last one (:attr:`Adopted.alive` says which still live).
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ class Adopted:
     ids: tuple[str, ...] = ()
     legacy: tuple[str, ...] = ()  # from flat files of an older version: their turn state is unknown
     shelves: int = 0  # dead shelves emptied
+    dead: tuple[str, ...] = ()  # the names of those dead shelves
+    # the names of the other shelves not adopted: their process still runs (its lock held), or they were refused
+    alive: tuple[str, ...] = ()
 
 
 class Shelf:
@@ -193,15 +197,20 @@ class Shelf:
             raise StoreError(exc.errno, f"cannot create the shelf {self.path}: {exc.strerror}") from exc
         return self.path
 
-    def adopt(self) -> Adopted:
+    def adopt(self, *, legacy: bool = True) -> Adopted:
         """Move the envelopes of dead processes' shelves (and legacy flat files) onto ours.
 
+        Args:
+            legacy: adopt the flat files of older versions too (at a start only: a running older
+                gateway's are its own).
+
         Returns:
-            What was adopted. A shelf whose process still runs is left alone.
+            What was adopted, and which other shelves still live. A shelf whose process still runs is left alone.
         """
         ids: list[str] = []
-        legacy: list[str] = []
-        emptied = 0
+        flat: list[str] = []
+        dead: list[str] = []
+        alive: list[str] = []
         try:
             names = sorted(os.listdir(self.parent))
         except OSError as exc:
@@ -211,12 +220,14 @@ class Shelf:
             entry = self.parent / name
             if name.startswith(SHELF_PREFIX) and entry != self.path:
                 moved = self._adopt_shelf(entry)
-                if moved is not None:
+                if moved is None:
+                    alive.append(name)
+                else:
                     ids += moved
-                    emptied += 1
-            elif id_of_file_name(name) is not None and self._move(entry, name):
-                legacy.append(name[:-5])
-        return Adopted(tuple(ids), tuple(legacy), emptied)
+                    dead.append(name)
+            elif legacy and id_of_file_name(name) is not None and self._move(entry, name):
+                flat.append(name[:-5])
+        return Adopted(tuple(ids), tuple(flat), len(dead), tuple(dead), tuple(alive))
 
     def _adopt_shelf(self, shelf: Path) -> list[str] | None:
         """Move a dead shelf's envelopes onto ours, under its lock (:func:`take_dead`).
