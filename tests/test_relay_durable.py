@@ -495,6 +495,59 @@ def test_a_start_leaves_a_living_senders_staged_envelope_to_it_and_takes_back_a_
     assert scan.never_queued == [] and scan.live == 0
 
 
+def _scan_at_once(starts: list[InboxPaths]) -> list[SentScan]:
+    """Each start's sent/ scan, in a thread of its own, all let go at once by a barrier."""
+    barrier = threading.Barrier(len(starts))
+    scans: dict[int, SentScan] = {}
+
+    def scan(n: int) -> None:
+        barrier.wait(10)
+        scans[n] = scan_sent(starts[n])
+
+    threads = [threading.Thread(target=scan, args=(n,)) for n in range(len(starts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return [scans[n] for n in range(len(starts))]
+
+
+@pytest.mark.parametrize("writer", ["killed", "stopped"])
+def test_two_starts_racing_over_a_dead_writers_records_resume_each_exactly_once(tmp_path: Path, writer: str) -> None:
+    """Two gateways start on the root at the same moment after the writer of some queued DMs died (killed -9: its
+    shelf is there, its lock free; or stopped cleanly: its shelf is gone). Each record is resumed by exactly one
+    of them: whoever holds the dead writer's shelf lock (made again when gone) rewrites its records to name its
+    own shelf, and the other then finds them held by a living gateway. Before, both resumed every record:
+    each reply was reported twice and its sender woken twice."""
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    base = InboxPaths.from_root(alpha).ensure()
+    for round_ in range(5):  # a few rounds: the two scans meet at different points of each other's adoption
+        dead = _dead_shelf(base.taken_parent)
+        if writer == "stopped":
+            (dead / LOCK_NAME).unlink()
+            dead.rmdir()
+        ids = []
+        for n in range(20):
+            envelope = seed_envelope(target_connection="mini", target_profile="moxie", message=f"{round_}.{n}")
+            record_sent(base, envelope["id"], "@moxie on mini", now=time.time(), sender="alice", owner=dead.name)
+            rf.enqueue_envelope(base.relay, envelope)
+            ids.append(envelope["id"])
+        shelves = [Shelf(base.taken_parent), Shelf(base.taken_parent)]
+        starts = [base.on_shelf(shelf.open()) for shelf in shelves]
+        scans = _scan_at_once(starts)
+        resumed = [[record.envelope_id for record in scans[n].ours] for n in range(2)]
+        assert sorted(resumed[0] + resumed[1]) == sorted(ids)  # each one by exactly one start
+        assert sorted(map(len, resumed)) == [0, len(ids)] and sorted(scans[n].others for n in range(2)) == [0, 20]
+        (winner,) = [starts[n].taken.name for n in range(2) if resumed[n]]
+        owners = {json.loads((base.sent / f"{envelope_id}.json").read_text())["owner"] for envelope_id in ids}
+        assert owners == {winner}  # any later start sees a living owner: the winner
+        assert not dead.exists()  # the adopter's lock went with the shelf it made again (or emptied)
+        for shelf in shelves:  # both stop: the next round's records are a new dead writer's
+            shelf.close()
+        for envelope_id in ids:
+            clear_sent(base, envelope_id)
+
+
 def test_a_lock_file_its_owner_replaced_before_letting_go_is_not_taken(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """take_unowned checks, once it holds the lock, that the path still names the file it locked: an owner

@@ -22,8 +22,10 @@ from typing import Any
 import pytest
 from crash_procs import run_child, turns_logged
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
+from relay_procs import children
 from roots import LogCapture, RecordingRunner, body_of, make_root, start_gateway
 
+from actors import Rescan, ask
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core.hops import MAX_HOP
@@ -523,14 +525,105 @@ def test_a_killed_senders_envelopes_are_resumed_by_the_next_start_beside_a_livin
     assert (out["status"], out["reason"]) == ("failed", "cancelled"), out
     own = queued(living.message_agent(sender="alice", target="moxie", message="mine"))
 
-    later = start(gateways, root, config={"bot_mode": {"reply_wait_seconds": 300}})
+    later = start(gateways, root, config={"bot_mode": {"reply_wait_seconds": 300, "rescan_seconds": 300}})
     assert later.stats()["relay"]["waiting"] == 0  # the living gateway's DM is its own
     assert living.stats()["relay"]["waiting"] == 1
-    living.stop(timeout=10)  # now dead too: the next start resumes its DM
+    living.stop(timeout=10)  # now dead too: the gateway still running takes its DM over at its next rescan
+    rescan(later)
+    assert later.stats()["relay"]["waiting"] == 1
     after = start(gateways, root, config={"bot_mode": {"reply_wait_seconds": 300}})
-    assert after.stats()["relay"]["waiting"] == 1
+    assert after.stats()["relay"]["waiting"] == 0  # the running gateway's now
     rf.write_reply(RelayPaths.from_root(root), rp.make_reply(own, reply="late", now=time.time()))
-    assert after.wait_outcome(own, timeout=10)["reply"] == "late"
+    assert later.wait_outcome(own, timeout=10)["reply"] == "late"
+
+
+def rescan(*running: Gateway) -> None:
+    """Run the relay's reconcile rescan of each gateway now, all at once (each returns once its rescan ran)."""
+    asks = [threading.Thread(target=ask, args=(gw._system.relay, Rescan("manual")), kwargs={"timeout": 30})
+            for gw in running if gw._system is not None]
+    for thread in asks:
+        thread.start()
+    for thread in asks:
+        thread.join(60)
+
+
+def test_a_sender_killed_while_other_gateways_run_is_taken_over_by_exactly_one_of_them(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Gateways A and C run on the root; B starts on it, sends a relay DM and is SIGKILLed; then the reply lands.
+    At their next rescans (both at once) exactly one of A and C adopts B's sent/ record (under B's shelf lock)
+    and reports the reply: one outcome, one wake of the sender. Before, no running gateway took over a writer
+    that died after its start: the reply was never reported and the sender never woken until some gateway
+    started again on the root."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a_runner, c_runner = RecordingRunner(), RecordingRunner()
+    a, c = start(gateways, root, a_runner, config=config), start(gateways, root, c_runner, config=config)
+    seen: list[dict[str, Any]] = []
+    a.subscribe(seen.append)
+    c.subscribe(seen.append)
+    with children(tmp_path) as spawn:
+        b = spawn("b", [sys.executable, str(Path(__file__).with_name("relay_dying.py")), str(root), "alpha", "send"])
+        envelope_id = queued(b.wait_json("ack", timeout=60)["ack"])
+        rescan(a, c)  # B lives: its DM is left to it
+        assert a.stats()["relay"]["waiting"] == c.stats()["relay"]["waiting"] == 0
+        b.proc.kill()
+        b.proc.wait(30)
+    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="for the dead", now=time.time()))
+    rescan(a, c)
+    await_condition(lambda: len(a_runner.entered) + len(c_runner.entered) == 1, timeout=20,
+                    message="one running gateway took B's DM over and woke its sender")
+    rescan(a, c)  # a later rescan takes nothing over again
+    for gw in (a, c):
+        gw.stop(timeout=10)  # flushes what each published
+    assert [(o["status"], o["reply"]) for o in seen if o["delivery_id"] == envelope_id] == [("replied",
+                                                                                          "for the dead")]
+    (wake,) = a_runner.entered + c_runner.entered
+    assert "for the dead" in body_of(wake.content)
+    assert not (relay(root) / "sent" / f"{envelope_id}.json").exists()  # forgotten once reported
+
+
+def test_envelopes_taken_by_a_gateway_killed_while_another_runs_are_adopted_by_it_at_its_next_rescan(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Target side: gateway B took two relayed-in envelopes onto its shelf, the first one's turn running (its
+    start mark written), the second queued behind it, never run; gateway A starts beside it (B lives: A leaves
+    them), then B is SIGKILLed. At A's next rescan A adopts B's shelf by the start's rule: the started one is
+    answered ambiguous (never run twice), the other runs once, on A. Before, they stayed on the dead shelf
+    until some gateway started again on the root: their senders waited for nobody."""
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini).ensure()
+    envelopes = [seed_envelope(target_connection="mini", target_profile="moxie", message=f"m{n}") for n in range(2)]
+    with children(tmp_path) as spawn:
+        b = spawn("b", [sys.executable, str(Path(__file__).with_name("relay_dying.py")), str(mini), "mini", "hold"])
+        b.wait_json("started", timeout=60)
+        for envelope in envelopes:
+            post_to_inbox(paths, envelope, "alpha")
+        running = b.wait_json("running", timeout=30)["running"]
+        (waiting,) = [envelope["id"] for envelope in envelopes if envelope["id"] != running]
+        await_condition(lambda: find_on_shelves(paths.taken_parent, f"{waiting}.json")
+                        and not (paths.inbox / f"{waiting}.json").exists(), timeout=30,
+                        message="B took the second envelope onto its shelf")
+        a_runner = RecordingRunner()
+        a = start(gateways, mini, a_runner, config={"bot_mode": {"rescan_seconds": 300}}, connection_id="mini")
+        assert a_runner.entered == [] and find_on_shelves(paths.taken_parent, f"{waiting}.json")  # B's still
+        b.proc.kill()
+        b.proc.wait(30)
+    rescan(a)
+    await_condition(lambda: all(_delivered(mini, envelope["id"]) for envelope in envelopes), timeout=20,
+                    message="both envelopes answered")
+    a.stop(timeout=10)
+    assert [turn.delivery_id for turn in a_runner.entered] == [waiting]  # run once, on A; the started one never
+    answered = {envelope["id"]: (_delivered(mini, envelope["id"]) or {}) for envelope in envelopes}
+    assert answered[running]["reply"] == "" and "may have been delivered" in answered[running]["error"]
+    message = next(envelope["message"] for envelope in envelopes if envelope["id"] == waiting)
+    assert answered[waiting]["reply"] == f"ok: {message}"
+    assert list((relay(mini) / "taken").iterdir()) == []  # B's shelf adopted and removed, A's closed
+
+
+def _delivered(root: Path, envelope_id: str) -> dict[str, Any] | None:
+    path = relay(root) / "delivered" / f"{envelope_id}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def test_an_undrained_envelope_whose_reply_budget_ends_with_its_ttl_is_queued_expired(

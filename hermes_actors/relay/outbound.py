@@ -7,7 +7,8 @@ fallback) its outcome is reported; at the TTL the sender expires its own undrain
 envelope (claim by rename into ``expiring/`` first, then the ``queued_expired``
 reply); past the reply budget it gives up with ``delivery_timeout`` (one past its TTL that
 was taken from ``outbox/`` only after a short grace for its taker's ``queued_expired``). After a
-restart the envelopes ``sent/`` records as ours (and only those) are waited for again.
+restart the envelopes ``sent/`` records as ours (and only those) are waited for again; so are, while
+it runs, those of another gateway on the root that stopped or was killed (:meth:`Outbound.take_over`).
 
 :class:`Outbound` is a plain object composed into the actor and called on its
 thread; it reports each outcome to the Dispatcher (``RelayedOutcome``) and forgets
@@ -41,7 +42,7 @@ from hermes_actors.messages import (
     ResumedSend,
     TtlDeadline,
 )
-from hermes_actors.relay.restart import scan_sent
+from hermes_actors.relay.restart import SentScan, scan_sent, take_over_sent
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.owner_lock import release
@@ -189,9 +190,43 @@ class Outbound:
         is settled at once as not sent (``cancelled``), never waited for: no reply can come; we hold its withdrawn
         file's lock until it is forgotten (:meth:`forget`) or we stop (:meth:`close`). One another gateway alive
         on the root is still queueing (``live``), or recorded as its own (``others``), is its own: neither
-        reported nor waited for here.
+        reported nor waited for here. A dead writer's records are adopted (rewritten to name our shelf).
         """
         scan = scan_sent(self.paths)
+        resumed, never = self._wait_again(scan)
+        self.resumed = tuple(resumed)
+        if resumed or scan.not_ours or scan.quarantined:
+            logger.info("relay: resumed waiting for {} envelope(s) of ours after restart; left {} in outbox/ that "
+                        "this root did not record as sent by this gateway (a seed gateway's or forged: the Desktop "
+                        "or the hub deals with them); quarantined {} bad sent record(s)",
+                        len(resumed) - len(never), scan.not_ours, scan.quarantined)
+        self._log_left(scan, len(never))
+        self._tell_resumed(resumed, never)
+
+    def take_over(self, owners: set[str]) -> None:
+        """While running: wait for the envelopes of gateways on this root that died or stopped since our start.
+
+        Their ``sent/`` records are adopted as a start would (:func:`~hermes_actors.relay.restart.take_over_sent`:
+        under each writer's shelf lock, so exactly one gateway takes each over), then handled as :meth:`resume`
+        handles its own: the Dispatcher learns whom each outcome wakes, a reply already here is reported now.
+
+        Args:
+            owners: the shelf names of those gateways.
+        """
+        scan = take_over_sent(self.paths, owners)
+        resumed, never = self._wait_again(scan)
+        if resumed:
+            logger.warning("relay: took over {} envelope(s) sent by a gateway on this root that stopped or was "
+                           "killed: their replies are waited for and reported here", len(resumed) - len(never))
+        self._log_left(scan, len(never))
+        self._tell_resumed(resumed, never)
+
+    def _wait_again(self, scan: SentScan) -> tuple[list[ResumedSend], list[ResumedSend]]:
+        """Wait for the scan's envelopes of ours; take the locks of those never queued.
+
+        Returns:
+            (every envelope taken, those among them never queued: reported ``cancelled`` by :meth:`_tell_resumed`).
+        """
         now = time.time()
         resumed: list[ResumedSend] = []
         never: list[ResumedSend] = []
@@ -205,26 +240,28 @@ class Outbound:
                 resumed.append(_resumed(record))
                 never.append(resumed[-1])
                 self.waiting[record.envelope_id] = Waiting(record.label, [], None, resumed=True)
-        for lock in scan.withdrawn.values():  # not ours to report after all (none: resume runs before any send)
+        for lock in scan.withdrawn.values():  # not ours to report after all (already waited for here)
             release(lock)
         self.counters["quarantined"] += scan.quarantined
-        self.resumed = tuple(resumed)
-        if resumed or scan.not_ours or scan.quarantined:
-            logger.info("relay: resumed waiting for {} envelope(s) of ours after restart; left {} in outbox/ that "
-                        "this root did not record as sent by this gateway (a seed gateway's or forged: the Desktop "
-                        "or the hub deals with them); quarantined {} bad sent record(s)",
-                        len(resumed) - len(never), scan.not_ours, scan.quarantined)
+        return resumed, never
+
+    def _log_left(self, scan: SentScan, never: int) -> None:
+        """Log the envelopes never queued (``never`` of them) and what the scan left to others."""
         if never:
             logger.warning("relay: {} envelope(s) of ours never reached outbox/ (the gateway was killed while "
-                           "queueing them): answered cancelled, NOT sent", len(never))
+                           "queueing them): answered cancelled, NOT sent", never)
         if scan.others:
             logger.info("relay: {} recorded envelope(s) were sent by another gateway still running on this root: left "
-                        "to it (it waits for their replies; the next start after it stops resumes them)", scan.others)
+                        "to it (it waits for their replies; once it stops, a gateway of the root takes them over)",
+                        scan.others)
         if scan.live:
             logger.info("relay: {} recorded envelope(s) are being queued by another gateway still running on this "
                         "root: left to it (it answers their senders)", scan.live)
+
+    def _tell_resumed(self, resumed: list[ResumedSend], never: list[ResumedSend]) -> None:
+        """Tell the Dispatcher whom the outcomes wake, then report the never queued and the replies already here."""
         if resumed:
-            self.dispatcher.tell(RelayResumed(self.resumed))
+            self.dispatcher.tell(RelayResumed(tuple(resumed)))
         for entry in never:  # after RelayResumed, as a reply: the Dispatcher knows whom the outcome wakes
             self._report(entry.envelope_id, outcomes.failed(entry.envelope_id, entry.label,
                                                             never_queued_text(entry.label), "cancelled"))

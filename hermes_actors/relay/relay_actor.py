@@ -10,6 +10,9 @@ Drain side (``inbox/`` files posted by the hub): claim, refuse expired envelopes
 ``delivered/<id>.json``. The Desktop RPC (``Gateway.relay_*``) works on the same
 files here, on this thread; a ``deliver`` call is answered once its turn settled.
 
+A gateway on the same root that stops or is killed while this one runs is taken over at the
+next rescan: its shelf's envelopes and its ``sent/`` records (see :meth:`RelayActor._take_over`).
+
 Hostile files are quarantined, never followed; the actor keeps running.
 """
 
@@ -59,7 +62,7 @@ from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_heartbeat import remove_heartbeat, sweep_dead_heartbeats, write_heartbeat
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
 from hermes_actors.store.relay_marks import clear_started, keep_reply, on_a_shelf, was_started
-from hermes_actors.store.relay_shelf import Shelf
+from hermes_actors.store.relay_shelf import Adopted, Shelf
 from hermes_actors.store.sweep import sweep_old_files
 from hermes_actors.store.yaml_file import warned_while_failing
 
@@ -153,9 +156,12 @@ class RelayActor(TypedActor):
         # envelope id → (reply record, reply_connection): replies whose delivered/ write failed, written again
         # at each rescan (after the clean-up put delivered/ back) until they are on disk
         self.unwritten: dict[str, tuple[dict[str, Any], str]] = {}
+        # the other gateways' shelves on this root alive at the last look: one gone since stopped or was adopted,
+        # and the sent/ records still naming it are taken over (_take_over)
+        self.living: frozenset[str] = frozenset()
 
     def on_start(self) -> None:
-        self._recover_taken()
+        self._recover_taken(self.shelf.adopt())
         self._resume()
         self.timers.every(HEARTBEAT_SECONDS, RelayTick())
         self._heartbeat()
@@ -168,9 +174,14 @@ class RelayActor(TypedActor):
         self.outbound.close()
         self.shelf.close()
 
-    def _recover_taken(self) -> None:
-        """Envelopes a dead gateway on this root had taken: finish, answer ambiguous, or run them once."""
-        adopted = self.shelf.adopt()
+    def _recover_taken(self, adopted: Adopted) -> None:
+        """Envelopes a dead gateway on this root had taken: finish, answer ambiguous, or run them once.
+
+        Args:
+            adopted: what :meth:`Shelf.adopt` moved onto our shelf; the other shelves still alive are kept
+                in ``living`` (a later rescan takes over the work of those that die).
+        """
+        self.living = frozenset(adopted.alive)
         if not (adopted.ids or adopted.legacy):
             return
         recovery = recover_taken(self.paths, adopted, ttl=self.config.envelope_ttl_seconds)
@@ -384,6 +395,7 @@ class RelayActor(TypedActor):
         if self.paths.relay.base in self.unfixable:
             return  # bot_relay/ itself unusable (logged once by the clean-up): nothing below it can be used
         self._keep_shelf()
+        self._take_over()
         for record, reply_connection in list(self.unwritten.values()):  # delivered/ may be back
             self._write_delivered(record, reply_connection)
         replies = set(rf.list_ids(self.paths.relay.replies))
@@ -393,6 +405,22 @@ class RelayActor(TypedActor):
             self._take(envelope_id)
         if self.roster is not None:
             self.roster.tell(RemoteRosterHint())
+
+    def _take_over(self) -> None:
+        """Take over the work of the gateways on this root that died or stopped since the last rescan.
+
+        The drain side adopts their shelves (by the start's rule: under each dead shelf's lock, the envelopes
+        never started run once, the started ones are answered ``ambiguous``); the sender side adopts the
+        ``sent/`` records naming a shelf that died or went away (:meth:`Outbound.take_over`). Without this, only
+        the next start did, and until then their DMs waited for nobody. One look at ``taken/`` and one lock try
+        per other shelf: no more polling than the rescan itself.
+        """
+        before = self.living
+        adopted = self.shelf.adopt(legacy=False)  # flat files are a running older gateway's own
+        self._recover_taken(adopted)
+        gone = (before - self.living) | frozenset(adopted.dead)
+        if gone:
+            self.outbound.take_over(set(gone))
 
     def _keep_shelf(self) -> None:
         """Take a new shelf when ours was removed or swapped: without one, nothing is taken from ``inbox/``."""

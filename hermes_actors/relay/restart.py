@@ -19,10 +19,13 @@ gateway died between the ``sent/`` record and the rename) is not waited for: it
 was never sent (:func:`~hermes_actors.store.relay_sent.withdraw_unqueued`). One
 whose staged file a living gateway on the root still holds (in the middle of that
 send) is left to it: its send answers for it. So is one whose record names the shelf
-of a gateway still running on the root (its ``.lock`` held,
-:func:`~hermes_actors.store.relay_shelf.shelf_lives`): that gateway waits for it; once it
-is dead, the next start resumes it. A record that names no shelf (an older version's) is
-resumed as before.
+of a gateway still running on the root (its ``.lock`` held): that gateway waits for it.
+A dead (or stopped) writer's records are adopted under its shelf's lock
+(:func:`~hermes_actors.store.relay_shelf.take_dead`,
+:func:`~hermes_actors.store.relay_sent.adopt_sent`): rewritten to name our shelf, so two
+gateways starting at once never both wait for one; a gateway already running takes over
+those of a writer that dies after its start at its next rescan (:func:`take_over_sent`).
+A record that names no shelf (an older version's) is resumed as before.
 """
 
 from __future__ import annotations
@@ -35,17 +38,25 @@ from typing import Any, Literal
 from loguru import logger
 
 from hermes_actors.core import outcomes
-from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.relay.drain import expiry_of
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
-from hermes_actors.store.relay_sent import SentRecord, Withdrawn, clear_sent, list_sent, withdraw_unqueued
-from hermes_actors.store.relay_shelf import Adopted, shelf_lives
+from hermes_actors.store.relay_sent import (
+    SentRecord,
+    Withdrawn,
+    adopt_sent,
+    clear_sent,
+    list_sent,
+    withdraw_unqueued,
+)
+from hermes_actors.store.relay_shelf import Adopted, release_dead, take_dead
 
-__all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "taken_action"]
+__all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "take_over_sent",
+           "taken_action"]
 
 TakenAction = Literal["finished", "ambiguous", "rerun"]
 
@@ -214,12 +225,13 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     it is waited for as before. One a living gateway on the root is still queueing
     (its staged file locked) is only counted (``live``): that gateway answers for it.
     One whose record names another living gateway's shelf is only counted (``others``),
-    never read further: that gateway waits for it and reports it.
-    Invalid ``sent/`` records are quarantined. ``outbox/`` is only listed (names,
-    nothing read, nothing kept): a flood of forged files costs no memory.
+    never read further: that gateway waits for it and reports it; so is one another
+    start adopts at this moment. A dead writer's records are adopted first
+    (:func:`_adopt_dead_writers`). Invalid ``sent/`` records are quarantined. ``outbox/`` is only
+    listed (names, nothing read, nothing kept): a flood of forged files costs no memory.
 
     Args:
-        paths: the relay layout.
+        paths: the relay layout, ``taken`` being our shelf.
 
     Returns:
         The scan.
@@ -229,9 +241,38 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     for path in bad:
         quarantine(paths.relay, path, "not a valid sent record")
         scan.quarantined += 1
-    theirs = _of_living_gateways(paths, records)
-    scan.others = len(theirs)
-    waiting = [record for record in records if record.envelope_id not in theirs and not _forgotten(paths, record)]
+    mine, scan.others = _adopt_dead_writers(paths, records)
+    waiting = [record for record in mine if not _forgotten(paths, record)]
+    _sort_waiting(paths, waiting, scan)
+    forgotten = {record.envelope_id for record in mine} - {record.envelope_id for record in waiting}
+    recorded = {record.envelope_id for record in records} - forgotten
+    scan.not_ours = sum(1 for envelope_id in rf.list_ids(paths.relay.outbox) if envelope_id not in recorded)
+    return scan
+
+
+def take_over_sent(paths: InboxPaths, owners: set[str]) -> SentScan:
+    """A running gateway: adopt the ``sent/`` records of these writers, which died or stopped after our start.
+
+    The same rules as :func:`scan_sent` for what is adopted (a bad record is left for the next start's
+    quarantine); nothing of ``outbox/`` is counted.
+
+    Args:
+        paths: the relay layout, ``taken`` being our shelf.
+        owners: the shelf names of the gateways on the root that died or went away since the last look.
+
+    Returns:
+        The scan of the records adopted (``ours``, ``never_queued``...); ``others`` counts those another
+        gateway holds (still alive after all, or adopting them at this moment).
+    """
+    records, _bad = list_sent(paths)
+    scan = SentScan()
+    mine, scan.others = _adopt_dead_writers(paths, [record for record in records if record.owner in owners])
+    _sort_waiting(paths, [record for record in mine if not _forgotten(paths, record)], scan)
+    return scan
+
+
+def _sort_waiting(paths: InboxPaths, waiting: list[SentRecord], scan: SentScan) -> None:
+    """Sort our records into ``ours`` (to wait for), ``never_queued`` (with their locks) and ``live``."""
     try:
         found = withdraw_unqueued(paths, [record.envelope_id for record in waiting])
     except (OSError, ValidationError) as exc:  # HostileFileError included: unknown, so waited for as before
@@ -244,34 +285,51 @@ def scan_sent(paths: InboxPaths) -> SentScan:
             scan.live += 1
         else:
             (scan.never_queued if record.envelope_id in found.never else scan.ours).append(record)
-    ours = {record.envelope_id for record in waiting} | theirs
-    scan.not_ours = sum(1 for envelope_id in rf.list_ids(paths.relay.outbox) if envelope_id not in ours)
-    return scan
 
 
-def _of_living_gateways(paths: InboxPaths, records: list[SentRecord]) -> set[str]:
-    """The ids of the records whose owner is another gateway still running on this root.
+def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord]) -> tuple[list[SentRecord], int]:
+    """Ours of the ``sent/`` records: those naming our shelf or none, and those of dead writers, adopted now.
 
-    Each owner's shelf lock is tried once. Our own shelf (``paths.taken``) is never counted as another's.
+    Each other owner's shelf lock is tried once (:func:`~hermes_actors.store.relay_shelf.take_dead`; a shelf
+    that is gone is made again for the adoption): whoever holds it adopts that writer's records
+    (:func:`~hermes_actors.store.relay_sent.adopt_sent`), so no record is waited for by two gateways. A lock
+    file that is not one a gateway made proves no owner alive: its records are resumed without adoption, as
+    before (logged).
 
     Args:
         paths: the relay layout, ``taken`` being our shelf.
         records: the ``sent/`` records.
 
     Returns:
-        Those ids (a record naming no owner, ours, or a dead one is not among them).
+        (ours, how many records another living gateway, or another adopter, holds; a record we could not
+        rewrite is among them: it is left for the next adopter).
     """
-    alive: dict[str, bool] = {}
-    theirs: set[str] = set()
+    mine: list[SentRecord] = []
+    by_owner: dict[str, list[SentRecord]] = {}
     for record in records:
-        owner = record.owner
-        if not owner or owner == paths.taken.name:
+        if not record.owner or record.owner == paths.taken.name:
+            mine.append(record)
+        else:
+            by_owner.setdefault(record.owner, []).append(record)
+    others = 0
+    for owner, theirs in by_owner.items():
+        try:
+            lock = take_dead(paths.taken_parent, owner, remake=True)
+        except HostileFileError as exc:
+            logger.warning("relay: {}; the {} envelope(s) it recorded are waited for here, as nothing proves their "
+                           "gateway alive", exc, len(theirs))
+            mine += theirs
             continue
-        if owner not in alive:
-            alive[owner] = shelf_lives(paths.taken_parent, owner)
-        if alive[owner]:
-            theirs.add(record.envelope_id)
-    return theirs
+        if lock is None:
+            others += len(theirs)
+            continue
+        try:
+            adopted = adopt_sent(paths, owner, [record.envelope_id for record in theirs])
+        finally:
+            release_dead(paths.taken_parent / owner, lock)
+        mine += adopted
+        others += len(theirs) - len(adopted)  # another adopter's since we listed them (or left: logged)
+    return mine, others
 
 
 def _forgotten(paths: InboxPaths, record: SentRecord) -> bool:

@@ -7,6 +7,8 @@ forged one, is never taken for ours). ``owner`` names the writing gateway's shel
 (``taken/s-<token>``, :mod:`hermes_actors.store.relay_shelf`), whose ``.lock`` it holds for
 its whole life: a start resumes a record only once that lock is free (its writer dead), so a
 second gateway on the same root never waits for, and reports, the envelopes of a living one.
+Once its writer is dead, its records are taken over by whoever holds that shelf's lock
+(:func:`adopt_sent`): rewritten to name the adopter's shelf, so every later scan sees a living owner.
 At its TTL our envelope is taken back from ``outbox/`` into ``expiring/`` and moves on to
 ``claimed/`` once its ``queued_expired`` reply is written (a restart finishes it).
 
@@ -34,7 +36,7 @@ from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
 from hermes_actors.errors import ValidationError
-from hermes_actors.store.atomic import read_json_file
+from hermes_actors.store.atomic import atomic_write_json, read_json_file
 from hermes_actors.store.owner_lock import release, take_unowned
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below, rename_between
@@ -47,6 +49,7 @@ from hermes_actors.store.temp_file import discard
 __all__ = [
     "SentRecord",
     "Withdrawn",
+    "adopt_sent",
     "claim_for_expiry",
     "clear_sent",
     "drop_withdrawn",
@@ -103,13 +106,54 @@ def record_sent(
         ValidationError: the id is invalid.
         StoreError: the record could not be written (then nothing must be queued).
     """
-    record: dict[str, Any] = {"id": envelope_id, "at": int(now), "label": label, "from": sender,
-                              "from_handle": sender_handle, "hop": hop}
-    if wake is not None:
-        record["wake"] = wake
-    if is_shelf_name(owner):  # anything else (a layout without a shelf) names nobody: resumed as before
-        record["owner"] = owner
-    write_mark(paths, paths.sent, envelope_id, record, fsync=False)  # as durable as the envelope
+    record = SentRecord(envelope_id, now, label, sender, sender_handle, hop, wake, owner)
+    write_mark(paths, paths.sent, envelope_id, _payload(record), fsync=False)  # as durable as the envelope
+
+
+def _payload(record: SentRecord) -> dict[str, Any]:
+    """Pure: the ``sent/`` file of a record (``owner`` only when it names a shelf: anything else names nobody)."""
+    payload: dict[str, Any] = {"id": record.envelope_id, "at": int(record.at), "label": record.label,
+                               "from": record.sender, "from_handle": record.sender_handle, "hop": record.hop}
+    if record.wake is not None:
+        payload["wake"] = record.wake
+    if is_shelf_name(record.owner):  # anything else (a layout without a shelf) names nobody: resumed as before
+        payload["owner"] = record.owner
+    return payload
+
+
+def adopt_sent(paths: InboxPaths, owner: str, envelope_ids: list[str]) -> list[SentRecord]:
+    """Make ours the ``sent/`` records of these envelopes that still name ``owner``, a dead writer's shelf.
+
+    The caller holds ``owner``'s lock (:func:`~hermes_actors.store.relay_shelf.take_dead`), so it is the one
+    adopter: each record is read again under it (one that another adopter took over before we got the lock
+    names that adopter now, and is left to it) and rewritten atomically naming our shelf (``paths.taken``), so
+    every later scan sees a living owner, us, until our own lock goes.
+
+    Args:
+        paths: the relay layout, ``taken`` being our shelf.
+        owner: the dead writer's shelf name.
+        envelope_ids: the records that named it when they were listed.
+
+    Returns:
+        The records adopted, now naming our shelf. One that cannot be read or rewritten is not adopted
+        (logged): it still names its dead writer, and the next adopter tries again.
+    """
+    adopted: list[SentRecord] = []
+    for envelope_id in envelope_ids:
+        try:
+            record = read_sent(paths, envelope_id)
+            if record is None or record.owner != owner:
+                continue  # its outcome was reported meanwhile, or another adopter took it over first
+            ours = SentRecord(record.envelope_id, record.at, record.label, record.sender, record.sender_handle,
+                              record.hop, record.wake, paths.taken.name)
+            atomic_write_json(paths.relay.id_file(paths.sent, envelope_id), _payload(ours), tmp_dir=paths.relay.tmp,
+                              within=paths.relay.base)
+        except (OSError, ValidationError) as exc:  # StoreError, HostileFileError included
+            logger.warning("relay: could not take over the sent record of {} from the stopped gateway {}: {}; left "
+                           "for the next gateway that adopts it", envelope_id, owner, exc)
+            continue
+        adopted.append(ours)
+    return adopted
 
 
 def queueing_name(envelope_id: str) -> str:

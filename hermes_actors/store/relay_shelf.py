@@ -16,6 +16,14 @@ renamed in: a directory moved into a watched tree makes watchdog re-register it.
 Flat ``<id>.json`` files directly in the parent (written by versions without
 shelves) are adopted too, flagged ``legacy`` because nothing says whether their
 turn started.
+
+Whoever holds a dead shelf's lock is its one adopter (:func:`take_dead`): the envelopes on it,
+and the relay's ``sent/`` records naming it as their writer
+(:func:`~hermes_actors.store.relay_sent.adopt_sent`), are taken over under that lock only. A
+shelf that is gone (its process stopped cleanly, or an adopter emptied it) is made again, locked
+from birth, for as long as the records still naming it are taken over: its creation decides
+between two adopters. A running gateway does this at each rescan for the shelves that died or
+went away since the last one (:attr:`Adopted.alive` says which still live).
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ from hermes_actors.store.owner_lock import hold, release, take_unowned
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 
-__all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves", "holding_places", "is_shelf_name", "shelf_lives"]
+__all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves", "holding_places", "is_shelf_name",
+           "release_dead", "take_dead"]
 
 LOCK_NAME = ".lock"
 SHELF_PREFIX = "s-"
@@ -47,29 +56,101 @@ def is_shelf_name(name: str) -> bool:
     return _SHELF_NAME.fullmatch(name) is not None
 
 
-def shelf_lives(parent: Path, name: str) -> bool:
-    """Whether the process whose shelf is ``parent/name`` still runs (it holds the shelf's ``.lock``).
+def take_dead(parent: Path, name: str, *, remake: bool = False) -> int | None:
+    """Lock the shelf ``parent/name`` when its process is dead: the one who holds it adopts what it left.
 
-    The lock is only tried, never waited for, and let go at once. A shelf that is gone was closed by its
-    process at a clean stop or emptied by the start that adopted it: its process is dead either way.
+    The lock is only tried, never waited for. A living process holds it for its whole life, and an adopter for
+    as long as it adopts: a second adopter gets None, and finds the work taken over once it gets the lock later.
 
     Args:
         parent: the directory holding every process's shelf (``bot_relay/taken``).
         name: the shelf's name (:func:`is_shelf_name`).
+        remake: a shelf that is gone is made again, locked from birth (:func:`release_dead` removes it): a
+            stopped process's records still name it. Two adopters cannot both make it.
 
     Returns:
-        True when a living process holds the lock (or a start adopting the shelf holds it right now: that
-        start answers for what the shelf's process left); False when the shelf is gone, its lock free, or its
-        lock file not one a gateway made (nothing proves an owner alive).
+        The descriptor holding its lock (:func:`release_dead` lets go); None when a living process or another
+        adopter holds it, it is being born or removed, or it is gone (without ``remake``, or made by another).
+
+    Raises:
+        HostileFileError: its lock file is not one a gateway made (a symlink, another uid's): nothing is locked.
+    """
+    shelf = parent / name
+    try:
+        mode = os.lstat(shelf).st_mode
+    except FileNotFoundError:
+        return _make_locked_or_none(shelf) if remake else None
+    except OSError:
+        return None
+    if not stat.S_ISDIR(mode):
+        return None
+    try:
+        return take_unowned(shelf / LOCK_NAME)
+    except HostileFileError:
+        raise
+    except OSError:  # FileNotFoundError included: being born, or removed by its adopter just now
+        return None
+
+
+def release_dead(shelf: Path, fd: int) -> None:
+    """Remove an adopted shelf once nothing but its ``.lock`` is left in it, then let go of its lock; never raises.
+
+    Args:
+        shelf: the shelf :func:`take_dead` locked.
+        fd: the descriptor holding its lock.
     """
     try:
-        fd = take_unowned(parent / name / LOCK_NAME)
-    except (OSError, HostileFileError):  # FileNotFoundError included: the shelf is gone
-        return False
-    if fd is None:
-        return True
-    release(fd)
-    return False
+        _remove_if_bare(shelf)
+    except OSError as exc:
+        logger.warning("could not remove the adopted shelf {}: {}", shelf, exc)
+    finally:
+        release(fd)
+
+
+def _remove_if_bare(shelf: Path) -> list[str]:
+    """Remove the shelf when only its ``.lock`` is in it (the lock first); the other entries when there are any.
+
+    Raises:
+        OSError: it could not be listed or removed.
+    """
+    others = [name for name in os.listdir(shelf) if name != LOCK_NAME]
+    if not others:
+        os.unlink(shelf / LOCK_NAME)
+        os.rmdir(shelf)
+    return others
+
+
+def _make_locked(shelf: Path) -> int:
+    """Make the shelf directory ``shelf`` with its ``.lock``, locked from birth; the descriptor holding it.
+
+    The lock file is made under another name and locked before it is renamed to ``.lock``: adopters open only
+    ``.lock``, so none can take a shelf being born.
+
+    Raises:
+        FileExistsError: ``shelf`` exists already.
+        OSError: it could not be made or locked.
+    """
+    os.mkdir(shelf, 0o700)
+    fresh = shelf / f"{LOCK_NAME}.new"
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        hold(fd)
+        os.rename(fresh, shelf / LOCK_NAME)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _make_locked_or_none(shelf: Path) -> int | None:
+    """:func:`_make_locked`, or None when another adopter made it first or it cannot be made (logged)."""
+    try:
+        return _make_locked(shelf)
+    except FileExistsError:
+        return None
+    except OSError as exc:
+        logger.warning("could not make the shelf {} again to adopt what still names it: {}", shelf, exc)
+        return None
 
 
 @dataclass(frozen=True)
@@ -79,6 +160,9 @@ class Adopted:
     ids: tuple[str, ...] = ()
     legacy: tuple[str, ...] = ()  # from flat files of an older version: their turn state is unknown
     shelves: int = 0  # dead shelves emptied
+    dead: tuple[str, ...] = ()  # the names of those dead shelves
+    # the names of the other shelves not adopted: their process still runs (its lock held), or they were refused
+    alive: tuple[str, ...] = ()
 
 
 class Shelf:
@@ -107,30 +191,26 @@ class Shelf:
             StoreError: the shelf could not be created or locked.
         """
         ensure_private_dir(self.parent, within=self.within)
-        fresh = self.path / f"{LOCK_NAME}.new"
         try:
-            os.mkdir(self.path, 0o700)
-            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            self._fd = _make_locked(self.path)
         except OSError as exc:
             raise StoreError(exc.errno, f"cannot create the shelf {self.path}: {exc.strerror}") from exc
-        try:
-            hold(fd)
-            os.rename(fresh, self.path / LOCK_NAME)  # adopters open only ``.lock``: it is locked from birth
-        except OSError as exc:
-            os.close(fd)
-            raise StoreError(exc.errno, f"cannot lock the shelf {self.path}: {exc.strerror}") from exc
-        self._fd = fd
         return self.path
 
-    def adopt(self) -> Adopted:
+    def adopt(self, *, legacy: bool = True) -> Adopted:
         """Move the envelopes of dead processes' shelves (and legacy flat files) onto ours.
 
+        Args:
+            legacy: adopt the flat files of older versions too (at a start only: a running older
+                gateway's are its own).
+
         Returns:
-            What was adopted. A shelf whose process still runs is left alone.
+            What was adopted, and which other shelves still live. A shelf whose process still runs is left alone.
         """
         ids: list[str] = []
-        legacy: list[str] = []
-        emptied = 0
+        flat: list[str] = []
+        dead: list[str] = []
+        alive: list[str] = []
         try:
             names = sorted(os.listdir(self.parent))
         except OSError as exc:
@@ -140,40 +220,40 @@ class Shelf:
             entry = self.parent / name
             if name.startswith(SHELF_PREFIX) and entry != self.path:
                 moved = self._adopt_shelf(entry)
-                if moved is not None:
+                if moved is None:
+                    alive.append(name)
+                else:
                     ids += moved
-                    emptied += 1
-            elif id_of_file_name(name) is not None and self._move(entry, name):
-                legacy.append(name[:-5])
-        return Adopted(tuple(ids), tuple(legacy), emptied)
+                    dead.append(name)
+            elif legacy and id_of_file_name(name) is not None and self._move(entry, name):
+                flat.append(name[:-5])
+        return Adopted(tuple(ids), tuple(flat), len(dead), tuple(dead), tuple(alive))
 
     def _adopt_shelf(self, shelf: Path) -> list[str] | None:
+        """Move a dead shelf's envelopes onto ours, under its lock (:func:`take_dead`).
+
+        Returns:
+            The ids moved; None when it was not adopted: its process lives (or another start adopts it right
+            now), or it could not be (refused, or an error: logged; it is tried again at the next adoption).
+        """
         try:
-            if not stat.S_ISDIR(os.lstat(shelf).st_mode):
-                return None
-            fd = take_unowned(shelf / LOCK_NAME)
+            fd = take_dead(self.parent, shelf.name)
         except HostileFileError as exc:
             logger.warning("the shelf {} has no regular lock file of ours ({}); left in place", shelf, exc)
-            return None
-        except OSError:
             return None
         if fd is None:
             return None  # its process lives, or another start adopted it meanwhile
         try:
             moved = [name[:-5] for name in sorted(os.listdir(shelf))
                      if id_of_file_name(name) is not None and self._move(shelf / name, name)]
-            for leftover in os.listdir(shelf):
-                if leftover != LOCK_NAME:
-                    logger.warning("dead shelf {} holds a stray entry {!r}; left in place", shelf, leftover)
-                    return moved
-            os.unlink(shelf / LOCK_NAME)
-            os.rmdir(shelf)
+            for leftover in _remove_if_bare(shelf):
+                logger.warning("dead shelf {} holds a stray entry {!r}; left in place", shelf, leftover)
             return moved
         except OSError as exc:
             logger.warning("could not adopt the shelf {}: {}", shelf, exc)
             return None
         finally:
-            os.close(fd)
+            release(fd)
 
     def _move(self, source: Path, name: str) -> bool:
         try:
@@ -189,9 +269,7 @@ class Shelf:
         if self._fd is None:
             return
         try:
-            if os.listdir(self.path) == [LOCK_NAME]:
-                os.unlink(self.path / LOCK_NAME)
-                os.rmdir(self.path)
+            _remove_if_bare(self.path)
         except OSError as exc:
             logger.warning("could not remove the shelf {}: {}", self.path, exc)
         finally:
