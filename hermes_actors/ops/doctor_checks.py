@@ -251,13 +251,16 @@ def check_redis(url_text: str | None, error: str | None) -> Check:
                  "start Redis or fix the host/port in bot_mode.transport (or REDIS_URL)")
 
 
-def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str]) -> Check:
+def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str], *, on: str = "file") -> Check:
     """Pure: the names the relay hub uses for this root match the gateway's ``--connection-id``.
 
     Args:
-        own: the connection ids of this root's running gateways (their heartbeats).
-        remote: the connection ids the relay roster lists (the other roots).
-        routed_as: the ``target_connection`` of envelopes the hub handed to this root.
+        own: the connection ids this root's running gateways announce (file: their heartbeats; Redis: the
+            ``alive:<connection>`` lease of the root's connection id).
+        remote: the connection ids the roster lists (the other roots).
+        routed_as: the ``target_connection`` of envelopes the hub handed to this root (file relay only).
+        on: the transport the roster was read from (``file`` or ``redis``:
+            :func:`~hermes_actors.ops.remote_roster.read_remote_roster`).
     """
     if own & remote:
         clash = ", ".join(sorted(own & remote))
@@ -268,10 +271,13 @@ def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str]) -
         return Check("connection ids", BLOCK, f"the hub routes to this root as {', '.join(sorted(foreign))} but its "
                      f"gateway runs as {', '.join(sorted(own))}",
                      "use the same name in serve --connection-id and the hub's --name for this root")
+    others = f"; the other connections on Redis: {', '.join(sorted(remote)) or 'none'}" if on == "redis" else ""
     if not own:
-        return Check("connection ids", OK, "no running gateway announces a connection id (nothing to compare)")
-    return Check("connection ids", OK, f"gateway runs as {', '.join(sorted(own))}"
-                 + (f"; the hub routes here as {', '.join(sorted(routed_as))}" if routed_as else ""))
+        return Check("connection ids", OK, "no running gateway announces a connection id "
+                     + ("on Redis " if on == "redis" else "") + f"(nothing to compare){others}")
+    where = " on Redis" if on == "redis" else ""
+    return Check("connection ids", OK, f"gateway runs as {', '.join(sorted(own))}{where}"
+                 + (f"; the hub routes here as {', '.join(sorted(routed_as))}" if routed_as else "") + others)
 
 
 def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:
