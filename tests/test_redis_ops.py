@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from redis_fixture import RedisServer
-from roots import RecordingRunner, make_root, wait_online
+from roots import HERMES_019, RecordingRunner, make_root, wait_online, write_fake_cli
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -92,7 +92,7 @@ def test_status_and_doctor_read_the_roster_and_connection_id_on_redis(tmp_path: 
     """Regression: on Redis `status` said `no relay roster` and `"remote_agents": 0` (it read only the file
     relay's roster.json) and doctor said "no running gateway announces a connection id" (it read only the file
     heartbeats) while a gateway ran on Redis."""
-    laptop = _root(tmp_path, "laptop", redis_server, ("alice", "bob"))
+    laptop = _root(tmp_path, "laptop", redis_server, ("alice", "bob"), bot_peers=["mini", "spark"])
     mini = _root(tmp_path, "mini", redis_server, ("scout",))
     with _host(laptop, serve_submit=True) as gw, _host(mini):
         wait_online(gw, "scout", "mini")
@@ -107,7 +107,11 @@ def test_status_and_doctor_read_the_roster_and_connection_id_on_redis(tmp_path: 
         text = capsys.readouterr().out
         assert "no relay roster" not in text and "2 agents on other machines" in text
 
-        checks = {c.name: c for c in run_doctor(laptop)}
+        checks = {c.name: c for c in run_doctor(laptop, cli=str(write_fake_cli(tmp_path, HERMES_019)))}
         assert checks["connection ids"].level == "ok"
         assert "gateway runs as laptop on Redis" in checks["connection ids"].detail, checks["connection ids"]
         assert "mini" in checks["connection ids"].detail
+        # bot_peers: mini is a connection on this Redis (the Redis transport carries it); spark needs `hermes peer`
+        assert checks["bot_peers"].level == "warn", checks["bot_peers"]
+        assert checks["bot_peers"].detail.startswith("spark: reached with `hermes peer dm`")
+        assert checks["bot_peers"].detail.endswith("; on Redis: mini")

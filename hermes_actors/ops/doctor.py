@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hermes_actors.core.config import parse_config
 from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, model_name, names_no_model, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.ops.doctor_checks import (
@@ -25,6 +26,7 @@ from hermes_actors.ops.doctor_checks import (
     check_daemon,
     check_managed,
     check_models,
+    check_peers,
     check_plugin,
     check_profile_folders,
     check_redis,
@@ -35,6 +37,7 @@ from hermes_actors.ops.doctor_checks import (
 from hermes_actors.ops.remote_roster import read_remote_roster
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, scan_profile_dirs
 from hermes_actors.store.yaml_file import read_yaml_mapping
+from hermes_actors.transports.peer_cli import peer_command_missing
 
 __all__ = ["run_doctor"]
 
@@ -136,5 +139,15 @@ def run_doctor(
     if roster.error is None:  # an unreachable Redis is the redis check's: no roster to compare
         checks.append(check_connection_ids(set(roster.own), set(roster.remote), set(roster.routed_as),
                                            on=roster.transport))
+        checks.append(_peers_check(parse_config(raw)[0].peers, roster.remote if roster.transport == "redis"
+                                   else frozenset(), found))
     return for_the_hosts_runner(checks, pong)
 
+
+def _peers_check(peers: tuple[str, ...], on_redis: frozenset[str], cli: str | None) -> Check:
+    """The ``bot_peers`` check: the peers that are no connection on Redis go through ``hermes peer dm``, so the
+    hermes CLI is asked whether it has that command (only then: it costs a hermes start)."""
+    connections = {c.lower() for c in on_redis}  # as the Redis transport matches them
+    via_cli = [p for p in peers if p.lower() not in connections]
+    missing = peer_command_missing(cli) if via_cli and cli is not None else None
+    return check_peers(via_cli, [p for p in peers if p.lower() in connections], cli, missing)

@@ -16,6 +16,7 @@ from hermes_actors.core.shell import shell_command
 from hermes_actors.hermes.install import CLI_PROFILE_RE, INSTALL_HERMES, NO_HERMES_CLI, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
+from hermes_actors.transports.peer_cli import PEER_FIX, no_peer_command
 from hermes_actors.transports.redis.store import certificate_fix
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "check_daemon",
     "check_managed",
     "check_models",
+    "check_peers",
     "check_plugin",
     "check_profile_folders",
     "check_redis",
@@ -278,6 +280,32 @@ def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str], *
     where = " on Redis" if on == "redis" else ""
     return Check("connection ids", OK, f"gateway runs as {', '.join(sorted(own))}{where}"
                  + (f"; the hub routes here as {', '.join(sorted(routed_as))}" if routed_as else "") + others)
+
+
+def check_peers(via_cli: list[str], on_redis: list[str], cli: str | None, missing: bool | None) -> Check:
+    """Pure: the ``bot_peers`` entries reached with ``hermes peer dm`` have a hermes that has that command.
+
+    A DM to such a peer is acked, then fails ``runtime_offline`` seconds later when the CLI has no ``peer``
+    command (hermes-agent 0.19): say it here, before a bot finds out.
+
+    Args:
+        via_cli: the peers the CLI transport carries (on Redis: those that are no connection on it).
+        on_redis: the peers that are connections on this root's Redis (carried by the Redis transport).
+        cli: the hermes executable (None: none found; the hermes CLI check blocks then).
+        missing: :func:`~hermes_actors.transports.peer_cli.peer_command_missing` of ``cli`` (None: unknown).
+    """
+    redis = f"; on Redis: {', '.join(on_redis)}" if on_redis else ""
+    if not via_cli:
+        return Check("bot_peers", OK, (f"every peer is a connection on Redis: {', '.join(on_redis)}" if on_redis
+                                       else "none configured"))
+    names = ", ".join(via_cli)
+    if cli is not None and missing:
+        return Check("bot_peers", WARN, f"{names}: reached with `hermes peer dm`, but {no_peer_command(cli)}: "
+                     "a DM to them is acked, then fails runtime_offline, NOT delivered" + redis,
+                     PEER_FIX.rstrip(".") + " (a peer on this root's Redis is reached by its connection id), or "
+                     "remove them from bot_peers")
+    how = "" if missing is False else " (could not tell whether the hermes CLI has the `peer` command)"
+    return Check("bot_peers", OK, f"{names}: reached with `hermes peer dm`{how}{redis}")
 
 
 def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:
