@@ -29,8 +29,9 @@ from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 
 __all__ = [
-    "LogCapture", "RecordingRunner", "TurnLog", "TurnRecord", "assert_gone", "body_of", "is_online", "logged_turns",
-    "make_root", "process_alive", "send_dm", "start_gateway", "wait_online", "write_fake_cli", "write_profile",
+    "HERMES_019", "LogCapture", "RecordingRunner", "TurnLog", "TurnRecord", "assert_gone", "body_of", "is_online",
+    "logged_turns", "make_root", "process_alive", "send_dm", "start_gateway", "wait_online", "write_fake_cli",
+    "write_profile",
 ]
 
 
@@ -281,6 +282,12 @@ def wait_online(gw: Gateway, handle: str, conn: str, online: bool | None = True,
     """Wait until :func:`is_online`; TimeoutError naming the agent otherwise."""
     await_condition(lambda: is_online(gw, handle, conn, online), timeout=timeout, interval=0.02,
                     message=f"@{handle} on {conn} online={online}")
+
+
+# hermes-agent 0.19 as the peer transport meets it (for write_fake_cli): argparse refuses `peer` (exit 2)
+HERMES_019 = ("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Hermes Agent v0.19.0'; exit 0; fi\n"
+              "echo \"hermes: error: argument command: invalid choice: 'peer' (choose from 'chat', 'model')\" >&2\n"
+              "exit 2\n")
 
 
 def write_fake_cli(base: Path, script: str) -> Path:

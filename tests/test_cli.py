@@ -223,6 +223,19 @@ def test_a_dm_refused_as_unmanaged_names_the_fix_host_or_not(
     assert ("no host serves" in captured.err) is not hosted
 
 
+def test_a_send_without_a_host_says_the_sender_is_not_woken(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (acceptance run): `send --wait` with no host printed the reply and woke nobody (the journal had
+    finished+delivered, no wake), while the same command through a host woke the sender, and nothing said so."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    monkeypatch.setattr("hermes_actors.cli.gateway_options.runner_for", lambda *args: _RealHermesLike())
+    assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi", "--wait", "30"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == "Reply from @bob: ok"
+    assert "this command runs the DM itself and prints its outcome: alice is not woken with it" in captured.err
+    assert "only a host wakes senders" in captured.err
+
+
 def test_roster_says_when_no_host_serves_the_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Local profiles are listed online either way; without a host the bots' own DMs are refused, and it says so."""
     root = make_root(tmp_path, {"alice": {}, "bob": {}})

@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 import yaml
-from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway, write_fake_cli, write_profile
+from roots import (
+    HERMES_019,
+    LogCapture,
+    RecordingRunner,
+    make_root,
+    send_dm,
+    start_gateway,
+    write_fake_cli,
+    write_profile,
+)
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -330,6 +339,21 @@ def test_doctor_reports_an_unreachable_redis(tmp_path: Path, capsys: pytest.Capt
     assert checks["redis extra"].level == OK
     assert checks["redis"].level == BLOCK and "unreachable" in checks["redis"].detail
     assert "secret" not in checks["redis"].detail  # the password is masked
+
+
+def test_doctor_warns_of_bot_peers_a_hermes_without_a_peer_command_cannot_reach(tmp_path: Path) -> None:
+    """Regression (acceptance run, hermes-agent 0.19): a `bot_peers` DM was acked, then failed runtime_offline
+    3 s later, and doctor said nothing of it. It now names the peer and why, with the fix."""
+    root = _enabled_root(tmp_path, {"bot_peers": ["spark"]})
+    cli = str(write_fake_cli(tmp_path, HERMES_019))
+    checks = {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: {"pid": 1, "root": str(r), "version": "x"})}
+    peers = checks["bot_peers"]
+    assert peers.level == WARN, peers
+    assert peers.detail.startswith("spark: reached with `hermes peer dm`") and "has no `peer` command" in peers.detail
+    assert "hermes-agent 0.19 has no Bot Mode peers" in peers.detail and "acked, then fails" in peers.detail
+    assert "Redis" in peers.fix and "hermes release with Bot Mode" in peers.fix
+    bare = _enabled_root(tmp_path / "other")  # no bot_peers: nothing to ask the CLI
+    assert {c.name: c for c in run_doctor(bare, cli=cli)}["bot_peers"].level == OK
 
 
 def test_doctor_plugin_missing_for_one_profile_is_a_warning(tmp_path: Path) -> None:

@@ -233,4 +233,4 @@ def test_relay_counts_include_the_envelopes_on_the_processes_shelves(tmp_path: P
     elsewhere.mkdir()
     (elsewhere / f"{7:032x}.json").write_text("{}")
     os.symlink(elsewhere, taken / "s-planted")  # a shelf that is a symlink is not followed
-    assert relay_dir_counts(root, 0.0)["taken"] == 4
+    assert relay_dir_counts(root)["taken"] == 4

@@ -1399,6 +1399,25 @@ def test_bot_peers_target_that_is_a_redis_connection(tmp_path: Path, redis_serve
         assert out["reason"] == "runtime_offline" and "hermes CLI not found" in out["error"]
 
 
+def test_a_bot_peers_target_offline_on_redis_is_refused_naming_it_as_its_ack_does(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Regression: a bare peer name `mini` was acked as `@mini on peer 'mini'` but refused as `@hermes on Mini is
+    offline right now` once that machine was down; both now use the seed's peer label."""
+    peers = {"bot_peers": {"mini": {}}}
+    with gateway(tmp_path, "alpha", redis_server, config=peers) as alpha:
+        with gateway(tmp_path, "mini", redis_server, config={"bot_mode": {"connection_label": "Mini"}}):
+            wait_online(alpha, "bob", "mini")
+            ack = alpha.message_agent(sender="alice", target="mini", message="while it runs")
+            assert ack["to"] == "@mini on peer 'mini'"
+            alpha.wait_outcome(ack["delivery_id"], timeout=10)
+        wait_online(alpha, "bob", "mini", online=False)  # a clean stop deletes its heartbeat at once
+        bare = alpha.message_agent(sender="alice", target="mini", message="while it is down")
+        named = alpha.message_agent(sender="alice", target="mini/bob", message="while it is down")
+    assert bare["reason"] == named["reason"] == "runtime_offline"
+    assert bare["error"].startswith("@mini on peer 'mini' is offline right now — the message was NOT queued."), bare
+    assert named["error"].startswith("@bob on peer 'mini' is offline right now"), named
+
+
 FAKE_HERMES = """#!{python}
 import json, os, sys
 body = sys.stdin.read()

@@ -61,9 +61,11 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     from hermes_actors.core.config import load_config
     from hermes_actors.gateway import Gateway
     from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_roster
+    from hermes_actors.ops.remote_roster import read_remote_roster
+    from hermes_actors.ops.status import transport_problems
     from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 
-    existing_root(args.root)
+    root = existing_root(args.root)
     overrides = transport_config(args)  # a bad --connection-id or --redis is refused, host or not
     hosted = True
     try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
@@ -73,16 +75,23 @@ def _cmd_roster(args: argparse.Namespace) -> int:
         with Gateway(args.root, runner=lambda turn: "", config=overrides,
                      connection_id=args.connection_id) as gw:
             rows = gw.roster()
+    config = load_config(args.root, overrides)
+    # the roster where the transport keeps it: an unreachable Redis is said (as status and doctor say it)
+    problems = transport_problems(root, read_remote_roster(root, config.raw, connection_id=args.connection_id))
     if args.json:
         print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+        for problem in problems:  # the rows stay the JSON; the note goes where a script's reader looks
+            print(printable(f"note: {problem}"), file=sys.stderr)
         return 0
     print(f"{'handle':<20} {'profile':<20} {'title':<20} {'connection':<16} online")
     for row in rows:
         online = {True: "yes", False: "no", None: "unknown"}[row["online"]]
         conn = row["connection_id"] or "local"
         print(printable(f"@{row['handle']:<19} {row['profile']:<20} {clip(row['title'], 20):<20} {conn:<16} {online}"))
-    peers = load_config(args.root).peers
+    peers = config.peers
     print(f"peers: {', '.join(peers)}" if peers else "peers: none (list peer gateways under bot_peers in config.yaml)")
+    for problem in problems:
+        print(printable(f"note: {problem}"))
     if not hosted:  # 'online' says a profile can take DMs, but only a host takes the bots' own
         print(f"note: no host serves {args.root}: the bots' message_agent calls are refused (runtime_offline) until "
               f"one runs (`{shell_command('hermes-actors', 'serve', '--root', args.root)}`, or `hermes gateway run` "

@@ -209,6 +209,21 @@ def _relay_dirs(relay: dict[str, Any]) -> str:
     return "; ".join(part for part in (waiting, kept) if part) or "no relay directories"
 
 
+def _roster_phrase(relay: dict[str, Any]) -> str:
+    """Pure: what the status line says of the remote roster (the file relay's ``roster.json``, or Redis).
+
+    Args:
+        relay: the status dict's ``relay``.
+    """
+    if relay.get("transport") == "redis":
+        url = relay.get("roster") or "(url unknown)"
+        if relay.get("reachable") is False:  # the problem line below says what it means and the fix
+            return f"Redis {url} UNREACHABLE (see the problem below)"
+        return f"roster on Redis {url}: {relay.get('remote_agents')} agents on other machines"
+    age = relay.get("roster_age_seconds")
+    return "no relay roster" if age is None else f"roster {_age(age)} old, {relay.get('remote_agents')} agents"
+
+
 def status_text(status: dict[str, Any]) -> str:
     """Pure: the human ``hermes-actors status`` report of a status dict (:mod:`hermes_actors.ops.status`)."""
     lines = []
@@ -247,9 +262,7 @@ def status_text(status: dict[str, Any]) -> str:
     lines.append(f"  by status: {_counts(c.get('by_status') or {})}")
     lines.append(f"  by reason: {_counts(c.get('by_reason') or {})}")
     relay = status.get("relay") or {}
-    age = relay.get("roster_age_seconds")
-    roster = "no relay roster" if age is None else f"roster {_age(age)} old, {relay.get('remote_agents')} agents"
-    lines.append(f"relay: {relay.get('transport')}; {_relay_dirs(relay)}; {roster}")
+    lines.append(f"relay: {relay.get('transport')}; {_relay_dirs(relay)}; {_roster_phrase(relay)}")
     lines.append(f"peers: {', '.join(relay.get('peers') or []) or 'none (bot_peers in config.yaml)'}")
     rooms = status.get("rooms") or []
     if rooms:

@@ -25,6 +25,7 @@ from hermes_actors.cli.render import (
     refusal_line,
     refused_as_unmanaged,
 )
+from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 
 __all__ = ["cmd_send"]
@@ -120,7 +121,12 @@ def cmd_send(args: argparse.Namespace) -> int:
         return via_host
     # Without a host the turn runs inside this command, so it must wait for it (else it would be abandoned).
     serve = shell_command("hermes-actors", "serve", "--root", args.root)
-    print(f"note: no host serves {args.root} (start one with `{serve}`); this command runs the DM itself",
+    # Said up front: a host would also wake the sender's Bot Chat with the outcome; this command does not
+    # (the wake is decided where the DM is acked and journaled with it: a host running this DM later wakes
+    # nobody either). docs/hermes.md "wake_sender".
+    print(f"note: no host serves {args.root} (start one with `{serve}`); this command runs the DM itself and "
+          f"prints its outcome: {shown(args.sender, args.sender)} is not woken with it in Bot Chat (only a host "
+          "wakes senders)",
           file=sys.stderr)
     cfg = load_config(args.root)
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0

@@ -96,10 +96,12 @@ class _Endpoint:
         from hermes_actors.rooms.remote import room_handler
 
         # The pong says whether turns run hermes (the real one, or a Bot Mode release's CLI): doctor then
-        # knows the hermes CLI and the plugin matter.
+        # knows the hermes CLI and the plugin matter; and the connection id the host runs as (given by
+        # --connection-id, not always in config.yaml): doctor looks for it on Redis.
         runs_hermes = gw.runner is None or is_real_hermes(gw.runner) or isinstance(gw.runner, CommandRunner)
         self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw),
-                                   roster=gw.roster, room=room_handler(gw), info={"runs_hermes": runs_hermes})
+                                   roster=gw.roster, room=room_handler(gw),
+                                   info={"runs_hermes": runs_hermes, "connection_id": gw.connection_id})
 
     def open(self) -> _Endpoint:
         self.server.start()

@@ -93,6 +93,7 @@ def roster_rows(snapshot: RosterSnapshot, *, now: float | None = None) -> list[d
         for p in snapshot.profiles
     ]
     remote = list(snapshot.remote)
+    age = remote_age(snapshot, time.time() if now is None else now)
     for r in remote:
         rows.append(
             {
@@ -102,7 +103,9 @@ def roster_rows(snapshot: RosterSnapshot, *, now: float | None = None) -> list[d
                 "title": r.title,
                 "description": r.description,
                 "connection_id": r.connection_id,
-                "online": liveness(r, remote, remote_age(snapshot, time.time() if now is None else now)),
+                # while Redis is unreachable the rows are the last ones read, and a DM to any of them is refused
+                # (NOT queued): offline, whatever they said then
+                "online": False if snapshot.remote_unreachable else liveness(r, remote, age),
             }
         )
     return rows

@@ -14,9 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_actors.core.ids import id_of_file_name
-from hermes_actors.core.names import HANDLE_RE
-from hermes_actors.errors import ValidationError
+from hermes_actors.core.config import parse_config
 from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, model_name, names_no_model, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.ops.doctor_checks import (
@@ -28,6 +26,7 @@ from hermes_actors.ops.doctor_checks import (
     check_daemon,
     check_managed,
     check_models,
+    check_peers,
     check_plugin,
     check_profile_folders,
     check_redis,
@@ -35,18 +34,14 @@ from hermes_actors.ops.doctor_checks import (
     check_warm_turns,
     for_the_hosts_runner,
 )
-from hermes_actors.store.atomic import read_json_file
+from hermes_actors.ops.remote_roster import read_remote_roster
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, scan_profile_dirs
-from hermes_actors.store.relay_files import read_roster
-from hermes_actors.store.relay_heartbeat import live_heartbeats
-from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.yaml_file import read_yaml_mapping
+from hermes_actors.transports.peer_cli import peer_command_missing
 
 __all__ = ["run_doctor"]
 
 _VERSION_TIMEOUT = 20.0
-_REDIS_TIMEOUT = 3.0
-_MAX_ROUTED_NAMES = 16  # names read from one heartbeat (a gateway writes at most 8)
 
 
 def _cli_version(cli: str) -> tuple[str | None, str | None]:
@@ -73,55 +68,6 @@ def _profile_facts(home: Path) -> tuple[bool | None, str | None]:
     enabled = plugins.get("enabled") if isinstance(plugins, dict) else None
     named = model_name(data) or ("" if names_no_model(data) else "(completed by hermes)")
     return isinstance(enabled, list) and PLUGIN_NAME in enabled, named
-
-
-def _redis_ping(url: str) -> str | None:
-    """None when Redis answers PING, else what went wrong."""
-    import redis
-
-    client = redis.Redis.from_url(url, socket_timeout=_REDIS_TIMEOUT, socket_connect_timeout=_REDIS_TIMEOUT)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        client.close()
-    return None
-
-
-def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
-    """This root's gateways' connection ids, the relay roster's other roots, and the names the hub routed here as.
-
-    The names come from each running gateway's heartbeat (the ``target_connection`` of what its relay was
-    handed lately: a running gateway empties ``inbox/`` at once) and from the envelopes still waiting in
-    ``inbox/``. Only live gateways count: a killed one's heartbeat file stays until housekeeping removes it.
-    (``taken/`` holds only the running gateways' shelves, whose envelopes their heartbeats name already.)
-    """
-    inbox = InboxPaths.from_root(root)
-    own: set[str] = set()
-    routed: set[str] = set()
-    for beat in live_heartbeats(inbox):
-        if beat.get("connection_id"):
-            own.add(str(beat["connection_id"]))
-        names = beat.get("routed_as")
-        if isinstance(names, list):
-            routed.update(n for n in names[:_MAX_ROUTED_NAMES] if isinstance(n, str) and HANDLE_RE.match(n))
-    agents, _age = read_roster(inbox.relay)
-    remote = {a.connection_id for a in agents}
-    try:
-        names = sorted(os.listdir(inbox.inbox))[:50]
-    except OSError:
-        names = []
-    for name in names:
-        if id_of_file_name(name) is None:
-            continue
-        try:
-            record = read_json_file(inbox.inbox / name)
-        except (OSError, ValidationError):
-            continue
-        if isinstance(record, dict) and isinstance(record.get("target_connection"), str):
-            routed.add(record["target_connection"])
-    return own, remote, routed
 
 
 def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool, str, bool]:
@@ -181,17 +127,27 @@ def run_doctor(
         check_config_keys(path, raw, problem),
         check_warm_turns(root, *_warm_facts(root, raw)),
     ]
-    from hermes_actors.transports.redis.store import mask_url, redis_url_from_config
-
-    try:
-        url = redis_url_from_config(raw)
-    except ValueError as exc:
-        checks.append(Check("redis", BLOCK, str(exc), "set bot_mode.transport to file, redis://… or rediss://…"))
-        url = None
+    # the roster where the configured transport keeps it; a running host names the connection id it runs as
+    roster = read_remote_roster(root, raw, connection_id=(pong or {}).get("connection_id") or None)
+    if roster.transport == "invalid":
+        checks.append(Check("redis", BLOCK, roster.where, "set bot_mode.transport to file, redis://… or rediss://…"))
     else:
         installed = importlib.util.find_spec("redis") is not None
-        checks.append(check_redis_extra(url is not None, installed))
-        if url is not None and installed:
-            checks.append(check_redis(mask_url(url), _redis_ping(url)))
-    checks.append(check_connection_ids(*_connection_facts(root)))
+        checks.append(check_redis_extra(roster.transport == "redis", installed))
+        if roster.transport == "redis" and installed:
+            checks.append(check_redis(roster.where, roster.error))
+    if roster.error is None:  # an unreachable Redis is the redis check's: no roster to compare
+        checks.append(check_connection_ids(set(roster.own), set(roster.remote), set(roster.routed_as),
+                                           on=roster.transport))
+        checks.append(_peers_check(parse_config(raw)[0].peers, roster.remote if roster.transport == "redis"
+                                   else frozenset(), found))
     return for_the_hosts_runner(checks, pong)
+
+
+def _peers_check(peers: tuple[str, ...], on_redis: frozenset[str], cli: str | None) -> Check:
+    """The ``bot_peers`` check: the peers that are no connection on Redis go through ``hermes peer dm``, so the
+    hermes CLI is asked whether it has that command (only then: it costs a hermes start)."""
+    connections = {c.lower() for c in on_redis}  # as the Redis transport matches them
+    via_cli = [p for p in peers if p.lower() not in connections]
+    missing = peer_command_missing(cli) if via_cli and cli is not None else None
+    return check_peers(via_cli, [p for p in peers if p.lower() in connections], cli, missing)

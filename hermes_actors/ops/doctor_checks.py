@@ -16,6 +16,7 @@ from hermes_actors.core.shell import shell_command
 from hermes_actors.hermes.install import CLI_PROFILE_RE, INSTALL_HERMES, NO_HERMES_CLI, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.messages import ProfileInfo
+from hermes_actors.transports.peer_cli import PEER_FIX, no_peer_command
 from hermes_actors.transports.redis.store import certificate_fix
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "check_daemon",
     "check_managed",
     "check_models",
+    "check_peers",
     "check_plugin",
     "check_profile_folders",
     "check_redis",
@@ -251,13 +253,16 @@ def check_redis(url_text: str | None, error: str | None) -> Check:
                  "start Redis or fix the host/port in bot_mode.transport (or REDIS_URL)")
 
 
-def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str]) -> Check:
+def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str], *, on: str = "file") -> Check:
     """Pure: the names the relay hub uses for this root match the gateway's ``--connection-id``.
 
     Args:
-        own: the connection ids of this root's running gateways (their heartbeats).
-        remote: the connection ids the relay roster lists (the other roots).
-        routed_as: the ``target_connection`` of envelopes the hub handed to this root.
+        own: the connection ids this root's running gateways announce (file: their heartbeats; Redis: the
+            ``alive:<connection>`` lease of the root's connection id).
+        remote: the connection ids the roster lists (the other roots).
+        routed_as: the ``target_connection`` of envelopes the hub handed to this root (file relay only).
+        on: the transport the roster was read from (``file`` or ``redis``:
+            :func:`~hermes_actors.ops.remote_roster.read_remote_roster`).
     """
     if own & remote:
         clash = ", ".join(sorted(own & remote))
@@ -268,10 +273,39 @@ def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str]) -
         return Check("connection ids", BLOCK, f"the hub routes to this root as {', '.join(sorted(foreign))} but its "
                      f"gateway runs as {', '.join(sorted(own))}",
                      "use the same name in serve --connection-id and the hub's --name for this root")
+    others = f"; the other connections on Redis: {', '.join(sorted(remote)) or 'none'}" if on == "redis" else ""
     if not own:
-        return Check("connection ids", OK, "no running gateway announces a connection id (nothing to compare)")
-    return Check("connection ids", OK, f"gateway runs as {', '.join(sorted(own))}"
-                 + (f"; the hub routes here as {', '.join(sorted(routed_as))}" if routed_as else ""))
+        return Check("connection ids", OK, "no running gateway announces a connection id "
+                     + ("on Redis " if on == "redis" else "") + f"(nothing to compare){others}")
+    where = " on Redis" if on == "redis" else ""
+    return Check("connection ids", OK, f"gateway runs as {', '.join(sorted(own))}{where}"
+                 + (f"; the hub routes here as {', '.join(sorted(routed_as))}" if routed_as else "") + others)
+
+
+def check_peers(via_cli: list[str], on_redis: list[str], cli: str | None, missing: bool | None) -> Check:
+    """Pure: the ``bot_peers`` entries reached with ``hermes peer dm`` have a hermes that has that command.
+
+    A DM to such a peer is acked, then fails ``runtime_offline`` seconds later when the CLI has no ``peer``
+    command (hermes-agent 0.19): say it here, before a bot finds out.
+
+    Args:
+        via_cli: the peers the CLI transport carries (on Redis: those that are no connection on it).
+        on_redis: the peers that are connections on this root's Redis (carried by the Redis transport).
+        cli: the hermes executable (None: none found; the hermes CLI check blocks then).
+        missing: :func:`~hermes_actors.transports.peer_cli.peer_command_missing` of ``cli`` (None: unknown).
+    """
+    redis = f"; on Redis: {', '.join(on_redis)}" if on_redis else ""
+    if not via_cli:
+        return Check("bot_peers", OK, (f"every peer is a connection on Redis: {', '.join(on_redis)}" if on_redis
+                                       else "none configured"))
+    names = ", ".join(via_cli)
+    if cli is not None and missing:
+        return Check("bot_peers", WARN, f"{names}: reached with `hermes peer dm`, but {no_peer_command(cli)}: "
+                     "a DM to them is acked, then fails runtime_offline, NOT delivered" + redis,
+                     PEER_FIX.rstrip(".") + " (a peer on this root's Redis is reached by its connection id), or "
+                     "remove them from bot_peers")
+    how = "" if missing is False else " (could not tell whether the hermes CLI has the `peer` command)"
+    return Check("bot_peers", OK, f"{names}: reached with `hermes peer dm`{how}{redis}")
 
 
 def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:

@@ -21,8 +21,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-__all__ = ["LATENCY_BUCKETS", "METRIC_NAMES", "RELAY_DIRS", "ROOM_STATES", "DeliveryMetrics", "profile_gauges",
-           "relay_files", "relay_samples", "room_states"]
+__all__ = ["LATENCY_BUCKETS", "METRIC_NAMES", "REDIS_METRICS", "RELAY_DIRS", "ROOM_STATES", "DeliveryMetrics",
+           "profile_gauges", "relay_files", "relay_samples", "room_states"]
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0)
 ROOM_STATES = ("idle", "busy", "needs_you")
@@ -40,6 +40,7 @@ METRIC_NAMES = {  # name → help (docs/operations.md lists these; tests check e
     "hermes_actors_in_flight": "Deliveries in flight to each local profile (running or queued).",
     "hermes_actors_queued": "Deliveries queued for each local profile (in flight, not running yet).",
     "hermes_actors_relay_up": "1 while the relay actor is alive.",
+    "hermes_actors_redis_up": "1 while the Redis transport reaches Redis, 0 while it is unreachable (Redis only).",
     "hermes_actors_relay_events_total": "Relay counters by event (sent, replies, expired, timeouts, drained, ...).",
     "hermes_actors_relay_waiting": "Relay envelopes of ours waiting for a reply.",
     "hermes_actors_relay_files": "Files in each relay directory (outbox, claimed, replies, inbox, taken, quarantine).",
@@ -49,6 +50,8 @@ METRIC_NAMES = {  # name → help (docs/operations.md lists these; tests check e
     "hermes_actors_rooms": "Group rooms by state (idle, busy, needs_you).",
     "hermes_actors_room_messages_total": "Messages posted in group rooms, by status (said, failed, interrupted).",
 }
+
+REDIS_METRICS = frozenset({"hermes_actors_redis_up"})  # served only by a gateway on the Redis transport
 
 
 def _count(value: Any) -> int | None:
@@ -197,6 +200,9 @@ def _refused(by_reason: Mapping[str, Any]) -> Metric:
 
 def _relay(alive: bool, relay: Mapping[str, Any]) -> Iterator[Metric]:
     yield GaugeMetricFamily("hermes_actors_relay_up", METRIC_NAMES["hermes_actors_relay_up"], value=int(alive))
+    reachable = relay.get("reachable")
+    if isinstance(reachable, bool):  # only the Redis transport says (the file relay has no link to lose)
+        yield GaugeMetricFamily("hermes_actors_redis_up", METRIC_NAMES["hermes_actors_redis_up"], value=int(reachable))
     counters, gauges = relay_samples(relay)
     events = CounterMetricFamily("hermes_actors_relay_events_total", METRIC_NAMES["hermes_actors_relay_events_total"],
                                  labels=["event"])

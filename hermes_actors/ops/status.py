@@ -14,7 +14,7 @@ gateway answers. Both return the same shape (``source`` says which)::
       "in_flight": [{"delivery_id", "sender", "target", "profile", "route", "age_seconds", "started"}],
       "counters": {"accepted", "refused", "settled", "pending", "by_status", "by_reason", "by_outcome"},
       "relay": {"transport", "outbox", "claimed", "replies", "inbox", "taken", "quarantine",
-                "roster_age_seconds", "remote_agents", "peers", "alive", "stats"},
+                "roster", "roster_age_seconds", "remote_agents", "reachable", "peers", "alive", "stats"},
       "managed": True | False,
       "problems": ["..."],
       "rooms": [{"name", "room_id", "members", "state", "messages", "last_activity", "idle_seconds"}],
@@ -28,6 +28,12 @@ posted; ``last_activity`` is the newest one's time, else the room's creation).
 the files, ``offline`` (``queued`` then counts the journaled DMs waiting for the next
 start). ``by_outcome`` is ``{status: {reason: count}}``; ``by_status`` and ``by_reason``
 are its sums. A value the source cannot know is None.
+
+The remote roster is read where the root's transport keeps it
+(:func:`~hermes_actors.ops.remote_roster.read_remote_roster`): ``roster`` names it (the
+``roster.json`` path or the masked Redis URL); ``reachable`` is None on the file relay, else
+whether Redis answered (the reading, and a running gateway's own link); when it did not,
+``problems`` says so, naming the URL and the fix.
 """
 
 from __future__ import annotations
@@ -40,10 +46,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermes_actors.core.config import load_config
+from hermes_actors.core.shell import shell_command
 from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
+from hermes_actors.ops.doctor_checks import check_redis
 from hermes_actors.ops.journal_view import read_journals
+from hermes_actors.ops.remote_roster import RemoteRoster, read_remote_roster
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
-from hermes_actors.store.relay_files import list_ids, read_roster
+from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_shelf import count_on_shelves
@@ -51,7 +60,7 @@ from hermes_actors.store.relay_shelf import count_on_shelves
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway
 
-__all__ = ["STATUS_KEYS", "file_status", "live_status"]
+__all__ = ["STATUS_KEYS", "file_status", "live_status", "relay_dir_counts", "roster_fields", "transport_problems"]
 
 STATUS_KEYS = ("running", "profiles", "in_flight", "counters", "relay")
 
@@ -165,11 +174,10 @@ def _count(directory: Path, *, ids_only: bool = True, shelves: bool = False) -> 
         return None
 
 
-def relay_dir_counts(root: Path, now: float) -> dict[str, Any]:
-    """Counts of the root's relay directories and the relay roster's freshness. Never raises."""
+def relay_dir_counts(root: Path) -> dict[str, Any]:
+    """Counts of the root's relay directories. Never raises."""
     inbox = InboxPaths.from_root(root)
     paths = inbox.relay
-    agents, age = read_roster(paths, now=now)
     return {
         "outbox": _count(paths.outbox),
         "claimed": _count(paths.claimed),
@@ -177,9 +185,44 @@ def relay_dir_counts(root: Path, now: float) -> dict[str, Any]:
         "inbox": _count(inbox.inbox),
         "taken": _count(inbox.taken, shelves=True),
         "quarantine": _count(paths.quarantine, ids_only=False),
-        "roster_age_seconds": None if age is None else round(max(0.0, age), 3),
-        "remote_agents": len(agents),
     }
+
+
+def roster_fields(roster: RemoteRoster, reachable: bool | None = None) -> dict[str, Any]:
+    """Pure: what the status says of the remote roster, read where the root's transport keeps it.
+
+    Args:
+        roster: :func:`~hermes_actors.ops.remote_roster.read_remote_roster` of the root.
+        reachable: whether the running gateway's Redis transport reaches Redis now (None: no gateway says).
+
+    Returns:
+        ``{"roster", "roster_age_seconds", "remote_agents", "reachable"}``: ``roster`` is what was read (the
+        ``roster.json`` path or the masked Redis URL); ``reachable`` is None on the file relay, else False
+        when either the reading or the gateway could not reach Redis.
+    """
+    age = roster.age_seconds
+    up = (roster.error is None and reachable is not False) if roster.transport == "redis" else None
+    return {"roster": roster.where, "roster_age_seconds": None if age is None else round(max(0.0, age), 3),
+            "remote_agents": len(roster.agents), "reachable": up}
+
+
+def transport_problems(root: Path, roster: RemoteRoster, reachable: bool | None = None) -> list[str]:
+    """Pure: the status's problem line when the root's Redis transport does not answer (doctor's wording).
+
+    Args:
+        root: the Hermes root (named in the doctor command of the fix).
+        roster: the reading of the remote roster.
+        reachable: whether the running gateway's transport reaches Redis now (None: no gateway says).
+
+    Returns:
+        One line naming the URL, what it means and the fix; none when Redis answers (or on the file relay).
+    """
+    if roster.transport != "redis" or (roster.error is None and reachable is not False):
+        return []
+    check = check_redis(roster.where, roster.error or "the gateway's transport cannot reach it (it retries)")
+    return [f"Redis transport: {check.detail} — DMs to and from other machines are refused (NOT queued) until it "
+            f"answers, and their agents are shown offline; fix: {check.fix} (then: "
+            f"{shell_command('hermes-actors', 'doctor', '--root', root)})"]
 
 
 def heartbeats(root: Path, now: float) -> list[dict[str, Any]]:
@@ -246,6 +289,7 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
                             "started": state.started > 0})
     profiles = _profile_dicts(root)
     settled = sum(sum(r.values()) for r in by_outcome.values())
+    roster = read_remote_roster(root, config.raw, now=now)
     return {
         "source": "files",
         "root": str(root),
@@ -257,10 +301,10 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
         "counters": {"accepted": None, "refused": None, "settled": settled,
                      "pending": sum(1 for row in pending if row["route"] != "wake"),
                      **outcome_counters(by_outcome)},
-        "relay": {"transport": _transport(config.raw), **relay_dir_counts(root, now), "peers": list(config.peers),
-                  "alive": None, "stats": None},
+        "relay": {"transport": _transport(config.raw), **relay_dir_counts(root), **roster_fields(roster),
+                  "peers": list(config.peers), "alive": None, "stats": None},
         "managed": install_is_managed(discover_profiles(root)),
-        "problems": problems,
+        "problems": problems + transport_problems(root, roster),
     }
 
 
@@ -300,6 +344,10 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
         if key in stats:
             counters[key] = stats[key]
     problems: list[str] = []
+    # the roster where the gateway's transport keeps it, and whether its Redis link is up now
+    roster = read_remote_roster(root, raw, connection_id=gateway.connection_id, now=now)
+    relay_stats = stats.get("relay")
+    reachable = relay_stats.get("reachable") if isinstance(relay_stats, dict) else None
     try:
         rooms = room_rows(gateway.list_rooms(), now)
     except RuntimeError as exc:  # the room directory is refused, or another process drives the rooms
@@ -322,11 +370,11 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
                                  set(deliveries.get("live_owners") or ()), live=True),
         "in_flight": in_flight_rows(list(deliveries.get("in_flight") or ()), now),
         "counters": counters,
-        "relay": {"transport": _transport(raw), **relay_dir_counts(root, now),
+        "relay": {"transport": _transport(raw), **relay_dir_counts(root), **roster_fields(roster, reachable),
                   "peers": list(config.peers) if config is not None else [],
                   "alive": stats.get("relay_alive"), "stats": stats.get("relay")},
         "managed": install_is_managed(local),
-        "problems": problems,
+        "problems": problems + transport_problems(root, roster, reachable),
     }
     if rooms:
         status["rooms"] = rooms

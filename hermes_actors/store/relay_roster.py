@@ -244,18 +244,20 @@ def liveness(
     return False
 
 
-def offline_error_text(agent: RemoteAgent, *, via: str = "") -> str:
+def offline_error_text(agent: RemoteAgent, *, via: str = "", label: str = "") -> str:
     """The seed's ``runtime_offline`` refusal text for ``agent``.
 
     Args:
         agent: the offline target.
         via: ``"redis"`` when the machines meet on Redis, where there is no Desktop to reconnect to
             ("": the file relay, the seed's text).
+        label: how the DM named its target, when not ``@handle on <machine>``: a ``bot_peers`` DM's label
+            (``@mini on peer 'mini'``, the seed's), so its refusal names it as its ack would.
 
     Returns:
         The human text; nothing was queued.
     """
-    label = remote_label(agent.handle, agent.connection_label or agent.connection_id)
+    label = label or remote_label(agent.handle, agent.connection_label or agent.connection_id)
     again = ("Try again once that machine's gateway is back on Redis." if via == "redis"
              else "Try again once that machine reconnects to the Desktop.")
     return f"{label} is offline right now — the message was NOT queued. {again}"

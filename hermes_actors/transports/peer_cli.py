@@ -18,10 +18,37 @@ from hermes_actors.core.targets import PeerRoute
 from hermes_actors.local.cli_process import resolve_cli
 from hermes_actors.messages import Delivery, Outcome
 
-__all__ = ["PeerCliTransport"]
+__all__ = ["PEER_FIX", "PeerCliTransport", "no_peer_command", "peer_command_missing"]
 
 # What argparse says when the installed hermes has no `peer` subcommand (hermes-agent 0.19).
 _NO_PEER_COMMAND = "invalid choice: 'peer'"
+_PROBE_TIMEOUT = 30.0  # `hermes peer --help` imports hermes: 2–4 s of CPU, more on a loaded machine
+PEER_FIX = "Run both gateways on one Redis (bot_mode.transport) or use a hermes release with Bot Mode."
+
+
+def no_peer_command(cli: str) -> str:
+    """Pure: why a ``bot_peers`` DM through ``cli`` cannot be delivered (a failed DM and doctor both say it)."""
+    return f"The hermes CLI at {cli!r} has no `peer` command (hermes-agent 0.19 has no Bot Mode peers)"
+
+
+def peer_command_missing(cli: str) -> bool | None:
+    """Whether ``cli`` lacks the ``peer`` command, asked as the transport would find out (``hermes peer --help``).
+
+    Args:
+        cli: the hermes executable.
+
+    Returns:
+        True when argparse refuses ``peer`` (hermes-agent 0.19), False when the command exists, None when
+        ``cli`` did not run or answered otherwise (nothing can be said).
+    """
+    try:
+        proc = subprocess.run([cli, "peer", "--help"], capture_output=True, text=True, encoding="utf-8",
+                              errors="replace", timeout=_PROBE_TIMEOUT, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if _NO_PEER_COMMAND in proc.stderr:
+        return True
+    return False if proc.returncode == 0 else None
 
 
 class PeerCliTransport:
@@ -68,9 +95,8 @@ class PeerCliTransport:
         if proc.returncode == 0:
             return outcomes.from_reply(delivery.delivery_id, route.label, proc.stdout.rstrip("\n"))
         if _NO_PEER_COMMAND in proc.stderr:  # argparse refused the command: nothing was sent
-            text = (f"The hermes CLI at {self.cli!r} has no `peer` command (hermes-agent 0.19 has no Bot Mode "
-                    f"peers), so peer '{route.peer}' cannot be reached this way; the message was NOT delivered. "
-                    "Run both gateways on one Redis (bot_mode.transport) or use a hermes release with Bot Mode.")
+            text = (f"{no_peer_command(self.cli)}, so peer '{route.peer}' cannot be reached this way; the message "
+                    f"was NOT delivered. {PEER_FIX}")
             return outcomes.failed(delivery.delivery_id, route.label, text, "runtime_offline")
         detail = (proc.stderr or proc.stdout).strip()[-2000:] or f"exit status {proc.returncode}"
         return outcomes.failed(delivery.delivery_id, route.label, f"peer dm failed: {detail}")

@@ -431,6 +431,8 @@ class RedisRelayActor(TypedActor):
         return removed
 
     def stats(self) -> dict[str, int]:
+        """The counters, the gauges and ``reachable``: whether the last tick reached Redis (a bool: the
+        ``hermes_actors_redis_up`` gauge and the status's ``relay.reachable``, not an event count)."""
         beats = self.heartbeat.beats if self.heartbeat is not None else 0
         return {**self.counters, "waiting": len(self.outbound.waiting), "inbound": len(self.inbound.flights),
-                "heartbeats": beats}
+                "heartbeats": beats, "reachable": not self.redis_link.down}

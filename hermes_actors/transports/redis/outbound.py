@@ -164,8 +164,8 @@ class Outbound:
             return Refusal(f"No agent '{route.agent or 'default'}' on peer '{route.peer}'; its agents: {names}. "
                            "The message was NOT sent.", "unknown").as_dict()
         target = match[0]
-        if target.online is False:
-            return Refusal(offline_error_text(target, via="redis"), "runtime_offline").as_dict()
+        if target.online is False:  # named as the ack names it (the seed's peer label), not as a relay target
+            return Refusal(offline_error_text(target, via="redis", label=route.label), "runtime_offline").as_dict()
         return self.send(target, route.sender, route.content, hop, route.label)
 
     def _wait_for(self, envelope_id: str, label: str, handle: str, conn: str, *, age: float) -> None:
