@@ -35,6 +35,7 @@ from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.messages import BOT_CHAT_SESSION, SendRequest
 from hermes_actors.relay.desktop_rpc import DesktopRpc
 from hermes_actors.rooms import Rooms
+from hermes_actors.rooms.store import RoomsOnDisk
 from hermes_actors.store.journal import Journal
 from hermes_actors.system import ActorSystem
 from hermes_actors.transports.peer_cli import PeerCliTransport
@@ -510,6 +511,19 @@ class Gateway:
         assert rooms is not None
         return rooms
 
+    def _rooms_on_disk(self) -> RoomsOnDisk | None:
+        """The root's room files while the gateway does not run (before start, from the stop on), else None.
+
+        What ``hermes-actors room show|list`` read without a host: nothing starts and no file changes, so
+        the reads answer as the running gateway would have as of the files' last write, as ``wait_outcome``
+        answers from the journal. A running gateway (one whose dispatcher failed too) answers itself.
+
+        Raises:
+            RuntimeError: called in a fork of the process that started the gateway.
+        """
+        self._process.refuse_in_fork()
+        return None if self._lifecycle.state == "running" else RoomsOnDisk(self.root)
+
     @_off_main_thread
     def create_room(self, name: str, members: list[str]) -> dict[str, Any]:
         """Create a room of 2–6 local bots named ``name`` (unique, case-insensitive; members' turns run in
@@ -517,19 +531,36 @@ class Gateway:
 
         Raises:
             ValueError: a bad name, a name taken, an unknown member, fewer than 2 or more than 6.
-            RuntimeError: the gateway is not running.
+            RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), or another
+                gateway process drives the root's rooms.
         """
         return self._live_rooms().create(name, members)
 
     @_off_main_thread
     def room_send(self, room: str, sender: str, text: str) -> dict[str, Any]:
         """Post ``text`` to ``room`` as ``sender`` (``"user"`` or a member); it is on disk before the ack:
-        ``{status: "queued", room_id, message_id}``, or a refusal ``{error, reason}`` like ``message_agent``'s."""
+        ``{status: "queued", room_id, message_id}``, or a refusal ``{error, reason}`` like ``message_agent``'s.
+
+        Raises:
+            RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), another gateway
+                process drives the root's rooms, or the room's file could not be written (nothing was sent).
+        """
         return self._live_rooms().send(room, sender, text)
 
     @_off_main_thread
     def room_transcript(self, room: str) -> list[dict[str, Any]]:
-        """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``. KeyError: no room."""
+        """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``.
+
+        Before ``start()`` and after ``stop()`` it reads the root's room files (as ``room show`` does).
+
+        Raises:
+            KeyError: no such room.
+            RuntimeError: another gateway process drives the root's rooms (while this one runs), the room
+                directory is refused, or this is a fork of the process that started the gateway.
+        """
+        on_disk = self._rooms_on_disk()
+        if on_disk is not None:
+            return on_disk.room_transcript(room)
         return self._live_rooms().transcript(room)
 
     @_off_main_thread
@@ -549,12 +580,28 @@ class Gateway:
 
     @_off_main_thread
     def list_rooms(self) -> list[dict[str, Any]]:
-        """Every room: ``{room_id, name, members, state, messages, last_activity}`` (docs/rooms.md)."""
+        """Every room: ``{room_id, name, members, state, messages, last_activity}`` (docs/rooms.md).
+
+        Before ``start()`` and after ``stop()`` it reads the root's room files (as ``room list`` does).
+
+        Raises:
+            RuntimeError: another gateway process drives the root's rooms (while this one runs), the room
+                directory is refused, or this is a fork of the process that started the gateway.
+        """
+        on_disk = self._rooms_on_disk()
+        if on_disk is not None:
+            return on_disk.list_rooms()
         return self._live_rooms().list()
 
     @_off_main_thread
     def disband_room(self, room: str) -> dict[str, Any]:
-        """Delete the room (its file too); its members' sessions stay. Raises KeyError: no such room."""
+        """Delete the room (its file too); its members' sessions stay.
+
+        Raises:
+            KeyError: no such room.
+            RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on: ``hermes-actors
+                room disband`` deletes a room without one), or another gateway process drives the root's rooms.
+        """
         return self._live_rooms().disband(room)
 
     # ── the Desktop's relay RPC (bot_relay.*): thin delegations to DesktopRpc ──

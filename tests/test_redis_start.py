@@ -16,12 +16,13 @@ from typing import Any
 import orjson
 import pytest
 from redis_fixture import RedisServer, dead_consumer
-from roots import RecordingRunner, make_root
+from roots import LogCapture, RecordingRunner, make_root, wait_online
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway, TransportError
+from hermes_actors.transports.redis.heartbeat import Heartbeat
 from hermes_actors.transports.redis.lease import is_stale_here, parse_consumer
-from hermes_actors.transports.redis.store import RedisKeys, consumer_name, host_label
+from hermes_actors.transports.redis.store import RedisKeys, consumer_name, host_label, redis_settings
 
 pytestmark = pytest.mark.redis
 KEYS = RedisKeys()
@@ -124,6 +125,60 @@ def test_a_lease_left_by_a_killed_process_on_this_host_is_taken_over(tmp_path: P
         assert client.get(KEYS.alive("alpha")).decode() != stale
         ack = alpha.message_agent(sender="alice", target="bob", message="hi")
         assert alpha.wait_outcome(ack["delivery_id"], timeout=20)["status"] == "replied"
+
+
+def test_a_dead_holders_lease_is_taken_over_when_redis_is_back_after_a_start_without_it(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Regression (chaos review): gateway A killed -9, Redis killed, gateway B started on A's connection id while
+    Redis was down, Redis back (AOF). B's heartbeat logged ERROR "held by another process … stop one of them" of
+    A's dead process and B read none of its inbox until A's lease expired: the start takes a dead holder's lease
+    over, the heartbeat only took a free one. Now the heartbeat applies the start's rule."""
+    stale = dead_consumer()
+    client = redis_server.client()
+    client.set(KEYS.alive("alpha"), stale, ex=600)  # A, killed -9 a moment ago
+    client.close()
+    redis_server.kill()  # appendfsync always: the restart replays A's lease
+    with LogCapture("INFO") as logs, _gateway(tmp_path, "alpha", redis_server.url) as alpha:
+        redis_server.start()
+        client = redis_server.client()
+        await_condition(lambda: client.get(KEYS.alive("alpha")) not in (None, stale.encode()), timeout=30,
+                        message="the restarted gateway took the dead process's lease over")
+        with _gateway(tmp_path, "mini", redis_server.url) as mini:
+            wait_online(mini, "bob", "alpha")
+            ack = mini.message_agent(sender="alice", target="bob@alpha", message="are you reading your inbox?")
+            assert ack.get("status") == "queued", ack
+            assert mini.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+        assert alpha.running
+    assert logs.matching("is held by another process") == [], logs.lines
+    assert logs.matching("connection alpha was held by", stale, "taking it over"), logs.lines
+
+
+def test_a_beat_takes_over_no_live_holder_and_says_when_the_lost_lease_is_ours_again(
+    redis_server: RedisServer,
+) -> None:
+    """Regression (chaos review): a lease lost to another holder and then ours again was taken back by a beat
+    without a word (the ERROR said "reads none of its inbox"; nothing said it reads it again). A holder on this
+    host whose process runs, or one on another host, is never taken over by a beat."""
+    settings = redis_settings({"bot_mode": {"redis_heartbeat_seconds": 600}}, redis_server.url)  # beat() only
+    client = redis_server.client()
+    live_here = consumer_name()  # this test's own pid: a running process
+    with LogCapture("INFO") as logs:
+        beat = Heartbeat(settings, KEYS, "mini", consumer_name()).start()  # start() beats once too
+        try:
+            for holder in (live_here, "elsewhere-1-abcdefgh"):
+                client.set(KEYS.alive("mini"), holder, ex=600)
+                assert beat.beat() is False and beat.lease_lost
+                assert client.get(KEYS.alive("mini")) == holder.encode(), "a live holder keeps its lease"
+                client.delete(KEYS.alive("mini"))  # its lease lapsed
+                assert beat.beat() is True and not beat.lease_lost
+                assert client.get(KEYS.alive("mini")) == beat.consumer.encode()
+        finally:
+            beat.stop()
+    assert len(logs.matching(KEYS.alive("mini"), "is held by another process")) == 2, logs.lines
+    assert len(logs.matching(KEYS.alive("mini"), "is this gateway's lease again", "reads its inbox")) == 2, \
+        logs.lines
+    assert logs.matching("taking it over") == [], logs.lines
 
 
 def test_a_live_lease_of_another_host_is_not_taken_over(tmp_path: Path, redis_server: RedisServer) -> None:

@@ -454,6 +454,34 @@ def test_rooms_survive_a_restart(room_root: Path) -> None:
         assert alice[0].content.splitlines()[1:-1] == ["user: again"]
 
 
+def test_room_reads_before_start_and_after_stop_answer_from_the_room_files(room_root: Path) -> None:
+    """Regression (chaos review): ``room_transcript`` and ``list_rooms`` raised ``RuntimeError("gateway is not
+    running")`` before ``start()`` and after ``stop()``, though the room files hold the answer (``room show`` and
+    ``room list`` read them without a host, as ``wait_outcome`` answers from the journal). The calls that act or
+    wait still refuse."""
+    gw = Gateway(room_root, runner=Script(alice=["first"]))
+    assert gw.list_rooms() == []  # no room was ever made on this root
+    with pytest.raises(KeyError, match="no room 'plan'"):
+        gw.room_transcript("plan")
+    with gw:
+        room = gw.create_room("plan", ["alice", "bob"])
+        gw.room_send("plan", "user", "hi")
+        assert gw.wait_room_idle("plan", timeout=10) == "idle"
+        rows, transcript = gw.list_rooms(), gw.room_transcript("plan")
+    assert said(transcript) == [("user", "hi", 0), ("alice", "first", 1)]
+    assert gw.list_rooms() == rows
+    assert gw.room_transcript("PLAN") == gw.room_transcript(room["room_id"]) == transcript
+    with pytest.raises(KeyError, match="no room 'other'"):
+        gw.room_transcript("other")
+    fresh = Gateway(room_root, runner=Script())  # another gateway object on the root, never started
+    assert (fresh.list_rooms(), fresh.room_transcript("plan")) == (rows, transcript)
+    for act in (lambda: gw.room_send("plan", "user", "again"), lambda: gw.create_room("q", ["alice", "bob"]),
+                lambda: gw.wait_room_idle("plan", timeout=1), lambda: gw.disband_room("plan")):
+        with pytest.raises(RuntimeError, match="gateway is not running"):
+            act()
+    assert fresh.room_transcript("plan") == transcript, "nothing was posted, created or disbanded"
+
+
 def test_one_gateway_at_a_time_drives_a_roots_rooms(room_root: Path, gateways: list[Gateway]) -> None:
     first = start_gateway(gateways, room_root, Script())
     first.create_room("plan", ["alice", "bob"])

@@ -9,8 +9,10 @@ every ``redis_heartbeat_seconds``, for as long as the actor lives. The roster
 rows (slow-changing, long expiry) stay with the actor.
 
 The alive key is also the connection's lease (:mod:`~hermes_actors.transports.redis.lease`):
-a beat refreshes it only while it is ours, and a clean stop deletes it only if it is ours,
-so a second process on our connection id can never delete or steal it.
+a beat refreshes it only while it is ours (or free), and a clean stop deletes it only if it is ours,
+so a second process on our connection id can never delete or steal it. A holder on this host whose
+process is gone is taken over by a beat as by the start (:func:`~hermes_actors.transports.redis.lease.take_lease`):
+a gateway started while Redis was down meets its killed predecessor's lease only then.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.transports.redis.io import make_client
-from hermes_actors.transports.redis.lease import REFRESH_LUA, RELEASE_LUA
+from hermes_actors.transports.redis.lease import REFRESH_LUA, RELEASE_LUA, take_lease
 from hermes_actors.transports.redis.link import as_text
 from hermes_actors.transports.redis.store import RedisKeys, RedisSettings, is_redis_unreachable, is_wrong_type
 
@@ -49,6 +51,7 @@ class Heartbeat:
     def __init__(self, settings: RedisSettings, keys: RedisKeys, connection: str, consumer: str, *,
                  owner_alive: Callable[[], bool] = lambda: True) -> None:
         self.settings = settings
+        self.connection = connection
         self.alive_key = keys.alive(connection)
         self.consumer_key = keys.consumer_alive(consumer)
         self.consumer = consumer
@@ -79,7 +82,8 @@ class Heartbeat:
             if self._stopped.is_set() or not self.owner_alive():
                 return False
             try:
-                ours = self._refresh(keys=[self.alive_key, self.consumer_key], args=[self.consumer, expiry_ms])
+                ours, holder = take_lease(self._refresh, [self.alive_key, self.consumer_key], self.connection,
+                                          self.consumer, expiry_ms)
             except Exception as exc:  # the actor's tick logs outages; here only count them
                 self.failures += 1
                 if is_wrong_type(exc):
@@ -91,11 +95,14 @@ class Heartbeat:
                 self.failures += 1
                 lost_now, self.lease_lost = not self.lease_lost, True  # set before it is told: readers check it
                 if lost_now:
-                    logger.error("redis: {} is held by another process (a second gateway on our connection id); "
-                                 "this one is not online under it and reads none of its inbox — stop one of them",
-                                 self.alive_key)
+                    logger.error("redis: {} is held by another process, {} (a second gateway on our connection "
+                                 "id); this one is not online under it and reads none of its inbox — stop one of "
+                                 "them", self.alive_key, holder)
                 return False
-            self.lease_lost = False
+            if self.lease_lost:  # the holder's lease lapsed (or it stopped): the ERROR above is over
+                self.lease_lost = False
+                logger.info("redis: {} is this gateway's lease again: it is online under it and reads its inbox "
+                            "again", self.alive_key)
             if self.alive_key_foreign:
                 self.alive_key_foreign = False
                 logger.info("redis: {} is this gateway's heartbeat again: peers see it online", self.alive_key)

@@ -10,12 +10,14 @@ on the wrong consumer, and the first one to exit deletes the other's alive key
   takes it with ``SET NX``, or refuses with :class:`TransportError` naming the
   live holder. A holder on this host whose pid is gone (killed -9) is taken over
   at once; elsewhere a dead holder's lease lapses after the heartbeat expiry.
-- the heartbeat thread refreshes it only while the value is still ours
-  (:data:`REFRESH_LUA`), and a clean stop deletes it only if it is ours
-  (:data:`RELEASE_LUA`).
+- the heartbeat thread refreshes it only while the value is still ours or free
+  (:data:`REFRESH_LUA`), taking over a dead holder of this host by the same rule
+  (a start while Redis was down could not), and a clean stop deletes it only if
+  it is ours (:data:`RELEASE_LUA`).
 
 The decisions are pure functions (:func:`parse_consumer`, :func:`is_stale_here`);
-:func:`claim_connection` does the I/O.
+:func:`take_lease` applies them to a lease script's answer (the start's and the
+heartbeat's, one rule), :func:`claim_connection` does the start's I/O.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from loguru import logger
 from hermes_actors.errors import TransportError
 from hermes_actors.store.processes import pid_alive
 from hermes_actors.transports.redis.io import make_client
+from hermes_actors.transports.redis.link import as_text
 from hermes_actors.transports.redis.store import (
     RedisKeys,
     RedisSettings,
@@ -47,6 +50,7 @@ __all__ = [
     "is_stale_here",
     "parse_consumer",
     "refused_start_text",
+    "take_lease",
 ]
 
 #: KEYS: alive key; ARGV: our consumer, expiry ms, a stale holder we may replace ('' for none).
@@ -60,13 +64,14 @@ end
 return {0, v}
 """
 
-#: KEYS: alive key, consumer key; ARGV: our consumer, expiry ms. 1 while the lease is ours (or free), else 0.
+#: KEYS: alive key, consumer key; ARGV: as :data:`ACQUIRE_LUA`'s. Refreshes both keys while the lease is ours
+#: (or free, or held by the stale holder named); returns as :data:`ACQUIRE_LUA` does.
 REFRESH_LUA = """
 local v = redis.call('GET', KEYS[1])
-if v ~= false and v ~= ARGV[1] then return 0 end
+if v ~= false and v ~= ARGV[1] and (ARGV[3] == '' or v ~= ARGV[3]) then return {0, v} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-return 1
+return {1, ARGV[1]}
 """
 
 #: KEYS: alive key, consumer key; ARGV: our consumer. Deletes the alive key only when it is ours.
@@ -157,6 +162,36 @@ def refused_start_text(settings: RedisSettings, exc: BaseException) -> str:
     return f"Redis at {settings.address} refused the start ({exc}).{fix} Nothing was started."
 
 
+def take_lease(script: Any, keys: list[str], connection: str, consumer: str, expiry_ms: int) -> tuple[bool, str]:
+    """Run a lease script for ``consumer``; a holder on this host whose process is gone is taken over.
+
+    The one rule of both the start (:func:`claim_connection`) and the heartbeat: a gateway that started
+    while Redis was down finds its killed predecessor's lease only at a beat, and must take it then too.
+
+    Args:
+        script: a registered :data:`ACQUIRE_LUA` or :data:`REFRESH_LUA` (same arguments, same answer).
+        keys: the script's keys (the alive key first).
+        connection: our connection id (for the log line).
+        consumer: our consumer name.
+        expiry_ms: the lease's expiry.
+
+    Returns:
+        ``(True, consumer)`` when the lease is ours now, else ``(False, holder)``: a live process holds it
+        (or one of another host, whose pid says nothing here).
+
+    Raises:
+        Exception: what the script's Redis call raised (the caller tells an outage from a refusal).
+    """
+    ok, holder = script(keys=keys, args=[consumer, expiry_ms, ""])
+    holder_text = str(as_text(holder))
+    if not ok and is_stale_here(holder_text, host_label(), pid_alive):
+        logger.info("redis: connection {} was held by {}, whose process is gone; taking it over",
+                    connection, holder_text)
+        ok, holder = script(keys=keys, args=[consumer, expiry_ms, holder_text])  # only if it still holds it
+        holder_text = str(as_text(holder))
+    return bool(ok), holder_text
+
+
 def claim_connection(settings: RedisSettings, connection: str, consumer: str, *, client: Any = None) -> bool:
     """Take the lease of ``connection`` for ``consumer`` before the transport starts.
 
@@ -169,7 +204,8 @@ def claim_connection(settings: RedisSettings, connection: str, consumer: str, *,
     Returns:
         True when the lease is ours; False when Redis is unreachable now (the start goes
         on: DMs to other machines are refused as unreachable until it is back, and the
-        heartbeat takes the lease then, if it is still free).
+        heartbeat takes the lease then, if it is free or its holder is a dead process of
+        this host, by :func:`take_lease` as here).
 
     Raises:
         TransportError: Redis refused our credentials, or another live process serves
@@ -180,14 +216,8 @@ def claim_connection(settings: RedisSettings, connection: str, consumer: str, *,
     keys = RedisKeys(settings.prefix)
     expiry_ms = max(1, round(settings.heartbeat_ttl_seconds * 1000))
     try:
-        script = client.register_script(ACQUIRE_LUA)
-        ok, holder = script(keys=[keys.alive(connection)], args=[consumer, expiry_ms, ""])
-        holder_text = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
-        if not ok and is_stale_here(holder_text, host_label(), pid_alive):
-            logger.info("redis: connection {} was held by {}, whose process is gone; taking it over",
-                        connection, holder_text)
-            ok, holder = script(keys=[keys.alive(connection)], args=[consumer, expiry_ms, holder_text])
-            holder_text = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
+        ok, holder_text = take_lease(client.register_script(ACQUIRE_LUA), [keys.alive(connection)], connection,
+                                     consumer, expiry_ms)
     except Exception as exc:
         if is_auth_error(exc):
             raise TransportError(auth_error_text(settings, exc)) from exc
