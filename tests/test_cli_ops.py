@@ -24,7 +24,7 @@ from hermes_actors.ops.doctor_checks import BLOCK, OK, WARN, check_connection_id
 from hermes_actors.records import ProfileInfo, RemoteAgent
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
-from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_inbox import InboxPaths, mark_consumed
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
 from hermes_actors.store.relay_sent import clear_sent, record_sent
 
@@ -201,7 +201,8 @@ def test_outcome_of_a_relayed_dm_without_a_host_names_its_target(tmp_path: Path,
     # while the sender's gateway has not reported it, the sent record has the ack's label
     assert main(["outcome", "--root", str(root), key, "--json"]) == 0
     assert _json(capsys)["text"] == "Reply from @dave on Mini: hello back"
-    # reported: the sent record is gone; the envelope the relay claimed still names the target
+    # reported: the relay marks it consumed/ and drops the sent record; the envelope it claimed still names the target
+    mark_consumed(paths, key, now=now)
     clear_sent(paths, key)
     enqueue_envelope(paths.relay, envelope)
     os.rename(paths.relay.outbox / f"{key}.json", paths.relay.claimed / f"{key}.json")
