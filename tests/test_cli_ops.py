@@ -333,6 +333,22 @@ def test_doctor_reports_an_unreachable_redis(tmp_path: Path, capsys: pytest.Capt
     assert "secret" not in checks["redis"].detail  # the password is masked
 
 
+def test_doctor_names_a_relay_directory_other_users_may_write_in(tmp_path: Path) -> None:
+    """Regression (hostile review): with replies/ and outbox/ chmod 0777, ``doctor`` said all was ok. It warns
+    now, naming each directory and its mode, with the chmod that fixes it; it changes nothing itself."""
+    root = _enabled_root(tmp_path)
+    paths = InboxPaths.from_root(root).ensure()
+    cli = str(write_fake_cli(tmp_path, FAKE_HERMES))
+    assert {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}["relay directories"].level == OK
+    for directory in (paths.relay.replies, paths.relay.outbox):
+        os.chmod(directory, 0o777)
+    check = {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}["relay directories"]
+    assert check.level == WARN, check
+    assert f"{paths.relay.outbox} (mode 0777)" in check.detail and f"{paths.relay.replies} (mode 0777)" in check.detail
+    assert check.fix.startswith(f"chmod 700 {paths.relay.outbox} {paths.relay.replies}"), check.fix
+    assert os.stat(paths.relay.replies).st_mode & 0o777 == 0o777  # the doctor only looks
+
+
 def test_doctor_plugin_missing_for_one_profile_is_a_warning(tmp_path: Path) -> None:
     root = _enabled_root(tmp_path)
     (root / "profiles" / "alice" / "config.yaml").write_text("plugins: {enabled: []}\n", encoding="utf-8")

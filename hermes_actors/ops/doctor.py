@@ -32,11 +32,14 @@ from hermes_actors.ops.doctor_checks import (
     check_profile_folders,
     check_redis,
     check_redis_extra,
+    check_relay_dirs,
     check_warm_turns,
     for_the_hosts_runner,
 )
+from hermes_actors.relay.strays import private_directories
 from hermes_actors.store.atomic import read_json_file
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, scan_profile_dirs
+from hermes_actors.store.private_dir import loose_private_dir
 from hermes_actors.store.relay_files import read_roster
 from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -124,6 +127,16 @@ def _connection_facts(root: Path) -> tuple[set[str], set[str], set[str]]:
     return own, remote, routed
 
 
+def _loose_relay_dirs(root: Path) -> dict[Path, int]:
+    """The relay directories of ours that their group or other users may write in, and their modes (none changed)."""
+    loose: dict[Path, int] = {}
+    for directory in private_directories(InboxPaths.from_root(root)):
+        mode = loose_private_dir(directory, within=root, restore=False)
+        if mode is not None:
+            loose[directory] = mode
+    return loose
+
+
 def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool, str, bool]:
     """The API server the root's config names, whether it answers, whether only its key is missing, and
     when it does not answer as expected, what the probe saw and whether that is a misconfiguration."""
@@ -194,4 +207,5 @@ def run_doctor(
         if url is not None and installed:
             checks.append(check_redis(mask_url(url), _redis_ping(url)))
     checks.append(check_connection_ids(*_connection_facts(root)))
+    checks.append(check_relay_dirs(_loose_relay_dirs(root)))
     return for_the_hosts_runner(checks, pong)
