@@ -724,6 +724,31 @@ def test_an_acked_dms_envelope_replaced_by_another_users_file_is_answered_not_de
     assert list((alpha / "bot_relay" / "quarantine").glob(f"{key}.json.*.quarantined"))
 
 
+def test_the_hub_quarantines_misnamed_files_in_an_outbox_as_a_gateway_does_in_its_inbox(
+        two_roots: tuple[Path, Path]) -> None:
+    """Regression (hostile review, b4): in ``outbox/`` an uppercase id (``949F8A41….json``) or a 237-character
+    name stayed for good with no log line (every listing skips them), where the same names in ``inbox/`` are
+    quarantined. The hub, the outbox's reader, moves them aside by the same rule at its rescan; the seed's
+    hidden temp files are left alone."""
+    alpha, mini = two_roots
+    outbox = InboxPaths.from_root(alpha).ensure().relay.outbox
+    key = uuid.uuid4().hex
+    upper, long_name, temp = f"{key.upper()}.json", f"{key}{'a' * 200}.json", f".env-{key}.tmp"
+    for name in (upper, long_name, temp):
+        (outbox / name).write_text(json.dumps({**seed_envelope(target_connection="mini", target_profile="moxie"),
+                                               "id": key}), encoding="utf-8")
+        os.chmod(outbox / name, 0o600)
+    with LogCapture() as logs, hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.5):
+        await_condition(lambda: sorted(os.listdir(outbox)) == [temp], timeout=30,
+                        message="the misnamed files moved out of outbox/")
+        for name in (upper, long_name):
+            assert len(logs.matching(f"quarantined {outbox / name}", "not a <32 hex>.json regular file")) == 1, \
+                logs.lines
+    quarantined = os.listdir(alpha / "bot_relay" / "quarantine")
+    assert len([q for q in quarantined if q.startswith(upper)]) == 1, quarantined
+    assert len([q for q in quarantined if q.startswith(key + "a")]) == 1, quarantined
+
+
 # ── one TTL for an envelope in an inbox/: its sender root's, whoever takes it ─────────────────────────────
 
 

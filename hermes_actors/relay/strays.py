@@ -15,8 +15,8 @@ from hermes_actors.store.relay_dirfd import relay_dir, swapped_below
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
 
-__all__ = ["ensure_relay_directories", "kept_directories", "private_directories", "puts_back", "quarantine_strays",
-           "restore_private_modes"]
+__all__ = ["ensure_relay_directories", "kept_directories", "private_directories", "puts_back", "quarantine_misnamed",
+           "quarantine_strays", "restore_private_modes"]
 
 
 def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
@@ -197,6 +197,27 @@ def _strays_in(paths: InboxPaths, directory: Path) -> list[Path]:
             if not entry.name.startswith(".") and (entry.is_symlink() or id_of_file_name(entry.name) is None)]
 
 
+def quarantine_misnamed(paths: InboxPaths, directory: Path) -> int:
+    """Move aside the entries of ``directory`` that are not ``<32 hex>.json`` regular files (hidden names left alone).
+
+    Each reader of a relay directory of envelopes or replies does it to what it reads (the gateway to ``inbox/``
+    and ``replies/``, the hub to each root's ``outbox/``): every listing skips such a name, so it would stay
+    there unseen, with no log line. Hidden names are the seed's temp files (``.env-….tmp``) and are left alone.
+
+    Args:
+        paths: the relay layout (its quarantine).
+        directory: the relay directory.
+
+    Returns:
+        How many entries were quarantined (each logged by the quarantine).
+    """
+    moved = 0
+    for stray in _strays_in(paths, directory):
+        moved += 1
+        quarantine(paths.relay, stray, "not a <32 hex>.json regular file")
+    return moved
+
+
 def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) -> int:
     """Quarantine relay directories (the temp directory too) replaced by symlinks or files, and stray files.
 
@@ -236,9 +257,7 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) 
         _put_back(paths, directories, failing)
     restore_private_modes(paths)
     for directory in (paths.inbox, paths.relay.replies):
-        for stray in _strays_in(paths, directory):
-            moved += 1
-            quarantine(paths.relay, stray, "not a <32 hex>.json regular file")
+        moved += quarantine_misnamed(paths, directory)
     return moved
 
 
