@@ -33,7 +33,7 @@ from hermes_actors.ops.doctor_checks import BLOCK, OK, WARN, check_connection_id
 from hermes_actors.records import ProfileInfo, RemoteAgent
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
-from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_inbox import InboxPaths, mark_consumed
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
 from hermes_actors.store.relay_sent import clear_sent, record_sent
 
@@ -210,7 +210,8 @@ def test_outcome_of_a_relayed_dm_without_a_host_names_its_target(tmp_path: Path,
     # while the sender's gateway has not reported it, the sent record has the ack's label
     assert main(["outcome", "--root", str(root), key, "--json"]) == 0
     assert _json(capsys)["text"] == "Reply from @dave on Mini: hello back"
-    # reported: the sent record is gone; the envelope the relay claimed still names the target
+    # reported: the relay marks it consumed/ and drops the sent record; the envelope it claimed still names the target
+    mark_consumed(paths, key, now=now)
     clear_sent(paths, key)
     enqueue_envelope(paths.relay, envelope)
     os.rename(paths.relay.outbox / f"{key}.json", paths.relay.claimed / f"{key}.json")
@@ -354,6 +355,22 @@ def test_doctor_warns_of_bot_peers_a_hermes_without_a_peer_command_cannot_reach(
     assert "Redis" in peers.fix and "hermes release with Bot Mode" in peers.fix
     bare = _enabled_root(tmp_path / "other")  # no bot_peers: nothing to ask the CLI
     assert {c.name: c for c in run_doctor(bare, cli=cli)}["bot_peers"].level == OK
+
+
+def test_doctor_names_a_relay_directory_other_users_may_write_in(tmp_path: Path) -> None:
+    """Regression (hostile review): with replies/ and outbox/ chmod 0777, ``doctor`` said all was ok. It warns
+    now, naming each directory and its mode, with the chmod that fixes it; it changes nothing itself."""
+    root = _enabled_root(tmp_path)
+    paths = InboxPaths.from_root(root).ensure()
+    cli = str(write_fake_cli(tmp_path, FAKE_HERMES))
+    assert {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}["relay directories"].level == OK
+    for directory in (paths.relay.replies, paths.relay.outbox):
+        os.chmod(directory, 0o777)
+    check = {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}["relay directories"]
+    assert check.level == WARN, check
+    assert f"{paths.relay.outbox} (mode 0777)" in check.detail and f"{paths.relay.replies} (mode 0777)" in check.detail
+    assert check.fix.startswith(f"chmod 700 {paths.relay.outbox} {paths.relay.replies}"), check.fix
+    assert os.stat(paths.relay.replies).st_mode & 0o777 == 0o777  # the doctor only looks
 
 
 def test_doctor_plugin_missing_for_one_profile_is_a_warning(tmp_path: Path) -> None:

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from crash_procs import SIGNAL_ANOTHER_THREAD
-from relay_helpers import hub_thread, seed_envelope, seed_write_json
-from roots import LogCapture, RecordingRunner, body_of, make_root
+from hostile_files import IS_ROOT, place
+from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
+from roots import LogCapture, RecordingRunner, body_of, make_root, start_gateway
 
 from actors import FileAppeared, FsBridge, Scheduler
 from actors.testkit import await_condition
@@ -696,6 +697,56 @@ def test_a_malformed_envelope_the_hub_quarantines_is_answered_not_delivered(two_
         reply["error"])
     assert rf.list_ids(mini / "bot_relay" / "inbox") == []
     assert list((alpha / "bot_relay" / "quarantine").glob(f"{bad['id']}.json.*.quarantined"))
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="chown to another uid needs root")
+def test_an_acked_dms_envelope_replaced_by_another_users_file_is_answered_not_delivered(
+        tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Regression (hostile review, b5): an acked DM's ``outbox/<id>.json`` replaced by a file of another uid was
+    quarantined by the hub without any answer: the sender waited ``reply_wait_seconds`` (900 s here) and ended
+    ``delivery_timeout`` ("may still be delivered"). The hub answers it now as it answers a malformed envelope:
+    failed ``unknown``, NOT delivered, the reason in the text, at once."""
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    write_roster_file(alpha, [remote_row("moxie", "mini", online=True)])
+    gw = start_gateway(gateways, alpha, connection_id="alpha", durable=False)  # no hub yet: the DM stays queued
+    ack = gw.message_agent(sender="alice", target="moxie@mini", message="hello")
+    assert ack.get("status") == "queued", ack
+    key = ack["delivery_id"]
+    outbox = alpha / "bot_relay" / "outbox"
+    forged = {**json.loads((outbox / f"{key}.json").read_text(encoding="utf-8")), "message": "REPLACED"}
+    place("other-uid", json.dumps(forged).encode(), outbox / f"{key}.json", tmp_path / "staging")
+    with hub_thread({"alpha": alpha, "mini": mini}):
+        outcome = gw.wait_outcome(key, timeout=30)
+    assert (outcome["status"], outcome["reason"], outcome["retryable"]) == ("failed", "unknown", False), outcome
+    assert "NOT delivered" in outcome["error"] and "is owned by uid 65534" in outcome["error"], outcome
+    assert rf.list_ids(mini / "bot_relay" / "inbox") == []  # never handed on
+    assert list((alpha / "bot_relay" / "quarantine").glob(f"{key}.json.*.quarantined"))
+
+
+def test_the_hub_quarantines_misnamed_files_in_an_outbox_as_a_gateway_does_in_its_inbox(
+        two_roots: tuple[Path, Path]) -> None:
+    """Regression (hostile review, b4): in ``outbox/`` an uppercase id (``949F8A41….json``) or a 237-character
+    name stayed for good with no log line (every listing skips them), where the same names in ``inbox/`` are
+    quarantined. The hub, the outbox's reader, moves them aside by the same rule at its rescan; the seed's
+    hidden temp files are left alone."""
+    alpha, mini = two_roots
+    outbox = InboxPaths.from_root(alpha).ensure().relay.outbox
+    key = uuid.uuid4().hex
+    upper, long_name, temp = f"{key.upper()}.json", f"{key}{'a' * 200}.json", f".env-{key}.tmp"
+    for name in (upper, long_name, temp):
+        (outbox / name).write_text(json.dumps({**seed_envelope(target_connection="mini", target_profile="moxie"),
+                                               "id": key}), encoding="utf-8")
+        os.chmod(outbox / name, 0o600)
+    with LogCapture() as logs, hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.5):
+        await_condition(lambda: sorted(os.listdir(outbox)) == [temp], timeout=30,
+                        message="the misnamed files moved out of outbox/")
+        for name in (upper, long_name):
+            assert len(logs.matching(f"quarantined {outbox / name}", "not a <32 hex>.json regular file")) == 1, \
+                logs.lines
+    quarantined = os.listdir(alpha / "bot_relay" / "quarantine")
+    assert len([q for q in quarantined if q.startswith(upper)]) == 1, quarantined
+    assert len([q for q in quarantined if q.startswith(key + "a")]) == 1, quarantined
 
 
 # ── one TTL for an envelope in an inbox/: its sender root's, whoever takes it ─────────────────────────────

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile_files import kind_param, place
 
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.relay.drain import Expired, NotOurs, Quarantined, ToDeliver, drain_envelope, drain_outbox
@@ -149,6 +150,38 @@ def test_a_malformed_envelope_whose_id_or_sender_is_not_sound_gets_no_reply(
     (directory / f"{envelope_id}.json").chmod(0o600)
     result = drain_envelope(paths, box, envelope_id, ttl=TTL, now=NOW)
     assert isinstance(result, Quarantined) and result.reply is None
+
+
+@pytest.mark.parametrize("box", ["outbox", "inbox"])
+@pytest.mark.parametrize("kind", [kind_param("other-uid"), "group-writable", "not JSON"])
+def test_an_envelope_file_refused_unread_is_answered_from_an_outbox_not_from_an_inbox(
+    paths: InboxPaths, tmp_path: Path, box: Any, kind: str,
+) -> None:
+    """Regression (hostile review, b5): an acked DM's ``outbox/<id>.json`` replaced by another uid's file was
+    quarantined with no answer, so its sender waited ``reply_wait_seconds`` (900 s) and was told it "may still
+    be delivered". From an outbox the sender is the root whose outbox it was, waiting on the id of the file's
+    name: it is answered at once (``unknown``, NOT delivered, the reason in the text). From an inbox only the
+    unread file names its sender's root: still no answer."""
+    envelope = {**_envelope(10.0), "id": new_delivery_id()}
+    if box == "inbox":
+        envelope["reply_connection"] = "studio"
+    body = b"{not json" if kind == "not JSON" else json.dumps(envelope).encode()
+    directory = paths.relay.outbox if box == "outbox" else paths.inbox
+    place(kind, body, directory / f"{envelope['id']}.json", tmp_path / "staging",
+          mode=0o664 if kind == "group-writable" else 0o600)
+    result = drain_envelope(paths, box, envelope["id"], ttl=TTL, now=NOW)
+    assert isinstance(result, Quarantined), result
+    assert [name for name in os.listdir(paths.relay.quarantine) if name.startswith(envelope["id"])]
+    if box == "inbox":
+        assert result.reply is None
+        return
+    assert result.reply is not None
+    assert (result.reply["id"], result.reply["reply"], result.reply["reason"]) == (envelope["id"], "", "unknown")
+    error = result.reply["error"]
+    assert "refused the message" in error and "NOT delivered" in error and result.why in error, error
+    why = {"other-uid": "is owned by uid 65534", "group-writable": "is writable by group or others (mode 0664)",
+           "not JSON": "is not valid JSON"}[kind]
+    assert why in error, error
 
 
 def test_drain_outbox_answers_a_malformed_envelope_in_replies(paths: InboxPaths) -> None:

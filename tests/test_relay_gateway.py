@@ -790,6 +790,38 @@ def test_the_first_reply_written_wins(tmp_path: Path, gateways: list[Gateway]) -
     assert stored["reply"] == "first"
 
 
+def test_a_reply_planted_for_an_id_this_root_never_sent_is_no_outcome(tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Regression (hostile review): a ``replies/<id>.json`` for an id nobody sent on this root made
+    ``wait_outcome`` (and ``hermes-actors outcome``) answer ``replied`` with its text, where DESIGN 3 says
+    ``KeyError``. A reply counts only for an envelope the root sent (its ``sent/`` record, then its
+    ``consumed/`` mark): in memory (``durable=False``, no journal) a real relayed DM is still answered from
+    the files once it settled, by the stopped gateway and by one not started yet."""
+    root = sender_root(tmp_path)
+    gw = start_gateway(gateways, root, connection_id="alpha", durable=False)
+    never = uuid.uuid4().hex
+    seed_write_json(relay(root) / "replies" / f"{never}.json", reply_record(never, reply="UNSOLICITED"))
+    with pytest.raises(KeyError):
+        gw.wait_outcome(never, timeout=0)
+    envelope_id = queued(gw.message_agent(sender="alice", target="moxie", message="ping"))
+    seed_write_json(relay(root) / "replies" / f"{envelope_id}.json", reply_record(envelope_id, reply="pong"))
+    assert gw.wait_outcome(envelope_id, timeout=20)["reply"] == "pong"
+    # reported: the relay marks it consumed/, then drops its sent/ record (no journal keeps it in memory)
+    await_condition(lambda: not (relay(root) / "sent" / f"{envelope_id}.json").exists(), timeout=10,
+                    message="the sent record of the settled DM cleared")
+    assert (relay(root) / "consumed" / f"{envelope_id}.json").exists()
+    gw.stop()
+    with pytest.raises(KeyError):
+        gw.wait_outcome(never, timeout=0)
+    unknown = find_outcome(root, never)
+    assert unknown["status"] == "unknown" and "this root never sent it" in unknown["error"], unknown
+    found = find_outcome(root, envelope_id)
+    assert (found["status"], found["reply"]) == ("replied", "pong"), found
+    fresh = Gateway(root, runner=RecordingRunner(), connection_id="alpha", durable=False)  # never started
+    assert fresh.wait_outcome(envelope_id, timeout=0)["reply"] == "pong"
+    with pytest.raises(KeyError):
+        fresh.wait_outcome(never, timeout=0)
+
+
 # ── 6. the reply budget ─────────────────────────────────────────────────────
 
 

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -420,6 +421,42 @@ def test_a_relay_directory_that_cannot_be_put_back_stops_none_of_the_others_and_
         quarantine_strays(paths, unfixable=unfixable)
         assert len(logs.matching("could not recreate")) == 1 and len(logs.matching("is back")) == 1
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_relay_directory_others_may_write_in_is_set_back_to_0700_at_start_and_at_the_rescan(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (hostile review): ``replies/``, ``outbox/`` and ``sent/`` chmod 0777 (another user could plant,
+    replace or remove DM files there) were used as they were, silently. Not refused (a seed makes them with a
+    plain ``mkdir``, as loose as its umask): the start sets each back to 0700 with one WARNING naming it, and so
+    does the rescan for one loosened while the gateway runs."""
+    from actors import Rescan
+
+    mini, paths = mini_root(tmp_path)
+    loosened = [paths.relay.replies, paths.relay.outbox, paths.sent]
+    for directory in loosened:
+        os.chmod(directory, 0o777)
+    os.chmod(paths.relay.base, 0o775)  # a seed's mkdir under umask 002
+    with LogCapture() as logs:
+        gw = start_gateway(gateways, mini, RecordingRunner(), connection_id="mini", durable=False,
+                           config={"bot_mode": {"rescan_seconds": 3600}})  # the rescans are asked for here
+        for directory in (paths.relay.base, *loosened):
+            assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
+            assert len(logs.matching(f"relay: {directory} was writable by other users", "set back to 0700")) == 1, \
+                logs.lines
+        assert len(logs.matching("was writable by other users")) == 4, logs.lines
+        assert gw._system is not None and gw._system.relay is not None
+        relay = gw._system.relay
+        os.chmod(paths.relay.replies, 0o770)
+        for _ in range(2):
+            relay.ask(Rescan("manual"), timeout=30)
+        assert stat.S_IMODE(os.stat(paths.relay.replies).st_mode) == 0o700
+        assert len(logs.matching(f"relay: {paths.relay.replies} was writable by other users (mode 0770)")) == 1, \
+            logs.lines
+        assert len(logs.matching("was writable by other users")) == 5, logs.lines
+    os.chmod(paths.relay.claimed, 0o755)  # readable by others is not what this restores
+    relay.ask(Rescan("manual"), timeout=30)
+    assert stat.S_IMODE(os.stat(paths.relay.claimed).st_mode) == 0o755
 
 
 def _bot_relay_swapped(paths: InboxPaths, how: str) -> Path:

@@ -31,11 +31,15 @@ from hermes_actors.ops.doctor_checks import (
     check_profile_folders,
     check_redis,
     check_redis_extra,
+    check_relay_dirs,
     check_warm_turns,
     for_the_hosts_runner,
 )
 from hermes_actors.ops.remote_roster import read_remote_roster
+from hermes_actors.relay.strays import private_directories
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, scan_profile_dirs
+from hermes_actors.store.private_dir import loose_private_dir
+from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.yaml_file import read_yaml_mapping
 from hermes_actors.transports.peer_cli import peer_command_missing
 
@@ -141,7 +145,18 @@ def run_doctor(
                                            on=roster.transport))
         checks.append(_peers_check(parse_config(raw)[0].peers, roster.remote if roster.transport == "redis"
                                    else frozenset(), found))
+    checks.append(check_relay_dirs(_loose_relay_dirs(root)))
     return for_the_hosts_runner(checks, pong)
+
+
+def _loose_relay_dirs(root: Path) -> dict[Path, int]:
+    """The relay directories of ours that their group or other users may write in, and their modes (none changed)."""
+    loose: dict[Path, int] = {}
+    for directory in private_directories(InboxPaths.from_root(root)):
+        mode = loose_private_dir(directory, within=root, restore=False)
+        if mode is not None:
+            loose[directory] = mode
+    return loose
 
 
 def _peers_check(peers: tuple[str, ...], on_redis: frozenset[str], cli: str | None) -> Check:

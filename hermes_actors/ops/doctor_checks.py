@@ -36,6 +36,7 @@ __all__ = [
     "check_profile_folders",
     "check_redis",
     "check_redis_extra",
+    "check_relay_dirs",
     "check_warm_turns",
     "for_the_hosts_runner",
 ]
@@ -306,6 +307,21 @@ def check_peers(via_cli: list[str], on_redis: list[str], cli: str | None, missin
                      "remove them from bot_peers")
     how = "" if missing is False else " (could not tell whether the hermes CLI has the `peer` command)"
     return Check("bot_peers", OK, f"{names}: reached with `hermes peer dm`{how}{redis}")
+
+
+def check_relay_dirs(loose: dict[Path, int]) -> Check:
+    """Pure: no other user may write in the relay directories (they are 0700: docs/reliability.md).
+
+    Args:
+        loose: each relay directory of ours that its group or other users may write in, and its mode.
+    """
+    if not loose:
+        return Check("relay directories", OK, "no other user may write in them")
+    found = ", ".join(f"{directory} (mode {mode:04o})" for directory, mode in sorted(loose.items()))
+    return Check("relay directories", WARN, f"writable by other users: {found}; they could plant, replace or remove "
+                 "relay files there (an envelope replaced is refused, and its DM is NOT delivered)",
+                 f"{shell_command('chmod', '700', *sorted(loose))} (a running gateway sets them back at its next "
+                 "rescan, and at its start)")
 
 
 def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:

@@ -22,7 +22,7 @@ from hermes_actors.store.journal_records import JournalFolded, fold_lines, read_
 from hermes_actors.store.journal_state import KEEP_DELIVERED
 from hermes_actors.store.relay_files import read_envelope, read_reply
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_sent import read_sent
+from hermes_actors.store.relay_sent import read_sent, sent_from_here
 
 __all__ = ["JournalIndex", "find_outcome", "journal_dir", "read_journals", "relayed_target_label"]
 
@@ -72,7 +72,9 @@ def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | No
     Local DMs are in the journals, and so are the outcomes of DMs sent to another connection
     (file relay or Redis) once they arrived; until then a file-relay DM is in the relay
     directories (``outbox/``/``claimed/`` while waiting, ``replies/`` once answered), and a
-    Redis one is in Redis, which only a running host reads.
+    Redis one is in Redis, which only a running host reads. A reply in ``replies/`` counts only
+    for an envelope this root sent (:func:`~hermes_actors.store.relay_sent.sent_from_here`: its
+    ``sent/`` record or ``consumed/`` mark); one planted for any other id is no outcome.
 
     Args:
         root: the Hermes root.
@@ -98,11 +100,17 @@ def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | No
         return {"status": "pending", "delivery_id": delivery_id, "error": f"accepted; {began}, no outcome yet"}
     inbox_paths = InboxPaths.from_root(Path(root).expanduser())
     paths = inbox_paths.relay
-    try:
-        reply = read_reply(paths, delivery_id)
-    except (OSError, ValidationError) as exc:
-        problems.append(f"cannot read the relay reply of {delivery_id}: {exc}")
-        reply = None
+    reply = None
+    if sent_from_here(inbox_paths, delivery_id):
+        try:
+            reply = read_reply(paths, delivery_id)
+        except (OSError, ValidationError) as exc:
+            problems.append(f"cannot read the relay reply of {delivery_id}: {exc}")
+    elif os.path.lexists(paths.id_file(paths.replies, delivery_id)):
+        # Anyone who writes into replies/ can put a file there under any id: only a reply to an envelope this
+        # root sent (its sent/ record or consumed/ mark) is an outcome, as only those are waited for by the relay.
+        problems.append(f"{paths.id_file(paths.replies, delivery_id)} is not taken as its outcome: this root never "
+                        "sent it (no sent/ record or consumed/ mark names it)")
     if reply is not None:
         label = relayed_target_label(inbox_paths, delivery_id)
         return outcomes.from_relay_reply(delivery_id, label, str(reply.get("reply") or ""),

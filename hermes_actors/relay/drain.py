@@ -79,7 +79,8 @@ class Quarantined:
     """We claimed a file that is not a valid envelope; it was moved to ``quarantine/``.
 
     ``reply``: the error reply its sender is owed (write it where the caller's replies go, ``reply_connection``
-    for an inbox envelope), or None when its id (or, from ``inbox/``, its sender's connection) is not to be trusted.
+    for an inbox envelope), or None when its id (or, from ``inbox/``, its sender's connection) is not to be trusted,
+    and for a file from ``inbox/`` that could not be read at all (nothing then names its sender's root).
     """
 
     envelope_id: str
@@ -138,6 +139,17 @@ def _refused(box: Box, data: Any, path: Path, why: str, now: float) -> Quarantin
     reply_connection = "" if box == "outbox" else reply_connection_of(data)
     reply = None if reply_connection is None else rp.malformed_reply(data, file_id=path.stem, why=why, now=now)
     return Quarantined(path.stem, why, reply, reply_connection or "")
+
+
+def _unusable(box: Box, path: Path, why: str, now: float) -> Quarantined:
+    """Pure: a claimed file that could not be read as an envelope, with the error reply its sender is owed.
+
+    From ``outbox/`` the sender is the root whose outbox it was in, waiting on the id of its name
+    (:func:`~hermes_actors.store.relay_protocol.unusable_reply`); from ``inbox/`` its sender's root is named only
+    inside it (``reply_connection``), which is not read: no reply.
+    """
+    reply = rp.unusable_reply(path.stem, why=why, now=now) if box == "outbox" else None
+    return Quarantined(path.stem, why, reply)
 
 
 def _mtime(path: Path) -> float | None:
@@ -200,7 +212,7 @@ def settle_claimed(paths: InboxPaths, box: Box, claimed: Path, *, ttl: float, no
         return NotOurs(claimed.stem, "the claimed file vanished")
     except (OSError, ValidationError) as exc:  # not JSON, a symlink, too big...: nothing in it is trusted
         quarantine(paths.relay, claimed, str(exc))
-        return Quarantined(claimed.stem, str(exc))
+        return _unusable(box, claimed, str(exc), now)
     try:
         envelope, reply_connection = _parse(box, data, claimed)
     except ValidationError as exc:  # a JSON object with a bad field: its sender is told, when its id is sound

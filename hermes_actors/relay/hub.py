@@ -42,7 +42,7 @@ from hermes_actors.messages import InboxDeadline, RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, expiry_deadline, settle_claimed
-from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_strays
+from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_misnamed, quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles, existing_root
@@ -528,6 +528,9 @@ class HubActor(TypedActor):
             # own expiry only sees its outbox/, which the hub emptied): the hub keeps each envelope's deadline.
             self._watch_inbox(root)
         outbox = root.paths.relay.outbox
+        # the outbox's reader moves aside what no listing takes (an uppercase id, a name too long), as a gateway
+        # does in its inbox/: left there, it stayed unseen, with no log line
+        quarantine_misnamed(root.paths, outbox)
         with self._relay_dir(root, outbox) as fd:
             queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
         for envelope_id in queued:

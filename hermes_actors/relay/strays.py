@@ -1,4 +1,5 @@
-"""The rescan's clean-up: relay directories swapped for symlinks or files, and stray files, moved aside."""
+"""The rescan's clean-up: relay directories swapped for symlinks or files, and stray files, moved aside;
+relay directories of ours that others may write in, set back to 0700."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
-from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.private_dir import ensure_private_dir, loose_private_dir
 from hermes_actors.store.relay_dirfd import relay_dir, swapped_below
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
 
-__all__ = ["ensure_relay_directories", "kept_directories", "puts_back", "quarantine_strays"]
+__all__ = ["ensure_relay_directories", "kept_directories", "private_directories", "puts_back", "quarantine_misnamed",
+           "quarantine_strays", "restore_private_modes"]
 
 
 def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
@@ -34,6 +36,48 @@ def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
     relay = paths.relay
     return (relay.quarantine, paths.inbox, relay.replies, relay.outbox, relay.claimed, relay.locks, paths.delivered,
             paths.taken_parent, paths.started, paths.sent, paths.consumed, paths.heartbeat, paths.expiring, relay.tmp)
+
+
+def private_directories(paths: InboxPaths) -> tuple[Path, ...]:
+    """Pure: the relay directories kept 0700 (docs/reliability.md): ``bot_relay/``, :func:`kept_directories`
+    and ``hubclaims/``.
+
+    Args:
+        paths: the relay layout.
+
+    Returns:
+        The directories, ``bot_relay/`` first.
+    """
+    return (paths.relay.base, *kept_directories(paths), paths.hubclaims)
+
+
+def restore_private_modes(paths: InboxPaths) -> list[Path]:
+    """Set back to 0700 each relay directory of ours that its group or other users may write in, with one
+    WARNING naming it. Never raises.
+
+    Not refused: a seed gateway makes ``bot_relay/``, ``outbox/``, ``claimed/``, ``replies/`` and ``locks/``
+    with a plain ``mkdir`` (its umask decides: 0775 under umask 002), and the relay works on as before.
+    A directory missing, swapped or another user's is left to the put-back and to the checks of every use.
+
+    Args:
+        paths: the relay layout.
+
+    Returns:
+        The directories set back to 0700.
+    """
+    restored: list[Path] = []
+    for directory in private_directories(paths):
+        try:
+            mode = loose_private_dir(directory, within=paths.relay.root, restore=True)
+        except OSError as exc:
+            logger.warning("relay: {} is writable by other users and could not be set back to 0700: {}; run "
+                           "`chmod 700 {}`", directory, exc, directory)
+            continue
+        if mode is not None:
+            restored.append(directory)
+            logger.warning("relay: {} was writable by other users (mode {:04o}), who could plant, replace or remove "
+                           "relay files in it; set back to 0700", directory, mode)
+    return restored
 
 
 def _swapped(paths: InboxPaths, directory: Path) -> bool:
@@ -153,11 +197,33 @@ def _strays_in(paths: InboxPaths, directory: Path) -> list[Path]:
             if not entry.name.startswith(".") and (entry.is_symlink() or id_of_file_name(entry.name) is None)]
 
 
+def quarantine_misnamed(paths: InboxPaths, directory: Path) -> int:
+    """Move aside the entries of ``directory`` that are not ``<32 hex>.json`` regular files (hidden names left alone).
+
+    Each reader of a relay directory of envelopes or replies does it to what it reads (the gateway to ``inbox/``
+    and ``replies/``, the hub to each root's ``outbox/``): every listing skips such a name, so it would stay
+    there unseen, with no log line. Hidden names are the seed's temp files (``.env-….tmp``) and are left alone.
+
+    Args:
+        paths: the relay layout (its quarantine).
+        directory: the relay directory.
+
+    Returns:
+        How many entries were quarantined (each logged by the quarantine).
+    """
+    moved = 0
+    for stray in _strays_in(paths, directory):
+        moved += 1
+        quarantine(paths.relay, stray, "not a <32 hex>.json regular file")
+    return moved
+
+
 def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) -> int:
     """Quarantine relay directories (the temp directory too) replaced by symlinks or files, and stray files.
 
     Directories quarantined or removed are created again, each on its own (one that cannot be
-    made, e.g. under a ``bot_relay/`` that is itself a symlink, stops none of the others).
+    made, e.g. under a ``bot_relay/`` that is itself a symlink, stops none of the others), and a
+    directory of ours that others may write in is set back to 0700 (:func:`restore_private_modes`).
 
     Every use of a relay directory already refuses a symlink (renames, reads and listings go through
     ``O_NOFOLLOW`` directory descriptors opened from ``bot_relay/`` down, writes too); this puts a real
@@ -189,10 +255,9 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) 
     # also put back what was removed; and look again at what failed before, to say when it is back
     if swapped or failing or not all(os.path.isdir(d) for d in directories):
         _put_back(paths, directories, failing)
+    restore_private_modes(paths)
     for directory in (paths.inbox, paths.relay.replies):
-        for stray in _strays_in(paths, directory):
-            moved += 1
-            quarantine(paths.relay, stray, "not a <32 hex>.json regular file")
+        moved += quarantine_misnamed(paths, directory)
     return moved
 
 

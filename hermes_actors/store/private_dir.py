@@ -4,6 +4,8 @@ Every directory the store writes into is ensured by :func:`ensure_private_dir` f
 given the trusted directory above it (``within``: the Hermes root, a profile home),
 each component on the way is opened without following a symlink, so an ancestor
 swapped for a symlink at runtime is refused and nothing is created through it.
+An existing directory keeps its mode there (that runs at every write); :func:`loose_private_dir`
+finds one of ours that its group or other users may write, and sets it back to 0700.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 from hermes_actors.errors import HostileFileError
 from hermes_actors.store.os_errors import store_error
 from hermes_actors.store.relay_dirfd import open_dir_below
+from hermes_actors.store.safe_read import writable_by_others
 
-__all__ = ["ensure_private_dir"]
+__all__ = ["ensure_private_dir", "loose_private_dir"]
 
 _DIR_MODE = 0o700
 
@@ -93,3 +96,39 @@ def ensure_private_dir(path: Path, *, within: Path | None = None) -> Path:
             raise store_error("create directory", directory, exc) from exc
     _check_private_dir(path, os.lstat(path))
     return path
+
+
+def loose_private_dir(directory: Path, *, within: Path, restore: bool) -> int | None:
+    """The mode of ``directory``, one of ours below ``within``, when its group or other users may write in it.
+
+    Such a directory lets another user plant, replace or remove the files in it; the files themselves
+    are refused when they are not ours, but an envelope replaced is lost all the same. A seed (or a
+    user) that made it under a loose umask is not refused: with ``restore`` it is set back to 0700
+    (through the descriptor the checked walk opened, so a symlink swapped in is never followed).
+
+    Args:
+        directory: the directory (``within`` or inside it).
+        within: the trusted directory the walk starts from (the Hermes root).
+        restore: set it back to 0700 when it is loose.
+
+    Returns:
+        Its mode as found when group or others may write it (set back to 0700 by now, with ``restore``);
+        None when they may not, and when it is missing, a symlink, not a directory or another user's
+        (every use of it refuses those: nothing here to restore).
+
+    Raises:
+        OSError: with ``restore``, the ``chmod`` failed.
+    """
+    try:
+        fd = open_dir_below(within, directory)
+    except (OSError, ValueError):  # HostileFileError included (a ValidationError, so a ValueError)
+        return None
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if not writable_by_others(mode):
+            return None
+        if restore:
+            os.fchmod(fd, _DIR_MODE)
+        return mode
+    finally:
+        os.close(fd)

@@ -240,6 +240,31 @@ def malformed_reply(data: Any, *, file_id: str, why: str, now: float) -> dict[st
     return make_reply(envelope_id, error=text, reason="unknown", now=now)
 
 
+def unusable_reply(file_id: str, *, why: str, now: float) -> dict[str, Any] | None:
+    """Pure: the error reply for a file claimed from a sender's ``outbox/`` that could not be read as an envelope.
+
+    Another user's file put in its place, a symlink, a file that is not JSON...: nothing in it is read, so
+    it is answered by the id its name carries (an outbox file's name is the id its sender waits on), as a
+    malformed envelope is (:func:`malformed_reply`). Without an answer its sender waited ``reply_wait_seconds``
+    and was then told the DM "may still be delivered", which is false: it was quarantined.
+
+    Args:
+        file_id: the stem of the claimed file.
+        why: why it was refused (the read's error).
+        now: the current time.
+
+    Returns:
+        The reply record (reason ``unknown``), or None when the name is no envelope id.
+    """
+    try:
+        envelope_id = validate_delivery_id(file_id, what="envelope id")
+    except ValidationError:
+        return None
+    text = (f"the relay refused the message: its envelope file could not be used ({why}), so it was NOT "
+            "delivered.")
+    return make_reply(envelope_id, error=text, reason="unknown", now=now)
+
+
 # A reply file holds a model's answer: its text (and error) is bounded where every outcome's is
 # (``outcomes.TEXT_MAX_BYTES``, cut with a note) and reply files are read up to REPLY_FILE_MAX_BYTES, room for
 # both even if JSON escaped every byte of them (\u00XX: 6 bytes each). Other relay files stay at 1 MiB.

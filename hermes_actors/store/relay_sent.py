@@ -39,7 +39,7 @@ from hermes_actors.errors import ValidationError
 from hermes_actors.store.atomic import atomic_write_json, read_json_file
 from hermes_actors.store.owner_lock import release, take_unowned
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import open_dir_below, rename_between
+from hermes_actors.store.relay_dirfd import lexists_below, open_dir_below, rename_between
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_marks import drop_mark, write_mark
 from hermes_actors.store.relay_quarantine import regular_or_quarantined
@@ -59,6 +59,7 @@ __all__ = [
     "read_sent",
     "record_sent",
     "recorded_sender",
+    "sent_from_here",
     "withdraw_unqueued",
 ]
 
@@ -388,6 +389,28 @@ def read_sent(paths: InboxPaths, envelope_id: str) -> SentRecord | None:
         return _read_sent_file(paths.relay.id_file(paths.sent, envelope_id))
     except FileNotFoundError:
         return None
+
+
+def sent_from_here(paths: InboxPaths, envelope_id: str) -> bool:
+    """Whether this root's gateway sent envelope ``envelope_id``: its ``sent/`` record (its outcome not reported
+    yet) or its ``consumed/`` mark (reported) is there.
+
+    Only such an envelope's ``replies/<id>.json`` is its outcome: anyone who can write into ``replies/`` can put a
+    reply there under any id, and one for an id never sent here answers no DM of ours. Never raises.
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+
+    Returns:
+        True when either entry is there; False otherwise, and when the id is invalid or a directory on the way
+        is refused (a symlink, another user's) or cannot be opened: nothing there proves it ours.
+    """
+    try:
+        return any(lexists_below(paths.relay.base, paths.relay.id_file(directory, envelope_id))
+                   for directory in (paths.sent, paths.consumed))
+    except (OSError, ValidationError):  # HostileFileError included
+        return False
 
 
 def _read_sent_file(path: Path) -> SentRecord:

@@ -17,7 +17,7 @@ import orjson
 
 from hermes_actors.errors import HostileFileError
 
-__all__ = ["DEFAULT_MAX_BYTES", "read_json_file"]
+__all__ = ["DEFAULT_MAX_BYTES", "read_json_file", "writable_by_others"]
 
 DEFAULT_MAX_BYTES = 1 << 20
 """Largest JSON file :func:`read_json_file` accepts by default (1 MiB)."""
@@ -26,6 +26,21 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 _UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def writable_by_others(mode: int) -> bool:
+    """Pure: whether a file or directory ``mode`` lets its group or other users write it.
+
+    A file so is refused (someone else may have changed it); in a directory so, someone else may
+    create, replace or remove its entries.
+
+    Args:
+        mode: an ``st_mode``.
+
+    Returns:
+        True when the group- or other-write bit is set.
+    """
+    return bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def _why_hostile(st: os.stat_result, *, max_bytes: int, expect_uid: int | None) -> str | None:
@@ -45,7 +60,7 @@ def _why_hostile(st: os.stat_result, *, max_bytes: int, expect_uid: int | None) 
         return f"is too large ({st.st_size} bytes > {max_bytes})"
     if expect_uid is not None and st.st_uid != expect_uid:
         return f"is owned by uid {st.st_uid}, expected {expect_uid}"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if writable_by_others(st.st_mode):
         return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
