@@ -640,6 +640,37 @@ def test_a_dm_its_killed_sender_reported_is_not_reported_again_by_the_gateway_ta
     assert len(b_woke) + len(takers_woke) == 1
 
 
+def test_a_gateway_whose_shelf_is_removed_while_it_runs_keeps_its_dms_and_no_other_gateway_takes_them_over(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Gateways A and B run on the root; A sends a relay DM, then A's shelf directory is removed under it and
+    both rescan (at once, twice). B leaves A's DM to A (A's heartbeat claims the shelf its record names), A
+    takes a new shelf and rewrites its record to name it; the reply lands: one outcome (A's), one wake.
+    Before, B took the missing shelf for a stopped gateway's, made it again and adopted A's record while A
+    still waited for it: both reported the reply and woke the sender."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a, a_runner, seen = beside(gateways, root, config)
+    b, b_runner, _ = beside(gateways, root, config)
+    b.subscribe(seen.append)
+    envelope_id = queued(a.message_agent(sender="alice", target="moxie", message="mine"))
+    record = relay(root) / "sent" / f"{envelope_id}.json"
+    former = json.loads(record.read_text(encoding="utf-8"))["owner"]
+    shutil.rmtree(relay(root) / "taken" / former)
+    rescan(a, b)
+    rescan(a, b)  # whichever ran first above, B now finds A's new shelf
+    assert (a.stats()["relay"]["waiting"], b.stats()["relay"]["waiting"]) == (1, 0)
+    owner = json.loads(record.read_text(encoding="utf-8"))["owner"]
+    assert owner != former and (relay(root) / "taken" / owner / ".lock").exists()  # A's new shelf
+    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="back", now=time.time()))
+    assert a.wait_outcome(envelope_id, timeout=10)["reply"] == "back"
+    await_condition(lambda: len(a_runner.entered) == 1, timeout=10, message="A woke its sender")
+    for gw in (a, b):
+        gw.stop(timeout=10)  # flushes what each published
+    assert [(o["status"], o["reply"]) for o in seen if o["delivery_id"] == envelope_id] == [("replied", "back")]
+    assert len(a_runner.entered) == 1 and b_runner.entered == []
+
+
 def test_envelopes_taken_by_a_gateway_killed_while_another_runs_are_adopted_by_it_at_its_next_rescan(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

@@ -49,6 +49,7 @@ from hermes_actors.relay.drain import expiry_of
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.journal_records import DeliveryState
+from hermes_actors.store.relay_heartbeat import claimed_shelves
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
@@ -62,8 +63,8 @@ from hermes_actors.store.relay_sent import (
 )
 from hermes_actors.store.relay_shelf import Adopted, release_dead, take_dead
 
-__all__ = ["SentScan", "TakenAction", "TakenRecovery", "journal_settled", "recover_taken", "scan_sent",
-           "take_over_sent", "taken_action"]
+__all__ = ["SentScan", "TakenAction", "TakenRecovery", "journal_settled", "recover_taken", "reown_sent",
+           "scan_sent", "take_over_sent", "taken_action"]
 
 TakenAction = Literal["finished", "ambiguous", "rerun"]
 
@@ -287,6 +288,27 @@ def take_over_sent(paths: InboxPaths, owners: set[str]) -> SentScan:
     return scan
 
 
+def reown_sent(paths: InboxPaths, former: str) -> tuple[int, int]:
+    """A running gateway whose shelf was removed under it: make its records that name the former shelf name the
+    new one (``paths.taken``), as an adopter would, under the former shelf's lock (made again for the moment).
+
+    Until then its heartbeat claims the former shelf, so no other gateway takes the records for a dead
+    gateway's; once they name the new shelf, whose lock it holds, they are its own by the lock alone, and
+    are taken over by the usual rule when it stops or dies.
+
+    Args:
+        paths: the relay layout, ``taken`` being the new shelf.
+        former: the former shelf's name.
+
+    Returns:
+        (records now naming the new shelf, records left naming the former one: not rewritten, logged).
+    """
+    records, _bad = list_sent(paths)
+    theirs = [record for record in records if record.owner == former]
+    mine, left = _adopt_dead_writers(paths, theirs, claimed=frozenset())  # the claim is ours: not a bar here
+    return len(mine), left
+
+
 def journal_settled(state: DeliveryState | None) -> bool:
     """Pure: whether a journal's state of one of our envelopes says its outcome was published and delivered.
 
@@ -346,11 +368,14 @@ def _sort_waiting(paths: InboxPaths, waiting: list[SentRecord], scan: SentScan) 
             (scan.never_queued if record.envelope_id in found.never else scan.ours).append(record)
 
 
-def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord]) -> tuple[list[SentRecord], int]:
+def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord], *, claimed: frozenset[str] | None = None
+                        ) -> tuple[list[SentRecord], int]:
     """Ours of the ``sent/`` records: those naming our shelf or none, and those of dead writers, adopted now.
 
     Each other owner's shelf lock is tried once (:func:`~hermes_actors.store.relay_shelf.take_dead`; a shelf
-    that is gone is made again for the adoption): whoever holds it adopts that writer's records
+    that is gone is made again for the adoption, unless a living gateway's heartbeat claims it:
+    :func:`~hermes_actors.store.relay_heartbeat.claimed_shelves`, its directory was removed under it, and it
+    still waits for them): whoever holds it adopts that writer's records
     (:func:`~hermes_actors.store.relay_sent.adopt_sent`), so no record is waited for by two gateways. A lock
     file that is not one a gateway made proves no owner alive: its records are resumed without adoption, as
     before (logged).
@@ -358,6 +383,7 @@ def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord]) -> tuple[l
     Args:
         paths: the relay layout, ``taken`` being our shelf.
         records: the ``sent/`` records.
+        claimed: the shelves living gateways claim (None: read from the root's heartbeats, when needed).
 
     Returns:
         (ours, how many records another living gateway, or another adopter, holds; a record we could not
@@ -371,9 +397,11 @@ def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord]) -> tuple[l
         else:
             by_owner.setdefault(record.owner, []).append(record)
     others = 0
+    if claimed is None:
+        claimed = claimed_shelves(paths) if by_owner else frozenset()
     for owner, theirs in by_owner.items():
-        try:
-            lock = take_dead(paths.taken_parent, owner, remake=True)
+        try:  # a shelf that is gone is made again to adopt its records, unless a living gateway claims it
+            lock = take_dead(paths.taken_parent, owner, remake=owner not in claimed)
         except HostileFileError as exc:
             logger.warning("relay: {}; the {} envelope(s) it recorded are waited for here, as nothing proves their "
                            "gateway alive", exc, len(theirs))
