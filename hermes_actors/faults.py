@@ -12,8 +12,10 @@ relay hub (:data:`HUB_CRASH_POINTS`): ``hub-after-claim-before-post``; of the se
 gateway's relay (:data:`RELAY_CRASH_POINTS`): ``relay-after-sent-record`` (a DM's envelope staged
 complete and recorded in ``sent/``, not yet renamed into ``outbox/``, not acked),
 ``relay-after-expiry-claim`` (its own envelope taken from ``outbox/`` at the TTL, the
-``queued_expired`` reply not written yet) and
-``relay-after-expiry-reply`` (the reply written, the envelope still in ``expiring/``); of the
+``queued_expired`` reply not written yet),
+``relay-after-expiry-reply`` (the reply written, the envelope still in ``expiring/``) and
+``relay-before-forget`` (a relayed DM's outcome journaled and published, the batch of its
+sender's wake with its ``delivered`` record on disk: its ``sent/`` record not yet forgotten); of the
 Redis transport's receiving side (:data:`REDIS_CRASH_POINTS`): ``redis-after-reply-write``
 (a relayed-in reply's ``MULTI`` ran, the reply kept in its start mark, the mark not cleared and,
 when the sender's replies key refused it, the reply not yet owed).
@@ -37,8 +39,9 @@ CRASH_POINTS = (
 WAKE_CRASH_POINTS = ("after-outcome-before-wake", "mid-wake")
 HUB_CRASH_POINTS = ("hub-after-claim-before-post",)  # the relay hub: an envelope claimed, not yet posted
 # the sending gateway: an envelope recorded in sent/, not yet queued; an expired envelope taken, not answered;
-# answered, not yet moved to claimed/
-RELAY_CRASH_POINTS = ("relay-after-sent-record", "relay-after-expiry-claim", "relay-after-expiry-reply")
+# answered, not yet moved to claimed/; an outcome journaled and delivered, its sent/ record not yet forgotten
+RELAY_CRASH_POINTS = ("relay-after-sent-record", "relay-after-expiry-claim", "relay-after-expiry-reply",
+                      "relay-before-forget")
 REDIS_CRASH_POINTS = ("redis-after-reply-write",)  # the target over Redis: a reply's MULTI ran, its mark not cleared
 
 _ARMED = os.environ.get("HERMES_ACTORS_CRASH_AT", "")

@@ -75,6 +75,22 @@ class Child:
 
         return dict(json.loads(self.wait_line(has_key, timeout)))
 
+    def json_lines(self, key: str) -> list[dict[str, Any]]:
+        """The stdout lines read so far that are JSON objects holding ``key`` (all of them once the child ended)."""
+        found: list[dict[str, Any]] = []
+        if self.proc.poll() is not None:  # ended: every line it wrote is read once the reader sees the end
+            self._reader.join(timeout=10)
+        with self._cond:
+            lines = list(self._lines)
+        for line in lines:
+            try:
+                fields = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(fields, dict) and key in fields:
+                found.append(fields)
+        return found
+
     def stderr_tail(self, limit: int = 2000) -> str:
         try:
             return self.stderr_path.read_text(errors="replace")[-limit:]

@@ -583,6 +583,94 @@ def test_a_sender_killed_while_other_gateways_run_is_taken_over_by_exactly_one_o
     assert not (relay(root) / "sent" / f"{envelope_id}.json").exists()  # forgotten once reported
 
 
+@pytest.mark.parametrize("killed_at", ["relay-before-forget", "after-outcome-before-delivered"])
+def test_a_dm_its_killed_sender_reported_is_not_reported_again_by_the_gateway_taking_it_over(
+    killed_at: str, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Gateways A and C run; B sends a relay DM, its reply lands, B reports it and is SIGKILLed before it
+    forgot the DM's sent/ record. A and C take the record over at their rescans, and read the root's journals:
+
+    - killed at relay-before-forget: B's journal holds the outcome finished and delivered (published, the
+      sender's wake written in one batch with the delivered record, and run: B's runner printed it). Neither
+      A nor C reports it again: no second outcome, no second wake; the record is forgotten (consumed). Before,
+      the taker published the reply again and woke the sender a second time.
+    - killed at after-outcome-before-delivered: finished, not delivered (B published, its wake never written).
+      The taker reports it, as a start does with such a journal, and wakes the sender once: forgetting it
+      instead would lose that wake for good (a relayed DM's journal has no accepted record to wake from).
+
+    Either way a start after them (adopting every journal) finds the outcome known: it publishes nothing and
+    wakes nobody. Across B, the takers and that start: one wake."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a, a_runner, seen = beside(gateways, root, config)
+    c, c_runner, _ = beside(gateways, root, config)
+    c.subscribe(seen.append)
+    argv = [sys.executable, str(Path(__file__).with_name("relay_dying.py")), str(root), "alpha", "report"]
+    if killed_at != "relay-before-forget":
+        argv = ["env", f"HERMES_ACTORS_CRASH_AT={killed_at}", *argv]
+    with children(tmp_path) as spawn:
+        b = spawn("b", argv)
+        envelope_id = queued(b.wait_json("ack", timeout=60)["ack"])
+        rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="for the dead", now=time.time()))
+        assert b.proc.wait(60) == -9, b.stderr_tail()  # SIGKILLed at its crashpoint
+        b_woke = b.json_lines("woke")
+    assert (relay(root) / "sent" / f"{envelope_id}.json").exists()  # B never forgot it
+    assert len(b_woke) == (1 if killed_at == "relay-before-forget" else 0)
+    rescan(a, c)
+    if killed_at != "relay-before-forget":
+        await_condition(lambda: len(a_runner.entered) + len(c_runner.entered) == 1, timeout=20,
+                        message="one running gateway reported B's DM and woke its sender")
+    rescan(a, c)  # a later rescan takes nothing over again
+    assert a.stats()["relay"]["waiting"] == c.stats()["relay"]["waiting"] == 0
+    for gw in (a, c):
+        gw.stop(timeout=10)  # flushes what each published
+    reported = [(o["status"], o["reply"]) for o in seen if o["delivery_id"] == envelope_id]
+    takers_woke = a_runner.entered + c_runner.entered
+    if killed_at == "relay-before-forget":
+        assert reported == [] and takers_woke == []
+    else:
+        assert reported == [("replied", "for the dead")] and len(takers_woke) == 1
+    assert not (relay(root) / "sent" / f"{envelope_id}.json").exists()
+    assert (relay(root) / "consumed" / f"{envelope_id}.json").exists()
+
+    d, d_runner, seen_d = beside(gateways, root, config)  # adopts B's journal and the takers'
+    assert d.wait_outcome(envelope_id, timeout=10)["reply"] == "for the dead"
+    d.stop(timeout=10)
+    assert [o for o in seen_d if o["delivery_id"] == envelope_id] == [] and d_runner.entered == []
+    assert len(b_woke) + len(takers_woke) == 1
+
+
+def test_a_gateway_whose_shelf_is_removed_while_it_runs_keeps_its_dms_and_no_other_gateway_takes_them_over(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Gateways A and B run on the root; A sends a relay DM, then A's shelf directory is removed under it and
+    both rescan (at once, twice). B leaves A's DM to A (A's heartbeat claims the shelf its record names), A
+    takes a new shelf and rewrites its record to name it; the reply lands: one outcome (A's), one wake.
+    Before, B took the missing shelf for a stopped gateway's, made it again and adopted A's record while A
+    still waited for it: both reported the reply and woke the sender."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a, a_runner, seen = beside(gateways, root, config)
+    b, b_runner, _ = beside(gateways, root, config)
+    b.subscribe(seen.append)
+    envelope_id = queued(a.message_agent(sender="alice", target="moxie", message="mine"))
+    record = relay(root) / "sent" / f"{envelope_id}.json"
+    former = json.loads(record.read_text(encoding="utf-8"))["owner"]
+    shutil.rmtree(relay(root) / "taken" / former)
+    rescan(a, b)
+    rescan(a, b)  # whichever ran first above, B now finds A's new shelf
+    assert (a.stats()["relay"]["waiting"], b.stats()["relay"]["waiting"]) == (1, 0)
+    owner = json.loads(record.read_text(encoding="utf-8"))["owner"]
+    assert owner != former and (relay(root) / "taken" / owner / ".lock").exists()  # A's new shelf
+    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="back", now=time.time()))
+    assert a.wait_outcome(envelope_id, timeout=10)["reply"] == "back"
+    await_condition(lambda: len(a_runner.entered) == 1, timeout=10, message="A woke its sender")
+    for gw in (a, b):
+        gw.stop(timeout=10)  # flushes what each published
+    assert [(o["status"], o["reply"]) for o in seen if o["delivery_id"] == envelope_id] == [("replied", "back")]
+    assert len(a_runner.entered) == 1 and b_runner.entered == []
+
+
 def test_envelopes_taken_by_a_gateway_killed_while_another_runs_are_adopted_by_it_at_its_next_rescan(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

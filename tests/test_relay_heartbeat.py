@@ -22,7 +22,10 @@ from hermes_actors.store.processes import pid_alive, process_start_ticks
 from hermes_actors.store.relay_heartbeat import (
     DEAD_HEARTBEAT_GRACE_SECONDS,
     HEARTBEAT_FRESH_SECONDS,
+    claimed_shelves,
+    hold_shelf,
     live_heartbeats,
+    release_shelf,
     sweep_dead_heartbeats,
     write_heartbeat,
 )
@@ -53,6 +56,28 @@ def test_a_gateways_own_heartbeat_is_live_and_records_when_its_process_started(p
     beats = live_heartbeats(paths)
     assert [(b["pid"], b["connection_id"]) for b in beats] == [(os.getpid(), "mini")]
     assert beats[0]["pid_start"] == process_start_ticks(os.getpid())
+
+
+def test_the_shelves_a_gateway_holds_are_claimed_by_its_heartbeat_while_its_process_lives(paths: InboxPaths) -> None:
+    """A shelf named by a live heartbeat is a living gateway's even when its directory is gone; the same names
+    in a heartbeat whose pid is dead, or that are no shelf's, claim nothing."""
+    ours, dead, other = (f"s-{n:032x}" for n in (1, 2, 3))
+    hold_shelf(paths, ours)
+    try:
+        write_heartbeat(paths, "mini", now=time.time())
+    finally:
+        release_shelf(paths, ours)  # from here on only the file says it (another process's gateway, as it were)
+    assert claimed_shelves(paths) == {ours}
+    _plant(paths, f"{PID_MAX_DEAD}.json", {"pid": PID_MAX_DEAD, "connection_id": "x", "at": int(time.time()),
+                                            "shelves": [dead]})
+    _plant(paths, "1.json", {"pid": 1, "connection_id": "x", "at": int(time.time()),
+                             "shelves": ["../../etc", 7, other.upper()]})
+    assert claimed_shelves(paths) == {ours}
+    relay_heartbeat.remove_heartbeat(paths)  # a clean stop withdraws it: nothing claimed any more
+    assert claimed_shelves(paths) == set()
+
+
+PID_MAX_DEAD = 2**22 + 12345  # above Linux's pid_max ceiling (4194304): never a running process
 
 
 @pytest.mark.parametrize(

@@ -214,12 +214,30 @@ class Outbound:
             owners: the shelf names of those gateways.
         """
         scan = take_over_sent(self.paths, owners)
+        self._forget_settled(scan)
         resumed, never = self._wait_again(scan)
         if resumed:
             logger.warning("relay: took over {} envelope(s) sent by a gateway on this root that stopped or was "
                            "killed: their replies are waited for and reported here", len(resumed) - len(never))
         self._log_left(scan, len(never))
         self._tell_resumed(resumed, never)
+
+    def _forget_settled(self, scan: SentScan) -> None:
+        """Forget the envelopes taken over whose outcome their dead writer journaled as delivered (``settled``).
+
+        That gateway published the outcome and wrote the sender's wake, then was killed before it forgot the
+        ``sent/`` record: reported here again, the DM got a second outcome and its sender a second wake. The
+        next start that adopts its journal finds the outcome known and the wake there (run once if it never
+        began), and nothing to resume.
+        """
+        for record in scan.settled:
+            lock = scan.withdrawn.pop(record.envelope_id, None)
+            if lock is not None:  # never queued, answered cancelled by a start that died: its file goes too
+                self.withdrawn[record.envelope_id] = lock
+            self.forget(record.envelope_id)
+        if scan.settled:
+            logger.info("relay: {} envelope(s) of a gateway on this root that stopped or was killed had their outcome "
+                        "journaled and delivered by it already: forgotten, not reported again", len(scan.settled))
 
     def _wait_again(self, scan: SentScan) -> tuple[list[ResumedSend], list[ResumedSend]]:
         """Wait for the scan's envelopes of ours; take the locks of those never queued.
@@ -304,6 +322,7 @@ class Outbound:
 
     def forget(self, envelope_id: str) -> None:
         """The outcome is journaled (or published): the envelope is no longer ours to resume."""
+        crashpoint("relay-before-forget")
         try:
             mark_consumed(self.paths, envelope_id, now=time.time())
         except (StoreError, OSError, ValidationError) as exc:

@@ -54,12 +54,18 @@ from hermes_actors.messages import (
 from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
 from hermes_actors.relay.outbound import Outbound
-from hermes_actors.relay.restart import recover_taken
+from hermes_actors.relay.restart import recover_taken, reown_sent
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
-from hermes_actors.store.relay_heartbeat import remove_heartbeat, sweep_dead_heartbeats, write_heartbeat
+from hermes_actors.store.relay_heartbeat import (
+    hold_shelf,
+    release_shelf,
+    remove_heartbeat,
+    sweep_dead_heartbeats,
+    write_heartbeat,
+)
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
 from hermes_actors.store.relay_marks import clear_started, keep_reply, on_a_shelf, was_started
 from hermes_actors.store.relay_shelf import Adopted, Shelf
@@ -135,6 +141,9 @@ class RelayActor(TypedActor):
         self.shelf = Shelf(self.paths.taken_parent, within=self.paths.relay.root)
         self.unfixable: set[Path] = set()  # relay directories the rescan could not put back (each logged once)
         self.paths = self.paths.on_shelf(self.shelf.open())
+        hold_shelf(self.paths, self.shelf.path.name)  # our heartbeats claim it: see _keep_shelf
+        # former shelves of ours (removed under us) that some sent/ record still names: claimed until we stop
+        self.former: set[str] = set()
         self.config = config
         self.dispatcher = dispatcher
         self.roster = roster
@@ -170,6 +179,8 @@ class RelayActor(TypedActor):
         if self.counters["returned"]:  # a warning: their senders wait until a gateway starts on this root again
             logger.warning("relay: {} relayed-in envelope(s) never started and went back into inbox/ for the next "
                            "start", self.counters["returned"])
+        for name in (self.shelf.path.name, *self.former):  # first: our records are a stopped gateway's now
+            release_shelf(self.paths, name)
         remove_heartbeat(self.paths)
         self.outbound.close()
         self.shelf.close()
@@ -423,7 +434,15 @@ class RelayActor(TypedActor):
             self.outbound.take_over(set(gone))
 
     def _keep_shelf(self) -> None:
-        """Take a new shelf when ours was removed or swapped: without one, nothing is taken from ``inbox/``."""
+        """Take a new shelf when ours was removed or swapped: without one, nothing is taken from ``inbox/``.
+
+        Our ``sent/`` records still name the former shelf. A shelf that is gone is a stopped gateway's to
+        the other gateways on the root, and whoever makes it again adopts what names it: they would wait for
+        our DMs while we still do (two outcomes, two wakes). Our heartbeat claims it meanwhile (held from our
+        start, :func:`~hermes_actors.store.relay_heartbeat.claimed_shelves`), so none does; here the records
+        are made to name the new shelf (:func:`~hermes_actors.relay.restart.reown_sent`), whose lock says so
+        by itself, and the former one is no longer claimed unless a record could not be rewritten.
+        """
         try:
             if stat.S_ISDIR(os.lstat(self.paths.taken).st_mode):
                 return
@@ -440,8 +459,20 @@ class RelayActor(TypedActor):
             return
         logger.warning("relay: our shelf {} was removed or replaced; envelopes are now taken onto {}",
                        self.paths.taken, path)
-        self.shelf.close()
+        hold_shelf(self.paths, path.name)
+        former = self.shelf
+        former.close()
         self.shelf, self.paths = shelf, self.paths.on_shelf(path)
+        self.outbound.paths = self.paths  # what we send from now on names the new shelf, and so does an adoption
+        moved, left = reown_sent(self.paths, former.path.name)
+        if left:
+            self.former.add(former.path.name)
+            logger.warning("relay: {} sent/ record(s) of ours still name our former shelf {} (they could not be "
+                           "rewritten); our heartbeat claims it for as long as we run", left, former.path)
+        else:
+            release_shelf(self.paths, former.path.name)
+        if moved:
+            logger.info("relay: {} sent/ record(s) of ours now name our new shelf {}", moved, path)
 
     # ── heartbeat and housekeeping ──────────────────────────────────────────
 

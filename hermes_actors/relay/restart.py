@@ -26,6 +26,11 @@ A dead (or stopped) writer's records are adopted under its shelf's lock
 gateways starting at once never both wait for one; a gateway already running takes over
 those of a writer that dies after its start at its next rescan (:func:`take_over_sent`).
 A record that names no shelf (an older version's) is resumed as before.
+
+A running gateway does not adopt the dead writer's journal (a start does, before it resumes), so
+it reads the root's journals for each record it took over: one whose outcome a journal holds as
+``finished`` and ``delivered`` was published, and its sender woken, by the dead writer, killed
+before it forgot the record; it is forgotten, never reported again (:attr:`SentScan.settled`).
 """
 
 from __future__ import annotations
@@ -39,9 +44,12 @@ from loguru import logger
 
 from hermes_actors.core import outcomes
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
+from hermes_actors.ops.journal_index import JournalIndex
 from hermes_actors.relay.drain import expiry_of
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.journal_records import DeliveryState
+from hermes_actors.store.relay_heartbeat import claimed_shelves
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
@@ -55,8 +63,8 @@ from hermes_actors.store.relay_sent import (
 )
 from hermes_actors.store.relay_shelf import Adopted, release_dead, take_dead
 
-__all__ = ["SentScan", "TakenAction", "TakenRecovery", "recover_taken", "scan_sent", "take_over_sent",
-           "taken_action"]
+__all__ = ["SentScan", "TakenAction", "TakenRecovery", "journal_settled", "recover_taken", "reown_sent",
+           "scan_sent", "take_over_sent", "taken_action"]
 
 TakenAction = Literal["finished", "ambiguous", "rerun"]
 
@@ -212,6 +220,9 @@ class SentScan:
     others: int = 0  # recorded by another gateway still running on this root (its shelf locked): left to it
     not_ours: int = 0  # envelopes waiting in outbox/ that sent/ does not record
     quarantined: int = 0
+    # taken over while running (:func:`take_over_sent`), their outcome journaled and delivered by their dead
+    # writer: to forget (never to report again); a never-queued one's withdrawn lock is in ``withdrawn``
+    settled: list[SentRecord] = field(default_factory=list)
 
 
 def scan_sent(paths: InboxPaths) -> SentScan:
@@ -260,15 +271,85 @@ def take_over_sent(paths: InboxPaths, owners: set[str]) -> SentScan:
         paths: the relay layout, ``taken`` being our shelf.
         owners: the shelf names of the gateways on the root that died or went away since the last look.
 
+    A start adopts the dead writer's journal before it resumes, so the outcome that writer already
+    journaled drops the relay's report as a second one; a running gateway does not, so it reads the
+    root's journals instead (:func:`_set_aside_settled`): a record whose outcome a journal holds
+    as delivered is in ``settled``, to forget, never in ``ours``.
+
     Returns:
-        The scan of the records adopted (``ours``, ``never_queued``...); ``others`` counts those another
-        gateway holds (still alive after all, or adopting them at this moment).
+        The scan of the records adopted (``ours``, ``never_queued``, ``settled``...); ``others`` counts those
+        another gateway holds (still alive after all, or adopting them at this moment).
     """
     records, _bad = list_sent(paths)
     scan = SentScan()
     mine, scan.others = _adopt_dead_writers(paths, [record for record in records if record.owner in owners])
     _sort_waiting(paths, [record for record in mine if not _forgotten(paths, record)], scan)
+    _set_aside_settled(paths, scan)
     return scan
+
+
+def reown_sent(paths: InboxPaths, former: str) -> tuple[int, int]:
+    """A running gateway whose shelf was removed under it: make its records that name the former shelf name the
+    new one (``paths.taken``), as an adopter would, under the former shelf's lock (made again for the moment).
+
+    Until then its heartbeat claims the former shelf, so no other gateway takes the records for a dead
+    gateway's; once they name the new shelf, whose lock it holds, they are its own by the lock alone, and
+    are taken over by the usual rule when it stops or dies.
+
+    Args:
+        paths: the relay layout, ``taken`` being the new shelf.
+        former: the former shelf's name.
+
+    Returns:
+        (records now naming the new shelf, records left naming the former one: not rewritten, logged).
+    """
+    records, _bad = list_sent(paths)
+    theirs = [record for record in records if record.owner == former]
+    mine, left = _adopt_dead_writers(paths, theirs, claimed=frozenset())  # the claim is ours: not a bar here
+    return len(mine), left
+
+
+def journal_settled(state: DeliveryState | None) -> bool:
+    """Pure: whether a journal's state of one of our envelopes says its outcome was published and delivered.
+
+    Its ``finished`` record is written before the outcome is published, its ``delivered`` record with
+    the wake that outcome starts (in one batch), or lazily after it when none: the gateway that wrote
+    both had nothing left to do but forget the ``sent/`` record. A ``finished`` one without
+    ``delivered`` is not settled: its wake may never have been written (a start publishes such an
+    outcome again, and wakes the sender from the ``sent/`` record, since a relayed DM's journal holds
+    no ``accepted`` record to wake it from).
+
+    Args:
+        state: what the root's journals know of the envelope's id (None: nothing).
+
+    Returns:
+        True when its outcome is journaled ``finished`` and ``delivered``.
+    """
+    return state is not None and state.outcome is not None and state.delivered
+
+
+def _set_aside_settled(paths: InboxPaths, scan: SentScan) -> None:
+    """Move out of ``ours`` and ``never_queued`` into ``settled`` the records whose outcome a journal of the
+    root holds as delivered (:func:`journal_settled`); the journals are read only when something was taken.
+
+    A journal that cannot be read is logged; its records are reported as before (nothing proves them settled).
+    """
+    taken = scan.ours + scan.never_queued
+    if not taken:
+        return
+    index = JournalIndex()  # one fold of the root's journals, then each look-up reads only what was appended
+    settled: set[str] = set()
+    problems: list[str] = []
+    for record in taken:
+        state, problems = index.state(paths.relay.root, record.envelope_id)
+        if journal_settled(state):
+            settled.add(record.envelope_id)
+    if problems:
+        logger.warning("relay: while looking for the outcomes a stopped gateway already reported: {}; the "
+                       "envelopes not found are waited for and reported here", "; ".join(problems))
+    scan.settled = [record for record in taken if record.envelope_id in settled]
+    scan.ours = [record for record in scan.ours if record.envelope_id not in settled]
+    scan.never_queued = [record for record in scan.never_queued if record.envelope_id not in settled]
 
 
 def _sort_waiting(paths: InboxPaths, waiting: list[SentRecord], scan: SentScan) -> None:
@@ -287,11 +368,14 @@ def _sort_waiting(paths: InboxPaths, waiting: list[SentRecord], scan: SentScan) 
             (scan.never_queued if record.envelope_id in found.never else scan.ours).append(record)
 
 
-def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord]) -> tuple[list[SentRecord], int]:
+def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord], *, claimed: frozenset[str] | None = None
+                        ) -> tuple[list[SentRecord], int]:
     """Ours of the ``sent/`` records: those naming our shelf or none, and those of dead writers, adopted now.
 
     Each other owner's shelf lock is tried once (:func:`~hermes_actors.store.relay_shelf.take_dead`; a shelf
-    that is gone is made again for the adoption): whoever holds it adopts that writer's records
+    that is gone is made again for the adoption, unless a living gateway's heartbeat claims it:
+    :func:`~hermes_actors.store.relay_heartbeat.claimed_shelves`, its directory was removed under it, and it
+    still waits for them): whoever holds it adopts that writer's records
     (:func:`~hermes_actors.store.relay_sent.adopt_sent`), so no record is waited for by two gateways. A lock
     file that is not one a gateway made proves no owner alive: its records are resumed without adoption, as
     before (logged).
@@ -299,6 +383,7 @@ def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord]) -> tuple[l
     Args:
         paths: the relay layout, ``taken`` being our shelf.
         records: the ``sent/`` records.
+        claimed: the shelves living gateways claim (None: read from the root's heartbeats, when needed).
 
     Returns:
         (ours, how many records another living gateway, or another adopter, holds; a record we could not
@@ -312,9 +397,11 @@ def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord]) -> tuple[l
         else:
             by_owner.setdefault(record.owner, []).append(record)
     others = 0
+    if claimed is None:
+        claimed = claimed_shelves(paths) if by_owner else frozenset()
     for owner, theirs in by_owner.items():
-        try:
-            lock = take_dead(paths.taken_parent, owner, remake=True)
+        try:  # a shelf that is gone is made again to adopt its records, unless a living gateway claims it
+            lock = take_dead(paths.taken_parent, owner, remake=owner not in claimed)
         except HostileFileError as exc:
             logger.warning("relay: {}; the {} envelope(s) it recorded are waited for here, as nothing proves their "
                            "gateway alive", exc, len(theirs))

@@ -1,4 +1,4 @@
-"""Each gateway process's heartbeat: ``bot_relay/gateways/<pid>.json`` = ``{pid, connection_id, at, pid_start}``.
+"""Each gateway process's heartbeat: ``bot_relay/gateways/<pid>.json`` = ``{pid, connection_id, at, pid_start, ...}``.
 
 A running gateway rewrites its file every few seconds and removes it when it
 stops cleanly; the hub reads them to flag the roster's connections ``online``
@@ -6,14 +6,21 @@ stops cleanly; the hub reads them to flag the roster's connections ``online``
 valid connection id, and its pid still runs and started when the file says).
 A killed gateway cannot remove its own: the housekeeping of the gateways on the
 root does (:func:`sweep_dead_heartbeats`), once its process provably ended.
+
+``shelves`` names the shelves (``taken/s-<token>``) the process's gateways on the root hold
+(:func:`hold_shelf`): the ``sent/`` records naming one of them are a living gateway's even when
+its directory is gone (removed under it), so no other gateway adopts them
+(:func:`claimed_shelves`); the lock of a shelf that is there says the same by itself.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Literal
 
 from loguru import logger
@@ -24,13 +31,17 @@ from hermes_actors.store.atomic import atomic_write_json, read_json_file
 from hermes_actors.store.processes import pid_alive, process_start_ticks
 from hermes_actors.store.relay_dirfd import relay_dir
 from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_shelf import is_shelf_name
 from hermes_actors.store.sweep import sweep_old_files
 
 __all__ = [
     "DEAD_HEARTBEAT_GRACE_SECONDS",
     "HEARTBEAT_FRESH_SECONDS",
+    "claimed_shelves",
     "gateway_alive",
+    "hold_shelf",
     "live_heartbeats",
+    "release_shelf",
     "remove_heartbeat",
     "sweep_dead_heartbeats",
     "write_heartbeat",
@@ -47,6 +58,61 @@ _ASIDE_PREFIX = ".sweep-"
 
 Writer = Literal["gone", "same", "unknown"]
 """What a heartbeat's pid says of the process that wrote the file: see :func:`_writer`."""
+
+# The shelves this process's gateways hold, by relay directory (``bot_relay/``): one heartbeat file per process
+# (``<pid>.json``), so every gateway of the process writes them all, not only its own
+_HELD: dict[Path, set[str]] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def hold_shelf(paths: InboxPaths, name: str) -> None:
+    """A gateway of this process holds the shelf ``name`` (its own, or a former one its records still name).
+
+    Args:
+        paths: the root's relay layout.
+        name: the shelf's name (``s-<token>``).
+    """
+    with _HELD_LOCK:
+        _HELD.setdefault(paths.relay.base, set()).add(name)
+
+
+def release_shelf(paths: InboxPaths, name: str) -> None:
+    """This process no longer holds the shelf ``name`` (its gateway stopped, or no record names it any more)."""
+    with _HELD_LOCK:
+        held = _HELD.get(paths.relay.base)
+        if held is not None:
+            held.discard(name)
+            if not held:
+                del _HELD[paths.relay.base]
+
+
+def _held_here(paths: InboxPaths) -> frozenset[str]:
+    with _HELD_LOCK:
+        return frozenset(_HELD.get(paths.relay.base, ()))
+
+
+def claimed_shelves(paths: InboxPaths, *, now: float | None = None) -> frozenset[str]:
+    """The shelves a living gateway on this root holds, by its heartbeat (or by this process's own gateways).
+
+    The positive evidence a shelf that is gone needs before its ``sent/`` records are taken for a dead
+    gateway's: a fresh heartbeat of a running process (:func:`live_heartbeats`) naming it says its
+    gateway lives and waits for them (its directory was removed under it). A stopped gateway withdrew
+    its heartbeat, a killed one's pid is gone: neither claims anything. Names that are no shelf's are
+    ignored (the file is untrusted).
+
+    Args:
+        paths: the root's relay layout.
+        now: the current time.
+
+    Returns:
+        The shelf names claimed.
+    """
+    claimed = set(_held_here(paths))
+    for beat in live_heartbeats(paths, now=now):
+        shelves = beat.get("shelves")
+        if isinstance(shelves, list):
+            claimed.update(name for name in shelves if isinstance(name, str) and is_shelf_name(name))
+    return frozenset(claimed)
 
 
 def write_heartbeat(
@@ -67,6 +133,9 @@ def write_heartbeat(
         payload["pid_start"] = start
     if routed_as:
         payload["routed_as"] = sorted(routed_as)
+    shelves = _held_here(paths)
+    if shelves:  # the shelves whose sent/ records are ours, even if one was removed under us (claimed_shelves)
+        payload["shelves"] = sorted(shelves)
     atomic_write_json(paths.heartbeat / f"{os.getpid()}.json", payload, tmp_dir=paths.relay.tmp,
                       within=paths.relay.base)
 
