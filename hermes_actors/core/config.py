@@ -159,7 +159,7 @@ class BotModeConfig:
         256, "DMs waiting for one profile; past it a new DM is refused in its ack, `target_busy` (NOT delivered)",
         at_least=1, at_most=1_000_000)
     max_notify_backlog: int = setting(
-        100_000, "notifications allowed to wait behind slow `subscribe` callbacks; beyond it the oldest are "
+        100_000, "notifications allowed to wait behind each slow `subscribe` callback; beyond it the oldest are "
                  "skipped (logged, counted) — outcomes stay available through `wait_outcome`", at_least=1,
         at_most=100_000_000)
     turn_timeout_seconds: float = setting(
