@@ -92,6 +92,8 @@ def pipelined(
 
     Outcomes are counted through ``subscribe``. Latency per DM: from the send
     call's start to the outcome callback; wall time: first send to last outcome.
+    After a run that succeeded the subscription ends with ``system``: stop it after
+    this one run.
 
     Raises:
         BenchError: a DM was refused or failed.
@@ -132,6 +134,8 @@ def pipelined(
             sent.update(local)
             sender_cpu.append(time.thread_time() - cpu_start)
 
+    # Kept past a run that succeeded: our callback runs on a NotifierActor thread of its own, which an unsubscribe
+    # ends, and the caller's per-thread CPU (ThreadCpu, read after this returns) counts living threads only
     unsubscribe = system.subscribe(on_outcome)
     threads = [threading.Thread(target=send_share, args=(share,), name=f"bench-sender-{i}") for i, share in
                enumerate(shares)]
@@ -145,8 +149,9 @@ def pipelined(
         wall = max(t for _, t, _ in done) - begin
         for thread in threads:
             thread.join()
-    finally:
+    except BaseException:
         unsubscribe()
+        raise
     if errors:
         raise BenchError(f"a sender failed: {errors[0]}") from errors[0]
     bad = [status for _, _, status in done if status != "replied"]

@@ -31,6 +31,7 @@ from hermes_actors.facade.process import OwnerProcess, forget_at_exit, stop_at_e
 from hermes_actors.facade.registrations import Registrations, SubscriberEntry
 from hermes_actors.facade.sends import SendsInFlight
 from hermes_actors.facade.starting import StartRun
+from hermes_actors.local.notifier import Notifier
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.messages import BOT_CHAT_SESSION, SendRequest
 from hermes_actors.relay.desktop_rpc import DesktopRpc
@@ -331,7 +332,7 @@ class Gateway:
             raise RuntimeError("gateway is not running")
         return self._system
 
-    def _notifier(self) -> pykka.ActorRef[Any] | None:
+    def _notifier(self) -> Notifier | None:
         return self._system.notifier if self._system is not None else None
 
     @property
@@ -405,7 +406,10 @@ class Gateway:
     def subscribe(
         self, callback: Callable[[dict[str, Any]], Any], *, details: bool = False, rooms: bool = True
     ) -> Callable[[], None]:
-        """Call ``callback(outcome)`` for every later outcome, on the notifier thread.
+        """Call ``callback(outcome)`` for every later outcome, in order, on this subscription's own thread.
+
+        That thread (its NotifierActor's) is a daemon thread: a callback that never returns holds up
+        neither the other subscribers nor, after ``stop()``, the process's exit.
 
         A callback that raises (even ``SystemExit``) is logged and counted in
         ``stats()["subscriber_errors"]``; it stays subscribed and no actor stops.
@@ -454,7 +458,7 @@ class Gateway:
             wakes_sent (created, one per DM), wakes_retried (attempts made again after one whose turn never
             began) and wakes_failed (given up) (the Dispatcher);
             notified, notify_skipped (shed behind a slow subscriber) and subscriber_errors (callbacks
-            that raised) (the notifier); worker_threads; timers (entries in the timer heap,
+            that raised) (summed over the subscribers); worker_threads; timers (entries in the timer heap,
             cancelled ones not yet compacted included); journal_fsyncs and journal_records when
             durable; and with a relay (file or Redis): relay_alive, and while it is alive ``relay``,
             its counters (sent, replies, expired, timeouts, drained, quarantined, waiting, ...);

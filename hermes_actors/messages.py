@@ -464,12 +464,13 @@ class RemoteRows:
     unreachable: str = ""  # the Redis address while it is unreachable (the rows are the last ones read)
 
 
-# ── Notifier (local/notifier.py): subscriber callbacks ───────────────────
+# ── NotifierActor (local/notifier.py): one subscriber's callback ─────────
 
 
 @dataclass(frozen=True, slots=True)
 class Notify:
-    """Told to the Notifier: run subscriber callbacks for one outcome dict."""
+    """Told to the subscribers (``Notifier.tell``): run their callbacks for one event (a room's: only for
+    those subscribed with ``rooms``)."""
 
     outcome: dict[str, Any]
     details: dict[str, Any] = field(default_factory=dict)  # sender, target, latency_seconds: opted-in only
@@ -478,36 +479,18 @@ class Notify:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class NotifyOutcomes:
-    """Told to the Notifier by the Dispatcher: DM outcomes, in the order they were published.
+    """Told to every subscriber by the Dispatcher (``Notifier.tell``): DM outcomes, in the order they were published.
 
-    Each note is ``(outcome dict, its delivery or None, publish time)``; the Notifier builds
-    the ``details=True`` fields from the delivery only when a subscriber wants them.
+    Each note is ``(outcome dict, its delivery or None, publish time)``; a subscriber's NotifierActor
+    builds the ``details=True`` fields from the delivery only when that subscriber wants them.
     """
 
     notes: tuple[tuple[dict[str, Any], Delivery | None, float], ...]
 
 
 @dataclass(frozen=True, slots=True)
-class AddSubscriber:
-    """Ask the Notifier to call ``callback`` for every later outcome (with its details when ``details``; and
-    the group rooms' events, ``kind: "room"``, when ``rooms``)."""
-
-    token: int
-    callback: Callable[[dict[str, Any]], Any]
-    details: bool = False
-    rooms: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveSubscriber:
-    """Ask the Notifier to stop calling the subscriber ``token``."""
-
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
 class Flush:
-    """Ask the Notifier to answer once everything told before it ran."""
+    """Ask a subscriber's NotifierActor to answer once everything told before it ran."""
 
 
 # ── RelayActor (relay/relay_actor.py) and RedisRelayActor (transports/redis/): DMs between connections ───

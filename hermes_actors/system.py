@@ -32,7 +32,7 @@ from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, is_real_her
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.dispatcher_failure import FailedCallback
-from hermes_actors.local.notifier import NotifierActor, NotifierCounts
+from hermes_actors.local.notifier import Notifier, NotifierCounts
 from hermes_actors.local.outcome_book import KeptOutcomes
 from hermes_actors.local.profile_deps import ProfileDeps
 from hermes_actors.local.queue_gauge import QueueGauge
@@ -41,7 +41,6 @@ from hermes_actors.local.runners import TurnRunner
 from hermes_actors.local.sending import send_dm
 from hermes_actors.local.turns import TurnFactory
 from hermes_actors.messages import (
-    AddSubscriber,
     AdoptJournal,
     AttachOwner,
     AttachRelay,
@@ -87,8 +86,8 @@ class ActorSystem:
     journal: Journal | None = None
     scheduler: Scheduler | None = None
     pool: WorkerPool | None = None
-    notifier: pykka.ActorRef[Any] | None = None
-    notifier_counts: NotifierCounts = field(default_factory=NotifierCounts)  # published by the Notifier
+    notifier: Notifier | None = None  # the subscribers' actors
+    notifier_counts: NotifierCounts = field(default_factory=NotifierCounts)  # published by the subscribers' actors
     roster: pykka.ActorRef[Any] | None = None
     dispatcher: pykka.ActorRef[Any] | None = None
     relay: pykka.ActorRef[Any] | None = None
@@ -137,9 +136,9 @@ class ActorSystem:
             adopted = self.journal.start()
         self.scheduler = scheduler = Scheduler().start()
         self.pool = pool = WorkerPool(opts.workers, name="turn")
-        self.notifier = NotifierActor.start(max_backlog=cfg.max_notify_backlog, counts=self.notifier_counts)
+        self.notifier = Notifier(max_backlog=cfg.max_notify_backlog, counts=self.notifier_counts)
         for token, (callback, details, rooms) in subscribers.items():
-            self.notifier.tell(AddSubscriber(token, callback, details, rooms))
+            self.notifier.add(token, callback, details, rooms)
         if self.runner is None:  # before the roster: it leaves off the profiles the real Hermes cannot run
             from hermes_actors.hermes.select import default_runner
 
@@ -326,7 +325,7 @@ class ActorSystem:
         """The counters of ``Gateway.stats()``, each asked of the actor that owns it."""
         assert self.dispatcher is not None
         out: dict[str, Any] = ask(self.dispatcher, StatsRequest(), timeout=ASK_TIMEOUT, expect=dict)
-        out.update(self.notifier_counts.as_dict())  # read, not asked: a subscriber may hold the Notifier's thread
+        out.update(self.notifier_counts.as_dict())  # read, not asked: a callback may hold its subscriber's thread
         out["worker_threads"] = self.pool.thread_count if self.pool else 0
         out["timers"] = self.scheduler.heap_size() if self.scheduler else 0
         if self.journal is not None:

@@ -1,6 +1,7 @@
 """Embedding a Gateway in a script (found by the review of the Python API): a script that never stops its
-gateway still exits, a fork()ed child refuses the gateway it inherited, an interrupt while start() runs
-leaves nothing running, and wait_outcome is bounded by its timeout when the Dispatcher does not answer."""
+gateway still exits, and so does one whose subscriber callback never returns; a fork()ed child refuses the
+gateway it inherited, an interrupt while start() runs leaves nothing running, and wait_outcome is bounded by its
+timeout when the Dispatcher does not answer."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from hermes_actors import Gateway
 from hermes_actors.facade import outcomes as facade_outcomes
 from hermes_actors.facade.outcomes import CHECK_GRACE
 from hermes_actors.local.dispatcher import DispatcherActor
-from hermes_actors.local.notifier import NotifierActor
+from hermes_actors.local.roster import RosterActor
 from hermes_actors.messages import CheckOutcome
 
 WAIT = 30.0
@@ -132,6 +133,26 @@ gw.stop()
 print(json.dumps({"parent": os.getpid(), "child": json.loads(data), "status": status, "after": after}))
 """
 
+_STUCK_CALLBACK_SCRIPT = """
+import json, sys, threading
+from hermes_actors import Gateway
+
+entered = threading.Event()
+
+def stuck(outcome):
+    entered.set()
+    threading.Event().wait()  # never returns
+
+gw = Gateway(sys.argv[1], runner=lambda turn: "ok", durable=False)
+gw.subscribe(stuck)
+gw.start()
+key = gw.message_agent(sender="alice", target="bob", message="hi")["delivery_id"]
+print(json.dumps({"status": gw.wait_outcome(key, 30)["status"], "entered": entered.wait(30)}), flush=True)
+gw.stop(timeout=1)
+print(json.dumps({"running": gw.running}), flush=True)
+# the script ends here, its subscriber's callback still waiting
+"""
+
 
 def _run_script(tmp_path: Path, text: str, *args: str, deadline: float = PROCESS_DEADLINE
                 ) -> subprocess.CompletedProcess[str]:
@@ -179,6 +200,15 @@ def test_a_gateway_no_one_references_is_stopped_when_the_script_fails(tmp_path: 
     assert done.returncode == 1 and "a bug after start" in done.stderr, done.stderr
     assert f"Gateway({root}) was not stopped; stopping it at interpreter exit" in done.stderr
     assert "gateway stopped" in done.stderr
+
+
+def test_a_subscriber_callback_that_never_returns_does_not_keep_the_process_from_exiting(tmp_path: Path) -> None:
+    """Regression: stop() returned, then the interpreter waited forever for the Notifier's non-daemon thread, still
+    inside the callback. Now each subscriber's thread is a daemon: the script exits once its main thread ends."""
+    done = _run_script(tmp_path, _STUCK_CALLBACK_SCRIPT, str(make_root(tmp_path)))  # a hang fails at 60 s
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines == [{"status": "replied", "entered": True}, {"running": False}], done.stdout
 
 
 # ── 2. a fork()ed child refuses the gateway it inherited ────────────────────
@@ -258,21 +288,21 @@ def test_an_interrupt_while_an_actor_starts_leaves_nothing_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt_main: tuple[threading.Event, threading.Event]
 ) -> None:
     """Regression: a Ctrl-C landing between an actor's thread starting and start() recording it (here, inside
-    the NotifierActor's start) left that actor running after start() raised, a non-daemon thread that kept the
+    the RosterActor's start) left that actor running after start() raised, a non-daemon thread that kept the
     process from exiting. Now the start runs on a thread of its own; the interrupted caller waits for it to undo
     what it built, then re-raises; the gateway is still new and starts again."""
     raised, request = interrupt_main
-    original = NotifierActor._start_actor_loop
+    original = RosterActor._start_actor_loop
     first = [True]
 
-    def interrupted_as_it_starts(self: NotifierActor) -> None:
+    def interrupted_as_it_starts(self: RosterActor) -> None:
         original(self)  # its thread runs
         if first[0]:  # the first start only: the interrupt lands before start() could record the actor
             first[0] = False
             request.set()
             assert raised.wait(WAIT), "the main thread was never interrupted"
 
-    monkeypatch.setattr(NotifierActor, "_start_actor_loop", interrupted_as_it_starts)
+    monkeypatch.setattr(RosterActor, "_start_actor_loop", interrupted_as_it_starts)
     actors_before, threads_before = set(pykka.ActorRegistry.get_all()), set(threading.enumerate())
     gw = Gateway(make_root(tmp_path), runner=RecordingRunner())
     with pytest.raises(Interrupted):

@@ -1051,6 +1051,56 @@ def test_stop_does_not_wait_past_its_timeout_for_a_stuck_subscriber(
                     message="the notification queued behind the stuck callback followed once it returned")
 
 
+def test_a_stuck_subscriber_never_holds_up_another(root: Path, gateways: list[Gateway]) -> None:
+    """Regression: every callback ran on the one Notifier thread, so a callback that never returned starved every
+    other subscriber (DESIGN 3: a slow callback never blocks). Now each subscription has a NotifierActor of its own:
+    the others get every outcome, in order, while it is stuck."""
+    entered, release = threading.Event(), threading.Event()
+    stuck_heard: list[str] = []
+
+    def stuck(outcome: dict[str, Any]) -> None:
+        stuck_heard.append(outcome["delivery_id"])
+        entered.set()
+        release.wait(120)
+
+    other = Recorder()
+    gw = start_gateway(gateways, root, lambda turn: "pong", durable=False)
+    gw.subscribe(stuck)
+    gw.subscribe(other)
+    try:
+        first = queued(gw.message_agent(sender="alice", target="bob", message="first"))
+        assert gw.wait_outcome(first, timeout=10)["status"] == "replied"
+        assert entered.wait(30), "the stuck subscriber was never called"
+        more = [queued(gw.message_agent(sender="carol", target="bob", message=f"more {n}")) for n in range(3)]
+        for key in more:
+            assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+        await_condition(lambda: other.ids() == [first, *more], timeout=30,
+                        message="the other subscriber got every outcome, in order, while one callback was stuck")
+        assert stuck_heard == [first]  # still inside its first call
+    finally:
+        release.set()
+    await_condition(lambda: stuck_heard == [first, *more], timeout=30,
+                    message="the stuck subscriber's queued outcomes followed once it returned")
+
+
+def test_a_subscriber_changing_its_dict_never_changes_another_subscribers(root: Path, gateways: list[Gateway]) -> None:
+    """Each subscriber gets a dict of its own, though one message carries the outcomes to every subscriber's actor."""
+    def vandal(outcome: dict[str, Any]) -> None:
+        outcome["status"] = "vandalized"
+        outcome.clear()
+
+    gw = start_gateway(gateways, root, lambda turn: "pong", durable=False)
+    gw.subscribe(vandal)
+    other = Recorder()
+    gw.subscribe(other)
+    keys = [queued(gw.message_agent(sender="alice", target="bob", message=f"dm {n}")) for n in range(3)]
+    for key in keys:
+        assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+    await_condition(lambda: other.ids() == keys, timeout=30, message="the other subscriber heard every outcome")
+    assert all(o["status"] == "replied" and o["kind"] == "dm" for o in other.outcomes), other.outcomes
+    assert gw.wait_outcome(keys[0], timeout=10)["status"] == "replied"
+
+
 def test_a_turn_kept_past_the_stop_says_the_gateway_is_not_running(root: Path, gateways: list[Gateway]) -> None:
     kept: list[Any] = []
     gw = start_gateway(gateways, root, lambda turn: (kept.append(turn), "ok")[1])

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, body_of, crash_enqueue_once, send_dm, start_gateway, watch_pool_joins
+from roots import (
+    LogCapture,
+    RecordingRunner,
+    body_of,
+    crash_enqueue_once,
+    send_dm,
+    start_gateway,
+    watch_pool_joins,
+)
 
 from actors import WorkerPool
 from actors.testkit import await_condition
@@ -273,6 +281,85 @@ def test_an_owner_turn_past_its_timeout_is_ambiguous_and_the_next_dms_wait_for_i
     assert gw.wait_outcome(after, timeout=30)["reply"] == "owner: after it returns"
     assert owner.bodies() == ["hang", "after it returns"]
     assert json.loads(mailbox_file(root, hung).read_text())["status"] == "ambiguous", "the late answer won"
+
+
+def _hanging_owner(release: threading.Event, entered: threading.Event | None = None) -> Owner:
+    """An owner whose turn for the body ``hang`` returns only once ``release`` is set (``entered`` set as it starts)."""
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "hang":
+            if entered is not None:
+                entered.set()
+            assert release.wait(60), "the test never released the owner"
+        return f"owner: {body_of(turn.content)}"
+
+    return Owner(behave)
+
+
+def test_a_dm_behind_an_owner_turn_given_up_at_its_timeout_says_so_and_the_hang_is_logged(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (hostile-input review): behind an owner's turn already reported ``ambiguous`` at
+    ``turn_timeout_seconds``, every later DM failed "another delivery turn is already running for profile 'bob' —
+    queued behind it", a turn the sender had been told about already, and nothing was logged. Now the text says the
+    live owner has not returned a turn given up on at its timeout (NOT delivered; the owner must return it or be
+    detached), one WARNING names the profile and what to do when the turn times out, one INFO when it returns."""
+    release = threading.Event()
+    owner = _hanging_owner(release)
+    config = {"bot_mode": {"turn_timeout_seconds": 1, "turn_wait_seconds": 1}}
+    with LogCapture("INFO") as logs:
+        gw = start_gateway(gateways, root, RecordingRunner(), config=config)
+        gw.attach_live_owner("bob", owner)
+        try:
+            hung = send_dm(gw, "hang")
+            assert gw.wait_outcome(hung, timeout=30)["status"] == "ambiguous"
+            behind = send_dm(gw, "sent behind it")
+            out = gw.wait_outcome(behind, timeout=30)
+            assert (out["status"], out["reason"]) == ("failed", "target_busy"), out
+            assert out["error"].startswith("target_busy: the live Bot Chat owner of profile 'bob' has not returned a "
+                                           "turn given up on at its timeout (that DM was reported ambiguous)"), out
+            assert "NOT delivered" in out["error"] and "detach_live_owner" in out["error"], out
+            assert "already running" not in out["error"], out
+            warned = [r["message"] for r in logs.records if r["level"].name == "WARNING"
+                      and "live Bot Chat owner did not return the turn" in r["message"]]
+            assert len(warned) == 1, logs.lines
+            assert hung in warned[0] and "detach_live_owner('bob')" in warned[0] and "DMs to bob wait" in warned[0]
+        finally:
+            release.set()
+        await_condition(lambda: logs.matching("bob: its live Bot Chat owner returned the turn", hung), timeout=30,
+                        message="the owner's return logged")
+        after = send_dm(gw, "after it returns")
+        assert gw.wait_outcome(after, timeout=30)["reply"] == "owner: after it returns"
+    returned = [r for r in logs.records if "returned the turn" in r["message"]]
+    assert [r["level"].name for r in returned] == ["INFO"], logs.lines
+
+
+@pytest.mark.parametrize("detached", ["after its timeout", "while it ran"])
+def test_detaching_an_owner_whose_turn_was_given_up_at_its_timeout_lets_the_next_dms_run(
+    root: Path, gateways: list[Gateway], detached: str
+) -> None:
+    """The ``target_busy`` text says the owner may be detached: a detach now ends the wait for its hung turn, and
+    the next DMs run on the runner (before, they waited for that owner until it returned, detached or not)."""
+    release, entered = threading.Event(), threading.Event()
+    runner, owner = RecordingRunner(), _hanging_owner(release, entered)
+    config = {"bot_mode": {"turn_timeout_seconds": 1, "turn_wait_seconds": 20}}
+    gw = start_gateway(gateways, root, runner, config=config)
+    gw.attach_live_owner("bob", owner)
+    try:
+        hung = send_dm(gw, "hang")
+        assert entered.wait(30)
+        if detached == "while it ran":
+            gw.detach_live_owner("bob")
+        assert gw.wait_outcome(hung, timeout=30)["status"] == "ambiguous"
+        behind = send_dm(gw, "sent behind it")
+        if detached == "after its timeout":
+            gw.detach_live_owner("bob")
+        out = gw.wait_outcome(behind, timeout=15)  # well within its turn_wait_seconds: it ran, it did not time out
+        assert (out["status"], out["reply"]) == ("replied", "ok: sent behind it"), out
+    finally:
+        release.set()
+    assert runner.bodies() == ["sent behind it"]
+    assert owner.bodies() == ["hang"]
+    await_condition(lambda: json.loads(mailbox_file(root, hung).read_text())["status"] == "ambiguous", timeout=10)
 
 
 def test_an_owner_handoff_given_up_on_before_it_began_never_reaches_the_owner(root: Path) -> None:

@@ -159,7 +159,7 @@ class BotModeConfig:
         256, "DMs waiting for one profile; past it a new DM is refused in its ack, `target_busy` (NOT delivered)",
         at_least=1, at_most=1_000_000)
     max_notify_backlog: int = setting(
-        100_000, "notifications allowed to wait behind slow `subscribe` callbacks; beyond it the oldest are "
+        100_000, "notifications allowed to wait behind each slow `subscribe` callback; beyond it the oldest are "
                  "skipped (logged, counted) — outcomes stay available through `wait_outcome`", at_least=1,
         at_most=100_000_000)
     turn_timeout_seconds: float = setting(
@@ -171,8 +171,9 @@ class BotModeConfig:
                "`target_busy` (NOT delivered); a DM handed to a live owner (Bot Chat window), whose turn cannot be "
                "ended, is reported `ambiguous` (\"may have been delivered — do not resend\", its mailbox record "
                "too), and no DM of that bot is handed over or run until the owner's turn returns (a ProfileActor "
-               "crash restart included): the ones queued wait their `turn_wait_seconds`, then fail `target_busy`; "
-               "a stop does not wait for a turn that timed out", above=0, at_most=WEEK)
+               "crash restart included) or the owner is detached: the ones queued wait their `turn_wait_seconds`, "
+               "then fail `target_busy` (\"the live Bot Chat owner … has not returned a turn given up on at its "
+               "timeout\"); a stop does not wait for a turn that timed out", above=0, at_most=WEEK)
     idle_stop_seconds: float = setting(60.0, "an idle ProfileActor stops after this long (0: never)", at_least=0,
                                        at_most=WEEK)
     rescan_seconds: float = setting(2.0, "the relay's reconcile rescan and the roster's change check",

@@ -170,8 +170,27 @@ def cancelled(delivery_id: str, label: str) -> Outcome:
     )
 
 
-def busy_text(profile: str, waited_seconds: float) -> str:
-    """The seed's ``target_busy`` text after the bounded turn wait."""
+def busy_text(profile: str, waited_seconds: float, *, owner_hung: bool = False) -> str:
+    """Pure: the ``target_busy`` text after the bounded turn wait (the seed's, unless ``owner_hung``).
+
+    Args:
+        profile: the target profile.
+        waited_seconds: how long the DM waited in the profile's queue.
+        owner_hung: it waited behind the live Bot Chat owner's turn that was given up on at
+            ``turn_timeout_seconds`` (that DM reported ``ambiguous``) and has not returned: no DM of the
+            bot runs until it returns or the owner is detached. The seed's "another delivery turn is already
+            running" would send the reader looking for a turn the gateway already reported.
+
+    Returns:
+        The outcome's error text.
+    """
+    if owner_hung:
+        return (
+            f"target_busy: the live Bot Chat owner of profile '{profile}' has not returned a turn given up on at "
+            f"its timeout (that DM was reported ambiguous) — queued behind it for ~{round(waited_seconds)}s. "
+            "The message was NOT delivered; the owner must return that turn or be detached (detach_live_owner) "
+            "before DMs to this bot run again; then retry."
+        )
     return (
         f"target_busy: another delivery turn is already running for profile '{profile}' — "
         f"queued behind it for ~{round(waited_seconds)}s without it finishing. "

@@ -4,24 +4,21 @@
 to the actor system (a live owner is then attached before the journal is recovered), and
 makes a registration from another thread wait while a start is under way (that start has
 already read what was registered: a registration then would land in a dict nobody reads
-again). Once the gateway runs, a subscriber goes to the Notifier at once.
+again). Once the gateway runs, a subscriber gets its NotifierActor at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
 
-import pykka
-
-from hermes_actors.messages import AddSubscriber, RemoveSubscriber
+from hermes_actors.local.notifier import Notifier
 
 __all__ = ["Registrations", "SubscriberEntry"]
 
-# A subscriber as the Notifier takes it: (callback, details, rooms) (see ``Gateway.subscribe``).
+# A subscriber as ``Notifier.add`` takes it: (callback, details, rooms) (see ``Gateway.subscribe``).
 SubscriberEntry = tuple[Callable[[dict[str, Any]], Any], bool, bool]
 
 
@@ -89,13 +86,13 @@ class Registrations:
             return False
 
     def subscribe(self, entry: SubscriberEntry, is_new: Callable[[], bool],
-                  notifier: Callable[[], pykka.ActorRef[Any] | None]) -> Callable[[], None]:
-        """Keep a subscriber for the start, or hand it to the running Notifier (see ``Gateway.subscribe``).
+                  notifier: Callable[[], Notifier | None]) -> Callable[[], None]:
+        """Keep a subscriber for the start, or start its NotifierActor at once (see ``Gateway.subscribe``).
 
         Args:
             entry: (callback, details, rooms).
             is_new: whether the gateway is still new (never started, not stopped).
-            notifier: the running Notifier, None once stopped.
+            notifier: the running subscribers' Notifier, None once stopped.
 
         Returns:
             A function that unsubscribes.
@@ -106,17 +103,15 @@ class Registrations:
         token = next(self._tokens)
         if not self._before_start(lambda: self._subscribers.__setitem__(token, entry), is_new):
             current = notifier()
-            if current is None:  # stopped meanwhile
+            if current is None or not current.add(token, *entry):  # stopped meanwhile
                 raise RuntimeError("gateway is not running; subscribe before start() or while it runs")
-            current.tell(AddSubscriber(token, *entry))
 
         def unsubscribe() -> None:
             with self._lock:
                 self._subscribers.pop(token, None)
             current = notifier()
             if current is not None:
-                with contextlib.suppress(pykka.ActorDeadError):
-                    current.tell(RemoveSubscriber(token))
+                current.remove(token)
 
         return unsubscribe
 

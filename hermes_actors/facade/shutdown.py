@@ -19,7 +19,7 @@ from loguru import logger
 
 from actors import ActorGone, AskTimeout, ask
 from hermes_actors.facade.options import ASK_TIMEOUT
-from hermes_actors.local.notifier import in_subscriber_callback
+from hermes_actors.local.notifier import Notifier, in_subscriber_callback
 from hermes_actors.local.outcome_book import KeptOutcomes
 from hermes_actors.local.shutdown import await_running_turns, end_running_turns
 from hermes_actors.local.turns import turn_places_at_stop
@@ -27,7 +27,6 @@ from hermes_actors.messages import (
     AwaitRestarts,
     ExportOutcomes,
     FinalizePending,
-    Flush,
     ShutdownProfiles,
     StopAccepting,
 )
@@ -70,7 +69,7 @@ def shut_down(
     assert dispatcher is not None and notifier is not None and pool is not None
     deadline = time.monotonic() + max(0.0, timeout)
     final: KeptOutcomes = {}
-    notifier_busy = False  # a subscriber callback outlived the stop's timeout: the Notifier stops after it
+    notifier_busy = False  # a subscriber callback outlived the stop's timeout: its actor stops after it
     settled = False  # every turn has its outcome (FinalizePending): no worker holds one the stop waits for
     if system.bridge is not None:
         system.bridge.stop()
@@ -104,7 +103,7 @@ def shut_down(
         final = ask(dispatcher, ExportOutcomes(), timeout=ASK_TIMEOUT, expect=dict)
         if system.rooms is not None:
             system.rooms.stop()  # after the last member-turn outcomes reached them, before the notifier flush
-        if in_subscriber_callback():  # stop() from a callback: the Notifier is this very thread
+        if in_subscriber_callback():  # stop() from a callback: its subscriber's actor is this very thread
             logger.warning("gateway stopped from a subscriber callback: notifications still queued are dropped")
         else:
             notifier_busy = not flush_notifier(notifier, max(0.1, deadline - time.monotonic()))
@@ -192,34 +191,34 @@ def teardown(system: ActorSystem) -> None:
 
 
 def _stop_actors(system: ActorSystem, *, notifier_busy: bool = False) -> None:
-    """Stop the actors, the Dispatcher first; the Notifier without waiting when a callback holds its thread."""
-    for ref in (system.dispatcher, system.relay, system.roster, system.notifier):
+    """Stop the actors, the Dispatcher first; the subscribers' without waiting when a callback holds a thread."""
+    for ref in (system.dispatcher, system.relay, system.roster):
         if ref is None:
-            continue
-        if ref is system.notifier and (notifier_busy or in_subscriber_callback()):
-            ref.stop(block=False)  # its thread is in a callback (maybe this one): it stops once that returns
             continue
         try:
             ref.stop(block=True, timeout=10)
         except pykka.Timeout:
             logger.warning("{} did not stop within 10s", ref)
+    if system.notifier is not None:  # a thread in a callback (maybe this one) stops once that returns
+        system.notifier.stop(wait=not (notifier_busy or in_subscriber_callback()))
 
 
-def flush_notifier(notifier: pykka.ActorRef[Any], timeout: float) -> bool:
+def flush_notifier(notifier: Notifier, timeout: float) -> bool:
     """Let subscriber callbacks catch up with the last outcomes, for at most ``timeout`` seconds.
 
     A callback still busy past the stop's own timeout does not hold the stop (a slow
     callback never blocks the gateway, its stop included): the stop returns with a
     warning, and the notifications queued behind that callback are still delivered,
-    in order, once it returns; then the Notifier stops.
+    in order, once it returns, while the process lives (its thread is a daemon: a
+    callback that never returns does not keep the process from exiting); then its
+    actor stops. The other subscribers are not held up by it: each caught up on its own.
 
     Returns:
         True once flushed; False when a callback was still running at the deadline.
     """
-    try:
-        ask(notifier, Flush(), timeout=timeout)
-    except AskTimeout:
-        logger.warning("stop: a subscriber callback was still running after {:.1f}s; the stop does not wait "
-                       "for it (the notifications queued behind it follow once it returns)", timeout)
-        return False
-    return True
+    busy = notifier.flush(timeout)
+    if busy:
+        logger.warning("stop: a subscriber callback was still running after {:.1f}s ({} subscriber(s)); the stop "
+                       "does not wait for it (the notifications queued behind it follow once it returns)",
+                       timeout, busy)
+    return busy == 0

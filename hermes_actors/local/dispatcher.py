@@ -32,7 +32,7 @@ from typing import Any
 
 import pykka
 
-from actors import ChildFailed, RestartPolicy, SupervisorActor, handles, tell
+from actors import ChildFailed, RestartPolicy, SupervisorActor, handles
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.recovery import running_at_stop_text
@@ -45,6 +45,7 @@ from hermes_actors.local.dispatcher_failure import FailedCallback, answer_after_
 from hermes_actors.local.durability import durability_for, live_gave_up
 from hermes_actors.local.journal_replay import adopt_journal, replay_journal
 from hermes_actors.local.local_intake import LocalIntake
+from hermes_actors.local.notifier import Notifier
 from hermes_actors.local.outcome_book import DeliveryState, KeptOutcomes, OutcomeBook
 from hermes_actors.local.outcome_flow import OutcomeFlow
 from hermes_actors.local.profile_deps import ProfileDeps
@@ -106,7 +107,7 @@ class DispatcherActor(SupervisorActor):
         snapshot: the roster at start (then kept current by RosterChanged).
         deps_factory: builds the ProfileActors' shared deps given this actor's ref
             and the turn factory.
-        notifier: the Notifier actor (subscriber callbacks).
+        notifier: the subscribers' Notifier (their callbacks).
         peer_submit: runs a peer delivery off-actor; called with (delivery, route, report).
         runner_is_hermes: turns run on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then).
         caller_admission: where senders' threads read the roster snapshot (published here on every change).
@@ -124,7 +125,7 @@ class DispatcherActor(SupervisorActor):
         snapshot: RosterSnapshot,
         *,
         deps_factory: Callable[[pykka.ActorRef[Any], TurnFactory], ProfileDeps],
-        notifier: pykka.ActorRef[Any],
+        notifier: Notifier,
         peer_submit: PeerSubmit | None = None,
         policy: RestartPolicy | None = None,
         journal: Journal | None = None,
@@ -321,7 +322,7 @@ class DispatcherActor(SupervisorActor):
             self.profiles.flush()
         notes = self.flow.take_notes(drained=drained)
         if notes is not None:
-            tell(self.notifier, NotifyOutcomes(notes))
+            self.notifier.tell(NotifyOutcomes(notes))
 
     @handles(AwaitOutcome)
     def _on_await(self, msg: AwaitOutcome) -> None:

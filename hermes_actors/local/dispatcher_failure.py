@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pykka
 from loguru import logger
 
-from actors import tell
 from hermes_actors.core.failure import HeldDelivery, failure_text, outcomes_after_failure
 from hermes_actors.local.durability import Durability
+from hermes_actors.local.notifier import Notifier
 from hermes_actors.local.outcome_book import KeptOutcomes, OutcomeBook, Pending
 from hermes_actors.local.outcome_flow import Note, answer_room
 from hermes_actors.messages import (
@@ -99,13 +98,13 @@ def read_failed_mailbox(pending: Iterable[tuple[str, Pending]], mailbox: Iterabl
 
 
 def settle_after_failure(
-    book: OutcomeBook, notifier: pykka.ActorRef[Any], error: BaseException | None, mailbox: list[Any]
+    book: OutcomeBook, notifier: Notifier, error: BaseException | None, mailbox: list[Any]
 ) -> None:
     """Give each DM acked from memory only its outcome (``outcomes_after_failure``): waiters, rooms, subscribers.
 
     Args:
         book: the failed Dispatcher's OutcomeBook (its waiters are answered as each settles).
-        notifier: the Notifier actor (the DM subscribers are told in one message).
+        notifier: the subscribers' Notifier (each DM subscriber is told in one message).
         error: what escaped the handler (None: unknown).
         mailbox: the messages it never handled.
     """
@@ -125,7 +124,7 @@ def settle_after_failure(
         logger.error("the Dispatcher failed: {} DM(s) held in memory only were settled (ambiguous, or "
                      "failed when they never started)", len(settled))
     if notes:
-        tell(notifier, NotifyOutcomes(tuple(notes)))
+        notifier.tell(NotifyOutcomes(tuple(notes)))
 
 
 def answer_waiters_after_failure(
@@ -150,7 +149,7 @@ def answer_after_failure(
     *,
     book: OutcomeBook,
     durability: Durability,
-    notifier: pykka.ActorRef[Any],
+    notifier: Notifier,
     error: BaseException | None,
     mailbox: list[Any],
     on_await: Callable[[AwaitOutcome], None],
@@ -165,7 +164,7 @@ def answer_after_failure(
     Args:
         book: the failed Dispatcher's OutcomeBook.
         durability: its durability strategy (its parked acks are answered).
-        notifier: the Notifier actor.
+        notifier: the subscribers' Notifier.
         error: what escaped the handler (None: unknown).
         mailbox: the messages it never handled.
         on_await: its ``AwaitOutcome`` handler.

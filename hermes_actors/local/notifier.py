@@ -1,154 +1,334 @@
-"""NotifierActor: runs ``Gateway.subscribe`` callbacks on its own thread.
+"""Subscriber callbacks: one NotifierActor per ``Gateway.subscribe``, told by the :class:`Notifier` fan-out.
 
-Callbacks see outcomes in arrival order. A slow callback only delays later
-callbacks, never an actor (the Dispatcher tells and moves on). A raising one is
-logged and counted (``callback_errors``) and the others still run: that holds
-for ``SystemExit``, ``KeyboardInterrupt`` and ``GeneratorExit`` too, because a
-``BaseException`` escaping an actor's handler makes pykka stop every actor in
-the process, other gateways included. User code never stops the actors.
+Each subscription gets an actor (a thread) of its own, started when it subscribes and stopped when
+it unsubscribes or the gateway stops. A slow or stuck callback only delays its own later
+notifications: every other subscriber, and every actor, goes on. The Dispatcher tells each burst of
+outcomes once, to :meth:`Notifier.tell`, which hands that same immutable message to each
+subscriber's actor: one tell per burst per subscriber, never a thread per event.
 
-The backlog is bounded: when more than ``max_backlog`` notifications wait behind
-a slow subscriber, the oldest are skipped (counted and logged) until it catches
-up. The outcomes themselves are never lost: ``wait_outcome`` still answers.
+A callback sees outcomes in arrival order, each as a dict of its own (a callback that changes its
+dict never changes another's). A raising one is logged and counted (``subscriber_errors``) and stays
+subscribed: that holds for ``SystemExit``, ``KeyboardInterrupt`` and ``GeneratorExit`` too, because
+a ``BaseException`` escaping an actor's handler makes pykka stop every actor in the process, other
+gateways included. User code never stops the actors.
+
+The threads are daemon threads: ``Gateway.stop`` waits for the callbacks within its timeout, then
+leaves one still running behind, and a callback that never returns cannot keep the process from
+exiting (what was queued behind it follows if it returns while the process lives).
+
+The backlog is bounded per subscriber: when more than ``max_backlog`` notifications wait behind a
+slow callback, the oldest are skipped (counted and logged) until it catches up. The outcomes
+themselves are never lost: ``wait_outcome`` still answers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import pykka
 from loguru import logger
 
-from actors import TypedActor, handles
+from actors import ActorGone, AskTimeout, TypedActor, ask_later, handles, tell
 from hermes_actors.core.outcomes import delivery_details
-from hermes_actors.messages import AddSubscriber, Flush, Notify, NotifyOutcomes, RemoveSubscriber
+from hermes_actors.messages import Flush, Notify, NotifyOutcomes
 
-__all__ = ["NotifierActor", "NotifierCounts", "in_subscriber_callback"]
+__all__ = ["Notifier", "NotifierActor", "NotifierCounts", "SubscriberCounts", "in_subscriber_callback"]
 
-_calling = threading.local()  # .active: this thread is running a subscriber callback
+_calling = threading.local()  # .active: this thread is a subscriber's, running its callback
+_STOP_WAIT = 10.0  # seconds a stop waits, at most, for the subscriber actors that caught up to end
+
+Counters = tuple[int, int, int]  # (notified, skipped, errors)
 
 
 def in_subscriber_callback() -> bool:
-    """Whether the calling thread is the Notifier's, running a subscriber callback.
+    """Whether the calling thread is a subscriber's NotifierActor, running its callback.
 
-    ``Gateway.stop`` called from a callback must not wait for the Notifier: it is that thread.
+    ``Gateway.stop`` called from a callback must not wait for that callback: it is this very thread.
     """
     return bool(getattr(_calling, "active", False))
 
 
-class NotifierCounts:
-    """The Notifier's counters, published for any thread to read.
+def _summed(a: Counters, b: Counters) -> Counters:
+    """Pure: two counter tuples added up."""
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2]
 
-    ``Gateway.stats()`` must not wait behind a subscriber callback that runs (or hangs) on the
-    Notifier's thread, so it reads these instead of asking the actor. Written by the Notifier
-    alone, as one tuple replaced after each change, never changed in place.
+
+class SubscriberCounts:
+    """One subscriber actor's counters, published for any thread to read.
+
+    Written by that actor alone, as one tuple replaced after each change, never changed in place:
+    the reader needs no lock.
     """
 
-    __slots__ = ("_values",)
+    __slots__ = ("values",)
 
     def __init__(self) -> None:
-        self._values = (0, 0, 0)
+        self.values: Counters = (0, 0, 0)
 
-    def publish(self, notified: int, skipped: int, errors: int) -> None:
-        """Replace the counters (the Notifier's thread only)."""
-        self._values = (notified, skipped, errors)
+
+class NotifierCounts:
+    """The counters of every subscriber actor of one gateway, summed for ``Gateway.stats()``.
+
+    ``stats()`` must not wait behind a callback that runs (or hangs) on a subscriber's thread, so it
+    reads these instead of asking the actors. The lock guards the table only (an actor joining, or
+    folding in its last counters as it ends); each actor publishes to its own :class:`SubscriberCounts`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[int, SubscriberCounts] = {}  # token → the counters of a subscriber actor not ended
+        self._ended: Counters = (0, 0, 0)  # those of the ended ones: the totals never go down
+
+    def open(self, token: int) -> SubscriberCounts:
+        """The counters a new subscriber actor publishes to.
+
+        Args:
+            token: the subscription's token.
+
+        Returns:
+            Its :class:`SubscriberCounts`, counted from now on.
+        """
+        cell = SubscriberCounts()
+        with self._lock:
+            self._live[token] = cell
+        return cell
+
+    def close(self, token: int) -> None:
+        """Fold an ended subscriber actor's last counters into the totals (idempotent).
+
+        Args:
+            token: the subscription's token.
+        """
+        with self._lock:
+            cell = self._live.pop(token, None)
+            if cell is not None:
+                self._ended = _summed(self._ended, cell.values)
 
     def as_dict(self) -> dict[str, int]:
-        """``{"notified", "notify_skipped", "subscriber_errors"}`` as last published."""
-        notified, skipped, errors = self._values
+        """``{"notified", "notify_skipped", "subscriber_errors"}``, summed over every subscriber.
+
+        Returns:
+            notified: callback calls made (an outcome two subscribers got counts twice);
+            notify_skipped: notifications shed behind a slow subscriber;
+            subscriber_errors: callback calls that raised.
+        """
+        with self._lock:
+            total = self._ended
+            for cell in self._live.values():
+                total = _summed(total, cell.values)
+        notified, skipped, errors = total
         return {"notified": notified, "notify_skipped": skipped, "subscriber_errors": errors}
 
 
 class NotifierActor(TypedActor):
-    """Owns the subscriber list.
+    """Runs one subscriber's callback, on a daemon thread of its own.
 
     Args:
-        max_backlog: notifications allowed to wait behind a slow subscriber.
+        token: the subscription's token (names it in the log and the counters).
+        callback: the subscriber's callback.
+        details: put ``sender``, ``target`` and ``latency_seconds`` in the outcome dicts it gets.
+        max_backlog: notifications allowed to wait behind this callback.
         counts: where its counters are published (see :class:`NotifierCounts`).
     """
 
-    def __init__(self, max_backlog: int = 100_000, counts: NotifierCounts | None = None) -> None:
+    use_daemon_thread = True  # pykka: a callback that never returns must not keep the process from exiting
+
+    def __init__(
+        self,
+        token: int,
+        callback: Callable[[dict[str, Any]], Any],
+        *,
+        details: bool = False,
+        max_backlog: int = 100_000,
+        counts: NotifierCounts,
+    ) -> None:
         super().__init__()
-        self.counts = counts if counts is not None else NotifierCounts()
-        self.subscribers: dict[int, Callable[[dict[str, Any]], Any]] = {}
-        self.wants_details: set[int] = set()  # subscribers whose dicts carry sender, target, latency_seconds
-        self.wants_rooms: set[int] = set()  # subscribers that also get the rooms' events (not outcomes)
-        self.delivered = 0
-        self.skipped = 0
-        self.callback_errors = 0  # subscriber calls that raised (any BaseException)
+        self.token = token
+        self.callback = callback
+        self.details = details
         self.max_backlog = max_backlog
+        self.counts = counts
+        self.cell = counts.open(token)
+        self.notified = 0
+        self.skipped = 0
+        self.callback_errors = 0  # calls that raised (any BaseException)
 
-    @handles(AddSubscriber)
-    def _on_add(self, msg: AddSubscriber) -> None:
-        self.subscribers[msg.token] = msg.callback
-        if msg.details:
-            self.wants_details.add(msg.token)
-        if msg.rooms:
-            self.wants_rooms.add(msg.token)
-
-    @handles(RemoveSubscriber)
-    def _on_remove(self, msg: RemoveSubscriber) -> None:
-        self.subscribers.pop(msg.token, None)
-        self.wants_details.discard(msg.token)
-        self.wants_rooms.discard(msg.token)
+    def on_stop(self) -> None:
+        self.counts.close(self.token)
 
     @handles(Notify)
     def _on_notify(self, msg: Notify) -> None:
         if self._shed(1):
             return
-        if msg.outcome.get("kind") == "room":  # a room event, not an outcome: only for who asked for them
-            self._call_all(msg.outcome, msg.details, only=self.wants_rooms)
-            return
-        self._call_all({"kind": "dm", **msg.outcome}, msg.details)
+        # A room event is passed as it is (the fan-out tells it only to who asked for them); anything else is a DM's
+        event = msg.outcome if msg.outcome.get("kind") == "room" else {"kind": "dm", **msg.outcome}
+        self._call([{**event, **msg.details} if self.details else dict(event)])
 
     @handles(NotifyOutcomes)
     def _on_outcomes(self, msg: NotifyOutcomes) -> None:
         if self._shed(len(msg.notes)):
             return
-        details: dict[str, Any] | None = None
-        for outcome, delivery, published in msg.notes:
-            if self.wants_details:  # built only for a subscriber that asked for them
-                details = delivery_details(delivery, published)
-            self._call_all({"kind": "dm", **outcome}, details)
+        if self.details:  # built only for a subscriber that asked for them
+            self._call({"kind": "dm", **outcome, **delivery_details(delivery, published)}
+                       for outcome, delivery, published in msg.notes)
+        else:  # the outcome dicts are shared by every subscriber: each gets a copy of its own
+            self._call({"kind": "dm", **outcome} for outcome, _, _ in msg.notes)
 
     def _shed(self, count: int) -> bool:
-        """Skip ``count`` notifications when the backlog is over its bound (a stuck subscriber)."""
-        if not self.subscribers or self.mailbox_size() <= self.max_backlog:
+        """Skip ``count`` notifications when the backlog is over its bound (a stuck callback)."""
+        if self.mailbox_size() <= self.max_backlog:
             return False
         before, self.skipped = self.skipped, self.skipped + count  # memory must not grow without bound
-        self.counts.publish(self.delivered, self.skipped, self.callback_errors)
+        self._publish()
         if before == 0 or before // 1000 != self.skipped // 1000:
             logger.error(
-                "subscribers are too slow: {} notification(s) skipped so far (backlog over {}); "
+                "subscriber {} is too slow: {} notification(s) skipped so far (backlog over {}); "
                 "the outcomes stay available through wait_outcome",
+                self.token,
                 self.skipped,
                 self.max_backlog,
             )
         return True
 
-    def _call_all(self, payload: dict[str, Any], details: dict[str, Any] | None,
-                  only: set[int] | None = None) -> None:
-        """Call every subscriber (of ``only``, when given) with a copy of ``payload`` (plus ``details`` for
-        those that asked for them)."""
+    def _call(self, payloads: Iterable[dict[str, Any]]) -> None:
+        """Call the callback with each payload, in order; whatever it raises is logged and counted."""
         _calling.active = True
         try:
-            for token, callback in list(self.subscribers.items()):
-                if only is not None and token not in only:
-                    continue
+            for payload in payloads:
                 try:
-                    if details is not None and token in self.wants_details:
-                        callback({**payload, **details})
-                    else:
-                        callback(dict(payload))
+                    self.callback(payload)
                 except BaseException:  # user code: even SystemExit must not stop the actors
                     self.callback_errors += 1
-                    logger.exception("outcome subscriber {} raised; it stays subscribed", token)
+                    logger.exception("outcome subscriber {} raised; it stays subscribed", self.token)
+                self.notified += 1
         finally:
             _calling.active = False
-        self.delivered += 1
-        self.counts.publish(self.delivered, self.skipped, self.callback_errors)
+        self._publish()
+
+    def _publish(self) -> None:
+        self.cell.values = (self.notified, self.skipped, self.callback_errors)
 
     @handles(Flush)
     def _on_flush(self, msg: Flush) -> int:
-        return self.delivered
+        return self.notified
+
+
+class Notifier:
+    """The subscriber actors of one gateway, and the fan-out that tells them; any thread may call it.
+
+    Args:
+        max_backlog: notifications allowed to wait behind each slow subscriber.
+        counts: where every subscriber actor publishes its counters.
+    """
+
+    def __init__(self, max_backlog: int = 100_000, counts: NotifierCounts | None = None) -> None:
+        self.max_backlog = max_backlog
+        self.counts = counts if counts is not None else NotifierCounts()
+        self._lock = threading.Lock()  # add, remove, stop; tell reads the tuples below without it
+        self._actors: dict[int, tuple[pykka.ActorRef[Any], bool]] = {}  # token → (its actor, wants room events)
+        # Replaced whole under the lock, never changed in place: the Dispatcher's tell reads them as they are
+        self._everyone: tuple[pykka.ActorRef[Any], ...] = ()
+        self._room_watchers: tuple[pykka.ActorRef[Any], ...] = ()
+        self._stopped = False
+
+    def add(self, token: int, callback: Callable[[dict[str, Any]], Any], details: bool = False,
+            rooms: bool = False) -> bool:
+        """Start the subscriber's actor: ``callback`` gets every notification told from now on.
+
+        Args:
+            token: the subscription's token.
+            callback: the subscriber's callback.
+            details: put ``sender``, ``target`` and ``latency_seconds`` in its outcome dicts.
+            rooms: also give it the group rooms' events.
+
+        Returns:
+            False once the Notifier stopped (nothing started).
+        """
+        with self._lock:
+            if self._stopped:
+                return False
+            ref = NotifierActor.start(token, callback, details=details, max_backlog=self.max_backlog,
+                                      counts=self.counts)
+            self._actors[token] = (ref, rooms)
+            self._index()
+        return True
+
+    def remove(self, token: int) -> None:
+        """Stop the subscriber's actor once it has run what it was told before (idempotent).
+
+        Args:
+            token: the subscription's token.
+        """
+        with self._lock:
+            entry = self._actors.pop(token, None)
+            if entry is None:
+                return
+            self._index()
+        entry[0].stop(block=False)  # never waits: this may be that very subscriber's callback
+
+    def _index(self) -> None:
+        """Rebuild who gets what (under the lock)."""
+        self._everyone = tuple(ref for ref, _ in self._actors.values())
+        self._room_watchers = tuple(ref for ref, rooms in self._actors.values() if rooms)
+
+    def tell(self, message: Notify | NotifyOutcomes) -> None:
+        """Hand ``message`` to every subscriber that wants it: one tell each, never a wait.
+
+        Args:
+            message: DM outcomes (every subscriber), or one event (a room's: those subscribed with ``rooms``).
+        """
+        room_event = isinstance(message, Notify) and message.outcome.get("kind") == "room"
+        for ref in self._room_watchers if room_event else self._everyone:
+            tell(ref, message)  # one unsubscribed meanwhile is gone: it wants nothing more
+
+    def flush(self, timeout: float) -> int:
+        """Let every subscriber's callback catch up with what was told before, for ``timeout`` seconds in all.
+
+        Args:
+            timeout: seconds, for all the subscribers together (they catch up side by side).
+
+        Returns:
+            How many subscribers were still in a callback at the deadline (0: every one caught up).
+        """
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            refs = list(self._everyone)
+        replies = []
+        for ref in refs:
+            with contextlib.suppress(ActorGone):  # unsubscribed meanwhile: nothing to wait for
+                replies.append(ask_later(ref, Flush()))
+        busy = 0
+        for reply in replies:
+            try:
+                reply.get(timeout=max(0.0, deadline - time.monotonic()))
+            except AskTimeout:
+                busy += 1
+            except ActorGone:
+                continue
+        return busy
+
+    def stop(self, *, wait: bool) -> None:
+        """Stop every subscriber's actor once it has run what it was told; nothing is added after this.
+
+        Args:
+            wait: wait (up to 10 s) for them to end. False when a callback may still run (it may never
+                return): its daemon thread is left behind, and ends once the callback returns.
+        """
+        with self._lock:
+            self._stopped = True
+            refs = list(self._everyone)
+            self._actors.clear()
+            self._index()
+        stops = [ref.stop(block=False) for ref in refs]
+        if not wait:
+            return
+        deadline = time.monotonic() + _STOP_WAIT
+        for ref, stopping in zip(refs, stops, strict=True):
+            try:
+                stopping.get(timeout=max(0.0, deadline - time.monotonic()))
+            except pykka.Timeout:
+                logger.warning("{} did not stop within {:g}s", ref, _STOP_WAIT)

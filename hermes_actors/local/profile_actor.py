@@ -127,10 +127,12 @@ class ProfileActor(TypedActor):
         self.gate: TurnGate | None = None  # the running turn's gate: given up on when its time runs out, or at stop
         self.handed = False  # the running turn was handed to the live owner (set at each start, cleared at its end)
         # An owner's turn reported timed out (or ambiguous at a crash) that has not returned: it cannot be ended,
-        # so no turn starts beside it; a crashed predecessor's is carried over (its result is routed here)
-        self.owner_busy: str | None = salvage.owner_busy if salvage else None
-        if self.owner_busy is not None:
-            self.abandoned[self.owner_busy] = False
+        # so no turn starts beside it while that owner is attached; a crashed predecessor's is carried over (its
+        # result is routed here), unless the owner was detached meanwhile (a detach ends the wait: _on_detach)
+        busy = salvage.owner_busy if salvage else None
+        if busy is not None:
+            self.abandoned[busy] = False  # its late result is dropped
+        self.owner_busy: str | None = busy if self.owner is not None else None
         self.settled: list[Outcome] = []  # outcomes of the message being handled, told to the Dispatcher after it
         # the deliveries of the Deliver being handled not yet accepted: a crash in between salvages them too
         self.arriving: tuple[Delivery, ...] = ()
@@ -386,6 +388,13 @@ class ProfileActor(TypedActor):
         delivery = self.running
         if delivery is None or delivery.delivery_id != msg.delivery_id:
             ended = self.abandoned.pop(msg.delivery_id, None)
+            if msg.delivery_id == self.owner_busy:  # the owner is free again: the DMs queued behind it may run
+                logger.info("{}: its live Bot Chat owner returned the turn {} given up on at its timeout (its answer "
+                            "is dropped: that DM stays ambiguous); DMs to {} run again", self.info.profile,
+                            msg.delivery_id, self.info.profile)
+                self.owner_busy = None
+                self._pump()
+                return
             if ended is not None:
                 logger.warning("{}: the timed-out turn {} {}; its result is dropped", self.info.profile,
                                msg.delivery_id, "was ended" if ended else "finished after all")
@@ -394,9 +403,6 @@ class ProfileActor(TypedActor):
                               msg.delivery_id)
             else:
                 logger.warning("{}: TurnFinished for unknown delivery {}", self.info.profile, msg.delivery_id)
-            if msg.delivery_id == self.owner_busy:  # the owner is free again: the DMs queued behind it may run
-                self.owner_busy = None
-                self._pump()
             return
         self._turn_done(delivery, msg)
         self._pump()
@@ -497,9 +503,11 @@ class ProfileActor(TypedActor):
 
     def _owner_timed_out(self, delivery: Delivery, seconds: float) -> None:
         """The live owner's turn outlived ``turn_timeout_seconds``: it cannot be ended, so report it ``ambiguous``
-        (its mailbox record too), and start no turn of this profile until it returns (DESIGN 4.1). The DMs
-        queued behind it wait their ``turn_wait_seconds`` as behind any turn, then fail ``target_busy``; those
-        still waiting when it returns run then (as behind a timed-out turn process still holding the flock).
+        (its mailbox record too), and start no turn of this profile until it returns or the owner is detached
+        (DESIGN 4.1). The DMs queued behind it wait their ``turn_wait_seconds`` as behind any turn, then fail
+        ``target_busy`` with a text that says what holds them (``busy_text(owner_hung=True)``); those still
+        waiting when it returns run then (as behind a timed-out turn process still holding the flock). An owner
+        detached while that turn ran holds nothing: the DMs go on down the normal turn path.
         """
         key = delivery.delivery_id
         outcome = timed_out_outcome(delivery, profile=self.info.profile, seconds=seconds, began=True, live=False,
@@ -508,9 +516,16 @@ class ProfileActor(TypedActor):
             return  # the owner answered just now (its record is final): its TurnFinished follows and settles it
         self.running, self.turn_timer, self.handed = None, None, False
         self._close_gate()
-        self.owner_busy = key
         self.abandoned[key] = False
         self._settle(outcome)
+        if self.owner is None:  # detached while its turn ran: the embedder no longer waits for that owner
+            self._pump()
+            return
+        self.owner_busy = key
+        logger.warning("{}: its live Bot Chat owner did not return the turn {} within {:g}s (reported ambiguous); "
+                       "DMs to {} wait until the owner returns it or detach_live_owner('{}') is called, and "
+                       "fail target_busy after turn_wait_seconds meanwhile", self.info.profile, key, seconds,
+                       self.info.profile, self.info.profile)
         self._arm_wait()
 
     @handles(WaitExpired)
@@ -528,7 +543,7 @@ class ProfileActor(TypedActor):
             if now - enqueued < budget:
                 break
             del self.queue[key]
-            text = outcomes.busy_text(self.info.profile, now - enqueued)
+            text = outcomes.busy_text(self.info.profile, now - enqueued, owner_hung=self.owner_busy is not None)
             self._settle(outcomes.failed(key, delivery.label, text, "target_busy"))
         self._arm_wait()
 
@@ -578,7 +593,12 @@ class ProfileActor(TypedActor):
     def _on_detach(self, msg: DetachOwner) -> None:
         # Deliveries not yet handed over simply take the normal turn path from now on.
         self.owner = None
-        if self.running is None and not self.queue:
+        if self.owner_busy is not None:  # the DMs waited for that owner only: its late answer is still dropped
+            logger.info("{}: live Bot Chat owner detached; DMs to {} no longer wait for its turn {} given up on at "
+                        "its timeout", self.info.profile, self.info.profile, self.owner_busy)
+            self.owner_busy = None
+            self._pump()
+        elif self.running is None and not self.queue:
             self._arm_idle()
 
     @handles(StopProfile)

@@ -32,6 +32,7 @@ from actors import TypedActor, handles, tell
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, refuse, resolve_local
 from hermes_actors.errors import HostileFileError, RoomStopped, StoreError
+from hermes_actors.local.notifier import Notifier
 from hermes_actors.messages import (
     ROOM_ORIGIN,
     AwaitIdle,
@@ -84,7 +85,7 @@ class RoomActor(TypedActor):
         record: the room (new, or loaded from its file).
         files: the room directory.
         dispatcher: the DispatcherActor (member turns).
-        notifier: the NotifierActor (room events for ``subscribe`` callbacks).
+        notifier: the subscribers' Notifier (room events for ``subscribe`` callbacks).
         snapshot: the roster (names resolve against it; each send brings a fresh one).
         began: the record's ``running`` turn may have begun (its start mark was there when
             the gateway started; :meth:`~hermes_actors.rooms.store.RoomFiles.began`).
@@ -96,7 +97,7 @@ class RoomActor(TypedActor):
         *,
         files: RoomFiles,
         dispatcher: pykka.ActorRef[Any],
-        notifier: pykka.ActorRef[Any],
+        notifier: Notifier,
         snapshot: RosterSnapshot,
         began: bool,
     ) -> None:
@@ -173,7 +174,7 @@ class RoomActor(TypedActor):
             self.files.forget_start(turn_id)
         self.done_marks.clear()
         for event in self.events:
-            tell(self.notifier, Notify({"kind": "room", "room_id": self.record.room_id, "room": self.record.name,
+            self.notifier.tell(Notify({"kind": "room", "room_id": self.record.room_id, "room": self.record.name,
                                         **event}))
         self.events.clear()
 
@@ -386,7 +387,7 @@ class RoomActor(TypedActor):
         for future in self.waiters:
             future.set("disbanded")
         self.waiters.clear()
-        tell(self.notifier, Notify({"kind": "room", "room_id": self.record.room_id, "room": self.record.name,
+        self.notifier.tell(Notify({"kind": "room", "room_id": self.record.room_id, "room": self.record.name,
                                     "event": "state", "state": "disbanded"}))
         self.stop()
         return {**self.record.summary(), "state": "disbanded"}

@@ -22,6 +22,7 @@ from actors import ActorGone, ask
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.targets import refuse, resolve_local
 from hermes_actors.errors import HostileFileError, StoreError
+from hermes_actors.local.notifier import Notifier
 from hermes_actors.messages import (
     AwaitIdle,
     Disband,
@@ -50,7 +51,7 @@ class Rooms:
         files: the room directory of the root.
         dispatcher: the DispatcherActor.
         roster: the RosterActor.
-        notifier: the NotifierActor.
+        notifier: the subscribers' Notifier (room events).
     """
 
     def __init__(
@@ -59,7 +60,7 @@ class Rooms:
         *,
         dispatcher: pykka.ActorRef[Any],
         roster: pykka.ActorRef[Any],
-        notifier: pykka.ActorRef[Any],
+        notifier: Notifier,
     ) -> None:
         self.files = files
         self.dispatcher = dispatcher
