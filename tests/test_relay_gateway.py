@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -28,6 +29,7 @@ from roots import LogCapture, RecordingRunner, body_of, make_root, start_gateway
 from actors import Rescan, ask
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.cli.main import main
 from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.ops.journal_view import find_outcome
 from hermes_actors.relay import outbound as outbound_module
@@ -581,6 +583,48 @@ def test_a_sender_killed_while_other_gateways_run_is_taken_over_by_exactly_one_o
     (wake,) = a_runner.entered + c_runner.entered
     assert "for the dead" in body_of(wake.content)
     assert not (relay(root) / "sent" / f"{envelope_id}.json").exists()  # forgotten once reported
+
+
+@pytest.mark.parametrize("sender", ["gateway", "cli"])
+def test_a_sender_that_starts_and_stops_cleanly_between_two_rescans_is_taken_over_by_the_running_gateway(
+    sender: str, tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Gateway A runs on the root; between two of its rescans a second gateway starts, sends a relay DM and
+    stops cleanly (``cli``: the real ``hermes-actors send`` without a host, which does exactly that). The reply
+    lands; at A's next rescan A takes the DM over and reports it: one outcome, one wake of the sender. Before,
+    the clean stop removed its empty shelf, so A, which had never seen that shelf alive, never saw it die: the
+    DM's sent/ record named a shelf nobody looked for, its reply was never reported, its sender never woken.
+    The command's DM is recorded without a wake (``wake: false``: it says so, "only a host wakes senders"), and
+    the taker keeps that decision: reported once, nobody woken."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a, a_runner, seen = beside(gateways, root, config)
+    if sender == "gateway":
+        b = Gateway(root, runner=RecordingRunner(), config=config, connection_id="alpha").start()
+        envelope_id = queued(b.message_agent(sender="alice", target="moxie", message="from a short-lived gateway"))
+        b.stop(timeout=10)
+    else:
+        capsys.readouterr()
+        assert main(["send", "--root", str(root), "--from", "alice", "--connection-id", "alpha", "--runner", "demo",
+                     "moxie", "from the command line"]) == 0
+        (envelope_id,) = set(re.findall(r"\b[0-9a-f]{32}\b", capsys.readouterr().out))
+    record = relay(root) / "sent" / f"{envelope_id}.json"
+    written = json.loads(record.read_text(encoding="utf-8"))
+    assert written["wake"] is (sender == "gateway")
+    shelf = relay(root) / "taken" / written["owner"]
+    assert shelf.is_dir()  # kept by the clean stop while the record names it
+    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="for the stopped", now=time.time()))
+    rescan(a)
+    assert a.wait_outcome(envelope_id, timeout=20)["reply"] == "for the stopped"  # A took the DM over
+    if sender == "gateway":
+        await_condition(lambda: len(a_runner.entered) == 1, timeout=20, message="A woke the DM's sender")
+    rescan(a)  # a later rescan takes nothing over again
+    a.stop(timeout=10)  # flushes what it published, and the wake it started
+    assert [(o["status"], o["reply"]) for o in seen if o["delivery_id"] == envelope_id] == [("replied",
+                                                                                          "for the stopped")]
+    assert [body_of(wake.content).count("for the stopped") for wake in a_runner.entered] == (
+        [1] if sender == "gateway" else [])
+    assert not record.exists() and not shelf.exists()  # forgotten once reported; the kept shelf removed by A
 
 
 @pytest.mark.parametrize("killed_at", ["relay-before-forget", "after-outcome-before-delivered"])

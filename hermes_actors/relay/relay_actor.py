@@ -68,6 +68,7 @@ from hermes_actors.store.relay_heartbeat import (
 )
 from hermes_actors.store.relay_inbox import InboxPaths, return_to_inbox, write_delivered
 from hermes_actors.store.relay_marks import clear_started, keep_reply, on_a_shelf, was_started
+from hermes_actors.store.relay_sent import names_owner
 from hermes_actors.store.relay_shelf import Adopted, Shelf
 from hermes_actors.store.sweep import sweep_old_files
 from hermes_actors.store.yaml_file import warned_while_failing
@@ -183,7 +184,9 @@ class RelayActor(TypedActor):
             release_shelf(self.paths, name)
         remove_heartbeat(self.paths)
         self.outbound.close()
-        self.shelf.close()
+        # kept while a sent/ record names it: a gateway running on the root finds it dead at its next rescan and
+        # takes those DMs over (removed, a shelf born after its last rescan was never seen: they waited for nobody)
+        self.shelf.close(keep=names_owner(self.paths, self.shelf.path.name))
 
     def _recover_taken(self, adopted: Adopted) -> None:
         """Envelopes a dead gateway on this root had taken: finish, answer ambiguous, or run them once.

@@ -55,6 +55,7 @@ __all__ = [
     "drop_withdrawn",
     "finish_expiry",
     "list_sent",
+    "names_owner",
     "queueing_name",
     "read_sent",
     "record_sent",
@@ -372,6 +373,22 @@ def list_sent(paths: InboxPaths) -> tuple[list[SentRecord], list[Path]]:
         except (OSError, ValidationError):
             bad.append(path)
     return records, bad
+
+
+def names_owner(paths: InboxPaths, owner: str) -> bool:
+    """Whether some valid ``sent/`` record still names the shelf ``owner`` as its writer.
+
+    A gateway stopping cleanly asks it of its own shelf: while one does, the shelf is kept (empty, its lock
+    released), so a gateway running on the root finds it dead at its next rescan and takes those DMs over.
+
+    Args:
+        paths: the relay layout.
+        owner: a shelf's name (``s-<token>``).
+
+    Returns:
+        True when one does; False when none does, or ``sent/`` cannot be listed (nothing then proves one does).
+    """
+    return any(record.owner == owner for record in list_sent(paths)[0])
 
 
 def read_sent(paths: InboxPaths, envelope_id: str) -> SentRecord | None:

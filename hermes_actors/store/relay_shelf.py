@@ -23,7 +23,9 @@ and the relay's ``sent/`` records naming it as their writer
 shelf that is gone (its process stopped cleanly, or an adopter emptied it) is made again, locked
 from birth, for as long as the records still naming it are taken over: its creation decides
 between two adopters. A running gateway does this at each rescan for the shelves that died or
-went away since the last one (:attr:`Adopted.alive` says which still live).
+went away since the last one (:attr:`Adopted.alive` says which still live). A gateway that stops
+cleanly keeps its shelf (empty, its lock released) while a ``sent/`` record still names it: one
+born and removed between two rescans would otherwise never be seen by a running gateway.
 """
 
 from __future__ import annotations
@@ -264,12 +266,20 @@ class Shelf:
             return False
         return True
 
-    def close(self) -> None:
-        """Release the lock; remove the shelf when it is empty (otherwise the next start adopts it)."""
+    def close(self, *, keep: bool = False) -> None:
+        """Release the lock; remove the shelf when it is empty (otherwise the next start adopts it).
+
+        Args:
+            keep: leave it in place even when empty (a gateway's ``sent/`` records still name it): a shelf
+                born and removed between two rescans of a running gateway was never seen by it, so the DMs
+                those records name waited for nobody; kept, its lock free, the next adoption finds it dead
+                (:meth:`adopt`), takes those records over, and removes it.
+        """
         if self._fd is None:
             return
         try:
-            _remove_if_bare(self.path)
+            if not keep:
+                _remove_if_bare(self.path)
         except OSError as exc:
             logger.warning("could not remove the shelf {}: {}", self.path, exc)
         finally:
