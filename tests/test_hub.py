@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -722,6 +723,42 @@ def test_an_acked_dms_envelope_replaced_by_another_users_file_is_answered_not_de
     assert "NOT delivered" in outcome["error"] and "is owned by uid 65534" in outcome["error"], outcome
     assert rf.list_ids(mini / "bot_relay" / "inbox") == []  # never handed on
     assert list((alpha / "bot_relay" / "quarantine").glob(f"{key}.json.*.quarantined"))
+
+
+def test_an_unreadable_file_put_in_an_outbox_under_a_delivered_dms_id_never_beats_its_real_reply(
+        tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Regression (review diffrev17, s6): alpha's DM runs on mini; meanwhile a file the hub refuses unread
+    (group-writable: refused as another uid's file is) is put at alpha's ``outbox/<id>.json``. The hub answered it
+    "NOT delivered", first in ``replies/``, so that won over mini's real reply: alice heard NOT delivered for a DM
+    that ran (and could resend it). The DM is filed in ``claimed/``: the file is quarantined unanswered, and
+    alpha's outcome is mini's real reply."""
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    write_roster_file(alpha, [remote_row("moxie", "mini", online=True)])
+    release = threading.Event()
+
+    def slow(turn: Any) -> str:
+        release.wait(30)
+        return f"moxie did it: {body_of(turn.content)}"
+
+    mini_runner = RecordingRunner(slow)
+    start_gateway(gateways, mini, mini_runner, connection_id="mini", durable=False)
+    gw = start_gateway(gateways, alpha, connection_id="alpha", durable=False)
+    quarantined = alpha / "bot_relay" / "quarantine"
+    try:
+        with hub_thread({"alpha": alpha, "mini": mini}):
+            key = gw.message_agent(sender="alice", target="moxie@mini", message="do the thing")["delivery_id"]
+            await_condition(lambda: len(mini_runner.entered) == 1, timeout=30, message="mini runs the turn")
+            place("group-writable", b"{}", alpha / "bot_relay" / "outbox" / f"{key}.json", tmp_path / "staging",
+                  mode=0o664)
+            await_condition(lambda: list(quarantined.glob(f"{key}.json.*")), timeout=30,
+                            message="the hub quarantined the planted file")
+            assert reply_of(alpha, key) is None  # not answered
+            release.set()
+            outcome = gw.wait_outcome(key, timeout=30)
+    finally:
+        release.set()
+    assert (outcome["status"], outcome["reply"]) == ("replied", "moxie did it: do the thing"), outcome
 
 
 def test_the_hub_quarantines_misnamed_files_in_an_outbox_as_a_gateway_does_in_its_inbox(

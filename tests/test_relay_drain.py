@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 from hermes_actors.store.relay_protocol import make_envelope
 from hermes_actors.store.relay_roster import normalize_roster_row
+from hermes_actors.store.relay_sent import record_sent
+from hermes_actors.store.relay_shelf import Shelf
 
 NOW = 1_700_000_000.0
 TTL = 900.0
@@ -165,6 +168,8 @@ def test_an_envelope_file_refused_unread_is_answered_from_an_outbox_not_from_an_
     envelope = {**_envelope(10.0), "id": new_delivery_id()}
     if box == "inbox":
         envelope["reply_connection"] = "studio"
+    else:  # our DM, in flight: its sent/ record proves it (one of another DM is never answered: see below)
+        record_sent(paths, envelope["id"], "@bob on mini", now=NOW)
     body = b"{not json" if kind == "not JSON" else json.dumps(envelope).encode()
     directory = paths.relay.outbox if box == "outbox" else paths.inbox
     place(kind, body, directory / f"{envelope['id']}.json", tmp_path / "staging",
@@ -182,6 +187,37 @@ def test_an_envelope_file_refused_unread_is_answered_from_an_outbox_not_from_an_
     why = {"other-uid": "is owned by uid 65534", "group-writable": "is writable by group or others (mode 0664)",
            "not JSON": "is not valid JSON"}[kind]
     assert why in error, error
+
+
+@pytest.mark.parametrize("taken", ["filed in claimed/", "on a hub's shelf", "replied", "no sent/ record"])
+def test_an_unreadable_outbox_file_under_the_id_of_a_dm_not_provably_undelivered_is_quarantined_unanswered(
+    paths: InboxPaths, tmp_path: Path, taken: str,
+) -> None:
+    """Regression (review diffrev17, s6): a file nobody can read put in a sender's ``outbox/`` under the id of a
+    DM a hub already took (its turn running, its real reply on the way) was answered "NOT delivered", and that
+    reply, written first, won over the real one: the sender heard NOT delivered for a DM that ran, and could
+    resend it. It is answered only when the DM is provably still undelivered (the previous test): recorded in
+    ``sent/``, and held by no taker (no ``claimed/`` entry, on no hub's shelf, no reply). Otherwise it is
+    quarantined silently. Drained as the hub drains, its shelf as the layout's ``claimed``."""
+    envelope = _envelope(10.0)
+    envelope_id = envelope["id"]
+    if taken != "no sent/ record":
+        record_sent(paths, envelope_id, "@bob on mini", now=NOW)
+    if taken == "filed in claimed/":
+        (paths.relay.claimed / f"{envelope_id}.json").write_text(json.dumps(envelope), encoding="utf-8")
+    elif taken == "replied":
+        rf.write_reply(paths.relay, {"id": envelope_id, "at": int(NOW), "reply": "done", "error": "", "reason": ""})
+    other_hub = Shelf(paths.hubclaims, within=paths.relay.root)
+    if taken == "on a hub's shelf":
+        (other_hub.open() / f"{envelope_id}.json").write_text(json.dumps(envelope), encoding="utf-8")
+    hub = replace(paths, relay=replace(paths.relay, claimed=Shelf(paths.hubclaims, within=paths.relay.root).open()))
+    place("group-writable", json.dumps(envelope).encode(), paths.relay.outbox / f"{envelope_id}.json",
+          tmp_path / "staging", mode=0o664)
+    result = drain_envelope(hub, "outbox", envelope_id, ttl=TTL, now=NOW)
+    assert isinstance(result, Quarantined) and result.reply is None, result
+    assert [name for name in os.listdir(paths.relay.quarantine) if name.startswith(envelope_id)]
+    assert rf.read_reply(paths.relay, envelope_id) == (
+        {"id": envelope_id, "at": int(NOW), "reply": "done", "error": "", "reason": ""} if taken == "replied" else None)
 
 
 def test_drain_outbox_answers_a_malformed_envelope_in_replies(paths: InboxPaths) -> None:

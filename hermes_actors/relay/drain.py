@@ -24,11 +24,12 @@ from typing import Any, Literal
 
 from loguru import logger
 
+from hermes_actors.core.ids import validate_delivery_id
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.atomic import read_json_file
-from hermes_actors.store.relay_dirfd import relay_dir
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_inbox import (
     InboxPaths,
     inbox_ttl,
@@ -37,6 +38,7 @@ from hermes_actors.store.relay_inbox import (
     take_from_inbox,
 )
 from hermes_actors.store.relay_quarantine import quarantine
+from hermes_actors.store.relay_shelf import find_on_shelves
 
 __all__ = [
     "Box",
@@ -141,15 +143,50 @@ def _refused(box: Box, data: Any, path: Path, why: str, now: float) -> Quarantin
     return Quarantined(path.stem, why, reply, reply_connection or "")
 
 
-def _unusable(box: Box, path: Path, why: str, now: float) -> Quarantined:
+def _unusable(path: Path, why: str, now: float, *, owed: bool) -> Quarantined:
     """Pure: a claimed file that could not be read as an envelope, with the error reply its sender is owed.
 
     From ``outbox/`` the sender is the root whose outbox it was in, waiting on the id of its name
-    (:func:`~hermes_actors.store.relay_protocol.unusable_reply`); from ``inbox/`` its sender's root is named only
-    inside it (``reply_connection``), which is not read: no reply.
+    (:func:`~hermes_actors.store.relay_protocol.unusable_reply`), when that id is one of its DMs still undelivered
+    (``owed``: :func:`_still_undelivered`); from ``inbox/`` its sender's root is named only inside it
+    (``reply_connection``), which is not read: no reply.
+
+    Args:
+        path: the claimed file (its name carries the id).
+        why: why it was refused (the read's error).
+        now: the current time.
+        owed: whether its sender is told NOT delivered.
     """
-    reply = rp.unusable_reply(path.stem, why=why, now=now) if box == "outbox" else None
-    return Quarantined(path.stem, why, reply)
+    return Quarantined(path.stem, why, rp.unusable_reply(path.stem, why=why, now=now) if owed else None)
+
+
+def _still_undelivered(paths: InboxPaths, envelope_id: str) -> bool:
+    """Whether a DM of the root whose ``outbox/`` held an unreadable file of that id provably never left it.
+
+    Such a file is answered by its name's id, and the first reply written wins: put in ``outbox/`` under the id of
+    a DM already taken (its reply on the way), its "NOT delivered" beat the real reply and the sender could resend
+    a DM that ran. Answered only when that DM is this root's (``sent/`` records it: in flight), and no taker
+    holds it: not on a hub's shelf, not in the real ``claimed/`` (``paths.relay.claimed`` is the hub's shelf in the
+    hub's layout), no reply yet. Looked at in the order a taken envelope moves (a hub's shelf, then
+    ``claimed/``), so one moving meanwhile is still seen. Never raises.
+
+    Args:
+        paths: the sender root's relay layout.
+        envelope_id: the id of the file's name.
+
+    Returns:
+        True when all of that holds; False otherwise, when the id is invalid, or when a directory cannot be
+        looked at (refused: a symlink, another user's): nothing then proves it undelivered.
+    """
+    base = paths.relay.base
+    try:
+        name = f"{validate_delivery_id(envelope_id, what='envelope id')}.json"
+        return (not find_on_shelves(paths.hubclaims, name, base=base)
+                and not lexists_below(base, base / rp.CLAIMED / name)
+                and not lexists_below(base, paths.relay.replies / name)
+                and lexists_below(base, paths.sent / name))
+    except (OSError, ValidationError):  # HostileFileError included
+        return False
 
 
 def _mtime(path: Path) -> float | None:
@@ -211,8 +248,8 @@ def settle_claimed(paths: InboxPaths, box: Box, claimed: Path, *, ttl: float, no
     except FileNotFoundError:
         return NotOurs(claimed.stem, "the claimed file vanished")
     except (OSError, ValidationError) as exc:  # not JSON, a symlink, too big...: nothing in it is trusted
-        quarantine(paths.relay, claimed, str(exc))
-        return _unusable(box, claimed, str(exc), now)
+        quarantine(paths.relay, claimed, str(exc))  # first: our claim of it must not count as a taker's below
+        return _unusable(claimed, str(exc), now, owed=box == "outbox" and _still_undelivered(paths, claimed.stem))
     try:
         envelope, reply_connection = _parse(box, data, claimed)
     except ValidationError as exc:  # a JSON object with a bad field: its sender is told, when its id is sound
