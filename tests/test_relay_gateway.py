@@ -715,6 +715,48 @@ def test_a_gateway_whose_shelf_is_removed_while_it_runs_keeps_its_dms_and_no_oth
     assert len(a_runner.entered) == 1 and b_runner.entered == []
 
 
+@pytest.mark.parametrize("found_at", ["the reply", "the rescan finding its shelf gone"])
+def test_a_dm_taken_over_while_its_gateway_was_paused_is_reported_only_by_the_gateway_that_took_it_over(
+    found_at: str, tmp_path: Path, gateways: list[Gateway], logs: LogCapture
+) -> None:
+    """Gateways A and B run; A sends a relay DM. A is then paused (SIGSTOP) past its heartbeat's freshness while
+    its shelf is removed: its shelf looks like a stopped gateway's, and B takes the DM over (its sent/ record now
+    names B's shelf) while A still waits for it. Simulated without a pause: the record is made to name a dead
+    gateway's shelf, which B adopts at its rescan. Then A finds out, at the reply (A reads the record before it
+    reports) or at its rescan (its shelf gone too): A drops the DM with one WARNING, reports nothing, wakes
+    nobody; B reports it once and wakes the sender once. Before, after SIGCONT both reported it: two outcomes,
+    two wakes."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a, a_runner, seen_a = beside(gateways, root, config)
+    b, b_runner, seen_b = beside(gateways, root, config)
+    envelope_id = queued(a.message_agent(sender="alice", target="moxie", message="mine"))
+    record = relay(root) / "sent" / f"{envelope_id}.json"
+    written = json.loads(record.read_text(encoding="utf-8"))
+    dead = relay(root) / "taken" / f"s-{uuid.uuid4().hex}"  # a stopped gateway's shelf: its lock free
+    dead.mkdir(mode=0o700)
+    (dead / ".lock").touch(mode=0o600)
+    record.write_text(json.dumps({**written, "owner": dead.name}), encoding="utf-8")
+    rescan(b)  # B adopts it: the record names B's shelf now, B waits for the DM
+    assert json.loads(record.read_text(encoding="utf-8"))["owner"] not in (written["owner"], dead.name)
+    assert (a.stats()["relay"]["waiting"], b.stats()["relay"]["waiting"]) == (1, 1)
+    if found_at != "the reply":
+        shutil.rmtree(relay(root) / "taken" / written["owner"])
+        rescan(a)  # A takes a new shelf and finds the DM is no longer its own
+        assert a.stats()["relay"]["waiting"] == 0
+    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="back", now=time.time()))
+    assert b.wait_outcome(envelope_id, timeout=10)["reply"] == "back"
+    await_condition(lambda: len(b_runner.entered) == 1, timeout=10, message="B woke the sender")
+    rescan(a, b)  # A's rescan finds the reply too: still nothing reported there
+    assert a.stats()["relay"]["waiting"] == b.stats()["relay"]["waiting"] == 0
+    for gw in (a, b):
+        gw.stop(timeout=10)  # flushes what each published
+    assert [o for o in seen_a if o["delivery_id"] == envelope_id] == [] and a_runner.entered == []
+    assert [(o["status"], o["reply"]) for o in seen_b if o["delivery_id"] == envelope_id] == [("replied", "back")]
+    assert len(b_runner.entered) == 1
+    assert len(logs.matching(envelope_id, "was taken over by another gateway")) == 1
+
+
 def test_envelopes_taken_by_a_gateway_killed_while_another_runs_are_adopted_by_it_at_its_next_rescan(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

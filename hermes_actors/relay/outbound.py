@@ -46,7 +46,7 @@ from hermes_actors.relay.restart import SentScan, scan_sent, take_over_sent
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.owner_lock import release
-from hermes_actors.store.relay_inbox import InboxPaths, mark_consumed
+from hermes_actors.store.relay_inbox import InboxPaths, is_consumed, mark_consumed
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_sent import (
     SentRecord,
@@ -55,6 +55,7 @@ from hermes_actors.store.relay_sent import (
     drop_withdrawn,
     finish_expiry,
     queueing_name,
+    read_sent,
     record_sent,
 )
 
@@ -136,6 +137,8 @@ class Outbound:
         self.resumed: tuple[ResumedSend, ...] = ()  # kept until the Gateway's ResumeRelay takes them
         # never queued before a restart: id → the lock of its withdrawn file, which goes once forgotten
         self.withdrawn: dict[str, int] = {}
+        # our former shelves (removed under us) that a sent/ record still names: ours as much as ``paths.taken``
+        self.former: set[str] = set()
 
     def send(self, msg: RelaySend) -> dict[str, Any]:
         """Record and queue one envelope; the ack dict, or a refusal dict (nothing queued)."""
@@ -310,15 +313,61 @@ class Outbound:
                 self.paths.relay.id_file(self.paths.expiring, envelope_id)):
             self._finish_expiry(envelope_id)  # our expiry, killed after its reply: file it where the seed's goes
         outcome = outcomes.from_relay_reply(envelope_id, entry.label, reply["reply"], reply["error"], reply["reason"])
-        self._report(envelope_id, outcome)
-        self.counters["replies"] += 1
+        if self._report(envelope_id, outcome):
+            self.counters["replies"] += 1
 
-    def _report(self, envelope_id: str, outcome: Outcome) -> None:
-        """Hand the outcome of our envelope to the Dispatcher; its ``sent/`` record stays until ``ForgetSent``."""
+    def _report(self, envelope_id: str, outcome: Outcome) -> bool:
+        """Hand the outcome of our envelope to the Dispatcher; its ``sent/`` record stays until ``ForgetSent``.
+
+        Returns:
+            True when told; False when another gateway took the envelope over (:meth:`_taken_over`): it is
+            dropped unreported, that gateway reports it (two reports were two outcomes and two wakes).
+        """
+        if self._taken_over(envelope_id):
+            self._drop(envelope_id)
+            return False
         entry = self.waiting.pop(envelope_id)
         for timer in entry.timers:
             timer.cancel()
         self.dispatcher.tell(RelayedOutcome(outcome))
+        return True
+
+    def _taken_over(self, envelope_id: str) -> bool:
+        """Whether another gateway on the root took over this envelope we wait for; one small read.
+
+        That happens when this gateway was paused (SIGSTOP) past its heartbeat's freshness while its shelf was
+        removed: the shelf then looked like a stopped gateway's, and a running gateway adopted the ``sent/``
+        records naming it. Its record names that gateway's shelf as ``owner`` then (or is gone, with the
+        ``consumed/`` mark of the outcome that gateway reported already).
+
+        Returns:
+            True when the record names a shelf that is not ours (``paths.taken``, or a former one in ``former``),
+            or is gone and the envelope consumed; False otherwise: ours, or unknown (a record that cannot be read,
+            or one without ``owner``, an older version's: reported here as before).
+        """
+        try:
+            record = read_sent(self.paths, envelope_id)
+        except (OSError, ValidationError):  # HostileFileError included: cannot tell, reported as before
+            return False
+        if record is None:
+            return is_consumed(self.paths, envelope_id)
+        return bool(record.owner) and record.owner != self.paths.taken.name and record.owner not in self.former
+
+    def _drop(self, envelope_id: str) -> None:
+        """Stop waiting for an envelope another gateway took over (its timers too); it is never reported here."""
+        entry = self.waiting.pop(envelope_id)
+        for timer in entry.timers:
+            timer.cancel()
+        logger.warning("relay: {} (to {}) was taken over by another gateway on this root while this one was paused "
+                       "or its shelf was removed: its outcome is reported there, not here", envelope_id, entry.label)
+
+    def drop_taken_over(self) -> None:
+        """Stop waiting for the envelopes another gateway took over (our shelf was removed: :meth:`_taken_over`).
+
+        One small read per envelope waited for; called only when our shelf was found gone.
+        """
+        for envelope_id in [e for e in self.waiting if self._taken_over(e)]:
+            self._drop(envelope_id)
 
     def forget(self, envelope_id: str) -> None:
         """The outcome is journaled (or published): the envelope is no longer ours to resume."""
@@ -409,8 +458,8 @@ class Outbound:
                                  grace=EXPIRY_ANSWER_GRACE_SECONDS)
         else:
             text = no_reply_text(entry.label, budget)
-        self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "delivery_timeout"))
-        self.counters["timeouts"] += 1
+        if self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "delivery_timeout")):
+            self.counters["timeouts"] += 1
 
     def _quarantine(self, path: Path, why: str) -> None:
         self.counters["quarantined"] += 1

@@ -143,8 +143,6 @@ class RelayActor(TypedActor):
         self.unfixable: set[Path] = set()  # relay directories the rescan could not put back (each logged once)
         self.paths = self.paths.on_shelf(self.shelf.open())
         hold_shelf(self.paths, self.shelf.path.name)  # our heartbeats claim it: see _keep_shelf
-        # former shelves of ours (removed under us) that some sent/ record still names: claimed until we stop
-        self.former: set[str] = set()
         self.config = config
         self.dispatcher = dispatcher
         self.roster = roster
@@ -180,7 +178,7 @@ class RelayActor(TypedActor):
         if self.counters["returned"]:  # a warning: their senders wait until a gateway starts on this root again
             logger.warning("relay: {} relayed-in envelope(s) never started and went back into inbox/ for the next "
                            "start", self.counters["returned"])
-        for name in (self.shelf.path.name, *self.former):  # first: our records are a stopped gateway's now
+        for name in (self.shelf.path.name, *self.outbound.former):  # first: our records are a stopped gateway's now
             release_shelf(self.paths, name)
         remove_heartbeat(self.paths)
         self.outbound.close()
@@ -444,7 +442,9 @@ class RelayActor(TypedActor):
         our DMs while we still do (two outcomes, two wakes). Our heartbeat claims it meanwhile (held from our
         start, :func:`~hermes_actors.store.relay_heartbeat.claimed_shelves`), so none does; here the records
         are made to name the new shelf (:func:`~hermes_actors.relay.restart.reown_sent`), whose lock says so
-        by itself, and the former one is no longer claimed unless a record could not be rewritten.
+        by itself, and the former one is no longer claimed unless a record could not be rewritten. Paused
+        (SIGSTOP) past our heartbeat's freshness while the shelf was gone, another gateway may have taken some
+        over meanwhile: those are dropped, never reported here (:meth:`Outbound.drop_taken_over`).
         """
         try:
             if stat.S_ISDIR(os.lstat(self.paths.taken).st_mode):
@@ -469,13 +469,15 @@ class RelayActor(TypedActor):
         self.outbound.paths = self.paths  # what we send from now on names the new shelf, and so does an adoption
         moved, left = reown_sent(self.paths, former.path.name)
         if left:
-            self.former.add(former.path.name)
+            self.outbound.former.add(former.path.name)  # claimed (heartbeat) until we stop; still ours
             logger.warning("relay: {} sent/ record(s) of ours still name our former shelf {} (they could not be "
                            "rewritten); our heartbeat claims it for as long as we run", left, former.path)
         else:
             release_shelf(self.paths, former.path.name)
         if moved:
             logger.info("relay: {} sent/ record(s) of ours now name our new shelf {}", moved, path)
+        # paused past our heartbeat's freshness while the shelf was gone, another gateway may have taken some over
+        self.outbound.drop_taken_over()
 
     # ── heartbeat and housekeeping ──────────────────────────────────────────
 
