@@ -136,7 +136,9 @@ def test_a_dead_holders_lease_is_taken_over_when_redis_is_back_after_a_start_wit
     over, the heartbeat only took a free one. Now the heartbeat applies the start's rule."""
     stale = dead_consumer()
     client = redis_server.client()
-    client.set(KEYS.alive("alpha"), stale, ex=600)  # A, killed -9 a moment ago
+    # A, killed -9: a beat takes over a lease only once it ran below half its expiry unrefreshed (a live holder in
+    # another pid namespace looks dead too); without an expiry it is past that bound however slow this machine is
+    client.set(KEYS.alive("alpha"), stale)
     client.close()
     redis_server.kill()  # appendfsync always: the restart replays A's lease
     with LogCapture("INFO") as logs, _gateway(tmp_path, "alpha", redis_server.url) as alpha:
@@ -179,6 +181,43 @@ def test_a_beat_takes_over_no_live_holder_and_says_when_the_lost_lease_is_ours_a
     assert len(logs.matching(KEYS.alive("mini"), "is this gateway's lease again", "reads its inbox")) == 2, \
         logs.lines
     assert logs.matching("taking it over") == [], logs.lines
+
+
+def test_a_beat_never_takes_a_lease_its_holder_refreshes_though_its_pid_looks_dead(redis_server: RedisServer) -> None:
+    """Regression (diffrev16): two live gateways on one connection id, one in another pid namespace (a container
+    sharing the host name), each saw the other's pid as dead and took the lease from the other at every beat:
+    both read the inbox in turn, and no ERROR said so. A beat now takes over a dead-looking holder only once its
+    lease ran below half its expiry (it stopped refreshing it); until then it says so (a WARNING), and once the
+    holder kept it a whole expiry, the ERROR of a second process, naming the pid namespace."""
+    settings = redis_settings({"bot_mode": {"redis_heartbeat_seconds": 600}}, redis_server.url)  # beat() only
+    expiry_ms = round(settings.heartbeat_ttl_seconds * 1000)
+    half = expiry_ms // 2  # a live holder refreshes every beat, a third of the expiry: never below two thirds
+    other = dead_consumer()  # how a live gateway in another pid namespace looks from here
+    alive = KEYS.alive("mini")
+    now = [0.0]  # the heartbeat's clock: how long the lease has been the other's
+    client = redis_server.client()
+    with LogCapture("INFO") as logs:
+        beat = Heartbeat(settings, KEYS, "mini", consumer_name(), clock=lambda: now[0]).start()
+        try:
+            for _ in range(4):  # two expiries' worth of beats; the other refreshes its lease between them
+                client.set(alive, other, px=expiry_ms)
+                assert beat.beat() is False and beat.lease_lost
+                assert client.get(alive) == other.encode(), "a holder that refreshes its lease keeps it"
+                now[0] += settings.heartbeat_ttl_seconds / 2
+            assert logs.matching("taking it over") == [], logs.lines
+            assert len(logs.matching(alive, other, "whose pid does not run on this host", "killed a moment ago",
+                                     "another pid namespace")) == 1, logs.lines
+            assert len(logs.matching(alive, "is held by another process", other, "another pid namespace",
+                                     "stop one of them")) == 1, logs.lines
+            client.pexpire(alive, half + 60_000)  # refreshed a minute late: not overdue yet
+            assert beat.beat() is False and client.get(alive) == other.encode()
+            client.pexpire(alive, half - 60_000)  # not refreshed for over 1.5 beats: it stopped
+            assert beat.beat() is True and not beat.lease_lost
+            assert client.get(alive) == beat.consumer.encode()
+        finally:
+            beat.stop()
+    assert len(logs.matching("connection mini was held by", other, "taking it over")) == 1, logs.lines
+    assert logs.matching(alive, "is this gateway's lease again"), logs.lines
 
 
 def test_a_live_lease_of_another_host_is_not_taken_over(tmp_path: Path, redis_server: RedisServer) -> None:
