@@ -8,8 +8,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +95,44 @@ def test_redis_back_after_a_down_start_clears_the_unreachable_refusal(tmp_path: 
                 await_condition(reachable, timeout=20, interval=0.1, message="bob@mini reachable once Redis is up")
         finally:
             server.kill()
+
+
+def test_a_redis_that_accepts_connections_but_never_answers_keeps_stats_start_and_stop_short(tmp_path: Path) -> None:
+    """Regression (diffrev16): against a black hole (a Redis that accepts TCP connections and never answers) the
+    transport actor waited 6 s in each command (3 s socket timeout, retried once), its ticks piled up behind
+    them, and ``stats()`` (so /metrics, /status and the host's status) hung 30 s and failed; start took 24 s,
+    stop 10 s. Each command now waits 1 s (no retry after a timeout) and a down Redis is probed once a tick."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+
+    def accept_and_never_answer() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: the test is over
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept_and_never_answer, daemon=True).start()
+    url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    alpha = _gateway(tmp_path, "alpha", url)
+    try:
+        began = time.monotonic()
+        alpha.start()
+        started_in = time.monotonic() - began
+        for _ in range(3):  # later asks too: the ticks do not pile up while it lasts
+            began = time.monotonic()
+            relay = alpha.stats()["relay"]
+            assert time.monotonic() - began < 10, "stats() waited on the black hole"
+            assert relay["reachable"] is False, relay
+        began = time.monotonic()
+        alpha.stop()
+        assert time.monotonic() - began < 8, "stop() waited on the black hole"
+        assert started_in < 15, f"start() took {started_in:.1f}s"
+    finally:
+        alpha.stop()
+        listener.close()
+        for conn in held:
+            conn.close()
 
 
 # ── one process per connection id ───────────────────────────────────────────
