@@ -8,8 +8,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +97,44 @@ def test_redis_back_after_a_down_start_clears_the_unreachable_refusal(tmp_path: 
             server.kill()
 
 
+def test_a_redis_that_accepts_connections_but_never_answers_keeps_stats_start_and_stop_short(tmp_path: Path) -> None:
+    """Regression (diffrev16): against a black hole (a Redis that accepts TCP connections and never answers) the
+    transport actor waited 6 s in each command (3 s socket timeout, retried once), its ticks piled up behind
+    them, and ``stats()`` (so /metrics, /status and the host's status) hung 30 s and failed; start took 24 s,
+    stop 10 s. Each command now waits 1 s (no retry after a timeout) and a down Redis is probed once a tick."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+
+    def accept_and_never_answer() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: the test is over
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept_and_never_answer, daemon=True).start()
+    url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    alpha = _gateway(tmp_path, "alpha", url)
+    try:
+        began = time.monotonic()
+        alpha.start()
+        started_in = time.monotonic() - began
+        for _ in range(3):  # later asks too: the ticks do not pile up while it lasts
+            began = time.monotonic()
+            relay = alpha.stats()["relay"]
+            assert time.monotonic() - began < 10, "stats() waited on the black hole"
+            assert relay["reachable"] is False, relay
+        began = time.monotonic()
+        alpha.stop()
+        assert time.monotonic() - began < 8, "stop() waited on the black hole"
+        assert started_in < 15, f"start() took {started_in:.1f}s"
+    finally:
+        alpha.stop()
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
 # ── one process per connection id ───────────────────────────────────────────
 
 
@@ -136,7 +177,9 @@ def test_a_dead_holders_lease_is_taken_over_when_redis_is_back_after_a_start_wit
     over, the heartbeat only took a free one. Now the heartbeat applies the start's rule."""
     stale = dead_consumer()
     client = redis_server.client()
-    client.set(KEYS.alive("alpha"), stale, ex=600)  # A, killed -9 a moment ago
+    # A, killed -9: a beat takes over a lease only once it ran below half its expiry unrefreshed (a live holder in
+    # another pid namespace looks dead too); without an expiry it is past that bound however slow this machine is
+    client.set(KEYS.alive("alpha"), stale)
     client.close()
     redis_server.kill()  # appendfsync always: the restart replays A's lease
     with LogCapture("INFO") as logs, _gateway(tmp_path, "alpha", redis_server.url) as alpha:
@@ -179,6 +222,43 @@ def test_a_beat_takes_over_no_live_holder_and_says_when_the_lost_lease_is_ours_a
     assert len(logs.matching(KEYS.alive("mini"), "is this gateway's lease again", "reads its inbox")) == 2, \
         logs.lines
     assert logs.matching("taking it over") == [], logs.lines
+
+
+def test_a_beat_never_takes_a_lease_its_holder_refreshes_though_its_pid_looks_dead(redis_server: RedisServer) -> None:
+    """Regression (diffrev16): two live gateways on one connection id, one in another pid namespace (a container
+    sharing the host name), each saw the other's pid as dead and took the lease from the other at every beat:
+    both read the inbox in turn, and no ERROR said so. A beat now takes over a dead-looking holder only once its
+    lease ran below half its expiry (it stopped refreshing it); until then it says so (a WARNING), and once the
+    holder kept it a whole expiry, the ERROR of a second process, naming the pid namespace."""
+    settings = redis_settings({"bot_mode": {"redis_heartbeat_seconds": 600}}, redis_server.url)  # beat() only
+    expiry_ms = round(settings.heartbeat_ttl_seconds * 1000)
+    half = expiry_ms // 2  # a live holder refreshes every beat, a third of the expiry: never below two thirds
+    other = dead_consumer()  # how a live gateway in another pid namespace looks from here
+    alive = KEYS.alive("mini")
+    now = [0.0]  # the heartbeat's clock: how long the lease has been the other's
+    client = redis_server.client()
+    with LogCapture("INFO") as logs:
+        beat = Heartbeat(settings, KEYS, "mini", consumer_name(), clock=lambda: now[0]).start()
+        try:
+            for _ in range(4):  # two expiries' worth of beats; the other refreshes its lease between them
+                client.set(alive, other, px=expiry_ms)
+                assert beat.beat() is False and beat.lease_lost
+                assert client.get(alive) == other.encode(), "a holder that refreshes its lease keeps it"
+                now[0] += settings.heartbeat_ttl_seconds / 2
+            assert logs.matching("taking it over") == [], logs.lines
+            assert len(logs.matching(alive, other, "whose pid does not run on this host", "killed a moment ago",
+                                     "another pid namespace")) == 1, logs.lines
+            assert len(logs.matching(alive, "is held by another process", other, "another pid namespace",
+                                     "stop one of them")) == 1, logs.lines
+            client.pexpire(alive, half + 60_000)  # refreshed a minute late: not overdue yet
+            assert beat.beat() is False and client.get(alive) == other.encode()
+            client.pexpire(alive, half - 60_000)  # not refreshed for over 1.5 beats: it stopped
+            assert beat.beat() is True and not beat.lease_lost
+            assert client.get(alive) == beat.consumer.encode()
+        finally:
+            beat.stop()
+    assert len(logs.matching("connection mini was held by", other, "taking it over")) == 1, logs.lines
+    assert logs.matching(alive, "is this gateway's lease again"), logs.lines
 
 
 def test_a_live_lease_of_another_host_is_not_taken_over(tmp_path: Path, redis_server: RedisServer) -> None:

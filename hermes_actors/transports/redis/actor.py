@@ -123,7 +123,7 @@ class RedisRelayActor(TypedActor):
         self.remote: list[RemoteAgent] = []
         self.known: dict[str, rs.KnownRoster] = {}  # each other connection's roster as last shown
         self.bad_keys: set[str] = set()  # keys of the wrong type the remote roster skips (logged once each)
-        self.due = {"heartbeat": 0.0, "reclaim": 0.0, "gc": time.monotonic() + CONSUMER_GC_SECONDS}
+        self.due = {"heartbeat": 0.0, "reclaim": 0.0, "gc": time.monotonic() + CONSUMER_GC_SECONDS, "probe": 0.0}
         # None: not yet since the start. The first timer tick sweeps, not on_start: the start never waits for it
         self.last_housekeep: float | None = None
 
@@ -191,7 +191,13 @@ class RedisRelayActor(TypedActor):
 
     @handles(ResumeRelay)
     def _on_resume_relay(self, msg: ResumeRelay) -> tuple[ResumedSend, ...] | None:
-        """Resume now if ``on_start`` could not (Redis was down); the resumed entries, None while unreachable."""
+        """Resume now if ``on_start`` could not (Redis was down); the resumed entries, None while unreachable.
+
+        Not tried while the last probe found Redis down (a moment ago, in ``on_start``): against a Redis that
+        does not answer it would hold the start one more command timeout; the tick resumes once Redis answers.
+        """
+        if self.redis_link.down:
+            return None
         if not self.outbound.resumed:
             try:
                 self._resume()
@@ -262,13 +268,21 @@ class RedisRelayActor(TypedActor):
             logger.exception("redis: housekeeping failed; the transport goes on")
 
     def _periodic(self) -> None:
-        """The Redis work of one tick (roster, touch, reclaim, retries, consumer GC); Redis errors end it early."""
+        """The Redis work of one tick (roster, touch, reclaim, retries, consumer GC); Redis errors end it early.
+
+        While Redis is down it is probed at most once a tick after the last probe ended: a Redis that does
+        not answer holds each probe for the command timeout, and the ticks queued meanwhile must not each
+        wait again (they piled up, and a stats ask behind them hung).
+        """
         now = time.monotonic()
         link = self.redis_link
+        if link.down and now < self.due["probe"]:
+            return
         try:
             link.client.ping()
         except Exception as exc:
             link.unreachable(exc)
+            self.due["probe"] = time.monotonic() + self.settings.tick_seconds
             return
         if link.back_up():
             self.due["heartbeat"] = 0.0  # read the remote roster now: it also clears "unreachable" in the roster

@@ -12,7 +12,10 @@ The alive key is also the connection's lease (:mod:`~hermes_actors.transports.re
 a beat refreshes it only while it is ours (or free), and a clean stop deletes it only if it is ours,
 so a second process on our connection id can never delete or steal it. A holder on this host whose
 process is gone is taken over by a beat as by the start (:func:`~hermes_actors.transports.redis.lease.take_lease`):
-a gateway started while Redis was down meets its killed predecessor's lease only then.
+a gateway started while Redis was down meets its killed predecessor's lease only then. A beat also asks
+that the holder's lease ran below half its expiry (it stopped refreshing it): a live gateway in another pid
+namespace on this host name looks dead from here, and is then told as a second process (ERROR), never taken
+over at each beat.
 """
 
 from __future__ import annotations
@@ -24,10 +27,23 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.store.processes import pid_alive
 from hermes_actors.transports.redis.io import make_client
-from hermes_actors.transports.redis.lease import REFRESH_LUA, RELEASE_LUA, take_lease
+from hermes_actors.transports.redis.lease import (
+    REFRESH_LUA,
+    RELEASE_LUA,
+    is_stale_here,
+    overdue_below_ms,
+    take_lease,
+)
 from hermes_actors.transports.redis.link import as_text
-from hermes_actors.transports.redis.store import RedisKeys, RedisSettings, is_redis_unreachable, is_wrong_type
+from hermes_actors.transports.redis.store import (
+    RedisKeys,
+    RedisSettings,
+    host_label,
+    is_redis_unreachable,
+    is_wrong_type,
+)
 
 __all__ = ["Heartbeat"]
 
@@ -42,6 +58,7 @@ class Heartbeat:
         consumer: our consumer name (the value of the connection's alive key).
         owner_alive: False once the transport actor is gone (the thread then stops
             beating, so a dead actor never looks online).
+        clock: monotonic seconds (tests pass their own), to time how long the lease has been another's.
 
     Counters (read by tests and stats): ``beats`` written, ``failures``; ``lease_lost`` is True
     while another consumer holds our connection's lease (we are then not online under it);
@@ -49,7 +66,7 @@ class Heartbeat:
     """
 
     def __init__(self, settings: RedisSettings, keys: RedisKeys, connection: str, consumer: str, *,
-                 owner_alive: Callable[[], bool] = lambda: True) -> None:
+                 owner_alive: Callable[[], bool] = lambda: True, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.connection = connection
         self.alive_key = keys.alive(connection)
@@ -59,6 +76,9 @@ class Heartbeat:
         self.beats = 0
         self.failures = 0
         self.lease_lost = False
+        self.clock = clock
+        self._lost_since = 0.0  # when (clock) the lease was last lost
+        self._told: str | None = None  # what this loss was logged as ("warning", "error"), once each
         self.alive_key_foreign = False  # our alive key holds another kind of value (logged once while it does)
         self._lock = threading.Lock()  # a beat never lands after stop() deleted the keys
         self._stopped = threading.Event()
@@ -83,7 +103,7 @@ class Heartbeat:
                 return False
             try:
                 ours, holder = take_lease(self._refresh, [self.alive_key, self.consumer_key], self.connection,
-                                          self.consumer, expiry_ms)
+                                          self.consumer, expiry_ms, overdue_below=overdue_below_ms(expiry_ms))
             except Exception as exc:  # the actor's tick logs outages; here only count them
                 self.failures += 1
                 if is_wrong_type(exc):
@@ -93,14 +113,13 @@ class Heartbeat:
                 return False
             if not ours:
                 self.failures += 1
-                lost_now, self.lease_lost = not self.lease_lost, True  # set before it is told: readers check it
-                if lost_now:
-                    logger.error("redis: {} is held by another process, {} (a second gateway on our connection "
-                                 "id); this one is not online under it and reads none of its inbox — stop one of "
-                                 "them", self.alive_key, holder)
+                if not self.lease_lost:
+                    self._lost_since = self.clock()
+                self.lease_lost = True  # set before it is told: readers check it
+                self._tell_lost(holder, self.clock() - self._lost_since)
                 return False
             if self.lease_lost:  # the holder's lease lapsed (or it stopped): the ERROR above is over
-                self.lease_lost = False
+                self.lease_lost, self._told = False, None
                 logger.info("redis: {} is this gateway's lease again: it is online under it and reads its inbox "
                             "again", self.alive_key)
             if self.alive_key_foreign:
@@ -108,6 +127,37 @@ class Heartbeat:
                 logger.info("redis: {} is this gateway's heartbeat again: peers see it online", self.alive_key)
             self.beats += 1
             return True
+
+    def _tell_lost(self, holder: str, lost_for: float) -> None:
+        """Say why we are not online under our connection id, once per loss (and once more if it turns out worse).
+
+        A holder whose pid does not run on this host and that refreshed its lease lately is either a process
+        killed a moment ago (a beat takes its lease over once half of it ran out: within the expiry) or a live
+        gateway in another pid namespace sharing this host name: a WARNING first, and the ERROR of a second
+        process once it held the lease for a whole expiry since, which a dead one's lease never does.
+
+        Args:
+            holder: who holds the lease.
+            lost_for: seconds since the lease was lost.
+        """
+        if self._told == "error":
+            return
+        looks_dead = is_stale_here(holder, host_label(), pid_alive)
+        if looks_dead and lost_for < self.settings.heartbeat_ttl_seconds:
+            if self._told is None:
+                self._told = "warning"
+                logger.warning("redis: {} is held by {}, whose pid does not run on this host but which refreshed "
+                               "the lease lately: a process killed a moment ago (its lease is taken over once half "
+                               "of it ran out, within {:g}s) or a live gateway in another pid namespace sharing "
+                               "this host name; this one reads none of its inbox meanwhile", self.alive_key,
+                               holder, self.settings.heartbeat_ttl_seconds)
+            return
+        self._told = "error"
+        why = ("; its pid does not run on this host, yet it keeps refreshing the lease: a gateway in another pid "
+               "namespace, such as a container sharing this host name" if looks_dead else "")
+        logger.error("redis: {} is held by another process, {} (a second gateway on our connection id{}); this one "
+                     "is not online under it and reads none of its inbox — stop one of them", self.alive_key, holder,
+                     why)
 
     def _foreign_alive_key(self, expiry_ms: int) -> None:
         """Our alive key holds another kind of value (something else wrote it): say so once, with the fix.

@@ -1,7 +1,8 @@
 """The Redis Streams transport, threads half: clients, the reader thread, the turn claim.
 
 - :func:`require_redis`: the ``[redis]`` extra is installed, or a one-line error.
-- :func:`make_client`: a redis-py client that fails fast (1 s connect, one retry).
+- :func:`make_client`: a redis-py client that fails fast (1 s to connect, 1 s for an answer, one
+  reconnect retry).
 - :class:`StreamReader`: the dedicated thread that runs the blocking
   ``XREADGROUP`` on our inbox and replies streams and tells the actor each
   batch; it reconnects with bounded exponential backoff (max 5 s).
@@ -34,11 +35,16 @@ from hermes_actors.transports.redis.store import (
     is_redis_unreachable,
 )
 
-__all__ = ["BACKOFF_MAX_SECONDS", "ClaimGuard", "InboxRoom", "StreamReader", "ensure_groups", "make_client",
-           "require_redis", "wrong_type_text"]
+__all__ = ["BACKOFF_MAX_SECONDS", "CONNECT_TIMEOUT_SECONDS", "ClaimGuard", "InboxRoom", "StreamReader",
+           "ensure_groups", "make_client", "require_redis", "wrong_type_text"]
 
 BACKOFF_MAX_SECONDS = 5.0
 READ_COUNT = 100
+#: How long a connection may take, and a command's answer (Redis answers in a millisecond or so: one not there in
+#: a second is an outage). A Redis that accepts connections and never answers (a hung server, a dead route behind
+#: a proxy) held the transport actor in one command for 6 s, so its ticks piled up: stats, /metrics, /status and
+#: the host's status hung 30 s and failed; start took 24 s, stop 10 s.
+CONNECT_TIMEOUT_SECONDS = 1.0
 
 
 def require_redis() -> None:
@@ -54,14 +60,27 @@ def require_redis() -> None:
                              "pip install 'hermes-actors[redis]'") from exc
 
 
-def make_client(url: str, *, socket_timeout: float = 3.0) -> Any:
-    """A client that fails fast when Redis is down (1 s connect timeout, one reconnect retry)."""
+def make_client(url: str, *, socket_timeout: float = CONNECT_TIMEOUT_SECONDS) -> Any:
+    """A client that fails fast when Redis is down or does not answer.
+
+    Args:
+        url: the Redis URL (its own ``socket_timeout=`` query option, if any, wins).
+        socket_timeout: how long a command waits for its answer (:data:`CONNECT_TIMEOUT_SECONDS`: the
+            blocking reader passes its BLOCK time more).
+
+    Returns:
+        A redis-py client that retries a command once on a new connection when its connection was found
+        dropped (a Redis restarted), never after a timeout: that only doubled each wait on a Redis that
+        does not answer.
+    """
     import redis
     from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.retry import Retry
 
     return redis.Redis.from_url(
-        url, socket_connect_timeout=1.0, socket_timeout=socket_timeout, retry=Retry(NoBackoff(), 1)
+        url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS, socket_timeout=socket_timeout,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
 
 
@@ -227,7 +246,9 @@ class StreamReader:
         while not self._stop.is_set():
             try:
                 if client is None:
-                    client = make_client(self.settings.url, socket_timeout=self.settings.block_ms / 1000 + 3.0)
+                    # a blocking read's answer comes after BLOCK: it may wait that long more than any command
+                    client = make_client(self.settings.url,
+                                         socket_timeout=self.settings.block_ms / 1000 + CONNECT_TIMEOUT_SECONDS)
                     self._wrong_types(ensure_groups(client, [self.inbox, self.replies]))
                     if down_since is not None:
                         self.reconnects += 1

@@ -13,11 +13,16 @@ on the wrong consumer, and the first one to exit deletes the other's alive key
 - the heartbeat thread refreshes it only while the value is still ours or free
   (:data:`REFRESH_LUA`), taking over a dead holder of this host by the same rule
   (a start while Redis was down could not), and a clean stop deletes it only if
-  it is ours (:data:`RELEASE_LUA`).
+  it is ours (:data:`RELEASE_LUA`). A beat takes over only a holder that is also
+  provably not refreshing: its lease ran below half its expiry
+  (:func:`overdue_below_ms`). A pid that does not run here does not prove a holder
+  dead: a live gateway in another pid namespace (a container sharing this host's
+  name) looks dead from here, and without that guard the two took the lease from
+  each other at every beat, each reading the inbox in turn, without an ERROR.
 
-The decisions are pure functions (:func:`parse_consumer`, :func:`is_stale_here`);
-:func:`take_lease` applies them to a lease script's answer (the start's and the
-heartbeat's, one rule), :func:`claim_connection` does the start's I/O.
+The decisions are pure functions (:func:`parse_consumer`, :func:`is_stale_here`,
+:func:`overdue_below_ms`); :func:`take_lease` applies them to a lease script's answer
+(the start's and the heartbeat's, one rule), :func:`claim_connection` does the start's I/O.
 """
 
 from __future__ import annotations
@@ -48,30 +53,37 @@ __all__ = [
     "claim_connection",
     "is_auth_error",
     "is_stale_here",
+    "overdue_below_ms",
     "parse_consumer",
     "refused_start_text",
     "take_lease",
 ]
 
-#: KEYS: alive key; ARGV: our consumer, expiry ms, a stale holder we may replace ('' for none).
-#: Returns {1, ours} when the lease is ours now, {0, holder} when another holds it.
-ACQUIRE_LUA = """
+#: The lease scripts' one rule (Lua): the lease may be ours when it is free, ours already, or held by the stale
+#: holder named in ARGV[3] whose lease has run below ARGV[4] ms (a holder refreshing it never has; '' for no bound).
+_MAY_TAKE = """(v == false or v == ARGV[1] or (ARGV[3] ~= '' and v == ARGV[3]
+  and (ARGV[4] == '' or redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]))))"""
+
+#: KEYS: alive key; ARGV: our consumer, expiry ms, a stale holder we may replace ('' for none), the remaining ms its
+#: lease must have run below ('' for any). Returns {1, ours} when the lease is ours now, {0, holder} when another
+#: holds it.
+ACQUIRE_LUA = f"""
 local v = redis.call('GET', KEYS[1])
-if v == false or v == ARGV[1] or (ARGV[3] ~= '' and v == ARGV[3]) then
+if {_MAY_TAKE} then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return {1, ARGV[1]}
+  return {{1, ARGV[1]}}
 end
-return {0, v}
+return {{0, v}}
 """
 
 #: KEYS: alive key, consumer key; ARGV: as :data:`ACQUIRE_LUA`'s. Refreshes both keys while the lease is ours
-#: (or free, or held by the stale holder named); returns as :data:`ACQUIRE_LUA` does.
-REFRESH_LUA = """
+#: (or free, or held by the stale holder named and run down below the bound); returns as :data:`ACQUIRE_LUA` does.
+REFRESH_LUA = f"""
 local v = redis.call('GET', KEYS[1])
-if v ~= false and v ~= ARGV[1] and (ARGV[3] == '' or v ~= ARGV[3]) then return {0, v} end
+if not {_MAY_TAKE} then return {{0, v}} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-return {1, ARGV[1]}
+return {{1, ARGV[1]}}
 """
 
 #: KEYS: alive key, consumer key; ARGV: our consumer. Deletes the alive key only when it is ours.
@@ -106,6 +118,24 @@ def is_stale_here(holder: str, host: str, pid_alive: Any) -> bool:
     """
     parsed = parse_consumer(holder)
     return parsed is not None and parsed[0] == host and not pid_alive(parsed[1])
+
+
+def overdue_below_ms(expiry_ms: int) -> int:
+    """Pure: the remaining time under which a lease of ``expiry_ms`` was provably not refreshed lately.
+
+    A live holder refreshes its lease every beat, a third of the expiry at most
+    (:attr:`~hermes_actors.transports.redis.store.RedisSettings.heartbeat_ttl_seconds`), so its lease never runs
+    below two thirds of it; one that ran below half missed at least one and a half beats. Gateways on one
+    connection id with other heartbeat settings never take the lease from each other by turns either: a live
+    holder is taken over only if its expiry is under three quarters of ours, and then it cannot take ours back.
+
+    Args:
+        expiry_ms: the lease's expiry (our heartbeat expiry, in ms).
+
+    Returns:
+        The bound, in ms (at least 1).
+    """
+    return max(1, expiry_ms // 2)
 
 
 def is_auth_error(exc: BaseException) -> bool:
@@ -162,11 +192,14 @@ def refused_start_text(settings: RedisSettings, exc: BaseException) -> str:
     return f"Redis at {settings.address} refused the start ({exc}).{fix} Nothing was started."
 
 
-def take_lease(script: Any, keys: list[str], connection: str, consumer: str, expiry_ms: int) -> tuple[bool, str]:
+def take_lease(script: Any, keys: list[str], connection: str, consumer: str, expiry_ms: int, *,
+               overdue_below: int | None = None) -> tuple[bool, str]:
     """Run a lease script for ``consumer``; a holder on this host whose process is gone is taken over.
 
     The one rule of both the start (:func:`claim_connection`) and the heartbeat: a gateway that started
     while Redis was down finds its killed predecessor's lease only at a beat, and must take it then too.
+    The heartbeat also asks that the holder be provably not refreshing (``overdue_below``): a pid that does
+    not run here may be a live gateway's in another pid namespace.
 
     Args:
         script: a registered :data:`ACQUIRE_LUA` or :data:`REFRESH_LUA` (same arguments, same answer).
@@ -174,20 +207,26 @@ def take_lease(script: Any, keys: list[str], connection: str, consumer: str, exp
         connection: our connection id (for the log line).
         consumer: our consumer name.
         expiry_ms: the lease's expiry.
+        overdue_below: take over a dead-looking holder only once its lease has run below this many ms
+            (:func:`overdue_below_ms`; checked in the script, so a refresh in between keeps it); None: at once.
 
     Returns:
         ``(True, consumer)`` when the lease is ours now, else ``(False, holder)``: a live process holds it
-        (or one of another host, whose pid says nothing here).
+        (or one of another host, whose pid says nothing here, or one whose pid does not run here but whose
+        lease has not run down to ``overdue_below``).
 
     Raises:
         Exception: what the script's Redis call raised (the caller tells an outage from a refusal).
     """
-    ok, holder = script(keys=keys, args=[consumer, expiry_ms, ""])
+    ok, holder = script(keys=keys, args=[consumer, expiry_ms, "", ""])
     holder_text = str(as_text(holder))
     if not ok and is_stale_here(holder_text, host_label(), pid_alive):
-        logger.info("redis: connection {} was held by {}, whose process is gone; taking it over",
-                    connection, holder_text)
-        ok, holder = script(keys=keys, args=[consumer, expiry_ms, holder_text])  # only if it still holds it
+        bound = "" if overdue_below is None else overdue_below
+        # only if it still holds it (and, with a bound, has not refreshed it since)
+        ok, holder = script(keys=keys, args=[consumer, expiry_ms, holder_text, bound])
+        if ok:
+            logger.info("redis: connection {} was held by {}, whose process is gone; taking it over",
+                        connection, holder_text)
         holder_text = str(as_text(holder))
     return bool(ok), holder_text
 
