@@ -1,8 +1,8 @@
 """The Redis Streams transport, threads half: clients, the reader thread, the turn claim.
 
 - :func:`require_redis`: the ``[redis]`` extra is installed, or a one-line error.
-- :func:`make_client`: a redis-py client that fails fast (1 s to connect, 1 s for an answer, one
-  reconnect retry).
+- :func:`make_client`: a redis-py client that fails fast (1 s to connect, 3 s for an answer, one
+  reconnect retry, none after a timeout).
 - :class:`StreamReader`: the dedicated thread that runs the blocking
   ``XREADGROUP`` on our inbox and replies streams and tells the actor each
   batch; it reconnects with bounded exponential backoff (max 5 s).
@@ -35,16 +35,19 @@ from hermes_actors.transports.redis.store import (
     is_redis_unreachable,
 )
 
-__all__ = ["BACKOFF_MAX_SECONDS", "CONNECT_TIMEOUT_SECONDS", "ClaimGuard", "InboxRoom", "StreamReader",
-           "ensure_groups", "make_client", "require_redis", "wrong_type_text"]
+__all__ = ["ANSWER_TIMEOUT_SECONDS", "BACKOFF_MAX_SECONDS", "CONNECT_TIMEOUT_SECONDS", "ClaimGuard", "InboxRoom",
+           "StreamReader", "ensure_groups", "make_client", "require_redis", "wrong_type_text"]
 
 BACKOFF_MAX_SECONDS = 5.0
 READ_COUNT = 100
-#: How long a connection may take, and a command's answer (Redis answers in a millisecond or so: one not there in
-#: a second is an outage). A Redis that accepts connections and never answers (a hung server, a dead route behind
-#: a proxy) held the transport actor in one command for 6 s, so its ticks piled up: stats, /metrics, /status and
-#: the host's status hung 30 s and failed; start took 24 s, stop 10 s.
+#: How long a connection may take (one not made in a second is an outage).
 CONNECT_TIMEOUT_SECONDS = 1.0
+#: How long a command waits for its answer, once: a Redis that accepts connections and never answers (a hung
+#: server, a dead route behind a proxy) held the transport actor 6 s per command (3 s, retried after the
+#: timeout), its ticks piled up, and stats, /metrics, /status and the host's status hung 30 s and failed. Not
+#: shorter: a Redis syncing its AOF on a busy disk may take a second to answer a write, and a write that timed
+#: out here is refused to its sender as NOT queued though Redis may still apply it.
+ANSWER_TIMEOUT_SECONDS = 3.0
 
 
 def require_redis() -> None:
@@ -60,12 +63,12 @@ def require_redis() -> None:
                              "pip install 'hermes-actors[redis]'") from exc
 
 
-def make_client(url: str, *, socket_timeout: float = CONNECT_TIMEOUT_SECONDS) -> Any:
+def make_client(url: str, *, socket_timeout: float = ANSWER_TIMEOUT_SECONDS) -> Any:
     """A client that fails fast when Redis is down or does not answer.
 
     Args:
         url: the Redis URL (its own ``socket_timeout=`` query option, if any, wins).
-        socket_timeout: how long a command waits for its answer (:data:`CONNECT_TIMEOUT_SECONDS`: the
+        socket_timeout: how long a command waits for its answer (:data:`ANSWER_TIMEOUT_SECONDS`: the
             blocking reader passes its BLOCK time more).
 
     Returns:
@@ -248,7 +251,7 @@ class StreamReader:
                 if client is None:
                     # a blocking read's answer comes after BLOCK: it may wait that long more than any command
                     client = make_client(self.settings.url,
-                                         socket_timeout=self.settings.block_ms / 1000 + CONNECT_TIMEOUT_SECONDS)
+                                         socket_timeout=self.settings.block_ms / 1000 + ANSWER_TIMEOUT_SECONDS)
                     self._wrong_types(ensure_groups(client, [self.inbox, self.replies]))
                     if down_since is not None:
                         self.reconnects += 1
