@@ -18,6 +18,7 @@ from hermes_actors.core.wake import (
     parse_wake_mode,
     wake_delivery,
     wake_enabled,
+    wake_failure_text,
     wake_for,
     wake_id,
     wake_lock_wait,
@@ -239,6 +240,26 @@ def test_only_a_wake_that_failed_retryable_and_was_not_cancelled_is_tried_again(
     status: str, reason: str, retried: bool
 ) -> None:
     assert wake_retryable(status, reason) is retried
+
+
+_BUSY = ("target_busy: another delivery turn is already running for profile 'a1' — queued behind it for ~41s "
+         "without it finishing. The message was NOT delivered; retry shortly.")
+
+
+@pytest.mark.parametrize(("reason", "error", "says", "never"), [
+    # chaos5: a wake attempt refused target_busy logged the DM's text: the wrong holder, ~41s counted from the
+    # wake's creation, and "retry shortly" to nobody
+    ("target_busy", _BUSY, "turn lock stayed held for the whole wait", ("retry shortly", "~41s", "already running")),
+    ("runtime_offline", "hermes is offline; NOT delivered", "hermes is offline; NOT delivered", ()),
+    ("provider_rate_limit", "rate limited", "rate limited", ()),
+    ("", "", "", ()),
+])
+def test_a_failed_wake_attempt_is_logged_with_what_holds_it_not_a_dms_resend_advice(
+    reason: str, error: str, says: str, never: tuple[str, ...]
+) -> None:
+    text = wake_failure_text(reason, error)
+    assert says in text
+    assert not any(words in text for words in never), text
 
 
 @pytest.mark.parametrize(("now", "delay"), [

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hermes_actors.core.reasons import CANCELLED, is_retryable
+from hermes_actors.core.reasons import CANCELLED, TARGET_BUSY, is_retryable
 from hermes_actors.core.shell import shell_command
 from hermes_actors.messages import Delivery, Outcome
 from hermes_actors.records import Origin
@@ -45,6 +45,7 @@ __all__ = [
     "shown_route",
     "wake_delivery",
     "wake_enabled",
+    "wake_failure_text",
     "wake_for",
     "wake_id",
     "wake_lock_wait",
@@ -225,6 +226,27 @@ def wake_retryable(status: str, reason: str) -> bool:
         True when it is tried again (while its window is open).
     """
     return status == "failed" and reason != CANCELLED and is_retryable(reason, status)
+
+
+def wake_failure_text(reason: str, error: str) -> str:
+    """Pure: what a failed wake attempt's log line says went wrong.
+
+    A wake's outcome carries the text its turn would give a DM's sender; for ``target_busy`` that is the
+    seed's "another delivery turn is already running … queued behind it for ~Ns … retry shortly", which,
+    of a wake, names the wrong holder (often another process's turn lock), counts from the wake's creation
+    (every attempt keeps it: its window) and asks a resend nobody makes. Any other reason's text stands.
+
+    Args:
+        reason: the attempt's reason code.
+        error: its outcome's error text.
+
+    Returns:
+        The text for the log line.
+    """
+    if reason == TARGET_BUSY:
+        return ("its turn never began: the bot's turn lock stayed held for the whole wait (a turn of this "
+                "gateway, one hermes still runs for the bot, or another process's)")
+    return error
 
 
 def wake_retry_delay(now: float, created_at: float, window: float, first: float) -> float | None:

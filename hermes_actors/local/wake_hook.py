@@ -47,6 +47,7 @@ from hermes_actors.core.wake import (
     is_wake,
     wake_delivery,
     wake_enabled,
+    wake_failure_text,
     wake_for,
     wake_retry_delay,
     wake_retry_delivery,
@@ -220,12 +221,12 @@ class SenderWaker:
         who = f"@{failed.target_handle}"
         if owner.snapshot.index.get(profile_key(failed.target)) is None:
             self._failed("waking {} failed (wake {}, {}): {}; not tried again: {} is gone", who,
-                         failed.delivery_id, outcome.reason, outcome.error, who)
+                         failed.delivery_id, outcome.reason, wake_failure_text(outcome.reason, outcome.error), who)
             return
         owner.counters["wakes_retried"] += 1
         logger.info("waking {} failed (wake {}, {}): {}; tried again in {:.1f} s (wake {}), until {:.0f} s after "
                     "the wake was created (bot_mode.reply_wait_seconds)", who, failed.delivery_id, outcome.reason,
-                    outcome.error, delay, attempt.delivery_id, self.retry_window)
+                    wake_failure_text(outcome.reason, outcome.error), delay, attempt.delivery_id, self.retry_window)
         self._book(attempt, failed.delivery_id, with_delivered=True,
                    run=lambda journaled: owner.tell_later(delay, WakeDue(attempt, failed.delivery_id, journaled)))
 
@@ -293,12 +294,13 @@ class SenderWaker:
             return
         if delivery is None or not wake_retryable(outcome.status, outcome.reason):
             self._failed("waking {} failed (wake {}, {}): {}", who, outcome.delivery_id,
-                         outcome.reason or outcome.status, outcome.error)
+                         outcome.reason or outcome.status, wake_failure_text(outcome.reason, outcome.error))
             return
         delay = wake_retry_delay(self.clock(), delivery.accepted_at, self.retry_window, self.retry_first)
         if delay is None:
             self._failed("waking {} failed (wake {}, {}): {}; given up: {:.0f} s (bot_mode.reply_wait_seconds) have "
                          "passed since the wake was created, so {} never gets this outcome", who,
-                         outcome.delivery_id, outcome.reason, outcome.error, self.retry_window, who)
+                         outcome.delivery_id, outcome.reason, wake_failure_text(outcome.reason, outcome.error),
+                         self.retry_window, who)
             return
         self._retry(delivery, outcome, delay)
