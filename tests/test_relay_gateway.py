@@ -757,6 +757,30 @@ def test_a_dm_taken_over_while_its_gateway_was_paused_is_reported_only_by_the_ga
     assert len(logs.matching(envelope_id, "was taken over by another gateway")) == 1
 
 
+@pytest.mark.parametrize("owner", ["gone", "unlocked"])
+def test_a_dm_whose_record_names_a_shelf_nobody_holds_is_still_reported_here(
+    owner: str, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (diffrev18): A alone on its root sends a relay DM; a hand rewrites its sent/ record to name a
+    shelf that does not exist, or one whose lock nobody holds. No gateway waits for the DM there, yet A took any
+    other shelf's name for a takeover and dropped the DM unreported: its sender waited for nobody until a
+    restart. A drops a DM only for a shelf a living gateway holds; here it reports the reply once."""
+    root = sender_root(tmp_path)
+    a, _runner, seen = beside(gateways, root, {"bot_mode": {"rescan_seconds": 300}})
+    envelope_id = queued(a.message_agent(sender="alice", target="moxie", message="mine"))
+    record = relay(root) / "sent" / f"{envelope_id}.json"
+    name = f"s-{uuid.uuid4().hex}"
+    if owner == "unlocked":
+        (relay(root) / "taken" / name).mkdir(mode=0o700)
+        (relay(root) / "taken" / name / ".lock").touch(mode=0o600)
+    record.write_text(json.dumps({**json.loads(record.read_text(encoding="utf-8")), "owner": name}),
+                      encoding="utf-8")
+    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="back", now=time.time()))
+    assert a.wait_outcome(envelope_id, timeout=10)["reply"] == "back"
+    a.stop(timeout=10)
+    assert [(o["status"], o["reply"]) for o in seen if o["delivery_id"] == envelope_id] == [("replied", "back")]
+
+
 def test_envelopes_taken_by_a_gateway_killed_while_another_runs_are_adopted_by_it_at_its_next_rescan(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

@@ -58,6 +58,7 @@ from hermes_actors.store.relay_sent import (
     read_sent,
     record_sent,
 )
+from hermes_actors.store.relay_shelf import shelf_held
 
 __all__ = ["EXPIRY_ANSWER_GRACE_SECONDS", "Outbound", "Waiting", "never_queued_text", "no_reply_text"]
 
@@ -341,9 +342,11 @@ class Outbound:
         ``consumed/`` mark of the outcome that gateway reported already).
 
         Returns:
-            True when the record names a shelf that is not ours (``paths.taken``, or a former one in ``former``),
-            or is gone and the envelope consumed; False otherwise: ours, or unknown (a record that cannot be read,
-            or one without ``owner``, an older version's: reported here as before).
+            True when the record names a shelf that is not ours (``paths.taken``, or a former one in ``former``)
+            and that a living gateway holds (:func:`~hermes_actors.store.relay_shelf.shelf_held`: it waits for
+            the envelope), or is gone and the envelope consumed; False otherwise: ours, or unknown (a record that
+            cannot be read, one without ``owner``, an older version's, or one naming a shelf nobody holds, which
+            no gateway would report: reported here as before).
         """
         try:
             record = read_sent(self.paths, envelope_id)
@@ -351,7 +354,9 @@ class Outbound:
             return False
         if record is None:
             return is_consumed(self.paths, envelope_id)
-        return bool(record.owner) and record.owner != self.paths.taken.name and record.owner not in self.former
+        owner = record.owner
+        return (bool(owner) and owner != self.paths.taken.name and owner not in self.former
+                and shelf_held(self.paths.taken_parent, owner))
 
     def _drop(self, envelope_id: str) -> None:
         """Stop waiting for an envelope another gateway took over (its timers too); it is never reported here."""

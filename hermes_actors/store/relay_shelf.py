@@ -46,7 +46,7 @@ from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 
 __all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves", "holding_places", "is_shelf_name",
-           "release_dead", "take_dead"]
+           "release_dead", "shelf_held", "take_dead"]
 
 LOCK_NAME = ".lock"
 SHELF_PREFIX = "s-"
@@ -92,6 +92,27 @@ def take_dead(parent: Path, name: str, *, remake: bool = False) -> int | None:
         raise
     except OSError:  # FileNotFoundError included: being born, or removed by its adopter just now
         return None
+
+
+def shelf_held(parent: Path, name: str) -> bool:
+    """Whether a living process holds the shelf ``parent/name`` (its ``.lock`` is there and locked); never raises.
+
+    Its lock is only tried (and let go at once when it was free). A shelf that is gone, whose lock is free,
+    or that cannot be told (its lock file hostile, an OS error) is not held.
+
+    Args:
+        parent: the directory holding every process's shelf (``bot_relay/taken``).
+        name: the shelf's name (:func:`is_shelf_name`).
+    """
+    lock = parent / name / LOCK_NAME
+    try:
+        fd = take_unowned(lock)
+    except (OSError, StoreError):  # HostileFileError included: nobody we know holds it
+        return False
+    if fd is not None:
+        release(fd)
+        return False
+    return os.path.lexists(lock)  # None: held by a living process, or removed just now (its work is done)
 
 
 def release_dead(shelf: Path, fd: int) -> None:
