@@ -28,7 +28,7 @@ older version: unknown).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +146,7 @@ def adopt_sent(paths: InboxPaths, owner: str, envelope_ids: list[str]) -> list[S
             record = read_sent(paths, envelope_id)
             if record is None or record.owner != owner:
                 continue  # its outcome was reported meanwhile, or another adopter took it over first
-            ours = SentRecord(record.envelope_id, record.at, record.label, record.sender, record.sender_handle,
-                              record.hop, record.wake, paths.taken.name)
+            ours = replace(record, owner=paths.taken.name)
             atomic_write_json(paths.relay.id_file(paths.sent, envelope_id), _payload(ours), tmp_dir=paths.relay.tmp,
                               within=paths.relay.base)
         except (OSError, ValidationError) as exc:  # StoreError, HostileFileError included
