@@ -57,6 +57,21 @@ def test_is_bot_chat_lineage(titles: list[str], expected: bool) -> None:
     assert plugin.is_bot_chat_lineage(titles) is expected
 
 
+def test_importing_the_plugin_loads_none_of_the_actors() -> None:
+    """hermes imports the plugin in every process that enables it: the import stays light (no pykka, no actors),
+    though the tool's Bot Chat rule uses the one session-name constant of ``hermes_actors.records``."""
+    import os
+    import subprocess
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    probe = ("import sys; import hermes_actors.hermes.plugin; "
+             "print(sorted(m for m in ('pykka', 'actors', 'hermes_actors.records') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize(("raw", "hop"), [(None, 0), ("", 0), ("3", 3), (" 2 ", 2), ("x", 0), ("-1", 0), ("5000", 0)])
 def test_parse_hop(raw: str | None, hop: int) -> None:
     assert plugin.parse_hop(raw) == hop

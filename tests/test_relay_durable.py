@@ -26,7 +26,14 @@ from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, take_from_inbox
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_sent import clear_sent, drop_withdrawn, queueing_name, record_sent
-from hermes_actors.store.relay_shelf import LOCK_NAME, Shelf
+from hermes_actors.store.relay_shelf import (
+    LOCK_NAME,
+    Shelf,
+    count_on_shelves,
+    find_on_shelves,
+    holding_places,
+    is_shelf_name,
+)
 
 
 def _dead_shelf(parent: Path) -> Path:
@@ -68,6 +75,57 @@ def _delivered(root: Path, envelope_id: str) -> dict[str, Any] | None:
 )
 def test_taken_action(replied: bool, started: bool, legacy: bool, expected: str) -> None:
     assert taken_action(replied=replied, started=started, legacy=legacy) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (f"s-{uuid.uuid4().hex}", True),  # what Shelf names its directory: s- + a uuid4's hex
+        ("s-0123456789abcdef0123456789abcdef", True),
+        ("s-evil", False),
+        ("s-", False),
+        ("s-0123456789ABCDEF0123456789ABCDEF", False),  # uuid4().hex is lowercase
+        ("s-0123456789abcdef0123456789abcde", False),  # 31 hex
+        ("s-0123456789abcdef0123456789abcdef0", False),  # 33 hex
+        ("s-0123456789abcdef0123456789abcdef.tmp", False),
+        ("s-0123456789abcdef0123456789abcdeg", False),
+        ("expiring", False),  # the hub's hubclaims/expiring/ holds shelves; it is none
+        ("0123456789abcdef0123456789abcdef.json", False),  # a flat envelope of an older version
+    ],
+)
+def test_is_shelf_name(name: str, expected: bool) -> None:
+    assert is_shelf_name(name) is expected
+
+
+def test_every_shelf_a_process_makes_has_a_shelf_name(tmp_path: Path) -> None:
+    assert all(is_shelf_name(Shelf(tmp_path).path.name) for _ in range(200))
+
+
+def test_an_s_directory_that_is_no_shelf_name_is_never_adopted_searched_or_counted(tmp_path: Path) -> None:
+    """Regression: any ``s-*`` directory with a free ``.lock`` was adopted (its envelopes run as ours), searched
+    for held envelopes and counted, though only :func:`is_shelf_name` names a shelf."""
+    paths = InboxPaths.from_root(make_root(tmp_path, {"moxie": {}}, name="mini")).ensure()
+    evil = paths.taken_parent / "s-evil"
+    evil.mkdir(mode=0o700)
+    (evil / LOCK_NAME).touch(mode=0o600)  # its lock free, as a dead shelf's
+    planted = _inbound("moxie", "planted")
+    _write(evil / f"{planted['id']}.json", planted)
+    dead = _dead_shelf(paths.taken_parent)  # a real dead shelf beside it is still adopted
+    owed = _inbound("moxie", "owed")
+    _write(dead / f"{owed['id']}.json", owed)
+    ours = Shelf(paths.taken_parent)
+    ours.open()
+    try:
+        adopted = ours.adopt()
+    finally:
+        ours.close(keep=True)
+    assert adopted.ids == (owed["id"],)
+    assert adopted.dead == (dead.name,) and "s-evil" not in adopted.alive
+    assert sorted(os.listdir(evil)) == sorted([LOCK_NAME, f"{planted['id']}.json"])  # left where it was
+    assert not find_on_shelves(paths.taken_parent, f"{planted['id']}.json")
+    assert not find_on_shelves(paths.taken_parent, f"{planted['id']}.json", base=paths.relay.base)
+    assert evil not in holding_places(paths.taken_parent, base=paths.relay.base)
+    assert count_on_shelves(paths.taken_parent) == 1  # the adopted one, on our shelf
 
 
 def test_a_restarted_gateway_runs_never_started_envelopes_once_and_answers_the_others_at_once(

@@ -255,8 +255,11 @@ def wake_retry_delay(now: float, created_at: float, window: float, first: float)
     The wait is the time since the wake was created, at least ``first`` and at most
     :data:`WAKE_RETRY_MOST` (or ``first`` when that is longer): attempts that fail at once run
     5, 10, 20, 40, 80, 140 s… after the wake was created (``first`` 5), so it doubles without
-    counting attempts, and a restart goes on with the same rhythm. No attempt starts after the
-    window closed: the last one waits at most until then.
+    counting attempts. Within a run no attempt starts after the window closed: the last one
+    waits at most until then. The wait itself is not journaled: an attempt a stop or a crash
+    left journaled during its back-off is re-offered by the next start at once, like any
+    accepted DM (even when the window closed meanwhile); should it fail again, the next wait is
+    timed from the wake's creation as before.
 
     Args:
         now: ``time.time()`` when the attempt failed.

@@ -27,14 +27,14 @@ DEMO_CONFIG = {"bot_mode": {"turn_wait_seconds": 0.5, "max_pair_rate": 30}}
 
 
 class _Transcript:
-    """Prints each outcome as it arrives (on the notifier thread) with its latency."""
+    """Prints each outcome as it arrives (on its subscription's notifier thread) with its latency."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.sent: dict[str, tuple[float, str]] = {}
         self.latencies: list[float] = []
         self.statuses: Counter[str] = Counter()
-        self.lock = threading.Condition()  # the script thread and the notifier thread both print
+        self.lock = threading.Condition()  # the script thread and the subscription's notifier thread both print
         self.seen = 0
         self.disbanded: set[str] = set()  # rooms whose "disbanded" line is printed
         self.expected = 0
@@ -178,7 +178,7 @@ def _room(gw: Gateway, t: _Transcript) -> None:
     t.say(f"  [room launch · round 0] user: {text}")
     gw.room_send("launch", "user", text)
     state = gw.wait_room_idle("launch", timeout=30)
-    with t.lock:  # its events reach the transcript on the notifier thread: print them before going on
+    with t.lock:  # its events reach the transcript on its subscription's notifier thread: print them before going on
         t.lock.wait_for(lambda: t.statuses[f"room:{state}"] > 0, timeout=10)
     gw.disband_room("launch")
     with t.lock:  # printed in this section, not under the next one's heading

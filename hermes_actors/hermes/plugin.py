@@ -55,8 +55,6 @@ TOOLSET = "bot_mode"
 PLATFORM_NAME = "hermes_actors"
 HOST_KEY = "host_actors"  # platforms.hermes_actors.extra.host_actors: true asks a hermes gateway to host the actors
 HOP_ENV = "HERMES_ACTORS_HOP"  # set by our runners for the turns they start; a user's own turn has none (hop 0)
-_BOT_CHAT = "Bot Chat"
-_CONTINUATION_RE = re.compile(r"^Bot Chat #\d+$")  # hermes retitles a session continued after compression
 _MAX_LINEAGE = 64
 _SUBMIT_TIMEOUT = 10.0
 
@@ -86,12 +84,15 @@ def is_bot_chat_lineage(titles: Sequence[str]) -> bool:
     Args:
         titles: the session's title, then its compression ancestors' titles, oldest last.
     """
+    from hermes_actors.records import BOT_CHAT_SESSION  # here, not at import: records loads the actors (pykka)
+
     clean = [str(t or "").strip() for t in titles]
     if not clean:
         return False
-    if clean[0] == _BOT_CHAT:
+    if clean[0] == BOT_CHAT_SESSION:
         return True
-    return clean[-1] == _BOT_CHAT and all(t == _BOT_CHAT or _CONTINUATION_RE.match(t) for t in clean)
+    continuation = rf"^{re.escape(BOT_CHAT_SESSION)} #\d+$"  # hermes retitles a session continued after compression
+    return clean[-1] == BOT_CHAT_SESSION and all(t == BOT_CHAT_SESSION or re.match(continuation, t) for t in clean)
 
 
 def parse_hop(raw: str | None) -> int:

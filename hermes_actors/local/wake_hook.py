@@ -25,8 +25,9 @@ failed one's outcome is published, its ``accepted`` record in ONE batch with the
 ``delivered`` record, as a first wake's goes with its DM's; it runs once that batch is on disk and
 its back-off is over (``core.wake.wake_retry_delay``, a Dispatcher timer telling ``WakeDue``). So a
 stop or a crash during the back-off leaves it journaled, never started: the next start runs it
-once. A crash before the batch landed leaves the failed attempt not delivered: the next start
-publishes its outcome again, which decides the retry again (the same id: created once).
+once, at once (the back-off is not journaled: it is re-offered like any accepted DM). A crash
+before the batch landed leaves the failed attempt not delivered: the next start publishes its
+outcome again, which decides the retry again (the same id: created once).
 """
 
 from __future__ import annotations

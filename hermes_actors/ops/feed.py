@@ -1,7 +1,7 @@
 """The live page's feed: recent outcomes and room events, and waking every ``/events`` stream when one arrives.
 
-Outcomes and room events (``kind: "room"``) come from ``Gateway.subscribe(details=True, rooms=True)`` on the
-notifier thread;
+Outcomes and room events (``kind: "room"``) come from ``Gateway.subscribe(details=True, rooms=True)`` on that
+subscription's own notifier thread (its NotifierActor, :mod:`hermes_actors.local.notifier`);
 :meth:`LiveFeed.publish` only appends and notifies (never blocks on a client).
 Each stream remembers the sequence number it has sent; a stream that fell more
 than :data:`RECENT_KEEP` outcomes behind gets a fresh snapshot instead, so a
@@ -89,7 +89,11 @@ class LiveFeed:
         self._closed = False
 
     def publish(self, outcome: Mapping[str, Any]) -> None:
-        """Add one outcome or room event and wake the streams (called on the notifier thread; never blocks long)."""
+        """Add one outcome or room event and wake the streams; never blocks long.
+
+        Args:
+            outcome: one ``subscribe(details=True, rooms=True)`` dict, given on its subscription's notifier thread.
+        """
         now = time.time()
         event = room_event(outcome, now) if outcome.get("kind") == "room" else outcome_event(outcome, now)
         with self._cond:

@@ -224,7 +224,7 @@ class DeliveryMetrics:
 
     def __init__(self, stats: Callable[[], dict[str, Any]], status: Callable[[], dict[str, Any]]) -> None:
         self.registry = CollectorRegistry()  # prometheus_client's metrics lock themselves: no lock here, so a
-        # slow scrape (it asks the actors) never holds up observe() on the notifier thread
+        # slow scrape (it asks the actors) never holds up observe() on its subscription's notifier thread
         self.deliveries = Counter("hermes_actors_deliveries", METRIC_NAMES["hermes_actors_deliveries_total"],
                                   ["status", "reason"], registry=self.registry)
         self.latency = Histogram("hermes_actors_delivery_latency_seconds",

@@ -5,10 +5,12 @@ is written before an envelope is queued: only the envelopes recorded there are
 resumed after a restart (an envelope a seed gateway queued on the same root, or a
 forged one, is never taken for ours). ``owner`` names the writing gateway's shelf
 (``taken/s-<token>``, :mod:`hermes_actors.store.relay_shelf`), whose ``.lock`` it holds for
-its whole life: a start resumes a record only once that lock is free (its writer dead), so a
+its whole life: a record is resumed only once that lock is free (its writer dead), so a
 second gateway on the same root never waits for, and reports, the envelopes of a living one.
 Once its writer is dead, its records are taken over by whoever holds that shelf's lock
-(:func:`adopt_sent`): rewritten to name the adopter's shelf, so every later scan sees a living owner.
+(:func:`adopt_sent`): a gateway starting on the root, or one already running on it at its next
+rescan (:meth:`~hermes_actors.relay.relay_actor.RelayActor._take_over`). They are rewritten to name
+the adopter's shelf, so every later scan sees a living owner.
 At its TTL our envelope is taken back from ``outbox/`` into ``expiring/`` and moves on to
 ``claimed/`` once its ``queued_expired`` reply is written (a restart finishes it).
 

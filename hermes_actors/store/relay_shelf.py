@@ -9,6 +9,9 @@ whole life, so a shelf whose lock can be taken belongs to a dead process (killed
 adopted by the next process that starts on the same root. A living process's
 shelf is never touched.
 
+A shelf is a directory named by :func:`is_shelf_name` (``s-`` + a uuid4's 32 lowercase hex, as every version
+of ours names it); any other directory is no shelf: never adopted, searched or counted.
+
 A shelf's lock file is created under another name and locked before it is
 renamed to ``.lock``, and an adopter skips a shelf without ``.lock``, so no
 process can adopt (and remove) a shelf being born. (The directory itself is not
@@ -178,7 +181,7 @@ def _make_locked_or_none(shelf: Path) -> int | None:
 
 @dataclass(frozen=True)
 class Adopted:
-    """Envelope ids moved onto our shelf at start."""
+    """Envelope ids moved onto our shelf by one :meth:`Shelf.adopt`: at a start, or at a running gateway's rescan."""
 
     ids: tuple[str, ...] = ()
     legacy: tuple[str, ...] = ()  # from flat files of an older version: their turn state is unknown
@@ -223,6 +226,8 @@ class Shelf:
     def adopt(self, *, legacy: bool = True) -> Adopted:
         """Move the envelopes of dead processes' shelves (and legacy flat files) onto ours.
 
+        Only a directory named by :func:`is_shelf_name` is a shelf: another ``s-*`` entry is left alone.
+
         Args:
             legacy: adopt the flat files of older versions too (at a start only: a running older
                 gateway's are its own).
@@ -241,7 +246,7 @@ class Shelf:
             return Adopted()
         for name in names:
             entry = self.parent / name
-            if name.startswith(SHELF_PREFIX) and entry != self.path:
+            if is_shelf_name(name) and entry != self.path:
                 moved = self._adopt_shelf(entry)
                 if moved is None:
                     alive.append(name)
@@ -309,7 +314,7 @@ class Shelf:
 
 
 def find_on_shelves(parent: Path, file_name: str, *, base: Path | None = None) -> bool:
-    """Whether ``file_name`` is on any shelf under ``parent`` (or flat in it).
+    """Whether ``file_name`` is on any shelf under ``parent`` (:func:`is_shelf_name`), or flat in it.
 
     Args:
         parent: ``bot_relay/taken`` or ``bot_relay/hubclaims``.
@@ -327,7 +332,7 @@ def find_on_shelves(parent: Path, file_name: str, *, base: Path | None = None) -
         if os.path.lexists(parent / file_name):
             return True
         try:
-            shelves = [n for n in os.listdir(parent) if n.startswith(SHELF_PREFIX)]
+            shelves = [n for n in os.listdir(parent) if is_shelf_name(n)]
         except OSError:
             return False
         return any(os.path.lexists(parent / shelf / file_name) for shelf in shelves)
@@ -345,7 +350,8 @@ def find_on_shelves(parent: Path, file_name: str, *, base: Path | None = None) -
 
 def holding_places(parent: Path, *, base: Path) -> list[Path]:
     """Where a process may hold an envelope under ``parent``: ``parent`` itself (flat, as older versions left
-    them), then each shelf, by name (none is looked into: a shelf may still be refused when it is opened).
+    them), then each shelf, by name (:func:`is_shelf_name`; none is looked into: a shelf may still be refused
+    when it is opened).
 
     Args:
         parent: ``bot_relay/taken`` or ``bot_relay/hubclaims``.
@@ -363,11 +369,11 @@ def holding_places(parent: Path, *, base: Path) -> list[Path]:
             names = sorted(os.listdir(fd))
     except FileNotFoundError:
         return []
-    return [parent, *(parent / name for name in names if name.startswith(SHELF_PREFIX))]
+    return [parent, *(parent / name for name in names if is_shelf_name(name))]
 
 
 def count_on_shelves(parent: Path) -> int:
-    """How many envelopes are held under ``parent``: on every process's shelf, and flat in it.
+    """How many envelopes are held under ``parent``: on every process's shelf (:func:`is_shelf_name`), and flat in it.
 
     Args:
         parent: ``bot_relay/taken`` or ``bot_relay/hubclaims``.
@@ -386,7 +392,7 @@ def count_on_shelves(parent: Path) -> int:
             continue
         shelf = parent / name
         try:
-            if not name.startswith(SHELF_PREFIX) or not stat.S_ISDIR(os.lstat(shelf).st_mode):
+            if not is_shelf_name(name) or not stat.S_ISDIR(os.lstat(shelf).st_mode):
                 continue
             held += sum(1 for entry in os.listdir(shelf) if id_of_file_name(entry) is not None)
         except OSError:
