@@ -20,6 +20,7 @@ __all__ = [
     "PEER_NAME_RE",
     "checked_connection_id",
     "handle_for",
+    "one_line_name",
     "profile_home",
     "profile_key",
     "remote_label",
@@ -56,6 +57,28 @@ PEER_NAME_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"
 PEER_NAME_RE = re.compile(rf"^{PEER_NAME_PATTERN}\Z")
 DEFAULT_PROFILE = "default"
 DEFAULT_HANDLE = "hermes"
+
+
+# The control characters (Unicode category Cc, which is exactly these 65: NUL, tab, LF, CR, ESC, DEL, NEL...) and
+# the line and paragraph separators (Zl, Zp): everything str.splitlines() breaks a line at is among them.
+_BREAK_RUN_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def one_line_name(name: str) -> str:
+    """Pure: a profile's display name as every DM header, roster row and name lookup uses it: on one line.
+
+    A ``profile.yaml`` ``display_name`` goes into the header of every DM its bot sends
+    (``Message from 🤖 {display name} (@{handle}): …``): one holding a line break could fake a
+    second header line. Each run of control characters and line breaks becomes a single space,
+    and the ends are trimmed; everything else (unicode, emoji, other spaces) is kept as is.
+
+    Args:
+        name: the name as read.
+
+    Returns:
+        The name on one line ("" when nothing else was in it).
+    """
+    return _BREAK_RUN_RE.sub(" ", name).strip()
 
 
 def handle_for(profile: str) -> str:
@@ -137,3 +160,4 @@ def unreachable_profiles(names: list[str]) -> dict[str, str]:
             if name != kept:
                 out[name] = f"'{kept}' has the same handle @{key} (handles ignore case); rename the folder"
     return out
+

@@ -19,7 +19,7 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.names import DEFAULT_PROFILE, HANDLE_RE, handle_for, unreachable_profiles
+from hermes_actors.core.names import DEFAULT_PROFILE, HANDLE_RE, handle_for, one_line_name, unreachable_profiles
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store.yaml_file import load_yaml_file
 
@@ -178,6 +178,19 @@ def _text(value: Any, fallback: str) -> str:
     return text or fallback
 
 
+def _display_name(value: Any, profile: str) -> str:
+    """A profile.yaml ``display_name`` as the profile is shown and named by: on one line (``one_line_name``).
+
+    Args:
+        value: the raw value (None when absent).
+        profile: the folder id, used when the value is absent or nothing is left of it.
+
+    Returns:
+        The display name.
+    """
+    return _text(None if value is None else one_line_name(str(value)), profile)
+
+
 def _profile_info(profile: str, home: Path) -> ProfileInfo:
     """Build the roster record of one profile from its profile.yaml.
 
@@ -194,7 +207,7 @@ def _profile_info(profile: str, home: Path) -> ProfileInfo:
         profile=profile,
         handle=handle_for(profile),
         home=home,
-        display_name=_text(meta.get("display_name"), profile),
+        display_name=_display_name(meta.get("display_name"), profile),
         title=_text(block.get("title") if block is not None else None, ""),
         description=_text(meta.get("description"), ""),
         managed=block is not None,
