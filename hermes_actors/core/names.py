@@ -20,6 +20,7 @@ __all__ = [
     "PEER_NAME_RE",
     "checked_connection_id",
     "handle_for",
+    "misnamed_profiles_problem",
     "one_line_name",
     "profile_home",
     "profile_key",
@@ -161,3 +162,28 @@ def unreachable_profiles(names: list[str]) -> dict[str, str]:
                 out[name] = f"'{kept}' has the same handle @{key} (handles ignore case); rename the folder"
     return out
 
+
+_MISNAMED_SHOWN = 20  # folders named in the line; more are counted
+
+
+def misnamed_profiles_problem(base: Path, names: list[str]) -> str | None:
+    """Pure: the one warning line naming the folders under ``profiles/`` whose names are no profile names.
+
+    Profile names, handles and connection ids share one shape (the seed's rule, ``HANDLE_PATTERN``): a folder
+    such as ``my.bot``, ``ünï``, ``sp ace`` or one of 70 characters is no profile, left off the roster, and a DM
+    to it is refused (``Invalid target``). Before, it was left out without a word.
+
+    Args:
+        base: ``<root>/profiles``.
+        names: those folders' names, in the order to name them (hidden ``.…`` folders are not passed).
+
+    Returns:
+        The line (each folder as a refusal names a value, and the rule), or None when there is none.
+    """
+    if not names:
+        return None
+    listed = ", ".join(shown(name) for name in names[:_MISNAMED_SHOWN])
+    more = f" and {len(names) - _MISNAMED_SHOWN} more" if len(names) > _MISNAMED_SHOWN else ""
+    return (f"skipping {len(names)} folder(s) in {base} whose name is not a profile name: {listed}{more}; a profile "
+            f"name is 1-64 letters, digits, '_' or '-', starting with a letter or digit (^{HANDLE_PATTERN}$, the "
+            "seed's rule): no DM can reach them, rename the folder to use it as a profile")
