@@ -1,7 +1,9 @@
 """Filesystem bridge: file events become typed messages for one actor.
 
-Report created and moved-in files as :class:`FileAppeared` (removed ones as
-:class:`FileRemoved` only when asked), skip temp names, and send
+Report created and moved-in files as :class:`FileAppeared`, and again once closed
+after a write (a file created, then written in place, is complete only then; an
+atomic writer's rename makes no second event), removed ones as
+:class:`FileRemoved` only when asked; skip temp names, and send
 :class:`Rescan` at start and periodically: inotify can overflow and drop
 events without anyone hearing of it, so the listing is the truth and events
 only make things fast. If the watcher thread dies, the next health check
@@ -25,6 +27,7 @@ from loguru import logger
 from watchdog.events import (
     DirCreatedEvent,
     DirMovedEvent,
+    FileClosedEvent,
     FileCreatedEvent,
     FileDeletedEvent,
     FileMovedEvent,
@@ -53,6 +56,10 @@ class _Handler(FileSystemEventHandler):
         self.bridge = bridge
 
     def on_created(self, event: FileSystemEvent) -> None:
+        if not event.is_directory:
+            self.bridge._report(FileAppeared, Path(_str(event.src_path)))
+
+    def on_closed(self, event: FileSystemEvent) -> None:  # closed after a write: written in place, complete now
         if not event.is_directory:
             self.bridge._report(FileAppeared, Path(_str(event.src_path)))
 
@@ -149,12 +156,13 @@ class FsBridge:
             return
         observer = self.observer_factory()
         # Only the events we act on: the inotify mask shrinks with the filter, so a write no
-        # longer wakes the observer for open/modify/close noise.
+        # longer wakes the observer for open/modify noise (a close after a write is reported: see on_closed).
         observer.schedule(
             _Handler(self),
             str(self.root),
             recursive=True,
-            event_filter=[FileCreatedEvent, FileMovedEvent, FileDeletedEvent, DirCreatedEvent, DirMovedEvent],
+            event_filter=[FileCreatedEvent, FileMovedEvent, FileClosedEvent, FileDeletedEvent, DirCreatedEvent,
+                          DirMovedEvent],
         )
         observer.daemon = True
         observer.start()

@@ -6,8 +6,10 @@ dispatcher), holds an unpaired ``IN_MOVED_FROM`` at the head of its queue for
 up to 0.5 s (a file renamed out of the watched tree stalls every event behind
 it), and with a recursive watch wakes up for every directory below the root.
 This watcher asks the kernel only for what a caller acts on: files created or
-moved into the watched directories (removals only when asked), no pairing,
-one thread from ``read`` to the callback.
+moved into the watched directories, and files closed after a write there (a
+file created, then written in place, is complete only then; an atomic writer's
+rename makes no such event), removals only when asked; no pairing, one thread
+from ``read`` to the callback.
 
 Which directories: the root and, either every directory below it (recursive,
 new ones added as they appear), or only the named subdirectories. A watched
@@ -30,6 +32,7 @@ from pathlib import Path
 
 __all__ = ["AVAILABLE", "InotifyWatcher"]
 
+IN_CLOSE_WRITE = 0x0008
 IN_MOVED_FROM = 0x0040
 IN_MOVED_TO = 0x0080
 IN_CREATE = 0x0100
@@ -74,7 +77,8 @@ class InotifyWatcher(threading.Thread):
         root: the directory watched (it must exist).
         subdirs: names of the subdirectories of ``root`` to watch as well
             (None: every directory below ``root``, recursively).
-        on_appeared: called on this thread with each file created or moved in.
+        on_appeared: called on this thread with each file created or moved in, and again with each file
+            closed after a write (a file written in place after its creation is complete only then).
         on_removed: called with each file deleted or moved out (None: removals
             are not even asked of the kernel).
         on_lost: called with a reason when events may have been missed (the
@@ -99,7 +103,7 @@ class InotifyWatcher(threading.Thread):
         self.root = root
         self.subdirs = None if subdirs is None else tuple(subdirs)
         self.on_appeared, self.on_removed, self.on_lost = on_appeared, on_removed, on_lost
-        files = IN_CREATE | IN_MOVED_TO | (IN_DELETE | IN_MOVED_FROM if on_removed is not None else 0)
+        files = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | (IN_DELETE | IN_MOVED_FROM if on_removed is not None else 0)
         self.mask = files | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK
         self._paths: dict[int, tuple[Path, int]] = {}  # watch descriptor → (directory, its inode)
         self._lock = threading.Lock()  # the watch table: this thread and restore() on the owner's
@@ -201,7 +205,7 @@ class InotifyWatcher(threading.Thread):
             if mask & (IN_CREATE | IN_MOVED_TO) and self._is_wanted_dir(path) and self.restore():
                 self.on_lost("new-directory")
             return
-        if mask & (IN_CREATE | IN_MOVED_TO):
+        if mask & (IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE):
             self.on_appeared(path)
         elif self.on_removed is not None and mask & (IN_DELETE | IN_MOVED_FROM):
             self.on_removed(path)

@@ -113,7 +113,10 @@ class ChildFailed:
 
 @dataclass(frozen=True, slots=True)
 class FileAppeared:
-    """A file was created in, or moved into, a watched directory (a hint, not the truth)."""
+    """A file was created in, moved into, or closed after a write in a watched directory (a hint, not the truth).
+
+    A file written in place after its creation appears twice: once created (possibly still empty), once closed.
+    """
 
     path: Path
 

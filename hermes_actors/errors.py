@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["HostileFileError", "RoomStopped", "StoreError", "TransportError", "TurnFailed", "ValidationError"]
+__all__ = [
+    "HostileFileError", "RoomStopped", "StoreError", "TransportError", "TurnFailed", "UnfinishedFileError",
+    "ValidationError",
+]
 
 
 class TurnFailed(Exception):
@@ -34,6 +37,16 @@ class StoreError(OSError):
 
 class HostileFileError(ValidationError):
     """A file on disk is refused: symlink, wrong owner, too big, corrupt."""
+
+
+class UnfinishedFileError(HostileFileError):
+    """A file that is empty or not valid JSON yet, changed so lately that its writer may still be writing it.
+
+    Raised only by a read that asks for it (``read_json_file(..., unfinished_at=now)``): the caller
+    leaves the file where it is and reads it again later (at its close-write event or the next
+    rescan); past :data:`~hermes_actors.store.safe_read.WRITE_GRACE_SECONDS` the same file is
+    refused as a :class:`HostileFileError`. A caller that does not handle it refuses it as before.
+    """
 
 
 class TransportError(RuntimeError):

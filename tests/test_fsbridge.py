@@ -87,6 +87,30 @@ def test_created_and_moved_in_files_appear_and_temp_names_do_not(
 
 
 @pytest.mark.parametrize("factory", WATCHERS)
+def test_a_file_written_in_place_appears_again_once_closed_after_the_write(
+    factory: Any, tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
+) -> None:
+    """Regression (outside review, t30): a writer that creates ``replies/<id>.json`` (O_CREAT|O_EXCL) and writes
+    it 50 ms later was reported once, at its creation, while still empty; the relay read it then, and nothing
+    told it to look again. Its close after the write is reported too now (FileAppeared again): the reader sees it
+    complete. An atomic writer's rename still appears once (the first test)."""
+    ref, actor = probe
+    (tmp_path / "replies").mkdir()
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0, subdirs=("replies",),
+                  observer_factory=factory):
+        actor.expect(Rescan)
+        path = tmp_path / "replies" / "a.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            wait_appeared(actor, path)  # created, still empty
+            assert appeared(actor) == [path]
+            os.write(fd, b"{}")
+        finally:
+            os.close(fd)
+        await_condition(lambda: appeared(actor) == [path, path], timeout=5, message="FileAppeared again at the close")
+
+
+@pytest.mark.parametrize("factory", WATCHERS)
 def test_removals_are_reported_only_when_asked(
     factory: Any, tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
 ) -> None:
@@ -125,7 +149,7 @@ def test_only_the_named_subdirectories_are_watched_and_a_symlinked_one_is_not_fo
         sentinel = tmp_path / "inbox" / "z.json"
         sentinel.write_text("{}")
         wait_appeared(actor, sentinel)
-    assert appeared(actor) == [top, sentinel]
+    assert list(dict.fromkeys(appeared(actor))) == [top, sentinel]  # each written in place: created, then closed
 
 
 @needs_inotify

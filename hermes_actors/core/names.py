@@ -20,6 +20,8 @@ __all__ = [
     "PEER_NAME_RE",
     "checked_connection_id",
     "handle_for",
+    "misnamed_profiles_problem",
+    "one_line_name",
     "profile_home",
     "profile_key",
     "remote_label",
@@ -56,6 +58,28 @@ PEER_NAME_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"
 PEER_NAME_RE = re.compile(rf"^{PEER_NAME_PATTERN}\Z")
 DEFAULT_PROFILE = "default"
 DEFAULT_HANDLE = "hermes"
+
+
+# The control characters (Unicode category Cc, which is exactly these 65: NUL, tab, LF, CR, ESC, DEL, NEL...) and
+# the line and paragraph separators (Zl, Zp): everything str.splitlines() breaks a line at is among them.
+_BREAK_RUN_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def one_line_name(name: str) -> str:
+    """Pure: a profile's display name as every DM header, roster row and name lookup uses it: on one line.
+
+    A ``profile.yaml`` ``display_name`` goes into the header of every DM its bot sends
+    (``Message from 🤖 {display name} (@{handle}): …``): one holding a line break could fake a
+    second header line. Each run of control characters and line breaks becomes a single space,
+    and the ends are trimmed; everything else (unicode, emoji, other spaces) is kept as is.
+
+    Args:
+        name: the name as read.
+
+    Returns:
+        The name on one line ("" when nothing else was in it).
+    """
+    return _BREAK_RUN_RE.sub(" ", name).strip()
 
 
 def handle_for(profile: str) -> str:
@@ -137,3 +161,29 @@ def unreachable_profiles(names: list[str]) -> dict[str, str]:
             if name != kept:
                 out[name] = f"'{kept}' has the same handle @{key} (handles ignore case); rename the folder"
     return out
+
+
+_MISNAMED_SHOWN = 20  # folders named in the line; more are counted
+
+
+def misnamed_profiles_problem(base: Path, names: list[str]) -> str | None:
+    """Pure: the one warning line naming the folders under ``profiles/`` whose names are no profile names.
+
+    Profile names, handles and connection ids share one shape (the seed's rule, ``HANDLE_PATTERN``): a folder
+    such as ``my.bot``, ``ünï``, ``sp ace`` or one of 70 characters is no profile, left off the roster, and a DM
+    to it is refused (``Invalid target``). Before, it was left out without a word.
+
+    Args:
+        base: ``<root>/profiles``.
+        names: those folders' names, in the order to name them (hidden ``.…`` folders are not passed).
+
+    Returns:
+        The line (each folder as a refusal names a value, and the rule), or None when there is none.
+    """
+    if not names:
+        return None
+    listed = ", ".join(shown(name) for name in names[:_MISNAMED_SHOWN])
+    more = f" and {len(names) - _MISNAMED_SHOWN} more" if len(names) > _MISNAMED_SHOWN else ""
+    return (f"skipping {len(names)} folder(s) in {base} whose name is not a profile name: {listed}{more}; a profile "
+            f"name is 1-64 letters, digits, '_' or '-', starting with a letter or digit (^{HANDLE_PATTERN}$, the "
+            "seed's rule): no DM can reach them, rename the folder to use it as a profile")

@@ -8,7 +8,10 @@ Three places take envelopes off the relay files, with the same rules:
 
 The rename decides who owns an envelope; a file that cannot be read as an
 envelope is quarantined, never followed; an envelope older than the TTL is not
-delivered but answered ``queued_expired``. :func:`drain_envelope` does the
+delivered but answered ``queued_expired``. A file still empty or not JSON yet that
+changed within the write grace (a writer that creates it, then writes it) is not
+claimed at all: it is left where it waits and looked at again at its close-write
+event or the next rescan (:func:`~hermes_actors.store.safe_read.may_be_unfinished`). :func:`drain_envelope` does the
 claim, the read and the quarantine, and *decides* the rest: it returns what the
 caller must do (deliver, or write the expiry reply where its replies go), so
 each caller keeps its own reply path and counters.
@@ -25,7 +28,7 @@ from typing import Any, Literal
 from loguru import logger
 
 from hermes_actors.core.ids import validate_delivery_id
-from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.errors import StoreError, UnfinishedFileError, ValidationError
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.atomic import read_json_file
@@ -47,6 +50,7 @@ __all__ = [
     "NotOurs",
     "Quarantined",
     "ToDeliver",
+    "Unfinished",
     "drain_envelope",
     "drain_outbox",
     "expiry_deadline",
@@ -99,7 +103,17 @@ class NotOurs:
     why: str = ""
 
 
-DrainResult = ToDeliver | Expired | Quarantined | NotOurs
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """Nothing to do yet: the file is empty or not JSON yet and changed within the write grace, so its writer
+    may still be writing it (``why``). It was left unclaimed where it waits; it is looked at again at its
+    close-write event or the next rescan, and quarantined once it is still bad past the grace."""
+
+    envelope_id: str
+    why: str = ""
+
+
+DrainResult = ToDeliver | Expired | Quarantined | NotOurs | Unfinished
 
 
 def expiry_reply(envelope: dict[str, Any], ttl: float, now: float) -> dict[str, Any]:
@@ -115,6 +129,33 @@ def expiry_reply(envelope: dict[str, Any], ttl: float, now: float) -> dict[str, 
     """
     text = rp.expired_error_text(envelope["target_handle"], envelope["target_connection"], ttl)
     return rp.make_reply(envelope["id"], error=text, reason="queued_expired", now=now)
+
+
+def _box(paths: InboxPaths, box: Box) -> Path:
+    """The directory an envelope of ``box`` waits in."""
+    return paths.relay.outbox if box == "outbox" else paths.inbox
+
+
+def _still_being_written(paths: InboxPaths, box: Box, envelope_id: str, now: float) -> str | None:
+    """Why the envelope file in ``box`` may still be being written (empty or not JSON yet, changed within the grace).
+
+    Read where it waits, before any claim: the claim's rename changes the file's ctime, which the grace is judged
+    by. Never raises: anything else wrong with the file (gone, refused, malformed) is the claim's and its read's to
+    decide, as before.
+
+    Returns:
+        The reason, or None when the file is to be claimed now.
+    """
+    directory = _box(paths, box)
+    try:
+        path = paths.relay.id_file(directory, envelope_id)
+        with relay_dir(paths.relay.base, directory) as fd:
+            read_json_file(path, dir_fd=fd, unfinished_at=now)
+    except UnfinishedFileError as exc:
+        return str(exc)
+    except (OSError, ValidationError):  # HostileFileError and a bad id included: the claim decides
+        return None
+    return None
 
 
 def _claim(paths: InboxPaths, box: Box, envelope_id: str) -> Path | None:
@@ -213,10 +254,15 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
 
     Returns:
         :class:`ToDeliver`, :class:`Expired` (the caller writes ``reply``),
-        :class:`Quarantined` or :class:`NotOurs`. Never raises for a bad or
+        :class:`Quarantined`, :class:`NotOurs`, or :class:`Unfinished` (left unclaimed: empty or not JSON yet,
+        changed within the write grace). Never raises for a bad or
         vanished file: a claimed file that cannot be read is quarantined (the
         claimed and taken directories are never rescanned).
     """
+    unfinished = _still_being_written(paths, box, envelope_id, now)
+    if unfinished is not None:
+        logger.debug("relay: left {} in {}/ for now: {}", envelope_id, box, unfinished)
+        return Unfinished(envelope_id, unfinished)
     try:
         claimed = _claim(paths, box, envelope_id)
     except (OSError, ValidationError) as exc:  # StoreError and HostileFileError included

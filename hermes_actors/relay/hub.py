@@ -36,7 +36,7 @@ from hermes_actors.core.clipping import shown
 from hermes_actors.core.config import load_config, parse_redis_config
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.core.names import HANDLE_RE
-from hermes_actors.errors import HostileFileError, StoreError, ValidationError
+from hermes_actors.errors import HostileFileError, StoreError, UnfinishedFileError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.messages import InboxDeadline, RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
@@ -326,11 +326,18 @@ class HubActor(TypedActor):
             os.close(fd)
 
     def _forward(self, holder: HubRoot, envelope_id: str, delivered: int) -> None:
-        """Copy ``delivered/<id>.json`` (read through ``delivered``, its directory's descriptor) to the sender."""
+        """Copy ``delivered/<id>.json`` (read through ``delivered``, its directory's descriptor) to the sender.
+
+        A record still empty or not JSON yet that changed within the write grace is left alone and read again at
+        its close-write event or the next rescan (:func:`~hermes_actors.store.safe_read.may_be_unfinished`).
+        """
         path = holder.paths.delivered / f"{envelope_id}.json"
         try:
-            record, reply_connection = read_delivered(path, dir_fd=delivered)
+            record, reply_connection = read_delivered(path, dir_fd=delivered, unfinished_at=time.time())
         except FileNotFoundError:
+            return
+        except UnfinishedFileError as exc:
+            logger.debug("hub: {}; read again once it is written", exc)
             return
         except ValidationError as exc:
             quarantine(holder.paths.relay, path, str(exc))

@@ -31,7 +31,7 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.guard import check_relay_hop
-from hermes_actors.errors import StoreError, ValidationError
+from hermes_actors.errors import StoreError, UnfinishedFileError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.messages import (
     Outcome,
@@ -296,12 +296,20 @@ class Outbound:
         return resumed
 
     def check_reply(self, envelope_id: str) -> None:
-        """Report the outcome of one of our envelopes if its reply is in ``replies/``."""
+        """Report the outcome of one of our envelopes if its reply is in ``replies/``.
+
+        A reply file still empty or not JSON yet that changed within the write grace (a writer that creates it,
+        then writes it) is left alone and read again at its close-write event or the next rescan
+        (:func:`~hermes_actors.store.safe_read.may_be_unfinished`); quarantined once still bad past the grace.
+        """
         entry = self.waiting.get(envelope_id)
         if entry is None:
             return  # not ours (a seed gateway on the same root), or already reported
         try:
-            reply = rf.read_reply(self.paths.relay, envelope_id)
+            reply = rf.read_reply(self.paths.relay, envelope_id, unfinished_at=time.time())
+        except UnfinishedFileError as exc:
+            logger.debug("relay: {}; read again once it is written", exc)
+            return
         except ValidationError as exc:
             self._quarantine(self.paths.relay.replies / f"{envelope_id}.json", str(exc))
             return

@@ -19,7 +19,14 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.names import DEFAULT_PROFILE, HANDLE_RE, handle_for, unreachable_profiles
+from hermes_actors.core.names import (
+    DEFAULT_PROFILE,
+    HANDLE_RE,
+    handle_for,
+    misnamed_profiles_problem,
+    one_line_name,
+    unreachable_profiles,
+)
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.store.yaml_file import load_yaml_file
 
@@ -178,6 +185,19 @@ def _text(value: Any, fallback: str) -> str:
     return text or fallback
 
 
+def _display_name(value: Any, profile: str) -> str:
+    """A profile.yaml ``display_name`` as the profile is shown and named by: on one line (``one_line_name``).
+
+    Args:
+        value: the raw value (None when absent).
+        profile: the folder id, used when the value is absent or nothing is left of it.
+
+    Returns:
+        The display name.
+    """
+    return _text(None if value is None else one_line_name(str(value)), profile)
+
+
 def _profile_info(profile: str, home: Path) -> ProfileInfo:
     """Build the roster record of one profile from its profile.yaml.
 
@@ -194,7 +214,7 @@ def _profile_info(profile: str, home: Path) -> ProfileInfo:
         profile=profile,
         handle=handle_for(profile),
         home=home,
-        display_name=_text(meta.get("display_name"), profile),
+        display_name=_display_name(meta.get("display_name"), profile),
         title=_text(block.get("title") if block is not None else None, ""),
         description=_text(meta.get("description"), ""),
         managed=block is not None,
@@ -234,9 +254,11 @@ def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     Returns:
         ``(folder id, home)`` pairs sorted by name, and the problems, each naming a path and what to do:
         a ``profiles/`` that is a symlink, a file or unreadable (then no pair at all), a profile folder
-        that is a symlink, and folders no DM could reach (``core.names.unreachable_profiles``:
-        ``hermes``, ``Default``, a second ``Bob``/``bob``). Files, bad names and ``default`` (hermes'
-        gateway creates ``profiles/default/`` for its own data) are skipped without a problem.
+        that is a symlink, folders whose names are not profile names (``my.bot``, ``sp ace``: one line naming
+        them all, ``core.names.misnamed_profiles_problem``), and folders no DM could reach
+        (``core.names.unreachable_profiles``: ``hermes``, ``Default``, a second ``Bob``/``bob``). Files, hidden
+        ``.…`` folders and ``default`` (hermes' gateway creates ``profiles/default/`` for its own data) are
+        skipped without a problem.
     """
     base = root / "profiles"
     problem = _profiles_base_problem(base)
@@ -250,6 +272,7 @@ def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
         return [], [f"cannot list profiles in {base} ({exc}): only the default profile is used"]
     found: list[tuple[str, Path]] = []
     problems: list[str] = []
+    misnamed: list[str] = []
     for entry in entries:
         name = entry.name
         if entry.is_symlink():
@@ -258,11 +281,16 @@ def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
         elif not entry.is_dir():
             logger.debug("skipping profile {}: not a directory", entry)
         elif not HANDLE_RE.match(name):
+            if not name.startswith("."):
+                misnamed.append(name)
             logger.debug("skipping profile {}: invalid name", entry)
         elif name == DEFAULT_PROFILE:  # hermes' own (its gateway keeps pairing data there): not a bot
             logger.debug("skipping profile {}: 'default' is the root profile", entry)
         else:
             found.append((name, entry))
+    misnamed_problem = misnamed_profiles_problem(base, misnamed)
+    if misnamed_problem is not None:
+        problems.append(misnamed_problem)
     unreachable = unreachable_profiles([name for name, _ in found])
     problems += [f"skipping profile {base / name}: {why}" for name, why in unreachable.items()]
     return [(name, home) for name, home in found if name not in unreachable], problems

@@ -252,12 +252,14 @@ def write_reply(paths: RelayPaths, reply: dict[str, Any]) -> bool:
     return create_exclusive_json(target, rec, tmp_dir=paths.tmp, within=paths.base)
 
 
-def read_reply(paths: RelayPaths, envelope_id: str) -> dict[str, Any] | None:
+def read_reply(paths: RelayPaths, envelope_id: str, *, unfinished_at: float | None = None) -> dict[str, Any] | None:
     """The reply for an envelope, if one was written.
 
     Args:
         paths: the relay layout.
         envelope_id: the envelope id.
+        unfinished_at: the current time, when the file may still be being written (read on its create
+            event): see ``read_json_file``.
 
     Returns:
         The normalized reply, or None when there is none yet.
@@ -265,13 +267,15 @@ def read_reply(paths: RelayPaths, envelope_id: str) -> dict[str, Any] | None:
     Raises:
         ValidationError: the id is invalid, or the reply file's content is
             not a valid reply for this id.
+        UnfinishedFileError: (with ``unfinished_at``) empty or not JSON yet, changed within the write grace:
+            leave it and read it again later.
         HostileFileError: the reply file is refused (the caller should
             quarantine it).
         OSError: the file could not be read.
     """
     path = paths.id_file(paths.replies, envelope_id)
     try:
-        data = read_json_file(path, max_bytes=REPLY_FILE_MAX_BYTES)
+        data = read_json_file(path, max_bytes=REPLY_FILE_MAX_BYTES, unfinished_at=unfinished_at)
     except FileNotFoundError:
         return None
     return parse_reply(data, file_id=envelope_id)

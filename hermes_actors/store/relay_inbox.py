@@ -285,19 +285,25 @@ def parse_delivered(data: Any, envelope_id: str, name: str) -> tuple[dict[str, A
     return parse_reply(core, file_id=envelope_id), reply_connection
 
 
-def read_delivered(path: Path, *, dir_fd: int | None = None) -> tuple[dict[str, Any], str]:
+def read_delivered(
+    path: Path, *, dir_fd: int | None = None, unfinished_at: float | None = None,
+) -> tuple[dict[str, Any], str]:
     """Hub side: a delivered record and the connection whose replies/ it goes to.
 
     Args:
         path: ``delivered/<id>.json``.
         dir_fd: ``delivered/`` opened by :func:`hermes_actors.store.relay_dirfd.relay_dir`: read relative to it.
+        unfinished_at: the current time, when the file may still be being written: see ``read_json_file``.
 
     Raises:
         FileNotFoundError: the record is gone.
+        UnfinishedFileError: (with ``unfinished_at``) empty or not JSON yet, changed within the write grace:
+            leave it and read it again later.
         HostileFileError / ValidationError: the record is refused (quarantine it).
         OSError: it could not be read.
     """
-    return parse_delivered(read_json_file(path, max_bytes=REPLY_FILE_MAX_BYTES, dir_fd=dir_fd), path.stem, path.name)
+    data = read_json_file(path, max_bytes=REPLY_FILE_MAX_BYTES, dir_fd=dir_fd, unfinished_at=unfinished_at)
+    return parse_delivered(data, path.stem, path.name)
 
 
 def mark_consumed(paths: InboxPaths, envelope_id: str, *, now: float) -> None:

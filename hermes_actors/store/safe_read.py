@@ -3,6 +3,13 @@
 Everything the store reads from such a directory goes through :func:`read_json_file`,
 which refuses symlinks, special files, huge files, files of another owner, files
 others may write and corrupt JSON.
+
+One rule for a file another program may still be writing (:func:`may_be_unfinished`): the seed and
+we write relay files atomically (a temp file, then a rename), but a writer that creates the file and
+then writes it shows a watcher an empty or half-written file first. A reader that asks for it
+(``unfinished_at``) gets :class:`~hermes_actors.errors.UnfinishedFileError` for an empty or non-JSON
+file changed within :data:`WRITE_GRACE_SECONDS`: it leaves the file alone and reads it again at its
+close-write event or the next rescan, and refuses it only once it is still bad past the grace.
 """
 
 from __future__ import annotations
@@ -15,12 +22,15 @@ from typing import Any
 
 import orjson
 
-from hermes_actors.errors import HostileFileError
+from hermes_actors.errors import HostileFileError, UnfinishedFileError
 
-__all__ = ["DEFAULT_MAX_BYTES", "read_json_file", "writable_by_others"]
+__all__ = ["DEFAULT_MAX_BYTES", "WRITE_GRACE_SECONDS", "may_be_unfinished", "read_json_file", "writable_by_others"]
 
 DEFAULT_MAX_BYTES = 1 << 20
 """Largest JSON file :func:`read_json_file` accepts by default (1 MiB)."""
+
+WRITE_GRACE_SECONDS = 2.0
+"""How long after its last change an empty or non-JSON file may still be being written (:func:`may_be_unfinished`)."""
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -41,6 +51,26 @@ def writable_by_others(mode: int) -> bool:
         True when the group- or other-write bit is set.
     """
     return bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def may_be_unfinished(changed_at: float, now: float) -> bool:
+    """Pure: whether a file that is empty or not valid JSON may still be being written, so is not refused yet.
+
+    The one rule for every relay file read on its create event (a reply, an envelope in ``outbox/`` or
+    ``inbox/``, a ``delivered/`` record): a writer that creates the file, then writes it, shows an empty or
+    half-written file first. Such a file is left where it is while it changed within
+    :data:`WRITE_GRACE_SECONDS`, and refused once it is still bad past that.
+
+    Args:
+        changed_at: the file's ``st_ctime``: its last change (a write, a rename, a ``chmod``), which no
+            writer can set back, unlike the mtime.
+        now: the current time (``time.time()``).
+
+    Returns:
+        True when it changed less than :data:`WRITE_GRACE_SECONDS` before ``now`` (or after it: a clock set
+        back by less than that).
+    """
+    return abs(now - changed_at) < WRITE_GRACE_SECONDS
 
 
 def _why_hostile(st: os.stat_result, *, max_bytes: int, expect_uid: int | None) -> str | None:
@@ -92,6 +122,7 @@ def read_json_file(
     max_bytes: int = DEFAULT_MAX_BYTES,
     expect_uid: int | None = os.getuid(),
     dir_fd: int | None = None,
+    unfinished_at: float | None = None,
 ) -> Any:
     """Read and parse a JSON file that other programs could have tampered with.
 
@@ -101,12 +132,17 @@ def read_json_file(
         expect_uid: required owner uid (default: this process's), None = any.
         dir_fd: an open directory to read ``path.name`` from (its full ``path`` only names it in
             errors): a directory swapped for a symlink after it was opened is not followed.
+        unfinished_at: the current time, for a file another program may still be writing in place:
+            an empty or non-JSON one that changed within :data:`WRITE_GRACE_SECONDS` of it
+            (:func:`may_be_unfinished`) raises :class:`~hermes_actors.errors.UnfinishedFileError`;
+            None: it is refused at once. Every other refusal is the same either way.
 
     Returns:
         The parsed JSON value (any JSON type; callers validate the shape).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
+        UnfinishedFileError: (with ``unfinished_at``) empty or not valid JSON, and changed within the grace.
         HostileFileError: ``path`` is a symlink, not a regular file, too large,
             owned by another uid, writable by group/others, or not valid JSON.
         OSError: any other OS failure opening or reading the file.
@@ -120,7 +156,8 @@ def read_json_file(
             raise HostileFileError(f"{path} is not a regular file") from exc
         raise
     try:
-        why = _why_hostile(os.fstat(fd), max_bytes=max_bytes, expect_uid=expect_uid)
+        st = os.fstat(fd)
+        why = _why_hostile(st, max_bytes=max_bytes, expect_uid=expect_uid)
         if why is not None:
             raise HostileFileError(f"{path} {why}")
         data = _read_limited(fd, max_bytes)
@@ -133,4 +170,8 @@ def read_json_file(
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        if unfinished_at is not None and may_be_unfinished(st.st_ctime, unfinished_at):
+            raise UnfinishedFileError(f"{path} is not valid JSON yet ({exc}), but it changed "
+                                      f"{max(0.0, unfinished_at - st.st_ctime):.2f}s ago: it may still be being "
+                                      "written") from exc
         raise HostileFileError(f"{path} is not valid JSON: {exc}") from exc
