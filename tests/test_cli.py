@@ -6,17 +6,22 @@ import errno
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, make_root, write_fake_cli
+from roots import RecordingRunner, held_on, make_root, write_fake_cli
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.main import build_parser, main
 from hermes_actors.demo.bots import DemoRunner, create_demo_root
-from hermes_actors.messages import Turn
+from hermes_actors.messages import ProfileInfo, RemoteAgent, Turn
+from hermes_actors.ops.remote_roster import RemoteRoster
+from hermes_actors.store.relay_files import write_roster
+from hermes_actors.store.relay_paths import RelayPaths
 
 COMMANDS = ["demo", "roster", "send", "outcome", "status", "doctor", "room", "serve", "relay", "bench", "enable",
             "disable"]
@@ -247,6 +252,74 @@ def test_roster_says_when_no_host_serves_the_root(tmp_path: Path, capsys: pytest
         assert main(["roster", "--root", str(root)]) == 0
         out = capsys.readouterr().out
     assert "@bob" in out and "no host serves" not in out
+
+
+def test_roster_without_a_host_runs_none_of_the_dms_journaled_for_the_next_host(tmp_path: Path) -> None:
+    """Regression (archrev): `roster` with no host started a whole gateway on the root to list it, with a runner
+    answering "": the DMs a stopped host left journaled ran there, answered silent (`@bob … chose not to
+    reply`) though bob never saw them. It now starts no gateway: they stay for the next host, which runs them."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    release = threading.Event()
+    runner = RecordingRunner(held_on("blocker", release))
+    host = Gateway(root, runner=runner, durable=True)
+    host.subscribe(lambda outcome: release.set() if outcome["status"] == "ambiguous" else None)
+    host.start()
+    try:
+        host.message_agent(sender="alice", target="bob", message="blocker")
+        runner.wait_entered(1)
+        queued = host.message_agent(sender="alice", target="bob", message="queued")["delivery_id"]
+    finally:
+        host.stop(timeout=0.3)  # the blocked turn ends ambiguous; the one queued behind it stays journaled
+        release.set()
+    assert main(["roster", "--root", str(root), "--json"]) == 0
+    with pytest.raises(TimeoutError, match="the next gateway on"):  # still journaled, not run
+        Gateway(root, runner=RecordingRunner(), durable=True).wait_outcome(queued, timeout=0)
+    next_runner = RecordingRunner()
+    with Gateway(root, runner=next_runner, durable=True) as next_host:
+        assert next_host.wait_outcome(queued, timeout=20)["reply"] == "ok: queued"
+    assert next_runner.bodies() == ["queued"]
+
+
+def _remote(connection: str, profile: str, online: bool | None) -> RemoteAgent:
+    return RemoteAgent(profile=profile, handle=profile, connection_id=connection, title=profile.title(), online=online)
+
+
+_LOCAL = [ProfileInfo(profile="alice", handle="alice", home=Path("/r/profiles/alice"), display_name="Alice",
+                      title="Researcher")]
+_ROWS = (_remote("mini", "scout", True), _remote("mini", "quill", False), _remote("mini", "nib", None))
+
+
+@pytest.mark.parametrize(("reading", "online"), [
+    (RemoteRoster("file", "roster.json", _ROWS, 10.0), [True, False, None]),  # fresh: as each row says
+    (RemoteRoster("file", "roster.json", _ROWS, 700.0), [None, None, None]),  # stale (> 600 s): unknown
+    (RemoteRoster("file", "roster.json"), []),  # no roster.json
+    (RemoteRoster("redis", "redis://h:6379/0", _ROWS, 0.0), [True, False, None]),  # read now
+    (RemoteRoster("redis", "redis://h:6379/0", _ROWS[:1], None, error="TimeoutError: ..."), [False]),
+    (RemoteRoster("redis", "redis://h:6379/0", error="ConnectionError: refused"), []),
+])
+def test_roster_rows_without_a_gateway_are_a_gateways_rows(reading: RemoteRoster, online: list[bool | None]) -> None:
+    from hermes_actors.ops.remote_roster import roster_rows_read  # here: the CLI tests run on any version
+
+    rows = roster_rows_read(_LOCAL, reading, now=1_000_000.0)
+    assert rows[0] == {"profile": "alice", "handle": "alice", "display_name": "Alice", "title": "Researcher",
+                       "description": "", "connection_id": None, "online": True}
+    assert [(r["connection_id"], r["online"]) for r in rows[1:]] == [("mini", value) for value in online]
+    assert [r["display_name"] for r in rows[1:]] == [r.title for r in reading.agents]
+
+
+def test_roster_without_a_host_lists_what_a_gateway_on_the_root_lists(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path, {"alice": {"title": "Researcher"}, "bob": {}}, config={"bot_peers": {"mini": {}}})
+    write_roster(RelayPaths.from_root(root), [
+        {"profile": "scout", "handle": "scout", "connection_id": "mini", "title": "Scout", "online": True},
+        {"profile": "quill", "handle": "quill", "connection_id": "mini", "online": False},
+    ], now=time.time())
+    assert main(["roster", "--root", str(root), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    with Gateway(root, runner=RecordingRunner(), durable=False) as gw:
+        assert listed == gw.roster()
+    remote = sorted((r["handle"], r["online"]) for r in listed if r["connection_id"])
+    assert remote == [("quill", False), ("scout", True)]
 
 
 def test_a_missing_root_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

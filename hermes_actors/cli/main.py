@@ -58,26 +58,34 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_roster(args: argparse.Namespace) -> int:
+    import time
+
     from hermes_actors.core.config import load_config
-    from hermes_actors.gateway import Gateway
+    from hermes_actors.facade.options import redis_settings_for
     from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_roster
-    from hermes_actors.ops.remote_roster import read_remote_roster
+    from hermes_actors.ops.remote_roster import read_remote_roster, roster_rows_read
     from hermes_actors.ops.status import transport_problems
     from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 
     root = existing_root(args.root)
     overrides = transport_config(args)  # a bad --connection-id or --redis is refused, host or not
+    config = load_config(args.root, overrides)
+    profiles = discover_profiles(root)
+    connection_id = args.connection_id
     hosted = True
     try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
         rows = fetch_roster(args.root)
     except (HostOffline, HostLost):
         hosted = False
-        with Gateway(args.root, runner=lambda turn: "", config=overrides,
-                     connection_id=args.connection_id) as gw:
-            rows = gw.roster()
-    config = load_config(args.root, overrides)
+        # No gateway is started to list it: one would run the DMs journaled for the next host (with no runner
+        # of its own) and, on Redis, take the connection's lease and read its inbox. The transport is checked
+        # as a start checks it (a connection id for Redis, the [redis] extra), and its roster read below.
+        connection_id = redis_settings_for(config, args.connection_id)[1]
     # the roster where the transport keeps it: an unreachable Redis is said (as status and doctor say it)
-    problems = transport_problems(root, read_remote_roster(root, config.raw, connection_id=args.connection_id))
+    reading = read_remote_roster(root, config.raw, connection_id=connection_id)
+    problems = transport_problems(root, reading)
+    if not hosted:
+        rows = roster_rows_read(profiles, reading, now=time.time())
     if args.json:
         print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
         for problem in problems:  # the rows stay the JSON; the note goes where a script's reader looks
@@ -96,7 +104,7 @@ def _cmd_roster(args: argparse.Namespace) -> int:
         print(f"note: no host serves {args.root}: the bots' message_agent calls are refused (runtime_offline) until "
               f"one runs (`{shell_command('hermes-actors', 'serve', '--root', args.root)}`, or `hermes gateway run` "
               "with the plugin); `hermes-actors send` still delivers, running the DM inside the command")
-    if not install_is_managed(discover_profiles(args.root)):
+    if not install_is_managed(profiles):
         print(not_managed_note(args.root))
     return 0
 

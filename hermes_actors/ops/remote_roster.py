@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,15 @@ from hermes_actors.core.config import parse_redis_config
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.errors import ValidationError
-from hermes_actors.messages import RemoteAgent
+from hermes_actors.local.roster import make_snapshot, roster_rows
+from hermes_actors.messages import ProfileInfo, RemoteAgent
 from hermes_actors.store.atomic import read_json_file
 from hermes_actors.store.relay_files import read_roster
 from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
 
-__all__ = ["REDIS_READ_TIMEOUT", "RemoteRoster", "read_remote_roster"]
+__all__ = ["RemoteRoster", "read_remote_roster", "roster_rows_read"]
 
-REDIS_READ_TIMEOUT = 3.0  # seconds for one Redis command of the reading (a down Redis refuses at once)
 _MAX_ROUTED_NAMES = 16  # names read from one heartbeat (a gateway writes at most 8)
 _MAX_INBOX_READ = 50  # envelopes of inbox/ read for their target_connection
 
@@ -66,16 +67,19 @@ class RemoteRoster:
 
 def read_remote_roster(
     root: Path, raw: dict[str, Any], *, connection_id: str | None = None, now: float | None = None,
-    timeout: float = REDIS_READ_TIMEOUT,
 ) -> RemoteRoster:
     """Read the remote roster from the transport ``raw`` (the root's config) selects. Never raises.
+
+    On Redis each command waits for its answer as the transport's do
+    (:data:`~hermes_actors.transports.redis.io.ANSWER_TIMEOUT_SECONDS`, 1 s to connect): a Redis that is down
+    refuses at once, one that accepts connections and never answers costs one wait (the first command fails
+    and ends the reading).
 
     Args:
         root: the Hermes root.
         raw: the root's config (``load_config(root, overrides).raw``, or a running gateway's ``config.raw``).
         connection_id: this root's connection id on Redis (default: ``bot_mode.connection_id``).
         now: the current time (default ``time.time()``).
-        timeout: seconds for each Redis command.
 
     Returns:
         The reading.
@@ -90,7 +94,29 @@ def read_remote_roster(
     if url is None:
         return _file_roster(root, now)
     me = connection_id or parse_redis_config(raw)[0].connection_id or None
-    return _redis_roster(url, mask_url(url), raw, me, now, timeout)
+    return _redis_roster(url, mask_url(url), raw, me, now)
+
+
+def roster_rows_read(profiles: Iterable[ProfileInfo], reading: RemoteRoster, *, now: float) -> list[dict[str, Any]]:
+    """Pure: the ``Gateway.roster()`` rows of a root no gateway serves, from its profiles and its remote roster.
+
+    The rows a gateway started on the root would list, without starting one (which would take the root's
+    journaled DMs and, on Redis, its connection's lease and inbox): the local profiles, online, then the
+    remote agents with the liveness a gateway gives them (:func:`~hermes_actors.local.roster.roster_rows`).
+
+    Args:
+        profiles: the root's profiles (``discover_profiles(root)``).
+        reading: its remote roster (:func:`read_remote_roster`).
+        now: the current time (``time.time()``).
+
+    Returns:
+        The rows, local profiles first.
+    """
+    mtime = None if reading.age_seconds is None else now - reading.age_seconds
+    snapshot = make_snapshot(profiles, remote=reading.agents, remote_mtime=mtime)
+    if reading.transport == "redis" and reading.error is not None:  # its agents are refused, NOT queued: offline
+        snapshot = replace(snapshot, remote_unreachable=reading.where)
+    return roster_rows(snapshot, now=now)
 
 
 def _file_roster(root: Path, now: float) -> RemoteRoster:
@@ -129,8 +155,7 @@ def _file_roster(root: Path, now: float) -> RemoteRoster:
                         frozenset(a.connection_id for a in agents), frozenset(routed))
 
 
-def _redis_roster(url: str, masked: str, raw: dict[str, Any], me: str | None, now: float,
-                  timeout: float) -> RemoteRoster:
+def _redis_roster(url: str, masked: str, raw: dict[str, Any], me: str | None, now: float) -> RemoteRoster:
     """Every connection's roster on Redis, as the transport reads it; ``me``'s own is not a remote one."""
     from hermes_actors.transports.redis.io import make_client
     from hermes_actors.transports.redis.link import as_text
@@ -138,7 +163,7 @@ def _redis_roster(url: str, masked: str, raw: dict[str, Any], me: str | None, no
 
     keys = RedisKeys(parse_redis_config(raw)[0].redis_prefix)
     try:
-        client = make_client(url, socket_timeout=timeout)
+        client = make_client(url)
     except Exception as exc:  # the [redis] extra missing, a URL redis-py refuses: doctor names the fix
         return RemoteRoster("redis", masked, error=f"{type(exc).__name__}: {exc}")
     try:

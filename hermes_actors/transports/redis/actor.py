@@ -59,7 +59,14 @@ from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.heartbeat import Heartbeat
 from hermes_actors.transports.redis.inbound import InboundDrain
-from hermes_actors.transports.redis.io import ClaimGuard, InboxRoom, StreamReader, ensure_groups
+from hermes_actors.transports.redis.io import (
+    ClaimGuard,
+    InboxRoom,
+    StreamReader,
+    ensure_groups,
+    stop_threads,
+    stop_wait_seconds,
+)
 from hermes_actors.transports.redis.link import RedisLink, as_text
 from hermes_actors.transports.redis.outbound import Outbound
 
@@ -155,10 +162,11 @@ class RedisRelayActor(TypedActor):
         if self.counters["returned"]:  # a warning: their senders wait until a consumer of this connection runs
             logger.warning("redis: {} relayed-in entr(ies) never started and stay pending in our inbox for the next "
                            "start", self.counters["returned"])
-        if self.reader is not None:
-            self.reader.stop()
-        if self.heartbeat is not None:
-            self.heartbeat.stop(delete=True)  # a clean stop is offline at once (no waiting for the expiry)
+        # Both threads are told first and waited for together, so a Redis that does not answer costs one wait,
+        # not one per thread. The heartbeat first: its key removal (a clean stop is offline at once, not at the
+        # expiry) gets the most of the wait; a reader still reading then leaves what it reads pending in Redis.
+        threads = [thread for thread in (self.heartbeat, self.reader) if thread is not None]
+        stop_threads(threads, stop_wait_seconds(self.settings.block_ms))
         self.guard.close()
         self.redis_link.close()
 

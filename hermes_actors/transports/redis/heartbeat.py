@@ -28,7 +28,12 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.store.processes import pid_alive
-from hermes_actors.transports.redis.io import make_client
+from hermes_actors.transports.redis.io import (
+    ANSWER_TIMEOUT_SECONDS,
+    CONNECT_TIMEOUT_SECONDS,
+    join_until,
+    make_client,
+)
 from hermes_actors.transports.redis.lease import (
     REFRESH_LUA,
     RELEASE_LUA,
@@ -187,24 +192,75 @@ class Heartbeat:
             self.beat()
             next_beat = max(next_beat + period, time.monotonic())  # no burst of catch-up beats after a stall
 
-    def stop(self, *, delete: bool = True) -> None:
-        """Stop beating; with ``delete``, remove both keys so peers see us offline at once.
+    def signal_stop(self) -> None:
+        """Stop beating: no beat begins after this; one under way ends on its own. Returns at once.
+
+        Not under the beat's lock: a beat waiting on a Redis that does not answer holds it, and the stop
+        must tell the other threads meanwhile (:func:`~hermes_actors.transports.redis.io.stop_threads`).
+        """
+        self._stopped.set()
+
+    def finish(self, deadline: float, *, delete: bool = True) -> bool:
+        """Wait for the thread to end, then (``delete``) remove both keys so peers see us offline at once.
+
+        All within ``deadline``: a beat under way ends first (the keys are never removed before a beat that
+        would write them again), then the removal waits for its answer no longer than what is left. A Redis that
+        answers in time has the keys removed; one that does not (down, a black hole) leaves them to expire
+        (``heartbeat_ttl_seconds``).
+
+        Args:
+            deadline: a ``time.monotonic()`` time.
+            delete: remove the keys (a clean stop), or leave them to expire.
+
+        Returns:
+            Whether the thread has ended.
+        """
+        thread, self._thread = self._thread, None
+        ended = join_until(thread, deadline)
+        client, self._client = self._client, None
+        if client is None:
+            return ended
+        try:
+            if delete:
+                self._release(deadline)
+        finally:
+            client.close()
+        return ended
+
+    def _release(self, deadline: float) -> None:
+        """Remove both keys by ``deadline``, the alive key only if it is still ours (never another process's lease).
+
+        Args:
+            deadline: a ``time.monotonic()`` time; the removal waits for Redis no longer.
+        """
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):  # held by a beat under way
+            logger.debug("redis: a beat was still waiting for Redis at the stop; the heartbeat expires on its own")
+            return
+        try:
+            left = min(ANSWER_TIMEOUT_SECONDS, deadline - time.monotonic())
+            if left <= 0:
+                logger.debug("redis: no time was left at the stop to remove the heartbeat; it expires on its own")
+                return
+            client = make_client(self.settings.url, socket_timeout=left,
+                                 connect_timeout=min(CONNECT_TIMEOUT_SECONDS, left))
+            try:
+                client.register_script(RELEASE_LUA)(keys=[self.alive_key, self.consumer_key], args=[self.consumer])
+            except Exception as exc:
+                logger.debug("redis: could not remove the heartbeat at stop: {}", exc)
+            finally:
+                client.close()
+        finally:
+            self._lock.release()
+
+    def stop(self, *, delete: bool = True, wait: float = ANSWER_TIMEOUT_SECONDS) -> bool:
+        """Stop the heartbeat alone (the transport stops it with the reader: its ``stop_threads``).
 
         Args:
             delete: remove the keys (a clean stop), or leave them to expire.
+            wait: seconds for the beat under way and the removal together.
+
+        Returns:
+            Whether the thread has ended.
         """
-        with self._lock:
-            self._stopped.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
-        client, self._client = self._client, None
-        if client is None:
-            return
-        try:
-            if delete:  # the alive key only if it is still ours (never another process's lease)
-                client.register_script(RELEASE_LUA)(keys=[self.alive_key, self.consumer_key], args=[self.consumer])
-        except Exception as exc:
-            logger.debug("redis: could not remove the heartbeat at stop: {}", exc)
-        finally:
-            client.close()
+        self.signal_stop()
+        return self.finish(time.monotonic() + wait, delete=delete)

@@ -6,6 +6,9 @@
 - :class:`StreamReader`: the dedicated thread that runs the blocking
   ``XREADGROUP`` on our inbox and replies streams and tells the actor each
   batch; it reconnects with bounded exponential backoff (max 5 s).
+- :func:`stop_threads`: the stop of the transport's threads (the reader, the heartbeat): each is told first,
+  then all are waited for against one deadline (:func:`stop_wait_seconds`), so a Redis that does not answer
+  costs the stop one wait, not one per thread.
 - :class:`ClaimGuard`: wraps the turn runner; before a relayed-in envelope's
   turn runs it claims ``<p>:claim:<id>`` with ``SET NX``, so a reclaimed entry
   never runs a second turn (and a turn the sender already expired never runs).
@@ -15,8 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import pykka
 from loguru import logger
@@ -35,8 +38,9 @@ from hermes_actors.transports.redis.store import (
     is_redis_unreachable,
 )
 
-__all__ = ["ANSWER_TIMEOUT_SECONDS", "BACKOFF_MAX_SECONDS", "CONNECT_TIMEOUT_SECONDS", "ClaimGuard", "InboxRoom",
-           "StreamReader", "ensure_groups", "make_client", "require_redis", "wrong_type_text"]
+__all__ = ["ANSWER_TIMEOUT_SECONDS", "BACKOFF_MAX_SECONDS", "CONNECT_TIMEOUT_SECONDS", "STOP_WAIT_MAX_SECONDS",
+           "ClaimGuard", "InboxRoom", "RedisThread", "StreamReader", "ensure_groups", "join_until", "make_client",
+           "require_redis", "stop_threads", "stop_wait_seconds", "wrong_type_text"]
 
 BACKOFF_MAX_SECONDS = 5.0
 READ_COUNT = 100
@@ -48,6 +52,9 @@ CONNECT_TIMEOUT_SECONDS = 1.0
 #: shorter: a Redis syncing its AOF on a busy disk may take a second to answer a write, and a write that timed
 #: out here is refused to its sender as NOT queued though Redis may still apply it.
 ANSWER_TIMEOUT_SECONDS = 3.0
+#: The most a stop waits for the transport's threads, all together: a reader blocked on a healthy Redis with a
+#: long BLOCK is not waited for past it (what it reads then stays pending in the group for the next process).
+STOP_WAIT_MAX_SECONDS = 5.0
 
 
 def require_redis() -> None:
@@ -63,13 +70,15 @@ def require_redis() -> None:
                              "pip install 'hermes-actors[redis]'") from exc
 
 
-def make_client(url: str, *, socket_timeout: float = ANSWER_TIMEOUT_SECONDS) -> Any:
+def make_client(url: str, *, socket_timeout: float = ANSWER_TIMEOUT_SECONDS,
+                connect_timeout: float = CONNECT_TIMEOUT_SECONDS) -> Any:
     """A client that fails fast when Redis is down or does not answer.
 
     Args:
         url: the Redis URL (its own ``socket_timeout=`` query option, if any, wins).
         socket_timeout: how long a command waits for its answer (:data:`ANSWER_TIMEOUT_SECONDS`: the
             blocking reader passes its BLOCK time more).
+        connect_timeout: how long a connection may take (:data:`CONNECT_TIMEOUT_SECONDS`).
 
     Returns:
         A redis-py client that retries a command once on a new connection when its connection was found
@@ -82,7 +91,7 @@ def make_client(url: str, *, socket_timeout: float = ANSWER_TIMEOUT_SECONDS) -> 
     from redis.retry import Retry
 
     return redis.Redis.from_url(
-        url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS, socket_timeout=socket_timeout,
+        url, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout,
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
 
@@ -192,6 +201,71 @@ def _batches(response: Any) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]
     return out
 
 
+def stop_wait_seconds(block_ms: int) -> float:
+    """Pure: how long a stop waits for the transport's threads, all together.
+
+    The longest call one of them may be in when the stop comes: the reader's blocking read (its BLOCK time
+    and then :data:`ANSWER_TIMEOUT_SECONDS`); the heartbeat's beat and its key removal wait one answer timeout
+    each, and the removal gets what is left of the same wait. At most :data:`STOP_WAIT_MAX_SECONDS`.
+
+    Args:
+        block_ms: the reader's BLOCK time (``bot_mode.redis_block_ms``).
+
+    Returns:
+        Seconds.
+    """
+    return min(STOP_WAIT_MAX_SECONDS, block_ms / 1000 + ANSWER_TIMEOUT_SECONDS)
+
+
+def join_until(thread: threading.Thread | None, deadline: float, *,
+               clock: Callable[[], float] = time.monotonic) -> bool:
+    """Wait for ``thread`` to end, until ``deadline`` at most.
+
+    Args:
+        thread: the thread (None, or the calling thread itself: nothing to wait for).
+        deadline: a ``clock`` time.
+        clock: monotonic seconds.
+
+    Returns:
+        Whether the thread has ended (True for None and for the calling thread).
+    """
+    if thread is None or thread is threading.current_thread():
+        return True
+    thread.join(timeout=max(0.0, deadline - clock()))
+    return not thread.is_alive()
+
+
+class RedisThread(Protocol):
+    """A thread of the transport as its stop sees it (:class:`StreamReader`, the heartbeat)."""
+
+    def signal_stop(self) -> None:
+        """Tell the thread to end after the call under way; returns at once."""
+
+    def finish(self, deadline: float) -> bool:
+        """Wait for the thread to end (and do what is left to do) until ``deadline``; whether it ended."""
+
+
+def stop_threads(threads: Sequence[RedisThread], wait: float, *, clock: Callable[[], float] = time.monotonic) -> bool:
+    """Stop the transport's threads at the cost of the slowest, not of the sum.
+
+    Each is told first, so all end their Redis calls together; then each is waited for against one deadline
+    (``wait`` from now), in the order given: the first gets the most of it.
+
+    Args:
+        threads: the threads.
+        wait: seconds for all of them together (:func:`stop_wait_seconds`).
+        clock: monotonic seconds.
+
+    Returns:
+        Whether every thread ended in time (one still in a Redis call is left to end on its own).
+    """
+    for thread in threads:
+        thread.signal_stop()
+    deadline = clock() + wait
+    ended = [thread.finish(deadline) for thread in threads]  # each is finished, even after one that did not end
+    return all(ended)
+
+
 class StreamReader:
     """The blocking reader of one connection's inbox and replies streams.
 
@@ -232,12 +306,40 @@ class StreamReader:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop within about one BLOCK period."""
+    def signal_stop(self) -> None:
+        """Tell the thread to end once the read under way returns; returns at once."""
         self._stop.set()
+
+    def finish(self, deadline: float) -> bool:
+        """Wait for the thread to end, until ``deadline`` (monotonic) at most.
+
+        A read under way returns within its BLOCK time on a Redis that answers, else after one answer timeout
+        more. A thread still reading at the deadline ends on its own: what its read returns then cannot be told
+        to the stopped actor, and stays pending in the group (unacked) for the connection's next process.
+
+        Args:
+            deadline: a ``time.monotonic()`` time.
+
+        Returns:
+            Whether the thread has ended.
+        """
         thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=timeout)
+        ended = join_until(thread, deadline)
+        if not ended:
+            logger.debug("redis: the reader is still in a Redis call at the stop; it ends on its own")
+        return ended
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop the thread alone (the transport stops it with the heartbeat: :func:`stop_threads`).
+
+        Args:
+            timeout: seconds to wait for it (default :func:`stop_wait_seconds` of its BLOCK time).
+
+        Returns:
+            Whether the thread has ended.
+        """
+        wait = stop_wait_seconds(self.settings.block_ms) if timeout is None else timeout
+        return stop_threads([self], wait)
 
     def _run(self) -> None:
         from redis.exceptions import RedisError, ResponseError
