@@ -317,7 +317,8 @@ class TurnHeld:
 
 @dataclass(frozen=True, slots=True)
 class AdoptJournal:
-    """Ask the Dispatcher, before the relay resumes, to learn what the journal adopted at start already settled:
+    """Ask the Dispatcher, before the relay resumes (or, at a running gateway's adoption, before its relay takes
+    over the dead gateway's sent/ records), to learn what the adopted journal already settled:
     its outcomes and its wakes (answers None; ``Recover`` acts on the rest once the relay runs)."""
 
     states: dict[str, DeliveryState]  # delivery id → what the journal knows of it
@@ -325,10 +326,16 @@ class AdoptJournal:
 
 @dataclass(frozen=True, slots=True)
 class Recover:
-    """Ask the Dispatcher to act on the journal state adopted at start; answers the counts."""
+    """Ask the Dispatcher to act on the journal state adopted at start, or by a running gateway at a relay
+    rescan (``adopted_from`` names the files then); answers the counts."""
 
     states: dict[str, DeliveryState]  # delivery id → what the journal knows of it
     idempotent_runner: bool = False
+    adopted_from: tuple[str, ...] = ()  # a running gateway's adoption: the journal files adopted
+    # a running gateway's adoption: relayed DMs (journaled outcome, no acceptance, not delivered) whose sent/ record
+    # or consumed/ mark is still in the relay: the gateway that took over the record reports them (and wakes)
+    relayed: frozenset[str] = frozenset()
+    relay_reported: frozenset[str] = frozenset()  # those of them reported and forgotten already (consumed/ only)
 
 
 # ── ProfileActor (local/profile_actor.py): one per local profile, runs its turns one at a time ───

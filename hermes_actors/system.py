@@ -59,6 +59,7 @@ from hermes_actors.messages import (
     Subscribe,
 )
 from hermes_actors.relay.desktop_rpc import DesktopRpc
+from hermes_actors.relay.journal_takeover import JournalTakeover
 from hermes_actors.relay.relay_actor import WATCHED_SUBDIRS, RelayActor
 from hermes_actors.relay.strays import ensure_relay_directories
 from hermes_actors.rooms import Rooms
@@ -225,7 +226,11 @@ class ActorSystem:
                                                fsync=opts.durable and opts.fsync, **relay_args)
             self.dispatcher.tell(AttachRelay(self.relay, reaches_peers=True))  # bot_peers on this Redis too
         else:
-            self.relay = RelayActor.start(opts.root, **relay_args)
+            journals = None
+            if self.journal is not None:  # the journals of gateways that stop or die beside us (at each rescan)
+                journals = JournalTakeover(self.journal, self.dispatcher,
+                                           idempotent_runner=bool(getattr(self.runner, "idempotent", False)))
+            self.relay = RelayActor.start(opts.root, journals=journals, **relay_args)
             self.dispatcher.tell(AttachRelay(self.relay))
             self.desktop = DesktopRpc(self.relay, self.roster)
             self.bridge = FsBridge(

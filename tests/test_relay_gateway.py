@@ -7,6 +7,7 @@ the Desktop where a test needs the whole path.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_sent import claim_for_expiry
 from hermes_actors.store.relay_shelf import find_on_shelves
+from hermes_actors.store.turnlock import turn_lock_path
 
 REPLY_KEYS = {"id", "at", "reply", "error", "reason"}
 SEED_ENVELOPE_KEYS = {
@@ -682,6 +684,52 @@ def test_a_dm_its_killed_sender_reported_is_not_reported_again_by_the_gateway_ta
     d.stop(timeout=10)
     assert [o for o in seen_d if o["delivery_id"] == envelope_id] == [] and d_runner.entered == []
     assert len(b_woke) + len(takers_woke) == 1
+
+
+def test_a_relayed_dm_whose_wake_its_killed_sender_never_ran_gets_one_outcome_and_one_wake_from_the_takers(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Gateways A and C run; B sends a relay DM, its reply lands, B reports it (journaled finished and delivered,
+    the sender's wake accepted with it) and is SIGKILLed before it forgot the DM's sent/ record and before the
+    wake could begin (alice's turn lock is held). At their rescans one of A and C takes the sent/ record over and
+    forgets it (the journal says it is settled), and one adopts B's journal and runs the wake: no second outcome,
+    one wake. Before, the takers never ran the wake: it waited in B's journal for the next start."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a, a_runner, seen = beside(gateways, root, config)
+    c, c_runner, _ = beside(gateways, root, config)
+    c.subscribe(seen.append)
+    lock = turn_lock_path(root, "alice")
+    lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # B's wake of alice cannot begin before B is killed
+        argv = ["env", "HERMES_ACTORS_CRASH_AT=relay-before-forget", sys.executable,
+                str(Path(__file__).with_name("relay_dying.py")), str(root), "alpha", "report"]
+        with children(tmp_path) as spawn:
+            b = spawn("b", argv)
+            envelope_id = queued(b.wait_json("ack", timeout=60)["ack"])
+            rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="for the dead",
+                                                                     now=time.time()))
+            assert b.proc.wait(60) == -9, b.stderr_tail()  # SIGKILLed at its crashpoint
+            assert b.json_lines("woke") == []
+    finally:
+        os.close(held)
+    assert (relay(root) / "sent" / f"{envelope_id}.json").exists()  # B never forgot it
+    rescan(a, c)
+    await_condition(lambda: len(a_runner.entered) + len(c_runner.entered) == 1, timeout=30,
+                    message="one running gateway ran the wake B left")
+    rescan(a, c)  # a later rescan takes nothing over again
+    for gw in (a, c):
+        gw.stop(timeout=10)  # flushes what each published
+    assert [o for o in seen if o["delivery_id"] == envelope_id] == []  # B reported it: nobody again
+    (wake,) = a_runner.entered + c_runner.entered
+    assert wake.profile == "alice" and "for the dead" in body_of(wake.content)
+    assert not (relay(root) / "sent" / f"{envelope_id}.json").exists()
+    d, d_runner, seen_d = beside(gateways, root, config)  # adopts every journal left: nothing to do
+    assert d.wait_outcome(envelope_id, timeout=10)["reply"] == "for the dead"
+    d.stop(timeout=10)
+    assert [o for o in seen_d if o["delivery_id"] == envelope_id] == [] and d_runner.entered == []
 
 
 def test_a_gateway_whose_shelf_is_removed_while_it_runs_keeps_its_dms_and_no_other_gateway_takes_them_over(

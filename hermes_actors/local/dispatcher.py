@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pykka
+from loguru import logger
 
 from actors import ChildFailed, RestartPolicy, SupervisorActor, handles
 from hermes_actors.core import outcomes
@@ -360,10 +361,20 @@ class DispatcherActor(SupervisorActor):
 
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:
-        """Act on the journal of a previous run (``journal_replay.replay_journal``)."""
+        """Act on the journal of a previous run, or one a running gateway adopted (``journal_replay.replay_journal``).
+
+        A running gateway's adoption that arrives once its stop began acts on nothing: the adopted records are
+        in our journal, which the stop keeps for the next start (or a gateway running beside it).
+        """
+        if msg.adopted_from and not self.accepting:
+            logger.info("recovery: the journal {} adopted as the gateway stops stays journaled for the next start",
+                        ", ".join(msg.adopted_from))
+            return {}
         return replay_journal(msg.states, idempotent_runner=msg.idempotent_runner, index=self.snapshot.index,
                               flow=self.flow, requeue=lambda info, dm: self.deliver_local(info, dm, journaled=True),
-                              never_reached=self._never_reached, runs_apart=self._runs_apart)
+                              never_reached=self._never_reached, runs_apart=self._runs_apart,
+                              adopted_from=msg.adopted_from, relayed=msg.relayed,
+                              relay_reported=msg.relay_reported)
 
     def _never_reached(self, delivery: Delivery) -> bool:
         """At a start: whether a wake the previous run started provably never reached its bot (the runner says)."""

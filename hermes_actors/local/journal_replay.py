@@ -5,7 +5,9 @@ carries its plan out on the Dispatcher's thread: outcomes the previous run settl
 reported are published once, DMs that may have run are settled ``ambiguous`` (a live owner's
 mailbox record too), DMs that never started are offered again (or fail when their target is
 gone). :func:`adopt_journal` runs before the relay resumes, so its resumed sends find the
-journal's settled outcomes and wakes.
+journal's settled outcomes and wakes. A running gateway adopting the journal of a gateway that stopped
+or died beside it does the same, in the same order around its relay's takeover of that gateway's
+``sent/`` records (:class:`~hermes_actors.relay.journal_takeover.JournalTakeover`).
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ def replay_journal(
     requeue: Callable[[ProfileInfo, Delivery], None],
     never_reached: Callable[[Delivery], bool] | None = None,
     runs_apart: Callable[[Delivery], bool] | None = None,
+    adopted_from: tuple[str, ...] = (),
+    relayed: frozenset[str] = frozenset(),
+    relay_reported: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
-    """Act on the journal of a previous run (see ``recovery.plan_recovery``).
+    """Act on the journal of a previous run, or of a gateway that stopped or died beside this running one
+    (see ``recovery.plan_recovery``).
 
     Args:
         states: the journal's state of each delivery id.
@@ -69,6 +75,14 @@ def replay_journal(
             (the runner's hook, ``turns.turn_never_reached``): it is offered again then.
         runs_apart: whether a turn ran warm in a hermes gateway apart from this host (the runner's
             hook, ``turns.turn_runs_apart``): its ``ambiguous`` text says hermes may still have answered.
+        adopted_from: a running gateway's adoption: the journal files (named in its log line).
+        relayed: a running gateway's adoption: outcomes of relayed DMs the relay still holds (their ``sent/``
+            record or ``consumed/`` mark): the gateway that took the record over reports them and wakes their
+            senders, so they are not published here (a taker that is another gateway would make it two outcomes).
+            One whose record is still in ``sent/`` stays undelivered in our journal: marked delivered, its taker,
+            which reads the root's journals before it reports, would take it for reported and wake nobody.
+        relay_reported: those of ``relayed`` the relay reported and forgot already (their ``consumed/`` mark
+            alone): marked delivered here.
 
     Returns:
         The counts of what was done (``reoffered``, ``ambiguous``, ``redelivered``, ``known``,
@@ -85,11 +99,17 @@ def replay_journal(
                          live_record=lambda delivery: live_record(index, delivery), never_reached=never_reached,
                          runs_apart=runs_apart)
     book.remember(plan.known)
+    left = 0
     for outcome in plan.redeliver:
         if book.has_outcome(outcome.delivery_id):
             # the relay, resumed before this, already settled it (a relayed DM's reply still in its files):
             # published once in this run, first one wins
             durability.delivered(outcome.delivery_id)
+            continue
+        if outcome.delivery_id in relayed:  # a running gateway's adoption: whoever took its sent/ record reports it
+            left += 1
+            if outcome.delivery_id in relay_reported:
+                durability.delivered(outcome.delivery_id)
             continue
         durability.note({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
         flow.publish(outcome)
@@ -104,7 +124,14 @@ def replay_journal(
     counts = plan.counts()
     if unreadable:
         counts["unreadable"] = len(unreadable)
-    if any(counts.values()):
+    if adopted_from:  # one line per adoption, whatever it found
+        logger.info(
+            "recovery: adopted the journal {} of a gateway on this root that stopped or was killed: {reoffered} "
+            "re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered ({left} of them left to the "
+            "relay that took over their sent/ records), {known} settled outcomes known",
+            ", ".join(adopted_from), left=left, **counts,
+        )
+    elif any(counts.values()):
         logger.info(
             "recovery: {reoffered} re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered, "
             "{known} settled outcomes known",

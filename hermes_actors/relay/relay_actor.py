@@ -11,7 +11,8 @@ Drain side (``inbox/`` files posted by the hub): claim, refuse expired envelopes
 files here, on this thread; a ``deliver`` call is answered once its turn settled.
 
 A gateway on the same root that stops or is killed while this one runs is taken over at the
-next rescan: its shelf's envelopes and its ``sent/`` records (see :meth:`RelayActor._take_over`).
+next rescan: its shelf's envelopes, its ``sent/`` records and, in durable mode, its journal when
+something in it is unfinished (see :meth:`RelayActor._take_over`).
 
 Hostile files are quarantined, never followed; the actor keeps running.
 """
@@ -53,6 +54,7 @@ from hermes_actors.messages import (
 )
 from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
+from hermes_actors.relay.journal_takeover import JournalTakeover
 from hermes_actors.relay.outbound import Outbound
 from hermes_actors.relay.restart import recover_taken, reown_sent
 from hermes_actors.relay.strays import quarantine_strays
@@ -124,6 +126,8 @@ class RelayActor(TypedActor):
         connection_id: this gateway's id for the heartbeat (None: unknown).
         local_profiles: folder ids of this root (unused: which envelopes are ours is
             recorded in ``sent/``, not guessed from ``from_profile``; kept for callers).
+        journals: takes over the journals of gateways on the root that stopped or died (durable mode;
+            None: no journal).
     """
 
     def __init__(
@@ -136,6 +140,7 @@ class RelayActor(TypedActor):
         scheduler: Scheduler,
         connection_id: str | None = None,
         local_profiles: frozenset[str] = frozenset(),
+        journals: JournalTakeover | None = None,
     ) -> None:
         super().__init__()
         self.paths = InboxPaths.from_root(root)
@@ -149,6 +154,7 @@ class RelayActor(TypedActor):
         self.timers = self.own_timers(scheduler)
         self.connection_id = connection_id
         self.local_profiles = local_profiles
+        self.journals = journals
         self.desktop_calls: dict[str, list[pykka.ThreadingFuture[dict[str, str]]]] = {}  # deliver RPCs by id
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0,
                          "quarantined": 0, "returned": 0}
@@ -426,13 +432,20 @@ class RelayActor(TypedActor):
         ``sent/`` records naming a shelf that died or went away (:meth:`Outbound.take_over`). Without this, only
         the next start did, and until then their DMs waited for nobody. One look at ``taken/`` and one lock try
         per other shelf: no more polling than the rescan itself.
+
+        Their journals are adopted first and acted on last, in the order a start keeps around its relay
+        (:mod:`hermes_actors.relay.journal_takeover`): the Dispatcher knows their settled outcomes and wakes
+        before the relay reports what it takes over, and re-publishes only what the relay did not report.
         """
+        journal = self.journals.adopt() if self.journals is not None else None
         before = self.living
         adopted = self.shelf.adopt(legacy=False)  # flat files are a running older gateway's own
         self._recover_taken(adopted)
         gone = (before - self.living) | frozenset(adopted.dead)
         if gone:
             self.outbound.take_over(set(gone))
+        if journal is not None and self.journals is not None:
+            self.journals.recover(journal, self.paths)
 
     def _keep_shelf(self) -> None:
         """Take a new shelf when ours was removed or swapped: without one, nothing is taken from ``inbox/``.

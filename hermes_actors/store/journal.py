@@ -5,7 +5,8 @@ ahead (:mod:`~hermes_actors.store.journal_file`), one record a line
 (:mod:`~hermes_actors.store.journal_records`): ``accepted`` durable before the ack returns,
 ``started`` before the turn runs, ``finished`` before the outcome is published, ``delivered``
 (lazy) once the outcome reached the sender. At start a gateway adopts the journals of dead
-gateways on the same root (:mod:`~hermes_actors.store.journal_adoption`).
+gateways on the same root (:mod:`~hermes_actors.store.journal_adoption`), and while it runs those
+with something unfinished of gateways that stopped or died since (:meth:`Journal.adopt_dead`).
 
 Group commit: writers enqueue records; one commit writes everything queued,
 calls ``fdatasync`` once, then wakes every waiter of that batch. So N
@@ -79,7 +80,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from hermes_actors.errors import HostileFileError, StoreError
-from hermes_actors.store.journal_adoption import adopt_dead_journals
+from hermes_actors.store.journal_adoption import FileMark, adopt_dead_journals
 from hermes_actors.store.journal_batch import BatchListener, CommitBatch, DurableCallback
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import JournalFolded, encode_record
@@ -185,6 +186,7 @@ class Journal:
         self._writes_failing = FailureSpell()
         self._compactions_failing = FailureSpell()
         self._compact_failed_at: int | None = None  # our file's lines when a compaction last failed (the back-off)
+        self._settled_files: dict[str, FileMark] = {}  # dead gateways' files found settled (see adopt_dead)
         self.records = 0
         self.listener: BatchListener | None = None  # told of each durable batch's tokens
         self.compactions = 0
@@ -222,6 +224,72 @@ class Journal:
         """Take over dead gateways' journals (see :func:`adopt_dead_journals`); their folded state."""
         return adopt_dead_journals(self.directory, self.path, self._state, self._write_now,
                                    keep=self.keep_delivered, within=self.within)
+
+    def adopt_dead(self, timeout: float = 10.0) -> JournalFolded | None:
+        """While running: adopt the journals of gateways on our root that stopped or died, as :meth:`start` does.
+
+        Only a file with something unfinished in it is adopted (see
+        :func:`~hermes_actors.store.journal_adoption.adopt_dead_journals`). Done under the write turn,
+        as the start's adoption is: the adopted records are written into our file and synced (and our
+        file checked to be where a start finds it) before the old files go, so a kill at any point
+        leaves each record in one file a start adopts. Called by the relay at its rescans (never on the
+        main thread: see the module docstring).
+
+        Args:
+            timeout: seconds to wait for a running commit; past it nothing is adopted (the next call tries).
+
+        Returns:
+            The adopted state (``files`` naming the files), or None when nothing was adopted: no such
+            file, the journal stopping or homeless, or our file could not take the records (logged;
+            the old files stay for the next try).
+        """
+        with self._cond:
+            free = self._cond.wait_for(lambda: not self._writing or self._closed, timeout=max(0.0, timeout))
+            if not free or self._closed or self._stopping or self._homeless:
+                return None
+            self._writing = True
+        try:
+            folded = self._adopt_running()
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+                if self._writer_due():
+                    self._work.notify()
+        return folded if folded is not None and folded.files else None
+
+    def _adopt_running(self) -> JournalFolded | None:
+        """:meth:`adopt_dead` under the write turn; after a failed write our state and file are as before."""
+        before, lines_before, saved = self._file.end, self._lines_in_file, self._state.snapshot()
+        written = False
+
+        def write_kept(lines: list[bytes]) -> None:
+            nonlocal written
+            self._write_now(lines)
+            if not self._check_home(walk=True):  # in a lost file no start would find them: keep the old files
+                raise self._homeless_error()
+            written = True
+
+        try:
+            return adopt_dead_journals(self.directory, self.path, self._state, write_kept,
+                                       keep=self.keep_delivered, within=self.within, unchanged=self._settled_files)
+        except (OSError, HostileFileError) as exc:  # StoreError included
+            if written:  # the records are ours now (an old file may be gone): kept, acted on by the next start
+                logger.error("adopting the journal(s) of a gateway on this root that stopped or was killed failed "
+                             "after their records were written into {}: {}; the next start on the root acts on "
+                             "them", self.path, exc)
+                return None
+            self._state.restore(saved)
+            try:
+                self._file.cut_back(before)
+                self._lines_in_file = lines_before
+            except OSError as cut:
+                logger.error("could not cut a failed adoption back out of the delivery journal {}: {}",
+                             self.path, cut)
+            logger.error("could not adopt the journal(s) of a gateway on this root that stopped or was killed "
+                         "into {}: {}. They stay where they are; the next rescan (or start) tries again",
+                         self.path, exc)
+            return None
 
     def stop(self) -> None:
         """Flush what is queued, stop the writer, close (and remove an empty) file."""

@@ -73,6 +73,7 @@ class JournalFolded:
 
     states: dict[str, DeliveryState] = field(default_factory=dict)
     corrupt_lines: int = 0
+    files: list[str] = field(default_factory=list)  # adoption: the names of the journal files folded into it
 
     def live(self) -> dict[str, DeliveryState]:
         """Deliveries whose outcome has not reached the sender yet."""

@@ -55,21 +55,49 @@ class JournalState:
                 if len(self.recent) > keep:
                     self.recent.popitem(last=False)
 
-    def take_over(self, adopted: JournalFolded, *, keep: int) -> None:
+    def take_over(self, adopted: JournalFolded, *, keep: int) -> list[bytes]:
         """Take what still matters of dead gateways' journals: their live deliveries and delivered outcomes.
+
+        A delivery this state tracks already (a running gateway's own record of an id the dead one had too)
+        becomes what a fold of our file followed by the adopted records gives (:func:`fold_records`).
+        Only new state objects are stored: :meth:`snapshot` / :meth:`restore` undo this.
 
         Args:
             adopted: the folded state of the adopted files.
             keep: how many delivered outcomes are kept at most (the oldest go first).
+
+        Returns:
+            The journal lines that carry what was taken into our file (at a start, with nothing of our own
+            yet: :meth:`lines`): the delivered outcomes still kept, then the live deliveries.
         """
+        settled: list[str] = []
+        live: list[tuple[str, DeliveryState]] = []
+        states = self.folded.states
         for key, state in adopted.states.items():
             if state.delivered and state.outcome is not None:
                 self.recent[key] = state.outcome
+                settled.append(key)
             elif not state.delivered:
-                self.folded.states[key] = DeliveryState(state.delivery, state.started, state.outcome, live=state.live,
-                                                        via=state.via)
+                taken = DeliveryState(state.delivery, state.started, state.outcome, live=state.live, via=state.via)
+                live.append((key, taken))
+                mine = states.get(key)
+                if mine is not None:
+                    records = state_records(key, mine) + state_records(key, taken)
+                    taken = fold_records(records).states[key]
+                states[key] = taken
         while len(self.recent) > keep:
             self.recent.popitem(last=False)
+        kept = [(key, DeliveryState(outcome=self.recent[key], delivered=True)) for key in settled
+                if key in self.recent]
+        return [encode_record(record) for key, state in [*kept, *live] for record in state_records(key, state)]
+
+    def snapshot(self) -> tuple[dict[str, DeliveryState], OrderedDict[str, dict[str, Any]]]:
+        """What :meth:`restore` puts back (the state objects are never changed in place by :meth:`take_over`)."""
+        return dict(self.folded.states), OrderedDict(self.recent)
+
+    def restore(self, saved: tuple[dict[str, DeliveryState], OrderedDict[str, dict[str, Any]]]) -> None:
+        """Undo a :meth:`take_over` whose lines could not be written (``saved``: :meth:`snapshot` before it)."""
+        self.folded.states, self.recent = dict(saved[0]), OrderedDict(saved[1])
 
     def lines(self) -> list[bytes]:
         """The journal lines that rebuild this state: recent outcomes first, then each live delivery."""

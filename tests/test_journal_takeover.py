@@ -1,0 +1,203 @@
+"""A running gateway takes over the journal of a gateway on its root that stopped or died beside it.
+
+Regression (acceptance run on the real hermes 0.19, 3/3): with ``hermes gateway run`` (or ``serve``) hosting the
+actors, README's Python snippet (an embedded ``Gateway``: alice → bob, ``wait_outcome``, leave the ``with`` block)
+left alice's wake ``accepted`` in its own journal; the running host never ran it (its ``status`` showed nothing in
+flight), only the next process to start on the root did (80 s later at a ``--replace`` restart; never without
+one). Same for a gateway killed -9 beside a running host: its acked DMs waited for a restart. The running
+gateway now adopts such a journal at its relay rescan, by the start's rules (``relay/journal_takeover.py``).
+Rescans run when a test says (``rescan_seconds: 300``, :func:`rescan`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from crash_procs import journal_ids, run_child, turns_logged
+from roots import LogCapture, RecordingRunner, make_root, start_gateway
+
+from actors import Rescan, ask
+from actors.testkit import await_condition
+from hermes_actors import Gateway
+from hermes_actors.core.acks import delivery_record
+from hermes_actors.core.ids import new_delivery_id
+from hermes_actors.core.wake import wake_id
+from hermes_actors.messages import Delivery
+from hermes_actors.relay.journal_takeover import relayed_outcomes
+from hermes_actors.store.journal_records import DeliveryState
+from hermes_actors.store.turnlock import turn_lock_path
+
+CONFIG = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+
+
+def rescan(*running: Gateway) -> None:
+    """Run the relay's reconcile rescan of each gateway now, all at once (each returns once its rescan ran)."""
+    asks = [threading.Thread(target=ask, args=(gw._system.relay, Rescan("manual")), kwargs={"timeout": 30})
+            for gw in running if gw._system is not None]
+    for thread in asks:
+        thread.start()
+    for thread in asks:
+        thread.join(60)
+
+
+def journals(root: Path) -> list[Path]:
+    return sorted((root / "bot_relay" / "journal").glob("j-*.log"))
+
+
+def hold_flock(root: Path, profile: str) -> int:
+    """Hold ``profile``'s turn lock (as a turn of another process would): its turns cannot begin meanwhile."""
+    lock = turn_lock_path(root, profile)
+    lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    return held
+
+
+def restart_runs_nothing(root: Path, *settled: str) -> None:
+    """One more start on the root: nothing is run or re-offered again, and each of ``settled`` is known."""
+    runner = RecordingRunner()
+    with Gateway(root, runner=runner, config=CONFIG) as gw:
+        assert (gw.recovered.get("reoffered", 0), gw.recovered.get("ambiguous", 0)) == (0, 0), gw.recovered
+        for key in settled:
+            assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+    assert runner.entered == []
+
+
+def test_a_wake_the_readme_snippet_left_unrun_is_run_once_by_the_host_running_beside_it(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """A host runs on the root; README's snippet (an embedded Gateway with wakes on) sends alice → bob, waits for
+    the outcome and leaves its ``with`` block before alice's wake could begin (her turn lock is held meanwhile).
+    The host adopts the snippet's journal at its next rescan and runs the wake once; before, it never did."""
+    root = make_root(tmp_path)
+    host_runner = RecordingRunner()
+    host = start_gateway(gateways, root, host_runner, config=CONFIG)
+    snippet_runner = RecordingRunner()
+    held = hold_flock(root, "alice")
+    try:
+        with Gateway(root, runner=snippet_runner, config=CONFIG) as gw:
+            ack = gw.message_agent(sender="alice", target="bob", message="hi")
+            assert gw.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+    finally:
+        os.close(held)  # the flock goes with it
+    assert [t.profile for t in snippet_runner.entered] == ["bob"]  # the wake never began there
+    wake = wake_id(ack["delivery_id"])
+    assert len(journals(root)) == 2  # the host's and the snippet's, its wake in it
+    with LogCapture("INFO") as logs:
+        rescan(host)
+        await_condition(lambda: [t.delivery_id for t in host_runner.entered] == [wake], timeout=30,
+                        message="the host ran alice's wake")
+        assert host.wait_outcome(wake, timeout=30)["status"] == "replied"
+    (line,) = logs.matching("recovery: adopted the journal")
+    assert "1 re-offered, 0 ambiguous, 0 outcomes re-delivered" in line, line
+    rescan(host)  # a later rescan adopts nothing again
+    host.stop(timeout=10)
+    (turn,) = host_runner.entered
+    assert (turn.profile, turn.content.startswith("Reply from @bob: ")) == ("alice", True)
+    restart_runs_nothing(root, wake)
+
+
+def test_a_dm_a_gateway_killed_beside_a_running_one_had_acked_is_run_once_by_the_running_one(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """A gateway in a child process acks hermes → bob and is SIGKILLed before the turn began; a gateway running
+    on the root re-offers the DM at its next rescan and runs it once (before: only a restart did)."""
+    root = make_root(tmp_path)
+    runner = RecordingRunner()
+    host = start_gateway(gateways, root, runner, config=CONFIG)
+    child = run_child(root, "send", crash_at="after-ack-before-turn")
+    assert child.killed, f"the child was not SIGKILLed (rc={child.returncode}): {child.stderr[-2000:]}"
+    (key,) = journal_ids(root)
+    assert child.of("ack")[0]["delivery_id"] == key
+    rescan(host)
+    await_condition(lambda: [t.delivery_id for t in runner.entered] == [key], timeout=30,
+                    message="the running gateway ran the killed one's DM")
+    assert host.wait_outcome(key, timeout=30)["status"] == "replied"
+    rescan(host)
+    host.stop(timeout=10)
+    assert [t.delivery_id for t in runner.entered] == [key] and turns_logged(root) == []
+    restart_runs_nothing(root, key)
+
+
+def test_a_gateway_that_stopped_cleanly_with_everything_settled_leaves_its_journal_to_the_next_start(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Nothing unfinished: the running gateway leaves the stopped one's file where it is (its outcomes stay there
+    for ``wait_outcome`` and ``hermes-actors outcome``) and says nothing; it reads it once, not at each rescan."""
+    root = make_root(tmp_path)
+    config = {"bot_mode": {"rescan_seconds": 300}}
+    host = start_gateway(gateways, root, RecordingRunner(), config=config)
+    with Gateway(root, runner=RecordingRunner(), config=config) as gw:
+        key = gw.message_agent(sender="alice", target="bob", message="hi")["delivery_id"]
+        assert gw.wait_outcome(key, timeout=30)["status"] == "replied"
+    before = journals(root)
+    assert len(before) == 2
+    with LogCapture("INFO") as logs:
+        rescan(host)
+        rescan(host)
+    assert journals(root) == before and logs.matching("recovery:") == []
+    assert host.wait_outcome(key, timeout=10)["status"] == "replied"
+
+
+def _plant_dead_journal(root: Path, records: list[dict[str, Any]]) -> Path:
+    """A journal nobody holds (its gateway died), put in place whole (renamed in)."""
+    directory = root / "bot_relay" / "journal"
+    name = f"j-{new_delivery_id()}.log"
+    fresh = directory / f".{name}.new"
+    fresh.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    fresh.chmod(0o600)
+    fresh.rename(directory / name)
+    return directory / name
+
+
+@pytest.mark.parametrize("starting", [False, True], ids=["two-running", "two-running-and-a-start"])
+def test_running_gateways_and_a_starting_one_adopt_a_dead_journal_once(
+    tmp_path: Path, gateways: list[Gateway], starting: bool
+) -> None:
+    """Gateways A and C run; a dead gateway's journal holding an acked, never-started DM appears; A and C rescan
+    at once (while D starts on the root, with ``starting``): exactly one of them adopts it (its flock) and the DM
+    runs once."""
+    root = make_root(tmp_path)
+    runners = [RecordingRunner() for _ in range(3)]
+    config = {"bot_mode": {"rescan_seconds": 300}}  # nobody woken: the DM's turn is the one turn
+    a = start_gateway(gateways, root, runners[0], config=config)
+    c = start_gateway(gateways, root, runners[1], config=config)
+    dm = Delivery(new_delivery_id(), "alice", "alice", "bob", "bob", "Message from 🤖 Alice (@alice): ping", hop=1,
+                  label="@bob")
+    dead = _plant_dead_journal(root, [{"t": "accepted", "id": dm.delivery_id, "d": delivery_record(dm)}])
+    running = [a, c]
+    if starting:
+        d = Gateway(root, runner=runners[2], config=config)
+        gateways.append(d)
+        start = threading.Thread(target=d.start)
+        start.start()
+    rescan(a, c)
+    if starting:
+        start.join(60)
+        running.append(d)
+    await_condition(lambda: sum(len(r.entered) for r in runners) == 1, timeout=30, message="the DM ran")
+    assert not dead.exists()  # adopted: nobody can adopt it again
+    rescan(*running)
+    for gw in running:
+        gw.stop(timeout=10)
+    assert [t.delivery_id for r in runners for t in r.entered] == [dm.delivery_id]
+    restart_runs_nothing(root, dm.delivery_id)
+
+
+@pytest.mark.parametrize(("state", "relayed"), [
+    (DeliveryState(outcome={"status": "replied"}), True),  # a relayed DM: finished, no acceptance, not delivered
+    (DeliveryState(outcome={"status": "replied"}, delivered=True), False),  # reported already
+    (DeliveryState(delivery={"x": 1}, outcome={"status": "replied"}), False),  # a local DM or wake: its acceptance
+    (DeliveryState(outcome={"status": "replied"}, unreadable_acceptance=True), False),  # damage: recovery names it
+    (DeliveryState(), False),  # a torn record: nothing was acked
+])
+def test_relayed_outcomes_are_the_journaled_outcomes_without_an_acceptance_not_yet_delivered(
+    state: DeliveryState, relayed: bool
+) -> None:
+    assert relayed_outcomes({"a" * 32: state}) == (["a" * 32] if relayed else [])
