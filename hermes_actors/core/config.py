@@ -176,8 +176,10 @@ class BotModeConfig:
                "timeout\"); a stop does not wait for a turn that timed out", above=0, at_most=WEEK)
     idle_stop_seconds: float = setting(60.0, "an idle ProfileActor stops after this long (0: never)", at_least=0,
                                        at_most=WEEK)
-    rescan_seconds: float = setting(2.0, "the relay's reconcile rescan and the roster's change check",
-                                    at_least=0.05, at_most=3600)
+    rescan_seconds: float = setting(
+        2.0, "the relay's reconcile rescan (it also takes over what a gateway that stopped or died on the root "
+             "left: shelves, `sent/` records, journals) and the roster's change check",
+        at_least=0.05, at_most=3600)
     wake_sender: str = setting(
         "auto", "deliver each outcome into the sender's Bot Chat as a new turn: `auto` (on when turns run on the "
                 "real Hermes), `true` or `false` (for embedders that consume outcomes themselves)",
