@@ -102,6 +102,8 @@ def test_a_failed_turn_exits_1_with_one_line(tmp_path: Path, capsys: pytest.Capt
     ["serve"],
     ["send", "--from", "hermes", "scout", "hi", "--runner", "command"],
     ["send", "--from", "hermes", "scout", "hi", "--runner", "hermes"],
+    ["doctor"],  # was: exit 1, "[block] hermes CLI: no `hermes` executable found", never naming the value
+    ["doctor", "--json"],
 ])
 def test_a_cli_that_is_no_executable_is_a_usage_error_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
