@@ -1001,3 +1001,30 @@ def test_doctor_fixes_and_setup_reports_quote_a_root_with_a_space(
     assert main(["disable", "--root", str(root)]) == 0
     assert f"  to do: restart the hermes gateway if one runs, so it stops hosting the actors: HERMES_HOME='{root}' " \
            "hermes gateway run --replace" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("running", "line"), [
+    (None, "start the gateway: HERMES_HOME='/srv/my hermes' hermes gateway run"),
+    (4242, "restart the hermes gateway that runs (pid 4242; it read config.yaml at its start, and a second `hermes "
+           "gateway run` would exit: \"Another gateway instance is already running\"): HERMES_HOME='/srv/my hermes' "
+           "hermes gateway run --replace"),
+], ids=["none-runs", "one-runs"])
+def test_gateway_todo_restarts_a_running_gateway_with_replace(running: int | None, line: str) -> None:
+    from hermes_actors.hermes.setup import gateway_todo
+
+    assert gateway_todo(Path("/srv/my hermes"), running) == line
+
+
+def test_enable_gateway_beside_a_running_gateway_names_the_replace_form(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (acceptance on hermes 0.19): with `hermes gateway run` already running (hosting off), `enable
+    --gateway` said `to do: start the gateway: HERMES_HOME=… hermes gateway run`; run as printed, hermes said
+    "Another gateway instance is already running" and exited 1."""
+    root = make_root(tmp_path, managed=False)
+    (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # hermes 0.19's pid file
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    out = capsys.readouterr().out
+    assert f"  to do: restart the hermes gateway that runs (pid {os.getpid()}; " in out, out
+    assert out.rstrip().endswith(f"HERMES_HOME={root} hermes gateway run --replace"), out
+    assert "start the gateway:" not in out
