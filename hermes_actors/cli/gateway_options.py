@@ -31,11 +31,11 @@ def check_cli(cli: str | None) -> None:
                          "hermes executable's path, or leave --cli out (it is then found beside python, then on PATH)")
 
 
-def runner_for(kind: str, cli: str | None, root: Path) -> Any:
+def runner_for(kind: str | None, cli: str | None, root: Path) -> Any:
     """The ``Gateway(runner=...)`` of ``--runner``: None (the real Hermes, chosen at start), ``"demo"`` or a runner.
 
     Args:
-        kind: ``hermes``, ``command`` or ``demo``.
+        kind: ``hermes``, ``command`` or ``demo``; None (no ``--runner``) is ``hermes``.
         cli: the ``--cli`` executable (None: found as the runners find it).
         root: the Hermes root (its ``config.yaml`` gives the turn timeout).
 
@@ -52,7 +52,7 @@ def runner_for(kind: str, cli: str | None, root: Path) -> Any:
     from hermes_actors.core.config import load_config
 
     timeout = load_config(root).turn_timeout_seconds
-    if kind == "hermes":
+    if kind in (None, "hermes"):
         if cli is None:
             return None
         from hermes_actors.hermes.select import default_runner
