@@ -1028,3 +1028,71 @@ def test_enable_gateway_beside_a_running_gateway_names_the_replace_form(
     assert f"  to do: restart the hermes gateway that runs (pid {os.getpid()}; " in out, out
     assert out.rstrip().endswith(f"HERMES_HOME={root} hermes gateway run --replace"), out
     assert "start the gateway:" not in out
+
+
+@pytest.mark.parametrize(("current", "written", "ours"), [
+    ({"enabled": True, "extra": {"host_actors": True}}, {"enabled": True, "extra": {"host_actors": True}}, True),
+    ({"enabled": False, "extra": {"host_actors": True}}, {"enabled": True, "extra": {"host_actors": True}}, True),
+    ({"extra": {"host_actors": True}}, {"enabled": True, "extra": {"host_actors": True}}, True),
+    ({"enabled": False, "extra": {"host_actors": True, "root": "/x"}},
+     {"enabled": True, "extra": {"host_actors": True}}, False),
+    ({"enabled": True, "extra": {"host_actors": False}}, {"enabled": True, "extra": {"host_actors": True}}, False),
+    ({"enabled": True}, {"enabled": True, "extra": {"host_actors": True}}, False),
+    ({"extra": {"host_actors": True}, "enabled": True, "token": "t"}, {"enabled": True, "extra": {"host_actors": True}},
+     False),
+    (False, True, False),  # a switch enable set itself (the user's block): the user's value now
+    ({"a": 2}, {"a": 1}, False),  # no switch in what enable wrote: every change is the user's
+    ("x", {"enabled": True}, False),
+], ids=["same", "switched-off", "switch-removed", "root-added", "host-off", "extra-removed", "key-added", "scalar",
+        "no-switch", "not-a-block"])
+def test_still_as_written_lets_only_the_enabled_switch_differ(current: Any, written: Any, ours: bool) -> None:
+    from hermes_actors.hermes.recorded_edits import still_as_written
+
+    assert still_as_written(current, written) is ours
+
+
+def _set_hosting(root: Path, block: dict[str, Any]) -> None:
+    config = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8")) or {}
+    config.setdefault("platforms", {})["hermes_actors"] = block
+    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+
+
+def _hosting(root: Path) -> Any:
+    return (yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8")).get("platforms") or {}).get(
+        "hermes_actors")
+
+
+def test_disable_removes_the_block_enable_wrote_whose_switch_was_turned_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (acceptance on hermes 0.19): after the serve + warm turns recipe of docs/hermes.md (the user sets
+    platforms.hermes_actors.enabled: false by hand), disable left `{enabled: false, extra: {host_actors: true}}`,
+    saying "changed since enable; left as it is"."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    _set_hosting(root, {"enabled": False, "extra": {"host_actors": True}})
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert _hosting(root) is None, out
+    assert "changed since enable" not in out and f"{root / 'config.yaml'}: platforms.hermes_actors restored" in out
+
+
+def test_disable_leaves_a_block_the_user_really_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    changed = {"enabled": False, "extra": {"host_actors": True, "root": str(root)}}
+    _set_hosting(root, changed)
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    assert _hosting(root) == changed
+    assert "platforms.hermes_actors changed since enable; left as it is" in capsys.readouterr().out
+
+
+def test_disable_puts_the_false_of_the_users_own_block_back(tmp_path: Path) -> None:
+    own = {"enabled": False, "extra": {"host_actors": True}}
+    root = make_root(tmp_path, managed=False, config={"platforms": {"hermes_actors": own}})
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert _hosting(root) == {"enabled": True, "extra": {"host_actors": True}}  # enable --gateway asks to host
+    assert main(["disable", "--root", str(root)]) == 0
+    assert _hosting(root) == own
