@@ -15,6 +15,7 @@ __all__ = [
     "AMBIGUOUS_TAIL",
     "INSTALL_HERMES",
     "NAME_THE_CLI",
+    "RESEND_BLINDLY_TAIL",
     "TEXT_MAX_BYTES",
     "ambiguous",
     "as_sentence",
@@ -107,6 +108,8 @@ def failed(delivery_id: str, label: str, error: str, reason: str = "") -> Outcom
 
 
 AMBIGUOUS_TAIL = " The message may have been delivered — do not resend."
+# How a DM's ``delivery_timeout`` text (a turn that began and did not finish in time) ends: its advice to the sender.
+RESEND_BLINDLY_TAIL = ", so do not resend blindly."
 # A text ends as a sentence with one of these, maybe inside closing quotes or brackets ("(… stopped.)").
 _SENTENCE_ENDS = frozenset(".!?…")
 _CLOSERS = "\"')]’”»"
