@@ -939,15 +939,16 @@ def test_room_show_and_list_refuse_a_runner_naming_it(
     assert "unrecognized" not in err and "plan" not in err
 
 
+_FOR_NO_HOST = "(they are for a send that runs the DM itself, on a root with no host)"
+
+
 @pytest.mark.parametrize(("runner", "cli", "note"), [
     (None, None, None),
-    ("demo", None, "note: --runner demo ignored: the host serving /r runs the DM with its own runner (they apply "
-                   "only when no host serves the root and send runs the DM itself)"),
-    (None, "/bin/true", "note: --cli /bin/true ignored: the host serving /r runs the DM with its own runner (they "
-                        "apply only when no host serves the root and send runs the DM itself)"),
+    ("demo", None, f"note: --runner demo ignored: the host serving /r runs the DM with its own runner {_FOR_NO_HOST}"),
+    (None, "/bin/true", "note: --cli /bin/true ignored: the host serving /r runs the DM with its own runner "
+                        f"{_FOR_NO_HOST}"),
     ("hermes", "/bin/true", "note: --runner hermes and --cli /bin/true ignored: the host serving /r runs the DM with "
-                            "its own runner (they apply only when no host serves the root and send runs the DM "
-                            "itself)"),
+                            f"its own runner {_FOR_NO_HOST}"),
 ], ids=["none", "runner", "cli", "both"])
 def test_ignored_runner_note_names_the_options_given(runner: str | None, cli: str | None, note: str | None) -> None:
     from hermes_actors.cli.send import ignored_runner_note
@@ -968,7 +969,6 @@ def test_send_through_a_host_says_its_runner_options_are_ignored(
         captured = capsys.readouterr()
         assert captured.out.endswith("\nReply from @bob: the host's runner\n"), captured.out
         assert captured.err == (f"note: --runner demo and --cli /bin/true ignored: the host serving {root} runs the DM "
-                                "with its own runner (they apply only when no host serves the root and send runs the "
-                                "DM itself)\n"), captured.err
+                                f"with its own runner {_FOR_NO_HOST}\n"), captured.err
         assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi again"]) == 0
         assert "ignored" not in capsys.readouterr().err  # nothing given, nothing said

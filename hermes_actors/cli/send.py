@@ -67,7 +67,7 @@ def ignored_runner_note(root: object, runner: str | None, cli: str | None) -> st
     if not given:
         return None
     return (f"note: {' and '.join(given)} ignored: the host serving {root} runs the DM with its own runner "
-            "(they apply only when no host serves the root and send runs the DM itself)")
+            "(they are for a send that runs the DM itself, on a root with no host)")
 
 
 def _send_via_host(args: argparse.Namespace) -> int | None:
