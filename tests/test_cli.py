@@ -107,6 +107,8 @@ def test_a_failed_turn_exits_1_with_one_line(tmp_path: Path, capsys: pytest.Capt
     ["serve"],
     ["send", "--from", "hermes", "scout", "hi", "--runner", "command"],
     ["send", "--from", "hermes", "scout", "hi", "--runner", "hermes"],
+    ["doctor"],  # was: exit 1, "[block] hermes CLI: no `hermes` executable found", never naming the value
+    ["doctor", "--json"],
 ])
 def test_a_cli_that_is_no_executable_is_a_usage_error_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
@@ -1008,3 +1010,38 @@ def test_room_show_and_list_refuse_a_runner_naming_it(
             f"{' '.join(command[:2])}: it asks the host or works on the room files, and runs no member turn "
             "(--runner and --cli are for room create and send)\n") in err, err
     assert "unrecognized" not in err and "plan" not in err
+
+
+_FOR_NO_HOST = "(they are for a send that runs the DM itself, on a root with no host)"
+
+
+@pytest.mark.parametrize(("runner", "cli", "note"), [
+    (None, None, None),
+    ("demo", None, f"note: --runner demo ignored: the host serving /r runs the DM with its own runner {_FOR_NO_HOST}"),
+    (None, "/bin/true", "note: --cli /bin/true ignored: the host serving /r runs the DM with its own runner "
+                        f"{_FOR_NO_HOST}"),
+    ("hermes", "/bin/true", "note: --runner hermes and --cli /bin/true ignored: the host serving /r runs the DM with "
+                            f"its own runner {_FOR_NO_HOST}"),
+], ids=["none", "runner", "cli", "both"])
+def test_ignored_runner_note_names_the_options_given(runner: str | None, cli: str | None, note: str | None) -> None:
+    from hermes_actors.cli.send import ignored_runner_note
+
+    assert ignored_runner_note("/r", runner, cli) == note
+
+
+def test_send_through_a_host_says_its_runner_options_are_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (acceptance on hermes 0.19): `send --runner demo` (and `--cli`) through a host were ignored without
+    a word: the real hermes answered a DM the user meant for the demo bots."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    host_runner = RecordingRunner(lambda turn: "the host's runner")
+    with Gateway(root, runner=host_runner, durable=False, serve_submit=True):
+        assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi", "--runner", "demo", "--cli",
+                     "/bin/true", "--wait", "30"]) == 0
+        captured = capsys.readouterr()
+        assert captured.out.endswith("\nReply from @bob: the host's runner\n"), captured.out
+        assert captured.err == (f"note: --runner demo and --cli /bin/true ignored: the host serving {root} runs the DM "
+                                f"with its own runner {_FOR_NO_HOST}\n"), captured.err
+        assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi again"]) == 0
+        assert "ignored" not in capsys.readouterr().err  # nothing given, nothing said

@@ -234,6 +234,12 @@ def test_outcome_refuses_a_malformed_id(tmp_path: Path, capsys: pytest.CaptureFi
 FAKE_HERMES = "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Hermes Agent v0.19.0'; exit 0; fi\nexit 1\n"
 
 
+@pytest.fixture
+def no_hermes_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor finds no hermes CLI ($HERMES_ACTORS_HERMES_CLI names none; a --cli naming none is refused, exit 2)."""
+    monkeypatch.setenv("HERMES_ACTORS_HERMES_CLI", str(tmp_path / "missing"))
+
+
 def _enabled_root(tmp_path: Path, config: dict[str, object] | None = None) -> Path:
     root = make_root(tmp_path, {"alice": {}})
     for home in (root, root / "profiles" / "alice"):
@@ -253,10 +259,11 @@ def test_doctor_passes_on_a_ready_root(tmp_path: Path, gateways: list[Gateway],
     assert "Hermes Agent v0.19.0" in out and "nothing blocks DMs" in out and "[block]" not in out
 
 
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_names_each_blocker_with_its_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = make_root(tmp_path, {"alice": {}}, managed=False,
                      config={"bot_mode": {"turn_wait_secs": 3}})
-    assert main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"]) == 1
+    assert main(["doctor", "--root", str(root), "--json"]) == 1
     report = _json(capsys)
     checks = {c["name"]: c for c in report["checks"]}  # type: ignore[union-attr]
     assert report["blocking"] is True
@@ -268,11 +275,12 @@ def test_doctor_names_each_blocker_with_its_fix(tmp_path: Path, capsys: pytest.C
     assert "did you mean bot_mode.turn_wait_seconds?" in checks["config keys"]["detail"]
 
 
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_warns_of_a_managed_profile_hermes_cannot_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = make_root(tmp_path, {"alice": {}, "UPPER": {}})  # both managed: on the roster, DMs to UPPER acked
-    assert main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"]) == 1
+    assert main(["doctor", "--root", str(root), "--json"]) == 1
     check = {c["name"]: c for c in _json(capsys)["checks"]}["profiles managed"]  # type: ignore[union-attr]
     assert check["level"] == WARN
     assert "hermes cannot run their turns: UPPER" in check["detail"] and "alice" not in check["detail"]
@@ -294,9 +302,10 @@ def test_enable_and_disable_refuse_an_empty_or_bogus_profile_list(
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before  # nothing was touched
 
 
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_names_the_bad_values_a_host_would_replace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _enabled_root(tmp_path, {"bot_mode": {"max_hops": "zero", "wake_sender": "maybe", "turn_wait_secs": 3}})
-    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    main(["doctor", "--root", str(root), "--json"])
     check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
     assert check["level"] == WARN
     assert (f"{root / 'config.yaml'}: bot_mode.max_hops='zero' is not a valid int (it must be ≥ 1, ≤ 1000); "
@@ -305,11 +314,12 @@ def test_doctor_names_the_bad_values_a_host_would_replace(tmp_path: Path, capsys
     assert "unknown bot_mode.turn_wait_secs (did you mean bot_mode.turn_wait_seconds?)" in check["detail"]
 
 
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_says_what_a_negative_turn_wait_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Regression (uxbatch): a negative ``bot_mode.turn_wait_seconds`` is read as 0, as the seed reads it; doctor
     said only that, not that a DM behind another turn of the bot (another process's included) then fails at once."""
     root = _enabled_root(tmp_path, {"bot_mode": {"turn_wait_seconds": -5}})
-    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    main(["doctor", "--root", str(root), "--json"])
     check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
     assert check["level"] == WARN
     assert check["detail"] == (f"{root / 'config.yaml'}: bot_mode.turn_wait_seconds=-5 is read as 0.0, as the seed "
@@ -319,12 +329,13 @@ def test_doctor_says_what_a_negative_turn_wait_does(tmp_path: Path, capsys: pyte
     assert check["fix"] == f"in {root / 'config.yaml'}: fix the values above (what each warning says is used meanwhile)"
 
 
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_on_an_unreadable_config_asks_to_fix_it_not_to_enable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _enabled_root(tmp_path)
     (root / "config.yaml").write_text("plugins: [unclosed\n", encoding="utf-8")
-    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    main(["doctor", "--root", str(root), "--json"])
     check = {c["name"]: c for c in _json(capsys)["checks"]}["plugin enabled"]  # type: ignore[union-attr]
     assert check["level"] == BLOCK and "does not read as YAML" in check["detail"]
     assert check["fix"] == f"fix {root / 'config.yaml'}" and "enable" not in check["fix"]
@@ -543,11 +554,12 @@ def test_enable_does_not_hang_on_a_fifo_left_at_a_temp_name(tmp_path: Path) -> N
     ({"alice": {}, "UPPER": {"managed": False}}, OK, "2 profile(s): default, alice; left off the roster, hermes "
                                                      "cannot run them: UPPER"),
 ], ids=["unmanaged", "unmanaged-unrunnable"])
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_says_what_an_unmanaged_profile_means(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], profiles: dict[str, dict[str, bool]], level: str, says: str
 ) -> None:
     root = make_root(tmp_path, profiles)
-    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    main(["doctor", "--root", str(root), "--json"])
     check = {c["name"]: c for c in _json(capsys)["checks"]}["profiles managed"]  # type: ignore[union-attr]
     assert (check["level"], check["detail"]) == (level, says)
 
@@ -621,6 +633,7 @@ def test_doctor_names_an_api_server_that_answers_but_not_as_ours_expects(
     assert check.level == WARN and needle in check.detail and fix in check.fix, check
 
 
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_warns_when_enable_gateway_left_the_api_server_without_its_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -628,7 +641,7 @@ def test_doctor_warns_when_enable_gateway_left_the_api_server_without_its_key(
     monkeypatch.delenv("API_SERVER_KEY", raising=False)
     root = make_root(tmp_path, config={"platforms": {"api_server": {"enabled": True, "extra": {"port": 8642}}},
                                        "gateway": {"multiplex_profiles": True}})
-    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing"), "--json"])
+    main(["doctor", "--root", str(root), "--json"])
     check = {c["name"]: c for c in _json(capsys)["checks"]}["warm turns"]  # type: ignore[union-attr]
     assert check["level"] == WARN and "API_SERVER_KEY" in check["detail"] and ".env" in check["fix"], check
 
@@ -731,14 +744,15 @@ def test_doctor_and_the_log_name_a_profiles_folder_that_hides_profiles(
     assert len(logs.matching(str(bad), what)) == 1  # once, not at every status poll
 
 
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_prints_the_profile_folders_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = make_root(tmp_path, {"alice": {}})
-    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing")])
+    main(["doctor", "--root", str(root)])
     assert f"[ok   ] profile folders: no symlinked, unreadable or unreachable profile folder under {root}" in (
         capsys.readouterr().out)
     (root / "profiles").rename(tmp_path / "moved")
     (root / "profiles").symlink_to(tmp_path / "moved", target_is_directory=True)
-    main(["doctor", "--root", str(root), "--cli", str(tmp_path / "missing")])
+    main(["doctor", "--root", str(root)])
     assert f"[warn ] profile folders: {root / 'profiles'} is a symlink" in capsys.readouterr().out
 
 
@@ -987,3 +1001,98 @@ def test_doctor_fixes_and_setup_reports_quote_a_root_with_a_space(
     assert main(["disable", "--root", str(root)]) == 0
     assert f"  to do: restart the hermes gateway if one runs, so it stops hosting the actors: HERMES_HOME='{root}' " \
            "hermes gateway run --replace" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("running", "line"), [
+    (None, "start the gateway: HERMES_HOME='/srv/my hermes' hermes gateway run"),
+    (4242, "restart the hermes gateway that runs (pid 4242; it read config.yaml at its start, and a second `hermes "
+           "gateway run` would exit: \"Another gateway instance is already running\"): HERMES_HOME='/srv/my hermes' "
+           "hermes gateway run --replace"),
+], ids=["none-runs", "one-runs"])
+def test_gateway_todo_restarts_a_running_gateway_with_replace(running: int | None, line: str) -> None:
+    from hermes_actors.hermes.setup import gateway_todo
+
+    assert gateway_todo(Path("/srv/my hermes"), running) == line
+
+
+def test_enable_gateway_beside_a_running_gateway_names_the_replace_form(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (acceptance on hermes 0.19): with `hermes gateway run` already running (hosting off), `enable
+    --gateway` said `to do: start the gateway: HERMES_HOME=… hermes gateway run`; run as printed, hermes said
+    "Another gateway instance is already running" and exited 1."""
+    root = make_root(tmp_path, managed=False)
+    (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # hermes 0.19's pid file
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    out = capsys.readouterr().out
+    assert f"  to do: restart the hermes gateway that runs (pid {os.getpid()}; " in out, out
+    assert out.rstrip().endswith(f"HERMES_HOME={root} hermes gateway run --replace"), out
+    assert "start the gateway:" not in out
+
+
+@pytest.mark.parametrize(("current", "written", "ours"), [
+    ({"enabled": True, "extra": {"host_actors": True}}, {"enabled": True, "extra": {"host_actors": True}}, True),
+    ({"enabled": False, "extra": {"host_actors": True}}, {"enabled": True, "extra": {"host_actors": True}}, True),
+    ({"extra": {"host_actors": True}}, {"enabled": True, "extra": {"host_actors": True}}, True),
+    ({"enabled": False, "extra": {"host_actors": True, "root": "/x"}},
+     {"enabled": True, "extra": {"host_actors": True}}, False),
+    ({"enabled": True, "extra": {"host_actors": False}}, {"enabled": True, "extra": {"host_actors": True}}, False),
+    ({"enabled": True}, {"enabled": True, "extra": {"host_actors": True}}, False),
+    ({"extra": {"host_actors": True}, "enabled": True, "token": "t"}, {"enabled": True, "extra": {"host_actors": True}},
+     False),
+    (False, True, False),  # a switch enable set itself (the user's block): the user's value now
+    ({"a": 2}, {"a": 1}, False),  # no switch in what enable wrote: every change is the user's
+    ("x", {"enabled": True}, False),
+], ids=["same", "switched-off", "switch-removed", "root-added", "host-off", "extra-removed", "key-added", "scalar",
+        "no-switch", "not-a-block"])
+def test_still_as_written_lets_only_the_enabled_switch_differ(current: Any, written: Any, ours: bool) -> None:
+    from hermes_actors.hermes.recorded_edits import still_as_written
+
+    assert still_as_written(current, written) is ours
+
+
+def _set_hosting(root: Path, block: dict[str, Any]) -> None:
+    config = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8")) or {}
+    config.setdefault("platforms", {})["hermes_actors"] = block
+    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+
+
+def _hosting(root: Path) -> Any:
+    return (yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8")).get("platforms") or {}).get(
+        "hermes_actors")
+
+
+def test_disable_removes_the_block_enable_wrote_whose_switch_was_turned_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (acceptance on hermes 0.19): after the serve + warm turns recipe of docs/hermes.md (the user sets
+    platforms.hermes_actors.enabled: false by hand), disable left `{enabled: false, extra: {host_actors: true}}`,
+    saying "changed since enable; left as it is"."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    _set_hosting(root, {"enabled": False, "extra": {"host_actors": True}})
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert _hosting(root) is None, out
+    assert "changed since enable" not in out and f"{root / 'config.yaml'}: platforms.hermes_actors restored" in out
+
+
+def test_disable_leaves_a_block_the_user_really_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    changed = {"enabled": False, "extra": {"host_actors": True, "root": str(root)}}
+    _set_hosting(root, changed)
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    assert _hosting(root) == changed
+    assert "platforms.hermes_actors changed since enable; left as it is" in capsys.readouterr().out
+
+
+def test_disable_puts_the_false_of_the_users_own_block_back(tmp_path: Path) -> None:
+    own = {"enabled": False, "extra": {"host_actors": True}}
+    root = make_root(tmp_path, managed=False, config={"platforms": {"hermes_actors": own}})
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert _hosting(root) == {"enabled": True, "extra": {"host_actors": True}}  # enable --gateway asks to host
+    assert main(["disable", "--root", str(root)]) == 0
+    assert _hosting(root) == own

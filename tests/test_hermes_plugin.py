@@ -265,6 +265,46 @@ def test_the_platform_hosts_one_gateway_per_root(
     assert sys.modules.get("hermes_actors.hermes.plugin_platform") is not None
 
 
+def test_the_platform_says_its_gateway_is_stopping_once_hermes_stop_or_our_disconnect_began(
+    loaded: Any, hermes_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a warm turn cut at the stop of the hermes gateway hosting us asks (gateway_process.own_gateway_stopping):
+    hermes' stop began (its runner's stop task, before it closes the API server), or our disconnect did."""
+    from types import SimpleNamespace
+
+    from gateway.config import PlatformConfig
+    from gateway.platform_registry import platform_registry
+
+    from hermes_actors.hermes import plugin_platform
+    from hermes_actors.hermes.gateway_process import own_gateway_stopping
+
+    monkeypatch.setenv("HERMES_HOME", str(hermes_root))
+    adapter = platform_registry.create_adapter(plugin.PLATFORM_NAME, PlatformConfig(enabled=True,
+                                                                                   extra={"runner": "demo"}))
+    runner = SimpleNamespace(_stop_task=None)
+    adapter.gateway_runner = runner  # as hermes sets it on every plugin platform
+    seen: list[bool] = []
+    real_release = plugin_platform.release_host
+
+    def release(root: Path, timeout: float) -> bool:
+        seen.append(own_gateway_stopping())  # our disconnect runs: the gateway stops
+        return real_release(root, timeout)
+
+    monkeypatch.setattr(plugin_platform, "release_host", release)
+
+    async def lifecycle() -> None:
+        assert await adapter.connect()
+        seen.append(own_gateway_stopping())
+        runner._stop_task = object()  # Ctrl-C: hermes' stop() made its task
+        seen.append(own_gateway_stopping())
+        runner._stop_task = None
+        await adapter.disconnect()
+        seen.append(own_gateway_stopping())  # released: no turn of ours is left to cut
+
+    asyncio.run(lifecycle())
+    assert seen == [False, True, True, False]
+
+
 def test_a_platform_that_cannot_host_says_why_in_hermes_logs(
     loaded: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

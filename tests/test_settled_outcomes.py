@@ -243,3 +243,34 @@ def test_a_huge_ambiguous_error_stays_ambiguous_across_the_file_relay() -> None:
     reply = make_reply(KEY, error=unclear.error, reason=unclear.reason, now=1.0)
     back = outcomes.from_relay_reply(KEY, "@dave on mini", reply["reply"], reply["error"], reply["reason"])
     assert back.status == "ambiguous" and back.retryable is False
+
+
+@pytest.mark.parametrize(("why", "sentence"), [
+    ("lost (Remote end closed connection without response)", "lost (Remote end closed connection without response)."),
+    ("The turn was still running when the gateway stopped.", "The turn was still running when the gateway stopped."),
+    ("did it run?", "did it run?"),
+    ("it stopped!", "it stopped!"),
+    ("it was cut…", "it was cut…"),
+    ("(the gateway stopped.)", "(the gateway stopped.)"),
+    ('hermes said "stopped."', 'hermes said "stopped."'),
+    ("timed out after 5s ", "timed out after 5s."),
+    ("version 1.2", "version 1.2."),
+    ("", ""),
+    ("  ", ""),
+])
+def test_as_sentence_adds_a_full_stop_only_where_none_ends_the_text(why: str, sentence: str) -> None:
+    assert outcomes.as_sentence(why) == sentence
+    assert outcomes.as_sentence(sentence) == sentence, "a sentence stays as it is"
+
+
+def test_an_ambiguous_why_without_a_full_stop_and_the_tail_read_as_two_sentences() -> None:
+    """Regression (acceptance on hermes 0.19): a warm turn cut off by Ctrl-C of `hermes gateway run` was reported
+    "… (Remote end closed connection without response) The message may have been delivered — do not resend."."""
+    why = ("the connection to the hermes API server at 127.0.0.1:8642 was lost during @bob's Bot Chat turn "
+           "(Remote end closed connection without response)")
+    made = outcomes.ambiguous(KEY, "@bob", why, "runtime_offline")
+    assert made.error == f"{why}. The message may have been delivered — do not resend."
+    assert made.text == f"Delivery to @bob is ambiguous: {made.error}"
+    stopped = outcomes.ambiguous(KEY, "@bob", "The gateway stopped or crashed during the turn.")
+    assert stopped.error == ("The gateway stopped or crashed during the turn. The message may have been delivered — "
+                             "do not resend.")

@@ -525,6 +525,7 @@ def test_send_goes_through_a_running_host(
     assert lines[1] == "Reply from @bob: ok: hello"
     assert [t.sender for t in rec.entered] == ["alice"]  # the host's runner ran it, not the send process
     assert "no host serves" not in err
+    assert err.startswith("note: --runner demo ignored: the host serving "), err  # and send says so
 
 
 def test_send_without_wait_returns_right_after_the_ack(

@@ -22,6 +22,7 @@ from hermes_actors.core.wake import (
     wake_for,
     wake_id,
     wake_lock_wait,
+    wake_result,
     wake_retry_delay,
     wake_retry_delivery,
     wake_retry_id,
@@ -260,6 +261,39 @@ def test_a_failed_wake_attempt_is_logged_with_what_holds_it_not_a_dms_resend_adv
     text = wake_failure_text(reason, error)
     assert says in text
     assert not any(words in text for words in never), text
+
+
+_MAY_HAVE_RUN = ("It is not run again: a wake that may have run never runs twice, so the bot may or may not have this "
+                 "outcome in its Bot Chat.")
+
+
+@pytest.mark.parametrize(("status", "reason", "error", "text"), [
+    # acceptance on hermes 0.19: a wake a killed serve had started, its orphaned CLI process finishing it
+    ("ambiguous", "unknown", "The gateway stopped or crashed during the turn. The message may have been delivered — "
+                             "do not resend.", f"The gateway stopped or crashed during the turn. {_MAY_HAVE_RUN}"),
+    ("ambiguous", "runtime_offline", "the connection to the hermes API server at 127.0.0.1:8642 was lost during "
+     "@alice's Bot Chat turn (reset). The message may have been delivered — do not resend.",
+     f"the connection to the hermes API server at 127.0.0.1:8642 was lost during @alice's Bot Chat turn (reset). "
+     f"{_MAY_HAVE_RUN}"),
+    ("failed", "delivery_timeout", "The turn of @alice did not finish within 5s; it may still complete, so do not "
+                                   "resend blindly.",
+     f"The turn of @alice did not finish within 5s; it may still complete. {_MAY_HAVE_RUN}"),
+    ("failed", "delivery_timeout", "the turn timed out", f"the turn timed out. {_MAY_HAVE_RUN}"),
+    ("ambiguous", "unknown", "", _MAY_HAVE_RUN),
+    ("failed", "unknown", "boom", "boom"),  # a plain failure: its own text
+], ids=["ambiguous-restart", "ambiguous-warm", "timed-out", "timed-out-bare", "ambiguous-empty", "failed"])
+def test_a_wake_that_may_have_run_is_logged_with_a_wakes_words_not_a_dms(
+    status: str, reason: str, error: str, text: str
+) -> None:
+    assert wake_failure_text(reason, error, status) == text
+
+
+@pytest.mark.parametrize(("status", "reason", "shown"), [
+    ("ambiguous", "unknown", "ambiguous"), ("ambiguous", "runtime_offline", "ambiguous"),
+    ("failed", "delivery_timeout", "delivery_timeout"), ("failed", "", "failed"), ("cancelled", "", "cancelled"),
+])
+def test_a_wakes_log_line_names_an_ambiguous_one_so(status: str, reason: str, shown: str) -> None:
+    assert wake_result(status, reason) == shown
 
 
 @pytest.mark.parametrize(("now", "delay"), [

@@ -153,6 +153,29 @@ def test_a_started_wake_runs_after_the_restart_only_when_its_text_never_reached_
     assert runner.ran == ([] if reached else [wake.content])  # once, and only when it never reached alice
 
 
+def test_a_started_wake_that_reached_the_bot_is_logged_with_a_wakes_words_at_the_restart(
+    tmp_path: Path, session_db: type
+) -> None:
+    """Regression (acceptance on hermes 0.19): a wake whose serve was killed -9 mid-turn, its orphaned CLI process
+    finishing it, was logged at the next start as "waking @alice failed (wake …, unknown): The gateway stopped or
+    crashed during the turn. The message may have been delivered — do not resend.": a DM's words, to nobody."""
+    root = make_root(tmp_path)
+    wake = _wake(root, time.time() - 5)
+    _bot_chat(session_db, root / "profiles" / "alice", wake.content)
+    _dead_journal(root, [{"t": "accepted", "id": DM.delivery_id, "d": delivery_record(DM)},
+                         {"t": "finished", "id": DM.delivery_id, "o": REPLIED.as_dict()},
+                         {"t": "delivered", "id": DM.delivery_id},
+                         {"t": "accepted", "id": wake.delivery_id, "d": delivery_record(wake)},
+                         {"t": "started", "id": wake.delivery_id, "attempt": 1}])
+    with LogCapture("WARNING") as logs, Gateway(root, runner=_Hermes(), config={"bot_mode": {"wake_sender": True}}):
+        await_condition(lambda: logs.matching("waking @alice failed"), timeout=10, message="the wake was not logged")
+    (line,) = logs.matching("waking @alice failed")
+    assert line.endswith(f"waking @alice failed (wake {wake.delivery_id}, ambiguous): The gateway stopped or crashed "
+                         "during the turn. It is not run again: a wake that may have run never runs twice, so the bot "
+                         "may or may not have this outcome in its Bot Chat."), line
+    assert "resend" not in line and "message may have been delivered" not in line
+
+
 # ── a wake attempt that failed retryable, across a stop or a kill ───────────
 
 RETRY = {"bot_mode": {"wake_sender": True, "wake_retry_seconds": 0.05}}

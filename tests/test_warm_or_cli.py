@@ -458,3 +458,60 @@ def test_a_stop_is_told_which_turns_run_warm_in_a_gateway_apart_from_this_host(
     warm.failure = TurnFailed("not reachable", reason="runtime_offline")
     assert runner.run_turn(Turn(profile="bob", content="b", delivery_id="d2", root=tmp_path)) == "cli: b"
     assert runner.warm_turns() == []  # it ran with the CLI (its process is what running_turns lists)
+
+
+_LOST = TurnFailed("the connection to the hermes API server at 127.0.0.1:8642 was lost during @bob's Bot Chat turn "
+                   "(Remote end closed connection without response)", reason="runtime_offline", ambiguous=True)
+_AT_STOP = "The turn was still running when the gateway stopped."
+
+
+@pytest.mark.parametrize(("failure", "here", "stopping", "told"), [
+    (_LOST, True, True, _AT_STOP),  # Ctrl-C of the hermes gateway hosting the actors, a warm turn running
+    (_LOST, True, False, _LOST.text),  # the API server went, the gateway did not stop: a lost connection
+    (_LOST, False, True, _LOST.text),  # another process's gateway (serve's warm turns): its own story
+    (TurnFailed("timed out", reason="delivery_timeout", ambiguous=True), True, True, "timed out"),
+    (TurnFailed("connection refused", reason="runtime_offline"), True, True, "connection refused"),  # never sent
+], ids=["own-stop", "not-stopping", "not-here", "timed-out", "not-sent"])
+def test_cut_by_own_stop_words_only_a_connection_our_gateways_stop_cut(
+    failure: TurnFailed, here: bool, stopping: bool, told: str
+) -> None:
+    from hermes_actors.hermes.warm_or_cli import cut_by_own_stop
+
+    out = cut_by_own_stop(failure, here=here, stopping=stopping)
+    assert out.text == told
+    assert (out.reason, out.ambiguous) == (failure.reason, failure.ambiguous)
+
+
+class _Sign:
+    """A stop sign as the gateway platform registers one (a bound method, held weakly)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def says(self) -> bool:
+        return self.stopping
+
+
+def test_a_warm_turn_cut_by_the_stop_of_the_gateway_hosting_us_is_still_running_when_it_stopped(
+    tmp_path: Path
+) -> None:
+    """Regression (acceptance on hermes 0.19): Ctrl-C of `hermes gateway run` (hosting the actors) during a warm turn
+    told the sender "the connection to the hermes API server … was lost … (Remote end closed connection without
+    response)", while the docs promise "The turn was still running when the gateway stopped.": hermes closes its
+    API server before our platform's disconnect runs."""
+    from hermes_actors.hermes.gateway_process import watch_own_stop
+
+    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}))  # this process is the gateway
+    runner, warm, cli, _ = make()
+    warm.failure = _LOST
+    sign = _Sign()
+    watch_own_stop(sign.says)
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path))
+    assert caught.value.text == _LOST.text  # not stopping: the connection was lost
+    sign.stopping = True  # Ctrl-C: hermes' stop began
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d2", root=tmp_path))
+    assert (caught.value.text, caught.value.reason, caught.value.ambiguous) == (_AT_STOP, "runtime_offline", True)
+    assert cli.turns == []  # never run again
+    sign.stopping = False

@@ -1,6 +1,7 @@
 """What the command's gateway options make: the turn runner of ``--runner``/``--cli`` and the config of ``--redis``.
 
-Shared by every command that may start a gateway of its own (``roster``, ``send``, ``serve``, ``room``).
+Shared by every command that may start a gateway of its own (``roster``, ``send``, ``serve``, ``room``); ``doctor``
+refuses a bad ``--cli`` with :func:`check_cli` too.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ def check_cli(cli: str | None) -> None:
                          "hermes executable's path, or leave --cli out (it is then found beside python, then on PATH)")
 
 
-def runner_for(kind: str, cli: str | None, root: Path) -> Any:
+def runner_for(kind: str | None, cli: str | None, root: Path) -> Any:
     """The ``Gateway(runner=...)`` of ``--runner``: None (the real Hermes, chosen at start), ``"demo"`` or a runner.
 
     Args:
-        kind: ``hermes``, ``command`` or ``demo``.
+        kind: ``hermes``, ``command`` or ``demo``; None (no ``--runner``) is ``hermes``.
         cli: the ``--cli`` executable (None: found as the runners find it).
         root: the Hermes root (its ``config.yaml`` gives the turn timeout).
 
@@ -51,7 +52,7 @@ def runner_for(kind: str, cli: str | None, root: Path) -> Any:
     from hermes_actors.core.config import load_config
 
     timeout = load_config(root).turn_timeout_seconds
-    if kind == "hermes":
+    if kind in (None, "hermes"):
         if cli is None:
             return None
         from hermes_actors.hermes.select import default_runner

@@ -212,10 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_roster)
 
     def runner_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--runner", choices=("hermes", "command", "demo"), default="hermes",
+        # default None, read as hermes (gateway_options.runner_for): `send` can tell a --runner given from none
+        p.add_argument("--runner", choices=("hermes", "command", "demo"), default=None,
                        help="how turns run: hermes = the real Hermes (warm through the gateway's API server when "
-                            "one serves the root, else the CLI); command = the CLI of a Bot-Mode hermes release; "
-                            "demo = offline demo bots")
+                            "one serves the root, else the CLI; the default); command = the CLI of a Bot-Mode "
+                            "hermes release; demo = offline demo bots")
         p.add_argument("--cli", type=executable, default=None,
                        help="the hermes executable (default: beside python, then PATH)")
 

@@ -118,10 +118,17 @@ def _waits_at_host(root: Any) -> bool:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """``doctor``: every check with its fix; 1 when anything blocks DMs."""
+    """``doctor``: every check with its fix; 1 when anything blocks DMs.
+
+    Raises:
+        ValueError: ``--cli`` names no executable (a usage error, as for ``send`` and ``serve``): the check of
+            the hermes CLI would pass it over and say no hermes is installed, never naming the value.
+    """
+    from hermes_actors.cli.gateway_options import check_cli
     from hermes_actors.ops.doctor import run_doctor
     from hermes_actors.ops.doctor_checks import blocking
 
+    check_cli(args.cli)
     checks = run_doctor(args.root, cli=args.cli)
     if args.json:
         print(_dump({"root": str(args.root), "blocking": blocking(checks), "checks": [c.as_dict() for c in checks]}))

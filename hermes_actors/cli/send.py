@@ -28,7 +28,7 @@ from hermes_actors.cli.render import (
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 
-__all__ = ["cmd_send"]
+__all__ = ["cmd_send", "ignored_runner_note"]
 
 
 def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
@@ -49,6 +49,27 @@ def _print_outcome(outcome: dict[str, Any], args: argparse.Namespace) -> int:
     return outcome_exit_code(outcome)
 
 
+def ignored_runner_note(root: object, runner: str | None, cli: str | None) -> str | None:
+    """Pure: the note ``send`` prints when a host serves the root and ``--runner`` / ``--cli`` were given.
+
+    The host runs the DM with its own runner: what those options name runs nothing. Said, since the turn
+    that answers (the real Hermes, say, for ``--runner demo``) would otherwise surprise.
+
+    Args:
+        root: the Hermes root.
+        runner: the ``--runner`` given (None: none).
+        cli: the ``--cli`` given (None: none, or an empty one, which means the default).
+
+    Returns:
+        The note, or None when neither was given.
+    """
+    given = ([f"--runner {runner}"] if runner is not None else []) + ([f"--cli {shown(cli, cli)}"] if cli else [])
+    if not given:
+        return None
+    return (f"note: {' and '.join(given)} ignored: the host serving {root} runs the DM with its own runner "
+            "(they are for a send that runs the DM itself, on a root with no host)")
+
+
 def _send_via_host(args: argparse.Namespace) -> int | None:
     """Submit through the host serving the root; None when no host runs there."""
     import time
@@ -65,6 +86,9 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
         print(f"ambiguous: {why}; the DM may or may not be queued (do not resend it blindly; look for it with: "
               f"{shell_command('hermes-actors', 'status', '--root', args.root)})", file=sys.stderr)
         return EXIT_FAILED
+    note = ignored_runner_note(args.root, args.runner, args.cli)
+    if note is not None:
+        print(note, file=sys.stderr)
     code = _print_answer(ack, args)
     if "error" in ack or args.wait is None:
         return code  # right after the ack: the host runs the turn

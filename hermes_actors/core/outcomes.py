@@ -15,8 +15,10 @@ __all__ = [
     "AMBIGUOUS_TAIL",
     "INSTALL_HERMES",
     "NAME_THE_CLI",
+    "RESEND_BLINDLY_TAIL",
     "TEXT_MAX_BYTES",
     "ambiguous",
+    "as_sentence",
     "busy_text",
     "cancelled",
     "cut_text",
@@ -106,12 +108,38 @@ def failed(delivery_id: str, label: str, error: str, reason: str = "") -> Outcom
 
 
 AMBIGUOUS_TAIL = " The message may have been delivered — do not resend."
+# How a DM's ``delivery_timeout`` text (a turn that began and did not finish in time) ends: its advice to the sender.
+RESEND_BLINDLY_TAIL = ", so do not resend blindly."
+# A text ends as a sentence with one of these, maybe inside closing quotes or brackets ("(… stopped.)").
+_SENTENCE_ENDS = frozenset(".!?…")
+_CLOSERS = "\"')]’”»"
+
+
+def as_sentence(text: str) -> str:
+    """Pure: ``text`` ended as a sentence, so that another sentence may follow it (``"… lost (reset)"`` → ``"… lost
+    (reset)."``).
+
+    A why that is an exception's or a runner's text rarely ends with a full stop; joined as it was to the
+    sentence after it, the sender read "… without response) The message may have been delivered".
+
+    Args:
+        text: any text.
+
+    Returns:
+        ``text`` without trailing whitespace, with a full stop added unless it already ends with ``.``, ``!``,
+        ``?`` or ``…`` (maybe followed by closing quotes or brackets); ``""`` for a blank text.
+    """
+    text = text.rstrip()
+    if not text or text.rstrip(_CLOSERS)[-1:] in _SENTENCE_ENDS:
+        return text
+    return f"{text}."
 
 
 def ambiguous(delivery_id: str, label: str, why: str, reason: str = "unknown") -> Outcome:
     """The turn may have run but its result is unknown: the sender must not resend."""
-    # cut so that the tail fits too: a relay that cuts the error again must not cut "do not resend" off
-    why = cut_text(valid_text(why), TEXT_MAX_BYTES - len(AMBIGUOUS_TAIL.encode()))
+    # cut so that the tail fits too (and the full stop as_sentence may add): a relay that cuts the error again must
+    # not cut "do not resend" off
+    why = as_sentence(cut_text(valid_text(why), TEXT_MAX_BYTES - len(AMBIGUOUS_TAIL.encode()) - 1))
     error = f"{why}{AMBIGUOUS_TAIL}"
     code = normalize_reason(reason, why)
     return Outcome(

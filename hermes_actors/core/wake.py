@@ -28,7 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hermes_actors.core.reasons import CANCELLED, TARGET_BUSY, is_retryable
+from hermes_actors.core.outcomes import AMBIGUOUS_TAIL, RESEND_BLINDLY_TAIL, as_sentence
+from hermes_actors.core.reasons import CANCELLED, DELIVERY_TIMEOUT, TARGET_BUSY, is_retryable
 from hermes_actors.core.shell import shell_command
 from hermes_actors.messages import Delivery, Outcome
 from hermes_actors.records import Origin
@@ -49,6 +50,7 @@ __all__ = [
     "wake_for",
     "wake_id",
     "wake_lock_wait",
+    "wake_result",
     "wake_retry_delay",
     "wake_retry_delivery",
     "wake_retry_id",
@@ -228,17 +230,26 @@ def wake_retryable(status: str, reason: str) -> bool:
     return status == "failed" and reason != CANCELLED and is_retryable(reason, status)
 
 
-def wake_failure_text(reason: str, error: str) -> str:
+# What a wake that may have run (ambiguous, delivery_timeout) comes to, in place of a DM's "do not resend".
+_MAY_HAVE_RUN = ("It is not run again: a wake that may have run never runs twice, so the bot may or may not have "
+                 "this outcome in its Bot Chat.")
+
+
+def wake_failure_text(reason: str, error: str, status: str = "failed") -> str:
     """Pure: what a failed wake attempt's log line says went wrong.
 
     A wake's outcome carries the text its turn would give a DM's sender; for ``target_busy`` that is the
     seed's "another delivery turn is already running … queued behind it for ~Ns … retry shortly", which,
     of a wake, names the wrong holder (often another process's turn lock), counts from the wake's creation
-    (every attempt keeps it: its window) and asks a resend nobody makes. Any other reason's text stands.
+    (every attempt keeps it: its window) and asks a resend nobody makes. A wake that may have run
+    (``ambiguous``, or ``delivery_timeout``) keeps the why of its text without the advice to the DM's
+    sender ("The message may have been delivered — do not resend.", "so do not resend blindly"), and says
+    what becomes of the wake. Any other reason's text stands.
 
     Args:
         reason: the attempt's reason code.
         error: its outcome's error text.
+        status: its outcome's status (``failed`` or ``ambiguous``).
 
     Returns:
         The text for the log line.
@@ -246,7 +257,19 @@ def wake_failure_text(reason: str, error: str) -> str:
     if reason == TARGET_BUSY:
         return ("its turn never began: the bot's turn lock stayed held for the whole wait (a turn of this "
                 "gateway, one hermes still runs for the bot, or another process's)")
+    if status == "ambiguous" or reason == DELIVERY_TIMEOUT:
+        why = error.removesuffix(AMBIGUOUS_TAIL)
+        if why.endswith(RESEND_BLINDLY_TAIL):
+            why = why[: -len(RESEND_BLINDLY_TAIL)]
+        why = as_sentence(why)
+        return f"{why} {_MAY_HAVE_RUN}" if why else _MAY_HAVE_RUN
     return error
+
+
+def wake_result(status: str, reason: str) -> str:
+    """Pure: how a wake attempt's log line names how it ended, beside its id: ``ambiguous`` for one that may have
+    run (its reason is mostly ``unknown``), else its reason (its status when it has none)."""
+    return status if status == "ambiguous" else reason or status
 
 
 def wake_retry_delay(now: float, created_at: float, window: float, first: float) -> float | None:

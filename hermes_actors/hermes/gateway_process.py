@@ -1,4 +1,5 @@
-"""The ``hermes gateway run`` process of a root: its pid (waiting for it: ``store.processes.ProcessWatch``).
+"""The ``hermes gateway run`` process of a root: its pid (waiting for it: ``store.processes.ProcessWatch``), and
+whether the one this process is (hosting the actors) has begun to stop.
 
 A warm turn whose connection was lost mid-turn may still be running in a gateway
 that is stopping: hermes drains its API server runs before it exits. Until that
@@ -8,17 +9,59 @@ refuses it, ``target_busy``).
 
 hermes-agent 0.19 writes ``<HERMES_HOME>/gateway.pid`` (JSON ``{"pid": N, ...}``,
 or a bare number from older releases) when it starts and removes it when it exits.
+
+A warm turn runs in the hermes gateway's own process when that gateway hosts the actors. Its stop
+(Ctrl-C) closes the API server before it tears our platform down, so the turn's connection drops
+while nothing of ours is stopping yet: our platform registers a stop sign (:func:`watch_own_stop`:
+hermes' stop has begun, or our platform's disconnect has) that the runner asks (:func:`own_gateway_stopping`)
+to tell the user "The turn was still running when the gateway stopped." rather than a lost connection.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from hermes_actors.store.processes import pid_alive
 
-__all__ = ["gateway_pid"]
+__all__ = ["gateway_pid", "own_gateway_stopping", "watch_own_stop"]
+
+_stop_signs: list[weakref.WeakMethod[Callable[[], bool]]] = []  # the platforms of this process (weakly: not kept alive)
+_stop_signs_lock = threading.Lock()
+
+
+def watch_own_stop(sign: Callable[[], bool]) -> None:
+    """Register a bound method saying whether the hermes gateway this process is has begun to stop.
+
+    Held weakly: it goes with its object (a platform hermes dropped).
+
+    Args:
+        sign: a bound method (``HostAdapter.stopping``); True once that gateway's stop has begun.
+    """
+    with _stop_signs_lock:
+        _stop_signs[:] = [ref for ref in _stop_signs if ref() is not None]
+        _stop_signs.append(weakref.WeakMethod(sign))
+
+
+def own_gateway_stopping() -> bool:
+    """Whether the hermes gateway this process is has begun to stop (a sign of :func:`watch_own_stop` says so).
+
+    Returns:
+        False in any process no hermes gateway platform of ours runs in (``serve``, ``send``, a program).
+    """
+    with _stop_signs_lock:
+        signs = [ref() for ref in _stop_signs]
+    for sign in signs:
+        try:
+            if sign is not None and sign():
+                return True
+        except Exception:  # hermes' internals changed: not known to stop
+            continue
+    return False
 
 _PID_FILE = "gateway.pid"
 _PID_FILE_MAX_BYTES = 64 * 1024

@@ -25,11 +25,12 @@ from gateway.config import Platform
 from gateway.platforms.base import BasePlatformAdapter, SendResult
 from loguru import logger
 
+from hermes_actors.hermes.gateway_process import watch_own_stop
 from hermes_actors.hermes.host import acquire_host, release_host
 from hermes_actors.hermes.log_bridge import forward_to_hermes_logging
 from hermes_actors.hermes.plugin import PLATFORM_NAME, active_profile_home, root_and_profile
 
-__all__ = ["HostAdapter", "make_host_gateway"]
+__all__ = ["HostAdapter", "hermes_stop_begun", "make_host_gateway"]
 
 _STOP_TIMEOUT = 20.0
 
@@ -49,6 +50,19 @@ def make_host_gateway(root: Path, runner_kind: str = "",
     return Gateway(root, runner="demo" if runner_kind == "demo" else None, serve_submit=True, on_failure=on_failure)
 
 
+def hermes_stop_begun(runner: Any) -> bool:
+    """Whether the stop of the hermes gateway ``runner`` (hermes' ``GatewayRunner``, the platform's
+    ``gateway_runner``) has begun: its ``stop()`` made its stop task (Ctrl-C, SIGTERM, a restart).
+
+    Args:
+        runner: the runner hermes set on the platform (None before it did, or in a hermes without it).
+
+    Returns:
+        False when not known (no runner, or a hermes without that attribute).
+    """
+    return getattr(runner, "_stop_task", None) is not None
+
+
 class HostAdapter(BasePlatformAdapter):
     """A chat-less platform whose lifetime is the lifetime of our shared host."""
 
@@ -59,6 +73,15 @@ class HostAdapter(BasePlatformAdapter):
         self._configured_root = str(extra.get("root") or "")
         self._runner_kind = str(extra.get("runner") or "")
         self._root: Path | None = None
+        self._releasing = False  # our disconnect began: the gateway stops (hermes tears platforms down at its stop)
+        watch_own_stop(self.stopping)
+
+    def stopping(self) -> bool:
+        """Whether the hermes gateway this platform runs in has begun to stop (its stop, or our disconnect, began).
+
+        Asked when a warm turn's connection drops: hermes closes its API server before it disconnects us.
+        """
+        return self._releasing or hermes_stop_begun(getattr(self, "gateway_runner", None))
 
     def _resolve_root(self) -> Path:
         if self._configured_root:
@@ -78,6 +101,7 @@ class HostAdapter(BasePlatformAdapter):
             logger.error("hermes-actors could not host the actors of {}: {}", root, exc)
             return False
         self._root = root
+        self._releasing = False
         self._mark_connected()
         return True
 
@@ -85,11 +109,21 @@ class HostAdapter(BasePlatformAdapter):
         """Release the host; the last platform of the root stops it."""
         root, self._root = self._root, None
         if root is not None:
+            self._releasing = True
             try:
-                await asyncio.to_thread(release_host, root, _STOP_TIMEOUT)
+                await asyncio.to_thread(self._release, root)
             except Exception as exc:
                 logger.error("hermes-actors host of {} did not stop cleanly: {}", root, exc)
         self._mark_disconnected()
+
+    def _release(self, root: Path) -> None:
+        """Release the host (on a worker thread). Our disconnect stays "stopping" until it is done, even once hermes
+        gave up waiting for it (5 s, then it goes on and cuts the turns still running): a turn of ours cut then was
+        cut by this stop. Once released, no turn of ours is left to cut."""
+        try:
+            release_host(root, _STOP_TIMEOUT)
+        finally:
+            self._releasing = False
 
     async def send(
         self, chat_id: str, content: str, reply_to: str | None = None, metadata: dict[str, Any] | None = None

@@ -28,6 +28,7 @@ __all__ = [
     "read_yaml",
     "record_path",
     "save_record",
+    "still_as_written",
     "undo_edit",
     "value_at",
     "write_yaml",
@@ -225,8 +226,36 @@ class RecordedEditor:
         self.report.changed.append(f"{path}: added {item!r} to {'.'.join(keys)}")
 
 
+# The on/off switch of a platform block (``platforms.<name>.enabled``): the user's as much as ours. ``enable
+# --gateway`` switches a block turned off by hand on again, and docs/hermes.md has the user turn the block
+# enable wrote off by hand (``serve`` hosting while the gateway serves warm turns only).
+_SWITCH = "enabled"
+
+
+def still_as_written(current: Any, written: Any) -> bool:
+    """Pure: whether a value enable wrote is still what it wrote, so ``disable`` may undo it.
+
+    A mapping that differs from it only in its ``enabled`` switch still is: turning it off (or on) is not
+    making it the user's own, and left in place it would stay for nothing once the plugin is gone. Any other
+    change (a key added, removed or set) makes it the user's: left alone.
+
+    Args:
+        current: the value in the file now (the absent marker of :func:`value_at` when there is none).
+        written: the value enable wrote.
+
+    Returns:
+        True when the edit may be undone.
+    """
+    if current == written:
+        return True
+    if not isinstance(current, dict) or not isinstance(written, dict) or _SWITCH not in written:
+        return False
+    return {k: v for k, v in current.items() if k != _SWITCH} == {k: v for k, v in written.items() if k != _SWITCH}
+
+
 def undo_edit(root: Path, entry: dict[str, Any], report: SetupReport) -> None:
-    """Undo one recorded edit, unless its value changed since (then the report says to look at it).
+    """Undo one recorded edit, unless its value changed since (then the report says to look at it); a block
+    whose ``enabled`` switch alone changed is undone (:func:`still_as_written`).
 
     Args:
         root: the Hermes root the record's paths are relative to.
@@ -242,7 +271,7 @@ def undo_edit(root: Path, entry: dict[str, Any], report: SetupReport) -> None:
     current = value_at(data, keys)
     dotted = ".".join(keys)
     if entry["op"] == "set":
-        if current != entry["after"]:
+        if not still_as_written(current, entry["after"]):
             report.todo.append(f"{path}: {dotted} changed since enable; left as it is (edit or remove it there "
                                "by hand if it was only for hermes-actors)")
             return

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
+from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, profile_home
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
 from hermes_actors.hermes.recorded_edits import (
@@ -51,7 +52,7 @@ from hermes_actors.hermes.submit_client import lock_holder, ping
 from hermes_actors.ops.http_config import MAX_PORT, check_port
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
 
-__all__ = ["PLUGIN_NAME", "api_server_port", "disable", "enable"]
+__all__ = ["PLUGIN_NAME", "api_server_port", "disable", "enable", "gateway_todo"]
 
 PLUGIN_NAME = "hermes-actors"
 _LISTED = 5  # profile names a report line lists before "and N more"
@@ -218,10 +219,30 @@ def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, 
                 f"set API_SERVER_KEY (at least {MIN_KEY_CHARS} characters, e.g. `openssl rand -hex 32`) in "
                 f"{root / '.env'} — the hermes API server refuses to start without it"
             )
-        report.todo.append(f"start the gateway: {shell_command('hermes', 'gateway', 'run', env={'HERMES_HOME': root})}")
+        report.todo.append(gateway_todo(root, gateway_pid(root)))
     elif ping(root) is None:
         report.todo.append(f"start the actors: {shell_command('hermes-actors', 'serve', '--root', root)}")
     # else a host already serves the root: its roster takes the managed profiles within its rescan
+
+
+def gateway_todo(root: Path, running: int | None) -> str:
+    """Pure: the "to do" line of ``enable --gateway`` that starts the hermes gateway with the config it wrote.
+
+    A gateway already running read its ``config.yaml`` at its start, and a second plain ``hermes gateway run``
+    exits at once ("Another gateway instance is already running"): it is restarted with ``--replace``.
+
+    Args:
+        root: the Hermes root (the gateway's ``HERMES_HOME``).
+        running: the pid of the root's running hermes gateway (``gateway.pid``), or None.
+
+    Returns:
+        The line, with the command to run as printed.
+    """
+    if running is None:
+        return f"start the gateway: {shell_command('hermes', 'gateway', 'run', env={'HERMES_HOME': root})}"
+    return (f"restart the hermes gateway that runs (pid {running}; it read config.yaml at its start, and a second "
+            "`hermes gateway run` would exit: \"Another gateway instance is already running\"): "
+            + shell_command("hermes", "gateway", "run", "--replace", env={"HERMES_HOME": root}))
 
 
 def _home_key(root: Path, profile: str) -> str:

@@ -26,15 +26,16 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, TARGET_BUSY
+from hermes_actors.core.recovery import running_at_stop_text
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.api_runner import ApiRunner, busy_in_gateway_text
 from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_home, turn_root
-from hermes_actors.hermes.gateway_process import gateway_pid
+from hermes_actors.hermes.gateway_process import gateway_pid, own_gateway_stopping
 from hermes_actors.hermes.retry import take_back_unanswered, unanswered_since
 from hermes_actors.records import Turn
 from hermes_actors.store.processes import ProcessWatch, process_started_at
 
-__all__ = ["LIVE_TURN_SECONDS", "WarmOrCliRunner", "falls_back"]
+__all__ = ["LIVE_TURN_SECONDS", "WarmOrCliRunner", "cut_by_own_stop", "falls_back"]
 
 # How long a DM a turn left unanswered in a live gateway holds its bot (a turn a killed host started there):
 # bot_mode.turn_timeout_seconds' default, the longest our side lets a turn run.
@@ -44,6 +45,28 @@ LIVE_TURN_SECONDS = 600.0
 def falls_back(failure: TurnFailed) -> bool:
     """Pure: whether a warm turn's failure means it never reached the agent (so the CLI may run it)."""
     return failure.reason == RUNTIME_OFFLINE and not failure.ambiguous
+
+
+def cut_by_own_stop(failure: TurnFailed, *, here: bool, stopping: bool) -> TurnFailed:
+    """Pure: a warm turn's failure as its sender reads it, when the stop of the hermes gateway hosting us cut it.
+
+    That gateway (``here``: the turn ran in this very process) closes its API server before it tears our
+    platform down, so a turn it was still running loses its connection at its stop (``stopping``): that is a
+    turn "still running when the gateway stopped" (the words a turn our own stop cuts gets), not a lost
+    connection to a server the user never stopped.
+
+    Args:
+        failure: the warm turn's failure.
+        here: the turn ran in the hermes gateway that is this process (its pid, read before the turn).
+        stopping: that gateway's stop had begun when the failure came (:func:`own_gateway_stopping`).
+
+    Returns:
+        ``failure``, or for a lost connection (ambiguous ``runtime_offline``) in a stopping gateway of ours the
+        ambiguous failure with :func:`~hermes_actors.core.recovery.running_at_stop_text`'s words.
+    """
+    if not (here and stopping and failure.ambiguous and failure.reason == RUNTIME_OFFLINE):
+        return failure
+    return TurnFailed(running_at_stop_text("here"), reason=RUNTIME_OFFLINE, ambiguous=True)
 
 
 class WarmOrCliRunner:
@@ -107,6 +130,10 @@ class WarmOrCliRunner:
         except TurnFailed as failure:
             if failure.ambiguous and failure.reason == RUNTIME_OFFLINE:
                 self._note_lost_turn(turn, gateway)
+                here = gateway is not None and gateway.pid == os.getpid()
+                told = cut_by_own_stop(failure, here=here, stopping=here and own_gateway_stopping())
+                if told is not failure:
+                    raise told from None
             if not falls_back(failure):
                 raise
             self._switch(cold=True, why=failure.text)

@@ -77,7 +77,7 @@ def timed_out_outcome(
     if began:
         # only a turn process is ended; a warm turn goes on in hermes, an in-process one in its thread
         fate = " and was stopped; it may have been partly done" if live else "; it may still complete"
-        text = f"The turn of {delivery.label} did not finish within {seconds:g}s{fate}, so do not resend blindly."
+        text = f"The turn of {delivery.label} did not finish within {seconds:g}s{fate}{outcomes.RESEND_BLINDLY_TAIL}"
         return outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout")
     # still waiting for the flock (or a worker)
     return outcomes.failed(delivery.delivery_id, delivery.label, outcomes.busy_text(profile, seconds), "target_busy")

@@ -50,6 +50,7 @@ from hermes_actors.core.wake import (
     wake_enabled,
     wake_failure_text,
     wake_for,
+    wake_result,
     wake_retry_delay,
     wake_retry_delivery,
     wake_retryable,
@@ -295,7 +296,8 @@ class SenderWaker:
             return
         if delivery is None or not wake_retryable(outcome.status, outcome.reason):
             self._failed("waking {} failed (wake {}, {}): {}", who, outcome.delivery_id,
-                         outcome.reason or outcome.status, wake_failure_text(outcome.reason, outcome.error))
+                         wake_result(outcome.status, outcome.reason),
+                         wake_failure_text(outcome.reason, outcome.error, outcome.status))
             return
         delay = wake_retry_delay(self.clock(), delivery.accepted_at, self.retry_window, self.retry_first)
         if delay is None:
