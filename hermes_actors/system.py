@@ -99,6 +99,8 @@ class ActorSystem:
     profile_count: int = 0
     recovered: dict[str, int] = field(default_factory=dict)
     failed_running: list[str] | None = None  # set when the Dispatcher failed: the turns that may still run
+    # set by the stop before the Dispatcher stops accepting: the relay takes nothing more in (read by it only)
+    relay_stopping: threading.Event = field(default_factory=threading.Event)
 
     def start(
         self,
@@ -217,6 +219,7 @@ class ActorSystem:
             "scheduler": self.scheduler,
             "connection_id": opts.connection_id,
             "local_profiles": frozenset(p.profile for p in current.profiles),
+            "stopping": self.relay_stopping,
         }
         if redis_settings is not None and guard is not None and opts.connection_id:
             from hermes_actors.transports.redis.actor import RedisRelayActor

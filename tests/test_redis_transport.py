@@ -1199,6 +1199,61 @@ def test_an_entry_still_queued_at_stop_is_left_unacked_and_the_next_start_runs_i
     assert [t.delivery_id for t in again.entered] == [queued["id"]]  # run once, by the next start only
 
 
+def test_a_clean_stop_with_an_inbox_backlog_writes_every_finished_reply_and_leaves_the_rest_pending(
+    tmp_path: Path, redis_server: RedisServer, logs: LogCapture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (the file relay's chaos-run crash, same pattern here): an inbox entry the transport handled
+    after the Dispatcher had stopped was told to it plainly, and the ActorDeadError crashed the unsupervised
+    transport, which dropped what was queued behind: the reply of a turn that finished during the stop never
+    reached Redis. The transport is held in its handling of the entry ``late`` until the Dispatcher is gone,
+    so everything the stop tells it queues behind, as in the chaos run."""
+    from hermes_actors.transports.redis.inbound import InboundDrain
+
+    late_id = uuid.uuid4().hex
+    held, go_on = threading.Event(), threading.Event()
+    on_entry = InboundDrain.on_entry
+
+    def held_entry(self: InboundDrain, entry_id: str, fields: dict[Any, Any]) -> None:
+        if decode_envelope_entry(fields)[0]["id"] == late_id and not held.is_set():
+            held.set()
+            go_on.wait(30)  # bounded: a stuck test fails, it never hangs
+        on_entry(self, entry_id, fields)
+
+    monkeypatch.setattr(InboundDrain, "on_entry", held_entry)
+    release = threading.Event()
+    first = RecordingRunner(lambda turn: (release.wait(timeout=30), "first done")[1])
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    mini = Gateway(root, runner=first, config=_config(redis_server), connection_id="mini", durable=False).start()
+    try:
+        running = inject(redis_server, "mini", "probe")
+        await_condition(lambda: len(first.entered) == 1, timeout=10, message="the first turn is running")
+        queued = inject(redis_server, "mini", "probe")
+        await_condition(lambda: mini.stats()["pending"] == 2, timeout=10, message="the second one queued")
+        inject(redis_server, "mini", "probe", envelope_id=late_id)
+        assert held.wait(10), "the transport took up the late entry"
+        assert mini._system is not None and mini._system.dispatcher is not None
+        dispatcher = mini._system.dispatcher
+        stopper = threading.Thread(target=mini.stop, kwargs={"timeout": 20,
+                                                             "on_wait": lambda turns, grace: release.set()})
+        stopper.start()
+        await_condition(lambda: not dispatcher.is_alive(), timeout=20, message="the Dispatcher stopped")
+    finally:
+        go_on.set()
+        release.set()
+    stopper.join(timeout=30)
+    assert not stopper.is_alive()
+    replies = replies_to(redis_server, "probe")
+    assert [(r["id"], r["reply"]) for r in replies] == [(running["id"], "first done")]  # the finished turn's
+    assert redis_server.client().xpending(KEYS.inbox("mini"), "hermes")["pending"] == 2  # queued and late, unacked
+    assert not logs.matching("crashed")
+    again = RecordingRunner()
+    with gateway(tmp_path, "mini", redis_server, again):
+        await_condition(lambda: len(replies_to(redis_server, "probe")) == 3, timeout=15, message="their replies")
+        await_drained(redis_server, KEYS.inbox("mini"))
+    assert sorted(t.delivery_id for t in again.entered) == sorted([queued["id"], late_id])  # each run once
+    assert [t.delivery_id for t in first.entered] == [running["id"]]
+
+
 def _times_delivered(server: RedisServer, conn: str, entry_of: str) -> int:
     """How often the pending inbox entry of envelope ``entry_of`` was handed to a consumer (0: not pending)."""
     client = server.client()
@@ -1214,7 +1269,8 @@ def test_an_entry_put_back_by_a_long_stop_is_reclaimed_by_that_stop_and_still_no
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
     """The stopping gateway's own reclaim takes the put-back entry again (nothing holds it now): that is
-    cancelled unrun again, never answered from the stop's first ``cancelled``."""
+    left pending again, never handed to the stopping Dispatcher, never answered from the stop's first
+    ``cancelled``."""
 
     def on_wait(queued: dict[str, Any], release: threading.Event) -> Callable[[int, float], None]:
         def wait(turns: int, grace: float) -> None:  # two reclaims (claim idle 0.5 s) while the stop waits

@@ -240,6 +240,162 @@ def test_a_relayed_in_dm_still_queued_at_stop_goes_back_to_the_inbox_and_the_nex
     assert [t.delivery_id for t in again.entered] == [queued["id"]]  # run once, by the next start only
 
 
+def _relay_on(root: Path, dispatcher: Any, **kwargs: Any) -> Any:
+    """A RelayActor on ``root`` (its directories made, as ``ActorSystem.start`` does) telling ``dispatcher``."""
+    from actors import ManualScheduler
+    from hermes_actors.core.config import BotModeConfig
+    from hermes_actors.relay.relay_actor import RelayActor
+    from hermes_actors.relay.strays import ensure_relay_directories
+
+    ensure_relay_directories(InboxPaths.from_root(root))
+    return RelayActor.start(root, config=BotModeConfig(), dispatcher=dispatcher, roster=None,
+                            scheduler=ManualScheduler(), **kwargs)
+
+
+def test_a_rescan_after_the_dispatcher_stopped_puts_what_it_takes_back_into_inbox_and_the_relay_lives(
+    tmp_path: Path, logs: LogCapture, stop_all_actors: None
+) -> None:
+    """Regression (chaos run): a rescan queued behind a stop's backlog took an envelope from ``inbox/`` once the
+    Dispatcher had stopped; its plain tell raised ActorDeadError and crashed the unsupervised RelayActor, which
+    dropped every message behind (the stop's put-backs and the finished turns' replies). Now the envelope goes
+    back to ``inbox/`` unstarted and the relay handles what follows."""
+    from actors import Probe, Rescan, ask
+    from hermes_actors.messages import ResumeRelay
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini)
+    gone, _log = Probe.spawn()
+    gone.stop()
+    relay = _relay_on(mini, gone)
+    envelopes = [_inbound("moxie", f"m{n}") for n in range(2)]
+    for envelope in envelopes:
+        post_to_inbox(paths, envelope, "alpha")
+    relay.tell(Rescan("periodic"))
+    assert ask(relay, ResumeRelay(), timeout=10) == ()  # answered after the rescan: the relay lived through it
+    assert sorted(rf.list_ids(paths.inbox)) == sorted(e["id"] for e in envelopes)  # back, for the next taker
+    assert rf.list_ids(paths.taken) == [] and os.listdir(paths.started) == []  # never started
+    stats = relay.proxy().stats().get(timeout=10)
+    assert (stats["drained"], stats["returned"]) == (0, 2)
+    assert not logs.matching("crashed")
+    relay.stop()
+    assert logs.matching("relay: 2 relayed-in envelope(s) never started and went back into inbox/")
+
+
+def test_a_reply_to_our_envelope_found_with_the_dispatcher_gone_is_left_to_the_next_start(
+    tmp_path: Path, gateways: list[Gateway], logs: LogCapture, stop_all_actors: None
+) -> None:
+    """The sender side's report of a reply (``RelayedOutcome``) to a Dispatcher gone crashed the relay too; now
+    the ``sent/`` record stays and the next start reports the reply."""
+    from actors import Probe, ask
+    from hermes_actors.messages import ResumeRelay
+
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    paths = InboxPaths.from_root(alpha).ensure()
+    envelope_id = uuid.uuid4().hex
+    record_sent(paths, envelope_id, "@moxie on mini", now=time.time(), sender="alice")
+    rf.write_reply(paths.relay, rp.make_reply(envelope_id, reply="hi from moxie", now=time.time()))
+    gone, _log = Probe.spawn()
+    gone.stop()
+    relay = _relay_on(alpha, gone)  # its start resumes the envelope and finds its reply
+    assert ask(relay, ResumeRelay(), timeout=10) is not None  # the relay lived through its start
+    relay.stop()
+    assert not logs.matching("crashed")
+    assert (paths.sent / f"{envelope_id}.json").exists()  # not forgotten: nobody got the outcome
+
+    gw = start_gateway(gateways, alpha, RecordingRunner(), config={"bot_mode": {"wake_sender": False}})
+    outcome = gw.wait_outcome(envelope_id, timeout=10)
+    assert (outcome["status"], outcome["reply"]) == ("replied", "hi from moxie")
+
+
+def test_a_stopping_relay_takes_nothing_more_from_its_inbox(tmp_path: Path, stop_all_actors: None) -> None:
+    """Once the stop began (its flag set before the Dispatcher stops accepting) neither a file event nor a rescan
+    takes an envelope: it stays in ``inbox/`` for the next taker (a chaos run saw 1358 taken only to be put
+    back), and the Dispatcher is told nothing."""
+    from actors import FileAppeared, Probe, Rescan, ask
+    from hermes_actors.messages import RelayDeliver, ResumeRelay
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini)
+    dispatcher, log = Probe.spawn()
+    stopping = threading.Event()
+    relay = _relay_on(mini, dispatcher, stopping=stopping)
+    first = _inbound("moxie", "before")
+    post_to_inbox(paths, first, "alpha")
+    relay.tell(Rescan("periodic"))
+    log.expect(RelayDeliver)  # taken while running
+    stopping.set()
+    later = _inbound("moxie", "after")
+    path = post_to_inbox(paths, later, "alpha")
+    relay.tell(FileAppeared(path))
+    relay.tell(Rescan("periodic"))
+    ask(relay, ResumeRelay(), timeout=10)  # after both
+    assert rf.list_ids(paths.inbox) == [later["id"]]
+    assert [m.envelope["id"] for m in log.records(RelayDeliver)] == [first["id"]]
+    assert relay.proxy().stats().get(timeout=10)["drained"] == 1
+
+
+def test_a_clean_stop_with_a_relayed_in_backlog_writes_every_finished_reply_and_puts_back_the_rest(
+    tmp_path: Path, gateways: list[Gateway], logs: LogCapture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (chaos run): at a clean stop the relay, still working through a backlog, took an envelope
+    from ``inbox/`` after the Dispatcher had stopped and crashed; the reply of a turn that finished during the
+    stop and the put-back of the one it cancelled, queued behind, were dropped (the next start answered the
+    finished one ``ambiguous``). The relay here is held in its take of an envelope ``late`` until the
+    Dispatcher is gone, so everything the stop tells it queues behind that take, as in the chaos run."""
+    from hermes_actors.relay.relay_actor import RelayActor
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini)
+    running, queued, late = (_inbound("moxie", m) for m in ("running", "queued", "late"))
+    held, go_on = threading.Event(), threading.Event()
+    take = RelayActor._take
+
+    def held_take(self: RelayActor, envelope_id: str) -> None:
+        if envelope_id == late["id"] and not held.is_set():
+            held.set()
+            go_on.wait(30)  # bounded: a stuck test fails, it never hangs
+        take(self, envelope_id)
+
+    monkeypatch.setattr(RelayActor, "_take", held_take)
+    release = threading.Event()
+    rec = _gated_runner(release)
+    gw = start_gateway(gateways, mini, rec, connection_id="mini")
+    post_to_inbox(paths, running, "alpha")
+    rec.wait_entered(1, timeout=10)
+    post_to_inbox(paths, queued, "alpha")
+    await_condition(lambda: gw.stats()["pending"] == 2, timeout=10, message="the second envelope queued")
+    post_to_inbox(paths, late, "alpha")
+    assert held.wait(10), "the relay took up the late envelope"
+    assert gw._system is not None and gw._system.dispatcher is not None
+    dispatcher = gw._system.dispatcher
+    # the running turn finishes as the stop waits for it (the queued one was cancelled unrun just before)
+    stopper = threading.Thread(target=gw.stop, kwargs={"timeout": 20, "on_wait": lambda turns, grace: release.set()})
+    stopper.start()
+    try:
+        await_condition(lambda: not dispatcher.is_alive(), timeout=20, message="the Dispatcher stopped")
+    finally:
+        go_on.set()
+        release.set()
+    stopper.join(timeout=30)
+    assert not stopper.is_alive()
+    record = _delivered(mini, running["id"])
+    assert record is not None and record["reply"] == "ok: running"  # the finished turn's reply
+    assert sorted(rf.list_ids(paths.inbox)) == sorted([queued["id"], late["id"]])  # both unstarted, back
+    assert not logs.matching("crashed")
+    assert _delivered(mini, queued["id"]) is None and _delivered(mini, late["id"]) is None
+    assert os.listdir(paths.taken_parent) == [] and os.listdir(paths.started) == []
+    assert [t.delivery_id for t in rec.entered] == [running["id"]]
+
+    again = RecordingRunner()
+    start_gateway(gateways, mini, again, connection_id="mini")
+    await_condition(lambda: all(_delivered(mini, e["id"]) for e in (queued, late)), timeout=10, message="replies")
+    assert sorted(t.delivery_id for t in again.entered) == sorted([queued["id"], late["id"]])  # each once
+    assert _delivered(mini, running["id"]) == record
+
+
 def _posted_oldest_first(count: int, message: str) -> list[dict[str, Any]]:
     """Relayed-in envelopes for moxie whose random ids sort in the reverse of their list order."""
     ids = sorted((uuid.uuid4().hex for _ in range(count)), reverse=True)

@@ -73,6 +73,10 @@ def shut_down(
     settled = False  # every turn has its outcome (FinalizePending): no worker holds one the stop waits for
     if system.bridge is not None:
         system.bridge.stop()
+    # Before the Dispatcher stops accepting: the relay takes nothing more from inbox/ (its backlog of file events
+    # and rescans included), rather than taking envelopes only to put them back, or handing them to a Dispatcher
+    # already gone. A flag, not a message: a message would be handled behind that backlog.
+    system.relay_stopping.set()
     try:
         if system.rooms is not None:
             system.rooms.halt()  # no new member turns; running ones still post or show as interrupted
@@ -191,7 +195,12 @@ def teardown(system: ActorSystem) -> None:
 
 
 def _stop_actors(system: ActorSystem, *, notifier_busy: bool = False) -> None:
-    """Stop the actors, the Dispatcher first; the subscribers' without waiting when a callback holds a thread."""
+    """Stop the actors, the Dispatcher first; the subscribers' without waiting when a callback holds a thread.
+
+    The relay stops once the Dispatcher has: its stop is queued behind every ``RelayOutcome`` the Dispatcher
+    told it (the replies of the turns that finished, the envelopes the stop cancelled unrun), so it writes or
+    puts back each of them before it stops.
+    """
     for ref in (system.dispatcher, system.relay, system.roster):
         if ref is None:
             continue

@@ -17,6 +17,7 @@ from typing import Any
 
 import pykka
 
+from actors import tell
 from hermes_actors.messages import AdoptJournal, Recover
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.journal_records import DeliveryState, JournalFolded
@@ -65,7 +66,8 @@ class JournalTakeover:
         """
         adopted = self.journal.adopt_dead()
         if adopted is not None:
-            self.dispatcher.tell(AdoptJournal(adopted.states))
+            # never raises: a Dispatcher gone (our stop) leaves the adopted records in our journal for the next start
+            tell(self.dispatcher, AdoptJournal(adopted.states))
         return adopted
 
     def recover(self, adopted: JournalFolded, paths: InboxPaths) -> None:
@@ -83,5 +85,5 @@ class JournalTakeover:
                 waiting.add(key)  # its taker reads the journals before it reports: left live (not delivered) here
             elif is_consumed(paths, key):
                 reported.add(key)
-        self.dispatcher.tell(Recover(adopted.states, self.idempotent_runner, adopted_from=tuple(adopted.files),
+        tell(self.dispatcher, Recover(adopted.states, self.idempotent_runner, adopted_from=tuple(adopted.files),
                                      relayed=frozenset(waiting | reported), relay_reported=frozenset(reported)))

@@ -26,7 +26,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import TimerHandle, TimerSet
+from actors import TimerHandle, TimerSet, tell
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
@@ -282,8 +282,8 @@ class Outbound:
 
     def _tell_resumed(self, resumed: list[ResumedSend], never: list[ResumedSend]) -> None:
         """Tell the Dispatcher whom the outcomes wake, then report the never queued and the replies already here."""
-        if resumed:
-            self.dispatcher.tell(RelayResumed(tuple(resumed)))
+        if resumed:  # a Dispatcher gone (stopped, failed): their reports below are left to the next start too
+            tell(self.dispatcher, RelayResumed(tuple(resumed)))
         for entry in never:  # after RelayResumed, as a reply: the Dispatcher knows whom the outcome wakes
             self._report(entry.envelope_id, outcomes.failed(entry.envelope_id, entry.label,
                                                             never_queued_text(entry.label), "cancelled"))
@@ -330,7 +330,9 @@ class Outbound:
 
         Returns:
             True when told; False when another gateway took the envelope over (:meth:`_taken_over`): it is
-            dropped unreported, that gateway reports it (two reports were two outcomes and two wakes).
+            dropped unreported, that gateway reports it (two reports were two outcomes and two wakes); False
+            too when the Dispatcher is gone (the gateway stops, or failed): never a crash of the relay, which
+            would drop what is queued behind; its ``sent/`` record stays, and the next start reports it.
         """
         if self._taken_over(envelope_id):
             self._drop(envelope_id)
@@ -338,7 +340,10 @@ class Outbound:
         entry = self.waiting.pop(envelope_id)
         for timer in entry.timers:
             timer.cancel()
-        self.dispatcher.tell(RelayedOutcome(outcome))
+        if not tell(self.dispatcher, RelayedOutcome(outcome)):
+            logger.info("relay: the Dispatcher is gone: the outcome of {} is left to the next start (its sent/ "
+                        "record stays)", envelope_id)
+            return False
         return True
 
     def _taken_over(self, envelope_id: str) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TypedActor, handles
+from actors import FileAppeared, FileRemoved, Rescan, Scheduler, TypedActor, handles, tell
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import StoreError, ValidationError
@@ -128,6 +129,9 @@ class RelayActor(TypedActor):
             recorded in ``sent/``, not guessed from ``from_profile``; kept for callers).
         journals: takes over the journals of gateways on the root that stopped or died (durable mode;
             None: no journal).
+        stopping: set by the gateway's stop before the Dispatcher stops accepting (read here only): from then on
+            nothing more is taken from ``inbox/`` nor adopted from a dead gateway's shelf; what is there is left
+            for the next taker. An Event, not a message: a message would wait behind the backlog it must stop.
     """
 
     def __init__(
@@ -141,8 +145,10 @@ class RelayActor(TypedActor):
         connection_id: str | None = None,
         local_profiles: frozenset[str] = frozenset(),
         journals: JournalTakeover | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         super().__init__()
+        self.stopping = stopping if stopping is not None else threading.Event()
         self.paths = InboxPaths.from_root(root)
         self.shelf = Shelf(self.paths.taken_parent, within=self.paths.relay.root)
         self.unfixable: set[Path] = set()  # relay directories the rescan could not put back (each logged once)
@@ -204,12 +210,11 @@ class RelayActor(TypedActor):
             return
         recovery = recover_taken(self.paths, adopted, ttl=self.config.envelope_ttl_seconds)
         if recovery.rerun:  # the replies come back to us: make sure the Dispatcher knows where before it runs them
-            self.dispatcher.tell(AttachRelay(self.actor_ref))
+            tell(self.dispatcher, AttachRelay(self.actor_ref))  # a Dispatcher gone: _deliver puts them back
         # oldest first, as the rescan takes inbox/ (the moves onto our shelf kept each file's mtime)
         rank = {envelope_id: n for n, envelope_id in enumerate(rf.list_ids(self.shelf.path, oldest_first=True))}
         for envelope, reply_connection in sorted(recovery.rerun, key=lambda item: rank.get(item[0]["id"], len(rank))):
-            self.counters["drained"] += 1
-            self.dispatcher.tell(RelayDeliver(envelope, reply_connection))
+            self._deliver(envelope, reply_connection)
         self.unwritten.update((record["id"], (record, connection)) for record, connection in recovery.unwritten)
         self.counters["quarantined"] += recovery.quarantined
         logger.info("relay: adopted {} envelope(s) a stopped gateway had taken: {rerun} run now (never started), "
@@ -253,19 +258,36 @@ class RelayActor(TypedActor):
     # ── drain side (the deliver RPC, through inbox/) ─────────────────────────
 
     def _take(self, envelope_id: str) -> None:
+        if self.stopping.is_set():  # left in inbox/ for the next taker: the Dispatcher no longer accepts
+            return
         result = drain_envelope(self.paths, "inbox", envelope_id, ttl=self.config.envelope_ttl_seconds,
                                 now=time.time())
         if isinstance(result, ToDeliver | Expired):
             self._note_routed_as(result.envelope["target_connection"])
         if isinstance(result, ToDeliver):
-            self.counters["drained"] += 1
-            self.dispatcher.tell(RelayDeliver(result.envelope, result.reply_connection))
+            self._deliver(result.envelope, result.reply_connection)
         elif isinstance(result, Expired):
             self._write_delivered(result.reply, result.reply_connection)
         elif isinstance(result, Quarantined):
             self.counters["quarantined"] += 1
             if result.reply is not None:  # its sender is told it was NOT delivered, not left to wait
                 self._write_delivered(result.reply, result.reply_connection)
+
+    def _deliver(self, envelope: dict[str, Any], reply_connection: str) -> None:
+        """Hand an envelope on our shelf, never started, to the Dispatcher to run.
+
+        A Dispatcher already gone (a stop, or its failure) never crashes the relay, which would drop every
+        message queued behind: the envelope goes back to ``inbox/`` unstarted, as a stop's cancelled one does
+        (:meth:`_put_back`), and the next taker runs it once. One that cannot be put back stays on our shelf,
+        kept at the stop, and the next start adopts it (never started: run once).
+        """
+        envelope_id = envelope["id"]
+        if tell(self.dispatcher, RelayDeliver(envelope, reply_connection)):
+            self.counters["drained"] += 1
+            return
+        if not self._put_back(envelope_id):
+            logger.warning("relay: the Dispatcher is gone and {} could not go back into inbox/; it stays on our "
+                           "shelf {} for the next start", envelope_id, self.shelf.path)
 
     @handles(RelayOutcome)
     def _on_relay_outcome(self, msg: RelayOutcome) -> None:
@@ -383,7 +405,7 @@ class RelayActor(TypedActor):
         where = path.parent
         if path == self.paths.relay.roster:
             if self.roster is not None:
-                self.roster.tell(RemoteRosterHint())
+                tell(self.roster, RemoteRosterHint())
             return
         envelope_id = id_of_file_name(path.name)
         if envelope_id is None:
@@ -413,16 +435,18 @@ class RelayActor(TypedActor):
         if self.paths.relay.base in self.unfixable:
             return  # bot_relay/ itself unusable (logged once by the clean-up): nothing below it can be used
         self._keep_shelf()
-        self._take_over()
+        if not self.stopping.is_set():  # stopping: a dead gateway's work is left to the next taker
+            self._take_over()
         for record, reply_connection in list(self.unwritten.values()):  # delivered/ may be back
             self._write_delivered(record, reply_connection)
         replies = set(rf.list_ids(self.paths.relay.replies))
         for envelope_id in [e for e in self.outbound.waiting if e in replies]:
             self.outbound.check_reply(envelope_id)
-        for envelope_id in rf.list_ids(self.paths.inbox, oldest_first=True):
-            self._take(envelope_id)
+        if not self.stopping.is_set():  # (_take checks it again: it may be set meanwhile)
+            for envelope_id in rf.list_ids(self.paths.inbox, oldest_first=True):
+                self._take(envelope_id)
         if self.roster is not None:
-            self.roster.tell(RemoteRosterHint())
+            tell(self.roster, RemoteRosterHint())
 
     def _take_over(self) -> None:
         """Take over the work of the gateways on this root that died or stopped since the last rescan.

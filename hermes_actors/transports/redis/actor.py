@@ -25,6 +25,7 @@ the file relay's schedule: :func:`~hermes_actors.relay.relay_actor.housekeeping_
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import ActorGone, AskTimeout, Scheduler, TypedActor, ask, handles
+from actors import ActorGone, AskTimeout, Scheduler, TypedActor, ask, handles, tell
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.messages import (
     ForgetSent,
@@ -89,6 +90,8 @@ class RedisRelayActor(TypedActor):
         local_profiles: folder ids of this root (to resume only our own envelopes).
         root: the Hermes root (where relayed-in turns mark their start, and their replies are kept until written).
         fsync: flush a kept reply to stable storage (as the start marks are: with the journal's fsync).
+        stopping: set by the gateway's stop before the Dispatcher stops accepting (read here only): from then on
+            no inbox entry is read or taken (each stays pending for the next start), as the file relay's ``inbox/``.
     """
 
     def __init__(
@@ -104,8 +107,10 @@ class RedisRelayActor(TypedActor):
         local_profiles: frozenset[str] = frozenset(),
         root: Path,
         fsync: bool = True,
+        stopping: threading.Event | None = None,
     ) -> None:
         super().__init__()
+        self.stopping = stopping if stopping is not None else threading.Event()
         self.settings = settings
         self.guard = guard
         self.consumer = guard.consumer
@@ -120,7 +125,8 @@ class RedisRelayActor(TypedActor):
         self.outbound = Outbound(self.redis_link, config=config, timers=self.timers, dispatcher=dispatcher,
                                  local_profiles=local_profiles, counters=self.counters)
         self.inbound = InboundDrain(self.redis_link, guard=guard, config=config, dispatcher=dispatcher,
-                                    counters=self.counters, marks=InboxPaths.from_root(root), fsync=fsync)
+                                    counters=self.counters, marks=InboxPaths.from_root(root), fsync=fsync,
+                                    stopping=self.stopping)
         self.dispatcher = dispatcher
         self.reader: StreamReader | None = None
         self.inbox_room: InboxRoom | None = None
@@ -150,9 +156,9 @@ class RedisRelayActor(TypedActor):
         self.heartbeat = Heartbeat(self.settings, self.keys, self.me, self.consumer,
                                    owner_alive=self.actor_ref.is_alive).start()
         self._periodic()
-        heartbeat = self.heartbeat
-        room = InboxRoom(self.config.max_queued, lambda: len(self.inbound.flights),
-                         closed=lambda: heartbeat.lease_lost)  # a second process holds our connection id
+        heartbeat, stopping = self.heartbeat, self.stopping
+        room = InboxRoom(self.config.max_queued, lambda: len(self.inbound.flights),  # closed: a second process
+                         closed=lambda: heartbeat.lease_lost or stopping.is_set())  # holds our id, or we stop
         self.inbox_room = room
         self.reader = StreamReader(self.settings, self.keys, self.me, self.consumer, self.actor_ref,
                                    room=room).start()
@@ -192,8 +198,8 @@ class RedisRelayActor(TypedActor):
         a resumed reply deadline may already have reported a DM that was answered as timed out.
         """
         entries = self.outbound.resume()
-        if entries:
-            self.dispatcher.tell(RelayResumed(entries))
+        if entries:  # a Dispatcher gone (a stop): the next start resumes them again
+            tell(self.dispatcher, RelayResumed(entries))
         # Only this process reads our stream (the lease): every entry pending on it is a dead run's.
         self._reclaim(kinds=("replies",), idle_ms=0)
 
@@ -249,7 +255,7 @@ class RedisRelayActor(TypedActor):
     def _report_unreachable(self) -> None:
         """Redis just went down: DMs to other machines are refused "unreachable", not "no teammate"."""
         if self.roster is not None:
-            self.roster.tell(RemoteRows(tuple(self.remote), time.time(), unreachable=self.settings.address))
+            tell(self.roster, RemoteRows(tuple(self.remote), time.time(), unreachable=self.settings.address))
 
     @handles(RosterChanged)
     def _on_roster_changed(self, msg: RosterChanged) -> None:
@@ -378,7 +384,7 @@ class RedisRelayActor(TypedActor):
                       key=lambda r: (r.connection_id, r.profile))
         self.remote = rows
         if self.roster is not None:
-            self.roster.tell(RemoteRows(tuple(rows), time.time()))
+            tell(self.roster, RemoteRows(tuple(rows), time.time()))
 
     def _warn_bad_keys(self, problems: dict[str, str]) -> None:
         """Log each key of the wrong type once while it lasts (the roster is read every heartbeat), and its fix."""

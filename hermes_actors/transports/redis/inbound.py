@@ -21,6 +21,7 @@ other (``Outbound.on_reply_entry``).
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
+from actors import tell
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
@@ -152,12 +154,15 @@ class InboundDrain:
             before it runs, whatever carried it; its reply is kept there before it is written to
             Redis, and the mark cleared once it is in.
         fsync: flush a kept reply to stable storage, as the start mark itself is (with the journal's fsync).
+        stopping: set by the gateway's stop before the Dispatcher stops accepting: from then on no inbox entry
+            is taken; each is left pending, unacked, for a consumer of this connection to reclaim (the next start).
     """
 
     def __init__(self, link: RedisLink, *, guard: ClaimGuard, config: BotModeConfig,
                  dispatcher: pykka.ActorRef[Any], counters: dict[str, int], marks: InboxPaths,
-                 fsync: bool = True) -> None:
+                 fsync: bool = True, stopping: threading.Event | None = None) -> None:
         self.link = link
+        self.stopping = stopping if stopping is not None else threading.Event()
         self.marks = marks
         self.fsync = fsync
         self.guard = guard
@@ -178,7 +183,9 @@ class InboundDrain:
         return sorted({i for f in self.flights.values() for i in f.entry_ids})
 
     def on_entry(self, entry_id: str, fields: dict[Any, Any]) -> None:
-        """One entry of our inbox (new, re-offered or reclaimed)."""
+        """One entry of our inbox (new, re-offered or reclaimed); once the stop began, left pending, unacked."""
+        if self.stopping.is_set():  # the Dispatcher no longer accepts: reclaimed after the claim idle, run then
+            return
         link = self.link
         inbox = link.keys.inbox(link.me)
         try:
@@ -231,9 +238,16 @@ class InboundDrain:
         if ttl > 0 and is_expired(envelope, ttl, time.time()):
             self._expire(envelope, ttl)
             return
-        self.counters["drained"] += 1
         self.guard.admit(envelope_id, envelope["target_handle"], envelope["target_connection"])
-        self.dispatcher.tell(RelayDeliver(envelope, flight.reply_to))
+        if not tell(self.dispatcher, RelayDeliver(envelope, flight.reply_to)):
+            # the Dispatcher is gone (a stop, or its failure): never a crash of this actor, which would drop what
+            # is queued behind; never started, the entry is left unacked as a stop's cancelled one is (on_outcome)
+            del self.flights[envelope_id]
+            self.guard.forget(envelope_id)
+            self.counters["returned"] += 1
+            logger.info("redis: the Dispatcher is gone; {} left in our inbox for the next start", envelope_id)
+            return
+        self.counters["drained"] += 1
         logger.debug("redis: delivering {} (@{})", envelope_id, envelope["target_handle"])
 
     def _expire(self, envelope: dict[str, Any], ttl: float) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from actors import TimerHandle, TimerSet
+from actors import TimerHandle, TimerSet, tell
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
@@ -251,7 +251,10 @@ class Outbound:
         for timer in entry.timers:
             timer.cancel()
         self.expire_due.discard(envelope_id)
-        self.dispatcher.tell(RelayedOutcome(outcome))
+        if not tell(self.dispatcher, RelayedOutcome(outcome)):  # gone (a stop): never a crash of this actor
+            logger.info("redis: the Dispatcher is gone: the outcome of {} is left to the next start (its sent record "
+                        "and reply entry stay)", envelope_id)
+            return
         self.reported[envelope_id] = None
         if len(self.reported) > REPORTED_KEEP:
             self.reported.popitem(last=False)
