@@ -171,6 +171,15 @@ class E2ERoot:
         config.setdefault("bot_mode", {}).update(values)
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
 
+    def list_actors_first(self) -> None:
+        """Put ``platforms.hermes_actors`` before ``platforms.api_server`` in the root's config.yaml: hermes then
+        connects our platform (the actors start) before its API server."""
+        path = self.root / "config.yaml"
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        platforms = config.get("platforms") or {}
+        config["platforms"] = {"hermes_actors": platforms.pop("hermes_actors"), **platforms}
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+
     def keep_actors_out_of_the_gateway(self) -> None:
         """``platforms.hermes_actors.enabled: false``: the hermes gateway serves warm turns only, ``serve`` hosts."""
         path = self.root / "config.yaml"
@@ -283,12 +292,14 @@ def start_serve(procs: Processes, e2e: E2ERoot, name: str = "serve") -> subproce
     return proc
 
 
-def start_hermes_gateway(procs: Processes, e2e: E2ERoot, port: int, *, hosts: bool = True) -> subprocess.Popen[Any]:
+def start_hermes_gateway(procs: Processes, e2e: E2ERoot, port: int, *, hosts: bool = True,
+                         api: bool = True) -> subprocess.Popen[Any]:
     """``hermes gateway run`` on the root, returned once its API server answers (and it hosts our actors).
 
     Args:
         hosts: whether the root's config has the gateway host the actors; False: only its API
             server is waited for (see :meth:`E2ERoot.keep_actors_out_of_the_gateway`).
+        api: wait for the API server too; False: returned as soon as it hosts our actors.
     """
     from hermes_actors.hermes.api_client import ApiServer
     from hermes_actors.hermes.select import probe_api_server
@@ -304,7 +315,7 @@ def start_hermes_gateway(procs: Processes, e2e: E2ERoot, port: int, *, hosts: bo
             answer = ping(e2e.root)
             if answer is None or answer.get("pid") != proc.pid:
                 return False
-        return probe_api_server(server)
+        return not api or probe_api_server(server)
 
     await_condition(up, timeout=START_TIMEOUT, interval=POLL_SECONDS,
                     message="the hermes gateway's API server" + (" and its actors" if hosts else ""))

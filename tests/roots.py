@@ -29,9 +29,9 @@ from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
 
 __all__ = [
-    "HERMES_019", "LogCapture", "RecordingRunner", "TurnLog", "TurnRecord", "assert_gone", "body_of", "is_online",
-    "logged_turns", "make_root", "process_alive", "send_dm", "start_gateway", "wait_online", "write_fake_cli",
-    "write_profile",
+    "HERMES_019", "AnsweringApi", "LogCapture", "RecordingRunner", "TurnLog", "TurnRecord", "assert_gone", "body_of",
+    "is_online", "logged_turns", "make_root", "process_alive", "send_dm", "start_gateway", "wait_online",
+    "write_fake_cli", "write_profile",
 ]
 
 
@@ -361,3 +361,36 @@ def watch_pool_joins(monkeypatch: Any) -> list[float]:
 
     monkeypatch.setattr(WorkerPool, "shutdown", shutdown)
     return joins
+
+
+class AnsweringApi:
+    """A 127.0.0.1 HTTP server answering every GET /health with ``health`` (and ``{"status": "ok"}``), any other
+    GET with ``sessions``: with 200 and 200, what hermes' API server answers to our probe. On ``port`` (0: a free
+    one); :meth:`close` stops it."""
+
+    def __init__(self, health: int = 200, sessions: int = 200, port: int = 0) -> None:
+        import http.server
+
+        codes = {"/health": health}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                code = codes.get(self.path.split("?")[0], sessions)
+                body = b'{"status": "ok"}' if self.path == "/health" else b"{}"
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)

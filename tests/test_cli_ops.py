@@ -15,6 +15,7 @@ import pytest
 import yaml
 from roots import (
     HERMES_019,
+    AnsweringApi,
     LogCapture,
     RecordingRunner,
     make_root,
@@ -568,7 +569,8 @@ def test_doctor_says_what_an_unmanaged_profile_means(
     (None, False, True, WARN, "API_SERVER_KEY is not set or shorter than 16 characters"),
     (None, False, False, OK, "not configured: turns run with the hermes CLI"),
     ("127.0.0.1:8642", False, False, WARN, "does not answer: turns run with the hermes CLI until it does"),
-    ("127.0.0.1:8642", True, False, OK, "through the hermes API server 127.0.0.1:8642"),
+    ("127.0.0.1:8642", True, False, OK, "the hermes API server 127.0.0.1:8642 answers (a probe just now; no host "
+                                        "runs"),  # no host: only the probe can be said
 ], ids=["key-missing", "not-configured", "down", "warm"])
 def test_doctor_says_whether_turns_run_warm(
     tmp_path: Path, server: str | None, answers: bool, key_missing: bool, level: str, says: str
@@ -579,35 +581,66 @@ def test_doctor_says_whether_turns_run_warm(
     assert check.level == level and says in check.detail, check
 
 
-class _Answering:
-    """A 127.0.0.1 HTTP server answering every GET with ``status`` (and ``{"status": "ok"}`` on /health)."""
+@pytest.mark.parametrize(("host", "level", "says"), [
+    (None, OK, "answers (a probe just now; no host runs: one that starts runs its turns warm through it)"),
+    ({"pid": 7, "turns_via": "warm", "cli_seconds": 0.0}, OK,
+     "through the hermes API server 127.0.0.1:8642 (the running host, pid 7, runs its next turn there)"),
+    ({"pid": 7, "turns_via": "starting", "cli_seconds": 0.0}, OK, "the running host, pid 7, runs its next turn there"),
+    ({"pid": 7, "turns_via": "cli", "cli_seconds": 24.6}, WARN,
+     "answers, but the running host (pid 7) runs turns with the hermes CLI for up to 25 s more"),
+    ({"pid": 7, "turns_via": "cli", "cli_seconds": None}, WARN, "runs every turn with the hermes CLI"),
+    ({"pid": 7}, OK, "answers (a probe just now; the running host, pid 7, does not say how its turns run)"),
+], ids=["no-host", "host-warm", "host-starting", "host-cli-for-now", "host-cli-for-good", "host-says-nothing"])
+def test_doctor_says_warm_turns_are_ok_only_when_the_running_host_runs_them_warm(
+    tmp_path: Path, host: dict[str, Any] | None, level: str, says: str
+) -> None:
+    from hermes_actors.ops.doctor_checks import check_warm_turns
 
-    def __init__(self, health: int, sessions: int) -> None:
-        import http.server
+    check = check_warm_turns(tmp_path, "127.0.0.1:8642", True, False, host=host)
+    assert check.level == level and says in check.detail, check
+    assert check.level == OK or check.fix, check
 
-        codes = {"/health": health}
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                code = codes.get(self.path.split("?")[0], sessions)
-                body = b'{"status": "ok"}' if self.path == "/health" else b"{}"
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+def test_doctor_says_the_gateway_hosting_the_actors_waits_for_its_api_server_starting(tmp_path: Path) -> None:
+    from hermes_actors.ops.doctor_checks import check_warm_turns
 
-            def log_message(self, *args: object) -> None:
-                pass
+    check = check_warm_turns(tmp_path, "127.0.0.1:8642", False, False, "does not answer (refused)",
+                             host={"pid": 7, "turns_via": "starting", "cli_seconds": 0.0})
+    assert check.level == WARN and check.detail == (
+        "the hermes API server 127.0.0.1:8642 does not answer yet: the running host (pid 7, the hermes gateway) "
+        "waits for it to start, up to 30 s from its own start, then runs turns with the hermes CLI until it answers")
+    assert str(tmp_path / "logs" / "gateway.log") in check.fix
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+def test_doctor_does_not_say_warm_turns_are_ok_while_the_running_host_runs_them_with_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_hermes_cli: None
+) -> None:
+    """Regression (acceptance, hermes 0.19): `doctor` said `[ok] warm turns: through the hermes API server` while
+    the hermes gateway hosting the actors ran every DM as a cold CLI turn (its API server had answered a probe,
+    the host's runner had not tried it again yet). The host's ping now says how its turns run."""
+    from hermes_actors.hermes.api_client import ApiServer
+    from hermes_actors.hermes.api_runner import ApiRunner
+    from hermes_actors.hermes.cli_runner import HermesCliRunner
+    from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
+
+    monkeypatch.delenv("API_SERVER_KEY", raising=False)
+    api = AnsweringApi()
+    try:
+        key = "k" * 20
+        root = make_root(tmp_path, config={
+            "platforms": {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1", "port": api.port,
+                                                                    "key": key}}},
+            "gateway": {"multiplex_profiles": True}})
+        cold = WarmOrCliRunner(ApiRunner(ApiServer("127.0.0.1", api.port, key)), HermesCliRunner("/bin/sh"),
+                               cold=True)  # its start's probe found no API server: the CLI for 30 s
+        with Gateway(root, runner=cold, serve_submit=True):
+            main(["doctor", "--root", str(root), "--json"])
+    finally:
+        api.close()
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["warm turns"]  # type: ignore[union-attr]
+    assert check["level"] == WARN, check
+    assert f"the hermes API server 127.0.0.1:{api.port} answers, but the running host (pid {os.getpid()}) runs " \
+           "turns with the hermes CLI for up to" in check["detail"], check
 
 
 @pytest.mark.parametrize(("health", "sessions", "needle", "fix"), [
@@ -623,7 +656,7 @@ def test_doctor_names_an_api_server_that_answers_but_not_as_ours_expects(
     from hermes_actors.hermes.select import api_server_problem
     from hermes_actors.ops.doctor_checks import check_warm_turns
 
-    fake = _Answering(health, sessions)
+    fake = AnsweringApi(health, sessions)
     try:
         problem = api_server_problem(ApiServer("127.0.0.1", fake.port, "k" * 20))
     finally:

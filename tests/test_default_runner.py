@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import LogCapture, RecordingRunner, make_root
+from roots import AnsweringApi, LogCapture, RecordingRunner, make_root
 
 from hermes_actors import Gateway
 from hermes_actors.core.wake import wake_id
@@ -113,8 +113,42 @@ def test_warm_turns_off_at_the_start_are_a_warning_unless_hosted_in_the_gateway(
     levels = [r["level"].name for r in logs.records if "hermes API server" in r["message"]]
     if host == "serve":
         assert len(said) == 1 and levels == ["WARNING"], logs.lines
+        assert runner.turns_now()["turns_via"] == "cli"
     else:
         assert said == [] and levels == ["INFO"], logs.lines
+        assert logs.matching("wait up to 30 s from now for the hermes API server", "this hermes gateway is starting")
+        assert runner.turns_now()["turns_via"] == "starting"  # its turns wait for the server (a warning if never)
+
+
+class _Recording:
+    """Stands in for one path of a WarmOrCliRunner: records the turns it runs, answers its name."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.turns, self.server, self.cli = name, [], f"{name}-server", f"{name}-cli"
+
+    def run_turn(self, turn: Turn) -> str:
+        self.turns.append(turn.delivery_id)
+        return self.name
+
+    def in_flight(self, profile: str) -> str | None:
+        return None
+
+
+def test_hosted_in_the_gateway_a_turn_runs_warm_once_its_api_server_answers(tmp_path: Path) -> None:
+    """Regression (acceptance, hermes 0.19, `platforms.hermes_actors` listed before `api_server`): the runner chosen
+    as our platform connected found the gateway's own API server not up yet and ran every DM of the next 30-40 s as
+    a cold CLI turn, though the server answered a second later."""
+    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
+    port = _closed_port()
+    runner = default_runner(tmp_path, _warm_config(port), cli="/bin/sh", env={})  # our platform connects first
+    api = AnsweringApi(port=port)  # then the gateway's API server
+    try:
+        assert isinstance(runner, WarmOrCliRunner)
+        runner.warm, runner.cli = _Recording("warm"), _Recording("cli")  # type: ignore[assignment]
+        assert runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path)) == "warm"
+    finally:
+        api.close()
+    assert runner.cli.turns == []  # type: ignore[attr-defined]
 
 
 def test_the_no_cli_failure_names_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

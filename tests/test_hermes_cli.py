@@ -129,6 +129,44 @@ def test_a_hermes_gateway_hosts_the_actors_only_where_enable_gateway_asked_it_to
     assert "hermes_actors" not in yaml.safe_load((root / "config.yaml").read_text()).get("platforms", {})
 
 
+_ORDER = (
+    "import json; from gateway.config import load_gateway_config; "
+    "print(json.dumps([str(p.value) for p in load_gateway_config().platforms]))"
+)
+
+
+def platform_order(offline_root: OfflineRoot) -> list[str]:
+    """The order the real ``hermes gateway run`` of this root connects its platforms in (hermes' own loader)."""
+    done = subprocess.run([sys.executable, "-c", _ORDER], env=offline_root.env, cwd=offline_root.root,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [p for p in json.loads(done.stdout.strip().splitlines()[-1]) if p in ("api_server", "hermes_actors")]
+
+
+def test_enable_gateway_lists_the_api_server_before_the_actors_platform(
+    hermes_cli: str, offline_root: OfflineRoot
+) -> None:
+    """Regression (acceptance, hermes 0.19): a `platforms.hermes_actors` block before the `api_server` block that
+    enable --gateway appends (the user's own, as here, or one left by an older enable/disable) made hermes, which
+    connects platforms in config order, start the actors before the API server: their turns ran on the CLI.
+    enable now moves ours after it, keeping the rest of the file."""
+    root = offline_root.root
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["platforms"] = {"hermes_actors": {"enabled": False, "extra": {"host_actors": True}}}  # the user's own
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    report = enable(root, gateway=True, port=8765, cli=hermes_cli, env={})
+    assert platform_order(offline_root) == ["api_server", "hermes_actors"]
+    assert any("moved platforms.hermes_actors after platforms.api_server" in line for line in report.changed), report
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    assert config["platforms"]["hermes_actors"] == {"enabled": True, "extra": {"host_actors": True}}
+    assert config["model"]["provider"] == "custom"  # other keys kept
+    assert enable(root, gateway=True, port=8765, cli=hermes_cli, env={}).changed == []  # in order: nothing to move
+    disable(root)
+    left = yaml.safe_load((root / "config.yaml").read_text())["platforms"]
+    assert list(left) == ["hermes_actors"] and left["hermes_actors"]["enabled"] is False  # the user's switch is back
+
+
 def test_enable_skips_a_profile_hermes_cannot_run_and_says_why(hermes_cli: str, offline_root: OfflineRoot) -> None:
     upper = offline_root.root / "profiles" / "UPPER"
     upper.mkdir()

@@ -252,6 +252,28 @@ def test_round_trip_hosted_in_the_hermes_gateway_with_warm_turns(
     assert [p for p, _ in model.overlaps if p in ("alice", "bob")] == []
 
 
+def test_with_the_actors_platform_listed_first_a_dm_right_after_the_gateway_start_runs_warm(
+    tmp_path: Path, model: FakeModel, procs: Processes
+) -> None:
+    """Regression (acceptance, hermes 0.19, 2/2): with `platforms.hermes_actors` before `api_server` in config.yaml
+    hermes connects our platform first; the actors' runner found no API server and every DM of the next 30-40 s
+    ran as a cold `hermes -p bob chat` process. A turn now waits for the gateway's API server and runs warm."""
+    assert _CLI is not None
+    e2e = make_e2e_root(tmp_path, model, ["alice", "bob"], _CLI)
+    port = free_port()
+    e2e.enable("--gateway", "--port", str(port))
+    e2e.list_actors_first()  # a config.yaml an earlier enable left so, or written by hand
+    start_hermes_gateway(procs, e2e, port, api=False)  # the actors answer: its API server may not yet
+    bob_reads = dm_text("Alice", "alice", "right after the start")
+    bob_turn = model.hold(turn_of("bob", bob_reads))
+    ack = submit_dm(e2e.root, "alice", "bob", "right after the start", hop=1)
+    assert ack["status"] == "queued", ack
+    held = bob_turn.wait_entered(FLOW_TIMEOUT)
+    assert held.platform == "api_server"  # warm, through the gateway's API server: not a CLI process
+    bob_turn.release()
+    model.wait_for(turn_of("alice", f"Reply from @bob: bob got: {bob_reads}"), FLOW_TIMEOUT, answered=True)  # WAKE
+
+
 def test_nested_dm_is_refused_past_the_hop_limit(warm: E2ERoot, warm_model: FakeModel, procs: Processes) -> None:
     model = warm_model
     text = "DM dave: DM bob: the deep question"

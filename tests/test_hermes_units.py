@@ -329,3 +329,20 @@ def test_argv_for_0_19_shows_a_nul_as_a_replacement_character() -> None:
     turn = Turn(profile="bob", content="a\x00b", delivery_id="d1")
     argv = make_runner(ChatFlags(no_restore_cwd=True)).argv(turn, None)
     assert argv[-1] == "--query=a\ufffdb"
+
+
+@pytest.mark.parametrize(("mapping", "expected"), [
+    ({"hermes_actors": 1, "api_server": 2}, ["api_server", "hermes_actors"]),
+    ({"hermes_actors": 1, "telegram": 3, "api_server": 2, "slack": 4},
+     ["telegram", "api_server", "hermes_actors", "slack"]),  # just after it; the others keep their order
+    ({"api_server": 2, "hermes_actors": 1}, None),  # in order already
+    ({"hermes_actors": 1}, None),  # nothing to follow
+    ({"api_server": 2}, None),
+], ids=["swapped", "between-others", "in-order", "no-api-server", "no-block-of-ours"])
+def test_key_moved_after(mapping: dict[str, int], expected: list[str] | None) -> None:
+    from hermes_actors.hermes.recorded_edits import key_moved_after
+
+    before = dict(mapping)
+    moved = key_moved_after(mapping, "hermes_actors", "api_server")
+    assert (None if moved is None else list(moved)) == expected
+    assert mapping == before and (moved is None or moved == mapping)  # same keys and values; the input untouched

@@ -16,8 +16,10 @@ import pytest
 from roots import LogCapture
 
 from hermes_actors.errors import TurnFailed
+from hermes_actors.hermes.api_client import ApiServerProblem
+from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.gateway_process import gateway_pid
-from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner, falls_back
+from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner, falls_back, turn_path, turns_info, while_starting
 from hermes_actors.messages import Turn
 
 TURN = Turn(profile="bob", content="hi", delivery_id="d1", root=Path("/r"))
@@ -45,6 +47,9 @@ class Fake:
 
     def in_flight(self, profile: str) -> str | None:
         return None  # no chat request of ours is open
+
+    def stop_turns(self, delivery_ids: list[str] | None = None) -> int:
+        return 0  # no turn process of its own runs
 
 
 class Clock:
@@ -515,3 +520,139 @@ def test_a_warm_turn_cut_by_the_stop_of_the_gateway_hosting_us_is_still_running_
     assert (caught.value.text, caught.value.reason, caught.value.ambiguous) == (_AT_STOP, "runtime_offline", True)
     assert cli.turns == []  # never run again
     sign.stopping = False
+
+
+# ── inside the hermes gateway hosting the actors: its API server may still be starting ─────────────────
+
+
+DOWN = ApiServerProblem("does not answer ([Errno 111] Connection refused)", False)
+OTHER = ApiServerProblem("answered HTTP 404 on /health, not as hermes' API server does: another program may hold "
+                         "the port", True)
+
+
+@pytest.mark.parametrize(("now", "cli_until", "starting", "expected"), [
+    (100.0, 0.0, False, "warm"),
+    (100.0, 130.0, False, "cli"),  # after a fallback: the CLI until the server is tried again
+    (130.0, 130.0, False, "warm"),
+    (100.0, 0.0, True, "starting"),  # the server of the gateway hosting us may still be starting: probe first
+    (100.0, 130.0, True, "starting"),
+], ids=["warm", "cli-after-fallback", "tried-again", "starting", "starting-wins"])
+def test_turn_path(now: float, cli_until: float, starting: bool, expected: str) -> None:
+    assert turn_path(now, cli_until, starting) == expected
+
+
+@pytest.mark.parametrize(("now", "problem", "expected"), [
+    (100.0, None, "warm"),
+    (100.0, DOWN, "wait"),
+    (129.9, DOWN, "wait"),
+    (130.0, DOWN, "cli"),  # the wait is over
+    (100.0, OTHER, "cli"),  # something else answers on its port: waiting will not cure it
+    (130.0, None, "warm"),  # answering is all that counts, however late
+], ids=["answers", "not-yet", "just-before-the-end", "over", "misconfigured", "answers-late"])
+def test_while_starting(now: float, problem: ApiServerProblem | None, expected: str) -> None:
+    assert while_starting(now, 130.0, problem) == expected
+
+
+class Probes:
+    """A probe of the API server that sees what it is told, in turn, then the last thing for good; it may move
+    the runner's clock on and run something at each probe (what another thread would do meanwhile)."""
+
+    def __init__(self, clock: Clock, seen: list[ApiServerProblem | None], *, step: float = 0.0,
+                 then: Callable[[int], None] | None = None) -> None:
+        self.clock, self.seen, self.step, self.then = clock, list(seen), step, then
+        self.calls = 0
+
+    def __call__(self, timeout: float) -> ApiServerProblem | None:
+        assert 0 < timeout <= 2.0  # one probe never takes longer than the time left, nor 2 s
+        self.calls += 1
+        self.clock.now += self.step
+        if self.then is not None:
+            self.then(self.calls)
+        return self.seen.pop(0) if len(self.seen) > 1 else self.seen[0]
+
+
+def starting(probe: Callable[[Clock], Probes]) -> tuple[WarmOrCliRunner, Fake, Fake, Clock, Probes]:
+    """A runner made as the hermes gateway hosting the actors starts: turns wait 30 s for its API server."""
+    warm, cli, clock = Fake("warm"), Fake("cli"), Clock()
+    probes = probe(clock)
+    runner = WarmOrCliRunner(warm, cli, await_server=30, probe=probes, retry_seconds=30,  # type: ignore[arg-type]
+                             clock=clock)
+    runner.probe_every = 0.001  # the pause between two probes (the probes here answer at once)
+    return runner, warm, cli, clock, probes
+
+
+def test_in_the_gateway_a_turn_waits_for_the_api_server_starting_and_runs_warm(tmp_path: Path) -> None:
+    """Regression (acceptance, hermes 0.19): with `platforms.hermes_actors` listed before `api_server`, the gateway
+    connected our platform first; the API server was not up yet, and every DM for the next 30-40 s ran as a cold
+    `hermes chat` process (8-29 s each) until the 30 s re-probe found it. A turn now waits for it and runs warm."""
+    runner, warm, cli, _, probes = starting(lambda clock: Probes(clock, [DOWN, DOWN, None], step=1.0))
+    assert runner.turns_now() == {"turns_via": "starting", "cli_seconds": 0.0}
+    with LogCapture("INFO") as logs:
+        assert runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path)) == "warm: hi"
+    assert (warm.turns, cli.turns, probes.calls) == (["d1"], [], 3)
+    assert logs.matching("the hermes API server warm-server answers: turns run warm")
+    assert not [r for r in logs.records if r["level"].name == "WARNING"], logs.lines
+    # warm from then on: no more probes
+    assert runner.run_turn(Turn(profile="bob", content="again", delivery_id="d2", root=tmp_path)) == "warm: again"
+    assert probes.calls == 3 and runner.turns_now()["turns_via"] == "warm"
+
+
+def test_in_the_gateway_an_api_server_that_never_answers_falls_back_to_the_cli_with_a_warning(tmp_path: Path) -> None:
+    """Bounded: 30 s after the host's start (the turn's own wait counted), the CLI as after any fallback, and the
+    WARNING docs/hermes.md names (`warm turns are off at the start: …`), once; later turns try the server again."""
+    runner, warm, cli, clock, probes = starting(lambda clock: Probes(clock, [DOWN], step=12.0))
+    with LogCapture("INFO") as logs:
+        assert runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path)) == "cli: hi"
+        assert probes.calls == 3  # at 12 s and 24 s it waits; at 36 s the wait is over
+        assert runner.run_turn(Turn(profile="bob", content="b", delivery_id="d2", root=tmp_path)) == "cli: b"
+    assert (warm.turns, cli.turns, probes.calls) == ([], ["d1", "d2"], 3)  # no probe once it gave up
+    warned = [r["message"] for r in logs.records if r["level"].name == "WARNING"]
+    assert warned == [f"warm turns are off at the start: the hermes API server warm-server does not answer ([Errno "
+                      f"111] Connection refused) 36 s after this hermes gateway began hosting the actors; turns on "
+                      f"{tmp_path} run with the hermes CLI cli-cli (2–4 s of CPU each) until it answers (hermes says "
+                      f"in {tmp_path / 'logs' / 'gateway.log'} why its API server did not start)"], logs.lines
+    assert runner.turns_now() == {"turns_via": "cli", "cli_seconds": 30.0}
+    clock.now += 30  # as after any fallback: the server is tried again
+    assert runner.run_turn(Turn(profile="bob", content="c", delivery_id="d3", root=tmp_path)) == "warm: c"
+
+
+def test_in_the_gateway_something_else_on_the_api_servers_port_is_not_waited_for(tmp_path: Path) -> None:
+    runner, warm, _, _, probes = starting(lambda clock: Probes(clock, [OTHER]))
+    with LogCapture("WARNING") as logs:
+        assert runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path)) == "cli: hi"
+    assert (warm.turns, probes.calls) == ([], 1)
+    assert logs.matching("the hermes API server warm-server answered HTTP 404", "until it is fixed", "doctor")
+
+
+def test_a_turn_the_stop_ends_while_it_waits_for_the_api_server_never_runs(tmp_path: Path) -> None:
+    """Not warm once the server answers, nor with the CLI once the wait is over: the stop settled it already."""
+    holder: list[WarmOrCliRunner] = []
+
+    def stop_during_the_first_probe(call: int) -> None:
+        if call == 1:
+            holder[0].stop_turns(["d1"])
+
+    runner, warm, cli, _, _ = starting(lambda clock: Probes(clock, [DOWN, None], then=stop_during_the_first_probe))
+    holder.append(runner)
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path))
+    assert caught.value.reason == "cancelled" and "before it began" in caught.value.text
+    assert (warm.turns, cli.turns) == ([], [])
+    runner.release("d1")  # settled: the same id would run again (a journal replay on a later start)
+    assert runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path)) == "warm: hi"
+
+
+def test_turns_info_says_how_a_hosts_turns_run(tmp_path: Path) -> None:
+    """What a host's ping carries for doctor: warm, the CLI for how long (None: for good), nothing for others."""
+    runner, _, _, clock = make(cold=True)
+    assert turns_info(runner) == {"turns_via": "cli", "cli_seconds": 30.0}
+    clock.now += 10
+    assert turns_info(runner) == {"turns_via": "cli", "cli_seconds": 20.0}
+    clock.now += 20
+    assert turns_info(runner) == {"turns_via": "warm", "cli_seconds": 0.0}
+    assert turns_info(HermesCliRunner("/bin/sh")) == {"turns_via": "cli", "cli_seconds": None}
+    assert turns_info(Fake("demo")) == {}
+    waiting, _, _, clock, _ = starting(lambda clock: Probes(clock, [DOWN]))
+    assert turns_info(waiting)["turns_via"] == "starting"
+    clock.now += 30  # no turn came during the wait: the next one tries the server first, as a warm one does
+    assert turns_info(waiting)["turns_via"] == "warm"

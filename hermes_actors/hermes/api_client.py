@@ -3,7 +3,8 @@
 The HTTP layer of :class:`~hermes_actors.hermes.api_runner.ApiRunner`: where the
 server is (:class:`ApiServer`), the request with its bearer key, and the mapping
 of "unreachable", "timed out" and "connection lost" to :class:`TurnFailed`
-reasons (ambiguous once the turn's own request may have reached hermes).
+reasons (ambiguous once the turn's own request may have reached hermes); and
+the probe that tells whether the server answers as ours does (:func:`api_server_problem`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from hermes_actors.core.reasons import DELIVERY_TIMEOUT, RUNTIME_OFFLINE
 from hermes_actors.errors import TurnFailed
 
-__all__ = ["ApiHttpError", "ApiServer", "api_request", "call_api"]
+__all__ = ["ApiHttpError", "ApiServer", "ApiServerProblem", "api_request", "api_server_problem", "call_api"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,3 +165,44 @@ def call_api(
             "is `hermes gateway run` running?",
             reason=RUNTIME_OFFLINE,
         ) from None
+
+
+@dataclass(frozen=True)
+class ApiServerProblem:
+    """Why warm turns cannot use the API server: ``text`` says what was seen; ``misconfigured`` when
+    something answers but not as our config expects (a key it refuses, another server on the port),
+    which waiting will not cure, unlike a gateway not started yet."""
+
+    text: str
+    misconfigured: bool
+
+
+def api_server_problem(server: ApiServer, timeout: float = 2.0) -> ApiServerProblem | None:
+    """Probe ``GET /health``, then an authenticated ``GET /p/default/api/sessions?limit=1``.
+
+    Args:
+        server: the server.
+        timeout: seconds per request.
+
+    Returns:
+        None when both answer as hermes' API server does; else what went wrong.
+    """
+    try:
+        for path, auth in (("/health", False), ("/p/default/api/sessions?limit=1", True)):
+            conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+            try:
+                headers = {"Authorization": f"Bearer {server.key}"} if auth else {}
+                conn.request("GET", path, headers=headers)
+                response = conn.getresponse()
+                body = response.read()
+            finally:
+                conn.close()
+            if auth and response.status in (401, 403):
+                return ApiServerProblem(f"refuses our API_SERVER_KEY (HTTP {response.status}): the key hermes-actors "
+                                        "reads is not the one the running hermes gateway started with", True)
+            if response.status != 200 or (not auth and json.loads(body or b"{}").get("status") != "ok"):
+                return ApiServerProblem(f"answered HTTP {response.status} on {path}, not as hermes' API server does: "
+                                        "another program may hold the port", True)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return ApiServerProblem(f"does not answer ({exc})", False)
+    return None

@@ -26,6 +26,7 @@ from hermes_actors.facade.options import is_real_hermes
 from hermes_actors.hermes.plugin import dm_hop
 from hermes_actors.hermes.submit import SubmitServer
 from hermes_actors.hermes.submit_protocol import OutcomeCall, SendCall, offline_refusal
+from hermes_actors.hermes.warm_or_cli import turns_info
 from hermes_actors.local.command_runner import CommandRunner
 
 if TYPE_CHECKING:
@@ -96,12 +97,14 @@ class _Endpoint:
         from hermes_actors.rooms.remote import room_handler
 
         # The pong says whether turns run hermes (the real one, or a Bot Mode release's CLI): doctor then
-        # knows the hermes CLI and the plugin matter; and the connection id the host runs as (given by
-        # --connection-id, not always in config.yaml): doctor looks for it on Redis.
+        # knows the hermes CLI and the plugin matter; the connection id the host runs as (given by
+        # --connection-id, not always in config.yaml): doctor looks for it on Redis; and how its turns run
+        # now (warm or the CLI, asked at each ping: the real Hermes' runner is chosen as the start ends)
         runs_hermes = gw.runner is None or is_real_hermes(gw.runner) or isinstance(gw.runner, CommandRunner)
         self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw),
                                    roster=gw.roster, room=room_handler(gw),
-                                   info={"runs_hermes": runs_hermes, "connection_id": gw.connection_id})
+                                   info={"runs_hermes": runs_hermes, "connection_id": gw.connection_id},
+                                   live_info=lambda: turns_info(gw.runner))
 
     def open(self) -> _Endpoint:
         self.server.start()

@@ -24,6 +24,7 @@ __all__ = [
     "RecordedEditor",
     "SetupError",
     "SetupReport",
+    "key_moved_after",
     "load_record",
     "read_yaml",
     "record_path",
@@ -158,6 +159,30 @@ def value_at(data: dict[str, Any], keys: list[str]) -> Any:
     return node
 
 
+def key_moved_after(mapping: dict[str, Any], key: str, after: str) -> dict[str, Any] | None:
+    """Pure: ``mapping`` with ``key`` moved to just after ``after`` (the other keys keep their order).
+
+    Args:
+        mapping: a YAML mapping (not changed).
+        key: the key to move.
+        after: the key it must follow.
+
+    Returns:
+        The reordered mapping; None when there is nothing to move (either key is missing, or ``key`` follows
+        ``after`` already).
+    """
+    keys = list(mapping)
+    if key not in mapping or after not in mapping or keys.index(key) > keys.index(after):
+        return None
+    moved: dict[str, Any] = {}
+    for name in keys:
+        if name != key:
+            moved[name] = mapping[name]
+        if name == after:
+            moved[key] = mapping[key]
+    return moved
+
+
 def _parent(data: dict[str, Any], keys: list[str], path: Path) -> tuple[dict[str, Any], int]:
     """The dict holding ``keys[-1]``, creating missing parents; returns it and how many were created."""
     node, created = data, 0
@@ -206,6 +231,29 @@ class RecordedEditor:
                             "before": None if before is _ABSENT else before, "absent": before is _ABSENT,
                             "parents": created})
         self.report.changed.append(f"{path}: {'.'.join(keys)} = {value!r}")
+
+    def move_after(self, path: Path, keys: list[str], key: str, after: str, why: str) -> None:
+        """Move ``key`` of the mapping at ``keys`` just after ``after`` when it comes first (:func:`key_moved_after`).
+
+        Not recorded: only the order changes, which ``disable`` has no reason to put back.
+
+        Args:
+            path: the YAML file.
+            keys: the key path of the mapping (at least one key).
+            key: the key to move.
+            after: the key it must follow.
+            why: why, for the report.
+        """
+        data = read_yaml(path)
+        holder = value_at(data, keys)
+        moved = key_moved_after(holder, key, after) if isinstance(holder, dict) else None
+        if moved is None:
+            return
+        holder.clear()
+        holder.update(moved)
+        write_yaml(path, data, self.report)
+        where = ".".join(keys)
+        self.report.changed.append(f"{path}: moved {where}.{key} after {where}.{after} ({why})")
 
     def list_add(self, path: Path, keys: list[str], item: str) -> None:
         """Append ``item`` to the list at ``keys`` (created when absent)."""

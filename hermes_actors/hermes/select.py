@@ -14,23 +14,19 @@ listing confirm the server before it is used.
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
 from hermes_actors.core.config import load_yaml_file
-from hermes_actors.core.shell import shell_command
-from hermes_actors.hermes.api_client import ApiServer
+from hermes_actors.hermes.api_client import ApiServer, ApiServerProblem, api_server_problem
 from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.gateway_process import gateway_pid
-from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
+from hermes_actors.hermes.warm_or_cli import API_SERVER_START_SECONDS, WarmOrCliRunner, cli_at_start_text
 from hermes_actors.local.runners import TurnRunner
 
 __all__ = [
@@ -145,47 +141,6 @@ def probe_api_server(server: ApiServer, timeout: float = 2.0) -> bool:
     return api_server_problem(server, timeout) is None
 
 
-@dataclass(frozen=True)
-class ApiServerProblem:
-    """Why warm turns cannot use the API server: ``text`` says what was seen; ``misconfigured`` when
-    something answers but not as our config expects (a key it refuses, another server on the port),
-    which waiting will not cure, unlike a gateway not started yet."""
-
-    text: str
-    misconfigured: bool
-
-
-def api_server_problem(server: ApiServer, timeout: float = 2.0) -> ApiServerProblem | None:
-    """Probe ``GET /health``, then an authenticated ``GET /p/default/api/sessions?limit=1``.
-
-    Args:
-        server: the server.
-        timeout: seconds per request.
-
-    Returns:
-        None when both answer as hermes' API server does; else what went wrong.
-    """
-    try:
-        for path, auth in (("/health", False), ("/p/default/api/sessions?limit=1", True)):
-            conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
-            try:
-                headers = {"Authorization": f"Bearer {server.key}"} if auth else {}
-                conn.request("GET", path, headers=headers)
-                response = conn.getresponse()
-                body = response.read()
-            finally:
-                conn.close()
-            if auth and response.status in (401, 403):
-                return ApiServerProblem(f"refuses our API_SERVER_KEY (HTTP {response.status}): the key hermes-actors "
-                                        "reads is not the one the running hermes gateway started with", True)
-            if response.status != 200 or (not auth and json.loads(body or b"{}").get("status") != "ok"):
-                return ApiServerProblem(f"answered HTTP {response.status} on {path}, not as hermes' API server does: "
-                                        "another program may hold the port", True)
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        return ApiServerProblem(f"does not answer ({exc})", False)
-    return None
-
-
 def default_runner(
     root: Path,
     config: Mapping[str, Any] | None = None,
@@ -206,7 +161,8 @@ def default_runner(
 
     Returns:
         A :class:`WarmOrCliRunner` when the root's config names a gateway's API server
-        (warm turns while it answers, the CLI while it does not), else a :class:`HermesCliRunner`.
+        (warm turns while it answers, the CLI while it does not; inside that very gateway, turns
+        wait up to ``API_SERVER_START_SECONDS`` for a server still starting), else a :class:`HermesCliRunner`.
     """
     root = Path(root)
     hermes_config = dict(config) if config is not None else load_yaml_file(root / "config.yaml")
@@ -217,22 +173,20 @@ def default_runner(
         logger.info("turns on {} run with the hermes CLI {}", root, runner.cli)
         return runner
     problem = api_server_problem(server)
-    answers = problem is None
+    # The chat request stays open until hermes answers (a turn reported timed out still runs there).
+    warm = ApiRunner(server, timeout=max(timeout, WARM_ANSWER_SECONDS))
     if problem is None:
         logger.info("turns on {} run warm through the hermes API server {} (with the hermes CLI {} while it "
                     "does not answer)", root, server, runner.cli)
-    elif problem.misconfigured:  # waiting will not cure it: say so where the operator looks
-        logger.warning("the hermes API server {} {}; turns on {} run with the hermes CLI {} (2–4 s of CPU each) until "
-                       "it is fixed ({} says how)", server, problem.text, root, runner.cli,
-                       shell_command("hermes-actors", "doctor", "--root", root))
-    elif gateway_pid(root) == os.getpid():  # hosted in that very gateway: its API server is starting beside us
-        logger.info("turns on {} run with the hermes CLI {} until the hermes API server {} answers", root,
-                    runner.cli, server)
+    elif not problem.misconfigured and gateway_pid(root) == os.getpid():
+        # Hosted in that very gateway, whose API server may connect after our platform (config.yaml lists ours
+        # first): turns wait for it rather than run on the CLI; one that never answers is WarmOrCliRunner's warning
+        logger.info("turns on {} wait up to {:g} s from now for the hermes API server {} this hermes gateway is "
+                    "starting, then run warm (with the hermes CLI {} if it does not answer by then)", root,
+                    API_SERVER_START_SECONDS, server, runner.cli)
+        return WarmOrCliRunner(warm, runner, await_server=API_SERVER_START_SECONDS)
     else:
         # Said once, at the start: turns would otherwise run as CLI turns without a word (seen only with -v);
         # later changes each way are WarmOrCliRunner's "warm turns stopped" warning and its info line
-        logger.warning("warm turns are off at the start: the hermes API server {} {}; turns on {} run with the "
-                       "hermes CLI {} (2–4 s of CPU each) until it answers (start it: {})", server, problem.text,
-                       root, runner.cli, shell_command("hermes", "gateway", "run", env={"HERMES_HOME": root}))
-    # The chat request stays open until hermes answers (a turn reported timed out still runs there).
-    return WarmOrCliRunner(ApiRunner(server, timeout=max(timeout, WARM_ANSWER_SECONDS)), runner, cold=not answers)
+        logger.warning(cli_at_start_text(server, problem, root, runner.cli, in_gateway=False))
+    return WarmOrCliRunner(warm, runner, cold=problem is not None)

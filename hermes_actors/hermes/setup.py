@@ -13,8 +13,9 @@ included, when none are named):
 With ``gateway=True`` the root's ``config.yaml`` also gets
 ``platforms.api_server`` (``enabled: true``, ``extra: {host, port}``) unless one
 is configured, ``platforms.hermes_actors: {enabled: true, extra: {host_actors: true}}``
-(the gateway then hosts the actors: :func:`hermes_actors.hermes.plugin.hosting_configured`) and
-``gateway.multiplex_profiles: true``.
+(the gateway then hosts the actors: :func:`hermes_actors.hermes.plugin.hosting_configured`),
+listed after ``platforms.api_server`` (moved there when it came first: hermes connects
+platforms in that order), and ``gateway.multiplex_profiles: true``.
 
 Every edit is recorded (:mod:`hermes_actors.hermes.recorded_edits`) in
 ``<root>/bot_relay/hermes-actors-enable.json`` as "path, value before, value
@@ -203,6 +204,11 @@ def enable(
             editor.set_default(config, ["platforms", PLATFORM_NAME, "enabled"], True, replace=False)
             editor.set_default(config, ["platforms", PLATFORM_NAME, "extra", HOST_KEY], True)
             editor.set_default(config, ["gateway", "multiplex_profiles"], True, replace=False)
+            # hermes connects platforms in the order config.yaml lists them: the actors' runner, chosen as our
+            # platform connects, then finds the API server up (a block of ours from before, e.g. left with
+            # enabled: false by disable, came first and the new api_server block after it)
+            editor.move_after(config, ["platforms"], PLATFORM_NAME, "api_server",
+                              "hermes connects platforms in this order: the API server is up when the actors start")
     finally:
         save_record(root, record)
     _add_todo(root, report, gateway=gateway, env=env, cli=hermes_cli)

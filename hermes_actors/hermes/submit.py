@@ -31,6 +31,7 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -95,6 +96,7 @@ class SubmitServer:
         read_timeout: seconds a client has to send its whole request (a deadline, not a pause
             between two reads: a client trickling bytes is cut off), and again to take the answer.
         info: extra keys for the ``ping`` answer.
+        live_info: returns more keys for the ``ping`` answer, asked at each ping.
     """
 
     def __init__(
@@ -110,11 +112,12 @@ class SubmitServer:
         max_connections: int = 32,
         read_timeout: float = 5.0,
         info: dict[str, Any] | None = None,
+        live_info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.root = Path(root).expanduser()
         self.path = socket_path(self.root)
         self._calls = SubmitHandlers(root=self.root, send=send, outcome=outcome, status=status, roster=roster,
-                                     room=room, info=dict(info or {}))
+                                     room=room, info=dict(info or {}), live_info=live_info)
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self.read_timeout = read_timeout
         self._slots = threading.BoundedSemaphore(max_connections)

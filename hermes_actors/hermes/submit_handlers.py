@@ -50,6 +50,8 @@ class SubmitHandlers:
         roster: returns the host's roster rows; None: the op is refused.
         room: takes a :class:`RoomCall`, returns its answer; None: the op is refused.
         info: extra keys for the ``ping`` answer.
+        live_info: returns more keys for the ``ping`` answer, asked at each ping (what changes while the host
+            runs); None: none. One that raises adds nothing (logged).
     """
 
     root: Path
@@ -59,6 +61,16 @@ class SubmitHandlers:
     roster: RosterFn | None = None
     room: RoomFn | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    live_info: Callable[[], dict[str, Any]] | None = None
+
+    def _live_info(self) -> dict[str, Any]:
+        if self.live_info is None:
+            return {}
+        try:
+            return dict(self.live_info())
+        except Exception:  # the ping still answers: it says the host is up
+            logger.exception("submit endpoint: the ping's live keys failed")
+            return {}
 
     def answer(self, raw: bytes) -> dict[str, Any]:
         """The answer to one raw request (already read whole, from a peer of the allowed uid).
@@ -76,7 +88,8 @@ class SubmitHandlers:
         if isinstance(call, Ping):
             from hermes_actors import __version__
 
-            return {**self.info, "op": "pong", "pid": os.getpid(), "root": str(self.root), "version": __version__}
+            return {**self.info, **self._live_info(), "op": "pong", "pid": os.getpid(), "root": str(self.root),
+                    "version": __version__}
         try:
             if isinstance(call, SendCall):
                 answer = self.send(call)

@@ -13,6 +13,13 @@ still be running there: until that gateway process has exited
 ``target_busy`` ("NOT delivered — resend shortly"), so two turns never run at once
 in one Bot Chat session. Failing, not waiting: a wait would run on the turn's own
 clock, and a turn reported timed out must not start afterwards.
+
+Inside the hermes gateway that hosts the actors, our platform may connect before
+hermes' API server (hermes connects platforms in the order ``config.yaml`` lists
+them): while that server is starting, a turn waits for it (a probe every half
+second, until :data:`API_SERVER_START_SECONDS` after the host started there)
+instead of running on the CLI; the decisions are :func:`turn_path` and
+:func:`while_starting`.
 """
 
 from __future__ import annotations
@@ -20,14 +27,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
 
 from loguru import logger
 
-from hermes_actors.core.reasons import RUNTIME_OFFLINE, TARGET_BUSY
+from hermes_actors.core.reasons import CANCELLED, RUNTIME_OFFLINE, TARGET_BUSY
 from hermes_actors.core.recovery import running_at_stop_text
+from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TurnFailed
+from hermes_actors.hermes.api_client import ApiServerProblem, api_server_problem
 from hermes_actors.hermes.api_runner import ApiRunner, busy_in_gateway_text
 from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_home, turn_root
 from hermes_actors.hermes.gateway_process import gateway_pid, own_gateway_stopping
@@ -35,11 +45,22 @@ from hermes_actors.hermes.retry import take_back_unanswered, unanswered_since
 from hermes_actors.records import Turn
 from hermes_actors.store.processes import ProcessWatch, process_started_at
 
-__all__ = ["LIVE_TURN_SECONDS", "WarmOrCliRunner", "cut_by_own_stop", "falls_back"]
+__all__ = [
+    "API_SERVER_START_SECONDS", "LIVE_TURN_SECONDS", "StartStep", "TurnPath", "WarmOrCliRunner", "cli_at_start_text",
+    "cut_by_own_stop", "falls_back", "turn_path", "turns_info", "while_starting",
+]
 
 # How long a DM a turn left unanswered in a live gateway holds its bot (a turn a killed host started there):
 # bot_mode.turn_timeout_seconds' default, the longest our side lets a turn run.
 LIVE_TURN_SECONDS = 600.0
+# Inside the hermes gateway hosting the actors: how long after the host's start there turns wait for the gateway's
+# own API server to answer (it connects after our platform when config.yaml lists ours first), then the CLI
+API_SERVER_START_SECONDS = 30.0
+_START_PROBE_SECONDS = 0.5  # between two probes of a turn waiting for it
+
+TurnPath = Literal["warm", "cli", "starting"]
+StartStep = Literal["warm", "wait", "cli"]
+Probe = Callable[[float], "ApiServerProblem | None"]  # timeout in seconds → what the probe saw (None: it answers)
 
 
 def falls_back(failure: TurnFailed) -> bool:
@@ -69,6 +90,91 @@ def cut_by_own_stop(failure: TurnFailed, *, here: bool, stopping: bool) -> TurnF
     return TurnFailed(running_at_stop_text("here"), reason=RUNTIME_OFFLINE, ambiguous=True)
 
 
+def turn_path(now: float, cli_until: float, starting: bool) -> TurnPath:
+    """Pure: how the next turn runs.
+
+    Args:
+        now: the runner's clock.
+        cli_until: until when turns run with the CLI after a fallback (the server is tried again then).
+        starting: the hermes gateway hosting the actors is starting its API server, and no turn has seen it
+            answer or given up on it yet.
+
+    Returns:
+        ``starting``: the turn probes the API server first and waits for it (:func:`while_starting`);
+        ``cli``: the hermes CLI; ``warm``: through the API server.
+    """
+    if starting:
+        return "starting"
+    return "cli" if now < cli_until else "warm"
+
+
+def while_starting(now: float, until: float, problem: ApiServerProblem | None) -> StartStep:
+    """Pure: what a turn does while the hermes gateway hosting the actors starts its API server, given a probe
+    made just now.
+
+    Args:
+        now: the runner's clock.
+        until: when turns stop waiting for the server (:data:`API_SERVER_START_SECONDS` after the host's start).
+        problem: what the probe saw (None: the server answers as hermes' API server does).
+
+    Returns:
+        ``warm``: it answers (turns run warm from now on); ``cli``: something answers on its port but not as our
+        config expects (waiting will not cure it), or ``until`` has come: turns run with the CLI as after any
+        fallback; ``wait``: probe again shortly.
+    """
+    if problem is None:
+        return "warm"
+    if problem.misconfigured or now >= until:
+        return "cli"
+    return "wait"
+
+
+def cli_at_start_text(server: object, problem: ApiServerProblem, root: Path, cli: str, *, in_gateway: bool,
+                      waited: float = 0.0) -> str:
+    """Pure: the WARNING a host logs when its turns run with the CLI from its start though warm turns are configured.
+
+    Args:
+        server: the API server (shown as ``host:port``).
+        problem: what the probe saw.
+        root: the Hermes root.
+        cli: the hermes executable CLI turns run.
+        in_gateway: the host is the hermes gateway whose own API server this is (it waited ``waited`` seconds).
+        waited: seconds turns waited for the server since the host's start (``in_gateway`` only).
+
+    Returns:
+        The line: what was seen, what turns run with and until when, and how to fix or find out more.
+    """
+    if problem.misconfigured:  # waiting will not cure it
+        return (f"the hermes API server {server} {problem.text}; turns on {root} run with the hermes CLI {cli} (2–4 s "
+                f"of CPU each) until it is fixed ({shell_command('hermes-actors', 'doctor', '--root', root)} says how)")
+    if in_gateway:
+        return (f"warm turns are off at the start: the hermes API server {server} {problem.text} {waited:.0f} s after "
+                f"this hermes gateway began hosting the actors; turns on {root} run with the hermes CLI {cli} (2–4 s "
+                f"of CPU each) until it answers (hermes says in {root / 'logs' / 'gateway.log'} why its API server "
+                "did not start)")
+    return (f"warm turns are off at the start: the hermes API server {server} {problem.text}; turns on {root} run "
+            f"with the hermes CLI {cli} (2–4 s of CPU each) until it answers (start it: "
+            f"{shell_command('hermes', 'gateway', 'run', env={'HERMES_HOME': root})})")
+
+
+def turns_info(runner: object) -> dict[str, Any]:
+    """How a host's turns run now, for its ``ping`` answer (``doctor`` reads it).
+
+    Args:
+        runner: the host's runner.
+
+    Returns:
+        ``{"turns_via": "warm" | "cli" | "starting", "cli_seconds": …}`` (:func:`turn_path`; ``cli_seconds``: how
+        long the CLI still runs every turn, None for good: a CLI runner has no API server) for the real Hermes'
+        runners; ``{}`` for any other runner.
+    """
+    if isinstance(runner, WarmOrCliRunner):
+        return runner.turns_now()
+    if isinstance(runner, HermesCliRunner):
+        return {"turns_via": "cli", "cli_seconds": None}
+    return {}
+
+
 class WarmOrCliRunner:
     """Runs each turn through the API server, or through the CLI when the server cannot take it.
 
@@ -76,25 +182,42 @@ class WarmOrCliRunner:
     (a server that is down costs each turn a refused connection, or a connect timeout
     when its address does not answer at all); then one turn tries the server again.
 
+    Inside the hermes gateway hosting the actors, whose API server may still be starting
+    (``await_server``), a turn waits for it instead: it probes the server every half second
+    until it answers (warm from then on) or ``await_server`` seconds have passed since this
+    runner was made (then the CLI, as after a fallback, with one WARNING). The wait runs on
+    the turn's worker thread, counts in the turn's own time, and ends at once when
+    :meth:`stop_turns` ends the turn.
+
     Args:
         warm: the API server's runner.
         cli: the CLI runner.
         cold: start on the CLI (the server did not answer the start's probe).
+        await_server: seconds from now during which turns wait for a server that is starting (0: none).
+        probe: how a waiting turn probes the server (``timeout -> problem``; default
+            :func:`~hermes_actors.hermes.api_client.api_server_problem` of ``warm.server``).
         retry_seconds: how long the CLI runs every turn after a fallback.
         clock: monotonic clock (injectable for tests).
     """
 
     real_hermes = True  # turns run on the real Hermes: ``bot_mode.wake_sender: auto`` wakes senders
 
-    def __init__(self, warm: ApiRunner, cli: HermesCliRunner, *, cold: bool = False, retry_seconds: float = 30.0,
-                 clock: Any = time.monotonic) -> None:
+    def __init__(self, warm: ApiRunner, cli: HermesCliRunner, *, cold: bool = False, await_server: float = 0.0,
+                 probe: Probe | None = None, retry_seconds: float = 30.0, clock: Any = time.monotonic) -> None:
         self.warm = warm
         self.cli = cli
         self.retry_seconds = float(retry_seconds)
         self.clock = clock
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a waiting turn's pause: woken when the turn is ended
         self._cold = cold  # the last warm attempt fell back (the switch is logged once each way)
         self._warm_again_at = clock() + self.retry_seconds if cold else 0.0
+        self._await_until = clock() + await_server if await_server > 0 and not cold else None
+        self._awaited_from = clock()
+        self.probe_every = _START_PROBE_SECONDS  # the pause between two probes of a waiting turn
+        self._probe: Probe = probe if probe is not None else (lambda timeout: api_server_problem(warm.server, timeout))
+        self._waiting: set[str] = set()  # deliveries whose turns wait for the API server to start
+        self._ended: set[str] = set()  # deliveries stop_turns ended (until released): a waiting one never runs
         self._lost_turns: dict[str, ProcessWatch] = {}  # profile → the stopping gateway that may still run its turn
         self._gateway: ProcessWatch | None = None  # the gateway process of the last warm turn
         self._paths: dict[str, ApiRunner | HermesCliRunner] = {}  # delivery id → the runner of its last attempt
@@ -108,6 +231,16 @@ class WarmOrCliRunner:
         with self._lock:
             return self._cold
 
+    def turns_now(self) -> dict[str, Any]:
+        """How the next turn runs (:func:`turn_path`): ``{"turns_via", "cli_seconds"}`` (see :func:`turns_info`).
+
+        Once the wait for a starting server is over, a turn still probes it first, as a ``warm`` one tries it.
+        """
+        with self._lock:
+            now = self.clock()
+            path = turn_path(now, self._warm_again_at, self._await_until is not None and now < self._await_until)
+            return {"turns_via": path, "cli_seconds": round(self._warm_again_at - now, 1) if path == "cli" else 0.0}
+
     def run_turn(self, turn: Turn) -> str:
         """Run ``turn`` warm, else (never delivered there) with the CLI; the reply.
 
@@ -117,7 +250,11 @@ class WarmOrCliRunner:
         """
         self._refuse_beside_a_lost_turn(turn)
         self._refuse_beside_a_turn_this_host_lost_track_of(turn)
-        if self.clock() < self._warm_again_at:
+        with self._lock:
+            path = turn_path(self.clock(), self._warm_again_at, self._await_until is not None)
+        if path == "starting" and not self._await_server(turn):
+            return self._cli_turn(turn)
+        if path == "cli":
             return self._cli_turn(turn)
         gateway = self._watch_gateway(turn)  # before the turn: the one that may be left running it
         self._paths[turn.delivery_id] = self.warm
@@ -140,6 +277,57 @@ class WarmOrCliRunner:
             return self._cli_turn(turn)
         self._switch(cold=False, why="")
         return reply
+
+    def _await_server(self, turn: Turn) -> bool:
+        """While the API server of the hermes gateway hosting us starts: probe it until it answers (True: run
+        warm) or the wait is over (False: the CLI, as after a fallback; logged once). Every step is bounded: one
+        probe takes at most the time left, the pause between two is :data:`_START_PROBE_SECONDS`.
+
+        Raises:
+            TurnFailed: ``cancelled`` when :meth:`stop_turns` ended the turn while it waited (it never ran).
+        """
+        with self._lock:
+            self._waiting.add(turn.delivery_id)
+        try:
+            return self._probe_until_decided(turn)
+        finally:
+            with self._lock:
+                self._waiting.discard(turn.delivery_id)
+
+    def _probe_until_decided(self, turn: Turn) -> bool:
+        """:meth:`_await_server`'s loop."""
+        while True:
+            with self._lock:
+                self._raise_if_ended(turn)
+                until = self._await_until
+                if until is None:  # another turn saw it answer, or gave up on it
+                    return turn_path(self.clock(), self._warm_again_at, False) == "warm"
+            problem = self._probe(max(0.1, min(2.0, until - self.clock())))
+            now = self.clock()
+            step = while_starting(now, until, problem)
+            with self._lock:
+                self._raise_if_ended(turn)
+                if step == "wait":
+                    self._changed.wait(max(0.0, min(self.probe_every, until - now)))
+                    continue
+                if self._await_until is None:  # another turn decided meanwhile: its decision stands
+                    continue
+                self._await_until = None
+                if step == "cli":
+                    self._cold = True
+                    self._warm_again_at = now + self.retry_seconds
+            if problem is None:
+                logger.info("the hermes API server {} answers: turns run warm", self.warm.server)
+                return True
+            logger.warning(cli_at_start_text(self.warm.server, problem, turn_root(turn), self.cli.cli, in_gateway=True,
+                                             waited=now - self._awaited_from))
+            return False
+
+    def _raise_if_ended(self, turn: Turn) -> None:
+        """(Holding the lock) a turn :meth:`stop_turns` ended while it waited for the API server never runs."""
+        if turn.delivery_id in self._ended:
+            raise TurnFailed(f"@{turn.handle or turn.profile}'s turn was ended because the gateway stopped before it "
+                             "began (it was waiting for the hermes API server)", reason=CANCELLED)
 
     def _cli_turn(self, turn: Turn) -> str:
         self._paths[turn.delivery_id] = self.cli
@@ -270,6 +458,8 @@ class WarmOrCliRunner:
     def release(self, delivery_id: str) -> None:
         """The CLI runner's query file kept for ``delivery_id`` may go (see ``CommandRunner.release``)."""
         self._paths.pop(delivery_id, None)
+        with self._lock:
+            self._ended.discard(delivery_id)
         self.cli.release(delivery_id)
 
     def running_turns(self) -> list[str]:
@@ -277,5 +467,10 @@ class WarmOrCliRunner:
         return self.cli.running_turns()
 
     def stop_turns(self, delivery_ids: Iterable[str] | None = None, **kwargs: Any) -> int:
-        """End the CLI processes of running turns (warm turns end with the hermes gateway)."""
-        return self.cli.stop_turns(delivery_ids, **kwargs)
+        """End the CLI processes of running turns (warm turns end with the hermes gateway); a turn still waiting
+        for the API server to start stops waiting and never runs (``cancelled``)."""
+        wanted = None if delivery_ids is None else list(delivery_ids)
+        with self._lock:
+            self._ended.update(self._waiting if wanted is None else wanted)
+            self._changed.notify_all()
+        return self.cli.stop_turns(wanted, **kwargs)

@@ -129,7 +129,7 @@ def run_doctor(
         check_models(root, {name: model for name, (_plugin, model) in facts.items()}),
         check_daemon(root, pong),
         check_config_keys(path, raw, problem),
-        check_warm_turns(root, *_warm_facts(root, raw)),
+        check_warm_turns(root, *_warm_facts(root, raw), host=pong),
     ]
     # the roster where the configured transport keeps it; a running host names the connection id it runs as
     roster = read_remote_roster(root, raw, connection_id=(pong or {}).get("connection_id") or None)

@@ -7,6 +7,7 @@ ok. :func:`hermes_actors.ops.doctor.run_doctor` gathers the facts and calls them
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from hermes_actors.core.config import parse_config, unknown_keys
 from hermes_actors.core.shell import shell_command
 from hermes_actors.hermes.install import CLI_PROFILE_RE, INSTALL_HERMES, NO_HERMES_CLI, profile_home
 from hermes_actors.hermes.setup import PLUGIN_NAME
+from hermes_actors.hermes.warm_or_cli import API_SERVER_START_SECONDS
 from hermes_actors.messages import ProfileInfo
 from hermes_actors.transports.peer_cli import PEER_FIX, no_peer_command
 from hermes_actors.transports.redis.store import certificate_fix
@@ -183,7 +185,7 @@ def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
 
 
 def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing: bool, why: str = "",
-                     misconfigured: bool = False) -> Check:
+                     misconfigured: bool = False, host: Mapping[str, Any] | None = None) -> Check:
     """Pure: whether turns run warm through the hermes gateway's API server, and why not.
 
     Args:
@@ -193,6 +195,12 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
         key_missing: the config enables the API server but no ``API_SERVER_KEY`` of 16+ characters is set.
         why: what the probe saw when it did not answer as expected.
         misconfigured: something answered, but not as our config expects (a refused key, another server).
+        host: the running host's ``ping`` answer (None: no host runs): its ``turns_via`` and ``cli_seconds``
+            say how its next turn runs (:func:`hermes_actors.hermes.warm_or_cli.turns_info`).
+
+    Returns:
+        The check: ``ok`` only when the server answers and the running host (if any) runs its next turn there,
+        or, for a host that does not say how its turns run, with a line that says only the probe was made.
     """
     if key_missing:
         return Check("warm turns", WARN, "the hermes API server is enabled but API_SERVER_KEY is not set or shorter "
@@ -210,10 +218,41 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
         return Check("warm turns", WARN, f"the hermes API server {server} {why}: turns run with the hermes CLI",
                      f"free the port, or move the API server to another one: {_enable(root, '--gateway')} --port N, "
                      "then restart the gateway")
+    via = host.get("turns_via") if host is not None else None
+    pid = host.get("pid") if host is not None else None
+    if not answers and via == "starting":
+        return Check("warm turns", WARN, f"the hermes API server {server} does not answer yet: the running host "
+                     f"(pid {pid}, the hermes gateway) waits for it to start, up to {API_SERVER_START_SECONDS:g} s "
+                     "from its own start, then runs turns with the hermes CLI until it answers",
+                     f"if it stays so, hermes says why in {root / 'logs' / 'gateway.log'}")
     if not answers:
         return Check("warm turns", WARN, f"the hermes API server {server} does not answer: turns run with the "
                      "hermes CLI until it does", _gateway_run(root))
-    return Check("warm turns", OK, f"through the hermes API server {server}")
+    return _answering(root, server, host)
+
+
+def _answering(root: Path, server: str, host: Mapping[str, Any] | None) -> Check:
+    """Pure: the warm turns check when the API server answered the probe: what the running host does with it."""
+    if host is None:
+        return Check("warm turns", OK, f"the hermes API server {server} answers (a probe just now; no host runs: one "
+                     "that starts runs its turns warm through it)")
+    pid, via, seconds = host.get("pid"), host.get("turns_via"), host.get("cli_seconds")
+    if via in ("warm", "starting"):
+        return Check("warm turns", OK, f"through the hermes API server {server} (the running host, pid {pid}, runs "
+                     "its next turn there)")
+    if via == "cli" and isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+        return Check("warm turns", WARN, f"the hermes API server {server} answers, but the running host (pid {pid}) "
+                     f"runs turns with the hermes CLI for up to {seconds:.0f} s more, then tries the API server again "
+                     "(it did not answer earlier)",
+                     "nothing to do: its turns run warm after that (restarting the host switches at once)")
+    if via == "cli":
+        return Check("warm turns", WARN, f"the hermes API server {server} answers, but the running host (pid {pid}) "
+                     "runs every turn with the hermes CLI: it chose how its turns run when it started, before the "
+                     "root's config named the API server",
+                     f"restart the host ({shell_command('hermes-actors', 'serve', '--root', root)}, or "
+                     f"{_gateway_run(root, '--replace')} when the gateway hosts the actors)")
+    return Check("warm turns", OK, f"the hermes API server {server} answers (a probe just now; the running host, "
+                 f"pid {pid}, does not say how its turns run)")
 
 
 def check_config_keys(path: Path, raw: dict[str, Any], problem: str | None) -> Check:
