@@ -656,3 +656,27 @@ def test_turns_info_says_how_a_hosts_turns_run(tmp_path: Path) -> None:
     assert turns_info(waiting)["turns_via"] == "starting"
     clock.now += 30  # no turn came during the wait: the next one tries the server first, as a warm one does
     assert turns_info(waiting)["turns_via"] == "warm"
+
+
+def test_a_stop_ends_a_turn_waiting_for_the_api_server_at_once_and_it_never_runs(tmp_path: Path) -> None:
+    """Regression (review of the wait): a stop while a turn waited for the API server to start did not end the
+    wait (the runner heard of the stop only once the stop's own timeout had run out): the stop then reported
+    ``ambiguous`` a turn that never ran, or, the wait over first, the turn ran with the CLI during the stop.
+    The stop now ends the wait as it begins: the turn is ``cancelled`` and runs nowhere."""
+    from roots import make_root
+
+    from hermes_actors import Gateway
+
+    probing = threading.Event()
+    runner, warm, cli, _, _ = starting(lambda clock: Probes(clock, [DOWN], then=lambda call: probing.set()))
+    seen: list[dict[str, Any]] = []
+    gw = Gateway(make_root(tmp_path), runner=runner).start()
+    try:
+        gw.subscribe(seen.append)
+        ack = gw.message_agent(sender="alice", target="bob", message="hi")
+        assert probing.wait(30), "the turn never began waiting for the API server"
+    finally:
+        gw.stop(timeout=5)
+    outcome = next(o for o in seen if o["delivery_id"] == ack["delivery_id"])
+    assert (outcome["status"], outcome.get("reason")) == ("failed", "cancelled"), outcome
+    assert (warm.turns, cli.turns) == ([], [])

@@ -21,7 +21,7 @@ from actors import ActorGone, AskTimeout, ask
 from hermes_actors.facade.options import ASK_TIMEOUT
 from hermes_actors.local.notifier import Notifier, in_subscriber_callback
 from hermes_actors.local.outcome_book import KeptOutcomes
-from hermes_actors.local.shutdown import await_running_turns, end_running_turns
+from hermes_actors.local.shutdown import await_running_turns, end_running_turns, end_waiting_turns
 from hermes_actors.local.turns import turn_places_at_stop
 from hermes_actors.messages import (
     AwaitRestarts,
@@ -90,6 +90,7 @@ def shut_down(
         except pykka.Timeout:
             logger.warning("stop: a crashed ProfileActor did not report within {}s; what it held is settled "
                            "as cancelled (its running turn was settled ambiguous at the crash)", ASK_TIMEOUT)
+        end_waiting_turns(system.runner)  # a turn still waiting to begin never will: settled cancelled, at once
         finished = await_running_turns(dispatcher, running, deadline=deadline, abandon=abandon, on_wait=on_wait,
                                        grace=timeout)
         if not finished and on_cut_off is not None:

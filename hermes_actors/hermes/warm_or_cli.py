@@ -293,6 +293,7 @@ class WarmOrCliRunner:
         finally:
             with self._lock:
                 self._waiting.discard(turn.delivery_id)
+                self._ended.discard(turn.delivery_id)  # it ended: the set holds only turns that wait
 
     def _probe_until_decided(self, turn: Turn) -> bool:
         """:meth:`_await_server`'s loop."""
@@ -471,6 +472,19 @@ class WarmOrCliRunner:
         for the API server to start stops waiting and never runs (``cancelled``)."""
         wanted = None if delivery_ids is None else list(delivery_ids)
         with self._lock:
-            self._ended.update(self._waiting if wanted is None else wanted)
+            self._ended.update(self._waiting if wanted is None else self._waiting.intersection(wanted))
             self._changed.notify_all()
         return self.cli.stop_turns(wanted, **kwargs)
+
+    def stop_waiting(self) -> int:
+        """At the beginning of a stop: the turns still waiting for the API server to start stop waiting and never
+        run (``cancelled``), at once, instead of holding the stop until their wait ends (then to start a CLI turn
+        during the stop) or its timeout (then told ``ambiguous`` of a turn that never ran).
+
+        Returns:
+            How many turns were waiting.
+        """
+        with self._lock:
+            self._ended.update(self._waiting)
+            self._changed.notify_all()
+            return len(self._waiting)

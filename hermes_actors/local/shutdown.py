@@ -19,7 +19,7 @@ from loguru import logger
 
 from hermes_actors.local.sending import outcome_future
 
-__all__ = ["await_running_turns", "end_running_turns"]
+__all__ = ["await_running_turns", "end_running_turns", "end_waiting_turns"]
 
 _SLICE_SECONDS = 0.1  # how soon a set ``abandon`` is noticed while waiting
 
@@ -63,6 +63,23 @@ def await_running_turns(
             except pykka.Timeout:
                 continue
     return True
+
+
+def end_waiting_turns(runner: Any) -> None:
+    """At the beginning of a stop: turns that wait to begin inside the runner (the real Hermes' runner waiting for
+    its gateway's API server to start) stop waiting and never run, through the runner's ``stop_waiting`` when it
+    has one.
+
+    Args:
+        runner: the gateway's runner (user code: its errors are logged, never raised).
+    """
+    stop_waiting = getattr(runner, "stop_waiting", None)
+    if not callable(stop_waiting):
+        return
+    try:
+        stop_waiting()
+    except Exception:
+        logger.exception("stop: the runner could not end the turns waiting to begin")
 
 
 def end_running_turns(runner: Any, running: list[str]) -> None:
