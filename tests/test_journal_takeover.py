@@ -11,6 +11,7 @@ Rescans run when a test says (``rescan_seconds: 300``, :func:`rescan`).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
@@ -28,7 +29,7 @@ from hermes_actors import Gateway
 from hermes_actors.core.acks import delivery_record
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.wake import wake_id
-from hermes_actors.messages import Delivery
+from hermes_actors.messages import Delivery, Recover
 from hermes_actors.relay.journal_takeover import relayed_outcomes
 from hermes_actors.store.journal_records import DeliveryState
 from hermes_actors.store.turnlock import turn_lock_path
@@ -201,3 +202,181 @@ def test_relayed_outcomes_are_the_journaled_outcomes_without_an_acceptance_not_y
     state: DeliveryState, relayed: bool
 ) -> None:
     assert relayed_outcomes({"a" * 32: state}) == (["a" * 32] if relayed else [])
+
+
+def _never_started_dm() -> Delivery:
+    return Delivery(new_delivery_id(), "alice", "alice", "bob", "bob", "Message from 🤖 Alice (@alice): ping", hop=1,
+                    label="@bob")
+
+
+@pytest.mark.parametrize("stays", ["quarantine", "unlink"])
+def test_a_dead_journal_that_cannot_be_retired_is_adopted_once_and_its_dm_runs_once(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, stays: str
+) -> None:
+    """Review: an adopted dead journal that could be neither quarantined (a damaged line; ``quarantine/`` of another
+    user) nor removed (``unlink`` refused) stayed, was adopted again at every rescan and its never-started DM ran
+    again each time (6 runs in 10.5 s at the default rescan). Now this gateway never adopts it again: one adoption,
+    one run, one outcome."""
+    from hermes_actors.store import relay_quarantine
+
+    root = make_root(tmp_path)
+    runner = RecordingRunner()
+    host = start_gateway(gateways, root, runner, config={"bot_mode": {"rescan_seconds": 300}})
+    published: list[str] = []
+    host.subscribe(lambda outcome: published.append(outcome["delivery_id"]))
+    dm = _never_started_dm()
+    records = [{"t": "accepted", "id": dm.delivery_id, "d": delivery_record(dm)}]
+    dead = _plant_dead_journal(root, records)
+    if stays == "quarantine":
+        dead.write_bytes(dead.read_bytes() + b"{torn\n")  # one unreadable line: quarantined instead of removed
+        monkeypatch.setattr(relay_quarantine, "quarantine_into", lambda *args, **kwargs: None)  # (it logs why)
+    else:
+        real_unlink = Path.unlink
+
+        def unlink(self: Path, missing_ok: bool = False) -> None:
+            if self == dead:
+                raise PermissionError(1, "Operation not permitted", str(self))
+            real_unlink(self, missing_ok=missing_ok)
+
+        monkeypatch.setattr(Path, "unlink", unlink)
+    with LogCapture("INFO") as logs:
+        for _ in range(3):
+            rescan(host)
+        # asked after the rescans' tells to the Dispatcher: each Recover they sent was handled before it answers
+        assert host.wait_outcome(dm.delivery_id, timeout=30)["status"] == "replied"
+    assert dead.exists()
+    assert len(logs.matching("recovery: adopted the journal", dead.name)) == 1, logs.lines
+    assert len(logs.matching("does not adopt it again", dead.name)) == 1, logs.lines
+    host.stop(timeout=10)
+    assert [t.delivery_id for t in runner.entered] == [dm.delivery_id]
+    assert published == [dm.delivery_id]
+
+
+@pytest.mark.parametrize("where", ["settled", "pending"])
+def test_a_recover_of_a_dm_this_run_has_pending_or_settled_runs_nothing_again(
+    tmp_path: Path, gateways: list[Gateway], where: str
+) -> None:
+    """Belt and braces for a journal adopted twice: a re-offer skips an id this run already has pending (its turn
+    waits for bob's turn lock) or settled; the DM runs once."""
+    root = make_root(tmp_path)
+    runner = RecordingRunner()
+    host = start_gateway(gateways, root, runner, config={"bot_mode": {"rescan_seconds": 300}})
+    dm = _never_started_dm()
+    records = [{"t": "accepted", "id": dm.delivery_id, "d": delivery_record(dm)}]
+    _plant_dead_journal(root, records)
+    held = hold_flock(root, "bob") if where == "pending" else None
+    try:
+        rescan(host)
+        if held is None:
+            assert host.wait_outcome(dm.delivery_id, timeout=30)["status"] == "replied"
+        states = {dm.delivery_id: DeliveryState(delivery=delivery_record(dm))}
+        assert host._system is not None
+        counts = ask(host._system.dispatcher, Recover(states, adopted_from=("j-again.log",)), timeout=30)
+        assert counts["reoffered"] == 0, counts
+    finally:
+        if held is not None:
+            os.close(held)
+    assert host.wait_outcome(dm.delivery_id, timeout=30)["status"] == "replied"
+    host.stop(timeout=10)
+    assert [t.delivery_id for t in runner.entered] == [dm.delivery_id]
+
+
+def test_a_dm_is_acked_while_a_running_gateway_reads_a_dead_journal(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: adoption held the journal's write turn while reading and folding a big dead file (207 MB: acks
+    stalled 1.6 s). The dead files are read without the turn now: a DM is acked while the read is held up."""
+    from hermes_actors.store import journal_adoption
+
+    root = make_root(tmp_path)
+    runner = RecordingRunner()
+    host = start_gateway(gateways, root, runner, config={"bot_mode": {"rescan_seconds": 300}})
+    dm = _never_started_dm()
+    _plant_dead_journal(root, [{"t": "accepted", "id": dm.delivery_id, "d": delivery_record(dm)}])
+    reading, release = threading.Event(), threading.Event()
+    real_read = journal_adoption.read_lines
+
+    def held_read(stream: Any) -> Any:
+        reading.set()
+        assert release.wait(60)
+        return real_read(stream)
+
+    monkeypatch.setattr(journal_adoption, "read_lines", held_read)
+    scan = threading.Thread(target=rescan, args=(host,))
+    scan.start()
+    acked: list[dict[str, Any]] = []
+    try:
+        assert reading.wait(30), "the rescan never read the dead journal"
+        send = threading.Thread(target=lambda: acked.append(host.message_agent(sender="alice", target="carol",
+                                                                               message="hi")))
+        send.start()
+        send.join(20)  # a deadline: before, the ack waited for the whole adoption
+        assert acked and "delivery_id" in acked[0], acked
+    finally:
+        release.set()
+        scan.join(60)
+    assert host.wait_outcome(dm.delivery_id, timeout=30)["status"] == "replied"
+    assert host.wait_outcome(acked[0]["delivery_id"], timeout=30)["status"] == "replied"
+
+
+def test_a_running_adoption_that_cannot_write_says_so_once_per_spell(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: a failing adoption write (a full disk) logged ERROR at every rescan. Now once per spell (the journal
+    writes' spell), and once at INFO when it lands again; the DM then runs once."""
+    from hermes_actors.store.journal_file import JournalFile
+
+    root = make_root(tmp_path)
+    runner = RecordingRunner()
+    host = start_gateway(gateways, root, runner, config={"bot_mode": {"rescan_seconds": 300}})
+    dm = _never_started_dm()
+    full = True
+    real_write = JournalFile.write
+
+    def write(self: JournalFile, lines: list[bytes], **kwargs: Any) -> Any:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, lines, **kwargs)
+
+    monkeypatch.setattr(JournalFile, "write", write)
+    dead = _plant_dead_journal(root, [{"t": "accepted", "id": dm.delivery_id, "d": delivery_record(dm)}])
+    with LogCapture("INFO") as logs:
+        for _ in range(3):
+            rescan(host)
+        assert dead.exists()
+        errors = [r["message"] for r in logs.records if r["level"].name == "ERROR"]
+        assert len(errors) == 1 and "could not adopt the journal(s)" in errors[0], errors
+        full = False
+        rescan(host)
+        assert host.wait_outcome(dm.delivery_id, timeout=30)["status"] == "replied"
+        rescan(host)
+    assert len(logs.matching("takes records again (3 failed write(s) before)")) == 1, logs.lines
+    assert not dead.exists()
+    host.stop(timeout=10)
+    assert [t.delivery_id for t in runner.entered] == [dm.delivery_id]
+
+
+def test_the_adopted_journal_is_recovered_even_when_the_relays_takeover_raises(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: a raise in the relay's takeover (``shelf.adopt``) after the journal's adoption left the adopted DMs
+    untold to the Dispatcher while their dead file was gone: nothing ran them until a restart. Recover is told
+    anyway now."""
+    from hermes_actors.store.relay_shelf import Shelf
+
+    root = make_root(tmp_path)
+    runner = RecordingRunner()
+    host = start_gateway(gateways, root, runner, config={"bot_mode": {"rescan_seconds": 300}})
+    dm = _never_started_dm()
+
+    def broken(self: Shelf, **kwargs: Any) -> Any:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Shelf, "adopt", broken)
+    dead = _plant_dead_journal(root, [{"t": "accepted", "id": dm.delivery_id, "d": delivery_record(dm)}])
+    rescan(host)
+    assert not dead.exists()
+    assert host.wait_outcome(dm.delivery_id, timeout=30)["status"] == "replied"
+    host.stop(timeout=10)
+    assert [t.delivery_id for t in runner.entered] == [dm.delivery_id]
+

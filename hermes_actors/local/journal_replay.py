@@ -21,7 +21,7 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.recovery import known_outcomes, plan_recovery, readable_states
 from hermes_actors.local.durability import live_gave_up, live_record
-from hermes_actors.local.outcome_book import OutcomeBook, Pending
+from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
 from hermes_actors.local.outcome_flow import OutcomeFlow
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import Delivery, ProfileInfo
@@ -63,6 +63,9 @@ def replay_journal(
 ) -> dict[str, int]:
     """Act on the journal of a previous run, or of a gateway that stopped or died beside this running one
     (see ``recovery.plan_recovery``).
+
+    A DM to re-offer or settle ``ambiguous`` that this run has pending or settled already (a journal adopted a
+    second time) is left as it is: it never runs twice in one run.
 
     Args:
         states: the journal's state of each delivery id.
@@ -114,14 +117,24 @@ def replay_journal(
         durability.note({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
         flow.publish(outcome)
         durability.delivered(outcome.delivery_id)
+    known_here = {delivery.delivery_id for delivery in [*(d for d, _ in plan.ambiguous), *plan.reoffer]
+                  if book.state(delivery.delivery_id) is not DeliveryState.UNKNOWN}
+    if known_here:  # a journal adopted twice (never at a start: its book knows no unfinished DM yet)
+        logger.warning("recovery: {} journaled DM(s) already pending or settled in this run are not acted on "
+                       "again: {}", len(known_here), ", ".join(sorted(known_here)))
     for delivery, outcome in plan.ambiguous:
+        if delivery.delivery_id in known_here:
+            continue
         if readable[delivery.delivery_id].live:  # handed to a live owner: its mailbox record says so too
             live_gave_up(index, delivery, outcome.error)  # (a runner's DM has none of ours: a planted one is left)
         book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
         flow.settle(outcome)
     for delivery in plan.reoffer:
-        _reoffer(delivery, index=index, flow=flow, requeue=requeue)
+        if delivery.delivery_id not in known_here:
+            _reoffer(delivery, index=index, flow=flow, requeue=requeue)
     counts = plan.counts()
+    counts["reoffered"] -= sum(1 for d in plan.reoffer if d.delivery_id in known_here)
+    counts["ambiguous"] -= sum(1 for d, _ in plan.ambiguous if d.delivery_id in known_here)
     if unreadable:
         counts["unreadable"] = len(unreadable)
     if adopted_from:  # one line per adoption, whatever it found

@@ -462,14 +462,16 @@ class RelayActor(TypedActor):
         before the relay reports what it takes over, and re-publishes only what the relay did not report.
         """
         journal = self.journals.adopt() if self.journals is not None else None
-        before = self.living
-        adopted = self.shelf.adopt(legacy=False)  # flat files are a running older gateway's own
-        self._recover_taken(adopted)
-        gone = (before - self.living) | frozenset(adopted.dead)
-        if gone:
-            self.outbound.take_over(set(gone))
-        if journal is not None and self.journals is not None:
-            self.journals.recover(journal, self.paths)
+        try:
+            before = self.living
+            adopted = self.shelf.adopt(legacy=False)  # flat files are a running older gateway's own
+            self._recover_taken(adopted)
+            gone = (before - self.living) | frozenset(adopted.dead)
+            if gone:
+                self.outbound.take_over(set(gone))
+        finally:  # the adopted journal's files are gone: its DMs are acted on even when the takeover failed
+            if journal is not None and self.journals is not None:
+                self.journals.recover(journal, self.paths)
 
     def _keep_shelf(self) -> None:
         """Take a new shelf when ours was removed or swapped: without one, nothing is taken from ``inbox/``.

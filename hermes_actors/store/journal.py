@@ -60,9 +60,10 @@ and refused, as a failed write is), goes on writing the rest where it was (its l
 state stays whole), tries again at each commit, and :meth:`Journal.keeps` tells the
 stop that queued DMs must be settled ``cancelled`` instead of left journaled.
 
-A full disk fails the same write again and again (each commit's append; on a nearly
-full disk, which still takes appends, each compaction's whole new file): each kind
-is said once per spell (:class:`FailureSpell`), and a failed compaction is tried
+A full disk fails the same write again and again (each commit's append, and a running
+adoption's at each rescan; on a nearly full disk, which still takes appends, each compaction's
+whole new file): each kind is said once per spell (:class:`FailureSpell`; an adoption's write
+shares the appends' spell), and a failed compaction is tried
 again only once the file grew by another ``compact_after`` lines, or once a failed
 write's spell ended (space came back), never at every commit.
 """
@@ -80,7 +81,14 @@ from typing import Any, Protocol
 from loguru import logger
 
 from hermes_actors.errors import HostileFileError, StoreError
-from hermes_actors.store.journal_adoption import FileMark, adopt_dead_journals
+from hermes_actors.store.journal_adoption import (
+    DeadJournals,
+    FileIdentity,
+    FileMark,
+    adopt_dead_journals,
+    lock_dead_journals,
+    take_over_dead_journals,
+)
 from hermes_actors.store.journal_batch import BatchListener, CommitBatch, DurableCallback
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import JournalFolded, encode_record
@@ -104,7 +112,8 @@ class FailureSpell:
     A full disk fails the same write at each try (hundreds a second while DMs flow): the spell's first
     failure is said at ERROR (naming the file and what to do), each later one at DEBUG only, and the first
     try that lands again says the spell's end once at INFO; the next failure begins a new spell. The
-    journal's appends and its compactions each have one. Used under the write turn only.
+    journal's appends (a running adoption's write included) and its compactions each have one. Used under the
+    write turn only.
     """
 
     def __init__(self) -> None:
@@ -186,7 +195,9 @@ class Journal:
         self._writes_failing = FailureSpell()
         self._compactions_failing = FailureSpell()
         self._compact_failed_at: int | None = None  # our file's lines when a compaction last failed (the back-off)
+        # Touched by the start's adoption, then by adopt_dead alone (the relay's thread), never concurrently:
         self._settled_files: dict[str, FileMark] = {}  # dead gateways' files found settled (see adopt_dead)
+        self._unretired_files: dict[str, FileIdentity] = {}  # adopted files that could not be retired (ditto)
         self.records = 0
         self.listener: BatchListener | None = None  # told of each durable batch's tokens
         self.compactions = 0
@@ -223,43 +234,61 @@ class Journal:
     def _adopt(self) -> JournalFolded:
         """Take over dead gateways' journals (see :func:`adopt_dead_journals`); their folded state."""
         return adopt_dead_journals(self.directory, self.path, self._state, self._write_now,
-                                   keep=self.keep_delivered, within=self.within)
+                                   keep=self.keep_delivered, within=self.within, unretired=self._unretired_files)
 
     def adopt_dead(self, timeout: float = 10.0) -> JournalFolded | None:
         """While running: adopt the journals of gateways on our root that stopped or died, as :meth:`start` does.
 
         Only a file with something unfinished in it is adopted (see
-        :func:`~hermes_actors.store.journal_adoption.adopt_dead_journals`). Done under the write turn,
-        as the start's adoption is: the adopted records are written into our file and synced (and our
-        file checked to be where a start finds it) before the old files go, so a kill at any point
-        leaves each record in one file a start adopts. Called by the relay at its rescans (never on the
-        main thread: see the module docstring).
+        :func:`~hermes_actors.store.journal_adoption.lock_dead_journals`). The dead files are read and
+        folded without the write turn (flocked by us, nobody writes them: DMs are acked meanwhile); the
+        turn is taken to write the adopted records into our file, synced (and our file checked to be where
+        a start finds it) before the old files go, so a kill at any point leaves each record in one file a
+        start adopts. A file adopted that could not be retired is never adopted again by this run. Called
+        by the relay at its rescans (never on the main thread: see the module docstring).
 
         Args:
             timeout: seconds to wait for a running commit; past it nothing is adopted (the next call tries).
 
         Returns:
             The adopted state (``files`` naming the files), or None when nothing was adopted: no such
-            file, the journal stopping or homeless, or our file could not take the records (logged;
-            the old files stay for the next try).
+            file, the journal stopping or homeless, or our file could not take the records (said once
+            per spell of failures; the old files stay for the next try).
+
+        Raises:
+            OSError: a dead file could not be read (nothing adopted; the next call tries again).
         """
-        with self._cond:
-            free = self._cond.wait_for(lambda: not self._writing or self._closed, timeout=max(0.0, timeout))
-            if not free or self._closed or self._stopping or self._homeless:
-                return None
-            self._writing = True
+        if not self._may_adopt():
+            return None
+        dead = lock_dead_journals(self.directory, self.path, unchanged=self._settled_files,
+                                  unretired=self._unretired_files)
         try:
-            folded = self._adopt_running()
-        finally:
+            if not dead.files:
+                return None
             with self._cond:
-                self._writing = False
-                self._cond.notify_all()
-                if self._writer_due():
-                    self._work.notify()
+                free = self._cond.wait_for(lambda: not self._writing or self._closed, timeout=max(0.0, timeout))
+                if not free or not self._may_adopt():
+                    return None  # the files stay, unlocked again, for the next try (or the next start)
+                self._writing = True
+            try:
+                folded = self._adopt_running(dead)
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+                    if self._writer_due():
+                        self._work.notify()
+        finally:
+            dead.release()
         return folded if folded is not None and folded.files else None
 
-    def _adopt_running(self) -> JournalFolded | None:
-        """:meth:`adopt_dead` under the write turn; after a failed write our state and file are as before."""
+    def _may_adopt(self) -> bool:
+        """Whether a running adoption may go on: the journal neither stopping, closed nor homeless."""
+        with self._cond:
+            return not (self._closed or self._stopping or self._homeless)
+
+    def _adopt_running(self, dead: DeadJournals) -> JournalFolded | None:
+        """:meth:`adopt_dead`'s write under the write turn; after a failed write our state and file are as before."""
         before, lines_before, saved = self._file.end, self._lines_in_file, self._state.snapshot()
         written = False
 
@@ -269,10 +298,12 @@ class Journal:
             if not self._check_home(walk=True):  # in a lost file no start would find them: keep the old files
                 raise self._homeless_error()
             written = True
+            if self._said_landed():
+                self._compact_failed_at = None  # space came back (see _commit)
 
         try:
-            return adopt_dead_journals(self.directory, self.path, self._state, write_kept,
-                                       keep=self.keep_delivered, within=self.within, unchanged=self._settled_files)
+            return take_over_dead_journals(dead, self._state, write_kept, keep=self.keep_delivered,
+                                           within=self.within, unretired=self._unretired_files)
         except (OSError, HostileFileError) as exc:  # StoreError included
             if written:  # the records are ours now (an old file may be gone): kept, acted on by the next start
                 logger.error("adopting the journal(s) of a gateway on this root that stopped or was killed failed "
@@ -286,9 +317,13 @@ class Journal:
             except OSError as cut:
                 logger.error("could not cut a failed adoption back out of the delivery journal {}: {}",
                              self.path, cut)
-            logger.error("could not adopt the journal(s) of a gateway on this root that stopped or was killed "
-                         "into {}: {}. They stay where they are; the next rescan (or start) tries again",
-                         self.path, exc)
+            # A full disk fails it at every rescan: said once per spell, with the commits' failed writes
+            self._writes_failing.failed(
+                "could not adopt the journal(s) of a gateway on this root that stopped or was killed into {}: {}. "
+                "They stay where they are; the next rescan (or start) tries again; the failed writes that follow "
+                "are logged at DEBUG until one lands",
+                "could not adopt the journal(s) of a gateway on this root that stopped or was killed into {}: {}",
+                self.path, exc)
             return None
 
     def stop(self) -> None:

@@ -11,7 +11,14 @@ A running gateway does the same at each relay rescan (:meth:`hermes_actors.store
 for the files of gateways that stopped or died beside it, but only a file with something unfinished in it
 (a delivery whose outcome never reached its sender): a gateway that stopped cleanly with everything settled
 leaves its file for ``wait_outcome`` and ``hermes-actors outcome`` (and the next start), unchanged; each such
-file is read once, not at every rescan, while it stays the same (``unchanged``).
+file is read once, not at every rescan, while it stays the same (``unchanged``). It reads and folds the
+dead files without the journal's write turn (:func:`lock_dead_journals`: they are flocked by us, nobody
+writes them), and takes the turn only to write their records into our file (:func:`take_over_dead_journals`).
+
+An adopted file that can be neither removed nor moved aside (a quarantine directory of another user, an
+``unlink`` refused) stays where it is, its records in our file: the gateway remembers it (device, inode and
+size) and never adopts it again while it runs (``unretired``), or its never-started DMs would run again at
+every rescan.
 """
 
 from __future__ import annotations
@@ -28,10 +35,13 @@ from loguru import logger
 from hermes_actors.store.journal_records import JournalFolded, fold_lines, fold_records, read_lines, state_records
 from hermes_actors.store.journal_state import JournalState
 
-__all__ = ["FileMark", "adopt_dead_journals"]
+__all__ = ["DeadJournals", "FileIdentity", "FileMark", "adopt_dead_journals", "lock_dead_journals",
+           "take_over_dead_journals"]
 
 #: What says a journal file is unchanged since it was last read: its inode, size and modification time.
 FileMark = tuple[int, int, int]
+#: Which adopted file could not be retired: its device, inode and size (see :func:`take_over_dead_journals`).
+FileIdentity = tuple[int, int, int]
 
 
 class _Adopted(NamedTuple):
@@ -40,13 +50,37 @@ class _Adopted(NamedTuple):
     path: Path
     fd: int  # open and flocked until its records are in our file and it is gone
     bad: int  # its unreadable lines
+    identity: FileIdentity  # its device, inode and size when it was read
+
+
+class DeadJournals:
+    """The dead gateways' journal files :func:`lock_dead_journals` locked and folded, until :meth:`release`.
+
+    Attributes:
+        folded: their folded state (what recovery must act on).
+        files: the files, each open and flocked by us.
+    """
+
+    def __init__(self, folded: JournalFolded, files: list[_Adopted]) -> None:
+        self.folded = folded
+        self.files = files
+
+    def release(self) -> None:
+        """Close the files (their flocks go with them); done once, later calls do nothing."""
+        files, self.files = self.files, []
+        for adopted in files:
+            os.close(adopted.fd)
 
 
 def adopt_dead_journals(
     directory: Path, own: Path, state: JournalState, write: Callable[[list[bytes]], object], *,
     keep: int, within: Path | None, unchanged: dict[str, FileMark] | None = None,
+    unretired: dict[str, FileIdentity] | None = None,
 ) -> JournalFolded:
     """Take over the journals of dead gateways: their live records go into our file, then the old files go.
+
+    :func:`lock_dead_journals` then :func:`take_over_dead_journals` (a running gateway calls them apart:
+    the reading needs no write turn, the writing does).
 
     Args:
         directory: ``<root>/bot_relay/journal``.
@@ -55,106 +89,161 @@ def adopt_dead_journals(
         write: writes lines to our file, synced (the journal's write, under its write turn).
         keep: how many delivered outcomes ``state`` keeps at most.
         within: the Hermes root the quarantine directory must stay under.
-        unchanged: None at a start (every dead file is adopted). A running gateway's: only a file with
-            something unfinished is adopted; a settled one is left where it is and noted here (name →
-            :data:`FileMark`), so it is not read again while it stays the same.
+        unchanged: see :func:`lock_dead_journals`.
+        unretired: see :func:`take_over_dead_journals`.
 
     Returns:
         The folded state of the adopted files (what recovery must act on), ``files`` naming them.
 
     Raises:
-        StoreError, OSError: our file could not be written; the old files stay (``state`` has taken
-            them over: the caller restores it).
+        StoreError, OSError: our file could not be written, or a dead file not read; the old files stay
+            (``state`` may have taken them over: the caller restores it).
     """
-    folded, adopted = _lock_dead_journals(directory, own, unchanged)
+    dead = lock_dead_journals(directory, own, unchanged=unchanged, unretired=unretired)
     try:
-        # Copy what still matters into our own file before the old files go.
-        lines = state.take_over(folded, keep=keep)
-        if lines:
-            write(lines)
-        _retire(adopted, within=within)
+        return take_over_dead_journals(dead, state, write, keep=keep, within=within, unretired=unretired)
     finally:
-        for _, fd, _ in adopted:
-            os.close(fd)
-    folded.files = [path.name for path, _, _ in adopted]
-    return folded
+        dead.release()
 
 
-def _lock_dead_journals(
-    directory: Path, own: Path, unchanged: dict[str, FileMark] | None,
-) -> tuple[JournalFolded, list[_Adopted]]:
+def take_over_dead_journals(
+    dead: DeadJournals, state: JournalState, write: Callable[[list[bytes]], object], *,
+    keep: int, within: Path | None, unretired: dict[str, FileIdentity] | None = None,
+) -> JournalFolded:
+    """Copy what still matters of the locked dead files into our file, then remove (or quarantine) them.
+
+    Under the journal's write turn (``state`` and ``write`` are its). The files stay open and flocked
+    (the caller releases them).
+
+    Args:
+        dead: what :func:`lock_dead_journals` locked.
+        state: our file's state; it takes over the adopted live deliveries and delivered outcomes.
+        write: writes lines to our file, synced.
+        keep: how many delivered outcomes ``state`` keeps at most.
+        within: the Hermes root the quarantine directory must stay under.
+        unretired: this journal's files adopted but that could be neither removed nor moved aside (name →
+            :data:`FileIdentity`), added to here (and said once, each): :func:`lock_dead_journals` never adopts
+            them again while they stay the same, or their DMs would run again at every rescan.
+
+    Returns:
+        The folded state of the adopted files (what recovery must act on), ``files`` naming them.
+
+    Raises:
+        StoreError, OSError: our file could not be written; the old files stay.
+    """
+    lines = state.take_over(dead.folded, keep=keep)
+    if lines:
+        write(lines)
+    for adopted in _retire(dead.files, within=within):
+        if unretired is not None:
+            unretired[adopted.path.name] = adopted.identity
+            logger.warning("adopted journal {} stays where it is, its records copied into this gateway's journal: "
+                           "this gateway does not adopt it again while it runs; remove it by hand", adopted.path)
+    dead.folded.files = [adopted.path.name for adopted in dead.files]
+    return dead.folded
+
+
+def lock_dead_journals(
+    directory: Path, own: Path, *, unchanged: dict[str, FileMark] | None = None,
+    unretired: dict[str, FileIdentity] | None = None,
+) -> DeadJournals:
     """Lock and fold every journal in ``directory`` that no living gateway owns.
 
+    Needs no write turn: nothing of ours is touched, and a file we flocked is ours alone (its
+    gateway is dead, and any other would-be adopter fails to take its flock).
     Skipped: our own file, one a living gateway holds, one another gateway adopted since we
-    listed it; and, each with a warning naming it, a symlink, a FIFO or other non-regular
-    file, a file of another user, one that cannot be opened. With ``unchanged`` (a running
-    gateway), a file with nothing unfinished too (see :func:`adopt_dead_journals`).
+    listed it, one of ``unretired`` still the same; and, each with a warning naming it, a symlink,
+    a FIFO or other non-regular file, a file of another user, one that cannot be opened. With
+    ``unchanged`` (a running gateway), a file with nothing unfinished too.
 
     Args:
         directory: ``<root>/bot_relay/journal``.
         own: our own journal file (never adopted).
-        unchanged: a running gateway's settled files (see :func:`adopt_dead_journals`); None at a start.
+        unchanged: None at a start (every dead file is adopted). A running gateway's: only a file with
+            something unfinished is adopted; a settled one is left where it is and noted here (name →
+            :data:`FileMark`), so it is not read again while it stays the same.
+        unretired: files adopted already that could not be retired (see :func:`take_over_dead_journals`).
 
     Returns:
-        The folded state of the adopted files, and the files, still locked.
+        The folded state of the adopted files, and the files, still locked (the caller releases them).
+
+    Raises:
+        OSError: a dead file could not be read (every file locked so far is released).
     """
     folded = JournalFolded()
     adopted: list[_Adopted] = []
     paths = sorted(directory.glob("j-*.log"))
-    if unchanged is not None:  # forget the files that went
-        for name in set(unchanged) - {path.name for path in paths}:
-            del unchanged[name]
+    names = {path.name for path in paths}
+    for marks in (unchanged, unretired):  # forget the files that went
+        if marks is not None:
+            for name in set(marks) - names:
+                del marks[name]
     warned = unchanged is None  # a running gateway says nothing of a file it skips: the start that adopts it does
-    for path in paths:
-        if path == own:
-            continue
-        if path.is_symlink():  # a gateway never makes one: never followed, and said (once: adoption runs at start)
+    try:
+        for path in paths:
+            if path != own:
+                one = _lock_one(path, folded, unchanged, unretired, warned=warned)
+                if one is not None:
+                    adopted.append(one)
+    except BaseException:
+        DeadJournals(folded, adopted).release()
+        raise
+    return DeadJournals(folded, adopted)
+
+
+def _lock_one(
+    path: Path, folded: JournalFolded, unchanged: dict[str, FileMark] | None,
+    unretired: dict[str, FileIdentity] | None, *, warned: bool,
+) -> _Adopted | None:
+    """Lock and fold one journal file into ``folded`` (see :func:`lock_dead_journals`); None: skipped."""
+    if path.is_symlink():  # a gateway never makes one: never followed, and said (once: adoption runs at start)
+        if warned:
+            logger.warning("journal {} is a symlink, not a journal a gateway wrote; ignored (remove it)", path)
+        return None
+    try:  # O_NONBLOCK: a FIFO planted under a journal's name must not hang the start
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None  # adopted (and removed) by another gateway since we listed it
+    except OSError as exc:  # a symlink swapped in since (ELOOP), a file we may not read
+        if warned:
+            logger.warning("journal {} cannot be opened ({}); ignored", path, exc.strerror or exc)
+        return None
+    keep = False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             if warned:
-                logger.warning("journal {} is a symlink, not a journal a gateway wrote; ignored (remove it)", path)
-            continue
-        try:  # O_NONBLOCK: a FIFO planted under a journal's name must not hang the start
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            continue  # adopted (and removed) by another gateway since we listed it
-        except OSError as exc:  # a symlink swapped in since (ELOOP), a file we may not read
-            if warned:
-                logger.warning("journal {} cannot be opened ({}); ignored", path, exc.strerror or exc)
-            continue
-        keep = False
+                logger.warning("journal {} is not a regular file; ignored", path)
+            return None
+        if unretired is not None and unretired.get(path.name) == (info.st_dev, info.st_ino, info.st_size):
+            return None  # adopted by us already (its records are in our file): never again
+        mark = (info.st_ino, info.st_size, info.st_mtime_ns)
+        if unchanged is not None and unchanged.get(path.name) == mark:
+            return None  # settled when we last read it, and the same file still
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                if warned:
-                    logger.warning("journal {} is not a regular file; ignored", path)
-                continue
-            mark = (info.st_ino, info.st_size, info.st_mtime_ns)
-            if unchanged is not None and unchanged.get(path.name) == mark:
-                continue  # settled when we last read it, and the same file still
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a living gateway owns it
-            info = os.fstat(fd)
-            if info.st_nlink == 0:
-                continue  # already adopted (or compacted away) by another gateway since we opened it
-            if info.st_uid != os.getuid():
-                if warned:
-                    logger.warning("journal {} is owned by another user; ignored", path)
-                continue
-            into = folded if unchanged is None else JournalFolded()
-            with os.fdopen(os.dup(fd), "rb") as stream:
-                bad = fold_lines(read_lines(stream), into)
-            if unchanged is not None:
-                if not into.live():  # every outcome reached its sender: left for wait_outcome and the next start
-                    unchanged[path.name] = mark
-                    continue
-                _fold_into(into, folded)
-            adopted.append(_Adopted(path, fd, bad))
-            keep = True
-        finally:
-            if not keep:
-                os.close(fd)
-    return folded, adopted
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # a living gateway owns it
+        info = os.fstat(fd)
+        if info.st_nlink == 0:
+            return None  # already adopted (or compacted away) by another gateway since we opened it
+        if info.st_uid != os.getuid():
+            if warned:
+                logger.warning("journal {} is owned by another user; ignored", path)
+            return None
+        into = folded if unchanged is None else JournalFolded()
+        with os.fdopen(os.dup(fd), "rb") as stream:
+            bad = fold_lines(read_lines(stream), into)
+        if unchanged is not None:
+            if not into.live():  # every outcome reached its sender: left for wait_outcome and the next start
+                unchanged[path.name] = mark
+                return None
+            _fold_into(into, folded)
+        keep = True
+        return _Adopted(path, fd, bad, (info.st_dev, info.st_ino, info.st_size))
+    finally:
+        if not keep:
+            os.close(fd)
 
 
 def _fold_into(one: JournalFolded, folded: JournalFolded) -> None:
@@ -164,24 +253,37 @@ def _fold_into(one: JournalFolded, folded: JournalFolded) -> None:
     folded.corrupt_lines += one.corrupt_lines
 
 
-def _retire(adopted: list[_Adopted], *, within: Path | None) -> None:
-    """Remove the adopted files, whose records are in our file now; quarantine those with unreadable lines."""
-    for path, _, bad in adopted:
-        if bad:  # kept for whoever must find out what an unreadable record was
-            _quarantine_damaged(path, bad, within=within)
+def _retire(adopted: list[_Adopted], *, within: Path | None) -> list[_Adopted]:
+    """Remove the adopted files, whose records are in our file now; quarantine those with unreadable lines.
+
+    Returns:
+        The files that stay where they were (neither removed nor moved aside; each said already).
+    """
+    stayed: list[_Adopted] = []
+    for one in adopted:
+        if one.bad:  # kept for whoever must find out what an unreadable record was
+            if not _quarantine_damaged(one.path, one.bad, within=within):
+                stayed.append(one)
             continue
         try:
-            path.unlink()
+            one.path.unlink()
+        except FileNotFoundError:
+            continue
         except OSError as exc:
-            logger.warning("could not remove adopted journal {}: {}", path, exc)
+            logger.warning("could not remove adopted journal {}: {}", one.path, exc)
+            stayed.append(one)
+    return stayed
 
 
-def _quarantine_damaged(path: Path, bad: int, *, within: Path | None) -> None:
+def _quarantine_damaged(path: Path, bad: int, *, within: Path | None) -> bool:
     """Move an adopted journal with unreadable lines to ``bot_relay/quarantine/``, loudly.
 
     Its readable records are in our file already. An unreadable line is a write torn by a
     crash (never acked: the ack waits for the sync) or damage; a damaged ``accepted`` record
     is a DM whose sender was acked and that nothing can run any more, so say so.
+
+    Returns:
+        Whether it was moved aside.
     """
     from hermes_actors.store.relay_protocol import QUARANTINE
     from hermes_actors.store.relay_quarantine import quarantine_into
@@ -194,3 +296,4 @@ def _quarantine_damaged(path: Path, bad: int, *, within: Path | None) -> None:
         "adopted. A DM whose record was unreadable cannot be re-offered: look in the file ({}) for what it was",
         path, bad, moved or "it could not be moved aside and stays where it is",
     )
+    return bool(moved)
