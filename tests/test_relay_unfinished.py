@@ -175,7 +175,9 @@ def test_a_reply_that_stays_empty_is_still_quarantined_after_the_grace(
         os.close(_open_empty(relay / "replies" / name))  # created, closed, never written
         await_condition(lambda: list((relay / "quarantine").glob(f"{name}.*.quarantined")), timeout=10,
                         message=f"{name} quarantined")
-        assert debug_logs.matching("quarantined", name, "is not valid JSON")
+        # the line is logged just after the move: wait for it too (asserted at once, it raced the relay's thread)
+        await_condition(lambda: debug_logs.matching("quarantined", name, "is not valid JSON"), timeout=10,
+                        message=f"the quarantine of {name} logged")
         assert gw.stats()["relay"]["replies"] == 0
         valid = {"id": envelope_id, "at": int(time.time()), "reply": "the real reply", "error": "", "reason": ""}
         _write_and_close(_open_empty(relay / "replies" / name), valid)
