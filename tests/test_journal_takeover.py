@@ -216,14 +216,17 @@ def test_a_dead_journal_that_cannot_be_retired_is_adopted_once_and_its_dm_runs_o
     """Review: an adopted dead journal that could be neither quarantined (a damaged line; ``quarantine/`` of another
     user) nor removed (``unlink`` refused) stayed, was adopted again at every rescan and its never-started DM ran
     again each time (6 runs in 10.5 s at the default rescan). Now this gateway never adopts it again: one adoption,
-    one run, one outcome."""
+    one run, one outcome; and it keeps the file's flock while it runs, so a second running gateway does not adopt
+    it either (a later review: it did, and ran the DM a second time, 3/3)."""
     from hermes_actors.store import relay_quarantine
 
     root = make_root(tmp_path)
-    runner = RecordingRunner()
+    runner, beside = RecordingRunner(), RecordingRunner()
     host = start_gateway(gateways, root, runner, config={"bot_mode": {"rescan_seconds": 300}})
+    other = start_gateway(gateways, root, beside, config={"bot_mode": {"rescan_seconds": 300}})
     published: list[str] = []
     host.subscribe(lambda outcome: published.append(outcome["delivery_id"]))
+    other.subscribe(lambda outcome: published.append(outcome["delivery_id"]))
     dm = _never_started_dm()
     records = [{"t": "accepted", "id": dm.delivery_id, "d": delivery_record(dm)}]
     dead = _plant_dead_journal(root, records)
@@ -244,11 +247,17 @@ def test_a_dead_journal_that_cannot_be_retired_is_adopted_once_and_its_dm_runs_o
             rescan(host)
         # asked after the rescans' tells to the Dispatcher: each Recover they sent was handled before it answers
         assert host.wait_outcome(dm.delivery_id, timeout=30)["status"] == "replied"
+        for _ in range(2):
+            rescan(other)
+        # a poll asks its Dispatcher: a Recover its rescans sent (and its log line) would be handled first
+        other.wait_outcome(dm.delivery_id, timeout=0)
     assert dead.exists()
     assert len(logs.matching("recovery: adopted the journal", dead.name)) == 1, logs.lines
-    assert len(logs.matching("does not adopt it again", dead.name)) == 1, logs.lines
+    assert len(logs.matching("no gateway adopts it again while this one runs", dead.name)) == 1, logs.lines
+    other.stop(timeout=10)
     host.stop(timeout=10)
     assert [t.delivery_id for t in runner.entered] == [dm.delivery_id]
+    assert beside.entered == []
     assert published == [dm.delivery_id]
 
 

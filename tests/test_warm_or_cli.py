@@ -680,3 +680,15 @@ def test_a_stop_ends_a_turn_waiting_for_the_api_server_at_once_and_it_never_runs
     outcome = next(o for o in seen if o["delivery_id"] == ack["delivery_id"])
     assert (outcome["status"], outcome.get("reason")) == ("failed", "cancelled"), outcome
     assert (warm.turns, cli.turns) == ([], [])
+
+
+def test_a_turn_that_comes_to_the_wait_after_the_stop_began_never_waits_nor_runs(tmp_path: Path) -> None:
+    """Review: the stop's ``stop_waiting`` ended only the turns waiting at that moment; a turn whose worker reached
+    the wait a moment later (past its turn gate, on a loaded machine) waited on and was reported ``ambiguous`` at
+    the stop's cut-off, or ran with the CLI once its wait was over. The stop is for good: it never waits."""
+    runner, warm, cli, _, probes = starting(lambda clock: Probes(clock, [DOWN], step=12.0))
+    assert runner.stop_waiting() == 0  # nothing waits yet
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path))
+    assert caught.value.reason == "cancelled" and "before it began" in caught.value.text
+    assert (warm.turns, cli.turns, probes.calls) == ([], [], 0)

@@ -218,6 +218,7 @@ class WarmOrCliRunner:
         self._probe: Probe = probe if probe is not None else (lambda timeout: api_server_problem(warm.server, timeout))
         self._waiting: set[str] = set()  # deliveries whose turns wait for the API server to start
         self._ended: set[str] = set()  # deliveries stop_turns ended (until released): a waiting one never runs
+        self._stopping = False  # the gateway's stop began (stop_waiting): a turn that comes to the wait now never waits
         self._lost_turns: dict[str, ProcessWatch] = {}  # profile → the stopping gateway that may still run its turn
         self._gateway: ProcessWatch | None = None  # the gateway process of the last warm turn
         self._paths: dict[str, ApiRunner | HermesCliRunner] = {}  # delivery id → the runner of its last attempt
@@ -326,7 +327,7 @@ class WarmOrCliRunner:
 
     def _raise_if_ended(self, turn: Turn) -> None:
         """(Holding the lock) a turn :meth:`stop_turns` ended while it waited for the API server never runs."""
-        if turn.delivery_id in self._ended:
+        if self._stopping or turn.delivery_id in self._ended:
             raise TurnFailed(f"@{turn.handle or turn.profile}'s turn was ended because the gateway stopped before it "
                              "began (it was waiting for the hermes API server)", reason=CANCELLED)
 
@@ -485,6 +486,7 @@ class WarmOrCliRunner:
             How many turns were waiting.
         """
         with self._lock:
+            self._stopping = True  # for good: a runner serves one gateway's run, and a turn may reach the wait late
             self._ended.update(self._waiting)
             self._changed.notify_all()
             return len(self._waiting)

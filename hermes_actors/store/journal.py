@@ -71,6 +71,7 @@ write's spell ended (space came back), never at every commit.
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 import uuid
@@ -198,6 +199,7 @@ class Journal:
         # Touched by the start's adoption, then by adopt_dead alone (the relay's thread), never concurrently:
         self._settled_files: dict[str, FileMark] = {}  # dead gateways' files found settled (see adopt_dead)
         self._unretired_files: dict[str, FileIdentity] = {}  # adopted files that could not be retired (ditto)
+        self._held_files: list[int] = []  # their descriptors: flocked by us until we stop, so nobody adopts them
         self.records = 0
         self.listener: BatchListener | None = None  # told of each durable batch's tokens
         self.compactions = 0
@@ -234,7 +236,8 @@ class Journal:
     def _adopt(self) -> JournalFolded:
         """Take over dead gateways' journals (see :func:`adopt_dead_journals`); their folded state."""
         return adopt_dead_journals(self.directory, self.path, self._state, self._write_now,
-                                   keep=self.keep_delivered, within=self.within, unretired=self._unretired_files)
+                                   keep=self.keep_delivered, within=self.within, unretired=self._unretired_files,
+                                   held=self._held_files)
 
     def adopt_dead(self, timeout: float = 10.0) -> JournalFolded | None:
         """While running: adopt the journals of gateways on our root that stopped or died, as :meth:`start` does.
@@ -303,7 +306,8 @@ class Journal:
 
         try:
             return take_over_dead_journals(dead, self._state, write_kept, keep=self.keep_delivered,
-                                           within=self.within, unretired=self._unretired_files)
+                                           within=self.within, unretired=self._unretired_files,
+                                           held=self._held_files)
         except (OSError, HostileFileError) as exc:  # StoreError included
             if written:  # the records are ours now (an old file may be gone): kept, acted on by the next start
                 logger.error("adopting the journal(s) of a gateway on this root that stopped or was killed failed "
@@ -352,6 +356,9 @@ class Journal:
         if self._file.fd is not None and not self._check_home(walk=True):
             self._report_unkept()
         self._file.close()
+        held, self._held_files = self._held_files, []
+        for fd in held:  # the next start adopts them again, and folds them with our file's outcomes
+            os.close(fd)
 
     def keeps(self, timeout: float = 10.0) -> bool:
         """Whether what is journaled now is kept for the next start: asked by a stopping gateway.

@@ -75,7 +75,7 @@ class DeadJournals:
 def adopt_dead_journals(
     directory: Path, own: Path, state: JournalState, write: Callable[[list[bytes]], object], *,
     keep: int, within: Path | None, unchanged: dict[str, FileMark] | None = None,
-    unretired: dict[str, FileIdentity] | None = None,
+    unretired: dict[str, FileIdentity] | None = None, held: list[int] | None = None,
 ) -> JournalFolded:
     """Take over the journals of dead gateways: their live records go into our file, then the old files go.
 
@@ -91,6 +91,7 @@ def adopt_dead_journals(
         within: the Hermes root the quarantine directory must stay under.
         unchanged: see :func:`lock_dead_journals`.
         unretired: see :func:`take_over_dead_journals`.
+        held: see :func:`take_over_dead_journals`.
 
     Returns:
         The folded state of the adopted files (what recovery must act on), ``files`` naming them.
@@ -101,14 +102,15 @@ def adopt_dead_journals(
     """
     dead = lock_dead_journals(directory, own, unchanged=unchanged, unretired=unretired)
     try:
-        return take_over_dead_journals(dead, state, write, keep=keep, within=within, unretired=unretired)
+        return take_over_dead_journals(dead, state, write, keep=keep, within=within, unretired=unretired,
+                                       held=held)
     finally:
         dead.release()
 
 
 def take_over_dead_journals(
     dead: DeadJournals, state: JournalState, write: Callable[[list[bytes]], object], *,
-    keep: int, within: Path | None, unretired: dict[str, FileIdentity] | None = None,
+    keep: int, within: Path | None, unretired: dict[str, FileIdentity] | None = None, held: list[int] | None = None,
 ) -> JournalFolded:
     """Copy what still matters of the locked dead files into our file, then remove (or quarantine) them.
 
@@ -124,6 +126,9 @@ def take_over_dead_journals(
         unretired: this journal's files adopted but that could be neither removed nor moved aside (name →
             :data:`FileIdentity`), added to here (and said once, each): :func:`lock_dead_journals` never adopts
             them again while they stay the same, or their DMs would run again at every rescan.
+        held: where the flock of each such file is kept for the rest of our run (a descriptor of it, which the
+            caller closes as it stops): another gateway on the root, or a start beside us, would otherwise lock
+            and adopt it too, and run its never-started DMs a second time.
 
     Returns:
         The folded state of the adopted files (what recovery must act on), ``files`` naming them.
@@ -137,8 +142,10 @@ def take_over_dead_journals(
     for adopted in _retire(dead.files, within=within):
         if unretired is not None:
             unretired[adopted.path.name] = adopted.identity
-            logger.warning("adopted journal {} stays where it is, its records copied into this gateway's journal: "
-                           "this gateway does not adopt it again while it runs; remove it by hand", adopted.path)
+        if held is not None:
+            held.append(os.dup(adopted.fd))  # the same open file: its flock stays ours once the caller releases
+        logger.warning("adopted journal {} stays where it is, its records copied into this gateway's journal: no "
+                       "gateway adopts it again while this one runs; remove it by hand", adopted.path)
     dead.folded.files = [adopted.path.name for adopted in dead.files]
     return dead.folded
 
