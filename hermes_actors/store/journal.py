@@ -277,10 +277,7 @@ class Journal:
                 folded = self._adopt_running(dead)
             finally:
                 with self._cond:
-                    self._writing = False
-                    self._cond.notify_all()
-                    if self._writer_due():
-                        self._work.notify()
+                    self._give_turn_back()
         finally:
             dead.release()
         return folded if folded is not None and folded.files else None
@@ -383,10 +380,7 @@ class Journal:
             return self._check_home(walk=True)
         finally:
             with self._cond:
-                self._writing = False
-                self._cond.notify_all()
-                if self._writer_due():
-                    self._work.notify()
+                self._give_turn_back()
 
     def _report_unkept(self) -> None:
         """Say which DMs a stop with an unreachable file could not keep (the file closes where it is)."""
@@ -677,6 +671,14 @@ class Journal:
         the next start. What else the batch holds goes to the writer thread.
         """
         self._batch.withdraw(record)
+        if self._writer_due():
+            self._work.notify()
+
+    def _give_turn_back(self) -> None:
+        """Give the write turn back after work of our own under it (the caller holds ``_cond``): a caller queued
+        meanwhile may take it, and the writer thread is woken when it has work."""
+        self._writing = False
+        self._cond.notify_all()
         if self._writer_due():
             self._work.notify()
 
