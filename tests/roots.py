@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from loguru import logger
 
+from actors import Rescan, ask
 from actors.testkit import await_condition
 from hermes_actors.gateway import Gateway
 from hermes_actors.messages import Turn
@@ -184,6 +185,16 @@ def held_on(body: str, release: threading.Event, *, reply: str = "ok: ") -> Call
         return f"{reply}{body_of(turn.content)}"
 
     return behave
+
+
+def rescan(*running: Gateway) -> None:
+    """Run the relay's reconcile rescan of each gateway now, all at once (each returns once its rescan ran)."""
+    asks = [threading.Thread(target=ask, args=(gw._system.relay, Rescan("manual")), kwargs={"timeout": 30})
+            for gw in running if gw._system is not None]
+    for thread in asks:
+        thread.start()
+    for thread in asks:
+        thread.join(60)
 
 
 def start_gateway(

@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 import pytest
 from crash_procs import journal_ids, run_child, turns_logged
-from roots import LogCapture, RecordingRunner, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, make_root, rescan, start_gateway
 
-from actors import Rescan, ask
+from actors import ask
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core.acks import delivery_record
@@ -35,16 +35,6 @@ from hermes_actors.store.journal_records import DeliveryState
 from hermes_actors.store.turnlock import turn_lock_path
 
 CONFIG = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
-
-
-def rescan(*running: Gateway) -> None:
-    """Run the relay's reconcile rescan of each gateway now, all at once (each returns once its rescan ran)."""
-    asks = [threading.Thread(target=ask, args=(gw._system.relay, Rescan("manual")), kwargs={"timeout": 30})
-            for gw in running if gw._system is not None]
-    for thread in asks:
-        thread.start()
-    for thread in asks:
-        thread.join(60)
 
 
 def journals(root: Path) -> list[Path]:

@@ -25,9 +25,8 @@ import pytest
 from crash_procs import run_child, turns_logged
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
 from relay_procs import children
-from roots import LogCapture, RecordingRunner, body_of, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, body_of, make_root, rescan, start_gateway
 
-from actors import Rescan, ask
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
@@ -539,16 +538,6 @@ def test_a_killed_senders_envelopes_are_resumed_by_the_next_start_beside_a_livin
     assert after.stats()["relay"]["waiting"] == 0  # the running gateway's now
     rf.write_reply(RelayPaths.from_root(root), rp.make_reply(own, reply="late", now=time.time()))
     assert later.wait_outcome(own, timeout=10)["reply"] == "late"
-
-
-def rescan(*running: Gateway) -> None:
-    """Run the relay's reconcile rescan of each gateway now, all at once (each returns once its rescan ran)."""
-    asks = [threading.Thread(target=ask, args=(gw._system.relay, Rescan("manual")), kwargs={"timeout": 30})
-            for gw in running if gw._system is not None]
-    for thread in asks:
-        thread.start()
-    for thread in asks:
-        thread.join(60)
 
 
 def test_a_sender_killed_while_other_gateways_run_is_taken_over_by_exactly_one_of_them(
