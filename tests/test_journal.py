@@ -1799,3 +1799,95 @@ def test_a_send_interrupted_after_its_acceptance_was_committed_still_runs_and_th
     assert drained == [True], "the stop's drain ran out of time on a journal left broken"
     assert writer_ended == [True], "the stop's join of the journal's writer ran out of time"
     assert journal._file.fd is None, "the journal's stop gave up on a commit still running"
+
+
+def _unretired_dead_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A dead gateway's journal (one never-started DM) that adoption can neither remove nor move aside.
+
+    Returns:
+        The journal directory and the dead file.
+    """
+    directory = tmp_path / "bot_relay" / "journal"
+    directory.mkdir(parents=True, mode=0o700)
+    dead = directory / f"j-{_id(99)}.log"
+    dead.write_bytes(_lines({"t": "accepted", "id": _id(1), "d": _delivery(_id(1))}))
+    real_unlink = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if self == dead:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    return directory, dead
+
+
+def _flock_free(path: Path) -> bool:
+    """Whether another open file (another gateway's) could take ``path``'s flock now."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_a_stop_that_leaves_a_running_commit_to_close_the_file_frees_the_unretired_files_when_it_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review adoptleft: an adopted file that could not be retired keeps our flock while we run; its descriptor was
+    closed by ``stop`` only when no commit was running, never when the stop left the running commit to close the
+    file, so its flock stayed with the process for good (no gateway on the root adopted it again). It goes now with
+    our file, whoever closes it."""
+    directory, dead = _unretired_dead_journal(tmp_path, monkeypatch)
+    journal = Journal(directory, fsync=False)
+    journal.stop_wait = 0.2  # the stop's give-up deadline, not a synchronization
+    assert journal.start().states.keys() == {_id(1)}
+    assert not _flock_free(dead)  # held while we run
+    writing, release = threading.Event(), threading.Event()
+    real_write = journal._file.write
+
+    def held_write(lines: list[bytes], *, flush: bool = True) -> None:
+        writing.set()
+        assert release.wait(60)
+        real_write(lines, flush=flush)
+
+    monkeypatch.setattr(journal._file, "write", held_write)
+    appender = threading.Thread(target=journal.append_durably,
+                                args=({"t": "started", "id": _id(1), "attempt": 1},))
+    appender.start()
+    try:
+        assert writing.wait(30), "no commit began"
+        with LogCapture("ERROR") as logs:
+            journal.stop()  # gives up on the running commit: it closes the file when it ends
+        assert logs.matching("a journal commit is still running after"), logs.lines
+        assert not _flock_free(dead)  # nothing is closed under a running commit
+    finally:
+        release.set()
+        appender.join(30)
+    await_condition(lambda: journal._file.fd is None, timeout=30, message="the file was closed after the commit")
+    assert _flock_free(dead)
+    assert journal._held_files == []
+
+
+def test_a_failed_journal_start_frees_the_unretired_files_it_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review adoptleft: a start that failed after its adoption kept our file and the unretired files' flocks open
+    with nobody to close them (the journal never ran, so no stop closes them). The failed start closes them."""
+    from hermes_actors.store import journal as journal_module
+
+    directory, dead = _unretired_dead_journal(tmp_path, monkeypatch)
+
+    class NoThread(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(journal_module.threading, "Thread", NoThread)
+    journal = Journal(directory, fsync=False)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        journal.start()
+    assert _flock_free(dead)
+    assert journal._file.fd is None and journal._held_files == []

@@ -217,20 +217,25 @@ class Journal:
         """
         ensure_private_dir(self.directory, within=self.within)
         self._file.open()
-        with self._cond:  # adoption writes to our file: no caller may commit meanwhile
-            self._writing = True
         try:
-            adopted = self._adopt()
-        except OSError as exc:  # writing the adopted records to our file: a full disk names no file by itself
-            if isinstance(exc, StoreError):
-                raise
-            raise store_error("write the adopted journals into", self.path, exc) from exc
-        finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()  # a caller that queued meanwhile waits for the turn
-        self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
-        self._thread.start()
+            with self._cond:  # adoption writes to our file: no caller may commit meanwhile
+                self._writing = True
+            try:
+                adopted = self._adopt()
+            except OSError as exc:  # writing the adopted records to our file: a full disk names no file by itself
+                if isinstance(exc, StoreError):
+                    raise
+                raise store_error("write the adopted journals into", self.path, exc) from exc
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()  # a caller that queued meanwhile waits for the turn
+            self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
+            self._thread.start()
+        except BaseException:  # a failed start ends the journal: nothing of it stays open
+            self._thread = None
+            self._release_files()
+            raise
         return adopted
 
     def _adopt(self) -> JournalFolded:
@@ -352,9 +357,18 @@ class Journal:
             self._work.notify()  # a writer thread still waiting exits
         if self._file.fd is not None and not self._check_home(walk=True):
             self._report_unkept()
+        self._release_files()
+
+    def _release_files(self) -> None:
+        """Close our file and the descriptors of the adopted files we could not retire, on every path that ends
+        the journal (its stop; the commit or writer thread a stop left to close it; a failed start).
+
+        The held files' flocks go with their descriptors: the next start adopts them again, and folds them with
+        our file's outcomes.
+        """
         self._file.close()
         held, self._held_files = self._held_files, []
-        for fd in held:  # the next start adopts them again, and folds them with our file's outcomes
+        for fd in held:
             os.close(fd)
 
     def keeps(self, timeout: float = 10.0) -> bool:
@@ -708,7 +722,7 @@ class Journal:
             except BaseException:  # its waiters were told and the turn given back; the main thread's DMs need us
                 logger.opt(exception=True).error("the journal writer's commit raised; it goes on writing")
         if close:
-            self._file.close()
+            self._release_files()
 
     def _writer_due(self) -> bool:
         """Whether the writer thread has work (the caller holds ``_cond``): not a batch a waiting
@@ -789,7 +803,7 @@ class Journal:
                     if self._writer_due():
                         self._work.notify()
                 if close:
-                    self._file.close()
+                    self._release_files()
         if interrupt is not None:
             raise interrupt
 

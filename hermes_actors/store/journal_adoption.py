@@ -127,8 +127,8 @@ def take_over_dead_journals(
             :data:`FileIdentity`), added to here (and said once, each): :func:`lock_dead_journals` never adopts
             them again while they stay the same, or their DMs would run again at every rescan.
         held: where the flock of each such file is kept for the rest of our run (a descriptor of it, which the
-            caller closes as it stops): another gateway on the root, or a start beside us, would otherwise lock
-            and adopt it too, and run its never-started DMs a second time.
+            caller closes with its own file, on every path that ends it): another gateway on the root, or a
+            start beside us, would otherwise lock and adopt it too, and run its never-started DMs a second time.
 
     Returns:
         The folded state of the adopted files (what recovery must act on), ``files`` naming them.
