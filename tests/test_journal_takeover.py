@@ -280,6 +280,41 @@ def test_a_recover_of_a_dm_this_run_has_pending_or_settled_runs_nothing_again(
     assert [t.delivery_id for t in runner.entered] == [dm.delivery_id]
 
 
+def test_a_dm_settled_here_that_an_adopted_journal_holds_again_is_not_left_live_in_our_journal(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Review adoptleft: a journal holding, never started, a DM this run has settled already (a journal adopted a
+    second time) was not re-offered, but its ``accepted`` record was made live again in our journal: once our
+    bounded table of delivered outcomes dropped the DM, compaction kept only that record, and the next start (or an
+    adoption of our file) offered it again: the DM ran twice. What an adopted file says of an id this run knows
+    is not acted on and leaves nothing live in our journal now."""
+    root = make_root(tmp_path)
+    runner = RecordingRunner()
+    host = start_gateway(gateways, root, runner, config={"bot_mode": {"rescan_seconds": 300}})
+    dm = _never_started_dm()
+    records = [{"t": "accepted", "id": dm.delivery_id, "d": delivery_record(dm)}]
+    _plant_dead_journal(root, records)
+    rescan(host)
+    assert host.wait_outcome(dm.delivery_id, timeout=30)["status"] == "replied"
+    assert host._system is not None and host._system.journal is not None
+    journal = host._system.journal
+    await_condition(lambda: dm.delivery_id not in journal._state.folded.states, timeout=30,
+                    message="the DM's delivered record landed")
+    _plant_dead_journal(root, records)  # the same DM again, never started
+    with LogCapture("WARNING") as logs:
+        rescan(host)
+        host.wait_outcome(dm.delivery_id, timeout=0)  # asked after the rescan's Recover: handled before it answers
+    assert logs.matching("already pending or settled in this run are not acted on again", dm.delivery_id)
+    await_condition(lambda: dm.delivery_id not in journal._state.folded.states, timeout=30,
+                    message="the adopted copy left our journal's live state")
+    host.stop(timeout=10)
+    runner_after = RecordingRunner()
+    with Gateway(root, runner=runner_after, config={"bot_mode": {"rescan_seconds": 300}}) as gw:
+        assert gw.recovered.get("reoffered", 0) == 0, gw.recovered
+    assert runner_after.entered == []
+    assert [t.delivery_id for t in runner.entered] == [dm.delivery_id]
+
+
 def test_a_dm_is_acked_while_a_running_gateway_reads_a_dead_journal(
     tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:

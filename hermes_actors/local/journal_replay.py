@@ -65,7 +65,8 @@ def replay_journal(
     (see ``recovery.plan_recovery``).
 
     A DM to re-offer or settle ``ambiguous`` that this run has pending or settled already (a journal adopted a
-    second time) is left as it is: it never runs twice in one run.
+    second time) is left as it is, and one settled here has its ``delivered`` record journaled again, so the
+    adopted copy leaves our journal's live state: it never runs twice, in this run or after a later start.
 
     Args:
         states: the journal's state of each delivery id.
@@ -98,6 +99,17 @@ def replay_journal(
                        len(unreadable), ", ".join(map(repr, unreadable)))  # repr: an id may hold a newline
     book, durability = flow.book, flow.durability
     flow.waker.adopt(readable)
+    # A journal adopted a second time (never at a start: its book knows no DM yet): what it says of a DM this run
+    # has pending or settled is not acted on, and, the DM settled here, its copy leaves our journal's live state
+    # (adoption made it live there: once our kept outcomes dropped the DM, a later start would offer it again)
+    known_here = _known_here(readable, book)
+    if known_here:
+        logger.warning("recovery: {} journaled DM(s) already pending or settled in this run are not acted on "
+                       "again: {}", len(known_here), ", ".join(sorted(known_here)))
+        for key in sorted(known_here):
+            if book.state(key) is DeliveryState.SETTLED:  # published, its own delivered record written already
+                durability.delivered(key)
+        readable = {key: state for key, state in readable.items() if key not in known_here}
     plan = plan_recovery(readable, idempotent_runner=idempotent_runner,
                          live_record=lambda delivery: live_record(index, delivery), never_reached=never_reached,
                          runs_apart=runs_apart)
@@ -117,24 +129,14 @@ def replay_journal(
         durability.note({"t": "finished", "id": outcome.delivery_id, "o": outcome.as_dict()})
         flow.publish(outcome)
         durability.delivered(outcome.delivery_id)
-    known_here = {delivery.delivery_id for delivery in [*(d for d, _ in plan.ambiguous), *plan.reoffer]
-                  if book.state(delivery.delivery_id) is not DeliveryState.UNKNOWN}
-    if known_here:  # a journal adopted twice (never at a start: its book knows no unfinished DM yet)
-        logger.warning("recovery: {} journaled DM(s) already pending or settled in this run are not acted on "
-                       "again: {}", len(known_here), ", ".join(sorted(known_here)))
     for delivery, outcome in plan.ambiguous:
-        if delivery.delivery_id in known_here:
-            continue
         if readable[delivery.delivery_id].live:  # handed to a live owner: its mailbox record says so too
             live_gave_up(index, delivery, outcome.error)  # (a runner's DM has none of ours: a planted one is left)
         book.add(delivery.delivery_id, Pending(delivery, "local", journaled=True))
         flow.settle(outcome)
     for delivery in plan.reoffer:
-        if delivery.delivery_id not in known_here:
-            _reoffer(delivery, index=index, flow=flow, requeue=requeue)
+        _reoffer(delivery, index=index, flow=flow, requeue=requeue)
     counts = plan.counts()
-    counts["reoffered"] -= sum(1 for d in plan.reoffer if d.delivery_id in known_here)
-    counts["ambiguous"] -= sum(1 for d, _ in plan.ambiguous if d.delivery_id in known_here)
     if unreadable:
         counts["unreadable"] = len(unreadable)
     if adopted_from:  # one line per adoption, whatever it found
@@ -151,6 +153,14 @@ def replay_journal(
             **counts,
         )
     return counts
+
+
+def _known_here(states: dict[str, Any], book: OutcomeBook) -> set[str]:
+    """The journaled DMs without an outcome (to re-offer or settle ``ambiguous``) that this run has pending or
+    settled already (a journal adopted a second time). One with an outcome is re-published unless this run has
+    one (``has_outcome``); a delivered one is only remembered."""
+    return {key for key, state in states.items()
+            if not state.delivered and state.outcome is None and book.state(key) is not DeliveryState.UNKNOWN}
 
 
 def _reoffer(
