@@ -124,6 +124,27 @@ def test_a_cli_that_is_no_executable_is_a_usage_error_before_anything_starts(
     assert not (root / "bot_relay" / "journal").exists() or not any((root / "bot_relay" / "journal").iterdir())
 
 
+@pytest.mark.parametrize("extra", [[], ["--gateway"]])
+@pytest.mark.parametrize("kind", ["missing", "not executable"])
+def test_enable_refuses_a_cli_that_is_no_executable_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], kind: str
+) -> None:
+    """Regression: `enable --cli /nonexistent` passed the value over silently (a "Bot Chat" session was then made
+    with another hermes, or none, "install hermes-agent"), where `doctor --cli` refuses it: now exit 2 naming it,
+    before anything is written."""
+    root = create_demo_root(tmp_path / "root")
+    cli = tmp_path / "no-such-hermes"
+    if kind == "not executable":
+        cli.write_text("#!/bin/sh\n", encoding="utf-8")
+        cli.chmod(0o644)
+    before = {p: p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+    assert main(["enable", "--root", str(root), *extra, "--cli", str(cli)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: --cli {cli}: no executable file by that path or name on PATH"), captured
+    assert captured.out == ""
+    assert {p: p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))} == before
+
+
 def test_an_empty_cli_means_the_default_as_it_always_did(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--cli "$HERMES_CLI"` with the variable unset passes "": the default hermes, not a refusal (review: the
     --cli check refused it as `error: --cli : no executable …`)."""

@@ -167,6 +167,61 @@ def test_enable_gateway_lists_the_api_server_before_the_actors_platform(
     assert list(left) == ["hermes_actors"] and left["hermes_actors"]["enabled"] is False  # the user's switch is back
 
 
+@pytest.mark.parametrize("nested", ["hermes_actors", "api_server"])
+def test_enable_gateway_lists_the_api_server_first_when_the_platforms_are_under_gateway(
+    hermes_cli: str, offline_root: OfflineRoot, nested: str
+) -> None:
+    """Regression: hermes 0.19 reads platform blocks under `gateway.platforms` too, before the top level's. With
+    the user's `hermes_actors` block there, enable --gateway added `platforms.api_server` at the top level, which
+    hermes connected after the actors (their turns waited for it); with the user's `api_server` block there, it
+    added a second one at the top level whose port 8642 replaced theirs. enable now edits a block where it is and
+    puts ours beside it, in order."""
+    root = offline_root.root
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    user_block = ({"enabled": False, "extra": {"host_actors": True}} if nested == "hermes_actors"
+                  else {"enabled": True, "extra": {"host": "127.0.0.1", "port": 9123}})
+    config["gateway"] = {"platforms": {nested: user_block}}
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    before = yaml.safe_load((root / "config.yaml").read_text())
+
+    report = enable(root, gateway=True, cli=hermes_cli, env={})
+    assert platform_order(offline_root) == ["api_server", "hermes_actors"]
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    assert "platforms" not in config, config  # nothing at the top level: both blocks under gateway.platforms
+    assert list(config["gateway"]["platforms"]) == ["api_server", "hermes_actors"]
+    assert config["gateway"]["platforms"]["hermes_actors"] == {"enabled": True, "extra": {"host_actors": True}}
+    port = 9123 if nested == "api_server" else 8642
+    assert config["gateway"]["platforms"]["api_server"]["extra"]["port"] == port  # the user's port kept
+    assert not any("hermes connects the hermes_actors platform before" in line for line in report.todo), report
+    assert enable(root, gateway=True, cli=hermes_cli, env={}).changed == []
+    disable(root)
+    assert yaml.safe_load((root / "config.yaml").read_text()) == before
+
+
+def test_enable_gateway_says_what_to_move_when_the_blocks_are_split_between_the_two_maps(
+    hermes_cli: str, offline_root: OfflineRoot
+) -> None:
+    """Our block under gateway.platforms, the user's api_server block at the top level: hermes connects ours first
+    and no move inside one map changes that; enable edits each where it is and says what to move."""
+    root = offline_root.root
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["gateway"] = {"platforms": {"hermes_actors": {"enabled": True, "extra": {"host_actors": True}}}}
+    config["platforms"] = {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1", "port": 9123}}}
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    report = enable(root, gateway=True, cli=hermes_cli, env={})
+    assert platform_order(offline_root) == ["hermes_actors", "api_server"]  # hermes' own loader: ours first
+    assert any(line.startswith(f"{root / 'config.yaml'}: hermes connects the hermes_actors platform before the "
+                               "api_server one") for line in report.todo), report.todo
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    assert list(config["platforms"]) == ["api_server"]  # no second block of ours at the top level
+    config["platforms"] = {"hermes_actors": config["gateway"]["platforms"].pop("hermes_actors"), **config["platforms"]}
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))  # the user follows the line
+    again = enable(root, gateway=True, cli=hermes_cli, env={})
+    assert platform_order(offline_root) == ["api_server", "hermes_actors"]
+    assert not any("hermes connects the hermes_actors platform before" in line for line in again.todo), again.todo
+
+
 def test_enable_skips_a_profile_hermes_cannot_run_and_says_why(hermes_cli: str, offline_root: OfflineRoot) -> None:
     upper = offline_root.root / "profiles" / "UPPER"
     upper.mkdir()

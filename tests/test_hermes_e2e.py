@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fake_model import FakeModel, ToolCall, last_user_text, message_agent_call, profile_of
 from hermes_e2e import (
+    API_KEY,
     FLOW_TIMEOUT,
     POLL_SECONDS,
     E2ERoot,
@@ -272,6 +274,40 @@ def test_with_the_actors_platform_listed_first_a_dm_right_after_the_gateway_star
     assert held.platform == "api_server"  # warm, through the gateway's API server: not a CLI process
     bob_turn.release()
     model.wait_for(turn_of("alice", f"Reply from @bob: bob got: {bob_reads}"), FLOW_TIMEOUT, answered=True)  # WAKE
+
+
+def test_with_the_api_server_enabled_by_the_environment_only_a_dm_right_after_the_gateway_start_runs_warm(
+    tmp_path: Path, model: FakeModel, procs: Processes
+) -> None:
+    """hermes 0.19 enables its API server from the environment too (API_SERVER_KEY, API_SERVER_ENABLED) with no
+    block in config.yaml: it then connects it after every platform block, ours included, and enable has nothing to
+    reorder. A turn right after the start waits for it and runs warm; doctor then says turns run warm."""
+    assert _CLI is not None
+    e2e = make_e2e_root(tmp_path, model, ["alice", "bob"], _CLI)
+    port = free_port()
+    e2e.enable("--gateway", "--port", str(port))
+    config_path = e2e.root / "config.yaml"
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    del config["platforms"]["api_server"]  # the server is the environment's alone: API_SERVER_KEY is set
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    # where a user sets it (enable's "to do"); hermes reads the root's .env, not the process environment, for
+    # it once it multiplexes profiles
+    (e2e.root / ".env").write_text(f"API_SERVER_ENABLED=true\nAPI_SERVER_KEY={API_KEY}\nAPI_SERVER_PORT={port}\n",
+                                   encoding="utf-8")
+    start_hermes_gateway(procs, e2e, port, api=False)  # the actors answer: its API server may not yet
+    log = (e2e.logs / "hermes-gateway.log").read_text(encoding="utf-8", errors="replace")
+    assert "Connecting to api_server" not in log.split("Connecting to hermes_actors", 1)[0], log[-3000:]
+    bob_reads = dm_text("Alice", "alice", "right after the start")
+    bob_turn = model.hold(turn_of("bob", bob_reads))
+    ack = submit_dm(e2e.root, "alice", "bob", "right after the start", hop=1)
+    assert ack["status"] == "queued", ack
+    held = bob_turn.wait_entered(FLOW_TIMEOUT)
+    assert held.platform == "api_server"  # warm, through the gateway's API server: not a CLI process
+    bob_turn.release()
+    model.wait_for(turn_of("alice", f"Reply from @bob: bob got: {bob_reads}"), FLOW_TIMEOUT, answered=True)  # WAKE
+    done = e2e.hermes_actors("doctor", "--root", str(e2e.root), "--json")
+    warm_check = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "warm turns")
+    assert warm_check["level"] == "ok" and f"127.0.0.1:{port}" in warm_check["detail"], warm_check
 
 
 def test_nested_dm_is_refused_past_the_hop_limit(warm: E2ERoot, warm_model: FakeModel, procs: Processes) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -346,3 +347,47 @@ def test_key_moved_after(mapping: dict[str, int], expected: list[str] | None) ->
     moved = key_moved_after(mapping, "hermes_actors", "api_server")
     assert (None if moved is None else list(moved)) == expected
     assert mapping == before and (moved is None or moved == mapping)  # same keys and values; the input untouched
+
+
+_HA, _API = {"enabled": True, "extra": {"host_actors": True}}, {"enabled": True}
+
+
+@pytest.mark.parametrize(("config", "api", "ours"), [
+    ({}, ["platforms", "api_server"], ["platforms", "hermes_actors"]),
+    ({"platforms": {"api_server": _API}}, ["platforms", "api_server"], ["platforms", "hermes_actors"]),
+    ({"gateway": {"platforms": {"telegram": {}}}}, ["platforms", "api_server"], ["platforms", "hermes_actors"]),
+    ({"gateway": {"platforms": {"api_server": _API}}},
+     ["gateway", "platforms", "api_server"], ["gateway", "platforms", "hermes_actors"]),
+    ({"gateway": {"platforms": {"hermes_actors": _HA}}},
+     ["gateway", "platforms", "api_server"], ["gateway", "platforms", "hermes_actors"]),
+    ({"gateway": {"platforms": {"api_server": _API}}, "platforms": {"api_server": _API}},
+     ["platforms", "api_server"], ["platforms", "hermes_actors"]),  # the top level's block wins
+    ({"gateway": {"platforms": {"hermes_actors": _HA}}, "platforms": {"api_server": _API}},
+     ["platforms", "api_server"], ["gateway", "platforms", "hermes_actors"]),  # each where it is
+    ({"gateway": "junk", "platforms": {"hermes_actors": _HA}},
+     ["platforms", "api_server"], ["platforms", "hermes_actors"]),
+], ids=["empty", "top", "nested-others-only", "nested-api", "nested-ours", "both-api", "split", "junk-gateway"])
+def test_platform_block_keys(config: dict[str, Any], api: list[str], ours: list[str]) -> None:
+    """hermes 0.19 reads platform blocks under gateway.platforms too: enable edits a block where it is, and puts a
+    new one of ours beside the other one when that is under gateway.platforms only (else at the top level)."""
+    from hermes_actors.hermes.setup import platform_block_keys
+
+    assert platform_block_keys(config, "api_server", "hermes_actors") == api
+    assert platform_block_keys(config, "hermes_actors", "api_server") == ours
+
+
+@pytest.mark.parametrize(("config", "order"), [
+    ({}, []),
+    ({"platforms": {"hermes_actors": _HA, "api_server": _API}}, ["hermes_actors", "api_server"]),
+    ({"gateway": {"platforms": {"hermes_actors": _HA}}, "platforms": {"api_server": _API}},
+     ["hermes_actors", "api_server"]),  # gateway.platforms first
+    ({"gateway": {"platforms": {"api_server": _API}}, "platforms": {"hermes_actors": _HA, "api_server": _API}},
+     ["api_server", "hermes_actors"]),  # a block in both keeps its nested place
+    ({"platforms": {"telegram": "junk", "api_server": _API}}, ["api_server"]),  # no mapping: hermes skips it
+], ids=["empty", "top", "nested-first", "merged", "not-a-mapping"])
+def test_connect_order(config: dict[str, Any], order: list[str]) -> None:
+    """The order hermes 0.19's loader (gateway/config.py) gives the platforms; the real one agrees in
+    test_hermes_cli.py::test_enable_gateway_lists_the_api_server_first_when_the_platforms_are_under_gateway."""
+    from hermes_actors.hermes.setup import connect_order
+
+    assert connect_order(config) == order

@@ -1,7 +1,7 @@
 """What the command's gateway options make: the turn runner of ``--runner``/``--cli`` and the config of ``--redis``.
 
 Shared by every command that may start a gateway of its own (``roster``, ``send``, ``serve``, ``room``); ``doctor``
-refuses a bad ``--cli`` with :func:`check_cli` too.
+and ``enable`` refuse a bad ``--cli`` with :func:`check_cli` too.
 """
 
 from __future__ import annotations

@@ -141,8 +141,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_enable(args: argparse.Namespace) -> int:
+    from hermes_actors.cli.gateway_options import check_cli
     from hermes_actors.hermes.setup import enable
 
+    check_cli(args.cli)  # before anything is written: enable would pass it over for another hermes, saying nothing
     profiles = args.profiles.split(",") if args.profiles is not None else None
     report = enable(args.root, profiles, gateway=args.gateway, port=args.port, cli=args.cli)
     print(f"hermes-actors enable on {args.root}:")

@@ -15,7 +15,9 @@ With ``gateway=True`` the root's ``config.yaml`` also gets
 is configured, ``platforms.hermes_actors: {enabled: true, extra: {host_actors: true}}``
 (the gateway then hosts the actors: :func:`hermes_actors.hermes.plugin.hosting_configured`),
 listed after ``platforms.api_server`` (moved there when it came first: hermes connects
-platforms in that order), and ``gateway.multiplex_profiles: true``.
+platforms in that order), and ``gateway.multiplex_profiles: true``. hermes 0.19 reads
+platform blocks under ``gateway.platforms`` too (before the top level's): a block there is
+edited there, and ours goes beside it (:func:`platform_block_keys`, :func:`connect_order`).
 
 Every edit is recorded (:mod:`hermes_actors.hermes.recorded_edits`) in
 ``<root>/bot_relay/hermes-actors-enable.json`` as "path, value before, value
@@ -29,8 +31,9 @@ an edited file are lost; keys and order are kept).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
@@ -50,10 +53,13 @@ from hermes_actors.hermes.recorded_edits import (
 from hermes_actors.hermes.select import DEFAULT_API_PORT, MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.hermes.submit_client import lock_holder, ping
+from hermes_actors.hermes.warm_or_cli import API_SERVER_START_SECONDS
 from hermes_actors.ops.http_config import MAX_PORT, check_port
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
 
-__all__ = ["PLUGIN_NAME", "api_server_port", "disable", "enable", "gateway_todo"]
+__all__ = [
+    "PLUGIN_NAME", "api_server_port", "connect_order", "disable", "enable", "gateway_todo", "platform_block_keys",
+]
 
 PLUGIN_NAME = "hermes-actors"
 _LISTED = 5  # profile names a report line lists before "and N more"
@@ -189,30 +195,102 @@ def enable(
                 if created:
                     report.changed.append(f"{home / 'state.db'}: created the 'Bot Chat' session {session}")
         if gateway:
-            config = root / "config.yaml"
-            editor.set_default(config, ["platforms", "api_server"],
-                               {"enabled": True, "extra": {"host": "127.0.0.1",
-                                                           "port": DEFAULT_API_PORT if port is None else port}})
-            where = ["platforms", "api_server", "extra", "port"]
-            current = value_at(read_yaml(config), where)
-            if port is not None and current != port:  # named: that port, whatever an earlier enable set
-                editor.set_default(config, where, port, replace=current)
-            editor.set_default(config, ["platforms", "api_server", "enabled"], True, replace=False)
-            editor.set_default(config, ["platforms", PLATFORM_NAME], {"enabled": True, "extra": {HOST_KEY: True}})
-            # `enable --gateway` is the ask to host: a block switched off by hand is switched on again
-            # (`disable` puts the user's false back), else the gateway it says to start would host nothing
-            editor.set_default(config, ["platforms", PLATFORM_NAME, "enabled"], True, replace=False)
-            editor.set_default(config, ["platforms", PLATFORM_NAME, "extra", HOST_KEY], True)
-            editor.set_default(config, ["gateway", "multiplex_profiles"], True, replace=False)
-            # hermes connects platforms in the order config.yaml lists them: the actors' runner, chosen as our
-            # platform connects, then finds the API server up (a block of ours from before, e.g. left with
-            # enabled: false by disable, came first and the new api_server block after it)
-            editor.move_after(config, ["platforms"], PLATFORM_NAME, "api_server",
-                              "hermes connects platforms in this order: the API server is up when the actors start")
+            _configure_gateway(editor, root / "config.yaml", port, report)
     finally:
         save_record(root, record)
     _add_todo(root, report, gateway=gateway, env=env, cli=hermes_cli)
     return report
+
+
+_API = "api_server"
+_TOP = ["platforms"]
+_NESTED = ["gateway", "platforms"]  # hermes 0.19 reads platform blocks here too (gateway/config.py)
+
+
+def _platform_maps(config: Mapping[str, Any]) -> list[tuple[list[str], Mapping[str, Any]]]:
+    """Pure: the platform maps of a root's ``config.yaml`` that are mappings, as hermes 0.19 merges them: those
+    under ``gateway.platforms`` first, then the top-level ``platforms`` (whose blocks win)."""
+    maps: list[tuple[list[str], Mapping[str, Any]]] = []
+    for keys in (_NESTED, _TOP):
+        found = value_at(dict(config), keys)
+        if isinstance(found, dict):
+            maps.append((keys, found))
+    return maps
+
+
+def platform_block_keys(config: Mapping[str, Any], name: str, beside: str) -> list[str]:
+    """Pure: where ``enable --gateway`` edits the platform block ``name`` in a root's ``config.yaml``.
+
+    hermes 0.19 reads platform blocks from ``platforms`` and from ``gateway.platforms`` (a block in both is merged,
+    the top level's keys winning): a block the user has is edited where it is, and a new one goes beside the
+    other block of ours when that one is under ``gateway.platforms`` only, else under ``platforms``.
+
+    Args:
+        config: the root's ``config.yaml`` mapping.
+        name: the block (``api_server`` or ``hermes_actors``).
+        beside: the other block of ours.
+
+    Returns:
+        The key path of the block, e.g. ``["gateway", "platforms", "api_server"]``.
+    """
+    maps = _platform_maps(config)
+    for keys, found in reversed(maps):  # the top level first: its keys win
+        if name in found:
+            return [*keys, name]
+    holders = [keys for keys, found in maps if beside in found]
+    return [*(_NESTED if holders == [_NESTED] else _TOP), name]
+
+
+def connect_order(config: Mapping[str, Any]) -> list[str]:
+    """Pure: the platform blocks of a root's ``config.yaml`` in the order ``hermes gateway run`` (0.19) connects
+    them: its loader merges the blocks under ``gateway.platforms`` first, then adds the top level's new ones, and
+    it skips a block that is no mapping. (A platform enabled only by the environment, such as the API server by
+    ``API_SERVER_KEY`` or ``API_SERVER_ENABLED``, has no block: hermes connects it after all of these.)
+
+    Args:
+        config: the root's ``config.yaml`` mapping.
+
+    Returns:
+        The platform names, first connected first.
+    """
+    order: list[str] = []
+    for _keys, found in _platform_maps(config):
+        order += [name for name, block in found.items() if isinstance(block, dict) and name not in order]
+    return order
+
+
+def _configure_gateway(editor: RecordedEditor, config: Path, port: int | None, report: SetupReport) -> None:
+    """``enable --gateway``'s edits of the root's ``config.yaml``: the API server, our platform, multiplexing,
+    the API server's block before ours (or a "to do" line when only the user can put it there)."""
+    data = read_yaml(config)
+    api = platform_block_keys(data, _API, PLATFORM_NAME)
+    ours = platform_block_keys(data, PLATFORM_NAME, _API)
+    editor.set_default(config, api, {"enabled": True, "extra": {"host": "127.0.0.1",
+                                                                "port": DEFAULT_API_PORT if port is None else port}})
+    where = [*api, "extra", "port"]
+    current = value_at(read_yaml(config), where)
+    if port is not None and current != port:  # named: that port, whatever an earlier enable set
+        editor.set_default(config, where, port, replace=current)
+    editor.set_default(config, [*api, "enabled"], True, replace=False)
+    editor.set_default(config, ours, {"enabled": True, "extra": {HOST_KEY: True}})
+    # `enable --gateway` is the ask to host: a block switched off by hand is switched on again
+    # (`disable` puts the user's false back), else the gateway it says to start would host nothing
+    editor.set_default(config, [*ours, "enabled"], True, replace=False)
+    editor.set_default(config, [*ours, "extra", HOST_KEY], True)
+    editor.set_default(config, ["gateway", "multiplex_profiles"], True, replace=False)
+    # hermes connects platforms in the order it reads them: the actors' runner, chosen as our platform connects,
+    # then finds the API server up (a block of ours from before, e.g. left with enabled: false by disable, came
+    # first and the new api_server block after it)
+    if api[:-1] == ours[:-1]:
+        editor.move_after(config, ours[:-1], PLATFORM_NAME, _API,
+                          "hermes connects platforms in this order: the API server is up when the actors start")
+    order = connect_order(read_yaml(config))
+    if PLATFORM_NAME in order and _API in order and order.index(PLATFORM_NAME) < order.index(_API):
+        report.todo.append(
+            f"{config}: hermes connects the {PLATFORM_NAME} platform before the {_API} one (it reads the blocks "
+            "under gateway.platforms before those under platforms): list api_server first, both blocks under "
+            "gateway.platforms or both under platforms, so the API server is up when the actors start (until then "
+            f"a turn right after the gateway's start waits for it, up to {API_SERVER_START_SECONDS:g} s)")
 
 
 def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, str] | None, cli: str | None) -> None:
