@@ -12,8 +12,10 @@ import pytest
 from hostile_files import kind_param, place
 
 from hermes_actors.core.ids import new_delivery_id
+from hermes_actors.relay import drain as drain_module
 from hermes_actors.relay.drain import Expired, NotOurs, Quarantined, ToDeliver, drain_envelope, drain_outbox
 from hermes_actors.store import relay_files as rf
+from hermes_actors.store import safe_read
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 from hermes_actors.store.relay_protocol import make_envelope
 from hermes_actors.store.relay_roster import normalize_roster_row
@@ -268,3 +270,94 @@ def test_an_inbox_record_whose_sender_ttl_is_no_number_is_quarantined_and_answer
     result = drain_envelope(paths, "inbox", record["id"], ttl=TTL, now=NOW)
     assert isinstance(result, Quarantined) and result.reply is not None, result
     assert "'sender_ttl'" in result.reply["error"]
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every read of a relay file's bytes (safe_read's one reader), by file descriptor."""
+    seen: list[int] = []
+    real = safe_read._read_limited
+
+    def counted(fd: int, max_bytes: int) -> bytes:
+        seen.append(fd)
+        return real(fd, max_bytes)
+
+    monkeypatch.setattr(safe_read, "_read_limited", counted)
+    return seen
+
+
+@pytest.mark.parametrize("box", ["outbox", "inbox"])
+@pytest.mark.parametrize(("age", "expected"), [(10.0, ToDeliver), (TTL + 10, Expired)])
+def test_an_envelope_is_read_once_per_drain(paths: InboxPaths, reads: list[int], box: Any, age: float,
+                                            expected: type) -> None:
+    """Regression (relayread): every envelope the hub or a gateway drained was read and parsed twice (once where
+    it waits, for the write grace, then again once claimed). It is read once."""
+    envelope = _envelope(age)
+    _queue(paths, box, envelope)
+    result = drain_envelope(paths, box, envelope["id"], ttl=TTL, now=NOW)
+    assert type(result) is expected and result.envelope["id"] == envelope["id"], result  # type: ignore[union-attr]
+    assert len(reads) == 1
+
+
+def _rewrite(path: Path, how: str, message: str) -> None:
+    """Change the envelope file at ``path`` to carry ``message``: replaced by rename, or rewritten in place."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    body = json.dumps({**data, "message": message}).encode()
+    if how == "replaced":
+        fresh = path.with_name(".fresh.tmp")
+        fresh.write_bytes(body)
+        fresh.chmod(0o600)
+        os.replace(fresh, path)
+    else:  # the same inode, written again (another size, so a coarse mtime cannot hide it)
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, body)
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("box", ["outbox", "inbox"])
+@pytest.mark.parametrize("how", ["replaced", "rewritten in place"])
+def test_an_envelope_changed_between_its_read_and_its_claim_is_delivered_as_claimed(
+    paths: InboxPaths, monkeypatch: pytest.MonkeyPatch, box: Any, how: str
+) -> None:
+    """The one read is made before the claim: what is delivered must still be what was claimed. A file replaced
+    or rewritten after it was read is read again once claimed."""
+    envelope = _envelope(10.0)
+    _queue(paths, box, envelope)
+    directory = paths.relay.outbox if box == "outbox" else paths.inbox
+    real_claim = drain_module._claim
+
+    def claim_after_a_change(paths_: InboxPaths, box_: Any, envelope_id: str) -> Path | None:
+        _rewrite(directory / f"{envelope_id}.json", how, "changed before the claim")
+        return real_claim(paths_, box_, envelope_id)
+
+    monkeypatch.setattr(drain_module, "_claim", claim_after_a_change)
+    result = drain_envelope(paths, box, envelope["id"], ttl=TTL, now=NOW)
+    assert isinstance(result, ToDeliver) and result.envelope["message"] == "changed before the claim", result
+
+
+@pytest.mark.parametrize("box", ["outbox", "inbox"])
+def test_a_second_drainer_racing_between_the_read_and_the_claim_never_claims_it_twice(
+    paths: InboxPaths, monkeypatch: pytest.MonkeyPatch, box: Any
+) -> None:
+    """Two drainers read the same envelope where it waits; the rename decides: one delivers it, the other finds
+    it gone (not ours), and nothing is left behind or lost."""
+    envelope = _envelope(10.0)
+    _queue(paths, box, envelope)
+    real_claim = drain_module._claim
+    second: list[Any] = []
+
+    def claim_after_a_rival(paths_: InboxPaths, box_: Any, envelope_id: str) -> Path | None:
+        if not second:  # the first drainer read it; the second runs whole before the first renames
+            monkeypatch.setattr(drain_module, "_claim", real_claim)
+            second.append(drain_envelope(paths_, box_, envelope_id, ttl=TTL, now=NOW))
+        return real_claim(paths_, box_, envelope_id)
+
+    monkeypatch.setattr(drain_module, "_claim", claim_after_a_rival)
+    first = drain_envelope(paths, box, envelope["id"], ttl=TTL, now=NOW)
+    assert isinstance(first, NotOurs), first
+    assert isinstance(second[0], ToDeliver) and second[0].envelope["id"] == envelope["id"], second
+    directory = paths.relay.outbox if box == "outbox" else paths.inbox
+    shelf = paths.relay.claimed if box == "outbox" else paths.taken
+    assert not list(directory.glob("*.json")) and [p.name for p in shelf.glob("*.json")] == [f"{envelope['id']}.json"]

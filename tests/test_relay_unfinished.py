@@ -26,25 +26,42 @@ from hermes_actors.errors import HostileFileError, UnfinishedFileError
 from hermes_actors.relay.drain import Quarantined, ToDeliver, Unfinished, drain_envelope
 from hermes_actors.store import safe_read
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.safe_read import WRITE_GRACE_SECONDS, may_be_unfinished, read_json_file
+from hermes_actors.store.safe_read import WRITE_GRACE_SECONDS, BadSightings, may_be_unfinished, read_json_file
 
 GRACE = WRITE_GRACE_SECONDS
 
 
 @pytest.mark.parametrize(
-    ("changed_at", "now", "expected"),
+    ("changed_at", "now", "first_seen_bad", "expected"),
     [
-        (100.0, 100.0, True),  # changed this instant: its writer may be writing it
-        (100.0, 100.0 + GRACE / 2, True),
-        (100.0, 100.0 + GRACE - 0.001, True),
-        (100.0, 100.0 + GRACE, False),  # still bad once the grace is over: refused
-        (100.0, 100.0 + 3600, False),
-        (100.0 + GRACE / 2, 100.0, True),  # a clock set back a little: still within the grace
-        (100.0 + 3600, 100.0, False),  # a change far "in the future" buys no grace
+        (100.0, 100.0, None, True),  # changed this instant: its writer may be writing it
+        (100.0, 100.0 + GRACE / 2, None, True),
+        (100.0, 100.0 + GRACE - 0.001, None, True),
+        (100.0, 100.0 + GRACE, None, False),  # still bad once the grace is over: refused
+        (100.0, 100.0 + 3600, None, False),
+        (100.0 + GRACE / 2, 100.0, None, True),  # a clock set back a little: still within the grace
+        (100.0 + 3600, 100.0, None, False),  # a change far "in the future" buys no grace
+        (100.0, 100.0 + GRACE / 2, 100.0 + GRACE / 2, True),  # first seen bad now
+        (100.0, 100.0 + GRACE / 2, 100.0, True),  # first seen bad within the grace
+        (100.0, 100.0, 100.0 - GRACE + 0.001, True),
+        (100.0, 100.0, 100.0 - GRACE, False),  # changed just now, but first seen bad a grace ago: refused
+        (100.0, 100.0, 100.0 - 3600, False),  # a ctime that keeps changing buys no more grace
+        (100.0, 100.0 + GRACE, 100.0 + GRACE, False),  # first seen now, but its last change is past the grace
     ],
 )
-def test_may_be_unfinished(changed_at: float, now: float, expected: bool) -> None:
-    assert may_be_unfinished(changed_at, now) is expected
+def test_may_be_unfinished(changed_at: float, now: float, first_seen_bad: float | None, expected: bool) -> None:
+    assert may_be_unfinished(changed_at, now, first_seen_bad=first_seen_bad) is expected
+
+
+def test_bad_sightings_remember_the_first_and_stay_bounded() -> None:
+    sightings = BadSightings(limit=2)
+    assert sightings.first_seen((1, 1, "a.json"), 10.0) == 10.0
+    assert sightings.first_seen((1, 1, "a.json"), 12.0) == 10.0  # the first sighting stays
+    assert sightings.first_seen((1, 1, "b.json"), 13.0) == 13.0  # same inode, another name: another file
+    assert sightings.first_seen((1, 2, "c.json"), 14.0) == 14.0  # a third: the oldest is dropped
+    assert len(sightings) == 2 and sightings.first_seen((1, 1, "a.json"), 15.0) == 15.0
+    sightings.forget((1, 1, "a.json"))
+    assert sightings.first_seen((1, 1, "a.json"), 16.0) == 16.0  # forgotten: a new grace
 
 
 def _empty(path: Path) -> Path:
@@ -66,6 +83,51 @@ def test_an_empty_or_half_written_file_is_unfinished_within_the_grace_and_refuse
         with pytest.raises(HostileFileError, match="is not valid JSON") as caught:
             read_json_file(path, **refused)  # type: ignore[arg-type]
         assert not isinstance(caught.value, UnfinishedFileError)
+
+
+def test_a_file_whose_ctime_keeps_changing_is_refused_once_first_seen_bad_past_the_grace(tmp_path: Path) -> None:
+    """Regression (relayread): a relay file left empty whose ctime its owner keeps changing (a chmod every second)
+    was judged by that ctime alone: it stayed "may still be being written" at every event and rescan, never
+    quarantined. Once this process first saw it bad longer ago than the grace, it is refused, whatever its ctime."""
+    path = _empty(tmp_path / "a.json")
+    created = os.stat(path).st_ctime
+    with pytest.raises(UnfinishedFileError):  # first seen bad (the clock a little behind its ctime)
+        read_json_file(path, unfinished_at=created - GRACE / 2)
+    path.chmod(0o400)  # its ctime moves on
+    changed = os.stat(path).st_ctime
+    assert changed >= created
+    with pytest.raises(HostileFileError, match="is not valid JSON") as caught:  # fresh ctime, old first sighting
+        read_json_file(path, unfinished_at=changed + GRACE / 2)
+    assert not isinstance(caught.value, UnfinishedFileError)
+
+
+def test_a_file_read_whole_is_forgotten_so_its_next_bad_spell_gets_a_whole_grace(tmp_path: Path) -> None:
+    path = _empty(tmp_path / "a.json")
+    created = os.stat(path).st_ctime
+    with pytest.raises(UnfinishedFileError):
+        read_json_file(path, unfinished_at=created - GRACE / 2)
+    path.write_text("{}")
+    assert read_json_file(path, unfinished_at=created) == {}
+    path.write_text("")  # bad again, written just now
+    with pytest.raises(UnfinishedFileError):
+        read_json_file(path, unfinished_at=os.stat(path).st_ctime + GRACE / 2)
+
+
+@pytest.mark.parametrize("box", ["outbox", "inbox"])
+def test_drain_quarantines_an_envelope_whose_ctime_keeps_changing_once_first_seen_bad_past_the_grace(
+    tmp_path: Path, box: Any
+) -> None:
+    """The same rule for the hub's and a gateway's drain: left unclaimed at first, quarantined after."""
+    paths = InboxPaths.from_root(tmp_path).ensure()
+    envelope = seed_envelope(target_connection="mini", target_profile="moxie")
+    directory = paths.relay.outbox if box == "outbox" else paths.inbox
+    path = _empty(directory / f"{envelope['id']}.json")
+    created = os.stat(path).st_ctime
+    assert isinstance(drain_envelope(paths, box, envelope["id"], ttl=900, now=created - GRACE / 2), Unfinished)
+    path.chmod(0o400)
+    result = drain_envelope(paths, box, envelope["id"], ttl=900, now=os.stat(path).st_ctime + GRACE / 2)
+    assert isinstance(result, Quarantined) and "is not valid JSON" in result.why, result
+    assert not path.exists() and [n for n in os.listdir(paths.relay.quarantine) if n.startswith(envelope["id"])]
 
 
 def test_the_grace_spares_no_other_refusal(tmp_path: Path) -> None:

@@ -8,10 +8,13 @@ Three places take envelopes off the relay files, with the same rules:
 
 The rename decides who owns an envelope; a file that cannot be read as an
 envelope is quarantined, never followed; an envelope older than the TTL is not
-delivered but answered ``queued_expired``. A file still empty or not JSON yet that
-changed within the write grace (a writer that creates it, then writes it) is not
-claimed at all: it is left where it waits and looked at again at its close-write
-event or the next rescan (:func:`~hermes_actors.store.safe_read.may_be_unfinished`). :func:`drain_envelope` does the
+delivered but answered ``queued_expired``. An envelope is read once, where it waits,
+before the claim: a file still empty or not JSON yet that changed within the write
+grace (a writer that creates it, then writes it) is not claimed at all: it is left
+where it waits and looked at again at its close-write event or the next rescan
+(:func:`~hermes_actors.store.safe_read.may_be_unfinished`). What was read is used
+when the file claimed is the one read, unchanged (same inode, size and mtime);
+otherwise the claimed file is read again. :func:`drain_envelope` does the
 claim, the read and the quarantine, and *decides* the rest: it returns what the
 caller must do (deliver, or write the expiry reply where its replies go), so
 each caller keeps its own reply path and counters.
@@ -42,6 +45,7 @@ from hermes_actors.store.relay_inbox import (
 )
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_shelf import find_on_shelves
+from hermes_actors.store.safe_read import read_json_file_stat
 
 __all__ = [
     "Box",
@@ -136,26 +140,46 @@ def _box(paths: InboxPaths, box: Box) -> Path:
     return paths.relay.outbox if box == "outbox" else paths.inbox
 
 
-def _still_being_written(paths: InboxPaths, box: Box, envelope_id: str, now: float) -> str | None:
-    """Why the envelope file in ``box`` may still be being written (empty or not JSON yet, changed within the grace).
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """What the read where the envelope waits gave: its JSON and the file's stat then (None: the claimed file is
+    read instead: the read failed for another reason than an unfinished file)."""
 
-    Read where it waits, before any claim: the claim's rename changes the file's ctime, which the grace is judged
-    by. Never raises: anything else wrong with the file (gone, refused, malformed) is the claim's and its read's to
+    data: Any = None
+    seen: os.stat_result | None = None
+
+
+def _read_where_it_waits(paths: InboxPaths, box: Box, envelope_id: str, now: float) -> _Read | Unfinished:
+    """The envelope's one read, where it waits, before any claim: the claim's rename changes the file's ctime,
+    which the write grace is judged by.
+
+    Never raises: anything else wrong with the file (gone, refused, malformed) is the claim's and its read's to
     decide, as before.
 
     Returns:
-        The reason, or None when the file is to be claimed now.
+        :class:`Unfinished` when it may still be being written (empty or not JSON yet, changed within the grace);
+        else what was read (nothing, when the read failed).
     """
     directory = _box(paths, box)
     try:
         path = paths.relay.id_file(directory, envelope_id)
         with relay_dir(paths.relay.base, directory) as fd:
-            read_json_file(path, dir_fd=fd, unfinished_at=now)
+            data, seen = read_json_file_stat(path, dir_fd=fd, unfinished_at=now)
     except UnfinishedFileError as exc:
-        return str(exc)
+        return Unfinished(envelope_id, str(exc))
     except (OSError, ValidationError):  # HostileFileError and a bad id included: the claim decides
-        return None
-    return None
+        return _Read()
+    return _Read(data, seen)
+
+
+def _is_what_was_read(claimed: Path, seen: os.stat_result) -> bool:
+    """Whether the file claimed is the one read where it waited, unchanged since (same inode, size and mtime)."""
+    try:
+        now = os.lstat(claimed)
+    except OSError:
+        return False
+    return ((now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns)
+            == (seen.st_dev, seen.st_ino, seen.st_size, seen.st_mtime_ns))
 
 
 def _claim(paths: InboxPaths, box: Box, envelope_id: str) -> Path | None:
@@ -259,10 +283,10 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
         vanished file: a claimed file that cannot be read is quarantined (the
         claimed and taken directories are never rescanned).
     """
-    unfinished = _still_being_written(paths, box, envelope_id, now)
-    if unfinished is not None:
-        logger.debug("relay: left {} in {}/ for now: {}", envelope_id, box, unfinished)
-        return Unfinished(envelope_id, unfinished)
+    read = _read_where_it_waits(paths, box, envelope_id, now)
+    if isinstance(read, Unfinished):
+        logger.debug("relay: left {} in {}/ for now: {}", envelope_id, box, read.why)
+        return read
     try:
         claimed = _claim(paths, box, envelope_id)
     except (OSError, ValidationError) as exc:  # StoreError and HostileFileError included
@@ -270,7 +294,9 @@ def drain_envelope(paths: InboxPaths, box: Box, envelope_id: str, *, ttl: float,
         return NotOurs(envelope_id, str(exc))
     if claimed is None:
         return NotOurs(envelope_id)
-    return settle_claimed(paths, box, claimed, ttl=ttl, now=now)
+    if read.seen is not None and _is_what_was_read(claimed, read.seen):
+        return _decide(paths, box, claimed, read.data, ttl=ttl, now=now)
+    return settle_claimed(paths, box, claimed, ttl=ttl, now=now)  # replaced or changed since: read what we hold
 
 
 def settle_claimed(paths: InboxPaths, box: Box, claimed: Path, *, ttl: float, now: float) -> DrainResult:
@@ -296,6 +322,11 @@ def settle_claimed(paths: InboxPaths, box: Box, claimed: Path, *, ttl: float, no
     except (OSError, ValidationError) as exc:  # not JSON, a symlink, too big...: nothing in it is trusted
         quarantine(paths.relay, claimed, str(exc))  # first: our claim of it must not count as a taker's below
         return _unusable(claimed, str(exc), now, owed=box == "outbox" and _still_undelivered(paths, claimed.stem))
+    return _decide(paths, box, claimed, data, ttl=ttl, now=now)
+
+
+def _decide(paths: InboxPaths, box: Box, claimed: Path, data: Any, *, ttl: float, now: float) -> DrainResult:
+    """What a claimed envelope whose JSON is ``data`` needs: quarantined when malformed, expired, or delivered."""
     try:
         envelope, reply_connection = _parse(box, data, claimed)
     except ValidationError as exc:  # a JSON object with a bad field: its sender is told, when its id is sound
