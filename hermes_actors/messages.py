@@ -332,8 +332,9 @@ class Recover:
     states: dict[str, DeliveryState]  # delivery id → what the journal knows of it
     idempotent_runner: bool = False
     adopted_from: tuple[str, ...] = ()  # a running gateway's adoption: the journal files adopted
-    # a running gateway's adoption: relayed DMs (journaled outcome, no acceptance, not delivered) whose sent/ record
-    # or consumed/ mark is still in the relay: the gateway that took over the record reports them (and wakes)
+    # relayed DMs (journaled outcome, no acceptance, not delivered) whose sent/ record or consumed/ mark is still in
+    # the relay (at a start: not a record our relay resumed): the gateway that took over the record reports them (and
+    # wakes); JournalTakeover.follow settles them here once the record goes
     relayed: frozenset[str] = frozenset()
     relay_reported: frozenset[str] = frozenset()  # those of them reported and forgotten already (consumed/ only)
 

@@ -92,6 +92,9 @@ class ActorSystem:
     roster: pykka.ActorRef[Any] | None = None
     dispatcher: pykka.ActorRef[Any] | None = None
     relay: pykka.ActorRef[Any] | None = None
+    # the file relay's takeover of the journals of gateways that stop or die beside us (durable mode)
+    journals: JournalTakeover | None = None
+    resumed_ids: frozenset[str] = frozenset()  # the envelopes the relay waits for again after this start
     bridge: FsBridge | None = None
     desktop: DesktopRpc | None = None  # the Desktop's relay RPC, served by the file RelayActor
     rooms: Rooms | None = None  # the group rooms (docs/rooms.md)
@@ -203,7 +206,14 @@ class ActorSystem:
             ask(self.dispatcher, AttachOwner(profile, owner), timeout=ASK_TIMEOUT)
         if adopted is not None and adopted.states:
             idempotent = bool(getattr(self.runner, "idempotent", False))
-            self.recovered = ask(self.dispatcher, Recover(adopted.states, idempotent), timeout=ASK_TIMEOUT, expect=dict)
+            waiting, reported = frozenset[str](), frozenset[str]()
+            if self.journals is not None:  # relayed DMs another gateway's relay holds, or reported: not published here
+                waiting, reported = self.journals.sort(adopted.states, InboxPaths.from_root(opts.root),
+                                                       resumed=self.resumed_ids)
+            self.recovered = ask(self.dispatcher, Recover(adopted.states, idempotent, relayed=waiting | reported,
+                                                          relay_reported=reported), timeout=ASK_TIMEOUT, expect=dict)
+            if self.journals is not None:  # settled in our journal once their taker reported them (its rescans)
+                self.journals.watch(adopted.states, waiting)
         self.rooms = Rooms(RoomFiles(opts.root, fsync=opts.fsync), dispatcher=self.dispatcher,
                            roster=self.roster, notifier=self.notifier)
         self.rooms.start()  # after recovery: a resumed round's member turns queue behind recovered DMs
@@ -229,11 +239,10 @@ class ActorSystem:
                                                fsync=opts.durable and opts.fsync, **relay_args)
             self.dispatcher.tell(AttachRelay(self.relay, reaches_peers=True))  # bot_peers on this Redis too
         else:
-            journals = None
             if self.journal is not None:  # the journals of gateways that stop or die beside us (at each rescan)
-                journals = JournalTakeover(self.journal, self.dispatcher,
-                                           idempotent_runner=bool(getattr(self.runner, "idempotent", False)))
-            self.relay = RelayActor.start(opts.root, journals=journals, **relay_args)
+                self.journals = JournalTakeover(self.journal, self.dispatcher,
+                                                idempotent_runner=bool(getattr(self.runner, "idempotent", False)))
+            self.relay = RelayActor.start(opts.root, journals=self.journals, **relay_args)
             self.dispatcher.tell(AttachRelay(self.relay))
             self.desktop = DesktopRpc(self.relay, self.roster)
             self.bridge = FsBridge(
@@ -254,6 +263,7 @@ class ActorSystem:
         assert self.relay is not None and self.dispatcher is not None and self.roster is not None
         try:
             entries = ask(self.relay, ResumeRelay(), timeout=_RESUME_TIMEOUT)
+            self.resumed_ids = frozenset(entry.envelope_id for entry in entries or ())
             # The relay read the remote roster before it answered; these two asks flush it through the
             # RosterActor into the Dispatcher, so a DM right after start() finds the other machines' agents.
             ask(self.roster, GetSnapshot(), timeout=_RESUME_TIMEOUT, expect=RosterSnapshot)

@@ -30,7 +30,7 @@ from hermes_actors.core.acks import delivery_record
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.wake import wake_id
 from hermes_actors.messages import Delivery, Recover
-from hermes_actors.relay.journal_takeover import relayed_outcomes
+from hermes_actors.relay.journal_takeover import relayed_fates, relayed_outcomes
 from hermes_actors.store.journal_records import DeliveryState
 from hermes_actors.store.turnlock import turn_lock_path
 
@@ -192,6 +192,24 @@ def test_relayed_outcomes_are_the_journaled_outcomes_without_an_acceptance_not_y
     state: DeliveryState, relayed: bool
 ) -> None:
     assert relayed_outcomes({"a" * 32: state}) == (["a" * 32] if relayed else [])
+
+
+@pytest.mark.parametrize(("recorded", "consumed", "resumed", "fate"), [
+    (True, False, False, "waiting"),  # its sent/ record's holder reports it (maybe another gateway)
+    (True, True, False, "waiting"),  # the record first: its taker marks it consumed before it clears the record
+    (True, False, True, "ours"),  # our relay resumed it at this start: published here as before (or found reported)
+    (False, True, False, "reported"),  # reported and forgotten: marked delivered, not published
+    (False, True, True, "reported"),
+    (False, False, False, "ours"),  # no relay holds it: published here, once
+])
+def test_relayed_fates_leave_to_the_relay_what_it_holds_and_mark_what_it_reported(
+    recorded: bool, consumed: bool, resumed: bool, fate: str
+) -> None:
+    key = "a" * 32
+    waiting, reported = relayed_fates([key], recorded={key} if recorded else set(),
+                                      consumed={key} if consumed else set(), resumed={key} if resumed else set())
+    assert (waiting, reported) == ({"waiting": ({key}, set()), "reported": (set(), {key}),
+                                    "ours": (set(), set())}[fate])
 
 
 def _never_started_dm() -> Delivery:

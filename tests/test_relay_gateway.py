@@ -675,6 +675,111 @@ def test_a_dm_its_killed_sender_reported_is_not_reported_again_by_the_gateway_ta
     assert len(b_woke) + len(takers_woke) == 1
 
 
+def dead_sender_with_a_journaled_reply(tmp_path: Path, root: Path) -> str:
+    """B (a child process) sends a relay DM, its reply lands, B journals the outcome ``finished`` and is SIGKILLed
+    before its ``delivered`` record and before it forgot the DM's sent/ record (its wake never written).
+
+    Returns:
+        The DM's id.
+    """
+    argv = ["env", "HERMES_ACTORS_CRASH_AT=after-outcome-before-delivered", sys.executable,
+            str(Path(__file__).with_name("relay_dying.py")), str(root), "alpha", "report"]
+    with children(tmp_path) as spawn:
+        b = spawn("b", argv)
+        envelope_id = queued(b.wait_json("ack", timeout=60)["ack"])
+        rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="for the dead", now=time.time()))
+        assert b.proc.wait(60) == -9, b.stderr_tail()  # SIGKILLed at its crashpoint
+    assert (relay(root) / "sent" / f"{envelope_id}.json").exists()  # B never forgot it
+    return envelope_id
+
+
+def adopt_journal_only(root: Path, adopter: Gateway, envelope_id: str) -> None:
+    """``adopter``'s rescan adopts B's journal but not B's sent/ record: B's shelf lock is held meanwhile (as if B
+    still lived), so another gateway's later rescan takes the record over."""
+    record = relay(root) / "sent" / f"{envelope_id}.json"
+    owner = json.loads(record.read_text(encoding="utf-8"))["owner"]
+    held = os.open(relay(root) / "taken" / owner / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        rescan(adopter)
+    finally:
+        os.close(held)
+    assert record.exists() and adopter.stats()["relay"]["waiting"] == 0  # left to whoever takes it over
+
+
+@pytest.mark.parametrize("restarted", ["before-the-adopters-next-rescan", "after-it-and-the-6h-sweep"])
+def test_a_relayed_dm_one_gateway_adopted_and_another_reported_is_not_published_again_by_a_restart(
+    restarted: str, tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Gateways A and C run; B's relayed DM is journaled finished (not delivered) when B is killed. A adopts B's
+    journal (the DM left to the relay: its sent/ record is there), C takes the sent/ record over and reports the
+    reply (its journal, its consumed/ mark, alice woken once). A then stops and E starts beside C, adopting A's
+    journal: E publishes nothing and wakes nobody, whether A stopped before its next rescan (the start finds the
+    consumed/ mark) or after it (A's rescan wrote the DM's ``delivered`` record once C's report cleared the sent/
+    record; the mark is then swept, as after 6 h). Before, nothing wrote ``delivered`` into A's journal and E's
+    start published the reply a second time."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a, a_runner, seen = beside(gateways, root, config)
+    c, c_runner, _ = beside(gateways, root, config)
+    c.subscribe(seen.append)
+    envelope_id = dead_sender_with_a_journaled_reply(tmp_path, root)
+    adopt_journal_only(root, a, envelope_id)
+    rescan(c)  # C takes B's sent/ record over and reports the reply
+    await_condition(lambda: len(c_runner.entered) == 1, timeout=20, message="C reported B's DM and woke alice")
+    consumed = relay(root) / "consumed" / f"{envelope_id}.json"
+    await_condition(lambda: not (relay(root) / "sent" / f"{envelope_id}.json").exists(), timeout=20,
+                    message="C forgot the DM once reported")
+    assert consumed.exists()
+    if restarted == "after-it-and-the-6h-sweep":
+        rescan(a)
+        consumed.unlink()
+    a.stop(timeout=10)
+    e, e_runner, seen_e = beside(gateways, root, config)  # adopts A's journal (C still runs)
+    assert e.wait_outcome(envelope_id, timeout=10)["reply"] == "for the dead"
+    for gw in (e, c):
+        gw.stop(timeout=10)  # flushes what each published
+    assert [(o["status"], o["reply"]) for o in seen + seen_e if o["delivery_id"] == envelope_id] == [
+        ("replied", "for the dead")]
+    assert a_runner.entered == e_runner.entered == [] and len(c_runner.entered) == 1
+
+
+def test_a_start_leaves_a_relayed_dm_of_its_adopted_journal_to_the_running_gateway_that_took_it_over(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """As above, but C took B's sent/ record over before the reply could be read (C waits for it) and A stopped
+    before C reported: E's start adopts A's journal, finds the record held by C (alive) and leaves the DM to it;
+    C reports the reply once it lands (one outcome, alice woken once), and E's next rescan writes the DM's
+    ``delivered`` record, so a start after E (the consumed/ mark swept) publishes nothing either. Before, E's
+    start published the journaled reply at once and C reported it again: two outcomes."""
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a, a_runner, seen = beside(gateways, root, config)
+    c, c_runner, _ = beside(gateways, root, config)
+    c.subscribe(seen.append)
+    envelope_id = dead_sender_with_a_journaled_reply(tmp_path, root)
+    reply = relay(root) / "replies" / f"{envelope_id}.json"
+    reply.unlink()  # not there when C takes the DM over: C waits for it
+    adopt_journal_only(root, a, envelope_id)
+    rescan(c)
+    assert c.stats()["relay"]["waiting"] == 1
+    a.stop(timeout=10)
+    e, e_runner, seen_e = beside(gateways, root, config)  # adopts A's journal; the sent/ record is C's
+    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="for the dead", now=time.time()))
+    await_condition(lambda: len(c_runner.entered) == 1, timeout=20, message="C reported B's DM and woke alice")
+    await_condition(lambda: not (relay(root) / "sent" / f"{envelope_id}.json").exists(), timeout=20,
+                    message="C forgot the DM once reported")
+    rescan(e)
+    e.stop(timeout=10)
+    (relay(root) / "consumed" / f"{envelope_id}.json").unlink()  # swept, as after 6 h
+    f, f_runner, seen_f = beside(gateways, root, config)  # adopts E's journal
+    for gw in (f, c):
+        gw.stop(timeout=10)  # flushes what each published
+    assert [(o["status"], o["reply"]) for o in seen + seen_e + seen_f if o["delivery_id"] == envelope_id] == [
+        ("replied", "for the dead")]
+    assert a_runner.entered == e_runner.entered == f_runner.entered == [] and len(c_runner.entered) == 1
+
+
 def test_a_relayed_dm_whose_wake_its_killed_sender_never_ran_gets_one_outcome_and_one_wake_from_the_takers(
     tmp_path: Path, gateways: list[Gateway]
 ) -> None:

@@ -80,11 +80,13 @@ def replay_journal(
         runs_apart: whether a turn ran warm in a hermes gateway apart from this host (the runner's
             hook, ``turns.turn_runs_apart``): its ``ambiguous`` text says hermes may still have answered.
         adopted_from: a running gateway's adoption: the journal files (named in its log line).
-        relayed: a running gateway's adoption: outcomes of relayed DMs the relay still holds (their ``sent/``
-            record or ``consumed/`` mark): the gateway that took the record over reports them and wakes their
-            senders, so they are not published here (a taker that is another gateway would make it two outcomes).
-            One whose record is still in ``sent/`` stays undelivered in our journal: marked delivered, its taker,
-            which reads the root's journals before it reports, would take it for reported and wake nobody.
+        relayed: outcomes of relayed DMs the relay still holds (their ``sent/`` record, or their ``consumed/``
+            mark: :func:`~hermes_actors.relay.journal_takeover.relayed_fates`; at a start, not the records its own
+            relay resumed): the gateway that took the record over reports them and wakes their senders, so they
+            are not published here (a taker that is another gateway would make it two outcomes). One whose record
+            is still in ``sent/`` stays undelivered in our journal until the record goes (the relay's rescans
+            then settle it: ``JournalTakeover.follow``): marked delivered, its taker, which reads the root's
+            journals before it reports, would take it for reported and wake nobody.
         relay_reported: those of ``relayed`` the relay reported and forgot already (their ``consumed/`` mark
             alone): marked delivered here.
 
@@ -146,11 +148,11 @@ def replay_journal(
             "relay that took over their sent/ records), {known} settled outcomes known",
             ", ".join(adopted_from), left=left, **counts,
         )
-    elif any(counts.values()):
+    elif any(counts.values()):  # a start, or a rescan settling relayed DMs left to the relay (JournalTakeover.follow)
         logger.info(
-            "recovery: {reoffered} re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered, "
+            "recovery: {reoffered} re-offered, {ambiguous} ambiguous, {redelivered} outcomes re-delivered{left}, "
             "{known} settled outcomes known",
-            **counts,
+            left=f" ({left} of them left to the relay that took over their sent/ records)" if left else "", **counts,
         )
     return counts
 

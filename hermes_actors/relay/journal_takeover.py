@@ -9,10 +9,20 @@ Dispatcher acts on the rest (``Recover``: what never started is re-offered, what
 ``ambiguous``, settled outcomes never reported are published once, unrun wakes are run). Each is a tell from
 the relay's thread, so the Dispatcher handles them in that order, the relay's reports in between, as at a
 start. Before, a running gateway only read those journals: their DMs and wakes waited for the next start.
+
+A relayed DM whose outcome an adopted journal holds undelivered is left to whoever holds its ``sent/`` record
+(:func:`relayed_fates`): that gateway reports it and wakes its sender, possibly another gateway than this one.
+Its copy in our journal stays undelivered meanwhile, so each rescan looks again (:meth:`JournalTakeover.follow`):
+once the record is gone the DM is settled in our journal by the same rule (``delivered`` when its ``consumed/``
+mark says it was reported). A start does the same for the journals it adopts (:meth:`JournalTakeover.sort`,
+:meth:`JournalTakeover.watch`), leaving out the records its own relay resumed. Before, nothing wrote that
+``delivered`` record, and a later start adopting our journal published the DM's outcome a second time.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable, Set
 from typing import Any
 
 import pykka
@@ -23,7 +33,7 @@ from hermes_actors.store.journal import Journal
 from hermes_actors.store.journal_records import DeliveryState, JournalFolded
 from hermes_actors.store.relay_inbox import InboxPaths, is_consumed
 
-__all__ = ["JournalTakeover", "relayed_outcomes"]
+__all__ = ["JournalTakeover", "relayed_fates", "relayed_outcomes"]
 
 
 def relayed_outcomes(states: dict[str, DeliveryState]) -> list[str]:
@@ -44,6 +54,41 @@ def relayed_outcomes(states: dict[str, DeliveryState]) -> list[str]:
             and not state.unreadable_acceptance]
 
 
+def relayed_fates(keys: Iterable[str], *, recorded: Set[str], consumed: Set[str],
+                  resumed: Set[str] = frozenset()) -> tuple[frozenset[str], frozenset[str]]:
+    """Pure: which of these relayed DMs (:func:`relayed_outcomes`) are left to the relay, and which it reported.
+
+    - its ``sent/`` record is there: ``waiting``, not published here (whoever holds the record reports it and wakes
+      its sender; a second outcome here otherwise), not marked delivered either (its taker, which reads the root's
+      journals before it reports, would take it for reported and wake nobody); unless our own relay resumed it
+      at this start (``resumed``): then the start publishes it as before (or finds it reported already);
+    - its record is gone and its ``consumed/`` mark is there: ``reported`` (a relay reported it and forgot it):
+      marked delivered here, not published;
+    - neither: no relay holds it, so it is in neither set: published here, once.
+
+    Args:
+        keys: the relayed DMs' ids.
+        recorded: those whose ``sent/`` record is there (looked at first: a relay that reports a DM marks it
+            consumed before it clears the record).
+        consumed: those whose ``consumed/`` mark is there.
+        resumed: the envelopes our relay waits for again after this start (empty at a running adoption).
+
+    Returns:
+        ``(waiting, reported)``.
+    """
+    keys = list(keys)
+    waiting = frozenset(key for key in keys if key in recorded and key not in resumed)
+    reported = frozenset(key for key in keys if key not in recorded and key in consumed)
+    return waiting, reported
+
+
+def _relay_marks(paths: InboxPaths, keys: Iterable[str]) -> tuple[set[str], set[str]]:
+    """The ids whose ``sent/`` record is there, then the others whose ``consumed/`` mark is (in that order)."""
+    recorded = {key for key in keys if paths.relay.id_file(paths.sent, key).exists()}
+    consumed = {key for key in keys if key not in recorded and is_consumed(paths, key)}
+    return recorded, consumed
+
+
 class JournalTakeover:
     """What the file relay calls at its rescans to take over dead gateways' journals (see the module docstring).
 
@@ -57,6 +102,10 @@ class JournalTakeover:
         self.journal = journal
         self.dispatcher = dispatcher
         self.idempotent_runner = idempotent_runner
+        # relayed DMs an adopted journal left undelivered in ours while a relay holds their sent/ record: id → its
+        # journal state, until the record goes (follow). Filled by the relay's thread and, once, by the start's.
+        self._waiting: dict[str, DeliveryState] = {}
+        self._lock = threading.Lock()
 
     def adopt(self) -> JournalFolded | None:
         """Adopt what is to adopt and tell the Dispatcher its settled outcomes and wakes (before the relay's takeover).
@@ -77,13 +126,60 @@ class JournalTakeover:
             adopted: what :meth:`adopt` returned.
             paths: the relay layout (whose ``sent/`` and ``consumed/`` say which relayed DMs the relay holds).
         """
-        waiting: set[str] = set()
-        reported: set[str] = set()
-        for key in relayed_outcomes(adopted.states):
-            # sent/ first: a relay that reports a DM marks it consumed before it clears the record
-            if paths.relay.id_file(paths.sent, key).exists():
-                waiting.add(key)  # its taker reads the journals before it reports: left live (not delivered) here
-            elif is_consumed(paths, key):
-                reported.add(key)
+        waiting, reported = self.sort(adopted.states, paths)
         tell(self.dispatcher, Recover(adopted.states, self.idempotent_runner, adopted_from=tuple(adopted.files),
-                                     relayed=frozenset(waiting | reported), relay_reported=frozenset(reported)))
+                                     relayed=waiting | reported, relay_reported=reported))
+        self.watch(adopted.states, waiting)
+
+    def sort(self, states: dict[str, DeliveryState], paths: InboxPaths, *, resumed: Set[str] = frozenset()
+             ) -> tuple[frozenset[str], frozenset[str]]:
+        """The relayed DMs of an adopted journal left to the relay, and those it reported (:func:`relayed_fates`).
+
+        Args:
+            states: the adopted journal's delivery states.
+            paths: the relay layout.
+            resumed: at a start, the envelopes our relay waits for again (its own report settles them).
+
+        Returns:
+            ``(waiting, reported)``, for ``Recover``'s ``relayed`` (both) and ``relay_reported``.
+        """
+        keys = relayed_outcomes(states)
+        recorded, consumed = _relay_marks(paths, keys)
+        return relayed_fates(keys, recorded=recorded, consumed=consumed, resumed=resumed)
+
+    def watch(self, states: dict[str, DeliveryState], waiting: Iterable[str]) -> None:
+        """Look at these relayed DMs left to the relay again at each rescan (:meth:`follow`), once told ``Recover``.
+
+        Args:
+            states: the adopted journal's delivery states.
+            waiting: the ids :meth:`sort` found waiting.
+        """
+        with self._lock:
+            self._waiting.update((key, states[key]) for key in waiting)
+
+    def follow(self, paths: InboxPaths) -> None:
+        """At a rescan: settle in our journal the relayed DMs left to the relay whose ``sent/`` record went since.
+
+        Their taker reported them and forgot them (its ``consumed/`` mark): a ``Recover`` of them marks them
+        delivered here, never published; one whose record went without that mark (quarantined, removed by
+        hand) is held by no relay any more: published here, once, as an adoption does. One whose record is still
+        there stays watched.
+
+        Args:
+            paths: the relay layout.
+        """
+        with self._lock:
+            states = dict(self._waiting)
+        if not states:
+            return
+        recorded, consumed = _relay_marks(paths, states)
+        waiting, reported = relayed_fates(states, recorded=recorded, consumed=consumed)
+        settled = {key: state for key, state in states.items() if key not in waiting}
+        if not settled:
+            return
+        if not tell(self.dispatcher, Recover(settled, self.idempotent_runner, relayed=reported,
+                                             relay_reported=reported)):
+            return  # our stop: they stay undelivered in our journal, and the next start sorts them again
+        with self._lock:
+            for key in settled:
+                self._waiting.pop(key, None)

@@ -459,8 +459,12 @@ class RelayActor(TypedActor):
 
         Their journals are adopted first and acted on last, in the order a start keeps around its relay
         (:mod:`hermes_actors.relay.journal_takeover`): the Dispatcher knows their settled outcomes and wakes
-        before the relay reports what it takes over, and re-publishes only what the relay did not report.
+        before the relay reports what it takes over, and re-publishes only what the relay did not report. Before
+        all that, the relayed DMs adopted journals left to the relay whose ``sent/`` record went since (reported,
+        maybe by another gateway) are settled in our journal (:meth:`JournalTakeover.follow`).
         """
+        if self.journals is not None:
+            self.journals.follow(self.paths)
         journal = self.journals.adopt() if self.journals is not None else None
         try:
             before = self.living
