@@ -1129,3 +1129,22 @@ def test_disable_puts_the_false_of_the_users_own_block_back(tmp_path: Path) -> N
     assert _hosting(root) == {"enabled": True, "extra": {"host_actors": True}}  # enable --gateway asks to host
     assert main(["disable", "--root", str(root)]) == 0
     assert _hosting(root) == own
+
+
+@pytest.mark.usefixtures("no_hermes_cli")
+def test_doctor_says_why_the_gateway_starts_no_api_server_when_its_variables_are_in_the_environment_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: hermes 0.19, multiplexing profiles, reads API_SERVER_ENABLED / API_SERVER_KEY from the root's
+    .env only; doctor read the environment too and said the server "does not answer", with a fix that started
+    the gateway again. It now says hermes starts none, and why."""
+    monkeypatch.setenv("API_SERVER_KEY", "k" * 32)
+    monkeypatch.setenv("API_SERVER_ENABLED", "true")
+    root = make_root(tmp_path, config={"gateway": {"multiplex_profiles": True}})
+    main(["doctor", "--root", str(root), "--json"])
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["warm turns"]  # type: ignore[union-attr]
+    assert check["level"] == WARN, check
+    assert check["detail"].startswith(
+        "the hermes gateway starts no API server: API_SERVER_ENABLED and API_SERVER_KEY are set in the environment "
+        "but not in the root's .env"), check
+    assert str(root / ".env") in check["fix"], check

@@ -120,6 +120,43 @@ def test_warm_turns_off_at_the_start_are_a_warning_unless_hosted_in_the_gateway(
         assert runner.turns_now()["turns_via"] == "starting"  # its turns wait for the server (a warning if never)
 
 
+_KEY = "k" * 32
+_MUX = {"gateway": {"multiplex_profiles": True}}
+
+
+@pytest.mark.parametrize(("config", "gateway_json", "dotenv", "env", "warm"), [
+    # hermes 0.19, multiplexing profiles, reads these from the root's .env only: set in the environment alone,
+    # it starts no API server
+    (_MUX, None, "", {"API_SERVER_ENABLED": "true", "API_SERVER_KEY": _KEY}, False),
+    (_MUX, None, f"API_SERVER_ENABLED=true\nAPI_SERVER_KEY={_KEY}\n", {}, True),
+    # the legacy gateway.json is read under config.yaml
+    (_MUX, {"platforms": {"api_server": {"enabled": True, "extra": {"key": _KEY}}}}, "", {}, True),
+    # a top-level api_server: block's enabled wins over platforms.api_server's
+    ({**_MUX, "platforms": {"api_server": {"enabled": True}}, "api_server": {"enabled": False}}, None, "",
+     {"API_SERVER_KEY": _KEY}, False),
+], ids=["environment-only", "dotenv", "gateway-json", "top-level-off"])
+def test_turns_wait_for_an_api_server_only_where_hermes_starts_one(
+    tmp_path: Path, config: dict[str, Any], gateway_json: dict[str, Any] | None, dotenv: str, env: dict[str, str],
+    warm: bool
+) -> None:
+    """Regression: hermes-actors read the API server's settings otherwise than hermes 0.19 does (the environment's
+    variables while multiplexing, no gateway.json, no top-level api_server:): the gateway hosting the actors had
+    its turns wait 30 s for a server hermes never starts (or never tried one it starts). Now turns wait for one
+    only where hermes starts it, and go to the CLI at once where it starts none."""
+    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # hosted in it
+    if gateway_json is not None:
+        gateway_json["platforms"]["api_server"]["extra"]["port"] = _closed_port()
+        (tmp_path / "gateway.json").write_text(json.dumps(gateway_json), encoding="utf-8")
+    (tmp_path / ".env").write_text(dotenv + f"API_SERVER_PORT={_closed_port()}\n", encoding="utf-8")
+    with LogCapture("INFO") as logs:
+        runner = default_runner(tmp_path, config, cli="/bin/sh", env=env)
+    if warm:
+        assert isinstance(runner, WarmOrCliRunner) and runner.turns_now()["turns_via"] == "starting", logs.lines
+    else:
+        assert isinstance(runner, HermesCliRunner), runner
+        assert logs.matching("starts no API server", "turns run with the hermes CLI /bin/sh", "doctor"), logs.lines
+
+
 class _Recording:
     """Stands in for one path of a WarmOrCliRunner: records the turns it runs, answers its name."""
 

@@ -310,6 +310,45 @@ def test_with_the_api_server_enabled_by_the_environment_only_a_dm_right_after_th
     assert warm_check["level"] == "ok" and f"127.0.0.1:{port}" in warm_check["detail"], warm_check
 
 
+def test_with_the_api_server_enabled_by_the_process_environment_only_turns_run_with_the_cli_at_once(
+    tmp_path: Path, model: FakeModel, procs: Processes
+) -> None:
+    """Regression: hermes 0.19, multiplexing profiles, reads API_SERVER_ENABLED / API_SERVER_KEY / API_SERVER_PORT
+    from the root's .env only, not from the environment `hermes gateway run` was started with: set only there, it
+    starts no API server. hermes-actors read both, so the gateway hosting the actors had its turns wait for that
+    server (up to 30 s) and doctor said nothing of it. Now the host runs its turns with the CLI from its start,
+    and doctor says why."""
+    assert _CLI is not None
+    e2e = make_e2e_root(tmp_path, model, ["alice", "bob"], _CLI)
+    port = free_port()
+    e2e.enable("--gateway", "--port", str(port))
+    config_path = e2e.root / "config.yaml"
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    del config["platforms"]["api_server"]
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert not (e2e.root / ".env").exists()
+    e2e.env.update({"API_SERVER_ENABLED": "true", "API_SERVER_PORT": str(port)})  # API_SERVER_KEY is set already
+    gateway = start_hermes_gateway(procs, e2e, port, api=False)
+    pong = ping(e2e.root)
+    assert pong is not None and pong.get("pid") == gateway.pid and pong.get("turns_via") == "cli", pong
+    bob_reads = dm_text("Alice", "alice", "no API server")
+    bob_turn = model.hold(turn_of("bob", bob_reads))
+    ack = submit_dm(e2e.root, "alice", "bob", "no API server", hop=1)
+    assert ack["status"] == "queued", ack
+    assert bob_turn.wait_entered(FLOW_TIMEOUT).platform == "cli"
+    bob_turn.release()
+    model.wait_for(turn_of("alice", f"Reply from @bob: bob got: {bob_reads}"), FLOW_TIMEOUT, answered=True)  # WAKE
+    from hermes_actors.hermes.api_client import ApiServer
+    from hermes_actors.hermes.select import probe_api_server
+
+    assert not probe_api_server(ApiServer("127.0.0.1", port, API_KEY))  # hermes started none (its turns ran since)
+    done = e2e.hermes_actors("doctor", "--root", str(e2e.root), "--json")
+    warm_check = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "warm turns")
+    assert warm_check["level"] == "warn", warm_check
+    assert "API_SERVER_ENABLED and API_SERVER_KEY are set in the environment but not in the root's .env" in \
+        warm_check["detail"] and str(e2e.root / ".env") in warm_check["fix"], warm_check
+
+
 def test_nested_dm_is_refused_past_the_hop_limit(warm: E2ERoot, warm_model: FakeModel, procs: Processes) -> None:
     model = warm_model
     text = "DM dave: DM bob: the deep question"

@@ -16,7 +16,8 @@ from fake_model import BROKEN_STREAM, FakeModel, last_user_text
 from hermes_fixtures import OfflineRoot, bot_chat_messages
 
 from actors.testkit import await_condition
-from hermes_actors.hermes.select import api_server_of, default_runner, probe_api_server
+from hermes_actors.hermes.gateway_api import read_gateway_api_server
+from hermes_actors.hermes.select import default_runner, probe_api_server
 from hermes_actors.hermes.sessions import find_bot_chat
 from hermes_actors.hermes.setup import enable
 from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner
@@ -67,7 +68,8 @@ def hermes_gateway(hermes_cli: str, offline_root: OfflineRoot, tmp_path: Path) -
 
 def warm_runner(offline_root: OfflineRoot, gateway: HermesGateway, hermes_cli: str) -> tuple[WarmOrCliRunner, Any]:
     """The root's default runner once the gateway's API server answers (warm turns), and that server."""
-    server = api_server_of(yaml.safe_load((offline_root.root / "config.yaml").read_text()), gateway.env)
+    server = read_gateway_api_server(offline_root.root, yaml.safe_load((offline_root.root / "config.yaml").read_text()),
+                                     gateway.env).server()
     assert server is not None, "enable --gateway configured the API server"
     await_condition(lambda: probe_api_server(server), timeout=90, interval=0.5,
                     message="the hermes gateway's API server answering")

@@ -12,6 +12,7 @@ from hermes_actors.hermes.api_client import ApiServer
 from hermes_actors.hermes.api_runner import pick_titled_session
 from hermes_actors.hermes.cli_output import clean_reply, failure_of, reply_or_failure, session_id_of
 from hermes_actors.hermes.cli_runner import MAX_ARGV_TEXT_BYTES, HermesCliRunner
+from hermes_actors.hermes.gateway_api import GatewayApiServer, gateway_api_server
 from hermes_actors.hermes.install import ChatFlags, cli_profile_name, parse_chat_help, profile_home, root_of_home
 from hermes_actors.hermes.retry import (
     RESEND,
@@ -23,7 +24,6 @@ from hermes_actors.hermes.retry import (
     prepare_bot_chat_retry,
     take_back_unanswered,
 )
-from hermes_actors.hermes.select import api_server_of
 from hermes_actors.local.runners import CliResult
 from hermes_actors.messages import Turn
 
@@ -164,27 +164,89 @@ def test_pick_titled_session_follows_hermes_resolution() -> None:
 KEY = "k" * 32
 
 
+MUX = {"gateway": {"multiplex_profiles": True}}
+ON = {"platforms": {"api_server": {"enabled": True}}}
+
+
 @pytest.mark.parametrize(
-    ("config", "env", "expected"),
+    ("config", "legacy", "dotenv", "environ", "expected"),
     [
-        ({"platforms": {"api_server": {"enabled": True, "extra": {"port": 9000}}},
-          "gateway": {"multiplex_profiles": True}}, {"API_SERVER_KEY": KEY}, ApiServer("127.0.0.1", 9000, KEY)),
-        ({"platforms": {"api_server": {"enabled": True, "extra": {"host": "0.0.0.0", "key": KEY}}},
-          "gateway": {"multiplex_profiles": True}}, {"API_SERVER_PORT": "9001"}, ApiServer("127.0.0.1", 9001, KEY)),
-        ({"gateway": {"multiplex_profiles": True, "platforms": {"api_server": {"enabled": True}}}},
+        # config.yaml's block, the key from the environment (the adapter's own fallback, read multiplexing or not)
+        ({**MUX, "platforms": {"api_server": {"enabled": True, "extra": {"port": 9000}}}}, {}, {},
+         {"API_SERVER_KEY": KEY}, ApiServer("127.0.0.1", 9000, KEY)),
+        # the environment's port does not replace extra's when only the block enables the platform
+        ({**MUX, "platforms": {"api_server": {"enabled": True, "extra": {"host": "0.0.0.0", "key": KEY,
+                                                                          "port": 9000}}}}, {}, {},
+         {"API_SERVER_PORT": "9001"}, ApiServer("127.0.0.1", 9000, KEY)),
+        # ... it is the fallback when extra has none
+        ({**MUX, **ON}, {}, {}, {"API_SERVER_KEY": KEY, "API_SERVER_PORT": "9001"}, ApiServer("127.0.0.1", 9001, KEY)),
+        ({"gateway": {"multiplex_profiles": True, "platforms": {"api_server": {"enabled": True}}}}, {}, {},
          {"API_SERVER_KEY": KEY}, ApiServer("127.0.0.1", 8642, KEY)),
         # multiplexing off: /p/<profile>/ would be ignored, so no warm turns
-        ({"platforms": {"api_server": {"enabled": True}}}, {"API_SERVER_KEY": KEY}, None),
-        ({"platforms": {"api_server": {"enabled": True}}, "gateway": {"multiplex_profiles": True}},
-         {"API_SERVER_KEY": "short"}, None),
-        ({"platforms": {"api_server": {"enabled": False}}, "gateway": {"multiplex_profiles": True}}, {}, None),
-        ({"platforms": {"api_server": {"enabled": True}}}, {"API_SERVER_KEY": KEY,
-                                                            "GATEWAY_MULTIPLEX_PROFILES": "1"},
-         ApiServer("127.0.0.1", 8642, KEY)),
+        (ON, {}, {}, {"API_SERVER_KEY": KEY}, None),
+        ({**MUX, **ON}, {}, {}, {"API_SERVER_KEY": "short"}, None),
+        ({**MUX, **ON}, {}, {}, {"API_SERVER_KEY": "your_api_key_here"}, None),  # a placeholder: hermes refuses it
+        ({**MUX, "platforms": {"api_server": {"enabled": False}}}, {}, {}, {}, None),
+        (ON, {}, {}, {"API_SERVER_KEY": KEY, "GATEWAY_MULTIPLEX_PROFILES": "1"}, ApiServer("127.0.0.1", 8642, KEY)),
+        (ON, {}, {"GATEWAY_MULTIPLEX_PROFILES": "1"}, {"API_SERVER_KEY": KEY}, ApiServer("127.0.0.1", 8642, KEY)),
+        # multiplexing: the variables that enable it, and their port and host, are read from the root's .env only
+        (MUX, {}, {}, {"API_SERVER_KEY": KEY, "API_SERVER_ENABLED": "true"}, None),
+        (MUX, {}, {"API_SERVER_KEY": KEY, "API_SERVER_PORT": "9002"}, {}, ApiServer("127.0.0.1", 9002, KEY)),
+        (MUX, {}, {"API_SERVER_ENABLED": "yes"}, {"API_SERVER_KEY": KEY, "API_SERVER_PORT": "9003"},
+         ApiServer("127.0.0.1", 9003, KEY)),  # enabled by .env: key and port from the process (the adapter's own)
+        ({**MUX, "platforms": {"api_server": {"enabled": True, "extra": {"port": 9000}}}}, {},
+         {"API_SERVER_KEY": KEY, "API_SERVER_PORT": "9004"}, {}, ApiServer("127.0.0.1", 9004, KEY)),
+        # .env is loaded over the environment hermes started with
+        ({**MUX, **ON}, {}, {"API_SERVER_PORT": "9005"}, {"API_SERVER_KEY": KEY, "API_SERVER_PORT": "9006"},
+         ApiServer("127.0.0.1", 9005, KEY)),
+        # the legacy gateway.json is the base layer, config.yaml's keys win over it
+        (MUX, {"platforms": {"api_server": {"enabled": True, "extra": {"key": KEY, "port": 9007}}}}, {}, {},
+         ApiServer("127.0.0.1", 9007, KEY)),
+        ({**MUX, "platforms": {"api_server": {"extra": {"port": 9008}}}},
+         {"platforms": {"api_server": {"enabled": True, "extra": {"key": KEY, "port": 9007}}}}, {}, {},
+         ApiServer("127.0.0.1", 9008, KEY)),
+        ({**MUX, "platforms": {"api_server": {"enabled": False}}},
+         {"platforms": {"api_server": {"enabled": True, "extra": {"key": KEY}}}}, {}, {}, None),
+        (ON, {"multiplex_profiles": True}, {}, {"API_SERVER_KEY": KEY}, ApiServer("127.0.0.1", 8642, KEY)),
+        # gateway.json's multiplex_profiles wins over config.yaml's nested one (hermes reads that one only when unset)
+        ({**MUX, **ON}, {"multiplex_profiles": False}, {}, {"API_SERVER_KEY": KEY}, None),
+        # a top-level api_server: block's enabled wins over the platform blocks'
+        ({**MUX, **ON, "api_server": {"enabled": False}}, {}, {}, {"API_SERVER_KEY": KEY}, None),
+        ({**MUX, "platforms": {"api_server": {"enabled": False}}, "api_server": {"enabled": "on"}}, {}, {},
+         {"API_SERVER_KEY": KEY}, ApiServer("127.0.0.1", 8642, KEY)),
+        ({**MUX, **ON, "api_server": {"port": 9009}}, {}, {}, {"API_SERVER_KEY": KEY},
+         ApiServer("127.0.0.1", 8642, KEY)),  # only its enabled is read
     ],
 )
-def test_api_server_discovery(config: dict, env: dict, expected: ApiServer | None) -> None:
-    assert api_server_of(config, env) == expected
+def test_the_api_server_hermes_starts(
+    config: dict, legacy: dict, dotenv: dict, environ: dict, expected: ApiServer | None
+) -> None:
+    assert gateway_api_server(config, legacy, dotenv, environ).server() == expected
+
+
+@pytest.mark.parametrize(
+    ("config", "dotenv", "environ", "says"),
+    [
+        (MUX, {}, {"API_SERVER_KEY": KEY, "API_SERVER_ENABLED": "true"},
+         "API_SERVER_ENABLED and API_SERVER_KEY are set in the environment but not in the root's .env"),
+        (MUX, {"API_SERVER_ENABLED": "false"}, {"API_SERVER_KEY": KEY}, "API_SERVER_KEY is set in the environment"),
+        ({**MUX, **ON, "api_server": {"enabled": False}}, {}, {"API_SERVER_KEY": KEY},
+         "config.yaml's top-level api_server: block says enabled: false"),
+        (MUX, {}, {"API_SERVER_ENABLED": "false"}, ""),  # nothing asks for one
+        ({}, {}, {"API_SERVER_KEY": KEY}, ""),  # not multiplexing: hermes reads the environment, and starts it
+        ({**MUX, **ON}, {}, {"API_SERVER_KEY": KEY}, ""),  # it starts
+    ],
+)
+def test_why_hermes_starts_no_api_server(config: dict, dotenv: dict, environ: dict, says: str) -> None:
+    planned = gateway_api_server(config, {}, dotenv, environ)
+    assert (says in planned.why) if says else planned.why == "", planned
+
+
+def test_an_api_server_enabled_without_a_usable_key_is_a_missing_key() -> None:
+    assert gateway_api_server({**MUX, **ON}, {}, {}, {}) == GatewayApiServer(True, "127.0.0.1", 8642, "", True)
+    assert gateway_api_server({**MUX, **ON}, {}, {}, {}).key_missing
+    assert not gateway_api_server({**MUX, **ON}, {}, {}, {"API_SERVER_KEY": KEY}).key_missing
+    assert not gateway_api_server(ON, {}, {}, {}).key_missing  # not multiplexing: no warm turns to miss
 
 
 def test_an_api_server_is_named_by_its_address_and_never_shows_its_key() -> None:

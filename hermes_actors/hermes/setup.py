@@ -37,6 +37,7 @@ from typing import Any
 
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
+from hermes_actors.hermes.gateway_api import DEFAULT_API_PORT, MIN_KEY_CHARS, read_gateway_api_server
 from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, profile_home
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
@@ -50,7 +51,6 @@ from hermes_actors.hermes.recorded_edits import (
     undo_edit,
     value_at,
 )
-from hermes_actors.hermes.select import DEFAULT_API_PORT, MIN_KEY_CHARS, read_dotenv
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
 from hermes_actors.hermes.submit_client import lock_holder, ping
 from hermes_actors.hermes.warm_or_cli import API_SERVER_START_SECONDS
@@ -297,12 +297,16 @@ def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, 
     if cli is None:
         report.todo.append("install hermes-agent (pip install 'hermes-actors[hermes]') — no hermes CLI was found")
     if gateway:
-        seen = {**read_dotenv(root / ".env"), **(env if env is not None else dict(os.environ))}
-        if len(str(seen.get("API_SERVER_KEY", "")).strip()) < MIN_KEY_CHARS:
+        # the API server hermes starts with the config just written, read as hermes reads it
+        planned = read_gateway_api_server(root, read_yaml(root / "config.yaml"),
+                                          env if env is not None else dict(os.environ))
+        if planned.enabled and not planned.key_usable:
             report.todo.append(
                 f"set API_SERVER_KEY (at least {MIN_KEY_CHARS} characters, e.g. `openssl rand -hex 32`) in "
                 f"{root / '.env'} — the hermes API server refuses to start without it"
             )
+        elif planned.why:
+            report.todo.append(f"{root / 'config.yaml'}: the hermes gateway starts no API server: {planned.why}")
         report.todo.append(gateway_todo(root, gateway_pid(root)))
     elif ping(root) is None:
         report.todo.append(f"start the actors: {shell_command('hermes-actors', 'serve', '--root', root)}")

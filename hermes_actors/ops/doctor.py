@@ -74,19 +74,22 @@ def _profile_facts(home: Path) -> tuple[bool | None, str | None]:
     return isinstance(enabled, list) and PLUGIN_NAME in enabled, named
 
 
-def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool, str, bool]:
-    """The API server the root's config names, whether it answers, whether only its key is missing, and
-    when it does not answer as expected, what the probe saw and whether that is a misconfiguration."""
-    from hermes_actors.hermes.select import api_server_needs_key, api_server_of, api_server_problem, read_dotenv
+def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool, str, bool, str]:
+    """The API server the root's hermes gateway starts for warm turns (as hermes 0.19 reads its settings:
+    :mod:`hermes_actors.hermes.gateway_api`), whether it answers, whether only its key is missing, when it does not
+    answer as expected what the probe saw and whether that is a misconfiguration, and why hermes starts none though
+    something asks for one."""
+    from hermes_actors.hermes.gateway_api import read_gateway_api_server
+    from hermes_actors.hermes.select import api_server_problem
 
-    env = {**read_dotenv(root / ".env"), **os.environ}
-    server = api_server_of(raw, env)
+    planned = read_gateway_api_server(root, raw, dict(os.environ))
+    server = planned.server()
     if server is None:
-        return None, False, api_server_needs_key(raw, env), "", False
+        return None, False, planned.key_missing, "", False, planned.why
     problem = api_server_problem(server)
     if problem is None:
-        return str(server), True, False, "", False
-    return str(server), False, False, problem.text, problem.misconfigured
+        return str(server), True, False, "", False, ""
+    return str(server), False, False, problem.text, problem.misconfigured, ""
 
 
 def run_doctor(

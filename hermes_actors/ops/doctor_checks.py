@@ -185,7 +185,8 @@ def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
 
 
 def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing: bool, why: str = "",
-                     misconfigured: bool = False, host: Mapping[str, Any] | None = None) -> Check:
+                     misconfigured: bool = False, none_because: str = "",
+                     host: Mapping[str, Any] | None = None) -> Check:
     """Pure: whether turns run warm through the hermes gateway's API server, and why not.
 
     Args:
@@ -195,6 +196,8 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
         key_missing: the config enables the API server but no ``API_SERVER_KEY`` of 16+ characters is set.
         why: what the probe saw when it did not answer as expected.
         misconfigured: something answered, but not as our config expects (a refused key, another server).
+        none_because: why the hermes gateway starts no API server though something asks for one
+            (:attr:`~hermes_actors.hermes.gateway_api.GatewayApiServer.why`; ``""``: nothing does).
         host: the running host's ``ping`` answer (None: no host runs): its ``turns_via`` and ``cli_seconds``
             say how its next turn runs (:func:`hermes_actors.hermes.warm_or_cli.turns_info`).
 
@@ -204,9 +207,15 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
     """
     if key_missing:
         return Check("warm turns", WARN, "the hermes API server is enabled but API_SERVER_KEY is not set or shorter "
-                     "than 16 characters: hermes refuses to start it, so every turn runs with the hermes CLI "
-                     "(2–4 s of CPU each)",
+                     "than 16 characters (or is a placeholder such as changeme): hermes refuses to start it, so "
+                     "every turn runs with the hermes CLI (2–4 s of CPU each)",
                      f"set API_SERVER_KEY in {root / '.env'}, then restart: {_gateway_run(root)}")
+    if server is None and none_because:
+        return Check("warm turns", WARN, f"the hermes gateway starts no API server: {none_because}; so every turn "
+                     "runs with the hermes CLI (2–4 s of CPU each)",
+                     f"set the API server's variables in {root / '.env'}, or enable it in config.yaml "
+                     f"({_enable(root, '--gateway')}; a top-level api_server: block must not say enabled: false), "
+                     f"then restart the gateway: {_gateway_run(root, '--replace')}")
     if server is None:
         return Check("warm turns", OK, "not configured: turns run with the hermes CLI (for warm turns: "
                      f"{_enable(root, '--gateway')})")

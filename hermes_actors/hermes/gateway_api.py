@@ -1,0 +1,250 @@
+"""What API server a root's ``hermes gateway run`` starts, read as hermes-agent 0.19 reads it.
+
+hermes 0.19 (``gateway/config.py``: ``load_gateway_config``, ``_apply_env_overrides``;
+``gateway/run.py``: ``load_gateway_config_for_runner``; ``gateway/platforms/api_server.py``)
+resolves its ``api_server`` platform in these steps, which :func:`gateway_api_server` follows:
+
+1. ``<root>/gateway.json`` (legacy) is the base layer: its ``platforms.api_server`` block and its
+   ``multiplex_profiles``.
+2. ``config.yaml``'s blocks are merged over it: ``gateway.platforms.api_server``, then
+   ``platforms.api_server`` (keys win in that order; ``extra`` is merged key by key).
+3. A top-level ``api_server:`` mapping with an ``enabled`` key sets ``enabled`` over all of them.
+4. The variables: ``API_SERVER_ENABLED`` (true) or ``API_SERVER_KEY`` (non-empty) enable the platform,
+   and then ``API_SERVER_KEY``, ``API_SERVER_PORT`` and ``API_SERVER_HOST`` replace ``extra``'s ``key``,
+   ``port`` and ``host``. With multiplexing on (``GATEWAY_MULTIPLEX_PROFILES``, else ``multiplex_profiles``
+   / ``gateway.multiplex_profiles``), these are read from the root's ``.env`` only (hermes' secret scope),
+   not from the environment ``hermes gateway run`` was started with.
+5. The server then takes ``extra``'s ``host``, ``port``, ``key``, each falling back to the process's
+   ``API_SERVER_HOST`` / ``API_SERVER_PORT`` / ``API_SERVER_KEY`` (the environment, with the root's ``.env``
+   loaded over it), then ``127.0.0.1`` / ``8642`` / none; it refuses to start without a key of at least 16
+   characters that is not a placeholder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hermes_actors.hermes.api_client import ApiServer
+
+__all__ = [
+    "DEFAULT_API_HOST", "DEFAULT_API_PORT", "MIN_KEY_CHARS", "GatewayApiServer", "gateway_api_server",
+    "read_dotenv", "read_gateway_api_server",
+]
+
+DEFAULT_API_HOST = "127.0.0.1"
+DEFAULT_API_PORT = 8642
+MIN_KEY_CHARS = 16
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+# hermes_cli.auth._PLACEHOLDER_SECRET_VALUES (0.19): a key equal to one of these is refused like a short one
+_PLACEHOLDERS = frozenset({
+    "*", "**", "***", "changeme", "your_api_key", "your_api_key_here", "your-api-key", "placeholder", "example",
+    "dummy", "null", "none",
+})
+_ENABLING = ("API_SERVER_ENABLED", "API_SERVER_KEY")
+_FILE_MAX = 256 * 1024
+
+
+@dataclass(frozen=True)
+class GatewayApiServer:
+    """The API server a root's hermes gateway starts (or would, were it started now).
+
+    Attributes:
+        enabled: hermes enables its ``api_server`` platform.
+        host: the address it binds.
+        port: its port.
+        key: the bearer key it takes (``""``: none).
+        multiplex: the gateway multiplexes profiles (``/p/<profile>/`` routes to that profile).
+        why: when it starts no API server though something asks for one, why (else ``""``).
+    """
+
+    enabled: bool
+    host: str
+    port: int
+    key: str
+    multiplex: bool
+    why: str = ""
+
+    @property
+    def key_usable(self) -> bool:
+        """hermes accepts the key: at least 16 characters (spaces around it aside), not a placeholder."""
+        cleaned = self.key.strip()
+        return len(cleaned) >= MIN_KEY_CHARS and cleaned.lower() not in _PLACEHOLDERS
+
+    @property
+    def starts(self) -> bool:
+        """hermes starts the API server (aiohttp installed aside)."""
+        return self.enabled and self.key_usable
+
+    @property
+    def key_missing(self) -> bool:
+        """The platform is enabled (with multiplexing on) but hermes refuses its key: it starts no API server."""
+        return self.enabled and self.multiplex and not self.key_usable
+
+    def server(self) -> ApiServer | None:
+        """Where warm turns reach it: None when it does not start or multiplexing is off (without it the
+        ``/p/<profile>/`` prefix is ignored and every turn would run as the default profile). A wildcard bind
+        is reached on loopback."""
+        if not (self.starts and self.multiplex):
+            return None
+        host = DEFAULT_API_HOST if self.host in ("0.0.0.0", "::", "") else self.host
+        return ApiServer(host=host, port=self.port, key=self.key)
+
+
+def _coerce_bool(value: Any, default: bool) -> bool:
+    """hermes' ``_coerce_bool``: None and unknown words are ``default``."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        word = value.strip().lower()
+        return True if word in _TRUE else False if word in _FALSE else default
+    return bool(value)
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _multiplex(config: Mapping[str, Any], legacy: Mapping[str, Any], environ: Mapping[str, str]) -> bool:
+    """Whether the gateway multiplexes profiles: the environment's ``GATEWAY_MULTIPLEX_PROFILES`` (a known word),
+    else ``multiplex_profiles`` (config.yaml's top level, else gateway.json's, else config.yaml's
+    ``gateway.multiplex_profiles``, else gateway.json's ``gateway.multiplex_profiles``)."""
+    word = str(environ.get("GATEWAY_MULTIPLEX_PROFILES", "")).strip().lower()
+    if word in _TRUE | _FALSE:
+        return word in _TRUE
+    value = legacy.get("multiplex_profiles")
+    nested = _mapping(config.get("gateway"))
+    if "multiplex_profiles" in config:
+        value = config["multiplex_profiles"]
+    elif "multiplex_profiles" in nested and "multiplex_profiles" not in legacy:
+        value = nested["multiplex_profiles"]
+    if value is None:
+        value = _mapping(legacy.get("gateway")).get("multiplex_profiles")
+    return _coerce_bool(value, False)
+
+
+def _block(config: Mapping[str, Any], legacy: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """The ``api_server`` platform's ``enabled`` value once gateway.json and config.yaml's platform blocks merged,
+    the top-level ``api_server.enabled`` (None: not written) and ``extra``."""
+    merged = _mapping(_mapping(legacy.get("platforms")).get("api_server"))
+    for platforms in (_mapping(config.get("gateway")).get("platforms"), config.get("platforms")):
+        block = _mapping(_mapping(platforms).get("api_server"))
+        if block:
+            extra = {**_mapping(merged.get("extra")), **_mapping(block.get("extra"))}
+            merged = {**merged, **block, "extra": extra}
+    top = config.get("api_server")
+    return merged.get("enabled"), top.get("enabled") if isinstance(top, dict) else None, _mapping(merged.get("extra"))
+
+
+def gateway_api_server(
+    config: Mapping[str, Any], legacy: Mapping[str, Any], dotenv: Mapping[str, str], environ: Mapping[str, str]
+) -> GatewayApiServer:
+    """Pure: the API server a root's ``hermes gateway run`` (0.19) starts, as hermes resolves it.
+
+    Args:
+        config: the root's ``config.yaml`` mapping.
+        legacy: the root's ``gateway.json`` mapping (``{}`` when there is none).
+        dotenv: the root's ``.env`` pairs.
+        environ: the environment the gateway is started with (ours stands for it).
+
+    Returns:
+        What hermes starts: enabled, host, port, key, multiplexing, and why it starts none when something asks
+        for one (a variable it does not read there, an ``enabled: false`` over an enabled block).
+    """
+    process = {**environ, **dotenv}  # hermes loads the root's .env over its environment at its start
+    multiplex = _multiplex(config, legacy, process)
+    scope = dotenv if multiplex else process  # multiplexing: the root's .env alone (hermes' secret scope)
+    block_enabled, top_enabled, extra = _block(config, legacy)
+    top_written = isinstance(config.get("api_server"), dict) and "enabled" in config["api_server"]
+    enabled = _coerce_bool(top_enabled if top_written else block_enabled, False)
+    if str(scope.get("API_SERVER_ENABLED", "")).strip().lower() in _TRUE or scope.get("API_SERVER_KEY"):
+        enabled = True
+        if scope.get("API_SERVER_KEY"):
+            extra["key"] = scope["API_SERVER_KEY"]
+        try:
+            if scope.get("API_SERVER_PORT"):
+                extra["port"] = int(scope["API_SERVER_PORT"])
+        except ValueError:
+            pass
+        if scope.get("API_SERVER_HOST"):
+            extra["host"] = scope["API_SERVER_HOST"]
+    host = extra["host"] if "host" in extra else process.get("API_SERVER_HOST", DEFAULT_API_HOST)
+    raw_port = extra.get("port")
+    try:
+        port = int(raw_port if raw_port is not None else process.get("API_SERVER_PORT", str(DEFAULT_API_PORT)))
+    except (TypeError, ValueError):
+        port = DEFAULT_API_PORT
+    key = extra["key"] if "key" in extra else process.get("API_SERVER_KEY", "")
+    why = ""
+    if not enabled:
+        ignored = [name for name in _ENABLING if name not in dotenv and environ.get(name)
+                   and (name != "API_SERVER_ENABLED" or str(environ[name]).strip().lower() in _TRUE)]
+        if top_written and _coerce_bool(block_enabled, False):
+            why = ("config.yaml's top-level api_server: block says enabled: false, which hermes reads over the "
+                   "platforms.api_server block")
+        elif multiplex and ignored:
+            why = (f"{' and '.join(ignored)} {'are' if len(ignored) > 1 else 'is'} set in the environment but not in "
+                   "the root's .env, and hermes 0.19, multiplexing profiles, reads the API server's variables from "
+                   "that .env only")
+    return GatewayApiServer(enabled=enabled, host=str(host or ""), port=port, key=key if isinstance(key, str) else "",
+                            multiplex=multiplex, why=why)
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """The ``KEY=VALUE`` pairs of a ``.env`` file (quotes stripped; comments skipped).
+
+    Args:
+        path: the file.
+
+    Returns:
+        The pairs; ``{}`` when missing, unreadable, a symlink or over 256 KiB.
+    """
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > _FILE_MAX:
+            return {}
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    pairs: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, value = line.removeprefix("export ").split("=", 1)
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        if key.strip():
+            pairs[key.strip()] = value
+    return pairs
+
+
+def _read_json_mapping(path: Path) -> dict[str, Any]:
+    """A JSON file's mapping; ``{}`` when missing, unreadable, no mapping or over 256 KiB (hermes skips it too)."""
+    try:
+        if not path.is_file() or path.stat().st_size > _FILE_MAX:
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_gateway_api_server(
+    root: Path, config: Mapping[str, Any], environ: Mapping[str, str]
+) -> GatewayApiServer:
+    """:func:`gateway_api_server` for a root: its ``gateway.json`` and ``.env`` read from disk.
+
+    Args:
+        root: the Hermes root (the gateway's ``HERMES_HOME``).
+        config: the root's ``config.yaml`` mapping.
+        environ: the environment the gateway is started with (ours stands for it).
+
+    Returns:
+        The API server hermes starts there.
+    """
+    return gateway_api_server(config, _read_json_mapping(root / "gateway.json"), read_dotenv(root / ".env"), environ)
