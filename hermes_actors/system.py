@@ -163,14 +163,16 @@ class ActorSystem:
         for profile in owners:
             if profile_key(profile) not in snapshot.index:
                 raise KeyError(f"attach_live_owner: no local profile named {profile!r} under {opts.root}")
-        runner, guard = self.runner, None
+        runner, guard, probe = self.runner, None, None
         if redis_settings is not None:  # claim each relayed-in turn in Redis before it runs (exactly once)
             from hermes_actors.transports.redis.actor import ClaimGuard
+            from hermes_actors.transports.redis.io import StartProbe
             from hermes_actors.transports.redis.lease import claim_connection
 
             guard = ClaimGuard(redis_settings, ttl=cfg.envelope_ttl_seconds)
             assert opts.connection_id is not None
-            claim_connection(redis_settings, opts.connection_id, guard.consumer)  # one process per connection id
+            probe = StartProbe()  # a Redis found unreachable here is not asked again by the transport's start
+            claim_connection(redis_settings, opts.connection_id, guard.consumer, probe=probe)  # one process per id
             runner = guard.wrap(runner)
         journal = self.journal
         runner_is_hermes = is_real_hermes(self.runner)
@@ -201,7 +203,7 @@ class ActorSystem:
         self.caller_admission = caller_admission
         if adopted is not None and adopted.states:  # before the relay resumes what it settles from its files
             ask(self.dispatcher, AdoptJournal(adopted.states), timeout=ASK_TIMEOUT)
-        self._start_relay(cfg, redis_settings, guard, current)
+        self._start_relay(cfg, redis_settings, guard, current, probe)
         for profile, owner in owners.items():
             ask(self.dispatcher, AttachOwner(profile, owner), timeout=ASK_TIMEOUT)
         if adopted is not None and adopted.states:
@@ -218,8 +220,13 @@ class ActorSystem:
                            roster=self.roster, notifier=self.notifier)
         self.rooms.start()  # after recovery: a resumed round's member turns queue behind recovered DMs
 
-    def _start_relay(self, cfg: BotModeConfig, redis_settings: Any, guard: Any, current: RosterSnapshot) -> None:
-        """Start the relay (Redis or file; both speak the same messages to the Dispatcher) and await its resume."""
+    def _start_relay(self, cfg: BotModeConfig, redis_settings: Any, guard: Any, current: RosterSnapshot,
+                     probe: Any = None) -> None:
+        """Start the relay (Redis or file; both speak the same messages to the Dispatcher) and await its resume.
+
+        ``probe`` is what the Redis lease claim found (a ``StartProbe``): the Redis transport's start asks a Redis
+        found unreachable nothing more.
+        """
         opts = self.options
         assert self.dispatcher is not None and self.scheduler is not None and self.roster is not None
         relay_args: dict[str, Any] = {
@@ -236,7 +243,7 @@ class ActorSystem:
 
             # a reply is kept in its start mark until it is in Redis, flushed as the mark is (start_recorder)
             self.relay = RedisRelayActor.start(redis_settings, guard=guard, root=opts.root,
-                                               fsync=opts.durable and opts.fsync, **relay_args)
+                                               fsync=opts.durable and opts.fsync, start_probe=probe, **relay_args)
             self.dispatcher.tell(AttachRelay(self.relay, reaches_peers=True))  # bot_peers on this Redis too
         else:
             if self.journal is not None:  # the journals of gateways that stop or die beside us (at each rescan)

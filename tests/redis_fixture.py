@@ -9,12 +9,17 @@ The server itself is :mod:`bench.redis_server`'s (one implementation). The ``red
 pytest fixture (exported through ``tests/conftest.py``) yields a :class:`RedisServer` that can
 also be killed and restarted on the same port and directory (AOF replay), and is killed at
 teardown. Without a
-``redis-server`` binary the test is SKIPPED with the reason.
+``redis-server`` binary the test is SKIPPED with the reason. The ``black_hole_redis`` fixture yields a
+:class:`BlackHole`: a server that accepts TCP connections and never answers (a hung Redis, a dead route
+behind a proxy).
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +27,8 @@ import pytest
 
 from bench.redis_server import RedisServer, redis_binary, start_redis
 
-__all__ = ["RedisServer", "dead_consumer", "fake_connection", "redis_binary", "redis_server", "start_redis"]
+__all__ = ["BlackHole", "RedisServer", "black_hole_redis", "dead_consumer", "fake_connection", "redis_binary",
+           "redis_server", "start_redis"]
 
 
 @pytest.fixture
@@ -36,6 +42,39 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.kill()
+
+
+class BlackHole:
+    """A server on loopback that accepts every TCP connection and never answers; :meth:`close` closes all."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.held: list[socket.socket] = []
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        threading.Thread(target=self._accept, name="black-hole", daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # the listener closed: the test is over
+            while True:
+                self.held.append(self.listener.accept()[0])
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in list(self.held):
+            conn.close()
+
+
+@pytest.fixture
+def black_hole_redis() -> Iterator[BlackHole]:
+    """A "Redis" that accepts connections and never answers (redis-py is needed; no redis-server)."""
+    pytest.importorskip("redis", reason="redis-py is not installed (pip install -e '.[dev]')")
+    hole = BlackHole()
+    try:
+        yield hole
+    finally:
+        hole.close()
 
 
 def dead_consumer() -> str:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import sys
 import threading
@@ -18,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from redis_fixture import RedisServer, dead_consumer
+from redis_fixture import BlackHole, RedisServer, dead_consumer
 from roots import LogCapture, RecordingRunner, make_root, wait_online
 
 from actors.testkit import await_condition
@@ -97,25 +96,14 @@ def test_redis_back_after_a_down_start_clears_the_unreachable_refusal(tmp_path: 
             server.kill()
 
 
-def test_a_redis_that_accepts_connections_but_never_answers_keeps_stats_start_and_stop_short(tmp_path: Path) -> None:
+def test_a_redis_that_accepts_connections_but_never_answers_keeps_stats_start_and_stop_short(
+        tmp_path: Path, black_hole_redis: BlackHole) -> None:
     """Regression (diffrev16): against a black hole (a Redis that accepts TCP connections and never answers) the
     transport actor waited 6 s in each command (3 s socket timeout, retried once), its ticks piled up behind
     them, and ``stats()`` (so /metrics, /status and the host's status) hung 30 s and failed; start took 24 s,
     stop 10 s. Each command now waits 3 s at most (no retry after a timeout) and a down Redis is probed once a
     tick, so stats answers behind at most one probe; start and stop are bounded generously (a loaded machine)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-
-    def accept_and_never_answer() -> None:
-        with contextlib.suppress(OSError):  # the listener closed: the test is over
-            while True:
-                held.append(listener.accept()[0])
-
-    threading.Thread(target=accept_and_never_answer, daemon=True).start()
-    url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
-    alpha = _gateway(tmp_path, "alpha", url)
+    alpha = _gateway(tmp_path, "alpha", black_hole_redis.url)
     try:
         began = time.monotonic()
         alpha.start()
@@ -131,9 +119,38 @@ def test_a_redis_that_accepts_connections_but_never_answers_keeps_stats_start_an
         assert started_in < 20, f"start() took {started_in:.1f}s"
     finally:
         alpha.stop()
-        listener.close()
-        for conn in held:
-            conn.close()
+
+
+def test_the_start_waits_for_a_redis_that_never_answers_once_not_once_per_call(
+        tmp_path: Path, black_hole_redis: BlackHole, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (redisstart): against a Redis that accepts connections and never answers, ``Gateway.start()``
+    took 9 s: the lease claim, the transport's first beat and its first probe each waited one answer timeout (3 s),
+    one after the other. The first that finds Redis unreachable now decides for the whole start: one wait, and
+    the start goes on as with Redis down (DMs to other machines refused as unreachable, the ticks probe it)."""
+    import redis.connection
+
+    waits: list[str] = []  # the start's Redis calls that waited for an answer and got none (by thread)
+    real_read_response = redis.connection.AbstractConnection.read_response
+
+    def recording_read_response(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_read_response(self, *args, **kwargs)
+        except redis.exceptions.TimeoutError:
+            waits.append(threading.current_thread().name)
+            raise
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "read_response", recording_read_response)
+    alpha = _gateway(tmp_path, "alpha", black_hole_redis.url)
+    try:
+        alpha.start()
+        on_the_start = [name for name in list(waits)  # the reader's and the heartbeat's own threads wait apart
+                        if not name.startswith(("redis-reader-", "redis-heartbeat-"))]
+        assert len(on_the_start) == 1, on_the_start
+        ack = alpha.message_agent(sender="alice", target="bob@mini", message="hello")
+        assert ack["reason"] == "runtime_offline" and "unreachable, so it was NOT queued" in ack["error"], ack
+        assert alpha.stats()["relay"]["reachable"] is False
+    finally:
+        alpha.stop()
 
 
 # ── one process per connection id ───────────────────────────────────────────

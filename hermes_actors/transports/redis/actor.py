@@ -63,6 +63,7 @@ from hermes_actors.transports.redis.inbound import InboundDrain
 from hermes_actors.transports.redis.io import (
     ClaimGuard,
     InboxRoom,
+    StartProbe,
     StreamReader,
     ensure_groups,
     stop_threads,
@@ -92,6 +93,8 @@ class RedisRelayActor(TypedActor):
         fsync: flush a kept reply to stable storage (as the start marks are: with the journal's fsync).
         stopping: set by the gateway's stop before the Dispatcher stops accepting (read here only): from then on
             no inbox entry is read or taken (each stays pending for the next start), as the file relay's ``inbox/``.
+        start_probe: what the gateway's lease claim found: a Redis it found unreachable is not asked again by
+            this start (default: nothing found yet).
     """
 
     def __init__(
@@ -108,8 +111,10 @@ class RedisRelayActor(TypedActor):
         root: Path,
         fsync: bool = True,
         stopping: threading.Event | None = None,
+        start_probe: StartProbe | None = None,
     ) -> None:
         super().__init__()
+        self.start_probe = start_probe if start_probe is not None else StartProbe()
         self.stopping = stopping if stopping is not None else threading.Event()
         self.settings = settings
         self.guard = guard
@@ -151,11 +156,21 @@ class RedisRelayActor(TypedActor):
                 self.profiles = tuple(snapshot.profiles)
             except (ActorGone, AskTimeout) as exc:
                 logger.warning("redis: could not subscribe to the roster: {}", exc)
+        # The start's Redis calls stop at the first that finds Redis unreachable (the lease claim's, or one of the
+        # three below): against a Redis that never answers each waited its answer timeout, one after the other.
+        link, probe = self.redis_link, self.start_probe
+        if probe.error is not None:
+            link.unreachable(probe.error)
         self.inbound.load_owed()  # replies a previous run owed: written by the ticks once their key is a stream
         # Liveness from its own thread: it must not starve behind a burst in this mailbox.
         self.heartbeat = Heartbeat(self.settings, self.keys, self.me, self.consumer,
-                                   owner_alive=self.actor_ref.is_alive).start()
-        self._periodic()
+                                   owner_alive=self.actor_ref.is_alive).start(beat_now=not link.down)
+        if self.heartbeat.start_error is not None:
+            link.unreachable(self.heartbeat.start_error)
+        if link.down:  # the ticks probe it, the first one a tick from now
+            self.due["probe"] = time.monotonic() + self.settings.tick_seconds
+        else:
+            self._periodic()
         heartbeat, stopping = self.heartbeat, self.stopping
         room = InboxRoom(self.config.max_queued, lambda: len(self.inbound.flights),  # closed: a second process
                          closed=lambda: heartbeat.lease_lost or stopping.is_set())  # holds our id, or we stop

@@ -90,12 +90,25 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._client: Any = None
         self._refresh: Any = None
+        self._unreachable: BaseException | None = None  # why the last beat found Redis unreachable (None: it did not)
+        self.start_error: BaseException | None = None  # why the first beat, on the starting thread, found it so
 
-    def start(self) -> Heartbeat:
-        """Beat now (on this thread: the caller starts online), then every period on the heartbeat thread."""
+    def start(self, *, beat_now: bool = True) -> Heartbeat:
+        """Beat now (on this thread: the caller starts online), then every period on the heartbeat thread.
+
+        Args:
+            beat_now: beat on this thread first (False: Redis was found unreachable a moment ago; the thread's
+                first beat is one period on). A first beat that finds Redis unreachable leaves why in
+                :attr:`start_error`.
+
+        Returns:
+            This heartbeat.
+        """
         self._client = make_client(self.settings.url)
         self._refresh = self._client.register_script(REFRESH_LUA)
-        self.beat()
+        if beat_now:
+            self.beat()
+            self.start_error = self._unreachable  # read before the thread starts: its own beats change it
         self._thread = threading.Thread(target=self._run, name=f"redis-heartbeat-{self.consumer}", daemon=True)
         self._thread.start()
         return self
@@ -111,11 +124,13 @@ class Heartbeat:
                                           self.consumer, expiry_ms, overdue_below=overdue_below_ms(expiry_ms))
             except Exception as exc:  # the actor's tick logs outages; here only count them
                 self.failures += 1
+                self._unreachable = exc if is_redis_unreachable(exc) else None
                 if is_wrong_type(exc):
                     self._foreign_alive_key(expiry_ms)
                 elif not is_redis_unreachable(exc):
                     logger.error("redis: heartbeat failed: {}", exc)
                 return False
+            self._unreachable = None
             if not ours:
                 self.failures += 1
                 if not self.lease_lost:

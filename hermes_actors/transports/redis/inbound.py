@@ -455,13 +455,13 @@ class InboundDrain:
             replies: envelope id → (its kept reply, its sender's connection).
 
         Returns:
-            Those ids. None of them when Redis cannot be asked (down at the start, logged): each reply is
-            then taken as owed, as before, and a sender that has it already acks the copy
-            (:meth:`~hermes_actors.transports.redis.outbound.Outbound.on_reply_entry`).
+            Those ids. None of them when Redis cannot be asked (down at the start, logged; not asked when the
+            start found it down already): each reply is then taken as owed, as before, and a sender that has it
+            already acks the copy (:meth:`~hermes_actors.transports.redis.outbound.Outbound.on_reply_entry`).
         """
-        if not replies:
-            return set()
         link = self.link
+        if not replies or link.down:
+            return set()
         ids = list(replies)
         try:
             pipe = link.client.pipeline(transaction=False)

@@ -6,6 +6,8 @@
 - :class:`StreamReader`: the dedicated thread that runs the blocking
   ``XREADGROUP`` on our inbox and replies streams and tells the actor each
   batch; it reconnects with bounded exponential backoff (max 5 s).
+- :class:`StartProbe`: what the start's lease claim found, handed to the transport's start, so a Redis that
+  does not answer costs the start one answer timeout, not one per call.
 - :func:`stop_threads`: the stop of the transport's threads (the reader, the heartbeat): each is told first,
   then all are waited for against one deadline (:func:`stop_wait_seconds`), so a Redis that does not answer
   costs the stop one wait, not one per thread.
@@ -39,8 +41,8 @@ from hermes_actors.transports.redis.store import (
 )
 
 __all__ = ["ANSWER_TIMEOUT_SECONDS", "BACKOFF_MAX_SECONDS", "CONNECT_TIMEOUT_SECONDS", "STOP_WAIT_MAX_SECONDS",
-           "ClaimGuard", "InboxRoom", "RedisThread", "StreamReader", "ensure_groups", "join_until", "make_client",
-           "require_redis", "stop_threads", "stop_wait_seconds", "wrong_type_text"]
+           "ClaimGuard", "InboxRoom", "RedisThread", "StartProbe", "StreamReader", "ensure_groups", "join_until",
+           "make_client", "require_redis", "stop_threads", "stop_wait_seconds", "wrong_type_text"]
 
 BACKOFF_MAX_SECONDS = 5.0
 READ_COUNT = 100
@@ -94,6 +96,28 @@ def make_client(url: str, *, socket_timeout: float = ANSWER_TIMEOUT_SECONDS,
         url, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout,
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
+
+
+class StartProbe:
+    """What the start's first Redis call, the lease claim (on the gateway's start thread), found: handed to the
+    transport actor's start, whose own calls (the check of the replies kept in start marks, the first beat, the
+    first probe) then go on only while its link is not down.
+
+    Against a Redis that accepts connections and never answers each of those calls waited its own answer
+    timeout, one after the other: the start took 9 s. Now the first call that finds Redis unreachable (after its
+    one wait) decides for the whole start: the later calls are not made, and the transport starts down (its tick
+    probes Redis, its heartbeat thread beats, as after any outage). Not a wall-clock deadline: the start's work
+    between the claim and the transport (the journal's recovery, the actors' starts) would eat it, and a Redis
+    that answered the claim would be taken for unreachable.
+    """
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None  # why Redis was found unreachable (None: it was not)
+
+    def unreachable(self, exc: BaseException) -> None:
+        """The call found Redis unreachable (``exc``); the first one found is kept."""
+        if self.error is None:
+            self.error = exc
 
 
 def ensure_groups(client: Any, streams: list[str]) -> list[str]:

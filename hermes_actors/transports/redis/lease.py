@@ -35,7 +35,7 @@ from loguru import logger
 
 from hermes_actors.errors import TransportError
 from hermes_actors.store.processes import pid_alive
-from hermes_actors.transports.redis.io import make_client
+from hermes_actors.transports.redis.io import StartProbe, make_client
 from hermes_actors.transports.redis.link import as_text
 from hermes_actors.transports.redis.store import (
     RedisKeys,
@@ -231,7 +231,8 @@ def take_lease(script: Any, keys: list[str], connection: str, consumer: str, exp
     return bool(ok), holder_text
 
 
-def claim_connection(settings: RedisSettings, connection: str, consumer: str, *, client: Any = None) -> bool:
+def claim_connection(settings: RedisSettings, connection: str, consumer: str, *, client: Any = None,
+                     probe: StartProbe | None = None) -> bool:
     """Take the lease of ``connection`` for ``consumer`` before the transport starts.
 
     Args:
@@ -239,6 +240,8 @@ def claim_connection(settings: RedisSettings, connection: str, consumer: str, *,
         connection: this gateway's connection id.
         consumer: this process's consumer name.
         client: a redis-py client to use (default: a new one, closed here).
+        probe: the start's :class:`~hermes_actors.transports.redis.io.StartProbe`, told when Redis is
+            unreachable (the transport's start then asks it nothing more).
 
     Returns:
         True when the lease is ours; False when Redis is unreachable now (the start goes
@@ -264,6 +267,8 @@ def claim_connection(settings: RedisSettings, connection: str, consumer: str, *,
             raise TransportError(certificate_error_text(settings, exc)) from exc
         if is_redis_unreachable(exc):
             logger.warning("redis: {} is unreachable at start ({}); will retry", settings.address, exc)
+            if probe is not None:
+                probe.unreachable(exc)
             return False
         raise TransportError(refused_start_text(settings, exc)) from exc
     finally:
