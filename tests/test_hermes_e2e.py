@@ -254,6 +254,19 @@ def test_round_trip_hosted_in_the_hermes_gateway_with_warm_turns(
     assert [p for p, _ in model.overlaps if p in ("alice", "bob")] == []
 
 
+def _assert_a_dm_right_after_the_start_runs_warm(e2e: E2ERoot, model: FakeModel) -> None:
+    """alice DMs bob just after the gateway's start: bob's turn runs through its API server (warm, not a CLI
+    process) and his reply wakes alice."""
+    bob_reads = dm_text("Alice", "alice", "right after the start")
+    bob_turn = model.hold(turn_of("bob", bob_reads))
+    ack = submit_dm(e2e.root, "alice", "bob", "right after the start", hop=1)
+    assert ack["status"] == "queued", ack
+    held = bob_turn.wait_entered(FLOW_TIMEOUT)
+    assert held.platform == "api_server"  # warm, through the gateway's API server: not a CLI process
+    bob_turn.release()
+    model.wait_for(turn_of("alice", f"Reply from @bob: bob got: {bob_reads}"), FLOW_TIMEOUT, answered=True)  # WAKE
+
+
 def test_with_the_actors_platform_listed_first_a_dm_right_after_the_gateway_start_runs_warm(
     tmp_path: Path, model: FakeModel, procs: Processes
 ) -> None:
@@ -266,14 +279,7 @@ def test_with_the_actors_platform_listed_first_a_dm_right_after_the_gateway_star
     e2e.enable("--gateway", "--port", str(port))
     e2e.list_actors_first()  # a config.yaml an earlier enable left so, or written by hand
     start_hermes_gateway(procs, e2e, port, api=False)  # the actors answer: its API server may not yet
-    bob_reads = dm_text("Alice", "alice", "right after the start")
-    bob_turn = model.hold(turn_of("bob", bob_reads))
-    ack = submit_dm(e2e.root, "alice", "bob", "right after the start", hop=1)
-    assert ack["status"] == "queued", ack
-    held = bob_turn.wait_entered(FLOW_TIMEOUT)
-    assert held.platform == "api_server"  # warm, through the gateway's API server: not a CLI process
-    bob_turn.release()
-    model.wait_for(turn_of("alice", f"Reply from @bob: bob got: {bob_reads}"), FLOW_TIMEOUT, answered=True)  # WAKE
+    _assert_a_dm_right_after_the_start_runs_warm(e2e, model)
 
 
 def test_with_the_api_server_enabled_by_the_environment_only_a_dm_right_after_the_gateway_start_runs_warm(
@@ -297,14 +303,7 @@ def test_with_the_api_server_enabled_by_the_environment_only_a_dm_right_after_th
     start_hermes_gateway(procs, e2e, port, api=False)  # the actors answer: its API server may not yet
     log = (e2e.logs / "hermes-gateway.log").read_text(encoding="utf-8", errors="replace")
     assert "Connecting to api_server" not in log.split("Connecting to hermes_actors", 1)[0], log[-3000:]
-    bob_reads = dm_text("Alice", "alice", "right after the start")
-    bob_turn = model.hold(turn_of("bob", bob_reads))
-    ack = submit_dm(e2e.root, "alice", "bob", "right after the start", hop=1)
-    assert ack["status"] == "queued", ack
-    held = bob_turn.wait_entered(FLOW_TIMEOUT)
-    assert held.platform == "api_server"  # warm, through the gateway's API server: not a CLI process
-    bob_turn.release()
-    model.wait_for(turn_of("alice", f"Reply from @bob: bob got: {bob_reads}"), FLOW_TIMEOUT, answered=True)  # WAKE
+    _assert_a_dm_right_after_the_start_runs_warm(e2e, model)
     done = e2e.hermes_actors("doctor", "--root", str(e2e.root), "--json")
     warm_check = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "warm turns")
     assert warm_check["level"] == "ok" and f"127.0.0.1:{port}" in warm_check["detail"], warm_check
