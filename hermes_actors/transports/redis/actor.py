@@ -127,10 +127,11 @@ class RedisRelayActor(TypedActor):
                          "reclaimed": 0, "ambiguous": 0, "deduped": 0, "refused_full": 0, "returned": 0}
         self.redis_link = RedisLink(settings, connection_id, on_down=self._report_unreachable)
         self.keys = self.redis_link.keys
+        marks = InboxPaths.from_root(root)
         self.outbound = Outbound(self.redis_link, config=config, timers=self.timers, dispatcher=dispatcher,
-                                 local_profiles=local_profiles, counters=self.counters)
+                                 local_profiles=local_profiles, counters=self.counters, paths=marks, fsync=fsync)
         self.inbound = InboundDrain(self.redis_link, guard=guard, config=config, dispatcher=dispatcher,
-                                    counters=self.counters, marks=InboxPaths.from_root(root), fsync=fsync,
+                                    counters=self.counters, marks=marks, fsync=fsync,
                                     stopping=self.stopping)
         self.dispatcher = dispatcher
         self.reader: StreamReader | None = None
@@ -173,7 +174,8 @@ class RedisRelayActor(TypedActor):
             self._periodic()
         heartbeat, stopping = self.heartbeat, self.stopping
         room = InboxRoom(self.config.max_queued, lambda: len(self.inbound.flights),  # closed: a second process
-                         closed=lambda: heartbeat.lease_lost or stopping.is_set())  # holds our id, or we stop
+                         closed=lambda: heartbeat.lease_lost or stopping.is_set(),  # holds our id, or we stop
+                         stopping=stopping.is_set)
         self.inbox_room = room
         self.reader = StreamReader(self.settings, self.keys, self.me, self.consumer, self.actor_ref,
                                    room=room).start()
@@ -322,6 +324,7 @@ class RedisRelayActor(TypedActor):
                 link.groups_ok = not link.wrong_type
             if not self.outbound.resumed:
                 self._resume()
+            self.outbound.confirm_unconfirmed()  # sends Redis did not answer: queued now unless they are
             self.inbound.retry_unwritten()
             if link.down:
                 return

@@ -40,9 +40,25 @@ from hermes_actors.transports.redis.store import (
     is_redis_unreachable,
 )
 
-__all__ = ["ANSWER_TIMEOUT_SECONDS", "BACKOFF_MAX_SECONDS", "CONNECT_TIMEOUT_SECONDS", "STOP_WAIT_MAX_SECONDS",
-           "ClaimGuard", "InboxRoom", "RedisThread", "StartProbe", "StreamReader", "ensure_groups", "join_until",
-           "make_client", "require_redis", "stop_threads", "stop_wait_seconds", "wrong_type_text"]
+__all__ = [
+    "ANSWER_TIMEOUT_SECONDS",
+    "BACKOFF_MAX_SECONDS",
+    "CONNECT_TIMEOUT_SECONDS",
+    "STOP_WAIT_MAX_SECONDS",
+    "ClaimGuard",
+    "InboxRoom",
+    "RedisThread",
+    "StartProbe",
+    "StreamReader",
+    "ensure_groups",
+    "hand_back_text",
+    "join_until",
+    "make_client",
+    "require_redis",
+    "stop_threads",
+    "stop_wait_seconds",
+    "wrong_type_text",
+]
 
 BACKOFF_MAX_SECONDS = 5.0
 READ_COUNT = 100
@@ -183,12 +199,15 @@ class InboxRoom:
         limit: the bound.
         in_flight: how many envelopes the actor holds (read on the reader's thread).
         closed: True while no inbox entry may be read at all.
+        stopping: True once it is closed because the gateway stops (not because the lease was lost).
     """
 
-    def __init__(self, limit: int, in_flight: Callable[[], int], *, closed: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, limit: int, in_flight: Callable[[], int], *, closed: Callable[[], bool] = lambda: False,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self.limit = limit
         self.in_flight = in_flight
         self.closed = closed
+        self.stopping = stopping
         self._unhandled = 0
         self._lock = threading.Lock()
 
@@ -208,6 +227,24 @@ class InboxRoom:
         """The actor handled ``count`` entries the reader read (the flights count what they became)."""
         with self._lock:
             self._unhandled = max(0, self._unhandled - count)
+
+
+def hand_back_text(count: int, *, stopping: bool) -> str:
+    """Pure: the log line of inbox entries a read took as the inbox closed, handed back to the stream.
+
+    Args:
+        count: how many.
+        stopping: the inbox closed for a stop of this gateway (an INFO); else our connection id's lease was
+            lost to another process (a WARNING).
+
+    Returns:
+        The line.
+    """
+    if stopping:
+        return (f"redis: {count} inbox entr(ies) a read took as this gateway stopped were handed back to the stream "
+                "for the connection's next start")
+    return (f"redis: {count} inbox entr(ies) read as our connection id's lease was lost were handed back to the "
+            "stream for the process that holds it")
 
 
 def _batches(response: Any) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
@@ -481,8 +518,8 @@ class StreamReader:
             pipe.xack(self.inbox, GROUP, entry_id)
             pipe.xdel(self.inbox, entry_id)
         pipe.execute()
-        logger.warning("redis: {} inbox entr(ies) read as our connection id's lease was lost were handed back to the "
-                       "stream for the process that holds it", len(entries))
+        stopping = self.room is not None and self.room.stopping()
+        logger.log("INFO" if stopping else "WARNING", hand_back_text(len(entries), stopping=stopping))
 
     @staticmethod
     def _drop(client: Any) -> None:

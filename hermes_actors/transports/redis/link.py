@@ -17,7 +17,23 @@ from loguru import logger
 from hermes_actors.transports.redis import store as rs
 from hermes_actors.transports.redis.io import make_client
 
-__all__ = ["RedisLink", "as_text"]
+__all__ = ["RedisLink", "Unanswered", "as_text"]
+
+
+class Unanswered(Exception):
+    """A command :meth:`RedisLink.call_once` sent got no answer.
+
+    Args:
+        cause: what redis-py raised (a connection error, a timeout).
+        written: False when it failed before the command was written whole to the connection
+            (connecting, or writing): Redis ran nothing. True when it was written and the answer did
+            not come (a read timeout, the connection lost): Redis may have run it, or may run it later.
+    """
+
+    def __init__(self, cause: BaseException, *, written: bool) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.written = written
 
 
 def as_text(value: Any) -> str | None:
@@ -66,6 +82,45 @@ class RedisLink:
         self.down = False
         logger.info("redis: {} is reachable again", self.settings.address)
         return True
+
+    def call_once(self, *args: Any) -> Any:
+        """Run one command on one connection, never retried, telling apart whether Redis may have run it.
+
+        (A client's own command is retried once on a new connection after a connection error, which
+        after the write would run it twice.)
+
+        Args:
+            args: the command and its arguments.
+
+        Returns:
+            Its answer.
+
+        Raises:
+            Unanswered: no answer (``written`` says whether the command reached the connection whole).
+            redis.exceptions.ResponseError: Redis answered with an error (the command ran, or was refused).
+        """
+        from redis.exceptions import ResponseError
+
+        pool = self.client.connection_pool
+        try:
+            conn = pool.get_connection()  # connects, or reconnects a connection Redis closed
+        except Exception as exc:
+            raise Unanswered(exc, written=False) from exc
+        try:
+            try:
+                conn.send_command(*args)
+            except Exception as exc:  # a command not written whole is never run
+                conn.disconnect()
+                raise Unanswered(exc, written=False) from exc
+            try:
+                return conn.read_response()
+            except ResponseError:
+                raise
+            except Exception as exc:
+                conn.disconnect()  # its answer, if it ever comes, must not be read as the next command's
+                raise Unanswered(exc, written=True) from exc
+        finally:
+            pool.release(conn)
 
     def ack(self, stream: str, entry_ids: list[str], *, forget: str | None = None) -> None:
         """XACK + XDEL (the stream keeps only the backlog), and forget ``forget`` from our sent hash.

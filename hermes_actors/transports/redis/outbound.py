@@ -9,6 +9,14 @@ trimmed entry would be an acked DM lost unread). The reply arrives on
 the sender expires its own envelope by winning ``SET <p>:claim:<id> expired NX``.
 After a restart the envelopes still in ``<p>:sent:<me>`` are waited for again.
 
+A send that Redis did not answer after the script was written (a read timeout, the connection
+lost: a hung or stalled Redis) may have queued it, or may still queue it when Redis resumes: it is
+acked, not refused, and kept *unconfirmed* (in memory and in ``bot_relay/unconfirmed/<id>.json``
+on the root, before the ack) until Redis answers again; then the same script runs again, which
+queues it only if neither its ``sent`` record nor its turn claim is in Redis (the script is
+idempotent on the envelope id). Only a send that failed before the script was written whole
+(connecting, writing), or while Redis is known to be down, is refused "NOT queued".
+
 :class:`Outbound` is a plain object composed into the actor and called on its
 thread; it reports each outcome to the Dispatcher (``RelayedOutcome``) and forgets the envelope
 once told (``ForgetSent``).
@@ -16,9 +24,11 @@ once told (``ForgetSent``).
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pykka
@@ -30,7 +40,7 @@ from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.guard import check_relay_hop
 from hermes_actors.core.targets import PeerRoute, Refusal, transport_unreachable_text
-from hermes_actors.errors import ValidationError
+from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.messages import (
     Outcome,
     ProfileInfo,
@@ -40,21 +50,32 @@ from hermes_actors.messages import (
     ResumedSend,
     TtlDeadline,
 )
+from hermes_actors.store.atomic import read_json_file
+from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import relay_dir
+from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_marks import drop_mark, write_mark
 from hermes_actors.store.relay_protocol import expired_error_text, make_envelope
 from hermes_actors.store.relay_roster import offline_error_text
 from hermes_actors.store.relay_sent import recorded_sender
 from hermes_actors.transports.redis import store as rs
-from hermes_actors.transports.redis.link import RedisLink, as_text
+from hermes_actors.transports.redis.link import RedisLink, Unanswered, as_text
 
-__all__ = ["REPORTED_KEEP", "SEND_LUA", "Outbound", "Waiting"]
+__all__ = ["REPORTED_KEEP", "SEND_LUA", "UNCONFIRMED_DIR", "Outbound", "SendCall", "Waiting"]
+
+UNCONFIRMED_DIR = "unconfirmed"  # under bot_relay/: the sends Redis did not answer, until it does
+UNCONFIRMED_MAX_BYTES = 4 * 1024 * 1024
 
 REPORTED_KEEP = 100_000
 
-#: KEYS: target inbox, our sent hash; ARGV: stream bound, envelope, reply_to, envelope id, sent meta.
+#: KEYS: target inbox, our sent hash, the envelope's turn claim; ARGV: stream bound, envelope, reply_to,
+#: envelope id, sent meta.
 #: Redis does not undo a script's earlier writes when a later command fails, so a refusal must leave nothing
 #: queued: both keys' types are checked before anything is written, and an envelope whose ``sent`` record could
 #: not be written after all is deleted again (a queued envelope its sender was told "Nothing was sent" about
-#: would run a turn nobody waits for).
+#: would run a turn nobody waits for). Idempotent on the envelope id: an envelope whose ``sent`` record or turn
+#: claim is there was queued already ({1, 'queued'}, nothing written), so a send whose answer was lost may run
+#: again, and the first run, if Redis still runs it after the second, writes nothing.
 SEND_LUA = """
 local inbox = redis.call('TYPE', KEYS[1])['ok']
 if inbox ~= 'none' and inbox ~= 'stream' then
@@ -63,6 +84,9 @@ end
 local sent = redis.call('TYPE', KEYS[2])['ok']
 if sent ~= 'none' and sent ~= 'hash' then
   return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' holds a ' .. sent .. ', not a hash')
+end
+if redis.call('HEXISTS', KEYS[2], ARGV[4]) == 1 or redis.call('EXISTS', KEYS[3]) == 1 then
+  return {1, 'queued'}
 end
 local n = redis.call('XLEN', KEYS[1])
 if n >= tonumber(ARGV[1]) then return {0, n} end
@@ -74,6 +98,32 @@ if type(recorded) == 'table' and recorded['err'] then
 end
 return {1, id}
 """
+
+
+@dataclass(frozen=True)
+class SendCall:
+    """One run of :data:`SEND_LUA`: what queues one envelope (kept to run it again while unconfirmed)."""
+
+    envelope_id: str
+    target_connection: str
+    envelope: bytes  # the orjson envelope (the stream entry's field)
+    meta: bytes  # the sent record's meta (:func:`rs.sent_meta`)
+
+    def record(self) -> dict[str, Any]:
+        """The ``bot_relay/unconfirmed/<id>.json`` record."""
+        return {"id": self.envelope_id, "target_connection": self.target_connection,
+                "envelope": self.envelope.decode(), "meta": self.meta.decode()}
+
+    @classmethod
+    def from_record(cls, data: Any) -> SendCall | None:
+        """The call back from its record (None when it is not one)."""
+        if not isinstance(data, dict):
+            return None
+        envelope_id, conn, envelope, meta = (data.get(k) for k in ("id", "target_connection", "envelope", "meta"))
+        if not (isinstance(envelope_id, str) and isinstance(conn, str) and isinstance(envelope, str)
+                and isinstance(meta, str) and envelope_id and conn):
+            return None
+        return cls(envelope_id, conn, envelope.encode(), meta.encode())
 
 
 @dataclass
@@ -96,10 +146,13 @@ class Outbound:
         dispatcher: told ``RelayedOutcome`` for each envelope's outcome.
         local_profiles: folder ids of this root (a restart resumes only their envelopes).
         counters: the actor's counters (``sent``, ``replies``, ``expired``, ``timeouts``, ...).
+        paths: the root's relay layout (``bot_relay/unconfirmed/`` keeps the sends Redis did not answer).
+        fsync: flush those records to stable storage before the ack.
     """
 
     def __init__(self, link: RedisLink, *, config: BotModeConfig, timers: TimerSet,
-                 dispatcher: pykka.ActorRef[Any], local_profiles: frozenset[str], counters: dict[str, int]) -> None:
+                 dispatcher: pykka.ActorRef[Any], local_profiles: frozenset[str], counters: dict[str, int],
+                 paths: InboxPaths, fsync: bool = True) -> None:
         self.link = link
         self.config = config
         self.timers = timers
@@ -107,6 +160,11 @@ class Outbound:
         self.local_profiles = local_profiles
         self.counters = counters
         self.send_script = link.client.register_script(SEND_LUA)
+        self.paths = paths
+        self.fsync = fsync
+        self.unconfirmed: dict[str, SendCall] = {}  # acked, not answered by Redis: run again once it answers
+        self.unconfirmed_kept: set[str] = set()  # those with a record on the root (dropped at forget)
+        self.unconfirmed_told: set[str] = set()  # those whose "cannot queue it yet" was logged
         self.waiting: dict[str, Waiting] = {}
         self.expire_due: set[str] = set()  # TTL expiries that could not reach Redis: retried each tick
         self.reported: OrderedDict[str, None] = OrderedDict()
@@ -118,35 +176,147 @@ class Outbound:
 
     def send(self, target: RemoteAgent, sender: ProfileInfo, content: str, hop: int, label: str, *,
              wake: bool | None = None) -> dict[str, Any]:
-        """Queue one envelope; the ack dict, or a refusal dict (nothing queued). ``wake``: see ``Delivery.wake``."""
+        """Queue one envelope; the ack dict, or a refusal dict (nothing queued). ``wake``: see ``Delivery.wake``.
+
+        Refused "NOT queued" only when nothing reached Redis: Redis known down (a moment ago: the tick
+        probes it again), or the send failed before its script was written. Acked, unconfirmed, when the
+        script was written and no answer came (:meth:`confirm_unconfirmed` settles it once Redis answers).
+        """
         refused = check_relay_hop(hop, label)  # the target drops an envelope whose hop it cannot accept
         if refused is not None:
             return refused.as_dict()
+        unreachable = Refusal(transport_unreachable_text(label, self.link.settings.address), "runtime_offline")
+        if self.link.down:  # not tried: each try would wait the answer timeout, and none was sent
+            return unreachable.as_dict()
         envelope = make_envelope(target=target, message=content, sender_profile=sender.profile,
                                  sender_handle=sender.handle, now=time.time(), extra={"hop": hop})
         fields = rs.encode_envelope_entry(envelope, self.link.me)
-        keys = self.link.keys
+        call = SendCall(envelope["id"], target.connection_id, fields["envelope"], rs.sent_meta(envelope, label, wake))
         try:
-            ok, detail = self.send_script(
-                keys=[keys.inbox(target.connection_id), keys.sent(self.link.me)],
-                args=[self.link.settings.max_stream_len, fields["envelope"], self.link.me, envelope["id"],
-                      rs.sent_meta(envelope, label, wake)],
-            )
+            ok, detail = self._run(call)
+        except Unanswered as exc:
+            if not self.link.unreachable(exc.cause) and not exc.written:
+                return _not_queued(label, exc.cause)
+            if not exc.written:
+                return unreachable.as_dict()
+            self._keep_unconfirmed(call, label, exc.cause)
         except Exception as exc:
-            if self.link.unreachable(exc):
-                return Refusal(transport_unreachable_text(label, self.link.settings.address),
-                               "runtime_offline").as_dict()
-            fix = (" A key under the Redis prefix holds the wrong kind of value: delete it (it is no key of a running"
-                   " gateway) and resend." if "WRONGTYPE" in str(exc) else "")
-            return {"error": f"Could not queue the message for {label}: {exc}. Nothing was sent.{fix}",
-                    "reason": "unknown"}
-        if not ok:
-            self.counters["refused_full"] += 1
-            return {"error": f"target_busy: the queue for {label} is full ({detail} DMs waiting in Redis). "
-                             "The message was NOT delivered; retry shortly.", "reason": "target_busy"}
+            self.link.unreachable(exc)
+            return _not_queued(label, exc)
+        else:
+            if not ok:
+                self.counters["refused_full"] += 1
+                return _busy(label, detail)
         self.counters["sent"] += 1
         self._wait_for(envelope["id"], label, target.handle, target.connection_id, age=0.0)
         return ack_payload(envelope["id"], label, now=envelope["created_at"])
+
+    def _run(self, call: SendCall) -> tuple[int, Any]:
+        """Run :data:`SEND_LUA` for ``call`` once (never retried): its answer ``(queued, detail)``.
+
+        Raises:
+            Unanswered: no answer (see :meth:`RedisLink.call_once`).
+            redis.exceptions.ResponseError: the script refused (a key of the wrong type) or failed.
+        """
+        from redis.exceptions import NoScriptError
+
+        keys = self.link.keys
+        argv = (3, keys.inbox(call.target_connection), keys.sent(self.link.me), keys.claim(call.envelope_id),
+                self.link.settings.max_stream_len, call.envelope, self.link.me, call.envelope_id, call.meta)
+        try:
+            answer = self.link.call_once("EVALSHA", self.send_script.sha, *argv)
+        except NoScriptError:  # not run: Redis does not have the script (yet, or any more)
+            answer = self.link.call_once("EVAL", SEND_LUA, *argv)
+        return int(answer[0]), answer[1]
+
+    def _keep_unconfirmed(self, call: SendCall, label: str, cause: BaseException) -> None:
+        """Remember a send whose script reached Redis unanswered, on the root too (a restart settles it)."""
+        logger.warning("redis: no answer to the send of {} to {} ({}): Redis may have queued it, or may when it "
+                       "resumes; acked, and checked once Redis answers (queued then if it was not)",
+                       call.envelope_id, label, cause)
+        self.unconfirmed[call.envelope_id] = call
+        try:
+            directory = self._unconfirmed_dir()
+            write_mark(self.paths, directory, call.envelope_id, call.record(), fsync=self.fsync)
+            self.unconfirmed_kept.add(call.envelope_id)
+        except (OSError, StoreError, HostileFileError, ValidationError) as exc:
+            logger.error("redis: the unconfirmed send of {} could not be kept in bot_relay/{}/ ({}): it is in memory "
+                         "only, and a stop or crash of this gateway before Redis answers again may lose it",
+                         call.envelope_id, UNCONFIRMED_DIR, exc)
+
+    def _unconfirmed_dir(self) -> Path:
+        directory = self.paths.relay.base / UNCONFIRMED_DIR
+        self.paths.relay.ensure()
+        ensure_private_dir(directory, within=self.paths.relay.root)
+        return directory
+
+    def confirm_unconfirmed(self) -> None:
+        """Redis answers: settle each unconfirmed send by running its (idempotent) script again.
+
+        Queued already or now: it is an envelope like any other (its reply awaited as before). A full
+        target queue or a key of the wrong type: tried again at the next tick, until its reply budget or
+        TTL ends it (``delivery_timeout``, ``queued_expired``). No answer again: the next tick.
+        """
+        for envelope_id, call in list(self.unconfirmed.items()):
+            entry = self.waiting.get(envelope_id)
+            if entry is None:  # settled meanwhile (its deadline): nothing more to queue
+                self.unconfirmed.pop(envelope_id, None)
+                continue
+            try:
+                ok, detail = self._run(call)
+            except Unanswered as exc:
+                self.link.unreachable(exc.cause)
+                return
+            except Exception as exc:
+                self.link.unreachable(exc)
+                self._cannot_queue_yet(envelope_id, entry.label, str(exc))
+                continue
+            if not ok:
+                self._cannot_queue_yet(envelope_id, entry.label, f"its queue is full ({detail} DMs waiting)")
+                continue
+            logger.info("redis: the unconfirmed send of {} to {} is queued in Redis", envelope_id, entry.label)
+            self.unconfirmed.pop(envelope_id, None)
+            self.unconfirmed_told.discard(envelope_id)
+            self._drop_unconfirmed(envelope_id)
+
+    def _cannot_queue_yet(self, envelope_id: str, label: str, why: str) -> None:
+        if envelope_id not in self.unconfirmed_told:
+            self.unconfirmed_told.add(envelope_id)
+            logger.warning("redis: the unconfirmed send of {} to {} is not in Redis and cannot be queued yet ({}); "
+                           "tried again each tick until its reply budget ends it", envelope_id, label, why)
+
+    def _drop_unconfirmed(self, envelope_id: str) -> None:
+        if envelope_id in self.unconfirmed_kept:
+            self.unconfirmed_kept.discard(envelope_id)
+            drop_mark(self.paths, self.paths.relay.id_file(self.paths.relay.base / UNCONFIRMED_DIR, envelope_id))
+
+    def _load_unconfirmed(self) -> list[SendCall]:
+        """The unconfirmed sends a previous run kept on the root (an unreadable record is named and skipped)."""
+        directory = self.paths.relay.base / UNCONFIRMED_DIR
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            logger.error("redis: bot_relay/{}/ cannot be read ({}): the sends it keeps are not checked",
+                         UNCONFIRMED_DIR, exc)
+            return []
+        calls = []
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            try:
+                with relay_dir(self.paths.relay.base, directory) as fd:
+                    data = read_json_file(directory / name, max_bytes=UNCONFIRMED_MAX_BYTES, dir_fd=fd)
+            except (OSError, StoreError, HostileFileError, ValidationError) as exc:
+                logger.error("redis: the unconfirmed send {} cannot be read ({}); it is left there", name, exc)
+                continue
+            call = SendCall.from_record(data)
+            if call is None or f"{call.envelope_id}.json" != name:
+                logger.error("redis: bot_relay/{}/{} is no unconfirmed send; it is left there", UNCONFIRMED_DIR, name)
+                continue
+            calls.append(call)
+        return calls
 
     def send_to_peer(self, route: PeerRoute, remote: list[RemoteAgent], hop: int) -> dict[str, Any] | None:
         """A ``bot_peers`` peer that is a connection on this Redis: ``peer`` → its ``default`` agent.
@@ -199,6 +369,20 @@ class Outbound:
             resumed.append(ResumedSend(envelope_id, meta["label"], *recorded_sender(meta, profile_key="from_profile")))
             self._wait_for(envelope_id, meta["label"], str(meta.get("target_handle", "")),
                            str(meta.get("target_connection", "")), age=max(0.0, now - float(meta["created_at"])))
+        for call in self._load_unconfirmed():  # a previous run's sends Redis did not answer: the ticks settle them
+            self.unconfirmed_kept.add(call.envelope_id)
+            if call.envelope_id in self.waiting:  # in our sent hash, so queued: nothing more to check
+                if call.envelope_id not in self.unconfirmed:
+                    self._drop_unconfirmed(call.envelope_id)
+                continue
+            meta = rs.parse_sent_meta(call.meta)
+            if meta is None or (self.local_profiles and meta.get("from_profile") not in self.local_profiles):
+                continue
+            resumed.append(ResumedSend(call.envelope_id, meta["label"],
+                                       *recorded_sender(meta, profile_key="from_profile")))
+            self._wait_for(call.envelope_id, meta["label"], str(meta.get("target_handle", "")),
+                           call.target_connection, age=max(0.0, now - float(meta["created_at"])))
+            self.unconfirmed[call.envelope_id] = call
         self.resumed = True
         self.resumed_entries = tuple(resumed)
         if resumed:
@@ -251,6 +435,8 @@ class Outbound:
         for timer in entry.timers:
             timer.cancel()
         self.expire_due.discard(envelope_id)
+        self.unconfirmed.pop(envelope_id, None)  # its record on the root goes at forget, as its sent record
+        self.unconfirmed_told.discard(envelope_id)
         if not tell(self.dispatcher, RelayedOutcome(outcome)):  # gone (a stop): never a crash of this actor
             logger.info("redis: the Dispatcher is gone: the outcome of {} is left to the next start (its sent record "
                         "and reply entry stay)", envelope_id)
@@ -266,6 +452,7 @@ class Outbound:
         """The Dispatcher keeps the outcome of ``envelope_id`` now: ack its reply entry, drop its sent record."""
         entries = self.unforgotten.pop(envelope_id, [])
         self.link.ack(self.link.keys.replies(self.link.me), entries, forget=envelope_id)
+        self._drop_unconfirmed(envelope_id)
 
     def expire(self, envelope_id: str) -> None:
         """At the TTL: expire our envelope unless its target already took it (then its reply will come)."""
@@ -302,6 +489,19 @@ class Outbound:
                 "gateway comes back; do not resend blindly.")
         self.counters["timeouts"] += 1
         self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "delivery_timeout"))
+
+
+def _not_queued(label: str, exc: BaseException) -> dict[str, Any]:
+    """The refusal of a send Redis refused (nothing queued): a key of the wrong type, a denied command."""
+    fix = (" A key under the Redis prefix holds the wrong kind of value: delete it (it is no key of a running"
+           " gateway) and resend." if "WRONGTYPE" in str(exc) else "")
+    return {"error": f"Could not queue the message for {label}: {exc}. Nothing was sent.{fix}", "reason": "unknown"}
+
+
+def _busy(label: str, detail: Any) -> dict[str, Any]:
+    """The refusal of a send to a target whose queue is full (``detail``: its backlog)."""
+    return {"error": f"target_busy: the queue for {label} is full ({as_text(detail)} DMs waiting in Redis). "
+                     "The message was NOT delivered; retry shortly.", "reason": "target_busy"}
 
 
 def _outcome_of(envelope_id: str, label: str, record: dict[str, Any]) -> Outcome:
