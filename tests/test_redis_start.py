@@ -24,7 +24,7 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway, TransportError
 from hermes_actors.transports.redis.heartbeat import Heartbeat
 from hermes_actors.transports.redis.lease import is_stale_here, parse_consumer
-from hermes_actors.transports.redis.store import RedisKeys, consumer_name, host_label, redis_settings
+from hermes_actors.transports.redis.store import GROUP, RedisKeys, consumer_name, host_label, redis_settings
 
 pytestmark = pytest.mark.redis
 KEYS = RedisKeys()
@@ -149,6 +149,83 @@ def test_the_start_waits_for_a_redis_that_never_answers_once_not_once_per_call(
         ack = alpha.message_agent(sender="alice", target="bob@mini", message="hello")
         assert ack["reason"] == "runtime_offline" and "unreachable, so it was NOT queued" in ack["error"], ack
         assert alpha.stats()["relay"]["reachable"] is False
+    finally:
+        alpha.stop()
+
+
+def _claim_finds_redis_slow(monkeypatch: pytest.MonkeyPatch, hole: BlackHole) -> None:
+    """The start's lease claim alone meets a Redis that does not answer (its one call is sent to ``hole``)."""
+    import dataclasses
+
+    from hermes_actors.transports.redis import lease
+
+    real_claim = lease.claim_connection
+
+    def claim_on_a_slow_redis(settings: Any, *args: Any, **kwargs: Any) -> bool:
+        return real_claim(dataclasses.replace(settings, url=hole.url), *args, **kwargs)
+
+    monkeypatch.setattr(lease, "claim_connection", claim_on_a_slow_redis)
+
+
+def _last_read(client: Any, stream: str) -> str:
+    """The id of the last entry our consumer group on ``stream`` handed to a reader."""
+    return next(g for g in client.xinfo_groups(stream) if g["name"] == GROUP.encode())["last-delivered-id"].decode()
+
+
+def test_a_start_that_found_redis_slow_reads_no_inbox_until_a_beat_confirms_the_lease(
+        tmp_path: Path, redis_server: RedisServer, black_hole_redis: BlackHole,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (redislease): the lease claim at start timed out (a Redis slow at that moment: here the claim alone
+    is sent to a black hole) while another live process held our connection id's lease. The transport then started
+    without its first beat (one wait per start), so nothing had checked the lease: its reader read our inbox at once
+    and its first tick, Redis answering again, reclaimed the inbox's pending entries, for up to one heartbeat period:
+    DMs run by the wrong process, maybe twice. Now the inbox is neither read nor reclaimed until a beat has found
+    the lease ours; the replies stream still is, and the first tick's probe finds Redis up again (not down for
+    good)."""
+    _claim_finds_redis_slow(monkeypatch, black_hole_redis)
+    holder = "elsewhere-1-abcdefgh"  # a live gateway on another machine serves connection id alpha
+    client = redis_server.client()
+    client.set(KEYS.alive("alpha"), holder, ex=600)
+    inbox, replies = KEYS.inbox("alpha"), KEYS.replies("alpha")
+    for stream in (inbox, replies):
+        client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    held = client.xadd(inbox, {"x": "held by the holder"}).decode()
+    client.xreadgroup(GROUP, holder, {inbox: ">"}, count=1)
+    client.xclaim(inbox, GROUP, holder, 0, [held], idle=3_600_000)  # idle past any claim idle: reclaimable
+    client.xadd(inbox, {"x": "new for the holder"})
+    reply = client.xadd(replies, {"x": "a reply"}).decode()
+
+    alpha = _gateway(tmp_path, "alpha", redis_server.url, bot_mode={"redis_heartbeat_seconds": 600})
+    try:
+        alpha.start()  # the claim found Redis unreachable: the start goes on
+        await_condition(lambda: _last_read(client, replies) == reply, timeout=20,
+                        message="the reader read the replies")
+        # the first tick's probe found Redis answering and ran the tick's work, reclaim included, before this ask
+        await_condition(lambda: alpha.stats()["relay"]["reachable"], timeout=20, message="Redis up again")
+        assert _last_read(client, inbox) == held, "the inbox was read without the lease"
+        pending = client.xpending_range(inbox, GROUP, min="-", max="+", count=10)
+        assert [(p["message_id"].decode(), p["consumer"].decode()) for p in pending] == [(held, holder)]
+    finally:
+        alpha.stop()
+
+
+
+def test_a_start_that_found_redis_slow_reads_its_inbox_once_its_first_beat_finds_the_lease_ours(
+        tmp_path: Path, redis_server: RedisServer, black_hole_redis: BlackHole,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (redislease): the inbox is read only once a beat found the lease ours, and a start whose claim
+    found Redis unreachable makes no beat of its own: the heartbeat thread's first beat was one period on (5 s by
+    default; here 600 s: never in this test). It now beats at once, off the start thread."""
+    _claim_finds_redis_slow(monkeypatch, black_hole_redis)
+    client = redis_server.client()
+    inbox = KEYS.inbox("alpha")
+    client.xgroup_create(inbox, GROUP, id="0", mkstream=True)
+    waiting = client.xadd(inbox, {"x": "for alpha"}).decode()
+    alpha = _gateway(tmp_path, "alpha", redis_server.url, bot_mode={"redis_heartbeat_seconds": 600})
+    try:
+        alpha.start()
+        await_condition(lambda: _last_read(client, inbox) == waiting, timeout=20, message="the inbox read")
+        assert client.get(KEYS.alive("alpha")) is not None
     finally:
         alpha.stop()
 

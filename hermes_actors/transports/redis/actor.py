@@ -173,9 +173,10 @@ class RedisRelayActor(TypedActor):
         else:
             self._periodic()
         heartbeat, stopping = self.heartbeat, self.stopping
-        room = InboxRoom(self.config.max_queued, lambda: len(self.inbound.flights),  # closed: a second process
-                         closed=lambda: heartbeat.lease_lost or stopping.is_set(),  # holds our id, or we stop
-                         stopping=stopping.is_set)
+        # closed: no beat has found our id's lease ours yet (a start that found Redis unreachable made none), a
+        # second process holds it, or we stop
+        room = InboxRoom(self.config.max_queued, lambda: len(self.inbound.flights),
+                         closed=lambda: not heartbeat.lease_ours or stopping.is_set(), stopping=stopping.is_set)
         self.inbox_room = room
         self.reader = StreamReader(self.settings, self.keys, self.me, self.consumer, self.actor_ref,
                                    room=room).start()
@@ -333,9 +334,9 @@ class RedisRelayActor(TypedActor):
                 self._publish_roster()
                 self.due["heartbeat"] = now + self.settings.heartbeat_seconds
             if now >= self.due["reclaim"]:
-                # without our connection id's lease the inbox is the holder's to reclaim: our replies only
-                self._reclaim(kinds=("replies",) if self.heartbeat is not None and self.heartbeat.lease_lost
-                              else ("in", "replies"))
+                # until a beat found our connection id's lease ours the inbox may be another process's: replies
+                self._reclaim(kinds=("in", "replies") if self.heartbeat is not None and self.heartbeat.lease_ours
+                              else ("replies",))
                 self.due["reclaim"] = now + self.settings.claim_idle_seconds / 2
             self.outbound.retry_expiries()
             if now >= self.due["gc"]:

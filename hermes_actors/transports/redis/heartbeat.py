@@ -67,7 +67,9 @@ class Heartbeat:
 
     Counters (read by tests and stats): ``beats`` written, ``failures``; ``lease_lost`` is True
     while another consumer holds our connection's lease (we are then not online under it);
-    ``alive_key_foreign`` while our alive key holds another kind of value than a heartbeat.
+    ``lease_ours`` is True once a beat found the lease ours, until one finds it another's (only then is the
+    connection's inbox read or reclaimed: a start that made no beat, Redis being unreachable, has checked
+    nothing); ``alive_key_foreign`` while our alive key holds another kind of value than a heartbeat.
     """
 
     def __init__(self, settings: RedisSettings, keys: RedisKeys, connection: str, consumer: str, *,
@@ -81,6 +83,7 @@ class Heartbeat:
         self.beats = 0
         self.failures = 0
         self.lease_lost = False
+        self.lease_ours = False  # no beat has found the lease ours yet
         self.clock = clock
         self._lost_since = 0.0  # when (clock) the lease was last lost
         self._told: str | None = None  # what this loss was logged as ("warning", "error"), once each
@@ -96,9 +99,12 @@ class Heartbeat:
     def start(self, *, beat_now: bool = True) -> Heartbeat:
         """Beat now (on this thread: the caller starts online), then every period on the heartbeat thread.
 
+        Only a beat that finds the lease ours sets :attr:`lease_ours`, which lets the inbox be read.
+
         Args:
-            beat_now: beat on this thread first (False: Redis was found unreachable a moment ago; the thread's
-                first beat is one period on). A first beat that finds Redis unreachable leaves why in
+            beat_now: beat on this thread first (False: Redis was found unreachable a moment ago, so the start
+                does not wait for it again; the thread beats at once instead, and until a beat finds the lease
+                ours, :attr:`lease_ours` is False). A first beat that finds Redis unreachable leaves why in
                 :attr:`start_error`.
 
         Returns:
@@ -109,7 +115,9 @@ class Heartbeat:
         if beat_now:
             self.beat()
             self.start_error = self._unreachable  # read before the thread starts: its own beats change it
-        self._thread = threading.Thread(target=self._run, name=f"redis-heartbeat-{self.consumer}", daemon=True)
+        first_in = self.settings.heartbeat_seconds if beat_now else 0.0
+        self._thread = threading.Thread(target=self._run, args=(first_in,), name=f"redis-heartbeat-{self.consumer}",
+                                        daemon=True)
         self._thread.start()
         return self
 
@@ -135,9 +143,10 @@ class Heartbeat:
                 self.failures += 1
                 if not self.lease_lost:
                     self._lost_since = self.clock()
-                self.lease_lost = True  # set before it is told: readers check it
+                self.lease_ours, self.lease_lost = False, True  # set before it is told: readers check it
                 self._tell_lost(holder, self.clock() - self._lost_since)
                 return False
+            self.lease_ours = True  # the inbox may be read and reclaimed from now on
             if self.lease_lost:  # the holder's lease lapsed (or it stopped): the ERROR above is over
                 self.lease_lost, self._told = False, None
                 logger.info("redis: {} is this gateway's lease again: it is online under it and reads its inbox "
@@ -198,9 +207,9 @@ class Heartbeat:
                          "this connection offline and refuse its DMs; delete the key (redis-cli DEL {}) and the "
                          "next beat writes it again", self.alive_key, kind, self.alive_key)
 
-    def _run(self) -> None:
+    def _run(self, first_in: float) -> None:
         period = self.settings.heartbeat_seconds
-        next_beat = time.monotonic() + period
+        next_beat = time.monotonic() + first_in
         while not self._stopped.wait(max(0.0, next_beat - time.monotonic())):
             if not self.owner_alive():
                 return
