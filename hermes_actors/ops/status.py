@@ -52,6 +52,7 @@ from hermes_actors.ops.doctor_checks import check_redis
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.ops.remote_roster import RemoteRoster, read_remote_roster
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
+from hermes_actors.store.journal_records import delivery_origin
 from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -272,7 +273,7 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
     by_outcome: dict[str, dict[str, int]] = {}
     per_profile: Counter[str] = Counter()
     for key, state in folded.states.items():
-        wake = isinstance(state.delivery, dict) and state.delivery.get("origin") == WAKE_ORIGIN
+        wake = delivery_origin(state) == WAKE_ORIGIN  # a rewritten journal keeps it on the finished record
         if state.outcome is not None:
             if wake:  # a wake turn's outcome is nobody's DM outcome: the live counters skip it too
                 continue
