@@ -27,7 +27,13 @@ from hermes_actors.local.sending import outcome_future
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.journal_file import JournalFile
-from hermes_actors.store.journal_records import JournalFolded, fold_lines, fold_records, parse_lines
+from hermes_actors.store.journal_records import (
+    JournalFolded,
+    delivery_origin,
+    fold_lines,
+    fold_records,
+    parse_lines,
+)
 from hermes_actors.store.journal_state import JournalState
 
 
@@ -140,6 +146,45 @@ def test_how_a_turn_ran_is_folded_last_one_wins_and_survives_compaction() -> Non
     state.take_over(folded, keep=10)
     rebuilt = fold_records(record for record in parse_lines(state.lines()) if record is not None)
     assert [rebuilt.states[key].via for key in (a, b, c)] == ["cli", None, None]
+
+
+@pytest.mark.parametrize(("records", "origin"), [
+    ([{"t": "accepted", "id": _id(1), "d": {**_delivery(_id(1)), "origin": "wake"}}], "wake"),
+    ([{"t": "accepted", "id": _id(1), "d": {k: v for k, v in _delivery(_id(1)).items() if k != "origin"}}],
+     "local"),  # an accepted record naming no origin: a Delivery's default
+    ([{"t": "finished", "id": _id(1), "o": _outcome(_id(1)), "origin": "wake"}], "wake"),  # rewritten
+    ([{"t": "finished", "id": _id(1), "o": _outcome(_id(1))}], None),  # rewritten by an older version
+    ([{"t": "finished", "id": _id(1), "o": _outcome(_id(1)), "origin": "../x"}], None),  # foreign value
+    ([{"t": "finished", "id": _id(1), "o": _outcome(_id(1)), "origin": "wake"},
+      {"t": "finished", "id": _id(1), "o": _outcome(_id(1)), "origin": "local"}], "wake"),  # the first outcome's
+], ids=["accepted", "accepted-without-origin", "finished", "finished-older", "finished-foreign", "first-wins"])
+def test_delivery_origin_reads_the_accepted_record_else_the_rewritten_finished_one(
+    records: list[dict[str, Any]], origin: str | None
+) -> None:
+    assert delivery_origin(fold_records(records).states[_id(1)]) == origin
+
+
+def test_a_delivered_wake_stays_a_wake_once_compaction_or_adoption_rewrote_the_journal() -> None:
+    """Review (opsfix): compaction and adoption rewrote a delivered outcome as ``finished`` + ``delivered`` only,
+    losing its ``accepted`` record's origin, so ``status`` from the files counted every wake turn's outcome as a
+    settled DM once a later start had rewritten the journal. The rewritten ``finished`` record keeps the origin."""
+    dm, wake = _id(1), _id(2)
+    batches = [[{"t": "accepted", "id": key, "d": {**_delivery(key), "origin": origin}},
+                {"t": "started", "id": key, "attempt": 1},
+                {"t": "finished", "id": key, "o": _outcome(key)}, {"t": "delivered", "id": key}]
+               for key, origin in ((dm, "local"), (wake, "wake"))]
+    state = JournalState()
+    for batch in batches:
+        state.track(batch, keep=10)
+    compacted = fold_records(r for r in parse_lines(state.lines()) if r is not None)
+    assert {key: delivery_origin(s) for key, s in compacted.states.items()} == {dm: "local", wake: "wake"}
+    assert all(s.delivery is None and s.delivered for s in compacted.states.values())  # the delivery is not kept
+    adopter = JournalState()  # the next start adopts the compacted file, then compacts its own
+    taken = fold_records(r for r in parse_lines(adopter.take_over(compacted, keep=10)) if r is not None)
+    again = fold_records(r for r in parse_lines(adopter.lines()) if r is not None)
+    for folded in (taken, again):
+        assert {key: delivery_origin(s) for key, s in folded.states.items()} == {dm: "local", wake: "wake"}
+        assert {key: s.outcome for key, s in folded.states.items()} == {dm: _outcome(dm), wake: _outcome(wake)}
 
 
 def test_a_via_record_for_a_delivery_the_fold_does_not_track_is_ignored() -> None:

@@ -509,6 +509,65 @@ def test_serve_with_http_serves_until_stopped(root: Path, capsys: pytest.Capture
         urllib.request.urlopen(url + "status", timeout=5)
 
 
+def test_serve_counts_and_shows_the_outcomes_its_start_settles(root: Path) -> None:
+    """Review (opsfix): outcomes a ``serve`` start settled from the journal (a turn a killed gateway left
+    running: ``ambiguous``; an outcome it never delivered: published again) were in ``settled_total`` but never in
+    ``hermes_actors_deliveries_total`` nor the live page's recent outcomes: the endpoint subscribed after the start."""
+    from hermes_actors.cli.serve import serve
+
+    running, settled = "a" * 32, "b" * 32
+    delivery = {"sender": "alice", "sender_handle": "alice", "target": "bob", "target_handle": "bob",
+                "content": "hi", "author": {}, "hop": 1, "accepted_at": 1.0, "origin": "local", "label": "@bob",
+                "wake": False}
+    outcome = {"delivery_id": settled, "status": "replied", "reply": "ok", "error": "", "reason": "",
+               "retryable": False, "from": "@bob", "text": "Reply from @bob: ok"}
+    records = [{"t": "accepted", "id": running, "d": {**delivery, "delivery_id": running}},
+               {"t": "started", "id": running, "attempt": 1},
+               {"t": "accepted", "id": settled, "d": {**delivery, "delivery_id": settled}},
+               {"t": "started", "id": settled, "attempt": 1},
+               {"t": "finished", "id": settled, "o": outcome}]
+    directory = root / "bot_relay" / "journal"  # the journal of a gateway killed -9
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    dead = directory / "j-deaddeaddeaddeaddeaddeaddeaddead.log"
+    dead.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    dead.chmod(0o600)
+
+    ready: list[Any] = []
+    up, stop = threading.Event(), threading.Event()
+    result: list[int] = []
+
+    def on_ready(endpoint: Any) -> None:
+        ready.append(endpoint)
+        up.set()
+
+    thread = threading.Thread(target=lambda: result.append(serve(
+        root, connection_id=None, runner=lambda turn: "ok", stop=stop, http=HttpSettings("127.0.0.1", 0),
+        on_ready=on_ready)))
+    thread.start()
+    try:
+        assert up.wait(60), "serve did not come up"
+        url = ready[0].url
+
+        def counted() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            return samples(get(url + "metrics")[2].decode())
+
+        await_condition(lambda: counted().get(("hermes_actors_settled_total", ())) == 2, timeout=30,
+                        message="the start never settled the two journaled DMs")
+        await_condition(lambda: sum(v for (name, _), v in counted().items()
+                                    if name == "hermes_actors_deliveries_total") == 2, timeout=30,
+                        message="deliveries_total never counted what the start settled")
+        statuses = {dict(labels)["status"]: v for (name, labels), v in counted().items()
+                    if name == "hermes_actors_deliveries_total"}
+        assert statuses == {"ambiguous": 1, "replied": 1}, statuses
+        events, _ = ready[0].feed.snapshot()
+        assert sorted((e["delivery_id"], e["status"]) for e in events) == [(running, "ambiguous"),
+                                                                           (settled, "replied")], events
+    finally:
+        stop.set()
+        thread.join(60)
+    assert result == [0]
+
+
 def test_an_idle_client_does_not_hold_the_close(root: Path, gateways: list[Gateway],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression (review): close() joined every request thread, and one waiting for a client that sent half a

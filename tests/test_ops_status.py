@@ -136,6 +136,34 @@ def test_live_status_shows_running_queued_and_counters(root: Path, gateways: lis
     orjson.dumps(status)  # JSON-able as it is
 
 
+@pytest.mark.parametrize(("sender", "handle", "shown"), [
+    ("default", "hermes", "hermes"),  # the root's own profile: its handle, as the outcome and the log line name it
+    ("alice", "alice", "alice"),
+    ("alice", "", "alice"),  # no handle known: the folder id
+    ("", "dave on Mini", "dave on Mini"),  # a wake of a remote DM: who answered, as its DM's target was shown
+])
+def test_shown_sender_is_the_handle_else_the_folder_id(sender: str, handle: str, shown: str) -> None:
+    assert outcomes.shown_sender(sender, handle) == shown
+
+
+def test_in_flight_rows_name_the_roots_own_bot_by_its_handle(root: Path, gateways: list[Gateway]) -> None:
+    """Review (opsfix): a DM from the root's own profile was listed in flight as sent by ``default`` (status,
+    ``/status``, the live page) while its outcome, the log line and the roster named it ``@hermes``."""
+    release = threading.Event()
+    runner = RecordingRunner(lambda turn: release.wait(30) and "done")
+    gw = start_gateway(gateways, root, runner)
+    try:
+        key = send_dm(gw, "hi", sender="hermes")
+        runner.wait_entered(1)
+        live, files = live_status(gw), file_status(root)
+        for status in (live, files):
+            assert [(r["delivery_id"], r["sender"]) for r in status["in_flight"]] == [(key, "hermes")], status
+        assert f"{key} @hermes → @bob (local, " in status_text(live)
+    finally:
+        release.set()
+    assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+
+
 def test_serve_logs_one_info_line_per_delivery_without_text(root: Path, gateways: list[Gateway]) -> None:
     gw = start_gateway(gateways, root)
     with LogCapture("INFO") as logs:

@@ -296,6 +296,27 @@ def test_status_names_a_pending_wake_a_wake_and_never_counts_its_outcome_as_a_dm
     assert after["counters"]["by_status"] == {"replied": 1}
 
 
+def test_status_from_the_files_never_counts_a_wake_once_a_later_start_rewrote_the_journal(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Review (opsfix): after one more start and stop (its adoption rewrote the journal as outcomes only), status
+    read from the files counted each wake turn's outcome as a settled DM: 3 DMs showed ``settled 6``."""
+    from hermes_actors.ops.status import file_status
+
+    root = make_root(tmp_path)
+    gw = start_gateway(gateways, root, RecordingRunner(lambda turn: "noted" if is_wake_turn(turn) else "ok"),
+                       config=WAKE_ON)
+    dms = [queued(gw.message_agent(sender="alice", target="bob", message=f"hi {n}")) for n in range(3)]
+    await_condition(lambda: gw.stats()["wakes_sent"] == 3, timeout=10, message="the 3 wakes were never sent")
+    for dm in dms:
+        assert gw.wait_outcome(wake_id(dm), timeout=10)["reply"] == "noted"
+    gw.stop()
+    for _ in range(2):  # each start adopts the journal before it and writes its outcomes into its own file
+        start_gateway(gateways, root, RecordingRunner(), config=WAKE_ON).stop()
+        counters = file_status(root)["counters"]
+        assert (counters["settled"], counters["by_status"]) == (3, {"replied": 3}), counters
+
+
 def test_a_reply_too_long_for_a_cli_turn_wakes_the_sender_with_its_first_part_and_a_note(
     tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -251,7 +251,7 @@ def status_text(status: dict[str, Any]) -> str:
     lines.append(f"in flight: {len(flying)}")
     for r in flying[:20]:
         # a room member turn has no sender: its target is its label ("@alice in room 'plan'")
-        who = f"{r['sender']} → {r.get('target')}" if r.get("sender") else str(r.get("target"))
+        who = f"@{r['sender']} → {r.get('target')}" if r.get("sender") else str(r.get("target"))
         lines.append(f"  {r['delivery_id']} {who} ({r.get('route')}, "
                      f"{_age(r.get('age_seconds'))})")
     if len(flying) > 20:

@@ -274,6 +274,8 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
                 raise already_hosted(root, holder) from exc
             raise RuntimeError(f"cannot serve HTTP on {http.url}: {exc.strerror or exc}") from exc
     try:
+        if endpoint is not None:  # before the start: the outcomes its recovery settles are counted and shown too
+            endpoint.subscribe()
         gw.start()
     except BaseException:
         if endpoint is not None:

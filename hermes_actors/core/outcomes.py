@@ -27,6 +27,7 @@ __all__ = [
     "from_relay_reply",
     "from_reply",
     "queue_full_text",
+    "shown_sender",
     "valid_text",
 ]
 
@@ -240,6 +241,19 @@ def queue_full_text(profile: str, queued: int) -> str:
     )
 
 
+def shown_sender(sender: str, sender_handle: str) -> str:
+    """Pure: how a delivery's sender is named to operators (log line, outcome details, in-flight rows).
+
+    Args:
+        sender: its folder id (``default`` for the root's own profile; "" for a wake of a remote DM).
+        sender_handle: its handle (``hermes`` for ``default``; a wake's: how its DM's target is shown).
+
+    Returns:
+        The handle, without ``@``; the folder id when the handle is empty.
+    """
+    return sender_handle or sender
+
+
 def delivery_details(delivery: Delivery | None, now: float) -> dict[str, Any]:
     """What ``subscribe(details=True)`` adds to an outcome: who sent it to whom and how long it took.
 
@@ -255,7 +269,7 @@ def delivery_details(delivery: Delivery | None, now: float) -> dict[str, Any]:
         return {"sender": "", "target": "", "latency_seconds": None}
     accepted = delivery.accepted_at
     return {
-        "sender": delivery.sender_handle or delivery.sender,
+        "sender": shown_sender(delivery.sender, delivery.sender_handle),
         "target": delivery.target_handle or delivery.target or delivery.label.lstrip("@"),
         "latency_seconds": max(0.0, now - accepted) if accepted > 0 else None,
     }

@@ -16,6 +16,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.outcomes import shown_sender
 from hermes_actors.core.wake import shown_route
 from hermes_actors.local.outcome_book import Pending
 from hermes_actors.messages import Delivery, Outcome
@@ -40,7 +41,7 @@ def log_settled(delivery: Delivery | None, outcome: Outcome) -> None:
 
     def line() -> str:
         latency = time.time() - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
-        sender = f"@{delivery.sender_handle or delivery.sender}" if delivery is not None else ""
+        sender = f"@{shown_sender(delivery.sender, delivery.sender_handle)}" if delivery is not None else ""
         return delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status, outcome.reason, latency)
 
     _LAZY_LOGGER.info("{}", line)
@@ -70,7 +71,8 @@ class DeliveryStats:
             by_outcome.setdefault(status, {})[reason] = count
         return {
             "in_flight": [
-                {"delivery_id": key, "sender": p.delivery.sender, "target": p.delivery.label,
+                {"delivery_id": key, "sender": shown_sender(p.delivery.sender, p.delivery.sender_handle),
+                 "target": p.delivery.label,
                  "profile": p.delivery.target, "route": shown_route(p.route, p.delivery.origin),
                  "accepted_at": p.delivery.accepted_at}
                 for key, p in itertools.islice(rows, IN_FLIGHT_ROWS)

@@ -59,6 +59,7 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.local.durability import Durability
 from hermes_actors.local.outcome_book import OutcomeBook, Pending
 from hermes_actors.messages import Delivery, Outcome, ProfileInfo, RosterSnapshot, WakeDue
+from hermes_actors.store.journal_records import delivery_origin
 
 __all__ = ["SenderWaker", "WakeHost"]
 
@@ -125,10 +126,10 @@ class SenderWaker:
             states: the journal's delivery states (id → ``DeliveryState``).
         """
         for key, state in states.items():
+            if delivery_origin(state) == WAKE_ORIGIN:  # a rewritten journal keeps it on the finished record
+                self._remember(key)
             if not isinstance(state.delivery, dict):
                 continue
-            if state.delivery.get("origin") == WAKE_ORIGIN:
-                self._remember(key)
             if state.outcome is not None and not state.delivered:
                 self.sources[key] = delivery_from_record(state.delivery, key)
 

@@ -100,7 +100,7 @@ class OpsHttpServer:
     """The operator endpoint of one running gateway.
 
     Args:
-        gateway: the gateway (started before :meth:`start`).
+        gateway: the gateway (started before :meth:`start`; :meth:`subscribe` may come before its start).
         settings: where to listen and the bearer token (see :func:`~hermes_actors.ops.http_config.http_settings`).
         status: the ``live_status`` function (``/status`` and the page).
         stream_interval: seconds between the status refreshes each ``/events`` stream sends between outcomes.
@@ -135,18 +135,37 @@ class OpsHttpServer:
             self._port = int(self._server.server_address[1])
         return self
 
+    def subscribe(self) -> OpsHttpServer:
+        """Count and show the gateway's outcomes from now on (idempotent). Returns self.
+
+        ``serve`` subscribes before its gateway starts: the outcomes the start settles (its recovery:
+        ``ambiguous`` DMs, outcomes re-delivered) then reach ``hermes_actors_deliveries_total`` and the
+        live page's recent outcomes as they reach ``hermes_actors_settled_total``.
+
+        Raises:
+            RuntimeError: the gateway is stopping or stopped (``Gateway.subscribe``).
+        """
+        if self._unsubscribe is None:
+            self._unsubscribe = self.gateway.subscribe(self._on_outcome, details=True, rooms=True)
+        return self
+
     def start(self) -> OpsHttpServer:
-        """Subscribe to outcomes, bind (unless :meth:`bind` did) and start serving. Returns self.
+        """Subscribe to outcomes (unless :meth:`subscribe` did), bind (unless :meth:`bind` did) and start serving.
+
+        Returns:
+            self.
 
         Raises:
             OSError: the address cannot be bound (in use, not local, ...).
         """
-        self._unsubscribe = self.gateway.subscribe(self._on_outcome, details=True, rooms=True)
+        subscribed = self._unsubscribe is not None
+        self.subscribe()
         try:
             self.bind()
         except OSError:
-            self._unsubscribe()
-            self._unsubscribe = None
+            if not subscribed and self._unsubscribe is not None:
+                self._unsubscribe()
+                self._unsubscribe = None
             raise
         assert self._server is not None
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},

@@ -12,6 +12,7 @@ gateway answers. Both return the same shape (``source`` says which)::
       "processes": [{"pid", "connection_id", "age_seconds"}],   # fresh gateway heartbeats
       "profiles": [{"profile", "handle", "title", "managed", "state", "queued", "in_flight", "live_owner"}],
       "in_flight": [{"delivery_id", "sender", "target", "profile", "route", "age_seconds", "started"}],
+                                          # sender: its handle (core.outcomes.shown_sender), target: its label
       "counters": {"accepted", "refused", "settled", "pending", "by_status", "by_reason", "by_outcome"},
       "relay": {"transport", "outbox", "claimed", "replies", "inbox", "taken", "quarantine",
                 "roster", "roster_age_seconds", "remote_agents", "reachable", "peers", "alive", "stats"},
@@ -46,12 +47,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermes_actors.core.config import load_config
+from hermes_actors.core.outcomes import shown_sender
 from hermes_actors.core.shell import shell_command
 from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
 from hermes_actors.ops.doctor_checks import check_redis
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.ops.remote_roster import RemoteRoster, read_remote_roster
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
+from hermes_actors.store.journal_records import delivery_origin
 from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -272,7 +275,7 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
     by_outcome: dict[str, dict[str, int]] = {}
     per_profile: Counter[str] = Counter()
     for key, state in folded.states.items():
-        wake = isinstance(state.delivery, dict) and state.delivery.get("origin") == WAKE_ORIGIN
+        wake = delivery_origin(state) == WAKE_ORIGIN  # a rewritten journal keeps it on the finished record
         if state.outcome is not None:
             if wake:  # a wake turn's outcome is nobody's DM outcome: the live counters skip it too
                 continue
@@ -283,7 +286,8 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
             d = state.delivery
             profile = str(d.get("target") or "")
             per_profile[profile] += 1
-            pending.append({"delivery_id": key, "sender": d.get("sender"), "target": d.get("label") or profile,
+            sender = shown_sender(str(d.get("sender") or ""), str(d.get("sender_handle") or ""))
+            pending.append({"delivery_id": key, "sender": sender, "target": d.get("label") or profile,
                             "profile": profile, "route": shown_route("local", str(d.get("origin") or "")),
                             "accepted_at": d.get("accepted_at"),
                             "started": state.started > 0})

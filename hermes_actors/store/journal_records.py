@@ -13,6 +13,10 @@ orjson record::
                                                         one for an id not folded so far is ignored, see
                                                         :func:`fold_records`)
     {"t": "finished",  "id", "o": {outcome dict}}       durable before the outcome is published
+    {"t": "finished",  "id", "o": {...}, "origin": "wake"}  a settled delivery compaction or adoption rewrote
+                                                        without its ``accepted`` record: the origin that record
+                                                        gave (absent in older journals: unknown, see
+                                                        :func:`delivery_origin`)
     {"t": "delivered", "id"}                            the outcome reached the sender (lazy)
 
 Readers skip the zeros a killed gateway's file was allocated ahead with (see
@@ -25,16 +29,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, get_args
 
 import orjson
 
 from hermes_actors.core.ids import is_delivery_id
+from hermes_actors.records import Origin
 
 __all__ = [
     "MAX_LINE_BYTES",
     "DeliveryState",
     "JournalFolded",
+    "delivery_origin",
     "encode_record",
     "fold_lines",
     "fold_records",
@@ -65,6 +71,28 @@ class DeliveryState:
     # The last ``via`` a ``started`` record gave ("warm" or "cli"): how the turn ran; None when unknown (an older
     # journal, a runner that does not say), then recovery words it by the runner's ``runs_apart``.
     via: str | None = None
+    # The origin a ``finished`` record kept for a settled delivery rewritten without its ``accepted`` record
+    # (compaction, adoption); None when it said none (an older journal). Read through :func:`delivery_origin`.
+    origin: str | None = None
+
+
+def delivery_origin(state: DeliveryState) -> str | None:
+    """Pure: where a journaled delivery came from (``local``, ``wake``, ...: :data:`~hermes_actors.records.Origin`).
+
+    The one rule for telling a journaled wake turn (or any origin) apart, whether its file still holds its
+    ``accepted`` record or was rewritten (compaction, adoption) with only its outcome.
+
+    Args:
+        state: what a fold knows of the delivery.
+
+    Returns:
+        Its ``accepted`` record's origin (``local`` when that record names none), else the origin its
+        rewritten ``finished`` record kept; None when neither is known (a journal rewritten by an older version).
+    """
+    if isinstance(state.delivery, dict):
+        origin = state.delivery.get("origin", "local")
+        return origin if isinstance(origin, str) else None
+    return state.origin
 
 
 @dataclass
@@ -139,6 +167,7 @@ def fold_lines(lines: Iterable[bytes | None], into: JournalFolded) -> int:
 
 _KINDS = frozenset({"accepted", "started", "finished", "delivered"})
 _VIAS = ("warm", "cli")
+_ORIGINS = frozenset(get_args(Origin))
 
 
 def _late_via(record: dict[str, Any], states: dict[str, DeliveryState]) -> bool:
@@ -225,6 +254,8 @@ def fold_records(records: Iterable[dict[str, Any]], into: JournalFolded | None =
                 state.via = record["via"]
         elif kind == "finished" and isinstance(record.get("o"), dict) and state.outcome is None:
             state.outcome = record["o"]  # the first outcome wins
+            if record.get("origin") in _ORIGINS:  # anything else (a foreign or damaged value) leaves it unknown
+                state.origin = record["origin"]
         elif kind == "delivered":
             state.delivered = True
     return folded
@@ -243,8 +274,9 @@ def state_records(key: str, state: DeliveryState) -> list[dict[str, Any]]:
 
     Returns:
         ``accepted`` (with its delivery; one without, when an unreadable acceptance was seen),
-        ``started`` (its highest attempt, ``live``, ``via``), ``finished``, ``delivered``: each
-        only when ``state`` has it.
+        ``started`` (its highest attempt, ``live``, ``via``), ``finished`` (with the delivery's origin when
+        no ``accepted`` record is written: :func:`delivery_origin` of the fold gives it back), ``delivered``:
+        each only when ``state`` has it.
     """
     records: list[dict[str, Any]] = []
     if state.unreadable_acceptance:
@@ -259,7 +291,11 @@ def state_records(key: str, state: DeliveryState) -> list[dict[str, Any]]:
             started["via"] = state.via
         records.append(started)
     if state.outcome is not None:
-        records.append({"t": "finished", "id": key, "o": state.outcome})
+        finished: dict[str, Any] = {"t": "finished", "id": key, "o": state.outcome}
+        origin = delivery_origin(state)
+        if state.delivery is None and origin is not None:  # its accepted record is not rewritten: keep the origin
+            finished["origin"] = origin
+        records.append(finished)
     if state.delivered:
         records.append({"t": "delivered", "id": key})
     return records

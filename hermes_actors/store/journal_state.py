@@ -14,12 +14,13 @@ from typing import Any
 from hermes_actors.store.journal_records import (
     DeliveryState,
     JournalFolded,
+    delivery_origin,
     encode_record,
     fold_records,
     state_records,
 )
 
-__all__ = ["KEEP_DELIVERED", "JournalState"]
+__all__ = ["KEEP_DELIVERED", "JournalState", "settled_state"]
 
 # Delivered outcomes a journal keeps for ``wait_outcome`` across restarts: compaction and each start's adoption
 # drop older ones (the start still knows, in memory, every outcome of the files it adopts, but carries only
@@ -27,12 +28,29 @@ __all__ = ["KEEP_DELIVERED", "JournalState"]
 KEEP_DELIVERED = 10_000
 
 
+def settled_state(state: DeliveryState) -> DeliveryState:
+    """Pure: what a journal keeps of a delivered outcome: the outcome and its delivery's origin, not the delivery.
+
+    Rewritten (:func:`~hermes_actors.store.journal_records.state_records`), it is a ``finished`` record that
+    keeps the origin (a wake turn's outcome stays a wake's: ``status`` never counts it as a DM's) and a
+    ``delivered`` one.
+
+    Args:
+        state: a delivered state with an outcome.
+
+    Returns:
+        A new state: its outcome, ``delivered``, and :func:`~hermes_actors.store.journal_records.delivery_origin`.
+    """
+    return DeliveryState(outcome=state.outcome, delivered=True, origin=delivery_origin(state))
+
+
 class JournalState:
     """The live deliveries of our file, and the delivered outcomes kept for ``wait_outcome`` after a restart."""
 
     def __init__(self) -> None:
         self.folded = JournalFolded()  # live state of OUR file
-        self.recent: OrderedDict[str, dict[str, Any]] = OrderedDict()  # delivered outcomes kept across compaction
+        # delivered outcomes kept across compaction, each with its delivery's origin (:func:`settled_state`)
+        self.recent: OrderedDict[str, DeliveryState] = OrderedDict()
 
     def track(self, records: list[dict[str, Any]], *, keep: int) -> None:
         """Fold one written batch into the live state; a delivered DM leaves it for the recent outcomes.
@@ -51,7 +69,7 @@ class JournalState:
                 continue
             state = states.pop(record["id"], None)
             if state is not None and state.outcome is not None:
-                self.recent[record["id"]] = state.outcome
+                self.recent[record["id"]] = settled_state(state)
                 if len(self.recent) > keep:
                     self.recent.popitem(last=False)
 
@@ -75,7 +93,7 @@ class JournalState:
         states = self.folded.states
         for key, state in adopted.states.items():
             if state.delivered and state.outcome is not None:
-                self.recent[key] = state.outcome
+                self.recent[key] = settled_state(state)
                 settled.append(key)
             elif not state.delivered:
                 taken = DeliveryState(state.delivery, state.started, state.outcome, live=state.live, via=state.via)
@@ -87,23 +105,21 @@ class JournalState:
                 states[key] = taken
         while len(self.recent) > keep:
             self.recent.popitem(last=False)
-        kept = [(key, DeliveryState(outcome=self.recent[key], delivered=True)) for key in settled
-                if key in self.recent]
+        kept = [(key, self.recent[key]) for key in settled if key in self.recent]
         return [encode_record(record) for key, state in [*kept, *live] for record in state_records(key, state)]
 
-    def snapshot(self) -> tuple[dict[str, DeliveryState], OrderedDict[str, dict[str, Any]]]:
+    def snapshot(self) -> tuple[dict[str, DeliveryState], OrderedDict[str, DeliveryState]]:
         """What :meth:`restore` puts back (the state objects are never changed in place by :meth:`take_over`)."""
         return dict(self.folded.states), OrderedDict(self.recent)
 
-    def restore(self, saved: tuple[dict[str, DeliveryState], OrderedDict[str, dict[str, Any]]]) -> None:
+    def restore(self, saved: tuple[dict[str, DeliveryState], OrderedDict[str, DeliveryState]]) -> None:
         """Undo a :meth:`take_over` whose lines could not be written (``saved``: :meth:`snapshot` before it)."""
         self.folded.states, self.recent = dict(saved[0]), OrderedDict(saved[1])
 
     def lines(self) -> list[bytes]:
         """The journal lines that rebuild this state: recent outcomes first, then each live delivery."""
-        settled = [(key, DeliveryState(outcome=outcome, delivered=True)) for key, outcome in self.recent.items()]
         return [
             encode_record(record)
-            for key, state in [*settled, *self.folded.states.items()]
+            for key, state in [*self.recent.items(), *self.folded.states.items()]
             for record in state_records(key, state)
         ]
