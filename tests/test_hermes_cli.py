@@ -222,6 +222,58 @@ def test_enable_gateway_says_what_to_move_when_the_blocks_are_split_between_the_
     assert not any("hermes connects the hermes_actors platform before" in line for line in again.todo), again.todo
 
 
+_SERVES = (
+    "import json, logging; logging.disable(50); from gateway.config import load_gateway_config, Platform; "
+    "c = load_gateway_config(); a = c.platforms.get(Platform.API_SERVER); "
+    "print(json.dumps({'api': bool(a and a.enabled), 'port': a and a.extra.get('port'), "
+    "'mux': bool(c.multiplex_profiles)}))"
+)
+
+
+@pytest.mark.parametrize("extra", [
+    {"multiplex_profiles": False},
+    {"multiplex_profiles": "no", "gateway": {"multiplex_profiles": True}},
+    {"platforms": {"api_server": {"enabled": "no", "extra": {"port": 9123}}}},
+    {"platforms": {"api_server": {"enabled": None, "extra": {"port": 9123}}}},
+    {"gateway": {"platforms": {"api_server": {"enabled": "off", "extra": {"port": 9123}}}}},
+    {"gateway": {"platforms": {"api_server": {"enabled": True, "extra": {"port": 9123}}}},
+     "platforms": {"api_server": None}},
+], ids=["top-mux-false", "top-mux-no", "api-no", "api-null", "nested-api-off", "top-api-null"])
+def test_enable_gateway_switches_on_what_hermes_reads_as_off(
+    hermes_cli: str, offline_root: OfflineRoot, extra: dict[str, Any]
+) -> None:
+    """Regression: enable --gateway left a top-level `multiplex_profiles: false` (read by hermes before the
+    gateway.multiplex_profiles it wrote) and an api_server `enabled` of 'no', null or 'off' (only a literal false
+    was replaced) as they were: hermes 0.19 then multiplexed nothing or started no API server, and the report said
+    nothing; a top-level `api_server: null` beside a real block under gateway.platforms was refused as "not a
+    mapping", though hermes skips it. hermes' own loader now serves multiplexed, and disable puts back every value."""
+    root = offline_root.root
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config.update(extra)
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    before = yaml.safe_load((root / "config.yaml").read_text())
+
+    enable(root, gateway=True, cli=hermes_cli, env={})
+    done = subprocess.run([sys.executable, "-c", _SERVES], env=offline_root.env, cwd=root, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    port = 9123 if "9123" in json.dumps(extra) else 8642
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"api": True, "port": port, "mux": True}
+    disable(root)
+    assert yaml.safe_load((root / "config.yaml").read_text()) == before
+
+
+def test_enable_gateway_says_when_something_hermes_reads_first_keeps_multiplexing_off(
+    hermes_cli: str, offline_root: OfflineRoot
+) -> None:
+    """gateway.json's multiplex_profiles wins over the gateway.multiplex_profiles enable writes: a "to do" says so."""
+    root = offline_root.root
+    (root / "gateway.json").write_text(json.dumps({"multiplex_profiles": False}))
+    report = enable(root, gateway=True, cli=hermes_cli, env={})
+    assert any("the hermes gateway does not multiplex profiles" in line and "gateway.json" in line
+               for line in report.todo), report.todo
+
+
 def test_enable_skips_a_profile_hermes_cannot_run_and_says_why(hermes_cli: str, offline_root: OfflineRoot) -> None:
     upper = offline_root.root / "profiles" / "UPPER"
     upper.mkdir()

@@ -249,6 +249,115 @@ def test_an_api_server_enabled_without_a_usable_key_is_a_missing_key() -> None:
     assert not gateway_api_server(ON, {}, {}, {}).key_missing  # not multiplexing: no warm turns to miss
 
 
+@pytest.mark.parametrize(("config", "dotenv", "linked", "expected"), [
+    # hermes follows a symlinked .env (dotfiles, a secrets mount): so do we
+    (MUX, f"API_SERVER_ENABLED=true\nAPI_SERVER_KEY={KEY}\n", True, ApiServer("127.0.0.1", 8642, KEY)),
+    (MUX, f"API_SERVER_ENABLED=true\nAPI_SERVER_KEY={KEY}\n", False, ApiServer("127.0.0.1", 8642, KEY)),
+    # GATEWAY_MULTIPLEX_PROFILES is read from the environment python-dotenv filled: a comment after it is cut ...
+    ({}, f"GATEWAY_MULTIPLEX_PROFILES=true  # multiplex\nAPI_SERVER_KEY={KEY}\n", False,
+     ApiServer("127.0.0.1", 8642, KEY)),
+    ({}, f"GATEWAY_MULTIPLEX_PROFILES='true' # x\nAPI_SERVER_KEY={KEY}\n", True, ApiServer("127.0.0.1", 8642, KEY)),
+    ({}, f"MUX=on\nGATEWAY_MULTIPLEX_PROFILES=${{MUX}}\nAPI_SERVER_KEY={KEY}\n", False,
+     ApiServer("127.0.0.1", 8642, KEY)),
+    # ... while the API server's own variables keep hermes' secret-scope reading, comment and all
+    ({**MUX, "platforms": {"api_server": {"extra": {"key": KEY}}}}, "API_SERVER_ENABLED=true # on\n", False, None),
+    (MUX, f"GATEWAY_MULTIPLEX_PROFILES=false # x\nAPI_SERVER_KEY={KEY}\n", False, None),
+], ids=["symlink", "file", "mux-comment", "mux-quoted-comment", "mux-expanded", "enabled-comment", "mux-off-comment"])
+def test_the_root_env_is_read_as_hermes_reads_it(
+    tmp_path: Path, config: dict, dotenv: str, linked: bool, expected: ApiServer | None
+) -> None:
+    """Regression: a symlinked root .env was not read (every turn on the CLI, with a wrong "set in the
+    environment" warning), and GATEWAY_MULTIPLEX_PROFILES=true with a comment after it read as unknown (CLI,
+    silently), while hermes, checked in a subprocess, started the multiplexed API server both times."""
+    from hermes_actors.hermes.gateway_api import read_gateway_api_server
+
+    root = tmp_path / "root"
+    root.mkdir()
+    real = tmp_path / "secrets" / "hermes.env" if linked else root / ".env"
+    real.parent.mkdir(exist_ok=True)
+    real.write_text(dotenv, encoding="utf-8")
+    real.chmod(0o600)
+    if linked:
+        (root / ".env").symlink_to(real)
+    planned = read_gateway_api_server(root, config, {})
+    assert planned.server() == expected
+    assert planned.why == ""
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    ("world-writable", "is writable by every user (mode 0666)"),
+    ("fifo", "is not a regular file"),
+    ("directory", "is not a regular file"),
+    ("huge", "is over 256 KiB"),
+])
+def test_a_root_env_we_refuse_is_named_where_the_api_server_is_said_to_start_none(
+    tmp_path: Path, kind: str, says: str
+) -> None:
+    """A symlinked .env is followed only to a file you or root control; a refused one is never read (a FIFO
+    never blocks the read) and the reason replaces the "set in the environment" guess."""
+    import os
+
+    from hermes_actors.hermes.gateway_api import read_gateway_api_server
+
+    root = tmp_path / "root"
+    root.mkdir()
+    target = tmp_path / "elsewhere"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "directory":
+        target.mkdir()
+    else:
+        target.write_text(f"API_SERVER_KEY={KEY}\n" + ("#" * 300 * 1024 if kind == "huge" else ""))
+        target.chmod(0o666 if kind == "world-writable" else 0o600)
+    (root / ".env").symlink_to(target)
+    planned = read_gateway_api_server(root, MUX, {"API_SERVER_KEY": KEY})
+    assert planned.server() is None
+    assert f"does not read the root's .env, which {says}" in planned.why, planned.why
+    assert not planned.key_missing  # the key may well be in that .env: the refusal is what is said
+
+
+@pytest.mark.parametrize(("mode", "uid", "size", "says"), [
+    (0o100600, 1000, 10, ""),
+    (0o100644, 0, 10, ""),  # root's (a secrets mount)
+    (0o100664, 1000, 10, ""),  # group-writable: a user private group's umask
+    (0o100600, 1001, 10, "is owned by uid 1001, neither ours (1000) nor root's"),
+    (0o100646, 1000, 10, "is writable by every user (mode 0646)"),
+    (0o010600, 1000, 0, "is not a regular file"),  # a FIFO
+    (0o040700, 1000, 4096, "is not a regular file"),
+    (0o100600, 1000, 256 * 1024, ""),
+    (0o100600, 1000, 256 * 1024 + 1, "is over 256 KiB (262145 bytes)"),
+])
+def test_dotenv_refusal(mode: int, uid: int, size: int, says: str) -> None:
+    from hermes_actors.hermes.gateway_api import dotenv_refusal
+
+    assert dotenv_refusal(mode, uid, size, our_uid=1000) == says
+
+
+@pytest.mark.parametrize(("text", "scope", "loaded"), [
+    ("A=1 # c\n", {"A": "1 # c"}, {"A": "1"}),
+    ("export A='x' # c\n", {"A": "'x' # c"}, {"A": "x"}),
+    ('A="x y"\n', {"A": "x y"}, {"A": "x y"}),
+    ("S=v\nA=${S}\n", {"S": "v", "A": "${S}"}, {"S": "v", "A": "v"}),
+    ("# A=1\nNOVALUE\n", {}, {}),
+])
+def test_a_dotenv_text_both_ways_hermes_reads_it(text: str, scope: dict, loaded: dict) -> None:
+    """hermes' secret scope (agent/secret_scope.load_env_file) and its environment (python-dotenv) read the same
+    .env differently; the fallback without python-dotenv agrees on these."""
+    from hermes_actors.hermes import gateway_api
+
+    assert gateway_api.parse_dotenv(text) == scope
+    assert gateway_api.load_dotenv_values(text) == loaded
+    if "${" not in text:
+        assert {k: gateway_api._plain_value(v) for k, v in gateway_api.parse_dotenv(text).items()} == loaded
+
+
+def test_hermes_true_is_hermes_reading_of_a_switch() -> None:
+    from hermes_actors.hermes.gateway_api import hermes_true
+
+    assert [hermes_true(v) for v in (True, "yes", " On ", 1, "true")] == [True] * 5
+    assert [hermes_true(v) for v in (False, "no", "off", "false", "0", 0, None, "maybe", "")] == [False] * 9
+
+
 def test_an_api_server_is_named_by_its_address_and_never_shows_its_key() -> None:
     server = ApiServer("127.0.0.1", 8642, KEY)
     assert str(server) == "127.0.0.1:8642"  # logs and doctor: "the hermes API server 127.0.0.1:8642 ..."
@@ -428,7 +537,11 @@ _HA, _API = {"enabled": True, "extra": {"host_actors": True}}, {"enabled": True}
      ["platforms", "api_server"], ["gateway", "platforms", "hermes_actors"]),  # each where it is
     ({"gateway": "junk", "platforms": {"hermes_actors": _HA}},
      ["platforms", "api_server"], ["platforms", "hermes_actors"]),
-], ids=["empty", "top", "nested-others-only", "nested-api", "nested-ours", "both-api", "split", "junk-gateway"])
+    # a block that is no mapping is skipped, as hermes skips it: the real one under gateway.platforms is edited
+    ({"gateway": {"platforms": {"api_server": _API}}, "platforms": {"api_server": None}},
+     ["gateway", "platforms", "api_server"], ["gateway", "platforms", "hermes_actors"]),
+], ids=["empty", "top", "nested-others-only", "nested-api", "nested-ours", "both-api", "split", "junk-gateway",
+        "top-null"])
 def test_platform_block_keys(config: dict[str, Any], api: list[str], ours: list[str]) -> None:
     """hermes 0.19 reads platform blocks under gateway.platforms too: enable edits a block where it is, and puts a
     new one of ours beside the other one when that is under gateway.platforms only (else at the top level)."""

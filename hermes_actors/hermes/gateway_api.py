@@ -12,8 +12,11 @@ resolves its ``api_server`` platform in these steps, which :func:`gateway_api_se
 4. The variables: ``API_SERVER_ENABLED`` (true) or ``API_SERVER_KEY`` (non-empty) enable the platform,
    and then ``API_SERVER_KEY``, ``API_SERVER_PORT`` and ``API_SERVER_HOST`` replace ``extra``'s ``key``,
    ``port`` and ``host``. With multiplexing on (``GATEWAY_MULTIPLEX_PROFILES``, else ``multiplex_profiles``
-   / ``gateway.multiplex_profiles``), these are read from the root's ``.env`` only (hermes' secret scope),
-   not from the environment ``hermes gateway run`` was started with.
+   / ``gateway.multiplex_profiles``), these are read from the root's ``.env`` only (hermes' secret scope,
+   whose own parser takes a value as written after ``=``, matching quotes aside: no comment stripped, no
+   ``${VAR}`` expanded), not from the environment ``hermes gateway run`` was started with. Every other
+   variable (``GATEWAY_MULTIPLEX_PROFILES`` too) is read from the process environment, into which hermes loads
+   the root's ``.env`` with python-dotenv at its start (comments stripped, quotes removed, ``${VAR}`` expanded).
 5. The server then takes ``extra``'s ``host``, ``port``, ``key``, each falling back to the process's
    ``API_SERVER_HOST`` / ``API_SERVER_PORT`` / ``API_SERVER_KEY`` (the environment, with the root's ``.env``
    loaded over it), then ``127.0.0.1`` / ``8642`` / none; it refuses to start without a key of at least 16
@@ -22,17 +25,24 @@ resolves its ``api_server`` platform in these steps, which :func:`gateway_api_se
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from hermes_actors.hermes.api_client import ApiServer
 
 __all__ = [
-    "DEFAULT_API_HOST", "DEFAULT_API_PORT", "MIN_KEY_CHARS", "GatewayApiServer", "gateway_api_server",
-    "read_dotenv", "read_gateway_api_server",
+    "DEFAULT_API_HOST", "DEFAULT_API_PORT", "MIN_KEY_CHARS", "GatewayApiServer", "RootDotenv", "dotenv_refusal",
+    "gateway_api_server", "hermes_true", "load_dotenv_values", "parse_dotenv", "read_dotenv", "read_gateway_api_server",
+    "read_root_dotenv",
 ]
 
 DEFAULT_API_HOST = "127.0.0.1"
@@ -82,8 +92,9 @@ class GatewayApiServer:
 
     @property
     def key_missing(self) -> bool:
-        """The platform is enabled (with multiplexing on) but hermes refuses its key: it starts no API server."""
-        return self.enabled and self.multiplex and not self.key_usable
+        """The platform is enabled (with multiplexing on) but hermes refuses its key: it starts no API server.
+        Not said when the root's ``.env`` is not read (:attr:`why` says so: the key may be there)."""
+        return self.enabled and self.multiplex and not self.key_usable and not self.why
 
     def server(self) -> ApiServer | None:
         """Where warm turns reach it: None when it does not start or multiplexing is off (without it the
@@ -105,6 +116,20 @@ def _coerce_bool(value: Any, default: bool) -> bool:
     return bool(value)
 
 
+def hermes_true(value: Any) -> bool:
+    """Pure: whether hermes 0.19 reads a ``config.yaml`` switch (a platform's ``enabled``, ``multiplex_profiles``)
+    as on: ``_coerce_bool(value, False)``, so None, ``'no'``, ``'off'``, ``'false'``, ``0`` and unknown words
+    are all off.
+
+    Args:
+        value: the value as YAML gave it.
+
+    Returns:
+        True when hermes reads it as true.
+    """
+    return _coerce_bool(value, False)
+
+
 def _mapping(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
@@ -124,7 +149,7 @@ def _multiplex(config: Mapping[str, Any], legacy: Mapping[str, Any], environ: Ma
         value = nested["multiplex_profiles"]
     if value is None:
         value = _mapping(legacy.get("gateway")).get("multiplex_profiles")
-    return _coerce_bool(value, False)
+    return hermes_true(value)
 
 
 def _block(config: Mapping[str, Any], legacy: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
@@ -141,26 +166,37 @@ def _block(config: Mapping[str, Any], legacy: Mapping[str, Any]) -> tuple[Any, A
 
 
 def gateway_api_server(
-    config: Mapping[str, Any], legacy: Mapping[str, Any], dotenv: Mapping[str, str], environ: Mapping[str, str]
+    config: Mapping[str, Any],
+    legacy: Mapping[str, Any],
+    dotenv: Mapping[str, str],
+    environ: Mapping[str, str],
+    *,
+    loaded: Mapping[str, str] | None = None,
+    refused: str = "",
 ) -> GatewayApiServer:
     """Pure: the API server a root's ``hermes gateway run`` (0.19) starts, as hermes resolves it.
 
     Args:
         config: the root's ``config.yaml`` mapping.
         legacy: the root's ``gateway.json`` mapping (``{}`` when there is none).
-        dotenv: the root's ``.env`` pairs.
+        dotenv: the root's ``.env`` pairs as hermes' secret scope reads them (:func:`parse_dotenv`).
         environ: the environment the gateway is started with (ours stands for it).
+        loaded: the root's ``.env`` pairs as python-dotenv loads them into hermes' environment
+            (:func:`load_dotenv_values`; None: ``dotenv``).
+        refused: why the root's ``.env`` was not read (:func:`dotenv_refusal`; ``""``: it was, or there is none).
 
     Returns:
         What hermes starts: enabled, host, port, key, multiplexing, and why it starts none when something asks
-        for one (a variable it does not read there, an ``enabled: false`` over an enabled block).
+        for one (a variable it does not read there, an ``enabled: false`` over an enabled block, a ``.env`` we
+        do not read).
     """
-    process = {**environ, **dotenv}  # hermes loads the root's .env over its environment at its start
+    # hermes loads the root's .env over its environment at its start (python-dotenv)
+    process = {**environ, **(dotenv if loaded is None else loaded)}
     multiplex = _multiplex(config, legacy, process)
     scope = dotenv if multiplex else process  # multiplexing: the root's .env alone (hermes' secret scope)
     block_enabled, top_enabled, extra = _block(config, legacy)
     top_written = isinstance(config.get("api_server"), dict) and "enabled" in config["api_server"]
-    enabled = _coerce_bool(top_enabled if top_written else block_enabled, False)
+    enabled = hermes_true(top_enabled if top_written else block_enabled)
     if str(scope.get("API_SERVER_ENABLED", "")).strip().lower() in _TRUE or scope.get("API_SERVER_KEY"):
         enabled = True
         if scope.get("API_SERVER_KEY"):
@@ -180,10 +216,14 @@ def gateway_api_server(
         port = DEFAULT_API_PORT
     key = extra["key"] if "key" in extra else process.get("API_SERVER_KEY", "")
     why = ""
-    if not enabled:
+    usable = isinstance(key, str) and GatewayApiServer(enabled, "", 0, key, multiplex).key_usable
+    if refused and not (enabled and usable):
+        why = (f"hermes-actors does not read the root's .env, which {refused}, so it cannot tell what hermes reads "
+               "there (hermes reads it all the same)")
+    elif not enabled:
         ignored = [name for name in _ENABLING if name not in dotenv and environ.get(name)
                    and (name != "API_SERVER_ENABLED" or str(environ[name]).strip().lower() in _TRUE)]
-        if top_written and _coerce_bool(block_enabled, False):
+        if top_written and hermes_true(block_enabled):
             why = ("config.yaml's top-level api_server: block says enabled: false, which hermes reads over the "
                    "platforms.api_server block")
         elif multiplex and ignored:
@@ -194,21 +234,44 @@ def gateway_api_server(
                             multiplex=multiplex, why=why)
 
 
-def read_dotenv(path: Path) -> dict[str, str]:
-    """The ``KEY=VALUE`` pairs of a ``.env`` file (quotes stripped; comments skipped).
+def dotenv_refusal(mode: int, uid: int, size: int, *, our_uid: int) -> str:
+    """Pure: why hermes-actors does not read a root's ``.env`` (followed through symlinks, as hermes does).
+
+    hermes reads it whatever it is; we read the settings that say where warm turns (their text and the bearer
+    key) go from it, so only a file that you or root control: a regular file (not a FIFO, a device, a
+    directory), owned by us or root, not writable by every user, at most 256 KiB.
 
     Args:
-        path: the file.
+        mode: the file's ``st_mode`` (``fstat`` of what the path leads to).
+        uid: its owner.
+        size: its size in bytes.
+        our_uid: this process's uid.
 
     Returns:
-        The pairs; ``{}`` when missing, unreadable, a symlink or over 256 KiB.
+        The refusal (``"is not a regular file"``, ...), ``""`` when it may be read.
     """
-    try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > _FILE_MAX:
-            return {}
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return {}
+    if not stat.S_ISREG(mode):
+        return "is not a regular file"
+    if uid not in (our_uid, 0):
+        return f"is owned by uid {uid}, neither ours ({our_uid}) nor root's"
+    if mode & stat.S_IWOTH:
+        return f"is writable by every user (mode {stat.S_IMODE(mode):04o})"
+    if size > _FILE_MAX:
+        return f"is over {_FILE_MAX // 1024} KiB ({size} bytes)"
+    return ""
+
+
+def parse_dotenv(text: str) -> dict[str, str]:
+    """Pure: the ``KEY=VALUE`` pairs of a ``.env`` text as hermes' secret scope reads them
+    (``agent/secret_scope.load_env_file``): ``export`` and matching quotes stripped, ``#`` lines skipped, the
+    rest of a value kept as written (no inline comment stripped, no ``${VAR}`` expanded).
+
+    Args:
+        text: the file's text.
+
+    Returns:
+        The pairs.
+    """
     pairs: dict[str, str] = {}
     for raw in text.splitlines():
         line = raw.strip()
@@ -221,6 +284,99 @@ def read_dotenv(path: Path) -> dict[str, str]:
         if key.strip():
             pairs[key.strip()] = value
     return pairs
+
+
+def load_dotenv_values(text: str) -> dict[str, str]:
+    """The pairs of a ``.env`` text as hermes loads them into its environment: python-dotenv's
+    ``dotenv_values`` (inline comments stripped, quotes removed, ``${VAR}`` expanded from earlier lines and
+    the environment). Without python-dotenv (hermes depends on it; ours does not), :func:`parse_dotenv`'s pairs
+    with an unquoted value's `` #`` comment cut.
+
+    Args:
+        text: the file's text.
+
+    Returns:
+        The pairs that have a value.
+    """
+    try:
+        from dotenv import dotenv_values
+    except ImportError:
+        return {key: _plain_value(value) for key, value in parse_dotenv(text).items()}
+    return {key: value for key, value in dotenv_values(stream=io.StringIO(text)).items() if value is not None}
+
+
+def _plain_value(value: str) -> str:
+    """Pure: a value :func:`parse_dotenv` kept as written, as python-dotenv reads it: a quoted one up to its
+    closing quote, an unquoted one up to a ``#`` that follows a space."""
+    if value[:1] in ("'", '"'):
+        close = value.find(value[0], 1)
+        return value[1:close] if close > 0 else value
+    return re.split(r"\s#", value, maxsplit=1)[0].rstrip()
+
+
+@dataclass(frozen=True)
+class RootDotenv:
+    """A root's ``.env`` as hermes reads it.
+
+    Attributes:
+        scope: its pairs as hermes' secret scope reads them (:func:`parse_dotenv`).
+        loaded: its pairs as hermes loads them into its environment (:func:`load_dotenv_values`).
+        refused: why it was not read (:func:`dotenv_refusal`; ``""``: it was, or there is none).
+    """
+
+    scope: dict[str, str]
+    loaded: dict[str, str]
+    refused: str = ""
+
+
+def read_root_dotenv(path: Path) -> RootDotenv:
+    """Read a root's ``.env``, following a symlink as hermes does, within :func:`dotenv_refusal`'s rules.
+
+    Args:
+        path: the file.
+
+    Returns:
+        Its pairs both ways; none when it is missing, unreadable or refused (``refused`` says why, and a
+        warning is logged).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO never hangs it
+    except FileNotFoundError:
+        return RootDotenv({}, {})
+    except OSError as exc:
+        return _refused(path, f"cannot be opened ({exc.strerror or exc})")
+    try:
+        st = os.fstat(fd)
+        why = dotenv_refusal(st.st_mode, st.st_uid, st.st_size, our_uid=os.getuid())
+        if why:
+            return _refused(path, why)
+        data = os.read(fd, _FILE_MAX + 1)
+    except OSError as exc:
+        return _refused(path, f"cannot be read ({exc.strerror or exc})")
+    finally:
+        os.close(fd)
+    if len(data) > _FILE_MAX:
+        return _refused(path, f"grew over {_FILE_MAX // 1024} KiB while read")
+    text = data.decode("utf-8", errors="replace")
+    return RootDotenv(parse_dotenv(text), load_dotenv_values(text))
+
+
+def _refused(path: Path, why: str) -> RootDotenv:
+    logger.warning("hermes-actors does not read {}: it {} (the API server's settings there are not known to it)",
+                   path, why)
+    return RootDotenv({}, {}, why)
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """The ``KEY=VALUE`` pairs of a ``.env`` file as hermes' secret scope reads them (:func:`read_root_dotenv`).
+
+    Args:
+        path: the file.
+
+    Returns:
+        The pairs; ``{}`` when missing, unreadable or refused (:func:`dotenv_refusal`).
+    """
+    return read_root_dotenv(path).scope
 
 
 def _read_json_mapping(path: Path) -> dict[str, Any]:
@@ -247,4 +403,6 @@ def read_gateway_api_server(
     Returns:
         The API server hermes starts there.
     """
-    return gateway_api_server(config, _read_json_mapping(root / "gateway.json"), read_dotenv(root / ".env"), environ)
+    dotenv = read_root_dotenv(root / ".env")
+    return gateway_api_server(config, _read_json_mapping(root / "gateway.json"), dotenv.scope, environ,
+                              loaded=dotenv.loaded, refused=dotenv.refused)

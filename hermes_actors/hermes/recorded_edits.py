@@ -9,6 +9,7 @@ only while its value is still what enable wrote. YAML is rewritten with PyYAML
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,19 @@ class RecordedEditor:
                             "before": None if before is _ABSENT else before, "absent": before is _ABSENT,
                             "parents": created})
         self.report.changed.append(f"{path}: {'.'.join(keys)} = {value!r}")
+
+    def switch_on(self, path: Path, keys: list[str], reads_on: Callable[[Any], bool]) -> None:
+        """Set the switch at ``keys`` to ``True`` unless it is there and ``reads_on`` says it is on (an absent
+        one, and every value the reader takes as off, e.g. ``'no'`` or null, are set; ``disable`` puts it back).
+
+        Args:
+            path: the YAML file.
+            keys: the key path of the switch.
+            reads_on: how its reader (hermes) reads a value: True when on.
+        """
+        current = value_at(read_yaml(path), keys)
+        if current is _ABSENT or not reads_on(current):
+            self.set_default(path, keys, True, replace=current)
 
     def move_after(self, path: Path, keys: list[str], key: str, after: str, why: str) -> None:
         """Move ``key`` of the mapping at ``keys`` just after ``after`` when it comes first (:func:`key_moved_after`).

@@ -15,9 +15,12 @@ With ``gateway=True`` the root's ``config.yaml`` also gets
 is configured, ``platforms.hermes_actors: {enabled: true, extra: {host_actors: true}}``
 (the gateway then hosts the actors: :func:`hermes_actors.hermes.plugin.hosting_configured`),
 listed after ``platforms.api_server`` (moved there when it came first: hermes connects
-platforms in that order), and ``gateway.multiplex_profiles: true``. hermes 0.19 reads
+platforms in that order), and ``gateway.multiplex_profiles: true`` (the top-level
+``multiplex_profiles``, which hermes reads first, when there is one). Each of these switches
+that hermes reads as off (``false``, ``'no'``, ``'off'``, null, ...) is set to ``true``. hermes 0.19 reads
 platform blocks under ``gateway.platforms`` too (before the top level's): a block there is
-edited there, and ours goes beside it (:func:`platform_block_keys`, :func:`connect_order`).
+edited there, and ours goes beside it (:func:`platform_block_keys`, :func:`connect_order`); a
+block that is no mapping (``api_server: null``) is skipped, as hermes skips it.
 
 Every edit is recorded (:mod:`hermes_actors.hermes.recorded_edits`) in
 ``<root>/bot_relay/hermes-actors-enable.json`` as "path, value before, value
@@ -37,7 +40,7 @@ from typing import Any
 
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
-from hermes_actors.hermes.gateway_api import DEFAULT_API_PORT, MIN_KEY_CHARS, read_gateway_api_server
+from hermes_actors.hermes.gateway_api import DEFAULT_API_PORT, MIN_KEY_CHARS, hermes_true, read_gateway_api_server
 from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, profile_home
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
@@ -205,6 +208,7 @@ def enable(
 _API = "api_server"
 _TOP = ["platforms"]
 _NESTED = ["gateway", "platforms"]  # hermes 0.19 reads platform blocks here too (gateway/config.py)
+_MULTIPLEX = ["multiplex_profiles"]
 
 
 def _platform_maps(config: Mapping[str, Any]) -> list[tuple[list[str], Mapping[str, Any]]]:
@@ -223,7 +227,8 @@ def platform_block_keys(config: Mapping[str, Any], name: str, beside: str) -> li
 
     hermes 0.19 reads platform blocks from ``platforms`` and from ``gateway.platforms`` (a block in both is merged,
     the top level's keys winning): a block the user has is edited where it is, and a new one goes beside the
-    other block of ours when that one is under ``gateway.platforms`` only, else under ``platforms``.
+    other block of ours when that one is under ``gateway.platforms`` only, else under ``platforms``. A block that
+    is no mapping (``api_server: null``) is skipped, as hermes skips it.
 
     Args:
         config: the root's ``config.yaml`` mapping.
@@ -234,10 +239,10 @@ def platform_block_keys(config: Mapping[str, Any], name: str, beside: str) -> li
         The key path of the block, e.g. ``["gateway", "platforms", "api_server"]``.
     """
     maps = _platform_maps(config)
-    for keys, found in reversed(maps):  # the top level first: its keys win
-        if name in found:
+    for keys, found in reversed(maps):  # the top level first: its keys win (a block that is no mapping: skipped)
+        if isinstance(found.get(name), dict):
             return [*keys, name]
-    holders = [keys for keys, found in maps if beside in found]
+    holders = [keys for keys, found in maps if isinstance(found.get(beside), dict)]
     return [*(_NESTED if holders == [_NESTED] else _TOP), name]
 
 
@@ -265,19 +270,23 @@ def _configure_gateway(editor: RecordedEditor, config: Path, port: int | None, r
     data = read_yaml(config)
     api = platform_block_keys(data, _API, PLATFORM_NAME)
     ours = platform_block_keys(data, PLATFORM_NAME, _API)
+    # a null block is no block to hermes (it skips it): replaced like a missing one (`disable` puts the null back)
     editor.set_default(config, api, {"enabled": True, "extra": {"host": "127.0.0.1",
-                                                                "port": DEFAULT_API_PORT if port is None else port}})
+                                                                "port": DEFAULT_API_PORT if port is None else port}},
+                       replace=None)
     where = [*api, "extra", "port"]
     current = value_at(read_yaml(config), where)
     if port is not None and current != port:  # named: that port, whatever an earlier enable set
         editor.set_default(config, where, port, replace=current)
-    editor.set_default(config, [*api, "enabled"], True, replace=False)
-    editor.set_default(config, ours, {"enabled": True, "extra": {HOST_KEY: True}})
-    # `enable --gateway` is the ask to host: a block switched off by hand is switched on again
-    # (`disable` puts the user's false back), else the gateway it says to start would host nothing
-    editor.set_default(config, [*ours, "enabled"], True, replace=False)
+    # `enable --gateway` is the ask to serve and host: a switch hermes reads as off (false, 'no', 'off', null, ...)
+    # is switched on (`disable` puts the user's value back), else the gateway it says to start would not serve
+    editor.switch_on(config, [*api, "enabled"], hermes_true)
+    editor.set_default(config, ours, {"enabled": True, "extra": {HOST_KEY: True}}, replace=None)
+    editor.switch_on(config, [*ours, "enabled"], hermes_true)
     editor.set_default(config, [*ours, "extra", HOST_KEY], True)
-    editor.set_default(config, ["gateway", "multiplex_profiles"], True, replace=False)
+    # hermes reads a top-level multiplex_profiles (even null) before gateway.multiplex_profiles: edited where read
+    editor.switch_on(config, _MULTIPLEX if _MULTIPLEX[-1] in read_yaml(config) else ["gateway", *_MULTIPLEX],
+                     hermes_true)
     # hermes connects platforms in the order it reads them: the actors' runner, chosen as our platform connects,
     # then finds the API server up (a block of ours from before, e.g. left with enabled: false by disable, came
     # first and the new api_server block after it)
@@ -300,13 +309,19 @@ def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, 
         # the API server hermes starts with the config just written, read as hermes reads it
         planned = read_gateway_api_server(root, read_yaml(root / "config.yaml"),
                                           env if env is not None else dict(os.environ))
-        if planned.enabled and not planned.key_usable:
+        if planned.why:
+            report.todo.append(f"{root / 'config.yaml'}: the hermes gateway starts no API server: {planned.why}")
+        elif planned.enabled and not planned.key_usable:
             report.todo.append(
                 f"set API_SERVER_KEY (at least {MIN_KEY_CHARS} characters, e.g. `openssl rand -hex 32`) in "
                 f"{root / '.env'} — the hermes API server refuses to start without it"
             )
-        elif planned.why:
-            report.todo.append(f"{root / 'config.yaml'}: the hermes gateway starts no API server: {planned.why}")
+        if not planned.multiplex:  # config.yaml says multiplex_profiles: true now; something hermes reads first not
+            report.todo.append(
+                f"the hermes gateway does not multiplex profiles, which warm turns need (without it every turn would "
+                f"run as the default profile): GATEWAY_MULTIPLEX_PROFILES in its environment or in {root / '.env'}, "
+                f"or multiplex_profiles in {root / 'gateway.json'}, says it is off; remove it or set it to true"
+            )
         report.todo.append(gateway_todo(root, gateway_pid(root)))
     elif ping(root) is None:
         report.todo.append(f"start the actors: {shell_command('hermes-actors', 'serve', '--root', root)}")
