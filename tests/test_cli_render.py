@@ -124,3 +124,16 @@ def test_status_text_labels_claimed_and_replies_as_files_kept_until_the_sweep() 
                     "kept until the 6 h sweep: claimed 2326, replies 2326; no relay roster")
     none_there = {**relay, **dict.fromkeys(("outbox", "claimed", "replies", "inbox", "taken", "quarantine"))}
     assert "relay: file; no relay directories; no relay roster" in status_text({**status, "relay": none_there})
+
+
+def test_status_text_shows_the_unconfirmed_redis_sends() -> None:
+    """Regression (review): the sends a Redis stall left unconfirmed (``bot_relay/unconfirmed/``) were counted
+    nowhere in ``status``; they are shown with what waits (left out while that directory was never made)."""
+    relay = {"transport": "redis", "outbox": 0, "inbox": 0, "taken": 0, "quarantine": 0, "unconfirmed": 2,
+             "roster_age_seconds": None, "remote_agents": 0}
+    status = {"root": "/r", "running": False, "relay": relay, "in_flight": [], "counters": {}}
+    [line] = [line for line in status_text(status).splitlines() if line.startswith("relay: ")]
+    assert line.startswith("relay: redis; outbox 0, inbox 0, taken 0, quarantine 0, unconfirmed 2; "), line
+    never = {**relay, "unconfirmed": None}
+    [line] = [line for line in status_text({**status, "relay": never}).splitlines() if line.startswith("relay: ")]
+    assert "unconfirmed" not in line

@@ -136,14 +136,19 @@ def test_an_unconfirmed_send_survives_its_senders_restart_and_runs_once(
     assert rec.bodies() == ["across a restart"]
 
 
+def _send_script(script: Any, envelope_id: str) -> list[Any]:
+    """One run of SEND_LUA from alpha to mini, as the transport runs it."""
+    return script(keys=[KEYS.inbox("mini"), KEYS.sent("alpha"), KEYS.claim(envelope_id), KEYS.done(envelope_id)],
+                  args=[100, b"{}", "alpha", envelope_id, b"{}"])
+
+
 def test_the_send_script_is_idempotent_on_the_envelope_id(redis_server: RedisServer) -> None:
     """Run twice (a stalled first run and its check), it queues one entry; after the turn claim, none."""
     client = redis_server.client()
     script = client.register_script(SEND_LUA)
 
     def send(envelope_id: str) -> list[Any]:
-        return script(keys=[KEYS.inbox("mini"), KEYS.sent("alpha"), KEYS.claim(envelope_id)],
-                      args=[100, b"{}", "alpha", envelope_id, b"{}"])
+        return _send_script(script, envelope_id)
 
     assert send("e1")[0] == 1 and send("e1") == [1, b"queued"]
     assert client.xlen(KEYS.inbox("mini")) == 1
@@ -177,3 +182,177 @@ def test_entries_handed_back_at_a_stop_are_not_logged_as_a_lost_lease(
         reader._hand_back(client, entries)
     assert [(r["level"].name, r["message"]) for r in logs.records if "handed back" in r["message"]] == [(level, text)]
     assert client.xlen(inbox) == 2 and client.xpending(inbox, "hermes")["pending"] == 0
+
+
+def test_a_late_run_of_a_send_its_target_answered_without_a_turn_claim_queues_nothing(
+        redis_server: RedisServer) -> None:
+    """Regression (review): a target that answers an envelope before any turn claim (it refused it) sets only
+    done:<id> and deletes the entry; once the sender had the reply and dropped its sent record, the stalled first
+    run of the script, run late, queued the DM again and wrote its sent record back (a restart then published a
+    second outcome, delivery_timeout). The done mark now says it was queued."""
+    client = redis_server.client()
+    script = client.register_script(SEND_LUA)
+    envelope_id = "e" * 32
+    assert _send_script(script, envelope_id)[0] == 1
+    client.set(KEYS.done(envelope_id), b"1", ex=3600)  # the target's reply MULTI: done mark, entry acked and deleted
+    client.xdel(KEYS.inbox("mini"), *[entry_id for entry_id, _ in client.xrange(KEYS.inbox("mini"))])
+    client.hdel(KEYS.sent("alpha"), envelope_id)  # the sender has the reply and forgot it
+    assert _send_script(script, envelope_id) == [1, b"queued"]  # the stalled original, run late
+    assert client.xlen(KEYS.inbox("mini")) == 0 and client.hlen(KEYS.sent("alpha")) == 0
+
+
+# ── records of unconfirmed sends (bot_relay/unconfirmed/<id>.json) ─────────────────────────────────────────
+
+ENVELOPE_ID = "a" * 32
+OTHER_ID = "b" * 32
+
+
+def _send_call(envelope_id: str = ENVELOPE_ID, sender: str = "alice") -> Any:
+    """A SendCall of alice@alpha to bob@mini, as the transport keeps it."""
+    import time
+
+    from hermes_actors.records import RemoteAgent
+    from hermes_actors.store.relay_protocol import make_envelope
+    from hermes_actors.transports.redis import store as rs
+    from hermes_actors.transports.redis.outbound import SendCall
+
+    envelope = make_envelope(target=RemoteAgent("bob", "bob", "mini"), message="kept unconfirmed",
+                             sender_profile=sender, sender_handle=sender, now=time.time(),
+                             envelope_id=envelope_id, extra={"hop": 0})
+    fields = rs.encode_envelope_entry(envelope, "alpha")
+    return SendCall(envelope_id, "mini", fields["envelope"], rs.sent_meta(envelope, "@bob on mini"))
+
+
+def _record(**changes: Any) -> dict[str, Any]:
+    return {**_send_call().record(), **changes}
+
+
+@pytest.mark.parametrize(("record", "file_id", "why"), [
+    ("not a record", ENVELOPE_ID, "not a JSON object"),
+    (_record(id="zz"), "zz", "invalid envelope id 'zz'"),
+    (_record(id=OTHER_ID), ENVELOPE_ID, "does not match its file name"),
+    (_record(id=OTHER_ID), OTHER_ID, "is not the record's"),  # the envelope's own id is another
+    (_record(target_connection="../x"), ENVELOPE_ID, "invalid target connection"),
+    (_record(target_connection="other"), ENVELOPE_ID, "is not the record's"),
+    (_record(envelope="{not json"), ENVELOPE_ID, "its envelope is not JSON"),
+    (_record(envelope='{"id": "zz"}'), ENVELOPE_ID, "invalid envelope id"),
+    (_record(meta="{}"), ENVELOPE_ID, "its sent meta is unreadable"),
+    (_record(meta=None), ENVELOPE_ID, "is not a string"),
+])
+def test_a_record_that_is_no_send_of_ours_is_refused(record: Any, file_id: str, why: str) -> None:
+    """Regression (review): a record whose id was no envelope id ("zz"), or not its envelope's, was queued again
+    at every start and never removed (its ValidationError raised inside the tick, a delivery_timeout published
+    for "zz" each start). Such a record is refused, naming why."""
+    from hermes_actors.errors import ValidationError
+    from hermes_actors.transports.redis.outbound import SendCall
+
+    with pytest.raises(ValidationError, match=why):
+        SendCall.from_record(record, file_id=file_id)
+
+
+def test_a_record_of_ours_reads_back_as_its_call() -> None:
+    from hermes_actors.transports.redis.outbound import SendCall
+
+    call = _send_call()
+    assert SendCall.from_record(call.record(), file_id=ENVELOPE_ID) == call
+
+
+def test_bad_unconfirmed_records_are_quarantined_once_and_a_removed_profiles_send_still_gets_its_outcome(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Regression (review): records that were no unconfirmed send (a bad id, an id not its envelope's, not JSON)
+    were read, logged as ERROR (or queued) again at every start and left forever; they are moved into the relay's
+    quarantine/, one WARNING each. The send of a profile removed between the restarts was skipped silently and
+    its acked DM never got an outcome: it is still queued and its outcome published, as a relayed DM's of a
+    removed profile is."""
+    import json
+
+    from hermes_actors.ops.status import relay_dir_counts
+
+    fake_connection(redis_server, "mini")  # online; nobody drains it
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    kept = root / "bot_relay" / "unconfirmed"
+    kept.mkdir(parents=True, mode=0o700)
+    removed_id, bad_id, corrupt_id = "c" * 32, "d" * 32, "e" * 32
+    records = {"zz.json": json.dumps(_record(id="zz")),
+               f"{bad_id}.json": json.dumps(_record(id=bad_id)),  # its envelope's id is another
+               f"{corrupt_id}.json": "{not json",
+               f"{removed_id}.json": json.dumps(_send_call(removed_id, sender="carol").record())}
+    for name, text in records.items():
+        (kept / name).write_text(text)
+        (kept / name).chmod(0o600)
+    assert relay_dir_counts(root)["unconfirmed"] == 3  # <id>.json records
+    cfg = {"bot_mode": {**_config(redis_server)["bot_mode"], "reply_wait_seconds": 1.5}}
+    with LogCapture("INFO") as logs, Gateway(root, runner="demo", config=cfg, connection_id="alpha") as gw:
+        out = gw.wait_outcome(removed_id, timeout=20)
+        unconfirmed = gw.stats()["relay"]["unconfirmed"]
+    assert out["status"] == "failed" and out["reason"] == "delivery_timeout", out  # nobody drains mini
+    entries = redis_server.client().xrange(KEYS.inbox("mini"))
+    assert [json.loads(fields[b"envelope"])["id"] for _id, fields in entries] == [removed_id]
+    assert unconfirmed == 0
+    assert list(kept.iterdir()) == []
+    moved = sorted(p.name.split(".")[0] for p in (root / "bot_relay" / "quarantine").iterdir())
+    assert moved == sorted([bad_id, corrupt_id, "zz"])
+    quarantined = [r for r in logs.records if r["message"].startswith("quarantined")]
+    assert len(quarantined) == 3 and {r["level"].name for r in quarantined} == {"WARNING"}
+    assert [r["message"] for r in logs.records if r["level"].name in ("ERROR", "CRITICAL")] == []
+    assert any(removed_id in r["message"] and "'carol'" in r["message"] for r in logs.records)
+
+
+def test_an_outcome_kept_while_redis_is_down_has_its_sent_record_dropped_once_it_is_back(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Regression (review): the outcome of a DM kept by the Dispatcher while Redis was down had its sent record
+    dropped right then (against a Redis that does not answer that held the actor an answer timeout per outcome)
+    and a failure was never retried: the record stayed in Redis (AOF), for the next start to wait for again. It
+    is dropped once Redis is back."""
+    fake_connection(redis_server, "mini")
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    cfg = {"bot_mode": {**_config(redis_server)["bot_mode"], "reply_wait_seconds": 1.0}}
+    with Gateway(root, runner="demo", config=cfg, connection_id="alpha") as gw:
+        wait_online(gw, "bob", "mini")
+        ack = gw.message_agent(sender="alice", target="bob@mini", message="timed out while redis is down")
+        assert redis_server.client().hexists(KEYS.sent("alpha"), ack["delivery_id"])
+        redis_server.kill()
+        out = gw.wait_outcome(ack["delivery_id"], timeout=20)  # its reply budget ends while Redis is down
+        assert out["reason"] == "delivery_timeout", out
+        redis_server.start()
+        client = redis_server.client()
+        await_condition(lambda: not client.hexists(KEYS.sent("alpha"), ack["delivery_id"]), timeout=20,
+                        interval=0.05, message="the sent record dropped once Redis is back")
+
+
+def test_a_send_redis_refuses_as_loading_is_refused_not_queued_and_never_kept(
+        tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (review): Redis answering -LOADING (still loading its dataset: it ran nothing) was taken for a
+    send written and unanswered: acked and kept unconfirmed. It is refused NOT queued, and nothing is kept."""
+    from redis.connection import AbstractConnection
+    from redis.exceptions import BusyLoadingError
+
+    real_send, real_read = AbstractConnection.send_command, AbstractConnection.read_response
+    loading: list[bool] = []
+
+    def send(self: AbstractConnection, *args: Any, **kwargs: Any) -> Any:
+        if args and args[0] in ("EVALSHA", "EVAL") and not loading:  # Redis runs nothing: it answers -LOADING
+            loading.append(True)
+            return real_send(self, "PING")
+        return real_send(self, *args, **kwargs)
+
+    def read(self: AbstractConnection, *args: Any, **kwargs: Any) -> Any:
+        answer = real_read(self, *args, **kwargs)
+        if loading == [True]:
+            loading.append(False)
+            raise BusyLoadingError("Redis is loading the dataset in memory")
+        return answer
+
+    fake_connection(redis_server, "mini")
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    with Gateway(root, runner="demo", config=_config(redis_server), connection_id="alpha") as gw:
+        wait_online(gw, "bob", "mini")
+        monkeypatch.setattr(AbstractConnection, "send_command", send)
+        monkeypatch.setattr(AbstractConnection, "read_response", read)
+        refusal = gw.message_agent(sender="alice", target="bob@mini", message="while redis loads")
+        monkeypatch.setattr(AbstractConnection, "send_command", real_send)
+        monkeypatch.setattr(AbstractConnection, "read_response", real_read)
+        assert refusal.get("reason") == "runtime_offline" and "NOT queued" in refusal["error"], refusal
+        assert gw.stats()["relay"]["waiting"] == 0
+    assert not (root / "bot_relay" / "unconfirmed").exists()
+    assert redis_server.client().xlen(KEYS.inbox("mini")) == 0

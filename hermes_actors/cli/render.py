@@ -185,8 +185,8 @@ def _counts(mapping: dict[str, Any]) -> str:
 
 # claimed/ holds envelopes already handed on, replies/ answers already written: both are kept until the stale
 # sweep (a seed sender's waiter reads its reply there), so their counts are no DMs in flight or waiting. The
-# others wait: for a drainer, a turn, or (quarantine/) the user.
-_RELAY_WAITING = ("outbox", "inbox", "taken", "quarantine")
+# others wait: for a drainer, a turn, (quarantine/) the user, or (unconfirmed/) Redis to answer a send again.
+_RELAY_WAITING = ("outbox", "inbox", "taken", "quarantine", "unconfirmed")
 _RELAY_KEPT = ("claimed", "replies")
 
 

@@ -27,7 +27,7 @@ __all__ = ["LATENCY_BUCKETS", "METRIC_NAMES", "REDIS_METRICS", "RELAY_DIRS", "RO
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0)
 ROOM_STATES = ("idle", "busy", "needs_you")
 RELAY_DIRS = ("outbox", "claimed", "replies", "inbox", "taken", "quarantine")
-_RELAY_GAUGES = frozenset({"waiting", "inbound"})  # relay stats that go up and down; the rest only count
+_RELAY_GAUGES = frozenset({"waiting", "inbound", "unconfirmed"})  # relay stats that go up and down; the rest only count
 
 METRIC_NAMES = {  # name → help (docs/operations.md lists these; tests check every one is served)
     "hermes_actors_deliveries_total": "Deliveries sent from this gateway that settled, by status and reason.",

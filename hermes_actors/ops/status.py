@@ -14,7 +14,7 @@ gateway answers. Both return the same shape (``source`` says which)::
       "in_flight": [{"delivery_id", "sender", "target", "profile", "route", "age_seconds", "started"}],
                                           # sender: its handle (core.outcomes.shown_sender), target: its label
       "counters": {"accepted", "refused", "settled", "pending", "by_status", "by_reason", "by_outcome"},
-      "relay": {"transport", "outbox", "claimed", "replies", "inbox", "taken", "quarantine",
+      "relay": {"transport", "outbox", "claimed", "replies", "inbox", "taken", "quarantine", "unconfirmed",
                 "roster", "roster_age_seconds", "remote_agents", "reachable", "peers", "alive", "stats"},
       "managed": True | False,
       "problems": ["..."],
@@ -59,6 +59,7 @@ from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_shelf import count_on_shelves
+from hermes_actors.transports.redis.store import UNCONFIRMED_DIR
 
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway
@@ -188,6 +189,7 @@ def relay_dir_counts(root: Path) -> dict[str, Any]:
         "inbox": _count(inbox.inbox),
         "taken": _count(inbox.taken, shelves=True),
         "quarantine": _count(paths.quarantine, ids_only=False),
+        "unconfirmed": _count(paths.base / UNCONFIRMED_DIR),  # Redis sends acked, not yet answered (None: none kept)
     }
 
 

@@ -339,6 +339,7 @@ class RedisRelayActor(TypedActor):
                               else ("replies",))
                 self.due["reclaim"] = now + self.settings.claim_idle_seconds / 2
             self.outbound.retry_expiries()
+            self.outbound.retry_forgets()
             if now >= self.due["gc"]:
                 self.due["gc"] = now + CONSUMER_GC_SECONDS
                 self._gc_consumers()
@@ -482,4 +483,5 @@ class RedisRelayActor(TypedActor):
         ``hermes_actors_redis_up`` gauge and the status's ``relay.reachable``, not an event count)."""
         beats = self.heartbeat.beats if self.heartbeat is not None else 0
         return {**self.counters, "waiting": len(self.outbound.waiting), "inbound": len(self.inbound.flights),
+                "unconfirmed": len(self.outbound.unconfirmed),
                 "heartbeats": beats, "reachable": not self.redis_link.down}

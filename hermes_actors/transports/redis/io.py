@@ -67,8 +67,8 @@ CONNECT_TIMEOUT_SECONDS = 1.0
 #: How long a command waits for its answer, once: a Redis that accepts connections and never answers (a hung
 #: server, a dead route behind a proxy) held the transport actor 6 s per command (3 s, retried after the
 #: timeout), its ticks piled up, and stats, /metrics, /status and the host's status hung 30 s and failed. Not
-#: shorter: a Redis syncing its AOF on a busy disk may take a second to answer a write, and a write that timed
-#: out here is refused to its sender as NOT queued though Redis may still apply it.
+#: shorter: a Redis syncing its AOF on a busy disk may take a second to answer a write, and a send that timed
+#: out here is acked unconfirmed (Redis may still apply it) and checked once Redis answers again.
 ANSWER_TIMEOUT_SECONDS = 3.0
 #: The most a stop waits for the transport's threads, all together: a reader blocked on a healthy Redis with a
 #: long BLOCK is not waited for past it (what it reads then stays pending in the group for the next process).

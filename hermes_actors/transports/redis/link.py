@@ -26,8 +26,9 @@ class Unanswered(Exception):
     Args:
         cause: what redis-py raised (a connection error, a timeout).
         written: False when it failed before the command was written whole to the connection
-            (connecting, or writing): Redis ran nothing. True when it was written and the answer did
-            not come (a read timeout, the connection lost): Redis may have run it, or may run it later.
+            (connecting, or writing), or Redis answered that it is still loading its dataset
+            (``-LOADING``): Redis ran nothing. True when it was written and the answer did not come
+            (a read timeout, the connection lost): Redis may have run it, or may run it later.
     """
 
     def __init__(self, cause: BaseException, *, written: bool) -> None:
@@ -96,10 +97,11 @@ class RedisLink:
             Its answer.
 
         Raises:
-            Unanswered: no answer (``written`` says whether the command reached the connection whole).
+            Unanswered: no answer (``written`` says whether the command reached the connection whole), or
+                Redis answered ``-LOADING`` (still loading its dataset: it ran nothing; ``written`` False).
             redis.exceptions.ResponseError: Redis answered with an error (the command ran, or was refused).
         """
-        from redis.exceptions import ResponseError
+        from redis.exceptions import BusyLoadingError, ResponseError
 
         pool = self.client.connection_pool
         try:
@@ -116,16 +118,21 @@ class RedisLink:
                 return conn.read_response()
             except ResponseError:
                 raise
+            except BusyLoadingError as exc:  # an answer (a ConnectionError to redis-py): Redis refused the command
+                raise Unanswered(exc, written=False) from exc
             except Exception as exc:
                 conn.disconnect()  # its answer, if it ever comes, must not be read as the next command's
                 raise Unanswered(exc, written=True) from exc
         finally:
             pool.release(conn)
 
-    def ack(self, stream: str, entry_ids: list[str], *, forget: str | None = None) -> None:
+    def ack(self, stream: str, entry_ids: list[str], *, forget: str | None = None) -> bool:
         """XACK + XDEL (the stream keeps only the backlog), and forget ``forget`` from our sent hash.
 
-        A failure is retried when the entry is offered again.
+        A failure is logged (an outage once) and retried when the entry is offered again.
+
+        Returns:
+            Whether it was done.
         """
         try:
             pipe = self.client.pipeline(transaction=True)
@@ -137,6 +144,8 @@ class RedisLink:
             pipe.execute()
         except Exception as exc:
             self.unreachable(exc)
+            return False
+        return True
 
     def close(self) -> None:
         self.client.close()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pykka
 from loguru import logger
 
@@ -39,6 +40,8 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.core.guard import check_relay_hop
+from hermes_actors.core.ids import id_of_file_name, validate_delivery_id
+from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.core.targets import PeerRoute, Refusal, transport_unreachable_text
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.messages import (
@@ -55,7 +58,8 @@ from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import relay_dir
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_marks import drop_mark, write_mark
-from hermes_actors.store.relay_protocol import expired_error_text, make_envelope
+from hermes_actors.store.relay_protocol import expired_error_text, make_envelope, parse_envelope
+from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_roster import offline_error_text
 from hermes_actors.store.relay_sent import recorded_sender
 from hermes_actors.transports.redis import store as rs
@@ -63,19 +67,21 @@ from hermes_actors.transports.redis.link import RedisLink, Unanswered, as_text
 
 __all__ = ["REPORTED_KEEP", "SEND_LUA", "UNCONFIRMED_DIR", "Outbound", "SendCall", "Waiting"]
 
-UNCONFIRMED_DIR = "unconfirmed"  # under bot_relay/: the sends Redis did not answer, until it does
+UNCONFIRMED_DIR = rs.UNCONFIRMED_DIR
 UNCONFIRMED_MAX_BYTES = 4 * 1024 * 1024
 
 REPORTED_KEEP = 100_000
 
-#: KEYS: target inbox, our sent hash, the envelope's turn claim; ARGV: stream bound, envelope, reply_to,
-#: envelope id, sent meta.
+#: KEYS: target inbox, our sent hash, the envelope's turn claim, its ``done:`` mark; ARGV: stream bound, envelope,
+#: reply_to, envelope id, sent meta.
 #: Redis does not undo a script's earlier writes when a later command fails, so a refusal must leave nothing
 #: queued: both keys' types are checked before anything is written, and an envelope whose ``sent`` record could
 #: not be written after all is deleted again (a queued envelope its sender was told "Nothing was sent" about
-#: would run a turn nobody waits for). Idempotent on the envelope id: an envelope whose ``sent`` record or turn
-#: claim is there was queued already ({1, 'queued'}, nothing written), so a send whose answer was lost may run
-#: again, and the first run, if Redis still runs it after the second, writes nothing.
+#: would run a turn nobody waits for). Idempotent on the envelope id: an envelope whose ``sent`` record, turn
+#: claim or ``done:`` mark is there was queued already ({1, 'queued'}, nothing written), so a send whose answer
+#: was lost may run again, and the first run, if Redis still runs it after the second, writes nothing (a target
+#: that answered it without a turn claim, an envelope it refused, sets only ``done:``: once its sender has the
+#: reply and dropped its ``sent`` record, that mark is all that says it was queued).
 SEND_LUA = """
 local inbox = redis.call('TYPE', KEYS[1])['ok']
 if inbox ~= 'none' and inbox ~= 'stream' then
@@ -85,7 +91,7 @@ local sent = redis.call('TYPE', KEYS[2])['ok']
 if sent ~= 'none' and sent ~= 'hash' then
   return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' holds a ' .. sent .. ', not a hash')
 end
-if redis.call('HEXISTS', KEYS[2], ARGV[4]) == 1 or redis.call('EXISTS', KEYS[3]) == 1 then
+if redis.call('HEXISTS', KEYS[2], ARGV[4]) == 1 or redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
   return {1, 'queued'}
 end
 local n = redis.call('XLEN', KEYS[1])
@@ -115,14 +121,39 @@ class SendCall:
                 "envelope": self.envelope.decode(), "meta": self.meta.decode()}
 
     @classmethod
-    def from_record(cls, data: Any) -> SendCall | None:
-        """The call back from its record (None when it is not one)."""
+    def from_record(cls, data: Any, *, file_id: str) -> SendCall:
+        """Pure: the call back from its record, checked as :meth:`record` writes it.
+
+        Args:
+            data: the decoded ``bot_relay/unconfirmed/<id>.json``.
+            file_id: its file name's stem.
+
+        Returns:
+            The call.
+
+        Raises:
+            ValidationError: not a record of a send of ours: the id not 32 lowercase hex or not its file's
+                name, the target connection not a connection id, the envelope unparseable or of another id
+                or target connection, the meta unreadable (a record only a hand or a bug could write, which
+                would be queued again at every start and never settled).
+        """
         if not isinstance(data, dict):
-            return None
-        envelope_id, conn, envelope, meta = (data.get(k) for k in ("id", "target_connection", "envelope", "meta"))
-        if not (isinstance(envelope_id, str) and isinstance(conn, str) and isinstance(envelope, str)
-                and isinstance(meta, str) and envelope_id and conn):
-            return None
+            raise ValidationError(f"not a JSON object: {type(data).__name__}")
+        envelope_id = validate_delivery_id(data.get("id"), what="envelope id", file_id=file_id)
+        conn, envelope, meta = (data.get(k) for k in ("target_connection", "envelope", "meta"))
+        if not isinstance(conn, str) or not HANDLE_RE.match(conn):
+            raise ValidationError(f"invalid target connection {conn!r}")
+        if not isinstance(envelope, str) or not isinstance(meta, str):
+            raise ValidationError("its envelope or meta is not a string")
+        try:
+            parsed = parse_envelope(orjson.loads(envelope))
+        except orjson.JSONDecodeError as exc:
+            raise ValidationError(f"its envelope is not JSON: {exc}") from exc
+        if parsed["id"] != envelope_id or parsed.get("target_connection") != conn:
+            raise ValidationError(f"its envelope ({parsed['id']!r} to {parsed.get('target_connection')!r}) is not "
+                                  f"the record's ({envelope_id!r} to {conn!r})")
+        if rs.parse_sent_meta(meta.encode()) is None:
+            raise ValidationError("its sent meta is unreadable")
         return cls(envelope_id, conn, envelope.encode(), meta.encode())
 
 
@@ -167,6 +198,7 @@ class Outbound:
         self.unconfirmed_told: set[str] = set()  # those whose "cannot queue it yet" was logged
         self.waiting: dict[str, Waiting] = {}
         self.expire_due: set[str] = set()  # TTL expiries that could not reach Redis: retried each tick
+        self.forget_due: dict[str, list[str]] = {}  # outcomes kept whose sent record and reply entries Redis still has
         self.reported: OrderedDict[str, None] = OrderedDict()
         self.unforgotten: dict[str, list[str]] = {}  # reported, not yet kept by the Dispatcher: their reply entries
         self.resumed = False
@@ -221,8 +253,9 @@ class Outbound:
         from redis.exceptions import NoScriptError
 
         keys = self.link.keys
-        argv = (3, keys.inbox(call.target_connection), keys.sent(self.link.me), keys.claim(call.envelope_id),
-                self.link.settings.max_stream_len, call.envelope, self.link.me, call.envelope_id, call.meta)
+        argv = (4, keys.inbox(call.target_connection), keys.sent(self.link.me), keys.claim(call.envelope_id),
+                keys.done(call.envelope_id), self.link.settings.max_stream_len, call.envelope, self.link.me,
+                call.envelope_id, call.meta)
         try:
             answer = self.link.call_once("EVALSHA", self.send_script.sha, *argv)
         except NoScriptError:  # not run: Redis does not have the script (yet, or any more)
@@ -288,10 +321,21 @@ class Outbound:
     def _drop_unconfirmed(self, envelope_id: str) -> None:
         if envelope_id in self.unconfirmed_kept:
             self.unconfirmed_kept.discard(envelope_id)
-            drop_mark(self.paths, self.paths.relay.id_file(self.paths.relay.base / UNCONFIRMED_DIR, envelope_id))
+            try:
+                path = self.paths.relay.id_file(self.paths.relay.base / UNCONFIRMED_DIR, envelope_id)
+            except ValidationError as exc:  # never kept so (ids are checked first): never raised out of a handler
+                logger.error("redis: the unconfirmed send {!r} has no record name ({})", envelope_id, exc)
+                return
+            drop_mark(self.paths, path)
 
     def _load_unconfirmed(self) -> list[SendCall]:
-        """The unconfirmed sends a previous run kept on the root (an unreadable record is named and skipped)."""
+        """The unconfirmed sends a previous run kept on the root.
+
+        A record that is not one (:meth:`SendCall.from_record`: a bad id, not JSON, another uid's...) or an
+        entry not named ``<id>.json`` is moved into the relay's ``quarantine/`` (one WARNING), as every other
+        bad relay file: left there, it was read, logged and queued again at every start. One that cannot be
+        read for another reason (an I/O error) is named and left for the next start.
+        """
         directory = self.paths.relay.base / UNCONFIRMED_DIR
         try:
             names = sorted(os.listdir(directory))
@@ -303,19 +347,24 @@ class Outbound:
             return []
         calls = []
         for name in names:
-            if not name.endswith(".json"):
+            if name.startswith("."):
+                continue
+            file_id = id_of_file_name(name)
+            if file_id is None:
+                quarantine(self.paths.relay, directory / name, "not a <32 hex>.json regular file")
                 continue
             try:
                 with relay_dir(self.paths.relay.base, directory) as fd:
                     data = read_json_file(directory / name, max_bytes=UNCONFIRMED_MAX_BYTES, dir_fd=fd)
-            except (OSError, StoreError, HostileFileError, ValidationError) as exc:
-                logger.error("redis: the unconfirmed send {} cannot be read ({}); it is left there", name, exc)
+                calls.append(SendCall.from_record(data, file_id=file_id))
+            except FileNotFoundError:
                 continue
-            call = SendCall.from_record(data)
-            if call is None or f"{call.envelope_id}.json" != name:
-                logger.error("redis: bot_relay/{}/{} is no unconfirmed send; it is left there", UNCONFIRMED_DIR, name)
-                continue
-            calls.append(call)
+            except (StoreError, HostileFileError, ValidationError) as exc:
+                quarantine(self.paths.relay, directory / name,
+                           f"not an unconfirmed send of this gateway ({exc}); it is not checked")
+            except OSError as exc:
+                logger.error("redis: the unconfirmed send {} cannot be read ({}); it is left for the next start",
+                             name, exc)
         return calls
 
     def send_to_peer(self, route: PeerRoute, remote: list[RemoteAgent], hop: int) -> dict[str, Any] | None:
@@ -375,9 +424,12 @@ class Outbound:
                 if call.envelope_id not in self.unconfirmed:
                     self._drop_unconfirmed(call.envelope_id)
                 continue
-            meta = rs.parse_sent_meta(call.meta)
-            if meta is None or (self.local_profiles and meta.get("from_profile") not in self.local_profiles):
-                continue
+            meta = rs.parse_sent_meta(call.meta) or {}  # checked by from_record
+            if self.local_profiles and meta.get("from_profile") not in self.local_profiles:
+                # its record on this root says it is ours: its outcome is published as any DM's (no sender woken)
+                logger.info("redis: the unconfirmed send {} to {} is of profile {!r}, no profile on this root any "
+                            "more: it is still checked and its outcome published (nobody is woken by it)",
+                            call.envelope_id, meta["label"], meta.get("from_profile"))
             resumed.append(ResumedSend(call.envelope_id, meta["label"],
                                        *recorded_sender(meta, profile_key="from_profile")))
             self._wait_for(call.envelope_id, meta["label"], str(meta.get("target_handle", "")),
@@ -449,10 +501,23 @@ class Outbound:
         self.unforgotten[envelope_id] = list(reply_entries)
 
     def forget(self, envelope_id: str) -> None:
-        """The Dispatcher keeps the outcome of ``envelope_id`` now: ack its reply entry, drop its sent record."""
+        """The Dispatcher keeps the outcome of ``envelope_id`` now: ack its reply entry, drop its sent record.
+
+        While Redis is known down that is left to the ticks (:meth:`retry_forgets`), as is one that fails: tried
+        now, it held the actor an answer timeout per outcome, and a failed one left the sent record of a DM
+        with no reply entry (a reply budget's or TTL's outcome) to be resumed again by the next start.
+        """
         entries = self.unforgotten.pop(envelope_id, [])
-        self.link.ack(self.link.keys.replies(self.link.me), entries, forget=envelope_id)
         self._drop_unconfirmed(envelope_id)
+        if self.link.down or not self.link.ack(self.link.keys.replies(self.link.me), entries, forget=envelope_id):
+            self.forget_due[envelope_id] = entries
+
+    def retry_forgets(self) -> None:
+        """Forget, now that Redis answers, the outcomes :meth:`forget` could not (stops at the first failure)."""
+        for envelope_id, entries in list(self.forget_due.items()):
+            if not self.link.ack(self.link.keys.replies(self.link.me), entries, forget=envelope_id):
+                return
+            self.forget_due.pop(envelope_id, None)
 
     def expire(self, envelope_id: str) -> None:
         """At the TTL: expire our envelope unless its target already took it (then its reply will come)."""

@@ -40,6 +40,7 @@ __all__ = [
     "EXPIRED_CLAIM",
     "GROUP",
     "HEARTBEAT_TTL_MIN_SECONDS",
+    "UNCONFIRMED_DIR",
     "KnownRoster",
     "RedisKeys",
     "RedisSettings",
@@ -64,6 +65,7 @@ __all__ = [
 
 GROUP = "hermes"  # the consumer group name, on every stream (groups are per stream)
 EXPIRED_CLAIM = "expired"  # the claim value the sender sets when it expired its own envelope
+UNCONFIRMED_DIR = "unconfirmed"  # under bot_relay/: the sends Redis did not answer, until it does (outbound)
 DONE_KEEP_SECONDS = 24 * 3600  # dedupe memory (at least 2 × the envelope TTL)
 ROSTER_KEEP_SECONDS = 24 * 3600  # a connection gone for good drops out of the roster after this
 # A heartbeat never expires sooner: a loaded 2-core machine can stall a process for seconds.
