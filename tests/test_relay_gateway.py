@@ -8,6 +8,7 @@ the Desktop where a test needs the whole path.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -798,6 +799,46 @@ def test_a_relayed_dm_left_to_another_gateways_relay_is_not_published_again_when
     assert [(o["status"], o["reply"]) for o in seen + seen_e if o["delivery_id"] == envelope_id] == [
         ("replied", "for the dead")]
     assert a_runner.entered == e_runner.entered == [] and len(c_runner.entered) == 1
+
+
+def test_a_rescan_whose_look_at_watched_relayed_dms_fails_still_does_the_rest_and_says_so_once(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review followfix: the rescan's first step, the look at the relayed DMs adopted journals left to the relay
+    (``JournalTakeover.follow``), ran outside any guard: an OSError in it (EACCES on their sent/ records) ended the
+    rescan there, so for as long as it lasted nothing else of it ran (journal and shelf takeover, delivered/
+    rewrites, the reply check, the inbox takes). Now the rest runs and the failure is said once while it lasts."""
+    from hermes_actors.store.journal_records import DeliveryState
+
+    root = sender_root(tmp_path)
+    rec = RecordingRunner(lambda turn: f"ok {turn.delivery_id}")
+    gw = start(gateways, root, rec, config={"bot_mode": {"rescan_seconds": 300}})  # rescans run when the test says
+    assert gw._bridge is not None and gw._system is not None and gw._system.journals is not None
+    gw._bridge.paused = True  # events dropped: only the rescan takes the inbox
+    watched = "b" * 32  # a relayed DM an adopted journal left to the relay
+    gw._system.journals.watch({watched: DeliveryState(outcome={"status": "replied"})}, [watched])
+    record = InboxPaths.from_root(root).relay.id_file(InboxPaths.from_root(root).sent, watched)
+    real_exists = Path.exists
+
+    def exists(self: Path, *args: Any, **kwargs: Any) -> bool:
+        if self == record:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_exists(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    paths = InboxPaths.from_root(root)
+    incoming = [seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")
+                for _ in range(2)]
+    with LogCapture("WARNING") as logs:
+        for env in incoming:
+            post_to_inbox(paths, env, "mini")
+            rescan(gw)
+            delivered = paths.delivered / f"{env['id']}.json"
+            await_condition(functools.partial(real_exists, delivered), timeout=10,
+                            message=f"delivered/{env['id']}.json")
+    said = [line for line in logs.lines if "Permission denied" in line]
+    assert len(said) == 1 and "the relayed DMs adopted journals left to the relay failed" in said[0], logs.lines
+    assert sorted(t.delivery_id for t in rec.entered) == sorted(e["id"] for e in incoming)
 
 
 def test_a_start_leaves_a_relayed_dm_of_its_adopted_journal_to_the_running_gateway_that_took_it_over(
