@@ -1936,3 +1936,44 @@ def test_a_failed_journal_start_frees_the_unretired_files_it_adopted(
         journal.start()
     assert _flock_free(dead)
     assert journal._file.fd is None and journal._held_files == []
+
+
+def test_a_stop_that_gives_up_on_a_running_adoption_has_the_file_and_the_held_ones_closed_once_it_hands_the_turn_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review followfix suspected that a stop giving up while a running adoption (``adopt_dead``, the relay's thread)
+    held the write turn left our file and the unretired files' descriptors (their flocks) open for the life of the
+    process: the adoption hands the turn back without looking at ``_close_after_commit``. It does not: the hand-back
+    wakes the writer thread (the stop is due work), which closes them. This keeps it so."""
+    directory, dead = _unretired_dead_journal(tmp_path, monkeypatch)
+    journal = Journal(directory, fsync=False)
+    journal.stop_wait = 0.2  # the stop's give-up deadline, not a synchronization
+    assert journal.start().states.keys() == {_id(1)}
+    assert not _flock_free(dead)  # held while we run
+    second = directory / f"j-{_id(98)}.log"  # another gateway's, dead since our start: adopted at a rescan
+    second.write_bytes(_lines({"t": "accepted", "id": _id(2), "d": _delivery(_id(2))}))
+    adopting, release = threading.Event(), threading.Event()
+    real_adopt = journal._adopt_running
+
+    def held_adopt(dead_journals: Any) -> JournalFolded | None:
+        adopting.set()
+        assert release.wait(60)
+        return real_adopt(dead_journals)
+
+    monkeypatch.setattr(journal, "_adopt_running", held_adopt)
+    adopted: list[JournalFolded | None] = []
+    relay = threading.Thread(target=lambda: adopted.append(journal.adopt_dead()), name="relay")
+    relay.start()
+    try:
+        assert adopting.wait(30), "no adoption began"
+        with LogCapture("ERROR") as logs:
+            journal.stop()  # gives up on the adoption holding the turn: the file closes when it hands it back
+        assert logs.matching("a journal commit is still running after"), logs.lines
+        assert not _flock_free(dead)  # nothing is closed under the adoption
+    finally:
+        release.set()
+        relay.join(30)
+    assert not relay.is_alive()
+    await_condition(lambda: journal._file.fd is None, timeout=30, message="the file was closed after the adoption")
+    assert _flock_free(dead)
+    assert journal._held_files == []

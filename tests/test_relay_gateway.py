@@ -8,6 +8,7 @@ the Desktop where a test needs the whole path.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -742,6 +743,102 @@ def test_a_relayed_dm_one_gateway_adopted_and_another_reported_is_not_published_
     assert [(o["status"], o["reply"]) for o in seen + seen_e if o["delivery_id"] == envelope_id] == [
         ("replied", "for the dead")]
     assert a_runner.entered == e_runner.entered == [] and len(c_runner.entered) == 1
+
+
+@pytest.mark.parametrize("record_went", ["reported-without-its-mark", "quarantined-while-held"])
+def test_a_relayed_dm_left_to_another_gateways_relay_is_not_published_again_when_its_record_goes_without_a_mark(
+    record_went: str, tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review followfix: as above (A adopted B's journal, the DM left to the relay; C took B's sent/ record over),
+    but the record went without a consumed/ mark: C reported the reply (alice woken once) and could not write the
+    mark (EACCES: a warning) yet cleared the record, or the record C holds was quarantined as a bad file before the
+    reply came (C still waits for it and reports it). A's next rescan found neither record nor mark and published the
+    adopted journal's outcome: two outcomes. A DM A watched (its record was there, held by a relay) whose record
+    went is taken as reported now: A writes its ``delivered`` record and publishes nothing, and neither does a later
+    start adopting A's journal."""
+    from hermes_actors.store.relay_quarantine import quarantine
+
+    root = sender_root(tmp_path)
+    config = {"bot_mode": {"wake_sender": True, "rescan_seconds": 300}}  # rescans run when the test says
+    a, a_runner, seen = beside(gateways, root, config)
+    c, c_runner, _ = beside(gateways, root, config)
+    c.subscribe(seen.append)
+    envelope_id = dead_sender_with_a_journaled_reply(tmp_path, root)
+    record = relay(root) / "sent" / f"{envelope_id}.json"
+    consumed = relay(root) / "consumed" / f"{envelope_id}.json"
+    if record_went == "reported-without-its-mark":
+        adopt_journal_only(root, a, envelope_id)
+
+        def refused(*args: Any, **kwargs: Any) -> None:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(outbound_module, "mark_consumed", refused)
+        with LogCapture("WARNING") as logs:
+            rescan(c)  # C takes B's sent/ record over and reports the reply
+            await_condition(lambda: len(c_runner.entered) == 1, timeout=20,
+                            message="C reported B's DM and woke alice")
+            await_condition(lambda: not record.exists(), timeout=20, message="C forgot the DM once reported")
+        assert logs.matching("could not mark"), logs.lines
+        monkeypatch.undo()
+        assert not consumed.exists()
+        rescan(a)  # the record went: A settles the DM in its journal
+    else:
+        (relay(root) / "replies" / f"{envelope_id}.json").unlink()  # not there when C takes the DM over
+        adopt_journal_only(root, a, envelope_id)
+        rescan(c)
+        assert c.stats()["relay"]["waiting"] == 1
+        quarantine(RelayPaths.from_root(root), record, "not a valid sent record")
+        rescan(a)  # the record went while C still waits for the reply
+        rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="for the dead", now=time.time()))
+        await_condition(lambda: len(c_runner.entered) == 1, timeout=20, message="C reported B's DM and woke alice")
+        await_condition(consumed.exists, timeout=20, message="C forgot the DM once reported")
+    a.stop(timeout=10)
+    e, e_runner, seen_e = beside(gateways, root, config)  # adopts A's journal (C still runs)
+    for gw in (e, c):
+        gw.stop(timeout=10)  # flushes what each published
+    assert [(o["status"], o["reply"]) for o in seen + seen_e if o["delivery_id"] == envelope_id] == [
+        ("replied", "for the dead")]
+    assert a_runner.entered == e_runner.entered == [] and len(c_runner.entered) == 1
+
+
+def test_a_rescan_whose_look_at_watched_relayed_dms_fails_still_does_the_rest_and_says_so_once(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review followfix: the rescan's first step, the look at the relayed DMs adopted journals left to the relay
+    (``JournalTakeover.follow``), ran outside any guard: an OSError in it (EACCES on their sent/ records) ended the
+    rescan there, so for as long as it lasted nothing else of it ran (journal and shelf takeover, delivered/
+    rewrites, the reply check, the inbox takes). Now the rest runs and the failure is said once while it lasts."""
+    from hermes_actors.store.journal_records import DeliveryState
+
+    root = sender_root(tmp_path)
+    rec = RecordingRunner(lambda turn: f"ok {turn.delivery_id}")
+    gw = start(gateways, root, rec, config={"bot_mode": {"rescan_seconds": 300}})  # rescans run when the test says
+    assert gw._bridge is not None and gw._system is not None and gw._system.journals is not None
+    gw._bridge.paused = True  # events dropped: only the rescan takes the inbox
+    watched = "b" * 32  # a relayed DM an adopted journal left to the relay
+    gw._system.journals.watch({watched: DeliveryState(outcome={"status": "replied"})}, [watched])
+    record = InboxPaths.from_root(root).relay.id_file(InboxPaths.from_root(root).sent, watched)
+    real_exists = Path.exists
+
+    def exists(self: Path, *args: Any, **kwargs: Any) -> bool:
+        if self == record:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_exists(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    paths = InboxPaths.from_root(root)
+    incoming = [seed_envelope(target_connection="alpha", target_profile="bob", from_profile="moxie")
+                for _ in range(2)]
+    with LogCapture("WARNING") as logs:
+        for env in incoming:
+            post_to_inbox(paths, env, "mini")
+            rescan(gw)
+            delivered = paths.delivered / f"{env['id']}.json"
+            await_condition(functools.partial(real_exists, delivered), timeout=10,
+                            message=f"delivered/{env['id']}.json")
+    said = [line for line in logs.lines if "Permission denied" in line]
+    assert len(said) == 1 and "the relayed DMs adopted journals left to the relay failed" in said[0], logs.lines
+    assert sorted(t.delivery_id for t in rec.entered) == sorted(e["id"] for e in incoming)
 
 
 def test_a_start_leaves_a_relayed_dm_of_its_adopted_journal_to_the_running_gateway_that_took_it_over(

@@ -461,10 +461,17 @@ class RelayActor(TypedActor):
         (:mod:`hermes_actors.relay.journal_takeover`): the Dispatcher knows their settled outcomes and wakes
         before the relay reports what it takes over, and re-publishes only what the relay did not report. Before
         all that, the relayed DMs adopted journals left to the relay whose ``sent/`` record went since (reported,
-        maybe by another gateway) are settled in our journal (:meth:`JournalTakeover.follow`).
+        maybe by another gateway) are settled in our journal (:meth:`JournalTakeover.follow`); a failure there
+        (an ``OSError`` looking at their records) is said once while it lasts and skips nothing else.
         """
         if self.journals is not None:
-            self.journals.follow(self.paths)
+            base = self.paths.relay.base
+            with warned_while_failing(f"relay follow of relayed DMs in {base}", (OSError, ValidationError),
+                                      f"relay: the look at the sent/ records of the relayed DMs adopted journals left "
+                                      f"to the relay failed in {base}",
+                                      "They stay undelivered in this gateway's journal and are looked at again at "
+                                      "the next rescan; the rest of the rescan goes on"):
+                self.journals.follow(self.paths)
         journal = self.journals.adopt() if self.journals is not None else None
         try:
             before = self.living
