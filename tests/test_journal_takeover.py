@@ -194,27 +194,20 @@ def test_relayed_outcomes_are_the_journaled_outcomes_without_an_acceptance_not_y
     assert relayed_outcomes({"a" * 32: state}) == (["a" * 32] if relayed else [])
 
 
-@pytest.mark.parametrize(("recorded", "consumed", "resumed", "watched", "fate"), [
-    # a first look (an adoption, a start)
-    (True, False, False, False, "waiting"),  # its sent/ record's holder reports it (maybe another gateway)
-    (True, True, False, False, "waiting"),  # the record first: its taker marks it consumed before it clears it
-    (True, False, True, False, "ours"),  # our relay resumed it at this start: published here (or found reported)
-    (False, True, False, False, "reported"),  # reported and forgotten: marked delivered, not published
-    (False, True, True, False, "reported"),
-    (False, False, False, False, "ours"),  # no relay holds it: published here, once
-    # a later look at one left waiting (JournalTakeover.follow)
-    (True, False, False, True, "waiting"),  # still held
-    (True, True, False, True, "waiting"),
-    (False, True, False, True, "reported"),  # reported and forgotten
-    (False, False, False, True, "reported"),  # its holder could not write the mark, or waits with it quarantined
+@pytest.mark.parametrize(("recorded", "consumed", "resumed", "fate"), [
+    (True, False, False, "waiting"),  # its sent/ record's holder reports it (maybe another gateway)
+    (True, True, False, "waiting"),  # the record first: its taker marks it consumed before it clears the record
+    (True, False, True, "ours"),  # our relay resumed it at this start: published here as before (or found reported)
+    (False, True, False, "reported"),  # reported and forgotten: marked delivered, not published
+    (False, True, True, "reported"),
+    (False, False, False, "ours"),  # no relay holds it: published here, once
 ])
 def test_relayed_fates_leave_to_the_relay_what_it_holds_and_mark_what_it_reported(
-    recorded: bool, consumed: bool, resumed: bool, watched: bool, fate: str
+    recorded: bool, consumed: bool, resumed: bool, fate: str
 ) -> None:
     key = "a" * 32
     waiting, reported = relayed_fates([key], recorded={key} if recorded else set(),
-                                      consumed={key} if consumed else set(), resumed={key} if resumed else set(),
-                                      watched=watched)
+                                      consumed={key} if consumed else set(), resumed={key} if resumed else set())
     assert (waiting, reported) == ({"waiting": ({key}, set()), "reported": (set(), {key}),
                                     "ours": (set(), set())}[fate])
 

@@ -13,11 +13,10 @@ start. Before, a running gateway only read those journals: their DMs and wakes w
 A relayed DM whose outcome an adopted journal holds undelivered is left to whoever holds its ``sent/`` record
 (:func:`relayed_fates`): that gateway reports it and wakes its sender, possibly another gateway than this one.
 Its copy in our journal stays undelivered meanwhile, so each rescan looks again (:meth:`JournalTakeover.follow`):
-once the record is gone the DM is settled in our journal by the same rule, ``delivered``, never published here
-(its holder reported it, or still will, whether or not its ``consumed/`` mark could be written). A start does the
-same for the journals it adopts (:meth:`JournalTakeover.sort`, :meth:`JournalTakeover.watch`), leaving out the
-records its own relay resumed. Before, nothing wrote that ``delivered`` record, and a later start adopting our
-journal published the DM's outcome a second time.
+once the record is gone the DM is settled in our journal by the same rule (``delivered`` when its ``consumed/``
+mark says it was reported). A start does the same for the journals it adopts (:meth:`JournalTakeover.sort`,
+:meth:`JournalTakeover.watch`), leaving out the records its own relay resumed. Before, nothing wrote that
+``delivered`` record, and a later start adopting our journal published the DM's outcome a second time.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from collections.abc import Iterable, Set
 from typing import Any
 
 import pykka
+from loguru import logger
 
 from actors import tell
 from hermes_actors.messages import AdoptJournal, Recover
@@ -56,7 +56,7 @@ def relayed_outcomes(states: dict[str, DeliveryState]) -> list[str]:
 
 
 def relayed_fates(keys: Iterable[str], *, recorded: Set[str], consumed: Set[str],
-                  resumed: Set[str] = frozenset(), watched: bool = False) -> tuple[frozenset[str], frozenset[str]]:
+                  resumed: Set[str] = frozenset()) -> tuple[frozenset[str], frozenset[str]]:
     """Pure: which of these relayed DMs (:func:`relayed_outcomes`) are left to the relay, and which it reported.
 
     - its ``sent/`` record is there: ``waiting``, not published here (whoever holds the record reports it and wakes
@@ -65,10 +65,7 @@ def relayed_fates(keys: Iterable[str], *, recorded: Set[str], consumed: Set[str]
       at this start (``resumed``): then the start publishes it as before (or finds it reported already);
     - its record is gone and its ``consumed/`` mark is there: ``reported`` (a relay reported it and forgot it):
       marked delivered here, not published;
-    - its record is gone, and it was ``waiting`` at an earlier look (``watched``: a relay held it): ``reported``
-      whatever the mark says. Its holder reported it and could not write the mark (a warning there), or still waits
-      for it with its record quarantined as a bad file (it reports it then): published here, it was two outcomes;
-    - neither, at a first look: no relay holds it, so it is in neither set: published here, once.
+    - neither: no relay holds it, so it is in neither set: published here, once.
 
     Args:
         keys: the relayed DMs' ids.
@@ -76,15 +73,13 @@ def relayed_fates(keys: Iterable[str], *, recorded: Set[str], consumed: Set[str]
             consumed before it clears the record).
         consumed: those whose ``consumed/`` mark is there.
         resumed: the envelopes our relay waits for again after this start (empty at a running adoption).
-        watched: these DMs were all ``waiting`` at an earlier look (:meth:`JournalTakeover.follow`); False at a
-            first look (an adoption, a start).
 
     Returns:
         ``(waiting, reported)``.
     """
     keys = list(keys)
     waiting = frozenset(key for key in keys if key in recorded and key not in resumed)
-    reported = frozenset(key for key in keys if key not in recorded and (watched or key in consumed))
+    reported = frozenset(key for key in keys if key not in recorded and key in consumed)
     return waiting, reported
 
 
@@ -150,7 +145,12 @@ class JournalTakeover:
             ``(waiting, reported)``, for ``Recover``'s ``relayed`` (both) and ``relay_reported``.
         """
         keys = relayed_outcomes(states)
-        recorded, consumed = _relay_marks(paths, keys)
+        try:
+            recorded, consumed = _relay_marks(paths, keys)
+        except OSError as exc:  # EACCES on sent/, say: none is published nor marked; each rescan looks again
+            logger.warning("relay: could not look at the sent/ records of {} relayed DM(s) an adopted journal holds "
+                           "({}): they wait, and each rescan looks at them again", len(keys), exc)
+            recorded, consumed = set(keys), set()
         return relayed_fates(keys, recorded=recorded, consumed=consumed, resumed=resumed)
 
     def watch(self, states: dict[str, DeliveryState], waiting: Iterable[str]) -> None:
@@ -166,9 +166,10 @@ class JournalTakeover:
     def follow(self, paths: InboxPaths) -> None:
         """At a rescan: settle in our journal the relayed DMs left to the relay whose ``sent/`` record went since.
 
-        Their taker reported them and forgot them, or (the record quarantined while it waits) reports them still:
-        a ``Recover`` of them marks them delivered here, never published, with or without their ``consumed/``
-        mark (:func:`relayed_fates`, ``watched``). One whose record is still there stays watched.
+        Their taker reported them and forgot them (its ``consumed/`` mark): a ``Recover`` of them marks them
+        delivered here, never published; one whose record went without that mark (quarantined, removed by
+        hand) is held by no relay any more: published here, once, as an adoption does. One whose record is still
+        there stays watched.
 
         Args:
             paths: the relay layout.
@@ -178,7 +179,7 @@ class JournalTakeover:
         if not states:
             return
         recorded, consumed = _relay_marks(paths, states)
-        waiting, reported = relayed_fates(states, recorded=recorded, consumed=consumed, watched=True)
+        waiting, reported = relayed_fates(states, recorded=recorded, consumed=consumed)
         settled = {key: state for key, state in states.items() if key not in waiting}
         if not settled:
             return
