@@ -113,10 +113,13 @@ class OutcomeReady:
 
     ``freed``: the teller freed the delivery's place in its profile's queue (``QueueGauge``)
     already, as a ProfileActor does on its own thread; the Dispatcher then skips that.
+    ``profile``: the ProfileActor that settled it (a turn of that profile's, or one it refused or
+    cancelled: the Dispatcher's spells of failing turns, ``core.failing_turns``); ``""`` from anyone else.
     """
 
     outcome: Outcome
     freed: bool = False
+    profile: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +141,11 @@ class OutcomesReady:
     """Deliveries a ProfileActor ended while handling one message, in order (told to the Dispatcher).
 
     Their places in the profile's queue (``QueueGauge``) are free already: the ProfileActor freed
-    each as it settled it.
+    each as it settled it. ``profile``: that ProfileActor's (as :class:`OutcomeReady`'s).
     """
 
     outcomes: tuple[Outcome, ...]
+    profile: str = ""
 
 
 @dataclass(frozen=True, slots=True)

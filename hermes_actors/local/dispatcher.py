@@ -14,7 +14,9 @@ actor's thread only:
 - :class:`~hermes_actors.local.outcome_flow.OutcomeFlow`: each outcome settled, then published;
 - :class:`~hermes_actors.local.wake_hook.SenderWaker`: outcomes that wake their sender;
 - :class:`~hermes_actors.local.delivery_stats.DeliveryStats`: one log line per DM, the ``deliveries`` view;
-- :class:`~hermes_actors.local.restart_waiters.RestartWaiters`: the ``AwaitRestarts`` answers.
+- :class:`~hermes_actors.local.restart_waiters.RestartWaiters`: the ``AwaitRestarts`` answers;
+- one :class:`~hermes_actors.core.spell.Spell` per local profile whose turns fail
+  (:func:`~hermes_actors.core.failing_turns.turn_ended`: said once at WARNING, and when they run again).
 
 Beside them: :mod:`~hermes_actors.local.relay_in` (a drained envelope's step, pure),
 :mod:`~hermes_actors.local.journal_replay` (a previous run's journal) and
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pykka
@@ -35,8 +37,10 @@ from loguru import logger
 
 from actors import ChildFailed, RestartPolicy, SupervisorActor, handles
 from hermes_actors.core import outcomes
+from hermes_actors.core.failing_turns import turn_ended
 from hermes_actors.core.names import profile_key
 from hermes_actors.core.recovery import running_at_stop_text
+from hermes_actors.core.spell import Spell
 from hermes_actors.core.targets import LocalRoute, Refusal
 from hermes_actors.errors import TurnFailed
 from hermes_actors.local.admission import Admission, CallerAdmission
@@ -158,6 +162,8 @@ class DispatcherActor(SupervisorActor):
                                  root=self.deps.root, retry_window=config.reply_wait_seconds,
                                  retry_first=config.wake_retry_seconds)
         self.stats = DeliveryStats()
+        self.runner_is_hermes = runner_is_hermes
+        self.turn_spells: dict[str, Spell] = {}  # local profiles whose last turns failed (turn_ended), by folder id
         self.caller_admission = caller_admission
         self.on_failing = on_failing
         self.on_failed = on_failed  # (not pykka's on_failure hook)
@@ -297,6 +303,8 @@ class DispatcherActor(SupervisorActor):
     @handles(OutcomeReady)
     def _on_outcome(self, msg: OutcomeReady) -> None:
         self.flow.settle(msg.outcome, freed=msg.freed)
+        if msg.profile:  # a ProfileActor's
+            self._turns_ended(msg.profile, (msg.outcome,))
 
     @handles(RelayedOutcome)
     def _on_relayed_outcome(self, msg: RelayedOutcome) -> None:
@@ -306,6 +314,25 @@ class DispatcherActor(SupervisorActor):
     def _on_outcomes(self, msg: OutcomesReady) -> None:
         for outcome in msg.outcomes:
             self.flow.settle(outcome, freed=True)  # a ProfileActor's: it freed their places
+        if msg.profile:
+            self._turns_ended(msg.profile, msg.outcomes)
+
+    def _turns_ended(self, profile: str, settled: Iterable[Outcome]) -> None:
+        """Outcomes the ProfileActor of ``profile`` settled, in order: its spell of failing turns (``turn_ended``)
+        says its WARNING at ``SAY_AFTER`` failures in a row, and its INFO when a turn of it succeeds again."""
+        for outcome in settled:
+            before = self.turn_spells.get(profile)
+            if before is None and outcome.status != "failed":  # no spell, and none begins: the common case
+                continue
+            info = self.snapshot.index.get(profile_key(profile))
+            spell, said = turn_ended(before or Spell(), outcome, handle=info.handle if info else profile,
+                                     profile=profile, root=self.deps.root, hermes=self.runner_is_hermes)
+            if spell.failures:
+                self.turn_spells[profile] = spell
+            else:
+                self.turn_spells.pop(profile, None)
+            if said is not None:
+                logger.log(said.level, "{}", said.text)
 
     def after_message(self, *, asked: bool) -> None:
         """Hand on what the handlers gathered once the mailbox is drained (or a batch is full).

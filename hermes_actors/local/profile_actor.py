@@ -557,8 +557,9 @@ class ProfileActor(TypedActor):
         if self.settled:
             settled, self.settled = tuple(self.settled), []
             # _settle freed their places in the queue: the Dispatcher need not
-            tell(self.deps.dispatcher,
-                 OutcomesReady(settled) if len(settled) > 1 else OutcomeReady(settled[0], freed=True))
+            profile = self.info.profile  # whose turns: the Dispatcher's spells of failing turns
+            tell(self.deps.dispatcher, OutcomesReady(settled, profile) if len(settled) > 1
+                 else OutcomeReady(settled[0], freed=True, profile=profile))
 
     # ── idle stop and wind-down ─────────────────────────────────────────────
 

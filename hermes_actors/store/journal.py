@@ -81,6 +81,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from hermes_actors.core.spell import Spell
 from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.store.journal_adoption import (
     DeadJournals,
@@ -118,7 +119,7 @@ class FailureSpell:
     """
 
     def __init__(self) -> None:
-        self.failures = 0  # since a try last landed
+        self.spell = Spell()  # the rule (:class:`~hermes_actors.core.spell.Spell`, said at the first failure)
 
     def failed(self, first: str, later: str, *args: Any) -> None:
         """Count one failure and say it: ``first`` at ERROR for the spell's first, ``later`` at DEBUG after.
@@ -128,9 +129,9 @@ class FailureSpell:
             later: the format of each later one.
             *args: the values of either format.
         """
-        self.failures += 1
+        self.spell, say = self.spell.failed()
         said = logger.opt(depth=1)  # the line is the caller's
-        if self.failures == 1:
+        if say:
             said.error(first, *args)
         else:
             said.debug(later, *args)
@@ -145,10 +146,10 @@ class FailureSpell:
         Returns:
             Whether a spell of failures ended here.
         """
-        if not self.failures:
+        self.spell, failures = self.spell.landed()
+        if not failures:
             return False
-        logger.opt(depth=1).info(end, *args, self.failures)
-        self.failures = 0
+        logger.opt(depth=1).info(end, *args, failures)
         return True
 
 
