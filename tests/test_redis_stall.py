@@ -356,3 +356,36 @@ def test_a_send_redis_refuses_as_loading_is_refused_not_queued_and_never_kept(
         assert gw.stats()["relay"]["waiting"] == 0
     assert not (root / "bot_relay" / "unconfirmed").exists()
     assert redis_server.client().xlen(KEYS.inbox("mini")) == 0
+
+
+def test_a_removed_profiles_confirmed_sends_get_their_outcomes_after_a_restart(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Regression (review): a DM Redis had confirmed (its record in sent:<me>) of a profile removed between the
+    restarts was skipped: wait_outcome of its acked id raised KeyError, its sent record stayed forever and its
+    reply, when it came, was left pending and reclaimed at every claim interval. Both DMs now get their outcome
+    (the reply's, or delivery_timeout), their sent records and the reply entry go, and no ERROR is logged."""
+    import shutil
+
+    import orjson
+
+    fake_connection(redis_server, "mini")  # online; nobody drains it
+    root = make_root(tmp_path, {"alice": {}, "carol": {}}, name="alpha")
+    client = redis_server.client()
+    with Gateway(root, runner="demo", config=_config(redis_server), connection_id="alpha") as gw:
+        wait_online(gw, "bob", "mini")
+        answered, unanswered = (gw.message_agent(sender="carol", target="bob@mini", message=text)["delivery_id"]
+                                for text in ("answered later", "never answered"))
+    assert client.hexists(KEYS.sent("alpha"), answered) and client.hexists(KEYS.sent("alpha"), unanswered)
+    client.xadd(KEYS.replies("alpha"), {"reply": orjson.dumps(
+        {"id": answered, "at": 1.0, "reply": "hi from bob", "error": "", "reason": ""})})
+    shutil.rmtree(root / "profiles" / "carol")
+    cfg = {"bot_mode": {**_config(redis_server)["bot_mode"], "reply_wait_seconds": 1.5}}
+    with LogCapture("INFO") as logs, Gateway(root, runner="demo", config=cfg, connection_id="alpha") as gw:
+        first = gw.wait_outcome(answered, timeout=20)
+        second = gw.wait_outcome(unanswered, timeout=20)
+        await_condition(lambda: client.hlen(KEYS.sent("alpha")) == 0, timeout=10, message="sent records forgotten")
+        await_condition(lambda: client.xlen(KEYS.replies("alpha")) == 0, timeout=10, message="reply entry acked")
+    assert first["status"] == "replied" and first["reply"] == "hi from bob", first
+    assert second["status"] == "failed" and second["reason"] == "delivery_timeout", second
+    assert any("'carol'" in r["message"] and "no profile on this root" in r["message"] for r in logs.records)
+    assert [r["message"] for r in logs.records if r["level"].name in ("ERROR", "CRITICAL")] == []

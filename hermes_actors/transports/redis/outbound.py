@@ -175,7 +175,8 @@ class Outbound:
         config: TTL and reply budget.
         timers: the actor's timers (deadlines come back to the actor as messages).
         dispatcher: told ``RelayedOutcome`` for each envelope's outcome.
-        local_profiles: folder ids of this root (a restart resumes only their envelopes).
+        local_profiles: folder ids of this root (a restart resumes every envelope of ours, and names those of
+            a profile no longer on it).
         counters: the actor's counters (``sent``, ``replies``, ``expired``, ``timeouts``, ...).
         paths: the root's relay layout (``bot_relay/unconfirmed/`` keeps the sends Redis did not answer).
         fsync: flush those records to stable storage before the ack.
@@ -402,11 +403,20 @@ class Outbound:
         Each names the DM that sent it (profile, handle, hop), so its outcome wakes that sender as
         it would have before the restart; a meta of an older version names none (no wake).
 
+        Every record in ``<p>:sent:<me>`` is ours, whatever profile it names: the hash and the replies stream
+        are keyed by our connection id alone, which only the lease holder uses, so no other gateway could
+        settle them while we hold it (a reused connection id hands its DMs in flight to the root that takes
+        it over, whose stream their replies reach anyway). A profile removed from the root between the
+        restarts still gets its DM's outcome published (INFO, nobody woken), as its unconfirmed send does:
+        skipped, the record stayed forever, ``wait_outcome`` of the acked id raised KeyError, and its reply
+        was left pending and reclaimed at every claim interval.
+
         Raises:
             Exception: from redis-py when Redis cannot be read (the caller retries).
         """
         stored = self.link.client.hgetall(self.link.keys.sent(self.link.me))
         resumed: list[ResumedSend] = []
+        removed: dict[str, int] = {}  # profile no longer on this root -> its sends resumed
         now = time.time()
         for raw_id, value in stored.items():
             envelope_id = as_text(raw_id) or ""
@@ -414,10 +424,15 @@ class Outbound:
             if meta is None or envelope_id in self.waiting:
                 continue
             if self.local_profiles and meta.get("from_profile") not in self.local_profiles:
-                continue
+                profile = str(meta.get("from_profile", ""))
+                removed[profile] = removed.get(profile, 0) + 1
             resumed.append(ResumedSend(envelope_id, meta["label"], *recorded_sender(meta, profile_key="from_profile")))
             self._wait_for(envelope_id, meta["label"], str(meta.get("target_handle", "")),
                            str(meta.get("target_connection", "")), age=max(0.0, now - float(meta["created_at"])))
+        for profile, count in sorted(removed.items()):
+            logger.info("redis: {} send(s) in flight are of profile {!r}, no profile on this root any more: their "
+                        "replies are still awaited and their outcomes published (nobody is woken by them)",
+                        count, profile)
         for call in self._load_unconfirmed():  # a previous run's sends Redis did not answer: the ticks settle them
             self.unconfirmed_kept.add(call.envelope_id)
             if call.envelope_id in self.waiting:  # in our sent hash, so queued: nothing more to check
