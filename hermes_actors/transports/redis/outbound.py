@@ -71,6 +71,7 @@ UNCONFIRMED_DIR = rs.UNCONFIRMED_DIR
 UNCONFIRMED_MAX_BYTES = 4 * 1024 * 1024
 
 REPORTED_KEEP = 100_000
+FORGET_DUE_MAX = 100_000  # outcomes kept whose drop waits for Redis: past it the oldest is left to the next start
 
 #: KEYS: target inbox, our sent hash, the envelope's turn claim, its ``done:`` mark; ARGV: stream bound, envelope,
 #: reply_to, envelope id, sent meta.
@@ -200,6 +201,8 @@ class Outbound:
         self.waiting: dict[str, Waiting] = {}
         self.expire_due: set[str] = set()  # TTL expiries that could not reach Redis: retried each tick
         self.forget_due: dict[str, list[str]] = {}  # outcomes kept whose sent record and reply entries Redis still has
+        self.forget_refused = False  # a drop Redis refused (a command error) was logged: until one succeeds again
+        self.forget_overflowed = False  # FORGET_DUE_MAX was reached and logged: until forget_due empties
         self.reported: OrderedDict[str, None] = OrderedDict()
         self.unforgotten: dict[str, list[str]] = {}  # reported, not yet kept by the Dispatcher: their reply entries
         self.resumed = False
@@ -518,21 +521,58 @@ class Outbound:
     def forget(self, envelope_id: str) -> None:
         """The Dispatcher keeps the outcome of ``envelope_id`` now: ack its reply entry, drop its sent record.
 
-        While Redis is known down that is left to the ticks (:meth:`retry_forgets`), as is one that fails: tried
-        now, it held the actor an answer timeout per outcome, and a failed one left the sent record of a DM
-        with no reply entry (a reply budget's or TTL's outcome) to be resumed again by the next start.
+        While Redis is known down that is left to the ticks (:meth:`retry_forgets`), as is one Redis did not
+        answer: tried now, it held the actor an answer timeout per outcome, and a failed one left the sent
+        record of a DM with no reply entry (a reply budget's or TTL's outcome) to be resumed again by the next
+        start. One Redis refused (a command error: ``sent:<me>`` holding the wrong kind of value) is not retried
+        (:meth:`_drop_in_redis`).
         """
         entries = self.unforgotten.pop(envelope_id, [])
         self._drop_unconfirmed(envelope_id)
-        if self.link.down or not self.link.ack(self.link.keys.replies(self.link.me), entries, forget=envelope_id):
-            self.forget_due[envelope_id] = entries
+        if self.link.down or not self._drop_in_redis(envelope_id, entries):
+            self._forget_later(envelope_id, entries)
+
+    def _drop_in_redis(self, envelope_id: str, entries: list[str]) -> bool:
+        """Ack ``entries`` and drop the sent record of ``envelope_id``: False when Redis is unreachable (retry).
+
+        A command error is given up (True): retried, it failed the same way at every tick (an ERROR each
+        time, forever) and held up every drop behind it. It is logged once until a drop succeeds again,
+        naming the fix for a key of the wrong kind.
+        """
+        link = self.link
+        exc = link.try_ack(link.keys.replies(link.me), entries, forget=envelope_id)
+        if exc is None:
+            self.forget_refused = False
+            return True
+        if rs.is_redis_unreachable(exc):
+            return False
+        if not self.forget_refused:
+            self.forget_refused = True
+            logger.error("redis: Redis refused to drop the sent record of settled DM {} ({}): {}its record (and reply "
+                         "entry) is left in Redis and not retried; this is logged once until a drop succeeds again",
+                         envelope_id, exc, _forget_fix(str(exc), (link.keys.sent(link.me), link.keys.replies(link.me))))
+        return True
+
+    def _forget_later(self, envelope_id: str, entries: list[str]) -> None:
+        """Keep a drop for :meth:`retry_forgets`, at most :data:`FORGET_DUE_MAX` (the oldest is then let go)."""
+        self.forget_due[envelope_id] = entries
+        if len(self.forget_due) <= FORGET_DUE_MAX:
+            return
+        oldest = next(iter(self.forget_due))
+        del self.forget_due[oldest]
+        if not self.forget_overflowed:
+            self.forget_overflowed = True
+            logger.warning("redis: {} settled DMs wait for Redis to drop their sent records: the oldest ({} first) are "
+                           "left in Redis for the next start", FORGET_DUE_MAX, oldest)
 
     def retry_forgets(self) -> None:
-        """Forget, now that Redis answers, the outcomes :meth:`forget` could not (stops at the first failure)."""
+        """Forget, now that Redis answers, the outcomes :meth:`forget` could not (stops once Redis is unreachable;
+        one Redis refuses is given up, never holding up the others)."""
         for envelope_id, entries in list(self.forget_due.items()):
-            if not self.link.ack(self.link.keys.replies(self.link.me), entries, forget=envelope_id):
+            if not self._drop_in_redis(envelope_id, entries):
                 return
             self.forget_due.pop(envelope_id, None)
+        self.forget_overflowed = False
 
     def expire(self, envelope_id: str) -> None:
         """At the TTL: expire our envelope unless its target already took it (then its reply will come)."""
@@ -569,6 +609,23 @@ class Outbound:
                 "gateway comes back; do not resend blindly.")
         self.counters["timeouts"] += 1
         self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "delivery_timeout"))
+
+
+def _forget_fix(error: str, keys: tuple[str, ...]) -> str:
+    """Pure: the fix to name for a drop Redis refused with ``error``: deleting the key of the wrong kind.
+
+    Args:
+        error: the command error's text (redis-py names the failed command and its key).
+        keys: the keys the drop uses, the likeliest first.
+
+    Returns:
+        ``"<key> holds the wrong kind of value (no gateway's): delete it, redis-cli DEL <key>; "``, the first of
+        ``keys`` the error names (else the first), or ``""`` when it is no WRONGTYPE error.
+    """
+    if "WRONGTYPE" not in error:
+        return ""
+    key = next((k for k in keys if k in error), keys[0])
+    return f"{key} holds the wrong kind of value (no gateway's): delete it, redis-cli DEL {key}; "
 
 
 def _not_queued(label: str, exc: BaseException) -> dict[str, Any]:
