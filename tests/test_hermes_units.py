@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -331,6 +332,65 @@ def test_dotenv_refusal(mode: int, uid: int, size: int, says: str) -> None:
     from hermes_actors.hermes.gateway_api import dotenv_refusal
 
     assert dotenv_refusal(mode, uid, size, our_uid=1000) == says
+
+
+@pytest.mark.parametrize(("uid", "our_uid", "root_owner", "says"), [
+    (1000, 0, 1000, ""),  # run as root on a user's root: the user's own .env
+    (1000, 2000, 1000, ""),  # the Hermes root's owner's (the user hermes runs as, who writes its config.yaml)
+    (1000, 0, 0, "is owned by uid 1000, neither ours (0) nor root's"),
+    (1001, 0, 1000, "is owned by uid 1001, neither ours (0), the Hermes root's owner's (1000) nor root's"),
+    (1001, 1000, None, "is owned by uid 1001, neither ours (1000) nor root's"),
+])
+def test_dotenv_refusal_reads_the_hermes_roots_owners_file(
+    uid: int, our_uid: int, root_owner: int | None, says: str
+) -> None:
+    """Regression: run as root, the .env of a user's Hermes root (the user's file, which hermes reads) was
+    refused, and the API server hermes starts there said unknown."""
+    from hermes_actors.hermes.gateway_api import dotenv_refusal
+
+    assert dotenv_refusal(0o100600, uid, 10, our_uid=our_uid, root_owner=root_owner) == says
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to chown")
+def test_run_as_root_a_users_root_env_is_read(tmp_path: Path) -> None:
+    """Regression: run as root, a user's Hermes root whose .env (the user's, which hermes reads) enables the API
+    server was said to start none ("does not read the root's .env, which is owned by uid 1000")."""
+    from hermes_actors.hermes.gateway_api import read_gateway_api_server
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / ".env").write_text(f"API_SERVER_KEY={KEY}\n")
+    (root / ".env").chmod(0o600)
+    for path in (root, root / ".env"):
+        os.chown(path, 1000, 1000)
+    planned = read_gateway_api_server(root, MUX, {})
+    assert planned.server() == ApiServer("127.0.0.1", 8642, KEY), planned.why
+    assert planned.why == ""
+
+
+@pytest.mark.parametrize(("config", "server", "says"), [
+    (MUX, None, "the root's .env is not valid UTF-8"),  # enabled by the .env alone: hermes' scope reads nothing
+    ({**MUX, **ON}, ApiServer("127.0.0.1", 8642, KEY), ""),  # enabled by config.yaml, key from python-dotenv's load
+    ({}, None, ""),  # not multiplexing: the environment python-dotenv loaded (latin-1), no warm turns
+], ids=["mux-env-only", "mux-config-enabled", "no-mux"])
+def test_a_root_env_not_utf8_gives_hermes_secret_scope_nothing(
+    tmp_path: Path, config: dict, server: ApiServer | None, says: str
+) -> None:
+    """Regression: a root .env with a latin-1 byte (in a comment) was decoded with replacement characters and
+    its API_SERVER_KEY read, so turns waited for an API server hermes, whose secret scope reads a file that is
+    not UTF-8 as empty, never started."""
+    from hermes_actors.hermes.gateway_api import read_gateway_api_server, read_root_dotenv
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / ".env").write_bytes(b"# caf\xe9 (latin-1)\nAPI_SERVER_KEY=" + KEY.encode() + b"\n")
+    (root / ".env").chmod(0o600)
+    read = read_root_dotenv(root / ".env")
+    assert (read.scope, read.loaded, read.not_utf8) == ({}, {"API_SERVER_KEY": KEY}, True)
+    planned = read_gateway_api_server(root, config, {})
+    assert planned.server() == server
+    assert (says in planned.why) if says else planned.why == "", planned.why
+    assert not planned.key_missing or not says
 
 
 @pytest.mark.parametrize(("text", "scope", "loaded"), [

@@ -356,3 +356,103 @@ def test_a_send_redis_refuses_as_loading_is_refused_not_queued_and_never_kept(
         assert gw.stats()["relay"]["waiting"] == 0
     assert not (root / "bot_relay" / "unconfirmed").exists()
     assert redis_server.client().xlen(KEYS.inbox("mini")) == 0
+
+
+def test_a_removed_profiles_confirmed_sends_get_their_outcomes_after_a_restart(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Regression (review): a DM Redis had confirmed (its record in sent:<me>) of a profile removed between the
+    restarts was skipped: wait_outcome of its acked id raised KeyError, its sent record stayed forever and its
+    reply, when it came, was left pending and reclaimed at every claim interval. Both DMs now get their outcome
+    (the reply's, or delivery_timeout), their sent records and the reply entry go, and no ERROR is logged."""
+    import shutil
+
+    import orjson
+
+    fake_connection(redis_server, "mini")  # online; nobody drains it
+    root = make_root(tmp_path, {"alice": {}, "carol": {}}, name="alpha")
+    client = redis_server.client()
+    with Gateway(root, runner="demo", config=_config(redis_server), connection_id="alpha") as gw:
+        wait_online(gw, "bob", "mini")
+        answered, unanswered = (gw.message_agent(sender="carol", target="bob@mini", message=text)["delivery_id"]
+                                for text in ("answered later", "never answered"))
+    assert client.hexists(KEYS.sent("alpha"), answered) and client.hexists(KEYS.sent("alpha"), unanswered)
+    client.xadd(KEYS.replies("alpha"), {"reply": orjson.dumps(
+        {"id": answered, "at": 1.0, "reply": "hi from bob", "error": "", "reason": ""})})
+    shutil.rmtree(root / "profiles" / "carol")
+    cfg = {"bot_mode": {**_config(redis_server)["bot_mode"], "reply_wait_seconds": 1.5}}
+    with LogCapture("INFO") as logs, Gateway(root, runner="demo", config=cfg, connection_id="alpha") as gw:
+        first = gw.wait_outcome(answered, timeout=20)
+        second = gw.wait_outcome(unanswered, timeout=20)
+        await_condition(lambda: client.hlen(KEYS.sent("alpha")) == 0, timeout=10, message="sent records forgotten")
+        await_condition(lambda: client.xlen(KEYS.replies("alpha")) == 0, timeout=10, message="reply entry acked")
+    assert first["status"] == "replied" and first["reply"] == "hi from bob", first
+    assert second["status"] == "failed" and second["reason"] == "delivery_timeout", second
+    assert any("'carol'" in r["message"] and "no profile on this root" in r["message"] for r in logs.records)
+    assert [r["message"] for r in logs.records if r["level"].name in ("ERROR", "CRITICAL")] == []
+
+
+def _calls(client: Any, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_sent_key_of_the_wrong_type_is_said_once_and_its_drops_are_not_retried_each_tick(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Regression (review): with sent:<me> holding another type, the drop of each settled DM's sent record was
+    retried at every tick (an ERROR each, ~6 a second, forever), the drops waiting grew without bound and
+    retrying stopped at the first. Now Redis refusing it is logged once, naming `redis-cli DEL <key>`, and the
+    drop is given up; once the key is deleted, drops work again."""
+    fake_connection(redis_server, "mini")  # online; nobody drains it
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    client = redis_server.client()
+    sent = KEYS.sent("alpha")
+    cfg = {"bot_mode": {**_config(redis_server)["bot_mode"], "reply_wait_seconds": 0.5}}
+    with LogCapture("INFO") as logs, Gateway(root, runner="demo", config=cfg, connection_id="alpha") as gw:
+        wait_online(gw, "bob", "mini")
+        ids = [gw.message_agent(sender="alice", target="bob@mini", message=f"dm {n}")["delivery_id"] for n in (1, 2)]
+        client.delete(sent)
+        client.set(sent, "not a hash")
+        tried = _calls(client, "hdel")
+        for did in ids:
+            assert gw.wait_outcome(did, timeout=20)["reason"] == "delivery_timeout"
+        await_condition(lambda: _calls(client, "hdel") >= tried + 2, timeout=10, message="both drops tried")
+        hdels, ticks = _calls(client, "hdel"), _calls(client, "xautoclaim")
+        await_condition(lambda: _calls(client, "xautoclaim") >= ticks + 6, timeout=20, message="ticks went by")
+        assert _calls(client, "hdel") == hdels  # not retried at each tick
+        client.delete(sent)  # the fix the ERROR names
+        third = gw.message_agent(sender="alice", target="bob@mini", message="dm 3")["delivery_id"]
+        assert gw.wait_outcome(third, timeout=20)["reason"] == "delivery_timeout"
+        await_condition(lambda: client.hlen(sent) == 0, timeout=10, message="the third's sent record dropped")
+    errors = [r["message"] for r in logs.records if r["level"].name in ("ERROR", "CRITICAL")]
+    assert len(errors) == 1 and "refused to drop the sent record" in errors[0], errors
+    assert f"redis-cli DEL {sent}" in errors[0], errors
+
+
+@pytest.mark.parametrize(("error", "fix"), [
+    ("Command # 3 (HDEL p:sent:alpha x) of pipeline caused error: WRONGTYPE Operation against a key holding the "
+     "wrong kind of value", "p:sent:alpha holds the wrong kind of value (no gateway's): delete it, redis-cli DEL "
+     "p:sent:alpha; "),
+    ("Command # 1 (XACK p:replies:alpha g 1-0) of pipeline caused error: WRONGTYPE Operation against a key",
+     "p:replies:alpha holds the wrong kind of value (no gateway's): delete it, redis-cli DEL p:replies:alpha; "),
+    ("WRONGTYPE Operation against a key holding the wrong kind of value",
+     "p:sent:alpha holds the wrong kind of value (no gateway's): delete it, redis-cli DEL p:sent:alpha; "),
+    ("NOPERM this user has no permissions to run the 'hdel' command", ""),
+])
+def test_the_fix_a_refused_drop_names(error: str, fix: str) -> None:
+    from hermes_actors.transports.redis.outbound import _forget_fix
+
+    assert _forget_fix(error, ("p:sent:alpha", "p:replies:alpha")) == fix
+
+
+def test_the_drops_waiting_for_redis_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (review): the drops kept while Redis is down grew without bound; past FORGET_DUE_MAX the
+    oldest is let go (left in Redis for the next start), with one WARNING."""
+    from hermes_actors.transports.redis import outbound
+
+    monkeypatch.setattr(outbound, "FORGET_DUE_MAX", 2)
+    kept = outbound.Outbound.__new__(outbound.Outbound)  # only its forget_due book is used here
+    kept.forget_due, kept.forget_overflowed = {}, False
+    with LogCapture("INFO") as logs:
+        for n in range(4):
+            kept._forget_later(f"{n}" * 32, [f"{n}-0"])
+    assert list(kept.forget_due) == ["2" * 32, "3" * 32]
+    assert len([r for r in logs.records if r["level"].name == "WARNING"]) == 1

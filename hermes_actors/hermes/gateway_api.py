@@ -17,6 +17,8 @@ resolves its ``api_server`` platform in these steps, which :func:`gateway_api_se
    ``${VAR}`` expanded), not from the environment ``hermes gateway run`` was started with. Every other
    variable (``GATEWAY_MULTIPLEX_PROFILES`` too) is read from the process environment, into which hermes loads
    the root's ``.env`` with python-dotenv at its start (comments stripped, quotes removed, ``${VAR}`` expanded).
+   A root ``.env`` that is not valid UTF-8 gives the secret scope nothing, while python-dotenv loads it as
+   latin-1.
 5. The server then takes ``extra``'s ``host``, ``port``, ``key``, each falling back to the process's
    ``API_SERVER_HOST`` / ``API_SERVER_PORT`` / ``API_SERVER_KEY`` (the environment, with the root's ``.env``
    loaded over it), then ``127.0.0.1`` / ``8642`` / none; it refuses to start without a key of at least 16
@@ -56,6 +58,7 @@ _PLACEHOLDERS = frozenset({
     "dummy", "null", "none",
 })
 _ENABLING = ("API_SERVER_ENABLED", "API_SERVER_KEY")
+_SCOPED = (*_ENABLING, "API_SERVER_PORT", "API_SERVER_HOST")  # read from hermes' secret scope when multiplexing
 _FILE_MAX = 256 * 1024
 
 
@@ -173,6 +176,7 @@ def gateway_api_server(
     *,
     loaded: Mapping[str, str] | None = None,
     refused: str = "",
+    not_utf8: bool = False,
 ) -> GatewayApiServer:
     """Pure: the API server a root's ``hermes gateway run`` (0.19) starts, as hermes resolves it.
 
@@ -184,6 +188,8 @@ def gateway_api_server(
         loaded: the root's ``.env`` pairs as python-dotenv loads them into hermes' environment
             (:func:`load_dotenv_values`; None: ``dotenv``).
         refused: why the root's ``.env`` was not read (:func:`dotenv_refusal`; ``""``: it was, or there is none).
+        not_utf8: the root's ``.env`` is not valid UTF-8: hermes' secret scope reads nothing from it (``dotenv``
+            is then ``{}``), while python-dotenv loads it as latin-1 (``loaded``).
 
     Returns:
         What hermes starts: enabled, host, port, key, multiplexing, and why it starts none when something asks
@@ -220,6 +226,10 @@ def gateway_api_server(
     if refused and not (enabled and usable):
         why = (f"hermes-actors does not read the root's .env, which {refused}, so it cannot tell what hermes reads "
                "there (hermes reads it all the same)")
+    elif not_utf8 and multiplex and not (enabled and usable) and any(name in (loaded or {}) for name in _SCOPED):
+        why = ("the root's .env is not valid UTF-8, and hermes 0.19, multiplexing profiles, reads the API server's "
+               "variables from that .env with a strict UTF-8 reader that then reads nothing from it (re-save it as "
+               "UTF-8)")
     elif not enabled:
         ignored = [name for name in _ENABLING if name not in dotenv and environ.get(name)
                    and (name != "API_SERVER_ENABLED" or str(environ[name]).strip().lower() in _TRUE)]
@@ -234,26 +244,33 @@ def gateway_api_server(
                             multiplex=multiplex, why=why)
 
 
-def dotenv_refusal(mode: int, uid: int, size: int, *, our_uid: int) -> str:
+def dotenv_refusal(mode: int, uid: int, size: int, *, our_uid: int, root_owner: int | None = None) -> str:
     """Pure: why hermes-actors does not read a root's ``.env`` (followed through symlinks, as hermes does).
 
     hermes reads it whatever it is; we read the settings that say where warm turns (their text and the bearer
-    key) go from it, so only a file that you or root control: a regular file (not a FIFO, a device, a
-    directory), owned by us or root, not writable by every user, at most 256 KiB.
+    key) go from it, so only a file that you, root or the Hermes root's owner control: a regular file (not a
+    FIFO, a device, a directory), owned by us, root or the owner of the Hermes root directory (the user hermes
+    runs as, who writes its ``config.yaml``, read with no owner check, which names the API server too: running
+    as root on a user's root, the user's own ``.env`` was refused), not writable by every user, at most 256 KiB.
+    Another user's file (a symlink into their home) is refused, and the refusal is said where the API server
+    is.
 
     Args:
         mode: the file's ``st_mode`` (``fstat`` of what the path leads to).
         uid: its owner.
         size: its size in bytes.
         our_uid: this process's uid.
+        root_owner: the owner of the Hermes root directory (None: not known, only ours and root's are read).
 
     Returns:
         The refusal (``"is not a regular file"``, ...), ``""`` when it may be read.
     """
     if not stat.S_ISREG(mode):
         return "is not a regular file"
-    if uid not in (our_uid, 0):
-        return f"is owned by uid {uid}, neither ours ({our_uid}) nor root's"
+    if uid not in (our_uid, 0, root_owner):
+        if root_owner is None or root_owner in (our_uid, 0):
+            return f"is owned by uid {uid}, neither ours ({our_uid}) nor root's"
+        return f"is owned by uid {uid}, neither ours ({our_uid}), the Hermes root's owner's ({root_owner}) nor root's"
     if mode & stat.S_IWOTH:
         return f"is writable by every user (mode {stat.S_IMODE(mode):04o})"
     if size > _FILE_MAX:
@@ -322,18 +339,27 @@ class RootDotenv:
         scope: its pairs as hermes' secret scope reads them (:func:`parse_dotenv`).
         loaded: its pairs as hermes loads them into its environment (:func:`load_dotenv_values`).
         refused: why it was not read (:func:`dotenv_refusal`; ``""``: it was, or there is none).
+        not_utf8: it is not valid UTF-8: hermes' secret scope reads nothing from it (``scope`` is ``{}``), and
+            python-dotenv loads it as latin-1 (``loaded``), as hermes does.
     """
 
     scope: dict[str, str]
     loaded: dict[str, str]
     refused: str = ""
+    not_utf8: bool = False
 
 
-def read_root_dotenv(path: Path) -> RootDotenv:
+def read_root_dotenv(path: Path, *, root_owner: int | None = None) -> RootDotenv:
     """Read a root's ``.env``, following a symlink as hermes does, within :func:`dotenv_refusal`'s rules.
+
+    Read as hermes 0.19 reads it: its secret scope (``agent.secret_scope.load_env_file``) decodes it as strict
+    UTF-8 and reads nothing from a file that is not (a latin-1 byte in a comment is enough), while its start
+    loads it into the environment with python-dotenv, falling back to latin-1
+    (``hermes_cli.env_loader._load_dotenv_with_fallback``).
 
     Args:
         path: the file.
+        root_owner: the owner of the Hermes root directory (:func:`dotenv_refusal`).
 
     Returns:
         Its pairs both ways; none when it is missing, unreadable or refused (``refused`` says why, and a
@@ -347,7 +373,7 @@ def read_root_dotenv(path: Path) -> RootDotenv:
         return _refused(path, f"cannot be opened ({exc.strerror or exc})")
     try:
         st = os.fstat(fd)
-        why = dotenv_refusal(st.st_mode, st.st_uid, st.st_size, our_uid=os.getuid())
+        why = dotenv_refusal(st.st_mode, st.st_uid, st.st_size, our_uid=os.getuid(), root_owner=root_owner)
         if why:
             return _refused(path, why)
         data = os.read(fd, _FILE_MAX + 1)
@@ -357,7 +383,13 @@ def read_root_dotenv(path: Path) -> RootDotenv:
         os.close(fd)
     if len(data) > _FILE_MAX:
         return _refused(path, f"grew over {_FILE_MAX // 1024} KiB while read")
-    text = data.decode("utf-8", errors="replace")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        logger.warning("{} is not valid UTF-8 ({}): hermes' secret scope reads nothing from it (its API_SERVER_* "
+                       "variables are not read while multiplexing profiles), and hermes loads the rest as latin-1",
+                       path, exc)
+        return RootDotenv({}, load_dotenv_values(data.decode("latin-1")), not_utf8=True)
     return RootDotenv(parse_dotenv(text), load_dotenv_values(text))
 
 
@@ -403,6 +435,10 @@ def read_gateway_api_server(
     Returns:
         The API server hermes starts there.
     """
-    dotenv = read_root_dotenv(root / ".env")
+    try:
+        root_owner: int | None = os.stat(root).st_uid
+    except OSError:
+        root_owner = None
+    dotenv = read_root_dotenv(root / ".env", root_owner=root_owner)
     return gateway_api_server(config, _read_json_mapping(root / "gateway.json"), dotenv.scope, environ,
-                              loaded=dotenv.loaded, refused=dotenv.refused)
+                              loaded=dotenv.loaded, refused=dotenv.refused, not_utf8=dotenv.not_utf8)

@@ -88,7 +88,8 @@ class RedisRelayActor(TypedActor):
         roster: the RosterActor (told RemoteRows; we subscribe for our local rows).
         scheduler: timers.
         connection_id: this gateway's connection.
-        local_profiles: folder ids of this root (to resume only our own envelopes).
+        local_profiles: folder ids of this root (a resumed envelope of another profile is named in the log: its
+            profile was removed; every envelope in our sent hash is resumed).
         root: the Hermes root (where relayed-in turns mark their start, and their replies are kept until written).
         fsync: flush a kept reply to stable storage (as the start marks are: with the journal's fsync).
         stopping: set by the gateway's stop before the Dispatcher stops accepting (read here only): from then on

@@ -134,6 +134,18 @@ class RedisLink:
         Returns:
             Whether it was done.
         """
+        exc = self.try_ack(stream, entry_ids, forget=forget)
+        if exc is not None and not rs.is_redis_unreachable(exc):
+            self.unreachable(exc)  # logs the command error
+        return exc is None
+
+    def try_ack(self, stream: str, entry_ids: list[str], *, forget: str | None = None) -> BaseException | None:
+        """:meth:`ack`, telling Redis unreachable (logged once, as :meth:`unreachable` does) from a command error
+        (not logged: the caller says it, e.g. once for a spell of them).
+
+        Returns:
+            None when done; else the exception (:func:`rs.is_redis_unreachable` tells which).
+        """
         try:
             pipe = self.client.pipeline(transaction=True)
             if entry_ids and stream not in self.wrong_type:  # a stream replaced by another type lost its entries
@@ -143,9 +155,12 @@ class RedisLink:
                 pipe.hdel(self.keys.sent(self.me), forget)
             pipe.execute()
         except Exception as exc:
-            self.unreachable(exc)
-            return False
-        return True
+            if rs.is_redis_unreachable(exc):
+                self.unreachable(exc)
+            elif "NOGROUP" in str(exc) or "WRONGTYPE" in str(exc):  # a stream gone or replaced: check them again
+                self.groups_ok = False
+            return exc
+        return None
 
     def close(self) -> None:
         self.client.close()

@@ -71,6 +71,7 @@ UNCONFIRMED_DIR = rs.UNCONFIRMED_DIR
 UNCONFIRMED_MAX_BYTES = 4 * 1024 * 1024
 
 REPORTED_KEEP = 100_000
+FORGET_DUE_MAX = 100_000  # outcomes kept whose drop waits for Redis: past it the oldest is left to the next start
 
 #: KEYS: target inbox, our sent hash, the envelope's turn claim, its ``done:`` mark; ARGV: stream bound, envelope,
 #: reply_to, envelope id, sent meta.
@@ -175,7 +176,8 @@ class Outbound:
         config: TTL and reply budget.
         timers: the actor's timers (deadlines come back to the actor as messages).
         dispatcher: told ``RelayedOutcome`` for each envelope's outcome.
-        local_profiles: folder ids of this root (a restart resumes only their envelopes).
+        local_profiles: folder ids of this root (a restart resumes every envelope of ours, and names those of
+            a profile no longer on it).
         counters: the actor's counters (``sent``, ``replies``, ``expired``, ``timeouts``, ...).
         paths: the root's relay layout (``bot_relay/unconfirmed/`` keeps the sends Redis did not answer).
         fsync: flush those records to stable storage before the ack.
@@ -199,6 +201,8 @@ class Outbound:
         self.waiting: dict[str, Waiting] = {}
         self.expire_due: set[str] = set()  # TTL expiries that could not reach Redis: retried each tick
         self.forget_due: dict[str, list[str]] = {}  # outcomes kept whose sent record and reply entries Redis still has
+        self.forget_refused = False  # a drop Redis refused (a command error) was logged: until one succeeds again
+        self.forget_overflowed = False  # FORGET_DUE_MAX was reached and logged: until forget_due empties
         self.reported: OrderedDict[str, None] = OrderedDict()
         self.unforgotten: dict[str, list[str]] = {}  # reported, not yet kept by the Dispatcher: their reply entries
         self.resumed = False
@@ -402,11 +406,20 @@ class Outbound:
         Each names the DM that sent it (profile, handle, hop), so its outcome wakes that sender as
         it would have before the restart; a meta of an older version names none (no wake).
 
+        Every record in ``<p>:sent:<me>`` is ours, whatever profile it names: the hash and the replies stream
+        are keyed by our connection id alone, which only the lease holder uses, so no other gateway could
+        settle them while we hold it (a reused connection id hands its DMs in flight to the root that takes
+        it over, whose stream their replies reach anyway). A profile removed from the root between the
+        restarts still gets its DM's outcome published (INFO, nobody woken), as its unconfirmed send does:
+        skipped, the record stayed forever, ``wait_outcome`` of the acked id raised KeyError, and its reply
+        was left pending and reclaimed at every claim interval.
+
         Raises:
             Exception: from redis-py when Redis cannot be read (the caller retries).
         """
         stored = self.link.client.hgetall(self.link.keys.sent(self.link.me))
         resumed: list[ResumedSend] = []
+        removed: dict[str, int] = {}  # profile no longer on this root -> its sends resumed
         now = time.time()
         for raw_id, value in stored.items():
             envelope_id = as_text(raw_id) or ""
@@ -414,10 +427,15 @@ class Outbound:
             if meta is None or envelope_id in self.waiting:
                 continue
             if self.local_profiles and meta.get("from_profile") not in self.local_profiles:
-                continue
+                profile = str(meta.get("from_profile", ""))
+                removed[profile] = removed.get(profile, 0) + 1
             resumed.append(ResumedSend(envelope_id, meta["label"], *recorded_sender(meta, profile_key="from_profile")))
             self._wait_for(envelope_id, meta["label"], str(meta.get("target_handle", "")),
                            str(meta.get("target_connection", "")), age=max(0.0, now - float(meta["created_at"])))
+        for profile, count in sorted(removed.items()):
+            logger.info("redis: {} send(s) in flight are of profile {!r}, no profile on this root any more: their "
+                        "replies are still awaited and their outcomes published (nobody is woken by them)",
+                        count, profile)
         for call in self._load_unconfirmed():  # a previous run's sends Redis did not answer: the ticks settle them
             self.unconfirmed_kept.add(call.envelope_id)
             if call.envelope_id in self.waiting:  # in our sent hash, so queued: nothing more to check
@@ -503,21 +521,58 @@ class Outbound:
     def forget(self, envelope_id: str) -> None:
         """The Dispatcher keeps the outcome of ``envelope_id`` now: ack its reply entry, drop its sent record.
 
-        While Redis is known down that is left to the ticks (:meth:`retry_forgets`), as is one that fails: tried
-        now, it held the actor an answer timeout per outcome, and a failed one left the sent record of a DM
-        with no reply entry (a reply budget's or TTL's outcome) to be resumed again by the next start.
+        While Redis is known down that is left to the ticks (:meth:`retry_forgets`), as is one Redis did not
+        answer: tried now, it held the actor an answer timeout per outcome, and a failed one left the sent
+        record of a DM with no reply entry (a reply budget's or TTL's outcome) to be resumed again by the next
+        start. One Redis refused (a command error: ``sent:<me>`` holding the wrong kind of value) is not retried
+        (:meth:`_drop_in_redis`).
         """
         entries = self.unforgotten.pop(envelope_id, [])
         self._drop_unconfirmed(envelope_id)
-        if self.link.down or not self.link.ack(self.link.keys.replies(self.link.me), entries, forget=envelope_id):
-            self.forget_due[envelope_id] = entries
+        if self.link.down or not self._drop_in_redis(envelope_id, entries):
+            self._forget_later(envelope_id, entries)
+
+    def _drop_in_redis(self, envelope_id: str, entries: list[str]) -> bool:
+        """Ack ``entries`` and drop the sent record of ``envelope_id``: False when Redis is unreachable (retry).
+
+        A command error is given up (True): retried, it failed the same way at every tick (an ERROR each
+        time, forever) and held up every drop behind it. It is logged once until a drop succeeds again,
+        naming the fix for a key of the wrong kind.
+        """
+        link = self.link
+        exc = link.try_ack(link.keys.replies(link.me), entries, forget=envelope_id)
+        if exc is None:
+            self.forget_refused = False
+            return True
+        if rs.is_redis_unreachable(exc):
+            return False
+        if not self.forget_refused:
+            self.forget_refused = True
+            logger.error("redis: Redis refused to drop the sent record of settled DM {} ({}): {}its record (and reply "
+                         "entry) is left in Redis and not retried; this is logged once until a drop succeeds again",
+                         envelope_id, exc, _forget_fix(str(exc), (link.keys.sent(link.me), link.keys.replies(link.me))))
+        return True
+
+    def _forget_later(self, envelope_id: str, entries: list[str]) -> None:
+        """Keep a drop for :meth:`retry_forgets`, at most :data:`FORGET_DUE_MAX` (the oldest is then let go)."""
+        self.forget_due[envelope_id] = entries
+        if len(self.forget_due) <= FORGET_DUE_MAX:
+            return
+        oldest = next(iter(self.forget_due))
+        del self.forget_due[oldest]
+        if not self.forget_overflowed:
+            self.forget_overflowed = True
+            logger.warning("redis: {} settled DMs wait for Redis to drop their sent records: the oldest ({} first) are "
+                           "left in Redis for the next start", FORGET_DUE_MAX, oldest)
 
     def retry_forgets(self) -> None:
-        """Forget, now that Redis answers, the outcomes :meth:`forget` could not (stops at the first failure)."""
+        """Forget, now that Redis answers, the outcomes :meth:`forget` could not (stops once Redis is unreachable;
+        one Redis refuses is given up, never holding up the others)."""
         for envelope_id, entries in list(self.forget_due.items()):
-            if not self.link.ack(self.link.keys.replies(self.link.me), entries, forget=envelope_id):
+            if not self._drop_in_redis(envelope_id, entries):
                 return
             self.forget_due.pop(envelope_id, None)
+        self.forget_overflowed = False
 
     def expire(self, envelope_id: str) -> None:
         """At the TTL: expire our envelope unless its target already took it (then its reply will come)."""
@@ -554,6 +609,23 @@ class Outbound:
                 "gateway comes back; do not resend blindly.")
         self.counters["timeouts"] += 1
         self._report(envelope_id, outcomes.failed(envelope_id, entry.label, text, "delivery_timeout"))
+
+
+def _forget_fix(error: str, keys: tuple[str, ...]) -> str:
+    """Pure: the fix to name for a drop Redis refused with ``error``: deleting the key of the wrong kind.
+
+    Args:
+        error: the command error's text (redis-py names the failed command and its key).
+        keys: the keys the drop uses, the likeliest first.
+
+    Returns:
+        ``"<key> holds the wrong kind of value (no gateway's): delete it, redis-cli DEL <key>; "``, the first of
+        ``keys`` the error names (else the first), or ``""`` when it is no WRONGTYPE error.
+    """
+    if "WRONGTYPE" not in error:
+        return ""
+    key = next((k for k in keys if k in error), keys[0])
+    return f"{key} holds the wrong kind of value (no gateway's): delete it, redis-cli DEL {key}; "
 
 
 def _not_queued(label: str, exc: BaseException) -> dict[str, Any]:
