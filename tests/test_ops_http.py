@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import re
 import socket
@@ -477,12 +478,14 @@ def test_serve_refuses_a_token_without_http(root: Path, capsys: pytest.CaptureFi
     assert "--http-token needs --http" in capsys.readouterr().err
 
 
-def test_serve_with_http_serves_until_stopped(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@contextlib.contextmanager
+def serving(root: Path) -> Iterator[Any]:
+    """``serve --http`` on ``root`` (an answering runner, port 0) in a thread: its endpoint while it runs; stopped on
+    exit, with exit code 0."""
     from hermes_actors.cli.serve import serve
 
     ready: list[Any] = []
-    up = threading.Event()
-    stop = threading.Event()
+    up, stop = threading.Event(), threading.Event()
     result: list[int] = []
 
     def on_ready(endpoint: Any) -> None:
@@ -495,13 +498,18 @@ def test_serve_with_http_serves_until_stopped(root: Path, capsys: pytest.Capture
     thread.start()
     try:
         assert up.wait(60), "serve did not come up"
-        url = ready[0].url
-        status, _, body = get(url + "status")
-        assert status == 200 and orjson.loads(body)["running"] is True
+        yield ready[0]
     finally:
         stop.set()
         thread.join(60)
     assert result == [0]
+
+
+def test_serve_with_http_serves_until_stopped(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serving(root) as endpoint:
+        url = endpoint.url
+        status, _, body = get(url + "status")
+        assert status == 200 and orjson.loads(body)["running"] is True
     captured = capsys.readouterr()
     assert f"live page, /metrics and /status on {url}" in captured.out
     assert captured.err.splitlines()[-1] == "gateway stopped"  # the last word: the stop is over
@@ -513,8 +521,6 @@ def test_serve_counts_and_shows_the_outcomes_its_start_settles(root: Path) -> No
     """Review (opsfix): outcomes a ``serve`` start settled from the journal (a turn a killed gateway left
     running: ``ambiguous``; an outcome it never delivered: published again) were in ``settled_total`` but never in
     ``hermes_actors_deliveries_total`` nor the live page's recent outcomes: the endpoint subscribed after the start."""
-    from hermes_actors.cli.serve import serve
-
     running, settled = "a" * 32, "b" * 32
     delivery = {"sender": "alice", "sender_handle": "alice", "target": "bob", "target_handle": "bob",
                 "content": "hi", "author": {}, "hop": 1, "accepted_at": 1.0, "origin": "local", "label": "@bob",
@@ -532,21 +538,8 @@ def test_serve_counts_and_shows_the_outcomes_its_start_settles(root: Path) -> No
     dead.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     dead.chmod(0o600)
 
-    ready: list[Any] = []
-    up, stop = threading.Event(), threading.Event()
-    result: list[int] = []
-
-    def on_ready(endpoint: Any) -> None:
-        ready.append(endpoint)
-        up.set()
-
-    thread = threading.Thread(target=lambda: result.append(serve(
-        root, connection_id=None, runner=lambda turn: "ok", stop=stop, http=HttpSettings("127.0.0.1", 0),
-        on_ready=on_ready)))
-    thread.start()
-    try:
-        assert up.wait(60), "serve did not come up"
-        url = ready[0].url
+    with serving(root) as endpoint:
+        url = endpoint.url
 
         def counted() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             return samples(get(url + "metrics")[2].decode())
@@ -559,13 +552,9 @@ def test_serve_counts_and_shows_the_outcomes_its_start_settles(root: Path) -> No
         statuses = {dict(labels)["status"]: v for (name, labels), v in counted().items()
                     if name == "hermes_actors_deliveries_total"}
         assert statuses == {"ambiguous": 1, "replied": 1}, statuses
-        events, _ = ready[0].feed.snapshot()
+        events, _ = endpoint.feed.snapshot()
         assert sorted((e["delivery_id"], e["status"]) for e in events) == [(running, "ambiguous"),
                                                                            (settled, "replied")], events
-    finally:
-        stop.set()
-        thread.join(60)
-    assert result == [0]
 
 
 def test_an_idle_client_does_not_hold_the_close(root: Path, gateways: list[Gateway],
