@@ -129,23 +129,24 @@ def advice(reason: str, *, profile: str, root: Path, hermes: bool) -> str:
     if not hermes:
         return f"the runner this gateway was started with fails them: see its error; {doctor} checks the setup"
     model = f"`{shell_command('hermes', '-p', profile, 'model')}`"
-    if reason == r.PROVIDER_AUTH_OR_ACCESS:
-        return f"its provider refuses its API key or access: check the key and the provider it uses ({model})"
-    if reason == r.PROVIDER_QUOTA_LIMIT:
-        return f"its provider account is out of quota or credit: check its billing, or give it another model ({model})"
-    if reason == r.PROVIDER_RATE_LIMIT:
-        return (f"its provider keeps rate-limiting it: send it fewer DMs, raise the limit, or give it another "
-                f"model ({model})")
-    if reason == r.MISSING_CONFIG:
-        return f"it has no model it can use: set model.default and its provider in its config.yaml ({model}; {doctor})"
-    if reason == r.CONTEXT_OVERFLOW:
-        return (f"its session outgrew its model's context, even compressed: start its session afresh in hermes or "
-                f"give it a model with a larger context ({model})")
-    if reason == r.DELIVERY_TIMEOUT:
-        return (f"its turns do not finish in time: check that its model answers ({model}) and "
-                f"bot_mode.turn_timeout_seconds")
-    if reason == r.RUNTIME_OFFLINE:
-        return f"hermes or its model's server cannot be reached: {doctor}, and check its model ({model})"
-    if reason == r.UNKNOWN:
-        return f"see the error; {doctor} checks the setup, and check its model ({model})"
-    return f"check its model and its provider ({model}; {doctor})"  # server errors, model unavailable
+    return _ADVICE.get(reason, _ADVICE_ELSE).format(model=model, doctor=doctor)
+
+
+# what to do, by reason family ({model}: `hermes -p NAME model`; {doctor}: `hermes-actors doctor --root R`)
+_ADVICE: dict[str, str] = {
+    r.PROVIDER_AUTH_OR_ACCESS: "its provider refuses its API key or access: check the key and the provider it uses "
+                               "({model})",
+    r.PROVIDER_QUOTA_LIMIT: "its provider account is out of quota or credit: check its billing, or give it another "
+                            "model ({model})",
+    r.PROVIDER_RATE_LIMIT: "its provider keeps rate-limiting it: send it fewer DMs, raise the limit, or give it "
+                           "another model ({model})",
+    r.MISSING_CONFIG: "it has no model it can use: set model.default and its provider in its config.yaml ({model}; "
+                      "{doctor})",
+    r.CONTEXT_OVERFLOW: "its session outgrew its model's context, even compressed: start its session afresh in hermes "
+                        "or give it a model with a larger context ({model})",
+    r.DELIVERY_TIMEOUT: "its turns do not finish in time: check that its model answers ({model}) and "
+                        "bot_mode.turn_timeout_seconds",
+    r.RUNTIME_OFFLINE: "hermes or its model's server cannot be reached: {doctor}, and check its model ({model})",
+    r.UNKNOWN: "see the error; {doctor} checks the setup, and check its model ({model})",
+}
+_ADVICE_ELSE = "check its model and its provider ({model}; {doctor})"  # server errors, model unavailable

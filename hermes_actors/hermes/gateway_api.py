@@ -43,7 +43,7 @@ from hermes_actors.hermes.api_client import ApiServer
 
 __all__ = [
     "DEFAULT_API_HOST", "DEFAULT_API_PORT", "MIN_KEY_CHARS", "GatewayApiServer", "RootDotenv", "dotenv_refusal",
-    "gateway_api_server", "hermes_true", "load_dotenv_values", "parse_dotenv", "read_dotenv", "read_gateway_api_server",
+    "gateway_api_server", "hermes_true", "load_dotenv_values", "parse_dotenv", "read_gateway_api_server",
     "read_root_dotenv",
 ]
 
@@ -397,18 +397,6 @@ def _refused(path: Path, why: str) -> RootDotenv:
     logger.warning("hermes-actors does not read {}: it {} (the API server's settings there are not known to it)",
                    path, why)
     return RootDotenv({}, {}, why)
-
-
-def read_dotenv(path: Path) -> dict[str, str]:
-    """The ``KEY=VALUE`` pairs of a ``.env`` file as hermes' secret scope reads them (:func:`read_root_dotenv`).
-
-    Args:
-        path: the file.
-
-    Returns:
-        The pairs; ``{}`` when missing, unreadable or refused (:func:`dotenv_refusal`).
-    """
-    return read_root_dotenv(path).scope
 
 
 def _read_json_mapping(path: Path) -> dict[str, Any]:

@@ -65,8 +65,7 @@ class RedisLink:
         """Log an outage once; True when ``exc`` means Redis is unreachable (False: a command error, logged)."""
         if not rs.is_redis_unreachable(exc):
             logger.error("redis: command failed: {}", exc)
-            if "NOGROUP" in str(exc) or "WRONGTYPE" in str(exc):  # a stream gone or replaced: check them again
-                self.groups_ok = False
+            self._command_failed(exc)
             return False
         if not self.down:
             logger.warning("redis: {} is unreachable ({}); will retry", self.settings.address, exc)
@@ -75,6 +74,11 @@ class RedisLink:
         self.down = True
         self.groups_ok = False
         return True
+
+    def _command_failed(self, exc: BaseException) -> None:
+        """A command Redis refused: a stream gone or replaced (``NOGROUP``, ``WRONGTYPE``) is checked again."""
+        if "NOGROUP" in str(exc) or "WRONGTYPE" in str(exc):
+            self.groups_ok = False
 
     def back_up(self) -> bool:
         """Redis answered: True when it had been down (the caller re-reads what it missed)."""
@@ -157,8 +161,8 @@ class RedisLink:
         except Exception as exc:
             if rs.is_redis_unreachable(exc):
                 self.unreachable(exc)
-            elif "NOGROUP" in str(exc) or "WRONGTYPE" in str(exc):  # a stream gone or replaced: check them again
-                self.groups_ok = False
+            else:
+                self._command_failed(exc)
             return exc
         return None
 

@@ -391,6 +391,13 @@ class Outbound:
             return Refusal(offline_error_text(target, via="redis", label=route.label), "runtime_offline").as_dict()
         return self.send(target, route.sender, route.content, hop, route.label)
 
+    def _resume_one(self, envelope_id: str, meta: dict[str, Any], conn: str, now: float) -> ResumedSend:
+        """Wait again for the reply of one envelope a previous run sent (its ``sent`` meta), aged from its
+        ``created_at``; the DM it names, for its sender's wake."""
+        self._wait_for(envelope_id, meta["label"], str(meta.get("target_handle", "")), conn,
+                       age=max(0.0, now - float(meta["created_at"])))
+        return ResumedSend(envelope_id, meta["label"], *recorded_sender(meta, profile_key="from_profile"))
+
     def _wait_for(self, envelope_id: str, label: str, handle: str, conn: str, *, age: float) -> None:
         timers = [self.timers.after(max(0.0, self.config.reply_wait_seconds - age), ReplyDeadline(envelope_id))]
         if self.config.envelope_ttl_seconds > 0:
@@ -429,9 +436,7 @@ class Outbound:
             if self.local_profiles and meta.get("from_profile") not in self.local_profiles:
                 profile = str(meta.get("from_profile", ""))
                 removed[profile] = removed.get(profile, 0) + 1
-            resumed.append(ResumedSend(envelope_id, meta["label"], *recorded_sender(meta, profile_key="from_profile")))
-            self._wait_for(envelope_id, meta["label"], str(meta.get("target_handle", "")),
-                           str(meta.get("target_connection", "")), age=max(0.0, now - float(meta["created_at"])))
+            resumed.append(self._resume_one(envelope_id, meta, str(meta.get("target_connection", "")), now))
         for profile, count in sorted(removed.items()):
             logger.info("redis: {} send(s) in flight are of profile {!r}, no profile on this root any more: their "
                         "replies are still awaited and their outcomes published (nobody is woken by them)",
@@ -448,10 +453,7 @@ class Outbound:
                 logger.info("redis: the unconfirmed send {} to {} is of profile {!r}, no profile on this root any "
                             "more: it is still checked and its outcome published (nobody is woken by it)",
                             call.envelope_id, meta["label"], meta.get("from_profile"))
-            resumed.append(ResumedSend(call.envelope_id, meta["label"],
-                                       *recorded_sender(meta, profile_key="from_profile")))
-            self._wait_for(call.envelope_id, meta["label"], str(meta.get("target_handle", "")),
-                           call.target_connection, age=max(0.0, now - float(meta["created_at"])))
+            resumed.append(self._resume_one(call.envelope_id, meta, call.target_connection, now))
             self.unconfirmed[call.envelope_id] = call
         self.resumed = True
         self.resumed_entries = tuple(resumed)
