@@ -9,6 +9,7 @@ functions by cumulative time.
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import pstats
@@ -76,20 +77,61 @@ def profile_all_threads(
     return out.getvalue()
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of ``python -m bench.profiling``.
+
+    Args:
+        argv: the arguments (``sys.argv[1:]`` when None).
+
+    Returns:
+        The parsed arguments: ``scenario``, ``top``, ``cpu``.
+
+    Raises:
+        SystemExit: with status 2 and argparse's message naming the bad
+            argument (an unknown scenario lists the known ones).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.profiling",
+        description="Profile one scenario across all threads (quick counts; the whole "
+        "scenario runs, baseline included: pick ours-only views from the listing).",
+    )
+    parser.add_argument("scenario", nargs="?", default="local-throughput",
+                        choices=sorted(REGISTRY), metavar="SCENARIO",
+                        help="the scenario to profile (default: local-throughput); one of: "
+                        + ", ".join(sorted(REGISTRY)))
+    parser.add_argument("top", nargs="?", type=_positive_int, default=15, metavar="TOP",
+                        help="how many functions to list (default: 15)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="time each thread's CPU clock and sort by own time, "
+                        "instead of the wall clock and cumulative time")
+    return parser.parse_args(argv)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"TOP must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"TOP must be at least 1, not {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.profiling [SCENARIO] [TOP] [--cpu]``: profile a scenario (quick counts).
 
-    The whole scenario runs, baseline included; pick ``ours``-only views from the listing.
+    Args:
+        argv: the arguments (``sys.argv[1:]`` when None).
+
+    Returns:
+        The exit status (0).
     """
-    args = sys.argv[1:] if argv is None else argv
-    cpu = "--cpu" in args
-    args = [a for a in args if a != "--cpu"]
-    name = args[0] if args else "local-throughput"
-    top = int(args[1]) if len(args) > 1 else 15
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hermes-bench-profile-") as tmp:
         ctx = BenchContext(quick=True, scale=1.0, workdir=Path(tmp), progress=NullProgress())
-        print(profile_all_threads(lambda: REGISTRY[name].fn(ctx), top=top, cpu=cpu,
-                                  sort="tottime" if cpu else "cumulative"))
+        scenario = REGISTRY[args.scenario]
+        print(profile_all_threads(lambda: scenario.fn(ctx), top=args.top, cpu=args.cpu,
+                                  sort="tottime" if args.cpu else "cumulative"))
     return 0
 
 

@@ -21,6 +21,7 @@ from bench.baseline import wait_reply_file
 from bench.floors import fdatasync_ms
 from bench.harness import main, run_bench
 from bench.measure import thread_group, us_per_item
+from bench.profiling import parse_args
 from bench.registry import REGISTRY
 from bench.report import render_markdown, render_table, write_docs
 from bench.targets import evaluate_targets
@@ -320,3 +321,31 @@ def test_the_detail_lines_list_every_local_throughput_run() -> None:
     lines = extra_lines({"scenarios": {"local-throughput": {"ours": block}}})
     assert any("median throughput of 2" in line and "9,000/s at 120" in line and "25,000/s at 40" in line
                for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["nope"], "invalid choice: 'nope'"),
+        (["--help-me"], "unrecognized arguments: --help-me"),
+        (["local-throughput", "0"], "TOP must be at least 1, not 0"),
+        (["local-throughput", "ten"], "TOP must be a whole number, not 'ten'"),
+    ],
+)
+def test_profiling_refuses_bad_arguments_naming_them(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_profiling_help_lists_the_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in REGISTRY)
+    assert parse_args(["scale", "7", "--cpu"]) == parse_args(["--cpu", "scale", "7"])
+    assert (parse_args([]).scenario, parse_args([]).top, parse_args([]).cpu) == ("local-throughput", 15, False)
