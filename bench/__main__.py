@@ -4,4 +4,4 @@ import sys
 
 from bench.harness import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m bench"))

@@ -164,10 +164,20 @@ def run_bench(
     return result
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``bench`` command's arguments."""
+MAX_SUSTAINED_SECONDS = 86_400.0  # a day: the scenario paces and samples for all of it
+
+
+def build_parser(prog: str = "hermes-actors bench") -> argparse.ArgumentParser:
+    """The ``bench`` command's arguments.
+
+    Args:
+        prog: the command as the user typed it (``python -m bench`` runs the same parser).
+
+    Returns:
+        The parser.
+    """
     parser = Parser(  # its errors name a huge --scenario or --sustained-seconds cut, not whole
-        prog="hermes-actors bench",
+        prog=prog,
         description="Benchmark hermes-actors against a model of the seed design, side by side.",
     )
     parser.add_argument("--quick", action="store_true", help="small counts: finishes in under a minute")
@@ -175,10 +185,33 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"run only this scenario (repeatable): {', '.join(REGISTRY)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the JSON and PNG go (default: {DEFAULT_OUT})")
-    parser.add_argument("--sustained-seconds", type=float, default=None, metavar="S",
-                        help="how long the `sustained` scenario holds its fixed rate (default: 600 full, 10 quick)")
+    parser.add_argument("--sustained-seconds", type=sustained_seconds, default=None, metavar="S",
+                        help="how long the `sustained` scenario holds its fixed rate (default: 600 full, 10 quick; "
+                        f"at most {MAX_SUSTAINED_SECONDS:,.0f})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
+
+
+def sustained_seconds(text: str) -> float:
+    """An argparse ``type`` for ``--sustained-seconds``: a number of seconds above 0, at most a day.
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        The seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, not above 0, NaN, infinite or over :data:`MAX_SUSTAINED_SECONDS`.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
+    if not 0.0 < value <= MAX_SUSTAINED_SECONDS:  # NaN and inf fail this too
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)}: the sustained run must last more than 0 and at most {MAX_SUSTAINED_SECONDS:,.0f} seconds")
+    return value
 
 
 def results_dir(path: Path) -> Path:
@@ -207,16 +240,25 @@ def results_dir(path: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry: parse ``argv`` (default ``sys.argv[1:]``), run, return the exit code."""
-    args = build_parser().parse_args(argv)
-    if args.sustained_seconds is not None and not args.sustained_seconds > 0:
-        parser_error = f"--sustained-seconds must be > 0, got {args.sustained_seconds:g}"
-        build_parser().error(parser_error)
+def main(argv: list[str] | None = None, prog: str = "hermes-actors bench") -> int:
+    """CLI entry: parse ``argv`` (default ``sys.argv[1:]``), run, return the exit code.
+
+    Args:
+        argv: the arguments.
+        prog: the command as the user typed it, for the usage and error lines.
+
+    Returns:
+        The exit code (0).
+
+    Raises:
+        SystemExit: a bad argument (2, naming it) or ``--help`` (0).
+    """
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
     try:
         results_dir(args.out)
     except ValueError as exc:  # a bad argument: exit 2 with the usage, whatever the OS error was
-        build_parser().error(str(exc))
+        parser.error(str(exc))
     run_bench(args.quick, args.scenario, args.out, progress=not args.no_progress, sustained_s=args.sustained_seconds)
     return 0
 

@@ -24,6 +24,8 @@ from typing import Any
 import bench.scenarios  # noqa: F401  (registers every scenario)
 from bench.progress import NullProgress
 from bench.registry import REGISTRY, BenchContext
+from hermes_actors.cli.arg_types import Parser
+from hermes_actors.core.clipping import shown
 
 __all__ = ["profile_all_threads"]
 
@@ -90,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         SystemExit: with status 2 and argparse's message naming the bad
             argument (an unknown scenario lists the known ones).
     """
-    parser = argparse.ArgumentParser(
+    parser = Parser(  # its errors name a huge value cut, not whole
         prog="python -m bench.profiling",
         description="Profile one scenario across all threads (quick counts; the whole "
         "scenario runs, baseline included: pick ours-only views from the listing).",
@@ -107,14 +109,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+_MAX_TOP = 10_000
+
+
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"TOP must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"TOP must be at least 1, not {value}")
-    return value
+    digits = text.strip()
+    if not digits.isascii() or not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"TOP must be a whole number, not {shown(text)}")
+    # the length first: int() of 5,000 digits raises
+    if len(digits) > len(str(_MAX_TOP)) or not 1 <= int(digits) <= _MAX_TOP:
+        raise argparse.ArgumentTypeError(f"TOP must be from 1 to {_MAX_TOP:,}, not {shown(text)}")
+    return int(digits)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,15 +129,23 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments (``sys.argv[1:]`` when None).
 
     Returns:
-        The exit status (0).
+        The exit status: 0, or 130 after a Ctrl-C.
     """
     args = parse_args(argv)
+    try:
+        _profile(args)
+    except KeyboardInterrupt:  # Ctrl-C: the run is dropped, nothing was written
+        print("interrupted: no profile printed", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="hermes-bench-profile-") as tmp:
         ctx = BenchContext(quick=True, scale=1.0, workdir=Path(tmp), progress=NullProgress())
         scenario = REGISTRY[args.scenario]
         print(profile_all_threads(lambda: scenario.fn(ctx), top=args.top, cpu=args.cpu,
                                   sort="tottime" if args.cpu else "cumulative"))
-    return 0
 
 
 if __name__ == "__main__":

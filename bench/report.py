@@ -184,8 +184,38 @@ def write_docs(result: dict[str, Any], plot: Path | None, docs_dir: Path, source
     return page
 
 
-if __name__ == "__main__":  # pragma: no cover — manual regeneration
-    import bench.scenarios  # noqa: F401  (registers the scenario descriptions)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.report RESULT_JSON``: print the page of a stored result on stdout.
 
-    with open(sys.argv[1], encoding="utf-8") as fh:
-        sys.stdout.write(render_markdown(json.load(fh)))
+    Args:
+        argv: the arguments (``sys.argv[1:]`` when None).
+
+    Returns:
+        The exit code (0).
+
+    Raises:
+        SystemExit: 2 naming the file when it cannot be read or is not a result the harness wrote; 0 for ``--help``.
+    """
+    import bench.scenarios  # noqa: F401  (registers the scenario descriptions)
+    from hermes_actors.cli.arg_types import Parser
+    from hermes_actors.core.clipping import shown
+
+    parser = Parser(prog="python -m bench.report",
+                    description="Render docs/benchmarks.md's text from a result the harness wrote, on stdout "
+                    "(e.g. python -m bench.report bench/results/20260101T120000Z.json > docs/benchmarks.md).")
+    parser.add_argument("result", metavar="RESULT_JSON", help="a result file the harness wrote (bench/results/*.json)")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.result, encoding="utf-8") as fh:
+            result = json.load(fh)
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        parser.error(f"cannot read the result {shown(args.result)}: {reason}")
+    if not isinstance(result, dict) or not isinstance(result.get("scenarios"), dict):
+        parser.error(f"{shown(args.result)} is not a result the harness wrote (no \"scenarios\" object in it)")
+    sys.stdout.write(render_markdown(result))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover — manual regeneration
+    sys.exit(main())

@@ -19,10 +19,11 @@ import pytest
 
 from bench.baseline import wait_reply_file
 from bench.floors import fdatasync_ms
-from bench.harness import main, run_bench
+from bench.harness import build_parser, main, run_bench
 from bench.measure import thread_group, us_per_item
 from bench.profiling import parse_args
 from bench.registry import REGISTRY
+from bench.report import main as report_main
 from bench.report import render_markdown, render_table, write_docs
 from bench.targets import evaluate_targets
 
@@ -328,7 +329,8 @@ def test_the_detail_lines_list_every_local_throughput_run() -> None:
     [
         (["nope"], "invalid choice: 'nope'"),
         (["--help-me"], "unrecognized arguments: --help-me"),
-        (["local-throughput", "0"], "TOP must be at least 1, not 0"),
+        (["local-throughput", "0"], "TOP must be from 1 to 10,000, not '0'"),
+        (["local-throughput", "9" * 5000], "TOP must be from 1 to 10,000, not '99999"),
         (["local-throughput", "ten"], "TOP must be a whole number, not 'ten'"),
     ],
 )
@@ -349,3 +351,44 @@ def test_profiling_help_lists_the_scenarios(capsys: pytest.CaptureFixture[str]) 
     assert all(name in out for name in REGISTRY)
     assert parse_args(["scale", "7", "--cpu"]) == parse_args(["--cpu", "scale", "7"])
     assert (parse_args([]).scenario, parse_args([]).top, parse_args([]).cpu) == ("local-throughput", 15, False)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-1", "86401", "1e308", "ten"])
+def test_bench_refuses_a_sustained_run_that_cannot_end_or_start(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI fuzz): `--sustained-seconds inf` ran the scenarios for minutes, then crashed with an
+    OverflowError traceback in the sustained scenario; 1e308 was taken and ran until killed."""
+    with pytest.raises(SystemExit) as exited:
+        main([f"--sustained-seconds={value}", "--out", str(tmp_path / "out"), "--no-progress"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --sustained-seconds: '{value}'" in err or f"{value!r} is not a number" in err, err
+    assert not (tmp_path / "out").exists()  # refused before anything was made
+
+
+def test_python_m_bench_names_itself_and_the_bound_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (CLI fuzz): `python -m bench --help` printed `usage: hermes-actors bench`."""
+    with pytest.raises(SystemExit):
+        main(["--help"], prog="python -m bench")
+    assert capsys.readouterr().out.startswith("usage: python -m bench ")
+    assert build_parser().parse_args(["--sustained-seconds", "86400"]).sustained_seconds == 86_400.0
+
+
+def test_bench_report_renders_a_stored_result_and_refuses_other_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI fuzz): `python -m bench.report` with no argument or `--help` ended in a traceback."""
+    stored = sorted(Path(__file__).resolve().parents[1].glob("bench/results/*.json"))[-1]
+    assert report_main([str(stored)]) == 0
+    assert capsys.readouterr().out.startswith("# Benchmarks")
+    (tmp_path / "list.json").write_text("[1]")
+    (tmp_path / "text.json").write_text("not json")
+    for argv, named in (([], "the following arguments are required: RESULT_JSON"),
+                        ([str(tmp_path / "nope.json")], "No such file or directory"),
+                        ([str(tmp_path / "text.json")], "cannot read the result"),
+                        ([str(tmp_path / "list.json")], "is not a result the harness wrote")):
+        with pytest.raises(SystemExit) as exited:
+            report_main(argv)
+        assert exited.value.code == 2
+        assert named in capsys.readouterr().err
