@@ -83,6 +83,9 @@ class RosterSnapshot:
     peers: tuple[str, ...] = ()
     remote: tuple[RemoteAgent, ...] = ()
     remote_mtime: float | None = None  # roster.json's mtime (wall clock); None = no roster
+    # the (inode, size, mtime_ns) of the roster.json the remote rows were read from (None: no file, or it could
+    # not be stat'ed); a DM's sender compares it with the file's now (relay_files.roster_identity)
+    remote_identity: tuple[int, int, int] | None = None
     remote_unreachable: str = ""  # the Redis address while the transport cannot reach it ("" = reachable)
     remote_via: str = ""  # "redis" once the Redis transport pushed the remote roster ("": roster.json, the Desktop)
     managed: bool = False

@@ -66,6 +66,7 @@ from hermes_actors.rooms import Rooms
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
 __all__ = ["ActorSystem"]
@@ -178,7 +179,8 @@ class ActorSystem:
         runner_is_hermes = is_real_hermes(self.runner)
         caller_admission = CallerAdmission(snapshot, max_hops=cfg.max_hops,
                                            wake=wake_enabled(cfg.wake_sender, runner_is_hermes),
-                                           gauge=QueueGauge(cfg.max_queued))
+                                           gauge=QueueGauge(cfg.max_queued),
+                                           roster=self.roster, roster_file=RelayPaths.from_root(opts.root).roster)
 
         def deps_factory(dispatcher: pykka.ActorRef[Any], make_turn: TurnFactory) -> ProfileDeps:
             self.turn_factory = make_turn  # names this gateway's turns (Gateway.stop refuses to run in one)

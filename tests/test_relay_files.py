@@ -28,6 +28,8 @@ from hermes_actors.store.relay_files import (
     read_envelope,
     read_reply,
     read_roster,
+    read_roster_version,
+    roster_identity,
     sweep_stale,
     write_reply,
     write_roster,
@@ -618,6 +620,26 @@ def test_read_roster_missing(paths: RelayPaths) -> None:
     assert read_roster(paths) == ([], None)
 
 
+def test_the_roster_identity_is_the_one_read_and_changes_with_each_rewrite(paths: RelayPaths) -> None:
+    """Regression (rosterfresh): a DM's sender compares roster.json's identity now with the one its roster was
+    read from; each rewrite (atomic, or in place to another size) must change it, a read must not."""
+    assert roster_identity(paths.roster) is None
+    assert read_roster_version(paths) == ([], None, None)
+    write_roster(paths, [row(online=True)], now=NOW)
+    first = roster_identity(paths.roster)
+    assert first is not None
+    agents, _age, identity = read_roster_version(paths)
+    assert identity == first == roster_identity(paths.roster)
+    assert [a.profile for a in agents] == ["bob"]
+    write_roster(paths, [row(online=True)], now=NOW)  # the same rows again, atomically: a new inode
+    second = roster_identity(paths.roster)
+    assert second not in (None, first)
+    paths.roster.write_text(json.dumps({"agents": [row(online=False)], "pad": "x"}))  # in place, another size
+    assert roster_identity(paths.roster) not in (None, second)
+    paths.roster.unlink()
+    assert roster_identity(paths.roster) is None
+
+
 def _hostile_roster(kind: str, p: RelayPaths) -> None:
     good = json.dumps({"agents": [BASE]})
     if kind == "symlink":
@@ -650,9 +672,10 @@ ROSTER_HOSTILE = [
 @pytest.mark.parametrize("kind", ROSTER_HOSTILE)
 def test_read_roster_hostile_is_empty_and_unknown(paths: RelayPaths, kind: str, warnings: list[str]) -> None:
     _hostile_roster(kind, paths)
-    agents, age = read_roster(paths, now=os.lstat(paths.roster).st_mtime + 1)
+    agents, age, identity = read_roster_version(paths, now=os.lstat(paths.roster).st_mtime + 1)
     assert agents == []
     assert age == pytest.approx(1)
+    assert identity == roster_identity(paths.roster) is not None  # a symlink's own: a re-read is not asked again
     assert liveness(agent("bob", "bob", "mini"), agents, age) is None
     if kind != "array":  # a valid JSON array is simply not a roster: no warning needed
         assert any("ignoring relay roster" in w for w in warnings)

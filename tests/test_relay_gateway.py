@@ -7,6 +7,7 @@ the Desktop where a test needs the whole path.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import json
@@ -28,14 +29,23 @@ from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json
 from relay_procs import children
 from roots import LogCapture, RecordingRunner, body_of, make_root, rescan, start_gateway
 
+from actors import FileAppeared
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.core.hops import MAX_HOP
+from hermes_actors.local import admission as admission_module
+from hermes_actors.local import roster as roster_module
+from hermes_actors.local.admission import CallerAdmission
+from hermes_actors.local.roster import make_snapshot
+from hermes_actors.messages import SendRequest, Turn
 from hermes_actors.ops.journal_view import find_outcome
 from hermes_actors.relay import outbound as outbound_module
+from hermes_actors.relay.relay_actor import RelayActor
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.hermes_root import discover_profiles
+from hermes_actors.store.relay_files import read_roster_version
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_sent import claim_for_expiry
@@ -316,6 +326,144 @@ def test_a_roster_rewritten_while_running_is_picked_up_from_its_event(tmp_path: 
 
     ack = await_condition(refused, timeout=20, interval=0.02, message="the offline roster took effect")
     assert ack["error"] == f"@moxie on mini {OFFLINE_TAIL}"
+
+
+def roster_events_withheld(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file relay passes no event of roster.json on (and rescans nothing: the tests start with a 300 s rescan):
+    what a DM sent right after a rewrite meets, before the file's event could reach the RosterActor."""
+    on_file = RelayActor._on_file
+
+    def withheld(self: RelayActor, msg: FileAppeared) -> None:
+        if msg.path != self.paths.relay.roster:
+            on_file(self, msg)
+
+    monkeypatch.setattr(RelayActor, "_on_file", withheld)
+
+
+QUIET = {"bot_mode": {"rescan_seconds": 300}}  # no rescan, no roster tick: roster.json is read only when asked
+
+
+@pytest.mark.parametrize("hop", [0, 2])  # a caller's DM; one from inside a turn through the plugin (hop 2+)
+def test_a_dm_sent_right_after_the_roster_was_rewritten_finds_the_agent_just_added(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, hop: int
+) -> None:
+    """Regression (rosterfresh): for a few ms after another process rewrote roster.json (the Desktop, a seed
+    gateway, the hub) a DM to the agent it just added was refused ``No teammate named 'n3' …``: the roster was
+    re-read only at the file's event. Now a DM the remote roster decides sees the file as it is at the call."""
+    roster_events_withheld(monkeypatch)
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config=QUIET)
+    write_roster_file(root, [remote_row("moxie", "mini", online=True), remote_row("n3", "mini", online=True)])
+    envelope_id = queued(gw.message_agent(sender="alice", target="n3", message="welcome", hop=hop))
+    env = json.loads((relay(root) / "outbox" / f"{envelope_id}.json").read_text(encoding="utf-8"))
+    assert (env["target_connection"], env["target_profile"]) == ("mini", "n3")
+
+
+@pytest.mark.parametrize("hop", [0, 2])
+def test_a_dm_sent_right_after_the_roster_set_its_target_offline_is_refused_and_nothing_is_queued(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, hop: int
+) -> None:
+    """Regression (rosterfresh): a DM to an agent the rewritten roster.json had just set ``online: false`` was
+    acked ``queued``, sat in outbox/ and ended ``queued_expired`` at the TTL. Now it is refused
+    ``runtime_offline`` (DESIGN §5) and nothing is written."""
+    roster_events_withheld(monkeypatch)
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config=QUIET)
+    write_roster_file(root, [remote_row("moxie", "mini", online=False)])
+    ack = gw.message_agent(sender="alice", target="moxie", message="still there?", hop=hop)
+    assert ack.get("reason") == "runtime_offline", ack
+    assert ack["error"] == f"@moxie on mini {OFFLINE_TAIL}"
+    assert outbox_ids(root) == []
+    assert rf.list_ids(relay(root) / "sent") == []
+
+
+def test_a_dm_a_turn_sends_right_after_the_roster_was_rewritten_sees_the_rewrite(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (rosterfresh): a runner's turn sends through the Dispatcher (``Turn.message_agent``); a DM it
+    sends right after a rewrite of roster.json is planned with the file as it is then, as a caller's is."""
+    roster_events_withheld(monkeypatch)
+    root = sender_root(tmp_path)
+
+    def turn(t: Turn) -> str:
+        write_roster_file(root, [remote_row("moxie", "mini", online=False), remote_row("n3", "mini", online=True)])
+        added, offline = t.message_agent("n3", "welcome"), t.message_agent("moxie", "still there?")
+        return json.dumps([added.get("status"), offline.get("reason")])
+
+    gw = start(gateways, root, turn, config=QUIET)
+    out = gw.wait_outcome(queued(gw.message_agent(sender="alice", target="bob", message="go")), timeout=20)
+    assert out["text"] == 'Reply from @bob: ["queued", "runtime_offline"]', out
+    [envelope_id] = outbox_ids(root)
+    env = json.loads((relay(root) / "outbox" / f"{envelope_id}.json").read_text(encoding="utf-8"))
+    assert env["target_profile"] == "n3"
+
+
+def test_a_local_dm_never_looks_at_the_roster_file_and_a_remote_one_once(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is paid only by a DM the remote roster decides (one lstat); the local fast path has none."""
+    looked: list[Path] = []
+    identity = admission_module.roster_identity
+
+    def counted(path: Path) -> Any:
+        looked.append(path)
+        return identity(path)
+
+    monkeypatch.setattr(admission_module, "roster_identity", counted)
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config=QUIET)
+    queued(gw.message_agent(sender="alice", target="bob", message="local"))
+    assert looked == []
+    queued(gw.message_agent(sender="alice", target="moxie", message="remote"))
+    assert looked == [relay(root) / "roster.json"]
+
+
+def test_only_a_roster_read_from_roster_json_is_checked_against_the_file(tmp_path: Path) -> None:
+    """The check compares the file with the identity the snapshot was read from; a transport's remote roster
+    (Redis: rows pushed every heartbeat, ``remote_via`` set) is no file, and a DM to it never asks a re-read."""
+    root = sender_root(tmp_path)
+    roster_file = relay(root) / "roster.json"
+    agents, mtime, identity = read_roster_version(RelayPaths.from_root(root))
+    assert identity is not None
+    snapshot = make_snapshot(discover_profiles(root), remote=agents, remote_mtime=mtime, remote_identity=identity)
+    caller = CallerAdmission(snapshot, max_hops=8, wake=False, roster_file=roster_file)
+    to_remote, to_local = SendRequest("alice", "moxie", "hi"), SendRequest("alice", "bob", "hi")
+    assert not caller.roster_rewritten(to_remote)
+    write_roster_file(root, [remote_row("moxie", "mini", online=False)])
+    assert caller.roster_rewritten(to_remote)
+    assert not caller.roster_rewritten(to_local)  # never decided by the remote roster
+    caller.snapshot = dataclasses.replace(snapshot, remote_via="redis", remote_identity=None)
+    assert not caller.roster_rewritten(to_remote)
+
+
+def test_a_roster_rewritten_as_a_symlink_right_before_a_dm_is_still_refused(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-read a DM asks for goes through the roster's safe reader: a symlinked roster.json stays refused
+    (its agents reach nobody), and its identity is the link's, so the next DM does not ask again."""
+    roster_events_withheld(monkeypatch)
+    root = sender_root(tmp_path)
+    gw = start(gateways, root, config=QUIET)
+    reads: list[Path] = []
+    read = roster_module.read_roster_version
+
+    def counted(paths: RelayPaths, **kwargs: Any) -> Any:
+        reads.append(paths.roster)
+        return read(paths, **kwargs)
+
+    monkeypatch.setattr(roster_module, "read_roster_version", counted)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({"agents": [remote_row("n3", "mini", online=True)]}), encoding="utf-8")
+    link = relay(root) / ".roster-link.tmp"
+    link.symlink_to(elsewhere)
+    os.replace(link, relay(root) / "roster.json")
+    with LogCapture() as logs:
+        for _ in range(2):
+            ack = gw.message_agent(sender="alice", target="n3", message="hi")
+            assert ack["error"].startswith("No teammate named 'n3'"), ack
+    assert len(logs.matching("ignoring relay roster")) == 1, logs.lines
+    assert reads == [relay(root) / "roster.json"]  # one re-read for the two DMs
+    assert outbox_ids(root) == []
 
 
 # ── 5. TTL, drain-side expiry, sweep, first reply wins ──────────────────────

@@ -18,9 +18,9 @@ from roots import RecordingRunner, make_root
 
 from hermes_actors import Gateway
 from hermes_actors.core.config import load_config
-from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, plan_send
+from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, consults_remote_roster, plan_send
 from hermes_actors.local.roster import make_snapshot
-from hermes_actors.messages import RosterSnapshot
+from hermes_actors.messages import RemoteAgent, RosterSnapshot
 from hermes_actors.store.hermes_root import discover_profiles
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -382,6 +382,38 @@ def test_registered_peer_routes_to_the_peer(snapshot: RosterSnapshot) -> None:
     bare = plan_send(snapshot, sender="alice", target="Spark", message="hi")
     assert isinstance(bare, PeerRoute) and (bare.peer, bare.agent) == ("spark", None)
 
+
+
+# (id, target, what plan_send answers, whether the remote roster decided it)
+REMOTE_DECIDED: list[tuple[str, str, type, bool]] = [
+    ("local", "bob", LocalRoute, False),
+    ("local-friendly-name", "Dr. Foo", LocalRoute, False),
+    ("peer", "spark/researcher", PeerRoute, False),
+    ("relay-bare-handle", "dave", RelayRoute, True),
+    ("relay-at-connection", "dave@mini", RelayRoute, True),
+    ("offline", "olga", Refusal, True),
+    ("ambiguous", "moxie", Refusal, True),
+    ("unknown-name", "n3", Refusal, True),
+    ("unknown-at-connection", "n3@mini", Refusal, True),
+    ("yourself", "alice", Refusal, True),
+    ("invalid-target", "../x", Refusal, False),
+    ("no-target", "", Refusal, False),
+]
+
+
+@pytest.mark.parametrize(("target", "kind", "decided"), [(t, k, d) for _, t, k, d in REMOTE_DECIDED],
+                         ids=[i for i, _, _, _ in REMOTE_DECIDED])
+def test_whether_the_remote_roster_decided_a_plan(snapshot: RosterSnapshot, target: str, kind: type,
+                                                  decided: bool) -> None:
+    """Regression (rosterfresh): only a DM the remote roster decides may wait for roster.json to be re-read."""
+    remote = (RemoteAgent("dave", "dave", "mini", online=True), RemoteAgent("olga", "olga", "mini", online=False),
+              RemoteAgent("moxie", "moxie", "mini"), RemoteAgent("moxie", "moxie", "maxi"))
+    with_remote = dataclasses.replace(snapshot, remote=remote, remote_mtime=1000.0)
+    planned = plan_send(with_remote, sender="alice", target=target, message="hi", now=1001.0)
+    assert isinstance(planned, kind), planned
+    assert consults_remote_roster(planned) is decided
+    for message in ("", "x" * 16001):  # refused before any target is looked at
+        assert consults_remote_roster(plan_send(with_remote, sender="alice", target=target, message=message)) is False
 
 
 @pytest.mark.parametrize(

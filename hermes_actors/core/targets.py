@@ -36,6 +36,7 @@ __all__ = [
     "Refusal",
     "RelayRoute",
     "Route",
+    "consults_remote_roster",
     "local_taken_forms",
     "plan_send",
     "prefixed_content",
@@ -55,12 +56,18 @@ PEER_TARGET_RE = re.compile(rf"^({PEER_NAME_PATTERN})/({HANDLE_PATTERN})\Z")
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A refused call: the tool's ``{"error", "reason", ...}`` payload."""
+    """A refused call: the tool's ``{"error", "reason", ...}`` payload.
+
+    ``remote_roster``: the remote roster decided it (another connection's agent offline or
+    ambiguous, or a name neither this install nor the remote roster knows): a fresher roster
+    may decide otherwise. Not part of the payload.
+    """
 
     error: str
     reason: str
     teammates: tuple[str, ...] | None = None
     peers: tuple[str, ...] | None = None
+    remote_roster: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"error": self.error, "reason": self.reason}
@@ -124,9 +131,27 @@ def transport_unreachable_text(label: str, address: str) -> str:
             "Retry once Redis is back.")
 
 
-def refuse(text: str, *, teammates: tuple[str, ...] | None = None, peers: tuple[str, ...] | None = None) -> Refusal:
-    """A refusal whose reason is the classification of its text (as the seed does)."""
-    return Refusal(text, classify_agent_error(text), teammates, peers)
+def refuse(text: str, *, teammates: tuple[str, ...] | None = None, peers: tuple[str, ...] | None = None,
+           remote_roster: bool = False) -> Refusal:
+    """A refusal whose reason is the classification of its text (as the seed does); ``remote_roster``: see
+    :class:`Refusal`."""
+    return Refusal(text, classify_agent_error(text), teammates, peers, remote_roster)
+
+
+def consults_remote_roster(planned: Route | Refusal) -> bool:
+    """Pure: whether the remote roster decided ``planned`` (:func:`plan_send`'s answer).
+
+    A route to another connection's agent, or a refusal the remote roster decided
+    (:attr:`Refusal.remote_roster`); never a local or peer route, nor a refusal made before
+    the remote roster was looked at.
+
+    Args:
+        planned: what :func:`plan_send` answered.
+
+    Returns:
+        True when a fresher remote roster could have answered otherwise.
+    """
+    return isinstance(planned, RelayRoute) or (isinstance(planned, Refusal) and planned.remote_roster)
 
 
 DM_SIGNATURE_START = "Message from 🤖 "  # how every DM's text begins (the seed's signature, on every route)
@@ -217,11 +242,12 @@ def _try_relay(
         forms = remote_target_forms(roster, local_taken_forms(snapshot.profiles))
         listed = ", ".join(form for row, form in zip(roster, forms, strict=True) if want in target_aliases(row))
         named = shown(raw, f"'{raw}'")  # the seed's '<raw>', cut when huge
-        return refuse(f"{named} exists on several connected machines — disambiguate with one of: {listed}.")
+        return refuse(f"{named} exists on several connected machines — disambiguate with one of: {listed}.",
+                      remote_roster=True)
     assert isinstance(match, RemoteAgent)
     age = None if snapshot.remote_mtime is None else max(0.0, now - snapshot.remote_mtime)
     if liveness(match, roster, age) is False:
-        return Refusal(offline_error_text(match, via=snapshot.remote_via), "runtime_offline")
+        return Refusal(offline_error_text(match, via=snapshot.remote_via), "runtime_offline", remote_roster=True)
     return RelayRoute(me, match, content, author)
 
 
@@ -256,9 +282,9 @@ def plan_send(
     me = _find_sender(snapshot, sender)
     peers = tuple(snapshot.peers)
 
-    def roster_refusal(text: str) -> Refusal:
+    def roster_refusal(text: str, *, remote_roster: bool = False) -> Refusal:
         teammates = tuple(p.handle for p in snapshot.profiles if me is None or p.profile != me.profile)
-        return refuse(text, teammates=teammates, peers=peers)
+        return refuse(text, teammates=teammates, peers=peers, remote_roster=remote_roster)
 
     if me is None:
         if sender is not None and not isinstance(sender, str):
@@ -306,17 +332,20 @@ def plan_send(
         return roster_refusal(f"Invalid target: {shown(raw)}.")
     if resolved is None or resolved == me.profile:
         # Unknown here, or the same name on ANOTHER connection: the relay roster may know it.
+        # Each answer below is the remote roster's (it knew no such agent): remote_roster=True.
         relayed = _try_relay(snapshot, raw, me, content, author, now)
         if relayed is not None:
             return relayed
         if resolved == me.profile:
-            return refuse("You can't message yourself. Pick a teammate from the roster.")
+            return refuse("You can't message yourself. Pick a teammate from the roster.", remote_roster=True)
         if "@" in raw and snapshot.remote_unreachable:  # 'dave@mini' may well exist: we cannot see Redis now
-            return Refusal(transport_unreachable_text(shown(raw, raw), snapshot.remote_unreachable), "runtime_offline")
+            return Refusal(transport_unreachable_text(shown(raw, raw), snapshot.remote_unreachable), "runtime_offline",
+                           remote_roster=True)
         named = shown(raw, f"'{raw}'")  # the seed's '<raw>', cut when huge
         return roster_refusal(
             f"No teammate named {named} on this install, on a connected machine, or on a registered peer. "
-            "Pick a name from the roster (roles are listed in your system prompt)."
+            "Pick a name from the roster (roles are listed in your system prompt).",
+            remote_roster=True,
         )
     return LocalRoute(me, snapshot.index[resolved.lower()], content, author)
 

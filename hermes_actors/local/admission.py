@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from pathlib import Path
+from typing import Any
+
+import pykka
 
 from hermes_actors.core.guard import check_hops, check_pair_rate, pair_key
 from hermes_actors.core.ids import new_delivery_id
 from hermes_actors.core.outcomes import queue_full_text
 from hermes_actors.core.reasons import TARGET_BUSY
-from hermes_actors.core.targets import LocalRoute, Refusal, RelayRoute, Route, plan_send
+from hermes_actors.core.targets import LocalRoute, Refusal, RelayRoute, Route, consults_remote_roster, plan_send
 from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.messages import Delivery, RosterSnapshot, SendRequest
+from hermes_actors.store.relay_files import roster_identity
 
 __all__ = ["Admission", "CallerAdmission", "plan_delivery"]
 
@@ -43,9 +48,7 @@ def plan_delivery(
     Returns:
         The refusal, or the route with the accepted delivery (its id newly issued).
     """
-    route = plan_send(
-        snapshot, sender=msg.sender, target=msg.target, message=msg.message, session=msg.session, now=time.time()
-    )
+    route = _route(snapshot, msg)
     if isinstance(route, Refusal):
         return route
     hop = max(1, msg.hop)
@@ -68,6 +71,13 @@ def plan_delivery(
     return route, delivery
 
 
+def _route(snapshot: RosterSnapshot, msg: SendRequest) -> Route | Refusal:
+    """Pure but for the clock: ``plan_send`` of ``msg`` against ``snapshot`` now."""
+    return plan_send(
+        snapshot, sender=msg.sender, target=msg.target, message=msg.message, session=msg.session, now=time.time()
+    )
+
+
 class CallerAdmission:
     """The admission a sender's own thread may do: first-hop DMs to a local profile.
 
@@ -85,15 +95,21 @@ class CallerAdmission:
         wake: whether this gateway wakes senders (see :func:`plan_delivery`).
         gauge: the places each profile's queue has left (``bot_mode.max_queued``), shared with
             the Dispatcher; None: unbounded here (the ProfileActor's own check still applies).
+        roster: the RosterActor, asked by a sender whose DM needs ``roster.json`` re-read first
+            (:meth:`roster_rewritten`; ``local/sending.py``: ``fresh_remote_roster``).
+        roster_file: ``bot_relay/roster.json`` (None: never checked).
     """
 
     def __init__(
-        self, snapshot: RosterSnapshot, *, max_hops: int, wake: bool, gauge: QueueGauge | None = None
+        self, snapshot: RosterSnapshot, *, max_hops: int, wake: bool, gauge: QueueGauge | None = None,
+        roster: pykka.ActorRef[Any] | None = None, roster_file: Path | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.max_hops = max_hops
         self.wake = wake
         self.gauge = gauge
+        self.roster = roster
+        self.roster_file = roster_file
         # profiles with a live owner attached (published by the Dispatcher, replaced, never changed): their
         # DMs get the seed's live-owner ack, which the Dispatcher gives
         self.live_owners: frozenset[str] = frozenset()
@@ -112,6 +128,29 @@ class CallerAdmission:
         if self.gauge is not None and self.gauge.take(route.target.profile, delivery.delivery_id) is not None:
             return None
         return route, delivery
+
+    def roster_rewritten(self, msg: SendRequest) -> bool:
+        """Whether ``roster.json`` must be re-read before the Dispatcher plans ``msg``.
+
+        Only a DM the remote roster decides (:func:`~hermes_actors.core.targets.consults_remote_roster`:
+        another connection's agent, a name this install does not know, ``x@conn``) pays the check, one
+        ``lstat`` of the file compared with the identity the published snapshot was read from. A DM
+        :meth:`plan_local` admits never comes here: the local fast path never looks at the file.
+        A transport's remote roster (Redis) is no file: never.
+
+        Args:
+            msg: a DM about to be asked of the Dispatcher.
+
+        Returns:
+            True when its plan consults the remote roster and the file was rewritten (or
+            appeared, or went) since the snapshot was read.
+        """
+        snapshot = self.snapshot
+        if self.roster_file is None or snapshot.remote_via:
+            return False
+        if not consults_remote_roster(_route(snapshot, msg)):
+            return False
+        return roster_identity(self.roster_file) != snapshot.remote_identity
 
     def withdraw(self, delivery_id: str) -> None:
         """A DM :meth:`plan_local` admitted was not acked after all (its journal write failed): free its place."""

@@ -179,7 +179,8 @@ class DispatcherActor(SupervisorActor):
 
     def _make_turn(self, delivery: Delivery, lock_fd: int | None = None) -> Turn:
         """The ProfileActors' turn factory: a Turn whose ``message_agent`` asks this actor (``asking_turn``)."""
-        return asking_turn(self.actor_ref, self.snapshot.index, self.deps.root, delivery, lock_fd)
+        return asking_turn(self.actor_ref, self.snapshot.index, self.deps.root, delivery, lock_fd,
+                           admission=self.caller_admission)
 
     # ── accepting ───────────────────────────────────────────────────────────
 

@@ -33,7 +33,7 @@ from hermes_actors.messages import (
     Subscribe,
 )
 from hermes_actors.store.hermes_root import alias_forms, discover_profiles, install_is_managed
-from hermes_actors.store.relay_files import read_roster
+from hermes_actors.store.relay_files import RosterIdentity, read_roster_version
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_roster import liveness
 
@@ -48,6 +48,7 @@ def make_snapshot(
     peers: Iterable[str] = (),
     remote: Iterable[RemoteAgent] = (),
     remote_mtime: float | None = None,
+    remote_identity: RosterIdentity | None = None,
     version: int = 0,
 ) -> RosterSnapshot:
     """Pure: build a snapshot with its lookup maps."""
@@ -66,6 +67,7 @@ def make_snapshot(
         peers=tuple(peers),
         remote=tuple(remote),
         remote_mtime=remote_mtime,
+        remote_identity=remote_identity,
         managed=install_is_managed(profiles),
         version=version,
         index=index,
@@ -194,9 +196,9 @@ class RosterActor(TypedActor):
         self.config = config
         self.version += 1
         profiles = self._runnable(discover_profiles(self.root))
-        remote, mtime = self._read_remote()
+        remote, mtime, identity = self._read_remote()
         snapshot = make_snapshot(profiles, peers=self.config.peers, remote=remote, remote_mtime=mtime,
-                                 version=self.version)
+                                 remote_identity=identity, version=self.version)
         if self.pushed_remote is not None:  # a transport's roster (set only once the first snapshot exists)
             # keep what the transport said of itself: a reload is no news about Redis
             snapshot = replace(snapshot, remote_via="redis", remote_unreachable=self.snapshot.remote_unreachable)
@@ -215,13 +217,14 @@ class RosterActor(TypedActor):
                 logger.warning("profile {} is left off the roster: {}", info.profile, why)
         return kept
 
-    def _read_remote(self) -> tuple[list[RemoteAgent], float | None]:
-        """The relay roster (normalized, untrusted input) and its mtime."""
+    def _read_remote(self) -> tuple[list[RemoteAgent], float | None, RosterIdentity | None]:
+        """The relay roster (normalized, untrusted input), its mtime and the identity of the file read."""
         if self.pushed_remote is not None:  # a transport owns the remote roster: roster.json is not read
-            return self.pushed_remote
+            rows, mtime = self.pushed_remote
+            return rows, mtime, None
         now = time.time()
-        rows, age = read_roster(self.paths, now=now)
-        return rows, None if age is None else now - age
+        rows, age, identity = read_roster_version(self.paths, now=now)
+        return rows, None if age is None else now - age, identity
 
     def _publish(self) -> None:
         for ref in list(self.subscribers):
@@ -266,12 +269,19 @@ class RosterActor(TypedActor):
 
     @handles(RemoteRosterHint)
     def _on_remote_hint(self, msg: RemoteRosterHint) -> None:
-        """roster.json may have changed: re-read it and publish when it did."""
-        remote, mtime = self._read_remote()
+        """roster.json may have changed: re-read it and publish when it did.
+
+        Told by the file relay (the file's event, its rescan); asked by a DM's sender that found the
+        file rewritten since the snapshot it has (``local/sending.py``: ``fresh_remote_roster``): the
+        subscribers are told before the answer, so that DM, asked of the Dispatcher next, is planned
+        with the file as it is now.
+        """
+        remote, mtime, identity = self._read_remote()
         current = self.snapshot
-        if (tuple(remote), mtime) == _remote_view(current)[:2]:
+        if (tuple(remote), mtime, identity) == (current.remote, current.remote_mtime, current.remote_identity):
             return
-        self.snapshot = replace(current, remote=tuple(remote), remote_mtime=mtime, version=current.version + 1)
+        self.snapshot = replace(current, remote=tuple(remote), remote_mtime=mtime, remote_identity=identity,
+                                version=current.version + 1)
         self.version = self.snapshot.version
         self._publish()
 
@@ -285,7 +295,7 @@ class RosterActor(TypedActor):
             return  # same rows, and the published freshness is recent: no need to wake the subscribers
         self.pushed_remote = (list(msg.rows), msg.mtime)
         mtime = current.remote_mtime if msg.unreachable and current.remote_mtime is not None else msg.mtime
-        self.snapshot = replace(current, remote=tuple(msg.rows), remote_mtime=mtime,
+        self.snapshot = replace(current, remote=tuple(msg.rows), remote_mtime=mtime, remote_identity=None,
                                 remote_unreachable=msg.unreachable, remote_via="redis", version=current.version + 1)
         self.version = self.snapshot.version
         self._publish()
@@ -297,5 +307,5 @@ def _local_view(snapshot: RosterSnapshot) -> tuple[Any, ...]:
 
 
 def _remote_view(snapshot: RosterSnapshot) -> tuple[Any, ...]:
-    """Pure: what ``roster.json`` (or a transport) says of other connections' agents."""
-    return snapshot.remote, snapshot.remote_mtime, snapshot.remote_unreachable
+    """Pure: what ``roster.json`` (or a transport) says of other connections' agents, and which file said it."""
+    return snapshot.remote, snapshot.remote_mtime, snapshot.remote_unreachable, snapshot.remote_identity

@@ -7,7 +7,8 @@ Dispatcher as one tell (:class:`AcceptLocal`): in memory the sender has its ack
 without waiting for any actor; in durable mode it journals the acceptance itself
 and waits only for that group commit, never for the Dispatcher. Every other
 request (DMs from inside turns, relay and peer targets, refusals) is asked of the
-Dispatcher, which owns the state those need.
+Dispatcher, which owns the state those need; one the remote roster decides is
+asked after ``roster.json`` as it is now reached the Dispatcher (:func:`fresh_remote_roster`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from hermes_actors.core.acks import accepted_record, ack_payload, journal_refusa
 from hermes_actors.errors import StoreError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.admission import CallerAdmission
-from hermes_actors.messages import AcceptLocal, AwaitOutcome, RefusalAnswered, SendRequest
+from hermes_actors.messages import AcceptLocal, AwaitOutcome, RefusalAnswered, RemoteRosterHint, SendRequest
 from hermes_actors.store.journal import Journal
 
-__all__ = ["counted", "outcome_future", "send_dm"]
+__all__ = ["counted", "fresh_remote_roster", "outcome_future", "send_dm"]
 
 
 def send_dm(
@@ -49,11 +50,13 @@ def send_dm(
         The ack (``delivery_id``...) or the refusal (``error``, ``reason``...).
 
     Raises:
-        ActorGone: the Dispatcher or the journal is gone (the gateway stopped).
+        ActorGone: the Dispatcher, the RosterActor or the journal is gone (the gateway stopped).
         RuntimeError: the gateway stopped accepting.
     """
     planned = admission.plan_local(request) if admission is not None else None
     if planned is None:
+        if admission is not None:
+            fresh_remote_roster(admission, request, timeout=timeout)
         return counted(dispatcher, resolve_ack(ask(dispatcher, request, timeout=timeout), timeout=timeout))
     route, delivery = planned
     assert admission is not None  # it planned the DM
@@ -74,6 +77,29 @@ def send_dm(
         raise ActorGone("cannot tell AcceptLocal: the Dispatcher is gone")
     # Journaled, the DM is acked even if the Dispatcher is gone: the next start on this root re-offers it.
     return ack
+
+
+def fresh_remote_roster(admission: CallerAdmission, request: SendRequest, *, timeout: float) -> None:
+    """Before ``request`` is asked of the Dispatcher: when the remote roster decides it and ``roster.json``
+    was rewritten since the snapshot was read (:meth:`CallerAdmission.roster_rewritten`, one ``lstat``),
+    ask the RosterActor, the file's one reader, to re-read it.
+
+    The RosterActor tells its subscribers the new snapshot before it answers, so the Dispatcher has it
+    in its mailbox ahead of ``request``: the DM is planned with the roster as it is at the call, not
+    as the file's event (a few milliseconds later) would have made it. Asked from the sender's thread
+    (the caller's, or a turn's): the RosterActor asks no actor, so this cannot deadlock.
+
+    Args:
+        admission: the caller-side admission (its snapshot, the roster file and the RosterActor).
+        request: the DM.
+        timeout: seconds to wait for the RosterActor.
+
+    Raises:
+        ActorGone: the RosterActor is gone (the gateway stopped).
+        AskTimeout: it did not answer within ``timeout``.
+    """
+    if admission.roster is not None and admission.roster_rewritten(request):
+        ask(admission.roster, RemoteRosterHint(), timeout=timeout)
 
 
 def _interrupted(

@@ -50,6 +50,8 @@ __all__ = [
     "read_envelope",
     "read_reply",
     "read_roster",
+    "read_roster_version",
+    "roster_identity",
     "sweep_stale",
     "write_reply",
     "write_roster",
@@ -82,38 +84,85 @@ def write_roster(paths: RelayPaths, rows: Any, *, now: float) -> int:
     return len(agents)
 
 
+RosterIdentity = tuple[int, int, int]
+"""Which version of ``roster.json`` a read saw: its ``(inode, size, mtime_ns)``."""
+
+
+def _identity(info: os.stat_result) -> RosterIdentity:
+    """Pure: the :data:`RosterIdentity` of a file's ``lstat``."""
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def roster_identity(path: Path) -> RosterIdentity | None:
+    """Which version of the roster file is at ``path`` now: one ``lstat`` (a symlink is not followed).
+
+    Cheap enough for a DM's sender to ask before it is planned: compared with the identity the
+    published roster was read from (:func:`read_roster_version`), a difference says the file was
+    rewritten since (an atomic rewrite makes a new inode; one in place a new mtime or size).
+
+    Args:
+        path: ``bot_relay/roster.json``.
+
+    Returns:
+        Its identity; None when there is no such file or it cannot be stat'ed.
+    """
+    try:
+        return _identity(os.lstat(path))
+    except OSError:
+        return None
+
+
 def read_roster(paths: RelayPaths, *, now: float | None = None) -> tuple[list[RemoteAgent], float | None]:
-    """The remote roster and its age. Never raises.
+    """The remote roster and its age. Never raises: :func:`read_roster_version` without the identity.
 
     Args:
         paths: the relay layout.
         now: the current time (default ``time.time()``), for the age.
 
     Returns:
-        ``(agents, age_seconds)``: age from the file's mtime, None when there
+        ``(agents, age_seconds)``, as :func:`read_roster_version` reads them.
+    """
+    agents, age, _identity_read = read_roster_version(paths, now=now)
+    return agents, age
+
+
+def read_roster_version(
+    paths: RelayPaths, *, now: float | None = None
+) -> tuple[list[RemoteAgent], float | None, RosterIdentity | None]:
+    """The remote roster, its age and the identity of the file it was read from. Never raises.
+
+    Args:
+        paths: the relay layout.
+        now: the current time (default ``time.time()``), for the age.
+
+    Returns:
+        ``(agents, age_seconds, identity)``: age from the file's mtime, None when there
         is no roster file; a hostile or unreadable roster gives ``[]`` with
         its age (and a warning), which liveness treats as unknown. Rows the
         roster rules refuse are left out, and one warning names them. A
         warning is said once per version of the file (see :func:`_warn_roster`).
+        ``identity`` is the file's :func:`roster_identity`, taken before it was read (a file
+        replaced meanwhile is seen as changed again, never the other way round); None when
+        there is no file or it cannot be stat'ed.
     """
     try:
         info = os.lstat(paths.roster)
     except FileNotFoundError:
         _roster_warned.pop(paths.roster, None)
-        return [], None
+        return [], None, None
     except OSError as exc:
         _warn_roster(paths.roster, None, f"cannot stat relay roster {paths.roster}: {exc}")
-        return [], None
-    version = (info.st_ino, info.st_size, info.st_mtime_ns)
+        return [], None, None
+    version = _identity(info)
     age = (time.time() if now is None else now) - info.st_mtime
     refused: list[str] = []
     try:
         agents = parse_roster_payload(read_json_file(paths.roster), refused)
     except FileNotFoundError:
-        return [], None
+        return [], None, None
     except (OSError, ValidationError) as exc:
         _warn_roster(paths.roster, version, f"ignoring relay roster {paths.roster}: {exc}")
-        return [], age
+        return [], age, version
     if refused:
         shown = "; ".join(refused[:_ROWS_SHOWN]) + (f"; and {len(refused) - _ROWS_SHOWN} more"
                                                     if len(refused) > _ROWS_SHOWN else "")
@@ -122,17 +171,17 @@ def read_roster(paths: RelayPaths, *, now: float | None = None) -> tuple[list[Re
                      f"name (a roster the Desktop pushes never holds one: fix or remove the file): {shown}")
     else:
         _roster_warned.pop(paths.roster, None)  # a problem coming back is news again
-    return agents, age
+    return agents, age, version
 
 
 _ROWS_SHOWN = 5  # refused rows named in the warning; a hostile roster may hold thousands
 
 # The last warning said of each roster file, with the version of the file it was about: the roster is re-read at
 # every reload (several times a second on a busy gateway), and the same problem is news only once.
-_roster_warned: dict[Path, tuple[tuple[int, int, int] | None, str]] = {}
+_roster_warned: dict[Path, tuple[RosterIdentity | None, str]] = {}
 
 
-def _warn_roster(path: Path, version: tuple[int, int, int] | None, text: str) -> None:
+def _warn_roster(path: Path, version: RosterIdentity | None, text: str) -> None:
     """Log ``text`` about the roster ``path``, unless it was said of this version of the file already.
 
     Args:
