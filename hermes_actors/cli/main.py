@@ -30,6 +30,7 @@ from hermes_actors.cli.render import (
     printable,
 )
 from hermes_actors.cli.send import cmd_send
+from hermes_actors.cli.streams import StdoutError, output_streams, stdout_error_line, stdout_target
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TransportError
@@ -327,7 +328,22 @@ def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script."""
+    """Entry point of the console script.
+
+    stdout or stderr closed (``>&-``): the command runs all the same, what it prints there is dropped
+    (:func:`hermes_actors.cli.streams.output_streams`), and its exit code says how it went.
+
+    Args:
+        argv: the arguments (default: the process's).
+
+    Returns:
+        The exit code.
+    """
+    with output_streams():
+        return _run(argv)
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _enable_logging(args.verbose + getattr(args, "sub_verbose", 0))
     try:
@@ -343,10 +359,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `status | head`: the reader left; no traceback, and no second error at exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _drop_stdout()
         return EXIT_SIGPIPE
+    except StdoutError as exc:  # `> /dev/full`: said as stdout's, not as a file of the root's
+        print(f"error: {stdout_error_line(exc, stdout_target())}", file=sys.stderr)
+        _drop_stdout()  # what stays in its buffer would fail again at exit
+        return EXIT_FAILED
     except OSError as exc:  # the disk is full, a file is unreadable: one line (the traceback with -v)
         if args.verbose + getattr(args, "sub_verbose", 0):
             import traceback
@@ -354,6 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {os_error_line(exc)}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _drop_stdout() -> None:
+    """Point descriptor 1 at ``/dev/null``: what stdout still buffers is dropped at exit, not failed on again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def os_error_line(exc: OSError) -> str:
