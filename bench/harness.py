@@ -46,7 +46,7 @@ from bench.plot import plot_results
 from bench.progress import NullProgress, Progress
 from bench.registry import REGISTRY, BenchContext
 from bench.report import render_table, write_docs
-from hermes_actors.cli.arg_types import Parser
+from hermes_actors.cli.arg_types import MAX_WAIT_SECONDS, Parser, user_path
 from hermes_actors.core.clipping import shown
 
 __all__ = ["DEFAULT_OUT", "TINY_SCALE", "main", "results_dir", "run_bench"]
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="small counts: finishes in under a minute")
     parser.add_argument("--scenario", action="append", choices=list(REGISTRY), metavar="NAME",
                         help=f"run only this scenario (repeatable): {', '.join(REGISTRY)}")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+    parser.add_argument("--out", type=user_path, default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the JSON and PNG go (default: {DEFAULT_OUT})")
     parser.add_argument("--sustained-seconds", type=float, default=None, metavar="S",
                         help="how long the `sustained` scenario holds its fixed rate (default: 600 full, 10 quick)")
@@ -210,8 +210,10 @@ def results_dir(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: parse ``argv`` (default ``sys.argv[1:]``), run, return the exit code."""
     args = build_parser().parse_args(argv)
-    if args.sustained_seconds is not None and not args.sustained_seconds > 0:
-        parser_error = f"--sustained-seconds must be > 0, got {args.sustained_seconds:g}"
+    # at most what a wait may be: a 100,000-digit value is a float, inf, and would hold its load for ever
+    if args.sustained_seconds is not None and not 0 < args.sustained_seconds <= MAX_WAIT_SECONDS:
+        parser_error = (f"--sustained-seconds must be > 0 and at most {MAX_WAIT_SECONDS:,.0f}, "
+                        f"got {args.sustained_seconds:g}")
         build_parser().error(parser_error)
     try:
         results_dir(args.out)
