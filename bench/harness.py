@@ -46,7 +46,7 @@ from bench.plot import plot_results
 from bench.progress import NullProgress, Progress
 from bench.registry import REGISTRY, BenchContext
 from bench.report import render_table, write_docs
-from hermes_actors.cli.arg_types import Parser
+from hermes_actors.cli.arg_types import Parser, user_path
 from hermes_actors.core.clipping import shown
 
 __all__ = ["DEFAULT_OUT", "TINY_SCALE", "main", "results_dir", "run_bench"]
@@ -183,7 +183,7 @@ def build_parser(prog: str = "hermes-actors bench") -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="small counts: finishes in under a minute")
     parser.add_argument("--scenario", action="append", choices=list(REGISTRY), metavar="NAME",
                         help=f"run only this scenario (repeatable): {', '.join(REGISTRY)}")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+    parser.add_argument("--out", type=user_path, default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the JSON and PNG go (default: {DEFAULT_OUT})")
     parser.add_argument("--sustained-seconds", type=sustained_seconds, default=None, metavar="S",
                         help="how long the `sustained` scenario holds its fixed rate (default: 600 full, 10 quick; "

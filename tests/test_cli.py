@@ -507,6 +507,100 @@ def test_a_root_longer_than_a_path_can_be_is_a_usage_error_that_does_not_repeat_
     assert len(err) < 1000
 
 
+_NO_USER = "~hermes-actors-no-such-user"  # no account is named so
+
+
+@pytest.mark.parametrize("command", ROOT_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_root_under_a_user_that_does_not_exist_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """Regression (CLI fuzz): `status --root '~nosuchuser/x'` died with a traceback (RuntimeError: Could not
+    determine home directory., exit 1) while the other commands said `Hermes root './~nosuchuser/x' does not
+    exist` (the value read as a folder of the working directory): one rule, exit 2 naming the value."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / _NO_USER / "x").mkdir(parents=True)  # not taken for it either
+    with pytest.raises(SystemExit) as exited:
+        main(_with_root(command, f"{_NO_USER}/x"))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert (f"error: argument --root: '{_NO_USER}/x': cannot expand '{_NO_USER}' (no user '{_NO_USER[1:]}'); "
+            "write the path out, or start it with ./ for a name in the current directory") in err, err
+    assert sorted(p.name for p in (tmp_path / _NO_USER / "x").iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["bench", "--out", f"{_NO_USER}/r"], ["enable", "--root", "R", "--cli", _NO_USER],
+                                  ["send", "--root", "R", "--cli", _NO_USER, "--from", "a", "b", "x"]],
+                         ids=["bench --out", "enable --cli", "send --cli"])
+def test_every_path_option_expands_a_user_home_by_the_one_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([str(tmp_path) if a == "R" else a for a in argv])
+    assert exited.value.code == 2
+    option = next(a for a in argv if a.startswith("--") and a != "--root")
+    assert f"error: argument {option}: '{_NO_USER}" in capsys.readouterr().err
+
+
+def test_a_root_under_the_home_is_expanded_once_by_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_root(tmp_path / "home", name="hermes-root")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert main(["status", "--root", "~/hermes-root", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["root"] == str(tmp_path / "home" / "hermes-root")
+
+
+@pytest.mark.parametrize("command", ROOT_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_root_that_is_not_utf8_is_refused_naming_the_byte(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """Regression (CLI fuzz): `--root $'\\xff\\xfe'` was echoed as '\\udcff\\udcfe'; an existing root of that name
+    was served while its host could answer nothing (orjson refused the root's name: `status --json` died with a
+    TypeError). Refused as every other non-UTF-8 argument is, naming the byte."""
+    root = os.fsdecode(os.fsencode(str(tmp_path)) + b"/r\xff")
+    os.mkdir(root)
+    with pytest.raises(SystemExit) as exited:
+        main(_with_root(command, root))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert (f"error: argument --root: is not valid UTF-8 text (byte 0xff at character {len(root) - 1}); pass it in "
+            "UTF-8") in err, err
+    assert "\\udcff" not in err and os.listdir(root) == []
+
+
+@pytest.mark.parametrize(("argv", "code", "line"), [
+    (["serve", "--root", "R", "--http", ":" + "1" * 100_000], 2,
+     f"error: --http ':{'1' * 58}…' (100,001 characters): the port '{'1' * 59}…' (100,000 characters) is out of "
+     "range (0-65535)"),
+    (["serve", "--root", "R", "--http", ":\u00b2"], 2,
+     "error: --http ':\u00b2': the port '\u00b2' is not a number (e.g. 127.0.0.1:9464, :9464 or [::1]:9464)"),
+    (["roster", "--root", "R", "--redis", "redis://h:" + "1" * 100_000 + "/0", "--connection-id", "a"], 2,
+     f"has port '{'1' * 59}…' (100,000 characters): a port is a whole number from 1 to 65535"),
+    (["roster", "--root", "R", "--redis", "redis://h:6379/" + "1" * 100_000, "--connection-id", "a"], 2,
+     f"has database index '{'1' * 59}…' (100,000 characters): the /N at its end is a database number"),
+    (["roster", "--root", "R", "--redis", "redis://h:6379/0?db=" + "1" * 100_000, "--connection-id", "a"], 2,
+     f"has database index '{'1' * 59}…' (100,000 characters) (db=): a database is a whole number"),
+    (["bench", "--sustained-seconds", "1" * 100_000], 2,
+     "hermes-actors bench: error: argument --sustained-seconds: 'inf': the sustained run must last more than 0 "
+     "and at most 86,400 seconds"),
+], ids=["--http port", "--http port '\u00b2'", "--redis port", "--redis /db",
+        "--redis ?db=", "bench --sustained-seconds"])
+def test_a_number_of_100000_digits_is_refused_naming_its_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, line: str
+) -> None:
+    """Regression (CLI fuzz): `serve --http :<100,000 digits>` said `error: Exceeds the limit (4300 digits) for
+    integer string conversion …; use sys.set_int_max_str_digits()`, naming no option and giving Python's own
+    advice; `--http :²` said `invalid literal for int() with base 10: '²'`; a --redis port was repeated whole
+    (100,000 characters), a --redis database of 100,000 digits passed (the client's int() failed at the first
+    connection); `bench --sustained-seconds <100,000 digits>` read infinity and held its load for ever."""
+    root = make_root(tmp_path)
+    got, out = _exit_and_output([str(root) if a == "R" else a for a in argv], capsys)
+    assert got == code, out[-500:]
+    assert line in out and "set_int_max_str_digits" not in out, out[-500:]
+    assert len(out) < 1500, out[-500:]
+    assert not (root / "bot_relay").exists()  # refused before anything started
+
+
 @pytest.mark.parametrize("command", [["enable"], ["disable"]])
 def test_enable_and_disable_refuse_an_empty_root_as_every_command_does(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: list[str]
@@ -993,8 +1087,19 @@ def test_bench_creates_a_missing_out_directory(tmp_path: Path, monkeypatch: pyte
         (["room", "create", "plan", "alice", "b\udcff"], "members"),
         (["room", "send", "plan", "z\udcff"], "text"),
         (["room", "show", "p\udcff"], "room"),
+        # Regression (CLI fuzz): these were echoed in their refusal as '\udcff'
+        (["serve", "--runner", "demo", "--http", "\udcff\udcfe:80"], "--http"),
+        (["serve", "--runner", "demo", "--http", ":1", "--http-token", "t\udcff"], "--http-token"),
+        (["roster", "--connection-id", "a\udcff"], "--connection-id"),
+        (["roster", "--connection-id", "a", "--redis", "redis://h\udcff:6379/0"], "--redis"),
+        (["relay", "--name", "a\udcff"], "--name"),
+        (["enable", "--profiles", "a\udcff"], "--profiles"),
+        (["disable", "--profiles", "a\udcff"], "--profiles"),
+        (["outcome", "\udcff" * 32], "delivery_id"),
     ],
-    ids=["send-message", "send-target", "send-from", "room-name", "room-member", "room-text", "room-show"],
+    ids=["send-message", "send-target", "send-from", "room-name", "room-member", "room-text", "room-show",
+         "serve-http", "serve-http-token", "roster-connection-id", "roster-redis", "relay-name", "enable-profiles",
+         "disable-profiles", "outcome-id"],
 )
 def test_an_argument_that_is_not_utf8_is_refused_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], argument: str

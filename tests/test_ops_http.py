@@ -50,6 +50,7 @@ TOKEN = "s3cret-Token_1"
     ("[::1]:9464", ("::1", 9464)),
     ("localhost:0", ("localhost", 0)),
     (" metrics.lan:9100 ", ("metrics.lan", 9100)),
+    (":" + "0" * 100_000 + "9464", ("127.0.0.1", 9464)),  # leading zeros: no int() past Python's limit on digits
 ])
 def test_http_addresses(text: str, expected: tuple[str, int]) -> None:
     assert parse_http_address(text) == expected
@@ -60,6 +61,8 @@ def test_http_addresses(text: str, expected: tuple[str, int]) -> None:
     ("127.0.0.1:", "is not a number"),
     ("127.0.0.1:http", "'http' is not a number"),
     ("127.0.0.1:99999", "out of range"),
+    ("127.0.0.1:" + "1" * 100_000, "the port '1111"),  # cut, out of range: no int() past the limit on digits
+    ("127.0.0.1:\u00b2", "the port '\u00b2' is not a number"),  # a digit to isdigit(), not to int()
     ("127.0.0.1:-1", "is not a number"),
     ("::1:80", "in brackets"),
     ("[::1]", "brackets followed by :PORT"),

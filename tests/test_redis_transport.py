@@ -1616,12 +1616,18 @@ def test_transport_selection_and_url_masking() -> None:
     with pytest.raises(ValueError, match=r"^REDIS_URL \(bot_mode.transport: redis\) 'redis://h:6379/x' has database"):
         redis_url_from_config({"bot_mode": {"transport": "redis"}}, {"REDIS_URL": "redis://h:6379/x"})
     for url in ("redis://h", "redis://h:1/15", "rediss://u:p@[::1]:65535/0/", "unix:///tmp/r.sock?db=2",
-                "redis://h:6379?db=3", "REDIS://H:6379/0"):
+                "redis://h:6379?db=3", "REDIS://H:6379/0", "redis://h/2147483647", "redis://h/0002"):
         assert redis_url_problem(url) is None, url
     for url, says in (("redis://h:0/0", "has port 0"), ("redis://h:-1/0", "has port '-1'"),
                       ("redis://exa mple/0", "has host 'exa mple'"), ("redis://h/0?db=one", "has database index 'one'"),
                       ("redis://[::1/0", "is not a valid URL"), ("unix://", "names no socket"),
-                      ("redis:h", "is not a redis://")):
+                      ("redis:h", "is not a redis://"),
+                      # a digit to isdigit() the client's int() refuses; past what SELECT takes (a C int)
+                      ("redis://h/\u00b2", "has database index '\u00b2'"),
+                      ("redis://h/?db=\u00b2", "has database index"),
+                      ("redis://h/2147483648", "has database index '2147483648'"),
+                      ("redis://h/" + "1" * 100_000, f"has database index '{'1' * 59}…' (100,000 characters)"),
+                      ("redis://h:" + "1" * 100_000, f"has port '{'1' * 59}…' (100,000 characters)")):
         assert (redis_url_problem(url) or "").startswith(says), url
     assert mask_url("redis://user:pw@host:6380/1") == "redis://user:***@host:6380/1"
     assert mask_url("redis://:pw@host") == "redis://:***@host"

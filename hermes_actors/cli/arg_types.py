@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hermes_actors.core.clipping import SHOWN_CLIP_CHARS, clip, shown
 
-__all__ = ["MAX_WAIT_SECONDS", "Parser", "executable", "root_path", "seconds", "utf8_text"]
+__all__ = ["MAX_WAIT_SECONDS", "Parser", "executable", "expand_user", "root_path", "seconds", "user_path", "utf8_text"]
 
 # Linux's PATH_MAX and NAME_MAX: a longer path fails every call with ENAMETOOLONG
 _PATH_MAX = 4096
@@ -17,9 +17,61 @@ _NAME_MAX = 255
 MAX_WAIT_SECONDS = 10_000_000.0  # ~115 days; a longer wait overflows the clocks the waits are measured on
 
 
+def expand_user(text: str) -> str:
+    """Pure but for the environment and the user database: a path option's value with a leading ``~`` or
+    ``~user`` expanded, as the shell would have (a quoted ``'~/x'``, ``--root=~/x``): the one rule of every
+    path option of the CLI.
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        The value, expanded when it starts with ``~``.
+
+    Raises:
+        argparse.ArgumentTypeError: ``~user`` names no user (or ``~`` has no home: HOME unset, no passwd
+            entry), naming the value: it is not read as a folder named ``~user`` in the working directory.
+    """
+    if not text.startswith("~"):
+        return text
+    path = os.path.expanduser(text)
+    if not path.startswith("~"):
+        return path
+    head = text.partition("/")[0]
+    why = "HOME is not set and this user has no home directory" if head == "~" else f"no user {shown(head[1:])}"
+    raise argparse.ArgumentTypeError(f"{shown(text)}: cannot expand {shown(head)} ({why}); write the path out, "
+                                     "or start it with ./ for a name in the current directory")
+
+
 def root_path(text: str) -> Path:
     """An argparse ``type`` for ``--root``: an empty value is refused, not read as the current directory, and
-    so is one longer than a path can be (the OS error, exit 1, would repeat all of it: 100,000 characters).
+    so is one longer than a path can be (the OS error, exit 1, would repeat all of it: 100,000 characters), one
+    that is not UTF-8 (the root is named in JSON: the status, the host's answers) and a ``~user`` that cannot
+    be expanded (:func:`expand_user`).
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        The path, ``~`` expanded.
+
+    Raises:
+        argparse.ArgumentTypeError: the value is empty, not UTF-8, longer than a path or one of its names can be,
+            or starts with a ``~user`` that cannot be expanded.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the Hermes root is empty; pass its directory (e.g. ~/.hermes)")
+    utf8_text(text)
+    raw = os.fsencode(text)
+    if len(raw) >= _PATH_MAX or max(len(name) for name in raw.split(b"/")) > _NAME_MAX:
+        raise argparse.ArgumentTypeError(
+            f"the Hermes root {clip(text, SHOWN_CLIP_CHARS)!r} ({len(raw):,} bytes) is longer than a path can be "
+            f"(under {_PATH_MAX:,} bytes, at most {_NAME_MAX} per name); pass its directory (e.g. ~/.hermes)")
+    return Path(expand_user(text))
+
+
+def user_path(text: str) -> Path:
+    """An argparse ``type`` for a path option other than ``--root`` (``bench --out``): ``~`` expanded.
 
     Args:
         text: the option's value.
@@ -28,16 +80,9 @@ def root_path(text: str) -> Path:
         The path.
 
     Raises:
-        argparse.ArgumentTypeError: the value is empty, or longer than a path or one of its names can be.
+        argparse.ArgumentTypeError: it starts with a ``~user`` that cannot be expanded (:func:`expand_user`).
     """
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the Hermes root is empty; pass its directory (e.g. ~/.hermes)")
-    raw = os.fsencode(text)
-    if len(raw) >= _PATH_MAX or max(len(name) for name in raw.split(b"/")) > _NAME_MAX:
-        raise argparse.ArgumentTypeError(
-            f"the Hermes root {clip(text, SHOWN_CLIP_CHARS)!r} ({len(raw):,} bytes) is longer than a path can be "
-            f"(under {_PATH_MAX:,} bytes, at most {_NAME_MAX} per name); pass its directory (e.g. ~/.hermes)")
-    return Path(text)
+    return Path(expand_user(text))
 
 
 def seconds(text: str) -> float:
@@ -71,9 +116,12 @@ def executable(text: str) -> str | None:
         text: the argument.
 
     Returns:
-        The text, or None when it is empty.
+        The text (``~`` expanded, :func:`expand_user`), or None when it is empty.
+
+    Raises:
+        argparse.ArgumentTypeError: it starts with a ``~user`` that cannot be expanded.
     """
-    return text or None
+    return expand_user(text) or None
 
 
 def utf8_text(text: str) -> str:

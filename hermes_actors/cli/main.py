@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from loguru import logger
 
-from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, utf8_text
+from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, user_path, utf8_text
 from hermes_actors.cli.gateway_options import runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
 from hermes_actors.cli.render import (
@@ -30,6 +30,7 @@ from hermes_actors.cli.render import (
     printable,
 )
 from hermes_actors.cli.send import cmd_send
+from hermes_actors.cli.streams import StdoutError, output_streams, stdout_error_line, stdout_target
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TransportError
@@ -201,9 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     def transport_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--connection-id", default=None,
+        p.add_argument("--connection-id", default=None, type=utf8_text,
                        help="this gateway's connection id on the relay or Redis (default: bot_mode.connection_id)")
-        p.add_argument("--redis", default=None, metavar="URL",
+        p.add_argument("--redis", default=None, metavar="URL", type=utf8_text,
                        help="use the Redis Streams transport (redis://[user:password@]host:port/db, rediss:// for "
                             "TLS, or 'redis' to read REDIS_URL); needs a connection id")
 
@@ -239,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("outcome", help="the outcome of a delivery the root knows (exit 0 replied or silent, "
                                        "1 failed, ambiguous, pending or unknown)")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
-    p.add_argument("delivery_id", help="the delivery id `send` printed")
+    p.add_argument("delivery_id", type=utf8_text, help="the delivery id `send` printed")
     p.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait this long for a pending one")
     p.add_argument("--json", action="store_true", help="print the outcome dict")
     p.set_defaults(func=cmd_outcome)
@@ -263,10 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run a gateway on a root until interrupted")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     transport_opts(p)
-    p.add_argument("--http", default=None, metavar="HOST:PORT",
+    p.add_argument("--http", default=None, metavar="HOST:PORT", type=utf8_text,
                    help="serve /metrics (Prometheus), /status (JSON) and a live page at / (default: off; "
                         "':9464' binds 127.0.0.1; any non-loopback host needs a bearer token)")
-    p.add_argument("--http-token", default=None, metavar="TOKEN",
+    p.add_argument("--http-token", default=None, metavar="TOKEN", type=utf8_text,
                    help="the bearer token --http requires (default: $HERMES_ACTORS_HTTP_TOKEN; prefer the variable: "
                         "options show in ps)")
     runner_opts(p)
@@ -274,12 +275,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("relay", help="play the Desktop relay hub for several local roots")
     p.add_argument("--root", action="append", required=True, type=root_path, help="a root to relay (repeat)")
-    p.add_argument("--name", action="append", help="connection id for the matching --root (default: folder name)")
+    p.add_argument("--name", action="append", type=utf8_text,
+                   help="connection id for the matching --root (default: folder name)")
     p.set_defaults(func=_cmd_relay)
 
     p = sub.add_parser("enable", help="make a hermes-agent root's profiles Bot-Mode-managed (idempotent)")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
-    p.add_argument("--profiles", default=None, help="comma-separated folder ids (default: every profile)")
+    p.add_argument("--profiles", default=None, type=utf8_text,
+                   help="comma-separated folder ids (default: every profile)")
     p.add_argument("--gateway", action="store_true", help="also configure `hermes gateway run` to host the actors")
     p.add_argument("--port", type=int, default=None,
                    help="the API server port --gateway configures, 1-65535 (default 8642; given, it replaces the one "
@@ -290,13 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("disable", help="undo what enable changed")
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
-    p.add_argument("--profiles", default=None, help="comma-separated folder ids (default: everything enable did)")
+    p.add_argument("--profiles", default=None, type=utf8_text,
+                   help="comma-separated folder ids (default: everything enable did)")
     p.set_defaults(func=_cmd_disable)
 
     p = sub.add_parser("bench", help="benchmark against a model of the seed design")
     p.add_argument("--quick", action="store_true", help="a short run (under a minute)")
     p.add_argument("--scenario", action="append", help="run only this scenario (repeat)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=user_path, default=None,
                    help="results directory, created when missing and checked before any scenario runs "
                         "(default bench/results)")
     p.add_argument("--sustained-seconds", type=float, default=None,
@@ -327,7 +331,22 @@ def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script."""
+    """Entry point of the console script.
+
+    stdout or stderr closed (``>&-``): the command runs all the same, what it prints there is dropped
+    (:func:`hermes_actors.cli.streams.output_streams`), and its exit code says how it went.
+
+    Args:
+        argv: the arguments (default: the process's).
+
+    Returns:
+        The exit code.
+    """
+    with output_streams():
+        return _run(argv)
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _enable_logging(args.verbose + getattr(args, "sub_verbose", 0))
     try:
@@ -343,10 +362,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `status | head`: the reader left; no traceback, and no second error at exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _drop_stdout()
         return EXIT_SIGPIPE
+    except StdoutError as exc:  # `> /dev/full`: said as stdout's, not as a file of the root's
+        print(f"error: {stdout_error_line(exc, stdout_target())}", file=sys.stderr)
+        _drop_stdout()  # what stays in its buffer would fail again at exit
+        return EXIT_FAILED
     except OSError as exc:  # the disk is full, a file is unreadable: one line (the traceback with -v)
         if args.verbose + getattr(args, "sub_verbose", 0):
             import traceback
@@ -354,6 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {os_error_line(exc)}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _drop_stdout() -> None:
+    """Point descriptor 1 at ``/dev/null``: what stdout still buffers is dropped at exit, not failed on again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def os_error_line(exc: OSError) -> str:

@@ -25,12 +25,13 @@ _EXAMPLE = "e.g. 127.0.0.1:9464, :9464 or [::1]:9464"
 MAX_PORT = 65535
 
 
-def check_port(port: int, what: str, *, lowest: int = 0) -> int:
+def check_port(port: int | str, what: str, *, lowest: int = 0) -> int:
     """Pure: ``port`` when it is a TCP port number (``lowest`` to :data:`MAX_PORT`): the one range rule of every
     port option.
 
     Args:
-        port: the port.
+        port: the port, or its decimal digits as typed (of any length: 100,000 of them are out of range, not an
+            ``int()`` past Python's limit on digits).
         what: the option and value the message names first (e.g. ``--http '127.0.0.1:70000'``).
         lowest: 0 where "any free port" makes sense (``--http``), 1 where clients must find the port.
 
@@ -40,9 +41,10 @@ def check_port(port: int, what: str, *, lowest: int = 0) -> int:
     Raises:
         ValueError: out of range, e.g. "--http '127.0.0.1:70000': the port 70000 is out of range (0-65535)".
     """
-    if not lowest <= port <= MAX_PORT:
-        raise ValueError(f"{what}: the port {port} is out of range ({lowest}-{MAX_PORT})")
-    return port
+    digits = (port.lstrip("0") or "0") if isinstance(port, str) else str(port)
+    if len(digits) > len(str(MAX_PORT)) or not lowest <= int(digits) <= MAX_PORT:
+        raise ValueError(f"{what}: the port {shown(port, str(port))} is out of range ({lowest}-{MAX_PORT})")
+    return int(digits)
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,9 @@ def parse_http_address(text: str) -> tuple[str, int]:
         host = host or DEFAULT_HTTP_HOST
         if any(c.isspace() or c in "/?#@" for c in host):
             raise ValueError(f"--http {shown(text)}: {shown(host)} is not a host name or address ({_EXAMPLE})")
-    if not port_text.isdigit():
+    if not (port_text.isascii() and port_text.isdigit()):  # not '²', a digit int() refuses
         raise ValueError(f"--http {shown(text)}: the port {shown(port_text)} is not a number ({_EXAMPLE})")
-    return host, check_port(int(port_text), f"--http {shown(text)}")
+    return host, check_port(port_text, f"--http {shown(text)}")
 
 
 def is_loopback_host(host: str) -> bool:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from hermes_actors.core.clipping import shown
 from hermes_actors.core.config import parse_redis_config
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import ProfileInfo, RemoteAgent
@@ -71,6 +72,7 @@ ROSTER_KEEP_SECONDS = 24 * 3600  # a connection gone for good drops out of the r
 # A heartbeat never expires sooner: a loaded 2-core machine can stall a process for seconds.
 HEARTBEAT_TTL_MIN_SECONDS = 5.0
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # as redis-py takes them (the "://" included)
+_MAX_DB_INDEX = 2**31 - 1  # SELECT reads its index as a C int
 
 
 def redis_url_from_config(raw: dict[str, Any], env: dict[str, str] | None = None) -> str | None:
@@ -128,7 +130,8 @@ def redis_url_problem(url: str) -> str | None:
         port = parts.port
     except ValueError:
         port_text = parts.netloc.rpartition("@")[2].rpartition(":")[2]  # after the credentials: never logged
-        return f"has port {port_text!r}: a port is a whole number from 1 to 65535 (e.g. redis://127.0.0.1:6379/0)"
+        return (f"has port {shown(port_text)}: a port is a whole number from 1 to 65535 "
+                "(e.g. redis://127.0.0.1:6379/0)")
     query = dict(item.partition("=")[::2] for item in parts.query.split("&") if item)
     if parts.scheme.lower() == "unix":
         if not parts.path:
@@ -140,12 +143,21 @@ def redis_url_problem(url: str) -> str | None:
         if port == 0:
             return "has port 0: a port is a whole number from 1 to 65535 (e.g. redis://127.0.0.1:6379/0)"
         index = parts.path.replace("/", "")
-        if index and "db" not in query and not index.isdigit():
-            return (f"has database index {index!r}: the /N at its end is a database number (e.g. "
+        if index and "db" not in query and not _is_db_index(index):
+            return (f"has database index {shown(index)}: the /N at its end is a database number (e.g. "
                     "redis://127.0.0.1:6379/0)")
-    if "db" in query and not query["db"].isdigit():
-        return f"has database index {query['db']!r} (db=): a database is a whole number (e.g. db=0)"
+    if "db" in query and not _is_db_index(query["db"]):
+        return f"has database index {shown(query['db'])} (db=): a database is a whole number (e.g. db=0)"
     return None
+
+
+def _is_db_index(text: str) -> bool:
+    """Pure: ``text`` is a database index Redis can select: ASCII digits ('²' is a digit ``int()`` refuses), at
+    most :data:`_MAX_DB_INDEX` (SELECT reads a C int; 100,000 digits would pass ``isdigit`` and fail the
+    client's ``int()`` at the first connection, past Python's limit on digits)."""
+    digits = text.lstrip("0")
+    return text.isascii() and text.isdigit() and len(digits) <= len(str(_MAX_DB_INDEX)) \
+        and int(digits or "0") <= _MAX_DB_INDEX
 
 
 def mask_url(url: str) -> str:

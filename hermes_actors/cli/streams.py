@@ -1,0 +1,131 @@
+"""The command's own output channels, stdout and stderr, as every subcommand writes them.
+
+A command started with stdout or stderr closed (``>&-``) does its work all the same: what it would print
+there is dropped (stdout's closing said once on stderr, when stderr is open), its exit code says how the
+command went, and the closed descriptor is held by ``/dev/null`` so that no file, socket or child process
+the command opens takes it. A write to stdout that fails for another reason than a reader that left (a
+full disk: ``> /dev/full``) is a :class:`StdoutError`, whose line (:func:`stdout_error_line`) says it was
+stdout that could not be written.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any, TextIO, cast
+
+from hermes_actors.store.os_errors import os_error_text, what_to_do
+
+__all__ = ["STDOUT_CLOSED_NOTE", "StdoutError", "output_streams", "stdout_error_line", "stdout_target"]
+
+STDOUT_CLOSED_NOTE = "note: stdout is closed: what this command prints there is dropped (its exit code still tells)"
+
+
+class StdoutError(OSError):
+    """A write to stdout failed (a full disk, an I/O error); a reader that left stays a ``BrokenPipeError``."""
+
+
+def stdout_error_line(exc: OSError, target: str | None) -> str:
+    """Pure: the line a command prints when stdout cannot be written, with what to do about it.
+
+    Args:
+        exc: the error of the write.
+        target: what stdout is (``/dev/full``, a file's path), or None when it cannot be told.
+
+    Returns:
+        e.g. ``cannot write stdout (/dev/full): No space left on device (ENOSPC); free space on its
+        filesystem``, without the ``error:`` prefix.
+    """
+    advice = what_to_do(exc)
+    where = f"stdout ({target})" if target else "stdout"
+    return f"cannot write {where}: {os_error_text(exc)}{f'; {advice}' if advice else ''}"
+
+
+def stdout_target() -> str | None:
+    """What descriptor 1 is written to (``/dev/full``, a file), or None when the system does not say.
+
+    Returns:
+        The path ``/proc/self/fd/1`` links to, or None (no ``/proc``, or a pipe or socket).
+    """
+    try:
+        target = os.readlink("/proc/self/fd/1")
+    except OSError:
+        return None
+    return target if target.startswith("/") else None
+
+
+class _NamedStdout:
+    """``sys.stdout`` whose failed writes are :class:`StdoutError` (a ``BrokenPipeError`` passes as it is)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutError(exc.errno, exc.strerror) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutError(exc.errno, exc.strerror) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _hold_closed_descriptors(fds: tuple[int, ...]) -> None:
+    """Open ``/dev/null`` on each of ``fds`` that is closed: the next file opened would take it otherwise,
+    and whatever writes to the descriptor (a child process) would write into that file."""
+    closed = []
+    for fd in fds:
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    if not closed:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in closed:
+        if fd != devnull:
+            os.dup2(devnull, fd)
+    if devnull not in closed:
+        os.close(devnull)
+
+
+@contextmanager
+def output_streams() -> Iterator[None]:
+    """Within: ``sys.stdout`` and ``sys.stderr`` writable, whatever the command was started with; on leaving,
+    the streams the process had (a caller in the same process gets its own back).
+
+    A closed one (Python makes it None) is ``/dev/null``: what is printed there is dropped; a closed stdout is
+    said once on stderr (:data:`STDOUT_CLOSED_NOTE`) when stderr is open. stdout's failed writes raise
+    :class:`StdoutError`.
+
+    Yields:
+        Nothing.
+    """
+    stdout, stderr = sys.stdout, sys.stderr
+    _hold_closed_descriptors(tuple(fd for fd, stream in ((1, stdout), (2, stderr)) if stream is None))
+    dropped = {name: open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (closed on leaving)
+               for name, stream in (("stdout", stdout), ("stderr", stderr)) if stream is None}
+    for name, null in dropped.items():
+        setattr(sys, name, null)
+    if stdout is None and stderr is not None:
+        with suppress(OSError):
+            print(STDOUT_CLOSED_NOTE, file=sys.stderr, flush=True)
+    sys.stdout = cast(TextIO, _NamedStdout(sys.stdout))
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+        for null in dropped.values():
+            null.close()
