@@ -20,6 +20,7 @@ import pykka
 
 from actors import fast_init
 from hermes_actors.records import BOT_CHAT_SESSION, Delivery, Outcome, RemoteAgent, RosterSnapshot
+from hermes_actors.records import RELAY_ORIGIN as RELAY_ORIGIN
 from hermes_actors.records import ROOM_ORIGIN as ROOM_ORIGIN
 from hermes_actors.records import Origin as Origin  # re-exported: the records travel inside these messages
 from hermes_actors.records import OutcomeStatus as OutcomeStatus
@@ -289,8 +290,9 @@ class RelayResumed:
 class JournalDurable:
     """Told by the journal writer once per group commit: these records are on disk (or failed)."""
 
-    # ("accepted", delivery_id), ("finished", Outcome), ("forget", Outcome: tell the relay ForgetSent) and
-    # ("kept", Outcome: a peer DM's outcome, published already) pairs
+    # ("accepted", delivery_id), ("finished", Outcome), ("forget", Outcome: tell the relay ForgetSent),
+    # ("kept", Outcome: a peer DM's outcome, published already) and ("relayed-in", Outcome: a relayed-in DM's,
+    # answered through the relay already) pairs
     tokens: tuple[tuple[str, Any], ...]
     error: BaseException | None
 

@@ -17,6 +17,7 @@ from actors import fast_init
 
 __all__ = [
     "BOT_CHAT_SESSION",
+    "RELAY_ORIGIN",
     "ROOM_ORIGIN",
     "Delivery",
     "Origin",
@@ -39,6 +40,7 @@ OutcomeStatus = Literal["replied", "failed", "silent", "ambiguous"]
 Origin = Literal["local", "relay", "recovered", "wake", "room"]
 
 ROOM_ORIGIN: Origin = "room"  # Delivery.origin of a room member's turn
+RELAY_ORIGIN: Origin = "relay"  # Delivery.origin of a DM relayed in (drained from the relay: file, Desktop, Redis)
 
 
 def outcome_status(value: object) -> OutcomeStatus:

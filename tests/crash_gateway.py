@@ -23,6 +23,10 @@ SIGKILLs this process still has everything printed before the kill.
         list; print one ``ack`` line per acked DM; then wait for those outcomes.
     python tests/crash_gateway.py ROOT final IDS_JSON
         start, wait_outcome for every id in the JSON list, print them, stop.
+    python tests/crash_gateway.py ROOT deliver ENVELOPE_JSON [--selfkill]
+        start a Gateway on ROOT as connection ``mini`` and hand it the envelope in the file ENVELOPE_JSON
+        as the Desktop does (``relay_deliver``); print its ``{reply, error, reason}`` and stop. The runner
+        logs to ROOT/turns.log as for send (--selfkill, HERMES_ACTORS_CRASH_AT likewise).
     python tests/crash_gateway.py ROOT expire [--resume ID]
         with ``envelope_ttl_seconds: 1`` and ``reply_wait_seconds: 1``: send one DM hermes → ``moxie`` (a remote
         profile in ROOT's relay roster, nobody drains it), print the ack and wait for
@@ -178,6 +182,15 @@ def cmd_final(root: Path, ids_file: str) -> None:
     emit("stopped")
 
 
+def cmd_deliver(root: Path, envelope_file: str, args: list[str]) -> None:
+    envelope = json.loads(Path(envelope_file).read_text())
+    gw = Gateway(root, runner=logging_runner(root, selfkill="--selfkill" in args), connection_id="mini").start()
+    emit("ready", recovered=gw.recovered)
+    emit("delivered", **gw.relay_deliver(envelope, timeout=20))
+    gw.stop(timeout=10)
+    emit("stopped")
+
+
 def cmd_expire(root: Path, args: list[str]) -> None:
     # Equal budgets, as the defaults (900 s each): at a restart both deadlines are due at once.
     config = {"bot_mode": {"envelope_ttl_seconds": 1, "reply_wait_seconds": 1}}
@@ -203,6 +216,8 @@ def main(argv: list[str]) -> int:
         cmd_load(root, rest[0], rest[1:])
     elif command == "final":
         cmd_final(root, rest[0])
+    elif command == "deliver":
+        cmd_deliver(root, rest[0], rest[1:])
     elif command == "expire":
         cmd_expire(root, rest)
     else:

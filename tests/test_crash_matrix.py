@@ -9,6 +9,8 @@ runner was entered (``turns.log``) are exact for every point.
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ from roots import make_root
 
 from hermes_actors.core.recovery import stopped_mid_turn_text
 from hermes_actors.faults import CRASH_POINTS
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_roster import normalize_roster_row
 
 # case → (crash point env, runner self-kill, expected status, turns, recovered counter that moves)
 MATRIX = {
@@ -99,3 +103,54 @@ def test_a_turn_a_killed_host_left_is_worded_by_how_it_ran(tmp_path: Path, via: 
     (event,) = second.of("outcome")
     assert (event["status"], event["error"]) == (
         "ambiguous", f"{stopped_mid_turn_text(apart)} The message may have been delivered — do not resend."), event
+
+
+# ── a relayed-in DM (the Desktop's relay_deliver) killed mid-way, then retried after the restart ───────────────
+
+# case → (crash point env, runner self-kill, the retry's answer, runner entries in all)
+DELIVER_MATRIX = {
+    "after-ack-before-turn": ("after-ack-before-turn", False, "replied", 1),  # never started: the retry runs it
+    "mid-turn": ("mid-turn", False, "ambiguous", 0),  # its start is on disk: may have run, never runs again
+    "runner-self-kill": (None, True, "ambiguous", 1),
+    "after-turn-before-outcome": ("after-turn-before-outcome", False, "ambiguous", 1),
+}
+
+
+@pytest.mark.parametrize("case", list(DELIVER_MATRIX))
+def test_a_relayed_in_dm_killed_mid_way_is_never_run_twice_by_the_retry_after_the_restart(
+    tmp_path: Path, case: str
+) -> None:
+    """Review (seed interop s8b): a Desktop whose ``relay_deliver`` was cut by our gateway's death retries it
+    once the gateway is back. Before, the restarted gateway knew nothing of the envelope and ran its turn again;
+    now one that had started is answered ``ambiguous`` (do not resend), as a local DM is, and every later retry
+    gets the same answer without a turn."""
+    point, selfkill, answer, turns = DELIVER_MATRIX[case]
+    root = make_root(tmp_path)
+    target = normalize_roster_row({"profile": "bob", "handle": "bob", "connection_id": "mini"})
+    assert target is not None
+    envelope = rp.make_envelope(target=target, message="Message from 🤖 zed (@zed): hi", sender_profile="zed",
+                                sender_handle="zed", now=time.time())
+    key = envelope["id"]
+    envelope_file = tmp_path / "envelope.json"
+    envelope_file.write_text(json.dumps(envelope))
+
+    first = run_child(root, "deliver", str(envelope_file), *(["--selfkill"] if selfkill else []), crash_at=point)
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    assert not first.of("delivered"), "the crash came before the call was answered"
+    ran_before_crash = case in ("runner-self-kill", "after-turn-before-outcome")
+    assert turns_logged(root) == ([key] if ran_before_crash else []), "runner entries before the crash"
+
+    second = run_child(root, "deliver", str(envelope_file))  # the Desktop retries the same envelope
+    assert second.returncode == 0, second.stderr[-2000:]
+    (retried,) = second.of("delivered")
+    fields = {k: v for k, v in retried.items() if k != "event"}
+    if answer == "ambiguous":
+        assert fields["reply"] == "" and fields["error"].endswith("do not resend."), fields
+    else:
+        assert fields == {"reply": f"reply to {key}", "error": "", "reason": ""}
+    assert turns_logged(root) == [key] * turns, f"{case}: runner entries {turns_logged(root)}"
+
+    third = run_child(root, "deliver", str(envelope_file))  # and again: answered as before, never run
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert [{k: v for k, v in e.items() if k != "event"} for e in third.of("delivered")] == [fields]
+    assert turns_logged(root) == [key] * turns

@@ -1,5 +1,6 @@
-"""Table tests of the Dispatcher's pure decisions: a drained envelope's step (``local/relay_in.py``)
-and what a failed Dispatcher held (``local/dispatcher_failure.py``: ``read_failed_mailbox``)."""
+"""Table tests of the Dispatcher's pure decisions: a drained envelope's step and which of its outcomes the journal
+keeps (``local/relay_in.py``), the relayed-in DMs of a journal (``core/recovery.py``: ``relayed_in_states``), and
+what a failed Dispatcher held (``local/dispatcher_failure.py``: ``read_failed_mailbox``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pykka
 import pytest
 
 from hermes_actors.core import outcomes
+from hermes_actors.core.recovery import relayed_in_states
 from hermes_actors.local.dispatcher_failure import read_failed_mailbox
 from hermes_actors.local.outcome_book import Pending
-from hermes_actors.local.relay_in import RelayInAnswer, RelayInTurn, relay_in_step
+from hermes_actors.local.relay_in import RelayInAnswer, RelayInTurn, kept_across_restarts, relay_in_step
 from hermes_actors.messages import (
     AcceptLocal,
     AwaitOutcome,
@@ -22,6 +24,7 @@ from hermes_actors.messages import (
     ProfileInfo,
     RoomTurn,
 )
+from hermes_actors.store.journal_records import DeliveryState
 
 BOB = ProfileInfo("bob", "bob", Path("/nonexistent/bob"), "Bob")
 KEY = "e" * 32
@@ -70,6 +73,36 @@ def test_relay_in_step(env: dict[str, Any] | None, kw: dict[str, Any], kind: typ
         assert isinstance(step, RelayInTurn)
         assert step.info is BOB and step.delivery.delivery_id == KEY and step.delivery.origin == "relay"
         assert step.delivery.accepted_at == 1.0
+
+
+@pytest.mark.parametrize(
+    ("outcome", "kept"),
+    [
+        (outcomes.from_reply(KEY, "@bob", "hello"), True),
+        (outcomes.from_reply(KEY, "@bob", "[SILENT]"), True),  # silent
+        (outcomes.failed(KEY, "@bob", "insufficient_quota", "provider_quota_limit"), True),
+        (outcomes.failed(KEY, "@bob", "busy", "target_busy"), True),  # a retry within the run gets it too
+        (outcomes.ambiguous(KEY, "@bob", "The gateway stopped or crashed during the turn."), True),
+        (outcomes.cancelled(KEY, "@bob"), False),  # never ran: its envelope comes back and runs then
+    ],
+)
+def test_kept_across_restarts(outcome: Any, kept: bool) -> None:
+    assert kept_across_restarts(outcome) is kept
+
+
+def test_relayed_in_states_splits_by_the_journaled_origin_in_journal_order() -> None:
+    relay_d = {"origin": "relay"}
+    states = {
+        "a": DeliveryState(delivery=relay_d, started=1),  # a relayed-in turn journaled at its start
+        "b": DeliveryState(delivery={"origin": "local"}),
+        "c": DeliveryState(outcome=REPLIED, delivered=True, origin="relay"),  # rewritten by compaction
+        "d": DeliveryState(delivery={}),  # no origin: a local DM
+        "e": DeliveryState(outcome=REPLIED),  # a DM sent through the relay: no accepted record, not relayed in
+        "f": DeliveryState(delivery=relay_d, outcome=REPLIED, delivered=True),
+    }
+    relayed_in, others = relayed_in_states(states)
+    assert list(relayed_in) == ["a", "c", "f"] and list(others) == ["b", "d", "e"]
+    assert all(relayed_in[key] is states[key] for key in relayed_in)
 
 
 def _delivery(key: str) -> Delivery:

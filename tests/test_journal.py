@@ -22,7 +22,9 @@ from roots import LogCapture, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.core import outcomes
 from hermes_actors.errors import StoreError
+from hermes_actors.local.durability import outcome_records
 from hermes_actors.local.sending import outcome_future
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.store.journal import Journal
@@ -1977,3 +1979,22 @@ def test_a_stop_that_gives_up_on_a_running_adoption_has_the_file_and_the_held_on
     await_condition(lambda: journal._file.fd is None, timeout=30, message="the file was closed after the adoption")
     assert _flock_free(dead)
     assert journal._held_files == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "records"),
+    [
+        ("finished", [{"t": "finished"}]),
+        ("forget", [{"t": "finished"}]),
+        ("kept", [{"t": "finished"}, {"t": "delivered"}]),  # a peer DM's: published already
+        ("relayed-in", [{"t": "finished", "origin": "relay"}, {"t": "delivered"}]),  # answered through the relay
+    ],
+)
+def test_outcome_records_of_each_token_kind(kind: str, records: list[dict[str, Any]]) -> None:
+    key = "c" * 32
+    outcome = outcomes.from_reply(key, "@bob", "hi")
+    written = outcome_records(kind, outcome)
+    assert [{k: v for k, v in r.items() if k in ("t", "origin")} for r in written] == records
+    assert all(r["id"] == key for r in written) and written[0]["o"] == outcome.as_dict()
+    state = fold_records(written).states[key]  # a relayed-in DM's outcome reads back as one, even with no accepted
+    assert delivery_origin(state) == ("relay" if kind == "relayed-in" else None)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from roots import LogCapture, RecordingRunner, make_root, send_dm, start_gateway
+from roots import LogCapture, RecordingRunner, held_on, make_root, send_dm, start_gateway
 
 from hermes_actors import Gateway
 from hermes_actors.cli.render import status_text
@@ -26,6 +27,8 @@ from hermes_actors.ops.status import (
     profile_rows,
     room_rows,
 )
+from hermes_actors.store import relay_protocol as rp
+from hermes_actors.store.relay_roster import normalize_roster_row
 
 
 def test_outcome_counters_sum_by_status_and_reason() -> None:
@@ -262,3 +265,28 @@ def test_relay_counts_include_the_envelopes_on_the_processes_shelves(tmp_path: P
     (elsewhere / f"{7:032x}.json").write_text("{}")
     os.symlink(elsewhere, taken / "s-planted")  # a shelf that is a symlink is not followed
     assert relay_dir_counts(root)["taken"] == 4
+
+
+def test_file_status_shows_a_relayed_in_dm_as_the_running_gateway_does(root: Path, gateways: list[Gateway]) -> None:
+    """A relayed-in DM is journaled from its turn's start (so that a retry of its envelope after a restart is answered
+    from the journal): the files show it in flight as ``relay-in``, as the running gateway does, and count its
+    outcome no more than the gateway's counters do (it went back to its sender's connection, not to a subscriber)."""
+    release = threading.Event()
+    runner = RecordingRunner(held_on("held", release))
+    gw = start_gateway(gateways, root, runner, connection_id="mini")
+    target = normalize_roster_row({"profile": "bob", "handle": "bob", "connection_id": "mini"})
+    assert target is not None
+    done, held = (rp.make_envelope(target=target, message=m, sender_profile="zed", sender_handle="zed",
+                                   now=time.time()) for m in ("done", "held"))
+    assert gw.relay_deliver(done, timeout=10)["reply"] == "ok: done"
+    call = threading.Thread(target=gw.relay_deliver, args=(held,), kwargs={"timeout": 20})
+    call.start()
+    try:
+        runner.wait_entered(2)
+        live, files = live_status(gw), file_status(root)
+    finally:
+        release.set()
+        call.join(timeout=30)
+    for status in (live, files):
+        assert [(r["delivery_id"], r["route"]) for r in status["in_flight"]] == [(held["id"], "relay-in")], status
+    assert files["counters"]["by_status"] == live["counters"]["by_status"] == {}

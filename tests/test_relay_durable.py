@@ -1018,3 +1018,32 @@ def test_the_relay_keeps_its_record_until_the_journal_has_the_outcome_and_the_wa
     finished_at = next(i for i, r in enumerate(records) if r.get("t") == "finished" and r.get("id") == key)
     assert finished_at < wake_at, "the outcome is on disk before it is published (and wakes the sender)"
     assert records[wake_at + 1] == {"t": "delivered", "id": key}, "the wake and delivered records: one batch"
+
+
+def test_an_envelope_posted_again_after_the_restart_gets_its_first_reply_and_runs_no_turn(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """The journal's rule for every relayed-in DM, not only the Desktop's ``relay_deliver``: an envelope the hub
+    posts to ``inbox/`` again once its reply was forwarded (and ``delivered/`` emptied) reaches a restarted
+    gateway, which answers it from the journal. Before, that gateway ran its turn a second time."""
+    from hermes_actors.store.relay_inbox import post_to_inbox
+
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    paths = InboxPaths.from_root(mini)
+    rec = RecordingRunner(lambda turn: f"answer {len(rec.entered)}")
+    env = seed_envelope(target_connection="mini", target_profile="moxie")
+    gw = start_gateway(gateways, mini, rec, connection_id="mini")
+    post_to_inbox(paths, env, "alpha")
+    await_condition(lambda: _delivered(mini, env["id"]) is not None, timeout=10, message="the reply")
+    first = _delivered(mini, env["id"])
+    gw.stop(timeout=10)
+    (paths.delivered / f"{env['id']}.json").unlink()  # the hub forwarded it
+
+    start_gateway(gateways, mini, rec, connection_id="mini")
+    post_to_inbox(paths, env, "alpha")
+    await_condition(lambda: _delivered(mini, env["id"]) is not None, timeout=10, message="the reply again")
+    again = _delivered(mini, env["id"])
+    assert first is not None and again is not None
+    assert (again["reply"], again["error"], again["reason"]) == (first["reply"], first["error"], first["reason"])
+    assert first["reply"] == "answer 1"
+    assert [t.delivery_id for t in rec.entered] == [env["id"]]

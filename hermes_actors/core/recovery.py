@@ -10,7 +10,8 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record, outcome_from_record
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.wake import WAKE_ORIGIN, is_wake
-from hermes_actors.messages import Delivery, Outcome
+from hermes_actors.messages import RELAY_ORIGIN, Delivery, Outcome
+from hermes_actors.store.journal_records import delivery_origin
 
 __all__ = [
     "RecoveryPlan",
@@ -19,6 +20,7 @@ __all__ = [
     "owner_outcome",
     "plan_recovery",
     "readable_states",
+    "relayed_in_states",
     "running_at_stop_text",
     "stopped_mid_turn_text",
     "unreadable_deliveries",
@@ -85,6 +87,29 @@ def readable_states(states: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     unreadable = unreadable_deliveries(states)
     skipped = set(unreadable)
     return {key: state for key, state in states.items() if key not in skipped}, unreadable
+
+
+def relayed_in_states(states: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Pure: ``states`` split into the relayed-in DMs' and the others (``states``: id → ``DeliveryState``).
+
+    A relayed-in DM is journaled only once its turn starts (its ``accepted`` record, origin ``relay``, goes
+    with its ``started`` one). :func:`plan_recovery` decides its fate by the same rules as a local DM's, but
+    nobody here is told of it: its sender is on another connection, answered through the relay, and its
+    envelope comes back (a reclaim, the Desktop retrying ``relay_deliver``) to be answered from the outcome
+    the next start remembers. One that would be re-offered (an idempotent runner) is forgotten instead: the
+    retry runs it.
+
+    Args:
+        states: the journal's states.
+
+    Returns:
+        ``(relayed_in, others)``, each in journal order.
+    """
+    relayed_in: dict[str, Any] = {}
+    others: dict[str, Any] = {}
+    for key, state in states.items():
+        (relayed_in if delivery_origin(state) == RELAY_ORIGIN else others)[key] = state
+    return relayed_in, others
 
 
 def _reoffered(delivery: Delivery) -> Delivery:

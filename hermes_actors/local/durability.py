@@ -28,17 +28,20 @@ from hermes_actors.core.names import profile_key
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.live_handoff import LiveMailbox, give_up_on
-from hermes_actors.messages import Delivery, JournalDurable, Outcome, PendingAck, ProfileInfo
+from hermes_actors.messages import RELAY_ORIGIN, Delivery, JournalDurable, Outcome, PendingAck, ProfileInfo
 from hermes_actors.store.journal import Journal
 
-__all__ = ["Durability", "JournalDurability", "NoDurability", "OutcomeToken", "WakeBatch", "durability_for",
-           "live_gave_up", "live_record", "outcome_records"]
+__all__ = ["KEPT_KINDS", "Durability", "JournalDurability", "NoDurability", "OutcomeToken", "WakeBatch",
+           "durability_for", "live_gave_up", "live_record", "outcome_records"]
 
 #: An outcome record's token in ``JournalDurable``: ("finished", its outcome) for a DM journaled here and
 #: ("forget", …) for a DM sent through the relay (both published once their ``finished`` record landed;
 #: ``forget``: then the relay's record goes), ("kept", …) for a peer's (published already: its ``finished``
-#: and ``delivered`` records go together).
+#: and ``delivered`` records go together) and ("relayed-in", …) for a relayed-in DM's (answered through the
+#: relay already: likewise, its ``finished`` record naming its origin, ``relay``).
 OutcomeToken = tuple[str, Outcome]
+#: The token kinds whose outcome went out already: their ``finished`` and ``delivered`` records go in one batch.
+KEPT_KINDS = frozenset({"kept", "relayed-in"})
 RETRY_FIRST = 0.25  # seconds before held-back outcome records are written again (doubled each time, see RETRY_MOST)
 RETRY_MOST = 8.0  # the longest wait between two writes of held-back outcome records
 LAST_WRITE_SECONDS = 5.0  # a stop's last write of a held-back outcome record waits this long at most
@@ -68,10 +71,14 @@ class WakeBatch:
 
 def outcome_records(kind: str, outcome: Outcome) -> list[dict[str, Any]]:
     """Pure: the journal records of one outcome token (see :data:`OutcomeToken`): its ``finished`` record, and
-    ``delivered`` too for an outcome published already (``kept``)."""
+    ``delivered`` too for an outcome that went out already (:data:`KEPT_KINDS`). A relayed-in DM's ``finished``
+    record names its origin: ``journal_records.delivery_origin`` reads it back whether or not its turn journaled
+    an ``accepted`` record (one that never started did not), so ``status`` never counts it as this root's DM."""
     key = outcome.delivery_id
-    finished = {"t": "finished", "id": key, "o": outcome.as_dict()}
-    return [finished, {"t": "delivered", "id": key}] if kind == "kept" else [finished]
+    finished: dict[str, Any] = {"t": "finished", "id": key, "o": outcome.as_dict()}
+    if kind == "relayed-in":
+        finished["origin"] = RELAY_ORIGIN
+    return [finished, {"t": "delivered", "id": key}] if kind in KEPT_KINDS else [finished]
 
 
 class NoDurability:
@@ -116,7 +123,7 @@ class NoDurability:
         if then is not None:
             then()
 
-    def finished(self, outcome: Outcome) -> None:
+    def finished(self, outcome: Outcome, *, relayed_in: bool = False) -> None:
         """Nothing to journal."""
 
     def write_now(self, record: dict[str, Any]) -> bool:
@@ -327,12 +334,12 @@ class JournalDurability:
 
     def _append_outcome(self, kind: str, outcome: Outcome) -> None:
         """Queue the records of one outcome token (see :data:`OutcomeToken`): ``finished``, and
-        ``delivered`` in the same batch for a DM whose outcome was published already (``kept``).
+        ``delivered`` in the same batch for a DM whose outcome went out already (:data:`KEPT_KINDS`).
 
         Raises:
             StoreError: the journal refused them (it is not running).
         """
-        if kind == "kept":  # both or neither: a ``delivered`` without its ``finished`` would make the outcome unknown
+        if kind in KEPT_KINDS:  # both or neither: a ``delivered`` without its ``finished``: an unknown outcome
             self.journal.append_together(outcome_records(kind, outcome), token=(kind, outcome))
         else:
             self.journal.append(outcome_records(kind, outcome)[0], token=(kind, outcome))
@@ -564,16 +571,19 @@ class JournalDurability:
         if then is not None:
             then()
 
-    def finished(self, outcome: Outcome) -> None:
-        """Journal the outcome of a peer DM (already published) and that its sender has it (token ``kept``).
+    def finished(self, outcome: Outcome, *, relayed_in: bool = False) -> None:
+        """Journal the outcome of a peer DM (already published; token ``kept``) or, ``relayed_in``, of a
+        relayed-in DM (already answered through the relay; token ``relayed-in``) and that its sender has it.
 
-        Both records go in one batch; ``JournalDurable`` hands ``("kept", outcome)`` back once they,
-        and everything journaled before them, are on disk, or held to be written again when they
-        failed (:meth:`hold`). Refused, only ``wait_outcome`` after a restart misses it: nothing
-        would ever settle a peer DM again.
+        Both records go in one batch; ``JournalDurable`` hands the token back once they, and
+        everything journaled before them, are on disk, or held to be written again when they
+        failed (:meth:`hold`). Refused, only ``wait_outcome`` after a restart misses a peer DM's:
+        nothing would ever settle a peer DM again; a retry of a relayed-in DM's envelope after a
+        restart is then not answered from it (``ambiguous`` from the ``started`` record its turn
+        journaled; run, had its turn not started).
         """
         try:
-            self._append_outcome("kept", outcome)
+            self._append_outcome("relayed-in" if relayed_in else "kept", outcome)
         except StoreError as exc:
             logger.error("journal append failed for the outcome of {}: {}", outcome.delivery_id, exc)
 

@@ -19,7 +19,13 @@ from loguru import logger
 
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import profile_key
-from hermes_actors.core.recovery import known_outcomes, plan_recovery, readable_states
+from hermes_actors.core.recovery import (
+    RecoveryPlan,
+    known_outcomes,
+    plan_recovery,
+    readable_states,
+    relayed_in_states,
+)
 from hermes_actors.local.durability import live_gave_up, live_record
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
 from hermes_actors.local.outcome_flow import OutcomeFlow
@@ -112,9 +118,14 @@ def replay_journal(
             if book.state(key) is DeliveryState.SETTLED:  # published, its own delivered record written already
                 durability.delivered(key)
         readable = {key: state for key, state in readable.items() if key not in known_here}
-    plan = plan_recovery(readable, idempotent_runner=idempotent_runner,
-                         live_record=lambda delivery: live_record(index, delivery), never_reached=never_reached,
-                         runs_apart=runs_apart)
+
+    def plan_of(these: dict[str, Any]) -> RecoveryPlan:
+        return plan_recovery(these, idempotent_runner=idempotent_runner,
+                             live_record=lambda delivery: live_record(index, delivery), never_reached=never_reached,
+                             runs_apart=runs_apart)
+
+    relayed_in, readable = relayed_in_states(readable)  # one rule for both: their fates differ in who is told
+    plan, relayed_in_plan = plan_of(readable), plan_of(relayed_in)
     book.remember(plan.known)
     left = 0
     for outcome in plan.redeliver:
@@ -139,6 +150,8 @@ def replay_journal(
     for delivery in plan.reoffer:
         _reoffer(delivery, index=index, flow=flow, requeue=requeue)
     counts = plan.counts()
+    for name, count in _keep_relayed_in(relayed_in_plan, relayed_in, index=index, flow=flow).items():
+        counts[name] += count
     if unreadable:
         counts["unreadable"] = len(unreadable)
     if adopted_from:  # one line per adoption, whatever it found
@@ -155,6 +168,39 @@ def replay_journal(
             left=f" ({left} of them left to the relay that took over their sent/ records)" if left else "", **counts,
         )
     return counts
+
+
+def _keep_relayed_in(plan: RecoveryPlan, states: dict[str, Any], *, index: dict[str, ProfileInfo],
+                     flow: OutcomeFlow) -> dict[str, int]:
+    """Carry out what the journal says of relayed-in DMs (``recovery.relayed_in_states``): remember, never run.
+
+    Their outcome is kept for a retry of their envelope (``relay_in_step`` answers it from the book) and journaled
+    with its ``delivered`` record, as :meth:`OutcomeFlow.settle` keeps one: a DM that started and never finished is
+    ``ambiguous`` (its live-mailbox record too, when a live owner had it), one whose ``delivered`` record was lost
+    keeps its outcome. Nobody is told: their senders are on other connections, answered through the relay (a
+    dead shelf's envelope by the file relay's adoption, a reclaimed Redis entry by its claim), or asking again (the
+    Desktop). One the plan would re-offer (an idempotent runner) is forgotten: its retry runs it.
+
+    Args:
+        plan: :func:`~hermes_actors.core.recovery.plan_recovery` of ``states``.
+        states: the relayed-in DMs' journal states.
+        index: the local profiles now, by key.
+        flow: the Dispatcher's outcome flow (its book and durability are the ones used).
+
+    Returns:
+        The counts to add to the recovery's: ``ambiguous``, and ``known`` (remembered outcomes).
+    """
+    book, durability = flow.book, flow.durability
+    book.remember(plan.known)
+    for delivery, outcome in plan.ambiguous:
+        if states[delivery.delivery_id].live:  # handed to a live owner: its mailbox record says so too
+            live_gave_up(index, delivery, outcome.error)
+    for outcome in [*plan.redeliver, *(outcome for _delivery, outcome in plan.ambiguous)]:
+        durability.finished(outcome, relayed_in=True)  # with its delivered record: it leaves the live state
+        book.remember({outcome.delivery_id: outcome.as_dict()})
+    for delivery in plan.reoffer:
+        durability.delivered(delivery.delivery_id)
+    return {"ambiguous": len(plan.ambiguous), "known": len(plan.known) + len(plan.redeliver)}
 
 
 def _known_here(states: dict[str, Any], book: OutcomeBook) -> set[str]:

@@ -22,9 +22,10 @@ from loguru import logger
 from hermes_actors.core import outcomes
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.delivery_stats import DeliveryStats, log_settled
-from hermes_actors.local.durability import Durability, OutcomeToken
+from hermes_actors.local.durability import KEPT_KINDS, Durability, OutcomeToken, outcome_records
 from hermes_actors.local.outcome_book import Answers, OutcomeBook, answer
 from hermes_actors.local.queue_gauge import QueueGauge
+from hermes_actors.local.relay_in import kept_across_restarts
 from hermes_actors.local.relay_link import RelayLink
 from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import Delivery, JournalDurable, Outcome
@@ -107,6 +108,7 @@ class OutcomeFlow:
             # The sender is on another connection: the reply goes back through the relay.
             log_settled(entry.delivery, outcome)
             self.relay.answer_relay_in(outcome, entry.reply_connection, stopping=self.stopping())
+            self._keep_relayed_in(outcome)
             self.book.settle(key, outcome.as_dict())  # a stopping gateway waits for its running turns
             return
         if entry is not None and entry.journaled and self.durability.journal_outcome(outcome):
@@ -134,6 +136,19 @@ class OutcomeFlow:
         self.publish(outcome)
         if entry is not None and entry.route == "relay":  # no journal: the outcome is kept here now
             self.relay.forget(key)
+
+    def _keep_relayed_in(self, outcome: Outcome) -> None:
+        """Journal a relayed-in DM's outcome with its ``delivered`` record (durable mode; :func:`kept_across_restarts`).
+
+        Its turn journaled its ``accepted`` and ``started`` records before it ran (``turn_launch.RelayedInStart``):
+        the next start remembers the outcome, and a retry of the envelope then (the Desktop's ``relay_deliver``
+        cut by our restart, a reclaim) is answered with it (``relay_in_step``), never run again. Written as a peer
+        DM's is, both records in one batch, while the relay answers at once: killed before they land, the next
+        start settles the DM ``ambiguous`` from its ``started`` record. A ``cancelled`` one never ran and is not
+        kept: its transport offers it again.
+        """
+        if kept_across_restarts(outcome):
+            self.durability.finished(outcome, relayed_in=True)
 
     def _free_place(self, key: str) -> None:
         """The DM's turn is over (or never ran): its place in its profile's queue is free for the next one.
@@ -233,7 +248,7 @@ class OutcomeFlow:
         DM, so the relay's record is what lets a next start wake its sender.
         """
         self.durability.written(outcome)
-        if kind == "kept":  # a peer DM's: published already
+        if kind in KEPT_KINDS:  # a peer DM's (published) or a relayed-in DM's (answered) already
             return
         key = outcome.delivery_id
         self.publish(outcome, answers)
@@ -268,6 +283,12 @@ class OutcomeFlow:
             if kind == "kept":  # a peer DM's: published already; only a restarted wait_outcome misses it
                 logger.error("stop: the outcome record of peer DM {} could not be written to the delivery journal; "
                              "it was published, but wait_outcome after a restart will not know it", key)
+                continue
+            if kind == "relayed-in":  # answered through the relay already
+                logger.error("stop: the outcome record of relayed-in DM {} could not be written to the delivery "
+                             "journal; it was answered through its relay, but a retry of its envelope after a "
+                             "restart is not answered with it (ambiguous if its turn had started, else it runs)",
+                             key)
                 continue
             if not self._withhold(key, relay_keeps=kind == "forget", lost=lost, unkept=unkept):
                 self.publish(outcome, answers)
@@ -366,13 +387,15 @@ class OutcomeFlow:
                     count += 1
                 continue
             outcome = outcomes.ambiguous(key, entry.delivery.label, running[key])
-            # A peer DM's outcome is journaled as it arrives (see settle): one still under way is, too.
-            remember = entry.journaled or entry.route == "peer"
+            # A peer DM's outcome is journaled as it arrives (see settle): one still under way is, too; and so is a
+            # relayed-in DM's (_keep_relayed_in), for a retry of its envelope after the restart.
+            remember = entry.journaled or entry.route in ("peer", "relay-in")
             # shutting down: write it now rather than through the async group commit
             # Not on disk: the next start settles it from its journal (ambiguous), so it is not published now,
             # unless no start finds its journal (then published below, its one outcome). A peer DM's is published:
             # no journal record of it would ever tell its sender anything.
-            if remember and not self.durability.write_now({"t": "finished", "id": key, "o": outcome.as_dict()}) \
+            finished = outcome_records("relayed-in" if entry.route == "relay-in" else "finished", outcome)[0]
+            if remember and not self.durability.write_now(finished) \
                     and entry.journaled and self._withhold(key, relay_keeps=False, lost=lost, unkept=unkept):
                 continue
             if entry.route == "relay-in":  # its sender waits on another connection: tell it too

@@ -21,8 +21,9 @@ def kept_at_stop(delivery: Delivery, *, keep_journaled: bool) -> bool:
 
     With ``keep_journaled`` (a durable gateway) a journaled delivery is dropped without an
     outcome: the next start on this root re-offers it. Relay-in and room deliveries are
-    not in this root's journal: they are always cancelled here (a relay-in one's relay
-    then keeps its envelope for the next start: ``RelayOutcome.put_back``).
+    not in this root's journal while queued (a relay-in one is journaled from its turn's start
+    only): they are always cancelled here (a relay-in one's relay then keeps its envelope for
+    the next start: ``RelayOutcome.put_back``).
     """
     return keep_journaled and delivery.origin not in ("relay", ROOM_ORIGIN)
 

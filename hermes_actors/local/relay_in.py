@@ -1,9 +1,15 @@
 """Pure: what the Dispatcher does with an envelope the relay drained for one of its profiles.
 
 A drained envelope is delivered at most once per envelope id: the relay may offer it again
-(a reclaim, a restart), so the Dispatcher's book decides. :func:`relay_in_step` returns
-either the answer the relay gets at once (:class:`RelayInAnswer`), the turn to queue
-(:class:`RelayInTurn`), or None when the envelope is already under way here.
+(a reclaim, a restart, the Desktop retrying ``relay_deliver``), so the Dispatcher's book decides.
+:func:`relay_in_step` returns either the answer the relay gets at once (:class:`RelayInAnswer`),
+the turn to queue (:class:`RelayInTurn`), or None when the envelope is already under way here.
+
+In durable mode the book knows the envelopes of previous runs too: a relayed-in turn journals its
+``accepted`` and ``started`` records before it runs (``turn_launch.RelayedInStart``), and its outcome
+is journaled with its ``delivered`` record (:func:`kept_across_restarts` says which), so the next
+start remembers it, or settles it ``ambiguous`` when it started and never finished
+(``journal_replay``). In memory this holds only while the gateway runs.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from hermes_actors.core.names import profile_key
 from hermes_actors.local.relay_link import delivery_from_envelope
 from hermes_actors.messages import Delivery, Outcome, ProfileInfo
 
-__all__ = ["RelayInAnswer", "RelayInTurn", "relay_in_step"]
+__all__ = ["RelayInAnswer", "RelayInTurn", "kept_across_restarts", "relay_in_step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,23 @@ class RelayInTurn:
 
     info: ProfileInfo
     delivery: Delivery
+
+
+def kept_across_restarts(outcome: Outcome) -> bool:
+    """Pure: whether a relayed-in DM's outcome is journaled (durable mode), so that a retry of its envelope after a
+    restart is answered with it and runs no turn.
+
+    Every outcome but ``cancelled``: that one says the turn never ran (the stop put it back, or gave up on it
+    before it began; resending is safe), and its transport offers the envelope again (back in ``inbox/``, left
+    pending in the Redis inbox, or retried by the Desktop): it runs then, once.
+
+    Args:
+        outcome: the relayed-in DM's outcome.
+
+    Returns:
+        True when it is journaled.
+    """
+    return outcome.reason != reasons.CANCELLED
 
 
 def relay_in_step(

@@ -17,6 +17,8 @@ import pykka
 from loguru import logger
 
 from actors import tell
+from hermes_actors.core.acks import accepted_record
+from hermes_actors.errors import StoreError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.live_handoff import hand_to_owner
 from hermes_actors.local.profile_deps import ProfileDeps
@@ -24,14 +26,21 @@ from hermes_actors.local.profile_outcomes import turn_escaped
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.local.shutdown import end_running_turns
 from hermes_actors.local.turns import TurnGate, execute_turn, turn_process_running
-from hermes_actors.messages import ROOM_ORIGIN, Delivery, OwnerTurnReturned, TimedOutTurnPlace, TurnFinished
+from hermes_actors.messages import (
+    RELAY_ORIGIN,
+    ROOM_ORIGIN,
+    Delivery,
+    OwnerTurnReturned,
+    TimedOutTurnPlace,
+    TurnFinished,
+)
 from hermes_actors.rooms.store import RoomStartMarks
 from hermes_actors.rooms.turn_author import room_of_author
-from hermes_actors.store.journal import StartRecorder
+from hermes_actors.store.journal import Journal, StartRecorder
 from hermes_actors.store.relay_marks import TurnStartMarks
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["end_timed_out_turn", "live_owner_for", "run_inline", "start_recorder", "worker_job"]
+__all__ = ["RelayedInStart", "end_timed_out_turn", "live_owner_for", "run_inline", "start_recorder", "worker_job"]
 
 
 def live_owner_for(owner: TurnRunner | None, delivery: Delivery) -> TurnRunner | None:
@@ -43,6 +52,49 @@ def live_owner_for(owner: TurnRunner | None, delivery: Delivery) -> TurnRunner |
     return owner if delivery.origin != ROOM_ORIGIN else None
 
 
+class RelayedInStart:
+    """Where a relayed-in turn's start is recorded in durable mode: the journal, then the envelope's start mark.
+
+    The DM's ``accepted`` record and its ``started`` one go into the journal in one batch (both or
+    neither), on disk before the turn runs: the next start finds a DM that started and never finished
+    and settles it ``ambiguous``, so a retry of its envelope (the Desktop's ``relay_deliver``, a
+    reclaim, a post to ``inbox/`` again) is answered so and never runs it twice; its outcome is
+    journaled with its ``delivered`` record as it settles (``OutcomeFlow.settle``). A relayed-in DM
+    that never started has no journal record at all: its transport offers it again and it runs then.
+    The start mark (:class:`~hermes_actors.store.relay_marks.TurnStartMarks`) is what the file relay's
+    adoption of a dead shelf and the Redis transport read, as without a journal.
+
+    Args:
+        journal: the gateway's delivery journal.
+        delivery: the relayed-in delivery whose turn starts.
+        marks: its envelope's start mark.
+    """
+
+    def __init__(self, journal: Journal, delivery: Delivery, marks: TurnStartMarks) -> None:
+        self.journal = journal
+        self.delivery = delivery
+        self.marks = marks
+
+    def append_durably(self, record: dict[str, Any], timeout: float = 30.0) -> None:
+        """Record the turn's start (a ``started`` record; other kinds are ignored), durably, before it runs.
+
+        Args:
+            record: ``{"t": "started", "id": …, "attempt": …}`` (``"live": true`` for a live owner's).
+            timeout: seconds to wait for the journal's commit.
+
+        Raises:
+            StoreError: the journal or the mark could not take it: the turn must not run.
+        """
+        if record.get("t") != "started":
+            return
+        batch = self.journal.append_together([accepted_record(self.delivery), record])
+        if not batch.done.wait(timeout):
+            raise StoreError(0, f"the delivery journal did not confirm the start of {self.delivery.delivery_id} "
+                                f"within {timeout}s")
+        batch.raise_error()
+        self.marks.append_durably(record, timeout)
+
+
 def start_recorder(deps: ProfileDeps, delivery: Delivery) -> StartRecorder | None:
     """Where the turn's start is recorded before it runs (None: nowhere).
 
@@ -51,14 +103,15 @@ def start_recorder(deps: ProfileDeps, delivery: Delivery) -> StartRecorder | Non
         delivery: the delivery whose turn starts.
 
     Returns:
-        The journal for a local DM; for a relayed-in turn (not in the journal) its start is
-        marked beside the envelope it came in; a room's member turn beside its room's file
-        (a restart runs it again only if it never began).
+        The journal for a local DM; for a relayed-in turn its start is marked beside the
+        envelope it came in, and journaled first in durable mode (:class:`RelayedInStart`); a
+        room's member turn beside its room's file (a restart runs it again only if it never began).
     """
     journal = deps.journal
     fsync = journal is not None and journal.fsync_enabled  # flushed like the journal: a kill -9 finds it anyway
-    if delivery.origin == "relay":
-        return TurnStartMarks(deps.root, fsync=fsync)
+    if delivery.origin == RELAY_ORIGIN:
+        marks = TurnStartMarks(deps.root, fsync=fsync)
+        return marks if journal is None else RelayedInStart(journal, delivery, marks)
     if delivery.origin == ROOM_ORIGIN:
         return RoomStartMarks(deps.root, room_of_author(delivery.author), fsync=fsync)
     return journal

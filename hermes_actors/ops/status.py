@@ -50,6 +50,7 @@ from hermes_actors.core.config import load_config
 from hermes_actors.core.outcomes import shown_sender
 from hermes_actors.core.shell import shell_command
 from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
+from hermes_actors.messages import RELAY_ORIGIN
 from hermes_actors.ops.doctor_checks import check_redis
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.ops.remote_roster import RemoteRoster, read_remote_roster
@@ -277,9 +278,11 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
     by_outcome: dict[str, dict[str, int]] = {}
     per_profile: Counter[str] = Counter()
     for key, state in folded.states.items():
-        wake = delivery_origin(state) == WAKE_ORIGIN  # a rewritten journal keeps it on the finished record
+        origin = delivery_origin(state)  # a rewritten journal keeps it on the finished record
         if state.outcome is not None:
-            if wake:  # a wake turn's outcome is nobody's DM outcome: the live counters skip it too
+            # a wake turn's outcome is nobody's DM outcome, and a relayed-in DM's went back to its sender's
+            # connection through the relay (journaled for a retry of its envelope): the live counters skip both too
+            if origin in (WAKE_ORIGIN, RELAY_ORIGIN):
                 continue
             status, reason = str(state.outcome.get("status", "")), str(state.outcome.get("reason") or "")
             by_outcome.setdefault(status, {}).setdefault(reason, 0)
@@ -290,7 +293,8 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
             per_profile[profile] += 1
             sender = shown_sender(str(d.get("sender") or ""), str(d.get("sender_handle") or ""))
             pending.append({"delivery_id": key, "sender": sender, "target": d.get("label") or profile,
-                            "profile": profile, "route": shown_route("local", str(d.get("origin") or "")),
+                            "profile": profile,
+                            "route": shown_route("relay-in" if origin == RELAY_ORIGIN else "local", str(origin)),
                             "accepted_at": d.get("accepted_at"),
                             "started": state.started > 0})
     profiles = _profile_dicts(root)

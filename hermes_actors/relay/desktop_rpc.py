@@ -93,7 +93,11 @@ class DesktopRpc:
     def deliver(self, envelope: dict[str, Any], *, timeout: float) -> dict[str, str]:
         """``bot_relay.deliver``: run a drained envelope on the target profile here.
 
-        Idempotent by envelope id.
+        Idempotent by envelope id: a retry runs no turn and gets the first run's fields. In durable mode
+        across restarts too (the journal keeps a relayed-in DM's start and outcome; one whose turn started
+        and never finished is answered ``ambiguous``); in memory only while this gateway runs. A
+        ``cancelled`` answer (the stop came before the turn started) is not journaled: a retry after the restart
+        runs it.
 
         Args:
             envelope: the envelope as drained.

@@ -16,7 +16,10 @@ orjson record::
     {"t": "finished",  "id", "o": {...}, "origin": "wake"}  a settled delivery compaction or adoption rewrote
                                                         without its ``accepted`` record: the origin that record
                                                         gave (absent in older journals: unknown, see
-                                                        :func:`delivery_origin`)
+                                                        :func:`delivery_origin`); a relayed-in DM's outcome is
+                                                        written so, ``"origin": "relay"``, with its
+                                                        ``delivered`` record (its ``accepted`` record, with its
+                                                        ``started`` one, only once its turn started)
     {"t": "delivered", "id"}                            the outcome reached the sender (lazy)
 
 Readers skip the zeros a killed gateway's file was allocated ahead with (see
