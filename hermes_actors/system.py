@@ -135,11 +135,12 @@ class ActorSystem:
         # The start's one walk of the relay tree (the RelayActor relies on it), on this thread before the watch
         # starts: no events for our own mkdirs (a directory created while watchdog walks the tree makes it warn on
         # stderr); a relay directory left swapped (a gateway killed after a failed reply write) is put back first,
-        # so the reply kept for this start is written
-        ensure_relay_directories(InboxPaths.from_root(opts.root))
+        # so the reply kept for this start is written; journal/, run/, rooms/ and unconfirmed/ too (start_directories)
+        paths = InboxPaths.from_root(opts.root)
+        ensure_relay_directories(paths, needs=(paths.journal,) if opts.durable else ())
         adopted = None
         if opts.durable:
-            self.journal = Journal(opts.root / "bot_relay" / "journal", fsync=opts.fsync, within=opts.root)
+            self.journal = Journal(paths.journal, fsync=opts.fsync, within=opts.root)
             adopted = self.journal.start()
         self.scheduler = scheduler = Scheduler().start()
         self.pool = pool = WorkerPool(opts.workers, name="turn")

@@ -766,9 +766,9 @@ def test_a_start_walks_the_relay_tree_once(
     walked: list[Path] = []
     real = strays.quarantine_strays  # what ensure_relay_directories calls (the rescans have their own binding)
 
-    def counted(walked_paths: InboxPaths, *, unfixable: set[Path] | None = None) -> int:
+    def counted(walked_paths: InboxPaths, *, unfixable: set[Path] | None = None, also: tuple[Path, ...] = ()) -> int:
         walked.append(walked_paths.relay.base)
-        return real(walked_paths, unfixable=unfixable)
+        return real(walked_paths, unfixable=unfixable, also=also)
 
     monkeypatch.setattr(strays, "quarantine_strays", counted)
     start_gateway(gateways, mini, RecordingRunner(), connection_id="mini", durable=False,

@@ -44,12 +44,11 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
     """Send one request to the host of ``root`` and return its answer.
 
     Raises:
-        HostOffline: nothing listens (no socket, a stale one, no run directory), or the host is
-            stopping and said it did not take the request.
+        HostOffline: nothing listens (no socket, a stale one, no run directory or a symlink or a file in
+            its place: no host serves through one), or the host is stopping and said it did not take the request.
         HostLost: the host took the connection and closed it without answering: it may or may
             not have acted on the request.
-        PermissionError: the run directory is a symlink or another uid's, or the
-            socket is served by another uid.
+        PermissionError: the run directory is another uid's, or the socket is served by another uid.
         TimeoutError: the host did not answer within ``timeout``.
         ValueError: the answer is not a JSON object.
     """
@@ -58,6 +57,10 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
         dir_fd = open_dir(path.parent)
     except (FileNotFoundError, NotADirectoryError):
         raise HostOffline(f"no submit endpoint at {path}") from None
+    except PermissionError:
+        if os.path.islink(path.parent):  # never followed; no host binds through one (a start puts it back)
+            raise HostOffline(f"no submit endpoint at {path}: {path.parent} is a symlink") from None
+        raise
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(timeout)

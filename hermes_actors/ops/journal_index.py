@@ -55,6 +55,7 @@ from hermes_actors.store.journal_records import (
     read_lines,
     state_records,
 )
+from hermes_actors.store.relay_protocol import JOURNAL, RELAY_DIR
 
 __all__ = ["JournalIndex", "journal_dir", "journal_paths", "open_journal", "read_each_journal"]
 
@@ -65,7 +66,7 @@ _TAIL_BYTES = 4096
 
 def journal_dir(root: str | Path) -> Path:
     """``<root>/bot_relay/journal``."""
-    return Path(root).expanduser() / "bot_relay" / "journal"
+    return Path(root).expanduser() / RELAY_DIR / JOURNAL
 
 
 def journal_paths(root: str | Path) -> tuple[list[Path], list[str]]:

@@ -11,18 +11,22 @@ from loguru import logger
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.private_dir import ensure_private_dir, loose_private_dir
-from hermes_actors.store.relay_dirfd import relay_dir, swapped_below
+from hermes_actors.store.relay_dirfd import open_dir_below, relay_dir, swapped_below
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
 
 __all__ = ["ensure_relay_directories", "kept_directories", "private_directories", "puts_back", "quarantine_misnamed",
-           "quarantine_strays", "restore_private_modes"]
+           "quarantine_strays", "refused_at_start", "restore_private_modes", "start_directories"]
+
+# How a start finds a directory of bot_relay/ (_found): what refused_at_start judges
+MISSING, OURS, SWAPPED, FOREIGN = "missing", "ours", "swapped", "foreign"
 
 
 def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
     """Pure: the relay directories the rescan puts back when they are swapped for a symlink or a file, or removed.
 
-    Every directory of the layout but two: not ``bot_relay/`` itself (a swapped one is refused by every use,
+    Every directory of :meth:`InboxPaths.directories` but two (those their users make are put back by a start
+    only: :func:`start_directories`): not ``bot_relay/`` itself (a swapped one is refused by every use,
     and a root's relay directory is the user's to put back), and not ``hubclaims/``: the hub process owns it
     (a shelf put back under a running hub would have no lock, and its claims there would never be adopted);
     a swapped one refuses the hub's claims until it is fixed. ``quarantine/`` is first: the others move into it.
@@ -36,6 +40,39 @@ def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
     relay = paths.relay
     return (relay.quarantine, paths.inbox, relay.replies, relay.outbox, relay.claimed, relay.locks, paths.delivered,
             paths.taken_parent, paths.started, paths.sent, paths.consumed, paths.heartbeat, paths.expiring, relay.tmp)
+
+
+def start_directories(paths: InboxPaths) -> tuple[Path, ...]:
+    """Pure: the directories of ``bot_relay/`` a start puts back too when they are swapped for a symlink or a file.
+
+    Each is made by its user when it first needs it (the journal's start, the host's submit endpoint, the rooms'
+    start, the Redis transport's first unconfirmed send): one that is missing is left to it, one swapped is moved
+    into ``quarantine/`` as it is (never followed: what a symlink points at is never read, written or moved) and
+    made again at once. Not by the rescan (:func:`kept_directories`): a user already running keeps its lock or
+    its open file (``run/submit.lock``, ``rooms/.owner.lock``, its journal file) in the directory swapped away.
+
+    Args:
+        paths: the relay layout.
+
+    Returns:
+        ``journal/``, ``run/``, ``rooms/``, ``unconfirmed/``.
+    """
+    return (paths.journal, paths.run, paths.rooms, paths.unconfirmed)
+
+
+def refused_at_start(found: str, put_back: bool) -> bool:
+    """Pure: whether a start refuses a directory of ``bot_relay/`` (or ``bot_relay/`` itself) as it finds it.
+
+    Args:
+        found: :data:`MISSING` (the start makes it), :data:`OURS`, :data:`SWAPPED` (a symlink or anything but a
+            directory, or one below a ``bot_relay/`` that is) or :data:`FOREIGN` (another user's directory).
+        put_back: the start puts this directory back when it is swapped (:func:`kept_directories`,
+            :func:`start_directories`; never ``bot_relay/`` itself nor ``hubclaims/``).
+
+    Returns:
+        True for another user's directory (never ours to move), and for a swapped one the start does not put back.
+    """
+    return found == FOREIGN or (found == SWAPPED and not put_back)
 
 
 def private_directories(paths: InboxPaths) -> tuple[Path, ...]:
@@ -146,13 +183,34 @@ def _find_swapped(paths: InboxPaths, directories: tuple[Path, ...], failing: set
     return swapped
 
 
+def moved_aside_why(paths: InboxPaths, directory: Path) -> str:
+    """Pure: the reason the quarantine logs for a swapped relay directory it moves aside.
+
+    The journal's says what becomes of the DMs journaled where a symlink pointed: that directory is never read,
+    so they are not re-offered from there, and how to have them re-offered.
+
+    Args:
+        paths: the relay layout.
+        directory: the swapped directory.
+
+    Returns:
+        The reason.
+    """
+    why = "a relay directory was replaced by a symlink or a file"
+    if directory != paths.journal:
+        return why
+    return (f"{why}; it is never read, and an empty journal directory is made: DMs journaled in files a symlink "
+            f"pointed at are not re-offered from there; to have them re-offered, move those j-*.log files into "
+            f"{directory} and start again")
+
+
 def _move_aside(paths: InboxPaths, directory: Path) -> None:
     """Quarantine a swapped relay directory (the entry itself: a symlink is never followed).
 
     A swapped ``quarantine/`` cannot be moved into itself: it is renamed aside in ``bot_relay/`` first,
     a real ``quarantine/`` is made, and then it moves in like any other (:func:`quarantine_directory`).
     """
-    why = "a relay directory was replaced by a symlink or a file"
+    why = moved_aside_why(paths, directory)
     if directory != paths.relay.quarantine:
         quarantine(paths.relay, directory, why)
         return
@@ -218,7 +276,7 @@ def quarantine_misnamed(paths: InboxPaths, directory: Path) -> int:
     return moved
 
 
-def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) -> int:
+def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None, also: tuple[Path, ...] = ()) -> int:
     """Quarantine relay directories (the temp directory too) replaced by symlinks or files, and stray files.
 
     Directories quarantined or removed are created again, each on its own (one that cannot be
@@ -239,6 +297,8 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) 
         unfixable: the caller's memory of the directories that could not be made again, ``bot_relay/``
             itself included (kept across its passes, so a lasting failure is logged once); None: every
             failure is logged.
+        also: directories put back only when they are swapped, a missing one left missing (a start's
+            :func:`start_directories`).
 
     Returns:
         How many entries were quarantined.
@@ -246,7 +306,7 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) 
     moved = 0
     directories = kept_directories(paths)
     failing = set() if unfixable is None else unfixable
-    swapped = _find_swapped(paths, directories, failing)
+    swapped = _find_swapped(paths, directories + also, failing)
     if swapped is None:
         return 0
     for directory in swapped:
@@ -254,24 +314,78 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None) 
         _move_aside(paths, directory)
     # also put back what was removed; and look again at what failed before, to say when it is back
     if swapped or failing or not all(os.path.isdir(d) for d in directories):
-        _put_back(paths, directories, failing)
+        _put_back(paths, directories + tuple(d for d in also if d in swapped or d in failing), failing)
     restore_private_modes(paths)
     for directory in (paths.inbox, paths.relay.replies):
         moved += quarantine_misnamed(paths, directory)
     return moved
 
 
-def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None = None) -> int:
+def _found(paths: InboxPaths, directory: Path) -> tuple[str, HostileFileError | None]:
+    """How ``directory`` (``bot_relay/`` or inside it) is now, walked from the root without following a symlink.
+
+    Returns:
+        :data:`MISSING` (it, or ``bot_relay/`` above it), :data:`OURS`, :data:`SWAPPED` or :data:`FOREIGN`
+        (:data:`OURS` too when it cannot be looked at, a permission: the start's own use of it says why),
+        and the refusal of the walk, naming what it found (None when it took the directory).
+    """
+    try:
+        os.close(open_dir_below(paths.relay.root, directory))
+    except FileNotFoundError:
+        return MISSING, None
+    except HostileFileError as exc:
+        try:
+            return (SWAPPED if _swapped(paths, directory) else FOREIGN), exc
+        except (OSError, HostileFileError):
+            return SWAPPED, exc  # below a bot_relay/ that is itself swapped (looked at first: refused there)
+    except OSError:
+        return OURS, None
+    return OURS, None
+
+
+def _cannot_start(paths: InboxPaths, exc: HostileFileError, *, untouched: bool) -> HostileFileError:
+    """The start's refusal of a directory it cannot put back: names it (``exc``) and says what to do."""
+    tail = "; nothing was changed" if untouched else ""
+    return HostileFileError(
+        f"{exc}. The relay cannot start on {paths.relay.root}: make it a real directory of this user again (move the "
+        "symlink or file aside, or chown the directory); a relay directory inside bot_relay/ swapped for a symlink "
+        f"or a file is put back by the start itself (but hubclaims/, the hub's){tail}")
+
+
+def _refuse_unusable(paths: InboxPaths, needs: tuple[Path, ...]) -> None:
+    """Refuse the start, before anything is moved or made, for a directory it needs and cannot put back.
+
+    Args:
+        paths: the relay layout.
+        needs: the directories the caller uses besides the relay's (the journal's in durable mode).
+
+    Raises:
+        HostileFileError: ``bot_relay/`` itself a symlink, a file or another user's, another user's directory,
+            a swapped ``hubclaims/``; the text names it and says what to do.
+    """
+    put_back = {*kept_directories(paths), *start_directories(paths)}
+    for directory in dict.fromkeys((*paths.directories(), *needs)):  # bot_relay/ first
+        found, exc = _found(paths, directory)
+        if exc is not None and refused_at_start(found, directory in put_back):
+            raise _cannot_start(paths, exc, untouched=True) from exc
+
+
+def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None = None,
+                             needs: tuple[Path, ...] = ()) -> int:
     """At the start: put back the relay directories swapped for a symlink or a file, then make every directory.
 
     By the rescan's rule (:func:`quarantine_strays`: the symlink is moved into ``quarantine/``, never followed,
     what it points at untouched), so a ``delivered/`` left swapped by a gateway killed meanwhile does not
-    refuse the start that must write the reply kept in its start mark.
+    refuse the start that must write the reply kept in its start mark; and so are the directories their
+    users make (:func:`start_directories`: ``journal/``, ``run/``, ``rooms/``, ``unconfirmed/``), each with
+    the same WARNING. What it cannot put back refuses it first, with nothing moved or made.
 
     Args:
         paths: the relay layout.
         unfixable: the rescans' memory of what could not be put back (a failure logged here is not again);
             None: a fresh one.
+        needs: the directories the caller uses besides the relay's (the journal's in durable mode): another
+            user's one refuses the start here, before anything is made.
 
     Returns:
         How many entries were quarantined.
@@ -281,12 +395,10 @@ def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None =
             another user's directory, a swapped ``hubclaims/``); the text names it and says what to do.
         StoreError: a directory could not be made.
     """
-    moved = quarantine_strays(paths, unfixable=unfixable)
+    _refuse_unusable(paths, needs)
+    moved = quarantine_strays(paths, unfixable=unfixable, also=start_directories(paths))
     try:
         paths.ensure()
-    except HostileFileError as exc:
-        raise HostileFileError(f"{exc}. The relay cannot start on {paths.relay.root}: make it a real directory "
-                               "of this user again (move the symlink or file aside, or chown the directory); "
-                               "a relay directory inside bot_relay/ swapped for a symlink or a file is put back "
-                               "by the start itself") from exc
+    except HostileFileError as exc:  # swapped again meanwhile, or it could not be moved aside (logged)
+        raise _cannot_start(paths, exc, untouched=False) from exc
     return moved

@@ -29,12 +29,13 @@ from hermes_actors.store.atomic import atomic_write_bytes, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_paths import RelayPaths
+from hermes_actors.store.relay_protocol import ROOMS
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.turnlock import TurnLock
 
 __all__ = ["OWNER_LOCK", "ROOMS_DIR", "ROOM_MAX_BYTES", "STARTED_DIR", "RoomFiles", "RoomStartMarks", "RoomsOnDisk"]
 
-ROOMS_DIR = "rooms"  # under bot_relay/
+ROOMS_DIR = ROOMS  # under bot_relay/
 OWNER_LOCK = ".owner.lock"  # under rooms/: flocked by the one process that drives the root's rooms
 STARTED_DIR = ".started"  # under rooms/: ``<turn_id>.json`` marks a member turn that began (RoomStartMarks)
 # The reader refuses a larger file (hostile); 4x the writer's budget (file_budget.ROOM_WRITE_BUDGET), so

@@ -46,7 +46,17 @@ from hermes_actors.store.atomic import (
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, rename_between
 from hermes_actors.store.relay_paths import RelayPaths
-from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, is_number, parse_envelope, parse_reply, seed_ttl
+from hermes_actors.store.relay_protocol import (
+    JOURNAL,
+    REPLY_FILE_MAX_BYTES,
+    ROOMS,
+    RUN,
+    UNCONFIRMED,
+    is_number,
+    parse_envelope,
+    parse_reply,
+    seed_ttl,
+)
 from hermes_actors.store.relay_shelf import find_on_shelves
 
 __all__ = [
@@ -94,11 +104,43 @@ class InboxPaths:
         return cls(relay, base / "inbox", base / "taken", base / "delivered", base / "consumed", base / HEARTBEAT_DIR,
                    base / "started", base / "sent", base / "hubclaims", base / "expiring", base / "taken")
 
+    @property
+    def journal(self) -> Path:
+        """``bot_relay/journal``: the delivery journal's directory (made by the journal's start)."""
+        return self.relay.base / JOURNAL
+
+    @property
+    def run(self) -> Path:
+        """``bot_relay/run``: the host's submit socket and lock (made by the host's submit endpoint)."""
+        return self.relay.base / RUN
+
+    @property
+    def rooms(self) -> Path:
+        """``bot_relay/rooms``: the group rooms (made by the rooms' start)."""
+        return self.relay.base / ROOMS
+
+    @property
+    def unconfirmed(self) -> Path:
+        """``bot_relay/unconfirmed``: the sends Redis did not answer (made by the Redis transport when it keeps one)."""
+        return self.relay.base / UNCONFIRMED
+
+    def directories(self) -> tuple[Path, ...]:
+        """The directories :meth:`ensure` makes, ``bot_relay/`` first (not those their user makes: :meth:`journal`...).
+
+        Returns:
+            The relay's (:meth:`RelayPaths.directories`), then inbox, taken, delivered, consumed, gateways,
+            started, sent, hubclaims, expiring.
+        """
+        return (*self.relay.directories(), *self._extension_directories())
+
+    def _extension_directories(self) -> tuple[Path, ...]:
+        return (self.inbox, self.taken_parent, self.delivered, self.consumed, self.heartbeat, self.started, self.sent,
+                self.hubclaims, self.expiring)
+
     def ensure(self) -> InboxPaths:
         """Create every directory (0700), refusing hostile ones."""
         self.relay.ensure()
-        for directory in (self.inbox, self.taken_parent, self.delivered, self.consumed, self.heartbeat,
-                          self.started, self.sent, self.hubclaims, self.expiring):
+        for directory in self._extension_directories():
             ensure_private_dir(directory, within=self.relay.root)
         return self
 

@@ -29,6 +29,12 @@ REPLIES = "replies"
 LOCKS = "locks"
 TMP = ".bot_relay_tmp"  # beside bot_relay/ (under the Hermes root), outside every watched tree
 QUARANTINE = "quarantine"
+# Our extension's directories of bot_relay/ that their user makes when it first needs one (beside the relay's own,
+# which every start makes: hermes_actors.store.relay_inbox.InboxPaths)
+JOURNAL = "journal"  # the delivery journal (hermes_actors.store.journal)
+RUN = "run"  # the host's submit socket and lock (hermes_actors.hermes.submit_protocol.RUN_DIR spells it too)
+ROOMS = "rooms"  # the group rooms (hermes_actors.rooms.store)
+UNCONFIRMED = "unconfirmed"  # the sends Redis did not answer (hermes_actors.transports.redis.outbound)
 
 STALE_AFTER_SECONDS = 6 * 3600
 ROSTER_FRESH_SECONDS = 600

@@ -34,7 +34,7 @@ from hermes_actors.core.clipping import shown
 from hermes_actors.core.config import parse_redis_config
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import ProfileInfo, RemoteAgent
-from hermes_actors.store.relay_protocol import HANDLE_RE, parse_envelope, parse_reply
+from hermes_actors.store.relay_protocol import HANDLE_RE, UNCONFIRMED, parse_envelope, parse_reply
 from hermes_actors.store.relay_roster import normalize_roster_row, roster_row_dict
 
 __all__ = [
@@ -66,7 +66,7 @@ __all__ = [
 
 GROUP = "hermes"  # the consumer group name, on every stream (groups are per stream)
 EXPIRED_CLAIM = "expired"  # the claim value the sender sets when it expired its own envelope
-UNCONFIRMED_DIR = "unconfirmed"  # under bot_relay/: the sends Redis did not answer, until it does (outbound)
+UNCONFIRMED_DIR = UNCONFIRMED  # under bot_relay/: the sends Redis did not answer, until it does (outbound)
 DONE_KEEP_SECONDS = 24 * 3600  # dedupe memory (at least 2 × the envelope TTL)
 ROSTER_KEEP_SECONDS = 24 * 3600  # a connection gone for good drops out of the roster after this
 # A heartbeat never expires sooner: a loaded 2-core machine can stall a process for seconds.
