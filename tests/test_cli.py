@@ -402,6 +402,35 @@ def test_room_commands_create_send_show_list_disband(tmp_path: Path, capsys: pyt
     assert json.loads(capsys.readouterr().out) == []
 
 
+_ROW = {"room_id": "a" * 32, "state": "idle", "messages": 3, "members": ["alice", "bob"]}
+
+
+@pytest.mark.parametrize(("names", "width"), [
+    ([], 24), (["plan"], 24), (["x" * 24], 24),
+    (["project-alpha-discussion-one", "project-alpha-discussion-two"], 28), (["p" * 64, "q"], 64),
+], ids=["none", "short", "24", "two-long", "64"])
+def test_room_list_shows_names_whole(names: list[str], width: int) -> None:
+    """Regression (CLI fuzz): `room list` cut names at 24 characters without a mark, so
+    `project-alpha-discussion-one` and `…-two` looked the same. Names are shown whole, the column as wide as the
+    longest (a room is addressed by its name, as a bot by its handle on the roster)."""
+    from hermes_actors.cli.render import rooms_table
+
+    header, *lines = rooms_table([{**_ROW, "name": name} for name in names]).split("\n")
+    assert header == f"{'name':<{width}} {'room_id':<32} {'state':<10} {'messages':>8}  members"
+    assert lines == [f"{name:<{width}} {'a' * 32} idle       {3:>8}  @alice, @bob" for name in names]
+
+
+def test_room_list_prints_the_whole_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    base = ["--root", str(root), "--runner", "demo"]
+    for name in ("project-alpha-discussion-one", "project-alpha-discussion-two"):
+        assert main(["room", "create", name, "scout", "critic", *base]) == 0
+    capsys.readouterr()
+    assert main(["room", "list", *base[:2]]) == 0
+    assert sorted(line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]) == [
+        "project-alpha-discussion-one", "project-alpha-discussion-two"]
+
+
 def test_room_command_errors_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = create_demo_root(tmp_path / "root")
     base = ["--root", str(root), "--runner", "demo"]

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from hermes_actors.cli.arg_types import seconds, utf8_text
-from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line
+from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line, rooms_table
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import RoomStopped
 
@@ -188,11 +188,7 @@ def _list(args: argparse.Namespace) -> int:
         if args.json:
             print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
             return 0
-        print(f"{'name':<24} {'room_id':<32} {'state':<10} {'messages':>8}  members")
-        for row in rows:
-            members = ", ".join("@" + m for m in row["members"])
-            print(f"{row['name'][:24]:<24} {row['room_id']:<32} {row['state']:<10} {row.get('messages', '?'):>8}  "
-                  f"{members}")
+        print(rooms_table(rows))
         return 0
 
     return _with_gateway(args, act, on_disk=True)
