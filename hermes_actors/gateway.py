@@ -534,7 +534,8 @@ class Gateway:
         ``Group: <name>``) of ``members`` (as ``message_agent`` targets); returns ``{room_id, name, members}``.
 
         Raises:
-            ValueError: a bad name, a name taken, an unknown member, fewer than 2 or more than 6.
+            ValueError: a bad name (one shaped like a room id included), a name taken, an unknown member, fewer
+                than 2 or more than 6.
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), or another
                 gateway process drives the root's rooms.
         """
@@ -558,7 +559,7 @@ class Gateway:
         Before ``start()`` and after ``stop()`` it reads the root's room files (as ``room show`` does).
 
         Raises:
-            KeyError: no such room.
+            KeyError: no such room, or a reference that is one room's id and another's name.
             RuntimeError: another gateway process drives the root's rooms (while this one runs), the room
                 directory is refused, or this is a fork of the process that started the gateway.
         """
@@ -573,7 +574,7 @@ class Gateway:
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds.
-            KeyError: no such room.
+            KeyError: no such room, or a reference that is one room's id and another's name.
             RoomStopped: the room stopped while this waited (the gateway stopped, or the room's actor
                 failed and restarts); a RuntimeError.
             RuntimeError: the gateway is not running (or this is a fork of the process that started it).
@@ -602,7 +603,7 @@ class Gateway:
         """Delete the room (its file too); its members' sessions stay.
 
         Raises:
-            KeyError: no such room.
+            KeyError: no such room, or a reference that is one room's id and another's name.
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on: ``hermes-actors
                 room disband`` deletes a room without one), or another gateway process drives the root's rooms.
         """

@@ -402,6 +402,35 @@ def test_room_commands_create_send_show_list_disband(tmp_path: Path, capsys: pyt
     assert json.loads(capsys.readouterr().out) == []
 
 
+_ROW = {"room_id": "a" * 32, "state": "idle", "messages": 3, "members": ["alice", "bob"]}
+
+
+@pytest.mark.parametrize(("names", "width"), [
+    ([], 24), (["plan"], 24), (["x" * 24], 24),
+    (["project-alpha-discussion-one", "project-alpha-discussion-two"], 28), (["p" * 64, "q"], 64),
+], ids=["none", "short", "24", "two-long", "64"])
+def test_room_list_shows_names_whole(names: list[str], width: int) -> None:
+    """Regression (CLI fuzz): `room list` cut names at 24 characters without a mark, so
+    `project-alpha-discussion-one` and `…-two` looked the same. Names are shown whole, the column as wide as the
+    longest (a room is addressed by its name, as a bot by its handle on the roster)."""
+    from hermes_actors.cli.render import rooms_table
+
+    header, *lines = rooms_table([{**_ROW, "name": name} for name in names]).split("\n")
+    assert header == f"{'name':<{width}} {'room_id':<32} {'state':<10} {'messages':>8}  members"
+    assert lines == [f"{name:<{width}} {'a' * 32} idle       {3:>8}  @alice, @bob" for name in names]
+
+
+def test_room_list_prints_the_whole_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = create_demo_root(tmp_path / "root")
+    base = ["--root", str(root), "--runner", "demo"]
+    for name in ("project-alpha-discussion-one", "project-alpha-discussion-two"):
+        assert main(["room", "create", name, "scout", "critic", *base]) == 0
+    capsys.readouterr()
+    assert main(["room", "list", *base[:2]]) == 0
+    assert sorted(line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]) == [
+        "project-alpha-discussion-one", "project-alpha-discussion-two"]
+
+
 def test_room_command_errors_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = create_demo_root(tmp_path / "root")
     base = ["--root", str(root), "--runner", "demo"]
@@ -1141,18 +1170,115 @@ def test_room_show_and_list_refuse_a_runner_naming_it(
 _FOR_NO_HOST = "(they are for a send that runs the DM itself, on a root with no host)"
 
 
-@pytest.mark.parametrize(("runner", "cli", "note"), [
-    (None, None, None),
-    ("demo", None, f"note: --runner demo ignored: the host serving /r runs the DM with its own runner {_FOR_NO_HOST}"),
-    (None, "/bin/true", "note: --cli /bin/true ignored: the host serving /r runs the DM with its own runner "
-                        f"{_FOR_NO_HOST}"),
-    ("hermes", "/bin/true", "note: --runner hermes and --cli /bin/true ignored: the host serving /r runs the DM with "
-                            f"its own runner {_FOR_NO_HOST}"),
-], ids=["none", "runner", "cli", "both"])
-def test_ignored_runner_note_names_the_options_given(runner: str | None, cli: str | None, note: str | None) -> None:
-    from hermes_actors.cli.send import ignored_runner_note
+_SEND = {"does": "runs the DM", "without": "a send that runs the DM itself"}
 
-    assert ignored_runner_note("/r", runner, cli) == note
+
+@pytest.mark.parametrize(("options", "note"), [
+    ({}, None),
+    ({"runner": "demo"},
+     f"note: --runner demo ignored: the host serving /r runs the DM with its own runner {_FOR_NO_HOST}"),
+    ({"cli": "/bin/true"}, f"note: --cli /bin/true ignored: the host serving /r runs the DM with its own runner "
+                           f"{_FOR_NO_HOST}"),
+    ({"runner": "hermes", "cli": "/bin/true"}, "note: --runner hermes and --cli /bin/true ignored: the host serving /r "
+                                               f"runs the DM with its own runner {_FOR_NO_HOST}"),
+    ({"cli": ""}, None),  # an empty --cli is the default
+    # Regression (CLI fuzz): through a host, --redis and --connection-id were dropped without a word
+    ({"redis": "redis://u:secret@127.0.0.1:1/0", "connection_id": "zz"},
+     "note: --redis redis://u:***@127.0.0.1:1/0 and --connection-id zz ignored: the host serving /r runs the DM with "
+     f"its own transport and connection id {_FOR_NO_HOST}"),
+    ({"runner": "demo", "redis": "redis"},
+     "note: --runner demo and --redis redis ignored: the host serving /r runs the DM with its own runner and "
+     f"transport {_FOR_NO_HOST}"),
+    ({"runner": "demo", "cli": "/bin/true", "redis": "redis", "connection_id": "zz"},
+     "note: --runner demo, --cli /bin/true, --redis redis and --connection-id zz ignored: the host serving /r "
+     f"runs the DM with its own runner, transport and connection id {_FOR_NO_HOST}"),
+], ids=["none", "runner", "cli", "both", "empty-cli", "transport", "runner-redis", "all"])
+def test_the_host_ignored_note_names_the_options_given(options: dict[str, str], note: str | None) -> None:
+    import argparse
+
+    from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note
+
+    args = argparse.Namespace(**{"runner": None, "cli": None, "redis": None, "connection_id": None, **options})
+    assert host_ignored_note("/r", given_gateway_options(args), **_SEND) == note
+
+
+def test_send_through_a_host_says_its_transport_options_are_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI fuzz): through a host, `send --redis URL --connection-id zz` was queued (exit 0) without a
+    note, while --runner and --cli got one."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    with Gateway(root, runner=RecordingRunner(lambda turn: "ok"), durable=False, serve_submit=True):
+        assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi", "--redis",
+                     "redis://u:secret@127.0.0.1:1/0", "--connection-id", "zz"]) == 0
+        captured = capsys.readouterr()
+        assert captured.out.startswith("queued for @bob: delivery ")
+        assert captured.err == (f"note: --redis redis://u:***@127.0.0.1:1/0 and --connection-id zz ignored: the host "
+                                f"serving {root} runs the DM with its own transport and connection id "
+                                f"{_FOR_NO_HOST}\n"), captured.err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--from", "", "bob", "hi"], ["--from", "  ", "bob", "hi"], ["--from", "alice", "a" * 300, "hi"],
+    ["--from", "a" * 300, "bob", "hi"], ["--from", "alice", "", "hi"],
+], ids=["empty-sender", "blank-sender", "long-target", "long-sender", "empty-target"])
+def test_a_host_refuses_a_send_in_the_words_used_without_one(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI fuzz): through a host, `send --from ""` was refused `bad submit request: 'sender' must be a
+    non-empty string of at most 256 chars` (without one: `sender is required … teammates: …`), and a 300-character
+    target `bad submit request: 'target' must be …`: the submit endpoint's own checks came before the gateway's."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    command = ["send", "--root", str(root), *argv, "--json"]
+    assert main([*command, "--runner", "demo"]) == 1  # no host: the command's own gateway refuses it
+    alone = json.loads(capsys.readouterr().out)
+    with Gateway(root, runner=RecordingRunner(lambda turn: "ok"), durable=False, serve_submit=True):
+        assert main(command) == 1
+        captured = capsys.readouterr()
+    assert json.loads(captured.out) == alone
+    assert "bad submit request" not in alone["error"] and alone["reason"] == "unknown"
+
+
+@pytest.mark.parametrize(("sender", "who"), [("alice", "alice"), ("", "the sender"), ("  ", "the sender"),
+                                             ("a\x1b[2J", "a\\x1b[2J")])
+def test_the_no_host_note_names_the_sender(sender: str, who: str) -> None:
+    """Regression (CLI fuzz): `send --from ""` with no host said `prints its outcome:  is not woken` (no name)."""
+    from hermes_actors.cli.send import no_host_note
+
+    assert no_host_note("/r", sender) == ("note: no host serves /r (start one with `hermes-actors serve --root /r`); "
+                                          f"this command runs the DM itself and prints its outcome: {who} is not "
+                                          "woken with it in Bot Chat (only a host wakes senders)")
+
+
+def test_roster_through_a_host_says_its_transport_options_are_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI fuzz): `roster --connection-id zz` through a host was ignored without a word."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    with Gateway(root, runner=RecordingRunner(), durable=False, serve_submit=True):
+        assert main(["roster", "--root", str(root), "--connection-id", "zz", "--json"]) == 0
+        captured = capsys.readouterr()
+        assert {r["handle"] for r in json.loads(captured.out)} >= {"alice", "bob"}
+        assert captured.err == (f"note: --connection-id zz ignored: the host serving {root} lists the roster with its "
+                                "own connection id (they are for a roster that reads the transport itself, on a root "
+                                "with no host)\n"), captured.err
+        assert main(["roster", "--root", str(root)]) == 0
+        assert "ignored" not in capsys.readouterr().err  # nothing given, nothing said
+
+
+def test_room_commands_through_a_host_say_their_runner_options_are_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`room create|send --runner demo` through a host ran the member turns on the host's runner without a word,
+    as `send` did (one rule for the options a host does not take)."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    with Gateway(root, runner=RecordingRunner(lambda turn: "[SILENT]"), durable=False, serve_submit=True):
+        assert main(["room", "create", "plan", "alice", "bob", "--root", str(root), "--runner", "demo"]) == 0
+        assert capsys.readouterr().err == (
+            f"note: --runner demo ignored: the host serving {root} runs the rooms' member turns with its own runner "
+            "(they are for a room create that runs a gateway of its own, on a root with no host)\n")
+        assert main(["room", "send", "plan", "hi", "--root", str(root), "--wait", "30"]) == 0
+        assert capsys.readouterr().err == ""
 
 
 def test_send_through_a_host_says_its_runner_options_are_ignored(

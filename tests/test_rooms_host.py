@@ -362,3 +362,103 @@ def test_room_send_cut_short_names_a_command_that_runs_as_printed(exc: Exception
     assert shlex.split(command) == ["hermes-actors", "room", "show", "--root", root, room], line
     plain = _wait_cut_short(exc, argparse.Namespace(root="/srv/hermes", room="launch"))
     assert plain.endswith("(look later with: hermes-actors room show --root /srv/hermes launch)")  # as before
+
+
+# ── a room's name and another room's id ─────────────────────────────────────
+
+
+def test_a_new_room_may_not_be_named_with_a_room_id(tmp_path: Path, gateways: list[Gateway],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (CLI fuzz): `room create R <id of room 'launch'> scout critic` printed "created"; `room disband R
+    <that name>` then disbanded launch, and the new room could no longer be reached by its name. Refused now, by the
+    API, the host and the command alike, and nothing is made."""
+    root = make_root(tmp_path)
+    with Gateway(root, runner=RecordingRunner(lambda turn: "[SILENT]")) as gw:
+        launch = gw.create_room("launch", ["alice", "bob"])["room_id"]
+        for name in (launch, launch.upper()):
+            with pytest.raises(ValueError, match=r"has the form of a room id \(32 hex digits\)"):
+                gw.create_room(name, ["alice", "carol"])
+    says = f"error: room name {launch!r} has the form of a room id (32 hex digits), so it could be taken for another " \
+           "room's id; choose another name\n"
+    assert main(["room", "create", launch, "alice", "carol", "--root", str(root), "--runner", "demo"]) == 2  # no host
+    assert capsys.readouterr().err == says
+    host = start_gateway(gateways, root, RecordingRunner(lambda turn: "[SILENT]"), serve_submit=True)
+    rooms = HostRooms.if_served(root)
+    assert rooms is not None
+    with pytest.raises(ValueError, match=r"has the form of a room id"):
+        rooms.create_room(launch, ["alice", "carol"])
+    assert main(["room", "create", launch, "alice", "carol", "--root", str(root)]) == 2  # through the host
+    assert capsys.readouterr().err == says
+    assert [r["name"] for r in host.list_rooms()] == ["launch"]
+    assert main(["room", "disband", launch, "--root", str(root)]) == 0
+    assert host.list_rooms() == []  # the id names launch, and only launch
+
+
+def _clashing_rooms(root: Path) -> tuple[str, str]:
+    """Rooms 'launch' and one named with launch's id, as a gateway before the name rule could make them.
+
+    Returns:
+        (launch's id, the other room's id).
+    """
+    with Gateway(root, runner=RecordingRunner(lambda turn: "[SILENT]")) as gw:
+        launch = gw.create_room("launch", ["alice", "bob"])["room_id"]
+        shadow = gw.create_room("shadow", ["alice", "carol"])["room_id"]
+    path = root / "bot_relay" / "rooms" / f"{shadow}.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "name": launch}))
+    return launch, shadow
+
+
+def _both_rooms_left(root: Path, launch: str, shadow: str) -> None:
+    with Gateway(root, runner=RecordingRunner(lambda turn: "[SILENT]")) as gw:
+        assert sorted((r["room_id"], r["name"]) for r in gw.list_rooms()) == sorted([(launch, "launch"),
+                                                                                     (shadow, launch)])
+
+
+def test_a_room_named_with_another_rooms_id_is_never_taken_for_it(tmp_path: Path, gateways: list[Gateway],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (CLI fuzz): a reference that is one room's id and another's name (a room named before names were
+    checked) acted on the room of that id, whichever was meant. It names neither now: refused, naming both, and
+    nothing is done; each room is still reached by what is only its own (launch by its name, the other by its id)."""
+    root = make_root(tmp_path)
+    launch, shadow = _clashing_rooms(root)
+    ambiguous = f"room {launch!r} is ambiguous: it is the id of room 'launch' and the name of room {shadow}"
+    # the API
+    with Gateway(root, runner=RecordingRunner(lambda turn: "[SILENT]")) as gw:
+        for call in (gw.room_transcript, gw.disband_room, lambda ref: gw.wait_room_idle(ref, timeout=1)):
+            with pytest.raises(KeyError, match=ambiguous):
+                call(launch)
+        assert gw.room_send(launch, "user", "hi")["error"].startswith(ambiguous)
+        assert gw.room_transcript("launch") == gw.room_transcript(shadow) == []  # nothing was posted
+        assert gw.wait_room_idle("launch", timeout=5) == gw.wait_room_idle(shadow, timeout=5) == "idle"
+    _both_rooms_left(root, launch, shadow)
+    # the commands without a host (the room files), and the Gateway read before start()
+    assert main(["room", "disband", launch, "--root", str(root)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {ambiguous}")
+    assert main(["room", "show", launch, "--root", str(root)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {ambiguous}")
+    with pytest.raises(KeyError, match=ambiguous):
+        Gateway(root).room_transcript(launch)
+    assert main(["room", "send", launch, "hi", "--root", str(root), "--runner", "demo"]) == 1
+    assert capsys.readouterr().out.startswith(f"refused [unknown]: {ambiguous}")
+    _both_rooms_left(root, launch, shadow)
+    # through a host
+    host = start_gateway(gateways, root, RecordingRunner(lambda turn: "[SILENT]"), serve_submit=True)
+    rooms = HostRooms.if_served(root)
+    assert rooms is not None
+    with pytest.raises(KeyError, match=ambiguous):
+        rooms.disband_room(launch)
+    with pytest.raises(KeyError, match=ambiguous):
+        rooms.wait_room_idle(launch, timeout=1)
+    assert main(["room", "disband", launch, "--root", str(root)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {ambiguous}")
+    assert main(["room", "send", launch, "hi", "--root", str(root)]) == 1
+    assert capsys.readouterr().out.startswith(f"refused [unknown]: {ambiguous}")
+    assert main(["room", "list", "--root", str(root)]) == 0
+    assert {line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]} == {"launch", launch}
+    assert len(host.list_rooms()) == 2
+    # each room by what is only its own
+    assert main(["room", "disband", shadow, "--root", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["room_id"] == shadow
+    assert main(["room", "disband", "launch", "--root", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["room_id"] == launch
+    assert host.list_rooms() == []

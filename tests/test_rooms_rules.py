@@ -17,7 +17,9 @@ from hermes_actors.rooms.rules import (
     after_turn,
     failed_turn_text,
     find_mentions,
+    find_room,
     name_problem,
+    name_taken,
     open_round,
     plan_members,
     room_session,
@@ -83,6 +85,65 @@ def test_name_problem(name: Any, problem: str | None) -> None:
 
 def test_an_existing_rooms_name_with_a_hash_still_loads() -> None:
     assert name_problem("plan #launch", new=False) is None  # a file from before the rule is not quarantined
+
+
+LAUNCH, SHADOW = "7f71999aeec44d1398c570baa4aea1a0", "6a285650cebd4fd9a4f1c78a43e8aacc"
+_ID_SHAPED = ("has the form of a room id (32 hex digits), so it could be taken for another room's id; choose another "
+              "name")
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [(LAUNCH, f"room name {LAUNCH!r} {_ID_SHAPED}"), (LAUNCH.upper(), f"room name {LAUNCH.upper()!r} {_ID_SHAPED}"),
+     (f"  {LAUNCH} ", f"room name {LAUNCH!r} {_ID_SHAPED}"), (LAUNCH[:31], None), (LAUNCH + "0", None),
+     ("g" * 32, None), (f"{LAUNCH[:16]} {LAUNCH[16:]}", None)],
+    ids=["id", "upper", "spaced", "31-hex", "33-hex", "not-hex", "two-words"],
+)
+def test_a_new_room_name_may_not_look_like_a_room_id(name: str, problem: str | None) -> None:
+    """Regression (CLI fuzz): `room create <id of room 'launch'> …` was accepted; `room disband <that name>` then
+    disbanded launch, and the new room could no longer be reached by its name."""
+    assert name_problem(name) == problem
+    assert name_problem(name, new=False) is None  # a room named so before the rule still loads
+
+
+@pytest.mark.parametrize(
+    ("names", "name", "problem"),
+    [(["plan"], "plan", "a room named 'plan' exists already"), (["Plan"], " PLAN ", "a room named 'PLAN' exists "
+     "already"), (["plan"], "plans", None), ([], "plan", None)],
+)
+def test_name_taken(names: list[str], name: str, problem: str | None) -> None:
+    assert name_taken(names, name) == problem
+
+
+ROOMS = [(LAUNCH, "launch"), (SHADOW, "Q3 plan")]
+# a room named with another room's id before names were checked (its file still loads)
+CLASHING = [(LAUNCH, "launch"), (SHADOW, LAUNCH)]
+_AMBIGUOUS = (f"room {LAUNCH!r} is ambiguous: it is the id of room 'launch' and the name of room {SHADOW}; nothing was "
+              "done: pass a name or id that is only one room's (Gateway.list_rooms(); on the command line: "
+              "hermes-actors room list)")
+
+
+@pytest.mark.parametrize(
+    ("rooms", "ref", "found"),
+    [(ROOMS, LAUNCH, LAUNCH), (ROOMS, "launch", LAUNCH), (ROOMS, " LAUNCH ", LAUNCH), (ROOMS, LAUNCH.upper(), LAUNCH),
+     (ROOMS, "q3 plan", SHADOW), (ROOMS, SHADOW, SHADOW), (ROOMS, "nope", "no room 'nope'"), (ROOMS, "", "no room ''"),
+     (ROOMS, None, "no room None"), (ROOMS, 5, "no room 5"), ([], "launch", "no room 'launch'"),
+     (CLASHING, "launch", LAUNCH), (CLASHING, SHADOW, SHADOW), (CLASHING, LAUNCH, _AMBIGUOUS),
+     (CLASHING, LAUNCH.upper(), _AMBIGUOUS.replace(repr(LAUNCH), repr(LAUNCH.upper()), 1))],
+    ids=["id", "name", "name-case", "id-case", "name2", "id2", "none", "empty", "null", "int", "no-rooms",
+         "clash-name", "clash-id", "clash-ambiguous", "clash-ambiguous-case"],
+)
+def test_find_room(rooms: list[tuple[str, str]], ref: Any, found: str) -> None:
+    """A reference names the one room whose id or name it is; one that is a room's id and another room's name
+    names neither (before, the id won: `room disband <name of the new room>` disbanded the other room)."""
+    if found in (LAUNCH, SHADOW):
+        assert find_room(rooms, ref) == found
+        return
+    with pytest.raises(KeyError) as raised:
+        find_room(rooms, ref)
+    assert raised.value.args[0].startswith(found), raised.value.args[0]
+    if found == _AMBIGUOUS:
+        assert raised.value.args[0] == found
 
 
 def test_session_is_group_name() -> None:

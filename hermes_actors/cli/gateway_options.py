@@ -1,7 +1,9 @@
 """What the command's gateway options make: the turn runner of ``--runner``/``--cli`` and the config of ``--redis``.
 
 Shared by every command that may start a gateway of its own (``roster``, ``send``, ``serve``, ``room``); ``doctor``
-and ``enable`` refuse a bad ``--cli`` with :func:`check_cli` too.
+and ``enable`` refuse a bad ``--cli`` with :func:`check_cli` too. When such a command asks the host serving the
+root instead, the host uses its own runner, transport and connection id: :func:`host_ignored_note` says which of
+these options were given for nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from typing import Any
 
 from hermes_actors.core.clipping import shown
 
-__all__ = ["check_cli", "runner_for", "transport_config"]
+__all__ = ["check_cli", "given_gateway_options", "host_ignored_note", "runner_for", "transport_config"]
+
+# Each option a command takes for a gateway of its own (its argparse dest), and what a host uses of its own instead.
+_HOST_OWN = {"--runner": "runner", "--cli": "runner", "--redis": "transport", "--connection-id": "connection id"}
+_DESTS = {"--runner": "runner", "--cli": "cli", "--redis": "redis", "--connection-id": "connection_id"}
 
 
 def check_cli(cli: str | None) -> None:
@@ -118,3 +124,55 @@ def _check_redis_option(value: str, overrides: dict[str, Any]) -> None:
             raise ValueError("--redis redis reads the URL from REDIS_URL, which is not set") from None
         problem = redis_url_problem(env_url) or "is not a redis://, rediss:// or unix:// URL"
         raise ValueError(f"--redis redis reads REDIS_URL, and {shown(mask_url(env_url))} {problem}") from None
+
+
+def given_gateway_options(args: argparse.Namespace) -> dict[str, str]:
+    """Pure: the gateway options given on the command line, as they are shown (a ``--redis`` password masked).
+
+    Args:
+        args: the parsed command line (a command without one of the options has no attribute for it).
+
+    Returns:
+        Option → its value as shown, in the order of :data:`_HOST_OWN`; an option not given (None), or an
+        empty ``--cli`` or ``--redis`` (the default), is left out.
+    """
+    from hermes_actors.transports.redis.store import mask_url
+
+    given: dict[str, str] = {}
+    for option, dest in _DESTS.items():
+        value = getattr(args, dest, None)
+        if value is None or (option in ("--cli", "--redis") and not value):
+            continue
+        text = mask_url(value) if option == "--redis" else str(value)
+        given[option] = shown(text, text)
+    return given
+
+
+def host_ignored_note(root: object, given: dict[str, str], *, does: str, without: str) -> str | None:
+    """Pure: the note a command that asks the host prints for the gateway options it was given for nothing.
+
+    The host serving the root runs with its own runner, transport and connection id: ``--runner``, ``--cli``,
+    ``--redis`` and ``--connection-id`` only choose those of a gateway the command runs itself, with no host.
+    Said, since what answers (the real Hermes, say, for ``--runner demo``) would otherwise surprise.
+
+    Args:
+        root: the Hermes root.
+        given: :func:`given_gateway_options` (option → value as shown).
+        does: what the host does with its own, e.g. ``"runs the DM"``.
+        without: what the options are for, e.g. ``"a send that runs the DM itself"``.
+
+    Returns:
+        ``note: --runner demo ignored: the host serving <root> runs the DM with its own runner (they are for
+        a send that runs the DM itself, on a root with no host)``, or None when none was given.
+    """
+    if not given:
+        return None
+    options = _listed([f"{option} {value}" for option, value in given.items()])
+    own = _listed(list(dict.fromkeys(_HOST_OWN[option] for option in given)))
+    return f"note: {options} ignored: the host serving {root} {does} with its own {own} (they are for {without}, on " \
+           "a root with no host)"
+
+
+def _listed(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

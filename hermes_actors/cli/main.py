@@ -19,7 +19,7 @@ import orjson
 from loguru import logger
 
 from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, user_path, utf8_text
-from hermes_actors.cli.gateway_options import runner_for, transport_config
+from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note, runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
 from hermes_actors.cli.render import (
     EXIT_FAILED,
@@ -70,18 +70,24 @@ def _cmd_roster(args: argparse.Namespace) -> int:
 
     root = existing_root(args.root)
     overrides = transport_config(args)  # a bad --connection-id or --redis is refused, host or not
-    config = load_config(args.root, overrides)
     profiles = discover_profiles(root)
-    connection_id = args.connection_id
-    hosted = True
     try:  # the running host's view (on Redis, a second process could not join its connection id anyway)
         rows = fetch_roster(args.root)
     except (HostOffline, HostLost):
         hosted = False
+        config = load_config(args.root, overrides)
         # No gateway is started to list it: one would run the DMs journaled for the next host (with no runner
         # of its own) and, on Redis, take the connection's lease and read its inbox. The transport is checked
         # as a start checks it (a connection id for Redis, the [redis] extra), and its roster read below.
         connection_id = redis_settings_for(config, args.connection_id)[1]
+    else:  # the host lists the roster of its own transport and connection id: --redis/--connection-id are not its
+        hosted = True
+        config = load_config(args.root)
+        connection_id = None
+        note = host_ignored_note(args.root, given_gateway_options(args), does="lists the roster",
+                                 without="a roster that reads the transport itself")
+        if note is not None:
+            print(note, file=sys.stderr)
     # the roster where the transport keeps it: an unreachable Redis is said (as status and doctor say it)
     reading = read_remote_roster(root, config.raw, connection_id=connection_id)
     problems = transport_problems(root, reading)

@@ -28,6 +28,7 @@ __all__ = [
     "printable",
     "refusal_line",
     "refused_as_unmanaged",
+    "rooms_table",
     "status_text",
 ]
 
@@ -167,6 +168,30 @@ def outcome_exit_code(outcome: dict[str, Any]) -> int:
     outcome yet, or an id nobody knows, is not ok; the printed line says which it is.
     """
     return EXIT_OK if outcome.get("status") in ("replied", "silent") else EXIT_FAILED
+
+
+_ROOM_NAME_WIDTH = 24  # the name column's least width: wider when a name is longer (names are shown whole)
+
+
+def rooms_table(rows: list[dict[str, Any]]) -> str:
+    """Pure: the ``room list`` table: a header, then one line per room.
+
+    A room's name is how it is addressed (as a handle is on the roster): it is shown whole, never
+    cut, and the name column is as wide as the longest name.
+
+    Args:
+        rows: ``list_rooms()`` rows (``name``, ``room_id``, ``state``, ``members``, ``messages``).
+
+    Returns:
+        The lines, joined by newlines, safe to print (:func:`printable`).
+    """
+    width = max([_ROOM_NAME_WIDTH, *(len(str(row["name"])) for row in rows)])
+    lines = [f"{'name':<{width}} {'room_id':<32} {'state':<10} {'messages':>8}  members"]
+    for row in rows:
+        members = ", ".join("@" + str(m) for m in row["members"])
+        lines.append(f"{row['name']!s:<{width}} {row['room_id']:<32} {row['state']:<10} "
+                     f"{row.get('messages', '?'):>8}  {members}")
+    return printable("\n".join(lines))
 
 
 def _age(seconds: Any) -> str:

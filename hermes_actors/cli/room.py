@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from hermes_actors.cli.arg_types import seconds, utf8_text
-from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line
+from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line, rooms_table
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import RoomStopped
 
@@ -55,7 +55,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_dis
     round (a disbanded room's too, whose member turns would start before it is disbanded) and
     its stop cuts the member turns short after the grace.
     """
-    from hermes_actors.cli.gateway_options import runner_for
+    from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note, runner_for
     from hermes_actors.cli.host_wait import ask_settled_host
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
@@ -70,6 +70,12 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_dis
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if host is not None:  # the host drives the root's rooms: ask it
+        note = None if on_disk else host_ignored_note(args.root, given_gateway_options(args),
+                                                      does="runs the rooms' member turns",
+                                                      without=f"a room {args.room_command} that runs a gateway of "
+                                                              "its own")
+        if note is not None:
+            print(note, file=sys.stderr)
         return _act(act, host)
     if on_disk:
         return _act(act, RoomsOnDisk(args.root))
@@ -188,11 +194,7 @@ def _list(args: argparse.Namespace) -> int:
         if args.json:
             print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
             return 0
-        print(f"{'name':<24} {'room_id':<32} {'state':<10} {'messages':>8}  members")
-        for row in rows:
-            members = ", ".join("@" + m for m in row["members"])
-            print(f"{row['name'][:24]:<24} {row['room_id']:<32} {row['state']:<10} {row.get('messages', '?'):>8}  "
-                  f"{members}")
+        print(rooms_table(rows))
         return 0
 
     return _with_gateway(args, act, on_disk=True)

@@ -22,13 +22,14 @@ from hermes_actors.cli.render import (
     outcome_command,
     outcome_exit_code,
     outcome_line,
+    printable,
     refusal_line,
     refused_as_unmanaged,
 )
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 
-__all__ = ["cmd_send", "ignored_runner_note"]
+__all__ = ["cmd_send", "no_host_note"]
 
 
 def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
@@ -49,31 +50,31 @@ def _print_outcome(outcome: dict[str, Any], args: argparse.Namespace) -> int:
     return outcome_exit_code(outcome)
 
 
-def ignored_runner_note(root: object, runner: str | None, cli: str | None) -> str | None:
-    """Pure: the note ``send`` prints when a host serves the root and ``--runner`` / ``--cli`` were given.
+def no_host_note(root: object, sender: str) -> str:
+    """Pure: the note ``send`` prints when no host serves the root: it runs the DM itself and wakes nobody.
 
-    The host runs the DM with its own runner: what those options name runs nothing. Said, since the turn
-    that answers (the real Hermes, say, for ``--runner demo``) would otherwise surprise.
+    Said up front: a host would also wake the sender's Bot Chat with the outcome; this command does not
+    (the wake is decided where the DM is acked and journaled with it: a host running this DM later wakes
+    nobody either). docs/hermes.md "wake_sender".
 
     Args:
         root: the Hermes root.
-        runner: the ``--runner`` given (None: none).
-        cli: the ``--cli`` given (None: none, or an empty one, which means the default).
+        sender: ``--from`` as given (a blank one is refused next: the note then says "the sender").
 
     Returns:
-        The note, or None when neither was given.
+        The note.
     """
-    given = ([f"--runner {runner}"] if runner is not None else []) + ([f"--cli {shown(cli, cli)}"] if cli else [])
-    if not given:
-        return None
-    return (f"note: {' and '.join(given)} ignored: the host serving {root} runs the DM with its own runner "
-            "(they are for a send that runs the DM itself, on a root with no host)")
+    serve = shell_command("hermes-actors", "serve", "--root", root)
+    who = shown(sender, sender) if sender.strip() else "the sender"
+    return printable(f"note: no host serves {root} (start one with `{serve}`); this command runs the DM itself and "
+                     f"prints its outcome: {who} is not woken with it in Bot Chat (only a host wakes senders)")
 
 
 def _send_via_host(args: argparse.Namespace) -> int | None:
     """Submit through the host serving the root; None when no host runs there."""
     import time
 
+    from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note
     from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_outcome, request
 
     payload = {"op": "send", "sender": args.sender, "target": args.target, "message": args.message, "hop": 0}
@@ -86,7 +87,8 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
         print(f"ambiguous: {why}; the DM may or may not be queued (do not resend it blindly; look for it with: "
               f"{shell_command('hermes-actors', 'status', '--root', args.root)})", file=sys.stderr)
         return EXIT_FAILED
-    note = ignored_runner_note(args.root, args.runner, args.cli)
+    note = host_ignored_note(args.root, given_gateway_options(args), does="runs the DM",
+                             without="a send that runs the DM itself")
     if note is not None:
         print(note, file=sys.stderr)
     code = _print_answer(ack, args)
@@ -144,14 +146,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     if via_host is not None:
         return via_host
     # Without a host the turn runs inside this command, so it must wait for it (else it would be abandoned).
-    serve = shell_command("hermes-actors", "serve", "--root", args.root)
-    # Said up front: a host would also wake the sender's Bot Chat with the outcome; this command does not
-    # (the wake is decided where the DM is acked and journaled with it: a host running this DM later wakes
-    # nobody either). docs/hermes.md "wake_sender".
-    print(f"note: no host serves {args.root} (start one with `{serve}`); this command runs the DM itself and "
-          f"prints its outcome: {shown(args.sender, args.sender)} is not woken with it in Bot Chat (only a host "
-          "wakes senders)",
-          file=sys.stderr)
+    print(no_host_note(args.root, args.sender), file=sys.stderr)
     cfg = load_config(args.root)
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).

@@ -35,7 +35,7 @@ from hermes_actors.messages import (
 )
 from hermes_actors.rooms.room_actor import RoomActor
 from hermes_actors.rooms.room_record import RoomRecord
-from hermes_actors.rooms.rules import find_room, name_problem, no_room, plan_members
+from hermes_actors.rooms.rules import find_room, name_problem, name_taken, plan_members
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.turnlock import TurnLock
 
@@ -110,13 +110,10 @@ class Rooms:
             raise RuntimeError(f"rooms are unavailable: {self._broken}")
 
     def _ref(self, room: Any) -> pykka.ActorRef[Any]:
-        """The RoomActor of ``room`` (its id or name). Raises KeyError naming the room."""
+        """The RoomActor of ``room`` (its id or name). Raises KeyError naming the room (:func:`find_room`)."""
         self._usable()
         with self._lock:
-            room_id = find_room(((room_id, name) for room_id, (name, _) in self._rooms.items()), room)
-            if room_id is not None:
-                return self._rooms[room_id][1]
-        raise no_room(room)
+            return self._rooms[find_room(((room_id, name) for room_id, (name, _) in self._rooms.items()), room)][1]
 
     def create(self, name: Any, members: Any) -> dict[str, Any]:
         """See :meth:`hermes_actors.gateway.Gateway.create_room`."""
@@ -132,8 +129,9 @@ class Rooms:
         record = RoomRecord(new_delivery_id(), clean, list(planned),
                             {m: snapshot.index[m.lower()].handle for m in planned}, time.time())
         with self._lock:
-            if any(n.lower() == clean.lower() for n, _ in self._rooms.values()):
-                raise ValueError(f"a room named {clean!r} exists already")
+            taken = name_taken((n for n, _ in self._rooms.values()), clean)
+            if taken is not None:
+                raise ValueError(taken)
             self.files.write(record)  # on disk before the caller hears of it
             self._rooms[record.room_id] = (clean, self._start_actor(record, snapshot, began=False))
         return {"room_id": record.room_id, "name": clean, "members": list(record.handles.values())}

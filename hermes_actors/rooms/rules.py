@@ -37,6 +37,7 @@ __all__ = [
     "find_mentions",
     "find_room",
     "name_problem",
+    "name_taken",
     "no_room",
     "open_round",
     "plan_members",
@@ -51,6 +52,9 @@ MAX_ROUNDS = 3
 MAX_MESSAGES_PER_SEND = 10
 NAME_MAX_CHARS = 64
 USER = "user"  # the human's author name, and the mention that marks the room "needs you"
+
+# what a room id looks like (core.ids.new_delivery_id), in either case: a room reference is compared case-insensitively
+_ROOM_ID_SHAPE = re.compile(r"[0-9a-fA-F]{32}")
 
 # '@' not preceded by a word character (so 'a@b.c' mentions nobody), then a handle-like token.
 _MENTION_RE = re.compile(r"(?<![\w@])@([A-Za-z0-9][A-Za-z0-9_.-]*)")
@@ -69,7 +73,7 @@ def name_problem(name: Any, *, new: bool = True) -> str | None:
     Args:
         name: the name as given.
         new: a name for a new room; False for the name in an existing room's file, which
-            predates the `` #`` rule and still loads (quarantining it would lose the room).
+            predates the `` #`` and room-id rules and still loads (quarantining it would lose the room).
 
     Returns:
         The error text, or None when the (stripped) name is usable.
@@ -83,6 +87,10 @@ def name_problem(name: Any, *, new: bool = True) -> str | None:
         return f"room name too long ({len(text)} chars > {NAME_MAX_CHARS})"
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         return "room name contains a control character"
+    if new and _ROOM_ID_SHAPE.fullmatch(text):
+        # a room is named by its id or its name: a name shaped like an id could be taken for another room's id
+        return (f"room name {text!r} has the form of a room id (32 hex digits), so it could be taken for another "
+                "room's id; choose another name")
     if new and " #" in text:
         # hermes resolves a session title "<t>" to its newest "<t> #<n>" continuation: the sessions
         # "Group: plan #launch" would be taken for room "plan"'s ("Group: plan")
@@ -91,23 +99,55 @@ def name_problem(name: Any, *, new: bool = True) -> str | None:
     return text_problem("room name", text)
 
 
-def find_room(rooms: Iterable[tuple[str, str]], room: Any) -> str | None:
-    """Which room ``room`` names: a room's id, else a room's name (case-insensitive).
+def _room_key(text: str) -> str:
+    """How a room reference, a room's id and a room's name are compared: stripped, case-insensitive."""
+    return text.strip().lower()
+
+
+def find_room(rooms: Iterable[tuple[str, str]], room: Any) -> str:
+    """Which room ``room`` names: the one whose id or name it is (stripped, case-insensitive).
+
+    A name may not have the form of a room id (:func:`name_problem`), so a reference names one room; a
+    room named before that rule with another room's id is never taken for either: the reference is refused.
 
     Args:
         rooms: (room id, name) of every room.
         room: the reference as given.
 
     Returns:
-        The room's id, or None when it names no room.
+        The room's id.
+
+    Raises:
+        KeyError: it names no room (:func:`no_room`), or two rooms (one's id, the other's name), naming both.
     """
     if not isinstance(room, str):
-        return None
-    pairs = list(rooms)
-    if any(room_id == room for room_id, _ in pairs):
-        return room
-    want = room.strip().lower()
-    return next((room_id for room_id, name in pairs if name.lower() == want), None)
+        raise no_room(room)
+    want = _room_key(room)
+    hits = {room_id: name for room_id, name in rooms if want in (_room_key(room_id), _room_key(name))}
+    if not hits:
+        raise no_room(room)
+    if len(hits) == 1:
+        return next(iter(hits))
+    parts = [f"the id of room {name!r}" if _room_key(room_id) == want else f"the name of room {room_id}"
+             for room_id, name in sorted(hits.items(), key=lambda hit: (_room_key(hit[0]) != want, hit[0]))]
+    raise KeyError(f"room {shown(room)} is ambiguous: it is {' and '.join(parts)}; nothing was done: pass a name or "
+                   "id that is only one room's (Gateway.list_rooms(); on the command line: hermes-actors room list)")
+
+
+def name_taken(names: Iterable[str], name: str) -> str | None:
+    """Why a new room cannot be called ``name`` because of the rooms there are, or None.
+
+    Args:
+        names: the names of every room.
+        name: the new room's name, already usable (:func:`name_problem`).
+
+    Returns:
+        The error text when a room of that name (compared as :func:`find_room` compares) exists.
+    """
+    want = _room_key(name)
+    if any(_room_key(other) == want for other in names):
+        return f"a room named {name.strip()!r} exists already"
+    return None
 
 
 def no_room(room: Any) -> KeyError:

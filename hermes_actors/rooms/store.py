@@ -340,8 +340,6 @@ class RoomsOnDisk:
         """See :meth:`hermes_actors.gateway.Gateway.room_transcript` (KeyError naming an unknown room)."""
         records = {r.room_id: r for r in self._records()}
         room_id = find_room(((r.room_id, r.name) for r in records.values()), room)
-        if room_id is None:
-            raise no_room(room)
         return [dict(e) for e in records[room_id].transcript]
 
     def disband_room(self, room: Any) -> dict[str, Any]:
@@ -358,7 +356,7 @@ class RoomsOnDisk:
             The room dict with ``state: "disbanded"``.
 
         Raises:
-            KeyError: no such room, naming it.
+            KeyError: no such room, or a reference naming two rooms (rooms.rules.find_room), naming it.
             RuntimeError: the room directory is refused, another gateway process drives the rooms, or the file
                 could not be deleted.
         """
@@ -376,8 +374,6 @@ class RoomsOnDisk:
         try:
             records = {r.room_id: r for r in self._records()}  # read under the lock: as its last driver left it
             room_id = find_room(((r.room_id, r.name) for r in records.values()), room)
-            if room_id is None:
-                raise no_room(room)
             try:
                 self.files.drop(records[room_id])
             except OSError as exc:  # one line for the command, not a traceback
