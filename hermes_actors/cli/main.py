@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from hermes_actors.cli.send import cmd_send
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TransportError
+from hermes_actors.ops.stop_signals import StopSignalled, signal_exit_code
 
 __all__ = ["main"]
 
@@ -340,8 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TransportError as exc:  # the transport can't be used as configured (credentials, lease, extra)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM and SIGHUP too where a command runs a gateway itself
+        return signal_exit_code(exc.received if isinstance(exc, StopSignalled) else signal.SIGINT)
     except BrokenPipeError:  # `status | head`: the reader left; no traceback, and no second error at exit
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
