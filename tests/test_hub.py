@@ -487,6 +487,31 @@ def test_the_hub_stops_on_a_signal_handed_to_another_thread_than_main(
     assert "warning" not in proc.stderr  # two roots: nothing to warn of
 
 
+def test_relay_stops_cleanly_on_sighup_as_on_sigterm(tmp_path: Path, two_roots: tuple[Path, Path]) -> None:
+    """Regression (CLI fuzz review): the terminal closing (SIGHUP) killed `relay` (exit 129) without `relay hub
+    stopped`, where serve stops cleanly on it; the hub takes serve's stop signals, SIGINT, SIGTERM and SIGHUP."""
+    import signal
+    import subprocess
+    import sys
+
+    alpha, mini = two_roots
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "hermes_actors.cli.main", "relay", "--root", str(alpha),
+                             "--root", str(mini)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "relay hub running for alpha, mini"
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert "relay hub stopped" in err.splitlines(), err
+
+
 def test_a_hub_of_one_root_warns_that_it_relays_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Regression (acceptance review): `relay --root A` alone ran and relayed nothing, without a word."""
     import threading

@@ -28,6 +28,7 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.cli.serve import cut_off_text, stop_gateway, stop_text, waiting_text
 from hermes_actors.local.runners import CommandRunner
+from hermes_actors.ops.stop_signals import SignalEffect, StopSignals, signal_effect, signal_exit_code
 from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
 
 FAKE_HERMES = r"""
@@ -294,7 +295,7 @@ def test_a_stop_whose_wait_runs_out_says_it_gave_up_on_the_running_turn(tmp_path
     try:
         ack = gw.message_agent(sender="alice", target="bob", message="a long one")
         assert entered.wait(20)
-        stop_gateway(gw, received=signal.SIGINT, out=out, timeout=1)  # the turn is held: the wait runs out
+        stop_gateway(gw, StopSignals(received=signal.SIGINT), out=out, timeout=1)  # the turn is held: the wait runs out
     finally:
         release.set()
     assert out.getvalue().splitlines() == ["waiting for 1 running turn, up to 1 s; Ctrl-C again to abandon it",
@@ -369,6 +370,58 @@ def test_serve_on_sigterm_names_it_and_a_second_sigterm_abandons_the_turn(
     assert "stopping the gateway (SIGTERM received)" in serve.stderr()
     assert "Ctrl-C" not in serve.stderr()
     assert_abandoned_by(signal.SIGTERM, serve, turn, delivered)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_send_without_a_host_stops_on_sigterm_or_sighup_as_on_ctrl_c_and_its_turn_finishes(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc], sig: signal.Signals
+) -> None:
+    """Regression (CLI fuzz review, send_sigterm_orphan.sh): `send` running the DM itself died at once on a SIGTERM
+    (`timeout 30 hermes-actors send …`) or a SIGHUP (the terminal closing): nothing said after the ack, the turn's
+    process ran on orphaned, and the DM's outcome was "ambiguous … may have been delivered" though the turn
+    completed. Either now stops it as Ctrl-C does: it says where the outcome goes, the turn gets the stop's grace
+    and replies, and the exit code is the signal's (128 + its number)."""
+    root = make_root(tmp_path)
+    log, release = tmp_path / "turns.log", tmp_path / "release"
+    send = Proc("send", ["send", "--root", str(root), "--from", "alice", "bob", "hi", "--json",
+                         "--cli", str(fake_cli), "--runner", "command"], tmp_path, fake_env(log, release, "A"))
+    procs.append(send)
+    turn = await_started(log, "A", leftovers)
+    send.proc.send_signal(sig)
+    send.await_stderr(f"waiting for 1 running turn, up to 30 s; a second {sig.name} (or ")
+    assert f"interrupted; the DM's outcome, once settled: hermes-actors outcome --root {root} " in send.stderr()
+    release.touch()
+    assert send.wait() == 128 + sig
+    assert "abandoned" not in send.stderr() and "gave up" not in send.stderr(), send.stderr()
+    assert_gone(turn["pid"])
+    assert_gone(turn["child_pid"])
+    delivery_id = json.loads(send.stdout().splitlines()[0])["delivery_id"]
+    with Gateway(root, runner=lambda t: "") as again:  # the turn's reply, journaled by the send's own stop
+        outcome = again.wait_outcome(delivery_id, timeout=WAIT)
+    assert (outcome["status"], outcome["reply"]) == ("replied", "done A"), outcome
+
+
+def test_room_send_without_a_host_stops_on_sigterm_and_a_sighup_then_abandons_its_turn(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> None:
+    """Regression (CLI fuzz review): `room send` (and `room create`) without a host run a gateway of their own, and a
+    SIGTERM or SIGHUP killed them outright, a member turn's process orphaned. As for `send`, the first stop signal
+    now stops the command's gateway as Ctrl-C does and a second one, any of the three, abandons the turn."""
+    root = make_root(tmp_path)
+    with Gateway(root, runner=lambda t: "") as gw:
+        gw.create_room("plan", ["alice", "bob"])
+    log, release = tmp_path / "turns.log", tmp_path / "release"
+    room = Proc("room", ["room", "send", "--root", str(root), "plan", "@alice what first?", "--cli", str(fake_cli),
+                         "--runner", "command"], tmp_path, fake_env(log, release, "A"))
+    procs.append(room)
+    turn = await_started(log, "A", leftovers)
+    room.proc.send_signal(signal.SIGTERM)
+    room.await_stderr("waiting for 1 running turn, up to 30 s; a second SIGTERM (or SIGINT, SIGHUP) abandons it")
+    room.proc.send_signal(signal.SIGHUP)
+    assert room.wait(timeout=20) == 128 + signal.SIGTERM  # well before the 30 s grace: the turn is never released
+    assert "abandoned the running turns: their outcome is ambiguous" in room.stderr()
+    assert_gone(turn["pid"])
+    assert_gone(turn["child_pid"])
 
 
 def _blocked_signals(pid: int) -> set[signal.Signals]:
@@ -467,6 +520,58 @@ def test_a_gateway_failing_while_serve_waits_on_its_main_thread_is_started_again
     assert "stopping the gateway (SIGTERM received)" in proc.stderr, proc.stderr
 
 
+SERVE_HELD_IN_ITS_START = r"""
+import sys
+from pathlib import Path
+from actors.testkit import await_condition
+import hermes_actors.hermes.host as host
+
+root, starting, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+real_open = host.open_submit_endpoint
+
+def held_open(gw):  # the start's last step, on its own thread: the heartbeat is written, nothing is served yet
+    starting.touch()
+    await_condition(go.exists, timeout=30, message="the test's go-ahead")
+    return real_open(gw)
+
+host.open_submit_endpoint = held_open
+from hermes_actors.cli.main import main
+sys.exit(main(["serve", "--root", root, "--runner", "demo"]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_during_serves_start_ends_in_the_same_clean_stop(tmp_path: Path, sig: signal.Signals) -> None:
+    """Regression (CLI fuzz review, serve_signal_during_start.py): a stop signal after serve's start began (its
+    heartbeat in bot_relay/gateways/) and before it served killed it with no output, its heartbeat left behind
+    (SIGTERM, SIGHUP), or ended it with exit 130 and no output (SIGINT). The handlers are now in place before the
+    start: it completes, then serve stops as after any stop signal (exit 0, saying so, nothing left behind)."""
+    root = make_root(tmp_path, {"moxie": {}})
+    script, starting, go = tmp_path / "serve_held.py", tmp_path / "starting", tmp_path / "go"
+    script.write_text(SERVE_HELD_IN_ITS_START, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, str(script), str(root), str(starting), str(go)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    heartbeats = root / "bot_relay" / "gateways"
+    try:
+        await_condition(lambda: starting.exists() or proc.poll() is not None, timeout=WAIT,
+                        message="serve's start reached its last step")
+        assert (heartbeats / f"{proc.pid}.json").exists(), "the start began: its heartbeat is written"
+        proc.send_signal(sig)
+        go.touch()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert out.startswith("gateway serving "), out  # the start completed, then stopped
+    assert stop_text(sig) in err.splitlines() and "gateway stopped" in err.splitlines(), err
+    assert "Traceback" not in err, err
+    assert list(heartbeats.glob("*.json")) == []
+    assert not (root / "bot_relay" / "run" / "submit.sock").exists()
+
+
 @pytest.mark.parametrize(("count", "seconds", "received", "text"), [
     (2, 30.0, signal.SIGINT, "waiting for 2 running turns, up to 30 s; Ctrl-C again to abandon them"),
     (1, 29.6, signal.SIGINT, "waiting for 1 running turn, up to 30 s; Ctrl-C again to abandon it"),
@@ -478,6 +583,24 @@ def test_a_gateway_failing_while_serve_waits_on_its_main_thread_is_started_again
 ])
 def test_waiting_text(count: int, seconds: float, received: signal.Signals | None, text: str) -> None:
     assert waiting_text(count, seconds, received=received) == text
+
+
+@pytest.mark.parametrize(("earlier", "stopping", "interrupts", "effect"), [
+    (False, False, False, SignalEffect.STOP),  # serve, the hub: the first signal sets their stop event
+    (False, False, True, SignalEffect.INTERRUPT),  # send, room: it interrupts their wait (as Ctrl-C does)
+    (True, False, False, SignalEffect.STOP),  # another before the stop began (SIGTERM then SIGHUP): the same stop
+    (True, False, True, SignalEffect.STOP),  # ... never a second interrupt
+    (False, True, False, SignalEffect.ABANDON),  # any one while a stop runs, whatever asked it (a failure, a timeout)
+    (True, True, False, SignalEffect.ABANDON),
+    (True, True, True, SignalEffect.ABANDON),
+])
+def test_signal_effect(earlier: bool, stopping: bool, interrupts: bool, effect: SignalEffect) -> None:
+    assert signal_effect(earlier=earlier, stopping=stopping, interrupts=interrupts) is effect
+
+
+@pytest.mark.parametrize(("received", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_signal_exit_code(received: signal.Signals, code: int) -> None:
+    assert signal_exit_code(received) == code
 
 
 @pytest.mark.parametrize(("received", "text"), [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ from hermes_actors.cli.streams import StdoutError, output_streams, stdout_error_
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TransportError
+from hermes_actors.ops.stop_signals import StopSignalled, signal_exit_code
 
 __all__ = ["main"]
 
@@ -365,8 +367,8 @@ def _run(argv: Sequence[str] | None) -> int:
     except TransportError as exc:  # the transport can't be used as configured (credentials, lease, extra)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM and SIGHUP too where a command runs a gateway itself
+        return signal_exit_code(exc.received if isinstance(exc, StopSignalled) else signal.SIGINT)
     except BrokenPipeError:  # `status | head`: the reader left; no traceback, and no second error at exit
         _drop_stdout()
         return EXIT_SIGPIPE

@@ -59,6 +59,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_dis
     from hermes_actors.cli.host_wait import ask_settled_host
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
+    from hermes_actors.ops.stop_signals import StopSignals
     from hermes_actors.rooms.remote import HostRooms
     from hermes_actors.rooms.store import RoomsOnDisk
     from hermes_actors.store.hermes_root import existing_root
@@ -80,11 +81,14 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_dis
     if on_disk:
         return _act(act, RoomsOnDisk(args.root))
     runner = runner_for(getattr(args, "runner", "demo"), getattr(args, "cli", None), args.root)
-    gw = Gateway(args.root, runner=runner, config={"bot_mode": {"wake_sender": False}}).start()
-    try:
-        return _act(act, gw)
-    finally:
-        stop_gateway(gw, received=None)
+    # SIGTERM and SIGHUP as Ctrl-C, from the start to the end of the stop (ops/stop_signals.py)
+    signals = StopSignals(interrupts=True)
+    with signals.routed():
+        gw = Gateway(args.root, runner=runner, config={"bot_mode": {"wake_sender": False}}).start()
+        try:
+            return _act(act, gw)
+        finally:
+            stop_gateway(gw, signals)
 
 
 def _wait_cut_short(exc: Exception, args: argparse.Namespace) -> str:

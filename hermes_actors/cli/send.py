@@ -8,7 +8,6 @@ for its outcome, since a turn it left running would be abandoned.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from typing import Any
 
@@ -28,6 +27,7 @@ from hermes_actors.cli.render import (
 )
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
+from hermes_actors.ops.stop_signals import StopSignals
 
 __all__ = ["cmd_send", "no_host_note"]
 
@@ -127,7 +127,6 @@ def cmd_send(args: argparse.Namespace) -> int:
     """
     from hermes_actors.cli.gateway_options import check_cli, runner_for, transport_config
     from hermes_actors.cli.host_wait import ask_settled_host
-    from hermes_actors.cli.serve import STOP_GRACE_SECONDS, stop_gateway
     from hermes_actors.core.config import deep_merge, load_config
     from hermes_actors.gateway import Gateway
     from hermes_actors.store.hermes_root import existing_root
@@ -151,39 +150,53 @@ def cmd_send(args: argparse.Namespace) -> int:
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
     config = deep_merge({"bot_mode": {"wake_sender": False}}, overrides)
-    gw = Gateway(args.root, runner=runner_for(args.runner, args.cli, args.root), config=config,
-                 connection_id=args.connection_id).start()
-    interrupted = False
+    runner = runner_for(args.runner, args.cli, args.root)
+    # SIGTERM and SIGHUP (`timeout`, a closed terminal) as Ctrl-C, from the start to the end of the stop: before,
+    # they killed the command at once and its turn's process ran on, orphaned (ops/stop_signals.py)
+    signals = StopSignals(interrupts=True)
+    with signals.routed():
+        gw = Gateway(args.root, runner=runner, config=config, connection_id=args.connection_id).start()
+        return _send_here(gw, args, wait, signals)
+
+
+def _send_here(gw: Any, args: argparse.Namespace, wait: float, signals: StopSignals) -> int:
+    """Run the DM on ``gw`` (this command's own gateway), print its outcome and stop ``gw``; the exit code."""
+    from hermes_actors.cli.serve import STOP_GRACE_SECONDS, stop_gateway
+
+    stopped = False
     try:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
         code = _print_answer(ack, args)
         if "error" in ack:
             return code
-        if args.wait is None and _relayed(gw, ack["delivery_id"]):  # nothing runs here: don't wait for the reply
-            print(f"note: queued on the relay; its reply is read by the next host of {args.root}, then: "
-                  f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
-            return code
         try:
-            outcome = gw.wait_outcome(ack["delivery_id"], timeout=wait)
-        except TimeoutError as exc:
-            # The stop lets a running turn finish within its grace: its outcome is then known, say it.
-            print(f"pending: {exc}; stopping (a running turn gets up to {STOP_GRACE_SECONDS:.0f} s to finish, "
-                  "else its outcome is ambiguous)", file=sys.stderr)
-            stop_gateway(gw, received=None)
-            try:
-                outcome = gw.wait_outcome(ack["delivery_id"], timeout=0)
-            except (KeyError, TimeoutError):  # durable and never started: the next host on the root runs it
-                print(f"still pending: the next host on {args.root} runs it; then: "
+            if args.wait is None and _relayed(gw, ack["delivery_id"]):  # nothing runs here: don't wait for the reply
+                print(f"note: queued on the relay; its reply is read by the next host of {args.root}, then: "
                       f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
-                return EXIT_FAILED
-        except KeyboardInterrupt:  # the stop below lets a running turn finish first: say where its outcome goes
-            interrupted = True
+                return code
+            try:
+                outcome = gw.wait_outcome(ack["delivery_id"], timeout=wait)
+            except TimeoutError as exc:
+                # The stop lets a running turn finish within its grace: its outcome is then known, say it.
+                print(f"pending: {exc}; stopping (a running turn gets up to {STOP_GRACE_SECONDS:.0f} s to finish, "
+                      "else its outcome is ambiguous)", file=sys.stderr)
+                stopped = True
+                stop_gateway(gw, signals)
+                try:
+                    outcome = gw.wait_outcome(ack["delivery_id"], timeout=0)
+                except (KeyError, TimeoutError):  # durable and never started: the next host on the root runs it
+                    print(f"still pending: the next host on {args.root} runs it; then: "
+                          f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
+                    return EXIT_FAILED
+        except KeyboardInterrupt:  # a stop signal once acked: the stop below lets a running turn finish first; say
+            # where its outcome goes
             print(f"interrupted; the DM's outcome, once settled: {outcome_command(args.root, ack['delivery_id'])}",
                   file=sys.stderr)
             raise
         return _print_outcome(outcome, args)
     finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)
-        stop_gateway(gw, received=signal.SIGINT if interrupted else None)
+        if not stopped:
+            stop_gateway(gw, signals)
 
 
 def _relayed(gw: Any, delivery_id: str) -> bool:

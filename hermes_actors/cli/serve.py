@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -19,6 +18,7 @@ from hermes_actors.cli.render import not_managed_note
 from hermes_actors.gateway import Gateway
 from hermes_actors.ops.http_config import HttpSettings
 from hermes_actors.ops.main_thread_wait import MainThreadWait
+from hermes_actors.ops.stop_signals import STOP_SIGNALS, StopSignals
 from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
 
 __all__ = [
@@ -112,27 +112,7 @@ def stop_text(received: signal.Signals | None) -> str:
     return f"stopping the gateway ({'Ctrl-C' if received == signal.SIGINT else f'{received.name} received'})"
 
 
-#: The signals that stop ``serve`` cleanly: Ctrl-C, a service manager's stop, and the terminal closing (a hang-up
-#: used to kill it outright, like a ``kill -9``: a reply on its way became "ambiguous, do not resend").
-STOP_SIGNALS = (signal.Signals.SIGINT, signal.Signals.SIGTERM, signal.Signals.SIGHUP)
-
-
-@contextlib.contextmanager
-def _on_signals(handler: Callable[[signal.Signals], None]) -> Iterator[None]:
-    """Route the :data:`STOP_SIGNALS` to ``handler`` (called with the signal) meanwhile (only the main thread
-    can install handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {sig: signal.signal(sig, lambda signum, _frame: handler(signal.Signals(signum))) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, previous in saved.items():
-            signal.signal(sig, previous)
-
-
-def stop_gateway(gw: Gateway, *, received: signal.Signals | None, out: TextIO | None = None,
+def stop_gateway(gw: Gateway, signals: StopSignals | None = None, *, out: TextIO | None = None,
                  timeout: float = STOP_GRACE_SECONDS) -> None:
     """Stop ``gw``, saying what it waits for; a stop signal (Ctrl-C, SIGTERM, SIGHUP) meanwhile abandons
     running turns.
@@ -143,22 +123,26 @@ def stop_gateway(gw: Gateway, *, received: signal.Signals | None, out: TextIO | 
 
     Args:
         gw: the running gateway.
-        received: the stop signal that asked this stop, named in the advice (:func:`waiting_text`); None: none.
+        signals: the command's stop signals (routed meanwhile: any one abandons the turns): the one that asked
+            this stop is named in the advice (:func:`waiting_text`). None: no signal asked it.
         out: where the messages go (stderr when None).
         timeout: seconds running turns get to finish.
     """
     stream = out or sys.stderr
-    abandon, cut_off = threading.Event(), threading.Event()
+    signals = signals if signals is not None else StopSignals()
+    received = signals.received
+    cut_off = threading.Event()
 
     def on_wait(count: int, seconds: float) -> None:
         print(waiting_text(count, seconds, received=received), file=stream, flush=True)
 
-    with MainThreadWait() as waits, _on_signals(lambda _sig: abandon.set()):
+    with MainThreadWait() as waits, signals.stopping():
         if waits.on_signals:
-            _stop_beside(gw, waits, timeout=timeout, abandon=abandon, on_wait=on_wait, on_cut_off=cut_off.set)
+            _stop_beside(gw, waits, timeout=timeout, abandon=signals.abandon, on_wait=on_wait,
+                         on_cut_off=cut_off.set)
         else:  # not the main thread: no signal handler runs here
-            gw.stop(timeout, abandon=abandon, on_wait=on_wait, on_cut_off=cut_off.set)
-    if abandon.is_set():
+            gw.stop(timeout, abandon=signals.abandon, on_wait=on_wait, on_cut_off=cut_off.set)
+    if signals.abandon.is_set():
         print(ABANDONED_TEXT, file=stream, flush=True)
     elif cut_off.is_set():  # the wait ran out: the turns were cut off all the same, and said so
         print(cut_off_text(timeout), file=stream, flush=True)
@@ -224,38 +208,35 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
         RuntimeError: another process already hosts the root, or the HTTP address cannot be bound (the
             gateway is stopped again first).
     """
-    stop = stop or threading.Event()
+    # From before the first start to the end of the last stop (a signal during a start stops it once started)
+    signals = StopSignals(stop=stop)
     restarts: deque[float] = deque(maxlen=RESTART_POLICY.max_restarts + 1)
-    while True:
-        failure = _serve_once(root, connection_id=connection_id, runner=runner, config=config, stop=stop, http=http,
-                              on_ready=on_ready, first=not restarts)
-        if failure is None:
-            return 0
-        now = time.monotonic()
-        if not RESTART_POLICY.allows(restarts, now):
-            recent = RESTART_POLICY.recent(restarts, now) + 1
-            print(f"the gateway failed {recent} times within {RESTART_POLICY.within_seconds:.0f} s "
-                  f"(last: {failure}); giving up", file=sys.stderr, flush=True)
-            return 1
-        restarts.append(now)
-        print(f"restarting the gateway: {failure}", file=sys.stderr, flush=True)
+    with signals.routed():
+        while True:
+            failure = _serve_once(root, connection_id=connection_id, runner=runner, config=config, signals=signals,
+                                  http=http, on_ready=on_ready, first=not restarts)
+            if failure is None:
+                return 0
+            now = time.monotonic()
+            if not RESTART_POLICY.allows(restarts, now):
+                recent = RESTART_POLICY.recent(restarts, now) + 1
+                print(f"the gateway failed {recent} times within {RESTART_POLICY.within_seconds:.0f} s "
+                      f"(last: {failure}); giving up", file=sys.stderr, flush=True)
+                return 1
+            restarts.append(now)
+            print(f"restarting the gateway: {failure}", file=sys.stderr, flush=True)
 
 
 def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: dict[str, Any] | None,
-                stop: threading.Event, http: HttpSettings | None, on_ready: Callable[[Any], None] | None,
+                signals: StopSignals, http: HttpSettings | None, on_ready: Callable[[Any], None] | None,
                 first: bool) -> str | None:
-    """Serve one gateway until ``stop`` is set or it fails; None once stopped, else what failed."""
+    """Serve one gateway until ``signals.stop`` is set or it fails; None once stopped, else what failed."""
     failures: list[str] = []
+    stop = signals.stop  # set by the first stop signal (routed by serve), by the caller, or by a failure
 
     def on_failure(error: BaseException | None) -> None:  # on the failed Dispatcher's thread
         failures.append(f"its dispatcher failed ({error!r})")
         stop.set()  # ends the wait for a stop below (MainThreadWait.until_set watches the event)
-
-    received: list[signal.Signals] = []  # the stop signal, as opposed to the wake-up of a failure
-
-    def on_signal(sig: signal.Signals) -> None:  # on the main thread, in its wait (MainThreadWait)
-        received.append(sig)
-        stop.set()
 
     gw = Gateway(root, runner=runner, config=config, connection_id=connection_id, serve_submit=True,
                  on_failure=on_failure)
@@ -276,7 +257,7 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
     try:
         if endpoint is not None:  # before the start: the outcomes its recovery settles are counted and shown too
             endpoint.subscribe()
-        gw.start()
+        gw.start()  # a stop signal meanwhile sets stop: the start completes, and the wait below ends at once
     except BaseException:
         if endpoint is not None:
             endpoint.close()
@@ -284,7 +265,7 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
     try:
         if endpoint is not None:
             endpoint.start()
-        with MainThreadWait() as waits, _on_signals(on_signal):
+        with MainThreadWait() as waits:
             names = ", ".join(f"@{r['handle']}" for r in gw.roster() if r["connection_id"] is None)
             # what the gateway runs as: its absolute root, and the connection id it took (Redis may take
             # bot_mode.connection_id when none was given)
@@ -298,19 +279,20 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
                 print(f"live page, /metrics and /status on {endpoint.url}", flush=True)
             if on_ready is not None:
                 on_ready(endpoint)
-            waits.until_set(stop)
-        if failures and not received:
+            waits.until_set(stop)  # a signal handed to another thread than main ends this wait too
+        if failures and signals.received is None:
             stop.clear()
         else:
             failures.clear()
-        print(stop_text(received[0] if received else None), file=sys.stderr, flush=True)
+        print(stop_text(signals.received), file=sys.stderr, flush=True)
     finally:
         # The gateway first: it takes no DM from the moment the stop is asked (the endpoint's clients, which
         # may be idle or slow, used to be waited for first, with the signals back to their defaults)
         try:
-            stop_gateway(gw, received=received[0] if received else None)
+            stop_gateway(gw, signals)
         finally:
             if endpoint is not None:
                 endpoint.close()
         print("gateway stopped", file=sys.stderr, flush=True)
-    return failures[0] if failures else None
+    # a stop signal received after the wait (before the stop began) ends serve too: no restart then
+    return failures[0] if failures and signals.received is None else None

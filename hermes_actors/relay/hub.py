@@ -17,7 +17,6 @@ and answered ``queued_expired``: its sender's own expiry only sees its outbox.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
@@ -41,6 +40,7 @@ from hermes_actors.faults import crashpoint
 from hermes_actors.messages import InboxDeadline, RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.main_thread_wait import MainThreadWait
+from hermes_actors.ops.stop_signals import StopSignals
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, expiry_deadline, settle_claimed
 from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_misnamed, quarantine_strays
 from hermes_actors.store import relay_files as rf
@@ -552,7 +552,7 @@ def run_hub(
     roots: list[Path], *, names: list[str] | None = None, rescan_seconds: float = 2.0,
     stop: threading.Event | None = None, quiet: bool = False,
 ) -> int:
-    """Run the hub until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code.
+    """Run the hub until SIGINT, SIGTERM or SIGHUP (or ``stop`` is set). Returns the exit code.
 
     Unless ``quiet`` it says so on stdout as it starts (``relay hub running for alpha, mini``), warns on
     stderr when it has a single root (it relays nothing then), and says ``relay hub stopped`` on stderr
@@ -575,11 +575,9 @@ def run_hub(
         how = ("each --name must differ" if names is not None
                else "their folder names collide: give each root a --name")
         raise ValueError(f"connection ids must be unique, and {', '.join(clashing)} names several roots: {how}")
-    stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-    with Scheduler() as scheduler, MainThreadWait() as waits:
+    # SIGINT, SIGTERM and SIGHUP set stop, from before the start to the end of the stop (one rule with serve's)
+    signals = StopSignals(stop=stop)
+    with signals.routed(), Scheduler() as scheduler, MainThreadWait() as waits:
         hub = HubActor.start(hub_roots, scheduler=scheduler)
         bridges = [
             FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=rescan_seconds,
@@ -593,7 +591,7 @@ def run_hub(
                 print(f"warning: a relay hub joins two or more roots; with only {hub_roots[0].root} it relays "
                       "nothing (give each root to relay with its own --root)", file=sys.stderr, flush=True)
         try:
-            waits.until_set(stop)  # a signal handed to a watcher's thread wakes this wait too
+            waits.until_set(signals.stop)  # a signal handed to a watcher's thread wakes this wait too
         finally:
             for bridge in bridges:
                 bridge.stop()
