@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,18 +146,31 @@ def _cmd_enable(args: argparse.Namespace) -> int:
 
     check_cli(args.cli)  # before anything is written: enable would pass it over for another hermes, saying nothing
     profiles = args.profiles.split(",") if args.profiles is not None else None
-    report = enable(args.root, profiles, gateway=args.gateway, port=args.port, cli=args.cli)
-    print(f"hermes-actors enable on {args.root}:")
-    print("\n".join(report.lines()))
-    return 0
+    return _setup_report("enable", args, lambda: enable(args.root, profiles, gateway=args.gateway, port=args.port,
+                                                        cli=args.cli))
 
 
 def _cmd_disable(args: argparse.Namespace) -> int:
     from hermes_actors.hermes.setup import disable
 
-    report = disable(args.root, args.profiles.split(",") if args.profiles is not None else None)
-    print(f"hermes-actors disable on {args.root}:")
+    return _setup_report("disable", args,
+                         lambda: disable(args.root, args.profiles.split(",") if args.profiles is not None else None))
+
+
+def _setup_report(command: str, args: argparse.Namespace, run: Callable[[], Any]) -> int:
+    """Run ``enable`` or ``disable`` and print its report; one that stopped part-way prints what it changed, then
+    its error is raised to be said as every error is (:func:`main`)."""
+    from hermes_actors.hermes.recorded_edits import SetupStopped
+
+    stopped: SetupStopped | None = None
+    try:
+        report = run()
+    except SetupStopped as exc:
+        report, stopped = exc.report, exc
+    print(f"hermes-actors {command} on {args.root}:")
     print("\n".join(report.lines()))
+    if stopped is not None:
+        raise stopped.cause
     return 0
 
 
