@@ -348,7 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError we handle
         return code
     except (FileNotFoundError, PermissionError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if isinstance(exc, PermissionError) and exc.errno is not None:  # the OS refused a file: not a usage error
+            return _os_failure(args, exc)
+        print(f"error: {exc}", file=sys.stderr)  # a missing root, a root you cannot use, a bad value
         return EXIT_USAGE
     except TransportError as exc:  # the transport can't be used as configured (credentials, lease, extra)
         print(f"error: {exc}", file=sys.stderr)
@@ -361,30 +363,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.close(devnull)
         return EXIT_SIGPIPE
     except OSError as exc:  # the disk is full, a file is unreadable: one line (the traceback with -v)
-        if args.verbose + getattr(args, "sub_verbose", 0):
-            import traceback
-
-            traceback.print_exc()
-        print(f"error: {os_error_line(exc)}", file=sys.stderr)
-        return EXIT_FAILED
+        return _os_failure(args, exc)
 
 
-def os_error_line(exc: OSError) -> str:
-    """Pure: the one line a failed command prints for an OS error, with what to do about it.
+def _os_failure(args: argparse.Namespace, exc: OSError) -> int:
+    """Say a failed file operation in one line (:func:`~hermes_actors.store.os_errors.os_error_message`: the path,
+    what keeps you out of it and what to do; the traceback too with -v); exit 1."""
+    from hermes_actors.store.os_errors import os_error_message
 
-    A store error already says it (``store_error``); a bare one (``[Errno 28] No space left on
-    device: '<file>'``) gets the same advice appended.
+    if args.verbose + getattr(args, "sub_verbose", 0):
+        import traceback
 
-    Args:
-        exc: the error.
-
-    Returns:
-        The line, without the ``error:`` prefix.
-    """
-    from hermes_actors.store.os_errors import what_to_do
-
-    advice = what_to_do(exc)
-    return str(exc) if advice is None or advice in str(exc) else f"{exc}; {advice}"
+        traceback.print_exception(exc)
+    root = getattr(args, "root", None)
+    print(f"error: {os_error_message(exc, root=root if isinstance(root, (str, Path)) else None)}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover
