@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from os import PathLike
+
 __all__ = [
     "HostileFileError", "RoomStopped", "StoreError", "TransportError", "TurnFailed", "UnfinishedFileError",
     "ValidationError",
@@ -32,7 +34,12 @@ class ValidationError(ValueError):
 
 
 class StoreError(OSError):
-    """A durable write could not be completed (disk full, permissions, ...)."""
+    """A durable write could not be completed (disk full, permissions, ...).
+
+    ``path`` is the file or directory it was for (absolute), when known.
+    """
+
+    path: PathLike[str] | None = None
 
 
 class HostileFileError(ValidationError):

@@ -12,7 +12,7 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,18 +155,31 @@ def _cmd_enable(args: argparse.Namespace) -> int:
 
     check_cli(args.cli)  # before anything is written: enable would pass it over for another hermes, saying nothing
     profiles = args.profiles.split(",") if args.profiles is not None else None
-    report = enable(args.root, profiles, gateway=args.gateway, port=args.port, cli=args.cli)
-    print(f"hermes-actors enable on {args.root}:")
-    print("\n".join(report.lines()))
-    return 0
+    return _setup_report("enable", args, lambda: enable(args.root, profiles, gateway=args.gateway, port=args.port,
+                                                        cli=args.cli))
 
 
 def _cmd_disable(args: argparse.Namespace) -> int:
     from hermes_actors.hermes.setup import disable
 
-    report = disable(args.root, args.profiles.split(",") if args.profiles is not None else None)
-    print(f"hermes-actors disable on {args.root}:")
+    return _setup_report("disable", args,
+                         lambda: disable(args.root, args.profiles.split(",") if args.profiles is not None else None))
+
+
+def _setup_report(command: str, args: argparse.Namespace, run: Callable[[], Any]) -> int:
+    """Run ``enable`` or ``disable`` and print its report; one that stopped part-way prints what it changed, then
+    its error is raised to be said as every error is (:func:`main`)."""
+    from hermes_actors.hermes.recorded_edits import SetupStopped
+
+    stopped: SetupStopped | None = None
+    try:
+        report = run()
+    except SetupStopped as exc:
+        report, stopped = exc.report, exc
+    print(f"hermes-actors {command} on {args.root}:")
     print("\n".join(report.lines()))
+    if stopped is not None:
+        raise stopped.cause
     return 0
 
 
@@ -362,7 +375,9 @@ def _run(argv: Sequence[str] | None) -> int:
         sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError we handle
         return code
     except (FileNotFoundError, PermissionError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if isinstance(exc, PermissionError) and exc.errno is not None:  # the OS refused a file: not a usage error
+            return _os_failure(args, exc)
+        print(f"error: {exc}", file=sys.stderr)  # a missing root, a root you cannot use, a bad value
         return EXIT_USAGE
     except TransportError as exc:  # the transport can't be used as configured (credentials, lease, extra)
         print(f"error: {exc}", file=sys.stderr)
@@ -377,12 +392,7 @@ def _run(argv: Sequence[str] | None) -> int:
         _drop_stdout()  # what stays in its buffer would fail again at exit
         return EXIT_FAILED
     except OSError as exc:  # the disk is full, a file is unreadable: one line (the traceback with -v)
-        if args.verbose + getattr(args, "sub_verbose", 0):
-            import traceback
-
-            traceback.print_exc()
-        print(f"error: {os_error_line(exc)}", file=sys.stderr)
-        return EXIT_FAILED
+        return _os_failure(args, exc)
 
 
 def _drop_stdout() -> None:
@@ -392,22 +402,18 @@ def _drop_stdout() -> None:
     os.close(devnull)
 
 
-def os_error_line(exc: OSError) -> str:
-    """Pure: the one line a failed command prints for an OS error, with what to do about it.
+def _os_failure(args: argparse.Namespace, exc: OSError) -> int:
+    """Say a failed file operation in one line (:func:`~hermes_actors.store.os_errors.os_error_message`: the path,
+    what keeps you out of it and what to do; the traceback too with -v); exit 1."""
+    from hermes_actors.store.os_errors import os_error_message
 
-    A store error already says it (``store_error``); a bare one (``[Errno 28] No space left on
-    device: '<file>'``) gets the same advice appended.
+    if args.verbose + getattr(args, "sub_verbose", 0):
+        import traceback
 
-    Args:
-        exc: the error.
-
-    Returns:
-        The line, without the ``error:`` prefix.
-    """
-    from hermes_actors.store.os_errors import what_to_do
-
-    advice = what_to_do(exc)
-    return str(exc) if advice is None or advice in str(exc) else f"{exc}; {advice}"
+        traceback.print_exception(exc)
+    root = getattr(args, "root", None)
+    print(f"error: {os_error_message(exc, root=root if isinstance(root, (str, Path)) else None)}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover

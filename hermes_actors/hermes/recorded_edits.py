@@ -8,6 +8,7 @@ only while its value is still what enable wrote. YAML is rewritten with PyYAML
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ import yaml
 
 from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import open_dir_below
+from hermes_actors.store.temp_file import check_temp_dir
 from hermes_actors.store.yaml_file import load_bounded
 
 __all__ = [
@@ -25,13 +28,14 @@ __all__ = [
     "RecordedEditor",
     "SetupError",
     "SetupReport",
+    "SetupStopped",
+    "check_record_writable",
     "key_moved_after",
     "load_record",
     "read_yaml",
     "record_path",
     "save_record",
     "still_as_written",
-    "undo_edit",
     "value_at",
     "write_yaml",
 ]
@@ -39,10 +43,20 @@ __all__ = [
 RECORD_NAME = "hermes-actors-enable.json"
 _MAX_YAML = 4 * 1024 * 1024
 _ABSENT = {"__absent__": True}
+_MOVE = "move"  # a planned edit that only reorders keys: reported, never recorded
 
 
 class SetupError(ValueError):
     """A file cannot be edited safely (malformed, a symlink, the wrong shape)."""
+
+
+class SetupStopped(Exception):
+    """A write failed part-way through ``enable`` or ``disable``: ``report`` says what was changed before it and
+    what to do about it; ``cause`` is the error (a full disk, a directory swapped meanwhile)."""
+
+    def __init__(self, report: SetupReport, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.report, self.cause = report, cause
 
 
 @dataclass
@@ -207,31 +221,87 @@ def _prune(data: dict[str, Any], keys: list[str], levels: int) -> None:
             del holder[keys[depth - 1]]
 
 
-# ── edits (applied and recorded) ────────────────────────────────────────────
+# ── edits (planned, then written and recorded) ───────────────────────────────
 
 
 class RecordedEditor:
-    """Applies edits to YAML files under a root and records them for ``disable``."""
+    """Edits YAML files under a root, recorded for ``disable``: planned first, then written.
 
-    def __init__(self, root: Path, record: list[dict[str, Any]], report: SetupReport) -> None:
-        self.root, self.record, self.report = root, record, report
+    Every edit (and every undo of one) is made on the file's content in memory, each file read once, so every
+    refusal (a malformed file, a symlink, the wrong shape, an unreadable one) comes before anything is written;
+    :meth:`check_writable` then refuses a directory that could not be written in, and :meth:`write` writes
+    each edited file once. A file's edits are reported (and, for ``enable``, recorded) as it is written: a
+    write that fails part-way leaves :attr:`written` and the report saying exactly what was changed.
+    """
+
+    def __init__(self, root: Path, report: SetupReport) -> None:
+        self.root, self.report = root, report
+        self._files: dict[Path, dict[str, Any]] = {}
+        self._planned: dict[Path, list[tuple[dict[str, Any], str]]] = {}
+        self.written: list[dict[str, Any]] = []  # the record entries of the files written so far, in order
 
     def _rel(self, path: Path) -> str:
         return str(path.relative_to(self.root))
 
+    def data(self, path: Path) -> dict[str, Any]:
+        """The content of ``path`` with the edits planned so far (read once, by :func:`read_yaml`).
+
+        Raises:
+            SetupError: as :func:`read_yaml`.
+            OSError: the file cannot be read (permission).
+        """
+        if path not in self._files:
+            self._files[path] = read_yaml(path)
+        return self._files[path]
+
+    def _plan(self, path: Path, entry: dict[str, Any], line: str) -> None:
+        self._planned.setdefault(path, []).append((entry, line))
+
+    def planned(self) -> list[dict[str, Any]]:
+        """The record entries of the edits planned and not yet written, in the order planned.
+
+        Returns:
+            Those entries (not copies).
+        """
+        return [entry for edits in self._planned.values() for entry, _line in edits if entry.get("op") != _MOVE]
+
+    def check_writable(self) -> None:
+        """Refuse now a directory an edited file could not be written in (:func:`check_temp_dir`).
+
+        Raises:
+            HostileFileError: a directory is a symlink, not a directory, or another uid's.
+            OSError: you may not write in one (permission), or it cannot be opened.
+        """
+        for directory in dict.fromkeys(path.parent for path in self._planned):
+            check_temp_dir(directory)
+
+    def write(self) -> None:
+        """Write each edited file once, in the order first edited; its edits then join :attr:`written` and the
+        report's "changed" lines.
+
+        Raises:
+            HostileFileError: as :func:`write_yaml`.
+            StoreError: a file could not be written; those before it were.
+        """
+        for path in list(self._planned):
+            write_yaml(path, self._files[path], self.report)
+            for entry, line in self._planned.pop(path):
+                if entry.get("op") != _MOVE:
+                    self.written.append(entry)
+                self.report.changed.append(line)
+
     def set_default(self, path: Path, keys: list[str], value: Any, *, replace: Any = _ABSENT) -> None:
         """Set ``keys`` to ``value`` when absent (or equal to ``replace``)."""
-        data = read_yaml(path)
+        data = self.data(path)
         before = value_at(data, keys)
         if before is not _ABSENT and before != replace:
             return
         holder, created = _parent(data, keys, path)
-        holder[keys[-1]] = value
-        write_yaml(path, data, self.report)
-        self.record.append({"file": self._rel(path), "op": "set", "keys": keys, "after": value,
-                            "before": None if before is _ABSENT else before, "absent": before is _ABSENT,
-                            "parents": created})
-        self.report.changed.append(f"{path}: {'.'.join(keys)} = {value!r}")
+        holder[keys[-1]] = copy.deepcopy(value)  # later edits of the file must not change what is recorded
+        self._plan(path, {"file": self._rel(path), "op": "set", "keys": keys, "after": copy.deepcopy(value),
+                          "before": None if before is _ABSENT else copy.deepcopy(before), "absent": before is _ABSENT,
+                          "parents": created},
+                   f"{path}: {'.'.join(keys)} = {value!r}")
 
     def switch_on(self, path: Path, keys: list[str], reads_on: Callable[[Any], bool]) -> None:
         """Set the switch at ``keys`` to ``True`` unless it is there and ``reads_on`` says it is on (an absent
@@ -242,7 +312,7 @@ class RecordedEditor:
             keys: the key path of the switch.
             reads_on: how its reader (hermes) reads a value: True when on.
         """
-        current = value_at(read_yaml(path), keys)
+        current = value_at(self.data(path), keys)
         if current is _ABSENT or not reads_on(current):
             self.set_default(path, keys, True, replace=current)
 
@@ -258,20 +328,18 @@ class RecordedEditor:
             after: the key it must follow.
             why: why, for the report.
         """
-        data = read_yaml(path)
-        holder = value_at(data, keys)
+        holder = value_at(self.data(path), keys)
         moved = key_moved_after(holder, key, after) if isinstance(holder, dict) else None
         if moved is None:
             return
         holder.clear()
         holder.update(moved)
-        write_yaml(path, data, self.report)
         where = ".".join(keys)
-        self.report.changed.append(f"{path}: moved {where}.{key} after {where}.{after} ({why})")
+        self._plan(path, {"op": _MOVE}, f"{path}: moved {where}.{key} after {where}.{after} ({why})")
 
     def list_add(self, path: Path, keys: list[str], item: str) -> None:
         """Append ``item`` to the list at ``keys`` (created when absent)."""
-        data = read_yaml(path)
+        data = self.data(path)
         current = value_at(data, keys)
         if current is not _ABSENT and not isinstance(current, list):
             raise SetupError(f"{path}: {'.'.join(keys)} is not a list; fix it, then run again")
@@ -282,10 +350,48 @@ class RecordedEditor:
             current.append(item)
         else:
             holder[keys[-1]] = [item]
-        write_yaml(path, data, self.report)
-        self.record.append({"file": self._rel(path), "op": "list_add", "keys": keys, "item": item,
-                            "list_created": current is _ABSENT, "parents": created})
-        self.report.changed.append(f"{path}: added {item!r} to {'.'.join(keys)}")
+        self._plan(path, {"file": self._rel(path), "op": "list_add", "keys": keys, "item": item,
+                          "list_created": current is _ABSENT, "parents": created},
+                   f"{path}: added {item!r} to {'.'.join(keys)}")
+
+    def undo(self, entry: dict[str, Any]) -> None:
+        """Plan the undo of one recorded edit, unless its value changed since (then the report says to look at
+        it); a block whose ``enabled`` switch alone changed is undone (:func:`still_as_written`).
+
+        Args:
+            entry: one edit as this editor recorded it (it joins :attr:`written` once its file is written).
+
+        Raises:
+            SetupError: the edited file cannot be read or edited safely.
+            OSError: it cannot be read (permission).
+        """
+        path = self.root / str(entry["file"])
+        keys = [str(k) for k in entry["keys"]]
+        data = self.data(path)
+        current = value_at(data, keys)
+        dotted = ".".join(keys)
+        if entry["op"] == "set":
+            if not still_as_written(current, entry["after"]):
+                self.report.todo.append(f"{path}: {dotted} changed since enable; left as it is (edit or remove it "
+                                        "there by hand if it was only for hermes-actors)")
+                return
+            holder, _ = _parent(data, keys, path)
+            if entry["absent"]:
+                del holder[keys[-1]]
+                _prune(data, keys, int(entry.get("parents", 0)))
+            else:
+                holder[keys[-1]] = copy.deepcopy(entry["before"])
+            self._plan(path, entry, f"{path}: {dotted} restored")
+            return
+        item = entry["item"]
+        if not isinstance(current, list) or item not in current:
+            return
+        current.remove(item)
+        if not current and entry.get("list_created"):
+            holder, _ = _parent(data, keys, path)
+            del holder[keys[-1]]
+            _prune(data, keys, int(entry.get("parents", 0)))
+        self._plan(path, entry, f"{path}: removed {item!r} from {dotted}")
 
 
 # The on/off switch of a platform block (``platforms.<name>.enabled``): the user's as much as ours. ``enable
@@ -313,48 +419,6 @@ def still_as_written(current: Any, written: Any) -> bool:
     if not isinstance(current, dict) or not isinstance(written, dict) or _SWITCH not in written:
         return False
     return {k: v for k, v in current.items() if k != _SWITCH} == {k: v for k, v in written.items() if k != _SWITCH}
-
-
-def undo_edit(root: Path, entry: dict[str, Any], report: SetupReport) -> None:
-    """Undo one recorded edit, unless its value changed since (then the report says to look at it); a block
-    whose ``enabled`` switch alone changed is undone (:func:`still_as_written`).
-
-    Args:
-        root: the Hermes root the record's paths are relative to.
-        entry: one edit as :class:`RecordedEditor` recorded it.
-        report: what was restored, or left alone.
-
-    Raises:
-        SetupError: the edited file cannot be read or written safely.
-    """
-    path = root / str(entry["file"])
-    keys = [str(k) for k in entry["keys"]]
-    data = read_yaml(path)
-    current = value_at(data, keys)
-    dotted = ".".join(keys)
-    if entry["op"] == "set":
-        if not still_as_written(current, entry["after"]):
-            report.todo.append(f"{path}: {dotted} changed since enable; left as it is (edit or remove it there "
-                               "by hand if it was only for hermes-actors)")
-            return
-        holder, _ = _parent(data, keys, path)
-        if entry["absent"]:
-            del holder[keys[-1]]
-            _prune(data, keys, int(entry.get("parents", 0)))
-        else:
-            holder[keys[-1]] = entry["before"]
-        report.changed.append(f"{path}: {dotted} restored")
-    else:
-        item = entry["item"]
-        if not isinstance(current, list) or item not in current:
-            return
-        current.remove(item)
-        if not current and entry.get("list_created"):
-            holder, _ = _parent(data, keys, path)
-            del holder[keys[-1]]
-            _prune(data, keys, int(entry.get("parents", 0)))
-        report.changed.append(f"{path}: removed {item!r} from {dotted}")
-    write_yaml(path, data, report)
 
 
 # ── the record ──────────────────────────────────────────────────────────────
@@ -385,6 +449,24 @@ def load_record(root: Path) -> list[dict[str, Any]]:
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise SetupError(f"{record_path(root)} is not a record this version wrote; refusing to guess")
     return entries
+
+
+def check_record_writable(root: Path) -> None:
+    """Refuse now a record :func:`save_record` could not write, before anything else is written.
+
+    Args:
+        root: the Hermes root.
+
+    Raises:
+        HostileFileError: ``bot_relay/`` is a symlink, not a directory, or another uid's.
+        OSError: you may not write in it (or in the root, to make it).
+    """
+    relay = record_path(root).parent
+    if not os.path.lexists(relay):
+        check_temp_dir(root)  # where save_record makes it
+        return
+    os.close(open_dir_below(root, relay))  # a symlink, a file, another uid's: refused as save_record refuses it
+    check_temp_dir(relay)
 
 
 def save_record(root: Path, entries: list[dict[str, Any]]) -> None:

@@ -22,6 +22,9 @@ platform blocks under ``gateway.platforms`` too (before the top level's): a bloc
 edited there, and ours goes beside it (:func:`platform_block_keys`, :func:`connect_order`); a
 block that is no mapping (``api_server: null``) is skipped, as hermes skips it.
 
+Every file is read, and every edit planned, before anything is written (a refusal, such as a malformed
+``profile.yaml``, writes nothing); then each edited file is written once, the record, and the sessions. A
+write that fails part-way (a full disk) is said with what was changed before it (:class:`SetupStopped`).
 Every edit is recorded (:mod:`hermes_actors.hermes.recorded_edits`) in
 ``<root>/bot_relay/hermes-actors-enable.json`` as "path, value before, value
 after" (or "item added to a list"); ``disable``
@@ -34,7 +37,7 @@ an edited file are lost; keys and order are kept).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +51,12 @@ from hermes_actors.hermes.recorded_edits import (
     RecordedEditor,
     SetupError,
     SetupReport,
+    SetupStopped,
+    check_record_writable,
     load_record,
     read_yaml,
+    record_path,
     save_record,
-    undo_edit,
     value_at,
 )
 from hermes_actors.hermes.sessions import BotChatError, ensure_bot_chat
@@ -178,31 +183,72 @@ def enable(
     Raises:
         SetupError: a bad ``port`` (:func:`api_server_port`), the root or a named profile does not exist, or
             a file cannot be edited safely.
+        HostileFileError, OSError: a file cannot be read, or a directory an edited file (or the record) is in
+            cannot be written in. Like a SetupError, before anything is written.
+        SetupStopped: a write failed part-way; its report says what was changed and how to undo it.
     """
     port = api_server_port(port, gateway=gateway)  # an argument error first: nothing is read or written
     root = _root(root)
     report = SetupReport()
     record = load_record(root)
-    editor = RecordedEditor(root, record, report)
+    editor = RecordedEditor(root, report)
     hermes_cli = find_hermes_cli(cli)
-    try:
-        for profile in _chosen(root, profiles, report):
-            home = profile_home(root, profile)
-            editor.set_default(home / "profile.yaml", ["ui_meta", MANAGED_KEY], {})
-            editor.list_add(home / "config.yaml", ["plugins", "enabled"], PLUGIN_NAME)
-            try:
-                session, created = ensure_bot_chat(home, cli=hermes_cli)
-            except BotChatError as exc:
-                report.todo.append(f"{profile}: create its 'Bot Chat' session ({exc})")
-            else:
-                if created:
-                    report.changed.append(f"{home / 'state.db'}: created the 'Bot Chat' session {session}")
-        if gateway:
-            _configure_gateway(editor, root / "config.yaml", port, report)
-    finally:
-        save_record(root, record)
+    # every file is read and every edit planned before anything is written: a refusal writes nothing
+    homes = [(profile, profile_home(root, profile)) for profile in _chosen(root, profiles, report)]
+    for _profile, home in homes:
+        editor.set_default(home / "profile.yaml", ["ui_meta", MANAGED_KEY], {})
+        editor.list_add(home / "config.yaml", ["plugins", "enabled"], PLUGIN_NAME)
+    if gateway:
+        _configure_gateway(editor, root / "config.yaml", port, report)
+    editor.check_writable()
+    if editor.planned():
+        check_record_writable(root)
+    _write("enable", root, editor, lambda: record + editor.written if editor.written else None, report)
+    for profile, home in homes:
+        try:
+            session, created = ensure_bot_chat(home, cli=hermes_cli)
+        except BotChatError as exc:
+            report.todo.append(f"{profile}: create its 'Bot Chat' session ({exc})")
+        else:
+            if created:
+                report.changed.append(f"{home / 'state.db'}: created the 'Bot Chat' session {session}")
     _add_todo(root, report, gateway=gateway, env=env, cli=hermes_cli)
     return report
+
+
+def _write(command: str, root: Path, editor: RecordedEditor,
+           record: Callable[[], list[dict[str, Any]] | None], report: SetupReport) -> None:
+    """Write the planned edits, then the record as ``record()`` makes it from what was written (None: unchanged).
+
+    Raises:
+        SetupStopped: a write failed part-way (its cause is the error): the report says what was changed and how
+            to undo it (``disable``, or by hand when the record could not be written).
+        HostileFileError, OSError: the first write failed: nothing was changed.
+    """
+    saved = False
+    try:
+        try:
+            editor.write()
+        finally:
+            entries = record()
+            if entries is not None:
+                save_record(root, entries)
+            saved = True
+    except (OSError, ValueError) as exc:
+        if not report.changed:
+            raise
+        report.changed = _once(report.changed)
+        again = shell_command("hermes-actors", command, "--root", root)
+        if not saved:
+            report.todo.append(f"{command} stopped part-way (the error below) and could not write its record "
+                               f"{record_path(root)}: disable cannot undo the changes above; undo them by hand")
+        elif command == "enable":
+            report.todo.append(f"enable stopped part-way (the error below): fix it and run {again} again, or undo "
+                               f"the changes above with {shell_command('hermes-actors', 'disable', '--root', root)}")
+        else:
+            report.todo.append(f"disable stopped part-way (the error below): fix it and run {again} again to undo "
+                               "the rest")
+        raise SetupStopped(report, exc) from exc
 
 
 _API = "api_server"
@@ -267,7 +313,7 @@ def connect_order(config: Mapping[str, Any]) -> list[str]:
 def _configure_gateway(editor: RecordedEditor, config: Path, port: int | None, report: SetupReport) -> None:
     """``enable --gateway``'s edits of the root's ``config.yaml``: the API server, our platform, multiplexing,
     the API server's block before ours (or a "to do" line when only the user can put it there)."""
-    data = read_yaml(config)
+    data = editor.data(config)
     api = platform_block_keys(data, _API, PLATFORM_NAME)
     ours = platform_block_keys(data, PLATFORM_NAME, _API)
     # a null block is no block to hermes (it skips it): replaced like a missing one (`disable` puts the null back)
@@ -275,7 +321,7 @@ def _configure_gateway(editor: RecordedEditor, config: Path, port: int | None, r
                                                                 "port": DEFAULT_API_PORT if port is None else port}},
                        replace=None)
     where = [*api, "extra", "port"]
-    current = value_at(read_yaml(config), where)
+    current = value_at(editor.data(config), where)
     if port is not None and current != port:  # named: that port, whatever an earlier enable set
         editor.set_default(config, where, port, replace=current)
     # `enable --gateway` is the ask to serve and host: a switch hermes reads as off (false, 'no', 'off', null, ...)
@@ -285,7 +331,7 @@ def _configure_gateway(editor: RecordedEditor, config: Path, port: int | None, r
     editor.switch_on(config, [*ours, "enabled"], hermes_true)
     editor.set_default(config, [*ours, "extra", HOST_KEY], True)
     # hermes reads a top-level multiplex_profiles (even null) before gateway.multiplex_profiles: edited where read
-    editor.switch_on(config, _MULTIPLEX if _MULTIPLEX[-1] in read_yaml(config) else ["gateway", *_MULTIPLEX],
+    editor.switch_on(config, _MULTIPLEX if _MULTIPLEX[-1] in editor.data(config) else ["gateway", *_MULTIPLEX],
                      hermes_true)
     # hermes connects platforms in the order it reads them: the actors' runner, chosen as our platform connects,
     # then finds the API server up (a block of ours from before, e.g. left with enabled: false by disable, came
@@ -293,7 +339,7 @@ def _configure_gateway(editor: RecordedEditor, config: Path, port: int | None, r
     if api[:-1] == ours[:-1]:
         editor.move_after(config, ours[:-1], PLATFORM_NAME, _API,
                           "hermes connects platforms in this order: the API server is up when the actors start")
-    order = connect_order(read_yaml(config))
+    order = connect_order(editor.data(config))
     if PLATFORM_NAME in order and _API in order and order.index(PLATFORM_NAME) < order.index(_API):
         report.todo.append(
             f"{config}: hermes connects the {PLATFORM_NAME} platform before the {_API} one (it reads the blocks "
@@ -367,7 +413,9 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
         still managed, the disabled profiles, which stay on the roster and receive DMs.
 
     Raises:
-        SetupError: the record or an edited file cannot be read safely.
+        SetupError: the record or an edited file cannot be read safely (before anything is written).
+        HostileFileError, OSError: as for :func:`enable`, before anything is written.
+        SetupStopped: a write failed part-way; its report says what was undone, and the record keeps the rest.
     """
     root = _root(root)
     report = SetupReport()
@@ -389,11 +437,22 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
         selected = [e for e in record if str(Path(str(e["file"])).parent) in homes
                     and not (e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway"))]
     kept = [e for e in record if e not in selected]
-    try:
-        for entry in reversed(selected):
-            undo_edit(root, entry, report)
-    finally:
-        save_record(root, kept)
+    editor = RecordedEditor(root, report)
+    for entry in reversed(selected):  # every file read and every undo planned first: a refusal writes nothing
+        editor.undo(entry)
+    if selected:
+        editor.check_writable()
+        check_record_writable(root)
+    undone = {id(e) for e in selected}
+
+    def remaining() -> list[dict[str, Any]] | None:
+        """The record once the written files' undos are done (an undo that was not needed goes too)."""
+        if not selected:
+            return None
+        pending = {id(e) for e in editor.planned()}
+        return [e for e in record if id(e) not in undone or id(e) in pending]
+
+    _write("disable", root, editor, remaining, report)
     # Enable records each change of a key (`--port 9000`, later `--port 9001`): undone newest first,
     # each says the same "restored" (or "changed since enable") line; say it once.
     report.changed, report.todo = _once(report.changed), _once(report.todo)
@@ -488,7 +547,7 @@ def _left_to_remove(root: Path, yamls: list[str], *, everything: bool) -> list[s
         try:
             if read_yaml(root / name) == {}:
                 emptied.append(str(root / name))
-        except SetupError:  # unreadable now: undo_edit said so already
+        except SetupError:  # no longer readable (changed since the undo wrote it): nothing to say of it
             continue
     lines = [f"{path} is now {{}} (enable created it): remove it if you want" for path in emptied]
     if everything:

@@ -9,6 +9,7 @@ title, and by the Desktop @-slugs of those friendly names (resolution itself is
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -28,6 +29,7 @@ from hermes_actors.core.names import (
     unreachable_profiles,
 )
 from hermes_actors.messages import ProfileInfo
+from hermes_actors.store.os_errors import access_problem
 from hermes_actors.store.yaml_file import load_yaml_file
 
 __all__ = [
@@ -79,16 +81,26 @@ def existing_root(root: Path | str) -> Path:
 
     Raises:
         FileNotFoundError: it does not exist or is not a directory.
-        PermissionError: it belongs to another user (:func:`foreign_root_refusal`).
+        PermissionError: it belongs to another user (:func:`foreign_root_refusal`), a directory above it does not
+            let you reach it, or its mode does not let you list or enter it (the text names the directory, what
+            keeps you out and what to do: :func:`~hermes_actors.store.os_errors.access_problem`); no errno.
         ValueError: it is a profile's home inside a root (``<root>/profiles/<name>``), not a root; or it
             holds none of the files a Hermes root has (a mistyped ``--root ~`` would get ``bot_relay/``).
     """
     path = root_path(root)
-    if not path.is_dir():
+    try:
+        st = path.stat()
+    except PermissionError:  # a directory above it does not let you look
+        raise PermissionError(_unusable_root(path, "cannot be reached")) from None
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISDIR(st.st_mode):
         raise FileNotFoundError(f"Hermes root {str(path)!r} does not exist or is not a directory")
-    refusal = foreign_root_refusal(path, path.stat().st_uid, os.getuid())
+    refusal = foreign_root_refusal(path, st.st_uid, os.getuid())
     if refusal is not None:
         raise PermissionError(refusal)
+    if not os.access(path, os.R_OK | os.X_OK):  # yours, but its mode keeps you out
+        raise PermissionError(_unusable_root(path, "cannot be used"))
     if not any((path / name).exists() for name in _ROOT_MARKS):
         raise ValueError(
             f"{str(path)!r} does not look like a Hermes root (none of {', '.join(_ROOT_MARKS)} in it); pass the "
@@ -102,6 +114,13 @@ def existing_root(root: Path | str) -> Path:
             f"pass --root {outer}"
         )
     return path
+
+
+def _unusable_root(path: Path, what: str) -> str:
+    """The refusal of a root you cannot use: what keeps you out of it and what to do, by the one rule for a refused
+    access (:func:`~hermes_actors.store.os_errors.access_problem`)."""
+    problem = access_problem(path, root=path) or f"{os.strerror(errno.EACCES)}: fix the permissions on the way to it"
+    return f"Hermes root {str(path)!r} {what}: {problem}"
 
 
 def foreign_root_refusal(path: Path, owner: int, uid: int) -> str | None:

@@ -28,7 +28,7 @@ from hermes_actors.store.os_errors import os_error_text, store_error, what_to_do
 from hermes_actors.store.owner_lock import hold, release
 from hermes_actors.store.relay_dirfd import open_dir_below
 
-__all__ = ["FILE_MODE", "discard", "staged"]
+__all__ = ["FILE_MODE", "check_temp_dir", "discard", "staged"]
 
 FILE_MODE = 0o600
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -106,6 +106,23 @@ def _open_temp_dir(tmp_dir: Path, within: Path | None = None) -> int:
         os.close(fd)
         raise HostileFileError(f"temp directory {tmp_dir} is owned by uid {uid}, expected {os.getuid()}")
     return fd
+
+
+def check_temp_dir(tmp_dir: Path) -> None:
+    """Refuse now what staging a temp file in ``tmp_dir`` would refuse, before anything is written (``enable``
+    checks every directory it will write in before its first write).
+
+    Args:
+        tmp_dir: the directory a write will stage its temp in (the written file's own, for ``enable``).
+
+    Raises:
+        HostileFileError: it is a symlink, not a directory, or another uid's (:func:`_open_temp_dir`).
+        PermissionError: you may not make a file in it (``filename`` names it).
+        OSError: it cannot be opened (missing, permission).
+    """
+    os.close(_open_temp_dir(tmp_dir))
+    if not os.access(tmp_dir, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(tmp_dir))
 
 
 def _write_temp(target: Path, data: bytes, *, dir_fd: int, tmp_dir: Path, fsync: bool, mode: int = FILE_MODE,

@@ -1,0 +1,168 @@
+"""``enable`` / ``disable`` write nothing when they refuse, and say what they changed when a write stops them."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from roots import make_root
+
+from hermes_actors.cli.main import main
+from hermes_actors.store.hermes_root import discover_profiles
+
+
+def _tree(root: Path) -> dict[str, object]:
+    """Every entry under ``root``: a directory, a symlink's target, or a file's bytes (its mode too)."""
+    seen: dict[str, object] = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.is_symlink():
+            seen[name] = ("symlink", os.readlink(path))
+        elif path.is_dir():
+            seen[name] = ("directory", path.stat().st_mode)
+        else:
+            seen[name] = (path.read_bytes(), path.stat().st_mode)
+    return seen
+
+
+def _symlink_to_alices(path: Path) -> None:
+    path.unlink()
+    path.symlink_to(path.parent.parent / "alice" / "profile.yaml")
+
+
+BAD_PROFILE_YAML: list[tuple[str, Callable[[Path], Any], str]] = [
+    ("malformed", lambda p: p.write_text("a: [\n", encoding="utf-8"), "is not valid YAML"),
+    ("a list", lambda p: p.write_text("- a\n", encoding="utf-8"),
+     "does not hold a mapping at the top; fix it, then run again"),
+    ("a symlink", _symlink_to_alices, "is a symlink; refusing to edit it"),
+    ("ui_meta no mapping", lambda p: p.write_text("ui_meta: 5\n", encoding="utf-8"),
+     ": ui_meta is not a mapping; fix it, then run again"),
+]
+
+
+@pytest.mark.parametrize(("spoil", "says"), [b[1:] for b in BAD_PROFILE_YAML], ids=[b[0] for b in BAD_PROFILE_YAML])
+def test_enable_refusing_a_profile_yaml_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spoil: Callable[[Path], Any], says: str
+) -> None:
+    """Regression (CLI fuzz review): with one profile's profile.yaml malformed (or a list, a symlink, a ui_meta
+    that is no mapping) enable refused, exit 2 "fix it, then run again", after it had written config.yaml and
+    state.db (a Bot Chat session) of the default profile and of the profiles before it, and
+    bot_relay/hermes-actors-enable.json, with no "changed:" report. Every file is now read before the first
+    write."""
+    root = make_root(tmp_path, managed=False)  # default, alice, bob, carol: carol's is edited last
+    bad = root / "profiles" / "carol" / "profile.yaml"
+    spoil(bad)
+    before = _tree(root)
+    assert main(["enable", "--root", str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert f"error: {bad}" in err and says in err, err
+    assert "changed:" not in out
+    assert _tree(root) == before
+
+
+def test_disable_refusing_a_file_it_must_edit_undoes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI fuzz review, the same review of disable): a profile.yaml malformed since enable refused the
+    disable after it had undone the edits of the profiles before it and dropped every edit from its record, those
+    of the refused file too: a later disable had nothing left to undo there."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root)]) == 0
+    bad = root / "profile.yaml"  # the default profile's edits are undone last (newest first)
+    bad.write_text("ui_meta: {hermes-bots: {}}\nx: [\n", encoding="utf-8")
+    before = _tree(root)
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert f"error: {bad} is not valid YAML" in err and "changed:" not in out, (out, err)
+    assert _tree(root) == before  # the record included
+    bad.write_text("ui_meta: {hermes-bots: {}}\n", encoding="utf-8")
+    assert main(["disable", "--root", str(root)]) == 0
+    assert not any(p.managed for p in discover_profiles(root))
+
+
+def _replace_failing_for(monkeypatch: pytest.MonkeyPatch, failing: Path) -> None:
+    """``os.replace`` onto ``failing`` fails as on a full disk (the rename that puts a rewritten YAML in place)."""
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if os.fspath(dst) == os.fspath(failing):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def _plugins(config: Path) -> object:
+    return (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("plugins") if config.exists() else None
+
+
+def test_enable_stopped_by_a_failed_write_says_what_it_changed_and_disable_undoes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (CLI fuzz review): a write failing part-way (a full disk) printed the error alone: nothing said
+    which files enable had changed already, nor that disable undoes them."""
+    root = make_root(tmp_path, managed=False)
+    yamls = {path: path.read_bytes() for path in root.rglob("profile.yaml")}
+    failing = root / "profiles" / "carol" / "profile.yaml"
+    _replace_failing_for(monkeypatch, failing)
+    assert main(["enable", "--root", str(root)]) == 1
+    out, err = capsys.readouterr()
+    bob = root / "profiles" / "bob"
+    assert f"  changed: {bob / 'profile.yaml'}: ui_meta.hermes-bots = {{}}" in out, out
+    assert f"  changed: {bob / 'config.yaml'}: added 'hermes-actors' to plugins.enabled" in out, out
+    assert str(failing.parent) not in out  # nothing of carol's changed
+    assert (f"  to do: enable stopped part-way (the error below): fix it and run hermes-actors enable --root {root} "
+            f"again, or undo the changes above with hermes-actors disable --root {root}") in out, out
+    assert err.strip().splitlines()[-1] == (f"error: cannot write {failing}: No space left on device (ENOSPC); free "
+                                            "space on its filesystem"), err
+    assert failing.read_bytes() == yamls[failing] and _plugins(failing.with_name("config.yaml")) is None
+
+    monkeypatch.undo()
+    assert main(["disable", "--root", str(root)]) == 0
+    assert {path: path.read_bytes() for path in yamls} == yamls
+    assert all(_plugins(home / "config.yaml") is None for home in (root, bob))
+
+
+def test_disable_stopped_by_a_failed_write_keeps_the_rest_for_the_next_disable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (CLI fuzz review, the same review of disable): a write failing part-way dropped every edit from
+    the record, the ones not undone too, so the next disable left them (still managed, still the plugin)."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root)]) == 0
+    capsys.readouterr()
+    alice = root / "profiles" / "alice"
+    _replace_failing_for(monkeypatch, alice / "config.yaml")  # after carol's and bob's (newest first)
+    assert main(["disable", "--root", str(root)]) == 1
+    out, err = capsys.readouterr()
+    assert f"  changed: {root / 'profiles' / 'carol' / 'profile.yaml'}: ui_meta.hermes-bots restored" in out, out
+    assert (f"  to do: disable stopped part-way (the error below): fix it and run hermes-actors disable --root {root} "
+            "again to undo the rest") in out, out
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot write {alice / 'config.yaml'}: No space left"), err
+    assert {p.profile for p in discover_profiles(root) if p.managed} == {"default", "alice"}
+
+    monkeypatch.undo()
+    assert main(["disable", "--root", str(root)]) == 0
+    assert not any(p.managed for p in discover_profiles(root))
+    assert _plugins(alice / "config.yaml") is None and _plugins(root / "config.yaml") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_enable_with_a_bot_relay_of_another_user_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI fuzz review): the record's directory was found unusable only when the record was saved, after
+    every profile's files and session had been written."""
+    root = make_root(tmp_path, managed=False)
+    (root / "bot_relay").mkdir(mode=0o700)
+    os.chown(root / "bot_relay", 65534, 65534)
+    before = _tree(root)
+    assert main(["enable", "--root", str(root)]) == 2
+    assert f"error: {root / 'bot_relay'} is owned by uid 65534, expected 0" in capsys.readouterr().err
+    assert _tree(root) == before
