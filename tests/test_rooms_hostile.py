@@ -101,6 +101,24 @@ def test_a_swapped_rooms_directory_is_refused_and_dms_still_flow(tmp_path: Path)
     assert list(elsewhere.iterdir()) == []  # nothing was written through the symlink
 
 
+def test_a_swapped_rooms_directory_put_right_is_taken_over_at_the_next_room_call(tmp_path: Path) -> None:
+    """A gateway that found ``rooms/`` refused at its start refused room calls for its whole life; it takes the
+    rooms over once the directory is put right now (as once their owner lock is free: docs/rooms.md)."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (root / "bot_relay").mkdir(mode=0o700, exist_ok=True)
+    os.symlink(elsewhere, root / "bot_relay" / "rooms")
+    with Gateway(root, runner=lambda turn: "[SILENT]") as gw:
+        with pytest.raises(RuntimeError, match=r"rooms are unavailable: the room directory is refused .*symlink"):
+            gw.list_rooms()
+        os.unlink(root / "bot_relay" / "rooms")
+        room = gw.create_room("plan", ["alice", "bob"])
+        assert [r["room_id"] for r in gw.list_rooms()] == [room["room_id"]]
+    assert (root / "bot_relay" / "rooms" / f"{room['room_id']}.json").is_file()
+    assert list(elsewhere.iterdir()) == []  # nothing was written through the symlink
+
+
 @pytest.mark.parametrize("ref", ["../../etc/passwd", "a" * 32 + "/../x", "A" * 32, "", None, 5])
 def test_path_tricks_in_room_references_name_no_room(tmp_path: Path, ref: Any) -> None:
     root = make_root(tmp_path, {"alice": {}, "bob": {}})

@@ -156,8 +156,11 @@ def cmd_send(args: argparse.Namespace) -> int:
     wait = args.wait if args.wait is not None else cfg.turn_wait_seconds + cfg.turn_timeout_seconds + 10.0
     # This command prints the outcome itself: waking the sender's Bot Chat is for hosts (serve, the gateway).
     config = deep_merge({"bot_mode": {"wake_sender": False}}, overrides)
+    # drive_rooms=False: it runs this DM, no room turn; the rooms stay with the host that drives them (a host
+    # starting while this runs finds their lock free), and no pending round is resumed here to be cut short at
+    # this command's stop
     gw = Gateway(args.root, runner=runner_for(args.runner, args.cli, args.root), config=config,
-                 connection_id=args.connection_id).start()
+                 connection_id=args.connection_id, drive_rooms=False).start()
     interrupted = False
     try:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
