@@ -103,6 +103,11 @@ class Gateway:
         serve_submit: serve the root's local submit endpoint (``bot_relay/run/submit.sock``)
             while running, so bots' ``hermes`` processes and ``hermes-actors send`` reach
             this host (:mod:`hermes_actors.hermes.submit`).
+        drive_rooms: drive the root's group rooms (docs/rooms.md): hold ``bot_relay/rooms/.owner.lock``, resume
+            their rounds at the start, run their member turns. False for a gateway that runs no room turn
+            (``hermes-actors send`` without a host): it leaves the lock and the rounds to the gateway that drives
+            them; its ``list_rooms`` and ``room_transcript`` read the room files, its other room calls raise
+            ``RuntimeError``.
         on_failure: called once with the error if the gateway's Dispatcher fails (a bug:
             an error escaped one of its handlers). From then on the gateway is not
             ``running``: ``message_agent`` raises ``RuntimeError`` (the tool refuses with
@@ -133,6 +138,7 @@ class Gateway:
         durable: bool = True,
         fsync: bool = True,
         serve_submit: bool = False,
+        drive_rooms: bool = True,
         on_failure: Callable[[BaseException | None], Any] | None = None,
     ) -> None:
         self.root = checked_root(root)
@@ -146,6 +152,7 @@ class Gateway:
         self.durable = durable
         self.fsync = fsync
         self.serve_submit = serve_submit
+        self.drive_rooms = drive_rooms
         self._submit: Any = None  # the submit endpoint while serve_submit runs
         self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
@@ -208,7 +215,8 @@ class Gateway:
         # ValueError/TransportError before anything started; Redis may take the id from the config
         redis_settings, self.connection_id = redis_settings_for(cfg, self.connection_id)
         options = SystemOptions(self.root, self.overrides, self.connection_id, self.workers,
-                                self.cross_process_lock, self.peer_transport, self.durable, self.fsync)
+                                self.cross_process_lock, self.peer_transport, self.durable, self.fsync,
+                                self.drive_rooms)
         system = ActorSystem(options, runner=self.runner)
         try:
             system.start(cfg, redis_settings, subscribers=subscribers, owners=owners,
@@ -512,11 +520,14 @@ class Gateway:
 
     def _live_rooms(self) -> Rooms:
         rooms = self._live().rooms
-        assert rooms is not None
+        if rooms is None:
+            raise RuntimeError(f"rooms are unavailable: this gateway drives no rooms (drive_rooms=False); the "
+                               f"gateway driving the rooms of {self.root} takes room calls")
         return rooms
 
     def _rooms_on_disk(self) -> RoomsOnDisk | None:
-        """The root's room files while the gateway does not run (before start, from the stop on), else None.
+        """The root's room files while the gateway does not run (before start, from the stop on) or drives no
+        rooms (``drive_rooms=False``), else None.
 
         What ``hermes-actors room show|list`` read without a host: nothing starts and no file changes, so
         the reads answer as the running gateway would have as of the files' last write, as ``wait_outcome``
@@ -526,7 +537,7 @@ class Gateway:
             RuntimeError: called in a fork of the process that started the gateway.
         """
         self._process.refuse_in_fork()
-        return None if self._lifecycle.state == "running" else RoomsOnDisk(self.root)
+        return None if self._lifecycle.state == "running" and self.drive_rooms else RoomsOnDisk(self.root)
 
     @_off_main_thread
     def create_room(self, name: str, members: list[str]) -> dict[str, Any]:
@@ -536,8 +547,8 @@ class Gateway:
         Raises:
             ValueError: a bad name (one shaped like a room id included), a name taken, an unknown member, fewer
                 than 2 or more than 6.
-            RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), or another
-                gateway process drives the root's rooms.
+            RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), another
+                gateway process drives the root's rooms, or this one drives none (``drive_rooms=False``).
         """
         return self._live_rooms().create(name, members)
 
@@ -548,7 +559,8 @@ class Gateway:
 
         Raises:
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), another gateway
-                process drives the root's rooms, or the room's file could not be written (nothing was sent).
+                process drives the root's rooms, this one drives none (``drive_rooms=False``), or the room's file
+                could not be written (nothing was sent).
         """
         return self._live_rooms().send(room, sender, text)
 
@@ -556,7 +568,8 @@ class Gateway:
     def room_transcript(self, room: str) -> list[dict[str, Any]]:
         """The room's messages, oldest first: ``{message_id, author, text, at, round, status}``.
 
-        Before ``start()`` and after ``stop()`` it reads the root's room files (as ``room show`` does).
+        Before ``start()``, after ``stop()`` and with ``drive_rooms=False`` it reads the root's room files (as
+        ``room show`` does).
 
         Raises:
             KeyError: no such room, or a reference that is one room's id and another's name.
@@ -587,7 +600,8 @@ class Gateway:
     def list_rooms(self) -> list[dict[str, Any]]:
         """Every room: ``{room_id, name, members, state, messages, last_activity}`` (docs/rooms.md).
 
-        Before ``start()`` and after ``stop()`` it reads the root's room files (as ``room list`` does).
+        Before ``start()``, after ``stop()`` and with ``drive_rooms=False`` it reads the root's room files (as
+        ``room list`` does).
 
         Raises:
             RuntimeError: another gateway process drives the root's rooms (while this one runs), the room
@@ -605,7 +619,8 @@ class Gateway:
         Raises:
             KeyError: no such room, or a reference that is one room's id and another's name.
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on: ``hermes-actors
-                room disband`` deletes a room without one), or another gateway process drives the root's rooms.
+                room disband`` deletes a room without one), another gateway process drives the root's rooms, or this
+                one drives none (``drive_rooms=False``).
         """
         return self._live_rooms().disband(room)
 

@@ -681,6 +681,14 @@ class Disband:
     """Ask the RoomActor to delete its file and end; answered with the room dict."""
 
 
+# ── RoomsTakeover (rooms/rooms.py): while another process holds the rooms owner lock ───
+
+
+@dataclass(frozen=True, slots=True)
+class RoomsTick:
+    """Timer (``RoomsTakeover``, rooms/rooms.py): try to take the root's rooms over (their owner lock is free now?)."""
+
+
 # ── HubActor (relay/hub.py) ──────────────────────────────────────────────
 
 

@@ -98,7 +98,7 @@ class ActorSystem:
     resumed_ids: frozenset[str] = frozenset()  # the envelopes the relay waits for again after this start
     bridge: FsBridge | None = None
     desktop: DesktopRpc | None = None  # the Desktop's relay RPC, served by the file RelayActor
-    rooms: Rooms | None = None  # the group rooms (docs/rooms.md)
+    rooms: Rooms | None = None  # the group rooms (docs/rooms.md); None too when the gateway drives none
     caller_admission: CallerAdmission | None = None  # first-hop local DMs admitted on the sender's thread
     profile_count: int = 0
     recovered: dict[str, int] = field(default_factory=dict)
@@ -219,9 +219,11 @@ class ActorSystem:
                                                           relay_reported=reported), timeout=ASK_TIMEOUT, expect=dict)
             if self.journals is not None:  # settled in our journal once their taker reported them (its rescans)
                 self.journals.watch(adopted.states, waiting)
-        self.rooms = Rooms(RoomFiles(opts.root, fsync=opts.fsync), dispatcher=self.dispatcher,
-                           roster=self.roster, notifier=self.notifier)
-        self.rooms.start()  # after recovery: a resumed round's member turns queue behind recovered DMs
+        if opts.drive_rooms:
+            self.rooms = Rooms(RoomFiles(opts.root, fsync=opts.fsync), dispatcher=self.dispatcher,
+                               roster=self.roster, notifier=self.notifier, scheduler=scheduler,
+                               retry_seconds=cfg.rescan_seconds)
+            self.rooms.start()  # after recovery: a resumed round's member turns queue behind recovered DMs
 
     def _start_relay(self, cfg: BotModeConfig, redis_settings: Any, guard: Any, current: RosterSnapshot,
                      probe: Any = None) -> None:

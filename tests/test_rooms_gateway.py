@@ -10,12 +10,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
-from roots import RecordingRunner, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, make_root, start_gateway
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.facade import shutdown as facade_shutdown
 from hermes_actors.messages import Turn
+from hermes_actors.ops.status import live_status
+from hermes_actors.rooms.rooms import RoomsTakeover
+from hermes_actors.rooms.store import RoomFiles
 
 ENTRY_KEYS = {"message_id", "author", "text", "at", "round", "status"}
 
@@ -44,6 +49,12 @@ def said(transcript: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
 
 def room_turns(runner: RecordingRunner) -> list[Turn]:
     return [t for t in runner.entered if t.session.startswith("Group: ")]
+
+
+def send_and_settle(gw: Gateway) -> str:
+    """A DM from alice to bob; its outcome's status."""
+    ack = gw.message_agent(sender="alice", target="bob", message="hi")
+    return str(gw.wait_outcome(ack["delivery_id"], timeout=30)["status"])
 
 
 # ── creating, listing, disbanding, refusals ─────────────────────────────────
@@ -483,6 +494,8 @@ def test_room_reads_before_start_and_after_stop_answer_from_the_room_files(room_
 
 
 def test_one_gateway_at_a_time_drives_a_roots_rooms(room_root: Path, gateways: list[Gateway]) -> None:
+    """Regression (soak): a gateway that found the rooms owner lock held at its start refused every room call for
+    its whole life, long after the lock was let go. Its next room call takes the rooms over now."""
     first = start_gateway(gateways, room_root, Script())
     first.create_room("plan", ["alice", "bob"])
     second = start_gateway(gateways, room_root, Script())
@@ -490,8 +503,104 @@ def test_one_gateway_at_a_time_drives_a_roots_rooms(room_root: Path, gateways: l
         second.list_rooms()
     assert first.room_send("plan", "user", "hi")["status"] == "queued"
     first.stop()
-    third = start_gateway(gateways, room_root, Script())  # the lock went with the first gateway
-    assert [r["name"] for r in third.list_rooms()] == ["plan"]
+    assert [r["name"] for r in second.list_rooms()] == ["plan"]  # the lock went with the first gateway
+    assert second.wait_room_idle("plan", timeout=30) == "idle"
+    third = start_gateway(gateways, room_root, Script())
+    with pytest.raises(RuntimeError, match="rooms are unavailable: another gateway process drives the rooms"):
+        third.list_rooms()
+
+
+def _pending_room(root: Path) -> dict[str, Any]:
+    """A room ``plan`` of alice and bob whose file holds an acked send to @bob whose round has not started (as a
+    gateway that stopped right after the ack leaves it)."""
+    with Gateway(root, runner=Script()) as gw:
+        room = gw.create_room("plan", ["alice", "bob"])
+    path = root / "bot_relay" / "rooms" / f"{room['room_id']}.json"
+    record = json.loads(path.read_text())
+    entry = {"message_id": "a" * 32, "author": "user", "text": "@bob are you there?", "at": 1.0, "round": 0,
+             "status": "said"}
+    record |= {"transcript": [entry], "sends": [{"message_id": "a" * 32, "sender": "user", "mentioned": ["bob"]}],
+               "state": "busy"}
+    path.write_text(json.dumps(record))
+    return room
+
+
+def test_rooms_held_elsewhere_at_the_start_are_taken_over_at_a_tick_once_let_go(room_root: Path,
+                                                                                 gateways: list[Gateway]) -> None:
+    """Regression (soak): a host-less command held ``rooms/.owner.lock`` while the host started; long after it
+    exited, the host's status kept `rooms are unavailable: another gateway process drives the rooms of …` and
+    its rooms never ran. Now, with no room call at all, the host's next rescan tick takes the rooms over: the
+    pending round resumes, an INFO line says so, and the status problem is gone."""
+    _pending_room(room_root)
+    holder = RoomFiles(room_root).owner_lock()  # another process's lock: a flock held through another open file
+    assert holder.try_acquire()
+    runner = RecordingRunner(lambda turn: "here" if turn.profile == "bob" else "[SILENT]")
+    with LogCapture("INFO") as logs:
+        try:
+            gw = start_gateway(gateways, room_root, runner, {"bot_mode": {"rescan_seconds": 0.05}})
+            unavailable = f"rooms are unavailable: another gateway process drives the rooms of {room_root}"
+            assert unavailable in live_status(gw)["problems"]
+        finally:
+            holder.release()
+            holder.close()
+        turns = runner.wait_entered(1, timeout=30)  # the round resumed: no room call asked for it
+        await_condition(lambda: logs.matching(f"rooms of {room_root} are now driven here", "1 room(s)"),
+                        timeout=30, message="the take-over's INFO line")
+    assert logs.matching(f"rooms are unavailable here for now: another gateway process drives the rooms of "
+                         f"{room_root}; this gateway takes them over once it can")
+    assert [(t.profile, t.session) for t in turns] == [("bob", "Group: plan")]
+    assert gw.wait_room_idle("plan", timeout=30) == "idle"
+    assert said(gw.room_transcript("plan")) == [("user", "@bob are you there?", 0), ("bob", "here", 1)]
+    assert not any("rooms are unavailable" in p for p in live_status(gw)["problems"])
+
+
+def test_a_gateway_stopping_while_its_rooms_are_held_elsewhere_takes_nothing_and_leaves_no_takeover(
+        room_root: Path, gateways: list[Gateway]) -> None:
+    """The take-over ends with the gateway: its RoomsTakeover stops with it, and it never takes the lock on its
+    way out, so the next gateway drives the rooms once the holder lets go."""
+    def takeovers() -> set[Any]:  # of this test's gateways (another test's may still be stopping)
+        return set(pykka.ActorRegistry.get_by_class(RoomsTakeover)) - before
+
+    _pending_room(room_root)
+    before = set(pykka.ActorRegistry.get_by_class(RoomsTakeover))
+    holder = RoomFiles(room_root).owner_lock()
+    assert holder.try_acquire()
+    try:
+        gw = start_gateway(gateways, room_root, Script(), {"bot_mode": {"rescan_seconds": 0.05}})
+        assert len(takeovers()) == 1
+        gw.stop()
+        assert takeovers() == set()
+    finally:
+        holder.release()
+        holder.close()
+    runner = RecordingRunner(lambda turn: "[SILENT]")
+    nxt = start_gateway(gateways, room_root, runner)
+    assert nxt.wait_room_idle("plan", timeout=30) == "idle"
+    assert [(t.profile, t.session) for t in room_turns(runner)] == [("bob", "Group: plan")]
+    assert takeovers() == set()
+
+
+def test_a_gateway_that_drives_no_rooms_leaves_their_lock_and_reads_their_files(room_root: Path,
+                                                                                gateways: list[Gateway]) -> None:
+    """``drive_rooms=False`` (a host-less ``hermes-actors send``'s gateway): no rooms owner lock, no round
+    resumed; the room reads answer from the files, the calls that act refuse naming why."""
+    room = _pending_room(room_root)
+    runner = RecordingRunner()
+    gw = start_gateway(gateways, room_root, runner, drive_rooms=False)
+    holder = RoomFiles(room_root).owner_lock()
+    try:
+        assert holder.try_acquire(), "a gateway that drives no rooms holds their lock"
+    finally:
+        holder.release()
+        holder.close()
+    assert [(r["room_id"], r["state"]) for r in gw.list_rooms()] == [(room["room_id"], "busy")]
+    assert said(gw.room_transcript("plan")) == [("user", "@bob are you there?", 0)]
+    for act in (lambda: gw.room_send("plan", "user", "again"), lambda: gw.create_room("q", ["alice", "bob"]),
+                lambda: gw.wait_room_idle("plan", timeout=1), lambda: gw.disband_room("plan")):
+        with pytest.raises(RuntimeError, match="rooms are unavailable: this gateway drives no rooms"):
+            act()
+    assert send_and_settle(gw) == "replied"
+    assert runner.entered and not room_turns(runner), "a member turn ran on a gateway that drives no rooms"
 
 
 # ── graceful stop ───────────────────────────────────────────────────────────

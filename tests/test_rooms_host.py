@@ -292,6 +292,41 @@ def test_without_a_host_disband_runs_no_turn_of_the_room(tmp_path: Path, capsys:
     assert runner.entered == []
 
 
+def test_without_a_host_send_leaves_the_rooms_to_their_host(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (soak): a host-less ``hermes-actors send`` ran a gateway that took ``rooms/.owner.lock`` for as
+    long as its DM ran, so a host starting meanwhile found its rooms unavailable (and the command resumed the
+    pending rounds, to cut them short at its stop). It runs no room turn, so it drives no rooms now: the lock
+    stays free while its DM runs, and the pending round is left for the host."""
+    from hermes_actors.cli import gateway_options
+    from hermes_actors.rooms.store import RoomFiles
+
+    root = make_root(tmp_path)
+    room, path = _pending_room(root)
+    before = path.read_bytes()
+    free_during_the_dm: list[bool] = []
+
+    def behave(turn: Turn) -> str:
+        if turn.session == "Bot Chat":  # what a host starting now would find
+            holder = RoomFiles(root).owner_lock()
+            free_during_the_dm.append(holder.try_acquire())
+            holder.release()
+            holder.close()
+            return "done"
+        return "[SILENT]"
+
+    runner = RecordingRunner(behave)
+    monkeypatch.setattr(gateway_options, "runner_for", lambda *args: runner)  # what a gateway of the command runs
+    assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "Reply from @bob: done"
+    assert free_during_the_dm == [True], "the host-less send held the rooms owner lock"
+    assert [t.session for t in runner.entered] == ["Bot Chat"], "the host-less send ran a member turn"
+    assert path.read_bytes() == before
+    with Gateway(root, runner=runner) as gw:  # the host the round waited for
+        assert gw.wait_room_idle(room["room_id"], timeout=30) == "idle"
+    assert [(t.profile, t.session) for t in runner.entered] == [("bob", "Bot Chat"), ("bob", "Group: pending")]
+
+
 def test_without_a_host_disband_leaves_a_room_another_gateway_drives(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], gateways: list[Gateway]) -> None:
     """The rooms owner lock: a gateway with no submit endpoint (a Python program's) drives the root's rooms, so the

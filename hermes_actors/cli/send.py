@@ -155,7 +155,11 @@ def cmd_send(args: argparse.Namespace) -> int:
     # they killed the command at once and its turn's process ran on, orphaned (ops/stop_signals.py)
     signals = StopSignals(interrupts=True)
     with signals.routed():
-        gw = Gateway(args.root, runner=runner, config=config, connection_id=args.connection_id).start()
+        # drive_rooms=False: it runs this DM, no room turn; the rooms stay with the host that drives them (a host
+        # starting while this runs finds their lock free), and no pending round is resumed here to be cut short at
+        # this command's stop
+        gw = Gateway(args.root, runner=runner, config=config, connection_id=args.connection_id,
+                     drive_rooms=False).start()
         return _send_here(gw, args, wait, signals)
 
 

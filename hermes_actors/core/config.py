@@ -178,7 +178,8 @@ class BotModeConfig:
                                        at_most=WEEK)
     rescan_seconds: float = setting(
         2.0, "the relay's reconcile rescan (it also takes over what a gateway that stopped or died on the root "
-             "left: shelves, `sent/` records, journals) and the roster's change check",
+             "left: shelves, `sent/` records, journals), the roster's change check, and, while another process holds "
+             "the rooms owner lock, the try to take the group rooms over",
         at_least=0.05, at_most=3600)
     wake_sender: str = setting(
         "auto", "deliver each outcome into the sender's Bot Chat as a new turn: `auto` (on when turns run on the "

@@ -86,3 +86,4 @@ class SystemOptions:
     peer_transport: PeerCliTransport | None
     durable: bool
     fsync: bool
+    drive_rooms: bool = True
