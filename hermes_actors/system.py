@@ -135,7 +135,8 @@ class ActorSystem:
         # The start's one walk of the relay tree (the RelayActor relies on it), on this thread before the watch
         # starts: no events for our own mkdirs (a directory created while watchdog walks the tree makes it warn on
         # stderr); a relay directory left swapped (a gateway killed after a failed reply write) is put back first,
-        # so the reply kept for this start is written; journal/, run/, rooms/ and unconfirmed/ too (start_directories)
+        # so the reply kept for this start is written; run/, rooms/ and unconfirmed/ too (start_directories); a
+        # swapped journal/ refuses a durable start (it may hold acked DMs: never moved aside)
         paths = InboxPaths.from_root(opts.root)
         ensure_relay_directories(paths, needs=(paths.journal,) if opts.durable else ())
         adopted = None

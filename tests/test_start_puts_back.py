@@ -61,13 +61,13 @@ def _swap(directory: Path, how: str, outside: Path) -> None:
         directory.write_text("planted", encoding="utf-8")
 
 
-@pytest.mark.parametrize("which", ["journal", "run", "rooms", "unconfirmed"])
+@pytest.mark.parametrize("which", ["run", "rooms", "unconfirmed"])
 @pytest.mark.parametrize("how", ["symlink", "file"])
 def test_a_start_puts_back_a_directory_its_user_makes_left_swapped_for_a_symlink_or_a_file(
     tmp_path: Path, gateways: list[Gateway], logs: LogCapture, which: str, how: str
 ) -> None:
-    """The journal's (durable mode), the host's ``run/``, ``rooms/`` and Redis's ``unconfirmed/``: quarantined as
-    they are, made again (0700), and the DM, the room and the submit endpoint work."""
+    """The host's ``run/``, ``rooms/`` and Redis's ``unconfirmed/``: quarantined as they are, made again (0700),
+    and the DM, the room and the submit endpoint work."""
     root = make_root(tmp_path, {"alice": {}, "bob": {}})
     paths = InboxPaths.from_root(root)
     paths.relay.base.mkdir(mode=0o700)
@@ -103,7 +103,8 @@ def test_every_directory_a_running_gateway_has_made_in_bot_relay_is_put_back_by_
     gw.wait_outcome(ack["delivery_id"], timeout=30)
     made = {entry.name for entry in paths.relay.base.iterdir() if entry.is_dir()}
     ruled = {d.name for d in (*kept_directories(paths), *start_directories(paths)) if d.parent == paths.relay.base}
-    assert made - ruled == {"hubclaims"}, made - ruled  # the hub's: a swapped one refuses the start (below)
+    # the hub's, and the journal (it may hold acked DMs): a swapped one refuses the start (below)
+    assert made - ruled == {"hubclaims", "journal"}, made - ruled
 
 
 def _dead_journal(directory: Path, delivery_id: str) -> Path:
@@ -118,27 +119,45 @@ def _dead_journal(directory: Path, delivery_id: str) -> Path:
     return dead
 
 
-def test_a_journal_symlinked_to_journal_files_is_never_read_and_the_warning_says_how_to_have_them_re_offered(
-    tmp_path: Path, logs: LogCapture
+@pytest.mark.parametrize("how", ["symlink", "file"])
+def test_a_swapped_journal_refuses_a_durable_start_and_its_dms_run_once_it_is_a_directory_again(
+    tmp_path: Path, how: str
 ) -> None:
-    """The link is quarantined, the files it pointed at are not read (no DM of theirs runs, nothing in them
-    changes), and the WARNING's advice holds: moved into the new ``journal/``, the next start re-offers the DM."""
+    """Regression (review diffrev27 of fb79f9a): a journal moved to another disk and linked back was moved aside
+    by the start, unread, and an empty one made: its acked DMs never ran (``wait_outcome``: KeyError), with one
+    WARNING under ``serve`` and nothing at all for an embedding. Now the durable start refuses it before
+    anything is moved or made, naming it and how to put the journal files back; done so, the DM runs."""
     root = make_root(tmp_path, {"alice": {}, "bob": {}})
-    base = InboxPaths.from_root(root).relay.base
-    base.mkdir(mode=0o700)
-    journal = base / "journal"
+    paths = InboxPaths.from_root(root)
+    paths.relay.base.mkdir(mode=0o700)
+    journal = paths.journal
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     key = uuid.uuid4().hex
     dead = _dead_journal(elsewhere, key)
     before = dead.read_bytes()
-    journal.symlink_to(elsewhere, target_is_directory=True)
+    if how == "symlink":
+        journal.symlink_to(elsewhere, target_is_directory=True)
+    else:
+        journal.write_text("planted", encoding="utf-8")
+    listed = sorted(os.listdir(paths.relay.base))
     first = RecordingRunner()
-    with Gateway(root, runner=first):
+    with pytest.raises(HostileFileError) as info:
+        Gateway(root, runner=first).start()
+    text = str(info.value)
+    assert text.startswith(f"{journal} is a symlink or not a directory"), text
+    assert f"The gateway cannot start on {root} in durable mode: make the delivery journal a real directory of this " \
+        "user again" in text, text
+    assert "replace the link with a real directory holding its j-*.log files" in text, text
+    assert text.endswith("; nothing was changed"), text
+    assert first.entered == [] and dead.read_bytes() == before
+    assert sorted(os.listdir(paths.relay.base)) == listed  # nothing quarantined, nothing made
+    assert journal.is_symlink() if how == "symlink" else journal.is_file()
+    with Gateway(root, runner=RecordingRunner(), durable=False):  # in memory the journal is not used: left alone
         pass
-    assert first.entered == [] and dead.read_bytes() == before and [p.name for p in elsewhere.iterdir()] == [dead.name]
-    assert logs.matching("quarantined", str(journal), "never read",
-                         f"move those j-*.log files into {journal} and start again"), logs.lines
+    assert journal.is_symlink() if how == "symlink" else journal.is_file()
+    journal.unlink()  # what the text says to do
+    journal.mkdir(mode=0o700)
     dead.rename(journal / dead.name)
     second = RecordingRunner()
     with Gateway(root, runner=second) as gw:
@@ -176,7 +195,9 @@ def test_a_start_refuses_what_it_cannot_put_back_before_anything_is_moved_or_mad
     assert sorted(os.listdir(paths.relay.base)) == before and paths.delivered.is_symlink()
     assert not paths.relay.tmp.exists() and list(elsewhere.iterdir()) == []
     assert str(info.value).startswith(f"{directory} {why}"), info.value
-    assert f"The relay cannot start on {root}: make it a real directory of this user again" in str(info.value)
+    assert (f"The relay cannot start on {root}: make it a real directory of this user again" if refused == "hubclaims"
+            else f"The gateway cannot start on {root} in durable mode: make the delivery journal a real directory of "
+                 "this user again (another user's: chown it;") in str(info.value)
     assert str(info.value).endswith("; nothing was changed"), info.value
 
 

@@ -45,19 +45,23 @@ def kept_directories(paths: InboxPaths) -> tuple[Path, ...]:
 def start_directories(paths: InboxPaths) -> tuple[Path, ...]:
     """Pure: the directories of ``bot_relay/`` a start puts back too when they are swapped for a symlink or a file.
 
-    Each is made by its user when it first needs it (the journal's start, the host's submit endpoint, the rooms'
-    start, the Redis transport's first unconfirmed send): one that is missing is left to it, one swapped is moved
-    into ``quarantine/`` as it is (never followed: what a symlink points at is never read, written or moved) and
+    Each is made by its user when it first needs it (the host's submit endpoint, the rooms' start, the Redis
+    transport's first unconfirmed send): one that is missing is left to it, one swapped is moved into
+    ``quarantine/`` as it is (never followed: what a symlink points at is never read, written or moved) and
     made again at once. Not by the rescan (:func:`kept_directories`): a user already running keeps its lock or
-    its open file (``run/submit.lock``, ``rooms/.owner.lock``, its journal file) in the directory swapped away.
+    its open file (``run/submit.lock``, ``rooms/.owner.lock``) in the directory swapped away.
+
+    Not ``journal/``: a journal moved to another disk and linked back holds acked DMs; moved aside, they would
+    never run. A swapped one refuses a durable start (:func:`refused_at_start`; the text says how to put the
+    journal files back in a real directory) and is left alone by a start in memory, which does not use it.
 
     Args:
         paths: the relay layout.
 
     Returns:
-        ``journal/``, ``run/``, ``rooms/``, ``unconfirmed/``.
+        ``run/``, ``rooms/``, ``unconfirmed/``.
     """
-    return (paths.journal, paths.run, paths.rooms, paths.unconfirmed)
+    return (paths.run, paths.rooms, paths.unconfirmed)
 
 
 def refused_at_start(found: str, put_back: bool) -> bool:
@@ -183,34 +187,13 @@ def _find_swapped(paths: InboxPaths, directories: tuple[Path, ...], failing: set
     return swapped
 
 
-def moved_aside_why(paths: InboxPaths, directory: Path) -> str:
-    """Pure: the reason the quarantine logs for a swapped relay directory it moves aside.
-
-    The journal's says what becomes of the DMs journaled where a symlink pointed: that directory is never read,
-    so they are not re-offered from there, and how to have them re-offered.
-
-    Args:
-        paths: the relay layout.
-        directory: the swapped directory.
-
-    Returns:
-        The reason.
-    """
-    why = "a relay directory was replaced by a symlink or a file"
-    if directory != paths.journal:
-        return why
-    return (f"{why}; it is never read, and an empty journal directory is made: DMs journaled in files a symlink "
-            f"pointed at are not re-offered from there; to have them re-offered, move those j-*.log files into "
-            f"{directory} and start again")
-
-
 def _move_aside(paths: InboxPaths, directory: Path) -> None:
     """Quarantine a swapped relay directory (the entry itself: a symlink is never followed).
 
     A swapped ``quarantine/`` cannot be moved into itself: it is renamed aside in ``bot_relay/`` first,
     a real ``quarantine/`` is made, and then it moves in like any other (:func:`quarantine_directory`).
     """
-    why = moved_aside_why(paths, directory)
+    why = "a relay directory was replaced by a symlink or a file"
     if directory != paths.relay.quarantine:
         quarantine(paths.relay, directory, why)
         return
@@ -343,13 +326,20 @@ def _found(paths: InboxPaths, directory: Path) -> tuple[str, HostileFileError | 
     return OURS, None
 
 
-def _cannot_start(paths: InboxPaths, exc: HostileFileError, *, untouched: bool) -> HostileFileError:
+def _cannot_start(paths: InboxPaths, directory: Path, exc: HostileFileError, *, untouched: bool) -> HostileFileError:
     """The start's refusal of a directory it cannot put back: names it (``exc``) and says what to do."""
     tail = "; nothing was changed" if untouched else ""
+    if directory == paths.journal:  # it may hold acked DMs: never moved aside, the user puts it right
+        return HostileFileError(
+            f"{exc}. The gateway cannot start on {paths.relay.root} in durable mode: make the delivery journal a "
+            f"real directory of this user again (another user's: chown it; moved elsewhere and linked back: replace "
+            f"the link with a real directory holding its j-*.log files, e.g. rm {directory} && mv <where it points> "
+            f"{directory}; a stray file: move it aside). It is never followed nor moved aside, since it may hold "
+            f"acked DMs; the next start re-offers the DMs journaled in it{tail}")
     return HostileFileError(
         f"{exc}. The relay cannot start on {paths.relay.root}: make it a real directory of this user again (move the "
         "symlink or file aside, or chown the directory); a relay directory inside bot_relay/ swapped for a symlink "
-        f"or a file is put back by the start itself (but hubclaims/, the hub's){tail}")
+        f"or a file is put back by the start itself (but hubclaims/, the hub's, and journal/){tail}")
 
 
 def _refuse_unusable(paths: InboxPaths, needs: tuple[Path, ...]) -> None:
@@ -361,13 +351,13 @@ def _refuse_unusable(paths: InboxPaths, needs: tuple[Path, ...]) -> None:
 
     Raises:
         HostileFileError: ``bot_relay/`` itself a symlink, a file or another user's, another user's directory,
-            a swapped ``hubclaims/``; the text names it and says what to do.
+            a swapped ``hubclaims/`` or ``journal/`` (in ``needs``); the text names it and says what to do.
     """
     put_back = {*kept_directories(paths), *start_directories(paths)}
     for directory in dict.fromkeys((*paths.directories(), *needs)):  # bot_relay/ first
         found, exc = _found(paths, directory)
         if exc is not None and refused_at_start(found, directory in put_back):
-            raise _cannot_start(paths, exc, untouched=True) from exc
+            raise _cannot_start(paths, directory, exc, untouched=True) from exc
 
 
 def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None = None,
@@ -377,8 +367,9 @@ def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None =
     By the rescan's rule (:func:`quarantine_strays`: the symlink is moved into ``quarantine/``, never followed,
     what it points at untouched), so a ``delivered/`` left swapped by a gateway killed meanwhile does not
     refuse the start that must write the reply kept in its start mark; and so are the directories their
-    users make (:func:`start_directories`: ``journal/``, ``run/``, ``rooms/``, ``unconfirmed/``), each with
-    the same WARNING. What it cannot put back refuses it first, with nothing moved or made.
+    users make (:func:`start_directories`: ``run/``, ``rooms/``, ``unconfirmed/``), each with the same
+    WARNING. What it cannot put back (a swapped ``journal/`` in ``needs`` too) refuses it first, with
+    nothing moved or made.
 
     Args:
         paths: the relay layout.
@@ -392,7 +383,8 @@ def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None =
 
     Raises:
         HostileFileError: a directory the start cannot put back (``bot_relay/`` itself a symlink or a file,
-            another user's directory, a swapped ``hubclaims/``); the text names it and says what to do.
+            another user's directory, a swapped ``hubclaims/``, a swapped ``journal/`` in ``needs``); the text
+            names it and says what to do.
         StoreError: a directory could not be made.
     """
     _refuse_unusable(paths, needs)
@@ -400,5 +392,5 @@ def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None =
     try:
         paths.ensure()
     except HostileFileError as exc:  # swapped again meanwhile, or it could not be moved aside (logged)
-        raise _cannot_start(paths, exc, untouched=False) from exc
+        raise _cannot_start(paths, paths.relay.base, exc, untouched=False) from exc
     return moved
