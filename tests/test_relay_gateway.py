@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 from crash_procs import run_child, turns_logged
 from relay_helpers import hub_thread, remote_row, seed_envelope, seed_write_json, write_roster_file
@@ -38,6 +39,7 @@ from hermes_actors.local import admission as admission_module
 from hermes_actors.local import roster as roster_module
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.roster import make_snapshot
+from hermes_actors.local.sending import fresh_remote_roster
 from hermes_actors.messages import SendRequest, Turn
 from hermes_actors.ops.journal_view import find_outcome
 from hermes_actors.relay import outbound as outbound_module
@@ -434,6 +436,38 @@ def test_only_a_roster_read_from_roster_json_is_checked_against_the_file(tmp_pat
     assert not caller.roster_rewritten(to_local)  # never decided by the remote roster
     caller.snapshot = dataclasses.replace(snapshot, remote_via="redis", remote_identity=None)
     assert not caller.roster_rewritten(to_remote)
+
+
+class _BusyRoster(pykka.ThreadingActor):
+    """A RosterActor stand-in whose every message waits for ``release`` (a roster busy re-reading profiles)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    def on_receive(self, message: Any) -> None:
+        self.release.wait(30)
+
+
+def test_a_roster_that_does_not_answer_the_re_read_in_time_fails_no_dm(tmp_path: Path) -> None:
+    """Review (diffrev27 of ca627a7): a RosterActor that did not answer the re-read within the timeout made the
+    sender's call raise AskTimeout instead of an ack or a refusal; the check is for freshness, so the DM is
+    planned with the roster the Dispatcher has, as before the check existed."""
+    root = sender_root(tmp_path)
+    roster_file = relay(root) / "roster.json"
+    agents, mtime, identity = read_roster_version(RelayPaths.from_root(root))
+    snapshot = make_snapshot(discover_profiles(root), remote=agents, remote_mtime=mtime, remote_identity=identity)
+    release = threading.Event()
+    busy = _BusyRoster.start(release)
+    try:
+        caller = CallerAdmission(snapshot, max_hops=8, wake=False, roster=busy, roster_file=roster_file)
+        write_roster_file(root, [remote_row("moxie", "mini", online=False)])
+        request = SendRequest("alice", "moxie", "hi")
+        assert caller.roster_rewritten(request)
+        fresh_remote_roster(caller, request, timeout=0.01)  # returns: the ask timed out, the DM goes on
+    finally:
+        release.set()
+        busy.stop()
 
 
 def test_a_roster_rewritten_as_a_symlink_right_before_a_dm_is_still_refused(

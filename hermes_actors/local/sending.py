@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import pykka
+from loguru import logger
 
-from actors import ActorGone, ask, tell
+from actors import ActorGone, AskTimeout, ask, tell
 from hermes_actors.core.acks import accepted_record, ack_payload, journal_refusal, resolve_ack
 from hermes_actors.errors import StoreError
 from hermes_actors.faults import crashpoint
@@ -94,12 +95,19 @@ def fresh_remote_roster(admission: CallerAdmission, request: SendRequest, *, tim
         request: the DM.
         timeout: seconds to wait for the RosterActor.
 
+    A RosterActor that does not answer within ``timeout`` (busy re-reading many profiles) holds the DM up no
+    longer: it is planned with the snapshot the Dispatcher has, as before this check existed (the file's
+    event brings the rewrite a moment later); the check is for freshness, never a reason to fail a DM.
+
     Raises:
         ActorGone: the RosterActor is gone (the gateway stopped).
-        AskTimeout: it did not answer within ``timeout``.
     """
     if admission.roster is not None and admission.roster_rewritten(request):
-        ask(admission.roster, RemoteRosterHint(), timeout=timeout)
+        try:
+            ask(admission.roster, RemoteRosterHint(), timeout=timeout)
+        except AskTimeout:
+            logger.debug("roster.json was rewritten, and the RosterActor did not re-read it within {}s: the DM is "
+                         "planned with the roster the Dispatcher has", timeout)
 
 
 def _interrupted(
