@@ -116,9 +116,16 @@ class Gateway:
             DMs are re-offered). Runs on the failed actor's thread: hand the restart to
             another thread. ``hermes-actors serve`` and the hermes gateway's host restart
             on their own.
+        host_stopping: for a gateway hosted in a process with a stop of its own that begins
+            before it stops this gateway (the hermes gateway, whose stop closes its API server
+            first): called as each turn is about to start, it says whether that stop has begun.
+            Once it says True, for good, no turn starts, as once :meth:`stop` has begun: DMs are
+            still accepted (and journaled), the turns already running go on, and the stop that
+            must follow settles what is queued (a durable gateway keeps it for the next start).
+            It must be quick (no I/O: it runs in the actors); one that raises says False.
 
     Raises:
-        TypeError: ``root`` is not a str or path, or ``config`` is not a dict.
+        TypeError: ``root`` is not a str or path, ``config`` is not a dict, or ``host_stopping`` is not callable.
         ValueError: ``root`` is empty (``Path("")`` is the current directory, where the
             relay and journal directories would be created by accident), or
             ``connection_id`` is not 1-64 letters, digits, ``_`` or ``-``.
@@ -140,6 +147,7 @@ class Gateway:
         serve_submit: bool = False,
         drive_rooms: bool = True,
         on_failure: Callable[[BaseException | None], Any] | None = None,
+        host_stopping: Callable[[], bool] | None = None,
     ) -> None:
         self.root = checked_root(root)
         self.overrides = checked_config(config)
@@ -153,6 +161,9 @@ class Gateway:
         self.fsync = fsync
         self.serve_submit = serve_submit
         self.drive_rooms = drive_rooms
+        if host_stopping is not None and not callable(host_stopping):
+            raise TypeError(f"host_stopping must be a callable returning a bool, not {type(host_stopping).__name__}")
+        self.host_stopping = host_stopping
         self._submit: Any = None  # the submit endpoint while serve_submit runs
         self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
@@ -216,7 +227,7 @@ class Gateway:
         redis_settings, self.connection_id = redis_settings_for(cfg, self.connection_id)
         options = SystemOptions(self.root, self.overrides, self.connection_id, self.workers,
                                 self.cross_process_lock, self.peer_transport, self.durable, self.fsync,
-                                self.drive_rooms)
+                                self.drive_rooms, self.host_stopping)
         system = ActorSystem(options, runner=self.runner)
         try:
             system.start(cfg, redis_settings, subscribers=subscribers, owners=owners,

@@ -39,7 +39,7 @@ from hermes_actors.local.queue_gauge import QueueGauge
 from hermes_actors.local.roster import RosterActor, roster_rows
 from hermes_actors.local.runners import TurnRunner
 from hermes_actors.local.sending import send_dm
-from hermes_actors.local.turns import TurnFactory
+from hermes_actors.local.turns import TurnFactory, TurnGates
 from hermes_actors.messages import (
     AdoptJournal,
     AttachOwner,
@@ -188,7 +188,7 @@ class ActorSystem:
             self.turn_factory = make_turn  # names this gateway's turns (Gateway.stop refuses to run in one)
             return ProfileDeps(root=opts.root, config=cfg, runner=runner, pool=pool, scheduler=scheduler,
                                dispatcher=dispatcher, make_turn=make_turn, cross_process_lock=opts.cross_process_lock,
-                               journal=journal, gauge=caller_admission.gauge)
+                               journal=journal, gauge=caller_admission.gauge, gates=TurnGates(hold=opts.host_stopping))
 
         self.dispatcher = DispatcherActor.start(
             snapshot,

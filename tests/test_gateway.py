@@ -255,6 +255,72 @@ def _assert_all_gone(threads_before: set[threading.Thread]) -> None:
     await_condition(lambda: non_daemon_threads() <= threads_before, timeout=5, message="no new non-daemon threads")
 
 
+class _HostStop:
+    """``Gateway(host_stopping=...)``: the stop of the process hosting the gateway begins when the test says."""
+
+    def __init__(self) -> None:
+        self.begun = False
+
+    def __call__(self) -> bool:
+        return self.begun
+
+
+def test_once_the_hosts_stop_began_no_turn_starts_and_the_dms_wait_journaled_for_the_next_start(root: Path) -> None:
+    """Regression (real-hermes soak): SIGTERM of `hermes gateway run` hosting the actors while bob's turn ran and a DM
+    waited behind it. hermes closes its API server, and only then stops our platform: the DM's turn (and the wake of
+    the first DM's sender) started during the stop, on the hermes CLI, after our submit endpoint had closed. From
+    the beginning of the host's stop no turn starts (the running one finishes), as once our own stop has begun, and
+    the DMs queued or arriving meanwhile stay journaled: the next start runs them."""
+    release, entered = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def run(turn: Turn) -> str:
+        ran.append(body_of(turn.content))
+        if body_of(turn.content) == "first":
+            entered.set()
+            if not release.wait(10):
+                raise AssertionError("the test never released the turn")
+        return f"done {body_of(turn.content)}"
+
+    # Inline on each ProfileActor's thread: a DM's turn would start while its Deliver is handled, ahead of the
+    # stop's WindDown, so a turn started behind the host's stop would be seen here, never missed by a race
+    host = _HostStop()
+    gw = Gateway(root, runner=CallableRunner(run, blocking=False), host_stopping=host).start()
+    try:
+        first = queued(gw.message_agent(sender="alice", target="bob", message="first"))
+        assert entered.wait(10)
+        behind = queued(gw.message_agent(sender="carol", target="bob", message="behind"))
+        host.begun = True  # hermes' stop began: our platform is not disconnected yet
+        idle = queued(gw.message_agent(sender="carol", target="alice", message="to an idle bot"))  # still accepted
+        release.set()
+        assert gw.wait_outcome(first, timeout=10)["status"] == "replied"  # the running turn finishes
+    finally:
+        release.set()
+        gw.stop(timeout=10)
+    assert ran == ["first"]
+    for delivery_id in (behind, idle):  # no outcome: kept journaled, not cancelled
+        with pytest.raises(TimeoutError):
+            gw.wait_outcome(delivery_id, timeout=0)
+
+    with Gateway(root, runner=lambda turn: f"later {body_of(turn.content)}") as again:  # the next start runs them
+        assert again.wait_outcome(behind, timeout=10)["reply"] == "later behind"
+        assert again.wait_outcome(idle, timeout=10)["reply"] == "later to an idle bot"
+
+
+def test_a_host_stop_sign_that_raises_holds_no_turn(root: Path) -> None:
+    """``host_stopping`` is the host's code, asked in the actors: one that raises says nothing, and is logged once."""
+    def broken() -> bool:
+        raise RuntimeError("hermes' internals changed")
+
+    with LogCapture("ERROR") as logs, Gateway(root, runner=lambda turn: "ok", host_stopping=broken) as gw:
+        for n in range(2):
+            ack = queued(gw.message_agent(sender="alice", target="bob", message=f"hi {n}"))
+            assert gw.wait_outcome(ack, timeout=10)["status"] == "replied"
+    assert len(logs.matching("host_stopping", "taken as not stopping")) == 1
+    with pytest.raises(TypeError, match="host_stopping must be a callable"):
+        Gateway(root, host_stopping=True)  # type: ignore[arg-type]
+
+
 def test_stop_lets_the_running_turn_finish_and_cancels_the_queue(root: Path) -> None:
     threads_before = non_daemon_threads()
     release, entered = threading.Event(), threading.Event()

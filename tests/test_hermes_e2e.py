@@ -17,6 +17,7 @@ outcome (``bot_mode.wake_sender: auto``); assertions on the wake-up are marked
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from hermes_e2e import (
     API_KEY,
     FLOW_TIMEOUT,
     POLL_SECONDS,
+    START_TIMEOUT,
     E2ERoot,
     Processes,
     bot_chat_messages,
@@ -36,6 +38,7 @@ from hermes_e2e import (
     dm_text,
     free_port,
     journal_files,
+    log_tail,
     make_e2e_root,
     run_cli_turn,
     start_cli_turn,
@@ -49,7 +52,7 @@ from hermes_fixtures import locate_hermes_cli
 
 from actors.testkit import await_condition
 from hermes_actors.core.targets import NOT_BOT_CHAT_TEXT
-from hermes_actors.hermes.submit import fetch_outcome, ping, submit_dm
+from hermes_actors.hermes.submit import fetch_outcome, fetch_status, ping, submit_dm
 
 _CLI = locate_hermes_cli()
 if _CLI is None:
@@ -406,6 +409,59 @@ def test_two_dms_to_bob_at_once_run_one_turn_at_a_time(warm: E2ERoot, warm_model
     assert len(bob_turns) == 2
     assert bob_turns[0].answered is not None and bob_turns[0].answered <= bob_turns[1].received
     assert [p for p, _ in model.overlaps if p == "bob"] == []
+
+
+def test_a_sigterm_of_the_hermes_gateway_during_a_turn_starts_no_queued_turn_and_the_next_start_runs_it(
+    tmp_path: Path, procs: Processes
+) -> None:
+    """Regression (real-hermes soak, 3 of 3 SIGTERMs of `hermes gateway run` hosting the actors while bob's turn ran
+    and a DM waited behind it): hermes stops its API server, and only then our platform; the DM's turn started in
+    between, warm refused, on the CLI after our submit endpoint closed (its `message_agent` failed "Bot Mode is not
+    running", the DM was reported replied), alice's wake ran too, the gateway logged `warm turns stopped (…
+    Connection refused) — is hermes gateway run running?` and took 17 s to stop. Now no turn starts once hermes'
+    stop began: the running turn finishes, the DM and the wake stay journaled and the next start runs them."""
+    assert _CLI is not None
+    model = FakeModel(bot_script).start()
+    try:
+        e2e = make_e2e_root(tmp_path, model, ["alice", "bob", "carol"], _CLI)
+        port = free_port()
+        e2e.enable("--gateway", "--port", str(port))
+        gateway = start_hermes_gateway(procs, e2e, port)
+        first_reads, behind_reads = dm_text("Alice", "alice", "first"), dm_text("Carol", "carol", "behind")
+        first_turn = model.hold(turn_of("bob", first_reads))
+        first = submit_dm(e2e.root, "alice", "bob", "first", hop=1)
+        assert first["status"] == "queued", first
+        first_turn.wait_entered(FLOW_TIMEOUT)
+        behind = submit_dm(e2e.root, "carol", "bob", "behind", hop=1)
+        assert behind["status"] == "queued", behind
+
+        hermes_log = e2e.root / "logs" / "gateway.log"
+        gateway.send_signal(signal.SIGTERM)  # the gateway process only, as systemd or `kill` would
+        await_condition(lambda: "Stopping gateway" in log_tail(hermes_log, 100_000), timeout=START_TIMEOUT,
+                        interval=POLL_SECONDS, message="hermes' stop to begin")
+        first_turn.release()  # bob's running turn ends during the stop: nothing may start behind it
+        assert gateway.wait(timeout=START_TIMEOUT) is not None
+        stop_log = log_tail(hermes_log, 100_000)
+        assert "warm turns stopped" not in stop_log
+        during_the_stop = {c.index for c in model.calls}
+        assert model.calls_where(turn_of("bob", behind_reads)) == []
+        wake_text = f"Reply from @bob: bob got: {first_reads}"  # WAKE
+        assert wake_calls(model, "alice", wake_text) == []
+
+        restarted = start_hermes_gateway(procs, e2e, port)  # the next start runs what the stop kept, once each
+        behind_turn = model.wait_for(turn_of("bob", behind_reads), FLOW_TIMEOUT, answered=True)
+        wake = model.wait_for(turn_of("alice", wake_text), FLOW_TIMEOUT, answered=True)
+        assert behind_turn.index not in during_the_stop and wake.index not in during_the_stop
+        outcome = fetch_outcome(e2e.root, behind["delivery_id"], wait=FLOW_TIMEOUT)
+        assert (outcome["status"], outcome["reply"]) == ("replied", f"bob got: {behind_reads}"), outcome
+        assert len(model.calls_where(turn_of("bob", behind_reads))) == 1
+        assert len(wake_calls(model, "alice", wake_text)) == 1
+        # carol's wake with bob's reply ends the flow: stopped once it is settled, the gateway has no turn to cut
+        await_condition(lambda: fetch_status(e2e.root)["in_flight"] == [], timeout=FLOW_TIMEOUT,
+                        interval=POLL_SECONDS, message="every DM and wake settled")
+        procs.stop(restarted)
+    finally:
+        model.stop()
 
 
 # ── `serve` hosting, a separate hermes gateway running the warm turns ───────

@@ -305,6 +305,51 @@ def test_the_platform_says_its_gateway_is_stopping_once_hermes_stop_or_our_disco
     assert seen == [False, True, True, False]
 
 
+def test_the_hosted_gateway_holds_its_turns_from_hermes_stop_on_never_on_our_disconnect_alone(
+    loaded: Any, hermes_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (real-hermes soak): hermes' stop closes its API server and drains, and only then disconnects our
+    platform; until then the Gateway it hosts started the queued turns (on the CLI) and a wake. The hosted Gateway's
+    ``host_stopping`` is hermes' own stop (``own_gateway_stop_begun``): its turn gates hold from then on. Our
+    disconnect alone is no such sign (a multiplexing gateway may drop one profile's platform and go on): the hold
+    is for good, so only hermes' stop, which is final, may start it."""
+    from types import SimpleNamespace
+
+    from gateway.config import PlatformConfig
+    from gateway.platform_registry import platform_registry
+
+    from hermes_actors.hermes import plugin_platform
+    from hermes_actors.hermes.gateway_process import own_gateway_stop_begun, own_gateway_stopping
+    from hermes_actors.hermes.host import hosted_gateway
+
+    monkeypatch.setenv("HERMES_HOME", str(hermes_root))
+    adapter = platform_registry.create_adapter(plugin.PLATFORM_NAME, PlatformConfig(enabled=True,
+                                                                                   extra={"runner": "demo"}))
+    runner = SimpleNamespace(_stop_task=None)
+    adapter.gateway_runner = runner  # as hermes sets it on every plugin platform
+    seen: list[Any] = []
+    real_release = plugin_platform.release_host
+
+    def release(root: Path, timeout: float) -> bool:
+        seen.append(("disconnect", own_gateway_stopping(), own_gateway_stop_begun()))
+        return real_release(root, timeout)
+
+    monkeypatch.setattr(plugin_platform, "release_host", release)
+
+    async def lifecycle() -> None:
+        assert await adapter.connect()
+        gw = hosted_gateway(hermes_root)
+        assert gw is not None and gw.host_stopping is own_gateway_stop_begun
+        seen.append(own_gateway_stop_begun())
+        runner._stop_task = object()  # SIGTERM: hermes' stop() made its task
+        seen.append(own_gateway_stop_begun())
+        runner._stop_task = None
+        await adapter.disconnect()
+
+    asyncio.run(lifecycle())
+    assert seen == [False, True, ("disconnect", True, False)]
+
+
 def test_a_platform_that_cannot_host_says_why_in_hermes_logs(
     loaded: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -19,7 +19,14 @@ from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.api_client import ApiServerProblem
 from hermes_actors.hermes.cli_runner import HermesCliRunner
 from hermes_actors.hermes.gateway_process import gateway_pid
-from hermes_actors.hermes.warm_or_cli import WarmOrCliRunner, falls_back, turn_path, turns_info, while_starting
+from hermes_actors.hermes.warm_or_cli import (
+    WarmOrCliRunner,
+    falls_back,
+    refused_at_own_stop,
+    turn_path,
+    turns_info,
+    while_starting,
+)
 from hermes_actors.messages import Turn
 
 TURN = Turn(profile="bob", content="hi", delivery_id="d1", root=Path("/r"))
@@ -35,9 +42,12 @@ class Fake:
         self.server = f"{name}-server"
         self.cli = f"{name}-cli"
         self.released: list[str] = []
+        self.during: Callable[[], None] | None = None  # what happens meanwhile, as a turn runs (another thread)
 
     def run_turn(self, turn: Turn) -> str:
         self.turns.append(turn.delivery_id)
+        if self.during is not None:
+            self.during()
         if self.failure is not None:
             raise self.failure
         return f"{self.name}: {turn.content}"
@@ -496,30 +506,123 @@ class _Sign:
     def says(self) -> bool:
         return self.stopping
 
+    def during(self, runner: Fake) -> None:
+        """The stop begins while ``runner``'s next turns run (as they reach hermes)."""
+        runner.during = lambda: setattr(self, "stopping", True)
+
+
+@pytest.fixture
+def own_stop() -> Iterator[_Sign]:
+    """The stop sign of a hermes gateway platform of ours in this process (``gateway_process.watch_own_stop``);
+    it says nothing once the test is over, whatever the test left."""
+    from hermes_actors.hermes.gateway_process import watch_own_stop
+
+    sign = _Sign()
+    watch_own_stop(sign.says)
+    try:
+        yield sign
+    finally:
+        sign.stopping = False
+
 
 def test_a_warm_turn_cut_by_the_stop_of_the_gateway_hosting_us_is_still_running_when_it_stopped(
-    tmp_path: Path
+    tmp_path: Path, own_stop: _Sign
 ) -> None:
     """Regression (acceptance on hermes 0.19): Ctrl-C of `hermes gateway run` (hosting the actors) during a warm turn
     told the sender "the connection to the hermes API server … was lost … (Remote end closed connection without
     response)", while the docs promise "The turn was still running when the gateway stopped.": hermes closes its
     API server before our platform's disconnect runs."""
-    from hermes_actors.hermes.gateway_process import watch_own_stop
-
     (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}))  # this process is the gateway
     runner, warm, cli, _ = make()
     warm.failure = _LOST
-    sign = _Sign()
-    watch_own_stop(sign.says)
     with pytest.raises(TurnFailed) as caught:
         runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d1", root=tmp_path))
     assert caught.value.text == _LOST.text  # not stopping: the connection was lost
-    sign.stopping = True  # Ctrl-C: hermes' stop began
+    own_stop.during(warm)  # Ctrl-C while the turn runs: hermes' stop began
     with pytest.raises(TurnFailed) as caught:
         runner.run_turn(Turn(profile="bob", content="hi", delivery_id="d2", root=tmp_path))
     assert (caught.value.text, caught.value.reason, caught.value.ambiguous) == (_AT_STOP, "runtime_offline", True)
     assert cli.turns == []  # never run again
-    sign.stopping = False
+
+
+_REFUSED = TurnFailed("hermes API server at 127.0.0.1:55127 is not reachable ([Errno 111] Connection refused) — is "
+                      "`hermes gateway run` running?", reason="runtime_offline")
+_DRAINING = TurnFailed("hermes API server answered 503 on @bob's Bot Chat turn: Gateway is draining existing work; "
+                       "retry shortly.", reason="runtime_offline")
+
+
+@pytest.mark.parametrize(("failure", "stopping", "cancelled"), [
+    (_REFUSED, True, True),  # the stopping gateway hosting us closed its API server: the turn never reached it
+    (_DRAINING, True, True),  # it drains: it takes no new turn
+    (_REFUSED, False, False),  # a server down while no stop of ours runs: the CLI runs the turn
+    (_LOST, True, False),  # it may have reached hermes: cut_by_own_stop words it, never run again
+    (TurnFailed("HTTP 500 from the provider", reason="provider_server_error"), True, False),  # a turn that ran
+], ids=["refused-at-stop", "draining-at-stop", "refused-no-stop", "lost-at-stop", "ran-at-stop"])
+def test_refused_at_own_stop_cancels_only_a_turn_the_stopping_gateway_never_took(
+    failure: TurnFailed, stopping: bool, cancelled: bool
+) -> None:
+    out = refused_at_own_stop(failure, "bob", stopping=stopping)
+    if not cancelled:
+        assert out is None
+        return
+    assert out is not None and (out.reason, out.ambiguous) == ("cancelled", False)
+    assert out.text == ("@bob's turn was ended because the gateway stopped before it began (the hermes gateway "
+                        "hosting the actors is stopping); the message was NOT delivered — resend once the gateway is "
+                        "back.")
+
+
+def test_a_warm_turn_the_stopping_gateway_hosting_us_refuses_is_cancelled_never_run_with_the_cli(
+    tmp_path: Path, own_stop: _Sign
+) -> None:
+    """Regression (real-hermes soak, SIGTERM of `hermes gateway run` hosting the actors while bob's turn ran and DMs
+    waited behind it): the next turn's warm call was refused (hermes had already closed its API server) and the
+    turn ran with the CLI during the stop, behind our closed submit endpoint (its `message_agent` failed "Bot Mode is
+    not running ... NOT sent" while its DM was reported replied), and the stopping gateway logged `warm turns stopped
+    (... Connection refused) — is hermes gateway run running?`. Refused once that stop began, a turn is `cancelled`
+    (NOT delivered, it ran nowhere), and warm turns are not said to have stopped."""
+    (tmp_path / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}))  # this process is the gateway
+    runner, warm, cli, _ = make()
+    warm.failure = _REFUSED
+    own_stop.during(warm)  # the stop begins as the server refuses the turn
+    with LogCapture("INFO") as logs, pytest.raises(TurnFailed) as caught:
+        runner.run_turn(Turn(profile="bob", handle="bob", content="hi", delivery_id="d1", root=tmp_path))
+    assert (caught.value.reason, caught.value.ambiguous) == ("cancelled", False)
+    assert "NOT delivered" in caught.value.text
+    assert (warm.turns, cli.turns) == (["d1"], [])
+    assert logs.matching("warm turns stopped") == [] and not runner.cold
+    assert runner.turns_now()["turns_via"] == "warm"
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["warm", "cli"])
+def test_no_turn_starts_once_the_gateway_hosting_us_began_to_stop_on_any_path(
+    tmp_path: Path, own_stop: _Sign, cold: bool
+) -> None:
+    """A turn that comes once the stop of the hermes gateway hosting the actors began (past its turn gate just
+    before) runs nowhere: not warm (hermes drains and takes no new turn), not with the CLI (a turn behind a closed
+    submit endpoint): `cancelled`, NOT delivered."""
+    runner, warm, cli, _ = make(cold=cold)
+    own_stop.stopping = True
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(Turn(profile="bob", handle="bob", content="hi", delivery_id="d1", root=tmp_path))
+    assert (caught.value.reason, caught.value.ambiguous) == ("cancelled", False)
+    assert (warm.turns, cli.turns) == ([], [])
+
+
+def test_a_turn_waiting_for_the_api_server_to_start_never_runs_once_the_gateway_hosting_us_began_to_stop(
+    tmp_path: Path, own_stop: _Sign
+) -> None:
+    """A Ctrl-C of the hermes gateway while a turn waits for its API server to start: the turn stops waiting and
+    runs nowhere (not with the CLI once the wait would have run out)."""
+    def stop_during_the_first_probe(call: int) -> None:
+        if call == 1:
+            own_stop.stopping = True
+
+    runner, warm, cli, _, probes = starting(lambda clock: Probes(clock, [DOWN], step=12.0,
+                                                                  then=stop_during_the_first_probe))
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(Turn(profile="bob", handle="bob", content="hi", delivery_id="d1", root=tmp_path))
+    assert caught.value.reason == "cancelled" and "before it began" in caught.value.text
+    assert (warm.turns, cli.turns, probes.calls) == ([], [], 1)
 
 
 # ── inside the hermes gateway hosting the actors: its API server may still be starting ─────────────────

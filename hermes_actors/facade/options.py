@@ -8,6 +8,7 @@ Redis transport's settings when the config selects it (:func:`redis_settings_for
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,3 +88,4 @@ class SystemOptions:
     durable: bool
     fsync: bool
     drive_rooms: bool = True
+    host_stopping: Callable[[], bool] | None = None  # the host's stop began: no turn starts (``TurnGates``)

@@ -11,10 +11,13 @@ hermes-agent 0.19 writes ``<HERMES_HOME>/gateway.pid`` (JSON ``{"pid": N, ...}``
 or a bare number from older releases) when it starts and removes it when it exits.
 
 A warm turn runs in the hermes gateway's own process when that gateway hosts the actors. Its stop
-(Ctrl-C) closes the API server before it tears our platform down, so the turn's connection drops
-while nothing of ours is stopping yet: our platform registers a stop sign (:func:`watch_own_stop`:
-hermes' stop has begun, or our platform's disconnect has) that the runner asks (:func:`own_gateway_stopping`)
-to tell the user "The turn was still running when the gateway stopped." rather than a lost connection.
+(Ctrl-C, SIGTERM) closes the API server before it tears our platform down, so for seconds the actors
+run while hermes no longer takes turns: our platform registers its stop signs (:func:`watch_own_stop`).
+:func:`own_gateway_stop_begun` (hermes' stop has begun: for good) holds every turn from then on (the
+``Gateway``'s ``host_stopping``: no turn starts, as once our own stop has begun); :func:`own_gateway_stopping`
+(that, or our platform's disconnect runs) is what the runner asks when a warm turn is refused or cut: a
+refused turn is ``cancelled`` rather than run with the CLI, and a cut one is told "The turn was still
+running when the gateway stopped." rather than a lost connection.
 """
 
 from __future__ import annotations
@@ -28,33 +31,34 @@ from pathlib import Path
 
 from hermes_actors.store.processes import pid_alive
 
-__all__ = ["gateway_pid", "own_gateway_stopping", "watch_own_stop"]
+__all__ = ["gateway_pid", "own_gateway_stop_begun", "own_gateway_stopping", "watch_own_stop"]
 
-_stop_signs: list[weakref.WeakMethod[Callable[[], bool]]] = []  # the platforms of this process (weakly: not kept alive)
+Sign = Callable[[], bool]
+# the platforms of this process, weakly (not kept alive): (stopping, stop begun) of each
+_stop_signs: list[tuple[weakref.WeakMethod[Sign], weakref.WeakMethod[Sign] | None]] = []
 _stop_signs_lock = threading.Lock()
 
 
-def watch_own_stop(sign: Callable[[], bool]) -> None:
-    """Register a bound method saying whether the hermes gateway this process is has begun to stop.
+def watch_own_stop(sign: Sign, *, begun: Sign | None = None) -> None:
+    """Register the bound methods saying whether the hermes gateway this process is has begun to stop.
 
-    Held weakly: it goes with its object (a platform hermes dropped).
+    Held weakly: they go with their object (a platform hermes dropped).
 
     Args:
-        sign: a bound method (``HostAdapter.stopping``); True once that gateway's stop has begun.
+        sign: a bound method (``HostAdapter.stopping``); True once that gateway's stop, or our platform's
+            disconnect, has begun.
+        begun: a bound method (``HostAdapter.stop_begun``); True once hermes' own stop has begun, for good
+            (never our disconnect alone: a multiplexing gateway may drop one profile's platform and go on).
     """
     with _stop_signs_lock:
-        _stop_signs[:] = [ref for ref in _stop_signs if ref() is not None]
-        _stop_signs.append(weakref.WeakMethod(sign))
+        _stop_signs[:] = [refs for refs in _stop_signs if refs[0]() is not None]
+        _stop_signs.append((weakref.WeakMethod(sign), weakref.WeakMethod(begun) if begun is not None else None))
 
 
-def own_gateway_stopping() -> bool:
-    """Whether the hermes gateway this process is has begun to stop (a sign of :func:`watch_own_stop` says so).
-
-    Returns:
-        False in any process no hermes gateway platform of ours runs in (``serve``, ``send``, a program).
-    """
+def _any_says(which: int) -> bool:
+    """Whether a registered sign (0: stopping, 1: stop begun) says so; one that raises does not."""
     with _stop_signs_lock:
-        signs = [ref() for ref in _stop_signs]
+        signs = [ref() for ref in (refs[which] for refs in _stop_signs) if ref is not None]
     for sign in signs:
         try:
             if sign is not None and sign():
@@ -62,6 +66,27 @@ def own_gateway_stopping() -> bool:
         except Exception:  # hermes' internals changed: not known to stop
             continue
     return False
+
+
+def own_gateway_stopping() -> bool:
+    """Whether the hermes gateway this process is has begun to stop, or our platform's disconnect runs (a sign
+    of :func:`watch_own_stop` says so).
+
+    Returns:
+        False in any process no hermes gateway platform of ours runs in (``serve``, ``send``, a program).
+    """
+    return _any_says(0)
+
+
+def own_gateway_stop_begun() -> bool:
+    """Whether hermes' own stop of the hermes gateway this process is has begun: for good, so from then on no
+    turn of the actors it hosts starts (the ``Gateway``'s ``host_stopping``). Quick: attribute reads, no I/O.
+
+    Returns:
+        False in any process no hermes gateway platform of ours runs in, and before hermes' stop.
+    """
+    return _any_says(1)
+
 
 _PID_FILE = "gateway.pid"
 _PID_FILE_MAX_BYTES = 64 * 1024

@@ -25,7 +25,7 @@ from gateway.config import Platform
 from gateway.platforms.base import BasePlatformAdapter, SendResult
 from loguru import logger
 
-from hermes_actors.hermes.gateway_process import watch_own_stop
+from hermes_actors.hermes.gateway_process import own_gateway_stop_begun, watch_own_stop
 from hermes_actors.hermes.host import acquire_host, release_host
 from hermes_actors.hermes.log_bridge import forward_to_hermes_logging
 from hermes_actors.hermes.plugin import PLATFORM_NAME, active_profile_home, root_and_profile
@@ -39,15 +39,23 @@ def make_host_gateway(root: Path, runner_kind: str = "",
                       on_failure: Callable[[BaseException | None], Any] | None = None) -> Any:
     """The Gateway a hermes gateway hosts for ``root`` (not started).
 
+    Its ``host_stopping`` is hermes' own stop (:func:`~hermes_actors.hermes.gateway_process.own_gateway_stop_begun`):
+    hermes closes its API server and drains before it disconnects our platform (which stops the Gateway), so no
+    turn starts from the beginning of hermes' stop on, rather than on the CLI while nothing of ours stops yet.
+
     Args:
         root: the Hermes root.
         runner_kind: ``demo`` for the offline demo bots; anything else: the real
             Hermes (``Gateway``'s default runner, chosen when it starts).
         on_failure: the Gateway's ``on_failure`` (the shared host restarts it).
+
+    Returns:
+        The Gateway.
     """
     from hermes_actors.gateway import Gateway
 
-    return Gateway(root, runner="demo" if runner_kind == "demo" else None, serve_submit=True, on_failure=on_failure)
+    return Gateway(root, runner="demo" if runner_kind == "demo" else None, serve_submit=True, on_failure=on_failure,
+                   host_stopping=own_gateway_stop_begun)
 
 
 def hermes_stop_begun(runner: Any) -> bool:
@@ -74,14 +82,20 @@ class HostAdapter(BasePlatformAdapter):
         self._runner_kind = str(extra.get("runner") or "")
         self._root: Path | None = None
         self._releasing = False  # our disconnect began: the gateway stops (hermes tears platforms down at its stop)
-        watch_own_stop(self.stopping)
+        watch_own_stop(self.stopping, begun=self.stop_begun)
 
     def stopping(self) -> bool:
         """Whether the hermes gateway this platform runs in has begun to stop (its stop, or our disconnect, began).
 
-        Asked when a warm turn's connection drops: hermes closes its API server before it disconnects us.
+        Asked when a warm turn is refused or its connection drops: hermes closes its API server before it
+        disconnects us.
         """
-        return self._releasing or hermes_stop_begun(getattr(self, "gateway_runner", None))
+        return self._releasing or self.stop_begun()
+
+    def stop_begun(self) -> bool:
+        """Whether hermes' own stop of the gateway this platform runs in has begun (for good: the process goes
+        down); not our disconnect alone. The hosted Gateway starts no turn from then on."""
+        return hermes_stop_begun(getattr(self, "gateway_runner", None))
 
     def _resolve_root(self) -> Path:
         if self._configured_root:

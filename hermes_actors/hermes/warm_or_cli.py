@@ -14,6 +14,11 @@ still be running there: until that gateway process has exited
 in one Bot Chat session. Failing, not waiting: a wait would run on the turn's own
 clock, and a turn reported timed out must not start afterwards.
 
+Inside the hermes gateway that hosts the actors, no turn starts once hermes' stop has begun (its API server
+drains, then closes, before hermes stops our platform): the Gateway's turn gates hold every turn from then on
+(``Gateway(host_stopping=...)``), and a turn that got past them just before is ``cancelled`` here, never run
+with the CLI (:func:`refused_at_own_stop`), so no turn runs behind a closed submit endpoint.
+
 Inside the hermes gateway that hosts the actors, our platform may connect before
 hermes' API server (hermes connects platforms in the order ``config.yaml`` lists
 them): while that server is starting, a turn waits for it (a probe every half
@@ -47,7 +52,8 @@ from hermes_actors.store.processes import ProcessWatch, process_started_at
 
 __all__ = [
     "API_SERVER_START_SECONDS", "LIVE_TURN_SECONDS", "StartStep", "TurnPath", "WarmOrCliRunner", "cli_at_start_text",
-    "cut_by_own_stop", "falls_back", "turn_path", "turns_info", "while_starting",
+    "cut_by_own_stop", "falls_back", "not_run_at_own_stop", "refused_at_own_stop", "turn_path", "turns_info",
+    "while_starting",
 ]
 
 # How long a DM a turn left unanswered in a live gateway holds its bot (a turn a killed host started there):
@@ -88,6 +94,41 @@ def cut_by_own_stop(failure: TurnFailed, *, here: bool, stopping: bool) -> TurnF
     if not (here and stopping and failure.ambiguous and failure.reason == RUNTIME_OFFLINE):
         return failure
     return TurnFailed(running_at_stop_text("here"), reason=RUNTIME_OFFLINE, ambiguous=True)
+
+
+def not_run_at_own_stop(handle: str) -> TurnFailed:
+    """Pure: the failure of a turn that did not run because the hermes gateway hosting the actors began to stop
+    before it began.
+
+    Args:
+        handle: the bot's handle.
+
+    Returns:
+        A ``cancelled`` failure (it never reached the bot: resending is safe).
+    """
+    return TurnFailed(f"@{handle}'s turn was ended because the gateway stopped before it began (the hermes gateway "
+                      "hosting the actors is stopping); the message was NOT delivered — resend once the gateway is "
+                      "back.", reason=CANCELLED)
+
+
+def refused_at_own_stop(failure: TurnFailed, handle: str, *, stopping: bool) -> TurnFailed | None:
+    """Pure: a warm turn's failure that never reached hermes (:func:`falls_back`), when the hermes gateway hosting
+    us has begun to stop (it refuses turns while it drains, and its API server is closed before our platform
+    stops): the turn is ``cancelled``, never run with the CLI (that would start a turn during the stop, behind
+    a closed submit endpoint), and warm turns are not said to have stopped.
+
+    Args:
+        failure: the warm turn's failure.
+        handle: the bot's handle.
+        stopping: that gateway's stop had begun when the failure came (:func:`own_gateway_stopping`).
+
+    Returns:
+        The ``cancelled`` failure to raise, or None: the failure is handled as before (the CLI for one that
+        falls back).
+    """
+    if not (stopping and falls_back(failure)):
+        return None
+    return not_run_at_own_stop(handle)
 
 
 def turn_path(now: float, cli_until: float, starting: bool) -> TurnPath:
@@ -247,8 +288,11 @@ class WarmOrCliRunner:
 
         Raises:
             TurnFailed: from the API server when the turn may have reached it, else from the CLI;
-                ``target_busy`` while the bot's turn lost in a stopping gateway may still run there.
+                ``target_busy`` while the bot's turn lost in a stopping gateway may still run there;
+                ``cancelled`` once the hermes gateway hosting the actors has begun to stop (before the turn, or
+                as its API server refused it): it runs nowhere.
         """
+        self._refuse_once_own_gateway_stops(turn)  # on any path (the turn gates hold the turns not begun yet)
         self._refuse_beside_a_lost_turn(turn)
         self._refuse_beside_a_turn_this_host_lost_track_of(turn)
         with self._lock:
@@ -274,6 +318,9 @@ class WarmOrCliRunner:
                     raise told from None
             if not falls_back(failure):
                 raise
+            cancelled = refused_at_own_stop(failure, turn.handle or turn.profile, stopping=own_gateway_stopping())
+            if cancelled is not None:
+                raise cancelled from None
             self._switch(cold=True, why=failure.text)
             return self._cli_turn(turn)
         self._switch(cold=False, why="")
@@ -326,10 +373,21 @@ class WarmOrCliRunner:
             return False
 
     def _raise_if_ended(self, turn: Turn) -> None:
-        """(Holding the lock) a turn :meth:`stop_turns` ended while it waited for the API server never runs."""
+        """(Holding the lock) a turn :meth:`stop_turns` ended while it waited for the API server never runs, nor one
+        whose wait sees the hermes gateway hosting the actors begin to stop."""
         if self._stopping or turn.delivery_id in self._ended:
             raise TurnFailed(f"@{turn.handle or turn.profile}'s turn was ended because the gateway stopped before it "
                              "began (it was waiting for the hermes API server)", reason=CANCELLED)
+        self._refuse_once_own_gateway_stops(turn)
+
+    def _refuse_once_own_gateway_stops(self, turn: Turn) -> None:
+        """No turn starts once the hermes gateway hosting the actors has begun to stop (:func:`not_run_at_own_stop`).
+
+        Raises:
+            TurnFailed: ``cancelled`` then.
+        """
+        if own_gateway_stopping():
+            raise not_run_at_own_stop(turn.handle or turn.profile)
 
     def _cli_turn(self, turn: Turn) -> str:
         self._paths[turn.delivery_id] = self.cli

@@ -450,19 +450,30 @@ class TurnGates:
     thread (a non-blocking runner that blocks). The turn of a ProfileActor that cannot answer the
     stop is decided here (:meth:`give_up_unbegun`), without its thread, and once the stop has waited
     what it may, no turn still under way starts a retry (:meth:`give_up_all`).
+
+    Args:
+        hold: the host's stop sign (``Gateway(host_stopping=...)``), asked as each gate is about to open: once it
+            says the host's stop has begun (the hermes gateway hosting the actors, whose stop closes its API
+            server before it stops ours), the gates are stopped as by :meth:`stop`, for good. The queued DMs wait
+            for the gateway's stop, which follows and settles them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hold: Callable[[], bool] | None = None) -> None:
         self._lock = threading.Lock()
         self._open: dict[str, tuple[str, TurnGate]] = {}  # profile → (delivery id, gate) of its turn under way
         self._stopped = False
+        self._hold = hold
+        self._hold_raised = False  # the sign raised once (logged): said once only
 
     def open(self, profile: str, delivery_id: str) -> TurnGate | None:
         """The gate of the turn ``profile`` is about to start for ``delivery_id``.
 
         Returns:
-            A new gate, or None once stopped: the turn must not start (it stays queued for the stop).
+            A new gate, or None once stopped, or once the host's stop began: the turn must not start (it stays
+            queued for the stop).
         """
+        if self._hold is not None and not self._stopped and self._host_stops(self._hold):
+            self._held()
         with self._lock:
             if self._stopped:
                 return None
@@ -481,6 +492,26 @@ class TurnGates:
         """No gate opens from now on (the gateway stops)."""
         with self._lock:
             self._stopped = True
+
+    def _host_stops(self, hold: Callable[[], bool]) -> bool:
+        """Whether the host's stop sign says its stop has begun: only a True does; one that raises (the host's
+        code) says nothing, and is logged once."""
+        try:
+            return hold() is True
+        except Exception:
+            if not self._hold_raised:
+                self._hold_raised = True
+                logger.exception("the host's stop sign (host_stopping) raised: taken as not stopping")
+            return False
+
+    def _held(self) -> None:
+        """The host's stop began: no gate opens from now on (said once)."""
+        with self._lock:
+            first, self._stopped = not self._stopped, True
+        if first:
+            logger.info("the process hosting the gateway began to stop: no turn starts from now on (the DMs queued "
+                        "or arriving meanwhile wait for the gateway's stop, which keeps journaled ones for the next "
+                        "start)")
 
     def give_up_unbegun(self, profile: str) -> str | None:
         """Give up on the turn under way for ``profile`` if it has not begun (see :meth:`TurnGate.give_up_unbegun`).
