@@ -1976,9 +1976,9 @@ def test_a_stop_that_gives_up_on_a_running_adoption_has_the_file_and_the_held_on
         release.set()
         relay.join(30)
     assert not relay.is_alive()
-    await_condition(lambda: journal._file.fd is None, timeout=30, message="the file was closed after the adoption")
-    assert _flock_free(dead)
-    assert journal._held_files == []
+    # the writer thread closes our file, then the held ones: wait for all of it (the flock is free only after)
+    await_condition(lambda: journal._file.fd is None and journal._held_files == [] and _flock_free(dead),
+                    timeout=30, message="the file and the held ones were closed after the adoption")
 
 
 @pytest.mark.parametrize(
