@@ -25,6 +25,7 @@ from roots import (
 from actors import AskTimeout, RestartPolicy
 from actors.testkit import await_condition
 from hermes_actors import CallableRunner, Gateway, TurnFailed
+from hermes_actors.hermes.warm_or_cli import not_run_at_own_stop
 from hermes_actors.local import profile_table
 from hermes_actors.local.profile_actor import ProfileActor
 from hermes_actors.messages import Turn, WindDown
@@ -305,6 +306,47 @@ def test_once_the_hosts_stop_began_no_turn_starts_and_the_dms_wait_journaled_for
     with Gateway(root, runner=lambda turn: f"later {body_of(turn.content)}") as again:  # the next start runs them
         assert again.wait_outcome(behind, timeout=10)["reply"] == "later behind"
         assert again.wait_outcome(idle, timeout=10)["reply"] == "later to an idle bot"
+
+
+def test_a_wake_the_hosting_hermes_refuses_at_its_stop_is_run_by_the_next_start(root: Path) -> None:
+    """Regression (review diffrev28): a wake whose turn got past its gate just before hermes' stop began, refused
+    by the hermes runner then (``not_run_at_own_stop``), was settled ``cancelled``: a wake so settled is never
+    tried again, and the next start ran nothing: the sender was never told its DM was answered. The refusal says
+    ``runtime_offline`` (the turn provably never reached the bot): the wake is kept for a retry, which the next
+    start runs, once."""
+    host = _HostStop()
+    refused = threading.Event()
+    ran: list[tuple[str, str]] = []
+
+    def run(turn: Turn) -> str:
+        body = body_of(turn.content)
+        if body.startswith("Reply from"):  # alice's wake: hermes' stop begins as it is about to run
+            host.begun = True
+            refused.set()
+            raise not_run_at_own_stop(turn.handle or turn.profile)  # what WarmOrCliRunner raises then
+        ran.append((turn.profile, body))
+        return f"answer to {body}"
+
+    wake = {"bot_mode": {"wake_sender": True}}
+    gw = Gateway(root, runner=run, config=wake, host_stopping=host).start()
+    try:
+        ack = queued(gw.message_agent(sender="alice", target="bob", message="question"))
+        assert gw.wait_outcome(ack, timeout=10)["status"] == "replied"
+        assert refused.wait(10), "the wake never came to its turn"
+    finally:
+        gw.stop(timeout=10)
+    assert ran == [("bob", "question")]
+    woken = threading.Event()
+    later: list[tuple[str, str]] = []
+
+    def run_later(turn: Turn) -> str:
+        later.append((turn.profile, body_of(turn.content)))
+        woken.set()
+        return "ok"
+
+    with Gateway(root, runner=run_later, config=wake):
+        assert woken.wait(10), "the next start did not run the wake"
+    assert later == [("alice", "Reply from @bob: answer to question")]
 
 
 def test_a_host_stop_sign_that_raises_holds_no_turn(root: Path) -> None:

@@ -501,9 +501,13 @@ class _Sign:
     """A stop sign as the gateway platform registers one (a bound method, held weakly)."""
 
     def __init__(self) -> None:
-        self.stopping = False
+        self.stopping = False  # hermes' own stop began (both signs say so)
+        self.disconnecting = False  # our platform's disconnect alone (a multiplexing gateway going on)
 
     def says(self) -> bool:
+        return self.stopping or self.disconnecting
+
+    def begun(self) -> bool:
         return self.stopping
 
     def during(self, runner: Fake) -> None:
@@ -518,11 +522,11 @@ def own_stop() -> Iterator[_Sign]:
     from hermes_actors.hermes.gateway_process import watch_own_stop
 
     sign = _Sign()
-    watch_own_stop(sign.says)
+    watch_own_stop(sign.says, begun=sign.begun)
     try:
         yield sign
     finally:
-        sign.stopping = False
+        sign.stopping = sign.disconnecting = False
 
 
 def test_a_warm_turn_cut_by_the_stop_of_the_gateway_hosting_us_is_still_running_when_it_stopped(
@@ -565,7 +569,7 @@ def test_refused_at_own_stop_cancels_only_a_turn_the_stopping_gateway_never_took
     if not cancelled:
         assert out is None
         return
-    assert out is not None and (out.reason, out.ambiguous) == ("cancelled", False)
+    assert out is not None and (out.reason, out.ambiguous) == ("runtime_offline", False)
     assert out.text == ("@bob's turn was ended because the gateway stopped before it began (the hermes gateway "
                         "hosting the actors is stopping); the message was NOT delivered — resend once the gateway is "
                         "back.")
@@ -586,7 +590,7 @@ def test_a_warm_turn_the_stopping_gateway_hosting_us_refuses_is_cancelled_never_
     own_stop.during(warm)  # the stop begins as the server refuses the turn
     with LogCapture("INFO") as logs, pytest.raises(TurnFailed) as caught:
         runner.run_turn(Turn(profile="bob", handle="bob", content="hi", delivery_id="d1", root=tmp_path))
-    assert (caught.value.reason, caught.value.ambiguous) == ("cancelled", False)
+    assert (caught.value.reason, caught.value.ambiguous) == ("runtime_offline", False)
     assert "NOT delivered" in caught.value.text
     assert (warm.turns, cli.turns) == (["d1"], [])
     assert logs.matching("warm turns stopped") == [] and not runner.cold
@@ -604,8 +608,18 @@ def test_no_turn_starts_once_the_gateway_hosting_us_began_to_stop_on_any_path(
     own_stop.stopping = True
     with pytest.raises(TurnFailed) as caught:
         runner.run_turn(Turn(profile="bob", handle="bob", content="hi", delivery_id="d1", root=tmp_path))
-    assert (caught.value.reason, caught.value.ambiguous) == ("cancelled", False)
+    assert (caught.value.reason, caught.value.ambiguous) == ("runtime_offline", False)
     assert (warm.turns, cli.turns) == ([], [])
+
+
+def test_our_platforms_disconnect_alone_refuses_no_turn(tmp_path: Path, own_stop: _Sign) -> None:
+    """Review (diffrev28): the pre-turn check read the process-wide sign that our platform's disconnect also
+    raises, so a multiplexing gateway dropping one profile's platform and going on refused the other bots' turns;
+    only hermes' own stop refuses them (our own stop holds the turns not begun at its gates)."""
+    runner, warm, cli, _ = make(cold=False)
+    own_stop.disconnecting = True
+    assert runner.run_turn(Turn(profile="bob", handle="bob", content="hi", delivery_id="d1", root=tmp_path))
+    assert len(warm.turns) == 1 and cli.turns == []
 
 
 def test_a_turn_waiting_for_the_api_server_to_start_never_runs_once_the_gateway_hosting_us_began_to_stop(
@@ -621,7 +635,7 @@ def test_a_turn_waiting_for_the_api_server_to_start_never_runs_once_the_gateway_
                                                                   then=stop_during_the_first_probe))
     with pytest.raises(TurnFailed) as caught:
         runner.run_turn(Turn(profile="bob", handle="bob", content="hi", delivery_id="d1", root=tmp_path))
-    assert caught.value.reason == "cancelled" and "before it began" in caught.value.text
+    assert caught.value.reason == "runtime_offline" and "before it began" in caught.value.text
     assert (warm.turns, cli.turns, probes.calls) == ([], [], 1)
 
 

@@ -45,7 +45,7 @@ from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.api_client import ApiServerProblem, api_server_problem
 from hermes_actors.hermes.api_runner import ApiRunner, busy_in_gateway_text
 from hermes_actors.hermes.cli_runner import HermesCliRunner, turn_home, turn_root
-from hermes_actors.hermes.gateway_process import gateway_pid, own_gateway_stopping
+from hermes_actors.hermes.gateway_process import gateway_pid, own_gateway_stop_begun, own_gateway_stopping
 from hermes_actors.hermes.retry import take_back_unanswered, unanswered_since
 from hermes_actors.records import Turn
 from hermes_actors.store.processes import ProcessWatch, process_started_at
@@ -100,22 +100,27 @@ def not_run_at_own_stop(handle: str) -> TurnFailed:
     """Pure: the failure of a turn that did not run because the hermes gateway hosting the actors began to stop
     before it began.
 
+    ``runtime_offline``, not ``cancelled``: the bot's runtime is going away, and the turn provably never reached
+    it, so a wake failed so is tried again (:func:`~hermes_actors.core.wake.wake_retryable`; journaled, its retry
+    is run by the next start), where a ``cancelled`` wake would be dropped (review diffrev28: a wake refused so was
+    lost for good). A DM's sender reads the same "NOT delivered — resend".
+
     Args:
         handle: the bot's handle.
 
     Returns:
-        A ``cancelled`` failure (it never reached the bot: resending is safe).
+        A ``runtime_offline`` failure, not ambiguous (it never reached the bot: resending is safe).
     """
     return TurnFailed(f"@{handle}'s turn was ended because the gateway stopped before it began (the hermes gateway "
                       "hosting the actors is stopping); the message was NOT delivered — resend once the gateway is "
-                      "back.", reason=CANCELLED)
+                      "back.", reason=RUNTIME_OFFLINE)
 
 
 def refused_at_own_stop(failure: TurnFailed, handle: str, *, stopping: bool) -> TurnFailed | None:
     """Pure: a warm turn's failure that never reached hermes (:func:`falls_back`), when the hermes gateway hosting
     us has begun to stop (it refuses turns while it drains, and its API server is closed before our platform
-    stops): the turn is ``cancelled``, never run with the CLI (that would start a turn during the stop, behind
-    a closed submit endpoint), and warm turns are not said to have stopped.
+    stops): the turn fails as :func:`not_run_at_own_stop` says, never run with the CLI (that would start a turn
+    during the stop, behind a closed submit endpoint), and warm turns are not said to have stopped.
 
     Args:
         failure: the warm turn's failure.
@@ -123,8 +128,8 @@ def refused_at_own_stop(failure: TurnFailed, handle: str, *, stopping: bool) -> 
         stopping: that gateway's stop had begun when the failure came (:func:`own_gateway_stopping`).
 
     Returns:
-        The ``cancelled`` failure to raise, or None: the failure is handled as before (the CLI for one that
-        falls back).
+        The failure to raise (:func:`not_run_at_own_stop`), or None: the failure is handled as before (the CLI
+        for one that falls back).
     """
     if not (stopping and falls_back(failure)):
         return None
@@ -289,8 +294,8 @@ class WarmOrCliRunner:
         Raises:
             TurnFailed: from the API server when the turn may have reached it, else from the CLI;
                 ``target_busy`` while the bot's turn lost in a stopping gateway may still run there;
-                ``cancelled`` once the hermes gateway hosting the actors has begun to stop (before the turn, or
-                as its API server refused it): it runs nowhere.
+                ``runtime_offline`` (not ambiguous) once hermes' stop of the gateway hosting the actors has
+                begun (before the turn, or as its API server refused it): it runs nowhere.
         """
         self._refuse_once_own_gateway_stops(turn)  # on any path (the turn gates hold the turns not begun yet)
         self._refuse_beside_a_lost_turn(turn)
@@ -381,12 +386,14 @@ class WarmOrCliRunner:
         self._refuse_once_own_gateway_stops(turn)
 
     def _refuse_once_own_gateway_stops(self, turn: Turn) -> None:
-        """No turn starts once the hermes gateway hosting the actors has begun to stop (:func:`not_run_at_own_stop`).
+        """No turn starts once hermes' own stop of the gateway hosting the actors has begun
+        (:func:`not_run_at_own_stop`). Not at our platform's disconnect alone: a multiplexing gateway may drop one
+        profile's platform and go on (our own stop holds the turns not begun at its gates).
 
         Raises:
-            TurnFailed: ``cancelled`` then.
+            TurnFailed: ``runtime_offline`` then.
         """
-        if own_gateway_stopping():
+        if own_gateway_stop_begun():
             raise not_run_at_own_stop(turn.handle or turn.profile)
 
     def _cli_turn(self, turn: Turn) -> str:
