@@ -46,7 +46,7 @@ from bench.plot import plot_results
 from bench.progress import NullProgress, Progress
 from bench.registry import REGISTRY, BenchContext
 from bench.report import render_table, write_docs
-from hermes_actors.cli.arg_types import Parser, user_path
+from hermes_actors.cli.arg_types import Parser, seconds_within, user_path
 from hermes_actors.core.clipping import shown
 
 __all__ = ["DEFAULT_OUT", "TINY_SCALE", "main", "results_dir", "run_bench"]
@@ -204,14 +204,9 @@ def sustained_seconds(text: str) -> float:
     Raises:
         argparse.ArgumentTypeError: not a number, not above 0, NaN, infinite or over :data:`MAX_SUSTAINED_SECONDS`.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
-    if not 0.0 < value <= MAX_SUSTAINED_SECONDS:  # NaN and inf fail this too
-        raise argparse.ArgumentTypeError(
-            f"{shown(text)}: the sustained run must last more than 0 and at most {MAX_SUSTAINED_SECONDS:,.0f} seconds")
-    return value
+    return seconds_within(text, at_most=MAX_SUSTAINED_SECONDS, above_zero=True,
+                          bounds=f"the sustained run must last more than 0 and at most {MAX_SUSTAINED_SECONDS:,.0f} "
+                          "seconds")
 
 
 def results_dir(path: Path) -> Path:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from hermes_actors.core.clipping import SHOWN_CLIP_CHARS, clip, shown
 
-__all__ = ["MAX_WAIT_SECONDS", "Parser", "executable", "expand_user", "root_path", "seconds", "user_path", "utf8_text"]
+__all__ = ["MAX_WAIT_SECONDS", "Parser", "executable", "expand_user", "root_path", "seconds", "seconds_within",
+           "user_path", "utf8_text"]
 
 # Linux's PATH_MAX and NAME_MAX: a longer path fails every call with ENAMETOOLONG
 _PATH_MAX = 4096
@@ -97,12 +98,31 @@ def seconds(text: str) -> float:
     Raises:
         argparse.ArgumentTypeError: not a number, negative, NaN, or over :data:`MAX_WAIT_SECONDS`.
     """
+    return seconds_within(text, at_most=MAX_WAIT_SECONDS, bounds=f"seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
+
+
+def seconds_within(text: str, *, at_most: float, bounds: str, above_zero: bool = False) -> float:
+    """The one parse of a number of seconds an option takes: a number from 0 (or above 0) to ``at_most``.
+
+    Args:
+        text: the option's value.
+        at_most: the largest value taken.
+        bounds: what the refusal says the bounds are (after the value).
+        above_zero: 0 itself is refused too.
+
+    Returns:
+        The seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, out of the bounds, NaN or infinite, naming the value (cut when huge).
+    """
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
-    if not 0.0 <= value <= MAX_WAIT_SECONDS:
-        raise argparse.ArgumentTypeError(f"{shown(text)}: seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
+    floor_ok = value > 0.0 if above_zero else value >= 0.0
+    if not floor_ok or not value <= at_most:  # NaN and inf fail too
+        raise argparse.ArgumentTypeError(f"{shown(text)}: {bounds}")
     return value
 
 
