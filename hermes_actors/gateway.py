@@ -397,7 +397,8 @@ class Gateway:
 
         The outcomes of at least the last 100,000 settled deliveries are kept in memory, for this
         gateway's life; across restarts (durable mode), at least the last 10,000 delivered ones, which
-        the root's journal carries from one start to the next.
+        the root's journal carries from one start to the next (relayed-in DMs' outcomes, kept for a retry
+        of their envelope, have a bound of their own and push none of these out).
 
         Before ``start`` and after ``stop`` it answers from the root's journal and relay files.
 

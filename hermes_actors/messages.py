@@ -325,9 +325,12 @@ class TurnHeld:
 class AdoptJournal:
     """Ask the Dispatcher, before the relay resumes (or, at a running gateway's adoption, before its relay takes
     over the dead gateway's sent/ records), to learn what the adopted journal already settled:
-    its outcomes and its wakes (answers None; ``Recover`` acts on the rest once the relay runs)."""
+    its outcomes and its wakes, and to settle its relayed-in DMs (started, never finished: ``ambiguous``), so
+    that no transport offers one of their envelopes before their verdict is known (answers the relayed-in
+    counts, ``ambiguous`` and ``known``; ``Recover`` acts on the rest once the relay runs)."""
 
     states: dict[str, DeliveryState]  # delivery id → what the journal knows of it
+    idempotent_runner: bool = False  # an unfinished relayed-in DM is then forgotten (its retry runs it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,19 +205,24 @@ class ActorSystem:
         current = ask(self.roster, Subscribe(self.dispatcher), timeout=ASK_TIMEOUT, expect=RosterSnapshot)
         self.dispatcher.tell(RosterChanged(current))
         self.caller_admission = caller_admission
-        if adopted is not None and adopted.states:  # before the relay resumes what it settles from its files
-            ask(self.dispatcher, AdoptJournal(adopted.states), timeout=ASK_TIMEOUT)
+        idempotent = bool(getattr(self.runner, "idempotent", False))
+        relayed_in: dict[str, int] = {}
+        if adopted is not None and adopted.states:
+            # before any transport starts (the relay resumes what it settles from its files, drains inbox/, takes
+            # Redis entries; the Desktop RPC): a relayed-in envelope offered again finds the journal's verdict
+            relayed_in = ask(self.dispatcher, AdoptJournal(adopted.states, idempotent), timeout=ASK_TIMEOUT,
+                             expect=dict)
         self._start_relay(cfg, redis_settings, guard, current, probe)
         for profile, owner in owners.items():
             ask(self.dispatcher, AttachOwner(profile, owner), timeout=ASK_TIMEOUT)
         if adopted is not None and adopted.states:
-            idempotent = bool(getattr(self.runner, "idempotent", False))
             waiting, reported = frozenset[str](), frozenset[str]()
             if self.journals is not None:  # relayed DMs another gateway's relay holds, or reported: not published here
                 waiting, reported = self.journals.sort(adopted.states, InboxPaths.from_root(opts.root),
                                                        resumed=self.resumed_ids)
-            self.recovered = ask(self.dispatcher, Recover(adopted.states, idempotent, relayed=waiting | reported,
-                                                          relay_reported=reported), timeout=ASK_TIMEOUT, expect=dict)
+            recovered = ask(self.dispatcher, Recover(adopted.states, idempotent, relayed=waiting | reported,
+                                                     relay_reported=reported), timeout=ASK_TIMEOUT, expect=dict)
+            self.recovered = {name: count + relayed_in.get(name, 0) for name, count in recovered.items()}
             if self.journals is not None:  # settled in our journal once their taker reported them (its rescans)
                 self.journals.watch(adopted.states, waiting)
         if opts.drive_rooms:

@@ -27,6 +27,10 @@ SIGKILLs this process still has everything printed before the kill.
         start a Gateway on ROOT as connection ``mini`` and hand it the envelope in the file ENVELOPE_JSON
         as the Desktop does (``relay_deliver``); print its ``{reply, error, reason}`` and stop. The runner
         logs to ROOT/turns.log as for send (--selfkill, HERMES_ACTORS_CRASH_AT likewise).
+    python tests/crash_gateway.py ROOT drain ID [--selfkill]
+        start a Gateway on ROOT as connection ``mini``: its relay drains the envelopes the hub posted to
+        ``inbox/``; wait for envelope ID's answer in ``delivered/`` and print it, stop (the runner as for send:
+        --selfkill, HERMES_ACTORS_CRASH_AT).
     python tests/crash_gateway.py ROOT expire [--resume ID]
         with ``envelope_ttl_seconds: 1`` and ``reply_wait_seconds: 1``: send one DM hermes → ``moxie`` (a remote
         profile in ROOT's relay roster, nobody drains it), print the ack and wait for
@@ -46,8 +50,10 @@ from typing import Any
 
 from roots import TurnLog
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core.wake import wake_id
+from hermes_actors.store.relay_inbox import InboxPaths
 
 _print_lock = threading.Lock()
 
@@ -191,6 +197,16 @@ def cmd_deliver(root: Path, envelope_file: str, args: list[str]) -> None:
     emit("stopped")
 
 
+def cmd_drain(root: Path, envelope_id: str, args: list[str]) -> None:
+    gw = Gateway(root, runner=logging_runner(root, selfkill="--selfkill" in args), connection_id="mini").start()
+    emit("ready", recovered=gw.recovered)
+    answer = InboxPaths.from_root(root).delivered / f"{envelope_id}.json"
+    await_condition(answer.exists, timeout=20, message="the envelope's answer in delivered/")
+    emit("delivered", **(json.loads(answer.read_text()) if answer.exists() else {}))
+    gw.stop(timeout=10)
+    emit("stopped")
+
+
 def cmd_expire(root: Path, args: list[str]) -> None:
     # Equal budgets, as the defaults (900 s each): at a restart both deadlines are due at once.
     config = {"bot_mode": {"envelope_ttl_seconds": 1, "reply_wait_seconds": 1}}
@@ -218,6 +234,8 @@ def main(argv: list[str]) -> int:
         cmd_final(root, rest[0])
     elif command == "deliver":
         cmd_deliver(root, rest[0], rest[1:])
+    elif command == "drain":
+        cmd_drain(root, rest[0], rest[1:])
     elif command == "expire":
         cmd_expire(root, rest)
     else:

@@ -154,3 +154,40 @@ def test_a_relayed_in_dm_killed_mid_way_is_never_run_twice_by_the_retry_after_th
     assert third.returncode == 0, third.stderr[-2000:]
     assert [{k: v for k, v in e.items() if k != "event"} for e in third.of("delivered")] == [fields]
     assert turns_logged(root) == [key] * turns
+
+
+def test_a_relayed_in_envelope_posted_again_while_its_gateway_was_down_runs_no_second_turn(tmp_path: Path) -> None:
+    """Review (diff review of 01453af): gateway ``mini`` is killed mid-turn of an envelope it took from the hub's
+    ``inbox/``; the hub posts the same envelope to ``inbox/`` again while ``mini`` is down. Before, the restart's
+    relay drained ``inbox/`` before the journal's verdict on the DM (started, never finished) reached the
+    Dispatcher: the bot ran a second turn, and a later retry was answered with its reply while the sender had
+    been told ``ambiguous``. Now the restart knows the verdict before any transport offers the envelope: the
+    re-posted copy and every later retry are answered ``ambiguous`` and no second turn runs."""
+    from hermes_actors.relay.strays import ensure_relay_directories
+    from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+
+    root = make_root(tmp_path)
+    paths = InboxPaths.from_root(root)
+    ensure_relay_directories(paths)  # the hub's tree, before mini first starts
+    target = normalize_roster_row({"profile": "bob", "handle": "bob", "connection_id": "mini"})
+    assert target is not None
+    envelope = rp.make_envelope(target=target, message="Message from 🤖 zed (@zed): hi", sender_profile="zed",
+                                sender_handle="zed", now=time.time())
+    key = envelope["id"]
+    envelope_file = tmp_path / "envelope.json"
+    envelope_file.write_text(json.dumps(envelope))
+    post_to_inbox(paths, envelope, "alpha")
+
+    first = run_child(root, "drain", key, "--selfkill")  # the runner kills its gateway mid-turn
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    assert turns_logged(root) == [key]
+    post_to_inbox(paths, envelope, "alpha")  # the hub posts it again while mini is down
+
+    second = run_child(root, "deliver", str(envelope_file))  # restart; then the Desktop retries it too
+    assert second.returncode == 0, second.stderr[-2000:]
+    (retried,) = second.of("delivered")  # answered once the re-posted copy's fate is settled (same envelope id)
+    assert retried["reply"] == "" and retried["error"].endswith("do not resend."), retried
+    assert turns_logged(root) == [key], "the bot ran the relayed-in DM a second time"
+    answer = json.loads((paths.delivered / f"{key}.json").read_text())
+    assert answer["reply"] == "" and answer["error"].endswith("do not resend."), answer
+    assert not list(paths.inbox.iterdir()), "the re-posted copy was taken and answered"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -217,6 +218,86 @@ def test_a_restarted_gateway_says_an_outcome_it_no_longer_holds_may_be_older_tha
     assert f"no journal on {root} does: it was never acked on this root, or its outcome is older than the ones " \
            f"kept (at least the last {kept:,} delivered, in the journal across restarts; at least the last " \
            f"{SETTLED_KEEP:,}, in this gateway's memory while it runs)" in said, said
+
+
+def _relayed_in(key: str) -> list[dict[str, Any]]:
+    """The records of a relayed-in DM run and answered: started (with its accepted, origin relay), then its
+    outcome with its delivered record (``turn_launch.RelayedInStart``, ``OutcomeFlow._keep_relayed_in``)."""
+    return [{"t": "accepted", "id": key, "d": {**_delivery(key), "origin": "relay"}},
+            {"t": "started", "id": key, "attempt": 1},
+            {"t": "finished", "id": key, "o": _outcome(key), "origin": "relay"}, {"t": "delivered", "id": key}]
+
+
+def _local(key: str) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in _settled(key)]
+
+
+# order → the DMs settled, in that order (l: a local DM, r: a relayed-in one)
+BUDGET_ORDERS = {
+    "local-first": "lllrrr",
+    "relay-first": "rrrlll",
+    "interleaved": "lrlrlr",
+}
+
+
+@pytest.mark.parametrize("order", list(BUDGET_ORDERS))
+@pytest.mark.parametrize("how", ["compaction", "adoption"])
+def test_relayed_in_outcomes_and_local_ones_are_kept_each_within_a_bound_of_their_own(order: str, how: str) -> None:
+    """Review (diff review of 01453af): relayed-in DMs' outcomes shared the kept-outcome budget with local DMs': on a
+    host that mostly receives relayed DMs, local outcomes were pushed out (``wait_outcome`` → KeyError after
+    restarts) though "at least the last 10,000 delivered" local ones are promised. Now each kind has a bound of
+    its own (2 here): what compaction writes and what an adoption carries on keep the last 2 of each kind."""
+    keys = {kind: [] for kind in "lr"}  # type: dict[str, list[str]]
+    batches = []
+    for n, kind in enumerate(BUDGET_ORDERS[order], start=1):
+        keys[kind].append(_id(n))
+        batches.append((_local if kind == "l" else _relayed_in)(_id(n)))
+    state = JournalState()
+    if how == "compaction":
+        for batch in batches:
+            state.track(batch, keep=2)
+        lines = state.lines()
+    else:
+        lines = state.take_over(fold_records([record for batch in batches for record in batch]), keep=2)
+    kept = fold_records([orjson.loads(line) for line in lines]).states
+    assert sorted(kept) == sorted(keys["l"][-2:] + keys["r"][-2:]), f"{order}: {sorted(kept)} kept"
+    assert all(state.delivered for state in kept.values())
+
+
+@pytest.mark.parametrize("order", ["local-first", "relay-first"])
+def test_a_host_that_receives_relayed_dms_still_answers_its_own_senders_outcomes_after_restarts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, order: str) -> None:
+    """Review (diff review of 01453af), the gateway's side: with the journal's bound shrunk to 3, three local DMs and
+    three relayed-in ones (the Desktop's ``relay_deliver``), in either order, then two restarts (the first carries
+    only what the bound keeps into its file). Before, whichever kind came first was pushed out: ``wait_outcome``
+    of the local DMs was a KeyError, or a retried envelope was answered from nothing. Now both are answered."""
+    monkeypatch.setattr(Journal, "keep_delivered", 3)
+    root = make_root(tmp_path)
+    rec = RecordingRunner(lambda turn: f"reply to {turn.delivery_id}")
+    target = RemoteAgent(profile="bob", handle="bob", connection_id="mini")
+    envelopes = [make_envelope(target=target, message=f"r{n}", sender_profile="zed", sender_handle="zed",
+                               now=time.time()) for n in range(3)]
+    local: dict[str, dict[str, Any]] = {}
+    relayed: dict[str, dict[str, str]] = {}
+    with Gateway(root, runner=rec, fsync=False, connection_id="mini") as gw:
+        def send_local() -> None:
+            for n in range(3):
+                key = send_dm(gw, f"l{n}")
+                local[key] = gw.wait_outcome(key, timeout=30)
+
+        def deliver() -> None:
+            for env in envelopes:
+                relayed[env["id"]] = gw.relay_deliver(dict(env), timeout=30)
+
+        for step in ((send_local, deliver) if order == "local-first" else (deliver, send_local)):
+            step()
+    with Gateway(root, runner=rec, fsync=False, connection_id="mini"):
+        pass  # carries only what the bound keeps into its own file
+    ran = len(rec.entered)
+    with Gateway(root, runner=rec, fsync=False, connection_id="mini") as gw:
+        assert {key: gw.wait_outcome(key, timeout=0) for key in local} == local
+        assert {env["id"]: gw.relay_deliver(dict(env), timeout=30) for env in envelopes} == relayed
+    assert len(rec.entered) == ran, "a retried envelope ran its turn again"
 
 
 def test_only_what_a_live_gateway_appended_is_read_and_its_records_are_found(

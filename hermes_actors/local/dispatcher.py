@@ -383,9 +383,12 @@ class DispatcherActor(SupervisorActor):
         self.durability.hold_turns(msg.profile, msg.error)
 
     @handles(AdoptJournal)
-    def _on_adopt_journal(self, msg: AdoptJournal) -> None:
-        """Before the relay resumes: learn the previous run's settled outcomes and wakes (``adopt_journal``)."""
-        adopt_journal(msg.states, waker=self.waker, book=self.book)
+    def _on_adopt_journal(self, msg: AdoptJournal) -> dict[str, int]:
+        """Before the relay resumes: learn the previous run's settled outcomes and wakes, and settle its relayed-in
+        DMs (``adopt_journal``); answers the relayed-in counts. Once a stop began, they are only remembered."""
+        return adopt_journal(msg.states, flow=self.flow, idempotent_runner=msg.idempotent_runner,
+                             index=self.snapshot.index, never_reached=self._never_reached,
+                             runs_apart=self._runs_apart, settle_relayed_in=self.accepting)
 
     @handles(Recover)
     def _on_recover(self, msg: Recover) -> dict[str, int]:

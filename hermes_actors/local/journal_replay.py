@@ -5,7 +5,9 @@ carries its plan out on the Dispatcher's thread: outcomes the previous run settl
 reported are published once, DMs that may have run are settled ``ambiguous`` (a live owner's
 mailbox record too), DMs that never started are offered again (or fail when their target is
 gone). :func:`adopt_journal` runs before the relay resumes, so its resumed sends find the
-journal's settled outcomes and wakes. A running gateway adopting the journal of a gateway that stopped
+journal's settled outcomes and wakes, and settles the relayed-in DMs for good (nobody here is told of
+them): no transport can offer a relayed-in envelope before the Dispatcher knows the journal's verdict.
+A running gateway adopting the journal of a gateway that stopped
 or died beside it does the same, in the same order around its relay's takeover of that gateway's
 ``sent/`` records (:class:`~hermes_actors.relay.journal_takeover.JournalTakeover`).
 """
@@ -29,29 +31,63 @@ from hermes_actors.core.recovery import (
 from hermes_actors.local.durability import live_gave_up, live_record
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
 from hermes_actors.local.outcome_flow import OutcomeFlow
-from hermes_actors.local.wake_hook import SenderWaker
 from hermes_actors.messages import Delivery, ProfileInfo
 
 __all__ = ["adopt_journal", "replay_journal"]
 
 
-def adopt_journal(states: dict[str, Any], *, waker: SenderWaker, book: OutcomeBook) -> None:
-    """Learn the previous run's settled outcomes and wakes from its journal (nothing is run or published).
+def adopt_journal(
+    states: dict[str, Any],
+    *,
+    flow: OutcomeFlow,
+    idempotent_runner: bool,
+    index: dict[str, ProfileInfo],
+    never_reached: Callable[[Delivery], bool] | None = None,
+    runs_apart: Callable[[Delivery], bool] | None = None,
+    settle_relayed_in: bool = True,
+) -> dict[str, int]:
+    """Learn the previous run's settled outcomes and wakes from its journal, and its verdict on relayed-in DMs.
 
-    Done before the relay resumes: it settles its resumed sends from its files at once, so an
-    outcome the journal already has is then a second one (dropped), and a wake the journal holds
-    is not started again. Re-offers and re-publishes wait for :func:`replay_journal`, once the
-    relay can carry what re-offered turns send.
+    Done before the relay resumes, before any transport (the file relay's ``inbox/`` and shelves, the Desktop
+    RPC, a Redis resume or reclaim) can offer an envelope: its resumed sends are settled from its files at
+    once, so an outcome the journal already has is then a second one (dropped), and a wake the journal holds
+    is not started again. A relayed-in DM is settled here for good (:func:`_keep_relayed_in`): one that started
+    and never finished is ``ambiguous``, one that finished keeps its outcome, so its envelope offered again by
+    whichever transport is answered with it (``relay_in_step``) and runs no turn. Local re-offers and
+    re-publishes wait for :func:`replay_journal`, once the relay can carry what re-offered turns send.
 
     Args:
         states: the journal's state of each delivery id (unreadable ones are skipped here;
             :func:`replay_journal` names them, once).
-        waker: the sender waker (it learns which wakes exist already).
-        book: the OutcomeBook (it learns the settled outcomes: a second one is then dropped).
+        flow: the Dispatcher's outcome flow (its book learns the settled outcomes, its waker the wakes that
+            exist already, its durability journals the relayed-in DMs' verdicts).
+        idempotent_runner: the runner may run a turn twice (a relayed-in DM that started and never finished
+            is then forgotten: its retry runs it).
+        index: the local profiles now, by key.
+        never_reached: as for :func:`replay_journal`.
+        runs_apart: as for :func:`replay_journal`.
+        settle_relayed_in: False once the gateway stops (a running gateway's adoption arriving then): the
+            relayed-in DMs are only remembered, their live records stay journaled for the next start.
+
+    Returns:
+        The counts of what was done with relayed-in DMs: ``ambiguous`` and ``known`` (remembered outcomes).
     """
     readable, _unreadable = readable_states(states)
-    waker.adopt(readable)
-    book.remember(known_outcomes(readable))
+    flow.waker.adopt(readable)
+    relayed_in, others = relayed_in_states(readable)
+    flow.book.remember(known_outcomes(others))
+    if not settle_relayed_in:
+        flow.book.remember(known_outcomes(relayed_in))
+        return {"ambiguous": 0, "known": 0}
+    relayed_in = _not_known_here(relayed_in, flow)
+    plan = plan_recovery(relayed_in, idempotent_runner=idempotent_runner,
+                         live_record=lambda delivery: live_record(index, delivery), never_reached=never_reached,
+                         runs_apart=runs_apart)
+    counts = _keep_relayed_in(plan, relayed_in, index=index, flow=flow)
+    if counts["ambiguous"]:
+        logger.info("recovery: {} relayed-in DM(s) that started and never finished settled ambiguous (never run "
+                    "again; a retry of the envelope is answered so)", counts["ambiguous"])
+    return counts
 
 
 def replay_journal(
@@ -98,7 +134,8 @@ def replay_journal(
 
     Returns:
         The counts of what was done (``reoffered``, ``ambiguous``, ``redelivered``, ``known``,
-        and ``unreadable`` when some records could not be read).
+        and ``unreadable`` when some records could not be read); not of the relayed-in DMs, which
+        :func:`adopt_journal` settled before.
     """
     readable, unreadable = readable_states(states)
     if unreadable:
@@ -107,25 +144,11 @@ def replay_journal(
                        len(unreadable), ", ".join(map(repr, unreadable)))  # repr: an id may hold a newline
     book, durability = flow.book, flow.durability
     flow.waker.adopt(readable)
-    # A journal adopted a second time (never at a start: its book knows no DM yet): what it says of a DM this run
-    # has pending or settled is not acted on, and, the DM settled here, its copy leaves our journal's live state
-    # (adoption made it live there: once our kept outcomes dropped the DM, a later start would offer it again)
-    known_here = _known_here(readable, book)
-    if known_here:
-        logger.warning("recovery: {} journaled DM(s) already pending or settled in this run are not acted on "
-                       "again: {}", len(known_here), ", ".join(sorted(known_here)))
-        for key in sorted(known_here):
-            if book.state(key) is DeliveryState.SETTLED:  # published, its own delivered record written already
-                durability.delivered(key)
-        readable = {key: state for key, state in readable.items() if key not in known_here}
-
-    def plan_of(these: dict[str, Any]) -> RecoveryPlan:
-        return plan_recovery(these, idempotent_runner=idempotent_runner,
-                             live_record=lambda delivery: live_record(index, delivery), never_reached=never_reached,
-                             runs_apart=runs_apart)
-
-    relayed_in, readable = relayed_in_states(readable)  # one rule for both: their fates differ in who is told
-    plan, relayed_in_plan = plan_of(readable), plan_of(relayed_in)
+    _relayed_in, readable = relayed_in_states(readable)  # settled by adopt_journal, before any transport offered one
+    readable = _not_known_here(readable, flow)
+    plan = plan_recovery(readable, idempotent_runner=idempotent_runner,
+                         live_record=lambda delivery: live_record(index, delivery), never_reached=never_reached,
+                         runs_apart=runs_apart)
     book.remember(plan.known)
     left = 0
     for outcome in plan.redeliver:
@@ -150,8 +173,6 @@ def replay_journal(
     for delivery in plan.reoffer:
         _reoffer(delivery, index=index, flow=flow, requeue=requeue)
     counts = plan.counts()
-    for name, count in _keep_relayed_in(relayed_in_plan, relayed_in, index=index, flow=flow).items():
-        counts[name] += count
     if unreadable:
         counts["unreadable"] = len(unreadable)
     if adopted_from:  # one line per adoption, whatever it found
@@ -201,6 +222,31 @@ def _keep_relayed_in(plan: RecoveryPlan, states: dict[str, Any], *, index: dict[
     for delivery in plan.reoffer:
         durability.delivered(delivery.delivery_id)
     return {"ambiguous": len(plan.ambiguous), "known": len(plan.known) + len(plan.redeliver)}
+
+
+def _not_known_here(states: dict[str, Any], flow: OutcomeFlow) -> dict[str, Any]:
+    """``states`` without the DMs this run has pending or settled already (:func:`_known_here`): a journal adopted
+    a second time (never at a start: its book knows no DM yet) is not acted on for them, and, the DM settled here,
+    its copy leaves our journal's live state (adoption made it live there: once our kept outcomes dropped the DM,
+    a later start would offer it again).
+
+    Args:
+        states: readable journal states.
+        flow: the Dispatcher's outcome flow (its book and durability).
+
+    Returns:
+        The states still to act on, in journal order.
+    """
+    book = flow.book
+    known_here = _known_here(states, book)
+    if not known_here:
+        return states
+    logger.warning("recovery: {} journaled DM(s) already pending or settled in this run are not acted on "
+                   "again: {}", len(known_here), ", ".join(sorted(known_here)))
+    for key in sorted(known_here):
+        if book.state(key) is DeliveryState.SETTLED:  # published, its own delivered record written already
+            flow.durability.delivered(key)
+    return {key: state for key, state in states.items() if key not in known_here}
 
 
 def _known_here(states: dict[str, Any], book: OutcomeBook) -> set[str]:

@@ -117,7 +117,7 @@ class JournalTakeover:
         adopted = self.journal.adopt_dead()
         if adopted is not None:
             # never raises: a Dispatcher gone (our stop) leaves the adopted records in our journal for the next start
-            tell(self.dispatcher, AdoptJournal(adopted.states))
+            tell(self.dispatcher, AdoptJournal(adopted.states, self.idempotent_runner))
         return adopted
 
     def recover(self, adopted: JournalFolded, paths: InboxPaths) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from hermes_actors.records import RELAY_ORIGIN
 from hermes_actors.store.journal_records import (
     DeliveryState,
     JournalFolded,
@@ -20,12 +21,17 @@ from hermes_actors.store.journal_records import (
     state_records,
 )
 
-__all__ = ["KEEP_DELIVERED", "JournalState", "settled_state"]
+__all__ = ["KEEP_DELIVERED", "JournalState", "Saved", "settled_state"]
 
 # Delivered outcomes a journal keeps for ``wait_outcome`` across restarts: compaction and each start's adoption
 # drop older ones (the start still knows, in memory, every outcome of the files it adopts, but carries only
-# these into its own file).
+# these into its own file). Relayed-in DMs' outcomes (kept for a retry of their envelope) have a bound of their
+# own, of the same size: neither kind pushes the other out.
 KEEP_DELIVERED = 10_000
+
+
+#: What :meth:`JournalState.snapshot` saves: the live states, the kept outcomes, the kept relayed-in outcomes.
+Saved = tuple[dict[str, DeliveryState], OrderedDict[str, DeliveryState], OrderedDict[str, DeliveryState]]
 
 
 def settled_state(state: DeliveryState) -> DeliveryState:
@@ -45,12 +51,28 @@ def settled_state(state: DeliveryState) -> DeliveryState:
 
 
 class JournalState:
-    """The live deliveries of our file, and the delivered outcomes kept for ``wait_outcome`` after a restart."""
+    """The live deliveries of our file, and the delivered outcomes kept for ``wait_outcome`` after a restart.
+
+    The delivered outcomes are kept in two bins of ``keep`` each (the oldest go first): the relayed-in DMs'
+    (origin ``relay``: kept for a retry of their envelope) and all others (the DMs of this host's senders, their
+    wakes, peer and relayed-out DMs), so that a host that mostly receives relayed DMs keeps its own senders'
+    outcomes as long as one that receives none.
+    """
 
     def __init__(self) -> None:
         self.folded = JournalFolded()  # live state of OUR file
         # delivered outcomes kept across compaction, each with its delivery's origin (:func:`settled_state`)
         self.recent: OrderedDict[str, DeliveryState] = OrderedDict()
+        self.recent_relayed_in: OrderedDict[str, DeliveryState] = OrderedDict()  # origin relay: a bin of its own
+
+    def _keep(self, key: str, state: DeliveryState) -> OrderedDict[str, DeliveryState]:
+        """Put the delivered outcome ``state`` of ``key`` into its bin (:func:`settled_state`); the bin."""
+        settled = settled_state(state)
+        relayed_in = delivery_origin(settled) == RELAY_ORIGIN
+        kept, other = (self.recent_relayed_in, self.recent) if relayed_in else (self.recent, self.recent_relayed_in)
+        other.pop(key, None)  # one bin per id (an adopted copy of another origin: the newest says)
+        kept[key] = settled
+        return kept
 
     def track(self, records: list[dict[str, Any]], *, keep: int) -> None:
         """Fold one written batch into the live state; a delivered DM leaves it for the recent outcomes.
@@ -69,9 +91,9 @@ class JournalState:
                 continue
             state = states.pop(record["id"], None)
             if state is not None and state.outcome is not None:
-                self.recent[record["id"]] = settled_state(state)
-                if len(self.recent) > keep:
-                    self.recent.popitem(last=False)
+                kept = self._keep(record["id"], state)
+                if len(kept) > keep:
+                    kept.popitem(last=False)
 
     def take_over(self, adopted: JournalFolded, *, keep: int) -> list[bytes]:
         """Take what still matters of dead gateways' journals: their live deliveries and delivered outcomes.
@@ -93,7 +115,7 @@ class JournalState:
         states = self.folded.states
         for key, state in adopted.states.items():
             if state.delivered and state.outcome is not None:
-                self.recent[key] = settled_state(state)
+                self._keep(key, state)
                 settled.append(key)
             elif not state.delivered:
                 taken = DeliveryState(state.delivery, state.started, state.outcome, live=state.live, via=state.via)
@@ -103,23 +125,27 @@ class JournalState:
                     records = state_records(key, mine) + state_records(key, taken)
                     taken = fold_records(records).states[key]
                 states[key] = taken
-        while len(self.recent) > keep:
-            self.recent.popitem(last=False)
-        kept = [(key, self.recent[key]) for key in settled if key in self.recent]
+        for recent in (self.recent, self.recent_relayed_in):
+            while len(recent) > keep:
+                recent.popitem(last=False)
+        kept = [(key, recent[key]) for key in settled for recent in (self.recent, self.recent_relayed_in)
+                if key in recent]
         return [encode_record(record) for key, state in [*kept, *live] for record in state_records(key, state)]
 
-    def snapshot(self) -> tuple[dict[str, DeliveryState], OrderedDict[str, DeliveryState]]:
+    def snapshot(self) -> Saved:
         """What :meth:`restore` puts back (the state objects are never changed in place by :meth:`take_over`)."""
-        return dict(self.folded.states), OrderedDict(self.recent)
+        return dict(self.folded.states), OrderedDict(self.recent), OrderedDict(self.recent_relayed_in)
 
-    def restore(self, saved: tuple[dict[str, DeliveryState], OrderedDict[str, DeliveryState]]) -> None:
+    def restore(self, saved: Saved) -> None:
         """Undo a :meth:`take_over` whose lines could not be written (``saved``: :meth:`snapshot` before it)."""
-        self.folded.states, self.recent = dict(saved[0]), OrderedDict(saved[1])
+        self.folded.states = dict(saved[0])
+        self.recent, self.recent_relayed_in = OrderedDict(saved[1]), OrderedDict(saved[2])
 
     def lines(self) -> list[bytes]:
-        """The journal lines that rebuild this state: recent outcomes first, then each live delivery."""
+        """The journal lines that rebuild this state: recent outcomes first (relayed-in ones, then the others),
+        then each live delivery."""
         return [
             encode_record(record)
-            for key, state in [*self.recent.items(), *self.folded.states.items()]
+            for key, state in [*self.recent_relayed_in.items(), *self.recent.items(), *self.folded.states.items()]
             for record in state_records(key, state)
         ]
