@@ -13,9 +13,11 @@ import json
 import os
 import pwd
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from roots import make_root
@@ -25,6 +27,7 @@ import hermes_actors.cli.send
 import hermes_actors.hermes.setup
 import hermes_actors.hermes.submit_client
 from hermes_actors.cli.main import main
+from hermes_actors.hermes.install import CLI_ENV_VAR, find_hermes_cli
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.os_errors import PathFacts, blocked_at, os_error_message
 
@@ -116,21 +119,28 @@ def test_a_file_where_bot_relay_belongs_is_named_with_what_to_do(
 
 def as_nobody(argv: list[str]) -> tuple[int, str, str]:
     """``main(argv)`` in a forked child running as uid and gid 65534: its exit code, stdout and stderr."""
+    return call_as_nobody(lambda: main(argv))
+
+
+def call_as_nobody(fn: Callable[[], Any]) -> tuple[Any, str, str]:
+    """``fn()`` in a forked child running as uid and gid 65534: what it returned (JSON), its stdout and stderr
+    (-1 and the exception on stderr when it raised)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
-        code, out, err = -1, io.StringIO(), io.StringIO()
+        result: Any = -1
+        out, err = io.StringIO(), io.StringIO()
         try:
             os.close(read)
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = main(argv)
+                result = fn()
         except BaseException as exc:  # a SystemExit, or a bug: said to the parent
             err.write(f"the child raised {exc!r}")
         finally:
-            os.write(write, json.dumps([code, out.getvalue(), err.getvalue()]).encode())
+            os.write(write, json.dumps([result, out.getvalue(), err.getvalue()]).encode())
             os._exit(0)
     os.close(write)
     chunks = []
@@ -138,8 +148,8 @@ def as_nobody(argv: list[str]) -> tuple[int, str, str]:
         chunks.append(chunk)
     os.close(read)
     os.waitpid(pid, 0)
-    code, out, err = json.loads(b"".join(chunks))
-    return int(code), str(out), str(err)
+    result, out, err = json.loads(b"".join(chunks))
+    return result, str(out), str(err)
 
 
 @pytest.fixture
@@ -236,3 +246,25 @@ def test_enable_names_a_yaml_file_you_cannot_read_and_writes_nothing(base: Path,
         f"error: {bad}: Permission denied (EACCES); {bad} is yours but its mode 0000 does not let you read or write "
         f"it: chmod u+rw {bad}")), (out, err)
     assert _tree(root) == before
+
+
+def test_a_hermes_beside_python_in_a_directory_you_cannot_enter_is_looked_for_on_path(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (CI in a fresh clone under a 0700 directory): looking for ``hermes`` beside the interpreter
+    raised PermissionError (``Path.is_file`` passes EACCES on), so ``enable`` run by a user who may not enter
+    that directory failed naming the venv's ``bin/hermes`` instead of what it was there to say; it is not found
+    there, and PATH is looked at."""
+    hidden = base / "hidden"
+    (hidden / "bin").mkdir(parents=True)
+    (hidden / "bin" / "hermes").write_text("#!/bin/sh\n", encoding="utf-8")
+    (hidden / "bin" / "hermes").chmod(0o755)
+    hidden.chmod(0o700)  # root's: uid 65534 may not enter it
+    on_path = base / "path"
+    on_path.mkdir(mode=0o755)
+    (on_path / "hermes").write_text("#!/bin/sh\n", encoding="utf-8")
+    (on_path / "hermes").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(hidden / "bin" / "python"))
+    monkeypatch.delenv(CLI_ENV_VAR, raising=False)
+    monkeypatch.setenv("PATH", str(on_path))
+    assert call_as_nobody(find_hermes_cli) == (str(on_path / "hermes"), "", "")

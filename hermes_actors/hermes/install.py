@@ -148,7 +148,11 @@ def find_hermes_cli(explicit: str | os.PathLike[str] | None = None) -> str | Non
     if sys.executable:
         name = "hermes.exe" if sys.platform == "win32" else "hermes"
         sibling = Path(sys.executable).parent / name
-        if sibling.is_file() and os.access(sibling, os.X_OK):
+        try:
+            beside = sibling.is_file() and os.access(sibling, os.X_OK)
+        except OSError:  # a directory on the way this user may not enter (EACCES): not found there, look on PATH
+            beside = False
+        if beside:
             return str(sibling)
     return shutil.which("hermes")
 
