@@ -548,7 +548,8 @@ def test_rooms_held_elsewhere_at_the_start_are_taken_over_at_a_tick_once_let_go(
                         timeout=30, message="the take-over's INFO line")
     assert logs.matching(f"rooms are unavailable here for now: another gateway process drives the rooms of "
                          f"{room_root}; this gateway takes them over once it can")
-    assert [(t.profile, t.session) for t in turns] == [("bob", "Group: plan")]
+    # the first turn of the resumed round is bob's (the round may have gone on to alice's silent one by now)
+    assert [(t.profile, t.session) for t in turns][:1] == [("bob", "Group: plan")]
     assert gw.wait_room_idle("plan", timeout=30) == "idle"
     assert said(gw.room_transcript("plan")) == [("user", "@bob are you there?", 0), ("bob", "here", 1)]
     assert not any("rooms are unavailable" in p for p in live_status(gw)["problems"])
