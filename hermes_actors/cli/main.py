@@ -9,7 +9,6 @@ id), 2 usage error. Refusals and failures print one human line; ``--json`` print
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ from hermes_actors.cli.render import (
     printable,
 )
 from hermes_actors.cli.send import cmd_send
-from hermes_actors.cli.streams import StdoutError, output_streams, stdout_error_line, stdout_target
+from hermes_actors.cli.streams import StdoutError, devnull_onto, output_streams, stdout_error_line, stdout_target
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TransportError
@@ -385,21 +384,14 @@ def _run(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM and SIGHUP too where a command runs a gateway itself
         return signal_exit_code(exc.received if isinstance(exc, StopSignalled) else signal.SIGINT)
     except BrokenPipeError:  # `status | head`: the reader left; no traceback, and no second error at exit
-        _drop_stdout()
+        devnull_onto((sys.stdout.fileno(),))
         return EXIT_SIGPIPE
     except StdoutError as exc:  # `> /dev/full`: said as stdout's, not as a file of the root's
         print(f"error: {stdout_error_line(exc, stdout_target())}", file=sys.stderr)
-        _drop_stdout()  # what stays in its buffer would fail again at exit
+        devnull_onto((sys.stdout.fileno(),))  # what stays in its buffer would fail again at exit
         return EXIT_FAILED
     except OSError as exc:  # the disk is full, a file is unreadable: one line (the traceback with -v)
         return _os_failure(args, exc)
-
-
-def _drop_stdout() -> None:
-    """Point descriptor 1 at ``/dev/null``: what stdout still buffers is dropped at exit, not failed on again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
 
 
 def _os_failure(args: argparse.Namespace, exc: OSError) -> int:

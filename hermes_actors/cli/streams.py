@@ -18,7 +18,7 @@ from typing import Any, TextIO, cast
 
 from hermes_actors.store.os_errors import os_error_text, what_to_do
 
-__all__ = ["STDOUT_CLOSED_NOTE", "StdoutError", "output_streams", "stdout_error_line", "stdout_target"]
+__all__ = ["STDOUT_CLOSED_NOTE", "StdoutError", "devnull_onto", "output_streams", "stdout_error_line", "stdout_target"]
 
 STDOUT_CLOSED_NOTE = "note: stdout is closed: what this command prints there is dropped (its exit code still tells)"
 
@@ -82,6 +82,22 @@ class _NamedStdout:
         return getattr(self._stream, name)
 
 
+def devnull_onto(fds: tuple[int, ...]) -> None:
+    """Point each descriptor of ``fds`` at ``/dev/null``: what is written there from now on is dropped.
+
+    Args:
+        fds: the descriptors (1 for stdout: what it still buffers is dropped at exit, not failed on again).
+    """
+    if not fds:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in fds:
+        if fd != devnull:
+            os.dup2(devnull, fd)
+    if devnull not in fds:
+        os.close(devnull)
+
+
 def _hold_closed_descriptors(fds: tuple[int, ...]) -> None:
     """Open ``/dev/null`` on each of ``fds`` that is closed: the next file opened would take it otherwise,
     and whatever writes to the descriptor (a child process) would write into that file."""
@@ -91,14 +107,7 @@ def _hold_closed_descriptors(fds: tuple[int, ...]) -> None:
             os.fstat(fd)
         except OSError:
             closed.append(fd)
-    if not closed:
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for fd in closed:
-        if fd != devnull:
-            os.dup2(devnull, fd)
-    if devnull not in closed:
-        os.close(devnull)
+    devnull_onto(tuple(closed))
 
 
 @contextmanager
