@@ -25,6 +25,8 @@ from hermes_actors.cli.main import main
 from hermes_actors.demo.bots import create_demo_root
 from hermes_actors.errors import HostileFileError
 from hermes_actors.hermes.submit_client import ping
+from hermes_actors.ops.doctor import run_doctor
+from hermes_actors.ops.doctor_checks import BLOCK, OK, Check
 from hermes_actors.relay.strays import (
     FOREIGN,
     MISSING,
@@ -219,3 +221,37 @@ def test_send_on_a_root_whose_run_directory_is_swapped_runs_the_dm_and_puts_it_b
     assert run.is_dir() and not run.is_symlink()
     assert len(list(paths.relay.quarantine.glob("run.*.quarantined"))) == 1
 
+
+
+@pytest.mark.parametrize("swapped", ["journal", "bot_relay"])
+def test_doctor_blocks_on_what_a_durable_start_refuses_with_the_starts_own_words(tmp_path: Path, swapped: str) -> None:
+    """Regression (closing note of 2026-12-07, "doctor ok on swapped journal"): with ``bot_relay/journal`` (or
+    ``bot_relay/`` itself) swapped for a symlink, ``doctor`` said the relay directories were fine while ``serve``
+    refused to start (exit 2). The "relay directories" check now blocks with the very refusal the start gives
+    (one rule: ``start_refusal``), and changes nothing; once put right it is ok again."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    paths = InboxPaths.from_root(root)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if swapped == "journal":
+        paths.relay.base.mkdir(mode=0o700)
+        victim = paths.journal
+    else:
+        victim = paths.relay.base
+    victim.symlink_to(elsewhere, target_is_directory=True)
+
+    def relay_check() -> Check:
+        return {c.name: c for c in run_doctor(root, cli="/nonexistent/hermes", ping=lambda r: None)}[
+            "relay directories"]
+
+    check = relay_check()
+    with pytest.raises(HostileFileError) as info:
+        Gateway(root, runner=RecordingRunner()).start()
+    assert check.level == BLOCK, check
+    assert check.detail == str(info.value), (check.detail, str(info.value))
+    assert str(victim) in check.detail and "cannot start" in check.detail
+    assert "refuses to start" in check.fix, check.fix
+    assert victim.is_symlink() and os.listdir(elsewhere) == []  # the doctor only looks
+    victim.unlink()
+    victim.mkdir(mode=0o700)
+    assert relay_check().level == OK

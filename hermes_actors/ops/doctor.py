@@ -36,7 +36,7 @@ from hermes_actors.ops.doctor_checks import (
     for_the_hosts_runner,
 )
 from hermes_actors.ops.remote_roster import read_remote_roster
-from hermes_actors.relay.strays import private_directories
+from hermes_actors.relay.strays import private_directories, start_refusal
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, scan_profile_dirs
 from hermes_actors.store.private_dir import loose_private_dir
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -148,7 +148,9 @@ def run_doctor(
                                            on=roster.transport))
         checks.append(_peers_check(parse_config(raw)[0].peers, roster.remote if roster.transport == "redis"
                                    else frozenset(), found))
-    checks.append(check_relay_dirs(_loose_relay_dirs(root)))
+    paths = InboxPaths.from_root(root)
+    refusal = start_refusal(paths, needs=(paths.journal,))  # serve runs durable: the start needs journal/ too
+    checks.append(check_relay_dirs(_loose_relay_dirs(root), None if refusal is None else str(refusal)))
     return for_the_hosts_runner(checks, pong)
 
 

@@ -359,12 +359,20 @@ def check_peers(via_cli: list[str], on_redis: list[str], cli: str | None, missin
     return Check("bot_peers", OK, f"{names}: reached with `hermes peer dm`{how}{redis}")
 
 
-def check_relay_dirs(loose: dict[Path, int]) -> Check:
-    """Pure: no other user may write in the relay directories (they are 0700: docs/reliability.md).
+def check_relay_dirs(loose: dict[Path, int], refusal: str | None = None) -> Check:
+    """Pure: a start may use the relay directories, and no other user may write in them (they are 0700:
+    docs/reliability.md).
 
     Args:
         loose: each relay directory of ours that its group or other users may write in, and its mode.
+        refusal: why a durable start would refuse the root as it is (``bot_relay/`` or ``journal/`` swapped for a
+            symlink or a file, another user's directory: the start's own text, naming it and saying what to do),
+            None when it would not.
     """
+    if refusal is not None:
+        return Check("relay directories", BLOCK, refusal,
+                     "put that directory right as said above: until then `hermes-actors serve` (and a durable "
+                     "Gateway) refuses to start on this root, exit 2, changing nothing")
     if not loose:
         return Check("relay directories", OK, "no other user may write in them")
     found = ", ".join(f"{directory} (mode {mode:04o})" for directory, mode in sorted(loose.items()))

@@ -16,7 +16,8 @@ from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
 
 __all__ = ["ensure_relay_directories", "kept_directories", "private_directories", "puts_back", "quarantine_misnamed",
-           "quarantine_strays", "refused_at_start", "restore_private_modes", "start_directories"]
+           "quarantine_strays", "refused_at_start", "restore_private_modes", "start_directories",
+           "start_refusal"]
 
 # How a start finds a directory of bot_relay/ (_found): what refused_at_start judges
 MISSING, OURS, SWAPPED, FOREIGN = "missing", "ours", "swapped", "foreign"
@@ -342,22 +343,40 @@ def _cannot_start(paths: InboxPaths, directory: Path, exc: HostileFileError, *, 
         f"or a file is put back by the start itself (but hubclaims/, the hub's, and journal/){tail}")
 
 
-def _refuse_unusable(paths: InboxPaths, needs: tuple[Path, ...]) -> None:
-    """Refuse the start, before anything is moved or made, for a directory it needs and cannot put back.
+def start_refusal(paths: InboxPaths, needs: tuple[Path, ...] = ()) -> HostileFileError | None:
+    """Why a start would refuse the root as it is now, looking only (nothing is moved or made).
+
+    The start's own rule (:func:`ensure_relay_directories` refuses with this very error) and ``doctor``'s, so the
+    two never disagree about a root.
 
     Args:
         paths: the relay layout.
         needs: the directories the caller uses besides the relay's (the journal's in durable mode).
 
-    Raises:
-        HostileFileError: ``bot_relay/`` itself a symlink, a file or another user's, another user's directory,
-            a swapped ``hubclaims/`` or ``journal/`` (in ``needs``); the text names it and says what to do.
+    Returns:
+        None when a start may go on, else the refusal: ``bot_relay/`` itself a symlink, a file or another user's,
+        another user's directory, a swapped ``hubclaims/`` or ``journal/`` (in ``needs``); its text names the
+        directory and says what to do.
     """
     put_back = {*kept_directories(paths), *start_directories(paths)}
     for directory in dict.fromkeys((*paths.directories(), *needs)):  # bot_relay/ first
         found, exc = _found(paths, directory)
         if exc is not None and refused_at_start(found, directory in put_back):
-            raise _cannot_start(paths, directory, exc, untouched=True) from exc
+            refusal = _cannot_start(paths, directory, exc, untouched=True)
+            refusal.__cause__ = exc
+            return refusal
+    return None
+
+
+def _refuse_unusable(paths: InboxPaths, needs: tuple[Path, ...]) -> None:
+    """Refuse the start, before anything is moved or made, for a directory it needs and cannot put back.
+
+    Raises:
+        HostileFileError: :func:`start_refusal`'s refusal.
+    """
+    refusal = start_refusal(paths, needs)
+    if refusal is not None:
+        raise refusal
 
 
 def ensure_relay_directories(paths: InboxPaths, *, unfixable: set[Path] | None = None,
