@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cannot read the result {shown(args.result)}: {reason}")
     if not isinstance(result, dict) or not isinstance(result.get("scenarios"), dict):
         parser.error(f"{shown(args.result)} is not a result the harness wrote (no \"scenarios\" object in it)")
-    sys.stdout.write(render_markdown(result))
+    sys.stdout.write(render_markdown(result, source=args.result))  # the page names its result file, as a full run's
     return 0
 
 

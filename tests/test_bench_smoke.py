@@ -381,7 +381,9 @@ def test_bench_report_renders_a_stored_result_and_refuses_other_files(
     """Regression (CLI fuzz): `python -m bench.report` with no argument or `--help` ended in a traceback."""
     stored = sorted(Path(__file__).resolve().parents[1].glob("bench/results/*.json"))[-1]
     assert report_main([str(stored)]) == 0
-    assert capsys.readouterr().out.startswith("# Benchmarks")
+    page = capsys.readouterr().out
+    assert page.startswith("# Benchmarks")
+    assert page.rstrip().endswith(f"Source: `{stored}`."), page[-300:]  # as a full run's page names it
     (tmp_path / "list.json").write_text("[1]")
     (tmp_path / "text.json").write_text("not json")
     for argv, named in (([], "the following arguments are required: RESULT_JSON"),
