@@ -19,13 +19,20 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
 from hermes_actors.errors import HostileFileError
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope
-from hermes_actors.relay.restart import SentScan, scan_sent, taken_action
+from hermes_actors.relay.restart import SentScan, rebuilt_record, scan_sent, taken_action
 from hermes_actors.store import owner_lock
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.relay_inbox import InboxPaths, take_from_inbox
 from hermes_actors.store.relay_paths import RelayPaths
-from hermes_actors.store.relay_sent import clear_sent, drop_withdrawn, queueing_name, record_sent
+from hermes_actors.store.relay_sent import (
+    UNKNOWN_TARGET_LABEL,
+    SentRecord,
+    clear_sent,
+    drop_withdrawn,
+    queueing_name,
+    record_sent,
+)
 from hermes_actors.store.relay_shelf import (
     LOCK_NAME,
     Shelf,
@@ -75,6 +82,33 @@ def _delivered(root: Path, envelope_id: str) -> dict[str, Any] | None:
 )
 def test_taken_action(replied: bool, started: bool, legacy: bool, expected: str) -> None:
     assert taken_action(replied=replied, started=started, legacy=legacy) == expected
+
+
+_ID, _SHELF, _NOW = "a" * 32, "s-" + "b" * 32, 1_800_000_000.0
+_ENVELOPE = seed_envelope(target_connection="mini", target_profile="moxie", target_handle="moxie", from_profile="alice",
+                          from_handle="al", created_at=1_700_000_000, envelope_id=_ID)
+
+
+@pytest.mark.parametrize(
+    ("envelope", "expected"),
+    [
+        pytest.param(_ENVELOPE, SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "alice", "al", 0, None, _SHELF),
+                     id="a-seed-shaped-envelope"),
+        pytest.param({**_ENVELOPE, "hop": 3},
+                     SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "alice", "al", 3, None, _SHELF),
+                     id="its-hop-kept"),
+        pytest.param({**_ENVELOPE, "created_at": 0},  # unknown (parse_envelope's 0): aged from now
+                     SentRecord(_ID, _NOW, "@moxie on mini", "alice", "al", 0, None, _SHELF),
+                     id="created-at-unknown"),
+        pytest.param({**_ENVELOPE, "from_profile": "x" * 65},  # not a sender of ours (recorded_sender's rule)
+                     SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "", "", 0, None, _SHELF),
+                     id="a-sender-too-long-names-nobody"),
+        pytest.param(None, SentRecord(_ID, _NOW, UNKNOWN_TARGET_LABEL, "", "", 0, None, _SHELF), id="no-envelope"),
+    ],
+)
+def test_rebuilt_record(envelope: dict[str, Any] | None, expected: SentRecord) -> None:
+    """A damaged sent/ record rebuilt from its envelope: target, sender, hop and age from it; the wake undecided."""
+    assert rebuilt_record(_ID, envelope, now=_NOW, owner=_SHELF) == expected
 
 
 @pytest.mark.parametrize(

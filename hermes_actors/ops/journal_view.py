@@ -22,7 +22,7 @@ from hermes_actors.store.journal_records import JournalFolded, fold_lines, read_
 from hermes_actors.store.journal_state import KEEP_DELIVERED
 from hermes_actors.store.relay_files import read_envelope, read_reply
 from hermes_actors.store.relay_inbox import InboxPaths
-from hermes_actors.store.relay_sent import read_sent, sent_from_here
+from hermes_actors.store.relay_sent import UNKNOWN_TARGET_LABEL, read_sent, sent_from_here
 
 __all__ = ["JournalIndex", "find_outcome", "journal_dir", "read_journals", "relayed_target_label"]
 
@@ -63,7 +63,7 @@ def relayed_target_label(paths: InboxPaths, envelope_id: str) -> str:
         envelope = read_envelope(paths.relay.id_file(paths.relay.claimed, envelope_id))
         return remote_label(envelope["target_handle"], envelope["target_connection"])
     except (OSError, ValidationError):
-        return "the relayed target"
+        return UNKNOWN_TARGET_LABEL
 
 
 def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | None = None) -> dict[str, Any]:

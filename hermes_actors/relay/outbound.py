@@ -60,7 +60,8 @@ from hermes_actors.store.relay_sent import (
 )
 from hermes_actors.store.relay_shelf import shelf_held
 
-__all__ = ["EXPIRY_ANSWER_GRACE_SECONDS", "Outbound", "Waiting", "never_queued_text", "no_reply_text"]
+__all__ = ["EXPIRY_ANSWER_GRACE_SECONDS", "Outbound", "Waiting", "lost_record_text", "never_queued_text",
+           "no_reply_text"]
 
 # How long past our reply budget we still wait for the queued_expired answer of an envelope whose TTL ran out after
 # someone took it from our outbox/ (the hub, which moved it into the inbox/ of a root where no gateway of ours reads
@@ -79,6 +80,13 @@ def never_queued_text(label: str) -> str:
     """Pure: why a DM its gateway was killed while queueing is reported NOT sent after the restart."""
     return (f"The gateway stopped while queueing the message for {label}: it never reached the relay, so it was "
             "NOT sent. Resend it.")
+
+
+def lost_record_text(label: str) -> str:
+    """Pure: why a DM whose ``sent/`` record a restart found damaged, with no envelope of it left, is ``ambiguous``."""
+    return (f"This gateway's record of the message for {label} was damaged (its sent/ file, quarantined at the "
+            "restart) and its envelope is no longer in the relay's outbox/, so whether it was delivered cannot be "
+            "told: it may still be delivered; do not resend blindly.")
 
 
 def no_reply_text(label: str, budget: float, *, ttl: float = 0.0, grace: float = 0.0) -> str:
@@ -194,18 +202,20 @@ class Outbound:
         is settled at once as not sent (``cancelled``), never waited for: no reply can come; we hold its withdrawn
         file's lock until it is forgotten (:meth:`forget`) or we stop (:meth:`close`). One another gateway alive
         on the root is still queueing (``live``), or recorded as its own (``others``), is its own: neither
-        reported nor waited for here. A dead writer's records are adopted (rewritten to name our shelf).
+        reported nor waited for here. A dead writer's records are adopted (rewritten to name our shelf). One whose
+        record was damaged is waited for from its envelope; with none left (``blind``), it is answered ``ambiguous``
+        at once unless its reply is here (:func:`~hermes_actors.relay.restart.scan_sent`).
         """
         scan = scan_sent(self.paths)
-        resumed, never = self._wait_again(scan)
+        resumed, never, blind = self._wait_again(scan)
         self.resumed = tuple(resumed)
         if resumed or scan.not_ours or scan.quarantined:
             logger.info("relay: resumed waiting for {} envelope(s) of ours after restart; left {} in outbox/ that "
                         "this root did not record as sent by this gateway (a seed gateway's or forged: the Desktop "
                         "or the hub deals with them); quarantined {} bad sent record(s)",
-                        len(resumed) - len(never), scan.not_ours, scan.quarantined)
+                        len(resumed) - len(never) - len(blind), scan.not_ours, scan.quarantined)
         self._log_left(scan, len(never))
-        self._tell_resumed(resumed, never)
+        self._tell_resumed(resumed, never, blind)
 
     def take_over(self, owners: set[str]) -> None:
         """While running: wait for the envelopes of gateways on this root that died or stopped since our start.
@@ -219,12 +229,12 @@ class Outbound:
         """
         scan = take_over_sent(self.paths, owners)
         self._forget_settled(scan)
-        resumed, never = self._wait_again(scan)
+        resumed, never, _blind = self._wait_again(scan)  # (no blind ones: a bad record is the next start's)
         if resumed:
             logger.warning("relay: took over {} envelope(s) sent by a gateway on this root that stopped or was "
                            "killed: their replies are waited for and reported here", len(resumed) - len(never))
         self._log_left(scan, len(never))
-        self._tell_resumed(resumed, never)
+        self._tell_resumed(resumed, never, [])
 
     def _forget_settled(self, scan: SentScan) -> None:
         """Forget the envelopes taken over whose outcome their dead writer journaled as delivered (``settled``).
@@ -243,11 +253,12 @@ class Outbound:
             logger.info("relay: {} envelope(s) of a gateway on this root that stopped or was killed had their outcome "
                         "journaled and delivered by it already: forgotten, not reported again", len(scan.settled))
 
-    def _wait_again(self, scan: SentScan) -> tuple[list[ResumedSend], list[ResumedSend]]:
+    def _wait_again(self, scan: SentScan) -> tuple[list[ResumedSend], list[ResumedSend], list[ResumedSend]]:
         """Wait for the scan's envelopes of ours; take the locks of those never queued.
 
         Returns:
-            (every envelope taken, those among them never queued: reported ``cancelled`` by :meth:`_tell_resumed`).
+            (every envelope taken, those among them never queued: reported ``cancelled`` by :meth:`_tell_resumed`,
+            and those ``blind``: reported ``ambiguous`` by it unless their reply is here).
         """
         now = time.time()
         resumed: list[ResumedSend] = []
@@ -262,10 +273,16 @@ class Outbound:
                 resumed.append(_resumed(record))
                 never.append(resumed[-1])
                 self.waiting[record.envelope_id] = Waiting(record.label, [], None, resumed=True)
+        blind: list[ResumedSend] = []
+        for record in scan.blind:  # no timers: reported at once (its reply, or ambiguous)
+            if record.envelope_id not in self.waiting:
+                resumed.append(_resumed(record))
+                blind.append(resumed[-1])
+                self.waiting[record.envelope_id] = Waiting(record.label, [], None, resumed=True)
         for lock in scan.withdrawn.values():  # not ours to report after all (already waited for here)
             release(lock)
         self.counters["quarantined"] += scan.quarantined
-        return resumed, never
+        return resumed, never, blind
 
     def _log_left(self, scan: SentScan, never: int) -> None:
         """Log the envelopes never queued (``never`` of them) and what the scan left to others."""
@@ -280,8 +297,9 @@ class Outbound:
             logger.info("relay: {} recorded envelope(s) are being queued by another gateway still running on this "
                         "root: left to it (it answers their senders)", scan.live)
 
-    def _tell_resumed(self, resumed: list[ResumedSend], never: list[ResumedSend]) -> None:
-        """Tell the Dispatcher whom the outcomes wake, then report the never queued and the replies already here."""
+    def _tell_resumed(self, resumed: list[ResumedSend], never: list[ResumedSend], blind: list[ResumedSend]) -> None:
+        """Tell the Dispatcher whom the outcomes wake, then report the never queued, the replies already here, and
+        the blind ones still without one (``ambiguous``: :func:`lost_record_text`)."""
         if resumed:  # a Dispatcher gone (stopped, failed): their reports below are left to the next start too
             tell(self.dispatcher, RelayResumed(tuple(resumed)))
         for entry in never:  # after RelayResumed, as a reply: the Dispatcher knows whom the outcome wakes
@@ -289,6 +307,10 @@ class Outbound:
                                                             never_queued_text(entry.label), "cancelled"))
         for entry in resumed:  # after RelayResumed: the Dispatcher knows whom a reply already here wakes
             self.check_reply(entry.envelope_id)
+        for entry in blind:
+            if entry.envelope_id in self.waiting:  # no reply: where the DM is cannot be known
+                self._report(entry.envelope_id, outcomes.ambiguous(entry.envelope_id, entry.label,
+                                                                   lost_record_text(entry.label)))
 
     def take_resumed(self) -> tuple[ResumedSend, ...]:
         """The envelopes :meth:`resume` waits for again, once (the Gateway's ``ResumeRelay``)."""

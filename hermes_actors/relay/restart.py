@@ -27,6 +27,13 @@ gateways starting at once never both wait for one; a gateway already running tak
 those of a writer that dies after its start at its next rescan (:func:`take_over_sent`).
 A record that names no shelf (an older version's) is resumed as before.
 
+A ``sent/`` record that cannot be used (truncated, a FIFO, another user's file...) is quarantined, never
+followed; its name still says which envelope of ours it recorded, and its DM was acked, so the start still owns
+that DM (:func:`rebuilt_record`): it rebuilds the record from the DM's envelope (in ``outbox/``, ``expiring/`` or
+``claimed/``, validated as any envelope is) and waits for it as for any of ours; with no envelope left to rebuild
+it from, the DM is in ``blind``: answered ``ambiguous`` unless its reply is there. Either way the record is
+written again (naming our shelf), so a later start finds it.
+
 A running gateway does not adopt the dead writer's journal (a start does, before it resumes), so
 it reads the root's journals for each record it took over: one whose outcome a journal holds as
 ``finished`` and ``delivered`` was published, and its sender woken, by the dead writer, killed
@@ -43,28 +50,34 @@ from typing import Any, Literal
 from loguru import logger
 
 from hermes_actors.core import outcomes
+from hermes_actors.core.ids import id_of_file_name
+from hermes_actors.core.names import remote_label
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.ops.journal_index import JournalIndex
 from hermes_actors.relay.drain import expiry_of
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.journal_records import DeliveryState
+from hermes_actors.store.owner_lock import release
 from hermes_actors.store.relay_heartbeat import claimed_shelves
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_sent import (
+    UNKNOWN_TARGET_LABEL,
     SentRecord,
     Withdrawn,
     adopt_sent,
     clear_sent,
     list_sent,
+    recorded_sender,
+    restore_sent,
     withdraw_unqueued,
 )
 from hermes_actors.store.relay_shelf import Adopted, release_dead, take_dead
 
-__all__ = ["SentScan", "TakenAction", "TakenRecovery", "journal_settled", "recover_taken", "reown_sent",
-           "scan_sent", "take_over_sent", "taken_action"]
+__all__ = ["SentScan", "TakenAction", "TakenRecovery", "journal_settled", "rebuilt_record", "recover_taken",
+           "reown_sent", "scan_sent", "take_over_sent", "taken_action"]
 
 TakenAction = Literal["finished", "ambiguous", "rerun"]
 
@@ -223,6 +236,9 @@ class SentScan:
     # taken over while running (:func:`take_over_sent`), their outcome journaled and delivered by their dead
     # writer: to forget (never to report again); a never-queued one's withdrawn lock is in ``withdrawn``
     settled: list[SentRecord] = field(default_factory=list)
+    # their sent/ record quarantined and no envelope left to rebuild it from: to answer ambiguous unless their
+    # reply is there (:func:`rebuilt_record`); those rebuilt from their envelope are in ``ours`` (or ``never_queued``)
+    blind: list[SentRecord] = field(default_factory=list)
 
 
 def scan_sent(paths: InboxPaths) -> SentScan:
@@ -238,8 +254,11 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     One whose record names another living gateway's shelf is only counted (``others``),
     never read further: that gateway waits for it and reports it; so is one another
     start adopts at this moment. A dead writer's records are adopted first
-    (:func:`_adopt_dead_writers`). Invalid ``sent/`` records are quarantined. ``outbox/`` is only
-    listed (names, nothing read, nothing kept): a flood of forged files costs no memory.
+    (:func:`_adopt_dead_writers`). Invalid ``sent/`` records are quarantined; the DM one named by its
+    ``<id>.json`` is still ours: its record is rebuilt from its envelope (:func:`rebuilt_record`), written again
+    and sorted as any (``ours``, ``never_queued``, ``live``), or, with no envelope to rebuild it from, it is in
+    ``blind``. ``outbox/`` is only listed (names, nothing read, nothing kept; one of our damaged records' envelopes
+    is read): a flood of forged files costs no memory.
 
     Args:
         paths: the relay layout, ``taken`` being our shelf.
@@ -249,16 +268,127 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     """
     records, bad = list_sent(paths)
     scan = SentScan()
+    lost: list[str] = []  # the ids of the bad records we moved aside: their DMs are ours all the same
     for path in bad:
-        quarantine(paths.relay, path, "not a valid sent record")
+        moved = quarantine(paths.relay, path, "not a valid sent record")
         scan.quarantined += 1
+        envelope_id = id_of_file_name(path.name)
+        if moved is not None and envelope_id is not None:  # (one another start moved first is that start's)
+            lost.append(envelope_id)
     mine, scan.others = _adopt_dead_writers(paths, records)
     waiting = [record for record in mine if not _forgotten(paths, record)]
-    _sort_waiting(paths, waiting, scan)
+    rebuilt, blind = _rebuild_lost(paths, lost)
+    _sort_waiting(paths, waiting + list(rebuilt.values()), scan)
+    _restore_rebuilt(paths, rebuilt, blind, scan)
     forgotten = {record.envelope_id for record in mine} - {record.envelope_id for record in waiting}
-    recorded = {record.envelope_id for record in records} - forgotten
+    recorded = ({record.envelope_id for record in records} - forgotten) | set(lost)
     scan.not_ours = sum(1 for envelope_id in rf.list_ids(paths.relay.outbox) if envelope_id not in recorded)
     return scan
+
+
+def rebuilt_record(envelope_id: str, envelope: dict[str, Any] | None, *, now: float, owner: str) -> SentRecord:
+    """Pure: the ``sent/`` record of one of our envelopes whose record was damaged, rebuilt from the envelope.
+
+    The envelope names the DM's target, its sender and hop, and when it was queued: the DM is waited for as its
+    own record would have had it (its TTL from ``created_at``: one still in ``outbox/`` at the TTL is taken back and
+    answered ``queued_expired``). Whether its outcome wakes the sender is not in it: None, the gateway's
+    ``wake_sender`` decides (as for a record of an older version). The label is the envelope's
+    ``@handle on connection`` (the ack may have shown the connection's label instead).
+
+    Args:
+        envelope_id: the envelope's id (its quarantined record's name).
+        envelope: the envelope, validated (``parse_envelope``); None when none is left to read.
+        now: the current time: the record's ``at`` when the envelope does not say when it was queued.
+        owner: our shelf's name: the record is ours now.
+
+    Returns:
+        The record; with no envelope, one naming nobody as sender and :data:`UNKNOWN_TARGET_LABEL` as target.
+    """
+    if envelope is None:
+        return SentRecord(envelope_id, now, UNKNOWN_TARGET_LABEL, owner=owner)
+    sender, handle, hop, _wake = recorded_sender(envelope, profile_key="from_profile")
+    created = rp.created_time(envelope.get("created_at"))
+    return SentRecord(envelope_id, now if created is None else created,
+                      remote_label(envelope["target_handle"], envelope["target_connection"]), sender, handle, hop,
+                      None, owner)
+
+
+def _rebuild_lost(paths: InboxPaths, lost: list[str]) -> tuple[dict[str, SentRecord], set[str]]:
+    """The records of the DMs whose ``sent/`` record was quarantined, rebuilt from their envelopes (not written yet).
+
+    One whose outcome was reported already (``consumed/``) is left out: nothing is left to do for it.
+
+    Returns:
+        (id → the rebuilt record (:func:`rebuilt_record`), the ids of those with no envelope to rebuild from).
+    """
+    now = time.time()
+    rebuilt: dict[str, SentRecord] = {}
+    blind: set[str] = set()
+    for envelope_id in lost:
+        if is_consumed(paths, envelope_id):
+            continue
+        envelope = _envelope_of(paths, envelope_id)
+        if envelope is None:
+            blind.add(envelope_id)
+        rebuilt[envelope_id] = rebuilt_record(envelope_id, envelope, now=now, owner=paths.taken.name)
+    return rebuilt, blind
+
+
+def _envelope_of(paths: InboxPaths, envelope_id: str) -> dict[str, Any] | None:
+    """Our envelope ``envelope_id`` where the relay keeps it (``outbox/``, ``expiring/``, ``claimed/``), validated as
+    any envelope is (a symlink, another user's file, a damaged one is not read: logged); None when none is."""
+    for directory in (paths.relay.outbox, paths.expiring, paths.relay.claimed):
+        path = paths.relay.id_file(directory, envelope_id)
+        try:
+            return rf.read_envelope(path)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValidationError) as exc:  # HostileFileError included
+            logger.warning("relay: the envelope {} cannot be read to rebuild its sent/ record from: {}", path, exc)
+    return None
+
+
+def _restore_rebuilt(paths: InboxPaths, rebuilt: dict[str, SentRecord], blind: set[str], scan: SentScan) -> None:
+    """Write again the rebuilt records the scan took as ours (to wait for, or never queued); set the blind ones aside.
+
+    One a living sender on the root is still queueing (``live``) is left to it, unwritten: a record naming our shelf
+    would make it drop the DM unreported. One whose record another gateway wrote meanwhile is that gateway's: left to
+    it. One whose record cannot be written is still ours in this run (logged). A blind one to wait for goes from
+    ``ours`` to ``blind``.
+    """
+    taken = {record.envelope_id for record in scan.ours + scan.never_queued}
+    for envelope_id, record in rebuilt.items():
+        if envelope_id not in taken:
+            continue
+        try:
+            made = restore_sent(paths, record)
+        except (OSError, ValidationError) as exc:  # StoreError, HostileFileError included
+            logger.warning("relay: could not write again the sent/ record of {}: {}; its DM is settled by this run "
+                           "all the same (a restart before that finds no record of it)", envelope_id, exc)
+            made = True
+        if not made:
+            logger.info("relay: the sent/ record of {} was written again by another gateway meanwhile: left to it",
+                        envelope_id)
+            _drop_from(scan, envelope_id)
+            scan.others += 1
+        elif envelope_id in blind and record in scan.ours:
+            scan.ours.remove(record)
+            scan.blind.append(record)
+            logger.warning("relay: the sent/ record of {} was damaged (quarantined) and no envelope of it is left in "
+                           "outbox/, expiring/ or claimed/ to rebuild it from: answered ambiguous unless its reply is "
+                           "here", envelope_id)
+        elif envelope_id not in blind:
+            logger.warning("relay: the sent/ record of {} was damaged (quarantined): rebuilt from its envelope ({}), "
+                           "its DM is waited for as before", envelope_id, record.label)
+
+
+def _drop_from(scan: SentScan, envelope_id: str) -> None:
+    """Take ``envelope_id`` out of the scan's ``ours`` and ``never_queued`` (releasing a withdrawn file's lock)."""
+    scan.ours = [record for record in scan.ours if record.envelope_id != envelope_id]
+    scan.never_queued = [record for record in scan.never_queued if record.envelope_id != envelope_id]
+    lock = scan.withdrawn.pop(envelope_id, None)
+    if lock is not None:
+        release(lock)
 
 
 def take_over_sent(paths: InboxPaths, owners: set[str]) -> SentScan:

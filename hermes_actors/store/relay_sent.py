@@ -49,6 +49,7 @@ from hermes_actors.store.relay_shelf import is_shelf_name
 from hermes_actors.store.temp_file import discard
 
 __all__ = [
+    "UNKNOWN_TARGET_LABEL",
     "SentRecord",
     "Withdrawn",
     "adopt_sent",
@@ -62,6 +63,7 @@ __all__ = [
     "read_sent",
     "record_sent",
     "recorded_sender",
+    "restore_sent",
     "sent_from_here",
     "withdraw_unqueued",
 ]
@@ -88,6 +90,10 @@ class SentRecord:
 
 _SENDER_MAX = 64  # a folder id or handle longer than this in a sent record is ignored (not one of ours)
 
+# How the target of one of our envelopes is shown when nothing left on the root names it (its sent/ record gone or
+# damaged, its envelope no longer in the relay's directories).
+UNKNOWN_TARGET_LABEL = "the relayed target"
+
 
 def record_sent(
     paths: InboxPaths, envelope_id: str, label: str, *, now: float, sender: str = "", sender_handle: str = "",
@@ -112,6 +118,27 @@ def record_sent(
     """
     record = SentRecord(envelope_id, now, label, sender, sender_handle, hop, wake, owner)
     write_mark(paths, paths.sent, envelope_id, _payload(record), fsync=False)  # as durable as the envelope
+
+
+def restore_sent(paths: InboxPaths, record: SentRecord) -> bool:
+    """Write again the ``sent/`` record of one of our envelopes whose record a start quarantined (damaged).
+
+    The first write wins, as for any record: one already there (written meanwhile by another gateway) is left as
+    it is.
+
+    Args:
+        paths: the relay layout.
+        record: the record rebuilt (:func:`~hermes_actors.relay.restart.rebuilt_record`).
+
+    Returns:
+        True when this write made the record; False when one was there already.
+
+    Raises:
+        ValidationError: the id is invalid.
+        HostileFileError: a directory on the way is refused.
+        StoreError: the write failed.
+    """
+    return write_mark(paths, paths.sent, record.envelope_id, _payload(record), fsync=False)
 
 
 def _payload(record: SentRecord) -> dict[str, Any]:
