@@ -5,19 +5,35 @@ server is (:class:`ApiServer`), the request with its bearer key, and the mapping
 of "unreachable", "timed out" and "connection lost" to :class:`TurnFailed`
 reasons (ambiguous once the turn's own request may have reached hermes); and
 the probe that tells whether the server answers as ours does (:func:`api_server_problem`).
+
+A request's ``timeout`` bounds the whole call (connecting, sending, the status line, the
+headers and the body), not each read: a server that trickles its answer a byte at a time
+is cut off at it. An answer is read up to :data:`ANSWER_MAX_BYTES`; a longer one is not read
+at all, and the turn fails naming the cap.
 """
 
 from __future__ import annotations
 
 import http.client
+import io
 import json
+import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from hermes_actors.core.reasons import DELIVERY_TIMEOUT, RUNTIME_OFFLINE
+from hermes_actors.core.outcomes import TEXT_MAX_BYTES
+from hermes_actors.core.reasons import DELIVERY_TIMEOUT, RUNTIME_OFFLINE, UNKNOWN
 from hermes_actors.errors import TurnFailed
 
-__all__ = ["ApiHttpError", "ApiServer", "ApiServerProblem", "api_request", "api_server_problem", "call_api"]
+__all__ = ["ANSWER_MAX_BYTES", "ApiHttpError", "ApiServer", "ApiServerProblem", "api_request", "api_server_problem",
+           "call_api"]
+
+# What an answer of the API server may be. It carries one reply (``message.content``), which an outcome keeps up
+# to TEXT_MAX_BYTES (cut there with a note); JSON may escape every byte of it to 6 (\u00XX), and the answer holds
+# a little beside it: 16 times the text's cap (64 MiB), as a relay reply file is read (docs/reliability.md).
+ANSWER_MAX_BYTES = 16 * TEXT_MAX_BYTES
+_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +81,77 @@ class _Unreachable(Exception):
     """The connection to the API server could not be opened: nothing was sent."""
 
 
-def api_request(server: ApiServer, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+class _TooLarge(Exception):
+    """The server's answer is longer than :data:`ANSWER_MAX_BYTES`: it was not read."""
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The answer's bytes, each read given only what is left of the call's time (never more)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)  # the socket's own reader: it stays open while this is
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the call's time ran out")
+        self._sock.settimeout(left)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """The connection's socket as :mod:`http.client` uses it, under one deadline for the whole call."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def sendall(self, data: bytes) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the call's time ran out")
+        self._sock.settimeout(left)
+        self._sock.sendall(data)
+
+    def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _read_capped(response: http.client.HTTPResponse, cap: int) -> bytes:
+    """The whole body of ``response``, at most ``cap`` bytes.
+
+    Raises:
+        _TooLarge: its ``Content-Length``, or what it sent, is over ``cap`` (nothing more is read).
+    """
+    if response.length is not None and response.length > cap:
+        raise _TooLarge(f"{response.length:,} bytes announced")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = response.read(min(_CHUNK, cap + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            raise _TooLarge(f"over {cap:,} bytes sent")
+
+
+def api_request(server: ApiServer, method: str, path: str, body: dict[str, Any] | None, timeout: float, *,
+                max_bytes: int = ANSWER_MAX_BYTES) -> Any:
     """One request to ``server`` with its bearer key, and its decoded JSON answer.
 
     Args:
@@ -73,16 +159,21 @@ def api_request(server: ApiServer, method: str, path: str, body: dict[str, Any] 
         method: the HTTP method.
         path: the request path.
         body: the JSON body, if any.
-        timeout: seconds for the connection and the answer.
+        timeout: seconds for the whole call: the connection, the request and the whole answer (a server
+            trickling its answer is cut off at it).
+        max_bytes: the longest answer read (:data:`ANSWER_MAX_BYTES`).
 
     Returns:
         The decoded JSON answer (``{}`` for an empty one).
 
     Raises:
         _Unreachable: the connection could not be opened (nothing was sent).
+        _TooLarge: the answer is longer than ``max_bytes`` (it was not read).
         ApiHttpError: the server answered with an error status.
-        TimeoutError, http.client.HTTPException, OSError: the request or its answer was lost.
+        TimeoutError, http.client.HTTPException, OSError: the request or its answer was lost, or the whole
+            call took longer than ``timeout``.
     """
+    deadline = time.monotonic() + timeout
     conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
     headers = {"Authorization": f"Bearer {server.key}", "Accept": "application/json"}
     data = None
@@ -94,9 +185,13 @@ def api_request(server: ApiServer, method: str, path: str, body: dict[str, Any] 
             conn.connect()
         except OSError as exc:  # refused, unresolvable, connect timeout: the request never left
             raise _Unreachable(exc) from None
+        conn.sock = _DeadlineSocket(conn.sock, deadline)
         conn.request(method, path, body=data, headers=headers)
         response = conn.getresponse()
-        raw = response.read()
+        try:
+            raw = _read_capped(response, max_bytes)
+        finally:
+            response.close()  # what is left unread is not waited for: the connection closes
     finally:
         conn.close()
     try:
@@ -120,7 +215,7 @@ def call_api(
         method: the HTTP method.
         path: the request path.
         body: the JSON body, if any.
-        timeout: seconds for the connection and the answer.
+        timeout: seconds for the whole call (the connection, the request and the whole answer).
         delivers: the request is the turn itself (its message may reach the agent once
             it is sent): a failure after the connection opened is ``ambiguous``, never retried.
 
@@ -128,13 +223,21 @@ def call_api(
         The decoded JSON answer.
 
     Raises:
-        TurnFailed: the server is unreachable (``runtime_offline``), the answer did not come in
-            time (``delivery_timeout``) or the connection was lost.
+        TurnFailed: the server is unreachable (``runtime_offline``), the whole answer did not come in
+            time (``delivery_timeout``), the connection was lost, or the answer is longer than
+            :data:`ANSWER_MAX_BYTES` (``unknown``, never retried: the turn ran; the text names the cap).
         ApiHttpError: the server answered with an error status.
     """
     where = f"{server.host}:{server.port}"
     try:
         return api_request(server, method, path, body, timeout)
+    except _TooLarge as exc:
+        raise TurnFailed(
+            f"the hermes API server at {where} answered @{handle}'s Bot Chat {'turn' if delivers else 'request'} "
+            f"with more than {ANSWER_MAX_BYTES // (1 << 20)} MiB ({exc}), the most an answer may be (a reply is "
+            f"kept up to {TEXT_MAX_BYTES // (1 << 20)} MiB): it was not read, so its reply is lost",
+            reason=UNKNOWN,
+        ) from None
     except _Unreachable as exc:
         raise TurnFailed(
             f"hermes API server at {where} is not reachable ({exc}) — is `hermes gateway run` running?",

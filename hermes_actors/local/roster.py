@@ -33,9 +33,11 @@ from hermes_actors.messages import (
     Subscribe,
 )
 from hermes_actors.store.hermes_root import alias_forms, discover_profiles, install_is_managed
+from hermes_actors.store.os_errors import advised, resource_failure
 from hermes_actors.store.relay_files import RosterIdentity, read_roster_version
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_roster import liveness
+from hermes_actors.store.yaml_file import warn_once
 
 __all__ = ["RosterActor", "make_snapshot", "roster_rows"]
 
@@ -247,10 +249,20 @@ class RosterActor(TypedActor):
         before = self.snapshot
         try:
             self.snapshot = self._load()
-        except Exception:  # a file no check foresaw must not end the roster (and every DM with it)
+        except Exception as exc:  # a file no check foresaw must not end the roster (and every DM with it)
+            short = resource_failure(exc)
+            if short is not None:
+                # out of file descriptors, say: no sign that a profile went, so none is dropped; the next tick
+                # reloads (the signature is forgotten), and it is said once while it lasts
+                self.signature = ()
+                warn_once(f"roster reload {self.root}", [
+                    f"roster reload of {self.root} failed: {short}: {advised(exc)}. The roster read before stays "
+                    f"in effect ({len(before.profiles)} profiles); it is reloaded once its files can be read"])
+                return before
             # _load took the new signature first: the next rescan tries again only once a file changes
             logger.opt(exception=True).error("roster reload failed; the roster read before stays in effect")
             return before
+        warn_once(f"roster reload {self.root}", [])
         if _local_view(before) != _local_view(self.snapshot):
             logger.info("roster reloaded: {} profiles", len(self.snapshot.profiles))
             self._publish()

@@ -10,6 +10,7 @@ from loguru import logger
 
 from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
+from hermes_actors.store.os_errors import resource_failure
 from hermes_actors.store.private_dir import ensure_private_dir, loose_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below, relay_dir, swapped_below
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -170,11 +171,18 @@ def _find_swapped(paths: InboxPaths, directories: tuple[Path, ...], failing: set
     (it is the user's, see :func:`kept_directories`): nothing below it is looked at, moved or made, and
     the refusal is logged when it starts and when it ends (``paths.relay.base`` in ``failing``), not at
     every pass. A missing one is not refused: the put-back makes it.
+
+    Raises:
+        OSError: an error that says nothing about the path (out of file descriptors, say:
+            :func:`~hermes_actors.store.os_errors.resource_failure`): no sign that anything was swapped, so
+            nothing is said of ``bot_relay/``; the caller's pass fails and says what ran out, once while it lasts.
     """
     base = paths.relay.base
     try:
         swapped = [d for d in directories if _swapped(paths, d)]
     except (OSError, HostileFileError) as exc:
+        if resource_failure(exc):
+            raise
         if base not in failing:
             failing.add(base)
             logger.error("relay: {} cannot be used: {}. Nothing of the relay works on this root until it is a "
@@ -274,7 +282,8 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None, 
 
     ``bot_relay/`` itself swapped for a symlink or a file, another user's or unreadable is refused: nothing
     is done, and it is logged once while it lasts (it is then in ``unfixable``: the caller may skip what
-    else it does in ``bot_relay/``). It never raises for what it finds in the tree.
+    else it does in ``bot_relay/``). It never raises for what it finds in the tree; out of file descriptors (an
+    error that says nothing about the tree) it raises, before anything is moved or made.
 
     Args:
         paths: the relay layout.
@@ -286,6 +295,9 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None, 
 
     Returns:
         How many entries were quarantined.
+
+    Raises:
+        OSError: out of file descriptors, say (:func:`~hermes_actors.store.os_errors.resource_failure`).
     """
     moved = 0
     directories = kept_directories(paths)

@@ -29,7 +29,7 @@ from hermes_actors.core.names import (
     unreachable_profiles,
 )
 from hermes_actors.messages import ProfileInfo
-from hermes_actors.store.os_errors import access_problem
+from hermes_actors.store.os_errors import access_problem, resource_failure
 from hermes_actors.store.yaml_file import load_yaml_file
 
 __all__ = [
@@ -156,6 +156,9 @@ def read_profile_yaml(home: Path) -> dict[str, Any]:
     Returns:
         Its top-level mapping, ``{}`` when missing or unusable (see
         :func:`hermes_actors.store.yaml_file.load_yaml_file`).
+
+    Raises:
+        OSError: out of file descriptors, say (:func:`hermes_actors.store.yaml_file.read_yaml_mapping`).
     """
     return load_yaml_file(Path(home) / "profile.yaml")
 
@@ -255,6 +258,8 @@ def _profiles_base_problem(base: Path) -> str | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if resource_failure(exc):
+            raise
         return f"cannot look at {base} ({exc}): only the default profile is used"
     if stat.S_ISLNK(st.st_mode):
         return (f"{base} is a symlink: profiles are read only from a real folder inside the root, so only the "
@@ -278,6 +283,11 @@ def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
         (``core.names.unreachable_profiles``: ``hermes``, ``Default``, a second ``Bob``/``bob``). Files, hidden
         ``.…`` folders and ``default`` (hermes' gateway creates ``profiles/default/`` for its own data) are
         skipped without a problem.
+
+    Raises:
+        OSError: ``profiles/`` could not be looked at for a reason that says nothing about it (out of file
+            descriptors, say: :func:`~hermes_actors.store.os_errors.resource_failure`): no sign that only the
+            default profile is left.
     """
     base = root / "profiles"
     problem = _profiles_base_problem(base)
@@ -288,6 +298,8 @@ def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     except FileNotFoundError:
         return [], []
     except OSError as exc:
+        if resource_failure(exc):
+            raise
         return [], [f"cannot list profiles in {base} ({exc}): only the default profile is used"]
     found: list[tuple[str, Path]] = []
     problems: list[str] = []
@@ -354,6 +366,10 @@ def discover_profiles(root: Path) -> list[ProfileInfo]:
     Returns:
         The default profile first (home = root), then the profiles under
         ``<root>/profiles/`` sorted by folder id.
+
+    Raises:
+        OSError: a file could not be read for a reason that says nothing about it (out of file descriptors,
+            say): no sign that a profile is gone or unmanaged (:func:`scan_profile_dirs`, :func:`read_profile_yaml`).
     """
     root = Path(root)
     profiles = [_profile_info(DEFAULT_PROFILE, root)]

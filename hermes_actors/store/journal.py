@@ -95,7 +95,7 @@ from hermes_actors.store.journal_batch import BatchListener, CommitBatch, Durabl
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import JournalFolded, encode_record
 from hermes_actors.store.journal_state import KEEP_DELIVERED, JournalState
-from hermes_actors.store.os_errors import store_error
+from hermes_actors.store.os_errors import advised, store_error
 from hermes_actors.store.private_dir import ensure_private_dir
 
 __all__ = ["Journal", "StartRecorder"]
@@ -196,6 +196,8 @@ class Journal:
         # nearly full: appends fit, a whole new file does not), each said once per spell. Under the write turn.
         self._writes_failing = FailureSpell()
         self._compactions_failing = FailureSpell()
+        # Checks of our path that could not be made (out of file descriptors, say), said once per spell.
+        self._checks_failing = FailureSpell()
         self._compact_failed_at: int | None = None  # our file's lines when a compaction last failed (the back-off)
         # Touched by the start's adoption, then by adopt_dead alone (the relay's thread), never concurrently:
         self._settled_files: dict[str, FileMark] = {}  # dead gateways' files found settled (see adopt_dead)
@@ -865,7 +867,10 @@ class Journal:
         rewritten with the live state into a fresh file, as a compaction does, in the
         journal directory opened anew (recreated if it is gone). When that fails the
         journal is homeless (see the module docstring) and the next commit tries again.
-        Said once per change, at ERROR when it is lost.
+        Said once per change, at ERROR when it is lost. A check that cannot be made (an error
+        that says nothing about the path, out of file descriptors say:
+        :func:`~hermes_actors.store.os_errors.resource_failure`) changes nothing: the journal is taken
+        as where it was (its queued DMs are kept at stop), said once per spell.
 
         Args:
             walk: check the path too, not only the link counts.
@@ -873,18 +878,25 @@ class Journal:
                 (it joins the state only once this check has kept it): a fresh file holds them too.
 
         Returns:
-            True when our file is reachable (again, or anew).
+            True when our file is reachable (again, or anew), or could not be checked and was not lost before.
         """
         try:
-            if self._file.reachable(walk=walk):
-                if self._homeless:
-                    logger.warning("the delivery journal {} is reachable at its path again; DMs are accepted again",
-                                   self.path)
-                    self._set_homeless(False)
-                return True
-        except OSError as exc:
-            logger.error("cannot check the delivery journal {}: {}", self.path, exc)
+            reachable = self._file.reachable(walk=walk)
+        except OSError as exc:  # out of file descriptors, say: no sign that the file moved, so it is kept
+            self._checks_failing.failed(
+                "the delivery journal {} could not be checked at its path: {}. Nothing says it moved: it is taken "
+                "as still there (DMs are accepted, and queued DMs stay journaled at stop); the checks that fail "
+                "next are logged at DEBUG until one works", "the delivery journal {} could not be checked: {}",
+                self.path, advised(exc))
             return not self._homeless
+        self._checks_failing.landed("the delivery journal {} can be checked at its path again ({} failed check(s) "
+                                    "before)", self.path)
+        if reachable:
+            if self._homeless:
+                logger.warning("the delivery journal {} is reachable at its path again; DMs are accepted again",
+                               self.path)
+                self._set_homeless(False)
+            return True
         lines = self._state.lines() + (pending or [])
         try:
             self._file.replace_with(lines, fresh_dir=True)

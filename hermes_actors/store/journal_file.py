@@ -34,7 +34,7 @@ from pathlib import Path
 from loguru import logger
 
 from hermes_actors.errors import HostileFileError, StoreError
-from hermes_actors.store.os_errors import store_error
+from hermes_actors.store.os_errors import resource_failure, store_error
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below
 
@@ -147,6 +147,11 @@ class JournalFile:
 
         Returns:
             False when a start on our root would not find our records.
+
+        Raises:
+            OSError: the check could not be made: an error that says nothing about the path (out of file
+                descriptors, say: :func:`~hermes_actors.store.os_errors.resource_failure`) is no sign that
+                the file is gone, and is raised, never taken as False.
         """
         assert self.fd is not None and self._dir_fd is not None
         own = os.fstat(self.fd)
@@ -156,11 +161,15 @@ class JournalFile:
             return True
         try:
             dir_fd = self._open_dir(create=False)
-        except (OSError, HostileFileError):
+        except (OSError, HostileFileError) as exc:
+            if resource_failure(exc):
+                raise
             return False
         try:
             named = os.stat(self.path.name, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
+        except OSError as exc:
+            if resource_failure(exc):
+                raise
             return False
         finally:
             os.close(dir_fd)

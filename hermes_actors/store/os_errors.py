@@ -11,6 +11,12 @@ access (EACCES, EPERM) or a file where a directory belongs (ENOTDIR) is looked a
 and the directory or file that keeps the user out is named, with what is wrong with it and the
 ``chmod``, ``chown`` or move that fixes it (:func:`blocked_at`, from the facts :func:`path_facts`
 gathers); any other error gets the advice of its errno.
+
+One rule for an error that says nothing about the path it came with (:func:`resource_failure`): the process
+or the system ran out of descriptors or memory (EMFILE, ENFILE, ENOMEM, ENOBUFS), or a signal cut the call
+short (EINTR). Such an error is transient, never evidence that a file or directory was swapped, moved or
+removed: whoever finds one keeps what it knew and tries again later. EIO is not one of them: it is the
+device under the path failing, and is taken as any other error of the path.
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import StoreError
 
 __all__ = [
-    "PathFacts", "access_problem", "blocked_at", "os_error_message", "os_error_text", "path_facts", "store_error",
-    "what_to_do",
+    "PathFacts", "access_problem", "advised", "blocked_at", "os_error_message", "os_error_text", "path_facts",
+    "resource_failure", "store_error", "what_to_do",
 ]
 
 # What an operator does about the errors a full, read-only or foreign disk gives (by errno).
@@ -38,7 +44,36 @@ _WHAT_TO_DO = {
     errno.EROFS: "its filesystem is mounted read-only: remount it read-write",
     errno.EACCES: "fix the permissions: the user running hermes-actors must be able to write there",
     errno.EPERM: "fix the permissions: the user running hermes-actors must be able to write there",
+    errno.EMFILE: "raise the process's open-files limit (ulimit -n, systemd's LimitNOFILE=) or find what holds "
+                  "so many open (idle HTTP connections, say)",
+    errno.ENFILE: "raise the system's open-files limit (fs.file-max) or find what holds so many open",
 }
+
+# The errors that say nothing about the path (module docstring), with what ran out.
+_RESOURCE_FAILURES = {
+    errno.EMFILE: "out of file descriptors",
+    errno.ENFILE: "out of file descriptors",
+    errno.ENOMEM: "out of memory",
+    errno.ENOBUFS: "out of buffer space",
+    errno.EINTR: "interrupted by a signal",
+}
+
+
+def resource_failure(exc: BaseException) -> str | None:
+    """Pure: what ran out when ``exc`` says nothing about its path (a transient failure), else None.
+
+    The one rule (module docstring): a caller that checks whether a file or directory is still there takes
+    such an error as "cannot tell now", never as "it is gone" or "it was swapped".
+
+    Args:
+        exc: the error (an ``OSError``, a :class:`StoreError` mirroring one; anything else is None).
+
+    Returns:
+        ``"out of file descriptors"`` for EMFILE and ENFILE, ``"out of memory"`` for ENOMEM, ``"out of buffer
+        space"`` for ENOBUFS, ``"interrupted by a signal"`` for EINTR; None for every other error (ENOENT,
+        EACCES, ELOOP, EIO...).
+    """
+    return _RESOURCE_FAILURES.get(exc.errno or 0) if isinstance(exc, OSError) else None
 
 
 def os_error_text(exc: OSError) -> str:
@@ -70,6 +105,22 @@ def what_to_do(exc: BaseException) -> str | None:
     return _WHAT_TO_DO.get(exc.errno or 0) if isinstance(exc, OSError) else None
 
 
+def advised(exc: BaseException) -> str:
+    """Pure: a failed file operation's error with what to do about it, the file left out.
+
+    Args:
+        exc: the error.
+
+    Returns:
+        e.g. ``"Too many open files (EMFILE); raise the process's open-files limit ..."``
+        (:func:`os_error_text`, then :func:`what_to_do` when there is advice); ``"<Type>: <text>"`` for
+        anything but an ``OSError``.
+    """
+    detail = os_error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+    advice = what_to_do(exc)
+    return f"{detail}; {advice}" if advice else detail
+
+
 def store_error(action: str, target: Path, exc: BaseException) -> StoreError:
     """Build the :class:`StoreError` for a failed write of ``target``.
 
@@ -82,9 +133,7 @@ def store_error(action: str, target: Path, exc: BaseException) -> StoreError:
         A StoreError whose text names the target (absolute) and the OS error, and what to do about
         it (:func:`what_to_do`), and whose ``errno`` mirrors the underlying one (None for non-OS failures).
     """
-    detail = os_error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-    advice = what_to_do(exc)
-    err = StoreError(f"cannot {action} {Path(target).absolute()}: {detail}{f'; {advice}' if advice else ''}")
+    err = StoreError(f"cannot {action} {Path(target).absolute()}: {advised(exc)}")
     err.errno = exc.errno if isinstance(exc, OSError) else None
     err.path = Path(target).absolute()
     return err

@@ -23,6 +23,8 @@ from typing import Any
 import yaml
 from loguru import logger
 
+from hermes_actors.store.os_errors import advised, resource_failure
+
 # The C parser (libyaml) is ~7x faster; 10,000 profile.yaml files are read at start.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -73,7 +75,8 @@ def warned_while_failing(
 
     For a step that runs again and again (every rescan, every heartbeat) and must not end its caller: one
     WARNING ``<failed>: <ExceptionType>: <exception>[. <then>]`` when it starts failing (:func:`warn_once` on
-    ``what``), none while it keeps failing the same way, and one again once it worked in between.
+    ``what``), none while it keeps failing the same way, and one again once it worked in between. An error
+    that says nothing about the path (out of file descriptors: :func:`_failed_line`) is said by what ran out.
 
     Args:
         what: the subject (one key per kind of step and place: the rescan of one root).
@@ -91,9 +94,23 @@ def warned_while_failing(
     try:
         yield
     except errors as exc:
-        warn_once(what, [f"{failed}: {type(exc).__name__}: {exc}" + (f". {then}" if then else "")])
+        warn_once(what, [_failed_line(failed, exc, then)])
         return  # swallowed: a step that fails must not end its caller
     warn_once(what, [])
+
+
+def _failed_line(failed: str, exc: Exception, then: str) -> str:
+    """Pure: the line :func:`warned_while_failing` logs for ``exc``.
+
+    An error that says nothing about the path (:func:`~hermes_actors.store.os_errors.resource_failure`: out of file
+    descriptors, say) is said by what ran out, without its file (the same line while it lasts, whichever file
+    the step failed on) and without ``then``, whose advice is about the files.
+    """
+    short = resource_failure(exc)
+    if short is not None:
+        return (f"{failed}: {short}: {advised(exc)}. Nothing is taken as moved, removed or swapped meanwhile; "
+                "it is tried again while it lasts")
+    return f"{failed}: {type(exc).__name__}: {exc}" + (f". {then}" if then else "")
 
 
 class _Refused(Exception):
@@ -281,6 +298,11 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
         malformed, not a mapping, nested more than :data:`MAX_NESTING` levels deep, or holds more than
         :data:`MAX_EXPANDED_VALUES` values once its aliases are expanded (or a recursive one) —
         ``problem`` is one line naming the file.
+
+    Raises:
+        OSError: the file could not be read for a reason that says nothing about it (out of file descriptors,
+            say: :func:`~hermes_actors.store.os_errors.resource_failure`): read as empty, a profile would look
+            unmanaged and a config.yaml's settings would be dropped, for a failure that passes.
     """
     path = Path(path)
     try:
@@ -290,6 +312,8 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
     except _Refused as exc:
         return {}, f"config file {path} {exc}; ignoring it"
     except OSError as exc:
+        if resource_failure(exc):
+            raise
         return {}, f"config file {path} is unreadable ({exc}); ignoring it"
     try:
         loaded, refusal = load_bounded(data.decode("utf-8"))
@@ -350,6 +374,9 @@ def load_yaml_file(path: Path) -> dict[str, Any]:
         ``{}`` plus a warning naming the file and the problem when it is a
         symlink, larger than 1 MiB, unreadable, malformed, or not a mapping
         (said once while the problem lasts, however often the file is read).
+
+    Raises:
+        OSError: out of file descriptors, say (:func:`read_yaml_mapping`).
     """
     mapping, problem = read_yaml_mapping(path)
     warn_once(str(path), [problem] if problem is not None else [])
