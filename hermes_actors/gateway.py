@@ -194,7 +194,9 @@ class Gateway:
             RuntimeError: already started; or called in a fork of the process that started it.
             ValueError: a bad ``bot_mode.transport``, or the Redis transport without a valid connection id.
             HostileFileError: a relay directory the start cannot put back (``bot_relay/`` itself a symlink or a
-                file, another user's directory, a swapped ``hubclaims/``); the text names it and says what to do.
+                file, another user's directory, a swapped ``hubclaims/``), or, in durable mode, a swapped
+                ``journal/`` or a journal file in it that may hold acked DMs and cannot be read safely (a symlink,
+                another user's file); the text names it and says what to do, and nothing was changed.
             TransportError: the Redis transport cannot be used: credentials refused, another live
                 process serves the connection id, or the ``[redis]`` extra is missing (nothing is left running).
         """
@@ -234,6 +236,8 @@ class Gateway:
                          on_failing=self._failure.failing, on_failure=self._failure.failed_with)
             self._system = system
             self.recovered = system.recovered
+            # what the start moved into quarantine instead of adopting (a FIFO in place of a journal file)
+            self._outcomes.set_aside = list(system.journal.set_aside) if system.journal is not None else []
             if self.serve_submit:  # last: a DM submitted from now on finds every actor up
                 from hermes_actors.hermes.host import open_submit_endpoint
 
@@ -406,7 +410,8 @@ class Gateway:
             TimeoutError: no outcome arrived in time (or, while the gateway does not run, the
                 root's files hold the DM without an outcome yet).
             KeyError: the id is unknown: never acked on this root, or its outcome is older than the ones
-                kept (above).
+                kept (above); a journal file of the root that was not read (refused, or moved into quarantine
+                by the start) is named.
             RuntimeError: called in a fork of the process that started the gateway.
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.

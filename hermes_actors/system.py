@@ -65,6 +65,7 @@ from hermes_actors.relay.strays import ensure_relay_directories
 from hermes_actors.rooms import Rooms
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.journal import Journal
+from hermes_actors.store.journal_screen import refuse_unreadable_journals
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.transports.peer_cli import PeerCliTransport
@@ -136,8 +137,11 @@ class ActorSystem:
         # starts: no events for our own mkdirs (a directory created while watchdog walks the tree makes it warn on
         # stderr); a relay directory left swapped (a gateway killed after a failed reply write) is put back first,
         # so the reply kept for this start is written; run/, rooms/ and unconfirmed/ too (start_directories); a
-        # swapped journal/ refuses a durable start (it may hold acked DMs: never moved aside)
+        # swapped journal/ refuses a durable start (it may hold acked DMs: never moved aside), and so does a journal
+        # file that may hold acked DMs and cannot be read safely (a symlink, another user's), first: nothing changed
         paths = InboxPaths.from_root(opts.root)
+        if opts.durable:
+            refuse_unreadable_journals(paths.journal, within=opts.root)
         ensure_relay_directories(paths, needs=(paths.journal,) if opts.durable else ())
         adopted = None
         if opts.durable:

@@ -23,7 +23,7 @@ from roots import LogCapture, make_root, start_gateway
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core import outcomes
-from hermes_actors.errors import StoreError
+from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.local.durability import outcome_records
 from hermes_actors.local.sending import outcome_future
 from hermes_actors.ops.journal_view import read_journals
@@ -335,8 +335,10 @@ def test_a_dead_gateways_journal_is_adopted_and_removed(tmp_path: Path, warnings
         again.stop()
 
 
-def test_a_symlinked_journal_is_never_followed_and_named_once_per_start(tmp_path: Path, logs: LogCapture) -> None:
-    """A ``j-*.log`` symlink was skipped with no log line: a planted journal was ignored with nothing said."""
+def test_a_symlinked_journal_is_never_followed_and_refuses_the_start_naming_it(tmp_path: Path) -> None:
+    """A ``j-*.log`` symlink was skipped with no log line, then (later) with a WARNING telling to remove it: the
+    records it points at were dropped either way. It refuses the start now, never followed, and no file is made
+    (``tests/test_journal_swapped_files.py`` has the rest)."""
     directory = tmp_path / "journal"
     directory.mkdir(mode=0o700)
     outside = tmp_path / "outside.log"
@@ -347,12 +349,13 @@ def test_a_symlinked_journal_is_never_followed_and_named_once_per_start(tmp_path
     link = directory / "j-0123456789abcdef0123456789abcdef.log"
     link.symlink_to(outside)
     journal = Journal(directory, fsync=False)
-    try:
-        assert journal.start().states == {}  # never followed
-    finally:
-        journal.stop()
-    assert logs.matching(str(link), "is a symlink") and len(logs.matching(str(link))) == 1, logs.lines
+    with pytest.raises(HostileFileError) as info:
+        journal.start()
+    journal.stop()
+    assert str(info.value).startswith(f"journal file {link} is a symlink (to {outside}), never followed"), info.value
+    assert str(info.value).endswith("nothing was changed"), info.value
     assert link.is_symlink() and outside.read_bytes() == before
+    assert sorted(directory.iterdir()) == [link]
 
 
 def test_a_killed_gateways_zeros_past_its_last_record_are_not_corrupt_lines(tmp_path: Path) -> None:

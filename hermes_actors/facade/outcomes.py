@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ class _Stopped(Exception):
 
 
 def outcome_on_file(root: Path, delivery_id: str, *, journals: JournalIndex,
-                    running: bool = False) -> dict[str, Any]:
+                    running: bool = False, set_aside: Sequence[str] = ()) -> dict[str, Any]:
     """What the root's journal and relay files know of ``delivery_id``.
 
     ``wait_outcome`` reads them while no gateway runs here, and for an id the running gateway never
@@ -50,6 +50,9 @@ def outcome_on_file(root: Path, delivery_id: str, *, journals: JournalIndex,
         delivery_id: the DM's id.
         journals: the root's journals as this gateway read them so far (only what was appended since is read).
         running: this gateway runs (the errors then say the DM is another gateway's).
+        set_aside: the journal entries this gateway's start moved into quarantine (one line each,
+            :attr:`~hermes_actors.store.journal.Journal.set_aside`): a ``KeyError`` names them, with the
+            journal files the look-up refused (a symlink, another user's file).
 
     Returns:
         The outcome dict.
@@ -66,7 +69,8 @@ def outcome_on_file(root: Path, delivery_id: str, *, journals: JournalIndex,
 
     if not is_delivery_id(delivery_id):
         raise KeyError(f"unknown delivery id {shown(delivery_id)} (not a delivery id)")
-    found = find_outcome(root, delivery_id, index=journals)
+    unread: list[str] = []
+    found = find_outcome(root, delivery_id, index=journals, unread_journals=unread)
     if found.get("status") == "pending":
         if running:  # not this gateway's: nothing here will be told when it settles
             raise TimeoutError(f"no outcome for delivery {delivery_id} yet: another gateway on {root} holds it "
@@ -75,8 +79,9 @@ def outcome_on_file(root: Path, delivery_id: str, *, journals: JournalIndex,
                            f"{found.get('error')}; the next gateway on {root} settles it")
     if found.get("status") == "unknown":
         if running:
-            raise KeyError(unknown_delivery(delivery_id, root))
-        raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running; {found.get('error')})")
+            raise KeyError(unknown_delivery(delivery_id, root, [*unread, *set_aside]))
+        aside = "".join(f"; {line}" for line in set_aside)
+        raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running; {found.get('error')}{aside})")
     return found
 
 
@@ -92,6 +97,8 @@ class OutcomeWaits:
         self._lock = threading.Lock()
         # the root's journals as read so far: a look-up in the files reads only what was appended since
         self._journals = JournalIndex()
+        # what the last start moved into quarantine instead of adopting (Journal.set_aside): a KeyError names it
+        self.set_aside: list[str] = []
 
     @property
     def waiting(self) -> int:
@@ -139,7 +146,7 @@ class OutcomeWaits:
             return final
         dispatcher = settling()
         if dispatcher is None:
-            return outcome_on_file(root, delivery_id, journals=self._journals)
+            return outcome_on_file(root, delivery_id, journals=self._journals, set_aside=self.set_aside)
         try:
             if timeout > 0:
                 future = outcome_future(dispatcher, delivery_id)
@@ -164,9 +171,10 @@ class OutcomeWaits:
             final = self.final(delivery_id)
             if final is not None:
                 return final
-            return outcome_on_file(root, delivery_id, journals=self._journals)
+            return outcome_on_file(root, delivery_id, journals=self._journals, set_aside=self.set_aside)
         except KeyError:  # not issued here: another gateway on this root may have journaled it (DESIGN 3)
-            return outcome_on_file(root, delivery_id, running=True, journals=self._journals)
+            return outcome_on_file(root, delivery_id, running=True, journals=self._journals,
+                                   set_aside=self.set_aside)
         except AskTimeout as exc:
             raise TimeoutError(f"no outcome for delivery {delivery_id} within {timeout:g}s (the Dispatcher did "
                                f"not say where it stands within {CHECK_GRACE:g}s more: it is busy or stuck; "

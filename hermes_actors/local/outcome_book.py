@@ -17,7 +17,7 @@ import contextlib
 import marshal
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -73,26 +73,32 @@ def _answer_one(future: pykka.ThreadingFuture[dict[str, Any]], record: dict[str,
         logger.debug("an outcome waiter was answered already (its gateway stopped)")
 
 
-def unknown_delivery(delivery_id: str, root: Path | None = None) -> str:
+def unknown_delivery(delivery_id: str, root: Path | None = None, unread: Sequence[str] = ()) -> str:
     """Pure: why a running gateway has no outcome for ``delivery_id`` (the text of ``wait_outcome``'s KeyError).
 
     Not knowing it does not mean it was never issued here: an outcome is kept only so long (the journal carries
     at least the last :data:`KEEP_DELIVERED` delivered across restarts, the book at least the last
     :data:`SETTLED_KEEP` while its gateway runs). A chaos review's restarted gateway said "this gateway did
-    not issue it" of DMs its root had acked and settled long before.
+    not issue it" of DMs its root had acked and settled long before. Nor, when a journal file of the root was
+    not read (a symlink or another user's file, refused; a FIFO in place of one, moved into quarantine by the
+    start), that it was never acked: a fuzz review's gateway said so of DMs journaled in a file swapped so.
 
     Args:
         delivery_id: the id asked for.
         root: the Hermes root whose journals were looked in (None: not named).
+        unread: one line per journal file of the root that was not read (what it is, where it went).
 
     Returns:
         The message.
     """
     journals = f"no journal on {root}" if root is not None else "no journal of its root"
-    return (f"unknown delivery id {delivery_id!r}: this gateway holds no outcome for it and {journals} does: "
+    text = (f"unknown delivery id {delivery_id!r}: this gateway holds no outcome for it and {journals} does: "
             f"it was never acked on this root, or its outcome is older than the ones kept (at least the last "
             f"{KEEP_DELIVERED:,} delivered, in the journal across restarts; at least the last {SETTLED_KEEP:,}, "
             "in this gateway's memory while it runs) and its subscribers were told when it settled")
+    if unread:
+        text += f"; or it is journaled in a journal file that was not read: {'; '.join(unread)}"
+    return text
 
 
 class DeliveryState(Enum):

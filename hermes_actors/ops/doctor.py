@@ -24,6 +24,7 @@ from hermes_actors.ops.doctor_checks import (
     check_config_keys,
     check_connection_ids,
     check_daemon,
+    check_journal,
     check_managed,
     check_models,
     check_peers,
@@ -38,6 +39,7 @@ from hermes_actors.ops.doctor_checks import (
 from hermes_actors.ops.remote_roster import read_remote_roster
 from hermes_actors.relay.strays import private_directories, start_refusal
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, scan_profile_dirs
+from hermes_actors.store.journal_screen import journal_files_found
 from hermes_actors.store.private_dir import loose_private_dir
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.yaml_file import read_yaml_mapping
@@ -131,6 +133,7 @@ def run_doctor(
         check_plugin(root, enabled),
         check_models(root, {name: model for name, (_plugin, model) in facts.items()}),
         check_daemon(root, pong),
+        check_journal(*journal_files_found(root), os.getuid()),
         check_config_keys(path, raw, problem),
         check_warm_turns(root, *_warm_facts(root, raw), host=pong),
     ]

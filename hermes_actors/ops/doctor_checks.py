@@ -18,6 +18,7 @@ from hermes_actors.hermes.install import CLI_PROFILE_RE, INSTALL_HERMES, NO_HERM
 from hermes_actors.hermes.setup import PLUGIN_NAME
 from hermes_actors.hermes.warm_or_cli import API_SERVER_START_SECONDS
 from hermes_actors.messages import ProfileInfo
+from hermes_actors.store.journal_screen import REFUSE, SET_ASIDE, JournalEntry, described, fix_for
 from hermes_actors.transports.peer_cli import PEER_FIX, no_peer_command
 from hermes_actors.transports.redis.store import certificate_fix
 
@@ -31,6 +32,7 @@ __all__ = [
     "check_config_keys",
     "check_connection_ids",
     "check_daemon",
+    "check_journal",
     "check_managed",
     "check_models",
     "check_peers",
@@ -380,6 +382,39 @@ def check_relay_dirs(loose: dict[Path, int], refusal: str | None = None) -> Chec
                  "relay files there (an envelope replaced is refused, and its DM is NOT delivered)",
                  f"{shell_command('chmod', '700', *sorted(loose))} (a running gateway sets them back at its next "
                  "rescan, and at its start)")
+
+
+def check_journal(entries: list[JournalEntry], quarantined: list[JournalEntry], me: int) -> Check:
+    """Pure: the journal files, judged as a durable start judges them
+    (:func:`~hermes_actors.store.journal_screen.journal_verdict`).
+
+    Blocks on what the start refuses (a symlink, another user's file: it may hold acked DMs, and ``serve`` exits 2
+    until it is put right); warns on what it moves into quarantine (a FIFO, a directory: it holds no records),
+    and on what a start moved there (the DMs journaled in a file it took the place of could not be re-offered).
+
+    Args:
+        entries: the ``j-*.log`` entries of ``bot_relay/journal`` (:func:`~hermes_actors.store.journal_screen.
+            journal_files_found`).
+        quarantined: those a start moved into ``bot_relay/quarantine``.
+        me: this user's uid (the owner a journal file must have).
+    """
+    refused = [entry for entry in entries if entry.verdict == REFUSE]
+    if refused:
+        return Check("journal", BLOCK, "; ".join(described(entry) for entry in refused) + ": it may hold acked DMs, "
+                     "and a durable start (serve, Gateway) refuses the root until it is put right (its DMs never run "
+                     "meanwhile)", "; ".join(fix_for(entry, me) for entry in refused))
+    aside = [entry for entry in entries if entry.verdict == SET_ASIDE]
+    if not aside and not quarantined:
+        return Check("journal", OK, f"{len(entries)} journal file(s), each a regular file of this user")
+    found = [f"{described(entry)} (the next start moves it into quarantine)" for entry in aside]
+    found += [f"{entry.path} ({entry.kind}) was moved into quarantine by a start, in place of a journal file"
+              for entry in quarantined]
+    fixes = ["none for the start: it moves such an entry aside, never opened"] if aside else []
+    if quarantined:
+        fixes.append("look at what became of the journal file it replaced, then remove it: "
+                     + shell_command("rm", "-r", *(entry.path for entry in quarantined)))
+    return Check("journal", WARN, "; ".join(found) + "; DMs journaled in a file such an entry took the place of "
+                 "cannot be re-offered", "; ".join(fixes))
 
 
 def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:

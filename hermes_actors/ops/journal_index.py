@@ -55,6 +55,7 @@ from hermes_actors.store.journal_records import (
     read_lines,
     state_records,
 )
+from hermes_actors.store.journal_screen import ADOPT, described, entry_at
 from hermes_actors.store.relay_protocol import JOURNAL, RELAY_DIR
 
 __all__ = ["JournalIndex", "journal_dir", "journal_paths", "open_journal", "read_each_journal"]
@@ -94,6 +95,10 @@ def journal_paths(root: str | Path) -> tuple[list[Path], list[str]]:
 def open_journal(path: Path, problems: list[str]) -> int | None:
     """Open one journal file to read it, refusing what must not be followed. Never raises.
 
+    What is not a regular file of ours is never opened, and is named as the durable start names it
+    (:func:`~hermes_actors.store.journal_screen.described`: a symlink and another user's file refuse
+    that start, a FIFO or a directory it moves into quarantine).
+
     Args:
         path: a ``j-*.log`` path of :func:`journal_paths`.
         problems: told (one line) why the file was refused or could not be opened.
@@ -102,6 +107,10 @@ def open_journal(path: Path, problems: list[str]) -> int | None:
         A read-only descriptor of a regular file of ours (the caller closes it), or None.
     """
     try:
+        entry = entry_at(path)
+        if entry is not None and entry.verdict != ADOPT:
+            problems.append(described(entry))
+            return None
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never hangs it
     except OSError as exc:
         problems.append(f"cannot read {path}: {exc.strerror or exc}")
@@ -112,7 +121,7 @@ def open_journal(path: Path, problems: list[str]) -> int | None:
         os.close(fd)
         problems.append(f"cannot read {path}: {exc.strerror or exc}")
         return None
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():  # swapped since it was looked at
         os.close(fd)
         problems.append(f"refusing {path}: not a regular file of ours")
         return None

@@ -66,7 +66,8 @@ def relayed_target_label(paths: InboxPaths, envelope_id: str) -> str:
         return UNKNOWN_TARGET_LABEL
 
 
-def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | None = None) -> dict[str, Any]:
+def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | None = None,
+                 unread_journals: list[str] | None = None) -> dict[str, Any]:
     """What the root's files know of ``delivery_id``. Never raises for a valid id.
 
     Local DMs are in the journals, and so are the outcomes of DMs sent to another connection
@@ -81,12 +82,16 @@ def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | No
         delivery_id: a delivery id (32 lowercase hex characters).
         index: the journals as a caller that looks ids up again and again keeps them: only what
             was appended since its last look-up is read (None: every journal is read whole).
+        unread_journals: told one line per journal file (or the journal directory) that was refused or
+            could not be read (they are in an ``unknown`` answer's ``error`` too).
 
     Returns:
         The outcome dict (DESIGN section 3), or ``{"status": "pending" | "unknown",
         "delivery_id", "error"?}``.
     """
     state, problems = (index or JournalIndex()).state(root, delivery_id)
+    if unread_journals is not None:
+        unread_journals.extend(problems)
     # as a gateway's recovery reads the journals: it skips an unreadable one
     readable, unreadable = readable_states({} if state is None else {delivery_id: state})
     state = readable.get(delivery_id)

@@ -94,6 +94,7 @@ from hermes_actors.store.journal_adoption import (
 from hermes_actors.store.journal_batch import BatchListener, CommitBatch, DurableCallback
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import JournalFolded, encode_record
+from hermes_actors.store.journal_screen import screen_journal_files
 from hermes_actors.store.journal_state import KEEP_DELIVERED, JournalState
 from hermes_actors.store.os_errors import advised, store_error
 from hermes_actors.store.private_dir import ensure_private_dir
@@ -203,6 +204,9 @@ class Journal:
         self._settled_files: dict[str, FileMark] = {}  # dead gateways' files found settled (see adopt_dead)
         self._unretired_files: dict[str, FileIdentity] = {}  # adopted files that could not be retired (ditto)
         self._held_files: list[int] = []  # their descriptors: flocked by us until we stop, so nobody adopts them
+        # What the start moved into quarantine instead of adopting (a FIFO in place of a journal file), one line
+        # each: wait_outcome's KeyError names them
+        self.set_aside: list[str] = []
         self.records = 0
         self.listener: BatchListener | None = None  # told of each durable batch's tokens
         self.compactions = 0
@@ -210,15 +214,28 @@ class Journal:
     # ── lifetime ────────────────────────────────────────────────────────────
 
     def start(self) -> JournalFolded:
-        """Open our file, adopt dead gateways' journals, start the writer.
+        """Screen the journal directory, open our file, adopt dead gateways' journals, start the writer.
+
+        The screen (:func:`~hermes_actors.store.journal_screen.screen_journal_files`) comes before our file
+        is made: a journal file that may hold acked DMs and cannot be read safely (a symlink, another user's
+        file) refuses the start with nothing changed; what cannot hold records (a FIFO, a directory) is moved
+        into quarantine, never opened, and named in :attr:`set_aside`.
 
         Returns:
             The adopted state (what recovery must act on).
 
         Raises:
             StoreError: the directory or file cannot be used.
+            HostileFileError: a ``j-*.log`` that is a symlink or a regular file of another user; the text names
+                each and what to do.
         """
         ensure_private_dir(self.directory, within=self.within)
+        try:
+            self.set_aside = screen_journal_files(self.directory, within=self.within)
+        except OSError as exc:
+            if isinstance(exc, StoreError):
+                raise
+            raise store_error("list the delivery journal directory", self.directory, exc) from exc
         self._file.open()
         try:
             with self._cond:  # adoption writes to our file: no caller may commit meanwhile

@@ -25,14 +25,23 @@ from __future__ import annotations
 
 import fcntl
 import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from loguru import logger
 
+from hermes_actors.errors import HostileFileError
 from hermes_actors.store.journal_records import JournalFolded, fold_lines, fold_records, read_lines, state_records
+from hermes_actors.store.journal_screen import (
+    ADOPT,
+    REFUSE,
+    JournalEntry,
+    described,
+    entry_at,
+    journal_verdict,
+    refusal,
+)
 from hermes_actors.store.journal_state import JournalState
 
 __all__ = ["DeadJournals", "FileIdentity", "FileMark", "adopt_dead_journals", "lock_dead_journals",
@@ -99,8 +108,10 @@ def adopt_dead_journals(
     Raises:
         StoreError, OSError: our file could not be written, or a dead file not read; the old files stay
             (``state`` may have taken them over: the caller restores it).
+        HostileFileError: a symlink or another user's file swapped in since the start's screen (see
+            :func:`lock_dead_journals`); nothing was written.
     """
-    dead = lock_dead_journals(directory, own, unchanged=unchanged, unretired=unretired)
+    dead = lock_dead_journals(directory, own, unchanged=unchanged, unretired=unretired, within=within)
     try:
         return take_over_dead_journals(dead, state, write, keep=keep, within=within, unretired=unretired,
                                        held=held)
@@ -152,16 +163,20 @@ def take_over_dead_journals(
 
 def lock_dead_journals(
     directory: Path, own: Path, *, unchanged: dict[str, FileMark] | None = None,
-    unretired: dict[str, FileIdentity] | None = None,
+    unretired: dict[str, FileIdentity] | None = None, within: Path | None = None,
 ) -> DeadJournals:
     """Lock and fold every journal in ``directory`` that no living gateway owns.
 
     Needs no write turn: nothing of ours is touched, and a file we flocked is ours alone (its
     gateway is dead, and any other would-be adopter fails to take its flock).
     Skipped: our own file, one a living gateway holds, one another gateway adopted since we
-    listed it, one of ``unretired`` still the same; and, each with a warning naming it, a symlink,
-    a FIFO or other non-regular file, a file of another user, one that cannot be opened. With
-    ``unchanged`` (a running gateway), a file with nothing unfinished too.
+    listed it, one of ``unretired`` still the same, one that cannot be opened (a warning names it at
+    a start). What is not a regular file of ours (:func:`~hermes_actors.store.journal_screen.journal_verdict`)
+    is never opened: the start screened the directory before (:func:`~hermes_actors.store.journal_screen.
+    screen_journal_files`), so one found here was swapped in since; at a start, a symlink or another user's
+    file refuses it as the screen does, and anything else is skipped with a warning (the next start moves it
+    aside). A running gateway skips them all and says nothing (the next start acts on them). With
+    ``unchanged`` (a running gateway), a file with nothing unfinished is skipped too.
 
     Args:
         directory: ``<root>/bot_relay/journal``.
@@ -170,12 +185,15 @@ def lock_dead_journals(
             something unfinished is adopted; a settled one is left where it is and noted here (name →
             :data:`FileMark`), so it is not read again while it stays the same.
         unretired: files adopted already that could not be retired (see :func:`take_over_dead_journals`).
+        within: the Hermes root a start's refusal names (None: ``directory``).
 
     Returns:
         The folded state of the adopted files, and the files, still locked (the caller releases them).
 
     Raises:
         OSError: a dead file could not be read (every file locked so far is released).
+        HostileFileError: at a start, a symlink or a regular file of another user (every file locked so far is
+            released).
     """
     folded = JournalFolded()
     adopted: list[_Adopted] = []
@@ -185,11 +203,11 @@ def lock_dead_journals(
         if marks is not None:
             for name in set(marks) - names:
                 del marks[name]
-    warned = unchanged is None  # a running gateway says nothing of a file it skips: the start that adopts it does
+    starting = unchanged is None  # a running gateway says nothing of a file it skips: the start that adopts it does
     try:
         for path in paths:
             if path != own:
-                one = _lock_one(path, folded, unchanged, unretired, warned=warned)
+                one = _lock_one(path, folded, unchanged, unretired, starting=starting, where=within or directory)
                 if one is not None:
                     adopted.append(one)
     except BaseException:
@@ -200,27 +218,29 @@ def lock_dead_journals(
 
 def _lock_one(
     path: Path, folded: JournalFolded, unchanged: dict[str, FileMark] | None,
-    unretired: dict[str, FileIdentity] | None, *, warned: bool,
+    unretired: dict[str, FileIdentity] | None, *, starting: bool, where: Path,
 ) -> _Adopted | None:
     """Lock and fold one journal file into ``folded`` (see :func:`lock_dead_journals`); None: skipped."""
-    if path.is_symlink():  # a gateway never makes one: never followed, and said (once: adoption runs at start)
-        if warned:
-            logger.warning("journal {} is a symlink, not a journal a gateway wrote; ignored (remove it)", path)
+    entry = entry_at(path)
+    if entry is None:
+        return None  # adopted (and removed) by another gateway since we listed it
+    if not _adoptable(entry, starting=starting, where=where):  # never opened: a FIFO must not block
         return None
-    try:  # O_NONBLOCK: a FIFO planted under a journal's name must not hang the start
+    try:  # O_NONBLOCK: a FIFO swapped in since the lstat must not hang the start
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None  # adopted (and removed) by another gateway since we listed it
     except OSError as exc:  # a symlink swapped in since (ELOOP), a file we may not read
-        if warned:
+        if starting:
             logger.warning("journal {} cannot be opened ({}); ignored", path, exc.strerror or exc)
         return None
     keep = False
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            if warned:
-                logger.warning("journal {} is not a regular file; ignored", path)
+        if journal_verdict(info.st_mode, info.st_uid, os.getuid()) != ADOPT:  # swapped since the lstat
+            swapped = entry_at(path)
+            if swapped is not None:
+                _adoptable(swapped, starting=starting, where=where)
             return None
         if unretired is not None and unretired.get(path.name) == (info.st_dev, info.st_ino, info.st_size):
             return None  # adopted by us already (its records are in our file): never again
@@ -234,10 +254,6 @@ def _lock_one(
         info = os.fstat(fd)
         if info.st_nlink == 0:
             return None  # already adopted (or compacted away) by another gateway since we opened it
-        if info.st_uid != os.getuid():
-            if warned:
-                logger.warning("journal {} is owned by another user; ignored", path)
-            return None
         into = folded if unchanged is None else JournalFolded()
         with os.fdopen(os.dup(fd), "rb") as stream:
             bad = fold_lines(read_lines(stream), into)
@@ -251,6 +267,25 @@ def _lock_one(
     finally:
         if not keep:
             os.close(fd)
+
+
+def _adoptable(entry: JournalEntry, *, starting: bool, where: Path) -> bool:
+    """Whether ``entry`` is a regular file of ours (:func:`~hermes_actors.store.journal_screen.journal_verdict`).
+
+    One that is not was swapped in since the start screened the directory (or beside a running gateway):
+    at a start, a symlink or another user's file refuses it, as the screen does, and anything else is
+    skipped with a warning; a running gateway skips it and says nothing (the next start acts on it).
+
+    Raises:
+        HostileFileError: at a start, a symlink or a regular file of another user.
+    """
+    if entry.verdict == ADOPT:
+        return True
+    if starting and entry.verdict == REFUSE:
+        raise HostileFileError(refusal([entry], where, os.getuid()))
+    if starting:
+        logger.warning("{}; ignored (the next start moves it into quarantine)", described(entry))
+    return False
 
 
 def _fold_into(one: JournalFolded, folded: JournalFolded) -> None:

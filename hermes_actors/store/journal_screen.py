@@ -1,0 +1,325 @@
+"""What a durable start does with each ``j-*.log`` entry of the journal directory: adopt, refuse or set aside.
+
+A gateway only ever makes regular files of its own there (created locked under a hidden name, then
+renamed in: :mod:`~hermes_actors.store.journal_file`). Anything else was put there by hand or by damage,
+and what is done with it depends on whether it may hold acked DMs:
+
+- a regular file of this user: adopted (:mod:`~hermes_actors.store.journal_adoption`);
+- a symlink (a journal file moved elsewhere and linked back: what it points at holds the records) or a
+  regular file of another user: it may hold acked DMs that nothing else knows of, and it cannot be read
+  safely (a symlink is never followed; another user's file is never read). The durable start is
+  refused (:class:`~hermes_actors.errors.HostileFileError`, exit 2 under ``serve``), naming each such
+  file and what to do, with nothing changed, as a swapped ``journal/`` directory refuses it
+  (:func:`hermes_actors.relay.strays.ensure_relay_directories`). Before, the start went on with one
+  WARNING, and every DM journaled in the file was dropped: never run, no outcome, and ``wait_outcome``
+  said it was never acked on the root;
+- anything that cannot hold records (a FIFO, a directory, a socket, a device): moved into
+  ``bot_relay/quarantine/`` as it is, never opened (a FIFO must not block the start), with one WARNING
+  (:func:`~hermes_actors.store.relay_quarantine.quarantine_into`); the start goes on.
+
+One rule (:func:`journal_verdict`), used by the start (:func:`screen_journal_files`, and
+:func:`refuse_unreadable_journals` before anything of the relay is moved or made), by the adoption
+(a file swapped in since the screen), by the look-ups of ``wait_outcome`` and ``hermes-actors outcome``
+(:func:`~hermes_actors.ops.journal_index.open_journal` names a file it refuses as :func:`described` does)
+and by ``doctor``'s ``journal`` check (:func:`journal_files_found`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from hermes_actors.core.shell import shell_command
+from hermes_actors.errors import HostileFileError
+from hermes_actors.store.relay_dirfd import open_dir_below
+from hermes_actors.store.relay_protocol import JOURNAL, QUARANTINE, RELAY_DIR
+
+__all__ = [
+    "ADOPT", "REFUSE", "SET_ASIDE", "JournalEntry", "described", "entry_at", "entry_kind", "fix_for", "journal_entries",
+    "journal_files_found", "journal_verdict", "refusal", "refuse_unreadable_journals", "screen_journal_files",
+]
+
+# What a durable start does with a journal entry (:func:`journal_verdict`)
+ADOPT, REFUSE, SET_ASIDE = "adopt", "refuse", "set aside"
+
+_NAMES = "j-*.log"  # a journal file's name (as the adoption lists them)
+_QUARANTINED = "j-*.log.*.quarantined"  # one moved into quarantine/ (relay_quarantine.quarantine_name)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_KINDS = ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def journal_verdict(mode: int, uid: int, me: int) -> str:
+    """Pure: what a durable start does with a ``j-*.log`` entry of the journal directory, as ``lstat`` finds it.
+
+    Args:
+        mode: its ``st_mode`` (not followed: a symlink is a symlink).
+        uid: its owner.
+        me: this process's uid.
+
+    Returns:
+        :data:`ADOPT` (a regular file of ours), :data:`REFUSE` (a symlink, or a regular file of another user:
+        it may hold acked DMs and cannot be read safely) or :data:`SET_ASIDE` (anything that cannot hold records:
+        moved into quarantine, never opened).
+    """
+    if stat.S_ISLNK(mode):
+        return REFUSE
+    if stat.S_ISREG(mode):
+        return ADOPT if uid == me else REFUSE
+    return SET_ASIDE
+
+
+def entry_kind(mode: int, uid: int, me: int) -> str:
+    """Pure: what a journal entry is, in words (``a symlink``, ``a FIFO``, ``a file of another user (uid 65534)``).
+
+    Args:
+        mode: its ``st_mode`` (not followed).
+        uid: its owner.
+        me: this process's uid.
+
+    Returns:
+        The words, starting with an article.
+    """
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    if stat.S_ISREG(mode):
+        return "a journal file of this user" if uid == me else f"a file of another user (uid {uid})"
+    return "not a regular file"
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One ``j-*.log`` entry of the journal directory (or one moved into quarantine) as ``lstat`` found it.
+
+    Attributes:
+        path: where it is.
+        kind: :func:`entry_kind`.
+        verdict: :func:`journal_verdict`.
+        target: a symlink's target as it reads (never followed), else None.
+    """
+
+    path: Path
+    kind: str
+    verdict: str
+    target: str | None = None
+
+
+def described(entry: JournalEntry) -> str:
+    """Pure: ``journal file X is …`` and what that means for its records, for a log line, a refusal or a look-up.
+
+    Args:
+        entry: the entry.
+
+    Returns:
+        The phrase (no trailing period).
+    """
+    if entry.target is not None:
+        return f"journal file {entry.path} is a symlink (to {entry.target}), never followed"
+    if entry.verdict == REFUSE:
+        return f"journal file {entry.path} is {entry.kind}, never read"
+    if entry.verdict == SET_ASIDE:
+        return f"journal file {entry.path} is {entry.kind}, which holds no journal records"
+    return f"journal file {entry.path} is {entry.kind}"
+
+
+def fix_for(entry: JournalEntry, me: int) -> str:
+    """Pure: what to do with a refused entry (:data:`REFUSE`) so the durable start takes its DMs, or gives them up.
+
+    Args:
+        entry: a refused entry.
+        me: this process's uid (the owner the file must have).
+
+    Returns:
+        The fix, as commands to run as printed.
+    """
+    give_up = "or move it out of journal/ to give its DMs up (they never run)"
+    if entry.target is not None:  # relative to the link's directory, as the link reads it
+        real = os.path.join(entry.path.parent, entry.target)
+        return (f"replace the link with the real file ({shell_command('rm', entry.path)} && "
+                f"{shell_command('mv', real, entry.path)}), {give_up}")
+    return f"chown it to this user (as root: {shell_command('chown', me, entry.path)}), {give_up}"
+
+
+def refusal(refused: list[JournalEntry], where: Path, me: int) -> str:
+    """Pure: the text of a durable start refused for journal files that may hold acked DMs and cannot be read safely.
+
+    Args:
+        refused: the refused entries (at least one).
+        where: the Hermes root (or the journal directory, for a journal used without one).
+        me: this process's uid.
+
+    Returns:
+        The text: each file, what it is and what to do; then why nothing else is done.
+    """
+    found = "; ".join(f"{described(entry)}: {fix_for(entry, me)}" for entry in refused)
+    return (f"{found}. The gateway cannot start on {where} in durable mode while a journal file that may hold acked "
+            "DMs cannot be read safely; it is never followed, read nor moved aside; once it is put right, the next "
+            "start re-offers the DMs journaled in it; nothing was changed")
+
+
+def entry_at(path: Path) -> JournalEntry | None:
+    """How ``path`` is now, looked at with ``lstat`` (never followed, never opened); None when it is gone.
+
+    Args:
+        path: a ``j-*.log`` path.
+
+    Returns:
+        The entry.
+
+    Raises:
+        OSError: it could not be looked at (a permission on its directory).
+    """
+    me = os.getuid()
+    try:
+        info = os.lstat(path)
+        target = os.readlink(path) if stat.S_ISLNK(info.st_mode) else None
+    except FileNotFoundError:
+        return None
+    return JournalEntry(path, entry_kind(info.st_mode, info.st_uid, me), journal_verdict(info.st_mode, info.st_uid, me),
+                        target)
+
+
+def _open_directory(directory: Path, within: Path | None) -> int:
+    """The journal directory's descriptor, opened without following a symlink (from ``within`` down, when given).
+
+    Raises:
+        HostileFileError: with ``within``, a step below it is a symlink, not a directory, or another user's.
+        OSError: it is missing (FileNotFoundError), a symlink (without ``within``), or cannot be opened.
+    """
+    if within is not None:
+        return open_dir_below(within, directory)
+    return os.open(directory, _DIR_FLAGS)
+
+
+def _listed(directory: Path, pattern: str, *, within: Path | None) -> list[JournalEntry]:
+    """The entries of ``directory`` whose names match ``pattern``, in name order, each looked at with ``lstat``
+    through the directory's descriptor: never followed, never opened.
+
+    Raises:
+        HostileFileError, OSError: as :func:`_open_directory`.
+    """
+    me = os.getuid()
+    fd = _open_directory(directory, within)
+    try:
+        entries: list[JournalEntry] = []
+        for name in sorted(n for n in os.listdir(fd) if fnmatch.fnmatchcase(n, pattern)):
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                target = os.readlink(name, dir_fd=fd) if stat.S_ISLNK(info.st_mode) else None
+            except FileNotFoundError:  # gone since the listing (adopted by another gateway)
+                continue
+            entries.append(JournalEntry(directory / name, entry_kind(info.st_mode, info.st_uid, me),
+                                        journal_verdict(info.st_mode, info.st_uid, me), target))
+        return entries
+    finally:
+        os.close(fd)
+
+
+def journal_entries(directory: Path, *, within: Path | None) -> list[JournalEntry]:
+    """The ``j-*.log`` entries of the journal directory, in name order (never followed, never opened).
+
+    Args:
+        directory: ``<root>/bot_relay/journal``.
+        within: the Hermes root the directory is walked from without following a symlink (None: only the
+            directory itself is opened so).
+
+    Returns:
+        The entries.
+
+    Raises:
+        HostileFileError: with ``within``, the directory (or a step above it) is a symlink, not a directory, or
+            another user's.
+        OSError: it is missing (FileNotFoundError) or cannot be opened.
+    """
+    return _listed(directory, _NAMES, within=within)
+
+
+def refuse_unreadable_journals(directory: Path, *, within: Path | None) -> None:
+    """Refuse a durable start for journal files that may hold acked DMs and cannot be read safely; nothing changed.
+
+    What :func:`screen_journal_files` refuses, checked before anything else of the start is moved or made
+    (the relay's directories put back: :func:`hermes_actors.relay.strays.ensure_relay_directories`). A journal
+    directory that cannot be listed is left to the checks of its use (a swapped one refuses the start there).
+
+    Args:
+        directory: ``<root>/bot_relay/journal``.
+        within: the Hermes root.
+
+    Raises:
+        HostileFileError: a symlink, or a regular file of another user; the text names each and what to do
+            (:func:`refusal`).
+    """
+    try:
+        entries = journal_entries(directory, within=within)
+    except (OSError, HostileFileError):
+        return
+    _refuse(entries, within or directory)
+
+
+def _refuse(entries: list[JournalEntry], where: Path) -> None:
+    refused = [entry for entry in entries if entry.verdict == REFUSE]
+    if refused:
+        raise HostileFileError(refusal(refused, where, os.getuid()))
+
+
+def screen_journal_files(directory: Path, *, within: Path | None) -> list[str]:
+    """At a durable start, before our own file is made: refuse it, or move aside what cannot hold records.
+
+    A symlink or a regular file of another user refuses the start (nothing is moved); then each entry that
+    cannot hold records (a FIFO, a directory, a socket) is moved into ``bot_relay/quarantine/`` as it is,
+    never opened, with one WARNING naming it.
+
+    Args:
+        directory: ``<root>/bot_relay/journal`` (it exists).
+        within: the Hermes root (None: a journal used without one; the quarantine is then beside
+            ``directory``'s parent all the same).
+
+    Returns:
+        One line per entry moved aside (or that could not be: it stays, and the adoption skips it),
+        saying what it was and where it went: ``wait_outcome``'s ``KeyError`` names them.
+
+    Raises:
+        HostileFileError: a symlink, or a regular file of another user (:func:`refusal`); nothing was changed.
+        OSError: the directory could not be listed.
+    """
+    from hermes_actors.store.relay_quarantine import quarantine_into
+
+    entries = journal_entries(directory, within=within)
+    _refuse(entries, within or directory)
+    notes: list[str] = []
+    for entry in entries:
+        if entry.verdict != SET_ASIDE:
+            continue
+        moved = quarantine_into(directory.parent / QUARANTINE, entry.path,
+                                f"{entry.kind} in place of a journal file holds no journal records (never opened); "
+                                "DMs journaled in a file it took the place of cannot be re-offered", within=within)
+        where = f"moved to {moved}" if moved else "it could not be moved aside"
+        notes.append(f"{entry.path} was {entry.kind} at this gateway's start, which holds no journal records "
+                     f"({where}): DMs journaled in a file it took the place of cannot be re-offered")
+    return notes
+
+
+def journal_files_found(root: Path) -> tuple[list[JournalEntry], list[JournalEntry]]:
+    """``doctor``'s facts: the root's journal entries, and those a start moved into quarantine. Never raises.
+
+    Args:
+        root: the Hermes root.
+
+    Returns:
+        ``(entries, quarantined)``: every ``j-*.log`` entry of ``bot_relay/journal`` (none when the directory
+        is missing or cannot be used: the relay directories' checks say why), and the entries of
+        ``bot_relay/quarantine`` a start moved there that are no regular file (a FIFO, a directory...).
+    """
+    base = root / RELAY_DIR
+    found: list[list[JournalEntry]] = []
+    for directory, pattern in ((base / JOURNAL, _NAMES), (base / QUARANTINE, _QUARANTINED)):
+        try:
+            found.append(_listed(directory, pattern, within=root))
+        except (OSError, HostileFileError):
+            found.append([])
+    entries, quarantined = found
+    return entries, [entry for entry in quarantined if entry.verdict == SET_ASIDE]
