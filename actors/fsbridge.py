@@ -7,7 +7,10 @@ atomic writer's rename makes no second event), removed ones as
 :class:`Rescan` at start and periodically: inotify can overflow and drop
 events without anyone hearing of it, so the listing is the truth and events
 only make things fast. If the watcher thread dies, the next health check
-restarts it and asks for a rescan.
+restarts it and asks for a rescan (the health check runs with the periodic
+rescan: with ``rescan_seconds=0``, never). The ``ignore`` filter is the caller's
+code: whatever it raises is logged, that event is dropped, and the watcher
+thread goes on.
 
 On Linux the events come from :class:`actors.inotify.InotifyWatcher` (one
 thread, only the asked-for events, only the named subdirectories when given);
@@ -54,6 +57,13 @@ def default_ignore(name: str) -> bool:
 class _Handler(FileSystemEventHandler):
     def __init__(self, bridge: FsBridge) -> None:
         self.bridge = bridge
+
+    def dispatch(self, event: FileSystemEvent) -> None:
+        try:
+            super().dispatch(event)
+        except BaseException as error:  # the ignore filter's (user code): an error would end the observer thread
+            logger.opt(exception=error).error("file watcher for {}: handling the event for {} failed: {!r}",
+                                              self.bridge.root, _str(event.src_path), error)
 
     def on_created(self, event: FileSystemEvent) -> None:
         if not event.is_directory:
@@ -129,19 +139,29 @@ class FsBridge:
     def start(self) -> FsBridge:
         """Start watching, then ask for the start rescan. Returns self.
 
+        Idempotent: a started bridge is left as it is. A start that fails leaves nothing
+        running (no watcher thread, no timer).
+
         Raises:
             FileNotFoundError: ``root`` does not exist.
+            pykka.ActorDeadError: the target actor is dead.
         """
         if not self.root.is_dir():
             raise FileNotFoundError(f"cannot watch {self.root}: not a directory")
-        with self._lock:
-            self._start_observer()
-            if self.rescan_seconds > 0:
-                self._timers.append(self.scheduler.every(self.rescan_seconds, self._periodic))
-            # watchdog may add its watches on its own thread after start() returns: a file that
-            # lands in that window has no event, so a second look follows shortly.
-            self._timers.append(self.scheduler.after(STARTUP_RESCAN_SECONDS, self.target, Rescan("start")))
-        self.target.tell(Rescan("start"))
+        try:
+            with self._lock:
+                if self._observer is not None:
+                    return self
+                self._start_observer()
+                if self.rescan_seconds > 0:
+                    self._timers.append(self.scheduler.every(self.rescan_seconds, self._periodic))
+                # watchdog may add its watches on its own thread after start() returns: a file that
+                # lands in that window has no event, so a second look follows shortly.
+                self._timers.append(self.scheduler.after(STARTUP_RESCAN_SECONDS, self.target, Rescan("start")))
+            self.target.tell(Rescan("start"))
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _start_observer(self) -> None:
@@ -176,8 +196,8 @@ class FsBridge:
             pass  # the actor is gone; stop() will follow
 
     def _periodic(self) -> None:
-        self.check_health()
         try:
+            self.check_health()
             self.target.tell(Rescan("periodic"))
         except pykka.ActorDeadError:
             self.stop()
@@ -187,6 +207,12 @@ class FsBridge:
 
         A live inotify watcher whose directories came back (deleted, recreated) watches
         them again, and a rescan is asked for what landed there meanwhile.
+
+        Returns:
+            True when the watcher was alive (or the bridge is not started).
+
+        Raises:
+            pykka.ActorDeadError: the target actor is dead (told the rescan after a restart).
         """
         with self._lock:
             observer = self._observer

@@ -17,6 +17,10 @@ directory that disappears is dropped; :meth:`InotifyWatcher.restore` adds it
 again once it exists (the owner calls it periodically and rescans when it
 did). Directories are watched with ``IN_DONT_FOLLOW | IN_ONLYDIR``: a
 directory swapped for a symlink is never followed.
+
+The callbacks are the caller's code: whatever one raises (any ``BaseException``;
+this thread is never the main thread, where a Ctrl-C lands) is logged, and the
+thread goes on with the next event.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from loguru import logger
 
 __all__ = ["AVAILABLE", "InotifyWatcher"]
 
@@ -182,7 +188,12 @@ class InotifyWatcher(threading.Thread):
             wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
             raw = data[offset + _HEADER.size: offset + _HEADER.size + length].rstrip(b"\0")
             offset += _HEADER.size + length
-            self._event(wd, mask, os.fsdecode(raw))
+            name = os.fsdecode(raw)
+            try:
+                self._event(wd, mask, name)
+            except BaseException as error:  # a callback's (user code): logged, the watcher goes on
+                logger.opt(exception=error).error("file watcher for {}: handling the event for {!r} failed: {!r}",
+                                                  self.root, name, error)
 
     def _event(self, wd: int, mask: int, name: str) -> None:
         if mask & IN_Q_OVERFLOW:

@@ -4,6 +4,17 @@ One :class:`Scheduler` thread serves every timer of a system (no thread per
 timer). Its lifetime is explicit: ``start()`` / ``stop()`` or a ``with`` block.
 :class:`ManualScheduler` runs no thread at all; tests move its clock with
 ``advance()``, which fires what became due, in order, in the caller's thread.
+
+A callable target is user code: whatever it raises (any ``BaseException``,
+``SystemExit`` and ``pykka.ActorDeadError`` included) is logged and its timer
+goes on; the thread never dies of it. The one exception is a
+``KeyboardInterrupt`` raised in the main thread (only ``ManualScheduler.advance``
+fires timers there): that is the user's Ctrl-C, and it is raised on. Only a
+message timer whose target actor is dead is cancelled (its tell failed).
+
+A timer scheduled on a stopped scheduler (after ``stop()``, before a new
+``start()``) is refused: it comes back already cancelled, never fires and is not
+counted by ``pending()``. One scheduled before the first ``start()`` waits for it.
 """
 
 from __future__ import annotations
@@ -68,25 +79,33 @@ class Scheduler:
         self._heap: list[tuple[float, int, TimerHandle]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
+        self._thread: threading.Thread | None = None  # the one thread serving the heap; another one exits
+        self._stopped = False  # stop() ran and no start() since: new timers are refused
         self._cancelled_in_heap = 0
 
     # ── lifetime ────────────────────────────────────────────────────────────
 
     def start(self) -> Scheduler:
-        """Start the timer thread. Returns self."""
+        """Start the timer thread (idempotent; a thread that died is replaced). Returns self.
+
+        A thread of an earlier ``start()`` still running a callback after ``stop()`` exits once
+        that callback returns: one thread serves the timers.
+        """
         with self._cond:
-            if self._thread is None:
-                self._stopping = False
-                self._thread = threading.Thread(target=self._run, name="actors-scheduler", daemon=True)
-                self._thread.start()
+            self._stopped = False
+            if self._thread is None or not self._thread.is_alive():
+                thread = threading.Thread(target=self._run, name="actors-scheduler", daemon=True)
+                self._thread = thread
+                thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop the thread; pending timers are dropped."""
+        """Stop the thread; pending timers are dropped, and new ones refused until ``start()``.
+
+        Waits up to 5 s for a callback that is running; its thread exits once it returns.
+        """
         with self._cond:
-            self._stopping = True
+            self._stopped = True
             for _, _, handle in self._heap:
                 handle.in_heap = False
             self._heap.clear()
@@ -115,22 +134,36 @@ class Scheduler:
             message: what to tell.
 
         Returns:
-            The handle to cancel it.
+            The handle to cancel it (already cancelled when the scheduler is stopped).
         """
-        handle = TimerHandle(target, message, None, self.clock() + max(0.0, delay), scheduler=self)
-        self._push(handle)
-        return handle
+        return self._schedule(target, message, None, delay, None)
 
     def every(self, interval: float, target: Target, message: Any = None) -> TimerHandle:
         """Tell ``message`` to ``target`` every ``interval`` seconds until cancelled.
 
+        Args:
+            interval: seconds between two firings; the first is one interval from now.
+            target: an actor ref (told ``message``) or a plain callable (called).
+            message: what to tell.
+
+        Returns:
+            The handle to cancel it (already cancelled when the scheduler is stopped).
+
         Raises:
             ValueError: when ``interval`` is not positive.
         """
-        if interval <= 0:
-            raise ValueError(f"timer interval must be > 0 seconds, got {interval!r}")
-        handle = TimerHandle(target, message, interval, self.clock() + interval, scheduler=self)
-        self._push(handle)
+        _check_interval(interval)
+        return self._schedule(target, message, interval, interval, None)
+
+    def _schedule(
+        self, target: Target, message: Any, interval: float | None, delay: float, owner: TimerSet | None
+    ) -> TimerHandle:
+        handle = TimerHandle(target, message, interval, self.clock() + max(0.0, delay), owner=owner, scheduler=self)
+        if owner is not None:
+            owner._adopt(handle)  # before the push: a timer that fires at once is forgotten by _fire, not left behind
+        if not self._push(handle):
+            logger.debug("a timer was refused: the scheduler is stopped")
+            handle.cancel()
         return handle
 
     def pending(self) -> int:
@@ -175,13 +208,17 @@ class Scheduler:
         self._heap = kept
         self._cancelled_in_heap = 0
 
-    def _push(self, handle: TimerHandle) -> None:
+    def _push(self, handle: TimerHandle) -> bool:
+        """Put ``handle`` in the heap; False (nothing done) when the scheduler is stopped."""
         with self._cond:
+            if self._stopped:
+                return False
             earliest = self._heap[0][0] if self._heap else None
             handle.in_heap = True
             heapq.heappush(self._heap, (handle.due, next(self._seq), handle))
             if earliest is None or handle.due < earliest:
                 self._cond.notify()  # only a new head changes how long the thread sleeps
+        return True
 
     def _pop_due(self, now: float) -> list[TimerHandle]:
         due: list[TimerHandle] = []
@@ -200,34 +237,77 @@ class Scheduler:
                 heapq.heappush(self._heap, (handle.due, next(self._seq), handle))
         return due
 
-    def _fire(self, handles: list[TimerHandle]) -> None:
+    def _fire(self, handles: list[TimerHandle], thread: threading.Thread | None = None) -> None:
+        """Fire ``handles`` in order; on a scheduler thread (``thread``), only while it still serves the heap."""
         for handle in handles:
-            if handle.cancelled:
+            if handle.cancelled or (thread is not None and self._thread is not thread):
                 continue
             if handle.interval is None and handle.owner is not None:
                 handle.owner.forget(handle)
-            try:
-                if isinstance(handle.target, pykka.ActorRef):
-                    handle.target.tell(handle.message)
-                else:
-                    handle.target()
-            except pykka.ActorDeadError:
-                handle.cancel()  # its actor is gone: the timer goes with it
-            except Exception:
-                logger.exception("timer callback failed")
+            _fire_one(handle)
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._stopping:
-                    return
-                now = self.clock()
-                due = self._pop_due(now)
-                if not due:
-                    wait = self._heap[0][0] - now if self._heap else None
-                    self._cond.wait(timeout=wait)
-                    continue
-            self._fire(due)
+        me = threading.current_thread()
+        try:
+            while True:
+                with self._cond:
+                    if self._thread is not me:  # stopped, or replaced by a start() after a stop()
+                        return
+                    now = self.clock()
+                    due = self._pop_due(now)
+                    if not due:
+                        wait = self._heap[0][0] - now if self._heap else None
+                        self._cond.wait(timeout=wait)
+                        continue
+                self._fire(due, me)
+        except BaseException:  # not a callback's (those are caught): the loop's own, e.g. an injected clock's
+            logger.exception("the timer thread died; start() starts a new one")
+
+
+def _check_interval(interval: float) -> None:
+    """Refuse a periodic timer's interval that is not positive.
+
+    Args:
+        interval: seconds.
+
+    Raises:
+        ValueError: when ``interval`` is not positive.
+    """
+    if interval <= 0:
+        raise ValueError(f"timer interval must be > 0 seconds, got {interval!r}")
+
+
+def _raised_on(error: BaseException) -> bool:
+    """Whether an error user code raised must be raised on rather than logged.
+
+    Only a ``KeyboardInterrupt`` in the main thread: there it is the user's Ctrl-C, and
+    swallowing it would make the program ignore it. Anywhere else (a signal is only ever
+    delivered to the main thread) it was raised by the code itself, and is logged like
+    ``SystemExit`` or any other error.
+
+    Args:
+        error: what the user code raised.
+
+    Returns:
+        True to raise it on, False to log it and go on.
+    """
+    return isinstance(error, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+
+
+def _fire_one(handle: TimerHandle) -> None:
+    """Tell or call one timer's target; a dead target actor cancels its timer, a callback's error is logged."""
+    if isinstance(handle.target, pykka.ActorRef):
+        try:
+            handle.target.tell(handle.message)
+        except pykka.ActorDeadError:
+            handle.cancel()  # its actor is gone: the timer goes with it
+        return
+    try:
+        handle.target()
+    except BaseException as error:  # user code: logged, the timer and the thread go on
+        if _raised_on(error):
+            raise
+        logger.opt(exception=error).error("timer callback failed: {!r}", error)
 
 
 class ManualScheduler(Scheduler):
@@ -238,6 +318,9 @@ class ManualScheduler(Scheduler):
         super().__init__(clock=lambda: self.now)
 
     def start(self) -> ManualScheduler:
+        """Take timers again after a ``stop()`` (no thread runs). Returns self."""
+        with self._cond:
+            self._stopped = False
         return self
 
     def advance(self, seconds: float) -> int:
@@ -276,19 +359,34 @@ class TimerSet:
         self._lock = threading.Lock()  # handles are cancelled from the scheduler thread too
 
     def after(self, delay: float, message: Any) -> TimerHandle:
-        """Tell ``message`` to the owner after ``delay`` seconds."""
-        handle = self.scheduler.after(delay, self.ref, message)
-        self._adopt(handle)
-        return handle
+        """Tell ``message`` to the owner after ``delay`` seconds.
+
+        Args:
+            delay: seconds (negative counts as 0).
+            message: what to tell.
+
+        Returns:
+            The handle to cancel it (already cancelled when the scheduler is stopped).
+        """
+        return self.scheduler._schedule(self.ref, message, None, delay, self)
 
     def every(self, interval: float, message: Any) -> TimerHandle:
-        """Tell ``message`` to the owner every ``interval`` seconds."""
-        handle = self.scheduler.every(interval, self.ref, message)
-        self._adopt(handle)
-        return handle
+        """Tell ``message`` to the owner every ``interval`` seconds.
+
+        Args:
+            interval: seconds between two firings; the first is one interval from now.
+            message: what to tell.
+
+        Returns:
+            The handle to cancel it (already cancelled when the scheduler is stopped).
+
+        Raises:
+            ValueError: when ``interval`` is not positive.
+        """
+        _check_interval(interval)
+        return self.scheduler._schedule(self.ref, message, interval, interval, self)
 
     def _adopt(self, handle: TimerHandle) -> None:
-        handle.owner = self
         with self._lock:
             self._live.add(handle)
 

@@ -7,7 +7,8 @@ count follows the load, not the number of actors.
 
 A job that raises (any ``BaseException``, ``SystemExit`` included) never kills
 its worker thread: the error goes to the job's ``on_error`` callback, is logged,
-and is counted in :attr:`WorkerPool.failed_jobs`.
+and is counted in :attr:`WorkerPool.failed_jobs`. (A ``KeyboardInterrupt`` there too: a
+worker is never the main thread, where a Ctrl-C lands, so it was raised by the job itself.)
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class WorkerPool:
         self.name = name
         self._jobs: deque[tuple[Callable[[], Any], Callable[[BaseException], Any] | None]] = deque()
         self._lock = threading.Condition()  # guards the queue, the thread set and the idle count
-        self._threads: set[threading.Thread] = set()
+        self._threads: set[threading.Thread] = set()  # threads in _run
+        self._booting: set[threading.Thread] = set()  # threads handed to start() that have not entered _run yet
         self._idle = 0  # threads waiting for a job right now
         self._closed = False
         self._counter = 0
@@ -57,28 +59,59 @@ class WorkerPool:
                 is only logged. An error raised by ``on_error`` itself is logged.
 
         Raises:
-            RuntimeError: after :meth:`shutdown`.
+            RuntimeError: after :meth:`shutdown`; or no thread could be started and none is left
+                to run the job (it is not queued then).
         """
         thread = None
+        job = (fn, on_error)
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"worker pool {self.name!r} is shut down")
-            self._jobs.append((fn, on_error))
+            self._jobs.append(job)
             # Spawn only when the queued jobs outnumber the threads waiting for work.
             # (Counted under the lock: a stale "idle" token must never stand in for a thread.)
-            if len(self._jobs) > self._idle and len(self._threads) < self.max_workers:
+            if len(self._jobs) > self._idle and len(self._threads) + len(self._booting) < self.max_workers:
                 self._counter += 1
                 thread = threading.Thread(target=self._run, name=f"{self.name}-{self._counter}", daemon=True)
-                self._threads.add(thread)
+                self._booting.add(thread)
             else:
                 self._lock.notify()
         if thread is not None:
             # Started outside the lock: Thread.start() waits for the new thread to boot, and the
             # new thread's first act is to take this lock — the submitter must not hold it then.
-            thread.start()
+            try:
+                thread.start()
+            except BaseException as error:
+                self._unboot(thread, job, error)
+
+    def _unboot(self, thread: threading.Thread, job: tuple[Callable[[], Any], Any], error: BaseException) -> None:
+        """``thread.start()`` raised ``error``: free its place; raise it on unless ``job`` stays queued.
+
+        The job stays queued when a thread is left to run it (it is then only raised on when it is not
+        an ``Exception``: a Ctrl-C); with none left, it is taken out of the queue and ``error`` raised.
+        """
+        with self._lock:
+            self._booting.discard(thread)
+            self._lock.notify_all()  # a shutdown() waiting for the boots
+            queued = bool(self._threads or self._booting)
+            if not queued:
+                try:
+                    self._jobs.remove(job)  # nobody is left to run it: not queued
+                except ValueError:
+                    queued = True  # a thread that has exited since took it
+        if queued:
+            logger.warning("worker pool {!r}: a thread could not be started ({!r}); the job waits for a running "
+                           "one", self.name, error)
+            if isinstance(error, Exception):
+                return
+        raise error
 
     def _run(self) -> None:
         me = threading.current_thread()
+        with self._lock:
+            self._booting.discard(me)
+            self._threads.add(me)
+            self._lock.notify_all()  # a shutdown() waiting for the boots
         while True:
             with self._lock:
                 deadline = time.monotonic() + self.idle_seconds
@@ -118,9 +151,9 @@ class WorkerPool:
 
     @property
     def thread_count(self) -> int:
-        """Threads currently alive in the pool."""
+        """Threads currently alive in the pool (those starting included)."""
         with self._lock:
-            return len(self._threads)
+            return len(self._threads) + len(self._booting)
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """Refuse new jobs, let queued ones finish, and join the threads.
@@ -128,11 +161,15 @@ class WorkerPool:
         Returns:
             True when every thread exited within ``timeout``.
         """
+        deadline = time.monotonic() + timeout
         with self._lock:
             self._closed = True
-            threads = list(self._threads)
             self._lock.notify_all()
-        deadline = time.monotonic() + timeout
+            # A thread a submit() is starting right now cannot be joined yet: wait for it to run (or fail).
+            booted = self._lock.wait_for(lambda: not self._booting, timeout=max(0.0, deadline - time.monotonic()))
+            threads = list(self._threads)
+        if not booted:
+            return False
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in threads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -505,3 +506,184 @@ def test_timerset_cancel_all_releases_the_heap(manual: ManualScheduler) -> None:
     timers.cancel_all()
     assert manual.pending() == 0
     assert manual.heap_size() == 0
+
+
+# ── user code never stops or doubles the scheduler thread (review actorsfix2) ──
+
+
+@pytest.mark.parametrize("error", [SystemExit(0), KeyboardInterrupt(), GeneratorExit()], ids=type)
+def test_a_callback_raising_any_base_exception_is_logged_and_the_other_timers_still_fire(
+    real: Scheduler, error: BaseException, log_records: list[Any]
+) -> None:
+    """Regression (review, finding 3): a callable raising SystemExit killed the one scheduler thread without a
+    word, and every other timer of the system stopped firing."""
+    raised = threading.Event()
+
+    def bad() -> None:
+        raised.set()
+        raise error
+
+    periodic = real.every(0.01, bad)
+    assert raised.wait(5)
+    later = threading.Event()
+    real.after(0, later.set)
+    assert later.wait(5), "the scheduler thread died of the callback's error"
+    assert not periodic.cancelled
+    await_condition(lambda: any("timer callback failed" in r["message"] and type(error).__name__ in r["message"]
+                                for r in log_records), message="the callback's error logged")
+
+
+def test_manual_advance_logs_a_callbacks_system_exit_but_raises_a_ctrl_c_in_the_main_thread(
+    manual: ManualScheduler, log_records: list[Any]
+) -> None:
+    """ManualScheduler.advance fires in the caller's thread: there a KeyboardInterrupt is the user's Ctrl-C
+    and is not ours to swallow; SystemExit from a callback is logged like any error."""
+    assert threading.current_thread() is threading.main_thread()
+    rec = Recorder(manual)
+
+    def exits() -> None:
+        raise SystemExit(2)
+
+    manual.after(1, exits)
+    manual.after(1, rec.target("after-exit"))
+    assert manual.advance(1) == 2  # must not raise
+    assert rec.labels() == ["after-exit"]
+    assert any("timer callback failed" in r["message"] and "SystemExit" in r["message"] for r in log_records)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    manual.after(1, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        manual.advance(1)
+
+
+def test_start_replaces_a_scheduler_thread_that_died(log_records: list[Any]) -> None:
+    """Regression (review, finding 3): start() kept the dead thread, so nothing ever fired again."""
+    before = _scheduler_threads()
+    broken = threading.Event()
+
+    def clock() -> float:  # raises once, on the scheduler thread: its loop dies
+        if threading.current_thread().name == "actors-scheduler" and not broken.is_set():
+            broken.set()
+            raise SystemExit("clock gone")
+        return time.monotonic()
+
+    scheduler = Scheduler(clock=clock).start()
+    try:
+        assert broken.wait(5)
+        await_condition(lambda: _scheduler_threads() == before, message="the broken thread to end")
+        assert any("the timer thread died" in r["message"] for r in log_records)
+        scheduler.start()
+        fired = threading.Event()
+        scheduler.after(0, fired.set)
+        assert fired.wait(5), "start() did not replace the dead thread"
+        assert len(_scheduler_threads() - before) == 1
+    finally:
+        scheduler.stop()
+
+
+def test_a_periodic_callable_that_lets_an_unrelated_actor_dead_error_escape_keeps_ticking(
+    manual: ManualScheduler, log_records: list[Any]
+) -> None:
+    """Regression (review, finding 9): the ActorDeadError of some other actor a callback told cancelled the
+    callback's own timer for good, without a log line. Only a message timer's dead target cancels it."""
+    dead, _ = Probe.spawn()
+    dead.stop()
+    calls: list[int] = []
+
+    def tells_a_dead_actor() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            dead.tell(Tick())
+
+    handle = manual.every(1, tells_a_dead_actor)
+    assert manual.advance(3) == 3
+    assert len(calls) == 3 and not handle.cancelled
+    assert any("timer callback failed" in r["message"] and "ActorDeadError" in r["message"] for r in log_records)
+
+
+def test_a_one_shot_timerset_timer_that_fires_at_once_is_not_left_counted_live() -> None:
+    """Regression (review, finding 8): TimerSet.after pushed the timer before it owned it; fired in between,
+    the one-shot was never forgotten and stayed in the set, counted live. The hook forces that interleaving:
+    the push waits until the scheduler thread has told the timer's message."""
+    ref, probe = Probe.spawn()
+
+    class FiresBeforePushReturns(Scheduler):
+        def _push(self, handle: Any) -> Any:
+            pushed = super()._push(handle)
+            await_condition(lambda: probe.records(Tick), message="the timer fired")
+            return pushed
+
+    with FiresBeforePushReturns() as scheduler:
+        timers = TimerSet(scheduler, ref)
+        timers.after(0, Tick(1))
+        assert probe.records(Tick) == [Tick(1)]
+        assert len(timers) == 0
+        assert timers._live == set()
+
+
+def test_stop_and_start_from_a_callback_leaves_one_scheduler_thread_and_a_final_stop_none() -> None:
+    """Regression (review, finding 10): stop() then start() while a callback ran (here from the callback itself)
+    had two threads serve one heap, and the older one outlived every later stop()."""
+    before = _scheduler_threads()
+    scheduler = Scheduler().start()
+    restarted = threading.Event()
+
+    def restart() -> None:
+        scheduler.stop()
+        scheduler.start()
+        restarted.set()
+
+    scheduler.after(0, restart)
+    assert restarted.wait(5)
+    await_condition(lambda: len(_scheduler_threads() - before) == 1, message="the replaced thread to exit")
+    fired = threading.Event()
+    scheduler.after(0, fired.set)
+    assert fired.wait(5)  # the new thread serves the timers
+    scheduler.stop()
+    await_condition(lambda: _scheduler_threads() == before, message="every scheduler thread to exit")
+
+
+def test_a_timer_due_with_a_callback_that_stops_the_scheduler_does_not_fire_after_the_stop() -> None:
+    before = _scheduler_threads()
+    scheduler = Scheduler()  # both timers are due together at the first look of the thread
+    stopped = threading.Event()
+    fired: list[str] = []
+
+    def stop_it() -> None:
+        scheduler.stop()
+        stopped.set()
+
+    scheduler.after(0, stop_it)
+    scheduler.after(0, lambda: fired.append("after the stop"))
+    scheduler.start()
+    assert stopped.wait(5)
+    await_condition(lambda: _scheduler_threads() == before, message="the scheduler thread to exit")
+    assert fired == []
+
+
+@pytest.mark.parametrize("scheduler_class", [ManualScheduler, Scheduler])
+def test_a_timer_scheduled_on_a_stopped_scheduler_is_refused_and_not_counted(
+    scheduler_class: type[Scheduler],
+) -> None:
+    """Regression (review, finding 10): such a timer was accepted and counted by pending(), and never fired."""
+    scheduler = scheduler_class().start()
+    scheduler.stop()
+    ref, _ = Probe.spawn()
+    timers = TimerSet(scheduler, ref)
+    refused = [scheduler.after(0, lambda: None), scheduler.every(1, lambda: None), timers.after(0, Tick()),
+               timers.every(1, Tick())]
+    assert all(handle.cancelled for handle in refused)
+    assert scheduler.pending() == 0 and scheduler.heap_size() == 0
+    assert len(timers) == 0 and timers._live == set()
+    scheduler.start()  # taken again after a start
+    try:
+        fired = threading.Event()
+        handle = scheduler.after(0, fired.set)
+        assert not handle.cancelled
+        if isinstance(scheduler, ManualScheduler):
+            scheduler.advance(0)
+        assert fired.wait(5)
+    finally:
+        scheduler.stop()

@@ -313,3 +313,94 @@ def test_a_job_that_succeeds_is_not_reported() -> None:
     assert pool.shutdown(timeout=5)
     assert reported == []
     assert pool.failed_jobs == 0
+
+
+# ── a thread being started, or failing to start (review actorsfix2, finding 5) ──
+
+
+class _HookedThread(threading.Thread):
+    """A Thread whose start() runs ``hook`` first, for the pool's threads named ``prefix-…`` only."""
+
+    prefix = ""
+    hook: Any = None
+
+    def start(self) -> None:
+        if self.name.startswith(self.prefix + "-") and type(self).hook is not None:
+            type(self).hook()
+        super().start()
+
+
+def test_shutdown_while_a_submit_is_starting_its_thread_neither_raises_nor_loses_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: submit() counted the new thread, then started it after releasing the lock; a shutdown() in
+    between joined a thread never started and raised RuntimeError('cannot join thread before it is started').
+    The hook runs that shutdown exactly in the gap."""
+    pool = WorkerPool(2, idle_seconds=5, name="gap")
+    answers: list[object] = []
+
+    def shutdown_in_the_gap() -> None:
+        try:
+            answers.append(pool.shutdown(timeout=0))
+        except RuntimeError as exc:
+            answers.append(exc)
+
+    hooked = type("GapThread", (_HookedThread,), {"prefix": "gap", "hook": staticmethod(shutdown_in_the_gap)})
+    monkeypatch.setattr(threading, "Thread", hooked)
+    ran = threading.Event()
+    pool.submit(ran.set)
+    monkeypatch.undo()
+    assert answers == [False]  # not raised: the starting thread is not done yet
+    assert ran.wait(5)  # a job queued before the shutdown is finished
+    assert pool.shutdown(timeout=5)
+    assert pool.thread_count == 0
+
+
+def test_a_thread_that_cannot_start_frees_its_place_and_its_job_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a failing Thread.start() left the thread counted: a max_workers=1 pool never ran a job again."""
+    pool = WorkerPool(1, idle_seconds=5, name="nostart")
+
+    def cannot_start() -> None:
+        raise RuntimeError("can't start new thread")
+
+    hooked = type("NoStartThread", (_HookedThread,), {"prefix": "nostart", "hook": staticmethod(cannot_start)})
+    monkeypatch.setattr(threading, "Thread", hooked)
+    refused: list[str] = []
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        pool.submit(lambda: refused.append("ran"))
+    monkeypatch.undo()
+    assert pool.thread_count == 0
+    ran = threading.Event()
+    pool.submit(ran.set)
+    assert ran.wait(5), "the pool is wedged: the thread that never started still holds its place"
+    assert refused == []  # the refused job was not queued
+    assert pool.shutdown(timeout=5)
+
+
+def test_a_thread_that_cannot_start_beside_a_running_one_leaves_the_job_queued_for_it(
+    monkeypatch: pytest.MonkeyPatch, log_records: list[Any]
+) -> None:
+    pool = WorkerPool(2, idle_seconds=5, name="onestart")
+    release = threading.Event()
+    busy = threading.Event()
+
+    def blocker() -> None:
+        busy.set()
+        release.wait(5)
+
+    pool.submit(blocker)
+    assert busy.wait(5)
+
+    def cannot_start() -> None:
+        raise RuntimeError("can't start new thread")
+
+    hooked = type("OneStartThread", (_HookedThread,), {"prefix": "onestart", "hook": staticmethod(cannot_start)})
+    monkeypatch.setattr(threading, "Thread", hooked)
+    ran = threading.Event()
+    pool.submit(ran.set)  # accepted: the running worker takes it once free
+    monkeypatch.undo()
+    assert pool.thread_count == 1
+    assert any("could not be started" in r["message"] for r in log_records)
+    release.set()
+    assert ran.wait(5)
+    assert pool.shutdown(timeout=5)

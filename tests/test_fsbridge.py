@@ -5,6 +5,7 @@ restarted with a Rescan, a directory that comes back is watched again; paused dr
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -311,3 +312,101 @@ def test_a_dead_target_stops_the_periodic_rescan(tmp_path: Path, scheduler: Sche
     # the periodic rescan's tell found the target dead: the bridge stopped itself, its watcher and its timers
     await_condition(lambda: bridge._observer is None, timeout=5, message="the bridge stopped itself")
     assert all(timer.cancelled for timer in timers), "a rescan timer still fires for the dead target"
+
+
+# ── user code and failed starts never leave a watcher dead or leaked (review actorsfix2) ──
+
+
+class _Watchers:
+    """The watcher threads of one bridge: watchdog observers its factory made, or the inotify thread of ``root``."""
+
+    def __init__(self, factory: Any, root: Path) -> None:
+        self.root = root
+        self.made: list[Any] = []
+        self.factory = None if factory is None else self._make
+
+    def _make(self) -> Any:
+        observer = Observer()
+        self.made.append(observer)
+        return observer
+
+    def alive(self) -> list[Any]:
+        if self.factory is not None:
+            return [o for o in self.made if o.is_alive()]
+        return [t for t in threading.enumerate() if t.name == f"inotify-{self.root.name}"]
+
+
+def _inotify_fds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+        except OSError:
+            pass
+    return count
+
+
+@pytest.mark.parametrize("factory", WATCHERS)
+def test_an_ignore_filter_that_raises_is_logged_and_the_watcher_goes_on(
+    factory: Any, tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler,
+    log_records: list[Any],
+) -> None:
+    """Regression (review, finding 6): a raising filter killed the watcher thread, and with rescan_seconds=0 no
+    health check ever restarted it: every later file event was lost while the bridge looked started."""
+    ref, actor = probe
+    raised = threading.Event()
+
+    def ignore(name: str) -> bool:
+        if name == "poison" and not raised.is_set():
+            raised.set()
+            raise UnicodeError("filter bug on an odd name")
+        return default_ignore(name)
+
+    with FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0, ignore=ignore, observer_factory=factory):
+        actor.expect(Rescan)
+        (tmp_path / "poison").write_text("x")
+        assert raised.wait(5)
+        after = tmp_path / "after.json"
+        after.write_text("{}")
+        wait_appeared(actor, after)
+    assert any("UnicodeError" in r["message"] and r["level"].name == "ERROR" for r in log_records)
+
+
+@pytest.mark.parametrize("factory", WATCHERS)
+def test_a_start_against_a_dead_target_raises_and_leaves_no_watcher_running(
+    factory: Any, tmp_path: Path, scheduler: Scheduler
+) -> None:
+    """Regression (review, finding 7): the start's tell raised ActorDeadError after the watcher started, which
+    then ran on (a thread and 3 descriptors per try) with no bridge handle to stop it."""
+    dead, _ = Probe.spawn()
+    dead.stop()
+    root = tmp_path / "deadtarget"
+    root.mkdir()
+    watchers = _Watchers(factory, root)
+    fds = _inotify_fds()
+    bridge = FsBridge(root, dead, scheduler=scheduler, rescan_seconds=0, observer_factory=watchers.factory)
+    with pytest.raises(pykka.ActorDeadError):
+        bridge.start()
+    assert watchers.alive() == []  # stopped and joined before start() raised
+    assert scheduler.pending() == 0
+    await_condition(lambda: _inotify_fds() <= fds, message="its inotify descriptor to be closed")
+
+
+@pytest.mark.parametrize("factory", WATCHERS)
+def test_a_second_start_changes_nothing_and_stop_leaves_nothing_running(
+    factory: Any, tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler
+) -> None:
+    """Regression (review, finding 7): a second start() started a second watcher and timers; stop() ended one."""
+    ref, _ = probe
+    root = tmp_path / "twice"
+    root.mkdir()
+    watchers = _Watchers(factory, root)
+    bridge = FsBridge(root, ref, scheduler=scheduler, rescan_seconds=1, observer_factory=watchers.factory)
+    bridge.start()
+    assert len(watchers.alive()) == 1
+    timers = scheduler.pending()
+    assert bridge.start() is bridge
+    assert len(watchers.alive()) == 1 and scheduler.pending() == timers
+    bridge.stop()
+    await_condition(lambda: not watchers.alive(), message="every watcher to end")
+    assert scheduler.pending() == 0
