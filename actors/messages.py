@@ -9,7 +9,12 @@ from typing import Any
 
 import pykka
 
+from actors.hooks import call_hook
+
 __all__ = ["ChildFailed", "FileAppeared", "FileRemoved", "Relayed", "Request", "Rescan"]
+
+
+_NO_REPLY: Any = object()  # what a failed make_reply leaves
 
 
 class Request:
@@ -48,12 +53,17 @@ class Request:
             error: the handler's error, or None.
 
         Returns:
-            False for a request without ``reply_to`` (or whose asker is gone).
+            False for a request without ``reply_to``, whose asker is gone, or whose
+            ``make_reply`` raised (logged; the asker keeps its own deadline).
         """
-        if self.reply_to is None or self.make_reply is None:
+        make_reply = self.make_reply
+        if self.reply_to is None or make_reply is None:
+            return False
+        reply = call_hook(self, "make_reply", lambda: make_reply(value, error), _NO_REPLY)
+        if reply is _NO_REPLY:
             return False
         try:
-            self.reply_to.tell(self.make_reply(value, error))
+            self.reply_to.tell(reply)
         except pykka.ActorDeadError:
             return False
         return True

@@ -4,12 +4,14 @@ A :class:`SupervisorActor` starts children through factories. When a child
 crashes it tells :class:`ChildCrashed` at once; the supervisor sends it nothing
 more (:meth:`SupervisorActor.child_down` says so to subclasses that tell it
 things) and answers :class:`Retire`, so everything it sent before is collected.
-The child then stops and sends :class:`ChildFailed` (with that unhandled mailbox
-and any salvaged state); the supervisor starts a fresh instance from the same factory
-(state rebuilt from scratch or from the salvage) and tells it the mailbox, in
-order, so no ask hangs and no tell is silently lost (asks are answered by the new
-instance through their relay future; if it dies before taking them, the asks fail
-and the tells wait for the instance after it). More than ``max_restarts`` crashes
+The child then stops and sends :class:`ChildFailed` (with that unhandled mailbox,
+what reached it behind its stop included, and any salvaged state); the supervisor
+starts a fresh instance from the same factory (state rebuilt from scratch or from
+the salvage) and tells it the mailbox, in order, so no ask hangs and no tell is
+silently lost (asks are answered by the new instance through their relay future;
+if it dies before taking them, the asks fail and the tells wait for the instance
+after it). The one gap left is pykka's own, between a sender's alive check and its
+put (see :meth:`actors.typed.TypedActor._collect_behind_stop`). More than ``max_restarts`` crashes
 of one child within ``within_seconds`` escalate: the child stays down, its
 mailbox asks fail, and :meth:`SupervisorActor.on_escalation` decides (the
 default crashes the supervisor itself, handing the failure to *its* parent).
@@ -53,6 +55,18 @@ class RestartPolicy:
     def recent(self, history: deque[float], now: float) -> int:
         """Pure: how many of the restarts in ``history`` fall within the window ending at ``now``."""
         return sum(1 for t in history if now - t <= self.within_seconds)
+
+    def new_history(self) -> deque[float]:
+        """An empty restart history for one child, keeping the last ``max_restarts`` restarts.
+
+        That is all :meth:`allows` needs (restarts are appended in time order), and never
+        fewer: a shorter history could never count ``max_restarts`` recent ones, so the
+        child would be restarted for ever instead of escalating.
+
+        Returns:
+            An empty deque bounded to ``max_restarts`` (0 for a policy that allows none).
+        """
+        return deque(maxlen=max(0, self.max_restarts))
 
 
 @dataclass
@@ -99,7 +113,7 @@ class SupervisorActor(TypedActor):
             return child.ref
         generation = self._next_generation(name)
         ref = factory(Link(self.actor_ref, name, generation), salvage)
-        fresh = _Child(factory, ref, generation, child.restarts if child else deque(maxlen=64))
+        fresh = _Child(factory, ref, generation, child.restarts if child else self.policy.new_history())
         self.children[name] = fresh
         self.escalated.pop(name, None)
         if child is not None and child.held:

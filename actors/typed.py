@@ -13,11 +13,16 @@ error from a *told* handler (or from ``on_start``) is a crash: a supervised acto
 tells its supervisor at once (``ChildCrashed``) and collects every message it gets
 until the supervisor answers ``Retire`` (an unsupervised one, until the end of its
 mailbox); then it stops and hands what it collected to :meth:`TypedActor.on_crash`
-(by default to the supervisor, which passes it to the restarted actor). A
-``BaseException`` that is not an ``Exception`` (``SystemExit``...) is handled the
-same way and never reaches pykka, which would stop every actor in the process.
+(by default to the supervisor, which passes it to the restarted actor). What reached
+its inbox behind its stop is collected too, as it stops (pykka's teardown would drop
+it). A ``BaseException`` that is not an ``Exception`` (``SystemExit``...) is handled the
+same way and never reaches pykka, which would stop every actor in the process; nor
+does one from a crash hook (``on_crashing``, ``salvage``, ``answer_after_crash``,
+``on_crash``) or an ``ask_reply_to`` reply builder: it is logged and the crash (or the
+reply) goes on without it (:func:`actors.hooks.call_hook`).
 
-Only pykka's public API is used.
+Only pykka's public API is used (the actor's ``actor_inbox`` and its envelopes'
+``message`` and ``reply_to``, to collect what is behind the stop).
 """
 
 from __future__ import annotations
@@ -28,15 +33,19 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pykka
+import pykka.messages
 from loguru import logger
 
 from actors.crash_records import CrashRecord, EndOfMailbox, Link, fail_pending
 from actors.errors import HandlerAborted, UnknownMessageError
 from actors.handler_table import handler_name, handler_table, unknown_message
+from actors.hooks import call_hook
 from actors.messages import ChildCrashed, ChildFailed, Relayed, Request, Retire
 from actors.timers import Scheduler, TimerSet
 
 __all__ = ["TypedActor"]
+
+_ON_CRASH_FAILED: Any = object()  # what call_hook returns for an on_crash that raised
 
 
 def _wrap_on_stop(on_stop: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -126,6 +135,8 @@ class TypedActor(pykka.ThreadingActor):
     def _on_stopped(self) -> None:
         """What every stop does after ``on_stop`` (idempotent); the toolkit's supervisors extend it."""
         self.cancel_timers()
+        if self._crash is not None:
+            self._collect_behind_stop()
         crash, self._crash = self._crash, None
         if crash is not None:
             self._report_crash(crash)
@@ -223,16 +234,8 @@ class TypedActor(pykka.ThreadingActor):
     def _begin_crash(self, error: BaseException) -> None:
         logger.opt(exception=error).error("{} crashed", self)
         self.cancel_timers()
-        try:
-            self.on_crashing(error)
-        except Exception:
-            logger.opt(exception=sys.exc_info()).error("{} on_crashing() failed", self)
-        try:
-            salvage = self.salvage()
-        except Exception:
-            logger.opt(exception=sys.exc_info()).error("{} salvage() failed", self)
-            salvage = None
-        self._crash = CrashRecord(error, salvage)
+        call_hook(self, "on_crashing", lambda: self.on_crashing(error), None)
+        self._crash = CrashRecord(error, call_hook(self, "salvage", self.salvage, None))
         if not self._notify_supervisor():
             self.actor_ref.tell(EndOfMailbox())
 
@@ -255,9 +258,44 @@ class TypedActor(pykka.ThreadingActor):
         if isinstance(message, EndOfMailbox | Retire):
             self.stop()  # what is queued before the stop is collected too; on_stop reports it all
             return None
+        return self._hold(message)
+
+    def _collect_behind_stop(self) -> None:
+        """Collect what is still in the inbox as the crashed actor stops (in ``on_stop``), in order.
+
+        pykka's teardown would drop the tells queued behind the stop and fail the asks
+        (``ActorDeadError``, though a successor may answer them). pykka marks the actor
+        stopped before ``on_stop``: from then on a tell or ask raises ``ActorDeadError``
+        at its sender, so what is here is all that was accepted. pykka's own messages
+        (another stop, proxy calls) are put back for its teardown to answer. What remains
+        is pykka's own check-then-put in ``ref.tell``/``ref.ask``: a sender that found the
+        actor alive just before it was marked stopped may put its message after this
+        drain, and the teardown drops it (a tell) or fails it (an ask).
+        """
+        for_pykka = []
+        while not self.actor_inbox.empty():
+            envelope = self.actor_inbox.get()
+            message = envelope.message
+            if type(message).__module__ == pykka.messages.__name__:
+                for_pykka.append(envelope)
+                continue
+            answer = None if isinstance(message, EndOfMailbox | Retire) else self._hold(message)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set(answer)
+        for envelope in for_pykka:
+            self.actor_inbox.put(envelope)
+
+    def _hold(self, message: Any) -> Any:
+        """Keep ``message`` for the crash report; an ask's asker is told to wait on its relay.
+
+        Returns:
+            What the asker gets now: ``answer_after_crash``'s answer, or :class:`Relayed`.
+        """
         assert self._crash is not None
         if isinstance(message, Request):
-            answered, value = self.answer_after_crash(message.message)
+            answered, value = call_hook(
+                self, "answer_after_crash", lambda: self.answer_after_crash(message.message), (False, None)
+            )
             if answered:  # e.g. the supervisor's own ask, which would wait for the restart it has to make
                 message.reply(value, None)
                 if message.relay is not None:  # handed on by an earlier crash: its asker waits there
@@ -271,12 +309,12 @@ class TypedActor(pykka.ThreadingActor):
         return Relayed(message.relay)  # the asker now waits on the relay
 
     def _report_crash(self, crash: CrashRecord) -> None:
-        try:
-            self.on_crash(crash.error, crash.held, crash.salvage)
-        except Exception:
-            logger.opt(exception=sys.exc_info()).error("{} on_crash failed", self)
-            if not self._crash_reported:  # the override failed before the default ran: the supervisor still hears
-                TypedActor.on_crash(self, crash.error, crash.held, crash.salvage)
+        reported = call_hook(
+            self, "on_crash", lambda: self.on_crash(crash.error, crash.held, crash.salvage), _ON_CRASH_FAILED
+        )
+        if reported is _ON_CRASH_FAILED and not self._crash_reported:
+            # the override failed before the default ran: the supervisor still hears
+            TypedActor.on_crash(self, crash.error, crash.held, crash.salvage)
 
     def mailbox_size(self) -> int:
         """How many messages wait in this actor's mailbox (approximate, like any queue size)."""

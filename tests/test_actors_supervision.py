@@ -23,6 +23,7 @@ from actors import (
     ask_later,
     await_condition,
     handles,
+    tell,
 )
 from actors.messages import Request
 
@@ -185,6 +186,17 @@ class StopsAtGate(Counter):
         if not StopsAtGate.STOPPING.is_set():
             StopsAtGate.STOPPING.set()
             assert StopsAtGate.GATE.wait(10)
+
+
+class FailsEveryStartBelow(Counter):
+    """Fails in ``on_start`` up to generation ``LAST_FAILING`` (a bound, should escalation never come)."""
+
+    LAST_FAILING = 200
+
+    def on_start(self) -> None:
+        assert self.link is not None
+        if self.link.generation <= FailsEveryStartBelow.LAST_FAILING:
+            raise RuntimeError("start failure on purpose")
 
 
 @dataclass
@@ -433,12 +445,32 @@ def test_a_crashed_child_is_down_from_its_crash_report_until_its_restart() -> No
     try:
         child.tell(Crash())
         assert StopsAtGate.STOPPING.wait(5)  # it got Retire: the supervisor handled its ChildCrashed
-        assert child.is_alive()  # still alive (its stop is queued): a tell to it now would be dropped
+        assert child.is_alive()  # still alive (its stop is queued): what is told to it now comes behind the stop
         assert ask(sup, IsDown(), timeout=5) is True
     finally:
         StopsAtGate.GATE.set()
     _await_new_child(sup, child)
     assert ask(sup, IsDown(), timeout=5) is False
+
+
+def test_a_tell_and_an_ask_behind_a_crashed_childs_stop_go_to_the_restarted_instance() -> None:
+    """Regression: what reached a crashed child between its queued stop (on Retire) and pykka marking it
+    stopped went to pykka's teardown: the tell was dropped silently, the ask failed (ActorGone) though
+    the restarted instance runs. It is collected as the child stops and handed over, in order."""
+    StopsAtGate.GATE.clear()
+    StopsAtGate.STOPPING.clear()
+    sup = Sup.start(Factory(actor_class=StopsAtGate))
+    child = ask(sup, StartChild(), timeout=5)
+    try:
+        child.tell(Crash())
+        assert StopsAtGate.STOPPING.wait(5)  # it handled Retire: its stop is queued, it is still alive
+        assert tell(child, Record(7))  # accepted, behind the stop
+        reply = ask_later(child, Seen())
+    finally:
+        StopsAtGate.GATE.set()
+    assert reply.get(timeout=5) == (7,)  # answered by the restarted instance, after the tell
+    new = _await_new_child(sup, child)
+    assert ask(new, Seen(), timeout=5) == (7,)
 
 
 def test_an_ask_answered_after_the_crash_is_not_handed_to_the_restarted_instance() -> None:
@@ -738,6 +770,24 @@ def test_more_restarts_than_allowed_escalate() -> None:
         ask(child, Get(), timeout=5)
 
 
+def test_more_than_64_restarts_allowed_still_escalate() -> None:
+    """Regression: the restart history held 64 restarts, so a policy allowing more never escalated
+    (the child was restarted for ever)."""
+    factory = Factory(actor_class=FailsEveryStartBelow)
+    escalations: list[tuple[str, BaseException | None]] = []
+    sup = RecordingSup.start(
+        factory, policy=RestartPolicy(max_restarts=65, within_seconds=10), clock=FakeClock(), escalations=escalations
+    )
+    ask(sup, StartChild(), timeout=5)  # every start fails at the same instant
+    await_condition(
+        lambda: escalations or factory.count() > FailsEveryStartBelow.LAST_FAILING,
+        timeout=30,
+        message="an escalation (or the bound on failing starts)",
+    )
+    assert [name for name, _error in escalations] == ["c"]
+    assert factory.count() == 66  # the first start and 65 restarts
+
+
 def test_start_child_after_escalation_clears_it() -> None:
     escalations: list[tuple[str, BaseException | None]] = []
     sup = RecordingSup.start(
@@ -851,6 +901,19 @@ def test_restart_policy_allows(
     before = list(history)
     assert policy.allows(deque(history), now) is allowed
     assert history == before  # pure: the history is not changed
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1, 3, 64, 65, 1000])
+def test_a_restart_history_lets_a_policy_count_all_it_allows(max_restarts: int) -> None:
+    policy = RestartPolicy(max_restarts=max_restarts, within_seconds=10)
+    history = policy.new_history()
+    restarts = 0
+    while policy.allows(history, 0.0) and restarts <= max_restarts:  # at one instant: all in the window
+        history.append(0.0)
+        restarts += 1
+    assert restarts == max_restarts
+    assert not policy.allows(history, 0.0)
+    assert policy.allows(history, 10.5) is (max_restarts > 0)  # they all left the window
 
 
 def test_restart_policy_defaults() -> None:

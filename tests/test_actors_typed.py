@@ -436,6 +436,62 @@ def test_blocking_stop_queued_behind_a_crash_is_answered() -> None:
     assert not ref.is_alive()
 
 
+class StopsAtGateWorker(RecordingWorker):
+    """Its first stop (the crashed actor's own, on EndOfMailbox) waits at ``gate`` once queued."""
+
+    def __init__(
+        self, crashes: list[tuple[BaseException | None, list[Any]]], stopping: threading.Event, gate: threading.Event
+    ) -> None:
+        super().__init__(crashes)
+        self.stopping, self.gate = stopping, gate
+
+    def stop(self) -> None:
+        super().stop()
+        if not self.stopping.is_set():
+            self.stopping.set()
+            assert self.gate.wait(10), "test forgot to open the gate"
+
+
+def test_what_is_told_behind_a_crashed_actors_stop_reaches_on_crash(log_records: list[Any]) -> None:
+    """Regression: a tell that reached a crashed actor after its stop was queued, before pykka marked it
+    stopped, was dropped by pykka's teardown, unreported. It is collected as the actor stops."""
+    crashes: list[tuple[BaseException | None, list[Any]]] = []
+    stopping, gate = threading.Event(), threading.Event()
+    ref = StopsAtGateWorker.start(crashes, stopping, gate)
+    try:
+        ref.tell(Crash())
+        assert stopping.wait(5)  # its stop is queued; it is still alive
+        assert tell(ref, Inc())
+        late_ask = ask_later(ref, Echo("late"))
+    finally:
+        gate.set()
+    with pytest.raises(ActorGone, match="crashed before handling Echo"):  # failed by the crash report
+        late_ask.get(timeout=5)
+    assert ref.actor_stopped.wait(5)  # type: ignore[attr-defined]
+    [(error, pending)] = crashes
+    assert isinstance(error, RuntimeError)
+    assert pending == [Inc(), Echo("late")]
+    assert any("told Inc dropped" in r["message"] for r in log_records)  # unsupervised: dropped, and said so
+
+
+def test_a_stop_behind_a_crashed_actors_stop_is_still_answered() -> None:
+    """pykka's own messages behind the stop are left to pykka (a blocking stop gets its answer)."""
+    crashes: list[tuple[BaseException | None, list[Any]]] = []
+    stopping, gate = threading.Event(), threading.Event()
+    ref = StopsAtGateWorker.start(crashes, stopping, gate)
+    try:
+        ref.tell(Crash())
+        assert stopping.wait(5)
+        stopped = ref.stop(block=False)
+        ref.tell(Inc())
+    finally:
+        gate.set()
+    assert stopped.get(timeout=5) is True
+    assert ref.actor_stopped.wait(5)  # type: ignore[attr-defined]
+    [(_error, pending)] = crashes
+    assert pending == [Inc()]
+
+
 def test_salvage_defaults_to_none() -> None:
     assert Worker().salvage() is None
 
@@ -475,6 +531,77 @@ def test_an_asked_base_exception_comes_back_as_handler_aborted(error: BaseExcept
     assert caught.value.cause is error
     assert ask(ref, Inc(), timeout=10) == 1  # the asked actor itself survives, like any ask error
     assert ask(bystander, Inc(), timeout=10) == 1
+
+
+HOOKS = ["on_crashing", "salvage", "answer_after_crash", "on_crash"]
+
+
+class ExitsInAHook(Worker):
+    """Its crash hook ``hook`` raises SystemExit; it records its actor thread (to join it)."""
+
+    def __init__(self, hook: str, threads: list[threading.Thread]) -> None:
+        super().__init__()
+        self.hook = hook
+        self.threads = threads
+
+    def on_start(self) -> None:
+        self.threads.append(threading.current_thread())
+
+    def _exit_in(self, hook: str) -> None:
+        if self.hook == hook:
+            raise SystemExit(3)
+
+    def on_crashing(self, error: BaseException) -> None:
+        self._exit_in("on_crashing")
+
+    def salvage(self) -> Any:
+        self._exit_in("salvage")
+        return None
+
+    def answer_after_crash(self, message: Any) -> tuple[bool, Any]:
+        self._exit_in("answer_after_crash")
+        return False, None
+
+    def on_crash(self, error: BaseException | None, pending: list[Any], salvage: Any) -> None:
+        self._exit_in("on_crash")
+        super().on_crash(error, pending, salvage)
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_a_system_exit_from_a_crash_hook_is_logged_and_stops_no_other_actor(hook: str, log_records: list[Any]) -> None:
+    """Regression: a SystemExit from a crash hook reached pykka, which stopped every actor in the process."""
+    bystander = Worker.start()
+    threads: list[threading.Thread] = []
+    ref = ExitsInAHook.start(hook, threads)
+    gate = _block(ref)
+    ref.tell(Crash())
+    queued = ask_later(ref, Get())  # behind the crash: answer_after_crash sees it
+    gate.set()
+    with pytest.raises(ActorGone):  # the crash went on: unsupervised, its queued ask failed
+        queued.get(timeout=10)
+    [thread] = threads
+    thread.join(10)  # the crashed actor's thread is done (pykka's stop of every actor would be done too)
+    assert not thread.is_alive()
+    assert bystander.is_alive()
+    assert ask(bystander, Inc(), timeout=10) == 1
+    assert any(f"{hook}() failed" in r["message"] for r in log_records)
+    assert any("crashed unsupervised" in r["message"] for r in log_records)  # the report still ran
+
+
+def test_a_system_exit_from_make_reply_is_logged_and_the_asked_actor_keeps_running(log_records: list[Any]) -> None:
+    """Regression: ask_reply_to's make_reply runs on the asked actor's thread; its SystemExit stopped every actor."""
+    bystander = Worker.start()
+    worker = Worker.start()
+    probe, log = Probe.spawn()
+
+    def exits(value: Any, error: BaseException | None) -> Any:
+        raise SystemExit(3)
+
+    ask_reply_to(worker, Echo("hi"), reply_to=probe, make_reply=exits)
+    assert ask(worker, Inc(), timeout=10) == 1  # queued behind it: the asked actor kept running
+    assert ask(bystander, Inc(), timeout=10) == 1
+    assert log.records() == []  # no reply could be built: the asker keeps its own deadline
+    assert any("make_reply() failed" in r["message"] for r in log_records)
 
 
 # ── ask_reply_to: the reply-later pattern ───────────────────────────────────
