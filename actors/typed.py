@@ -21,8 +21,10 @@ does one from a crash hook (``on_crashing``, ``salvage``, ``answer_after_crash``
 ``on_crash``) or an ``ask_reply_to`` reply builder: it is logged and the crash (or the
 reply) goes on without it (:func:`actors.hooks.call_hook`).
 
-Only pykka's public API is used (the actor's ``actor_inbox`` and its envelopes'
-``message`` and ``reply_to``, to collect what is behind the stop).
+Only pykka's public API is used, with one exception, on purpose: collecting what is behind a crashed actor's
+stop reads its ``actor_inbox`` (public) and each envelope's ``message`` and ``reply_to``, which pykka calls an
+internal type. Without it every tell behind the stop is dropped by pykka's teardown; the supervision tests
+(``tests/test_actors_supervision.py``) fail if a pykka release changes that shape.
 """
 
 from __future__ import annotations
