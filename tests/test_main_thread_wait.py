@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +152,48 @@ def test_a_wait_interrupted_before_its_watcher_started_leaves_no_entry_behind() 
     )
     assert result.returncode == 0, result.stderr
     assert "entry left False" in result.stdout and "woken by the set" in result.stdout, result.stdout
+
+
+def _out_of_descriptors(*_args: Any) -> tuple[int, int]:
+    raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_a_wait_that_cannot_make_its_pipe_is_a_plain_wait_that_wake_and_events_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (review): out of descriptors, entering the wait raised EMFILE (and so serve's stop on a SIGTERM)."""
+    monkeypatch.setattr(os, "pipe2", _out_of_descriptors)
+    done, event = threading.Event(), threading.Event()
+    with MainThreadWait() as waits:
+        assert not waits.on_signals  # no pipe: no signal wakes it, as on another thread
+
+        def finish() -> None:
+            done.set()
+            waits.wake()
+
+        threading.Thread(target=finish).start()
+        waits.until(done.is_set)
+        threading.Thread(target=event.set).start()
+        waits.until_set(event)
+    assert done.is_set() and event.is_set()
+    with pytest.raises(RuntimeError, match="outside its with-block"):
+        waits.until(done.is_set)
+
+
+def test_serve_out_of_descriptors_at_its_stop_still_stops_its_gateway_and_exits_0(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (review): a SIGTERM while serve's descriptors were exhausted (a flood of HTTP clients) failed in
+    the stop's wait (os.pipe2: EMFILE): serve exited 1 with an error, its gateway stopped only at interpreter exit."""
+    from hermes_actors.cli.serve import serve
+
+    stop = threading.Event()
+
+    def on_ready(_endpoint: Any) -> None:  # serving: from now on no pipe can be made, then the stop is asked
+        monkeypatch.setattr(os, "pipe2", _out_of_descriptors)
+        stop.set()
+
+    code = serve(root, connection_id=None, runner=lambda turn: "ok", stop=stop, on_ready=on_ready)
+    assert code == 0
+    assert capsys.readouterr().err.splitlines()[-1] == "gateway stopped"
+    assert not (root / "bot_relay" / "run" / "submit.sock").exists()  # the gateway's stop removed its endpoint

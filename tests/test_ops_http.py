@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import re
+import select
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,7 +29,7 @@ from hermes_actors.ops.http_config import TOKEN_ENV, HttpSettings, http_settings
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser", reason="the [ops] extra (prometheus_client)")
 
-from hermes_actors.ops.http_server import TOKEN_COOKIE, OpsHttpServer, host_of  # noqa: E402
+from hermes_actors.ops.http_server import TOKEN_COOKIE, OpsHttpServer, cookie_values, host_of  # noqa: E402
 from hermes_actors.ops.metrics import (  # noqa: E402
     METRIC_NAMES,
     REDIS_METRICS,
@@ -338,6 +341,156 @@ def test_a_token_is_required_when_set(root: Path, gateways: list[Gateway]) -> No
         assert f"{TOKEN_COOKIE}={TOKEN}" in response.headers["Set-Cookie"]
         assert "HttpOnly" in response.headers["Set-Cookie"]
         conn.close()
+
+
+@pytest.mark.parametrize(("header", "values"), [
+    ("", []),
+    (f"{TOKEN_COOKIE}=T", ["T"]),
+    (f'prefs={{"theme":"dark"}}; {TOKEN_COOKIE}=T', ["T"]),  # a JSON cookie a strict parser stops at
+    (f"x=a b; {TOKEN_COOKIE}=T", ["T"]),
+    (f'{TOKEN_COOKIE}=T; prefs={{"a":1}}', ["T"]),
+    (f'{TOKEN_COOKIE}="T"', ["T"]),
+    (f"  {TOKEN_COOKIE} = T ;other=1", ["T"]),
+    (f"{TOKEN_COOKIE}=a; {TOKEN_COOKIE}=b", ["a", "b"]),
+    (f"x{TOKEN_COOKIE}=T; {TOKEN_COOKIE}x=T; {TOKEN_COOKIE}", []),  # other names, a pair without a value
+    (f"{TOKEN_COOKIE}=a=b", ["a=b"]),
+])
+def test_the_token_cookie_is_found_among_any_other_pairs(header: str, values: list[str]) -> None:
+    assert cookie_values(header, TOKEN_COOKIE) == values
+
+
+def test_a_token_cookie_beside_a_cookie_a_strict_parser_refuses_is_accepted(root: Path,
+                                                                           gateways: list[Gateway]) -> None:
+    """Regression (review): SimpleCookie stops at the first pair it cannot parse, so another page's JSON cookie on
+    the same host hid ours and the page answered 401 for the right token."""
+    gw = start_gateway(gateways, root)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0, TOKEN)) as server:
+        for cookie in (f'prefs={{"theme":"dark"}}; {TOKEN_COOKIE}={TOKEN}', f"x=a b; {TOKEN_COOKIE}={TOKEN}"):
+            assert get(server.url + "status", {"Cookie": cookie})[0] == 200, cookie
+        assert get(server.url + "status", {"Cookie": f'prefs={{"theme":"dark"}}; {TOKEN_COOKIE}=wrong'})[0] == 401
+
+
+def _port(server: OpsHttpServer) -> int:
+    return int(server.url.rstrip("/").rsplit(":", 1)[1])
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    out = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def test_connections_beyond_the_cap_are_answered_503_at_once(root: Path, gateways: list[Gateway]) -> None:
+    """Regression (review): every connection got a thread and a descriptor, without bound: slow clients could take
+    them all (then the submit endpoint's accept failed, and a SIGTERM could not stop serve)."""
+    gw = start_gateway(gateways, root)
+    with (
+        OpsHttpServer(gw, HttpSettings("127.0.0.1", 0), max_connections=2, request_head_seconds=600) as server,
+        contextlib.ExitStack() as held,
+    ):
+        assert server._server is not None
+        slow = [held.enter_context(socket.create_connection(("127.0.0.1", _port(server)), timeout=30))
+                for _ in range(2)]
+        for sock in slow:
+            sock.sendall(b"GET /sta")  # and nothing more: each holds its connection's slot
+        await_condition(lambda: server._server is not None and len(server._server._open) == 2, timeout=10,
+                        message="both slow clients are being served")
+        with socket.create_connection(("127.0.0.1", _port(server)), timeout=30) as third:
+            third.sendall(b"GET /status HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = _read_all(third)  # timeout=30: without the cap it would be served (200), not refused
+        assert answer.startswith(b"HTTP/1.0 503 ") and b"Retry-After: 1" in answer, answer
+        assert answer.endswith(b"\r\n\r\nbusy: 2 connections are being served; try again in a moment\n"), answer
+        slow[0].sendall(b"tus HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")  # the first one finishes its request
+        assert _read_all(slow[0]).startswith(b"HTTP/1.0 200 ")
+        await_condition(lambda: server._server is not None and len(server._server._open) == 1, timeout=10,
+                        message="its slot was given back")
+        assert get(server.url + "status")[0] == 200  # served again
+
+
+def _trickle_until_closed(port: int, give_up: float) -> float | None:
+    """Send a request's head a byte at a time, whenever nothing is to be read, until the server closes the connection.
+
+    Returns:
+        The ``time.monotonic()`` at which the server's end was found closed; None when it was still open at ``give_up``.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET /status HTTP/1.0\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        while time.monotonic() < give_up:
+            readable, _, _ = select.select([sock], [], [], 0.05)  # the trickle's pace, far below the read timeout
+            try:
+                if readable:
+                    if not sock.recv(65536):
+                        return time.monotonic()
+                else:
+                    sock.send(b"a")
+            except (BrokenPipeError, ConnectionResetError):
+                return time.monotonic()
+    return None
+
+
+def test_a_client_trickling_its_request_head_is_cut_off_at_the_head_deadline(root: Path,
+                                                                           gateways: list[Gateway]) -> None:
+    """Regression (review): only each read had a timeout (10 s), so a byte a second held a thread and a descriptor
+    for good."""
+    gw = start_gateway(gateways, root)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0), max_connections=1, request_head_seconds=0.5) as server:
+        closed_at = _trickle_until_closed(_port(server), give_up=time.monotonic() + 60)
+        assert closed_at is not None, "the server kept a trickling connection open for 60 s"
+        await_condition(lambda: server._server is not None and not server._server._open, timeout=10,
+                        message="its slot was given back")
+        assert get(server.url + "status")[0] == 200  # the only slot is free again
+
+
+def test_a_request_sent_whole_in_time_is_served_and_may_stream_past_the_head_deadline(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    gw = start_gateway(gateways, root)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0), request_head_seconds=0.5, stream_interval=0.05) as server:
+        response = urllib.request.urlopen(server.url + "events", timeout=30)
+        deadline_passed = time.monotonic() + 1.0
+        lines = 0
+        while time.monotonic() < deadline_passed or lines < 3:  # status refreshes keep coming after the deadline
+            line = response.readline()
+            assert line, "the stream was cut"
+            lines += line.startswith(b"event: ")
+        response.close()
+
+
+def test_an_accept_out_of_descriptors_backs_off_and_is_said_once(
+    endpoint: OpsHttpServer, monkeypatch: pytest.MonkeyPatch, log_records: list[Any]
+) -> None:
+    """Regression (review): socketserver retried a failed accept at once, and the waiting connection kept the socket
+    readable: the accept thread spun a core for as long as the process was out of descriptors, saying nothing."""
+    from hermes_actors.ops import http_server
+
+    server = endpoint._server
+    assert server is not None
+    real_accept = socket.socket.accept
+    failures = {"left": 3}
+    waits: list[int] = []
+
+    def short_of_descriptors(sock: socket.socket) -> tuple[socket.socket, Any]:
+        if sock is server.socket and failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_accept(sock)
+
+    real_backoff = http_server.accept_backoff
+
+    def backoff(n: int) -> float:
+        waits.append(n)
+        return real_backoff(n)
+
+    monkeypatch.setattr(socket.socket, "accept", short_of_descriptors)
+    monkeypatch.setattr(http_server, "accept_backoff", backoff)
+    assert get(endpoint.url + "status")[0] == 200  # its connection meets the three failures first
+    assert failures["left"] == 0 and waits == [1, 2, 3]
+    said = [r["message"] for r in log_records if "accept connections" in r["message"]
+            or "accepting connections" in r["message"]]
+    assert said == ["operator endpoint cannot accept connections ([Errno 24] Too many open files); retrying until it "
+                    "can", "operator endpoint accepting connections again (after 3 failed accepts)"], said
 
 
 def test_events_stream_outcomes_and_close_ends_the_stream(endpoint: OpsHttpServer) -> None:

@@ -22,6 +22,7 @@ from roots import RecordingRunner, await_condition, body_of, held_on, make_root,
 
 from hermes_actors.cli import main
 from hermes_actors.cli.host_wait import settle_host
+from hermes_actors.core.accept_retry import ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN, accept_backoff, accept_retries
 from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.gateway import Gateway
 from hermes_actors.hermes import submit_protocol
@@ -269,6 +270,73 @@ def test_beyond_max_connections_a_client_is_told_the_host_is_busy(server_root: P
         holder.settimeout(30)
         assert json.loads(holder.recv(65536))["op"] == "pong"
     assert "busy" in answer["error"]
+
+
+@pytest.mark.parametrize(("error", "retried"), [
+    (errno.EMFILE, True), (errno.ENFILE, True), (errno.ENOBUFS, True), (errno.ENOMEM, True),
+    (errno.ECONNABORTED, True), (errno.EPROTO, True), (errno.EINTR, True), (errno.EPERM, True),
+    (errno.ENETDOWN, True), (None, True),
+    (errno.EBADF, False), (errno.ENOTSOCK, False), (errno.EINVAL, False),
+])
+def test_every_accept_error_but_an_unusable_listener_is_retried(error: int | None, retried: bool) -> None:
+    assert accept_retries(error) is retried
+
+
+def test_the_accept_backoff_grows_is_never_zero_and_is_bounded() -> None:
+    waits = [accept_backoff(n) for n in (1, 2, 3, 10, 1000, 10**9)]
+    assert waits[0] == ACCEPT_BACKOFF_MIN > 0 and waits[1] == 2 * ACCEPT_BACKOFF_MIN
+    assert waits == sorted(waits) and max(waits) == ACCEPT_BACKOFF_MAX
+
+
+def test_an_accept_out_of_descriptors_is_retried_not_the_end_of_the_endpoint(
+    server_root: Path, monkeypatch: pytest.MonkeyPatch, log_records: list[Any]
+) -> None:
+    """Regression (review): one EMFILE at accept() ended the accept thread for good, the socket file stayed,
+    and every later client waited its whole timeout to be told its DM "may or may not have been queued"."""
+    server = SubmitServer(server_root, send=Recorder())
+    real_accept = socket.socket.accept
+    failures = {"left": 3}
+
+    def short_of_descriptors(sock: socket.socket) -> tuple[socket.socket, Any]:
+        if sock is server._sock and failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_accept(sock)
+
+    monkeypatch.setattr(socket.socket, "accept", short_of_descriptors)
+    with server:
+        answer = submit_dm(server_root, "alice", "bob", "hi")  # its connection meets the three failures first
+        assert answer["status"] == "queued"
+        assert failures["left"] == 0
+        assert ping(server_root, timeout=10) is not None  # and the endpoint goes on serving
+        assert server._accept_thread is not None and server._accept_thread.is_alive()
+    said = [r["message"] for r in log_records
+            if "accept connections" in r["message"] or "accepting connections" in r["message"]]
+    assert said == ["submit endpoint cannot accept connections ([Errno 24] Too many open files); retrying until it "
+                    "can", "submit endpoint accepting connections again (after 3 failed accepts)"], said
+
+
+def test_a_stop_during_an_accept_backoff_ends_the_accept_thread(
+    server_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = SubmitServer(server_root, send=Recorder())
+    real_accept = socket.socket.accept
+    failing = threading.Event()
+
+    def always_short(sock: socket.socket) -> tuple[socket.socket, Any]:
+        if sock is server._sock:
+            failing.set()
+            raise OSError(errno.ENFILE, "Too many open files in system")
+        return real_accept(sock)
+
+    monkeypatch.setattr(socket.socket, "accept", always_short)
+    server.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as waiting:
+        waiting.connect(str(server.path))  # never accepted: the accepts keep failing
+        assert failing.wait(30)
+        server.close(timeout=30)
+    assert server._accept_thread is not None and not server._accept_thread.is_alive()
+    assert not server.path.exists()
 
 
 def test_a_handler_exception_is_an_error_answer_not_a_dead_server(server_root: Path) -> None:

@@ -14,7 +14,10 @@ name (a symlink, a hard link, a FIFO) is refused, as a foreign file at the socke
 
 Threads (of :class:`SubmitServer`): one accept thread, plus one short-lived thread
 per open connection (at most ``max_connections``; beyond that a client is told
-the host is busy). Nothing else runs in the background.
+the host is busy). Nothing else runs in the background. An ``accept()`` that fails
+(out of descriptors, a client gone first) is retried after a bounded back-off
+(:mod:`hermes_actors.core.accept_retry`): only the server's own stop, or a listening
+socket that is itself unusable, ends the accept thread.
 
 Wire format and texts: :mod:`hermes_actors.hermes.submit_protocol`; the socket checks both ends
 make: :mod:`hermes_actors.hermes.submit_socket`; the host lock: :mod:`hermes_actors.hermes.submit_lock`;
@@ -38,7 +41,9 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.accept_retry import accept_backoff, accept_retries
 from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
+from hermes_actors.core.spell import Spell
 from hermes_actors.errors import HostileFileError
 from hermes_actors.hermes.submit_client import (
     HostLost,
@@ -275,6 +280,7 @@ class SubmitServer:
     def _accept_loop(self) -> None:
         sock, wake = self._sock, self._wake_r
         assert sock is not None and wake is not None
+        spell = Spell()  # accepts failing in a row (out of descriptors...): said once, and once when they pass
         while True:
             try:
                 ready, _, _ = select.select([sock, wake], [], [])
@@ -285,11 +291,23 @@ class SubmitServer:
                 return
             try:
                 conn, _ = sock.accept()
-            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):  # that client went away first
                 continue
             except OSError as exc:
-                logger.error("submit endpoint stopped accepting: {}", exc)
-                return
+                if not accept_retries(exc.errno):  # the listening socket itself is unusable
+                    logger.error("submit endpoint stopped accepting: {}", exc)
+                    return
+                spell, say = spell.failed()
+                if say:
+                    logger.warning("submit endpoint cannot accept connections ({}); retrying until it can", exc)
+                # the waiting connection keeps the socket readable: wait before the retry, or it would spin
+                if self._wait_for_stop(wake, accept_backoff(spell.failures)):
+                    self._turn_away_backlog(sock)
+                    return
+                continue
+            spell, ended = spell.landed()
+            if ended:
+                logger.info("submit endpoint accepting connections again (after {} failed accepts)", ended)
             conn.setblocking(True)
             if not self._slots.acquire(blocking=False):
                 self._refuse_busy(conn)
@@ -298,6 +316,15 @@ class SubmitServer:
             with self._handlers_lock:
                 self._handlers.add(thread)
             thread.start()
+
+    @staticmethod
+    def _wait_for_stop(wake: socket.socket, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the stop's wake-up; whether it came (or the wait could not be made)."""
+        try:
+            ready, _, _ = select.select([wake], [], [], seconds)
+        except (OSError, ValueError):  # the wake-up socket closed: the stop is under way
+            return True
+        return bool(ready)
 
     def _serve_one(self, conn: socket.socket) -> None:
         try:

@@ -18,6 +18,7 @@ from hermes_actors.hermes.submit_protocol import MAX_REQUEST_BYTES
 
 __all__ = [
     "RECV_CHUNK", "HostLost", "HostOffline", "open_dir", "peer_cred", "read_request", "recv_by", "socket_address",
+    "timeout_by",
 ]
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -95,11 +96,25 @@ def recv_by(conn: socket.socket, deadline: float) -> bytes:
         TimeoutError: the deadline passed before anything arrived.
         OSError: the connection failed.
     """
+    timeout_by(conn, deadline)
+    return conn.recv(RECV_CHUNK)
+
+
+def timeout_by(conn: socket.socket, deadline: float, at_most: float | None = None) -> None:
+    """Set ``conn``'s timeout to what is left until ``deadline``: its next read (or write) returns by then.
+
+    Args:
+        conn: a connected socket.
+        deadline: a ``time.monotonic()`` time.
+        at_most: a timeout it never exceeds (None: what is left, however long).
+
+    Raises:
+        TimeoutError: the deadline passed.
+    """
     left = deadline - time.monotonic()
     if left <= 0:
         raise TimeoutError("the deadline passed")
-    conn.settimeout(left)
-    return conn.recv(RECV_CHUNK)
+    conn.settimeout(left if at_most is None else min(left, at_most))
 
 
 def read_request(conn: socket.socket, deadline: float) -> bytes:

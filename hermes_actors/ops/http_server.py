@@ -3,21 +3,29 @@
 The server's lifetime is explicit: :meth:`OpsHttpServer.start` binds and starts
 its one accept thread, :meth:`OpsHttpServer.close` ends the live streams, stops
 accepting, cuts the open connections (an idle or slow client cannot hold it) and
-joins every request thread. Outcomes reach it through
+joins every request thread.
+
+A client cannot hold the server's threads and descriptors without bound: at most
+:data:`MAX_CONNECTIONS` connections are served at once (one beyond is answered a short 503
+and closed at once, by the accept thread), and each must send its request line and headers
+within :data:`REQUEST_HEAD_SECONDS` of being taken, however often it sends a byte (a slowloris
+is cut off). An ``accept()`` that fails (out of descriptors) is retried after a bounded back-off
+(:mod:`hermes_actors.core.accept_retry`) instead of at once, spinning. Outcomes reach it through
 ``Gateway.subscribe``; the callback only counts and appends, and cannot raise
 into the notifier (which would only log it anyway: user code never stops actors).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import io
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -27,18 +35,48 @@ import orjson
 from loguru import logger
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hermes_actors.core.accept_retry import accept_backoff, accept_retries
+from hermes_actors.core.spell import Spell
 from hermes_actors.gateway import Gateway
+from hermes_actors.hermes.submit_socket import timeout_by
 from hermes_actors.ops.feed import LiveFeed
 from hermes_actors.ops.http_config import HttpSettings, is_loopback_host
 from hermes_actors.ops.metrics import DeliveryMetrics
 from hermes_actors.ops.status import live_status
 
-__all__ = ["MAX_STREAMS", "TOKEN_COOKIE", "OpsHttpServer", "host_of"]
+__all__ = ["MAX_CONNECTIONS", "MAX_STREAMS", "REQUEST_HEAD_SECONDS", "TOKEN_COOKIE", "OpsHttpServer", "cookie_values",
+           "host_of"]
 
 TOKEN_COOKIE = "hermes_actors_token"
 MAX_STREAMS = 16  # open /events streams (live pages) at once
+MAX_CONNECTIONS = 64  # connections served at once, the streams among them (each holds a thread and a descriptor)
+REQUEST_HEAD_SECONDS = 10.0  # a client's time to send its whole request line and headers, from its connection's take
 _PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
              "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def cookie_values(header: str, name: str) -> list[str]:
+    """Pure: the values of the cookies called ``name`` in a ``Cookie`` header, whatever else it holds.
+
+    Each ``;``-separated pair is read on its own: a pair another page of the same host set (``prefs={"a":1}``,
+    ``x=a b``) that a strict parser refuses does not hide ours.
+
+    Args:
+        header: the ``Cookie`` header's value ("" when absent).
+        name: the cookie's name.
+
+    Returns:
+        Each value sent under ``name``, in order, unquoted (``"v"`` → ``v``); [] when none.
+    """
+    values = []
+    for pair in header.split(";"):
+        key, equals, value = pair.partition("=")
+        if equals and key.strip() == name:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            values.append(value)
+    return values
 
 
 def host_of(header: str) -> str:
@@ -63,7 +101,62 @@ class _Server(ThreadingHTTPServer):
         self.ops = ops
         self._open: set[socket.socket] = set()  # the connections being served, cut at close
         self._open_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(ops.max_connections)  # connections served at once
+        self._turned_away = Spell()  # connections turned away in a row (at the cap): said once; the accept thread's
+        self._accepts = Spell()  # accepts failing in a row (out of descriptors): said once; the accept thread's
+        self.closing = threading.Event()  # set by close(): ends an accept back-off at once
         super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Take a connection; one that cannot be taken (out of descriptors...) is retried after a back-off.
+
+        socketserver retries at once, and the waiting connection keeps the socket readable: without the
+        back-off the accept thread would spin a core for as long as the shortage lasts.
+        """
+        try:
+            taken = super().get_request()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):  # that client went away first
+            raise
+        except OSError as exc:
+            if accept_retries(exc.errno):
+                self._accepts, say = self._accepts.failed()
+                if say:
+                    logger.warning("operator endpoint cannot accept connections ({}); retrying until it can", exc)
+                self.closing.wait(accept_backoff(self._accepts.failures))
+            raise  # socketserver drops this attempt: the next select() retries
+        self._accepts, ended = self._accepts.landed()
+        if ended:
+            logger.info("operator endpoint accepting connections again (after {} failed accepts)", ended)
+        return taken
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve ``request`` on a thread of its own, or beyond :data:`MAX_CONNECTIONS` turn it away at once."""
+        if not self._slots.acquire(blocking=False):
+            self._turned_away, say = self._turned_away.failed()
+            if say:
+                logger.warning("operator endpoint: {} connections are being served; turning more away until one "
+                               "ends", self.ops.max_connections)
+            self._turn_away(request)
+            return
+        self._turned_away, _ = self._turned_away.landed()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread was started: nothing else gives the slot back
+            self._slots.release()
+            raise
+
+    def _turn_away(self, request: socket.socket) -> None:
+        """Answer a short 503 and close, without ever blocking the accept thread."""
+        body = f"busy: {self.ops.max_connections} connections are being served; try again in a moment\n".encode()
+        with contextlib.suppress(OSError):
+            request.setblocking(False)
+            with contextlib.suppress(BlockingIOError):  # what already came: closing on unread data resets the 503
+                while len(request.recv(65536)) > 0:
+                    pass
+            request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\nRetry-After: 1\r\n"
+                         b"Connection: close\r\n\r\n" + body)
+        self.shutdown_request(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
@@ -73,6 +166,7 @@ class _Server(ThreadingHTTPServer):
         finally:
             with self._open_lock:
                 self._open.discard(request)
+            self._slots.release()
 
     def cut_connections(self) -> None:
         """End every open connection at once: an idle or dribbling client must not hold the close (nor a stop).
@@ -104,14 +198,19 @@ class OpsHttpServer:
         settings: where to listen and the bearer token (see :func:`~hermes_actors.ops.http_config.http_settings`).
         status: the ``live_status`` function (``/status`` and the page).
         stream_interval: seconds between the status refreshes each ``/events`` stream sends between outcomes.
+        max_connections: connections served at once (:data:`MAX_CONNECTIONS`); one more is answered 503.
+        request_head_seconds: a connection's time to send its request line and headers (:data:`REQUEST_HEAD_SECONDS`).
     """
 
     def __init__(self, gateway: Gateway, settings: HttpSettings, *,
-                 status: Callable[[Gateway], dict[str, Any]] = live_status, stream_interval: float = 1.0) -> None:
+                 status: Callable[[Gateway], dict[str, Any]] = live_status, stream_interval: float = 1.0,
+                 max_connections: int = MAX_CONNECTIONS, request_head_seconds: float = REQUEST_HEAD_SECONDS) -> None:
         self.gateway = gateway
         self.settings = settings
         self.status = status
         self.stream_interval = stream_interval
+        self.max_connections = max_connections
+        self.request_head_seconds = request_head_seconds
         self.feed = LiveFeed()
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)  # each open page holds a request thread
         self.metrics = DeliveryMetrics(gateway.stats, lambda: status(gateway))
@@ -187,6 +286,7 @@ class OpsHttpServer:
             self._unsubscribe = None
         self.feed.close()
         if self._server is not None:
+            self._server.closing.set()  # an accept back-off ends at once
             if self._thread is not None:  # shutdown() waits for serve_forever, which a bound-only server never ran
                 self._server.shutdown()
             self._server.cut_connections()  # then the join below waits for no client
@@ -229,20 +329,58 @@ class OpsHttpServer:
         auth = headers.get("Authorization", "")
         if auth[:7].lower() == "bearer ":
             offered.append(auth[7:].strip())
-        cookie = SimpleCookie()
-        try:
-            cookie.load(headers.get("Cookie", ""))
-        except CookieError:
-            pass
-        if TOKEN_COOKIE in cookie:
-            offered.append(cookie[TOKEN_COOKIE].value)
+        for header in headers.get_all("Cookie") or []:  # a browser sends one; HTTP/2 proxies may split it
+            offered += cookie_values(header, TOKEN_COOKIE)
         return any(self.token_matches(o) for o in offered)
+
+
+class _HeadReader(io.RawIOBase):
+    """The connection's bytes for the request's head, each read bounded by one deadline for the whole head.
+
+    The handler's ``timeout`` bounds each read afresh: a client sending a byte now and then (a slowloris)
+    would hold its thread and descriptor for as long as it likes. Once the head is read
+    (:meth:`head_read`), reads are bounded by ``timeout`` alone.
+    """
+
+    def __init__(self, conn: socket.socket, deadline: float, timeout: float) -> None:
+        super().__init__()
+        self._conn = conn
+        self._deadline: float | None = deadline
+        self._timeout = timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._deadline is not None:
+            timeout_by(self._conn, self._deadline, at_most=self._timeout)  # TimeoutError: the head came too slowly
+        return self._conn.recv_into(buffer)
+
+    def head_read(self) -> None:
+        """The head is in: from now on each read is bounded by the handler's ``timeout`` only."""
+        if self._deadline is not None:
+            self._deadline = None
+            self._conn.settimeout(self._timeout)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = 10  # a client that stops reading cannot hold a request thread (and close()) for long
     server_version = "hermes-actors"
+    _head: _HeadReader
+
+    def setup(self) -> None:
+        super().setup()
+        self._head = _HeadReader(self.connection, time.monotonic() + self.server.ops.request_head_seconds,
+                                 self.timeout)
+        self.rfile.close()  # the plain reader, replaced before it read anything
+        self.rfile = io.BufferedReader(self._head)
+
+    def parse_request(self) -> bool:
+        """Parse the request line and read the headers (within the head's deadline), then lift the deadline."""
+        parsed = super().parse_request()
+        self._head.head_read()
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("http {} " + format, self.client_address[0], *args)

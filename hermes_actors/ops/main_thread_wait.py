@@ -8,6 +8,10 @@ but every process those threads started (a hermes CLI turn) inherited the block 
 SIGTERM meant to end it. So the main thread waits in ``select`` on the signal wakeup fd instead:
 the C-level handler writes the signal's number there from whatever thread caught it, the
 ``select`` returns, and the handler runs on the main thread before the wait looks again.
+
+A wait that cannot make its pipe (the process is out of descriptors: a flood of clients) is a
+plain wait instead, woken by :meth:`MainThreadWait.wake` alone, as on another thread: a stop
+asked then must still stop, not fail for want of a descriptor.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import signal
 import threading
 from collections.abc import Callable
 from types import TracebackType
+
+from loguru import logger
 
 __all__ = ["MainThreadWait"]
 
@@ -42,7 +48,8 @@ class MainThreadWait:
 
     Use it as a context manager: on the main thread it is the signal wakeup fd meanwhile (the
     previous one is put back at exit). On another thread no signal handler runs anyway; only
-    :meth:`wake` ends a wait there.
+    :meth:`wake` ends a wait there, and so it is when its pipe could not be made (out of
+    descriptors): :attr:`on_signals` is then False.
     """
 
     def __init__(self) -> None:
@@ -50,9 +57,16 @@ class MainThreadWait:
         self._write = -1
         self._previous: int | None = None  # the wakeup fd before ours; None: ours is not installed
         self._closing = threading.Lock()  # a wake() from another thread never writes to a closed (reused) fd
+        self._woken = threading.Event()  # the plain wait's wake-up, when no pipe could be made
+        self._entered = False
 
     def __enter__(self) -> MainThreadWait:
-        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._entered = True
+        try:
+            self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:  # out of descriptors (EMFILE, ENFILE): a plain wait, which wake() alone ends
+            logger.warning("cannot make the pipe signals would wake this wait through ({}): waiting without it", exc)
+            return self
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         return self
@@ -68,6 +82,7 @@ class MainThreadWait:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self._read = self._write = -1
+        self._entered = False
 
     @property
     def on_signals(self) -> bool:
@@ -80,6 +95,7 @@ class MainThreadWait:
         Never blocks nor raises: a full pipe already holds a wake-up, a closed one has no waiter.
         """
         with self._closing, contextlib.suppress(OSError):
+            self._woken.set()
             if self._write >= 0:
                 os.write(self._write, b"\0")
 
@@ -95,8 +111,13 @@ class MainThreadWait:
         Raises:
             RuntimeError: used outside its ``with`` block.
         """
-        if self._read < 0:
+        if not self._entered:
             raise RuntimeError("MainThreadWait.until() outside its with-block")
+        if self._read < 0:  # no pipe (out of descriptors): a plain wait on wake()
+            while not done():
+                self._woken.wait()
+                self._woken.clear()  # before done() is asked again: a wake() after it is not lost
+            return
         poller = select.poll()  # not select(): it refuses a descriptor numbered 1024 or more
         poller.register(self._read, select.POLLIN)
         while not done():  # the loop's jump back runs the handler of a signal that woke the poll
