@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import LogCapture, RecordingRunner, held_on, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, held_on, make_root, start_gateway, write_profile
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -50,11 +50,16 @@ class _Shortage:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.on = threading.Event()
         self.hits = 0
+        self.left: int | None = None  # how many walks fail before it ends on its own (None: until cleared)
         real = journal_file.open_dir_below
 
         def open_dir_below(anchor: Path, directory: Path | str, *, create: bool = False) -> int:
             if self.on.is_set():
                 self.hits += 1
+                if self.left is not None:
+                    self.left -= 1
+                    if self.left <= 0:
+                        self.on.clear()
                 raise _emfile(anchor)
             return real(anchor, directory, create=create)
 
@@ -121,8 +126,7 @@ def test_a_journal_whose_path_cannot_be_checked_out_of_descriptors_is_kept_not_t
             # acceptances go on being taken (not refused "no longer reachable"), each commit's check failing
             for n in (2, 3):
                 journal.append_durably({"t": "accepted", "id": _id(n), "d": {"delivery_id": _id(n)}})
-            assert journal.keeps(), "a journal that could not be checked is kept: its queued DMs stay journaled"
-            assert shortage.hits >= 3, "every check walked the path (and failed)"
+            assert shortage.hits >= 2, "every check walked the path (and failed)"
         finally:
             journal.stop()  # checks once more, still out of descriptors
         shortage.on.clear()
@@ -130,7 +134,7 @@ def test_a_journal_whose_path_cannot_be_checked_out_of_descriptors_is_kept_not_t
     assert lost == [], lost
     said = logs.matching("could not be checked at its path", "(EMFILE)")
     assert len(said) == 1, logs.lines
-    assert "open-files limit" in said[0] and "queued DMs stay journaled at stop" in said[0], said
+    assert "open-files limit" in said[0] and "taken as still there while the gateway runs" in said[0], said
     states = fold_records([r for r in parse_lines((directory / name).read_bytes().splitlines()) if r]).states
     assert set(states) == {_id(1), _id(2), _id(3)}, "every acceptance is in the file at the journal's path"
 
@@ -141,7 +145,7 @@ def test_a_journal_check_that_works_again_ends_the_spell(tmp_path: Path, shortag
     with LogCapture("INFO") as logs:
         try:
             shortage.on.set()
-            assert journal.keeps()
+            journal.append_durably({"t": "accepted", "id": _id(1), "d": {"delivery_id": _id(1)}})
             shortage.on.clear()
             assert journal.keeps()
         finally:
@@ -149,11 +153,11 @@ def test_a_journal_check_that_works_again_ends_the_spell(tmp_path: Path, shortag
     assert len(logs.matching("can be checked at its path again (1 failed check(s) before)")) == 1, logs.lines
 
 
-def test_queued_dms_are_kept_at_a_stop_out_of_descriptors_and_rerun_by_the_next_start(
+def test_queued_dms_are_kept_at_a_stop_whose_check_works_again_within_its_retries_and_rerun_by_the_next_start(
     tmp_path: Path, shortage: _Shortage
 ) -> None:
     """Regression (review): the stop found the journal "no longer reachable" and cancelled the acked queued DMs;
-    the journal was intact and the next start replayed it."""
+    the journal was intact and the next start replayed it. The stop tries a check that cannot be made again."""
     root = make_root(tmp_path)
     release = threading.Event()
     first = RecordingRunner(held_on("blocker", release))
@@ -175,13 +179,15 @@ def test_queued_dms_are_kept_at_a_stop_out_of_descriptors_and_rerun_by_the_next_
             first.wait_entered(1)
             queued = [gw.message_agent(sender="alice", target="bob", message=f"queued {n}")["delivery_id"]
                       for n in range(3)]
+            shortage.left = 2  # the first two walks fail, the next works
             shortage.on.set()
             gw.stop(timeout=0.3)
             shortage.on.clear()
         finally:
             release.set()
-    assert shortage.hits >= 1, "the stop checked the journal's path"
+    assert shortage.hits == 2, "the stop checked the journal's path, and tried again"
     assert not logs.matching("no longer reachable") and not logs.matching("unreachable at stop"), logs.lines
+    assert not logs.matching("could not be checked at its path at stop"), logs.lines
 
     def ids() -> Counter[str]:
         with lock:
@@ -196,6 +202,88 @@ def test_queued_dms_are_kept_at_a_stop_out_of_descriptors_and_rerun_by_the_next_
         assert [again.wait_outcome(key, timeout=10)["status"] for key in queued] == ["replied"] * 3
     finally:
         again.stop()
+
+
+def test_a_stop_whose_check_of_the_journal_cannot_be_made_cancels_the_queued_dms_and_tells_their_senders(
+    tmp_path: Path, shortage: _Shortage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): ``bot_relay/journal/`` really moved aside while the process was out of descriptors:
+    the stop kept the queued DMs in a file no start reads, and their senders were never told."""
+    monkeypatch.setattr(Journal, "stop_check_seconds", 0.2)
+    root = make_root(tmp_path)
+    release = threading.Event()
+    first = RecordingRunner(held_on("blocker", release))
+    told: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def collect(outcome: dict[str, Any]) -> None:
+        with lock:
+            told.append(outcome)
+
+    gw = Gateway(root, runner=first, durable=True)
+    gw.subscribe(collect)
+    gw.start()
+    with LogCapture("WARNING") as logs:
+        try:
+            gw.message_agent(sender="alice", target="bob", message="blocker")
+            first.wait_entered(1)
+            queued = [gw.message_agent(sender="alice", target="bob", message=f"queued {n}")["delivery_id"]
+                      for n in range(3)]
+            journal = root / "bot_relay" / "journal"
+            os.rename(journal, root / "bot_relay" / "journal.moved")  # an operator, a clean-up script
+            shortage.on.set()  # ... while the check cannot be made: it never could at this stop
+            gw.stop(timeout=0.3)
+        finally:
+            shortage.on.clear()
+            release.set()
+    assert shortage.hits >= 2, "the stop tried the check again"
+
+    def statuses() -> dict[str, str]:
+        with lock:
+            return {o["delivery_id"]: f"{o['status']}/{o['reason']}" for o in told if o["delivery_id"] in queued}
+
+    await_condition(lambda: len(statuses()) == 3, timeout=10, message="every queued DM's sender told")
+    assert set(statuses().values()) == {"failed/cancelled"}, told
+    said = logs.matching("could not be checked at its path at stop", "(EMFILE)")
+    assert len(said) == 1, logs.lines
+    assert "open-files limit" in said[0] and "settled cancelled and their senders told" in said[0], said
+
+
+def test_a_journal_check_that_cannot_be_made_at_stop_is_tried_again_then_not_kept(
+    tmp_path: Path, shortage: _Shortage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Journal, "stop_check_seconds", 0.2)
+    journal = Journal(tmp_path / "bot_relay" / "journal", within=tmp_path)
+    journal.start()
+    try:
+        shortage.left = 2
+        shortage.on.set()
+        assert journal.keeps(), "a check that works again within the stop's tries keeps the journal"
+        assert shortage.hits == 2
+        shortage.left = None
+        shortage.on.set()
+        with LogCapture("ERROR") as logs:
+            assert not journal.keeps(), "a check still not made at stop: nothing tells a start would find it"
+        assert shortage.hits > 3, "it was tried again"
+        assert len(logs.matching("could not be checked at its path at stop (tried for 0.2s)")) == 1, logs.lines
+    finally:
+        shortage.on.clear()
+        journal.stop()
+
+
+@pytest.mark.parametrize(("seconds", "pauses"), [
+    (0.0, ()),
+    (-1.0, ()),
+    (0.03, (0.03,)),
+    (0.2, (0.05, 0.1, 0.05)),
+    (2.0, (0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.25)),
+])
+def test_the_pauses_between_tries_of_a_check_double_up_to_a_bound_within_the_time_given(
+    seconds: float, pauses: tuple[float, ...]
+) -> None:
+    from hermes_actors.store.journal import check_pauses
+
+    assert check_pauses(seconds) == pytest.approx(pauses)
 
 
 # ── the relay rescan ────────────────────────────────────────────────────────
@@ -330,3 +418,95 @@ def test_a_store_error_out_of_descriptors_says_what_to_do() -> None:
     assert isinstance(err, StoreError)
     assert str(err).startswith("cannot write /r/bot_relay/gateways/1.json: Too many open files (EMFILE); raise "
                                "the process's open-files limit"), err
+
+
+# ── the relay hub ───────────────────────────────────────────────────────────
+
+
+def test_a_hub_roster_push_out_of_descriptors_says_so_once_and_the_hub_pushes_again_at_its_next_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): one EMFILE reading a profile while the hub published its rosters ended the HubActor;
+    ``hermes-actors relay`` ran on, logging nothing and relaying nothing."""
+    import json
+
+    from actors import Scheduler
+    from hermes_actors.messages import RosterPush
+    from hermes_actors.relay import hub as hub_module
+    from hermes_actors.relay.hub import HubActor, HubRoot
+
+    alpha, mini = make_root(tmp_path, {"alice": {}}, name="alpha"), make_root(tmp_path, {"moxie": {}}, name="mini")
+    short = threading.Event()
+    real = hub_module.discover_profiles
+
+    def discover_profiles(root: Path) -> Any:
+        if short.is_set():
+            raise _emfile(Path(root) / "profiles" / "alice" / "profile.yaml")
+        return real(root)
+
+    def listed(root: Path) -> set[str]:
+        path = root / "bot_relay" / "roster.json"
+        return {row["profile"] for row in json.loads(path.read_text(encoding="utf-8"))["agents"]}
+
+    monkeypatch.setattr(hub_module, "discover_profiles", discover_profiles)
+    roots = [HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)]
+    with Scheduler() as scheduler, LogCapture("WARNING") as logs:
+        hub = HubActor.start(roots, scheduler=scheduler, roster_seconds=3600)  # the pushes are asked for here
+        try:
+            hub.ask(RosterPush(), timeout=30)
+            assert listed(mini) == {"default", "alice"}
+            short.set()
+            for _ in range(2):
+                hub.ask(RosterPush(), timeout=30)  # raised (and ended the hub) without the fix
+            short.clear()
+            assert hub.is_alive(), "the hub lives on"
+            assert listed(mini) == {"default", "alice"}, "the roster pushed before stays"
+            write_profile(alpha / "profiles" / "zed", managed=True)
+            hub.ask(RosterPush(), timeout=30)
+            assert listed(mini) == {"default", "alice", "zed"}, "the next push reads the profiles again"
+        finally:
+            hub.stop()
+    said = logs.matching("roster push to", "failed", "out of file descriptors")
+    assert len(said) == 2, logs.lines  # one per root, once while it lasts
+    assert all("(EMFILE)" in line and "open-files limit" in line for line in said), said
+
+
+# ── status, the live page and the CLI ───────────────────────────────────────
+
+
+def test_the_live_status_out_of_descriptors_says_what_ran_out_and_goes_on(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``/status``, the live page and ``/metrics`` read: it raised (a traceback in the request's thread)."""
+    from hermes_actors.ops import status as status_module
+
+    root = make_root(tmp_path)
+    gw = start_gateway(gateways, root, RecordingRunner(), durable=False)
+
+    def discover_profiles(root: Path) -> Any:
+        raise _emfile(Path(root) / "profiles")
+
+    monkeypatch.setattr(status_module, "discover_profiles", discover_profiles)
+    status = status_module.live_status(gw)
+    assert status["running"] is True and status["managed"] is None
+    assert {row["managed"] for row in status["profiles"]} == {None}, status["profiles"]
+    said = [line for line in status["problems"] if "out of file descriptors" in line]
+    assert len(said) == 1 and "open-files limit" in said[0], status["problems"]
+
+
+def test_a_cli_command_out_of_descriptors_says_so_in_one_line_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hermes_actors.cli.main import main
+    from hermes_actors.ops import status as status_module
+
+    root = make_root(tmp_path)
+
+    def discover_profiles(root: Path) -> Any:
+        raise _emfile(Path(root) / "profiles")
+
+    monkeypatch.setattr(status_module, "discover_profiles", discover_profiles)
+    assert main(["status", "--root", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("error: ") and "Too many open files" in err and "open-files limit" in err, err

@@ -20,6 +20,7 @@ from hermes_actors.ops.http_config import HttpSettings
 from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.ops.stop_signals import STOP_SIGNALS, StopSignals
 from hermes_actors.store.hermes_root import discover_profiles, install_is_managed
+from hermes_actors.store.os_errors import advised, resource_failure
 
 __all__ = [
     "ABANDONED_TEXT", "RESTART_POLICY", "cut_off_text", "missing_cli_warning", "serve", "stop_gateway", "stop_text",
@@ -227,6 +228,27 @@ def serve(root: Path, *, connection_id: str | None, runner: Any, config: dict[st
             print(f"restarting the gateway: {failure}", file=sys.stderr, flush=True)
 
 
+def _unmanaged(root: Path) -> bool:
+    """Whether the install on ``root`` is not managed by Bot Mode (the note ``serve`` prints once it serves).
+
+    Args:
+        root: the Hermes root.
+
+    Returns:
+        True when it is not; False when it is, or when it cannot be told now (out of file descriptors, say:
+        said in one WARNING, and the gateway serves on).
+    """
+    try:
+        return not install_is_managed(discover_profiles(root))
+    except OSError as exc:
+        short = resource_failure(exc)
+        if short is None:
+            raise
+        logger.warning("could not tell whether the install on {} is managed by Bot Mode: {}: {}", root, short,
+                       advised(exc))
+        return False
+
+
 def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: dict[str, Any] | None,
                 signals: StopSignals, http: HttpSettings | None, on_ready: Callable[[Any], None] | None,
                 first: bool) -> str | None:
@@ -270,7 +292,7 @@ def _serve_once(root: Path, *, connection_id: str | None, runner: Any, config: d
             # what the gateway runs as: its absolute root, and the connection id it took (Redis may take
             # bot_mode.connection_id when none was given)
             print(f"gateway serving {gw.root} as {gw.connection_id or '(no connection id)'}: {names}", flush=True)
-            if first and not install_is_managed(discover_profiles(root)):  # served, yet every DM would be refused
+            if first and _unmanaged(root):  # served, yet every DM would be refused
                 print(not_managed_note(root), file=sys.stderr, flush=True)
             no_cli = missing_cli_warning(gw.runner) if first else None
             if no_cli is not None:  # served, yet every turn (or every CLI turn) would fail runtime_offline

@@ -56,6 +56,7 @@ from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.ops.remote_roster import RemoteRoster, read_remote_roster
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 from hermes_actors.store.journal_records import delivery_origin
+from hermes_actors.store.os_errors import advised, resource_failure
 from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -342,10 +343,20 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
     started_at = getattr(gateway, "started_at", None)
     config = gateway.config
     raw = config.raw if config is not None else {}
-    local = discover_profiles(root)
-    managed = {p.profile: p.managed for p in local}
+    problems: list[str] = []
+    try:
+        local = discover_profiles(root)
+        managed: dict[str, bool | None] = {p.profile: p.managed for p in local}
+        unknown: bool | None = False
+        install_managed: bool | None = install_is_managed(local)
+    except OSError as exc:  # out of file descriptors, say: the page and /metrics go on, the flags unknown
+        short = resource_failure(exc)
+        if short is None:
+            raise
+        managed, unknown, install_managed = {}, None, None
+        problems.append(f"the profiles' files could not be read: {short}: {advised(exc)}")
     profiles = [{"profile": r["profile"], "handle": r["handle"], "title": r["title"],
-                 "managed": managed.get(r["profile"], False)}
+                 "managed": managed.get(r["profile"], unknown)}
                 for r in rows if r["connection_id"] is None]
     counters = {key: stats.get(key) for key in ("accepted", "refused", "settled", "pending")}
     counters.update(outcome_counters(deliveries.get("by_outcome") or {}))
@@ -353,7 +364,6 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
                 "wakes_retried", "wakes_failed"):
         if key in stats:
             counters[key] = stats[key]
-    problems: list[str] = []
     # the roster where the gateway's transport keeps it, and whether its Redis link is up now
     roster = read_remote_roster(root, raw, connection_id=gateway.connection_id, now=now)
     relay_stats = stats.get("relay")
@@ -361,7 +371,8 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
     try:
         rooms = room_rows(gateway.list_rooms(), now)
     except RuntimeError as exc:  # the room directory is refused, or another process drives the rooms
-        rooms, problems = [], [str(exc)]
+        rooms = []
+        problems.append(str(exc))
     status: dict[str, Any] = {
         "source": "gateway",
         "root": str(root),
@@ -383,7 +394,7 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
         "relay": {"transport": _transport(raw), **relay_dir_counts(root), **roster_fields(roster, reachable),
                   "peers": list(config.peers) if config is not None else [],
                   "alive": stats.get("relay_alive"), "stats": stats.get("relay")},
-        "managed": install_is_managed(local),
+        "managed": install_managed,
         "problems": problems + transport_problems(root, roster, reachable),
     }
     if rooms:

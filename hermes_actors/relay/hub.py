@@ -106,6 +106,18 @@ def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) ->
     is left out (unknown), never ``false``: a root served by a seed-version gateway
     writes no heartbeat, and a false "offline" would make it unreachable (senders
     refuse ``runtime_offline``), while unknown enqueues and the TTL bounds the wait.
+
+    Args:
+        target: the root the rows are for.
+        roots: every root of the hub.
+        alive: root name → whether a gateway of ours beats there.
+
+    Returns:
+        The roster rows.
+
+    Raises:
+        OSError: a profile's files could not be read for a reason that says nothing about them (out of file
+            descriptors, say: :func:`~hermes_actors.store.hermes_root.discover_profiles`).
     """
     rows: list[dict[str, Any]] = []
     for other in roots:
@@ -230,16 +242,17 @@ class HubActor(TypedActor):
     def _push_rosters(self) -> None:
         alive = {r.name: gateway_alive(r.paths) for r in self.roots}
         now = time.time()
+        failing = (StoreError, OSError, ValidationError)  # a hostile (symlinked) directory included
         for root in self.roots:
-            rows = roster_for(root, self.roots, alive)
-            previous = self.last_roster.get(root.name)
-            if previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS:
-                continue
-            failing = (StoreError, OSError, ValidationError)  # a hostile (symlinked) directory included
+            # reading the other roots' profiles fails too (out of file descriptors, say): that root keeps the
+            # roster pushed before, it is said once while it lasts, and the next push tries again
             with warned_while_failing(f"hub roster push to {root.paths.relay.base}", failing,
                                       f"hub: roster push to {root.name} failed"):  # once while it lasts
-                rf.write_roster(root.paths.relay, rows, now=now)
-                self.last_roster[root.name] = (rows, now)
+                rows = roster_for(root, self.roots, alive)
+                previous = self.last_roster.get(root.name)
+                if not (previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS):
+                    rf.write_roster(root.paths.relay, rows, now=now)
+                    self.last_roster[root.name] = (rows, now)
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
         result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=time.time())

@@ -60,6 +60,12 @@ and refused, as a failed write is), goes on writing the rest where it was (its l
 state stays whole), tries again at each commit, and :meth:`Journal.keeps` tells the
 stop that queued DMs must be settled ``cancelled`` instead of left journaled.
 
+A check of the path that cannot be made (out of file descriptors, say) is no sign that the
+file moved: while the journal runs it is taken as where it was. At stop it is tried again
+for up to :attr:`Journal.stop_check_seconds`; one that still cannot be made is taken as a
+journal that is gone (the queued DMs are settled ``cancelled`` and their senders told):
+a DM kept in a file no start may read would be lost without a word.
+
 A full disk fails the same write again and again (each commit's append, and a running
 adoption's at each rescan; on a nearly full disk, which still takes appends, each compaction's
 whole new file): each kind is said once per spell (:class:`FailureSpell`; an adoption's write
@@ -99,7 +105,29 @@ from hermes_actors.store.journal_state import KEEP_DELIVERED, JournalState
 from hermes_actors.store.os_errors import advised, store_error
 from hermes_actors.store.private_dir import ensure_private_dir
 
-__all__ = ["Journal", "StartRecorder"]
+__all__ = ["Journal", "StartRecorder", "check_pauses"]
+
+
+def check_pauses(seconds: float, *, first: float = 0.05, most: float = 0.5) -> tuple[float, ...]:
+    """Pure: the pauses between the tries of a check that cannot be made, within ``seconds`` in all.
+
+    Each pause doubles from ``first`` up to ``most``; the last one is cut to what is left.
+
+    Args:
+        seconds: how long the tries may take in all (0 or less: no second try).
+        first: the first pause.
+        most: the longest pause.
+
+    Returns:
+        The pauses, in order; their sum is ``seconds`` (none when ``seconds <= 0``).
+    """
+    pauses: list[float] = []
+    left, pause = seconds, first
+    while left > 1e-9:
+        pauses.append(min(pause, left))
+        left -= pauses[-1]
+        pause = min(pause * 2, most)
+    return tuple(pauses)
 
 
 class StartRecorder(Protocol):
@@ -167,6 +195,8 @@ class Journal:
     """
 
     stop_wait = 10.0  # seconds ``stop`` waits for the writer thread, then again for a running commit
+    # seconds a stop (``keeps``) tries again a check of our path that cannot be made (out of file descriptors)
+    stop_check_seconds = 2.0
 
     def __init__(self, directory: Path, *, fsync: bool = True, within: Path | None = None) -> None:
         self.directory = directory
@@ -397,7 +427,10 @@ class Journal:
         Takes the write turn and checks the file's path in full (a lost file is rewritten
         into a fresh one, see :meth:`_check_home`). False: our file is unreachable and no
         fresh one could be made, so a DM left journaled would be lost: the stop settles
-        the queued DMs as ``cancelled`` instead (as without a journal).
+        the queued DMs as ``cancelled`` instead (as without a journal). A check that cannot
+        be made (out of file descriptors, say) is tried again for up to
+        :attr:`stop_check_seconds`; still not made, it is False too (said at ERROR, with why):
+        nothing tells that a start would find the file.
 
         Args:
             timeout: seconds to wait for a running commit; past it the last known answer.
@@ -411,7 +444,7 @@ class Journal:
                 return not self._homeless
             self._writing = True
         try:
-            return self._check_home(walk=True)
+            return self._check_home(walk=True, retry_for=self.stop_check_seconds)
         finally:
             with self._cond:
                 self._give_turn_back()
@@ -877,7 +910,7 @@ class Journal:
                          count, self.path, exc)
         return self._homeless_error()
 
-    def _check_home(self, *, walk: bool, pending: list[bytes] | None = None) -> bool:
+    def _check_home(self, *, walk: bool, pending: list[bytes] | None = None, retry_for: float | None = None) -> bool:
         """Make sure our records are where a start finds them (under the write turn); False when homeless.
 
         A file no longer reachable at its path (see :meth:`JournalFile.reachable`) is
@@ -886,28 +919,35 @@ class Journal:
         journal is homeless (see the module docstring) and the next commit tries again.
         Said once per change, at ERROR when it is lost. A check that cannot be made (an error
         that says nothing about the path, out of file descriptors say:
-        :func:`~hermes_actors.store.os_errors.resource_failure`) changes nothing: the journal is taken
-        as where it was (its queued DMs are kept at stop), said once per spell.
+        :func:`~hermes_actors.store.os_errors.resource_failure`) changes nothing while the journal
+        runs: it is taken as where it was, said once per spell. At stop (``retry_for``) it is tried
+        again for up to that many seconds (bounded waits, never a busy loop); one still not made is
+        taken as a journal that is gone (False, said at ERROR with why): its queued DMs are then
+        settled ``cancelled`` and their senders told, never kept in a file no start may read.
 
         Args:
             walk: check the path too, not only the link counts.
             pending: the lines of the batch being committed, written but not yet in the live state
                 (it joins the state only once this check has kept it): a fresh file holds them too.
+            retry_for: the stop's: seconds to try again a check that cannot be made (None: no second try).
 
         Returns:
-            True when our file is reachable (again, or anew), or could not be checked and was not lost before.
+            True when our file is reachable (again, or anew), or (``retry_for`` None) could not be checked and
+            was not lost before.
         """
         try:
-            reachable = self._file.reachable(walk=walk)
-        except OSError as exc:  # out of file descriptors, say: no sign that the file moved, so it is kept
-            self._checks_failing.failed(
-                "the delivery journal {} could not be checked at its path: {}. Nothing says it moved: it is taken "
-                "as still there (DMs are accepted, and queued DMs stay journaled at stop); the checks that fail "
-                "next are logged at DEBUG until one works", "the delivery journal {} could not be checked: {}",
-                self.path, advised(exc))
-            return not self._homeless
-        self._checks_failing.landed("the delivery journal {} can be checked at its path again ({} failed check(s) "
-                                    "before)", self.path)
+            reachable = self._reachable(walk=walk, retry_for=retry_for)
+        except OSError as exc:  # out of file descriptors, say: no sign that the file moved
+            if retry_for is None:  # running: it is kept
+                return not self._homeless
+            logger.error(
+                "the delivery journal {} could not be checked at its path at stop (tried for {}s): {}. Nothing "
+                "tells that a restart would find it: its queued DMs are settled cancelled and their senders told, "
+                "as for a journal that is gone", self.path, retry_for, advised(exc))
+            return False
+        if walk:  # a check of the link counts alone made no walk of the path: it ends no spell
+            self._checks_failing.landed("the delivery journal {} can be checked at its path again ({} failed "
+                                        "check(s) before)", self.path)
         if reachable:
             if self._homeless:
                 logger.warning("the delivery journal {} is reachable at its path again; DMs are accepted again",
@@ -934,6 +974,30 @@ class Journal:
         if self._homeless:
             self._set_homeless(False)
         return True
+
+    def _reachable(self, *, walk: bool, retry_for: float | None) -> bool:
+        """:meth:`JournalFile.reachable`, each check that cannot be made said once per spell; tried again after each
+        of :func:`check_pauses` (``retry_for``) while it cannot be made.
+
+        Raises:
+            OSError: the last check could not be made (out of file descriptors, say).
+        """
+        pauses = iter(check_pauses(retry_for or 0.0))
+        wait = threading.Event()  # never set: each pause is a bounded wait, the whole within retry_for
+        while True:
+            try:
+                return self._file.reachable(walk=walk)
+            except OSError as exc:
+                self._checks_failing.failed(
+                    "the delivery journal {} could not be checked at its path: {}. Nothing says it moved: it is "
+                    "taken as still there while the gateway runs (DMs are accepted); a stop tries the check again "
+                    "briefly, then settles the queued DMs cancelled if it still cannot be made; the checks that "
+                    "fail next are logged at DEBUG until one works", "the delivery journal {} could not be "
+                    "checked: {}", self.path, advised(exc))
+                pause = next(pauses, None)
+                if pause is None:
+                    raise
+                wait.wait(pause)
 
     def _set_homeless(self, homeless: bool) -> None:
         with self._cond:
