@@ -171,7 +171,11 @@ class FsBridge:
                 on_removed=(lambda path: self._report(FileRemoved, path)) if self.removals else None,
                 on_lost=self._lost,
             )
-            watcher.start()
+            try:
+                watcher.start()
+            except BaseException:  # its thread did not start (no threads left): its descriptors are closed here
+                watcher.stop()
+                raise
             self._observer = watcher
             return
         observer = self.observer_factory()
@@ -226,7 +230,9 @@ class FsBridge:
                 logger.warning("file watcher for {} died; restarting it", self.root)
             try:
                 self._start_observer()
-            except OSError as exc:  # the root is gone or no directory now: the rescans go on, and so do the tries
+            # the root is gone or no directory now (OSError), or no thread can be started (RuntimeError): the
+            # rescans go on, and so do the tries
+            except (OSError, RuntimeError) as exc:
                 if not self._restart_failing:
                     logger.error("file watcher for {} cannot be restarted: {}; the periodic rescan stands in until "
                                  "it is a directory again", self.root, exc)

@@ -14,7 +14,7 @@ import pykka
 import pytest
 from watchdog.observers import Observer
 
-from actors import FileAppeared, FileRemoved, FsBridge, Rescan, Scheduler, inotify
+from actors import FileAppeared, FileRemoved, FsBridge, ManualScheduler, Rescan, Scheduler, inotify
 from actors.fsbridge import default_ignore
 from actors.inotify import AVAILABLE as INOTIFY
 from actors.testkit import Probe, ProbeLog, await_condition
@@ -410,3 +410,53 @@ def test_a_second_start_changes_nothing_and_stop_leaves_nothing_running(
     bridge.stop()
     await_condition(lambda: not watchers.alive(), message="every watcher to end")
     assert scheduler.pending() == 0
+
+
+def _no_thread_left(self: threading.Thread) -> None:
+    raise RuntimeError("can't start new thread")
+
+
+@needs_inotify
+def test_a_watcher_whose_thread_cannot_start_closes_its_descriptors(
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], scheduler: Scheduler,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (review diffrev31, finding 2): a watcher whose thread could not be started (no threads left)
+    kept its inotify descriptor and wake pipe open: 3 descriptors per failed start() or restart."""
+    ref, _ = probe
+    fds = _inotify_fds()
+    monkeypatch.setattr(inotify.InotifyWatcher, "start", _no_thread_left)
+    for _ in range(5):
+        with pytest.raises(RuntimeError):
+            FsBridge(tmp_path, ref, scheduler=scheduler, rescan_seconds=0).start()
+    assert _inotify_fds() == fds
+
+
+@needs_inotify
+def test_the_periodic_rescan_goes_on_while_a_dead_watcher_cannot_be_restarted(
+    tmp_path: Path, probe: tuple[pykka.ActorRef[Any], ProbeLog], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (review diffrev31, finding 1): a dead watcher whose restart raised RuntimeError (no thread could
+    be started) made every periodic tick skip its rescan, so files landing meanwhile were not seen until a restart
+    worked; the restart's failure is now what an OSError's is: the rescans go on, and so do the tries."""
+    ref, actor = probe
+    manual = ManualScheduler()
+    bridge = FsBridge(tmp_path, ref, scheduler=manual, rescan_seconds=1)
+    bridge.start()
+    try:
+        actor.expect(Rescan)  # the start rescan
+        watcher = bridge._observer
+        assert isinstance(watcher, inotify.InotifyWatcher)
+        watcher.stop()
+        watcher.join(5)
+        assert not watcher.is_alive()
+        monkeypatch.setattr(inotify.InotifyWatcher, "start", _no_thread_left)
+        before = len([m for m in actor.records(Rescan) if m.reason == "periodic"])
+        for _ in range(3):
+            manual.advance(1.0)
+        await_condition(lambda: len([m for m in actor.records(Rescan) if m.reason == "periodic"]) >= before + 3,
+                        message="a periodic rescan at each tick")
+        assert bridge.check_health() is False  # still dead, still trying
+    finally:
+        monkeypatch.undo()
+        bridge.stop()
