@@ -19,7 +19,14 @@ from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
 from hermes_actors.errors import HostileFileError
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope
-from hermes_actors.relay.restart import SentScan, rebuilt_record, scan_sent, taken_action
+from hermes_actors.relay.restart import (
+    SentScan,
+    damaged_fate,
+    envelope_is_ours,
+    rebuilt_record,
+    scan_sent,
+    taken_action,
+)
 from hermes_actors.store import owner_lock
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -92,23 +99,57 @@ _ENVELOPE = seed_envelope(target_connection="mini", target_profile="moxie", targ
 @pytest.mark.parametrize(
     ("envelope", "expected"),
     [
-        pytest.param(_ENVELOPE, SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "alice", "al", 0, None, _SHELF),
+        pytest.param(_ENVELOPE, SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "alice", "al", 0, False, _SHELF),
                      id="a-seed-shaped-envelope"),
         pytest.param({**_ENVELOPE, "hop": 3},
-                     SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "alice", "al", 3, None, _SHELF),
+                     SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "alice", "al", 3, False, _SHELF),
                      id="its-hop-kept"),
+        pytest.param({**_ENVELOPE, "hop": 3, "wake": True},  # an envelope that says its wake: kept
+                     SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "alice", "al", 3, True, _SHELF),
+                     id="its-wake-kept"),
         pytest.param({**_ENVELOPE, "created_at": 0},  # unknown (parse_envelope's 0): aged from now
-                     SentRecord(_ID, _NOW, "@moxie on mini", "alice", "al", 0, None, _SHELF),
+                     SentRecord(_ID, _NOW, "@moxie on mini", "alice", "al", 0, False, _SHELF),
                      id="created-at-unknown"),
         pytest.param({**_ENVELOPE, "from_profile": "x" * 65},  # not a sender of ours (recorded_sender's rule)
-                     SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "", "", 0, None, _SHELF),
+                     SentRecord(_ID, 1_700_000_000.0, "@moxie on mini", "", "", 0, False, _SHELF),
                      id="a-sender-too-long-names-nobody"),
-        pytest.param(None, SentRecord(_ID, _NOW, UNKNOWN_TARGET_LABEL, "", "", 0, None, _SHELF), id="no-envelope"),
+        pytest.param(None, SentRecord(_ID, _NOW, UNKNOWN_TARGET_LABEL, "", "", 0, False, _SHELF), id="no-envelope"),
     ],
 )
 def test_rebuilt_record(envelope: dict[str, Any] | None, expected: SentRecord) -> None:
-    """A damaged sent/ record rebuilt from its envelope: target, sender, hop and age from it; the wake undecided."""
+    """A damaged sent/ record rebuilt from its envelope: target, sender, hop and age from it; no wake unless the
+    envelope says so (diffrev29: the wake was left to the host's ``wake_sender``, which woke a sender who sent
+    with wake off)."""
     assert rebuilt_record(_ID, envelope, now=_NOW, owner=_SHELF) == expected
+
+
+@pytest.mark.parametrize(
+    ("envelope", "profiles", "expected"),
+    [
+        pytest.param({**_ENVELOPE, "hop": 0}, {"alice"}, True, id="our-hop-and-a-profile-of-the-root"),
+        pytest.param(_ENVELOPE, {"alice"}, False, id="a-seeds-no-hop"),
+        pytest.param({**_ENVELOPE, "hop": 0}, {"bob"}, False, id="a-sender-not-of-this-root"),
+        pytest.param({**_ENVELOPE, "hop": 0}, set(), False, id="no-profiles-known"),
+    ],
+)
+def test_envelope_is_ours(envelope: dict[str, Any], profiles: set[str], expected: bool) -> None:
+    """Only an envelope our gateways wrote (``hop``) from a profile of this root is taken for ours (diffrev29)."""
+    assert envelope_is_ours(envelope, profiles) is expected
+
+
+@pytest.mark.parametrize(
+    ("found", "traced", "expected"),
+    [
+        ("ours", True, "rebuild"),
+        ("ours", False, "rebuild"),
+        ("foreign", True, "foreign"),  # a seed's envelope: never taken, whatever else is there
+        ("foreign", False, "foreign"),
+        ("none", True, "blind"),  # its reply, a claim, an unreadable envelope: ambiguous unless the reply is there
+        ("none", False, "untraced"),  # only the bad file's name: no outcome invented (diffrev29)
+    ],
+)
+def test_damaged_fate(found: Any, traced: bool, expected: str) -> None:
+    assert damaged_fate(found, traced=traced) == expected
 
 
 @pytest.mark.parametrize(

@@ -133,11 +133,15 @@ class Outbound:
         timers: the actor's timers (deadlines come back to the actor as messages).
         dispatcher: told ``RelayedOutcome`` for each envelope's outcome.
         counters: the actor's counters (``sent``, ``replies``, ``expired``, ``timeouts``, ``quarantined``).
+        profiles: the folder ids of this root's profiles: the sender an envelope must name to be taken for ours
+            when its ``sent/`` record was damaged (:func:`~hermes_actors.relay.restart.envelope_is_ours`).
     """
 
     def __init__(self, paths: InboxPaths, *, config: BotModeConfig, timers: TimerSet,
-                 dispatcher: pykka.ActorRef[Any], counters: dict[str, int]) -> None:
+                 dispatcher: pykka.ActorRef[Any], counters: dict[str, int],
+                 profiles: frozenset[str] = frozenset()) -> None:
         self.paths = paths
+        self.profiles = profiles
         self.config = config
         self.timers = timers
         self.dispatcher = dispatcher
@@ -203,10 +207,11 @@ class Outbound:
         file's lock until it is forgotten (:meth:`forget`) or we stop (:meth:`close`). One another gateway alive
         on the root is still queueing (``live``), or recorded as its own (``others``), is its own: neither
         reported nor waited for here. A dead writer's records are adopted (rewritten to name our shelf). One whose
-        record was damaged is waited for from its envelope; with none left (``blind``), it is answered ``ambiguous``
-        at once unless its reply is here (:func:`~hermes_actors.relay.restart.scan_sent`).
+        record was damaged is waited for from its envelope when that is provably ours; with none left but a trace
+        (``blind``), it is answered ``ambiguous`` at once unless its reply is here; with another gateway of ours
+        running, or no evidence it is ours, it is not taken (:func:`~hermes_actors.relay.restart.scan_sent`).
         """
-        scan = scan_sent(self.paths)
+        scan = scan_sent(self.paths, profiles=self.profiles)
         resumed, never, blind = self._wait_again(scan)
         self.resumed = tuple(resumed)
         if resumed or scan.not_ours or scan.quarantined:

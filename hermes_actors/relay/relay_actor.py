@@ -125,8 +125,9 @@ class RelayActor(TypedActor):
         roster: the RosterActor (hinted when ``roster.json`` changes).
         scheduler: timers.
         connection_id: this gateway's id for the heartbeat (None: unknown).
-        local_profiles: folder ids of this root (unused: which envelopes are ours is
-            recorded in ``sent/``, not guessed from ``from_profile``; kept for callers).
+        local_profiles: folder ids of this root: which envelopes are ours is recorded in ``sent/``, not guessed
+            from ``from_profile``; only an envelope whose ``sent/`` record was damaged must name one of them (and
+            carry our ``hop``) to be taken for ours (:func:`~hermes_actors.relay.restart.envelope_is_ours`).
         journals: takes over the journals of gateways on the root that stopped or died (durable mode;
             None: no journal).
         stopping: set by the gateway's stop before the Dispatcher stops accepting (read here only): from then on
@@ -165,7 +166,7 @@ class RelayActor(TypedActor):
         self.counters = {"sent": 0, "replies": 0, "expired": 0, "timeouts": 0, "drained": 0,
                          "quarantined": 0, "returned": 0}
         self.outbound = Outbound(self.paths, config=config, timers=self.timers, dispatcher=dispatcher,
-                                 counters=self.counters)
+                                 counters=self.counters, profiles=local_profiles)
         # None: not yet since the start. The first tick sweeps (not on_start: a tree of many thousand files
         # left by an earlier run must not delay the start); timing it from the start instead meant a gateway
         # that ran less than an hour, or was restarted more often, never swept at all.

@@ -27,12 +27,19 @@ gateways starting at once never both wait for one; a gateway already running tak
 those of a writer that dies after its start at its next rescan (:func:`take_over_sent`).
 A record that names no shelf (an older version's) is resumed as before.
 
-A ``sent/`` record that cannot be used (truncated, a FIFO, another user's file...) is quarantined, never
-followed; its name still says which envelope of ours it recorded, and its DM was acked, so the start still owns
-that DM (:func:`rebuilt_record`): it rebuilds the record from the DM's envelope (in ``outbox/``, ``expiring/`` or
-``claimed/``, validated as any envelope is) and waits for it as for any of ours; with no envelope left to rebuild
-it from, the DM is in ``blind``: answered ``ambiguous`` unless its reply is there. Either way the record is
-written again (naming our shelf), so a later start finds it.
+A ``sent/`` record that cannot be used (truncated, a FIFO, another user's file...) names its DM by its file name
+only, and that name is no proof of whose DM it was. While another gateway of ours is alive on the root (its shelf
+lock held, or its fresh heartbeat claiming a shelf: the take-over's rule, :func:`_living_others`), the record is
+left where it is, unread: that gateway may have sent the DM and still waits for it (it reports it all the same),
+and a start taking it over made it drop its own DM unreported. Otherwise the record is quarantined, never followed,
+and its DM is settled only with evidence that it is ours (:func:`damaged_fate`): its envelope (in ``outbox/``,
+``expiring/``, ``claimed/`` or on a hub's shelf, validated as any envelope is) provably one of ours
+(:func:`envelope_is_ours`: it carries our ``hop`` and its sender is a profile of this root) → the record is rebuilt
+from it (:func:`rebuilt_record`) and the DM waited for as any of ours; an envelope that is not ours (a seed
+gateway's) is left alone, no outcome here; no envelope readable but some other trace of the id on the relay (its
+reply, a file of that name where an envelope goes, its staged file) → ``blind``: answered ``ambiguous`` unless its
+reply is there; no trace at all → nothing is invented (a WARNING names the id and the quarantined file). A rebuilt
+record is written again (naming our shelf), so a later start finds it.
 
 A running gateway does not adopt the dead writer's journal (a start does, before it resumes), so
 it reads the root's journals for each record it took over: one whose outcome a journal holds as
@@ -44,7 +51,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from loguru import logger
@@ -59,6 +68,7 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.journal_records import DeliveryState
 from hermes_actors.store.owner_lock import release
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_heartbeat import claimed_shelves
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
@@ -70,16 +80,23 @@ from hermes_actors.store.relay_sent import (
     adopt_sent,
     clear_sent,
     list_sent,
+    queueing_name,
     recorded_sender,
     restore_sent,
     withdraw_unqueued,
+    withdrawn_name,
 )
-from hermes_actors.store.relay_shelf import Adopted, release_dead, take_dead
+from hermes_actors.store.relay_shelf import Adopted, holding_places, is_shelf_name, release_dead, shelf_held, take_dead
 
-__all__ = ["SentScan", "TakenAction", "TakenRecovery", "journal_settled", "rebuilt_record", "recover_taken",
-           "reown_sent", "scan_sent", "take_over_sent", "taken_action"]
+__all__ = ["DamagedFate", "EnvelopeFound", "SentScan", "TakenAction", "TakenRecovery", "damaged_fate",
+           "envelope_is_ours", "journal_settled", "rebuilt_record", "recover_taken", "reown_sent", "scan_sent",
+           "take_over_sent", "taken_action"]
 
 TakenAction = Literal["finished", "ambiguous", "rerun"]
+# What a start found of the envelope of a DM whose sent/ record was damaged: one of ours, someone else's, or none
+EnvelopeFound = Literal["ours", "foreign", "none"]
+# What a start does with such a DM (:func:`damaged_fate`)
+DamagedFate = Literal["rebuild", "foreign", "blind", "untraced"]
 
 AMBIGUOUS_WHY = "The receiving gateway stopped or crashed during the turn."
 
@@ -236,12 +253,15 @@ class SentScan:
     # taken over while running (:func:`take_over_sent`), their outcome journaled and delivered by their dead
     # writer: to forget (never to report again); a never-queued one's withdrawn lock is in ``withdrawn``
     settled: list[SentRecord] = field(default_factory=list)
-    # their sent/ record quarantined and no envelope left to rebuild it from: to answer ambiguous unless their
-    # reply is there (:func:`rebuilt_record`); those rebuilt from their envelope are in ``ours`` (or ``never_queued``)
+    # their sent/ record quarantined, no envelope of it readable, but some other trace of it on the relay: to answer
+    # ambiguous unless their reply is there (:func:`damaged_fate`); those rebuilt from their envelope are in ``ours``
+    # (or ``never_queued``)
     blind: list[SentRecord] = field(default_factory=list)
+    # damaged sent/ records left in place, unread, because another gateway of ours runs on the root (it may own them)
+    left: int = 0
 
 
-def scan_sent(paths: InboxPaths) -> SentScan:
+def scan_sent(paths: InboxPaths, *, profiles: Collection[str] = frozenset()) -> SentScan:
     """The envelopes to wait for again, from ``sent/`` only; count what is not ours.
 
     An envelope whose reply was already reported (``consumed/``) is forgotten.
@@ -254,36 +274,89 @@ def scan_sent(paths: InboxPaths) -> SentScan:
     One whose record names another living gateway's shelf is only counted (``others``),
     never read further: that gateway waits for it and reports it; so is one another
     start adopts at this moment. A dead writer's records are adopted first
-    (:func:`_adopt_dead_writers`). Invalid ``sent/`` records are quarantined; the DM one named by its
-    ``<id>.json`` is still ours: its record is rebuilt from its envelope (:func:`rebuilt_record`), written again
-    and sorted as any (``ours``, ``never_queued``, ``live``), or, with no envelope to rebuild it from, it is in
-    ``blind``. ``outbox/`` is only listed (names, nothing read, nothing kept; one of our damaged records' envelopes
-    is read): a flood of forged files costs no memory.
+    (:func:`_adopt_dead_writers`). Invalid ``sent/`` records are left in place while another gateway of ours lives
+    on the root (``left``: it may have sent their DMs), else quarantined; the DM one named by its ``<id>.json`` is
+    then settled only with evidence that it is ours (:func:`damaged_fate`): its record rebuilt from its envelope
+    (:func:`rebuilt_record`), written again and sorted as any (``ours``, ``never_queued``, ``live``), or, with only a
+    trace of it left, in ``blind``. ``outbox/`` is only listed (names, nothing read, nothing kept; the envelopes
+    of our damaged records are read): a flood of forged files costs no memory.
 
     Args:
         paths: the relay layout, ``taken`` being our shelf.
+        profiles: the folder ids of this root's profiles: a damaged record's envelope is ours only when its sender
+            is one of them (:func:`envelope_is_ours`).
 
     Returns:
         The scan.
     """
     records, bad = list_sent(paths)
     scan = SentScan()
-    lost: list[str] = []  # the ids of the bad records we moved aside: their DMs are ours all the same
+    living = _living_others(paths) if bad else []
+    lost: dict[str, Path] = {}  # the ids of the bad records we moved aside → where they went
+    left: set[str] = set()
     for path in bad:
+        envelope_id = id_of_file_name(path.name)
+        if living and envelope_id is not None:
+            left.add(envelope_id)
+            logger.warning("relay: the sent/ record {} cannot be read, and another gateway of ours runs on this root "
+                           "({}): left in place, unread; the gateway that sent that DM keeps it (it waits for it and "
+                           "reports it); the next start with no other gateway running settles it if nobody did",
+                           path, ", ".join(living))
+            continue
         moved = quarantine(paths.relay, path, "not a valid sent record")
         scan.quarantined += 1
-        envelope_id = id_of_file_name(path.name)
         if moved is not None and envelope_id is not None:  # (one another start moved first is that start's)
-            lost.append(envelope_id)
+            lost[envelope_id] = moved
+    scan.left = len(left)
     mine, scan.others = _adopt_dead_writers(paths, records)
     waiting = [record for record in mine if not _forgotten(paths, record)]
-    rebuilt, blind = _rebuild_lost(paths, lost)
+    rebuilt, blind = _rebuild_lost(paths, lost, profiles)
     _sort_waiting(paths, waiting + list(rebuilt.values()), scan)
     _restore_rebuilt(paths, rebuilt, blind, scan)
     forgotten = {record.envelope_id for record in mine} - {record.envelope_id for record in waiting}
-    recorded = ({record.envelope_id for record in records} - forgotten) | set(lost)
+    recorded = ({record.envelope_id for record in records} - forgotten) | set(rebuilt) | left
     scan.not_ours = sum(1 for envelope_id in rf.list_ids(paths.relay.outbox) if envelope_id not in recorded)
     return scan
+
+
+def envelope_is_ours(envelope: Mapping[str, Any], profiles: Collection[str]) -> bool:
+    """Pure: whether an envelope is provably one a gateway of ours on this root queued.
+
+    Our gateways write ``hop`` into every envelope they queue (``Outbound.send``); a seed gateway's envelope has
+    none (``docs/protocol.md``, ``outbox/``), and its sender is a profile of the root alike. Both are required: a
+    forged file can carry ``hop`` too, but then names a sender of this root, whom its outcome may wake.
+
+    Args:
+        envelope: the envelope, validated (``parse_envelope``).
+        profiles: the folder ids of this root's profiles.
+
+    Returns:
+        True when it carries ``hop`` and its ``from_profile`` is one of ``profiles``.
+    """
+    return "hop" in envelope and envelope.get("from_profile") in profiles
+
+
+def damaged_fate(found: EnvelopeFound, *, traced: bool) -> DamagedFate:
+    """Pure: what a start does with the DM of a ``sent/`` record it quarantined (no other gateway of ours alive).
+
+    The record's file name is no evidence whose DM it was (anyone can write a file there):
+
+    Args:
+        found: its envelope (``outbox/``, ``expiring/``, ``claimed/`` or a hub's shelf): one of ours
+            (:func:`envelope_is_ours`), someone else's (a seed gateway's, a forged one), or none readable.
+        traced: something else on the relay names the id: its reply, a file of that name where an envelope goes
+            (unreadable), its staged or withdrawn envelope in the temp directory.
+
+    Returns:
+        ``"rebuild"`` (its record rebuilt from our envelope, the DM waited for), ``"foreign"`` (not ours: left to
+        the Desktop or the hub, no outcome here), ``"blind"`` (where it is cannot be told: ``ambiguous`` unless its
+        reply is there) or ``"untraced"`` (nothing says it was ever sent: no outcome is invented).
+    """
+    if found == "ours":
+        return "rebuild"
+    if found == "foreign":
+        return "foreign"
+    return "blind" if traced else "untraced"
 
 
 def rebuilt_record(envelope_id: str, envelope: dict[str, Any] | None, *, now: float, owner: str) -> SentRecord:
@@ -291,9 +364,10 @@ def rebuilt_record(envelope_id: str, envelope: dict[str, Any] | None, *, now: fl
 
     The envelope names the DM's target, its sender and hop, and when it was queued: the DM is waited for as its
     own record would have had it (its TTL from ``created_at``: one still in ``outbox/`` at the TTL is taken back and
-    answered ``queued_expired``). Whether its outcome wakes the sender is not in it: None, the gateway's
-    ``wake_sender`` decides (as for a record of an older version). The label is the envelope's
-    ``@handle on connection`` (the ack may have shown the connection's label instead).
+    answered ``queued_expired``). Whether its outcome wakes the sender was in the record only: the envelope's
+    ``wake`` when it says it, else False: a wake nobody asked for runs a turn (the DM may have been sent with wake
+    off, as ``hermes-actors send`` sends). The label is the envelope's ``@handle on connection`` (the ack may have
+    shown the connection's label instead).
 
     Args:
         envelope_id: the envelope's id (its quarantined record's name).
@@ -305,47 +379,113 @@ def rebuilt_record(envelope_id: str, envelope: dict[str, Any] | None, *, now: fl
         The record; with no envelope, one naming nobody as sender and :data:`UNKNOWN_TARGET_LABEL` as target.
     """
     if envelope is None:
-        return SentRecord(envelope_id, now, UNKNOWN_TARGET_LABEL, owner=owner)
-    sender, handle, hop, _wake = recorded_sender(envelope, profile_key="from_profile")
+        return SentRecord(envelope_id, now, UNKNOWN_TARGET_LABEL, wake=False, owner=owner)
+    sender, handle, hop, wake = recorded_sender(envelope, profile_key="from_profile")
     created = rp.created_time(envelope.get("created_at"))
     return SentRecord(envelope_id, now if created is None else created,
                       remote_label(envelope["target_handle"], envelope["target_connection"]), sender, handle, hop,
-                      None, owner)
+                      bool(wake), owner)
 
 
-def _rebuild_lost(paths: InboxPaths, lost: list[str]) -> tuple[dict[str, SentRecord], set[str]]:
-    """The records of the DMs whose ``sent/`` record was quarantined, rebuilt from their envelopes (not written yet).
+def _living_others(paths: InboxPaths) -> list[str]:
+    """The shelves of the other gateways of ours alive on the root, by the take-over's rule: a shelf in ``taken/``
+    whose ``.lock`` a living process holds (:func:`~hermes_actors.store.relay_shelf.shelf_held`), or one a fresh
+    heartbeat of a running gateway claims (:func:`~hermes_actors.store.relay_heartbeat.claimed_shelves`). Never
+    raises (``taken/`` that cannot be listed: only the heartbeats say)."""
+    try:
+        names = [name for name in os.listdir(paths.taken_parent)
+                 if is_shelf_name(name) and name != paths.taken.name]
+    except OSError:
+        names = []
+    alive = {name for name in names if shelf_held(paths.taken_parent, name)}
+    return sorted(alive | (claimed_shelves(paths) - {paths.taken.name}))
+
+
+def _rebuild_lost(paths: InboxPaths, lost: dict[str, Path], profiles: Collection[str]
+                  ) -> tuple[dict[str, SentRecord], set[str]]:
+    """The records of the DMs whose ``sent/`` record was quarantined, rebuilt (not written yet) where
+    :func:`damaged_fate` says so; the others are logged.
 
     One whose outcome was reported already (``consumed/``) is left out: nothing is left to do for it.
 
+    Args:
+        paths: the relay layout.
+        lost: the ids of the quarantined records → where they went.
+        profiles: the folder ids of this root's profiles.
+
     Returns:
-        (id → the rebuilt record (:func:`rebuilt_record`), the ids of those with no envelope to rebuild from).
+        (id → the rebuilt record (:func:`rebuilt_record`), the ids among them with no envelope to rebuild from).
     """
     now = time.time()
     rebuilt: dict[str, SentRecord] = {}
     blind: set[str] = set()
-    for envelope_id in lost:
+    for envelope_id, moved in lost.items():
         if is_consumed(paths, envelope_id):
             continue
-        envelope = _envelope_of(paths, envelope_id)
-        if envelope is None:
+        envelope, traced = _traces_of(paths, envelope_id)
+        found: EnvelopeFound = ("none" if envelope is None else
+                                "ours" if envelope_is_ours(envelope, profiles) else "foreign")
+        fate = damaged_fate(found, traced=traced)
+        if fate == "rebuild":
+            rebuilt[envelope_id] = rebuilt_record(envelope_id, envelope, now=now, owner=paths.taken.name)
+        elif fate == "blind":
             blind.add(envelope_id)
-        rebuilt[envelope_id] = rebuilt_record(envelope_id, envelope, now=now, owner=paths.taken.name)
+            rebuilt[envelope_id] = rebuilt_record(envelope_id, None, now=now, owner=paths.taken.name)
+        elif fate == "foreign":
+            logger.warning("relay: the sent/ record of {} was damaged (quarantined as {}) and its envelope is not one "
+                           "of ours (no hop, or its sender is no profile of this root: a seed gateway's, or forged): "
+                           "left to the Desktop or the hub, no outcome is reported for it here", envelope_id, moved)
+        else:
+            logger.warning("relay: the sent/ record of {} was damaged (quarantined as {}) and nothing else on this "
+                           "root names that DM (no envelope, reply or claim of it): no outcome is reported for it",
+                           envelope_id, moved)
     return rebuilt, blind
 
 
-def _envelope_of(paths: InboxPaths, envelope_id: str) -> dict[str, Any] | None:
-    """Our envelope ``envelope_id`` where the relay keeps it (``outbox/``, ``expiring/``, ``claimed/``), validated as
-    any envelope is (a symlink, another user's file, a damaged one is not read: logged); None when none is."""
-    for directory in (paths.relay.outbox, paths.expiring, paths.relay.claimed):
-        path = paths.relay.id_file(directory, envelope_id)
+def _traces_of(paths: InboxPaths, envelope_id: str) -> tuple[dict[str, Any] | None, bool]:
+    """What the relay holds of ``envelope_id``: its envelope where the relay keeps one (``outbox/``, ``expiring/``,
+    ``claimed/``, a hub's shelf in ``hubclaims/``), validated as any envelope is (a symlink, another user's file, a
+    damaged one is not read: logged), and whether anything names the id at all. Never raises.
+
+    Returns:
+        (the envelope, or None when none can be read; True when an envelope was found, or a file of that name is
+        in one of those places, in ``replies/`` or ``delivered/``, or its staged or withdrawn file in the temp
+        directory).
+    """
+    name = f"{envelope_id}.json"
+    base = paths.relay.base
+    places = [paths.relay.outbox, paths.expiring, paths.relay.claimed]
+    try:
+        places += holding_places(paths.hubclaims, base=base)
+    except (OSError, ValidationError) as exc:  # HostileFileError included: no hub's claim there is believed
+        logger.warning("relay: cannot look for {} on the hub's shelves: {}", envelope_id, exc)
+    traced = False
+    for directory in places:
+        path = directory / name
         try:
-            return rf.read_envelope(path)
+            with relay_dir(base, directory) as fd:
+                return rf.read_envelope(path, dir_fd=fd), True
         except FileNotFoundError:
             continue
         except (OSError, ValidationError) as exc:  # HostileFileError included
+            traced = traced or _names(base, path)
             logger.warning("relay: the envelope {} cannot be read to rebuild its sent/ record from: {}", path, exc)
-    return None
+    others = [(base, paths.relay.replies / name), (base, paths.delivered / name)]
+    try:  # the temp directory is beside bot_relay/, in the root
+        others += [(paths.relay.root, paths.relay.tmp / queueing_name(envelope_id)),
+                   (paths.relay.root, paths.relay.tmp / withdrawn_name(envelope_id))]
+    except ValidationError:
+        pass
+    return None, traced or any(_names(anchor, path) for anchor, path in others)
+
+
+def _names(anchor: Path, path: Path) -> bool:
+    """Whether an entry ``path`` is there (never followed), its directory below ``anchor``; False when it cannot be
+    looked at."""
+    try:
+        return lexists_below(anchor, path)
+    except (OSError, ValueError, ValidationError):  # HostileFileError included
+        return False
 
 
 def _restore_rebuilt(paths: InboxPaths, rebuilt: dict[str, SentRecord], blind: set[str], scan: SentScan) -> None:
@@ -375,11 +515,12 @@ def _restore_rebuilt(paths: InboxPaths, rebuilt: dict[str, SentRecord], blind: s
             scan.ours.remove(record)
             scan.blind.append(record)
             logger.warning("relay: the sent/ record of {} was damaged (quarantined) and no envelope of it is left in "
-                           "outbox/, expiring/ or claimed/ to rebuild it from: answered ambiguous unless its reply is "
-                           "here", envelope_id)
+                           "outbox/, expiring/, claimed/ or on a hub's shelf to rebuild it from, though the relay "
+                           "still names it: answered ambiguous unless its reply is here", envelope_id)
         elif envelope_id not in blind:
             logger.warning("relay: the sent/ record of {} was damaged (quarantined): rebuilt from its envelope ({}), "
-                           "its DM is waited for as before", envelope_id, record.label)
+                           "its DM is waited for as before (its sender woken only if the envelope says so)",
+                           envelope_id, record.label)
 
 
 def _drop_from(scan: SentScan, envelope_id: str) -> None:

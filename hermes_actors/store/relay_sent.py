@@ -66,6 +66,7 @@ __all__ = [
     "restore_sent",
     "sent_from_here",
     "withdraw_unqueued",
+    "withdrawn_name",
 ]
 
 
@@ -199,8 +200,12 @@ def queueing_name(envelope_id: str) -> str:
     return f".{validate_delivery_id(envelope_id, what='envelope id')}.queueing"
 
 
-def _withdrawn_name(envelope_id: str) -> str:
-    """Pure: the name a restart gives a staged envelope it took back (kept until its outcome is journaled)."""
+def withdrawn_name(envelope_id: str) -> str:
+    """Pure: the name a restart gives a staged envelope it took back (kept until its outcome is journaled).
+
+    Raises:
+        ValidationError: the id is invalid.
+    """
     return f".{validate_delivery_id(envelope_id, what='envelope id')}.withdrawn"
 
 
@@ -271,7 +276,7 @@ def _withdraw(tmp_fd: int, tmp_dir: Path, envelope_id: str) -> tuple[bool, int |
         HostileFileError: the file found is not a regular file of ours.
         OSError: it could not be looked at, locked or renamed.
     """
-    staged, withdrawn = queueing_name(envelope_id), _withdrawn_name(envelope_id)
+    staged, withdrawn = queueing_name(envelope_id), withdrawn_name(envelope_id)
     try:
         lock = take_unowned(tmp_dir / staged, dir_fd=tmp_fd)
     except FileNotFoundError:
@@ -308,7 +313,7 @@ def drop_withdrawn(paths: InboxPaths, envelope_id: str, lock: int) -> None:
         release(lock)
         return
     try:
-        discard(_withdrawn_name(envelope_id), fd, paths.relay.tmp)
+        discard(withdrawn_name(envelope_id), fd, paths.relay.tmp)
     finally:
         os.close(fd)
         release(lock)  # last: while the file is there, only its lock says a living process answers for it
