@@ -84,7 +84,9 @@ def _swap(dead: Path, how: str, elsewhere: Path) -> Path:
 
 @pytest.mark.parametrize(("mode", "uid", "verdict"), [
     (stat.S_IFREG | 0o600, 1000, "adopt"),  # a journal a gateway of ours wrote
-    (stat.S_IFREG | 0o000, 1000, "adopt"),  # ours, unreadable: the open says why
+    (stat.S_IFREG | 0o000, 1000, "refuse"),  # ours, unreadable: it may hold acked DMs (it was ignored, dropped)
+    (stat.S_IFREG | 0o200, 1000, "refuse"),
+    (stat.S_IFREG | 0o400, 1000, "adopt"),  # read is all the adoption does (then it unlinks it)
     (stat.S_IFLNK | 0o777, 1000, "refuse"),  # moved elsewhere and linked back: never followed
     (stat.S_IFREG | 0o600, _NOBODY, "refuse"),  # another user's: never read
     (stat.S_IFLNK | 0o777, _NOBODY, "refuse"),
@@ -98,6 +100,14 @@ def test_what_a_durable_start_does_with_each_journal_entry(mode: int, uid: int, 
     from hermes_actors.store.journal_screen import journal_verdict
 
     assert journal_verdict(mode, uid, 1000) == verdict
+
+
+def test_root_reads_a_journal_file_of_its_own_whatever_its_mode() -> None:
+    from hermes_actors.store.journal_screen import ADOPT, entry_kind, journal_verdict
+
+    assert journal_verdict(stat.S_IFREG | 0o000, 0, 0) == ADOPT
+    assert entry_kind(stat.S_IFREG | 0o000, 1000, 1000) == "a journal file of this user that it may not read (mode " \
+        "0000)"
 
 
 @pytest.mark.parametrize("how", ["symlink", pytest.param("another user's", marks=_ROOT_ONLY)])
@@ -275,3 +285,195 @@ def test_the_journal_check_is_a_pure_function_of_the_entries() -> None:
     assert check_journal([fifo], [], 1000).level == WARN
     warned = check_journal([ours], [aside], 1000)
     assert warned.level == WARN and warned.fix.endswith(f"rm -r {aside.path}"), warned
+
+
+# ── follow-ups (review of the screen): mode 000, the quarantine race, what the texts claim ─────────────────────
+
+
+def _mode_000_start_and_doctor(root: Path, key: str) -> dict[str, object]:
+    """As the root's owner: a durable start, then doctor's journal check, then the look-up of ``key``."""
+    try:
+        with Gateway(root, runner=RecordingRunner()):
+            started = "started"
+    except HostileFileError as exc:
+        started = str(exc)
+    check = {c.name: c for c in run_doctor(root, cli=sys.executable, ping=lambda r: None)}["journal"]
+    from hermes_actors.ops.journal_view import find_outcome
+
+    return {"start": started, "level": check.level, "detail": check.detail, "fix": check.fix,
+            "lookup": find_outcome(root, key)["error"]}
+
+
+@_ROOT_ONLY
+def test_a_journal_file_of_ours_we_may_not_read_refuses_the_durable_start_and_doctor_blocks_on_it() -> None:
+    """Regression (review of the screen, as nobody): a journal file of ours with mode 000 passed doctor (``[ok]
+    journal``), and the start went on with a WARNING ``cannot be opened (Permission denied); ignored``: its acked DM
+    never ran. It may hold acked DMs and cannot be read, as another user's file: the start is refused, naming it
+    and ``chmod 600``, with nothing changed; doctor blocks on it."""
+    import shutil
+    import tempfile
+
+    from test_access_errors import call_as_nobody
+
+    base = Path(tempfile.mkdtemp(prefix="hermes-actors-mode000-"))
+    try:
+        base.chmod(0o755)
+        root, paths = _root_with_journal(base)
+        key = uuid.uuid4().hex
+        dead = _dead_journal(paths.journal, key, "journaled before the kill")
+        for path in [root, *root.rglob("*")]:
+            os.chown(path, _NOBODY, _NOBODY, follow_symlinks=False)
+        dead.chmod(0)
+        before = _tree(paths.relay.base)
+        said, out, err = call_as_nobody(lambda: _mode_000_start_and_doctor(root, key))
+        assert isinstance(said, dict), (said, out, err)
+        assert said["start"] == (
+            f"journal file {dead} is a journal file of this user that it may not read (mode 0000), never read: let "
+            f"this user read and write it (chmod 600 {dead}), or move it out of journal/ to give its DMs up (they "
+            f"never run). The gateway cannot start on {root} in durable mode while a journal file that may hold acked "
+            "DMs cannot be read safely; it is never followed, read nor moved aside; once it is put right, the next "
+            "start re-offers the DMs journaled in it; nothing was changed"), said
+        assert _tree(paths.relay.base) == before
+        assert said["level"] == BLOCK and f"journal file {dead} is a journal file of this user that it may not read" \
+            in said["detail"], said
+        assert said["fix"].startswith(f"let this user read and write it (chmod 600 {dead})"), said
+        assert f"or it is journaled in a journal file that was not read: journal file {dead} is a journal file of " \
+            "this user that it may not read (mode 0000), never read" in said["lookup"], said
+        dead.chmod(0o600)  # what the text says to do: the DM runs
+        ran, out, err = call_as_nobody(lambda: _mode_000_start_and_doctor(root, key))
+        assert isinstance(ran, dict) and ran["start"] == "started" and ran["level"] == OK, (ran, out, err)
+        assert not dead.exists()  # adopted
+    finally:
+        shutil.rmtree(base)
+
+
+def test_a_journal_file_of_ours_whose_open_is_refused_refuses_a_start_as_the_screen_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its mode lets us read it, yet the open says ``EACCES`` (an ACL): the start is refused naming it, as the screen
+    refuses one of mode 000 (it was ignored with a WARNING, its DMs dropped); a running gateway's rescan skips it."""
+    import errno
+
+    from hermes_actors.store import journal_adoption
+
+    directory = tmp_path / "journal"
+    dead = _dead_journal(directory, uuid.uuid4().hex, "journaled before the kill")
+    real_open = os.open
+
+    def refused(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if Path(str(path)) == dead:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(journal_adoption.os, "open", refused)
+    with pytest.raises(HostileFileError) as info:
+        lock_dead_journals(directory, directory / "j-ours.log")
+    assert str(info.value).startswith(f"journal file {dead} is a journal file of this user that it may not open "
+                                      f"(Permission denied), never read: let this user read and write it (chmod 600 "
+                                      f"{dead})"), info.value
+    running = lock_dead_journals(directory, directory / "j-ours.log", unchanged={})
+    running.release()
+    assert running.folded.states == {}
+
+
+def test_the_quarantine_of_a_fifo_put_back_as_the_real_journal_file_leaves_that_file_and_its_dm_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logs: LogCapture
+) -> None:
+    """Regression (review of the screen, a race forced by a hook): a FIFO at ``j-X.log`` passed the screen as
+    "set aside"; the real journal file was put back at that name before the rename, which moved it (by name) into
+    quarantine: its DM never ran, and the WARNING said it "was a FIFO". Only the entry judged is moved now: the
+    real file is put back, judged afresh (adopted), and its DM runs; nothing is quarantined."""
+    from hermes_actors.store import relay_quarantine
+
+    root, paths = _root_with_journal(tmp_path)
+    key = uuid.uuid4().hex
+    real = _dead_journal(tmp_path / "elsewhere", key, "journaled before the kill")
+    name = paths.journal / real.name
+    os.mkfifo(name, 0o600)
+    ensure = relay_quarantine.ensure_private_dir
+
+    def put_back_first(directory: Path, **kwargs: Path | None) -> None:  # after the screen's lstat, before the rename
+        if stat.S_ISFIFO(os.lstat(name).st_mode):
+            name.unlink()
+            real.rename(name)
+        ensure(directory, **kwargs)
+
+    monkeypatch.setattr(relay_quarantine, "ensure_private_dir", put_back_first)
+    runner = RecordingRunner()
+    with Gateway(root, runner=runner) as gw:
+        assert gw.wait_outcome(key, timeout=30)["reply"] == "ok: journaled before the kill"
+    assert [turn.delivery_id for turn in runner.entered] == [key]
+    assert list(paths.relay.quarantine.glob("j-*")) == []
+    assert not logs.matching("quarantined", str(name)), logs.lines
+
+
+def test_an_entry_that_is_not_the_one_judged_is_put_back_never_over_what_is_there_now(tmp_path: Path) -> None:
+    """The rule under the quarantine of a screened entry: the entry moved is looked at in quarantine; not the one
+    judged, it goes back (a link: never over an entry put at its name meanwhile, which the caller judges)."""
+    from hermes_actors.store.relay_quarantine import quarantine_into
+
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    fifo = journal / "j-a.log"
+    os.mkfifo(fifo)
+    judged = os.lstat(fifo)
+    fifo.unlink()
+    fifo.write_bytes(b"records\n")  # the real file, put back since it was judged (maybe with the FIFO's inode)
+    assert quarantine_into(tmp_path / "quarantine", fifo, "test", within=tmp_path,
+                           identity=(judged.st_dev, judged.st_ino, stat.S_IFIFO)) is None
+    assert fifo.read_bytes() == b"records\n" and list((tmp_path / "quarantine").iterdir()) == []
+    now = os.lstat(fifo)
+    moved = quarantine_into(tmp_path / "quarantine", fifo, "test", within=tmp_path,
+                            identity=(now.st_dev, now.st_ino, stat.S_IFREG))
+    assert moved is not None and moved.read_bytes() == b"records\n" and not fifo.exists()
+
+
+def test_doctor_names_a_journal_file_a_start_moved_into_quarantine(tmp_path: Path) -> None:
+    """Regression: doctor left out a regular file in quarantine that came from journal/ (one moved there in the
+    race above, or adopted with unreadable lines): the DMs in it are not re-offered, and it said ``[ok] journal``."""
+    root, paths = _root_with_journal(tmp_path)
+    paths.relay.quarantine.mkdir(mode=0o700, exist_ok=True)
+    aside = paths.relay.quarantine / f"j-{uuid.uuid4().hex}.log.1.ab.quarantined"
+    aside.write_bytes(_record(uuid.uuid4().hex, "journaled before the kill"))
+    check = {c.name: c for c in run_doctor(root, cli=sys.executable, ping=lambda r: None)}["journal"]
+    assert check.level == WARN and check.detail == (
+        f"{aside} is a journal file a start moved into quarantine (adopted with unreadable lines, or moved in a race): "
+        "DMs journaled in it that no journal in journal/ holds are not re-offered"), check
+    assert check.fix.endswith(f"then remove it: rm {aside}"), check
+
+
+def test_a_refusal_found_after_the_start_changed_something_does_not_say_nothing_was_changed(tmp_path: Path) -> None:
+    """Regression (review of the screen, a symlink swapped in after the pre-check): the screen's and the adoption's
+    refusals said "nothing was changed" after the start had made directories or quarantined a FIFO."""
+    from hermes_actors.store.journal_screen import screen_journal_files
+
+    directory = tmp_path / "journal"
+    dead = _dead_journal(directory, uuid.uuid4().hex, "journaled before the kill")
+    _swap(dead, "symlink", tmp_path / "elsewhere")
+    with pytest.raises(HostileFileError) as adoption:
+        lock_dead_journals(directory, directory / "j-ours.log")
+    with pytest.raises(HostileFileError) as screen:
+        screen_journal_files(directory, within=None)
+    for refused in (adoption, screen):
+        text = str(refused.value)
+        assert text.endswith("once it is put right, the next start re-offers the DMs journaled in it"), text
+
+
+def test_the_outcome_of_a_dm_behind_a_symlinked_journal_file_says_it_may_be_there_and_what_to_do(
+    tmp_path: Path
+) -> None:
+    """Regression: ``hermes-actors outcome`` said "no journal or relay file of this root knows it" as a fact, with
+    no fix, of a DM journaled in a symlinked file."""
+    from hermes_actors.ops.journal_view import find_outcome
+
+    root, paths = _root_with_journal(tmp_path)
+    key = uuid.uuid4().hex
+    dead = _dead_journal(paths.journal, key, "journaled before the kill")
+    records = _swap(dead, "symlink", tmp_path / "elsewhere")
+    found = find_outcome(root, key)
+    assert found["status"] == "unknown"
+    assert found["error"].startswith("no journal or relay file of this root that was read knows it"), found
+    assert found["error"].endswith(
+        f"; or it is journaled in a journal file that was not read: journal file {dead} is a symlink (to {records}), "
+        f"never followed: put that file right as hermes-actors doctor --root {root} says (its journal check), then "
+        "ask again"), found

@@ -388,9 +388,11 @@ def check_journal(entries: list[JournalEntry], quarantined: list[JournalEntry], 
     """Pure: the journal files, judged as a durable start judges them
     (:func:`~hermes_actors.store.journal_screen.journal_verdict`).
 
-    Blocks on what the start refuses (a symlink, another user's file: it may hold acked DMs, and ``serve`` exits 2
-    until it is put right); warns on what it moves into quarantine (a FIFO, a directory: it holds no records),
-    and on what a start moved there (the DMs journaled in a file it took the place of could not be re-offered).
+    Blocks on what the start refuses (a symlink, another user's file, one of ours we may not read: it may hold
+    acked DMs, and ``serve`` exits 2 until it is put right); warns on what it moves into quarantine (a FIFO, a
+    directory: it holds no records), on what a start moved there (the DMs journaled in a file it took the place
+    of could not be re-offered), and on a journal file a start moved there (adopted with unreadable lines, or
+    moved in a race): the DMs journaled in it that no other journal holds are not re-offered while it is there.
 
     Args:
         entries: the ``j-*.log`` entries of ``bot_relay/journal`` (:func:`~hermes_actors.store.journal_screen.
@@ -406,15 +408,23 @@ def check_journal(entries: list[JournalEntry], quarantined: list[JournalEntry], 
     aside = [entry for entry in entries if entry.verdict == SET_ASIDE]
     if not aside and not quarantined:
         return Check("journal", OK, f"{len(entries)} journal file(s), each a regular file of this user")
+    files = [entry for entry in quarantined if entry.ours]
+    others = [entry for entry in quarantined if not entry.ours]
     found = [f"{described(entry)} (the next start moves it into quarantine)" for entry in aside]
     found += [f"{entry.path} ({entry.kind}) was moved into quarantine by a start, in place of a journal file"
-              for entry in quarantined]
+              for entry in others]
+    found += [f"{entry.path} is a journal file a start moved into quarantine (adopted with unreadable lines, or "
+              "moved in a race): DMs journaled in it that no journal in journal/ holds are not re-offered"
+              for entry in files]
     fixes = ["none for the start: it moves such an entry aside, never opened"] if aside else []
-    if quarantined:
+    if others:
         fixes.append("look at what became of the journal file it replaced, then remove it: "
-                     + shell_command("rm", "-r", *(entry.path for entry in quarantined)))
-    return Check("journal", WARN, "; ".join(found) + "; DMs journaled in a file such an entry took the place of "
-                 "cannot be re-offered", "; ".join(fixes))
+                     + shell_command("rm", "-r", *(entry.path for entry in others)))
+    if files:
+        fixes.append("look in it for the DMs it holds (their 'accepted' lines) and resend those that never got an "
+                     "outcome, then remove it: " + shell_command("rm", *(entry.path for entry in files)))
+    said = "; DMs journaled in a file such an entry took the place of cannot be re-offered" if aside or others else ""
+    return Check("journal", WARN, "; ".join(found) + said, "; ".join(fixes))
 
 
 def for_the_hosts_runner(checks: list[Check], pong: dict[str, Any] | None) -> list[Check]:

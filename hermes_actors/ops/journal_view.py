@@ -16,6 +16,7 @@ from typing import Any
 from hermes_actors.core import outcomes
 from hermes_actors.core.names import remote_label
 from hermes_actors.core.recovery import readable_states
+from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import ValidationError
 from hermes_actors.ops.journal_index import JournalIndex, journal_dir, read_each_journal
 from hermes_actors.store.journal_records import JournalFolded, fold_lines, read_lines
@@ -24,7 +25,7 @@ from hermes_actors.store.relay_files import read_envelope, read_reply
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_sent import UNKNOWN_TARGET_LABEL, read_sent, sent_from_here
 
-__all__ = ["JournalIndex", "find_outcome", "journal_dir", "read_journals", "relayed_target_label"]
+__all__ = ["JournalIndex", "find_outcome", "journal_dir", "read_journals", "relayed_target_label", "unknown_why"]
 
 
 def read_journals(root: str | Path) -> tuple[JournalFolded, list[str]]:
@@ -90,6 +91,7 @@ def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | No
         "delivery_id", "error"?}``.
     """
     state, problems = (index or JournalIndex()).state(root, delivery_id)
+    unread = list(problems)  # the journal files not read: the DM may be in one of them
     if unread_journals is not None:
         unread_journals.extend(problems)
     # as a gateway's recovery reads the journals: it skips an unreadable one
@@ -123,9 +125,34 @@ def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | No
     # the entry's own name, not a listing: a claimed/ of 15,000 envelopes took 13 ms to list
     if any(os.path.lexists(paths.id_file(d, delivery_id)) for d in (paths.outbox, paths.claimed)):
         return {"status": "pending", "delivery_id": delivery_id, "error": "relayed; waiting for the reply"}
-    why = (f"no journal or relay file of this root knows it (outcomes are kept for the last {KEEP_DELIVERED:,} "
-           "deliveries; a DM on its way to another machine over Redis is known to the host that sent it, and to "
-           "the next host on this root once it has started)")
+    return {"status": "unknown", "delivery_id": delivery_id, "error": unknown_why(root, unread, problems[len(unread):])}
+
+
+def unknown_why(root: str | Path, unread: list[str], problems: list[str]) -> str:
+    """Pure: why no file of ``root`` knows a DM (an ``unknown`` answer's ``error``).
+
+    A journal file not read (a symlink, another user's file, one of ours we may not read) may hold it: that is
+    said, with what to do, as ``wait_outcome``'s ``KeyError`` says it; before, "no journal or relay file of this
+    root knows it" was said as a fact of a DM journaled in a symlinked file.
+
+    Args:
+        root: the Hermes root.
+        unread: one line per journal file (or the journal directory) that was refused or could not be read.
+        problems: the other problems met (a relay reply that cannot be read...).
+
+    Returns:
+        The text.
+    """
+    files = "journal or relay file of this root"
+    if unread:
+        files = "journal or relay file of this root that was read"
+    why = (f"no {files} knows it (outcomes are kept for the last {KEEP_DELIVERED:,} deliveries; a DM on its way to "
+           "another machine over Redis is known to the host that sent it, and to the next host on this root once it "
+           "has started)")
+    if unread:
+        why += (f"; or it is journaled in a journal file that was not read: {'; '.join(unread)}: put that file right "
+                f"as {shell_command('hermes-actors', 'doctor', '--root', root)} says (its journal check), then ask "
+                "again")
     if problems:
         why += "; " + "; ".join(problems)
-    return {"status": "unknown", "delivery_id": delivery_id, "error": why}
+    return why

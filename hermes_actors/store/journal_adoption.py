@@ -41,6 +41,7 @@ from hermes_actors.store.journal_screen import (
     entry_at,
     journal_verdict,
     refusal,
+    refused_open,
 )
 from hermes_actors.store.journal_state import JournalState
 
@@ -171,12 +172,13 @@ def lock_dead_journals(
     gateway is dead, and any other would-be adopter fails to take its flock).
     Skipped: our own file, one a living gateway holds, one another gateway adopted since we
     listed it, one of ``unretired`` still the same, one that cannot be opened (a warning names it at
-    a start). What is not a regular file of ours (:func:`~hermes_actors.store.journal_screen.journal_verdict`)
-    is never opened: the start screened the directory before (:func:`~hermes_actors.store.journal_screen.
-    screen_journal_files`), so one found here was swapped in since; at a start, a symlink or another user's
-    file refuses it as the screen does, and anything else is skipped with a warning (the next start moves it
-    aside). A running gateway skips them all and says nothing (the next start acts on them). With
-    ``unchanged`` (a running gateway), a file with nothing unfinished is skipped too.
+    a start; one we may not open, ``EACCES``, refuses a start as the screen refuses one of mode 000). What is not
+    a regular file of ours we may read (:func:`~hermes_actors.store.journal_screen.journal_verdict`) is never
+    opened: the start screened the directory before (:func:`~hermes_actors.store.journal_screen.
+    screen_journal_files`), so one found here was swapped in since; at a start, a symlink, another user's
+    file or one of ours we may not read refuses it as the screen does, and anything else is skipped with a
+    warning (the next start moves it aside). A running gateway skips them all and says nothing (the next start
+    acts on them). With ``unchanged`` (a running gateway), a file with nothing unfinished is skipped too.
 
     Args:
         directory: ``<root>/bot_relay/journal``.
@@ -192,8 +194,8 @@ def lock_dead_journals(
 
     Raises:
         OSError: a dead file could not be read (every file locked so far is released).
-        HostileFileError: at a start, a symlink or a regular file of another user (every file locked so far is
-            released).
+        HostileFileError: at a start, a symlink, a regular file of another user or one of ours we may not read
+            (every file locked so far is released).
     """
     folded = JournalFolded()
     adopted: list[_Adopted] = []
@@ -230,7 +232,10 @@ def _lock_one(
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None  # adopted (and removed) by another gateway since we listed it
-    except OSError as exc:  # a symlink swapped in since (ELOOP), a file we may not read
+    except PermissionError as exc:  # ours, its mode lets us read it, yet we may not (an ACL): refused as by the screen
+        _adoptable(refused_open(path, exc), starting=starting, where=where)
+        return None
+    except OSError as exc:  # a symlink swapped in since (ELOOP)
         if starting:
             logger.warning("journal {} cannot be opened ({}); ignored", path, exc.strerror or exc)
         return None
@@ -273,16 +278,18 @@ def _adoptable(entry: JournalEntry, *, starting: bool, where: Path) -> bool:
     """Whether ``entry`` is a regular file of ours (:func:`~hermes_actors.store.journal_screen.journal_verdict`).
 
     One that is not was swapped in since the start screened the directory (or beside a running gateway):
-    at a start, a symlink or another user's file refuses it, as the screen does, and anything else is
-    skipped with a warning; a running gateway skips it and says nothing (the next start acts on it).
+    at a start, a symlink, another user's file or one of ours we may not read refuses it, as the screen does
+    (not saying nothing was changed: the start made its directories and file, and may have moved entries into
+    quarantine), and anything else is skipped with a warning; a running gateway skips it and says nothing (the
+    next start acts on it).
 
     Raises:
-        HostileFileError: at a start, a symlink or a regular file of another user.
+        HostileFileError: at a start, a symlink, a regular file of another user or one of ours we may not read.
     """
     if entry.verdict == ADOPT:
         return True
     if starting and entry.verdict == REFUSE:
-        raise HostileFileError(refusal([entry], where, os.getuid()))
+        raise HostileFileError(refusal([entry], where, os.getuid(), unchanged=False))
     if starting:
         logger.warning("{}; ignored (the next start moves it into quarantine)", described(entry))
     return False
