@@ -22,7 +22,6 @@ from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_env
 from hermes_actors.relay.restart import (
     SentScan,
     damaged_fate,
-    damaged_orphan,
     envelope_is_ours,
     rebuilt_record,
     scan_sent,
@@ -151,20 +150,6 @@ def test_envelope_is_ours(envelope: dict[str, Any], profiles: set[str], expected
 )
 def test_damaged_fate(found: Any, traced: bool, expected: str) -> None:
     assert damaged_fate(found, traced=traced) == expected
-
-
-@pytest.mark.parametrize(
-    ("age", "rescan", "grace", "expected"),
-    [
-        (0.0, 2.0, 10.0, False),  # just damaged: its living writer repairs it at its next rescan
-        (14.0, 2.0, 10.0, False),  # two rescans and the grace, not past them
-        (14.5, 2.0, 10.0, True),  # past them: nobody alive knows the DM (sentdamage3)
-        (1.5, 0.5, 0.0, True),
-        (-5.0, 2.0, 10.0, False),  # a ctime in the future: not an orphan
-    ],
-)
-def test_damaged_orphan(age: float, rescan: float, grace: float, expected: bool) -> None:
-    assert damaged_orphan(age, rescan_seconds=rescan, grace=grace) is expected
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,6 @@ from roots import LogCapture, RecordingRunner, make_root, start_gateway
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.core.wake import wake_id
-from hermes_actors.errors import ValidationError
-from hermes_actors.relay import restart
 from hermes_actors.relay.restart import SentScan, scan_sent
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -333,71 +331,3 @@ def test_a_start_sorts_the_dms_of_damaged_sent_records_and_writes_their_records_
     assert read_sent(paths, reported) is None  # reported already: nothing to rebuild
     assert scan.live == 1 and read_sent(paths, living["id"]) is None  # left to its living sender
     assert scan.quarantined == 7 and scan.not_ours == 1 and scan.left == 0
-
-
-def test_a_damaged_record_whose_writer_stopped_is_settled_once_while_another_gateway_runs(
-    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """diffrev32 (``s3_orphan.py``): G1 runs (a long-lived serve); G2 sends a DM and stops; its record is damaged;
-    G3 starts. Nobody ever settled the DM: G3 left the record to G1 (another gateway alive), and G1's rescans
-    dropped bad records. Now a record damaged past its writer's repair window is an orphan: the first gateway to
-    see it then (G1's rescan or a start) takes it as a start alone takes it, and reports the DM once."""
-    monkeypatch.setattr(restart, "DAMAGED_GRACE_SECONDS", 0.0, raising=False)  # the window: 2 rescans (1 s)
-    root = sender_root(tmp_path)
-    config = {"bot_mode": {"envelope_ttl_seconds": 0, "reply_wait_seconds": 60, "rescan_seconds": 0.5}}
-    g1 = start_gateway(gateways, root, RecordingRunner(), config, connection_id="alpha")
-    envelope_id = sent_then_down(root, config)
-    _truncate(relay(root) / "sent" / f"{envelope_id}.json")
-    g3 = start_gateway(gateways, root, RecordingRunner(), config, connection_id="alpha")
-    seen: dict[str, list[dict[str, Any]]] = {"g1": [], "g3": []}
-    g1.subscribe(seen["g1"].append)
-    g3.subscribe(seen["g3"].append)
-    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="late but here", now=time.time()))
-
-    def reports() -> list[tuple[str, str]]:
-        return [(name, str(o.get("status"))) for name, outs in seen.items() for o in outs
-                if o.get("delivery_id") == envelope_id]
-
-    # on the tree before: TimeoutError (the record stayed damaged and unread for good)
-    assert await_condition(reports, timeout=15, message="the orphan DM's outcome") in (
-        [("g1", "replied")], [("g3", "replied")])
-    await_condition(lambda: record_gone(root, envelope_id), timeout=10, message="its record forgotten")
-    g1.stop()
-    g3.stop()
-    assert len(reports()) == 1, reports()  # once, by one of them
-    assert len(quarantined(root, envelope_id)) == 1  # the damaged record, moved aside by its one taker
-
-
-def test_a_live_gateways_damaged_record_is_repaired_and_its_dm_reported_by_it_alone(
-    tmp_path: Path, gateways: list[Gateway]
-) -> None:
-    """sentdamage3: G1, alive, sends a DM; its record is damaged; G2 runs beside it. G1 writes the record again at
-    its next rescan from what it holds (the record the send wrote: its shelf, sender, wake), so no gateway ever
-    takes it for an orphan; G1 reports the DM, G2 nothing. Before, the record stayed damaged for as long as G1 ran."""
-    root = sender_root(tmp_path)
-    config = {"bot_mode": {"envelope_ttl_seconds": 0, "reply_wait_seconds": 60, "rescan_seconds": 0.5}}
-    g1 = start_gateway(gateways, root, RecordingRunner(), config, connection_id="alpha")
-    g2 = start_gateway(gateways, root, RecordingRunner(), config, connection_id="alpha")
-    seen2: list[dict[str, Any]] = []
-    g2.subscribe(seen2.append)
-    envelope_id = queued_id(g1.message_agent(sender="alice", target="moxie", message="are you there?"))
-    paths = InboxPaths.from_root(root)
-    written = read_sent(paths, envelope_id)
-    assert written is not None and written.owner
-    _fifo(relay(root) / "sent" / f"{envelope_id}.json")
-
-    def repaired() -> SentRecord | None:
-        try:
-            return read_sent(paths, envelope_id)
-        except (OSError, ValidationError):
-            return None
-
-    # on the tree before: TimeoutError (nobody wrote it again)
-    assert await_condition(repaired, timeout=10, message="the record written again") == written
-    rf.write_reply(RelayPaths.from_root(root), rp.make_reply(envelope_id, reply="late but here", now=time.time()))
-    out = g1.wait_outcome(envelope_id, timeout=10)
-    assert (out["status"], out["reply"]) == ("replied", "late but here"), out
-    await_condition(lambda: record_gone(root, envelope_id), timeout=10, message="its record forgotten")
-    g2.stop()
-    assert [o for o in seen2 if o.get("delivery_id") == envelope_id] == []
-    assert quarantined(root, envelope_id) == []  # replaced in place, never taken

@@ -42,7 +42,7 @@ from hermes_actors.messages import (
     ResumedSend,
     TtlDeadline,
 )
-from hermes_actors.relay.restart import SentScan, scan_sent, take_damaged, take_over_sent
+from hermes_actors.relay.restart import SentScan, scan_sent, take_over_sent
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.owner_lock import release
@@ -121,7 +121,6 @@ class Waiting:
     expires_at: float | None = None  # monotonic time its TTL runs out (None: no TTL)
     resumed: bool = False  # waited for again after a restart: it may sit in expiring/ already
     graced: bool = False  # its reply deadline was re-armed once for the expiry answer of whoever took it
-    record: SentRecord | None = None  # its sent/ record as written: a damaged one is written again from it
 
 
 class Outbound:
@@ -168,12 +167,10 @@ class Outbound:
             now=time.time(),
             extra={"hop": delivery.hop},
         )
-        written = SentRecord(envelope["id"], envelope["created_at"], route.label, route.sender.profile,
-                             route.sender.handle, delivery.hop, delivery.wake, self.paths.taken.name)
-
         def record() -> None:
-            record_sent(self.paths, written.envelope_id, written.label, now=written.at, sender=written.sender,
-                        sender_handle=written.sender_handle, hop=written.hop, wake=written.wake, owner=written.owner)
+            record_sent(self.paths, envelope["id"], route.label, now=envelope["created_at"],
+                        sender=route.sender.profile, sender_handle=route.sender.handle, hop=delivery.hop,
+                        wake=delivery.wake, owner=self.paths.taken.name)
             crashpoint("relay-after-sent-record")
 
         # Recorded as ours before it is queued (a restart resumes exactly what we sent), and staged complete
@@ -188,12 +185,11 @@ class Outbound:
         # No look for a reply here: one that already landed (the relay beat this thread) is reported by its file
         # event or the rescan, after this handler's ack was told: an outcome before its ack would settle an id
         # the Dispatcher has not booked yet, and the ack would then book it as pending for ever.
-        self._wait_for(envelope["id"], route.label, age=0.0, resumed=False, record=written)
+        self._wait_for(envelope["id"], route.label, age=0.0, resumed=False)
         self.counters["sent"] += 1
         return ack_payload(envelope["id"], route.label, now=envelope["created_at"])
 
-    def _wait_for(self, envelope_id: str, label: str, *, age: float, resumed: bool,
-                  record: SentRecord | None = None) -> None:
+    def _wait_for(self, envelope_id: str, label: str, *, age: float, resumed: bool) -> None:
         ttl = rp.seed_ttl(self.config.envelope_ttl_seconds)
         timers = []
         expires_at = None
@@ -201,7 +197,7 @@ class Outbound:
             timers.append(self.timers.after(ttl - age, TtlDeadline(envelope_id)))
             expires_at = time.monotonic() + ttl - age
         timers.append(self.timers.after(self.config.reply_wait_seconds - age, ReplyDeadline(envelope_id)))
-        self.waiting[envelope_id] = Waiting(label, timers, expires_at, resumed, record=record)
+        self.waiting[envelope_id] = Waiting(label, timers, expires_at, resumed)
 
     def resume(self) -> None:
         """After a restart: wait again for replies to the envelopes ``sent/`` records as ours (and only those).
@@ -215,7 +211,7 @@ class Outbound:
         (``blind``), it is answered ``ambiguous`` at once unless its reply is here; with another gateway of ours
         running, or no evidence it is ours, it is not taken (:func:`~hermes_actors.relay.restart.scan_sent`).
         """
-        scan = scan_sent(self.paths, profiles=self.profiles, rescan_seconds=self.config.rescan_seconds)
+        scan = scan_sent(self.paths, profiles=self.profiles)
         resumed, never, blind = self._wait_again(scan)
         self.resumed = tuple(resumed)
         if resumed or scan.not_ours or scan.quarantined:
@@ -238,30 +234,12 @@ class Outbound:
         """
         scan = take_over_sent(self.paths, owners)
         self._forget_settled(scan)
-        resumed, never, _blind = self._wait_again(scan)  # (no blind ones: a bad record is settle_damaged's)
+        resumed, never, _blind = self._wait_again(scan)  # (no blind ones: a bad record is the next start's)
         if resumed:
             logger.warning("relay: took over {} envelope(s) sent by a gateway on this root that stopped or was "
                            "killed: their replies are waited for and reported here", len(resumed) - len(never))
         self._log_left(scan, len(never))
         self._tell_resumed(resumed, never, [])
-
-    def settle_damaged(self) -> None:
-        """At each rescan: write again the damaged ``sent/`` records of the DMs we wait for, and take the orphans
-        (damaged past their writer's repair: :func:`~hermes_actors.relay.restart.take_damaged`) as :meth:`resume`
-        takes a damaged record with no other gateway alive: their outcomes are reported here (``ambiguous`` at once
-        for one with only a trace left, unless its reply is here).
-        """
-        ours = {envelope_id: entry.record for envelope_id, entry in self.waiting.items() if entry.record is not None}
-        _repaired, scan = take_damaged(self.paths, ours, profiles=self.profiles,
-                                       rescan_seconds=self.config.rescan_seconds)
-        self._forget_settled(scan)
-        resumed, never, blind = self._wait_again(scan)
-        if resumed:
-            logger.warning("relay: took {} DM(s) whose sent/ record stayed damaged with no gateway left to repair it "
-                           "(its writer stopped or was killed): their outcomes are reported here",
-                           len(resumed) - len(never))
-        self._log_left(scan, len(never))
-        self._tell_resumed(resumed, never, blind)
 
     def _forget_settled(self, scan: SentScan) -> None:
         """Forget the envelopes taken over whose outcome their dead writer journaled as delivered (``settled``).
@@ -293,8 +271,7 @@ class Outbound:
         for record in scan.ours:
             if record.envelope_id not in self.waiting:
                 resumed.append(_resumed(record))
-                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), resumed=True,
-                               record=record)
+                self._wait_for(record.envelope_id, record.label, age=max(0.0, now - record.at), resumed=True)
         for record in scan.never_queued:
             if record.envelope_id not in self.waiting:  # ours to report now: its lock says so to any other start
                 self.withdrawn[record.envelope_id] = scan.withdrawn.pop(record.envelope_id)

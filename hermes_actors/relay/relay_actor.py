@@ -438,8 +438,6 @@ class RelayActor(TypedActor):
         self._keep_shelf()
         if not self.stopping.is_set():  # stopping: a dead gateway's work is left to the next taker
             self._take_over()
-            # our damaged sent/ records written again; those damaged past their writer's repair taken
-            self.outbound.settle_damaged()
         for record, reply_connection in list(self.unwritten.values()):  # delivered/ may be back
             self._write_delivered(record, reply_connection)
         replies = set(rf.list_ids(self.paths.relay.replies))

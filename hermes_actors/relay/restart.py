@@ -30,13 +30,9 @@ A record that names no shelf (an older version's) is resumed as before.
 A ``sent/`` record that cannot be used (truncated, a FIFO, another user's file...) names its DM by its file name
 only, and that name is no proof of whose DM it was. While another gateway of ours is alive on the root (its shelf
 lock held, or its fresh heartbeat claiming a shelf: the take-over's rule, :func:`_living_others`), the record is
-left where it is, unread: that gateway may have sent the DM and still waits for it (it writes the record again at
-its next rescan, :func:`repair_own`, and reports the DM), and a start taking it over made it drop its own DM
-unreported; unless the record stayed damaged past that repair window (:func:`damaged_orphan`): then its writer is
-gone, and the first gateway to see it (a start, or a running gateway's rescan: :func:`take_damaged`) takes it as
-below, the quarantine of the entry judged being the claim (exactly one taker). Otherwise the record is
-quarantined, never followed, and its DM is settled only with evidence that it is ours (:func:`damaged_fate`): its
-envelope (in ``outbox/``,
+left where it is, unread: that gateway may have sent the DM and still waits for it (it reports it all the same),
+and a start taking it over made it drop its own DM unreported. Otherwise the record is quarantined, never followed,
+and its DM is settled only with evidence that it is ours (:func:`damaged_fate`): its envelope (in ``outbox/``,
 ``expiring/``, ``claimed/`` or on a hub's shelf, validated as any envelope is) provably one of ours
 (:func:`envelope_is_ours`: it carries our ``hop`` and its sender is a profile of this root) → the record is rebuilt
 from it (:func:`rebuilt_record`) and the DM waited for as any of ours; an envelope that is not ours (a seed
@@ -54,10 +50,9 @@ before it forgot the record; it is forgotten, never reported again (:attr:`SentS
 from __future__ import annotations
 
 import os
-import stat
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,10 +69,10 @@ from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.journal_records import DeliveryState
 from hermes_actors.store.owner_lock import release
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
-from hermes_actors.store.relay_heartbeat import HEARTBEAT_FRESH_SECONDS, claimed_shelves
+from hermes_actors.store.relay_heartbeat import claimed_shelves
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
-from hermes_actors.store.relay_quarantine import quarantine, quarantine_into
+from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_sent import (
     UNKNOWN_TARGET_LABEL,
     SentRecord,
@@ -87,16 +82,15 @@ from hermes_actors.store.relay_sent import (
     list_sent,
     queueing_name,
     recorded_sender,
-    repair_sent,
     restore_sent,
     withdraw_unqueued,
     withdrawn_name,
 )
 from hermes_actors.store.relay_shelf import Adopted, holding_places, is_shelf_name, release_dead, shelf_held, take_dead
 
-__all__ = ["DAMAGED_GRACE_SECONDS", "DamagedFate", "EnvelopeFound", "SentScan", "TakenAction", "TakenRecovery",
-           "damaged_fate", "damaged_orphan", "envelope_is_ours", "journal_settled", "rebuilt_record", "recover_taken",
-           "reown_sent", "repair_own", "scan_sent", "take_damaged", "take_over_sent", "taken_action"]
+__all__ = ["DamagedFate", "EnvelopeFound", "SentScan", "TakenAction", "TakenRecovery", "damaged_fate",
+           "envelope_is_ours", "journal_settled", "rebuilt_record", "recover_taken", "reown_sent", "scan_sent",
+           "take_over_sent", "taken_action"]
 
 TakenAction = Literal["finished", "ambiguous", "rerun"]
 # What a start found of the envelope of a DM whose sent/ record was damaged: one of ours, someone else's, or none
@@ -105,9 +99,6 @@ EnvelopeFound = Literal["ours", "foreign", "none"]
 DamagedFate = Literal["rebuild", "foreign", "blind", "untraced"]
 
 AMBIGUOUS_WHY = "The receiving gateway stopped or crashed during the turn."
-# A damaged sent/ record is an orphan once damaged this long past two rescans (:func:`damaged_orphan`): the time a
-# paused gateway's heartbeat stays fresh, the take-over's rule for a gateway still alive
-DAMAGED_GRACE_SECONDS = HEARTBEAT_FRESH_SECONDS
 
 
 def taken_action(*, replied: bool, started: bool, legacy: bool) -> TakenAction:
@@ -270,8 +261,7 @@ class SentScan:
     left: int = 0
 
 
-def scan_sent(paths: InboxPaths, *, profiles: Collection[str] = frozenset(), rescan_seconds: float = 2.0
-              ) -> SentScan:
+def scan_sent(paths: InboxPaths, *, profiles: Collection[str] = frozenset()) -> SentScan:
     """The envelopes to wait for again, from ``sent/`` only; count what is not ours.
 
     An envelope whose reply was already reported (``consumed/``) is forgotten.
@@ -285,9 +275,7 @@ def scan_sent(paths: InboxPaths, *, profiles: Collection[str] = frozenset(), res
     never read further: that gateway waits for it and reports it; so is one another
     start adopts at this moment. A dead writer's records are adopted first
     (:func:`_adopt_dead_writers`). Invalid ``sent/`` records are left in place while another gateway of ours lives
-    on the root (``left``: it may have sent their DMs, and repairs them at its next rescan), unless one stayed damaged
-    past that repair window (:func:`damaged_orphan`: its writer is gone), else quarantined; the DM one named by its
-    ``<id>.json`` is
+    on the root (``left``: it may have sent their DMs), else quarantined; the DM one named by its ``<id>.json`` is
     then settled only with evidence that it is ours (:func:`damaged_fate`): its record rebuilt from its envelope
     (:func:`rebuilt_record`), written again and sorted as any (``ours``, ``never_queued``, ``live``), or, with only a
     trace of it left, in ``blind``. ``outbox/`` is only listed (names, nothing read, nothing kept; the envelopes
@@ -297,8 +285,6 @@ def scan_sent(paths: InboxPaths, *, profiles: Collection[str] = frozenset(), res
         paths: the relay layout, ``taken`` being our shelf.
         profiles: the folder ids of this root's profiles: a damaged record's envelope is ours only when its sender
             is one of them (:func:`envelope_is_ours`).
-        rescan_seconds: the configured ``bot_mode.rescan_seconds``: how long a living gateway may take to repair
-            the damaged record of its own DM (:func:`damaged_orphan`).
 
     Returns:
         The scan.
@@ -308,15 +294,19 @@ def scan_sent(paths: InboxPaths, *, profiles: Collection[str] = frozenset(), res
     living = _living_others(paths) if bad else []
     lost: dict[str, Path] = {}  # the ids of the bad records we moved aside → where they went
     left: set[str] = set()
-    if living:
-        lost, left = _claim_orphans(paths, bad, rescan_seconds=rescan_seconds, living=living, scan=scan)
-    else:
-        for path in bad:
-            envelope_id = id_of_file_name(path.name)
-            moved = quarantine(paths.relay, path, "not a valid sent record")
-            scan.quarantined += 1
-            if moved is not None and envelope_id is not None:  # (one another start moved first is that start's)
-                lost[envelope_id] = moved
+    for path in bad:
+        envelope_id = id_of_file_name(path.name)
+        if living and envelope_id is not None:
+            left.add(envelope_id)
+            logger.warning("relay: the sent/ record {} cannot be read, and another gateway of ours runs on this root "
+                           "({}): left in place, unread; the gateway that sent that DM keeps it (it waits for it and "
+                           "reports it); the next start with no other gateway running settles it if nobody did",
+                           path, ", ".join(living))
+            continue
+        moved = quarantine(paths.relay, path, "not a valid sent record")
+        scan.quarantined += 1
+        if moved is not None and envelope_id is not None:  # (one another start moved first is that start's)
+            lost[envelope_id] = moved
     scan.left = len(left)
     mine, scan.others = _adopt_dead_writers(paths, records)
     waiting = [record for record in mine if not _forgotten(paths, record)]
@@ -369,26 +359,6 @@ def damaged_fate(found: EnvelopeFound, *, traced: bool) -> DamagedFate:
     return "blind" if traced else "untraced"
 
 
-def damaged_orphan(age: float, *, rescan_seconds: float, grace: float) -> bool:
-    """Pure: whether a damaged ``sent/`` record has no living writer left to repair it.
-
-    The one gateway that knows the DM is the one that waits for it (in memory); at each rescan it rewrites the
-    record of a DM of its own that it finds damaged (:func:`repair_own`), so the damage lasts one rescan period at
-    most while it lives. A record damaged for longer than two of them and a grace (a gateway's heartbeat freshness:
-    paused that long, it is a stopped gateway to the take-over too) is nobody's: an orphan, settled as a start with
-    no other gateway alive settles it (:func:`damaged_fate`).
-
-    Args:
-        age: seconds since the entry last changed (its ``ctime``; never opened).
-        rescan_seconds: the configured ``bot_mode.rescan_seconds``.
-        grace: the seconds added (:data:`DAMAGED_GRACE_SECONDS`).
-
-    Returns:
-        True when ``age`` is past ``2 × rescan_seconds + grace``.
-    """
-    return age > 2 * rescan_seconds + grace
-
-
 def rebuilt_record(envelope_id: str, envelope: dict[str, Any] | None, *, now: float, owner: str) -> SentRecord:
     """Pure: the ``sent/`` record of one of our envelopes whose record was damaged, rebuilt from the envelope.
 
@@ -415,120 +385,6 @@ def rebuilt_record(envelope_id: str, envelope: dict[str, Any] | None, *, now: fl
     return SentRecord(envelope_id, now if created is None else created,
                       remote_label(envelope["target_handle"], envelope["target_connection"]), sender, handle, hop,
                       bool(wake), owner)
-
-
-def _claim_orphans(paths: InboxPaths, bad: list[Path], *, rescan_seconds: float, living: list[str] | None,
-                   scan: SentScan, skip: Collection[str] = frozenset()) -> tuple[dict[str, Path], set[str]]:
-    """Quarantine the damaged records that are orphans (:func:`damaged_orphan`, by their ``lstat``: never opened);
-    leave the others in place, unread, to their writer (a start says so: WARNING, ``living`` naming the gateways
-    alive; a running gateway, which looks at every rescan, says nothing).
-
-    The quarantine is the claim: it moves the entry judged (its identity) or nothing, so of the gateways that see
-    one orphan at once exactly one takes it; a record written meanwhile (repaired, rebuilt) is never moved.
-
-    Args:
-        paths: the relay layout.
-        bad: the ``sent/`` files that are not valid records.
-        rescan_seconds: the configured ``bot_mode.rescan_seconds``.
-        living: the shelves of the other gateways of ours alive on the root (for the log); None: nothing logged.
-        scan: its ``quarantined`` is counted.
-        skip: the ids of our own DMs (repaired by :func:`repair_own`, never taken as orphans).
-
-    Returns:
-        (id → where its orphan record went, the ids left in place).
-    """
-    now = time.time()
-    lost: dict[str, Path] = {}
-    left: set[str] = set()
-    for path in bad:
-        envelope_id = id_of_file_name(path.name)
-        if envelope_id in skip:
-            continue
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue  # gone meanwhile (taken, repaired), or not to be looked at: the next rescan looks again
-        if envelope_id is not None and not damaged_orphan(now - st.st_ctime, rescan_seconds=rescan_seconds,
-                                                          grace=DAMAGED_GRACE_SECONDS):
-            left.add(envelope_id)
-            if living is None:
-                continue
-            logger.warning("relay: the sent/ record {} cannot be read, and another gateway of ours runs on this root "
-                           "({}): left in place, unread; the gateway that sent that DM keeps it (it waits for it, "
-                           "repairs the record and reports it); still damaged after {:g}s, it is an orphan and the "
-                           "first gateway of the root to see it then settles it", path, ", ".join(living),
-                           2 * rescan_seconds + DAMAGED_GRACE_SECONDS)
-            continue
-        moved = quarantine_into(paths.relay.quarantine, path, "not a valid sent record, damaged past its writer's "
-                                "repair: an orphan", within=paths.relay.root,
-                                identity=(st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode)))
-        if moved is not None:
-            scan.quarantined += 1
-            if envelope_id is not None:
-                lost[envelope_id] = moved
-    return lost, left
-
-
-def repair_own(paths: InboxPaths, bad: list[Path], ours: Mapping[str, SentRecord]) -> int:
-    """A running gateway: write again the damaged ``sent/`` records of its own DMs, from what it holds of them.
-
-    The same record the send wrote (or the start that resumed the DM), naming our shelf (``paths.taken``), replaces
-    the damaged entry (a truncated file, a FIFO, another user's file): without it another gateway could not tell
-    our DM from an orphan, and a restart of ours would find no record of it. Logged once per repair (WARNING).
-
-    Args:
-        paths: the relay layout, ``taken`` being our shelf.
-        bad: the ``sent/`` files that are not valid records.
-        ours: the DMs we wait for: id → their record.
-
-    Returns:
-        How many records were written again (one that cannot be is logged and tried at the next rescan).
-    """
-    repaired = 0
-    for path in bad:
-        envelope_id = id_of_file_name(path.name)
-        record = ours.get(envelope_id) if envelope_id is not None else None
-        if record is None:
-            continue
-        try:
-            repair_sent(paths, replace(record, owner=paths.taken.name))
-        except (OSError, ValidationError) as exc:  # StoreError, HostileFileError included
-            logger.warning("relay: the sent/ record of {} (ours, to {}) is damaged and could not be written again: "
-                           "{}; tried again at the next rescan", envelope_id, record.label, exc)
-            continue
-        repaired += 1
-        logger.warning("relay: the sent/ record of {} (ours, to {}) was damaged: written again from what this gateway "
-                       "holds of the DM; it still waits for it and reports it", envelope_id, record.label)
-    return repaired
-
-
-def take_damaged(paths: InboxPaths, ours: Mapping[str, SentRecord], *, profiles: Collection[str],
-                 rescan_seconds: float) -> tuple[int, SentScan]:
-    """A running gateway, at each rescan: repair the damaged records of its own DMs (:func:`repair_own`) and take
-    the orphans (:func:`damaged_orphan`) as a start with no other gateway alive takes a damaged record
-    (:func:`damaged_fate`).
-
-    Args:
-        paths: the relay layout, ``taken`` being our shelf.
-        ours: the DMs we wait for: id → their record.
-        profiles: the folder ids of this root's profiles (:func:`envelope_is_ours`).
-        rescan_seconds: the configured ``bot_mode.rescan_seconds``.
-
-    Returns:
-        (records repaired, the scan of the orphans' DMs taken: ``ours``, ``never_queued``, ``blind``, ``settled``
-        (journaled as delivered by their writer)...).
-    """
-    _records, bad = list_sent(paths)
-    scan = SentScan()
-    if not bad:
-        return 0, scan
-    repaired = repair_own(paths, bad, ours)
-    lost, _left = _claim_orphans(paths, bad, rescan_seconds=rescan_seconds, living=None, scan=scan, skip=ours)
-    rebuilt, blind = _rebuild_lost(paths, lost, profiles)
-    _sort_waiting(paths, list(rebuilt.values()), scan)
-    _restore_rebuilt(paths, rebuilt, blind, scan)
-    _set_aside_settled(paths, scan)
-    return repaired, scan
 
 
 def _living_others(paths: InboxPaths) -> list[str]:
@@ -679,8 +535,8 @@ def _drop_from(scan: SentScan, envelope_id: str) -> None:
 def take_over_sent(paths: InboxPaths, owners: set[str]) -> SentScan:
     """A running gateway: adopt the ``sent/`` records of these writers, which died or stopped after our start.
 
-    The same rules as :func:`scan_sent` for what is adopted (a bad record is left to :func:`take_damaged`, at
-    each rescan); nothing of ``outbox/`` is counted.
+    The same rules as :func:`scan_sent` for what is adopted (a bad record is left for the next start's
+    quarantine); nothing of ``outbox/`` is counted.
 
     Args:
         paths: the relay layout, ``taken`` being our shelf.

@@ -63,7 +63,6 @@ __all__ = [
     "read_sent",
     "record_sent",
     "recorded_sender",
-    "repair_sent",
     "restore_sent",
     "sent_from_here",
     "withdraw_unqueued",
@@ -141,23 +140,6 @@ def restore_sent(paths: InboxPaths, record: SentRecord) -> bool:
         StoreError: the write failed.
     """
     return write_mark(paths, paths.sent, record.envelope_id, _payload(record), fsync=False)
-
-
-def repair_sent(paths: InboxPaths, record: SentRecord) -> None:
-    """Replace a damaged ``sent/`` record of one of our envelopes with the record we hold (a running gateway's
-    repair: :func:`~hermes_actors.relay.restart.repair_own`); written whole, then renamed over the entry.
-
-    Args:
-        paths: the relay layout.
-        record: the record, as the send wrote it, naming our shelf.
-
-    Raises:
-        ValidationError: the id is invalid.
-        HostileFileError: a directory on the way is refused.
-        StoreError: the write failed (a directory in the record's place included).
-    """
-    atomic_write_json(paths.relay.id_file(paths.sent, record.envelope_id), _payload(record), tmp_dir=paths.relay.tmp,
-                      within=paths.relay.base)
 
 
 def _payload(record: SentRecord) -> dict[str, Any]:
