@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import io
 import json
 import os
+import pkgutil
 import pwd
 import shutil
 import sys
@@ -28,6 +30,7 @@ import hermes_actors.hermes.setup
 import hermes_actors.hermes.submit_client
 from hermes_actors.cli.main import main
 from hermes_actors.hermes.install import CLI_ENV_VAR, find_hermes_cli
+from hermes_actors.local.cli_process import resolve_cli
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.os_errors import PathFacts, blocked_at, os_error_message
 
@@ -122,9 +125,28 @@ def as_nobody(argv: list[str]) -> tuple[int, str, str]:
     return call_as_nobody(lambda: main(argv))
 
 
+def _import_all_of_ours() -> None:
+    """Import every module of ``hermes_actors`` and ``actors`` in this process, before a child drops to uid 65534.
+
+    The child may not read the checkout (a clone under a 0700 directory, as CI's in mktemp's), so a module it
+    imports lazily would fail there with ModuleNotFoundError when this test file runs alone; the whole suite had
+    always imported them before.
+    """
+    import actors
+    import hermes_actors
+
+    for package in (hermes_actors, actors):
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            try:
+                importlib.import_module(info.name)
+            except ImportError:  # an optional extra not installed: nothing of it runs in these tests
+                pass
+
+
 def call_as_nobody(fn: Callable[[], Any]) -> tuple[Any, str, str]:
     """``fn()`` in a forked child running as uid and gid 65534: what it returned (JSON), its stdout and stderr
     (-1 and the exception on stderr when it raised)."""
+    _import_all_of_ours()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -268,3 +290,6 @@ def test_a_hermes_beside_python_in_a_directory_you_cannot_enter_is_looked_for_on
     monkeypatch.delenv(CLI_ENV_VAR, raising=False)
     monkeypatch.setenv("PATH", str(on_path))
     assert call_as_nobody(find_hermes_cli) == (str(on_path / "hermes"), "", "")
+    # and the lookup every runner and the peer transport make at a Gateway's start (it raised there too: a durable
+    # start by such a user failed with PermissionError naming the venv's bin/hermes)
+    assert call_as_nobody(resolve_cli) == (str(on_path / "hermes"), "", "")

@@ -25,6 +25,7 @@ from loguru import logger
 
 from hermes_actors.core.names import PEER_NAME_RE, profile_home
 from hermes_actors.core.outcomes import INSTALL_HERMES, NAME_THE_CLI
+from hermes_actors.local.cli_process import beside_interpreter
 
 __all__ = [
     "CLI_ENV_VAR",
@@ -145,16 +146,7 @@ def find_hermes_cli(explicit: str | os.PathLike[str] | None = None) -> str | Non
         if candidate:
             found = shutil.which(str(candidate))
             return found if found else None
-    if sys.executable:
-        name = "hermes.exe" if sys.platform == "win32" else "hermes"
-        sibling = Path(sys.executable).parent / name
-        try:
-            beside = sibling.is_file() and os.access(sibling, os.X_OK)
-        except OSError:  # a directory on the way this user may not enter (EACCES): not found there, look on PATH
-            beside = False
-        if beside:
-            return str(sibling)
-    return shutil.which("hermes")
+    return beside_interpreter("hermes") or shutil.which("hermes")
 
 
 def cli_not_found_text(explicit: str | os.PathLike[str] | None = None) -> str:

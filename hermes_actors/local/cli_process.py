@@ -31,6 +31,7 @@ __all__ = [
     "REAP_SECONDS",
     "REFUSAL_MARKER",
     "CliResult",
+    "beside_interpreter",
     "busy_text",
     "exit_failure_text",
     "kill_group",
@@ -64,11 +65,30 @@ def resolve_cli(name: str = "hermes") -> str:
     Returns:
         The path (or bare name) to run.
     """
-    if sys.executable:
-        sibling = Path(sys.executable).parent / (f"{name}.exe" if sys.platform == "win32" else name)
-        if sibling.is_file():
-            return str(sibling)
-    return shutil.which(name) or name
+    return beside_interpreter(name) or shutil.which(name) or name
+
+
+def beside_interpreter(name: str) -> str | None:
+    """The executable ``name`` beside the running interpreter (the same virtualenv), if there is one.
+
+    The one rule for looking there (:func:`resolve_cli`, and ``find_hermes_cli`` of the hermes layer): a
+    directory on the way this user may not enter (EACCES: a checkout under another user's 0700 directory) means
+    not found there, never an error.
+
+    Args:
+        name: the executable's name (``.exe`` is added on Windows).
+
+    Returns:
+        Its path, or None when there is no executable file of that name there (or it cannot be looked at).
+    """
+    if not sys.executable:
+        return None
+    sibling = Path(sys.executable).parent / (f"{name}.exe" if sys.platform == "win32" else name)
+    try:
+        found = sibling.is_file() and os.access(sibling, os.X_OK)
+    except OSError:
+        found = False
+    return str(sibling) if found else None
 
 
 def refused_not_owned(stderr: str) -> bool:
