@@ -183,6 +183,9 @@ def test_resolve_cli_prefers_the_sibling_of_the_interpreter(tmp_path: Path, monk
     on_path.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
     monkeypatch.setenv("PATH", str(path_bin))
+    # one rule with find_hermes_cli (beside_interpreter): a file there that cannot be run is passed over for PATH
+    assert resolve_cli() == str(on_path)
+    sibling.chmod(0o755)
     assert resolve_cli() == str(sibling)
     assert CommandRunner().cli == str(sibling)
 
