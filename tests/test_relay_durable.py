@@ -234,7 +234,8 @@ def test_a_restarted_gateway_runs_never_started_envelopes_once_and_answers_the_o
         assert _delivered(mini, finished["id"]) == {**done, "reply_connection": "alpha"}  # untouched
         assert not dead.exists()  # the dead shelf was emptied and removed
         assert not (paths.taken_parent / f"{legacy['id']}.json").exists()
-        assert os.listdir(paths.started) == []  # every mark cleared once its reply was on disk
+        # every mark cleared once its reply was on disk: after it (reply, off the shelf, then the mark), so waited for
+        await_condition(lambda: os.listdir(paths.started) == [], timeout=10, message="every start mark cleared")
         assert sorted(os.listdir(alive_dir)) == sorted([LOCK_NAME, f"{other['id']}.json"])
     finally:
         alive.close()
