@@ -55,7 +55,7 @@ from hermes_actors.store.journal_records import (
     read_lines,
     state_records,
 )
-from hermes_actors.store.journal_screen import ADOPT, described, entry_at
+from hermes_actors.store.journal_screen import ADOPT, described, entry_at, journal_verdict
 from hermes_actors.store.relay_protocol import JOURNAL, RELAY_DIR
 
 __all__ = ["JournalIndex", "journal_dir", "journal_paths", "open_journal", "read_each_journal"]
@@ -121,7 +121,7 @@ def open_journal(path: Path, problems: list[str]) -> int | None:
         os.close(fd)
         problems.append(f"cannot read {path}: {exc.strerror or exc}")
         return None
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():  # swapped since it was looked at
+    if journal_verdict(info.st_mode, info.st_uid, os.getuid()) != ADOPT:  # swapped since it was looked at
         os.close(fd)
         problems.append(f"refusing {path}: not a regular file of ours")
         return None
