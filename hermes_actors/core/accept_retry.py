@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import errno
 
+from hermes_actors.core.backoff import pause_after
+
 __all__ = ["ACCEPT_BACKOFF_MAX", "ACCEPT_BACKOFF_MIN", "UNUSABLE_LISTENER_ERRNOS", "accept_backoff",
            "accept_retries"]
 
@@ -53,5 +55,4 @@ def accept_backoff(failures: int) -> float:
         :data:`ACCEPT_BACKOFF_MIN` doubled at each failure after the first, at most
         :data:`ACCEPT_BACKOFF_MAX`; never 0 (a retry at once would spin).
     """
-    doublings = min(max(failures, 1) - 1, 16)  # 2**16 * MIN is past MAX already: no huge powers
-    return min(ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN * 2 ** doublings)
+    return pause_after(failures, ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX)

@@ -12,6 +12,8 @@ import time
 
 from loguru import logger
 
+from hermes_actors.core.backoff import doubling
+
 __all__ = ["SendsInFlight"]
 
 
@@ -69,10 +71,9 @@ class SendsInFlight:
             timeout: seconds to wait at most.
         """
         deadline = time.monotonic() + timeout
-        delay = 0.0001
+        delays = doubling(0.0001, 0.02)
         while self._calls:  # no event to wait on: the senders take no lock, by design
             if time.monotonic() >= deadline:
                 logger.warning("{} message_agent call(s) still in flight after {:g}s", len(self._calls), timeout)
                 return
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
+            time.sleep(next(delays))

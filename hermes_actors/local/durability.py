@@ -24,6 +24,7 @@ from loguru import logger
 
 from actors import tell
 from hermes_actors.core.acks import accepted_record, journal_refusal
+from hermes_actors.core.backoff import doubling
 from hermes_actors.core.names import profile_key
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
@@ -180,7 +181,7 @@ class JournalDurability:
         self._held: dict[str, OutcomeToken] = {}
         self._again: set[str] = set()  # held ones (outcome ids, wake ids) written again, not landed yet
         self._retry: Any = None  # the armed retry timer's handle
-        self._backoff = RETRY_FIRST
+        self._backoff = doubling(RETRY_FIRST, RETRY_MOST)  # the retry timer's waits, restarted after each spell
         self._failing = False  # a record (an outcome's, a wake's) failed and the held ones have not all landed since
         self.keeping = True  # queued journaled DMs stay journaled at stop (``keeps_at_stop`` decides)
         journal.listener = self._landed  # one message per group commit, not one per record
@@ -407,8 +408,7 @@ class JournalDurability:
         """Something is held: the spell of failures goes on, and the retry timer is armed (unless it is)."""
         self._failing = True
         if self._retry is None and self.retry_after is not None:
-            self._retry = self.retry_after(self._backoff)
-            self._backoff = min(RETRY_MOST, self._backoff * 2)
+            self._retry = self.retry_after(next(self._backoff))
 
     def written(self, outcome: Outcome) -> None:
         """The record of ``outcome`` landed (its first write, or a held one written again)."""
@@ -424,7 +424,7 @@ class JournalDurability:
             self.write_held()
         elif self._failing and not self._again:
             self._failing = False
-            self._backoff = RETRY_FIRST
+            self._backoff = doubling(RETRY_FIRST, RETRY_MOST)
             logger.info("the delivery journal {} is written again: the outcomes held back are on disk and published "
                         "(and the wakes and turns held back run)", self.journal.path)
 

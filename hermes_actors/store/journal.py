@@ -87,6 +87,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from hermes_actors.core.backoff import doubling
 from hermes_actors.core.spell import Spell
 from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.store.journal_adoption import (
@@ -122,11 +123,10 @@ def check_pauses(seconds: float, *, first: float = 0.05, most: float = 0.5) -> t
         The pauses, in order; their sum is ``seconds`` (none when ``seconds <= 0``).
     """
     pauses: list[float] = []
-    left, pause = seconds, first
+    left, backoff = seconds, doubling(first, most)
     while left > 1e-9:
-        pauses.append(min(pause, left))
+        pauses.append(min(next(backoff), left))
         left -= pauses[-1]
-        pause = min(pause * 2, most)
     return tuple(pauses)
 
 

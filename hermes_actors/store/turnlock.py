@@ -31,6 +31,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.core.backoff import doubling
 from hermes_actors.errors import HostileFileError
 from hermes_actors.store.private_dir import ensure_private_dir
 
@@ -278,21 +279,22 @@ class TurnLock:
             self._open()
             self._in_use = True
         start = time.monotonic()
-        delay = 0.001
+        delays = doubling(0.001, 0.05)
+        said = False
         try:
             while True:
                 try:
                     self._lock_now()
                     return time.monotonic() - start
                 except BlockingIOError:
-                    if delay == 0.001:  # once per acquire: say why this turn has not started
+                    if not said:  # once per acquire: say why this turn has not started
                         logger.info("waiting for the lock {}: another turn or process holds it", self.path)
+                        said = True
                     now = time.monotonic()
                     if now >= deadline or (given_up is not None and given_up()):
                         self._done()
                         return None
-                    time.sleep(min(delay, deadline - now))
-                    delay = min(delay * 2, 0.05)
+                    time.sleep(min(next(delays), deadline - now))
         except BaseException:
             self._done()
             raise
