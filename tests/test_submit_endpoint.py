@@ -339,6 +339,57 @@ def test_a_stop_during_an_accept_backoff_ends_the_accept_thread(
     assert not server.path.exists()
 
 
+def test_an_endpoint_whose_descriptors_number_past_1023_serves(server_root: Path) -> None:
+    """Regression: the accept loop waited with ``select()``, which refuses a descriptor numbered 1024 or
+    more (a gateway embedded in a process holding many files): the loop ended without a word at once,
+    and every client waited its whole timeout."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1200
+    if soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"this process may open {hard} descriptors at most; the test needs {wanted}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    filler: list[int] = []
+    try:
+        while not filler or filler[-1] < 1030:  # the server's socket and wake-up pair come after these
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+        with SubmitServer(server_root, send=Recorder()) as server:
+            assert server._sock is not None and server._sock.fileno() >= 1024
+            answer = submit_dm(server_root, "alice", "bob", "hi", timeout=20)
+            assert answer["status"] == "queued", answer
+            assert ping(server_root, timeout=20) is not None
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_connection_thread_that_cannot_start_is_answered_busy_not_the_end_of_the_endpoint(
+    server_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: ``Thread.start`` raising ("can't start new thread": the system out of threads for a
+    moment) ended the accept loop, its slot taken for good; every later client waited its whole timeout."""
+    real_start = threading.Thread.start
+    refused = {"left": 1}
+
+    def out_of_threads(thread: threading.Thread) -> None:
+        if thread.name == "submit-conn" and refused["left"] > 0:
+            refused["left"] -= 1
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", out_of_threads)
+    with SubmitServer(server_root, send=Recorder(), max_connections=1) as server:
+        first = submit_dm(server_root, "alice", "bob", "hi", timeout=20)
+        second = submit_dm(server_root, "alice", "bob", "again", timeout=20)  # the slot was given back
+        assert server._accept_thread is not None and server._accept_thread.is_alive()
+    assert refused["left"] == 0
+    assert "busy" in first["error"], first
+    assert second["status"] == "queued", second
+
+
 def test_a_handler_exception_is_an_error_answer_not_a_dead_server(server_root: Path) -> None:
     def explode(call: SendCall) -> dict[str, Any]:
         raise ValueError("boom")

@@ -28,6 +28,8 @@ what a request is answered with: :mod:`hermes_actors.hermes.submit_handlers`; th
 from __future__ import annotations
 
 import contextlib
+import errno
+import math
 import os
 import select
 import socket
@@ -283,10 +285,10 @@ class SubmitServer:
         spell = Spell()  # accepts failing in a row (out of descriptors...): said once, and once when they pass
         while True:
             try:
-                ready, _, _ = select.select([sock, wake], [], [])
-            except (OSError, ValueError):
+                ready = _readable([sock, wake], None)
+            except (OSError, ValueError):  # a socket closed under the wait: the stop is under way
                 return
-            if wake in ready:
+            if wake.fileno() in ready:
                 self._turn_away_backlog(sock)
                 return
             try:
@@ -315,16 +317,23 @@ class SubmitServer:
             thread = threading.Thread(target=self._serve_one, args=(conn,), name="submit-conn", daemon=True)
             with self._handlers_lock:
                 self._handlers.add(thread)
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread": the system is out of threads for now
+                with self._handlers_lock:
+                    self._handlers.discard(thread)
+                self._slots.release()
+                logger.warning("submit endpoint could not start a thread for a connection ({}); it was answered "
+                               "busy", exc)
+                self._refuse_busy(conn)
 
     @staticmethod
     def _wait_for_stop(wake: socket.socket, seconds: float) -> bool:
         """Wait up to ``seconds`` for the stop's wake-up; whether it came (or the wait could not be made)."""
         try:
-            ready, _, _ = select.select([wake], [], [], seconds)
+            return bool(_readable([wake], seconds))
         except (OSError, ValueError):  # the wake-up socket closed: the stop is under way
             return True
-        return bool(ready)
 
     def _serve_one(self, conn: socket.socket) -> None:
         try:
@@ -398,3 +407,22 @@ class SubmitServer:
             conn.send(encode(answer))
             conn.shutdown(socket.SHUT_WR)
         conn.close()
+
+
+def _readable(socks: list[socket.socket], seconds: float | None) -> set[int]:
+    """The descriptors of ``socks`` readable within ``seconds`` (None: wait until one is), by ``poll``.
+
+    Not ``select()``: it refuses a descriptor numbered 1024 or more, which a gateway embedded in a
+    process holding many files gets (the accept loop then ended without a word).
+
+    Raises:
+        OSError, ValueError: a socket was closed (its descriptor is -1 or no longer valid).
+    """
+    poller = select.poll()
+    for sock in socks:
+        poller.register(sock.fileno(), select.POLLIN)
+    timeout_ms = None if seconds is None else max(0, math.ceil(seconds * 1000))
+    ready = poller.poll(timeout_ms)
+    if any(events & select.POLLNVAL for _, events in ready):  # closed during the wait: as select() would say
+        raise OSError(errno.EBADF, "a socket was closed while it was waited on")
+    return {fd for fd, _ in ready}
