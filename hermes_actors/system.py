@@ -28,7 +28,7 @@ from hermes_actors.core.names import profile_key
 from hermes_actors.core.targets import PeerRoute
 from hermes_actors.core.wake import wake_enabled
 from hermes_actors.facade import shutdown as system_shutdown
-from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, is_real_hermes
+from hermes_actors.facade.options import ASK_TIMEOUT, SystemOptions, is_real_hermes, runs_hermes
 from hermes_actors.local.admission import CallerAdmission
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.dispatcher_failure import FailedCallback
@@ -202,6 +202,7 @@ class ActorSystem:
             policy=RestartPolicy(max_restarts=5, within_seconds=10.0),
             journal=journal,
             runner_is_hermes=runner_is_hermes,
+            hermes_turns=runs_hermes(self.runner),
             caller_admission=caller_admission,
             on_failing=on_failing,
             on_failed=self._failed_with(on_failure),

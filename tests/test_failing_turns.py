@@ -191,3 +191,36 @@ def test_the_docs_show_the_lines_as_they_are_said() -> None:
     assert [level for level, _ in lines] == ["WARNING", "INFO"]  # the example's two lines
     for _, text in lines:
         assert text in docs, text
+
+
+def test_runs_hermes_counts_a_bot_mode_releases_cli_as_hermes_and_an_embedders_runner_not() -> None:
+    from hermes_actors.demo.bots import DemoRunner
+    from hermes_actors.facade.options import runs_hermes
+    from hermes_actors.local.command_runner import CommandRunner
+
+    class RealHermes:
+        real_hermes = True
+
+    assert runs_hermes(None) and runs_hermes(RealHermes())
+    assert runs_hermes(CommandRunner(cli="/bin/true"))
+    assert not runs_hermes(DemoRunner()) and not runs_hermes(lambda turn: "ok")
+
+
+def test_turns_of_a_bot_mode_releases_cli_that_keep_failing_get_the_model_advice(tmp_path: Path) -> None:
+    """Regression (review): with ``--runner command`` (the CLI of a release with Bot Mode built in) a bot whose
+    model answered HTTP 500 every turn was told ``the runner this gateway was started with fails them``: the
+    advice for an embedder's runner, not its model's."""
+    from hermes_actors.local.command_runner import CommandRunner
+
+    root = make_root(tmp_path, {"alice": {}, "carol": {}})
+    cli = tmp_path / "hermes"
+    cli.write_text("#!/bin/sh\necho 'Error: HTTP 500: Internal Server Error' >&2\nexit 1\n")
+    cli.chmod(0o755)
+    with LogCapture("WARNING") as logs, Gateway(root, runner=CommandRunner(cli=str(cli), timeout=60)) as gw:
+        for _ in range(SAY_AFTER):
+            ack = gw.message_agent(sender="alice", target="carol", message="hi")
+            assert gw.wait_outcome(str(ack["delivery_id"]), timeout=60)["reason"] == "provider_server_error"
+        gw.stats()  # an ask: the Dispatcher handled every outcome before it answers
+    (warning,) = logs.matching("turns keep failing")
+    assert "check its model and its provider (`hermes -p carol model`" in warning, warning
+    assert "the runner this gateway was started with" not in warning

@@ -1,7 +1,8 @@
 """What a gateway's constructor arguments and config resolve to before any actor starts.
 
 :class:`SystemOptions` (the Gateway's arguments, resolved), the runner an embedder named
-(:func:`explicit_runner`), whether a runner is the real Hermes (:func:`is_real_hermes`), the
+(:func:`explicit_runner`), whether a runner is the real Hermes (:func:`is_real_hermes`) or runs hermes
+turns at all (:func:`runs_hermes`), the
 Redis transport's settings when the config selects it (:func:`redis_settings_for`), and
 :data:`ASK_TIMEOUT`, how long the gateway waits for an actor it asks.
 """
@@ -14,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from hermes_actors.core.config import BotModeConfig
+from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.local.runners import TurnRunner, as_runner
 from hermes_actors.transports.peer_cli import PeerCliTransport
 
-__all__ = ["ASK_TIMEOUT", "SystemOptions", "explicit_runner", "is_real_hermes", "redis_settings_for"]
+__all__ = ["ASK_TIMEOUT", "SystemOptions", "explicit_runner", "is_real_hermes", "redis_settings_for", "runs_hermes"]
 
 ASK_TIMEOUT = 30.0  # how long the gateway waits for an actor it asks
 
@@ -43,6 +45,20 @@ def explicit_runner(runner: Any) -> TurnRunner | None:
 def is_real_hermes(runner: Any) -> bool:
     """Whether ``runner`` runs turns on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then)."""
     return getattr(runner, "real_hermes", False) is True
+
+
+def runs_hermes(runner: Any) -> bool:
+    """Whether ``runner``'s turns run on a hermes: the real Hermes (:func:`is_real_hermes`), or the CLI of a
+    release with Bot Mode built in (``--runner command``, :class:`~hermes_actors.local.command_runner.CommandRunner`).
+
+    What a failing turn's advice is about (its model and provider, not the runner the gateway was given), and
+    what a host's ``ping`` answers as ``runs_hermes`` (``doctor`` then checks the hermes CLI and the plugin).
+    ``bot_mode.wake_sender: auto`` goes by :func:`is_real_hermes` alone.
+
+    Args:
+        runner: the gateway's runner (None: the real Hermes, chosen when the gateway starts).
+    """
+    return runner is None or is_real_hermes(runner) or isinstance(runner, CommandRunner)
 
 
 def redis_settings_for(cfg: BotModeConfig, connection_id: str | None) -> tuple[Any, str | None]:

@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from actors import RestartPolicy
-from hermes_actors.facade.options import is_real_hermes
+from hermes_actors.facade.options import runs_hermes
 from hermes_actors.hermes.plugin import dm_hop
 from hermes_actors.hermes.submit import SubmitServer
 from hermes_actors.hermes.submit_protocol import OutcomeCall, SendCall, offline_refusal
 from hermes_actors.hermes.warm_or_cli import turns_info
-from hermes_actors.local.command_runner import CommandRunner
 
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway
@@ -100,10 +99,10 @@ class _Endpoint:
         # knows the hermes CLI and the plugin matter; the connection id the host runs as (given by
         # --connection-id, not always in config.yaml): doctor looks for it on Redis; and how its turns run
         # now (warm or the CLI, asked at each ping: the real Hermes' runner is chosen as the start ends)
-        runs_hermes = gw.runner is None or is_real_hermes(gw.runner) or isinstance(gw.runner, CommandRunner)
+        hermes_turns = runs_hermes(gw.runner)
         self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw),
                                    roster=gw.roster, room=room_handler(gw),
-                                   info={"runs_hermes": runs_hermes, "connection_id": gw.connection_id},
+                                   info={"runs_hermes": hermes_turns, "connection_id": gw.connection_id},
                                    live_info=lambda: turns_info(gw.runner))
 
     def open(self) -> _Endpoint:

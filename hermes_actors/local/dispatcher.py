@@ -115,6 +115,8 @@ class DispatcherActor(SupervisorActor):
         notifier: the subscribers' Notifier (their callbacks).
         peer_submit: runs a peer delivery off-actor; called with (delivery, route, report).
         runner_is_hermes: turns run on the real Hermes (``bot_mode.wake_sender: auto`` wakes senders then).
+        hermes_turns: turns run on a hermes, the real one or a Bot Mode release's CLI (a bot whose turns keep
+            failing is told about its model and provider, not about the runner).
         caller_admission: where senders' threads read the roster snapshot (published here on every change).
         on_failing: called on this actor's thread the moment an error escapes a handler: stop the
             acks (see :meth:`on_crashing`).
@@ -135,6 +137,7 @@ class DispatcherActor(SupervisorActor):
         policy: RestartPolicy | None = None,
         journal: Journal | None = None,
         runner_is_hermes: bool = False,
+        hermes_turns: bool = False,
         caller_admission: CallerAdmission | None = None,
         on_failing: Callable[[BaseException], None] | None = None,
         on_failed: FailedCallback | None = None,
@@ -162,7 +165,7 @@ class DispatcherActor(SupervisorActor):
                                  root=self.deps.root, retry_window=config.reply_wait_seconds,
                                  retry_first=config.wake_retry_seconds)
         self.stats = DeliveryStats()
-        self.runner_is_hermes = runner_is_hermes
+        self.hermes_turns = hermes_turns or runner_is_hermes
         self.turn_spells: dict[str, Spell] = {}  # local profiles whose last turns failed (turn_ended), by folder id
         self.caller_admission = caller_admission
         self.on_failing = on_failing
@@ -327,7 +330,7 @@ class DispatcherActor(SupervisorActor):
                 continue
             info = self.snapshot.index.get(profile_key(profile))
             spell, said = turn_ended(before or Spell(), outcome, handle=info.handle if info else profile,
-                                     profile=profile, root=self.deps.root, hermes=self.runner_is_hermes)
+                                     profile=profile, root=self.deps.root, hermes=self.hermes_turns)
             if spell.failures:
                 self.turn_spells[profile] = spell
             else:
