@@ -226,11 +226,17 @@ class RoomActor(TypedActor):
             self.waiters.clear()
 
     def _save_quietly(self) -> bool:
-        """Write the record (:meth:`_save`); a failure is logged and remembered, not raised.
+        """Write the record (:meth:`_save`) unless its file holds it already; a failure is logged and remembered,
+        not raised.
+
+        A record that did not change since it was loaded or last written is not written again (before, every
+        start rewrote every room's file, idle ones too: on a full disk each logged a failed write).
 
         Returns:
             Whether the file now holds the record.
         """
+        if self.unwritten is None and self.record == self.shown and not self.events and not self.done_marks:
+            return True  # nothing changed: its file holds it as it is
         try:
             self._save()
         except (StoreError, HostileFileError) as exc:
