@@ -61,6 +61,7 @@ from hermes_actors.rooms.rules import (
     room_session,
     send_refusal,
     turn_text,
+    unrecorded,
 )
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.rooms.turn_author import room_author
@@ -361,8 +362,7 @@ class RoomActor(TypedActor):
         if self.unwritten is not None:  # the write failed: nothing was accepted, nothing of it stays
             self.record = before
             del self.events[published:]
-            raise RuntimeError(f"room {record.name!r} could not record the message durably ({self.unwritten}); "
-                               "it was NOT sent")
+            raise unrecorded(record.name, "the message", self.unwritten, "sent")
         return {"status": "queued", "room_id": record.room_id, "message_id": entry["message_id"]}
 
     @handles(GetTranscript)
