@@ -565,7 +565,8 @@ class Gateway:
             ValueError: a bad name (one shaped like a room id included), a name taken, an unknown member, fewer
                 than 2 or more than 6.
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), another
-                gateway process drives the root's rooms, or this one drives none (``drive_rooms=False``).
+                gateway process drives the root's rooms, this one drives none (``drive_rooms=False``), or the
+                room's file could not be written (a full disk: the room was not created, nothing of it is kept).
         """
         return self._live_rooms().create(name, members)
 

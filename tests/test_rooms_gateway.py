@@ -465,6 +465,32 @@ def test_rooms_survive_a_restart(room_root: Path) -> None:
         assert alice[0].content.splitlines()[1:-1] == ["user: again"]
 
 
+def test_a_start_leaves_the_file_of_a_room_nobody_touched_as_it_is(room_root: Path) -> None:
+    """Regression (docs review): every gateway start rewrote every room's file, idle ones too (its RoomActor wrote
+    the record it had just loaded), so a host-less `room create` changed every room's modification time, and on a
+    full disk each start logged "could not write its file" for rooms nobody touched. A room's file is written only
+    when the room changed."""
+    with Gateway(room_root, runner=Script(alice=["first"])) as gw:
+        idle = gw.create_room("idle", ["alice", "bob"])
+        gw.create_room("other", ["alice", "bob"])
+        gw.room_send("idle", "user", "hi")
+        assert gw.wait_room_idle("idle", timeout=10) == "idle"
+    path = room_root / "bot_relay" / "rooms" / f"{idle['room_id']}.json"
+
+    def on_disk() -> tuple[bytes, int, int]:
+        stat = path.stat()
+        return path.read_bytes(), stat.st_mtime_ns, stat.st_ino
+
+    before = on_disk()
+    with Gateway(room_root, runner=Script(bob=["second"])) as gw:
+        assert [r["state"] for r in gw.list_rooms()] == ["idle", "idle"]  # both RoomActors have started
+        gw.room_send("other", "user", "hi @bob")  # a room that changes is written as before
+        assert gw.wait_room_idle("other", timeout=10) == "idle"
+        assert [e["text"] for e in gw.room_transcript("other")] == ["hi @bob", "second"]
+        assert on_disk() == before
+    assert on_disk() == before
+
+
 def test_room_reads_before_start_and_after_stop_answer_from_the_room_files(room_root: Path) -> None:
     """Regression (chaos review): ``room_transcript`` and ``list_rooms`` raised ``RuntimeError("gateway is not
     running")`` before ``start()`` and after ``stop()``, though the room files hold the answer (``room show`` and

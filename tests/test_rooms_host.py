@@ -386,9 +386,31 @@ def test_room_send_cut_short_by_a_stopping_host_says_what_to_run(
            f"show --root {root} launch)" in errors[0] and "wait again" not in err, err
 
 
+def test_ctrl_c_while_room_send_waits_on_a_host_says_the_message_is_posted_and_where_to_look(
+    host: tuple[Path, Gateway, Members, RecordingRunner], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (docs review): a stop signal once the message was posted ended `room send` with the signal's exit
+    code and nothing said (`send` says where a DM's outcome goes); now it says the message is posted and where to
+    look, as it does when its own gateway is stopped by one (tests/test_turn_stop.py)."""
+    root, gw, _members, _runner = host
+    gw.create_room("launch", ["alice", "bob"])
+
+    def interrupted(self: HostRooms, room: str, timeout: float = 60) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(HostRooms, "wait_room_idle", interrupted)
+    assert main(["room", "send", "launch", "Friday?", "--root", str(root)]) == 130
+    out, err = capsys.readouterr()
+    assert out.startswith("queued in room launch: message ")
+    assert (f"interrupted; the message is posted and its rounds go on from the room's file (look later with: "
+            f"hermes-actors room show --root {root} launch)") in err, err
+    assert [e["text"] for e in gw.room_transcript("launch")][:1] == ["Friday?"]
+
+
 @pytest.mark.parametrize("exc", [TimeoutError("room 'x' still busy after 5s"), RoomStopped("stopped"),
-                                 RuntimeError("the host is stopping: its rooms are gone")])
-def test_room_send_cut_short_names_a_command_that_runs_as_printed(exc: Exception) -> None:
+                                 RuntimeError("the host is stopping: its rooms are gone"), KeyboardInterrupt()])
+def test_room_send_cut_short_names_a_command_that_runs_as_printed(exc: BaseException) -> None:
     """Regression (review diffrev12 of 7f85bf9): the "look later with:" command was built unquoted, so a room named
     "my team", or a root with a space, gave a command the shell splits into other arguments. Each word is quoted."""
     root, room = "/srv/my hermes", "it's my team"

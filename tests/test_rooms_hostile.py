@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -15,8 +17,10 @@ from roots import LogCapture, RecordingRunner, make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors.errors import HostileFileError
+from hermes_actors.cli.main import main
+from hermes_actors.hermes.submit_client import request
 from hermes_actors.messages import Turn
+from hermes_actors.rooms.remote import HostRooms
 from hermes_actors.rooms.store import ROOM_MAX_BYTES, RoomFiles
 
 KINDS = [
@@ -96,7 +100,9 @@ def test_a_rooms_directory_swapped_while_the_gateway_runs_is_refused_and_dms_sti
     with Gateway(root, runner=lambda turn: "pong") as gw:
         os.rename(rooms, tmp_path / "rooms.moved")
         os.symlink(elsewhere, rooms)
-        with pytest.raises(HostileFileError, match=f"its directory {rooms} is a symlink"):
+        # refused as room_send refuses it (a HostileFileError, a ValueError, before: the CLI's "bad argument")
+        with pytest.raises(RuntimeError, match=rf"^room 'plan' could not record the room durably \(.*its directory "
+                                               rf"{re.escape(str(rooms))} is a symlink.*\); it was NOT created$"):
             gw.create_room("plan", ["alice", "bob"])
         ack = gw.message_agent(sender="alice", target="bob", message="ping")
         assert gw.wait_outcome(ack["delivery_id"], timeout=10)["reply"] == "pong"
@@ -161,6 +167,44 @@ def swap_for_copy(directory: Path, copy: Path) -> Path:
 def put_back(directory: Path, real: Path) -> None:
     os.unlink(directory)
     os.rename(real, directory)
+
+
+def test_a_room_whose_file_cannot_be_written_is_not_created_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (docs review, repro_room_create_full_disk.sh): on a full disk `create_room` raised the store's
+    StoreError, which the host answered without `error_type` (HostRooms: "the host refused the room request") after
+    logging ERROR "submit handler failed" with a traceback. It raises RuntimeError as room_send does, naming the
+    file and saying the room was NOT created, through the API, the host and the command alike; nothing is left."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    rooms, tmp = root / "bot_relay" / "rooms", root / ".bot_relay_tmp"
+    real_write = os.write
+
+    def full(fd: int, data: Any) -> int:  # the disk is full for room files only
+        if bytes(data[:22]) == b'{"version":1,"room_id"':
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    refused = (rf"^room 'plan' could not record the room durably \(cannot write {re.escape(str(rooms))}/[0-9a-f]{{32}}"
+               r"\.json: No space left on device \(ENOSPC\); free space on its filesystem\); it was NOT created$")
+    with Gateway(root, runner=lambda turn: "[SILENT]", serve_submit=True) as gw:
+        monkeypatch.setattr(os, "write", full)
+        # the command (through the host): one line, exit 1; from here on the host's log goes where the CLI's does
+        assert main(["room", "create", "plan", "alice", "bob", "--root", str(root)]) == 1
+        err = capsys.readouterr().err.strip()
+        assert re.match(refused, err.removeprefix("error: ")), err
+        for create in (gw.create_room, HostRooms(root).create_room):
+            with pytest.raises(RuntimeError, match=refused):
+                create("plan", ["alice", "bob"])
+        answer = request(root, {"op": "room", "action": "create", "name": "plan", "members": ["alice", "bob"]})
+        assert (answer["error_type"], answer["reason"]) == ("RuntimeError", "unknown"), answer
+        assert re.match(refused, answer["error"]), answer
+        assert gw.list_rooms() == []
+        assert list(rooms.glob("*.json")) == [] and list(tmp.glob(".*.json.*.tmp")) == []  # no file, no temp
+        monkeypatch.undo()
+        assert gw.create_room("plan", ["alice", "bob"])["name"] == "plan"  # the name stayed free
+    logged = capsys.readouterr().err
+    assert "submit handler failed" not in logged and "Traceback" not in logged, logged
 
 
 def file_states(directory: Path) -> dict[str, bytes]:

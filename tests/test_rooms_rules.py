@@ -25,6 +25,7 @@ from hermes_actors.rooms.rules import (
     room_session,
     send_refusal,
     turn_text,
+    unrecorded,
 )
 
 MEMBERS = ("alice", "bob", "carol", "dave")
@@ -309,3 +310,18 @@ def test_a_failed_member_turns_text_does_not_talk_about_a_dm() -> None:
     assert failed_turn_text("unknown", "The gateway failed while delivering this DM (boom).") == (
         "(turn failed [unknown]: The gateway failed while delivering the turn (boom).)")
     assert failed_turn_text("timeout", "no reply in 600s") == "(turn failed [timeout]: no reply in 600s)"
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (("plan", "the message", "cannot write /r/x.json: No space left on device (ENOSPC)", "sent"),
+         "room 'plan' could not record the message durably (cannot write /r/x.json: No space left on device "
+         "(ENOSPC)); it was NOT sent"),
+        (("it's", "the room", "its directory /r/rooms is a symlink", "created"),
+         "room \"it's\" could not record the room durably (its directory /r/rooms is a symlink); it was NOT created"),
+    ],
+)
+def test_unrecorded_is_one_text_for_every_room_write_that_failed(args: tuple[str, str, str, str], text: str) -> None:
+    error = unrecorded(*args)
+    assert type(error) is RuntimeError and str(error) == text

@@ -401,6 +401,29 @@ def test_a_handler_exception_is_an_error_answer_not_a_dead_server(server_root: P
     assert second is not None
 
 
+def test_a_failing_handler_logs_its_traceback_in_the_clis_log_without_the_dms_text(
+    server_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (docs review, room create on a full disk): "submit handler failed" was logged at ERROR with
+    loguru's default diagnose=True, every frame's variables printed: the raw request, with the DM's text (message
+    texts never appear in logs above DEBUG: docs/operations.md). The CLI's log keeps the traceback, not the values."""
+    marker = "secret-text-of-the-dm-" + os.urandom(8).hex()
+
+    def explode(call: SendCall) -> dict[str, Any]:
+        text = call.message  # a local holding the text, as a real handler has
+        raise ValueError(f"boom ({len(text)} chars)")
+
+    from hermes_actors.cli.main import _enable_logging
+
+    _enable_logging(0)  # the sink `hermes-actors serve` logs to
+    with SubmitServer(server_root, send=explode):
+        answer = submit_dm(server_root, "alice", "bob", marker)
+    assert "ValueError: boom" in answer["error"]
+    logged = capsys.readouterr().err
+    assert "submit handler failed" in logged and "Traceback" in logged and "ValueError: boom" in logged, logged
+    assert marker not in logged, logged
+
+
 def test_a_very_long_root_path_still_works(tmp_path: Path) -> None:
     root = tmp_path / ("d" * 60) / ("e" * 60)
     root.mkdir(parents=True)

@@ -424,6 +424,34 @@ def test_room_send_without_a_host_stops_on_sigterm_and_a_sighup_then_abandons_it
     assert_gone(turn["child_pid"])
 
 
+def test_room_send_without_a_host_stopped_by_sigterm_says_the_message_is_posted_and_where_to_look(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
+) -> None:
+    """Regression (docs review, repro_room_send_signal.sh): a SIGTERM during a member turn exited 143 having printed
+    only the ack and the stop's "waiting for 1 running turn…"; `send` says where a DM's outcome goes. `room send`
+    now says the message is posted and names the command that shows the rounds later, and the exit code stays
+    the signal's."""
+    root = make_root(tmp_path)
+    with Gateway(root, runner=lambda t: "") as gw:
+        gw.create_room("my team", ["alice", "bob"])
+    log, release = tmp_path / "turns.log", tmp_path / "release"
+    room = Proc("room", ["room", "send", "--root", str(root), "my team", "@alice sig test", "--cli", str(fake_cli),
+                         "--runner", "command"], tmp_path, fake_env(log, release, "A"))
+    procs.append(room)
+    turn = await_started(log, "A", leftovers)
+    room.proc.send_signal(signal.SIGTERM)
+    room.await_stderr("waiting for 1 running turn, up to 30 s; a second SIGTERM (or SIGINT, SIGHUP) abandons it")
+    release.touch()
+    assert room.wait() == 128 + signal.SIGTERM
+    assert room.stdout().startswith("queued in room my team: message "), room.stdout()
+    assert (f"interrupted; the message is posted and its rounds go on from the room's file (look later with: "
+            f"hermes-actors room show --root {root} 'my team')") in room.stderr(), room.stderr()
+    assert_gone(turn["pid"])
+    assert_gone(turn["child_pid"])
+    entries = Gateway(root).room_transcript("my team")  # not started: read from the room's file, as `room show`
+    assert [(e["author"], e["text"]) for e in entries] == [("user", "@alice sig test"), ("alice", "done A")]
+
+
 def _blocked_signals(pid: int) -> set[signal.Signals]:
     """The signals process ``pid``'s main thread blocks (``SigBlk`` in /proc)."""
     line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigBlk:"))

@@ -47,8 +47,10 @@ def _to_stderr(message: str) -> None:
 
 def _enable_logging(verbose: int) -> None:
     logger.remove()
+    # diagnose=False: an ERROR's traceback names the code, never the values of its variables (loguru's default
+    # printed every frame's locals: a submit handler's request, with the DM's text, at ERROR)
     logger.add(_to_stderr, level="DEBUG" if verbose > 1 else "INFO" if verbose else "WARNING",
-               colorize=sys.stderr.isatty())
+               colorize=sys.stderr.isatty(), diagnose=False)
     logger.enable("hermes_actors")
     logger.enable("actors")
 

@@ -91,7 +91,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_dis
             stop_gateway(gw, signals)
 
 
-def _wait_cut_short(exc: Exception, args: argparse.Namespace) -> str:
+def _wait_cut_short(exc: BaseException, args: argparse.Namespace) -> str:
     """Pure: what ``room send`` prints when its wait ended before the room settled (the message is posted).
 
     No command waits without posting, so it names the one that shows the rounds later, not the
@@ -100,17 +100,20 @@ def _wait_cut_short(exc: Exception, args: argparse.Namespace) -> str:
     Args:
         exc: what the wait raised: ``TimeoutError`` (``--wait`` ran out), ``RoomStopped`` (the room's gateway, the
             host's or this command's, stopped, or its actor restarts), another ``RuntimeError`` (the host is
-            stopping: its rooms are gone), ``HostOffline`` / ``HostLost`` (the host went).
+            stopping: its rooms are gone), ``HostOffline`` / ``HostLost`` (the host went), ``KeyboardInterrupt``
+            (Ctrl-C; SIGTERM and SIGHUP too without a host: ops/stop_signals.py).
         args: the ``room send`` arguments (``root``, ``room``).
 
     Returns:
-        The ``error: ...`` line.
+        The ``error: ...`` line, or for a stop signal the ``interrupted; ...`` line (as ``send`` says it).
     """
     later = f"(look later with: {shell_command('hermes-actors', 'room', 'show', '--root', args.root, args.room)})"
     if isinstance(exc, TimeoutError):
         return f"error: {exc}; the rounds go on {later}"
     # a stopped gateway's rounds resume at the root's next start, a restarted actor's at once
     goes_on = f"the message is posted and its rounds go on from the room's file {later}"
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted; {goes_on}"
     if isinstance(exc, RoomStopped):
         return (f"error: room {args.room!r} stopped before it became idle (its gateway stopped, or the room's actor "
                 f"failed and restarts); {goes_on}")
@@ -161,6 +164,14 @@ def _send(args: argparse.Namespace) -> int:
             _print_json(ack)
         else:
             print(f"queued in room {printable(args.room)}: message {ack['message_id']}")
+        try:
+            return settle(gw, ack)
+        except KeyboardInterrupt as exc:  # a stop signal once posted: say so and where to look, as send does; the
+            # exit code is the signal's (cli.main), once this command's own gateway stopped (_with_gateway)
+            print(printable(_wait_cut_short(exc, args)), file=sys.stderr, flush=True)
+            raise
+
+    def settle(gw: Any, ack: dict[str, Any]) -> int:
         try:
             state = gw.wait_room_idle(args.room, timeout=args.wait)
         except (TimeoutError, RuntimeError, HostOffline, HostLost) as exc:  # the message is posted all the same

@@ -57,6 +57,8 @@ def forward_to_hermes_logging(level: str = "INFO") -> None:
         # does has replaced that sink with its own already (then there is nothing to remove).
         with contextlib.suppress(ValueError):
             logger.remove(0)
-        _sink_id = logger.add(_to_stdlib, level=level, filter=_ours, format="{message}")
+        # diagnose=False: loguru's own rendering of a traceback (unused here: the exception goes to logging as
+        # exc_info) would show every frame's variables, a DM's text among them
+        _sink_id = logger.add(_to_stdlib, level=level, filter=_ours, format="{message}", diagnose=False)
         logger.enable("hermes_actors")
         logger.enable("actors")

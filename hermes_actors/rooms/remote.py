@@ -20,8 +20,8 @@ wait        ``room``, ``wait`` (0–300 s)            ``{"state": ..., "settled"
 ==========  ======================================  =======================================
 
 What the Gateway method would raise (``ValueError`` for a bad name or members,
-``KeyError`` for an unknown room, ``RuntimeError`` when the rooms are unavailable, ``RoomStopped`` when a
-wait was cut short)
+``KeyError`` for an unknown room, ``RuntimeError`` when the rooms are unavailable or a room's file could not be
+written, ``RoomStopped`` when a wait was cut short)
 is answered ``{"error": <its text>, "reason": "unknown", "error_type": <its class
 name>}``; client side, :class:`HostRooms` raises the same exception again, so a
 caller cannot tell the host's rooms from its own gateway's.

@@ -61,6 +61,7 @@ from hermes_actors.rooms.rules import (
     room_session,
     send_refusal,
     turn_text,
+    unrecorded,
 )
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.rooms.turn_author import room_author
@@ -226,11 +227,17 @@ class RoomActor(TypedActor):
             self.waiters.clear()
 
     def _save_quietly(self) -> bool:
-        """Write the record (:meth:`_save`); a failure is logged and remembered, not raised.
+        """Write the record (:meth:`_save`) unless its file holds it already; a failure is logged and remembered,
+        not raised.
+
+        A record that did not change since it was loaded or last written is not written again (before, every
+        start rewrote every room's file, idle ones too: on a full disk each logged a failed write).
 
         Returns:
             Whether the file now holds the record.
         """
+        if self.unwritten is None and self.record == self.shown and not self.events and not self.done_marks:
+            return True  # nothing changed: its file holds it as it is
         try:
             self._save()
         except (StoreError, HostileFileError) as exc:
@@ -355,8 +362,7 @@ class RoomActor(TypedActor):
         if self.unwritten is not None:  # the write failed: nothing was accepted, nothing of it stays
             self.record = before
             del self.events[published:]
-            raise RuntimeError(f"room {record.name!r} could not record the message durably ({self.unwritten}); "
-                               "it was NOT sent")
+            raise unrecorded(record.name, "the message", self.unwritten, "sent")
         return {"status": "queued", "room_id": record.room_id, "message_id": entry["message_id"]}
 
     @handles(GetTranscript)

@@ -41,7 +41,7 @@ from hermes_actors.messages import (
 )
 from hermes_actors.rooms.room_actor import RoomActor
 from hermes_actors.rooms.room_record import RoomRecord
-from hermes_actors.rooms.rules import find_room, name_problem, name_taken, plan_members
+from hermes_actors.rooms.rules import find_room, name_problem, name_taken, plan_members, unrecorded
 from hermes_actors.rooms.store import RoomFiles
 from hermes_actors.store.turnlock import TurnLock
 
@@ -220,7 +220,10 @@ class Rooms:
             taken = name_taken((n for n, _ in self._rooms.values()), clean)
             if taken is not None:
                 raise ValueError(taken)
-            self.files.write(record)  # on disk before the caller hears of it
+            try:
+                self.files.write(record)  # on disk before the caller hears of it
+            except (StoreError, HostileFileError) as exc:  # a full disk, rooms/ swapped: no file, no actor
+                raise unrecorded(clean, "the room", str(exc), "created") from exc
             self._rooms[record.room_id] = (clean, self._start_actor(record, snapshot, began=False))
         return {"room_id": record.room_id, "name": clean, "members": list(record.handles.values())}
 

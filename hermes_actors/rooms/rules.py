@@ -44,6 +44,7 @@ __all__ = [
     "room_session",
     "send_refusal",
     "turn_text",
+    "unrecorded",
 ]
 
 MIN_MEMBERS = 2
@@ -154,6 +155,23 @@ def no_room(room: Any) -> KeyError:
     """The error for a reference that names no room."""
     return KeyError(f"no room {shown(room)}: pass the id or name of an existing room (Gateway.list_rooms(); "
                     "on the command line: hermes-actors room list)")
+
+
+def unrecorded(name: str, what: str, why: str, undone: str) -> RuntimeError:
+    """The error a room call raises when the room's file could not be written: nothing of the call is kept.
+
+    One rule for ``create_room`` and ``room_send`` (a full disk, a ``rooms/`` swapped for a symlink).
+
+    Args:
+        name: the room's name.
+        what: what was to be recorded (``"the room"``, ``"the message"``).
+        why: why the write failed (the store's text, naming the file or directory).
+        undone: what did not happen (``"created"``, ``"sent"``).
+
+    Returns:
+        The ``RuntimeError`` to raise (``room 'plan' could not record the message durably (<why>); it was NOT sent``).
+    """
+    return RuntimeError(f"room {name!r} could not record {what} durably ({why}); it was NOT {undone}")
 
 
 def plan_members(raw: Any, resolve: Resolve) -> tuple[str, ...] | str:
