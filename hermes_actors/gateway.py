@@ -58,9 +58,15 @@ def _off_main_thread(method: _Method) -> _Method:
         # than these two checks. Not running: no actor whose mailbox an interrupt could wedge.
         if threading.get_ident() != threading.main_thread().ident or self._lifecycle.state not in _RUNNING:
             return method(self, *args, **kwargs)
-        return self._off_main.run(lambda: method(self, *args, **kwargs))
+        return _on_call_thread(self, method, args, kwargs)
 
     return call  # type: ignore[return-value]
+
+
+def _on_call_thread(gateway: Gateway, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run a main thread's call on the gateway's call thread. Apart from ``call`` above: the closure it builds
+    would otherwise give every call, on any thread, cells for its arguments (every DM passes there)."""
+    return gateway._off_main.run(lambda: method(gateway, *args, **kwargs))
 
 
 def _off_main_thread_last(method: _Method) -> _Method:

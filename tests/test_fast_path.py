@@ -461,3 +461,18 @@ def test_a_crash_while_running_a_salvaged_queue_is_salvaged_again(root: Path) ->
         outcomes = {o.delivery_id: o for o in sink.proxy().outcomes.get(timeout=5)}
     assert [outcomes[d.delivery_id].status for d in burst] == ["ambiguous", "ambiguous", "replied"]
     assert seen == ["poison 1", "poison 2", "after"]  # each ran once, in order
+
+
+def _per_dm_functions() -> list[Any]:
+    from hermes_actors.local import asking_turn, delivery_stats, outcome_book, sending, turns
+
+    return [Gateway.message_agent, sending.send_dm, turns._execute_turn, asking_turn.asking_turn,
+            delivery_stats.log_settled, outcome_book.OutcomeBook.settle]
+
+
+@pytest.mark.parametrize("function", _per_dm_functions(), ids=lambda function: function.__qualname__)
+def test_a_function_every_dm_passes_makes_no_cells_per_call(function: Any) -> None:
+    # Each of these runs once per DM (the sender's call, its turn, its outcome). A closure built in one of them,
+    # even on a path a DM rarely takes (the main thread's call, durable mode's callbacks), gave every DM cells
+    # for what it closes over; those callables are partials or built in helpers now (bench/limits.md).
+    assert function.__code__.co_cellvars == ()

@@ -28,6 +28,9 @@ _VERSION_MASK = ~(0xF000 << 64) & ((1 << 128) - 1)
 _VARIANT_MASK = ~(0xC000 << 48) & ((1 << 128) - 1)
 _VERSION_4 = 0x4000 << 64
 _VARIANT_RFC = 0x8000 << 48
+# Combined once: two 128-bit operations per id instead of four
+_KEPT_BITS = _VERSION_MASK & _VARIANT_MASK
+_SET_BITS = _VERSION_4 | _VARIANT_RFC
 
 _local = threading.local()  # .rng: the calling thread's generator, seeded from the OS on its first id
 
@@ -56,8 +59,7 @@ def new_delivery_id() -> str:
     Returns:
         The id.
     """
-    value = (_rng().getrandbits(128) & _VERSION_MASK & _VARIANT_MASK) | _VERSION_4 | _VARIANT_RFC
-    return f"{value:032x}"
+    return "%032x" % ((_rng().getrandbits(128) & _KEPT_BITS) | _SET_BITS)  # %-format: cheaper than f"{:032x}"
 
 
 def is_delivery_id(value: Any) -> TypeGuard[str]:

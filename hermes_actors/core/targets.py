@@ -280,18 +280,16 @@ def plan_send(
             "This install is not Bot-Mode-managed (no bot roster); message_agent is unavailable. Do not retry."
         )
     me = _find_sender(snapshot, sender)
-    peers = tuple(snapshot.peers)
-
-    def roster_refusal(text: str, *, remote_roster: bool = False) -> Refusal:
-        teammates = tuple(p.handle for p in snapshot.profiles if me is None or p.profile != me.profile)
-        return refuse(text, teammates=teammates, peers=peers, remote_roster=remote_roster)
+    peers = snapshot.peers
 
     if me is None:
         if sender is not None and not isinstance(sender, str):
-            return roster_refusal(f"sender must be the sending profile's name (text), not {type(sender).__name__}.")
+            return _roster_refusal(
+                snapshot, me, f"sender must be the sending profile's name (text), not {type(sender).__name__}.")
         if not str(sender or "").strip():
-            return roster_refusal("sender is required: the name of the profile that sends the DM.")
-        return roster_refusal(f"Unknown sender {shown(sender)}: no profile with that name on this install.")
+            return _roster_refusal(snapshot, me, "sender is required: the name of the profile that sends the DM.")
+        return _roster_refusal(snapshot, me,
+                               f"Unknown sender {shown(sender)}: no profile with that name on this install.")
     if message is not None and not isinstance(message, str):
         # The seed would str() it: an int, bytes or dict would reach the target as "5", "b'..'" or "{..}".
         return refuse(f"message must be text (a string), not {type(message).__name__}. Compose it as plain text.")
@@ -308,10 +306,10 @@ def plan_send(
         )
     raw = str(target or "").strip().lstrip("@")
     if not raw:
-        return roster_refusal("target is required.")
+        return _roster_refusal(snapshot, me, "target is required.")
     problem = text_problem("target", raw)
     if problem is not None:
-        return roster_refusal(problem)
+        return _roster_refusal(snapshot, me, problem)
     content = prefixed_content(me, body)
     author = bot_author(me.profile, me.handle)
 
@@ -319,7 +317,7 @@ def plan_send(
     if peer_match or raw.lower() in peers:
         peer_name, peer_agent = peer_match.groups() if peer_match else (raw.lower(), None)
         if peer_name not in peers:
-            return roster_refusal(f"No registered peer named '{peer_name}'.")
+            return _roster_refusal(snapshot, me, f"No registered peer named '{peer_name}'.")
         return PeerRoute(me, peer_name, peer_agent, content, author)
 
     if "@" in raw:
@@ -329,7 +327,7 @@ def plan_send(
 
     resolved = resolve_local(raw, snapshot)
     if resolved is None and not HANDLE_RE.match(raw) and "@" not in raw:
-        return roster_refusal(f"Invalid target: {shown(raw)}.")
+        return _roster_refusal(snapshot, me, f"Invalid target: {shown(raw)}.")
     if resolved is None or resolved == me.profile:
         # Unknown here, or the same name on ANOTHER connection: the relay roster may know it.
         # Each answer below is the remote roster's (it knew no such agent): remote_roster=True.
@@ -342,7 +340,8 @@ def plan_send(
             return Refusal(transport_unreachable_text(shown(raw, raw), snapshot.remote_unreachable), "runtime_offline",
                            remote_roster=True)
         named = shown(raw, f"'{raw}'")  # the seed's '<raw>', cut when huge
-        return roster_refusal(
+        return _roster_refusal(
+            snapshot, me,
             f"No teammate named {named} on this install, on a connected machine, or on a registered peer. "
             "Pick a name from the roster (roles are listed in your system prompt).",
             remote_roster=True,
@@ -350,3 +349,9 @@ def plan_send(
     return LocalRoute(me, snapshot.index[resolved.lower()], content, author)
 
 
+def _roster_refusal(
+    snapshot: RosterSnapshot, me: ProfileInfo | None, text: str, *, remote_roster: bool = False
+) -> Refusal:
+    """A :func:`plan_send` refusal that lists the sender's teammates and the peers (built only when refusing)."""
+    teammates = tuple(p.handle for p in snapshot.profiles if me is None or p.profile != me.profile)
+    return refuse(text, teammates=teammates, peers=tuple(snapshot.peers), remote_roster=remote_roster)

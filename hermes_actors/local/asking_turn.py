@@ -8,6 +8,7 @@ Dispatcher holds now. A DM the turn sends that the remote roster decides is aske
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +52,19 @@ def asking_turn(
     info = index.get(profile_key(delivery.target))
     if info is None:  # removed since it was accepted: never run a turn that would recreate its home
         raise TurnFailed(outcomes.gone_text(delivery.target), reason=reasons.UNKNOWN)
-
-    def send(target: str, message: str) -> dict[str, Any]:
-        request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1, session=delivery.session)
-        try:
-            if admission is not None:
-                fresh_remote_roster(admission, request, timeout=30)
-            return counted(dispatcher, resolve_ack(ask(dispatcher, request, timeout=30), timeout=30))
-        except ActorGone as exc:  # a Turn kept past its gateway's stop: the Gateway's own error
-            raise RuntimeError("gateway is not running") from exc
-
+    # a partial, not a closure: built for every turn, and a closure costs cells for what it uses besides
+    send = functools.partial(_send_as_target, dispatcher, delivery, admission)
     return turn_for(delivery, home=info.home if info else None, root=root, send=send, lock_fd=lock_fd)
+
+
+def _send_as_target(
+    dispatcher: pykka.ActorRef[Any], delivery: Delivery, admission: CallerAdmission | None, target: str, message: str,
+) -> dict[str, Any]:
+    """A turn's ``message_agent``: a DM as ``delivery``'s target, one hop deeper, asked of ``dispatcher``."""
+    request = SendRequest(delivery.target, target, message, hop=delivery.hop + 1, session=delivery.session)
+    try:
+        if admission is not None:
+            fresh_remote_roster(admission, request, timeout=30)
+        return counted(dispatcher, resolve_ack(ask(dispatcher, request, timeout=30), timeout=30))
+    except ActorGone as exc:  # a Turn kept past its gateway's stop: the Gateway's own error
+        raise RuntimeError("gateway is not running") from exc

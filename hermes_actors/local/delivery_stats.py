@@ -8,6 +8,7 @@ INFO line (never its text), and builds the ``deliveries`` part of
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections import Counter
@@ -38,13 +39,14 @@ def log_settled(delivery: Delivery | None, outcome: Outcome) -> None:
     sink takes INFO (never while the library's logging is disabled, as it is for embedders by
     default); loguru builds it within this call, so the latency ends now.
     """
+    _LAZY_LOGGER.info("{}", functools.partial(_settled_line, delivery, outcome))  # a partial: no cells per DM
 
-    def line() -> str:
-        latency = time.time() - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
-        sender = f"@{shown_sender(delivery.sender, delivery.sender_handle)}" if delivery is not None else ""
-        return delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status, outcome.reason, latency)
 
-    _LAZY_LOGGER.info("{}", line)
+def _settled_line(delivery: Delivery | None, outcome: Outcome) -> str:
+    """:func:`log_settled`'s line, built when a sink takes it (the latency read then)."""
+    latency = time.time() - delivery.accepted_at if delivery is not None and delivery.accepted_at else None
+    sender = f"@{shown_sender(delivery.sender, delivery.sender_handle)}" if delivery is not None else ""
+    return delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status, outcome.reason, latency)
 
 
 class DeliveryStats:

@@ -350,7 +350,8 @@ class OutcomeBook:
             for future in waiters:
                 _answer_one(future, record)
         else:
-            answers.extend((future, record) for future in waiters)
+            for future in waiters:  # a loop: a generator here cost every outcome a cell for ``record``
+                answers.append((future, record))
         return entry
 
     def withhold(self, key: str) -> None:

@@ -13,6 +13,7 @@ asked after ``roster.json`` as it is now reached the Dispatcher (:func:`fresh_re
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pykka
@@ -65,8 +66,9 @@ def send_dm(
     accept = AcceptLocal(route.target, delivery, ack, journaled=journal is not None)
     if journal is not None:
         try:
+            # a partial, not a lambda: a closure here gave every DM, journaled or not, cells for what it uses
             journal.append_durably(accepted_record(delivery), timeout=timeout,
-                                   on_interrupt=lambda error: _interrupted(dispatcher, accept, admission, error))
+                                   on_interrupt=functools.partial(_interrupted, dispatcher, accept, admission))
         except StoreError as exc:
             admission.withdraw(delivery.delivery_id)  # nothing was acked: its place in the queue is free
             if not journal.running:

@@ -629,7 +629,7 @@ def _execute_turn(
             logger.exception("building the turn of {} failed", delivery.delivery_id)
             return never_ran(delivery.delivery_id, "building the turn", exc)
         if isinstance(journal, Journal):  # a relay's start mark keeps the start alone
-            over = (lambda: ended[0] or gate.given_up()) if gate is not None else (lambda: ended[0])
+            over = _turn_over(ended, gate)
             # The turn was built just now and has not left this thread: its recorder is set in place, not by
             # dataclasses.replace (~5 µs of every durable DM's CPU for a copy of the whole Turn)
             object.__setattr__(turn, "_note_via", via_recorder(journal, delivery.delivery_id, over=over))
@@ -665,6 +665,17 @@ def _execute_turn(
                 release(delivery.delivery_id)
             except BaseException:  # runner code: it must not replace the turn's result
                 logger.exception("runner release failed for {}", delivery.delivery_id)
+
+
+def _turn_over(ended: list[bool], gate: TurnGate | None) -> Callable[[], bool]:
+    """The ``over`` of :func:`via_recorder`: the turn's ``execute_turn`` returned, or its gate was given up on.
+
+    Built here, not in ``_execute_turn``: a closure there gave every turn, journaled or not, cells for
+    what it uses.
+    """
+    if gate is None:
+        return lambda: ended[0]
+    return lambda: ended[0] or gate.given_up()
 
 
 def via_recorder(journal: StartRecorder, delivery_id: str, *, over: Callable[[], bool]) -> Callable[[str], None]:
