@@ -376,6 +376,9 @@ def test_room_commands_create_send_show_list_disband(tmp_path: Path, capsys: pyt
     base = ["--root", str(root), "--runner", "demo"]
     assert main(["room", "create", "launch", "hermes", "scout", "critic", *base]) == 0  # a human line by default
     created = capsys.readouterr().out.strip()
+    assert main(["room", "show", "launch", *base[:2]]) == 0  # no message yet: said on stderr, stdout stays empty
+    empty = capsys.readouterr()
+    assert (empty.out, empty.err) == ("", "room launch has no messages yet\n")
     assert main(["room", "list", "--json", *base[:2]]) == 0
     [room] = [{k: r[k] for k in ("room_id", "name", "members")} for r in json.loads(capsys.readouterr().out)]
     assert room["name"] == "launch" and room["members"] == ["hermes", "scout", "critic"]

@@ -198,6 +198,8 @@ def _show(args: argparse.Namespace) -> int:
             print(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode())
         for entry in [] if args.json else entries:
             _print_entry(entry)
+        if not entries and not args.json:  # say so: an empty output reads as a command that did nothing
+            print(f"room {printable(args.room)} has no messages yet", file=sys.stderr)
         return 0
 
     return _with_gateway(args, act, on_disk=True)
