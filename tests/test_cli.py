@@ -1300,3 +1300,26 @@ def test_send_through_a_host_says_its_runner_options_are_ignored(
                                 f"with its own runner {_FOR_NO_HOST}\n"), captured.err
         assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi again"]) == 0
         assert "ignored" not in capsys.readouterr().err  # nothing given, nothing said
+
+
+def test_a_room_send_interrupted_after_its_room_settled_does_not_say_its_rounds_go_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (diffrev34): a Ctrl-C landing while the settled room's new lines were fetched said
+    ``interrupted; the message is posted and its rounds go on …`` of a room already idle."""
+    from hermes_actors import Gateway
+
+    root = create_demo_root(tmp_path / "root")
+    base = ["--root", str(root), "--runner", "demo"]
+    assert main(["room", "create", "launch", "hermes", "scout", *base]) == 0
+    settled: list[str] = []
+
+    def interrupted(gw: Gateway, room: str) -> list[dict[str, object]]:
+        settled.append(gw.wait_room_idle(room, timeout=30))  # the wait returned: the room is settled
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Gateway, "room_transcript", interrupted)
+    capsys.readouterr()
+    assert main(["room", "send", "launch", "Ready?", *base, "--wait", "30"]) == 130
+    assert settled and settled[0] != "busy"
+    assert "rounds go on" not in capsys.readouterr().err

@@ -164,12 +164,7 @@ def _send(args: argparse.Namespace) -> int:
             _print_json(ack)
         else:
             print(f"queued in room {printable(args.room)}: message {ack['message_id']}")
-        try:
-            return settle(gw, ack)
-        except KeyboardInterrupt as exc:  # a stop signal once posted: say so and where to look, as send does; the
-            # exit code is the signal's (cli.main), once this command's own gateway stopped (_with_gateway)
-            print(printable(_wait_cut_short(exc, args)), file=sys.stderr, flush=True)
-            raise
+        return settle(gw, ack)
 
     def settle(gw: Any, ack: dict[str, Any]) -> int:
         try:
@@ -177,6 +172,11 @@ def _send(args: argparse.Namespace) -> int:
         except (TimeoutError, RuntimeError, HostOffline, HostLost) as exc:  # the message is posted all the same
             print(printable(_wait_cut_short(exc, args)), file=sys.stderr)
             return EXIT_FAILED
+        except KeyboardInterrupt as exc:  # a stop signal while the rounds run: say so and where to look, as send
+            # does; the exit code is the signal's (cli.main), once this command's own gateway stopped (_with_gateway).
+            # One after the wait (the room settled, its lines printing) ends the command as any interrupt does.
+            print(printable(_wait_cut_short(exc, args)), file=sys.stderr, flush=True)
+            raise
         entries = _after(gw.room_transcript(args.room), ack["message_id"])
         if args.json:  # one JSON line per transcript entry, then the room's state
             for entry in entries:
