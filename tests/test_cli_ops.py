@@ -503,6 +503,38 @@ def test_enable_keeps_the_text_of_a_commented_config_it_rewrites(tmp_path: Path)
     assert kept.read_text(encoding="utf-8") == original
 
 
+def test_enable_keeps_the_text_of_a_yaml_file_whose_comments_are_at_lines_ends(tmp_path: Path) -> None:
+    """An end-of-line comment is a comment too: the rewrite drops it, so the first text is kept and said."""
+    from hermes_actors.hermes.setup import disable, enable
+
+    root = make_root(tmp_path, {"alice": {}}, managed=False)
+    config, profile = root / "config.yaml", root / "profiles" / "alice" / "profile.yaml"
+    texts = {config: "model:\n  default: gpt-4o   # keep: the model we pay for\n  provider: openai  # do not change\n",
+             profile: "display_name: Alice  # her public name\n"}
+    for path, text in texts.items():
+        path.write_text(text, encoding="utf-8")
+    report = enable(root, ["alice", "default"], cli=str(tmp_path / "missing"), env={})
+    for path, text in texts.items():
+        kept = path.with_name(f"{path.name}.before-hermes-actors")
+        assert kept.read_text(encoding="utf-8") == text, path
+        assert f"{path}: rewritten without its comments; its previous text is in {kept}" in report.changed
+    assert yaml.safe_load(config.read_text())["model"] == {"default": "gpt-4o", "provider": "openai"}
+    disable(root)
+    assert (root / "config.yaml.before-hermes-actors").read_text(encoding="utf-8") == texts[config]
+
+
+def test_enable_keeps_no_copy_of_a_yaml_file_whose_hashes_are_text(tmp_path: Path) -> None:
+    from hermes_actors.hermes.setup import enable
+
+    root = make_root(tmp_path, {"alice": {}}, managed=False)
+    config = root / "profiles" / "alice" / "config.yaml"
+    config.write_text('model:\n  base_url: http://127.0.0.1:8080/v1#frag\n  note: "# not a comment"\n',
+                      encoding="utf-8")
+    report = enable(root, ["alice"], cli=str(tmp_path / "missing"), env={})
+    assert not config.with_name("config.yaml.before-hermes-actors").exists()
+    assert not any("rewritten without its comments" in line for line in report.changed), report.changed
+
+
 def test_enable_never_writes_through_a_hard_link_left_at_a_temp_name(tmp_path: Path) -> None:
     """The YAML it rewrites is staged in a fresh file of its own: a link planted beside it is not followed."""
     from hermes_actors.hermes.setup import enable

@@ -21,7 +21,7 @@ from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, re
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below
 from hermes_actors.store.temp_file import check_temp_dir
-from hermes_actors.store.yaml_file import load_bounded
+from hermes_actors.store.yaml_file import comment_lines, load_bounded
 
 __all__ = [
     "RECORD_NAME",
@@ -139,12 +139,13 @@ def write_yaml(path: Path, data: dict[str, Any], report: SetupReport) -> None:
 
 
 def _keep_commented(path: Path, report: SetupReport) -> None:
-    """Copy ``path`` aside once when it has comment lines (a YAML rewrite drops them)."""
+    """Copy ``path`` aside once when it has a comment, whole-line or at a line's end (a YAML rewrite drops both:
+    :func:`~hermes_actors.store.yaml_file.comment_lines`)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return
-    if not any(line.lstrip().startswith("#") for line in text.splitlines()):
+    if not comment_lines(text):
         return
     kept = path.with_name(f"{path.name}.before-hermes-actors")
     try:
