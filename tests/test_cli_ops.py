@@ -1068,16 +1068,19 @@ def test_doctor_fixes_and_setup_reports_quote_a_root_with_a_space(
            "hermes gateway run --replace" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("running", "line"), [
-    (None, "start the gateway: HERMES_HOME='/srv/my hermes' hermes gateway run"),
-    (4242, "restart the hermes gateway that runs (pid 4242; it read config.yaml at its start, and a second `hermes "
-           "gateway run` would exit: \"Another gateway instance is already running\"): HERMES_HOME='/srv/my hermes' "
-           "hermes gateway run --replace"),
-], ids=["none-runs", "one-runs"])
-def test_gateway_todo_restarts_a_running_gateway_with_replace(running: int | None, line: str) -> None:
+@pytest.mark.parametrize(("running", "changed", "line"), [
+    (None, True, "start the gateway: HERMES_HOME='/srv/my hermes' hermes gateway run"),
+    (None, False, "start the gateway: HERMES_HOME='/srv/my hermes' hermes gateway run"),
+    (4242, True, "restart the hermes gateway that runs (pid 4242; it read config.yaml at its start, and a second "
+                 "`hermes gateway run` would exit: \"Another gateway instance is already running\"): "
+                 "HERMES_HOME='/srv/my hermes' hermes gateway run --replace"),
+    (4242, False, None),  # it has nothing new to read: a restart would only end a warm turn in progress
+], ids=["none-runs", "none-runs-nothing-changed", "one-runs", "one-runs-nothing-changed"])
+def test_gateway_todo_restarts_a_running_gateway_with_replace(running: int | None, changed: bool,
+                                                              line: str | None) -> None:
     from hermes_actors.hermes.setup import gateway_todo
 
-    assert gateway_todo(Path("/srv/my hermes"), running) == line
+    assert gateway_todo(Path("/srv/my hermes"), running, config_changed=changed) == line
 
 
 def test_enable_gateway_beside_a_running_gateway_names_the_replace_form(
@@ -1093,6 +1096,33 @@ def test_enable_gateway_beside_a_running_gateway_names_the_replace_form(
     assert f"  to do: restart the hermes gateway that runs (pid {os.getpid()}; " in out, out
     assert out.rstrip().endswith(f"HERMES_HOME={root} hermes gateway run --replace"), out
     assert "start the gateway:" not in out
+
+
+def test_enable_gateway_again_beside_a_running_gateway_says_no_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: run again with nothing to change, `enable --gateway` said `nothing to change` and then to restart
+    the running gateway with --replace, which serves no purpose and ends a warm turn in progress `ambiguous`."""
+    root = make_root(tmp_path, managed=False)
+    (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # hermes 0.19's pid file
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert "  to do: restart the hermes gateway that runs" in capsys.readouterr().out
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    out = capsys.readouterr().out
+    assert "  nothing to change\n" in out, out
+    assert "restart the hermes gateway" not in out and "--replace" not in out, out
+    profile = root / "profiles" / "alice" / "profile.yaml"  # read by the host at its rescan: still no restart
+    profile.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(profile.read_text()).items()
+                                       if k != "ui_meta"}), encoding="utf-8")
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    out = capsys.readouterr().out
+    assert f"  changed: {profile}: ui_meta.hermes-bots = {{}}" in out, out
+    assert "restart the hermes gateway" not in out, out
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["platforms"]["api_server"]["enabled"] = False  # config.yaml changed: the running gateway must restart
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert f"  to do: restart the hermes gateway that runs (pid {os.getpid()}; " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("current", "written", "ours"), [

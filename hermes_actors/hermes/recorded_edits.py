@@ -240,6 +240,7 @@ class RecordedEditor:
         self._files: dict[Path, dict[str, Any]] = {}
         self._planned: dict[Path, list[tuple[dict[str, Any], str]]] = {}
         self.written: list[dict[str, Any]] = []  # the record entries of the files written so far, in order
+        self.files_written: list[Path] = []  # the files written so far (a reorder alone too), in order
 
     def _rel(self, path: Path) -> str:
         return str(path.relative_to(self.root))
@@ -277,8 +278,8 @@ class RecordedEditor:
             check_temp_dir(directory)
 
     def write(self) -> None:
-        """Write each edited file once, in the order first edited; its edits then join :attr:`written` and the
-        report's "changed" lines.
+        """Write each edited file once, in the order first edited; it then joins :attr:`files_written`, and its
+        edits :attr:`written` and the report's "changed" lines.
 
         Raises:
             HostileFileError: as :func:`write_yaml`.
@@ -286,6 +287,7 @@ class RecordedEditor:
         """
         for path in list(self._planned):
             write_yaml(path, self._files[path], self.report)
+            self.files_written.append(path)
             for entry, line in self._planned.pop(path):
                 if entry.get("op") != _MOVE:
                     self.written.append(entry)
