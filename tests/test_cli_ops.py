@@ -633,6 +633,68 @@ def test_doctor_says_warm_turns_are_ok_only_when_the_running_host_runs_them_warm
     assert check.level == OK or check.fix, check
 
 
+@pytest.mark.parametrize(("host", "level", "says"), [
+    (None, OK, "the hermes API server 127.0.0.1:8642 answers (a probe of /health just now; its API_SERVER_KEY is in "
+               "neither "),
+    ({"pid": 7, "turns_via": "warm", "cli_seconds": 0.0}, OK,
+     "through the hermes API server 127.0.0.1:8642 (the running host, pid 7, runs its next turn there); its "
+     "API_SERVER_KEY is in neither "),
+    ({"pid": 7, "turns_via": "cli", "cli_seconds": 24.6}, WARN, "runs turns with the hermes CLI for up to 25 s more"),
+    ({"pid": 7, "turns_via": "cli", "cli_seconds": None}, WARN,
+     "(pid 7) runs every turn with the hermes CLI: it read no usable API_SERVER_KEY"),
+], ids=["no-host", "host-warm", "host-cli-for-now", "host-cli-for-good"])
+def test_doctor_says_an_api_server_started_with_a_key_it_cannot_see_runs(
+    tmp_path: Path, host: dict[str, Any] | None, level: str, says: str
+) -> None:
+    from hermes_actors.ops.doctor_checks import check_warm_turns
+
+    check = check_warm_turns(tmp_path, "127.0.0.1:8642", True, True, runs_unseen=True, host=host)
+    assert check.level == level and says in check.detail, check
+    assert "refuses to start" not in check.detail and "every turn runs with the hermes CLI" not in check.detail
+    assert check.level == OK or check.fix, check
+
+
+@pytest.mark.parametrize("hosted", [True, False], ids=["gateway-hosts", "no-host"])
+def test_doctor_does_not_say_the_api_server_cannot_start_while_it_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hosted: bool
+) -> None:
+    """Regression (hermes 0.19): `hermes gateway run` started with API_SERVER_KEY in its environment (not in the
+    root's .env) starts its API server from the config.yaml block and serves warm turns, yet doctor, run from a shell
+    without the variable, warned "API_SERVER_KEY is not set … hermes refuses to start it, so every turn runs with the
+    hermes CLI": it took its own environment for the gateway's."""
+    monkeypatch.delenv("API_SERVER_KEY", raising=False)
+    api = AnsweringApi(sessions=401)  # its key is not ours to know: only /health answers us
+    try:
+        root = make_root(tmp_path, config={
+            "platforms": {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1", "port": api.port}}},
+            "gateway": {"multiplex_profiles": True}})
+        pong = {"pid": 7, "turns_via": "warm", "cli_seconds": 0.0} if hosted else None
+        checks = {c.name: c for c in run_doctor(root, cli=str(write_fake_cli(tmp_path, FAKE_HERMES)),
+                                                ping=lambda r: pong)}
+    finally:
+        api.close()
+    check = checks["warm turns"]
+    assert check.level == OK, check
+    assert f"127.0.0.1:{api.port}" in check.detail and "refuses to start" not in check.detail, check
+    assert "the hermes gateway took it from the environment it was started with, which doctor cannot see" in \
+        check.detail, check
+
+
+
+def test_doctor_still_says_the_key_is_missing_when_nothing_answers(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("API_SERVER_KEY", raising=False)
+    with socket.socket() as taken:  # bound, not listening: a connection to it is refused
+        taken.bind(("127.0.0.1", 0))
+        root = make_root(tmp_path, config={
+            "platforms": {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1",
+                                                                    "port": taken.getsockname()[1]}}},
+            "gateway": {"multiplex_profiles": True}})
+        checks = {c.name: c for c in run_doctor(root, cli=str(write_fake_cli(tmp_path, FAKE_HERMES)),
+                                                ping=lambda r: None)}
+    assert checks["warm turns"].level == WARN and "hermes refuses to start it" in checks["warm turns"].detail
+
+
 def test_doctor_says_the_gateway_hosting_the_actors_waits_for_its_api_server_starting(tmp_path: Path) -> None:
     from hermes_actors.ops.doctor_checks import check_warm_turns
 
