@@ -11,6 +11,7 @@ again and again (a relay rescan, a heartbeat or roster write).
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import re
@@ -321,7 +322,8 @@ def comment_lines(text: str) -> list[int]:
     except yaml.YAMLError:
         return [n for n, line in enumerate(text.splitlines(), 1) if "#" in line]
     starts += _gap_comments(text, covered, len(text))
-    return sorted({text.count("\n", 0, at) + 1 for at in starts})
+    breaks = [at for at, char in enumerate(text) if char == "\n"]
+    return sorted({bisect.bisect_left(breaks, at) + 1 for at in starts})
 
 
 def _gap_comments(text: str, begin: int, end: int) -> list[int]:
