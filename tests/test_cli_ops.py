@@ -503,6 +503,38 @@ def test_enable_keeps_the_text_of_a_commented_config_it_rewrites(tmp_path: Path)
     assert kept.read_text(encoding="utf-8") == original
 
 
+def test_enable_keeps_the_text_of_a_yaml_file_whose_comments_are_at_lines_ends(tmp_path: Path) -> None:
+    """An end-of-line comment is a comment too: the rewrite drops it, so the first text is kept and said."""
+    from hermes_actors.hermes.setup import disable, enable
+
+    root = make_root(tmp_path, {"alice": {}}, managed=False)
+    config, profile = root / "config.yaml", root / "profiles" / "alice" / "profile.yaml"
+    texts = {config: "model:\n  default: gpt-4o   # keep: the model we pay for\n  provider: openai  # do not change\n",
+             profile: "display_name: Alice  # her public name\n"}
+    for path, text in texts.items():
+        path.write_text(text, encoding="utf-8")
+    report = enable(root, ["alice", "default"], cli=str(tmp_path / "missing"), env={})
+    for path, text in texts.items():
+        kept = path.with_name(f"{path.name}.before-hermes-actors")
+        assert kept.read_text(encoding="utf-8") == text, path
+        assert f"{path}: rewritten without its comments; its previous text is in {kept}" in report.changed
+    assert yaml.safe_load(config.read_text())["model"] == {"default": "gpt-4o", "provider": "openai"}
+    disable(root)
+    assert (root / "config.yaml.before-hermes-actors").read_text(encoding="utf-8") == texts[config]
+
+
+def test_enable_keeps_no_copy_of_a_yaml_file_whose_hashes_are_text(tmp_path: Path) -> None:
+    from hermes_actors.hermes.setup import enable
+
+    root = make_root(tmp_path, {"alice": {}}, managed=False)
+    config = root / "profiles" / "alice" / "config.yaml"
+    config.write_text('model:\n  base_url: http://127.0.0.1:8080/v1#frag\n  note: "# not a comment"\n',
+                      encoding="utf-8")
+    report = enable(root, ["alice"], cli=str(tmp_path / "missing"), env={})
+    assert not config.with_name("config.yaml.before-hermes-actors").exists()
+    assert not any("rewritten without its comments" in line for line in report.changed), report.changed
+
+
 def test_enable_never_writes_through_a_hard_link_left_at_a_temp_name(tmp_path: Path) -> None:
     """The YAML it rewrites is staged in a fresh file of its own: a link planted beside it is not followed."""
     from hermes_actors.hermes.setup import enable
@@ -599,6 +631,68 @@ def test_doctor_says_warm_turns_are_ok_only_when_the_running_host_runs_them_warm
     check = check_warm_turns(tmp_path, "127.0.0.1:8642", True, False, host=host)
     assert check.level == level and says in check.detail, check
     assert check.level == OK or check.fix, check
+
+
+@pytest.mark.parametrize(("host", "level", "says"), [
+    (None, OK, "the hermes API server 127.0.0.1:8642 answers (a probe of /health just now; its API_SERVER_KEY is in "
+               "neither "),
+    ({"pid": 7, "turns_via": "warm", "cli_seconds": 0.0}, OK,
+     "through the hermes API server 127.0.0.1:8642 (the running host, pid 7, runs its next turn there); its "
+     "API_SERVER_KEY is in neither "),
+    ({"pid": 7, "turns_via": "cli", "cli_seconds": 24.6}, WARN, "runs turns with the hermes CLI for up to 25 s more"),
+    ({"pid": 7, "turns_via": "cli", "cli_seconds": None}, WARN,
+     "(pid 7) runs every turn with the hermes CLI: it read no usable API_SERVER_KEY"),
+], ids=["no-host", "host-warm", "host-cli-for-now", "host-cli-for-good"])
+def test_doctor_says_an_api_server_started_with_a_key_it_cannot_see_runs(
+    tmp_path: Path, host: dict[str, Any] | None, level: str, says: str
+) -> None:
+    from hermes_actors.ops.doctor_checks import check_warm_turns
+
+    check = check_warm_turns(tmp_path, "127.0.0.1:8642", True, True, runs_unseen=True, host=host)
+    assert check.level == level and says in check.detail, check
+    assert "refuses to start" not in check.detail and "every turn runs with the hermes CLI" not in check.detail
+    assert check.level == OK or check.fix, check
+
+
+@pytest.mark.parametrize("hosted", [True, False], ids=["gateway-hosts", "no-host"])
+def test_doctor_does_not_say_the_api_server_cannot_start_while_it_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hosted: bool
+) -> None:
+    """Regression (hermes 0.19): `hermes gateway run` started with API_SERVER_KEY in its environment (not in the
+    root's .env) starts its API server from the config.yaml block and serves warm turns, yet doctor, run from a shell
+    without the variable, warned "API_SERVER_KEY is not set … hermes refuses to start it, so every turn runs with the
+    hermes CLI": it took its own environment for the gateway's."""
+    monkeypatch.delenv("API_SERVER_KEY", raising=False)
+    api = AnsweringApi(sessions=401)  # its key is not ours to know: only /health answers us
+    try:
+        root = make_root(tmp_path, config={
+            "platforms": {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1", "port": api.port}}},
+            "gateway": {"multiplex_profiles": True}})
+        pong = {"pid": 7, "turns_via": "warm", "cli_seconds": 0.0} if hosted else None
+        checks = {c.name: c for c in run_doctor(root, cli=str(write_fake_cli(tmp_path, FAKE_HERMES)),
+                                                ping=lambda r: pong)}
+    finally:
+        api.close()
+    check = checks["warm turns"]
+    assert check.level == OK, check
+    assert f"127.0.0.1:{api.port}" in check.detail and "refuses to start" not in check.detail, check
+    assert "the hermes gateway took it from the environment it was started with, which doctor cannot see" in \
+        check.detail, check
+
+
+
+def test_doctor_still_says_the_key_is_missing_when_nothing_answers(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("API_SERVER_KEY", raising=False)
+    with socket.socket() as taken:  # bound, not listening: a connection to it is refused
+        taken.bind(("127.0.0.1", 0))
+        root = make_root(tmp_path, config={
+            "platforms": {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1",
+                                                                    "port": taken.getsockname()[1]}}},
+            "gateway": {"multiplex_profiles": True}})
+        checks = {c.name: c for c in run_doctor(root, cli=str(write_fake_cli(tmp_path, FAKE_HERMES)),
+                                                ping=lambda r: None)}
+    assert checks["warm turns"].level == WARN and "hermes refuses to start it" in checks["warm turns"].detail
 
 
 def test_doctor_says_the_gateway_hosting_the_actors_waits_for_its_api_server_starting(tmp_path: Path) -> None:
@@ -1036,16 +1130,19 @@ def test_doctor_fixes_and_setup_reports_quote_a_root_with_a_space(
            "hermes gateway run --replace" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("running", "line"), [
-    (None, "start the gateway: HERMES_HOME='/srv/my hermes' hermes gateway run"),
-    (4242, "restart the hermes gateway that runs (pid 4242; it read config.yaml at its start, and a second `hermes "
-           "gateway run` would exit: \"Another gateway instance is already running\"): HERMES_HOME='/srv/my hermes' "
-           "hermes gateway run --replace"),
-], ids=["none-runs", "one-runs"])
-def test_gateway_todo_restarts_a_running_gateway_with_replace(running: int | None, line: str) -> None:
+@pytest.mark.parametrize(("running", "changed", "line"), [
+    (None, True, "start the gateway: HERMES_HOME='/srv/my hermes' hermes gateway run"),
+    (None, False, "start the gateway: HERMES_HOME='/srv/my hermes' hermes gateway run"),
+    (4242, True, "restart the hermes gateway that runs (pid 4242; it read config.yaml at its start, and a second "
+                 "`hermes gateway run` would exit: \"Another gateway instance is already running\"): "
+                 "HERMES_HOME='/srv/my hermes' hermes gateway run --replace"),
+    (4242, False, None),  # it has nothing new to read: a restart would only end a warm turn in progress
+], ids=["none-runs", "none-runs-nothing-changed", "one-runs", "one-runs-nothing-changed"])
+def test_gateway_todo_restarts_a_running_gateway_with_replace(running: int | None, changed: bool,
+                                                              line: str | None) -> None:
     from hermes_actors.hermes.setup import gateway_todo
 
-    assert gateway_todo(Path("/srv/my hermes"), running) == line
+    assert gateway_todo(Path("/srv/my hermes"), running, config_changed=changed) == line
 
 
 def test_enable_gateway_beside_a_running_gateway_names_the_replace_form(
@@ -1061,6 +1158,33 @@ def test_enable_gateway_beside_a_running_gateway_names_the_replace_form(
     assert f"  to do: restart the hermes gateway that runs (pid {os.getpid()}; " in out, out
     assert out.rstrip().endswith(f"HERMES_HOME={root} hermes gateway run --replace"), out
     assert "start the gateway:" not in out
+
+
+def test_enable_gateway_again_beside_a_running_gateway_says_no_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: run again with nothing to change, `enable --gateway` said `nothing to change` and then to restart
+    the running gateway with --replace, which serves no purpose and ends a warm turn in progress `ambiguous`."""
+    root = make_root(tmp_path, managed=False)
+    (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # hermes 0.19's pid file
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert "  to do: restart the hermes gateway that runs" in capsys.readouterr().out
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    out = capsys.readouterr().out
+    assert "  nothing to change\n" in out, out
+    assert "restart the hermes gateway" not in out and "--replace" not in out, out
+    profile = root / "profiles" / "alice" / "profile.yaml"  # read by the host at its rescan: still no restart
+    profile.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(profile.read_text()).items()
+                                       if k != "ui_meta"}), encoding="utf-8")
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    out = capsys.readouterr().out
+    assert f"  changed: {profile}: ui_meta.hermes-bots = {{}}" in out, out
+    assert "restart the hermes gateway" not in out, out
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["platforms"]["api_server"]["enabled"] = False  # config.yaml changed: the running gateway must restart
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert f"  to do: restart the hermes gateway that runs (pid {os.getpid()}; " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("current", "written", "ours"), [

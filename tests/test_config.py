@@ -95,6 +95,33 @@ def test_expanded_size_refuses_a_recursive_structure() -> None:
     assert expanded_size({"a": loop}) is None
 
 
+@pytest.mark.parametrize(("text", "lines"), [
+    ("a: 1\nb: [2, 3]\n", []),
+    ("# written by hermes\na: 1\n", [1]),
+    ("model:\n  default: gpt-4o   # keep: the model we pay for\n  provider: openai  # do not change\n", [2, 3]),
+    ("display_name: Alice  # her public name\n", [1]),
+    ("a: b #\n", [1]),
+    ("a: &x 1  # anchored\nb: *x\n", [1]),
+    ("a: [1,  # in a flow list\n  2]\nb: {c: 1} # after a flow map\n", [1, 3]),
+    ("a:\n  - x # an item's\n  - y\n", [2]),
+    ("a: |  # a block scalar's header\n  text # is text\n  # so is this\n# not this\n", [1, 4]),
+    ("a: >-\n  folded # text\n", []),
+    ('a: "x # y"\n', []),
+    ("a: 'x # y'\n", []),
+    ("url: https://example.com/docs#setup\n", []),
+    ("a: b#c\n", []),
+    ('key: "quoted # not a comment"  # a comment\n', [1]),
+    ("\ufeff# after a BOM\na: 1\n", [1]),
+    ('a: "never closed\n# x\n', [2]),  # malformed: every line with a "#"
+], ids=["none", "whole-line", "end-of-line", "profile", "empty-comment", "after-anchor", "flow", "list-item",
+        "block-scalar", "folded-scalar", "double-quoted", "single-quoted", "url-fragment", "hash-in-word",
+        "quoted-then-comment", "bom", "malformed"])
+def test_comment_lines_finds_the_comments_a_rewrite_drops(text: str, lines: list[int]) -> None:
+    from hermes_actors.store.yaml_file import comment_lines
+
+    assert comment_lines(text) == lines
+
+
 @pytest.mark.parametrize(("content", "expected"), [("", {}), ("# only a comment\n", {}), ("a: 1\n", {"a": 1})])
 def test_valid_or_empty_file(tmp_path: Path, warnings: list[str], content: str, expected: dict[str, Any]) -> None:
     path = tmp_path / "config.yaml"

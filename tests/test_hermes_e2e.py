@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -255,6 +257,23 @@ def test_round_trip_hosted_in_the_hermes_gateway_with_warm_turns(
     assert ("assistant", f"bob got: {bob_reads}") in bot_chat_messages(warm.home("bob"))
     assert len(wake_calls(model, "alice", wake_text)) == 1
     assert [p for p, _ in model.overlaps if p in ("alice", "bob")] == []
+
+
+def test_doctor_without_the_gateways_api_server_key_says_its_api_server_runs(warm: E2ERoot) -> None:
+    """Regression: the gateway was started with API_SERVER_KEY in its environment, not in the root's .env: hermes
+    0.19 starts its API server from the config.yaml block with that key (warm turns run), yet doctor, from a shell
+    without the variable, warned that hermes refuses to start it and every turn runs with the CLI."""
+    assert not (warm.root / ".env").exists()
+    port = yaml.safe_load((warm.root / "config.yaml").read_text(encoding="utf-8"))["platforms"]["api_server"][
+        "extra"]["port"]
+    shell = {k: v for k, v in warm.env.items() if not k.startswith("API_SERVER_")}
+    done = subprocess.run([sys.executable, "-c", "from hermes_actors.cli.main import main; main()", "doctor",
+                           "--root", str(warm.root), "--json"], env=shell, capture_output=True, text=True,
+                          timeout=120, check=False)
+    warm_check = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "warm turns")
+    assert warm_check["level"] == "ok", warm_check
+    assert f"through the hermes API server 127.0.0.1:{port}" in warm_check["detail"], warm_check
+    assert "the hermes gateway took it from the environment it was started with" in warm_check["detail"], warm_check
 
 
 def _assert_a_dm_right_after_the_start_runs_warm(e2e: E2ERoot, model: FakeModel) -> None:

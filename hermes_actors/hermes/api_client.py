@@ -280,18 +280,22 @@ class ApiServerProblem:
     misconfigured: bool
 
 
-def api_server_problem(server: ApiServer, timeout: float = 2.0) -> ApiServerProblem | None:
+def api_server_problem(server: ApiServer, timeout: float = 2.0, *, key_known: bool = True) -> ApiServerProblem | None:
     """Probe ``GET /health``, then an authenticated ``GET /p/default/api/sessions?limit=1``.
 
     Args:
         server: the server.
         timeout: seconds per request.
+        key_known: whether ``server.key`` is the key to try; without it (a gateway started with a key we do not
+            see) only ``/health`` is probed, as a warm turn's wait for a starting server probes it.
 
     Returns:
-        None when both answer as hermes' API server does; else what went wrong.
+        None when both answer (``/health`` alone without ``key_known``) as hermes' API server does; else what went
+        wrong.
     """
+    probes = (("/health", False), ("/p/default/api/sessions?limit=1", True))
     try:
-        for path, auth in (("/health", False), ("/p/default/api/sessions?limit=1", True)):
+        for path, auth in probes if key_known else probes[:1]:
             conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
             try:
                 headers = {"Authorization": f"Bearer {server.key}"} if auth else {}

@@ -22,7 +22,9 @@ resolves its ``api_server`` platform in these steps, which :func:`gateway_api_se
 5. The server then takes ``extra``'s ``host``, ``port``, ``key``, each falling back to the process's
    ``API_SERVER_HOST`` / ``API_SERVER_PORT`` / ``API_SERVER_KEY`` (the environment, with the root's ``.env``
    loaded over it), then ``127.0.0.1`` / ``8642`` / none; it refuses to start without a key of at least 16
-   characters that is not a placeholder.
+   characters that is not a placeholder. So a gateway started with ``API_SERVER_KEY`` in its environment (not in
+   the root's ``.env``) and an ``api_server`` block starts it: what we read here, from our own environment,
+   cannot tell (``doctor`` then probes the server's ``/health``).
 """
 
 from __future__ import annotations
@@ -105,6 +107,12 @@ class GatewayApiServer:
         is reached on loopback."""
         if not (self.starts and self.multiplex):
             return None
+        return self.address()
+
+    def address(self) -> ApiServer:
+        """Where it listens when it starts, whether or not it does with what we read (a gateway started with an
+        ``API_SERVER_KEY`` in its own environment starts it all the same): a wildcard bind is reached on
+        loopback; the key is the one we read (``""``: none)."""
         host = DEFAULT_API_HOST if self.host in ("0.0.0.0", "::", "") else self.host
         return ApiServer(host=host, port=self.port, key=self.key)
 

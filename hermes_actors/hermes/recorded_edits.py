@@ -21,7 +21,7 @@ from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, re
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below
 from hermes_actors.store.temp_file import check_temp_dir
-from hermes_actors.store.yaml_file import load_bounded
+from hermes_actors.store.yaml_file import comment_lines, load_bounded
 
 __all__ = [
     "RECORD_NAME",
@@ -139,12 +139,13 @@ def write_yaml(path: Path, data: dict[str, Any], report: SetupReport) -> None:
 
 
 def _keep_commented(path: Path, report: SetupReport) -> None:
-    """Copy ``path`` aside once when it has comment lines (a YAML rewrite drops them)."""
+    """Copy ``path`` aside once when it has a comment, whole-line or at a line's end (a YAML rewrite drops both:
+    :func:`~hermes_actors.store.yaml_file.comment_lines`)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return
-    if not any(line.lstrip().startswith("#") for line in text.splitlines()):
+    if not comment_lines(text):
         return
     kept = path.with_name(f"{path.name}.before-hermes-actors")
     try:
@@ -239,6 +240,7 @@ class RecordedEditor:
         self._files: dict[Path, dict[str, Any]] = {}
         self._planned: dict[Path, list[tuple[dict[str, Any], str]]] = {}
         self.written: list[dict[str, Any]] = []  # the record entries of the files written so far, in order
+        self.files_written: list[Path] = []  # the files written so far (a reorder alone too), in order
 
     def _rel(self, path: Path) -> str:
         return str(path.relative_to(self.root))
@@ -276,8 +278,8 @@ class RecordedEditor:
             check_temp_dir(directory)
 
     def write(self) -> None:
-        """Write each edited file once, in the order first edited; its edits then join :attr:`written` and the
-        report's "changed" lines.
+        """Write each edited file once, in the order first edited; it then joins :attr:`files_written`, and its
+        edits :attr:`written` and the report's "changed" lines.
 
         Raises:
             HostileFileError: as :func:`write_yaml`.
@@ -285,6 +287,7 @@ class RecordedEditor:
         """
         for path in list(self._planned):
             write_yaml(path, self._files[path], self.report)
+            self.files_written.append(path)
             for entry, line in self._planned.pop(path):
                 if entry.get("op") != _MOVE:
                     self.written.append(entry)

@@ -212,7 +212,9 @@ def enable(
         else:
             if created:
                 report.changed.append(f"{home / 'state.db'}: created the 'Bot Chat' session {session}")
-    _add_todo(root, report, gateway=gateway, env=env, cli=hermes_cli)
+    # what a running hermes gateway read at its start: the root's config.yaml, and the profiles' own
+    config_changed = any(path.name == "config.yaml" for path in editor.files_written)
+    _add_todo(root, report, gateway=gateway, env=env, cli=hermes_cli, config_changed=config_changed)
     return report
 
 
@@ -348,7 +350,8 @@ def _configure_gateway(editor: RecordedEditor, config: Path, port: int | None, r
             f"a turn right after the gateway's start waits for it, up to {API_SERVER_START_SECONDS:g} s)")
 
 
-def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, str] | None, cli: str | None) -> None:
+def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, str] | None, cli: str | None,
+              config_changed: bool) -> None:
     if cli is None:
         report.todo.append("install hermes-agent (pip install 'hermes-actors[hermes]') — no hermes CLI was found")
     if gateway:
@@ -368,27 +371,34 @@ def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, 
                 f"run as the default profile): GATEWAY_MULTIPLEX_PROFILES in its environment or in {root / '.env'}, "
                 f"or multiplex_profiles in {root / 'gateway.json'}, says it is off; remove it or set it to true"
             )
-        report.todo.append(gateway_todo(root, gateway_pid(root)))
+        start = gateway_todo(root, gateway_pid(root), config_changed=config_changed)
+        if start is not None:
+            report.todo.append(start)
     elif ping(root) is None:
         report.todo.append(f"start the actors: {shell_command('hermes-actors', 'serve', '--root', root)}")
     # else a host already serves the root: its roster takes the managed profiles within its rescan
 
 
-def gateway_todo(root: Path, running: int | None) -> str:
+def gateway_todo(root: Path, running: int | None, *, config_changed: bool = True) -> str | None:
     """Pure: the "to do" line of ``enable --gateway`` that starts the hermes gateway with the config it wrote.
 
     A gateway already running read its ``config.yaml`` at its start, and a second plain ``hermes gateway run``
-    exits at once ("Another gateway instance is already running"): it is restarted with ``--replace``.
+    exits at once ("Another gateway instance is already running"): it is restarted with ``--replace``, but only
+    when this run changed a ``config.yaml``: restarting it for nothing would end a warm turn in progress
+    (``ambiguous``).
 
     Args:
         root: the Hermes root (the gateway's ``HERMES_HOME``).
         running: the pid of the root's running hermes gateway (``gateway.pid``), or None.
+        config_changed: this run wrote a ``config.yaml`` (the root's or a profile's).
 
     Returns:
-        The line, with the command to run as printed.
+        The line, with the command to run as printed; None when the running gateway has nothing new to read.
     """
     if running is None:
         return f"start the gateway: {shell_command('hermes', 'gateway', 'run', env={'HERMES_HOME': root})}"
+    if not config_changed:
+        return None
     return (f"restart the hermes gateway that runs (pid {running}; it read config.yaml at its start, and a second "
             "`hermes gateway run` would exit: \"Another gateway instance is already running\"): "
             + shell_command("hermes", "gateway", "run", "--replace", env={"HERMES_HOME": root}))

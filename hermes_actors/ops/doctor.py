@@ -76,22 +76,29 @@ def _profile_facts(home: Path) -> tuple[bool | None, str | None]:
     return isinstance(enabled, list) and PLUGIN_NAME in enabled, named
 
 
-def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool, str, bool, str]:
+def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool, str, bool, str, bool]:
     """The API server the root's hermes gateway starts for warm turns (as hermes 0.19 reads its settings:
     :mod:`hermes_actors.hermes.gateway_api`), whether it answers, whether only its key is missing, when it does not
-    answer as expected what the probe saw and whether that is a misconfiguration, and why hermes starts none though
-    something asks for one."""
+    answer as expected what the probe saw and whether that is a misconfiguration, why hermes starts none though
+    something asks for one, and whether it answers all the same (started with settings we cannot see: the
+    environment ``hermes gateway run`` was started with, an ``API_SERVER_KEY`` there)."""
     from hermes_actors.hermes.gateway_api import read_gateway_api_server
     from hermes_actors.hermes.select import api_server_problem
 
     planned = read_gateway_api_server(root, raw, dict(os.environ))
     server = planned.server()
     if server is None:
-        return None, False, planned.key_missing, "", False, planned.why
+        if (planned.key_missing or planned.why) and planned.multiplex:
+            # what we read says hermes starts none; a gateway started with its own environment may run one:
+            # probed as a warm turn waiting for it probes it (/health: no key needed)
+            target = planned.address()
+            if api_server_problem(target, key_known=False) is None:
+                return str(target), True, planned.key_missing, "", False, planned.why, True
+        return None, False, planned.key_missing, "", False, planned.why, False
     problem = api_server_problem(server)
     if problem is None:
-        return str(server), True, False, "", False, ""
-    return str(server), False, False, problem.text, problem.misconfigured, ""
+        return str(server), True, False, "", False, "", False
+    return str(server), False, False, problem.text, problem.misconfigured, "", False
 
 
 def run_doctor(

@@ -187,7 +187,7 @@ def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
 
 
 def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing: bool, why: str = "",
-                     misconfigured: bool = False, none_because: str = "",
+                     misconfigured: bool = False, none_because: str = "", runs_unseen: bool = False,
                      host: Mapping[str, Any] | None = None) -> Check:
     """Pure: whether turns run warm through the hermes gateway's API server, and why not.
 
@@ -200,6 +200,9 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
         misconfigured: something answered, but not as our config expects (a refused key, another server).
         none_because: why the hermes gateway starts no API server though something asks for one
             (:attr:`~hermes_actors.hermes.gateway_api.GatewayApiServer.why`; ``""``: nothing does).
+        runs_unseen: ``key_missing`` or ``none_because`` says so from the settings we read, yet the API server
+            ``server`` answers its ``/health`` (``answers``): the gateway was started with settings we cannot see
+            (an ``API_SERVER_KEY`` in the environment ``hermes gateway run`` was started with).
         host: the running host's ``ping`` answer (None: no host runs): its ``turns_via`` and ``cli_seconds``
             say how its next turn runs (:func:`hermes_actors.hermes.warm_or_cli.turns_info`).
 
@@ -207,6 +210,8 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
         The check: ``ok`` only when the server answers and the running host (if any) runs its next turn there,
         or, for a host that does not say how its turns run, with a line that says only the probe was made.
     """
+    if runs_unseen and server is not None and answers:
+        return _answering_unseen(root, server, host, key_missing)
     if key_missing:
         return Check("warm turns", WARN, "the hermes API server is enabled but API_SERVER_KEY is not set or shorter "
                      "than 16 characters (or is a placeholder such as changeme): hermes refuses to start it, so "
@@ -264,6 +269,27 @@ def _answering(root: Path, server: str, host: Mapping[str, Any] | None) -> Check
                      f"{_gateway_run(root, '--replace')} when the gateway hosts the actors)")
     return Check("warm turns", OK, f"the hermes API server {server} answers (a probe just now; the running host, "
                  f"pid {pid}, does not say how its turns run)")
+
+
+def _answering_unseen(root: Path, server: str, host: Mapping[str, Any] | None, key_missing: bool) -> Check:
+    """Pure: the warm turns check when the API server answers though the settings we read say hermes starts none:
+    it runs, started with settings only the gateway's own environment holds, which ``doctor`` cannot see."""
+    unseen = (f"its API_SERVER_KEY is in neither {root / '.env'} nor doctor's environment: the hermes gateway took "
+              "it from the environment it was started with, which doctor cannot see" if key_missing else
+              "the hermes gateway was started with settings doctor cannot see (the environment it was started with)")
+    if host is None:
+        return Check("warm turns", OK, f"the hermes API server {server} answers (a probe of /health just now; "
+                     f"{unseen}; no host runs: one that has that key, such as the hermes gateway hosting the actors, "
+                     "runs its turns warm through it)")
+    if host.get("turns_via") == "cli" and host.get("cli_seconds") is None:
+        return Check("warm turns", WARN, f"the hermes API server {server} answers ({unseen}), but the running host "
+                     f"(pid {host.get('pid')}) runs every turn with the hermes CLI: it read no usable API_SERVER_KEY "
+                     "(or no API server in the root's config) when it started",
+                     f"set the gateway's API_SERVER_KEY in {root / '.env'} too, then restart the host "
+                     f"({shell_command('hermes-actors', 'serve', '--root', root)}, or "
+                     f"{_gateway_run(root, '--replace')} when the gateway hosts the actors)")
+    check = _answering(root, server, host)
+    return Check(check.name, check.level, f"{check.detail}; {unseen}", check.fix)
 
 
 def check_config_keys(path: Path, raw: dict[str, Any], problem: str | None) -> Check:

@@ -11,8 +11,10 @@ again and again (a relay rescan, a heartbeat or roster write).
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -29,8 +31,8 @@ from hermes_actors.store.os_errors import advised, resource_failure
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 __all__ = [
-    "MAX_CONFIG_BYTES", "MAX_EXPANDED_VALUES", "MAX_NESTING", "expanded_size", "load_bounded", "load_yaml_file",
-    "read_yaml_mapping", "too_deep", "warn_once", "warned_while_failing",
+    "MAX_CONFIG_BYTES", "MAX_EXPANDED_VALUES", "MAX_NESTING", "comment_lines", "expanded_size", "load_bounded",
+    "load_yaml_file", "read_yaml_mapping", "too_deep", "warn_once", "warned_while_failing",
 ]
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -284,6 +286,58 @@ def too_deep(text: str, limit: int = MAX_NESTING) -> bool:
         if stack and len(stack) + stack[-1].add(height, kind, merge_key) > limit:
             return True
     return False
+
+
+# A block scalar's header (``key: |-  # note``): its comment is inside the scalar's token, not between tokens.
+_BLOCK_HEADER_COMMENT = re.compile(r"[|>][-+0-9]*[ \t]+#")
+
+
+def comment_lines(text: str) -> list[int]:
+    """Pure: the lines of YAML ``text`` that hold a comment, whole-line or at a line's end, as YAML reads them.
+
+    A ``#`` starts a comment where the YAML scanner skips it: between tokens (so after whitespace or at a
+    line's start), never inside a scalar: ``"a # b"``, ``'a # b'``, ``a#b`` (a URL's fragment) and the lines of
+    a block scalar (``|``, ``>``) are text; a block scalar's header may carry one (``key: |  # note``).
+    Read from PyYAML's scanner (its tokens and their positions), which has no comment token of its own.
+
+    Args:
+        text: the YAML document.
+
+    Returns:
+        The 1-based numbers of the lines holding a comment, in order; for text the scanner refuses (malformed
+        YAML), every line holding a ``#`` (a rewrite must not drop one unseen).
+    """
+    starts: list[int] = []
+    covered = 0  # the text before this is read: tokens, and the gaps between them already searched
+    try:
+        for token in yaml.scan(text, Loader=_SafeLoader):
+            begin, end = token.start_mark.index, token.end_mark.index
+            if begin > covered:
+                starts += _gap_comments(text, covered, begin)
+            if isinstance(token, yaml.ScalarToken) and token.style in ("|", ">"):
+                header = _BLOCK_HEADER_COMMENT.match(text, begin, end)
+                if header is not None:
+                    starts.append(header.end() - 1)
+            covered = max(covered, end)
+    except yaml.YAMLError:
+        return [n for n, line in enumerate(text.splitlines(), 1) if "#" in line]
+    starts += _gap_comments(text, covered, len(text))
+    breaks = [at for at, char in enumerate(text) if char == "\n"]
+    return sorted({bisect.bisect_left(breaks, at) + 1 for at in starts})
+
+
+def _gap_comments(text: str, begin: int, end: int) -> list[int]:
+    """Pure: where the comments start in ``text[begin:end]``, a stretch between tokens (whitespace, line breaks,
+    comments: a comment runs to its line's end)."""
+    found: list[int] = []
+    at = text.find("#", begin, end)
+    while at != -1:
+        found.append(at)
+        line_end = text.find("\n", at, end)
+        if line_end == -1:
+            break
+        at = text.find("#", line_end, end)
+    return found
 
 
 def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], str | None]:
