@@ -331,6 +331,22 @@ def test_doctor_says_what_a_negative_turn_wait_does(tmp_path: Path, capsys: pyte
 
 
 @pytest.mark.usefixtures("no_hermes_cli")
+def test_doctor_says_an_envelope_ttl_under_one_second_disables_expiry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (configfix): ``envelope_ttl_seconds: 0.5`` is 0 for the file relay (the seed's ``int()``), so
+    expiry is off; doctor said ``[ok] config keys … no bad value``."""
+    root = _enabled_root(tmp_path, {"bot_mode": {"envelope_ttl_seconds": 0.5}})
+    main(["doctor", "--root", str(root), "--json"])
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
+    assert check["level"] == WARN
+    assert check["detail"] == (f"{root / 'config.yaml'}: bot_mode.envelope_ttl_seconds=0.5 is read as 0, as the seed "
+                               "reads it (`int(value)`): that DISABLES envelope expiry on the file relay: an "
+                               "envelope nobody drains is never answered `queued_expired`; the Redis transport, "
+                               "which no seed reads, keeps 0.5")
+
+
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_on_an_unreadable_config_asks_to_fix_it_not_to_enable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
