@@ -33,6 +33,7 @@ from hermes_actors.ops.doctor import run_doctor
 from hermes_actors.ops.doctor_checks import BLOCK, OK, WARN, check_connection_ids, check_models, check_plugin
 from hermes_actors.records import ProfileInfo, RemoteAgent
 from hermes_actors.store.hermes_root import discover_profiles
+from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_files import enqueue_envelope, write_reply
 from hermes_actors.store.relay_inbox import InboxPaths, mark_consumed
 from hermes_actors.store.relay_protocol import make_envelope, make_reply
@@ -331,6 +332,22 @@ def test_doctor_says_what_a_negative_turn_wait_does(tmp_path: Path, capsys: pyte
 
 
 @pytest.mark.usefixtures("no_hermes_cli")
+def test_doctor_says_an_envelope_ttl_under_one_second_disables_expiry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (configfix): ``envelope_ttl_seconds: 0.5`` is 0 for the file relay (the seed's ``int()``), so
+    expiry is off; doctor said ``[ok] config keys … no bad value``."""
+    root = _enabled_root(tmp_path, {"bot_mode": {"envelope_ttl_seconds": 0.5}})
+    main(["doctor", "--root", str(root), "--json"])
+    check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
+    assert check["level"] == WARN
+    assert check["detail"] == (f"{root / 'config.yaml'}: bot_mode.envelope_ttl_seconds=0.5 is read as 0, as the seed "
+                               "reads it (`int(value)`): that DISABLES envelope expiry on the file relay: an "
+                               "envelope nobody drains is never answered `queued_expired`; the Redis transport, "
+                               "which no seed reads, keeps 0.5")
+
+
+@pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_on_an_unreadable_config_asks_to_fix_it_not_to_enable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -383,6 +400,20 @@ def test_doctor_names_a_relay_directory_other_users_may_write_in(tmp_path: Path)
     assert f"{paths.relay.outbox} (mode 0777)" in check.detail and f"{paths.relay.replies} (mode 0777)" in check.detail
     assert check.fix.startswith(f"chmod 700 {paths.relay.outbox} {paths.relay.replies}"), check.fix
     assert os.stat(paths.relay.replies).st_mode & 0o777 == 0o777  # the doctor only looks
+
+
+def test_doctor_names_journal_and_rooms_other_users_may_write_in(tmp_path: Path) -> None:
+    """Regression (configfix): with journal/ and rooms/ chmod 0777, ``doctor`` said ``[ok] relay directories``."""
+    root = _enabled_root(tmp_path)
+    paths = InboxPaths.from_root(root).ensure()
+    for directory in (paths.journal, paths.rooms):
+        ensure_private_dir(directory, within=root)
+        os.chmod(directory, 0o777)
+    check = {c.name: c for c in run_doctor(root, cli=str(write_fake_cli(tmp_path, FAKE_HERMES)),
+                                           ping=lambda r: None)}["relay directories"]
+    assert check.level == WARN, check
+    assert f"{paths.journal} (mode 0777)" in check.detail and f"{paths.rooms} (mode 0777)" in check.detail, check
+    assert check.fix.startswith(f"chmod 700 {paths.journal} {paths.rooms}"), check.fix
 
 
 def test_doctor_plugin_missing_for_one_profile_is_a_warning(tmp_path: Path) -> None:

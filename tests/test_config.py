@@ -276,12 +276,12 @@ def test_defaults_dict_shape() -> None:
     ("key", "value", "expected"),
     [
         ("turn_wait_seconds", 0.3, 0.3),
-        ("turn_wait_seconds", "0.5", 0.5),
+        ("reply_wait_seconds", "0.5", 0.5),  # a text, for a key the seed reads, is said (configfix)
         ("turn_wait_seconds", 0, 0.0),
         ("turn_wait_seconds", 5, 5.0),
         ("envelope_ttl_seconds", 0, 0.0),
         ("envelope_ttl_seconds", -1, -1.0),
-        ("envelope_ttl_seconds", 1.5, 1.5),
+        ("envelope_ttl_seconds", 1800.0, 1800.0),  # 1.5 is read as 1 by the file relay: said (configfix)
         ("reply_wait_seconds", 2.25, 2.25),
         ("max_hops", 3, 3),
         ("max_hops", 3.0, 3),
@@ -354,12 +354,12 @@ def _seed_wait(value: Any) -> float:
     ("value", "ttl", "wait", "ttl_warns", "wait_warns"),
     [
         (60, 60.0, 60.0, False, False),
-        (60.9, 60.9, 60.9, False, False),  # the file relay int()s it where it expires: 60, as the seed
-        ("60", 60.0, 60.0, False, False),
-        ("60.5", 900.0, 60.5, True, False),  # the seed's int("60.5") raises: its default
+        (60.9, 60.9, 60.9, True, False),  # the file relay int()s it where it expires: 60, as the seed (said)
+        ("60", 60.0, 60.0, True, True),  # a text read as a number: said
+        ("60.5", 900.0, 60.5, True, True),  # the seed's int("60.5") raises: its default
         (0, 0.0, 0.0, False, False),
         (-5, -5.0, 0.0, False, True),  # a negative wait is 0 for the seed (before: the default 120, a warning)
-        (0.5, 0.5, 0.5, False, False),
+        (0.5, 0.5, 0.5, True, False),  # the file relay's int(): 0, no expiry (said)
         (True, 1.0, 1.0, True, True),  # a bool is 1 for the seed (before: the defaults)
         (False, 0.0, 0.0, True, True),
         (None, 900.0, 120.0, True, True),
@@ -368,7 +368,7 @@ def _seed_wait(value: Any) -> float:
         (float("inf"), 900.0, 604800.0, True, True),  # the seed waits forever: a week, the longest we wait
         (1e20, 315360000.0, 604800.0, True, True),  # the seed's TTL never expires: 10 years, never in practice
         pytest.param(10**400, 315360000.0, 120.0, True, True, id="10**400"),  # float() overflows: the seed's default
-        ("1_000", 1000.0, 1000.0, False, False),
+        ("1_000", 1000.0, 1000.0, True, True),
     ],
 )
 def test_the_keys_the_seed_reads_are_read_as_the_seed_reads_them(
@@ -379,7 +379,8 @@ def test_the_keys_the_seed_reads_are_read_as_the_seed_reads_them(
     there, 1e20 900 here and "never" there; turn_wait_seconds -5 was 120 here and 0 there, True 120 here and 1
     there. Each is now read by the seed's expression (int(val); max(0.0, float(val))); only a value past our
     range, which the seed would honour, is clamped to it (a TTL of 10 years, a wait of a week: never reached in
-    practice). An odd value still warns, naming the key."""
+    practice). An odd value still warns, naming the key (a fraction the file relay drops and a text read as a
+    number too: configfix)."""
     cfg, problems = c.parse_config({"bot_mode": {"envelope_ttl_seconds": value, "turn_wait_seconds": value}})
     assert (cfg.envelope_ttl_seconds, cfg.turn_wait_seconds) == (ttl, wait)
     assert type(cfg.envelope_ttl_seconds) is float and type(cfg.turn_wait_seconds) is float
@@ -417,6 +418,34 @@ def test_the_keys_the_seed_reads_are_read_as_the_seed_reads_them(
 )
 def test_an_odd_value_of_a_key_the_seed_reads_says_how_it_is_read(key: str, value: Any, said: str) -> None:
     assert c.parse_config({"bot_mode": {key: value}})[1] == [said]
+
+
+_TTL_ZERO = ("that DISABLES envelope expiry on the file relay: an envelope nobody drains is never answered "
+             "`queued_expired`")
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (0.5, f"is read as 0, as the seed reads it (`int(value)`): {_TTL_ZERO}; the Redis transport, which no seed "
+              "reads, keeps 0.5"),
+        (0.9, f"is read as 0, as the seed reads it (`int(value)`): {_TTL_ZERO}; the Redis transport, which no seed "
+              "reads, keeps 0.9"),
+        (900.7, "is read as 900, as the seed reads it (`int(value)`); the Redis transport, which no seed reads, "
+                "keeps 900.7"),
+        ("60", "is read as 60.0, as the seed reads it (`int(value)`)"),
+        (900, None),
+        (900.0, None),
+        (0, None),  # written as 0: disabled as written
+        (-5, None),  # ≤ 0 disables, as written
+    ],
+)
+def test_an_envelope_ttl_not_read_as_written_is_said(value: Any, said: str | None) -> None:
+    """Regression (configfix): a TTL the file relay does not apply as written was read silently: 0.5 and 0.9
+    disabled expiry (the seed's int()), 900.7 expired at 900 s, "60" was read as 60, and neither the host's log
+    nor doctor's "config keys" said so (a DM whose sender got delivery_timeout was delivered 37 s later)."""
+    problems = c.parse_config({"bot_mode": {"envelope_ttl_seconds": value}})[1]
+    assert problems == ([] if said is None else [f"config: bot_mode.envelope_ttl_seconds={value!r} {said}"])
 
 
 @pytest.mark.parametrize(("ttl", "enabled"), [(900, True), (0.5, True), (0, False), (-5, False)])

@@ -462,6 +462,63 @@ def test_a_relay_directory_others_may_write_in_is_set_back_to_0700_at_start_and_
     assert stat.S_IMODE(os.stat(paths.relay.claimed).st_mode) == 0o755
 
 
+def _every_directory(paths: InboxPaths) -> list[Path]:
+    """Every directory on disk in ``bot_relay/`` (itself included) and the temp directory beside it."""
+    found = [paths.relay.tmp]
+    for top, dirs, _files in os.walk(paths.relay.base):
+        found.append(Path(top))
+        found += [Path(top) / name for name in dirs if (Path(top) / name).is_symlink()]
+    return sorted(found)
+
+
+def test_every_directory_of_ours_in_bot_relay_is_set_back_to_0700(tmp_path: Path) -> None:
+    """Regression (configfix): ``journal/`` and ``rooms/`` at 0777 were never set back nor reported (only the
+    directories of a fixed list were looked at: ``run/``, ``unconfirmed/``, ``rooms/.started/``,
+    ``hubclaims/expiring/`` and the per-process shelves were left out too). Every directory of ours there is
+    now under the one rule, whichever process of ours uses it."""
+    from hermes_actors.relay.strays import restore_private_modes
+
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    for directory in (paths.journal, paths.run, paths.rooms, paths.room_starts, paths.unconfirmed,
+                      paths.expiring_shelves):
+        ensure_private_dir(directory, within=paths.relay.root)
+    shelves = [dead_shelf(parent) for parent in (paths.taken_parent, paths.hubclaims, paths.expiring_shelves)]
+    every = _every_directory(paths)
+    assert {paths.journal, paths.rooms, paths.room_starts, *shelves} <= set(every)
+    for directory in every:
+        os.chmod(directory, 0o777)
+    with LogCapture() as logs:
+        restored = restore_private_modes(paths)
+    assert sorted(restored) == every
+    for directory in every:
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
+        assert len(logs.matching(f"relay: {directory} was writable by other users (mode 0777)")) == 1, logs.lines
+    assert restore_private_modes(paths) == []  # set back: nothing more to say
+
+
+def test_journal_and_rooms_others_may_write_in_are_set_back_at_the_rescan(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (configfix): a running gateway's rescan set ``outbox/`` back to 0700 but left ``journal/`` and
+    ``rooms/`` at 0777, saying nothing."""
+    from actors import Rescan
+
+    mini, paths = mini_root(tmp_path)
+    gw = start_gateway(gateways, mini, RecordingRunner(), connection_id="mini", durable=True,
+                       config={"bot_mode": {"rescan_seconds": 3600}})  # the rescan is asked for here
+    assert gw._system is not None and gw._system.relay is not None
+    ensure_private_dir(paths.rooms, within=paths.relay.root)
+    loosened = [paths.journal, paths.rooms]
+    for directory in loosened:
+        os.chmod(directory, 0o777)
+    with LogCapture() as logs:
+        gw._system.relay.ask(Rescan("manual"), timeout=30)
+        for directory in loosened:
+            assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
+            assert len(logs.matching(f"relay: {directory} was writable by other users (mode 0777)",
+                                     "set back to 0700")) == 1, logs.lines
+
+
 def _bot_relay_swapped(paths: InboxPaths, how: str) -> Path:
     """Move ``bot_relay/`` aside and put a file (or a symlink to one) in its place; returns where it went."""
     aside = paths.relay.root.parent / "bot_relay.aside"

@@ -18,7 +18,17 @@ from roots import RecordingRunner, make_root
 
 from hermes_actors import Gateway
 from hermes_actors.core.config import load_config
-from hermes_actors.core.targets import LocalRoute, PeerRoute, Refusal, RelayRoute, consults_remote_roster, plan_send
+from hermes_actors.core.targets import (
+    HEADER_NAME_MAX_CHARS,
+    MESSAGE_MAX_CHARS,
+    LocalRoute,
+    PeerRoute,
+    Refusal,
+    RelayRoute,
+    consults_remote_roster,
+    header_name,
+    plan_send,
+)
 from hermes_actors.local.roster import make_snapshot
 from hermes_actors.messages import RemoteAgent, RosterSnapshot
 from hermes_actors.store.hermes_root import discover_profiles
@@ -450,3 +460,40 @@ def test_plan_send_builds_no_function_per_call() -> None:
     code = plan_send.__code__
     assert code.co_cellvars == ()
     assert not [const for const in code.co_consts if isinstance(const, type(code))]
+
+
+# ── the DM header ───────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("name", "shown_as"),
+    [
+        ("Dr. Foo", "Dr. Foo"),
+        ("", ""),
+        ("Dr.  Foo", "Dr.  Foo"),  # a short name is shown exactly as the roster has it
+        ("a" * HEADER_NAME_MAX_CHARS, "a" * HEADER_NAME_MAX_CHARS),
+        ("a" * (HEADER_NAME_MAX_CHARS + 1), "a" * (HEADER_NAME_MAX_CHARS - 1) + "…"),
+        ("🤖" * 40_000, "🤖" * (HEADER_NAME_MAX_CHARS - 1) + "…"),
+        ("word " * 100, ("word " * 23).rstrip() + "…"),  # cut at a word
+    ],
+)
+def test_header_name(name: str, shown_as: str) -> None:
+    assert header_name(name) == shown_as
+    assert len(header_name(name)) <= HEADER_NAME_MAX_CHARS
+
+
+def test_a_huge_display_name_leaves_the_dm_within_what_a_turn_may_carry(tmp_path: Path) -> None:
+    """Regression (configfix): alice's display_name of 40,000 emoji made a 9-character DM 160,038 bytes: acked,
+    then failed ``unknown`` "the message to @bob is 160038 bytes; … at most 102400 bytes — shorten it" on the
+    hermes CLI, blaming the message. The header now shows the name cut (:func:`header_name`): the longest
+    message, from the longest handle, fits."""
+    from hermes_actors.hermes.cli_runner import MAX_ARGV_TEXT_BYTES
+
+    handle = "a" * 64  # the longest a handle may be
+    root = make_root(tmp_path, {handle: {"display_name": "🤖" * 40_000}, "bob": {}})
+    snap = make_snapshot(discover_profiles(root))
+    for message in ("hi there!", "🤖" * MESSAGE_MAX_CHARS):
+        route = plan_send(snap, sender=handle, target="bob", message=message)
+        assert isinstance(route, LocalRoute), route
+        assert route.content == f"Message from 🤖 {'🤖' * (HEADER_NAME_MAX_CHARS - 1)}… (@{handle}): {message}"
+        assert len(route.content.encode("utf-8")) <= MAX_ARGV_TEXT_BYTES

@@ -31,6 +31,7 @@ from hermes_actors.core.hops import MAX_HOP
 from hermes_actors.core.names import PEER_NAME_RE
 from hermes_actors.core.settings import SeedReading, Setting, coerce, default_text, setting, settings_of
 from hermes_actors.core.wake import parse_wake_mode
+from hermes_actors.store.relay_protocol import seed_ttl
 from hermes_actors.store.yaml_file import MAX_CONFIG_BYTES, load_yaml_file, read_yaml_mapping, warn_once
 
 __all__ = [
@@ -104,7 +105,12 @@ def _seed_wait_reading(value: Any) -> float | None:
         return None
 
 
-SEED_TTL = SeedReading("int(value)", _seed_ttl_reading)
+# The fraction a float keeps is dropped where the file relay expires (seed_ttl, the seed's int()): said, as 0.5
+# then disables expiry and 900.7 expires at 900 s, though the Redis transport keeps it
+SEED_TTL = SeedReading("int(value)", _seed_ttl_reading, applied=seed_ttl,
+                       at_zero="that DISABLES envelope expiry on the file relay: an envelope nobody drains is "
+                               "never answered `queued_expired`",
+                       kept_by="the Redis transport, which no seed reads, keeps")
 # A negative wait is no wait: said with the warning, since whoever wrote -5 hardly meant that
 SEED_WAIT = SeedReading("max(0, float(value))", _seed_wait_reading,
                         at_zero="no wait, so a DM behind another turn of its bot (this gateway's, or another "

@@ -32,9 +32,15 @@ class SeedReading:
 
     rule: str  # the seed's expression, as the docs and warnings show it: ``int(value)``
     read: Callable[[Any], float | int | None]  # the seed's value, or None where its expression raises
-    # what the setting then does when a value not written as 0 is read as 0 (a negative wait): said after the
-    # warning, as the user wrote something else ("" says nothing more)
+    # what the setting then does when a value not written as 0 is read as 0 (a negative wait, a TTL of 0.5):
+    # said after the warning, as the user wrote something else ("" says nothing more)
     at_zero: str = ""
+    # where the seed's expression is applied to the number we keep rather than where it is read (the file relay
+    # ``int()``s the TTL where it expires): that application; None: ``read`` already gives what applies
+    applied: Callable[[float], float | int] | None = None
+    # who uses the number as kept where ``applied`` drops part of it, said after the warning
+    # ("the Redis transport, which no seed reads, keeps")
+    kept_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,8 @@ def setting(
             text, or None when it is not one of them (then the default is used, with a warning).
         seed: for a number the seed reads from the same ``config.yaml``: its reading replaces ours (where the
             seed's expression raises, the default is used, as the seed does; a value it reads otherwise than
-            as the plain number written, a bool or a negative wait, is taken so with a warning); the range
+            as the plain number written, a bool, a text, a negative wait or a TTL's fraction, is taken so with
+            a warning); the range
             still applies to the number it gives.
 
     Returns:
@@ -238,11 +245,38 @@ def coerce(spec: Setting, value: Any) -> tuple[float | int | str, str | None]:
         return default, (f"{spec.path}={value!r} is out of range (it must be {spec.range_text}); "
                          f"using default {default}")
     number = float(number) if spec.kind == "float" else number  # in range: never too large for a float
-    if spec.seed is not None and (isinstance(value, bool) or plain != number):  # odd: said, yet taken as the seed
-        effect = f": {spec.seed.at_zero}" if number == 0 and spec.seed.at_zero else ""
-        return number, (f"{spec.path}={value!r} is read as {number!r}, as the seed reads it (`{spec.seed.rule}`)"
-                        f"{effect}")
+    if spec.seed is not None:  # odd: said, yet taken as the seed takes it
+        return number, _seed_oddity(spec.path, spec.seed, value, plain, number)
     return number, None
+
+
+def _seed_oddity(path: str, seed: SeedReading, value: Any, plain: float | int | None,
+                 number: float | int) -> str | None:
+    """Pure: the warning for a value the seed reads otherwise than as written, or None when it is read as written.
+
+    Not as written: a bool or a text read as a number, a number the seed's expression changes (a negative wait
+    is 0), or one whose application drops part of it (a TTL of 900.7 expires at 900 s, one of 0.5 never).
+
+    Args:
+        path: ``section.key``.
+        seed: the setting's seed reading.
+        value: the raw value.
+        plain: the value as a plain number (None: not one, a bool or a non-numeric text).
+        number: the value taken.
+
+    Returns:
+        One line naming the key, the value, what it is read as and (read as 0) what that does, or None.
+    """
+    applied = number if seed.applied is None else seed.applied(number)
+    if not isinstance(value, bool | str) and plain == number and applied == number:
+        return None
+    shown = number if applied == number else applied  # 1.0 stays 1.0; 900.7 is 900
+    text = f"{path}={value!r} is read as {shown!r}, as the seed reads it (`{seed.rule}`)"
+    if applied == 0 and seed.at_zero:
+        text += f": {seed.at_zero}"
+    if applied != number and seed.kept_by:
+        text += f"; {seed.kept_by} {number!r}"
+    return text
 
 
 def default_text(value: float | int | str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from actors import fast_init
 from hermes_actors.core.authors import bot_author
-from hermes_actors.core.clipping import shown
+from hermes_actors.core.clipping import clip, shown
 from hermes_actors.core.names import HANDLE_PATTERN, HANDLE_RE, PEER_NAME_PATTERN, profile_key, remote_label
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.messages import BOT_CHAT_SESSION, ProfileInfo, RemoteAgent, RosterSnapshot
@@ -28,6 +28,7 @@ from hermes_actors.store.relay_roster import (
 
 __all__ = [
     "DM_SIGNATURE_START",
+    "HEADER_NAME_MAX_CHARS",
     "MESSAGE_MAX_CHARS",
     "NOT_BOT_CHAT_TEXT",
     "PEER_TARGET_RE",
@@ -37,6 +38,7 @@ __all__ = [
     "RelayRoute",
     "Route",
     "consults_remote_roster",
+    "header_name",
     "local_taken_forms",
     "plan_send",
     "prefixed_content",
@@ -155,11 +157,30 @@ def consults_remote_roster(planned: Route | Refusal) -> bool:
 
 
 DM_SIGNATURE_START = "Message from 🤖 "  # how every DM's text begins (the seed's signature, on every route)
+# The longest display name a DM's header shows: at most 4 bytes a character, so the header (with a handle of at
+# most 64 characters) and a message of MESSAGE_MAX_CHARS (at most 64,000 bytes) stay far under what a turn's
+# text may be (the hermes CLI's command line: 100 KiB); a roster title is cut at 120 characters too.
+HEADER_NAME_MAX_CHARS = 120
+
+
+def header_name(display_name: str) -> str:
+    """Pure: a sender's display name as a DM's header shows it: whole up to :data:`HEADER_NAME_MAX_CHARS`
+    characters, else cut there (:func:`~hermes_actors.core.clipping.clip`, ending "…").
+
+    Args:
+        display_name: the sender's display name (on one line: ``one_line_name``).
+
+    Returns:
+        The name, cut when longer. A 40,000-character name made every DM of its bot larger than a turn's text
+        may be: acked, then failed, blaming the message.
+    """
+    return display_name if len(display_name) <= HEADER_NAME_MAX_CHARS else clip(display_name, HEADER_NAME_MAX_CHARS)
 
 
 def prefixed_content(sender: ProfileInfo, body: str) -> str:
-    """The text the target reads: the sender's signature, then the body."""
-    return f"{DM_SIGNATURE_START}{sender.display_name} (@{sender.handle}): {body}"
+    """The text the target reads: the sender's signature (its display name cut by :func:`header_name`), then
+    the body."""
+    return f"{DM_SIGNATURE_START}{header_name(sender.display_name)} (@{sender.handle}): {body}"
 
 
 def _find_sender(snapshot: RosterSnapshot, sender: str) -> ProfileInfo | None:

@@ -37,7 +37,7 @@ from hermes_actors.ops.doctor_checks import (
     for_the_hosts_runner,
 )
 from hermes_actors.ops.remote_roster import read_remote_roster
-from hermes_actors.relay.strays import private_directories, start_refusal
+from hermes_actors.relay.strays import owned_directories, start_refusal
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, scan_profile_dirs
 from hermes_actors.store.journal_screen import journal_files_found
 from hermes_actors.store.private_dir import loose_private_dir
@@ -167,7 +167,7 @@ def run_doctor(
 def _loose_relay_dirs(root: Path) -> dict[Path, int]:
     """The relay directories of ours that their group or other users may write in, and their modes (none changed)."""
     loose: dict[Path, int] = {}
-    for directory in private_directories(InboxPaths.from_root(root)):
+    for directory in owned_directories(InboxPaths.from_root(root)):
         mode = loose_private_dir(directory, within=root, restore=False)
         if mode is not None:
             loose[directory] = mode

@@ -70,7 +70,7 @@ HUB_WATCHED = ("outbox", "delivered")
 HANDED_KEEP = 10_000  # envelopes handed over and awaiting their reply, remembered for the log line (bounded)
 # hubclaims/expiring/s-<token>/: the shelves where the hub holds an envelope it took from a root's inbox/ past its
 # sender's TTL until its queued_expired reply is written (a directory, not a shelf: hubclaims/ adoption skips it)
-EXPIRING_SHELVES = "expiring"
+EXPIRING_SHELVES = rp.EXPIRING_SHELVES
 # An inbox deadline fires this long after the envelope's expiry time: it is expired only once its wait EXCEEDS the TTL
 DEADLINE_SLACK_SECONDS = 0.05
 

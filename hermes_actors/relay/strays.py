@@ -15,10 +15,11 @@ from hermes_actors.store.private_dir import ensure_private_dir, loose_private_di
 from hermes_actors.store.relay_dirfd import open_dir_below, relay_dir, swapped_below
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
+from hermes_actors.store.relay_shelf import holding_places
 
-__all__ = ["ensure_relay_directories", "kept_directories", "private_directories", "puts_back", "quarantine_misnamed",
-           "quarantine_strays", "refused_at_start", "restore_private_modes", "start_directories",
-           "start_refusal"]
+__all__ = ["ensure_relay_directories", "kept_directories", "owned_directories", "private_directories", "puts_back",
+           "quarantine_misnamed", "quarantine_strays", "refused_at_start", "restore_private_modes", "shelf_parents",
+           "start_directories", "start_refusal"]
 
 # How a start finds a directory of bot_relay/ (_found): what refused_at_start judges
 MISSING, OURS, SWAPPED, FOREIGN = "missing", "ours", "swapped", "foreign"
@@ -82,8 +83,14 @@ def refused_at_start(found: str, put_back: bool) -> bool:
 
 
 def private_directories(paths: InboxPaths) -> tuple[Path, ...]:
-    """Pure: the relay directories kept 0700 (docs/reliability.md): ``bot_relay/``, :func:`kept_directories`
-    and ``hubclaims/``.
+    """Pure: the directories of ours with a fixed name that are kept 0700 (docs/protocol.md): ``bot_relay/``,
+    :func:`kept_directories` (the temp directory beside ``bot_relay/`` included), :func:`start_directories`
+    (``run/``, ``rooms/``, ``unconfirmed/``), ``journal/``, ``rooms/.started/``, ``hubclaims/`` and
+    ``hubclaims/expiring/``. The shelves below :func:`shelf_parents`, named per process, are found on disk
+    (:func:`owned_directories`).
+
+    One rule for all, whichever process of ours uses one (a gateway holding the rooms owner lock, another's
+    journal, the hub's ``hubclaims/``): each is ours (the same uid), and setting its mode back moves nothing.
 
     Args:
         paths: the relay layout.
@@ -91,14 +98,46 @@ def private_directories(paths: InboxPaths) -> tuple[Path, ...]:
     Returns:
         The directories, ``bot_relay/`` first.
     """
-    return (paths.relay.base, *kept_directories(paths), paths.hubclaims)
+    return (paths.relay.base, *kept_directories(paths), *start_directories(paths), paths.journal, paths.room_starts,
+            paths.hubclaims, paths.expiring_shelves)
+
+
+def shelf_parents(paths: InboxPaths) -> tuple[Path, ...]:
+    """Pure: the directories that hold the per-process shelves (``s-<token>/``).
+
+    Args:
+        paths: the relay layout.
+
+    Returns:
+        ``taken/``, ``hubclaims/``, ``hubclaims/expiring/``.
+    """
+    return (paths.taken_parent, paths.hubclaims, paths.expiring_shelves)
+
+
+def owned_directories(paths: InboxPaths) -> list[Path]:
+    """Every directory of ours kept 0700: :func:`private_directories`, then each shelf found now. Never raises.
+
+    Args:
+        paths: the relay layout.
+
+    Returns:
+        The directories (a shelf parent that is missing, swapped or unreadable adds none: every use refuses it).
+    """
+    found = list(private_directories(paths))
+    for parent in shelf_parents(paths):
+        try:
+            found += holding_places(parent, base=paths.relay.base)[1:]
+        except (OSError, ValueError):  # HostileFileError included (a ValidationError, so a ValueError)
+            continue
+    return found
 
 
 def restore_private_modes(paths: InboxPaths) -> list[Path]:
     """Set back to 0700 each relay directory of ours that its group or other users may write in, with one
     WARNING naming it. Never raises.
 
-    Not refused: a seed gateway makes ``bot_relay/``, ``outbox/``, ``claimed/``, ``replies/`` and ``locks/``
+    Every directory of :func:`owned_directories`. Not refused: a seed gateway makes ``bot_relay/``, ``outbox/``,
+    ``claimed/``, ``replies/`` and ``locks/``
     with a plain ``mkdir`` (its umask decides: 0775 under umask 002), and the relay works on as before.
     A directory missing, swapped or another user's is left to the put-back and to the checks of every use.
 
@@ -109,7 +148,7 @@ def restore_private_modes(paths: InboxPaths) -> list[Path]:
         The directories set back to 0700.
     """
     restored: list[Path] = []
-    for directory in private_directories(paths):
+    for directory in owned_directories(paths):
         try:
             mode = loose_private_dir(directory, within=paths.relay.root, restore=True)
         except OSError as exc:

@@ -29,7 +29,7 @@ from hermes_actors.store.atomic import atomic_write_bytes, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
 from hermes_actors.store.relay_paths import RelayPaths
-from hermes_actors.store.relay_protocol import ROOMS
+from hermes_actors.store.relay_protocol import ROOM_STARTS, ROOMS
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.turnlock import TurnLock
 
@@ -37,7 +37,7 @@ __all__ = ["OWNER_LOCK", "ROOMS_DIR", "ROOM_MAX_BYTES", "STARTED_DIR", "RoomFile
 
 ROOMS_DIR = ROOMS  # under bot_relay/
 OWNER_LOCK = ".owner.lock"  # under rooms/: flocked by the one process that drives the root's rooms
-STARTED_DIR = ".started"  # under rooms/: ``<turn_id>.json`` marks a member turn that began (RoomStartMarks)
+STARTED_DIR = ROOM_STARTS  # under rooms/: ``<turn_id>.json`` marks a member turn that began (RoomStartMarks)
 # The reader refuses a larger file (hostile); 4x the writer's budget (file_budget.ROOM_WRITE_BUDGET), so
 # whatever the writer wrote loads.
 ROOM_MAX_BYTES = 16 << 20

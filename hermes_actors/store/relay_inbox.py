@@ -47,8 +47,10 @@ from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import lexists_below, rename_between
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import (
+    EXPIRING_SHELVES,
     JOURNAL,
     REPLY_FILE_MAX_BYTES,
+    ROOM_STARTS,
     ROOMS,
     RUN,
     UNCONFIRMED,
@@ -123,6 +125,16 @@ class InboxPaths:
     def unconfirmed(self) -> Path:
         """``bot_relay/unconfirmed``: the sends Redis did not answer (made by the Redis transport when it keeps one)."""
         return self.relay.base / UNCONFIRMED
+
+    @property
+    def room_starts(self) -> Path:
+        """``bot_relay/rooms/.started``: the room member turns that began (made by the first one)."""
+        return self.rooms / ROOM_STARTS
+
+    @property
+    def expiring_shelves(self) -> Path:
+        """``bot_relay/hubclaims/expiring``: the hub's shelves of envelopes it expires (made by the hub)."""
+        return self.hubclaims / EXPIRING_SHELVES
 
     def directories(self) -> tuple[Path, ...]:
         """The directories :meth:`ensure` makes, ``bot_relay/`` first (not those their user makes: :meth:`journal`...).

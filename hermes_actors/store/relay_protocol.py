@@ -35,6 +35,9 @@ JOURNAL = "journal"  # the delivery journal (hermes_actors.store.journal)
 RUN = "run"  # the host's submit socket and lock (hermes_actors.hermes.submit_protocol.RUN_DIR spells it too)
 ROOMS = "rooms"  # the group rooms (hermes_actors.rooms.store)
 UNCONFIRMED = "unconfirmed"  # the sends Redis did not answer (hermes_actors.transports.redis.outbound)
+# ... and two below them
+ROOM_STARTS = ".started"  # under rooms/: the member turns that began (hermes_actors.rooms.store.RoomStartMarks)
+EXPIRING_SHELVES = "expiring"  # under hubclaims/: the hub's shelves of envelopes it expires (hermes_actors.relay.hub)
 
 STALE_AFTER_SECONDS = 6 * 3600
 ROSTER_FRESH_SECONDS = 600
