@@ -379,7 +379,8 @@ class AnsweringApi:
     GET with ``sessions``: with 200 and 200, what hermes' API server answers to our probe. On ``port`` (0: a free
     one); :meth:`close` stops it."""
 
-    def __init__(self, health: int = 200, sessions: int = 200, port: int = 0) -> None:
+    def __init__(self, health: int = 200, sessions: int = 200, port: int = 0,
+                 health_body: bytes = b'{"status": "ok"}') -> None:
         import http.server
 
         codes = {"/health": health}
@@ -387,7 +388,7 @@ class AnsweringApi:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 code = codes.get(self.path.split("?")[0], sessions)
-                body = b'{"status": "ok"}' if self.path == "/health" else b"{}"
+                body = health_body if self.path == "/health" else b"{}"
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

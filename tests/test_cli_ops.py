@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -699,6 +701,7 @@ def test_doctor_does_not_say_the_api_server_cannot_start_while_it_answers(
         root = make_root(tmp_path, config={
             "platforms": {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1", "port": api.port}}},
             "gateway": {"multiplex_profiles": True}})
+        (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # the gateway runs
         pong = {"pid": 7, "turns_via": "warm", "cli_seconds": 0.0} if hosted else None
         checks = {c.name: c for c in run_doctor(root, cli=str(write_fake_cli(tmp_path, FAKE_HERMES)),
                                                 ping=lambda r: pong)}
@@ -710,6 +713,31 @@ def test_doctor_does_not_say_the_api_server_cannot_start_while_it_answers(
     assert "the hermes gateway took it from the environment it was started with, which doctor cannot see" in \
         check.detail, check
 
+
+
+@pytest.mark.parametrize(("health_body", "gateway_runs"), [
+    (b"[]", True), (b'"ok"', True), (b'{"status": "ok"}', False),
+], ids=["list", "string", "no-gateway"])
+def test_doctor_trusts_an_answering_health_only_from_the_roots_running_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, health_body: bytes, gateway_runs: bool
+) -> None:
+    """Regression (diffrev35): with the key doctor reads missing, doctor probed /health on the configured port and
+    said `[ok] … answers` of any program answering {"status": "ok"} there, though no hermes gateway of the root ran;
+    a body of other JSON (`[]`, `"ok"`) crashed it (AttributeError: 'list' object has no attribute 'get')."""
+    monkeypatch.delenv("API_SERVER_KEY", raising=False)
+    api = AnsweringApi(sessions=401, health_body=health_body)
+    try:
+        root = make_root(tmp_path, config={
+            "platforms": {"api_server": {"enabled": True, "extra": {"host": "127.0.0.1", "port": api.port}}},
+            "gateway": {"multiplex_profiles": True}})
+        if gateway_runs:
+            (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
+        checks = {c.name: c for c in run_doctor(root, cli=str(write_fake_cli(tmp_path, FAKE_HERMES)),
+                                                ping=lambda r: None)}
+    finally:
+        api.close()
+    check = checks["warm turns"]
+    assert check.level == WARN and "hermes refuses to start it" in check.detail, check
 
 
 def test_doctor_still_says_the_key_is_missing_when_nothing_answers(tmp_path: Path,
@@ -1195,27 +1223,45 @@ def test_enable_gateway_again_beside_a_running_gateway_says_no_restart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Regression: run again with nothing to change, `enable --gateway` said `nothing to change` and then to restart
-    the running gateway with --replace, which serves no purpose and ends a warm turn in progress `ambiguous`."""
+    the running gateway with --replace, which serves no purpose and ends a warm turn in progress `ambiguous`. But
+    (diffrev35) a gateway started before a config.yaml was last written (an earlier run's advice not followed yet,
+    an edit by hand) still runs the old settings: its restart is still advised."""
     root = make_root(tmp_path, managed=False)
-    (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # hermes 0.19's pid file
+    pid_file = root / "gateway.pid"  # hermes 0.19's pid file
+    pid_file.write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
     assert main(["enable", "--root", str(root), "--gateway"]) == 0
     assert "  to do: restart the hermes gateway that runs" in capsys.readouterr().out
-    assert main(["enable", "--root", str(root), "--gateway"]) == 0
-    out = capsys.readouterr().out
-    assert "  nothing to change\n" in out, out
-    assert "restart the hermes gateway" not in out and "--replace" not in out, out
-    profile = root / "profiles" / "alice" / "profile.yaml"  # read by the host at its rescan: still no restart
-    profile.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(profile.read_text()).items()
-                                       if k != "ui_meta"}), encoding="utf-8")
-    assert main(["enable", "--root", str(root), "--gateway"]) == 0
-    out = capsys.readouterr().out
-    assert f"  changed: {profile}: ui_meta.hermes-bots = {{}}" in out, out
-    assert "restart the hermes gateway" not in out, out
-    config = yaml.safe_load((root / "config.yaml").read_text())
-    config["platforms"]["api_server"]["enabled"] = False  # config.yaml changed: the running gateway must restart
-    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    assert main(["enable", "--root", str(root), "--gateway"]) == 0
-    assert f"  to do: restart the hermes gateway that runs (pid {os.getpid()}; " in capsys.readouterr().out
+    configs = [root / "config.yaml", *(root / "profiles").glob("*/config.yaml")]
+    an_hour_ago = time.time() - 3600
+    for config in configs:  # written well before the gateway below started
+        os.utime(config, (an_hour_ago, an_hour_ago))
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE) as gateway:
+        try:
+            pid_file.write_text(json.dumps({"pid": gateway.pid}), encoding="utf-8")  # restarted since: it read them
+            assert main(["enable", "--root", str(root), "--gateway"]) == 0
+            out = capsys.readouterr().out
+            assert "  nothing to change\n" in out, out
+            assert "restart the hermes gateway" not in out and "--replace" not in out, out
+            profile = root / "profiles" / "alice" / "profile.yaml"  # read by the host at its rescan: still no restart
+            profile.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(profile.read_text()).items()
+                                               if k != "ui_meta"}), encoding="utf-8")
+            assert main(["enable", "--root", str(root), "--gateway"]) == 0
+            out = capsys.readouterr().out
+            assert f"  changed: {profile}: ui_meta.hermes-bots = {{}}" in out, out
+            assert "restart the hermes gateway" not in out, out
+            os.utime(configs[0])  # config.yaml written after the gateway started (by hand): it runs the old one
+            assert main(["enable", "--root", str(root), "--gateway"]) == 0
+            out = capsys.readouterr().out
+            assert "  nothing to change\n" in out, out
+            assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in out, out
+            config = yaml.safe_load((root / "config.yaml").read_text())
+            config["platforms"]["api_server"]["enabled"] = False  # config.yaml changed: the gateway must restart
+            (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+            os.utime(root / "config.yaml", (an_hour_ago, an_hour_ago))  # this run's write alone says so
+            assert main(["enable", "--root", str(root), "--gateway"]) == 0
+            assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in capsys.readouterr().out
+        finally:
+            gateway.kill()
 
 
 @pytest.mark.parametrize(("current", "written", "ours"), [

@@ -307,9 +307,20 @@ def api_server_problem(server: ApiServer, timeout: float = 2.0, *, key_known: bo
             if auth and response.status in (401, 403):
                 return ApiServerProblem(f"refuses our API_SERVER_KEY (HTTP {response.status}): the key hermes-actors "
                                         "reads is not the one the running hermes gateway started with", True)
-            if response.status != 200 or (not auth and json.loads(body or b"{}").get("status") != "ok"):
+            if response.status != 200 or (not auth and not _health_ok(body)):
                 return ApiServerProblem(f"answered HTTP {response.status} on {path}, not as hermes' API server does: "
                                         "another program may hold the port", True)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         return ApiServerProblem(f"does not answer ({exc})", False)
     return None
+
+
+def _health_ok(body: bytes) -> bool:
+    """Pure: whether a ``/health`` body is hermes' (a JSON object whose ``status`` is ``"ok"``); any other JSON
+    (a list, a string: another program on the port) is not, and is never a crash.
+
+    Raises:
+        ValueError: the body is not JSON (the caller's "does not answer").
+    """
+    payload = json.loads(body or b"{}")
+    return isinstance(payload, dict) and payload.get("status") == "ok"

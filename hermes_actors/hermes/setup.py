@@ -64,6 +64,7 @@ from hermes_actors.hermes.submit_client import lock_holder, ping
 from hermes_actors.hermes.warm_or_cli import API_SERVER_START_SECONDS
 from hermes_actors.ops.http_config import MAX_PORT, check_port
 from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, existing_root
+from hermes_actors.store.processes import process_started_at
 
 __all__ = [
     "PLUGIN_NAME", "api_server_port", "connect_order", "disable", "enable", "gateway_todo", "platform_block_keys",
@@ -212,8 +213,11 @@ def enable(
         else:
             if created:
                 report.changed.append(f"{home / 'state.db'}: created the 'Bot Chat' session {session}")
-    # what a running hermes gateway read at its start: the root's config.yaml, and the profiles' own
-    config_changed = any(path.name == "config.yaml" for path in editor.files_written)
+    # what a running hermes gateway read at its start: the root's config.yaml, and the profiles' own. Changed by
+    # this run, or by an earlier one (or by hand) since that gateway started: a restart is due either way
+    configs = [root / "config.yaml", *(home / "config.yaml" for _, home in homes)]
+    config_changed = (any(path.name == "config.yaml" for path in editor.files_written)
+                      or written_since_start(configs, gateway_pid(root)))
     _add_todo(root, report, gateway=gateway, env=env, cli=hermes_cli, config_changed=config_changed)
     return report
 
@@ -379,6 +383,33 @@ def _add_todo(root: Path, report: SetupReport, *, gateway: bool, env: dict[str, 
     # else a host already serves the root: its roster takes the managed profiles within its rescan
 
 
+def written_since_start(configs: Iterable[Path], running: int | None) -> bool:
+    """Whether one of ``configs`` was written after the running hermes gateway ``running`` started: it still runs
+    with the settings it read before, so its restart is due (whoever wrote them: an earlier ``enable`` whose
+    advice was not followed yet, or an edit by hand).
+
+    Args:
+        configs: the ``config.yaml`` files the gateway reads at its start.
+        running: its pid (None: no gateway runs).
+
+    Returns:
+        False when no gateway runs or each file is older than its start (or missing); True when one is newer, or
+        when its start time cannot be read (the restart is then advised, as it always was).
+    """
+    if running is None:
+        return False
+    started = process_started_at(running)
+    if started is None:
+        return True
+    for path in configs:
+        try:
+            if os.stat(path).st_mtime > started:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def gateway_todo(root: Path, running: int | None, *, config_changed: bool = True) -> str | None:
     """Pure: the "to do" line of ``enable --gateway`` that starts the hermes gateway with the config it wrote.
 
@@ -390,7 +421,7 @@ def gateway_todo(root: Path, running: int | None, *, config_changed: bool = True
     Args:
         root: the Hermes root (the gateway's ``HERMES_HOME``).
         running: the pid of the root's running hermes gateway (``gateway.pid``), or None.
-        config_changed: this run wrote a ``config.yaml`` (the root's or a profile's).
+        config_changed: a `config.yaml` (the root's or a profile's) was written by this run, or since the gateway started
 
     Returns:
         The line, with the command to run as printed; None when the running gateway has nothing new to read.

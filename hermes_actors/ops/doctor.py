@@ -83,14 +83,17 @@ def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool
     something asks for one, and whether it answers all the same (started with settings we cannot see: the
     environment ``hermes gateway run`` was started with, an ``API_SERVER_KEY`` there)."""
     from hermes_actors.hermes.gateway_api import read_gateway_api_server
+    from hermes_actors.hermes.gateway_process import gateway_pid
     from hermes_actors.hermes.select import api_server_problem
 
     planned = read_gateway_api_server(root, raw, dict(os.environ))
     server = planned.server()
     if server is None:
-        if (planned.key_missing or planned.why) and planned.multiplex:
-            # what we read says hermes starts none; a gateway started with its own environment may run one:
-            # probed as a warm turn waiting for it probes it (/health: no key needed)
+        if planned.key_missing and planned.multiplex and gateway_pid(root) is not None:
+            # what we read says hermes starts none for want of a key; the root's running hermes gateway, started
+            # with API_SERVER_KEY in its own environment, runs one all the same (with an api_server block, a key
+            # missing from it comes from the process environment): probed as a warm turn waiting for it probes it
+            # (/health: no key needed). Only then: without that gateway, whatever answers there is not its server
             target = planned.address()
             if api_server_problem(target, key_known=False) is None:
                 return str(target), True, planned.key_missing, "", False, planned.why, True
