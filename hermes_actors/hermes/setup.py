@@ -421,7 +421,8 @@ def gateway_todo(root: Path, running: int | None, *, config_changed: bool = True
     Args:
         root: the Hermes root (the gateway's ``HERMES_HOME``).
         running: the pid of the root's running hermes gateway (``gateway.pid``), or None.
-        config_changed: a `config.yaml` (the root's or a profile's) was written by this run, or since the gateway started
+        config_changed: a ``config.yaml`` (the root's or a profile's) was written by this run, or since the
+            gateway started.
 
     Returns:
         The line, with the command to run as printed; None when the running gateway has nothing new to read.
