@@ -200,9 +200,9 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
         misconfigured: something answered, but not as our config expects (a refused key, another server).
         none_because: why the hermes gateway starts no API server though something asks for one
             (:attr:`~hermes_actors.hermes.gateway_api.GatewayApiServer.why`; ``""``: nothing does).
-        runs_unseen: ``key_missing`` or ``none_because`` says so from the settings we read, yet the API server
-            ``server`` answers its ``/health`` (``answers``): the gateway was started with settings we cannot see
-            (an ``API_SERVER_KEY`` in the environment ``hermes gateway run`` was started with).
+        runs_unseen: ``key_missing`` says hermes starts none from the settings we read, yet the API server
+            ``server`` of the root's running hermes gateway answers its ``/health`` (``answers``): the gateway took
+            its ``API_SERVER_KEY`` from the environment ``hermes gateway run`` was started with, which we cannot see.
         host: the running host's ``ping`` answer (None: no host runs): its ``turns_via`` and ``cli_seconds``
             say how its next turn runs (:func:`hermes_actors.hermes.warm_or_cli.turns_info`).
 
@@ -210,8 +210,8 @@ def check_warm_turns(root: Path, server: str | None, answers: bool, key_missing:
         The check: ``ok`` only when the server answers and the running host (if any) runs its next turn there,
         or, for a host that does not say how its turns run, with a line that says only the probe was made.
     """
-    if runs_unseen and server is not None and answers:
-        return _answering_unseen(root, server, host, key_missing)
+    if runs_unseen and key_missing and server is not None and answers:
+        return _answering_unseen(root, server, host)
     if key_missing:
         return Check("warm turns", WARN, "the hermes API server is enabled but API_SERVER_KEY is not set or shorter "
                      "than 16 characters (or is a placeholder such as changeme): hermes refuses to start it, so "
@@ -271,12 +271,11 @@ def _answering(root: Path, server: str, host: Mapping[str, Any] | None) -> Check
                  f"pid {pid}, does not say how its turns run)")
 
 
-def _answering_unseen(root: Path, server: str, host: Mapping[str, Any] | None, key_missing: bool) -> Check:
-    """Pure: the warm turns check when the API server answers though the settings we read say hermes starts none:
-    it runs, started with settings only the gateway's own environment holds, which ``doctor`` cannot see."""
+def _answering_unseen(root: Path, server: str, host: Mapping[str, Any] | None) -> Check:
+    """Pure: the warm turns check when the API server answers though the key we read is missing: it runs, with
+    the key of the environment the gateway was started with, which ``doctor`` cannot see."""
     unseen = (f"its API_SERVER_KEY is in neither {root / '.env'} nor doctor's environment: the hermes gateway took "
-              "it from the environment it was started with, which doctor cannot see" if key_missing else
-              "the hermes gateway was started with settings doctor cannot see (the environment it was started with)")
+              "it from the environment it was started with, which doctor cannot see")
     if host is None:
         return Check("warm turns", OK, f"the hermes API server {server} answers (a probe of /health just now; "
                      f"{unseen}; no host runs: one that has that key, such as the hermes gateway hosting the actors, "
