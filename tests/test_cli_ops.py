@@ -306,11 +306,19 @@ def test_enable_and_disable_refuse_an_empty_or_bogus_profile_list(
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before  # nothing was touched
 
 
+def _config_keys_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bot_mode: dict[str, object]
+) -> tuple[Path, dict[str, Any]]:
+    """An enabled root whose config.yaml has ``bot_mode``, and doctor's "config keys" check of it (--json)."""
+    root = _enabled_root(tmp_path, {"bot_mode": bot_mode})
+    main(["doctor", "--root", str(root), "--json"])
+    return root, {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
+
+
 @pytest.mark.usefixtures("no_hermes_cli")
 def test_doctor_names_the_bad_values_a_host_would_replace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    root = _enabled_root(tmp_path, {"bot_mode": {"max_hops": "zero", "wake_sender": "maybe", "turn_wait_secs": 3}})
-    main(["doctor", "--root", str(root), "--json"])
-    check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
+    root, check = _config_keys_check(tmp_path, capsys,
+                                     {"max_hops": "zero", "wake_sender": "maybe", "turn_wait_secs": 3})
     assert check["level"] == WARN
     assert (f"{root / 'config.yaml'}: bot_mode.max_hops='zero' is not a valid int (it must be ≥ 1, ≤ 1000); "
             "using default 8") in check["detail"]
@@ -322,9 +330,7 @@ def test_doctor_names_the_bad_values_a_host_would_replace(tmp_path: Path, capsys
 def test_doctor_says_what_a_negative_turn_wait_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Regression (uxbatch): a negative ``bot_mode.turn_wait_seconds`` is read as 0, as the seed reads it; doctor
     said only that, not that a DM behind another turn of the bot (another process's included) then fails at once."""
-    root = _enabled_root(tmp_path, {"bot_mode": {"turn_wait_seconds": -5}})
-    main(["doctor", "--root", str(root), "--json"])
-    check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
+    root, check = _config_keys_check(tmp_path, capsys, {"turn_wait_seconds": -5})
     assert check["level"] == WARN
     assert check["detail"] == (f"{root / 'config.yaml'}: bot_mode.turn_wait_seconds=-5 is read as 0.0, as the seed "
                                "reads it (`max(0, float(value))`): no wait, so a DM behind another turn of its bot "
@@ -339,9 +345,7 @@ def test_doctor_says_an_envelope_ttl_under_one_second_disables_expiry(
 ) -> None:
     """Regression (configfix): ``envelope_ttl_seconds: 0.5`` is 0 for the file relay (the seed's ``int()``), so
     expiry is off; doctor said ``[ok] config keys … no bad value``."""
-    root = _enabled_root(tmp_path, {"bot_mode": {"envelope_ttl_seconds": 0.5}})
-    main(["doctor", "--root", str(root), "--json"])
-    check = {c["name"]: c for c in _json(capsys)["checks"]}["config keys"]  # type: ignore[union-attr]
+    root, check = _config_keys_check(tmp_path, capsys, {"envelope_ttl_seconds": 0.5})
     assert check["level"] == WARN
     assert check["detail"] == (f"{root / 'config.yaml'}: bot_mode.envelope_ttl_seconds=0.5 is read as 0, as the seed "
                                "reads it (`int(value)`): that DISABLES envelope expiry on the file relay: an "
