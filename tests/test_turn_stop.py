@@ -401,22 +401,35 @@ def test_send_without_a_host_stops_on_sigterm_or_sighup_as_on_ctrl_c_and_its_tur
     assert (outcome["status"], outcome["reply"]) == ("replied", "done A"), outcome
 
 
+def _room_send_stopped_in_a_turn(
+    tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc], name: str, text: str
+) -> tuple[Path, Proc, dict[str, Any], Path]:
+    """A host-less `room send` of ``text`` to a room ``name`` of alice and bob, SIGTERMed once alice's turn (the
+    command runner's fake CLI) has started and the command says it waits for it.
+
+    Returns:
+        The root, the command's process, the turn's start line and the file whose creation ends the turn.
+    """
+    root = make_root(tmp_path)
+    with Gateway(root, runner=lambda t: "") as gw:
+        gw.create_room(name, ["alice", "bob"])
+    log, release = tmp_path / "turns.log", tmp_path / "release"
+    room = Proc("room", ["room", "send", "--root", str(root), name, text, "--cli", str(fake_cli),
+                         "--runner", "command"], tmp_path, fake_env(log, release, "A"))
+    procs.append(room)
+    turn = await_started(log, "A", leftovers)
+    room.proc.send_signal(signal.SIGTERM)
+    room.await_stderr("waiting for 1 running turn, up to 30 s; a second SIGTERM (or SIGINT, SIGHUP) abandons it")
+    return root, room, turn, release
+
+
 def test_room_send_without_a_host_stops_on_sigterm_and_a_sighup_then_abandons_its_turn(
     tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
 ) -> None:
     """Regression (CLI fuzz review): `room send` (and `room create`) without a host run a gateway of their own, and a
     SIGTERM or SIGHUP killed them outright, a member turn's process orphaned. As for `send`, the first stop signal
     now stops the command's gateway as Ctrl-C does and a second one, any of the three, abandons the turn."""
-    root = make_root(tmp_path)
-    with Gateway(root, runner=lambda t: "") as gw:
-        gw.create_room("plan", ["alice", "bob"])
-    log, release = tmp_path / "turns.log", tmp_path / "release"
-    room = Proc("room", ["room", "send", "--root", str(root), "plan", "@alice what first?", "--cli", str(fake_cli),
-                         "--runner", "command"], tmp_path, fake_env(log, release, "A"))
-    procs.append(room)
-    turn = await_started(log, "A", leftovers)
-    room.proc.send_signal(signal.SIGTERM)
-    room.await_stderr("waiting for 1 running turn, up to 30 s; a second SIGTERM (or SIGINT, SIGHUP) abandons it")
+    _, room, turn, _ = _room_send_stopped_in_a_turn(tmp_path, fake_cli, leftovers, procs, "plan", "@alice what first?")
     room.proc.send_signal(signal.SIGHUP)
     assert room.wait(timeout=20) == 128 + signal.SIGTERM  # well before the 30 s grace: the turn is never released
     assert "abandoned the running turns: their outcome is ambiguous" in room.stderr()
@@ -431,16 +444,8 @@ def test_room_send_without_a_host_stopped_by_sigterm_says_the_message_is_posted_
     only the ack and the stop's "waiting for 1 running turn…"; `send` says where a DM's outcome goes. `room send`
     now says the message is posted and names the command that shows the rounds later, and the exit code stays
     the signal's."""
-    root = make_root(tmp_path)
-    with Gateway(root, runner=lambda t: "") as gw:
-        gw.create_room("my team", ["alice", "bob"])
-    log, release = tmp_path / "turns.log", tmp_path / "release"
-    room = Proc("room", ["room", "send", "--root", str(root), "my team", "@alice sig test", "--cli", str(fake_cli),
-                         "--runner", "command"], tmp_path, fake_env(log, release, "A"))
-    procs.append(room)
-    turn = await_started(log, "A", leftovers)
-    room.proc.send_signal(signal.SIGTERM)
-    room.await_stderr("waiting for 1 running turn, up to 30 s; a second SIGTERM (or SIGINT, SIGHUP) abandons it")
+    root, room, turn, release = _room_send_stopped_in_a_turn(tmp_path, fake_cli, leftovers, procs, "my team",
+                                                             "@alice sig test")
     release.touch()
     assert room.wait() == 128 + signal.SIGTERM
     assert room.stdout().startswith("queued in room my team: message "), room.stdout()
