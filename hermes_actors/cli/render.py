@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from hermes_actors.core.clipping import clip
+from hermes_actors.core.printable import printable
 from hermes_actors.core.shell import shell_command
 from hermes_actors.store.relay_protocol import STALE_AFTER_SECONDS
 
@@ -49,19 +50,6 @@ _FOR_THE_MODEL = (
 # the name as core.targets shows it: '<name>', or a long one cut, with its length (core.clipping.shown)
 _NO_TEAMMATE = re.compile(r"^No teammate named (?P<name>'.*'(?: \([\d,]+ characters\))?) on this install, on a "
                           r"connected machine, or on a registered peer\.")
-
-
-# C0/C1 control characters but newline and tab, and the bidi embeddings/overrides/isolates: what
-# a terminal would act on (colours, clearing the screen, a title, reordered text) instead of show.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """Pure: ``text`` safe to print on a terminal: each control character shown as ``\\xNN``/``\\uNNNN``.
-
-    Roster titles, handles, replies and errors come from files and bots we do not control.
-    """
-    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 # How the gateway's refusal of a DM on an install that is not Bot-Mode-managed begins (core.targets; pinned by
