@@ -165,7 +165,8 @@ def rooms_table(rows: list[dict[str, Any]]) -> str:
     """Pure: the ``room list`` table: a header, then one line per room.
 
     A room's name is how it is addressed (as a handle is on the roster): it is shown whole, never
-    cut, and the name column is as wide as the longest name.
+    cut, and the name column is as wide as the longest name as shown: escaped first (:func:`printable`:
+    a ``\u202e`` is six characters on the terminal), then padded, so the room ids stay one column.
 
     Args:
         rows: ``list_rooms()`` rows (``name``, ``room_id``, ``state``, ``members``, ``messages``).
@@ -173,11 +174,12 @@ def rooms_table(rows: list[dict[str, Any]]) -> str:
     Returns:
         The lines, joined by newlines, safe to print (:func:`printable`).
     """
-    width = max([_ROOM_NAME_WIDTH, *(len(str(row["name"])) for row in rows)])
+    names = [printable(str(row["name"])) for row in rows]
+    width = max([_ROOM_NAME_WIDTH, *(len(name) for name in names)])
     lines = [f"{'name':<{width}} {'room_id':<32} {'state':<10} {'messages':>8}  members"]
-    for row in rows:
+    for name, row in zip(names, rows, strict=True):
         members = ", ".join("@" + str(m) for m in row["members"])
-        lines.append(f"{row['name']!s:<{width}} {row['room_id']:<32} {row['state']:<10} "
+        lines.append(f"{name:<{width}} {row['room_id']:<32} {row['state']:<10} "
                      f"{row.get('messages', '?'):>8}  {members}")
     return printable("\n".join(lines))
 
