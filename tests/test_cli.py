@@ -423,6 +423,16 @@ def test_room_list_shows_names_whole(names: list[str], width: int) -> None:
     assert lines == [f"{name:<{width}} {'a' * 32} idle       {3:>8}  @alice, @bob" for name in names]
 
 
+def test_room_list_pads_names_as_they_are_shown() -> None:
+    """Regression (CLI review): `room list` padded a name, then escaped it: `plän ☕ \u202ex` (its bidi override
+    shown as six characters) pushed its room_id five columns right of the others'."""
+    from hermes_actors.cli.render import rooms_table
+
+    header, *lines = rooms_table([{**_ROW, "name": name} for name in ("plän ☕ \u202ex", "plan")]).split("\n")
+    assert lines[0].startswith("plän ☕ \\u202ex ")
+    assert [line.index("a" * 32) for line in lines] == [header.index("room_id")] * 2, [header, *lines]
+
+
 def test_room_list_prints_the_whole_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = create_demo_root(tmp_path / "root")
     base = ["--root", str(root), "--runner", "demo"]

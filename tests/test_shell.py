@@ -34,3 +34,36 @@ def test_shell_command_sets_a_variable_the_shell_reads_as_an_assignment(tmp_path
     assert line.startswith(f"HERMES_HOME={shlex.quote(str(root))} sh -c "), line
     ran = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True, timeout=30)
     assert ran.stdout == str(root)  # pasted into a shell, it runs as printed
+
+
+@pytest.mark.parametrize(
+    ("words", "printed"),
+    [
+        (("hermes-actors", "serve", "--root", "/r/root\x1b[7mX"), "hermes-actors serve --root $'/r/root\\x1b[7mX'"),
+        (("hermes-actors", "room", "show", "--root", "/r", "it's \\ plän\x07"),
+         "hermes-actors room show --root /r $'it\\'s \\\\ plän\\x07'"),
+        (("hermes-actors", "room", "show", "--root", "/r", "\u202eplan\x85"),
+         "hermes-actors room show --root /r $'\\xe2\\x80\\xaeplan\\xc2\\x85'"),
+    ],
+    ids=["esc", "quote-backslash-bel", "bidi-c1"],
+)
+def test_a_word_with_a_control_character_is_ansi_c_quoted(words: tuple[object, ...], printed: str) -> None:
+    """Regression (CLI review): `status` suggested `hermes-actors serve --root '/r/root\\x1b[7mX'` once its line was
+    escaped for the terminal (shlex.quote left the ESC raw): pasted, the root it names is another one, with a
+    backslash and an x. A control character is now written as the \\xHH of its UTF-8 bytes inside $'…', which
+    shows no control character and which bash reads back as the word, whatever its locale."""
+    from hermes_actors.core.printable import printable
+
+    assert shell_command(*words) == printed
+    assert printable(printed) == printed  # nothing left for the terminal to act on
+    ran = subprocess.run(["bash", "-c", printed.replace("hermes-actors", 'printf "%s\\0"', 1)], capture_output=True,
+                         check=True, timeout=30, env={"LC_ALL": "C"})
+    assert ran.stdout.decode().split("\0")[:-1] == [str(word) for word in words[1:]]  # pasted, it runs as printed
+
+
+def test_an_assigned_value_with_a_control_character_is_ansi_c_quoted(tmp_path: Path) -> None:
+    root = tmp_path / "r\x1bX"
+    line = shell_command("sh", "-c", 'printf %s "$HERMES_HOME"', env={"HERMES_HOME": root})
+    assert line.startswith(f"HERMES_HOME=$'{tmp_path}/r\\x1bX' sh -c "), line
+    ran = subprocess.run(["bash", "-c", line], capture_output=True, check=True, timeout=30)
+    assert ran.stdout.decode() == str(root)

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 from loguru import logger
 
 from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, user_path, utf8_text
@@ -30,7 +29,16 @@ from hermes_actors.cli.render import (
     printable,
 )
 from hermes_actors.cli.send import cmd_send
-from hermes_actors.cli.streams import StdoutError, devnull_onto, output_streams, stdout_error_line, stdout_target
+from hermes_actors.cli.streams import (
+    StdoutError,
+    devnull_onto,
+    output_streams,
+    print_json,
+    stdout_error_line,
+    stdout_target,
+    unescaped,
+    unescaped_output,
+)
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TransportError
@@ -39,10 +47,24 @@ from hermes_actors.ops.stop_signals import StopSignalled, signal_exit_code
 __all__ = ["main"]
 
 
+# loguru's default line, its message shown escaped (_log_format)
+_LOG_LINE = ("<green>{time:YYYY-MM-DD HH:mm:ss.SSS Z}</green> | <level>{level: <8}</level> | "
+             "<cyan>{name}</cyan>:<cyan>{function}</cyan>:<cyan>{line}</cyan> - "
+             "<level>{extra[printable_message]}</level>\n{exception}")
+
+
+def _log_format(record: Any) -> str:
+    """The CLI's log line of ``record``: its message, which names folders, paths and values from disk, is shown
+    escaped (:func:`printable`) as every line the command prints; the sink writes below the escaping stream
+    (:func:`~hermes_actors.cli.streams.unescaped`), so loguru's colours stay colours."""
+    record["extra"]["printable_message"] = printable(record["message"])
+    return _LOG_LINE
+
+
 def _to_stderr(message: str) -> None:
     # sys.stderr as it is at each write, not as it was at start: a process (a test) that swaps its stderr
     # and closes the old one must not leave a sink writing to a closed file.
-    sys.stderr.write(message)
+    unescaped(sys.stderr).write(message)
 
 
 def _enable_logging(verbose: int) -> None:
@@ -50,7 +72,7 @@ def _enable_logging(verbose: int) -> None:
     # diagnose=False: an ERROR's traceback names the code, never the values of its variables (loguru's default
     # printed every frame's locals: a submit handler's request, with the DM's text, at ERROR)
     logger.add(_to_stderr, level="DEBUG" if verbose > 1 else "INFO" if verbose else "WARNING",
-               colorize=sys.stderr.isatty(), diagnose=False)
+               format=_log_format, colorize=sys.stderr.isatty(), diagnose=False)
     logger.enable("hermes_actors")
     logger.enable("actors")
 
@@ -97,19 +119,19 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     if not hosted:
         rows = roster_rows_read(profiles, reading, now=time.time())
     if args.json:
-        print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+        print_json(rows, indent=True)
         for problem in problems:  # the rows stay the JSON; the note goes where a script's reader looks
-            print(printable(f"note: {problem}"), file=sys.stderr)
+            print(f"note: {problem}", file=sys.stderr)
         return 0
     print(f"{'handle':<20} {'profile':<20} {'title':<20} {'connection':<16} online")
     for row in rows:
         online = {True: "yes", False: "no", None: "unknown"}[row["online"]]
         conn = row["connection_id"] or "local"
-        print(printable(f"@{row['handle']:<19} {row['profile']:<20} {clip(row['title'], 20):<20} {conn:<16} {online}"))
+        print(f"@{row['handle']:<19} {row['profile']:<20} {clip(row['title'], 20):<20} {conn:<16} {online}")
     peers = config.peers
     print(f"peers: {', '.join(peers)}" if peers else "peers: none (list peer gateways under bot_peers in config.yaml)")
     for problem in problems:
-        print(printable(f"note: {problem}"))
+        print(f"note: {problem}")
     if not hosted:  # 'online' says a profile can take DMs, but only a host takes the bots' own
         print(f"note: no host serves {args.root}: the bots' message_agent calls are refused (runtime_offline) until "
               f"one runs (`{shell_command('hermes-actors', 'serve', '--root', args.root)}`, or `hermes gateway run` "
@@ -204,7 +226,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         argv += ["--sustained-seconds", str(args.sustained_seconds)]
     if args.no_progress:
         argv.append("--no-progress")
-    result = bench_main(argv)
+    with unescaped_output():  # its progress bar redraws its line with \r and an ESC sequence
+        result = bench_main(argv)
     return result if isinstance(result, int) else 0
 
 

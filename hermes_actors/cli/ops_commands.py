@@ -12,8 +12,6 @@ import sys
 import time
 from typing import Any
 
-import orjson
-
 from hermes_actors.cli.render import (
     EXIT_FAILED,
     EXIT_OK,
@@ -21,6 +19,7 @@ from hermes_actors.cli.render import (
     outcome_line,
     status_text,
 )
+from hermes_actors.cli.streams import print_json
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.ops.journal_index import JournalIndex
@@ -30,10 +29,6 @@ __all__ = ["cmd_doctor", "cmd_outcome", "cmd_status", "host_status"]
 
 _HOST_TIMEOUT = 10.0
 _WAIT_SLICE = 60.0  # the host accepts waits up to MAX_OUTCOME_WAIT; we ask in slices
-
-
-def _dump(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
 
 
 def host_status(root: Any) -> tuple[dict[str, Any], str | None]:
@@ -66,7 +61,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     status, note = host_status(args.root)
     if note:
         print(f"note: {note}", file=sys.stderr)
-    print(_dump(status) if args.json else status_text(status))
+    if args.json:
+        print_json(status, indent=True)
+    else:
+        print(status_text(status))
     return EXIT_OK
 
 
@@ -104,7 +102,10 @@ def cmd_outcome(args: argparse.Namespace) -> int:
             break
         if not _waits_at_host(args.root):
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))  # the files change only when polled
-    print(_dump(outcome) if args.json else outcome_line(outcome))
+    if args.json:
+        print_json(outcome, indent=True)
+    else:
+        print(outcome_line(outcome))
     code = outcome_exit_code(outcome)
     if outcome.get("status") == "pending" and not args.json and args.wait:
         print(f"still pending after {args.wait:g}s", file=sys.stderr)
@@ -131,7 +132,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     check_cli(args.cli)
     checks = run_doctor(args.root, cli=args.cli)
     if args.json:
-        print(_dump({"root": str(args.root), "blocking": blocking(checks), "checks": [c.as_dict() for c in checks]}))
+        print_json({"root": str(args.root), "blocking": blocking(checks), "checks": [c.as_dict() for c in checks]},
+                   indent=True)
     else:
         print(f"hermes-actors doctor on {args.root}:")
         for check in checks:

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from hermes_actors.core.clipping import clip
+from hermes_actors.core.printable import printable
 from hermes_actors.core.shell import shell_command
 from hermes_actors.store.relay_protocol import STALE_AFTER_SECONDS
 
@@ -49,19 +50,6 @@ _FOR_THE_MODEL = (
 # the name as core.targets shows it: '<name>', or a long one cut, with its length (core.clipping.shown)
 _NO_TEAMMATE = re.compile(r"^No teammate named (?P<name>'.*'(?: \([\d,]+ characters\))?) on this install, on a "
                           r"connected machine, or on a registered peer\.")
-
-
-# C0/C1 control characters but newline and tab, and the bidi embeddings/overrides/isolates: what
-# a terminal would act on (colours, clearing the screen, a title, reordered text) instead of show.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """Pure: ``text`` safe to print on a terminal: each control character shown as ``\\xNN``/``\\uNNNN``.
-
-    Roster titles, handles, replies and errors come from files and bots we do not control.
-    """
-    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 # How the gateway's refusal of a DM on an install that is not Bot-Mode-managed begins (core.targets; pinned by
@@ -177,7 +165,8 @@ def rooms_table(rows: list[dict[str, Any]]) -> str:
     """Pure: the ``room list`` table: a header, then one line per room.
 
     A room's name is how it is addressed (as a handle is on the roster): it is shown whole, never
-    cut, and the name column is as wide as the longest name.
+    cut, and the name column is as wide as the longest name as shown: escaped first (:func:`printable`:
+    a ``\u202e`` is six characters on the terminal), then padded, so the room ids stay one column.
 
     Args:
         rows: ``list_rooms()`` rows (``name``, ``room_id``, ``state``, ``members``, ``messages``).
@@ -185,11 +174,12 @@ def rooms_table(rows: list[dict[str, Any]]) -> str:
     Returns:
         The lines, joined by newlines, safe to print (:func:`printable`).
     """
-    width = max([_ROOM_NAME_WIDTH, *(len(str(row["name"])) for row in rows)])
+    names = [printable(str(row["name"])) for row in rows]
+    width = max([_ROOM_NAME_WIDTH, *(len(name) for name in names)])
     lines = [f"{'name':<{width}} {'room_id':<32} {'state':<10} {'messages':>8}  members"]
-    for row in rows:
+    for name, row in zip(names, rows, strict=True):
         members = ", ".join("@" + str(m) for m in row["members"])
-        lines.append(f"{row['name']!s:<{width}} {row['room_id']:<32} {row['state']:<10} "
+        lines.append(f"{name:<{width}} {row['room_id']:<32} {row['state']:<10} "
                      f"{row.get('messages', '?'):>8}  {members}")
     return printable("\n".join(lines))
 

@@ -16,10 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from hermes_actors.cli.arg_types import seconds, utf8_text
-from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line, rooms_table
+from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, refusal_line, rooms_table
+from hermes_actors.cli.streams import print_json
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import RoomStopped
 
@@ -31,7 +30,7 @@ def _print_entry(entry: dict[str, Any]) -> None:
 
     tag = "" if entry["status"] == "said" else f" [{entry['status']}]"
     # further lines indented as in the members' turns: a message's own lines never pass for other entries
-    print(f"[{entry['round']}] " + printable(entry_lines(f"{entry['author']}{tag}", str(entry["text"]))))
+    print(f"[{entry['round']}] " + entry_lines(f"{entry['author']}{tag}", str(entry["text"])))
 
 
 def _act(act: Callable[[Any], int], rooms: Any) -> int:
@@ -128,18 +127,14 @@ def _after(entries: list[dict[str, Any]], message_id: str) -> list[dict[str, Any
     return entries
 
 
-def _print_json(value: Any) -> None:
-    print(orjson.dumps(value).decode())
-
-
 def _create(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         room = gw.create_room(args.name, args.members)
         if args.json:
-            _print_json(room)
+            print_json(room)
         else:
             members = ", ".join("@" + m for m in room["members"])
-            print(f"room {printable(room['name'])} created ({room['room_id']}): {members}")
+            print(f"room {room['name']} created ({room['room_id']}): {members}")
         return 0
 
     return _with_gateway(args, act)
@@ -156,32 +151,32 @@ def _send(args: argparse.Namespace) -> int:
             raise unknown
         if "error" in ack:
             if args.json:
-                _print_json(ack)
+                print_json(ack)
             else:
                 print(refusal_line(ack))
             return EXIT_FAILED
         if args.json:
-            _print_json(ack)
+            print_json(ack)
         else:
-            print(f"queued in room {printable(args.room)}: message {ack['message_id']}")
+            print(f"queued in room {args.room}: message {ack['message_id']}")
         return settle(gw, ack)
 
     def settle(gw: Any, ack: dict[str, Any]) -> int:
         try:
             state = gw.wait_room_idle(args.room, timeout=args.wait)
         except (TimeoutError, RuntimeError, HostOffline, HostLost) as exc:  # the message is posted all the same
-            print(printable(_wait_cut_short(exc, args)), file=sys.stderr)
+            print(_wait_cut_short(exc, args), file=sys.stderr)
             return EXIT_FAILED
         except KeyboardInterrupt as exc:  # a stop signal while the rounds run: say so and where to look, as send
             # does; the exit code is the signal's (cli.main), once this command's own gateway stopped (_with_gateway).
             # One after the wait (the room settled, its lines printing) ends the command as any interrupt does.
-            print(printable(_wait_cut_short(exc, args)), file=sys.stderr, flush=True)
+            print(_wait_cut_short(exc, args), file=sys.stderr, flush=True)
             raise
         entries = _after(gw.room_transcript(args.room), ack["message_id"])
         if args.json:  # one JSON line per transcript entry, then the room's state
             for entry in entries:
-                _print_json(entry)
-            _print_json({"state": state})
+                print_json(entry)
+            print_json({"state": state})
             return 0
         for entry in entries:
             _print_entry(entry)
@@ -195,11 +190,11 @@ def _show(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         entries = gw.room_transcript(args.room)
         if args.json:
-            print(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode())
+            print_json(entries, indent=True)
         for entry in [] if args.json else entries:
             _print_entry(entry)
         if not entries and not args.json:  # say so: an empty output reads as a command that did nothing
-            print(f"room {printable(args.room)} has no messages yet", file=sys.stderr)
+            print(f"room {args.room} has no messages yet", file=sys.stderr)
         return 0
 
     return _with_gateway(args, act, on_disk=True)
@@ -209,7 +204,7 @@ def _list(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         rows = gw.list_rooms()
         if args.json:
-            print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+            print_json(rows, indent=True)
             return 0
         print(rooms_table(rows))
         return 0
@@ -221,9 +216,9 @@ def _disband(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         gone = gw.disband_room(args.room)
         if args.json:
-            _print_json(gone)
+            print_json(gone)
         else:
-            print(f"room {printable(str(gone.get('name', args.room)))} disbanded ({gone.get('room_id', '')}); its "
+            print(f"room {gone.get('name', args.room)} disbanded ({gone.get('room_id', '')}); its "
                   "members' sessions stay")
         return 0
 

@@ -11,8 +11,6 @@ import argparse
 import sys
 from typing import Any
 
-import orjson
-
 from hermes_actors.cli.render import (
     EXIT_FAILED,
     ack_line,
@@ -25,6 +23,7 @@ from hermes_actors.cli.render import (
     refusal_line,
     refused_as_unmanaged,
 )
+from hermes_actors.cli.streams import print_json
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 from hermes_actors.ops.stop_signals import StopSignals
@@ -35,7 +34,7 @@ __all__ = ["cmd_send", "no_host_note"]
 def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
     """Print a send's ack or refusal; the exit code when the command ends here."""
     if args.json:
-        print(orjson.dumps(answer).decode())
+        print_json(answer)
     elif "error" in answer:
         print(refusal_line(answer))
         if refused_as_unmanaged(answer):  # the tool's text names no fix; a person needs one, host or not
@@ -46,7 +45,10 @@ def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
 
 
 def _print_outcome(outcome: dict[str, Any], args: argparse.Namespace) -> int:
-    print(orjson.dumps(outcome).decode() if args.json else outcome_line(outcome))
+    if args.json:
+        print_json(outcome)
+    else:
+        print(outcome_line(outcome))
     return outcome_exit_code(outcome)
 
 

@@ -6,6 +6,13 @@ command went, and the closed descriptor is held by ``/dev/null`` so that no file
 the command opens takes it. A write to stdout that fails for another reason than a reader that left (a
 full disk: ``> /dev/full``) is a :class:`StdoutError`, whose line (:func:`stdout_error_line`) says it was
 stdout that could not be written.
+
+Everything a command prints on either is shown, never acted on, by a terminal: each control character of it
+(an ESC in a folder's name, a root's path, a value typed, a bot's reply) is written escaped
+(:func:`~hermes_actors.core.printable.printable`), here, for every line, whoever prints it. Only what must reach
+its reader as it is goes to the stream below (:func:`unescaped`): a ``--json`` document (:func:`print_json`), the
+log sink (it escapes its messages itself and keeps its colours) and the benchmark's progress bar
+(:func:`unescaped_output`).
 """
 
 from __future__ import annotations
@@ -16,9 +23,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TextIO, cast
 
+import orjson
+
+from hermes_actors.core.printable import printable
 from hermes_actors.store.os_errors import os_error_text, what_to_do
 
-__all__ = ["STDOUT_CLOSED_NOTE", "StdoutError", "devnull_onto", "output_streams", "stdout_error_line", "stdout_target"]
+__all__ = [
+    "STDOUT_CLOSED_NOTE", "StdoutError", "devnull_onto", "output_streams", "print_json", "stdout_error_line",
+    "stdout_target", "unescaped", "unescaped_output",
+]
 
 STDOUT_CLOSED_NOTE = "note: stdout is closed: what this command prints there is dropped (its exit code still tells)"
 
@@ -82,6 +95,62 @@ class _NamedStdout:
         return getattr(self._stream, name)
 
 
+class _Printable:
+    """A stream whose writes are shown, never acted on, by a terminal (:func:`printable`); :attr:`unescaped` is the
+    stream below, which it writes to."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.unescaped = stream
+
+    def write(self, text: str) -> int:
+        self.unescaped.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.unescaped, name)
+
+
+def unescaped(stream: TextIO) -> TextIO:
+    """The stream below ``stream`` when it escapes what is written to it (:func:`output_streams`), else ``stream``.
+
+    Args:
+        stream: ``sys.stdout`` or ``sys.stderr``, as they are now.
+
+    Returns:
+        The stream that writes text as it is given.
+    """
+    return cast(TextIO, getattr(stream, "unescaped", stream))
+
+
+def print_json(value: Any, *, indent: bool = False) -> None:
+    """Print ``value`` on stdout as one JSON document, as it is: its reader is a program, and what the escaping of
+    :func:`output_streams` writes (``\\x7f``) is no JSON. Its strings' C0 control characters are JSON escapes
+    (``\\u001b``) already.
+
+    Args:
+        value: what the JSON says.
+        indent: two spaces an indent level (else on one line).
+    """
+    text = orjson.dumps(value, option=orjson.OPT_INDENT_2 if indent else None).decode()
+    print(text, file=unescaped(sys.stdout))
+
+
+@contextmanager
+def unescaped_output() -> Iterator[None]:
+    """Within: ``sys.stdout`` and ``sys.stderr`` write as they are given, for output that draws with control
+    characters on purpose (the benchmark's progress bar redraws its line with ``\\r``); on leaving, as they were.
+
+    Yields:
+        Nothing.
+    """
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = unescaped(stdout), unescaped(stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+
+
 def devnull_onto(fds: tuple[int, ...]) -> None:
     """Point each descriptor of ``fds`` at ``/dev/null``: what is written there from now on is dropped.
 
@@ -112,8 +181,9 @@ def _hold_closed_descriptors(fds: tuple[int, ...]) -> None:
 
 @contextmanager
 def output_streams() -> Iterator[None]:
-    """Within: ``sys.stdout`` and ``sys.stderr`` writable, whatever the command was started with; on leaving,
-    the streams the process had (a caller in the same process gets its own back).
+    """Within: ``sys.stdout`` and ``sys.stderr`` writable, whatever the command was started with, and what is
+    written there shown escaped (:class:`_Printable`); on leaving, the streams the process had (a caller in the
+    same process gets its own back).
 
     A closed one (Python makes it None) is ``/dev/null``: what is printed there is dropped; a closed stdout is
     said once on stderr (:data:`STDOUT_CLOSED_NOTE`) when stderr is open. stdout's failed writes raise
@@ -131,7 +201,8 @@ def output_streams() -> Iterator[None]:
     if stdout is None and stderr is not None:
         with suppress(OSError):
             print(STDOUT_CLOSED_NOTE, file=sys.stderr, flush=True)
-    sys.stdout = cast(TextIO, _NamedStdout(sys.stdout))
+    sys.stdout = cast(TextIO, _Printable(cast(TextIO, _NamedStdout(sys.stdout))))
+    sys.stderr = cast(TextIO, _Printable(sys.stderr))
     try:
         yield
     finally:

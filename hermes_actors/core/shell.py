@@ -3,13 +3,19 @@
 Every word is shell-quoted, so the command runs as printed when pasted: a root, room or
 profile name with a space or a quote in it (``--root '/home/me/my hermes'``) stays one
 word, where an unquoted one is split by the shell and the command fails or names another
-root. A plain word (``/home/me/.hermes``, ``launch``) is printed as it is.
+root. A plain word (``/home/me/.hermes``, ``launch``) is printed as it is. A word with a
+terminal control character (:data:`~hermes_actors.core.printable.UNPRINTABLE`: an ESC in a
+folder's name) is ANSI-C quoted, each such character written as the ``\\xHH`` escapes of its
+UTF-8 bytes (``--root $'/srv/root\\x1b[7mX'``): the line is safe to show on a terminal and
+bash and zsh read it back as the same word, whatever their locale (dash, a plain POSIX sh, does not).
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+
+from hermes_actors.core.printable import UNPRINTABLE
 
 __all__ = ["shell_command"]
 
@@ -25,5 +31,31 @@ def shell_command(*words: object, env: Mapping[str, object] | None = None) -> st
     Returns:
         The line, e.g. ``HERMES_HOME='/x y' hermes gateway run``.
     """
-    assignments = [f"{name}={shlex.quote(str(value))}" for name, value in (env or {}).items()]
-    return " ".join([*assignments, *(shlex.quote(str(word)) for word in words)])
+    assignments = [f"{name}={_word(value)}" for name, value in (env or {}).items()]
+    return " ".join([*assignments, *(_word(word) for word in words)])
+
+
+def _word(word: object) -> str:
+    """Pure: one word of a command line, as the shell reads it back and a terminal shows it.
+
+    Args:
+        word: the word (anything else than a ``str`` is taken as its ``str``).
+
+    Returns:
+        The word as it is when the shell reads it so (``/home/me/.hermes``), else single-quoted
+        (``'my team'``), or ANSI-C quoted when it holds a control character (``$'a\\x1bb'``).
+    """
+    text = str(word)
+    if UNPRINTABLE.search(text) is None:
+        return shlex.quote(text)
+    return "$'" + "".join(_ansi_c_char(char) for char in text) + "'"
+
+
+def _ansi_c_char(char: str) -> str:
+    """Pure: one character inside ``$'…'``: a backslash or quote escaped, a control character as the ``\\xHH``
+    of each of its UTF-8 bytes (``\\u`` would depend on the shell's locale), any other as it is."""
+    if char in "\\'":
+        return "\\" + char
+    if UNPRINTABLE.match(char):
+        return "".join(f"\\x{byte:02x}" for byte in char.encode())
+    return char
