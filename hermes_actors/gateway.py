@@ -530,8 +530,15 @@ class Gateway:
     def detach_live_owner(self, profile: str) -> None:
         """Return this profile's DMs (those not handed over yet) to the normal turn path.
 
+        Args:
+            profile: the local profile (folder id or handle, any case, as ``attach_live_owner`` takes it).
+
+        Before ``start()`` it forgets the owner attached before the start under that profile, however its name
+        was spelt. The name is not checked then (the start reads the root's profiles): one no owner was attached
+        under does nothing, and raises nothing.
+
         Raises:
-            KeyError: no such local profile.
+            KeyError: no such local profile (while the gateway runs).
             RuntimeError: the gateway stopped, or this is a fork of the process that started it.
         """
         self._process.refuse_in_fork()
