@@ -614,7 +614,15 @@ class Gateway:
 
     @_off_main_thread
     def wait_room_idle(self, room: str, timeout: float = 60) -> str:
-        """Wait until the room settled; returns its state, ``idle`` or ``needs_you``.
+        """Wait until the room settled (it is no longer ``busy``).
+
+        Args:
+            room: the room's id or name.
+            timeout: seconds to wait at most.
+
+        Returns:
+            The room's state then: ``idle``, ``needs_you`` (a reply asked ``@user``), or ``disbanded`` when it was
+            disbanded while this waited (docs/rooms.md).
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds.
