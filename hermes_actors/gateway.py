@@ -578,8 +578,9 @@ class Gateway:
             ValueError: a bad name (one shaped like a room id included), a name taken, an unknown member, fewer
                 than 2 or more than 6.
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), another
-                gateway process drives the root's rooms, this one drives none (``drive_rooms=False``), or the
-                room's file could not be written (a full disk: the room was not created, nothing of it is kept).
+                gateway drives the root's rooms (another process, or another Gateway of this one: the text says
+                which), this one drives none (``drive_rooms=False``), or the room's file could not be written (a
+                full disk: the room was not created, nothing of it is kept).
         """
         return self._live_rooms().create(name, members)
 
@@ -590,8 +591,9 @@ class Gateway:
 
         Raises:
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), another gateway
-                process drives the root's rooms, this one drives none (``drive_rooms=False``), or the room's file
-                could not be written (nothing was sent).
+                drives the root's rooms (another process, or another Gateway of this one: the text says which),
+                this one drives none (``drive_rooms=False``), or the room's file could not be written (nothing
+                was sent).
         """
         return self._live_rooms().send(room, sender, text)
 
@@ -604,8 +606,9 @@ class Gateway:
 
         Raises:
             KeyError: no such room, or a reference that is one room's id and another's name.
-            RuntimeError: another gateway process drives the root's rooms (while this one runs), the room
-                directory is refused, or this is a fork of the process that started the gateway.
+            RuntimeError: another gateway drives the root's rooms while this one runs (another process, or
+                another Gateway of this one: the text says which), the room directory is refused, or this is a
+                fork of the process that started the gateway.
         """
         on_disk = self._rooms_on_disk()
         if on_disk is not None:
@@ -629,7 +632,9 @@ class Gateway:
             KeyError: no such room, or a reference that is one room's id and another's name.
             RoomStopped: the room stopped while this waited (the gateway stopped, or the room's actor
                 failed and restarts); a RuntimeError.
-            RuntimeError: the gateway is not running (or this is a fork of the process that started it).
+            RuntimeError: the gateway is not running (or this is a fork of the process that started it), another
+                gateway drives the root's rooms (another process, or another Gateway of this one: the text says
+                which), or this one drives none (``drive_rooms=False``).
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
         """
@@ -643,8 +648,9 @@ class Gateway:
         ``room list`` does).
 
         Raises:
-            RuntimeError: another gateway process drives the root's rooms (while this one runs), the room
-                directory is refused, or this is a fork of the process that started the gateway.
+            RuntimeError: another gateway drives the root's rooms while this one runs (another process, or
+                another Gateway of this one: the text says which), the room directory is refused, or this is a
+                fork of the process that started the gateway.
         """
         on_disk = self._rooms_on_disk()
         if on_disk is not None:
@@ -658,8 +664,9 @@ class Gateway:
         Raises:
             KeyError: no such room, or a reference that is one room's id and another's name.
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on: ``hermes-actors
-                room disband`` deletes a room without one), another gateway process drives the root's rooms, or this
-                one drives none (``drive_rooms=False``).
+                room disband`` deletes a room without one), another gateway drives the root's rooms (another
+                process, or another Gateway of this one: the text says which), or this one drives none
+                (``drive_rooms=False``).
         """
         return self._live_rooms().disband(room)
 
