@@ -197,6 +197,9 @@ class Gateway:
 
         Raises:
             FileNotFoundError: the root is not a directory.
+            KeyError: a live owner attached before the start (:meth:`attach_live_owner`) names no local profile of
+                the root (``attach_live_owner: no local profile named 'bobb' under …``): nothing is left running,
+                and the gateway can be started again once that owner is detached (:meth:`detach_live_owner`).
             RuntimeError: already started; or called in a fork of the process that started it.
             ValueError: a bad ``bot_mode.transport``, or the Redis transport without a valid connection id.
             HostileFileError: a relay directory the start cannot put back (``bot_relay/`` itself a symlink or a
@@ -378,16 +381,32 @@ class Gateway:
     def message_agent(
         self, *, sender: str, target: str, message: str, session: str = BOT_CHAT_SESSION, hop: int = 0
     ) -> dict[str, Any]:
-        """Send a DM as ``sender``; returns the tool's ack or refusal dict at once.
+        """Send a DM as ``sender``; returns the tool's ack or refusal dict at once (it never waits for the turn).
 
-        ``hop`` is the DM's depth in its conversation for the guard (0 and 1: a first DM;
-        a DM sent from inside the turn of a hop-N delivery is hop N+1).
+        Args:
+            sender: the sending local profile: its folder id or handle (``hermes`` is ``default``; any case, spaces
+                around it and a leading ``@`` are ignored). One that is not a string, or holds a control
+                character or line break, is refused.
+            target: who receives it, as the tool takes it (docs/protocol.md): a local profile's folder id, handle
+                or friendly name, ``peer`` or ``peer/agent``, ``handle@connection``. One that is not a string is
+                refused, never ``str()``-ed.
+            message: the text, at most 16,000 characters once stripped (one that is not a string is refused).
+            session: the title of the session it is sent from: only ``"Bot Chat"`` may send (the tool's gate).
+            hop: the DM's depth in its conversation for the guard (0 and 1: a first DM; a DM sent from inside
+                the turn of a hop-N delivery is hop N+1).
+
+        Returns:
+            The ack, ``{"status": "queued", "delivery_id", "to", "reply_delivery": "notification", "detail",
+            "queued_at"}`` (in durable mode the DM is journaled before it returns; its outcome comes through
+            :meth:`wait_outcome` and :meth:`subscribe`), or a refusal, ``{"error", "reason"}`` with ``teammates``
+            and ``peers`` where the roster helps: nothing was queued (docs/protocol.md lists them).
 
         Raises:
             RuntimeError: the gateway is not running (before start, or once stop began), or this is a
                 fork of the process that started it, or this thread is inside ``message_agent`` already
                 (a finalizer, ``__del__``, that ran during it calls again: nothing is sent; a signal handler's
                 call, on the main thread, queues behind the call it interrupted instead).
+            TimeoutError: the Dispatcher did not answer within 30 s (``actors.AskTimeout``).
             TypeError: ``hop`` is not a whole number.
             ValueError: ``hop`` is negative.
         """
@@ -411,6 +430,15 @@ class Gateway:
         of their envelope, have a bound of their own and push none of these out).
 
         Before ``start`` and after ``stop`` it answers from the root's journal and relay files.
+
+        Args:
+            delivery_id: the ``delivery_id`` of an ack.
+            timeout: seconds to wait at most (0: say where the DM stands without waiting).
+
+        Returns:
+            The outcome dict: ``delivery_id``, ``status`` (``replied``, ``failed``, ``silent`` or ``ambiguous``),
+            ``reply``, ``error``, ``reason``, ``retryable``, ``from`` and ``text``, every key always present
+            (``""`` when it does not apply).
 
         Raises:
             TimeoutError: no outcome arrived in time (or, while the gateway does not run, the
@@ -470,12 +498,30 @@ class Gateway:
 
     @_off_main_thread
     def roster(self) -> list[dict[str, Any]]:
-        """Every agent this gateway can reach: local profiles, then relay agents."""
+        """Every agent this gateway can reach: local profiles, then relay agents.
+
+        Returns:
+            One dict per agent: ``profile``, ``handle``, ``display_name``, ``title``, ``description``,
+            ``connection_id`` (None when local) and ``online`` (True / False / None = unknown; local rows are
+            True; a remote agent's ``display_name`` is its title, else its handle).
+
+        Raises:
+            RuntimeError: the gateway is not running (``gateway is not running``: before ``start()``, from
+                ``stop()`` on, or once its dispatcher failed), or this is a fork of the process that started it.
+        """
         return self._live().roster_rows()
 
     @_off_main_thread
     def housekeep(self) -> int:
-        """Sweep stale relay artifacts (> 6 h) and orphaned DM files now; returns the count removed."""
+        """Sweep stale relay artifacts (> 6 h) and orphaned DM files now, as the relay's hourly housekeeping does.
+
+        Returns:
+            How many were removed.
+
+        Raises:
+            RuntimeError: the gateway is not running (``gateway is not running``: before ``start()``, from
+                ``stop()`` on, or once its dispatcher failed), or this is a fork of the process that started it.
+        """
         return self._live().housekeep()
 
     @_off_main_thread
@@ -680,20 +726,77 @@ class Gateway:
 
     @_off_main_thread
     def relay_sync_roster(self, rows: Any) -> int:
-        """``bot_relay.roster.sync``: see :meth:`DesktopRpc.sync_roster`. Raises RuntimeError when not running."""
+        """``bot_relay.roster.sync``: store the Desktop's roster of remote agents in ``bot_relay/roster.json``
+        (:meth:`DesktopRpc.sync_roster`); the next ``message_agent`` routes by it.
+
+        Args:
+            rows: the raw, untrusted ``agents`` list, normalized as the seed does: a row that is not a dict, has
+                no profile or connection id, or a name outside the handle grammar is left out (anything but a
+                list keeps none: the roster is then empty).
+
+        Returns:
+            How many rows were kept.
+
+        Raises:
+            RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
+                relay), or this is a fork of the process that started it.
+            HostileFileError: a relay directory is refused (a symlink, another user's).
+            StoreError: the file could not be written.
+        """
         return self._desktop_rpc().sync_roster(rows)
 
     @_off_main_thread
     def relay_drain_outbox(self) -> list[dict[str, Any]]:
-        """``bot_relay.outbox.drain``: see :meth:`DesktopRpc.drain_outbox`. Raises RuntimeError when not running."""
+        """``bot_relay.outbox.drain``: claim (by rename) and return the envelopes waiting in ``bot_relay/outbox/``
+        (:meth:`DesktopRpc.drain_outbox`).
+
+        Returns:
+            The fresh envelopes (dicts, as on disk); one older than ``bot_mode.envelope_ttl_seconds`` got a
+            ``queued_expired`` reply instead.
+
+        Raises:
+            RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
+                relay), or this is a fork of the process that started it.
+        """
         return self._desktop_rpc().drain_outbox()
 
     @_off_main_thread
     def relay_deliver(self, envelope: dict[str, Any], *, timeout: float = 900) -> dict[str, str]:
-        """``bot_relay.deliver``: see :meth:`DesktopRpc.deliver`. Raises RuntimeError when not running."""
+        """``bot_relay.deliver``: run a drained envelope on its target profile here and wait for its outcome
+        (:meth:`DesktopRpc.deliver`; idempotent by envelope id).
+
+        Args:
+            envelope: the envelope as another gateway's drain returned it.
+            timeout: seconds to wait for its turn to settle.
+
+        Returns:
+            The seed's reply fields, ``{"reply", "error", "reason"}``.
+
+        Raises:
+            ValidationError: the envelope is malformed (the text names the first bad field).
+            TimeoutError: it did not settle within ``timeout``.
+            RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
+                relay), or this is a fork of the process that started it.
+        """
         return self._desktop_rpc().deliver(envelope, timeout=timeout)
 
     @_off_main_thread
     def relay_reply(self, envelope_id: str, *, reply: str = "", error: str = "", reason: str = "") -> bool:
-        """``bot_relay.reply``: see :meth:`DesktopRpc.reply`. Raises RuntimeError when not running."""
+        """``bot_relay.reply``: write ``bot_relay/replies/<envelope_id>.json`` (:meth:`DesktopRpc.reply`; the first
+        reply written wins).
+
+        Args:
+            envelope_id: the id of the envelope answered (32 lowercase hex characters).
+            reply: the reply text.
+            error: the failure text.
+            reason: the reason code (empty with an ``error``: classified from it, as the seed does).
+
+        Returns:
+            True when this reply was stored; False when one was there already.
+
+        Raises:
+            ValidationError: ``envelope_id`` is not 32 lowercase hex characters.
+            RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
+                relay), or this is a fork of the process that started it.
+        """
         return self._desktop_rpc().reply(envelope_id, reply=reply, error=error, reason=reason)
