@@ -66,6 +66,12 @@ __all__ = [
 ]
 
 
+def __dir__() -> list[str]:
+    """What ``dir(hermes_actors)`` (and an editor's completion) lists: the module's names and every public one,
+    loaded or not yet (listing them loads nothing)."""
+    return sorted(set(globals()) | set(__all__))
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:

@@ -197,6 +197,9 @@ class Gateway:
 
         Raises:
             FileNotFoundError: the root is not a directory.
+            KeyError: a live owner attached before the start (:meth:`attach_live_owner`) names no local profile of
+                the root (``attach_live_owner: no local profile named 'bobb' under …``): nothing is left running,
+                and the gateway can be started again once that owner is detached (:meth:`detach_live_owner`).
             RuntimeError: already started; or called in a fork of the process that started it.
             ValueError: a bad ``bot_mode.transport``, or the Redis transport without a valid connection id.
             HostileFileError: a relay directory the start cannot put back (``bot_relay/`` itself a symlink or a
@@ -378,16 +381,32 @@ class Gateway:
     def message_agent(
         self, *, sender: str, target: str, message: str, session: str = BOT_CHAT_SESSION, hop: int = 0
     ) -> dict[str, Any]:
-        """Send a DM as ``sender``; returns the tool's ack or refusal dict at once.
+        """Send a DM as ``sender``; returns the tool's ack or refusal dict at once (it never waits for the turn).
 
-        ``hop`` is the DM's depth in its conversation for the guard (0 and 1: a first DM;
-        a DM sent from inside the turn of a hop-N delivery is hop N+1).
+        Args:
+            sender: the sending local profile: its folder id or handle (``hermes`` is ``default``; any case, spaces
+                around it and a leading ``@`` are ignored). One that is not a string, or holds a control
+                character or line break, is refused.
+            target: who receives it, as the tool takes it (docs/protocol.md): a local profile's folder id, handle
+                or friendly name, ``peer`` or ``peer/agent``, ``handle@connection``. One that is not a string is
+                refused, never ``str()``-ed.
+            message: the text, at most 16,000 characters once stripped (one that is not a string is refused).
+            session: the title of the session it is sent from: only ``"Bot Chat"`` may send (the tool's gate).
+            hop: the DM's depth in its conversation for the guard (0 and 1: a first DM; a DM sent from inside
+                the turn of a hop-N delivery is hop N+1).
+
+        Returns:
+            The ack, ``{"status": "queued", "delivery_id", "to", "reply_delivery": "notification", "detail",
+            "queued_at"}`` (in durable mode the DM is journaled before it returns; its outcome comes through
+            :meth:`wait_outcome` and :meth:`subscribe`), or a refusal, ``{"error", "reason"}`` with ``teammates``
+            and ``peers`` where the roster helps: nothing was queued (docs/protocol.md lists them).
 
         Raises:
             RuntimeError: the gateway is not running (before start, or once stop began), or this is a
                 fork of the process that started it, or this thread is inside ``message_agent`` already
                 (a finalizer, ``__del__``, that ran during it calls again: nothing is sent; a signal handler's
                 call, on the main thread, queues behind the call it interrupted instead).
+            TimeoutError: the Dispatcher did not answer within 30 s (``actors.AskTimeout``).
             TypeError: ``hop`` is not a whole number.
             ValueError: ``hop`` is negative.
         """
@@ -411,6 +430,15 @@ class Gateway:
         of their envelope, have a bound of their own and push none of these out).
 
         Before ``start`` and after ``stop`` it answers from the root's journal and relay files.
+
+        Args:
+            delivery_id: the ``delivery_id`` of an ack.
+            timeout: seconds to wait at most (0: say where the DM stands without waiting).
+
+        Returns:
+            The outcome dict: ``delivery_id``, ``status`` (``replied``, ``failed``, ``silent`` or ``ambiguous``),
+            ``reply``, ``error``, ``reason``, ``retryable``, ``from`` and ``text``, every key always present
+            (``""`` when it does not apply).
 
         Raises:
             TimeoutError: no outcome arrived in time (or, while the gateway does not run, the
@@ -470,12 +498,30 @@ class Gateway:
 
     @_off_main_thread
     def roster(self) -> list[dict[str, Any]]:
-        """Every agent this gateway can reach: local profiles, then relay agents."""
+        """Every agent this gateway can reach: local profiles, then relay agents.
+
+        Returns:
+            One dict per agent: ``profile``, ``handle``, ``display_name``, ``title``, ``description``,
+            ``connection_id`` (None when local) and ``online`` (True / False / None = unknown; local rows are
+            True; a remote agent's ``display_name`` is its title, else its handle).
+
+        Raises:
+            RuntimeError: the gateway is not running (``gateway is not running``: before ``start()``, from
+                ``stop()`` on, or once its dispatcher failed), or this is a fork of the process that started it.
+        """
         return self._live().roster_rows()
 
     @_off_main_thread
     def housekeep(self) -> int:
-        """Sweep stale relay artifacts (> 6 h) and orphaned DM files now; returns the count removed."""
+        """Sweep stale relay artifacts (> 6 h) and orphaned DM files now, as the relay's hourly housekeeping does.
+
+        Returns:
+            How many were removed.
+
+        Raises:
+            RuntimeError: the gateway is not running (``gateway is not running``: before ``start()``, from
+                ``stop()`` on, or once its dispatcher failed), or this is a fork of the process that started it.
+        """
         return self._live().housekeep()
 
     @_off_main_thread
@@ -530,8 +576,15 @@ class Gateway:
     def detach_live_owner(self, profile: str) -> None:
         """Return this profile's DMs (those not handed over yet) to the normal turn path.
 
+        Args:
+            profile: the local profile (folder id or handle, any case, as ``attach_live_owner`` takes it).
+
+        Before ``start()`` it forgets the owner attached before the start under that profile, however its name
+        was spelt. The name is not checked then (the start reads the root's profiles): one no owner was attached
+        under does nothing, and raises nothing.
+
         Raises:
-            KeyError: no such local profile.
+            KeyError: no such local profile (while the gateway runs).
             RuntimeError: the gateway stopped, or this is a fork of the process that started it.
         """
         self._process.refuse_in_fork()
@@ -571,8 +624,9 @@ class Gateway:
             ValueError: a bad name (one shaped like a room id included), a name taken, an unknown member, fewer
                 than 2 or more than 6.
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), another
-                gateway process drives the root's rooms, this one drives none (``drive_rooms=False``), or the
-                room's file could not be written (a full disk: the room was not created, nothing of it is kept).
+                gateway drives the root's rooms (another process, or another Gateway of this one: the text says
+                which), this one drives none (``drive_rooms=False``), or the room's file could not be written (a
+                full disk: the room was not created, nothing of it is kept).
         """
         return self._live_rooms().create(name, members)
 
@@ -583,8 +637,9 @@ class Gateway:
 
         Raises:
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on), another gateway
-                process drives the root's rooms, this one drives none (``drive_rooms=False``), or the room's file
-                could not be written (nothing was sent).
+                drives the root's rooms (another process, or another Gateway of this one: the text says which),
+                this one drives none (``drive_rooms=False``), or the room's file could not be written (nothing
+                was sent).
         """
         return self._live_rooms().send(room, sender, text)
 
@@ -597,8 +652,9 @@ class Gateway:
 
         Raises:
             KeyError: no such room, or a reference that is one room's id and another's name.
-            RuntimeError: another gateway process drives the root's rooms (while this one runs), the room
-                directory is refused, or this is a fork of the process that started the gateway.
+            RuntimeError: another gateway drives the root's rooms while this one runs (another process, or
+                another Gateway of this one: the text says which), the room directory is refused, or this is a
+                fork of the process that started the gateway.
         """
         on_disk = self._rooms_on_disk()
         if on_disk is not None:
@@ -607,14 +663,24 @@ class Gateway:
 
     @_off_main_thread
     def wait_room_idle(self, room: str, timeout: float = 60) -> str:
-        """Wait until the room settled; returns its state, ``idle`` or ``needs_you``.
+        """Wait until the room settled (it is no longer ``busy``).
+
+        Args:
+            room: the room's id or name.
+            timeout: seconds to wait at most.
+
+        Returns:
+            The room's state then: ``idle``, ``needs_you`` (a reply asked ``@user``), or ``disbanded`` when it was
+            disbanded while this waited (docs/rooms.md).
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds.
             KeyError: no such room, or a reference that is one room's id and another's name.
             RoomStopped: the room stopped while this waited (the gateway stopped, or the room's actor
                 failed and restarts); a RuntimeError.
-            RuntimeError: the gateway is not running (or this is a fork of the process that started it).
+            RuntimeError: the gateway is not running (or this is a fork of the process that started it), another
+                gateway drives the root's rooms (another process, or another Gateway of this one: the text says
+                which), or this one drives none (``drive_rooms=False``).
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
         """
@@ -628,8 +694,9 @@ class Gateway:
         ``room list`` does).
 
         Raises:
-            RuntimeError: another gateway process drives the root's rooms (while this one runs), the room
-                directory is refused, or this is a fork of the process that started the gateway.
+            RuntimeError: another gateway drives the root's rooms while this one runs (another process, or
+                another Gateway of this one: the text says which), the room directory is refused, or this is a
+                fork of the process that started the gateway.
         """
         on_disk = self._rooms_on_disk()
         if on_disk is not None:
@@ -643,8 +710,9 @@ class Gateway:
         Raises:
             KeyError: no such room, or a reference that is one room's id and another's name.
             RuntimeError: the gateway is not running (before ``start()``, from ``stop()`` on: ``hermes-actors
-                room disband`` deletes a room without one), another gateway process drives the root's rooms, or this
-                one drives none (``drive_rooms=False``).
+                room disband`` deletes a room without one), another gateway drives the root's rooms (another
+                process, or another Gateway of this one: the text says which), or this one drives none
+                (``drive_rooms=False``).
         """
         return self._live_rooms().disband(room)
 
@@ -658,20 +726,77 @@ class Gateway:
 
     @_off_main_thread
     def relay_sync_roster(self, rows: Any) -> int:
-        """``bot_relay.roster.sync``: see :meth:`DesktopRpc.sync_roster`. Raises RuntimeError when not running."""
+        """``bot_relay.roster.sync``: store the Desktop's roster of remote agents in ``bot_relay/roster.json``
+        (:meth:`DesktopRpc.sync_roster`); the next ``message_agent`` routes by it.
+
+        Args:
+            rows: the raw, untrusted ``agents`` list, normalized as the seed does: a row that is not a dict, has
+                no profile or connection id, or a name outside the handle grammar is left out (anything but a
+                list keeps none: the roster is then empty).
+
+        Returns:
+            How many rows were kept.
+
+        Raises:
+            RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
+                relay), or this is a fork of the process that started it.
+            HostileFileError: a relay directory is refused (a symlink, another user's).
+            StoreError: the file could not be written.
+        """
         return self._desktop_rpc().sync_roster(rows)
 
     @_off_main_thread
     def relay_drain_outbox(self) -> list[dict[str, Any]]:
-        """``bot_relay.outbox.drain``: see :meth:`DesktopRpc.drain_outbox`. Raises RuntimeError when not running."""
+        """``bot_relay.outbox.drain``: claim (by rename) and return the envelopes waiting in ``bot_relay/outbox/``
+        (:meth:`DesktopRpc.drain_outbox`).
+
+        Returns:
+            The fresh envelopes (dicts, as on disk); one older than ``bot_mode.envelope_ttl_seconds`` got a
+            ``queued_expired`` reply instead.
+
+        Raises:
+            RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
+                relay), or this is a fork of the process that started it.
+        """
         return self._desktop_rpc().drain_outbox()
 
     @_off_main_thread
     def relay_deliver(self, envelope: dict[str, Any], *, timeout: float = 900) -> dict[str, str]:
-        """``bot_relay.deliver``: see :meth:`DesktopRpc.deliver`. Raises RuntimeError when not running."""
+        """``bot_relay.deliver``: run a drained envelope on its target profile here and wait for its outcome
+        (:meth:`DesktopRpc.deliver`; idempotent by envelope id).
+
+        Args:
+            envelope: the envelope as another gateway's drain returned it.
+            timeout: seconds to wait for its turn to settle.
+
+        Returns:
+            The seed's reply fields, ``{"reply", "error", "reason"}``.
+
+        Raises:
+            ValidationError: the envelope is malformed (the text names the first bad field).
+            TimeoutError: it did not settle within ``timeout``.
+            RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
+                relay), or this is a fork of the process that started it.
+        """
         return self._desktop_rpc().deliver(envelope, timeout=timeout)
 
     @_off_main_thread
     def relay_reply(self, envelope_id: str, *, reply: str = "", error: str = "", reason: str = "") -> bool:
-        """``bot_relay.reply``: see :meth:`DesktopRpc.reply`. Raises RuntimeError when not running."""
+        """``bot_relay.reply``: write ``bot_relay/replies/<envelope_id>.json`` (:meth:`DesktopRpc.reply`; the first
+        reply written wins).
+
+        Args:
+            envelope_id: the id of the envelope answered (32 lowercase hex characters).
+            reply: the reply text.
+            error: the failure text.
+            reason: the reason code (empty with an ``error``: classified from it, as the seed does).
+
+        Returns:
+            True when this reply was stored; False when one was there already.
+
+        Raises:
+            ValidationError: ``envelope_id`` is not 32 lowercase hex characters.
+            RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
+                relay), or this is a fork of the process that started it.
+        """
         return self._desktop_rpc().reply(envelope_id, reply=reply, error=error, reason=reason)

@@ -179,7 +179,21 @@ class Turn:
     _note_via: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     def message_agent(self, target: str, message: str) -> dict[str, Any]:
-        """Send a DM as this profile, one hop deeper; returns the ack dict."""
+        """Send a DM as this turn's profile, one hop deeper in the conversation (the loop guard counts it).
+
+        Args:
+            target: who receives it, as ``Gateway.message_agent`` takes it (not a string: refused).
+            message: the text, as ``Gateway.message_agent`` takes it.
+
+        Returns:
+            The ack or refusal dict ``Gateway.message_agent`` returns (a refusal, ``loop_guard`` among them, is
+            returned, not raised).
+
+        Raises:
+            RuntimeError: the turn has no gateway (one built by hand), or its gateway stopped
+                (``gateway is not running``).
+            TimeoutError: the gateway's Dispatcher did not answer within 30 s (``actors.AskTimeout``).
+        """
         if self._send is None:
             raise RuntimeError("this turn cannot send messages (no gateway attached)")
         return self._send(target, message)

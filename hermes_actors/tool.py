@@ -27,6 +27,10 @@ def message_agent_tool_schema() -> dict[str, Any]:
 
     The seed's schema word for word (DESIGN 8): a Hermes release with Bot Mode built in shows
     the model this text, so a bot reads the same tool on either.
+
+    Returns:
+        A new dict in the OpenAI function format: ``{"type": "function", "function": {"name": "message_agent",
+        "description", "parameters"}}``, ``target`` and ``message`` both required strings.
     """
     return {
         "type": "function",
@@ -90,7 +94,23 @@ def message_agent_authorized(session_title: str, install_managed: bool) -> bool:
 def message_agent_tool(
     gateway: Gateway, *, sender: str, target: str = "", message: str = "", session: str = BOT_CHAT_SESSION
 ) -> str:
-    """Dispatch one tool call; returns the JSON text the model reads (ack or error)."""
+    """Dispatch one tool call through ``gateway``; returns the JSON text the model reads (ack or error).
+
+    Args:
+        gateway: the Gateway that sends it.
+        sender: the calling bot's profile (folder id or handle), as ``Gateway.message_agent`` takes it.
+        target: the tool call's ``target``.
+        message: the tool call's ``message``.
+        session: the title of the session the call comes from (only ``"Bot Chat"`` may send).
+
+    Returns:
+        :func:`tool_result_text` of the ack or refusal dict ``Gateway.message_agent`` returns (a bad argument is
+        such a refusal); a gateway that is not running (its ``RuntimeError``) is the refusal ``{"error": "<the
+        error's text>; message_agent is unavailable right now. Try again later.", "reason": "runtime_offline"}``.
+
+    Raises:
+        TimeoutError: the gateway's Dispatcher did not answer within 30 s (``actors.AskTimeout``).
+    """
     try:
         result = gateway.message_agent(sender=sender, target=target, message=message, session=session)
     except RuntimeError as exc:

@@ -589,3 +589,17 @@ def test_a_stop_after_an_interrupted_long_wait_is_not_queued_behind_it(tmp_path:
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["stop_waits"] == [{"turns": 1, "seconds": 1, "wait_still_running": True}], facts
     assert facts["pool_joins"] == [0.0], facts  # the abandoned turn's worker is not waited for
+
+
+def test_dir_of_the_package_lists_every_public_name_before_it_is_loaded() -> None:
+    """Regression: the public names load on first use (module ``__getattr__``), and ``dir(hermes_actors)`` left
+    out those not loaded yet ('Gateway' in dir(hermes_actors) was False). Listing them loads none of the actors."""
+    probe = ("import json, sys, hermes_actors; names = dir(hermes_actors); "
+             "print(json.dumps([names, [m for m in ('pykka', 'hermes_actors.gateway') if m in sys.modules], "
+             "hermes_actors.__all__]))")
+    done = subprocess.run([sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True,
+                          timeout=PROCESS_DEADLINE, check=True)
+    names, loaded, public = json.loads(done.stdout)
+    assert "Gateway" in names and set(public) <= set(names), names
+    assert "__version__" in names and "__name__" in names  # the module's own names are still listed
+    assert loaded == []

@@ -109,6 +109,25 @@ def test_detach_with_dms_queued_sends_them_to_the_runner(root: Path, gateways: l
         assert not mailbox_file(root, key).exists(), "a runner turn never goes through the live mailbox"
 
 
+def test_a_detach_before_start_forgets_the_owner_under_any_spelling_and_checks_no_name(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    """Regression: before start(), detach_live_owner("Bob") left the owner attached as "bob" (the names kept for
+    the start were matched as typed), so its DMs still went to the owner; once started, "Bob" detached it. A name
+    no owner was attached under is not checked before the start (the docstring said KeyError): nothing happens."""
+    runner, owner = RecordingRunner(), Owner()
+    gw = Gateway(root, runner=runner)
+    gateways.append(gw)
+    gw.attach_live_owner("bob", owner)
+    assert gw.detach_live_owner("@Bob") is None
+    assert gw.detach_live_owner("nobody") is None
+    gw.start()
+    assert gw.wait_outcome(send_dm(gw, "who answers?"), timeout=10)["reply"] == "ok: who answers?"
+    assert owner.bodies() == [] and runner.bodies() == ["who answers?"]
+    with pytest.raises(KeyError, match="no local profile named 'nobody'"):
+        gw.detach_live_owner("nobody")
+
+
 def test_owner_dying_mid_turn_is_ambiguous_and_never_rerun(root: Path, gateways: list[Gateway]) -> None:
     def behave(turn: Turn) -> str:
         raise ConnectionResetError("window closed")

@@ -521,19 +521,25 @@ def test_room_reads_before_start_and_after_stop_answer_from_the_room_files(room_
 
 def test_one_gateway_at_a_time_drives_a_roots_rooms(room_root: Path, gateways: list[Gateway]) -> None:
     """Regression (soak): a gateway that found the rooms owner lock held at its start refused every room call for
-    its whole life, long after the lock was let go. Its next room call takes the rooms over now."""
+    its whole life, long after the lock was let go. Its next room call takes the rooms over now.
+
+    Regression: the refusal said "another gateway process drives the rooms" of a Gateway of this very process;
+    it says which one now."""
     first = start_gateway(gateways, room_root, Script())
     first.create_room("plan", ["alice", "bob"])
     second = start_gateway(gateways, room_root, Script())
-    with pytest.raises(RuntimeError, match="rooms are unavailable: another gateway process drives the rooms"):
+    held_here = f"rooms are unavailable: another Gateway in this process drives the rooms of {room_root} "
+    with pytest.raises(RuntimeError) as refused:
         second.list_rooms()
+    assert str(refused.value).startswith(held_here), refused.value
     assert first.room_send("plan", "user", "hi")["status"] == "queued"
     first.stop()
     assert [r["name"] for r in second.list_rooms()] == ["plan"]  # the lock went with the first gateway
     assert second.wait_room_idle("plan", timeout=30) == "idle"
     third = start_gateway(gateways, room_root, Script())
-    with pytest.raises(RuntimeError, match="rooms are unavailable: another gateway process drives the rooms"):
+    with pytest.raises(RuntimeError) as refused:
         third.list_rooms()
+    assert str(refused.value).startswith(held_here), refused.value
 
 
 def _pending_room(root: Path) -> dict[str, Any]:

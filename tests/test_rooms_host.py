@@ -335,8 +335,10 @@ def test_without_a_host_disband_leaves_a_room_another_gateway_drives(
     gw = start_gateway(gateways, root, RecordingRunner())
     room = gw.create_room("plan", ["alice", "bob"])
     assert main(["room", "disband", "plan", "--root", str(root)]) == 1
-    assert capsys.readouterr().err.strip() == (f"error: rooms are unavailable: another gateway process drives the "
-                                               f"rooms of {root}")
+    # the command runs in this test's process, beside the gateway (from a shell: "another gateway process drives …")
+    assert capsys.readouterr().err.strip() == (f"error: rooms are unavailable: another Gateway in this process drives "
+                                               f"the rooms of {root} (one Gateway drives a root's rooms): make the "
+                                               "room calls on that one, or stop it first")
     assert [r["room_id"] for r in gw.list_rooms()] == [room["room_id"]]
     gw.stop()
     assert main(["room", "disband", room["room_id"], "--root", str(root), "--json"]) == 0

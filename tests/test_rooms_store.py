@@ -13,7 +13,7 @@ from roots import make_root
 from hermes_actors.errors import ValidationError
 from hermes_actors.rooms.file_budget import ROOM_WRITE_BUDGET, fit_room
 from hermes_actors.rooms.room_record import RoomRecord, parse_room
-from hermes_actors.rooms.store import ROOM_MAX_BYTES, RoomFiles
+from hermes_actors.rooms.store import ROOM_MAX_BYTES, RoomFiles, rooms_held_text
 
 BIG = "\u4e2d" * 16_000  # a legal message (16,000 chars) of 48,000 bytes of UTF-8
 
@@ -129,3 +129,30 @@ def test_a_transcript_entry_that_the_room_could_not_have_posted_is_refused(chang
     assert parse_room(data).transcript == [good]
     with pytest.raises(ValidationError, match="bad transcript entry 1"):
         parse_room({**data, "transcript": [good, {**good, **change}]})
+
+
+@pytest.mark.parametrize(("in_this_process", "text"), [
+    (False, "another gateway process drives the rooms of /r"),
+    (True, "another Gateway in this process drives the rooms of /r (one Gateway drives a root's rooms): make the "
+           "room calls on that one, or stop it first"),
+])
+def test_rooms_held_text_says_whose_gateway_holds_the_rooms(in_this_process: bool, text: str) -> None:
+    assert rooms_held_text(Path("/r"), in_this_process=in_this_process) == text
+
+
+def test_only_the_owner_lock_a_gateway_of_this_process_took_is_told_as_this_processs(tmp_path: Path) -> None:
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    files = RoomFiles(root, fsync=False).ensure()
+    other = files.owner_lock()  # taken as another process would: not through take_owner_lock
+    assert other.try_acquire()
+    assert files.owned_elsewhere() == rooms_held_text(root, in_this_process=False)
+    other.release()
+    mine = files.owner_lock()
+    assert files.take_owner_lock(mine)
+    try:
+        assert files.owned_elsewhere() == rooms_held_text(root, in_this_process=True)
+    finally:
+        files.release_owner_lock(mine)
+        mine.close()
+    assert files.owned_elsewhere() == rooms_held_text(root, in_this_process=False)  # let go: no longer noted
+    other.close()

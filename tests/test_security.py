@@ -93,8 +93,16 @@ def test_an_empty_root_is_refused_and_nothing_is_created_in_the_cwd(
     assert list(tmp_path.iterdir()) == [], "an empty root must not become the current directory"
 
 
-# Junk around a name (the friendly name "Bob" slugs to bob), non-text messages, unencodable text.
-JUNK_TARGETS: list[Any] = ["bob\x00", "\u202ebob", ["bob"], "bob\u200b", "<bob>", "\ud800bob", "bob\ud800@mini"]
+class _StrIsBob:
+    """Not text, though its str() is a teammate's name (it was delivered to bob, as Path("bob") was)."""
+
+    def __str__(self) -> str:
+        return "bob"
+
+
+# Junk around a name (the friendly name "Bob" slugs to bob), non-text targets and messages, unencodable text.
+JUNK_TARGETS: list[Any] = ["bob\x00", "\u202ebob", ["bob"], Path("bob"), _StrIsBob(), 5, "bob\u200b", "<bob>",
+                           "\ud800bob", "bob\ud800@mini"]
 JUNK_MESSAGES: list[Any] = [5, b"hi", {"text": "hi"}, ["hi"], "\ud800", "hi \udfff there"]
 
 
@@ -113,7 +121,8 @@ def test_junk_targets_and_non_text_messages_are_refused_and_create_nothing(
         answer = gw.message_agent(sender="alice", **kwargs)
         _assert_refused(answer)
         if not isinstance(kwargs["target"], str):
-            assert answer["error"] == f"Invalid target: {str(kwargs['target'])!r}.", answer
+            kind = type(kwargs["target"]).__name__
+            assert answer["error"] == f"Invalid target: it must be a name (text), not {kind}.", answer
         # The tool's JSON text is valid even for unencodable input (the refusal names it, escaped).
         tool_answer = json.loads(message_agent_tool(gw, sender="alice", **kwargs))
         assert tool_answer == answer

@@ -80,6 +80,30 @@ def no_teammate(name: str) -> str:
     )
 
 
+class StrIsBob:
+    """Not text, though its str() names a teammate: never taken for that name."""
+
+    def __str__(self) -> str:
+        return "bob"
+
+
+class Name(str):
+    """A str subclass: text, taken as it is."""
+
+
+def target_not_text(type_name: str) -> str:
+    return f"Invalid target: it must be a name (text), not {type_name}."
+
+
+def sender_not_text(type_name: str) -> str:
+    return f"sender must be the sending profile's name (text), not {type_name}."
+
+
+def sender_with_a_line_break(sender: str) -> str:
+    return (f"Invalid sender {sender!r}: a profile name has no control characters or line breaks; pass the name "
+            "alone (a folder id or handle: 1-64 letters, digits, '_' or '-').")
+
+
 # (id, kwargs for message_agent / plan_send, expected refusal dict)
 REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     (
@@ -171,8 +195,18 @@ REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
             {"error": f"Invalid target: {str(target).strip()!r}.", "reason": "unknown", **roster_for("bob")},
         )
         for i, target in enumerate(
-            ["alice\x00", "\u202ealice", ["alice"], ("alice",), "alice\u200b", "(alice)", "Dr. Foo\x00", "dr foo"]
+            ["alice\x00", "\u202ealice", "alice\u200b", "(alice)", "Dr. Foo\x00", "dr foo"]
         )
+    ],
+    # A target that is not text is refused by its type, never str()-ed into a name: Path("bob") and an object
+    # whose str() is "bob" reached bob, 5 was "No teammate named '5'", ["alice"] was "Invalid target: \"['alice']\"".
+    *[
+        (
+            f"target-not-text-{type(target).__name__}",
+            {"sender": "bob", "target": target, "message": "hi"},
+            {"error": target_not_text(type(target).__name__), "reason": "unknown", **roster_for("bob")},
+        )
+        for target in [Path("alice"), StrIsBob(), 5, True, b"alice", ["alice"], ("alice",)]
     ],
     (
         "target-lone-surrogate",
@@ -210,12 +244,25 @@ REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         )
         for sender in [None, "", "   "]
     ],
-    (
-        "sender-not-text",
-        {"sender": 5, "target": "bob", "message": "hi"},
-        {"error": "sender must be the sending profile's name (text), not int.", "reason": "unknown",
-         **roster_for(None)},
-    ),
+    # A sender that is not text is refused even when its str() names a profile (Path("alice") was accepted).
+    *[
+        (
+            f"sender-not-text-{type(sender).__name__}",
+            {"sender": sender, "target": "bob", "message": "hi"},
+            {"error": sender_not_text(type(sender).__name__), "reason": "unknown", **roster_for(None)},
+        )
+        for sender in [5, Path("alice"), b"alice"]
+    ],
+    # No profile name holds a control character or line break: "alice\n" and "alice\t" were taken for alice.
+    *[
+        (
+            f"sender-with-a-line-break-{i}",
+            {"sender": sender, "target": "bob", "message": "hi"},
+            {"error": sender_with_a_line_break(sender), "reason": "unknown", **roster_for(None)},
+        )
+        for i, sender in enumerate(["alice\n", "alice\t", "alice\r\n", "\nalice", "ali\x00ce", "alice\u2028",
+                                    "alice\x85", "\n"])
+    ],
 ]
 
 
@@ -383,6 +430,19 @@ def test_resolution_through_gateway(gateway: Gateway, runner: RecordingRunner, s
     assert turn.profile == folder
     assert turn.handle == ("hermes" if folder == "default" else folder)
     assert turn.sender == ("default" if sender == "hermes" else sender)
+
+
+def test_a_str_subclass_is_text_for_the_sender_and_the_target(snapshot: RosterSnapshot) -> None:
+    route = plan_send(snapshot, sender=Name("alice"), target=Name("@Bob"), message="hi")
+    assert isinstance(route, LocalRoute)
+    assert (route.sender.profile, route.target.profile) == ("alice", "bob")
+
+
+def test_a_sender_with_spaces_around_or_an_at_is_still_its_profile(snapshot: RosterSnapshot) -> None:
+    # only control characters and line breaks are refused: spaces, a leading @ and the case are read as before
+    for sender in (" alice ", "@alice", "ALICE"):
+        route = plan_send(snapshot, sender=sender, target="bob", message="hi")
+        assert isinstance(route, LocalRoute) and route.sender.profile == "alice", sender
 
 
 def test_registered_peer_routes_to_the_peer(snapshot: RosterSnapshot) -> None:

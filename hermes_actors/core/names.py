@@ -20,6 +20,7 @@ __all__ = [
     "PEER_NAME_RE",
     "checked_connection_id",
     "handle_for",
+    "has_line_break",
     "misnamed_profiles_problem",
     "one_line_name",
     "profile_home",
@@ -80,6 +81,23 @@ def one_line_name(name: str) -> str:
         The name on one line ("" when nothing else was in it).
     """
     return _BREAK_RUN_RE.sub(" ", name).strip()
+
+
+def has_line_break(name: str) -> bool:
+    """Pure: whether ``name`` holds a control character or a line break (what :func:`one_line_name` replaces).
+
+    No profile name has one (a folder id or handle is 1-64 letters, digits, ``_`` or ``-``), and a name read
+    from a file or a command's output often ends with a newline: a sender given as ``"alice\\n"`` is refused
+    rather than taken for ``alice``.
+
+    Args:
+        name: the name as given.
+
+    Returns:
+        True when it holds a control character (Unicode category Cc: NUL, tab, LF, CR, ESC, DEL, NEL...) or a
+        line or paragraph separator (U+2028, U+2029).
+    """
+    return not name.isprintable() and _BREAK_RUN_RE.search(name) is not None
 
 
 def handle_for(profile: str) -> str:

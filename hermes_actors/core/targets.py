@@ -14,7 +14,14 @@ from typing import Any
 from actors import fast_init
 from hermes_actors.core.authors import bot_author
 from hermes_actors.core.clipping import clip, shown
-from hermes_actors.core.names import HANDLE_PATTERN, HANDLE_RE, PEER_NAME_PATTERN, profile_key, remote_label
+from hermes_actors.core.names import (
+    HANDLE_PATTERN,
+    HANDLE_RE,
+    PEER_NAME_PATTERN,
+    has_line_break,
+    profile_key,
+    remote_label,
+)
 from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.messages import BOT_CHAT_SESSION, ProfileInfo, RemoteAgent, RosterSnapshot
 from hermes_actors.store.hermes_root import alias_forms
@@ -300,14 +307,14 @@ def plan_send(
         return refuse(
             "This install is not Bot-Mode-managed (no bot roster); message_agent is unavailable. Do not retry."
         )
+    sender_problem = _sender_problem(sender)
+    if sender_problem is not None:
+        return _roster_refusal(snapshot, None, sender_problem)
     me = _find_sender(snapshot, sender)
     peers = snapshot.peers
 
     if me is None:
-        if sender is not None and not isinstance(sender, str):
-            return _roster_refusal(
-                snapshot, me, f"sender must be the sending profile's name (text), not {type(sender).__name__}.")
-        if not str(sender or "").strip():
+        if not (sender or "").strip():
             return _roster_refusal(snapshot, me, "sender is required: the name of the profile that sends the DM.")
         return _roster_refusal(snapshot, me,
                                f"Unknown sender {shown(sender)}: no profile with that name on this install.")
@@ -325,7 +332,10 @@ def plan_send(
             f"message too long ({len(body)} chars > {MESSAGE_MAX_CHARS}). "
             "Send the essentials; share large content as a file path instead."
         )
-    raw = str(target or "").strip().lstrip("@")
+    if target is not None and not isinstance(target, str):
+        # The seed would str() it: Path("bob") or an object whose str() is "bob" would reach bob, 5 would be "5".
+        return _roster_refusal(snapshot, me, f"Invalid target: it must be a name (text), not {type(target).__name__}.")
+    raw = (target or "").strip().lstrip("@")
     if not raw:
         return _roster_refusal(snapshot, me, "target is required.")
     problem = text_problem("target", raw)
@@ -368,6 +378,27 @@ def plan_send(
             remote_roster=True,
         )
     return LocalRoute(me, snapshot.index[resolved.lower()], content, author)
+
+
+def _sender_problem(sender: Any) -> str | None:
+    """Pure: why ``sender`` cannot name a sending profile whatever the roster, or None (None and "" are left to the
+    "sender is required" refusal).
+
+    Args:
+        sender: the ``sender`` given (a str subclass is text too).
+
+    Returns:
+        The refusal text: a sender that is not text (``Path("alice")``, 5: never ``str()``-ed into a name), or one
+        holding a control character or line break (``"alice\\n"``: no profile name has one); else None.
+    """
+    if sender is None:
+        return None
+    if not isinstance(sender, str):
+        return f"sender must be the sending profile's name (text), not {type(sender).__name__}."
+    if has_line_break(sender):
+        return (f"Invalid sender {shown(sender)}: a profile name has no control characters or line breaks; pass "
+                "the name alone (a folder id or handle: 1-64 letters, digits, '_' or '-').")
+    return None
 
 
 def _roster_refusal(

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from hermes_actors.core.names import profile_key
 from hermes_actors.local.notifier import Notifier
 
 __all__ = ["Registrations", "SubscriberEntry"]
@@ -32,18 +33,20 @@ class Registrations:
         self._tokens = itertools.count(1)
         self._lock = threading.Condition()
         self._subscribers: dict[int, SubscriberEntry] = {}
-        self._owners: dict[str, Any] = {}
+        # profile key (``core.names.profile_key``: "Bob", "@bob" and "bob" are one) → (the name as given, owner),
+        # so a detach before the start finds the owner however its name was spelt, as it does once started
+        self._owners: dict[str, tuple[str, Any]] = {}
         self._starting: int | None = None  # the thread id of a start() under way
 
     def begin_start(self) -> tuple[dict[int, SubscriberEntry], dict[str, Any]]:
         """Mark a start under way on this thread and return (copies of) what was registered so far.
 
         Returns:
-            (subscribers: token → entry, owners: profile → owner).
+            (subscribers: token → entry, owners: profile (as given) → owner).
         """
         with self._lock:
             self._starting = threading.get_ident()
-            return dict(self._subscribers), dict(self._owners)
+            return dict(self._subscribers), dict(self._owners.values())
 
     def taken(self, subscribers: dict[int, SubscriberEntry], owners: dict[str, Any]) -> None:
         """Forget what a successful start handed to the system (a failed start keeps it for the next one).
@@ -56,7 +59,7 @@ class Registrations:
             for token in subscribers:
                 self._subscribers.pop(token, None)
             for profile in owners:
-                self._owners.pop(profile, None)
+                self._owners.pop(profile_key(profile), None)
 
     def end_start(self) -> None:
         """The start under way ended (started or failed): wake the registrations waiting for it."""
@@ -64,7 +67,7 @@ class Registrations:
             self._starting = None
             self._lock.notify_all()
 
-    def _before_start(self, register: Callable[[], None], is_new: Callable[[], bool]) -> bool:
+    def _before_start(self, register: Callable[[], object], is_new: Callable[[], bool]) -> bool:
         """Run ``register`` (under the lock) if the gateway has not started.
 
         A start() under way on another thread has already read what was registered: wait for it
@@ -116,9 +119,12 @@ class Registrations:
         return unsubscribe
 
     def attach_owner(self, profile: str, owner: Any, is_new: Callable[[], bool]) -> bool:
-        """Keep a live owner for the start, if the gateway has not started. Returns whether it was kept."""
-        return self._before_start(lambda: self._owners.__setitem__(profile, owner), is_new)
+        """Keep a live owner for the start, if the gateway has not started (it replaces one kept under another
+        spelling of the name, as an attach does once started). Returns whether it was kept."""
+        return self._before_start(lambda: self._owners.__setitem__(profile_key(profile), (profile, owner)), is_new)
 
     def detach_owner(self, profile: str, is_new: Callable[[], bool]) -> bool:
-        """Forget a live owner kept for the start, if the gateway has not started. Returns whether it had not."""
-        return self._before_start(lambda: self._owners.pop(profile, None), is_new)
+        """Forget the live owner kept for the start under any spelling of ``profile`` (none kept: nothing to do;
+        the name is checked against the root's profiles only by the start), if the gateway has not started.
+        Returns whether it had not."""
+        return self._before_start(lambda: self._owners.pop(profile_key(profile), None), is_new)

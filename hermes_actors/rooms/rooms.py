@@ -162,7 +162,7 @@ class Rooms:
             self.files.ensure()
             if self._owner is None:
                 self._owner = self.files.owner_lock()  # kept open while another process holds it
-            if not self._owner.try_acquire():
+            if not self.files.take_owner_lock(self._owner):
                 self._broken = self.files.owned_elsewhere()
                 return False
         except (HostileFileError, StoreError, OSError) as exc:
@@ -171,7 +171,7 @@ class Rooms:
         try:
             self._load()
         except BaseException:
-            self._owner.release()
+            self.files.release_owner_lock(self._owner)
             raise
         self._driving = True
         self._broken = None
@@ -310,7 +310,7 @@ class Rooms:
                 continue
         if self._owner is not None:
             if self._driving:
-                self._owner.release()
+                self.files.release_owner_lock(self._owner)
             self._owner.close()
             self._owner = None
 

@@ -33,7 +33,16 @@ from hermes_actors.store.relay_protocol import ROOM_STARTS, ROOMS
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.turnlock import TurnLock
 
-__all__ = ["OWNER_LOCK", "ROOMS_DIR", "ROOM_MAX_BYTES", "STARTED_DIR", "RoomFiles", "RoomStartMarks", "RoomsOnDisk"]
+__all__ = [
+    "OWNER_LOCK",
+    "ROOMS_DIR",
+    "ROOM_MAX_BYTES",
+    "STARTED_DIR",
+    "RoomFiles",
+    "RoomStartMarks",
+    "RoomsOnDisk",
+    "rooms_held_text",
+]
 
 ROOMS_DIR = ROOMS  # under bot_relay/
 OWNER_LOCK = ".owner.lock"  # under rooms/: flocked by the one process that drives the root's rooms
@@ -44,6 +53,32 @@ ROOM_MAX_BYTES = 16 << 20
 # One process drives a root's rooms (rooms/.owner.lock); its member turns' threads put a refused .started
 # right one at a time, so none moves aside the directory another one has just made (and marked a turn in).
 _STARTED_REPAIR = threading.Lock()
+# The rooms owner locks a Gateway of this process holds (RoomFiles.take_owner_lock), by their file's
+# (st_dev, st_ino), each with the pid that took it (a fork's child is another process). A flock is refused to a
+# second open file of this process as to another process's: this is how a second Gateway on the root is told
+# which of the two drives the rooms.
+_HELD_HERE: dict[tuple[int, int], int] = {}
+_HELD_HERE_LOCK = threading.Lock()
+
+
+def rooms_held_text(root: Path, *, in_this_process: bool) -> str:
+    """Pure: why room calls are refused while another holder has the rooms owner lock of ``root``.
+
+    Args:
+        root: the Hermes root.
+        in_this_process: whether another Gateway of this process holds it.
+
+    Returns:
+        The reason (callers prefix ``rooms are unavailable: ``).
+    """
+    if in_this_process:
+        return (f"another Gateway in this process drives the rooms of {root} (one Gateway drives a root's rooms): "
+                "make the room calls on that one, or stop it first")
+    return f"another gateway process drives the rooms of {root}"
+
+
+def _file_identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
 
 
 class RoomFiles:
@@ -101,9 +136,46 @@ class RoomFiles:
         """The flock on ``rooms/.owner.lock``: held by the one process that drives the root's rooms."""
         return TurnLock(self.directory / OWNER_LOCK, what="the rooms owner lock")
 
+    def take_owner_lock(self, owner: TurnLock) -> bool:
+        """Take :meth:`owner_lock` if it is free right now, for a Gateway that drives the rooms; noted as this
+        process's, so :meth:`owned_elsewhere` tells another Gateway of this process so.
+
+        Args:
+            owner: the lock, from :meth:`owner_lock`.
+
+        Returns:
+            Whether it was taken (let go of it with :meth:`release_owner_lock`).
+
+        Raises:
+            OSError: the lock file could not be opened or locked.
+        """
+        if not owner.try_acquire():
+            return False
+        if owner.fd is not None:
+            with _HELD_HERE_LOCK:
+                _HELD_HERE[_file_identity(os.fstat(owner.fd))] = os.getpid()
+        return True
+
+    def release_owner_lock(self, owner: TurnLock) -> None:
+        """Let go of the lock :meth:`take_owner_lock` took."""
+        if owner.fd is not None:
+            identity = _file_identity(os.fstat(owner.fd))
+            with _HELD_HERE_LOCK:
+                if _HELD_HERE.get(identity) == os.getpid():
+                    del _HELD_HERE[identity]
+        owner.release()
+
     def owned_elsewhere(self) -> str:
-        """Pure: why room calls are refused while another process holds :meth:`owner_lock`."""
-        return f"another gateway process drives the rooms of {self.relay.base.parent}"
+        """Why room calls are refused while another holder has :meth:`owner_lock`: another Gateway of this
+        process (its lock file is one :meth:`take_owner_lock` noted), else another process (:func:`rooms_held_text`).
+        """
+        try:
+            identity = _file_identity(os.lstat(self.directory / OWNER_LOCK))
+        except OSError:
+            identity = None
+        with _HELD_HERE_LOCK:
+            here = identity is not None and _HELD_HERE.get(identity) == os.getpid()
+        return rooms_held_text(self.relay.base.parent, in_this_process=here)
 
     def drop(self, record: RoomRecord) -> None:
         """Disband a room on disk: delete its file, then the start mark of its ``running`` turn.
