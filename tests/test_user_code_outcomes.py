@@ -18,14 +18,14 @@ import pytest
 from roots import LogCapture, RecordingRunner, body_of, make_root, send_dm, start_gateway
 
 from actors.testkit import await_condition
-from hermes_actors import Gateway
+from hermes_actors import Gateway, TurnFailed
 from hermes_actors.core import outcomes
 from hermes_actors.core.targets import PeerRoute
 from hermes_actors.errors import StoreError
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.local.profile_outcomes import turn_escaped
-from hermes_actors.local.turns import describe_error, never_ran
+from hermes_actors.local.turns import describe_error, never_ran, turn_failed
 from hermes_actors.messages import Delivery, Outcome, Turn
 
 WAIT = 10.0
@@ -336,6 +336,19 @@ def test_describe_error(error: BaseException, text: str) -> None:
 def test_never_ran_is_retryable_runtime_offline_whatever_the_text(step: str, error: Any, expected: str) -> None:
     result = never_ran("d" * 32, step, error)
     assert (result.reply, result.error, result.reason, result.ambiguous) == (None, expected, "runtime_offline", False)
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    (TurnFailed("quota gone", reason="provider_quota_limit"), ("quota gone", "provider_quota_limit", False)),
+    (TurnFailed("busy", reason=" TARGET_BUSY "), ("busy", "target_busy", False)),
+    (TurnFailed("boom", reason="Bogus_Reason"), ("boom", "unknown", False)),
+    (TurnFailed("429 Too Many Requests"), ("429 Too Many Requests", "provider_rate_limit", False)),
+    (TurnFailed(""), ("turn failed", "unknown", False)),
+    (TurnFailed("lost after sending: 503", ambiguous=True), ("lost after sending: 503", "provider_server_error", True)),
+], ids=["typed", "padded-reason", "reason-outside-the-vocabulary", "classified", "no-text", "ambiguous"])
+def test_turn_failed_is_one_rule_for_runners_and_owners(error: TurnFailed, expected: tuple[str, str, bool]) -> None:
+    result = turn_failed("d" * 32, error)
+    assert result.reply is None and (result.error, result.reason, result.ambiguous) == expected
 
 
 def test_an_escaped_turn_error_is_ambiguous() -> None:

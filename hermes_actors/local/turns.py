@@ -14,7 +14,8 @@ Failure paths and what the sender gets (docs/reliability.md):
   ``"<Type>: <text>"`` (usually ``unknown``, so not retryable: the turn started),
   never retried automatically (the runner asked to stop, not to be run again);
 - the runner raises ``TurnFailed(..., ambiguous=True)`` (the message may have reached
-  its target before the failure): ``ambiguous``, never retried;
+  its target before the failure): ``ambiguous``, never retried (:func:`turn_failed`, the
+  rule a live owner's ``TurnFailed`` follows too);
 - anything failing before the runner is called (the turn lock, a relay or room start mark,
   building the turn): ``failed`` at once with ``runtime_offline`` (retryable), see :func:`never_ran`;
 - the turn's ``started`` record the delivery journal cannot take (a full disk): no outcome,
@@ -68,6 +69,7 @@ __all__ = [
     "not_recorded",
     "retry_allowed",
     "turn_factory_here",
+    "turn_failed",
     "turn_for",
     "turn_never_reached",
     "turn_places_at_stop",
@@ -146,6 +148,23 @@ def turn_factory_here() -> object | None:
     return getattr(_running, "factory", None)
 
 
+def turn_failed(delivery_id: str, exc: TurnFailed) -> TurnFinished:
+    """Pure: the result of a turn whose runner or live owner raised ``exc`` (one rule for both).
+
+    Args:
+        delivery_id: the delivery.
+        exc: what the runner (or owner) raised.
+
+    Returns:
+        A failed :class:`TurnFinished` with ``exc``'s text ("turn failed" when it has none) and its
+        reason normalized to the vocabulary (classified from the text when it gave none, or one outside
+        it), so the retry decision and the outcome see the same reason; ``ambiguous`` when ``exc`` says
+        the message may have reached its target ("do not resend", never retried).
+    """
+    reason = normalize_reason(exc.reason, exc.text)
+    return TurnFinished(delivery_id, None, exc.text or "turn failed", reason, ambiguous=exc.ambiguous)
+
+
 def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
     """Run one attempt of ``turn``.
 
@@ -161,9 +180,8 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
     try:
         return TurnFinished(key, runner.run_turn(turn)), True
     except TurnFailed as exc:
-        # Normalized here, not only in the outcome: the retry decision must see the same reason.
-        reason = normalize_reason(exc.reason, exc.text)
-        return TurnFinished(key, None, exc.text or "turn failed", reason, ambiguous=exc.ambiguous), not exc.ambiguous
+        result = turn_failed(key, exc)
+        return result, not result.ambiguous
     except Exception as exc:  # any runner error is a failed turn, classified from its text
         text = _text_of(exc) or type(exc).__name__
         return TurnFinished(key, None, text, classify_agent_error(text)), True
