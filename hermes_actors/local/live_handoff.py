@@ -331,7 +331,7 @@ def hand_to_owner(
     if turn is None:  # its timeout gave it up (recorded ambiguous) after the gate: the owner never sees it
         return _from_record(key, box.read(key) or record)
     try:
-        # checked as a runner's reply is: None (or any non-str) is the owner failing, never the reply 'None'
+        # the check every runner's reply goes through: None (or any non-str) is the owner failing, never 'None'
         reply = checked_reply(owner.run_turn(turn), owner, "live owner")
     except TurnFailed as exc:  # the rule a runner's TurnFailed follows: ambiguous=True is "do not resend"
         result = turn_failed(key, exc)

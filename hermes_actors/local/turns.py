@@ -7,8 +7,10 @@ a runner's error is a failed turn, not a crash.
 
 Failure paths and what the sender gets (docs/reliability.md):
 
-- the runner raises an ``Exception``: ``failed``, reason classified from its text,
-  the policy retry applies;
+- the runner raises an ``Exception``, or returns anything but a str (None, bytes, a
+  number; whatever kind of runner it is, the error is ``runner <…> returned NoneType,
+  expected str``: :func:`~hermes_actors.local.runners.checked_reply`): ``failed``,
+  reason classified from its text, the policy retry applies;
 - the runner raises ``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit`` (any
   other ``BaseException``): ``failed`` at once, reason classified from
   ``"<Type>: <text>"`` (usually ``unknown``, so not retryable: the turn started),
@@ -50,7 +52,7 @@ from hermes_actors.core.recovery import TurnPlace
 from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
-from hermes_actors.local.runners import TurnRunner
+from hermes_actors.local.runners import TurnRunner, checked_reply
 from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import Journal, StartRecorder
 from hermes_actors.store.turnlock import TurnLock
@@ -173,12 +175,15 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
         turn: the attempt's turn.
 
     Returns:
-        The attempt's result (``reply`` the raw runner value, None when it failed) and whether
-        the policy retry may follow a failure (not after a ``BaseException``, nor an ambiguous one).
+        The attempt's result (``reply`` the runner's str, None when it failed: a reply that is not
+        a str fails it, :func:`~hermes_actors.local.runners.checked_reply`) and whether the policy
+        retry may follow a failure (not after a ``BaseException``, nor an ambiguous one).
     """
     key = turn.delivery_id
     try:
-        return TurnFinished(key, runner.run_turn(turn)), True
+        # checked here for every runner (an object's run_turn, a callable, the hermes runners; inline or on a
+        # worker): None, bytes or a number fails the turn naming the runner, never becomes the reply 'None'
+        return TurnFinished(key, checked_reply(runner.run_turn(turn), runner)), True
     except TurnFailed as exc:
         result = turn_failed(key, exc)
         return result, not result.ambiguous
