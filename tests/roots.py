@@ -349,6 +349,33 @@ def crash_enqueue_once(monkeypatch: Any, marker: str = "crash here") -> threadin
     return crashed
 
 
+# A reply that crashes the ProfileActor settling it, once :func:`crash_on_reply` is in place
+CRASHING_REPLY = "<a reply the ProfileActor crashes settling>"
+
+
+def crash_on_reply(monkeypatch: Any, reply: str = CRASHING_REPLY) -> None:
+    """Make every ProfileActor raise while it settles a turn that replied ``reply`` (a bug in its outcome code:
+    its supervisor restarts it with its salvage, and the DM is ``ambiguous``).
+
+    A runner returning anything but a str no longer crashes it (the reply is refused where the runner returns
+    it), so a test of the supervision injects the crash here.
+
+    Args:
+        monkeypatch: pytest's ``monkeypatch`` (the patch ends with the test).
+        reply: the reply that triggers the crash, each time it is settled.
+    """
+    from hermes_actors.local import profile_actor
+
+    real = profile_actor.outcome_of_turn
+
+    def crashing(delivery: Any, result: Any) -> Any:
+        if result.reply == reply:
+            raise RuntimeError("injected: a bug while settling a turn's reply")
+        return real(delivery, result)
+
+    monkeypatch.setattr(profile_actor, "outcome_of_turn", crashing)
+
+
 def watch_pool_joins(monkeypatch: Any) -> list[float]:
     """Record the seconds each ``WorkerPool.shutdown`` was given to join its workers (the pool still shuts down).
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pykka
 import pytest
-from roots import LogCapture, send_dm, start_gateway
+from roots import CRASHING_REPLY, LogCapture, crash_on_reply, send_dm, start_gateway
 
 from actors import Link, Scheduler, SupervisorActor, WorkerPool, ask, await_condition, handles
 from hermes_actors import CallableRunner, Gateway
@@ -433,26 +433,19 @@ def test_a_burst_to_one_profile_runs_in_the_order_it_was_sent(root: Path, gatewa
     assert order == ids
 
 
-class Unprintable:
-    """A reply whose ``__str__`` raises: rendering it crashes the ProfileActor (a supervised restart)."""
-
-    def __str__(self) -> str:
-        raise ValueError("this reply cannot be rendered")
-
-
-def test_a_crash_while_running_a_salvaged_queue_is_salvaged_again(root: Path) -> None:
+def test_a_crash_while_running_a_salvaged_queue_is_salvaged_again(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Regression: the restarted ProfileActor ran its salvaged queue in ``on_start``, where a second crash
     stopped it with no salvage and no restart: every DM behind it waited for ever."""
+    crash_on_reply(monkeypatch)
     seen: list[str] = []
 
-    class PoisonRunner:  # not a CallableRunner: that one refuses a reply that is not a str
-        blocking = False
+    def poison(turn: Turn) -> str:
+        seen.append(turn.content)
+        return CRASHING_REPLY if turn.content.startswith("poison") else f"got {turn.content}"
 
-        def run_turn(self, turn: Turn) -> Any:
-            seen.append(turn.content)
-            return Unprintable() if turn.content.startswith("poison") else f"got {turn.content}"
-
-    with bob_alone(root, PoisonRunner(), blocking=False, supervised=True) as (profile, sink):
+    with bob_alone(root, poison, blocking=False, supervised=True) as (profile, sink):
         burst = tuple(Delivery(new_delivery_id(), "alice", "alice", "bob", "bob", text, label="@bob")
                       for text in ("poison 1", "poison 2", "after"))
         sink.proxy().expected = len(burst)

@@ -12,10 +12,12 @@ import pykka
 import pytest
 from relay_helpers import seed_envelope
 from roots import (
+    CRASHING_REPLY,
     LogCapture,
     RecordingRunner,
     body_of,
     crash_enqueue_once,
+    crash_on_reply,
     held_on,
     make_root,
     start_gateway,
@@ -554,44 +556,35 @@ def test_stop_with_nothing_in_flight_leaves_no_actor_and_no_new_thread_behind(ro
 # ── supervision and subscribers ─────────────────────────────────────────────
 
 
-class Unprintable:
-    """A reply whose conversion to text raises: crashes whoever converts it."""
-
-    def __str__(self) -> str:
-        raise RuntimeError("this reply cannot be rendered")
-
-
 class PoisonRunner:
-    """Replies ``fine: <body>``; the body ``poison`` blocks until ``release``, then returns an
-    :class:`Unprintable` reply that crashes bob's ProfileActor. ``bodies``: every turn, in order."""
+    """Replies ``fine: <body>``; the body ``poison`` blocks until ``release``, then returns the reply that crashes
+    bob's ProfileActor (:func:`crash_on_reply`, put in place here). ``bodies``: every turn, in order.
 
-    def __init__(self) -> None:
+    Args:
+        monkeypatch: the test's ``monkeypatch`` (the crash ends with the test).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        crash_on_reply(monkeypatch)
         self.release, self.entered = threading.Event(), threading.Event()
         self.bodies: list[str] = []
 
-    def run_turn(self, turn: Turn) -> Any:
+    def run_turn(self, turn: Turn) -> str:
         body = body_of(turn.content)
         self.bodies.append(body)
         if body == "poison":
             self.entered.set()
             assert self.release.wait(10)
-            return Unprintable()
+            return CRASHING_REPLY
         return f"fine: {body}"
 
 
-class ObjectRunner:
-    """A ``run_turn`` object runner (not a callable), so a non-str reply reaches the ProfileActor."""
-
-    def __init__(self) -> None:
-        self.turns: list[Turn] = []
-
-    def run_turn(self, turn: Turn) -> Any:
-        self.turns.append(turn)
-        return Unprintable() if body_of(turn.content) == "poison" else f"fine: {body_of(turn.content)}"
-
-
-def test_a_crashing_profile_actor_is_restarted(root: Path, gateways: list[Gateway]) -> None:
-    runner = ObjectRunner()
+def test_a_crashing_profile_actor_is_restarted(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crash_on_reply(monkeypatch)
+    runner = RecordingRunner(lambda turn: CRASHING_REPLY if body_of(turn.content) == "poison"
+                             else f"fine: {body_of(turn.content)}")
     gw = start_gateway(gateways, root, runner)
     poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
     out = gw.wait_outcome(poison, timeout=10)
@@ -602,11 +595,13 @@ def test_a_crashing_profile_actor_is_restarted(root: Path, gateways: list[Gatewa
         "delivery_id": after, "status": "replied", "reply": "fine: next", "error": "", "reason": "",
         "retryable": False, "from": "@bob", "text": "Reply from @bob: fine: next",
     }
-    assert [body_of(t.content) for t in runner.turns] == ["poison", "next"]  # the poison never ran twice
+    assert [body_of(t.content) for t in runner.entered] == ["poison", "next"]  # the poison never ran twice
 
 
-def test_crash_with_a_queue_keeps_the_queue(root: Path, gateways: list[Gateway]) -> None:
-    runner = PoisonRunner()
+def test_crash_with_a_queue_keeps_the_queue(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = PoisonRunner(monkeypatch)
     gw = start_gateway(gateways, root, runner)
     try:
         poison = queued(gw.message_agent(sender="alice", target="bob", message="poison"))
@@ -649,7 +644,7 @@ def test_a_dm_sent_while_a_crashed_profile_actor_stops_runs_after_what_it_held(
     """r2 reaches the Dispatcher while bob, crashed, is stopping (its stop queued, not yet done):
     pykka would drop a tell to it then. r2 must wait for the restart and run after r0 and r1,
     which the crashed instance held (FIFO per profile)."""
-    runner = PoisonRunner()
+    runner = PoisonRunner(monkeypatch)
     stopping, go = threading.Event(), threading.Event()
     real_stop = ProfileActor.stop
 
@@ -720,7 +715,7 @@ def test_a_live_owner_attached_while_a_crashed_profile_actor_is_down_keeps_the_o
 ) -> None:
     """Attaching (and detaching) a live owner while bob is dead but unreported must not start a fresh bob
     that would run r2 ahead of r0 and r1, which the crashed instance held."""
-    runner, owner = PoisonRunner(), OwnerRecorder()
+    runner, owner = PoisonRunner(monkeypatch), OwnerRecorder()
     gate = _gate_on_crash(monkeypatch, runner)
     gw = start_gateway(gateways, root, runner)
     try:
@@ -748,7 +743,7 @@ def test_an_owner_change_told_to_a_crashed_profile_actor_is_not_replayed_by_its_
     """An AttachOwner reaches the crashed bob before its Retire (collected into its mailbox); the detach
     comes while it is stopping. The restarted bob starts with the current owner (none) and must not
     replay the stale attach: the next DM runs as a turn, not in the detached owner."""
-    runner, owner = PoisonRunner(), OwnerRecorder()
+    runner, owner = PoisonRunner(monkeypatch), OwnerRecorder()
     in_salvage, stopping = _Gate(), _Gate()
     in_salvage.armed = stopping.armed = runner.release
     real_salvage, real_stop = ProfileActor.salvage, ProfileActor.stop
@@ -790,7 +785,7 @@ def test_an_escalated_profile_fails_what_waited_for_it_as_not_delivered(
     """bob crashes beyond its restart intensity while a local DM and a relayed-in one wait for it: both end
     failed, NOT delivered (neither started), the relayed-in one answered through the relay."""
     monkeypatch.setattr(RestartPolicy, "allows", lambda self, history, now: False)
-    runner = PoisonRunner()
+    runner = PoisonRunner(monkeypatch)
     gate = _gate_on_crash(monkeypatch, runner)
     gw = start_gateway(gateways, root, runner, connection_id="alpha")
     paths = InboxPaths.from_root(root)
@@ -827,7 +822,7 @@ class _CrashDuringStop:
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.runner = PoisonRunner()
+        self.runner = PoisonRunner(monkeypatch)
         self.release, self.entered, self.bodies = self.runner.release, self.runner.entered, self.runner.bodies
         self.crashing = threading.Event()
         self.crashed = False

@@ -171,6 +171,36 @@ def test_owner_raising_turn_failed_fails_with_that_reason(root: Path, gateways: 
     assert saved["status"] == "failed" and saved["reason"] == "provider_quota_limit"
 
 
+@pytest.mark.parametrize(("error", "status", "reason"), [
+    (TurnFailed("connection lost after sending: 503 service unavailable", ambiguous=True), "ambiguous",
+     "provider_server_error"),
+    (TurnFailed("busy", reason=" TARGET_BUSY "), "failed", "target_busy"),
+], ids=["ambiguous", "reason-to-normalize"])
+def test_an_owner_raising_turn_failed_gets_the_outcome_a_runner_raising_it_gets(
+    root: Path, gateways: list[Gateway], error: TurnFailed, status: str, reason: str
+) -> None:
+    """Regression (review): an owner raising ``TurnFailed(..., ambiguous=True)`` was reported ``failed`` and
+    retryable (resend: it may be shown twice), its mailbox record ``failed``, and a reason outside the vocabulary
+    was recorded as given; a runner raising it got ``ambiguous`` ("do not resend"). Both follow one rule now
+    (``turns.turn_failed``), and the record says what the sender was told."""
+    def behave(turn: Turn) -> str:
+        raise error
+
+    runner, owner = RecordingRunner(behave), Owner(behave)
+    gw = start_gateway(gateways, root, runner)
+    gw.attach_live_owner("bob", owner)
+    handed = send_dm(gw, "to the owner")
+    from_owner = gw.wait_outcome(handed, timeout=10)
+    gw.detach_live_owner("bob")
+    from_runner = gw.wait_outcome(send_dm(gw, "to the runner"), timeout=10)
+    fields = ("status", "reason", "retryable", "error")
+    assert [from_owner[k] for k in fields] == [from_runner[k] for k in fields], (from_owner, from_runner)
+    assert (from_owner["status"], from_owner["reason"]) == (status, reason), from_owner
+    assert owner.bodies() == ["to the owner"] and len(runner.entered) == 1  # neither retried
+    saved = json.loads(mailbox_file(root, handed).read_text())
+    assert (saved["status"], saved["reason"], saved["error"]) == (status, reason, error.text), saved
+
+
 class RawOwner:
     """A live owner whose ``run_turn`` returns ``value`` as it is (not made a str)."""
 
@@ -682,6 +712,22 @@ def test_replaying_other_recorded_states_never_runs_the_owner(
         assert not result.ambiguous and result.reason == "provider_quota_limit" and result.error == "quota gone"
     else:
         assert result.reason == "cancelled" and not result.ambiguous
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({"error": "connection lost after sending", "reason": "provider_server_error"}, "provider_server_error"),
+    ({"error": "owner vanished"}, "unknown"),
+], ids=["owner-raised-ambiguous", "no-reason"])
+def test_replaying_an_ambiguous_record_keeps_its_reason(root: Path, fields: dict[str, str], reason: str) -> None:
+    """An owner's ``TurnFailed(..., ambiguous=True)`` is recorded ``ambiguous`` with its reason: a replay reports
+    the reason the sender was first told, not ``unknown``."""
+    key = "ce" * 16
+    write_record(mailbox_file(root, key), record(key, "ambiguous", **fields))
+    owner = Owner()
+    result = hand_to_owner(_delivery(key), owner=as_runner(owner), home=root / "profiles" / "bob",
+                           make_turn=_make_turn, journal=None)
+    assert (result.reply, result.ambiguous, result.reason, result.error) == (None, True, reason, fields["error"])
+    assert owner.turns == []
 
 
 def test_a_record_carries_its_state_under_the_seeds_key_and_the_one_earlier_versions_read(root: Path) -> None:

@@ -16,7 +16,10 @@ from roots import assert_gone, write_fake_cli
 from hermes_actors.errors import TurnFailed
 from hermes_actors.local import runners
 from hermes_actors.local.runners import CallableRunner, CommandRunner, TurnRunner, as_runner, resolve_cli
+from hermes_actors.local.turns import attempt_turn
 from hermes_actors.messages import Turn
+from hermes_actors.transports.redis.io import ClaimGuard
+from hermes_actors.transports.redis.store import RedisSettings
 
 ID = "0123456789abcdef0123456789abcdef"
 ID2 = "fedcba9876543210fedcba9876543210"
@@ -166,6 +169,31 @@ def test_callable_runner_propagates_turn_failed_and_checks_the_type() -> None:
     assert info.value.reason == "agent_blocked"
     with pytest.raises(TypeError, match="expected str"):
         CallableRunner(lambda t: None).run_turn(turn())  # type: ignore[arg-type,return-value]
+
+
+class RawReply:
+    """A runner object returning ``value`` as it is."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def run_turn(self, t: Turn) -> Any:
+        return self.value
+
+    def __repr__(self) -> str:
+        return "RawReply()"
+
+
+def test_a_redis_guarded_runner_is_named_by_the_runner_it_wraps_when_its_reply_is_not_a_str() -> None:
+    """With a Redis transport every runner is wrapped (the claim guard): a reply that is not a str named the wrapper
+    (``<…_GuardedRunner object at 0x…>``), not the runner the user gave."""
+    settings = RedisSettings(url="redis://127.0.0.1:6390/0", claim_idle_seconds=60, max_stream_len=1000,
+                             heartbeat_seconds=1, prefix="hermes", block_ms=200, connection_label="")
+    guarded = ClaimGuard(settings).wrap(RawReply(None))  # a local DM: nothing is claimed, Redis is never asked
+    result, may_retry = attempt_turn(guarded, turn())
+    assert (result.reply, result.error, result.reason) == (None, "runner RawReply() returned NoneType, expected str",
+                                                           "unknown")
+    assert may_retry  # a failure like any runner error: the policy decides (unknown: no retry)
 
 
 # ── resolve_cli ─────────────────────────────────────────────────────────────

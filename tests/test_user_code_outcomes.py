@@ -15,17 +15,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import LogCapture, RecordingRunner, body_of, make_root, send_dm, start_gateway
+from roots import (
+    CRASHING_REPLY,
+    LogCapture,
+    RecordingRunner,
+    body_of,
+    crash_on_reply,
+    make_root,
+    send_dm,
+    start_gateway,
+)
 
 from actors.testkit import await_condition
-from hermes_actors import Gateway
+from hermes_actors import Gateway, TurnFailed
 from hermes_actors.core import outcomes
 from hermes_actors.core.targets import PeerRoute
 from hermes_actors.errors import StoreError
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.live_handoff import LiveMailbox
 from hermes_actors.local.profile_outcomes import turn_escaped
-from hermes_actors.local.turns import describe_error, never_ran
+from hermes_actors.local.runners import CallableRunner
+from hermes_actors.local.turns import describe_error, never_ran, turn_failed
 from hermes_actors.messages import Delivery, Outcome, Turn
 
 WAIT = 10.0
@@ -148,7 +158,7 @@ def test_a_live_owner_raising_base_exceptions_is_ambiguous_at_once(
 
 
 class ExitingReply:
-    """A reply object whose ``__str__`` raises a BaseException (it is converted in the ProfileActor)."""
+    """A reply object whose ``__str__`` raises a BaseException (were it converted, that would run)."""
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
@@ -158,9 +168,11 @@ class ExitingReply:
 
 
 @pytest.mark.parametrize("error", USER_STOPS, ids=USER_STOP_IDS)
-def test_a_reply_whose_str_raises_base_exceptions_crashes_only_its_profile_actor(
+def test_a_reply_whose_str_raises_base_exceptions_fails_its_dm_and_is_never_converted(
     error: BaseException, tmp_path: Path, gateways: list[Gateway]
 ) -> None:
+    """It crashed the ProfileActor converting it (the DM ``ambiguous``); a reply that is not a str is now refused
+    where the runner returned it, as every runner's is, and its ``__str__`` never runs."""
     other = bystander(tmp_path, gateways)
     bodies: list[str] = []
 
@@ -172,10 +184,47 @@ def test_a_reply_whose_str_raises_base_exceptions_crashes_only_its_profile_actor
     gw = start_gateway(gateways, make_root(tmp_path), Runner())
     poison = send_dm(gw, "poison")
     out = gw.wait_outcome(poison, timeout=WAIT)
-    assert out["status"] == "ambiguous" and "do not resend" in out["text"], out
+    assert (out["status"], out["reason"]) == ("failed", "unknown"), out
+    assert out["error"].endswith("returned ExitingReply, expected str"), out
     assert gw.wait_outcome(send_dm(gw, "next"), timeout=WAIT)["reply"] == "fine: next"
     assert bodies == ["poison", "next"]
+    assert gw.stats()["profile_starts"] == 1  # no crash, no restart
     assert_serves(other, "unaffected")
+
+
+class RawRunner:
+    """A runner object whose ``run_turn`` returns ``value`` as it is for the DM ``raw`` (else a reply)."""
+
+    def __init__(self, value: Any, *, blocking: bool) -> None:
+        self.value = value
+        self.blocking = blocking
+        self.bodies: list[str] = []
+
+    def run_turn(self, turn: Turn) -> Any:
+        self.bodies.append(body_of(turn.content))
+        return self.value if body_of(turn.content) == "raw" else f"fine: {body_of(turn.content)}"
+
+
+@pytest.mark.parametrize("value", [None, 5, b"hi", {"reply": "x"}], ids=["None", "int", "bytes", "dict"])
+@pytest.mark.parametrize(("form", "blocking"), [
+    ("object", True), ("object", False), ("callable", True), ("callable", False),
+], ids=["object-worker", "object-inline", "callable-worker", "callable-inline"])
+def test_a_runner_returning_no_str_fails_naming_it_whatever_kind_of_runner_it_is(
+    tmp_path: Path, gateways: list[Gateway], value: Any, form: str, blocking: bool
+) -> None:
+    """Regression (review): a runner object's ``run_turn`` result was never checked (a plain callable's was):
+    None failed with an empty error, 5 replied '5', b"hi" replied "b'hi'". Every runner's reply is checked
+    where it returns now (``turns.attempt_turn``): ``failed``, naming the runner and what it returned, on a
+    worker or inline (``blocking = False``) alike; the profile serves its next DM."""
+    raw = RawRunner(value, blocking=blocking)
+    runner: Any = raw if form == "object" else CallableRunner(raw.run_turn, blocking=blocking)
+    gw = start_gateway(gateways, make_root(tmp_path), runner)
+    out = gw.wait_outcome(send_dm(gw, "raw"), timeout=WAIT)
+    named = raw if form == "object" else raw.run_turn
+    assert (out["status"], out["reason"], out["retryable"], out["reply"]) == ("failed", "unknown", False, ""), out
+    assert out["error"] == f"runner {named!r} returned {type(value).__name__}, expected str", out
+    assert gw.wait_outcome(send_dm(gw, "next"), timeout=WAIT)["reply"] == "fine: next"
+    assert raw.bodies == ["raw", "next"]  # not retried
 
 
 # ── item 3: failures outside the runner ─────────────────────────────────────
@@ -338,6 +387,19 @@ def test_never_ran_is_retryable_runtime_offline_whatever_the_text(step: str, err
     assert (result.reply, result.error, result.reason, result.ambiguous) == (None, expected, "runtime_offline", False)
 
 
+@pytest.mark.parametrize(("error", "expected"), [
+    (TurnFailed("quota gone", reason="provider_quota_limit"), ("quota gone", "provider_quota_limit", False)),
+    (TurnFailed("busy", reason=" TARGET_BUSY "), ("busy", "target_busy", False)),
+    (TurnFailed("boom", reason="Bogus_Reason"), ("boom", "unknown", False)),
+    (TurnFailed("429 Too Many Requests"), ("429 Too Many Requests", "provider_rate_limit", False)),
+    (TurnFailed(""), ("turn failed", "unknown", False)),
+    (TurnFailed("lost after sending: 503", ambiguous=True), ("lost after sending: 503", "provider_server_error", True)),
+], ids=["typed", "padded-reason", "reason-outside-the-vocabulary", "classified", "no-text", "ambiguous"])
+def test_turn_failed_is_one_rule_for_runners_and_owners(error: TurnFailed, expected: tuple[str, str, bool]) -> None:
+    result = turn_failed("d" * 32, error)
+    assert result.reply is None and (result.error, result.reason, result.ambiguous) == expected
+
+
 def test_an_escaped_turn_error_is_ambiguous() -> None:
     result = turn_escaped("d" * 32, ValueError("bug"))
     assert (result.reply, result.reason, result.ambiguous) == (None, "unknown", True)
@@ -347,26 +409,20 @@ def test_an_escaped_turn_error_is_ambiguous() -> None:
 # ── item 4: the live owner survives a supervised restart ────────────────────
 
 
-class Unprintable:
-    """A reply whose conversion to text raises: crashes the ProfileActor that converts it."""
-
-    def __str__(self) -> str:
-        raise RuntimeError("this reply cannot be rendered")
-
-
 def test_the_live_owner_stays_attached_across_a_profile_actor_restart(
-    tmp_path: Path, gateways: list[Gateway]
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     other = bystander(tmp_path, gateways)
+    crash_on_reply(monkeypatch)
     entered, release = threading.Event(), threading.Event()
     runner_bodies: list[str] = []
 
     class Runner:
-        def run_turn(self, turn: Turn) -> Any:
+        def run_turn(self, turn: Turn) -> str:
             runner_bodies.append(body_of(turn.content))
             entered.set()
             assert release.wait(WAIT)
-            return Unprintable()
+            return CRASHING_REPLY
 
     owner = Owner()
     gw = start_gateway(gateways, make_root(tmp_path), Runner())
@@ -376,7 +432,7 @@ def test_the_live_owner_stays_attached_across_a_profile_actor_restart(
         gw.attach_live_owner("bob", owner)  # told to the ProfileActor before the poison's result
     finally:
         release.set()
-    assert gw.wait_outcome(poison, timeout=WAIT)["status"] == "ambiguous"  # the actor crashed converting it
+    assert gw.wait_outcome(poison, timeout=WAIT)["status"] == "ambiguous"  # the actor crashed settling it
     after = send_dm(gw, "after the restart")
     assert gw.wait_outcome(after, timeout=WAIT)["reply"] == "owner: after the restart"
     assert owner.bodies == ["after the restart"] and runner_bodies == ["poison"]

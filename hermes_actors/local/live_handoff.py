@@ -40,11 +40,10 @@ from loguru import logger
 
 from hermes_actors.core.ids import validate_delivery_id
 from hermes_actors.core.outcomes import AMBIGUOUS_TAIL
-from hermes_actors.core.reasons import classify_agent_error
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner, checked_reply
-from hermes_actors.local.turns import TurnGate, describe_error, never_ran, not_begun
+from hermes_actors.local.turns import TurnGate, describe_error, never_ran, not_begun, turn_failed
 from hermes_actors.messages import Delivery, Outcome, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.journal import StartRecorder
@@ -258,7 +257,7 @@ def _from_record(delivery_id: str, record: dict[str, Any]) -> TurnFinished:
         why = str(record.get("error") or "The live Bot Chat owner cancelled this DM; it was NOT delivered.")
         return TurnFinished(delivery_id, None, why, "cancelled")
     why = str(record.get("error") or "The live Bot Chat owner took this DM and never settled it.")
-    return TurnFinished(delivery_id, None, why, "unknown", ambiguous=True)
+    return TurnFinished(delivery_id, None, why, str(record.get("reason") or "unknown"), ambiguous=True)
 
 
 _HANDING = "handing the DM to the live Bot Chat owner"
@@ -282,11 +281,13 @@ def hand_to_owner(
     Every path returns a result at once (docs/reliability.md): a failure before the
     owner is called (admission, the move to ``claimed``, the journal, building the
     turn) is ``failed`` with ``runtime_offline`` (retryable: it was NOT delivered);
-    the owner raising ``TurnFailed`` is ``failed`` with its reason; the owner raising
-    anything else, ``SystemExit`` and ``KeyboardInterrupt`` included, or returning
-    anything but a str (:func:`~hermes_actors.local.runners.checked_reply`, as for a
-    runner), is ``ambiguous`` (it may have shown the DM). A mailbox write failing after
-    the owner answered does not change the answer (it is logged).
+    the owner raising ``TurnFailed`` is what a runner raising it is
+    (:func:`~hermes_actors.local.turns.turn_failed`): ``failed`` with its reason, or
+    ``ambiguous`` when it says ``ambiguous=True``, and its mailbox record says which; the
+    owner raising anything else, ``SystemExit`` and ``KeyboardInterrupt`` included, or
+    returning anything but a str (:func:`~hermes_actors.local.runners.checked_reply`, as
+    for a runner), is ``ambiguous`` (it may have shown the DM). A mailbox write failing
+    after the owner answered does not change the answer (it is logged).
 
     The turn's ``started`` record (``"live": true``) is journaled after the record is
     ``claimed`` and before the owner is called: the next start then knows the owner may
@@ -330,12 +331,13 @@ def hand_to_owner(
     if turn is None:  # its timeout gave it up (recorded ambiguous) after the gate: the owner never sees it
         return _from_record(key, box.read(key) or record)
     try:
-        # checked as a runner's reply is: None (or any non-str) is the owner failing, never the reply 'None'
+        # the check every runner's reply goes through: None (or any non-str) is the owner failing, never 'None'
         reply = checked_reply(owner.run_turn(turn), owner, "live owner")
-    except TurnFailed as exc:
-        reason = exc.reason or classify_agent_error(exc.text)
-        _record_quietly(box, key, "failed", error=exc.text, reason=reason)
-        return TurnFinished(key, None, exc.text, reason)
+    except TurnFailed as exc:  # the rule a runner's TurnFailed follows: ambiguous=True is "do not resend"
+        result = turn_failed(key, exc)
+        _record_quietly(box, key, "ambiguous" if result.ambiguous else "failed", error=result.error,
+                        reason=result.reason)
+        return result
     except BaseException as exc:  # the owner died mid-turn: it may have delivered, never re-run
         why = f"The live Bot Chat owner failed mid-turn ({describe_error(exc)})."
         _record_quietly(box, key, "ambiguous", error=why, reason="unknown")

@@ -43,13 +43,10 @@ def outcome_of_turn(delivery: Delivery, result: TurnFinished) -> Outcome:
     if result.ambiguous:
         return outcomes.ambiguous(delivery.delivery_id, delivery.label, result.error, result.reason or "unknown")
     if result.reply is not None:
-        try:
-            raw = result.reply if isinstance(result.reply, str) else str(result.reply)
-            reply = str.__str__(raw)  # a str subclass (user code) becomes a plain str: its methods never run here
-        except Exception:
-            raise  # crashes this ProfileActor only: its supervisor restarts it, the DM is ambiguous
-        except BaseException as exc:  # the reply's __str__ is user code: SystemExit must not stop every actor
-            raise RuntimeError(f"the turn's reply could not be rendered ({describe_error(exc)})") from exc
+        # A str: every runner's and owner's reply was checked where it returned it (runners.checked_reply), so no
+        # user code runs here. A str subclass becomes a plain str (its methods never run); anything else would be
+        # our bug, and crashes this ProfileActor only (its supervisor restarts it, the DM is ambiguous).
+        reply = str.__str__(result.reply)
         return outcomes.from_reply(delivery.delivery_id, delivery.label, reply)
     return outcomes.failed(delivery.delivery_id, delivery.label, result.error, result.reason)
 

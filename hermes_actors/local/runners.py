@@ -2,7 +2,8 @@
 
 A runner is any object with ``run_turn(turn) -> str`` or a plain callable
 ``fn(turn) -> str``; :func:`as_runner` turns either into a :class:`TurnRunner`.
-The return value is the reply; raising :class:`~hermes_actors.errors.TurnFailed`
+The return value is the reply (anything but a str fails the turn, naming the
+runner: :func:`checked_reply`); raising :class:`~hermes_actors.errors.TurnFailed`
 fails the turn with a typed reason.
 
 A runner whose turns never block (no I/O, no waiting: they compute and return)
@@ -134,8 +135,12 @@ class CallableRunner:
 def checked_reply(reply: object, source: object, what: str = "runner") -> str:
     """Pure: ``reply`` when it is a str (a reply), else the error naming who returned what.
 
+    The one check of a turn's reply: every runner's (:func:`~hermes_actors.local.turns.attempt_turn`,
+    whatever kind of runner, inline or on a worker; :class:`CallableRunner` checks its ``fn``'s, naming
+    it) and a live owner's (:func:`~hermes_actors.local.live_handoff.hand_to_owner`).
+
     Args:
-        reply: what a runner's callable or a live owner returned for a turn.
+        reply: what a runner (or its callable) or a live owner returned for a turn.
         source: who returned it (named in the error by its repr).
         what: what ``source`` is ("runner", "live owner").
 

@@ -7,14 +7,17 @@ a runner's error is a failed turn, not a crash.
 
 Failure paths and what the sender gets (docs/reliability.md):
 
-- the runner raises an ``Exception``: ``failed``, reason classified from its text,
-  the policy retry applies;
+- the runner raises an ``Exception``, or returns anything but a str (None, bytes, a
+  number; whatever kind of runner it is, the error is ``runner <…> returned NoneType,
+  expected str``: :func:`~hermes_actors.local.runners.checked_reply`): ``failed``,
+  reason classified from its text, the policy retry applies;
 - the runner raises ``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit`` (any
   other ``BaseException``): ``failed`` at once, reason classified from
   ``"<Type>: <text>"`` (usually ``unknown``, so not retryable: the turn started),
   never retried automatically (the runner asked to stop, not to be run again);
 - the runner raises ``TurnFailed(..., ambiguous=True)`` (the message may have reached
-  its target before the failure): ``ambiguous``, never retried;
+  its target before the failure): ``ambiguous``, never retried (:func:`turn_failed`, the
+  rule a live owner's ``TurnFailed`` follows too);
 - anything failing before the runner is called (the turn lock, a relay or room start mark,
   building the turn): ``failed`` at once with ``runtime_offline`` (retryable), see :func:`never_ran`;
 - the turn's ``started`` record the delivery journal cannot take (a full disk): no outcome,
@@ -49,7 +52,7 @@ from hermes_actors.core.recovery import TurnPlace
 from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
-from hermes_actors.local.runners import TurnRunner
+from hermes_actors.local.runners import TurnRunner, checked_reply
 from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import Journal, StartRecorder
 from hermes_actors.store.turnlock import TurnLock
@@ -68,6 +71,7 @@ __all__ = [
     "not_recorded",
     "retry_allowed",
     "turn_factory_here",
+    "turn_failed",
     "turn_for",
     "turn_never_reached",
     "turn_places_at_stop",
@@ -146,6 +150,23 @@ def turn_factory_here() -> object | None:
     return getattr(_running, "factory", None)
 
 
+def turn_failed(delivery_id: str, exc: TurnFailed) -> TurnFinished:
+    """Pure: the result of a turn whose runner or live owner raised ``exc`` (one rule for both).
+
+    Args:
+        delivery_id: the delivery.
+        exc: what the runner (or owner) raised.
+
+    Returns:
+        A failed :class:`TurnFinished` with ``exc``'s text ("turn failed" when it has none) and its
+        reason normalized to the vocabulary (classified from the text when it gave none, or one outside
+        it), so the retry decision and the outcome see the same reason; ``ambiguous`` when ``exc`` says
+        the message may have reached its target ("do not resend", never retried).
+    """
+    reason = normalize_reason(exc.reason, exc.text)
+    return TurnFinished(delivery_id, None, exc.text or "turn failed", reason, ambiguous=exc.ambiguous)
+
+
 def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
     """Run one attempt of ``turn``.
 
@@ -154,16 +175,18 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
         turn: the attempt's turn.
 
     Returns:
-        The attempt's result (``reply`` the raw runner value, None when it failed) and whether
-        the policy retry may follow a failure (not after a ``BaseException``, nor an ambiguous one).
+        The attempt's result (``reply`` the runner's str, None when it failed: a reply that is not
+        a str fails it, :func:`~hermes_actors.local.runners.checked_reply`) and whether the policy
+        retry may follow a failure (not after a ``BaseException``, nor an ambiguous one).
     """
     key = turn.delivery_id
     try:
-        return TurnFinished(key, runner.run_turn(turn)), True
+        # checked here for every runner (an object's run_turn, a callable, the hermes runners; inline or on a
+        # worker): None, bytes or a number fails the turn naming the runner, never becomes the reply 'None'
+        return TurnFinished(key, checked_reply(runner.run_turn(turn), runner)), True
     except TurnFailed as exc:
-        # Normalized here, not only in the outcome: the retry decision must see the same reason.
-        reason = normalize_reason(exc.reason, exc.text)
-        return TurnFinished(key, None, exc.text or "turn failed", reason, ambiguous=exc.ambiguous), not exc.ambiguous
+        result = turn_failed(key, exc)
+        return result, not result.ambiguous
     except Exception as exc:  # any runner error is a failed turn, classified from its text
         text = _text_of(exc) or type(exc).__name__
         return TurnFinished(key, None, text, classify_agent_error(text)), True

@@ -542,6 +542,9 @@ class _GuardedRunner:
         self.guard.claim(turn.delivery_id)
         return self.inner.run_turn(turn)
 
+    def __repr__(self) -> str:  # a reply that is not a str names the runner the user gave (runners.checked_reply)
+        return repr(self.inner)
+
     def __getattr__(self, name: str) -> Any:  # idempotent, release, ...
         return getattr(self.inner, name)
 
