@@ -1,4 +1,4 @@
-"""The checks of what an embedder passes to :class:`~hermes_actors.gateway.Gateway`.
+"""The checks of what an embedder passes to :class:`~hermes_actors.gateway.Gateway` (and to the command runner).
 
 Pure functions: each takes an argument as given, returns it in the form the gateway
 uses, or raises an error that names the argument and says what to pass instead. Each
@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 from hermes_actors.core.clipping import shown
 from hermes_actors.store.hermes_root import root_path
 
-__all__ = ["MAX_WAIT", "checked_abandon", "checked_callable", "checked_config", "checked_hop", "checked_root",
-           "checked_workers", "wait_seconds"]
+__all__ = ["MAX_WAIT", "checked_abandon", "checked_callable", "checked_config", "checked_env", "checked_hop",
+           "checked_root", "checked_workers", "positive_seconds", "wait_seconds"]
 
 _Hook = TypeVar("_Hook")
 
@@ -45,6 +45,28 @@ def wait_seconds(what: str, timeout: Any) -> float:
     if timeout != timeout:
         raise ValueError(f"{what} timeout is NaN; pass a number of seconds (0: do not wait)")
     return float(min(max(timeout, 0.0), MAX_WAIT))
+
+
+def positive_seconds(what: str, seconds: Any) -> float:
+    """``seconds`` given as ``what`` (``CommandRunner(timeout=...)``) as a time limit: more than 0 seconds, ``inf``
+    as long as a clock can count.
+
+    Args:
+        what: the argument (named in the error).
+        seconds: the value as given.
+
+    Returns:
+        The seconds, above 0 and at most :data:`MAX_WAIT`.
+
+    Raises:
+        TypeError: not a number (a bool, None, a string...).
+        ValueError: 0 or less, or NaN.
+    """
+    if not _is_number(seconds):
+        raise TypeError(f"{what} must be a number of seconds above 0, not {type(seconds).__name__} ({seconds!r})")
+    if not seconds > 0:  # NaN too
+        raise ValueError(f"{what} must be > 0 seconds, got {seconds!r}")
+    return float(min(seconds, MAX_WAIT))
 
 
 def _is_number(value: Any) -> bool:
@@ -112,6 +134,36 @@ def checked_workers(workers: Any) -> int:
     if workers < 1:
         raise ValueError(f"Gateway workers must be 1 or more (the turn worker thread cap), not {workers}")
     return workers
+
+
+def checked_env(env: Any) -> dict[str, str]:
+    """``CommandRunner(env=...)``: the variables set over ``os.environ`` for every turn's process (None: none).
+
+    Args:
+        env: the value as given.
+
+    Returns:
+        A copy of it (a new dict when None).
+
+    Raises:
+        TypeError: not a dict, or a key or value that is not a str.
+        ValueError: a key that is no variable name (empty, or holding ``=`` or a NUL), or a value holding a NUL.
+    """
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env must be a dict of variable names to str values, not {type(env).__name__}")
+    for key, value in env.items():
+        if not isinstance(key, str):
+            raise TypeError(f"env key {shown(key)} must be a str (a variable name), not {type(key).__name__}")
+        if not key or "=" in key or "\0" in key:
+            raise ValueError(f"env key {shown(key)} is not a variable name (empty, or holds '=' or a NUL)")
+        if not isinstance(value, str):
+            raise TypeError(f"env[{shown(key)}] must be a str, not {type(value).__name__} ({shown(value)}); "
+                            "pass str(value)")
+        if "\0" in value:
+            raise ValueError(f"env[{shown(key)}] holds a NUL character, which no environment variable can")
+    return dict(env)
 
 
 def checked_root(root: str | Path) -> Path:
