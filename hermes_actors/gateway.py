@@ -315,7 +315,9 @@ class Gateway:
 
         ``on_wait`` and ``on_cut_off`` never leave the stop half-done: their errors are logged, and a
         ``KeyboardInterrupt`` or ``SystemExit`` one raises is raised once the stop is done (the running turns
-        ended, every DM settled).
+        ended, every DM settled). Nor do the runner's ``stop_waiting`` and ``stop_turns``: runner code, as its
+        other hooks, so whatever they raise, ``KeyboardInterrupt`` and ``SystemExit`` included, is logged and
+        never raised.
 
         Raises:
             RuntimeError: called from inside one of this gateway's turns (its runner): the stop
