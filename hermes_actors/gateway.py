@@ -21,7 +21,15 @@ from loguru import logger
 from actors import ActorGone, FsBridge
 from hermes_actors.core.config import BotModeConfig, load_config
 from hermes_actors.core.names import checked_connection_id
-from hermes_actors.facade.args import checked_config, checked_hop, checked_root, wait_seconds
+from hermes_actors.facade.args import (
+    checked_abandon,
+    checked_callable,
+    checked_config,
+    checked_hop,
+    checked_root,
+    checked_workers,
+    wait_seconds,
+)
 from hermes_actors.facade.failure import DispatcherFailure
 from hermes_actors.facade.lifecycle import Lifecycle, refuse_stop_in_own_turn
 from hermes_actors.facade.off_main import OffMainThread
@@ -100,7 +108,7 @@ class Gateway:
         config: a dict shaped like ``config.yaml``, deep-merged over
             ``<root>/config.yaml``.
         connection_id: this gateway's connection id on a relay (None: local only).
-        workers: the turn worker thread cap.
+        workers: the turn worker thread cap: a whole number, 1 or more (threads start as turns need them, up to it).
         cross_process_lock: hold ``bot_relay/locks/<profile>.lock`` for each turn.
         peer_transport: how ``bot_peers`` targets are reached (default: the CLI).
         durable: journal every local delivery before acking it (group commit) and
@@ -131,10 +139,11 @@ class Gateway:
             It must be quick (no I/O: it runs in the actors); one that raises says False.
 
     Raises:
-        TypeError: ``root`` is not a str or path, ``config`` is not a dict, or ``host_stopping`` is not callable.
+        TypeError: ``root`` is not a str or path, ``config`` is not a dict, ``workers`` is not a whole number, or
+            ``on_failure`` or ``host_stopping`` is not callable.
         ValueError: ``root`` is empty (``Path("")`` is the current directory, where the
-            relay and journal directories would be created by accident), or
-            ``connection_id`` is not 1-64 letters, digits, ``_`` or ``-``.
+            relay and journal directories would be created by accident),
+            ``connection_id`` is not 1-64 letters, digits, ``_`` or ``-``, or ``workers`` is less than 1.
         FileNotFoundError: from :meth:`start` when ``root`` is not a directory.
     """
 
@@ -160,16 +169,16 @@ class Gateway:
         self.runner: TurnRunner | None = explicit_runner(runner)  # None: the real Hermes, chosen at start()
         # "" is "not given" (Redis then takes bot_mode.connection_id), as None
         self.connection_id = checked_connection_id(connection_id) if connection_id else None
-        self.workers = workers
+        self.workers = checked_workers(workers)
         self.cross_process_lock = cross_process_lock
         self.peer_transport = peer_transport
         self.durable = durable
         self.fsync = fsync
         self.serve_submit = serve_submit
         self.drive_rooms = drive_rooms
-        if host_stopping is not None and not callable(host_stopping):
-            raise TypeError(f"host_stopping must be a callable returning a bool, not {type(host_stopping).__name__}")
-        self.host_stopping = host_stopping
+        self.host_stopping = checked_callable("host_stopping", host_stopping, "a callable returning a bool")
+        on_failure = checked_callable("on_failure", on_failure,
+                                      "a callable (called with the Dispatcher's error) or None")
         self._submit: Any = None  # the submit endpoint while serve_submit runs
         self.recovered: dict[str, int] = {}
         self.config: BotModeConfig | None = None
@@ -301,25 +310,30 @@ class Gateway:
 
         Args:
             timeout: seconds running turns get to finish; stop returns as soon as they have.
-            abandon: set it (a second Ctrl-C) to stop waiting for running turns at once.
+            abandon: set it (a second Ctrl-C) to stop waiting for running turns at once: a ``threading.Event``,
+                or any object with an ``is_set()`` method (the stop only asks it that); None: never abandoned.
             on_wait: called once with (running turns, ``timeout``) before waiting for them.
             on_cut_off: called once when that wait ends with turns still running (``timeout`` ran out, or
                 ``abandon`` was set): they are reported ``ambiguous``.
 
         ``on_wait`` and ``on_cut_off`` never leave the stop half-done: their errors are logged, and a
         ``KeyboardInterrupt`` or ``SystemExit`` one raises is raised once the stop is done (the running turns
-        ended, every DM settled).
+        ended, every DM settled). Nor do the runner's ``stop_waiting`` and ``stop_turns``: runner code, as its
+        other hooks, so whatever they raise, ``KeyboardInterrupt`` and ``SystemExit`` included, is logged and
+        never raised.
 
         Raises:
             RuntimeError: called from inside one of this gateway's turns (its runner): the stop
                 would wait for that very turn. Stop it from another thread. Or called in a fork of the
                 process that started it (nothing is stopped: the gateway runs in the parent).
-            TypeError: ``timeout`` is not a number of seconds (nothing is stopped).
+            TypeError: ``timeout`` is not a number of seconds, or ``abandon`` is neither None nor an object with
+                ``is_set()`` (a bool: pass an Event and set it) (nothing is stopped).
             ValueError: ``timeout`` is NaN (nothing is stopped).
             KeyboardInterrupt: raised by ``on_wait`` or ``on_cut_off`` (after the stop); ``SystemExit`` likewise.
         """
         self._process.refuse_in_fork()
         timeout = wait_seconds("stop", timeout)
+        abandon = checked_abandon(abandon)
         refuse_stop_in_own_turn(self._system)
         if not self._lifecycle.begin_stop():  # not running, or another thread stopped it
             return
@@ -445,7 +459,8 @@ class Gateway:
                 root's files hold the DM without an outcome yet).
             KeyError: the id is unknown: never acked on this root, or its outcome is older than the ones
                 kept (above); a journal file of the root that was not read (refused, or moved into quarantine
-                by the start) is named.
+                by the start) is named. Or it is not a delivery id (32 lowercase hex characters), whatever its
+                type (``None``, ``["x"]``...): "... (not a delivery id)".
             RuntimeError: called in a fork of the process that started the gateway.
             TypeError: ``timeout`` is not a number of seconds.
             ValueError: ``timeout`` is NaN.
@@ -767,17 +782,21 @@ class Gateway:
 
         Args:
             envelope: the envelope as another gateway's drain returned it.
-            timeout: seconds to wait for its turn to settle.
+            timeout: seconds to wait for its turn to settle, checked as ``wait_outcome``'s is, before the envelope
+                is taken (0 and below do not wait, ``inf`` waits as long as a clock can count).
 
         Returns:
             The seed's reply fields, ``{"reply", "error", "reason"}``.
 
         Raises:
+            TypeError: ``timeout`` is not a number of seconds (nothing taken).
+            ValueError: ``timeout`` is NaN (nothing taken).
             ValidationError: the envelope is malformed (the text names the first bad field).
             TimeoutError: it did not settle within ``timeout``.
             RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
                 relay), or this is a fork of the process that started it.
         """
+        timeout = wait_seconds("relay_deliver", timeout)
         return self._desktop_rpc().deliver(envelope, timeout=timeout)
 
     @_off_main_thread

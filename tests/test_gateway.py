@@ -1225,6 +1225,31 @@ def test_bad_constructor_arguments_say_which_one(root: Path, kwargs: dict[str, A
     assert needle in str(caught.value)
 
 
+@pytest.mark.parametrize(("kwargs", "error", "needle"), [
+    ({"workers": 0}, ValueError, "Gateway workers must be 1 or more (the turn worker thread cap), not 0"),
+    ({"workers": -3}, ValueError, "Gateway workers must be 1 or more"),
+    ({"workers": "8"}, TypeError, "Gateway workers must be a whole number of turn worker threads (e.g. 64), not str"),
+    ({"workers": True}, TypeError, "Gateway workers must be a whole number"),
+    ({"workers": 8.0}, TypeError, "Gateway workers must be a whole number"),
+    ({"on_failure": 1}, TypeError,
+     "on_failure must be a callable (called with the Dispatcher's error) or None, not int"),
+    ({"host_stopping": 1}, TypeError, "host_stopping must be a callable returning a bool, not int"),
+])
+def test_bad_workers_and_callbacks_are_refused_by_the_constructor(root: Path, kwargs: dict[str, Any],
+                                                                  error: type[Exception], needle: str) -> None:
+    """Regression (review apisurface, p1.py): ``workers=0`` was taken and ``start()`` then raised "max_workers must
+    be >= 1" (a name the caller never used), ``workers="8"`` a TypeError about '<'; ``on_failure=1`` was taken and
+    failed only once the Dispatcher did. Now the constructor refuses them, naming the argument."""
+    with pytest.raises(error) as caught:
+        Gateway(root, runner="demo", **kwargs)
+    assert needle in str(caught.value)
+
+
+def test_a_single_turn_worker_is_enough(root: Path, gateways: list[Gateway]) -> None:
+    gw = start_gateway(gateways, root, workers=1)
+    assert gw.wait_outcome(queued(gw.message_agent(sender="alice", target="bob", message="hi")), timeout=10)
+
+
 @pytest.mark.parametrize("timeout", [None, "5", True])
 def test_wait_outcome_names_a_bad_timeout(root: Path, gateways: list[Gateway], timeout: Any) -> None:
     gw = start_gateway(gateways, root)
@@ -1286,6 +1311,73 @@ def test_stop_refuses_a_bad_timeout_and_stops_nothing(root: Path, gateways: list
     assert not gw.running
     again = start_gateway(gateways, root)  # the root is free: rooms and journals were let go
     again.create_room("after", ["alice", "bob"])
+
+
+class _EventLike:
+    """Not a ``threading.Event``, but with ``is_set()``: all the stop asks of ``abandon``."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def is_set(self) -> bool:
+        self.asked += 1
+        return True
+
+
+@pytest.mark.parametrize("abandon", [True, 1, "yes", object()])
+def test_stop_refuses_a_bad_abandon_and_stops_nothing(root: Path, gateways: list[Gateway], abandon: Any) -> None:
+    """Regression (review apisurface, p14.py and p33.py): ``stop(abandon=True)`` (a bool, not an Event) raised
+    ``AttributeError: 'bool' object has no attribute 'is_set'`` half-way: the gateway was stopped, and
+    ``wait_outcome`` of its acked DMs then raised KeyError (their outcomes lost, in memory mode). Now ``abandon``
+    is checked with ``timeout``, before anything stops."""
+    release = threading.Event()
+    runner = RecordingRunner(held_on("held", release))
+    gw = start_gateway(gateways, root, runner, durable=False)
+    running = queued(gw.message_agent(sender="alice", target="bob", message="held"))
+    waiting = queued(gw.message_agent(sender="alice", target="bob", message="after it"))
+    runner.wait_entered(1, timeout=20)
+    try:
+        with pytest.raises(TypeError, match=r"stop abandon must be a threading\.Event \(or any object with is_set"):
+            gw.stop(timeout=1, abandon=abandon)
+        assert gw.running  # still running, and still settling what it accepted
+    finally:
+        release.set()
+    assert gw.wait_outcome(running, timeout=10)["reply"] == "ok: held"
+    assert gw.wait_outcome(waiting, timeout=10)["reply"] == "ok: after it"
+
+
+def test_stop_abandons_through_anything_with_is_set(root: Path, gateways: list[Gateway]) -> None:
+    """``abandon`` is duck-typed: an object with ``is_set()`` (here set from the start) abandons the running turn."""
+    release = threading.Event()
+    runner = RecordingRunner(held_on("held", release))
+    gw = start_gateway(gateways, root, runner, durable=False)
+    running = queued(gw.message_agent(sender="alice", target="bob", message="held"))
+    runner.wait_entered(1, timeout=20)
+    abandon = _EventLike()
+    try:
+        gw.stop(timeout=60, abandon=abandon)  # returns once it asked is_set(), not after the 60 s
+    finally:
+        release.set()
+    assert abandon.asked >= 1
+    assert gw.wait_outcome(running, timeout=0)["status"] == "ambiguous"
+
+
+@pytest.mark.parametrize("delivery_id", [["x"], {}, {"id"}, bytearray(b"0" * 32)])
+def test_wait_outcome_of_an_unhashable_id_says_it_is_not_a_delivery_id(root: Path, gateways: list[Gateway],
+                                                                       delivery_id: Any) -> None:
+    """Regression (review apisurface): ``wait_outcome(["x"])`` raised a bare ``TypeError: unhashable type: 'list'``
+    (before a start, while running, after the stop), where every other bad id gets the KeyError its docstring
+    promises, "... (not a delivery id)"."""
+    gw = Gateway(root, runner=lambda turn: "ok", durable=False)
+    with pytest.raises(KeyError, match=r"\(not a delivery id\)"):
+        gw.wait_outcome(delivery_id, timeout=0)
+    gateways.append(gw.start())
+    for timeout in (0, 1):
+        with pytest.raises(KeyError, match=r"\(not a delivery id\)"):
+            gw.wait_outcome(delivery_id, timeout=timeout)
+    gw.stop()
+    with pytest.raises(KeyError, match=r"\(not a delivery id\)"):
+        gw.wait_outcome(delivery_id, timeout=0)
 
 
 def test_a_wait_outcome_blocked_when_the_gateway_stops_answers_then_not_at_its_timeout(

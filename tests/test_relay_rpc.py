@@ -132,6 +132,26 @@ def test_in_memory_a_deliver_is_deduplicated_only_while_its_gateway_runs(tmp_pat
     assert len(runner.entered) == 2
 
 
+@pytest.mark.parametrize(("timeout", "error"), [
+    ("5", TypeError), (None, TypeError), (True, TypeError), (float("nan"), ValueError),
+])
+def test_deliver_refuses_a_bad_timeout_before_it_takes_the_envelope(tmp_path: Path, timeout: Any,
+                                                                    error: type[Exception]) -> None:
+    """Regression (review apisurface, p26.py): ``relay_deliver``'s timeout was not checked, and only used once the
+    envelope was taken and its turn under way: '5' failed then (TypeError about float + str), None and NaN waited
+    unbounded, inf raised OverflowError. Now it is checked as ``wait_outcome``'s is, before the envelope is taken."""
+    root = make_root(tmp_path / "b")
+    runner = RecordingRunner(lambda turn: f"ok: {body_of(turn.content)}")
+    with Gateway(root, runner=runner, connection_id="mini", durable=False) as gw:
+        with pytest.raises(error, match="relay_deliver timeout"):
+            gw.relay_deliver(_envelope_for("bob", "refused"), timeout=timeout)
+        # bob runs his turns in arrival order: had the refused envelope been taken, its turn would run first
+        fields = gw.relay_deliver(_envelope_for("bob", "taken"), timeout=10)
+        assert gw.relay_deliver(_envelope_for("bob", "endless"), timeout=float("inf"))["reply"] == "ok: endless"
+    assert fields == {"reply": "ok: taken", "error": "", "reason": ""}
+    assert runner.bodies() == ["taken", "endless"]
+
+
 def test_a_deliver_the_stop_cancelled_before_its_turn_runs_on_the_retry_after_the_restart(tmp_path: Path) -> None:
     """``cancelled`` says the turn never ran (resending is safe): it is not what a retry after the restart gets."""
     root = make_root(tmp_path / "b")

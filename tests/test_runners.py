@@ -14,6 +14,7 @@ import pytest
 from roots import assert_gone, write_fake_cli
 
 from hermes_actors.errors import TurnFailed
+from hermes_actors.facade.args import MAX_WAIT
 from hermes_actors.local import runners
 from hermes_actors.local.runners import CallableRunner, CommandRunner, TurnRunner, as_runner, resolve_cli
 from hermes_actors.local.turns import attempt_turn
@@ -442,6 +443,35 @@ def test_bad_delivery_id_fails_before_running(fake_cli: Path, tmp_path: Path) ->
 def test_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError):
         CommandRunner("hermes", timeout=0)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "needle"), [
+    ({"timeout": "5"}, TypeError, "timeout must be a number of seconds above 0, not str ('5')"),
+    ({"timeout": None}, TypeError, "timeout must be a number of seconds above 0, not NoneType"),
+    ({"timeout": True}, TypeError, "timeout must be a number of seconds above 0, not bool"),
+    ({"timeout": -1}, ValueError, "timeout must be > 0 seconds, got -1"),
+    ({"timeout": float("nan")}, ValueError, "timeout must be > 0 seconds, got nan"),
+    ({"env": {"A": 1}}, TypeError, "env['A'] must be a str, not int (1); pass str(value)"),
+    ({"env": {"A": None}}, TypeError, "env['A'] must be a str, not NoneType"),
+    ({"env": {1: "x"}}, TypeError, "env key 1 must be a str (a variable name), not int"),
+    ({"env": {"A=B": "x"}}, ValueError, "env key 'A=B' is not a variable name"),
+    ({"env": {"": "x"}}, ValueError, "env key '' is not a variable name"),
+    ({"env": {"A": "a\0b"}}, ValueError, "env['A'] holds a NUL character"),
+    ({"env": "A=1"}, TypeError, "env must be a dict of variable names to str values, not str"),
+])
+def test_bad_timeout_or_env_is_refused_by_the_constructor_naming_it(kwargs: dict[str, Any], error: type[Exception],
+                                                                    needle: str) -> None:
+    """Regression (review apisurface, p28.py): ``timeout="5"`` raised "'>' not supported between instances of
+    'str' and 'int'", and ``env={"A": 1}`` was taken, then every turn failed ``unknown`` ("expected str, bytes or
+    os.PathLike object, not int"). Now the constructor refuses them, naming the argument or the key."""
+    with pytest.raises(error) as caught:
+        CommandRunner("/bin/true", **kwargs)
+    assert needle in str(caught.value)
+
+
+def test_an_endless_timeout_is_as_long_as_a_clock_can_count() -> None:
+    runner = CommandRunner("/bin/true", timeout=float("inf"), env={"A": "1"})
+    assert runner.timeout == MAX_WAIT and runner.env == {"A": "1"}
 
 
 def test_refusal_detection_rules() -> None:

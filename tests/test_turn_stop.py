@@ -350,6 +350,66 @@ def test_a_stop_callback_raising_an_interrupt_still_ends_the_turns_and_settles_t
     gw.stop()  # stopped for good: a second stop is a no-op
 
 
+class _StopHookRaises:
+    """A runner whose ``hang`` turn runs until the test releases it, and whose stop hook ``hook`` (``stop_turns``
+    or ``stop_waiting``) raises ``interrupt``."""
+
+    def __init__(self, hook: str, interrupt: type[BaseException]) -> None:
+        self.hook, self.interrupt = hook, interrupt
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.called: list[str] = []
+
+    def run_turn(self, turn: Any) -> str:
+        if turn.content.endswith("hang"):
+            self.entered.set()
+            assert self.release.wait(60), "the test never released the turn"
+        return "ok"
+
+    def stop_turns(self, delivery_ids: Any = None) -> int:
+        return self._hook("stop_turns")
+
+    def stop_waiting(self) -> int:
+        return self._hook("stop_waiting")
+
+    def _hook(self, name: str) -> int:
+        self.called.append(name)
+        if name == self.hook:
+            raise self.interrupt("from the runner's " + name)
+        return 0
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("hook", ["stop_turns", "stop_waiting"])
+def test_a_runner_stop_hook_raising_an_interrupt_is_logged_and_the_stop_keeps_every_outcome(
+    tmp_path: Path, hook: str, interrupt: type[BaseException], warnings: list[str],
+) -> None:
+    """Regression (review apisurface, p15.py): a runner's ``stop_turns`` or ``stop_waiting`` that raised
+    ``SystemExit`` (a ``sys.exit``) or ``KeyboardInterrupt`` escaped ``Gateway.stop`` half-done (only ``Exception``
+    was caught there): the stopped gateway forgot every outcome, those settled before the stop included
+    (``wait_outcome``: KeyError). Like the runner's other hooks, what they raise is now logged and never raised:
+    the stop completes and every DM keeps its outcome."""
+    runner = _StopHookRaises(hook, interrupt)
+    gw = Gateway(make_root(tmp_path), runner=runner, durable=False).start()
+    try:
+        earlier = gw.message_agent(sender="alice", target="carol", message="quick")["delivery_id"]
+        assert gw.wait_outcome(earlier, timeout=WAIT)["status"] == "replied"
+        running = gw.message_agent(sender="alice", target="bob", message="hang")["delivery_id"]
+        assert runner.entered.wait(WAIT)
+        waiting = gw.message_agent(sender="alice", target="bob", message="queued")["delivery_id"]
+        try:
+            gw.stop(timeout=0.2)  # the turn is held: the wait runs out
+        except interrupt as exc:  # a failure of this test, not a KeyboardInterrupt ending the whole session
+            pytest.fail(f"stop raised the runner's {exc!r}")
+    finally:
+        runner.release.set()
+    assert hook in runner.called
+    assert not gw.running
+    assert gw.wait_outcome(earlier, timeout=0)["status"] == "replied"
+    assert gw.wait_outcome(running, timeout=0)["status"] == "ambiguous"
+    assert gw.wait_outcome(waiting, timeout=0)["reason"] == "cancelled"
+    assert [line for line in warnings if "stop: the runner could not end" in line], warnings
+
+
 def test_serve_on_a_second_ctrl_c_abandons_the_turn_as_ambiguous(
     tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc]
 ) -> None:

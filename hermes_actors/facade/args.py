@@ -1,7 +1,9 @@
-"""The checks of what an embedder passes to :class:`~hermes_actors.gateway.Gateway`.
+"""The checks of what an embedder passes to :class:`~hermes_actors.gateway.Gateway` (and to the command runner).
 
 Pure functions: each takes an argument as given, returns it in the form the gateway
-uses, or raises an error that names the argument and says what to pass instead.
+uses, or raises an error that names the argument and says what to pass instead. Each
+is called before the call it checks does anything: a bad argument is refused, never
+found out half-way (a stop half-done, a DM accepted and then failed).
 """
 
 from __future__ import annotations
@@ -9,11 +11,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from hermes_actors.core.clipping import shown
 from hermes_actors.store.hermes_root import root_path
 
-__all__ = ["MAX_WAIT", "checked_config", "checked_hop", "checked_root", "wait_seconds"]
+__all__ = ["MAX_WAIT", "checked_abandon", "checked_callable", "checked_config", "checked_env", "checked_hop",
+           "checked_root", "checked_workers", "positive_seconds", "wait_seconds"]
+
+_Hook = TypeVar("_Hook")
 
 MAX_WAIT = 10_000_000.0  # ~115 days: longer waits overflow the clocks underneath (threading.TIMEOUT_MAX and time_t)
 
@@ -33,12 +39,131 @@ def wait_seconds(what: str, timeout: Any) -> float:
         TypeError: not a number (a bool, None, a string...).
         ValueError: NaN.
     """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    if not _is_number(timeout):
         raise TypeError(f"{what} timeout must be a number of seconds, not {type(timeout).__name__} "
                         f"({timeout!r}); 0 does not wait")
     if timeout != timeout:
         raise ValueError(f"{what} timeout is NaN; pass a number of seconds (0: do not wait)")
     return float(min(max(timeout, 0.0), MAX_WAIT))
+
+
+def positive_seconds(what: str, seconds: Any) -> float:
+    """``seconds`` given as ``what`` (``CommandRunner(timeout=...)``) as a time limit: more than 0 seconds, ``inf``
+    as long as a clock can count.
+
+    Args:
+        what: the argument (named in the error).
+        seconds: the value as given.
+
+    Returns:
+        The seconds, above 0 and at most :data:`MAX_WAIT`.
+
+    Raises:
+        TypeError: not a number (a bool, None, a string...).
+        ValueError: 0 or less, or NaN.
+    """
+    if not _is_number(seconds):
+        raise TypeError(f"{what} must be a number of seconds above 0, not {type(seconds).__name__} ({seconds!r})")
+    if not seconds > 0:  # NaN too
+        raise ValueError(f"{what} must be > 0 seconds, got {seconds!r}")
+    return float(min(seconds, MAX_WAIT))
+
+
+def _is_number(value: Any) -> bool:
+    """Whether ``value`` is a number of seconds as an embedder passes one: an int or a float, never a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def checked_abandon(abandon: Any) -> Any:
+    """``Gateway.stop(abandon=...)``: None, or what is set to stop waiting for the running turns.
+
+    Anything with an ``is_set()`` method is taken (a ``threading.Event``, a ``multiprocessing`` one): the stop
+    only asks it ``is_set()`` while it waits.
+
+    Args:
+        abandon: the value as given.
+
+    Returns:
+        ``abandon``.
+
+    Raises:
+        TypeError: neither None nor an object with an ``is_set()`` method (a bool: pass an Event and set it).
+    """
+    if abandon is not None and not callable(getattr(abandon, "is_set", None)):
+        raise TypeError(f"stop abandon must be a threading.Event (or any object with is_set()) or None, not "
+                        f"{type(abandon).__name__} ({shown(abandon)}); set the event to stop waiting for the "
+                        "running turns")
+    return abandon
+
+
+def checked_callable(name: str, hook: _Hook | None, shape: str) -> _Hook | None:
+    """A callback an embedder passes (``Gateway(on_failure=...)``, ``host_stopping``): None, or a callable.
+
+    Args:
+        name: the keyword (named in the error).
+        hook: the value as given.
+        shape: what the callable must be, for the error (``"a callable returning a bool"``).
+
+    Returns:
+        ``hook``.
+
+    Raises:
+        TypeError: neither None nor callable.
+    """
+    if hook is not None and not callable(hook):
+        raise TypeError(f"{name} must be {shape}, not {type(hook).__name__}")
+    return hook
+
+
+def checked_workers(workers: Any) -> int:
+    """``Gateway(workers=...)``: the turn worker thread cap.
+
+    Args:
+        workers: the value as given.
+
+    Returns:
+        The cap.
+
+    Raises:
+        TypeError: not a whole number (a bool included).
+        ValueError: less than 1.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise TypeError(f"Gateway workers must be a whole number of turn worker threads (e.g. 64), not "
+                        f"{type(workers).__name__} ({shown(workers)})")
+    if workers < 1:
+        raise ValueError(f"Gateway workers must be 1 or more (the turn worker thread cap), not {workers}")
+    return workers
+
+
+def checked_env(env: Any) -> dict[str, str]:
+    """``CommandRunner(env=...)``: the variables set over ``os.environ`` for every turn's process (None: none).
+
+    Args:
+        env: the value as given.
+
+    Returns:
+        A copy of it (a new dict when None).
+
+    Raises:
+        TypeError: not a dict, or a key or value that is not a str.
+        ValueError: a key that is no variable name (empty, or holding ``=`` or a NUL), or a value holding a NUL.
+    """
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env must be a dict of variable names to str values, not {type(env).__name__}")
+    for key, value in env.items():
+        if not isinstance(key, str):
+            raise TypeError(f"env key {shown(key)} must be a str (a variable name), not {type(key).__name__}")
+        if not key or "=" in key or "\0" in key:
+            raise ValueError(f"env key {shown(key)} is not a variable name (empty, or holds '=' or a NUL)")
+        if not isinstance(value, str):
+            raise TypeError(f"env[{shown(key)}] must be a str, not {type(value).__name__} ({shown(value)}); "
+                            "pass str(value)")
+        if "\0" in value:
+            raise ValueError(f"env[{shown(key)}] holds a NUL character, which no environment variable can")
+    return dict(env)
 
 
 def checked_root(root: str | Path) -> Path:

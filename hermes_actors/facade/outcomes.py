@@ -63,12 +63,9 @@ def outcome_on_file(root: Path, delivery_id: str, *, journals: JournalIndex,
         KeyError: neither this gateway nor the root's files know the id (never acked on the root, or
             its outcome is older than the ones kept: :func:`~hermes_actors.local.outcome_book.unknown_delivery`).
     """
-    from hermes_actors.core.clipping import shown
-    from hermes_actors.core.ids import is_delivery_id
     from hermes_actors.ops.journal_view import find_outcome
 
-    if not is_delivery_id(delivery_id):
-        raise KeyError(f"unknown delivery id {shown(delivery_id)} (not a delivery id)")
+    _refuse_non_id(delivery_id)
     unread: list[str] = []
     found = find_outcome(root, delivery_id, index=journals, unread_journals=unread)
     if found.get("status") == "pending":
@@ -83,6 +80,23 @@ def outcome_on_file(root: Path, delivery_id: str, *, journals: JournalIndex,
         aside = "".join(f"; {line}" for line in set_aside)
         raise KeyError(f"unknown delivery id {delivery_id!r} (the gateway is not running; {found.get('error')}{aside})")
     return found
+
+
+def _refuse_non_id(delivery_id: Any) -> None:
+    """Refuse what is not shaped like a delivery id (32 lowercase hex characters), whatever its type.
+
+    Args:
+        delivery_id: the id asked for, as given.
+
+    Raises:
+        KeyError: not a delivery id (no gateway ever issued it): ``None``, ``5``, ``"xyz"``, and an unhashable
+            ``["x"]`` or ``{}`` alike, which raised a bare ``TypeError: unhashable type`` from the look-up.
+    """
+    from hermes_actors.core.clipping import shown
+    from hermes_actors.core.ids import is_delivery_id
+
+    if not is_delivery_id(delivery_id):
+        raise KeyError(f"unknown delivery id {shown(delivery_id)} (not a delivery id)")
 
 
 class OutcomeWaits:
@@ -138,8 +152,9 @@ class OutcomeWaits:
 
         Raises:
             TimeoutError: no outcome in time (or the root's files hold the DM without an outcome yet).
-            KeyError: neither the Dispatcher nor the root's files know the id.
+            KeyError: neither the Dispatcher nor the root's files know the id, or it is not a delivery id.
         """
+        _refuse_non_id(delivery_id)  # before any look-up: an unhashable one cannot be looked up
         deadline = time.monotonic() + timeout
         final = self.final(delivery_id)
         if final is not None:

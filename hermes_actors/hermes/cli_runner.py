@@ -130,7 +130,7 @@ class HermesCliRunner(CommandRunner):
         flags: the chat flags to use; detected from ``hermes chat --help`` when None.
 
     Raises:
-        ValueError: ``timeout`` is not positive.
+        TypeError, ValueError: a bad ``timeout`` or ``env``, as :class:`CommandRunner`'s.
     """
 
     real_hermes = True  # turns run on the real Hermes: ``bot_mode.wake_sender: auto`` wakes senders

@@ -27,6 +27,7 @@ from pathlib import Path
 from loguru import logger
 
 from hermes_actors.errors import TurnFailed
+from hermes_actors.facade.args import checked_env, positive_seconds
 from hermes_actors.local import dm_files as dmfiles
 from hermes_actors.local.cli_process import (
     REAP_SECONDS,
@@ -67,12 +68,16 @@ class CommandRunner:
 
     Args:
         cli: the executable; :func:`resolve_cli` when None.
-        timeout: seconds one turn may take before its process group is killed.
+        timeout: seconds one turn may take before its process group is killed (a number above 0; ``inf``: as
+            long as a clock can count).
         dm_base: the temp root for the DM directory (system temp when None).
-        env: variables set over ``os.environ`` for every turn.
+        env: variables set over ``os.environ`` for every turn: a dict of str to str.
 
     Raises:
-        ValueError: ``timeout`` is not positive.
+        TypeError: ``timeout`` is not a number (a bool, a str...), or ``env`` is not a dict of str to str
+            (the key is named).
+        ValueError: ``timeout`` is not positive (or NaN), or an ``env`` key is no variable name (empty, or
+            holding ``=`` or a NUL) or a value holds a NUL.
     """
 
     def __init__(
@@ -83,12 +88,10 @@ class CommandRunner:
         dm_base: Path | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.timeout = positive_seconds("timeout", timeout)
+        self.env: dict[str, str] = checked_env(env)
         self.cli = cli if cli else resolve_cli()
-        self.timeout = float(timeout)
         self.dm_base = dm_base
-        self.env: dict[str, str] = dict(env or {})
         self._kept: dict[str, Path] = {}
         self._kept_lock = threading.Lock()
         # Turn processes not yet reaped (by delivery id), so stop_turns can end them; notified when one goes.

@@ -71,28 +71,38 @@ def end_waiting_turns(runner: Any) -> None:
     has one.
 
     Args:
-        runner: the gateway's runner (user code: its errors are logged, never raised).
+        runner: the gateway's runner (user code: what it raises is logged, never raised, see :func:`_runner_hook`).
     """
     stop_waiting = getattr(runner, "stop_waiting", None)
-    if not callable(stop_waiting):
-        return
-    try:
-        stop_waiting()
-    except Exception:
-        logger.exception("stop: the runner could not end the turns waiting to begin")
+    if callable(stop_waiting):
+        _runner_hook(stop_waiting, "stop: the runner could not end the turns waiting to begin")
 
 
 def end_running_turns(runner: Any, running: list[str]) -> None:
     """End the processes of turns still running, through the runner's ``stop_turns`` when it has one.
 
     Args:
-        runner: the gateway's runner (user code: its errors are logged, never raised).
+        runner: the gateway's runner (user code: what it raises is logged, never raised, see :func:`_runner_hook`).
         running: delivery ids of the turns that were running when the stop began.
     """
     stop_turns = getattr(runner, "stop_turns", None)
-    if not running or not callable(stop_turns):
-        return
+    if running and callable(stop_turns):
+        _runner_hook(lambda: stop_turns(running), "stop: the runner could not end its running turns")
+
+
+def _runner_hook(call: Callable[[], Any], failed: str) -> None:
+    """Call a runner's stop hook; whatever it raises is logged with ``failed`` and never raised.
+
+    Even a ``SystemExit`` or ``KeyboardInterrupt``, as from every other runner hook (``turns.py``): one that
+    escaped here left the stop half-done, and the stopped gateway forgot every outcome, those settled before
+    included. It is the runner's own, not a Ctrl-C of the user (a ``Gateway.stop`` made on the main thread, where
+    Ctrl-C lands, runs on the gateway's call thread), so it is not raised again once the stop is done either.
+
+    Args:
+        call: the hook, with its arguments bound.
+        failed: the log line's text.
+    """
     try:
-        stop_turns(running)
-    except Exception:
-        logger.exception("stop: the runner could not end its running turns")
+        call()
+    except BaseException:  # runner code: the stop goes on, every outcome settled and kept
+        logger.exception(failed)

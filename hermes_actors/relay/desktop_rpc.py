@@ -101,7 +101,8 @@ class DesktopRpc:
 
         Args:
             envelope: the envelope as drained.
-            timeout: seconds to wait for the turn to settle.
+            timeout: seconds to wait for the turn to settle, as ``facade.args.wait_seconds`` returns them (the Gateway
+                checks the caller's before this takes the envelope).
 
         Returns:
             ``{"reply", "error", "reason"}`` (the seed's reply fields).
