@@ -281,6 +281,59 @@ def test_clearing_a_mark_that_is_a_directory_moves_it_aside(tmp_path: Path, whic
     assert (moved / "inner").read_text(encoding="utf-8") == "x"
 
 
+@pytest.mark.parametrize("which", ["sent", "started"])
+def test_clearing_a_mark_never_removes_a_file_through_a_swapped_directory(
+    tmp_path: Path, which: str, logs: LogCapture
+) -> None:
+    """Regression (hostile review): ``drop_mark`` removed ``<id>.json`` by path, so through a ``started/`` or
+    ``sent/`` swapped for a symlink it deleted the file of that name outside the root (a relayed-in turn's reply,
+    a relayed DM's outcome). Now nothing is removed through it, and the refusal is logged."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    envelope_id = uuid.uuid4().hex
+    directory = paths.sent if which == "sent" else paths.started
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / f"{envelope_id}.json"
+    precious.write_text("outside", encoding="utf-8")
+    directory.rename(directory.with_name(f"{which}.aside"))
+    directory.symlink_to(outside, target_is_directory=True)
+    (clear_sent if which == "sent" else clear_started)(paths, envelope_id)
+    assert precious.read_text(encoding="utf-8") == "outside"
+    assert logs.matching("was not removed", f"{directory} is a symlink"), logs.lines
+
+
+def test_a_relayed_in_turns_mark_is_never_cleared_through_a_started_swapped_during_the_turn(
+    tmp_path: Path, gateways: list[Gateway], logs: LogCapture
+) -> None:
+    """Regression (hostile review): ``started/`` swapped for a symlink while a relayed-in turn ran: once the reply
+    was written, clearing the turn's start mark deleted ``<id>.json`` in the directory the symlink points to. Now
+    the reply is written all the same, and nothing outside the root is removed."""
+    from actors import Rescan
+
+    mini, paths = mini_root(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    env = moxie_envelope("a slow question")
+    precious = outside / f"{env['id']}.json"
+    precious.write_text("outside", encoding="utf-8")
+
+    def swap_then_answer(turn: Turn) -> str:  # the swap lands after the turn's start mark, before its reply
+        paths.started.rename(paths.relay.base / "started.aside")
+        paths.started.symlink_to(outside, target_is_directory=True)
+        return "the real answer"
+
+    # no periodic rescan during the test: it would put started/ back before the mark is cleared
+    gw = start_gateway(gateways, mini, RecordingRunner(swap_then_answer), connection_id="mini", durable=False,
+                       config={"bot_mode": {"rescan_seconds": 3600}})
+    post_to_inbox(paths, env, "alpha")
+    record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=20, message="the reply")
+    assert record["reply"] == "the real answer"
+    assert gw._system is not None and gw._system.relay is not None
+    gw._system.relay.ask(Rescan("manual"), timeout=30)  # queued behind the handler that wrote the reply
+    assert precious.read_text(encoding="utf-8") == "outside"
+    assert logs.matching("was not removed", env["id"]), logs.lines
+
+
 # ── 6. sent/ replaced by a file under a running sender ──────────────────────
 
 
