@@ -759,6 +759,56 @@ def test_recover_taken_expires_a_never_started_envelope_past_the_ttl(tmp_path: P
     assert delivered_record(paths, fresh["id"]) is None
 
 
+def _files(directory: Path) -> dict[str, bytes]:
+    """Every file below ``directory``: its path relative to it -> its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _taken_swapped_for_a_copy(paths: InboxPaths, outside: Path) -> dict[str, bytes]:
+    """Swap ``taken/`` for a symlink to a copy of it at ``outside``; what the copy holds (:func:`_files`)."""
+    shutil.copytree(paths.taken_parent, outside, symlinks=True)
+    paths.taken_parent.rename(paths.relay.base / "taken.aside")
+    paths.taken_parent.symlink_to(outside, target_is_directory=True)
+    return _files(outside)
+
+
+def test_recover_taken_never_takes_an_envelope_off_a_shelf_through_a_swapped_taken(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    """Regression (hostile review of removals): the adopted envelope answered at a start was removed from the shelf
+    by path, so through a ``taken/`` swapped for a symlink the envelope file of that name outside the root went.
+    Now the reply is written all the same and nothing outside is removed."""
+    now = time.time()
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    old = moxie_envelope("an hour ago", created_at=now - 3600)
+    plant_dead_shelf(paths, old)
+    shelf = Shelf(paths.taken_parent, within=paths.relay.root)
+    ours = paths.on_shelf(shelf.open())
+    try:
+        adopted = shelf.adopt()
+        outside = _taken_swapped_for_a_copy(paths, tmp_path / "outside")
+        assert f"{ours.taken.name}/{old['id']}.json" in outside
+        recovery = recover_taken(ours, adopted, ttl=900, now=now)
+    finally:
+        shelf.close()
+    assert recovery.expired == 1 and delivered_record(paths, old["id"]) is not None
+    assert _files(tmp_path / "outside") == outside  # nothing removed through the symlink
+    assert logs.matching("could not take", old["id"], "is a symlink"), logs.lines
+
+
+def test_a_shelf_is_never_removed_through_a_swapped_taken(tmp_path: Path, logs: LogCapture) -> None:
+    """Regression (hostile review of removals): a stopping gateway's empty shelf was listed and removed by path, so
+    through a ``taken/`` swapped for a symlink its ``.lock`` and directory of that name outside the root went."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    shelf = Shelf(paths.taken_parent, within=paths.relay.root)
+    shelf.open()
+    outside = _taken_swapped_for_a_copy(paths, tmp_path / "outside")
+    assert f"{shelf.path.name}/{LOCK_NAME}" in outside
+    shelf.close()
+    assert (tmp_path / "outside" / shelf.path.name / LOCK_NAME).exists()
+    assert logs.matching("could not remove the shelf", "is a symlink"), logs.lines
+
+
 def test_gateway_does_not_run_an_adopted_envelope_past_the_ttl(tmp_path: Path, gateways: list[Gateway]) -> None:
     """The TTL applied to inbox envelopes only: one adopted an hour late ran although its sender had given up."""
     mini, paths = mini_root(tmp_path)
