@@ -1862,14 +1862,14 @@ def _unretired_dead_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     directory.mkdir(parents=True, mode=0o700)
     dead = directory / f"j-{_id(99)}.log"
     dead.write_bytes(_lines({"t": "accepted", "id": _id(1), "d": _delivery(_id(1))}))
-    real_unlink = Path.unlink
+    real_unlink = os.unlink
 
-    def unlink(self: Path, missing_ok: bool = False) -> None:
-        if self == dead:
-            raise PermissionError(errno.EPERM, "Operation not permitted", str(self))
-        real_unlink(self, missing_ok=missing_ok)
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:  # by name, relative to journal/'s descriptor
+        if Path(path).name == dead.name:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        real_unlink(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr(os, "unlink", unlink)
     return directory, dead
 
 

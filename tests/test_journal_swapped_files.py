@@ -29,7 +29,8 @@ from hermes_actors import Gateway
 from hermes_actors.errors import HostileFileError
 from hermes_actors.ops.doctor import run_doctor
 from hermes_actors.ops.doctor_checks import BLOCK, OK, WARN
-from hermes_actors.store.journal_adoption import lock_dead_journals
+from hermes_actors.store.journal_adoption import lock_dead_journals, take_over_dead_journals
+from hermes_actors.store.journal_state import JournalState
 from hermes_actors.store.relay_inbox import InboxPaths
 
 _ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
@@ -477,3 +478,26 @@ def test_the_outcome_of_a_dm_behind_a_symlinked_journal_file_says_it_may_be_ther
         f"; or it is journaled in a journal file that was not read: journal file {dead} is a symlink (to {records}), "
         f"never followed: put that file right as hermes-actors doctor --root {root} says (its journal check), then "
         "ask again"), found
+
+
+def test_an_adopted_journal_is_never_removed_through_a_journal_directory_swapped_meanwhile(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    """Regression (hostile review of removals): an adopted journal file was removed by path once its records were
+    copied, so through a ``journal/`` swapped for a symlink meanwhile the file of that name outside the root went.
+    Now it stays where it is (said, as one that cannot be removed) and nothing outside is removed."""
+    root, paths = _root_with_journal(tmp_path)
+    dead = _dead_journal(paths.journal, uuid.uuid4().hex, "journaled before the kill")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / dead.name
+    precious.write_bytes(b"outside")
+    held = lock_dead_journals(paths.journal, paths.journal / "j-ours.log", within=root)
+    try:
+        paths.journal.rename(paths.journal.with_name("journal.aside"))
+        paths.journal.symlink_to(outside, target_is_directory=True)
+        take_over_dead_journals(held, JournalState(), lambda lines: None, keep=100, within=root)
+    finally:
+        held.release()
+    assert precious.read_bytes() == b"outside"
+    assert logs.matching("could not remove adopted journal", f"{paths.journal} is a symlink"), logs.lines

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from crash_procs import child_env
-from roots import make_root, start_gateway
+from roots import LogCapture, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -229,6 +229,28 @@ def test_the_heartbeat_sweep_never_follows_a_symlink(paths: InboxPaths, tmp_path
     paths.heartbeat.symlink_to(outside)
     assert sweep_dead_heartbeats(paths, now=time.time()) == 0
     assert precious.exists()
+
+
+def test_a_stop_never_withdraws_its_heartbeat_through_a_swapped_gateways_directory(
+        tmp_path: Path, gateways: list[Gateway], logs: LogCapture) -> None:
+    """Regression (hostile review): a stopping gateway removed `gateways/<pid>.json` by path, so through a
+    `gateways/` swapped for a symlink it deleted the file of that name outside the root, and the log showed a
+    normal stop. Now it is removed only through the checked directory: the outside file stays, and the stop says
+    why its heartbeat was not withdrawn."""
+    root = make_root(tmp_path)
+    # no rescan before the stop: it would put gateways/ back, and the stop must meet the swapped directory
+    gw = start_gateway(gateways, root, connection_id="mini", config={"bot_mode": {"rescan_seconds": 3600}})
+    beats = root / "bot_relay" / "gateways"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / f"{os.getpid()}.json"  # named as this gateway's heartbeat
+    precious.write_text("not a heartbeat", encoding="utf-8")
+    beats.rename(beats.with_name("gateways.aside"))
+    beats.symlink_to(outside, target_is_directory=True)
+    gw.stop()
+    assert beats.is_symlink()  # nothing put it back first: the stop met the swapped directory
+    assert precious.read_text(encoding="utf-8") == "not a heartbeat"
+    assert logs.matching("could not withdraw the heartbeat", f"{beats} is a symlink"), logs.lines
 
 
 def test_a_gateway_started_just_now_sweeps_a_killed_gateways_heartbeat(tmp_path: Path,

@@ -281,6 +281,59 @@ def test_clearing_a_mark_that_is_a_directory_moves_it_aside(tmp_path: Path, whic
     assert (moved / "inner").read_text(encoding="utf-8") == "x"
 
 
+@pytest.mark.parametrize("which", ["sent", "started"])
+def test_clearing_a_mark_never_removes_a_file_through_a_swapped_directory(
+    tmp_path: Path, which: str, logs: LogCapture
+) -> None:
+    """Regression (hostile review): ``drop_mark`` removed ``<id>.json`` by path, so through a ``started/`` or
+    ``sent/`` swapped for a symlink it deleted the file of that name outside the root (a relayed-in turn's reply,
+    a relayed DM's outcome). Now nothing is removed through it, and the refusal is logged."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    envelope_id = uuid.uuid4().hex
+    directory = paths.sent if which == "sent" else paths.started
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / f"{envelope_id}.json"
+    precious.write_text("outside", encoding="utf-8")
+    directory.rename(directory.with_name(f"{which}.aside"))
+    directory.symlink_to(outside, target_is_directory=True)
+    (clear_sent if which == "sent" else clear_started)(paths, envelope_id)
+    assert precious.read_text(encoding="utf-8") == "outside"
+    assert logs.matching("was not removed", f"{directory} is a symlink"), logs.lines
+
+
+def test_a_relayed_in_turns_mark_is_never_cleared_through_a_started_swapped_during_the_turn(
+    tmp_path: Path, gateways: list[Gateway], logs: LogCapture
+) -> None:
+    """Regression (hostile review): ``started/`` swapped for a symlink while a relayed-in turn ran: once the reply
+    was written, clearing the turn's start mark deleted ``<id>.json`` in the directory the symlink points to. Now
+    the reply is written all the same, and nothing outside the root is removed."""
+    from actors import Rescan
+
+    mini, paths = mini_root(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    env = moxie_envelope("a slow question")
+    precious = outside / f"{env['id']}.json"
+    precious.write_text("outside", encoding="utf-8")
+
+    def swap_then_answer(turn: Turn) -> str:  # the swap lands after the turn's start mark, before its reply
+        paths.started.rename(paths.relay.base / "started.aside")
+        paths.started.symlink_to(outside, target_is_directory=True)
+        return "the real answer"
+
+    # no periodic rescan during the test: it would put started/ back before the mark is cleared
+    gw = start_gateway(gateways, mini, RecordingRunner(swap_then_answer), connection_id="mini", durable=False,
+                       config={"bot_mode": {"rescan_seconds": 3600}})
+    post_to_inbox(paths, env, "alpha")
+    record = await_condition(lambda: delivered_record(paths, env["id"]), timeout=20, message="the reply")
+    assert record["reply"] == "the real answer"
+    assert gw._system is not None and gw._system.relay is not None
+    gw._system.relay.ask(Rescan("manual"), timeout=30)  # queued behind the handler that wrote the reply
+    assert precious.read_text(encoding="utf-8") == "outside"
+    assert logs.matching("was not removed", env["id"]), logs.lines
+
+
 # ── 6. sent/ replaced by a file under a running sender ──────────────────────
 
 
@@ -704,6 +757,56 @@ def test_recover_taken_expires_a_never_started_envelope_past_the_ttl(tmp_path: P
     assert (record["reason"], record["reply"], record["reply_connection"]) == ("queued_expired", "", "alpha")
     assert not (ours.taken / f"{old['id']}.json").exists()
     assert delivered_record(paths, fresh["id"]) is None
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    """Every file below ``directory``: its path relative to it -> its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _taken_swapped_for_a_copy(paths: InboxPaths, outside: Path) -> dict[str, bytes]:
+    """Swap ``taken/`` for a symlink to a copy of it at ``outside``; what the copy holds (:func:`_files`)."""
+    shutil.copytree(paths.taken_parent, outside, symlinks=True)
+    paths.taken_parent.rename(paths.relay.base / "taken.aside")
+    paths.taken_parent.symlink_to(outside, target_is_directory=True)
+    return _files(outside)
+
+
+def test_recover_taken_never_takes_an_envelope_off_a_shelf_through_a_swapped_taken(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    """Regression (hostile review of removals): the adopted envelope answered at a start was removed from the shelf
+    by path, so through a ``taken/`` swapped for a symlink the envelope file of that name outside the root went.
+    Now the reply is written all the same and nothing outside is removed."""
+    now = time.time()
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    old = moxie_envelope("an hour ago", created_at=now - 3600)
+    plant_dead_shelf(paths, old)
+    shelf = Shelf(paths.taken_parent, within=paths.relay.root)
+    ours = paths.on_shelf(shelf.open())
+    try:
+        adopted = shelf.adopt()
+        outside = _taken_swapped_for_a_copy(paths, tmp_path / "outside")
+        assert f"{ours.taken.name}/{old['id']}.json" in outside
+        recovery = recover_taken(ours, adopted, ttl=900, now=now)
+    finally:
+        shelf.close()
+    assert recovery.expired == 1 and delivered_record(paths, old["id"]) is not None
+    assert _files(tmp_path / "outside") == outside  # nothing removed through the symlink
+    assert logs.matching("could not take", old["id"], "is a symlink"), logs.lines
+
+
+def test_a_shelf_is_never_removed_through_a_swapped_taken(tmp_path: Path, logs: LogCapture) -> None:
+    """Regression (hostile review of removals): a stopping gateway's empty shelf was listed and removed by path, so
+    through a ``taken/`` swapped for a symlink its ``.lock`` and directory of that name outside the root went."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    shelf = Shelf(paths.taken_parent, within=paths.relay.root)
+    shelf.open()
+    outside = _taken_swapped_for_a_copy(paths, tmp_path / "outside")
+    assert f"{shelf.path.name}/{LOCK_NAME}" in outside
+    shelf.close()
+    assert (tmp_path / "outside" / shelf.path.name / LOCK_NAME).exists()
+    assert logs.matching("could not remove the shelf", "is a symlink"), logs.lines
 
 
 def test_gateway_does_not_run_an_adopted_envelope_past_the_ttl(tmp_path: Path, gateways: list[Gateway]) -> None:

@@ -211,6 +211,41 @@ def file_states(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.glob("*.json"))}
 
 
+def test_a_disband_through_a_swapped_rooms_directory_deletes_nothing_outside_and_keeps_the_room(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (hostile review): `room disband` through a running host deleted `<room_id>.json` by path, so with
+    `rooms/` swapped for a symlink it deleted the file of that name outside the root and answered "disbanded", exit 0,
+    while the real room file stayed (the room came back once `rooms/` was put back). Now the disband is refused
+    naming the directory, logged, nothing is deleted, the room goes on, and it is disbanded once its directory is
+    back."""
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    rooms = root / "bot_relay" / "rooms"
+    refused = (rf"^room 'plan' is not disbanded: its file {re.escape(str(rooms))}/[0-9a-f]{{32}}\.json could not be "
+               rf"deleted \({re.escape(str(rooms))} is a symlink or not a directory; refusing to use it\); nothing was "
+               r"deleted and the room stays\. Put this user's real directory back in its place .*, then disband the "
+               r"room again$")
+    with Gateway(root, runner=lambda turn: "[SILENT]", serve_submit=True) as gw:
+        room = gw.create_room("plan", ["alice", "bob"])
+        real = swap_for_copy(rooms, tmp_path / "outside")  # the outside directory holds <room_id>.json too
+        outside = file_states(tmp_path / "outside")
+        assert f"{room['room_id']}.json" in outside
+        with LogCapture() as logs, pytest.raises(RuntimeError, match=refused):
+            gw.disband_room("plan")
+        assert logs.matching("room plan: not disbanded", f"{rooms} is a symlink"), logs.lines
+        # the command, through the host: one line, exit 1 (from here on the host's log goes where the CLI's does)
+        assert main(["room", "disband", "plan", "--root", str(root), "--json"]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and re.match(refused, err.strip().splitlines()[-1].removeprefix("error: ")), err
+        assert file_states(tmp_path / "outside") == outside  # nothing deleted through the symlink
+        assert [r["name"] for r in gw.list_rooms()] == ["plan"]
+        put_back(rooms, real)
+        assert gw.disband_room("plan")["state"] == "disbanded"
+        assert gw.list_rooms() == []
+    assert list(rooms.glob("*.json")) == []
+    assert file_states(tmp_path / "outside") == outside
+
+
 def test_a_send_whose_write_failed_leaves_no_trace_and_the_room_works_once_its_directory_is_back(
     tmp_path: Path, logs: LogCapture
 ) -> None:

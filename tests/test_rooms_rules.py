@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from hermes_actors.core.targets import Refusal
-from hermes_actors.errors import StoreError
+from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.local.turns import never_ran
 from hermes_actors.rooms.rules import (
     MAX_MESSAGES_PER_SEND,
@@ -20,6 +20,7 @@ from hermes_actors.rooms.rules import (
     find_room,
     name_problem,
     name_taken,
+    not_disbanded,
     open_round,
     plan_members,
     room_session,
@@ -324,4 +325,21 @@ def test_a_failed_member_turns_text_does_not_talk_about_a_dm() -> None:
 )
 def test_unrecorded_is_one_text_for_every_room_write_that_failed(args: tuple[str, str, str, str], text: str) -> None:
     error = unrecorded(*args)
+    assert type(error) is RuntimeError and str(error) == text
+
+
+@pytest.mark.parametrize(
+    ("exc", "text"),
+    [
+        (PermissionError(13, "Permission denied"),
+         "room 'plan' is not disbanded: its file /r/rooms/x.json could not be deleted ([Errno 13] Permission denied)"),
+        (HostileFileError("/r/rooms is a symlink or not a directory; refusing to use it"),
+         "room 'plan' is not disbanded: its file /r/rooms/x.json could not be deleted (/r/rooms is a symlink or not a "
+         "directory; refusing to use it); nothing was deleted and the room stays. Put this user's real directory back "
+         "in its place (the next gateway start moves a symlink or a file there into quarantine/), then disband the "
+         "room again"),
+    ],
+)
+def test_not_disbanded_is_one_text_for_the_gateway_and_the_hostless_disband(exc: Exception, text: str) -> None:
+    error = not_disbanded("plan", "/r/rooms/x.json", exc)
     assert type(error) is RuntimeError and str(error) == text

@@ -166,3 +166,24 @@ def test_enable_with_a_bot_relay_of_another_user_writes_nothing(
     assert main(["enable", "--root", str(root)]) == 2
     assert f"error: {root / 'bot_relay'} is owned by uid 65534, expected 0" in capsys.readouterr().err
     assert _tree(root) == before
+
+
+def test_an_emptied_record_is_never_removed_through_a_bot_relay_swapped_for_a_symlink(tmp_path: Path) -> None:
+    """Regression (hostile review of removals): ``save_record(root, [])`` removed the record by path, so through a
+    ``bot_relay/`` swapped for a symlink it deleted the file of that name outside the root. Now it is refused like
+    the record's write, and nothing outside is removed."""
+    from hermes_actors.errors import HostileFileError
+    from hermes_actors.hermes.recorded_edits import record_path, save_record
+
+    root = make_root(tmp_path)
+    relay = root / "bot_relay"
+    relay.mkdir(mode=0o700, exist_ok=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / record_path(root).name
+    precious.write_text("outside", encoding="utf-8")
+    relay.rename(tmp_path / "bot_relay.aside")
+    relay.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(HostileFileError, match=f"{relay} is a symlink or not a directory"):
+        save_record(root, [])
+    assert precious.read_text(encoding="utf-8") == "outside"

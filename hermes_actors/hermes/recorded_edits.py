@@ -19,7 +19,7 @@ import yaml
 
 from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import open_dir_below
+from hermes_actors.store.relay_dirfd import open_dir_below, remove_below
 from hermes_actors.store.temp_file import check_temp_dir
 from hermes_actors.store.yaml_file import comment_lines, load_bounded
 
@@ -473,15 +473,19 @@ def check_record_writable(root: Path) -> None:
 
 
 def save_record(root: Path, entries: list[dict[str, Any]]) -> None:
-    """Write the record (0600, atomically); no entries removes it.
+    """Write the record (0600, atomically); no entries removes it (through the checked ``bot_relay/``).
 
     Args:
         root: the Hermes root.
         entries: the edits still to be undone.
+
+    Raises:
+        HostileFileError: ``bot_relay/`` is a symlink, a file or not ours: nothing is written or removed.
+        OSError: the write or the removal failed.
     """
     path = record_path(root)
     if not entries:
-        path.unlink(missing_ok=True)
+        remove_below(root, path)  # through the checked bot_relay/: a symlink there is refused, never followed
         return
     ensure_private_dir(path.parent, within=root)
     atomic_write_json(path, {"version": 1, "edits": entries}, tmp_dir=path.parent)

@@ -46,7 +46,7 @@ from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quar
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.hermes_root import discover_profiles, existing_root
-from hermes_actors.store.relay_dirfd import open_relay_dir, relay_dir, rename_between
+from hermes_actors.store.relay_dirfd import open_relay_dir, relay_dir, remove_below, rename_between
 from hermes_actors.store.relay_heartbeat import gateway_alive
 from hermes_actors.store.relay_inbox import (
     InboxPaths,
@@ -481,11 +481,8 @@ class HubActor(TypedActor):
         self.handed.pop(envelope_id, None)
         created = float(result.envelope["created_at"]) or None
         self._log(envelope_id, *_ends(source, result.envelope), result.reply, created)
-        try:  # through our shelf's descriptor: a shelf swapped for a symlink is refused, never followed
-            with relay_dir(target.paths.relay.base, paths.taken) as shelf:
-                os.unlink(f"{envelope_id}.json", dir_fd=shelf)
-        except FileNotFoundError:
-            pass
+        try:  # through our checked shelf: a shelf swapped for a symlink is refused, never followed
+            remove_below(target.paths.relay.root, paths.relay.id_file(paths.taken, envelope_id))
         except (OSError, ValidationError) as exc:  # answered all the same; the next hub start finds it answered
             logger.warning("hub: could not take {} off our shelf on {}: {}", envelope_id, target.name, exc)
 

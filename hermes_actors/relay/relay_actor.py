@@ -61,7 +61,7 @@ from hermes_actors.relay.restart import recover_taken, reown_sent
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
-from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir, remove_below
 from hermes_actors.store.relay_heartbeat import (
     hold_shelf,
     release_shelf,
@@ -354,17 +354,13 @@ class RelayActor(TypedActor):
         later). The other order could leave the envelope unmarked on the shelf after the hub already
         forwarded the reply, and the next gateway would run the turn again.
         """
-        try:  # through our shelf's descriptor: a shelf swapped for a symlink is refused, never followed
-            with relay_dir(self.paths.relay.base, self.paths.taken) as shelf:
-                os.unlink(f"{envelope_id}.json", dir_fd=shelf)
-        except FileNotFoundError:
-            clear_started(self.paths, envelope_id)
-            return False
+        try:  # through our checked shelf: a shelf swapped for a symlink is refused, never followed
+            removed = remove_below(self.paths.relay.root, self.paths.relay.id_file(self.paths.taken, envelope_id))
         except (OSError, ValidationError) as exc:  # our shelf was tampered with: the reply stands, the relay goes on
             logger.warning("relay: could not take {} off our shelf: {}", envelope_id, exc)
             return False  # keep the start mark: an adopter must not run the envelope again
         clear_started(self.paths, envelope_id)
-        return True
+        return removed
 
     def _keep_in_mark(self, record: dict[str, Any], reply_connection: str) -> str:
         """Keep an unwritten reply in its start mark for a restart; returns what the error line adds about it."""

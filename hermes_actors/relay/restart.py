@@ -68,7 +68,7 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.journal_records import DeliveryState
 from hermes_actors.store.owner_lock import release
-from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir, remove_below
 from hermes_actors.store.relay_heartbeat import claimed_shelves
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
@@ -197,10 +197,10 @@ def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float
         else:
             result.finished += 1
         clear_started(paths, envelope_id)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        try:  # through our checked shelf: one swapped for a symlink is refused, never followed
+            remove_below(paths.relay.root, path)
+        except (OSError, ValidationError) as exc:  # HostileFileError included: answered all the same
+            logger.warning("relay: could not take {} off our shelf: {}", envelope_id, exc)
     return result
 
 
@@ -227,11 +227,9 @@ def _write_kept(paths: InboxPaths, envelope_id: str, reply_connection: str, resu
         result.unwritten.append((record, reply_connection))
         return True
     result.kept += 1
-    try:
-        os.unlink(paths.taken / f"{envelope_id}.json")  # off the shelf first, its mark last (see RelayActor)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
+    try:  # off the shelf first, its mark last (see RelayActor)
+        remove_below(paths.relay.root, paths.relay.id_file(paths.taken, envelope_id))
+    except (OSError, ValidationError) as exc:  # HostileFileError included: keep the mark
         logger.warning("relay: could not take {} off our shelf: {}", envelope_id, exc)
         return True
     clear_started(paths, envelope_id)
@@ -684,7 +682,7 @@ def _adopt_dead_writers(paths: InboxPaths, records: list[SentRecord], *, claimed
         try:
             adopted = adopt_sent(paths, owner, [record.envelope_id for record in theirs])
         finally:
-            release_dead(paths.taken_parent / owner, lock)
+            release_dead(paths.taken_parent / owner, lock, within=paths.relay.root)
         mine += adopted
         others += len(theirs) - len(adopted)  # another adopter's since we listed them (or left: logged)
     return mine, others

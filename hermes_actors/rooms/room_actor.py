@@ -57,6 +57,7 @@ from hermes_actors.rooms.rules import (
     after_turn,
     failed_turn_text,
     find_mentions,
+    not_disbanded,
     open_round,
     room_session,
     send_refusal,
@@ -388,7 +389,11 @@ class RoomActor(TypedActor):
 
     @handles(Disband)
     def _on_disband(self, msg: Disband) -> dict[str, Any]:
-        self.files.drop(self.record)  # a member turn still queued now never starts (RoomStartMarks)
+        try:
+            self.files.drop(self.record)  # a member turn still queued now never starts (RoomStartMarks)
+        except (OSError, HostileFileError) as exc:  # rooms/ swapped for a symlink: nothing deleted, the room goes on
+            logger.warning("room {}: not disbanded: {}", self.record.name, exc)
+            raise not_disbanded(self.record.name, self.files.path(self.record.room_id), exc) from exc
         self.halted = True
         for future in self.waiters:
             future.set("disbanded")

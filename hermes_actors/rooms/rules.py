@@ -21,6 +21,7 @@ from typing import Any
 
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, refuse, text_problem
+from hermes_actors.errors import HostileFileError
 
 __all__ = [
     "MAX_MEMBERS",
@@ -39,6 +40,7 @@ __all__ = [
     "name_problem",
     "name_taken",
     "no_room",
+    "not_disbanded",
     "open_round",
     "plan_members",
     "room_session",
@@ -172,6 +174,27 @@ def unrecorded(name: str, what: str, why: str, undone: str) -> RuntimeError:
         The ``RuntimeError`` to raise (``room 'plan' could not record the message durably (<why>); it was NOT sent``).
     """
     return RuntimeError(f"room {name!r} could not record {what} durably ({why}); it was NOT {undone}")
+
+
+def not_disbanded(name: str, path: object, exc: BaseException) -> RuntimeError:
+    """The error ``disband_room`` raises when the room's file could not be deleted: the room stays, nothing changed.
+
+    One rule for the gateway's disband and the host-less ``room disband`` (``RoomsOnDisk``).
+
+    Args:
+        name: the room's name.
+        path: its file (``…/bot_relay/rooms/<room_id>.json``).
+        exc: why the deletion failed; a :class:`~hermes_actors.errors.HostileFileError` (``rooms/`` swapped for a
+            symlink or a file, another user's) adds what to do, as nothing was deleted through it.
+
+    Returns:
+        The ``RuntimeError`` to raise (``room 'plan' is not disbanded: its file … could not be deleted (<why>)``).
+    """
+    text = f"room {name!r} is not disbanded: its file {path} could not be deleted ({exc})"
+    if isinstance(exc, HostileFileError):
+        text += ("; nothing was deleted and the room stays. Put this user's real directory back in its place (the "
+                 "next gateway start moves a symlink or a file there into quarantine/), then disband the room again")
+    return RuntimeError(text)
 
 
 def plan_members(raw: Any, resolve: Resolve) -> tuple[str, ...] | str:

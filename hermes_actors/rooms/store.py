@@ -24,10 +24,10 @@ from hermes_actors.core.ids import id_of_file_name, is_delivery_id
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.rooms.file_budget import fit_room
 from hermes_actors.rooms.room_record import RoomRecord, parse_room
-from hermes_actors.rooms.rules import find_room, no_room
+from hermes_actors.rooms.rules import find_room, no_room, not_disbanded
 from hermes_actors.store.atomic import atomic_write_bytes, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir, remove_below
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import ROOM_STARTS, ROOMS
 from hermes_actors.store.relay_quarantine import quarantine
@@ -185,6 +185,10 @@ class RoomFiles:
 
         Args:
             record: the room, as its driver holds it.
+
+        Raises:
+            HostileFileError: ``rooms/`` (or ``bot_relay/``) is a symlink, a file or not ours: nothing was deleted.
+            OSError: the file could not be deleted (nothing was).
         """
         self.remove(record.room_id)
         if record.running is not None:
@@ -235,11 +239,7 @@ class RoomFiles:
         """Remove the start mark of a member turn the room file no longer holds as ``running``
         (through the checked ``.started``: a swapped one is never followed)."""
         try:
-            mark = self.start_mark(turn_id)
-            with relay_dir(self.relay.base, mark.parent) as fd:
-                os.unlink(mark.name, dir_fd=fd)
-        except FileNotFoundError:
-            pass
+            remove_below(self.relay.root, self.start_mark(turn_id))
         except (OSError, ValidationError) as exc:  # a leftover mark is swept at the next start
             logger.warning("room turn {}: its start mark could not be removed ({})", turn_id, exc)
 
@@ -316,11 +316,14 @@ class RoomFiles:
         return list(kept.values())
 
     def remove(self, room_id: str) -> None:
-        """Delete the room's file (gone already: nothing to do)."""
-        try:
-            os.unlink(self.path(room_id))
-        except FileNotFoundError:
-            pass
+        """Delete the room's file (gone already: nothing to do), through the checked ``rooms/`` (:func:`remove_below`).
+
+        Raises:
+            HostileFileError: ``rooms/`` (or ``bot_relay/``) is a symlink, a file or not ours: nothing was deleted
+                (one swapped while the gateway runs is put back by its next start).
+            OSError: the file could not be deleted.
+        """
+        remove_below(self.relay.root, self.path(room_id))
 
 
 class RoomStartMarks:
@@ -430,7 +433,7 @@ class RoomsOnDisk:
         Raises:
             KeyError: no such room, or a reference naming two rooms (rooms.rules.find_room), naming it.
             RuntimeError: the room directory is refused, another gateway process drives the rooms, or the file
-                could not be deleted.
+                could not be deleted (:func:`~hermes_actors.rooms.rules.not_disbanded`: the room stays).
         """
         if not os.path.lexists(self.files.directory):
             raise no_room(room)  # no room was ever made on this root: nothing is created to say so
@@ -448,9 +451,9 @@ class RoomsOnDisk:
             room_id = find_room(((r.room_id, r.name) for r in records.values()), room)
             try:
                 self.files.drop(records[room_id])
-            except OSError as exc:  # one line for the command, not a traceback
-                raise RuntimeError(f"room {records[room_id].name!r} is not disbanded: its file "
-                                   f"{self.files.path(room_id)} could not be deleted ({exc})") from exc
+            except (OSError, HostileFileError) as exc:  # one line for the command, not a traceback
+                logger.warning("room {}: not disbanded: {}", records[room_id].name, exc)
+                raise not_disbanded(records[room_id].name, self.files.path(room_id), exc) from exc
         finally:
             owner.release()
             owner.close()

@@ -44,6 +44,7 @@ from hermes_actors.store.journal_screen import (
     refused_open,
 )
 from hermes_actors.store.journal_state import JournalState
+from hermes_actors.store.relay_dirfd import remove_below
 
 __all__ = ["DeadJournals", "FileIdentity", "FileMark", "adopt_dead_journals", "lock_dead_journals",
            "take_over_dead_journals"]
@@ -314,11 +315,9 @@ def _retire(adopted: list[_Adopted], *, within: Path | None) -> list[_Adopted]:
             if not _quarantine_damaged(one.path, one.bad, within=within):
                 stayed.append(one)
             continue
-        try:
-            one.path.unlink()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
+        try:  # through the checked journal/: one swapped for a symlink is refused, nothing outside is removed
+            remove_below(within or one.path.parent, one.path)
+        except (OSError, HostileFileError) as exc:
             logger.warning("could not remove adopted journal {}: {}", one.path, exc)
             stayed.append(one)
     return stayed

@@ -7,7 +7,8 @@ with ``O_DIRECTORY | O_NOFOLLOW``, checked to be ours, and the rename is done on
 those descriptors: a directory that is a symlink (now, not at start) is refused.
 :func:`open_dir_below` is the same walk from a trusted anchor (the root, a profile
 home), optionally making each missing directory relative to the checked one above
-it: what ``ensure_private_dir(path, within=...)`` stands on.
+it: what ``ensure_private_dir(path, within=...)`` stands on. :func:`remove_below` is the one way an
+entry under a root is removed: relative to its directory opened by that walk, never by path.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from hermes_actors.errors import HostileFileError
 
-__all__ = ["lexists_below", "open_dir_below", "open_relay_dir", "relay_dir", "rename_between", "swapped_below"]
+__all__ = ["lexists_below", "open_dir_below", "open_relay_dir", "relay_dir", "remove_below", "rename_between",
+           "swapped_below"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -144,6 +146,46 @@ def open_dir_below(anchor: Path, directory: Path | str, *, create: bool = False)
         return _descend(anchor_fd, parts, anchor, create=create)
     finally:
         os.close(anchor_fd)
+
+
+def remove_below(anchor: Path, path: Path, *, directory: bool = False) -> bool:
+    """Remove the entry ``path`` relative to its directory, opened by the checked walk from ``anchor``.
+
+    The rule every removal under a root goes by: ``path``'s directory, and each one between it
+    and ``anchor``, must be a real directory of ours where it should be, now (:func:`open_dir_below`).
+    One swapped for a symlink, a file or another user's directory is refused before anything is
+    removed, so nothing outside the root is ever removed through it. The entry itself is never
+    followed: a symlink there is removed, not what it points to.
+
+    Args:
+        anchor: the trusted directory (the Hermes root; ``path.parent`` itself when the caller has none).
+        path: the entry to remove (its directory is ``anchor`` or inside it).
+        directory: remove an empty directory (``rmdir``) instead of a file.
+
+    Returns:
+        True when this call removed it; False when it, or a directory on its way, was not there.
+
+    Raises:
+        HostileFileError: a directory below ``anchor`` on the way is a symlink, not a directory, or
+            not ours: nothing was removed.
+        OSError: the removal failed otherwise (a directory where a file was meant: EISDIR or EPERM;
+            a directory not empty; EACCES).
+        ValueError: ``path`` is not inside ``anchor``.
+    """
+    try:
+        fd = open_dir_below(anchor, path.parent)
+    except FileNotFoundError:
+        return False
+    try:
+        if directory:
+            os.rmdir(path.name, dir_fd=fd)
+        else:
+            os.unlink(path.name, dir_fd=fd)
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def swapped_below(anchor: Path, directory: Path) -> bool:

@@ -29,7 +29,7 @@ from hermes_actors.core.names import checked_connection_id
 from hermes_actors.errors import ValidationError
 from hermes_actors.store.atomic import atomic_write_json, read_json_file
 from hermes_actors.store.processes import pid_alive, process_start_ticks
-from hermes_actors.store.relay_dirfd import relay_dir
+from hermes_actors.store.relay_dirfd import relay_dir, remove_below
 from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_shelf import is_shelf_name
 from hermes_actors.store.sweep import sweep_old_files
@@ -141,11 +141,21 @@ def write_heartbeat(
 
 
 def remove_heartbeat(paths: InboxPaths) -> None:
-    """A gateway that stops cleanly withdraws its heartbeat."""
+    """A gateway that stops cleanly withdraws its heartbeat; never raises.
+
+    Removed through the checked ``gateways/`` (:func:`remove_below`): one swapped for a symlink is
+    refused, so no ``<pid>.json`` outside the root is removed through it. What cannot be removed is
+    said at WARNING: once this process is gone, its heartbeat counts for nothing (its pid does not run).
+
+    Args:
+        paths: the root's relay layout.
+    """
+    path = paths.heartbeat / f"{os.getpid()}.json"
     try:
-        os.unlink(paths.heartbeat / f"{os.getpid()}.json")
-    except FileNotFoundError:
-        pass
+        remove_below(paths.relay.root, path)
+    except (OSError, ValidationError) as exc:  # HostileFileError included
+        logger.warning("relay: could not withdraw the heartbeat {} ({}); it counts for nothing once this process "
+                       "has exited", path, exc)
 
 
 def _beat_alive(beat: Any, now: float, file_pid: int) -> bool:

@@ -28,7 +28,7 @@ from hermes_actors.core.ids import validate_delivery_id
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir, remove_below
 from hermes_actors.store.relay_inbox import InboxPaths, parse_delivered, read_inbox_envelope
 from hermes_actors.store.relay_protocol import REPLY_FILE_MAX_BYTES, parse_reply
 from hermes_actors.store.relay_quarantine import quarantine
@@ -82,14 +82,18 @@ def was_started(paths: InboxPaths, envelope_id: str) -> bool:
 def drop_mark(paths: InboxPaths, path: Path) -> None:
     """Remove a mark file; what cannot be removed (a directory in its place...) is moved aside, never raised.
 
+    Removed through its checked directory (:func:`remove_below`): a ``started/`` or ``sent/`` swapped for a
+    symlink is refused and said at WARNING, and nothing outside the root is removed through it (the rescan puts
+    the directory back; the mark stays in the directory that was swapped away).
+
     Args:
         paths: the relay layout (its quarantine).
         path: the mark file.
     """
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        remove_below(paths.relay.root, path)
+    except HostileFileError as exc:  # its directory swapped: never followed, nothing to move aside either
+        logger.warning("relay: the mark {} was not removed: {}", path, exc)
     except OSError as exc:  # a hostile tree: the relay's actors must keep running (the rescan repairs it)
         quarantine(paths.relay, path, f"could not remove it: {exc}")
 

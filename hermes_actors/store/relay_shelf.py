@@ -46,7 +46,7 @@ from hermes_actors.core.ids import id_of_file_name
 from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.store.owner_lock import hold, release, take_unowned
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import lexists_below, relay_dir
+from hermes_actors.store.relay_dirfd import lexists_below, open_dir_below, relay_dir, remove_below
 
 __all__ = ["Adopted", "Shelf", "count_on_shelves", "find_on_shelves", "holding_places", "is_shelf_name",
            "release_dead", "shelf_held", "take_dead"]
@@ -118,31 +118,49 @@ def shelf_held(parent: Path, name: str) -> bool:
     return os.path.lexists(lock)  # None: held by a living process, or removed just now (its work is done)
 
 
-def release_dead(shelf: Path, fd: int) -> None:
+def release_dead(shelf: Path, fd: int, *, within: Path | None = None) -> None:
     """Remove an adopted shelf once nothing but its ``.lock`` is left in it, then let go of its lock; never raises.
 
     Args:
         shelf: the shelf :func:`take_dead` locked.
         fd: the descriptor holding its lock.
+        within: the Hermes root the shelf is under: it is listed and removed through the checked walk from it
+            (:func:`_remove_if_bare`).
     """
     try:
-        _remove_if_bare(shelf)
-    except OSError as exc:
+        _remove_if_bare(shelf, within)
+    except (OSError, HostileFileError) as exc:
         logger.warning("could not remove the adopted shelf {}: {}", shelf, exc)
     finally:
         release(fd)
 
 
-def _remove_if_bare(shelf: Path) -> list[str]:
+def _remove_if_bare(shelf: Path, within: Path | None) -> list[str]:
     """Remove the shelf when only its ``.lock`` is in it (the lock first); the other entries when there are any.
 
+    Listed and removed through the checked walk from ``within`` (:func:`remove_below`; without it, from the
+    shelf's parent as named): a ``taken/`` swapped for a symlink is refused, nothing outside the root is removed.
+
+    Args:
+        shelf: the shelf directory.
+        within: the Hermes root it is under (None: its parent is trusted as named).
+
+    Returns:
+        The entries other than ``.lock`` (the shelf is removed only when there are none).
+
     Raises:
+        HostileFileError: a directory on the way is a symlink, not a directory, or not ours: nothing is removed.
         OSError: it could not be listed or removed.
     """
-    others = [name for name in os.listdir(shelf) if name != LOCK_NAME]
+    anchor = within or shelf.parent
+    fd = open_dir_below(anchor, shelf)
+    try:
+        others = [name for name in os.listdir(fd) if name != LOCK_NAME]
+    finally:
+        os.close(fd)
     if not others:
-        os.unlink(shelf / LOCK_NAME)
-        os.rmdir(shelf)
+        remove_below(anchor, shelf / LOCK_NAME)
+        remove_below(anchor, shelf, directory=True)
     return others
 
 
@@ -274,10 +292,10 @@ class Shelf:
         try:
             moved = [name[:-5] for name in sorted(os.listdir(shelf))
                      if id_of_file_name(name) is not None and self._move(shelf / name, name)]
-            for leftover in _remove_if_bare(shelf):
+            for leftover in _remove_if_bare(shelf, self.within):
                 logger.warning("dead shelf {} holds a stray entry {!r}; left in place", shelf, leftover)
             return moved
-        except OSError as exc:
+        except (OSError, HostileFileError) as exc:
             logger.warning("could not adopt the shelf {}: {}", shelf, exc)
             return None
         finally:
@@ -305,8 +323,8 @@ class Shelf:
             return
         try:
             if not keep:
-                _remove_if_bare(self.path)
-        except OSError as exc:
+                _remove_if_bare(self.path, self.within)
+        except (OSError, HostileFileError) as exc:
             logger.warning("could not remove the shelf {}: {}", self.path, exc)
         finally:
             os.close(self._fd)

@@ -34,6 +34,7 @@ from loguru import logger
 from hermes_actors.core.backoff import doubling
 from hermes_actors.errors import HostileFileError
 from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import remove_below
 
 __all__ = ["TurnLock", "flock_now", "turn_lock_path"]
 
@@ -229,9 +230,9 @@ class TurnLock:
             # Between the look and the move another process replaced the hostile file with a good one, maybe
             # flocked already: moved aside, its flock would serialize nothing. Put it back (a hard link: the
             # same file), unless yet another took its place.
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, HostileFileError):
                 os.link(moved, self.path)
-                os.unlink(moved)
+                remove_below(_lock_anchor(self.path) or moved.parent, moved)  # never through a swapped quarantine/
                 logger.info("{}: the lock file moved aside was a good one, created meanwhile; put back", self.path)
 
     def _good_or_gone(self) -> bool:
