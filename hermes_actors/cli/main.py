@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from loguru import logger
 
+from hermes_actors.cli.after_action import AfterActionError
 from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, user_path, utf8_text
 from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note, runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
@@ -380,6 +381,9 @@ def _run(argv: Sequence[str] | None) -> int:
             return _os_failure(args, exc)
         print(f"error: {exc}", file=sys.stderr)  # a missing root, a root you cannot use, a bad value
         return EXIT_USAGE
+    except AfterActionError as exc:  # the request was answered (a DM acked, a room made): no bad argument
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except TransportError as exc:  # the transport can't be used as configured (credentials, lease, extra)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from hermes_actors.cli.after_action import action_taken
 from hermes_actors.cli.arg_types import seconds, utf8_text
 from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line, rooms_table
 from hermes_actors.core.shell import shell_command
@@ -40,7 +41,8 @@ def _act(act: Callable[[Any], int], rooms: Any) -> int:
 
     try:
         return act(rooms)
-    except (KeyError, ValueError) as exc:  # no such room, a bad name or members: a bad argument
+    except (KeyError, ValueError) as exc:  # no such room, a bad name or members (one raised once the room call was
+        # answered is an AfterActionError: cli.after_action)
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return EXIT_USAGE
     except (HostOffline, HostLost, TimeoutError, RuntimeError) as exc:
@@ -135,12 +137,13 @@ def _print_json(value: Any) -> None:
 def _create(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         room = gw.create_room(args.name, args.members)
-        if args.json:
-            _print_json(room)
-        else:
-            members = ", ".join("@" + m for m in room["members"])
-            print(f"room {printable(room['name'])} created ({room['room_id']}): {members}")
-        return 0
+        with action_taken():
+            if args.json:
+                _print_json(room)
+            else:
+                members = ", ".join("@" + m for m in room["members"])
+                print(f"room {printable(room['name'])} created ({room['room_id']}): {members}")
+            return 0
 
     return _with_gateway(args, act)
 
@@ -154,17 +157,18 @@ def _send(args: argparse.Namespace) -> int:
         unknown = no_room(args.room)
         if ack.get("error") == unknown.args[0]:  # a bad argument, as show and disband answer it: not a refusal
             raise unknown
-        if "error" in ack:
+        with action_taken():
+            if "error" in ack:
+                if args.json:
+                    _print_json(ack)
+                else:
+                    print(refusal_line(ack))
+                return EXIT_FAILED
             if args.json:
                 _print_json(ack)
             else:
-                print(refusal_line(ack))
-            return EXIT_FAILED
-        if args.json:
-            _print_json(ack)
-        else:
-            print(f"queued in room {printable(args.room)}: message {ack['message_id']}")
-        return settle(gw, ack)
+                print(f"queued in room {printable(args.room)}: message {ack['message_id']}")
+            return settle(gw, ack)
 
     def settle(gw: Any, ack: dict[str, Any]) -> int:
         try:
@@ -194,13 +198,14 @@ def _send(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         entries = gw.room_transcript(args.room)
-        if args.json:
-            print(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode())
-        for entry in [] if args.json else entries:
-            _print_entry(entry)
-        if not entries and not args.json:  # say so: an empty output reads as a command that did nothing
-            print(f"room {printable(args.room)} has no messages yet", file=sys.stderr)
-        return 0
+        with action_taken():
+            if args.json:
+                print(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode())
+            for entry in [] if args.json else entries:
+                _print_entry(entry)
+            if not entries and not args.json:  # say so: an empty output reads as a command that did nothing
+                print(f"room {printable(args.room)} has no messages yet", file=sys.stderr)
+            return 0
 
     return _with_gateway(args, act, on_disk=True)
 
@@ -208,11 +213,12 @@ def _show(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         rows = gw.list_rooms()
-        if args.json:
-            print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+        with action_taken():
+            if args.json:
+                print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+                return 0
+            print(rooms_table(rows))
             return 0
-        print(rooms_table(rows))
-        return 0
 
     return _with_gateway(args, act, on_disk=True)
 
@@ -220,12 +226,13 @@ def _list(args: argparse.Namespace) -> int:
 def _disband(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         gone = gw.disband_room(args.room)
-        if args.json:
-            _print_json(gone)
-        else:
-            print(f"room {printable(str(gone.get('name', args.room)))} disbanded ({gone.get('room_id', '')}); its "
-                  "members' sessions stay")
-        return 0
+        with action_taken():
+            if args.json:
+                _print_json(gone)
+            else:
+                print(f"room {printable(str(gone.get('name', args.room)))} disbanded ({gone.get('room_id', '')}); "
+                      "its members' sessions stay")
+            return 0
 
     return _with_gateway(args, act, on_disk=True)
 
