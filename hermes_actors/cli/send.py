@@ -91,7 +91,8 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
                              without="a send that runs the DM itself")
     if note is not None:
         print(note, file=sys.stderr)
-    with action_taken():
+    # SIGTERM and SIGHUP as Ctrl-C (ops/stop_signals.py): before, they killed a --wait without a word
+    with action_taken(), StopSignals(interrupts=True).routed():
         return _host_answered(ack, args)
 
 
@@ -106,7 +107,8 @@ def _host_answered(ack: dict[str, Any], args: argparse.Namespace) -> int:
         The exit code.
 
     Raises:
-        KeyboardInterrupt: Ctrl-C while it waited, once it said that the DM stays queued at the host.
+        KeyboardInterrupt: a stop signal while it waited (:class:`StopSignalled` for SIGTERM and SIGHUP), once it
+            said that the DM stays queued at the host.
     """
     from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_outcome
 
