@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -348,6 +350,51 @@ def test_roster_without_a_host_lists_what_a_gateway_on_the_root_lists(tmp_path: 
 def test_a_missing_root_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["roster", "--root", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# The console script as pip writes it for pyproject's entry point, in a child process whose import of the module
+# argv[1] names waits for a signal: a Ctrl-C that lands while the command line is still loading.
+_CONSOLE_SCRIPT = """
+import signal, sys
+
+class HeldImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == held:
+            print("importing", name, file=sys.stderr, flush=True)
+            signal.pause()
+        return None
+
+held = sys.argv.pop(1)
+sys.meta_path.insert(0, HeldImport())
+from {module} import {function}
+sys.exit({function}())
+"""
+
+
+@pytest.mark.parametrize("held", ["actors", "hermes_actors.cli.room"])
+def test_a_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback(tmp_path: Path, held: str) -> None:
+    """Regression (CLI exit-code review): a Ctrl-C in the first quarter second of `hermes-actors …`, while it imports
+    the command line (the actor toolkit: `actors`) or parses its arguments (the room commands' module), printed a
+    KeyboardInterrupt traceback and the process died of SIGINT; a later one exits 130 without a word. Both now
+    exit 130 without a word."""
+    import tomllib
+
+    entry = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    module, function = entry["project"]["scripts"]["hermes-actors"].split(":")
+    script = _CONSOLE_SCRIPT.format(module=module, function=function)
+    root = make_root(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", script, held, "status", "--root", str(root)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == f"importing {held}\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (proc.returncode, out, err) == (130, "", "")
 
 
 def test_the_demo_runs_its_script_and_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:

@@ -354,7 +354,7 @@ def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script.
+    """The command line (the console script's, which :mod:`hermes_actors.console` imports and runs).
 
     stdout or stderr closed (``>&-``): the command runs all the same, what it prints there is dropped
     (:func:`hermes_actors.cli.streams.output_streams`), and its exit code says how it went.
@@ -366,7 +366,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     with output_streams():
-        return _run(argv)
+        try:
+            return _run(argv)
+        except KeyboardInterrupt as exc:  # Ctrl-C before the command started (parsing its arguments): as in it
+            return _interrupted(exc)
 
 
 def _run(argv: Sequence[str] | None) -> int:
@@ -388,7 +391,7 @@ def _run(argv: Sequence[str] | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM and SIGHUP too where a command runs a gateway itself
-        return signal_exit_code(exc.received if isinstance(exc, StopSignalled) else signal.SIGINT)
+        return _interrupted(exc)
     except BrokenPipeError:  # `status | head`: the reader left; no traceback, and no second error at exit
         devnull_onto((sys.stdout.fileno(),))
         return EXIT_SIGPIPE
@@ -398,6 +401,11 @@ def _run(argv: Sequence[str] | None) -> int:
         return EXIT_FAILED
     except OSError as exc:  # the disk is full, a file is unreadable: one line (the traceback with -v)
         return _os_failure(args, exc)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """The exit code of a command a stop signal ended: 128 + its number (a plain ``KeyboardInterrupt`` is Ctrl-C's)."""
+    return signal_exit_code(exc.received if isinstance(exc, StopSignalled) else signal.SIGINT)
 
 
 def _os_failure(args: argparse.Namespace, exc: OSError) -> int:
