@@ -35,7 +35,7 @@ from hermes_actors.cli.streams import StdoutError, devnull_onto, output_streams,
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TransportError
-from hermes_actors.ops.stop_signals import StopSignalled, signal_exit_code
+from hermes_actors.ops.stop_signals import StopSignalled, StopSignals, signal_exit_code
 
 __all__ = ["main"]
 
@@ -59,7 +59,10 @@ def _enable_logging(verbose: int) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from hermes_actors.demo.script import run_demo
 
-    return run_demo(keep=args.keep, out=sys.stdout)
+    # SIGTERM and SIGHUP as Ctrl-C (ops/stop_signals.py), until its temporary root is removed: before, they killed
+    # the demo and left the root behind, with its gateway's heartbeat
+    with StopSignals(interrupts=True).routed():
+        return run_demo(keep=args.keep, out=sys.stdout)
 
 
 def _cmd_roster(args: argparse.Namespace) -> int:
