@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -348,6 +350,153 @@ def test_roster_without_a_host_lists_what_a_gateway_on_the_root_lists(tmp_path: 
 def test_a_missing_root_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["roster", "--root", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+_MAIN = "from hermes_actors.cli.main import main; raise SystemExit(main())"
+
+# The demo in a child process whose TMPDIR is the test's, paused (until a signal) where argv[1] says: after the
+# heading of its first step, its gateway running ("step"); with two of the four fan-in senders started, waiting at
+# their barrier ("fan-in start"); with the four past it, their sends held until the gateway stops ("fan-in send");
+# in the removal of its temporary root ("removal").
+_PAUSED_DEMO = """
+import shutil, signal, sys, threading, time
+from pathlib import Path
+from hermes_actors.demo import script
+
+def pause():
+    print("paused", file=sys.stderr, flush=True)
+    signal.pause()
+
+where = sys.argv[1]
+if where == "step":
+    said = script._Transcript.say
+    def say(self, text):
+        said(self, text)
+        if text.startswith("\\n1."):
+            pause()
+    script._Transcript.say = say
+elif where == "fan-in start":
+    start, senders = threading.Thread.start, []
+    def started(self):
+        start(self)
+        if getattr(self._target, "__name__", "") == "fire":
+            senders.append(self)
+            if len(senders) == 2:
+                pause()
+    threading.Thread.start = started
+elif where == "fan-in send":
+    send, first = script._send, threading.Lock()
+    def sent_once_stopped(gw, t, sender, target, message):
+        if threading.current_thread() is not threading.main_thread():
+            if first.acquire(blocking=False):
+                print("paused", file=sys.stderr, flush=True)
+            deadline = time.monotonic() + 60
+            while gw.running and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return send(gw, t, sender, target, message)
+    script._send = sent_once_stopped
+else:
+    removed, paused = shutil.rmtree, []
+    def rmtree(path, *args, **kwargs):
+        if not paused and Path(path).name.startswith("hermes-actors-demo-"):
+            paused.append(path)
+            pause()
+        removed(path, *args, **kwargs)
+    shutil.rmtree = rmtree
+from hermes_actors.cli.main import main
+raise SystemExit(main(["demo"]))
+"""
+
+
+@pytest.mark.parametrize(("where", "sig"), [("step", signal.SIGTERM), ("step", signal.SIGHUP),
+                                            ("fan-in start", signal.SIGTERM), ("fan-in send", signal.SIGINT),
+                                            ("removal", signal.SIGTERM)])
+def test_the_demo_stopped_by_a_signal_removes_its_root(tmp_path: Path, where: str, sig: signal.Signals) -> None:
+    """Regression (CLI exit-code review): SIGTERM or SIGHUP killed `hermes-actors demo` outright (Ctrl-C stopped it),
+    leaving its temporary root with its gateway's heartbeat (bot_relay/gateways/<pid>.json); a signal in the middle
+    of the removal (Ctrl-C's too) left the rest. Either now stops it as Ctrl-C does: the root is removed and the
+    exit code is the signal's (128 + its number). One during the fan-in (Ctrl-C's too) left senders waiting at
+    their barrier for ever, the process never exiting, or printed their tracebacks (`gateway is not running`)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSED_DEMO, where], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == "paused\n"
+        assert [p.name.startswith("hermes-actors-demo-") for p in tmp.iterdir()] == [True]  # its root, as it runs
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err, err
+    assert list(tmp.iterdir()) == []
+
+
+def test_the_demo_whose_stdout_reader_left_removes_its_root(tmp_path: Path) -> None:
+    """Regression (CLI exit-code review): with stdout a pipe whose reader had left and PYTHONUNBUFFERED=1, the demo's
+    first line failed (BrokenPipeError) before the code that removes its temporary root, which stayed."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run([sys.executable, "-c", _MAIN, "demo"], stdin=subprocess.DEVNULL, stdout=writer,
+                              stderr=subprocess.PIPE, text=True, timeout=120,
+                              env={**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"})
+    finally:
+        os.close(writer)
+    assert done.returncode == 141, done.stderr
+    assert list(tmp.iterdir()) == []
+
+
+# The console script as pip writes it for pyproject's entry point, in a child process whose import of the module
+# argv[1] names waits for a signal: a Ctrl-C that lands while the command line is still loading.
+_CONSOLE_SCRIPT = """
+import signal, sys
+
+class HeldImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == held:
+            print("importing", name, file=sys.stderr, flush=True)
+            signal.pause()
+        return None
+
+held = sys.argv.pop(1)
+sys.meta_path.insert(0, HeldImport())
+from {module} import {function}
+sys.exit({function}())
+"""
+
+
+@pytest.mark.parametrize("held", ["actors", "hermes_actors.cli.room"])
+def test_a_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback(tmp_path: Path, held: str) -> None:
+    """Regression (CLI exit-code review): a Ctrl-C in the first quarter second of `hermes-actors …`, while it imports
+    the command line (the actor toolkit: `actors`) or parses its arguments (the room commands' module), printed a
+    KeyboardInterrupt traceback and the process died of SIGINT; a later one exits 130 without a word. Both now
+    exit 130 without a word."""
+    import tomllib
+
+    entry = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    module, function = entry["project"]["scripts"]["hermes-actors"].split(":")
+    script = _CONSOLE_SCRIPT.format(module=module, function=function)
+    root = make_root(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", script, held, "status", "--root", str(root)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == f"importing {held}\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (proc.returncode, out, err) == (130, "", "")
 
 
 def test_the_demo_runs_its_script_and_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,18 +4,25 @@ be written (``> /dev/full``), through the real command in a child process."""
 from __future__ import annotations
 
 import errno
+import io
 import json
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from roots import make_root
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
-from hermes_actors.cli.streams import STDOUT_CLOSED_NOTE, stdout_error_line
+from hermes_actors.cli.after_action import AfterActionError, action_taken
+from hermes_actors.cli.main import main
+from hermes_actors.cli.streams import STDOUT_CLOSED_NOTE, encodable, stdout_error_line
 from hermes_actors.demo.bots import create_demo_root
 
 _MAIN = "from hermes_actors.cli.main import main; raise SystemExit(main())"
@@ -77,6 +84,116 @@ def test_a_command_with_stdout_closed_does_its_work_and_exits_as_it_went(
     assert done.stderr.count(STDOUT_CLOSED_NOTE) == 1, done.stderr[-2000:]
     if argv[0] == "send":  # the DM was run and replied: what the exit code 0 says
         assert _status(root)["counters"]["by_status"] == {"replied": 1}
+
+
+def _command(args: list[str], *, env: dict[str, str] | None = None, stderr: int = subprocess.PIPE
+             ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _MAIN, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=stderr, text=True, timeout=120, env=env)
+
+
+def test_what_stdouts_encoding_cannot_write_is_printed_escaped_and_the_command_exits_as_it_went(tmp_path: Path) -> None:
+    """Regression (CLI exit-code review): with stdout in ASCII (`PYTHONIOENCODING=ascii`, a C locale) a `send` whose
+    DM was delivered printed its ack, then `error: 'ascii' codec can't encode character '\\xe9' …`, exit 2 (a usage
+    error: a script reads "nothing sent" and sends it again); `room create café` said `error: ascii`, exit 2, and the
+    room was made. What the encoding cannot write is now printed as a backslash escape, and the exit code is the
+    command's."""
+    root = make_root(tmp_path)
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    sent = _command(["send", "--root", str(root), "--from", "alice", "bob", "h\u00e9llo", "--runner", "demo"], env=env)
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.splitlines()[-1] == "Reply from @bob: @bob got your message: h\\xe9llo"
+    made = _command(["room", "create", "--root", str(root), "caf\u00e9", "alice", "bob", "--runner", "demo"], env=env)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("room caf\\xe9 created ("), made.stdout
+    assert [room["name"] for room in Gateway(root).list_rooms()] == ["caf\u00e9"]  # read from the room files
+
+
+@pytest.mark.parametrize(("text", "encoding", "written"), [
+    ("h\u00e9llo", "ascii", "h\\xe9llo"),
+    ("h\u00e9llo \u2603", "latin-1", "h\u00e9llo \\u2603"),
+    ("h\u00e9llo", "utf-8", "h\u00e9llo"),
+    ("a lone \udcff", "utf-8", "a lone \\udcff"),  # a surrogate no UTF-8 stream takes
+    ("h\u00e9llo", None, "h\u00e9llo"),  # a stream of text (io.StringIO) encodes nothing
+])
+def test_encodable(text: str, encoding: str | None, written: str) -> None:
+    assert encodable(text, encoding) == written
+
+
+@contextmanager
+def _unwritable(kind: str) -> Iterator[int]:
+    """A descriptor every write to fails: a pipe whose reader left (EPIPE), or /dev/full (ENOSPC)."""
+    if kind == "a pipe whose reader left":
+        reader, fd = os.pipe()
+        os.close(reader)
+    else:
+        fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("kind", ["a pipe whose reader left", "a full disk"])
+def test_a_stderr_that_cannot_be_written_changes_neither_what_a_command_does_nor_its_exit_code(
+    tmp_path: Path, kind: str
+) -> None:
+    """Regression (CLI exit-code review): with stderr a pipe whose reader left, `status --root /nonexistent` exited 1,
+    not 2 (the error line failed inside its own handler), `outcome` of a bad id 141, not 2, and `send` without a
+    host 141 having SENT NOTHING: its "no host" note failed, taken for stdout's reader leaving. A write to stderr
+    that fails is now dropped: each does what it would, with its exit code."""
+    root = make_root(tmp_path)
+    with _unwritable(kind) as stderr:
+        missing = _command(["status", "--root", str(tmp_path / "missing")], stderr=stderr)
+        bad_id = _command(["outcome", "--root", str(root), "xyz"], stderr=stderr)
+        sent = _command(["send", "--root", str(root), "--from", "alice", "bob", "hi", "--runner", "demo"],
+                        stderr=stderr)
+    assert (missing.returncode, bad_id.returncode, sent.returncode) == (2, 2, 0)
+    assert sent.stdout.splitlines()[-1] == "Reply from @bob: @bob got your message: hi"
+    assert _status(root)["counters"]["by_status"] == {"replied": 1}
+
+
+ROOM_CREATE = ["room", "create", "--root", "R", "plan", "alice", "bob", "--runner", "demo"]
+SEND = ["send", "--root", "R", "--from", "alice", "bob", "hi", "--runner", "demo"]
+
+
+@pytest.mark.parametrize("argv", [SEND, ROOM_CREATE], ids=["send", "room create"])
+def test_an_error_once_the_request_was_answered_is_no_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    """Regression (CLI exit-code review): a ValueError raised once the DM was acked or the room made (its line
+    printed to a stdout an embedding caller had closed; an ASCII stdout's UnicodeEncodeError, before streams.py
+    escaped it) was said as bad arguments, exit 2: "nothing was done". It is exit 1 now, the error in one line."""
+    root = make_root(tmp_path)
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stdout", closed)
+    assert main([str(root) if arg == "R" else arg for arg in argv]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == "error: I/O operation on closed file"
+    if argv is ROOM_CREATE:
+        assert [room["name"] for room in Gateway(root).list_rooms()] == ["plan"]
+    else:
+        assert _status(root)["counters"]["settled"] == 1
+
+
+@pytest.mark.parametrize(("raised", "said"), [
+    (ValueError("I/O operation on closed file."), "I/O operation on closed file."),
+    (UnicodeEncodeError("ascii", "\u00e9", 0, 1, "ordinal not in range(128)"),
+     "'ascii' codec can't encode character '\\xe9' in position 0: ordinal not in range(128)"),
+    (KeyError("no room 'x'"), "no room 'x'"),  # its text, not str()'s quoted repr
+])
+def test_action_taken_says_a_value_or_key_error_as_no_bad_argument(raised: Exception, said: str) -> None:
+    with pytest.raises(AfterActionError) as caught, action_taken():
+        raise raised
+    assert str(caught.value) == said
+    assert caught.value.__cause__ is raised
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("rooms are unavailable"), TimeoutError("no outcome in 5 s")])
+def test_action_taken_lets_other_errors_pass(raised: Exception) -> None:
+    with pytest.raises(type(raised)) as caught, action_taken():
+        raise raised
+    assert caught.value is raised
 
 
 def test_serve_with_stdout_closed_serves_and_stops_cleanly(tmp_path: Path) -> None:

@@ -461,6 +461,44 @@ def test_send_without_a_host_stops_on_sigterm_or_sighup_as_on_ctrl_c_and_its_tur
     assert (outcome["status"], outcome["reply"]) == ("replied", "done A"), outcome
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_send_waiting_at_a_host_stops_on_sigterm_or_sighup_as_on_ctrl_c(
+    tmp_path: Path, procs: list[Proc], monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
+) -> None:
+    """Regression (CLI exit-code review): `send --wait` through a host died at once on a SIGTERM or SIGHUP, without a
+    word (killed by the signal), where Ctrl-C says the DM stays queued at the host and how to get its outcome, and
+    exits 130. Either now does as Ctrl-C: the same line, exit 128 + the signal's number; the host runs the DM."""
+    root = make_root(tmp_path)
+    waiting, release = threading.Event(), threading.Event()
+
+    def held(turn: Any) -> str:
+        assert release.wait(WAIT), "the test never released the turn"
+        return "done"
+
+    with Gateway(root, runner=held, durable=False, serve_submit=True) as host:
+        answer = host.wait_outcome
+
+        def watched(delivery_id: str, timeout: float = 30.0) -> dict[str, Any]:
+            waiting.set()  # the send asks the host for the outcome: it waits in fetch_outcome
+            return answer(delivery_id, timeout=timeout)
+
+        monkeypatch.setattr(host, "wait_outcome", watched)
+        send = Proc("send", ["send", "--root", str(root), "--from", "alice", "bob", "hi", "--wait", "60"], tmp_path,
+                    {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        procs.append(send)
+        try:
+            assert waiting.wait(WAIT), f"the send never waited at the host: {send.stderr()[-2000:]}"
+            send.proc.send_signal(sig)
+            code = send.wait()
+        finally:
+            release.set()
+        delivery_id = send.stdout().split("delivery ")[1].split()[0]
+        assert answer(delivery_id, timeout=WAIT)["reply"] == "done"  # the host ran it
+    assert code == 128 + sig, send.stderr()
+    assert (f"interrupted; the DM stays queued at the host; its outcome, once settled: hermes-actors outcome --root "
+            f"{root} {delivery_id}") in send.stderr().splitlines(), send.stderr()
+
+
 def _room_send_stopped_in_a_turn(
     tmp_path: Path, fake_cli: Path, leftovers: list[int], procs: list[Proc], name: str, text: str
 ) -> tuple[Path, Proc, dict[str, Any], Path]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from loguru import logger
 
+from hermes_actors.cli.after_action import AfterActionError
 from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, user_path, utf8_text
 from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note, runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
@@ -42,7 +43,7 @@ from hermes_actors.cli.streams import (
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import TransportError
-from hermes_actors.ops.stop_signals import StopSignalled, signal_exit_code
+from hermes_actors.ops.stop_signals import StopSignalled, StopSignals, signal_exit_code
 
 __all__ = ["main"]
 
@@ -80,7 +81,10 @@ def _enable_logging(verbose: int) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from hermes_actors.demo.script import run_demo
 
-    return run_demo(keep=args.keep, out=sys.stdout)
+    # SIGTERM and SIGHUP as Ctrl-C (ops/stop_signals.py), until its temporary root is removed: before, they killed
+    # the demo and left the root behind, with its gateway's heartbeat
+    with StopSignals(interrupts=True).routed():
+        return run_demo(keep=args.keep, out=sys.stdout)
 
 
 def _cmd_roster(args: argparse.Namespace) -> int:
@@ -376,7 +380,7 @@ def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script.
+    """The command line (the console script's, which :mod:`hermes_actors.console` imports and runs).
 
     stdout or stderr closed (``>&-``): the command runs all the same, what it prints there is dropped
     (:func:`hermes_actors.cli.streams.output_streams`), and its exit code says how it went.
@@ -388,7 +392,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     with output_streams():
-        return _run(argv)
+        try:
+            return _run(argv)
+        except KeyboardInterrupt as exc:  # Ctrl-C before the command started (parsing its arguments): as in it
+            return _interrupted(exc)
 
 
 def _run(argv: Sequence[str] | None) -> int:
@@ -403,11 +410,14 @@ def _run(argv: Sequence[str] | None) -> int:
             return _os_failure(args, exc)
         print(f"error: {exc}", file=sys.stderr)  # a missing root, a root you cannot use, a bad value
         return EXIT_USAGE
+    except AfterActionError as exc:  # the request was answered (a DM acked, a room made): no bad argument
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except TransportError as exc:  # the transport can't be used as configured (credentials, lease, extra)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM and SIGHUP too where a command runs a gateway itself
-        return signal_exit_code(exc.received if isinstance(exc, StopSignalled) else signal.SIGINT)
+        return _interrupted(exc)
     except BrokenPipeError:  # `status | head`: the reader left; no traceback, and no second error at exit
         devnull_onto((sys.stdout.fileno(),))
         return EXIT_SIGPIPE
@@ -417,6 +427,11 @@ def _run(argv: Sequence[str] | None) -> int:
         return EXIT_FAILED
     except OSError as exc:  # the disk is full, a file is unreadable: one line (the traceback with -v)
         return _os_failure(args, exc)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """The exit code of a command a stop signal ended: 128 + its number (a plain ``KeyboardInterrupt`` is Ctrl-C's)."""
+    return signal_exit_code(exc.received if isinstance(exc, StopSignalled) else signal.SIGINT)
 
 
 def _os_failure(args: argparse.Namespace, exc: OSError) -> int:

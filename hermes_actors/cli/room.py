@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from hermes_actors.cli.after_action import action_taken
 from hermes_actors.cli.arg_types import seconds, utf8_text
 from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, refusal_line, rooms_table
 from hermes_actors.cli.streams import print_json
@@ -39,7 +40,8 @@ def _act(act: Callable[[Any], int], rooms: Any) -> int:
 
     try:
         return act(rooms)
-    except (KeyError, ValueError) as exc:  # no such room, a bad name or members: a bad argument
+    except (KeyError, ValueError) as exc:  # no such room, a bad name or members (one raised once the room call was
+        # answered is an AfterActionError: cli.after_action)
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return EXIT_USAGE
     except (HostOffline, HostLost, TimeoutError, RuntimeError) as exc:
@@ -130,12 +132,13 @@ def _after(entries: list[dict[str, Any]], message_id: str) -> list[dict[str, Any
 def _create(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         room = gw.create_room(args.name, args.members)
-        if args.json:
-            print_json(room)
-        else:
-            members = ", ".join("@" + m for m in room["members"])
-            print(f"room {room['name']} created ({room['room_id']}): {members}")
-        return 0
+        with action_taken():
+            if args.json:
+                print_json(room)
+            else:
+                members = ", ".join("@" + m for m in room["members"])
+                print(f"room {room['name']} created ({room['room_id']}): {members}")
+            return 0
 
     return _with_gateway(args, act)
 
@@ -149,17 +152,18 @@ def _send(args: argparse.Namespace) -> int:
         unknown = no_room(args.room)
         if ack.get("error") == unknown.args[0]:  # a bad argument, as show and disband answer it: not a refusal
             raise unknown
-        if "error" in ack:
+        with action_taken():
+            if "error" in ack:
+                if args.json:
+                    print_json(ack)
+                else:
+                    print(refusal_line(ack))
+                return EXIT_FAILED
             if args.json:
                 print_json(ack)
             else:
-                print(refusal_line(ack))
-            return EXIT_FAILED
-        if args.json:
-            print_json(ack)
-        else:
-            print(f"queued in room {args.room}: message {ack['message_id']}")
-        return settle(gw, ack)
+                print(f"queued in room {args.room}: message {ack['message_id']}")
+            return settle(gw, ack)
 
     def settle(gw: Any, ack: dict[str, Any]) -> int:
         try:
@@ -189,13 +193,14 @@ def _send(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         entries = gw.room_transcript(args.room)
-        if args.json:
-            print_json(entries, indent=True)
-        for entry in [] if args.json else entries:
-            _print_entry(entry)
-        if not entries and not args.json:  # say so: an empty output reads as a command that did nothing
-            print(f"room {args.room} has no messages yet", file=sys.stderr)
-        return 0
+        with action_taken():
+            if args.json:
+                print_json(entries, indent=True)
+            for entry in [] if args.json else entries:
+                _print_entry(entry)
+            if not entries and not args.json:  # say so: an empty output reads as a command that did nothing
+                print(f"room {args.room} has no messages yet", file=sys.stderr)
+            return 0
 
     return _with_gateway(args, act, on_disk=True)
 
@@ -203,11 +208,12 @@ def _show(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         rows = gw.list_rooms()
-        if args.json:
-            print_json(rows, indent=True)
+        with action_taken():
+            if args.json:
+                print_json(rows, indent=True)
+                return 0
+            print(rooms_table(rows))
             return 0
-        print(rooms_table(rows))
-        return 0
 
     return _with_gateway(args, act, on_disk=True)
 
@@ -215,12 +221,13 @@ def _list(args: argparse.Namespace) -> int:
 def _disband(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         gone = gw.disband_room(args.room)
-        if args.json:
-            print_json(gone)
-        else:
-            print(f"room {gone.get('name', args.room)} disbanded ({gone.get('room_id', '')}); its "
-                  "members' sessions stay")
-        return 0
+        with action_taken():
+            if args.json:
+                print_json(gone)
+            else:
+                print(f"room {gone.get('name', args.room)} disbanded ({gone.get('room_id', '')}); its "
+                      "members' sessions stay")
+            return 0
 
     return _with_gateway(args, act, on_disk=True)
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
+from hermes_actors.cli.after_action import action_taken
 from hermes_actors.cli.render import (
     EXIT_FAILED,
     ack_line,
@@ -74,10 +76,8 @@ def no_host_note(root: object, sender: str) -> str:
 
 def _send_via_host(args: argparse.Namespace) -> int | None:
     """Submit through the host serving the root; None when no host runs there."""
-    import time
-
     from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note
-    from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_outcome, request
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline, request
 
     payload = {"op": "send", "sender": args.sender, "target": args.target, "message": args.message, "hop": 0}
     try:
@@ -93,6 +93,27 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
                              without="a send that runs the DM itself")
     if note is not None:
         print(note, file=sys.stderr)
+    # SIGTERM and SIGHUP as Ctrl-C (ops/stop_signals.py): before, they killed a --wait without a word
+    with action_taken(), StopSignals(interrupts=True).routed():
+        return _host_answered(ack, args)
+
+
+def _host_answered(ack: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print the host's ack or refusal; with ``--wait``, wait for the DM's outcome at the host and print it.
+
+    Args:
+        ack: the host's answer to the send (an ack, or a refusal with ``error``).
+        args: the parsed command line.
+
+    Returns:
+        The exit code.
+
+    Raises:
+        KeyboardInterrupt: a stop signal while it waited (:class:`StopSignalled` for SIGTERM and SIGHUP), once it
+            said that the DM stays queued at the host.
+    """
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_outcome
+
     code = _print_answer(ack, args)
     if "error" in ack or args.wait is None:
         return code  # right after the ack: the host runs the turn
@@ -172,34 +193,35 @@ def _send_here(gw: Any, args: argparse.Namespace, wait: float, signals: StopSign
     stopped = False
     try:
         ack = gw.message_agent(sender=args.sender, target=args.target, message=args.message)
-        code = _print_answer(ack, args)
-        if "error" in ack:
-            return code
-        try:
-            if args.wait is None and _relayed(gw, ack["delivery_id"]):  # nothing runs here: don't wait for the reply
-                print(f"note: queued on the relay; its reply is read by the next host of {args.root}, then: "
-                      f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
+        with action_taken():
+            code = _print_answer(ack, args)
+            if "error" in ack:
                 return code
             try:
-                outcome = gw.wait_outcome(ack["delivery_id"], timeout=wait)
-            except TimeoutError as exc:
-                # The stop lets a running turn finish within its grace: its outcome is then known, say it.
-                print(f"pending: {exc}; stopping (a running turn gets up to {STOP_GRACE_SECONDS:.0f} s to finish, "
-                      "else its outcome is ambiguous)", file=sys.stderr)
-                stopped = True
-                stop_gateway(gw, signals)
-                try:
-                    outcome = gw.wait_outcome(ack["delivery_id"], timeout=0)
-                except (KeyError, TimeoutError):  # durable and never started: the next host on the root runs it
-                    print(f"still pending: the next host on {args.root} runs it; then: "
+                if args.wait is None and _relayed(gw, ack["delivery_id"]):  # nothing runs here: no wait for the reply
+                    print(f"note: queued on the relay; its reply is read by the next host of {args.root}, then: "
                           f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
-                    return EXIT_FAILED
-        except KeyboardInterrupt:  # a stop signal once acked: the stop below lets a running turn finish first; say
-            # where its outcome goes
-            print(f"interrupted; the DM's outcome, once settled: {outcome_command(args.root, ack['delivery_id'])}",
-                  file=sys.stderr)
-            raise
-        return _print_outcome(outcome, args)
+                    return code
+                try:
+                    outcome = gw.wait_outcome(ack["delivery_id"], timeout=wait)
+                except TimeoutError as exc:
+                    # The stop lets a running turn finish within its grace: its outcome is then known, say it.
+                    print(f"pending: {exc}; stopping (a running turn gets up to {STOP_GRACE_SECONDS:.0f} s to "
+                          "finish, else its outcome is ambiguous)", file=sys.stderr)
+                    stopped = True
+                    stop_gateway(gw, signals)
+                    try:
+                        outcome = gw.wait_outcome(ack["delivery_id"], timeout=0)
+                    except (KeyError, TimeoutError):  # durable and never started: the next host on the root runs it
+                        print(f"still pending: the next host on {args.root} runs it; then: "
+                              f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
+                        return EXIT_FAILED
+            except KeyboardInterrupt:  # a stop signal once acked: the stop below lets a running turn finish first;
+                # say where its outcome goes
+                print(f"interrupted; the DM's outcome, once settled: "
+                      f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
+                raise
+            return _print_outcome(outcome, args)
     finally:  # a turn still running gets the stop grace, then its process group is ended (never orphaned)
         if not stopped:
             stop_gateway(gw, signals)

@@ -5,7 +5,9 @@ there is dropped (stdout's closing said once on stderr, when stderr is open), it
 command went, and the closed descriptor is held by ``/dev/null`` so that no file, socket or child process
 the command opens takes it. A write to stdout that fails for another reason than a reader that left (a
 full disk: ``> /dev/full``) is a :class:`StdoutError`, whose line (:func:`stdout_error_line`) says it was
-stdout that could not be written.
+stdout that could not be written. A write to stderr that fails (its reader left, a full disk) is dropped: what
+the command does and its exit code never depend on it. Neither stream fails on a character its encoding cannot
+write (``PYTHONIOENCODING=ascii``, a C locale): it is written as a backslash escape (:func:`encodable`).
 
 Everything a command prints on either is shown, never acted on, by a terminal: each control character of it
 (an ESC in a folder's name, a root's path, a value typed, a bot's reply) is written escaped
@@ -29,8 +31,8 @@ from hermes_actors.core.printable import printable
 from hermes_actors.store.os_errors import os_error_text, what_to_do
 
 __all__ = [
-    "STDOUT_CLOSED_NOTE", "StdoutError", "devnull_onto", "output_streams", "print_json", "stdout_error_line",
-    "stdout_target", "unescaped", "unescaped_output",
+    "STDOUT_CLOSED_NOTE", "StdoutError", "devnull_onto", "encodable", "output_streams", "print_json",
+    "stdout_error_line", "stdout_target", "unescaped", "unescaped_output",
 ]
 
 STDOUT_CLOSED_NOTE = "note: stdout is closed: what this command prints there is dropped (its exit code still tells)"
@@ -69,15 +71,45 @@ def stdout_target() -> str | None:
     return target if target.startswith("/") else None
 
 
-class _NamedStdout:
-    """``sys.stdout`` whose failed writes are :class:`StdoutError` (a ``BrokenPipeError`` passes as it is)."""
+def encodable(text: str, encoding: str | None) -> str:
+    """Pure: ``text`` with each character ``encoding`` cannot write as a backslash escape (``é`` in ASCII: ``\\xe9``).
+
+    Args:
+        text: what is printed.
+        encoding: the stream's encoding (None: a stream of text, such as ``io.StringIO``, that encodes nothing).
+
+    Returns:
+        The text, unchanged when ``encoding`` writes all of it.
+    """
+    if encoding is None:
+        return text
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
+class _Output:
+    """A stream whose writes never fail on a character its encoding cannot write (:func:`encodable`): a DM sent or
+    a room made is never said as an error (exit 2: "bad arguments", read by a script as "nothing was done")
+    because its ack names a character the terminal's locale lacks."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
 
-    def write(self, text: str) -> int:
+    def _write(self, text: str) -> int:
         try:
             return self._stream.write(text)
+        except UnicodeEncodeError:  # raised before anything is written: the whole text goes, escaped
+            return self._stream.write(encodable(text, getattr(self._stream, "encoding", None)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _NamedStdout(_Output):
+    """``sys.stdout`` whose failed writes are :class:`StdoutError` (a ``BrokenPipeError`` passes as it is)."""
+
+    def write(self, text: str) -> int:
+        try:
+            return self._write(text)
         except BrokenPipeError:
             raise
         except OSError as exc:
@@ -91,8 +123,30 @@ class _NamedStdout:
         except OSError as exc:
             raise StdoutError(exc.errno, exc.strerror) from exc
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+
+class _DroppingStderr(_Output):
+    """``sys.stderr`` whose failed writes are dropped: a reader that left (stderr piped to a program that exited) or
+    a full disk (``2>/dev/full``) must not change what the command does nor its exit code (before, a failed "no
+    host" note ended ``send`` before it sent its DM, exit 141 as if stdout's reader had left)."""
+
+    def write(self, text: str) -> int:
+        try:
+            return self._write(text)
+        except OSError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self._drop()
+
+    def _drop(self) -> None:
+        """From now on write the stream to ``/dev/null``: what it still buffers is dropped, not failed on again (at
+        the next write, or at exit, where a buffered stderr that cannot be flushed makes the exit code 120)."""
+        with suppress(OSError, ValueError):  # no descriptor (a stream of text): nothing buffered fails again
+            devnull_onto((self._stream.fileno(),))
 
 
 class _Printable:
@@ -187,7 +241,7 @@ def output_streams() -> Iterator[None]:
 
     A closed one (Python makes it None) is ``/dev/null``: what is printed there is dropped; a closed stdout is
     said once on stderr (:data:`STDOUT_CLOSED_NOTE`) when stderr is open. stdout's failed writes raise
-    :class:`StdoutError`.
+    :class:`StdoutError`; stderr's are dropped. Neither fails on a character its encoding cannot write.
 
     Yields:
         Nothing.
@@ -202,7 +256,7 @@ def output_streams() -> Iterator[None]:
         with suppress(OSError):
             print(STDOUT_CLOSED_NOTE, file=sys.stderr, flush=True)
     sys.stdout = cast(TextIO, _Printable(cast(TextIO, _NamedStdout(sys.stdout))))
-    sys.stderr = cast(TextIO, _Printable(sys.stderr))
+    sys.stderr = cast(TextIO, _Printable(cast(TextIO, _DroppingStderr(sys.stderr))))
     try:
         yield
     finally:

@@ -110,62 +110,101 @@ def _wait_all(gw: Gateway, t: _Transcript, acks: list[dict[str, Any]], nested: i
 
 
 def run_demo(*, keep: bool = False, out: TextIO) -> int:
-    """Run the scripted demo; returns the exit code (0 when every step behaved)."""
+    """Run the scripted demo on a temporary root, removed on every way out (unless ``keep``).
+
+    Whatever ends the demo (an error, an interrupt, a stdout whose reader left at its first line) removes the
+    root (:func:`_remove`); before, one raised before the script's first step (a ``BrokenPipeError`` at the first
+    line) left it.
+
+    Args:
+        keep: keep the temporary root and print its path.
+        out: where the transcript goes.
+
+    Returns:
+        The exit code: 0 when every step behaved, else 1.
+    """
     tmp = Path(tempfile.mkdtemp(prefix="hermes-actors-demo-"))
-    root = create_demo_root(tmp / "root")
-    t = _Transcript(out)
-    print(f"hermes-actors demo — a managed Hermes root with four bots at {root}", file=out)
-    gw = Gateway(root, runner=DemoRunner(delays={"scribe": 0.3}), config=DEMO_CONFIG)
-    gw.subscribe(t.on_outcome, rooms=True)
+    root = tmp / "root"
     try:
-        with gw:
-            print("\nRoster:", file=out)
-            for row in gw.roster():
-                line = f"  @{row['handle']:<8} {row['display_name']:<8} {row['title']:<12} {row['description']}"
-                print(line, file=out)
-
-            t.say("\n1. A question and its reply")
-            _wait_all(gw, t, [_send(gw, t, "hermes", "scout", "What do we know about churn in the EU market?")])
-
-            t.say("\n2. A DM sent from inside a turn (@hermes asks @scout while answering)")
-            _wait_all(gw, t, [_send(gw, t, "scout", "hermes", "Can you make a plan for the launch review?")], nested=1)
-
-            t.say("\n3. Fan-in: four DMs to @scribe at once (one turn at a time, 0.5 s wait budget)")
-            acks: list[dict[str, Any]] = []
-            barrier = threading.Barrier(4)
-            senders = [("hermes", "Draft the intro."), ("scout", "Add the EU numbers."),
-                       ("critic", "Shorten para 2."), ("hermes", "And a title, please.")]
-
-            def fire(sender: str, text: str) -> None:
-                barrier.wait()
-                acks.append(_send(gw, t, sender, "scribe", text))
-
-            threads = [threading.Thread(target=fire, args=pair) for pair in senders]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            _wait_all(gw, t, acks)
-
-            t.say("\n4. An intentional silence")
-            _wait_all(gw, t, [_send(gw, t, "scout", "critic", "FYI: the draft moved to docs/launch.md")])
-
-            t.say("\n5. Refusals, answered at once")
-            _send(gw, t, "hermes", "nobody", "hello?")
-            _send(gw, t, "scout", "scout", "note to self")
-            _send(gw, t, "hermes", "a b!", "hi")
-
-            t.say("\n6. A group room: one message, serial rounds, each bot answers or passes")
-            _room(gw, t)
-
-            t.say("\n7. Across connections: a second gateway ('mini') and the relay hub, through bot_relay/ files")
-            _cross_connection(gw, t, root, tmp / "mini")
-        _summary(t, out)
+        return _run_script(root, out)
     finally:
         if keep:
             print(f"\nroot kept at {root}", file=out)
         else:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
+
+
+def _remove(tmp: Path) -> None:
+    """Remove the demo's temporary directory, even when an interrupt (Ctrl-C; SIGTERM or SIGHUP under the command)
+    lands in the middle of it: the removal is done again in full, then the interrupt raised again.
+
+    Raises:
+        KeyboardInterrupt: the one that interrupted the first attempt.
+    """
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+    except KeyboardInterrupt:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _run_script(root: Path, out: TextIO) -> int:
+    """The demo's steps on a root made at ``root`` (the second connection's beside it); the exit code."""
+    create_demo_root(root)
+    t = _Transcript(out)
+    print(f"hermes-actors demo — a managed Hermes root with four bots at {root}", file=out)
+    gw = Gateway(root, runner=DemoRunner(delays={"scribe": 0.3}), config=DEMO_CONFIG)
+    gw.subscribe(t.on_outcome, rooms=True)
+    with gw:
+        print("\nRoster:", file=out)
+        for row in gw.roster():
+            line = f"  @{row['handle']:<8} {row['display_name']:<8} {row['title']:<12} {row['description']}"
+            print(line, file=out)
+
+        t.say("\n1. A question and its reply")
+        _wait_all(gw, t, [_send(gw, t, "hermes", "scout", "What do we know about churn in the EU market?")])
+
+        t.say("\n2. A DM sent from inside a turn (@hermes asks @scout while answering)")
+        _wait_all(gw, t, [_send(gw, t, "scout", "hermes", "Can you make a plan for the launch review?")], nested=1)
+
+        t.say("\n3. Fan-in: four DMs to @scribe at once (one turn at a time, 0.5 s wait budget)")
+        acks: list[dict[str, Any]] = []
+        barrier = threading.Barrier(4)
+        senders = [("hermes", "Draft the intro."), ("scout", "Add the EU numbers."),
+                   ("critic", "Shorten para 2."), ("hermes", "And a title, please.")]
+
+        def fire(sender: str, text: str) -> None:
+            try:
+                barrier.wait()
+                acks.append(_send(gw, t, sender, "scribe", text))
+            except (threading.BrokenBarrierError, RuntimeError):  # the demo was interrupted: its gateway stops
+                return
+
+        threads = [threading.Thread(target=fire, args=pair) for pair in senders]
+        try:
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): none waits at the barrier for ever, where the
+            barrier.abort()  # process's exit would wait for it
+            raise
+        _wait_all(gw, t, acks)
+
+        t.say("\n4. An intentional silence")
+        _wait_all(gw, t, [_send(gw, t, "scout", "critic", "FYI: the draft moved to docs/launch.md")])
+
+        t.say("\n5. Refusals, answered at once")
+        _send(gw, t, "hermes", "nobody", "hello?")
+        _send(gw, t, "scout", "scout", "note to self")
+        _send(gw, t, "hermes", "a b!", "hi")
+
+        t.say("\n6. A group room: one message, serial rounds, each bot answers or passes")
+        _room(gw, t)
+
+        t.say("\n7. Across connections: a second gateway ('mini') and the relay hub, through bot_relay/ files")
+        _cross_connection(gw, t, root, root.parent / "mini")
+    _summary(t, out)
     expected = {"replied", "silent", "failed:target_busy", "refused:unknown", "room:needs_you"}
     return 0 if expected <= set(t.statuses) else 1
 
