@@ -81,6 +81,32 @@ def test_status_without_a_serve_reads_the_files(tmp_path: Path, capsys: pytest.C
     assert f"gateway: none serves {root}" in capsys.readouterr().out
 
 
+def test_a_symlinked_bot_relay_is_a_status_problem_and_send_is_refused(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (hostile paths): r4's ``bot_relay/`` a symlink to r1's, r1 served: ``status --root r4`` said
+    ``gateway: serving r1`` (``problems: []``), and ``send --root r4`` was delivered by r1's host to r1's bob. Now
+    status reads the files and says the problem as doctor does; send is refused (exit 2), nothing sent."""
+    served = make_root(tmp_path / "one")
+    mine = make_root(tmp_path / "four")
+    rec = RecordingRunner()
+    start_gateway(gateways, served, rec, serve_submit=True)
+    (mine / "bot_relay").symlink_to(served / "bot_relay")
+    assert main(["status", "--root", str(mine), "--json"]) == 0
+    status = _json(capsys)
+    assert status["running"] is False and status["root"] == str(mine)
+    problems = status["problems"]
+    assert isinstance(problems, list)
+    assert problems[0].startswith(f"relay directories: {mine / 'bot_relay'} is a symlink or not a directory")
+    assert main(["status", "--root", str(mine)]) == 0
+    assert f"problem: relay directories: {mine / 'bot_relay'} is a symlink" in capsys.readouterr().out
+    code = main(["send", "--root", str(mine), "--from", "alice", "bob", "for four's bob only", "--wait", "10"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {mine / 'bot_relay'} is a symlink or not a directory; refusing to use it: ")
+    assert rec.entered == []
+
+
 def test_status_of_a_missing_root_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--root", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
