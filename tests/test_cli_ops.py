@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 from roots import (
@@ -105,6 +106,27 @@ def test_a_symlinked_bot_relay_is_a_status_problem_and_send_is_refused(
     assert code == 2 and out == ""
     assert err.startswith(f"error: {mine / 'bot_relay'} is a symlink or not a directory; refusing to use it: ")
     assert rec.entered == []
+
+
+def test_json_output_escapes_a_file_name_that_is_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (hostile paths): a FIFO named ``journal/j-\\xff\\xfe.log`` made ``status --json``, ``outcome
+    <id> --json`` and ``doctor --json`` end with ``TypeError: str is not valid UTF-8: surrogates not allowed``
+    (a traceback, exit 1), and a symlink ``profiles/l\\xfeink`` made ``doctor --json`` crash too. The JSON is
+    printed, valid UTF-8, each undecodable byte written out as ``\\udcXX``."""
+    root = make_root(tmp_path)
+    journal = root / "bot_relay" / "journal"
+    journal.mkdir(parents=True, mode=0o700)
+    os.mkfifo(os.fsencode(journal) + b"/j-\xff\xfe.log")
+    os.symlink(tmp_path, os.fsencode(root / "profiles") + b"/l\xfeink")
+    runs = [(["status", "--root", str(root), "--json"], 0, "j-\\udcff\\udcfe.log is a FIFO"),
+            (["outcome", "--root", str(root), "ab" * 16, "--json"], 1, "j-\\udcff\\udcfe.log is a FIFO"),
+            (["doctor", "--root", str(root), "--json"], None, "profiles/l\\udcfeink: it is a symlink")]
+    for argv, code, says in runs:
+        got = main(argv)  # before: TypeError out of main (the CLI's traceback, exit 1)
+        out, err = capsys.readouterr()
+        assert got == code if code is not None else got in (0, 1), (argv, got, err)
+        assert orjson.loads(out.encode("utf-8")) == json.loads(out)  # valid UTF-8 JSON, for a strict reader too
+        assert says.replace("\\", "\\\\") in out, out  # the six characters \udcff, JSON-escaped
 
 
 def test_status_of_a_missing_root_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

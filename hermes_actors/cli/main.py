@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 from loguru import logger
 
 from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, user_path, utf8_text
@@ -26,6 +25,7 @@ from hermes_actors.cli.render import (
     EXIT_SIGPIPE,
     EXIT_USAGE,
     clip,
+    json_text,
     not_managed_note,
     printable,
 )
@@ -97,7 +97,7 @@ def _cmd_roster(args: argparse.Namespace) -> int:
     if not hosted:
         rows = roster_rows_read(profiles, reading, now=time.time())
     if args.json:
-        print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+        print(json_text(rows, indent=True))
         for problem in problems:  # the rows stay the JSON; the note goes where a script's reader looks
             print(printable(f"note: {problem}"), file=sys.stderr)
         return 0

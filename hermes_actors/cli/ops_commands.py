@@ -12,11 +12,10 @@ import sys
 import time
 from typing import Any
 
-import orjson
-
 from hermes_actors.cli.render import (
     EXIT_FAILED,
     EXIT_OK,
+    json_text,
     outcome_exit_code,
     outcome_line,
     status_text,
@@ -33,7 +32,7 @@ _WAIT_SLICE = 60.0  # the host accepts waits up to MAX_OUTCOME_WAIT; we ask in s
 
 
 def _dump(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    return json_text(value, indent=True)
 
 
 def host_status(root: Any) -> tuple[dict[str, Any], str | None]:

@@ -16,10 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from hermes_actors.cli.arg_types import seconds, utf8_text
-from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, printable, refusal_line, rooms_table
+from hermes_actors.cli.render import EXIT_FAILED, EXIT_USAGE, json_text, printable, refusal_line, rooms_table
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import RoomStopped
 
@@ -129,7 +127,7 @@ def _after(entries: list[dict[str, Any]], message_id: str) -> list[dict[str, Any
 
 
 def _print_json(value: Any) -> None:
-    print(orjson.dumps(value).decode())
+    print(json_text(value))
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -195,7 +193,7 @@ def _show(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         entries = gw.room_transcript(args.room)
         if args.json:
-            print(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode())
+            print(json_text(entries, indent=True))
         for entry in [] if args.json else entries:
             _print_entry(entry)
         if not entries and not args.json:  # say so: an empty output reads as a command that did nothing
@@ -209,7 +207,7 @@ def _list(args: argparse.Namespace) -> int:
     def act(gw: Any) -> int:
         rows = gw.list_rooms()
         if args.json:
-            print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+            print(json_text(rows, indent=True))
             return 0
         print(rooms_table(rows))
         return 0

@@ -11,12 +11,11 @@ import argparse
 import sys
 from typing import Any
 
-import orjson
-
 from hermes_actors.cli.render import (
     EXIT_FAILED,
     ack_line,
     answer_exit_code,
+    json_text,
     not_managed_note,
     outcome_command,
     outcome_exit_code,
@@ -35,7 +34,7 @@ __all__ = ["cmd_send", "no_host_note"]
 def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
     """Print a send's ack or refusal; the exit code when the command ends here."""
     if args.json:
-        print(orjson.dumps(answer).decode())
+        print(json_text(answer))
     elif "error" in answer:
         print(refusal_line(answer))
         if refused_as_unmanaged(answer):  # the tool's text names no fix; a person needs one, host or not
@@ -46,7 +45,7 @@ def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
 
 
 def _print_outcome(outcome: dict[str, Any], args: argparse.Namespace) -> int:
-    print(orjson.dumps(outcome).decode() if args.json else outcome_line(outcome))
+    print(json_text(outcome) if args.json else outcome_line(outcome))
     return outcome_exit_code(outcome)
 
 
