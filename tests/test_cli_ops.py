@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 from roots import (
@@ -79,6 +80,53 @@ def test_status_without_a_serve_reads_the_files(tmp_path: Path, capsys: pytest.C
     assert status["counters"]["by_status"] == {"replied": 1}  # type: ignore[index]
     assert main(["status", "--root", str(root)]) == 0
     assert f"gateway: none serves {root}" in capsys.readouterr().out
+
+
+def test_a_symlinked_bot_relay_is_a_status_problem_and_send_is_refused(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (hostile paths): r4's ``bot_relay/`` a symlink to r1's, r1 served: ``status --root r4`` said
+    ``gateway: serving r1`` (``problems: []``), and ``send --root r4`` was delivered by r1's host to r1's bob. Now
+    status reads the files and says the problem as doctor does; send is refused (exit 2), nothing sent."""
+    served = make_root(tmp_path / "one")
+    mine = make_root(tmp_path / "four")
+    rec = RecordingRunner()
+    start_gateway(gateways, served, rec, serve_submit=True)
+    (mine / "bot_relay").symlink_to(served / "bot_relay")
+    assert main(["status", "--root", str(mine), "--json"]) == 0
+    status = _json(capsys)
+    assert status["running"] is False and status["root"] == str(mine)
+    problems = status["problems"]
+    assert isinstance(problems, list)
+    assert problems[0].startswith(f"relay directories: {mine / 'bot_relay'} is a symlink or not a directory")
+    assert main(["status", "--root", str(mine)]) == 0
+    assert f"problem: relay directories: {mine / 'bot_relay'} is a symlink" in capsys.readouterr().out
+    code = main(["send", "--root", str(mine), "--from", "alice", "bob", "for four's bob only", "--wait", "10"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {mine / 'bot_relay'} is a symlink or not a directory; refusing to use it: ")
+    assert rec.entered == []
+
+
+def test_json_output_escapes_a_file_name_that_is_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (hostile paths): a FIFO named ``journal/j-\\xff\\xfe.log`` made ``status --json``, ``outcome
+    <id> --json`` and ``doctor --json`` end with ``TypeError: str is not valid UTF-8: surrogates not allowed``
+    (a traceback, exit 1), and a symlink ``profiles/l\\xfeink`` made ``doctor --json`` crash too. The JSON is
+    printed, valid UTF-8, each undecodable byte written out as ``\\udcXX``."""
+    root = make_root(tmp_path)
+    journal = root / "bot_relay" / "journal"
+    journal.mkdir(parents=True, mode=0o700)
+    os.mkfifo(os.fsencode(journal) + b"/j-\xff\xfe.log")
+    os.symlink(tmp_path, os.fsencode(root / "profiles") + b"/l\xfeink")
+    runs = [(["status", "--root", str(root), "--json"], 0, "j-\\udcff\\udcfe.log is a FIFO"),
+            (["outcome", "--root", str(root), "ab" * 16, "--json"], 1, "j-\\udcff\\udcfe.log is a FIFO"),
+            (["doctor", "--root", str(root), "--json"], None, "profiles/l\\udcfeink: it is a symlink")]
+    for argv, code, says in runs:
+        got = main(argv)  # before: TypeError out of main (the CLI's traceback, exit 1)
+        out, err = capsys.readouterr()
+        assert got == code if code is not None else got in (0, 1), (argv, got, err)
+        assert orjson.loads(out.encode("utf-8")) == json.loads(out)  # valid UTF-8 JSON, for a strict reader too
+        assert says.replace("\\", "\\\\") in out, out  # the six characters \udcff, JSON-escaped
 
 
 def test_status_of_a_missing_root_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ from hermes_actors.cli.render import (
     ack_line,
     answer_exit_code,
     clip,
+    json_text,
     not_managed_note,
     outcome_exit_code,
     outcome_line,
@@ -137,3 +138,18 @@ def test_status_text_shows_the_unconfirmed_redis_sends() -> None:
     never = {**relay, "unconfirmed": None}
     [line] = [line for line in status_text({**status, "relay": never}).splitlines() if line.startswith("relay: ")]
     assert "unconfirmed" not in line
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ({"a": "plain ü"}, '{"a":"plain ü"}'),
+    ({"path": "j-\udcff\udcfe.log"}, '{"path":"j-\\\\udcff\\\\udcfe.log"}'),  # an undecodable byte of a name
+    ({"k\udcff": ["x", "\ud800", 1, None]}, '{"k\\\\udcff":["x","\\\\ud800",1,null]}'),  # keys, lists, lone ones
+    (["\U0001f600"], '["\U0001f600"]'),  # a real character outside the BMP is kept
+])
+def test_json_text_escapes_only_lone_surrogates(value: object, expected: str) -> None:
+    assert json_text(value) == expected
+
+
+def test_json_text_indents_as_before() -> None:
+    assert json_text({"a": [1]}, indent=True) == '{\n  "a": [\n    1\n  ]\n}'
+    assert json_text({"a": "\udcff"}, indent=True) == '{\n  "a": "\\\\udcff"\n}'

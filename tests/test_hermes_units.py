@@ -626,3 +626,47 @@ def test_connect_order(config: dict[str, Any], order: list[str]) -> None:
     from hermes_actors.hermes.setup import connect_order
 
     assert connect_order(config) == order
+
+
+# ── state.db opened read-only, whatever its path ────────────────────────────
+
+
+@pytest.mark.parametrize(("path", "uri"), [
+    ("/h/state.db", "file:/h/state.db?mode=ro"),
+    ("/h/a?b/state.db", "file:/h/a%3Fb/state.db?mode=ro"),
+    ("/h/a#b/state.db", "file:/h/a%23b/state.db?mode=ro"),
+    ("/h/100%/state.db", "file:/h/100%25/state.db?mode=ro"),
+    ("/h/a b/state.db", "file:/h/a%20b/state.db?mode=ro"),
+    ("/h/\udcff/state.db", "file:/h/%FF/state.db?mode=ro"),  # a name that is not UTF-8, byte for byte
+])
+def test_read_only_uri_quotes_the_path(path: str, uri: str) -> None:
+    from hermes_actors.hermes.sessions import read_only_uri
+
+    assert read_only_uri(Path(path)) == uri
+
+
+@pytest.mark.parametrize("odd", ["a?b", "a#b", "a%3Fb", "a?mode=rw#x%"])
+def test_state_db_under_a_path_with_uri_characters_is_read_read_only(tmp_path: Path, odd: str) -> None:
+    """Regression (hostile paths): the URI was built unquoted, so ``final_answer_since(Path('/x/a?b/profiles/
+    alice'), …)`` created an empty file ``/x/a`` (the ``?`` cut ``mode=ro`` off and sqlite opened what came
+    before it read-write); ``#`` likewise, and a ``%`` was read as an escape. The database there is read now,
+    and a missing one is created nowhere."""
+    import sqlite3
+
+    from hermes_actors.hermes.sessions import final_answer_since
+
+    home = tmp_path / odd / "profiles" / "alice"
+    home.mkdir(parents=True)
+    assert final_answer_since(home, "s1", 0.0) == (False, None)  # no state.db: nothing made, anywhere
+    assert sorted(p.name for p in tmp_path.iterdir()) == [odd]
+    assert not (home / "state.db").exists()
+    conn = sqlite3.connect(home / "state.db")
+    conn.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, session_id TEXT, role TEXT, content TEXT, "
+                 "tool_calls TEXT, timestamp REAL, active INTEGER)")
+    conn.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp, active) "
+                 "VALUES ('s1', 'assistant', 'the answer', NULL, 5.0, 1)")
+    conn.commit()
+    conn.close()
+    before = sorted(p.name for p in home.iterdir())
+    assert final_answer_since(home, "s1", 1.0) == (True, "the answer")
+    assert sorted(p.name for p in home.iterdir()) == before and sorted(p.name for p in tmp_path.iterdir()) == [odd]

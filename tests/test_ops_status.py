@@ -18,6 +18,7 @@ from hermes_actors.core import outcomes
 from hermes_actors.local import delivery_stats
 from hermes_actors.messages import Delivery
 from hermes_actors.ops.delivery_log import delivery_line
+from hermes_actors.ops.journal_view import find_outcome
 from hermes_actors.ops.status import (
     STATUS_KEYS,
     file_status,
@@ -225,6 +226,33 @@ def test_file_status_refuses_a_symlinked_journal_dir(tmp_path: Path) -> None:
     status = file_status(root)
     assert status["in_flight"] == []
     assert any("refusing" in p for p in status["problems"])
+
+
+def test_file_status_reads_nothing_through_a_symlinked_bot_relay(tmp_path: Path) -> None:
+    """Regression (hostile paths): with ``bot_relay/`` a symlink to another root's, the status of the files
+    counted that root's relay directories, journal and roster as this root's, and said no problem."""
+    other = make_root(tmp_path / "other")
+    gw = Gateway(other, runner=RecordingRunner()).start()
+    try:
+        key = send_dm(gw, "hello")
+        gw.wait_outcome(key, timeout=10)
+    finally:
+        gw.stop(timeout=10)
+    relay = other / "bot_relay"
+    (relay / "outbox" / f"{1:032x}.json").write_text("{}")
+    row = {"profile": "dave", "handle": "dave", "connection_id": "mini", "title": "", "online": True}
+    (relay / "roster.json").write_text(orjson.dumps({"updated_at": int(time.time()), "agents": [row]}).decode())
+    assert file_status(other)["relay"]["outbox"] == 1 and file_status(other)["relay"]["remote_agents"] == 1
+    root = make_root(tmp_path / "mine")
+    (root / "bot_relay").symlink_to(relay)
+    status = file_status(root)
+    assert status["problems"][0].startswith(f"relay directories: {root / 'bot_relay'} is a symlink or not a "
+                                            "directory; refusing to use it. The relay cannot start on ")
+    assert status["counters"]["by_status"] == {}
+    assert status["relay"]["outbox"] is None and status["relay"]["remote_agents"] == 0
+    assert "problem: relay directories: " in status_text(status)
+    assert find_outcome(other, key)["status"] == "replied"
+    assert find_outcome(root, key)["status"] == "unknown"  # `outcome --root mine` read the other root's journal
 
 
 def test_heartbeats_skip_a_pid_no_process_can_have(tmp_path: Path) -> None:

@@ -187,3 +187,101 @@ def test_an_emptied_record_is_never_removed_through_a_bot_relay_swapped_for_a_sy
     with pytest.raises(HostileFileError, match=f"{relay} is a symlink or not a directory"):
         save_record(root, [])
     assert precious.read_text(encoding="utf-8") == "outside"
+# ── a record enable never wrote (hostile paths) ──────────────────────────────
+
+
+def _set(file: object, **fields: object) -> dict[str, object]:
+    return {"file": file, "keys": ["a"], "op": "set", "after": 1, "absent": True, **fields}
+
+
+RECORD_ENTRIES: list[tuple[str, dict[str, object], str | None]] = [
+    ("root config", _set("config.yaml"), None),
+    ("root profile.yaml", _set("profile.yaml", absent=False, before=None), None),
+    ("a profile's", {"file": "profiles/alice/config.yaml", "keys": ["plugins", "enabled"], "op": "list_add",
+                     "item": "hermes-actors", "list_created": True, "parents": 1}, None),
+    ("absolute", _set("/tmp/hostile/victim.yaml"), "names '/tmp/hostile/victim.yaml', not a file enable edits"),
+    ("up and out", _set("../victim/config.yaml"), "names '../victim/config.yaml', not a file enable edits"),
+    ("up from a profile", _set("profiles/../../config.yaml"), "not a file enable edits"),
+    ("deeper", _set("profiles/a/b/config.yaml"), "not a file enable edits"),
+    (".env", _set(".env"), "names '.env', not a file enable edits"),
+    ("no file", {"keys": ["a"], "op": "set", "after": 1, "absent": True}, "has no file name (file: None)"),
+    ("empty", {}, "has no file name (file: None)"),
+    ("no keys", _set("config.yaml", keys=[]), "has no key path (keys: []; a non-empty list of strings)"),
+    ("keys no list", _set("config.yaml", keys="a"), "has no key path (keys: 'a'"),
+    ("a key no string", _set("config.yaml", keys=["a", 1]), "has a key that is not a string"),
+    ("unknown op", _set("config.yaml", op="rm"), "has an unknown op 'rm' (enable records set or list_add)"),
+    ("no after", {"file": "config.yaml", "keys": ["a"], "op": "set", "absent": True}, "has no after value"),
+    ("no before", _set("config.yaml", absent=False), "has no before value"),
+    ("absent no bool", _set("config.yaml", absent="yes"), "has absent 'yes', not true or false"),
+    ("parents no count", _set("config.yaml", parents="2"), "has parents '2', not a count"),
+    ("no item", {"file": "config.yaml", "keys": ["a"], "op": "list_add"}, "has item None, not a string"),
+]
+
+
+@pytest.mark.parametrize(("entry", "problem"), [r[1:] for r in RECORD_ENTRIES], ids=[r[0] for r in RECORD_ENTRIES])
+def test_record_entry_problem_names_what_enable_never_records(entry: dict[str, object], problem: str | None) -> None:
+    from hermes_actors.hermes.recorded_edits import record_entry_problem
+
+    got = record_entry_problem(entry)
+    assert got is None if problem is None else (got is not None and problem in got), got
+
+
+@pytest.mark.parametrize("entry", [
+    _set("/OUTSIDE/victim.yaml"), _set("../victim.yaml"), {}, _set("config.yaml", keys=[]),
+], ids=["absolute", "dotdot", "empty", "no keys"])
+def test_disable_refuses_a_record_enable_never_wrote_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], entry: dict[str, object]
+) -> None:
+    """Regression (hostile paths): an entry naming a file outside the root had disable rewrite it (`changed:
+    /tmp/hostile/victim.yaml: a restored`); an entry `{}` ended in a KeyError traceback, `"keys": []` in an
+    IndexError one. The whole record is checked first: refused, exit 2, naming the entry; nothing changed."""
+    import json
+
+    victim = tmp_path / "victim.yaml"
+    victim.write_text("a: 1\n", encoding="utf-8")
+    root = make_root(tmp_path)
+    relay = root / "bot_relay"
+    relay.mkdir(mode=0o700)
+    record = relay / "hermes-actors-enable.json"
+    if entry.get("file") == "/OUTSIDE/victim.yaml":
+        entry = {**entry, "file": str(victim)}
+    record.write_text(json.dumps({"version": 1, "edits": [entry]}), encoding="utf-8")
+    record.chmod(0o600)
+    before = _tree(tmp_path)
+    assert main(["disable", "--root", str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"error: {record}: edit 1 of 1 "), err
+    assert "nothing was changed: remove that edit from the record" in err and "Traceback" not in err
+    assert _tree(tmp_path) == before
+
+
+def test_disable_reads_no_record_and_no_file_through_a_symlink(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (hostile paths): a record behind a ``bot_relay/`` that is a symlink, and a profile's file behind
+    a profile folder that is one, were read (here: said malformed, naming the files outside); never read now."""
+    import json
+
+    outside = tmp_path / "outside"
+    (outside / "relay").mkdir(parents=True, mode=0o700)
+    (outside / "relay" / "hermes-actors-enable.json").write_text('{"edits": 5}', encoding="utf-8")
+    (outside / "relay" / "hermes-actors-enable.json").chmod(0o600)
+    (outside / "home").mkdir()
+    (outside / "home" / "config.yaml").write_text("a: [\n", encoding="utf-8")
+    root = make_root(tmp_path / "r")
+    (root / "bot_relay").symlink_to(outside / "relay")
+    assert main(["disable", "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {root / 'bot_relay'} is a symlink; refusing to read the enable record through"), err
+    (root / "bot_relay").unlink()
+    (root / "bot_relay").mkdir(mode=0o700)
+    entry = {"file": "profiles/evil/config.yaml", "keys": ["plugins", "enabled"], "op": "list_add",
+             "item": "hermes-actors"}
+    (root / "bot_relay" / "hermes-actors-enable.json").write_text(json.dumps({"edits": [entry]}), encoding="utf-8")
+    (root / "bot_relay" / "hermes-actors-enable.json").chmod(0o600)
+    (root / "profiles" / "evil").symlink_to(outside / "home")
+    before = _tree(tmp_path)
+    assert main(["disable", "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {root / 'profiles' / 'evil'} is a symlink or not a directory; refusing"), err
+    assert _tree(tmp_path) == before

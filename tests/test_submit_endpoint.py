@@ -570,6 +570,30 @@ def test_a_symlinked_run_directory_is_refused(server_root: Path, tmp_path: Path)
     assert list(elsewhere.iterdir()) == []
 
 
+def test_a_symlinked_bot_relay_is_refused_not_followed_to_another_roots_host(tmp_path: Path) -> None:
+    """Regression (hostile paths): with r4's ``bot_relay/`` a symlink to r1's, the client opened ``run/`` through it
+    (O_NOFOLLOW applied to ``run/`` only): ``send --root r4`` was delivered by r1's host to r1's bob, and ``status``
+    showed r1's host as r4's. The client now walks from the root as the host's bind does, and refuses, naming it."""
+    served = tmp_path / "r1"
+    mine = tmp_path / "r4"
+    served.mkdir()
+    mine.mkdir()
+    rec = Recorder()
+    with SubmitServer(served, send=rec):
+        (mine / "bot_relay").symlink_to(served / "bot_relay")
+        with pytest.raises(HostileFileError) as info:
+            request(mine, {"op": "ping"})
+        answer = submit_dm(mine, "alice", "bob", "for r4's bob only")
+        assert ping(mine) is None and lock_holder(mine) is None
+        assert ping(served) is not None  # the host of r1 still serves r1
+    text = str(info.value)
+    assert text.startswith(f"{mine / 'bot_relay'} is a symlink or not a directory; refusing to use it: ")
+    assert "make it a real directory of this user again" in text and f"hermes-actors doctor --root {mine}" in text
+    assert answer["reason"] == "unknown" and str(mine / "bot_relay") in answer["error"]
+    assert "delivery_id" not in answer
+    assert rec.calls == []  # nothing reached r1's host
+
+
 def test_a_second_host_on_the_same_root_is_refused(server_root: Path) -> None:
     with SubmitServer(server_root, send=Recorder()):
         with pytest.raises(RuntimeError, match=f"pid {os.getpid()}"):

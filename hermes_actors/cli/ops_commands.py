@@ -40,12 +40,13 @@ def host_status(root: Any) -> tuple[dict[str, Any], str | None]:
     Raises:
         FileNotFoundError: no host answers and ``root`` is not a directory.
     """
+    from hermes_actors.errors import HostileFileError
     from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_status
     from hermes_actors.ops.status import file_status
 
     try:
         answer = fetch_status(root, timeout=_HOST_TIMEOUT)
-    except (HostOffline, HostLost):
+    except (HostOffline, HostLost, HostileFileError):  # HostileFileError: bot_relay/ swapped; the files' status says so
         return file_status(root), None
     except (TimeoutError, PermissionError, ValueError, OSError) as exc:
         note = f"the host of {root} did not answer the status request ({exc}); showing what the files say"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
+
 from hermes_actors.core.clipping import clip
 from hermes_actors.core.printable import printable
 from hermes_actors.core.shell import shell_command
@@ -23,6 +25,7 @@ __all__ = [
     "ack_line",
     "answer_exit_code",
     "clip",
+    "json_text",
     "not_managed_note",
     "outcome_exit_code",
     "outcome_line",
@@ -31,6 +34,7 @@ __all__ = [
     "refused_as_unmanaged",
     "rooms_table",
     "status_text",
+    "surrogates_escaped",
 ]
 
 EXIT_OK = 0  # replied, silent, queued (send without --wait), a healthy doctor
@@ -50,6 +54,52 @@ _FOR_THE_MODEL = (
 # the name as core.targets shows it: '<name>', or a long one cut, with its length (core.clipping.shown)
 _NO_TEAMMATE = re.compile(r"^No teammate named (?P<name>'.*'(?: \([\d,]+ characters\))?) on this install, on a "
                           r"connected machine, or on a registered peer\.")
+
+
+def surrogates_escaped(value: Any) -> Any:
+    """Pure: ``value`` with each of its strings (dict keys too, in lists and dicts) encodable as UTF-8.
+
+    A lone surrogate, such as an undecodable byte of a file name (``b"j-\\xff.log"`` is
+    ``"j-\\udcff.log"`` in Python), is written out as the six characters ``\\udcff``, as the log lines
+    show it; every other character is kept.
+
+    Args:
+        value: what a ``--json`` output holds (dicts, lists, strings, numbers, ...).
+
+    Returns:
+        A copy of its lists (tuples too, as lists) and dicts, its strings escaped; anything else as it is.
+    """
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {surrogates_escaped(key): surrogates_escaped(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [surrogates_escaped(item) for item in value]
+    return value
+
+
+def json_text(value: Any, *, indent: bool = False) -> str:
+    """Pure: the JSON a ``--json`` output prints: always valid UTF-8 (:func:`surrogates_escaped`).
+
+    orjson refuses a string holding a lone surrogate (``str is not valid UTF-8: surrogates not allowed``):
+    a journal file or a profile folder whose name is not UTF-8 made ``status``/``outcome``/``doctor --json``
+    end with that traceback. Such strings are escaped; the rest is orjson's output as before.
+
+    Args:
+        value: the dict or list to print.
+        indent: indented two spaces (else one line).
+
+    Returns:
+        The JSON text.
+
+    Raises:
+        TypeError: ``value`` holds something JSON cannot say (not a string's surrogates).
+    """
+    option = orjson.OPT_INDENT_2 if indent else 0
+    try:
+        return orjson.dumps(value, option=option).decode()
+    except orjson.JSONEncodeError:
+        return orjson.dumps(surrogates_escaped(value), option=option).decode()
 
 
 # How the gateway's refusal of a DM on an install that is not Bot-Mode-managed begins (core.targets; pinned by

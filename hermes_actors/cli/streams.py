@@ -25,8 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TextIO, cast
 
-import orjson
-
+from hermes_actors.cli.render import json_text
 from hermes_actors.core.printable import printable
 from hermes_actors.store.os_errors import os_error_text, what_to_do
 
@@ -179,14 +178,14 @@ def unescaped(stream: TextIO) -> TextIO:
 def print_json(value: Any, *, indent: bool = False) -> None:
     """Print ``value`` on stdout as one JSON document, as it is: its reader is a program, and what the escaping of
     :func:`output_streams` writes (``\\x7f``) is no JSON. Its strings' C0 control characters are JSON escapes
-    (``\\u001b``) already.
+    (``\\u001b``) already, and a lone surrogate (a file name's undecodable byte) is written out
+    (:func:`~hermes_actors.cli.render.json_text`).
 
     Args:
         value: what the JSON says.
         indent: two spaces an indent level (else on one line).
     """
-    text = orjson.dumps(value, option=orjson.OPT_INDENT_2 if indent else None).decode()
-    print(text, file=unescaped(sys.stdout))
+    print(json_text(value, indent=indent), file=unescaped(sys.stdout))
 
 
 @contextmanager

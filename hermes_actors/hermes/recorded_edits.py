@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from hermes_actors.core.clipping import shown
+from hermes_actors.errors import HostileFileError
 from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below, remove_below
@@ -24,6 +26,7 @@ from hermes_actors.store.temp_file import check_temp_dir
 from hermes_actors.store.yaml_file import comment_lines, load_bounded
 
 __all__ = [
+    "RECORDED_FILES",
     "RECORD_NAME",
     "RecordedEditor",
     "SetupError",
@@ -33,6 +36,8 @@ __all__ = [
     "key_moved_after",
     "load_record",
     "read_yaml",
+    "record_entry_problem",
+    "record_file_problem",
     "record_path",
     "save_record",
     "still_as_written",
@@ -250,9 +255,15 @@ class RecordedEditor:
 
         Raises:
             SetupError: as :func:`read_yaml`.
+            HostileFileError: a directory between the root and ``path`` is a symlink, not a directory, or another
+                uid's: nothing is read through it.
             OSError: the file cannot be read (permission).
         """
         if path not in self._files:
+            try:  # a directory on the way swapped for a symlink is refused, never read through (nor written)
+                os.close(open_dir_below(self.root, path.parent))
+            except FileNotFoundError:
+                pass  # no such directory: the file reads as {} (an edit of it is refused when written)
             self._files[path] = read_yaml(path)
         return self._files[path]
 
@@ -432,8 +443,85 @@ def record_path(root: Path) -> Path:
     return root / "bot_relay" / RECORD_NAME
 
 
+# The files enable edits, relative to the root: the root's own and each profile's (``profiles/<folder>/``).
+RECORDED_FILES = ("profile.yaml", "config.yaml")
+_RECORDED_OPS = ("set", "list_add")
+
+
+def record_file_problem(file: Any) -> str | None:
+    """Pure: what is wrong with the ``file`` of a record entry, None when it names a file enable edits.
+
+    Enable edits only ``profile.yaml`` and ``config.yaml`` of the root and of its profiles, and records
+    them relative to the root (``config.yaml``, ``profiles/<folder>/profile.yaml``). Anything else (an
+    absolute path, a ``..``, ``.env``) would have ``disable`` rewrite a file enable never wrote, maybe
+    outside the root.
+
+    Args:
+        file: the entry's ``file`` value.
+
+    Returns:
+        The problem, said as what the entry "names" or "has", or None.
+    """
+    if not isinstance(file, str):
+        return f"has no file name (file: {shown(file)})"
+    parts = file.split("/")
+    folder_ok = len(parts) == 1 or (len(parts) == 3 and parts[0] == "profiles"
+                                    and parts[1] not in ("", ".", "..") and "\0" not in parts[1])
+    if not folder_ok or parts[-1] not in RECORDED_FILES:
+        return (f"names {shown(file)}, not a file enable edits (profile.yaml or config.yaml of the root, or of a "
+                "profile: profiles/<folder>/…, relative to the root)")
+    return None
+
+
+def _keys_problem(keys: Any) -> str | None:
+    """Pure: what is wrong with the ``keys`` of a record entry (a non-empty list of strings), None when nothing."""
+    if not isinstance(keys, list) or not keys:
+        return f"has no key path (keys: {shown(keys)}; a non-empty list of strings)"
+    if not all(isinstance(key, str) for key in keys):
+        return f"has a key that is not a string (keys: {shown(keys)})"
+    return None
+
+
+def _op_problem(entry: dict[str, Any]) -> str | None:
+    """Pure: what is wrong with the fields of a record entry's op (those ``undo`` reads), None when nothing."""
+    op = entry.get("op")
+    if op not in _RECORDED_OPS:
+        return f"has an unknown op {shown(op)} (enable records {' or '.join(_RECORDED_OPS)})"
+    parents = entry.get("parents", 0)
+    if not isinstance(parents, int) or isinstance(parents, bool) or parents < 0:
+        return f"has parents {shown(parents)}, not a count"
+    if op == "set":
+        if not isinstance(entry.get("absent"), bool):
+            return f"has absent {shown(entry.get('absent'))}, not true or false"
+        missing = [name for name in ("after", *(() if entry["absent"] else ("before",))) if name not in entry]
+        return f"has no {' nor '.join(missing)} value" if missing else None
+    if not isinstance(entry.get("item"), str):
+        return f"has item {shown(entry.get('item'))}, not a string"
+    if not isinstance(entry.get("list_created", False), bool):
+        return f"has list_created {shown(entry.get('list_created'))}, not true or false"
+    return None
+
+
+def record_entry_problem(entry: dict[str, Any]) -> str | None:
+    """Pure: what is wrong with one entry of the enable record, None when it is an edit enable records.
+
+    ``disable`` undoes an entry by its fields alone: a file enable edits (:func:`record_file_problem`), a key
+    path, a known op and the values that op's undo reads.
+
+    Args:
+        entry: one entry (a dict).
+
+    Returns:
+        The first problem found, said as what the entry "names" or "has", or None.
+    """
+    return record_file_problem(entry.get("file")) or _keys_problem(entry.get("keys")) or _op_problem(entry)
+
+
 def load_record(root: Path) -> list[dict[str, Any]]:
     """The edits recorded so far (none when there is no record).
+
+    Never read through a ``bot_relay/`` that is a symlink (it would give another root's record), and every
+    entry checked (:func:`record_entry_problem`) before any is used.
 
     Args:
         root: the Hermes root.
@@ -442,15 +530,31 @@ def load_record(root: Path) -> list[dict[str, Any]]:
         The recorded edits, oldest first.
 
     Raises:
-        SetupError: the record is not one this version wrote.
+        SetupError: the record is not one this version wrote, or an entry is not an edit enable records (the
+            text names the record, the entry and what is wrong, and says what to do).
+        HostileFileError: ``bot_relay/`` is a symlink, or the record is refused by
+            :func:`~hermes_actors.store.safe_read.read_json_file` (a symlink, another uid's, malformed JSON).
+        OSError: it cannot be read (``bot_relay/`` a file, a directory you may not enter).
     """
+    path = record_path(root)
+    if os.path.islink(path.parent):  # as check_record_writable and every relay use refuse it; never read through
+        raise HostileFileError(f"{path.parent} is a symlink; refusing to read the enable record through it")
     try:
-        data = read_json_file(record_path(root))
+        data = read_json_file(path)
     except FileNotFoundError:
         return []
     entries = data.get("edits") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise SetupError(f"{record_path(root)} is not a record this version wrote; refusing to guess")
+    for number, entry in enumerate(entries, 1):
+        problem = record_entry_problem(entry)
+        if problem is not None:
+            raise SetupError(
+                f"{path}: edit {number} of {len(entries)} {problem}; enable never records such an edit, so the "
+                "record is refused and nothing was changed: remove that edit from the record (the next disable "
+                "undoes the others), or move the record aside and undo by hand what enable changed (docs/hermes.md, "
+                "Uninstall, step 2, lists it)"
+            )
     return entries
 
 

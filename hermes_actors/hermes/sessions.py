@@ -13,6 +13,7 @@ has no ``state.db`` yet, hermes' own interpreter (from the CLI's shebang) runs
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import time
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from loguru import logger
 
@@ -29,6 +31,7 @@ from hermes_actors.messages import BOT_CHAT_SESSION
 __all__ = [
     "EMPTY_ANSWER", "SESSION_SOURCE", "BotChatError", "ensure_bot_chat", "final_answer_since", "find_bot_chat",
     "new_session_id",
+    "read_only_uri",
     "read_sqlite",
     "resolve_title",
     "session_db_class",
@@ -130,13 +133,30 @@ def find_bot_chat(home: Path, title: str = BOT_CHAT_SESSION) -> str | None:
         raise BotChatError(f"cannot read {db_path}: {exc}") from exc
 
 
+def read_only_uri(db_path: Path) -> str:
+    """Pure: the sqlite URI that opens ``db_path`` read-only, whatever characters its path has.
+
+    Every byte of the path but ``/`` and the unreserved ones is percent-quoted: a ``?`` or ``#`` in a
+    directory name (``~/a?b/profiles/alice``) would otherwise end the path there, cutting ``mode=ro`` off,
+    and sqlite would open (and create) the file named by what came before it, read-write; a ``%`` would be
+    taken for an escape. Quoted as bytes, so a name that is not UTF-8 is kept as it is on disk.
+
+    Args:
+        db_path: the database file.
+
+    Returns:
+        ``file:<quoted path>?mode=ro``.
+    """
+    return f"file:{quote(os.fsencode(db_path))}?mode=ro"
+
+
 def read_sqlite(db_path: Path, read: Callable[[sqlite3.Connection], T]) -> T:
     """``read(conn)`` on a read-only connection to ``db_path`` (hermes may be writing it meanwhile).
 
     Raises:
-        sqlite3.Error: the database cannot be opened or read.
+        sqlite3.Error: the database cannot be opened (a missing one is never created) or read.
     """
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=_SQLITE_TIMEOUT)
+    conn = sqlite3.connect(read_only_uri(db_path), uri=True, timeout=_SQLITE_TIMEOUT)
     try:
         return read(conn)
     finally:

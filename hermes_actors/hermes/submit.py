@@ -68,7 +68,14 @@ from hermes_actors.hermes.submit_protocol import (
     encode,
     socket_path,
 )
-from hermes_actors.hermes.submit_socket import RECV_CHUNK, open_dir, peer_cred, read_request, recv_by, socket_address
+from hermes_actors.hermes.submit_socket import (
+    RECV_CHUNK,
+    open_run_dir,
+    peer_cred,
+    read_request,
+    recv_by,
+    socket_address,
+)
 from hermes_actors.store.os_errors import store_error
 from hermes_actors.store.private_dir import ensure_private_dir
 
@@ -171,7 +178,7 @@ class SubmitServer:
     def _bind(self) -> None:
         run_dir = self.path.parent
         ensure_private_dir(run_dir, within=self.root)  # bot_relay/ and run/, neither through a swapped symlink
-        self._dir_fd = open_dir(run_dir)
+        self._dir_fd = open_run_dir(self.root)  # as a client opens it: bot_relay/ and run/ never followed
         if stat.S_IMODE(os.fstat(self._dir_fd).st_mode) & 0o077:
             try:
                 os.fchmod(self._dir_fd, 0o700)  # ours (checked); nobody else may even look up the socket

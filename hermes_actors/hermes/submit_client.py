@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 
 from hermes_actors.core.reasons import UNKNOWN
+from hermes_actors.core.shell import shell_command
+from hermes_actors.errors import HostileFileError
 from hermes_actors.hermes.submit_protocol import (
     LOCK_NAME,
     MAX_ANSWER_BYTES,
@@ -23,7 +25,14 @@ from hermes_actors.hermes.submit_protocol import (
     refused_unknown_field,
     socket_path,
 )
-from hermes_actors.hermes.submit_socket import RECV_CHUNK, HostLost, HostOffline, open_dir, peer_cred, socket_address
+from hermes_actors.hermes.submit_socket import (
+    RECV_CHUNK,
+    HostLost,
+    HostOffline,
+    open_run_dir,
+    peer_cred,
+    socket_address,
+)
 
 __all__ = [
     "HostLost",
@@ -48,19 +57,14 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
             its place: no host serves through one), or the host is stopping and said it did not take the request.
         HostLost: the host took the connection and closed it without answering: it may or may
             not have acted on the request.
+        HostileFileError: ``bot_relay/`` is a symlink, a file or another uid's: no host serves the root through
+            it (one there would be another root's); the text names it and says what to do.
         PermissionError: the run directory is another uid's, or the socket is served by another uid.
         TimeoutError: the host did not answer within ``timeout``.
         ValueError: the answer is not a JSON object.
     """
     path = socket_path(root)
-    try:
-        dir_fd = open_dir(path.parent)
-    except (FileNotFoundError, NotADirectoryError):
-        raise HostOffline(f"no submit endpoint at {path}") from None
-    except PermissionError:
-        if os.path.islink(path.parent):  # never followed; no host binds through one (a start puts it back)
-            raise HostOffline(f"no submit endpoint at {path}: {path.parent} is a symlink") from None
-        raise
+    dir_fd = _open_endpoint_dir(root, path)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(timeout)
@@ -101,6 +105,38 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
     if answer.get("op") == STOPPING_OP:  # taken from the backlog of a host that is stopping, never read
         raise HostOffline(f"the host on {path} is stopping; it did not take the request")
     return answer
+
+
+def _open_endpoint_dir(root: str | Path, path: Path) -> int:
+    """The run directory of ``root``, opened as its host opens it (:func:`open_run_dir`), for a request.
+
+    Args:
+        root: the Hermes root.
+        path: its socket path (named in the errors).
+
+    Returns:
+        The run directory's descriptor (the caller closes it).
+
+    Raises:
+        HostOffline: no run directory, or a symlink or a file in its place (no host binds through one; a start
+            puts it back).
+        HostileFileError: ``bot_relay/`` is a symlink, a file or another uid's; the text says what to do.
+        PermissionError: the run directory is another uid's.
+    """
+    try:
+        return open_run_dir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        raise HostOffline(f"no submit endpoint at {path}") from None
+    except HostileFileError as exc:  # a host behind it serves another root (and none starts on this one)
+        raise HostileFileError(
+            f"{exc}: the submit endpoint {path} is not looked for through it (a host found there would serve another "
+            "root, and none starts on this one); make it a real directory of this user again (move the symlink or "
+            f"file aside, or chown it); then see `{shell_command('hermes-actors', 'doctor', '--root', root)}`"
+        ) from None
+    except PermissionError:
+        if os.path.islink(path.parent):  # never followed; no host binds through one (a start puts it back)
+            raise HostOffline(f"no submit endpoint at {path}: {path.parent} is a symlink") from None
+        raise
 
 
 def submit_dm(
@@ -211,12 +247,11 @@ def lock_holder(root: str | Path) -> int | None:
 
     Returns:
         The holder's pid, or None (no lock file, nobody holds it, no ``/proc/locks``, or the
-        run directory is not ours).
+        run directory is not ours or is reached through a swapped ``bot_relay/``).
     """
-    run_dir = socket_path(root).parent
     try:
-        dir_fd = open_dir(run_dir)
-    except OSError:
+        dir_fd = open_run_dir(root)
+    except (OSError, HostileFileError):
         return None
     try:
         st = os.stat(LOCK_NAME, dir_fd=dir_fd, follow_symlinks=False)

@@ -1,6 +1,7 @@
 """The submit endpoint's Unix socket: the ownership checks both ends make, and the framing.
 
-The ``run`` directory is opened without following a symlink and must be ours;
+The ``run`` directory is reached from the root without following a symlink at any
+step (``bot_relay/`` swapped for one would lead to another root's host) and must be ours;
 a peer's uid is read with SO_PEERCRED; a long socket path is reached through
 ``/proc/self/fd`` of the checked directory. A request is one line of JSON.
 """
@@ -10,15 +11,18 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import stat
 import struct
 import time
 from pathlib import Path
 
-from hermes_actors.hermes.submit_protocol import MAX_REQUEST_BYTES
+from hermes_actors.hermes.submit_protocol import MAX_REQUEST_BYTES, RUN_DIR
+from hermes_actors.store.hermes_root import root_path
+from hermes_actors.store.relay_dirfd import open_dir_below
 
 __all__ = [
-    "RECV_CHUNK", "HostLost", "HostOffline", "open_dir", "peer_cred", "read_request", "recv_by", "socket_address",
-    "timeout_by",
+    "RECV_CHUNK", "HostLost", "HostOffline", "open_dir", "open_run_dir", "peer_cred", "read_request", "recv_by",
+    "socket_address", "timeout_by",
 ]
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -58,18 +62,24 @@ def socket_address(dir_fd: int, path: Path) -> str:
     return f"/proc/self/fd/{dir_fd}/{path.name}"
 
 
-def open_dir(directory: Path) -> int:
+def open_dir(directory: Path, *, parent_fd: int | None = None) -> int:
     """Open a directory without following a symlink; check it is ours.
+
+    Args:
+        directory: the directory.
+        parent_fd: its parent, already open and checked: ``directory``'s name is opened relative to it
+            (nothing above it is looked up by path again). None: ``directory`` is opened by its path.
 
     Raises:
         FileNotFoundError / NotADirectoryError: it does not exist.
         PermissionError: a symlink, or another uid's.
     """
+    name = directory if parent_fd is None else directory.name
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
     except OSError as exc:
         # O_NOFOLLOW|O_DIRECTORY on a symlink fails with ELOOP or ENOTDIR, depending on the kernel
-        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(directory)):
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(name, parent_fd)):
             raise PermissionError(f"refusing {directory}: it is a symlink") from None
         raise
     st = os.fstat(fd)
@@ -77,6 +87,46 @@ def open_dir(directory: Path) -> int:
         os.close(fd)
         raise PermissionError(f"refusing {directory}: owned by uid {st.st_uid}, expected {os.getuid()}")
     return fd
+
+
+def _is_link(name: str | Path, parent_fd: int | None) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=parent_fd).st_mode)
+    except OSError:
+        return False
+
+
+def open_run_dir(root: str | Path) -> int:
+    """Open the run directory of ``root`` (``bot_relay/run``): the one rule both ends of the endpoint follow.
+
+    ``bot_relay/`` is reached from the root as every relay directory is
+    (:func:`~hermes_actors.store.relay_dirfd.open_dir_below`: never followed, ours), and ``run/``
+    is opened relative to it by :func:`open_dir`. A ``bot_relay/`` swapped for a symlink would
+    otherwise lead a client to another root's host, which would take the DMs meant for this one.
+
+    Args:
+        root: the Hermes root (trusted as named, ``~`` expanded).
+
+    Returns:
+        The run directory's descriptor (the caller closes it).
+
+    Raises:
+        HostileFileError: ``bot_relay/`` is a symlink, not a directory, or another uid's (the text names it).
+        FileNotFoundError / NotADirectoryError: ``bot_relay/`` or ``run/`` does not exist (or ``run/`` is a file).
+        PermissionError: ``run/`` is a symlink or another uid's (no errno), or a directory on the way may not be
+            entered (errno EACCES, naming ``run/``'s path).
+    """
+    run_dir = root_path(root).joinpath(*RUN_DIR)
+    try:
+        relay_fd = open_dir_below(root_path(root), run_dir.parent)
+    except OSError as exc:  # raised for the step's bare name: say the path, as opening run/ by its path would
+        if exc.errno is None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, os.fspath(run_dir)) from None
+    try:
+        return open_dir(run_dir, parent_fd=relay_fd)
+    finally:
+        os.close(relay_fd)
 
 
 def recv_by(conn: socket.socket, deadline: float) -> bytes:

@@ -56,6 +56,7 @@ from hermes_actors.store.journal_records import (
     state_records,
 )
 from hermes_actors.store.journal_screen import ADOPT, described, entry_at, journal_verdict
+from hermes_actors.store.relay_dirfd import refusal_below
 from hermes_actors.store.relay_protocol import JOURNAL, RELAY_DIR
 
 __all__ = ["JournalIndex", "journal_dir", "journal_paths", "open_journal", "read_each_journal"]
@@ -78,9 +79,13 @@ def journal_paths(root: str | Path) -> tuple[list[Path], list[str]]:
 
     Returns:
         ``(paths, problems)``: the ``j-*.log`` paths (none when the directory is missing or
-        refused), and the line saying why the directory was refused or could not be read.
+        refused, or ``bot_relay/`` above it is: a symlink, a file or another uid's), and the line saying why
+        the directory was refused or could not be read.
     """
     directory = journal_dir(root)
+    refusal = refusal_below(directory.parent.parent, directory.parent)  # bot_relay/ is never read through
+    if refusal is not None:
+        return [], [f"{directory} not read: {refusal}"]
     try:
         info = os.lstat(directory)
     except FileNotFoundError:

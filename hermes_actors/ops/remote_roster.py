@@ -30,6 +30,7 @@ from hermes_actors.errors import ValidationError
 from hermes_actors.local.roster import make_snapshot, roster_rows
 from hermes_actors.messages import ProfileInfo, RemoteAgent
 from hermes_actors.store.atomic import read_json_file
+from hermes_actors.store.relay_dirfd import refusal_below
 from hermes_actors.store.relay_files import read_roster
 from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -126,8 +127,11 @@ def _file_roster(root: Path, now: float) -> RemoteRoster:
     handed lately: a running gateway empties ``inbox/`` at once) and from the envelopes still waiting in
     ``inbox/``. Only live gateways count: a killed one's heartbeat file stays until housekeeping removes it.
     (``taken/`` holds only the running gateways' shelves, whose envelopes their heartbeats name already.)
+    Nothing is read under a ``bot_relay/`` that is a symlink, a file or another uid's: no roster.
     """
     inbox = InboxPaths.from_root(root)
+    if refusal_below(inbox.relay.root, inbox.relay.base) is not None:  # a swapped bot_relay/ holds another root's
+        return RemoteRoster("file", str(inbox.relay.roster))
     own: set[str] = set()
     routed: set[str] = set()
     for beat in live_heartbeats(inbox, now=now):

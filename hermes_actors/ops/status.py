@@ -54,9 +54,11 @@ from hermes_actors.messages import RELAY_ORIGIN
 from hermes_actors.ops.doctor_checks import check_redis
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.ops.remote_roster import RemoteRoster, read_remote_roster
+from hermes_actors.relay.strays import start_refusal
 from hermes_actors.store.hermes_root import discover_profiles, existing_root, install_is_managed
 from hermes_actors.store.journal_records import delivery_origin
 from hermes_actors.store.os_errors import advised, resource_failure
+from hermes_actors.store.relay_dirfd import refusal_below
 from hermes_actors.store.relay_files import list_ids
 from hermes_actors.store.relay_heartbeat import live_heartbeats
 from hermes_actors.store.relay_inbox import InboxPaths
@@ -66,7 +68,11 @@ from hermes_actors.transports.redis.store import UNCONFIRMED_DIR
 if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway
 
-__all__ = ["STATUS_KEYS", "file_status", "live_status", "relay_dir_counts", "roster_fields", "transport_problems"]
+__all__ = [
+    "STATUS_KEYS", "file_status", "live_status", "relay_dir_counts", "relay_start_problems", "roster_fields",
+    "transport_problems",
+]
+_RELAY_COUNTS = ("outbox", "claimed", "replies", "inbox", "taken", "quarantine", "unconfirmed")
 
 STATUS_KEYS = ("running", "profiles", "in_flight", "counters", "relay")
 
@@ -181,9 +187,11 @@ def _count(directory: Path, *, ids_only: bool = True, shelves: bool = False) -> 
 
 
 def relay_dir_counts(root: Path) -> dict[str, Any]:
-    """Counts of the root's relay directories. Never raises."""
+    """Counts of the root's relay directories (all None under a ``bot_relay/`` that is refused). Never raises."""
     inbox = InboxPaths.from_root(root)
     paths = inbox.relay
+    if refusal_below(paths.root, paths.base) is not None:  # a swapped bot_relay/ leads elsewhere: nothing is counted
+        return dict.fromkeys(_RELAY_COUNTS)
     return {
         "outbox": _count(paths.outbox),
         "claimed": _count(paths.claimed),
@@ -193,6 +201,24 @@ def relay_dir_counts(root: Path) -> dict[str, Any]:
         "quarantine": _count(paths.quarantine, ids_only=False),
         "unconfirmed": _count(paths.base / UNCONFIRMED_DIR),  # Redis sends acked, not yet answered (None: none kept)
     }
+
+
+def relay_start_problems(root: Path) -> list[str]:
+    """The status's problem line when a start would refuse the root's relay directories (doctor's block).
+
+    The start's own rule (:func:`~hermes_actors.relay.strays.start_refusal`, with ``journal/``: ``serve`` runs
+    durable), as ``doctor``'s "relay directories" check says it: ``bot_relay/`` itself a symlink, a file or
+    another user's, another user's directory in it, a swapped ``hubclaims/`` or ``journal/``.
+
+    Args:
+        root: the Hermes root.
+
+    Returns:
+        One line naming the directory and what to do; none when a start may go on.
+    """
+    paths = InboxPaths.from_root(root)
+    refusal = start_refusal(paths, needs=(paths.journal,))
+    return [] if refusal is None else [f"relay directories: {refusal}"]
 
 
 def roster_fields(roster: RemoteRoster, reachable: bool | None = None) -> dict[str, Any]:
@@ -315,7 +341,7 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
         "relay": {"transport": _transport(config.raw), **relay_dir_counts(root), **roster_fields(roster),
                   "peers": list(config.peers), "alive": None, "stats": None},
         "managed": install_is_managed(discover_profiles(root)),
-        "problems": problems + transport_problems(root, roster),
+        "problems": relay_start_problems(root) + problems + transport_problems(root, roster),
     }
 
 

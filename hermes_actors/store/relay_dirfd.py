@@ -22,8 +22,10 @@ from pathlib import Path
 
 from hermes_actors.errors import HostileFileError
 
-__all__ = ["lexists_below", "open_dir_below", "open_relay_dir", "relay_dir", "remove_below", "rename_between",
-           "swapped_below"]
+__all__ = [
+    "lexists_below", "open_dir_below", "open_relay_dir", "refusal_below", "relay_dir", "remove_below",
+    "rename_between", "swapped_below",
+]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -186,6 +188,32 @@ def remove_below(anchor: Path, path: Path, *, directory: bool = False) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def refusal_below(anchor: Path, directory: Path) -> HostileFileError | None:
+    """Why ``directory`` (``anchor`` or inside it) must not be read: :func:`open_dir_below`'s refusal, or None.
+
+    For a reader that goes by path (a listing, a glob): a ``bot_relay/`` swapped for a symlink would lead
+    it to another root's files, so it reads nothing below a directory refused here.
+
+    Args:
+        anchor: a trusted directory (a Hermes root).
+        directory: ``anchor`` or a directory inside it.
+
+    Returns:
+        The refusal (a step below ``anchor`` is a symlink, not a directory, or another uid's; its text names it),
+        or None: the walk took it, or it is missing or cannot be opened for another reason (the read says why).
+
+    Raises:
+        ValueError: ``directory`` is not inside ``anchor``.
+    """
+    try:
+        os.close(open_dir_below(anchor, directory))
+    except HostileFileError as exc:
+        return exc
+    except OSError:
+        return None
+    return None
 
 
 def swapped_below(anchor: Path, directory: Path) -> bool:
