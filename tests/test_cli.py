@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import os
 import sys
@@ -198,6 +199,28 @@ def test_verbose_is_accepted_anywhere(argv: list[str], tmp_path: Path, capsys: p
     root = create_demo_root(tmp_path / "root")
     assert main([*argv, "--root", str(root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["running"] is False
+
+
+@pytest.mark.parametrize(("argv", "count"), [
+    (["room", "-v", "create"], 1),  # was 0: room create's own count replaced it
+    (["room", "create", "-v"], 1),
+    (["-v", "room", "create"], 1),
+    (["-v", "room", "-v", "create", "-vv"], 4),
+    (["room", "-vv", "create", "-v"], 3),
+    (["room", "create"], 0),
+])
+def test_verbose_counts_wherever_it_is_given_room_subcommands_included(
+    argv: list[str], count: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI review): `room -v create …` logged no INFO line (docs/quickstart.md: -v works anywhere on
+    the line, and `room --help` shows [-v]): argparse copies a nested subcommand's namespace over its parent's,
+    and `create`'s -v count, 0, replaced room's 1."""
+    levels: list[int] = []
+    # the module (hermes_actors.cli's `main` is the function)
+    monkeypatch.setattr(importlib.import_module("hermes_actors.cli.main"), "_enable_logging", levels.append)
+    # no root there: the command ends at once (exit 2), after the logging was set up
+    assert main([*argv, "--root", str(tmp_path / "none"), "plan", "alice", "bob"]) == 2
+    assert levels == [count]
 
 
 def test_roster_shows_peers_and_says_when_the_install_is_not_managed(

@@ -236,11 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="hermes-actors", description="Bot Mode agent-to-agent messaging as an actor system."
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
-    verbose = argparse.ArgumentParser(add_help=False)  # -v also after the subcommand, where the docs put it
-    verbose.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
-                         help="more log output (-v info, -vv debug)")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_sub_parser(verbose))
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=_VERBOSE_HELP)
+    # -v also after the subcommand, where the docs put it (and after room's own: _sub_parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_sub_parser(1))
 
     p = sub.add_parser("demo", help="run a scripted conversation among four offline demo bots")
     p.add_argument("--keep", action="store_true", help="keep the temporary Hermes root and print its path")
@@ -355,13 +353,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser]:
-    """The subcommands' parser class: each inherits ``parent``'s options (``-v``)."""
+_VERBOSE_HELP = "more log output (-v info, -vv debug)"
+_SUB_VERBOSE = "sub_verbose_"  # the dest of a subcommand's -v, followed by its depth (_verbose_options)
+
+
+def _verbose_options(depth: int) -> argparse.ArgumentParser:
+    """The ``-v`` of the subcommands ``depth`` levels down (1: ``room``, 2: ``room create``), counted under a dest
+    of their own: argparse parses a subcommand into a fresh namespace and copies all of it over its parent's, so
+    with one dest for all, ``room create``'s count (0) replaced the ``-v`` given before it (``room -v create``)."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("-v", "--verbose", dest=f"{_SUB_VERBOSE}{depth}", action="count", default=0,
+                         help=_VERBOSE_HELP)
+    return options
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    """Pure: the ``-v`` given on the whole line, wherever each is: before the command, after it, after room's.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        How many (0: warnings only, 1: info, 2 or more: debug).
+    """
+    return sum(count for dest, count in vars(args).items() if dest == "verbose" or dest.startswith(_SUB_VERBOSE))
+
+
+def _sub_parser(depth: int) -> type[argparse.ArgumentParser]:
+    """The parser class of the subcommands ``depth`` levels down: each takes ``-v`` (:func:`_verbose_options`),
+    and so do its own subcommands (``room create``), a level further down."""
+    verbose = _verbose_options(depth)
 
     class SubParser(Parser):
         def __init__(self, **kwargs: Any) -> None:
-            kwargs["parents"] = [*kwargs.get("parents", ()), parent]
+            kwargs["parents"] = [*kwargs.get("parents", ()), verbose]
             super().__init__(**kwargs)
+
+        def add_subparsers(self, **kwargs: Any) -> Any:
+            kwargs.setdefault("parser_class", _sub_parser(depth + 1))
+            return super().add_subparsers(**kwargs)
 
         def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
             # argparse parses a subcommand's words with parse_known_args and hands what it did not know
@@ -393,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    _enable_logging(args.verbose + getattr(args, "sub_verbose", 0))
+    _enable_logging(_verbosity(args))
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError we handle
@@ -424,7 +454,7 @@ def _os_failure(args: argparse.Namespace, exc: OSError) -> int:
     what keeps you out of it and what to do; the traceback too with -v); exit 1."""
     from hermes_actors.store.os_errors import os_error_message
 
-    if args.verbose + getattr(args, "sub_verbose", 0):
+    if _verbosity(args):
         import traceback
 
         traceback.print_exception(exc)
