@@ -223,6 +223,33 @@ def test_verbose_counts_wherever_it_is_given_room_subcommands_included(
     assert levels == [count]
 
 
+@pytest.mark.parametrize(("argv", "line"), [
+    (["room", "--root", "R", "list"],
+     "hermes-actors room: error: --root goes after the command, not before it: hermes-actors room list --root …"),
+    (["--root", "R", "status"],
+     "hermes-actors: error: --root goes after the command, not before it: hermes-actors status --root …"),
+    (["room", "--root", "R"],
+     "hermes-actors room: error: --root goes after the command, not before it: hermes-actors room COMMAND --root …, "
+     "COMMAND one of create, send, show, list, disband"),
+    ([], "hermes-actors: error: a command is required: hermes-actors COMMAND …, COMMAND one of demo, roster, send, "
+         "outcome, status, doctor, room, serve, relay, enable, disable, bench (hermes-actors --help says what each "
+         "does)"),
+    (["room"], "hermes-actors room: error: a command is required: hermes-actors room COMMAND …, COMMAND one of create, "
+               "send, show, list, disband (hermes-actors room --help says what each does)"),
+    (["room", "-v", "lst"], "hermes-actors room: error: 'lst' is not a command of hermes-actors room: choose one of "
+                            "create, send, show, list, disband"),
+], ids=["room --root R list", "--root R status", "room --root R", "nothing", "room", "room -v lst"])
+def test_a_missing_or_misplaced_command_is_refused_naming_what_to_type(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (CLI review): `room --root x list` said `argument room_command: invalid choice: 'x'` (argparse's
+    dest, never --root), `hermes-actors` alone `the following arguments are required: command`."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == line
+
+
 def test_roster_shows_peers_and_says_when_the_install_is_not_managed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -720,9 +747,10 @@ VALUE_ERRORS = [
     ("send target@connection", ["send", "--root", "R", "--runner", "demo", "--from", "alice", "bob@V", "hi"], 1,
      "refused [unknown]: no teammate named {quoted} — teammates: @hermes, @bob, @carol"),
     # argparse's own refusals
-    ("a subcommand", ["V"], 2, "hermes-actors: error: argument command: invalid choice: {q} (choose from 'demo', "),
+    ("a subcommand", ["V"], 2, "hermes-actors: error: {q} is not a command of hermes-actors: choose one of demo, "),
     ("a room subcommand", ["room", "V"], 2,
-     "error: argument room_command: invalid choice: {q} (choose from 'create', 'send', 'show', 'list', 'disband')"),
+     "hermes-actors room: error: {q} is not a command of hermes-actors room: choose one of create, send, show, list, "
+     "disband"),
     ("serve --runner", ["serve", "--root", "R", "--runner", "V"], 2,
      "error: argument --runner: invalid choice: {q} (choose from 'hermes', 'command', 'demo')"),
     ("enable --port", ["enable", "--root", "R", "--gateway", "--port", "V"], 2,
