@@ -1011,6 +1011,27 @@ def test_redis_read_from_an_unset_redis_url_is_refused_naming_both(
     assert capsys.readouterr().err == "error: --redis redis reads the URL from REDIS_URL, which is not set\n"
 
 
+@pytest.mark.parametrize("value", ["", "  "], ids=["empty", "blank"])
+@pytest.mark.parametrize("command", [["serve", "--runner", "demo"], ["roster"],
+                                     ["send", "--from", "alice", "bob", "hi", "--runner", "demo"]])
+def test_an_empty_redis_is_refused_not_read_as_the_file_relay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: list[str],
+    value: str
+) -> None:
+    """Regression (CLI review): `serve --redis "" --connection-id laptop` (a `--redis "$REDIS"` with the variable
+    unset) served on the FILE transport, exit 0, where an unset REDIS_URL behind `--redis redis` is refused."""
+    served: list[object] = []
+    monkeypatch.setattr("hermes_actors.cli.serve.serve", lambda *args, **kwargs: served.append(args) or 0)
+    root = make_root(tmp_path)
+    assert main([command[0], "--root", str(root), *command[1:], "--redis", value, "--connection-id", "laptop"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("error: --redis is empty: pass a redis://, rediss:// or unix:// URL (e.g. "
+                            "redis://127.0.0.1:6379/0) or 'redis' to read REDIS_URL, or leave --redis out to use the "
+                            "transport config.yaml sets\n")
+    assert captured.out == "" and served == []
+    assert not (root / "bot_relay" / "journal").exists()  # no gateway ran
+
+
 def test_a_reader_leaving_the_pipe_early_gets_no_traceback(tmp_path: Path) -> None:
     """Regression: `hermes-actors status | head -3` printed a BrokenPipeError traceback."""
     import subprocess

@@ -80,15 +80,19 @@ def transport_config(args: argparse.Namespace) -> dict[str, Any]:
         The overrides to merge into the gateway's config.
 
     Raises:
-        ValueError: ``--connection-id`` is not a connection id, or ``--redis`` selects no Redis server
-            (the message names the option, not the config key it stands for).
+        ValueError: ``--connection-id`` is not a connection id, or ``--redis`` selects no Redis server: an empty
+            one too, which the config would read as the file relay (the message names the option, not the
+            config key it stands for).
     """
     if args.connection_id is not None:
         from hermes_actors.core.names import checked_connection_id
 
         checked_connection_id(args.connection_id)
-    if not args.redis:
+    if args.redis is None:
         return {}
+    if not args.redis.strip():  # `--redis "$REDIS"` with the variable unset: never the file relay, silently
+        raise ValueError("--redis is empty: pass a redis://, rediss:// or unix:// URL (e.g. redis://127.0.0.1:6379/0) "
+                         "or 'redis' to read REDIS_URL, or leave --redis out to use the transport config.yaml sets")
     overrides = {"bot_mode": {"transport": args.redis}}
     _check_redis_option(args.redis, overrides)
     return overrides
