@@ -125,6 +125,32 @@ def test_a_cli_that_is_no_executable_is_a_usage_error_before_anything_starts(
     assert not (root / "bot_relay" / "journal").exists() or not any((root / "bot_relay" / "journal").iterdir())
 
 
+@pytest.mark.parametrize("argv", [
+    ["serve", "--root", "R", "--runner", "demo"],
+    ["room", "create", "--root", "R", "plan", "alice", "bob", "--runner", "demo"],
+    ["room", "create", "--root", "R", "plan", "alice", "bob"],
+    ["room", "send", "--root", "R", "plan", "hi", "--runner", "demo"],
+    ["room", "disband", "--root", "R", "plan"],
+], ids=["serve --runner demo", "room create --runner demo", "room create", "room send --runner demo", "room disband"])
+def test_every_command_taking_cli_refuses_one_that_names_no_executable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    """Regression (CLI review): with `--runner demo`, `serve` and `room create|send` took a `--cli /nonexistent`
+    (exit 0), while `send … --runner demo --cli /nonexistent` is refused (exit 2) as operations.md's exit-code
+    table says: one rule now, whatever --runner says."""
+    served: list[object] = []
+    monkeypatch.setattr("hermes_actors.cli.serve.serve", lambda *args, **kwargs: served.append(args) or 0)
+    root = make_root(tmp_path)
+    missing = tmp_path / "no-such-hermes"
+    assert main([str(root) if arg == "R" else arg for arg in argv] + ["--cli", str(missing)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"error: --cli {missing}: no executable file by that path or name on PATH; give the "
+                            "hermes executable's path, or leave --cli out (it is then found beside python, then on "
+                            "PATH)\n")
+    assert captured.out == "" and served == []
+    assert not (root / "bot_relay").exists()  # nothing started, no room made
+
+
 @pytest.mark.parametrize("extra", [[], ["--gateway"]])
 @pytest.mark.parametrize("kind", ["missing", "not executable"])
 def test_enable_refuses_a_cli_that_is_no_executable_and_writes_nothing(

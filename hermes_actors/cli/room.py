@@ -54,7 +54,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_dis
     round (a disbanded room's too, whose member turns would start before it is disbanded) and
     its stop cuts the member turns short after the grace.
     """
-    from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note, runner_for
+    from hermes_actors.cli.gateway_options import check_cli, given_gateway_options, host_ignored_note, runner_for
     from hermes_actors.cli.host_wait import ask_settled_host
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
@@ -63,6 +63,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_dis
     from hermes_actors.rooms.store import RoomsOnDisk
     from hermes_actors.store.hermes_root import existing_root
 
+    check_cli(getattr(args, "cli", None))  # as every command taking --cli: whatever --runner says, host or not
     existing_root(args.root)  # a missing root, a profile's home or no root at all: refused before anything is made
     try:
         host = ask_settled_host(args.root, lambda: HostRooms.if_served(args.root))
