@@ -220,6 +220,32 @@ def test_an_unknown_argument_shows_the_usage_of_its_subcommand(
     assert f"hermes-actors {name}: error: unrecognized arguments: {extra[0]}" in err
 
 
+def _help_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The --help text of ``argv``'s command, on one line (argparse wraps it to the terminal)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_room_disband_help_says_runner_and_cli_are_unused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (CLI review): `room disband --help` described --runner and --cli as "how turns run …", though
+    disband runs no turn (operations.md: it takes them and uses neither)."""
+    text = _help_of(["room", "disband"], capsys)
+    unused = ("taken and unused: room disband runs no member turn (it asks the host or deletes the room's file); kept "
+              "for older scripts that pass it")
+    assert f"--runner {{hermes,command,demo}} {unused} --cli CLI {unused}" in text, text
+    assert "how turns run" not in text and "how turns run" in _help_of(["room", "create"], capsys)
+
+
+def test_outcome_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (CLI review): `outcome`'s help listed exit codes 0 and 1, not 2 (a malformed id is exit 2), and
+    `outcome --help` showed none."""
+    says = ("the outcome of a delivery the root knows (exit 0 replied or silent, 1 failed, ambiguous, pending or "
+            "unknown, 2 a malformed id or another usage error)")
+    assert says in _help_of(["outcome"], capsys) and says in _help_of([], capsys)
+
+
 @pytest.mark.parametrize("argv", [["-v", "status"], ["status", "-v"], ["status", "-vv"], ["-v", "status", "-v"]])
 def test_verbose_is_accepted_anywhere(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = create_demo_root(tmp_path / "root")

@@ -257,14 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     transport_opts(p)
     p.set_defaults(func=_cmd_roster)
 
-    def runner_opts(p: argparse.ArgumentParser) -> None:
+    def runner_opts(p: argparse.ArgumentParser, unused: str | None = None) -> None:
+        """Add --runner and --cli; ``unused``: their help on a command that takes them and uses neither."""
         # default None, read as hermes (gateway_options.runner_for): `send` can tell a --runner given from none
         p.add_argument("--runner", choices=("hermes", "command", "demo"), default=None,
-                       help="how turns run: hermes = the real Hermes (warm through the gateway's API server when "
-                            "one serves the root, else the CLI; the default); command = the CLI of a Bot-Mode "
-                            "hermes release; demo = offline demo bots")
+                       help=unused or "how turns run: hermes = the real Hermes (warm through the gateway's API server "
+                                      "when one serves the root, else the CLI; the default); command = the CLI of a "
+                                      "Bot-Mode hermes release; demo = offline demo bots")
         p.add_argument("--cli", type=executable, default=None,
-                       help="the hermes executable (default: beside python, then PATH)")
+                       help=unused or "the hermes executable (default: beside python, then PATH)")
 
     p = sub.add_parser("send", help="send one DM on a real root (through its host: returns after the ack unless "
                        "--wait; with no host it runs the DM itself and waits for the outcome)")
@@ -280,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     transport_opts(p)
     p.set_defaults(func=cmd_send)
 
-    p = sub.add_parser("outcome", help="the outcome of a delivery the root knows (exit 0 replied or silent, "
-                                       "1 failed, ambiguous, pending or unknown)")
+    about = ("the outcome of a delivery the root knows (exit 0 replied or silent, 1 failed, ambiguous, pending or "
+             "unknown, 2 a malformed id or another usage error)")
+    p = sub.add_parser("outcome", help=about, description=about)
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("delivery_id", type=utf8_text, help="the delivery id `send` printed")
     p.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait this long for a pending one")
