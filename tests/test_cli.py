@@ -769,7 +769,7 @@ VALUE_ERRORS = [
     ("roster --connection-id", ["roster", "--root", "R", "--connection-id", "V"], 2,
      "error: connection id {q} must be 1-64 letters, digits, '_' or '-' (starting with a letter or digit)"),
     ("relay --name", ["relay", "--root", "R", "--name", "V"], 2,
-     "error: connection id {q} must match ^[a-zA-Z0-9][a-zA-Z0-9_-]{{0,63}}\\Z"),
+     ": connection id {q} must be 1-64 letters, digits, '_' or '-' (starting with a letter or digit)"),
     ("roster --redis", ["roster", "--root", "R", "--redis", "V"], 2,
      "error: --redis {q} is not a redis://, rediss:// or unix:// URL (e.g. redis://127.0.0.1:6379/0), nor 'redis' "
      "to read REDIS_URL"),
@@ -1082,6 +1082,25 @@ def test_an_empty_redis_is_refused_not_read_as_the_file_relay(
                             "transport config.yaml sets\n")
     assert captured.out == "" and served == []
     assert not (root / "bot_relay" / "journal").exists()  # no gateway ran
+
+
+@pytest.mark.parametrize(("names", "line"), [
+    ([], "error: --root .: connection id '' must be 1-64 letters, digits, '_' or '-' (starting with a letter or "
+         "digit); without --name a root's connection id is its folder name: give each --root a --name, in the same "
+         "order"),
+    (["--name", "alpha", "--name", "mi ni"], "error: --name 'mi ni' for --root .: connection id 'mi ni' must be 1-64 "
+                                             "letters, digits, '_' or '-' (starting with a letter or digit)"),
+], ids=["folder name", "--name"])
+def test_relay_names_the_root_and_name_that_are_no_connection_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, names: list[str], line: str
+) -> None:
+    """Regression (CLI review): `relay --root $R --root .` said `error: connection id '' must match
+    ^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}\\Z`, naming neither the root nor --name, with a `\\Z` where the docs write `$`."""
+    root = make_root(tmp_path)
+    monkeypatch.chdir(make_root(tmp_path, name="other"))
+    assert main(["relay", "--root", str(root), "--root", ".", *names]) == 2
+    assert capsys.readouterr().err == line + "\n"
+    assert not (root / "bot_relay").exists()
 
 
 def test_a_reader_leaving_the_pipe_early_gets_no_traceback(tmp_path: Path) -> None:
