@@ -11,13 +11,14 @@ from typing import Any
 
 from hermes_actors.core.clipping import SHOWN_CLIP_CHARS, clip, shown
 
-__all__ = ["MAX_WAIT_SECONDS", "Parser", "command_refusal", "executable", "expand_user", "root_path", "seconds",
-           "seconds_within", "user_path", "utf8_text"]
+__all__ = ["MAX_SUSTAINED_SECONDS", "MAX_WAIT_SECONDS", "Parser", "command_refusal", "executable", "expand_user",
+           "root_path", "seconds", "seconds_within", "sustained_seconds", "user_path", "utf8_text"]
 
 # Linux's PATH_MAX and NAME_MAX: a longer path fails every call with ENAMETOOLONG
 _PATH_MAX = 4096
 _NAME_MAX = 255
 MAX_WAIT_SECONDS = 10_000_000.0  # ~115 days; a longer wait overflows the clocks the waits are measured on
+MAX_SUSTAINED_SECONDS = 86_400.0  # bench's sustained scenario: a day; it paces and samples for all of it
 
 
 def expand_user(text: str) -> str:
@@ -74,7 +75,8 @@ def root_path(text: str) -> Path:
 
 
 def user_path(text: str) -> Path:
-    """An argparse ``type`` for a path option other than ``--root`` (``bench --out``): ``~`` expanded.
+    """An argparse ``type`` for a path option other than ``--root`` (``bench --out``): ``~`` expanded; an empty
+    one is refused, not read as the current directory (``Path("")`` is ``.``), as ``--root`` refuses it.
 
     Args:
         text: the option's value.
@@ -83,8 +85,11 @@ def user_path(text: str) -> Path:
         The path.
 
     Raises:
-        argparse.ArgumentTypeError: it starts with a ``~user`` that cannot be expanded (:func:`expand_user`).
+        argparse.ArgumentTypeError: it is empty (or blank), or starts with a ``~user`` that cannot be expanded
+            (:func:`expand_user`).
     """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; pass a path, or leave the option out for its default")
     return Path(expand_user(text))
 
 
@@ -101,6 +106,24 @@ def seconds(text: str) -> float:
         argparse.ArgumentTypeError: not a number, negative, NaN, or over :data:`MAX_WAIT_SECONDS`.
     """
     return seconds_within(text, at_most=MAX_WAIT_SECONDS, bounds=f"seconds must be from 0 to {MAX_WAIT_SECONDS:,.0f}")
+
+
+def sustained_seconds(text: str) -> float:
+    """An argparse ``type`` for ``bench --sustained-seconds``: a number of seconds above 0, at most a day (the one
+    rule of ``hermes-actors bench`` and ``python -m bench``).
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        The seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, not above 0, NaN, infinite or over :data:`MAX_SUSTAINED_SECONDS`.
+    """
+    return seconds_within(text, at_most=MAX_SUSTAINED_SECONDS, above_zero=True,
+                          bounds=f"the sustained run must last more than 0 and at most {MAX_SUSTAINED_SECONDS:,.0f} "
+                          "seconds")
 
 
 def seconds_within(text: str, *, at_most: float, bounds: str, above_zero: bool = False) -> float:

@@ -17,7 +17,16 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, user_path, utf8_text
+from hermes_actors.cli.arg_types import (
+    MAX_SUSTAINED_SECONDS,
+    Parser,
+    executable,
+    root_path,
+    seconds,
+    sustained_seconds,
+    user_path,
+    utf8_text,
+)
 from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note, runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
 from hermes_actors.cli.render import (
@@ -213,22 +222,13 @@ def _cmd_relay(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from bench.harness import main as bench_main
+    from bench.harness import run_command
 
-    argv: list[str] = []
-    if args.quick:
-        argv.append("--quick")
-    for name in args.scenario or ():
-        argv += ["--scenario", name]
-    if args.out:
-        argv += ["--out", str(args.out)]
-    if args.sustained_seconds is not None:
-        argv += ["--sustained-seconds", str(args.sustained_seconds)]
-    if args.no_progress:
-        argv.append("--no-progress")
+    # the values parsed here, not written back out as arguments for bench's own parser: `--out=-results` was
+    # taken here and refused there, `--sustained-seconds=-3` echoed back as '-3.0'
     with unescaped_output():  # its progress bar redraws its line with \r and an ESC sequence
-        result = bench_main(argv)
-    return result if isinstance(result, int) else 0
+        return run_command(args.quick, args.scenario, args.out, progress=not args.no_progress,
+                           sustained_s=args.sustained_seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -348,8 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=user_path, default=None,
                    help="results directory, created when missing and checked before any scenario runs "
                         "(default bench/results)")
-    p.add_argument("--sustained-seconds", type=float, default=None,
-                   help="how long the flat-memory scenario holds its rate (default 600, 10 with --quick)")
+    p.add_argument("--sustained-seconds", type=sustained_seconds, default=None,
+                   help="how long the flat-memory scenario holds its rate (default 600, 10 with --quick; at most "
+                        f"{MAX_SUSTAINED_SECONDS:,.0f})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=_cmd_bench)
     return parser
