@@ -166,3 +166,79 @@ def test_enable_with_a_bot_relay_of_another_user_writes_nothing(
     assert main(["enable", "--root", str(root)]) == 2
     assert f"error: {root / 'bot_relay'} is owned by uid 65534, expected 0" in capsys.readouterr().err
     assert _tree(root) == before
+
+
+_LIST_ADD = {"file": "config.yaml", "op": "list_add", "keys": ["plugins", "enabled"], "item": "hermes-actors"}
+_SET = {"file": "profiles/a/profile.yaml", "op": "set", "keys": ["ui_meta", "hermes-bots"], "after": {},
+        "before": None, "absent": True, "parents": 1}
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    ({"version": 1, "edits": [_LIST_ADD, _SET]}, None),
+    ({"edits": [{**_SET, "absent": False, "before": 5}]}, None),
+    ([{"file": "../../../etc/passwd", "keys": ["x"]}], "it holds a JSON list, not an object with its 'edits'"),
+    ({"version": 1}, "it has no list of 'edits'"),
+    ({"edits": [_LIST_ADD, "x"]}, "edit 2 is not an object"),
+    ({"edits": [{**_LIST_ADD, "file": "../../victim/config.yaml"}]},
+     "edit 1 names the file '../../victim/config.yaml', not a file under the root"),
+    ({"edits": [{**_LIST_ADD, "file": "/etc/passwd"}]},
+     "edit 1 names the file '/etc/passwd', not a file under the root"),
+    ({"edits": [{**_LIST_ADD, "file": ""}]}, "edit 1 names the file '', not a file under the root"),
+    ({"edits": [{**_LIST_ADD, "file": 5}]}, "edit 1 names the file 5, not a file under the root"),
+    ({"edits": [{k: v for k, v in _LIST_ADD.items() if k != "op"}]}, "edit 1 has no 'op'"),
+    ({"edits": [{**_LIST_ADD, "op": "delete"}]}, "edit 1 has the op 'delete', neither 'set' nor 'list_add'"),
+    ({"edits": [{**_LIST_ADD, "keys": []}]}, "edit 1 has no key path (a list of names)"),
+    ({"edits": [{**_LIST_ADD, "keys": ["plugins", 3]}]}, "edit 1 has no key path (a list of names)"),
+    ({"edits": [{**_SET, "parents": "x"}]}, "edit 1 has parents 'x', not a number"),
+    ({"edits": [{k: v for k, v in _SET.items() if k != "after"}]}, "edit 1 has no 'after'"),
+    ({"edits": [{**{k: v for k, v in _SET.items() if k != "before"}, "absent": False}]}, "edit 1 has no 'before'"),
+    ({"edits": [{k: v for k, v in _LIST_ADD.items() if k != "item"}]}, "edit 1 has no 'item'"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_record_problem_names_what_no_record_of_enable_would_hold(data: Any, problem: str | None) -> None:
+    from hermes_actors.hermes.recorded_edits import record_problem
+
+    assert record_problem(data) == problem
+
+
+_BY_HAND = ("Look at it (each edit names a YAML file under the root, the keys enable set and their earlier value): "
+            "put it right, or move it aside (mv {record} {record}.bad) and undo enable's edits by hand: "
+            "'hermes-actors' in plugins.enabled of the root's and each profile's config.yaml, the hermes-bots block "
+            "under ui_meta in each profile.yaml, and after enable --gateway platforms.hermes_actors (and the "
+            "platforms.api_server and multiplex_profiles settings it set) in the root's config.yaml; a YAML file "
+            "enable rewrote without its comments has its earlier text beside it, in <name>.before-hermes-actors "
+            "(docs/hermes.md, Uninstall)")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('[{"file":"../../../etc/passwd","keys":["x"]}]',
+     "{record} is not a record this version wrote (it holds a JSON list, not an object with its 'edits'); refusing to "
+     "guess. "),
+    ('{"edits":[{"file":"config.yaml","keys":["x"]}]}',  # was: a KeyError traceback
+     "{record} is not a record this version wrote (edit 1 has no 'op'); refusing to guess. "),
+    ('{"edits":[{"file":"../outside/config.yaml","op":"list_add","keys":["plugins","enabled"],'
+     '"item":"hermes-actors"}]}',  # was: disable edited that file, outside the root
+     "{record} is not a record this version wrote (edit 1 names the file '../outside/config.yaml', not a file under "
+     "the root); refusing to guess. "),
+    ("{not json",
+     "{record} is not valid JSON: unexpected character, expected a string key: line 1 column 2 (char 1). "),
+], ids=["a list", "no op", "outside the root", "not JSON"])
+def test_disable_refusing_a_record_it_cannot_read_says_what_to_do_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str
+) -> None:
+    """Regression (CLI review): a corrupt or foreign record (`[{"file":"../../../etc/passwd",…}]`) said only
+    `…is not a record this version wrote; refusing to guess` and invalid JSON only the parser's message, neither
+    what to do; a record with an edit lacking its op ended in a KeyError traceback, and one naming a file outside
+    the root had disable edit it."""
+    root = make_root(tmp_path)
+    outside = tmp_path / "outside" / "config.yaml"
+    outside.parent.mkdir()
+    outside.write_text("plugins:\n  enabled:\n  - hermes-actors\n", encoding="utf-8")
+    record = root / "bot_relay" / "hermes-actors-enable.json"
+    record.parent.mkdir(mode=0o700)
+    record.write_text(text, encoding="utf-8")
+    record.chmod(0o600)
+    before = _tree(tmp_path)
+    assert main(["disable", "--root", str(root)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "error: " + (says + _BY_HAND).format(record=record) + "\n"
+    assert _tree(tmp_path) == before

@@ -15,8 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
+from hermes_actors.core.clipping import shown
+from hermes_actors.core.shell import shell_command
+from hermes_actors.errors import HostileFileError
 from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
 from hermes_actors.store.relay_dirfd import open_dir_below
@@ -34,6 +38,7 @@ __all__ = [
     "load_record",
     "read_yaml",
     "record_path",
+    "record_problem",
     "save_record",
     "still_as_written",
     "value_at",
@@ -442,16 +447,85 @@ def load_record(root: Path) -> list[dict[str, Any]]:
         The recorded edits, oldest first.
 
     Raises:
-        SetupError: the record is not one this version wrote.
+        SetupError: the record is not valid JSON, or not one this version wrote (:func:`record_problem`: an
+            edit of a file outside the root included): said with what the user can do (:func:`_by_hand`).
+        HostileFileError: the record is a symlink, another user's, or writable by others.
     """
+    path = record_path(root)
     try:
-        data = read_json_file(record_path(root))
+        data = read_json_file(path)
     except FileNotFoundError:
         return []
-    entries = data.get("edits") if isinstance(data, dict) else None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise SetupError(f"{record_path(root)} is not a record this version wrote; refusing to guess")
+    except HostileFileError as exc:
+        if not isinstance(exc.__cause__, orjson.JSONDecodeError):
+            raise
+        raise SetupError(f"{exc}. {_by_hand(path)}") from None
+    problem = record_problem(data)
+    if problem is not None:
+        raise SetupError(f"{path} is not a record this version wrote ({problem}); refusing to guess. {_by_hand(path)}")
+    entries: list[dict[str, Any]] = data["edits"]
     return entries
+
+
+def record_problem(data: Any) -> str | None:
+    """Pure: why ``data`` is not a record :func:`save_record` wrote, or None when it is one.
+
+    Each edit must name a file under the root (relative, no ``..``: ``disable`` writes where it says), an ``op``
+    (``set`` or ``list_add``), its key path, and what undoing it needs (``after`` and ``absent``, ``before``
+    unless absent; the ``item``).
+
+    Args:
+        data: the record's parsed JSON.
+
+    Returns:
+        The first problem found, naming the edit (counted from 1), or None.
+    """
+    if not isinstance(data, dict):
+        return f"it holds a JSON {type(data).__name__}, not an object with its 'edits'"
+    entries = data.get("edits")
+    if not isinstance(entries, list):
+        return "it has no list of 'edits'"
+    for number, entry in enumerate(entries, start=1):
+        problem = _edit_problem(entry)
+        if problem is not None:
+            return f"edit {number} {problem}"
+    return None
+
+
+def _edit_problem(entry: Any) -> str | None:
+    """Pure: why one recorded edit could not be undone safely (None: it can)."""
+    if not isinstance(entry, dict):
+        return "is not an object"
+    file = entry.get("file")
+    if not isinstance(file, str) or not file or Path(file).is_absolute() or ".." in Path(file).parts:
+        return f"names the file {shown(file)}, not a file under the root"
+    if "op" not in entry:
+        return "has no 'op'"
+    if entry["op"] not in ("set", "list_add"):
+        return f"has the op {shown(entry['op'])}, neither 'set' nor 'list_add'"
+    keys = entry.get("keys")
+    if not isinstance(keys, list) or not keys or not all(isinstance(key, str) for key in keys):
+        return "has no key path (a list of names)"
+    parents = entry.get("parents", 0)
+    if not isinstance(parents, int) or isinstance(parents, bool):
+        return f"has parents {shown(parents)}, not a number"
+    needed = (["after", "absent"] + ([] if entry.get("absent") is True else ["before"])) if entry["op"] == "set" \
+        else ["item"]
+    missing = [name for name in needed if name not in entry]
+    if missing:
+        return f"has no {' or '.join(repr(name) for name in missing)}"
+    return None
+
+
+def _by_hand(path: Path) -> str:
+    """Pure: what a user can do about an enable record that cannot be read: the sentence after its refusal."""
+    return (f"Look at it (each edit names a YAML file under the root, the keys enable set and their earlier value): "
+            f"put it right, or move it aside ({shell_command('mv', path, f'{path}.bad')}) and undo enable's edits by "
+            "hand: 'hermes-actors' in plugins.enabled of the root's and each profile's config.yaml, the hermes-bots "
+            "block under ui_meta in each profile.yaml, and after enable --gateway platforms.hermes_actors (and the "
+            "platforms.api_server and multiplex_profiles settings it set) in the root's config.yaml; a YAML file "
+            "enable rewrote without its comments has its earlier text beside it, in <name>.before-hermes-actors "
+            "(docs/hermes.md, Uninstall)")
 
 
 def check_record_writable(root: Path) -> None:
