@@ -46,10 +46,11 @@ from bench.plot import plot_results
 from bench.progress import NullProgress, Progress
 from bench.registry import REGISTRY, BenchContext
 from bench.report import render_table, write_docs
-from hermes_actors.cli.arg_types import Parser, seconds_within, user_path
+from hermes_actors.cli.arg_types import MAX_SUSTAINED_SECONDS, Parser, sustained_seconds, user_path
 from hermes_actors.core.clipping import shown
 
-__all__ = ["DEFAULT_OUT", "TINY_SCALE", "main", "results_dir", "run_bench"]
+__all__ = ["DEFAULT_OUT", "MAX_SUSTAINED_SECONDS", "TINY_SCALE", "check_scenarios", "main", "results_dir", "run_bench",
+           "run_command"]
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUT = BENCH_DIR / "results"
@@ -107,10 +108,8 @@ def run_bench(
     Raises:
         ValueError: an unknown scenario name.
     """
+    check_scenarios(scenarios)
     wanted = list(scenarios or REGISTRY)
-    unknown = [name for name in wanted if name not in REGISTRY]
-    if unknown:
-        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(REGISTRY)}")
     names = [name for name in REGISTRY if name in wanted]
     bar: Progress = Progress() if progress else NullProgress()
     factor = _scale_from_env() if scale is None else scale
@@ -164,7 +163,19 @@ def run_bench(
     return result
 
 
-MAX_SUSTAINED_SECONDS = 86_400.0  # a day: the scenario paces and samples for all of it
+def check_scenarios(scenarios: list[str] | None) -> None:
+    """Refuse a scenario name the registry does not know.
+
+    Args:
+        scenarios: the names asked for (None: all).
+
+    Raises:
+        ValueError: naming each unknown one (a huge one cut) and the known ones.
+    """
+    unknown = [name for name in scenarios or () if name not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {', '.join(shown(name) for name in unknown)}; known: "
+                         f"{', '.join(REGISTRY)}")
 
 
 def build_parser(prog: str = "hermes-actors bench") -> argparse.ArgumentParser:
@@ -190,23 +201,6 @@ def build_parser(prog: str = "hermes-actors bench") -> argparse.ArgumentParser:
                         f"at most {MAX_SUSTAINED_SECONDS:,.0f})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
-
-
-def sustained_seconds(text: str) -> float:
-    """An argparse ``type`` for ``--sustained-seconds``: a number of seconds above 0, at most a day.
-
-    Args:
-        text: the option's value.
-
-    Returns:
-        The seconds.
-
-    Raises:
-        argparse.ArgumentTypeError: not a number, not above 0, NaN, infinite or over :data:`MAX_SUSTAINED_SECONDS`.
-    """
-    return seconds_within(text, at_most=MAX_SUSTAINED_SECONDS, above_zero=True,
-                          bounds=f"the sustained run must last more than 0 and at most {MAX_SUSTAINED_SECONDS:,.0f} "
-                          "seconds")
 
 
 def results_dir(path: Path) -> Path:
@@ -251,10 +245,33 @@ def main(argv: list[str] | None = None, prog: str = "hermes-actors bench") -> in
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
-        results_dir(args.out)
+        return run_command(args.quick, args.scenario, args.out, progress=not args.no_progress,
+                           sustained_s=args.sustained_seconds)
     except ValueError as exc:  # a bad argument: exit 2 with the usage, whatever the OS error was
         parser.error(str(exc))
-    run_bench(args.quick, args.scenario, args.out, progress=not args.no_progress, sustained_s=args.sustained_seconds)
+
+
+def run_command(quick: bool, scenarios: list[str] | None, out: Path | None, *, progress: bool,
+                sustained_s: float | None) -> int:
+    """The ``bench`` command once its arguments are parsed (``hermes-actors bench`` and ``python -m bench``): the
+    values themselves, never written back out as arguments for another parse.
+
+    Args:
+        quick: ``--quick``.
+        scenarios: ``--scenario`` (None: all).
+        out: ``--out`` (None: :data:`DEFAULT_OUT`).
+        progress: draw the progress bar (not ``--no-progress``).
+        sustained_s: ``--sustained-seconds`` (None: the scenario's default).
+
+    Returns:
+        The exit code (0).
+
+    Raises:
+        ValueError: an unknown scenario, or an ``--out`` that cannot be created or written, before any scenario runs.
+    """
+    check_scenarios(scenarios)
+    directory = results_dir(DEFAULT_OUT if out is None else out)
+    run_bench(quick, scenarios, directory, progress=progress, sustained_s=sustained_s)
     return 0
 
 

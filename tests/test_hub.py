@@ -166,6 +166,26 @@ def test_run_hub_validates_its_arguments(tmp_path: Path, two_roots: tuple[Path, 
         run_hub([alpha, tmp_path / "missing"], names=["alpha", "mini"])
 
 
+@pytest.mark.parametrize(("last", "names", "raises"), [
+    ("missing", None, FileNotFoundError),
+    ("not a root", None, ValueError),
+    ("mini", ["alpha", "bad name"], ValueError),
+    ("mini", ["same", "same"], ValueError),
+], ids=["missing root", "not a root", "bad --name", "one name twice"])
+def test_run_hub_checks_every_root_before_it_changes_any(
+    tmp_path: Path, two_roots: tuple[Path, Path], last: str, names: list[str] | None, raises: type[Exception]
+) -> None:
+    """Regression (CLI review): `relay --root $R4 --root /tmp/nonexistent` exited 2 having made bot_relay/ and
+    .bot_relay_tmp/ in $R4 already (each root was made ready in turn, the last one refused)."""
+    alpha, mini = two_roots
+    (tmp_path / "not a root").mkdir()
+    before = sorted(os.listdir(alpha)), sorted(os.listdir(mini))
+    with pytest.raises(raises):
+        run_hub([alpha, mini if last == "mini" else tmp_path / last], names=names, quiet=True)
+    assert (sorted(os.listdir(alpha)), sorted(os.listdir(mini))) == before
+    assert "bot_relay" not in before[0] + before[1]
+
+
 def test_a_socket_in_delivered_is_quarantined_and_the_hub_keeps_forwarding(two_roots: tuple[Path, Path]) -> None:
     alpha, mini = two_roots
     paths_m = InboxPaths.from_root(mini).ensure()

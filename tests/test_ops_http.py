@@ -66,7 +66,11 @@ def test_http_addresses(text: str, expected: tuple[str, int]) -> None:
     ("127.0.0.1:99999", "out of range"),
     ("127.0.0.1:" + "1" * 100_000, "the port '1111"),  # cut, out of range: no int() past the limit on digits
     ("127.0.0.1:\u00b2", "the port '\u00b2' is not a number"),  # a digit to isdigit(), not to int()
-    ("127.0.0.1:-1", "is not a number"),
+    # Regression (CLI review): a negative port said `the port '-1' is not a number`: it is one, out of range
+    ("127.0.0.1:-1", "--http '127.0.0.1:-1': the port -1 is out of range (0-65535)"),
+    (":-" + "1" * 100_000, "is out of range (0-65535)"),  # no int() past the limit on digits
+    ("127.0.0.1:-", "the port '-' is not a number"),
+    ("127.0.0.1:--1", "the port '--1' is not a number"),
     ("::1:80", "in brackets"),
     ("[::1]", "brackets followed by :PORT"),
     ("[nothost]:80", "not an IPv6 address"),

@@ -285,3 +285,40 @@ def test_disable_reads_no_record_and_no_file_through_a_symlink(
     err = capsys.readouterr().err
     assert err.startswith(f"error: {root / 'profiles' / 'evil'} is a symlink or not a directory; refusing"), err
     assert _tree(tmp_path) == before
+
+
+_BY_HAND = ("Look at it (each edit names a YAML file under the root, the keys enable set and their earlier value): "
+            "put it right, or move it aside (mv {record} {record}.bad) and undo enable's edits by hand: "
+            "'hermes-actors' in plugins.enabled of the root's and each profile's config.yaml, the hermes-bots block "
+            "under ui_meta in each profile.yaml, and after enable --gateway platforms.hermes_actors (and the "
+            "platforms.api_server and multiplex_profiles settings it set) in the root's config.yaml; a YAML file "
+            "enable rewrote without its comments has its earlier text beside it, in <name>.before-hermes-actors "
+            "(docs/hermes.md, Uninstall)")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('[{"file":"../../../etc/passwd","keys":["x"]}]',
+     "{record} is not a record this version wrote; refusing to guess. "),
+    ("{not json",
+     "{record} is not valid JSON: unexpected character, expected a string key: line 1 column 2 (char 1). "),
+], ids=["a list", "not JSON"])
+def test_disable_refusing_a_record_it_cannot_read_says_what_to_do_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str
+) -> None:
+    """Regression (CLI review): a corrupt or foreign record (`[{"file":"../../../etc/passwd",…}]`) said only
+    `…is not a record this version wrote; refusing to guess` and invalid JSON only the parser's message, neither
+    what to do; a record with an edit lacking its op ended in a KeyError traceback, and one naming a file outside
+    the root had disable edit it."""
+    root = make_root(tmp_path)
+    outside = tmp_path / "outside" / "config.yaml"
+    outside.parent.mkdir()
+    outside.write_text("plugins:\n  enabled:\n  - hermes-actors\n", encoding="utf-8")
+    record = root / "bot_relay" / "hermes-actors-enable.json"
+    record.parent.mkdir(mode=0o700)
+    record.write_text(text, encoding="utf-8")
+    record.chmod(0o600)
+    before = _tree(tmp_path)
+    assert main(["disable", "--root", str(root)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "error: " + (says + _BY_HAND).format(record=record) + "\n"
+    assert _tree(tmp_path) == before

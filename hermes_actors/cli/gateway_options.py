@@ -1,7 +1,8 @@
 """What the command's gateway options make: the turn runner of ``--runner``/``--cli`` and the config of ``--redis``.
 
-Shared by every command that may start a gateway of its own (``roster``, ``send``, ``serve``, ``room``); ``doctor``
-and ``enable`` refuse a bad ``--cli`` with :func:`check_cli` too. When such a command asks the host serving the
+Shared by every command that may start a gateway of its own (``roster``, ``send``, ``serve``, ``room``). Every
+command taking ``--cli`` (those, ``doctor`` and ``enable``) refuses one that names no executable by one rule,
+:func:`check_cli`, whatever ``--runner`` says and host or not. When such a command asks the host serving the
 root instead, the host uses its own runner, transport and connection id: :func:`host_ignored_note` says which of
 these options were given for nothing.
 """
@@ -23,8 +24,9 @@ _DESTS = {"--runner": "runner", "--cli": "cli", "--redis": "redis", "--connectio
 
 
 def check_cli(cli: str | None) -> None:
-    """Refuse a ``--cli`` that names no executable: it would fail every turn (``--runner command``) or be passed
-    over for another hermes found beside python or on PATH (the hermes runners), saying nothing.
+    """Refuse a ``--cli`` that names no executable: it would fail every turn (``--runner command``), be passed
+    over for another hermes found beside python or on PATH (the hermes runners), or be taken and never used
+    (``--runner demo``, a host's own runner), saying nothing. The one rule of every command taking ``--cli``.
 
     Args:
         cli: the ``--cli`` value (None: not given).
@@ -49,12 +51,11 @@ def runner_for(kind: str | None, cli: str | None, root: Path) -> Any:
         What ``Gateway`` takes as its runner.
 
     Raises:
-        ValueError: ``--cli`` names no executable (it would have been passed over for another hermes, or
-            failed every turn).
+        ValueError: ``--cli`` names no executable (:func:`check_cli`; with ``demo`` too).
     """
+    check_cli(cli)
     if kind == "demo":
         return "demo"
-    check_cli(cli)
     from hermes_actors.core.config import load_config
 
     timeout = load_config(root).turn_timeout_seconds
@@ -80,15 +81,19 @@ def transport_config(args: argparse.Namespace) -> dict[str, Any]:
         The overrides to merge into the gateway's config.
 
     Raises:
-        ValueError: ``--connection-id`` is not a connection id, or ``--redis`` selects no Redis server
-            (the message names the option, not the config key it stands for).
+        ValueError: ``--connection-id`` is not a connection id, or ``--redis`` selects no Redis server: an empty
+            one too, which the config would read as the file relay (the message names the option, not the
+            config key it stands for).
     """
     if args.connection_id is not None:
         from hermes_actors.core.names import checked_connection_id
 
         checked_connection_id(args.connection_id)
-    if not args.redis:
+    if args.redis is None:
         return {}
+    if not args.redis.strip():  # `--redis "$REDIS"` with the variable unset: never the file relay, silently
+        raise ValueError("--redis is empty: pass a redis://, rediss:// or unix:// URL (e.g. redis://127.0.0.1:6379/0) "
+                         "or 'redis' to read REDIS_URL, or leave --redis out to use the transport config.yaml sets")
     overrides = {"bot_mode": {"transport": args.redis}}
     _check_redis_option(args.redis, overrides)
     return overrides

@@ -18,7 +18,16 @@ from typing import Any
 from loguru import logger
 
 from hermes_actors.cli.after_action import AfterActionError
-from hermes_actors.cli.arg_types import Parser, executable, root_path, seconds, user_path, utf8_text
+from hermes_actors.cli.arg_types import (
+    MAX_SUSTAINED_SECONDS,
+    Parser,
+    executable,
+    root_path,
+    seconds,
+    sustained_seconds,
+    user_path,
+    utf8_text,
+)
 from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note, runner_for, transport_config
 from hermes_actors.cli.ops_commands import cmd_doctor, cmd_outcome, cmd_status
 from hermes_actors.cli.render import (
@@ -217,22 +226,13 @@ def _cmd_relay(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from bench.harness import main as bench_main
+    from bench.harness import run_command
 
-    argv: list[str] = []
-    if args.quick:
-        argv.append("--quick")
-    for name in args.scenario or ():
-        argv += ["--scenario", name]
-    if args.out:
-        argv += ["--out", str(args.out)]
-    if args.sustained_seconds is not None:
-        argv += ["--sustained-seconds", str(args.sustained_seconds)]
-    if args.no_progress:
-        argv.append("--no-progress")
+    # the values parsed here, not written back out as arguments for bench's own parser: `--out=-results` was
+    # taken here and refused there, `--sustained-seconds=-3` echoed back as '-3.0'
     with unescaped_output():  # its progress bar redraws its line with \r and an ESC sequence
-        result = bench_main(argv)
-    return result if isinstance(result, int) else 0
+        return run_command(args.quick, args.scenario, args.out, progress=not args.no_progress,
+                           sustained_s=args.sustained_seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,11 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="hermes-actors", description="Bot Mode agent-to-agent messaging as an actor system."
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
-    verbose = argparse.ArgumentParser(add_help=False)  # -v also after the subcommand, where the docs put it
-    verbose.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
-                         help="more log output (-v info, -vv debug)")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_sub_parser(verbose))
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=_VERBOSE_HELP)
+    # -v also after the subcommand, where the docs put it (and after room's own: _sub_parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_sub_parser(1))
 
     p = sub.add_parser("demo", help="run a scripted conversation among four offline demo bots")
     p.add_argument("--keep", action="store_true", help="keep the temporary Hermes root and print its path")
@@ -263,14 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     transport_opts(p)
     p.set_defaults(func=_cmd_roster)
 
-    def runner_opts(p: argparse.ArgumentParser) -> None:
+    def runner_opts(p: argparse.ArgumentParser, unused: str | None = None) -> None:
+        """Add --runner and --cli; ``unused``: their help on a command that takes them and uses neither."""
         # default None, read as hermes (gateway_options.runner_for): `send` can tell a --runner given from none
         p.add_argument("--runner", choices=("hermes", "command", "demo"), default=None,
-                       help="how turns run: hermes = the real Hermes (warm through the gateway's API server when "
-                            "one serves the root, else the CLI; the default); command = the CLI of a Bot-Mode "
-                            "hermes release; demo = offline demo bots")
+                       help=unused or "how turns run: hermes = the real Hermes (warm through the gateway's API server "
+                                      "when one serves the root, else the CLI; the default); command = the CLI of a "
+                                      "Bot-Mode hermes release; demo = offline demo bots")
         p.add_argument("--cli", type=executable, default=None,
-                       help="the hermes executable (default: beside python, then PATH)")
+                       help=unused or "the hermes executable (default: beside python, then PATH)")
 
     p = sub.add_parser("send", help="send one DM on a real root (through its host: returns after the ack unless "
                        "--wait; with no host it runs the DM itself and waits for the outcome)")
@@ -286,8 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     transport_opts(p)
     p.set_defaults(func=cmd_send)
 
-    p = sub.add_parser("outcome", help="the outcome of a delivery the root knows (exit 0 replied or silent, "
-                                       "1 failed, ambiguous, pending or unknown)")
+    about = ("the outcome of a delivery the root knows (exit 0 replied or silent, 1 failed, ambiguous, pending or "
+             "unknown, 2 a malformed id or another usage error)")
+    p = sub.add_parser("outcome", help=about, description=about)
     p.add_argument("--root", required=True, type=root_path, help="the Hermes root")
     p.add_argument("delivery_id", type=utf8_text, help="the delivery id `send` printed")
     p.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait this long for a pending one")
@@ -352,20 +352,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=user_path, default=None,
                    help="results directory, created when missing and checked before any scenario runs "
                         "(default bench/results)")
-    p.add_argument("--sustained-seconds", type=float, default=None,
-                   help="how long the flat-memory scenario holds its rate (default 600, 10 with --quick)")
+    p.add_argument("--sustained-seconds", type=sustained_seconds, default=None,
+                   help="how long the flat-memory scenario holds its rate (default 600, 10 with --quick; at most "
+                        f"{MAX_SUSTAINED_SECONDS:,.0f})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=_cmd_bench)
     return parser
 
 
-def _sub_parser(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser]:
-    """The subcommands' parser class: each inherits ``parent``'s options (``-v``)."""
+_VERBOSE_HELP = "more log output (-v info, -vv debug)"
+_SUB_VERBOSE = "sub_verbose_"  # the dest of a subcommand's -v, followed by its depth (_verbose_options)
+
+
+def _verbose_options(depth: int) -> argparse.ArgumentParser:
+    """The ``-v`` of the subcommands ``depth`` levels down (1: ``room``, 2: ``room create``), counted under a dest
+    of their own: argparse parses a subcommand into a fresh namespace and copies all of it over its parent's, so
+    with one dest for all, ``room create``'s count (0) replaced the ``-v`` given before it (``room -v create``)."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("-v", "--verbose", dest=f"{_SUB_VERBOSE}{depth}", action="count", default=0,
+                         help=_VERBOSE_HELP)
+    return options
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    """Pure: the ``-v`` given on the whole line, wherever each is: before the command, after it, after room's.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        How many (0: warnings only, 1: info, 2 or more: debug).
+    """
+    return sum(count for dest, count in vars(args).items() if dest == "verbose" or dest.startswith(_SUB_VERBOSE))
+
+
+def _sub_parser(depth: int) -> type[argparse.ArgumentParser]:
+    """The parser class of the subcommands ``depth`` levels down: each takes ``-v`` (:func:`_verbose_options`),
+    and so do its own subcommands (``room create``), a level further down."""
+    verbose = _verbose_options(depth)
 
     class SubParser(Parser):
         def __init__(self, **kwargs: Any) -> None:
-            kwargs["parents"] = [*kwargs.get("parents", ()), parent]
+            kwargs["parents"] = [*kwargs.get("parents", ()), verbose]
             super().__init__(**kwargs)
+
+        def add_subparsers(self, **kwargs: Any) -> Any:
+            kwargs.setdefault("parser_class", _sub_parser(depth + 1))
+            return super().add_subparsers(**kwargs)
 
         def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
             # argparse parses a subcommand's words with parse_known_args and hands what it did not know
@@ -400,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    _enable_logging(args.verbose + getattr(args, "sub_verbose", 0))
+    _enable_logging(_verbosity(args))
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError we handle
@@ -439,7 +472,7 @@ def _os_failure(args: argparse.Namespace, exc: OSError) -> int:
     what keeps you out of it and what to do; the traceback too with -v); exit 1."""
     from hermes_actors.store.os_errors import os_error_message
 
-    if args.verbose + getattr(args, "sub_verbose", 0):
+    if _verbosity(args):
         import traceback
 
         traceback.print_exception(exc)

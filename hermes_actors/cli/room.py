@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from hermes_actors.cli.after_action import action_taken
 from hermes_actors.cli.arg_types import seconds, utf8_text
@@ -56,7 +56,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_dis
     round (a disbanded room's too, whose member turns would start before it is disbanded) and
     its stop cuts the member turns short after the grace.
     """
-    from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note, runner_for
+    from hermes_actors.cli.gateway_options import check_cli, given_gateway_options, host_ignored_note, runner_for
     from hermes_actors.cli.host_wait import ask_settled_host
     from hermes_actors.cli.serve import stop_gateway
     from hermes_actors.gateway import Gateway
@@ -65,6 +65,7 @@ def _with_gateway(args: argparse.Namespace, act: Callable[[Any], int], *, on_dis
     from hermes_actors.rooms.store import RoomsOnDisk
     from hermes_actors.store.hermes_root import existing_root
 
+    check_cli(getattr(args, "cli", None))  # as every command taking --cli: whatever --runner says, host or not
     existing_root(args.root)  # a missing root, a profile's home or no root at all: refused before anything is made
     try:
         host = ask_settled_host(args.root, lambda: HostRooms.if_served(args.root))
@@ -256,9 +257,19 @@ class _NoTurnsHere(argparse.Action):
                                            "create and send)")
 
 
-def add_room_parser(
-    sub: Any, root_type: Callable[[str], Any], runner_opts: Callable[[argparse.ArgumentParser], None]
-) -> None:
+class _RunnerOptions(Protocol):
+    """``runner_opts`` of :func:`hermes_actors.cli.main.build_parser`: adds ``--runner`` and ``--cli``."""
+
+    def __call__(self, p: argparse.ArgumentParser, unused: str | None = None) -> None:
+        """Add them to ``p``; ``unused``: their help, on a command that takes them and uses neither."""
+
+
+# disband's --runner and --cli: it once ran a gateway, and scripts still pass them
+_DISBAND_RUNNER_HELP = ("taken and unused: room disband runs no member turn (it asks the host or deletes the room's "
+                        "file); kept for older scripts that pass it")
+
+
+def add_room_parser(sub: Any, root_type: Callable[[str], Any], runner_opts: _RunnerOptions) -> None:
     """Add ``room`` and its subcommands to the ``hermes-actors`` parser.
 
     Args:
@@ -266,15 +277,15 @@ def add_room_parser(
         root_type: the ``--root`` argparse type.
         runner_opts: adds ``--runner`` / ``--cli`` (how member turns run without a host: ``create`` and ``send``
             start a gateway of their own, which resumes pending rounds; not ``show`` and ``list``; ``disband`` takes
-            them unused).
+            them unused, and its help says so).
     """
     room = sub.add_parser("room", help="group rooms: several bots deliberate together")
     rsub = room.add_subparsers(dest="room_command", required=True)
 
-    def common(p: argparse.ArgumentParser, *, runs_turns: bool = True) -> None:
+    def common(p: argparse.ArgumentParser, *, runs_turns: bool = True, unused: str | None = None) -> None:
         p.add_argument("--root", required=True, type=root_type, help="the Hermes root")
         if runs_turns:
-            runner_opts(p)
+            runner_opts(p, unused)
         else:  # show and list ask the host or read the files: no turn runs, so a runner is refused
             p.add_argument("--runner", action=_NoTurnsHere)
             p.add_argument("--cli", action=_NoTurnsHere)
@@ -310,5 +321,6 @@ def add_room_parser(
     p = rsub.add_parser("disband", help="delete a room (its members' sessions stay)")
     p.add_argument("room", type=utf8_text, help="the room's name or id")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    common(p)  # it runs no turn: --runner and --cli, which it once needed, are still taken (scripts pass them)
+    common(p, unused=_DISBAND_RUNNER_HELP)  # it runs no turn: --runner and --cli, which it once needed, are still
+    # taken (scripts pass them)
     p.set_defaults(func=_disband)

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from hermes_actors.core.clipping import shown
+from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import HostileFileError
 from hermes_actors.store.atomic import atomic_write_bytes, atomic_write_json, read_json_file
 from hermes_actors.store.private_dir import ensure_private_dir
@@ -530,10 +532,10 @@ def load_record(root: Path) -> list[dict[str, Any]]:
         The recorded edits, oldest first.
 
     Raises:
-        SetupError: the record is not one this version wrote, or an entry is not an edit enable records (the
-            text names the record, the entry and what is wrong, and says what to do).
+        SetupError: the record is not valid JSON, not one this version wrote, or an entry is not an edit enable
+            records (the text names the record, the entry and what is wrong, and says what to do: :func:`_by_hand`).
         HostileFileError: ``bot_relay/`` is a symlink, or the record is refused by
-            :func:`~hermes_actors.store.safe_read.read_json_file` (a symlink, another uid's, malformed JSON).
+            :func:`~hermes_actors.store.safe_read.read_json_file` (a symlink, another uid's, writable by others).
         OSError: it cannot be read (``bot_relay/`` a file, a directory you may not enter).
     """
     path = record_path(root)
@@ -543,9 +545,13 @@ def load_record(root: Path) -> list[dict[str, Any]]:
         data = read_json_file(path)
     except FileNotFoundError:
         return []
+    except HostileFileError as exc:
+        if not isinstance(exc.__cause__, orjson.JSONDecodeError):
+            raise
+        raise SetupError(f"{exc}. {_by_hand(path)}") from None
     entries = data.get("edits") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise SetupError(f"{record_path(root)} is not a record this version wrote; refusing to guess")
+        raise SetupError(f"{path} is not a record this version wrote; refusing to guess. {_by_hand(path)}")
     for number, entry in enumerate(entries, 1):
         problem = record_entry_problem(entry)
         if problem is not None:
@@ -556,6 +562,17 @@ def load_record(root: Path) -> list[dict[str, Any]]:
                 "Uninstall, step 2, lists it)"
             )
     return entries
+
+
+def _by_hand(path: Path) -> str:
+    """Pure: what a user can do about an enable record that cannot be read: the sentence after its refusal."""
+    return (f"Look at it (each edit names a YAML file under the root, the keys enable set and their earlier value): "
+            f"put it right, or move it aside ({shell_command('mv', path, f'{path}.bad')}) and undo enable's edits by "
+            "hand: 'hermes-actors' in plugins.enabled of the root's and each profile's config.yaml, the hermes-bots "
+            "block under ui_meta in each profile.yaml, and after enable --gateway platforms.hermes_actors (and the "
+            "platforms.api_server and multiplex_profiles settings it set) in the root's config.yaml; a YAML file "
+            "enable rewrote without its comments has its earlier text beside it, in <name>.before-hermes-actors "
+            "(docs/hermes.md, Uninstall)")
 
 
 def check_record_writable(root: Path) -> None:

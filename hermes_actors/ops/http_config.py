@@ -30,8 +30,8 @@ def check_port(port: int | str, what: str, *, lowest: int = 0) -> int:
     port option.
 
     Args:
-        port: the port, or its decimal digits as typed (of any length: 100,000 of them are out of range, not an
-            ``int()`` past Python's limit on digits).
+        port: the port, or its decimal digits as typed, after a ``-`` for a negative one (of any length: 100,000
+            of them are out of range, not an ``int()`` past Python's limit on digits).
         what: the option and value the message names first (e.g. ``--http '127.0.0.1:70000'``).
         lowest: 0 where "any free port" makes sense (``--http``), 1 where clients must find the port.
 
@@ -39,10 +39,13 @@ def check_port(port: int | str, what: str, *, lowest: int = 0) -> int:
         The port.
 
     Raises:
-        ValueError: out of range, e.g. "--http '127.0.0.1:70000': the port 70000 is out of range (0-65535)".
+        ValueError: out of range, e.g. "--http '127.0.0.1:70000': the port 70000 is out of range (0-65535)"
+            (``-1`` too).
     """
-    digits = (port.lstrip("0") or "0") if isinstance(port, str) else str(port)
-    if len(digits) > len(str(MAX_PORT)) or not lowest <= int(digits) <= MAX_PORT:
+    text = str(port)
+    negative = text.startswith("-")
+    digits = text.removeprefix("-").lstrip("0") or "0"
+    if (negative and digits != "0") or len(digits) > len(str(MAX_PORT)) or not lowest <= int(digits) <= MAX_PORT:
         raise ValueError(f"{what}: the port {shown(port, str(port))} is out of range ({lowest}-{MAX_PORT})")
     return int(digits)
 
@@ -96,7 +99,8 @@ def parse_http_address(text: str) -> tuple[str, int]:
         host = host or DEFAULT_HTTP_HOST
         if any(c.isspace() or c in "/?#@" for c in host):
             raise ValueError(f"--http {shown(text)}: {shown(host)} is not a host name or address ({_EXAMPLE})")
-    if not (port_text.isascii() and port_text.isdigit()):  # not '²', a digit int() refuses
+    unsigned = port_text.removeprefix("-")  # a negative port is out of range (check_port), not "not a number"
+    if not (unsigned.isascii() and unsigned.isdigit()):  # not '²', a digit int() refuses
         raise ValueError(f"--http {shown(text)}: the port {shown(port_text)} is not a number ({_EXAMPLE})")
     return host, check_port(port_text, f"--http {shown(text)}")
 

@@ -34,7 +34,7 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.config import load_config, parse_redis_config
 from hermes_actors.core.ids import id_of_file_name
-from hermes_actors.core.names import HANDLE_RE
+from hermes_actors.core.names import checked_connection_id
 from hermes_actors.errors import HostileFileError, StoreError, UnfinishedFileError, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.messages import InboxDeadline, RosterPush
@@ -87,8 +87,7 @@ class HubRoot:
 
     @classmethod
     def make(cls, name: str, root: Path) -> HubRoot:
-        if not HANDLE_RE.match(name):
-            raise ValueError(f"connection id {shown(name)} must match {HANDLE_RE.pattern}")
+        checked_connection_id(name)
         existing_root(root)
         # a relay directory left swapped for a symlink or a file is put back first, as a gateway's start does
         # (else one root's swapped delivered/ refused the hub's start for every root)
@@ -558,6 +557,61 @@ class HubActor(TypedActor):
                     self._forward(root, envelope_id, delivered)
 
 
+def _checked_roots(roots: list[Path], names: list[str] | None) -> list[str]:
+    """Refuse what the hub cannot run on, for every root before any is changed (:meth:`HubRoot.make` makes their
+    relay directories: a refusal of the last root left them made in the first ones).
+
+    Args:
+        roots: the ``--root`` values.
+        names: the ``--name`` values (None: each root's folder name).
+
+    Returns:
+        Each root's connection id, in order.
+
+    Raises:
+        ValueError: the ``names`` do not match the ``roots``, a root is given twice, a name is no connection
+            id (naming its ``--root`` and ``--name``), two roots would get one connection id, or a root is not a
+            Hermes root.
+        FileNotFoundError: a root does not exist.
+    """
+    if names is not None and len(names) != len(roots):
+        raise ValueError(f"got {len(names)} --name for {len(roots)} --root; give one per root or none")
+    resolved = [Path(r).resolve() for r in roots]
+    twice = sorted({str(r) for r in resolved if resolved.count(r) > 1})
+    if twice:
+        raise ValueError(f"the same root is given twice: {', '.join(twice)}; give each root once")
+    taken = names or [r.name for r in roots]
+    for name, root in zip(taken, roots, strict=True):
+        _check_hub_name(name, root, given=names is not None)
+        existing_root(root)
+    clashing = sorted({name for name in taken if taken.count(name) > 1})
+    if clashing:
+        how = ("each --name must differ" if names is not None
+               else "their folder names collide: give each root a --name")
+        raise ValueError(f"connection ids must be unique, and {', '.join(clashing)} names several roots: {how}")
+    return taken
+
+
+def _check_hub_name(name: str, root: Path, *, given: bool) -> None:
+    """Refuse a root's connection id that is none (:func:`checked_connection_id`), naming the root and ``--name``.
+
+    Args:
+        name: the connection id.
+        root: its ``--root``.
+        given: it is a ``--name`` (else the root's folder name: ``''`` for ``--root .``).
+
+    Raises:
+        ValueError: it is no connection id.
+    """
+    try:
+        checked_connection_id(name)
+    except ValueError as exc:
+        if given:
+            raise ValueError(f"--name {shown(name)} for --root {root}: {exc}") from None
+        raise ValueError(f"--root {root}: {exc}; without --name a root's connection id is its folder name: give "
+                         "each --root a --name, in the same order") from None
+
+
 def run_hub(
     roots: list[Path], *, names: list[str] | None = None, rescan_seconds: float = 2.0,
     stop: threading.Event | None = None, quiet: bool = False,
@@ -569,22 +623,13 @@ def run_hub(
     once it stopped, as ``serve`` says ``gateway stopped``.
 
     Raises:
-        ValueError: the ``names`` do not match the ``roots``, a root is given twice, or two roots would
-            get one connection id.
+        ValueError: the ``names`` do not match the ``roots``, a root is given twice, a name is no connection id,
+            two roots would get one connection id, or a root is not a Hermes root: each root is checked before
+            any is changed (:func:`_checked_roots`).
+        FileNotFoundError: a root does not exist (nothing changed either).
     """
-    if names is not None and len(names) != len(roots):
-        raise ValueError(f"got {len(names)} --name for {len(roots)} --root; give one per root or none")
-    resolved = [Path(r).resolve() for r in roots]
-    twice = sorted({str(r) for r in resolved if resolved.count(r) > 1})
-    if twice:
-        raise ValueError(f"the same root is given twice: {', '.join(twice)}; give each root once")
-    hub_roots = [HubRoot.make(n, r) for n, r in zip(names or [r.name for r in roots], roots, strict=True)]
-    taken = [r.name for r in hub_roots]
-    clashing = sorted({name for name in taken if taken.count(name) > 1})
-    if clashing:
-        how = ("each --name must differ" if names is not None
-               else "their folder names collide: give each root a --name")
-        raise ValueError(f"connection ids must be unique, and {', '.join(clashing)} names several roots: {how}")
+    taken = _checked_roots(roots, names)
+    hub_roots = [HubRoot.make(name, root) for name, root in zip(taken, roots, strict=True)]
     # SIGINT, SIGTERM and SIGHUP set stop, from before the start to the end of the stop (one rule with serve's)
     signals = StopSignals(stop=stop)
     with signals.routed(), Scheduler() as scheduler, MainThreadWait() as waits:
