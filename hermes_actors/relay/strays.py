@@ -18,8 +18,8 @@ from hermes_actors.store.relay_quarantine import quarantine, quarantine_director
 from hermes_actors.store.relay_shelf import holding_places
 
 __all__ = ["ensure_relay_directories", "kept_directories", "move_swapped_aside", "owned_directories",
-           "private_directories", "puts_back", "quarantine_misnamed", "quarantine_strays", "refused_at_start",
-           "restore_private_modes", "shelf_parents", "start_directories", "start_refusal"]
+           "private_directories", "put_back_swapped", "puts_back", "quarantine_misnamed", "quarantine_strays",
+           "refused_at_start", "restore_private_modes", "shelf_parents", "start_directories", "start_refusal"]
 
 # How a start finds a directory of bot_relay/ (_found): what refused_at_start judges
 MISSING, OURS, SWAPPED, FOREIGN = "missing", "ours", "swapped", "foreign"
@@ -254,6 +254,32 @@ def move_swapped_aside(paths: InboxPaths, directory: Path) -> None:
         quarantine(paths.relay, directory, why)
         return
     quarantine_directory(directory, paths.relay.quarantine, why, within=paths.relay.root)
+
+
+def put_back_swapped(paths: InboxPaths, directory: Path) -> bool:
+    """Put back one relay directory swapped for a symlink or a file, by the rescan's rule, now.
+
+    For a user that meets it before the rescan does (a turn taking its lock in ``locks/``): the entry is
+    moved into ``quarantine/`` as it is (:func:`move_swapped_aside`, never followed) and the directory made
+    again (0700). Only what :func:`puts_back` promises: not another user's directory, nor anything below a
+    ``bot_relay/`` that is itself swapped.
+
+    Args:
+        paths: the relay layout.
+        directory: the relay directory found swapped.
+
+    Returns:
+        Whether a real directory of ours is there now (False: nothing was moved, or it could not be made: logged).
+    """
+    if not puts_back(paths, directory):
+        return False
+    move_swapped_aside(paths, directory)
+    try:
+        ensure_private_dir(directory, within=paths.relay.root)
+    except (StoreError, ValidationError) as exc:  # swapped again meanwhile, a full disk
+        logger.warning("relay: could not recreate the relay directory {}: {}", directory, exc)
+        return False
+    return True
 
 
 def _put_back(paths: InboxPaths, directories: tuple[Path, ...], unfixable: set[Path]) -> None:
