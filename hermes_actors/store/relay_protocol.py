@@ -16,6 +16,7 @@ from typing import Any
 
 from hermes_actors.core.hops import MAX_HOP, is_hop
 from hermes_actors.core.ids import new_delivery_id, validate_delivery_id
+from hermes_actors.core.json_depth import MAX_WRITABLE_DEPTH, nests_deeper_than
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.core.outcomes import cut_text
 from hermes_actors.errors import ValidationError
@@ -155,6 +156,9 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         and so does :func:`is_expired` given ``fallback_created``). Read it
         back with :func:`created_time`.
 
+    An envelope nesting JSON objects and arrays deeper than the relay can write again
+    (``core.json_depth.MAX_WRITABLE_DEPTH``: an extra key 300 levels deep) is malformed too.
+
     Raises:
         ValidationError: naming the first bad field.
     """
@@ -175,6 +179,9 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         )
     if "hop" in data and not is_hop(data["hop"]):  # a forged or broken hop is never read as some other hop
         raise ValidationError(f"envelope field 'hop' is not an integer from 0 to {MAX_HOP}: {data['hop']!r}")
+    if nests_deeper_than(data, MAX_WRITABLE_DEPTH):  # read fine, but no relay could write it on: resending is useless
+        raise ValidationError(f"envelope nests JSON objects and arrays more than {MAX_WRITABLE_DEPTH} levels deep, "
+                              "deeper than the relay can write it on")
     return {**data, "created_at": created}
 
 
