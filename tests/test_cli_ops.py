@@ -963,8 +963,8 @@ def test_doctor_and_the_log_name_a_profiles_folder_that_hides_profiles(
 def test_doctor_prints_the_profile_folders_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = make_root(tmp_path, {"alice": {}})
     main(["doctor", "--root", str(root)])
-    assert f"[ok   ] profile folders: no symlinked, unreadable or unreachable profile folder under {root}" in (
-        capsys.readouterr().out)
+    assert (f"[ok   ] profile folders: no symlinked, unreadable, unreachable or other user's profile folder "
+            f"under {root}") in capsys.readouterr().out
     (root / "profiles").rename(tmp_path / "moved")
     (root / "profiles").symlink_to(tmp_path / "moved", target_is_directory=True)
     main(["doctor", "--root", str(root)])

@@ -115,15 +115,18 @@ def check_profile_folders(root: Path, problems: list[str]) -> Check:
     :func:`~hermes_actors.store.hermes_root.scan_profile_dirs`).
 
     A ``profiles/`` that is a symlink or a file hides every profile but the default one (DMs to
-    them: "Unknown sender/target"), and a folder whose name is no profile name is none (DMs to it:
-    "Invalid target"); the gateway only warns once in its log, so say it here.
+    them: "Unknown sender/target"), a folder whose name is no profile name is none (DMs to it:
+    "Invalid target"), and one another user owns or may write is no bot of this root
+    (:func:`~hermes_actors.store.hermes_root.untrusted_profile`); the gateway only warns once in its log, so say
+    it here.
     """
     if problems:
         return Check("profile folders", WARN, "; ".join(problems),
-                     f"make {root / 'profiles'} and each profile in it a real folder inside the root "
-                     "(not a symlink, not a file) with a profile name (rename a folder the warning names), then "
-                     "restart the host")
-    return Check("profile folders", OK, f"no symlinked, unreadable or unreachable profile folder under {root}")
+                     f"make {root / 'profiles'} and each profile in it a real folder of this user inside the root "
+                     "(not a symlink, not a file, that other users may not write) with a profile name (rename a "
+                     "folder the warning names; remove one that is not this user's), then restart the host")
+    return Check("profile folders", OK, f"no symlinked, unreadable, unreachable or other user's profile folder "
+                 f"under {root}")
 
 
 def _cannot_tell(root: Path, names: list[str], problems: Mapping[str, str]) -> tuple[str, str]:
